@@ -1,0 +1,275 @@
+/* kvs.c — status strings, thread-local error detail, dtype conversion, CRC-32 and POSIX file helpers.
+ * See kvs.h. The half/bfloat16 conversions follow IEEE 754-2008 binary16 and the bfloat16 truncation
+ * of binary32 with round-to-nearest-even.
+ */
+#include "kvs.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------------------------------------------
+ * Status and error detail
+ * ---------------------------------------------------------------------------------------------- */
+
+static const char *const kvs_status_names[] = {
+    [0] = "ok",
+    [1] = "invalid argument",
+    [2] = "out of memory",
+    [3] = "I/O error",
+    [4] = "malformed file",
+    [5] = "checksum mismatch",
+    [6] = "unsupported format version",
+    [7] = "truncated file",
+    [8] = "unsupported input",
+    [9] = "index out of range",
+    [10] = "compression error",
+    [11] = "database error",
+    [12] = "tolerance exceeded",
+    [13] = "no CUDA device",
+    [14] = "CUDA error",
+    [15] = "invalid state",
+    [16] = "end of stream",
+    [17] = "external program failed",
+};
+
+const char *kvs_strerror(kvs_status s) {
+    int i = -(int)s;
+    if (i < 0 || i >= (int)(sizeof kvs_status_names / sizeof kvs_status_names[0]) || !kvs_status_names[i])
+        return "unknown status";
+    return kvs_status_names[i];
+}
+
+static _Thread_local char kvs_err_buf[1024];
+
+kvs_status kvs_fail(kvs_status s, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(kvs_err_buf, sizeof kvs_err_buf, fmt, ap);
+    va_end(ap);
+    return s;
+}
+
+const char *kvs_last_error(void) { return kvs_err_buf; }
+void kvs_clear_error(void) { kvs_err_buf[0] = '\0'; }
+
+void kvs_assert_fail(const char *expr, const char *file, int line) {
+    fprintf(stderr, "kvsim: internal invariant violated: %s (%s:%d)\n", expr, file, line);
+    abort();
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * dtypes
+ * ---------------------------------------------------------------------------------------------- */
+
+size_t kvs_dtype_size(kvs_dtype t) { return t == KVS_DTYPE_F32 ? 4 : 2; }
+
+const char *kvs_dtype_name(kvs_dtype t) {
+    switch (t) {
+    case KVS_DTYPE_F32: return "fp32";
+    case KVS_DTYPE_F16: return "fp16";
+    case KVS_DTYPE_BF16: return "bf16";
+    }
+    return "?";
+}
+
+kvs_status kvs_dtype_parse(const char *s, kvs_dtype *out) {
+    if (!strcmp(s, "fp32") || !strcmp(s, "f32") || !strcmp(s, "float32")) *out = KVS_DTYPE_F32;
+    else if (!strcmp(s, "fp16") || !strcmp(s, "f16") || !strcmp(s, "float16")) *out = KVS_DTYPE_F16;
+    else if (!strcmp(s, "bf16") || !strcmp(s, "bfloat16")) *out = KVS_DTYPE_BF16;
+    else return kvs_fail(KVS_ERR_INVALID_ARG, "unknown dtype '%s' (expected fp16, bf16 or fp32)", s);
+    return KVS_OK;
+}
+
+static uint32_t f32_bits(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static float bits_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+uint16_t kvs_f32_to_f16(float f) {
+    uint32_t x = f32_bits(f);
+    uint32_t sign = (x >> 16) & 0x8000u;
+    uint32_t exp = (x >> 23) & 0xffu;
+    uint32_t man = x & 0x7fffffu;
+    if (exp == 0xff) return (uint16_t)(sign | 0x7c00u | (man ? 0x200u | (man >> 13) : 0)); /* inf/nan */
+    int32_t e = (int32_t)exp - 127 + 15;
+    if (e >= 31) return (uint16_t)(sign | 0x7c00u); /* overflow to inf */
+    if (e <= 0) {                                    /* subnormal half or zero */
+        if (e < -10) return (uint16_t)sign;
+        man |= 0x800000u;
+        uint32_t shift = (uint32_t)(14 - e);
+        uint32_t half = man >> shift;
+        uint32_t rem = man & ((1u << shift) - 1);
+        uint32_t mid = 1u << (shift - 1);
+        if (rem > mid || (rem == mid && (half & 1))) half++;
+        return (uint16_t)(sign | half);
+    }
+    uint32_t half = sign | ((uint32_t)e << 10) | (man >> 13);
+    uint32_t rem = man & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (half & 1))) half++; /* may carry into exponent: correct */
+    return (uint16_t)half;
+}
+
+float kvs_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t man = h & 0x3ffu;
+    if (exp == 0) {
+        if (man == 0) return bits_f32(sign);
+        /* subnormal: value = man * 2^-24 */
+        float v = (float)man * (1.0f / 16777216.0f);
+        return sign ? -v : v;
+    }
+    if (exp == 31) return bits_f32(sign | 0x7f800000u | (man << 13));
+    return bits_f32(sign | ((exp - 15 + 127) << 23) | (man << 13));
+}
+
+uint16_t kvs_f32_to_bf16(float f) {
+    uint32_t x = f32_bits(f);
+    if ((x & 0x7f800000u) == 0x7f800000u && (x & 0x7fffffu)) return (uint16_t)((x >> 16) | 0x40u); /* nan */
+    uint32_t lsb = (x >> 16) & 1u;
+    x += 0x7fffu + lsb;
+    return (uint16_t)(x >> 16);
+}
+
+float kvs_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+void kvs_encode(kvs_dtype t, const float *src, size_t n, void *dst) {
+    uint8_t *d = dst;
+    switch (t) {
+    case KVS_DTYPE_F32:
+        for (size_t i = 0; i < n; i++) kvs_put_u32(d + 4 * i, f32_bits(src[i]));
+        break;
+    case KVS_DTYPE_F16:
+        for (size_t i = 0; i < n; i++) kvs_put_u16(d + 2 * i, kvs_f32_to_f16(src[i]));
+        break;
+    case KVS_DTYPE_BF16:
+        for (size_t i = 0; i < n; i++) kvs_put_u16(d + 2 * i, kvs_f32_to_bf16(src[i]));
+        break;
+    }
+}
+
+void kvs_decode(kvs_dtype t, const void *src, size_t n, float *dst) {
+    const uint8_t *s = src;
+    switch (t) {
+    case KVS_DTYPE_F32:
+        for (size_t i = 0; i < n; i++) dst[i] = bits_f32(kvs_get_u32(s + 4 * i));
+        break;
+    case KVS_DTYPE_F16:
+        for (size_t i = 0; i < n; i++) dst[i] = kvs_f16_to_f32(kvs_get_u16(s + 2 * i));
+        break;
+    case KVS_DTYPE_BF16:
+        for (size_t i = 0; i < n; i++) dst[i] = kvs_bf16_to_f32(kvs_get_u16(s + 2 * i));
+        break;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * CRC-32 (slicing-by-1 table; fast enough next to zstd, which dominates)
+ * ---------------------------------------------------------------------------------------------- */
+
+static uint32_t crc_table[256];
+static int crc_table_ready;
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[i] = c;
+    }
+    __atomic_store_n(&crc_table_ready, 1, __ATOMIC_RELEASE);
+}
+
+uint32_t kvs_crc32(uint32_t crc, const void *data, size_t n) {
+    /* Table construction is idempotent, so a benign race between threads only repeats the work. */
+    if (!__atomic_load_n(&crc_table_ready, __ATOMIC_ACQUIRE)) crc_init();
+    const uint8_t *p = data;
+    crc = ~crc;
+    for (size_t i = 0; i < n; i++) crc = crc_table[(crc ^ p[i]) & 0xffu] ^ (crc >> 8);
+    return ~crc;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Files and time
+ * ---------------------------------------------------------------------------------------------- */
+
+kvs_status kvs_write_all(int fd, const void *buf, size_t n, const char *what) {
+    const uint8_t *p = buf;
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return kvs_fail(KVS_ERR_IO, "%s: write failed: %s", what, strerror(errno));
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return KVS_OK;
+}
+
+kvs_status kvs_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *what) {
+    uint8_t *p = buf;
+    while (n > 0) {
+        ssize_t r = pread(fd, p, n, (off_t)off);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return kvs_fail(KVS_ERR_IO, "%s: read failed: %s", what, strerror(errno));
+        }
+        if (r == 0) return kvs_fail(KVS_ERR_TRUNCATED, "%s: file ends early (needed %zu more bytes at offset %llu)",
+                                    what, n, (unsigned long long)off);
+        p += r;
+        n -= (size_t)r;
+        off += (uint64_t)r;
+    }
+    return KVS_OK;
+}
+
+kvs_status kvs_read_file(const char *path, char **out, size_t *len) {
+    *out = NULL;
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) return kvs_fail(KVS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return kvs_fail(KVS_ERR_IO, "%s: not a regular file", path);
+    }
+    size_t n = (size_t)st.st_size;
+    char *buf = malloc(n + 1);
+    if (!buf) {
+        close(fd);
+        return kvs_fail(KVS_ERR_NOMEM, "%s: cannot allocate %zu bytes", path, n + 1);
+    }
+    kvs_status s = kvs_pread_all(fd, buf, n, 0, path);
+    close(fd);
+    if (s != KVS_OK) {
+        free(buf);
+        return s;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    if (len) *len = n;
+    return KVS_OK;
+}
+
+double kvs_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int kvs_n_cpus(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : (int)n;
+}

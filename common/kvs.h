@@ -1,0 +1,112 @@
+/* kvs.h — the one status type, error reporting and small shared utilities of kvsim.
+ *
+ * Every library function returns a kvs_status (KVS_OK = 0, negative on error) and, on error, leaves a
+ * human-readable detail in a thread-local buffer (kvs_last_error()) naming what was wrong: the file,
+ * the field, the offending value. Library code never calls exit(); only main() turns a status into an
+ * exit code. Style follows ../shared/STYLE.md rule 3 (SQLite integer codes, zstd's one error table).
+ */
+#ifndef KVS_H
+#define KVS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    KVS_OK = 0,
+    KVS_ERR_INVALID_ARG = -1,  /* caller passed a bad argument or option value */
+    KVS_ERR_NOMEM = -2,        /* allocation failed */
+    KVS_ERR_IO = -3,           /* open/read/write/rename failed (errno in the detail) */
+    KVS_ERR_FORMAT = -4,       /* input file malformed: bad magic, size, offset or count */
+    KVS_ERR_CHECKSUM = -5,     /* stored checksum does not match the data */
+    KVS_ERR_VERSION = -6,      /* file format version not supported */
+    KVS_ERR_TRUNCATED = -7,    /* file ends before the data it announces */
+    KVS_ERR_UNSUPPORTED = -8,  /* well-formed input this build cannot handle (architecture, dtype...) */
+    KVS_ERR_RANGE = -9,        /* index out of range: layer, head, position, token id */
+    KVS_ERR_COMPRESS = -10,    /* zstd reported an error */
+    KVS_ERR_DB = -11,          /* SQLite reported an error */
+    KVS_ERR_TOLERANCE = -12,   /* a numeric check exceeded its tolerance */
+    KVS_ERR_NO_DEVICE = -13,   /* no CUDA device (or no CUDA support in this build) */
+    KVS_ERR_CUDA = -14,        /* a CUDA / cuBLAS call failed */
+    KVS_ERR_STATE = -15,       /* call made in the wrong state (e.g. append after close) */
+    KVS_ERR_END = -16,         /* end of a stream: not an error for iterators */
+    KVS_ERR_EXTERNAL = -17,    /* an external program (gnuplot) failed */
+} kvs_status;
+
+/*! kvs_strerror() : short fixed description of a status code; never NULL. */
+const char *kvs_strerror(kvs_status s);
+
+/*! kvs_fail() : records a formatted detail for status `s` in the calling thread and returns `s`,
+ *  so error sites read `return kvs_fail(KVS_ERR_FORMAT, "%s: bad magic", path);`. */
+kvs_status kvs_fail(kvs_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/*! kvs_last_error() : the calling thread's most recent detail (empty string when none). Borrowed. */
+const char *kvs_last_error(void);
+
+/*! kvs_clear_error() : empties the calling thread's detail. */
+void kvs_clear_error(void);
+
+/* Propagate a failure: `KVS_TRY(st = f(...));` jumps to `cleanup` with st set when f fails. */
+#define KVS_TRY(expr)                     \
+    do {                                  \
+        if ((expr) != KVS_OK) goto cleanup; \
+    } while (0)
+
+/* Internal invariants only (never for external input): abort with file and line when violated. */
+void kvs_assert_fail(const char *expr, const char *file, int line) __attribute__((noreturn));
+#define KVS_ASSERT(x) ((x) ? (void)0 : kvs_assert_fail(#x, __FILE__, __LINE__))
+
+/* ---- element types used by traces and checkpoints ---- */
+typedef enum { KVS_DTYPE_F32 = 0, KVS_DTYPE_F16 = 1, KVS_DTYPE_BF16 = 2 } kvs_dtype;
+
+/*! kvs_dtype_size() : bytes per element (4 or 2). */
+size_t kvs_dtype_size(kvs_dtype t);
+/*! kvs_dtype_name() : "fp32", "fp16", "bf16". */
+const char *kvs_dtype_name(kvs_dtype t);
+/*! kvs_dtype_parse() : inverse of kvs_dtype_name (also accepts f32/f16/float32/float16/bfloat16). */
+kvs_status kvs_dtype_parse(const char *s, kvs_dtype *out);
+
+/* IEEE half and bfloat16 conversions, round-to-nearest-even, NaN/Inf preserved. */
+uint16_t kvs_f32_to_f16(float f);
+float kvs_f16_to_f32(uint16_t h);
+uint16_t kvs_f32_to_bf16(float f);
+float kvs_bf16_to_f32(uint16_t h);
+
+/*! kvs_encode() / kvs_decode() : convert n floats to/from dtype `t` little-endian bytes. */
+void kvs_encode(kvs_dtype t, const float *src, size_t n, void *dst);
+void kvs_decode(kvs_dtype t, const void *src, size_t n, float *dst);
+
+/*! kvs_crc32() : CRC-32 (IEEE 802.3, reflected 0xEDB88320), continuing from `crc` (start with 0). */
+uint32_t kvs_crc32(uint32_t crc, const void *data, size_t n);
+
+/* Little-endian load/store helpers for file formats (the formats are little-endian on every host). */
+static inline void kvs_put_u16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline void kvs_put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline void kvs_put_u64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static inline uint16_t kvs_get_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t kvs_get_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+static inline uint64_t kvs_get_u64(const uint8_t *p) {
+    return (uint64_t)kvs_get_u32(p) | ((uint64_t)kvs_get_u32(p + 4) << 32);
+}
+
+/* ---- small file helpers (POSIX) ---- */
+
+/*! kvs_write_all() : write n bytes to fd, retrying short writes; KVS_ERR_IO with errno detail. */
+kvs_status kvs_write_all(int fd, const void *buf, size_t n, const char *what);
+/*! kvs_pread_all() : read exactly n bytes at offset; KVS_ERR_TRUNCATED if the file is shorter. */
+kvs_status kvs_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *what);
+/*! kvs_read_file() : read a whole file into a malloc'd buffer (caller frees) with a NUL appended. */
+kvs_status kvs_read_file(const char *path, char **out, size_t *len);
+
+/*! kvs_now_s() : monotonic time in seconds, for progress lines and benchmarks only. */
+double kvs_now_s(void);
+
+/*! kvs_n_cpus() : online CPUs (at least 1). */
+int kvs_n_cpus(void);
+
+#endif /* KVS_H */

@@ -1,0 +1,153 @@
+/* kvs_math.c — shared attention/softmax/top-k/pooling routines; see kvs_math.h. Plain loops the
+ * compiler vectorises; the replay engine's throughput is measured against these by `make bench`.
+ */
+#include "kvs_math.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+float kvs_dot(const float *a, const float *b, size_t n) {
+    /* Four partial sums so the loop vectorises without -ffast-math. */
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += a[i] * b[i];
+        s1 += a[i + 1] * b[i + 1];
+        s2 += a[i + 2] * b[i + 2];
+        s3 += a[i + 3] * b[i + 3];
+    }
+    for (; i < n; i++) s0 += a[i] * b[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+void kvs_attn_scores(const float *q, const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
+                     float scale, float *scores) {
+    for (size_t j = 0; j < n; j++) {
+        size_t row = idx ? (size_t)idx[j] : j;
+        scores[j] = scale * kvs_dot(q, keys + row * stride, d);
+    }
+}
+
+double kvs_softmax(float *x, size_t n) {
+    float m = -INFINITY;
+    for (size_t j = 0; j < n; j++)
+        if (x[j] > m) m = x[j];
+    double sum = 0;
+    for (size_t j = 0; j < n; j++) {
+        float e = expf(x[j] - m);
+        x[j] = e;
+        sum += e;
+    }
+    float inv = (float)(1.0 / sum);
+    for (size_t j = 0; j < n; j++) x[j] *= inv;
+    return (double)m + log(sum);
+}
+
+void kvs_attn_output(const float *p, const float *values, size_t stride, const int32_t *idx, size_t n, size_t d,
+                     float *out) {
+    memset(out, 0, d * sizeof *out);
+    for (size_t j = 0; j < n; j++) {
+        const float *v = values + (idx ? (size_t)idx[j] : j) * stride;
+        float w = p[j];
+        for (size_t i = 0; i < d; i++) out[i] += w * v[i];
+    }
+}
+
+double kvs_attention(const float *q, const float *keys, const float *values, size_t stride, const int32_t *idx,
+                     size_t n, size_t d, float scale, float *probs, float *out) {
+    kvs_attn_scores(q, keys, stride, idx, n, d, scale, probs);
+    double lse = kvs_softmax(probs, n);
+    kvs_attn_output(probs, values, stride, idx, n, d, out);
+    return lse;
+}
+
+/* Ordering for top-k: larger value first, NaN last, lower index first among equals. */
+static int topk_before(const float *x, int32_t a, int32_t b) {
+    float va = x[a], vb = x[b];
+    int na = isnan(va), nb = isnan(vb);
+    if (na != nb) return nb;
+    if (!na && va != vb) return va > vb;
+    return a < b;
+}
+
+/* Sift-down on a min-heap (root = the element that sorts last among the kept k). */
+static void heap_sift(const float *x, int32_t *h, size_t k, size_t i) {
+    for (;;) {
+        size_t l = 2 * i + 1, r = l + 1, w = i;
+        if (l < k && topk_before(x, h[w], h[l])) w = l;
+        if (r < k && topk_before(x, h[w], h[r])) w = r;
+        if (w == i) return;
+        int32_t t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
+    }
+}
+
+void kvs_topk(const float *x, size_t n, size_t k, int32_t *out_idx) {
+    if (k == 0) return;
+    if (k > n) k = n;
+    /* Heap of the best k seen so far; the root is the worst of them. O(n log k). */
+    for (size_t i = 0; i < k; i++) out_idx[i] = (int32_t)i;
+    for (size_t i = k / 2; i-- > 0;) heap_sift(x, out_idx, k, i);
+    for (size_t j = k; j < n; j++) {
+        if (topk_before(x, (int32_t)j, out_idx[0])) {
+            out_idx[0] = (int32_t)j;
+            heap_sift(x, out_idx, k, 0);
+        }
+    }
+    /* Heap-sort in place: repeatedly move the worst to the end. */
+    for (size_t end = k; end > 1; end--) {
+        int32_t t = out_idx[0];
+        out_idx[0] = out_idx[end - 1];
+        out_idx[end - 1] = t;
+        heap_sift(x, out_idx, end - 1, 0);
+    }
+}
+
+void kvs_maxpool1d(const float *x, size_t n, size_t k, float *out) {
+    size_t h = k / 2;
+    for (size_t i = 0; i < n; i++) {
+        size_t lo = i >= h ? i - h : 0, hi = i + h < n ? i + h : n - 1;
+        float m = x[lo];
+        for (size_t j = lo + 1; j <= hi; j++)
+            if (x[j] > m) m = x[j];
+        out[i] = m;
+    }
+}
+
+void kvs_avgpool1d(const float *x, size_t n, size_t k, float *out) {
+    size_t h = k / 2;
+    for (size_t i = 0; i < n; i++) {
+        size_t lo = i >= h ? i - h : 0, hi = i + h < n ? i + h : n - 1;
+        double s = 0;
+        for (size_t j = lo; j <= hi; j++) s += x[j];
+        out[i] = (float)(s / (double)(hi - lo + 1));
+    }
+}
+
+double kvs_l2(const float *a, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)a[i] * a[i];
+    return sqrt(s);
+}
+
+float kvs_cosine(const float *a, const float *b, size_t n) {
+    double na = kvs_l2(a, n), nb = kvs_l2(b, n);
+    if (na == 0 || nb == 0) return 0;
+    double dot = 0;
+    for (size_t i = 0; i < n; i++) dot += (double)a[i] * b[i];
+    return (float)(dot / (na * nb));
+}
+
+double kvs_rel_l2(const float *ref, const float *x, size_t n) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)ref[i] - x[i];
+        num += e * e;
+        den += (double)ref[i] * ref[i];
+    }
+    if (den == 0) return num == 0 ? 0 : INFINITY;
+    return sqrt(num / den);
+}

@@ -1,0 +1,86 @@
+/* results.h — the SQLite results database of kvsim (schema documented in sim/SCHEMA.md).
+ *
+ * One database per study. Several processes may write one database at once (WAL journal, busy timeout).
+ * A replay run is written by one call, kvs_results_write_run(), inside one transaction: its runs row
+ * (status 'complete' or 'failed'), its per-layer aggregates, its run-wide aggregate and its per-step
+ * series appear together or not at all, so a killed replay leaves no complete-looking partial run.
+ * Metric definitions are in ../shared/DESIGN.md ("Metrics").
+ */
+#ifndef KVS_RESULTS_H
+#define KVS_RESULTS_H
+
+#include <stdint.h>
+
+#include "../common/kvs.h"
+
+typedef struct kvs_results_db kvs_results_db;
+
+/*! kvs_results_open() : opens or creates the database at `path` and its schema (idempotent). An existing
+ *  file that is not a kvsim results database (or is corrupt) is KVS_ERR_DB with a clear detail and is
+ *  left unchanged. Caller frees with kvs_results_close (accepts NULL). */
+kvs_status kvs_results_open(const char *path, kvs_results_db **out);
+void kvs_results_close(kvs_results_db *db);
+
+/* The trace a run replayed (stored once per distinct trace in table `traces`). Borrowed strings. */
+typedef struct {
+    const char *path;         /* as given on the command line */
+    const char *model_name;
+    int64_t n_positions, prompt_len, n_turns;
+    int32_t n_layers, n_heads, n_kv_heads, head_dim;
+    const char *dtype;        /* "fp16" ... */
+    uint64_t file_bytes;
+} kvs_results_trace;
+
+/* Summary statistics of one metric over a set of samples. */
+typedef struct {
+    int64_t n;
+    double mean, p50, p95, max, min;
+} kvs_results_stat;
+
+/* Aggregates over (query head, measured step) samples of one layer, or of the whole run (layer = -1). */
+typedef struct {
+    int32_t layer;                  /* -1 for the run-wide aggregate */
+    kvs_results_stat out_err;       /* relative L2 output error */
+    kvs_results_stat attn_recall;   /* full-attention mass on S_t */
+    kvs_results_stat topk_overlap;  /* |S_t ∩ TopK_|S_t|| / |S_t| */
+    kvs_results_stat storage_bytes; /* resident bytes per KV head (KV + auxiliary) */
+    kvs_results_stat traffic_bytes; /* bytes read per step per KV head (KV + auxiliary) */
+    kvs_results_stat transfer_bytes;/* host<->device bytes per step (offloading policies; else 0) */
+    kvs_results_stat compression_ratio; /* full-cache bytes / resident bytes */
+} kvs_results_agg;
+
+/* One sample of the per-step series. */
+typedef struct {
+    int32_t layer, q_head;
+    int64_t position;        /* absolute position of the step's token */
+    float out_err, attn_recall, topk_overlap;
+    int32_t attended_tokens; /* |S_t| */
+    double storage_bytes, traffic_bytes;
+} kvs_results_step;
+
+/* One run: one policy configuration at one budget on one trace. Borrowed strings. */
+typedef struct {
+    const char *policy;        /* registry name, e.g. "h2o" */
+    const char *params;        /* canonical "key=value,key=value" with every default filled in */
+    int64_t budget_tokens;     /* per KV head, the current token included */
+    double budget_fraction;    /* the fraction the user gave (e.g. 0.2 for "20%"), or -1 */
+    int is_oracle;             /* 1 for oracle policies (topk): labelled in every output */
+    const char *measure;       /* "decode" or "all" */
+    const char *status;        /* "complete" or "failed" */
+    const char *error;         /* failure detail or NULL */
+    double wall_seconds;       /* replay time of this run's streams (summed thread time) */
+    const char *kvsim_version;
+} kvs_results_run;
+
+/*! kvs_results_write_run() : writes the trace row (if new), the run row, `n_layers` per-layer aggregates,
+ *  the run-wide aggregate `run_agg` (may be NULL for a failed run) and `n_steps` step samples, in one
+ *  transaction; *run_id receives the new run's id (may be NULL). On any failure nothing is written. */
+kvs_status kvs_results_write_run(kvs_results_db *db, const kvs_results_trace *trace, const kvs_results_run *run,
+                                 const kvs_results_agg *layer_aggs, int32_t n_layers, const kvs_results_agg *run_agg,
+                                 const kvs_results_step *steps, int64_t n_steps, int64_t *run_id);
+
+/*! kvs_results_stat_compute() : fills *out from n samples (sorted copy made internally; p50/p95 by
+ *  nearest rank on the sorted samples: index ceil(p*n)-1). n == 0 gives all zeros. */
+kvs_status kvs_results_stat_compute(const double *samples, int64_t n, kvs_results_stat *out);
+
+#endif /* KVS_RESULTS_H */

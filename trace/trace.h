@@ -1,0 +1,200 @@
+/* trace.h — public API of the kvsim trace library: writing, reading, streaming and recovering the
+ * chunked, zstd-compressed, checksummed trace files specified in trace/FORMAT.md.
+ *
+ * A trace records, for every position (prompt and generated), every layer and head, what attention
+ * consumed and produced during real decoding: post-RoPE q of every query head, post-RoPE k and v of
+ * every KV head, the full-attention output o and log-sum-exp of every query head, plus token ids,
+ * prompt/turn boundaries, the model config and the capture settings.
+ *
+ * Data is grouped by (layer, KV head, block of `block_positions` positions): one chunk holds, for that
+ * KV head and the G = n_heads / n_kv_heads query heads that share it (query head h uses KV head
+ * h / G), the block's q, k, v, o and lse. Replay of one KV-head stream reads only its own chunks.
+ *
+ * Thread safety: a kvs_trace reader may be shared by threads as long as each thread uses its own
+ * kvs_trace_stream / kvs_trace_block (reads use pread). A writer belongs to one thread.
+ */
+#ifndef KVS_TRACE_H
+#define KVS_TRACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/kvs.h"
+
+#define KVS_TRACE_NAME_MAX 64        /* bytes, including the NUL */
+#define KVS_TRACE_SETTINGS_MAX 4096  /* bytes, including the NUL */
+#define KVS_TRACE_MAX_LAYERS 1024
+#define KVS_TRACE_MAX_HEADS 1024
+#define KVS_TRACE_MAX_HEAD_DIM 1024
+#define KVS_TRACE_MAX_BLOCK 65536
+#define KVS_TRACE_DEFAULT_BLOCK 64   /* positions per block */
+
+typedef enum { KVS_ROPE_ADJACENT = 0, KVS_ROPE_HALVES = 1 } kvs_rope_layout; /* llama2.c vs HF rotate_half */
+
+/* Model config recorded in the header. All counts are per layer. */
+typedef struct {
+    int32_t n_layers;
+    int32_t n_heads;        /* query heads */
+    int32_t n_kv_heads;     /* key/value heads; n_heads % n_kv_heads == 0 */
+    int32_t head_dim;
+    int32_t dim;            /* model (residual) width */
+    int32_t hidden_dim;     /* FFN width */
+    int32_t vocab_size;
+    int32_t max_seq_len;    /* model context length */
+    float rope_theta;
+    float norm_eps;
+    float attn_scale;       /* softmax scale; 1/sqrt(head_dim) for Llama-family models */
+    int32_t rope_layout;    /* kvs_rope_layout */
+    char model_name[KVS_TRACE_NAME_MAX]; /* e.g. "stories260K", NUL-terminated */
+} kvs_model_config;
+
+/* Capture settings recorded in the header. */
+typedef struct {
+    int32_t dtype;          /* kvs_dtype of q/k/v/o (lse is always fp32) */
+    int32_t block_positions;/* positions per chunk block, 1..KVS_TRACE_MAX_BLOCK */
+    int32_t max_new_tokens; /* decode steps requested (RocketKV's budget rule needs it); 0 if unknown */
+    uint32_t flags;         /* KVS_TRACE_FLAG_* */
+    char settings[KVS_TRACE_SETTINGS_MAX]; /* free text "key=value ..." (backend, sampling, seed, prompt source) */
+} kvs_capture_config;
+
+#define KVS_TRACE_FLAG_SHUFFLE 1u   /* byte-shuffle arrays before zstd (default on; see FORMAT.md) */
+
+/* Role of a position in the sequence. */
+typedef enum { KVS_ROLE_PROMPT = 0, KVS_ROLE_GENERATED = 1 } kvs_role;
+
+/* One turn of a (possibly multi-turn) trace: positions [begin, prompt_end) are the user's prompt tokens,
+ * [prompt_end, end) the model's generated tokens. A single-turn trace has one turn with begin 0. */
+typedef struct {
+    int64_t begin, prompt_end, end;
+} kvs_turn;
+
+/* Everything `kvsim info` prints; filled by kvs_trace_info_get. Borrowed from the reader. */
+typedef struct {
+    kvs_model_config model;
+    kvs_capture_config capture;
+    uint32_t version;
+    int64_t n_positions;
+    int64_t prompt_len;     /* positions before the first generated one (= n_positions if none) */
+    int64_t n_turns;
+    const kvs_turn *turns;  /* [n_turns] */
+    int64_t n_blocks;       /* ceil(n_positions / block_positions) */
+    int64_t n_chunks;
+    uint64_t raw_bytes;     /* uncompressed payload bytes of all chunks */
+    uint64_t compressed_bytes; /* compressed payload bytes of all chunks */
+    uint64_t file_bytes;
+} kvs_trace_info;
+
+/* ------------------------------------------------------------------------------------------------
+ * Writer
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef struct kvs_trace_writer kvs_trace_writer;
+
+/*! kvs_trace_writer_create() : starts a trace destined for `path`. Data goes to `path`.partial, which
+ *  is renamed to `path` only by a successful kvs_trace_writer_close(); a killed writer leaves the
+ *  .partial file, whose complete blocks `kvsim trace recover` restores. Validates the configs
+ *  (KVS_ERR_INVALID_ARG naming the field). @return KVS_OK and *out (caller frees with
+ *  kvs_trace_writer_free) */
+kvs_status kvs_trace_writer_create(const char *path, const kvs_model_config *model, const kvs_capture_config *cap,
+                                   kvs_trace_writer **out);
+
+/*! kvs_trace_writer_begin_position() : starts the next position (0, 1, 2, ...) with its token id,
+ *  role and turn index (turn indices start at 0 and never decrease). */
+kvs_status kvs_trace_writer_begin_position(kvs_trace_writer *w, int32_t token_id, kvs_role role, int32_t turn);
+
+/*! kvs_trace_writer_put_layer() : records one layer of the current position. Borrowed fp32 inputs:
+ *  q [n_heads][head_dim], k [n_kv_heads][head_dim], v [n_kv_heads][head_dim], o [n_heads][head_dim],
+ *  lse [n_heads]. Each layer exactly once per position, any order. */
+kvs_status kvs_trace_writer_put_layer(kvs_trace_writer *w, int layer, const float *q, const float *k,
+                                      const float *v, const float *o, const float *lse);
+
+/*! kvs_trace_writer_end_position() : finishes the position (KVS_ERR_STATE if a layer is missing); when
+ *  the block is full its chunks are compressed and appended to the file. */
+kvs_status kvs_trace_writer_end_position(kvs_trace_writer *w);
+
+/*! kvs_trace_writer_close() : flushes the last (partial) block, writes the footer index, fsyncs and
+ *  renames to the final path. A position begun but not ended is an error. The writer must still be
+ *  freed. */
+kvs_status kvs_trace_writer_close(kvs_trace_writer *w);
+
+/*! kvs_trace_writer_free() : frees; if the writer was not closed successfully the .partial file is
+ *  removed (an abandoned capture leaves nothing behind). Accepts NULL. */
+void kvs_trace_writer_free(kvs_trace_writer *w);
+
+/*! kvs_trace_writer_positions() : positions completed so far. */
+int64_t kvs_trace_writer_positions(const kvs_trace_writer *w);
+/*! kvs_trace_writer_bytes() : bytes written to the file so far. */
+uint64_t kvs_trace_writer_bytes(const kvs_trace_writer *w);
+
+/* ------------------------------------------------------------------------------------------------
+ * Reader
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef struct kvs_trace kvs_trace;
+
+/*! kvs_trace_open() : opens and validates a trace: header checksum and fields, trailer, footer checksum,
+ *  every index entry's offset/size/count and the completeness of the (layer, kv head, block) grid. Chunk
+ *  payloads are checked when read. @return KVS_OK and *out (free with kvs_trace_close). */
+kvs_status kvs_trace_open(const char *path, kvs_trace **out);
+
+/*! kvs_trace_close() : accepts NULL. */
+void kvs_trace_close(kvs_trace *t);
+
+/*! kvs_trace_info_get() : borrowed view, valid until kvs_trace_close. */
+const kvs_trace_info *kvs_trace_info_get(const kvs_trace *t);
+
+/*! kvs_trace_tokens() : borrowed [n_positions] token ids / roles (kvs_role) / turn indices. */
+const int32_t *kvs_trace_tokens(const kvs_trace *t);
+const uint8_t *kvs_trace_roles(const kvs_trace *t);
+const int32_t *kvs_trace_turn_of(const kvs_trace *t);
+
+/* One decoded block of one (layer, KV head) group, in fp32. G = n_heads / n_kv_heads. */
+typedef struct {
+    int32_t layer, kv_head;
+    int64_t block;         /* block index */
+    int64_t first_pos;     /* = block * block_positions */
+    int32_t n_pos;         /* positions in this block (the last block may be partial) */
+    int32_t group, head_dim;
+    float *q;              /* [n_pos][G][head_dim]: query heads kv_head*G + g */
+    float *k;              /* [n_pos][head_dim] */
+    float *v;              /* [n_pos][head_dim] */
+    float *o;              /* [n_pos][G][head_dim] */
+    float *lse;            /* [n_pos][G] */
+} kvs_trace_block;
+
+/*! kvs_trace_block_create() : allocates buffers sized for one block of `t`. Free with
+ *  kvs_trace_block_free (accepts NULL). */
+kvs_status kvs_trace_block_create(const kvs_trace *t, kvs_trace_block **out);
+void kvs_trace_block_free(kvs_trace_block *b);
+
+/*! kvs_trace_read_block() : random access: reads, checksums, decompresses and decodes block `block` of
+ *  (layer, kv_head) into `out`. KVS_ERR_RANGE for indices outside the trace. */
+kvs_status kvs_trace_read_block(const kvs_trace *t, int layer, int kv_head, int64_t block, kvs_trace_block *out);
+
+/* Streaming read of one (layer, KV head) group, block by block, holding one block in memory. */
+typedef struct kvs_trace_stream kvs_trace_stream;
+
+/*! kvs_trace_stream_open() : caller frees with kvs_trace_stream_free (accepts NULL). */
+kvs_status kvs_trace_stream_open(const kvs_trace *t, int layer, int kv_head, kvs_trace_stream **out);
+/*! kvs_trace_stream_next() : *blk points to the next block (borrowed until the next call or free);
+ *  @return KVS_OK, KVS_ERR_END after the last block, or an error. */
+kvs_status kvs_trace_stream_next(kvs_trace_stream *s, const kvs_trace_block **blk);
+void kvs_trace_stream_free(kvs_trace_stream *s);
+
+/*! kvs_trace_check_chunks() : reads and checksums every chunk (what `kvsim verify` does first).
+ *  @return KVS_OK or the first failure, with its chunk named in the detail. */
+kvs_status kvs_trace_check_chunks(const kvs_trace *t);
+
+/* ------------------------------------------------------------------------------------------------
+ * Recovery
+ * ---------------------------------------------------------------------------------------------- */
+
+/*! kvs_trace_recover() : scans a trace (complete, or the .partial left by a killed writer) from its
+ *  header, keeps every chunk whose header and payload checksums are valid, and writes to `out_path`
+ *  (atomically, via out_path.partial) a complete trace of positions [0, n) where n is the largest
+ *  position count for which every (layer, KV head) chunk and the token chunk of every block are present.
+ *  *recovered_positions receives n (may be NULL). KVS_ERR_FORMAT if not even the header is valid;
+ *  KVS_ERR_TRUNCATED if no complete block remains. */
+kvs_status kvs_trace_recover(const char *in_path, const char *out_path, int64_t *recovered_positions);
+
+#endif /* KVS_TRACE_H */
