@@ -1,0 +1,102 @@
+/* tokenizer.h — text <-> token ids for `kvsim capture` (issue "Real decoding capture on the CPU").
+ *
+ * Two file formats, one opaque handle:
+ *   1. llama2.c tokenizer.bin (format of llama2.c run.c `build_tokenizer`): int32 max_token_length, then
+ *      per token: f32 score, int32 len, len raw bytes. The token count is not stored; it is the model's
+ *      vocab_size. Encoding follows run.c `encode` exactly: optional BOS (id 1), the dummy-prefix " " when
+ *      the text is non-empty, one token per UTF-8 codepoint when the codepoint is in the vocabulary, else
+ *      one token per byte (id = byte + 3, the "<0xNN>" pieces), then repeated merging of the adjacent pair
+ *      whose concatenation is a vocabulary piece with the highest score (leftmost on ties).
+ *      Decoding follows run.c `decode`: "<0xNN>" pieces become raw bytes and the leading space of the
+ *      piece right after BOS is dropped.
+ *   2. Hugging Face tokenizer.json with model.type "BPE" (semantics of the `tokenizers` library):
+ *      added tokens split out first (non-normalized ones on the raw text, normalized ones after the
+ *      normalizer), normalizer (Sequence / Prepend / Replace with a String pattern / NFC), pre-tokenizer
+ *      (Metaspace, ByteLevel, Split with the GPT-2 / Llama 3 / Qwen2 regexes, Sequence), BPE by merge rank
+ *      with byte_fallback / unk / fuse_unk / ignore_merges, and the decoder chain (Replace, ByteFallback,
+ *      Fuse, Strip, Metaspace, ByteLevel). tokenizer_config.json beside the file, when present, gives
+ *      add_bos_token and the bos/eos token strings.
+ *
+ * Limitations (checked, never silent): anything outside the list above is KVS_ERR_UNSUPPORTED naming the
+ * JSON field (model.type "Unigram", an unknown regex, a Regex Replace, ...). The Split regexes are run by a
+ * hand-written scanner for those exact patterns, whose Unicode letter/number/space classes are range tables
+ * covering Latin, Greek, Cyrillic, Armenian, Hebrew, Arabic, Indic scripts, Thai, Georgian, Hangul, kana,
+ * CJK (with extensions), fullwidth forms and common number symbols; characters of scripts outside the
+ * tables count as "neither letter nor number" (so they group like punctuation). The NFC normalizer is
+ * applied as identity and encode returns KVS_ERR_UNSUPPORTED for text containing characters that NFC
+ * could change (combining marks, Hangul jamo, compatibility singletons) rather than guess.
+ *
+ * Special tokens: decode skips BOS, EOS and (HF) every added token marked "special", as the `tokenizers`
+ * decode(skip_special_tokens=True) does, so decode(encode(x, add_bos=1)) == x for text the vocabulary
+ * can represent. Byte-fallback bytes are emitted raw (a split UTF-8 sequence is not replaced by U+FFFD).
+ *
+ * Thread safety: a loaded tokenizer is read-only; concurrent encode/decode calls are safe.
+ */
+#ifndef KVS_TOKENIZER_H
+#define KVS_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/kvs.h"
+
+typedef struct kvs_tokenizer kvs_tokenizer;
+
+/*! kvs_tokenizer_load_llama2c() : loads a llama2.c tokenizer.bin holding `vocab_size` tokens (the model
+ *  header's vocab_size, made positive). BOS is id 1, EOS id 2 (llama2.c convention).
+ *  @return KVS_OK and *out (caller owns, free with kvs_tokenizer_free); KVS_ERR_INVALID_ARG for
+ *  vocab_size <= 0; KVS_ERR_IO; KVS_ERR_TRUNCATED when the file ends before vocab_size tokens;
+ *  KVS_ERR_FORMAT for a negative length or trailing bytes (vocab_size smaller than the file). */
+kvs_status kvs_tokenizer_load_llama2c(const char *path, int32_t vocab_size, kvs_tokenizer **out);
+
+/*! kvs_tokenizer_load_hf() : loads a Hugging Face tokenizer.json (model.type "BPE") and, when present,
+ *  tokenizer_config.json in the same directory (add_bos_token, bos_token, eos_token; the token strings
+ *  may be plain strings or {"content": ...} objects). Without a config, BOS is the first SpecialToken of
+ *  the post_processor's "single" template (Llama 3 style) and EOS is unknown (-1).
+ *  @return KVS_OK and *out (caller owns, free with kvs_tokenizer_free); KVS_ERR_IO; KVS_ERR_FORMAT for
+ *  bad JSON, a missing/ill-typed field, a merge naming a token not in the vocabulary, a duplicate id;
+ *  KVS_ERR_RANGE for a negative or huge id; KVS_ERR_UNSUPPORTED naming the field for unsupported
+ *  model types, normalizers, pre-tokenizers, regexes or decoders. */
+kvs_status kvs_tokenizer_load_hf(const char *tokenizer_json_path, kvs_tokenizer **out);
+
+/*! kvs_tokenizer_encode() : tokenizes NUL-terminated UTF-8 `text` into ids[0..*n_ids). When add_bos is
+ *  non-zero and the tokenizer has a BOS that its configuration asks for (llama2.c: always; HF:
+ *  tokenizer_config add_bos_token, else whether the post_processor template starts with a special
+ *  token), BOS is prepended; otherwise add_bos is ignored.
+ *  ids is caller-owned with room for max_ids entries.
+ *  @return KVS_OK; KVS_ERR_RANGE when more than max_ids ids would be produced (*n_ids then holds the
+ *  number needed); KVS_ERR_INVALID_ARG for NULL arguments or a character the vocabulary cannot
+ *  represent at all (no byte fallback and no unk token); KVS_ERR_UNSUPPORTED (see NFC above). */
+kvs_status kvs_tokenizer_encode(const kvs_tokenizer *t, const char *text, int add_bos, int32_t *ids,
+                                size_t max_ids, size_t *n_ids);
+
+/*! kvs_tokenizer_decode() : the text of ids[0..n) as one malloc'd NUL-terminated string (*text_out,
+ *  caller frees with free()). Handles "<0xNN>" byte pieces, GPT-2 byte-level characters, "▁" spaces and
+ *  each family's leading-space rule (llama2.c: drop the space after BOS; HF: the decoder's Strip /
+ *  Metaspace rule on the start of the text). BOS/EOS/special added tokens produce no text.
+ *  The result may contain NUL bytes from "<0x00>" pieces; strlen then under-counts.
+ *  @return KVS_OK; KVS_ERR_RANGE for an id outside [0, vocab_size) or an id with no piece;
+ *  KVS_ERR_NOMEM. */
+kvs_status kvs_tokenizer_decode(const kvs_tokenizer *t, const int32_t *ids, size_t n, char **text_out);
+
+/*! kvs_tokenizer_decode_piece() : streaming helper: the text token `id` adds when it follows `prev_id`
+ *  (-1 at the start of a sequence). Equivalent to decoding [prev_id, id] and removing the text of
+ *  [prev_id], except that raw bytes of a split UTF-8 character come out as they arrive.
+ *  *text_out is malloc'd (caller frees). @return as kvs_tokenizer_decode. */
+kvs_status kvs_tokenizer_decode_piece(const kvs_tokenizer *t, int32_t prev_id, int32_t id, char **text_out);
+
+/*! kvs_tokenizer_piece() : raw vocabulary string of `id` (llama2.c bytes, or the tokenizer.json key such as
+ *  "▁the" / "Ġthe" / "<0x0A>"), borrowed from t; NULL when id is out of range or unused. */
+const char *kvs_tokenizer_piece(const kvs_tokenizer *t, int32_t id);
+
+/*! kvs_tokenizer_vocab_size() : number of ids (largest id + 1, added tokens included). */
+int32_t kvs_tokenizer_vocab_size(const kvs_tokenizer *t);
+
+/*! kvs_tokenizer_bos() / kvs_tokenizer_eos() : BOS / EOS ids, -1 when the tokenizer has none. */
+int32_t kvs_tokenizer_bos(const kvs_tokenizer *t);
+int32_t kvs_tokenizer_eos(const kvs_tokenizer *t);
+
+/*! kvs_tokenizer_free() : releases t; NULL is accepted. */
+void kvs_tokenizer_free(kvs_tokenizer *t);
+
+#endif /* KVS_TOKENIZER_H */
