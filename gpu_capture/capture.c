@@ -1,0 +1,309 @@
+/* capture.c — the capture loop (see capture.h): model + tokenizer loading, prompt/turn tokenisation,
+ * decoding with the CPU reference forward pass, and recording through the trace writer
+ * (trace/FORMAT.md). Settings recorded in the trace header say how the trace was made (backend,
+ * sampling, seed, steps, prompt source) so a trace is self-describing.
+ */
+#include "capture.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../trace/trace.h"
+#include "model.h"
+#include "sampler.h"
+#include "threadpool.h"
+#include "tokenizer.h"
+
+void kvs_capture_result_free(kvs_capture_result *r) {
+    if (!r) return;
+    free(r->tokens);
+    free(r->text);
+    r->tokens = NULL;
+    r->text = NULL;
+}
+
+static int file_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Default tokenizer: HF folder -> tokenizer.json inside; llama2.c file -> tok<vocab>.bin, then
+ * tokenizer.bin, in the same folder. *found = 0 when none exists. */
+static void default_tokenizer(const char *model_path, const kvs_model_info *info, char *buf, size_t cap, int *found) {
+    *found = 0;
+    if (info->format == KVS_MODEL_HF) {
+        snprintf(buf, cap, "%s/tokenizer.json", model_path);
+        *found = file_exists(buf);
+        return;
+    }
+    const char *slash = strrchr(model_path, '/');
+    int dir_len = slash ? (int)(slash - model_path) : 1;
+    const char *dir = slash ? model_path : ".";
+    snprintf(buf, cap, "%.*s/tok%d.bin", dir_len, dir, info->config.vocab_size);
+    if ((*found = file_exists(buf))) return;
+    snprintf(buf, cap, "%.*s/tokenizer.bin", dir_len, dir);
+    *found = file_exists(buf);
+}
+
+typedef struct {
+    int32_t *ids;
+    size_t n, cap;
+} id_vec;
+
+static kvs_status vec_push(id_vec *v, int32_t id) {
+    if (v->n == v->cap) {
+        size_t cap = v->cap ? 2 * v->cap : 256;
+        int32_t *n = realloc(v->ids, cap * sizeof *n);
+        if (!n) return kvs_fail(KVS_ERR_NOMEM, "capture: out of memory");
+        v->ids = n;
+        v->cap = cap;
+    }
+    v->ids[v->n++] = id;
+    return KVS_OK;
+}
+
+static kvs_status encode_text(const kvs_tokenizer *tok, const char *text, int add_bos, id_vec *out) {
+    size_t need = strlen(text) + 8, n = 0;
+    int32_t *ids = malloc(need * sizeof *ids);
+    if (!ids) return kvs_fail(KVS_ERR_NOMEM, "capture: out of memory");
+    kvs_status s = kvs_tokenizer_encode(tok, text, add_bos, ids, need, &n);
+    if (s == KVS_ERR_RANGE && n > need) { /* more ids than bytes: retry with the size asked for */
+        int32_t *bigger = realloc(ids, n * sizeof *ids);
+        if (!bigger) {
+            free(ids);
+            return kvs_fail(KVS_ERR_NOMEM, "capture: out of memory");
+        }
+        ids = bigger;
+        need = n;
+        s = kvs_tokenizer_encode(tok, text, add_bos, ids, need, &n);
+    }
+    for (size_t i = 0; s == KVS_OK && i < n; i++) s = vec_push(out, ids[i]);
+    free(ids);
+    return s;
+}
+
+/* Does this model/tokenizer pair want BOS at the start? */
+static int wants_bos(const kvs_model_info *info, const kvs_tokenizer *tok) {
+    if (info->bos_id < 0) return 0;
+    if (!tok) return 1;
+    int32_t ids[4];
+    size_t n = 0;
+    if (kvs_tokenizer_encode(tok, "", 1, ids, 4, &n) != KVS_OK) return 1;
+    return n >= 1 && ids[0] == info->bos_id;
+}
+
+static void progress_line(const kvs_capture_opts *o, int64_t pos, int64_t total, double t0, const kvs_trace_writer *w,
+                          double *last, int final) {
+    if (!o->progress) return;
+    int tty = isatty(STDERR_FILENO);
+    double now = kvs_now_s();
+    if (!final && now - *last < (tty ? 0.5 : 5.0)) return;
+    if (final && *last == t0) return; /* short captures print no progress at all */
+    *last = now;
+    double rate = now > t0 ? (double)pos / (now - t0) : 0;
+    fprintf(stderr, "%scapture: %lld/%lld positions, %.1f tok/s, trace %.2f MB%s", tty ? "\r" : "", (long long)pos,
+            (long long)total, rate, (double)kvs_trace_writer_bytes(w) / 1e6, tty && !final ? "" : "\n");
+    fflush(stderr);
+}
+
+kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
+    kvs_status s = KVS_OK;
+    kvs_model *model = NULL;
+    kvs_tokenizer *tok = NULL;
+    kvs_threadpool *pool = NULL;
+    kvs_model_state *st = NULL;
+    kvs_sampler *smp = NULL;
+    kvs_trace_writer *w = NULL;
+    id_vec seq = {0};
+    size_t n_turn_prompts = o->turns ? o->n_turns : 1;
+    id_vec *turn_ids = NULL;
+    memset(r, 0, sizeof *r);
+
+    if (o->steps < 0) return kvs_fail(KVS_ERR_INVALID_ARG, "--steps: %d must be >= 0", o->steps);
+    if ((o->prompt_text != NULL) + (o->prompt_ids != NULL) + (o->turns != NULL) > 1)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "give at most one of a prompt text, prompt ids or turns");
+    if (o->turns && o->n_turns == 0) return kvs_fail(KVS_ERR_INVALID_ARG, "turns: no turns given");
+    if (o->block < 0 || o->block > KVS_TRACE_MAX_BLOCK)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "--block: %d is outside [1, %d]", o->block, KVS_TRACE_MAX_BLOCK);
+
+    KVS_TRY(s = kvs_model_load(o->model_path, &model));
+    const kvs_model_info *info = kvs_model_info_get(model);
+    const kvs_model_config *cfg = &info->config;
+    snprintf(r->model_name, sizeof r->model_name, "%s", cfg->model_name);
+    int max_pos = o->max_positions > 0 ? o->max_positions : cfg->max_seq_len;
+    if (max_pos > cfg->max_seq_len) {
+        s = kvs_fail(KVS_ERR_INVALID_ARG, "--max-positions: %d exceeds the model context (%d)", max_pos, cfg->max_seq_len);
+        goto cleanup;
+    }
+
+    /* tokenizer: required for text prompts, optional otherwise (then no text is printed) */
+    char tok_path[4096];
+    int have_tok = 0;
+    if (o->tokenizer_path) {
+        snprintf(tok_path, sizeof tok_path, "%s", o->tokenizer_path);
+        have_tok = 1;
+    } else {
+        default_tokenizer(o->model_path, info, tok_path, sizeof tok_path, &have_tok);
+    }
+    if (have_tok) {
+        size_t tl = strlen(tok_path);
+        int is_json = tl >= 5 && !strcmp(tok_path + tl - 5, ".json");
+        s = is_json ? kvs_tokenizer_load_hf(tok_path, &tok) : kvs_tokenizer_load_llama2c(tok_path, cfg->vocab_size, &tok);
+        if (s != KVS_OK) goto cleanup;
+    } else if (o->prompt_text || o->turns) {
+        s = kvs_fail(KVS_ERR_IO, "%s: no tokenizer found beside the model (tok%d.bin, tokenizer.bin or tokenizer.json); "
+                     "pass --tokenizer FILE or --prompt-ids", o->model_path, cfg->vocab_size);
+        goto cleanup;
+    }
+
+    /* prompt tokens per turn */
+    turn_ids = calloc(n_turn_prompts, sizeof *turn_ids);
+    if (!turn_ids) { s = kvs_fail(KVS_ERR_NOMEM, "capture: out of memory"); goto cleanup; }
+    int add_bos = !o->no_bos;
+    size_t total_prompt = 0;
+    for (size_t t = 0; t < n_turn_prompts; t++) {
+        const char *text = o->turns ? o->turns[t] : o->prompt_text;
+        if (text) {
+            KVS_TRY(s = encode_text(tok, text, add_bos && t == 0, &turn_ids[t]));
+        } else {
+            if (add_bos && wants_bos(info, tok)) KVS_TRY(s = vec_push(&turn_ids[t], info->bos_id));
+            for (size_t i = 0; i < o->n_prompt_ids; i++) {
+                if (o->prompt_ids[i] < 0 || o->prompt_ids[i] >= cfg->vocab_size) {
+                    s = kvs_fail(KVS_ERR_RANGE, "--prompt-ids: token id %d is outside the vocabulary [0, %d)",
+                                 o->prompt_ids[i], cfg->vocab_size);
+                    goto cleanup;
+                }
+                KVS_TRY(s = vec_push(&turn_ids[t], o->prompt_ids[i]));
+            }
+        }
+        total_prompt += turn_ids[t].n;
+    }
+    if (turn_ids[0].n == 0) {
+        if (o->no_bos) {
+            s = kvs_fail(KVS_ERR_INVALID_ARG, "nothing to decode: the prompt is empty and --no-bos drops BOS");
+            goto cleanup;
+        }
+        if (info->bos_id < 0) {
+            s = kvs_fail(KVS_ERR_INVALID_ARG, "%s: empty prompt and the model has no BOS token to start from", o->model_path);
+            goto cleanup;
+        }
+        /* no prompt and a tokenizer that adds no BOS by itself (Qwen2): start from the model's BOS */
+        KVS_TRY(s = vec_push(&turn_ids[0], info->bos_id));
+        total_prompt++;
+    }
+    for (size_t t = 0; t < n_turn_prompts; t++)
+        for (size_t i = 0; i < turn_ids[t].n; i++)
+            if (turn_ids[t].ids[i] < 0 || turn_ids[t].ids[i] >= cfg->vocab_size) {
+                s = kvs_fail(KVS_ERR_RANGE, "tokenizer produced id %d outside the model vocabulary [0, %d)",
+                             turn_ids[t].ids[i], cfg->vocab_size);
+                goto cleanup;
+            }
+    if (total_prompt > (size_t)max_pos) {
+        s = kvs_fail(KVS_ERR_RANGE, "prompt is %zu tokens, longer than the %d positions allowed (%s)", total_prompt,
+                     max_pos, o->max_positions > 0 ? "--max-positions" : "model context");
+        goto cleanup;
+    }
+
+    KVS_TRY(s = kvs_threadpool_create(o->threads, &pool));
+    KVS_TRY(s = kvs_model_state_create(model, max_pos, pool, &st));
+    KVS_TRY(s = kvs_sampler_create(cfg->vocab_size, o->temperature, o->top_p, o->seed, &smp));
+
+    if (o->out_path) {
+        kvs_capture_config cc;
+        memset(&cc, 0, sizeof cc);
+        cc.dtype = (int32_t)o->dtype;
+        cc.block_positions = o->block > 0 ? o->block : KVS_TRACE_DEFAULT_BLOCK;
+        cc.max_new_tokens = o->steps;
+        cc.flags = KVS_TRACE_FLAG_SHUFFLE;
+        const char *src = o->prompt_source ? o->prompt_source
+                          : o->turns       ? "turns"
+                          : o->prompt_text ? "text"
+                          : o->prompt_ids  ? "ids"
+                                           : "bos";
+        snprintf(cc.settings, sizeof cc.settings,
+                 "backend=cpu threads=%d sampling=%s temperature=%g top_p=%g seed=%llu steps=%d max_new_tokens=%d "
+                 "ignore_eos=%d bos=%d prompt_source=%.900s prompt_tokens=%zu turns=%zu max_positions=%d "
+                 "model_format=%s architecture=%.63s weights=%s tokenizer=%.900s",
+                 kvs_threadpool_size(pool), o->temperature == 0 ? "greedy" : (o->top_p < 1 ? "top-p" : "temperature"),
+                 o->temperature, o->top_p, (unsigned long long)o->seed, o->steps, o->steps, o->ignore_eos, !o->no_bos,
+                 src, total_prompt, n_turn_prompts, max_pos, info->format == KVS_MODEL_HF ? "hf" : "llama2c",
+                 info->architecture, kvs_dtype_name(info->weight_dtype), have_tok ? tok_path : "none");
+        KVS_TRY(s = kvs_trace_writer_create(o->out_path, cfg, &cc, &w));
+    }
+
+    /* decode */
+    double t0 = kvs_now_s(), last = t0;
+    int64_t pos = 0;
+    int64_t planned = (int64_t)total_prompt + (int64_t)o->steps * (int64_t)n_turn_prompts;
+    if (planned > max_pos) planned = max_pos;
+    const float *logits = NULL;
+    int stop_all = 0;
+    for (size_t t = 0; t < n_turn_prompts && !stop_all; t++) {
+        int64_t n_items = (int64_t)turn_ids[t].n + o->steps;
+        int32_t next = -1;
+        for (int64_t i = 0; i < n_items; i++) {
+            int prompt = i < (int64_t)turn_ids[t].n;
+            int32_t token;
+            if (prompt) {
+                token = turn_ids[t].ids[i];
+            } else {
+                if (!logits) break; /* cannot happen: a turn's prompt or an earlier turn fed something */
+                next = kvs_sampler_sample(smp, logits);
+                if (kvs_model_is_eos(model, next) && !o->ignore_eos) {
+                    r->stopped_eos = 1;
+                    break;
+                }
+                token = next;
+            }
+            if (pos >= max_pos) {
+                r->stopped_max = 1;
+                stop_all = 1;
+                break;
+            }
+            r->stopped_eos = 0;
+            if (w) KVS_TRY(s = kvs_trace_writer_begin_position(w, token, prompt ? KVS_ROLE_PROMPT : KVS_ROLE_GENERATED, (int32_t)t));
+            KVS_TRY(s = kvs_model_forward(st, token, (int)pos, &logits));
+            if (w) {
+                for (int l = 0; l < cfg->n_layers; l++) {
+                    kvs_layer_record rec;
+                    KVS_TRY(s = kvs_model_state_layer(st, l, &rec));
+                    KVS_TRY(s = kvs_trace_writer_put_layer(w, l, rec.q, rec.k, rec.v, rec.o, rec.lse));
+                }
+                KVS_TRY(s = kvs_trace_writer_end_position(w));
+            }
+            KVS_TRY(s = vec_push(&seq, token));
+            if (prompt) r->n_prompt++;
+            else r->n_generated++;
+            pos++;
+            progress_line(o, pos, planned, t0, w, &last, 0);
+        }
+    }
+    progress_line(o, pos, planned, t0, w, &last, 1);
+    r->seconds = kvs_now_s() - t0;
+    if (w) {
+        KVS_TRY(s = kvs_trace_writer_close(w));
+        r->trace_bytes = kvs_trace_writer_bytes(w);
+    }
+    if (tok) KVS_TRY(s = kvs_tokenizer_decode(tok, seq.ids, seq.n, &r->text));
+    r->tokens = seq.ids;
+    r->n_positions = (int64_t)seq.n;
+    seq.ids = NULL;
+
+cleanup:
+    if (s != KVS_OK) kvs_capture_result_free(r);
+    kvs_trace_writer_free(w); /* removes OUT.partial unless closed */
+    free(seq.ids);
+    if (turn_ids)
+        for (size_t t = 0; t < n_turn_prompts; t++) free(turn_ids[t].ids);
+    free(turn_ids);
+    kvs_sampler_free(smp);
+    kvs_model_state_free(st);
+    kvs_threadpool_free(pool);
+    kvs_tokenizer_free(tok);
+    kvs_model_free(model);
+    return s;
+}

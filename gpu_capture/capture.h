@@ -1,0 +1,70 @@
+/* capture.h — the decoding loop behind `kvsim capture` (issue "Real decoding capture on the CPU"):
+ * loads a model and its tokenizer, feeds the prompt (or several user turns), generates, and records
+ * every position through the trace writer (trace/trace.h). The CLI, the tests and the benchmark all
+ * call kvs_capture_run, so what is tested is what ships.
+ *
+ * Semantics:
+ *  - BOS: prepended to the first turn per the model/tokenizer configuration unless no_bos. Text prompts
+ *    go through kvs_tokenizer_encode(add_bos); prompt ids get the model's BOS id prepended when the
+ *    tokenizer (if any) would add one. No prompt at all starts from BOS alone.
+ *  - Every generated token is forwarded through the model, so a single-turn trace holds
+ *    prompt + generated positions. Generation of a turn stops after `steps` tokens, or when the model
+ *    emits an end token (model EOS ids; llama2.c: BOS 1 and EOS 2, as run.c stops) unless ignore_eos; the
+ *    end token itself is not forwarded or recorded. Reaching max_positions stops the whole capture (not
+ *    an error); a prompt that does not fit is an error (KVS_ERR_RANGE) and nothing is written.
+ *  - Turns: turn t's prompt tokens are recorded with role PROMPT and turn index t, then its generated
+ *    tokens with role GENERATED. Only turn 0 gets BOS.
+ *  - On any failure the trace writer is freed unclosed, which removes OUT.partial: no file is left.
+ */
+#ifndef KVS_CAPTURE_H
+#define KVS_CAPTURE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/kvs.h"
+
+typedef struct {
+    const char *model_path;     /* llama2.c .bin or HF folder */
+    const char *tokenizer_path; /* NULL = default beside the model (tok<vocab>.bin / tokenizer.bin / tokenizer.json) */
+    const char *prompt_text;    /* UTF-8 prompt, or NULL */
+    const int32_t *prompt_ids;  /* [n_prompt_ids] token ids (BOS added per the rules above), or NULL */
+    size_t n_prompt_ids;
+    const char *const *turns;   /* [n_turns] user turn texts (multi-turn), or NULL */
+    size_t n_turns;
+    const char *prompt_source;  /* recorded in the settings text, e.g. "text", "file:p.txt"; NULL = derived */
+    int no_bos;
+    int ignore_eos;
+    int steps;                  /* tokens generated per turn, >= 0 */
+    int max_positions;          /* 0 = the model context */
+    float temperature;          /* 0 = greedy */
+    float top_p;                /* (0, 1]; 1 = off */
+    uint64_t seed;
+    kvs_dtype dtype;            /* trace storage dtype of q/k/v/o */
+    int block;                  /* positions per trace block; 0 = KVS_TRACE_DEFAULT_BLOCK */
+    int threads;                /* 0 = all CPUs */
+    const char *out_path;       /* trace destination, NULL = decode without recording */
+    int progress;               /* print progress lines to stderr (tty: every 0.5 s, else every 5 s) */
+} kvs_capture_opts;
+
+typedef struct {
+    int32_t *tokens;            /* [n_positions] every forwarded token (malloc'd) */
+    int64_t n_positions;
+    int64_t n_prompt;           /* prompt positions over all turns */
+    int64_t n_generated;        /* generated positions over all turns */
+    char *text;                 /* decoded text of all positions (malloc'd), NULL without a tokenizer */
+    double seconds;             /* wall time of the decoding loop (model loading excluded) */
+    uint64_t trace_bytes;       /* size of the written trace, 0 without one */
+    int stopped_eos;            /* the last turn ended on an end token */
+    int stopped_max;            /* max_positions cut generation short */
+    char model_name[64];
+} kvs_capture_result;
+
+/*! kvs_capture_run() : runs a capture per `o`. On success *r is filled (free with
+ *  kvs_capture_result_free) and the trace, if requested, is complete at o->out_path. */
+kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r);
+
+/*! kvs_capture_result_free() : frees the result's buffers (not r itself). Accepts NULL. */
+void kvs_capture_result_free(kvs_capture_result *r);
+
+#endif /* KVS_CAPTURE_H */

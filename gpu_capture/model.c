@@ -1,0 +1,988 @@
+/* model.c — checkpoint loading (llama2.c .bin, Hugging Face safetensors folders) and the CPU reference
+ * forward pass of Llama-family models; see model.h. The forward pass follows llama2.c run.c `forward`
+ * (RMSNorm, q/k/v projections, RoPE, causal attention over the KV cache, output projection, SwiGLU FFN,
+ * final norm, classifier) generalised to q/k/v biases, either RoPE layout and Llama-3 RoPE scaling, with
+ * the attention itself done by kvs_attention() (common/kvs_math.h) so the recorded LSE and output are
+ * exactly what the rest of kvsim recomputes.
+ */
+#include "model.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../common/json.h"
+#include "../common/kvs_math.h"
+
+/* ================================================================================================
+ * Model structure
+ * ============================================================================================== */
+
+typedef struct {
+    const float *rms_att, *rms_ffn; /* [dim] */
+    const float *wq;                /* [n_heads*head_dim][dim] */
+    const float *wk, *wv;           /* [n_kv_heads*head_dim][dim] */
+    const float *wo;                /* [dim][n_heads*head_dim] */
+    const float *bq, *bk, *bv, *bo; /* biases or NULL */
+    const float *w1;                /* gate: [hidden][dim] */
+    const float *w2;                /* down: [dim][hidden] */
+    const float *w3;                /* up:   [hidden][dim] */
+} layer_weights;
+
+typedef struct {
+    void *addr;
+    size_t len;
+} mapping;
+
+struct kvs_model {
+    kvs_model_info info;
+    const float *embed;     /* [vocab][dim] */
+    const float *rms_final; /* [dim] */
+    const float *cls;       /* [vocab][dim] */
+    layer_weights *layers;  /* [n_layers] */
+    float *inv_freq;        /* [head_dim/2] RoPE frequencies (after any scaling) */
+    mapping *maps;
+    int n_maps, cap_maps;
+    void **owned; /* heap fp32 copies of converted tensors */
+    int n_owned, cap_owned;
+};
+
+static const char *base_name(const char *path, char *buf, size_t cap) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--; /* "dir/" -> "dir" */
+    size_t b = n;
+    while (b > 0 && path[b - 1] != '/') b--;
+    size_t len = n - b;
+    if (len >= cap) len = cap - 1;
+    memcpy(buf, path + b, len);
+    buf[len] = '\0';
+    return buf;
+}
+
+/* Re-issues the calling thread's error detail with `prefix` in front (copied first: kvs_fail formats into
+ * the same buffer kvs_last_error returns). */
+static kvs_status prefix_error(kvs_status s, const char *prefix) {
+    char detail[1024];
+    snprintf(detail, sizeof detail, "%s", kvs_last_error());
+    return kvs_fail(s, "%s%s", prefix, detail);
+}
+
+static kvs_status add_map(kvs_model *m, void *addr, size_t len) {
+    if (m->n_maps == m->cap_maps) {
+        int cap = m->cap_maps ? 2 * m->cap_maps : 4;
+        mapping *n = realloc(m->maps, (size_t)cap * sizeof *n);
+        if (!n) return kvs_fail(KVS_ERR_NOMEM, "model: out of memory");
+        m->maps = n;
+        m->cap_maps = cap;
+    }
+    m->maps[m->n_maps++] = (mapping){addr, len};
+    return KVS_OK;
+}
+
+static kvs_status add_owned(kvs_model *m, void *p) {
+    if (m->n_owned == m->cap_owned) {
+        int cap = m->cap_owned ? 2 * m->cap_owned : 16;
+        void **n = realloc(m->owned, (size_t)cap * sizeof *n);
+        if (!n) {
+            free(p);
+            return kvs_fail(KVS_ERR_NOMEM, "model: out of memory");
+        }
+        m->owned = n;
+        m->cap_owned = cap;
+    }
+    m->owned[m->n_owned++] = p;
+    return KVS_OK;
+}
+
+/* Maps a whole file read-only. */
+static kvs_status map_file(kvs_model *m, const char *path, const uint8_t **data, size_t *len) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return kvs_fail(KVS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return kvs_fail(KVS_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return kvs_fail(KVS_ERR_IO, "%s: not a regular file", path);
+    }
+    if (st.st_size == 0) {
+        close(fd);
+        return kvs_fail(KVS_ERR_TRUNCATED, "%s: file is empty", path);
+    }
+    void *addr = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int e = errno;
+    close(fd);
+    if (addr == MAP_FAILED) return kvs_fail(KVS_ERR_IO, "%s: cannot mmap: %s", path, strerror(e));
+    kvs_status s = add_map(m, addr, (size_t)st.st_size);
+    if (s != KVS_OK) {
+        munmap(addr, (size_t)st.st_size);
+        return s;
+    }
+    *data = addr;
+    *len = (size_t)st.st_size;
+    return KVS_OK;
+}
+
+void kvs_model_free(kvs_model *m) {
+    if (!m) return;
+    for (int i = 0; i < m->n_maps; i++) munmap(m->maps[i].addr, m->maps[i].len);
+    for (int i = 0; i < m->n_owned; i++) free(m->owned[i]);
+    free(m->maps);
+    free(m->owned);
+    free(m->layers);
+    free(m->inv_freq);
+    free(m);
+}
+
+const kvs_model_info *kvs_model_info_get(const kvs_model *m) { return &m->info; }
+
+int kvs_model_is_eos(const kvs_model *m, int32_t token) {
+    for (int i = 0; i < m->info.n_eos; i++)
+        if (m->info.eos_ids[i] == token) return 1;
+    return 0;
+}
+
+/* Validates the dimensions common to both formats and derives the RoPE table and byte counts. */
+static kvs_status finish_config(kvs_model *m, const char *src) {
+    kvs_model_config *c = &m->info.config;
+    if (c->head_dim % 2 != 0)
+        return kvs_fail(KVS_ERR_UNSUPPORTED, "%s: head_dim (%d) must be even for RoPE", src, c->head_dim);
+    if (c->head_dim > KVS_TRACE_MAX_HEAD_DIM || c->n_heads > KVS_TRACE_MAX_HEADS || c->n_layers > KVS_TRACE_MAX_LAYERS)
+        return kvs_fail(KVS_ERR_UNSUPPORTED, "%s: n_layers %d / n_heads %d / head_dim %d exceed the trace limits (%d/%d/%d)",
+                        src, c->n_layers, c->n_heads, c->head_dim, KVS_TRACE_MAX_LAYERS, KVS_TRACE_MAX_HEADS,
+                        KVS_TRACE_MAX_HEAD_DIM);
+    c->attn_scale = (float)(1.0 / sqrt((double)c->head_dim));
+    int half = c->head_dim / 2;
+    m->inv_freq = malloc((size_t)half * sizeof *m->inv_freq);
+    if (!m->inv_freq) return kvs_fail(KVS_ERR_NOMEM, "model: out of memory");
+    for (int i = 0; i < half; i++) {
+        double f = pow((double)c->rope_theta, -2.0 * i / (double)c->head_dim);
+        if (m->info.rope_llama3) {
+            /* Llama 3.1 frequency scaling (transformers _compute_llama3_parameters). */
+            double old_ctx = m->info.rope_original_max_pos;
+            double low_wavelen = old_ctx / m->info.rope_low_freq_factor;
+            double high_wavelen = old_ctx / m->info.rope_high_freq_factor;
+            double wavelen = 2.0 * M_PI / f;
+            if (wavelen > low_wavelen) {
+                f = f / m->info.rope_factor;
+            } else if (wavelen >= high_wavelen) {
+                double smooth = (old_ctx / wavelen - m->info.rope_low_freq_factor) /
+                                (m->info.rope_high_freq_factor - m->info.rope_low_freq_factor);
+                f = (1.0 - smooth) * f / m->info.rope_factor + smooth * f;
+            }
+        }
+        m->inv_freq[i] = (float)f;
+    }
+    uint64_t d = (uint64_t)c->dim, hd = (uint64_t)c->head_dim, L = (uint64_t)c->n_layers;
+    uint64_t qd = (uint64_t)c->n_heads * hd, kvd = (uint64_t)c->n_kv_heads * hd, hid = (uint64_t)c->hidden_dim;
+    uint64_t per_layer = 2 * d + qd * d + 2 * kvd * d + d * qd + 3 * hid * d;
+    if (m->info.qkv_bias) per_layer += qd + 2 * kvd;
+    if (m->info.o_bias) per_layer += d;
+    uint64_t vocab_d = (uint64_t)c->vocab_size * d;
+    int shared = m->cls == m->embed;
+    m->info.n_params = L * per_layer + d + vocab_d * (shared ? 1 : 2);
+    /* per token the embedding row is read, not the table; the classifier is read whole */
+    m->info.weight_bytes = 4 * (L * per_layer + d + vocab_d + d);
+    return KVS_OK;
+}
+
+/* ================================================================================================
+ * llama2.c checkpoints
+ * ============================================================================================== */
+
+static kvs_status load_llama2c(kvs_model *m, const char *path) {
+    const uint8_t *data;
+    size_t size;
+    kvs_status s = map_file(m, path, &data, &size);
+    if (s != KVS_OK) return s;
+    if (size < 28)
+        return kvs_fail(KVS_ERR_TRUNCATED, "%s: file is %zu bytes, shorter than the 28-byte llama2.c header", path, size);
+    int32_t h[7];
+    for (int i = 0; i < 7; i++) h[i] = (int32_t)kvs_get_u32(data + 4 * i);
+    if (!memcmp(data, "ak42", 4))
+        return kvs_fail(KVS_ERR_UNSUPPORTED, "%s: llama2.c versioned export (magic \"ak42\") is not supported; "
+                        "use the legacy (version 0) export", path);
+    static const char *const names[7] = {"dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len"};
+    for (int i = 0; i < 7; i++) {
+        if (i == 5 ? (h[i] == 0 || h[i] == INT32_MIN) : h[i] <= 0)
+            return kvs_fail(KVS_ERR_FORMAT, "%s: llama2.c header field %s (%d) is invalid (not a llama2.c checkpoint?)",
+                            path, names[i], h[i]);
+    }
+    if (h[2] > KVS_TRACE_MAX_LAYERS || h[3] > KVS_TRACE_MAX_HEADS || h[0] > (1 << 20) || h[1] > (1 << 22) ||
+        h[6] > (1 << 24) || (h[5] > 0 ? h[5] : -h[5]) > (1 << 24))
+        return kvs_fail(KVS_ERR_FORMAT, "%s: llama2.c header out of range (dim %d hidden_dim %d n_layers %d n_heads %d "
+                        "vocab_size %d seq_len %d)", path, h[0], h[1], h[2], h[3], h[5], h[6]);
+    if (h[4] > h[3] || h[3] % h[4] != 0)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: n_kv_heads (%d) does not divide n_heads (%d)", path, h[4], h[3]);
+    if (h[0] % h[3] != 0)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: n_heads (%d) does not divide dim (%d)", path, h[3], h[0]);
+    kvs_model_config *c = &m->info.config;
+    c->dim = h[0];
+    c->hidden_dim = h[1];
+    c->n_layers = h[2];
+    c->n_heads = h[3];
+    c->n_kv_heads = h[4];
+    int shared = h[5] > 0;
+    c->vocab_size = shared ? h[5] : -h[5];
+    c->max_seq_len = h[6];
+    c->head_dim = h[0] / h[3];
+    c->rope_theta = 10000.0f;
+    c->norm_eps = 1e-5f;
+    c->rope_layout = KVS_ROPE_ADJACENT;
+    m->info.format = KVS_MODEL_LLAMA2C;
+    snprintf(m->info.architecture, sizeof m->info.architecture, "llama2.c");
+    m->info.weight_dtype = KVS_DTYPE_F32;
+    m->info.bos_id = 1;
+    /* llama2.c's TinyStories data separates stories with BOS and run.c stops when the model emits BOS (1);
+     * the Llama vocabulary's EOS (2) ends generation too. */
+    m->info.eos_ids[0] = 1;
+    m->info.eos_ids[1] = 2;
+    m->info.n_eos = 2;
+
+    uint64_t d = (uint64_t)c->dim, L = (uint64_t)c->n_layers, hd = (uint64_t)c->head_dim;
+    uint64_t kvd = (uint64_t)c->n_kv_heads * hd, hid = (uint64_t)c->hidden_dim, V = (uint64_t)c->vocab_size;
+    uint64_t counts[] = {V * d, L * d, L * d * d, L * kvd * d, L * kvd * d, L * d * d, L * d, L * hid * d,
+                         L * d * hid, L * hid * d, d, (uint64_t)c->max_seq_len * hd / 2, (uint64_t)c->max_seq_len * hd / 2,
+                         shared ? 0 : V * d};
+    uint64_t total = 0;
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) total += counts[i];
+    uint64_t expect = 28 + 4 * total;
+    if (size < expect)
+        return kvs_fail(KVS_ERR_TRUNCATED, "%s: file is %zu bytes but the header (dim %d, hidden_dim %d, n_layers %d, "
+                        "n_heads %d, n_kv_heads %d, vocab_size %d, seq_len %d) needs %llu", path, size, h[0], h[1],
+                        h[2], h[3], h[4], h[5], h[6], (unsigned long long)expect);
+    if (size > expect)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: %llu unexpected trailing bytes after the weights the header describes "
+                        "(file %zu bytes, expected %llu)", path, (unsigned long long)(size - expect), size,
+                        (unsigned long long)expect);
+    const float *p = (const float *)(data + 28);
+    const float *t[14];
+    for (int i = 0; i < 14; i++) {
+        t[i] = p;
+        p += counts[i];
+    }
+    m->embed = t[0];
+    m->rms_final = t[10];
+    m->cls = shared ? t[0] : t[13];
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) return kvs_fail(KVS_ERR_NOMEM, "model: out of memory");
+    for (uint64_t l = 0; l < L; l++) {
+        layer_weights *w = &m->layers[l];
+        w->rms_att = t[1] + l * d;
+        w->wq = t[2] + l * d * d;
+        w->wk = t[3] + l * kvd * d;
+        w->wv = t[4] + l * kvd * d;
+        w->wo = t[5] + l * d * d;
+        w->rms_ffn = t[6] + l * d;
+        w->w1 = t[7] + l * hid * d;
+        w->w2 = t[8] + l * d * hid;
+        w->w3 = t[9] + l * hid * d;
+    }
+    return finish_config(m, path);
+}
+
+/* ================================================================================================
+ * Hugging Face folders
+ * ============================================================================================== */
+
+typedef struct {
+    char path[4096];
+    const uint8_t *data; /* start of the tensor data section */
+    uint64_t data_len;
+    kvs_json *header;
+} st_file;
+
+typedef struct {
+    const char *dir;
+    st_file *files;
+    int n_files;
+    kvs_json *index; /* model.safetensors.index.json, NULL for a single file */
+    int have_dtype;
+} st_set;
+
+static void st_set_free(st_set *s) {
+    for (int i = 0; i < s->n_files; i++) kvs_json_free(s->files[i].header);
+    free(s->files);
+    kvs_json_free(s->index);
+}
+
+static kvs_status st_open(kvs_model *m, st_file *f) {
+    const uint8_t *data;
+    size_t size;
+    kvs_status s = map_file(m, f->path, &data, &size);
+    if (s != KVS_OK) return s;
+    if (size < 8) return kvs_fail(KVS_ERR_TRUNCATED, "%s: %zu bytes, shorter than the 8-byte safetensors header length", f->path, size);
+    uint64_t n = kvs_get_u64(data);
+    if (n > size - 8)
+        return kvs_fail(KVS_ERR_TRUNCATED, "%s: safetensors header length %llu runs past the end of the file (%zu bytes)",
+                        f->path, (unsigned long long)n, size);
+    if (n < 2 || n > (100u << 20))
+        return kvs_fail(KVS_ERR_FORMAT, "%s: implausible safetensors header length %llu", f->path, (unsigned long long)n);
+    s = kvs_json_parse((const char *)data + 8, (size_t)n, &f->header);
+    if (s != KVS_OK) {
+        char pre[4200];
+        snprintf(pre, sizeof pre, "%s: safetensors header: ", f->path);
+        return prefix_error(s, pre);
+    }
+    if (kvs_json_type_of(f->header) != KVS_JSON_OBJECT)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: safetensors header is not a JSON object", f->path);
+    f->data = data + 8 + n;
+    f->data_len = size - 8 - n;
+    return KVS_OK;
+}
+
+/* Finds tensor `name`: in the index's weight_map shard (or the single file), following a __metadata__
+ * alias (tied weights saved once). *f = NULL when absent. */
+static kvs_status st_find(st_set *set, const char *name, st_file **f, const kvs_json **entry) {
+    *f = NULL;
+    *entry = NULL;
+    for (int hop = 0; hop < 2; hop++) {
+        for (int i = 0; i < set->n_files; i++) {
+            if (set->index) {
+                const char *shard = kvs_json_string(kvs_json_get(kvs_json_get(set->index, "weight_map"), name));
+                if (!shard) break;
+                const char *slash = strrchr(set->files[i].path, '/');
+                if (strcmp(slash ? slash + 1 : set->files[i].path, shard)) continue;
+            }
+            const kvs_json *e = kvs_json_get(set->files[i].header, name);
+            if (e) {
+                *f = &set->files[i];
+                *entry = e;
+                return KVS_OK;
+            }
+        }
+        /* alias: __metadata__ {"model.embed_tokens.weight": "lm_head.weight"} in any file */
+        const char *alias = NULL;
+        for (int i = 0; i < set->n_files && !alias; i++)
+            alias = kvs_json_string(kvs_json_get(kvs_json_get(set->files[i].header, "__metadata__"), name));
+        if (!alias || !strcmp(alias, name)) return KVS_OK;
+        name = alias;
+    }
+    return KVS_OK;
+}
+
+static kvs_status json_u64(const kvs_json *v, uint64_t *out) {
+    if (kvs_json_type_of(v) != KVS_JSON_NUMBER) return KVS_ERR_FORMAT;
+    double d = kvs_json_number(v);
+    if (!(d >= 0 && d <= 9007199254740992.0) || d != floor(d)) return KVS_ERR_FORMAT;
+    *out = (uint64_t)d;
+    return KVS_OK;
+}
+
+static void fmt_shape(char *buf, size_t cap, const uint64_t *dims, int nd) {
+    size_t o = 0;
+    o += (size_t)snprintf(buf + o, cap - o, "[");
+    for (int i = 0; i < nd && o < cap; i++) o += (size_t)snprintf(buf + o, cap - o, "%s%llu", i ? ", " : "", (unsigned long long)dims[i]);
+    if (o < cap) snprintf(buf + o, cap - o, "]");
+}
+
+/* Loads tensor `name` of shape dims[nd] as fp32. *out = NULL when absent and !required. */
+static kvs_status st_tensor(kvs_model *m, st_set *set, const char *name, int nd, const uint64_t *dims, int required,
+                            const float **out) {
+    *out = NULL;
+    st_file *f;
+    const kvs_json *e;
+    st_find(set, name, &f, &e);
+    if (!f) {
+        if (!required) return KVS_OK;
+        return kvs_fail(KVS_ERR_FORMAT, "%s: tensor %s is missing", set->index ? "model.safetensors.index.json / shards"
+                        : set->files[0].path, name);
+    }
+    const char *dt = kvs_json_string(kvs_json_get(e, "dtype"));
+    const kvs_json *shape = kvs_json_get(e, "shape"), *offs = kvs_json_get(e, "data_offsets");
+    if (!dt || kvs_json_type_of(shape) != KVS_JSON_ARRAY || kvs_json_type_of(offs) != KVS_JSON_ARRAY ||
+        kvs_json_len(offs) != 2)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: tensor %s: entry lacks dtype, shape or data_offsets [begin, end]", f->path, name);
+    kvs_dtype dtype;
+    if (!strcmp(dt, "F32")) dtype = KVS_DTYPE_F32;
+    else if (!strcmp(dt, "F16")) dtype = KVS_DTYPE_F16;
+    else if (!strcmp(dt, "BF16")) dtype = KVS_DTYPE_BF16;
+    else return kvs_fail(KVS_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (supported: F32, F16, BF16)", f->path, name, dt);
+    if (!set->have_dtype) {
+        m->info.weight_dtype = dtype;
+        set->have_dtype = 1;
+    }
+    uint64_t got[8];
+    size_t gn = kvs_json_len(shape);
+    int shape_ok = gn == (size_t)nd && gn <= 8;
+    for (size_t i = 0; i < gn && i < 8; i++)
+        if (json_u64(kvs_json_at(shape, i), &got[i]) != KVS_OK)
+            return kvs_fail(KVS_ERR_FORMAT, "%s: tensor %s: shape[%zu] is not a non-negative integer", f->path, name, i);
+    for (int i = 0; shape_ok && i < nd; i++)
+        if (got[i] != dims[i]) shape_ok = 0;
+    if (!shape_ok) {
+        char a[128], b[128];
+        fmt_shape(a, sizeof a, got, gn < 8 ? (int)gn : 8);
+        fmt_shape(b, sizeof b, dims, nd);
+        return kvs_fail(KVS_ERR_FORMAT, "%s: tensor %s has shape %s, expected %s", f->path, name, a, b);
+    }
+    uint64_t begin, end, numel = 1;
+    for (int i = 0; i < nd; i++) numel *= dims[i];
+    if (json_u64(kvs_json_at(offs, 0), &begin) != KVS_OK || json_u64(kvs_json_at(offs, 1), &end) != KVS_OK || end < begin)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: tensor %s: data_offsets are not integers with begin <= end", f->path, name);
+    if (end - begin != numel * kvs_dtype_size(dtype))
+        return kvs_fail(KVS_ERR_FORMAT, "%s: tensor %s: data_offsets span %llu bytes, shape and dtype need %llu", f->path,
+                        name, (unsigned long long)(end - begin), (unsigned long long)(numel * kvs_dtype_size(dtype)));
+    if (end > f->data_len)
+        return kvs_fail(KVS_ERR_TRUNCATED, "%s: tensor %s: data_offsets end %llu lies past the end of the data (%llu bytes)",
+                        f->path, name, (unsigned long long)end, (unsigned long long)f->data_len);
+    const uint8_t *src = f->data + begin;
+    if (dtype == KVS_DTYPE_F32 && ((uintptr_t)src % sizeof(float)) == 0) {
+        *out = (const float *)src;
+        return KVS_OK;
+    }
+    float *dst = malloc((size_t)numel * sizeof *dst + 1);
+    if (!dst) return kvs_fail(KVS_ERR_NOMEM, "%s: out of memory converting tensor %s", f->path, name);
+    kvs_decode(dtype, src, (size_t)numel, dst);
+    kvs_status s = add_owned(m, dst);
+    if (s != KVS_OK) return s;
+    *out = dst;
+    return KVS_OK;
+}
+
+/* ---- config.json ---- */
+
+static kvs_status cfg_int(const kvs_json *cfg, const char *key, int required, long dflt, long lo, long hi, int32_t *out) {
+    const kvs_json *v = kvs_json_get(cfg, key);
+    if (!v || kvs_json_type_of(v) == KVS_JSON_NULL) {
+        if (required) return kvs_fail(KVS_ERR_FORMAT, "config.json: %s is missing", key);
+        *out = (int32_t)dflt;
+        return KVS_OK;
+    }
+    double d = kvs_json_number(v);
+    if (kvs_json_type_of(v) != KVS_JSON_NUMBER || d != floor(d))
+        return kvs_fail(KVS_ERR_FORMAT, "config.json: %s is not an integer", key);
+    if (d < (double)lo || d > (double)hi)
+        return kvs_fail(KVS_ERR_FORMAT, "config.json: %s (%.0f) is out of range [%ld, %ld]", key, d, lo, hi);
+    *out = (int32_t)d;
+    return KVS_OK;
+}
+
+static kvs_status cfg_num(const kvs_json *cfg, const char *key, double dflt, double lo, double hi, double *out) {
+    const kvs_json *v = kvs_json_get(cfg, key);
+    if (!v || kvs_json_type_of(v) == KVS_JSON_NULL) {
+        *out = dflt;
+        return KVS_OK;
+    }
+    if (kvs_json_type_of(v) != KVS_JSON_NUMBER) return kvs_fail(KVS_ERR_FORMAT, "config.json: %s is not a number", key);
+    double d = kvs_json_number(v);
+    if (!(d >= lo && d <= hi)) return kvs_fail(KVS_ERR_FORMAT, "config.json: %s (%g) is out of range [%g, %g]", key, d, lo, hi);
+    *out = d;
+    return KVS_OK;
+}
+
+static int cfg_bool(const kvs_json *cfg, const char *key, int dflt) {
+    const kvs_json *v = kvs_json_get(cfg, key);
+    return kvs_json_type_of(v) == KVS_JSON_BOOL ? kvs_json_bool(v) : dflt;
+}
+
+static kvs_status parse_hf_config(kvs_model *m, const kvs_json *cfg) {
+    kvs_status s;
+    kvs_model_info *info = &m->info;
+    kvs_model_config *c = &info->config;
+    if (kvs_json_type_of(cfg) != KVS_JSON_OBJECT) return kvs_fail(KVS_ERR_FORMAT, "config.json: not a JSON object");
+    const char *arch = kvs_json_string(kvs_json_at(kvs_json_get(cfg, "architectures"), 0));
+    if (!arch) {
+        const char *mt = kvs_json_string(kvs_json_get(cfg, "model_type"));
+        if (!mt) return kvs_fail(KVS_ERR_FORMAT, "config.json: neither architectures nor model_type is given");
+        if (!strcmp(mt, "llama")) arch = "LlamaForCausalLM";
+        else if (!strcmp(mt, "mistral")) arch = "MistralForCausalLM";
+        else if (!strcmp(mt, "qwen2")) arch = "Qwen2ForCausalLM";
+        else return kvs_fail(KVS_ERR_UNSUPPORTED, "config.json: model_type \"%s\" is not supported (llama, mistral, qwen2)", mt);
+    }
+    int is_qwen2 = !strcmp(arch, "Qwen2ForCausalLM"), is_mistral = !strcmp(arch, "MistralForCausalLM");
+    if (!is_qwen2 && !is_mistral && strcmp(arch, "LlamaForCausalLM"))
+        return kvs_fail(KVS_ERR_UNSUPPORTED, "config.json: architectures[0] \"%s\" is not supported "
+                        "(LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)", arch);
+    snprintf(info->architecture, sizeof info->architecture, "%s", arch);
+    const char *act = kvs_json_string(kvs_json_get(cfg, "hidden_act"));
+    if (act && strcmp(act, "silu"))
+        return kvs_fail(KVS_ERR_UNSUPPORTED, "config.json: hidden_act \"%s\" is not supported (silu)", act);
+    if (cfg_bool(cfg, "mlp_bias", 0)) return kvs_fail(KVS_ERR_UNSUPPORTED, "config.json: mlp_bias true is not supported");
+    if (is_qwen2 && cfg_bool(cfg, "use_sliding_window", 0))
+        return kvs_fail(KVS_ERR_UNSUPPORTED, "config.json: use_sliding_window true is not supported");
+    if ((s = cfg_int(cfg, "hidden_size", 1, 0, 1, 1 << 20, &c->dim)) != KVS_OK) return s;
+    if ((s = cfg_int(cfg, "intermediate_size", 1, 0, 1, 1 << 22, &c->hidden_dim)) != KVS_OK) return s;
+    if ((s = cfg_int(cfg, "num_hidden_layers", 1, 0, 1, KVS_TRACE_MAX_LAYERS, &c->n_layers)) != KVS_OK) return s;
+    if ((s = cfg_int(cfg, "num_attention_heads", 1, 0, 1, KVS_TRACE_MAX_HEADS, &c->n_heads)) != KVS_OK) return s;
+    if ((s = cfg_int(cfg, "num_key_value_heads", 0, c->n_heads, 1, KVS_TRACE_MAX_HEADS, &c->n_kv_heads)) != KVS_OK) return s;
+    if ((s = cfg_int(cfg, "vocab_size", 1, 0, 1, 1 << 24, &c->vocab_size)) != KVS_OK) return s;
+    if ((s = cfg_int(cfg, "max_position_embeddings", 1, 0, 1, 1 << 24, &c->max_seq_len)) != KVS_OK) return s;
+    if (c->n_heads % c->n_kv_heads != 0)
+        return kvs_fail(KVS_ERR_FORMAT, "config.json: num_key_value_heads (%d) does not divide num_attention_heads (%d)",
+                        c->n_kv_heads, c->n_heads);
+    const kvs_json *hdj = kvs_json_get(cfg, "head_dim");
+    if (hdj && kvs_json_type_of(hdj) != KVS_JSON_NULL) {
+        if ((s = cfg_int(cfg, "head_dim", 1, 0, 1, KVS_TRACE_MAX_HEAD_DIM, &c->head_dim)) != KVS_OK) return s;
+    } else {
+        if (c->dim % c->n_heads != 0)
+            return kvs_fail(KVS_ERR_FORMAT, "config.json: num_attention_heads (%d) does not divide hidden_size (%d)",
+                            c->n_heads, c->dim);
+        c->head_dim = c->dim / c->n_heads;
+    }
+    double eps, theta;
+    if ((s = cfg_num(cfg, "rms_norm_eps", 1e-6, 0, 1, &eps)) != KVS_OK) return s;
+    if ((s = cfg_num(cfg, "rope_theta", 10000.0, 1, 1e12, &theta)) != KVS_OK) return s;
+    c->norm_eps = (float)eps;
+    c->rope_theta = (float)theta;
+    c->rope_layout = KVS_ROPE_HALVES;
+    if (is_mistral) {
+        /* Mistral's sliding window equals full attention as long as the sequence fits inside it, so the
+         * capture is limited to the window instead of implementing the band mask. */
+        int32_t win;
+        if ((s = cfg_int(cfg, "sliding_window", 0, 0, 0, INT32_MAX, &win)) != KVS_OK) return s;
+        if (win > 0 && win < c->max_seq_len) c->max_seq_len = win;
+    }
+    const kvs_json *rs = kvs_json_get(cfg, "rope_scaling");
+    if (rs && kvs_json_type_of(rs) != KVS_JSON_NULL) {
+        if (kvs_json_type_of(rs) != KVS_JSON_OBJECT) return kvs_fail(KVS_ERR_FORMAT, "config.json: rope_scaling is not an object");
+        const char *rt = kvs_json_string(kvs_json_get(rs, "rope_type"));
+        if (!rt) rt = kvs_json_string(kvs_json_get(rs, "type"));
+        if (!rt) return kvs_fail(KVS_ERR_FORMAT, "config.json: rope_scaling has no rope_type");
+        if (!strcmp(rt, "llama3")) {
+            double f, lo, hi;
+            int32_t orig;
+            /* cfg_num/cfg_int messages name the key; the keys below only occur inside rope_scaling */
+            if ((s = cfg_num(rs, "factor", NAN, 1, 1e6, &f)) != KVS_OK) return s;
+            if (isnan(f)) return kvs_fail(KVS_ERR_FORMAT, "config.json: rope_scaling.factor is missing");
+            if ((s = cfg_num(rs, "low_freq_factor", 1.0, 1e-6, 1e6, &lo)) != KVS_OK) return s;
+            if ((s = cfg_num(rs, "high_freq_factor", 4.0, 1e-6, 1e6, &hi)) != KVS_OK) return s;
+            if ((s = cfg_int(rs, "original_max_position_embeddings", 0, 8192, 1, 1 << 24, &orig)) != KVS_OK) return s;
+            if (!(hi > lo))
+                return kvs_fail(KVS_ERR_FORMAT, "config.json: rope_scaling.high_freq_factor (%g) must exceed low_freq_factor (%g)", hi, lo);
+            info->rope_llama3 = 1;
+            info->rope_factor = (float)f;
+            info->rope_low_freq_factor = (float)lo;
+            info->rope_high_freq_factor = (float)hi;
+            info->rope_original_max_pos = orig;
+        } else if (strcmp(rt, "default")) {
+            return kvs_fail(KVS_ERR_UNSUPPORTED, "config.json: rope_scaling type \"%s\" is not supported (llama3, default)", rt);
+        }
+    }
+    info->qkv_bias = is_qwen2 || cfg_bool(cfg, "attention_bias", 0);
+    info->o_bias = !is_qwen2 && cfg_bool(cfg, "attention_bias", 0);
+    int32_t bos;
+    if ((s = cfg_int(cfg, "bos_token_id", 0, -1, -1, c->vocab_size - 1, &bos)) != KVS_OK) return s;
+    info->bos_id = bos;
+    const kvs_json *eos = kvs_json_get(cfg, "eos_token_id");
+    if (kvs_json_type_of(eos) == KVS_JSON_ARRAY) {
+        for (size_t i = 0; i < kvs_json_len(eos) && info->n_eos < KVS_MODEL_MAX_EOS; i++) {
+            double d = kvs_json_number(kvs_json_at(eos, i));
+            if (kvs_json_type_of(kvs_json_at(eos, i)) != KVS_JSON_NUMBER || d != floor(d) || d < 0 || d >= c->vocab_size)
+                return kvs_fail(KVS_ERR_FORMAT, "config.json: eos_token_id[%zu] is not a token id", i);
+            info->eos_ids[info->n_eos++] = (int32_t)d;
+        }
+    } else if (eos && kvs_json_type_of(eos) != KVS_JSON_NULL) {
+        int32_t e;
+        if ((s = cfg_int(cfg, "eos_token_id", 1, 0, 0, c->vocab_size - 1, &e)) != KVS_OK) return s;
+        info->eos_ids[info->n_eos++] = e;
+    }
+    info->format = KVS_MODEL_HF;
+    return KVS_OK;
+}
+
+static kvs_status load_hf(kvs_model *m, const char *dir) {
+    char path[4096];
+    char *text = NULL;
+    size_t len;
+    kvs_json *cfg = NULL;
+    st_set set = {.dir = dir};
+    kvs_status s;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if ((s = kvs_read_file(path, &text, &len)) != KVS_OK) goto cleanup;
+    char pre[4200];
+    if ((s = kvs_json_parse(text, len, &cfg)) != KVS_OK) {
+        snprintf(pre, sizeof pre, "%s: ", path);
+        s = prefix_error(s, pre);
+        goto cleanup;
+    }
+    if ((s = parse_hf_config(m, cfg)) != KVS_OK) {
+        snprintf(pre, sizeof pre, "%s/", dir); /* the detail starts with "config.json: " */
+        s = prefix_error(s, pre);
+        goto cleanup;
+    }
+    /* weights: one file, or an index of shards */
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    struct stat st;
+    if (stat(path, &st) == 0) {
+        set.files = calloc(1, sizeof *set.files);
+        if (!set.files) { s = kvs_fail(KVS_ERR_NOMEM, "model: out of memory"); goto cleanup; }
+        set.n_files = 1;
+        snprintf(set.files[0].path, sizeof set.files[0].path, "%s", path);
+        if ((s = st_open(m, &set.files[0])) != KVS_OK) goto cleanup;
+    } else {
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        free(text);
+        text = NULL;
+        if (stat(path, &st) != 0) {
+            s = kvs_fail(KVS_ERR_IO, "%s: neither model.safetensors nor model.safetensors.index.json exists", dir);
+            goto cleanup;
+        }
+        if ((s = kvs_read_file(path, &text, &len)) != KVS_OK) goto cleanup;
+        if ((s = kvs_json_parse(text, len, &set.index)) != KVS_OK) {
+            snprintf(pre, sizeof pre, "%s: ", path);
+            s = prefix_error(s, pre);
+            goto cleanup;
+        }
+        const kvs_json *wm = kvs_json_get(set.index, "weight_map");
+        if (kvs_json_type_of(wm) != KVS_JSON_OBJECT || kvs_json_len(wm) == 0) {
+            s = kvs_fail(KVS_ERR_FORMAT, "%s: weight_map is missing or empty", path);
+            goto cleanup;
+        }
+        set.files = calloc(kvs_json_len(wm), sizeof *set.files);
+        if (!set.files) { s = kvs_fail(KVS_ERR_NOMEM, "model: out of memory"); goto cleanup; }
+        for (size_t i = 0; i < kvs_json_len(wm); i++) {
+            const char *shard = kvs_json_string(kvs_json_at(wm, i));
+            if (!shard || !shard[0] || strchr(shard, '/') || !strcmp(shard, "..")) {
+                s = kvs_fail(KVS_ERR_FORMAT, "%s: weight_map[\"%s\"] is not a file name in the folder", path,
+                             kvs_json_key_at(wm, i));
+                goto cleanup;
+            }
+            int seen = 0;
+            for (int j = 0; j < set.n_files && !seen; j++) seen = !strcmp(strrchr(set.files[j].path, '/') + 1, shard);
+            if (seen) continue;
+            st_file *f = &set.files[set.n_files++];
+            snprintf(f->path, sizeof f->path, "%s/%s", dir, shard);
+            if ((s = st_open(m, f)) != KVS_OK) goto cleanup;
+        }
+    }
+
+    kvs_model_config *c = &m->info.config;
+    uint64_t d = (uint64_t)c->dim, hd = (uint64_t)c->head_dim, qd = (uint64_t)c->n_heads * hd;
+    uint64_t kvd = (uint64_t)c->n_kv_heads * hd, hid = (uint64_t)c->hidden_dim, V = (uint64_t)c->vocab_size;
+    int tie = cfg_bool(cfg, "tie_word_embeddings", 0);
+    uint64_t emb_shape[2] = {V, d};
+    if ((s = st_tensor(m, &set, "model.embed_tokens.weight", 2, emb_shape, !tie, &m->embed)) != KVS_OK) goto cleanup;
+    if (tie) {
+        if (!m->embed &&
+            (s = st_tensor(m, &set, "lm_head.weight", 2, emb_shape, 0, &m->embed)) != KVS_OK) goto cleanup;
+        if (!m->embed) {
+            s = kvs_fail(KVS_ERR_FORMAT, "%s: tensor model.embed_tokens.weight is missing (tie_word_embeddings: "
+                         "lm_head.weight absent too)", dir);
+            goto cleanup;
+        }
+        m->cls = m->embed;
+    } else if ((s = st_tensor(m, &set, "lm_head.weight", 2, emb_shape, 1, &m->cls)) != KVS_OK) {
+        goto cleanup;
+    }
+    uint64_t vec_d[1] = {d};
+    if ((s = st_tensor(m, &set, "model.norm.weight", 1, vec_d, 1, &m->rms_final)) != KVS_OK) goto cleanup;
+    m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
+    if (!m->layers) { s = kvs_fail(KVS_ERR_NOMEM, "model: out of memory"); goto cleanup; }
+    for (int l = 0; l < c->n_layers; l++) {
+        layer_weights *w = &m->layers[l];
+        char name[256];
+        uint64_t sq[2] = {qd, d}, skv[2] = {kvd, d}, so[2] = {d, qd}, sup[2] = {hid, d}, sdown[2] = {d, hid};
+        uint64_t bq[1] = {qd}, bkv[1] = {kvd};
+        struct {
+            const char *suffix;
+            int nd;
+            const uint64_t *dims;
+            const float **dst;
+            int required;
+        } tensors[] = {
+            {"input_layernorm.weight", 1, vec_d, &w->rms_att, 1},
+            {"post_attention_layernorm.weight", 1, vec_d, &w->rms_ffn, 1},
+            {"self_attn.q_proj.weight", 2, sq, &w->wq, 1},
+            {"self_attn.k_proj.weight", 2, skv, &w->wk, 1},
+            {"self_attn.v_proj.weight", 2, skv, &w->wv, 1},
+            {"self_attn.o_proj.weight", 2, so, &w->wo, 1},
+            {"mlp.gate_proj.weight", 2, sup, &w->w1, 1},
+            {"mlp.down_proj.weight", 2, sdown, &w->w2, 1},
+            {"mlp.up_proj.weight", 2, sup, &w->w3, 1},
+            {"self_attn.q_proj.bias", 1, bq, &w->bq, m->info.qkv_bias},
+            {"self_attn.k_proj.bias", 1, bkv, &w->bk, m->info.qkv_bias},
+            {"self_attn.v_proj.bias", 1, bkv, &w->bv, m->info.qkv_bias},
+            {"self_attn.o_proj.bias", 1, vec_d, &w->bo, m->info.o_bias},
+        };
+        for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++) {
+            if (i >= 9 && !tensors[i].required) continue; /* biases the config does not announce are ignored */
+            snprintf(name, sizeof name, "model.layers.%d.%s", l, tensors[i].suffix);
+            if ((s = st_tensor(m, &set, name, tensors[i].nd, tensors[i].dims, tensors[i].required, tensors[i].dst)) != KVS_OK)
+                goto cleanup;
+        }
+    }
+    s = finish_config(m, dir);
+cleanup:
+    st_set_free(&set);
+    kvs_json_free(cfg);
+    free(text);
+    return s;
+}
+
+kvs_status kvs_model_load(const char *path, kvs_model **out) {
+    *out = NULL;
+    struct stat st;
+    if (!path || !path[0]) return kvs_fail(KVS_ERR_INVALID_ARG, "model: empty path");
+    if (stat(path, &st) != 0) return kvs_fail(KVS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    kvs_model *m = calloc(1, sizeof *m);
+    if (!m) return kvs_fail(KVS_ERR_NOMEM, "model: out of memory");
+    m->info.bos_id = -1;
+    kvs_status s = S_ISDIR(st.st_mode) ? load_hf(m, path) : load_llama2c(m, path);
+    if (s != KVS_OK) {
+        kvs_model_free(m);
+        return s;
+    }
+    char name[KVS_TRACE_NAME_MAX];
+    base_name(path, name, sizeof name);
+    if (S_ISREG(st.st_mode)) {
+        char *dot = strrchr(name, '.');
+        if (dot && dot != name && !strcmp(dot, ".bin")) *dot = '\0';
+    }
+    memcpy(m->info.config.model_name, name, sizeof name);
+    *out = m;
+    return KVS_OK;
+}
+
+/* ================================================================================================
+ * Forward pass
+ * ============================================================================================== */
+
+struct kvs_model_state {
+    const kvs_model *m;
+    kvs_threadpool *pool;
+    int max_pos;
+    int last_pos;  /* last forwarded position, -1 before the first */
+    float *x;      /* [dim] residual stream */
+    float *xb;     /* [max(dim, q_dim)] normalised input / attention output staging */
+    float *xb2;    /* [dim] */
+    float *hb, *hb2; /* [hidden] */
+    float *logits; /* [vocab] */
+    float *q_rec;  /* [n_layers][n_heads*head_dim] post-RoPE q of the last position */
+    float *o_rec;  /* [n_layers][n_heads*head_dim] attention outputs of the last position */
+    float *lse_rec;/* [n_layers][n_heads] */
+    float *kcache, *vcache; /* [n_layers][max_pos][n_kv_heads*head_dim] */
+    float *att;    /* [n_heads][max_pos] attention probabilities scratch */
+};
+
+void kvs_model_state_free(kvs_model_state *s) {
+    if (!s) return;
+    free(s->x);
+    free(s->xb);
+    free(s->xb2);
+    free(s->hb);
+    free(s->hb2);
+    free(s->logits);
+    free(s->q_rec);
+    free(s->o_rec);
+    free(s->lse_rec);
+    free(s->kcache);
+    free(s->vcache);
+    free(s->att);
+    free(s);
+}
+
+kvs_status kvs_model_state_create(const kvs_model *m, int max_positions, kvs_threadpool *pool, kvs_model_state **out) {
+    *out = NULL;
+    const kvs_model_config *c = &m->info.config;
+    if (max_positions < 1 || max_positions > c->max_seq_len)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "max positions %d is outside [1, %d] (the model context)", max_positions,
+                        c->max_seq_len);
+    kvs_model_state *s = calloc(1, sizeof *s);
+    if (!s) return kvs_fail(KVS_ERR_NOMEM, "model state: out of memory");
+    s->m = m;
+    s->pool = pool;
+    s->max_pos = max_positions;
+    s->last_pos = -1;
+    size_t qd = (size_t)c->n_heads * (size_t)c->head_dim, kvd = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    size_t L = (size_t)c->n_layers, d = (size_t)c->dim;
+    size_t cache = L * (size_t)max_positions * kvd;
+    s->x = malloc(d * sizeof(float));
+    s->xb = malloc((d > qd ? d : qd) * sizeof(float));
+    s->xb2 = malloc(d * sizeof(float));
+    s->hb = malloc((size_t)c->hidden_dim * sizeof(float));
+    s->hb2 = malloc((size_t)c->hidden_dim * sizeof(float));
+    s->logits = malloc((size_t)c->vocab_size * sizeof(float));
+    s->q_rec = malloc(L * qd * sizeof(float));
+    s->o_rec = malloc(L * qd * sizeof(float));
+    s->lse_rec = malloc(L * (size_t)c->n_heads * sizeof(float));
+    s->kcache = calloc(cache, sizeof(float));
+    s->vcache = calloc(cache, sizeof(float));
+    s->att = malloc((size_t)c->n_heads * (size_t)max_positions * sizeof(float));
+    if (!s->x || !s->xb || !s->xb2 || !s->hb || !s->hb2 || !s->logits || !s->q_rec || !s->o_rec || !s->lse_rec ||
+        !s->kcache || !s->vcache || !s->att) {
+        kvs_model_state_free(s);
+        return kvs_fail(KVS_ERR_NOMEM, "model state: out of memory for %d positions (KV cache %zu MB)", max_positions,
+                        cache * 2 * sizeof(float) >> 20);
+    }
+    *out = s;
+    return KVS_OK;
+}
+
+static void rmsnorm(float *o, const float *x, const float *w, int n, float eps) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    float inv = (float)(1.0 / sqrt(ss / n + eps));
+    for (int i = 0; i < n; i++) o[i] = w[i] * (x[i] * inv);
+}
+
+/* out[r] = W[r] . x (+ b[r]): eight partial sums so the loop vectorises without -ffast-math. */
+static float row_dot(const float *w, const float *x, int n) {
+    float s[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += w[i + k] * x[i + k];
+    for (; i < n; i++) s[0] += w[i] * x[i];
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+typedef struct {
+    const float *w, *x, *b;
+    float *out;
+    int rows, cols;
+} matvec;
+
+typedef struct {
+    matvec mv[3];
+    int n;
+    long total_rows;
+} matvec_job;
+
+static void matvec_worker(void *ctx, int worker, int n_workers) {
+    const matvec_job *job = ctx;
+    long lo = job->total_rows * worker / n_workers, hi = job->total_rows * (worker + 1) / n_workers;
+    long base = 0;
+    for (int j = 0; j < job->n; j++) {
+        const matvec *mv = &job->mv[j];
+        long a = lo > base ? lo - base : 0, e = hi - base < mv->rows ? hi - base : mv->rows;
+        for (long r = a; r < e; r++) {
+            float v = row_dot(mv->w + (size_t)r * (size_t)mv->cols, mv->x, mv->cols);
+            mv->out[r] = mv->b ? v + mv->b[r] : v;
+        }
+        base += mv->rows;
+    }
+}
+
+/* Runs up to three independent matrix-vector products as one parallel section (q/k/v, gate/up). */
+static void run_matvecs(kvs_threadpool *pool, matvec_job *job) {
+    long macs = 0;
+    job->total_rows = 0;
+    for (int j = 0; j < job->n; j++) {
+        job->total_rows += job->mv[j].rows;
+        macs += (long)job->mv[j].rows * job->mv[j].cols;
+    }
+    /* below ~64K multiply-adds a thread wake-up costs more than it saves */
+    if (macs < 65536) matvec_worker(job, 0, 1);
+    else kvs_threadpool_run(pool, matvec_worker, job);
+}
+
+static void matmul1(kvs_threadpool *pool, float *out, const float *x, const float *w, const float *b, int rows, int cols) {
+    matvec_job job = {.n = 1, .mv = {{w, x, b, out, rows, cols}}};
+    run_matvecs(pool, &job);
+}
+
+/* RoPE on one head vector. Adjacent layout (llama2.c): pairs (2i, 2i+1); halves (HF rotate_half):
+ * pairs (i, i + d/2); pair i turns by pos * inv_freq[i] in both. */
+static void rope(float *v, int d, int layout, const float *cosv, const float *sinv) {
+    int half = d / 2;
+    for (int i = 0; i < half; i++) {
+        int a = layout == KVS_ROPE_ADJACENT ? 2 * i : i, b = layout == KVS_ROPE_ADJACENT ? 2 * i + 1 : i + half;
+        float x0 = v[a], x1 = v[b];
+        v[a] = x0 * cosv[i] - x1 * sinv[i];
+        v[b] = x0 * sinv[i] + x1 * cosv[i];
+    }
+}
+
+typedef struct {
+    kvs_model_state *s;
+    int layer, pos;
+} attn_job;
+
+static void attn_worker(void *ctx, int worker, int n_workers) {
+    const attn_job *job = ctx;
+    kvs_model_state *s = job->s;
+    const kvs_model_config *c = &s->m->info.config;
+    int H = c->n_heads, hd = c->head_dim, G = c->n_heads / c->n_kv_heads, kvd = c->n_kv_heads * c->head_dim;
+    size_t lq = (size_t)job->layer * (size_t)H * (size_t)hd;
+    const float *kc = s->kcache + (size_t)job->layer * (size_t)s->max_pos * (size_t)kvd;
+    const float *vc = s->vcache + (size_t)job->layer * (size_t)s->max_pos * (size_t)kvd;
+    for (int h = H * worker / n_workers; h < H * (worker + 1) / n_workers; h++) {
+        int kvh = h / G;
+        double lse = kvs_attention(s->q_rec + lq + (size_t)h * hd, kc + (size_t)kvh * hd, vc + (size_t)kvh * hd,
+                                   (size_t)kvd, NULL, (size_t)job->pos + 1, (size_t)hd, c->attn_scale,
+                                   s->att + (size_t)h * (size_t)s->max_pos, s->o_rec + lq + (size_t)h * hd);
+        s->lse_rec[(size_t)job->layer * H + h] = (float)lse;
+    }
+}
+
+kvs_status kvs_model_forward(kvs_model_state *s, int32_t token, int pos, const float **logits) {
+    const kvs_model *m = s->m;
+    const kvs_model_config *c = &m->info.config;
+    if (token < 0 || token >= c->vocab_size)
+        return kvs_fail(KVS_ERR_RANGE, "token id %d is outside the vocabulary [0, %d)", token, c->vocab_size);
+    if (pos < 0 || pos >= s->max_pos)
+        return kvs_fail(KVS_ERR_RANGE, "position %d is outside [0, %d)", pos, s->max_pos);
+    if (pos > s->last_pos + 1)
+        return kvs_fail(KVS_ERR_STATE, "position %d fed before position %d", pos, s->last_pos + 1);
+    int d = c->dim, hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads, hid = c->hidden_dim;
+    int qd = H * hd, kvd = Hkv * hd;
+    memcpy(s->x, m->embed + (size_t)token * (size_t)d, (size_t)d * sizeof(float));
+
+    float cosv[KVS_TRACE_MAX_HEAD_DIM / 2], sinv[KVS_TRACE_MAX_HEAD_DIM / 2];
+    for (int i = 0; i < hd / 2; i++) {
+        double ang = (double)pos * (double)m->inv_freq[i];
+        cosv[i] = (float)cos(ang);
+        sinv[i] = (float)sin(ang);
+    }
+
+    for (int l = 0; l < c->n_layers; l++) {
+        const layer_weights *w = &m->layers[l];
+        float *q = s->q_rec + (size_t)l * (size_t)qd;
+        float *k = s->kcache + ((size_t)l * (size_t)s->max_pos + (size_t)pos) * (size_t)kvd;
+        float *v = s->vcache + ((size_t)l * (size_t)s->max_pos + (size_t)pos) * (size_t)kvd;
+
+        rmsnorm(s->xb, s->x, w->rms_att, d, c->norm_eps);
+        matvec_job qkv = {.n = 3,
+                          .mv = {{w->wq, s->xb, w->bq, q, qd, d}, {w->wk, s->xb, w->bk, k, kvd, d},
+                                 {w->wv, s->xb, w->bv, v, kvd, d}}};
+        run_matvecs(s->pool, &qkv);
+        for (int h = 0; h < H; h++) rope(q + (size_t)h * hd, hd, c->rope_layout, cosv, sinv);
+        for (int h = 0; h < Hkv; h++) rope(k + (size_t)h * hd, hd, c->rope_layout, cosv, sinv);
+
+        attn_job aj = {s, l, pos};
+        if ((long)(pos + 1) * qd < 32768) attn_worker(&aj, 0, 1);
+        else kvs_threadpool_run(s->pool, attn_worker, &aj);
+
+        matmul1(s->pool, s->xb2, s->o_rec + (size_t)l * (size_t)qd, w->wo, w->bo, d, qd);
+        for (int i = 0; i < d; i++) s->x[i] += s->xb2[i];
+
+        rmsnorm(s->xb, s->x, w->rms_ffn, d, c->norm_eps);
+        matvec_job ffn = {.n = 2, .mv = {{w->w1, s->xb, NULL, s->hb, hid, d}, {w->w3, s->xb, NULL, s->hb2, hid, d}}};
+        run_matvecs(s->pool, &ffn);
+        for (int i = 0; i < hid; i++) {
+            float g = s->hb[i];
+            s->hb[i] = g / (1.0f + expf(-g)) * s->hb2[i]; /* SiLU(gate) * up */
+        }
+        matmul1(s->pool, s->xb2, s->hb, w->w2, NULL, d, hid);
+        for (int i = 0; i < d; i++) s->x[i] += s->xb2[i];
+    }
+    rmsnorm(s->x, s->x, m->rms_final, d, c->norm_eps);
+    matmul1(s->pool, s->logits, s->x, m->cls, NULL, c->vocab_size, d);
+    s->last_pos = pos;
+    *logits = s->logits;
+    return KVS_OK;
+}
+
+kvs_status kvs_model_state_layer(const kvs_model_state *s, int layer, kvs_layer_record *rec) {
+    const kvs_model_config *c = &s->m->info.config;
+    if (layer < 0 || layer >= c->n_layers)
+        return kvs_fail(KVS_ERR_RANGE, "layer %d is outside [0, %d)", layer, c->n_layers);
+    if (s->last_pos < 0) return kvs_fail(KVS_ERR_STATE, "no position has been forwarded yet");
+    size_t qd = (size_t)c->n_heads * (size_t)c->head_dim, kvd = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    size_t kv_off = ((size_t)layer * (size_t)s->max_pos + (size_t)s->last_pos) * kvd;
+    rec->q = s->q_rec + (size_t)layer * qd;
+    rec->k = s->kcache + kv_off;
+    rec->v = s->vcache + kv_off;
+    rec->o = s->o_rec + (size_t)layer * qd;
+    rec->lse = s->lse_rec + (size_t)layer * (size_t)c->n_heads;
+    return KVS_OK;
+}

@@ -1,0 +1,102 @@
+/* model.h — loading Llama-family checkpoints and the CPU reference forward pass (issue "Real decoding
+ * capture on the CPU"; ../shared/DESIGN.md "Capture").
+ *
+ * Checkpoints:
+ *  - llama2.c `.bin` (llama2.c run.c `read_checkpoint`): 7 int32 header (dim, hidden_dim, n_layers,
+ *    n_heads, n_kv_heads, vocab_size, seq_len), then fp32 tensors; classifier shared with the token
+ *    embedding when vocab_size > 0, stored after the (unused) RoPE tables when negative. RoPE rotates
+ *    adjacent pairs (i, i+1); theta 10000; RMSNorm eps 1e-5; BOS 1.
+ *  - Hugging Face folders: config.json + model.safetensors, or model.safetensors.index.json with shards.
+ *    Architectures LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (q/k/v bias); GQA; head_dim;
+ *    rope_theta; rms_norm_eps; tie_word_embeddings (also an embedding stored only as lm_head.weight with a
+ *    __metadata__ alias, as tinystories-656K does); Llama-3 rope_scaling. RoPE in the rotate_half layout.
+ *
+ * Weights are memory-mapped. fp32 tensors whose file offset is 4-byte aligned are used in place; fp16 and
+ * bf16 tensors (and misaligned fp32 ones) are converted once, at load, to fp32 heap copies: compute is
+ * always fp32, so the CPU reference is the same code for every storage dtype (costs 2x the memory of a
+ * 16-bit checkpoint, which is irrelevant at the sizes the CPU path is for).
+ *
+ * Every tensor's presence, dtype, shape and byte range is validated; errors name the file and the
+ * config field or tensor (KVS_ERR_FORMAT malformed, KVS_ERR_TRUNCATED short file, KVS_ERR_UNSUPPORTED
+ * well-formed but unsupported, KVS_ERR_IO cannot open).
+ */
+#ifndef KVS_MODEL_H
+#define KVS_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/kvs.h"
+#include "../trace/trace.h"
+#include "threadpool.h"
+
+typedef enum { KVS_MODEL_LLAMA2C = 0, KVS_MODEL_HF = 1 } kvs_model_format;
+
+#define KVS_MODEL_MAX_EOS 8
+
+/* Everything known about a loaded model beyond its weights. Borrowed from the model. */
+typedef struct {
+    kvs_model_config config;   /* what the trace header records (model_name = file/folder base name) */
+    kvs_model_format format;
+    char architecture[64];     /* "llama2.c", "LlamaForCausalLM", ... */
+    kvs_dtype weight_dtype;    /* storage dtype of the checkpoint's (first) tensor */
+    int qkv_bias;              /* q/k/v projections have biases (Qwen2, attention_bias) */
+    int o_bias;                /* output projection has a bias (Llama attention_bias) */
+    int32_t bos_id;            /* -1 when none */
+    int32_t eos_ids[KVS_MODEL_MAX_EOS]; /* ids that end generation */
+    int n_eos;
+    int rope_llama3;           /* Llama-3 rope_scaling in effect */
+    float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+    int32_t rope_original_max_pos;
+    uint64_t n_params;         /* parameters, counting a tied classifier once */
+    uint64_t weight_bytes;     /* fp32 bytes read per decoded token (all matrices, classifier once) */
+} kvs_model_info;
+
+typedef struct kvs_model kvs_model;
+
+/*! kvs_model_load() : loads `path`: a regular file is read as a llama2.c checkpoint, a directory as a
+ *  Hugging Face folder. @return KVS_OK and *out (caller owns, free with kvs_model_free). */
+kvs_status kvs_model_load(const char *path, kvs_model **out);
+
+/*! kvs_model_free() : unmaps and frees. Accepts NULL. */
+void kvs_model_free(kvs_model *m);
+
+/*! kvs_model_info_get() : borrowed, valid until kvs_model_free. */
+const kvs_model_info *kvs_model_info_get(const kvs_model *m);
+
+/*! kvs_model_is_eos() : 1 when `token` ends generation for this model. */
+int kvs_model_is_eos(const kvs_model *m, int32_t token);
+
+/* ------------------------------------------------------------------------------------------------
+ * Decoding state: KV cache, activations and the per-layer attention record of the last position.
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef struct kvs_model_state kvs_model_state;
+
+/*! kvs_model_state_create() : state for decoding up to `max_positions` positions (1..max_seq_len) of
+ *  `m` (borrowed; must outlive the state), using `pool` (borrowed; NULL = single-threaded).
+ *  Caller frees with kvs_model_state_free. */
+kvs_status kvs_model_state_create(const kvs_model *m, int max_positions, kvs_threadpool *pool,
+                                  kvs_model_state **out);
+void kvs_model_state_free(kvs_model_state *s);
+
+/*! kvs_model_forward() : runs one position: token `token` at position `pos` (positions must be fed
+ *  0, 1, 2, ... in order; the KV cache holds positions < pos). *logits receives [vocab_size] floats
+ *  borrowed from the state (valid until the next call). KVS_ERR_RANGE for a token outside the
+ *  vocabulary or pos outside [0, max_positions). */
+kvs_status kvs_model_forward(kvs_model_state *s, int32_t token, int pos, const float **logits);
+
+/* What attention consumed and produced at one layer for the last forwarded position. All borrowed from
+ * the state, valid until the next kvs_model_forward. */
+typedef struct {
+    const float *q;   /* [n_heads][head_dim] post-RoPE queries */
+    const float *k;   /* [n_kv_heads][head_dim] post-RoPE key of this position */
+    const float *v;   /* [n_kv_heads][head_dim] */
+    const float *o;   /* [n_heads][head_dim] attention output (before the output projection) */
+    const float *lse; /* [n_heads] natural-log log-sum-exp of the scaled scores */
+} kvs_layer_record;
+
+/*! kvs_model_state_layer() : the record of `layer` for the last forwarded position. */
+kvs_status kvs_model_state_layer(const kvs_model_state *s, int layer, kvs_layer_record *rec);
+
+#endif /* KVS_MODEL_H */
