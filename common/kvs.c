@@ -49,10 +49,14 @@ const char *kvs_strerror(kvs_status s) {
 static _Thread_local char kvs_err_buf[1024];
 
 kvs_status kvs_fail(kvs_status s, const char *fmt, ...) {
+    /* Format into a scratch buffer first: callers often prefix the previous detail
+     * (kvs_fail(st, "%s: %s", path, kvs_last_error())), which aliases kvs_err_buf. */
+    char tmp[sizeof kvs_err_buf];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(kvs_err_buf, sizeof kvs_err_buf, fmt, ap);
+    vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
+    memcpy(kvs_err_buf, tmp, sizeof tmp);
     return s;
 }
 

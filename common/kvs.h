@@ -35,7 +35,8 @@ typedef enum {
 /*! kvs_strerror() : short fixed description of a status code; never NULL. */
 const char *kvs_strerror(kvs_status s);
 
-/*! kvs_fail() : records a formatted detail for status `s` in the calling thread and returns `s`,
+/*! kvs_fail() : records a formatted detail for status `s` in the calling thread and returns `s`
+ *  (arguments may include kvs_last_error() itself, to prefix the previous detail),
  *  so error sites read `return kvs_fail(KVS_ERR_FORMAT, "%s: bad magic", path);`. */
 kvs_status kvs_fail(kvs_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 

@@ -65,12 +65,9 @@ static const char *base_name(const char *path, char *buf, size_t cap) {
     return buf;
 }
 
-/* Re-issues the calling thread's error detail with `prefix` in front (copied first: kvs_fail formats into
- * the same buffer kvs_last_error returns). */
+/* Re-issues the calling thread's error detail with `prefix` in front (kvs_fail allows the alias). */
 static kvs_status prefix_error(kvs_status s, const char *prefix) {
-    char detail[1024];
-    snprintf(detail, sizeof detail, "%s", kvs_last_error());
-    return kvs_fail(s, "%s%s", prefix, detail);
+    return kvs_fail(s, "%s%s", prefix, kvs_last_error());
 }
 
 static kvs_status add_map(kvs_model *m, void *addr, size_t len) {
