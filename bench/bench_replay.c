@@ -1,0 +1,160 @@
+/* bench_replay.c — replay throughput (`make bench`), in (query head x attended token) pairs per second, per
+ * policy with all cores, beside two yardsticks: the machine's FMA floor (pairs/s upper bound = FMA/s /
+ * (2·head_dim): each pair needs a dot product and an axpy) and a naive scalar attention loop.
+ * Data: the trace named by KVSIM_BENCH_TRACE when set, otherwise GENERATED Gaussian data (labelled as
+ * such; tests/util/gen_trace.h), which has the shapes of a model but is not one.
+ * Numbers go to stdout and are never asserted (DESIGN.md "Quality bar").
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/kvs.h"
+#include "../sim/policy.h"
+#include "../sim/replay.h"
+#include "../sim/replay_mem.h"
+#include "../tests/util/gen_trace.h"
+
+#define CHECK(x)                                                                      \
+    do {                                                                              \
+        kvs_status st_ = (x);                                                         \
+        if (st_ != KVS_OK) {                                                          \
+            fprintf(stderr, "bench_replay: %s: %s\n", #x, kvs_last_error());          \
+            exit(1);                                                                  \
+        }                                                                             \
+    } while (0)
+
+/* FMAs per second of one core: 8 independent accumulators over an L1-resident array. */
+static double fma_per_second(void) {
+    enum { N = 1024 };
+    static float a[N], b[N];
+    for (int i = 0; i < N; i++) {
+        a[i] = 1.0f + (float)i * 1e-6f;
+        b[i] = 0.999f;
+    }
+    float acc[8] = {0};
+    double t0 = kvs_now_s(), el;
+    long reps = 0;
+    do {
+        for (int r = 0; r < 200; r++)
+            for (int i = 0; i < N; i += 8)
+                for (int j = 0; j < 8; j++) acc[j] = acc[j] * b[i + j] + a[i + j];
+        reps += 200;
+        el = kvs_now_s() - t0;
+    } while (el < 0.3);
+    float s = 0;
+    for (int j = 0; j < 8; j++) s += acc[j];
+    if (s == 12345.0f) printf(" "); /* keep the loop alive */
+    return (double)reps * N / el;
+}
+
+/* Naive scalar full attention of every query head at every decode position; returns pairs/s. */
+static double naive_pairs_per_second(const kvs_gen_trace *g, int64_t prompt) {
+    int d = g->opt.head_dim, H = g->opt.n_heads, Hkv = g->opt.n_kv_heads, G = H / Hkv;
+    int64_t N = g->opt.n_positions;
+    float *p = malloc((size_t)N * sizeof *p), out[1024];
+    double pairs = 0, t0 = kvs_now_s(), sink = 0;
+    for (int l = 0; l < 1; l++)
+        for (int qh = 0; qh < H; qh++)
+            for (int64_t t = prompt; t < N; t++) {
+                const float *q = g->q + (((size_t)l * (size_t)N + (size_t)t) * (size_t)H + (size_t)qh) * (size_t)d;
+                float m = -INFINITY;
+                for (int64_t j = 0; j <= t; j++) {
+                    const float *k = g->k + (((size_t)l * (size_t)N + (size_t)j) * (size_t)Hkv + (size_t)(qh / G)) * (size_t)d;
+                    float s = 0;
+                    for (int i = 0; i < d; i++) s += q[i] * k[i];
+                    p[j] = s / sqrtf((float)d);
+                    if (p[j] > m) m = p[j];
+                }
+                double z = 0;
+                for (int64_t j = 0; j <= t; j++) z += p[j] = expf(p[j] - m);
+                for (int i = 0; i < d; i++) out[i] = 0;
+                for (int64_t j = 0; j <= t; j++) {
+                    const float *v = g->v + (((size_t)l * (size_t)N + (size_t)j) * (size_t)Hkv + (size_t)(qh / G)) * (size_t)d;
+                    float w = (float)(p[j] / z);
+                    for (int i = 0; i < d; i++) out[i] += w * v[i];
+                }
+                sink += out[0];
+                pairs += (double)(t + 1);
+            }
+    double el = kvs_now_s() - t0;
+    if (sink == 12345.0) printf(" ");
+    free(p);
+    return pairs / el;
+}
+
+int main(void) {
+    const char *trace_path = getenv("KVSIM_BENCH_TRACE");
+    kvs_trace *tr = NULL;
+    kvs_gen_trace *g = NULL;
+    kvs_replay_source src;
+    kvs_replay_mem mem;
+    kvs_turn *turns = NULL;
+    int64_t n_turns = 0;
+    /* A generated trace is always made: the naive yardstick runs on it. */
+    kvs_gen_trace_opts o = kvs_gen_trace_defaults();
+    o.n_layers = 4;
+    o.n_heads = 8;
+    o.n_kv_heads = 4;
+    o.head_dim = 64;
+    o.n_positions = 1024;
+    o.prompt_len = 512;
+    CHECK(kvs_gen_trace_create(&o, &g));
+    if (trace_path) {
+        CHECK(kvs_trace_open(trace_path, &tr));
+        CHECK(kvs_replay_source_from_trace(tr, &src));
+        printf("data: REAL trace %s (%s)\n", trace_path, kvs_trace_info_get(tr)->model.model_name);
+    } else {
+        kvs_model_config mc;
+        kvs_capture_config cc;
+        kvs_gen_trace_configs(g, &mc, &cc);
+        CHECK(kvs_replay_turns_from_roles(g->roles, g->turn, o.n_positions, &turns, &n_turns));
+        memset(&mem, 0, sizeof mem);
+        mem.model = (kvs_policy_model){.n_layers = mc.n_layers, .n_heads = mc.n_heads, .n_kv_heads = mc.n_kv_heads,
+                                       .group = mc.n_heads / mc.n_kv_heads, .head_dim = mc.head_dim,
+                                       .scale = mc.attn_scale, .kv_bytes = 2, .aux_bytes = 4,
+                                       .n_positions = o.n_positions, .prompt_len = turns[0].prompt_end};
+        mem.turns = turns;
+        mem.n_turns = n_turns;
+        mem.q = g->q;
+        mem.k = g->k;
+        mem.v = g->v;
+        mem.block_positions = 64;
+        CHECK(kvs_replay_source_from_memory(&mem, &src));
+        printf("data: GENERATED Gaussian q/k/v (not a model): %d layers, %d heads, %d KV heads, d %d, %d positions "
+               "(prompt %d)\n",
+               o.n_layers, o.n_heads, o.n_kv_heads, o.head_dim, o.n_positions, o.prompt_len);
+    }
+    int threads = kvs_n_cpus();
+    double fma = fma_per_second();
+    int d = src.model.head_dim;
+    printf("machine: %d CPUs; FMA floor %.3g FMA/s per core -> upper bound %.3g pairs/s per core, %.3g all cores "
+           "(pair = one dot + one axpy = 2·d FMAs, d = %d)\n",
+           threads, fma, fma / (2.0 * d), fma / (2.0 * d) * threads, d);
+    printf("naive scalar full attention (1 core, generated data, d %d): %.3g pairs/s\n", o.head_dim,
+           naive_pairs_per_second(g, o.prompt_len));
+    const char *specs[] = {"full", "window", "streaming", "h2o", "tova", "topk"};
+    int64_t budget = src.model.n_positions / 8;
+    printf("%-10s %8s %12s %14s %10s  (budget %lld, %d threads; the engine also computes full attention and its "
+           "ranking per step for the metrics, not counted in pairs)\n",
+           "policy", "wall_s", "pairs", "pairs/s", "of_floor", (long long)budget, threads);
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        kvs_replay_config cfg = {.budget = budget, .budget_fraction = -1};
+        CHECK(kvs_policy_parse(specs[i], &cfg.policy));
+        kvs_replay_opts ro = {.configs = &cfg, .n_configs = 1, .threads = threads, .measure = KVS_MEASURE_DECODE,
+                              .series_every = 1};
+        kvs_replay_result *r = NULL;
+        double t0 = kvs_now_s();
+        CHECK(kvs_replay_execute(&src, &ro, &r));
+        double el = kvs_now_s() - t0, pairs = 0;
+        for (int64_t s = 0; s < r->runs[0].n_steps; s++) pairs += r->runs[0].steps[s].attended_tokens;
+        printf("%-10s %8.3f %12.0f %14.4g %9.2f%%\n", specs[i], el, pairs, pairs / el,
+               100.0 * (pairs / el) / (fma / (2.0 * d) * threads));
+        kvs_replay_result_free(r);
+    }
+    kvs_trace_close(tr);
+    kvs_gen_trace_free(g);
+    free(turns);
+    return 0;
+}

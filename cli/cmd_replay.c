@@ -1,0 +1,205 @@
+/* cmd_replay.c — `kvsim replay`: replays a trace under a sweep of policy configurations and budgets and
+ * stores one run per (policy configuration, budget) in the results database (sim/results.h, sim/SCHEMA.md).
+ * Replay semantics and metrics: sim/replay.h and ../shared/DESIGN.md ("Replay", "Metrics").
+ *
+ * Everything is validated before the database is opened (unknown policy or parameter, budget 0 or larger
+ * than the trace, bad option): such errors exit 2 and leave the database untouched.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../sim/policy.h"
+#include "../sim/replay.h"
+#include "../sim/results.h"
+#include "../trace/trace.h"
+#include "cli.h"
+
+#ifndef KVSIM_VERSION_STRING
+#define KVSIM_VERSION_STRING "0.1.0"
+#endif
+
+#define MAX_POLICIES 64
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kvsim replay TRACE --db FILE --policy SPEC [--policy SPEC ...] --budgets LIST\n"
+            "                    [--threads N] [--measure decode|all] [--series-every N]\n\n"
+            "Replays TRACE under every (policy, budget) pair in one pass and writes one run per pair to the\n"
+            "results database FILE (created if missing).\n\n"
+            "  --policy SPEC     NAME or NAME:key=value,key=value (repeatable); policies and parameters below\n"
+            "  --budgets LIST    tokens per KV head, the current token included: 16,32,64; or fractions of the\n"
+            "                    trace's total positions: 10%%,20%% (rounded up, at least 1)\n"
+            "  --threads N       worker threads (default: all online CPUs)\n"
+            "  --measure M       decode (default): metrics at generated positions; all: every position\n"
+            "  --series-every N  store every N-th measured step per (layer, query head) (default 0: none)\n\n"
+            "policies:\n");
+    kvs_policy_print_help(f);
+}
+
+/* Accepts "--opt value" and "--opt=value"; returns the value or NULL (and sets *err) when missing. */
+static const char *opt_value(int argc, char **argv, int *i, const char *name, int *matched) {
+    size_t n = strlen(name);
+    *matched = 0;
+    if (strncmp(argv[*i], name, n)) return NULL;
+    if (argv[*i][n] == '=') {
+        *matched = 1;
+        return argv[*i] + n + 1;
+    }
+    if (argv[*i][n] != 0) return NULL;
+    *matched = 1;
+    if (*i + 1 >= argc) return NULL;
+    return argv[++*i];
+}
+
+int kvs_cmd_replay(int argc, char **argv) {
+    const char *trace_path = NULL, *db_path = NULL, *budget_text = NULL;
+    const char *specs[MAX_POLICIES];
+    int n_specs = 0;
+    long threads = 0, series_every = 0;
+    kvs_replay_measure measure = KVS_MEASURE_DECODE;
+    for (int i = 1; i < argc; i++) {
+        int m;
+        const char *v;
+        if (kvs_cli_is_help(argv[i])) {
+            usage(stdout);
+            return KVS_EXIT_OK;
+        }
+        if ((v = opt_value(argc, argv, &i, "--db", &m)) || m) {
+            if (!v) return kvs_cli_usage_error("replay", "--db needs a FILE");
+            db_path = v;
+        } else if ((v = opt_value(argc, argv, &i, "--policy", &m)) || m) {
+            if (!v) return kvs_cli_usage_error("replay", "--policy needs a SPEC");
+            if (n_specs == MAX_POLICIES) return kvs_cli_usage_error("replay", "at most %d --policy options", MAX_POLICIES);
+            specs[n_specs++] = v;
+        } else if ((v = opt_value(argc, argv, &i, "--budgets", &m)) || m) {
+            if (!v) return kvs_cli_usage_error("replay", "--budgets needs a LIST");
+            if (budget_text) return kvs_cli_usage_error("replay", "--budgets given twice");
+            budget_text = v;
+        } else if ((v = opt_value(argc, argv, &i, "--threads", &m)) || m) {
+            if (!v) return kvs_cli_usage_error("replay", "--threads needs N");
+            if (kvs_cli_parse_long("--threads", v, 1, 4096, &threads) != KVS_OK) return kvs_cli_fail("replay", KVS_ERR_INVALID_ARG);
+        } else if ((v = opt_value(argc, argv, &i, "--series-every", &m)) || m) {
+            if (!v) return kvs_cli_usage_error("replay", "--series-every needs N");
+            if (kvs_cli_parse_long("--series-every", v, 0, 1L << 40, &series_every) != KVS_OK)
+                return kvs_cli_fail("replay", KVS_ERR_INVALID_ARG);
+        } else if ((v = opt_value(argc, argv, &i, "--measure", &m)) || m) {
+            if (!v) return kvs_cli_usage_error("replay", "--measure needs decode or all");
+            if (!strcmp(v, "decode")) measure = KVS_MEASURE_DECODE;
+            else if (!strcmp(v, "all")) measure = KVS_MEASURE_ALL;
+            else return kvs_cli_usage_error("replay", "--measure: '%s' is not decode or all", v);
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            return kvs_cli_usage_error("replay", "unknown option '%s'", argv[i]);
+        } else {
+            if (trace_path) return kvs_cli_usage_error("replay", "unexpected argument '%s'", argv[i]);
+            trace_path = argv[i];
+        }
+    }
+    if (!trace_path) return kvs_cli_usage_error("replay", "missing TRACE");
+    if (!db_path) return kvs_cli_usage_error("replay", "missing --db FILE");
+    if (!n_specs) return kvs_cli_usage_error("replay", "missing --policy SPEC");
+    if (!budget_text) return kvs_cli_usage_error("replay", "missing --budgets LIST");
+
+    kvs_policy_config cfgs[MAX_POLICIES];
+    for (int i = 0; i < n_specs; i++)
+        if (kvs_policy_parse(specs[i], &cfgs[i]) != KVS_OK) return kvs_cli_fail("replay", KVS_ERR_INVALID_ARG);
+
+    int rc = KVS_EXIT_FAIL;
+    kvs_trace *tr = NULL;
+    kvs_results_db *db = NULL;
+    kvs_replay_result *res = NULL;
+    kvs_replay_config *runs = NULL;
+    int64_t *budgets = NULL;
+    double *fractions = NULL;
+    int n_budgets = 0;
+    kvs_status st = kvs_trace_open(trace_path, &tr);
+    if (st != KVS_OK) {
+        rc = kvs_cli_fail("replay", st == KVS_ERR_INVALID_ARG ? KVS_ERR_IO : st);
+        goto cleanup;
+    }
+    const kvs_trace_info *info = kvs_trace_info_get(tr);
+    st = kvs_replay_parse_budgets(budget_text, info->n_positions, &budgets, &fractions, &n_budgets);
+    if (st != KVS_OK) {
+        rc = kvs_cli_fail("replay", st);
+        goto cleanup;
+    }
+    int n_runs = n_specs * n_budgets;
+    runs = calloc((size_t)n_runs, sizeof *runs);
+    if (!runs) {
+        rc = kvs_cli_fail("replay", kvs_fail(KVS_ERR_NOMEM, "out of memory"));
+        goto cleanup;
+    }
+    for (int i = 0; i < n_specs; i++)
+        for (int b = 0; b < n_budgets; b++) {
+            kvs_replay_config *r = &runs[i * n_budgets + b];
+            r->policy = cfgs[i];
+            r->budget = budgets[b];
+            r->budget_fraction = fractions[b];
+        }
+    kvs_replay_source src;
+    if ((st = kvs_replay_source_from_trace(tr, &src)) != KVS_OK) {
+        rc = kvs_cli_fail("replay", st);
+        goto cleanup;
+    }
+    kvs_replay_opts opts = {.configs = runs, .n_configs = n_runs, .threads = (int)threads, .measure = measure,
+                            .series_every = series_every, .hooks = NULL};
+    if ((st = kvs_replay_validate(&src, &opts)) != KVS_OK) {
+        rc = kvs_cli_fail("replay", st);
+        goto cleanup;
+    }
+    /* Everything checked: only now touch the database (a non-kvsim file is refused, unchanged). */
+    if ((st = kvs_results_open(db_path, &db)) != KVS_OK) {
+        rc = kvs_cli_fail("replay", st == KVS_ERR_INVALID_ARG ? KVS_ERR_DB : st);
+        goto cleanup;
+    }
+    if ((st = kvs_replay_execute(&src, &opts, &res)) != KVS_OK) {
+        rc = kvs_cli_fail("replay", st == KVS_ERR_INVALID_ARG ? KVS_ERR_FORMAT : st);
+        goto cleanup;
+    }
+    kvs_results_trace rt = {
+        .path = trace_path, .model_name = info->model.model_name, .n_positions = info->n_positions,
+        .prompt_len = info->prompt_len, .n_turns = info->n_turns, .n_layers = info->model.n_layers,
+        .n_heads = info->model.n_heads, .n_kv_heads = info->model.n_kv_heads, .head_dim = info->model.head_dim,
+        .dtype = kvs_dtype_name((kvs_dtype)info->capture.dtype), .file_bytes = info->file_bytes,
+    };
+    int n_failed = 0;
+    printf("%-10s %-6s %-34s %7s %10s %10s %9s %9s %12s %8s %8s\n", "policy", "kind", "params", "budget", "err_mean",
+           "err_p95", "recall", "overlap", "storage_B", "ratio", "status");
+    for (int i = 0; i < n_runs; i++) {
+        const kvs_replay_run_result *r = &res->runs[i];
+        const kvs_replay_config *c = &runs[i];
+        kvs_results_run run = {
+            .policy = c->policy.ops->name, .params = c->policy.canonical, .budget_tokens = c->budget,
+            .budget_fraction = c->budget_fraction, .is_oracle = c->policy.ops->is_oracle,
+            .measure = measure == KVS_MEASURE_ALL ? "all" : "decode",
+            .status = r->status == KVS_OK ? "complete" : "failed", .error = r->status == KVS_OK ? NULL : r->error,
+            .wall_seconds = r->wall_seconds, .kvsim_version = KVSIM_VERSION_STRING,
+        };
+        int ok = r->status == KVS_OK;
+        st = kvs_results_write_run(db, &rt, &run, r->layer_aggs, ok ? r->n_layers : 0, ok ? &r->run_agg : NULL,
+                                   ok ? r->steps : NULL, ok ? r->n_steps : 0, NULL);
+        if (st != KVS_OK) {
+            rc = kvs_cli_fail("replay", st);
+            goto cleanup;
+        }
+        if (!ok) {
+            n_failed++;
+            fprintf(stderr, "kvsim replay: run %s:%s budget %lld failed: %s\n", c->policy.ops->name,
+                    c->policy.canonical, (long long)c->budget, r->error);
+        }
+        printf("%-10s %-6s %-34s %7lld %10.4g %10.4g %9.4f %9.4f %12.0f %8.3f %8s\n", c->policy.ops->name,
+               c->policy.ops->is_oracle ? "ORACLE" : "-", c->policy.canonical[0] ? c->policy.canonical : "-",
+               (long long)c->budget, r->run_agg.out_err.mean, r->run_agg.out_err.p95, r->run_agg.attn_recall.mean,
+               r->run_agg.topk_overlap.mean, r->run_agg.storage_bytes.mean, r->run_agg.compression_ratio.mean,
+               ok ? "complete" : "FAILED");
+    }
+    rc = n_failed ? KVS_EXIT_FAIL : KVS_EXIT_OK;
+cleanup:
+    kvs_replay_result_free(res);
+    kvs_results_close(db);
+    kvs_trace_close(tr);
+    free(runs);
+    free(budgets);
+    free(fractions);
+    return rc;
+}

@@ -1,0 +1,292 @@
+/* h2o.c — H2O, Heavy-Hitter Oracle (Zhang et al., NeurIPS'23), as specified in POLICY_SPEC §2.6 B4.
+ *
+ * Budget B = H_h heavy hitters + R_w recent tokens. Score = accumulated attention: prefill column sums over
+ * every prompt query, then acc[j] += a_t[j] at each decode step (the attention the engine computed over S_t:
+ * H2O's only feedback, so no oracle information is used despite the name).
+ * Decode is attend-then-evict: S_t = the cache (B-1 entries) + the new token (acc starts at 0 and receives
+ * its own attention); after attention, if |S_t| = B, evict the lowest-acc token among the non-recent ones
+ * (all but the last R_w positions of S_t).
+ *
+ * Ambiguities resolved (write-ups of the choices):
+ *  - Split: H_h = floor((1 - recent) * B), R_w = B - H_h (recent = 0.5 gives the paper's 50:50; the current
+ *    token counts in R_w, so R_w >= 1 whenever recent > 0). With H_h = 0 the policy degenerates to a window
+ *    (the oldest token is evicted).
+ *  - Budget convention (POLICY_SPEC preamble): the query sees B entries, so B-1 stay between steps. Prefill
+ *    keeps TOPK(acc, H_h) over the prompt positions older than the last R_w-1, plus those R_w-1.
+ *  - Ties: eviction picks the lowest acc; among equal acc the NEWER position is evicted (§1.4: the older
+ *    token wins a tie). Prefill TOPK ties go to the older position.
+ *  - GQA: gqa=expand (default; MorphKV's and D2O's references, "maintaining all attention heads"): every
+ *    query head has its own cache of B entries and its own scores, storage G x. gqa=mean (KeyDiff App. F.2):
+ *    one set per KV head, scored with the group-mean attention.
+ *  - Multi-turn: a later turn's prompt queries attend (causally) to the cache kept from earlier turns plus the
+ *    new prompt; their attention is added to acc and the set is compressed to B-1 the same way.
+ * Storage per cache: B slots (2d·B·kv_bytes) + B fp32 scores; traffic per step: the attended K/V plus the
+ * attended tokens' scores (read-modify-write counted once as a read).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/kvs_math.h"
+#include "registry.h"
+
+enum { H2O_EXPAND = 0, H2O_MEAN = 1 };
+
+static const kvs_policy_param h2o_params[] = {
+    {.key = "recent", .type = KVS_PARAM_DOUBLE, .def = 0.5, .lo = 0.0, .hi = 1.0,
+     .help = "fraction of the budget for the recent window (the rest are heavy hitters); H2O uses 0.5"},
+    {.key = "gqa", .type = KVS_PARAM_ENUM, .def = H2O_EXPAND, .choices = "expand|mean",
+     .help = "expand: a cache per query head (G x storage); mean: one per KV head, group-mean scores"},
+};
+
+typedef struct {
+    int32_t *pos;  /* [cap] ascending positions of the cache (at attention time: + the current token) */
+    double *acc;   /* [cap] accumulated attention, aligned with pos */
+    int64_t cnt;
+} h2o_list;
+
+typedef struct {
+    int64_t budget, heavy, recent;
+    int mode, n_lists, group, d;
+    float scale;
+    int32_t aux_bytes;
+    kvs_policy_model model;
+    h2o_list *lists;      /* [n_lists] */
+    int64_t cap;          /* entries per list: max(B, longest candidate set in a prefill) grows as needed */
+    /* prefill scratch */
+    int32_t *cidx;
+    double *cacc;
+    float *scores;
+    double *avg;
+    int64_t scratch_cap;
+} h2o_state;
+
+typedef struct {
+    double acc;
+    int64_t i;
+} h2o_rank;
+
+/* Larger acc first; among equal acc the lower index (older position) first. */
+static int rank_cmp(const void *a, const void *b) {
+    const h2o_rank *x = a, *y = b;
+    if (x->acc != y->acc) return x->acc > y->acc ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+static kvs_policy_granularity h2o_layout(const kvs_policy_config *cfg) {
+    return (int)kvs_policy_param_get(cfg, "gqa") == H2O_EXPAND ? KVS_SEL_PER_QUERY_HEAD : KVS_SEL_PER_KV_HEAD;
+}
+
+static void h2o_free(void *state) {
+    h2o_state *s = state;
+    if (!s) return;
+    if (s->lists)
+        for (int i = 0; i < s->n_lists; i++) {
+            free(s->lists[i].pos);
+            free(s->lists[i].acc);
+        }
+    free(s->lists);
+    free(s->cidx);
+    free(s->cacc);
+    free(s->scores);
+    free(s->avg);
+    free(s);
+}
+
+static kvs_status h2o_create(const kvs_policy_init *init, void **state) {
+    h2o_state *s = calloc(1, sizeof *s);
+    if (!s) return kvs_fail(KVS_ERR_NOMEM, "h2o: out of memory");
+    s->budget = init->budget;
+    double recent = kvs_policy_param_get(init->cfg, "recent");
+    s->heavy = (int64_t)((1.0 - recent) * (double)init->budget);
+    if (s->heavy > s->budget - 1) s->heavy = s->budget - 1; /* the current token is always recent */
+    if (s->heavy < 0) s->heavy = 0;
+    s->recent = s->budget - s->heavy;
+    s->mode = (int)kvs_policy_param_get(init->cfg, "gqa");
+    s->group = init->model->group;
+    s->d = init->model->head_dim;
+    s->scale = init->model->scale;
+    s->aux_bytes = init->model->aux_bytes;
+    s->model = *init->model;
+    s->n_lists = s->mode == H2O_EXPAND ? s->group : 1;
+    s->cap = s->budget;
+    s->lists = calloc((size_t)s->n_lists, sizeof *s->lists);
+    if (!s->lists) goto nomem;
+    for (int i = 0; i < s->n_lists; i++) {
+        s->lists[i].pos = malloc((size_t)s->cap * sizeof(int32_t));
+        s->lists[i].acc = malloc((size_t)s->cap * sizeof(double));
+        if (!s->lists[i].pos || !s->lists[i].acc) goto nomem;
+    }
+    *state = s;
+    return KVS_OK;
+nomem:
+    h2o_free(s);
+    return kvs_fail(KVS_ERR_NOMEM, "h2o: out of memory");
+}
+
+static kvs_status ensure_scratch(h2o_state *s, int64_t n) {
+    if (n <= s->scratch_cap) return KVS_OK;
+    free(s->cidx);
+    free(s->cacc);
+    free(s->scores);
+    free(s->avg);
+    s->cidx = malloc((size_t)n * sizeof(int32_t));
+    s->cacc = malloc((size_t)n * sizeof(double));
+    s->scores = malloc((size_t)n * sizeof(float));
+    s->avg = malloc((size_t)n * sizeof(double));
+    s->scratch_cap = (s->cidx && s->cacc && s->scores && s->avg) ? n : 0;
+    return s->scratch_cap ? KVS_OK : kvs_fail(KVS_ERR_NOMEM, "h2o: out of memory");
+}
+
+/* Prefill of one list: candidates = kept positions + the turn's new prompt positions; every prompt query
+ * adds its causal attention over the candidates to acc; then keep heavy TOPK + the last recent-1. */
+static kvs_status h2o_prefill_list(h2o_state *s, int li, const kvs_policy_view *view) {
+    h2o_list *L = &s->lists[li];
+    int64_t n_new = view->n - view->turn_begin;
+    int64_t nc = L->cnt + n_new;
+    kvs_status st = ensure_scratch(s, nc);
+    if (st != KVS_OK) return st;
+    memcpy(s->cidx, L->pos, (size_t)L->cnt * sizeof(int32_t));
+    memcpy(s->cacc, L->acc, (size_t)L->cnt * sizeof(double));
+    for (int64_t j = 0; j < n_new; j++) {
+        s->cidx[L->cnt + j] = (int32_t)(view->turn_begin + j);
+        s->cacc[L->cnt + j] = 0;
+    }
+    int g_lo = s->mode == H2O_EXPAND ? li : 0, g_hi = s->mode == H2O_EXPAND ? li + 1 : s->group;
+    for (int64_t i = 0; i < n_new; i++) {
+        int64_t visible = L->cnt + i + 1; /* old cache + new prompt positions <= turn_begin + i */
+        for (int64_t j = 0; j < visible; j++) s->avg[j] = 0;
+        for (int g = g_lo; g < g_hi; g++) {
+            const float *q = view->q + ((size_t)(view->turn_begin + i - view->q_first) * (size_t)s->group + (size_t)g) *
+                                           (size_t)s->d;
+            kvs_attn_scores(q, view->k, (size_t)s->d, s->cidx, (size_t)visible, (size_t)s->d, s->scale, s->scores);
+            kvs_softmax(s->scores, (size_t)visible);
+            for (int64_t j = 0; j < visible; j++) s->avg[j] += s->scores[j];
+        }
+        for (int64_t j = 0; j < visible; j++) s->cacc[j] += s->avg[j] / (g_hi - g_lo);
+    }
+    /* Compress to B-1: the last recent-1 candidates plus the top `heavy` of the older ones. */
+    int64_t keep = s->budget - 1;
+    if (nc <= keep) {
+        memcpy(L->pos, s->cidx, (size_t)nc * sizeof(int32_t));
+        memcpy(L->acc, s->cacc, (size_t)nc * sizeof(double));
+        L->cnt = nc;
+        return KVS_OK;
+    }
+    int64_t rec = s->recent - 1, old = nc - rec, heavy = keep - rec;
+    /* Rank the old candidates by acc in double precision; ties -> the older position. */
+    h2o_rank *rank = malloc((size_t)(old > 0 ? old : 1) * sizeof *rank);
+    if (!rank) return kvs_fail(KVS_ERR_NOMEM, "h2o: out of memory");
+    for (int64_t j = 0; j < old; j++) {
+        rank[j].acc = s->cacc[j];
+        rank[j].i = j;
+    }
+    qsort(rank, (size_t)old, sizeof *rank, rank_cmp);
+    char *mark = calloc((size_t)(old > 0 ? old : 1), 1);
+    if (!mark) {
+        free(rank);
+        return kvs_fail(KVS_ERR_NOMEM, "h2o: out of memory");
+    }
+    for (int64_t j = 0; j < heavy && j < old; j++) mark[rank[j].i] = 1;
+    int64_t m = 0;
+    for (int64_t j = 0; j < old; j++)
+        if (mark[j]) {
+            L->pos[m] = s->cidx[j];
+            L->acc[m++] = s->cacc[j];
+        }
+    for (int64_t j = old; j < nc; j++) {
+        L->pos[m] = s->cidx[j];
+        L->acc[m++] = s->cacc[j];
+    }
+    L->cnt = m;
+    free(rank);
+    free(mark);
+    return KVS_OK;
+}
+
+static kvs_status h2o_prefill(void *state, const kvs_policy_view *view) {
+    h2o_state *s = state;
+    for (int li = 0; li < s->n_lists; li++) {
+        kvs_status st = h2o_prefill_list(s, li, view);
+        if (st != KVS_OK) return st;
+    }
+    return KVS_OK;
+}
+
+static kvs_status h2o_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {
+    h2o_state *s = state;
+    for (int li = 0; li < s->n_lists; li++) {
+        h2o_list *L = &s->lists[li];
+        KVS_ASSERT(L->cnt < s->budget);
+        L->pos[L->cnt] = (int32_t)(view->n - 1);
+        L->acc[L->cnt] = 0;
+        L->cnt++;
+        memcpy(sel->idx[li], L->pos, (size_t)L->cnt * sizeof(int32_t));
+        sel->n[li] = L->cnt;
+    }
+    return KVS_OK;
+}
+
+static kvs_status h2o_observe(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel,
+                              const float *const *probs) {
+    h2o_state *s = state;
+    (void)view;
+    for (int li = 0; li < s->n_lists; li++) {
+        h2o_list *L = &s->lists[li];
+        KVS_ASSERT(sel->n[li] == L->cnt);
+        if (s->mode == H2O_EXPAND) {
+            for (int64_t j = 0; j < L->cnt; j++) L->acc[j] += probs[li][j];
+        } else {
+            for (int64_t j = 0; j < L->cnt; j++) {
+                double a = 0;
+                for (int g = 0; g < s->group; g++) a += probs[g][j];
+                L->acc[j] += a / s->group;
+            }
+        }
+        if (L->cnt < s->budget) continue;
+        /* Evict the lowest acc among the non-recent entries (the newer one on ties); window if none. */
+        int64_t cand = L->cnt - s->recent, victim = 0;
+        if (cand > 0) {
+            for (int64_t j = 1; j < cand; j++)
+                if (L->acc[j] <= L->acc[victim]) victim = j;
+        }
+        memmove(L->pos + victim, L->pos + victim + 1, (size_t)(L->cnt - victim - 1) * sizeof(int32_t));
+        memmove(L->acc + victim, L->acc + victim + 1, (size_t)(L->cnt - victim - 1) * sizeof(double));
+        L->cnt--;
+    }
+    return KVS_OK;
+}
+
+static int64_t h2o_stored(void *state, int g, int32_t *out) {
+    h2o_state *s = state;
+    h2o_list *L = &s->lists[s->mode == H2O_EXPAND ? g : 0];
+    memcpy(out, L->pos, (size_t)L->cnt * sizeof(int32_t));
+    return L->cnt;
+}
+
+static void h2o_account(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel, kvs_policy_cost *out) {
+    h2o_state *s = state;
+    (void)view;
+    double slots = 0;
+    for (int li = 0; li < sel->n_lists; li++) slots += (double)sel->n[li];
+    out->storage_bytes = kvs_policy_kv_bytes(&s->model, slots) + slots * s->aux_bytes;
+    out->traffic_bytes = out->storage_bytes;
+    out->transfer_bytes = 0;
+}
+
+const struct kvs_policy_ops kvs_policy_h2o = {
+    .name = "h2o",
+    .summary = "H2O: heavy hitters by accumulated attention + recent window (attend-then-evict)",
+    .is_oracle = 0,
+    .granularity = KVS_SEL_PER_QUERY_HEAD,
+    .budget_scope = KVS_BUDGET_EVERY_STEP,
+    .params = h2o_params,
+    .n_params = (int)(sizeof h2o_params / sizeof h2o_params[0]),
+    .layout = h2o_layout,
+    .create = h2o_create,
+    .free = h2o_free,
+    .prefill = h2o_prefill,
+    .select = h2o_select,
+    .observe = h2o_observe,
+    .stored = h2o_stored,
+    .account = h2o_account,
+};

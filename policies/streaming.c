@@ -1,0 +1,94 @@
+/* streaming.c — StreamingLLM attention sinks + recent window (POLICY_SPEC §2.6 B3; Xiao et al. 2023).
+ * Budget B = n_s sinks (the first n_s positions, default 4 as in StreamingLLM and KeyDiff App. F.2) plus a
+ * recent window of B - n_s positions that includes the current one. Evict-then-attend: append, drop the
+ * oldest non-sink if over B, attend. Shared by all heads (position-only rule).
+ * Ambiguities resolved: B <= n_s is rejected (the window would not even hold the current token).
+ * Prefill keeps the first n_s and the last B-n_s-1 prompt positions (the next token completes the window).
+ * StreamingLLM re-indexes positions inside the cache; captured post-RoPE keys cannot be re-rotated, so this
+ * is NOT modelled (POLICY_SPEC §0.4, B3): results are for the retention rule only.
+ * Storage and traffic 2d·B, no auxiliary state.
+ */
+#include <stdlib.h>
+
+#include "registry.h"
+
+static const kvs_policy_param streaming_params[] = {
+    {.key = "sinks", .type = KVS_PARAM_INT, .def = 4, .lo = 0, .hi = 1 << 20,
+     .help = "attention-sink positions always kept (the first n_s tokens)"},
+};
+
+typedef struct {
+    int64_t budget, sinks;
+    int64_t seen;
+} streaming_state;
+
+static kvs_status streaming_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget) {
+    (void)m;
+    int64_t sinks = (int64_t)kvs_policy_param_get(cfg, "sinks");
+    if (budget <= sinks)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "policy streaming: budget %lld must exceed sinks=%lld", (long long)budget,
+                        (long long)sinks);
+    return KVS_OK;
+}
+
+static kvs_status streaming_create(const kvs_policy_init *init, void **state) {
+    streaming_state *s = calloc(1, sizeof *s);
+    if (!s) return kvs_fail(KVS_ERR_NOMEM, "streaming: out of memory");
+    s->budget = init->budget;
+    s->sinks = (int64_t)kvs_policy_param_get(init->cfg, "sinks");
+    if (s->budget <= s->sinks) {
+        long long sinks = (long long)s->sinks;
+        free(s);
+        return kvs_fail(KVS_ERR_INVALID_ARG, "policy streaming: budget %lld must exceed sinks=%lld",
+                        (long long)init->budget, sinks);
+    }
+    *state = s;
+    return KVS_OK;
+}
+
+static void streaming_free(void *state) { free(state); }
+
+/* Sinks [0, min(sinks, n)) plus the last `recent` positions not among them. */
+static int64_t streaming_set(const streaming_state *s, int64_t n, int64_t recent, int32_t *out) {
+    int64_t m = 0, ns = s->sinks < n ? s->sinks : n;
+    for (int64_t j = 0; j < ns; j++) out[m++] = (int32_t)j;
+    int64_t lo = n - recent;
+    if (lo < ns) lo = ns;
+    for (int64_t j = lo; j < n; j++) out[m++] = (int32_t)j;
+    return m;
+}
+
+static kvs_status streaming_prefill(void *state, const kvs_policy_view *view) {
+    streaming_state *s = state;
+    s->seen = view->n;
+    return KVS_OK;
+}
+
+static kvs_status streaming_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {
+    streaming_state *s = state;
+    sel->n[0] = streaming_set(s, view->n, s->budget - s->sinks, sel->idx[0]);
+    s->seen = view->n;
+    return KVS_OK;
+}
+
+static int64_t streaming_stored(void *state, int g, int32_t *out) {
+    streaming_state *s = state;
+    (void)g;
+    return streaming_set(s, s->seen, s->budget - s->sinks - 1, out);
+}
+
+const struct kvs_policy_ops kvs_policy_streaming = {
+    .name = "streaming",
+    .summary = "StreamingLLM: n_s attention sinks + recent window (no position re-indexing)",
+    .is_oracle = 0,
+    .granularity = KVS_SEL_PER_KV_HEAD,
+    .budget_scope = KVS_BUDGET_EVERY_STEP,
+    .params = streaming_params,
+    .n_params = (int)(sizeof streaming_params / sizeof streaming_params[0]),
+    .validate = streaming_validate,
+    .create = streaming_create,
+    .free = streaming_free,
+    .prefill = streaming_prefill,
+    .select = streaming_select,
+    .stored = streaming_stored,
+};

@@ -1,0 +1,138 @@
+/* topk.c — Exact-TopK ORACLE (POLICY_SPEC §2.6 B2; RocketKV §4.1 and App. A.3, reference topk.py).
+ *
+ * ORACLE: it reads the exact full-attention probabilities of the current query (view->full_probs), which no
+ * real system has before attending. It is an upper-bound reference and is labelled "oracle" in every output.
+ * At each decode step S_t = the B positions with the highest full-attention probability:
+ *  - gqa=group (default, as the task brief asks): probabilities summed over the group's query heads, one set
+ *    per KV head;
+ *  - gqa=head (RocketKV's reference topk_forward): a set per query head.
+ * Ties go to the older position (§1.4). The current token is included only if it ranks in the top B.
+ * Prefill is dense (no compression: "prefill dense" in the appendix); the whole cache stays resident.
+ * Accounting (§3): storage = the full cache (n slots, stored once, also in head mode: a selection policy's
+ * lists index one shared store); traffic = the attended K/V (the paper's "estimation is free"); in head mode
+ * the union of the G sets is what is physically read.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/kvs_math.h"
+#include "registry.h"
+
+enum { TOPK_GROUP = 0, TOPK_HEAD = 1 };
+
+static const kvs_policy_param topk_params[] = {
+    {.key = "gqa", .type = KVS_PARAM_ENUM, .def = TOPK_GROUP, .choices = "group|head",
+     .help = "group: top-B of the group-summed full attention per KV head; head: top-B per query head"},
+};
+
+typedef struct {
+    int64_t budget;
+    int mode, group;
+    kvs_policy_model model;
+    float *sum;      /* [cap] */
+    char *mark;      /* [cap] union scratch */
+    int64_t cap;
+} topk_state;
+
+static kvs_policy_granularity topk_layout(const kvs_policy_config *cfg) {
+    return (int)kvs_policy_param_get(cfg, "gqa") == TOPK_HEAD ? KVS_SEL_PER_QUERY_HEAD : KVS_SEL_PER_KV_HEAD;
+}
+
+static void topk_free(void *state) {
+    topk_state *s = state;
+    if (!s) return;
+    free(s->sum);
+    free(s->mark);
+    free(s);
+}
+
+static kvs_status topk_create(const kvs_policy_init *init, void **state) {
+    topk_state *s = calloc(1, sizeof *s);
+    if (!s) return kvs_fail(KVS_ERR_NOMEM, "topk: out of memory");
+    s->budget = init->budget;
+    s->mode = (int)kvs_policy_param_get(init->cfg, "gqa");
+    s->group = init->model->group;
+    s->model = *init->model;
+    s->cap = init->model->n_positions > 0 ? init->model->n_positions : 1;
+    s->sum = malloc((size_t)s->cap * sizeof(float));
+    s->mark = malloc((size_t)s->cap);
+    if (!s->sum || !s->mark) {
+        topk_free(s);
+        return kvs_fail(KVS_ERR_NOMEM, "topk: out of memory");
+    }
+    *state = s;
+    return KVS_OK;
+}
+
+static kvs_status topk_prefill(void *state, const kvs_policy_view *view) {
+    (void)state;
+    (void)view;
+    return KVS_OK;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static kvs_status topk_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {
+    topk_state *s = state;
+    if (!view->full_probs) return kvs_fail(KVS_ERR_STATE, "topk: the oracle was not given full attention");
+    if (view->n > s->cap) return kvs_fail(KVS_ERR_RANGE, "topk: position %lld beyond the trace", (long long)view->n);
+    int64_t k = s->budget < view->n ? s->budget : view->n;
+    if (s->mode == TOPK_GROUP) {
+        for (int64_t j = 0; j < view->n; j++) {
+            float a = 0;
+            for (int g = 0; g < s->group; g++) a += view->full_probs[(size_t)g * (size_t)view->n + (size_t)j];
+            s->sum[j] = a;
+        }
+        kvs_topk(s->sum, (size_t)view->n, (size_t)k, sel->idx[0]);
+        qsort(sel->idx[0], (size_t)k, sizeof(int32_t), cmp_i32);
+        sel->n[0] = k;
+    } else {
+        for (int g = 0; g < s->group; g++) {
+            kvs_topk(view->full_probs + (size_t)g * (size_t)view->n, (size_t)view->n, (size_t)k, sel->idx[g]);
+            qsort(sel->idx[g], (size_t)k, sizeof(int32_t), cmp_i32);
+            sel->n[g] = k;
+        }
+    }
+    return KVS_OK;
+}
+
+static void topk_account(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel, kvs_policy_cost *out) {
+    topk_state *s = state;
+    out->storage_bytes = kvs_policy_kv_bytes(&s->model, (double)view->n);
+    int64_t read = 0;
+    if (sel->n_lists == 1) {
+        read = sel->n[0];
+    } else {
+        memset(s->mark, 0, (size_t)view->n);
+        for (int g = 0; g < sel->n_lists; g++)
+            for (int64_t j = 0; j < sel->n[g]; j++) {
+                int32_t p = sel->idx[g][j];
+                if (!s->mark[p]) {
+                    s->mark[p] = 1;
+                    read++;
+                }
+            }
+    }
+    out->traffic_bytes = kvs_policy_kv_bytes(&s->model, (double)read);
+    out->transfer_bytes = 0;
+}
+
+const struct kvs_policy_ops kvs_policy_topk = {
+    .name = "topk",
+    .summary = "Exact-TopK ORACLE: the B positions with the highest full attention (upper bound, not realisable)",
+    .is_oracle = 1,
+    .granularity = KVS_SEL_PER_KV_HEAD,
+    .budget_scope = KVS_BUDGET_EVERY_STEP,
+    .params = topk_params,
+    .n_params = (int)(sizeof topk_params / sizeof topk_params[0]),
+    .layout = topk_layout,
+    .create = topk_create,
+    .free = topk_free,
+    .prefill = topk_prefill,
+    .select = topk_select,
+    .stored = NULL, /* keeps the whole cache */
+    .account = topk_account,
+};

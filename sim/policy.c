@@ -1,0 +1,227 @@
+/* policy.c — the policy framework shared by every plugin: registry lookup, parsing and validation of
+ * "NAME:key=value,..." specs against each policy's parameter table, canonical parameter strings (stored in
+ * the results database, sim/SCHEMA.md) and byte helpers. Interface and rules: sim/policy.h.
+ */
+#include "policy.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+const struct kvs_policy_ops *kvs_policy_find(const char *name) {
+    for (int i = 0; i < kvs_policy_count(); i++) {
+        const struct kvs_policy_ops *ops = kvs_policy_at(i);
+        if (!strcmp(ops->name, name)) return ops;
+    }
+    return NULL;
+}
+
+/* The index of choice `s` (length len) in "a|b|c", or -1. */
+static int enum_index(const char *choices, const char *s, size_t len) {
+    int i = 0;
+    const char *p = choices;
+    for (;;) {
+        const char *bar = strchr(p, '|');
+        size_t n = bar ? (size_t)(bar - p) : strlen(p);
+        if (n == len && !strncmp(p, s, len)) return i;
+        if (!bar) return -1;
+        p = bar + 1;
+        i++;
+    }
+}
+
+/* Writes choice number `idx` of "a|b|c" into out (size cap). */
+static void enum_name(const char *choices, int idx, char *out, size_t cap) {
+    const char *p = choices;
+    for (int i = 0; i < idx && p; i++) {
+        p = strchr(p, '|');
+        if (p) p++;
+    }
+    if (!p) {
+        snprintf(out, cap, "?");
+        return;
+    }
+    const char *bar = strchr(p, '|');
+    size_t n = bar ? (size_t)(bar - p) : strlen(p);
+    snprintf(out, cap, "%.*s", (int)n, p);
+}
+
+/* Formats a value the shortest way that parses back to the same double. */
+static void format_value(const kvs_policy_param *pp, double v, char *out, size_t cap) {
+    switch (pp->type) {
+    case KVS_PARAM_INT: snprintf(out, cap, "%lld", (long long)v); break;
+    case KVS_PARAM_BOOL: snprintf(out, cap, "%s", v != 0 ? "true" : "false"); break;
+    case KVS_PARAM_ENUM: enum_name(pp->choices, (int)v, out, cap); break;
+    case KVS_PARAM_DOUBLE:
+        for (int prec = 6; prec <= 17; prec++) {
+            snprintf(out, cap, "%.*g", prec, v);
+            if (strtod(out, NULL) == v) break;
+        }
+        break;
+    }
+}
+
+static void build_canonical(kvs_policy_config *cfg) {
+    const struct kvs_policy_ops *ops = cfg->ops;
+    size_t used = 0;
+    cfg->canonical[0] = 0;
+    for (int i = 0; i < ops->n_params; i++) {
+        char val[64];
+        format_value(&ops->params[i], cfg->v[i], val, sizeof val);
+        int w = snprintf(cfg->canonical + used, sizeof cfg->canonical - used, "%s%s=%s", i ? "," : "",
+                         ops->params[i].key, val);
+        /* Parameter tables are short; a truncation would be a table bug, not user input. */
+        KVS_ASSERT(w > 0 && (size_t)w < sizeof cfg->canonical - used);
+        used += (size_t)w;
+    }
+}
+
+void kvs_policy_defaults(const struct kvs_policy_ops *ops, kvs_policy_config *cfg) {
+    KVS_ASSERT(ops->n_params <= KVS_POLICY_MAX_PARAMS);
+    memset(cfg, 0, sizeof *cfg);
+    cfg->ops = ops;
+    for (int i = 0; i < ops->n_params; i++) cfg->v[i] = ops->params[i].def;
+    build_canonical(cfg);
+}
+
+/* Parses one value text (length len) for parameter pp. */
+static kvs_status parse_value(const char *policy, const kvs_policy_param *pp, const char *s, size_t len,
+                              double *out) {
+    char buf[128];
+    if (len == 0) return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s' has an empty value", policy, pp->key);
+    if (len >= sizeof buf)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: value of parameter '%s' is too long", policy, pp->key);
+    memcpy(buf, s, len);
+    buf[len] = 0;
+    switch (pp->type) {
+    case KVS_PARAM_ENUM: {
+        int i = enum_index(pp->choices, buf, len);
+        if (i < 0)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': '%s' is not one of %s", policy, pp->key,
+                            buf, pp->choices);
+        *out = i;
+        return KVS_OK;
+    }
+    case KVS_PARAM_BOOL:
+        if (!strcasecmp(buf, "1") || !strcasecmp(buf, "true") || !strcasecmp(buf, "yes") || !strcasecmp(buf, "on")) {
+            *out = 1;
+            return KVS_OK;
+        }
+        if (!strcasecmp(buf, "0") || !strcasecmp(buf, "false") || !strcasecmp(buf, "no") || !strcasecmp(buf, "off")) {
+            *out = 0;
+            return KVS_OK;
+        }
+        return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': '%s' is not a boolean", policy, pp->key, buf);
+    case KVS_PARAM_INT: {
+        char *end;
+        errno = 0;
+        long long v = strtoll(buf, &end, 10);
+        if (*end || errno)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': '%s' is not an integer", policy, pp->key,
+                            buf);
+        if ((double)v < pp->lo || (double)v > pp->hi)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': %lld is out of range [%g, %g]", policy,
+                            pp->key, v, pp->lo, pp->hi);
+        *out = (double)v;
+        return KVS_OK;
+    }
+    case KVS_PARAM_DOUBLE: {
+        char *end;
+        errno = 0;
+        double v = strtod(buf, &end);
+        if (*end || errno || !isfinite(v))
+            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': '%s' is not a number", policy, pp->key,
+                            buf);
+        if (v < pp->lo || v > pp->hi)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': %g is out of range [%g, %g]", policy,
+                            pp->key, v, pp->lo, pp->hi);
+        *out = v;
+        return KVS_OK;
+    }
+    }
+    return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s' has an unknown type", policy, pp->key);
+}
+
+kvs_status kvs_policy_parse(const char *spec, kvs_policy_config *cfg) {
+    const char *colon = strchr(spec, ':');
+    size_t nlen = colon ? (size_t)(colon - spec) : strlen(spec);
+    char name[KVS_POLICY_NAME_MAX];
+    if (nlen == 0) return kvs_fail(KVS_ERR_INVALID_ARG, "policy spec '%s': missing policy name", spec);
+    if (nlen >= sizeof name) return kvs_fail(KVS_ERR_INVALID_ARG, "policy spec '%s': unknown policy", spec);
+    memcpy(name, spec, nlen);
+    name[nlen] = 0;
+    const struct kvs_policy_ops *ops = kvs_policy_find(name);
+    if (!ops) return kvs_fail(KVS_ERR_INVALID_ARG, "unknown policy '%s' (see 'kvsim replay --help')", name);
+    kvs_policy_defaults(ops, cfg);
+    if (!colon) return KVS_OK;
+    int seen[KVS_POLICY_MAX_PARAMS] = {0};
+    const char *p = colon + 1;
+    if (!*p) return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: empty parameter list after ':'", name);
+    while (*p) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        const char *eq = memchr(p, '=', len);
+        if (!eq)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: '%.*s' is not key=value", name, (int)len, p);
+        size_t klen = (size_t)(eq - p);
+        int found = -1;
+        for (int i = 0; i < ops->n_params; i++)
+            if (strlen(ops->params[i].key) == klen && !strncmp(ops->params[i].key, p, klen)) found = i;
+        if (found < 0)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: unknown parameter '%.*s'", name, (int)klen, p);
+        if (seen[found])
+            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s' given twice", name, ops->params[found].key);
+        seen[found] = 1;
+        kvs_status st = parse_value(name, &ops->params[found], eq + 1, len - klen - 1, &cfg->v[found]);
+        if (st != KVS_OK) return st;
+        if (!comma) break;
+        p = comma + 1;
+        if (!*p) return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: trailing ',' in parameter list", name);
+    }
+    build_canonical(cfg);
+    return KVS_OK;
+}
+
+double kvs_policy_param_get(const kvs_policy_config *cfg, const char *key) {
+    for (int i = 0; i < cfg->ops->n_params; i++)
+        if (!strcmp(cfg->ops->params[i].key, key)) return cfg->v[i];
+    kvs_assert_fail(key, __FILE__, __LINE__); /* a policy asked for a key its own table lacks */
+}
+
+kvs_status kvs_policy_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget) {
+    if (budget < 1)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: budget %lld must be at least 1 token", cfg->ops->name,
+                        (long long)budget);
+    if (cfg->ops->validate) return cfg->ops->validate(cfg, m, budget);
+    return KVS_OK;
+}
+
+kvs_policy_granularity kvs_policy_layout(const kvs_policy_config *cfg) {
+    return cfg->ops->layout ? cfg->ops->layout(cfg) : cfg->ops->granularity;
+}
+
+double kvs_policy_kv_bytes(const kvs_policy_model *m, double slots) {
+    return slots * 2.0 * (double)m->head_dim * (double)m->kv_bytes;
+}
+
+void kvs_policy_print_help(void *fp) {
+    FILE *f = fp;
+    for (int i = 0; i < kvs_policy_count(); i++) {
+        const struct kvs_policy_ops *ops = kvs_policy_at(i);
+        fprintf(f, "  %-12s %s%s\n", ops->name, ops->is_oracle ? "[ORACLE] " : "", ops->summary);
+        for (int j = 0; j < ops->n_params; j++) {
+            const kvs_policy_param *pp = &ops->params[j];
+            char def[64];
+            format_value(pp, pp->def, def, sizeof def);
+            if (pp->type == KVS_PARAM_ENUM)
+                fprintf(f, "      %s=%s (default %s): %s\n", pp->key, pp->choices, def, pp->help);
+            else if (pp->type == KVS_PARAM_BOOL)
+                fprintf(f, "      %s=true|false (default %s): %s\n", pp->key, def, pp->help);
+            else
+                fprintf(f, "      %s in [%g, %g] (default %s): %s\n", pp->key, pp->lo, pp->hi, def, pp->help);
+        }
+    }
+}

@@ -1,0 +1,255 @@
+/* policy.h — the KV-cache policy plugin interface of the kvsim replay engine (sim/replay.c).
+ *
+ * Follows ../shared/DESIGN.md ("Replay": teacher-forced replay, prefill hand-off, per-step selection S_t,
+ * no oracle leakage, GQA layouts, allocation pass) and ../shared/POLICY_SPEC.md §1.2 (driver and call
+ * order), §1.3 (slots), §1.5 (budget and cost accounting), §3 (storage/traffic table).
+ *
+ * ================================================================================================
+ * How to add a policy
+ * ================================================================================================
+ * 1. Create policies/<name>.c. Open it with a comment naming the paper/POLICY_SPEC section it follows
+ *    and every ambiguity you resolved. Export exactly one
+ *        const struct kvs_policy_ops kvs_policy_<name> = { .name = "<name>", ... };
+ *    with designated initializers; optional callbacks stay NULL. Everything else in the file is static.
+ * 2. Parameters: a `static const kvs_policy_param` table (key, type, default, inclusive range, help).
+ *    The framework parses "NAME:key=value,key=value", fills defaults, validates (unknown key, bad value,
+ *    out of range -> KVS_ERR_INVALID_ARG naming it) and builds the canonical string stored in the results
+ *    database. Read values with kvs_policy_param_get(cfg, "key") or by index (cfg->v[i], table order).
+ * 3. Add one line `&kvs_policy_<name>,` to the registry array in policies/registry.c and its extern
+ *    declaration to policies/registry.h. The conformance test (tests/test_policy_conformance.c) then runs
+ *    the common contract on it: parameter validation, budget respected every step, determinism, and the
+ *    leak test (perturbing future positions, and for non-oracles the K/V of positions the policy does not
+ *    store, must not change its choices).
+ * 4. Lifetime of one instance = one (policy configuration, budget, layer, KV head) stream:
+ *       create -> [for each turn: prefill -> (select -> observe [-> layer_sync]) per decode step] -> free
+ *    with account() called at every decode step after select() (before observe(), so it sees the
+ *    attention-time state). Per-(layer, KV head) budgets come from
+ *    the optional allocation pass (alloc_*), run once per (configuration, budget) over the first turn's
+ *    prompt of every layer and KV head before any instance is created (PyramidKV, Ada-KV, D2O).
+ *
+ * Rules the engine enforces or tests (DESIGN.md "Replay" 3 — leaking oracle information is the worst bug):
+ *  - A view shows positions 0..n-1 only (n-1 = the current position). Decode views carry only the current
+ *    query; prefill views carry the queries of the turn's prompt. Nothing of the future is reachable.
+ *  - A non-oracle policy may read K/V rows only of positions it currently stores (what stored() reports,
+ *    plus the current position and, in prefill, the new prompt positions). The conformance test scrambles
+ *    every other row between steps and checks that the choices do not change.
+ *  - The only feedback a non-oracle gets about attention is observe(): the probabilities the engine
+ *    computed over the policy's own S_t. view->full_probs (full attention) is non-NULL only for
+ *    policies with is_oracle = 1, which are labelled "oracle" in every output.
+ *
+ * Budget convention (POLICY_SPEC preamble): budget B bounds |S_t| at attention time, the current token
+ * included. "Attend-then-evict" policies therefore hold B-1 entries before the new token arrives.
+ * Per-query-head policies bound each query head's S_t by B and store G separate caches (storage G x).
+ * Prompt-only policies (budget_scope KVS_BUDGET_PROMPT, e.g. SnapKV) bound the number of retained prompt
+ * positions by B and keep every generated token (S_t grows during decode).
+ *
+ * Threading: one instance is used by one thread at a time; ops tables and parameter tables are const.
+ */
+#ifndef KVS_POLICY_H
+#define KVS_POLICY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/kvs.h"
+
+#define KVS_POLICY_MAX_PARAMS 16
+#define KVS_POLICY_CANON_MAX 512    /* bytes of the canonical params string, NUL included */
+#define KVS_POLICY_NAME_MAX 32
+
+struct kvs_policy_ops;
+
+/* ---- parameters ---------------------------------------------------------------------------------- */
+
+typedef enum {
+    KVS_PARAM_INT = 0,    /* whole number in [lo, hi] */
+    KVS_PARAM_DOUBLE = 1, /* finite number in [lo, hi] */
+    KVS_PARAM_BOOL = 2,   /* 0/1, also accepts true/false/yes/no/on/off */
+    KVS_PARAM_ENUM = 3,   /* one of `choices` ("a|b|c"); value stored as the choice index */
+} kvs_param_type;
+
+typedef struct {
+    const char *key;
+    kvs_param_type type;
+    double def;           /* default (ENUM: index into choices; BOOL: 0/1) */
+    double lo, hi;        /* inclusive range for INT/DOUBLE (ignored otherwise) */
+    const char *choices;  /* ENUM only: '|'-separated names, e.g. "layer|group" */
+    const char *help;     /* one line for `kvsim replay --help` */
+} kvs_policy_param;
+
+/* A parsed policy configuration: which policy and its parameter values (defaults filled in). Plain value
+ * type; copy freely. */
+typedef struct {
+    const struct kvs_policy_ops *ops;
+    double v[KVS_POLICY_MAX_PARAMS];       /* in the order of ops->params; ENUM = index, BOOL = 0/1 */
+    char canonical[KVS_POLICY_CANON_MAX];  /* "key=value,key=value", table order, every default filled in
+                                            * ("" for a policy without parameters) */
+} kvs_policy_config;
+
+/* ---- what a policy is told about the model and its stream --------------------------------------- */
+
+typedef struct {
+    int32_t n_layers, n_heads, n_kv_heads;
+    int32_t group;          /* G = n_heads / n_kv_heads: query heads per KV head */
+    int32_t head_dim;       /* d */
+    float scale;            /* softmax scale (trace attn_scale) */
+    int32_t kv_bytes;       /* bytes per stored K/V element: the trace dtype's size (2 for fp16/bf16) */
+    int32_t aux_bytes;      /* bytes per auxiliary element (scores...): 4 (fp32), POLICY_SPEC b_aux */
+    int64_t n_positions;    /* whole trace */
+    int64_t prompt_len;     /* first turn's prompt length */
+    int64_t max_new_tokens; /* capture setting, 0 if unknown */
+} kvs_policy_model;
+
+/* Arguments of create(): borrowed for the duration of the call only (copy what you keep). */
+typedef struct {
+    const kvs_policy_model *model;
+    const kvs_policy_config *cfg;
+    int32_t layer, kv_head;
+    int64_t budget;          /* tokens for THIS (layer, KV head) (after the allocation pass), >= 1 */
+    int64_t budget_nominal;  /* the run's budget B before allocation */
+    uint64_t seed;           /* deterministic per (run, layer, KV head): for randomised policies */
+} kvs_policy_init;
+
+/* What a policy may see at one call. All pointers borrowed for the duration of the call. */
+typedef struct {
+    int64_t n;               /* positions 0..n-1 exist; the current position is n-1 (prefill: the last
+                              * prompt position of the turn) */
+    int32_t group, head_dim;
+    float scale;
+    const float *k;          /* [n][head_dim]: row j = key of position j (post-RoPE) */
+    const float *v;          /* [n][head_dim] */
+    const float *q;          /* [n_q][group][head_dim]: queries of positions q_first..n-1 (decode: n_q = 1,
+                              * the current query only; prefill: the turn's prompt positions) */
+    int64_t q_first, n_q;
+    int64_t turn_begin;      /* current turn: prompt positions [turn_begin, prompt_end) */
+    int64_t prompt_end;
+    int32_t turn;            /* turn index, 0 for the first */
+    const float *full_probs; /* ORACLES ONLY, decode only; NULL for everyone else: [group][n] exact
+                              * full-attention probabilities of the current queries over 0..n-1 */
+} kvs_policy_view;
+
+/* The attended set S_t chosen by select(). The engine owns the arrays, each with capacity `cap`
+ * (>= n of the step). Per-KV-head policies fill list 0 only (shared by the group's query heads);
+ * per-query-head policies fill lists 0..G-1. Positions must be distinct, in [0, n), and should include
+ * n-1 (the current token). Order: any (the engine does not depend on it); ascending is conventional. */
+typedef struct {
+    int32_t **idx;      /* [n_lists] arrays of cap positions each */
+    int64_t *n;         /* [n_lists] entries used; the policy sets them */
+    int32_t n_lists;    /* 1 for per-KV-head policies, group for per-query-head policies */
+    int64_t cap;
+} kvs_policy_sel;
+
+/* Costs of one step for one (layer, KV head), in bytes (POLICY_SPEC §1.5 and §3). */
+typedef struct {
+    double storage_bytes;   /* resident at attention time: KV slots x 2 x d x kv_bytes (per-query-head:
+                             * summed over the G copies) + every auxiliary structure (scores...) */
+    double traffic_bytes;   /* read this step: attended K/V + auxiliary reads */
+    double transfer_bytes;  /* host<->device this step (offloading policies), else 0 */
+} kvs_policy_cost;
+
+typedef enum { KVS_SEL_PER_KV_HEAD = 0, KVS_SEL_PER_QUERY_HEAD = 1 } kvs_policy_granularity;
+typedef enum {
+    KVS_BUDGET_EVERY_STEP = 0, /* |S_t| <= budget at every step (per query head for per-query-head) */
+    KVS_BUDGET_PROMPT = 1,     /* prompt-only compression: retained prompt positions <= budget; generated
+                                * tokens all kept (S_t grows during decode: SnapKV, PyramidKV, Ada-KV) */
+    KVS_BUDGET_NONE = 2,       /* the budget does not apply (full cache) */
+} kvs_policy_budget_scope;
+
+typedef enum { KVS_SYNC_PREFILL = 0, KVS_SYNC_DECODE = 1 } kvs_policy_sync_phase;
+
+/* ---- the ops table ------------------------------------------------------------------------------- */
+
+struct kvs_policy_ops {
+    const char *name;        /* registry name, [a-z0-9_], e.g. "h2o" */
+    const char *summary;     /* one line */
+    int is_oracle;           /* 1: sees full attention (view->full_probs); labelled oracle everywhere */
+    kvs_policy_granularity granularity; /* layout of S_t (see layout() for parameter-dependent ones) */
+    kvs_policy_budget_scope budget_scope;
+    const kvs_policy_param *params; /* static const table, n_params entries (may be NULL if 0) */
+    int n_params;
+
+    /* Optional: the layout when a parameter chooses it (h2o gqa=expand|mean); NULL = `granularity`. */
+    kvs_policy_granularity (*layout)(const kvs_policy_config *cfg);
+
+    /* Optional: reject a (configuration, budget) pair before anything runs (e.g. streaming needs
+     * budget > sinks). KVS_ERR_INVALID_ARG with a detail naming the parameter. */
+    kvs_status (*validate)(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget);
+
+    /* Required: allocate one instance; *state owned by the engine, released with free(). */
+    kvs_status (*create)(const kvs_policy_init *init, void **state);
+    /* Required: accepts NULL. */
+    void (*free)(void *state);
+
+    /* Required: prefill of a turn. view->q holds the turn's prompt queries (q_first = turn_begin),
+     * view->n = prompt_end. On entry the policy stores what it kept from earlier turns; it must decide
+     * what to keep among those plus the new prompt positions [turn_begin, prompt_end). */
+    kvs_status (*prefill)(void *state, const kvs_policy_view *view);
+
+    /* Required: decode step at position n-1 (its k/v have arrived): choose S_t into *sel. */
+    kvs_status (*select)(void *state, const kvs_policy_view *view, kvs_policy_sel *sel);
+
+    /* Optional: the attention the engine computed over S_t: probs[g] (g < group) = probabilities of query
+     * head g over sel->idx[g or 0] (same order, sel->n[..] entries). The policy's only feedback. */
+    kvs_status (*observe)(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel,
+                          const float *const *probs);
+
+    /* Optional: all instances of one layer (one per KV head, same configuration), called after every KV
+     * head finished prefill (phase PREFILL) or observe (phase DECODE) of the same position. For
+     * layer-wide decisions such as TOVA's layer-averaged eviction. */
+    kvs_status (*layer_sync)(void *const *states, int n_kv_heads, kvs_policy_sync_phase phase);
+
+    /* Optional: positions whose K/V query head g's cache holds now (per-KV-head policies: g = 0), written
+     * to out (capacity >= positions seen); @return the count. NULL = the policy stores every position it
+     * has seen (full cache: full, oracles, selection-only policies). Used by the leak test, by multi-turn
+     * prompt measurement and by the default storage accounting. */
+    int64_t (*stored)(void *state, int g, int32_t *out);
+
+    /* Optional: costs of the step just selected (called before observe). NULL = default: KV of the distinct stored positions
+     * (storage) and KV of the attended positions (traffic, summed over query heads for per-query-head). */
+    void (*account)(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel, kvs_policy_cost *out);
+
+    /* Optional allocation pass (all four or none): once per (configuration, budget), over the FIRST
+     * turn's prompt of every (layer, KV head), before any instance exists. alloc_prefill gets a prefill
+     * view (as prefill() would). alloc_end writes budgets[layer * n_kv_heads + kv_head] (each >= 1),
+     * which become kvs_policy_init.budget. */
+    kvs_status (*alloc_begin)(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget,
+                              void **alloc);
+    kvs_status (*alloc_prefill)(void *alloc, int layer, int kv_head, const kvs_policy_view *prefill);
+    kvs_status (*alloc_end)(void *alloc, int64_t *budgets);
+    void (*alloc_free)(void *alloc);
+};
+
+/* ---- framework functions (sim/policy.c) ---------------------------------------------------------- */
+
+/*! kvs_policy_count() / kvs_policy_at() : the registry (policies/registry.c), in listing order. */
+int kvs_policy_count(void);
+const struct kvs_policy_ops *kvs_policy_at(int i);
+
+/*! kvs_policy_find() : registry lookup by name; NULL if unknown. */
+const struct kvs_policy_ops *kvs_policy_find(const char *name);
+
+/*! kvs_policy_parse() : parses "NAME" or "NAME:key=value,key=value" into *cfg with defaults filled in and
+ *  the canonical string built. KVS_ERR_INVALID_ARG (detail names the policy, key or value) for an unknown
+ *  policy, unknown or repeated key, malformed or out-of-range value. */
+kvs_status kvs_policy_parse(const char *spec, kvs_policy_config *cfg);
+
+/*! kvs_policy_defaults() : cfg with every parameter at its default (canonical string built). */
+void kvs_policy_defaults(const struct kvs_policy_ops *ops, kvs_policy_config *cfg);
+
+/*! kvs_policy_param_get() : value of parameter `key` (must exist: internal invariant). */
+double kvs_policy_param_get(const kvs_policy_config *cfg, const char *key);
+
+/*! kvs_policy_validate() : ops->validate when present, plus budget >= 1. */
+kvs_status kvs_policy_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget);
+
+/*! kvs_policy_layout() : ops->layout(cfg) when present, else ops->granularity. */
+kvs_policy_granularity kvs_policy_layout(const kvs_policy_config *cfg);
+
+/*! kvs_policy_kv_bytes() : bytes of `slots` resident K/V entries of one KV head: slots x 2 x d x kv_bytes. */
+double kvs_policy_kv_bytes(const kvs_policy_model *m, double slots);
+
+/*! kvs_policy_print_help() : writes every registered policy, its summary and parameter table to f
+ *  (a FILE *, void * to keep stdio out of this header). */
+void kvs_policy_print_help(void *f);
+
+#endif /* KVS_POLICY_H */

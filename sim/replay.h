@@ -1,0 +1,119 @@
+/* replay.h — the trace-driven replay engine: runs a sweep of (policy configuration x budget) over every
+ * (layer, KV head) stream of a trace in one pass and produces the metrics of ../shared/DESIGN.md
+ * ("Replay", "Metrics") and POLICY_SPEC.md §1.2 (call order) / §1.6 (per-step metrics).
+ *
+ * Semantics (what a run measures):
+ *  - Work unit = one layer (all its KV heads advance in lockstep, so layer-wide policies such as TOVA's
+ *    layer mode can decide together) for a subset of the sweep's configurations; units run in parallel.
+ *  - Turn k's prompt positions [begin, prompt_end) are handed to the policy as that turn's prefill, at
+ *    once, after they all arrived (the policy keeps what it stored from earlier turns plus the new prompt).
+ *    Generated positions are decode steps: select S_t, the engine computes O'_t = softmax(s q K_S^T) V_S
+ *    for every query head of the group (kvs_attention) and compares it with the full attention recomputed
+ *    from the trace's own Q/K/V (same code path, so `full` has exactly 0 error), then observe().
+ *  - Measured positions: generated positions (--measure decode, default) or every position (--measure all).
+ *    At a prompt position p of turn k the attended set is what the cache holds after turn k-1 (the
+ *    policy's stored(); everything for turn 0) plus the turn's prompt positions up to p: chunked-prefill
+ *    attention against the compressed cache. For turn 0 that is full causal attention (error 0).
+ *  - Metrics per (run, layer, query head, measured position): relative L2 output error, recall (full-
+ *    attention mass on S), top-k overlap |S ∩ TopK_|S|(full)| / |S| (ties by lower position), storage and
+ *    traffic bytes of the step for the query head's KV head (a per-query-head policy's G copies summed),
+ *    transfer bytes, compression ratio = full-cache bytes (n x 2 x d x kv_bytes) / storage bytes.
+ *  - Budget fractions (kvs_replay_parse_budgets) are of the trace's total positions, rounded up, min 1.
+ * Memory per work unit: the layer's K/V history (n_positions x 2 x head_dim floats per KV head), the
+ * longest turn prompt's queries, the policies' state, and the measured samples (7 floats per sample).
+ */
+#ifndef KVS_REPLAY_H
+#define KVS_REPLAY_H
+
+#include <stdint.h>
+
+#include "../common/kvs.h"
+#include "../trace/trace.h"
+#include "policy.h"
+#include "results.h"
+
+/* One run of the sweep: a policy configuration at a budget. */
+typedef struct {
+    kvs_policy_config policy;
+    int64_t budget;           /* tokens per KV head, the current token included */
+    double budget_fraction;   /* as given by the user (0.2 for "20%"), or -1 for an absolute budget */
+} kvs_replay_config;
+
+typedef enum { KVS_MEASURE_DECODE = 0, KVS_MEASURE_ALL = 1 } kvs_replay_measure;
+
+/* Where the engine reads one (layer, KV head) stream. kvs_replay_source_from_trace() fills one from an
+ * open trace; tests fill one from memory. */
+typedef struct {
+    kvs_policy_model model;
+    int64_t n_turns;
+    const kvs_turn *turns;      /* [n_turns], borrowed; covers 0..n_positions-1 in order */
+    void *user;
+    kvs_status (*stream_open)(void *user, int layer, int kv_head, void **stream);
+    /* *blk borrowed until the next call; blocks cover the positions in order; KVS_ERR_END after the last */
+    kvs_status (*stream_next)(void *stream, const kvs_trace_block **blk);
+    void (*stream_free)(void *stream);
+} kvs_replay_source;
+
+/* Test-only hooks (NULL in production). Called from worker threads, serialised per layer. */
+typedef struct {
+    void *user;
+    /* After select() of configuration `config` for (layer, kv_head) at position pos. */
+    void (*on_select)(void *user, int config, int layer, int kv_head, int64_t pos, const kvs_policy_sel *sel);
+    /* After a prefill (pos = the turn's last prompt position) or a decode step of configuration `config`
+     * finished for every KV head of the layer: `k`/`v` are the engine's MUTABLE history rows [n][head_dim] of
+     * kv_head, `state` the policy instance. The leak test scrambles rows the policy does not store here;
+     * only meaningful with a single configuration (all configurations share the history). */
+    void (*on_step_end)(void *user, int config, int layer, int kv_head, int64_t pos, void *state,
+                        const struct kvs_policy_ops *ops, float *k, float *v, int64_t n);
+} kvs_replay_hooks;
+
+typedef struct {
+    const kvs_replay_config *configs; /* [n_configs], borrowed */
+    int n_configs;
+    int threads;                /* 0 = all online CPUs */
+    kvs_replay_measure measure;
+    int64_t series_every;       /* keep every N-th measured step per (layer, query head) in the series; 0 = none */
+    const kvs_replay_hooks *hooks; /* NULL in production */
+} kvs_replay_opts;
+
+/* The outcome of one configuration. */
+typedef struct {
+    kvs_status status;          /* KVS_OK, or the policy's failure (the run is then stored as 'failed') */
+    char error[512];            /* failure detail, "" when ok */
+    int32_t n_layers;
+    kvs_results_agg *layer_aggs;/* [n_layers] */
+    kvs_results_agg run_agg;    /* layer = -1 */
+    kvs_results_step *steps;    /* [n_steps] series samples */
+    int64_t n_steps;
+    int64_t *budgets;           /* [n_layers * n_kv_heads] per-head budgets used (after allocation) */
+    int64_t max_attended;       /* largest |S_t| of any query head and step */
+    double wall_seconds;        /* summed thread time spent on this configuration */
+} kvs_replay_run_result;
+
+typedef struct {
+    int n_runs;                  /* = n_configs */
+    kvs_replay_run_result *runs; /* [n_runs], same order as the configs */
+} kvs_replay_result;
+
+/*! kvs_replay_source_from_trace() : a source reading `t` (borrowed; must outlive the source's use). */
+kvs_status kvs_replay_source_from_trace(const kvs_trace *t, kvs_replay_source *out);
+
+/*! kvs_replay_validate() : checks every configuration against the source (budget in [1, n_positions],
+ *  the policy's own validate) without running anything. KVS_ERR_INVALID_ARG naming the run. */
+kvs_status kvs_replay_validate(const kvs_replay_source *src, const kvs_replay_opts *o);
+
+/*! kvs_replay_execute() : runs the sweep. Returns an error (and *out NULL) for input/read failures; a
+ *  policy failure only fails its own run (runs[i].status). Caller frees *out with kvs_replay_result_free. */
+kvs_status kvs_replay_execute(const kvs_replay_source *src, const kvs_replay_opts *o, kvs_replay_result **out);
+
+/*! kvs_replay_result_free() : accepts NULL. */
+void kvs_replay_result_free(kvs_replay_result *r);
+
+/*! kvs_replay_parse_budgets() : parses "16,32,64" or "10%,20%" (mixing allowed) against n_positions.
+ *  Fractions are of n_positions, rounded up, minimum 1. Budget 0, a fraction of 0 or above 100%, a budget
+ *  larger than n_positions or malformed text -> KVS_ERR_INVALID_ARG. *budgets and *fractions (-1 for an
+ *  absolute entry) are malloc'd [*n] arrays the caller frees. */
+kvs_status kvs_replay_parse_budgets(const char *text, int64_t n_positions, int64_t **budgets, double **fractions,
+                                    int *n);
+
+#endif /* KVS_REPLAY_H */

@@ -1,0 +1,482 @@
+/* test_policy_conformance.c — the common contract, run on EVERY policy in the registry (policies/registry.c),
+ * as ggml's backend test runs every op on every backend (STYLE.md rule 5):
+ *  - parameter validation: unknown key, malformed and out-of-range values -> KVS_ERR_INVALID_ARG naming it;
+ *    the canonical string parses back to itself;
+ *  - budget respected at every step (|S_t| <= B per list; prompt-only policies: retained prompt positions <= B);
+ *  - determinism: the same selections and numbers with 1 and 2 threads, run twice;
+ *  - NO ORACLE LEAKAGE: perturbing future positions' q/k/v never changes past choices (every policy), and for
+ *    non-oracles scrambling, between steps, the K/V rows of every position the policy does not store never
+ *    changes its choices.
+ * Data: GENERATED Gaussian streams (tests/util/gen_trace.h), two turns, GQA group 2.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../sim/policy.h"
+#include "../sim/replay.h"
+#include "../sim/replay_mem.h"
+#include "util/gen_trace.h"
+
+typedef struct {
+    kvs_gen_trace *g;
+    kvs_replay_mem mem;
+    kvs_turn *turns;
+    int64_t n_turns;
+    int L, Hkv, G, d;
+    int64_t N;
+} fixture;
+
+static void fixture_make(fixture *f, int n_turns, uint64_t seed) {
+    memset(f, 0, sizeof *f);
+    kvs_gen_trace_opts o = kvs_gen_trace_defaults();
+    o.n_positions = 72;
+    o.n_turns = n_turns;
+    o.n_kv_heads = 2;
+    o.n_heads = 4;
+    o.head_dim = 8;
+    o.seed = seed;
+    o.q_scale = 2.0f;
+    assert_int_equal(kvs_gen_trace_create(&o, &f->g), KVS_OK);
+    kvs_model_config mc;
+    kvs_capture_config cc;
+    kvs_gen_trace_configs(f->g, &mc, &cc);
+    assert_int_equal(kvs_replay_turns_from_roles(f->g->roles, f->g->turn, o.n_positions, &f->turns, &f->n_turns), KVS_OK);
+    f->L = mc.n_layers;
+    f->Hkv = mc.n_kv_heads;
+    f->G = mc.n_heads / mc.n_kv_heads;
+    f->d = mc.head_dim;
+    f->N = o.n_positions;
+    kvs_policy_model *m = &f->mem.model;
+    m->n_layers = f->L;
+    m->n_heads = mc.n_heads;
+    m->n_kv_heads = f->Hkv;
+    m->group = f->G;
+    m->head_dim = f->d;
+    m->scale = mc.attn_scale;
+    m->kv_bytes = 2;
+    m->aux_bytes = 4;
+    m->n_positions = f->N;
+    m->prompt_len = f->turns[0].prompt_end;
+    m->max_new_tokens = f->N - f->turns[0].prompt_end;
+    f->mem.turns = f->turns;
+    f->mem.n_turns = f->n_turns;
+    f->mem.q = f->g->q;
+    f->mem.k = f->g->k;
+    f->mem.v = f->g->v;
+    f->mem.block_positions = 16;
+}
+
+static void fixture_free(fixture *f) {
+    kvs_gen_trace_free(f->g);
+    free(f->turns);
+}
+
+/* Every selection of a run, flattened: (layer, kv head, position, list) -> sorted positions. */
+typedef struct {
+    const fixture *f;
+    int64_t budget;
+    int layout_lists;
+    int32_t *data;       /* [cells][N] */
+    int64_t *n;          /* [cells] */
+    char *seen;          /* [cells] */
+    int scramble;        /* on_step_end scrambles rows not stored */
+    uint64_t rng;
+    int64_t budget_violations;
+} recorder;
+
+static size_t cell_of(const recorder *r, int l, int h, int64_t p, int li) {
+    return (((size_t)l * (size_t)r->f->Hkv + (size_t)h) * (size_t)r->f->N + (size_t)p) * (size_t)r->f->G + (size_t)li;
+}
+
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void rec_init(recorder *r, const fixture *f) {
+    memset(r, 0, sizeof *r);
+    r->f = f;
+    size_t cells = (size_t)f->L * (size_t)f->Hkv * (size_t)f->N * (size_t)f->G;
+    r->data = calloc(cells * (size_t)f->N, sizeof(int32_t));
+    r->n = calloc(cells, sizeof(int64_t));
+    r->seen = calloc(cells, 1);
+    r->rng = 0x1234567;
+    assert_non_null(r->data);
+    assert_non_null(r->n);
+    assert_non_null(r->seen);
+}
+
+static void rec_free(recorder *r) {
+    free(r->data);
+    free(r->n);
+    free(r->seen);
+}
+
+static void on_select(void *user, int config, int layer, int kv_head, int64_t pos, const kvs_policy_sel *sel) {
+    (void)config;
+    recorder *r = user;
+    for (int li = 0; li < sel->n_lists; li++) {
+        size_t c = cell_of(r, layer, kv_head, pos, li);
+        memcpy(r->data + c * (size_t)r->f->N, sel->idx[li], (size_t)sel->n[li] * sizeof(int32_t));
+        qsort(r->data + c * (size_t)r->f->N, (size_t)sel->n[li], sizeof(int32_t), cmp_i32);
+        r->n[c] = sel->n[li];
+        r->seen[c] = 1;
+    }
+}
+
+static float next_noise(recorder *r) {
+    r->rng = r->rng * 6364136223846793005ull + 1442695040888963407ull;
+    return ((float)(r->rng >> 40) / (float)(1u << 24) - 0.5f) * 2000.0f;
+}
+
+/* Scrambles the K/V rows of every position 0..n-1 that the policy does not store (non-oracles only). */
+static void on_step_end(void *user, int config, int layer, int kv_head, int64_t pos, void *state,
+                        const struct kvs_policy_ops *ops, float *k, float *v, int64_t n) {
+    (void)config;
+    (void)layer;
+    (void)kv_head;
+    (void)pos;
+    recorder *r = user;
+    if (!r->scramble || ops->is_oracle || !ops->stored) return;
+    char *keep = calloc((size_t)n, 1);
+    int32_t *buf = malloc((size_t)r->f->N * sizeof *buf);
+    assert_non_null(keep);
+    assert_non_null(buf);
+    for (int g = 0; g < r->layout_lists; g++) {
+        int64_t m = ops->stored(state, g, buf);
+        for (int64_t j = 0; j < m; j++) {
+            assert_true(buf[j] >= 0 && buf[j] < n);
+            keep[buf[j]] = 1;
+        }
+    }
+    for (int64_t j = 0; j < n; j++)
+        if (!keep[j])
+            for (int i = 0; i < r->f->d; i++) {
+                k[(size_t)j * (size_t)r->f->d + (size_t)i] = next_noise(r);
+                v[(size_t)j * (size_t)r->f->d + (size_t)i] = next_noise(r);
+            }
+    free(keep);
+    free(buf);
+}
+
+static kvs_replay_result *run(const fixture *f, const kvs_policy_config *cfg, int64_t budget, int threads, recorder *rec) {
+    kvs_replay_config rc = {.policy = *cfg, .budget = budget, .budget_fraction = -1};
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_memory(&f->mem, &src), KVS_OK);
+    kvs_replay_hooks hooks = {.user = rec, .on_select = on_select, .on_step_end = on_step_end};
+    kvs_replay_opts o = {.configs = &rc, .n_configs = 1, .threads = threads, .measure = KVS_MEASURE_DECODE,
+                         .series_every = 3, .hooks = rec ? &hooks : NULL};
+    if (rec) {
+        rec->budget = budget;
+        rec->layout_lists = kvs_policy_layout(cfg) == KVS_SEL_PER_QUERY_HEAD ? f->G : 1;
+    }
+    kvs_replay_result *r = NULL;
+    kvs_status st = kvs_replay_execute(&src, &o, &r);
+    if (st != KVS_OK) print_error("policy %s: %s\n", cfg->ops->name, kvs_last_error());
+    assert_int_equal(st, KVS_OK);
+    if (r->runs[0].status != KVS_OK) print_error("policy %s: %s\n", cfg->ops->name, r->runs[0].error);
+    assert_int_equal(r->runs[0].status, KVS_OK);
+    return r;
+}
+
+/* Number of selections equal in a and b at positions <= upto (all cells recorded by a). */
+static void assert_same_until(const recorder *a, const recorder *b, int64_t upto, const char *what, const char *policy) {
+    const fixture *f = a->f;
+    int64_t compared = 0;
+    for (int l = 0; l < f->L; l++)
+        for (int h = 0; h < f->Hkv; h++)
+            for (int64_t p = 0; p <= upto && p < f->N; p++)
+                for (int li = 0; li < f->G; li++) {
+                    size_t c = cell_of(a, l, h, p, li);
+                    if (a->seen[c] != b->seen[c] || a->n[c] != b->n[c] ||
+                        memcmp(a->data + c * (size_t)f->N, b->data + c * (size_t)f->N, (size_t)a->n[c] * sizeof(int32_t))) {
+                        print_error("%s: policy %s changed its choice at layer %d kv head %d position %lld list %d\n", what,
+                                    policy, l, h, (long long)p, li);
+                        fail();
+                    }
+                    compared += a->seen[c];
+                }
+    assert_true(compared > 0);
+}
+
+/* Largest budget-checkable budget list per policy: validate() may reject small ones (streaming sinks). */
+static const int64_t budgets[] = {1, 3, 6, 11, 24};
+
+static int budget_ok(const fixture *f, const kvs_policy_config *cfg, int64_t b) {
+    kvs_status st = kvs_policy_validate(cfg, &f->mem.model, b);
+    if (st != KVS_OK) assert_int_equal(st, KVS_ERR_INVALID_ARG);
+    return st == KVS_OK;
+}
+
+/* ---- parameters ---------------------------------------------------------------------------------- */
+
+static void test_every_policy_validates_parameters(void **state) {
+    (void)state;
+    assert_true(kvs_policy_count() >= 6);
+    kvs_policy_config cfg;
+    assert_int_equal(kvs_policy_parse("no_such_policy", &cfg), KVS_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvs_last_error(), "unknown policy 'no_such_policy'"));
+    for (int i = 0; i < kvs_policy_count(); i++) {
+        const struct kvs_policy_ops *ops = kvs_policy_at(i);
+        char spec[1024];
+        assert_non_null(ops->name);
+        assert_non_null(ops->summary);
+        assert_non_null(ops->create);
+        assert_non_null(ops->free);
+        assert_non_null(ops->prefill);
+        assert_non_null(ops->select);
+        assert_ptr_equal(kvs_policy_find(ops->name), ops);
+        int alloc_cbs = !!ops->alloc_begin + !!ops->alloc_prefill + !!ops->alloc_end + !!ops->alloc_free;
+        assert_true(alloc_cbs == 0 || alloc_cbs == 4);
+        snprintf(spec, sizeof spec, "%s:bogus_key=1", ops->name);
+        assert_int_equal(kvs_policy_parse(spec, &cfg), KVS_ERR_INVALID_ARG);
+        assert_non_null(strstr(kvs_last_error(), "unknown parameter 'bogus_key'"));
+        /* defaults: the canonical string parses back to itself */
+        assert_int_equal(kvs_policy_parse(ops->name, &cfg), KVS_OK);
+        char canon[KVS_POLICY_CANON_MAX];
+        snprintf(canon, sizeof canon, "%s", cfg.canonical);
+        if (canon[0]) {
+            snprintf(spec, sizeof spec, "%s:%s", ops->name, canon);
+            assert_int_equal(kvs_policy_parse(spec, &cfg), KVS_OK);
+            assert_string_equal(cfg.canonical, canon);
+        }
+        for (int j = 0; j < ops->n_params; j++) {
+            const kvs_policy_param *pp = &ops->params[j];
+            snprintf(spec, sizeof spec, "%s:%s=not_a_value", ops->name, pp->key);
+            assert_int_equal(kvs_policy_parse(spec, &cfg), KVS_ERR_INVALID_ARG);
+            assert_non_null(strstr(kvs_last_error(), pp->key));
+            if (pp->type == KVS_PARAM_INT || pp->type == KVS_PARAM_DOUBLE) {
+                snprintf(spec, sizeof spec, "%s:%s=%.17g", ops->name, pp->key, pp->hi + 1);
+                assert_int_equal(kvs_policy_parse(spec, &cfg), KVS_ERR_INVALID_ARG);
+                assert_non_null(strstr(kvs_last_error(), "out of range"));
+                snprintf(spec, sizeof spec, "%s:%s=%.17g", ops->name, pp->key, pp->lo - 1);
+                assert_int_equal(kvs_policy_parse(spec, &cfg), KVS_ERR_INVALID_ARG);
+            }
+            snprintf(spec, sizeof spec, "%s:%s=%s,%s=%s", ops->name, pp->key, "1", pp->key, "1");
+            assert_int_equal(kvs_policy_parse(spec, &cfg), KVS_ERR_INVALID_ARG);
+        }
+    }
+}
+
+/* ---- budget, determinism --------------------------------------------------------------------------- */
+
+static void test_every_policy_respects_budget_every_step(void **state) {
+    (void)state;
+    fixture f;
+    fixture_make(&f, 2, 5);
+    for (int i = 0; i < kvs_policy_count(); i++) {
+        const struct kvs_policy_ops *ops = kvs_policy_at(i);
+        kvs_policy_config cfg;
+        kvs_policy_defaults(ops, &cfg);
+        for (size_t b = 0; b < sizeof budgets / sizeof budgets[0]; b++) {
+            if (!budget_ok(&f, &cfg, budgets[b])) continue;
+            recorder rec;
+            rec_init(&rec, &f);
+            kvs_replay_result *r = run(&f, &cfg, budgets[b], 2, &rec);
+            for (int l = 0; l < f.L; l++)
+                for (int h = 0; h < f.Hkv; h++) {
+                    int64_t hb = r->runs[0].budgets[l * f.Hkv + h];
+                    for (int64_t p = 0; p < f.N; p++)
+                        for (int li = 0; li < f.G; li++) {
+                            size_t c = cell_of(&rec, l, h, p, li);
+                            if (!rec.seen[c]) continue;
+                            const int32_t *s = rec.data + c * (size_t)f.N;
+                            int64_t n_prompt = 0;
+                            for (int64_t j = 0; j < rec.n[c]; j++) n_prompt += f.g->roles[s[j]] == KVS_ROLE_PROMPT;
+                            if (ops->budget_scope == KVS_BUDGET_EVERY_STEP) assert_true(rec.n[c] <= hb);
+                            if (ops->budget_scope == KVS_BUDGET_PROMPT) assert_true(n_prompt <= hb);
+                            assert_true(rec.n[c] >= 1);
+                        }
+                }
+            if (ops->budget_scope == KVS_BUDGET_EVERY_STEP) assert_true(r->runs[0].max_attended <= budgets[b]);
+            kvs_replay_result_free(r);
+            rec_free(&rec);
+        }
+    }
+    fixture_free(&f);
+}
+
+static void test_every_policy_is_deterministic(void **state) {
+    (void)state;
+    fixture f;
+    fixture_make(&f, 2, 6);
+    for (int i = 0; i < kvs_policy_count(); i++) {
+        kvs_policy_config cfg;
+        kvs_policy_defaults(kvs_policy_at(i), &cfg);
+        int64_t B = 11;
+        recorder a, b;
+        rec_init(&a, &f);
+        rec_init(&b, &f);
+        kvs_replay_result *ra = run(&f, &cfg, B, 1, &a);
+        kvs_replay_result *rb = run(&f, &cfg, B, 2, &b);
+        assert_same_until(&a, &b, f.N, "determinism", cfg.ops->name);
+        assert_true(ra->runs[0].run_agg.out_err.mean == rb->runs[0].run_agg.out_err.mean);
+        assert_true(ra->runs[0].run_agg.out_err.p95 == rb->runs[0].run_agg.out_err.p95);
+        assert_true(ra->runs[0].run_agg.storage_bytes.mean == rb->runs[0].run_agg.storage_bytes.mean);
+        assert_int_equal(ra->runs[0].n_steps, rb->runs[0].n_steps);
+        assert_true(ra->runs[0].n_steps > 0);
+        kvs_replay_result_free(ra);
+        kvs_replay_result_free(rb);
+        rec_free(&a);
+        rec_free(&b);
+    }
+    fixture_free(&f);
+}
+
+/* ---- leaks ---------------------------------------------------------------------------------------- */
+
+static void test_no_policy_sees_the_future(void **state) {
+    (void)state;
+    fixture f, pert;
+    fixture_make(&f, 2, 7);
+    fixture_make(&pert, 2, 7);
+    const int64_t cuts[] = {40, 57};
+    for (int i = 0; i < kvs_policy_count(); i++) {
+        kvs_policy_config cfg;
+        kvs_policy_defaults(kvs_policy_at(i), &cfg);
+        for (size_t ci = 0; ci < 2; ci++) {
+            int64_t cut = cuts[ci];
+            /* Perturb every q/k/v of positions > cut in every layer and head. */
+            size_t H = (size_t)f.G * (size_t)f.Hkv, d = (size_t)f.d;
+            for (int l = 0; l < f.L; l++)
+                for (int64_t p = 0; p < f.N; p++) {
+                    size_t qo = ((size_t)l * (size_t)f.N + (size_t)p) * H * d, ko = ((size_t)l * (size_t)f.N + (size_t)p) * (size_t)f.Hkv * d;
+                    for (size_t x = 0; x < H * d; x++) pert.g->q[qo + x] = p > cut ? -3.0f * f.g->q[qo + x] + 1.0f : f.g->q[qo + x];
+                    for (size_t x = 0; x < (size_t)f.Hkv * d; x++) {
+                        pert.g->k[ko + x] = p > cut ? 5.0f * f.g->v[ko + x] : f.g->k[ko + x];
+                        pert.g->v[ko + x] = p > cut ? -7.0f * f.g->k[ko + x] : f.g->v[ko + x];
+                    }
+                }
+            recorder a, b;
+            rec_init(&a, &f);
+            rec_init(&b, &pert);
+            kvs_replay_result *ra = run(&f, &cfg, 11, 2, &a);
+            kvs_replay_result *rb = run(&pert, &cfg, 11, 2, &b);
+            assert_same_until(&a, &b, cut, "future perturbation", cfg.ops->name);
+            kvs_replay_result_free(ra);
+            kvs_replay_result_free(rb);
+            rec_free(&a);
+            rec_free(&b);
+        }
+    }
+    fixture_free(&f);
+    fixture_free(&pert);
+}
+
+static void test_non_oracles_read_only_what_they_store(void **state) {
+    (void)state;
+    fixture f;
+    fixture_make(&f, 2, 8);
+    int checked = 0;
+    for (int i = 0; i < kvs_policy_count(); i++) {
+        const struct kvs_policy_ops *ops = kvs_policy_at(i);
+        if (ops->is_oracle) continue; /* labelled oracles may read everything, by definition */
+        kvs_policy_config cfg;
+        kvs_policy_defaults(ops, &cfg);
+        for (size_t bi = 2; bi < sizeof budgets / sizeof budgets[0]; bi++) {
+            if (!budget_ok(&f, &cfg, budgets[bi])) continue;
+            recorder a, b;
+            rec_init(&a, &f);
+            rec_init(&b, &f);
+            b.scramble = 1;
+            kvs_replay_result *ra = run(&f, &cfg, budgets[bi], 1, &a);
+            kvs_replay_result *rb = run(&f, &cfg, budgets[bi], 1, &b);
+            assert_same_until(&a, &b, f.N, "scrambling positions the policy does not store", ops->name);
+            kvs_replay_result_free(ra);
+            kvs_replay_result_free(rb);
+            rec_free(&a);
+            rec_free(&b);
+            checked++;
+        }
+    }
+    assert_true(checked > 0);
+    fixture_free(&f);
+}
+
+/* The scrambling check must be able to fail: a deliberately leaky policy (reads the keys of positions it
+ * evicted) is caught. */
+typedef struct {
+    int64_t seen;
+    int64_t budget;
+} leaky_state;
+
+static kvs_status leaky_create(const kvs_policy_init *init, void **st) {
+    leaky_state *s = calloc(1, sizeof *s);
+    s->budget = init->budget;
+    *st = s;
+    return KVS_OK;
+}
+static void leaky_free(void *st) { free(st); }
+static kvs_status leaky_prefill(void *st, const kvs_policy_view *v) {
+    ((leaky_state *)st)->seen = v->n;
+    return KVS_OK;
+}
+/* Window of B-1 recent positions plus position 0 or 1, chosen by the sign of key 0 / key 1 sums: reads
+ * positions it does not store. */
+static kvs_status leaky_select(void *st, const kvs_policy_view *v, kvs_policy_sel *sel) {
+    leaky_state *s = st;
+    int64_t m = 0, lo = v->n - (s->budget - 1);
+    if (lo < 2) lo = 2;
+    float a = 0;
+    for (int i = 0; i < v->head_dim; i++) a += v->k[i] - v->k[v->head_dim + i];
+    sel->idx[0][m++] = a > 0 ? 0 : 1;
+    for (int64_t j = lo; j < v->n; j++) sel->idx[0][m++] = (int32_t)j;
+    sel->n[0] = m;
+    s->seen = v->n;
+    return KVS_OK;
+}
+static int64_t leaky_stored(void *st, int g, int32_t *out) {
+    leaky_state *s = st;
+    (void)g;
+    int64_t m = 0, lo = s->seen - (s->budget - 2);
+    if (lo < 2) lo = 2;
+    for (int64_t j = lo; j < s->seen; j++) out[m++] = (int32_t)j;
+    return m;
+}
+static const struct kvs_policy_ops leaky_ops = {
+    .name = "leaky", .summary = "test-only leaky policy", .granularity = KVS_SEL_PER_KV_HEAD,
+    .budget_scope = KVS_BUDGET_EVERY_STEP, .create = leaky_create, .free = leaky_free,
+    .prefill = leaky_prefill, .select = leaky_select, .stored = leaky_stored,
+};
+
+static void test_leak_check_catches_a_leaky_policy(void **state) {
+    (void)state;
+    fixture f;
+    fixture_make(&f, 1, 9);
+    kvs_policy_config cfg;
+    kvs_policy_defaults(&leaky_ops, &cfg);
+    recorder a, b;
+    rec_init(&a, &f);
+    rec_init(&b, &f);
+    b.scramble = 1;
+    kvs_replay_result *ra = run(&f, &cfg, 8, 1, &a);
+    kvs_replay_result *rb = run(&f, &cfg, 8, 1, &b);
+    int differ = 0;
+    for (size_t c = 0; c < (size_t)f.L * (size_t)f.Hkv * (size_t)f.N * (size_t)f.G; c++)
+        if (a.seen[c] && memcmp(a.data + c * (size_t)f.N, b.data + c * (size_t)f.N, (size_t)a.n[c] * sizeof(int32_t))) differ = 1;
+    assert_true(differ);
+    kvs_replay_result_free(ra);
+    kvs_replay_result_free(rb);
+    rec_free(&a);
+    rec_free(&b);
+    fixture_free(&f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_policy_validates_parameters),
+        cmocka_unit_test(test_every_policy_respects_budget_every_step),
+        cmocka_unit_test(test_every_policy_is_deterministic),
+        cmocka_unit_test(test_no_policy_sees_the_future),
+        cmocka_unit_test(test_non_oracles_read_only_what_they_store),
+        cmocka_unit_test(test_leak_check_catches_a_leaky_policy),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,303 @@
+/* test_replay.c — the replay engine (sim/replay.c) and `kvsim replay` (cli/cmd_replay.c) on GENERATED traces
+ * (tests/util/gen_trace.h: seeded Gaussian q/k/v, not a model): exact zero error for full attention and
+ * wide windows, budget parsing, sweep = individual runs, --measure all, the CLI's exit codes and that bad
+ * input leaves the database untouched. Semantics under test: sim/replay.h and ../shared/DESIGN.md "Replay".
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "../sim/policy.h"
+#include "../sim/replay.h"
+#include "../sim/replay_mem.h"
+#include "util/gen_trace.h"
+
+typedef struct {
+    kvs_gen_trace *g;
+    kvs_replay_mem mem;
+    kvs_turn *turns;
+    int64_t n_turns;
+} fixture;
+
+static void fixture_make(fixture *f, int n_turns, int n_pos) {
+    memset(f, 0, sizeof *f);
+    kvs_gen_trace_opts o = kvs_gen_trace_defaults();
+    o.n_positions = n_pos;
+    o.n_turns = n_turns;
+    o.q_scale = 2.0f;
+    assert_int_equal(kvs_gen_trace_create(&o, &f->g), KVS_OK);
+    kvs_model_config mc;
+    kvs_capture_config cc;
+    kvs_gen_trace_configs(f->g, &mc, &cc);
+    assert_int_equal(kvs_replay_turns_from_roles(f->g->roles, f->g->turn, n_pos, &f->turns, &f->n_turns), KVS_OK);
+    kvs_policy_model *m = &f->mem.model;
+    m->n_layers = mc.n_layers;
+    m->n_heads = mc.n_heads;
+    m->n_kv_heads = mc.n_kv_heads;
+    m->group = mc.n_heads / mc.n_kv_heads;
+    m->head_dim = mc.head_dim;
+    m->scale = mc.attn_scale;
+    m->kv_bytes = 4;
+    m->aux_bytes = 4;
+    m->n_positions = n_pos;
+    m->prompt_len = f->turns[0].prompt_end;
+    f->mem.turns = f->turns;
+    f->mem.n_turns = f->n_turns;
+    f->mem.q = f->g->q;
+    f->mem.k = f->g->k;
+    f->mem.v = f->g->v;
+    f->mem.block_positions = 16;
+}
+
+static void fixture_free(fixture *f) {
+    kvs_gen_trace_free(f->g);
+    free(f->turns);
+}
+
+static kvs_replay_result *replay(const fixture *f, const char *const *specs, const int64_t *budgets, int n,
+                                 kvs_replay_measure measure, int threads) {
+    kvs_replay_config cfg[16];
+    assert_true(n <= 16);
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(kvs_policy_parse(specs[i], &cfg[i].policy), KVS_OK);
+        cfg[i].budget = budgets[i];
+        cfg[i].budget_fraction = -1;
+    }
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_memory(&f->mem, &src), KVS_OK);
+    kvs_replay_opts o = {.configs = cfg, .n_configs = n, .threads = threads, .measure = measure, .series_every = 1};
+    kvs_replay_result *r = NULL;
+    assert_int_equal(kvs_replay_execute(&src, &o, &r), KVS_OK);
+    for (int i = 0; i < n; i++) assert_int_equal(r->runs[i].status, KVS_OK);
+    return r;
+}
+
+static void test_full_and_wide_window_have_zero_error(void **state) {
+    (void)state;
+    fixture f;
+    fixture_make(&f, 1, 50);
+    const char *specs[] = {"full", "window", "streaming:sinks=0", "streaming"};
+    const int64_t budgets[] = {5, 50, 50, 50};
+    kvs_replay_result *r = replay(&f, specs, budgets, 4, KVS_MEASURE_DECODE, 2);
+    int64_t decode = 50 - f.turns[0].prompt_end;
+    int64_t samples = decode * f.mem.model.n_heads * f.mem.model.n_layers;
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(r->runs[i].run_agg.out_err.n, samples);
+        assert_true(r->runs[i].run_agg.topk_overlap.min == 1.0);
+        assert_true(fabs(r->runs[i].run_agg.attn_recall.min - 1.0) < 1e-5);
+        assert_int_equal(r->runs[i].n_layers, f.mem.model.n_layers);
+        assert_int_equal(r->runs[i].n_steps, samples); /* --series-every 1 */
+    }
+    assert_true(r->runs[0].run_agg.out_err.max == 0.0);
+    assert_true(r->runs[1].run_agg.out_err.max == 0.0); /* B = length: nothing ever evicted */
+    assert_true(r->runs[2].run_agg.out_err.max == 0.0);
+    assert_true(r->runs[3].run_agg.out_err.max == 0.0);
+    /* full cache: compression ratio 1, storage = n x 2 x d x 4 bytes at the last step */
+    assert_true(r->runs[0].run_agg.compression_ratio.max == 1.0);
+    assert_true(r->runs[0].run_agg.storage_bytes.max == 50.0 * 2 * f.mem.model.head_dim * 4);
+    kvs_replay_result_free(r);
+    fixture_free(&f);
+}
+
+static void test_small_window_has_error_and_bounded_storage(void **state) {
+    (void)state;
+    fixture f;
+    fixture_make(&f, 1, 60);
+    const char *specs[] = {"window"};
+    const int64_t budgets[] = {4};
+    kvs_replay_result *r = replay(&f, specs, budgets, 1, KVS_MEASURE_DECODE, 1);
+    assert_true(r->runs[0].run_agg.out_err.mean > 0.01);
+    assert_true(r->runs[0].run_agg.attn_recall.mean < 1.0);
+    assert_true(r->runs[0].run_agg.storage_bytes.max == 4.0 * 2 * f.mem.model.head_dim * 4);
+    assert_int_equal(r->runs[0].max_attended, 4);
+    kvs_replay_result_free(r);
+    fixture_free(&f);
+}
+
+static void test_sweep_equals_individual_runs(void **state) {
+    (void)state;
+    fixture f;
+    fixture_make(&f, 2, 64);
+    const char *specs[] = {"h2o", "tova", "topk", "streaming:sinks=2", "window"};
+    const int64_t budgets[] = {9, 7, 5, 8, 12};
+    kvs_replay_result *all = replay(&f, specs, budgets, 5, KVS_MEASURE_DECODE, 3);
+    for (int i = 0; i < 5; i++) {
+        kvs_replay_result *one = replay(&f, &specs[i], &budgets[i], 1, KVS_MEASURE_DECODE, 1);
+        assert_true(one->runs[0].run_agg.out_err.mean == all->runs[i].run_agg.out_err.mean);
+        assert_true(one->runs[0].run_agg.out_err.max == all->runs[i].run_agg.out_err.max);
+        assert_true(one->runs[0].run_agg.topk_overlap.mean == all->runs[i].run_agg.topk_overlap.mean);
+        assert_true(one->runs[0].run_agg.traffic_bytes.mean == all->runs[i].run_agg.traffic_bytes.mean);
+        for (int l = 0; l < one->runs[0].n_layers; l++)
+            assert_true(one->runs[0].layer_aggs[l].attn_recall.p95 == all->runs[i].layer_aggs[l].attn_recall.p95);
+        kvs_replay_result_free(one);
+    }
+    kvs_replay_result_free(all);
+    fixture_free(&f);
+}
+
+static void test_measure_all_includes_prompt_positions(void **state) {
+    (void)state;
+    fixture f;
+    fixture_make(&f, 2, 64);
+    const char *specs[] = {"window"};
+    const int64_t budgets[] = {6};
+    kvs_replay_result *dec = replay(&f, specs, budgets, 1, KVS_MEASURE_DECODE, 2);
+    kvs_replay_result *all = replay(&f, specs, budgets, 1, KVS_MEASURE_ALL, 2);
+    int64_t per_pos = f.mem.model.n_heads * f.mem.model.n_layers;
+    assert_int_equal(all->runs[0].run_agg.out_err.n, 64 * per_pos);
+    assert_int_equal(dec->runs[0].run_agg.out_err.n, (64 - 16 - 16) * per_pos);
+    /* Turn 0's prompt is full causal attention (error 0); turn 1's prompt attends to the compressed cache
+     * of turn 0 (B-1 = 5 positions) plus its own prompt, so its error is not 0. */
+    int saw_turn0 = 0, saw_turn1_err = 0;
+    for (int64_t i = 0; i < all->runs[0].n_steps; i++) {
+        const kvs_results_step *s = &all->runs[0].steps[i];
+        if (s->position < f.turns[0].prompt_end) {
+            assert_true(s->out_err == 0.0f);
+            assert_int_equal(s->attended_tokens, s->position + 1);
+            saw_turn0 = 1;
+        }
+        if (s->position >= f.turns[1].begin && s->position < f.turns[1].prompt_end) {
+            assert_int_equal(s->attended_tokens, 5 + (s->position - f.turns[1].begin) + 1);
+            if (s->out_err > 0) saw_turn1_err = 1;
+        }
+    }
+    assert_true(saw_turn0 && saw_turn1_err);
+    kvs_replay_result_free(dec);
+    kvs_replay_result_free(all);
+    fixture_free(&f);
+}
+
+static void test_parse_budgets(void **state) {
+    (void)state;
+    int64_t *b;
+    double *fr;
+    int n;
+    assert_int_equal(kvs_replay_parse_budgets("16,32,64", 100, &b, &fr, &n), KVS_OK);
+    assert_int_equal(n, 3);
+    assert_int_equal(b[2], 64);
+    assert_true(fr[0] == -1);
+    free(b);
+    free(fr);
+    assert_int_equal(kvs_replay_parse_budgets("10%,33%,100%", 101, &b, &fr, &n), KVS_OK);
+    assert_int_equal(b[0], 11); /* 10.1 rounded up */
+    assert_int_equal(b[1], 34); /* 33.33 rounded up */
+    assert_int_equal(b[2], 101);
+    assert_true(fabs(fr[1] - 0.33) < 1e-12);
+    free(b);
+    free(fr);
+    assert_int_equal(kvs_replay_parse_budgets("0.5%", 10, &b, &fr, &n), KVS_OK);
+    assert_int_equal(b[0], 1); /* at least one token */
+    free(b);
+    free(fr);
+    assert_int_equal(kvs_replay_parse_budgets("16,0", 100, &b, &fr, &n), KVS_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvs_last_error(), "at least 1"));
+    assert_int_equal(kvs_replay_parse_budgets("101", 100, &b, &fr, &n), KVS_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvs_last_error(), "larger than the trace"));
+    assert_int_equal(kvs_replay_parse_budgets("0%", 100, &b, &fr, &n), KVS_ERR_INVALID_ARG);
+    assert_int_equal(kvs_replay_parse_budgets("150%", 100, &b, &fr, &n), KVS_ERR_INVALID_ARG);
+    assert_int_equal(kvs_replay_parse_budgets("12x", 100, &b, &fr, &n), KVS_ERR_INVALID_ARG);
+    assert_int_equal(kvs_replay_parse_budgets("8,,9", 100, &b, &fr, &n), KVS_ERR_INVALID_ARG);
+    assert_null(b);
+}
+
+static void test_validate_rejects_bad_configs(void **state) {
+    (void)state;
+    fixture f;
+    fixture_make(&f, 1, 40);
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_memory(&f.mem, &src), KVS_OK);
+    kvs_replay_config c = {.budget = 4, .budget_fraction = -1};
+    assert_int_equal(kvs_policy_parse("streaming", &c.policy), KVS_OK); /* sinks=4 needs B > 4 */
+    kvs_replay_opts o = {.configs = &c, .n_configs = 1};
+    assert_int_equal(kvs_replay_validate(&src, &o), KVS_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvs_last_error(), "sinks"));
+    c.budget = 41;
+    assert_int_equal(kvs_replay_validate(&src, &o), KVS_ERR_INVALID_ARG);
+    c.budget = 0;
+    assert_int_equal(kvs_replay_validate(&src, &o), KVS_ERR_INVALID_ARG);
+    kvs_replay_result dummy;
+    kvs_replay_result *r = &dummy; /* must be reset to NULL on failure */
+    assert_int_equal(kvs_replay_execute(&src, &o, &r), KVS_ERR_INVALID_ARG);
+    assert_null(r);
+    fixture_free(&f);
+}
+
+/* ---- the CLI ---------------------------------------------------------------------------------------- */
+
+static int run_cli(const char *args) {
+    const char *bin = getenv("KVSIM_BIN");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>&1", bin, args);
+    int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static void test_cli_replay_writes_runs_and_rejects_bad_input(void **state) {
+    (void)state;
+    if (!getenv("KVSIM_BIN")) skip(); /* the test runner exports KVSIM_BIN; run via `make test` */
+    char dir[] = "/tmp/kvsim_replay_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char trace[256], db[256], args[1024];
+    snprintf(trace, sizeof trace, "%s/t.kvt", dir);
+    snprintf(db, sizeof db, "%s/r.db", dir);
+    kvs_gen_trace_opts o = kvs_gen_trace_defaults();
+    o.n_positions = 48;
+    kvs_gen_trace *g;
+    assert_int_equal(kvs_gen_trace_create(&o, &g), KVS_OK);
+    assert_int_equal(kvs_gen_trace_write(g, trace), KVS_OK);
+    kvs_gen_trace_free(g);
+    struct stat sb;
+    /* validation errors: exit 2, database never created */
+    snprintf(args, sizeof args, "replay %s --db %s --policy window --budgets 0", trace, db);
+    assert_int_equal(run_cli(args), 2);
+    snprintf(args, sizeof args, "replay %s --db %s --policy window --budgets 49", trace, db);
+    assert_int_equal(run_cli(args), 2);
+    snprintf(args, sizeof args, "replay %s --db %s --policy nope --budgets 8", trace, db);
+    assert_int_equal(run_cli(args), 2);
+    snprintf(args, sizeof args, "replay %s --db %s --policy h2o:recent=2 --budgets 8", trace, db);
+    assert_int_equal(run_cli(args), 2);
+    snprintf(args, sizeof args, "replay %s --db %s --policy streaming --budgets 4", trace, db);
+    assert_int_equal(run_cli(args), 2);
+    snprintf(args, sizeof args, "replay %s --db %s --policy window", trace, db);
+    assert_int_equal(run_cli(args), 2);
+    assert_int_equal(stat(db, &sb), -1);
+    /* a good sweep */
+    snprintf(args, sizeof args,
+             "replay %s --db %s --policy full --policy h2o --policy topk --budgets 8,25%% --threads 2 --series-every 4",
+             trace, db);
+    assert_int_equal(run_cli(args), 0);
+    assert_int_equal(stat(db, &sb), 0);
+    off_t size_after = sb.st_size;
+    /* a later bad call leaves it as it was */
+    snprintf(args, sizeof args, "replay %s --db %s --policy tova:mode=row --budgets 8", trace, db);
+    assert_int_equal(run_cli(args), 2);
+    assert_int_equal(stat(db, &sb), 0);
+    assert_int_equal(sb.st_size, size_after);
+    /* a missing trace is a failure (1), not a usage error */
+    snprintf(args, sizeof args, "replay %s/missing.kvt --db %s --policy full --budgets 8", dir, db);
+    assert_int_equal(run_cli(args), 1);
+    snprintf(args, sizeof args, "rm -rf %s", dir);
+    assert_int_equal(system(args), 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_full_and_wide_window_have_zero_error),
+        cmocka_unit_test(test_small_window_has_error_and_bounded_storage),
+        cmocka_unit_test(test_sweep_equals_individual_runs),
+        cmocka_unit_test(test_measure_all_includes_prompt_positions),
+        cmocka_unit_test(test_parse_budgets),
+        cmocka_unit_test(test_validate_rejects_bad_configs),
+        cmocka_unit_test(test_cli_replay_writes_runs_and_rejects_bad_input),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
