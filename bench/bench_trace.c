@@ -1,0 +1,225 @@
+/* bench_trace.c — throughput and compression ratio of the trace writer and reader (trace/trace.h,
+ * format trace/FORMAT.md) for fp16 / bf16 / fp32 storage, with and without byte shuffle.
+ *
+ * Data source: when KVSIM_BENCH_TRACE names a trace captured from a real model, its q/k/v/o/lse and tokens
+ * are decoded and re-encoded in every configuration; otherwise the data is GENERATED Gaussian numbers
+ * (8 layers x 8 KV heads, G = 4, d = 64, 1024 positions) and the output says so: "generated data (not a
+ * model's)". Generated numbers compress far worse than real activations would, so the ratios measured on
+ * them say only how the layouts compare on noise-like data.
+ *
+ * Reported per configuration: write MB/s (create + put every position + close with fsync), read MB/s
+ * (open + stream every (layer, KV head) group in one thread, decoded to fp32), both in MB of fp32-equivalent
+ * raw data and of stored-dtype raw payload, and raw / compressed payload bytes. A benchmark, not a test:
+ * numbers go to stdout and nothing is asserted.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/kvs.h"
+#include "trace/trace.h"
+
+#define CHECK(expr)                                                                                          \
+    do {                                                                                                     \
+        kvs_status st_ = (expr);                                                                             \
+        if (st_ != KVS_OK) {                                                                                 \
+            fprintf(stderr, "bench_trace: %s failed: %s (%s)\n", #expr, kvs_strerror(st_), kvs_last_error()); \
+            exit(1);                                                                                         \
+        }                                                                                                    \
+    } while (0)
+
+/* Source data, fp32: q/o [N][L][H][d], k/v [N][L][Hkv][d], lse [N][L][H]. */
+typedef struct {
+    kvs_model_config model;
+    int L, H, Hkv, d;
+    int64_t N;
+    float *q, *k, *v, *o, *lse;
+    int32_t *tokens, *turn;
+    uint8_t *roles;
+    const char *label;
+} source;
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "bench_trace: out of memory (%zu bytes)\n", n);
+        exit(1);
+    }
+    return p;
+}
+
+static void alloc_source(source *s) {
+    size_t N = (size_t)s->N, L = (size_t)s->L, H = (size_t)s->H, Hkv = (size_t)s->Hkv, d = (size_t)s->d;
+    s->q = xmalloc(N * L * H * d * sizeof(float));
+    s->o = xmalloc(N * L * H * d * sizeof(float));
+    s->k = xmalloc(N * L * Hkv * d * sizeof(float));
+    s->v = xmalloc(N * L * Hkv * d * sizeof(float));
+    s->lse = xmalloc(N * L * H * sizeof(float));
+    s->tokens = xmalloc(N * sizeof(int32_t));
+    s->turn = xmalloc(N * sizeof(int32_t));
+    s->roles = xmalloc(N);
+}
+
+static uint64_t rng_next(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static float gauss(uint64_t *x) {
+    double u1 = ((double)(rng_next(x) >> 11) + 0.5) / 9007199254740992.0;
+    double u2 = ((double)(rng_next(x) >> 11) + 0.5) / 9007199254740992.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+static void generated_source(source *s) {
+    memset(s, 0, sizeof *s);
+    s->L = 8, s->H = 32, s->Hkv = 8, s->d = 64, s->N = 1024;
+    s->label = "generated data (not a model's): Gaussian q/k/v/o, 8 layers x 8 KV heads, G=4, d=64, 1024 positions";
+    kvs_model_config *m = &s->model;
+    m->n_layers = s->L, m->n_heads = s->H, m->n_kv_heads = s->Hkv, m->head_dim = s->d;
+    m->dim = s->H * s->d, m->hidden_dim = 4 * m->dim, m->vocab_size = 32000, m->max_seq_len = 4096;
+    m->rope_theta = 10000.0f, m->norm_eps = 1e-5f, m->attn_scale = 1.0f / 8.0f;
+    snprintf(m->model_name, sizeof m->model_name, "generated-gaussian");
+    alloc_source(s);
+    uint64_t x = 42;
+    size_t nq = (size_t)s->N * (size_t)(s->L * s->H * s->d), nk = (size_t)s->N * (size_t)(s->L * s->Hkv * s->d);
+    for (size_t i = 0; i < nq; i++) s->q[i] = gauss(&x);
+    for (size_t i = 0; i < nq; i++) s->o[i] = 0.3f * gauss(&x);
+    for (size_t i = 0; i < nk; i++) s->k[i] = gauss(&x);
+    for (size_t i = 0; i < nk; i++) s->v[i] = gauss(&x);
+    for (size_t i = 0; i < (size_t)s->N * (size_t)(s->L * s->H); i++) s->lse[i] = 3.0f + gauss(&x);
+    for (int64_t p = 0; p < s->N; p++) {
+        s->tokens[p] = (int32_t)(rng_next(&x) % 32000);
+        s->turn[p] = 0;
+        s->roles[p] = p < s->N / 2 ? KVS_ROLE_PROMPT : KVS_ROLE_GENERATED;
+    }
+}
+
+static void trace_source(source *s, const char *path) {
+    memset(s, 0, sizeof *s);
+    kvs_trace *t = NULL;
+    CHECK(kvs_trace_open(path, &t));
+    const kvs_trace_info *in = kvs_trace_info_get(t);
+    s->model = in->model;
+    s->L = in->model.n_layers, s->H = in->model.n_heads, s->Hkv = in->model.n_kv_heads, s->d = in->model.head_dim;
+    s->N = in->n_positions;
+    static char label[600];
+    snprintf(label, sizeof label, "real trace %s (model %s, stored as %s): %d layers x %d KV heads, G=%d, d=%d, %lld "
+             "positions", path, in->model.model_name, kvs_dtype_name((kvs_dtype)in->capture.dtype), s->L, s->Hkv,
+             s->H / s->Hkv, s->d, (long long)s->N);
+    s->label = label;
+    alloc_source(s);
+    size_t N = (size_t)s->N, L = (size_t)s->L, H = (size_t)s->H, Hkv = (size_t)s->Hkv, d = (size_t)s->d;
+    size_t G = H / Hkv;
+    memcpy(s->tokens, kvs_trace_tokens(t), N * sizeof(int32_t));
+    memcpy(s->turn, kvs_trace_turn_of(t), N * sizeof(int32_t));
+    memcpy(s->roles, kvs_trace_roles(t), N);
+    kvs_trace_block *b = NULL;
+    CHECK(kvs_trace_block_create(t, &b));
+    for (size_t l = 0; l < L; l++)
+        for (size_t kh = 0; kh < Hkv; kh++)
+            for (int64_t blk = 0; blk < in->n_blocks; blk++) {
+                CHECK(kvs_trace_read_block(t, (int)l, (int)kh, blk, b));
+                for (int32_t i = 0; i < b->n_pos; i++) {
+                    size_t p = (size_t)b->first_pos + (size_t)i;
+                    memcpy(s->k + ((p * L + l) * Hkv + kh) * d, b->k + (size_t)i * d, d * sizeof(float));
+                    memcpy(s->v + ((p * L + l) * Hkv + kh) * d, b->v + (size_t)i * d, d * sizeof(float));
+                    for (size_t g = 0; g < G; g++) {
+                        size_t h = kh * G + g;
+                        memcpy(s->q + ((p * L + l) * H + h) * d, b->q + ((size_t)i * G + g) * d, d * sizeof(float));
+                        memcpy(s->o + ((p * L + l) * H + h) * d, b->o + ((size_t)i * G + g) * d, d * sizeof(float));
+                        s->lse[(p * L + l) * H + h] = b->lse[(size_t)i * G + g];
+                    }
+                }
+            }
+    kvs_trace_block_free(b);
+    kvs_trace_close(t);
+}
+
+static void run_config(const source *s, const char *path, kvs_dtype dt, int shuffle) {
+    kvs_capture_config cap;
+    memset(&cap, 0, sizeof cap);
+    cap.dtype = (int32_t)dt;
+    cap.block_positions = KVS_TRACE_DEFAULT_BLOCK;
+    cap.flags = shuffle ? KVS_TRACE_FLAG_SHUFFLE : 0;
+    snprintf(cap.settings, sizeof cap.settings, "source=bench_trace");
+    size_t L = (size_t)s->L, H = (size_t)s->H, Hkv = (size_t)s->Hkv, d = (size_t)s->d;
+    double t0 = kvs_now_s();
+    kvs_trace_writer *w = NULL;
+    CHECK(kvs_trace_writer_create(path, &s->model, &cap, &w));
+    for (int64_t p = 0; p < s->N; p++) {
+        CHECK(kvs_trace_writer_begin_position(w, s->tokens[p], (kvs_role)s->roles[p], s->turn[p]));
+        for (size_t l = 0; l < L; l++) {
+            size_t pl = (size_t)p * L + l;
+            CHECK(kvs_trace_writer_put_layer(w, (int)l, s->q + pl * H * d, s->k + pl * Hkv * d, s->v + pl * Hkv * d,
+                                             s->o + pl * H * d, s->lse + pl * H));
+        }
+        CHECK(kvs_trace_writer_end_position(w));
+    }
+    CHECK(kvs_trace_writer_close(w));
+    kvs_trace_writer_free(w);
+    double t_write = kvs_now_s() - t0;
+
+    t0 = kvs_now_s();
+    kvs_trace *t = NULL;
+    CHECK(kvs_trace_open(path, &t));
+    double checksum = 0;
+    for (int l = 0; l < s->L; l++)
+        for (int kh = 0; kh < s->Hkv; kh++) {
+            kvs_trace_stream *st = NULL;
+            CHECK(kvs_trace_stream_open(t, l, kh, &st));
+            const kvs_trace_block *b;
+            kvs_status rs;
+            while ((rs = kvs_trace_stream_next(st, &b)) == KVS_OK) checksum += b->k[0] + b->o[0];
+            if (rs != KVS_ERR_END) CHECK(rs);
+            kvs_trace_stream_free(st);
+        }
+    double t_read = kvs_now_s() - t0;
+    const kvs_trace_info *in = kvs_trace_info_get(t);
+    double es = (double)kvs_dtype_size(dt);
+    /* fp32-equivalent bytes: q, k, v, o at 4 bytes + lse + tokens (what the raw payload would be in fp32) */
+    double stored = (double)in->raw_bytes;
+    double elems = (double)s->N * (double)L * ((double)Hkv * (2.0 * (double)(H / Hkv) + 2.0) * (double)d);
+    double fp32eq = stored + elems * (4.0 - es);
+    double mb = 1e6;
+    printf("%-5s shuffle %-3s | write %7.1f MB/s fp32-eq %7.1f MB/s stored | read %7.1f MB/s fp32-eq %7.1f MB/s "
+           "stored | ratio %.3f (raw %.1f MB / compressed %.1f MB) [chk %.3g]\n",
+           kvs_dtype_name(dt), shuffle ? "on" : "off", fp32eq / mb / t_write, stored / mb / t_write,
+           fp32eq / mb / t_read, stored / mb / t_read, stored / (double)in->compressed_bytes, stored / mb,
+           (double)in->compressed_bytes / mb, checksum);
+    kvs_trace_close(t);
+    unlink(path);
+}
+
+int main(void) {
+    source s;
+    const char *real = getenv("KVSIM_BENCH_TRACE");
+    if (real && real[0]) trace_source(&s, real);
+    else generated_source(&s);
+    char dir[] = "/tmp/kvs_bench_trace_XXXXXX";
+    if (!mkdtemp(dir)) {
+        perror("bench_trace: mkdtemp");
+        return 1;
+    }
+    char path[64];
+    snprintf(path, sizeof path, "%s/b.kvt", dir);
+    printf("bench_trace: %s\n", s.label);
+    printf("bench_trace: block %d positions, zstd level 3, one thread; write includes fsync\n",
+           KVS_TRACE_DEFAULT_BLOCK);
+    static const kvs_dtype dts[3] = {KVS_DTYPE_F16, KVS_DTYPE_BF16, KVS_DTYPE_F32};
+    for (int i = 0; i < 3; i++)
+        for (int sh = 1; sh >= 0; sh--) run_config(&s, path, dts[i], sh);
+    rmdir(dir);
+    free(s.q);
+    free(s.k);
+    free(s.v);
+    free(s.o);
+    free(s.lse);
+    free(s.tokens);
+    free(s.turn);
+    free(s.roles);
+    return 0;
+}

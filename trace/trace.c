@@ -1,0 +1,1408 @@
+/* trace.c — writer, validating reader, block streaming and crash recovery of kvsim trace files.
+ *
+ * Implements trace/trace.h to the byte-level specification in trace/FORMAT.md (version 1). Every size,
+ * offset and count read from a file is checked before it is used (overflow-safe arithmetic, allocations
+ * bounded by the file size where the format allows it); corrupt input is a KVS_ERR_FORMAT /
+ * KVS_ERR_CHECKSUM / KVS_ERR_TRUNCATED / KVS_ERR_VERSION with a detail naming the file and the part.
+ */
+#include "trace.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zstd.h>
+#include <zstd_errors.h>
+
+/* ------------------------------------------------------------------------------------------------
+ * Format constants and shared helpers
+ * ---------------------------------------------------------------------------------------------- */
+
+#define HDR_FIXED 152u        /* header bytes besides the settings text */
+#define HDR_SETTINGS_OFF 148u
+#define CHUNK_HDR 56u
+#define FOOTER_FIXED 40u
+#define INDEX_ENTRY 48u
+#define TRAILER 32u
+#define KIND_GROUP 1u
+#define KIND_TOKENS 2u
+#define ZSTD_LEVEL 3
+
+static const uint8_t MAGIC_FILE[8] = {'K', 'V', 'S', 'T', 'R', 'A', 'C', 'E'};
+static const uint8_t MAGIC_CHUNK[4] = {'K', 'V', 'C', 'K'};
+static const uint8_t MAGIC_FOOTER[4] = {'K', 'V', 'F', 'T'};
+static const uint8_t MAGIC_END[8] = {'K', 'V', 'S', 'T', 'E', 'N', 'D', 0};
+
+/* One chunk as the footer index describes it (also used by the writer and recovery). */
+typedef struct {
+    uint16_t kind, flags;
+    uint32_t layer, kv_head, n_pos;
+    uint64_t block, offset, raw_size, comp_size;
+} chunk_entry;
+
+/* Parsed header plus derived sizes. */
+typedef struct {
+    kvs_model_config model;
+    kvs_capture_config cap;
+    uint32_t version, header_size;
+    uint32_t G, d, B, L, Hkv;
+    size_t es; /* bytes per element of the storage dtype */
+} trace_hdr;
+
+static uint64_t group_raw_size(const trace_hdr *h, uint64_t n_pos) {
+    /* Bounded by the header limits (<= 2^16 * (2050 * 1024 * 4 + 4096)) so no overflow in u64. */
+    return n_pos * ((2u * (uint64_t)h->G + 2u) * h->d * h->es + (uint64_t)h->G * 4u);
+}
+static uint64_t tokens_raw_size(uint64_t n_pos) { return 9u * n_pos; }
+
+static void chunk_name(char *buf, size_t n, const chunk_entry *e) {
+    if (e->kind == KIND_TOKENS)
+        snprintf(buf, n, "tokens chunk (block %llu)", (unsigned long long)e->block);
+    else
+        snprintf(buf, n, "chunk (layer %u, kv head %u, block %llu)", e->layer, e->kv_head,
+                 (unsigned long long)e->block);
+}
+
+/* Byte shuffle of one array of m elements of s bytes (FORMAT.md "Byte shuffle"). */
+static void shuffle_bytes(const uint8_t *in, uint8_t *out, size_t m, size_t s) {
+    if (s == 1) {
+        memcpy(out, in, m);
+        return;
+    }
+    for (size_t i = 0; i < m; i++)
+        for (size_t j = 0; j < s; j++) out[j * m + i] = in[i * s + j];
+}
+static void unshuffle_bytes(const uint8_t *in, uint8_t *out, size_t m, size_t s) {
+    if (s == 1) {
+        memcpy(out, in, m);
+        return;
+    }
+    for (size_t j = 0; j < s; j++)
+        for (size_t i = 0; i < m; i++) out[i * s + j] = in[j * m + i];
+}
+
+static void put_entry(uint8_t *p, const chunk_entry *e) {
+    kvs_put_u16(p + 0, e->kind);
+    kvs_put_u16(p + 2, e->flags);
+    kvs_put_u32(p + 4, e->layer);
+    kvs_put_u32(p + 8, e->kv_head);
+    kvs_put_u32(p + 12, e->n_pos);
+    kvs_put_u64(p + 16, e->block);
+    kvs_put_u64(p + 24, e->offset);
+    kvs_put_u64(p + 32, e->raw_size);
+    kvs_put_u64(p + 40, e->comp_size);
+}
+static void get_entry(const uint8_t *p, chunk_entry *e) {
+    e->kind = kvs_get_u16(p + 0);
+    e->flags = kvs_get_u16(p + 2);
+    e->layer = kvs_get_u32(p + 4);
+    e->kv_head = kvs_get_u32(p + 8);
+    e->n_pos = kvs_get_u32(p + 12);
+    e->block = kvs_get_u64(p + 16);
+    e->offset = kvs_get_u64(p + 24);
+    e->raw_size = kvs_get_u64(p + 32);
+    e->comp_size = kvs_get_u64(p + 40);
+}
+
+static void put_chunk_header(uint8_t *p, const chunk_entry *e, uint32_t payload_crc) {
+    memcpy(p, MAGIC_CHUNK, 4);
+    kvs_put_u16(p + 4, e->kind);
+    kvs_put_u16(p + 6, e->flags);
+    kvs_put_u32(p + 8, e->layer);
+    kvs_put_u32(p + 12, e->kv_head);
+    kvs_put_u64(p + 16, e->block);
+    kvs_put_u32(p + 24, e->n_pos);
+    kvs_put_u32(p + 28, 0);
+    kvs_put_u64(p + 32, e->raw_size);
+    kvs_put_u64(p + 40, e->comp_size);
+    kvs_put_u32(p + 48, payload_crc);
+    kvs_put_u32(p + 52, kvs_crc32(0, p, 52));
+}
+
+static uint32_t f32_to_u32(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static float u32_to_f32(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Header: validation shared by writer (config check) and reader (file check)
+ * ---------------------------------------------------------------------------------------------- */
+
+/* Checks the configs against FORMAT.md's ranges; `st` is the status to report (INVALID_ARG for the
+ * writer's caller, FORMAT for a file) and `who` prefixes the message. */
+static kvs_status check_configs(const kvs_model_config *m, const kvs_capture_config *c, kvs_status st,
+                                const char *who) {
+#define RANGE_CHECK(field, val, lo, hi)                                                                       \
+    if ((val) < (lo) || (val) > (hi))                                                                         \
+        return kvs_fail(st, "%s: %s = %lld is out of range [%lld, %lld]", who, field, (long long)(val),       \
+                        (long long)(lo), (long long)(hi));
+    RANGE_CHECK("n_layers", m->n_layers, 1, KVS_TRACE_MAX_LAYERS);
+    RANGE_CHECK("n_heads", m->n_heads, 1, KVS_TRACE_MAX_HEADS);
+    RANGE_CHECK("n_kv_heads", m->n_kv_heads, 1, m->n_heads);
+    if (m->n_heads % m->n_kv_heads != 0)
+        return kvs_fail(st, "%s: n_heads = %d is not a multiple of n_kv_heads = %d", who, m->n_heads,
+                        m->n_kv_heads);
+    RANGE_CHECK("head_dim", m->head_dim, 1, KVS_TRACE_MAX_HEAD_DIM);
+    RANGE_CHECK("dim", m->dim, 1, INT32_MAX);
+    RANGE_CHECK("hidden_dim", m->hidden_dim, 1, INT32_MAX);
+    RANGE_CHECK("vocab_size", m->vocab_size, 1, INT32_MAX);
+    RANGE_CHECK("max_seq_len", m->max_seq_len, 1, INT32_MAX);
+    if (!isfinite(m->attn_scale) || !(m->attn_scale > 0))
+        return kvs_fail(st, "%s: attn_scale = %g must be finite and > 0", who, (double)m->attn_scale);
+    RANGE_CHECK("rope_layout", m->rope_layout, 0, 1);
+    if (!memchr(m->model_name, 0, KVS_TRACE_NAME_MAX))
+        return kvs_fail(st, "%s: model_name is not NUL-terminated within %d bytes", who, KVS_TRACE_NAME_MAX);
+    RANGE_CHECK("dtype", c->dtype, 0, 2);
+    RANGE_CHECK("block_positions", c->block_positions, 1, KVS_TRACE_MAX_BLOCK);
+    RANGE_CHECK("max_new_tokens", c->max_new_tokens, 0, INT32_MAX);
+    if (c->flags & ~KVS_TRACE_FLAG_SHUFFLE)
+        return kvs_fail(st, "%s: flags = 0x%x has unknown bits (only bit 0, shuffle, is defined)", who, c->flags);
+    if (!memchr(c->settings, 0, KVS_TRACE_SETTINGS_MAX))
+        return kvs_fail(st, "%s: settings text is longer than %d bytes", who, KVS_TRACE_SETTINGS_MAX - 1);
+#undef RANGE_CHECK
+    return KVS_OK;
+}
+
+static void derive_sizes(trace_hdr *h) {
+    h->L = (uint32_t)h->model.n_layers;
+    h->Hkv = (uint32_t)h->model.n_kv_heads;
+    h->G = (uint32_t)(h->model.n_heads / h->model.n_kv_heads);
+    h->d = (uint32_t)h->model.head_dim;
+    h->B = (uint32_t)h->cap.block_positions;
+    h->es = kvs_dtype_size((kvs_dtype)h->cap.dtype);
+}
+
+/* Serialises the header into buf (at least HDR_FIXED + 4095 bytes); returns its size. */
+static uint32_t encode_header(const kvs_model_config *m, const kvs_capture_config *c, uint8_t *buf) {
+    uint32_t slen = (uint32_t)strlen(c->settings);
+    uint32_t size = HDR_FIXED + slen;
+    memset(buf, 0, size);
+    memcpy(buf, MAGIC_FILE, 8);
+    kvs_put_u32(buf + 8, 1);
+    kvs_put_u32(buf + 12, size);
+    kvs_put_u32(buf + 16, (uint32_t)m->n_layers);
+    kvs_put_u32(buf + 20, (uint32_t)m->n_heads);
+    kvs_put_u32(buf + 24, (uint32_t)m->n_kv_heads);
+    kvs_put_u32(buf + 28, (uint32_t)m->head_dim);
+    kvs_put_u32(buf + 32, (uint32_t)m->dim);
+    kvs_put_u32(buf + 36, (uint32_t)m->hidden_dim);
+    kvs_put_u32(buf + 40, (uint32_t)m->vocab_size);
+    kvs_put_u32(buf + 44, (uint32_t)m->max_seq_len);
+    kvs_put_u32(buf + 48, f32_to_u32(m->rope_theta));
+    kvs_put_u32(buf + 52, f32_to_u32(m->norm_eps));
+    kvs_put_u32(buf + 56, f32_to_u32(m->attn_scale));
+    kvs_put_u32(buf + 60, (uint32_t)m->rope_layout);
+    kvs_put_u32(buf + 64, (uint32_t)c->dtype);
+    kvs_put_u32(buf + 68, (uint32_t)c->block_positions);
+    kvs_put_u32(buf + 72, (uint32_t)c->max_new_tokens);
+    kvs_put_u32(buf + 76, c->flags);
+    size_t nlen = strnlen(m->model_name, KVS_TRACE_NAME_MAX - 1);
+    memcpy(buf + 80, m->model_name, nlen); /* rest stays NUL padding */
+    kvs_put_u32(buf + 144, slen);
+    memcpy(buf + HDR_SETTINGS_OFF, c->settings, slen);
+    kvs_put_u32(buf + size - 4, kvs_crc32(0, buf, size - 4));
+    return size;
+}
+
+/* Reads and validates the header of an open file. */
+static kvs_status read_header(int fd, uint64_t file_size, const char *path, trace_hdr *h) {
+    uint8_t buf[HDR_FIXED + KVS_TRACE_SETTINGS_MAX];
+    memset(h, 0, sizeof *h);
+    if (file_size < HDR_FIXED)
+        return kvs_fail(KVS_ERR_TRUNCATED, "%s: file is %llu bytes, shorter than a trace header (%u bytes)", path,
+                        (unsigned long long)file_size, HDR_FIXED);
+    kvs_status s = kvs_pread_all(fd, buf, HDR_FIXED, 0, path);
+    if (s != KVS_OK) return s;
+    if (memcmp(buf, MAGIC_FILE, 8) != 0) return kvs_fail(KVS_ERR_FORMAT, "%s: not a kvsim trace (bad magic)", path);
+    h->version = kvs_get_u32(buf + 8);
+    if (h->version != 1)
+        return kvs_fail(KVS_ERR_VERSION, "%s: unsupported trace version %u (this build reads version 1)", path,
+                        h->version);
+    h->header_size = kvs_get_u32(buf + 12);
+    uint32_t slen = kvs_get_u32(buf + 144);
+    if (slen > KVS_TRACE_SETTINGS_MAX - 1)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: header: settings_len = %u exceeds %d", path, slen,
+                        KVS_TRACE_SETTINGS_MAX - 1);
+    if (h->header_size != HDR_FIXED + slen)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: header: header_size = %u, expected 152 + settings_len = %u", path,
+                        h->header_size, HDR_FIXED + slen);
+    if (h->header_size > file_size)
+        return kvs_fail(KVS_ERR_TRUNCATED, "%s: file ends inside the header (%u bytes announced, file has %llu)",
+                        path, h->header_size, (unsigned long long)file_size);
+    if (slen > 0 && (s = kvs_pread_all(fd, buf + HDR_FIXED, slen, HDR_FIXED, path)) != KVS_OK) return s;
+    if (kvs_crc32(0, buf, h->header_size - 4) != kvs_get_u32(buf + h->header_size - 4))
+        return kvs_fail(KVS_ERR_CHECKSUM, "%s: header checksum mismatch", path);
+    kvs_model_config *m = &h->model;
+    kvs_capture_config *c = &h->cap;
+    m->n_layers = (int32_t)kvs_get_u32(buf + 16);
+    m->n_heads = (int32_t)kvs_get_u32(buf + 20);
+    m->n_kv_heads = (int32_t)kvs_get_u32(buf + 24);
+    m->head_dim = (int32_t)kvs_get_u32(buf + 28);
+    m->dim = (int32_t)kvs_get_u32(buf + 32);
+    m->hidden_dim = (int32_t)kvs_get_u32(buf + 36);
+    m->vocab_size = (int32_t)kvs_get_u32(buf + 40);
+    m->max_seq_len = (int32_t)kvs_get_u32(buf + 44);
+    m->rope_theta = u32_to_f32(kvs_get_u32(buf + 48));
+    m->norm_eps = u32_to_f32(kvs_get_u32(buf + 52));
+    m->attn_scale = u32_to_f32(kvs_get_u32(buf + 56));
+    m->rope_layout = (int32_t)kvs_get_u32(buf + 60);
+    c->dtype = (int32_t)kvs_get_u32(buf + 64);
+    c->block_positions = (int32_t)kvs_get_u32(buf + 68);
+    c->max_new_tokens = (int32_t)kvs_get_u32(buf + 72);
+    c->flags = kvs_get_u32(buf + 76);
+    memcpy(m->model_name, buf + 80, KVS_TRACE_NAME_MAX);
+    if (memchr(buf + HDR_SETTINGS_OFF, 0, slen))
+        return kvs_fail(KVS_ERR_FORMAT, "%s: header: settings text contains a NUL byte", path);
+    memcpy(c->settings, buf + HDR_SETTINGS_OFF, slen);
+    c->settings[slen] = '\0';
+    char who[600];
+    snprintf(who, sizeof who, "%s: header", path);
+    if ((s = check_configs(m, c, KVS_ERR_FORMAT, who)) != KVS_OK) return s;
+    derive_sizes(h);
+    return KVS_OK;
+}
+
+/* Parses a 56-byte chunk header into *e after checking its magic and CRC (fields: check_entry_fields). */
+static kvs_status parse_chunk_header(const uint8_t *p, uint64_t offset, const char *path, chunk_entry *e) {
+    if (memcmp(p, MAGIC_CHUNK, 4) != 0)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: no chunk magic at offset %llu", path, (unsigned long long)offset);
+    if (kvs_crc32(0, p, 52) != kvs_get_u32(p + 52))
+        return kvs_fail(KVS_ERR_CHECKSUM, "%s: chunk header at offset %llu: checksum mismatch", path,
+                        (unsigned long long)offset);
+    e->kind = kvs_get_u16(p + 4);
+    e->flags = kvs_get_u16(p + 6);
+    e->layer = kvs_get_u32(p + 8);
+    e->kv_head = kvs_get_u32(p + 12);
+    e->block = kvs_get_u64(p + 16);
+    e->n_pos = kvs_get_u32(p + 24);
+    e->raw_size = kvs_get_u64(p + 32);
+    e->comp_size = kvs_get_u64(p + 40);
+    e->offset = offset;
+    return KVS_OK;
+}
+
+/* Field checks common to index entries and chunk headers (not the block count, which needs N). */
+static kvs_status check_entry_fields(const chunk_entry *e, const trace_hdr *h, const char *path, const char *part) {
+    char nm[96];
+    chunk_name(nm, sizeof nm, e);
+    if (e->kind != KIND_GROUP && e->kind != KIND_TOKENS)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: %s: unknown chunk kind %u", path, part, e->kind);
+    if (e->flags & ~1u) return kvs_fail(KVS_ERR_FORMAT, "%s: %s %s: unknown flags 0x%x", path, part, nm, e->flags);
+    if (e->kind == KIND_TOKENS && (e->layer != 0 || e->kv_head != 0))
+        return kvs_fail(KVS_ERR_FORMAT, "%s: %s %s: layer/kv head must be 0", path, part, nm);
+    if (e->layer >= h->L)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: %s %s: layer %u >= n_layers %u", path, part, nm, e->layer, h->L);
+    if (e->kv_head >= h->Hkv)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: %s %s: kv head %u >= n_kv_heads %u", path, part, nm, e->kv_head, h->Hkv);
+    if (e->n_pos < 1 || e->n_pos > h->B)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: %s %s: n_pos = %u is out of range [1, %u]", path, part, nm, e->n_pos,
+                        h->B);
+    uint64_t want = e->kind == KIND_TOKENS ? tokens_raw_size(e->n_pos) : group_raw_size(h, e->n_pos);
+    if (e->raw_size != want)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: %s %s: raw_size = %llu, expected %llu", path, part, nm,
+                        (unsigned long long)e->raw_size, (unsigned long long)want);
+    if (e->comp_size < 1 || e->comp_size > ZSTD_compressBound((size_t)e->raw_size))
+        return kvs_fail(KVS_ERR_FORMAT, "%s: %s %s: comp_size = %llu is out of range [1, %zu]", path, part, nm,
+                        (unsigned long long)e->comp_size, ZSTD_compressBound((size_t)e->raw_size));
+    return KVS_OK;
+}
+
+/* Checks a chunk payload (CRC, one zstd frame of exactly comp_size bytes announcing raw_size) and
+ * decompresses it into raw (raw_size bytes). */
+static kvs_status check_and_decompress(const uint8_t *payload, uint32_t want_crc, const chunk_entry *e,
+                                       uint8_t *raw, ZSTD_DCtx *dctx, const char *path) {
+    char nm[96];
+    chunk_name(nm, sizeof nm, e);
+    if (kvs_crc32(0, payload, (size_t)e->comp_size) != want_crc)
+        return kvs_fail(KVS_ERR_CHECKSUM, "%s: %s: payload checksum mismatch", path, nm);
+    size_t fsz = ZSTD_findFrameCompressedSize(payload, (size_t)e->comp_size);
+    if (ZSTD_isError(fsz) || fsz != e->comp_size)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: %s: payload is not one zstd frame of %llu bytes", path, nm,
+                        (unsigned long long)e->comp_size);
+    unsigned long long cs = ZSTD_getFrameContentSize(payload, (size_t)e->comp_size);
+    if (cs != e->raw_size)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: %s: zstd frame content size does not match raw_size %llu", path, nm,
+                        (unsigned long long)e->raw_size);
+    size_t r = ZSTD_decompressDCtx(dctx, raw, (size_t)e->raw_size, payload, (size_t)e->comp_size);
+    if (ZSTD_isError(r)) {
+        kvs_status st = ZSTD_getErrorCode(r) == ZSTD_error_checksum_wrong ? KVS_ERR_CHECKSUM : KVS_ERR_FORMAT;
+        return kvs_fail(st, "%s: %s: zstd: %s", path, nm, ZSTD_getErrorName(r));
+    }
+    if (r != e->raw_size)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: %s: decompressed %zu bytes, expected %llu", path, nm, r,
+                        (unsigned long long)e->raw_size);
+    return KVS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Writer
+ * ---------------------------------------------------------------------------------------------- */
+
+struct kvs_trace_writer {
+    char *path, *partial;
+    int fd;
+    int created, closed, failed; /* created: the .partial exists and is ours to remove */
+    trace_hdr h;
+    int shuffle;
+    int64_t n_positions;  /* completed positions */
+    int in_position;
+    int32_t blk_n;        /* positions of the current block already ended */
+    int64_t blk_index;
+    int32_t last_turn;
+    int last_role;
+    uint8_t *layer_done;  /* [L] for the current position */
+    /* Current block, per group gi = layer * Hkv + kv_head, encoded in the storage dtype, position-major so
+     * that the first n positions of each array are a prefix (a partial last block needs no compaction). */
+    size_t q_bytes, kv_bytes, lse_n; /* per group: B*G*d*es, B*d*es, B*G floats */
+    uint8_t *gq, *gk, *gv, *go;
+    float *glse;
+    int32_t *tok, *turn;
+    uint8_t *role;
+    uint8_t *payload, *shuf, *out; /* scratch: raw payload, shuffled payload, chunk header + zstd frame */
+    size_t payload_cap, out_cap;
+    ZSTD_CCtx *cctx;
+    chunk_entry *entries;
+    size_t n_entries, cap_entries;
+    uint64_t offset, total_raw;
+};
+
+static char *str_concat(const char *a, const char *b) {
+    size_t la = strlen(a), lb = strlen(b);
+    char *s = malloc(la + lb + 1);
+    if (!s) return NULL;
+    memcpy(s, a, la);
+    memcpy(s + la, b, lb + 1);
+    return s;
+}
+
+kvs_status kvs_trace_writer_create(const char *path, const kvs_model_config *model, const kvs_capture_config *cap,
+                                   kvs_trace_writer **out) {
+    *out = NULL;
+    if (!path || !model || !cap) return kvs_fail(KVS_ERR_INVALID_ARG, "trace writer: NULL argument");
+    kvs_status s = check_configs(model, cap, KVS_ERR_INVALID_ARG, "trace writer");
+    if (s != KVS_OK) return s;
+    kvs_trace_writer *w = calloc(1, sizeof *w);
+    if (!w) return kvs_fail(KVS_ERR_NOMEM, "trace writer: out of memory");
+    w->fd = -1;
+    w->h.model = *model;
+    w->h.cap = *cap;
+    derive_sizes(&w->h);
+    /* Normalise the name/settings so the header has exactly the NUL padding the format wants. */
+    memset(w->h.model.model_name, 0, KVS_TRACE_NAME_MAX);
+    memcpy(w->h.model.model_name, model->model_name, strnlen(model->model_name, KVS_TRACE_NAME_MAX - 1));
+    w->shuffle = (cap->flags & KVS_TRACE_FLAG_SHUFFLE) != 0;
+    w->last_turn = -1;
+    const trace_hdr *h = &w->h;
+    size_t groups = (size_t)h->L * h->Hkv;
+    w->q_bytes = (size_t)h->B * h->G * h->d * h->es;
+    w->kv_bytes = (size_t)h->B * h->d * h->es;
+    w->lse_n = (size_t)h->B * h->G;
+    w->payload_cap = (size_t)group_raw_size(h, h->B);
+    w->out_cap = CHUNK_HDR + ZSTD_compressBound(w->payload_cap);
+    w->path = strdup(path);
+    w->partial = str_concat(path, ".partial");
+    w->layer_done = calloc(h->L, 1);
+    w->gq = malloc(groups * w->q_bytes);
+    w->go = malloc(groups * w->q_bytes);
+    w->gk = malloc(groups * w->kv_bytes);
+    w->gv = malloc(groups * w->kv_bytes);
+    w->glse = malloc(groups * w->lse_n * sizeof(float));
+    w->tok = malloc((size_t)h->B * sizeof(int32_t));
+    w->turn = malloc((size_t)h->B * sizeof(int32_t));
+    w->role = malloc(h->B);
+    w->payload = malloc(w->payload_cap);
+    w->shuf = malloc(w->payload_cap);
+    w->out = malloc(w->out_cap);
+    w->cctx = ZSTD_createCCtx();
+    if (!w->path || !w->partial || !w->layer_done || !w->gq || !w->go || !w->gk || !w->gv || !w->glse || !w->tok ||
+        !w->turn || !w->role || !w->payload || !w->shuf || !w->out || !w->cctx) {
+        kvs_trace_writer_free(w);
+        return kvs_fail(KVS_ERR_NOMEM, "%s: cannot allocate the writer's block buffers", path);
+    }
+    if (ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_compressionLevel, ZSTD_LEVEL)) ||
+        ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_checksumFlag, 1)) ||
+        ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_contentSizeFlag, 1))) {
+        kvs_trace_writer_free(w);
+        return kvs_fail(KVS_ERR_COMPRESS, "%s: cannot configure zstd", path);
+    }
+    w->fd = open(w->partial, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (w->fd < 0) {
+        s = kvs_fail(KVS_ERR_IO, "%s: cannot create: %s", w->partial, strerror(errno));
+        kvs_trace_writer_free(w);
+        return s;
+    }
+    w->created = 1;
+    uint8_t hbuf[HDR_FIXED + KVS_TRACE_SETTINGS_MAX];
+    uint32_t hsize = encode_header(&w->h.model, &w->h.cap, hbuf);
+    w->h.header_size = hsize;
+    w->h.version = 1;
+    if ((s = kvs_write_all(w->fd, hbuf, hsize, w->partial)) != KVS_OK) {
+        kvs_trace_writer_free(w);
+        return s;
+    }
+    w->offset = hsize;
+    *out = w;
+    return KVS_OK;
+}
+
+static kvs_status writer_usable(const kvs_trace_writer *w, const char *fn) {
+    if (!w) return kvs_fail(KVS_ERR_INVALID_ARG, "%s: NULL writer", fn);
+    if (w->closed) return kvs_fail(KVS_ERR_STATE, "%s: %s: writer already closed", w->path, fn);
+    if (w->failed) return kvs_fail(KVS_ERR_STATE, "%s: %s: writer failed earlier (I/O or compression)", w->path, fn);
+    return KVS_OK;
+}
+
+kvs_status kvs_trace_writer_begin_position(kvs_trace_writer *w, int32_t token_id, kvs_role role, int32_t turn) {
+    kvs_status s = writer_usable(w, "begin_position");
+    if (s != KVS_OK) return s;
+    if (w->in_position)
+        return kvs_fail(KVS_ERR_STATE, "%s: begin_position: position %lld was begun and not ended", w->path,
+                        (long long)w->n_positions);
+    if (token_id < 0 || token_id >= w->h.model.vocab_size)
+        return kvs_fail(KVS_ERR_RANGE, "%s: position %lld: token id %d outside [0, vocab_size = %d)", w->path,
+                        (long long)w->n_positions, token_id, w->h.model.vocab_size);
+    if (role != KVS_ROLE_PROMPT && role != KVS_ROLE_GENERATED)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: position %lld: role = %d is neither prompt (0) nor generated (1)",
+                        w->path, (long long)w->n_positions, (int)role);
+    if (w->n_positions == 0 ? turn != 0 : (turn != w->last_turn && turn != w->last_turn + 1))
+        return kvs_fail(KVS_ERR_INVALID_ARG,
+                        "%s: position %lld: turn = %d (turn indices start at 0 and step by 0 or 1; previous %d)",
+                        w->path, (long long)w->n_positions, turn, w->last_turn);
+    if (turn == w->last_turn && role == KVS_ROLE_PROMPT && w->last_role == KVS_ROLE_GENERATED)
+        return kvs_fail(KVS_ERR_INVALID_ARG,
+                        "%s: position %lld: prompt position after a generated one within turn %d (role/turn)",
+                        w->path, (long long)w->n_positions, turn);
+    w->tok[w->blk_n] = token_id;
+    w->role[w->blk_n] = (uint8_t)role;
+    w->turn[w->blk_n] = turn;
+    memset(w->layer_done, 0, w->h.L);
+    w->in_position = 1;
+    return KVS_OK;
+}
+
+kvs_status kvs_trace_writer_put_layer(kvs_trace_writer *w, int layer, const float *q, const float *k,
+                                      const float *v, const float *o, const float *lse) {
+    kvs_status s = writer_usable(w, "put_layer");
+    if (s != KVS_OK) return s;
+    if (!w->in_position) return kvs_fail(KVS_ERR_STATE, "%s: put_layer before begin_position", w->path);
+    if (layer < 0 || (uint32_t)layer >= w->h.L)
+        return kvs_fail(KVS_ERR_RANGE, "%s: put_layer: layer %d outside [0, %u)", w->path, layer, w->h.L);
+    if (!q || !k || !v || !o || !lse) return kvs_fail(KVS_ERR_INVALID_ARG, "%s: put_layer: NULL array", w->path);
+    if (w->layer_done[layer])
+        return kvs_fail(KVS_ERR_STATE, "%s: position %lld: layer %d recorded twice", w->path,
+                        (long long)w->n_positions, layer);
+    const trace_hdr *h = &w->h;
+    kvs_dtype dt = (kvs_dtype)h->cap.dtype;
+    size_t gd = (size_t)h->G * h->d, pb = (size_t)w->blk_n;
+    for (uint32_t kh = 0; kh < h->Hkv; kh++) {
+        size_t gi = (size_t)layer * h->Hkv + kh;
+        kvs_encode(dt, q + kh * gd, gd, w->gq + gi * w->q_bytes + pb * gd * h->es);
+        kvs_encode(dt, o + kh * gd, gd, w->go + gi * w->q_bytes + pb * gd * h->es);
+        kvs_encode(dt, k + (size_t)kh * h->d, h->d, w->gk + gi * w->kv_bytes + pb * h->d * h->es);
+        kvs_encode(dt, v + (size_t)kh * h->d, h->d, w->gv + gi * w->kv_bytes + pb * h->d * h->es);
+        memcpy(w->glse + gi * w->lse_n + pb * h->G, lse + (size_t)kh * h->G, h->G * sizeof(float));
+    }
+    w->layer_done[layer] = 1;
+    return KVS_OK;
+}
+
+/* Appends one chunk (payload = raw_size bytes in w->payload, unshuffled) to the file. `arrays` lists the
+ * (element count, element size) of the payload's arrays for the shuffle. */
+static kvs_status write_chunk(kvs_trace_writer *w, chunk_entry *e, const size_t (*arrays)[2], int n_arrays) {
+    const uint8_t *src = w->payload;
+    if (w->shuffle) {
+        size_t off = 0;
+        for (int a = 0; a < n_arrays; a++) {
+            shuffle_bytes(w->payload + off, w->shuf + off, arrays[a][0], arrays[a][1]);
+            off += arrays[a][0] * arrays[a][1];
+        }
+        KVS_ASSERT(off == e->raw_size);
+        src = w->shuf;
+        e->flags = 1;
+    } else {
+        e->flags = 0;
+    }
+    size_t c = ZSTD_compress2(w->cctx, w->out + CHUNK_HDR, w->out_cap - CHUNK_HDR, src, (size_t)e->raw_size);
+    if (ZSTD_isError(c)) {
+        w->failed = 1;
+        return kvs_fail(KVS_ERR_COMPRESS, "%s: zstd: %s", w->partial, ZSTD_getErrorName(c));
+    }
+    e->comp_size = c;
+    e->offset = w->offset;
+    put_chunk_header(w->out, e, kvs_crc32(0, w->out + CHUNK_HDR, c));
+    /* One write per chunk: a kill leaves at most the last chunk torn, which recovery discards. */
+    kvs_status s = kvs_write_all(w->fd, w->out, CHUNK_HDR + c, w->partial);
+    if (s != KVS_OK) {
+        w->failed = 1;
+        return s;
+    }
+    if (w->n_entries == w->cap_entries) {
+        size_t nc = w->cap_entries ? 2 * w->cap_entries : 64;
+        chunk_entry *ne = realloc(w->entries, nc * sizeof *ne);
+        if (!ne) {
+            w->failed = 1;
+            return kvs_fail(KVS_ERR_NOMEM, "%s: cannot grow the chunk index", w->path);
+        }
+        w->entries = ne;
+        w->cap_entries = nc;
+    }
+    w->entries[w->n_entries++] = *e;
+    w->offset += CHUNK_HDR + c;
+    w->total_raw += e->raw_size;
+    return KVS_OK;
+}
+
+static kvs_status flush_block(kvs_trace_writer *w) {
+    const trace_hdr *h = &w->h;
+    size_t n = (size_t)w->blk_n;
+    kvs_status s;
+    /* tokens chunk first (FORMAT.md chunk order) */
+    chunk_entry e = {.kind = KIND_TOKENS, .n_pos = (uint32_t)n, .block = (uint64_t)w->blk_index,
+                     .raw_size = tokens_raw_size(n)};
+    for (size_t i = 0; i < n; i++) {
+        kvs_put_u32(w->payload + 4 * i, (uint32_t)w->tok[i]);
+        w->payload[4 * n + i] = w->role[i];
+        kvs_put_u32(w->payload + 5 * n + 4 * i, (uint32_t)w->turn[i]);
+    }
+    const size_t tok_arrays[3][2] = {{n, 4}, {n, 1}, {n, 4}};
+    if ((s = write_chunk(w, &e, tok_arrays, 3)) != KVS_OK) return s;
+    size_t gd = (size_t)h->G * h->d;
+    size_t qb = n * gd * h->es, kb = n * h->d * h->es;
+    const size_t grp_arrays[5][2] = {{n * gd, h->es}, {n * h->d, h->es}, {n * h->d, h->es}, {n * gd, h->es},
+                                     {n * h->G, 4}};
+    for (uint32_t l = 0; l < h->L; l++) {
+        for (uint32_t kh = 0; kh < h->Hkv; kh++) {
+            size_t gi = (size_t)l * h->Hkv + kh;
+            uint8_t *p = w->payload;
+            memcpy(p, w->gq + gi * w->q_bytes, qb);
+            p += qb;
+            memcpy(p, w->gk + gi * w->kv_bytes, kb);
+            p += kb;
+            memcpy(p, w->gv + gi * w->kv_bytes, kb);
+            p += kb;
+            memcpy(p, w->go + gi * w->q_bytes, qb);
+            p += qb;
+            const float *lse = w->glse + gi * w->lse_n;
+            for (size_t i = 0; i < n * h->G; i++) kvs_put_u32(p + 4 * i, f32_to_u32(lse[i]));
+            e = (chunk_entry){.kind = KIND_GROUP, .layer = l, .kv_head = kh, .n_pos = (uint32_t)n,
+                              .block = (uint64_t)w->blk_index, .raw_size = group_raw_size(h, n)};
+            if ((s = write_chunk(w, &e, grp_arrays, 5)) != KVS_OK) return s;
+        }
+    }
+    w->blk_index++;
+    w->blk_n = 0;
+    return KVS_OK;
+}
+
+kvs_status kvs_trace_writer_end_position(kvs_trace_writer *w) {
+    kvs_status s = writer_usable(w, "end_position");
+    if (s != KVS_OK) return s;
+    if (!w->in_position) return kvs_fail(KVS_ERR_STATE, "%s: end_position without begin_position", w->path);
+    for (uint32_t l = 0; l < w->h.L; l++)
+        if (!w->layer_done[l])
+            return kvs_fail(KVS_ERR_STATE, "%s: position %lld: layer %u was not recorded", w->path,
+                            (long long)w->n_positions, l);
+    w->in_position = 0;
+    w->last_turn = w->turn[w->blk_n];
+    w->last_role = w->role[w->blk_n];
+    w->n_positions++;
+    w->blk_n++;
+    if ((uint32_t)w->blk_n == w->h.B) return flush_block(w);
+    return KVS_OK;
+}
+
+/* fsync the directory holding `path` so the rename survives a crash (best effort: some filesystems
+ * refuse fsync on directories, which is not an error for us). */
+static void fsync_parent_dir(const char *path) {
+    char *dir = strdup(path);
+    if (!dir) return;
+    char *slash = strrchr(dir, '/');
+    const char *d = ".";
+    if (slash) {
+        if (slash == dir) slash[1] = '\0';
+        else *slash = '\0';
+        d = dir;
+    }
+    int fd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+        (void)fsync(fd);
+        close(fd);
+    }
+    free(dir);
+}
+
+/* Writes footer + trailer for `entries` after `footer_offset`, to fd. */
+static kvs_status write_footer(int fd, const char *what, const chunk_entry *entries, size_t n_entries,
+                               uint64_t n_positions, uint64_t total_raw, uint64_t footer_offset) {
+    size_t fsize = FOOTER_FIXED + INDEX_ENTRY * n_entries;
+    uint8_t *f = calloc(1, fsize + TRAILER);
+    if (!f) return kvs_fail(KVS_ERR_NOMEM, "%s: cannot allocate the footer", what);
+    memcpy(f, MAGIC_FOOTER, 4);
+    kvs_put_u64(f + 8, n_positions);
+    kvs_put_u64(f + 16, n_entries);
+    kvs_put_u64(f + 24, total_raw);
+    for (size_t i = 0; i < n_entries; i++) put_entry(f + 32 + INDEX_ENTRY * i, &entries[i]);
+    kvs_put_u32(f + fsize - 4, kvs_crc32(0, f, fsize - 4));
+    uint8_t *t = f + fsize;
+    kvs_put_u64(t, footer_offset);
+    kvs_put_u64(t + 8, fsize);
+    kvs_put_u32(t + 16, kvs_crc32(0, t, 16));
+    memcpy(t + 24, MAGIC_END, 8);
+    kvs_status s = kvs_write_all(fd, f, fsize + TRAILER, what);
+    free(f);
+    return s;
+}
+
+kvs_status kvs_trace_writer_close(kvs_trace_writer *w) {
+    kvs_status s = writer_usable(w, "close");
+    if (s != KVS_OK) return s;
+    if (w->in_position)
+        return kvs_fail(KVS_ERR_STATE, "%s: close: position %lld was begun and not ended", w->path,
+                        (long long)w->n_positions);
+    if (w->n_positions == 0) return kvs_fail(KVS_ERR_STATE, "%s: close: no positions were recorded", w->path);
+    if (w->blk_n > 0 && (s = flush_block(w)) != KVS_OK) return s;
+    s = write_footer(w->fd, w->partial, w->entries, w->n_entries, (uint64_t)w->n_positions, w->total_raw, w->offset);
+    if (s != KVS_OK) {
+        w->failed = 1;
+        return s;
+    }
+    w->offset += FOOTER_FIXED + INDEX_ENTRY * w->n_entries + TRAILER;
+    if (fsync(w->fd) != 0) {
+        w->failed = 1;
+        return kvs_fail(KVS_ERR_IO, "%s: fsync failed: %s", w->partial, strerror(errno));
+    }
+    int rc = close(w->fd);
+    w->fd = -1;
+    if (rc != 0) {
+        w->failed = 1;
+        return kvs_fail(KVS_ERR_IO, "%s: close failed: %s", w->partial, strerror(errno));
+    }
+    if (rename(w->partial, w->path) != 0) {
+        w->failed = 1;
+        return kvs_fail(KVS_ERR_IO, "%s: cannot rename to %s: %s", w->partial, w->path, strerror(errno));
+    }
+    fsync_parent_dir(w->path);
+    w->closed = 1;
+    return KVS_OK;
+}
+
+void kvs_trace_writer_free(kvs_trace_writer *w) {
+    if (!w) return;
+    if (w->fd >= 0) close(w->fd);
+    if (w->created && !w->closed) unlink(w->partial); /* abandoned or failed capture leaves nothing */
+    free(w->path);
+    free(w->partial);
+    free(w->layer_done);
+    free(w->gq);
+    free(w->go);
+    free(w->gk);
+    free(w->gv);
+    free(w->glse);
+    free(w->tok);
+    free(w->turn);
+    free(w->role);
+    free(w->payload);
+    free(w->shuf);
+    free(w->out);
+    ZSTD_freeCCtx(w->cctx);
+    free(w->entries);
+    free(w);
+}
+
+int64_t kvs_trace_writer_positions(const kvs_trace_writer *w) { return w ? w->n_positions : 0; }
+uint64_t kvs_trace_writer_bytes(const kvs_trace_writer *w) { return w ? w->offset : 0; }
+
+/* ------------------------------------------------------------------------------------------------
+ * Reader
+ * ---------------------------------------------------------------------------------------------- */
+
+struct kvs_trace {
+    char *path;
+    int fd;
+    uint64_t file_size, footer_offset;
+    trace_hdr h;
+    kvs_trace_info info;
+    chunk_entry *entries; /* [n_chunks], footer order */
+    uint64_t n_chunks, nb;
+    int64_t *slot_tok;    /* [nb] -> entry index */
+    int64_t *slot_grp;    /* [nb][L][Hkv] -> entry index */
+    int32_t *tokens, *turn_of;
+    uint8_t *roles;
+    kvs_turn *turns;
+};
+
+/* A block as handed out: the public struct first, then the scratch it decodes with (so several threads
+ * each with their own block read one kvs_trace concurrently). */
+typedef struct {
+    kvs_trace_block pub;
+    const kvs_trace *owner;
+    uint8_t *comp;   /* chunk header + compressed payload */
+    uint8_t *raw;    /* decompressed payload */
+    uint8_t *tmp;    /* unshuffled array */
+    size_t comp_cap, raw_cap;
+    ZSTD_DCtx *dctx;
+} block_impl;
+
+static int cmp_entry_offset(const void *a, const void *b) {
+    const chunk_entry *x = *(const chunk_entry *const *)a, *y = *(const chunk_entry *const *)b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/* Expected n_pos of block b. */
+static uint32_t block_npos(const kvs_trace *t, uint64_t b) {
+    uint64_t first = b * t->h.B, n = (uint64_t)t->info.n_positions - first;
+    return (uint32_t)(n < t->h.B ? n : t->h.B);
+}
+
+/* Reads chunk `e` (already validated against the index rules) into impl->raw, checking everything. */
+static kvs_status read_chunk(const kvs_trace *t, const chunk_entry *e, block_impl *bi) {
+    char nm[96];
+    chunk_name(nm, sizeof nm, e);
+    size_t total = CHUNK_HDR + (size_t)e->comp_size;
+    KVS_ASSERT(total <= bi->comp_cap && e->raw_size <= bi->raw_cap);
+    kvs_status s = kvs_pread_all(t->fd, bi->comp, total, e->offset, t->path);
+    if (s != KVS_OK) return s;
+    chunk_entry c;
+    if (memcmp(bi->comp, MAGIC_CHUNK, 4) != 0)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: %s: no chunk magic at offset %llu", t->path, nm,
+                        (unsigned long long)e->offset);
+    if ((s = parse_chunk_header(bi->comp, e->offset, t->path, &c)) != KVS_OK) {
+        if (s == KVS_ERR_CHECKSUM) return kvs_fail(s, "%s: %s: chunk header checksum mismatch", t->path, nm);
+        return s;
+    }
+    if (c.kind != e->kind || c.flags != e->flags || c.layer != e->layer || c.kv_head != e->kv_head ||
+        c.block != e->block || c.n_pos != e->n_pos || c.raw_size != e->raw_size || c.comp_size != e->comp_size)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: %s: chunk header disagrees with the footer index", t->path, nm);
+    if (kvs_get_u32(bi->comp + 28) != 0)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: %s: reserved field is not 0", t->path, nm);
+    return check_and_decompress(bi->comp + CHUNK_HDR, kvs_get_u32(bi->comp + 48), e, bi->raw, bi->dctx, t->path);
+}
+
+/* Allocates a block_impl with scratch for chunks of up to raw_cap raw bytes. */
+static kvs_status block_impl_create(const kvs_trace *t, size_t raw_cap, int with_arrays, block_impl **out) {
+    *out = NULL;
+    block_impl *bi = calloc(1, sizeof *bi);
+    if (!bi) return kvs_fail(KVS_ERR_NOMEM, "%s: cannot allocate a block", t->path);
+    const trace_hdr *h = &t->h;
+    bi->owner = t;
+    bi->raw_cap = raw_cap;
+    bi->comp_cap = CHUNK_HDR + ZSTD_compressBound(raw_cap);
+    bi->comp = malloc(bi->comp_cap);
+    bi->raw = malloc(raw_cap);
+    bi->tmp = malloc(raw_cap);
+    bi->dctx = ZSTD_createDCtx();
+    int ok = bi->comp && bi->raw && bi->tmp && bi->dctx;
+    if (ok && with_arrays) {
+        size_t gd = (size_t)h->B * h->G * h->d, kd = (size_t)h->B * h->d;
+        bi->pub.group = (int32_t)h->G;
+        bi->pub.head_dim = (int32_t)h->d;
+        bi->pub.q = malloc(gd * sizeof(float));
+        bi->pub.o = malloc(gd * sizeof(float));
+        bi->pub.k = malloc(kd * sizeof(float));
+        bi->pub.v = malloc(kd * sizeof(float));
+        bi->pub.lse = malloc((size_t)h->B * h->G * sizeof(float));
+        ok = bi->pub.q && bi->pub.o && bi->pub.k && bi->pub.v && bi->pub.lse;
+    }
+    if (!ok) {
+        kvs_trace_block_free(&bi->pub);
+        return kvs_fail(KVS_ERR_NOMEM, "%s: cannot allocate block buffers (%zu bytes per chunk)", t->path, raw_cap);
+    }
+    *out = bi;
+    return KVS_OK;
+}
+
+kvs_status kvs_trace_block_create(const kvs_trace *t, kvs_trace_block **out) {
+    *out = NULL;
+    if (!t) return kvs_fail(KVS_ERR_INVALID_ARG, "trace block: NULL trace");
+    block_impl *bi;
+    kvs_status s = block_impl_create(t, (size_t)group_raw_size(&t->h, t->h.B), 1, &bi);
+    if (s != KVS_OK) return s;
+    *out = &bi->pub;
+    return KVS_OK;
+}
+
+void kvs_trace_block_free(kvs_trace_block *b) {
+    if (!b) return;
+    block_impl *bi = (block_impl *)b;
+    free(bi->comp);
+    free(bi->raw);
+    free(bi->tmp);
+    ZSTD_freeDCtx(bi->dctx);
+    free(b->q);
+    free(b->k);
+    free(b->v);
+    free(b->o);
+    free(b->lse);
+    free(bi);
+}
+
+/* Decodes array bytes `src` (m elements of s bytes, shuffled or not) into `dst` floats. */
+static void decode_array(block_impl *bi, const uint8_t *src, size_t m, kvs_dtype dt, int shuffled, float *dst) {
+    size_t s = kvs_dtype_size(dt);
+    if (shuffled) {
+        unshuffle_bytes(src, bi->tmp, m, s);
+        src = bi->tmp;
+    }
+    kvs_decode(dt, src, m, dst);
+}
+
+kvs_status kvs_trace_read_block(const kvs_trace *t, int layer, int kv_head, int64_t block, kvs_trace_block *out) {
+    if (!t || !out) return kvs_fail(KVS_ERR_INVALID_ARG, "read_block: NULL argument");
+    block_impl *bi = (block_impl *)out;
+    if (bi->owner != t || !out->q)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: read_block: block was not created for this trace", t->path);
+    if (layer < 0 || (uint32_t)layer >= t->h.L || kv_head < 0 || (uint32_t)kv_head >= t->h.Hkv || block < 0 ||
+        (uint64_t)block >= t->nb)
+        return kvs_fail(KVS_ERR_RANGE, "%s: read_block: (layer %d, kv head %d, block %lld) outside the trace "
+                        "(%u layers, %u kv heads, %llu blocks)", t->path, layer, kv_head, (long long)block, t->h.L,
+                        t->h.Hkv, (unsigned long long)t->nb);
+    const trace_hdr *h = &t->h;
+    const chunk_entry *e = &t->entries[t->slot_grp[((uint64_t)block * h->L + (uint64_t)layer) * h->Hkv + (uint64_t)kv_head]];
+    kvs_status s = read_chunk(t, e, bi);
+    if (s != KVS_OK) return s;
+    size_t n = e->n_pos, gd = (size_t)h->G * h->d;
+    kvs_dtype dt = (kvs_dtype)h->cap.dtype;
+    int sh = e->flags & 1;
+    const uint8_t *p = bi->raw;
+    decode_array(bi, p, n * gd, dt, sh, out->q);
+    p += n * gd * h->es;
+    decode_array(bi, p, n * h->d, dt, sh, out->k);
+    p += n * h->d * h->es;
+    decode_array(bi, p, n * h->d, dt, sh, out->v);
+    p += n * h->d * h->es;
+    decode_array(bi, p, n * gd, dt, sh, out->o);
+    p += n * gd * h->es;
+    decode_array(bi, p, n * h->G, KVS_DTYPE_F32, sh, out->lse);
+    out->layer = layer;
+    out->kv_head = kv_head;
+    out->block = block;
+    out->first_pos = block * (int64_t)h->B;
+    out->n_pos = (int32_t)n;
+    out->group = (int32_t)h->G;
+    out->head_dim = (int32_t)h->d;
+    return KVS_OK;
+}
+
+/* Reads every tokens chunk, validates tokens/roles/turns and derives the turns table. */
+static kvs_status load_tokens(kvs_trace *t) {
+    uint64_t N = (uint64_t)t->info.n_positions;
+    block_impl *bi = NULL;
+    kvs_status s = block_impl_create(t, (size_t)tokens_raw_size(t->h.B), 0, &bi);
+    if (s != KVS_OK) return s;
+    t->tokens = malloc(N * sizeof(int32_t));
+    t->turn_of = malloc(N * sizeof(int32_t));
+    t->roles = malloc(N);
+    if (!t->tokens || !t->turn_of || !t->roles) {
+        s = kvs_fail(KVS_ERR_NOMEM, "%s: cannot allocate %llu token entries", t->path, (unsigned long long)N);
+        goto cleanup;
+    }
+    for (uint64_t b = 0; b < t->nb; b++) {
+        const chunk_entry *e = &t->entries[t->slot_tok[b]];
+        KVS_TRY(s = read_chunk(t, e, bi));
+        size_t n = e->n_pos;
+        uint64_t first = b * t->h.B;
+        const uint8_t *p = bi->raw;
+        if (e->flags & 1) { /* unshuffle the three arrays into tmp */
+            unshuffle_bytes(p, bi->tmp, n, 4);
+            memcpy(bi->tmp + 4 * n, p + 4 * n, n);
+            unshuffle_bytes(p + 5 * n, bi->tmp + 5 * n, n, 4);
+            p = bi->tmp;
+        }
+        for (size_t i = 0; i < n; i++) {
+            t->tokens[first + i] = (int32_t)kvs_get_u32(p + 4 * i);
+            t->roles[first + i] = p[4 * n + i];
+            t->turn_of[first + i] = (int32_t)kvs_get_u32(p + 5 * n + 4 * i);
+        }
+    }
+    int64_t n_turns = 0, prompt_len = (int64_t)N;
+    for (uint64_t i = 0; i < N; i++) {
+        int32_t tok = t->tokens[i], tu = t->turn_of[i];
+        uint8_t r = t->roles[i];
+        if (tok < 0 || tok >= t->h.model.vocab_size) {
+            s = kvs_fail(KVS_ERR_FORMAT, "%s: position %llu: token id %d outside [0, vocab_size = %d)", t->path,
+                         (unsigned long long)i, tok, t->h.model.vocab_size);
+            goto cleanup;
+        }
+        if (r > 1) {
+            s = kvs_fail(KVS_ERR_FORMAT, "%s: position %llu: role %u is neither prompt (0) nor generated (1)", t->path,
+                         (unsigned long long)i, r);
+            goto cleanup;
+        }
+        int32_t prev = i ? t->turn_of[i - 1] : -1;
+        if (i == 0 ? tu != 0 : (tu != prev && tu != prev + 1)) {
+            s = kvs_fail(KVS_ERR_FORMAT, "%s: position %llu: turn index %d does not follow %d (must start at 0 and "
+                         "step by 0 or 1)", t->path, (unsigned long long)i, tu, prev);
+            goto cleanup;
+        }
+        if (i > 0 && tu == prev && r == KVS_ROLE_PROMPT && t->roles[i - 1] == KVS_ROLE_GENERATED) {
+            s = kvs_fail(KVS_ERR_FORMAT, "%s: position %llu: prompt position after a generated one within turn %d",
+                         t->path, (unsigned long long)i, tu);
+            goto cleanup;
+        }
+        if (r == KVS_ROLE_GENERATED && prompt_len == (int64_t)N) prompt_len = (int64_t)i;
+    }
+    n_turns = (int64_t)t->turn_of[N - 1] + 1;
+    t->turns = calloc((size_t)n_turns, sizeof *t->turns);
+    if (!t->turns) {
+        s = kvs_fail(KVS_ERR_NOMEM, "%s: cannot allocate turns", t->path);
+        goto cleanup;
+    }
+    for (int64_t k = 0; k < n_turns; k++) t->turns[k].begin = -1;
+    for (uint64_t i = 0; i < N; i++) {
+        kvs_turn *tu = &t->turns[t->turn_of[i]];
+        if (tu->begin < 0) tu->begin = tu->prompt_end = (int64_t)i;
+        if (t->roles[i] == KVS_ROLE_PROMPT) tu->prompt_end = (int64_t)i + 1;
+        tu->end = (int64_t)i + 1;
+    }
+    t->info.n_turns = n_turns;
+    t->info.turns = t->turns;
+    t->info.prompt_len = prompt_len;
+    s = KVS_OK;
+cleanup:
+    kvs_trace_block_free(&bi->pub);
+    return s;
+}
+
+kvs_status kvs_trace_open(const char *path, kvs_trace **out) {
+    *out = NULL;
+    if (!path) return kvs_fail(KVS_ERR_INVALID_ARG, "trace open: NULL path");
+    kvs_status s;
+    uint8_t *footer = NULL;
+    const chunk_entry **sorted = NULL;
+    kvs_trace *t = calloc(1, sizeof *t);
+    if (!t || !(t->path = strdup(path))) {
+        free(t);
+        return kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", path);
+    }
+    t->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (t->fd < 0) {
+        s = kvs_fail(KVS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        goto cleanup;
+    }
+    struct stat st;
+    if (fstat(t->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        s = kvs_fail(KVS_ERR_IO, "%s: not a regular file", path);
+        goto cleanup;
+    }
+    t->file_size = (uint64_t)st.st_size;
+    KVS_TRY(s = read_header(t->fd, t->file_size, path, &t->h));
+    const trace_hdr *h = &t->h;
+
+    /* trailer */
+    if (t->file_size < (uint64_t)h->header_size + FOOTER_FIXED + TRAILER) {
+        s = kvs_fail(KVS_ERR_TRUNCATED, "%s: file (%llu bytes) too short for header + footer + trailer; an "
+                     "unfinished capture can be restored with `kvsim trace recover`", path,
+                     (unsigned long long)t->file_size);
+        goto cleanup;
+    }
+    uint8_t tr[TRAILER];
+    KVS_TRY(s = kvs_pread_all(t->fd, tr, TRAILER, t->file_size - TRAILER, path));
+    if (memcmp(tr + 24, MAGIC_END, 8) != 0) {
+        s = kvs_fail(KVS_ERR_TRUNCATED, "%s: no trailer at the end of the file (truncated, or an unfinished "
+                     "capture: try `kvsim trace recover`)", path);
+        goto cleanup;
+    }
+    if (kvs_crc32(0, tr, 16) != kvs_get_u32(tr + 16)) {
+        s = kvs_fail(KVS_ERR_CHECKSUM, "%s: trailer checksum mismatch", path);
+        goto cleanup;
+    }
+    if (kvs_get_u32(tr + 20) != 0) {
+        s = kvs_fail(KVS_ERR_FORMAT, "%s: trailer reserved field is not 0", path);
+        goto cleanup;
+    }
+    uint64_t foff = kvs_get_u64(tr), fsize = kvs_get_u64(tr + 8);
+    if (foff < h->header_size || foff > t->file_size || fsize > t->file_size - foff ||
+        t->file_size - foff - fsize != TRAILER) {
+        s = kvs_fail(KVS_ERR_FORMAT, "%s: trailer: footer offset %llu / size %llu do not end 32 bytes before the "
+                     "end of the %llu-byte file", path, (unsigned long long)foff, (unsigned long long)fsize,
+                     (unsigned long long)t->file_size);
+        goto cleanup;
+    }
+    if (fsize < FOOTER_FIXED || (fsize - FOOTER_FIXED) % INDEX_ENTRY != 0) {
+        s = kvs_fail(KVS_ERR_FORMAT, "%s: trailer: footer size %llu is not 40 + 48 * n_chunks", path,
+                     (unsigned long long)fsize);
+        goto cleanup;
+    }
+    t->footer_offset = foff;
+
+    /* footer (its size is bounded by the file size, checked above) */
+    footer = malloc((size_t)fsize);
+    if (!footer) {
+        s = kvs_fail(KVS_ERR_NOMEM, "%s: cannot allocate the %llu-byte footer", path, (unsigned long long)fsize);
+        goto cleanup;
+    }
+    KVS_TRY(s = kvs_pread_all(t->fd, footer, (size_t)fsize, foff, path));
+    if (memcmp(footer, MAGIC_FOOTER, 4) != 0) {
+        s = kvs_fail(KVS_ERR_FORMAT, "%s: footer: bad magic at offset %llu", path, (unsigned long long)foff);
+        goto cleanup;
+    }
+    if (kvs_crc32(0, footer, (size_t)fsize - 4) != kvs_get_u32(footer + fsize - 4)) {
+        s = kvs_fail(KVS_ERR_CHECKSUM, "%s: footer checksum mismatch", path);
+        goto cleanup;
+    }
+    if (kvs_get_u32(footer + 4) != 0 || kvs_get_u32(footer + fsize - 8) != 0) {
+        s = kvs_fail(KVS_ERR_FORMAT, "%s: footer reserved fields are not 0", path);
+        goto cleanup;
+    }
+    uint64_t N = kvs_get_u64(footer + 8), n_chunks = kvs_get_u64(footer + 16), total_raw = kvs_get_u64(footer + 24);
+    if (n_chunks != (fsize - FOOTER_FIXED) / INDEX_ENTRY) {
+        s = kvs_fail(KVS_ERR_FORMAT, "%s: footer: n_chunks = %llu but footer size %llu holds %llu entries", path,
+                     (unsigned long long)n_chunks, (unsigned long long)fsize,
+                     (unsigned long long)((fsize - FOOTER_FIXED) / INDEX_ENTRY));
+        goto cleanup;
+    }
+    uint64_t per_block = (uint64_t)h->L * h->Hkv + 1; /* <= 2^20 + 1 */
+    /* N < 2^62 keeps nb * per_block and positions arithmetic far from overflow. */
+    uint64_t nb = N >= 1 && N < ((uint64_t)1 << 62) ? (N + h->B - 1) / h->B : 0;
+    if (nb == 0 || nb > n_chunks / per_block || nb * per_block != n_chunks) {
+        s = kvs_fail(KVS_ERR_FORMAT, "%s: footer: n_positions = %llu and n_chunks = %llu do not agree "
+                     "(expected ceil(N / %u) * %llu chunks, N >= 1)", path, (unsigned long long)N,
+                     (unsigned long long)n_chunks, h->B, (unsigned long long)per_block);
+        goto cleanup;
+    }
+    t->nb = nb;
+    t->n_chunks = n_chunks;
+    t->info.n_positions = (int64_t)N;
+
+    /* index entries */
+    t->entries = malloc((size_t)n_chunks * sizeof *t->entries);
+    t->slot_tok = malloc((size_t)nb * sizeof *t->slot_tok);
+    t->slot_grp = malloc((size_t)(nb * (per_block - 1)) * sizeof *t->slot_grp);
+    sorted = malloc((size_t)n_chunks * sizeof *sorted);
+    if (!t->entries || !t->slot_tok || !t->slot_grp || !sorted) {
+        s = kvs_fail(KVS_ERR_NOMEM, "%s: cannot allocate the index of %llu chunks", path, (unsigned long long)n_chunks);
+        goto cleanup;
+    }
+    for (uint64_t b = 0; b < nb; b++) t->slot_tok[b] = -1;
+    for (uint64_t i = 0; i < nb * (per_block - 1); i++) t->slot_grp[i] = -1;
+    uint64_t sum_raw = 0, sum_comp = 0;
+    for (uint64_t i = 0; i < n_chunks; i++) {
+        chunk_entry *e = &t->entries[i];
+        get_entry(footer + 32 + INDEX_ENTRY * i, e);
+        char part[48];
+        snprintf(part, sizeof part, "index entry %llu", (unsigned long long)i);
+        KVS_TRY(s = check_entry_fields(e, h, path, part));
+        char nm[96];
+        chunk_name(nm, sizeof nm, e);
+        if (e->block >= nb) {
+            s = kvs_fail(KVS_ERR_FORMAT, "%s: %s %s: block >= %llu blocks", path, part, nm, (unsigned long long)nb);
+            goto cleanup;
+        }
+        if (e->n_pos != block_npos(t, e->block)) {
+            s = kvs_fail(KVS_ERR_FORMAT, "%s: %s %s: n_pos = %u, expected %u", path, part, nm, e->n_pos,
+                         block_npos(t, e->block));
+            goto cleanup;
+        }
+        if (e->offset < h->header_size || e->offset > foff || CHUNK_HDR + e->comp_size > foff - e->offset) {
+            s = kvs_fail(KVS_ERR_FORMAT, "%s: %s %s: offset %llu + %llu bytes is outside [header end %u, footer "
+                         "offset %llu)", path, part, nm, (unsigned long long)e->offset,
+                         (unsigned long long)(CHUNK_HDR + e->comp_size), h->header_size, (unsigned long long)foff);
+            goto cleanup;
+        }
+        int64_t *slot = e->kind == KIND_TOKENS ? &t->slot_tok[e->block]
+                                               : &t->slot_grp[(e->block * h->L + e->layer) * h->Hkv + e->kv_head];
+        if (*slot >= 0) {
+            s = kvs_fail(KVS_ERR_FORMAT, "%s: %s %s appears twice in the index", path, part, nm);
+            goto cleanup;
+        }
+        *slot = (int64_t)i;
+        sorted[i] = e;
+        sum_raw += e->raw_size; /* each < 2^40, n_chunks < 2^58: no overflow in practice; checked below */
+        sum_comp += e->comp_size;
+    }
+    /* Every slot is filled: n_chunks equals the slot count and no slot was filled twice. */
+    if (sum_raw != total_raw) {
+        s = kvs_fail(KVS_ERR_FORMAT, "%s: footer: total raw bytes %llu, but the index sums to %llu", path,
+                     (unsigned long long)total_raw, (unsigned long long)sum_raw);
+        goto cleanup;
+    }
+    /* Chunks may not overlap (a writer never produces that; it also bounds the total by the file size). */
+    qsort(sorted, (size_t)n_chunks, sizeof *sorted, cmp_entry_offset);
+    for (uint64_t i = 1; i < n_chunks; i++) {
+        if (sorted[i - 1]->offset + CHUNK_HDR + sorted[i - 1]->comp_size > sorted[i]->offset) {
+            char a[96], b[96];
+            chunk_name(a, sizeof a, sorted[i - 1]);
+            chunk_name(b, sizeof b, sorted[i]);
+            s = kvs_fail(KVS_ERR_FORMAT, "%s: index: %s overlaps %s", path, a, b);
+            goto cleanup;
+        }
+    }
+    t->info.model = h->model;
+    t->info.capture = h->cap;
+    t->info.version = h->version;
+    t->info.n_blocks = (int64_t)nb;
+    t->info.n_chunks = (int64_t)n_chunks;
+    t->info.raw_bytes = sum_raw;
+    t->info.compressed_bytes = sum_comp;
+    t->info.file_bytes = t->file_size;
+    KVS_TRY(s = load_tokens(t));
+    s = KVS_OK;
+cleanup:
+    free(footer);
+    free(sorted);
+    if (s != KVS_OK) {
+        kvs_trace_close(t);
+        return s;
+    }
+    *out = t;
+    return KVS_OK;
+}
+
+void kvs_trace_close(kvs_trace *t) {
+    if (!t) return;
+    if (t->fd >= 0) close(t->fd);
+    free(t->path);
+    free(t->entries);
+    free(t->slot_tok);
+    free(t->slot_grp);
+    free(t->tokens);
+    free(t->turn_of);
+    free(t->roles);
+    free(t->turns);
+    free(t);
+}
+
+const kvs_trace_info *kvs_trace_info_get(const kvs_trace *t) { return &t->info; }
+const int32_t *kvs_trace_tokens(const kvs_trace *t) { return t->tokens; }
+const uint8_t *kvs_trace_roles(const kvs_trace *t) { return t->roles; }
+const int32_t *kvs_trace_turn_of(const kvs_trace *t) { return t->turn_of; }
+
+kvs_status kvs_trace_check_chunks(const kvs_trace *t) {
+    if (!t) return kvs_fail(KVS_ERR_INVALID_ARG, "check_chunks: NULL trace");
+    block_impl *bi;
+    kvs_status s = block_impl_create(t, (size_t)group_raw_size(&t->h, t->h.B), 0, &bi);
+    if (s != KVS_OK) return s;
+    for (uint64_t i = 0; i < t->n_chunks && s == KVS_OK; i++) s = read_chunk(t, &t->entries[i], bi);
+    kvs_trace_block_free(&bi->pub);
+    return s;
+}
+
+/* ---- streaming ---- */
+
+struct kvs_trace_stream {
+    const kvs_trace *t;
+    int layer, kv_head;
+    int64_t next;
+    kvs_trace_block *blk;
+};
+
+kvs_status kvs_trace_stream_open(const kvs_trace *t, int layer, int kv_head, kvs_trace_stream **out) {
+    *out = NULL;
+    if (!t) return kvs_fail(KVS_ERR_INVALID_ARG, "stream_open: NULL trace");
+    if (layer < 0 || (uint32_t)layer >= t->h.L || kv_head < 0 || (uint32_t)kv_head >= t->h.Hkv)
+        return kvs_fail(KVS_ERR_RANGE, "%s: stream_open: (layer %d, kv head %d) outside the trace (%u layers, %u kv "
+                        "heads)", t->path, layer, kv_head, t->h.L, t->h.Hkv);
+    kvs_trace_stream *s = calloc(1, sizeof *s);
+    if (!s) return kvs_fail(KVS_ERR_NOMEM, "%s: cannot allocate a stream", t->path);
+    kvs_status st = kvs_trace_block_create(t, &s->blk);
+    if (st != KVS_OK) {
+        free(s);
+        return st;
+    }
+    s->t = t;
+    s->layer = layer;
+    s->kv_head = kv_head;
+    *out = s;
+    return KVS_OK;
+}
+
+kvs_status kvs_trace_stream_next(kvs_trace_stream *s, const kvs_trace_block **blk) {
+    *blk = NULL;
+    if ((uint64_t)s->next >= s->t->nb) return KVS_ERR_END;
+    kvs_status st = kvs_trace_read_block(s->t, s->layer, s->kv_head, s->next, s->blk);
+    if (st != KVS_OK) return st;
+    s->next++;
+    *blk = s->blk;
+    return KVS_OK;
+}
+
+void kvs_trace_stream_free(kvs_trace_stream *s) {
+    if (!s) return;
+    kvs_trace_block_free(s->blk);
+    free(s);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Recovery (FORMAT.md "Writing, killing and recovering")
+ * ---------------------------------------------------------------------------------------------- */
+
+kvs_status kvs_trace_recover(const char *in_path, const char *out_path, int64_t *recovered_positions) {
+    if (recovered_positions) *recovered_positions = 0;
+    if (!in_path || !out_path) return kvs_fail(KVS_ERR_INVALID_ARG, "recover: NULL path");
+    kvs_status s = KVS_OK;
+    chunk_entry *found = NULL, *kept = NULL;
+    size_t n_found = 0, cap_found = 0;
+    uint8_t *hbuf = NULL, *cbuf = NULL, *raw = NULL;
+    size_t cbuf_cap = 0;
+    char *partial = NULL;
+    int ofd = -1;
+    ZSTD_DCtx *dctx = NULL;
+    int fd = open(in_path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return kvs_fail(KVS_ERR_IO, "%s: cannot open: %s", in_path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        s = kvs_fail(KVS_ERR_IO, "%s: not a regular file", in_path);
+        goto cleanup;
+    }
+    uint64_t size = (uint64_t)st.st_size;
+    trace_hdr h;
+    s = read_header(fd, size, in_path, &h);
+    if (s == KVS_ERR_IO) goto cleanup;
+    if (s != KVS_OK) { /* the contract: no valid header is a format error, whatever the cause */
+        char detail[1024];
+        snprintf(detail, sizeof detail, "%s", kvs_last_error());
+        s = kvs_fail(KVS_ERR_FORMAT, "%s (no valid trace header: nothing can be recovered)", detail);
+        goto cleanup;
+    }
+    size_t max_raw = (size_t)group_raw_size(&h, h.B);
+    hbuf = malloc(h.header_size);
+    raw = malloc(max_raw);
+    dctx = ZSTD_createDCtx();
+    if (!hbuf || !raw || !dctx) {
+        s = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", in_path);
+        goto cleanup;
+    }
+    KVS_TRY(s = kvs_pread_all(fd, hbuf, h.header_size, 0, in_path));
+
+    /* Scan chunks until the first one that fails a check or runs past the end of the file. */
+    uint64_t off = h.header_size;
+    while (off <= size && size - off >= CHUNK_HDR) {
+        uint8_t ch[CHUNK_HDR];
+        chunk_entry e;
+        if (kvs_pread_all(fd, ch, CHUNK_HDR, off, in_path) != KVS_OK) break;
+        if (parse_chunk_header(ch, off, in_path, &e) != KVS_OK) break;
+        if (check_entry_fields(&e, &h, in_path, "recovery") != KVS_OK || kvs_get_u32(ch + 28) != 0) break;
+        if (e.comp_size > size - off - CHUNK_HDR) break; /* torn chunk */
+        if (e.comp_size > cbuf_cap) {
+            uint8_t *nb = realloc(cbuf, (size_t)e.comp_size);
+            if (!nb) {
+                s = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", in_path);
+                goto cleanup;
+            }
+            cbuf = nb;
+            cbuf_cap = (size_t)e.comp_size;
+        }
+        if (kvs_pread_all(fd, cbuf, (size_t)e.comp_size, off + CHUNK_HDR, in_path) != KVS_OK) break;
+        if (check_and_decompress(cbuf, kvs_get_u32(ch + 48), &e, raw, dctx, in_path) != KVS_OK) break;
+        if (n_found == cap_found) {
+            size_t nc = cap_found ? 2 * cap_found : 256;
+            chunk_entry *nf = realloc(found, nc * sizeof *nf);
+            if (!nf) {
+                s = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", in_path);
+                goto cleanup;
+            }
+            found = nf;
+            cap_found = nc;
+        }
+        found[n_found++] = e;
+        off += CHUNK_HDR + e.comp_size;
+    }
+    kvs_clear_error();
+
+    /* Keep the longest prefix of complete blocks: block b needs its tokens chunk and all L*Hkv group chunks,
+     * all with the same n_pos; only the last kept block may be partial. Chunks are appended block by block,
+     * so block b's chunks are the next per_block found chunks in canonical order. */
+    size_t per_block = (size_t)h.L * h.Hkv + 1;
+    kept = malloc((n_found ? n_found : 1) * sizeof *kept);
+    if (!kept) {
+        s = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", in_path);
+        goto cleanup;
+    }
+    size_t n_kept = 0;
+    uint64_t N = 0, total_raw = 0;
+    for (uint64_t b = 0;; b++) {
+        size_t base = (size_t)b * per_block;
+        if (base + per_block > n_found) break;
+        const chunk_entry *blk = &found[base];
+        int ok = blk[0].kind == KIND_TOKENS && blk[0].block == b;
+        for (size_t j = 1; ok && j < per_block; j++) {
+            const chunk_entry *e = &blk[j];
+            size_t gi = j - 1;
+            ok = e->kind == KIND_GROUP && e->block == b && e->n_pos == blk[0].n_pos && e->layer == gi / h.Hkv &&
+                 e->kv_head == gi % h.Hkv;
+        }
+        if (!ok) break;
+        memcpy(kept + n_kept, blk, per_block * sizeof *kept);
+        n_kept += per_block;
+        N += blk[0].n_pos;
+        for (size_t j = 0; j < per_block; j++) total_raw += blk[j].raw_size;
+        if (blk[0].n_pos < h.B) break; /* a partial block ends the trace */
+    }
+    if (N == 0) {
+        s = kvs_fail(KVS_ERR_TRUNCATED, "%s: no complete block of positions to recover (%zu valid chunks found)",
+                     in_path, n_found);
+        goto cleanup;
+    }
+
+    /* Write header + kept chunks (byte for byte) + new footer/trailer to out_path.partial, then rename. */
+    partial = str_concat(out_path, ".partial");
+    if (!partial) {
+        s = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    ofd = open(partial, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (ofd < 0) {
+        s = kvs_fail(KVS_ERR_IO, "%s: cannot create: %s", partial, strerror(errno));
+        goto cleanup;
+    }
+    KVS_TRY(s = kvs_write_all(ofd, hbuf, h.header_size, partial));
+    uint64_t woff = h.header_size;
+    for (size_t i = 0; i < n_kept; i++) {
+        chunk_entry *e = &kept[i];
+        size_t len = CHUNK_HDR + (size_t)e->comp_size;
+        if (len > cbuf_cap) {
+            uint8_t *nb = realloc(cbuf, len);
+            if (!nb) {
+                s = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+                goto cleanup;
+            }
+            cbuf = nb;
+            cbuf_cap = len;
+        }
+        KVS_TRY(s = kvs_pread_all(fd, cbuf, len, e->offset, in_path));
+        KVS_TRY(s = kvs_write_all(ofd, cbuf, len, partial));
+        e->offset = woff;
+        woff += len;
+    }
+    KVS_TRY(s = write_footer(ofd, partial, kept, n_kept, N, total_raw, woff));
+    if (fsync(ofd) != 0) {
+        s = kvs_fail(KVS_ERR_IO, "%s: fsync failed: %s", partial, strerror(errno));
+        goto cleanup;
+    }
+    int rc = close(ofd);
+    ofd = -1;
+    if (rc != 0) {
+        s = kvs_fail(KVS_ERR_IO, "%s: close failed: %s", partial, strerror(errno));
+        goto cleanup;
+    }
+    if (rename(partial, out_path) != 0) {
+        s = kvs_fail(KVS_ERR_IO, "%s: cannot rename to %s: %s", partial, out_path, strerror(errno));
+        goto cleanup;
+    }
+    fsync_parent_dir(out_path);
+    if (recovered_positions) *recovered_positions = (int64_t)N;
+    s = KVS_OK;
+cleanup:
+    if (ofd >= 0) close(ofd);
+    if (s != KVS_OK && partial) unlink(partial);
+    free(partial);
+    close(fd);
+    free(found);
+    free(kept);
+    free(hbuf);
+    free(cbuf);
+    free(raw);
+    ZSTD_freeDCtx(dctx);
+    return s;
+}
