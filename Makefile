@@ -32,7 +32,7 @@ BENCH_BINS = $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 LIB = $(BUILD)/libkvs.a
 KVSIM ?= kvsim
 
-.PHONY: all test asan bench cuda clean check-deps
+.PHONY: all test asan bench clean
 all: $(KVSIM)
 
 $(BUILD)/%.o: %.c
@@ -68,5 +68,8 @@ bench: $(KVSIM) $(BENCH_BINS)
 
 clean:
 	rm -rf build kvsim
+
+# The CUDA backend's rules (targets cuda, cuda-test, bench-cuda) live beside its sources.
+-include gpu_capture/cuda/cuda.mk
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

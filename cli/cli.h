@@ -45,5 +45,9 @@ int kvs_cmd_info(int argc, char **argv);
 int kvs_cmd_verify(int argc, char **argv);
 int kvs_cmd_export(int argc, char **argv);
 int kvs_cmd_trace(int argc, char **argv);
+int kvs_cmd_capture(int argc, char **argv);
+int kvs_cmd_runs(int argc, char **argv);
+int kvs_cmd_plot(int argc, char **argv);
+int kvs_cmd_replay(int argc, char **argv);
 
 #endif /* KVS_CLI_H */

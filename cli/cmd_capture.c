@@ -31,7 +31,7 @@ static const char *const capture_help =
     "  --max-positions N    stop after N positions (default: the model context)\n"
     "  --temperature T      0 = greedy (default); --top-p P nucleus sampling (default 1 = off)\n"
     "  --seed S             sampling seed (default 42)\n"
-    "  --dtype D            trace storage of q/k/v/o: fp32 (default), fp16, bf16 (lse is always fp32)\n"
+    "  --dtype D            trace storage of q/k/v/o: fp16 (default), bf16, fp32 (lse is always fp32)\n"
     "  --block N            positions per trace block (default 64)\n"
     "  --threads N          worker threads (default: all cores)\n"
     "  --device cpu|cuda    backend (default cpu; this build has no CUDA backend)\n"
@@ -131,7 +131,7 @@ int kvs_cmd_capture(int argc, char **argv) {
     o.steps = 64;
     o.top_p = 1.0f;
     o.seed = 42;
-    o.dtype = KVS_DTYPE_F32;
+    o.dtype = KVS_DTYPE_F16;
     const char *prompt_file = NULL, *prompt_ids = NULL, *turns_file = NULL, *device = "cpu";
     int no_trace = 0, progress = -1, rc = KVS_EXIT_OK;
     int32_t *ids = NULL;
