@@ -22,9 +22,9 @@ static const kvs_cli_command commands[] = {
     {"verify", "check every checksum and recompute attention against the stored outputs", kvs_cmd_verify},
     {"export", "write one layer's q/k/v/o/lse or the token ids of a trace as a NumPy .npy file", kvs_cmd_export},
     {"trace", "trace maintenance: `kvsim trace recover IN OUT` restores a killed capture", kvs_cmd_trace},
+    {"replay", "replay a trace under policy/budget sweeps and store the metrics in a results database", kvs_cmd_replay},
     {"runs", "list the runs of a results database as a table or CSV (one row per run and layer)", kvs_cmd_runs},
     {"plot", "draw error/memory vs budget or error vs position from a results database (gnuplot)", kvs_cmd_plot},
-    {"replay", "replay a trace under policy/budget sweeps and store the metrics in a results database", kvs_cmd_replay},
     {"help", "list the commands, or `kvsim help CMD` for one command's options", cmd_help},
     {"version", "print the kvsim version", cmd_version},
 };

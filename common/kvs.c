@@ -91,19 +91,9 @@ kvs_status kvs_dtype_parse(const char *s, kvs_dtype *out) {
     return KVS_OK;
 }
 
-static uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static float bits_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 uint16_t kvs_f32_to_f16(float f) {
-    uint32_t x = f32_bits(f);
+    uint32_t x = kvs_f32_bits(f);
     uint32_t sign = (x >> 16) & 0x8000u;
     uint32_t exp = (x >> 23) & 0xffu;
     uint32_t man = x & 0x7fffffu;
@@ -131,30 +121,30 @@ float kvs_f16_to_f32(uint16_t h) {
     uint32_t exp = (h >> 10) & 0x1fu;
     uint32_t man = h & 0x3ffu;
     if (exp == 0) {
-        if (man == 0) return bits_f32(sign);
+        if (man == 0) return kvs_bits_f32(sign);
         /* subnormal: value = man * 2^-24 */
         float v = (float)man * (1.0f / 16777216.0f);
         return sign ? -v : v;
     }
-    if (exp == 31) return bits_f32(sign | 0x7f800000u | (man << 13));
-    return bits_f32(sign | ((exp - 15 + 127) << 23) | (man << 13));
+    if (exp == 31) return kvs_bits_f32(sign | 0x7f800000u | (man << 13));
+    return kvs_bits_f32(sign | ((exp - 15 + 127) << 23) | (man << 13));
 }
 
 uint16_t kvs_f32_to_bf16(float f) {
-    uint32_t x = f32_bits(f);
+    uint32_t x = kvs_f32_bits(f);
     if ((x & 0x7f800000u) == 0x7f800000u && (x & 0x7fffffu)) return (uint16_t)((x >> 16) | 0x40u); /* nan */
     uint32_t lsb = (x >> 16) & 1u;
     x += 0x7fffu + lsb;
     return (uint16_t)(x >> 16);
 }
 
-float kvs_bf16_to_f32(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+float kvs_bf16_to_f32(uint16_t h) { return kvs_bits_f32((uint32_t)h << 16); }
 
 void kvs_encode(kvs_dtype t, const float *src, size_t n, void *dst) {
     uint8_t *d = dst;
     switch (t) {
     case KVS_DTYPE_F32:
-        for (size_t i = 0; i < n; i++) kvs_put_u32(d + 4 * i, f32_bits(src[i]));
+        for (size_t i = 0; i < n; i++) kvs_put_u32(d + 4 * i, kvs_f32_bits(src[i]));
         break;
     case KVS_DTYPE_F16:
         for (size_t i = 0; i < n; i++) kvs_put_u16(d + 2 * i, kvs_f32_to_f16(src[i]));
@@ -169,7 +159,7 @@ void kvs_decode(kvs_dtype t, const void *src, size_t n, float *dst) {
     const uint8_t *s = src;
     switch (t) {
     case KVS_DTYPE_F32:
-        for (size_t i = 0; i < n; i++) dst[i] = bits_f32(kvs_get_u32(s + 4 * i));
+        for (size_t i = 0; i < n; i++) dst[i] = kvs_bits_f32(kvs_get_u32(s + 4 * i));
         break;
     case KVS_DTYPE_F16:
         for (size_t i = 0; i < n; i++) dst[i] = kvs_f16_to_f32(kvs_get_u16(s + 2 * i));

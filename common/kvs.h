@@ -79,6 +79,18 @@ void kvs_decode(kvs_dtype t, const void *src, size_t n, float *dst);
 /*! kvs_crc32() : CRC-32 (IEEE 802.3, reflected 0xEDB88320), continuing from `crc` (start with 0). */
 uint32_t kvs_crc32(uint32_t crc, const void *data, size_t n);
 
+/* Bit pattern of a float and back (memcpy: the one well-defined type pun in C). */
+static inline uint32_t kvs_f32_bits(float f) {
+    uint32_t u;
+    __builtin_memcpy(&u, &f, 4);
+    return u;
+}
+static inline float kvs_bits_f32(uint32_t u) {
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+}
+
 /* Little-endian load/store helpers for file formats (the formats are little-endian on every host). */
 static inline void kvs_put_u16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
 static inline void kvs_put_u32(uint8_t *p, uint32_t v) {

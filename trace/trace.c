@@ -124,16 +124,6 @@ static void put_chunk_header(uint8_t *p, const chunk_entry *e, uint32_t payload_
     kvs_put_u32(p + 52, kvs_crc32(0, p, 52));
 }
 
-static uint32_t f32_to_u32(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static float u32_to_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 /* ------------------------------------------------------------------------------------------------
  * Header: validation shared by writer (config check) and reader (file check)
@@ -199,9 +189,9 @@ static uint32_t encode_header(const kvs_model_config *m, const kvs_capture_confi
     kvs_put_u32(buf + 36, (uint32_t)m->hidden_dim);
     kvs_put_u32(buf + 40, (uint32_t)m->vocab_size);
     kvs_put_u32(buf + 44, (uint32_t)m->max_seq_len);
-    kvs_put_u32(buf + 48, f32_to_u32(m->rope_theta));
-    kvs_put_u32(buf + 52, f32_to_u32(m->norm_eps));
-    kvs_put_u32(buf + 56, f32_to_u32(m->attn_scale));
+    kvs_put_u32(buf + 48, kvs_f32_bits(m->rope_theta));
+    kvs_put_u32(buf + 52, kvs_f32_bits(m->norm_eps));
+    kvs_put_u32(buf + 56, kvs_f32_bits(m->attn_scale));
     kvs_put_u32(buf + 60, (uint32_t)m->rope_layout);
     kvs_put_u32(buf + 64, (uint32_t)c->dtype);
     kvs_put_u32(buf + 68, (uint32_t)c->block_positions);
@@ -253,9 +243,9 @@ static kvs_status read_header(int fd, uint64_t file_size, const char *path, trac
     m->hidden_dim = (int32_t)kvs_get_u32(buf + 36);
     m->vocab_size = (int32_t)kvs_get_u32(buf + 40);
     m->max_seq_len = (int32_t)kvs_get_u32(buf + 44);
-    m->rope_theta = u32_to_f32(kvs_get_u32(buf + 48));
-    m->norm_eps = u32_to_f32(kvs_get_u32(buf + 52));
-    m->attn_scale = u32_to_f32(kvs_get_u32(buf + 56));
+    m->rope_theta = kvs_bits_f32(kvs_get_u32(buf + 48));
+    m->norm_eps = kvs_bits_f32(kvs_get_u32(buf + 52));
+    m->attn_scale = kvs_bits_f32(kvs_get_u32(buf + 56));
     m->rope_layout = (int32_t)kvs_get_u32(buf + 60);
     c->dtype = (int32_t)kvs_get_u32(buf + 64);
     c->block_positions = (int32_t)kvs_get_u32(buf + 68);
@@ -594,7 +584,7 @@ static kvs_status flush_block(kvs_trace_writer *w) {
             memcpy(p, w->go + gi * w->q_bytes, qb);
             p += qb;
             const float *lse = w->glse + gi * w->lse_n;
-            for (size_t i = 0; i < n * h->G; i++) kvs_put_u32(p + 4 * i, f32_to_u32(lse[i]));
+            for (size_t i = 0; i < n * h->G; i++) kvs_put_u32(p + 4 * i, kvs_f32_bits(lse[i]));
             e = (chunk_entry){.kind = KIND_GROUP, .layer = l, .kv_head = kh, .n_pos = (uint32_t)n,
                               .block = (uint64_t)w->blk_index, .raw_size = group_raw_size(h, n)};
             if ((s = write_chunk(w, &e, grp_arrays, 5)) != KVS_OK) return s;
