@@ -12,6 +12,10 @@ static const struct kvs_policy_ops *const registry[] = {
     &kvs_policy_tova,
     &kvs_policy_topk,
     /* other engineers: add `&kvs_policy_<name>,` lines below */
+    &kvs_policy_scissorhands,
+    &kvs_policy_snapkv,
+    &kvs_policy_pyramidkv,
+    &kvs_policy_adakv,
 };
 
 int kvs_policy_count(void) { return (int)(sizeof registry / sizeof registry[0]); }

@@ -13,5 +13,9 @@ extern const struct kvs_policy_ops kvs_policy_h2o;
 extern const struct kvs_policy_ops kvs_policy_tova;
 extern const struct kvs_policy_ops kvs_policy_topk;
 /* other engineers: add your `extern const struct kvs_policy_ops kvs_policy_<name>;` lines below */
+extern const struct kvs_policy_ops kvs_policy_scissorhands;
+extern const struct kvs_policy_ops kvs_policy_snapkv;
+extern const struct kvs_policy_ops kvs_policy_pyramidkv;
+extern const struct kvs_policy_ops kvs_policy_adakv;
 
 #endif /* KVS_POLICIES_REGISTRY_H */
