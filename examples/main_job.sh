@@ -2,9 +2,11 @@
 # The main kvsim job, end to end: (capture ->) replay a policy x budget sweep -> results table -> plots.
 #
 #   sh examples/main_job.sh                  replay the bundled trace examples/stories260K.kvt, which kvsim
-#                                            captured from the real stories260K model (356 positions:
-#                                            36 prompt + 320 greedy tokens, fp16)
-#   sh examples/main_job.sh MODEL [PROMPT]   first capture a fresh trace from your own checkpoint
+#                                            captured from the real stories260K model with the prompt
+#                                            examples/prompt.txt (495 positions: 239 prompt + 256 greedy
+#                                            tokens, fp16)
+#   sh examples/main_job.sh MODEL [PROMPT_FILE]
+#                                            first capture a fresh trace from your own checkpoint
 #                                            (llama2.c .bin or Hugging Face folder), then the same
 #
 # Outputs go to $OUT (default examples/out): trace.kvt (when captured), results.db, runs.csv,
@@ -19,8 +21,7 @@ mkdir -p "$out"
 
 if [ $# -ge 1 ]; then
     trace="$out/trace.kvt"
-    prompt=${2:-"Once upon a time, there was a little girl named Lily. She loved to play outside in the park."}
-    "$KVSIM" capture --model "$1" --prompt "$prompt" --steps 320 --ignore-eos --out "$trace"
+    "$KVSIM" capture --model "$1" --prompt-file "${2:-$here/prompt.txt}" --steps 256 --ignore-eos --out "$trace"
 else
     trace="$here/stories260K.kvt"
 fi

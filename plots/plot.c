@@ -384,13 +384,18 @@ static void write_script(FILE *gp, const kvs_plot_options *o, int is_svg, const 
     put_gp_string(gp, xlabel);
     fprintf(gp, "\nset ylabel ");
     put_gp_string(gp, ylabel);
-    fprintf(gp, "\nset grid\nset key outside right top vertical Left reverse\n");
+    /* Legend under the plot: labels carry every parameter and would squeeze the plot area if put beside it. */
+    fprintf(gp, "\nset grid\nset key outside below center vertical maxrows 6 Left reverse\n");
     if (logx) fprintf(gp, "set logscale x 2\nset format x '%%g'\n");
     (void)o;
     fprintf(gp, "plot ");
     for (size_t i = 0; i < d->n; i++) {
-        fprintf(gp, "%s'-' using 1:2 with linespoints lw 2 pt %d ps 0.8 dt %d title ", i ? ", \\\n     " : "",
-                (int)(i % 13) + 1, d->s[i].dashed ? 2 : 1);
+        /* gnuplot's default colours repeat after 8 series; a sweep easily has more. Oracles: black, dashed. */
+        static const char *const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                                              "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a"};
+        const char *color = d->s[i].dashed ? "#000000" : palette[i % (sizeof palette / sizeof palette[0])];
+        fprintf(gp, "%s'-' using 1:2 with linespoints lw 2 pt %d ps 0.8 dt %d lc rgb '%s' title ",
+                i ? ", \\\n     " : "", (int)(i % 13) + 1, d->s[i].dashed ? 2 : 1, color);
         put_gp_string(gp, d->s[i].label);
     }
     fprintf(gp, "\n");
