@@ -104,78 +104,216 @@ int kvs_cmd_info(int argc, char **argv) {
  * kvsim verify TRACE [--tolerance X] [--lse-tolerance X] [--threads N]
  * ---------------------------------------------------------------------------------------------- */
 
-/* Default tolerances per storage dtype.
+/* The per-row error bound (the default check; --tolerance / --lse-tolerance switch to fixed tolerances).
  *
- * What is compared: the stored o/lse were computed at capture from the unrounded q/k/v; verify recomputes
- * them in fp32 from the STORED q/k/v, which were each rounded to the storage dtype (unit roundoff u:
- * fp32 2^-24, fp16 2^-11, bf16 2^-8), and the stored o was rounded too. First-order bounds:
- *  - scores s_j = scale q.k_j move by δs_j = scale (δq.k_j + q.δk_j), |δs_j| <= 2u scale |q||k_j| (worst
- *    case; independent roundings make it ~sqrt(2/d) of that typically);
- *  - LSE is 1-Lipschitz in the max-norm of the scores: |δlse| <= Δ := max_j |δs_j|;
- *  - o = Σ p_j v_j: ||δo||/||o|| <= u (stored o) + (u + e^{2Δ} - 1) Σ p_j ||v_j|| / ||o||, since each
- *    p_j moves by a factor within e^{±2Δ} and each v_j by u relative.
- * Both grow with scale |q||k| (sharp heads) and with small d (less cancellation), so the defaults are set
- * from real captures, not from Gaussian data: on stories260K (d = 8, the worst case we have; 401 positions,
- * greedy, `kvsim capture --steps 400 --ignore-eos`) the largest errors were, fp16: output 0.025 (51 u),
- * lse 0.059 (120 u); bf16: output 0.18 (47 u), lse 0.52 (134 u); tinystories-656K (d = 16) gave 5-10x
- * less. Defaults: output 128 u, lse 512 u (2.5x and 4x above the worst measured), i.e. fp16 0.0625 / 0.25,
- * bf16 0.5 / 2.0. fp32 traces are recomputed exactly up to summation order: 1e-4 for both (measured 0 and
- * 1e-6 on the CPU capture; the margin absorbs a GPU capture's different reduction order).
- * A wrong o (another position's output, or a bug) gives a maximum relative error of order 1 or more over a
- * trace (0.5 .. 3 on generated data, see tests/test_cli_trace.c; 4.7 .. 8.0 on the stories260K and
- * tinystories-656K captures with o shifted by one position), which these tolerances catch in every
- * dtype. Pass --tolerance / --lse-tolerance to tighten or loosen. */
-static void default_tolerances(kvs_dtype dt, double *out_tol, double *lse_tol) {
+ * What is compared. The capture computed in fp32 q, k_j, v_j (j <= p) and from them o and lse; the trace
+ * holds q~ = rd(q), k~_j, v~_j, o~ = rd(o) rounded to nearest in the storage dtype, and lse in fp32. verify
+ * recomputes in fp32, with kvs_math.h, s'_j = scale q~.k~_j, p' = softmax(s'), lse' and o' = Σ_j p'_j v~_j.
+ * Rounding to nearest is rd(x) = x / (1 + δ), |δ| <= u (Higham, Accuracy and Stability of Numerical
+ * Algorithms, eq. 2.5), plus an absolute η (half the smallest subnormal) where it underflows, so
+ * |x − x~| <= u |x~| + η elementwise, in terms of the STORED value: fp16 u = 2^-11, η = 2^-25; bf16
+ * u = 2^-8, η = 2^-134; fp32 u = 2^-24, η = 2^-150 (an fp32 trace of an fp32 model is not rounded at all;
+ * u is kept as a margin). u32 = 2^-24 below is the unit roundoff of the arithmetic, γ_n = n u32/(1 − n u32).
+ *
+ * 1. Scores. Expanding (q~ + Δq).(k~ + Δk) − q~.k~ with A_j = Σ_i |q~_i||k~_ji|:
+ *      |scale q.k_j − scale q~.k~_j| <= e_j = scale ((2u + u²) A_j + η (1 + u)(|q~|_1 + |k~_j|_1) + d η²).
+ *    fp32 arithmetic moves a score by at most γ_{d+2} scale A_j (dot product of length d, then the scale;
+ *    Higham §3.1), and exp(s − max) by a relative (|s'_j − m| + 4) u32 (the subtraction rounds relative to
+ *    |s − m|, expf is within 1 ulp), i.e. like a score error of that size. The capture did the same on values
+ *    up to (1 + u) times larger, so the probabilities of both sides are exact softmaxes of scores t, t' with
+ *      |t_j − t'_j| <= ê_j = e_j + 2 (1 + u)² (γ_{d+2} scale A_j + (|s'_j − m| + 4) u32).
+ * 2. LSE. The gradient of LSE is the softmax, so |LSE(t) − LSE(t')| <= Σ_j p^θ_j ê_j for the softmax p^θ at
+ *    some point between t' and t, and p^θ_j <= p'_j exp(2Ê) with Ê = max_j ê_j (each score moves by at most
+ *    Ê and LSE, being 1-Lipschitz in the max-norm, too). So
+ *      |Δlse| <= E_lse = min(Ê, exp(2Ê) Σ_j p'_j ê_j);
+ *    the weighted form is much tighter than Ê when the largest ê_j belongs to keys with no weight.
+ * 3. Probabilities. p_j / p'_j = exp((t_j − t'_j) − Δlse), so |p_j − p'_j| <= p'_j expm1(ê_j + E_lse).
+ * 4. Output. o − o' = Σ_j (p_j − p'_j)(v~_j − c) + Σ_j p_j (v_j − v~_j) for any vector c (both p sum to 1).
+ *    With c = o' the part of the values common to all keys, which no probability error can move, drops out:
+ *      ||o − o'|| <= Σ_j p'_j [expm1(ê_j + E_lse) ||v~_j − o'|| + exp(ê_j + E_lse)(u ||v~_j|| + η √d)],
+ *    and storing o adds ||o − o~|| <= u ||o~|| + η √d.
+ * 5. The other fp32 arithmetic: the sums over n keys of the normaliser and of Σ p v, by the capture (in an
+ *    unknown order: a GPU kernel merges partial sums) and by verify, each err by at most γ_n relative (lse:
+ *    absolute) and γ_n Σ p |v| (output); the normalisation and the lse's own fp32 rounding add a few u32.
+ *    Allowance (factor 2 for the two sides): lse 2 (n + 8) u32 + 4 u32 |lse~|; output
+ *    2 (n + 8) u32 (1 + u) exp(Ê + E_lse) Σ_j p'_j ||v~_j|| + 4 u32 ||o'||.
+ * A row passes when |lse~ − lse'| <= 1.05 (E_lse + its allowance) + 1e-6 and ||o~ − o'|| <= 1.05 (bound of 4
+ * + its allowance) + 1e-6. The 5% covers using the computed p' where the exact softmax of t' belongs (a
+ * relative O(u32) difference) and the O(γ_d) error of computing A_j (both far below 5% for any n, d below
+ * 10^5); the 1e-6 floor covers probabilities below e^-87 that fp32 computes as 0. "Bound usage" = error /
+ * that bound; a correct trace stays <= 1. Compared with the plain form (E1 = max_j e_j for the lse and
+ * (e^{2 E1} − 1 + u e^{2 E1}) Σ_j p_j ||v_j|| + u ||o|| for the output), steps 2 and 4 weight each key by its
+ * probability and centre the values on o'; both remain rigorous, and they tighten the bound most on heads
+ * whose largest e_j falls on keys of little weight and whose values share a large common part.
+ *
+ * What it can and cannot catch. The bound is worst case: every rounding aligned against the check. On a
+ * correct trace the real errors have random signs and stay below it (largest bound usage on real captures:
+ * 0.3-0.5 in fp16/bf16, about 0.02 in fp32; trace/FORMAT.md "What verify checks"), so a stored o that is
+ * wrong by less than the bound passes. A wrong o (another position's, a kernel bug) is off by O(1) relative
+ * and fails in every dtype. o scaled by (1 + 20u) fails on the rows where 20u ||o|| exceeds the bound
+ * (attention not too sharp, values that do not cancel): in fp16 and bf16 a few percent of the rows of the
+ * real captures and of the generated test traces, enough to fail the trace. In fp32 it passes: 20 u32 ||o||
+ * (1.2e-6 relative) is below the allowance for the capture's unknown summation order, 2 (n + 8) u32 Σ p ||v||,
+ * which no rigorous bound can drop; 200 u32 fails. tests/test_cli_trace.c tests these cases. */
+
+#define VERIFY_U32 (1.0 / 16777216.0) /* 2^-24, unit roundoff of the fp32 recomputation */
+#define VERIFY_SLACK 1.05
+#define VERIFY_FLOOR 1e-6
+
+static double gamma32(double n) { return n * VERIFY_U32 / (1.0 - n * VERIFY_U32); }
+
+/* Storage rounding of a dtype: |x − x~| <= u |x~| + eta. */
+static void dtype_rounding(kvs_dtype dt, double *u, double *eta) {
     switch (dt) {
-    case KVS_DTYPE_F32: *out_tol = 1e-4, *lse_tol = 1e-4; break;
-    case KVS_DTYPE_F16: *out_tol = 128.0 / 2048.0, *lse_tol = 512.0 / 2048.0; break;
-    case KVS_DTYPE_BF16: *out_tol = 128.0 / 256.0, *lse_tol = 512.0 / 256.0; break;
+    case KVS_DTYPE_F16: *u = ldexp(1.0, -11), *eta = ldexp(1.0, -25); break;
+    case KVS_DTYPE_BF16: *u = ldexp(1.0, -8), *eta = ldexp(1.0, -134); break;
+    case KVS_DTYPE_F32:
+    default: *u = ldexp(1.0, -24), *eta = ldexp(1.0, -150); break;
     }
 }
 
 typedef struct {
-    double max_rel, max_lse;
-    int64_t worst_pos;       /* position of max_rel */
+    int fixed;               /* 1: --tolerance/--lse-tolerance given: fixed tolerances, no bound */
+    double tol, lse_tol;     /* fixed mode: max relative output error, max absolute lse error */
+    double u, eta;           /* storage rounding (bound mode) */
+} verify_cfg;
+
+/* Per-thread scratch; N = n_positions, d = head_dim. Memory per thread: (3 N d + 4 N + 2 d) floats. */
+typedef struct {
+    float *keys, *absk, *vals; /* [N][d]: the stream's k~, |k~| and v~ so far */
+    float *k1, *vn;            /* [N]: |k~_j|_1 and ||v~_j||_2 */
+    float *probs, *ehat;       /* [N]: scores, then probabilities; ê_j */
+    float *out, *absq;         /* [d] */
+} verify_scratch;
+
+typedef struct {
+    double max_rel, max_lse;       /* largest relative output error and absolute lse error */
+    int64_t worst_pos;             /* position of max_rel */
     int worst_head;
+    double use_o, use_lse;         /* largest error / bound (bound usage) */
+    int64_t use_pos;               /* position and head of the largest usage */
+    int use_head;
+    int64_t n_fail;                /* rows over their bound or tolerance */
     kvs_status status;
     char detail[1024];
 } stream_result;
 
 typedef struct {
     const kvs_trace *t;
+    const verify_cfg *cfg;
     stream_result *res;      /* [L * Hkv] */
     int n_streams;
     int next;                /* next stream to take (atomic) */
 } verify_job;
 
-/* Recomputes one (layer, KV head) stream. Memory: the stream's K/V history (N x d floats each) + one block. */
-static void verify_stream(const kvs_trace *t, int layer, int kv_head, stream_result *r, float *keys, float *vals,
-                          float *probs, float *out) {
+/* error / bound, with 0/0 = 0 (a fixed tolerance of 0 and an exact match) */
+static double usage(double err, double bound) {
+    if (err == 0) return 0;
+    return bound > 0 ? err / bound : INFINITY;
+}
+
+/* Checks one row: query q~ (d) of position n − 1 against stored o~ (d) and lse~, with keys/values 0..n−1 in
+ * w. Returns whether it passes; *use_o / *use_lse receive the bound usages, *rel the relative output error,
+ * *el the absolute lse error (NaN reported as +inf so that it can never look like a pass). */
+static int verify_row(const verify_cfg *cfg, size_t n, size_t d, float scale, const float *q, const float *o_st,
+                      float lse_st, verify_scratch *w, double *rel, double *el, double *use_o, double *use_lse) {
+    /* kvs_attention() step by step, so the scores are seen before the softmax overwrites them */
+    kvs_attn_scores(q, w->keys, d, NULL, n, d, scale, w->probs);
+    float m = -INFINITY;
+    for (size_t j = 0; j < n; j++)
+        if (w->probs[j] > m) m = w->probs[j];
+    double q1 = 0, u = cfg->u, eta = cfg->eta, ehat_max = 0;
+    for (size_t i = 0; i < d; i++) w->absq[i] = fabsf(q[i]), q1 += w->absq[i];
+    if (!cfg->fixed) {
+        double a_rel = 1 + 2 * gamma32((double)d); /* fp32 sum of d non-negative products */
+        for (size_t j = 0; j < n; j++) {
+            double a = (double)kvs_dot(w->absq, w->absk + j * d, d) * a_rel;
+            double e = scale * ((2 * u + u * u) * a + eta * (1 + u) * (q1 + w->k1[j]) + (double)d * eta * eta);
+            e += 2 * (1 + u) * (1 + u) * (gamma32((double)d + 2) * scale * a + (fabs((double)w->probs[j] - m) + 4) * VERIFY_U32);
+            w->ehat[j] = (float)(e * (1 + VERIFY_U32)); /* rounded up into float */
+            if (e > ehat_max) ehat_max = e;
+        }
+    }
+    double lse = kvs_softmax(w->probs, n);
+    kvs_attn_output(w->probs, w->vals, d, NULL, n, d, w->out);
+    *rel = kvs_rel_l2(o_st, w->out, d);
+    *el = fabs(lse - (double)lse_st);
+    if (isnan(*rel)) *rel = INFINITY;
+    if (isnan(*el)) *el = INFINITY;
+    if (cfg->fixed) {
+        *use_o = usage(*rel, cfg->tol);
+        *use_lse = usage(*el, cfg->lse_tol);
+        return *rel <= cfg->tol && *el <= cfg->lse_tol;
+    }
+    double pe = 0, pv = 0;
+    for (size_t j = 0; j < n; j++) pe += (double)w->probs[j] * w->ehat[j], pv += (double)w->probs[j] * w->vn[j];
+    double e_lse = fmin(ehat_max, exp(2 * ehat_max) * pe);
+    double o_norm = kvs_l2(o_st, d), out_norm = kvs_l2(w->out, d), err_o = 0, sqrt_d = sqrt((double)d);
+    for (size_t i = 0; i < d; i++) {
+        double x = (double)o_st[i] - w->out[i];
+        err_o += x * x;
+    }
+    err_o = sqrt(err_o);
+    double bo = u * o_norm + eta * sqrt_d; /* step 4 */
+    for (size_t j = 0; j < n; j++) {
+        double p = w->probs[j];
+        if (p == 0) continue;
+        const float *v = w->vals + j * d;
+        double dist = 0;
+        for (size_t i = 0; i < d; i++) {
+            double x = (double)v[i] - w->out[i];
+            dist += x * x;
+        }
+        double t = (double)w->ehat[j] + e_lse;
+        bo += p * (expm1(t) * sqrt(dist) + exp(t) * (u * w->vn[j] + eta * sqrt_d));
+    }
+    double arith = 2 * ((double)n + 8) * VERIFY_U32; /* step 5 */
+    bo += arith * (1 + u) * exp(ehat_max + e_lse) * pv + 4 * VERIFY_U32 * out_norm;
+    double bl = e_lse + arith + 4 * VERIFY_U32 * fabs((double)lse_st);
+    bo = VERIFY_SLACK * bo + VERIFY_FLOOR;
+    bl = VERIFY_SLACK * bl + VERIFY_FLOOR;
+    if (isnan(err_o)) err_o = INFINITY;
+    *use_o = usage(err_o, bo);
+    *use_lse = usage(*el, bl);
+    return err_o <= bo && *el <= bl; /* NaN bounds (inf inputs) fail */
+}
+
+/* Recomputes one (layer, KV head) stream, block by block (one block + the K/V history in memory). */
+static void verify_stream(const kvs_trace *t, const verify_cfg *cfg, int layer, int kv_head, stream_result *r,
+                          verify_scratch *w) {
     const kvs_trace_info *in = kvs_trace_info_get(t);
     size_t d = (size_t)in->model.head_dim;
     float scale = in->model.attn_scale;
     kvs_trace_stream *st = NULL;
+    r->worst_pos = r->use_pos = -1;
+    r->worst_head = r->use_head = -1;
     r->status = kvs_trace_stream_open(t, layer, kv_head, &st);
     const kvs_trace_block *b;
     while (r->status == KVS_OK && (r->status = kvs_trace_stream_next(st, &b)) == KVS_OK) {
         size_t G = (size_t)b->group;
-        memcpy(keys + (size_t)b->first_pos * d, b->k, (size_t)b->n_pos * d * sizeof(float));
-        memcpy(vals + (size_t)b->first_pos * d, b->v, (size_t)b->n_pos * d * sizeof(float));
+        for (int32_t i = 0; i < b->n_pos; i++) {
+            size_t p = (size_t)b->first_pos + (size_t)i;
+            const float *k = b->k + (size_t)i * d, *v = b->v + (size_t)i * d;
+            double k1 = 0;
+            for (size_t e = 0; e < d; e++) w->absk[p * d + e] = fabsf(k[e]), k1 += fabsf(k[e]);
+            memcpy(w->keys + p * d, k, d * sizeof(float));
+            memcpy(w->vals + p * d, v, d * sizeof(float));
+            w->k1[p] = (float)(k1 * (1 + VERIFY_U32)); /* rounded up: it enters an upper bound */
+            w->vn[p] = (float)(kvs_l2(v, d) * (1 + VERIFY_U32));
+        }
         for (int32_t i = 0; i < b->n_pos; i++) {
             size_t p = (size_t)b->first_pos + (size_t)i;
             for (size_t g = 0; g < G; g++) {
                 const float *q = b->q + ((size_t)i * G + g) * d, *o = b->o + ((size_t)i * G + g) * d;
-                double lse = kvs_attention(q, keys, vals, d, NULL, p + 1, d, scale, probs, out);
-                double rel = kvs_rel_l2(o, out, d);
-                double el = fabs(lse - (double)b->lse[(size_t)i * G + g]);
-                if (isnan(rel)) rel = INFINITY; /* NaN must never look like a pass */
-                if (isnan(el)) el = INFINITY;
-                if (rel > r->max_rel) {
-                    r->max_rel = rel;
-                    r->worst_pos = (int64_t)p;
-                    r->worst_head = kv_head * (int)G + (int)g;
-                }
+                double rel, el, uo, ul;
+                int head = kv_head * (int)G + (int)g;
+                if (!verify_row(cfg, p + 1, d, scale, q, o, b->lse[(size_t)i * G + g], w, &rel, &el, &uo, &ul))
+                    r->n_fail++;
+                if (rel > r->max_rel || r->worst_pos < 0) r->max_rel = rel, r->worst_pos = (int64_t)p, r->worst_head = head;
                 if (el > r->max_lse) r->max_lse = el;
+                if (fmax(uo, ul) > fmax(r->use_o, r->use_lse) || r->use_pos < 0) r->use_pos = (int64_t)p, r->use_head = head;
+                if (uo > r->use_o) r->use_o = uo;
+                if (ul > r->use_lse) r->use_lse = ul;
             }
         }
     }
@@ -188,23 +326,33 @@ static void *verify_worker(void *arg) {
     verify_job *job = arg;
     const kvs_trace_info *in = kvs_trace_info_get(job->t);
     size_t N = (size_t)in->n_positions, d = (size_t)in->model.head_dim;
-    float *keys = malloc(N * d * sizeof(float)), *vals = malloc(N * d * sizeof(float));
-    float *probs = malloc(N * sizeof(float)), *out = malloc(d * sizeof(float));
+    verify_scratch w = {
+        .keys = malloc(N * d * sizeof(float)), .absk = malloc(N * d * sizeof(float)),
+        .vals = malloc(N * d * sizeof(float)), .k1 = malloc(N * sizeof(float)), .vn = malloc(N * sizeof(float)),
+        .probs = malloc(N * sizeof(float)), .ehat = malloc(N * sizeof(float)), .out = malloc(d * sizeof(float)),
+        .absq = malloc(d * sizeof(float)),
+    };
+    int ok = w.keys && w.absk && w.vals && w.k1 && w.vn && w.probs && w.ehat && w.out && w.absq;
     for (;;) {
         int i = __atomic_fetch_add(&job->next, 1, __ATOMIC_RELAXED);
         if (i >= job->n_streams) break;
         stream_result *r = &job->res[i];
-        if (!keys || !vals || !probs || !out) {
+        if (!ok) {
             r->status = KVS_ERR_NOMEM;
-            snprintf(r->detail, sizeof r->detail, "cannot allocate the K/V history (%zu positions)", N);
+            snprintf(r->detail, sizeof r->detail, "cannot allocate the K/V history (%zu positions x %zu)", N, d);
             continue;
         }
-        verify_stream(job->t, i / in->model.n_kv_heads, i % in->model.n_kv_heads, r, keys, vals, probs, out);
+        verify_stream(job->t, job->cfg, i / in->model.n_kv_heads, i % in->model.n_kv_heads, r, &w);
     }
-    free(keys);
-    free(vals);
-    free(probs);
-    free(out);
+    free(w.keys);
+    free(w.absk);
+    free(w.vals);
+    free(w.k1);
+    free(w.vn);
+    free(w.probs);
+    free(w.ehat);
+    free(w.out);
+    free(w.absq);
     return NULL;
 }
 
@@ -212,13 +360,29 @@ static void verify_usage(FILE *f) {
     fprintf(f, "usage: kvsim verify TRACE [--tolerance X] [--lse-tolerance X] [--threads N]\n\n"
                "1. reads and checksums every chunk;\n"
                "2. for every (layer, KV head) stream recomputes exact causal full attention of every position and\n"
-               "   query head from the stored q/k/v (fp32 math) and compares with the stored o (relative L2 error\n"
-               "   ||o - o'|| / ||o||) and lse (absolute error). Prints per layer the largest errors.\n"
-               "Exit 0 only when every error is within tolerance.\n\n"
-               "  --tolerance X      max relative output error (default: fp32 1e-4, fp16 0.0625, bf16 0.5);\n"
+               "   query head from the stored q/k/v (fp32 math) and compares with the stored o and lse.\n"
+               "By default each row (position, query head) is checked against a rigorous error bound computed for\n"
+               "that row from the storage dtype's rounding (fp16 u = 2^-11, bf16 2^-8, fp32 2^-24) of q/k/v/o and\n"
+               "the fp32 arithmetic of capture and recomputation (derivation: cli/cmd_trace.c; summary:\n"
+               "trace/FORMAT.md \"What verify checks\"). Prints per layer the largest relative output error\n"
+               "||o - o'|| / ||o||, the largest absolute lse error and the bound usage (error / bound, <= 1 on a\n"
+               "correct trace). Exit 0 only when every row is within its bound (or the fixed tolerances).\n\n"
+               "  --tolerance X      use fixed tolerances instead of the bound: max relative output error X;\n"
                "                     also the LSE tolerance unless --lse-tolerance is given\n"
-               "  --lse-tolerance X  max absolute LSE error (default: fp32 1e-4, fp16 0.25, bf16 2)\n"
+               "  --lse-tolerance X  use fixed tolerances: max absolute LSE error X (the output tolerance is\n"
+               "                     then --tolerance, or fp32 1e-4, fp16 0.0625, bf16 0.5)\n"
                "  --threads N        parallel streams (default: all %d cores)\n", kvs_n_cpus());
+}
+
+/* Fixed output tolerance used when only --lse-tolerance is given: 128 u (1e-4 for fp32), the former
+ * defaults, set from the largest errors measured on the stories260K captures (51 u) with a margin. */
+static double fixed_output_tolerance(kvs_dtype dt) {
+    switch (dt) {
+    case KVS_DTYPE_F16: return 128.0 / 2048.0;
+    case KVS_DTYPE_BF16: return 128.0 / 256.0;
+    case KVS_DTYPE_F32:
+    default: return 1e-4;
+    }
 }
 
 int kvs_cmd_verify(int argc, char **argv) {
@@ -249,10 +413,13 @@ int kvs_cmd_verify(int argc, char **argv) {
     kvs_status s = kvs_trace_open(path, &t);
     if (s != KVS_OK) return kvs_cli_fail("verify", s);
     const kvs_trace_info *in = kvs_trace_info_get(t);
-    double dtol = 1e-4, dlse = 1e-4;
-    default_tolerances((kvs_dtype)in->capture.dtype, &dtol, &dlse);
-    if (lse_tol < 0) lse_tol = tol >= 0 ? tol : dlse; /* --tolerance alone sets both */
-    if (tol < 0) tol = dtol;
+    kvs_dtype dt = (kvs_dtype)in->capture.dtype;
+    verify_cfg cfg = {.fixed = tol >= 0 || lse_tol >= 0};
+    dtype_rounding(dt, &cfg.u, &cfg.eta);
+    if (cfg.fixed) {
+        cfg.lse_tol = lse_tol >= 0 ? lse_tol : tol; /* --tolerance alone sets both */
+        cfg.tol = tol >= 0 ? tol : fixed_output_tolerance(dt);
+    }
 
     s = kvs_trace_check_chunks(t);
     if (s != KVS_OK) {
@@ -273,20 +440,27 @@ int kvs_cmd_verify(int argc, char **argv) {
         kvs_trace_close(t);
         return kvs_cli_fail("verify", kvs_fail(KVS_ERR_NOMEM, "out of memory"));
     }
-    verify_job job = {.t = t, .res = res, .n_streams = n_streams, .next = 0};
+    verify_job job = {.t = t, .cfg = &cfg, .res = res, .n_streams = n_streams, .next = 0};
     long started = 0;
     for (; started < threads; started++)
         if (pthread_create(&th[started], NULL, verify_worker, &job) != 0) break;
     if (started == 0) verify_worker(&job); /* could not start a thread: do the work here */
     for (long i = 0; i < started; i++) pthread_join(th[i], NULL);
 
-    int failed = 0, error = 0;
-    printf("attention recomputed from stored q/k/v (%s storage; tolerances: output %.3g relative, lse %.3g absolute)\n",
-           kvs_dtype_name((kvs_dtype)in->capture.dtype), tol, lse_tol);
+    int error = 0;
+    int64_t n_fail = 0;
+    const char *what = cfg.fixed ? "tolerance" : "bound";
+    double use_all = 0;
+    if (cfg.fixed)
+        printf("attention recomputed from stored q/k/v (%s storage; fixed tolerances: output %.3g relative, lse "
+               "%.3g absolute)\n", kvs_dtype_name(dt), cfg.tol, cfg.lse_tol);
+    else
+        printf("attention recomputed from stored q/k/v (%s storage, u = 2^%d; per-row error bound; usage = error / "
+               "bound)\n", kvs_dtype_name(dt), (int)lround(log2(cfg.u)));
     for (int l = 0; l < L; l++) {
-        double mr = 0, ml = 0;
-        int64_t wp = -1;
-        int wh = -1;
+        double mr = 0, ml = 0, uo = 0, ul = 0;
+        int64_t wp = -1, up = -1, lf = 0;
+        int wh = -1, uh = -1;
         for (int h = 0; h < Hkv; h++) {
             stream_result *r = &res[l * Hkv + h];
             if (r->status != KVS_OK) {
@@ -295,22 +469,29 @@ int kvs_cmd_verify(int argc, char **argv) {
             }
             if (r->max_rel > mr || wp < 0) mr = r->max_rel, wp = r->worst_pos, wh = r->worst_head;
             if (r->max_lse > ml) ml = r->max_lse;
+            if (fmax(r->use_o, r->use_lse) > fmax(uo, ul) || up < 0) up = r->use_pos, uh = r->use_head;
+            uo = fmax(uo, r->use_o);
+            ul = fmax(ul, r->use_lse);
+            lf += r->n_fail;
         }
-        int ok = mr <= tol && ml <= lse_tol;
-        if (!ok) failed = 1;
-        printf("layer %3d: max rel output error %.3e (position %lld, head %d), max lse error %.3e  %s\n", l, mr,
-               (long long)wp, wh, ml, ok ? "ok" : "FAIL");
+        n_fail += lf;
+        use_all = fmax(use_all, fmax(uo, ul));
+        printf("layer %3d: max rel output error %.3e (position %lld, head %d), max lse error %.3e, %s usage "
+               "output %.3g lse %.3g (position %lld, head %d)  ", l, mr, (long long)wp, wh, ml, what, uo, ul,
+               (long long)up, uh);
+        if (lf) printf("FAIL (%lld rows)\n", (long long)lf);
+        else printf("ok\n");
     }
     free(res);
     free(th);
     kvs_trace_close(t);
     if (error) return KVS_EXIT_FAIL;
-    if (failed) {
-        fprintf(stderr, "kvsim verify: %s: stored attention outputs do not match the recomputation (tolerance "
-                        "exceeded)\n", path);
+    if (n_fail) {
+        fprintf(stderr, "kvsim verify: %s: stored attention outputs do not match the recomputation (%lld rows "
+                        "exceed their %s)\n", path, (long long)n_fail, cfg.fixed ? "tolerance" : "error bound");
         return KVS_EXIT_FAIL;
     }
-    printf("verify: OK\n");
+    printf("verify: OK (max %s usage %.3g)\n", what, use_all);
     return KVS_EXIT_OK;
 }
 

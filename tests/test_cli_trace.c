@@ -173,16 +173,141 @@ static void test_verify_fails_on_wrong_output(void **state) {
         assert_true(strstr(l0, "ok") < l1);              /* layer 0 fine */
         assert_true(strstr(l1, "FAIL") && strstr(l1, "FAIL") < l2); /* layer 1 flagged */
         assert_non_null(strstr(l2, "ok"));
-        assert_contains(c->err, "tolerance exceeded");
-        /* a loose enough tolerance accepts it (the option is honoured) */
+        assert_contains(l1, "bound usage output");
+        assert_contains(c->err, "rows exceed their error bound");
+        /* fixed tolerances replace the bound; a loose enough one accepts it (the option is honoured) */
         assert_int_equal(run(c, "verify", "--tolerance", "100", c->path, NULL), 0);
+        assert_contains(c->out, "fixed tolerances: output 100 relative, lse 100 absolute");
+        assert_int_equal(run(c, "verify", "--tolerance", "0.5", c->path, NULL), 1);
+        assert_contains(c->err, "rows exceed their tolerance");
         kvs_gen_trace_free(g);
     }
     /* and a very tight one rejects even the correct fp16 trace (rounding errors are real) */
     kvs_gen_trace *g = write_gen(c->path, KVS_DTYPE_F16, -1, 1);
     assert_int_equal(run(c, "verify", "--tolerance", "1e-9", c->path, NULL), 1);
     assert_int_equal(run(c, "verify", "--lse-tolerance", "1e-9", c->path, NULL), 1);
+    assert_contains(c->out, "fixed tolerances: output 0.0625 relative, lse 1e-09 absolute");
     kvs_gen_trace_free(g);
+}
+
+/* Unit roundoff of a storage dtype (cli/cmd_trace.c, "The per-row error bound"). */
+static double unit_roundoff(kvs_dtype dt) {
+    return dt == KVS_DTYPE_F16 ? 1.0 / 2048 : dt == KVS_DTYPE_BF16 ? 1.0 / 256 : 1.0 / 16777216;
+}
+
+/* Writes a generated trace (2 layers, 4 heads, 2 KV heads, d 16, n_pos positions) whose every stored o is
+ * the true o times o_factor and every stored lse the true lse plus lse_shift (o_factor 1, lse_shift 0:
+ * a correct trace). The factor is applied in fp32 before the writer rounds to the storage dtype. */
+static kvs_gen_trace *write_perturbed(const char *path, kvs_dtype dt, float q_scale, int n_pos, double o_factor,
+                                      double lse_shift) {
+    kvs_gen_trace_opts o = kvs_gen_trace_defaults();
+    o.dtype = dt;
+    o.n_positions = n_pos;
+    o.block_positions = 8;
+    o.q_scale = q_scale;
+    o.seed = 11;
+    kvs_gen_trace *g = NULL;
+    assert_int_equal(kvs_gen_trace_create(&o, &g), KVS_OK);
+    kvs_model_config m;
+    kvs_capture_config cc;
+    kvs_gen_trace_configs(g, &m, &cc);
+    kvs_trace_writer *w = NULL;
+    assert_int_equal(kvs_trace_writer_create(path, &m, &cc, &w), KVS_OK);
+    size_t N = (size_t)n_pos, H = (size_t)o.n_heads, Hkv = (size_t)o.n_kv_heads, d = (size_t)o.head_dim;
+    float ob[4 * 16], lb[4];
+    assert_true(H * d <= 4 * 16 && H <= 4);
+    for (size_t p = 0; p < N; p++) {
+        assert_int_equal(kvs_trace_writer_begin_position(w, g->tokens[p], (kvs_role)g->roles[p], g->turn[p]), KVS_OK);
+        for (int l = 0; l < o.n_layers; l++) {
+            size_t base = (size_t)l * N + p;
+            for (size_t i = 0; i < H * d; i++) ob[i] = (float)((double)g->o[base * H * d + i] * o_factor);
+            for (size_t h = 0; h < H; h++) lb[h] = (float)((double)g->lse[base * H + h] + lse_shift);
+            assert_int_equal(kvs_trace_writer_put_layer(w, l, g->q + base * H * d, g->k + base * Hkv * d,
+                                                        g->v + base * Hkv * d, ob, lb), KVS_OK);
+        }
+        assert_int_equal(kvs_trace_writer_end_position(w), KVS_OK);
+    }
+    assert_int_equal(kvs_trace_writer_close(w), KVS_OK);
+    kvs_trace_writer_free(w);
+    return g;
+}
+
+/* The number after "max bound usage" in a passing verify's output. */
+static double bound_usage(const char *out) {
+    const char *s = strstr(out, "verify: OK (max bound usage ");
+    if (!s) fail_msg("no bound usage in output:\n%s", out);
+    return strtod(s + strlen("verify: OK (max bound usage "), NULL);
+}
+
+/* Correct traces pass the per-row bound in every dtype, from near-uniform to sharp attention and over
+ * longer contexts, and the bound is not vacuous: the largest error uses a sizeable part of it. The report
+ * is the same whatever the number of threads. */
+static void test_verify_bound_holds_and_is_tight(void **state) {
+    cli_ctx *c = *state;
+    static const float q_scales[] = {0.2f, 1.0f, 4.0f};
+    for (int dt = 0; dt < 3; dt++)
+        for (int qi = 0; qi < 3; qi++) {
+            int n_pos = qi == 1 ? 300 : 40;
+            kvs_gen_trace *g = write_perturbed(c->path, (kvs_dtype)dt, q_scales[qi], n_pos, 1.0, 0.0);
+            int rc = run(c, "verify", "--threads", "1", c->path, NULL);
+            if (rc != 0) fail_msg("dtype %d q_scale %g: exit %d\n%s\n%s", dt, (double)q_scales[qi], rc, c->out, c->err);
+            assert_contains(c->out, "per-row error bound");
+            double use = bound_usage(c->out);
+            /* measured 0.2-0.3 for fp16/bf16, 0.01-0.03 for fp32 (where the summation-order allowance dominates) */
+            double lo = dt == KVS_DTYPE_F32 ? 1e-3 : 0.05;
+            if (!(use > lo && use <= 1)) fail_msg("dtype %d q_scale %g: bound usage %g outside (%g, 1]", dt,
+                                                  (double)q_scales[qi], use, lo);
+            char *one = strdup(c->out);
+            assert_int_equal(run(c, "verify", "--threads", "3", c->path, NULL), 0);
+            assert_string_equal(one, c->out);
+            free(one);
+            kvs_gen_trace_free(g);
+        }
+}
+
+/* A SLIGHTLY wrong o: every stored o scaled by (1 + 20 u), ten times its rounding error. The bound catches
+ * it in fp16 and bf16 (on some rows: those where attention is not too sharp; the old fixed tolerances,
+ * 128 u, let it through). In fp32 it cannot: 20 u32 ||o|| (1.2e-6 relative) is below the allowance for the
+ * unknown summation order of the capture (2 (n + 8) u32 Σ p ||v||), so there the test checks what the bound
+ * does catch, o scaled by (1 + 2^-14) = (1 + 1024 u32), which the old fixed 1e-4 let through. */
+static void test_verify_fails_on_slightly_wrong_output(void **state) {
+    cli_ctx *c = *state;
+    for (int dt = 0; dt < 3; dt++) {
+        double u = unit_roundoff((kvs_dtype)dt), f = dt == KVS_DTYPE_F32 ? 1 + 1024 * u : 1 + 20 * u;
+        for (float q_scale = 0.25f; q_scale <= 4.0f; q_scale *= 4) {
+            kvs_gen_trace *g = write_perturbed(c->path, (kvs_dtype)dt, q_scale, 40, f, 0.0);
+            int rc = run(c, "verify", c->path, NULL);
+            if (rc != 1) fail_msg("dtype %d q_scale %g, o x %.9g: exit %d (expected 1)\n%s", dt, (double)q_scale, f, rc,
+                                  c->out);
+            assert_contains(c->out, "FAIL (");
+            assert_contains(c->err, "rows exceed their error bound");
+            /* the former default fixed tolerances (output 128 u, lse 512 u; fp32 1e-4) accept it */
+            char tol[32], lse_tol[32];
+            snprintf(tol, sizeof tol, "%.17g", dt == KVS_DTYPE_F32 ? 1e-4 : 128 * u);
+            snprintf(lse_tol, sizeof lse_tol, "%.17g", dt == KVS_DTYPE_F32 ? 1e-4 : 512 * u);
+            assert_int_equal(run(c, "verify", "--tolerance", tol, "--lse-tolerance", lse_tol, c->path, NULL), 0);
+            kvs_gen_trace_free(g);
+        }
+    }
+}
+
+/* A stored lse off by a small constant fails: fp16 0.01, bf16 0.05, fp32 1e-4 (the former fixed defaults
+ * were 0.25, 2 and 1e-4). The output is right, so the failure is the lse's. */
+static void test_verify_fails_on_slightly_wrong_lse(void **state) {
+    cli_ctx *c = *state;
+    static const double shift[3] = {1e-4, 0.01, 0.05}; /* by kvs_dtype: fp32, fp16, bf16 */
+    for (int dt = 0; dt < 3; dt++) {
+        kvs_gen_trace *g = write_perturbed(c->path, (kvs_dtype)dt, 1.0f, 40, 1.0, shift[dt]);
+        int rc = run(c, "verify", c->path, NULL);
+        if (rc != 1) fail_msg("dtype %d, lse + %g: exit %d (expected 1)\n%s", dt, shift[dt], rc, c->out);
+        assert_contains(c->err, "rows exceed their error bound");
+        kvs_gen_trace_free(g);
+        /* a shift of a tenth of that is within the bound (the lse bound is not loose by 10x) except in fp32,
+         * where 1e-5 is still over the allowance of a few u32 |lse| */
+        g = write_perturbed(c->path, (kvs_dtype)dt, 1.0f, 40, 1.0, shift[dt] / 10);
+        assert_int_equal(run(c, "verify", c->path, NULL), dt == KVS_DTYPE_F32 ? 1 : 0);
+        kvs_gen_trace_free(g);
+    }
 }
 
 static void test_verify_fails_on_corrupt_chunk(void **state) {
@@ -390,6 +515,9 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_info_prints_summary, setup, teardown),
         cmocka_unit_test_setup_teardown(test_verify_passes_on_correct_trace, setup, teardown),
         cmocka_unit_test_setup_teardown(test_verify_fails_on_wrong_output, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_verify_bound_holds_and_is_tight, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_verify_fails_on_slightly_wrong_output, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_verify_fails_on_slightly_wrong_lse, setup, teardown),
         cmocka_unit_test_setup_teardown(test_verify_fails_on_corrupt_chunk, setup, teardown),
         cmocka_unit_test_setup_teardown(test_export_writes_npy, setup, teardown),
         cmocka_unit_test_setup_teardown(test_trace_recover_cli, setup, teardown),

@@ -174,6 +174,18 @@ static void test_error_detail(void **state) {
     assert_string_equal(kvs_strerror((kvs_status)-999), "unknown status");
 }
 
+/* kvs_fail formats through a scratch buffer, so a detail may prefix the previous one (the argument
+ * aliases the thread's error buffer). */
+static void test_fail_detail_may_prefix_itself(void **state) {
+    (void)state;
+    assert_int_equal(kvs_fail(KVS_ERR_IO, "x"), KVS_ERR_IO);
+    assert_int_equal(kvs_fail(KVS_ERR_FORMAT, "pre: %s", kvs_last_error()), KVS_ERR_FORMAT);
+    assert_string_equal(kvs_last_error(), "pre: x");
+    /* twice more: the prefix grows, it is not garbled by overlapping copies */
+    kvs_fail(KVS_ERR_FORMAT, "a/%s/%s", kvs_last_error(), kvs_last_error());
+    assert_string_equal(kvs_last_error(), "a/pre: x/pre: x");
+}
+
 static void test_pread_all_truncated(void **state) {
     (void)state;
     char dir[] = "/tmp/kvs_common_XXXXXX";
@@ -310,6 +322,7 @@ int main(void) {
         cmocka_unit_test(test_dtype_names),
         cmocka_unit_test(test_crc32_check_value),
         cmocka_unit_test(test_error_detail),
+        cmocka_unit_test(test_fail_detail_may_prefix_itself),
         cmocka_unit_test(test_pread_all_truncated),
         cmocka_unit_test(test_topk_order_and_ties),
         cmocka_unit_test(test_softmax_and_lse),
