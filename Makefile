@@ -9,7 +9,7 @@
 CC      ?= cc
 BUILD   ?= build
 SAN     ?=
-OPT     ?= -O2
+OPT     ?= -O2 -fvect-cost-model=dynamic
 CFLAGS_WARN = -std=c11 -g -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 \
               -Wvla -Werror
 CFLAGS  ?=

@@ -44,14 +44,16 @@ double kvs_softmax(float *x, size_t n) {
     return (double)m + log(sum);
 }
 
+/* out += w * v over d elements. `restrict` tells the compiler out and v never overlap, so -O2's cheap
+ * vectoriser (which refuses loops that would need a runtime alias check) turns this into SIMD. */
+static void axpy(float *restrict out, float w, const float *restrict v, size_t d) {
+    for (size_t i = 0; i < d; i++) out[i] += w * v[i];
+}
+
 void kvs_attn_output(const float *p, const float *values, size_t stride, const int32_t *idx, size_t n, size_t d,
                      float *out) {
     memset(out, 0, d * sizeof *out);
-    for (size_t j = 0; j < n; j++) {
-        const float *v = values + (idx ? (size_t)idx[j] : j) * stride;
-        float w = p[j];
-        for (size_t i = 0; i < d; i++) out[i] += w * v[i];
-    }
+    for (size_t j = 0; j < n; j++) axpy(out, p[j], values + (idx ? (size_t)idx[j] : j) * stride, d);
 }
 
 double kvs_attention(const float *q, const float *keys, const float *values, size_t stride, const int32_t *idx,
@@ -103,6 +105,47 @@ void kvs_topk(const float *x, size_t n, size_t k, int32_t *out_idx) {
         out_idx[0] = out_idx[end - 1];
         out_idx[end - 1] = t;
         heap_sift(x, out_idx, end - 1, 0);
+    }
+}
+
+/* Radix key whose ascending order is kvs_topk's order: descending value, NaN after everything. */
+static uint32_t desc_key(float f) {
+    if (isnan(f)) return UINT32_MAX;
+    if (f == 0) f = 0; /* -0 ranks as +0 (ties then fall to the index, as in kvs_topk) */
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    uint32_t asc = (b & 0x80000000u) ? ~b : (b | 0x80000000u); /* monotone in the value */
+    uint32_t key = ~asc;                                          /* descending */
+    return key == UINT32_MAX ? UINT32_MAX - 1 : key;              /* keep NaN strictly last */
+}
+
+void kvs_argsort_desc(const float *x, size_t n, int32_t *order, uint32_t *scratch) {
+    uint32_t *key = scratch, *key2 = scratch + n, *idx2 = scratch + 2 * n;
+    uint32_t *idx = (uint32_t *)order; /* same width; indices stay below 2^31 */
+    size_t count[4][256];
+    memset(count, 0, sizeof count);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t k = desc_key(x[i]);
+        key[i] = k;
+        idx[i] = (uint32_t)i;
+        for (int b = 0; b < 4; b++) count[b][(k >> (8 * b)) & 0xffu]++;
+    }
+    for (int b = 0; b < 4; b++) {
+        /* A digit shared by every key leaves the order as it is: skip the pass (common for high bytes). */
+        if (count[b][(key[0] >> (8 * b)) & 0xffu] == n) continue;
+        size_t sum = 0;
+        for (int v = 0; v < 256; v++) {
+            size_t c = count[b][v];
+            count[b][v] = sum;
+            sum += c;
+        }
+        for (size_t i = 0; i < n; i++) { /* stable scatter: equal keys keep ascending index order */
+            size_t dst = count[b][(key[i] >> (8 * b)) & 0xffu]++;
+            key2[dst] = key[i];
+            idx2[dst] = idx[i];
+        }
+        memcpy(key, key2, n * sizeof *key);
+        memcpy(idx, idx2, n * sizeof *idx);
     }
 }
 

@@ -36,6 +36,12 @@ double kvs_attention(const float *q, const float *keys, const float *values, siz
  *  descending value; ties go to the lower index, so the result is deterministic. NaN sorts lowest. */
 void kvs_topk(const float *x, size_t n, size_t k, int32_t *out_idx);
 
+/*! kvs_argsort_desc() : writes to order[0..n-1] all indices of x ordered exactly as kvs_topk(x, n, n)
+ *  orders them (descending value, ties to the lower index, -0 equal to +0, NaN last), in O(n) with a
+ *  stable LSD radix sort: the full ranking the replay engine needs for the top-k overlap of every step.
+ *  `scratch` is caller memory of at least 3*n uint32_t. */
+void kvs_argsort_desc(const float *x, size_t n, int32_t *order, uint32_t *scratch);
+
 /*! kvs_maxpool1d() : out[i] = max(x[i-k/2 .. i+k/2]) clipped to [0,n) (odd kernel k, "same" padding,
  *  as SnapKV's max_pool1d with padding k//2). */
 void kvs_maxpool1d(const float *x, size_t n, size_t k, float *out);

@@ -141,7 +141,8 @@ typedef struct {
     float **pbuf;             /* [G] -> [N] policy attention */
     float *fullp;             /* [Hkv] blocks of G*N floats: [G][p+1] full attention of the current position */
     float *fullo;             /* [Hkv][G][d] */
-    int32_t *order;           /* [Hkv][G][N] rank -> position scratch */
+    int32_t *order;           /* [N] rank -> position scratch of the ranking being built */
+    uint32_t *sort_scratch;   /* [3N] scratch of kvs_argsort_desc */
     int32_t *rank;            /* [Hkv][G][N] position -> rank in the descending full attention */
     float *outp;              /* [G][d] policy-side outputs of the current step */
     int32_t *stored;          /* [N] */
@@ -180,6 +181,7 @@ static void task_free(task *t) {
     free(t->fullp);
     free(t->fullo);
     free(t->order);
+    free(t->sort_scratch);
     free(t->rank);
     free(t->outp);
     free(t->stored);
@@ -202,13 +204,14 @@ static kvs_status task_alloc(task *t) {
     t->pbuf = calloc(G, sizeof *t->pbuf);
     t->fullp = malloc(H * G * N * sizeof(float));
     t->fullo = malloc(H * G * d * sizeof(float));
-    t->order = malloc(H * G * N * sizeof(int32_t));
+    t->order = malloc(N * sizeof(int32_t));
+    t->sort_scratch = malloc(3 * N * sizeof(uint32_t));
     t->rank = malloc(H * G * N * sizeof(int32_t));
     t->outp = malloc(G * d * sizeof(float));
     t->stored = malloc(N * sizeof(int32_t));
     t->mark = calloc(N, 1);
     if (!t->streams || !t->hk || !t->hv || !t->qb || !t->states || !t->sync_states || !t->layout || !t->sel_idx ||
-        !t->sel_n || !t->pbuf || !t->fullp || !t->fullo || !t->order || !t->rank || !t->outp || !t->stored || !t->mark)
+        !t->sel_n || !t->pbuf || !t->fullp || !t->fullo || !t->order || !t->sort_scratch || !t->rank || !t->outp || !t->stored || !t->mark)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     for (size_t h = 0; h < H; h++) {
         t->hk[h] = malloc(N * d * sizeof(float));
@@ -270,8 +273,8 @@ static void full_attention(task *t, int h, int g, const float *q, int64_t p, int
     kvs_attention(q, t->hk[h], t->hv[h], (size_t)e->d, NULL, n, (size_t)e->d, e->src->model.scale, probs,
                   t->fullo + off * (size_t)e->d);
     if (measured) {
-        int32_t *order = t->order + off * N, *rank = t->rank + off * N;
-        kvs_topk(probs, n, n, order);
+        int32_t *order = t->order, *rank = t->rank + off * N;
+        kvs_argsort_desc(probs, n, order, t->sort_scratch); /* same order as kvs_topk(probs, n, n), O(n) */
         for (size_t r = 0; r < n; r++) rank[order[r]] = (int32_t)r;
     }
 }

@@ -225,6 +225,40 @@ static void test_topk_order_and_ties(void **state) {
     assert_memory_equal(idx, want_z, sizeof want_z);
 }
 
+/* kvs_argsort_desc must order exactly as kvs_topk(x, n, n) does (the replay engine's top-k overlap depends
+ * on it): checked on random data with many ties, signed zeros, negatives, NaN and infinities, and on sizes
+ * that exercise the radix passes' skip of shared digits. */
+static void test_argsort_matches_topk(void **state) {
+    (void)state;
+    uint64_t seed = 12345;
+    for (int trial = 0; trial < 200; trial++) {
+        size_t n = 1 + (size_t)(trial * 37 % 700);
+        float *x = malloc(n * sizeof *x);
+        int32_t *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+        uint32_t *scratch = malloc(3 * n * sizeof *scratch);
+        assert_true(x && a && b && scratch);
+        for (size_t i = 0; i < n; i++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            uint32_t r = (uint32_t)(seed >> 33);
+            switch (trial % 4) {
+            case 0: x[i] = (float)(r % 16) / 8.0f - 1.0f; break; /* heavy ties, both signs */
+            case 1: x[i] = (float)r / 4294967296.0f; break;      /* probabilities */
+            case 2: x[i] = (r % 7 == 0) ? -0.0f : (r % 5 == 0) ? 0.0f : (r % 11 == 0) ? NAN : (r % 13 == 0) ? -INFINITY
+                                       : (r % 17 == 0) ? INFINITY : (float)((int32_t)r) * 1e-9f;
+                break;
+            default: x[i] = 0.25f; break; /* all equal: index order */
+            }
+        }
+        kvs_topk(x, n, n, a);
+        kvs_argsort_desc(x, n, b, scratch);
+        assert_memory_equal(a, b, n * sizeof *a);
+        free(x);
+        free(a);
+        free(b);
+        free(scratch);
+    }
+}
+
 static void test_softmax_and_lse(void **state) {
     (void)state;
     float x[3] = {0.0f, logf(2.0f), logf(3.0f)};
@@ -325,6 +359,7 @@ int main(void) {
         cmocka_unit_test(test_fail_detail_may_prefix_itself),
         cmocka_unit_test(test_pread_all_truncated),
         cmocka_unit_test(test_topk_order_and_ties),
+        cmocka_unit_test(test_argsort_matches_topk),
         cmocka_unit_test(test_softmax_and_lse),
         cmocka_unit_test(test_attention_small_example),
         cmocka_unit_test(test_pooling),
