@@ -34,7 +34,7 @@ static const char *const capture_help =
     "  --dtype D            trace storage of q/k/v/o: fp16 (default), bf16, fp32 (lse is always fp32)\n"
     "  --block N            positions per trace block (default 64)\n"
     "  --threads N          worker threads (default: all cores)\n"
-    "  --device cpu|cuda    backend (default cpu; this build has no CUDA backend)\n"
+    "  --device cpu|cuda    backend (default cpu; cuda needs a build made with `make cuda` and a GPU)\n"
     "  --out TRACE          trace file to write (written as TRACE.partial, renamed when complete)\n"
     "  --no-trace           decode without recording; prints the token ids and the text\n"
     "  --progress / --quiet progress lines on stderr (default: only when stderr is a terminal)\n"
@@ -203,10 +203,7 @@ int kvs_cmd_capture(int argc, char **argv) {
     if (!!o.out_path + no_trace != 1) return kvs_cli_usage_error(cmd, "give exactly one of --out TRACE and --no-trace");
     if (strcmp(device, "cpu") && strcmp(device, "cuda"))
         return kvs_cli_usage_error(cmd, "--device: '%s' is not cpu or cuda", device);
-    if (!strcmp(device, "cuda")) {
-        fprintf(stderr, "kvsim capture: no CUDA device (this build has no CUDA backend)\n");
-        return KVS_EXIT_FAIL;
-    }
+    o.device = !strcmp(device, "cuda") ? KVS_CAPTURE_CUDA : KVS_CAPTURE_CPU;
     o.progress = progress < 0 ? isatty(2) : progress;
 
     if (o.prompt_text) {

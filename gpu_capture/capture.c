@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "../trace/trace.h"
+#include "cuda_backend.h"
 #include "model.h"
 #include "sampler.h"
 #include "threadpool.h"
@@ -118,6 +119,8 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
     kvs_model_state *st = NULL;
     kvs_sampler *smp = NULL;
     kvs_trace_writer *w = NULL;
+    kvs_cuda_backend *gb = NULL;
+    int gpu = o->device == KVS_CAPTURE_CUDA;
     id_vec seq = {0};
     size_t n_turn_prompts = o->turns ? o->n_turns : 1;
     id_vec *turn_ids = NULL;
@@ -208,8 +211,12 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
         goto cleanup;
     }
 
-    KVS_TRY(s = kvs_threadpool_create(o->threads, &pool));
-    KVS_TRY(s = kvs_model_state_create(model, max_pos, pool, &st));
+    if (o->device == KVS_CAPTURE_CUDA) {
+        KVS_TRY(s = kvs_cuda_probe(NULL, 0)); /* no device: fail before any trace file exists */
+    } else {
+        KVS_TRY(s = kvs_threadpool_create(o->threads, &pool));
+        KVS_TRY(s = kvs_model_state_create(model, max_pos, pool, &st));
+    }
     KVS_TRY(s = kvs_sampler_create(cfg->vocab_size, o->temperature, o->top_p, o->seed, &smp));
 
     if (o->out_path) {
@@ -225,15 +232,17 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
                           : o->prompt_ids  ? "ids"
                                            : "bos";
         snprintf(cc.settings, sizeof cc.settings,
-                 "backend=cpu threads=%d sampling=%s temperature=%g top_p=%g seed=%llu steps=%d max_new_tokens=%d "
+                 "backend=%s threads=%d sampling=%s temperature=%g top_p=%g seed=%llu steps=%d max_new_tokens=%d "
                  "ignore_eos=%d bos=%d prompt_source=%.900s prompt_tokens=%zu turns=%zu max_positions=%d "
                  "model_format=%s architecture=%.63s weights=%s tokenizer=%.900s",
-                 kvs_threadpool_size(pool), o->temperature == 0 ? "greedy" : (o->top_p < 1 ? "top-p" : "temperature"),
+                 gpu ? "cuda" : "cpu", gpu ? 0 : kvs_threadpool_size(pool), o->temperature == 0 ? "greedy" : (o->top_p < 1 ? "top-p" : "temperature"),
                  o->temperature, o->top_p, (unsigned long long)o->seed, o->steps, o->steps, o->ignore_eos, !o->no_bos,
                  src, total_prompt, n_turn_prompts, max_pos, info->format == KVS_MODEL_HF ? "hf" : "llama2c",
                  info->architecture, kvs_dtype_name(info->weight_dtype), have_tok ? tok_path : "none");
         KVS_TRY(s = kvs_trace_writer_create(o->out_path, cfg, &cc, &w));
     }
+    /* The CUDA backend records through its own writer thread; the CPU path writes below. */
+    if (gpu) KVS_TRY(s = kvs_cuda_backend_create(model, max_pos, w, &gb));
 
     /* decode */
     double t0 = kvs_now_s(), last = t0;
@@ -245,7 +254,27 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
     for (size_t t = 0; t < n_turn_prompts && !stop_all; t++) {
         int64_t n_items = (int64_t)turn_ids[t].n + o->steps;
         int32_t next = -1;
-        for (int64_t i = 0; i < n_items; i++) {
+        int64_t i = 0;
+        if (gb && turn_ids[t].n > 0) {
+            /* The turn's prompt as one batched prefill, cut at max_positions as the CPU path would stop. */
+            int64_t np = (int64_t)turn_ids[t].n;
+            if (np > max_pos - pos) {
+                np = max_pos - pos;
+                r->stopped_max = 1;
+                stop_all = 1;
+            }
+            if (np > 0)
+                KVS_TRY(s = kvs_cuda_backend_prefill(gb, turn_ids[t].ids, (int)np, (int)pos, KVS_ROLE_PROMPT,
+                                                     (int32_t)t, &logits));
+            for (int64_t k = 0; k < np; k++) KVS_TRY(s = vec_push(&seq, turn_ids[t].ids[k]));
+            r->n_prompt += np;
+            pos += np;
+            i = np;
+            r->stopped_eos = 0;
+            progress_line(o, pos, planned, t0, w, &last, 0);
+            if (stop_all) break;
+        }
+        for (; i < n_items; i++) {
             int prompt = i < (int64_t)turn_ids[t].n;
             int32_t token;
             if (prompt) {
@@ -265,9 +294,14 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
                 break;
             }
             r->stopped_eos = 0;
-            if (w) KVS_TRY(s = kvs_trace_writer_begin_position(w, token, prompt ? KVS_ROLE_PROMPT : KVS_ROLE_GENERATED, (int32_t)t));
-            KVS_TRY(s = kvs_model_forward(st, token, (int)pos, &logits));
-            if (w) {
+            kvs_role role = prompt ? KVS_ROLE_PROMPT : KVS_ROLE_GENERATED;
+            if (gb) {
+                KVS_TRY(s = kvs_cuda_backend_step(gb, token, (int)pos, role, (int32_t)t, &logits));
+            } else {
+                if (w) KVS_TRY(s = kvs_trace_writer_begin_position(w, token, role, (int32_t)t));
+                KVS_TRY(s = kvs_model_forward(st, token, (int)pos, &logits));
+            }
+            if (w && !gb) {
                 for (int l = 0; l < cfg->n_layers; l++) {
                     kvs_layer_record rec;
                     KVS_TRY(s = kvs_model_state_layer(st, l, &rec));
@@ -282,6 +316,7 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
             progress_line(o, pos, planned, t0, w, &last, 0);
         }
     }
+    if (gb) KVS_TRY(s = kvs_cuda_backend_finish(gb)); /* every position handed to the writer */
     progress_line(o, pos, planned, t0, w, &last, 1);
     r->seconds = kvs_now_s() - t0;
     if (w) {
@@ -295,7 +330,8 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
 
 cleanup:
     if (s != KVS_OK) kvs_capture_result_free(r);
-    kvs_trace_writer_free(w); /* removes OUT.partial unless closed */
+    kvs_cuda_backend_free(gb); /* before the writer: its writer thread uses it */
+    kvs_trace_writer_free(w);  /* removes OUT.partial unless closed */
     free(seq.ids);
     if (turn_ids)
         for (size_t t = 0; t < n_turn_prompts; t++) free(turn_ids[t].ids);

@@ -24,6 +24,11 @@
 
 #include "../common/kvs.h"
 
+/* Which forward pass decodes: the CPU reference, or the CUDA backend (a CUDA build on a machine with a GPU;
+ * otherwise kvs_capture_run fails with KVS_ERR_NO_DEVICE "no CUDA device (...)" before writing anything).
+ * On CUDA each turn's prompt is one batched prefill; generated tokens are decode steps. */
+typedef enum { KVS_CAPTURE_CPU = 0, KVS_CAPTURE_CUDA = 1 } kvs_capture_device;
+
 typedef struct {
     const char *model_path;     /* llama2.c .bin or HF folder */
     const char *tokenizer_path; /* NULL = default beside the model (tok<vocab>.bin / tokenizer.bin / tokenizer.json) */
@@ -42,7 +47,8 @@ typedef struct {
     uint64_t seed;
     kvs_dtype dtype;            /* trace storage dtype of q/k/v/o */
     int block;                  /* positions per trace block; 0 = KVS_TRACE_DEFAULT_BLOCK */
-    int threads;                /* 0 = all CPUs */
+    int threads;                /* 0 = all CPUs (CPU backend) */
+    kvs_capture_device device;  /* KVS_CAPTURE_CPU (reference) or KVS_CAPTURE_CUDA (gpu_capture/cuda_backend.h) */
     const char *out_path;       /* trace destination, NULL = decode without recording */
     int progress;               /* print progress lines to stderr (tty: every 0.5 s, else every 5 s) */
 } kvs_capture_opts;

@@ -6,6 +6,7 @@
  * exactly what the rest of kvsim recomputes.
  */
 #include "model.h"
+#include "model_weights.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -981,5 +982,24 @@ kvs_status kvs_model_state_layer(const kvs_model_state *s, int layer, kvs_layer_
     rec->v = s->vcache + kv_off;
     rec->o = s->o_rec + (size_t)layer * qd;
     rec->lse = s->lse_rec + (size_t)layer * (size_t)c->n_heads;
+    return KVS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Weight access for other backends (model_weights.h)
+ * ---------------------------------------------------------------------------------------------- */
+
+kvs_status kvs_model_weights_get(const kvs_model *m, kvs_model_weights *out) {
+    *out = (kvs_model_weights){.embed = m->embed, .rms_final = m->rms_final, .cls = m->cls, .inv_freq = m->inv_freq};
+    return KVS_OK;
+}
+
+kvs_status kvs_model_layer_weights_get(const kvs_model *m, int layer, kvs_model_layer_weights *out) {
+    if (layer < 0 || layer >= m->info.config.n_layers)
+        return kvs_fail(KVS_ERR_RANGE, "layer %d is outside [0, %d)", layer, m->info.config.n_layers);
+    const layer_weights *w = &m->layers[layer];
+    *out = (kvs_model_layer_weights){.rms_att = w->rms_att, .rms_ffn = w->rms_ffn, .wq = w->wq, .wk = w->wk,
+                                     .wv = w->wv, .wo = w->wo, .bq = w->bq, .bk = w->bk, .bv = w->bv,
+                                     .bo = w->bo, .w1 = w->w1, .w2 = w->w2, .w3 = w->w3};
     return KVS_OK;
 }
