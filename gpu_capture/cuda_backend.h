@@ -31,7 +31,7 @@
  *
  * Limits: head_dim even and <= 256, n_heads <= 1024 (any GQA group), max_positions <= the model context.
  *
- * Builds without CUDA (the default `make`) get gpu_capture/cuda_stub.c: every function below exists and
+ * Builds without CUDA (the default `make`) get gpu_capture/cuda_absent.c: every function below exists and
  * returns KVS_ERR_NO_DEVICE ("no CUDA device (this kvsim was built without CUDA; run `make cuda`)"). In a
  * CUDA build on a machine without a usable GPU (no device, or a driver older than the runtime) they return
  * KVS_ERR_NO_DEVICE with "no CUDA device (...)" naming the CUDA error.

@@ -196,7 +196,7 @@ static void test_create_without_device_fails_cleanly(void **state) {
 static void test_create_rejects_bad_max_positions(void **state) {
     (void)state;
 #ifndef KVS_WITH_CUDA
-    print_message("SKIP: built without CUDA (the stub reports no device before looking at arguments)\n");
+    print_message("SKIP: built without CUDA (the no-CUDA fallback reports no device before looking at arguments)\n");
     skip();
 #else
     char p[4096];

@@ -3,7 +3,7 @@
 #   make cuda         ./kvsim with the CUDA backend (objects in build/cuda/); without nvcc: a message, exit 0
 #   make cuda-test    build and run the test suite of that build (GPU tests skip with "no CUDA device")
 #   make bench-cuda   build and run bench/bench_cuda.c against that build (needs a GPU to measure anything)
-# The C sources are compiled again with -DKVS_WITH_CUDA (which drops gpu_capture/cuda_stub.c's fallback);
+# The C sources are compiled again with -DKVS_WITH_CUDA (which drops gpu_capture/cuda_absent.c's fallback);
 # the .cu files go through nvcc; both land in build/cuda/libkvs.a through the Makefile's EXTRA_* hooks.
 # CUDA_KVSIM names the binary (default ./kvsim, as the issue asks; CUDA_KVSIM=build/cuda/kvsim keeps the
 # CPU ./kvsim of a shared tree untouched).

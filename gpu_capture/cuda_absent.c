@@ -1,4 +1,4 @@
-/* cuda_stub.c — the CUDA backend API (gpu_capture/cuda_backend.h) in builds without CUDA (the default
+/* cuda_absent.c — the CUDA backend API (gpu_capture/cuda_backend.h) in builds without CUDA (the default
  * `make`): every entry point exists, so callers need no #ifdef, and reports KVS_ERR_NO_DEVICE saying how
  * to get a build that has the backend. `make cuda` compiles with -DKVS_WITH_CUDA, which drops this file's
  * contents in favour of gpu_capture/cuda/backend.cu.
@@ -7,11 +7,11 @@
 
 #ifndef KVS_WITH_CUDA
 
-#define KVS_CUDA_STUB_MSG "no CUDA device (this kvsim was built without CUDA; run `make cuda`)"
+#define KVS_CUDA_ABSENT_MSG "no CUDA device (this kvsim was built without CUDA; run `make cuda`)"
 
 kvs_status kvs_cuda_probe(char *desc, size_t n) {
     if (desc && n) desc[0] = '\0';
-    return kvs_fail(KVS_ERR_NO_DEVICE, KVS_CUDA_STUB_MSG);
+    return kvs_fail(KVS_ERR_NO_DEVICE, KVS_CUDA_ABSENT_MSG);
 }
 
 kvs_status kvs_cuda_backend_create(const kvs_model *m, int max_positions, kvs_trace_writer *w,
@@ -20,7 +20,7 @@ kvs_status kvs_cuda_backend_create(const kvs_model *m, int max_positions, kvs_tr
     (void)max_positions;
     (void)w;
     if (out) *out = NULL;
-    return kvs_fail(KVS_ERR_NO_DEVICE, KVS_CUDA_STUB_MSG);
+    return kvs_fail(KVS_ERR_NO_DEVICE, KVS_CUDA_ABSENT_MSG);
 }
 
 kvs_status kvs_cuda_backend_prefill(kvs_cuda_backend *b, const int32_t *tokens, int n, int pos0, kvs_role role,
@@ -32,7 +32,7 @@ kvs_status kvs_cuda_backend_prefill(kvs_cuda_backend *b, const int32_t *tokens, 
     (void)role;
     (void)turn;
     if (last_logits) *last_logits = NULL;
-    return kvs_fail(KVS_ERR_NO_DEVICE, KVS_CUDA_STUB_MSG);
+    return kvs_fail(KVS_ERR_NO_DEVICE, KVS_CUDA_ABSENT_MSG);
 }
 
 kvs_status kvs_cuda_backend_step(kvs_cuda_backend *b, int32_t token, int pos, kvs_role role, int32_t turn,
@@ -43,12 +43,12 @@ kvs_status kvs_cuda_backend_step(kvs_cuda_backend *b, int32_t token, int pos, kv
     (void)role;
     (void)turn;
     if (logits) *logits = NULL;
-    return kvs_fail(KVS_ERR_NO_DEVICE, KVS_CUDA_STUB_MSG);
+    return kvs_fail(KVS_ERR_NO_DEVICE, KVS_CUDA_ABSENT_MSG);
 }
 
 kvs_status kvs_cuda_backend_finish(kvs_cuda_backend *b) {
     (void)b;
-    return kvs_fail(KVS_ERR_NO_DEVICE, KVS_CUDA_STUB_MSG);
+    return kvs_fail(KVS_ERR_NO_DEVICE, KVS_CUDA_ABSENT_MSG);
 }
 
 kvs_status kvs_cuda_backend_layer(kvs_cuda_backend *b, int layer, int pos, float *q, float *k, float *v, float *o,
@@ -61,7 +61,7 @@ kvs_status kvs_cuda_backend_layer(kvs_cuda_backend *b, int layer, int pos, float
     (void)v;
     (void)o;
     (void)lse;
-    return kvs_fail(KVS_ERR_NO_DEVICE, KVS_CUDA_STUB_MSG);
+    return kvs_fail(KVS_ERR_NO_DEVICE, KVS_CUDA_ABSENT_MSG);
 }
 
 /* No backend can exist in this build, so there is nothing to free. */
@@ -69,5 +69,5 @@ void kvs_cuda_backend_free(kvs_cuda_backend *b) { (void)b; }
 
 #else
 /* ISO C forbids an empty translation unit. */
-typedef int kvs_cuda_stub_unused;
+typedef int kvs_cuda_absent_unused;
 #endif
