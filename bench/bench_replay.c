@@ -109,7 +109,7 @@ int main(void) {
         kvs_model_config mc;
         kvs_capture_config cc;
         kvs_gen_trace_configs(g, &mc, &cc);
-        CHECK(kvs_replay_turns_from_roles(g->roles, g->turn, o.n_positions, &turns, &n_turns));
+        CHECK(kvs_trace_turns_from_roles(g->roles, g->turn, o.n_positions, &turns, &n_turns, NULL));
         memset(&mem, 0, sizeof mem);
         mem.model = (kvs_policy_model){.n_layers = mc.n_layers, .n_heads = mc.n_heads, .n_kv_heads = mc.n_kv_heads,
                                        .group = mc.n_heads / mc.n_kv_heads, .head_dim = mc.head_dim,

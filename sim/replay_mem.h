@@ -24,11 +24,8 @@ typedef struct {
  *  inconsistent shapes. */
 kvs_status kvs_replay_source_from_memory(const kvs_replay_mem *m, kvs_replay_source *out);
 
-/*! kvs_replay_turns_from_roles() : builds the turn table from per-position roles (kvs_role) and turn indices
- *  (as kvs_trace_roles/kvs_trace_turn_of give them). *turns is malloc'd (caller frees). KVS_ERR_FORMAT if
- *  the turn indices are not 0,0,..,1,1,.. in steps of one or a prompt position follows a generated one
- *  inside a turn. */
-kvs_status kvs_replay_turns_from_roles(const uint8_t *roles, const int32_t *turn_of, int64_t n, kvs_turn **turns,
-                                       int64_t *n_turns);
+
+/* Turn tables of in-memory sources come from kvs_trace_turns_from_roles() (trace/trace.h), the rule the
+ * trace reader applies. */
 
 #endif /* KVS_REPLAY_MEM_H */

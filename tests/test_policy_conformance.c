@@ -22,19 +22,11 @@
 #include "../sim/policy.h"
 #include "../sim/replay.h"
 #include "../sim/replay_mem.h"
-#include "util/gen_trace.h"
+#include "util/replay_fixture.h"
 
-typedef struct {
-    kvs_gen_trace *g;
-    kvs_replay_mem mem;
-    kvs_turn *turns;
-    int64_t n_turns;
-    int L, Hkv, G, d;
-    int64_t N;
-} fixture;
+typedef kvs_test_replay_fixture fixture;
 
 static void fixture_make(fixture *f, int n_turns, uint64_t seed) {
-    memset(f, 0, sizeof *f);
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
     o.n_positions = 72;
     o.n_turns = n_turns;
@@ -43,40 +35,10 @@ static void fixture_make(fixture *f, int n_turns, uint64_t seed) {
     o.head_dim = 8;
     o.seed = seed;
     o.q_scale = 2.0f;
-    assert_int_equal(kvs_gen_trace_create(&o, &f->g), KVS_OK);
-    kvs_model_config mc;
-    kvs_capture_config cc;
-    kvs_gen_trace_configs(f->g, &mc, &cc);
-    assert_int_equal(kvs_replay_turns_from_roles(f->g->roles, f->g->turn, o.n_positions, &f->turns, &f->n_turns), KVS_OK);
-    f->L = mc.n_layers;
-    f->Hkv = mc.n_kv_heads;
-    f->G = mc.n_heads / mc.n_kv_heads;
-    f->d = mc.head_dim;
-    f->N = o.n_positions;
-    kvs_policy_model *m = &f->mem.model;
-    m->n_layers = f->L;
-    m->n_heads = mc.n_heads;
-    m->n_kv_heads = f->Hkv;
-    m->group = f->G;
-    m->head_dim = f->d;
-    m->scale = mc.attn_scale;
-    m->kv_bytes = 2;
-    m->aux_bytes = 4;
-    m->n_positions = f->N;
-    m->prompt_len = f->turns[0].prompt_end;
-    m->max_new_tokens = f->N - f->turns[0].prompt_end;
-    f->mem.turns = f->turns;
-    f->mem.n_turns = f->n_turns;
-    f->mem.q = f->g->q;
-    f->mem.k = f->g->k;
-    f->mem.v = f->g->v;
-    f->mem.block_positions = 16;
+    assert_int_equal(kvs_test_replay_fixture_make(&o, 2, 16, f), KVS_OK);
 }
 
-static void fixture_free(fixture *f) {
-    kvs_gen_trace_free(f->g);
-    free(f->turns);
-}
+static void fixture_free(fixture *f) { kvs_test_replay_fixture_free(f); }
 
 /* Every selection of a run, flattened: (layer, kv head, position, list) -> sorted positions. */
 typedef struct {

@@ -19,49 +19,19 @@
 #include "../sim/policy.h"
 #include "../sim/replay.h"
 #include "../sim/replay_mem.h"
-#include "util/gen_trace.h"
+#include "util/replay_fixture.h"
 
-typedef struct {
-    kvs_gen_trace *g;
-    kvs_replay_mem mem;
-    kvs_turn *turns;
-    int64_t n_turns;
-} fixture;
+typedef kvs_test_replay_fixture fixture;
 
 static void fixture_make(fixture *f, int n_turns, int n_pos) {
-    memset(f, 0, sizeof *f);
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
     o.n_positions = n_pos;
     o.n_turns = n_turns;
     o.q_scale = 2.0f;
-    assert_int_equal(kvs_gen_trace_create(&o, &f->g), KVS_OK);
-    kvs_model_config mc;
-    kvs_capture_config cc;
-    kvs_gen_trace_configs(f->g, &mc, &cc);
-    assert_int_equal(kvs_replay_turns_from_roles(f->g->roles, f->g->turn, n_pos, &f->turns, &f->n_turns), KVS_OK);
-    kvs_policy_model *m = &f->mem.model;
-    m->n_layers = mc.n_layers;
-    m->n_heads = mc.n_heads;
-    m->n_kv_heads = mc.n_kv_heads;
-    m->group = mc.n_heads / mc.n_kv_heads;
-    m->head_dim = mc.head_dim;
-    m->scale = mc.attn_scale;
-    m->kv_bytes = 4;
-    m->aux_bytes = 4;
-    m->n_positions = n_pos;
-    m->prompt_len = f->turns[0].prompt_end;
-    f->mem.turns = f->turns;
-    f->mem.n_turns = f->n_turns;
-    f->mem.q = f->g->q;
-    f->mem.k = f->g->k;
-    f->mem.v = f->g->v;
-    f->mem.block_positions = 16;
+    assert_int_equal(kvs_test_replay_fixture_make(&o, 4, 16, f), KVS_OK);
 }
 
-static void fixture_free(fixture *f) {
-    kvs_gen_trace_free(f->g);
-    free(f->turns);
-}
+static void fixture_free(fixture *f) { kvs_test_replay_fixture_free(f); }
 
 static kvs_replay_result *replay(const fixture *f, const char *const *specs, const int64_t *budgets, int n,
                                  kvs_replay_measure measure, int threads) {

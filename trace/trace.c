@@ -915,9 +915,8 @@ static kvs_status load_tokens(kvs_trace *t) {
             t->turn_of[first + i] = (int32_t)kvs_get_u32(p + 5 * n + 4 * i);
         }
     }
-    int64_t n_turns = 0, prompt_len = (int64_t)N;
     for (uint64_t i = 0; i < N; i++) {
-        int32_t tok = t->tokens[i], tu = t->turn_of[i];
+        int32_t tok = t->tokens[i];
         uint8_t r = t->roles[i];
         if (tok < 0 || tok >= t->h.model.vocab_size) {
             s = kvs_fail(KVS_ERR_FORMAT, "%s: position %llu: token id %d outside [0, vocab_size = %d)", t->path,
@@ -929,31 +928,11 @@ static kvs_status load_tokens(kvs_trace *t) {
                          (unsigned long long)i, r);
             goto cleanup;
         }
-        int32_t prev = i ? t->turn_of[i - 1] : -1;
-        if (i == 0 ? tu != 0 : (tu != prev && tu != prev + 1)) {
-            s = kvs_fail(KVS_ERR_FORMAT, "%s: position %llu: turn index %d does not follow %d (must start at 0 and "
-                         "step by 0 or 1)", t->path, (unsigned long long)i, tu, prev);
-            goto cleanup;
-        }
-        if (i > 0 && tu == prev && r == KVS_ROLE_PROMPT && t->roles[i - 1] == KVS_ROLE_GENERATED) {
-            s = kvs_fail(KVS_ERR_FORMAT, "%s: position %llu: prompt position after a generated one within turn %d",
-                         t->path, (unsigned long long)i, tu);
-            goto cleanup;
-        }
-        if (r == KVS_ROLE_GENERATED && prompt_len == (int64_t)N) prompt_len = (int64_t)i;
     }
-    n_turns = (int64_t)t->turn_of[N - 1] + 1;
-    t->turns = calloc((size_t)n_turns, sizeof *t->turns);
-    if (!t->turns) {
-        s = kvs_fail(KVS_ERR_NOMEM, "%s: cannot allocate turns", t->path);
+    int64_t n_turns = 0, prompt_len = 0;
+    if ((s = kvs_trace_turns_from_roles(t->roles, t->turn_of, (int64_t)N, &t->turns, &n_turns, &prompt_len)) != KVS_OK) {
+        s = kvs_fail(s, "%s: %s", t->path, kvs_last_error());
         goto cleanup;
-    }
-    for (int64_t k = 0; k < n_turns; k++) t->turns[k].begin = -1;
-    for (uint64_t i = 0; i < N; i++) {
-        kvs_turn *tu = &t->turns[t->turn_of[i]];
-        if (tu->begin < 0) tu->begin = tu->prompt_end = (int64_t)i;
-        if (t->roles[i] == KVS_ROLE_PROMPT) tu->prompt_end = (int64_t)i + 1;
-        tu->end = (int64_t)i + 1;
     }
     t->info.n_turns = n_turns;
     t->info.turns = t->turns;
@@ -962,6 +941,38 @@ static kvs_status load_tokens(kvs_trace *t) {
 cleanup:
     kvs_trace_block_free(&bi->pub);
     return s;
+}
+
+kvs_status kvs_trace_turns_from_roles(const uint8_t *roles, const int32_t *turn_of, int64_t n, kvs_turn **turns,
+                                      int64_t *n_turns, int64_t *prompt_len) {
+    *turns = NULL;
+    *n_turns = 0;
+    if (n < 1) return kvs_fail(KVS_ERR_FORMAT, "turns: no positions");
+    int64_t first_generated = n;
+    for (int64_t i = 0; i < n; i++) {
+        int32_t tu = turn_of[i], prev = i ? turn_of[i - 1] : -1;
+        if (i == 0 ? tu != 0 : (tu != prev && tu != prev + 1))
+            return kvs_fail(KVS_ERR_FORMAT, "position %lld: turn index %d does not follow %d (must start at 0 and "
+                            "step by 0 or 1)", (long long)i, tu, prev);
+        if (i > 0 && tu == prev && roles[i] == KVS_ROLE_PROMPT && roles[i - 1] == KVS_ROLE_GENERATED)
+            return kvs_fail(KVS_ERR_FORMAT, "position %lld: prompt position after a generated one within turn %d",
+                            (long long)i, tu);
+        if (roles[i] == KVS_ROLE_GENERATED && first_generated == n) first_generated = i;
+    }
+    int64_t nt = (int64_t)turn_of[n - 1] + 1; /* <= n: indices step by at most 1 from 0 */
+    kvs_turn *t = calloc((size_t)nt, sizeof *t);
+    if (!t) return kvs_fail(KVS_ERR_NOMEM, "turns: cannot allocate %lld turns", (long long)nt);
+    for (int64_t k = 0; k < nt; k++) t[k].begin = -1;
+    for (int64_t i = 0; i < n; i++) {
+        kvs_turn *tu = &t[turn_of[i]];
+        if (tu->begin < 0) tu->begin = tu->prompt_end = i;
+        if (roles[i] == KVS_ROLE_PROMPT) tu->prompt_end = i + 1;
+        tu->end = i + 1;
+    }
+    *turns = t;
+    *n_turns = nt;
+    if (prompt_len) *prompt_len = first_generated;
+    return KVS_OK;
 }
 
 kvs_status kvs_trace_open(const char *path, kvs_trace **out) {

@@ -181,6 +181,14 @@ kvs_status kvs_trace_stream_open(const kvs_trace *t, int layer, int kv_head, kvs
 kvs_status kvs_trace_stream_next(kvs_trace_stream *s, const kvs_trace_block **blk);
 void kvs_trace_stream_free(kvs_trace_stream *s);
 
+/*! kvs_trace_turns_from_roles() : the turn table of n >= 1 positions from their roles (kvs_role) and turn
+ *  indices, as the format defines it (FORMAT.md "What a reader validates"): turn indices start at 0 and step
+ *  by 0 or 1, and within a turn every prompt position precedes every generated one. *turns is malloc'd
+ *  [*n_turns] (caller frees); *prompt_len (may be NULL) receives the first generated position, or n if none.
+ *  KVS_ERR_FORMAT naming the position otherwise. The trace reader and in-memory replay sources share it. */
+kvs_status kvs_trace_turns_from_roles(const uint8_t *roles, const int32_t *turn_of, int64_t n, kvs_turn **turns,
+                                      int64_t *n_turns, int64_t *prompt_len);
+
 /*! kvs_trace_check_chunks() : reads and checksums every chunk (what `kvsim verify` does first).
  *  @return KVS_OK or the first failure, with its chunk named in the detail. */
 kvs_status kvs_trace_check_chunks(const kvs_trace *t);

@@ -1,0 +1,29 @@
+/* replay_fixture.h — TEST HELPER: a GENERATED trace (tests/util/gen_trace.h, seeded Gaussian q/k/v, never a
+ * model's) exposed as an in-memory replay source (sim/replay_mem.h), for the tests of sim/ and policies/.
+ */
+#ifndef KVS_TEST_REPLAY_FIXTURE_H
+#define KVS_TEST_REPLAY_FIXTURE_H
+
+#include <stdint.h>
+
+#include "../../sim/replay_mem.h"
+#include "gen_trace.h"
+
+typedef struct {
+    kvs_gen_trace *g;     /* owned */
+    kvs_replay_mem mem;   /* borrows g's arrays and turns */
+    kvs_turn *turns;      /* owned, [n_turns] */
+    int64_t n_turns;
+    int L, H, Hkv, G, d;  /* layers, query heads, KV heads, group, head_dim */
+    int64_t N;            /* positions */
+    float scale;          /* softmax scale */
+} kvs_test_replay_fixture;
+
+/*! kvs_test_replay_fixture_make() : generates the data of `o` and describes it to the engine with `kv_bytes`
+ *  bytes per stored K/V element, 4-byte auxiliary elements, `block_positions` positions per block and
+ *  max_new_tokens = the generated positions after the first prompt. Free with kvs_test_replay_fixture_free. */
+kvs_status kvs_test_replay_fixture_make(const kvs_gen_trace_opts *o, int kv_bytes, int block_positions,
+                                        kvs_test_replay_fixture *f);
+void kvs_test_replay_fixture_free(kvs_test_replay_fixture *f);
+
+#endif /* KVS_TEST_REPLAY_FIXTURE_H */
