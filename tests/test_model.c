@@ -510,6 +510,124 @@ static void test_bad_hf_checkpoints_fail_clearly(void **state) {
     rm_dir(dir);
 }
 
+/* ---- fuzz: corrupt checkpoints never crash the loaders ---- */
+
+static uint64_t fuzz_next(uint64_t *x) {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+static void write_bytes(const char *path, const uint8_t *b, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(b, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
+}
+
+/* Loads `path`; a failure must carry a detail, a success must decode one token (the loader accepted a
+ * consistent file, so the forward pass must run on it without touching memory out of bounds). */
+static void load_expect_clean(const char *path) {
+    kvs_model *m = NULL;
+    kvs_clear_error();
+    kvs_status s = kvs_model_load(path, &m);
+    if (s != KVS_OK) {
+        assert_null(m);
+        assert_true(kvs_last_error()[0] != '\0');
+        return;
+    }
+    const kvs_model_info *info = kvs_model_info_get(m);
+    kvs_model_state *st = NULL;
+    int ctx = info->config.max_seq_len < 4 ? info->config.max_seq_len : 4;
+    if (kvs_model_state_create(m, ctx, NULL, &st) == KVS_OK) {
+        const float *logits;
+        kvs_status fs = kvs_model_forward(st, 0, 0, &logits);
+        assert_true(fs == KVS_OK || fs == KVS_ERR_RANGE);
+    }
+    kvs_model_state_free(st);
+    kvs_model_free(m);
+}
+
+/* Random byte changes in the header region and random truncations of both checkpoint formats (and of
+ * config.json): every load either succeeds on a consistent file or fails with a detail; run under
+ * `make asan` this is the loaders' memory-safety fuzz. */
+static void test_fuzz_corrupt_checkpoints_never_crash(void **state) {
+    (void)state;
+    NEED_MODELS();
+    char src[4096], dir[] = "/tmp/kvs_model_fuzz_XXXXXX", p[4200], cfg_path[4200];
+    assert_non_null(mkdtemp(dir));
+    uint64_t rng = 0x9E3779B97F4A7C15ull;
+
+    /* llama2.c: the 28-byte header, and cut points anywhere */
+    path_of(src, sizeof src, "../shared/models/stories260K.bin");
+    uint8_t *bin;
+    size_t bin_len;
+    assert_int_equal(kvs_read_file(src, (char **)&bin, &bin_len), KVS_OK);
+    uint8_t *work = malloc(bin_len);
+    assert_non_null(work);
+    snprintf(p, sizeof p, "%s/f.bin", dir);
+    static const int32_t edge[] = {0, 1, -1, 2, 3, 7, 512, 65536, 0x7fffffff, (int32_t)0x80000000};
+    for (int it = 0; it < 150; it++) {
+        memcpy(work, bin, bin_len);
+        size_t n = bin_len;
+        uint64_t r = fuzz_next(&rng);
+        if (r % 3 == 0) {
+            work[fuzz_next(&rng) % 28] = (uint8_t)fuzz_next(&rng);
+        } else if (r % 3 == 1) {
+            int32_t v = edge[fuzz_next(&rng) % (sizeof edge / sizeof edge[0])];
+            memcpy(work + 4 * (fuzz_next(&rng) % 7), &v, 4);
+        } else {
+            n = (size_t)(fuzz_next(&rng) % bin_len);
+        }
+        write_bytes(p, work, n);
+        load_expect_clean(p);
+    }
+    free(work);
+    free(bin);
+
+    /* Hugging Face: safetensors header bytes, truncations, and config.json bytes */
+    char st_src[4200], cfg_src[4200];
+    path_of(st_src, sizeof st_src, "../shared/models/tinystories-656K/model.safetensors");
+    path_of(cfg_src, sizeof cfg_src, "../shared/models/tinystories-656K/config.json");
+    uint8_t *st, *cfg;
+    size_t st_len, cfg_len;
+    assert_int_equal(kvs_read_file(st_src, (char **)&st, &st_len), KVS_OK);
+    assert_int_equal(kvs_read_file(cfg_src, (char **)&cfg, &cfg_len), KVS_OK);
+    uint64_t hdr_len = 0;
+    memcpy(&hdr_len, st, 8); /* little-endian host (x86_64, aarch64) */
+    assert_true(hdr_len > 0 && hdr_len + 8 < st_len);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    snprintf(cfg_path, sizeof cfg_path, "%s/config.json", dir);
+    work = malloc(st_len);
+    uint8_t *cwork = malloc(cfg_len);
+    assert_true(work && cwork);
+    for (int it = 0; it < 150; it++) {
+        memcpy(work, st, st_len);
+        memcpy(cwork, cfg, cfg_len);
+        size_t n = st_len, cn = cfg_len;
+        uint64_t r = fuzz_next(&rng) % 4;
+        if (r == 0) {
+            for (int k = 0; k < 1 + (int)(fuzz_next(&rng) % 3); k++)
+                work[fuzz_next(&rng) % (8 + hdr_len)] = (uint8_t)fuzz_next(&rng);
+        } else if (r == 1) {
+            n = (size_t)(fuzz_next(&rng) % st_len);
+        } else if (r == 2) {
+            cwork[fuzz_next(&rng) % cfg_len] = (uint8_t)fuzz_next(&rng);
+        } else {
+            cn = (size_t)(fuzz_next(&rng) % cfg_len);
+        }
+        write_bytes(p, work, n);
+        write_bytes(cfg_path, cwork, cn);
+        load_expect_clean(dir);
+    }
+    free(work);
+    free(cwork);
+    free(st);
+    free(cfg);
+    rm_dir(dir);
+}
+
 static void test_forward_rejects_bad_token_and_position(void **state) {
     (void)state;
     char p[4096];
@@ -605,6 +723,7 @@ int main(void) {
         cmocka_unit_test(test_llama2c_and_converted_hf_agree),
         cmocka_unit_test(test_bad_llama2c_checkpoints_fail_clearly),
         cmocka_unit_test(test_bad_hf_checkpoints_fail_clearly),
+        cmocka_unit_test(test_fuzz_corrupt_checkpoints_never_crash),
         cmocka_unit_test(test_forward_rejects_bad_token_and_position),
         cmocka_unit_test(test_sampler_deterministic_and_valid),
         cmocka_unit_test(test_threadpool_runs_every_worker_once),
