@@ -1,11 +1,11 @@
 /* bench_trace.c — throughput and compression ratio of the trace writer and reader (trace/trace.h,
  * format trace/FORMAT.md) for fp16 / bf16 / fp32 storage, with and without byte shuffle.
  *
- * Data source: when KVSIM_BENCH_TRACE names a trace captured from a real model, its q/k/v/o/lse and tokens
- * are decoded and re-encoded in every configuration; otherwise the data is GENERATED Gaussian numbers
- * (8 layers x 8 KV heads, G = 4, d = 64, 1024 positions) and the output says so: "generated data (not a
- * model's)". Generated numbers compress far worse than real activations would, so the ratios measured on
- * them say only how the layouts compare on noise-like data.
+ * Data sources, each labelled in the output: GENERATED Gaussian numbers (8 layers x 8 KV heads, G = 4,
+ * d = 64, 1024 positions: "generated data (not a model's)") for throughput on a sizeable volume, then a
+ * trace captured from a real model (KVSIM_BENCH_TRACE, else the bundled examples/stories260K.kvt) whose
+ * q/k/v/o/lse and tokens are decoded and re-encoded in every configuration, for the compression ratio of
+ * real activations.
  *
  * Reported per configuration: write MB/s (create + put every position + close with fsync), read MB/s
  * (open + stream every (layer, KV head) group in one thread, decoded to fp32), both in MB of fp32-equivalent
@@ -107,7 +107,7 @@ static void trace_source(source *s, const char *path) {
     s->L = in->model.n_layers, s->H = in->model.n_heads, s->Hkv = in->model.n_kv_heads, s->d = in->model.head_dim;
     s->N = in->n_positions;
     static char label[600];
-    snprintf(label, sizeof label, "real trace %s (model %s, stored as %s): %d layers x %d KV heads, G=%d, d=%d, %lld "
+    snprintf(label, sizeof label, "real trace %.300s (model %s, stored as %s): %d layers x %d KV heads, G=%d, d=%d, %lld "
              "positions", path, in->model.model_name, kvs_dtype_name((kvs_dtype)in->capture.dtype), s->L, s->Hkv,
              s->H / s->Hkv, s->d, (long long)s->N);
     s->label = label;
@@ -194,11 +194,28 @@ static void run_config(const source *s, const char *path, kvs_dtype dt, int shuf
     unlink(path);
 }
 
+static void free_source(source *s) {
+    free(s->q);
+    free(s->k);
+    free(s->v);
+    free(s->o);
+    free(s->lse);
+    free(s->tokens);
+    free(s->turn);
+    free(s->roles);
+}
+
+static void bench_source(source *s, const char *path) {
+    printf("bench_trace: %s\n", s->label);
+    printf("bench_trace: block %d positions, zstd level 3, one thread; write includes fsync\n",
+           KVS_TRACE_DEFAULT_BLOCK);
+    static const kvs_dtype dts[3] = {KVS_DTYPE_F16, KVS_DTYPE_BF16, KVS_DTYPE_F32};
+    for (int i = 0; i < 3; i++)
+        for (int sh = 1; sh >= 0; sh--) run_config(s, path, dts[i], sh);
+    free_source(s);
+}
+
 int main(void) {
-    source s;
-    const char *real = getenv("KVSIM_BENCH_TRACE");
-    if (real && real[0]) trace_source(&s, real);
-    else generated_source(&s);
     char dir[] = "/tmp/kvs_bench_trace_XXXXXX";
     if (!mkdtemp(dir)) {
         perror("bench_trace: mkdtemp");
@@ -206,20 +223,27 @@ int main(void) {
     }
     char path[64];
     snprintf(path, sizeof path, "%s/b.kvt", dir);
-    printf("bench_trace: %s\n", s.label);
-    printf("bench_trace: block %d positions, zstd level 3, one thread; write includes fsync\n",
-           KVS_TRACE_DEFAULT_BLOCK);
-    static const kvs_dtype dts[3] = {KVS_DTYPE_F16, KVS_DTYPE_BF16, KVS_DTYPE_F32};
-    for (int i = 0; i < 3; i++)
-        for (int sh = 1; sh >= 0; sh--) run_config(&s, path, dts[i], sh);
+    /* Generated data for volume (throughput on ~85 MB), then a real trace for the compression ratio of
+     * real activations: KVSIM_BENCH_TRACE, or the bundled capture of stories260K. */
+    source s;
+    generated_source(&s);
+    bench_source(&s, path);
+    char bundled[4096];
+    const char *real = getenv("KVSIM_BENCH_TRACE");
+    const char *root = getenv("KVSIM_ROOT");
+    if (!real || !real[0]) {
+        snprintf(bundled, sizeof bundled, "%s/examples/stories260K.kvt", root && root[0] ? root : ".");
+        real = access(bundled, R_OK) == 0 ? bundled : NULL;
+    }
+    if (real) {
+        trace_source(&s, real);
+        if (strstr(s.label, "stored as fp32") == NULL)
+            printf("bench_trace: note: this trace's values are already rounded to 16 bits, so re-encoded as fp32 "
+                   "their low mantissa bytes are zero and compress better than a real fp32 capture would\n");
+        bench_source(&s, path);
+    } else {
+        printf("bench_trace: no real trace (set KVSIM_BENCH_TRACE or keep examples/stories260K.kvt)\n");
+    }
     rmdir(dir);
-    free(s.q);
-    free(s.k);
-    free(s.v);
-    free(s.o);
-    free(s.lse);
-    free(s.tokens);
-    free(s.turn);
-    free(s.roles);
     return 0;
 }
