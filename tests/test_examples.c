@@ -83,6 +83,10 @@ static void test_main_job_runs_end_to_end(void **state) {
     (void)state;
     const char *bin = env_or_skip("KVSIM_BIN");
     const char *root = env_or_skip("KVSIM_ROOT");
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+        print_message("gnuplot is not installed: skipping the main job (it draws plots)\n");
+        skip();
+    }
     char dir[] = "/tmp/kvs_examples_XXXXXX";
     assert_non_null(mkdtemp(dir));
     char cmd[4096];
