@@ -17,31 +17,23 @@
 
 #include <cmocka.h>
 
+#include "tests/util/testenv.h"
+
 #include "common/json.h"
 #include "common/kvs_math.h"
 #include "gpu_capture/capture.h"
 #include "gpu_capture/cuda_backend.h"
 #include "trace/trace.h"
 
-static const char *root_dir(void) {
-    const char *r = getenv("KVSIM_ROOT");
-    return r ? r : ".";
-}
-
 static const char *kvsim_bin(void) {
     const char *b = getenv("KVSIM_BIN");
     return b ? b : "./kvsim";
 }
 
-static int exists(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0;
-}
-
 static void need_models(void) {
     char p[4096];
-    snprintf(p, sizeof p, "%s/../shared/models/stories260K.bin", root_dir());
-    if (!exists(p)) {
+    snprintf(p, sizeof p, "%s/../shared/models/stories260K.bin", kvs_test_root());
+    if (!kvs_test_exists(p)) {
         fprintf(stderr, "SKIP: %s absent (shared real models not installed)\n", p);
         skip();
     }
@@ -86,18 +78,18 @@ static float *load_npy(const char *path, size_t *n) {
 
 static void check_model(const char *model_rel, const char *ref_name) {
     char model[4096], p[4096], dir[] = "/tmp/kvs_capture_XXXXXX", out[4200];
-    snprintf(model, sizeof model, "%s/%s", root_dir(), model_rel);
+    snprintf(model, sizeof model, "%s/%s", kvs_test_root(), model_rel);
     assert_non_null(mkdtemp(dir));
     snprintf(out, sizeof out, "%s/t.kvt", dir);
 
     /* reference */
-    snprintf(p, sizeof p, "%s/tests/fixtures/%s.ref.json", root_dir(), ref_name);
+    snprintf(p, sizeof p, "%s/tests/fixtures/%s.ref.json", kvs_test_root(), ref_name);
     char *text = slurp(p);
     assert_non_null(text);
     kvs_json *meta;
     assert_int_equal(kvs_json_parse(text, strlen(text), &meta), KVS_OK);
     free(text);
-    snprintf(p, sizeof p, "%s/tests/fixtures/%s.ref.f32", root_dir(), ref_name);
+    snprintf(p, sizeof p, "%s/tests/fixtures/%s.ref.f32", kvs_test_root(), ref_name);
     float *refd = (float *)(void *)slurp(p);
     assert_non_null(refd);
     const kvs_json *rt = kvs_json_get(meta, "tokens"), *rp = kvs_json_get(meta, "positions");
@@ -121,7 +113,7 @@ static void check_model(const char *model_rel, const char *ref_name) {
     for (size_t i = 0; i < n_ref; i++) assert_int_equal(res.tokens[i], (int32_t)kvs_json_number(kvs_json_at(rt, i)));
     assert_non_null(res.text);
     assert_string_equal(res.text, kvs_json_string(kvs_json_get(meta, "text")));
-    assert_false(exists(dir) && run("test -e '%s.partial'", out) == 0);
+    assert_false(kvs_test_exists(dir) && run("test -e '%s.partial'", out) == 0);
 
     /* the trace holds the reference's tokens and records */
     kvs_trace *t;
@@ -206,7 +198,7 @@ static void test_cli_bad_input_exits_nonzero_and_leaves_no_file(void **state) {
     need_models();
     char dir[] = "/tmp/kvs_capture_XXXXXX", m[4096];
     assert_non_null(mkdtemp(dir));
-    snprintf(m, sizeof m, "%s/../shared/models/stories260K.bin", root_dir());
+    snprintf(m, sizeof m, "%s/../shared/models/stories260K.bin", kvs_test_root());
     const char *b = kvsim_bin();
     /* usage errors: exit 2 */
     assert_int_equal(run("'%s' capture --model '%s' --out '%s/a' --bogus 2>/dev/null", b, m, dir), 2);
@@ -238,14 +230,14 @@ static void test_cli_bad_input_exits_nonzero_and_leaves_no_file(void **state) {
     /* a truncated checkpoint */
     assert_int_equal(run("head -c 500000 '%s' > '%s/cut.bin'", m, dir), 0);
     assert_int_equal(run("'%s' capture --model '%s/cut.bin' --tokenizer '%s/../shared/models/tok512.bin' --out '%s/a' "
-                         "2>'%s/err'", b, dir, root_dir(), dir, dir), 1);
+                         "2>'%s/err'", b, dir, kvs_test_root(), dir, dir), 1);
     e = slurp(p);
     assert_non_null(strstr(e, "needs 1056540"));
     free(e);
     snprintf(p, sizeof p, "%s/a", dir);
-    assert_false(exists(p));
+    assert_false(kvs_test_exists(p));
     snprintf(p, sizeof p, "%s/a.partial", dir);
-    assert_false(exists(p));
+    assert_false(kvs_test_exists(p));
     rm_dir(dir);
 }
 
@@ -254,7 +246,7 @@ static void test_multi_turn_capture_records_turns(void **state) {
     need_models();
     char dir[] = "/tmp/kvs_capture_XXXXXX", m[4096], p[4200], out[4200];
     assert_non_null(mkdtemp(dir));
-    snprintf(m, sizeof m, "%s/../shared/models/tinystories-656K", root_dir());
+    snprintf(m, sizeof m, "%s/../shared/models/tinystories-656K", kvs_test_root());
     snprintf(p, sizeof p, "%s/turns.txt", dir);
     FILE *f = fopen(p, "w");
     assert_non_null(f);
@@ -296,7 +288,7 @@ static void test_no_trace_and_sampling_are_deterministic(void **state) {
     need_models();
     char dir[] = "/tmp/kvs_capture_XXXXXX", m[4096], p[4200];
     assert_non_null(mkdtemp(dir));
-    snprintf(m, sizeof m, "%s/../shared/models/stories260K.bin", root_dir());
+    snprintf(m, sizeof m, "%s/../shared/models/stories260K.bin", kvs_test_root());
     const char *b = kvsim_bin();
     assert_int_equal(run("'%s' capture --model '%s' --no-trace --steps 20 --threads 1 > '%s/g1'", b, m, dir), 0);
     snprintf(p, sizeof p, "%s/g1", dir);

@@ -36,6 +36,8 @@
 
 #include <cmocka.h>
 
+#include "tests/util/testenv.h"
+
 #include "common/kvs.h"
 #include "common/kvs_math.h"
 #include "gpu_capture/cuda_backend.h"
@@ -55,16 +57,6 @@
 #else
 #define CUDA_ONLY __attribute__((unused))
 #endif
-
-static const char *root_dir(void) {
-    const char *r = getenv("KVSIM_ROOT");
-    return r ? r : ".";
-}
-
-static int exists(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0;
-}
 
 /* 1 when a GPU can run the kernels; otherwise prints why and returns 0. */
 static int gpu_ready(void) {
@@ -86,11 +78,11 @@ static int gpu_ready(void) {
         if (!gpu_ready()) skip();   \
     } while (0)
 
-static void model_path(char *buf, size_t cap, const char *rel) { snprintf(buf, cap, "%s/%s", root_dir(), rel); }
+static void model_path(char *buf, size_t cap, const char *rel) { snprintf(buf, cap, "%s/%s", kvs_test_root(), rel); }
 
 /* Skips unless the file exists. */
 static void need_file(const char *p) {
-    if (!exists(p)) {
+    if (!kvs_test_exists(p)) {
         print_message("SKIP: %s absent (shared real models / fixtures not installed)\n", p);
         skip();
     }
@@ -861,7 +853,7 @@ static void test_cli_capture_device_cuda(void **state) {
         assert_non_null(strstr(err, "no CUDA device"));
         char t[4300];
         snprintf(t, sizeof t, "%s/t.kvt", dir);
-        assert_false(exists(t)); /* nothing left behind */
+        assert_false(kvs_test_exists(t)); /* nothing left behind */
     } else {
         if (rc != 0) print_error("capture --device cuda failed: %s\n", err);
         assert_int_equal(rc, 0);

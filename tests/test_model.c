@@ -15,6 +15,8 @@
 
 #include <cmocka.h>
 
+#include "tests/util/testenv.h"
+
 #include "common/json.h"
 #include "common/kvs_math.h"
 #include "gpu_capture/model.h"
@@ -23,23 +25,13 @@
 
 #define TOL 1e-4
 
-static const char *root_dir(void) {
-    const char *r = getenv("KVSIM_ROOT");
-    return r ? r : ".";
-}
-
-static void path_of(char *buf, size_t cap, const char *rel) { snprintf(buf, cap, "%s/%s", root_dir(), rel); }
-
-static int exists(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0;
-}
+static void path_of(char *buf, size_t cap, const char *rel) { snprintf(buf, cap, "%s/%s", kvs_test_root(), rel); }
 
 #define NEED_MODELS()                                                                                 \
     do {                                                                                              \
         char mp_[4096];                                                                               \
         path_of(mp_, sizeof mp_, "../shared/models/stories260K.bin");                                 \
-        if (!exists(mp_)) {                                                                           \
+        if (!kvs_test_exists(mp_)) {                                                                           \
             fprintf(stderr, "SKIP: %s absent (shared real models not installed)\n", mp_);             \
             skip();                                                                                   \
         }                                                                                             \

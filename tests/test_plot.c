@@ -17,6 +17,8 @@
 
 #include <cmocka.h>
 
+#include "tests/util/testenv.h"
+
 #include "common/kvs.h"
 #include "plots/plot.h"
 #include "sim/results.h"
@@ -119,16 +121,11 @@ static void skip_without_gnuplot(void) {
     }
 }
 
-static int exists(const char *path) {
-    struct stat sb;
-    return stat(path, &sb) == 0;
-}
-
 static void assert_nothing_written(const char *out) {
     char partial[256];
     snprintf(partial, sizeof partial, "%s.partial", out);
-    assert_false(exists(out));
-    assert_false(exists(partial));
+    assert_false(kvs_test_exists(out));
+    assert_false(kvs_test_exists(partial));
 }
 
 /* Asserts `path` is a non-trivial PNG (signature) or SVG (starts with <?xml or <svg, has </svg>). */
@@ -147,7 +144,7 @@ static void assert_image(const char *path, int svg) {
     free(data);
     char partial[256];
     snprintf(partial, sizeof partial, "%s.partial", path);
-    assert_false(exists(partial));
+    assert_false(kvs_test_exists(partial));
 }
 
 static kvs_plot_options opts(kvs_plot_kind kind, const char *out) {
@@ -289,7 +286,7 @@ static void test_plot_failures_leave_no_file(void **state) {
     char missing[160];
     snprintf(missing, sizeof missing, "%s/missing.db", t->dir);
     assert_int_equal(kvs_plot_make(missing, &o), KVS_ERR_IO);
-    assert_false(exists(missing));
+    assert_false(kvs_test_exists(missing));
 
     char bad_out[160];
     snprintf(bad_out, sizeof bad_out, "%s/plot.jpg", t->dir);

@@ -9,6 +9,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "tests/util/testenv.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,12 +21,7 @@
 
 /* ---------------------------------------------------------------- paths */
 
-static const char *root_dir(void) {
-    const char *r = getenv("KVSIM_ROOT");
-    return r && r[0] ? r : ".";
-}
-
-static void path_of(char *out, size_t cap, const char *rel) { snprintf(out, cap, "%s/%s", root_dir(), rel); }
+static void path_of(char *out, size_t cap, const char *rel) { snprintf(out, cap, "%s/%s", kvs_test_root(), rel); }
 
 static int file_exists(const char *p) { return access(p, R_OK) == 0; }
 
