@@ -454,6 +454,12 @@ static void agg_insert_sql(char *buf, size_t cap, const char *table, const char 
 }
 
 /* Runs a fully bound statement expected to finish with SQLITE_DONE, then resets it for reuse. */
+/* Prepares `sql` into *st; on failure the detail names `what` and SQLite's message. */
+static kvs_status prepare(kvs_results_db *r, const char *sql, sqlite3_stmt **st, const char *what) {
+    if (sqlite3_prepare_v2(r->db, sql, -1, st, NULL) != SQLITE_OK) return db_fail(r->db, r->path, what);
+    return KVS_OK;
+}
+
 static kvs_status step_done(kvs_results_db *r, sqlite3_stmt *st, const char *what) {
     int rc = sqlite3_step(st);
     sqlite3_reset(st);
@@ -470,17 +476,11 @@ static kvs_status find_or_insert_trace(kvs_results_db *r, const kvs_results_trac
     kvs_status rc = KVS_OK;
     sqlite3_stmt *sts[2];
     snprintf(sql, sizeof sql, "SELECT id FROM traces WHERE %s", where);
-    if (sqlite3_prepare_v2(r->db, sql, -1, &sel, NULL) != SQLITE_OK) {
-        rc = db_fail(r->db, r->path, "cannot prepare trace lookup");
-        goto cleanup;
-    }
-    if (sqlite3_prepare_v2(r->db,
-                           "INSERT INTO traces (path, model, n_positions, prompt_len, n_turns, n_layers, n_heads, "
-                           "n_kv_heads, head_dim, dtype, file_bytes) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-                           -1, &ins, NULL) != SQLITE_OK) {
-        rc = db_fail(r->db, r->path, "cannot prepare trace insert");
-        goto cleanup;
-    }
+    KVS_TRY(rc = prepare(r, sql, &sel, "cannot prepare trace lookup"));
+    KVS_TRY(rc = prepare(r, "INSERT INTO traces (path, model, n_positions, prompt_len, n_turns, n_layers, n_heads, "
+                            "n_kv_heads, head_dim, dtype, file_bytes) "
+                            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                         &ins, "cannot prepare trace insert"));
     sts[0] = sel;
     sts[1] = ins;
     if (t->file_bytes > (uint64_t)INT64_MAX) {
@@ -532,14 +532,10 @@ kvs_status kvs_results_write_run(kvs_results_db *r, const kvs_results_trace *tra
     in_txn = 1;
     KVS_TRY(rc = find_or_insert_trace(r, trace, &trace_id));
 
-    if (sqlite3_prepare_v2(r->db,
-                           "INSERT INTO runs (trace_id, policy, params, budget_tokens, budget_fraction, is_oracle, "
-                           "measure, status, error, wall_seconds, kvsim_version) "
-                           "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-                           -1, &ins_run, NULL) != SQLITE_OK) {
-        rc = db_fail(r->db, r->path, "cannot prepare run insert");
-        goto cleanup;
-    }
+    KVS_TRY(rc = prepare(r, "INSERT INTO runs (trace_id, policy, params, budget_tokens, budget_fraction, is_oracle, "
+                            "measure, status, error, wall_seconds, kvsim_version) "
+                            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                         &ins_run, "cannot prepare run insert"));
     sqlite3_bind_int64(ins_run, 1, trace_id);
     sqlite3_bind_text(ins_run, 2, run->policy, -1, SQLITE_STATIC);
     sqlite3_bind_text(ins_run, 3, run->params, -1, SQLITE_STATIC);
@@ -558,10 +554,7 @@ kvs_status kvs_results_write_run(kvs_results_db *r, const kvs_results_trace *tra
 
     if (n_layers > 0) {
         agg_insert_sql(sql, sizeof sql, "run_layers", "run_id, layer", 2);
-        if (sqlite3_prepare_v2(r->db, sql, -1, &ins_layer, NULL) != SQLITE_OK) {
-            rc = db_fail(r->db, r->path, "cannot prepare run_layers insert");
-            goto cleanup;
-        }
+        KVS_TRY(rc = prepare(r, sql, &ins_layer, "cannot prepare run_layers insert"));
         for (int32_t i = 0; i < n_layers; i++) {
             sqlite3_bind_int64(ins_layer, 1, id);
             sqlite3_bind_int(ins_layer, 2, layer_aggs[i].layer);
@@ -574,10 +567,7 @@ kvs_status kvs_results_write_run(kvs_results_db *r, const kvs_results_trace *tra
     }
     if (run_agg) {
         agg_insert_sql(sql, sizeof sql, "run_summary", "run_id", 1);
-        if (sqlite3_prepare_v2(r->db, sql, -1, &ins_summary, NULL) != SQLITE_OK) {
-            rc = db_fail(r->db, r->path, "cannot prepare run_summary insert");
-            goto cleanup;
-        }
+        KVS_TRY(rc = prepare(r, sql, &ins_summary, "cannot prepare run_summary insert"));
         sqlite3_bind_int64(ins_summary, 1, id);
         if (bind_agg(ins_summary, 2, run_agg) != SQLITE_OK) {
             rc = db_fail(r->db, r->path, "cannot bind the run_summary row");
@@ -586,14 +576,10 @@ kvs_status kvs_results_write_run(kvs_results_db *r, const kvs_results_trace *tra
         KVS_TRY(rc = step_done(r, ins_summary, "cannot insert the run_summary row"));
     }
     if (n_steps > 0) {
-        if (sqlite3_prepare_v2(r->db,
-                               "INSERT INTO steps (run_id, layer, q_head, position, out_err, attn_recall, topk_overlap, "
-                               "attended_tokens, storage_bytes, traffic_bytes) "
-                               "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-                               -1, &ins_step, NULL) != SQLITE_OK) {
-            rc = db_fail(r->db, r->path, "cannot prepare steps insert");
-            goto cleanup;
-        }
+        KVS_TRY(rc = prepare(r, "INSERT INTO steps (run_id, layer, q_head, position, out_err, attn_recall, "
+                                "topk_overlap, attended_tokens, storage_bytes, traffic_bytes) "
+                                "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
+                             &ins_step, "cannot prepare steps insert"));
         sqlite3_bind_int64(ins_step, 1, id);
         for (int64_t i = 0; i < n_steps; i++) {
             const kvs_results_step *s = &steps[i];
