@@ -139,7 +139,7 @@ static void trace_source(source *s, const char *path) {
     kvs_trace_close(t);
 }
 
-static void run_config(const source *s, const char *path, kvs_dtype dt, int shuffle) {
+static void run_config(const source *s, const char *path, kvs_dtype dt, int shuffle, kvs_threadpool *pool) {
     kvs_capture_config cap;
     memset(&cap, 0, sizeof cap);
     cap.dtype = (int32_t)dt;
@@ -150,6 +150,7 @@ static void run_config(const source *s, const char *path, kvs_dtype dt, int shuf
     double t0 = kvs_now_s();
     kvs_trace_writer *w = NULL;
     CHECK(kvs_trace_writer_create(path, &s->model, &cap, &w));
+    CHECK(kvs_trace_writer_set_threadpool(w, pool));
     for (int64_t p = 0; p < s->N; p++) {
         CHECK(kvs_trace_writer_begin_position(w, s->tokens[p], (kvs_role)s->roles[p], s->turn[p]));
         for (size_t l = 0; l < L; l++) {
@@ -185,9 +186,9 @@ static void run_config(const source *s, const char *path, kvs_dtype dt, int shuf
     double elems = (double)s->N * (double)L * ((double)Hkv * (2.0 * (double)(H / Hkv) + 2.0) * (double)d);
     double fp32eq = stored + elems * (4.0 - es);
     double mb = 1e6;
-    printf("%-5s shuffle %-3s | write %7.1f MB/s fp32-eq %7.1f MB/s stored | read %7.1f MB/s fp32-eq %7.1f MB/s "
+    printf("%-5s shuffle %-3s %2d thr | write %7.1f MB/s fp32-eq %7.1f MB/s stored | read %7.1f MB/s fp32-eq %7.1f MB/s "
            "stored | ratio %.3f (raw %.1f MB / compressed %.1f MB) [chk %.3g]\n",
-           kvs_dtype_name(dt), shuffle ? "on" : "off", fp32eq / mb / t_write, stored / mb / t_write,
+           kvs_dtype_name(dt), shuffle ? "on" : "off", kvs_threadpool_size(pool), fp32eq / mb / t_write, stored / mb / t_write,
            fp32eq / mb / t_read, stored / mb / t_read, stored / (double)in->compressed_bytes, stored / mb,
            (double)in->compressed_bytes / mb, checksum);
     kvs_trace_close(t);
@@ -207,11 +208,18 @@ static void free_source(source *s) {
 
 static void bench_source(source *s, const char *path) {
     printf("bench_trace: %s\n", s->label);
-    printf("bench_trace: block %d positions, zstd level 3, one thread; write includes fsync\n",
-           KVS_TRACE_DEFAULT_BLOCK);
+    printf("bench_trace: block %d positions, zstd level 3; write includes fsync; 'thr' = compression threads "
+           "(reading is one thread)\n", KVS_TRACE_DEFAULT_BLOCK);
     static const kvs_dtype dts[3] = {KVS_DTYPE_F16, KVS_DTYPE_BF16, KVS_DTYPE_F32};
     for (int i = 0; i < 3; i++)
-        for (int sh = 1; sh >= 0; sh--) run_config(s, path, dts[i], sh);
+        for (int sh = 1; sh >= 0; sh--) run_config(s, path, dts[i], sh, NULL);
+    /* the writer compressing each block's chunks on a pool of every core (the file is byte-identical) */
+    if (kvs_n_cpus() > 1) {
+        kvs_threadpool *pool = NULL;
+        CHECK(kvs_threadpool_create(kvs_n_cpus(), &pool));
+        for (int i = 0; i < 2; i++) run_config(s, path, dts[i], 1, pool);
+        kvs_threadpool_free(pool);
+    }
     free_source(s);
 }
 

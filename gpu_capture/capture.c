@@ -16,7 +16,7 @@
 #include "cuda_backend.h"
 #include "model.h"
 #include "sampler.h"
-#include "threadpool.h"
+#include "../common/threadpool.h"
 #include "tokenizer.h"
 
 void kvs_capture_result_free(kvs_capture_result *r) {
@@ -240,6 +240,14 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
                  src, total_prompt, n_turn_prompts, max_pos, info->format == KVS_MODEL_HF ? "hf" : "llama2c",
                  info->architecture, kvs_dtype_name(info->weight_dtype), have_tok ? tok_path : "none");
         KVS_TRY(s = kvs_trace_writer_create(o->out_path, cfg, &cc, &w));
+        /* Block compression runs on a pool. CPU: the forward pass's own pool, idle while the writer
+         * flushes. CUDA: a pool of its own, driven by the backend's writer thread while the GPU decodes;
+         * one core is left to the decoding thread. */
+        if (gpu) {
+            int n = o->threads > 0 ? o->threads : kvs_n_cpus() - 1;
+            KVS_TRY(s = kvs_threadpool_create(n > 0 ? n : 1, &pool));
+        }
+        KVS_TRY(s = kvs_trace_writer_set_threadpool(w, pool));
     }
     /* The CUDA backend records through its own writer thread; the CPU path writes below. */
     if (gpu) KVS_TRY(s = kvs_cuda_backend_create(model, max_pos, w, &gb));

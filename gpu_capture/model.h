@@ -28,7 +28,7 @@
 
 #include "../common/kvs.h"
 #include "../trace/trace.h"
-#include "threadpool.h"
+#include "../common/threadpool.h"
 
 typedef enum { KVS_MODEL_LLAMA2C = 0, KVS_MODEL_HF = 1 } kvs_model_format;
 

@@ -21,7 +21,7 @@
 #include "common/kvs_math.h"
 #include "gpu_capture/model.h"
 #include "gpu_capture/sampler.h"
-#include "gpu_capture/threadpool.h"
+#include "common/threadpool.h"
 
 #define TOL 1e-4
 

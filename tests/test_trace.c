@@ -229,6 +229,57 @@ static void test_exact_multiple_of_block(void **state) {
     kvs_gen_trace_free(g);
 }
 
+/* Compressing a block's chunks on a pool must not change a byte: pools of 1..5 workers (waves of up to 20
+ * chunks over 5 layers x 3 KV heads = 15 groups, so both one partial wave and several waves occur), with
+ * a partial last block, and a pool switched mid-trace. */
+static void test_pool_compression_same_bytes(void **state) {
+    tmp_ctx *c = *state;
+    kvs_gen_trace_opts o = kvs_gen_trace_defaults();
+    o.n_layers = 5;
+    o.n_heads = 6;
+    o.n_kv_heads = 3;
+    o.n_positions = 45; /* blocks of 16: 16 + 16 + 13 */
+    o.dtype = KVS_DTYPE_F16;
+    kvs_gen_trace *g = make_gen(o);
+    kvs_model_config m;
+    kvs_capture_config cp;
+    kvs_gen_trace_configs(g, &m, &cp);
+    assert_int_equal(kvs_gen_trace_write(g, c->path), KVS_OK); /* reference: no pool */
+    size_t ref_len = 0;
+    uint8_t *ref = slurp(c->path, &ref_len);
+    char other[160];
+    path_in(c, "pooled.kvt", other, sizeof other);
+    for (int n = 1; n <= 6; n++) {
+        kvs_threadpool *pool = NULL, *pool2 = NULL;
+        assert_int_equal(kvs_threadpool_create(n <= 5 ? n : 3, &pool), KVS_OK);
+        assert_int_equal(kvs_threadpool_create(2, &pool2), KVS_OK);
+        kvs_trace_writer *w = NULL;
+        assert_int_equal(kvs_trace_writer_create(other, &m, &cp, &w), KVS_OK);
+        assert_int_equal(kvs_trace_writer_set_threadpool(w, pool), KVS_OK);
+        if (n == 6) { /* switch pools between blocks, then back to none */
+            assert_int_equal(kvs_gen_trace_put(g, w, 0, 20), KVS_OK);
+            assert_int_equal(kvs_trace_writer_set_threadpool(w, pool2), KVS_OK);
+            assert_int_equal(kvs_gen_trace_put(g, w, 20, 35), KVS_OK);
+            assert_int_equal(kvs_trace_writer_set_threadpool(w, NULL), KVS_OK);
+            assert_int_equal(kvs_gen_trace_put(g, w, 35, 45), KVS_OK);
+        } else {
+            assert_int_equal(kvs_gen_trace_put(g, w, 0, 45), KVS_OK);
+        }
+        assert_int_equal(kvs_trace_writer_close(w), KVS_OK);
+        kvs_trace_writer_free(w);
+        kvs_threadpool_free(pool);
+        kvs_threadpool_free(pool2);
+        size_t len = 0;
+        uint8_t *got = slurp(other, &len);
+        assert_int_equal(len, ref_len);
+        assert_memory_equal(got, ref, ref_len);
+        free(got);
+    }
+    check_trace_data(g, other, 45);
+    free(ref);
+    kvs_gen_trace_free(g);
+}
+
 static void test_random_access_equals_streaming(void **state) {
     tmp_ctx *c = *state;
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
@@ -796,6 +847,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_roundtrip_every_dtype_and_shuffle, tmp_setup, tmp_teardown),
         cmocka_unit_test_setup_teardown(test_block_positions_one, tmp_setup, tmp_teardown),
         cmocka_unit_test_setup_teardown(test_exact_multiple_of_block, tmp_setup, tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_pool_compression_same_bytes, tmp_setup, tmp_teardown),
         cmocka_unit_test_setup_teardown(test_random_access_equals_streaming, tmp_setup, tmp_teardown),
         cmocka_unit_test_setup_teardown(test_tokens_roles_turns_multi_turn, tmp_setup, tmp_teardown),
         cmocka_unit_test_setup_teardown(test_writer_rejects_bad_config, tmp_setup, tmp_teardown),

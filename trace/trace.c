@@ -339,6 +339,24 @@ static kvs_status check_and_decompress(const uint8_t *payload, uint32_t want_crc
  * Writer
  * ---------------------------------------------------------------------------------------------- */
 
+/* One compressing worker's state: raw and shuffled payload scratch and its own zstd context. */
+typedef struct {
+    uint8_t *payload, *shuf;
+    ZSTD_CCtx *cctx;
+} chunk_coder;
+
+/* One compressed chunk waiting for its turn to be written: chunk header space + zstd frame. */
+typedef struct {
+    uint8_t *out;
+    chunk_entry e;       /* offset still unset */
+    uint32_t crc;        /* CRC-32 of the zstd frame */
+    size_t zerr;         /* a zstd error code, 0 if none */
+} chunk_slot;
+
+/* Group chunks compressed per pool run, per worker: enough to amortise a wake-up (a chunk takes ~0.1-1 ms)
+ * while keeping the wave's output buffers small. */
+#define WAVE_PER_WORKER 4
+
 struct kvs_trace_writer {
     char *path, *partial;
     int fd;
@@ -359,9 +377,12 @@ struct kvs_trace_writer {
     float *glse;
     int32_t *tok, *turn;
     uint8_t *role;
-    uint8_t *payload, *shuf, *out; /* scratch: raw payload, shuffled payload, chunk header + zstd frame */
-    size_t payload_cap, out_cap;
-    ZSTD_CCtx *cctx;
+    size_t payload_cap, out_cap;  /* one chunk's raw payload; chunk header + zstd bound */
+    kvs_threadpool *pool;         /* borrowed; NULL = compress on the calling thread */
+    chunk_coder *coders;          /* [n_coders], one per pool worker (coders[0] is the calling thread's) */
+    int n_coders;
+    chunk_slot *slots;            /* [n_slots]: the group chunks of one wave, compressed, awaiting write */
+    int n_slots;
     chunk_entry *entries;
     size_t n_entries, cap_entries;
     uint64_t offset, total_raw;
@@ -374,6 +395,64 @@ static char *str_concat(const char *a, const char *b) {
     memcpy(s, a, la);
     memcpy(s + la, b, lb + 1);
     return s;
+}
+
+static void free_coders(kvs_trace_writer *w) {
+    for (int i = 0; i < w->n_coders; i++) {
+        free(w->coders[i].payload);
+        free(w->coders[i].shuf);
+        ZSTD_freeCCtx(w->coders[i].cctx);
+    }
+    free(w->coders);
+    w->coders = NULL;
+    w->n_coders = 0;
+    for (int i = 0; i < w->n_slots; i++) free(w->slots[i].out);
+    free(w->slots);
+    w->slots = NULL;
+    w->n_slots = 0;
+}
+
+/* (Re)allocates one coder per worker and the wave's slots for `n_workers` workers. */
+static kvs_status size_workers(kvs_trace_writer *w, int n_workers) {
+    size_t groups = (size_t)w->h.L * w->h.Hkv;
+    size_t n_slots = (size_t)n_workers * WAVE_PER_WORKER;
+    if (n_slots > groups) n_slots = groups;
+    if (w->n_coders == n_workers && (size_t)w->n_slots == n_slots) return KVS_OK;
+    free_coders(w);
+    w->coders = calloc((size_t)n_workers, sizeof *w->coders);
+    w->slots = calloc(n_slots, sizeof *w->slots);
+    if (!w->coders || !w->slots) {
+        free(w->coders);
+        free(w->slots);
+        w->coders = NULL;
+        w->slots = NULL;
+        return kvs_fail(KVS_ERR_NOMEM, "%s: cannot allocate the writer's compression state", w->path);
+    }
+    w->n_coders = n_workers;
+    w->n_slots = (int)n_slots;
+    for (int i = 0; i < n_workers; i++) {
+        chunk_coder *c = &w->coders[i];
+        c->payload = malloc(w->payload_cap);
+        c->shuf = malloc(w->payload_cap);
+        c->cctx = ZSTD_createCCtx();
+        if (!c->payload || !c->shuf || !c->cctx) {
+            free_coders(w);
+            return kvs_fail(KVS_ERR_NOMEM, "%s: cannot allocate the writer's compression state", w->path);
+        }
+        if (ZSTD_isError(ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_compressionLevel, ZSTD_LEVEL)) ||
+            ZSTD_isError(ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_checksumFlag, 1)) ||
+            ZSTD_isError(ZSTD_CCtx_setParameter(c->cctx, ZSTD_c_contentSizeFlag, 1))) {
+            free_coders(w);
+            return kvs_fail(KVS_ERR_COMPRESS, "%s: cannot configure zstd", w->path);
+        }
+    }
+    for (size_t i = 0; i < n_slots; i++) {
+        if (!(w->slots[i].out = malloc(w->out_cap))) {
+            free_coders(w);
+            return kvs_fail(KVS_ERR_NOMEM, "%s: cannot allocate the writer's compression state", w->path);
+        }
+    }
+    return KVS_OK;
 }
 
 kvs_status kvs_trace_writer_create(const char *path, const kvs_model_config *model, const kvs_capture_config *cap,
@@ -411,20 +490,14 @@ kvs_status kvs_trace_writer_create(const char *path, const kvs_model_config *mod
     w->tok = malloc((size_t)h->B * sizeof(int32_t));
     w->turn = malloc((size_t)h->B * sizeof(int32_t));
     w->role = malloc(h->B);
-    w->payload = malloc(w->payload_cap);
-    w->shuf = malloc(w->payload_cap);
-    w->out = malloc(w->out_cap);
-    w->cctx = ZSTD_createCCtx();
     if (!w->path || !w->partial || !w->layer_done || !w->gq || !w->go || !w->gk || !w->gv || !w->glse || !w->tok ||
-        !w->turn || !w->role || !w->payload || !w->shuf || !w->out || !w->cctx) {
+        !w->turn || !w->role) {
         kvs_trace_writer_free(w);
         return kvs_fail(KVS_ERR_NOMEM, "%s: cannot allocate the writer's block buffers", path);
     }
-    if (ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_compressionLevel, ZSTD_LEVEL)) ||
-        ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_checksumFlag, 1)) ||
-        ZSTD_isError(ZSTD_CCtx_setParameter(w->cctx, ZSTD_c_contentSizeFlag, 1))) {
+    if ((s = size_workers(w, 1)) != KVS_OK) {
         kvs_trace_writer_free(w);
-        return kvs_fail(KVS_ERR_COMPRESS, "%s: cannot configure zstd", path);
+        return s;
     }
     w->fd = open(w->partial, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (w->fd < 0) {
@@ -507,32 +580,36 @@ kvs_status kvs_trace_writer_put_layer(kvs_trace_writer *w, int layer, const floa
     return KVS_OK;
 }
 
-/* Appends one chunk (payload = raw_size bytes in w->payload, unshuffled) to the file. `arrays` lists the
- * (element count, element size) of the payload's arrays for the shuffle. */
-static kvs_status write_chunk(kvs_trace_writer *w, chunk_entry *e, const size_t (*arrays)[2], int n_arrays) {
-    const uint8_t *src = w->payload;
-    if (w->shuffle) {
+/* Compresses one chunk whose raw_size-byte payload is in c->payload (unshuffled) into out + CHUNK_HDR.
+ * `arrays` lists the (element count, element size) of the payload's arrays for the shuffle. Returns the
+ * frame size, or a zstd error code (test with ZSTD_isError); sets e->flags and *crc. Touches only c,
+ * out and e, so workers run it side by side. */
+static size_t compress_chunk(chunk_coder *c, int shuffle, chunk_entry *e, const size_t (*arrays)[2], int n_arrays,
+                             uint8_t *out, size_t out_cap, uint32_t *crc) {
+    const uint8_t *src = c->payload;
+    e->flags = 0;
+    if (shuffle) {
         size_t off = 0;
         for (int a = 0; a < n_arrays; a++) {
-            shuffle_bytes(w->payload + off, w->shuf + off, arrays[a][0], arrays[a][1]);
+            shuffle_bytes(c->payload + off, c->shuf + off, arrays[a][0], arrays[a][1]);
             off += arrays[a][0] * arrays[a][1];
         }
         KVS_ASSERT(off == e->raw_size);
-        src = w->shuf;
+        src = c->shuf;
         e->flags = 1;
-    } else {
-        e->flags = 0;
     }
-    size_t c = ZSTD_compress2(w->cctx, w->out + CHUNK_HDR, w->out_cap - CHUNK_HDR, src, (size_t)e->raw_size);
-    if (ZSTD_isError(c)) {
-        w->failed = 1;
-        return kvs_fail(KVS_ERR_COMPRESS, "%s: zstd: %s", w->partial, ZSTD_getErrorName(c));
-    }
-    e->comp_size = c;
+    size_t n = ZSTD_compress2(c->cctx, out + CHUNK_HDR, out_cap - CHUNK_HDR, src, (size_t)e->raw_size);
+    if (!ZSTD_isError(n)) *crc = kvs_crc32(0, out + CHUNK_HDR, n);
+    return n;
+}
+
+/* Appends a compressed chunk (header space + `comp` frame bytes in out) at the end of the file and to the
+ * index. One write per chunk: a kill leaves at most the last chunk torn, which recovery discards. */
+static kvs_status append_chunk(kvs_trace_writer *w, chunk_entry *e, uint8_t *out, size_t comp, uint32_t crc) {
+    e->comp_size = comp;
     e->offset = w->offset;
-    put_chunk_header(w->out, e, kvs_crc32(0, w->out + CHUNK_HDR, c));
-    /* One write per chunk: a kill leaves at most the last chunk torn, which recovery discards. */
-    kvs_status s = kvs_write_all(w->fd, w->out, CHUNK_HDR + c, w->partial);
+    put_chunk_header(out, e, crc);
+    kvs_status s = kvs_write_all(w->fd, out, CHUNK_HDR + comp, w->partial);
     if (s != KVS_OK) {
         w->failed = 1;
         return s;
@@ -548,50 +625,98 @@ static kvs_status write_chunk(kvs_trace_writer *w, chunk_entry *e, const size_t 
         w->cap_entries = nc;
     }
     w->entries[w->n_entries++] = *e;
-    w->offset += CHUNK_HDR + c;
+    w->offset += CHUNK_HDR + comp;
     w->total_raw += e->raw_size;
     return KVS_OK;
+}
+
+/* One pool run over a wave of group chunks: worker k compresses groups g0 + k, g0 + k + n_workers, ...
+ * into slots[g - g0]. */
+typedef struct {
+    kvs_trace_writer *w;
+    size_t g0, n_groups, n_pos;
+} wave_job;
+
+static void compress_wave(void *ctx, int worker, int n_workers) {
+    const wave_job *j = ctx;
+    kvs_trace_writer *w = j->w;
+    const trace_hdr *h = &w->h;
+    chunk_coder *c = &w->coders[worker];
+    size_t n = j->n_pos, gd = (size_t)h->G * h->d;
+    size_t qb = n * gd * h->es, kb = n * h->d * h->es;
+    const size_t arrays[5][2] = {{n * gd, h->es}, {n * h->d, h->es}, {n * h->d, h->es}, {n * gd, h->es}, {n * h->G, 4}};
+    for (size_t i = (size_t)worker; i < j->n_groups; i += (size_t)n_workers) {
+        size_t gi = j->g0 + i;
+        uint8_t *p = c->payload;
+        memcpy(p, w->gq + gi * w->q_bytes, qb);
+        p += qb;
+        memcpy(p, w->gk + gi * w->kv_bytes, kb);
+        p += kb;
+        memcpy(p, w->gv + gi * w->kv_bytes, kb);
+        p += kb;
+        memcpy(p, w->go + gi * w->q_bytes, qb);
+        p += qb;
+        const float *lse = w->glse + gi * w->lse_n;
+        for (size_t r = 0; r < n * h->G; r++) kvs_put_u32(p + 4 * r, kvs_f32_bits(lse[r]));
+        chunk_slot *sl = &w->slots[i];
+        sl->e = (chunk_entry){.kind = KIND_GROUP, .layer = (uint32_t)(gi / h->Hkv), .kv_head = (uint32_t)(gi % h->Hkv),
+                              .n_pos = (uint32_t)n, .block = (uint64_t)w->blk_index, .raw_size = group_raw_size(h, n)};
+        size_t z = compress_chunk(c, w->shuffle, &sl->e, arrays, 5, sl->out, w->out_cap, &sl->crc);
+        sl->zerr = ZSTD_isError(z) ? z : 0;
+        if (!sl->zerr) sl->e.comp_size = z;
+    }
 }
 
 static kvs_status flush_block(kvs_trace_writer *w) {
     const trace_hdr *h = &w->h;
     size_t n = (size_t)w->blk_n;
     kvs_status s;
-    /* tokens chunk first (FORMAT.md chunk order) */
+    if ((s = size_workers(w, kvs_threadpool_size(w->pool))) != KVS_OK) {
+        w->failed = 1;
+        return s;
+    }
+    /* tokens chunk first (FORMAT.md chunk order), on the calling thread */
+    chunk_coder *c0 = &w->coders[0];
     chunk_entry e = {.kind = KIND_TOKENS, .n_pos = (uint32_t)n, .block = (uint64_t)w->blk_index,
                      .raw_size = tokens_raw_size(n)};
     for (size_t i = 0; i < n; i++) {
-        kvs_put_u32(w->payload + 4 * i, (uint32_t)w->tok[i]);
-        w->payload[4 * n + i] = w->role[i];
-        kvs_put_u32(w->payload + 5 * n + 4 * i, (uint32_t)w->turn[i]);
+        kvs_put_u32(c0->payload + 4 * i, (uint32_t)w->tok[i]);
+        c0->payload[4 * n + i] = w->role[i];
+        kvs_put_u32(c0->payload + 5 * n + 4 * i, (uint32_t)w->turn[i]);
     }
     const size_t tok_arrays[3][2] = {{n, 4}, {n, 1}, {n, 4}};
-    if ((s = write_chunk(w, &e, tok_arrays, 3)) != KVS_OK) return s;
-    size_t gd = (size_t)h->G * h->d;
-    size_t qb = n * gd * h->es, kb = n * h->d * h->es;
-    const size_t grp_arrays[5][2] = {{n * gd, h->es}, {n * h->d, h->es}, {n * h->d, h->es}, {n * gd, h->es},
-                                     {n * h->G, 4}};
-    for (uint32_t l = 0; l < h->L; l++) {
-        for (uint32_t kh = 0; kh < h->Hkv; kh++) {
-            size_t gi = (size_t)l * h->Hkv + kh;
-            uint8_t *p = w->payload;
-            memcpy(p, w->gq + gi * w->q_bytes, qb);
-            p += qb;
-            memcpy(p, w->gk + gi * w->kv_bytes, kb);
-            p += kb;
-            memcpy(p, w->gv + gi * w->kv_bytes, kb);
-            p += kb;
-            memcpy(p, w->go + gi * w->q_bytes, qb);
-            p += qb;
-            const float *lse = w->glse + gi * w->lse_n;
-            for (size_t i = 0; i < n * h->G; i++) kvs_put_u32(p + 4 * i, kvs_f32_bits(lse[i]));
-            e = (chunk_entry){.kind = KIND_GROUP, .layer = l, .kv_head = kh, .n_pos = (uint32_t)n,
-                              .block = (uint64_t)w->blk_index, .raw_size = group_raw_size(h, n)};
-            if ((s = write_chunk(w, &e, grp_arrays, 5)) != KVS_OK) return s;
+    uint32_t crc = 0;
+    size_t z = compress_chunk(c0, w->shuffle, &e, tok_arrays, 3, w->slots[0].out, w->out_cap, &crc);
+    if (ZSTD_isError(z)) {
+        w->failed = 1;
+        return kvs_fail(KVS_ERR_COMPRESS, "%s: zstd: %s", w->partial, ZSTD_getErrorName(z));
+    }
+    if ((s = append_chunk(w, &e, w->slots[0].out, z, crc)) != KVS_OK) return s;
+    /* group chunks, layer-major as FORMAT.md orders them, a wave of slots at a time */
+    size_t groups = (size_t)h->L * h->Hkv;
+    for (size_t g0 = 0; g0 < groups; g0 += (size_t)w->n_slots) {
+        wave_job j = {.w = w, .g0 = g0, .n_groups = groups - g0, .n_pos = n};
+        if (j.n_groups > (size_t)w->n_slots) j.n_groups = (size_t)w->n_slots;
+        kvs_threadpool_run(w->pool, compress_wave, &j);
+        for (size_t i = 0; i < j.n_groups; i++) {
+            chunk_slot *sl = &w->slots[i];
+            if (sl->zerr) {
+                w->failed = 1;
+                return kvs_fail(KVS_ERR_COMPRESS, "%s: zstd: %s", w->partial, ZSTD_getErrorName(sl->zerr));
+            }
+            if ((s = append_chunk(w, &sl->e, sl->out, (size_t)sl->e.comp_size, sl->crc)) != KVS_OK) return s;
         }
     }
     w->blk_index++;
     w->blk_n = 0;
+    return KVS_OK;
+}
+
+kvs_status kvs_trace_writer_set_threadpool(kvs_trace_writer *w, kvs_threadpool *pool) {
+    kvs_status s = writer_usable(w, "set_threadpool");
+    if (s != KVS_OK) return s;
+    if ((s = size_workers(w, kvs_threadpool_size(pool))) != KVS_OK) return s;
+    w->pool = pool;
     return KVS_OK;
 }
 
@@ -702,10 +827,7 @@ void kvs_trace_writer_free(kvs_trace_writer *w) {
     free(w->tok);
     free(w->turn);
     free(w->role);
-    free(w->payload);
-    free(w->shuf);
-    free(w->out);
-    ZSTD_freeCCtx(w->cctx);
+    free_coders(w);
     free(w->entries);
     free(w);
 }

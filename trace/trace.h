@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "../common/kvs.h"
+#include "../common/threadpool.h"
 
 #define KVS_TRACE_NAME_MAX 64        /* bytes, including the NUL */
 #define KVS_TRACE_SETTINGS_MAX 4096  /* bytes, including the NUL */
@@ -97,6 +98,13 @@ typedef struct kvs_trace_writer kvs_trace_writer;
  *  kvs_trace_writer_free) */
 kvs_status kvs_trace_writer_create(const char *path, const kvs_model_config *model, const kvs_capture_config *cap,
                                    kvs_trace_writer **out);
+
+/*! kvs_trace_writer_set_threadpool() : compresses each finished block's chunks on the workers of `pool`
+ *  (borrowed, not freed; NULL = on the calling thread alone). The file's bytes are the same whatever the
+ *  pool: every chunk is an independent zstd frame with the same parameters, written in the same order.
+ *  The pool is used only inside the writer's own calls (end_position, close), so it may be one the
+ *  caller also uses between those calls. @return KVS_OK, or KVS_ERR_NOMEM for the per-worker state. */
+kvs_status kvs_trace_writer_set_threadpool(kvs_trace_writer *w, kvs_threadpool *pool);
 
 /*! kvs_trace_writer_begin_position() : starts the next position (0, 1, 2, ...) with its token id,
  *  role and turn index (turn indices start at 0 and never decrease). */

@@ -1,15 +1,16 @@
-/* threadpool.h — a persistent pthread pool for the CPU reference forward pass (matrix-vector products
- * and per-head attention). Workers are created once and sleep on a condition variable between jobs,
+/* threadpool.h — a persistent pthread pool, shared by the CPU reference forward pass (matrix-vector
+ * products, per-head attention) and the trace writer (compressing a block's chunks). Workers are created once and sleep on a condition variable between jobs,
  * so a decode step pays a wake-up per parallel section, not a thread creation.
  *
  * A job is fn(ctx, worker, n_workers) run once on every worker (the calling thread is worker 0); each
  * worker picks its own static share of the work from its index, so results never depend on timing.
- * A pool belongs to one thread at a time (kvs_threadpool_run is not reentrant).
+ * A pool belongs to one thread at a time (kvs_threadpool_run is not reentrant); successive runs may
+ * come from different threads.
  */
 #ifndef KVS_THREADPOOL_H
 #define KVS_THREADPOOL_H
 
-#include "../common/kvs.h"
+#include "kvs.h"
 
 typedef struct kvs_threadpool kvs_threadpool;
 
