@@ -21,7 +21,7 @@ static const char *const capture_help =
     "  --model PATH         llama2.c .bin checkpoint or Hugging Face folder (config.json + *.safetensors)\n"
     "  --tokenizer FILE     tokenizer (default: tok<vocab>.bin / tokenizer.bin beside a .bin, tokenizer.json in a folder)\n"
     "  --prompt TEXT        prompt text            --prompt-file F   prompt text read from a file\n"
-    "  --prompt-ids LIST    comma-separated token ids (BOS is prepended unless --no-bos)\n"
+    "  --prompt-ids LIST    comma-separated token ids (BOS is prepended unless --no-bos or LIST starts with it)\n"
     "  --turns FILE         multi-turn: each non-empty line is one user turn (\\n inside a line = newline);\n"
     "                       each turn's tokens are fed as prompt, then --steps tokens are generated\n"
     "                       (no prompt option at all: start from BOS alone)\n"

@@ -173,7 +173,10 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
         if (text) {
             KVS_TRY(s = encode_text(tok, text, add_bos && t == 0, &turn_ids[t]));
         } else {
-            if (add_bos && wants_bos(info, tok)) KVS_TRY(s = vec_push(&turn_ids[t], info->bos_id));
+            /* ids that already start with BOS (copied from a tokenizer's output, say) get no second one */
+            int starts_with_bos = o->n_prompt_ids > 0 && o->prompt_ids[0] == info->bos_id;
+            if (add_bos && !starts_with_bos && wants_bos(info, tok))
+                KVS_TRY(s = vec_push(&turn_ids[t], info->bos_id));
             for (size_t i = 0; i < o->n_prompt_ids; i++) {
                 if (o->prompt_ids[i] < 0 || o->prompt_ids[i] >= cfg->vocab_size) {
                     s = kvs_fail(KVS_ERR_RANGE, "--prompt-ids: token id %d is outside the vocabulary [0, %d)",

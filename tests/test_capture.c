@@ -314,6 +314,25 @@ static void test_no_trace_and_sampling_are_deterministic(void **state) {
     free(s0);
     free(s1);
     free(s2);
+    /* --prompt-ids: BOS is prepended once, not again when the list already starts with it */
+    static const char *const id_args[3] = {"--prompt-ids 5,6", "--prompt-ids 1,5,6", "--no-bos --prompt-ids 5,6"};
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(run("'%s' capture --model '%s' --no-trace --steps 2 %s | head -1 > '%s/p%d'", b, m, id_args[i],
+                             dir, i + 1),
+                         0);
+    snprintf(p, sizeof p, "%s/p1", dir);
+    s0 = slurp(p);
+    snprintf(p, sizeof p, "%s/p2", dir);
+    s1 = slurp(p);
+    snprintf(p, sizeof p, "%s/p3", dir);
+    s2 = slurp(p);
+    assert_true(s0 && s1 && s2);
+    assert_true(strncmp(s0, "ids: 1,5,6,", 11) == 0);
+    assert_string_equal(s0, s1);
+    assert_true(strncmp(s2, "ids: 5,6,", 9) == 0);
+    free(s0);
+    free(s1);
+    free(s2);
     rm_dir(dir);
 }
 
