@@ -238,10 +238,15 @@ int main(int argc, char **argv) {
     snprintf(cc.settings, sizeof cc.settings, "backend=cuda bench=bench_cuda random_weights=1");
     kvs_trace_writer *w = NULL;
     CHECK(kvs_trace_writer_create(trace_path, &info->config, &cc, &w));
+    /* as `kvsim capture --device cuda` does: block compression on a pool of all cores but one */
+    kvs_threadpool *pool = NULL;
+    CHECK(kvs_threadpool_create(kvs_n_cpus() > 1 ? kvs_n_cpus() - 1 : 1, &pool));
+    CHECK(kvs_trace_writer_set_threadpool(w, pool));
     double captured = decode(m, steps, w);
     CHECK(kvs_trace_writer_close(w));
     double trace_mb = (double)kvs_trace_writer_bytes(w) / 1e6;
     kvs_trace_writer_free(w);
+    kvs_threadpool_free(pool);
     unlink(trace_path);
     double hf = transformers_tok_s(steps);
 
