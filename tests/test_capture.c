@@ -58,6 +58,13 @@ static char *slurp(const char *path) {
     return t;
 }
 
+/* slurp() of dir/name */
+static char *slurp_in(const char *dir, const char *name) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return slurp(p);
+}
+
 static void rm_dir(const char *dir) { assert_int_equal(run("rm -rf '%s'", dir), 0); }
 
 /* Loads the float32 array of a version-1 .npy file written by `kvsim export`. */
@@ -301,12 +308,9 @@ static void test_no_trace_and_sampling_are_deterministic(void **state) {
         assert_int_equal(run("'%s' capture --model '%s' --no-trace --steps 30 --temperature 1.0 --top-p 0.9 --seed %d "
                              "--threads %d | head -1 > '%s/s%d'", b, m, i < 2 ? 7 : 8, i + 1, dir, i), 0);
     char *s0, *s1, *s2;
-    snprintf(p, sizeof p, "%s/s0", dir);
-    s0 = slurp(p);
-    snprintf(p, sizeof p, "%s/s1", dir);
-    s1 = slurp(p);
-    snprintf(p, sizeof p, "%s/s2", dir);
-    s2 = slurp(p);
+    s0 = slurp_in(dir, "s0");
+    s1 = slurp_in(dir, "s1");
+    s2 = slurp_in(dir, "s2");
     assert_true(s0 && s1 && s2);
     assert_true(strncmp(s0, "ids: 1,", 7) == 0);
     assert_string_equal(s0, s1);      /* same seed, different thread count: same tokens */
@@ -320,12 +324,9 @@ static void test_no_trace_and_sampling_are_deterministic(void **state) {
         assert_int_equal(run("'%s' capture --model '%s' --no-trace --steps 2 %s | head -1 > '%s/p%d'", b, m, id_args[i],
                              dir, i + 1),
                          0);
-    snprintf(p, sizeof p, "%s/p1", dir);
-    s0 = slurp(p);
-    snprintf(p, sizeof p, "%s/p2", dir);
-    s1 = slurp(p);
-    snprintf(p, sizeof p, "%s/p3", dir);
-    s2 = slurp(p);
+    s0 = slurp_in(dir, "p1");
+    s1 = slurp_in(dir, "p2");
+    s2 = slurp_in(dir, "p3");
     assert_true(s0 && s1 && s2);
     assert_true(strncmp(s0, "ids: 1,5,6,", 11) == 0);
     assert_string_equal(s0, s1);
