@@ -190,6 +190,7 @@ __device__ __forceinline__ void attend_key(const float (&qr)[PER_LANE], const fl
     float corr = expf(m - m_new); /* first key: exp(-inf) = 0 */
     float p = expf(s - m_new);
     l = l * corr + p;
+    m = m_new;
 #pragma unroll
     for (int i = 0; i < PER_LANE; i++) {
         int d = lane + 32 * i;
