@@ -58,19 +58,28 @@
 #define CUDA_ONLY __attribute__((unused))
 #endif
 
-/* 1 when a GPU can run the kernels; otherwise prints why and returns 0. */
+/* KVSIM_REQUIRE_GPU=1 (tools/gpu_session.sh sets it) turns "no GPU" and "no model file" skips into
+ * failures, so a GPU session cannot pass with its GPU tests silently skipped. */
+static int gpu_required(void) {
+    const char *r = getenv("KVSIM_REQUIRE_GPU");
+    return r && !strcmp(r, "1");
+}
+
+/* 1 when a GPU can run the kernels; otherwise prints why and returns 0 (fails under KVSIM_REQUIRE_GPU=1). */
 static int gpu_ready(void) {
 #ifndef KVS_WITH_CUDA
-    print_message("SKIP: built without CUDA (run `make cuda-test` on a machine with a GPU)\n");
-    return 0;
+    const char *why = "built without CUDA (run `make cuda-test` on a machine with a GPU)";
 #else
     char desc[256];
-    if (kvs_cuda_probe(desc, sizeof desc) != KVS_OK) {
-        print_message("SKIP: %s\n", kvs_last_error());
-        return 0;
-    }
-    return 1;
+    if (kvs_cuda_probe(desc, sizeof desc) == KVS_OK) return 1;
+    const char *why = kvs_last_error();
 #endif
+    if (gpu_required()) {
+        print_error("KVSIM_REQUIRE_GPU=1 but the GPU tests cannot run: %s\n", why);
+        fail();
+    }
+    print_message("SKIP: %s\n", why);
+    return 0;
 }
 
 #define NEED_GPU()                  \
@@ -80,9 +89,13 @@ static int gpu_ready(void) {
 
 static void model_path(char *buf, size_t cap, const char *rel) { snprintf(buf, cap, "%s/%s", kvs_test_root(), rel); }
 
-/* Skips unless the file exists. */
+/* Skips unless the file exists (fails under KVSIM_REQUIRE_GPU=1). */
 static void need_file(const char *p) {
     if (!kvs_test_exists(p)) {
+        if (gpu_required()) {
+            print_error("KVSIM_REQUIRE_GPU=1 but %s is absent\n", p);
+            fail();
+        }
         print_message("SKIP: %s absent (shared real models / fixtures not installed)\n", p);
         skip();
     }
@@ -728,6 +741,68 @@ static int run_cmd(const char *fmt, ...) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* Two traces of the same tokens (one per backend): identical tokens, roles and shape, and every q/k/v/o row
+ * of every layer and head within relative L2 `tol`, every lse within tol * (1 + |lse|). Names the first
+ * row that differs. */
+static void compare_trace_files(const char *ref_path, const char *got_path, double tol) {
+    kvs_trace *a = NULL, *b = NULL;
+    assert_int_equal(kvs_trace_open(ref_path, &a), KVS_OK);
+    assert_int_equal(kvs_trace_open(got_path, &b), KVS_OK);
+    const kvs_trace_info *ia = kvs_trace_info_get(a), *ib = kvs_trace_info_get(b);
+    assert_int_equal(ia->n_positions, ib->n_positions);
+    assert_int_equal(ia->n_blocks, ib->n_blocks);
+    assert_int_equal(ia->model.n_layers, ib->model.n_layers);
+    assert_int_equal(ia->model.n_kv_heads, ib->model.n_kv_heads);
+    assert_int_equal(ia->model.head_dim, ib->model.head_dim);
+    for (int64_t i = 0; i < ia->n_positions; i++) {
+        if (kvs_trace_tokens(a)[i] != kvs_trace_tokens(b)[i] || kvs_trace_roles(a)[i] != kvs_trace_roles(b)[i]) {
+            print_error("position %lld: token %d role %d vs %d role %d\n", (long long)i, kvs_trace_tokens(a)[i],
+                        kvs_trace_roles(a)[i], kvs_trace_tokens(b)[i], kvs_trace_roles(b)[i]);
+            fail();
+        }
+    }
+    kvs_trace_block *ba = NULL, *bb = NULL;
+    assert_int_equal(kvs_trace_block_create(a, &ba), KVS_OK);
+    assert_int_equal(kvs_trace_block_create(b, &bb), KVS_OK);
+    for (int l = 0; l < ia->model.n_layers; l++)
+        for (int kh = 0; kh < ia->model.n_kv_heads; kh++)
+            for (int64_t bi = 0; bi < ia->n_blocks; bi++) {
+                assert_int_equal(kvs_trace_read_block(a, l, kh, bi, ba), KVS_OK);
+                assert_int_equal(kvs_trace_read_block(b, l, kh, bi, bb), KVS_OK);
+                assert_int_equal(ba->n_pos, bb->n_pos);
+                int G = ba->group;
+                size_t hd = (size_t)ba->head_dim;
+                for (int i = 0; i < ba->n_pos; i++) {
+                    long long pos = (long long)(ba->first_pos + i);
+                    const struct {
+                        const char *name;
+                        const float *x, *y;
+                        int head;
+                    } rows[2] = {{"k", ba->k + i * hd, bb->k + i * hd, -1}, {"v", ba->v + i * hd, bb->v + i * hd, -1}};
+                    for (int r = 0; r < 2; r++)
+                        if (!(kvs_rel_l2(rows[r].x, rows[r].y, hd) <= tol)) {
+                            print_error("layer %d kv head %d position %lld: %s relative L2 error %.3g > %.3g\n", l, kh,
+                                        pos, rows[r].name, kvs_rel_l2(rows[r].x, rows[r].y, hd), tol);
+                            fail();
+                        }
+                    for (int g = 0; g < G; g++) {
+                        size_t off = ((size_t)i * G + g) * hd;
+                        double eq = kvs_rel_l2(ba->q + off, bb->q + off, hd), eo = kvs_rel_l2(ba->o + off, bb->o + off, hd);
+                        float la = ba->lse[i * G + g], lb = bb->lse[i * G + g];
+                        if (!(eq <= tol) || !(eo <= tol) || !(fabs((double)la - lb) <= tol * (1 + fabs((double)la)))) {
+                            print_error("layer %d head %d position %lld: q error %.3g, o error %.3g, lse %.7g vs %.7g "
+                                        "(tolerance %.3g)\n", l, kh * G + g, pos, eq, eo, la, lb, tol);
+                            fail();
+                        }
+                    }
+                }
+            }
+    kvs_trace_block_free(ba);
+    kvs_trace_block_free(bb);
+    kvs_trace_close(a);
+    kvs_trace_close(b);
+}
+
 static void test_cuda_trace_matches_cpu_and_verifies(void **state) {
     (void)state;
     NEED_GPU();
@@ -773,58 +848,34 @@ static void test_cuda_trace_matches_cpu_and_verifies(void **state) {
     kvs_cuda_backend_free(b);
     kvs_trace_writer_free(w);
 
-    /* the trace holds the CPU's values for the same tokens */
-    kvs_trace *t = NULL;
-    assert_int_equal(kvs_trace_open(trace_path, &t), KVS_OK);
-    const kvs_trace_info *ti = kvs_trace_info_get(t);
-    assert_int_equal(ti->n_positions, 300);
-    assert_int_equal(ti->prompt_len, 100);
-    for (int i = 0; i < 300; i++) assert_int_equal(kvs_trace_tokens(t)[i], toks[i]);
+    /* the trace holds the CPU's values for the same tokens: a CPU trace of them, teacher forced, compared
+     * row by row (q, k, v, o, lse of every layer and head) */
+    char cpu_path[4300];
+    snprintf(cpu_path, sizeof cpu_path, "%s/cpu.kvt", dir);
     kvs_model_state *cpu = NULL;
     assert_int_equal(kvs_model_state_create(m, 300, NULL, &cpu), KVS_OK);
-    const kvs_model_config *c = &info->config;
-    int G = c->n_heads / c->n_kv_heads, hd = c->head_dim;
-    kvs_trace_block *blk = NULL;
-    assert_int_equal(kvs_trace_block_create(t, &blk), KVS_OK);
-    float *cq = malloc((size_t)c->n_layers * 300 * c->n_heads * hd * 4);
-    float *ck = malloc((size_t)c->n_layers * 300 * c->n_kv_heads * hd * 4);
+    assert_int_equal(kvs_trace_writer_create(cpu_path, &info->config, &cc, &w), KVS_OK);
     for (int pos = 0; pos < 300; pos++) {
         const float *cl;
+        assert_int_equal(kvs_trace_writer_begin_position(w, toks[pos], pos < 100 ? KVS_ROLE_PROMPT : KVS_ROLE_GENERATED, 0),
+                         KVS_OK);
         assert_int_equal(kvs_model_forward(cpu, toks[pos], pos, &cl), KVS_OK);
-        for (int l = 0; l < c->n_layers; l++) {
+        for (int l = 0; l < info->config.n_layers; l++) {
             kvs_layer_record rec;
             assert_int_equal(kvs_model_state_layer(cpu, l, &rec), KVS_OK);
-            memcpy(cq + ((size_t)l * 300 + pos) * c->n_heads * hd, rec.q, (size_t)c->n_heads * hd * 4);
-            memcpy(ck + ((size_t)l * 300 + pos) * c->n_kv_heads * hd, rec.k, (size_t)c->n_kv_heads * hd * 4);
+            assert_int_equal(kvs_trace_writer_put_layer(w, l, rec.q, rec.k, rec.v, rec.o, rec.lse), KVS_OK);
         }
+        assert_int_equal(kvs_trace_writer_end_position(w), KVS_OK);
     }
-    for (int l = 0; l < c->n_layers; l++)
-        for (int kh = 0; kh < c->n_kv_heads; kh++)
-            for (int64_t bi = 0; bi < ti->n_blocks; bi++) {
-                assert_int_equal(kvs_trace_read_block(t, l, kh, bi, blk), KVS_OK);
-                for (int i = 0; i < blk->n_pos; i++) {
-                    int64_t pos = blk->first_pos + i;
-                    const float *rk = ck + ((size_t)l * 300 + pos) * c->n_kv_heads * hd + (size_t)kh * hd;
-                    if (kvs_rel_l2(rk, blk->k + (size_t)i * hd, (size_t)hd) > 1e-4) {
-                        print_error("trace layer %d kv head %d position %lld: k differs from the CPU\n", l, kh, (long long)pos);
-                        fail();
-                    }
-                    for (int g = 0; g < G; g++) {
-                        const float *rq = cq + ((size_t)l * 300 + pos) * c->n_heads * hd + (size_t)(kh * G + g) * hd;
-                        if (kvs_rel_l2(rq, blk->q + ((size_t)i * G + g) * hd, (size_t)hd) > 1e-4) {
-                            print_error("trace layer %d head %d position %lld: q differs from the CPU\n", l, kh * G + g,
-                                        (long long)pos);
-                            fail();
-                        }
-                    }
-                }
-            }
-    free(cq);
-    free(ck);
-    kvs_trace_block_free(blk);
+    assert_int_equal(kvs_trace_writer_close(w), KVS_OK);
+    kvs_trace_writer_free(w);
     kvs_model_state_free(cpu);
-    kvs_trace_close(t);
     kvs_model_free(m);
+    compare_trace_files(cpu_path, trace_path, 1e-4);
+    kvs_trace *t = NULL;
+    assert_int_equal(kvs_trace_open(trace_path, &t), KVS_OK);
+    assert_int_equal(kvs_trace_info_get(t)->prompt_len, 100);
+    kvs_trace_close(t);
     assert_int_equal(run_cmd("'%s' verify '%s' > '%s/verify.txt' 2>&1", bin, trace_path, dir), 0);
     assert_int_equal(run_cmd("rm -rf '%s'", dir), 0);
 }
@@ -858,6 +909,15 @@ static void test_cli_capture_device_cuda(void **state) {
         if (rc != 0) print_error("capture --device cuda failed: %s\n", err);
         assert_int_equal(rc, 0);
         assert_int_equal(run_cmd("'%s' verify '%s/t.kvt' > /dev/null 2>&1", bin, dir), 0);
+        /* the issue's parity check, through the CLI: CPU and CUDA fp16 traces of greedy decoding from BOS have
+         * identical tokens, and rows within two fp16 steps (2^-10 relative each) plus fp32 noise */
+        assert_int_equal(run_cmd("'%s' capture --model '%s' --device cpu --steps 20 --out '%s/c.kvt' > /dev/null 2>&1",
+                                 bin, path, dir),
+                         0);
+        char cpu_trace[4300], cuda_trace[4300];
+        snprintf(cpu_trace, sizeof cpu_trace, "%s/c.kvt", dir);
+        snprintf(cuda_trace, sizeof cuda_trace, "%s/t.kvt", dir);
+        compare_trace_files(cpu_trace, cuda_trace, 2.5e-3);
     }
     free(err);
     assert_int_equal(run_cmd("rm -rf '%s'", dir), 0);
