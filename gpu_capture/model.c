@@ -405,9 +405,16 @@ static kvs_status st_tensor(kvs_model *m, st_set *set, const char *name, int nd,
     else if (!strcmp(dt, "F16")) dtype = KVS_DTYPE_F16;
     else if (!strcmp(dt, "BF16")) dtype = KVS_DTYPE_BF16;
     else return kvs_fail(KVS_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (supported: F32, F16, BF16)", f->path, name, dt);
-    if (!set->have_dtype) {
-        m->info.weight_dtype = dtype;
-        set->have_dtype = 1;
+    /* The device dtype is the matrices' common storage dtype, and fp32 when they mix (bf16 layers beside an
+     * fp32 lm_head, say): every GEMM runs in one dtype, and fp32 holds each source exactly. Vectors (norms,
+     * biases) are used in fp32 everywhere, so they do not count. */
+    if (nd == 2) {
+        if (!set->have_dtype) {
+            m->info.weight_dtype = dtype;
+            set->have_dtype = 1;
+        } else if (dtype != m->info.weight_dtype) {
+            m->info.weight_dtype = KVS_DTYPE_F32;
+        }
     }
     uint64_t got[8];
     size_t gn = kvs_json_len(shape);

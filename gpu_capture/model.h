@@ -39,7 +39,7 @@ typedef struct {
     kvs_model_config config;   /* what the trace header records (model_name = file/folder base name) */
     kvs_model_format format;
     char architecture[64];     /* "llama2.c", "LlamaForCausalLM", ... */
-    kvs_dtype weight_dtype;    /* storage dtype of the checkpoint's (first) tensor */
+    kvs_dtype weight_dtype;    /* storage dtype shared by the checkpoint's matrices; F32 when they mix */
     int qkv_bias;              /* q/k/v projections have biases (Qwen2, attention_bias) */
     int o_bias;                /* output projection has a bias (Llama attention_bias) */
     int32_t bos_id;            /* -1 when none */

@@ -6,6 +6,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -214,7 +215,11 @@ typedef struct {
     const float *data; /* fp32 source */
 } st_tensor_src;
 
-/* Writes a safetensors file; `corrupt` hooks let tests damage specific fields. */
+/* Writes a safetensors file from fp32 sources: F16 and BF16 tensors are stored rounded to 2 bytes, any other
+ * dtype name as the 4-byte fp32 bytes (so unsupported dtypes reach the loader's checks). `extra_end` makes
+ * the last tensor claim that many bytes more than it has. */
+static size_t st_elem_size(const char *dtype) { return dtype && (!strcmp(dtype, "F16") || !strcmp(dtype, "BF16")) ? 2 : 4; }
+
 static void write_safetensors(const char *path, const st_tensor_src *t, int n, const char *metadata, uint64_t extra_end) {
     char *hdr = malloc(1 << 20);
     assert_non_null(hdr);
@@ -225,13 +230,14 @@ static void write_safetensors(const char *path, const st_tensor_src *t, int n, c
     for (int i = 0; i < n; i++) {
         uint64_t numel = 1;
         for (int k = 0; k < t[i].nd; k++) numel *= t[i].dims[k];
-        uint64_t bytes = numel * 4 + (i == n - 1 ? extra_end : 0);
+        uint64_t data_bytes = numel * st_elem_size(t[i].dtype);
+        uint64_t bytes = data_bytes + (i == n - 1 ? extra_end : 0);
         o += (size_t)sprintf(hdr + o, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", i ? "," : "", t[i].name,
                              t[i].dtype ? t[i].dtype : "F32");
         for (int k = 0; k < t[i].nd; k++) o += (size_t)sprintf(hdr + o, "%s%llu", k ? "," : "", (unsigned long long)t[i].dims[k]);
         o += (size_t)sprintf(hdr + o, "],\"data_offsets\":[%llu,%llu]}", (unsigned long long)off,
                              (unsigned long long)(off + bytes));
-        off += numel * 4;
+        off += data_bytes;
     }
     o += (size_t)sprintf(hdr + o, "}");
     while (o % 8) hdr[o++] = ' ';
@@ -244,7 +250,15 @@ static void write_safetensors(const char *path, const st_tensor_src *t, int n, c
     for (int i = 0; i < n; i++) {
         uint64_t numel = 1;
         for (int k = 0; k < t[i].nd; k++) numel *= t[i].dims[k];
-        fwrite(t[i].data, 4, numel, f);
+        if (st_elem_size(t[i].dtype) == 2) {
+            uint8_t *h = malloc(numel * 2);
+            assert_non_null(h);
+            kvs_encode(strcmp(t[i].dtype, "F16") ? KVS_DTYPE_BF16 : KVS_DTYPE_F16, t[i].data, numel, h);
+            fwrite(h, 2, numel, f);
+            free(h);
+        } else {
+            fwrite(t[i].data, 4, numel, f);
+        }
     }
     fclose(f);
     free(hdr);
@@ -264,8 +278,11 @@ static void write_text(const char *path, const char *text) {
     "\"hidden_act\":\"silu\"}"
 
 /* Converts stories260K.bin into an HF folder at `dir`: q/k rows of each head reordered from llama2.c's
- * adjacent-pair layout to rotate_half's [0,2,4,...,d-2, 1,3,...,d-1]. Returns the raw file (caller frees). */
-static float *convert_stories_to_hf(const char *bin, const char *dir, int n_tensors_limit) {
+ * adjacent-pair layout to rotate_half's [0,2,4,...,d-2, 1,3,...,d-1]. The embedding is stored as `embed_dt`
+ * and the other matrices as `matrix_dt` (safetensors dtype names; NULL = F32), vectors as F32. Returns the
+ * permuted q/k buffer (caller frees). */
+static float *convert_stories_to_hf(const char *bin, const char *dir, int n_tensors_limit, const char *embed_dt,
+                                    const char *matrix_dt) {
     char *raw;
     size_t len;
     assert_int_equal(kvs_read_file(bin, &raw, &len), KVS_OK);
@@ -291,7 +308,7 @@ static float *convert_stories_to_hf(const char *bin, const char *dir, int n_tens
     st_tensor_src t[64];
     int n = 0;
     char names[64][96];
-    t[n++] = (st_tensor_src){"model.embed_tokens.weight", NULL, 2, {V, dim}, emb};
+    t[n++] = (st_tensor_src){"model.embed_tokens.weight", embed_dt, 2, {V, dim}, emb};
     t[n++] = (st_tensor_src){"model.norm.weight", NULL, 1, {dim, 0}, rms_f};
     for (int l = 0; l < L; l++) {
         struct {
@@ -312,7 +329,7 @@ static float *convert_stories_to_hf(const char *bin, const char *dir, int n_tens
         };
         for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) {
             snprintf(names[n], sizeof names[n], "model.layers.%d.%s", l, s[i].suffix);
-            t[n] = (st_tensor_src){names[n], NULL, s[i].nd, {s[i].d0, s[i].d1}, s[i].data};
+            t[n] = (st_tensor_src){names[n], s[i].nd == 2 ? matrix_dt : NULL, s[i].nd, {s[i].d0, s[i].d1}, s[i].data};
             n++;
         }
     }
@@ -339,7 +356,7 @@ static void test_llama2c_and_converted_hf_agree(void **state) {
     char bin[4096], dir[] = "/tmp/kvs_model_XXXXXX";
     path_of(bin, sizeof bin, "../shared/models/stories260K.bin");
     assert_non_null(mkdtemp(dir));
-    free(convert_stories_to_hf(bin, dir, 0));
+    free(convert_stories_to_hf(bin, dir, 0, NULL, NULL));
     kvs_model *a, *b;
     assert_int_equal(kvs_model_load(bin, &a), KVS_OK);
     assert_int_equal(kvs_model_load(dir, &b), KVS_OK);
@@ -384,6 +401,35 @@ static void test_llama2c_and_converted_hf_agree(void **state) {
     kvs_model_state_free(sb);
     kvs_model_free(a);
     kvs_model_free(b);
+    rm_dir(dir);
+}
+
+/* The device dtype (kvs_model_info.weight_dtype) is the matrices' common dtype: bf16 matrices with fp32 norms
+ * give bf16; an fp16 embedding beside fp32 matrices gives fp32 (nothing would be rounded on a GPU). */
+static void test_weight_dtype_is_the_matrices_common_dtype(void **state) {
+    (void)state;
+    NEED_MODELS();
+    char bin[4096], dir[] = "/tmp/kvs_model_XXXXXX";
+    path_of(bin, sizeof bin, "../shared/models/stories260K.bin");
+    assert_non_null(mkdtemp(dir));
+    const struct {
+        const char *embed, *matrix;
+        kvs_dtype want;
+    } cases[] = {{"BF16", "BF16", KVS_DTYPE_BF16}, {"F16", "F16", KVS_DTYPE_F16}, {"F16", NULL, KVS_DTYPE_F32},
+                 {NULL, "BF16", KVS_DTYPE_F32},    {"F16", "BF16", KVS_DTYPE_F32}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        free(convert_stories_to_hf(bin, dir, 0, cases[i].embed, cases[i].matrix));
+        kvs_model *m = NULL;
+        assert_int_equal(kvs_model_load(dir, &m), KVS_OK);
+        assert_int_equal(kvs_model_info_get(m)->weight_dtype, cases[i].want);
+        kvs_model_state *st = NULL;
+        assert_int_equal(kvs_model_state_create(m, 8, NULL, &st), KVS_OK);
+        const float *logits;
+        assert_int_equal(kvs_model_forward(st, 1, 0, &logits), KVS_OK);
+        assert_true(isfinite(logits[0]));
+        kvs_model_state_free(st);
+        kvs_model_free(m);
+    }
     rm_dir(dir);
 }
 
@@ -446,7 +492,7 @@ static void test_bad_hf_checkpoints_fail_clearly(void **state) {
     path_of(bin, sizeof bin, "../shared/models/stories260K.bin");
     assert_non_null(mkdtemp(dir));
     expect_load_fail(dir, KVS_ERR_IO, "config.json");
-    free(convert_stories_to_hf(bin, dir, 0));
+    free(convert_stories_to_hf(bin, dir, 0, NULL, NULL));
     snprintf(p, sizeof p, "%s/config.json", dir);
     snprintf(cfg, sizeof cfg, STORIES_HF_CONFIG, 3);
     write_text(p, cfg);
@@ -467,7 +513,7 @@ static void test_bad_hf_checkpoints_fail_clearly(void **state) {
     kvs_model_free(m);
 
     /* missing tensor: only the first 12 tensors written */
-    free(convert_stories_to_hf(bin, dir, 13));
+    free(convert_stories_to_hf(bin, dir, 13, NULL, NULL));
     expect_load_fail(dir, KVS_ERR_FORMAT, "tensor model.layers.1.self_attn.q_proj.weight is missing");
 
     /* wrong shape, bad dtype, offsets past the end */
@@ -713,6 +759,7 @@ int main(void) {
         cmocka_unit_test(test_qwen2_bias_bf16_fixture_matches_reference),
         cmocka_unit_test(test_llama3_rope_scaling_sharded_fp16_matches_reference),
         cmocka_unit_test(test_llama2c_and_converted_hf_agree),
+        cmocka_unit_test(test_weight_dtype_is_the_matrices_common_dtype),
         cmocka_unit_test(test_bad_llama2c_checkpoints_fail_clearly),
         cmocka_unit_test(test_bad_hf_checkpoints_fail_clearly),
         cmocka_unit_test(test_fuzz_corrupt_checkpoints_never_crash),
