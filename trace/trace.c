@@ -625,7 +625,7 @@ static kvs_status append_chunk(kvs_trace_writer *w, chunk_entry *e, uint8_t *out
         w->cap_entries = nc;
     }
     w->entries[w->n_entries++] = *e;
-    w->offset += CHUNK_HDR + comp;
+    __atomic_store_n(&w->offset, w->offset + CHUNK_HDR + comp, __ATOMIC_RELAXED); /* see kvs_trace_writer_bytes */
     w->total_raw += e->raw_size;
     return KVS_OK;
 }
@@ -792,7 +792,7 @@ kvs_status kvs_trace_writer_close(kvs_trace_writer *w) {
         w->failed = 1;
         return s;
     }
-    w->offset += FOOTER_FIXED + INDEX_ENTRY * w->n_entries + TRAILER;
+    __atomic_store_n(&w->offset, w->offset + FOOTER_FIXED + INDEX_ENTRY * w->n_entries + TRAILER, __ATOMIC_RELAXED);
     if (fsync(w->fd) != 0) {
         w->failed = 1;
         return kvs_fail(KVS_ERR_IO, "%s: fsync failed: %s", w->partial, strerror(errno));
@@ -833,7 +833,8 @@ void kvs_trace_writer_free(kvs_trace_writer *w) {
 }
 
 int64_t kvs_trace_writer_positions(const kvs_trace_writer *w) { return w ? w->n_positions : 0; }
-uint64_t kvs_trace_writer_bytes(const kvs_trace_writer *w) { return w ? w->offset : 0; }
+/* Atomic: progress lines read it from the decoding thread while the CUDA backend's writer thread writes. */
+uint64_t kvs_trace_writer_bytes(const kvs_trace_writer *w) { return w ? __atomic_load_n(&w->offset, __ATOMIC_RELAXED) : 0; }
 
 /* ------------------------------------------------------------------------------------------------
  * Reader

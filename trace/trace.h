@@ -131,7 +131,8 @@ void kvs_trace_writer_free(kvs_trace_writer *w);
 
 /*! kvs_trace_writer_positions() : positions completed so far. */
 int64_t kvs_trace_writer_positions(const kvs_trace_writer *w);
-/*! kvs_trace_writer_bytes() : bytes written to the file so far. */
+/*! kvs_trace_writer_bytes() : bytes written to the file so far; safe to call from another thread than the
+ *  writer's (the only such call). */
 uint64_t kvs_trace_writer_bytes(const kvs_trace_writer *w);
 
 /* ------------------------------------------------------------------------------------------------
