@@ -176,8 +176,12 @@ static double transformers_tok_s(int steps) {
     FILE *f = fopen(script, "w");
     if (!f) return -1;
     fprintf(f, "import time, torch, transformers\n"
-               "m = transformers.AutoModelForCausalLM.from_pretrained('%s', torch_dtype=torch.bfloat16,\n"
-               "    attn_implementation='eager').cuda().eval()\n"
+               "load = transformers.AutoModelForCausalLM.from_pretrained\n"
+               "try:  # transformers >= 4.56 names it dtype; older ones torch_dtype\n"
+               "    m = load('%s', dtype=torch.bfloat16, attn_implementation='eager')\n"
+               "except TypeError:\n"
+               "    m = load('%s', torch_dtype=torch.bfloat16, attn_implementation='eager')\n"
+               "m = m.cuda().eval()\n"
                "ids = torch.tensor([[1]], device='cuda')\n"
                "kw = dict(do_sample=False, min_new_tokens=%d, max_new_tokens=%d, pad_token_id=0, eos_token_id=None)\n"
                "with torch.no_grad():\n"
@@ -186,15 +190,17 @@ static double transformers_tok_s(int steps) {
                "    out = m.generate(ids, **kw)\n"
                "    torch.cuda.synchronize(); dt = time.time() - t\n"
                "print('tok_s=%%.3f' %% ((out.shape[1] - 1) / dt))\n",
-            BENCH_DIR, steps, steps);
+            BENCH_DIR, BENCH_DIR, steps, steps);
     fclose(f);
-    FILE *p = popen("python3 /tmp/kvsim_bench_cuda_hf.py 2>/dev/null", "r");
+    /* its stderr goes to a log, named below when no speed comes back */
+    FILE *p = popen("python3 /tmp/kvsim_bench_cuda_hf.py 2>/tmp/kvsim_bench_cuda_hf.log", "r");
     if (!p) return -1;
     char line[256];
     double v = -1;
     while (fgets(line, sizeof line, p))
         if (!strncmp(line, "tok_s=", 6)) v = atof(line + 6);
     pclose(p);
+    if (v < 0) fprintf(stderr, "bench_cuda: transformers run failed; see /tmp/kvsim_bench_cuda_hf.log\n");
     return v;
 }
 #endif
