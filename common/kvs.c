@@ -126,7 +126,8 @@ float kvs_f16_to_f32(uint16_t h) {
         float v = (float)man * (1.0f / 16777216.0f);
         return sign ? -v : v;
     }
-    if (exp == 31) return kvs_bits_f32(sign | 0x7f800000u | (man << 13));
+    /* NaNs come out quiet (bit 22 set), as IEEE conversion and F16C's vcvtph2ps give them */
+    if (exp == 31) return kvs_bits_f32(sign | 0x7f800000u | (man << 13) | (man ? 0x400000u : 0));
     return kvs_bits_f32(sign | ((exp - 15 + 127) << 23) | (man << 13));
 }
 
@@ -140,6 +141,53 @@ uint16_t kvs_f32_to_bf16(float f) {
 
 float kvs_bf16_to_f32(uint16_t h) { return kvs_bits_f32((uint32_t)h << 16); }
 
+/* fp16 arrays through x86's F16C instructions (8 values per instruction) when the CPU has them: the
+ * conversion writers and readers spend most of their non-zstd time in. vcvtps2ph with round-to-nearest-even
+ * and vcvtph2ps give, value for value, what kvs_f32_to_f16 / kvs_f16_to_f32 give (subnormals, inf and NaN
+ * included; tests/test_common.c compares them over every half and every rounding boundary), and x86 is
+ * little-endian like the stored bytes, so files never depend on the machine that wrote them. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define KVS_HAVE_F16C_PATH 1
+
+__attribute__((target("avx,f16c"))) static void encode_f16_f16c(const float *src, size_t n, uint8_t *dst) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm_storeu_si128((__m128i *)(void *)(dst + 2 * i), h);
+    }
+    for (; i < n; i++) kvs_put_u16(dst + 2 * i, kvs_f32_to_f16(src[i]));
+}
+
+__attribute__((target("avx,f16c"))) static void decode_f16_f16c(const uint8_t *src, size_t n, float *dst) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + 2 * i))));
+    for (; i < n; i++) dst[i] = kvs_f16_to_f32(kvs_get_u16(src + 2 * i));
+}
+
+/* 1 when the fast path may run: the CPU has F16C and KVSIM_NO_F16C is unset (tests compare both paths). */
+static int use_f16c(void) {
+    static int cached = -1; /* racing first calls store the same value */
+    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (v < 0) {
+        __builtin_cpu_init();
+        const char *off = getenv("KVSIM_NO_F16C");
+        v = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx") && !(off && off[0] && strcmp(off, "0"));
+        __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+#endif
+
+int kvs_f16_fast_path(void) {
+#ifdef KVS_HAVE_F16C_PATH
+    return use_f16c();
+#else
+    return 0;
+#endif
+}
+
 void kvs_encode(kvs_dtype t, const float *src, size_t n, void *dst) {
     uint8_t *d = dst;
     switch (t) {
@@ -147,6 +195,12 @@ void kvs_encode(kvs_dtype t, const float *src, size_t n, void *dst) {
         for (size_t i = 0; i < n; i++) kvs_put_u32(d + 4 * i, kvs_f32_bits(src[i]));
         break;
     case KVS_DTYPE_F16:
+#ifdef KVS_HAVE_F16C_PATH
+        if (use_f16c()) {
+            encode_f16_f16c(src, n, d);
+            break;
+        }
+#endif
         for (size_t i = 0; i < n; i++) kvs_put_u16(d + 2 * i, kvs_f32_to_f16(src[i]));
         break;
     case KVS_DTYPE_BF16:
@@ -162,6 +216,12 @@ void kvs_decode(kvs_dtype t, const void *src, size_t n, float *dst) {
         for (size_t i = 0; i < n; i++) dst[i] = kvs_bits_f32(kvs_get_u32(s + 4 * i));
         break;
     case KVS_DTYPE_F16:
+#ifdef KVS_HAVE_F16C_PATH
+        if (use_f16c()) {
+            decode_f16_f16c(s, n, dst);
+            break;
+        }
+#endif
         for (size_t i = 0; i < n; i++) dst[i] = kvs_f16_to_f32(kvs_get_u16(s + 2 * i));
         break;
     case KVS_DTYPE_BF16:

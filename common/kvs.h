@@ -72,9 +72,13 @@ float kvs_f16_to_f32(uint16_t h);
 uint16_t kvs_f32_to_bf16(float f);
 float kvs_bf16_to_f32(uint16_t h);
 
-/*! kvs_encode() / kvs_decode() : convert n floats to/from dtype `t` little-endian bytes. */
+/*! kvs_encode() / kvs_decode() : convert n floats to/from dtype `t` little-endian bytes. fp16 arrays go
+ *  through x86 F16C instructions where the CPU has them (same results as the scalar conversions above);
+ *  KVSIM_NO_F16C=1 in the environment forces the scalar path. */
 void kvs_encode(kvs_dtype t, const float *src, size_t n, void *dst);
 void kvs_decode(kvs_dtype t, const void *src, size_t n, float *dst);
+/*! kvs_f16_fast_path() : 1 when kvs_encode/kvs_decode use the F16C path for fp16 on this machine. */
+int kvs_f16_fast_path(void);
 
 /*! kvs_crc32() : CRC-32 (IEEE 802.3, reflected 0xEDB88320), continuing from `crc` (start with 0). */
 uint32_t kvs_crc32(uint32_t crc, const void *data, size_t n);

@@ -140,6 +140,70 @@ static void test_encode_decode_arrays(void **state) {
     for (int i = 0; i < 5; i++) assert_true(dst[i] == kvs_bf16_to_f32(kvs_f32_to_bf16(src[i])));
 }
 
+/* kvs_encode/kvs_decode of fp16 arrays (the F16C path where the CPU has it) against the scalar conversions,
+ * bit for bit: every half decoded; encoded, every half value, the midpoints between neighbouring halves
+ * (ties) and one float ulp either side of them, for both signs, overflow and underflow regions, inf, NaNs with
+ * payloads, and a million random bit patterns; array lengths leave a scalar tail. */
+static void check_encode_f16(const float *x, size_t n) {
+    uint8_t *h = malloc(2 * n);
+    assert_non_null(h);
+    kvs_encode(KVS_DTYPE_F16, x, n, h);
+    for (size_t i = 0; i < n; i++) {
+        uint16_t want = kvs_f32_to_f16(x[i]), got = (uint16_t)(h[2 * i] | h[2 * i + 1] << 8);
+        if (got != want) {
+            print_error("fp16 encode of 0x%08x: 0x%04x, scalar 0x%04x\n", kvs_f32_bits(x[i]), got, want);
+            fail();
+        }
+    }
+    free(h);
+}
+
+static void test_f16_array_path_matches_scalar(void **state) {
+    (void)state;
+    print_message("fp16 array path: %s\n", kvs_f16_fast_path() ? "F16C" : "scalar (no F16C on this CPU, or KVSIM_NO_F16C set)");
+    /* decode every half */
+    uint8_t *all = malloc(2 * 65536);
+    float *dec = malloc(sizeof(float) * 65536);
+    assert_true(all && dec);
+    for (uint32_t u = 0; u < 65536; u++) kvs_put_u16(all + 2 * u, (uint16_t)u);
+    kvs_decode(KVS_DTYPE_F16, all, 65535, dec); /* odd length: scalar tail */
+    kvs_decode(KVS_DTYPE_F16, all + 2 * 65535, 1, dec + 65535);
+    for (uint32_t u = 0; u < 65536; u++)
+        if (kvs_f32_bits(dec[u]) != kvs_f32_bits(kvs_f16_to_f32((uint16_t)u))) {
+            print_error("fp16 decode of 0x%04x: 0x%08x, scalar 0x%08x\n", u, kvs_f32_bits(dec[u]),
+                        kvs_f32_bits(kvs_f16_to_f32((uint16_t)u)));
+            fail();
+        }
+    free(all);
+    free(dec);
+    /* encode around every half and the ties between them */
+    size_t cap = 65536 * 8 + 1000003, n = 0;
+    float *x = malloc(sizeof(float) * cap);
+    assert_non_null(x);
+    for (uint32_t u = 0; u < 0x7c00; u++) {
+        for (int sgn = 0; sgn < 2; sgn++) {
+            float a = kvs_f16_to_f32((uint16_t)u), b = kvs_f16_to_f32((uint16_t)(u + 1));
+            float mid = u + 1 < 0x7c00 ? (a + b) / 2 : 65520.0f; /* the tie above the largest half rounds to inf */
+            float v[4] = {a, mid, nextafterf(mid, 0.0f), nextafterf(mid, INFINITY)};
+            for (int k = 0; k < 4; k++) x[n++] = sgn ? -v[k] : v[k];
+        }
+    }
+    const uint32_t special[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u, 0x7fa00000u,
+                                0x7f802000u, 0x477fefffu, 0x477ff000u, 0x47800000u, 0x33000000u, 0x33000001u,
+                                0x32ffffffu, 0x00000001u, 0x80000001u, 0x387fc000u, 0x38800000u};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) x[n++] = bits_f(special[i]);
+    uint64_t r = 0x243f6a8885a308d3ull;
+    while (n < cap) {
+        r ^= r << 13;
+        r ^= r >> 7;
+        r ^= r << 17;
+        x[n++] = bits_f((uint32_t)(r >> 16));
+    }
+    check_encode_f16(x, n);
+    check_encode_f16(x + 3, 13); /* unaligned start, 8 + a tail of 5 */
+    free(x);
+}
+
 static void test_dtype_names(void **state) {
     (void)state;
     kvs_dtype t;
@@ -353,6 +417,7 @@ int main(void) {
         cmocka_unit_test(test_f16_inf_nan),
         cmocka_unit_test(test_bf16_conversion),
         cmocka_unit_test(test_encode_decode_arrays),
+        cmocka_unit_test(test_f16_array_path_matches_scalar),
         cmocka_unit_test(test_dtype_names),
         cmocka_unit_test(test_crc32_check_value),
         cmocka_unit_test(test_error_detail),
