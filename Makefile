@@ -71,5 +71,7 @@ clean:
 
 # The CUDA backend's rules (targets cuda, cuda-test, bench-cuda) live beside its sources.
 -include gpu_capture/cuda/cuda.mk
+# `make cuda-emu-test`: the CUDA backend's tests on a CPU emulation of CUDA (g++ only; tests/cuda_emu/).
+-include tests/cuda_emu/emu.mk
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

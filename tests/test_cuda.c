@@ -397,7 +397,7 @@ static void check_attention(int H, int Hkv, int hd, int n_keys, int n, int force
             double e = kvs_rel_l2(ro + off, o + off, (size_t)hd);
             double le = fabs((double)lse[(size_t)r * H + h] - rl[(size_t)r * H + h]);
             /* expf vs exp, fp32 running sums over up to 1000 keys: ~1e-6; a wrong key, head or mask: O(0.1) */
-            if (e > 2e-5 || le > 2e-5 * (1 + fabs(rl[(size_t)r * H + h]))) {
+            if (!(e <= 2e-5) || !(le <= 2e-5 * (1 + fabs(rl[(size_t)r * H + h])))) {
                 print_error("attention H %d Hkv %d hd %d keys %d rows %d%s: row %d head %d: o rel err %.3g, lse %.7g vs "
                             "%.7g\n", H, Hkv, hd, n_keys, n, force_prefill ? " (prefill kernel)" : "", r, h, e,
                             lse[(size_t)r * H + h], rl[(size_t)r * H + h]);
@@ -506,7 +506,7 @@ static void test_gemm_matches_cpu(void **state) {
                     /* fp32 accumulation of exactly representable products: error <~ sqrt(in) 2^-24 sum|p|;
                      * 1e-5 sum|p| is loose for that and 4 orders below a wrong row or transposition */
                     double err = fabs(y[(size_t)r * out + o] - acc);
-                    if (err > 1e-5 * mag + 1e-6) {
+                    if (!(err <= 1e-5 * mag + 1e-6)) {
                         print_error("gemm %s n %d out %d in %d: y[%d][%d] = %.9g, expected %.9g\n", kvs_dtype_name(dt), n,
                                     out, in, r, o, y[(size_t)r * out + o], acc);
                         fail();
@@ -607,7 +607,7 @@ static void test_parity_stories260K_greedy_decode(void **state) {
         assert_int_equal(kvs_cuda_backend_step(p.gpu, tok, pos, KVS_ROLE_GENERATED, 0, &gl), KVS_OK);
         parity_compare(&p, pos, 1e-4);
         double le = kvs_rel_l2(cl, gl, (size_t)V);
-        if (le > 1e-4) {
+        if (!(le <= 1e-4)) {
             print_error("position %d: logits relative L2 error %.3g\n", pos, le);
             fail();
         }
@@ -648,7 +648,7 @@ static void test_parity_prefill_matches_sequential(void **state) {
             if (pos0 + i >= first_kept) parity_compare(&p, pos0 + i, 1e-4);
         }
         double le = kvs_rel_l2(cl, gl, (size_t)V);
-        if (le > 1e-4) {
+        if (!(le <= 1e-4)) {
             print_error("prefill call %d: last logits relative L2 error %.3g\n", c, le);
             fail();
         }
@@ -678,7 +678,7 @@ static void check_16bit_fixture(const char *rel, kvs_dtype expect_dt, double tol
         assert_int_equal(kvs_cuda_backend_step(p.gpu, tok, pos, KVS_ROLE_GENERATED, 0, &gl), KVS_OK);
         parity_compare(&p, pos, tol);
         double le = kvs_rel_l2(cl, gl, (size_t)V);
-        if (le > tol) {
+        if (!(le <= tol)) {
             print_error("%s position %d: logits relative L2 error %.3g > %.3g\n", rel, pos, le, tol);
             fail();
         }
