@@ -89,6 +89,16 @@ static int gpu_ready(void) {
 
 static void model_path(char *buf, size_t cap, const char *rel) { snprintf(buf, cap, "%s/%s", kvs_test_root(), rel); }
 
+/* The CLI under test ($KVSIM_BIN, set by the make targets that run the suite); skips without it. */
+static const char *need_kvsim_bin(void) {
+    const char *bin = getenv("KVSIM_BIN");
+    if (!bin) {
+        print_message("SKIP: KVSIM_BIN is not set (run through `make test`, `make cuda-test` or `make cuda-emu-test`)\n");
+        skip();
+    }
+    return bin;
+}
+
 /* Skips unless the file exists (fails under KVSIM_REQUIRE_GPU=1). */
 static void need_file(const char *p) {
     if (!kvs_test_exists(p)) {
@@ -806,11 +816,7 @@ static void compare_trace_files(const char *ref_path, const char *got_path, doub
 static void test_cuda_trace_matches_cpu_and_verifies(void **state) {
     (void)state;
     NEED_GPU();
-    const char *bin = getenv("KVSIM_BIN");
-    if (!bin) {
-        print_message("SKIP: KVSIM_BIN is not set (run through `make cuda-test`)\n");
-        skip();
-    }
+    const char *bin = need_kvsim_bin();
     char path[4096], dir[] = "/tmp/kvsim_cuda_XXXXXX", trace_path[4200];
     model_path(path, sizeof path, "../shared/models/stories260K.bin");
     need_file(path);
@@ -884,11 +890,7 @@ static void test_cuda_trace_matches_cpu_and_verifies(void **state) {
  * trace that verifies. */
 static void test_cli_capture_device_cuda(void **state) {
     (void)state;
-    const char *bin = getenv("KVSIM_BIN");
-    if (!bin) {
-        print_message("SKIP: KVSIM_BIN is not set (run through `make test`)\n");
-        skip();
-    }
+    const char *bin = need_kvsim_bin();
     char path[4096], dir[] = "/tmp/kvsim_cuda_XXXXXX", out[4200];
     model_path(path, sizeof path, "../shared/models/stories260K.bin");
     need_file(path);
