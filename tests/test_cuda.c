@@ -671,9 +671,10 @@ static void test_parity_prefill_matches_sequential(void **state) {
     parity_close(&p);
 }
 
-/* 16-bit checkpoints (fp16 Llama-3 with rope_scaling and shards; bf16 Qwen2 with q/k/v bias), teacher
- * forced on the CPU's greedy tokens. */
-static void check_16bit_fixture(const char *rel, kvs_dtype expect_dt, double tol) {
+/* The HF fixtures (fp16 Llama-3 with rope_scaling and shards; bf16 Qwen2 with q/k/v bias; fp32 Mistral with
+ * head_dim 24 x 3 heads != hidden 32 and a group of 3): a batched prefill of 20 prompt positions (every
+ * position's records and the last logits), then 20 decode steps teacher forced on the CPU's greedy tokens. */
+static void check_hf_fixture(const char *rel, kvs_dtype expect_dt, double tol) {
     char path[4096];
     model_path(path, sizeof path, rel);
     need_file(path);
@@ -681,13 +682,26 @@ static void check_16bit_fixture(const char *rel, kvs_dtype expect_dt, double tol
     parity_open(&p, path, 48, NULL);
     assert_int_equal(p.info->weight_dtype, expect_dt);
     int V = p.info->config.vocab_size;
-    int32_t tok = p.info->bos_id >= 0 ? p.info->bos_id : 1;
-    for (int pos = 0; pos < 40; pos++) {
-        const float *cl, *gl;
+    int32_t prompt[20];
+    prompt[0] = p.info->bos_id >= 0 ? p.info->bos_id : 1;
+    for (int i = 1; i < 20; i++) prompt[i] = (int32_t)((i * 37) % (V - 3) + 3);
+    const float *cl = NULL, *gl = NULL;
+    assert_int_equal(kvs_cuda_backend_prefill(p.gpu, prompt, 20, 0, KVS_ROLE_PROMPT, 0, &gl), KVS_OK);
+    for (int pos = 0; pos < 20; pos++) {
+        assert_int_equal(kvs_model_forward(p.cpu, prompt[pos], pos, &cl), KVS_OK);
+        parity_compare(&p, pos, tol);
+    }
+    double le = kvs_rel_l2(cl, gl, (size_t)V);
+    if (!(le <= tol)) {
+        print_error("%s prefill: last logits relative L2 error %.3g > %.3g\n", rel, le, tol);
+        fail();
+    }
+    int32_t tok = argmax(cl, V);
+    for (int pos = 20; pos < 40; pos++) {
         assert_int_equal(kvs_model_forward(p.cpu, tok, pos, &cl), KVS_OK);
         assert_int_equal(kvs_cuda_backend_step(p.gpu, tok, pos, KVS_ROLE_GENERATED, 0, &gl), KVS_OK);
         parity_compare(&p, pos, tol);
-        double le = kvs_rel_l2(cl, gl, (size_t)V);
+        le = kvs_rel_l2(cl, gl, (size_t)V);
         if (!(le <= tol)) {
             print_error("%s position %d: logits relative L2 error %.3g > %.3g\n", rel, pos, le, tol);
             fail();
@@ -700,13 +714,19 @@ static void check_16bit_fixture(const char *rel, kvs_dtype expect_dt, double tol
 static void test_parity_fp16_fixture(void **state) {
     (void)state;
     NEED_GPU();
-    check_16bit_fixture("tests/fixtures/llama3_tiny", KVS_DTYPE_F16, 2e-2);
+    check_hf_fixture("tests/fixtures/llama3_tiny", KVS_DTYPE_F16, 2e-2);
 }
 
 static void test_parity_bf16_fixture(void **state) {
     (void)state;
     NEED_GPU();
-    check_16bit_fixture("tests/fixtures/qwen2_tiny", KVS_DTYPE_BF16, 1.5e-1);
+    check_hf_fixture("tests/fixtures/qwen2_tiny", KVS_DTYPE_BF16, 1.5e-1);
+}
+
+static void test_parity_fp32_wide_heads_fixture(void **state) {
+    (void)state;
+    NEED_GPU();
+    check_hf_fixture("tests/fixtures/mistral_tiny", KVS_DTYPE_F32, 1e-4);
 }
 
 static void test_step_rejects_bad_input(void **state) {
@@ -943,6 +963,7 @@ int main(void) {
         cmocka_unit_test(test_parity_prefill_matches_sequential),
         cmocka_unit_test(test_parity_fp16_fixture),
         cmocka_unit_test(test_parity_bf16_fixture),
+        cmocka_unit_test(test_parity_fp32_wide_heads_fixture),
         cmocka_unit_test(test_step_rejects_bad_input),
         cmocka_unit_test(test_cuda_trace_matches_cpu_and_verifies),
     };

@@ -205,6 +205,27 @@ static void test_llama3_rope_scaling_sharded_fp16_matches_reference(void **state
     kvs_model_free(m);
 }
 
+/* head_dim given apart from hidden_size (3 heads x 24 = 72 != 32), a group of 3 query heads per KV head,
+ * fp32 weights, untied classifier */
+static void test_mistral_wide_heads_fp32_fixture_matches_reference(void **state) {
+    (void)state;
+    char p[4096];
+    path_of(p, sizeof p, "tests/fixtures/mistral_tiny");
+    kvs_model *m;
+    assert_int_equal(kvs_model_load(p, &m), KVS_OK);
+    const kvs_model_info *info = kvs_model_info_get(m);
+    assert_int_equal(info->weight_dtype, KVS_DTYPE_F32);
+    assert_int_equal(info->config.head_dim, 24);
+    assert_int_equal(info->config.n_heads * info->config.head_dim, 72);
+    assert_int_equal(info->config.dim, 32);
+    assert_int_equal(info->config.n_kv_heads, 1);
+    reference ref;
+    load_reference("mistral_tiny", &ref);
+    run_golden(m, &ref, 2);
+    free_reference(&ref);
+    kvs_model_free(m);
+}
+
 /* ---- writing checkpoints from C (conversion and malformed-input tests) ---- */
 
 typedef struct {
@@ -758,6 +779,7 @@ int main(void) {
         cmocka_unit_test(test_tinystories656K_matches_torch_reference),
         cmocka_unit_test(test_qwen2_bias_bf16_fixture_matches_reference),
         cmocka_unit_test(test_llama3_rope_scaling_sharded_fp16_matches_reference),
+        cmocka_unit_test(test_mistral_wide_heads_fp32_fixture_matches_reference),
         cmocka_unit_test(test_llama2c_and_converted_hf_agree),
         cmocka_unit_test(test_weight_dtype_is_the_matrices_common_dtype),
         cmocka_unit_test(test_bad_llama2c_checkpoints_fail_clearly),
