@@ -9,7 +9,8 @@
  *
  * Reported per configuration: write MB/s (create + put every position + close with fsync), read MB/s
  * (open + stream every (layer, KV head) group in one thread, decoded to fp32), both in MB of fp32-equivalent
- * raw data and of stored-dtype raw payload, and raw / compressed payload bytes. A benchmark, not a test:
+ * raw data and of stored-dtype raw payload, and raw / compressed payload bytes; first, the speed of the fp16/bf16
+ * conversions alone. A benchmark, not a test:
  * numbers go to stdout and nothing is asserted.
  */
 #include <math.h>
@@ -223,7 +224,46 @@ static void bench_source(source *s, const char *path) {
     free_source(s);
 }
 
+/* dtype conversion of one array, the writer's and reader's per-value work besides zstd: kvs_encode /
+ * kvs_decode (F16C for fp16 where the CPU has it) beside the scalar per-value functions. */
+static void bench_conversion(void) {
+    enum { N = 1 << 20, REPS = 50 };
+    float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);
+    uint8_t *h = malloc(2 * N);
+    if (!x || !y || !h) {
+        fprintf(stderr, "bench_trace: out of memory\n");
+        exit(1);
+    }
+    for (size_t i = 0; i < N; i++) x[i] = (float)((i * 2654435761u) % 20001u) / 1000.0f - 10.0f;
+    double t0 = kvs_now_s();
+    for (int r = 0; r < REPS; r++)
+        for (size_t i = 0; i < N; i++) kvs_put_u16(h + 2 * i, kvs_f32_to_f16(x[i]));
+    double scalar_enc = kvs_now_s() - t0;
+    t0 = kvs_now_s();
+    for (int r = 0; r < REPS; r++) kvs_encode(KVS_DTYPE_F16, x, N, h);
+    double array_enc = kvs_now_s() - t0;
+    t0 = kvs_now_s();
+    for (int r = 0; r < REPS; r++)
+        for (size_t i = 0; i < N; i++) y[i] = kvs_f16_to_f32(kvs_get_u16(h + 2 * i));
+    double scalar_dec = kvs_now_s() - t0;
+    t0 = kvs_now_s();
+    for (int r = 0; r < REPS; r++) kvs_decode(KVS_DTYPE_F16, h, N, y);
+    double array_dec = kvs_now_s() - t0;
+    t0 = kvs_now_s();
+    for (int r = 0; r < REPS; r++) kvs_encode(KVS_DTYPE_BF16, x, N, h);
+    double bf_enc = kvs_now_s() - t0;
+    double mv = (double)N * REPS / 1e6;
+    printf("bench_trace: conversion, M values/s: fp16 encode %.0f scalar, %.0f kvs_encode (%s); fp16 decode %.0f "
+           "scalar, %.0f kvs_decode; bf16 encode %.0f [chk %.3g]\n",
+           mv / scalar_enc, mv / array_enc, kvs_f16_fast_path() ? "F16C" : "scalar", mv / scalar_dec, mv / array_dec,
+           mv / bf_enc, (double)y[N / 3]);
+    free(x);
+    free(y);
+    free(h);
+}
+
 int main(void) {
+    bench_conversion();
     char dir[] = "/tmp/kvs_bench_trace_XXXXXX";
     if (!mkdtemp(dir)) {
         perror("bench_trace: mkdtemp");
