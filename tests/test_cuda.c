@@ -542,12 +542,16 @@ typedef struct {
     float *q, *k, *v, *o, *lse; /* GPU record scratch */
 } parity;
 
-static void parity_open(parity *p, const char *path, int max_pos, kvs_trace_writer *w) {
+/* Loads the model at `rel` (repo-relative; skips when absent) on the CPU and the GPU. */
+static void parity_open(parity *p, const char *rel, int max_pos) {
+    char path[4096];
+    model_path(path, sizeof path, rel);
+    need_file(path);
     memset(p, 0, sizeof *p);
     assert_int_equal(kvs_model_load(path, &p->m), KVS_OK);
     p->info = kvs_model_info_get(p->m);
     assert_int_equal(kvs_model_state_create(p->m, max_pos, NULL, &p->cpu), KVS_OK);
-    kvs_status s = kvs_cuda_backend_create(p->m, max_pos, w, &p->gpu);
+    kvs_status s = kvs_cuda_backend_create(p->m, max_pos, NULL, &p->gpu);
     if (s != KVS_OK) print_error("kvs_cuda_backend_create: %s\n", kvs_last_error());
     assert_int_equal(s, KVS_OK);
     const kvs_model_config *c = &p->info->config;
@@ -599,14 +603,20 @@ static void parity_compare(parity *p, int pos, double tol) {
     }
 }
 
+/* Fails unless the CUDA logits are within relative L2 `tol` of the CPU's; `what` and pos name the step. */
+static void expect_logits_close(const char *what, int pos, const float *cpu, const float *gpu, int vocab, double tol) {
+    double le = kvs_rel_l2(cpu, gpu, (size_t)vocab);
+    if (!(le <= tol)) {
+        print_error("%s position %d: logits relative L2 error %.3g > %.3g\n", what, pos, le, tol);
+        fail();
+    }
+}
+
 static void test_parity_stories260K_greedy_decode(void **state) {
     (void)state;
     NEED_GPU();
-    char path[4096];
-    model_path(path, sizeof path, "../shared/models/stories260K.bin");
-    need_file(path);
     parity p;
-    parity_open(&p, path, 128, NULL);
+    parity_open(&p, "../shared/models/stories260K.bin", 128);
     int V = p.info->config.vocab_size;
     const int expect[8] = {1, 403, 407, 261, 378, 432, 383, 286}; /* ../shared/models/README.md */
     int32_t tok = 1;
@@ -616,11 +626,7 @@ static void test_parity_stories260K_greedy_decode(void **state) {
         assert_int_equal(kvs_model_forward(p.cpu, tok, pos, &cl), KVS_OK);
         assert_int_equal(kvs_cuda_backend_step(p.gpu, tok, pos, KVS_ROLE_GENERATED, 0, &gl), KVS_OK);
         parity_compare(&p, pos, 1e-4);
-        double le = kvs_rel_l2(cl, gl, (size_t)V);
-        if (!(le <= 1e-4)) {
-            print_error("position %d: logits relative L2 error %.3g\n", pos, le);
-            fail();
-        }
+        expect_logits_close("stories260K decode", pos, cl, gl, V, 1e-4);
         int ct = argmax(cl, V), gt = argmax(gl, V);
         if (ct != gt) {
             print_error("position %d: CPU picks %d (logit %.7g), CUDA %d (logit %.7g)\n", pos, ct, cl[ct], gt, gl[gt]);
@@ -636,11 +642,8 @@ static void test_parity_stories260K_greedy_decode(void **state) {
 static void test_parity_prefill_matches_sequential(void **state) {
     (void)state;
     NEED_GPU();
-    char path[4096];
-    model_path(path, sizeof path, "../shared/models/stories260K.bin");
-    need_file(path);
     parity p;
-    parity_open(&p, path, 256, NULL);
+    parity_open(&p, "../shared/models/stories260K.bin", 256);
     int V = p.info->config.vocab_size;
     int32_t toks[200];
     toks[0] = 1;
@@ -657,11 +660,7 @@ static void test_parity_prefill_matches_sequential(void **state) {
             assert_int_equal(kvs_model_forward(p.cpu, toks[pos0 + i], pos0 + i, &cl), KVS_OK);
             if (pos0 + i >= first_kept) parity_compare(&p, pos0 + i, 1e-4);
         }
-        double le = kvs_rel_l2(cl, gl, (size_t)V);
-        if (!(le <= 1e-4)) {
-            print_error("prefill call %d: last logits relative L2 error %.3g\n", c, le);
-            fail();
-        }
+        expect_logits_close("stories260K prefill, last", pos0 + n - 1, cl, gl, V, 1e-4);
     }
     /* and a decode step after the prefills */
     const float *gl, *cl;
@@ -675,11 +674,8 @@ static void test_parity_prefill_matches_sequential(void **state) {
  * head_dim 24 x 3 heads != hidden 32 and a group of 3): a batched prefill of 20 prompt positions (every
  * position's records and the last logits), then 20 decode steps teacher forced on the CPU's greedy tokens. */
 static void check_hf_fixture(const char *rel, kvs_dtype expect_dt, double tol) {
-    char path[4096];
-    model_path(path, sizeof path, rel);
-    need_file(path);
     parity p;
-    parity_open(&p, path, 48, NULL);
+    parity_open(&p, rel, 48);
     assert_int_equal(p.info->weight_dtype, expect_dt);
     int V = p.info->config.vocab_size;
     int32_t prompt[20];
@@ -691,21 +687,13 @@ static void check_hf_fixture(const char *rel, kvs_dtype expect_dt, double tol) {
         assert_int_equal(kvs_model_forward(p.cpu, prompt[pos], pos, &cl), KVS_OK);
         parity_compare(&p, pos, tol);
     }
-    double le = kvs_rel_l2(cl, gl, (size_t)V);
-    if (!(le <= tol)) {
-        print_error("%s prefill: last logits relative L2 error %.3g > %.3g\n", rel, le, tol);
-        fail();
-    }
+    expect_logits_close(rel, 19, cl, gl, V, tol); /* the prefill's last position */
     int32_t tok = argmax(cl, V);
     for (int pos = 20; pos < 40; pos++) {
         assert_int_equal(kvs_model_forward(p.cpu, tok, pos, &cl), KVS_OK);
         assert_int_equal(kvs_cuda_backend_step(p.gpu, tok, pos, KVS_ROLE_GENERATED, 0, &gl), KVS_OK);
         parity_compare(&p, pos, tol);
-        le = kvs_rel_l2(cl, gl, (size_t)V);
-        if (!(le <= tol)) {
-            print_error("%s position %d: logits relative L2 error %.3g > %.3g\n", rel, pos, le, tol);
-            fail();
-        }
+        expect_logits_close(rel, pos, cl, gl, V, tol);
         tok = argmax(cl, V);
     }
     parity_close(&p);

@@ -412,7 +412,8 @@ static void free_coders(kvs_trace_writer *w) {
     w->n_slots = 0;
 }
 
-/* (Re)allocates one coder per worker and the wave's slots for `n_workers` workers. */
+/* (Re)allocates one coder per worker and the wave's slots for `n_workers` workers: at create (one) and in
+ * kvs_trace_writer_set_threadpool, the only places the pool changes. */
 static kvs_status size_workers(kvs_trace_writer *w, int n_workers) {
     size_t groups = (size_t)w->h.L * w->h.Hkv;
     size_t n_slots = (size_t)n_workers * WAVE_PER_WORKER;
@@ -671,10 +672,6 @@ static kvs_status flush_block(kvs_trace_writer *w) {
     const trace_hdr *h = &w->h;
     size_t n = (size_t)w->blk_n;
     kvs_status s;
-    if ((s = size_workers(w, kvs_threadpool_size(w->pool))) != KVS_OK) {
-        w->failed = 1;
-        return s;
-    }
     /* tokens chunk first (FORMAT.md chunk order), on the calling thread */
     chunk_coder *c0 = &w->coders[0];
     chunk_entry e = {.kind = KIND_TOKENS, .n_pos = (uint32_t)n, .block = (uint64_t)w->blk_index,
