@@ -308,17 +308,14 @@ static kvs_status measure_head(task *t, int ci, int h, int g, int64_t p, const i
     if (st != KVS_OK) return st;
     int64_t every = e->o->series_every;
     if (every > 0 && (t->measured_steps % every) == 0) {
-        kvs_results_step s = {
-            .layer = t->layer,
-            .q_head = h * e->G + g,
-            .position = p,
-            .out_err = v[M_ERR],
-            .attn_recall = v[M_RECALL],
-            .topk_overlap = v[M_OVERLAP],
-            .attended_tokens = (int32_t)n,
-            .storage_bytes = cost->storage_bytes,
-            .traffic_bytes = cost->traffic_bytes,
-        };
+        kvs_results_step s = {.layer = t->layer, .q_head = h * e->G + g, .position = p};
+        for (int k = 0; k < KVS_N_METRICS; k++) s.v[k] = NAN;
+        s.out_err = v[M_ERR];
+        s.attn_recall = v[M_RECALL];
+        s.topk_overlap = v[M_OVERLAP];
+        s.attended_tokens = (double)n;
+        s.storage_bytes = cost->storage_bytes;
+        s.traffic_bytes = cost->traffic_bytes;
         st = acc_series(a, &s);
     }
     return st;

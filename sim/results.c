@@ -18,6 +18,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,14 @@
 #include <unistd.h>
 
 #define KVS_RESULTS_SCHEMA_VERSION 1
+
+/* The named members of the unions in results.h must alias the metric array entry by entry. */
+_Static_assert(offsetof(kvs_results_agg, compression_ratio) ==
+                   offsetof(kvs_results_agg, m) + KVS_M_COMPRESSION * sizeof(kvs_results_stat),
+               "kvs_results_agg members out of step with KVS_METRIC_LIST");
+_Static_assert(offsetof(kvs_results_step, compression_ratio) ==
+                   offsetof(kvs_results_step, v) + KVS_M_COMPRESSION * sizeof(double),
+               "kvs_results_step members out of step with KVS_METRIC_LIST");
 #define KVS_RESULTS_BUSY_TIMEOUT_MS 30000
 
 struct kvs_results_db {
@@ -589,7 +598,7 @@ kvs_status kvs_results_write_run(kvs_results_db *r, const kvs_results_trace *tra
             bind_real(ins_step, 5, s->out_err);
             bind_real(ins_step, 6, s->attn_recall);
             bind_real(ins_step, 7, s->topk_overlap);
-            sqlite3_bind_int(ins_step, 8, s->attended_tokens);
+            sqlite3_bind_int64(ins_step, 8, (int64_t)s->attended_tokens);
             bind_real(ins_step, 9, s->storage_bytes);
             bind_real(ins_step, 10, s->traffic_bytes);
             if (sqlite3_step(ins_step) != SQLITE_DONE) {

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "../common/kvs.h"
+#include "metrics.h"
 
 typedef struct kvs_results_db kvs_results_db;
 
@@ -37,25 +38,29 @@ typedef struct {
     double mean, p50, p95, max, min;
 } kvs_results_stat;
 
-/* Aggregates over (query head, measured step) samples of one layer, or of the whole run (layer = -1). */
+/* Aggregates over (query head, measured step) samples of one layer, or of the whole run (layer = -1): one
+ * kvs_results_stat per metric of the table in sim/metrics.h (m[KVS_M_...]); the named members alias the
+ * metric names for readability (out_err is m[KVS_M_OUT_ERR], ...). */
 typedef struct {
-    int32_t layer;                  /* -1 for the run-wide aggregate */
-    kvs_results_stat out_err;       /* relative L2 output error */
-    kvs_results_stat attn_recall;   /* full-attention mass on S_t */
-    kvs_results_stat topk_overlap;  /* |S_t ∩ TopK_|S_t|| / |S_t| */
-    kvs_results_stat storage_bytes; /* resident bytes per KV head (KV + auxiliary) */
-    kvs_results_stat traffic_bytes; /* bytes read per step per KV head (KV + auxiliary) */
-    kvs_results_stat transfer_bytes;/* host<->device bytes per step (offloading policies; else 0) */
-    kvs_results_stat compression_ratio; /* full-cache bytes / resident bytes */
+    int32_t layer; /* -1 for the run-wide aggregate */
+    union {
+        kvs_results_stat m[KVS_N_METRICS];
+#define KVS_METRIC_MEMBER_T_ kvs_results_stat
+        struct { KVS_METRIC_LIST(KVS_METRIC_MEMBER_) };
+#undef KVS_METRIC_MEMBER_T_
+    };
 } kvs_results_agg;
 
-/* One sample of the per-step series. */
+/* One sample of the per-step series: every metric of sim/metrics.h at one (layer, query head, position). */
 typedef struct {
     int32_t layer, q_head;
     int64_t position;        /* absolute position of the step's token */
-    float out_err, attn_recall, topk_overlap;
-    int32_t attended_tokens; /* |S_t| */
-    double storage_bytes, traffic_bytes;
+    union {
+        double v[KVS_N_METRICS]; /* v[KVS_M_...]; NaN = not available */
+#define KVS_METRIC_MEMBER_T_ double
+        struct { KVS_METRIC_LIST(KVS_METRIC_MEMBER_) };
+#undef KVS_METRIC_MEMBER_T_
+    };
 } kvs_results_step;
 
 /* One run: one policy configuration at one budget on one trace. Borrowed strings. */
