@@ -4,6 +4,8 @@
  */
 #include "policy.h"
 
+#include "../common/sha256.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -61,7 +63,13 @@ static void format_value(const kvs_policy_param *pp, double v, char *out, size_t
             if (strtod(out, NULL) == v) break;
         }
         break;
+    case KVS_PARAM_STRING:
+    case KVS_PARAM_FILE: snprintf(out, cap, "%s", ""); break; /* text values live in cfg->str */
     }
+}
+
+static int is_text_param(const kvs_policy_param *pp) {
+    return pp->type == KVS_PARAM_STRING || pp->type == KVS_PARAM_FILE;
 }
 
 static void build_canonical(kvs_policy_config *cfg) {
@@ -69,8 +77,13 @@ static void build_canonical(kvs_policy_config *cfg) {
     size_t used = 0;
     cfg->canonical[0] = 0;
     for (int i = 0; i < ops->n_params; i++) {
-        char val[64];
-        format_value(&ops->params[i], cfg->v[i], val, sizeof val);
+        char val[KVS_POLICY_STR_MAX + 80];
+        if (ops->params[i].type == KVS_PARAM_FILE && cfg->str[i][0])
+            snprintf(val, sizeof val, "%s@sha256:%s", cfg->str[i], cfg->sha256[i]);
+        else if (is_text_param(&ops->params[i]))
+            snprintf(val, sizeof val, "%s", cfg->str[i]);
+        else
+            format_value(&ops->params[i], cfg->v[i], val, sizeof val);
         int w = snprintf(cfg->canonical + used, sizeof cfg->canonical - used, "%s%s=%s", i ? "," : "",
                          ops->params[i].key, val);
         /* Parameter tables are short; a truncation would be a table bug, not user input. */
@@ -83,8 +96,48 @@ void kvs_policy_defaults(const struct kvs_policy_ops *ops, kvs_policy_config *cf
     KVS_ASSERT(ops->n_params <= KVS_POLICY_MAX_PARAMS);
     memset(cfg, 0, sizeof *cfg);
     cfg->ops = ops;
-    for (int i = 0; i < ops->n_params; i++) cfg->v[i] = ops->params[i].def;
+    for (int i = 0; i < ops->n_params; i++) {
+        cfg->v[i] = ops->params[i].def;
+        if (ops->params[i].type == KVS_PARAM_STRING && ops->params[i].def_str)
+            snprintf(cfg->str[i], sizeof cfg->str[i], "%s", ops->params[i].def_str);
+    }
     build_canonical(cfg);
+}
+
+/* Parses the text (length len) of STRING/FILE parameter i into cfg->str[i] (and cfg->sha256[i]). Values
+ * cannot hold ',' or '=' (the spec separators) or control characters. A FILE value PATH@sha256:HEX must
+ * still hash to HEX: a result recorded against one file content is never silently re-run on another. */
+static kvs_status parse_text(const char *policy, const kvs_policy_param *pp, const char *s, size_t len,
+                             kvs_policy_config *cfg, int i) {
+    if (len >= KVS_POLICY_STR_MAX)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: value of parameter '%s' is longer than %d bytes", policy,
+                        pp->key, KVS_POLICY_STR_MAX - 1);
+    for (size_t j = 0; j < len; j++)
+        if ((unsigned char)s[j] < 0x20 || s[j] == 0x7f || s[j] == '=')
+            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': value '%.*s' holds a control character or "
+                                                 "'=' (values cannot contain ',' or '=')",
+                            policy, pp->key, (int)len, s);
+    memcpy(cfg->str[i], s, len);
+    cfg->str[i][len] = 0;
+    cfg->sha256[i][0] = 0;
+    if (pp->type != KVS_PARAM_FILE || len == 0) return KVS_OK;
+    char *at = strstr(cfg->str[i], "@sha256:");
+    char want[65] = "";
+    if (at) {
+        snprintf(want, sizeof want, "%s", at + 8);
+        *at = 0;
+        if (strlen(want) != 64 || strspn(want, "0123456789abcdef") != 64)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': '%s' is not a 64-digit lowercase sha256",
+                            policy, pp->key, want);
+    }
+    if (!cfg->str[i][0]) return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': empty path", policy, pp->key);
+    if (kvs_sha256_file_hex(cfg->str[i], cfg->sha256[i]) != KVS_OK)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': %s", policy, pp->key, kvs_last_error());
+    if (want[0] && strcmp(want, cfg->sha256[i]))
+        return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': file %s changed since it was recorded "
+                                             "(sha256 %s, recorded %s)",
+                        policy, pp->key, cfg->str[i], cfg->sha256[i], want);
+    return KVS_OK;
 }
 
 /* Parses one value text (length len) for parameter pp. */
@@ -141,6 +194,8 @@ static kvs_status parse_value(const char *policy, const kvs_policy_param *pp, co
         *out = v;
         return KVS_OK;
     }
+    case KVS_PARAM_STRING:
+    case KVS_PARAM_FILE: break; /* parse_text() */
     }
     return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s' has an unknown type", policy, pp->key);
 }
@@ -175,7 +230,9 @@ kvs_status kvs_policy_parse(const char *spec, kvs_policy_config *cfg) {
         if (seen[found])
             return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s' given twice", name, ops->params[found].key);
         seen[found] = 1;
-        kvs_status st = parse_value(name, &ops->params[found], eq + 1, len - klen - 1, &cfg->v[found]);
+        kvs_status st = is_text_param(&ops->params[found])
+                            ? parse_text(name, &ops->params[found], eq + 1, len - klen - 1, cfg, found)
+                            : parse_value(name, &ops->params[found], eq + 1, len - klen - 1, &cfg->v[found]);
         if (st != KVS_OK) return st;
         if (!comma) break;
         p = comma + 1;
@@ -189,6 +246,18 @@ double kvs_policy_param_get(const kvs_policy_config *cfg, const char *key) {
     for (int i = 0; i < cfg->ops->n_params; i++)
         if (!strcmp(cfg->ops->params[i].key, key)) return cfg->v[i];
     kvs_assert_fail(key, __FILE__, __LINE__); /* a policy asked for a key its own table lacks */
+}
+
+const char *kvs_policy_param_str(const kvs_policy_config *cfg, const char *key) {
+    for (int i = 0; i < cfg->ops->n_params; i++)
+        if (!strcmp(cfg->ops->params[i].key, key) && is_text_param(&cfg->ops->params[i])) return cfg->str[i];
+    kvs_assert_fail(key, __FILE__, __LINE__); /* not a STRING/FILE key of the policy's own table */
+}
+
+const char *kvs_policy_param_sha256(const kvs_policy_config *cfg, const char *key) {
+    for (int i = 0; i < cfg->ops->n_params; i++)
+        if (!strcmp(cfg->ops->params[i].key, key) && cfg->ops->params[i].type == KVS_PARAM_FILE) return cfg->sha256[i];
+    kvs_assert_fail(key, __FILE__, __LINE__);
 }
 
 kvs_status kvs_policy_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget) {
@@ -216,7 +285,11 @@ void kvs_policy_print_help(void *fp) {
             const kvs_policy_param *pp = &ops->params[j];
             char def[64];
             format_value(pp, pp->def, def, sizeof def);
-            if (pp->type == KVS_PARAM_ENUM)
+            if (pp->type == KVS_PARAM_STRING)
+                fprintf(f, "      %s=TEXT (default '%s'): %s\n", pp->key, pp->def_str ? pp->def_str : "", pp->help);
+            else if (pp->type == KVS_PARAM_FILE)
+                fprintf(f, "      %s=PATH (default none; recorded with its sha256): %s\n", pp->key, pp->help);
+            else if (pp->type == KVS_PARAM_ENUM)
                 fprintf(f, "      %s=%s (default %s): %s\n", pp->key, pp->choices, def, pp->help);
             else if (pp->type == KVS_PARAM_BOOL)
                 fprintf(f, "      %s=true|false (default %s): %s\n", pp->key, def, pp->help);

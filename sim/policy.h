@@ -21,18 +21,33 @@
  *    leak test (perturbing future positions, and for non-oracles the K/V of positions the policy does not
  *    store, must not change its choices).
  * 4. Lifetime of one instance = one (policy configuration, budget, layer, KV head) stream:
- *       create -> [for each turn: prefill -> (select -> observe [-> layer_sync]) per decode step] -> free
- *    with account() called at every decode step after select() (before observe(), so it sees the
- *    attention-time state). Per-(layer, KV head) budgets come from
- *    the optional allocation pass (alloc_*), run once per (configuration, budget) over the first turn's
- *    prompt of every layer and KV head before any instance is created (PyramidKV, Ada-KV, D2O).
+ *       create -> [for each turn: prefill (once, or once per block with prefill_block) [-> layer_sync]
+ *                  -> ([layer_pre_select ->] select -> account -> observe [-> layer_sync]) per decode step]
+ *       -> free
+ *    account() is called at every decode step after select() and before observe(), so it sees the
+ *    attention-time state. Per-(layer, KV head) budgets and any shared prepass structure come from the
+ *    optional allocation pass (alloc_*), run once per (configuration, budget) over the first turn's
+ *    prompt of every layer and KV head before any instance is created (PyramidKV, Ada-KV, D2O, SyncKV).
+ * 5. Interface v2 capabilities, each optional (NULL / unset = the v1 behaviour), each exercised by a test
+ *    policy in tests/test_policy_v2.c:
+ *    - merged slots: select() may point an entry at policy-owned K/V rows (sel->row_k/row_v) instead of
+ *      the trace row of its position (D2O merging; POLICY_SPEC §1.3);
+ *    - chunked prefill: prefill_block() asks for the prompt in blocks (KeyDiff block-wise prefill);
+ *    - shared prepass data: alloc_shared() hands one structure to every instance (init->shared);
+ *    - string and file parameters (KVS_PARAM_STRING, KVS_PARAM_FILE: the file's SHA-256 goes into the
+ *      canonical string);
+ *    - a layer-wide hook before select (layer_pre_select: SyncKV's representative heads);
+ *    - cost model v2 (kvs_policy_cost: device KV / aux / host / transient storage, KV and aux reads, writes,
+ *      host<->device transfers) and readable() for what a policy may read beyond what is device-resident.
  *
  * Rules the engine enforces or tests (DESIGN.md "Replay" 3 — leaking oracle information is the worst bug):
  *  - A view shows positions 0..n-1 only (n-1 = the current position). Decode views carry only the current
  *    query; prefill views carry the queries of the turn's prompt. Nothing of the future is reachable.
- *  - A non-oracle policy may read K/V rows only of positions it currently stores (what stored() reports,
- *    plus the current position and, in prefill, the new prompt positions). The conformance test scrambles
- *    every other row between steps and checks that the choices do not change.
+ *  - A non-oracle policy may read K/V rows only of positions it may currently read (readable(), which
+ *    defaults to stored(): device-resident plus, for offloading policies, the host store), plus the current
+ *    position and, in prefill, the new prompt positions (of the current block for chunked prefill). The
+ *    conformance test scrambles every other row between steps and between prefill blocks and checks that
+ *    the choices do not change.
  *  - The only feedback a non-oracle gets about attention is observe(): the probabilities the engine
  *    computed over the policy's own S_t. view->full_probs (full attention) is non-NULL only for
  *    policies with is_oracle = 1, which are labelled "oracle" in every output.
@@ -54,7 +69,8 @@
 #include "../common/kvs.h"
 
 #define KVS_POLICY_MAX_PARAMS 16
-#define KVS_POLICY_CANON_MAX 512    /* bytes of the canonical params string, NUL included */
+#define KVS_POLICY_CANON_MAX 1024   /* bytes of the canonical params string, NUL included */
+#define KVS_POLICY_STR_MAX 256      /* bytes of a string/file parameter value, NUL included */
 #define KVS_POLICY_NAME_MAX 32
 
 struct kvs_policy_ops;
@@ -66,6 +82,11 @@ typedef enum {
     KVS_PARAM_DOUBLE = 1, /* finite number in [lo, hi] */
     KVS_PARAM_BOOL = 2,   /* 0/1, also accepts true/false/yes/no/on/off */
     KVS_PARAM_ENUM = 3,   /* one of `choices` ("a|b|c"); value stored as the choice index */
+    KVS_PARAM_STRING = 4, /* free text without ',' '=' or control characters; default `def_str`; read with
+                           * kvs_policy_param_str() */
+    KVS_PARAM_FILE = 5,   /* a file path ("" = none, the default); the file's SHA-256 is computed at parse time
+                           * and the canonical value is PATH@sha256:HEX. Given as PATH@sha256:HEX (e.g. from a
+                           * results database) the hash must still match the file. */
 } kvs_param_type;
 
 typedef struct {
@@ -75,13 +96,17 @@ typedef struct {
     double lo, hi;        /* inclusive range for INT/DOUBLE (ignored otherwise) */
     const char *choices;  /* ENUM only: '|'-separated names, e.g. "layer|group" */
     const char *help;     /* one line for `kvsim replay --help` */
+    const char *def_str;  /* STRING only: default text (NULL = "") */
 } kvs_policy_param;
 
 /* A parsed policy configuration: which policy and its parameter values (defaults filled in). Plain value
  * type; copy freely. */
 typedef struct {
     const struct kvs_policy_ops *ops;
-    double v[KVS_POLICY_MAX_PARAMS];       /* in the order of ops->params; ENUM = index, BOOL = 0/1 */
+    double v[KVS_POLICY_MAX_PARAMS];       /* in the order of ops->params; ENUM = index, BOOL = 0/1;
+                                            * STRING/FILE: 0 (value in str[]) */
+    char str[KVS_POLICY_MAX_PARAMS][KVS_POLICY_STR_MAX]; /* STRING/FILE values ("" otherwise); FILE: the path */
+    char sha256[KVS_POLICY_MAX_PARAMS][65];              /* FILE: hex SHA-256 of the file's content, "" if none */
     char canonical[KVS_POLICY_CANON_MAX];  /* "key=value,key=value", table order, every default filled in
                                             * ("" for a policy without parameters) */
 } kvs_policy_config;
@@ -93,11 +118,15 @@ typedef struct {
     int32_t group;          /* G = n_heads / n_kv_heads: query heads per KV head */
     int32_t head_dim;       /* d */
     float scale;            /* softmax scale (trace attn_scale) */
-    int32_t kv_bytes;       /* bytes per stored K/V element: the trace dtype's size (2 for fp16/bf16) */
-    int32_t aux_bytes;      /* bytes per auxiliary element (scores...): 4 (fp32), POLICY_SPEC b_aux */
-    int64_t n_positions;    /* whole trace */
+    int32_t kv_bytes;       /* bytes per cached K/V element (POLICY_SPEC b_kv): the trace dtype's size by default
+                             * (2 for fp16/bf16), `kvsim replay --kv-bytes` to model another cache dtype */
+    int32_t aux_bytes;      /* bytes per auxiliary element (scores...), POLICY_SPEC b_aux: 4 (fp32) by default,
+                             * `--aux-bytes 2` mimics references that keep scores in the model dtype. Policies
+                             * use this, never a literal. */
+    int64_t n_positions;    /* whole trace (policies must not use it to look ahead: for sizing only) */
     int64_t prompt_len;     /* first turn's prompt length */
     int64_t max_new_tokens; /* capture setting, 0 if unknown */
+    int64_t max_seq_len;    /* the model's context length (trace header), 0 if unknown */
 } kvs_policy_model;
 
 /* Arguments of create(): borrowed for the duration of the call only (copy what you keep). */
@@ -108,6 +137,9 @@ typedef struct {
     int64_t budget;          /* tokens for THIS (layer, KV head) (after the allocation pass), >= 1 */
     int64_t budget_nominal;  /* the run's budget B before allocation */
     uint64_t seed;           /* deterministic per (run, layer, KV head): for randomised policies */
+    const void *shared;      /* v2: the allocation pass's shared structure (ops->alloc_shared), NULL if none;
+                              * borrowed, valid until the instance is freed, read-only (instances of several
+                              * threads read it at once) */
 } kvs_policy_init;
 
 /* What a policy may see at one call. All pointers borrowed for the duration of the call. */
@@ -119,11 +151,15 @@ typedef struct {
     const float *k;          /* [n][head_dim]: row j = key of position j (post-RoPE) */
     const float *v;          /* [n][head_dim] */
     const float *q;          /* [n_q][group][head_dim]: queries of positions q_first..n-1 (decode: n_q = 1,
-                              * the current query only; prefill: the turn's prompt positions) */
+                              * the current query only; prefill: the turn's prompt positions, or the
+                              * current block's with chunked prefill) */
     int64_t q_first, n_q;
     int64_t turn_begin;      /* current turn: prompt positions [turn_begin, prompt_end) */
-    int64_t prompt_end;
+    int64_t prompt_end;      /* chunked prefill: the turn's prompt end (known to a real system: the prompt
+                              * arrived); positions >= n are still not readable */
     int32_t turn;            /* turn index, 0 for the first */
+    int64_t block_begin;     /* prefill: first position new in this call (turn_begin unless chunked); decode: n-1 */
+    int32_t last_block;      /* prefill: 1 when this call ends the turn's prompt (always 1 unless chunked) */
     const float *full_probs; /* ORACLES ONLY, decode only; NULL for everyone else: [group][n] exact
                               * full-attention probabilities of the current queries over 0..n-1 */
 } kvs_policy_view;
@@ -137,14 +173,41 @@ typedef struct {
     int64_t *n;         /* [n_lists] entries used; the policy sets them */
     int32_t n_lists;    /* 1 for per-KV-head policies, group for per-query-head policies */
     int64_t cap;
+    /* v2 merged slots (POLICY_SPEC §1.3): [n_lists] arrays of cap row pointers, every entry NULL on entry to
+     * select(). A policy sets row_k[li][j] AND row_v[li][j] to K/V rows [head_dim] it owns (valid until its
+     * next call) when entry j's K/V are not the trace rows of idx[li][j] (a merged slot; idx keeps the
+     * position the slot is attributed to, the conserved token). Recall counts unmerged entries only;
+     * recall_merged counts merged ones at their position too. */
+    const float ***row_k, ***row_v;
 } kvs_policy_sel;
 
-/* Costs of one step for one (layer, KV head), in bytes (POLICY_SPEC §1.5 and §3). */
+/* Costs of one step for one (layer, KV head), in bytes (POLICY_SPEC §1.5 cost model v2 and §3).
+ * Before account() the engine fills every field with the DEFAULT accounting:
+ *   kv_bytes       = KV of |stored() ∪ S_t| per list, summed over lists (per-query-head: the G copies);
+ *                    with stored() NULL every position seen (0..n-1)
+ *   dedup_kv_bytes = KV of the union over lists (= kv_bytes for per-KV-head policies)
+ *   aux_bytes = host_bytes = transient_bytes = 0
+ *   read_kv_bytes  = KV of the attended entries, summed over lists; read_aux_* = 0
+ *   write_bytes    = KV of the new token, once per list
+ *   h2d_bytes = d2h_bytes = 0
+ * and the v1 totals storage_bytes = kv + aux, traffic_bytes = read_kv + read_aux, transfer_bytes =
+ * h2d + d2h. account() corrects what its policy knows better. v1 compatibility: a policy that changes
+ * only a total has the difference counted as auxiliary storage / auxiliary reads / host->device. */
 typedef struct {
-    double storage_bytes;   /* resident at attention time: KV slots x 2 x d x kv_bytes (per-query-head:
-                             * summed over the G copies) + every auxiliary structure (scores...) */
-    double traffic_bytes;   /* read this step: attended K/V + auxiliary reads */
-    double transfer_bytes;  /* host<->device this step (offloading policies), else 0 */
+    double storage_bytes;   /* v1 total: device-resident at attention time, KV + auxiliary */
+    double traffic_bytes;   /* v1 total: device bytes read this step, KV + auxiliary (fused) */
+    double transfer_bytes;  /* v1 total: host<->device this step */
+    /* v2 classes (POLICY_SPEC §1.5) */
+    double kv_bytes;              /* device KV resident at attention time (per-query-head: expanded) */
+    double dedup_kv_bytes;        /* device KV of the union of a per-query-head policy's sets */
+    double aux_bytes;             /* device auxiliary structures (scores, pages, profiles, merge weights) */
+    double host_bytes;            /* host-resident (offloaded) KV and state */
+    double transient_bytes;       /* within-step temporaries on the device (peak = storage + transient) */
+    double read_kv_bytes;         /* K/V read for attention */
+    double read_aux_bytes;        /* auxiliary reads, scoring fused with the attention K read */
+    double read_aux_unfused_bytes;/* auxiliary reads when scoring re-reads K (>= read_aux_bytes) */
+    double write_bytes;           /* device writes: new token, score updates, merged K/V */
+    double h2d_bytes, d2h_bytes;  /* host->device and device->host transfers */
 } kvs_policy_cost;
 
 typedef enum { KVS_SEL_PER_KV_HEAD = 0, KVS_SEL_PER_QUERY_HEAD = 1 } kvs_policy_granularity;
@@ -198,11 +261,29 @@ struct kvs_policy_ops {
      * layer-wide decisions such as TOVA's layer-averaged eviction. */
     kvs_status (*layer_sync)(void *const *states, int n_kv_heads, kvs_policy_sync_phase phase);
 
-    /* Optional: positions whose K/V query head g's cache holds now (per-KV-head policies: g = 0), written
-     * to out (capacity >= positions seen); @return the count. NULL = the policy stores every position it
-     * has seen (full cache: full, oracles, selection-only policies). Used by the leak test, by multi-turn
-     * prompt measurement and by the default storage accounting. */
+    /* Optional: positions whose K/V query head g's DEVICE cache holds now (per-KV-head policies: g = 0),
+     * written to out (capacity >= positions seen); @return the count. NULL = the policy stores every
+     * position it has seen (full cache: full, oracles, selection-only policies). Used by prompt
+     * measurement, the default storage accounting and (unless readable() is given) the leak test. */
     int64_t (*stored)(void *state, int g, int32_t *out);
+
+    /* Optional (v2): positions whose K/V the policy may read now: device cache plus a host store (SyncKV's
+     * full cache on the host, RocketKV-MT's evictions kept for later turns). Same contract as stored().
+     * NULL = stored(). The leak test scrambles every row not readable. */
+    int64_t (*readable)(void *state, int g, int32_t *out);
+
+    /* Optional (v2): chunked prefill. @return the block size in positions (>= 1) in which this instance
+     * wants each turn's prompt, 0 = the whole prompt at once. Asked once after create(). With blocks, the
+     * engine calls prefill() at the end of every block (view->n = block end, view->q = the block's
+     * queries, view->block_begin, view->last_block), runs the leak check between blocks, and measures
+     * prompt positions of a block against what the policy held after the previous block plus the block
+     * (storage peak counts the whole block as transient). */
+    int64_t (*prefill_block)(void *state);
+
+    /* Optional (v2): all instances of one layer, before any of them selects at a decode position: views[h]
+     * is KV head h's decode view (current query, history). For layer-wide hand-offs (SyncKV representative
+     * heads passing their selection to their cluster). */
+    kvs_status (*layer_pre_select)(void *const *states, int n_kv_heads, const kvs_policy_view *views);
 
     /* Optional: costs of the step just selected (called before observe). NULL = default: KV of the distinct stored positions
      * (storage) and KV of the attended positions (traffic, summed over query heads for per-query-head). */
@@ -217,6 +298,10 @@ struct kvs_policy_ops {
     kvs_status (*alloc_prefill)(void *alloc, int layer, int kv_head, const kvs_policy_view *prefill);
     kvs_status (*alloc_end)(void *alloc, int64_t *budgets);
     void (*alloc_free)(void *alloc);
+    /* Optional (v2, only with the four above): the structure every instance of this (configuration,
+     * budget) receives as init->shared (D2O layer splits, SyncKV head clusters). Called after alloc_end;
+     * owned by `alloc`, which the engine frees only after every instance of the run is freed. */
+    const void *(*alloc_shared)(void *alloc);
 };
 
 /* ---- framework functions (sim/policy.c) ---------------------------------------------------------- */
@@ -238,6 +323,13 @@ void kvs_policy_defaults(const struct kvs_policy_ops *ops, kvs_policy_config *cf
 
 /*! kvs_policy_param_get() : value of parameter `key` (must exist: internal invariant). */
 double kvs_policy_param_get(const kvs_policy_config *cfg, const char *key);
+
+/*! kvs_policy_param_str() : text of STRING/FILE parameter `key` (FILE: the path; "" when unset); borrowed
+ *  from cfg. `key` must exist and be a STRING/FILE parameter (internal invariant). */
+const char *kvs_policy_param_str(const kvs_policy_config *cfg, const char *key);
+
+/*! kvs_policy_param_sha256() : hex SHA-256 of FILE parameter `key`'s content, "" when unset. */
+const char *kvs_policy_param_sha256(const kvs_policy_config *cfg, const char *key);
 
 /*! kvs_policy_validate() : ops->validate when present, plus budget >= 1. */
 kvs_status kvs_policy_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget);

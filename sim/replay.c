@@ -26,7 +26,9 @@
  * Per-(configuration, layer) sample accumulator
  * ---------------------------------------------------------------------------------------------- */
 
-enum { M_ERR, M_RECALL, M_OVERLAP, M_STORAGE, M_TRAFFIC, M_TRANSFER, M_RATIO, N_METRICS };
+/* One sample = one value per metric of sim/metrics.h, stored as float (byte counts above 2^24 round to
+ * 24 significant bits, a relative 6e-8; the step series keeps doubles). */
+#define N_METRICS KVS_N_METRICS
 
 typedef struct {
     float *m[N_METRICS];   /* [n] samples of each metric */
@@ -83,6 +85,8 @@ typedef struct {
     int64_t max_prompt;      /* longest turn prompt */
     uint8_t *is_prompt;      /* [N] */
     int64_t *budgets;        /* [n_configs][L * Hkv] */
+    void **alloc;            /* [n_configs] allocation-pass objects, alive until every instance is freed */
+    const void **shared;     /* [n_configs] alloc_shared() results (init->shared), NULL if none */
     layer_acc *acc;          /* [n_configs][L] */
     atomic_int *cfg_failed;  /* [n_configs] */
     int n_groups, n_tasks;
@@ -148,6 +152,12 @@ typedef struct {
     int32_t *stored;          /* [N] */
     uint8_t *mark;            /* [N] */
     int64_t measured_steps;   /* measured positions so far (series downsampling) */
+    const float ***row_k, ***row_v; /* [G] -> [N] merged-slot row pointers (sel.row_k/row_v), kept all NULL */
+    float *gk, *gv;           /* [N][d] gathered K/V of a list holding merged slots */
+    int64_t *blk_size;        /* [nc] chunked-prefill block size (0 = whole prompt) */
+    int64_t *blk_begin;       /* [nc] first position of the current prefill block */
+    kvs_policy_view *views;   /* [Hkv] decode views of the current position (layer_pre_select) */
+    int *has_merged;          /* [G] per list: holds merged slots this step */
 } task;
 
 static void task_free(task *t) {
@@ -186,6 +196,18 @@ static void task_free(task *t) {
     free(t->outp);
     free(t->stored);
     free(t->mark);
+    for (int g = 0; g < e->G; g++) {
+        if (t->row_k) free((void *)t->row_k[g]);
+        if (t->row_v) free((void *)t->row_v[g]);
+    }
+    free((void *)t->row_k);
+    free((void *)t->row_v);
+    free(t->gk);
+    free(t->gv);
+    free(t->blk_size);
+    free(t->blk_begin);
+    free(t->views);
+    free(t->has_merged);
 }
 
 static kvs_status task_alloc(task *t) {
@@ -210,6 +232,16 @@ static kvs_status task_alloc(task *t) {
     t->outp = malloc(G * d * sizeof(float));
     t->stored = malloc(N * sizeof(int32_t));
     t->mark = calloc(N, 1);
+    t->row_k = calloc(G, sizeof *t->row_k);
+    t->row_v = calloc(G, sizeof *t->row_v);
+    t->gk = malloc(N * d * sizeof(float));
+    t->gv = malloc(N * d * sizeof(float));
+    t->blk_size = calloc((size_t)t->nc, sizeof *t->blk_size);
+    t->blk_begin = calloc((size_t)t->nc, sizeof *t->blk_begin);
+    t->views = calloc(H, sizeof *t->views);
+    t->has_merged = calloc(G, sizeof *t->has_merged);
+    if (!t->has_merged || !t->row_k || !t->row_v || !t->gk || !t->gv || !t->blk_size || !t->blk_begin || !t->views)
+        return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     if (!t->streams || !t->hk || !t->hv || !t->qb || !t->states || !t->sync_states || !t->layout || !t->sel_idx ||
         !t->sel_n || !t->pbuf || !t->fullp || !t->fullo || !t->order || !t->sort_scratch || !t->rank || !t->outp || !t->stored || !t->mark)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
@@ -223,7 +255,9 @@ static kvs_status task_alloc(task *t) {
     for (size_t g = 0; g < G; g++) {
         t->sel_idx[g] = malloc(N * sizeof(int32_t));
         t->pbuf[g] = malloc(N * sizeof(float));
-        if (!t->sel_idx[g] || !t->pbuf[g]) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
+        t->row_k[g] = calloc(N, sizeof **t->row_k);
+        t->row_v[g] = calloc(N, sizeof **t->row_v);
+        if (!t->sel_idx[g] || !t->pbuf[g] || !t->row_k[g] || !t->row_v[g]) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     }
     return KVS_OK;
 }
@@ -252,12 +286,23 @@ static void task_create_states(task *t) {
                 .budget = e->budgets[(size_t)c * (size_t)e->L * (size_t)e->Hkv + (size_t)t->layer * (size_t)e->Hkv + (size_t)h],
                 .budget_nominal = rc->budget,
                 .seed = mix_seed(mix_seed((uint64_t)c + 1, (uint64_t)t->layer), (uint64_t)h),
+                .shared = e->shared[c],
             };
             kvs_status st = rc->policy.ops->create(&init, &t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h]);
             if (st != KVS_OK) {
                 fail_config(e, c, t->layer, st);
                 break;
             }
+        }
+        if (rc->policy.ops->prefill_block && !atomic_load(&e->cfg_failed[c])) {
+            int64_t b = rc->policy.ops->prefill_block(t->states[(size_t)ci * (size_t)e->Hkv]);
+            if (b < 0) {
+                fail_config(e, c, t->layer,
+                            kvs_fail(KVS_ERR_STATE, "policy %s asked for prefill blocks of %lld positions",
+                                     rc->policy.ops->name, (long long)b));
+                b = 0;
+            }
+            t->blk_size[ci] = b;
         }
     }
 }
@@ -279,43 +324,65 @@ static void full_attention(task *t, int h, int g, const float *q, int64_t p, int
     }
 }
 
-/* Records the metrics of query head (h, g) at position p, whose output over `list` (n entries) is `out`. */
-static kvs_status measure_head(task *t, int ci, int h, int g, int64_t p, const int32_t *list, int64_t n,
-                               const float *out, const kvs_policy_cost *cost) {
+/* Records the metrics of query head (h, g) at position p, whose output over `list` (n entries; merged[j]
+ * non-NULL marks a merged slot, merged may be NULL) is `out`. Every metric of sim/metrics.h. */
+static kvs_status measure_head(task *t, int ci, int h, int g, int64_t p, const int32_t *list,
+                               const float *const *merged, int64_t n, const float *out, const kvs_policy_cost *cost) {
     engine *e = t->e;
     int c = t->c_lo + ci;
-    size_t off = ((size_t)h * (size_t)e->G + (size_t)g);
+    size_t off = ((size_t)h * (size_t)e->G + (size_t)g), d = (size_t)e->d;
     const float *fp = t->fullp + (size_t)h * (size_t)e->G * (size_t)e->N + (size_t)g * (size_t)(p + 1);
+    const float *full_out = t->fullo + off * d;
     const int32_t *rank = t->rank + off * (size_t)e->N;
-    double recall = 0;
+    double recall = 0, recall_merged = 0;
     int64_t hit = 0;
     for (int64_t j = 0; j < n; j++) {
-        recall += fp[list[j]];
+        double m = fp[list[j]];
+        recall_merged += m;
+        if (!merged || !merged[j]) recall += m;
         if (rank[list[j]] < n) hit++;
     }
+    double diff2 = 0;
+    for (size_t i = 0; i < d; i++) {
+        double x = (double)full_out[i] - (double)out[i];
+        diff2 += x * x;
+    }
     double full_bytes = kvs_policy_kv_bytes(&e->src->model, (double)(p + 1));
-    float v[N_METRICS];
-    v[M_ERR] = (float)kvs_rel_l2(t->fullo + off * (size_t)e->d, out, (size_t)e->d);
-    v[M_RECALL] = (float)recall;
-    v[M_OVERLAP] = n > 0 ? (float)((double)hit / (double)n) : 0.0f;
-    v[M_STORAGE] = (float)cost->storage_bytes;
-    v[M_TRAFFIC] = (float)cost->traffic_bytes;
-    v[M_TRANSFER] = (float)cost->transfer_bytes;
-    v[M_RATIO] = cost->storage_bytes > 0 ? (float)(full_bytes / cost->storage_bytes) : 0.0f;
+    double v[N_METRICS];
+    v[KVS_M_OUT_ERR] = kvs_rel_l2(full_out, out, d);
+    v[KVS_M_OUT_ERR_ABS] = sqrt(diff2);
+    v[KVS_M_OUT_COS] = kvs_cosine(full_out, out, d);
+    v[KVS_M_ATTN_RECALL] = recall;
+    v[KVS_M_ATTN_RECALL_MERGED] = recall_merged;
+    v[KVS_M_TOPK_OVERLAP] = n > 0 ? (double)hit / (double)n : 0.0;
+    v[KVS_M_ATTENDED] = (double)n;
+    v[KVS_M_STORAGE] = cost->storage_bytes;
+    v[KVS_M_STORAGE_KV] = cost->kv_bytes;
+    v[KVS_M_STORAGE_AUX] = cost->aux_bytes;
+    v[KVS_M_STORAGE_DEDUP] = cost->dedup_kv_bytes;
+    v[KVS_M_STORAGE_HOST] = cost->host_bytes;
+    v[KVS_M_STORAGE_PEAK] = cost->storage_bytes + cost->transient_bytes;
+    v[KVS_M_TRAFFIC] = cost->traffic_bytes;
+    v[KVS_M_TRAFFIC_KV] = cost->read_kv_bytes;
+    v[KVS_M_TRAFFIC_AUX] = cost->read_aux_bytes;
+    v[KVS_M_TRAFFIC_AUX_UNFUSED] = cost->read_aux_unfused_bytes;
+    v[KVS_M_WRITE] = cost->write_bytes;
+    v[KVS_M_TRANSFER] = cost->transfer_bytes;
+    v[KVS_M_H2D] = cost->h2d_bytes;
+    v[KVS_M_D2H] = cost->d2h_bytes;
+    v[KVS_M_COMPRESSION] = cost->storage_bytes > 0 ? full_bytes / cost->storage_bytes : 0.0;
+    float vf[N_METRICS];
+    for (int k = 0; k < N_METRICS; k++) vf[k] = (float)v[k];
     layer_acc *a = &e->acc[(size_t)c * (size_t)e->L + (size_t)t->layer];
     if (n > a->max_attended) a->max_attended = n;
-    kvs_status st = acc_push(a, v);
+    kvs_status st = acc_push(a, vf);
     if (st != KVS_OK) return st;
     int64_t every = e->o->series_every;
     if (every > 0 && (t->measured_steps % every) == 0) {
         kvs_results_step s = {.layer = t->layer, .q_head = h * e->G + g, .position = p};
-        for (int k = 0; k < KVS_N_METRICS; k++) s.v[k] = NAN;
-        s.out_err = v[M_ERR];
-        s.attn_recall = v[M_RECALL];
-        s.topk_overlap = v[M_OVERLAP];
-        s.attended_tokens = (double)n;
-        s.storage_bytes = cost->storage_bytes;
-        s.traffic_bytes = cost->traffic_bytes;
+        /* The series keeps float-rounded quality metrics (as the aggregates see them) and exact byte counts. */
+        for (int k = 0; k < N_METRICS; k++)
+            s.v[k] = kvs_metric_table[k].kind == KVS_METRIC_QUALITY ? (double)vf[k] : v[k];
         st = acc_series(a, &s);
     }
     return st;
@@ -340,6 +407,9 @@ static kvs_status check_sel(task *t, int ci, int h, const kvs_policy_sel *sel, i
                               rc->policy.ops->name, (int)x, (long long)p);
             else if (t->mark[x])
                 st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d twice", rc->policy.ops->name, (int)x);
+            else if ((sel->row_k[li][j] == NULL) != (sel->row_v[li][j] == NULL))
+                st = kvs_fail(KVS_ERR_STATE, "policy %s gave a merged slot at position %d with only one of its K/V rows",
+                              rc->policy.ops->name, (int)x);
             else {
                 t->mark[x] = 1;
                 n_prompt += e->is_prompt[x];
@@ -361,16 +431,100 @@ static kvs_status check_sel(task *t, int ci, int h, const kvs_policy_sel *sel, i
     return KVS_OK;
 }
 
-static void default_cost(const kvs_policy_model *m, const struct kvs_policy_ops *ops, const kvs_policy_sel *sel,
-                         int64_t n, kvs_policy_cost *cost) {
-    double attended = 0;
+/* The default accounting of a decode step (policy.h, kvs_policy_cost): KV of stored() ∪ S_t per list,
+ * their union across lists, attended reads, the new token's write. Uses t->stored and t->mark (left
+ * zeroed). */
+static void default_cost(task *t, const struct kvs_policy_ops *ops, void *state, const kvs_policy_sel *sel, int64_t n,
+                         kvs_policy_cost *c) {
+    const kvs_policy_model *m = &t->e->src->model;
+    double kv_slots = 0, dedup = 0, attended = 0;
     for (int li = 0; li < sel->n_lists; li++) attended += (double)sel->n[li];
-    cost->storage_bytes = kvs_policy_kv_bytes(m, ops->stored ? attended : (double)n);
-    cost->traffic_bytes = kvs_policy_kv_bytes(m, attended);
-    cost->transfer_bytes = 0;
+    if (!ops->stored) {
+        kv_slots = dedup = (double)n; /* every position seen, stored once */
+    } else {
+        /* mark bit 0: in the current list's resident set; bit 1: counted in the union across lists */
+        uint8_t *mark = t->mark;
+        for (int li = 0; li < sel->n_lists; li++) {
+            int64_t ms = ops->stored(state, li, t->stored);
+            for (int pass = 0; pass < 2; pass++) {
+                const int32_t *src = pass ? sel->idx[li] : t->stored;
+                int64_t cnt = pass ? sel->n[li] : ms;
+                for (int64_t j = 0; j < cnt; j++) {
+                    uint8_t *x = &mark[src[j]];
+                    if (!(*x & 1)) {
+                        *x |= 1;
+                        kv_slots += 1;
+                        if (!(*x & 2)) {
+                            *x |= 2;
+                            dedup += 1;
+                        }
+                    }
+                }
+            }
+            for (int64_t j = 0; j < ms; j++) mark[t->stored[j]] &= (uint8_t)~1u;
+            for (int64_t j = 0; j < sel->n[li]; j++) mark[sel->idx[li][j]] &= (uint8_t)~1u;
+        }
+        for (int li = 0; li < sel->n_lists; li++) {
+            int64_t ms = ops->stored(state, li, t->stored);
+            for (int64_t j = 0; j < ms; j++) mark[t->stored[j]] = 0;
+            for (int64_t j = 0; j < sel->n[li]; j++) mark[sel->idx[li][j]] = 0;
+        }
+    }
+    memset(c, 0, sizeof *c);
+    c->kv_bytes = kvs_policy_kv_bytes(m, kv_slots);
+    c->dedup_kv_bytes = kvs_policy_kv_bytes(m, dedup);
+    c->read_kv_bytes = kvs_policy_kv_bytes(m, attended);
+    c->write_bytes = kvs_policy_kv_bytes(m, (double)sel->n_lists);
+    c->storage_bytes = c->kv_bytes;
+    c->traffic_bytes = c->read_kv_bytes;
+    c->transfer_bytes = 0;
 }
 
-/* A decode step of configuration ci at position p (every KV head, then the layer sync). */
+/* After account(): a v1 policy that changed only a total has the difference attributed (policy.h); then
+ * the totals are re-derived from the classes so they always agree. */
+static void settle_cost(const kvs_policy_cost *before, kvs_policy_cost *c) {
+    if (c->storage_bytes != before->storage_bytes && c->kv_bytes == before->kv_bytes &&
+        c->aux_bytes == before->aux_bytes) {
+        double diff = c->storage_bytes - before->storage_bytes;
+        if (diff >= 0) c->aux_bytes += diff;
+        else c->kv_bytes += diff;
+    }
+    if (c->traffic_bytes != before->traffic_bytes && c->read_kv_bytes == before->read_kv_bytes &&
+        c->read_aux_bytes == before->read_aux_bytes) {
+        double diff = c->traffic_bytes - before->traffic_bytes;
+        if (diff >= 0) c->read_aux_bytes += diff;
+        else c->read_kv_bytes += diff;
+    }
+    if (c->transfer_bytes != before->transfer_bytes && c->h2d_bytes == before->h2d_bytes &&
+        c->d2h_bytes == before->d2h_bytes)
+        c->h2d_bytes += c->transfer_bytes - before->transfer_bytes;
+    if (c->dedup_kv_bytes > c->kv_bytes) c->dedup_kv_bytes = c->kv_bytes;
+    if (c->read_aux_unfused_bytes < c->read_aux_bytes) c->read_aux_unfused_bytes = c->read_aux_bytes;
+    c->storage_bytes = c->kv_bytes + c->aux_bytes;
+    c->traffic_bytes = c->read_kv_bytes + c->read_aux_bytes;
+    c->transfer_bytes = c->h2d_bytes + c->d2h_bytes;
+}
+
+/* Attention of query q over list li of sel: through the trace rows, or (when the list holds merged slots)
+ * over gathered rows, trace rows and policy rows in list order. */
+static void attend_list(task *t, int h, const float *q, const kvs_policy_sel *sel, int li, int has_merged, float *probs,
+                        float *out) {
+    engine *e = t->e;
+    size_t d = (size_t)e->d;
+    if (!has_merged) {
+        kvs_attention(q, t->hk[h], t->hv[h], d, sel->idx[li], (size_t)sel->n[li], d, e->src->model.scale, probs, out);
+        return;
+    }
+    for (int64_t j = 0; j < sel->n[li]; j++) {
+        const float *kr = sel->row_k[li][j] ? sel->row_k[li][j] : t->hk[h] + (size_t)sel->idx[li][j] * d;
+        const float *vr = sel->row_v[li][j] ? sel->row_v[li][j] : t->hv[h] + (size_t)sel->idx[li][j] * d;
+        memcpy(t->gk + (size_t)j * d, kr, d * sizeof(float));
+        memcpy(t->gv + (size_t)j * d, vr, d * sizeof(float));
+    }
+    kvs_attention(q, t->gk, t->gv, d, NULL, (size_t)sel->n[li], d, e->src->model.scale, probs, out);
+}
+
+/* A decode step of configuration ci at position p (layer_pre_select, every KV head, then the layer sync). */
 static kvs_status decode_step(task *t, int ci, const kvs_trace_block *const *blk, int i, int64_t p, int64_t tk,
                               int measured) {
     engine *e = t->e;
@@ -379,39 +533,59 @@ static kvs_status decode_step(task *t, int ci, const kvs_trace_block *const *blk
     const struct kvs_policy_ops *ops = rc->policy.ops;
     const kvs_turn *turn = &e->src->turns[tk];
     size_t Gd = (size_t)e->G * (size_t)e->d;
-    kvs_policy_sel sel = {.idx = t->sel_idx, .n = t->sel_n, .cap = e->N};
+    kvs_policy_sel sel = {.idx = t->sel_idx, .n = t->sel_n, .cap = e->N, .row_k = t->row_k, .row_v = t->row_v};
     sel.n_lists = t->layout[ci] == KVS_SEL_PER_QUERY_HEAD ? e->G : 1;
     kvs_status st = KVS_OK;
     for (int h = 0; h < e->Hkv; h++) {
-        void *state = t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h];
-        const float *q = blk[h]->q + (size_t)i * Gd;
-        kvs_policy_view view = {
+        t->views[h] = (kvs_policy_view){
             .n = p + 1, .group = e->G, .head_dim = e->d, .scale = e->src->model.scale,
-            .k = t->hk[h], .v = t->hv[h], .q = q, .q_first = p, .n_q = 1,
+            .k = t->hk[h], .v = t->hv[h], .q = blk[h]->q + (size_t)i * Gd, .q_first = p, .n_q = 1,
             .turn_begin = turn->begin, .prompt_end = turn->prompt_end, .turn = (int32_t)tk,
             .full_probs = ops->is_oracle ? t->fullp + (size_t)h * (size_t)e->G * (size_t)e->N : NULL,
+            .block_begin = p, .last_block = 1,
         };
+    }
+    if (ops->layer_pre_select) {
+        for (int h = 0; h < e->Hkv; h++) t->sync_states[h] = t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h];
+        if ((st = ops->layer_pre_select(t->sync_states, e->Hkv, t->views)) != KVS_OK) return st;
+    }
+    for (int h = 0; h < e->Hkv; h++) {
+        void *state = t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h];
+        const kvs_policy_view *view = &t->views[h];
+        const float *q = view->q;
         for (int li = 0; li < sel.n_lists; li++) sel.n[li] = 0;
-        if ((st = ops->select(state, &view, &sel)) != KVS_OK) return st;
+        if ((st = ops->select(state, view, &sel)) != KVS_OK) return st;
         if ((st = check_sel(t, ci, h, &sel, p)) != KVS_OK) return st;
         if (e->o->hooks && e->o->hooks->on_select) e->o->hooks->on_select(e->o->hooks->user, c, t->layer, h, p, &sel);
-        kvs_policy_cost cost = {0};
+        int *has_merged = t->has_merged;
+        for (int li = 0; li < sel.n_lists; li++) has_merged[li] = 0;
+        for (int li = 0; li < sel.n_lists; li++)
+            for (int64_t j = 0; j < sel.n[li]; j++) has_merged[li] |= sel.row_k[li][j] != NULL;
         /* Attention first (observe needs it); accounting needs only the selection. */
         for (int g = 0; g < e->G; g++) {
             int li = sel.n_lists == 1 ? 0 : g;
-            kvs_attention(q + (size_t)g * (size_t)e->d, t->hk[h], t->hv[h], (size_t)e->d, sel.idx[li], (size_t)sel.n[li],
-                          (size_t)e->d, e->src->model.scale, t->pbuf[g], t->outp + (size_t)g * (size_t)e->d);
+            attend_list(t, h, q + (size_t)g * (size_t)e->d, &sel, li, has_merged[li], t->pbuf[g],
+                        t->outp + (size_t)g * (size_t)e->d);
         }
-        if (ops->account) ops->account(state, &view, &sel, &cost);
-        else default_cost(&e->src->model, ops, &sel, p + 1, &cost);
+        kvs_policy_cost cost, before;
+        default_cost(t, ops, state, &sel, p + 1, &cost);
+        before = cost;
+        if (ops->account) ops->account(state, view, &sel, &cost);
+        settle_cost(&before, &cost);
         if (measured) {
-            for (int g = 0; g < e->G; g++) {
+            for (int g = 0; g < e->G && st == KVS_OK; g++) {
                 int li = sel.n_lists == 1 ? 0 : g;
-                st = measure_head(t, ci, h, g, p, sel.idx[li], sel.n[li], t->outp + (size_t)g * (size_t)e->d, &cost);
-                if (st != KVS_OK) return st;
+                st = measure_head(t, ci, h, g, p, sel.idx[li], has_merged[li] ? sel.row_k[li] : NULL, sel.n[li],
+                                  t->outp + (size_t)g * (size_t)e->d, &cost);
             }
         }
-        if (ops->observe && (st = ops->observe(state, &view, &sel, (const float *const *)t->pbuf)) != KVS_OK) return st;
+        if (st == KVS_OK && ops->observe) st = ops->observe(state, view, &sel, (const float *const *)t->pbuf);
+        for (int li = 0; li < sel.n_lists; li++) /* keep the row arrays all NULL for the next select() */
+            if (has_merged[li]) {
+                memset((void *)sel.row_k[li], 0, (size_t)sel.n[li] * sizeof *sel.row_k[li]);
+                memset((void *)sel.row_v[li], 0, (size_t)sel.n[li] * sizeof *sel.row_v[li]);
+            }
+        if (st != KVS_OK) return st;
     }
     if (ops->layer_sync) {
         for (int h = 0; h < e->Hkv; h++) t->sync_states[h] = t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h];
@@ -420,58 +594,71 @@ static kvs_status decode_step(task *t, int ci, const kvs_trace_block *const *blk
     return KVS_OK;
 }
 
-/* A measured prompt position (--measure all): S = the cache kept from earlier turns + the turn's prompt
- * positions up to p (chunked prefill against the compressed cache; full causal attention in turn 0). */
+/* A measured prompt position (--measure all|prefill): S = what the policy held after the previous prefill
+ * call (earlier turns, or the previous block of a chunked prefill), positions before the current block,
+ * plus the block's positions up to p: chunked-prefill attention against the compressed cache (full causal
+ * attention for turn 0 without blocks). Storage: S resident; the rest of the block is transient (its K/V
+ * are computed with the block), so the peak is the held positions + the whole block. */
 static kvs_status prompt_measure(task *t, int ci, int64_t p, int64_t tk) {
     engine *e = t->e;
     const struct kvs_policy_ops *ops = e->o->configs[t->c_lo + ci].policy.ops;
     const kvs_turn *turn = &e->src->turns[tk];
     size_t Gd = (size_t)e->G * (size_t)e->d;
     int n_lists = t->layout[ci] == KVS_SEL_PER_QUERY_HEAD ? e->G : 1;
+    int64_t bb = t->blk_begin[ci];
+    int64_t be = t->blk_size[ci] > 0 ? bb + t->blk_size[ci] : turn->prompt_end;
+    if (be > turn->prompt_end) be = turn->prompt_end;
     for (int h = 0; h < e->Hkv; h++) {
         void *state = t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h];
         for (int li = 0; li < n_lists; li++) {
             int64_t m = 0;
             if (ops->stored) {
                 m = ops->stored(state, li, t->stored);
-                int64_t w = 0; /* keep only positions before the turn (the new prompt is added below) */
+                int64_t w = 0; /* keep only positions before the block (the block is added below) */
                 for (int64_t j = 0; j < m; j++)
-                    if (t->stored[j] < turn->begin) t->stored[w++] = t->stored[j];
+                    if (t->stored[j] < bb) t->stored[w++] = t->stored[j];
                 m = w;
             } else {
-                for (int64_t j = 0; j < turn->begin; j++) t->stored[m++] = (int32_t)j;
+                for (int64_t j = 0; j < bb; j++) t->stored[m++] = (int32_t)j;
             }
-            for (int64_t j = turn->begin; j <= p; j++) t->stored[m++] = (int32_t)j;
+            for (int64_t j = bb; j <= p; j++) t->stored[m++] = (int32_t)j;
             memcpy(t->sel_idx[li], t->stored, (size_t)m * sizeof(int32_t));
             t->sel_n[li] = m;
         }
         double slots = 0;
         for (int li = 0; li < n_lists; li++) slots += (double)t->sel_n[li];
-        kvs_policy_cost cost = {.storage_bytes = kvs_policy_kv_bytes(&e->src->model, slots),
-                                .traffic_bytes = kvs_policy_kv_bytes(&e->src->model, slots)};
+        kvs_policy_cost cost = {0};
+        cost.kv_bytes = cost.dedup_kv_bytes = cost.read_kv_bytes = kvs_policy_kv_bytes(&e->src->model, slots);
+        if (n_lists > 1) cost.dedup_kv_bytes = kvs_policy_kv_bytes(&e->src->model, (double)t->sel_n[0]);
+        cost.transient_bytes = kvs_policy_kv_bytes(&e->src->model, (double)(be - 1 - p) * n_lists);
+        cost.write_bytes = kvs_policy_kv_bytes(&e->src->model, (double)n_lists);
+        cost.storage_bytes = cost.kv_bytes;
+        cost.traffic_bytes = cost.read_kv_bytes;
         const float *qrow = t->qb[h] + (size_t)(p - turn->begin) * Gd;
         for (int g = 0; g < e->G; g++) {
             int li = n_lists == 1 ? 0 : g;
             kvs_attention(qrow + (size_t)g * (size_t)e->d, t->hk[h], t->hv[h], (size_t)e->d, t->sel_idx[li],
                           (size_t)t->sel_n[li], (size_t)e->d, e->src->model.scale, t->pbuf[g], t->outp);
-            kvs_status st = measure_head(t, ci, h, g, p, t->sel_idx[li], t->sel_n[li], t->outp, &cost);
+            kvs_status st = measure_head(t, ci, h, g, p, t->sel_idx[li], NULL, t->sel_n[li], t->outp, &cost);
             if (st != KVS_OK) return st;
         }
     }
     return KVS_OK;
 }
 
-static kvs_status prefill_turn(task *t, int ci, int64_t tk) {
+/* Prefill call of configuration ci for the block [bb, be) of turn tk (the whole prompt unless chunked). */
+static kvs_status prefill_block(task *t, int ci, int64_t tk, int64_t bb, int64_t be) {
     engine *e = t->e;
     const struct kvs_policy_ops *ops = e->o->configs[t->c_lo + ci].policy.ops;
     const kvs_turn *turn = &e->src->turns[tk];
+    size_t Gd = (size_t)e->G * (size_t)e->d;
     kvs_status st;
     for (int h = 0; h < e->Hkv; h++) {
         kvs_policy_view view = {
-            .n = turn->prompt_end, .group = e->G, .head_dim = e->d, .scale = e->src->model.scale,
-            .k = t->hk[h], .v = t->hv[h], .q = t->qb[h], .q_first = turn->begin,
-            .n_q = turn->prompt_end - turn->begin, .turn_begin = turn->begin, .prompt_end = turn->prompt_end,
-            .turn = (int32_t)tk, .full_probs = NULL,
+            .n = be, .group = e->G, .head_dim = e->d, .scale = e->src->model.scale,
+            .k = t->hk[h], .v = t->hv[h], .q = t->qb[h] + (size_t)(bb - turn->begin) * Gd, .q_first = bb,
+            .n_q = be - bb, .turn_begin = turn->begin, .prompt_end = turn->prompt_end,
+            .turn = (int32_t)tk, .full_probs = NULL, .block_begin = bb, .last_block = be == turn->prompt_end,
         };
         if ((st = ops->prefill(t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h], &view)) != KVS_OK) return st;
     }
@@ -526,7 +713,7 @@ static kvs_status run_task(engine *e, int layer, int c_lo, int c_hi) {
             while (tk + 1 < e->src->n_turns && pos >= e->src->turns[tk].end) tk++;
             const kvs_turn *turn = &e->src->turns[tk];
             int is_prompt = pos < turn->prompt_end;
-            int measured = e->o->measure == KVS_MEASURE_ALL || !is_prompt;
+            int measured = e->o->measure == KVS_MEASURE_ALL || (e->o->measure == KVS_MEASURE_PREFILL) == is_prompt;
             double t0 = kvs_now_s();
             for (int h = 0; h < e->Hkv; h++) {
                 memcpy(t.hk[h] + (size_t)pos * d, blk[h]->k + (size_t)i * d, d * sizeof(float));
@@ -547,10 +734,17 @@ static kvs_status run_task(engine *e, int layer, int c_lo, int c_hi) {
                 double t1 = kvs_now_s();
                 kvs_status cs = KVS_OK;
                 if (is_prompt) {
+                    if (pos == turn->begin) t.blk_begin[ci] = pos;
+                    int64_t bb = t.blk_begin[ci];
+                    int64_t be = t.blk_size[ci] > 0 ? bb + t.blk_size[ci] : turn->prompt_end;
+                    if (be > turn->prompt_end) be = turn->prompt_end;
                     if (measured) cs = prompt_measure(&t, ci, pos, tk);
-                    if (cs == KVS_OK && pos == turn->prompt_end - 1) {
-                        cs = prefill_turn(&t, ci, tk);
+                    if (cs == KVS_OK && pos == be - 1) {
+                        cs = prefill_block(&t, ci, tk, bb, be);
+                        /* the leak check runs between blocks too: a policy must not read prompt K/V it
+                         * already evicted */
                         if (cs == KVS_OK) step_end_hook(&t, ci, pos);
+                        t.blk_begin[ci] = be;
                     }
                 } else {
                     cs = decode_step(&t, ci, blk, i, pos, tk, measured);
@@ -598,12 +792,11 @@ static void *worker(void *arg) {
 static kvs_status allocation_pass(engine *e) {
     const kvs_replay_opts *o = e->o;
     size_t per = (size_t)e->L * (size_t)e->Hkv;
-    void **alloc = calloc((size_t)o->n_configs, sizeof *alloc);
+    void **alloc = e->alloc; /* freed by kvs_replay_execute after every instance */
     float *k = NULL, *v = NULL, *q = NULL;
     void *stream = NULL;
     kvs_status st = KVS_OK;
     int any = 0;
-    if (!alloc) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory");
     for (int c = 0; c < o->n_configs; c++) {
         for (size_t i = 0; i < per; i++) e->budgets[(size_t)c * per + i] = o->configs[c].budget;
         const struct kvs_policy_ops *ops = o->configs[c].policy.ops;
@@ -645,6 +838,7 @@ static kvs_status allocation_pass(engine *e) {
             kvs_policy_view view = {
                 .n = P, .group = e->G, .head_dim = e->d, .scale = e->src->model.scale, .k = k, .v = v, .q = q,
                 .q_first = 0, .n_q = P, .turn_begin = 0, .prompt_end = P, .turn = 0, .full_probs = NULL,
+                .block_begin = 0, .last_block = 1,
             };
             for (int c = 0; c < o->n_configs; c++) {
                 if (!alloc[c] || atomic_load(&e->cfg_failed[c])) continue;
@@ -661,14 +855,13 @@ finish:
             if (b[i] < 1)
                 cs = kvs_fail(KVS_ERR_STATE, "policy %s allocated budget %lld to (layer %zu, kv head %zu)",
                               o->configs[c].policy.ops->name, (long long)b[i], i / (size_t)e->Hkv, i % (size_t)e->Hkv);
+        if (cs == KVS_OK && o->configs[c].policy.ops->alloc_shared)
+            e->shared[c] = o->configs[c].policy.ops->alloc_shared(alloc[c]);
         if (cs != KVS_OK) fail_config(e, c, 0, cs);
     }
     st = KVS_OK;
 cleanup:
     if (stream) e->src->stream_free(stream);
-    for (int c = 0; c < o->n_configs; c++)
-        if (alloc[c]) o->configs[c].policy.ops->alloc_free(alloc[c]);
-    free(alloc);
     free(k);
     free(v);
     free(q);
@@ -698,6 +891,23 @@ kvs_status kvs_replay_validate(const kvs_replay_source *src, const kvs_replay_op
     if (prev != m->n_positions)
         return kvs_fail(KVS_ERR_FORMAT, "replay: turns cover %lld of %lld positions", (long long)prev,
                         (long long)m->n_positions);
+    if (o->measure != KVS_MEASURE_DECODE && o->measure != KVS_MEASURE_ALL && o->measure != KVS_MEASURE_PREFILL)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "replay: unknown measurement mode %d", (int)o->measure);
+    if (m->kv_bytes < 1 || m->aux_bytes < 1)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "replay: kv_bytes %d and aux_bytes %d must be at least 1", (int)m->kv_bytes,
+                        (int)m->aux_bytes);
+    /* Nothing to measure is refused, never reported as a perfect run. */
+    int64_t n_generated = 0, n_prompt = 0;
+    for (int64_t i = 0; i < src->n_turns; i++) {
+        n_generated += src->turns[i].end - src->turns[i].prompt_end;
+        n_prompt += src->turns[i].prompt_end - src->turns[i].begin;
+    }
+    if (o->measure == KVS_MEASURE_DECODE && n_generated == 0)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "replay: the trace has no generated position to measure (%lld prompt "
+                                             "positions, 0 generated); use --measure prefill to measure prompt positions",
+                        (long long)n_prompt);
+    if (o->measure == KVS_MEASURE_PREFILL && n_prompt == 0)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "replay: the trace has no prompt position to measure");
     for (int c = 0; c < o->n_configs; c++) {
         const kvs_replay_config *rc = &o->configs[c];
         if (rc->budget < 1 || rc->budget > m->n_positions)
@@ -723,9 +933,8 @@ void kvs_replay_result_free(kvs_replay_result *r) {
 /* Fills one kvs_results_agg from n samples of each metric (float arrays). */
 static kvs_status agg_fill(kvs_results_agg *agg, int32_t layer, float *const *m, const int64_t *counts, int n_parts,
                            double *tmp) {
-    kvs_results_stat *dst[N_METRICS] = {&agg->out_err,       &agg->attn_recall,    &agg->topk_overlap,
-                                        &agg->storage_bytes, &agg->traffic_bytes,  &agg->transfer_bytes,
-                                        &agg->compression_ratio};
+    kvs_results_stat *dst[N_METRICS];
+    for (int k = 0; k < N_METRICS; k++) dst[k] = &agg->m[k];
     agg->layer = layer;
     for (int k = 0; k < N_METRICS; k++) {
         int64_t n = 0;
@@ -817,9 +1026,11 @@ kvs_status kvs_replay_execute(const kvs_replay_source *src, const kvs_replay_opt
     e.budgets = calloc((size_t)o->n_configs * (size_t)e.L * (size_t)e.Hkv, sizeof(int64_t));
     e.acc = calloc((size_t)o->n_configs * (size_t)e.L, sizeof *e.acc);
     e.cfg_failed = calloc((size_t)o->n_configs, sizeof *e.cfg_failed);
+    e.alloc = calloc((size_t)o->n_configs, sizeof *e.alloc);
+    e.shared = calloc((size_t)o->n_configs, sizeof *e.shared);
     r = calloc(1, sizeof *r);
     if (r) r->runs = calloc((size_t)o->n_configs, sizeof *r->runs);
-    if (!e.is_prompt || !e.budgets || !e.acc || !e.cfg_failed || !r || !r->runs) {
+    if (!e.is_prompt || !e.budgets || !e.acc || !e.cfg_failed || !e.alloc || !e.shared || !r || !r->runs) {
         st = kvs_fail(KVS_ERR_NOMEM, "replay: out of memory");
         goto cleanup;
     }
@@ -866,6 +1077,11 @@ cleanup:
     free(e.is_prompt);
     free(e.budgets);
     free(e.cfg_failed);
+    if (e.alloc)
+        for (int c = 0; c < o->n_configs; c++)
+            if (e.alloc[c]) o->configs[c].policy.ops->alloc_free(e.alloc[c]);
+    free(e.alloc);
+    free((void *)e.shared);
     free(th);
     pthread_mutex_destroy(&e.mu);
     kvs_replay_result_free(r);
@@ -900,6 +1116,7 @@ kvs_status kvs_replay_source_from_trace(const kvs_trace *t, kvs_replay_source *o
     m->n_positions = info->n_positions;
     m->prompt_len = info->prompt_len;
     m->max_new_tokens = info->capture.max_new_tokens;
+    m->max_seq_len = info->model.max_seq_len;
     out->n_turns = info->n_turns;
     out->turns = info->turns;
     out->user = (void *)t; /* the callbacks only read through the const reader API */

@@ -39,7 +39,11 @@ typedef struct {
     double budget_fraction;   /* as given by the user (0.2 for "20%"), or -1 for an absolute budget */
 } kvs_replay_config;
 
-typedef enum { KVS_MEASURE_DECODE = 0, KVS_MEASURE_ALL = 1 } kvs_replay_measure;
+typedef enum {
+    KVS_MEASURE_DECODE = 0,  /* generated positions */
+    KVS_MEASURE_ALL = 1,     /* every position */
+    KVS_MEASURE_PREFILL = 2, /* prompt positions only */
+} kvs_replay_measure;
 
 /* Where the engine reads one (layer, KV head) stream. kvs_replay_source_from_trace() fills one from an
  * open trace; tests fill one from memory. */

@@ -16,11 +16,30 @@
 
 typedef struct kvs_results_db kvs_results_db;
 
-/*! kvs_results_open() : opens or creates the database at `path` and its schema (idempotent). An existing
- *  file that is not a kvsim results database (or is corrupt) is KVS_ERR_DB with a clear detail and is
- *  left unchanged. Caller frees with kvs_results_close (accepts NULL). */
+/* The schema version this kvsim writes (sim/SCHEMA.md). */
+#define KVS_RESULTS_SCHEMA_VERSION 2
+
+/*! kvs_results_open() : opens or creates the database at `path` for writing, and its schema (idempotent).
+ *  An existing file that is not a kvsim results database (or is corrupt) is KVS_ERR_DB with a clear detail
+ *  and is left unchanged; a schema version newer than KVS_RESULTS_SCHEMA_VERSION (or unknown) is
+ *  KVS_ERR_VERSION, also unchanged. A version-1 database is MIGRATED in place to version 2 in one
+ *  transaction (sim/SCHEMA.md "Versions and migration"): on any failure it stays a complete v1 database.
+ *  Caller frees with kvs_results_close (accepts NULL). */
 kvs_status kvs_results_open(const char *path, kvs_results_db **out);
+
+/*! kvs_results_open_readonly() : opens an EXISTING kvsim results database read-only: never creates,
+ *  migrates or modifies it (what `kvsim runs`, `plot` and `compare` use). Versions 1 and 2 are read; in a
+ *  v1 database the metrics and run columns v1 did not have read as "not recorded" (see the read API
+ *  below). Missing or unreadable file: KVS_ERR_IO; not SQLite, corrupt, or SQLite without a kvsim `meta`
+ *  table: KVS_ERR_DB; newer or unknown schema version: KVS_ERR_VERSION. Write calls on the handle are
+ *  KVS_ERR_STATE. Caller frees with kvs_results_close. */
+kvs_status kvs_results_open_readonly(const char *path, kvs_results_db **out);
+
 void kvs_results_close(kvs_results_db *db);
+
+/*! kvs_results_schema_version() : the schema version of the open database (1 only for a read-only
+ *  handle on a v1 file; a writable handle is always KVS_RESULTS_SCHEMA_VERSION). */
+int kvs_results_schema_version(const kvs_results_db *db);
 
 /* The trace a run replayed (stored once per distinct trace in table `traces`). Borrowed strings. */
 typedef struct {
@@ -70,7 +89,11 @@ typedef struct {
     int64_t budget_tokens;     /* per KV head, the current token included */
     double budget_fraction;    /* the fraction the user gave (e.g. 0.2 for "20%"), or -1 */
     int is_oracle;             /* 1 for oracle policies (topk): labelled in every output */
-    const char *measure;       /* "decode" or "all" */
+    const char *measure;       /* "decode" (generated positions), "prefill" (prompt positions) or "all" */
+    const char *budget_scope;  /* "every_step" (|S_t| <= budget), "prompt" (prompt-only: generated tokens all
+                                * kept, S_t grows) or "none" (full cache); NULL = "every_step" */
+    const char *layout;        /* "per_kv_head" or "per_query_head"; NULL = "per_kv_head" */
+    const char *notes;         /* warnings about the configuration (degenerate settings...), or NULL */
     const char *status;        /* "complete" or "failed" */
     const char *error;         /* failure detail or NULL */
     double wall_seconds;       /* replay time of this run's streams (summed thread time) */

@@ -187,7 +187,7 @@ static void test_every_policy_validates_parameters(void **state) {
     assert_non_null(strstr(kvs_last_error(), "unknown policy 'no_such_policy'"));
     for (int i = 0; i < kvs_policy_count(); i++) {
         const struct kvs_policy_ops *ops = kvs_policy_at(i);
-        char spec[1024];
+        char spec[KVS_POLICY_CANON_MAX + 64];
         assert_non_null(ops->name);
         assert_non_null(ops->summary);
         assert_non_null(ops->create);
