@@ -210,11 +210,17 @@ kvs_status kvs_policy_parse(const char *spec, kvs_policy_config *cfg) {
     name[nlen] = 0;
     const struct kvs_policy_ops *ops = kvs_policy_find(name);
     if (!ops) return kvs_fail(KVS_ERR_INVALID_ARG, "unknown policy '%s' (see 'kvsim replay --help')", name);
+    if (colon && !colon[1]) return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: empty parameter list after ':'", name);
+    return kvs_policy_parse_ops(ops, colon ? colon + 1 : NULL, cfg);
+}
+
+kvs_status kvs_policy_parse_ops(const struct kvs_policy_ops *ops, const char *params, kvs_policy_config *cfg) {
+    const char *name = ops->name;
     kvs_policy_defaults(ops, cfg);
-    if (!colon) return KVS_OK;
+    if (!params) return KVS_OK;
     int seen[KVS_POLICY_MAX_PARAMS] = {0};
-    const char *p = colon + 1;
-    if (!*p) return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: empty parameter list after ':'", name);
+    const char *p = params;
+    if (!*p) return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: empty parameter list", name);
     while (*p) {
         const char *comma = strchr(p, ',');
         size_t len = comma ? (size_t)(comma - p) : strlen(p);

@@ -318,6 +318,10 @@ const struct kvs_policy_ops *kvs_policy_find(const char *name);
  *  policy, unknown or repeated key, malformed or out-of-range value. */
 kvs_status kvs_policy_parse(const char *spec, kvs_policy_config *cfg);
 
+/*! kvs_policy_parse_ops() : parses the parameter part "key=value,..." (NULL = all defaults) of policy `ops`,
+ *  which need not be in the registry (test-only policies); same rules and errors as kvs_policy_parse(). */
+kvs_status kvs_policy_parse_ops(const struct kvs_policy_ops *ops, const char *params, kvs_policy_config *cfg);
+
 /*! kvs_policy_defaults() : cfg with every parameter at its default (canonical string built). */
 void kvs_policy_defaults(const struct kvs_policy_ops *ops, kvs_policy_config *cfg);
 

@@ -98,7 +98,8 @@ static float next_noise(recorder *r) {
     return ((float)(r->rng >> 40) / (float)(1u << 24) - 0.5f) * 2000.0f;
 }
 
-/* Scrambles the K/V rows of every position 0..n-1 that the policy does not store (non-oracles only). */
+/* Scrambles the K/V rows of every position 0..n-1 that the policy may not read (readable(), else stored();
+ * non-oracles only). Runs after every decode step and every prefill call (each block of a chunked prefill). */
 static void on_step_end(void *user, int config, int layer, int kv_head, int64_t pos, void *state,
                         const struct kvs_policy_ops *ops, float *k, float *v, int64_t n) {
     (void)config;
@@ -106,13 +107,13 @@ static void on_step_end(void *user, int config, int layer, int kv_head, int64_t 
     (void)kv_head;
     (void)pos;
     recorder *r = user;
-    if (!r->scramble || ops->is_oracle || !ops->stored) return;
+    if (!r->scramble || ops->is_oracle || !(ops->readable || ops->stored)) return;
     char *keep = calloc((size_t)n, 1);
     int32_t *buf = malloc((size_t)r->f->N * sizeof *buf);
     assert_non_null(keep);
     assert_non_null(buf);
     for (int g = 0; g < r->layout_lists; g++) {
-        int64_t m = ops->stored(state, g, buf);
+        int64_t m = ops->readable ? ops->readable(state, g, buf) : ops->stored(state, g, buf);
         for (int64_t j = 0; j < m; j++) {
             assert_true(buf[j] >= 0 && buf[j] < n);
             keep[buf[j]] = 1;
