@@ -24,15 +24,23 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: kvsim replay TRACE --db FILE --policy SPEC [--policy SPEC ...] --budgets LIST\n"
-            "                    [--threads N] [--measure decode|all] [--series-every N]\n\n"
+            "                    [--threads N] [--measure decode|prefill|all] [--series-every N]\n"
+            "                    [--kv-bytes N] [--aux-bytes N]\n\n"
             "Replays TRACE under every (policy, budget) pair in one pass and writes one run per pair to the\n"
             "results database FILE (created if missing).\n\n"
             "  --policy SPEC     NAME or NAME:key=value,key=value (repeatable); policies and parameters below\n"
-            "  --budgets LIST    tokens per KV head, the current token included: 16,32,64; or fractions of the\n"
-            "                    trace's total positions: 10%%,20%% (rounded up, at least 1)\n"
+            "  --budgets LIST    tokens per KV head, the current token included: 16,32,64; or percentages of\n"
+            "                    the first turn's PROMPT length: 10%%,20%% (rounded up, at least 1; never of\n"
+            "                    the generated length, which a real system does not know in advance)\n"
             "  --threads N       worker threads (default: all online CPUs)\n"
-            "  --measure M       decode (default): metrics at generated positions; all: every position\n"
-            "  --series-every N  store every N-th measured step per (layer, query head) (default 0: none)\n\n"
+            "  --measure M       decode (default): metrics at generated positions; prefill: at prompt\n"
+            "                    positions (against what the policy holds, chunk by chunk); all: both\n"
+            "  --series-every N  store every N-th measured step per (layer, query head) (default 0: none)\n"
+            "  --kv-bytes N      bytes per cached K/V element (default: the trace dtype's size)\n"
+            "  --aux-bytes N     bytes per auxiliary element, scores etc. (default 4: fp32)\n\n"
+            "Budgets are nominal: prompt-only policies (SnapKV, PyramidKV, Ada-KV) bound the prompt only and\n"
+            "keep every generated token, so compare policies at equal measured memory or traffic too\n"
+            "(kvsim compare DB --match mem|traffic, kvsim plot --kind error-vs-memory|error-vs-traffic).\n\n"
             "policies:\n");
     kvs_policy_print_help(f);
 }
@@ -56,7 +64,7 @@ int kvs_cmd_replay(int argc, char **argv) {
     const char *trace_path = NULL, *db_path = NULL, *budget_text = NULL;
     const char *specs[MAX_POLICIES];
     int n_specs = 0;
-    long threads = 0, series_every = 0;
+    long threads = 0, series_every = 0, kv_bytes = 0, aux_bytes = 0;
     kvs_replay_measure measure = KVS_MEASURE_DECODE;
     for (int i = 1; i < argc; i++) {
         int m;
@@ -83,11 +91,18 @@ int kvs_cmd_replay(int argc, char **argv) {
             if (!v) return kvs_cli_usage_error("replay", "--series-every needs N");
             if (kvs_cli_parse_long("--series-every", v, 0, 1L << 40, &series_every) != KVS_OK)
                 return kvs_cli_fail("replay", KVS_ERR_INVALID_ARG);
+        } else if ((v = opt_value(argc, argv, &i, "--kv-bytes", &m)) || m) {
+            if (!v) return kvs_cli_usage_error("replay", "--kv-bytes needs N");
+            if (kvs_cli_parse_long("--kv-bytes", v, 1, 8, &kv_bytes) != KVS_OK) return kvs_cli_fail("replay", KVS_ERR_INVALID_ARG);
+        } else if ((v = opt_value(argc, argv, &i, "--aux-bytes", &m)) || m) {
+            if (!v) return kvs_cli_usage_error("replay", "--aux-bytes needs N");
+            if (kvs_cli_parse_long("--aux-bytes", v, 1, 8, &aux_bytes) != KVS_OK) return kvs_cli_fail("replay", KVS_ERR_INVALID_ARG);
         } else if ((v = opt_value(argc, argv, &i, "--measure", &m)) || m) {
-            if (!v) return kvs_cli_usage_error("replay", "--measure needs decode or all");
+            if (!v) return kvs_cli_usage_error("replay", "--measure needs decode, prefill or all");
             if (!strcmp(v, "decode")) measure = KVS_MEASURE_DECODE;
             else if (!strcmp(v, "all")) measure = KVS_MEASURE_ALL;
-            else return kvs_cli_usage_error("replay", "--measure: '%s' is not decode or all", v);
+            else if (!strcmp(v, "prefill")) measure = KVS_MEASURE_PREFILL;
+            else return kvs_cli_usage_error("replay", "--measure: '%s' is not decode, prefill or all", v);
         } else if (argv[i][0] == '-' && argv[i][1]) {
             return kvs_cli_usage_error("replay", "unknown option '%s'", argv[i]);
         } else {
@@ -118,7 +133,7 @@ int kvs_cmd_replay(int argc, char **argv) {
         goto cleanup;
     }
     const kvs_trace_info *info = kvs_trace_info_get(tr);
-    st = kvs_replay_parse_budgets(budget_text, info->n_positions, &budgets, &fractions, &n_budgets);
+    st = kvs_replay_parse_budgets(budget_text, info->prompt_len, info->n_positions, &budgets, &fractions, &n_budgets);
     if (st != KVS_OK) {
         rc = kvs_cli_fail("replay", st);
         goto cleanup;
@@ -141,6 +156,8 @@ int kvs_cmd_replay(int argc, char **argv) {
         rc = kvs_cli_fail("replay", st);
         goto cleanup;
     }
+    if (kv_bytes) src.model.kv_bytes = (int32_t)kv_bytes;
+    if (aux_bytes) src.model.aux_bytes = (int32_t)aux_bytes;
     kvs_replay_opts opts = {.configs = runs, .n_configs = n_runs, .threads = (int)threads, .measure = measure,
                             .series_every = series_every, .hooks = NULL};
     if ((st = kvs_replay_validate(&src, &opts)) != KVS_OK) {
@@ -163,15 +180,22 @@ int kvs_cmd_replay(int argc, char **argv) {
         .dtype = kvs_dtype_name((kvs_dtype)info->capture.dtype), .file_bytes = info->file_bytes,
     };
     int n_failed = 0;
-    printf("%-10s %-6s %-34s %7s %10s %10s %9s %9s %12s %8s %8s\n", "policy", "kind", "params", "budget", "err_mean",
-           "err_p95", "recall", "overlap", "storage_B", "ratio", "status");
+    /* One layout: fixed-width labelled columns first, the free-length parameter string last. Byte columns
+     * are per KV head (mean / peak over measured steps), as `kvsim runs` shows them. */
+    printf("%-12s %7s %-6s %9s %9s %8s %8s %7s %7s %11s %11s %11s %-8s %s\n", "policy", "budget", "scope", "err_mean",
+           "err_p95", "recall", "overlap", "att_mn", "att_pk", "resid_B_mn", "resid_B_pk", "traffic_B", "status",
+           "params");
     for (int i = 0; i < n_runs; i++) {
         const kvs_replay_run_result *r = &res->runs[i];
         const kvs_replay_config *c = &runs[i];
         kvs_results_run run = {
             .policy = c->policy.ops->name, .params = c->policy.canonical, .budget_tokens = c->budget,
             .budget_fraction = c->budget_fraction, .is_oracle = c->policy.ops->is_oracle,
-            .measure = measure == KVS_MEASURE_ALL ? "all" : "decode",
+            .measure = measure == KVS_MEASURE_ALL ? "all" : measure == KVS_MEASURE_PREFILL ? "prefill" : "decode",
+            .budget_scope = c->policy.ops->budget_scope == KVS_BUDGET_PROMPT  ? "prompt"
+                            : c->policy.ops->budget_scope == KVS_BUDGET_NONE ? "none"
+                                                                             : "every_step",
+            .layout = kvs_policy_layout(&c->policy) == KVS_SEL_PER_QUERY_HEAD ? "per_query_head" : "per_kv_head",
             .status = r->status == KVS_OK ? "complete" : "failed", .error = r->status == KVS_OK ? NULL : r->error,
             .wall_seconds = r->wall_seconds, .kvsim_version = KVSIM_VERSION_STRING,
         };
@@ -187,12 +211,20 @@ int kvs_cmd_replay(int argc, char **argv) {
             fprintf(stderr, "kvsim replay: run %s:%s budget %lld failed: %s\n", c->policy.ops->name,
                     c->policy.canonical, (long long)c->budget, r->error);
         }
-        printf("%-10s %-6s %-34s %7lld %10.4g %10.4g %9.4f %9.4f %12.0f %8.3f %8s\n", c->policy.ops->name,
-               c->policy.ops->is_oracle ? "ORACLE" : "-", c->policy.canonical[0] ? c->policy.canonical : "-",
-               (long long)c->budget, r->run_agg.out_err.mean, r->run_agg.out_err.p95, r->run_agg.attn_recall.mean,
-               r->run_agg.topk_overlap.mean, r->run_agg.storage_bytes.mean, r->run_agg.compression_ratio.mean,
-               ok ? "complete" : "FAILED");
+        const kvs_results_agg *ag = &r->run_agg;
+        const char *scope = c->policy.ops->is_oracle                           ? "ORACLE"
+                            : c->policy.ops->budget_scope == KVS_BUDGET_PROMPT ? "prompt"
+                            : c->policy.ops->budget_scope == KVS_BUDGET_NONE   ? "none"
+                                                                               : "step";
+        printf("%-12s %7lld %-6s %9.4g %9.4g %8.4f %8.4f %7.1f %7.0f %11.0f %11.0f %11.0f %-8s %s\n",
+               c->policy.ops->name, (long long)c->budget, scope, ag->out_err.mean, ag->out_err.p95,
+               ag->attn_recall.mean, ag->topk_overlap.mean, ag->attended_tokens.mean, ag->attended_tokens.max,
+               ag->storage_bytes.mean, ag->storage_bytes.max, ag->traffic_bytes.mean, ok ? "complete" : "FAILED",
+               c->policy.canonical[0] ? c->policy.canonical : "-");
     }
+    if (n_runs > 0)
+        printf("scope: step = |S_t| <= budget every step; prompt = budget bounds the prompt only (generated tokens "
+               "all kept: compare at equal memory); ORACLE = sees full attention\n");
     rc = n_failed ? KVS_EXIT_FAIL : KVS_EXIT_OK;
 cleanup:
     kvs_replay_result_free(res);

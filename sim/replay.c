@@ -1130,8 +1130,8 @@ kvs_status kvs_replay_source_from_trace(const kvs_trace *t, kvs_replay_source *o
  * Budgets
  * ---------------------------------------------------------------------------------------------- */
 
-kvs_status kvs_replay_parse_budgets(const char *text, int64_t n_positions, int64_t **budgets, double **fractions,
-                                    int *n) {
+kvs_status kvs_replay_parse_budgets(const char *text, int64_t prompt_len, int64_t n_positions, int64_t **budgets,
+                                    double **fractions, int *n) {
     *budgets = NULL;
     *fractions = NULL;
     *n = 0;
@@ -1165,8 +1165,10 @@ kvs_status kvs_replay_parse_budgets(const char *text, int64_t n_positions, int64
                 st = kvs_fail(KVS_ERR_INVALID_ARG, "--budgets: '%.*s' is not a percentage in (0, 100]", (int)len, p);
                 break;
             }
+            /* Of the first turn's prompt: known before decoding starts, unlike the trace's final length,
+             * so a percentage means the same budget however long the model then generates. */
             double frac = pct / 100.0;
-            int64_t v = (int64_t)ceil(frac * (double)n_positions - 1e-9);
+            int64_t v = (int64_t)ceil(frac * (double)prompt_len - 1e-9);
             if (v < 1) v = 1;
             if (v > n_positions) v = n_positions;
             b[cnt] = v;

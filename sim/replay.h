@@ -18,7 +18,7 @@
  *    attention mass on S), top-k overlap |S ∩ TopK_|S|(full)| / |S| (ties by lower position), storage and
  *    traffic bytes of the step for the query head's KV head (a per-query-head policy's G copies summed),
  *    transfer bytes, compression ratio = full-cache bytes (n x 2 x d x kv_bytes) / storage bytes.
- *  - Budget fractions (kvs_replay_parse_budgets) are of the trace's total positions, rounded up, min 1.
+ *  - Budget percentages (kvs_replay_parse_budgets) are of the first turn's prompt length, rounded up, min 1.
  * Memory per work unit: the layer's K/V history (n_positions x 2 x head_dim floats per KV head), the
  * longest turn prompt's queries, the policies' state, and the measured samples (7 floats per sample).
  */
@@ -113,11 +113,12 @@ kvs_status kvs_replay_execute(const kvs_replay_source *src, const kvs_replay_opt
 /*! kvs_replay_result_free() : accepts NULL. */
 void kvs_replay_result_free(kvs_replay_result *r);
 
-/*! kvs_replay_parse_budgets() : parses "16,32,64" or "10%,20%" (mixing allowed) against n_positions.
- *  Fractions are of n_positions, rounded up, minimum 1. Budget 0, a fraction of 0 or above 100%, a budget
- *  larger than n_positions or malformed text -> KVS_ERR_INVALID_ARG. *budgets and *fractions (-1 for an
- *  absolute entry) are malloc'd [*n] arrays the caller frees. */
-kvs_status kvs_replay_parse_budgets(const char *text, int64_t n_positions, int64_t **budgets, double **fractions,
-                                    int *n);
+/*! kvs_replay_parse_budgets() : parses "16,32,64" or "10%,20%" (mixing allowed). A percentage is of the
+ *  FIRST TURN'S PROMPT LENGTH `prompt_len` (known before decoding, so it never depends on how long the
+ *  trace's generation ran), rounded up, minimum 1 token. Budget 0, a percentage of 0 or above 100%, an
+ *  absolute budget larger than n_positions or malformed text -> KVS_ERR_INVALID_ARG. *budgets and
+ *  *fractions (-1 for an absolute entry) are malloc'd [*n] arrays the caller frees. */
+kvs_status kvs_replay_parse_budgets(const char *text, int64_t prompt_len, int64_t n_positions, int64_t **budgets,
+                                    double **fractions, int *n);
 
 #endif /* KVS_REPLAY_H */

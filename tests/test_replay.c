@@ -151,31 +151,37 @@ static void test_parse_budgets(void **state) {
     int64_t *b;
     double *fr;
     int n;
-    assert_int_equal(kvs_replay_parse_budgets("16,32,64", 100, &b, &fr, &n), KVS_OK);
+    assert_int_equal(kvs_replay_parse_budgets("16,32,64", 50, 100, &b, &fr, &n), KVS_OK);
     assert_int_equal(n, 3);
     assert_int_equal(b[2], 64);
     assert_true(fr[0] == -1);
     free(b);
     free(fr);
-    assert_int_equal(kvs_replay_parse_budgets("10%,33%,100%", 101, &b, &fr, &n), KVS_OK);
+    /* percentages are of the prompt (101 positions), whatever the trace's total length */
+    assert_int_equal(kvs_replay_parse_budgets("10%,33%,100%", 101, 400, &b, &fr, &n), KVS_OK);
     assert_int_equal(b[0], 11); /* 10.1 rounded up */
     assert_int_equal(b[1], 34); /* 33.33 rounded up */
     assert_int_equal(b[2], 101);
     assert_true(fabs(fr[1] - 0.33) < 1e-12);
     free(b);
     free(fr);
-    assert_int_equal(kvs_replay_parse_budgets("0.5%", 10, &b, &fr, &n), KVS_OK);
+    assert_int_equal(kvs_replay_parse_budgets("10%,33%,100%", 101, 101, &b, &fr, &n), KVS_OK);
+    assert_int_equal(b[0], 11); /* the same budgets for a trace that generated nothing more */
+    assert_int_equal(b[2], 101);
+    free(b);
+    free(fr);
+    assert_int_equal(kvs_replay_parse_budgets("0.5%", 10, 20, &b, &fr, &n), KVS_OK);
     assert_int_equal(b[0], 1); /* at least one token */
     free(b);
     free(fr);
-    assert_int_equal(kvs_replay_parse_budgets("16,0", 100, &b, &fr, &n), KVS_ERR_INVALID_ARG);
+    assert_int_equal(kvs_replay_parse_budgets("16,0", 60, 100, &b, &fr, &n), KVS_ERR_INVALID_ARG);
     assert_non_null(strstr(kvs_last_error(), "at least 1"));
-    assert_int_equal(kvs_replay_parse_budgets("101", 100, &b, &fr, &n), KVS_ERR_INVALID_ARG);
+    assert_int_equal(kvs_replay_parse_budgets("101", 60, 100, &b, &fr, &n), KVS_ERR_INVALID_ARG);
     assert_non_null(strstr(kvs_last_error(), "larger than the trace"));
-    assert_int_equal(kvs_replay_parse_budgets("0%", 100, &b, &fr, &n), KVS_ERR_INVALID_ARG);
-    assert_int_equal(kvs_replay_parse_budgets("150%", 100, &b, &fr, &n), KVS_ERR_INVALID_ARG);
-    assert_int_equal(kvs_replay_parse_budgets("12x", 100, &b, &fr, &n), KVS_ERR_INVALID_ARG);
-    assert_int_equal(kvs_replay_parse_budgets("8,,9", 100, &b, &fr, &n), KVS_ERR_INVALID_ARG);
+    assert_int_equal(kvs_replay_parse_budgets("0%", 60, 100, &b, &fr, &n), KVS_ERR_INVALID_ARG);
+    assert_int_equal(kvs_replay_parse_budgets("150%", 60, 100, &b, &fr, &n), KVS_ERR_INVALID_ARG);
+    assert_int_equal(kvs_replay_parse_budgets("12x", 60, 100, &b, &fr, &n), KVS_ERR_INVALID_ARG);
+    assert_int_equal(kvs_replay_parse_budgets("8,,9", 60, 100, &b, &fr, &n), KVS_ERR_INVALID_ARG);
     assert_null(b);
 }
 
