@@ -4,15 +4,20 @@
  * Data: the trace named by KVSIM_BENCH_TRACE when set, otherwise GENERATED Gaussian data (labelled as
  * such; tests/util/gen_trace.h), which has the shapes of a model but is not one.
  * Numbers go to stdout and are never asserted (DESIGN.md "Quality bar").
+ * Also: replay peak memory against trace length (issue 9: bounded by policy state, not trace length), each
+ * length in a forked child so VmHWM is the replay's own peak.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "../common/kvs.h"
 #include "../sim/policy.h"
 #include "../sim/replay.h"
+#include "../sim/metrics.h"
 #include "../sim/replay_mem.h"
 #include "../tests/util/gen_trace.h"
 
@@ -84,6 +89,73 @@ static double naive_pairs_per_second(const kvs_gen_trace *g, int64_t prompt) {
     return pairs / el;
 }
 
+/* VmHWM (peak resident set) of this process, bytes; -1 if unreadable. */
+static double peak_rss_bytes(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kb = -1;
+    if (!f) return -1;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmHWM:", 6)) kb = atof(line + 6);
+    fclose(f);
+    return kb * 1024.0;
+}
+
+/* One child: GENERATED data of n positions (1 layer, 8 query heads, 2 KV heads, d 16, 64 prompt
+ * positions), then 16 window configurations with no step series; prints the replay's peak RSS growth. */
+static void memory_row(int64_t n) {
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0) return;
+    if (pid > 0) {
+        int wst;
+        waitpid(pid, &wst, 0);
+        return;
+    }
+    kvs_gen_trace_opts o = kvs_gen_trace_defaults();
+    o.n_layers = 1;
+    o.n_heads = 8;
+    o.n_kv_heads = 2;
+    o.head_dim = 16;
+    o.n_positions = (int32_t)n;
+    o.prompt_len = 64;
+    kvs_gen_trace *g = NULL;
+    kvs_turn *turns = NULL;
+    int64_t n_turns = 0;
+    CHECK(kvs_gen_trace_create(&o, &g));
+    kvs_model_config mc;
+    kvs_capture_config cc;
+    kvs_gen_trace_configs(g, &mc, &cc);
+    CHECK(kvs_trace_turns_from_roles(g->roles, g->turn, o.n_positions, &turns, &n_turns, NULL));
+    kvs_replay_mem mem = {
+        .model = {.n_layers = 1, .n_heads = 8, .n_kv_heads = 2, .group = 4, .head_dim = 16, .scale = mc.attn_scale,
+                  .kv_bytes = 2, .aux_bytes = 4, .n_positions = n, .prompt_len = 64},
+        .turns = turns, .n_turns = n_turns, .q = g->q, .k = g->k, .v = g->v, .block_positions = 64};
+    kvs_replay_source src;
+    CHECK(kvs_replay_source_from_memory(&mem, &src));
+    enum { NC = 16 };
+    kvs_replay_config cfgs[NC];
+    for (int i = 0; i < NC; i++) {
+        cfgs[i] = (kvs_replay_config){.budget = 4 + 4 * i, .budget_fraction = -1};
+        CHECK(kvs_policy_parse("window", &cfgs[i].policy));
+    }
+    kvs_replay_opts ro = {.configs = cfgs, .n_configs = NC, .threads = kvs_n_cpus(), .measure = KVS_MEASURE_DECODE};
+    double before = peak_rss_bytes(), t0 = kvs_now_s();
+    kvs_replay_result *r = NULL;
+    CHECK(kvs_replay_execute(&src, &ro, &r));
+    double el = kvs_now_s() - t0, after = peak_rss_bytes();
+    double samples = (double)r->runs[0].run_agg.out_err.n * NC;
+    double history = (double)n * 16 * 2 * 4 * 2;                    /* K/V history of the layer's 2 KV heads */
+    double old_bytes = samples * KVS_N_METRICS * sizeof(float);    /* every sample held in RAM */
+    printf("%8lld %12.0f %12.1f %12.1f %14.1f %10.2f\n", (long long)n, samples, (after - before) / 1048576.0,
+           history / 1048576.0, old_bytes / 1048576.0, el);
+    kvs_replay_result_free(r);
+    free(turns);
+    kvs_gen_trace_free(g);
+    fflush(stdout);
+    _exit(0);
+}
+
 int main(void) {
     const char *trace_path = getenv("KVSIM_BENCH_TRACE");
     kvs_trace *tr = NULL;
@@ -153,6 +225,15 @@ int main(void) {
                100.0 * (pairs / el) / (fma / (2.0 * d) * threads));
         kvs_replay_result_free(r);
     }
+    printf("\nreplay peak memory vs trace length (GENERATED data: 1 layer, 8 query heads, 2 KV heads, d 16, prompt 64; "
+           "16 window configurations, no step series; peak RSS growth during kvs_replay_execute, VmHWM):\n");
+    printf("%8s %12s %12s %12s %14s %10s\n", "positions", "samples", "peak_MiB", "history_MiB", "if_in_RAM_MiB",
+           "wall_s");
+    for (int64_t n = 1024; n <= 8192; n *= 2) memory_row(n);
+    printf("(history = the layer's K/V kept for the policies, inherent to replay; if_in_RAM = what holding every "
+           "sample for exact percentiles would take: samples x %d metrics x 4 bytes, now spilled to a temporary "
+           "file, percentiles still exact)\n",
+           KVS_N_METRICS);
     kvs_trace_close(tr);
     kvs_gen_trace_free(g);
     free(turns);

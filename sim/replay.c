@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "../common/kvs_math.h"
+#include "samples.h"
 
 /* ------------------------------------------------------------------------------------------------
  * Per-(configuration, layer) sample accumulator
@@ -31,8 +32,7 @@
 #define N_METRICS KVS_N_METRICS
 
 typedef struct {
-    float *m[N_METRICS];   /* [n] samples of each metric */
-    int64_t n, cap;
+    kvs_sample_set *samples; /* every measured sample's metrics; buffered, spilled to the task's file */
     kvs_results_step *series;
     int64_t n_series, cap_series;
     int64_t max_attended;
@@ -41,20 +41,7 @@ typedef struct {
     char error[512];
 } layer_acc;
 
-static kvs_status acc_push(layer_acc *a, const float v[N_METRICS]) {
-    if (a->n == a->cap) {
-        int64_t nc = a->cap ? 2 * a->cap : 1024;
-        for (int i = 0; i < N_METRICS; i++) {
-            float *p = realloc(a->m[i], (size_t)nc * sizeof(float));
-            if (!p) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory for metric samples");
-            a->m[i] = p;
-        }
-        a->cap = nc;
-    }
-    for (int i = 0; i < N_METRICS; i++) a->m[i][a->n] = v[i];
-    a->n++;
-    return KVS_OK;
-}
+static kvs_status acc_push(layer_acc *a, const float v[N_METRICS]) { return kvs_sample_set_push(a->samples, v); }
 
 static kvs_status acc_series(layer_acc *a, const kvs_results_step *s) {
     if (a->n_series == a->cap_series) {
@@ -69,7 +56,7 @@ static kvs_status acc_series(layer_acc *a, const kvs_results_step *s) {
 }
 
 static void acc_free(layer_acc *a) {
-    for (int i = 0; i < N_METRICS; i++) free(a->m[i]);
+    kvs_sample_set_free(a->samples);
     free(a->series);
 }
 
@@ -90,6 +77,8 @@ typedef struct {
     layer_acc *acc;          /* [n_configs][L] */
     atomic_int *cfg_failed;  /* [n_configs] */
     int n_groups, n_tasks;
+    kvs_sample_spill **spills; /* [n_tasks] one spill file per task (its single writer), alive until the
+                                * aggregates are computed */
     atomic_int next_task;
     pthread_mutex_t mu;
     kvs_status fatal;
@@ -678,7 +667,7 @@ static void step_end_hook(task *t, int ci, int64_t p) {
                                  e->o->configs[c].policy.ops, t->hk[h], t->hv[h], p + 1);
 }
 
-static kvs_status run_task(engine *e, int layer, int c_lo, int c_hi) {
+static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c_hi) {
     task t = {.e = e, .layer = layer, .c_lo = c_lo, .c_hi = c_hi, .nc = c_hi - c_lo};
     kvs_status st = task_alloc(&t);
     const kvs_trace_block **blk = NULL;
@@ -692,6 +681,11 @@ static kvs_status run_task(engine *e, int layer, int c_lo, int c_hi) {
         goto cleanup;
     }
     for (int h = 0; h < e->Hkv; h++) KVS_TRY(st = e->src->stream_open(e->src->user, layer, h, &t.streams[h]));
+    /* Samples go to this task's spill file: replay memory stays bounded by policy state, not trace length. */
+    KVS_TRY(st = kvs_sample_spill_create(&e->spills[task_index]));
+    for (int ci = 0; ci < t.nc; ci++)
+        KVS_TRY(st = kvs_sample_set_create(e->spills[task_index], N_METRICS,
+                                           &e->acc[(size_t)(c_lo + ci) * (size_t)e->L + (size_t)layer].samples));
     task_create_states(&t);
     for (int ci = 0; ci < t.nc; ci++) any_oracle |= e->o->configs[c_lo + ci].policy.ops->is_oracle;
     size_t Gd = (size_t)e->G * (size_t)e->d, d = (size_t)e->d;
@@ -779,7 +773,7 @@ static void *worker(void *arg) {
         int nc = e->o->n_configs;
         int c_lo = (int)((int64_t)nc * grp / e->n_groups), c_hi = (int)((int64_t)nc * (grp + 1) / e->n_groups);
         if (c_lo == c_hi) continue;
-        kvs_status st = run_task(e, layer, c_lo, c_hi);
+        kvs_status st = run_task(e, k, layer, c_lo, c_hi);
         if (st != KVS_OK) set_fatal(e, st);
     }
     return NULL;
@@ -930,37 +924,23 @@ void kvs_replay_result_free(kvs_replay_result *r) {
     free(r);
 }
 
-/* Fills one kvs_results_agg from n samples of each metric (float arrays). */
-static kvs_status agg_fill(kvs_results_agg *agg, int32_t layer, float *const *m, const int64_t *counts, int n_parts,
-                           double *tmp) {
-    kvs_results_stat *dst[N_METRICS];
-    for (int k = 0; k < N_METRICS; k++) dst[k] = &agg->m[k];
+/* Fills one kvs_results_agg with the exact statistics of every metric over the samples of `sets` (NULL
+ * entries skipped: a task that failed before creating them). */
+static kvs_status agg_fill(kvs_results_agg *agg, int32_t layer, kvs_sample_set **sets, int n_sets) {
+    int w = 0;
+    for (int i = 0; i < n_sets; i++)
+        if (sets[i]) sets[w++] = sets[i];
+    memset(agg, 0, sizeof *agg);
     agg->layer = layer;
-    for (int k = 0; k < N_METRICS; k++) {
-        int64_t n = 0;
-        for (int p = 0; p < n_parts; p++)
-            for (int64_t j = 0; j < counts[p]; j++) tmp[n++] = m[(size_t)p * N_METRICS + (size_t)k][j];
-        kvs_status st = kvs_results_stat_compute(tmp, n, dst[k]);
-        if (st != KVS_OK) return st;
-    }
-    return KVS_OK;
+    if (w == 0) return KVS_OK;
+    return kvs_sample_stats_all(sets, w, agg->m);
 }
 
 static kvs_status build_results(engine *e, kvs_replay_result *r) {
     const kvs_replay_opts *o = e->o;
     size_t per = (size_t)e->L * (size_t)e->Hkv;
-    int64_t max_n = 0;
-    for (size_t i = 0; i < (size_t)o->n_configs * (size_t)e->L; i++)
-        if (e->acc[i].n > max_n) max_n = e->acc[i].n;
-    double *tmp = malloc((size_t)(max_n * e->L + 1) * sizeof(double));
-    float **parts = malloc((size_t)e->L * N_METRICS * sizeof(float *));
-    int64_t *counts = malloc((size_t)e->L * sizeof(int64_t));
-    if (!tmp || !parts || !counts) {
-        free(tmp);
-        free(parts);
-        free(counts);
-        return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory for aggregates");
-    }
+    kvs_sample_set **sets = calloc((size_t)e->L, sizeof *sets);
+    if (!sets) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory for aggregates");
     kvs_status st = KVS_OK;
     for (int c = 0; c < o->n_configs && st == KVS_OK; c++) {
         kvs_replay_run_result *run = &r->runs[c];
@@ -982,13 +962,12 @@ static kvs_status build_results(engine *e, kvs_replay_result *r) {
                 snprintf(run->error, sizeof run->error, "%s", a->error);
             }
             n_series += a->n_series;
-            for (int k = 0; k < N_METRICS; k++) parts[(size_t)l * N_METRICS + (size_t)k] = a->m[k];
-            counts[l] = a->n;
-            if ((st = agg_fill(&run->layer_aggs[l], l, &parts[(size_t)l * N_METRICS], &counts[l], 1, tmp)) != KVS_OK)
-                break;
+            kvs_sample_set *one = a->samples;
+            if (run->status == KVS_OK && (st = agg_fill(&run->layer_aggs[l], l, &one, 1)) != KVS_OK) break;
         }
+        for (int l = 0; l < e->L; l++) sets[l] = e->acc[(size_t)c * (size_t)e->L + (size_t)l].samples;
         if (st != KVS_OK) break;
-        if ((st = agg_fill(&run->run_agg, -1, parts, counts, e->L, tmp)) != KVS_OK) break;
+        if (run->status == KVS_OK && (st = agg_fill(&run->run_agg, -1, sets, e->L)) != KVS_OK) break;
         if (n_series > 0) {
             run->steps = malloc((size_t)n_series * sizeof *run->steps);
             if (!run->steps) {
@@ -1002,9 +981,7 @@ static kvs_status build_results(engine *e, kvs_replay_result *r) {
             }
         }
     }
-    free(tmp);
-    free(parts);
-    free(counts);
+    free(sets);
     return st;
 }
 
@@ -1048,6 +1025,11 @@ kvs_status kvs_replay_execute(const kvs_replay_source *src, const kvs_replay_opt
     if (e.n_groups > o->n_configs) e.n_groups = o->n_configs;
     if (e.n_groups < 1) e.n_groups = 1;
     e.n_tasks = e.L * e.n_groups;
+    e.spills = calloc((size_t)e.n_tasks, sizeof *e.spills);
+    if (!e.spills) {
+        st = kvs_fail(KVS_ERR_NOMEM, "replay: out of memory");
+        goto cleanup;
+    }
     if (threads > e.n_tasks) threads = e.n_tasks;
     atomic_init(&e.next_task, 0);
     if (threads <= 1) {
@@ -1074,6 +1056,9 @@ cleanup:
     if (e.acc)
         for (size_t i = 0; i < (size_t)o->n_configs * (size_t)e.L; i++) acc_free(&e.acc[i]);
     free(e.acc);
+    if (e.spills)
+        for (int i = 0; i < e.n_tasks; i++) kvs_sample_spill_free(e.spills[i]);
+    free(e.spills);
     free(e.is_prompt);
     free(e.budgets);
     free(e.cfg_failed);
