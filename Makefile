@@ -3,13 +3,19 @@
 #   make test       build and run the cmocka suite (tests/test_*.c)
 #   make asan       build everything with AddressSanitizer + UndefinedBehaviorSanitizer and run the suite
 #   make bench      build and run the benchmarks (bench/*.c); numbers go to stdout, never asserted
-#   make cuda       build ./kvsim with the CUDA capture backend when nvcc is present
-# Sources are picked up by directory, so a new module file needs no Makefile edit.
+#   make cuda       build build/cuda/kvsim with the CUDA capture backend when nvcc is present (./kvsim stays
+#                   the CPU build; gpu_capture/cuda/cuda.mk)
+# Sources are picked up by directory, so a new module file needs no Makefile edit. gcc and clang both work
+# (make CC=clang; give each compiler its own BUILD=... folder).
 
 CC      ?= cc
 BUILD   ?= build
 SAN     ?=
-OPT     ?= -O2 -fvect-cost-model=dynamic
+# -fvect-cost-model=dynamic is gcc's (clang rejects it): added only when $(CC) accepts it, probed once when
+# make reads this file (-Werror: a compiler that merely warns about an unsupported flag counts as rejecting it).
+CC_VECT_COST := $(shell $(CC) -Werror -fvect-cost-model=dynamic -x c -c -o /dev/null /dev/null >/dev/null 2>&1 \
+                  && echo -fvect-cost-model=dynamic)
+OPT     ?= -O2 $(CC_VECT_COST)
 CFLAGS_WARN = -std=c11 -g -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2 \
               -Wvla -Werror
 CFLAGS  ?=
@@ -45,6 +51,11 @@ $(LIB): $(LIB_OBJS)
 
 $(KVSIM): $(CLI_OBJS) $(LIB)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $(CLI_OBJS) $(LIB) $(EXTRA_LDLIBS) $(LDLIBS_BASE)
+
+# Named in this explicit rule, the test helper objects are ordinary prerequisites, not intermediate files of
+# the pattern rules below (make deleted those after a fresh build, and the next `make test` rebuilt them and
+# relinked every test and benchmark).
+$(TEST_BINS) $(BENCH_BINS): $(TEST_UTIL_OBJS) $(LIB)
 
 $(BUILD)/tests/%: tests/%.c $(TEST_UTIL_OBJS) $(LIB)
 	@mkdir -p $(dir $@)

@@ -2,7 +2,8 @@
  *
  * They are thin layers over trace/trace.h (file format: trace/FORMAT.md). `verify` recomputes exact causal
  * full attention from the stored q/k/v with kvs_attention() (common/kvs_math.h, the definitions in
- * ../shared/DESIGN.md "Capture") and compares it with the stored o and lse. Exit codes as in cli.h.
+ * ../shared/DESIGN.md "Capture"), position by position through sim/kv_stream.h, and compares it with the
+ * stored o and lse. Exit codes as in cli.h.
  */
 #include <getopt.h>
 #include <math.h>
@@ -13,6 +14,7 @@
 
 #include "../common/kvs_math.h"
 #include "../common/npy.h"
+#include "../sim/kv_stream.h"
 #include "../trace/trace.h"
 #include "cli.h"
 
@@ -178,12 +180,14 @@ typedef struct {
     double u, eta;           /* storage rounding (bound mode) */
 } verify_cfg;
 
-/* Per-thread scratch; N = n_positions, d = head_dim. Memory per thread: (3 N d + 4 N + 2 d) floats. */
+/* Per-thread scratch of the bound; N = n_positions, d = head_dim: (N d + 3 N + d) floats per thread (none
+ * with fixed tolerances). The K/V history, probabilities, outputs and (bound mode) scores are the
+ * kvs_kv_stream's (sim/kv_stream.h): 2 N d + G N (2 G N with the scores) + G d floats per stream in work. */
 typedef struct {
-    float *keys, *absk, *vals; /* [N][d]: the stream's k~, |k~| and v~ so far */
+    float *absk;               /* [N][d]: |k~| of the stream so far */
     float *k1, *vn;            /* [N]: |k~_j|_1 and ||v~_j||_2 */
-    float *probs, *ehat;       /* [N]: scores, then probabilities; ê_j */
-    float *out, *absq;         /* [d] */
+    float *ehat;               /* [N]: ê_j */
+    float *absq;               /* [d] */
 } verify_scratch;
 
 typedef struct {
@@ -212,31 +216,18 @@ static double usage(double err, double bound) {
     return bound > 0 ? err / bound : INFINITY;
 }
 
-/* Checks one row: query q~ (d) of position n − 1 against stored o~ (d) and lse~, with keys/values 0..n−1 in
- * w. Returns whether it passes; *use_o / *use_lse receive the bound usages, *rel the relative output error,
- * *el the absolute lse error (NaN reported as +inf so that it can never look like a pass). */
-static int verify_row(const verify_cfg *cfg, size_t n, size_t d, float scale, const float *q, const float *o_st,
-                      float lse_st, verify_scratch *w, double *rel, double *el, double *use_o, double *use_lse) {
-    /* kvs_attention() step by step, so the scores are seen before the softmax overwrites them */
-    kvs_attn_scores(q, w->keys, d, NULL, n, d, scale, w->probs);
-    float m = -INFINITY;
-    for (size_t j = 0; j < n; j++)
-        if (w->probs[j] > m) m = w->probs[j];
-    double q1 = 0, u = cfg->u, eta = cfg->eta, ehat_max = 0;
-    for (size_t i = 0; i < d; i++) w->absq[i] = fabsf(q[i]), q1 += w->absq[i];
-    if (!cfg->fixed) {
-        double a_rel = 1 + 2 * gamma32((double)d); /* fp32 sum of d non-negative products */
-        for (size_t j = 0; j < n; j++) {
-            double a = (double)kvs_dot(w->absq, w->absk + j * d, d) * a_rel;
-            double e = scale * ((2 * u + u * u) * a + eta * (1 + u) * (q1 + w->k1[j]) + (double)d * eta * eta);
-            e += 2 * (1 + u) * (1 + u) * (gamma32((double)d + 2) * scale * a + (fabs((double)w->probs[j] - m) + 4) * VERIFY_U32);
-            w->ehat[j] = (float)(e * (1 + VERIFY_U32)); /* rounded up into float */
-            if (e > ehat_max) ehat_max = e;
-        }
-    }
-    double lse = kvs_softmax(w->probs, n);
-    kvs_attn_output(w->probs, w->vals, d, NULL, n, d, w->out);
-    *rel = kvs_rel_l2(o_st, w->out, d);
+/* Checks query head g of position kp->pos: the stream's recomputation (kvs_attention's scores, probabilities,
+ * lse and output over keys/values 0..pos; scores only in bound mode) against the stored o~ and lse~. Returns
+ * whether it passes; *use_o / *use_lse receive the bound usages, *rel the relative output error, *el the
+ * absolute lse error (NaN reported as +inf so that it can never look like a pass). */
+static int verify_row(const verify_cfg *cfg, const kvs_kv_pos *kp, size_t g, verify_scratch *w, double *rel,
+                      double *el, double *use_o, double *use_lse) {
+    size_t n = (size_t)kp->n_ctx, d = (size_t)kp->head_dim;
+    float scale = kp->scale;
+    const float *q = kp->q + g * d, *o_st = kp->o + g * d, *probs = kp->probs + g * n, *out = kp->out + g * d;
+    float lse_st = kp->lse[g];
+    double lse = kp->attn_lse[g];
+    *rel = kvs_rel_l2(o_st, out, d);
     *el = fabs(lse - (double)lse_st);
     if (isnan(*rel)) *rel = INFINITY;
     if (isnan(*el)) *el = INFINITY;
@@ -245,23 +236,37 @@ static int verify_row(const verify_cfg *cfg, size_t n, size_t d, float scale, co
         *use_lse = usage(*el, cfg->lse_tol);
         return *rel <= cfg->tol && *el <= cfg->lse_tol;
     }
+    const float *scores = kp->scores + g * n;
+    float m = -INFINITY;
+    for (size_t j = 0; j < n; j++)
+        if (scores[j] > m) m = scores[j];
+    double q1 = 0, u = cfg->u, eta = cfg->eta, ehat_max = 0;
+    for (size_t i = 0; i < d; i++) w->absq[i] = fabsf(q[i]), q1 += w->absq[i];
+    double a_rel = 1 + 2 * gamma32((double)d); /* fp32 sum of d non-negative products */
+    for (size_t j = 0; j < n; j++) {
+        double a = (double)kvs_dot(w->absq, w->absk + j * d, d) * a_rel;
+        double e = scale * ((2 * u + u * u) * a + eta * (1 + u) * (q1 + w->k1[j]) + (double)d * eta * eta);
+        e += 2 * (1 + u) * (1 + u) * (gamma32((double)d + 2) * scale * a + (fabs((double)scores[j] - m) + 4) * VERIFY_U32);
+        w->ehat[j] = (float)(e * (1 + VERIFY_U32)); /* rounded up into float */
+        if (e > ehat_max) ehat_max = e;
+    }
     double pe = 0, pv = 0;
-    for (size_t j = 0; j < n; j++) pe += (double)w->probs[j] * w->ehat[j], pv += (double)w->probs[j] * w->vn[j];
+    for (size_t j = 0; j < n; j++) pe += (double)probs[j] * w->ehat[j], pv += (double)probs[j] * w->vn[j];
     double e_lse = fmin(ehat_max, exp(2 * ehat_max) * pe);
-    double o_norm = kvs_l2(o_st, d), out_norm = kvs_l2(w->out, d), err_o = 0, sqrt_d = sqrt((double)d);
+    double o_norm = kvs_l2(o_st, d), out_norm = kvs_l2(out, d), err_o = 0, sqrt_d = sqrt((double)d);
     for (size_t i = 0; i < d; i++) {
-        double x = (double)o_st[i] - w->out[i];
+        double x = (double)o_st[i] - out[i];
         err_o += x * x;
     }
     err_o = sqrt(err_o);
     double bo = u * o_norm + eta * sqrt_d; /* step 4 */
     for (size_t j = 0; j < n; j++) {
-        double p = w->probs[j];
+        double p = probs[j];
         if (p == 0) continue;
-        const float *v = w->vals + j * d;
+        const float *v = kp->v + j * d;
         double dist = 0;
         for (size_t i = 0; i < d; i++) {
-            double x = (double)v[i] - w->out[i];
+            double x = (double)v[i] - out[i];
             dist += x * x;
         }
         double t = (double)w->ehat[j] + e_lse;
@@ -278,80 +283,68 @@ static int verify_row(const verify_cfg *cfg, size_t n, size_t d, float scale, co
     return err_o <= bo && *el <= bl; /* NaN bounds (inf inputs) fail */
 }
 
-/* Recomputes one (layer, KV head) stream, block by block (one block + the K/V history in memory). */
+/* Recomputes one (layer, KV head) stream position by position with a kvs_kv_stream (one block + the K/V
+ * history in memory), which also does the attention (kvs_attention's code path; scores kept for the bound). */
 static void verify_stream(const kvs_trace *t, const verify_cfg *cfg, int layer, int kv_head, stream_result *r,
                           verify_scratch *w) {
-    const kvs_trace_info *in = kvs_trace_info_get(t);
-    size_t d = (size_t)in->model.head_dim;
-    float scale = in->model.attn_scale;
-    kvs_trace_stream *st = NULL;
+    kvs_kv_stream *st = NULL;
     r->worst_pos = r->use_pos = -1;
     r->worst_head = r->use_head = -1;
-    r->status = kvs_trace_stream_open(t, layer, kv_head, &st);
-    const kvs_trace_block *b;
-    while (r->status == KVS_OK && (r->status = kvs_trace_stream_next(st, &b)) == KVS_OK) {
-        size_t G = (size_t)b->group;
-        for (int32_t i = 0; i < b->n_pos; i++) {
-            size_t p = (size_t)b->first_pos + (size_t)i;
-            const float *k = b->k + (size_t)i * d, *v = b->v + (size_t)i * d;
+    r->status = kvs_kv_stream_open(t, layer, kv_head, cfg->fixed ? KVS_KV_STREAM_FULL_ATTN : KVS_KV_STREAM_SCORES, &st);
+    kvs_kv_pos kp;
+    while (r->status == KVS_OK && (r->status = kvs_kv_stream_next(st, &kp)) == KVS_OK) {
+        size_t p = (size_t)kp.pos, d = (size_t)kp.head_dim, G = (size_t)kp.group;
+        if (!cfg->fixed) {
+            const float *k = kp.k + p * d, *v = kp.v + p * d;
             double k1 = 0;
             for (size_t e = 0; e < d; e++) w->absk[p * d + e] = fabsf(k[e]), k1 += fabsf(k[e]);
-            memcpy(w->keys + p * d, k, d * sizeof(float));
-            memcpy(w->vals + p * d, v, d * sizeof(float));
             w->k1[p] = (float)(k1 * (1 + VERIFY_U32)); /* rounded up: it enters an upper bound */
             w->vn[p] = (float)(kvs_l2(v, d) * (1 + VERIFY_U32));
         }
-        for (int32_t i = 0; i < b->n_pos; i++) {
-            size_t p = (size_t)b->first_pos + (size_t)i;
-            for (size_t g = 0; g < G; g++) {
-                const float *q = b->q + ((size_t)i * G + g) * d, *o = b->o + ((size_t)i * G + g) * d;
-                double rel, el, uo, ul;
-                int head = kv_head * (int)G + (int)g;
-                if (!verify_row(cfg, p + 1, d, scale, q, o, b->lse[(size_t)i * G + g], w, &rel, &el, &uo, &ul))
-                    r->n_fail++;
-                if (rel > r->max_rel || r->worst_pos < 0) r->max_rel = rel, r->worst_pos = (int64_t)p, r->worst_head = head;
-                if (el > r->max_lse) r->max_lse = el;
-                if (fmax(uo, ul) > fmax(r->use_o, r->use_lse) || r->use_pos < 0) r->use_pos = (int64_t)p, r->use_head = head;
-                if (uo > r->use_o) r->use_o = uo;
-                if (ul > r->use_lse) r->use_lse = ul;
-            }
+        for (size_t g = 0; g < G; g++) {
+            double rel, el, uo, ul;
+            int head = kv_head * (int)G + (int)g;
+            if (!verify_row(cfg, &kp, g, w, &rel, &el, &uo, &ul)) r->n_fail++;
+            if (rel > r->max_rel || r->worst_pos < 0) r->max_rel = rel, r->worst_pos = (int64_t)p, r->worst_head = head;
+            if (el > r->max_lse) r->max_lse = el;
+            if (fmax(uo, ul) > fmax(r->use_o, r->use_lse) || r->use_pos < 0) r->use_pos = (int64_t)p, r->use_head = head;
+            if (uo > r->use_o) r->use_o = uo;
+            if (ul > r->use_lse) r->use_lse = ul;
         }
     }
     if (r->status == KVS_ERR_END) r->status = KVS_OK;
     if (r->status != KVS_OK) snprintf(r->detail, sizeof r->detail, "%s", kvs_last_error());
-    kvs_trace_stream_free(st);
+    kvs_kv_stream_free(st);
 }
 
 static void *verify_worker(void *arg) {
     verify_job *job = arg;
     const kvs_trace_info *in = kvs_trace_info_get(job->t);
     size_t N = (size_t)in->n_positions, d = (size_t)in->model.head_dim;
-    verify_scratch w = {
-        .keys = malloc(N * d * sizeof(float)), .absk = malloc(N * d * sizeof(float)),
-        .vals = malloc(N * d * sizeof(float)), .k1 = malloc(N * sizeof(float)), .vn = malloc(N * sizeof(float)),
-        .probs = malloc(N * sizeof(float)), .ehat = malloc(N * sizeof(float)), .out = malloc(d * sizeof(float)),
-        .absq = malloc(d * sizeof(float)),
-    };
-    int ok = w.keys && w.absk && w.vals && w.k1 && w.vn && w.probs && w.ehat && w.out && w.absq;
+    verify_scratch w = {0};
+    if (!job->cfg->fixed) { /* the bound's scratch; fixed tolerances need none */
+        w.absk = malloc(N * d * sizeof(float));
+        w.k1 = malloc(N * sizeof(float));
+        w.vn = malloc(N * sizeof(float));
+        w.ehat = malloc(N * sizeof(float));
+        w.absq = malloc(d * sizeof(float));
+    }
+    int ok = job->cfg->fixed || (w.absk && w.k1 && w.vn && w.ehat && w.absq);
     for (;;) {
         int i = __atomic_fetch_add(&job->next, 1, __ATOMIC_RELAXED);
         if (i >= job->n_streams) break;
         stream_result *r = &job->res[i];
         if (!ok) {
             r->status = KVS_ERR_NOMEM;
-            snprintf(r->detail, sizeof r->detail, "cannot allocate the K/V history (%zu positions x %zu)", N, d);
+            snprintf(r->detail, sizeof r->detail, "cannot allocate the error bound's scratch (%zu positions x %zu)", N, d);
             continue;
         }
         verify_stream(job->t, job->cfg, i / in->model.n_kv_heads, i % in->model.n_kv_heads, r, &w);
     }
-    free(w.keys);
     free(w.absk);
-    free(w.vals);
     free(w.k1);
     free(w.vn);
-    free(w.probs);
     free(w.ehat);
-    free(w.out);
     free(w.absq);
     return NULL;
 }

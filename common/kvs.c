@@ -37,6 +37,7 @@ static const char *const kvs_status_names[] = {
     [15] = "invalid state",
     [16] = "end of stream",
     [17] = "external program failed",
+    [18] = "interrupted",
 };
 
 const char *kvs_strerror(kvs_status s) {
@@ -147,6 +148,7 @@ float kvs_bf16_to_f32(uint16_t h) { return kvs_bits_f32((uint32_t)h << 16); }
  * included; tests/test_common.c compares them over every half and every rounding boundary), and x86 is
  * little-endian like the stored bytes, so files never depend on the machine that wrote them. */
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define KVS_HAVE_F16C_PATH 1
 
@@ -173,7 +175,11 @@ static int use_f16c(void) {
     if (v < 0) {
         __builtin_cpu_init();
         const char *off = getenv("KVSIM_NO_F16C");
-        v = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx") && !(off && off[0] && strcmp(off, "0"));
+        /* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c"; "avx"
+         * (which both compilers know) also checks that the OS saves the YMM state the fast path uses. */
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+        v = f16c && __builtin_cpu_supports("avx") && !(off && off[0] && strcmp(off, "0"));
         __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
     }
     return v;

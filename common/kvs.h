@@ -30,6 +30,7 @@ typedef enum {
     KVS_ERR_STATE = -15,       /* call made in the wrong state (e.g. append after close) */
     KVS_ERR_END = -16,         /* end of a stream: not an error for iterators */
     KVS_ERR_EXTERNAL = -17,    /* an external program (gnuplot) failed */
+    KVS_ERR_INTERRUPTED = -18, /* stopped on request (SIGINT/SIGTERM) before completion */
 } kvs_status;
 
 /*! kvs_strerror() : short fixed description of a status code; never NULL. */
