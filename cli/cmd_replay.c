@@ -5,9 +5,11 @@
  * Everything is validated before the database is opened (unknown policy or parameter, budget 0 or larger
  * than the trace, bad option): such errors exit 2 and leave the database untouched.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../sim/policy.h"
 #include "../sim/replay.h"
@@ -25,7 +27,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: kvsim replay TRACE --db FILE --policy SPEC [--policy SPEC ...] --budgets LIST\n"
             "                    [--threads N] [--measure decode|prefill|all] [--series-every N]\n"
-            "                    [--kv-bytes N] [--aux-bytes N]\n\n"
+            "                    [--kv-bytes N] [--aux-bytes N] [--progress|--no-progress]\n\n"
             "Replays TRACE under every (policy, budget) pair in one pass and writes one run per pair to the\n"
             "results database FILE (created if missing).\n\n"
             "  --policy SPEC     NAME or NAME:key=value,key=value (repeatable); policies and parameters below\n"
@@ -37,12 +39,48 @@ static void usage(FILE *f) {
             "                    positions (against what the policy holds, chunk by chunk); all: both\n"
             "  --series-every N  store every N-th measured step per (layer, query head) (default 0: none)\n"
             "  --kv-bytes N      bytes per cached K/V element (default: the trace dtype's size)\n"
-            "  --aux-bytes N     bytes per auxiliary element, scores etc. (default 4: fp32)\n\n"
+            "  --aux-bytes N     bytes per auxiliary element, scores etc. (default 4: fp32)\n"
+            "  --progress        a progress line on stderr (default: only when stderr is a terminal);\n"
+            "                    --no-progress never\n\n"
+            "Identical (policy, budget) pairs run once. A pair the policy rejects (e.g. streaming with sinks >=\n"
+            "budget) is recorded as a failed run with its reason while the others run; the exit status is then 1.\n"
+            "SIGINT/SIGTERM stop the replay: every run is recorded as failed (interrupted) and the exit status is 1.\n"
+            "Every option except --policy may be given once.\n\n"
             "Budgets are nominal: prompt-only policies (SnapKV, PyramidKV, Ada-KV) bound the prompt only and\n"
             "keep every generated token, so compare policies at equal measured memory or traffic too\n"
             "(kvsim compare DB --match mem|traffic, kvsim plot --kind error-vs-memory|error-vs-traffic).\n\n"
             "policies:\n");
     kvs_policy_print_help(f);
+}
+
+/* SIGINT/SIGTERM during the replay: the engine stops at the next position and every run is recorded as
+ * failed ("interrupted"), so the database says what happened; a second signal kills as usual. */
+static volatile int stop_requested;
+
+static void on_stop_signal(int sig) {
+    stop_requested = 1;
+    signal(sig, SIG_DFL);
+}
+
+static void install_stop_handlers(void) {
+    signal(SIGINT, on_stop_signal);
+    signal(SIGTERM, on_stop_signal);
+}
+
+typedef struct {
+    double start;
+    int shown;
+} replay_progress;
+
+/* One self-overwriting line on stderr: percentage, elapsed and estimated remaining time. */
+static void show_progress(void *user, int64_t done, int64_t total) {
+    replay_progress *p = user;
+    double el = kvs_now_s() - p->start, frac = total > 0 ? (double)done / (double)total : 1.0;
+    double left = frac > 0 ? el * (1.0 - frac) / frac : 0.0;
+    fprintf(stderr, "\rkvsim replay: %5.1f%% (%lld of %lld layer-steps), %.0f s elapsed, ~%.0f s left   ", 100.0 * frac,
+            (long long)done, (long long)total, el, left);
+    fflush(stderr);
+    p->shown = 1;
 }
 
 /* Accepts "--opt value" and "--opt=value"; returns the value or NULL (and sets *err) when missing. */
@@ -65,6 +103,9 @@ int kvs_cmd_replay(int argc, char **argv) {
     const char *specs[MAX_POLICIES];
     int n_specs = 0;
     long threads = 0, series_every = 0, kv_bytes = 0, aux_bytes = 0;
+    int progress = -1; /* -1: on a terminal only */
+    /* One rule for every single-valued option: given twice is a usage error (never "the last wins"). */
+    int seen_threads = 0, seen_series = 0, seen_kvb = 0, seen_auxb = 0, seen_measure = 0;
     kvs_replay_measure measure = KVS_MEASURE_DECODE;
     for (int i = 1; i < argc; i++) {
         int m;
@@ -75,6 +116,7 @@ int kvs_cmd_replay(int argc, char **argv) {
         }
         if ((v = opt_value(argc, argv, &i, "--db", &m)) || m) {
             if (!v) return kvs_cli_usage_error("replay", "--db needs a FILE");
+            if (db_path) return kvs_cli_usage_error("replay", "--db given twice");
             db_path = v;
         } else if ((v = opt_value(argc, argv, &i, "--policy", &m)) || m) {
             if (!v) return kvs_cli_usage_error("replay", "--policy needs a SPEC");
@@ -86,23 +128,31 @@ int kvs_cmd_replay(int argc, char **argv) {
             budget_text = v;
         } else if ((v = opt_value(argc, argv, &i, "--threads", &m)) || m) {
             if (!v) return kvs_cli_usage_error("replay", "--threads needs N");
+            if (seen_threads++) return kvs_cli_usage_error("replay", "--threads given twice");
             if (kvs_cli_parse_long("--threads", v, 1, 4096, &threads) != KVS_OK) return kvs_cli_fail("replay", KVS_ERR_INVALID_ARG);
         } else if ((v = opt_value(argc, argv, &i, "--series-every", &m)) || m) {
             if (!v) return kvs_cli_usage_error("replay", "--series-every needs N");
+            if (seen_series++) return kvs_cli_usage_error("replay", "--series-every given twice");
             if (kvs_cli_parse_long("--series-every", v, 0, 1L << 40, &series_every) != KVS_OK)
                 return kvs_cli_fail("replay", KVS_ERR_INVALID_ARG);
         } else if ((v = opt_value(argc, argv, &i, "--kv-bytes", &m)) || m) {
             if (!v) return kvs_cli_usage_error("replay", "--kv-bytes needs N");
+            if (seen_kvb++) return kvs_cli_usage_error("replay", "--kv-bytes given twice");
             if (kvs_cli_parse_long("--kv-bytes", v, 1, 8, &kv_bytes) != KVS_OK) return kvs_cli_fail("replay", KVS_ERR_INVALID_ARG);
         } else if ((v = opt_value(argc, argv, &i, "--aux-bytes", &m)) || m) {
             if (!v) return kvs_cli_usage_error("replay", "--aux-bytes needs N");
+            if (seen_auxb++) return kvs_cli_usage_error("replay", "--aux-bytes given twice");
             if (kvs_cli_parse_long("--aux-bytes", v, 1, 8, &aux_bytes) != KVS_OK) return kvs_cli_fail("replay", KVS_ERR_INVALID_ARG);
         } else if ((v = opt_value(argc, argv, &i, "--measure", &m)) || m) {
             if (!v) return kvs_cli_usage_error("replay", "--measure needs decode, prefill or all");
+            if (seen_measure++) return kvs_cli_usage_error("replay", "--measure given twice");
             if (!strcmp(v, "decode")) measure = KVS_MEASURE_DECODE;
             else if (!strcmp(v, "all")) measure = KVS_MEASURE_ALL;
             else if (!strcmp(v, "prefill")) measure = KVS_MEASURE_PREFILL;
             else return kvs_cli_usage_error("replay", "--measure: '%s' is not decode, prefill or all", v);
+        } else if (!strcmp(argv[i], "--progress") || !strcmp(argv[i], "--no-progress")) {
+            if (progress >= 0) return kvs_cli_usage_error("replay", "--progress/--no-progress given twice");
+            progress = !strcmp(argv[i], "--progress");
         } else if (argv[i][0] == '-' && argv[i][1]) {
             return kvs_cli_usage_error("replay", "unknown option '%s'", argv[i]);
         } else {
@@ -123,10 +173,12 @@ int kvs_cmd_replay(int argc, char **argv) {
     kvs_trace *tr = NULL;
     kvs_results_db *db = NULL;
     kvs_replay_result *res = NULL;
-    kvs_replay_config *runs = NULL;
+    kvs_replay_config *runs = NULL, *valid = NULL;
+    char (*reasons)[512] = NULL;
+    int *valid_of = NULL;
     int64_t *budgets = NULL;
     double *fractions = NULL;
-    int n_budgets = 0;
+    int n_budgets = 0, n_runs = 0, n_valid = 0, n_invalid = 0;
     kvs_status st = kvs_trace_open(trace_path, &tr);
     if (st != KVS_OK) {
         rc = kvs_cli_fail("replay", st == KVS_ERR_INVALID_ARG ? KVS_ERR_IO : st);
@@ -138,18 +190,27 @@ int kvs_cmd_replay(int argc, char **argv) {
         rc = kvs_cli_fail("replay", st);
         goto cleanup;
     }
-    int n_runs = n_specs * n_budgets;
-    runs = calloc((size_t)n_runs, sizeof *runs);
+    runs = calloc((size_t)n_specs * (size_t)n_budgets, sizeof *runs);
     if (!runs) {
         rc = kvs_cli_fail("replay", kvs_fail(KVS_ERR_NOMEM, "out of memory"));
         goto cleanup;
     }
+    /* Identical (policy configuration, budget) pairs run once: the same numbers twice would only look like
+     * two independent measurements. */
     for (int i = 0; i < n_specs; i++)
         for (int b = 0; b < n_budgets; b++) {
-            kvs_replay_config *r = &runs[i * n_budgets + b];
-            r->policy = cfgs[i];
-            r->budget = budgets[b];
-            r->budget_fraction = fractions[b];
+            kvs_replay_config r = {.policy = cfgs[i], .budget = budgets[b], .budget_fraction = fractions[b]};
+            int dup = 0;
+            for (int j = 0; j < n_runs && !dup; j++)
+                dup = runs[j].policy.ops == r.policy.ops && !strcmp(runs[j].policy.canonical, r.policy.canonical) &&
+                      runs[j].budget == r.budget;
+            if (dup) {
+                fprintf(stderr, "kvsim replay: warning: %s%s%s at budget %lld given more than once: run once\n",
+                        r.policy.ops->name, r.policy.canonical[0] ? ":" : "", r.policy.canonical,
+                        (long long)r.budget);
+                continue;
+            }
+            runs[n_runs++] = r;
         }
     kvs_replay_source src;
     if ((st = kvs_replay_source_from_trace(tr, &src)) != KVS_OK) {
@@ -160,17 +221,74 @@ int kvs_cmd_replay(int argc, char **argv) {
     if (aux_bytes) src.model.aux_bytes = (int32_t)aux_bytes;
     kvs_replay_opts opts = {.configs = runs, .n_configs = n_runs, .threads = (int)threads, .measure = measure,
                             .series_every = series_every, .hooks = NULL};
-    if ((st = kvs_replay_validate(&src, &opts)) != KVS_OK) {
-        rc = kvs_cli_fail("replay", st);
+    /* Trace-level problems (nothing to measure, malformed turns) stop everything before the database is
+     * touched; a (policy, budget) pair the policy rejects only fails its own run. */
+    valid = calloc((size_t)n_runs, sizeof *valid);
+    valid_of = calloc((size_t)n_runs, sizeof *valid_of);
+    reasons = calloc((size_t)n_runs, sizeof *reasons);
+    if (!valid || !valid_of || !reasons) {
+        rc = kvs_cli_fail("replay", kvs_fail(KVS_ERR_NOMEM, "out of memory"));
         goto cleanup;
     }
-    /* Everything checked: only now touch the database (a non-kvsim file is refused, unchanged). */
+    for (int i = 0; i < n_runs; i++) {
+        kvs_replay_opts one = opts;
+        one.configs = &runs[i];
+        one.n_configs = 1;
+        st = kvs_replay_validate(&src, &one);
+        if (st == KVS_OK) {
+            valid_of[i] = n_valid;
+            valid[n_valid++] = runs[i];
+            continue;
+        }
+        if (st != KVS_ERR_INVALID_ARG || !kvs_policy_find(runs[i].policy.ops->name) ||
+            kvs_policy_validate(&runs[i].policy, &src.model, runs[i].budget) == KVS_OK) {
+            /* not the policy's objection: the trace or the options are at fault, for every run */
+            rc = kvs_cli_fail("replay", st == KVS_ERR_INVALID_ARG ? KVS_ERR_FORMAT : st);
+            if (st == KVS_ERR_INVALID_ARG) rc = KVS_EXIT_FAIL;
+            goto cleanup;
+        }
+        valid_of[i] = -1;
+        snprintf(reasons[i], sizeof reasons[i], "invalid configuration: %s", kvs_last_error());
+        n_invalid++;
+    }
+    if (n_valid == 0) { /* nothing would run: a usage error, the database untouched */
+        for (int i = 0; i < n_runs; i++) fprintf(stderr, "kvsim replay: %s\n", reasons[i]);
+        rc = KVS_EXIT_USAGE;
+        goto cleanup;
+    }
+    /* The database is created only once there is something to record: a replay that fails on its input
+     * leaves no empty database (nor -wal/-shm) behind. An existing file is checked now, read-only, so a
+     * foreign or newer database is refused before the (possibly long) replay. */
+    if (access(db_path, F_OK) == 0) {
+        kvs_results_db *probe = NULL;
+        if ((st = kvs_results_open_readonly(db_path, &probe)) != KVS_OK) {
+            rc = kvs_cli_fail("replay", st == KVS_ERR_INVALID_ARG ? KVS_ERR_DB : st);
+            goto cleanup;
+        }
+        kvs_results_close(probe);
+    }
+    replay_progress prog = {.start = kvs_now_s()};
+    opts.configs = valid;
+    opts.n_configs = n_valid;
+    opts.progress = (progress == 1 || (progress < 0 && isatty(STDERR_FILENO))) ? show_progress : NULL;
+    opts.progress_user = &prog;
+    opts.cancel = &stop_requested;
+    install_stop_handlers();
+    kvs_status exec_st = KVS_OK;
+    char exec_err[512] = "";
+    if (n_valid > 0) {
+        exec_st = kvs_replay_execute(&src, &opts, &res);
+        if (prog.shown) fputc('\n', stderr);
+        if (exec_st != KVS_OK && exec_st != KVS_ERR_INTERRUPTED) {
+            rc = kvs_cli_fail("replay", exec_st == KVS_ERR_INVALID_ARG ? KVS_ERR_FORMAT : exec_st);
+            goto cleanup;
+        }
+        if (exec_st == KVS_ERR_INTERRUPTED)
+            snprintf(exec_err, sizeof exec_err, "interrupted by signal after %.1f s (%s)", kvs_now_s() - prog.start,
+                     kvs_last_error());
+    }
     if ((st = kvs_results_open(db_path, &db)) != KVS_OK) {
         rc = kvs_cli_fail("replay", st == KVS_ERR_INVALID_ARG ? KVS_ERR_DB : st);
-        goto cleanup;
-    }
-    if ((st = kvs_replay_execute(&src, &opts, &res)) != KVS_OK) {
-        rc = kvs_cli_fail("replay", st == KVS_ERR_INVALID_ARG ? KVS_ERR_FORMAT : st);
         goto cleanup;
     }
     kvs_results_trace rt = {
@@ -186,8 +304,10 @@ int kvs_cmd_replay(int argc, char **argv) {
            "err_p95", "recall", "overlap", "att_mn", "att_pk", "resid_B_mn", "resid_B_pk", "traffic_B", "status",
            "params");
     for (int i = 0; i < n_runs; i++) {
-        const kvs_replay_run_result *r = &res->runs[i];
         const kvs_replay_config *c = &runs[i];
+        const kvs_replay_run_result *r = valid_of[i] >= 0 && res ? &res->runs[valid_of[i]] : NULL;
+        const char *error = valid_of[i] < 0 ? reasons[i] : exec_err[0] ? exec_err : r && r->status != KVS_OK ? r->error : NULL;
+        int ok = error == NULL;
         kvs_results_run run = {
             .policy = c->policy.ops->name, .params = c->policy.canonical, .budget_tokens = c->budget,
             .budget_fraction = c->budget_fraction, .is_oracle = c->policy.ops->is_oracle,
@@ -196,11 +316,10 @@ int kvs_cmd_replay(int argc, char **argv) {
                             : c->policy.ops->budget_scope == KVS_BUDGET_NONE ? "none"
                                                                              : "every_step",
             .layout = kvs_policy_layout(&c->policy) == KVS_SEL_PER_QUERY_HEAD ? "per_query_head" : "per_kv_head",
-            .status = r->status == KVS_OK ? "complete" : "failed", .error = r->status == KVS_OK ? NULL : r->error,
-            .wall_seconds = r->wall_seconds, .kvsim_version = KVSIM_VERSION_STRING,
+            .status = ok ? "complete" : "failed", .error = error,
+            .wall_seconds = r ? r->wall_seconds : 0, .kvsim_version = KVSIM_VERSION_STRING,
         };
-        int ok = r->status == KVS_OK;
-        st = kvs_results_write_run(db, &rt, &run, r->layer_aggs, ok ? r->n_layers : 0, ok ? &r->run_agg : NULL,
+        st = kvs_results_write_run(db, &rt, &run, ok ? r->layer_aggs : NULL, ok ? r->n_layers : 0, ok ? &r->run_agg : NULL,
                                    ok ? r->steps : NULL, ok ? r->n_steps : 0, NULL);
         if (st != KVS_OK) {
             rc = kvs_cli_fail("replay", st);
@@ -208,29 +327,45 @@ int kvs_cmd_replay(int argc, char **argv) {
         }
         if (!ok) {
             n_failed++;
-            fprintf(stderr, "kvsim replay: run %s:%s budget %lld failed: %s\n", c->policy.ops->name,
-                    c->policy.canonical, (long long)c->budget, r->error);
+            if (!exec_err[0] || valid_of[i] < 0)
+                fprintf(stderr, "kvsim replay: run %s%s%s budget %lld failed: %s\n", c->policy.ops->name,
+                        c->policy.canonical[0] ? ":" : "", c->policy.canonical, (long long)c->budget, error);
         }
-        const kvs_results_agg *ag = &r->run_agg;
+        const kvs_results_agg *ag = ok ? &r->run_agg : NULL;
         const char *scope = c->policy.ops->is_oracle                           ? "ORACLE"
                             : c->policy.ops->budget_scope == KVS_BUDGET_PROMPT ? "prompt"
                             : c->policy.ops->budget_scope == KVS_BUDGET_NONE   ? "none"
                                                                                : "step";
-        printf("%-12s %7lld %-6s %9.4g %9.4g %8.4f %8.4f %7.1f %7.0f %11.0f %11.0f %11.0f %-8s %s\n",
-               c->policy.ops->name, (long long)c->budget, scope, ag->out_err.mean, ag->out_err.p95,
-               ag->attn_recall.mean, ag->topk_overlap.mean, ag->attended_tokens.mean, ag->attended_tokens.max,
-               ag->storage_bytes.mean, ag->storage_bytes.max, ag->traffic_bytes.mean, ok ? "complete" : "FAILED",
-               c->policy.canonical[0] ? c->policy.canonical : "-");
+        if (ag)
+            printf("%-12s %7lld %-6s %9.4g %9.4g %8.4f %8.4f %7.1f %7.0f %11.0f %11.0f %11.0f %-8s %s\n",
+                   c->policy.ops->name, (long long)c->budget, scope, ag->out_err.mean, ag->out_err.p95,
+                   ag->attn_recall.mean, ag->topk_overlap.mean, ag->attended_tokens.mean, ag->attended_tokens.max,
+                   ag->storage_bytes.mean, ag->storage_bytes.max, ag->traffic_bytes.mean, "complete",
+                   c->policy.canonical[0] ? c->policy.canonical : "-");
+        else
+            printf("%-12s %7lld %-6s %9s %9s %8s %8s %7s %7s %11s %11s %11s %-8s %s\n", c->policy.ops->name,
+                   (long long)c->budget, scope, "-", "-", "-", "-", "-", "-", "-", "-", "-", "FAILED",
+                   c->policy.canonical[0] ? c->policy.canonical : "-");
     }
     if (n_runs > 0)
         printf("scope: step = |S_t| <= budget every step; prompt = budget bounds the prompt only (generated tokens "
                "all kept: compare at equal memory); ORACLE = sees full attention\n");
+    if (exec_err[0])
+        fprintf(stderr, "kvsim replay: %s: the %d runs were recorded as failed (interrupted) in %s\n", exec_err,
+                n_valid, db_path);
+    else if (n_failed)
+        fprintf(stderr, "kvsim replay: %d of %d runs failed (recorded with their reason in %s)\n", n_failed, n_runs,
+                db_path);
     rc = n_failed ? KVS_EXIT_FAIL : KVS_EXIT_OK;
+    if (fflush(stdout) != 0 || ferror(stdout)) rc = kvs_cli_fail("replay", kvs_fail(KVS_ERR_IO, "writing the summary to standard output failed"));
 cleanup:
     kvs_replay_result_free(res);
     kvs_results_close(db);
     kvs_trace_close(tr);
     free(runs);
+    free(valid);
+    free(valid_of);
+    free(reasons);
     free(budgets);
     free(fractions);
     return rc;

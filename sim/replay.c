@@ -81,6 +81,8 @@ typedef struct {
                                 * aggregates are computed */
     atomic_int next_task;
     pthread_mutex_t mu;
+    atomic_llong steps_done;   /* (layer, position) steps replayed by all tasks, for progress */
+    atomic_llong last_progress_us; /* kvs_now_s() of the last report, microseconds */
     kvs_status fatal;
     char fatal_msg[512];
 } engine;
@@ -667,6 +669,21 @@ static void step_end_hook(task *t, int ci, int64_t p) {
                                  e->o->configs[c].policy.ops, t->hk[h], t->hv[h], p + 1);
 }
 
+/* Counts `n` more steps and calls the progress callback when 0.25 s passed since the last report (one
+ * thread at a time: a busy lock just skips the report). */
+static void report_progress(engine *e, int64_t n) {
+    int64_t done = atomic_fetch_add(&e->steps_done, n) + n;
+    if (!e->o->progress) return;
+    long long now = (long long)(kvs_now_s() * 1e6), total = (long long)e->n_tasks * e->N;
+    if (now - atomic_load(&e->last_progress_us) < 250000 && done < total) return;
+    if (pthread_mutex_trylock(&e->mu) != 0) return;
+    if (now - atomic_load(&e->last_progress_us) >= 250000 || done == total) {
+        atomic_store(&e->last_progress_us, now);
+        e->o->progress(e->o->progress_user, done, (int64_t)e->n_tasks * e->N);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
 static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c_hi) {
     task t = {.e = e, .layer = layer, .c_lo = c_lo, .c_hi = c_hi, .nc = c_hi - c_lo};
     kvs_status st = task_alloc(&t);
@@ -704,6 +721,12 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
             }
         }
         for (int i = 0; i < blk[0]->n_pos; i++, pos++) {
+            if (e->o->cancel && *e->o->cancel) {
+                st = kvs_fail(KVS_ERR_INTERRUPTED, "replay interrupted at layer %d, position %lld of %lld", layer,
+                              (long long)pos, (long long)e->N);
+                goto cleanup;
+            }
+            report_progress(e, 1);
             while (tk + 1 < e->src->n_turns && pos >= e->src->turns[tk].end) tk++;
             const kvs_turn *turn = &e->src->turns[tk];
             int is_prompt = pos < turn->prompt_end;
@@ -1032,6 +1055,8 @@ kvs_status kvs_replay_execute(const kvs_replay_source *src, const kvs_replay_opt
     }
     if (threads > e.n_tasks) threads = e.n_tasks;
     atomic_init(&e.next_task, 0);
+    atomic_init(&e.steps_done, 0);
+    atomic_init(&e.last_progress_us, (long long)(kvs_now_s() * 1e6));
     if (threads <= 1) {
         worker(&e);
     } else {

@@ -78,6 +78,14 @@ typedef struct {
     kvs_replay_measure measure;
     int64_t series_every;       /* keep every N-th measured step per (layer, query head) in the series; 0 = none */
     const kvs_replay_hooks *hooks; /* NULL in production */
+    /* Optional progress report, called from worker threads (serialised by the engine) at most every
+     * ~0.25 s and once at the end: `done` of `total` (layer, position) steps replayed. */
+    void (*progress)(void *user, int64_t done, int64_t total);
+    void *progress_user;
+    /* Optional cancellation: when *cancel becomes non-zero (e.g. set by a SIGINT handler) the workers stop
+     * at the next position; kvs_replay_execute then returns KVS_ERR_INTERRUPTED with every run's status
+     * KVS_ERR_INTERRUPTED (nothing is a complete run). */
+    const volatile int *cancel;
 } kvs_replay_opts;
 
 /* The outcome of one configuration. */
