@@ -1,5 +1,6 @@
 /* cmd_plot.c — `kvsim plot DB --kind KIND --out FILE.png|FILE.svg [...]`: draws a plot from a results
- * database through gnuplot (plots/plot.h; ../shared/DESIGN.md "Results (SQLite) and plots").
+ * database through gnuplot (plots/plot.h; ../shared/DESIGN.md "Results (SQLite) and plots"; the cost
+ * kinds follow POLICY_SPEC.md §1.5 "Budget-matching modes").
  * Exit codes per cli.h: 0 drawn, 1 database/gnuplot/output failure, 2 bad usage.
  */
 #include <stdio.h>
@@ -8,61 +9,68 @@
 #include "../plots/plot.h"
 #include "cli.h"
 
+#define PLOT_FILTERS (KVS_CLI_FILTER_POLICY | KVS_CLI_FILTER_TRACE | KVS_CLI_FILTER_MODEL | KVS_CLI_FILTER_MEASURE)
+
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: kvsim plot DB --kind KIND --out FILE.png|FILE.svg [--metric M] [--layer L] [--policy NAME]\n"
-            "                     [--budget TOKENS]\n"
+            "usage: kvsim plot DB --kind KIND --out FILE.png|FILE.svg [--metric M] [--layer L] [--x-stat mean|max]\n"
+            "                     [--budget TOKENS] [--policy NAME] [--trace PATH] [--model NAME] [--measure M]\n"
             "Draws complete runs of the results database DB with gnuplot (PNG or SVG by the --out extension).\n"
+            "One line per (policy, params, trace, measure): runs of different traces or measure modes are never\n"
+            "averaged together (the legend names trace and measure when the plot has several); oracles dashed,\n"
+            "labelled (oracle).\n"
             "  --kind error-vs-budget    x: budget_tokens (log2), y: --metric (default out_err_mean), run-wide\n"
-            "                            aggregate or --layer L; one line per policy+params, oracles dashed\n"
+            "                            aggregate or --layer L\n"
+            "  --kind error-vs-memory    x: measured resident bytes per KV head (storage_bytes mean, or max with\n"
+            "                            --x-stat max; log scale), y: --metric; the Pareto frontier of the\n"
+            "                            non-oracle runs (lowest error at no more memory) drawn as a thick grey step line\n"
+            "  --kind error-vs-traffic   the same with x: bytes read per step per KV head (traffic_bytes mean|max)\n"
             "  --kind error-vs-position  x: position, y: --metric averaged over query heads (and layers unless\n"
-            "                            --layer); one line per run, selected by --policy / --budget\n"
-            "  --kind memory-vs-budget   x: budget_tokens (log2), y: storage_bytes_max (bytes per KV head)\n"
-            "  --metric   out_err_mean | out_err_p50 | out_err_p95 | out_err_max | attn_recall_mean |\n"
-            "             topk_overlap_mean (error-vs-position: out_err_mean, attn_recall_mean, topk_overlap_mean)\n"
-            "  --layer L  one layer's aggregates instead of the run-wide ones\n"
-            "  --policy   only runs of this policy\n"
-            "  --budget   error-vs-position only: only runs with this budget (tokens per KV head)\n");
-}
-
-/* "--opt VALUE" or "--opt=VALUE": returns the value (advancing *i) or NULL when `arg` is not `opt`. */
-static const char *opt_value(const char *opt, int argc, char **argv, int *i, int *missing) {
-    size_t n = strlen(opt);
-    if (strncmp(argv[*i], opt, n) != 0) return NULL;
-    if (argv[*i][n] == '=') return argv[*i] + n + 1;
-    if (argv[*i][n] != '\0') return NULL;
-    if (*i + 1 >= argc) {
-        *missing = 1;
-        return NULL;
-    }
-    return argv[++*i];
+            "                            --layer); one line per run, selected by the filters and --budget\n"
+            "  --kind memory-vs-budget   x: budget_tokens (log2), y: a bytes metric (default storage_bytes_max)\n"
+            "  --metric M  <metric>_<stat>, stat one of mean p50 p95 max min; quality metrics (out_err, out_err_abs,\n"
+            "              out_cos, attn_recall, attn_recall_merged, topk_overlap) for the error kinds, bytes metrics\n"
+            "              (storage_bytes, traffic_bytes, ...) for memory-vs-budget, any metric's _mean per position\n"
+            "  --layer L   one layer's aggregates (or steps) instead of the run-wide ones\n"
+            "  --x-stat S  error-vs-memory / error-vs-traffic: mean (default) or max over steps of the x metric\n"
+            "  --budget    error-vs-position only: only runs with this budget (tokens per KV head)\n");
+    kvs_cli_filter_usage(f, PLOT_FILTERS);
 }
 
 int kvs_cmd_plot(int argc, char **argv) {
     const char *db = NULL, *kind_s = NULL, *layer_s = NULL, *budget_s = NULL;
     kvs_plot_options o = {.kind = KVS_PLOT_ERROR_VS_BUDGET, .layer = -1, .budget_tokens = -1};
+    kvs_results_filter f = {0};
     for (int i = 1; i < argc; i++) {
         const char *v;
-        int missing = 0;
+        int missing = 0, fr;
         if (kvs_cli_is_help(argv[i])) {
             usage(stdout);
             return KVS_EXIT_OK;
-        } else if ((v = opt_value("--kind", argc, argv, &i, &missing))) kind_s = v;
-        else if ((v = opt_value("--out", argc, argv, &i, &missing))) o.out_path = v;
-        else if ((v = opt_value("--metric", argc, argv, &i, &missing))) o.metric = v;
-        else if ((v = opt_value("--layer", argc, argv, &i, &missing))) layer_s = v;
-        else if ((v = opt_value("--policy", argc, argv, &i, &missing))) o.policy = v;
-        else if ((v = opt_value("--budget", argc, argv, &i, &missing))) budget_s = v;
+        } else if ((fr = kvs_cli_filter_option("plot", argc, argv, &i, PLOT_FILTERS, &f)) != 0) {
+            if (fr < 0) return KVS_EXIT_USAGE;
+        } else if ((v = kvs_cli_opt_value("--kind", argc, argv, &i, &missing))) kind_s = v;
+        else if ((v = kvs_cli_opt_value("--out", argc, argv, &i, &missing))) o.out_path = v;
+        else if ((v = kvs_cli_opt_value("--metric", argc, argv, &i, &missing))) o.metric = v;
+        else if ((v = kvs_cli_opt_value("--layer", argc, argv, &i, &missing))) layer_s = v;
+        else if ((v = kvs_cli_opt_value("--budget", argc, argv, &i, &missing))) budget_s = v;
+        else if ((v = kvs_cli_opt_value("--x-stat", argc, argv, &i, &missing))) o.x_stat = v;
         else if (missing) return kvs_cli_usage_error("plot", "option %s needs a value", argv[i]);
         else if (argv[i][0] == '-' && argv[i][1]) return kvs_cli_usage_error("plot", "unknown option '%s'", argv[i]);
         else if (!db) db = argv[i];
         else return kvs_cli_usage_error("plot", "unexpected argument '%s'", argv[i]);
     }
     if (!db) return kvs_cli_usage_error("plot", "missing the results database DB");
-    if (!kind_s) return kvs_cli_usage_error("plot", "missing --kind (error-vs-budget, error-vs-position, memory-vs-budget)");
+    if (!kind_s)
+        return kvs_cli_usage_error("plot", "missing --kind (error-vs-budget, error-vs-memory, error-vs-traffic, "
+                                           "error-vs-position, memory-vs-budget)");
     if (!o.out_path) return kvs_cli_usage_error("plot", "missing --out FILE.png|FILE.svg");
     kvs_status st = kvs_plot_kind_parse(kind_s, &o.kind);
     if (st != KVS_OK) return kvs_cli_fail("plot", st);
+    o.policy = f.policy;
+    o.trace = f.trace_path;
+    o.model = f.model;
+    o.measure = f.measure;
     if (layer_s) {
         long l;
         if ((st = kvs_cli_parse_long("--layer", layer_s, 0, 1 << 20, &l)) != KVS_OK) return kvs_cli_fail("plot", st);
@@ -75,12 +83,15 @@ int kvs_cmd_plot(int argc, char **argv) {
         if ((st = kvs_cli_parse_long("--budget", budget_s, 1, 1L << 40, &b)) != KVS_OK) return kvs_cli_fail("plot", st);
         o.budget_tokens = b;
     }
-    if (o.kind != KVS_PLOT_MEMORY_VS_BUDGET || o.metric) {
-        st = kvs_plot_metric_check(o.kind, o.metric ? o.metric : "out_err_mean");
-        if (st != KVS_OK) return kvs_cli_fail("plot", st);
+    if (o.x_stat) {
+        if (o.kind != KVS_PLOT_ERROR_VS_MEMORY && o.kind != KVS_PLOT_ERROR_VS_TRAFFIC)
+            return kvs_cli_usage_error("plot", "--x-stat applies to --kind error-vs-memory and error-vs-traffic only");
+        if (strcmp(o.x_stat, "mean") && strcmp(o.x_stat, "max"))
+            return kvs_cli_usage_error("plot", "--x-stat: '%s' is not mean or max", o.x_stat);
     }
+    if (o.metric && (st = kvs_plot_metric_check(o.kind, o.metric)) != KVS_OK) return kvs_cli_fail("plot", st);
     st = kvs_plot_make(db, &o);
     if (st != KVS_OK) return kvs_cli_fail("plot", st);
     printf("wrote %s\n", o.out_path);
-    return KVS_EXIT_OK;
+    return kvs_cli_finish_stdout("plot");
 }

@@ -1,212 +1,323 @@
-/* cmd_runs.c — `kvsim runs DB [--csv] [--all] [--policy NAME] [--run ID]`: lists the runs of a results
- * database (schema in sim/SCHEMA.md) as a readable table, or as CSV with one row per (run, layer).
+/* cmd_runs.c — `kvsim runs DB [--csv|--json] [--all] [filters]`: lists the runs of a results database
+ * (schema in sim/SCHEMA.md, read through the read API of sim/results.h) as a readable table, as CSV with one
+ * row per (run, layer), or as JSON with one object per run.
  *
  * CSV follows RFC 4180 quoting: a field containing a comma, a double quote, CR or LF is enclosed in
  * double quotes with inner quotes doubled (params such as "window=64,sinks=4" are quoted); records end
- * in LF; NULL is an empty field; reals print in the shortest form that reads back to the same double.
- * Exit codes per cli.h: 0 listed, 1 database failure or unknown --run id, 2 bad usage.
+ * in LF; a value not recorded is an empty field; reals print in the shortest form that reads back to the
+ * same double. Its leading columns are a fixed interface (csv_legacy below); after them come budget_scope,
+ * layout, notes and then `<metric>_<stat>` for every metric of the table (sim/metrics.h) and statistic.
+ * Exit codes per cli.h: 0 listed, 1 database failure, unknown --run id or failed write, 2 bad usage.
  */
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../plots/plot.h"
+#include "../sim/results.h"
 #include "cli.h"
 
+#define RUNS_FILTERS                                                                                                   \
+    (KVS_CLI_FILTER_POLICY | KVS_CLI_FILTER_BUDGET | KVS_CLI_FILTER_TRACE | KVS_CLI_FILTER_MODEL |                    \
+     KVS_CLI_FILTER_MEASURE | KVS_CLI_FILTER_RUN)
+
 /* The CSV's leading columns are a fixed interface (scripts rely on them); more may only be appended. */
-static const char csv_header[] =
+static const char csv_legacy_header[] =
     "policy,params,budget_tokens,layer,out_err_mean,out_err_p95,out_err_max,attn_recall_mean,topk_overlap_mean,"
     "storage_bytes_max,traffic_bytes_per_step_mean,"
     "run_id,trace,model,is_oracle,status,measure,budget_fraction,out_err_p50,out_err_min,attn_recall_min,"
     "topk_overlap_min,n_samples,storage_bytes_mean,traffic_bytes_per_step_max,transfer_bytes_per_step_mean,"
     "compression_ratio_mean,wall_seconds,kvsim_version,created_at,error";
 
-static const char csv_sql[] =
-    "SELECT r.policy, r.params, r.budget_tokens, l.layer, l.out_err_mean, l.out_err_p95, l.out_err_max, "
-    "       l.attn_recall_mean, l.topk_overlap_mean, l.storage_bytes_max, l.traffic_bytes_mean, "
-    "       r.id, t.path, t.model, r.is_oracle, r.status, r.measure, r.budget_fraction, l.out_err_p50, "
-    "       l.out_err_min, l.attn_recall_min, l.topk_overlap_min, l.out_err_n, l.storage_bytes_mean, "
-    "       l.traffic_bytes_max, l.transfer_bytes_mean, l.compression_ratio_mean, r.wall_seconds, "
-    "       r.kvsim_version, r.created_at, r.error "
-    "FROM runs r JOIN traces t ON t.id = r.trace_id LEFT JOIN run_layers l ON l.run_id = r.id "
-    "WHERE (?1 OR r.status = 'complete') AND (?2 IS NULL OR r.policy = ?2) AND (?3 < 0 OR r.id = ?3) "
-    "ORDER BY r.id, l.layer";
-
-static const char table_sql[] =
-    "SELECT r.id, r.policy, r.budget_tokens, r.is_oracle, r.status, s.out_err_mean, s.out_err_p95, s.out_err_max, "
-    "       s.attn_recall_mean, s.topk_overlap_mean, s.storage_bytes_max, s.traffic_bytes_mean, r.wall_seconds, "
-    "       r.params, r.error "
-    "FROM runs r LEFT JOIN run_summary s ON s.run_id = r.id "
-    "WHERE (?1 OR r.status = 'complete') AND (?2 IS NULL OR r.policy = ?2) AND (?3 < 0 OR r.id = ?3) "
-    "ORDER BY r.id";
-
-static const char layers_sql[] =
-    "SELECT layer, out_err_mean, out_err_p95, out_err_max, attn_recall_mean, topk_overlap_mean, storage_bytes_max, "
-    "       traffic_bytes_mean, out_err_n FROM run_layers WHERE run_id = ?1 ORDER BY layer";
-
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: kvsim runs DB [--csv] [--all] [--policy NAME] [--run ID]\n"
-            "Lists the runs of the results database DB (complete runs only unless --all).\n"
+            "usage: kvsim runs DB [--csv | --json] [--all] [--policy NAME] [--budget TOKENS] [--trace PATH]\n"
+            "                     [--model NAME] [--measure M] [--run ID]\n"
+            "Lists the runs of the results database DB (complete runs only unless --all). The table shows per run\n"
+            "the mean and peak attended tokens, the mean and peak resident bytes per KV head (storage_bytes mean,\n"
+            "max), the bytes read per step (traffic_bytes mean), the output error (mean, p95) and the attention\n"
+            "recall; flags: O oracle, P prompt-only budget (generated tokens all kept), F failed.\n"
             "  --csv         one row per (run, layer), leading columns:\n"
             "                policy,params,budget_tokens,layer,out_err_mean,out_err_p95,out_err_max,\n"
             "                attn_recall_mean,topk_overlap_mean,storage_bytes_max,traffic_bytes_per_step_mean\n"
-            "                then run_id,trace,model,is_oracle,status,... (RFC 4180 quoting)\n"
-            "  --all         include failed runs (their error in the last column)\n"
-            "  --policy NAME only runs of this policy\n"
-            "  --run ID      only this run (the table then also lists its layers)\n");
+            "                then run_id,trace,model,is_oracle,status,...,error (RFC 4180 quoting), then\n"
+            "                budget_scope,layout,notes and <metric>_<stat> for every metric and statistic\n"
+            "  --json        a JSON array, one object per run: configuration, trace, budget_scope, layout,\n"
+            "                notes and every metric's n/mean/p50/p95/max/min (null = not recorded)\n"
+            "  --all         include failed runs (their error in the error column)\n"
+            "  --run ID      only this run (the table and --json then also list its layers)\n");
+    kvs_cli_filter_usage(f, RUNS_FILTERS & ~KVS_CLI_FILTER_RUN);
 }
 
-/* Shortest "%.*g" that reads back to exactly v. */
-static void fmt_real(char *buf, size_t cap, double v) {
-    for (int prec = 6; prec <= 17; prec++) {
-        snprintf(buf, cap, "%.*g", prec, v);
-        if (strtod(buf, NULL) == v) return;
-    }
-}
+/* ------------------------------------------------------------------------------------------------
+ * CSV
+ * ---------------------------------------------------------------------------------------------- */
 
-static void csv_field(FILE *f, sqlite3_stmt *st, int i) {
+static void csv_real(FILE *o, double v) {
     char buf[64];
-    switch (sqlite3_column_type(st, i)) {
-    case SQLITE_NULL: return;
-    case SQLITE_INTEGER: fprintf(f, "%" PRId64, (int64_t)sqlite3_column_int64(st, i)); return;
-    case SQLITE_FLOAT:
-        fmt_real(buf, sizeof buf, sqlite3_column_double(st, i));
-        fputs(buf, f);
-        return;
-    default: break;
-    }
-    const char *s = (const char *)sqlite3_column_text(st, i);
-    if (!s) return;
-    if (!strpbrk(s, ",\"\r\n")) {
-        fputs(s, f);
-        return;
-    }
-    fputc('"', f);
-    for (; *s; s++) {
-        if (*s == '"') fputc('"', f);
-        fputc(*s, f);
-    }
-    fputc('"', f);
+    kvs_cli_fmt_real(buf, sizeof buf, v);
+    fputs(buf, o);
 }
 
-/* Table cell: 'g' = 4 significant digits, 'f' = 4 decimals, '0' = integer-rounded, '2' = 2 decimals;
- * "-" for NULL. */
-static const char *cell(sqlite3_stmt *st, int i, char mode, char *buf, size_t cap) {
-    if (sqlite3_column_type(st, i) == SQLITE_NULL) return "-";
-    double v = sqlite3_column_double(st, i);
-    if (mode == 'g') snprintf(buf, cap, "%.4g", v);
+/* ",<value>" of one statistic (empty when not recorded). */
+static void csv_stat(FILE *o, const kvs_results_agg *a, kvs_metric m, kvs_stat_kind s) {
+    fputc(',', o);
+    if (a) csv_real(o, kvs_results_stat_value(&a->m[m], s));
+}
+
+static void print_csv_header(FILE *o) {
+    fputs(csv_legacy_header, o);
+    fputs(",budget_scope,layout,notes", o);
+    for (int m = 0; m < KVS_N_METRICS; m++)
+        for (int s = 0; s < KVS_N_STATS; s++) fprintf(o, ",%s_%s", kvs_metric_table[m].name, kvs_stat_names[s]);
+    fputc('\n', o);
+}
+
+/* One CSV record of run w and its layer aggregate a (NULL: a run without layer rows, e.g. a failed run). */
+static void print_csv_row(FILE *o, const kvs_results_run_row *w, const kvs_results_agg *a) {
+    kvs_cli_csv_field(o, w->policy);
+    fputc(',', o);
+    kvs_cli_csv_field(o, w->params);
+    fprintf(o, ",%" PRId64 ",", w->budget_tokens);
+    if (a) fprintf(o, "%d", a->layer);
+    csv_stat(o, a, KVS_M_OUT_ERR, KVS_STAT_MEAN);
+    csv_stat(o, a, KVS_M_OUT_ERR, KVS_STAT_P95);
+    csv_stat(o, a, KVS_M_OUT_ERR, KVS_STAT_MAX);
+    csv_stat(o, a, KVS_M_ATTN_RECALL, KVS_STAT_MEAN);
+    csv_stat(o, a, KVS_M_TOPK_OVERLAP, KVS_STAT_MEAN);
+    csv_stat(o, a, KVS_M_STORAGE, KVS_STAT_MAX);
+    csv_stat(o, a, KVS_M_TRAFFIC, KVS_STAT_MEAN);
+    fprintf(o, ",%" PRId64 ",", w->id);
+    kvs_cli_csv_field(o, w->trace_path);
+    fputc(',', o);
+    kvs_cli_csv_field(o, w->model);
+    fprintf(o, ",%d,", w->is_oracle);
+    kvs_cli_csv_field(o, w->status);
+    fputc(',', o);
+    kvs_cli_csv_field(o, w->measure);
+    fputc(',', o);
+    if (w->budget_fraction >= 0) csv_real(o, w->budget_fraction);
+    csv_stat(o, a, KVS_M_OUT_ERR, KVS_STAT_P50);
+    csv_stat(o, a, KVS_M_OUT_ERR, KVS_STAT_MIN);
+    csv_stat(o, a, KVS_M_ATTN_RECALL, KVS_STAT_MIN);
+    csv_stat(o, a, KVS_M_TOPK_OVERLAP, KVS_STAT_MIN);
+    csv_stat(o, a, KVS_M_OUT_ERR, KVS_STAT_N);
+    csv_stat(o, a, KVS_M_STORAGE, KVS_STAT_MEAN);
+    csv_stat(o, a, KVS_M_TRAFFIC, KVS_STAT_MAX);
+    csv_stat(o, a, KVS_M_TRANSFER, KVS_STAT_MEAN);
+    csv_stat(o, a, KVS_M_COMPRESSION, KVS_STAT_MEAN);
+    fputc(',', o);
+    csv_real(o, w->wall_seconds);
+    fputc(',', o);
+    kvs_cli_csv_field(o, w->kvsim_version);
+    fputc(',', o);
+    kvs_cli_csv_field(o, w->created_at);
+    fputc(',', o);
+    kvs_cli_csv_field(o, w->error);
+    fputc(',', o);
+    kvs_cli_csv_field(o, w->budget_scope);
+    fputc(',', o);
+    kvs_cli_csv_field(o, w->layout);
+    fputc(',', o);
+    kvs_cli_csv_field(o, w->notes);
+    for (int m = 0; m < KVS_N_METRICS; m++)
+        for (int s = 0; s < KVS_N_STATS; s++) csv_stat(o, a, (kvs_metric)m, (kvs_stat_kind)s);
+    fputc('\n', o);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * JSON
+ * ---------------------------------------------------------------------------------------------- */
+
+static void json_metrics(FILE *o, const kvs_results_agg *a) {
+    fputc('{', o);
+    for (int m = 0; m < KVS_N_METRICS; m++) {
+        fprintf(o, "%s\"%s\":{", m ? "," : "", kvs_metric_table[m].name);
+        for (int s = 0; s < KVS_N_STATS; s++) {
+            fprintf(o, "%s\"%s\":", s ? "," : "", kvs_stat_names[s]);
+            kvs_cli_json_number(o, kvs_results_stat_value(&a->m[m], (kvs_stat_kind)s));
+        }
+        fputc('}', o);
+    }
+    fputc('}', o);
+}
+
+static void json_key_string(FILE *o, const char *key, const char *v) {
+    fprintf(o, ",\"%s\":", key);
+    kvs_cli_json_string(o, v);
+}
+
+static void print_json_run(FILE *o, const kvs_results_run_row *w, int with_layers) {
+    fprintf(o, "{\"id\":%" PRId64, w->id);
+    json_key_string(o, "policy", w->policy);
+    json_key_string(o, "params", w->params);
+    fprintf(o, ",\"budget_tokens\":%" PRId64 ",\"budget_fraction\":", w->budget_tokens);
+    kvs_cli_json_number(o, w->budget_fraction >= 0 ? w->budget_fraction : NAN);
+    fprintf(o, ",\"is_oracle\":%s", w->is_oracle ? "true" : "false");
+    json_key_string(o, "measure", w->measure);
+    json_key_string(o, "budget_scope", w->budget_scope);
+    json_key_string(o, "layout", w->layout);
+    json_key_string(o, "notes", w->notes);
+    json_key_string(o, "status", w->status);
+    json_key_string(o, "error", w->error);
+    fprintf(o, ",\"trace\":{\"id\":%" PRId64, w->trace_id);
+    json_key_string(o, "path", w->trace_path);
+    json_key_string(o, "model", w->model);
+    json_key_string(o, "dtype", w->dtype);
+    fprintf(o,
+            ",\"n_positions\":%" PRId64 ",\"prompt_len\":%" PRId64 ",\"n_turns\":%" PRId64
+            ",\"n_layers\":%d,\"n_heads\":%d,\"n_kv_heads\":%d,\"head_dim\":%d}",
+            w->n_positions, w->prompt_len, w->n_turns, w->n_layers, w->n_heads, w->n_kv_heads, w->head_dim);
+    fprintf(o, ",\"wall_seconds\":");
+    kvs_cli_json_number(o, w->wall_seconds);
+    json_key_string(o, "kvsim_version", w->kvsim_version);
+    json_key_string(o, "created_at", w->created_at);
+    fprintf(o, ",\"metrics\":");
+    if (w->has_agg) json_metrics(o, &w->agg);
+    else fputs("null", o);
+    if (with_layers) {
+        fprintf(o, ",\"layers\":[");
+        for (int32_t l = 0; l < w->n_layer_aggs; l++) {
+            fprintf(o, "%s{\"layer\":%d,\"metrics\":", l ? "," : "", w->layer_aggs[l].layer);
+            json_metrics(o, &w->layer_aggs[l]);
+            fputc('}', o);
+        }
+        fputc(']', o);
+    }
+    fputc('}', o);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Table
+ * ---------------------------------------------------------------------------------------------- */
+
+/* A statistic for a table cell: 'g' 4 significant digits, 'f' 4 decimals, '1' 1 decimal, '0' integer,
+ * 'b' bytes with a binary prefix; "-" when not recorded. */
+static const char *cell(const kvs_results_agg *a, kvs_metric m, kvs_stat_kind s, char mode, char *buf, size_t cap) {
+    double v = a ? kvs_results_stat_value(&a->m[m], s) : NAN;
+    if (isnan(v)) return "-";
+    if (mode == 'b') kvs_cli_fmt_bytes(buf, cap, v);
+    else if (mode == 'g') snprintf(buf, cap, "%.4g", v);
     else if (mode == 'f') snprintf(buf, cap, "%.4f", v);
-    else if (mode == '2') snprintf(buf, cap, "%.2f", v);
+    else if (mode == '1') snprintf(buf, cap, "%.1f", v);
     else snprintf(buf, cap, "%.0f", v);
     return buf;
 }
 
-static void bind_filters(sqlite3_stmt *st, int all, const char *policy, long run) {
-    sqlite3_bind_int(st, 1, all);
-    if (policy) sqlite3_bind_text(st, 2, policy, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 3, run);
+static const char *short_trace(const char *path) {
+    const char *b = path ? strrchr(path, '/') : NULL;
+    return b && b[1] ? b + 1 : path ? path : "";
 }
 
-static kvs_status print_layers(sqlite3 *db, const char *path, long run) {
-    sqlite3_stmt *st = NULL;
-    if (sqlite3_prepare_v2(db, layers_sql, -1, &st, NULL) != SQLITE_OK)
-        return kvs_fail(KVS_ERR_DB, "%s: cannot query run_layers: %s", path, sqlite3_errmsg(db));
-    sqlite3_bind_int64(st, 1, run);
-    printf("\nrun %ld per layer:\n%5s %10s %10s %10s %8s %8s %12s %12s %9s\n", run, "layer", "err_mean", "err_p95",
-           "err_max", "recall", "topk", "storage_max", "traffic_mean", "samples");
-    int rc;
-    char b[8][32];
-    while ((rc = sqlite3_step(st)) == SQLITE_ROW)
-        printf("%5d %10s %10s %10s %8s %8s %12s %12s %9" PRId64 "\n", sqlite3_column_int(st, 0),
-               cell(st, 1, 'g', b[0], 32), cell(st, 2, 'g', b[1], 32), cell(st, 3, 'g', b[2], 32),
-               cell(st, 4, 'f', b[3], 32), cell(st, 5, 'f', b[4], 32), cell(st, 6, '0', b[5], 32),
-               cell(st, 7, '0', b[6], 32), (int64_t)sqlite3_column_int64(st, 8));
-    sqlite3_finalize(st);
-    if (rc != SQLITE_DONE) return kvs_fail(KVS_ERR_DB, "%s: cannot query run_layers: %s", path, sqlite3_errmsg(db));
-    return KVS_OK;
+static int prompt_only(const kvs_results_run_row *w) { return w->budget_scope && !strcmp(w->budget_scope, "prompt"); }
+
+static void print_table(FILE *o, const kvs_results_run_row *rows, int64_t n, int all) {
+    fprintf(o, "%5s %-12s %7s %-7s %8s %7s %9s %9s %10s %9s %9s %7s %-5s %-18s %s\n", "run", "policy", "budget",
+            "measure", "att_mean", "att_max", "res_mean", "res_max", "traffic/st", "err_mean", "err_p95", "recall",
+            "flags", "trace", "params");
+    int any_o = 0, any_p = 0, any_f = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const kvs_results_run_row *w = &rows[i];
+        const kvs_results_agg *a = w->has_agg ? &w->agg : NULL;
+        char b[10][48], flags[8];
+        int k = 0, failed = w->status && strcmp(w->status, "complete") != 0;
+        if (w->is_oracle) flags[k++] = 'O', any_o = 1;
+        if (prompt_only(w)) flags[k++] = 'P', any_p = 1;
+        if (failed) flags[k++] = 'F', any_f = 1;
+        if (!k) flags[k++] = '-';
+        flags[k] = '\0';
+        fprintf(o, "%5" PRId64 " %-12s %7" PRId64 " %-7s %8s %7s %9s %9s %10s %9s %9s %7s %-5s %-18s %s", w->id,
+                w->policy, w->budget_tokens, w->measure, cell(a, KVS_M_ATTENDED, KVS_STAT_MEAN, '1', b[0], 48),
+                cell(a, KVS_M_ATTENDED, KVS_STAT_MAX, '0', b[1], 48), cell(a, KVS_M_STORAGE, KVS_STAT_MEAN, 'b', b[2], 48),
+                cell(a, KVS_M_STORAGE, KVS_STAT_MAX, 'b', b[3], 48), cell(a, KVS_M_TRAFFIC, KVS_STAT_MEAN, 'b', b[4], 48),
+                cell(a, KVS_M_OUT_ERR, KVS_STAT_MEAN, 'g', b[5], 48), cell(a, KVS_M_OUT_ERR, KVS_STAT_P95, 'g', b[6], 48),
+                cell(a, KVS_M_ATTN_RECALL, KVS_STAT_MEAN, 'f', b[7], 48), flags, short_trace(w->trace_path),
+                w->params[0] ? w->params : "-");
+        if (w->notes) fprintf(o, "  note: %s", w->notes);
+        if (w->error) fprintf(o, "  error: %s", w->error);
+        fputc('\n', o);
+    }
+    fprintf(o, "%" PRId64 " run%s%s\n", n, n == 1 ? "" : "s", all ? "" : " (complete only; --all adds failed runs)");
+    if (any_o) fprintf(o, "O  oracle: looks at full attention (a bound, not a deployable policy)\n");
+    if (any_p)
+        fprintf(o, "P  prompt-only budget (budget_scope = prompt): the budget bounds the prompt only; generated tokens "
+                   "are all kept,\n   so attended tokens and resident bytes grow past the budget: compare such runs at "
+                   "their measured memory\n   (kvsim compare --match mem), not at their nominal budget\n");
+    if (any_f) fprintf(o, "F  failed run (its error after the params)\n");
+}
+
+static void print_layers(FILE *o, const kvs_results_run_row *w) {
+    fprintf(o, "\nrun %" PRId64 " per layer:\n%5s %10s %10s %10s %8s %8s %8s %9s %9s %10s %9s\n", w->id, "layer",
+            "err_mean", "err_p95", "err_max", "recall", "topk", "att_mean", "res_mean", "res_max", "traffic/st",
+            "samples");
+    char b[10][48];
+    for (int32_t l = 0; l < w->n_layer_aggs; l++) {
+        const kvs_results_agg *a = &w->layer_aggs[l];
+        fprintf(o, "%5d %10s %10s %10s %8s %8s %8s %9s %9s %10s %9" PRId64 "\n", a->layer,
+                cell(a, KVS_M_OUT_ERR, KVS_STAT_MEAN, 'g', b[0], 48), cell(a, KVS_M_OUT_ERR, KVS_STAT_P95, 'g', b[1], 48),
+                cell(a, KVS_M_OUT_ERR, KVS_STAT_MAX, 'g', b[2], 48), cell(a, KVS_M_ATTN_RECALL, KVS_STAT_MEAN, 'f', b[3], 48),
+                cell(a, KVS_M_TOPK_OVERLAP, KVS_STAT_MEAN, 'f', b[4], 48),
+                cell(a, KVS_M_ATTENDED, KVS_STAT_MEAN, '1', b[5], 48), cell(a, KVS_M_STORAGE, KVS_STAT_MEAN, 'b', b[6], 48),
+                cell(a, KVS_M_STORAGE, KVS_STAT_MAX, 'b', b[7], 48), cell(a, KVS_M_TRAFFIC, KVS_STAT_MEAN, 'b', b[8], 48),
+                a->out_err.n);
+    }
 }
 
 int kvs_cmd_runs(int argc, char **argv) {
-    const char *path = NULL, *policy = NULL;
-    int csv = 0, all = 0;
-    long run = -1;
+    const char *path = NULL;
+    int csv = 0, json = 0;
+    kvs_results_filter f = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        int fr;
         if (kvs_cli_is_help(a)) {
             usage(stdout);
             return KVS_EXIT_OK;
+        } else if ((fr = kvs_cli_filter_option("runs", argc, argv, &i, RUNS_FILTERS, &f)) != 0) {
+            if (fr < 0) return KVS_EXIT_USAGE;
         } else if (!strcmp(a, "--csv")) csv = 1;
-        else if (!strcmp(a, "--all")) all = 1;
-        else if (!strcmp(a, "--policy") || !strncmp(a, "--policy=", 9)) {
-            if (a[8] == '=') policy = a + 9;
-            else if (i + 1 < argc) policy = argv[++i];
-            else return kvs_cli_usage_error("runs", "option --policy needs a value");
-        } else if (!strcmp(a, "--run") || !strncmp(a, "--run=", 6)) {
-            const char *v = a[5] == '=' ? a + 6 : (i + 1 < argc ? argv[++i] : NULL);
-            if (!v) return kvs_cli_usage_error("runs", "option --run needs a value");
-            kvs_status s = kvs_cli_parse_long("--run", v, 1, INT64_MAX, &run);
-            if (s != KVS_OK) return kvs_cli_fail("runs", s);
-        } else if (a[0] == '-' && a[1]) return kvs_cli_usage_error("runs", "unknown option '%s'", a);
+        else if (!strcmp(a, "--json")) json = 1;
+        else if (!strcmp(a, "--all")) f.include_failed = 1;
+        else if (a[0] == '-' && a[1]) return kvs_cli_usage_error("runs", "unknown option '%s'", a);
         else if (!path) path = a;
         else return kvs_cli_usage_error("runs", "unexpected argument '%s'", a);
     }
     if (!path) return kvs_cli_usage_error("runs", "missing the results database DB");
+    if (csv && json) return kvs_cli_usage_error("runs", "--csv and --json exclude each other");
+    f.with_layers = csv || f.run_id > 0;
 
-    sqlite3 *db = NULL;
-    sqlite3_stmt *st = NULL;
-    kvs_status s = kvs_plot_db_open(path, &db);
+    kvs_results_db *db = NULL;
+    kvs_results_run_row *rows = NULL;
+    int64_t n = 0;
+    kvs_status s = kvs_results_open_readonly(path, &db);
     if (s != KVS_OK) return kvs_cli_fail("runs", s);
-    int n_rows = 0, rc;
-    if (sqlite3_prepare_v2(db, csv ? csv_sql : table_sql, -1, &st, NULL) != SQLITE_OK) {
-        s = kvs_fail(KVS_ERR_DB, "%s: cannot query runs: %s", path, sqlite3_errmsg(db));
+    KVS_TRY(s = kvs_results_query_runs(db, &f, &rows, &n));
+    if (f.run_id > 0 && n == 0) {
+        s = kvs_fail(KVS_ERR_DB, "%s: no %srun with id %" PRId64 "%s", path, f.include_failed ? "" : "complete ",
+                     f.run_id, f.include_failed ? "" : " (add --all to include failed runs)");
         goto cleanup;
     }
-    bind_filters(st, all, policy, run);
     if (csv) {
-        printf("%s\n", csv_header);
-        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-            for (int c = 0, nc = sqlite3_column_count(st); c < nc; c++) {
-                if (c) putchar(',');
-                csv_field(stdout, st, c);
-            }
-            putchar('\n');
-            n_rows++;
+        print_csv_header(stdout);
+        for (int64_t i = 0; i < n; i++) {
+            if (rows[i].n_layer_aggs == 0) print_csv_row(stdout, &rows[i], NULL);
+            for (int32_t l = 0; l < rows[i].n_layer_aggs; l++) print_csv_row(stdout, &rows[i], &rows[i].layer_aggs[l]);
         }
+    } else if (json) {
+        fputc('[', stdout);
+        for (int64_t i = 0; i < n; i++) {
+            fputs(i ? ",\n" : "\n", stdout);
+            print_json_run(stdout, &rows[i], f.run_id > 0);
+        }
+        fputs("\n]\n", stdout);
     } else {
-        printf("%6s %-14s %8s %-6s %-8s %10s %10s %10s %8s %8s %12s %12s %8s  %s\n", "run", "policy", "budget",
-               "oracle", "status", "err_mean", "err_p95", "err_max", "recall", "topk", "storage_max", "traffic_mean",
-               "wall_s", "params");
-        char b[9][32];
-        while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
-            const char *err = (const char *)sqlite3_column_text(st, 14);
-            printf("%6" PRId64 " %-14s %8" PRId64 " %-6s %-8s %10s %10s %10s %8s %8s %12s %12s %8s  %s%s%s\n",
-                   (int64_t)sqlite3_column_int64(st, 0), (const char *)sqlite3_column_text(st, 1),
-                   (int64_t)sqlite3_column_int64(st, 2), sqlite3_column_int(st, 3) ? "yes" : "no",
-                   (const char *)sqlite3_column_text(st, 4), cell(st, 5, 'g', b[0], 32),
-                   cell(st, 6, 'g', b[1], 32), cell(st, 7, 'g', b[2], 32), cell(st, 8, 'f', b[3], 32),
-                   cell(st, 9, 'f', b[4], 32), cell(st, 10, '0', b[5], 32), cell(st, 11, '0', b[6], 32),
-                   cell(st, 12, '2', b[7], 32), (const char *)sqlite3_column_text(st, 13), err ? "  error: " : "",
-                   err ? err : "");
-            n_rows++;
-        }
-    }
-    if (rc != SQLITE_DONE) {
-        s = kvs_fail(KVS_ERR_DB, "%s: cannot query runs: %s", path, sqlite3_errmsg(db));
-        goto cleanup;
-    }
-    if (run > 0 && n_rows == 0) {
-        s = kvs_fail(KVS_ERR_DB, "%s: no %srun with id %ld%s", path, all ? "" : "complete ", run,
-                     all ? "" : " (add --all to include failed runs)");
-        goto cleanup;
-    }
-    if (!csv) {
-        printf("%d run%s%s\n", n_rows, n_rows == 1 ? "" : "s", all ? "" : " (complete only; --all adds failed runs)");
-        if (run > 0) KVS_TRY(s = print_layers(db, path, run));
+        print_table(stdout, rows, n, f.include_failed);
+        if (f.run_id > 0) print_layers(stdout, &rows[0]);
     }
 cleanup:
-    sqlite3_finalize(st);
-    sqlite3_close(db);
-    return s == KVS_OK ? KVS_EXIT_OK : kvs_cli_fail("runs", s);
+    kvs_results_run_rows_free(rows, n);
+    kvs_results_close(db);
+    if (s != KVS_OK) return kvs_cli_fail("runs", s);
+    return kvs_cli_finish_stdout("runs");
 }

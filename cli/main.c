@@ -1,7 +1,9 @@
 /* main.c — the kvsim program: dispatches `kvsim CMD ...` to the subcommand table, prints `kvsim help`,
  * and turns unknown commands into a clear error with exit status 2 (see cli.h for exit codes).
  */
+#include <ctype.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -23,8 +25,12 @@ static const kvs_cli_command commands[] = {
     {"export", "write one layer's q/k/v/o/lse or the token ids of a trace as a NumPy .npy file", kvs_cmd_export},
     {"trace", "trace maintenance: `kvsim trace recover IN OUT` restores a killed capture", kvs_cmd_trace},
     {"replay", "replay a trace under policy/budget sweeps and store the metrics in a results database", kvs_cmd_replay},
-    {"runs", "list the runs of a results database as a table or CSV (one row per run and layer)", kvs_cmd_runs},
-    {"plot", "draw error/memory vs budget or error vs position from a results database (gnuplot)", kvs_cmd_plot},
+    {"runs", "list the runs of a results database: one row per run (--csv: one row per run and layer; --json)",
+     kvs_cmd_runs},
+    {"plot", "draw error vs budget, measured memory or traffic (Pareto frontier), or vs position (gnuplot)",
+     kvs_cmd_plot},
+    {"compare", "compare policies at equal measured memory, traffic or tokens (interpolated between runs)",
+     kvs_cmd_compare},
     {"help", "list the commands, or `kvsim help CMD` for one command's options", cmd_help},
     {"version", "print the kvsim version", cmd_version},
 };
@@ -86,23 +92,214 @@ kvs_status kvs_cli_parse_long(const char *opt, const char *val, long lo, long hi
     char *end;
     errno = 0;
     long v = strtol(val, &end, 10);
-    if (!val[0] || *end || errno)
+    if (!val[0] || end == val || *end || (errno && errno != ERANGE))
         return kvs_fail(KVS_ERR_INVALID_ARG, "%s: '%s' is not an integer", opt, val);
-    if (v < lo || v > hi)
-        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: %ld is out of range [%ld, %ld]", opt, v, lo, hi);
+    if (errno == ERANGE || v < lo || v > hi) /* the user's text, never strtol's clamped LONG_MAX */
+        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: '%s' is out of range [%ld, %ld]", opt, val, lo, hi);
     *out = v;
     return KVS_OK;
 }
 
 kvs_status kvs_cli_parse_double(const char *opt, const char *val, double lo, double hi, double *out) {
     char *end;
-    errno = 0;
     double v = strtod(val, &end);
-    if (!val[0] || *end || errno || !isfinite(v))
+    if (!val[0] || end == val || *end || isnan(v))
         return kvs_fail(KVS_ERR_INVALID_ARG, "%s: '%s' is not a number", opt, val);
-    if (v < lo || v > hi) return kvs_fail(KVS_ERR_INVALID_ARG, "%s: %g is out of range [%g, %g]", opt, v, lo, hi);
+    /* out of range: "inf", an overflow such as 1e999 (an underflow reads as 0), or outside [lo, hi]; the
+     * message echoes the user's text and prints the bounds exactly ("1048576", never "1.04858e+06") */
+    if (isinf(v) || v < lo || v > hi) {
+        char l[40], h[40];
+        kvs_cli_fmt_real(l, sizeof l, lo);
+        kvs_cli_fmt_real(h, sizeof h, hi);
+        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: '%s' is out of range [%s, %s]", opt, val, l, h);
+    }
     *out = v;
     return KVS_OK;
+}
+
+int kvs_cli_once(const char *cmd, const char *opt, int *seen) {
+    if (*seen) return kvs_cli_usage_error(cmd, "%s given twice", opt);
+    *seen = 1;
+    return 0;
+}
+
+const char *kvs_cli_opt_value(const char *opt, int argc, char **argv, int *i, int *missing) {
+    size_t n = strlen(opt);
+    if (strncmp(argv[*i], opt, n) != 0) return NULL;
+    if (argv[*i][n] == '=') return argv[*i] + n + 1;
+    if (argv[*i][n] != '\0') return NULL;
+    if (*i + 1 >= argc) {
+        *missing = 1;
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+/* ---- run filters ---- */
+
+int kvs_cli_filter_option(const char *cmd, int argc, char **argv, int *i, unsigned accept, kvs_results_filter *f) {
+    static const struct {
+        unsigned bit;
+        const char *opt;
+    } opts[] = {{KVS_CLI_FILTER_POLICY, "--policy"}, {KVS_CLI_FILTER_BUDGET, "--budget"},
+                {KVS_CLI_FILTER_TRACE, "--trace"},   {KVS_CLI_FILTER_MODEL, "--model"},
+                {KVS_CLI_FILTER_MEASURE, "--measure"}, {KVS_CLI_FILTER_RUN, "--run"}};
+    for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++) {
+        if (!(accept & opts[k].bit)) continue;
+        int missing = 0;
+        const char *v = kvs_cli_opt_value(opts[k].opt, argc, argv, i, &missing);
+        if (missing) {
+            kvs_cli_usage_error(cmd, "option %s needs a value", opts[k].opt);
+            return -1;
+        }
+        if (!v) continue;
+        long num;
+        switch (opts[k].bit) {
+        case KVS_CLI_FILTER_POLICY: f->policy = v; break;
+        case KVS_CLI_FILTER_TRACE: f->trace_path = v; break;
+        case KVS_CLI_FILTER_MODEL: f->model = v; break;
+        case KVS_CLI_FILTER_MEASURE:
+            if (strcmp(v, "decode") && strcmp(v, "prefill") && strcmp(v, "all")) {
+                kvs_cli_usage_error(cmd, "--measure: '%s' is not decode, prefill or all", v);
+                return -1;
+            }
+            f->measure = v;
+            break;
+        case KVS_CLI_FILTER_BUDGET:
+        case KVS_CLI_FILTER_RUN:
+            if (kvs_cli_parse_long(opts[k].opt, v, 1, LONG_MAX, &num) != KVS_OK) {
+                kvs_cli_fail(cmd, KVS_ERR_INVALID_ARG);
+                return -1;
+            }
+            if (opts[k].bit == KVS_CLI_FILTER_RUN) f->run_id = num;
+            else f->budget_tokens = num;
+            break;
+        default: break;
+        }
+        return 1;
+    }
+    return 0;
+}
+
+void kvs_cli_filter_usage(FILE *out, unsigned accept) {
+    if (accept & KVS_CLI_FILTER_POLICY) fprintf(out, "  --policy NAME     only runs of this policy\n");
+    if (accept & KVS_CLI_FILTER_BUDGET) fprintf(out, "  --budget TOKENS   only runs with this budget (tokens per KV head)\n");
+    if (accept & KVS_CLI_FILTER_TRACE)
+        fprintf(out, "  --trace PATH      only runs of this trace (the path given to replay, or its trailing part)\n");
+    if (accept & KVS_CLI_FILTER_MODEL) fprintf(out, "  --model NAME      only runs of traces of this model\n");
+    if (accept & KVS_CLI_FILTER_MEASURE)
+        fprintf(out, "  --measure M       only runs measured at decode, prefill or all positions\n");
+    if (accept & KVS_CLI_FILTER_RUN) fprintf(out, "  --run ID          only this run\n");
+}
+
+kvs_status kvs_cli_parse_size(const char *opt, const char *val, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(val, &end);
+    if (!val[0] || end == val || errno || !isfinite(v))
+        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: '%s' is not a number (e.g. 12K, 3.5MiB, 1e6)", opt, val);
+    static const char prefixes[] = "kmgt";
+    double mult = 1;
+    const char *p = end;
+    const char *at = *p ? strchr(prefixes, tolower((unsigned char)*p)) : NULL;
+    if (at) {
+        int binary = p[1] == 'i' || p[1] == 'I';
+        for (long k = 0; k <= at - prefixes; k++) mult *= binary ? 1024.0 : 1000.0;
+        p += binary ? 2 : 1;
+    }
+    if (*p == 'b' || *p == 'B') p++;
+    if (*p)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: '%s' has an unknown suffix '%s' (use K M G T, Ki Mi Gi Ti, "
+                                             "optionally followed by B)",
+                        opt, val, end);
+    v *= mult;
+    if (!(v > 0) || !isfinite(v)) return kvs_fail(KVS_ERR_INVALID_ARG, "%s: '%s' must be positive", opt, val);
+    *out = v;
+    return KVS_OK;
+}
+
+/* ---- output helpers ---- */
+
+void kvs_cli_fmt_real(char *buf, size_t cap, double v) {
+    if (isnan(v)) {
+        snprintf(buf, cap, "%s", "");
+        return;
+    }
+    for (int prec = 6; prec <= 17; prec++) {
+        snprintf(buf, cap, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) return;
+    }
+}
+
+void kvs_cli_fmt_bytes(char *buf, size_t cap, double v) {
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    if (isnan(v)) {
+        snprintf(buf, cap, "-");
+        return;
+    }
+    int u = 0;
+    double a = fabs(v);
+    while (a >= 1024.0 && u < 5) {
+        a /= 1024.0;
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0) snprintf(buf, cap, "%.0f%s", v, units[0]);
+    else snprintf(buf, cap, "%.*f%s", a < 10 ? 2 : a < 100 ? 1 : 0, v, units[u]);
+}
+
+void kvs_cli_csv_field(FILE *out, const char *s) {
+    if (!s) return;
+    if (!strpbrk(s, ",\"\r\n")) {
+        fputs(s, out);
+        return;
+    }
+    fputc('"', out);
+    for (; *s; s++) {
+        if (*s == '"') fputc('"', out);
+        fputc(*s, out);
+    }
+    fputc('"', out);
+}
+
+void kvs_cli_json_string(FILE *out, const char *s) {
+    if (!s) {
+        fputs("null", out);
+        return;
+    }
+    fputc('"', out);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        switch (*p) {
+        case '"': fputs("\\\"", out); break;
+        case '\\': fputs("\\\\", out); break;
+        case '\n': fputs("\\n", out); break;
+        case '\r': fputs("\\r", out); break;
+        case '\t': fputs("\\t", out); break;
+        default:
+            if (*p < 0x20) fprintf(out, "\\u%04x", *p);
+            else fputc(*p, out);
+        }
+    }
+    fputc('"', out);
+}
+
+void kvs_cli_json_number(FILE *out, double v) {
+    char buf[64];
+    if (!isfinite(v)) {
+        fputs("null", out);
+        return;
+    }
+    kvs_cli_fmt_real(buf, sizeof buf, v);
+    fputs(buf, out);
+}
+
+int kvs_cli_finish_stdout(const char *cmd) {
+    errno = 0;
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "kvsim %s: writing the output failed: %s\n", cmd, errno ? strerror(errno) : "I/O error");
+        return KVS_EXIT_FAIL;
+    }
+    return KVS_EXIT_OK;
 }
 
 int main(int argc, char **argv) {

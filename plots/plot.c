@@ -1,5 +1,6 @@
 /* plot.c — plots from the kvsim results database through a gnuplot pipe (see plot.h). Follows
- * ../shared/DESIGN.md "Results (SQLite) and plots"; the tables read are documented in sim/SCHEMA.md.
+ * ../shared/DESIGN.md "Results (SQLite) and plots" and POLICY_SPEC.md §1.5 (budget-matching modes); the
+ * data comes through the read API of sim/results.h (no SQL here), labels from the metric table.
  *
  * How a plot is made: all data is read from the database first (so a database problem is reported
  * before any program runs), gnuplot is located on PATH (a clear "gnuplot not found" instead of a shell
@@ -24,147 +25,134 @@
 #include <time.h>
 #include <unistd.h>
 
-#define KVS_PLOT_SCHEMA_VERSION 1 /* the sim/results.c schema this reader understands */
-
-/* ------------------------------------------------------------------------------------------------
- * Read-only database open
- * ---------------------------------------------------------------------------------------------- */
-
-kvs_status kvs_plot_db_open(const char *path, sqlite3 **out) {
-    static const char magic[16] = "SQLite format 3";
-    if (!path || !out) return kvs_fail(KVS_ERR_INVALID_ARG, "results db: NULL path");
-    *out = NULL;
-    struct stat sb;
-    if (stat(path, &sb) != 0) return kvs_fail(KVS_ERR_IO, "%s: cannot open results database: %s", path, strerror(errno));
-    if (!S_ISREG(sb.st_mode)) return kvs_fail(KVS_ERR_DB, "%s: not a kvsim results database (not a regular file)", path);
-    FILE *f = fopen(path, "rb");
-    if (!f) return kvs_fail(KVS_ERR_IO, "%s: cannot open results database: %s", path, strerror(errno));
-    char hdr[16];
-    size_t n = fread(hdr, 1, sizeof hdr, f);
-    fclose(f);
-    if (n != sizeof hdr || memcmp(hdr, magic, sizeof magic) != 0)
-        return kvs_fail(KVS_ERR_DB, "%s: not a kvsim results database (not an SQLite file)", path);
-
-    sqlite3 *db = NULL;
-    sqlite3_stmt *st = NULL;
-    kvs_status rc = KVS_OK;
-    if (sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
-        rc = kvs_fail(KVS_ERR_DB, "%s: cannot open results database: %s", path, db ? sqlite3_errmsg(db) : "no memory");
-        goto cleanup;
-    }
-    sqlite3_busy_timeout(db, 30000);
-    if (sqlite3_prepare_v2(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'", -1, &st,
-                           NULL) != SQLITE_OK ||
-        sqlite3_step(st) != SQLITE_ROW) {
-        rc = kvs_fail(KVS_ERR_DB, "%s: not a kvsim results database (unreadable: %s)", path, sqlite3_errmsg(db));
-        goto cleanup;
-    }
-    int has_meta = sqlite3_column_int(st, 0) > 0;
-    sqlite3_finalize(st);
-    st = NULL;
-    if (!has_meta) {
-        rc = kvs_fail(KVS_ERR_DB, "%s: not a kvsim results database (no meta table)", path);
-        goto cleanup;
-    }
-    if (sqlite3_prepare_v2(db,
-                           "SELECT (SELECT value FROM meta WHERE key = 'creator'),"
-                           "       (SELECT value FROM meta WHERE key = 'schema_version')",
-                           -1, &st, NULL) != SQLITE_OK ||
-        sqlite3_step(st) != SQLITE_ROW) {
-        rc = kvs_fail(KVS_ERR_DB, "%s: not a kvsim results database (meta unreadable: %s)", path, sqlite3_errmsg(db));
-        goto cleanup;
-    }
-    const char *creator = (const char *)sqlite3_column_text(st, 0);
-    if (!creator || strcmp(creator, "kvsim") != 0) {
-        rc = kvs_fail(KVS_ERR_DB, "%s: not a kvsim results database (meta creator is not 'kvsim')", path);
-        goto cleanup;
-    }
-    if (sqlite3_column_int64(st, 1) != KVS_PLOT_SCHEMA_VERSION) {
-        rc = kvs_fail(KVS_ERR_VERSION, "%s: results schema version %" PRId64 " is not supported (expected %d)", path,
-                      (int64_t)sqlite3_column_int64(st, 1), KVS_PLOT_SCHEMA_VERSION);
-        goto cleanup;
-    }
-    sqlite3_finalize(st);
-    *out = db;
-    return KVS_OK;
-cleanup:
-    sqlite3_finalize(st);
-    sqlite3_close(db);
-    return rc;
-}
+#include "../sim/results.h"
 
 /* ------------------------------------------------------------------------------------------------
  * Kinds and metrics
  * ---------------------------------------------------------------------------------------------- */
 
-static const char *const kind_names[] = {"error-vs-budget", "error-vs-position", "memory-vs-budget"};
+static const char *const kind_names[KVS_PLOT_N_KINDS] = {"error-vs-budget", "error-vs-position", "memory-vs-budget",
+                                                         "error-vs-memory", "error-vs-traffic"};
+
+const char *kvs_plot_kind_name(kvs_plot_kind kind) {
+    return (int)kind >= 0 && (int)kind < KVS_PLOT_N_KINDS ? kind_names[kind] : "?";
+}
 
 kvs_status kvs_plot_kind_parse(const char *name, kvs_plot_kind *out) {
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < KVS_PLOT_N_KINDS; i++)
         if (name && !strcmp(name, kind_names[i])) {
             *out = (kvs_plot_kind)i;
             return KVS_OK;
         }
     return kvs_fail(KVS_ERR_INVALID_ARG, "--kind: unknown plot kind '%s' (expected error-vs-budget, "
-                                         "error-vs-position or memory-vs-budget)",
+                                         "error-vs-position, memory-vs-budget, error-vs-memory or error-vs-traffic)",
                     name ? name : "(none)");
 }
 
-/* A drawable metric: its option name, the column (aggregate tables) or step column it reads, axis label. */
-typedef struct {
-    const char *name;
-    const char *agg_column;  /* run_summary / run_layers column */
-    const char *step_column; /* steps column averaged per position, or NULL */
-    const char *label;
-} plot_metric;
+static int is_cost_kind(kvs_plot_kind k) { return k == KVS_PLOT_ERROR_VS_MEMORY || k == KVS_PLOT_ERROR_VS_TRAFFIC; }
 
-static const plot_metric metrics[] = {
-    {"out_err_mean", "out_err_mean", "out_err", "mean relative L2 output error ||O-O'||/||O|| (unitless)"},
-    {"out_err_p50", "out_err_p50", NULL, "median relative L2 output error ||O-O'||/||O|| (unitless)"},
-    {"out_err_p95", "out_err_p95", NULL, "p95 relative L2 output error ||O-O'||/||O|| (unitless)"},
-    {"out_err_max", "out_err_max", NULL, "max relative L2 output error ||O-O'||/||O|| (unitless)"},
-    {"attn_recall_mean", "attn_recall_mean", "attn_recall", "mean attention recall: full-attention mass on S_t (0..1)"},
-    {"topk_overlap_mean", "topk_overlap_mean", "topk_overlap", "mean top-k overlap |S_t & TopK| / |S_t| (0..1)"},
-};
-#define N_METRICS (sizeof metrics / sizeof metrics[0])
+static const char *default_metric(kvs_plot_kind k) {
+    return k == KVS_PLOT_MEMORY_VS_BUDGET ? "storage_bytes_max" : "out_err_mean";
+}
 
-static const plot_metric *find_metric(const char *name) {
-    for (size_t i = 0; i < N_METRICS; i++)
-        if (!strcmp(metrics[i].name, name)) return &metrics[i];
-    return NULL;
+/* "a, b, c" of the metric table's names of one kind (for messages). */
+static void names_of_kind(kvs_metric_kind kind, char *buf, size_t cap) {
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int m = 0; m < KVS_N_METRICS && len < cap; m++)
+        if (kvs_metric_table[m].kind == kind)
+            len += (size_t)snprintf(buf + len, cap - len, "%s%s", len ? ", " : "", kvs_metric_table[m].name);
 }
 
 kvs_status kvs_plot_metric_check(kvs_plot_kind kind, const char *metric) {
-    const plot_metric *m = metric ? find_metric(metric) : NULL;
-    if (kind == KVS_PLOT_ERROR_VS_POSITION) {
-        if (!m || !m->step_column)
-            return kvs_fail(KVS_ERR_INVALID_ARG, "--metric: '%s' cannot be drawn per position (expected out_err_mean, "
-                                                 "attn_recall_mean or topk_overlap_mean)",
+    kvs_metric m;
+    kvs_stat_kind s;
+    char names[1024];
+    if ((int)kind < 0 || (int)kind >= KVS_PLOT_N_KINDS)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "plot: bad kind %d", (int)kind);
+    if (!metric || kvs_results_column_parse(metric, &m, &s) != KVS_OK) {
+        if (kind == KVS_PLOT_ERROR_VS_POSITION)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "--metric: '%s' cannot be drawn per position (expected <metric>_mean "
+                                                 "of a metric of the table, e.g. out_err_mean, attn_recall_mean, "
+                                                 "storage_bytes_mean)",
                             metric ? metric : "(none)");
-        return KVS_OK;
-    }
-    if (kind == KVS_PLOT_MEMORY_VS_BUDGET) {
-        if (metric && strcmp(metric, "storage_bytes_max") != 0)
-            return kvs_fail(KVS_ERR_INVALID_ARG, "--metric: memory-vs-budget always draws storage_bytes_max, not '%s'",
-                            metric);
-        return KVS_OK;
-    }
-    if (!m)
-        return kvs_fail(KVS_ERR_INVALID_ARG, "--metric: unknown metric '%s' (expected out_err_mean, out_err_p50, "
-                                             "out_err_p95, out_err_max, attn_recall_mean or topk_overlap_mean)",
+        return kvs_fail(KVS_ERR_INVALID_ARG, "--metric: unknown metric '%s' (expected <metric>_<stat>, e.g. "
+                                             "out_err_mean, out_err_p95, attn_recall_mean)",
                         metric ? metric : "(none)");
+    }
+    if (kind == KVS_PLOT_ERROR_VS_POSITION) {
+        if (s != KVS_STAT_MEAN)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "--metric: '%s' cannot be drawn per position (the position series is "
+                                                 "the mean over heads: use %s_mean)",
+                            metric, kvs_metric_table[m].name);
+        return KVS_OK;
+    }
+    if (s == KVS_STAT_N)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "--metric: '%s' is a sample count; use _mean, _p50, _p95, _max or _min",
+                        metric);
+    kvs_metric_kind want = kind == KVS_PLOT_MEMORY_VS_BUDGET ? KVS_METRIC_BYTES : KVS_METRIC_QUALITY;
+    if (kvs_metric_table[m].kind != want) {
+        names_of_kind(want, names, sizeof names);
+        return kvs_fail(KVS_ERR_INVALID_ARG, "--metric: %s draws a %s metric (%s) with _mean, _p50, _p95, _max or _min, "
+                                             "not '%s'",
+                        kind_names[kind], want == KVS_METRIC_BYTES ? "bytes" : "quality", names, metric);
+    }
     return KVS_OK;
 }
 
 /* ------------------------------------------------------------------------------------------------
- * Series read from the database
+ * Pareto frontier
  * ---------------------------------------------------------------------------------------------- */
 
+/* Does point a come before point b in the sweep order: x ascending, then the better y, then the lower index. */
+static int pareto_before(const double *x, const double *y, int hib, size_t a, size_t b) {
+    if (x[a] != x[b]) return x[a] < x[b];
+    if (y[a] != y[b]) return hib ? y[a] > y[b] : y[a] < y[b];
+    return a < b;
+}
+
+size_t kvs_plot_pareto(const double *x, const double *y, size_t n, int higher_is_better, size_t *idx) {
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (isfinite(x[i]) && isfinite(y[i])) idx[m++] = i;
+    /* Insertion sort (a plot has at most a few hundred points; no global comparator state). */
+    for (size_t i = 1; i < m; i++)
+        for (size_t j = i; j > 0 && pareto_before(x, y, higher_is_better, idx[j], idx[j - 1]); j--) {
+            size_t t = idx[j];
+            idx[j] = idx[j - 1];
+            idx[j - 1] = t;
+        }
+    /* Sweep in x order: a point is kept when its y is strictly better than every point at smaller or equal
+     * x before it (equal x: the better y came first, so the rest at that x are dominated). */
+    size_t k = 0;
+    double best = 0;
+    for (size_t j = 0; j < m; j++) {
+        double v = y[idx[j]];
+        if (k == 0 || (higher_is_better ? v > best : v < best)) {
+            idx[k++] = idx[j];
+            best = v;
+        }
+    }
+    return k;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Series
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef enum { STYLE_LINE = 0, STYLE_ORACLE, STYLE_FRONTIER } series_style;
+
 typedef struct {
+    /* identity */
+    char *policy, *params, *measure, *trace_path;
+    int64_t trace_id, run_id, budget; /* run_id/budget: position kind only (one series per run) */
+    int is_oracle;
     char *label;
-    int dashed; /* oracle runs: drawn dashed */
+    series_style style;
+    /* points; per point the budget it stands for and how many runs were averaged into it */
     size_t n, cap;
     double *x, *y;
+    int64_t *pt_budget, *pt_count;
 } plot_series;
 
 typedef struct {
@@ -172,159 +160,263 @@ typedef struct {
     size_t n, cap;
 } plot_data;
 
+static void series_free(plot_series *s) {
+    free(s->policy);
+    free(s->params);
+    free(s->measure);
+    free(s->trace_path);
+    free(s->label);
+    free(s->x);
+    free(s->y);
+    free(s->pt_budget);
+    free(s->pt_count);
+    memset(s, 0, sizeof *s);
+}
+
 static void plot_data_free(plot_data *d) {
-    for (size_t i = 0; i < d->n; i++) {
-        free(d->s[i].label);
-        free(d->s[i].x);
-        free(d->s[i].y);
-    }
+    for (size_t i = 0; i < d->n; i++) series_free(&d->s[i]);
     free(d->s);
     memset(d, 0, sizeof *d);
 }
 
-static kvs_status series_new(plot_data *d, const char *label, int dashed) {
+static kvs_status nomem(void) { return kvs_fail(KVS_ERR_NOMEM, "plot: out of memory"); }
+
+static char *dup_or_empty(const char *s) { return strdup(s ? s : ""); }
+
+static kvs_status series_new(plot_data *d, const kvs_results_run_row *w, int per_run, plot_series **out) {
     if (d->n == d->cap) {
         size_t cap = d->cap ? 2 * d->cap : 8;
         plot_series *s = realloc(d->s, cap * sizeof *s);
-        if (!s) return kvs_fail(KVS_ERR_NOMEM, "plot: out of memory");
+        if (!s) return nomem();
         d->s = s;
         d->cap = cap;
     }
-    plot_series *s = &d->s[d->n];
+    plot_series *s = &d->s[d->n++];
     memset(s, 0, sizeof *s);
-    if (!(s->label = strdup(label))) return kvs_fail(KVS_ERR_NOMEM, "plot: out of memory");
-    s->dashed = dashed;
-    d->n++;
+    s->policy = dup_or_empty(w ? w->policy : NULL);
+    s->params = dup_or_empty(w ? w->params : NULL);
+    s->measure = dup_or_empty(w ? w->measure : NULL);
+    s->trace_path = dup_or_empty(w ? w->trace_path : NULL);
+    if (!s->policy || !s->params || !s->measure || !s->trace_path) return nomem();
+    s->trace_id = w ? w->trace_id : -1;
+    s->run_id = w && per_run ? w->id : -1;
+    s->budget = w && per_run ? w->budget_tokens : -1;
+    s->is_oracle = w ? w->is_oracle : 0;
+    s->style = s->is_oracle ? STYLE_ORACLE : STYLE_LINE;
+    *out = s;
     return KVS_OK;
 }
 
-static kvs_status series_add(plot_series *s, double x, double y) {
+/* The series of run w: (policy, params, trace, measure), or the run itself when per_run. */
+static kvs_status series_of(plot_data *d, const kvs_results_run_row *w, int per_run, plot_series **out) {
+    for (size_t i = 0; i < d->n; i++) {
+        plot_series *s = &d->s[i];
+        if (per_run ? s->run_id == w->id
+                    : (!strcmp(s->policy, w->policy) && !strcmp(s->params, w->params) && s->trace_id == w->trace_id &&
+                       !strcmp(s->measure, w->measure))) {
+            if (w->is_oracle) s->is_oracle = 1, s->style = STYLE_ORACLE;
+            *out = s;
+            return KVS_OK;
+        }
+    }
+    return series_new(d, w, per_run, out);
+}
+
+/* Adds a point; with budget >= 0, a point of the same budget is averaged with it instead (repeated runs). */
+static kvs_status series_add(plot_series *s, double x, double y, int64_t budget) {
+    if (budget >= 0)
+        for (size_t i = 0; i < s->n; i++)
+            if (s->pt_budget[i] == budget) {
+                s->x[i] += x;
+                s->y[i] += y;
+                s->pt_count[i]++;
+                return KVS_OK;
+            }
     if (s->n == s->cap) {
         size_t cap = s->cap ? 2 * s->cap : 64;
         double *nx = realloc(s->x, cap * sizeof *nx);
-        if (!nx) return kvs_fail(KVS_ERR_NOMEM, "plot: out of memory");
+        if (!nx) return nomem();
         s->x = nx;
         double *ny = realloc(s->y, cap * sizeof *ny);
-        if (!ny) return kvs_fail(KVS_ERR_NOMEM, "plot: out of memory");
+        if (!ny) return nomem();
         s->y = ny;
+        int64_t *nb = realloc(s->pt_budget, cap * sizeof *nb);
+        if (!nb) return nomem();
+        s->pt_budget = nb;
+        int64_t *nc = realloc(s->pt_count, cap * sizeof *nc);
+        if (!nc) return nomem();
+        s->pt_count = nc;
         s->cap = cap;
     }
     s->x[s->n] = x;
     s->y[s->n] = y;
+    s->pt_budget[s->n] = budget;
+    s->pt_count[s->n] = 1;
     s->n++;
     return KVS_OK;
 }
 
-static const char *col_text(sqlite3_stmt *st, int i) {
-    const char *t = (const char *)sqlite3_column_text(st, i);
-    return t ? t : "";
+/* Turns the sums into means and sorts the points by x (insertion sort: a series has few points). */
+static void series_finish(plot_series *s) {
+    for (size_t i = 0; i < s->n; i++) {
+        s->x[i] /= (double)s->pt_count[i];
+        s->y[i] /= (double)s->pt_count[i];
+        s->pt_count[i] = 1;
+    }
+    for (size_t i = 1; i < s->n; i++)
+        for (size_t j = i; j > 0 && s->x[j - 1] > s->x[j]; j--) {
+            double tx = s->x[j], ty = s->y[j];
+            int64_t tb = s->pt_budget[j];
+            s->x[j] = s->x[j - 1], s->y[j] = s->y[j - 1], s->pt_budget[j] = s->pt_budget[j - 1];
+            s->x[j - 1] = tx, s->y[j - 1] = ty, s->pt_budget[j - 1] = tb;
+        }
 }
 
-/* Counts complete runs (after the policy filter), to tell "empty database" from "no data for this plot". */
-static kvs_status count_complete_runs(sqlite3 *db, const char *db_path, const char *policy, int64_t *n) {
-    sqlite3_stmt *st = NULL;
-    if (sqlite3_prepare_v2(db, "SELECT count(*) FROM runs WHERE status = 'complete' AND (?1 IS NULL OR policy = ?1)",
-                           -1, &st, NULL) != SQLITE_OK) {
-        kvs_status rc = kvs_fail(KVS_ERR_DB, "%s: cannot query runs: %s", db_path, sqlite3_errmsg(db));
-        sqlite3_finalize(st);
-        return rc;
+static const char *base_name(const char *path) {
+    const char *b = strrchr(path, '/');
+    return b && b[1] ? b + 1 : path;
+}
+
+/* Legend order: policy, params, trace, measure, run. */
+static int cmp_series(const void *pa, const void *pb) {
+    const plot_series *a = pa, *b = pb;
+    int c;
+    if ((c = strcmp(a->policy, b->policy))) return c;
+    if ((c = strcmp(a->params, b->params))) return c;
+    if (a->trace_id != b->trace_id) return a->trace_id < b->trace_id ? -1 : 1;
+    if ((c = strcmp(a->measure, b->measure))) return c;
+    return (a->run_id > b->run_id) - (a->run_id < b->run_id);
+}
+
+/* Labels: "policy (params)" [" budget=B"] [" (oracle)"] [" [trace, measure]" where the plot has several
+ * traces / measure modes] [" [run N]"]. A trace is named by its file name, or by its path and id when two
+ * distinct traces share a file name. */
+static kvs_status label_series(plot_data *d, int per_run) {
+    int many_traces = 0, many_measures = 0;
+    for (size_t i = 1; i < d->n; i++) {
+        if (d->s[i].trace_id != d->s[0].trace_id) many_traces = 1;
+        if (strcmp(d->s[i].measure, d->s[0].measure)) many_measures = 1;
     }
-    if (policy) sqlite3_bind_text(st, 1, policy, -1, SQLITE_STATIC);
-    int rc = sqlite3_step(st);
-    *n = rc == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
-    sqlite3_finalize(st);
-    if (rc != SQLITE_ROW) return kvs_fail(KVS_ERR_DB, "%s: cannot query runs: %s", db_path, sqlite3_errmsg(db));
+    for (size_t i = 0; i < d->n; i++) {
+        plot_series *s = &d->s[i];
+        char trace[1024] = "", extra[1200] = "", budget[48] = "", run[48] = "";
+        if (many_traces) {
+            int clash = 0;
+            for (size_t j = 0; j < d->n; j++)
+                if (d->s[j].trace_id != s->trace_id && !strcmp(base_name(d->s[j].trace_path), base_name(s->trace_path)))
+                    clash = 1;
+            if (clash) snprintf(trace, sizeof trace, "%s #%" PRId64, s->trace_path, s->trace_id);
+            else snprintf(trace, sizeof trace, "%s", base_name(s->trace_path));
+        }
+        if (many_traces || many_measures)
+            snprintf(extra, sizeof extra, " [%s%s%s]", trace, many_traces && many_measures ? ", " : "",
+                     many_measures ? s->measure : "");
+        if (per_run) {
+            snprintf(budget, sizeof budget, " budget=%" PRId64, s->budget);
+            snprintf(run, sizeof run, " [run %" PRId64 "]", s->run_id);
+        }
+        size_t cap = strlen(s->policy) + strlen(s->params) + strlen(extra) + 128;
+        if (!(s->label = malloc(cap))) return nomem();
+        snprintf(s->label, cap, "%s%s%s%s%s%s%s%s", s->policy, s->params[0] ? " (" : "", s->params,
+                 s->params[0] ? ")" : "", budget, s->is_oracle ? " (oracle)" : "", extra, run);
+    }
     return KVS_OK;
 }
 
-/* Budget kinds: one series per (policy, params), points (budget_tokens, metric averaged over traces). */
-static kvs_status read_budget_series(sqlite3 *db, const char *db_path, const kvs_plot_options *o, const char *column,
-                                     plot_data *d) {
-    char sql[1024];
-    snprintf(sql, sizeof sql,
-             "SELECT r.policy, r.params, max(r.is_oracle), r.budget_tokens, avg(m.%s) "
-             "FROM runs r JOIN %s m ON m.run_id = r.id %s "
-             "WHERE r.status = 'complete' AND (?1 IS NULL OR r.policy = ?1) AND r.budget_tokens > 0 "
-             "  AND m.%s IS NOT NULL "
-             "GROUP BY r.policy, r.params, r.budget_tokens ORDER BY r.policy, r.params, r.budget_tokens",
-             column, o->layer < 0 ? "run_summary" : "run_layers", o->layer < 0 ? "" : "AND m.layer = ?2", column);
-    sqlite3_stmt *st = NULL;
-    kvs_status rc = KVS_OK;
-    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
-        rc = kvs_fail(KVS_ERR_DB, "%s: cannot query %s: %s", db_path, column, sqlite3_errmsg(db));
-        goto cleanup;
-    }
-    if (o->policy) sqlite3_bind_text(st, 1, o->policy, -1, SQLITE_STATIC);
-    if (o->layer >= 0) sqlite3_bind_int(st, 2, o->layer);
-    char prev_key[2048] = "";
-    int src;
-    while ((src = sqlite3_step(st)) == SQLITE_ROW) {
-        const char *policy = col_text(st, 0), *params = col_text(st, 1);
-        int oracle = sqlite3_column_int(st, 2);
-        double x = (double)sqlite3_column_int64(st, 3), y = sqlite3_column_double(st, 4);
-        char key[2048];
-        snprintf(key, sizeof key, "%s\x1f%s", policy, params);
-        if (d->n == 0 || strcmp(key, prev_key) != 0) {
-            char label[2048];
-            snprintf(label, sizeof label, "%s%s%s%s%s", policy, params[0] ? " (" : "", params, params[0] ? ")" : "",
-                     oracle ? " (oracle)" : "");
-            KVS_TRY(rc = series_new(d, label, oracle));
-            snprintf(prev_key, sizeof prev_key, "%s", key);
-        }
-        if (isfinite(y)) KVS_TRY(rc = series_add(&d->s[d->n - 1], x, y));
-    }
-    if (src != SQLITE_DONE) rc = kvs_fail(KVS_ERR_DB, "%s: cannot query %s: %s", db_path, column, sqlite3_errmsg(db));
-cleanup:
-    sqlite3_finalize(st);
-    return rc;
+/* ------------------------------------------------------------------------------------------------
+ * Reading the data (through sim/results.h)
+ * ---------------------------------------------------------------------------------------------- */
+
+/* The aggregate of run w that the plot reads: run-wide, or layer `layer` (NULL when the run has none). */
+static const kvs_results_agg *agg_of(const kvs_results_run_row *w, int32_t layer) {
+    if (layer < 0) return w->has_agg ? &w->agg : NULL;
+    for (int32_t i = 0; i < w->n_layer_aggs; i++)
+        if (w->layer_aggs[i].layer == layer) return &w->layer_aggs[i];
+    return NULL;
 }
 
-/* Position kind: one series per run, points (position, mean over q heads [and layers] of the step metric). */
-static kvs_status read_position_series(sqlite3 *db, const char *db_path, const kvs_plot_options *o, const char *column,
-                                       plot_data *d) {
-    char sql[1024];
-    snprintf(sql, sizeof sql,
-             "SELECT r.id, r.policy, r.params, r.budget_tokens, r.is_oracle, s.position, avg(s.%s) "
-             "FROM steps s JOIN runs r ON r.id = s.run_id "
-             "WHERE r.status = 'complete' AND (?1 IS NULL OR r.policy = ?1) AND (?2 < 0 OR r.budget_tokens = ?2) "
-             "  AND (?3 < 0 OR s.layer = ?3) AND s.%s IS NOT NULL "
-             "GROUP BY r.id, s.position ORDER BY r.id, s.position",
-             column, column);
-    sqlite3_stmt *st = NULL;
+/* Budget and cost kinds: one point per run, x = its budget (x_metric < 0) or a measured statistic (log
+ * scale: only positive x), y = the statistic of y_metric; points of one series and budget are averaged. */
+static kvs_status read_run_points(const kvs_results_run_row *rows, int64_t n_rows, int32_t layer, int y_metric,
+                                  kvs_stat_kind y_stat, int x_metric, kvs_stat_kind x_stat, plot_data *d) {
+    for (int64_t i = 0; i < n_rows; i++) {
+        const kvs_results_run_row *w = &rows[i];
+        const kvs_results_agg *a = agg_of(w, layer);
+        if (!a || w->budget_tokens <= 0) continue;
+        double y = kvs_results_stat_value(&a->m[y_metric], y_stat);
+        double x = x_metric < 0 ? (double)w->budget_tokens : kvs_results_stat_value(&a->m[x_metric], x_stat);
+        if (!isfinite(y) || !isfinite(x) || x <= 0) continue;
+        plot_series *s = NULL;
+        kvs_status rc = series_of(d, w, 0, &s);
+        if (rc != KVS_OK) return rc;
+        if ((rc = series_add(s, x, y, w->budget_tokens)) != KVS_OK) return rc;
+    }
+    return KVS_OK;
+}
+
+/* Position kind: one series per run, the mean over heads (and layers) of the step metric per position. */
+static kvs_status read_position_points(kvs_results_db *db, const kvs_results_run_row *rows, int64_t n_rows,
+                                       int32_t layer, kvs_metric metric, plot_data *d) {
+    for (int64_t i = 0; i < n_rows; i++) {
+        kvs_results_series ser;
+        kvs_status rc = kvs_results_query_steps(db, rows[i].id, layer, metric, &ser);
+        if (rc != KVS_OK) return rc;
+        plot_series *s = NULL;
+        if (ser.n > 0) rc = series_new(d, &rows[i], 1, &s);
+        for (int64_t k = 0; k < ser.n && rc == KVS_OK; k++)
+            if (isfinite(ser.value[k])) rc = series_add(s, (double)ser.position[k], ser.value[k], -1);
+        kvs_results_series_free(&ser);
+        if (rc != KVS_OK) return rc;
+    }
+    return KVS_OK;
+}
+
+/* Appends the Pareto frontier of every non-oracle point as a series (nothing when there are none). */
+static kvs_status add_frontier(plot_data *d, int higher_is_better) {
+    size_t n = 0;
+    for (size_t i = 0; i < d->n; i++)
+        if (d->s[i].style == STYLE_LINE) n += d->s[i].n;
+    if (n == 0) return KVS_OK;
+    double *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
+    size_t *idx = malloc(n * sizeof *idx);
     kvs_status rc = KVS_OK;
-    if (sqlite3_prepare_v2(db, sql, -1, &st, NULL) != SQLITE_OK) {
-        rc = kvs_fail(KVS_ERR_DB, "%s: cannot query steps: %s", db_path, sqlite3_errmsg(db));
+    if (!x || !y || !idx) {
+        rc = nomem();
         goto cleanup;
     }
-    if (o->policy) sqlite3_bind_text(st, 1, o->policy, -1, SQLITE_STATIC);
-    sqlite3_bind_int64(st, 2, o->budget_tokens);
-    sqlite3_bind_int(st, 3, o->layer);
-    int64_t prev_run = -1;
-    int src;
-    while ((src = sqlite3_step(st)) == SQLITE_ROW) {
-        int64_t run = sqlite3_column_int64(st, 0);
-        if (run != prev_run) {
-            const char *params = col_text(st, 2);
-            int oracle = sqlite3_column_int(st, 4);
-            char label[2048];
-            snprintf(label, sizeof label, "%s%s%s%s budget=%" PRId64 "%s [run %" PRId64 "]", col_text(st, 1),
-                     params[0] ? " (" : "", params, params[0] ? ")" : "", (int64_t)sqlite3_column_int64(st, 3),
-                     oracle ? " (oracle)" : "", run);
-            KVS_TRY(rc = series_new(d, label, oracle));
-            prev_run = run;
-        }
-        double y = sqlite3_column_double(st, 6);
-        if (isfinite(y)) KVS_TRY(rc = series_add(&d->s[d->n - 1], (double)sqlite3_column_int64(st, 5), y));
+    size_t k = 0;
+    for (size_t i = 0; i < d->n; i++)
+        if (d->s[i].style == STYLE_LINE)
+            for (size_t j = 0; j < d->s[i].n; j++) {
+                x[k] = d->s[i].x[j];
+                y[k++] = d->s[i].y[j];
+            }
+    size_t m = kvs_plot_pareto(x, y, n, higher_is_better, idx);
+    plot_series *f = NULL;
+    KVS_TRY(rc = series_new(d, NULL, 0, &f));
+    f->style = STYLE_FRONTIER;
+    if (!(f->label = strdup("Pareto frontier (non-oracle runs)"))) {
+        rc = nomem();
+        goto cleanup;
     }
-    if (src != SQLITE_DONE) rc = kvs_fail(KVS_ERR_DB, "%s: cannot query steps: %s", db_path, sqlite3_errmsg(db));
+    for (size_t j = 0; j < m; j++) KVS_TRY(rc = series_add(f, x[idx[j]], y[idx[j]], -1));
 cleanup:
-    sqlite3_finalize(st);
+    free(x);
+    free(y);
+    free(idx);
     return rc;
 }
 
 /* ------------------------------------------------------------------------------------------------
  * gnuplot
  * ---------------------------------------------------------------------------------------------- */
+
+typedef enum { AXIS_LINEAR = 0, AXIS_LOG_TOKENS, AXIS_LOG_BYTES } axis_mode;
+
+typedef struct {
+    char title[1024], xlabel[512], ylabel[512];
+    axis_mode x;
+} plot_text;
 
 /* Finds `prog` (a path, or a name on PATH) as an executable; writes the resolved path. */
 static int find_program(const char *prog, char *resolved, size_t cap) {
@@ -371,45 +463,68 @@ static void sh_quote(char *dst, size_t cap, const char *s) {
     dst[j] = '\0';
 }
 
-static void write_script(FILE *gp, const kvs_plot_options *o, int is_svg, const char *partial, const char *title,
-                         const char *xlabel, const char *ylabel, int logx, const plot_data *d) {
+static void put_data(FILE *gp, const plot_series *s) {
+    fprintf(gp, "# series: ");
+    for (const char *c = s->label; *c; c++) fputc(*c == '\n' || *c == '\r' ? ' ' : *c, gp);
+    fputc('\n', gp);
+    for (size_t k = 0; k < s->n; k++) fprintf(gp, "%.17g %.17g\n", s->x[k], s->y[k]);
+    fprintf(gp, "e\n");
+}
+
+static void write_script(FILE *gp, int is_svg, const char *partial, const plot_text *t, const plot_data *d) {
     /* noenhanced: labels contain '_' and '^' (params, metric names) that enhanced text would typeset. */
     if (is_svg) fprintf(gp, "set terminal svg size 1200,760 noenhanced font 'Sans,11' background rgb 'white'\n");
     else fprintf(gp, "set terminal pngcairo size 1200,760 noenhanced font 'Sans,10'\n");
     fprintf(gp, "set encoding utf8\nset output ");
     put_gp_string(gp, partial);
     fprintf(gp, "\nset title ");
-    put_gp_string(gp, title);
+    put_gp_string(gp, t->title);
     fprintf(gp, "\nset xlabel ");
-    put_gp_string(gp, xlabel);
+    put_gp_string(gp, t->xlabel);
     fprintf(gp, "\nset ylabel ");
-    put_gp_string(gp, ylabel);
+    put_gp_string(gp, t->ylabel);
     /* Legend under the plot: labels carry every parameter and would squeeze the plot area if put beside it. */
     fprintf(gp, "\nset grid\nset key outside below center vertical maxrows 6 Left reverse\n");
-    if (logx) fprintf(gp, "set logscale x 2\nset format x '%%g'\n");
-    (void)o;
+    if (t->x == AXIS_LOG_TOKENS) fprintf(gp, "set logscale x 2\nset format x '%%g'\n");
+    else if (t->x == AXIS_LOG_BYTES) fprintf(gp, "set logscale x 2\nset format x '%%.0b %%BB'\n");
     fprintf(gp, "plot ");
-    for (size_t i = 0; i < d->n; i++) {
-        /* gnuplot's default colours repeat after 8 series; a sweep easily has more. Oracles: black, dashed. */
-        static const char *const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-                                              "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a"};
-        const char *color = d->s[i].dashed ? "#000000" : palette[i % (sizeof palette / sizeof palette[0])];
-        fprintf(gp, "%s'-' using 1:2 with linespoints lw 2 pt %d ps 0.8 dt %d lc rgb '%s' title ",
-                i ? ", \\\n     " : "", (int)(i % 13) + 1, d->s[i].dashed ? 2 : 1, color);
-        put_gp_string(gp, d->s[i].label);
-    }
+    /* The frontier first, so the policies' lines are drawn over it; then the series in legend order. */
+    int first = 1;
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < d->n; i++) {
+            const plot_series *s = &d->s[i];
+            if ((s->style == STYLE_FRONTIER) != (pass == 0)) continue;
+            fprintf(gp, "%s", first ? "" : ", \\\n     ");
+            first = 0;
+            if (s->style == STYLE_FRONTIER) {
+                fprintf(gp, "'-' using 1:2 with steps lw 8 lc rgb '#b8b8b8' title ");
+                put_gp_string(gp, s->label);
+                fprintf(gp, ", \\\n     '-' using 1:2 with points pt 7 ps 1.8 lc rgb '#b8b8b8' notitle");
+                continue;
+            }
+            /* gnuplot's default colours repeat after 8 series; a sweep easily has more. Oracles: black, dashed. */
+            static const char *const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
+                                                  "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a"};
+            const char *color = s->style == STYLE_ORACLE ? "#000000" : palette[i % (sizeof palette / sizeof palette[0])];
+            fprintf(gp, "'-' using 1:2 with linespoints lw 2 pt %d ps 0.8 dt %d lc rgb '%s' title ", (int)(i % 13) + 1,
+                    s->style == STYLE_ORACLE ? 2 : 1, color);
+            put_gp_string(gp, s->label);
+        }
     fprintf(gp, "\n");
-    for (size_t i = 0; i < d->n; i++) {
-        for (size_t k = 0; k < d->s[i].n; k++) fprintf(gp, "%.17g %.17g\n", d->s[i].x[k], d->s[i].y[k]);
-        fprintf(gp, "e\n");
-    }
+    for (int pass = 0; pass < 2; pass++)
+        for (size_t i = 0; i < d->n; i++) {
+            const plot_series *s = &d->s[i];
+            if ((s->style == STYLE_FRONTIER) != (pass == 0)) continue;
+            put_data(gp, s);
+            if (s->style == STYLE_FRONTIER) put_data(gp, s); /* the points element reads its own copy */
+        }
     fprintf(gp, "unset output\nexit\n");
 }
 
 /* Runs gnuplot with the script; SIGPIPE is blocked for this thread while writing so a gnuplot that dies
  * early becomes an error status here instead of killing kvsim. */
-static kvs_status run_gnuplot(const char *prog, const kvs_plot_options *o, int is_svg, const char *partial,
-                              const char *title, const char *xlabel, const char *ylabel, int logx, const plot_data *d) {
+static kvs_status run_gnuplot(const char *prog, int is_svg, const char *partial, const plot_text *t,
+                              const plot_data *d) {
     char cmd[PATH_MAX * 4 + 32], quoted[PATH_MAX * 4];
     sh_quote(quoted, sizeof quoted, prog);
     snprintf(cmd, sizeof cmd, "exec %s", quoted);
@@ -425,7 +540,7 @@ static kvs_status run_gnuplot(const char *prog, const kvs_plot_options *o, int i
         rc = kvs_fail(KVS_ERR_EXTERNAL, "cannot start gnuplot (%s): %s", prog, strerror(errno));
         goto restore;
     }
-    write_script(gp, o, is_svg, partial, title, xlabel, ylabel, logx, d);
+    write_script(gp, is_svg, partial, t, d);
     fflush(gp);
     int write_failed = ferror(gp);
     int status = pclose(gp);
@@ -455,6 +570,13 @@ static int ends_with(const char *s, const char *suffix) {
     return n >= k && !strcasecmp(s + n - k, suffix);
 }
 
+/* "rel. output error, p95 (out_err_p95)" plus the unit: the axis label of a statistic of a metric. */
+static void axis_label(char *buf, size_t cap, kvs_metric m, kvs_stat_kind s, const char *extra) {
+    const kvs_metric_info *mi = &kvs_metric_table[m];
+    snprintf(buf, cap, "%s, %s (%s_%s%s%s%s%s)", mi->label, kvs_stat_names[s], mi->name, kvs_stat_names[s],
+             mi->unit[0] ? "; " : "", mi->unit, mi->kind == KVS_METRIC_BYTES ? " per KV head" : "", extra);
+}
+
 kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *o) {
     if (!db_path || !o) return kvs_fail(KVS_ERR_INVALID_ARG, "plot: NULL database path or options");
     if (!o->out_path || !o->out_path[0]) return kvs_fail(KVS_ERR_INVALID_ARG, "--out: an output file is required");
@@ -463,77 +585,128 @@ kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *o) {
         return kvs_fail(KVS_ERR_INVALID_ARG, "--out: '%s' must end in .png or .svg", o->out_path);
     if (strpbrk(o->out_path, "\n\r"))
         return kvs_fail(KVS_ERR_INVALID_ARG, "--out: the file name must not contain a line break");
-    if ((int)o->kind < 0 || (int)o->kind > 2) return kvs_fail(KVS_ERR_INVALID_ARG, "plot: bad kind %d", (int)o->kind);
-    const char *metric_name = o->kind == KVS_PLOT_MEMORY_VS_BUDGET ? NULL : (o->metric ? o->metric : "out_err_mean");
-    kvs_status rc = kvs_plot_metric_check(o->kind, o->kind == KVS_PLOT_MEMORY_VS_BUDGET ? o->metric : metric_name);
+    if ((int)o->kind < 0 || (int)o->kind >= KVS_PLOT_N_KINDS)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "plot: bad kind %d", (int)o->kind);
+    const char *metric_name = o->metric ? o->metric : default_metric(o->kind);
+    kvs_status rc = kvs_plot_metric_check(o->kind, metric_name);
     if (rc != KVS_OK) return rc;
-    const plot_metric *m = metric_name ? find_metric(metric_name) : NULL;
+    kvs_metric ym;
+    kvs_stat_kind ys;
+    kvs_results_column_parse(metric_name, &ym, &ys);
+    kvs_stat_kind xs = KVS_STAT_MEAN;
+    if (o->x_stat && !strcmp(o->x_stat, "max")) xs = KVS_STAT_MAX;
+    else if (o->x_stat && strcmp(o->x_stat, "mean") != 0)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "--x-stat: '%s' is not mean or max", o->x_stat);
+    if (o->measure && strcmp(o->measure, "decode") && strcmp(o->measure, "prefill") && strcmp(o->measure, "all"))
+        return kvs_fail(KVS_ERR_INVALID_ARG, "--measure: '%s' is not decode, prefill or all", o->measure);
 
-    sqlite3 *db = NULL;
+    kvs_results_db *db = NULL;
+    kvs_results_run_row *rows = NULL;
+    int64_t n_rows = 0;
     plot_data d = {0};
-    char partial[PATH_MAX], title[1024], xlabel[256], ylabel[512], where[256] = "";
+    plot_text t = {.x = AXIS_LOG_TOKENS};
+    char partial[PATH_MAX], where[512] = "";
     if (snprintf(partial, sizeof partial, "%s.partial", o->out_path) >= (int)sizeof partial)
         return kvs_fail(KVS_ERR_INVALID_ARG, "--out: path too long");
 
-    KVS_TRY(rc = kvs_plot_db_open(db_path, &db));
-    int64_t n_complete = 0;
-    KVS_TRY(rc = count_complete_runs(db, db_path, o->policy, &n_complete));
-    if (n_complete == 0) {
-        rc = kvs_fail(KVS_ERR_DB, "%s: no complete runs%s%s%s in the database: nothing to plot", db_path,
-                      o->policy ? " of policy '" : "", o->policy ? o->policy : "", o->policy ? "'" : "");
+    KVS_TRY(rc = kvs_results_open_readonly(db_path, &db));
+    kvs_results_filter f = {.policy = o->policy, .trace_path = o->trace, .model = o->model, .measure = o->measure,
+                            .with_layers = o->layer >= 0};
+    if (o->kind == KVS_PLOT_ERROR_VS_POSITION && o->budget_tokens > 0) f.budget_tokens = o->budget_tokens;
+    KVS_TRY(rc = kvs_results_query_runs(db, &f, &rows, &n_rows));
+    if (n_rows == 0) {
+        char sel[512] = "";
+        size_t len = 0;
+        if (o->policy) len += (size_t)snprintf(sel + len, sizeof sel - len, " of policy '%s'", o->policy);
+        if (o->trace && len < sizeof sel) len += (size_t)snprintf(sel + len, sizeof sel - len, " of trace '%s'", o->trace);
+        if (o->model && len < sizeof sel) len += (size_t)snprintf(sel + len, sizeof sel - len, " of model '%s'", o->model);
+        if (o->measure && len < sizeof sel) snprintf(sel + len, sizeof sel - len, " with measure '%s'", o->measure);
+        if (o->kind == KVS_PLOT_ERROR_VS_POSITION && o->budget_tokens > 0) {
+            len = strlen(sel);
+            if (len < sizeof sel) snprintf(sel + len, sizeof sel - len, " at budget %" PRId64, o->budget_tokens);
+        }
+        rc = kvs_fail(KVS_ERR_DB, "%s: no complete runs%s in the database: nothing to plot", db_path, sel);
         goto cleanup;
     }
 
-    const char *base = strrchr(db_path, '/');
-    base = base ? base + 1 : db_path;
-    if (o->policy) snprintf(where, sizeof where, ", policy %s", o->policy);
+    const char *base = base_name(db_path);
+    size_t len = 0;
+    if (o->policy) len += (size_t)snprintf(where + len, sizeof where - len, ", policy %s", o->policy);
+    if (o->trace && len < sizeof where) len += (size_t)snprintf(where + len, sizeof where - len, ", trace %s", o->trace);
+    if (o->model && len < sizeof where) len += (size_t)snprintf(where + len, sizeof where - len, ", model %s", o->model);
+    if (o->measure && len < sizeof where)
+        len += (size_t)snprintf(where + len, sizeof where - len, ", measure %s", o->measure);
+    const kvs_metric_info *mi = &kvs_metric_table[ym];
     if (o->kind == KVS_PLOT_ERROR_VS_POSITION) {
-        KVS_TRY(rc = read_position_series(db, db_path, o, m->step_column, &d));
-        size_t len = strlen(where);
-        if (o->budget_tokens >= 0)
+        KVS_TRY(rc = read_position_points(db, rows, n_rows, o->layer, ym, &d));
+        len = strlen(where);
+        if (o->budget_tokens > 0 && len < sizeof where)
             snprintf(where + len, sizeof where - len, ", budget %" PRId64 " tokens", o->budget_tokens);
         len = strlen(where);
-        if (o->layer >= 0) snprintf(where + len, sizeof where - len, ", layer %d", o->layer);
-        else snprintf(where + len, sizeof where - len, ", mean over layers");
-        snprintf(title, sizeof title, "%s per decode position (mean over query heads%s) - %s", m->name, where, base);
-        snprintf(xlabel, sizeof xlabel, "position in the sequence (tokens)");
-        snprintf(ylabel, sizeof ylabel, "%s", m->label);
-    } else {
-        const char *column = o->kind == KVS_PLOT_MEMORY_VS_BUDGET ? "storage_bytes_max" : m->agg_column;
-        KVS_TRY(rc = read_budget_series(db, db_path, o, column, &d));
-        size_t len = strlen(where);
-        if (o->layer >= 0) snprintf(where + len, sizeof where - len, ", layer %d", o->layer);
-        else snprintf(where + len, sizeof where - len, ", run-wide aggregate");
-        if (o->kind == KVS_PLOT_MEMORY_VS_BUDGET) {
-            snprintf(title, sizeof title, "Resident KV storage vs budget (%s) - %s", where + 2, base);
-            snprintf(ylabel, sizeof ylabel, "resident storage per KV head, max over steps (bytes, KV + auxiliary)");
-        } else {
-            snprintf(title, sizeof title, "%s vs KV budget (%s) - %s", m->name, where + 2, base);
-            snprintf(ylabel, sizeof ylabel, "%s", m->label);
+        if (len < sizeof where) {
+            if (o->layer >= 0) snprintf(where + len, sizeof where - len, ", layer %d", o->layer);
+            else snprintf(where + len, sizeof where - len, ", mean over layers");
         }
-        snprintf(xlabel, sizeof xlabel, "KV budget per KV head (tokens, log2 scale)");
+        snprintf(t.title, sizeof t.title, "%s per position (mean over query heads%s) - %s", metric_name, where, base);
+        snprintf(t.xlabel, sizeof t.xlabel, "position in the sequence (tokens)");
+        snprintf(t.ylabel, sizeof t.ylabel, "%s, mean over query heads (%s%s%s)", mi->label, mi->name,
+                 mi->unit[0] ? "; " : "", mi->unit);
+        t.x = AXIS_LINEAR;
+    } else {
+        int xm = -1;
+        if (o->kind == KVS_PLOT_ERROR_VS_MEMORY) xm = KVS_M_STORAGE;
+        else if (o->kind == KVS_PLOT_ERROR_VS_TRAFFIC) xm = KVS_M_TRAFFIC;
+        KVS_TRY(rc = read_run_points(rows, n_rows, o->layer, ym, ys, xm, xs, &d));
+        len = strlen(where);
+        if (len < sizeof where) {
+            if (o->layer >= 0) snprintf(where + len, sizeof where - len, ", layer %d", o->layer);
+            else snprintf(where + len, sizeof where - len, ", run-wide aggregate");
+        }
+        axis_label(t.ylabel, sizeof t.ylabel, ym, ys, "");
+        if (xm >= 0) {
+            snprintf(t.title, sizeof t.title, "%s vs measured %s (%s) - %s", metric_name,
+                     xm == KVS_M_STORAGE ? "memory" : "traffic", where + 2, base);
+            axis_label(t.xlabel, sizeof t.xlabel, (kvs_metric)xm, xs, "; log scale");
+            t.x = AXIS_LOG_BYTES;
+        } else if (o->kind == KVS_PLOT_MEMORY_VS_BUDGET) {
+            snprintf(t.title, sizeof t.title, "%s vs budget (%s) - %s", metric_name, where + 2, base);
+            snprintf(t.xlabel, sizeof t.xlabel, "KV budget per KV head (tokens, log2 scale)");
+        } else {
+            snprintf(t.title, sizeof t.title, "%s vs KV budget (%s) - %s", metric_name, where + 2, base);
+            snprintf(t.xlabel, sizeof t.xlabel, "KV budget per KV head (tokens, log2 scale)");
+        }
     }
-    size_t n_points = 0;
-    for (size_t i = 0; i < d.n; i++) n_points += d.s[i].n;
-    if (n_points == 0) {
-        rc = kvs_fail(KVS_ERR_DB, "%s: no data for %s%s: %s", db_path, kind_names[o->kind], where,
-                      o->kind == KVS_PLOT_ERROR_VS_POSITION
-                          ? "the selected complete runs have no per-step samples (steps table)"
-                          : "the selected complete runs have no aggregate rows with a positive budget for it");
-        goto cleanup;
-    }
-    /* Series without a finite point would only add an empty key entry (and '-' needs at least one row). */
+    /* Series without a point would only add an empty key entry (and '-' needs at least one row). */
     size_t w = 0;
     for (size_t i = 0; i < d.n; i++) {
         if (d.s[i].n > 0) d.s[w++] = d.s[i];
-        else {
-            free(d.s[i].label);
-            free(d.s[i].x);
-            free(d.s[i].y);
-        }
+        else series_free(&d.s[i]);
     }
     d.n = w;
-    sqlite3_close(db);
+    if (d.n == 0) {
+        if (o->kind == KVS_PLOT_ERROR_VS_POSITION)
+            rc = kvs_fail(KVS_ERR_DB, "%s: no data for %s%s: the selected complete runs have no per-step samples "
+                                      "(steps table) of %s",
+                          db_path, kind_names[o->kind], where, mi->name);
+        else if (is_cost_kind(o->kind))
+            rc = kvs_fail(KVS_ERR_DB, "%s: no data for %s%s: the selected complete runs have no recorded %s and %s_%s "
+                                      "(runs written before these metrics were recorded read as not recorded)",
+                          db_path, kind_names[o->kind], where, metric_name,
+                          kvs_metric_table[o->kind == KVS_PLOT_ERROR_VS_MEMORY ? KVS_M_STORAGE : KVS_M_TRAFFIC].name,
+                          kvs_stat_names[xs]);
+        else
+            rc = kvs_fail(KVS_ERR_DB, "%s: no data for %s%s: the selected complete runs have no aggregate rows with a "
+                                      "positive budget and a recorded %s",
+                          db_path, kind_names[o->kind], where, metric_name);
+        goto cleanup;
+    }
+    for (size_t i = 0; i < d.n; i++) series_finish(&d.s[i]);
+    qsort(d.s, d.n, sizeof *d.s, cmp_series);
+    KVS_TRY(rc = label_series(&d, o->kind == KVS_PLOT_ERROR_VS_POSITION));
+    if (is_cost_kind(o->kind)) KVS_TRY(rc = add_frontier(&d, mi->higher_is_better));
+    kvs_results_run_rows_free(rows, n_rows);
+    rows = NULL;
+    kvs_results_close(db);
     db = NULL;
 
     char prog[PATH_MAX];
@@ -551,8 +724,7 @@ kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *o) {
         goto cleanup;
     }
     fclose(pf);
-    rc = run_gnuplot(prog, o, is_svg, partial, title, xlabel,
-                     ylabel, o->kind != KVS_PLOT_ERROR_VS_POSITION, &d);
+    rc = run_gnuplot(prog, is_svg, partial, &t, &d);
     if (rc == KVS_OK) {
         struct stat sb;
         if (stat(partial, &sb) != 0 || sb.st_size == 0)
@@ -563,7 +735,8 @@ kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *o) {
     if (rc != KVS_OK) unlink(partial);
 
 cleanup:
-    if (db) sqlite3_close(db);
+    kvs_results_run_rows_free(rows, n_rows);
+    kvs_results_close(db);
     plot_data_free(&d);
     return rc;
 }

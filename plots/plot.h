@@ -1,54 +1,75 @@
 /* plot.h — plots from a kvsim results database (sim/SCHEMA.md), drawn by gnuplot through a pipe
  * (../shared/DESIGN.md "Results (SQLite) and plots"): error vs budget per policy, error vs decode
- * position, resident memory vs budget. PNG (pngcairo) or SVG, chosen by the output file's extension.
+ * position, memory vs budget, and error vs measured memory / traffic with the Pareto frontier
+ * (POLICY_SPEC.md §1.5 "Budget-matching modes": policies compared at equal bytes, not only equal tokens).
+ * PNG (pngcairo) or SVG, chosen by the output file's extension.
  *
- * Also home of the read-only opener of a results database, shared by `kvsim runs` and `kvsim plot`
- * (sim/results.h only offers the read-write opener, which creates missing files).
+ * The data is read through the read API of sim/results.h (kvs_results_open_readonly, query_runs,
+ * query_steps); this module holds no SQL. Axis labels and units come from the metric table (sim/metrics.h).
+ *
+ * Series. Runs are never averaged across traces or measure modes: a series of the budget and cost kinds
+ * is one (policy, params, trace, measure) — runs of the same series at the same budget (a repeated replay)
+ * are averaged; error-vs-position draws one series per run. The legend names the trace and the measure
+ * mode only when the plotted runs have more than one of them. Oracles are dashed and labelled "(oracle)".
  */
 #ifndef KVS_PLOT_H
 #define KVS_PLOT_H
 
-#include <sqlite3.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "../common/kvs.h"
 
-/*! kvs_plot_db_open() : opens an EXISTING kvsim results database read-only (never creates or modifies
- *  it). Missing file: KVS_ERR_IO; not SQLite, corrupt, or SQLite without a kvsim `meta` table:
- *  KVS_ERR_DB; other schema version: KVS_ERR_VERSION. Caller closes *out with sqlite3_close(). */
-kvs_status kvs_plot_db_open(const char *path, sqlite3 **out);
-
 typedef enum {
-    KVS_PLOT_ERROR_VS_BUDGET = 0,   /* x: budget_tokens (log2), y: a run-wide or per-layer metric */
+    KVS_PLOT_ERROR_VS_BUDGET = 0,   /* x: budget_tokens (log2), y: a run-wide or per-layer quality metric */
     KVS_PLOT_ERROR_VS_POSITION = 1, /* x: position, y: mean over heads (and layers) of a step metric */
-    KVS_PLOT_MEMORY_VS_BUDGET = 2,  /* x: budget_tokens (log2), y: storage_bytes_max */
+    KVS_PLOT_MEMORY_VS_BUDGET = 2,  /* x: budget_tokens (log2), y: a bytes metric (default storage_bytes_max) */
+    KVS_PLOT_ERROR_VS_MEMORY = 3,   /* x: measured resident bytes (storage_bytes mean|max, log), y: quality */
+    KVS_PLOT_ERROR_VS_TRAFFIC = 4,  /* x: measured bytes read per step (traffic_bytes mean|max, log), y: quality */
 } kvs_plot_kind;
+#define KVS_PLOT_N_KINDS 5
 
-/* What to draw. Borrowed strings. */
+/* What to draw. Borrowed strings; NULL filters select everything. */
 typedef struct {
     kvs_plot_kind kind;
-    const char *metric;    /* NULL = "out_err_mean"; see kvs_plot_metric_check(); ignored for memory-vs-budget */
-    int32_t layer;         /* -1: run-wide aggregate (budget kinds) / all layers (position kind) */
+    const char *metric;    /* y column "<metric>_<stat>"; NULL = the kind's default; see kvs_plot_metric_check() */
+    int32_t layer;         /* -1: run-wide aggregate (budget/cost kinds) / all layers (position kind) */
     const char *policy;    /* only runs of this policy; NULL = all */
     int64_t budget_tokens; /* error-vs-position only: runs with this budget; -1 = all */
     const char *out_path;  /* ends in .png or .svg; written as OUT.partial then renamed */
     const char *gnuplot;   /* program to run (name looked up on PATH, or a path); NULL = "gnuplot" */
+    const char *trace;     /* only runs of this trace (path as stored, or its trailing components) */
+    const char *model;     /* only runs of traces of this model */
+    const char *measure;   /* only runs of this measure mode: decode, prefill, all */
+    const char *x_stat;    /* error-vs-memory/-traffic: "mean" (NULL) or "max" of the x metric */
 } kvs_plot_options;
 
-/*! kvs_plot_kind_parse() : "error-vs-budget", "error-vs-position", "memory-vs-budget";
- *  else KVS_ERR_INVALID_ARG naming the accepted kinds. */
+/*! kvs_plot_kind_parse() : "error-vs-budget", "error-vs-position", "memory-vs-budget", "error-vs-memory",
+ *  "error-vs-traffic"; else KVS_ERR_INVALID_ARG naming the accepted kinds. */
 kvs_status kvs_plot_kind_parse(const char *name, kvs_plot_kind *out);
 
-/*! kvs_plot_metric_check() : KVS_OK when `metric` can be drawn by `kind`: error-vs-budget accepts
- *  out_err_mean, out_err_p50, out_err_p95, out_err_max, attn_recall_mean, topk_overlap_mean;
- *  error-vs-position accepts out_err_mean, attn_recall_mean, topk_overlap_mean (means of the step series);
- *  else KVS_ERR_INVALID_ARG listing the accepted ones. */
+/*! kvs_plot_kind_name() : the name of a kind ("?" when out of range). */
+const char *kvs_plot_kind_name(kvs_plot_kind kind);
+
+/*! kvs_plot_metric_check() : KVS_OK when `metric` ("<metric>_<stat>" of the metric table) can be drawn by
+ *  `kind`: error-vs-budget/-memory/-traffic accept a quality metric (out_err, out_err_abs, out_cos,
+ *  attn_recall, attn_recall_merged, topk_overlap) with _mean, _p50, _p95, _max or _min; memory-vs-budget a
+ *  bytes metric with one of those statistics; error-vs-position any metric's _mean (the mean of its step
+ *  series); else KVS_ERR_INVALID_ARG saying what is accepted. */
 kvs_status kvs_plot_metric_check(kvs_plot_kind kind, const char *metric);
 
-/*! kvs_plot_make() : reads the data from the results database at `db_path` (complete runs only) and draws
- *  it with gnuplot into opt->out_path. Errors: bad options KVS_ERR_INVALID_ARG; database problems or no
- *  data to draw KVS_ERR_DB (detail says what was missing); gnuplot missing or failing KVS_ERR_EXTERNAL;
- *  output not creatable KVS_ERR_IO. On any error no output file (and no .partial) is left behind. */
+/*! kvs_plot_pareto() : the Pareto-optimal points among n points (x[i], y[i]) (non-finite ones ignored):
+ *  point i is kept when no other point has x <= x[i] and a y at least as good (lower, or higher when
+ *  higher_is_better) with one of the two strictly better; of identical points the lowest index is kept.
+ *  Writes the kept indexes to idx (capacity n) in ascending x and returns how many. */
+size_t kvs_plot_pareto(const double *x, const double *y, size_t n, int higher_is_better, size_t *idx);
+
+/*! kvs_plot_make() : reads the data from the results database at `db_path` (read-only; complete runs only)
+ *  and draws it with gnuplot into opt->out_path. Errors: bad options KVS_ERR_INVALID_ARG; database problems
+ *  or no data to draw KVS_ERR_DB (detail says what was missing); gnuplot missing or failing
+ *  KVS_ERR_EXTERNAL; output not creatable KVS_ERR_IO. On any error no output file (and no .partial) is left
+ *  behind. The script sent to gnuplot carries one "# series: LABEL" comment line before each inline data
+ *  block (tests read it through a stand-in gnuplot). */
 kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *opt);
 
 #endif /* KVS_PLOT_H */

@@ -1,15 +1,24 @@
-/* results.c — the SQLite results database of kvsim: schema creation, the one-transaction run writer and
- * the summary statistics of a metric. Implements sim/results.h; the schema (tables, columns, units) is
- * documented in sim/SCHEMA.md and the metrics in ../shared/DESIGN.md ("Metrics", "Results (SQLite)").
+/* results.c — the SQLite results database of kvsim: schema creation and migration, the one-transaction run
+ * writer, the read API every reader uses (no SQL outside this file), and the summary statistics of a
+ * metric. Implements sim/results.h; the schema (tables, columns, units, versions) is documented in
+ * sim/SCHEMA.md and the metrics in sim/metrics.h and ../shared/DESIGN.md ("Metrics", "Results (SQLite)").
+ *
+ * Every metric column is generated from the metric table (sim/metrics.h): run_layers / run_summary hold
+ * `<metric>_<stat>` for every metric and statistic, steps one column per metric. No metric is named here.
  *
  * Safety rules this file keeps:
  *  - A file that is not a kvsim results database is never modified: before SQLite touches it we check
  *    its 16-byte SQLite header ourselves, then (read-only queries only) that it holds a `meta` table with
  *    creator 'kvsim' — or no schema at all (an empty SQLite file, which is also what a concurrent
  *    creator's file looks like before its schema transaction commits). Only then do we switch it to WAL.
+ *  - A v1 database opened for writing is migrated to v2 in one BEGIN IMMEDIATE ... COMMIT transaction that
+ *    re-reads the version first (two processes migrating at once: the second finds v2 and does nothing);
+ *    any failure rolls back to the intact v1 database.
  *  - A run is written by one BEGIN IMMEDIATE ... COMMIT transaction; any failure rolls it back, so
  *    readers (and a process killed mid-write) never see a half-written run.
  *  - Several processes may write at once: WAL journal plus a 30 s busy timeout.
+ *  - Readers open read-only and read v1 and v2 alike: they select the columns that exist (a missing one
+ *    reads as NULL = not recorded), so readers never need a migration.
  */
 #include "results.h"
 
@@ -18,6 +27,7 @@
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <sqlite3.h>
 #include <stdio.h>
@@ -27,8 +37,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define KVS_RESULTS_SCHEMA_VERSION 1
-
 /* The named members of the unions in results.h must alias the metric array entry by entry. */
 _Static_assert(offsetof(kvs_results_agg, compression_ratio) ==
                    offsetof(kvs_results_agg, m) + KVS_M_COMPRESSION * sizeof(kvs_results_stat),
@@ -36,26 +44,71 @@ _Static_assert(offsetof(kvs_results_agg, compression_ratio) ==
 _Static_assert(offsetof(kvs_results_step, compression_ratio) ==
                    offsetof(kvs_results_step, v) + KVS_M_COMPRESSION * sizeof(double),
                "kvs_results_step members out of step with KVS_METRIC_LIST");
+_Static_assert(KVS_N_STATS == 6 && KVS_STAT_N == 0, "the statistics columns assume n first, then five reals");
 #define KVS_RESULTS_BUSY_TIMEOUT_MS 30000
+
+/* The tables whose column lists are cached at open (readers select only the columns that exist). */
+enum { T_RUNS = 0, T_RUN_LAYERS, T_RUN_SUMMARY, T_STEPS, N_TABLES };
+static const char *const table_names[N_TABLES] = {"runs", "run_layers", "run_summary", "steps"};
 
 struct kvs_results_db {
     sqlite3 *db;
-    char *path; /* owned copy, for error messages */
+    char *path;              /* owned copy, for error messages */
+    int readonly;            /* opened by kvs_results_open_readonly */
+    int version;             /* schema version of the file (after migration for a writer) */
+    char *cols[N_TABLES];    /* "\x1f" + each column name + "\x1f", of each table */
+    char *notnull[N_TABLES]; /* the same for the NOT NULL columns only */
 };
+
+/* ------------------------------------------------------------------------------------------------
+ * A growing string (SQL text is built from the metric table, so its length is not fixed)
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+    int oom;
+} sbuf;
+
+static void sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *b, const char *fmt, ...) {
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) {
+            b->oom = 1;
+            return;
+        }
+        if (b->p && b->len + (size_t)n < b->cap) {
+            b->len += (size_t)n;
+            return;
+        }
+        size_t cap = b->cap ? b->cap : 1024;
+        while (cap <= b->len + (size_t)n) cap *= 2;
+        char *q = realloc(b->p, cap);
+        if (!q) {
+            b->oom = 1;
+            return;
+        }
+        if (!b->p) q[0] = '\0';
+        b->p = q;
+        b->cap = cap;
+    }
+}
+
+static void sb_free(sbuf *b) {
+    free(b->p);
+    memset(b, 0, sizeof *b);
+}
 
 /* ------------------------------------------------------------------------------------------------
  * Schema (keep in sync with sim/SCHEMA.md)
  * ---------------------------------------------------------------------------------------------- */
 
-/* The seven aggregated metrics, in the order of kvs_results_agg's fields; each becomes six columns
- * <metric>_n, _mean, _p50, _p95, _max, _min in run_layers and run_summary. */
-static const char *const agg_metrics[] = {"out_err",        "attn_recall",    "topk_overlap",     "storage_bytes",
-                                          "traffic_bytes",  "transfer_bytes", "compression_ratio"};
-#define N_AGG_METRICS 7
-static const char *const agg_stats[] = {"n", "mean", "p50", "p95", "max", "min"};
-#define N_AGG_STATS 6
-
-static const char schema_fixed_sql[] =
+static const char schema_meta_traces_sql[] =
     "CREATE TABLE IF NOT EXISTS meta (\n"
     "  key TEXT PRIMARY KEY,\n"
     "  value TEXT NOT NULL\n"
@@ -75,46 +128,71 @@ static const char schema_fixed_sql[] =
     "  file_bytes INTEGER NOT NULL,\n"
     "  UNIQUE (path, model, n_positions, prompt_len, n_turns, n_layers, n_heads, n_kv_heads, head_dim, dtype,\n"
     "          file_bytes)\n"
-    ");\n"
-    "CREATE TABLE IF NOT EXISTS runs (\n"
-    "  id INTEGER PRIMARY KEY AUTOINCREMENT,\n"
-    "  trace_id INTEGER NOT NULL REFERENCES traces(id),\n"
-    "  policy TEXT NOT NULL,\n"
-    "  params TEXT NOT NULL,\n"
-    "  budget_tokens INTEGER NOT NULL,\n"
-    "  budget_fraction REAL,\n"
-    "  is_oracle INTEGER NOT NULL CHECK (is_oracle IN (0, 1)),\n"
-    "  measure TEXT NOT NULL CHECK (measure IN ('decode', 'all')),\n"
-    "  status TEXT NOT NULL CHECK (status IN ('complete', 'failed')),\n"
-    "  error TEXT,\n"
-    "  wall_seconds REAL,\n"
-    "  kvsim_version TEXT NOT NULL,\n"
-    "  created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))\n"
-    ");\n"
-    "CREATE INDEX IF NOT EXISTS runs_policy ON runs (policy, params, budget_tokens);\n"
-    "CREATE INDEX IF NOT EXISTS runs_trace ON runs (trace_id);\n"
-    "CREATE TABLE IF NOT EXISTS steps (\n"
-    "  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,\n"
-    "  layer INTEGER NOT NULL,\n"
-    "  q_head INTEGER NOT NULL,\n"
-    "  position INTEGER NOT NULL,\n"
-    "  out_err REAL,\n"
-    "  attn_recall REAL,\n"
-    "  topk_overlap REAL,\n"
-    "  attended_tokens INTEGER NOT NULL,\n"
-    "  storage_bytes REAL,\n"
-    "  traffic_bytes REAL,\n"
-    "  PRIMARY KEY (run_id, layer, q_head, position)\n"
-    ") WITHOUT ROWID;\n";
+    ");\n";
 
-/* Appends the 42 "<metric>_<stat> <type>" column definitions of an aggregate table to buf. */
-static void append_agg_columns(char *buf, size_t cap) {
-    for (int m = 0; m < N_AGG_METRICS; m++)
-        for (int s = 0; s < N_AGG_STATS; s++) {
-            size_t len = strlen(buf);
-            snprintf(buf + len, cap - len, ",\n  %s_%s %s", agg_metrics[m], agg_stats[s],
-                     s == 0 ? "INTEGER NOT NULL" : "REAL");
-        }
+/* The runs table of schema v2 under `name` (the migration builds it as runs_v2, then renames it; there it
+ * must not exist yet, so no IF NOT EXISTS). */
+static void sb_runs_ddl(sbuf *b, const char *name, int if_not_exists) {
+    sb_printf(b,
+              "CREATE TABLE %s%s (\n"
+              "  id INTEGER PRIMARY KEY AUTOINCREMENT,\n"
+              "  trace_id INTEGER NOT NULL REFERENCES traces(id),\n"
+              "  policy TEXT NOT NULL,\n"
+              "  params TEXT NOT NULL,\n"
+              "  budget_tokens INTEGER NOT NULL,\n"
+              "  budget_fraction REAL,\n"
+              "  is_oracle INTEGER NOT NULL CHECK (is_oracle IN (0, 1)),\n"
+              "  measure TEXT NOT NULL CHECK (measure IN ('decode', 'prefill', 'all')),\n"
+              "  status TEXT NOT NULL CHECK (status IN ('complete', 'failed')),\n"
+              "  error TEXT,\n"
+              "  wall_seconds REAL,\n"
+              "  kvsim_version TEXT NOT NULL,\n"
+              "  created_at TEXT NOT NULL DEFAULT (strftime('%%Y-%%m-%%dT%%H:%%M:%%fZ', 'now')),\n"
+              "  budget_scope TEXT CHECK (budget_scope IN ('every_step', 'prompt', 'none')),\n"
+              "  layout TEXT CHECK (layout IN ('per_kv_head', 'per_query_head')),\n"
+              "  notes TEXT\n"
+              ");\n",
+              if_not_exists ? "IF NOT EXISTS " : "", name);
+}
+
+static const char runs_indexes_sql[] = "CREATE INDEX IF NOT EXISTS runs_policy ON runs (policy, params, budget_tokens);\n"
+                                       "CREATE INDEX IF NOT EXISTS runs_trace ON runs (trace_id);\n";
+
+/* SQL type of aggregate column <metric>_<stat>: the sample count is an integer, the statistics reals. */
+static const char *agg_col_type(int stat) { return stat == KVS_STAT_N ? "INTEGER" : "REAL"; }
+
+/* SQL type of a steps column: token counts are integers, everything else real (NULL = not recorded). */
+static const char *step_col_type(int metric) {
+    return kvs_metric_table[metric].kind == KVS_METRIC_TOKENS ? "INTEGER" : "REAL";
+}
+
+static void sb_schema(sbuf *b) {
+    sb_printf(b, "%s", schema_meta_traces_sql);
+    sb_runs_ddl(b, "runs", 1);
+    sb_printf(b, "%s", runs_indexes_sql);
+    static const char *const agg_lead[2][2] = {
+        {"run_layers", "  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,\n"
+                       "  layer INTEGER NOT NULL CHECK (layer >= 0)"},
+        {"run_summary", "  run_id INTEGER PRIMARY KEY REFERENCES runs(id) ON DELETE CASCADE"}};
+    for (int t = 0; t < 2; t++) {
+        sb_printf(b, "CREATE TABLE IF NOT EXISTS %s (\n%s", agg_lead[t][0], agg_lead[t][1]);
+        for (int m = 0; m < KVS_N_METRICS; m++)
+            for (int s = 0; s < KVS_N_STATS; s++)
+                sb_printf(b, ",\n  %s_%s %s", kvs_metric_table[m].name, kvs_stat_names[s], agg_col_type(s));
+        sb_printf(b, "%s\n);\n", t == 0 ? ",\n  PRIMARY KEY (run_id, layer)" : "");
+    }
+    sb_printf(b, "CREATE TABLE IF NOT EXISTS steps (\n"
+                 "  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,\n"
+                 "  layer INTEGER NOT NULL,\n"
+                 "  q_head INTEGER NOT NULL,\n"
+                 "  position INTEGER NOT NULL");
+    for (int m = 0; m < KVS_N_METRICS; m++) sb_printf(b, ",\n  %s %s", kvs_metric_table[m].name, step_col_type(m));
+    sb_printf(b, ",\n  PRIMARY KEY (run_id, layer, q_head, position)\n) WITHOUT ROWID;\n");
+    sb_printf(b, "INSERT OR IGNORE INTO meta (key, value) VALUES ('creator', 'kvsim');\n"
+                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '%d');\n"
+                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('created_at', "
+                 "strftime('%%Y-%%m-%%dT%%H:%%M:%%fZ', 'now'));\n",
+              KVS_RESULTS_SCHEMA_VERSION);
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -135,6 +213,20 @@ static kvs_status exec_sql(kvs_results_db *r, const char *sql, const char *what)
     return KVS_OK;
 }
 
+/* Prepares `sql` into *st; on failure the detail names `what` and SQLite's message. */
+static kvs_status prepare(kvs_results_db *r, const char *sql, sqlite3_stmt **st, const char *what) {
+    if (sqlite3_prepare_v2(r->db, sql, -1, st, NULL) != SQLITE_OK) return db_fail(r->db, r->path, what);
+    return KVS_OK;
+}
+
+/* Runs a fully bound statement expected to finish with SQLITE_DONE, then resets it for reuse. */
+static kvs_status step_done(kvs_results_db *r, sqlite3_stmt *st, const char *what) {
+    int rc = sqlite3_step(st);
+    sqlite3_reset(st);
+    if (rc != SQLITE_DONE) return db_fail(r->db, r->path, what);
+    return KVS_OK;
+}
+
 /* Checks the first 16 bytes of an existing, non-empty file for the SQLite header string, so a foreign
  * file is rejected before SQLite opens (and possibly journals) it. */
 static kvs_status check_sqlite_header(const char *path) {
@@ -149,11 +241,13 @@ static kvs_status check_sqlite_header(const char *path) {
     return KVS_OK;
 }
 
-/* Read-only check that an opened existing database is a kvsim one (or has no schema yet). */
-static kvs_status check_kvsim_schema(kvs_results_db *r, int *is_empty) {
+/* Read-only identification of an opened existing database: *is_empty when it has no schema objects at
+ * all, else it must be a kvsim one; *version receives meta.schema_version (not checked here). */
+static kvs_status identify(kvs_results_db *r, int *is_empty, int64_t *version) {
     sqlite3_stmt *st = NULL;
     kvs_status rc = KVS_OK;
     *is_empty = 0;
+    *version = 0;
     if (sqlite3_prepare_v2(r->db, "SELECT count(*), sum(type = 'table' AND name = 'meta') FROM sqlite_master", -1,
                            &st, NULL) != SQLITE_OK ||
         sqlite3_step(st) != SQLITE_ROW) {
@@ -190,16 +284,65 @@ static kvs_status check_kvsim_schema(kvs_results_db *r, int *is_empty) {
                       r->path, creator ? creator : "(none)");
         goto cleanup;
     }
-    int64_t version = sqlite3_column_int64(st, 1);
-    if (version != KVS_RESULTS_SCHEMA_VERSION) {
-        rc = kvs_fail(KVS_ERR_VERSION, "%s: results schema version %" PRId64 " is not supported (this kvsim writes %d)",
-                      r->path, version, KVS_RESULTS_SCHEMA_VERSION);
-        goto cleanup;
-    }
+    *version = sqlite3_column_int64(st, 1);
 cleanup:
     sqlite3_finalize(st);
     return rc;
 }
+
+static kvs_status version_fail(const char *path, int64_t version) {
+    return kvs_fail(KVS_ERR_VERSION,
+                    "%s: results schema version %" PRId64 " is not supported: this kvsim reads versions 1 and %d and "
+                    "writes %d (a newer kvsim wrote this file?); left unchanged",
+                    path, version, KVS_RESULTS_SCHEMA_VERSION, KVS_RESULTS_SCHEMA_VERSION);
+}
+
+/* Caches the column names of the tables readers and writers adapt to (see has_col). */
+static kvs_status load_columns(kvs_results_db *r) {
+    for (int t = 0; t < N_TABLES; t++) {
+        free(r->cols[t]);
+        free(r->notnull[t]);
+        r->cols[t] = r->notnull[t] = NULL;
+        sqlite3_stmt *st = NULL;
+        sbuf all = {0}, nn = {0};
+        sb_printf(&all, "\x1f");
+        sb_printf(&nn, "\x1f");
+        kvs_status rc = prepare(r, "SELECT name, \"notnull\" FROM pragma_table_info(?1)", &st, "cannot list columns");
+        if (rc != KVS_OK) {
+            sb_free(&all);
+            sb_free(&nn);
+            return rc;
+        }
+        sqlite3_bind_text(st, 1, table_names[t], -1, SQLITE_STATIC);
+        int src;
+        while ((src = sqlite3_step(st)) == SQLITE_ROW) {
+            const char *name = (const char *)sqlite3_column_text(st, 0);
+            sb_printf(&all, "%s\x1f", name ? name : "");
+            if (sqlite3_column_int(st, 1)) sb_printf(&nn, "%s\x1f", name ? name : "");
+        }
+        sqlite3_finalize(st);
+        if (src != SQLITE_DONE) rc = db_fail(r->db, r->path, "cannot list columns");
+        else if (all.oom || nn.oom) rc = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", r->path);
+        if (rc != KVS_OK) {
+            sb_free(&all);
+            sb_free(&nn);
+            return rc;
+        }
+        r->cols[t] = all.p;
+        r->notnull[t] = nn.p;
+    }
+    return KVS_OK;
+}
+
+static int in_list(const char *list, const char *col) {
+    if (!list) return 0;
+    size_t n = strlen(col);
+    for (const char *p = strstr(list, col); p; p = strstr(p + 1, col))
+        if (p[-1] == '\x1f' && p[n] == '\x1f') return 1;
+    return 0;
+}
+
+static int has_col(const kvs_results_db *r, int table, const char *col) { return in_list(r->cols[table], col); }
 
 /* Switches the database to WAL (a no-op when it already is). The switch needs an exclusive lock and, when
  * two processes create one database at once, SQLite reports SQLITE_BUSY without calling the busy handler,
@@ -235,6 +378,138 @@ static void dir_of(const char *path, char *dir, size_t cap) {
     else snprintf(dir, cap, "%.*s", (int)(slash - path), path);
 }
 
+/* Appends an ALTER TABLE ... ADD COLUMN for every metric column of the table that run_layers, run_summary or
+ * steps lack (per the column lists cached by load_columns): NULL in existing rows = not recorded. */
+static void sb_missing_columns(sbuf *sql, const kvs_results_db *r) {
+    static const int agg_tables[2] = {T_RUN_LAYERS, T_RUN_SUMMARY};
+    for (int t = 0; t < 2; t++)
+        for (int m = 0; m < KVS_N_METRICS; m++)
+            for (int s = 0; s < KVS_N_STATS; s++) {
+                char col[128];
+                snprintf(col, sizeof col, "%s_%s", kvs_metric_table[m].name, kvs_stat_names[s]);
+                if (!has_col(r, agg_tables[t], col))
+                    sb_printf(sql, "ALTER TABLE %s ADD COLUMN %s %s;\n", table_names[agg_tables[t]], col,
+                              agg_col_type(s));
+            }
+    for (int m = 0; m < KVS_N_METRICS; m++)
+        if (!has_col(r, T_STEPS, kvs_metric_table[m].name))
+            sb_printf(sql, "ALTER TABLE steps ADD COLUMN %s %s;\n", kvs_metric_table[m].name, step_col_type(m));
+}
+
+/* A v2 database written before a metric was appended to sim/metrics.h lacks its columns: add them (additive, no
+ * version change; readers already select only the columns that exist). One transaction that re-reads the
+ * columns first, so concurrent openers add each column once. */
+static kvs_status ensure_metric_columns(kvs_results_db *r) {
+    sbuf sql = {0};
+    sb_missing_columns(&sql, r);
+    int missing = sql.len > 0 || sql.oom;
+    sb_free(&sql);
+    if (!missing) return KVS_OK;
+    kvs_status rc = exec_sql(r, "BEGIN IMMEDIATE", "cannot start the column transaction");
+    if (rc != KVS_OK) return rc;
+    if ((rc = load_columns(r)) == KVS_OK) {
+        sb_missing_columns(&sql, r);
+        if (sql.oom) rc = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", r->path);
+        else if (sql.len > 0) rc = exec_sql(r, sql.p, "cannot add the new metric columns");
+    }
+    sb_free(&sql);
+    if (rc == KVS_OK) rc = exec_sql(r, "COMMIT", "cannot commit the new metric columns");
+    if (rc != KVS_OK) {
+        if (sqlite3_get_autocommit(r->db) == 0) sqlite3_exec(r->db, "ROLLBACK", NULL, NULL, NULL);
+        return rc;
+    }
+    return load_columns(r);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Migration v1 -> v2 (sim/SCHEMA.md "Versions and migration")
+ * ---------------------------------------------------------------------------------------------- */
+
+/* The runs columns of schema v1 (frozen), copied into the rebuilt runs table. */
+static const char v1_runs_columns[] = "id, trace_id, policy, params, budget_tokens, budget_fraction, is_oracle, "
+                                      "measure, status, error, wall_seconds, kvsim_version, created_at";
+
+/* Rebuilds `runs` with the v2 columns and CHECKs (SQLite cannot alter a CHECK constraint: create runs_v2,
+ * copy, drop, rename, with foreign keys off so nothing cascades; AUTOINCREMENT's high-water mark is
+ * restored so run ids are never reused), adds the missing metric columns to run_layers, run_summary and
+ * steps (NULL in existing rows = not recorded), sets meta.schema_version, checks every foreign key, and
+ * commits — all in one transaction. */
+static kvs_status migrate_v1(kvs_results_db *r) {
+    kvs_status rc = KVS_OK;
+    sbuf sql = {0};
+    sqlite3_stmt *st = NULL;
+    int in_txn = 0;
+    int64_t version = 0, seq = -1;
+    KVS_TRY(rc = exec_sql(r, "PRAGMA foreign_keys = OFF", "cannot disable foreign keys"));
+    KVS_TRY(rc = exec_sql(r, "BEGIN IMMEDIATE", "cannot start the migration transaction"));
+    in_txn = 1;
+    KVS_TRY(rc = prepare(r, "SELECT value FROM meta WHERE key = 'schema_version'", &st, "cannot read the version"));
+    if (sqlite3_step(st) == SQLITE_ROW) version = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    st = NULL;
+    if (version == KVS_RESULTS_SCHEMA_VERSION) goto commit; /* a concurrent opener migrated it first */
+    if (version != 1) {
+        rc = version_fail(r->path, version);
+        goto cleanup;
+    }
+    KVS_TRY(rc = prepare(r, "SELECT seq FROM sqlite_sequence WHERE name = 'runs'", &st, "cannot read sqlite_sequence"));
+    if (sqlite3_step(st) == SQLITE_ROW) seq = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    st = NULL;
+
+    KVS_TRY(rc = load_columns(r));
+    sb_runs_ddl(&sql, "runs_v2", 0);
+    sb_printf(&sql, "INSERT INTO runs_v2 (%s) SELECT %s FROM runs;\n", v1_runs_columns, v1_runs_columns);
+    sb_printf(&sql, "DROP TABLE runs;\nALTER TABLE runs_v2 RENAME TO runs;\n%s", runs_indexes_sql);
+    sb_missing_columns(&sql, r);
+    sb_printf(&sql,
+              "UPDATE meta SET value = '%d' WHERE key = 'schema_version';\n"
+              "INSERT OR REPLACE INTO meta (key, value) VALUES ('migrated_from', '1');\n"
+              "INSERT OR REPLACE INTO meta (key, value) VALUES ('migrated_at', "
+              "strftime('%%Y-%%m-%%dT%%H:%%M:%%fZ', 'now'));\n",
+              KVS_RESULTS_SCHEMA_VERSION);
+    if (sql.oom) {
+        rc = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", r->path);
+        goto cleanup;
+    }
+    KVS_TRY(rc = exec_sql(r, sql.p, "cannot rebuild the tables"));
+    if (seq >= 0) {
+        KVS_TRY(rc = prepare(r, "UPDATE sqlite_sequence SET seq = ?1 WHERE name = 'runs' AND seq < ?1", &st,
+                             "cannot prepare the sequence update"));
+        sqlite3_bind_int64(st, 1, seq);
+        KVS_TRY(rc = step_done(r, st, "cannot restore the run id sequence"));
+        sqlite3_finalize(st);
+        KVS_TRY(rc = prepare(r, "INSERT INTO sqlite_sequence (name, seq) SELECT 'runs', ?1 "
+                                "WHERE NOT EXISTS (SELECT 1 FROM sqlite_sequence WHERE name = 'runs')",
+                             &st, "cannot prepare the sequence insert"));
+        sqlite3_bind_int64(st, 1, seq);
+        KVS_TRY(rc = step_done(r, st, "cannot restore the run id sequence"));
+        sqlite3_finalize(st);
+        st = NULL;
+    }
+    KVS_TRY(rc = prepare(r, "PRAGMA foreign_key_check", &st, "cannot check foreign keys"));
+    int fk = sqlite3_step(st);
+    sqlite3_finalize(st);
+    st = NULL;
+    if (fk != SQLITE_DONE) {
+        rc = fk == SQLITE_ROW ? kvs_fail(KVS_ERR_DB, "%s: a foreign key is broken after rebuilding runs", r->path)
+                              : db_fail(r->db, r->path, "cannot check foreign keys");
+        goto cleanup;
+    }
+commit:
+    KVS_TRY(rc = exec_sql(r, "COMMIT", "cannot commit the migration"));
+    in_txn = 0;
+cleanup:
+    sqlite3_finalize(st);
+    sb_free(&sql);
+    if (in_txn && sqlite3_get_autocommit(r->db) == 0) sqlite3_exec(r->db, "ROLLBACK", NULL, NULL, NULL);
+    if (rc != KVS_OK && rc != KVS_ERR_VERSION)
+        rc = kvs_fail(rc, "%s: cannot migrate the results database from schema version 1 to %d (it is left "
+                          "unchanged, still version 1): %s",
+                      r->path, KVS_RESULTS_SCHEMA_VERSION, kvs_last_error());
+    return rc;
+}
+
 /* ------------------------------------------------------------------------------------------------
  * Open / close
  * ---------------------------------------------------------------------------------------------- */
@@ -245,6 +520,7 @@ kvs_status kvs_results_open(const char *path, kvs_results_db **out) {
     kvs_status rc = KVS_OK;
     kvs_results_db *r = calloc(1, sizeof *r);
     char dir[PATH_MAX];
+    sbuf schema = {0};
     if (!r || !(r->path = strdup(path))) {
         free(r);
         return kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", path);
@@ -293,38 +569,30 @@ kvs_status kvs_results_open(const char *path, kvs_results_db **out) {
     sqlite3_extended_result_codes(r->db, 1);
     sqlite3_busy_timeout(r->db, KVS_RESULTS_BUSY_TIMEOUT_MS);
 
-    /* Identify before changing anything: an existing foreign or corrupt database must stay byte-identical. */
+    /* Identify before changing anything: an existing foreign or corrupt database, or one of an unknown
+     * version, must stay byte-identical. */
     int is_empty = 1;
-    if (exists && sb.st_size > 0) KVS_TRY(rc = check_kvsim_schema(r, &is_empty));
+    int64_t version = 0;
+    if (exists && sb.st_size > 0) {
+        KVS_TRY(rc = identify(r, &is_empty, &version));
+        if (!is_empty && version != 1 && version != KVS_RESULTS_SCHEMA_VERSION) {
+            rc = version_fail(path, version);
+            goto cleanup;
+        }
+    }
 
     KVS_TRY(rc = switch_to_wal(r));
+    if (!is_empty && version == 1) KVS_TRY(rc = migrate_v1(r));
     KVS_TRY(rc = exec_sql(r, "PRAGMA foreign_keys = ON", "cannot enable foreign keys"));
 
     /* Schema: idempotent, in one transaction so a concurrent opener sees all of it or none of it. */
-    char schema[8192];
-    snprintf(schema, sizeof schema, "%s", schema_fixed_sql);
-    static const char *const agg_tables[2][2] = {
-        {"run_layers", "  run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,\n"
-                       "  layer INTEGER NOT NULL CHECK (layer >= 0)"},
-        {"run_summary", "  run_id INTEGER PRIMARY KEY REFERENCES runs(id) ON DELETE CASCADE"}};
-    for (int t = 0; t < 2; t++) {
-        size_t len = strlen(schema);
-        snprintf(schema + len, sizeof schema - len, "CREATE TABLE IF NOT EXISTS %s (\n%s", agg_tables[t][0],
-                 agg_tables[t][1]);
-        append_agg_columns(schema, sizeof schema);
-        len = strlen(schema);
-        snprintf(schema + len, sizeof schema - len, "%s\n);\n", t == 0 ? ",\n  PRIMARY KEY (run_id, layer)" : "");
+    sb_schema(&schema);
+    if (schema.oom) {
+        rc = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", path);
+        goto cleanup;
     }
-    size_t len = strlen(schema);
-    snprintf(schema + len, sizeof schema - len,
-             "INSERT OR IGNORE INTO meta (key, value) VALUES ('creator', 'kvsim');\n"
-             "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', '%d');\n"
-             "INSERT OR IGNORE INTO meta (key, value) VALUES ('created_at', strftime('%%Y-%%m-%%dT%%H:%%M:%%fZ', "
-             "'now'));\n",
-             KVS_RESULTS_SCHEMA_VERSION);
-    KVS_ASSERT(strlen(schema) < sizeof schema - 1);
     KVS_TRY(rc = exec_sql(r, "BEGIN IMMEDIATE", "cannot start the schema transaction"));
-    if ((rc = exec_sql(r, schema, "cannot create the schema")) != KVS_OK) {
+    if ((rc = exec_sql(r, schema.p, "cannot create the schema")) != KVS_OK) {
         sqlite3_exec(r->db, "ROLLBACK", NULL, NULL, NULL);
         goto cleanup;
     }
@@ -333,10 +601,60 @@ kvs_status kvs_results_open(const char *path, kvs_results_db **out) {
         goto cleanup;
     }
     /* A concurrent creator may have won the race with different content: re-check what is there now. */
-    KVS_TRY(rc = check_kvsim_schema(r, &is_empty));
+    KVS_TRY(rc = identify(r, &is_empty, &version));
+    if (version != KVS_RESULTS_SCHEMA_VERSION) {
+        rc = version_fail(path, version);
+        goto cleanup;
+    }
+    r->version = (int)version;
+    KVS_TRY(rc = load_columns(r));
+    KVS_TRY(rc = ensure_metric_columns(r));
+    sb_free(&schema);
     *out = r;
     return KVS_OK;
 
+cleanup:
+    sb_free(&schema);
+    kvs_results_close(r);
+    return rc;
+}
+
+kvs_status kvs_results_open_readonly(const char *path, kvs_results_db **out) {
+    if (!path || !path[0] || !out) return kvs_fail(KVS_ERR_INVALID_ARG, "results db: empty path");
+    *out = NULL;
+    struct stat sb;
+    if (stat(path, &sb) != 0) return kvs_fail(KVS_ERR_IO, "%s: cannot open results database: %s", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode)) return kvs_fail(KVS_ERR_DB, "%s: not a kvsim results database (not a regular file)", path);
+    kvs_status rc = check_sqlite_header(path);
+    if (rc != KVS_OK) return rc;
+    kvs_results_db *r = calloc(1, sizeof *r);
+    if (!r || !(r->path = strdup(path))) {
+        free(r);
+        return kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", path);
+    }
+    r->readonly = 1;
+    if (sqlite3_open_v2(path, &r->db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
+        rc = kvs_fail(KVS_ERR_DB, "%s: cannot open results database: %s", path,
+                      r->db ? sqlite3_errmsg(r->db) : "out of memory");
+        goto cleanup;
+    }
+    sqlite3_extended_result_codes(r->db, 1);
+    sqlite3_busy_timeout(r->db, KVS_RESULTS_BUSY_TIMEOUT_MS);
+    int is_empty = 0;
+    int64_t version = 0;
+    KVS_TRY(rc = identify(r, &is_empty, &version));
+    if (is_empty) {
+        rc = kvs_fail(KVS_ERR_DB, "%s: not a kvsim results database (no meta table)", path);
+        goto cleanup;
+    }
+    if (version != 1 && version != KVS_RESULTS_SCHEMA_VERSION) {
+        rc = version_fail(path, version);
+        goto cleanup;
+    }
+    r->version = (int)version;
+    KVS_TRY(rc = load_columns(r));
+    *out = r;
+    return KVS_OK;
 cleanup:
     kvs_results_close(r);
     return rc;
@@ -345,9 +663,15 @@ cleanup:
 void kvs_results_close(kvs_results_db *r) {
     if (!r) return;
     if (r->db) sqlite3_close_v2(r->db);
+    for (int t = 0; t < N_TABLES; t++) {
+        free(r->cols[t]);
+        free(r->notnull[t]);
+    }
     free(r->path);
     free(r);
 }
+
+int kvs_results_schema_version(const kvs_results_db *r) { return r ? r->version : 0; }
 
 /* ------------------------------------------------------------------------------------------------
  * Statistics
@@ -396,20 +720,31 @@ kvs_status kvs_results_stat_compute(const double *samples, int64_t n, kvs_result
  * Writing a run
  * ---------------------------------------------------------------------------------------------- */
 
-static kvs_status validate_run(const char *path, const kvs_results_trace *trace, const kvs_results_run *run,
+static int one_of(const char *s, const char *a, const char *b, const char *c) {
+    return s && (!strcmp(s, a) || !strcmp(s, b) || (c && !strcmp(s, c)));
+}
+
+static kvs_status validate_run(const kvs_results_db *r, const kvs_results_trace *trace, const kvs_results_run *run,
                                const kvs_results_agg *layer_aggs, int32_t n_layers, const kvs_results_agg *run_agg,
                                const kvs_results_step *steps, int64_t n_steps) {
+    const char *path = r->path;
     if (!trace || !run) return kvs_fail(KVS_ERR_INVALID_ARG, "%s: write_run: NULL trace or run", path);
     if (!trace->path || !trace->dtype)
         return kvs_fail(KVS_ERR_INVALID_ARG, "%s: write_run: trace path and dtype are required", path);
     if (!run->policy || !run->policy[0] || !run->params || !run->kvsim_version)
         return kvs_fail(KVS_ERR_INVALID_ARG, "%s: write_run: policy, params and kvsim_version are required", path);
-    if (!run->measure || (strcmp(run->measure, "decode") && strcmp(run->measure, "all")))
-        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: write_run: measure '%s' is not 'decode' or 'all'", path,
+    if (!one_of(run->measure, "decode", "prefill", "all"))
+        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: write_run: measure '%s' is not 'decode', 'prefill' or 'all'", path,
                         run->measure ? run->measure : "(null)");
-    if (!run->status || (strcmp(run->status, "complete") && strcmp(run->status, "failed")))
+    if (!one_of(run->status, "complete", "failed", NULL))
         return kvs_fail(KVS_ERR_INVALID_ARG, "%s: write_run: status '%s' is not 'complete' or 'failed'", path,
                         run->status ? run->status : "(null)");
+    if (run->budget_scope && !one_of(run->budget_scope, "every_step", "prompt", "none"))
+        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: write_run: budget_scope '%s' is not 'every_step', 'prompt' or 'none'",
+                        path, run->budget_scope);
+    if (run->layout && !one_of(run->layout, "per_kv_head", "per_query_head", NULL))
+        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: write_run: layout '%s' is not 'per_kv_head' or 'per_query_head'",
+                        path, run->layout);
     if (!strcmp(run->status, "complete") && !run_agg)
         return kvs_fail(KVS_ERR_INVALID_ARG, "%s: write_run: a complete run needs its run-wide aggregate", path);
     if (run->is_oracle != 0 && run->is_oracle != 1)
@@ -422,6 +757,16 @@ static kvs_status validate_run(const char *path, const kvs_results_trace *trace,
         if (layer_aggs[i].layer < 0)
             return kvs_fail(KVS_ERR_INVALID_ARG, "%s: write_run: layer aggregate %d has layer %d (must be >= 0)", path,
                             i, layer_aggs[i].layer);
+    /* A database migrated from v1 keeps v1's NOT NULL on steps.attended_tokens: say so before writing. */
+    for (int m = 0; m < KVS_N_METRICS; m++) {
+        if (!in_list(r->notnull[T_STEPS], kvs_metric_table[m].name)) continue;
+        for (int64_t i = 0; i < n_steps; i++)
+            if (isnan(steps[i].v[m]))
+                return kvs_fail(KVS_ERR_INVALID_ARG,
+                                "%s: write_run: step %" PRId64 " has no %s, but steps.%s is NOT NULL in this database "
+                                "(a column kept from schema version 1)",
+                                path, i, kvs_metric_table[m].name, kvs_metric_table[m].name);
+    }
     return KVS_OK;
 }
 
@@ -434,46 +779,28 @@ static int bind_text_or_null(sqlite3_stmt *st, int i, const char *s) {
     return s ? sqlite3_bind_text(st, i, s, -1, SQLITE_STATIC) : sqlite3_bind_null(st, i);
 }
 
-/* Binds the 42 statistics of `a` starting at parameter `first`. */
+/* Binds the KVS_N_METRICS x KVS_N_STATS statistics of `a` starting at parameter `first`; the statistics of a
+ * metric without samples (n = 0) are NULL. */
 static int bind_agg(sqlite3_stmt *st, int first, const kvs_results_agg *a) {
-    const kvs_results_stat *m[N_AGG_METRICS] = {&a->out_err,       &a->attn_recall,    &a->topk_overlap,
-                                                &a->storage_bytes, &a->traffic_bytes,  &a->transfer_bytes,
-                                                &a->compression_ratio};
     int rc = SQLITE_OK, p = first;
-    for (int i = 0; i < N_AGG_METRICS && rc == SQLITE_OK; i++) {
-        rc = sqlite3_bind_int64(st, p++, m[i]->n);
-        if (rc == SQLITE_OK) rc = bind_real(st, p++, m[i]->mean);
-        if (rc == SQLITE_OK) rc = bind_real(st, p++, m[i]->p50);
-        if (rc == SQLITE_OK) rc = bind_real(st, p++, m[i]->p95);
-        if (rc == SQLITE_OK) rc = bind_real(st, p++, m[i]->max);
-        if (rc == SQLITE_OK) rc = bind_real(st, p++, m[i]->min);
+    for (int m = 0; m < KVS_N_METRICS && rc == SQLITE_OK; m++) {
+        const kvs_results_stat *s = &a->m[m];
+        rc = sqlite3_bind_int64(st, p++, s->n);
+        const double v[KVS_N_STATS - 1] = {s->mean, s->p50, s->p95, s->max, s->min};
+        for (int k = 0; k < KVS_N_STATS - 1 && rc == SQLITE_OK; k++)
+            rc = s->n == 0 ? sqlite3_bind_null(st, p++) : bind_real(st, p++, v[k]);
     }
     return rc;
 }
 
-/* "INSERT INTO <table> (<lead>, <42 agg columns>) VALUES (?, ...)" */
-static void agg_insert_sql(char *buf, size_t cap, const char *table, const char *lead, int n_lead) {
-    size_t len = (size_t)snprintf(buf, cap, "INSERT INTO %s (%s", table, lead);
-    for (int m = 0; m < N_AGG_METRICS; m++)
-        for (int s = 0; s < N_AGG_STATS; s++)
-            len += (size_t)snprintf(buf + len, cap - len, ", %s_%s", agg_metrics[m], agg_stats[s]);
-    len += (size_t)snprintf(buf + len, cap - len, ") VALUES (?");
-    for (int i = 1; i < n_lead + N_AGG_METRICS * N_AGG_STATS; i++) len += (size_t)snprintf(buf + len, cap - len, ", ?");
-    snprintf(buf + len, cap - len, ")");
-}
-
-/* Runs a fully bound statement expected to finish with SQLITE_DONE, then resets it for reuse. */
-/* Prepares `sql` into *st; on failure the detail names `what` and SQLite's message. */
-static kvs_status prepare(kvs_results_db *r, const char *sql, sqlite3_stmt **st, const char *what) {
-    if (sqlite3_prepare_v2(r->db, sql, -1, st, NULL) != SQLITE_OK) return db_fail(r->db, r->path, what);
-    return KVS_OK;
-}
-
-static kvs_status step_done(kvs_results_db *r, sqlite3_stmt *st, const char *what) {
-    int rc = sqlite3_step(st);
-    sqlite3_reset(st);
-    if (rc != SQLITE_DONE) return db_fail(r->db, r->path, what);
-    return KVS_OK;
+/* "INSERT INTO <table> (<lead>, <every metric_stat column>) VALUES (?, ...)" */
+static void agg_insert_sql(sbuf *b, const char *table, const char *lead, int n_lead) {
+    sb_printf(b, "INSERT INTO %s (%s", table, lead);
+    for (int m = 0; m < KVS_N_METRICS; m++)
+        for (int s = 0; s < KVS_N_STATS; s++) sb_printf(b, ", %s_%s", kvs_metric_table[m].name, kvs_stat_names[s]);
+    sb_printf(b, ") VALUES (?");
+    for (int i = 1; i < n_lead + KVS_N_METRICS * KVS_N_STATS; i++) sb_printf(b, ", ?");
+    sb_printf(b, ")");
 }
 
 static kvs_status find_or_insert_trace(kvs_results_db *r, const kvs_results_trace *t, int64_t *trace_id) {
@@ -529,21 +856,22 @@ kvs_status kvs_results_write_run(kvs_results_db *r, const kvs_results_trace *tra
                                  const kvs_results_agg *layer_aggs, int32_t n_layers, const kvs_results_agg *run_agg,
                                  const kvs_results_step *steps, int64_t n_steps, int64_t *run_id) {
     if (!r || !r->db) return kvs_fail(KVS_ERR_INVALID_ARG, "write_run: NULL results database");
-    kvs_status rc = validate_run(r->path, trace, run, layer_aggs, n_layers, run_agg, steps, n_steps);
+    if (r->readonly) return kvs_fail(KVS_ERR_STATE, "%s: write_run: the database was opened read-only", r->path);
+    kvs_status rc = validate_run(r, trace, run, layer_aggs, n_layers, run_agg, steps, n_steps);
     if (rc != KVS_OK) return rc;
 
     sqlite3_stmt *ins_run = NULL, *ins_layer = NULL, *ins_summary = NULL, *ins_step = NULL;
     int in_txn = 0;
     int64_t trace_id = 0, id = 0;
-    char sql[4096];
+    sbuf sql = {0};
 
     KVS_TRY(rc = exec_sql(r, "BEGIN IMMEDIATE", "cannot start the run transaction"));
     in_txn = 1;
     KVS_TRY(rc = find_or_insert_trace(r, trace, &trace_id));
 
     KVS_TRY(rc = prepare(r, "INSERT INTO runs (trace_id, policy, params, budget_tokens, budget_fraction, is_oracle, "
-                            "measure, status, error, wall_seconds, kvsim_version) "
-                            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+                            "measure, status, error, wall_seconds, kvsim_version, budget_scope, layout, notes) "
+                            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
                          &ins_run, "cannot prepare run insert"));
     sqlite3_bind_int64(ins_run, 1, trace_id);
     sqlite3_bind_text(ins_run, 2, run->policy, -1, SQLITE_STATIC);
@@ -558,12 +886,19 @@ kvs_status kvs_results_write_run(kvs_results_db *r, const kvs_results_trace *tra
     bind_text_or_null(ins_run, 9, run->error);
     bind_real(ins_run, 10, run->wall_seconds);
     sqlite3_bind_text(ins_run, 11, run->kvsim_version, -1, SQLITE_STATIC);
+    sqlite3_bind_text(ins_run, 12, run->budget_scope ? run->budget_scope : "every_step", -1, SQLITE_STATIC);
+    sqlite3_bind_text(ins_run, 13, run->layout ? run->layout : "per_kv_head", -1, SQLITE_STATIC);
+    bind_text_or_null(ins_run, 14, run->notes);
     KVS_TRY(rc = step_done(r, ins_run, "cannot insert the run row"));
     id = sqlite3_last_insert_rowid(r->db);
 
     if (n_layers > 0) {
-        agg_insert_sql(sql, sizeof sql, "run_layers", "run_id, layer", 2);
-        KVS_TRY(rc = prepare(r, sql, &ins_layer, "cannot prepare run_layers insert"));
+        agg_insert_sql(&sql, "run_layers", "run_id, layer", 2);
+        if (sql.oom) {
+            rc = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", r->path);
+            goto cleanup;
+        }
+        KVS_TRY(rc = prepare(r, sql.p, &ins_layer, "cannot prepare run_layers insert"));
         for (int32_t i = 0; i < n_layers; i++) {
             sqlite3_bind_int64(ins_layer, 1, id);
             sqlite3_bind_int(ins_layer, 2, layer_aggs[i].layer);
@@ -575,8 +910,13 @@ kvs_status kvs_results_write_run(kvs_results_db *r, const kvs_results_trace *tra
         }
     }
     if (run_agg) {
-        agg_insert_sql(sql, sizeof sql, "run_summary", "run_id", 1);
-        KVS_TRY(rc = prepare(r, sql, &ins_summary, "cannot prepare run_summary insert"));
+        sb_free(&sql);
+        agg_insert_sql(&sql, "run_summary", "run_id", 1);
+        if (sql.oom) {
+            rc = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", r->path);
+            goto cleanup;
+        }
+        KVS_TRY(rc = prepare(r, sql.p, &ins_summary, "cannot prepare run_summary insert"));
         sqlite3_bind_int64(ins_summary, 1, id);
         if (bind_agg(ins_summary, 2, run_agg) != SQLITE_OK) {
             rc = db_fail(r->db, r->path, "cannot bind the run_summary row");
@@ -585,22 +925,25 @@ kvs_status kvs_results_write_run(kvs_results_db *r, const kvs_results_trace *tra
         KVS_TRY(rc = step_done(r, ins_summary, "cannot insert the run_summary row"));
     }
     if (n_steps > 0) {
-        KVS_TRY(rc = prepare(r, "INSERT INTO steps (run_id, layer, q_head, position, out_err, attn_recall, "
-                                "topk_overlap, attended_tokens, storage_bytes, traffic_bytes) "
-                                "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)",
-                             &ins_step, "cannot prepare steps insert"));
+        sb_free(&sql);
+        sb_printf(&sql, "INSERT INTO steps (run_id, layer, q_head, position");
+        for (int m = 0; m < KVS_N_METRICS; m++) sb_printf(&sql, ", %s", kvs_metric_table[m].name);
+        sb_printf(&sql, ") VALUES (?1, ?2, ?3, ?4");
+        for (int m = 0; m < KVS_N_METRICS; m++) sb_printf(&sql, ", ?%d", 5 + m);
+        sb_printf(&sql, ")");
+        if (sql.oom) {
+            rc = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", r->path);
+            goto cleanup;
+        }
+        KVS_TRY(rc = prepare(r, sql.p, &ins_step, "cannot prepare steps insert"));
         sqlite3_bind_int64(ins_step, 1, id);
         for (int64_t i = 0; i < n_steps; i++) {
             const kvs_results_step *s = &steps[i];
             sqlite3_bind_int(ins_step, 2, s->layer);
             sqlite3_bind_int(ins_step, 3, s->q_head);
             sqlite3_bind_int64(ins_step, 4, s->position);
-            bind_real(ins_step, 5, s->out_err);
-            bind_real(ins_step, 6, s->attn_recall);
-            bind_real(ins_step, 7, s->topk_overlap);
-            sqlite3_bind_int64(ins_step, 8, (int64_t)s->attended_tokens);
-            bind_real(ins_step, 9, s->storage_bytes);
-            bind_real(ins_step, 10, s->traffic_bytes);
+            /* INTEGER columns (token counts) store an integral double as an integer by column affinity. */
+            for (int m = 0; m < KVS_N_METRICS; m++) bind_real(ins_step, 5 + m, s->v[m]);
             if (sqlite3_step(ins_step) != SQLITE_DONE) {
                 rc = kvs_fail(KVS_ERR_DB, "%s: cannot insert step %" PRId64 " (layer %d, q_head %d, position %" PRId64
                                           "): %s",
@@ -616,11 +959,292 @@ kvs_status kvs_results_write_run(kvs_results_db *r, const kvs_results_trace *tra
     if (run_id) *run_id = id;
 
 cleanup:
+    sb_free(&sql);
     sqlite3_finalize(ins_run);
     sqlite3_finalize(ins_layer);
     sqlite3_finalize(ins_summary);
     sqlite3_finalize(ins_step);
     /* Nothing of a failed write may remain: ROLLBACK undoes the trace row too. */
     if (in_txn && sqlite3_get_autocommit(r->db) == 0) sqlite3_exec(r->db, "ROLLBACK", NULL, NULL, NULL);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Reading
+ * ---------------------------------------------------------------------------------------------- */
+
+kvs_status kvs_results_column_parse(const char *name, kvs_metric *metric, kvs_stat_kind *stat) {
+    for (int m = 0; name && m < KVS_N_METRICS; m++) {
+        size_t n = strlen(kvs_metric_table[m].name);
+        if (strncmp(name, kvs_metric_table[m].name, n) != 0 || name[n] != '_') continue;
+        for (int s = 0; s < KVS_N_STATS; s++)
+            if (!strcmp(name + n + 1, kvs_stat_names[s])) {
+                if (metric) *metric = (kvs_metric)m;
+                if (stat) *stat = (kvs_stat_kind)s;
+                return KVS_OK;
+            }
+    }
+    return kvs_fail(KVS_ERR_INVALID_ARG, "unknown metric column '%s' (expected <metric>_<stat>, e.g. out_err_p95)",
+                    name ? name : "(null)");
+}
+
+double kvs_results_stat_value(const kvs_results_stat *s, kvs_stat_kind k) {
+    if (!s) return NAN;
+    switch (k) {
+    case KVS_STAT_N: return (double)s->n;
+    case KVS_STAT_MEAN: return s->n ? s->mean : NAN;
+    case KVS_STAT_P50: return s->n ? s->p50 : NAN;
+    case KVS_STAT_P95: return s->n ? s->p95 : NAN;
+    case KVS_STAT_MAX: return s->n ? s->max : NAN;
+    case KVS_STAT_MIN: return s->n ? s->min : NAN;
+    default: return NAN;
+    }
+}
+
+/* Appends "alias.col" when table `t` has column `col`, else "NULL" (a v1 database). */
+static void sb_col(sbuf *b, const kvs_results_db *r, int t, const char *alias, const char *col) {
+    if (has_col(r, t, col)) sb_printf(b, ", %s.%s", alias, col);
+    else sb_printf(b, ", NULL");
+}
+
+/* Appends the KVS_N_METRICS x KVS_N_STATS aggregate columns of table t (alias) to a select list. */
+static void sb_agg_cols(sbuf *b, const kvs_results_db *r, int t, const char *alias) {
+    char col[128];
+    for (int m = 0; m < KVS_N_METRICS; m++)
+        for (int s = 0; s < KVS_N_STATS; s++) {
+            snprintf(col, sizeof col, "%s_%s", kvs_metric_table[m].name, kvs_stat_names[s]);
+            sb_col(b, r, t, alias, col);
+        }
+}
+
+static double col_real(sqlite3_stmt *st, int i) {
+    return sqlite3_column_type(st, i) == SQLITE_NULL ? NAN : sqlite3_column_double(st, i);
+}
+
+/* Reads the aggregate columns starting at `first` into *a: NULL n -> 0, NULL statistic -> NaN, and every
+ * statistic of a metric with no samples NaN. */
+static void read_agg(sqlite3_stmt *st, int first, int32_t layer, kvs_results_agg *a) {
+    a->layer = layer;
+    int c = first;
+    for (int m = 0; m < KVS_N_METRICS; m++) {
+        kvs_results_stat *s = &a->m[m];
+        s->n = sqlite3_column_type(st, c) == SQLITE_NULL ? 0 : sqlite3_column_int64(st, c);
+        c++;
+        double *v[KVS_N_STATS - 1] = {&s->mean, &s->p50, &s->p95, &s->max, &s->min};
+        for (int k = 0; k < KVS_N_STATS - 1; k++, c++) *v[k] = s->n ? col_real(st, c) : NAN;
+    }
+}
+
+static void agg_nan(kvs_results_agg *a, int32_t layer) {
+    a->layer = layer;
+    for (int m = 0; m < KVS_N_METRICS; m++)
+        a->m[m] = (kvs_results_stat){.n = 0, .mean = NAN, .p50 = NAN, .p95 = NAN, .max = NAN, .min = NAN};
+}
+
+/* strdup of a text column; NULL stays NULL. *oom set when a copy fails. */
+static char *col_dup(sqlite3_stmt *st, int i, int *oom) {
+    const char *s = (const char *)sqlite3_column_text(st, i);
+    if (!s) return NULL;
+    char *d = strdup(s);
+    if (!d) *oom = 1;
+    return d;
+}
+
+static void row_free_strings(kvs_results_run_row *w) {
+    char *strs[] = {w->trace_path, w->model,   w->dtype,  w->policy, w->params,        w->measure,    w->budget_scope,
+                    w->layout,     w->notes,   w->status, w->error,  w->kvsim_version, w->created_at};
+    for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) free(strs[i]);
+    free(w->layer_aggs);
+}
+
+void kvs_results_run_rows_free(kvs_results_run_row *rows, int64_t n) {
+    if (!rows) return;
+    for (int64_t i = 0; i < n; i++) row_free_strings(&rows[i]);
+    free(rows);
+}
+
+/* Reads the run_layers rows of run `id` into w->layer_aggs (statement `st` prepared with ?1 = run id). */
+static kvs_status read_layers(kvs_results_db *r, sqlite3_stmt *st, kvs_results_run_row *w) {
+    sqlite3_reset(st);
+    sqlite3_bind_int64(st, 1, w->id);
+    int32_t cap = 0;
+    int src;
+    while ((src = sqlite3_step(st)) == SQLITE_ROW) {
+        if (w->n_layer_aggs == cap) {
+            int32_t ncap = cap ? 2 * cap : 8;
+            kvs_results_agg *a = realloc(w->layer_aggs, (size_t)ncap * sizeof *a);
+            if (!a) {
+                sqlite3_reset(st);
+                return kvs_fail(KVS_ERR_NOMEM, "%s: out of memory reading run_layers", r->path);
+            }
+            w->layer_aggs = a;
+            cap = ncap;
+        }
+        read_agg(st, 1, sqlite3_column_int(st, 0), &w->layer_aggs[w->n_layer_aggs++]);
+    }
+    sqlite3_reset(st);
+    if (src != SQLITE_DONE) return db_fail(r->db, r->path, "cannot read run_layers");
+    return KVS_OK;
+}
+
+kvs_status kvs_results_query_runs(kvs_results_db *r, const kvs_results_filter *f, kvs_results_run_row **rows,
+                                  int64_t *n) {
+    if (!r || !r->db || !rows || !n) return kvs_fail(KVS_ERR_INVALID_ARG, "query_runs: NULL argument");
+    *rows = NULL;
+    *n = 0;
+    static const kvs_results_filter all_complete = {0};
+    if (!f) f = &all_complete;
+    sbuf sql = {0}, lsql = {0};
+    sqlite3_stmt *st = NULL, *lst = NULL;
+    kvs_results_run_row *out = NULL;
+    int64_t count = 0, cap = 0;
+    kvs_status rc = KVS_OK;
+
+    sb_printf(&sql, "SELECT r.id, r.trace_id, t.path, t.model, t.dtype, t.n_positions, t.prompt_len, t.n_turns, "
+                    "t.n_layers, t.n_heads, t.n_kv_heads, t.head_dim, r.policy, r.params, r.budget_tokens, "
+                    "r.budget_fraction, r.is_oracle, r.measure");
+    sb_col(&sql, r, T_RUNS, "r", "budget_scope");
+    sb_col(&sql, r, T_RUNS, "r", "layout");
+    sb_col(&sql, r, T_RUNS, "r", "notes");
+    sb_printf(&sql, ", r.status, r.error, r.wall_seconds, r.kvsim_version, r.created_at, s.run_id IS NOT NULL");
+    sb_agg_cols(&sql, r, T_RUN_SUMMARY, "s");
+    sb_printf(&sql, " FROM runs r JOIN traces t ON t.id = r.trace_id LEFT JOIN run_summary s ON s.run_id = r.id "
+                    "WHERE (?1 OR r.status = 'complete') AND (?2 IS NULL OR r.policy = ?2) AND (?3 <= 0 OR r.id = ?3) "
+                    "AND (?4 <= 0 OR r.budget_tokens = ?4) "
+                    "AND (?5 IS NULL OR t.path = ?5 OR substr(t.path, -length(?5) - 1) = '/' || ?5) "
+                    "AND (?6 IS NULL OR t.model = ?6) AND (?7 IS NULL OR r.measure = ?7) ORDER BY r.id");
+    enum { C_HAS_AGG = 26, C_AGG = 27 }; /* columns of the select list above */
+    if (f->with_layers) {
+        sb_printf(&lsql, "SELECT l.layer");
+        sb_agg_cols(&lsql, r, T_RUN_LAYERS, "l");
+        sb_printf(&lsql, " FROM run_layers l WHERE l.run_id = ?1 ORDER BY l.layer");
+    }
+    if (sql.oom || lsql.oom) {
+        rc = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", r->path);
+        goto cleanup;
+    }
+    KVS_TRY(rc = prepare(r, sql.p, &st, "cannot query runs"));
+    if (f->with_layers) KVS_TRY(rc = prepare(r, lsql.p, &lst, "cannot query run_layers"));
+    sqlite3_bind_int(st, 1, f->include_failed ? 1 : 0);
+    bind_text_or_null(st, 2, f->policy);
+    sqlite3_bind_int64(st, 3, f->run_id);
+    sqlite3_bind_int64(st, 4, f->budget_tokens);
+    bind_text_or_null(st, 5, f->trace_path);
+    bind_text_or_null(st, 6, f->model);
+    bind_text_or_null(st, 7, f->measure);
+    int src, oom = 0;
+    while ((src = sqlite3_step(st)) == SQLITE_ROW) {
+        if (count == cap) {
+            int64_t ncap = cap ? 2 * cap : 16;
+            kvs_results_run_row *p = realloc(out, (size_t)ncap * sizeof *p);
+            if (!p) {
+                rc = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory reading runs", r->path);
+                goto cleanup;
+            }
+            out = p;
+            cap = ncap;
+        }
+        kvs_results_run_row *w = &out[count++];
+        memset(w, 0, sizeof *w);
+        w->id = sqlite3_column_int64(st, 0);
+        w->trace_id = sqlite3_column_int64(st, 1);
+        w->trace_path = col_dup(st, 2, &oom);
+        w->model = col_dup(st, 3, &oom);
+        w->dtype = col_dup(st, 4, &oom);
+        w->n_positions = sqlite3_column_int64(st, 5);
+        w->prompt_len = sqlite3_column_int64(st, 6);
+        w->n_turns = sqlite3_column_int64(st, 7);
+        w->n_layers = sqlite3_column_int(st, 8);
+        w->n_heads = sqlite3_column_int(st, 9);
+        w->n_kv_heads = sqlite3_column_int(st, 10);
+        w->head_dim = sqlite3_column_int(st, 11);
+        w->policy = col_dup(st, 12, &oom);
+        w->params = col_dup(st, 13, &oom);
+        w->budget_tokens = sqlite3_column_int64(st, 14);
+        w->budget_fraction = sqlite3_column_type(st, 15) == SQLITE_NULL ? -1.0 : sqlite3_column_double(st, 15);
+        w->is_oracle = sqlite3_column_int(st, 16);
+        w->measure = col_dup(st, 17, &oom);
+        w->budget_scope = col_dup(st, 18, &oom);
+        w->layout = col_dup(st, 19, &oom);
+        w->notes = col_dup(st, 20, &oom);
+        w->status = col_dup(st, 21, &oom);
+        w->error = col_dup(st, 22, &oom);
+        w->wall_seconds = col_real(st, 23);
+        w->kvsim_version = col_dup(st, 24, &oom);
+        w->created_at = col_dup(st, 25, &oom);
+        w->has_agg = sqlite3_column_int(st, C_HAS_AGG) ? 1 : 0;
+        if (w->has_agg) read_agg(st, C_AGG, -1, &w->agg);
+        else agg_nan(&w->agg, -1);
+        if (oom) {
+            rc = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory reading runs", r->path);
+            goto cleanup;
+        }
+        if (f->with_layers) KVS_TRY(rc = read_layers(r, lst, w));
+    }
+    if (src != SQLITE_DONE) {
+        rc = db_fail(r->db, r->path, "cannot query runs");
+        goto cleanup;
+    }
+    *rows = out;
+    *n = count;
+    out = NULL;
+    count = 0;
+cleanup:
+    kvs_results_run_rows_free(out, count);
+    sqlite3_finalize(st);
+    sqlite3_finalize(lst);
+    sb_free(&sql);
+    sb_free(&lsql);
+    return rc;
+}
+
+void kvs_results_series_free(kvs_results_series *s) {
+    if (!s) return;
+    free(s->position);
+    free(s->value);
+    memset(s, 0, sizeof *s);
+}
+
+kvs_status kvs_results_query_steps(kvs_results_db *r, int64_t run_id, int32_t layer, kvs_metric metric,
+                                   kvs_results_series *out) {
+    if (!r || !r->db || !out) return kvs_fail(KVS_ERR_INVALID_ARG, "query_steps: NULL argument");
+    memset(out, 0, sizeof *out);
+    if ((int)metric < 0 || (int)metric >= KVS_N_METRICS)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "query_steps: bad metric %d", (int)metric);
+    const char *col = kvs_metric_table[metric].name;
+    if (!has_col(r, T_STEPS, col)) return KVS_OK; /* a v1 database: never recorded */
+    char sql[512];
+    snprintf(sql, sizeof sql,
+             "SELECT position, avg(%s) FROM steps WHERE run_id = ?1 AND (?2 < 0 OR layer = ?2) AND %s IS NOT NULL "
+             "GROUP BY position ORDER BY position",
+             col, col);
+    sqlite3_stmt *st = NULL;
+    kvs_status rc = prepare(r, sql, &st, "cannot query steps");
+    if (rc != KVS_OK) return rc;
+    sqlite3_bind_int64(st, 1, run_id);
+    sqlite3_bind_int(st, 2, layer);
+    int64_t cap = 0;
+    int src;
+    while ((src = sqlite3_step(st)) == SQLITE_ROW) {
+        if (out->n == cap) {
+            int64_t ncap = cap ? 2 * cap : 256;
+            int64_t *p = realloc(out->position, (size_t)ncap * sizeof *p);
+            if (p) out->position = p;
+            double *v = p ? realloc(out->value, (size_t)ncap * sizeof *v) : NULL;
+            if (!p || !v) {
+                rc = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory reading steps", r->path);
+                goto cleanup;
+            }
+            out->value = v;
+            cap = ncap;
+        }
+        out->position[out->n] = sqlite3_column_int64(st, 0);
+        out->value[out->n] = sqlite3_column_double(st, 1);
+        out->n++;
+    }
+    if (src != SQLITE_DONE) rc = db_fail(r->db, r->path, "cannot query steps");
+cleanup:
+    sqlite3_finalize(st);
+    if (rc != KVS_OK) kvs_results_series_free(out);
     return rc;
 }

@@ -91,8 +91,8 @@ typedef struct {
     int is_oracle;             /* 1 for oracle policies (topk): labelled in every output */
     const char *measure;       /* "decode" (generated positions), "prefill" (prompt positions) or "all" */
     const char *budget_scope;  /* "every_step" (|S_t| <= budget), "prompt" (prompt-only: generated tokens all
-                                * kept, S_t grows) or "none" (full cache); NULL = "every_step" */
-    const char *layout;        /* "per_kv_head" or "per_query_head"; NULL = "per_kv_head" */
+                                * kept, S_t grows) or "none" (full cache); NULL = "every_step" (stored so) */
+    const char *layout;        /* "per_kv_head" or "per_query_head"; NULL = "per_kv_head" (stored so) */
     const char *notes;         /* warnings about the configuration (degenerate settings...), or NULL */
     const char *status;        /* "complete" or "failed" */
     const char *error;         /* failure detail or NULL */
@@ -102,7 +102,9 @@ typedef struct {
 
 /*! kvs_results_write_run() : writes the trace row (if new), the run row, `n_layers` per-layer aggregates,
  *  the run-wide aggregate `run_agg` (may be NULL for a failed run) and `n_steps` step samples, in one
- *  transaction; *run_id receives the new run's id (may be NULL). On any failure nothing is written. */
+ *  transaction; *run_id receives the new run's id (may be NULL). On any failure nothing is written.
+ *  Every metric of the table is stored: a NaN statistic or sample as NULL, and the statistics of a metric
+ *  with n = 0 (no samples) as NULL too. KVS_ERR_STATE on a read-only handle. */
 kvs_status kvs_results_write_run(kvs_results_db *db, const kvs_results_trace *trace, const kvs_results_run *run,
                                  const kvs_results_agg *layer_aggs, int32_t n_layers, const kvs_results_agg *run_agg,
                                  const kvs_results_step *steps, int64_t n_steps, int64_t *run_id);
@@ -110,5 +112,84 @@ kvs_status kvs_results_write_run(kvs_results_db *db, const kvs_results_trace *tr
 /*! kvs_results_stat_compute() : fills *out from n samples (sorted copy made internally; p50/p95 by
  *  nearest rank on the sorted samples: index ceil(p*n)-1). n == 0 gives all zeros. */
 kvs_status kvs_results_stat_compute(const double *samples, int64_t n, kvs_results_stat *out);
+
+/* ------------------------------------------------------------------------------------------------
+ * Reading. `kvsim runs`, `kvsim plot`, `kvsim compare` and later analyses read the database only through
+ * these calls (no SQL outside sim/results.c). Values that are not recorded — a NULL column, a column a v1
+ * database does not have, or a statistic over no samples (n = 0) — read back as NaN with n = 0; strings
+ * not recorded read back as NULL.
+ * ---------------------------------------------------------------------------------------------- */
+
+/* Which runs to read. A zero-initialised filter selects every complete run. Borrowed strings. */
+typedef struct {
+    int64_t run_id;         /* > 0: only this run */
+    const char *policy;     /* only this registry name; NULL = any */
+    int64_t budget_tokens;  /* > 0: only this budget (tokens per KV head) */
+    const char *trace_path; /* only traces stored with this path, or whose path ends in "/" + this; NULL = any */
+    const char *model;      /* only traces of this model name; NULL = any */
+    const char *measure;    /* "decode", "prefill" or "all"; NULL = any */
+    int include_failed;     /* 1: failed runs too (status 'failed', has_agg 0) */
+    int with_layers;        /* 1: also read the per-layer aggregates into layer_aggs */
+} kvs_results_filter;
+
+/* One run as read back. Every string is owned by the row array (freed by kvs_results_run_rows_free);
+ * never free one alone. */
+typedef struct {
+    int64_t id;
+    /* the trace */
+    int64_t trace_id;
+    char *trace_path, *model, *dtype;
+    int64_t n_positions, prompt_len, n_turns;
+    int32_t n_layers, n_heads, n_kv_heads, head_dim;
+    /* the configuration */
+    char *policy, *params;
+    int64_t budget_tokens;
+    double budget_fraction;  /* -1 when the budget was given in tokens */
+    int is_oracle;
+    char *measure;           /* "decode", "prefill" or "all" */
+    char *budget_scope;      /* "every_step", "prompt", "none"; NULL = not recorded (written by schema v1) */
+    char *layout;            /* "per_kv_head", "per_query_head"; NULL = not recorded (schema v1) */
+    char *notes;             /* NULL when none */
+    /* the outcome */
+    char *status;            /* "complete" or "failed" */
+    char *error;             /* NULL unless failed */
+    double wall_seconds;     /* NaN when not recorded */
+    char *kvsim_version, *created_at;
+    int has_agg;             /* 1 when the run has its run-wide aggregate (every complete run does) */
+    kvs_results_agg agg;     /* run-wide aggregate (layer -1); all NaN / n 0 when has_agg is 0 */
+    int32_t n_layer_aggs;    /* filter.with_layers only: rows of run_layers */
+    kvs_results_agg *layer_aggs; /* [n_layer_aggs] ascending layer, or NULL */
+} kvs_results_run_row;
+
+/*! kvs_results_query_runs() : the runs selected by `f` (NULL = every complete run), ascending id, into a
+ *  malloc'd array *rows of *n entries (*rows NULL when *n is 0). Caller frees with
+ *  kvs_results_run_rows_free(*rows, *n). KVS_ERR_DB on a database error (nothing returned then). */
+kvs_status kvs_results_query_runs(kvs_results_db *db, const kvs_results_filter *f, kvs_results_run_row **rows,
+                                  int64_t *n);
+void kvs_results_run_rows_free(kvs_results_run_row *rows, int64_t n);
+
+/* A per-position series of one metric of one run. */
+typedef struct {
+    int64_t n;
+    int64_t *position; /* [n] ascending absolute positions */
+    double *value;     /* [n] mean over query heads (and layers) of the recorded (non-NULL) samples */
+} kvs_results_series;
+
+/*! kvs_results_query_steps() : the steps series of `metric` for run `run_id`, one point per stored
+ *  position: the mean over query heads of layer `layer` (or over every layer and query head when layer is
+ *  -1) of the samples where the metric was recorded. n = 0 when the run stored no series or never recorded
+ *  this metric (e.g. a v1 database). Caller frees with kvs_results_series_free (accepts an empty series). */
+kvs_status kvs_results_query_steps(kvs_results_db *db, int64_t run_id, int32_t layer, kvs_metric metric,
+                                   kvs_results_series *out);
+void kvs_results_series_free(kvs_results_series *s);
+
+/*! kvs_results_column_parse() : splits an aggregate column name "<metric>_<stat>" of the metric table
+ *  (out_err_p95, storage_bytes_max, attended_tokens_mean, out_err_n) into its metric and statistic.
+ *  KVS_ERR_INVALID_ARG when it names none ("unknown metric column"). */
+kvs_status kvs_results_column_parse(const char *name, kvs_metric *metric, kvs_stat_kind *stat);
+
+/*! kvs_results_stat_value() : statistic `k` of `s` as a double (n converted); NaN when s->n is 0 and k
+ *  is not KVS_STAT_N (no samples: no value). */
+double kvs_results_stat_value(const kvs_results_stat *s, kvs_stat_kind k);
 
 #endif /* KVS_RESULTS_H */

@@ -1,9 +1,12 @@
 /* test_plot.c — tests of plots/plot.h and `kvsim plot`: PNG and SVG output of every plot kind from a
- * database populated through sim/results.h (skipped with a message when gnuplot is not installed), and
- * every error path — gnuplot missing or failing, empty database, missing data, bad options — giving the
- * right status / exit code and leaving no output file (nor OUT.partial) behind.
+ * database populated through sim/results.h (skipped with a message when gnuplot is not installed), the data
+ * gnuplot receives (captured by a stand-in gnuplot script): the Pareto frontier of error-vs-memory /
+ * error-vs-traffic on a hand-made case, series kept apart by trace and by measure mode, oracles dashed; the
+ * Pareto function itself; and every error path — gnuplot missing or failing, empty database, missing data,
+ * bad options — giving the right status / exit code and leaving no output file (nor OUT.partial) behind.
  */
 #include <fcntl.h>
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -301,7 +304,25 @@ static void test_plot_failures_leave_no_file(void **state) {
     o.out_path = out;
     o.metric = "storage_bytes_max";
     assert_int_equal(kvs_plot_make(t->db, &o), KVS_ERR_INVALID_ARG);
-    expect_msg("unknown metric");
+    expect_msg("error-vs-budget draws a quality metric");
+    assert_nothing_written(out);
+    o.metric = "out_err_bogus";
+    assert_int_equal(kvs_plot_make(t->db, &o), KVS_ERR_INVALID_ARG);
+    expect_msg("unknown metric 'out_err_bogus'");
+    o.metric = NULL;
+    o.kind = KVS_PLOT_ERROR_VS_MEMORY;
+    o.x_stat = "median";
+    assert_int_equal(kvs_plot_make(t->db, &o), KVS_ERR_INVALID_ARG);
+    expect_msg("--x-stat: 'median'");
+    o.x_stat = NULL;
+    o.measure = "sometimes";
+    assert_int_equal(kvs_plot_make(t->db, &o), KVS_ERR_INVALID_ARG);
+    expect_msg("--measure: 'sometimes'");
+    o.measure = NULL;
+    /* A filter that matches nothing is "no complete runs", named by the filter. */
+    o.trace = "nosuch.kvt";
+    assert_int_equal(kvs_plot_make(t->db, &o), KVS_ERR_DB);
+    expect_msg("no complete runs of trace 'nosuch.kvt'");
     assert_nothing_written(out);
 }
 
@@ -314,14 +335,312 @@ static void test_kind_and_metric_parsing(void **state) {
     assert_int_equal(k, KVS_PLOT_ERROR_VS_POSITION);
     expect_ok(kvs_plot_kind_parse("memory-vs-budget", &k));
     assert_int_equal(k, KVS_PLOT_MEMORY_VS_BUDGET);
+    expect_ok(kvs_plot_kind_parse("error-vs-memory", &k));
+    assert_int_equal(k, KVS_PLOT_ERROR_VS_MEMORY);
+    expect_ok(kvs_plot_kind_parse("error-vs-traffic", &k));
+    assert_int_equal(k, KVS_PLOT_ERROR_VS_TRAFFIC);
+    assert_string_equal(kvs_plot_kind_name(KVS_PLOT_ERROR_VS_TRAFFIC), "error-vs-traffic");
     assert_int_equal(kvs_plot_kind_parse("drift", &k), KVS_ERR_INVALID_ARG);
     expect_msg("unknown plot kind 'drift'");
+    /* Metrics come from the metric table: any quality metric and statistic for the error kinds. */
+    expect_ok(kvs_plot_metric_check(KVS_PLOT_ERROR_VS_MEMORY, "out_err_abs_p95"));
+    expect_ok(kvs_plot_metric_check(KVS_PLOT_ERROR_VS_TRAFFIC, "attn_recall_merged_min"));
+    expect_ok(kvs_plot_metric_check(KVS_PLOT_ERROR_VS_BUDGET, "out_cos_mean"));
+    expect_ok(kvs_plot_metric_check(KVS_PLOT_MEMORY_VS_BUDGET, "traffic_bytes_mean"));
+    expect_ok(kvs_plot_metric_check(KVS_PLOT_ERROR_VS_POSITION, "storage_bytes_mean"));
+    assert_int_equal(kvs_plot_metric_check(KVS_PLOT_ERROR_VS_MEMORY, "storage_bytes_mean"), KVS_ERR_INVALID_ARG);
+    expect_msg("draws a quality metric");
+    assert_int_equal(kvs_plot_metric_check(KVS_PLOT_MEMORY_VS_BUDGET, "out_err_mean"), KVS_ERR_INVALID_ARG);
+    expect_msg("draws a bytes metric");
+    assert_int_equal(kvs_plot_metric_check(KVS_PLOT_ERROR_VS_BUDGET, "out_err_n"), KVS_ERR_INVALID_ARG);
+    expect_msg("sample count");
     expect_ok(kvs_plot_metric_check(KVS_PLOT_ERROR_VS_BUDGET, "topk_overlap_mean"));
     expect_ok(kvs_plot_metric_check(KVS_PLOT_ERROR_VS_POSITION, "attn_recall_mean"));
     assert_int_equal(kvs_plot_metric_check(KVS_PLOT_ERROR_VS_POSITION, "out_err_p95"), KVS_ERR_INVALID_ARG);
     expect_msg("cannot be drawn per position");
     assert_int_equal(kvs_plot_metric_check(KVS_PLOT_ERROR_VS_BUDGET, "out_err"), KVS_ERR_INVALID_ARG);
     expect_msg("unknown metric 'out_err'");
+}
+
+
+/* ------------------------------------------------------------------------------------------------
+ * The Pareto frontier and the data sent to gnuplot (captured by a stand-in gnuplot)
+ * ---------------------------------------------------------------------------------------------- */
+
+static void test_pareto_hand_made(void **state) {
+    (void)state;
+    /* lower is better: 2 is beaten at the same x by 1, 3 by 0 (less memory, better), 4 ties 1's error with
+     * more memory, 7 is not finite, 8 duplicates 5 (the lower index stays). */
+    const double x[10] = {1000, 2000, 2000, 1500, 4000, 8000, 500, NAN, 8000, 3000};
+    const double y[10] = {0.5, 0.3, 0.4, 0.6, 0.3, 0.1, 0.9, 0.0, 0.1, 0.25};
+    size_t idx[10];
+    size_t n = kvs_plot_pareto(x, y, 10, 0, idx);
+    const size_t want[5] = {6, 0, 1, 9, 5};
+    assert_int_equal(n, 5);
+    for (size_t i = 0; i < n; i++) assert_int_equal(idx[i], want[i]);
+    /* higher is better (recall): at x 2000 the higher of the two; 4000 does not beat 0.9 */
+    const double hx[6] = {500, 1000, 1500, 2000, 2000, 4000};
+    const double hy[6] = {0.2, 0.5, 0.4, 0.8, 0.9, 0.85};
+    n = kvs_plot_pareto(hx, hy, 6, 1, idx);
+    assert_int_equal(n, 3);
+    assert_true(idx[0] == 0 && idx[1] == 1 && idx[2] == 4);
+    assert_int_equal(kvs_plot_pareto(x, y, 0, 0, idx), 0);
+}
+
+/* Writes one complete run whose run-wide storage_bytes mean is `mem`, traffic_bytes mean mem/2 and max mem,
+ * and out_err mean `err` (layer aggregates the same). */
+static void put_cost_run(kvs_results_db *db, const char *trace, const char *policy, const char *params, int oracle,
+                         int64_t budget, const char *measure, double mem, double err) {
+    kvs_results_trace tr = {.path = trace, .model_name = "generated-gaussian", .n_positions = 64, .prompt_len = 40,
+                            .n_turns = 1, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .head_dim = 16,
+                            .dtype = "fp32", .file_bytes = 1000};
+    kvs_results_run run = {.policy = policy, .params = params, .budget_tokens = budget, .budget_fraction = -1,
+                           .is_oracle = oracle, .measure = measure, .status = "complete", .wall_seconds = 0.01,
+                           .kvsim_version = "0.1.0"};
+    kvs_results_agg a = agg_for(-1, err, mem);
+    a.traffic_bytes = (kvs_results_stat){.n = 40, .mean = mem / 2, .p50 = mem / 2, .p95 = mem, .max = mem, .min = 1};
+    kvs_results_agg l = a;
+    l.layer = 0;
+    expect_ok(kvs_results_write_run(db, &tr, &run, &l, 1, &a, NULL, 0, NULL));
+}
+
+/* The hand-made study: per series (x = storage_bytes mean, y = out_err mean)
+ *   h2o A decode   (1024, .0625)   (2048, .03125)   (4096, .015625)
+ *   h2o B decode   (1536, .05)     (3072, .02)      (6144, .01)
+ *   h2o A all      (1024, .125)    (2048, .0625)    (4096, .03125)
+ *   streaming A    (512, .09375)   (1024, .046875)  (2048, .0234375)
+ *   topk A oracle  (2048, .004)    (4096, .002)     (8192, .001)
+ * Pareto frontier of the non-oracle points (min error at no more memory):
+ *   (512, .09375) (1024, .046875) (2048, .0234375) (3072, .02) (4096, .015625) (6144, .01) */
+static void make_cost_db(const char *path) {
+    kvs_results_db *db = NULL;
+    expect_ok(kvs_results_open(path, &db));
+    for (int k = 0; k < 3; k++) {
+        int64_t b = 16 << k;
+        double f = (double)(1 << k);
+        put_cost_run(db, "/traces/a.kvt", "h2o", "heavy=0.5", 0, b, "decode", 1024 * f, 0.0625 / f);
+        put_cost_run(db, "/traces/b.kvt", "h2o", "heavy=0.5", 0, b, "decode", 1536 * f, (k == 0 ? 0.05 : k == 1 ? 0.02 : 0.01));
+        put_cost_run(db, "/traces/a.kvt", "h2o", "heavy=0.5", 0, b, "all", 1024 * f, 0.125 / f);
+        put_cost_run(db, "/traces/a.kvt", "streaming", "sinks=4", 0, b, "decode", 512 * f, 0.09375 / f);
+        put_cost_run(db, "/traces/a.kvt", "topk", "", 1, b, "decode", 2048 * f, 0.004 / f);
+    }
+    /* A repeated run of h2o A decode at budget 16 with the same memory: averaged with the first one, so the
+     * point stays at (1024, .0625) only if both agree — make them agree. */
+    put_cost_run(db, "/traces/a.kvt", "h2o", "heavy=0.5", 0, 16, "decode", 1024, 0.0625);
+    kvs_results_close(db);
+}
+
+/* A stand-in gnuplot: saves its script to DIR/captured.gp and writes a small file as the output. */
+static void make_fake_gnuplot(const char *dir, char *prog, size_t cap, char *captured, size_t ccap) {
+    snprintf(prog, cap, "%s/fake-gnuplot", dir);
+    snprintf(captured, ccap, "%s/captured.gp", dir);
+    FILE *f = fopen(prog, "w");
+    assert_non_null(f);
+    fprintf(f, "#!/bin/sh\ncat > '%s'\nout=$(sed -n \"s/^set output '\\(.*\\)'$/\\1/p\" '%s')\n"
+               "printf 'stand-in image\\n' > \"$out\"\n",
+            captured, captured);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(chmod(prog, 0755), 0);
+}
+
+/* The points of the first inline data block labelled `label` in a captured script; -1 when there is none. */
+static int data_block(const char *script, const char *label, double *x, double *y, int cap) {
+    char head[512];
+    snprintf(head, sizeof head, "# series: %s\n", label);
+    const char *p = strstr(script, head);
+    if (!p) return -1;
+    p += strlen(head);
+    int n = 0;
+    while (strncmp(p, "e\n", 2) != 0) {
+        char *end;
+        assert_true(n < cap);
+        x[n] = strtod(p, &end);
+        y[n] = strtod(end, &end);
+        assert_int_equal(*end, '\n');
+        p = end + 1;
+        n++;
+    }
+    return n;
+}
+
+static int count_of(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = strstr(hay, needle); p; p = strstr(p + 1, needle)) n++;
+    return n;
+}
+
+static void expect_block(const char *script, const char *label, int n, const double *x, const double *y) {
+    double gx[32], gy[32];
+    int got = data_block(script, label, gx, gy, 32);
+    if (got != n) {
+        fprintf(stderr, "series '%s': %d points, expected %d\n--- script ---\n%s\n", label, got, n, script);
+        fail();
+    }
+    for (int i = 0; i < n; i++)
+        if (gx[i] != x[i] || gy[i] != y[i]) {
+            fprintf(stderr, "series '%s' point %d: (%.17g, %.17g), expected (%.17g, %.17g)\n", label, i, gx[i], gy[i],
+                    x[i], y[i]);
+            fail();
+        }
+}
+
+static void test_error_vs_memory_frontier_and_series(void **state) {
+    tmp_ctx *t = *state;
+    char db[160], out[160], prog[160], captured[160];
+    snprintf(db, sizeof db, "%s/cost.db", t->dir);
+    snprintf(out, sizeof out, "%s/mem.png", t->dir);
+    make_cost_db(db);
+    make_fake_gnuplot(t->dir, prog, sizeof prog, captured, sizeof captured);
+    kvs_plot_options o = opts(KVS_PLOT_ERROR_VS_MEMORY, out);
+    o.gnuplot = prog;
+    expect_ok(kvs_plot_make(db, &o));
+    assert_true(kvs_test_exists(out));
+    char *gp = NULL;
+    size_t n = 0;
+    expect_ok(kvs_read_file(captured, &gp, &n));
+
+    const double fx[6] = {512, 1024, 2048, 3072, 4096, 6144};
+    const double fy[6] = {0.09375, 0.046875, 0.0234375, 0.02, 0.015625, 0.01};
+    expect_block(gp, "Pareto frontier (non-oracle runs)", 6, fx, fy);
+    assert_int_equal(count_of(gp, "# series: Pareto frontier (non-oracle runs)\n"), 2); /* steps line + points */
+    assert_non_null(strstr(gp, "with steps lw 8 lc rgb '#b8b8b8' title 'Pareto frontier (non-oracle runs)'"));
+    /* One series per (policy, params, trace, measure); several traces and measures: both named. */
+    const double ax[3] = {1024, 2048, 4096}, ay[3] = {0.0625, 0.03125, 0.015625};
+    expect_block(gp, "h2o (heavy=0.5) [a.kvt, decode]", 3, ax, ay);
+    const double bx[3] = {1536, 3072, 6144}, by[3] = {0.05, 0.02, 0.01};
+    expect_block(gp, "h2o (heavy=0.5) [b.kvt, decode]", 3, bx, by);
+    const double allx[3] = {1024, 2048, 4096}, ally[3] = {0.125, 0.0625, 0.03125};
+    expect_block(gp, "h2o (heavy=0.5) [a.kvt, all]", 3, allx, ally);
+    const double sx[3] = {512, 1024, 2048}, sy[3] = {0.09375, 0.046875, 0.0234375};
+    expect_block(gp, "streaming (sinks=4) [a.kvt, decode]", 3, sx, sy);
+    const double ox[3] = {2048, 4096, 8192}, oy[3] = {0.004, 0.002, 0.001};
+    expect_block(gp, "topk (oracle) [a.kvt, decode]", 3, ox, oy);
+    assert_int_equal(count_of(gp, "# series: "), 7);
+    /* The oracle is dashed black; log x in bytes; axis labels from the metric table. */
+    assert_non_null(strstr(gp, "dt 2 lc rgb '#000000' title 'topk (oracle) [a.kvt, decode]'"));
+    assert_non_null(strstr(gp, "set logscale x 2"));
+    assert_non_null(strstr(gp, "set xlabel 'resident bytes, mean (storage_bytes_mean; bytes per KV head; log scale)'"));
+    assert_non_null(strstr(gp, "set ylabel 'rel. output error, mean (out_err_mean)'"));
+    free(gp);
+
+    /* error-vs-traffic with --x-stat max: x = traffic_bytes max (= the memory above); a filter to one trace
+     * and measure drops both from the labels. */
+    o = opts(KVS_PLOT_ERROR_VS_TRAFFIC, out);
+    o.gnuplot = prog;
+    o.x_stat = "max";
+    o.trace = "a.kvt";
+    o.measure = "decode";
+    expect_ok(kvs_plot_make(db, &o));
+    expect_ok(kvs_read_file(captured, &gp, &n));
+    expect_block(gp, "h2o (heavy=0.5)", 3, ax, ay);
+    expect_block(gp, "streaming (sinks=4)", 3, sx, sy);
+    const double f2x[4] = {512, 1024, 2048, 4096}, f2y[4] = {0.09375, 0.046875, 0.0234375, 0.015625};
+    expect_block(gp, "Pareto frontier (non-oracle runs)", 4, f2x, f2y);
+    assert_non_null(strstr(gp, "traffic_bytes_max"));
+    assert_int_equal(count_of(gp, "# series: "), 5);
+    free(gp);
+
+    /* x-stat mean of traffic is half of it; a higher-is-better metric keeps the highest y at no more bytes. */
+    o.x_stat = NULL;
+    o.metric = "attn_recall_mean"; /* agg_for: 1 - err/2 */
+    o.trace = NULL;
+    o.measure = NULL;
+    expect_ok(kvs_plot_make(db, &o));
+    expect_ok(kvs_read_file(captured, &gp, &n));
+    const double rx[6] = {256, 512, 1024, 1536, 2048, 3072};
+    const double ry[6] = {1 - 0.09375 / 2, 1 - 0.046875 / 2, 1 - 0.0234375 / 2, 1 - 0.02 / 2, 1 - 0.015625 / 2,
+                          1 - 0.01 / 2};
+    expect_block(gp, "Pareto frontier (non-oracle runs)", 6, rx, ry);
+    free(gp);
+}
+
+/* The existing kinds keep traces and measure modes apart too (they used to average across traces). */
+static void test_budget_series_separated_by_trace_and_measure(void **state) {
+    tmp_ctx *t = *state;
+    char db[160], out[160], prog[160], captured[160];
+    snprintf(db, sizeof db, "%s/cost.db", t->dir);
+    snprintf(out, sizeof out, "%s/budget.svg", t->dir);
+    make_cost_db(db);
+    make_fake_gnuplot(t->dir, prog, sizeof prog, captured, sizeof captured);
+    kvs_plot_options o = opts(KVS_PLOT_ERROR_VS_BUDGET, out);
+    o.gnuplot = prog;
+    o.policy = "h2o";
+    expect_ok(kvs_plot_make(db, &o));
+    char *gp = NULL;
+    size_t n = 0;
+    expect_ok(kvs_read_file(captured, &gp, &n));
+    const double bx[3] = {16, 32, 64};
+    const double a[3] = {0.0625, 0.03125, 0.015625}, b[3] = {0.05, 0.02, 0.01}, all[3] = {0.125, 0.0625, 0.03125};
+    expect_block(gp, "h2o (heavy=0.5) [a.kvt, decode]", 3, bx, a);
+    expect_block(gp, "h2o (heavy=0.5) [b.kvt, decode]", 3, bx, b);
+    expect_block(gp, "h2o (heavy=0.5) [a.kvt, all]", 3, bx, all);
+    assert_int_equal(count_of(gp, "# series: "), 3);
+    assert_null(strstr(gp, "Pareto")); /* only the cost kinds draw a frontier */
+    free(gp);
+
+    o = opts(KVS_PLOT_MEMORY_VS_BUDGET, out);
+    o.gnuplot = prog;
+    o.measure = "all";
+    expect_ok(kvs_plot_make(db, &o));
+    expect_ok(kvs_read_file(captured, &gp, &n));
+    const double mem_max[3] = {2048, 4096, 8192}; /* agg_for: max = 2 x mean */
+    expect_block(gp, "h2o (heavy=0.5)", 3, bx, mem_max);
+    assert_int_equal(count_of(gp, "# series: "), 1);
+    free(gp);
+}
+
+static void test_error_vs_memory_and_traffic_png_svg(void **state) {
+    tmp_ctx *t = *state;
+    skip_without_gnuplot();
+    char db[160], out[160];
+    snprintf(db, sizeof db, "%s/cost.db", t->dir);
+    make_cost_db(db);
+    snprintf(out, sizeof out, "%s/mem.svg", t->dir);
+    kvs_plot_options o = opts(KVS_PLOT_ERROR_VS_MEMORY, out);
+    expect_ok(kvs_plot_make(db, &o));
+    assert_image(out, 1);
+    char *svg = NULL;
+    size_t n = 0;
+    expect_ok(kvs_read_file(out, &svg, &n));
+    assert_non_null(strstr(svg, "Pareto frontier (non-oracle runs)"));
+    assert_non_null(strstr(svg, "topk (oracle) [a.kvt, decode]"));
+    assert_non_null(strstr(svg, "stroke-dasharray"));
+    free(svg);
+    snprintf(out, sizeof out, "%s/traffic.png", t->dir);
+    o = opts(KVS_PLOT_ERROR_VS_TRAFFIC, out);
+    o.metric = "out_err_p95";
+    expect_ok(kvs_plot_make(db, &o));
+    assert_image(out, 0);
+    /* The setup database of the other tests: its runs record storage and traffic too. */
+    snprintf(out, sizeof out, "%s/mem2.png", t->dir);
+    o = opts(KVS_PLOT_ERROR_VS_MEMORY, out);
+    expect_ok(kvs_plot_make(t->db, &o));
+    assert_image(out, 0);
+}
+
+/* Runs that do not record the x metric (a database written before it existed) give a clear "no data". */
+static void test_error_vs_memory_without_recorded_bytes(void **state) {
+    tmp_ctx *t = *state;
+    char db[160], out[160];
+    snprintf(db, sizeof db, "%s/nobytes.db", t->dir);
+    snprintf(out, sizeof out, "%s/none.png", t->dir);
+    kvs_results_db *rdb = NULL;
+    expect_ok(kvs_results_open(db, &rdb));
+    kvs_results_trace tr = {.path = "/traces/gen.kvt", .model_name = "m", .n_positions = 64, .prompt_len = 40,
+                            .n_turns = 1, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .head_dim = 16,
+                            .dtype = "fp32", .file_bytes = 1000};
+    kvs_results_run run = {.policy = "h2o", .params = "", .budget_tokens = 16, .budget_fraction = -1,
+                           .measure = "decode", .status = "complete", .kvsim_version = "0.1.0"};
+    kvs_results_agg a = agg_for(-1, 0.5, 100);
+    a.storage_bytes = (kvs_results_stat){0};
+    expect_ok(kvs_results_write_run(rdb, &tr, &run, NULL, 0, &a, NULL, 0, NULL));
+    kvs_results_close(rdb);
+    kvs_plot_options o = opts(KVS_PLOT_ERROR_VS_MEMORY, out);
+    o.gnuplot = "/bin/true";
+    assert_int_equal(kvs_plot_make(db, &o), KVS_ERR_DB);
+    expect_msg("no data for error-vs-memory");
+    expect_msg("storage_bytes_mean");
+    assert_nothing_written(out);
 }
 
 /* Runs KVSIM_BIN with argv (argv[0] ignored), output discarded; returns the exit code. */
@@ -351,7 +670,7 @@ static void test_cli_exit_codes(void **state) {
     char out[160], jpg[160];
     snprintf(out, sizeof out, "%s/cli.png", t->dir);
     snprintf(jpg, sizeof jpg, "%s/cli.jpg", t->dir);
-    char *bad[][12] = {
+    char *bad[][14] = {
         {"kvsim", "plot", NULL},
         {"kvsim", "plot", t->db, "--out", out, NULL},
         {"kvsim", "plot", t->db, "--kind", "error-vs-budget", NULL},
@@ -363,6 +682,11 @@ static void test_cli_exit_codes(void **state) {
         {"kvsim", "plot", t->db, "--kind", "error-vs-budget", "--out", out, "--frobnicate", NULL},
         {"kvsim", "plot", t->db, "--kind", "error-vs-budget", "--out", NULL},
         {"kvsim", "plot", t->db, t->db, "--kind", "error-vs-budget", "--out", out, NULL},
+        {"kvsim", "plot", t->db, "--kind", "error-vs-budget", "--x-stat", "max", "--out", out, NULL},
+        {"kvsim", "plot", t->db, "--kind", "error-vs-memory", "--x-stat", "p95", "--out", out, NULL},
+        {"kvsim", "plot", t->db, "--kind", "error-vs-memory", "--metric", "storage_bytes_mean", "--out", out, NULL},
+        {"kvsim", "plot", t->db, "--kind", "error-vs-traffic", "--measure", "sometimes", "--out", out, NULL},
+        {"kvsim", "plot", t->db, "--kind", "error-vs-traffic", "--trace", "--out", out, NULL},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rc = run_cli(bad[i]);
@@ -389,6 +713,13 @@ static void test_cli_exit_codes(void **state) {
                    "--out", svg, NULL};
     assert_int_equal(run_cli(pos), 0);
     assert_image(svg, 1);
+    char *mem[] = {"kvsim", "plot", t->db, "--kind", "error-vs-memory", "--x-stat", "max", "--metric", "out_err_p95",
+                   "--trace", "gen.kvt", "--measure", "decode", "--out", out, NULL};
+    assert_int_equal(run_cli(mem), 0);
+    assert_image(out, 0);
+    char *traffic[] = {"kvsim", "plot", t->db, "--kind=error-vs-traffic", "--policy=h2o", "--out", svg, NULL};
+    assert_int_equal(run_cli(traffic), 0);
+    assert_image(svg, 1);
 }
 
 int main(void) {
@@ -398,6 +729,11 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_plot_failures_leave_no_file, setup_db, teardown_db),
         cmocka_unit_test(test_kind_and_metric_parsing),
         cmocka_unit_test_setup_teardown(test_cli_exit_codes, setup_db, teardown_db),
+        cmocka_unit_test(test_pareto_hand_made),
+        cmocka_unit_test_setup_teardown(test_error_vs_memory_frontier_and_series, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_budget_series_separated_by_trace_and_measure, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_error_vs_memory_and_traffic_png_svg, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_error_vs_memory_without_recorded_bytes, setup_db, teardown_db),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

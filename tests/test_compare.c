@@ -1,0 +1,561 @@
+/* test_compare.c — tests of `kvsim compare` (cli/cmd_compare.c; POLICY_SPEC.md §1.5 budget-matching modes),
+ * run through the binary ($KVSIM_BIN) as a user runs it, on a hand-made results database written with
+ * kvs_results_write_run() whose aggregates are chosen so that every interpolated value is known by hand:
+ * interpolation in log(x) between the bracketing runs for --match mem, traffic and tokens, exact matches,
+ * series out of range (never extrapolated), series without a recorded x, separation by trace and measure,
+ * oracle labels, sorting by the first metric, the suffixes of --at, CSV/JSON/table output, and every bad
+ * option (exit 2) or unusable database (exit 1).
+ */
+#include <fcntl.h>
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/json.h"
+#include "common/kvs.h"
+#include "sim/results.h"
+
+typedef struct {
+    char dir[64];
+    char db[128];
+    char out[128], err[128];
+} tmp_ctx;
+
+static void expect_ok(kvs_status st) {
+    if (st != KVS_OK) fprintf(stderr, "unexpected failure: %s (%s)\n", kvs_strerror(st), kvs_last_error());
+    assert_int_equal(st, KVS_OK);
+}
+
+/* One complete run with the chosen run-wide aggregate (storage, traffic, errors...; storage < 0: storage and
+ * traffic not recorded). Returns its id. */
+typedef struct {
+    const char *trace, *model, *policy, *params, *measure;
+    int oracle;
+    int64_t budget;
+    double storage, traffic, err, err_p95, recall, topk;
+} run_spec;
+
+static kvs_results_stat val(double v) {
+    return (kvs_results_stat){.n = 100, .mean = v, .p50 = v, .p95 = v, .max = v, .min = v};
+}
+
+static int64_t put_run(kvs_results_db *db, run_spec r) {
+    kvs_results_trace tr = {.path = r.trace, .model_name = r.model, .n_positions = 128, .prompt_len = 64,
+                            .n_turns = 1, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .head_dim = 16,
+                            .dtype = "fp16", .file_bytes = 4096};
+    kvs_results_run run = {.policy = r.policy, .params = r.params, .budget_tokens = r.budget, .budget_fraction = -1,
+                           .is_oracle = r.oracle, .measure = r.measure, .status = "complete", .wall_seconds = 0.1,
+                           .kvsim_version = "0.1.0"};
+    kvs_results_agg a = {.layer = -1};
+    a.out_err = val(r.err);
+    a.out_err.p95 = r.err_p95;
+    a.attn_recall = val(r.recall);
+    a.topk_overlap = val(r.topk);
+    a.attended_tokens = val((double)r.budget);
+    if (r.storage >= 0) {
+        a.storage_bytes = val(r.storage);
+        a.traffic_bytes = val(r.traffic);
+    }
+    int64_t id = 0;
+    expect_ok(kvs_results_write_run(db, &tr, &run, NULL, 0, &a, NULL, 0, &id));
+    return id;
+}
+
+/* Run ids of the study, for the assertions. */
+static int64_t id_h2o16, id_h2o64, id_st16, id_st32, id_st64, id_topk16, id_topk64;
+
+/* The study (x: storage, traffic per KV head; budget in tokens):
+ *   h2o heavy=0.5 a.kvt decode : b16 (1024, 512) err .5 p95 1 recall .5 topk .25 | b64 (4096, 2048) err .25 p95 .5
+ *                                recall .75 topk .5
+ *   streaming sinks=4 a decode : b16 (512, 256) .5 | b32 (1024, 512) .375 | b64 (2048, 1024) .3
+ *   topk (oracle) a decode     : b16 (2048, 1024) .125 | b64 (8192, 4096) .0625
+ *   h2o heavy=0.5 b.kvt decode : b16 (1024, 512) .75 | b64 (4096, 2048) .5
+ *   h2o heavy=0.5 a.kvt all    : b16 (1024, 512) 1 | b64 (4096, 2048) .5
+ *   window a decode            : b16, b64 with storage and traffic not recorded; err .5 | .25
+ *   plus a failed quest run (never compared). */
+static int setup_db(void **state) {
+    tmp_ctx *t = calloc(1, sizeof *t);
+    if (!t) return -1;
+    snprintf(t->dir, sizeof t->dir, "/tmp/kvs_compare_XXXXXX");
+    if (!mkdtemp(t->dir)) return -1;
+    snprintf(t->db, sizeof t->db, "%s/study.db", t->dir);
+    snprintf(t->out, sizeof t->out, "%s/out.txt", t->dir);
+    snprintf(t->err, sizeof t->err, "%s/err.txt", t->dir);
+    kvs_results_db *db = NULL;
+    if (kvs_results_open(t->db, &db) != KVS_OK) return -1;
+    const char *A = "/traces/a.kvt", *B = "/traces/b.kvt";
+    id_h2o16 = put_run(db, (run_spec){A, "m1", "h2o", "heavy=0.5", "decode", 0, 16, 1024, 512, .5, 1, .5, .25});
+    id_st16 = put_run(db, (run_spec){A, "m1", "streaming", "sinks=4", "decode", 0, 16, 512, 256, .5, .5, .5, .5});
+    id_h2o64 = put_run(db, (run_spec){A, "m1", "h2o", "heavy=0.5", "decode", 0, 64, 4096, 2048, .25, .5, .75, .5});
+    id_st32 = put_run(db, (run_spec){A, "m1", "streaming", "sinks=4", "decode", 0, 32, 1024, 512, .375, .5, .5, .5});
+    id_st64 = put_run(db, (run_spec){A, "m1", "streaming", "sinks=4", "decode", 0, 64, 2048, 1024, .3, .5, .5, .5});
+    id_topk16 = put_run(db, (run_spec){A, "m1", "topk", "", "decode", 1, 16, 2048, 1024, .125, .25, .9, 1});
+    id_topk64 = put_run(db, (run_spec){A, "m1", "topk", "", "decode", 1, 64, 8192, 4096, .0625, .125, .95, 1});
+    put_run(db, (run_spec){B, "m2", "h2o", "heavy=0.5", "decode", 0, 16, 1024, 512, .75, 1, .5, .5});
+    put_run(db, (run_spec){B, "m2", "h2o", "heavy=0.5", "decode", 0, 64, 4096, 2048, .5, 1, .5, .5});
+    put_run(db, (run_spec){A, "m1", "h2o", "heavy=0.5", "all", 0, 16, 1024, 512, 1, 1, .5, .5});
+    put_run(db, (run_spec){A, "m1", "h2o", "heavy=0.5", "all", 0, 64, 4096, 2048, .5, 1, .5, .5});
+    put_run(db, (run_spec){A, "m1", "window", "", "decode", 0, 16, -1, -1, .5, 1, .5, .5});
+    put_run(db, (run_spec){A, "m1", "window", "", "decode", 0, 64, -1, -1, .25, 1, .5, .5});
+    kvs_results_trace tr = {.path = A, .model_name = "m1", .n_positions = 128, .prompt_len = 64, .n_turns = 1,
+                            .n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .head_dim = 16, .dtype = "fp16",
+                            .file_bytes = 4096};
+    kvs_results_run failed = {.policy = "quest", .params = "page=16", .budget_tokens = 32, .budget_fraction = -1,
+                              .measure = "decode", .status = "failed", .error = "page too big",
+                              .kvsim_version = "0.1.0"};
+    if (kvs_results_write_run(db, &tr, &failed, NULL, 0, NULL, NULL, 0, NULL) != KVS_OK) return -1;
+    kvs_results_close(db);
+    *state = t;
+    return 0;
+}
+
+static int teardown_db(void **state) {
+    tmp_ctx *t = *state;
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", t->dir);
+    int rc = system(cmd);
+    free(t);
+    return rc == 0 ? 0 : -1;
+}
+
+/* Runs KVSIM_BIN with argv (NULL-terminated; argv[0] ignored), stdout to out_path, stderr to err_path. */
+static int run_cli(char *const argv[], const char *out_path, const char *err_path) {
+    const char *bin = getenv("KVSIM_BIN");
+    assert_non_null(bin);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int fo = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644), fe = open(err_path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fo < 0 || fe < 0) _exit(126);
+        dup2(fo, 1);
+        dup2(fe, 2);
+        execv(bin, argv);
+        _exit(127);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+static char *slurp(const char *path) {
+    char *data = NULL;
+    size_t n = 0;
+    expect_ok(kvs_read_file(path, &data, &n));
+    return data;
+}
+
+static void need_bin(void) {
+    if (!getenv("KVSIM_BIN")) skip(); /* only meaningful through the test runner, which sets it */
+}
+
+/* `kvsim compare DB ARGS... --csv`, parsed: rows[i][j] = field j of data row i (no quoted fields here). */
+#define MAX_ROWS 16
+#define MAX_FIELDS 32
+typedef struct {
+    char *text;
+    int n_rows, n_cols;
+    char *head[MAX_FIELDS];
+    char *f[MAX_ROWS][MAX_FIELDS];
+} csv_table;
+
+static int split(char *line, char **fields) {
+    int n = 0;
+    fields[n++] = line;
+    for (char *c = line; *c; c++)
+        if (*c == ',') {
+            *c = '\0';
+            assert_true(n < MAX_FIELDS);
+            fields[n++] = c + 1;
+        }
+    return n;
+}
+
+static void compare_csv(tmp_ctx *t, const char *const *args, csv_table *out) {
+    char *argv[32] = {"kvsim", "compare", t->db};
+    int n = 3;
+    for (; *args; args++) argv[n++] = (char *)*args;
+    argv[n++] = "--csv";
+    argv[n] = NULL;
+    int rc = run_cli(argv, t->out, t->err);
+    if (rc != 0) {
+        char *e = slurp(t->err);
+        fprintf(stderr, "kvsim compare exited %d: %s\n", rc, e);
+        free(e);
+        fail();
+    }
+    memset(out, 0, sizeof *out);
+    out->text = slurp(t->out);
+    size_t len = strlen(out->text), start = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (out->text[i] != '\n') continue;
+        out->text[i] = '\0';
+        char *line = out->text + start;
+        start = i + 1;
+        if (!out->n_cols) {
+            out->n_cols = split(line, out->head);
+            continue;
+        }
+        assert_true(out->n_rows < MAX_ROWS);
+        assert_int_equal(split(line, out->f[out->n_rows]), out->n_cols);
+        out->n_rows++;
+    }
+    assert_int_equal(start, len); /* every record ends in LF */
+    assert_true(out->n_cols > 0);
+}
+
+static const char *cell(const csv_table *c, int row, const char *col) {
+    for (int j = 0; j < c->n_cols; j++)
+        if (!strcmp(c->head[j], col)) return c->f[row][j];
+    fprintf(stderr, "no column %s\n", col);
+    fail();
+    return NULL;
+}
+
+static void expect_num(const csv_table *c, int row, const char *col, double want) {
+    const char *s = cell(c, row, col);
+    char *end;
+    double v = strtod(s, &end);
+    if (!s[0] || *end || fabs(v - want) > 1e-12 * fmax(1, fabs(want))) {
+        fprintf(stderr, "row %d %s: '%s', expected %.17g\n", row, col, s, want);
+        fail();
+    }
+}
+
+static void expect_str(const csv_table *c, int row, const char *col, const char *want) {
+    const char *s = cell(c, row, col);
+    if (strcmp(s, want)) {
+        fprintf(stderr, "row %d %s: '%s', expected '%s'\n", row, col, s, want);
+        fail();
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+
+static void test_mem_interpolates_in_log_x(void **state) {
+    tmp_ctx *t = *state;
+    need_bin();
+    csv_table c;
+    const char *args[] = {"--match", "mem", "--at", "2KiB", NULL};
+    compare_csv(t, args, &c);
+    const char *want_head = "policy,params,is_oracle,trace,model,measure,match,at,status,run_lo,run_hi,x_lo,x_hi,x_min,"
+                            "x_max,out_err_mean,out_err_p95,attn_recall_mean,topk_overlap_mean,attended_tokens_mean,"
+                            "storage_bytes_mean,traffic_bytes_mean";
+    char head[1024] = "";
+    for (int j = 0; j < c.n_cols; j++) snprintf(head + strlen(head), sizeof head - strlen(head), "%s%s", j ? "," : "", c.head[j]);
+    assert_string_equal(head, want_head);
+    assert_int_equal(c.n_rows, 6);
+    /* Sorted by out_err_mean, lower first: topk .125, streaming .3, h2o/a/decode .375, h2o/b .625, h2o/a/all .75,
+     * then window (no recorded x). */
+    expect_str(&c, 0, "policy", "topk");
+    expect_str(&c, 0, "is_oracle", "1");
+    expect_str(&c, 0, "status", "exact");
+    expect_num(&c, 0, "run_lo", (double)id_topk16);
+    expect_num(&c, 0, "run_hi", (double)id_topk16);
+    expect_num(&c, 0, "out_err_mean", 0.125);
+
+    expect_str(&c, 1, "policy", "streaming");
+    expect_str(&c, 1, "status", "exact");
+    expect_num(&c, 1, "run_lo", (double)id_st64);
+    expect_num(&c, 1, "out_err_mean", 0.3);
+    expect_num(&c, 1, "x_min", 512);
+    expect_num(&c, 1, "x_max", 2048);
+
+    /* h2o on a.kvt, decode: x 1024 and 4096 bracket 2048 at t = ln 2 / ln 4 = 1/2. */
+    expect_str(&c, 2, "policy", "h2o");
+    expect_str(&c, 2, "trace", "/traces/a.kvt");
+    expect_str(&c, 2, "measure", "decode");
+    expect_str(&c, 2, "match", "mem");
+    expect_num(&c, 2, "at", 2048);
+    expect_str(&c, 2, "status", "interpolated");
+    expect_num(&c, 2, "run_lo", (double)id_h2o16);
+    expect_num(&c, 2, "run_hi", (double)id_h2o64);
+    expect_num(&c, 2, "x_lo", 1024);
+    expect_num(&c, 2, "x_hi", 4096);
+    expect_num(&c, 2, "out_err_mean", 0.375);
+    expect_num(&c, 2, "out_err_p95", 0.75);
+    expect_num(&c, 2, "attn_recall_mean", 0.625);
+    expect_num(&c, 2, "topk_overlap_mean", 0.375);
+    expect_num(&c, 2, "attended_tokens_mean", 40);
+    expect_num(&c, 2, "storage_bytes_mean", 2048); /* the matched quantity is X */
+    expect_num(&c, 2, "traffic_bytes_mean", 1280); /* 512 + (2048 - 512) / 2 */
+
+    /* The same configuration on another trace and in another measure mode: separate series. */
+    expect_str(&c, 3, "trace", "/traces/b.kvt");
+    expect_str(&c, 3, "model", "m2");
+    expect_num(&c, 3, "out_err_mean", 0.625);
+    expect_str(&c, 4, "measure", "all");
+    expect_num(&c, 4, "out_err_mean", 0.75);
+
+    expect_str(&c, 5, "policy", "window");
+    expect_str(&c, 5, "status", "no_x");
+    expect_str(&c, 5, "out_err_mean", "");
+    free(c.text);
+
+    /* Between the oracle's runs (2048, 8192) at 4096: t = 1/2; streaming's runs end at 2048: out of range. */
+    const char *args4[] = {"--match", "mem", "--at", "4Ki", "--metric", "out_err_mean", NULL};
+    compare_csv(t, args4, &c);
+    expect_str(&c, 0, "policy", "topk");
+    expect_str(&c, 0, "status", "interpolated");
+    expect_num(&c, 0, "out_err_mean", 0.09375);
+    int found = 0;
+    for (int i = 0; i < c.n_rows; i++)
+        if (!strcmp(cell(&c, i, "policy"), "streaming")) {
+            found = 1;
+            expect_str(&c, i, "status", "out_of_range");
+            expect_str(&c, i, "out_err_mean", "");
+            expect_str(&c, i, "run_lo", "");
+            expect_num(&c, i, "x_min", 512);
+            expect_num(&c, i, "x_max", 2048);
+            assert_true(i >= 4); /* after every series in range */
+        } else if (!strcmp(cell(&c, i, "policy"), "h2o") && !strcmp(cell(&c, i, "measure"), "decode") &&
+                   !strcmp(cell(&c, i, "model"), "m1")) {
+            expect_str(&c, i, "status", "exact");
+            expect_num(&c, i, "out_err_mean", 0.25);
+        }
+    assert_true(found);
+    free(c.text);
+}
+
+static void test_tokens_and_traffic_modes(void **state) {
+    tmp_ctx *t = *state;
+    need_bin();
+    csv_table c;
+    /* tokens: budgets 16 and 64 bracket 32 at t = 1/2; streaming has a run at exactly 32. */
+    const char *args[] = {"--match", "tokens", "--at", "32", "--metric", "out_err_mean,storage_bytes_mean",
+                          "--policy", "h2o", "--trace", "a.kvt", "--measure", "decode", NULL};
+    compare_csv(t, args, &c);
+    assert_int_equal(c.n_rows, 1);
+    expect_str(&c, 0, "status", "interpolated");
+    expect_num(&c, 0, "out_err_mean", 0.375);
+    expect_num(&c, 0, "storage_bytes_mean", 2560); /* not the matched quantity here: interpolated */
+    free(c.text);
+    const char *args_s[] = {"--match", "tokens", "--at", "32", "--policy", "streaming", NULL};
+    compare_csv(t, args_s, &c);
+    assert_int_equal(c.n_rows, 1);
+    expect_str(&c, 0, "status", "exact");
+    expect_num(&c, 0, "run_lo", (double)id_st32);
+    expect_num(&c, 0, "out_err_mean", 0.375);
+    free(c.text);
+    /* The window runs record no bytes but have budgets: usable under tokens. */
+    const char *args_w[] = {"--match", "tokens", "--at", "32", "--policy", "window", NULL};
+    compare_csv(t, args_w, &c);
+    expect_str(&c, 0, "status", "interpolated");
+    expect_num(&c, 0, "out_err_mean", 0.375);
+    free(c.text);
+
+    /* traffic: h2o/a reads 512 and 2048 bytes per step, 1024 lies at t = 1/2. Repeated and comma-separated
+     * --metric keep their order. */
+    const char *args_t[] = {"--match",  "traffic", "--at", "1KiB", "--metric", "traffic_bytes_mean",
+                            "--metric", "out_err_mean,storage_bytes_mean", "--model", "m1", "--measure", "decode", NULL};
+    compare_csv(t, args_t, &c);
+    assert_string_equal(c.head[15], "traffic_bytes_mean");
+    assert_string_equal(c.head[16], "out_err_mean");
+    assert_string_equal(c.head[17], "storage_bytes_mean");
+    /* sorted by traffic_bytes_mean: every series in range shows 1024 (the match), ties by label */
+    for (int i = 0; i < c.n_rows; i++) {
+        const char *p = cell(&c, i, "policy");
+        if (!strcmp(p, "h2o")) {
+            expect_num(&c, i, "traffic_bytes_mean", 1024);
+            expect_num(&c, i, "out_err_mean", 0.375);
+            expect_num(&c, i, "storage_bytes_mean", 2560);
+        } else if (!strcmp(p, "topk")) {
+            expect_str(&c, i, "status", "exact");
+            expect_num(&c, i, "out_err_mean", 0.125);
+        } else if (!strcmp(p, "streaming")) {
+            expect_str(&c, i, "status", "exact");
+            expect_num(&c, i, "run_lo", (double)id_st64);
+        }
+    }
+    free(c.text);
+    (void)id_topk64;
+}
+
+static void test_at_suffixes(void **state) {
+    tmp_ctx *t = *state;
+    need_bin();
+    const char *forms[] = {"2048", "2Ki", "2KiB", "2kib", "2048B", "2.048e3"};
+    char *first = NULL;
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        char *argv[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", (char *)forms[i], "--csv", NULL};
+        assert_int_equal(run_cli(argv, t->out, t->err), 0);
+        char *text = slurp(t->out);
+        if (!first) first = text;
+        else {
+            assert_string_equal(text, first);
+            free(text);
+        }
+    }
+    free(first);
+    /* Decimal prefixes: 2K = 2000 (between 1024 and 4096 for h2o), 1M = 1e6 (out of range everywhere). */
+    char *argk[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "2K", "--csv", NULL};
+    assert_int_equal(run_cli(argk, t->out, t->err), 0);
+    char *text = slurp(t->out);
+    assert_non_null(strstr(text, ",mem,2000,"));
+    free(text);
+    char *argm[] = {"kvsim", "compare", t->db, "--match", "tokens", "--at", "1e6", "--json", NULL};
+    assert_int_equal(run_cli(argm, t->out, t->err), 0);
+    text = slurp(t->out);
+    kvs_json *root = NULL;
+    expect_ok(kvs_json_parse(text, strlen(text), &root));
+    assert_string_equal(kvs_json_string(kvs_json_get(root, "match")), "tokens");
+    assert_true(kvs_json_number(kvs_json_get(root, "at")) == 1e6);
+    const kvs_json *series = kvs_json_get(root, "series");
+    assert_int_equal(kvs_json_len(series), 6);
+    for (size_t i = 0; i < kvs_json_len(series); i++) {
+        const kvs_json *s = kvs_json_at(series, i);
+        assert_string_equal(kvs_json_string(kvs_json_get(s, "status")), "out_of_range");
+        assert_int_equal(kvs_json_type_of(kvs_json_get(s, "values")), KVS_JSON_NULL);
+        assert_int_equal(kvs_json_len(kvs_json_get(s, "x_range")), 2);
+    }
+    kvs_json_free(root);
+    free(text);
+}
+
+static void test_table_and_json_output(void **state) {
+    tmp_ctx *t = *state;
+    need_bin();
+    char *argv[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "4096", NULL};
+    assert_int_equal(run_cli(argv, t->out, t->err), 0);
+    char *text = slurp(t->out);
+    assert_non_null(strstr(text, "storage_bytes_mean = 4096"));
+    assert_non_null(strstr(text, "topk (oracle)"));
+    assert_non_null(strstr(text, "out of range [512B, 2.00KiB]"));
+    assert_non_null(strstr(text, "no recorded storage_bytes_mean"));
+    assert_non_null(strstr(text, "sorted by out_err_mean (lower is better)"));
+    /* h2o a/decode is an exact match at 4096 (run id_h2o64) */
+    char want[64];
+    snprintf(want, sizeof want, "#%lld at 4.00KiB (exact)", (long long)id_h2o64);
+    assert_non_null(strstr(text, want));
+    free(text);
+
+    char *argj[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "2048", "--json", "--metric",
+                    "attn_recall_mean", NULL};
+    assert_int_equal(run_cli(argj, t->out, t->err), 0);
+    text = slurp(t->out);
+    kvs_json *root = NULL;
+    expect_ok(kvs_json_parse(text, strlen(text), &root));
+    assert_string_equal(kvs_json_string(kvs_json_get(root, "x")), "storage_bytes_mean");
+    const kvs_json *series = kvs_json_get(root, "series");
+    /* attn_recall is higher-is-better: topk (.9) first, then h2o/a/decode (.625), then the .5 series */
+    const kvs_json *s0 = kvs_json_at(series, 0), *s1 = kvs_json_at(series, 1);
+    assert_string_equal(kvs_json_string(kvs_json_get(s0, "policy")), "topk");
+    assert_true(kvs_json_bool(kvs_json_get(s0, "is_oracle")));
+    assert_string_equal(kvs_json_string(kvs_json_get(s0, "label")), "topk (oracle)");
+    assert_string_equal(kvs_json_string(kvs_json_get(s1, "policy")), "h2o");
+    assert_string_equal(kvs_json_string(kvs_json_get(s1, "status")), "interpolated");
+    assert_true(fabs(kvs_json_number(kvs_json_get(kvs_json_get(s1, "values"), "attn_recall_mean")) - 0.625) < 1e-12);
+    assert_true(fabs(kvs_json_number(kvs_json_get(s1, "t")) - 0.5) < 1e-12);
+    const kvs_json *runs = kvs_json_get(s1, "runs");
+    assert_true(kvs_json_number(kvs_json_at(runs, 0)) == (double)id_h2o16);
+    assert_true(kvs_json_number(kvs_json_at(runs, 1)) == (double)id_h2o64);
+    assert_string_equal(kvs_json_string(kvs_json_get(kvs_json_get(s1, "trace"), "path")), "/traces/a.kvt");
+    kvs_json_free(root);
+    free(text);
+    (void)id_st16;
+}
+
+static void test_bad_options_and_databases(void **state) {
+    tmp_ctx *t = *state;
+    need_bin();
+    char *db = t->db;
+    char *usage[][12] = {
+        {"kvsim", "compare", NULL},
+        {"kvsim", "compare", db, "--at", "2K", NULL},
+        {"kvsim", "compare", db, "--match", "mem", NULL},
+        {"kvsim", "compare", db, "--match", "memory", "--at", "2K", NULL},
+        {"kvsim", "compare", db, "--match", "mem", "--at", "0", NULL},
+        {"kvsim", "compare", db, "--match", "mem", "--at", "-5", NULL},
+        {"kvsim", "compare", db, "--match", "mem", "--at", "12Q", NULL},
+        {"kvsim", "compare", db, "--match", "mem", "--at", "K", NULL},
+        {"kvsim", "compare", db, "--match", "mem", "--at", "nan", NULL},
+        {"kvsim", "compare", db, "--match", "mem", "--at", NULL},
+        {"kvsim", "compare", db, "--match", "mem", "--at", "2K", "--metric", "bogus_mean", NULL},
+        {"kvsim", "compare", db, "--match", "mem", "--at", "2K", "--metric", "out_err", NULL},
+        {"kvsim", "compare", db, "--match", "mem", "--at", "2K", "--metric", "out_err_n", NULL},
+        {"kvsim", "compare", db, "--match", "mem", "--at", "2K", "--metric", "out_err_mean,", NULL},
+        {"kvsim", "compare", db, "--match", "mem", "--at", "2K", "--csv", "--json", NULL},
+        {"kvsim", "compare", db, "--match", "mem", "--at", "2K", "--budget", "32", NULL},
+        {"kvsim", "compare", db, "--match", "mem", "--at", "2K", "--run", "1", NULL},
+        {"kvsim", "compare", db, "--match", "mem", "--at", "2K", "--measure", "sometimes", NULL},
+        {"kvsim", "compare", db, "--match", "mem", "--at", "2K", "--frobnicate", NULL},
+        {"kvsim", "compare", db, db, "--match", "mem", "--at", "2K", NULL},
+    };
+    for (size_t i = 0; i < sizeof usage / sizeof usage[0]; i++) {
+        int rc = run_cli(usage[i], t->out, t->err);
+        if (rc != 2) {
+            fprintf(stderr, "case %zu: exit %d, expected 2\n", i, rc);
+            fail();
+        }
+        char *e = slurp(t->err);
+        assert_non_null(strstr(e, "kvsim compare: "));
+        free(e);
+    }
+    char *bad_at[] = {"kvsim", "compare", db, "--match", "mem", "--at", "12Q", NULL};
+    assert_int_equal(run_cli(bad_at, t->out, t->err), 2);
+    char *e = slurp(t->err);
+    assert_non_null(strstr(e, "--at: '12Q' has an unknown suffix"));
+    free(e);
+
+    char missing[192], empty[192], text[192];
+    snprintf(missing, sizeof missing, "%s/missing.db", t->dir);
+    snprintf(empty, sizeof empty, "%s/empty.db", t->dir);
+    snprintf(text, sizeof text, "%s/notes.txt", t->dir);
+    kvs_results_db *rdb = NULL;
+    expect_ok(kvs_results_open(empty, &rdb));
+    kvs_results_close(rdb);
+    FILE *f = fopen(text, "w");
+    assert_non_null(f);
+    fputs("not a database, only text long enough to have a header\n", f);
+    fclose(f);
+    char *fails[][8] = {
+        {"kvsim", "compare", missing, "--match", "mem", "--at", "2K", NULL},
+        {"kvsim", "compare", empty, "--match", "mem", "--at", "2K", NULL},
+        {"kvsim", "compare", text, "--match", "mem", "--at", "2K", NULL},
+    };
+    for (size_t i = 0; i < 3; i++) assert_int_equal(run_cli(fails[i], t->out, t->err), 1);
+    e = slurp(t->err);
+    assert_non_null(strstr(e, "not a kvsim results database"));
+    free(e);
+    assert_int_equal(access(missing, F_OK), -1); /* compare never creates a database */
+    char *nothing[] = {"kvsim", "compare", db, "--match", "mem", "--at", "2K", "--policy", "nosuch", NULL};
+    assert_int_equal(run_cli(nothing, t->out, t->err), 1);
+    e = slurp(t->err);
+    assert_non_null(strstr(e, "no complete runs of policy 'nosuch'"));
+    free(e);
+    if (access("/dev/full", W_OK) == 0) {
+        char *full[] = {"kvsim", "compare", db, "--match", "mem", "--at", "2K", NULL};
+        assert_int_equal(run_cli(full, "/dev/full", t->err), 1);
+        e = slurp(t->err);
+        assert_non_null(strstr(e, "writing the output failed"));
+        free(e);
+    }
+    char *help[] = {"kvsim", "compare", "--help", NULL};
+    assert_int_equal(run_cli(help, t->out, t->err), 0);
+    char *h = slurp(t->out);
+    assert_non_null(strstr(h, "3.5MiB"));
+    assert_non_null(strstr(h, "out of range"));
+    free(h);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_mem_interpolates_in_log_x, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_tokens_and_traffic_modes, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_at_suffixes, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_table_and_json_output, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_bad_options_and_databases, setup_db, teardown_db),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
