@@ -1,7 +1,9 @@
-/* kvs_math.c — shared attention/softmax/top-k/pooling routines; see kvs_math.h. Plain loops the
+/* kvs_math.c — shared attention/softmax/top-k/pooling/column-sum routines; see kvs_math.h. Plain loops the
  * compiler vectorises; the replay engine's throughput is measured against these by `make bench`.
  */
 #include "kvs_math.h"
+
+#include "kvs.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -160,14 +162,143 @@ void kvs_maxpool1d(const float *x, size_t n, size_t k, float *out) {
     }
 }
 
-void kvs_avgpool1d(const float *x, size_t n, size_t k, float *out) {
+/* The two average poolings share the window sum. With zero padding the in-range mean is rescaled by
+ * in_range/k in fp32 rather than dividing the sum by k directly: that is the arithmetic SnapKV and Ada-KV
+ * used before the pooling moved here, and keeping it keeps their rankings bit for bit. */
+static void avgpool1d(const float *x, size_t n, size_t k, int include_pad, float *out) {
     size_t h = k / 2;
     for (size_t i = 0; i < n; i++) {
         size_t lo = i >= h ? i - h : 0, hi = i + h < n ? i + h : n - 1;
         double s = 0;
         for (size_t j = lo; j <= hi; j++) s += x[j];
-        out[i] = (float)(s / (double)(hi - lo + 1));
+        float mean = (float)(s / (double)(hi - lo + 1));
+        out[i] = include_pad ? mean * ((float)(hi - lo + 1) / (float)k) : mean;
     }
+}
+
+void kvs_avgpool1d(const float *x, size_t n, size_t k, float *out) { avgpool1d(x, n, k, 0, out); }
+
+void kvs_avgpool1d_pad(const float *x, size_t n, size_t k, float *out) { avgpool1d(x, n, k, 1, out); }
+
+/* ---- prefill attention column sums ---- */
+
+size_t kvs_attn_colsum_scratch_bytes(int64_t n_cand) {
+    /* [n_cand] doubles (fp64 row reduction) or 2 x [n_cand] floats (fp32 head sum and running max), then
+     * [n_cand] floats of probabilities. Doubles first, so malloc's alignment suffices. */
+    return (size_t)(n_cand > 0 ? n_cand : 1) * (sizeof(double) + sizeof(float));
+}
+
+/* Probabilities of query head h of row r over its visible candidates into p; @return how many are visible.
+ * `*vis` carries the visible count between ascending rows, so the causal prefix is found in O(n) overall. */
+static int64_t colsum_row_probs(const kvs_attn_src *src, int64_t r, int32_t h, int64_t *vis, float *p) {
+    int64_t pos = src->q_first + r;
+    if (src->idx) {
+        while (*vis < src->n_cand && src->idx[*vis] <= pos) (*vis)++;
+    } else {
+        *vis = pos + 1 < src->n_cand ? pos + 1 : src->n_cand;
+    }
+    KVS_ASSERT(*vis > 0);
+    const float *q = src->q + ((size_t)r * (size_t)src->group + (size_t)h) * (size_t)src->d;
+    kvs_attn_scores(q, src->keys, (size_t)src->d, src->idx, (size_t)*vis, (size_t)src->d, src->scale, p);
+    kvs_softmax(p, (size_t)*vis);
+    return *vis;
+}
+
+/* fp32, head by head: S_h = the rows' column sums, then the heads combined (SnapKV's order). */
+static void colsum_f32(const kvs_attn_src *src, const kvs_colsum_opts *o, float *out, void *scratch) {
+    size_t n = (size_t)src->n_cand, n_out = (size_t)o->n_out;
+    float *col = scratch, *mx = col + n, *p = (float *)((double *)scratch + n);
+    size_t stride = o->head_stride > 0 ? (size_t)o->head_stride : n_out;
+    for (int32_t hh = 0; hh < o->n_heads; hh++) {
+        int64_t vis = 0;
+        for (size_t j = 0; j < n_out; j++) col[j] = 0;
+        for (int64_t r = o->row_first; r < o->row_first + o->n_rows; r++) {
+            int64_t v = colsum_row_probs(src, r, o->head_first + hh, &vis, p);
+            size_t lim = (size_t)v < n_out ? (size_t)v : n_out;
+            for (size_t j = 0; j < lim; j++) col[j] += p[j];
+        }
+        switch (o->reduce) {
+        case KVS_GQA_NONE: {
+            float *row = out + (size_t)hh * stride;
+            for (size_t j = 0; j < n_out; j++) row[j] += col[j];
+            break;
+        }
+        case KVS_GQA_SUM:
+            for (size_t j = 0; j < n_out; j++) out[j] += col[j];
+            break;
+        case KVS_GQA_MEAN:
+            for (size_t j = 0; j < n_out; j++) out[j] += col[j] / (float)o->n_heads;
+            break;
+        case KVS_GQA_MAX: /* the first head sets the max: starting from 0 would drop a NaN sum */
+            for (size_t j = 0; j < n_out; j++) mx[j] = hh == 0 || col[j] > mx[j] ? col[j] : mx[j];
+            break;
+        }
+    }
+    if (o->reduce == KVS_GQA_MAX)
+        for (size_t j = 0; j < n_out; j++) out[j] += mx[j];
+}
+
+/* fp64, row by row: each row's heads reduced, then added (H2O/TOVA/Scissorhands' per-step order). */
+static void colsum_f64(const kvs_attn_src *src, const kvs_colsum_opts *o, double *out, void *scratch) {
+    size_t n = (size_t)src->n_cand, n_out = (size_t)o->n_out;
+    double *t = scratch;
+    float *p = (float *)(t + n);
+    size_t stride = o->head_stride > 0 ? (size_t)o->head_stride : n_out;
+    int64_t vis = 0;
+    for (int64_t r = o->row_first; r < o->row_first + o->n_rows; r++) {
+        size_t lim = 0;
+        for (int32_t hh = 0; hh < o->n_heads; hh++) {
+            int64_t v = colsum_row_probs(src, r, o->head_first + hh, &vis, p);
+            lim = (size_t)v < n_out ? (size_t)v : n_out;
+            if (o->reduce == KVS_GQA_NONE) {
+                double *row = out + (size_t)hh * stride;
+                for (size_t j = 0; j < lim; j++) row[j] += p[j];
+            } else if (o->reduce == KVS_GQA_MAX) {
+                for (size_t j = 0; j < lim; j++) t[j] = hh == 0 || p[j] > t[j] ? p[j] : t[j];
+            } else {
+                for (size_t j = 0; j < lim; j++) t[j] = (hh == 0 ? 0.0 : t[j]) + p[j];
+            }
+        }
+        if (o->reduce == KVS_GQA_MEAN) {
+            for (size_t j = 0; j < lim; j++) out[j] += t[j] / (double)o->n_heads;
+        } else if (o->reduce != KVS_GQA_NONE) {
+            for (size_t j = 0; j < lim; j++) out[j] += t[j];
+        }
+    }
+}
+
+void kvs_attn_colsum(const kvs_attn_src *src, const kvs_colsum_opts *opts, float *out_f32, double *out_f64,
+                     void *scratch) {
+    KVS_ASSERT((out_f32 == NULL) != (out_f64 == NULL));
+    KVS_ASSERT(opts->n_heads >= 1 && opts->head_first >= 0 && opts->head_first + opts->n_heads <= src->group);
+    KVS_ASSERT(opts->n_rows == 0 || (opts->row_first >= 0 && opts->n_rows > 0 &&
+                                     opts->row_first + opts->n_rows <= src->n_q));
+    KVS_ASSERT(opts->n_out >= 0 && opts->n_out <= src->n_cand);
+    if (out_f32) colsum_f32(src, opts, out_f32, scratch);
+    else colsum_f64(src, opts, out_f64, scratch);
+}
+
+int64_t kvs_snapkv_scores(const kvs_attn_src *src, const kvs_snapkv_opts *opts, float *out, void *scratch) {
+    int64_t w = opts->window < src->n_q ? opts->window : src->n_q;
+    KVS_ASSERT(w >= 0 && w <= src->n_cand);
+    int64_t m = src->n_cand - w; /* the scored prefix: candidates before the window */
+    /* The window's queries must be the window's candidates: the first window row is candidate m. */
+    KVS_ASSERT(w == 0 || (src->idx ? (int64_t)src->idx[m] : m) == src->q_first + src->n_q - w);
+    if (m == 0) return 0;
+    int32_t heads = opts->reduce == KVS_GQA_NONE ? opts->n_heads : 1;
+    memset(out, 0, (size_t)heads * (size_t)m * sizeof *out);
+    kvs_colsum_opts co = {.row_first = src->n_q - w, .n_rows = w, .head_first = opts->head_first,
+                          .n_heads = opts->n_heads, .reduce = opts->reduce, .n_out = m, .head_stride = m};
+    kvs_attn_colsum(src, &co, out, NULL, scratch);
+    /* Pool each row through the (now free) scratch: the column sum is copied out, pooled back in place. */
+    float *tmp = scratch;
+    for (int32_t h = 0; h < heads; h++) {
+        float *row = out + (size_t)h * (size_t)m;
+        memcpy(tmp, row, (size_t)m * sizeof *tmp);
+        if (opts->pool == KVS_POOL_MAX) kvs_maxpool1d(tmp, (size_t)m, (size_t)opts->kernel, row);
+        else kvs_avgpool1d_pad(tmp, (size_t)m, (size_t)opts->kernel, row);
+    }
+    return m;
 }
 
 double kvs_l2(const float *a, size_t n) {

@@ -1,5 +1,5 @@
-/* kvs_math.h — the one shared implementation of attention, softmax, log-sum-exp, top-k, pooling and
- * cosine similarity (../shared/STYLE.md rule 6). Capture (CPU forward pass), `kvsim verify`, the replay
+/* kvs_math.h — the one shared implementation of attention, softmax, log-sum-exp, top-k, pooling, cosine
+ * similarity and the policies' prefill attention scores (../shared/STYLE.md rule 6). Capture (CPU forward pass), `kvsim verify`, the replay
  * engine and every policy call these; nobody re-implements them.
  *
  * Conventions: all math in fp32 with fp64 accumulation of softmax denominators; `scale` is the softmax
@@ -48,6 +48,89 @@ void kvs_maxpool1d(const float *x, size_t n, size_t k, float *out);
 
 /*! kvs_avgpool1d() : same window as kvs_maxpool1d, mean over the in-range elements. */
 void kvs_avgpool1d(const float *x, size_t n, size_t k, float *out);
+
+/*! kvs_avgpool1d_pad() : POLICY_SPEC §1.4 AVGPOOL, i.e. PyTorch avg_pool1d(padding=k//2) with its default
+ *  count_include_pad=True: the sum over the in-range part of kvs_maxpool1d's window, always divided by k
+ *  (zero padding), so the two end values are pulled towards 0. Odd k; out[0..n-1], x and out distinct. */
+void kvs_avgpool1d_pad(const float *x, size_t n, size_t k, float *out);
+
+/* ---- prefill attention column sums (POLICY_SPEC §1.4 attention and GQA reducers) ----
+ * H2O, TOVA, Scissorhands, SnapKV, PyramidKV, Ada-KV (and RocketKV's stage 1) all score cache candidates by
+ * the causal softmax attention that some prompt queries pay them, reduced over the query heads of a GQA
+ * group. kvs_attn_colsum() is that computation, kvs_snapkv_scores() SnapKV's pooled window score on top. */
+
+/* GQA reducer over the query heads of one KV group (POLICY_SPEC §1.4). */
+typedef enum {
+    KVS_GQA_NONE = 0, /* per query head (EXPAND): one output row per head */
+    KVS_GQA_SUM = 1,
+    KVS_GQA_MEAN = 2,
+    KVS_GQA_MAX = 3,
+} kvs_gqa_reduce;
+
+/* Pooling along the sequence (POLICY_SPEC §1.4): kvs_maxpool1d or kvs_avgpool1d_pad. */
+typedef enum { KVS_POOL_MAX = 0, KVS_POOL_AVG = 1 } kvs_pool;
+
+/* Prompt-attention inputs of one KV head: the queries, the keys and the candidate positions attended. All
+ * borrowed. Causal rule: the query at position p attends the candidates whose position is <= p (a leading
+ * run of the ascending list; at least one). Shapes follow sim/policy.h's kvs_policy_view. */
+typedef struct {
+    const float *q;      /* [n_q][group][d]: row r = the queries of position q_first + r */
+    int64_t q_first, n_q;
+    int32_t group;       /* query heads per KV head (a row holds group*d floats) */
+    int32_t d;           /* head_dim */
+    float scale;         /* softmax scale */
+    const float *keys;   /* [*][d]: row p = key of position p */
+    const int32_t *idx;  /* [n_cand] candidate positions, strictly ascending; NULL = positions 0..n_cand-1 */
+    int64_t n_cand;
+} kvs_attn_src;
+
+/* What kvs_attn_colsum() sums and how it reduces the heads. */
+typedef struct {
+    int64_t row_first, n_rows;   /* query rows row_first .. row_first+n_rows-1 of src->q */
+    int32_t head_first, n_heads; /* query heads head_first .. head_first+n_heads-1 of each row */
+    kvs_gqa_reduce reduce;
+    int64_t n_out;               /* columns accumulated: candidates 0..n_out-1 (n_out <= n_cand) */
+    int64_t head_stride;         /* KVS_GQA_NONE only: elements between the heads' output rows; 0 = n_out */
+} kvs_colsum_opts;
+
+/*! kvs_attn_colsum_scratch_bytes() : bytes of the scratch that kvs_attn_colsum() and kvs_snapkv_scores() need
+ *  for n_cand candidates (caller memory from malloc, so aligned for double; 12 bytes per candidate). */
+size_t kvs_attn_colsum_scratch_bytes(int64_t n_cand);
+
+/*! kvs_attn_colsum() : ADDS to the output, for every candidate column j < n_out, the causal softmax
+ *  attention that the selected rows pay candidate j, reduced over the selected heads:
+ *      REDUCE_h  sum_r  p[r][h][j],  p[r][h] = softmax_j(scale * q[r][h] . K[idx[j]]) over the visible j
+ *  (0 where j is not visible to row r). Exactly one of out_f32 / out_f64 is non-NULL; it chooses the
+ *  precision AND the order of the two reductions (kept from the policies this replaced, bit for bit):
+ *   - out_f32 (SnapKV family): head by head, S_h[j] = sum over the rows in fp32, from 0; then NONE adds S_h
+ *     to row h, SUM adds S_h, MEAN adds S_h / n_heads, MAX adds max_h S_h (heads in ascending order);
+ *   - out_f64 (H2O, TOVA, Scissorhands: the same per-row reduction as their decode-time observe): row by row,
+ *     t[j] = the row's heads reduced in fp64 (SUM: sum from 0; MEAN: that sum / n_heads; MAX: max), added
+ *     to the output; NONE adds each head's probability to its row. So MAX sums each row's max over the heads
+ *     here but takes the max of the head sums with out_f32; SUM and MEAN differ between the two only by
+ *     rounding.
+ *  Output: [n_out] floats or doubles, or [n_heads][head_stride] for KVS_GQA_NONE; the caller initialises it
+ *  (zero, or a running score to add to). `scratch`: kvs_attn_colsum_scratch_bytes(src->n_cand) bytes. */
+void kvs_attn_colsum(const kvs_attn_src *src, const kvs_colsum_opts *opts, float *out_f32, double *out_f64,
+                     void *scratch);
+
+/* SnapKV's scoring parameters (POLICY_SPEC §2.6 B5; RocketKV stage 1 is window 32, kernel 63, MAX pool, SUM). */
+typedef struct {
+    int64_t window;              /* observation window: the last min(window, n_q) queries (0: scores all 0) */
+    int64_t kernel;              /* pooling kernel, odd (1 = no pooling), stride 1, "same" padding */
+    kvs_pool pool;
+    int32_t head_first, n_heads; /* the query heads scored (reduced by `reduce`) */
+    kvs_gqa_reduce reduce;
+} kvs_snapkv_opts;
+
+/*! kvs_snapkv_scores() : SnapKV's pooled observation-window score of the candidates before the window.
+ *  The window is the last w = min(window, n_q) query rows of src->q, and their positions must be the last w
+ *  candidates; the scored prefix is candidates 0..m-1, m = n_cand - w. out[j] (j < m) =
+ *  POOL_j( REDUCE_h sum_window p[r][h][j] ), the column sum in fp32 as kvs_attn_colsum(out_f32) computes it,
+ *  pooled along the prefix (MAX: kvs_maxpool1d; AVG: kvs_avgpool1d_pad). Overwrites out: [m] floats, or
+ *  [n_heads][m] for KVS_GQA_NONE (each head's row pooled on its own). `scratch`:
+ *  kvs_attn_colsum_scratch_bytes(src->n_cand) bytes. @return m (0: nothing before the window, out untouched). */
+int64_t kvs_snapkv_scores(const kvs_attn_src *src, const kvs_snapkv_opts *opts, float *out, void *scratch);
 
 /*! kvs_cosine() : a.b / (|a||b|); 0 when either norm is 0. */
 float kvs_cosine(const float *a, const float *b, size_t n);

@@ -34,7 +34,6 @@
  * generated tokens are all kept (prompt-only scope, as SnapKV).
  */
 #include <stdlib.h>
-#include <string.h>
 
 #include "../common/kvs_math.h"
 #include "registry.h"
@@ -61,7 +60,7 @@ typedef struct {
     int64_t budget, P, len; /* len = P − W scored positions per head */
     float *pooled;          /* [L][Hkv][len] pooled window scores, filled by alloc_prefill */
     char *seen;             /* [L][Hkv] */
-    float *scores, *col;    /* scratch [P] */
+    void *work;             /* scratch: kvs_attn_colsum_scratch_bytes(P) */
 } ada_alloc;
 
 static kvs_status ada_alloc_begin(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget,
@@ -84,36 +83,16 @@ static kvs_status ada_alloc_begin(const kvs_policy_config *cfg, const kvs_policy
     return KVS_OK;
 }
 
-/* Pooled window score of the prefix of one (layer, KV head), into out[0..len). Mirrors snapkv.c's prefill
- * scoring on a first-turn prompt (candidates = positions 0..P-1). */
+/* Pooled window score of the prefix of one (layer, KV head), into out[0..len): the same kvs_snapkv_scores
+ * call as snapkv.c's prefill on a first-turn prompt (candidates = positions 0..P-1), the group reduced. */
 static void ada_score(ada_alloc *a, const kvs_policy_view *v, float *out) {
-    int64_t P = a->P, W = P - a->len, m = a->len;
-    for (int g = 0; g < a->G; g++) {
-        for (int64_t j = 0; j < m; j++) a->col[j] = 0;
-        for (int64_t i = 0; i < W; i++) {
-            int64_t p = P - W + i;
-            const float *q = v->q + ((size_t)(p - v->q_first) * (size_t)a->G + (size_t)g) * (size_t)a->d;
-            kvs_attn_scores(q, v->k, (size_t)a->d, NULL, (size_t)(p + 1), (size_t)a->d, a->scale, a->scores);
-            kvs_softmax(a->scores, (size_t)(p + 1));
-            for (int64_t j = 0; j < m; j++) a->col[j] += a->scores[j];
-        }
-        for (int64_t j = 0; j < m; j++) {
-            if (a->gqa == ADA_MEAN) out[j] = (g == 0 ? 0.0f : out[j]) + a->col[j] / (float)a->G;
-            else out[j] = g == 0 || a->col[j] > out[j] ? a->col[j] : out[j];
-        }
-    }
-    /* pooling in place through the scores scratch */
-    memcpy(a->scores, out, (size_t)m * sizeof(float));
-    if (a->pool == ADA_POOL_MAX) {
-        kvs_maxpool1d(a->scores, (size_t)m, (size_t)a->kernel, out);
-    } else {
-        kvs_avgpool1d(a->scores, (size_t)m, (size_t)a->kernel, out);
-        int64_t h = a->kernel / 2;
-        for (int64_t j = 0; j < m; j++) {
-            int64_t lo = j >= h ? j - h : 0, hi = j + h < m ? j + h : m - 1;
-            out[j] *= (float)(hi - lo + 1) / (float)a->kernel;
-        }
-    }
+    kvs_attn_src src = {.q = v->q, .q_first = v->q_first, .n_q = v->n_q, .group = a->G, .d = a->d,
+                        .scale = a->scale, .keys = v->k, .idx = NULL, .n_cand = a->P};
+    kvs_snapkv_opts so = {.window = a->P - a->len, .kernel = a->kernel,
+                          .pool = a->pool == ADA_POOL_MAX ? KVS_POOL_MAX : KVS_POOL_AVG, .head_first = 0,
+                          .n_heads = a->G, .reduce = a->gqa == ADA_MEAN ? KVS_GQA_MEAN : KVS_GQA_MAX};
+    int64_t m = kvs_snapkv_scores(&src, &so, out, a->work);
+    KVS_ASSERT(m == a->len);
 }
 
 static kvs_status ada_alloc_prefill(void *alloc, int layer, int kv_head, const kvs_policy_view *prefill) {
@@ -129,9 +108,8 @@ static kvs_status ada_alloc_prefill(void *alloc, int layer, int kv_head, const k
         size_t cells = (size_t)a->L * (size_t)a->Hkv;
         a->pooled = malloc(cells * (size_t)a->len * sizeof(float));
         a->seen = calloc(cells, 1);
-        a->scores = malloc((size_t)a->P * sizeof(float));
-        a->col = malloc((size_t)a->P * sizeof(float));
-        if (!a->pooled || !a->seen || !a->scores || !a->col) return kvs_fail(KVS_ERR_NOMEM, "adakv: out of memory");
+        a->work = malloc(kvs_attn_colsum_scratch_bytes(a->P));
+        if (!a->pooled || !a->seen || !a->work) return kvs_fail(KVS_ERR_NOMEM, "adakv: out of memory");
     } else if (prefill->n != a->P) {
         return kvs_fail(KVS_ERR_STATE, "adakv: allocation pass prompt length %lld after %lld", (long long)prefill->n,
                         (long long)a->P);
@@ -205,8 +183,7 @@ static void ada_alloc_free(void *alloc) {
     if (!a) return;
     free(a->pooled);
     free(a->seen);
-    free(a->scores);
-    free(a->col);
+    free(a->work);
     free(a);
 }
 

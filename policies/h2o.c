@@ -55,8 +55,7 @@ typedef struct {
     /* prefill scratch */
     int32_t *cidx;
     double *cacc;
-    float *scores;
-    double *avg;
+    void *work; /* kvs_attn_colsum_scratch_bytes(scratch_cap) */
     int64_t scratch_cap;
 } h2o_state;
 
@@ -87,8 +86,7 @@ static void h2o_free(void *state) {
     free(s->lists);
     free(s->cidx);
     free(s->cacc);
-    free(s->scores);
-    free(s->avg);
+    free(s->work);
     free(s);
 }
 
@@ -127,13 +125,11 @@ static kvs_status ensure_scratch(h2o_state *s, int64_t n) {
     if (n <= s->scratch_cap) return KVS_OK;
     free(s->cidx);
     free(s->cacc);
-    free(s->scores);
-    free(s->avg);
+    free(s->work);
     s->cidx = malloc((size_t)n * sizeof(int32_t));
     s->cacc = malloc((size_t)n * sizeof(double));
-    s->scores = malloc((size_t)n * sizeof(float));
-    s->avg = malloc((size_t)n * sizeof(double));
-    s->scratch_cap = (s->cidx && s->cacc && s->scores && s->avg) ? n : 0;
+    s->work = malloc(kvs_attn_colsum_scratch_bytes(n));
+    s->scratch_cap = (s->cidx && s->cacc && s->work) ? n : 0;
     return s->scratch_cap ? KVS_OK : kvs_fail(KVS_ERR_NOMEM, "h2o: out of memory");
 }
 
@@ -151,19 +147,14 @@ static kvs_status h2o_prefill_list(h2o_state *s, int li, const kvs_policy_view *
         s->cidx[L->cnt + j] = (int32_t)(view->turn_begin + j);
         s->cacc[L->cnt + j] = 0;
     }
-    int g_lo = s->mode == H2O_EXPAND ? li : 0, g_hi = s->mode == H2O_EXPAND ? li + 1 : s->group;
-    for (int64_t i = 0; i < n_new; i++) {
-        int64_t visible = L->cnt + i + 1; /* old cache + new prompt positions <= turn_begin + i */
-        for (int64_t j = 0; j < visible; j++) s->avg[j] = 0;
-        for (int g = g_lo; g < g_hi; g++) {
-            const float *q = view->q + ((size_t)(view->turn_begin + i - view->q_first) * (size_t)s->group + (size_t)g) *
-                                           (size_t)s->d;
-            kvs_attn_scores(q, view->k, (size_t)s->d, s->cidx, (size_t)visible, (size_t)s->d, s->scale, s->scores);
-            kvs_softmax(s->scores, (size_t)visible);
-            for (int64_t j = 0; j < visible; j++) s->avg[j] += s->scores[j];
-        }
-        for (int64_t j = 0; j < visible; j++) s->cacc[j] += s->avg[j] / (g_hi - g_lo);
-    }
+    /* Every new prompt query (causal: the old cache + the prompt up to its position) adds its attention,
+     * averaged over the list's query heads (1 in expand mode), row by row in fp64 as observe() does. */
+    kvs_attn_src src = {.q = view->q, .q_first = view->q_first, .n_q = view->n_q, .group = s->group, .d = s->d,
+                        .scale = s->scale, .keys = view->k, .idx = s->cidx, .n_cand = nc};
+    kvs_colsum_opts co = {.row_first = view->turn_begin - view->q_first, .n_rows = n_new,
+                          .head_first = s->mode == H2O_EXPAND ? li : 0, .n_heads = s->mode == H2O_EXPAND ? 1 : s->group,
+                          .reduce = KVS_GQA_MEAN, .n_out = nc};
+    kvs_attn_colsum(&src, &co, NULL, s->cacc, s->work);
     /* Compress to B-1: the last recent-1 candidates plus the top `heavy` of the older ones. */
     int64_t keep = s->budget - 1;
     if (nc <= keep) {

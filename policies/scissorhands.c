@@ -73,7 +73,7 @@ typedef struct {
     int64_t obs;      /* observations so far (same for every list) */
     sh_list *lists;   /* [n_lists] */
     /* scratch */
-    float *scores;
+    void *work;       /* kvs_attn_colsum_scratch_bytes(scratch_cap) */
     double *avg;
     sh_rank *order;
     char *keep;
@@ -94,7 +94,7 @@ static void sh_free(void *state) {
             free(s->lists[i].ring);
         }
     free(s->lists);
-    free(s->scores);
+    free(s->work);
     free(s->avg);
     free(s->order);
     free(s->keep);
@@ -145,15 +145,15 @@ static kvs_status list_reserve(sh_state *s, sh_list *L, int64_t need) {
 
 static kvs_status scratch_reserve(sh_state *s, int64_t n) {
     if (n <= s->scratch_cap) return KVS_OK;
-    free(s->scores);
+    free(s->work);
     free(s->avg);
     free(s->order);
     free(s->keep);
-    s->scores = malloc((size_t)n * sizeof(float));
+    s->work = malloc(kvs_attn_colsum_scratch_bytes(n));
     s->avg = malloc((size_t)n * sizeof(double));
     s->order = malloc((size_t)n * sizeof *s->order);
     s->keep = malloc((size_t)n);
-    int ok = s->scores && s->avg && s->order && s->keep;
+    int ok = s->work && s->avg && s->order && s->keep;
     s->scratch_cap = ok ? n : 0;
     return ok ? KVS_OK : kvs_fail(KVS_ERR_NOMEM, "scissorhands: out of memory");
 }
@@ -228,15 +228,16 @@ static kvs_status sh_prefill(void *state, const kvs_policy_view *view) {
         for (int li = 0; li < s->n_lists; li++) {
             sh_list *L = &s->lists[li];
             int64_t visible = L->n - n_new + i + 1; /* the retained cache + prompt positions <= p */
-            int g_lo = s->mode == SH_EXPAND ? li : 0, g_hi = s->mode == SH_EXPAND ? li + 1 : s->group;
+            /* One observation = one row's attention averaged over the list's heads (1 in expand mode), in
+             * fp64 as sh_observe() averages a decode step. */
+            kvs_attn_src src = {.q = view->q, .q_first = view->q_first, .n_q = view->n_q, .group = s->group,
+                                .d = s->d, .scale = s->scale, .keys = view->k, .idx = L->pos, .n_cand = L->n};
+            kvs_colsum_opts co = {.row_first = p - view->q_first, .n_rows = 1,
+                                  .head_first = s->mode == SH_EXPAND ? li : 0,
+                                  .n_heads = s->mode == SH_EXPAND ? 1 : s->group, .reduce = KVS_GQA_MEAN,
+                                  .n_out = visible};
             for (int64_t j = 0; j < visible; j++) s->avg[j] = 0;
-            for (int g = g_lo; g < g_hi; g++) {
-                const float *q = view->q + ((size_t)(p - view->q_first) * (size_t)s->group + (size_t)g) * (size_t)s->d;
-                kvs_attn_scores(q, view->k, (size_t)s->d, L->pos, (size_t)visible, (size_t)s->d, s->scale, s->scores);
-                kvs_softmax(s->scores, (size_t)visible);
-                for (int64_t j = 0; j < visible; j++) s->avg[j] += s->scores[j];
-            }
-            for (int64_t j = 0; j < visible; j++) s->avg[j] /= (double)(g_hi - g_lo);
+            kvs_attn_colsum(&src, &co, NULL, s->avg, s->work);
             record(s, L, s->avg, visible);
         }
         s->obs++;

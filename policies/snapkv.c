@@ -26,7 +26,7 @@
  *    gqa=mean (kvpress; equal ranking to RocketKV's group sum) and gqa=max share one set per KV head, scored
  *    with the group-mean (group-max) of the per-head window scores.
  *  - Average pooling divides by the kernel size at the edges (PyTorch avg_pool1d count_include_pad=True,
- *    POLICY_SPEC §1.4): kvs_avgpool1d's in-range mean is rescaled by in_range/kernel.
+ *    POLICY_SPEC §1.4): kvs_avgpool1d_pad. The scoring itself (steps 1-4) is kvs_snapkv_scores.
  *  - Ties (§1.4): the older position wins (kvs_topk breaks ties to the lower index; candidates are in
  *    position order). Max pooling creates plateaus of equal values, so this rule is exercised.
  *  - Multi-turn [SIM-CHOICE, as RocketKV-MT's stage 1 over the history]: a later turn's prefill compresses the
@@ -70,7 +70,8 @@ typedef struct {
     snap_list *lists; /* [n_lists] */
     /* prefill scratch, capacity scratch_cap candidates */
     int32_t *cidx, *top;
-    float *scores, *col, *acc, *pooled;
+    float *pooled;
+    void *work; /* kvs_attn_colsum_scratch_bytes(scratch_cap) */
     char *mark;
     int64_t scratch_cap;
 } snap_state;
@@ -116,10 +117,8 @@ static void snapkv_free(void *state) {
     free(s->lists);
     free(s->cidx);
     free(s->top);
-    free(s->scores);
-    free(s->col);
-    free(s->acc);
     free(s->pooled);
+    free(s->work);
     free(s->mark);
     free(s);
 }
@@ -160,19 +159,15 @@ static kvs_status scratch_reserve(snap_state *s, int64_t n) {
     if (n <= s->scratch_cap) return KVS_OK;
     free(s->cidx);
     free(s->top);
-    free(s->scores);
-    free(s->col);
-    free(s->acc);
     free(s->pooled);
+    free(s->work);
     free(s->mark);
     s->cidx = malloc((size_t)n * sizeof(int32_t));
     s->top = malloc((size_t)n * sizeof(int32_t));
-    s->scores = malloc((size_t)n * sizeof(float));
-    s->col = malloc((size_t)n * sizeof(float));
-    s->acc = malloc((size_t)n * sizeof(float));
     s->pooled = malloc((size_t)n * sizeof(float));
+    s->work = malloc(kvs_attn_colsum_scratch_bytes(n));
     s->mark = malloc((size_t)n);
-    int ok = s->cidx && s->top && s->scores && s->col && s->acc && s->pooled && s->mark;
+    int ok = s->cidx && s->top && s->pooled && s->work && s->mark;
     s->scratch_cap = ok ? n : 0;
     return ok ? KVS_OK : kvs_fail(KVS_ERR_NOMEM, "snapkv: out of memory");
 }
@@ -195,34 +190,20 @@ static kvs_status snap_prefill_list(snap_state *s, int li, const kvs_policy_view
         L->cnt = s->budget;
         return KVS_OK;
     }
-    int64_t m = nc - w; /* scored prefix: candidates [0, m) */
     memcpy(s->cidx, L->pos, (size_t)nc * sizeof(int32_t));
-    int g_lo = s->mode == SNAP_EXPAND ? li : 0, g_hi = s->mode == SNAP_EXPAND ? li + 1 : s->group;
-    for (int g = g_lo; g < g_hi; g++) {
-        for (int64_t j = 0; j < m; j++) s->col[j] = 0;
-        for (int64_t i = 0; i < w; i++) {
-            int64_t p = view->n - w + i, visible = m + i + 1; /* causal: candidates up to position p */
-            const float *q = view->q + ((size_t)(p - view->q_first) * (size_t)s->group + (size_t)g) * (size_t)s->d;
-            kvs_attn_scores(q, view->k, (size_t)s->d, s->cidx, (size_t)visible, (size_t)s->d, s->scale, s->scores);
-            kvs_softmax(s->scores, (size_t)visible);
-            for (int64_t j = 0; j < m; j++) s->col[j] += s->scores[j];
-        }
-        for (int64_t j = 0; j < m; j++) {
-            if (s->mode == SNAP_EXPAND) s->acc[j] = s->col[j];
-            else if (s->mode == SNAP_MEAN) s->acc[j] = (g == g_lo ? 0.0f : s->acc[j]) + s->col[j] / (float)s->group;
-            else s->acc[j] = g == g_lo || s->col[j] > s->acc[j] ? s->col[j] : s->acc[j];
-        }
-    }
-    if (s->pool == SNAP_POOL_MAX) {
-        kvs_maxpool1d(s->acc, (size_t)m, (size_t)s->kernel, s->pooled);
-    } else {
-        kvs_avgpool1d(s->acc, (size_t)m, (size_t)s->kernel, s->pooled);
-        int64_t h = s->kernel / 2;
-        for (int64_t j = 0; j < m; j++) { /* zero padding: divide by the kernel, not the in-range count */
-            int64_t lo = j >= h ? j - h : 0, hi = j + h < m ? j + h : m - 1;
-            s->pooled[j] *= (float)(hi - lo + 1) / (float)s->kernel;
-        }
-    }
+    /* The window queries are the turn's last w prompt positions = the last w candidates; the scored prefix
+     * is candidates [0, m). Expand scores list li with its own query head; mean/max reduce the group. */
+    kvs_attn_src src = {.q = view->q, .q_first = view->q_first, .n_q = view->n_q, .group = s->group, .d = s->d,
+                        .scale = s->scale, .keys = view->k, .idx = s->cidx, .n_cand = nc};
+    kvs_snapkv_opts so = {.window = w, .kernel = s->kernel,
+                          .pool = s->pool == SNAP_POOL_MAX ? KVS_POOL_MAX : KVS_POOL_AVG,
+                          .head_first = s->mode == SNAP_EXPAND ? li : 0,
+                          .n_heads = s->mode == SNAP_EXPAND ? 1 : s->group,
+                          .reduce = s->mode == SNAP_EXPAND ? KVS_GQA_NONE
+                                    : s->mode == SNAP_MEAN ? KVS_GQA_MEAN
+                                                           : KVS_GQA_MAX};
+    int64_t m = kvs_snapkv_scores(&src, &so, s->pooled, s->work);
+    KVS_ASSERT(m == nc - w);
     int64_t k = s->budget - w;
     kvs_topk(s->pooled, (size_t)m, (size_t)k, s->top);
     memset(s->mark, 0, (size_t)m);

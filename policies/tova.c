@@ -41,6 +41,7 @@ typedef struct {
     int32_t *cand;
     int64_t n_cand, cap;
     float *tmp;
+    void *work;       /* [kvs_attn_colsum_scratch_bytes(cap)] prefill scratch */
 } tova_state;
 
 static void tova_free(void *state) {
@@ -50,6 +51,7 @@ static void tova_free(void *state) {
     free(s->score);
     free(s->cand);
     free(s->tmp);
+    free(s->work);
     free(s);
 }
 
@@ -120,25 +122,27 @@ static kvs_status tova_prefill(void *state, const kvs_policy_view *view) {
         if (sc) s->score = sc;
         float *t = realloc(s->tmp, (size_t)nc * sizeof(float));
         if (t) s->tmp = t;
-        if (!c || !sc || !t) return kvs_fail(KVS_ERR_NOMEM, "tova: out of memory");
+        void *w = realloc(s->work, kvs_attn_colsum_scratch_bytes(nc));
+        if (w) s->work = w;
+        if (!c || !sc || !t || !w) return kvs_fail(KVS_ERR_NOMEM, "tova: out of memory");
         s->cap = nc;
     } else if (!s->cand) {
         s->cand = malloc((size_t)s->cap * sizeof(int32_t));
         s->tmp = malloc((size_t)s->cap * sizeof(float));
-        if (!s->cand || !s->tmp) return kvs_fail(KVS_ERR_NOMEM, "tova: out of memory");
+        s->work = malloc(kvs_attn_colsum_scratch_bytes(s->cap));
+        if (!s->cand || !s->tmp || !s->work) return kvs_fail(KVS_ERR_NOMEM, "tova: out of memory");
     }
     memcpy(s->cand, s->pos, (size_t)s->cnt * sizeof(int32_t));
     for (int64_t j = 0; j < n_new; j++) s->cand[s->cnt + j] = (int32_t)(view->turn_begin + j);
     s->n_cand = nc;
-    /* Group-mean attention of the last prompt query over all candidates. */
+    /* Group-mean attention of the last prompt query over all candidates (it sees them all), reduced in fp64
+     * as tova_observe() reduces a decode step. */
     for (int64_t j = 0; j < nc; j++) s->score[j] = 0;
-    for (int g = 0; g < s->group; g++) {
-        const float *q = view->q + ((size_t)(view->n - 1 - view->q_first) * (size_t)s->group + (size_t)g) * (size_t)s->d;
-        kvs_attn_scores(q, view->k, (size_t)s->d, s->cand, (size_t)nc, (size_t)s->d, s->scale, s->tmp);
-        kvs_softmax(s->tmp, (size_t)nc);
-        for (int64_t j = 0; j < nc; j++) s->score[j] += s->tmp[j];
-    }
-    for (int64_t j = 0; j < nc; j++) s->score[j] /= s->group;
+    kvs_attn_src src = {.q = view->q, .q_first = view->q_first, .n_q = view->n_q, .group = s->group, .d = s->d,
+                        .scale = s->scale, .keys = view->k, .idx = s->cand, .n_cand = nc};
+    kvs_colsum_opts co = {.row_first = view->n - 1 - view->q_first, .n_rows = 1, .head_first = 0, .n_heads = s->group,
+                          .reduce = KVS_GQA_MEAN, .n_out = nc};
+    kvs_attn_colsum(&src, &co, NULL, s->score, s->work);
     if (s->mode == TOVA_GROUP) return keep_top(s, s->score);
     return KVS_OK; /* layer mode: layer_sync averages over KV heads and keeps the same set everywhere */
 }

@@ -1,7 +1,8 @@
 /* test_common.c — tests of common/: fp16/bf16 conversion (IEEE 754 binary16 and bfloat16 with
  * round-to-nearest-even, subnormals, inf, NaN), CRC-32 check value, error detail, file helpers, and the
- * shared math of kvs_math.h (top-k order and tie-breaking, softmax/LSE, attention, pooling), and the .npy
- * header of common/npy.h.
+ * shared math of kvs_math.h (top-k order and tie-breaking, softmax/LSE, attention, pooling, the prefill
+ * attention column sums and SnapKV's scores against naive double-precision loops), and the .npy header of
+ * common/npy.h.
  */
 #include <fcntl.h>
 #include <math.h>
@@ -374,6 +375,354 @@ static void test_pooling(void **state) {
     for (int i = 0; i < 5; i++) assert_float_equal(out[i], want_avg[i], 1e-6f);
 }
 
+static void test_avgpool1d_pad_edges(void **state) {
+    (void)state;
+    /* Zero padding (count_include_pad): always divided by k, so both ends are pulled towards 0. */
+    float x[5] = {1, 5, 2, 0, 3}, out[5];
+    kvs_avgpool1d_pad(x, 5, 3, out);
+    float want3[5] = {6.0f / 3, 8.0f / 3, 7.0f / 3, 5.0f / 3, 3.0f / 3};
+    for (int i = 0; i < 5; i++) assert_float_equal(out[i], want3[i], 1e-6f);
+    kvs_avgpool1d_pad(x, 5, 5, out);
+    float want5[5] = {8.0f / 5, 8.0f / 5, 11.0f / 5, 10.0f / 5, 5.0f / 5};
+    for (int i = 0; i < 5; i++) assert_float_equal(out[i], want5[i], 1e-6f);
+    /* a kernel wider than the input: every output is the whole sum over k */
+    kvs_avgpool1d_pad(x, 3, 9, out);
+    for (int i = 0; i < 3; i++) assert_float_equal(out[i], 8.0f / 9, 1e-6f);
+    /* k = 1 is the identity, bit for bit */
+    kvs_avgpool1d_pad(x, 5, 1, out);
+    assert_memory_equal(out, x, sizeof x);
+    /* in the interior (full window) it equals the in-range mean of kvs_avgpool1d */
+    float y[64], a[64], b[64];
+    uint64_t seed = 7;
+    for (int i = 0; i < 64; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        y[i] = (float)(seed >> 40) / 16777216.0f;
+    }
+    kvs_avgpool1d_pad(y, 64, 7, a);
+    kvs_avgpool1d(y, 64, 7, b);
+    for (int i = 0; i < 64; i++) {
+        double s = 0;
+        for (int j = i - 3; j <= i + 3; j++) s += j >= 0 && j < 64 ? y[j] : 0.0;
+        assert_near(a[i], s / 7, 1e-6);
+        if (i >= 3 && i < 61) assert_near(a[i], b[i], 1e-6);
+    }
+}
+
+/* ---- prefill attention column sums: a naive reference in double, plain loops ---- */
+
+/* S[h][j] (h < nh, j < n_cand) = sum over rows r0..r0+nr-1 of head h0+h's causal softmax probability of
+ * candidate j; R[r][h][j] the same per row (NULL: not wanted). Everything in double. */
+static void naive_colsum(const kvs_attn_src *src, int64_t r0, int64_t nr, int h0, int nh, double *S, double *R) {
+    int64_t n = src->n_cand;
+    double *z = malloc((size_t)n * sizeof *z);
+    assert_non_null(z);
+    for (int64_t i = 0; i < (int64_t)nh * n; i++) S[i] = 0;
+    for (int64_t r = r0; r < r0 + nr; r++) {
+        int64_t pos = src->q_first + r;
+        for (int h = 0; h < nh; h++) {
+            const float *q = src->q + ((size_t)r * (size_t)src->group + (size_t)(h0 + h)) * (size_t)src->d;
+            double mx = -INFINITY, sum = 0;
+            int64_t vis = 0;
+            for (int64_t j = 0; j < n; j++) {
+                int64_t kp = src->idx ? src->idx[j] : j;
+                if (kp > pos) break;
+                double dot = 0;
+                for (int c = 0; c < src->d; c++) dot += (double)q[c] * src->keys[(size_t)kp * (size_t)src->d + (size_t)c];
+                z[j] = (double)src->scale * dot;
+                if (z[j] > mx) mx = z[j];
+                vis++;
+            }
+            for (int64_t j = 0; j < vis; j++) sum += exp(z[j] - mx);
+            for (int64_t j = 0; j < n; j++) {
+                double p = j < vis ? exp(z[j] - mx) / sum : 0;
+                S[(size_t)h * (size_t)n + (size_t)j] += p;
+                if (R) R[((size_t)(r - r0) * (size_t)nh + (size_t)h) * (size_t)n + (size_t)j] = p;
+            }
+        }
+    }
+    free(z);
+}
+
+/* Reduces S[nh][n] over the heads into out[n] (KVS_GQA_NONE: copies). */
+static void naive_reduce(const double *S, int nh, int64_t n, kvs_gqa_reduce red, double *out) {
+    for (int64_t j = 0; j < n; j++) {
+        double a = red == KVS_GQA_MAX ? -INFINITY : 0;
+        for (int h = 0; h < nh; h++) {
+            double v = S[(size_t)h * (size_t)n + (size_t)j];
+            a = red == KVS_GQA_MAX ? (v > a ? v : a) : a + v;
+        }
+        out[j] = red == KVS_GQA_MEAN ? a / nh : a;
+    }
+}
+
+/* x[0..n-1] uniform in [lo, hi) from a 64-bit LCG (deterministic per seed). */
+static void fill_uniform(float *x, size_t n, uint64_t *seed, float lo, float hi) {
+    for (size_t i = 0; i < n; i++) {
+        *seed = *seed * 6364136223846793005ull + 1442695040888963407ull;
+        x[i] = lo + (hi - lo) * (float)(*seed >> 40) / 16777216.0f;
+    }
+}
+
+/* Three positions, d = 2, GQA group 2, scale 1: keys e0=(0,0), e1=(1,0), e2=(0,1), so a query (ln a, ln b)
+ * gives probabilities proportional to (1, a, b) over the positions it sees. Rows (causal):
+ *   position 0: both heads see only position 0 -> 1
+ *   position 1: head 0 q=(ln 3, .) -> (1/4, 3/4);        head 1 q=(0, .) -> (1/2, 1/2)
+ *   position 2: head 0 q=(ln 2, 0) -> (1/4, 1/2, 1/4);   head 1 q=(ln 3, ln 4) -> (1/8, 3/8, 1/2)
+ * Column sums over all rows: head 0 (3/2, 5/4, 1/4), head 1 (13/8, 7/8, 1/2). */
+static const float tiny_keys[6] = {0, 0, 1, 0, 0, 1};
+static void tiny_queries(float q[12]) {
+    float v[12] = {0.7f, -0.3f, 5.0f, 5.0f,                       /* position 0: any value */
+                   logf(3), 9.0f, 0.0f, -2.0f,                   /* position 1: the 2nd component is unseen */
+                   logf(2), 0.0f, logf(3), logf(4)};             /* position 2 */
+    memcpy(q, v, sizeof v);
+}
+
+static void test_attn_colsum_tiny_exact(void **state) {
+    (void)state;
+    float q[12];
+    tiny_queries(q);
+    void *scratch = malloc(kvs_attn_colsum_scratch_bytes(3));
+    assert_non_null(scratch);
+    kvs_attn_src src = {.q = q, .q_first = 0, .n_q = 3, .group = 2, .d = 2, .scale = 1.0f, .keys = tiny_keys,
+                        .idx = NULL, .n_cand = 3};
+    kvs_colsum_opts o = {.row_first = 0, .n_rows = 3, .head_first = 0, .n_heads = 2, .n_out = 3};
+    struct {
+        kvs_gqa_reduce red;
+        float want[3];
+    } cases[] = {
+        {KVS_GQA_SUM, {3.125f, 2.125f, 0.75f}},
+        {KVS_GQA_MEAN, {1.5625f, 1.0625f, 0.375f}},
+        {KVS_GQA_MAX, {1.625f, 1.25f, 0.5f}}, /* max over the heads of the head sums */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        float out[3] = {0, 0, 0};
+        double out64[3] = {0, 0, 0};
+        o.reduce = cases[c].red;
+        kvs_attn_colsum(&src, &o, out, NULL, scratch);
+        for (int j = 0; j < 3; j++) assert_float_equal(out[j], cases[c].want[j], 1e-6f);
+        if (cases[c].red == KVS_GQA_MAX) continue;
+        kvs_attn_colsum(&src, &o, NULL, out64, scratch);
+        for (int j = 0; j < 3; j++) assert_near(out64[j], cases[c].want[j], 1e-6);
+    }
+    /* fp64 MAX reduces each row first (the per-step reduction): 1 + 1/2 + 1/4, 3/4 + 1/2, 1/2 */
+    double mx64[3] = {0, 0, 0};
+    o.reduce = KVS_GQA_MAX;
+    kvs_attn_colsum(&src, &o, NULL, mx64, scratch);
+    assert_near(mx64[0], 1.75, 1e-6);
+    assert_near(mx64[1], 1.25, 1e-6);
+    assert_near(mx64[2], 0.5, 1e-6);
+    /* per head (NONE), rows 4 floats apart, the window of the last 2 rows; the padding stays untouched */
+    float heads[8];
+    for (int i = 0; i < 8; i++) heads[i] = -1.0f;
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 3; j++) heads[h * 4 + j] = 0;
+    kvs_colsum_opts w = {.row_first = 1, .n_rows = 2, .head_first = 0, .n_heads = 2, .reduce = KVS_GQA_NONE,
+                         .n_out = 3, .head_stride = 4};
+    kvs_attn_colsum(&src, &w, heads, NULL, scratch);
+    float want_heads[8] = {0.5f, 1.25f, 0.25f, -1.0f, 0.625f, 0.875f, 0.5f, -1.0f};
+    for (int i = 0; i < 8; i++) assert_float_equal(heads[i], want_heads[i], 1e-6f);
+    /* the output accumulates: a running score is added to, only the first n_out columns are written */
+    double run[3] = {10, 20, 30};
+    kvs_colsum_opts h1 = {.row_first = 0, .n_rows = 3, .head_first = 1, .n_heads = 1, .reduce = KVS_GQA_SUM,
+                          .n_out = 2};
+    kvs_attn_colsum(&src, &h1, NULL, run, scratch);
+    assert_near(run[0], 10 + 1.625, 1e-6);
+    assert_near(run[1], 20 + 0.875, 1e-6);
+    assert_true(run[2] == 30);
+    /* an index list: candidates {0, 2}; position 1 sees only position 0, position 2 sees both
+     * (head 0 at position 2: scores 0 and 0 -> 1/2, 1/2) */
+    int32_t idx[2] = {0, 2};
+    kvs_attn_src sub = src;
+    sub.idx = idx;
+    sub.n_cand = 2;
+    float col[2] = {0, 0};
+    kvs_colsum_opts s0 = {.row_first = 1, .n_rows = 2, .head_first = 0, .n_heads = 1, .reduce = KVS_GQA_SUM,
+                          .n_out = 2};
+    kvs_attn_colsum(&sub, &s0, col, NULL, scratch);
+    assert_float_equal(col[0], 1.5f, 1e-6f);
+    assert_float_equal(col[1], 0.5f, 1e-6f);
+    free(scratch);
+}
+
+static void test_attn_colsum_matches_naive(void **state) {
+    (void)state;
+    uint64_t seed = 12345;
+    for (int trial = 0; trial < 48; trial++) {
+        int group = 1 + trial % 3, d = 1 + (trial * 7) % 9;
+        int64_t n = 3 + (trial * 13) % 41;
+        /* later turns: a subset of the earlier positions is retained, then the whole new prompt */
+        int64_t turn_begin = trial % 2 ? n / 3 : 0, q_first = turn_begin;
+        int64_t n_q = n - q_first;
+        float *q = malloc((size_t)(n_q * group * d) * sizeof *q), *k = malloc((size_t)(n * d) * sizeof *k);
+        int32_t *idx = malloc((size_t)n * sizeof *idx);
+        assert_true(q && k && idx);
+        fill_uniform(q, (size_t)(n_q * group * d), &seed, trial % 4 == 3 ? -6.0f : -1.5f, trial % 4 == 3 ? 6.0f : 1.5f);
+        fill_uniform(k, (size_t)(n * d), &seed, -1.5f, 1.5f);
+        int64_t nc = 0;
+        for (int64_t p = 0; p < turn_begin; p++)
+            if (p % 3 != 1) idx[nc++] = (int32_t)p;
+        for (int64_t p = turn_begin; p < n; p++) idx[nc++] = (int32_t)p;
+        kvs_attn_src src = {.q = q, .q_first = q_first, .n_q = n_q, .group = group, .d = d,
+                            .scale = 1.0f / sqrtf((float)d), .keys = k, .idx = turn_begin ? idx : NULL, .n_cand = nc};
+        int64_t nr = 1 + trial % (int)n_q, r0 = n_q - nr; /* a window of the last rows (all of them at times) */
+        int h0 = group > 1 ? trial % 2 : 0, nh = group - h0;
+        double *S = malloc((size_t)(nh * nc) * sizeof *S), *R = malloc((size_t)(nr * nh * nc) * sizeof *R);
+        double *tmp = malloc((size_t)(nh * nc) * sizeof *tmp);
+        float *o32 = malloc((size_t)(nh * nc) * sizeof *o32);
+        double *o64 = malloc((size_t)(nh * nc) * sizeof *o64);
+        void *scratch = malloc(kvs_attn_colsum_scratch_bytes(nc));
+        assert_true(S && R && tmp && o32 && o64 && scratch);
+        naive_colsum(&src, r0, nr, h0, nh, S, R);
+        int64_t n_out = nc - trial % 3; /* a prefix of the columns at times */
+        for (kvs_gqa_reduce red = KVS_GQA_NONE; red <= KVS_GQA_MAX; red++) {
+            kvs_colsum_opts o = {.row_first = r0, .n_rows = nr, .head_first = h0, .n_heads = nh, .reduce = red,
+                                 .n_out = n_out};
+            int64_t rows = red == KVS_GQA_NONE ? nh : 1;
+            for (int64_t i = 0; i < nh * nc; i++) {
+                o32[i] = 0;
+                o64[i] = 0;
+            }
+            kvs_attn_colsum(&src, &o, o32, NULL, scratch);
+            kvs_attn_colsum(&src, &o, NULL, o64, scratch);
+            if (red == KVS_GQA_NONE) memcpy(tmp, S, (size_t)(nh * nc) * sizeof *tmp);
+            else naive_reduce(S, nh, nc, red, tmp);
+            for (int64_t h = 0; h < rows; h++)
+                for (int64_t j = 0; j < n_out; j++) {
+                    double want = tmp[h * nc + j];
+                    /* fp32 sums of up to ~40 probabilities: a few 1e-6 */
+                    assert_near(o32[h * n_out + j], want, 2e-5 * (1 + want));
+                    if (red != KVS_GQA_MAX) assert_near(o64[h * n_out + j], want, 2e-6 * (1 + want));
+                }
+            if (red == KVS_GQA_MAX) { /* fp64: the max of each row's heads, summed over the rows */
+                for (int64_t j = 0; j < n_out; j++) {
+                    double want = 0;
+                    for (int64_t r = 0; r < nr; r++) {
+                        double m = -INFINITY;
+                        for (int h = 0; h < nh; h++) {
+                            double v = R[((size_t)r * (size_t)nh + (size_t)h) * (size_t)nc + (size_t)j];
+                            m = v > m ? v : m;
+                        }
+                        want += m;
+                    }
+                    assert_near(o64[j], want, 2e-6 * (1 + want));
+                }
+            }
+        }
+        free(q);
+        free(k);
+        free(idx);
+        free(S);
+        free(R);
+        free(tmp);
+        free(o32);
+        free(o64);
+        free(scratch);
+    }
+}
+
+/* Naive SnapKV score: the window's head sums reduced, then pooled (max, or zero-padded average), double. */
+static void naive_snapkv(const kvs_attn_src *src, int64_t w, int64_t kernel, kvs_pool pool, int h0, int nh,
+                         kvs_gqa_reduce red, double *out) {
+    int64_t n = src->n_cand, m = n - w, rows = red == KVS_GQA_NONE ? nh : 1, hw = kernel / 2;
+    double *S = malloc((size_t)(nh * n) * sizeof *S), *x = malloc((size_t)(nh * n) * sizeof *x);
+    assert_true(S && x);
+    naive_colsum(src, src->n_q - w, w, h0, nh, S, NULL);
+    if (red == KVS_GQA_NONE) memcpy(x, S, (size_t)(nh * n) * sizeof *x);
+    else naive_reduce(S, nh, n, red, x);
+    for (int64_t h = 0; h < rows; h++)
+        for (int64_t i = 0; i < m; i++) {
+            double a = pool == KVS_POOL_MAX ? -INFINITY : 0;
+            for (int64_t j = i - hw; j <= i + hw; j++) {
+                if (j < 0 || j >= m) continue; /* max: -inf padding; avg: zero padding */
+                double v = x[h * n + j];
+                a = pool == KVS_POOL_MAX ? (v > a ? v : a) : a + v;
+            }
+            out[h * m + i] = pool == KVS_POOL_MAX ? a : a / (double)kernel;
+        }
+    free(S);
+    free(x);
+}
+
+static void test_snapkv_scores_tiny_exact(void **state) {
+    (void)state;
+    float q[12];
+    tiny_queries(q);
+    void *scratch = malloc(kvs_attn_colsum_scratch_bytes(3));
+    assert_non_null(scratch);
+    kvs_attn_src src = {.q = q, .q_first = 0, .n_q = 3, .group = 2, .d = 2, .scale = 1.0f, .keys = tiny_keys,
+                        .idx = NULL, .n_cand = 3};
+    /* window 1 (position 2): prefix = positions 0, 1; head sums (1/4, 1/2) and (1/8, 3/8) */
+    kvs_snapkv_opts o = {.window = 1, .kernel = 1, .pool = KVS_POOL_MAX, .head_first = 0, .n_heads = 2,
+                         .reduce = KVS_GQA_MEAN};
+    float out[4];
+    assert_int_equal(kvs_snapkv_scores(&src, &o, out, scratch), 2);
+    assert_float_equal(out[0], 0.1875f, 1e-6f);
+    assert_float_equal(out[1], 0.4375f, 1e-6f);
+    o.kernel = 3; /* max pooling over a 2-long prefix: both see both */
+    kvs_snapkv_scores(&src, &o, out, scratch);
+    assert_float_equal(out[0], 0.4375f, 1e-6f);
+    assert_float_equal(out[1], 0.4375f, 1e-6f);
+    o.pool = KVS_POOL_AVG; /* zero padding at both ends: (0 + 3/16 + 7/16) / 3 */
+    kvs_snapkv_scores(&src, &o, out, scratch);
+    assert_float_equal(out[0], 0.625f / 3, 1e-6f);
+    assert_float_equal(out[1], 0.625f / 3, 1e-6f);
+    /* window 2, per head, no pooling: head sums over positions 1, 2 of position 0 only */
+    kvs_snapkv_opts ph = {.window = 2, .kernel = 1, .pool = KVS_POOL_AVG, .head_first = 0, .n_heads = 2,
+                          .reduce = KVS_GQA_NONE};
+    assert_int_equal(kvs_snapkv_scores(&src, &ph, out, scratch), 1);
+    assert_float_equal(out[0], 0.5f, 1e-6f);
+    assert_float_equal(out[1], 0.625f, 1e-6f);
+    ph.reduce = KVS_GQA_SUM;
+    kvs_snapkv_scores(&src, &ph, out, scratch);
+    assert_float_equal(out[0], 1.125f, 1e-6f);
+    ph.reduce = KVS_GQA_MAX;
+    kvs_snapkv_scores(&src, &ph, out, scratch);
+    assert_float_equal(out[0], 0.625f, 1e-6f);
+    /* a window covering every candidate (clamped to the 3 query rows) leaves nothing to score */
+    out[0] = -7.0f;
+    ph.window = 32;
+    assert_int_equal(kvs_snapkv_scores(&src, &ph, out, scratch), 0);
+    assert_true(out[0] == -7.0f);
+    free(scratch);
+}
+
+static void test_snapkv_scores_matches_naive(void **state) {
+    (void)state;
+    uint64_t seed = 99;
+    /* (prompt, window, kernel): RocketKV stage 1 (32, 63) on a prompt shorter than the kernel, SnapKV's
+     * LongBench (32, 7), the SnapKVCluster default (64, 5), and small odd cases */
+    const int64_t cfg[][3] = {{100, 32, 63}, {90, 32, 7}, {140, 64, 5}, {9, 3, 3}, {12, 11, 5}, {20, 4, 1}};
+    for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; c++) {
+        for (int group = 1; group <= 3; group++) {
+            int d = 4 + (int)c;
+            int64_t n = cfg[c][0], w = cfg[c][1], kernel = cfg[c][2], m = n - w;
+            float *q = malloc((size_t)(n * group * d) * sizeof *q), *k = malloc((size_t)(n * d) * sizeof *k);
+            float *out = malloc((size_t)(group * m) * sizeof *out);
+            double *want = malloc((size_t)(group * m) * sizeof *want);
+            void *scratch = malloc(kvs_attn_colsum_scratch_bytes(n));
+            assert_true(q && k && out && want && scratch);
+            fill_uniform(q, (size_t)(n * group * d), &seed, -2.0f, 2.0f);
+            fill_uniform(k, (size_t)(n * d), &seed, -2.0f, 2.0f);
+            kvs_attn_src src = {.q = q, .q_first = 0, .n_q = n, .group = group, .d = d,
+                                .scale = 1.0f / sqrtf((float)d), .keys = k, .idx = NULL, .n_cand = n};
+            for (kvs_gqa_reduce red = KVS_GQA_NONE; red <= KVS_GQA_MAX; red++)
+                for (kvs_pool pool = KVS_POOL_MAX; pool <= KVS_POOL_AVG; pool++) {
+                    kvs_snapkv_opts o = {.window = w, .kernel = kernel, .pool = pool, .head_first = 0,
+                                         .n_heads = group, .reduce = red};
+                    assert_int_equal(kvs_snapkv_scores(&src, &o, out, scratch), m);
+                    naive_snapkv(&src, w, kernel, pool, 0, group, red, want);
+                    int64_t rows = red == KVS_GQA_NONE ? group : 1;
+                    for (int64_t i = 0; i < rows * m; i++) assert_near(out[i], want[i], 2e-5 * (1 + want[i]));
+                }
+            free(q);
+            free(k);
+            free(out);
+            free(want);
+            free(scratch);
+        }
+    }
+}
+
 static void test_norms_and_cosine(void **state) {
     (void)state;
     float a[2] = {3, 4}, b[2] = {3, 5}, z[2] = {0, 0};
@@ -428,6 +777,11 @@ int main(void) {
         cmocka_unit_test(test_softmax_and_lse),
         cmocka_unit_test(test_attention_small_example),
         cmocka_unit_test(test_pooling),
+        cmocka_unit_test(test_avgpool1d_pad_edges),
+        cmocka_unit_test(test_attn_colsum_tiny_exact),
+        cmocka_unit_test(test_attn_colsum_matches_naive),
+        cmocka_unit_test(test_snapkv_scores_tiny_exact),
+        cmocka_unit_test(test_snapkv_scores_matches_naive),
         cmocka_unit_test(test_norms_and_cosine),
         cmocka_unit_test(test_npy_header_layout),
     };
