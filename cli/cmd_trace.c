@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "../common/kvs_math.h"
+#include "../common/kvs_out.h"
 #include "../common/npy.h"
 #include "../sim/kv_stream.h"
 #include "../trace/trace.h"
@@ -24,6 +25,16 @@ static int option_error(const char *cmd, int c, char **argv) {
     if (c == ':') return kvs_cli_usage_error(cmd, "option '%s' needs a value", arg);
     if (optopt && optopt < 256) return kvs_cli_usage_error(cmd, "unknown option '-%c'", optopt);
     return kvs_cli_usage_error(cmd, "unknown option '%s'", arg);
+}
+
+/* The one rule for single-valued options (cli.h kvs_cli_once): the long option getopt_long matched
+ * (longindex li; every option here is long-only) given a second time is a usage error naming it. seen[] has
+ * one slot per entry of opts. */
+static int option_once(const char *cmd, const struct option *opts, int li, int *seen) {
+    if (li < 0) return 0;
+    char name[64];
+    snprintf(name, sizeof name, "--%s", opts[li].name);
+    return kvs_cli_once(cmd, name, &seen[li]);
 }
 
 /* Reports a missing TRACE or an extra positional argument (exactly one is wanted). */
@@ -54,7 +65,7 @@ int kvs_cmd_info(int argc, char **argv) {
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         if (c == 'h') {
             info_usage(stdout);
-            return KVS_EXIT_OK;
+            return kvs_cli_finish_stdout("info");
         }
         return option_error("info", c, argv);
     }
@@ -99,7 +110,7 @@ int kvs_cmd_info(int argc, char **argv) {
            in->compressed_bytes ? (double)in->raw_bytes / (double)in->compressed_bytes : 0.0);
     printf("settings     %s\n", cp->settings[0] ? cp->settings : "(none)");
     kvs_trace_close(t);
-    return KVS_EXIT_OK;
+    return kvs_cli_finish_stdout("info");
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -364,7 +375,8 @@ static void verify_usage(FILE *f) {
                "                     also the LSE tolerance unless --lse-tolerance is given\n"
                "  --lse-tolerance X  use fixed tolerances: max absolute LSE error X (the output tolerance is\n"
                "                     then --tolerance, or fp32 1e-4, fp16 0.0625, bf16 0.5)\n"
-               "  --threads N        parallel streams (default: all %d cores)\n", kvs_n_cpus());
+               "  --threads N        parallel streams, 1..%d (default: all %d cores)\n"
+               "Each option may be given once.\n", KVS_CLI_MAX_THREADS, kvs_n_cpus());
 }
 
 /* Fixed output tolerance used when only --lse-tolerance is given: 128 u (1e-4 for fp32), the former
@@ -386,16 +398,20 @@ int kvs_cmd_verify(int argc, char **argv) {
                                          {NULL, 0, NULL, 0}};
     double tol = -1, lse_tol = -1;
     long threads = kvs_n_cpus();
+    if (threads > KVS_CLI_MAX_THREADS) threads = KVS_CLI_MAX_THREADS;
+    int seen[4] = {0};
     opterr = 0;
     optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    int c, li = -1;
+    while ((c = getopt_long(argc, argv, ":h", opts, &li)) != -1) {
         kvs_status s = KVS_OK;
+        if (c != ':' && c != '?' && option_once("verify", opts, li, seen)) return KVS_EXIT_USAGE;
+        li = -1;
         switch (c) {
-        case 'h': verify_usage(stdout); return KVS_EXIT_OK;
+        case 'h': verify_usage(stdout); return kvs_cli_finish_stdout("verify");
         case 't': s = kvs_cli_parse_double("--tolerance", optarg, 0, 1e30, &tol); break;
         case 'l': s = kvs_cli_parse_double("--lse-tolerance", optarg, 0, 1e30, &lse_tol); break;
-        case 'j': s = kvs_cli_parse_long("--threads", optarg, 1, 4096, &threads); break;
+        case 'j': s = kvs_cli_parse_long("--threads", optarg, 1, KVS_CLI_MAX_THREADS, &threads); break;
         default: return option_error("verify", c, argv);
         }
         if (s != KVS_OK) return kvs_cli_usage_error("verify", "%s", kvs_last_error());
@@ -478,14 +494,18 @@ int kvs_cmd_verify(int argc, char **argv) {
     free(res);
     free(th);
     kvs_trace_close(t);
-    if (error) return KVS_EXIT_FAIL;
+    if (error) {
+        (void)kvs_cli_finish_stdout("verify"); /* a write error is reported too; exit 1 either way */
+        return KVS_EXIT_FAIL;
+    }
     if (n_fail) {
         fprintf(stderr, "kvsim verify: %s: stored attention outputs do not match the recomputation (%lld rows "
                         "exceed their %s)\n", path, (long long)n_fail, cfg.fixed ? "tolerance" : "error bound");
+        (void)kvs_cli_finish_stdout("verify");
         return KVS_EXIT_FAIL;
     }
     printf("verify: OK (max %s usage %.3g)\n", what, use_all);
-    return KVS_EXIT_OK;
+    return kvs_cli_finish_stdout("verify");
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -498,7 +518,47 @@ static void export_usage(FILE *f) {
                "  q, o    float32 [positions, n_heads, head_dim]\n"
                "  k, v    float32 [positions, n_kv_heads, head_dim]\n"
                "  lse     float32 [positions, n_heads]\n"
-               "  tokens  int32   [positions] (no --layer needed)\n");
+               "  tokens  int32   [positions] (no --layer needed)\n\n"
+               "--out FILE: a regular file is replaced atomically (written beside it, then renamed); a symbolic\n"
+               "link is written through (its target is replaced, the link stays); a FIFO or device is written\n"
+               "directly; - is standard output (the \"wrote\" line then goes to stderr).\n"
+               "Each option may be given once.\n");
+}
+
+/* Writes a .npy file to o: the common/npy.h header, then the elements little-endian (4 bytes each). */
+static kvs_status write_npy(kvs_out *o, kvs_npy_type type, const int64_t *shape, int ndim, const void *data) {
+    uint8_t hdr[640], chunk[1 << 16];
+    size_t hlen;
+    kvs_status s = kvs_npy_header(type, shape, ndim, hdr, sizeof hdr, &hlen);
+    if (s != KVS_OK || (s = kvs_out_write(o, hdr, hlen)) != KVS_OK) return s;
+    uint64_t count = 1;
+    for (int i = 0; i < ndim; i++) count *= (uint64_t)shape[i];
+    const uint32_t *src = data; /* float32 and int32 alike: their 4 bytes */
+    for (uint64_t i = 0; i < count;) {
+        size_t m = 0;
+        for (; m < sizeof chunk / 4 && i < count; m++, i++) {
+            uint32_t u;
+            memcpy(&u, src + i, 4);
+            kvs_put_u32(chunk + 4 * m, u);
+        }
+        if ((s = kvs_out_write(o, chunk, 4 * m)) != KVS_OK) return s;
+    }
+    return KVS_OK;
+}
+
+/* Writes the .npy to `path` through common/kvs_out.h (nothing half-written is left on failure);
+ * *to_stdout: whether it went to standard output. */
+static kvs_status export_npy(const char *path, kvs_npy_type type, const int64_t *shape, int ndim, const void *data,
+                             int *to_stdout) {
+    kvs_out *o = NULL;
+    kvs_status s = kvs_out_open(path, &o);
+    if (s != KVS_OK) return s;
+    *to_stdout = kvs_out_is_stdout(o);
+    if ((s = write_npy(o, type, shape, ndim, data)) != KVS_OK) {
+        kvs_out_abort(o);
+        return s;
+    }
+    return kvs_out_commit(o);
 }
 
 int kvs_cmd_export(int argc, char **argv) {
@@ -509,12 +569,15 @@ int kvs_cmd_export(int argc, char **argv) {
                                          {NULL, 0, NULL, 0}};
     long layer = -1;
     const char *what = NULL, *out_path = NULL;
+    int seen[4] = {0};
     opterr = 0;
     optind = 1;
-    int c;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    int c, li = -1;
+    while ((c = getopt_long(argc, argv, ":h", opts, &li)) != -1) {
+        if (c != ':' && c != '?' && option_once("export", opts, li, seen)) return KVS_EXIT_USAGE;
+        li = -1;
         switch (c) {
-        case 'h': export_usage(stdout); return KVS_EXIT_OK;
+        case 'h': export_usage(stdout); return kvs_cli_finish_stdout("export");
         case 'l':
             if (kvs_cli_parse_long("--layer", optarg, 0, KVS_TRACE_MAX_LAYERS - 1, &layer) != KVS_OK)
                 return kvs_cli_usage_error("export", "%s", kvs_last_error());
@@ -540,13 +603,15 @@ int kvs_cmd_export(int argc, char **argv) {
     const kvs_trace_info *in = kvs_trace_info_get(t);
     int64_t N = in->n_positions;
     int H = in->model.n_heads, Hkv = in->model.n_kv_heads, d = in->model.head_dim, G = H / Hkv;
+    int to_stdout = 0;
+    const char *out_name = strcmp(out_path, "-") ? out_path : "standard output";
     if (wi == 5) {
         int64_t shape[1] = {N};
-        s = kvs_npy_write(out_path, KVS_NPY_I32, shape, 1, kvs_trace_tokens(t));
+        s = export_npy(out_path, KVS_NPY_I32, shape, 1, kvs_trace_tokens(t), &to_stdout);
         kvs_trace_close(t);
         if (s != KVS_OK) return kvs_cli_fail("export", s);
-        printf("wrote %s: tokens int32 [%lld]\n", out_path, (long long)N);
-        return KVS_EXIT_OK;
+        fprintf(to_stdout ? stderr : stdout, "wrote %s: tokens int32 [%lld]\n", out_name, (long long)N);
+        return kvs_cli_finish_stdout("export");
     }
     if (layer >= in->model.n_layers) {
         int n_layers = in->model.n_layers; /* `in` is borrowed from t */
@@ -584,17 +649,19 @@ int kvs_cmd_export(int argc, char **argv) {
     }
     if (s == KVS_OK) {
         int64_t shape[3] = {N, per_pos_heads, d};
-        s = kvs_npy_write(out_path, KVS_NPY_F32, shape, wi == 4 ? 2 : 3, arr);
+        s = export_npy(out_path, KVS_NPY_F32, shape, wi == 4 ? 2 : 3, arr, &to_stdout);
     }
 done:
     kvs_trace_block_free(b);
     free(arr);
     kvs_trace_close(t);
     if (s != KVS_OK) return kvs_cli_fail("export", s);
-    if (wi == 4) printf("wrote %s: layer %ld lse float32 [%lld, %d]\n", out_path, layer, (long long)N, per_pos_heads);
+    FILE *msg = to_stdout ? stderr : stdout; /* the .npy bytes own standard output */
+    if (wi == 4) fprintf(msg, "wrote %s: layer %ld lse float32 [%lld, %d]\n", out_name, layer, (long long)N, per_pos_heads);
     else
-        printf("wrote %s: layer %ld %s float32 [%lld, %d, %d]\n", out_path, layer, what, (long long)N, per_pos_heads, d);
-    return KVS_EXIT_OK;
+        fprintf(msg, "wrote %s: layer %ld %s float32 [%lld, %d, %d]\n", out_name, layer, what, (long long)N,
+                per_pos_heads, d);
+    return kvs_cli_finish_stdout("export");
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -604,14 +671,49 @@ done:
 static void trace_usage(FILE *f) {
     fprintf(f, "usage: kvsim trace recover IN OUT\n\n"
                "  recover   restores the complete blocks of a trace whose writer was killed (IN is usually\n"
-               "            CAPTURE.kvt.partial) into a complete, valid trace OUT (written via OUT.partial)\n");
+               "            CAPTURE.kvt.partial) into a complete, valid trace OUT\n\n"
+               "OUT may be IN's final name (kvsim trace recover cap.kvt.partial cap.kvt): a regular file is\n"
+               "replaced atomically (written beside it, then renamed), a symbolic link is written through, a\n"
+               "FIFO or device directly, - is standard output (the report then goes to stderr).\n"
+               "Prints the positions and blocks recovered and what was left out, and why. Exit status:\n"
+               "  0  clean recovery: everything IN holds was recovered, except an unfinished tail (the chunks of\n"
+               "     a block the killed writer had not finished, a chunk cut off by the end of the file)\n"
+               "  1  partial recovery: OUT holds the positions before the first bad chunk, and stderr says\n"
+               "     \"partial recovery\", how many positions and blocks IN holds past it that were dropped,\n"
+               "     the bad chunk, its offset and its error (a checksum or header check failed, or the chunks\n"
+               "     are out of order); or a failure: nothing to recover, I/O error (no OUT is written)\n"
+               "  2  bad usage\n");
+}
+
+/* Prints the outcome of a recovery: what OUT holds (stdout, or stderr when OUT is standard output), an
+ * unfinished tail that was left out, and for a partial recovery what was dropped and why (stderr).
+ * @return the exit status: 0 clean, 1 partial. */
+static int recover_report(const char *in_path, const char *out_path, const kvs_trace_recovery *r, int out_is_stdout) {
+    FILE *msg = out_is_stdout ? stderr : stdout;
+    fprintf(msg, "recovered %lld positions (%lld block%s) from %s into %s\n", (long long)r->positions,
+            (long long)r->blocks, r->blocks == 1 ? "" : "s", in_path, out_is_stdout ? "standard output" : out_path);
+    if (!r->partial) {
+        if (r->tail[0]) fprintf(msg, "left out (an unfinished tail, as a killed capture leaves): %s\n", r->tail);
+        return KVS_EXIT_OK;
+    }
+    fprintf(stderr, "kvsim trace recover: partial recovery: ");
+    if (r->lost_positions > 0)
+        fprintf(stderr, "dropped %lld positions (%lld..%lld, %lld block%s) that %s holds past the first bad chunk",
+                (long long)r->lost_positions, (long long)r->positions, (long long)r->input_positions - 1,
+                (long long)r->lost_blocks, r->lost_blocks == 1 ? "" : "s", in_path);
+    else
+        fprintf(stderr, "dropped what %s holds past the first bad chunk (no chunk header is readable there)", in_path);
+    fprintf(stderr, " (%llu bytes from offset %lld on); first bad chunk%s%s at offset %lld: %s\n",
+            (unsigned long long)r->dropped_bytes, (long long)r->bad_offset, r->bad_chunk[0] ? ": " : "", r->bad_chunk,
+            (long long)r->bad_offset, r->bad_error);
+    return KVS_EXIT_FAIL;
 }
 
 int kvs_cmd_trace(int argc, char **argv) {
     if (argc < 2) return kvs_cli_usage_error("trace", "missing subcommand (recover)");
     if (kvs_cli_is_help(argv[1])) {
         trace_usage(stdout);
-        return KVS_EXIT_OK;
+        return kvs_cli_finish_stdout("trace");
     }
     if (strcmp(argv[1], "recover") != 0) return kvs_cli_usage_error("trace", "unknown subcommand '%s'", argv[1]);
     static const struct option opts[] = {{"help", no_argument, NULL, 'h'}, {NULL, 0, NULL, 0}};
@@ -622,7 +724,7 @@ int kvs_cmd_trace(int argc, char **argv) {
     while ((c = getopt_long(sub_argc, sub_argv, ":h", opts, NULL)) != -1) {
         if (c == 'h') {
             trace_usage(stdout);
-            return KVS_EXIT_OK;
+            return kvs_cli_finish_stdout("trace recover");
         }
         return option_error("trace recover", c, sub_argv);
     }
@@ -630,9 +732,10 @@ int kvs_cmd_trace(int argc, char **argv) {
     if (npos < 2) return kvs_cli_usage_error("trace recover", "needs IN and OUT arguments");
     if (npos > 2) return kvs_cli_usage_error("trace recover", "unexpected argument '%s'", sub_argv[optind + 2]);
     const char *in_path = sub_argv[optind], *out_path = sub_argv[optind + 1];
-    int64_t n = 0;
-    kvs_status s = kvs_trace_recover(in_path, out_path, &n);
+    kvs_trace_recovery rep;
+    kvs_status s = kvs_trace_recover_with_report(in_path, out_path, &rep);
     if (s != KVS_OK) return kvs_cli_fail("trace recover", s);
-    printf("recovered %lld positions from %s into %s\n", (long long)n, in_path, out_path);
-    return KVS_EXIT_OK;
+    int rc = recover_report(in_path, out_path, &rep, kvs_out_path_is_stdout(out_path));
+    int wrc = kvs_cli_finish_stdout("trace recover");
+    return rc != KVS_EXIT_OK ? rc : wrc;
 }

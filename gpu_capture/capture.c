@@ -23,8 +23,67 @@ void kvs_capture_result_free(kvs_capture_result *r) {
     if (!r) return;
     free(r->tokens);
     free(r->text);
+    free(r->turns_text);
     r->tokens = NULL;
     r->text = NULL;
+    r->turns_text = NULL;
+}
+
+/* Cuts the single prompt ids[0..*n) (opts.truncate) so that it and `steps` generated tokens fit in max_pos
+ * positions, keeping at least one token and, from the left, a leading BOS. */
+static void truncate_prompt(int32_t *ids, size_t *n, kvs_capture_truncate how, int steps, int max_pos, int32_t bos,
+                            kvs_capture_result *r) {
+    size_t limit = max_pos > steps ? (size_t)(max_pos - steps) : 1;
+    r->n_prompt_given = (int64_t)*n;
+    if (how == KVS_CAPTURE_TRUNCATE_NONE || *n <= limit) return;
+    size_t drop = *n - limit;
+    if (how == KVS_CAPTURE_TRUNCATE_LEFT) {
+        size_t keep_head = bos >= 0 && ids[0] == bos ? 1 : 0; /* the model was trained with BOS first */
+        if (keep_head && limit < 2) { /* room for BOS alone */
+            drop = *n - 1;
+        }
+        memmove(ids + keep_head, ids + keep_head + drop, (*n - keep_head - drop) * sizeof *ids);
+    }
+    *n -= drop;
+    r->n_prompt_dropped = (int64_t)drop;
+}
+
+/* The multi-turn text: "--- turn T (positions A..B) ---" then the decoded text of each fed turn. */
+static kvs_status turns_text(const kvs_tokenizer *tok, const int32_t *ids, const int64_t *turn_begin, size_t n_turns,
+                             char **out) {
+    size_t cap = 256, len = 0;
+    char *buf = malloc(cap);
+    if (!buf) return kvs_fail(KVS_ERR_NOMEM, "capture: out of memory");
+    buf[0] = '\0';
+    for (size_t t = 0; t < n_turns; t++) {
+        int64_t a = turn_begin[t], b = turn_begin[t + 1];
+        if (b <= a) continue; /* a turn never fed (max positions reached before it) */
+        char *text = NULL, head[96];
+        kvs_status s = kvs_tokenizer_decode(tok, ids + a, (size_t)(b - a), &text);
+        if (s != KVS_OK) {
+            free(buf);
+            return s;
+        }
+        int hl = snprintf(head, sizeof head, "%s--- turn %zu (positions %lld..%lld) ---\n", len ? "\n" : "", t,
+                          (long long)a, (long long)(b - 1));
+        size_t tl = strlen(text);
+        if (len + (size_t)hl + tl + 1 > cap) {
+            while (len + (size_t)hl + tl + 1 > cap) cap *= 2;
+            char *nb = realloc(buf, cap);
+            if (!nb) {
+                free(text);
+                free(buf);
+                return kvs_fail(KVS_ERR_NOMEM, "capture: out of memory");
+            }
+            buf = nb;
+        }
+        memcpy(buf + len, head, (size_t)hl);
+        memcpy(buf + len + (size_t)hl, text, tl + 1);
+        len += (size_t)hl + tl;
+        free(text);
+    }
+    *out = buf;
+    return KVS_OK;
 }
 
 static int file_exists(const char *p) {
@@ -124,12 +183,16 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
     id_vec seq = {0};
     size_t n_turn_prompts = o->turns ? o->n_turns : 1;
     id_vec *turn_ids = NULL;
+    int64_t *turn_begin = NULL; /* [n_turn_prompts + 1]: first position of each turn, then the end */
     memset(r, 0, sizeof *r);
+    r->unk_id = -1;
 
     if (o->steps < 0) return kvs_fail(KVS_ERR_INVALID_ARG, "--steps: %d must be >= 0", o->steps);
     if ((o->prompt_text != NULL) + (o->prompt_ids != NULL) + (o->turns != NULL) > 1)
         return kvs_fail(KVS_ERR_INVALID_ARG, "give at most one of a prompt text, prompt ids or turns");
     if (o->turns && o->n_turns == 0) return kvs_fail(KVS_ERR_INVALID_ARG, "turns: no turns given");
+    if (o->turns && o->truncate != KVS_CAPTURE_TRUNCATE_NONE)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "--truncate cuts a single prompt, not --turns");
     if (o->block < 0 || o->block > KVS_TRACE_MAX_BLOCK)
         return kvs_fail(KVS_ERR_INVALID_ARG, "--block: %d is outside [1, %d]", o->block, KVS_TRACE_MAX_BLOCK);
 
@@ -165,13 +228,16 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
 
     /* prompt tokens per turn */
     turn_ids = calloc(n_turn_prompts, sizeof *turn_ids);
-    if (!turn_ids) { s = kvs_fail(KVS_ERR_NOMEM, "capture: out of memory"); goto cleanup; }
+    turn_begin = calloc(n_turn_prompts + 1, sizeof *turn_begin);
+    if (!turn_ids || !turn_begin) { s = kvs_fail(KVS_ERR_NOMEM, "capture: out of memory"); goto cleanup; }
+    r->unk_id = tok ? kvs_tokenizer_unk(tok) : -1;
     int add_bos = !o->no_bos;
     size_t total_prompt = 0;
     for (size_t t = 0; t < n_turn_prompts; t++) {
         const char *text = o->turns ? o->turns[t] : o->prompt_text;
         if (text) {
             KVS_TRY(s = encode_text(tok, text, add_bos && t == 0, &turn_ids[t]));
+            for (size_t i = 0; r->unk_id >= 0 && i < turn_ids[t].n; i++) r->n_unk += turn_ids[t].ids[i] == r->unk_id;
         } else {
             /* ids that already start with BOS (copied from a tokenizer's output, say) get no second one */
             int starts_with_bos = o->n_prompt_ids > 0 && o->prompt_ids[0] == info->bos_id;
@@ -208,6 +274,10 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
                              turn_ids[t].ids[i], cfg->vocab_size);
                 goto cleanup;
             }
+    if (!o->turns) {
+        truncate_prompt(turn_ids[0].ids, &turn_ids[0].n, o->truncate, o->steps, max_pos, info->bos_id, r);
+        total_prompt = turn_ids[0].n;
+    }
     if (total_prompt > (size_t)max_pos) {
         s = kvs_fail(KVS_ERR_RANGE, "prompt is %zu tokens, longer than the %d positions allowed (%s)", total_prompt,
                      max_pos, o->max_positions > 0 ? "--max-positions" : "model context");
@@ -262,7 +332,10 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
     if (planned > max_pos) planned = max_pos;
     const float *logits = NULL;
     int stop_all = 0;
+    size_t n_started = 0;
     for (size_t t = 0; t < n_turn_prompts && !stop_all; t++) {
+        turn_begin[t] = pos;
+        n_started = t + 1;
         int64_t n_items = (int64_t)turn_ids[t].n + o->steps;
         int32_t next = -1;
         int64_t i = 0;
@@ -327,6 +400,8 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
             progress_line(o, pos, planned, t0, w, &last, 0);
         }
     }
+    for (size_t t = n_started; t <= n_turn_prompts; t++) turn_begin[t] = pos; /* the end; turns never started
+                                                                                 (max positions) are empty */
     if (gb) KVS_TRY(s = kvs_cuda_backend_finish(gb)); /* every position handed to the writer */
     progress_line(o, pos, planned, t0, w, &last, 1);
     r->seconds = kvs_now_s() - t0;
@@ -335,6 +410,7 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
         r->trace_bytes = kvs_trace_writer_bytes(w);
     }
     if (tok) KVS_TRY(s = kvs_tokenizer_decode(tok, seq.ids, seq.n, &r->text));
+    if (tok && o->turns) KVS_TRY(s = turns_text(tok, seq.ids, turn_begin, n_turn_prompts, &r->turns_text));
     r->tokens = seq.ids;
     r->n_positions = (int64_t)seq.n;
     seq.ids = NULL;
@@ -347,6 +423,7 @@ cleanup:
     if (turn_ids)
         for (size_t t = 0; t < n_turn_prompts; t++) free(turn_ids[t].ids);
     free(turn_ids);
+    free(turn_begin);
     kvs_sampler_free(smp);
     kvs_model_state_free(st);
     kvs_threadpool_free(pool);

@@ -11,7 +11,11 @@
  *    prompt + generated positions. Generation of a turn stops after `steps` tokens, or when the model
  *    emits an end token (model EOS ids; llama2.c: BOS 1 and EOS 2, as run.c stops) unless ignore_eos; the
  *    end token itself is not forwarded or recorded. Reaching max_positions stops the whole capture (not
- *    an error); a prompt that does not fit is an error (KVS_ERR_RANGE) and nothing is written.
+ *    an error); a prompt that does not fit is an error (KVS_ERR_RANGE) and nothing is written, unless
+ *    `truncate` asks to cut it (single prompts only, not turns): then, when the prompt and `steps`
+ *    generated tokens do not fit in max_positions, prompt tokens are dropped from the start (LEFT; a
+ *    leading BOS is kept) or the end (RIGHT) until they do, keeping at least one.
+ *  - Prompt text the tokenizer maps to its unknown token is counted (r->n_unk) for the caller to warn.
  *  - Turns: turn t's prompt tokens are recorded with role PROMPT and turn index t, then its generated
  *    tokens with role GENERATED. Only turn 0 gets BOS.
  *  - On any failure the trace writer is freed unclosed, which removes OUT.partial: no file is left.
@@ -23,6 +27,9 @@
 #include <stdint.h>
 
 #include "../common/kvs.h"
+
+/* What to do with a prompt that does not fit (kvs_capture_opts.truncate). */
+typedef enum { KVS_CAPTURE_TRUNCATE_NONE = 0, KVS_CAPTURE_TRUNCATE_LEFT = 1, KVS_CAPTURE_TRUNCATE_RIGHT = 2 } kvs_capture_truncate;
 
 /* Which forward pass decodes: the CPU reference, or the CUDA backend (a CUDA build on a machine with a GPU;
  * otherwise kvs_capture_run fails with KVS_ERR_NO_DEVICE "no CUDA device (...)" before writing anything).
@@ -42,6 +49,7 @@ typedef struct {
     int ignore_eos;
     int steps;                  /* tokens generated per turn, >= 0 */
     int max_positions;          /* 0 = the model context */
+    kvs_capture_truncate truncate; /* NONE: a prompt longer than max_positions is an error; LEFT/RIGHT: cut it */
     float temperature;          /* 0 = greedy */
     float top_p;                /* (0, 1]; 1 = off */
     uint64_t seed;
@@ -63,6 +71,14 @@ typedef struct {
     uint64_t trace_bytes;       /* size of the written trace, 0 without one */
     int stopped_eos;            /* the last turn ended on an end token */
     int stopped_max;            /* max_positions cut generation short */
+    int64_t n_prompt_dropped;   /* prompt tokens dropped by opts.truncate (0: none) */
+    int64_t n_prompt_given;     /* prompt tokens before truncation, BOS included */
+    int64_t n_unk;              /* prompt tokens the tokenizer made its unknown token (set before decoding, so
+                                   also after a failure) */
+    int32_t unk_id;             /* that token's id (kvs_tokenizer_unk), -1 when none */
+    char *turns_text;           /* multi-turn captures with a tokenizer: the text of each turn that was fed,
+                                   each after a line "--- turn T (positions A..B) ---" (T the trace's turn
+                                   index, as `kvsim info` numbers turns; malloc'd); NULL otherwise */
     char model_name[64];
 } kvs_capture_result;
 

@@ -565,6 +565,7 @@ const char *kvs_tokenizer_piece(const kvs_tokenizer *t, int32_t id) {
 int32_t kvs_tokenizer_vocab_size(const kvs_tokenizer *t) { return t ? t->n_vocab : 0; }
 int32_t kvs_tokenizer_bos(const kvs_tokenizer *t) { return t ? t->bos : -1; }
 int32_t kvs_tokenizer_eos(const kvs_tokenizer *t) { return t ? t->eos : -1; }
+int32_t kvs_tokenizer_unk(const kvs_tokenizer *t) { return t ? t->unk : -1; }
 
 void kvs_tokenizer_free(kvs_tokenizer *t) {
     if (!t) return;

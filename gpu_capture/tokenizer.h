@@ -96,6 +96,10 @@ int32_t kvs_tokenizer_vocab_size(const kvs_tokenizer *t);
 int32_t kvs_tokenizer_bos(const kvs_tokenizer *t);
 int32_t kvs_tokenizer_eos(const kvs_tokenizer *t);
 
+/*! kvs_tokenizer_unk() : the id encode gives text the vocabulary cannot represent (llama2.c: 0, "<unk>", which
+ *  its byte fallback never produces for text; HF: model.unk_token), -1 when the tokenizer has none. */
+int32_t kvs_tokenizer_unk(const kvs_tokenizer *t);
+
 /*! kvs_tokenizer_free() : releases t; NULL is accepted. */
 void kvs_tokenizer_free(kvs_tokenizer *t);
 

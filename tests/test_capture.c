@@ -337,6 +337,192 @@ static void test_no_trace_and_sampling_are_deterministic(void **state) {
     rm_dir(dir);
 }
 
+/* Line 1 ("ids: ...") of a capture's stdout saved in dir/name. */
+static char *first_line(const char *dir, const char *name) {
+    char *t = slurp_in(dir, name);
+    assert_non_null(t);
+    char *nl = strchr(t, '\n');
+    if (nl) *nl = '\0';
+    return t;
+}
+
+static void write_text(const char *dir, const char *name, const char *text) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    assert_int_equal(fclose(f), 0);
+}
+
+static void test_prompt_file_drops_one_trailing_newline_and_reads_stdin(void **state) {
+    (void)state;
+    need_models();
+    char dir[] = "/tmp/kvs_capture_XXXXXX", m[4096];
+    assert_non_null(mkdtemp(dir));
+    snprintf(m, sizeof m, "%s/../shared/models/stories260K.bin", kvs_test_root());
+    const char *b = kvsim_bin();
+    write_text(dir, "p1.txt", "Once upon\n");   /* what an editor saves */
+    write_text(dir, "p2.txt", "Once upon\n\n"); /* a blank line the user typed: one newline stays */
+    write_text(dir, "p3.txt", "Once upon\r\n");
+    assert_int_equal(run("'%s' capture --model '%s' --prompt 'Once upon' --steps 0 --no-trace > '%s/ref'", b, m, dir), 0);
+    for (int i = 1; i <= 3; i++)
+        assert_int_equal(run("'%s' capture --model '%s' --prompt-file '%s/p%d.txt' --steps 0 --no-trace > '%s/o%d'", b, m,
+                             dir, i, dir, i), 0);
+    assert_int_equal(run("'%s' capture --model '%s' --prompt-file - --steps 0 --no-trace < '%s/p1.txt' > '%s/o4'", b, m,
+                         dir, dir), 0);
+    char *ref = first_line(dir, "ref"), *o1 = first_line(dir, "o1"), *o2 = first_line(dir, "o2"),
+         *o3 = first_line(dir, "o3"), *o4 = first_line(dir, "o4");
+    assert_string_equal(ref, "ids: 1,403,407");
+    assert_string_equal(o1, ref);
+    assert_string_equal(o3, ref);
+    assert_string_equal(o4, ref); /* standard input */
+    assert_string_equal(o2, "ids: 1,403,407,13"); /* "\n" is token 13 */
+    free(ref);
+    free(o1);
+    free(o2);
+    free(o3);
+    free(o4);
+    assert_int_equal(run("'%s' capture --help | grep -q 'ONE trailing newline'", b), 0);
+    rm_dir(dir);
+}
+
+static void test_unknown_token_text_gets_a_warning(void **state) {
+    (void)state;
+    need_models();
+    char dir[] = "/tmp/kvs_capture_XXXXXX", m[4096];
+    assert_non_null(mkdtemp(dir));
+    snprintf(m, sizeof m, "%s/../shared/models/tinystories-656K", kvs_test_root());
+    /* this tokenizer has no piece for these characters (its byte fallback lacks them): <unk>, id 0 */
+    assert_int_equal(run("'%s' capture --model '%s' --prompt 'Hi \xc3\xbc and \xf0\x9f\x99\x82' --steps 1 --no-trace "
+                         "> '%s/out' 2> '%s/err'", kvsim_bin(), m, dir, dir), 0);
+    char *e = slurp_in(dir, "err"), *o = slurp_in(dir, "out");
+    assert_non_null(strstr(e, "kvsim capture: warning: the tokenizer has no token for 2 pieces of the prompt text"));
+    assert_non_null(strstr(e, "unknown token (id 0)"));
+    assert_non_null(strstr(o, ",0,")); /* the ids show them */
+    free(e);
+    free(o);
+    /* text it can represent: no warning */
+    assert_int_equal(run("'%s' capture --model '%s' --prompt 'Once upon a time' --steps 1 --no-trace > /dev/null "
+                         "2> '%s/err'", kvsim_bin(), m, dir), 0);
+    e = slurp_in(dir, "err");
+    assert_null(strstr(e, "warning"));
+    free(e);
+    rm_dir(dir);
+}
+
+static void test_truncate_cuts_a_prompt_that_does_not_fit(void **state) {
+    (void)state;
+    need_models();
+    char dir[] = "/tmp/kvs_capture_XXXXXX", m[4096], p[4200];
+    assert_non_null(mkdtemp(dir));
+    snprintf(m, sizeof m, "%s/../shared/models/stories260K.bin", kvs_test_root());
+    const char *b = kvsim_bin(), *prompt = "Once upon a time there was a little girl"; /* BOS + 11 tokens */
+    snprintf(p, sizeof p, "%s/err", dir);
+    /* without --truncate: refused */
+    assert_int_equal(run("'%s' capture --model '%s' --prompt '%s' --max-positions 8 --steps 3 --no-trace > /dev/null "
+                         "2> '%s/err'", b, m, prompt, dir), 1);
+    char *e = slurp(p);
+    assert_non_null(strstr(e, "longer than the 8 positions allowed"));
+    free(e);
+    /* left: BOS and the last 4 prompt tokens, room for the 3 generated ones */
+    assert_int_equal(run("'%s' capture --model '%s' --prompt '%s' --max-positions 8 --steps 3 --truncate left "
+                         "--no-trace > '%s/l' 2> '%s/err'", b, m, prompt, dir, dir), 0);
+    char *l = first_line(dir, "l");
+    assert_int_equal(strncmp(l, "ids: 1,376,298,315,421,", 23), 0);
+    free(l);
+    e = slurp(p);
+    assert_non_null(strstr(e, "--truncate left: the prompt was cut from 12 to 5 tokens (7 dropped from the start)"));
+    free(e);
+    l = slurp_in(dir, "l");
+    assert_non_null(strstr(l, "8 positions (5 prompt, 3 generated)"));
+    free(l);
+    /* right: the first 5 tokens */
+    assert_int_equal(run("'%s' capture --model '%s' --prompt '%s' --max-positions 8 --steps 3 --truncate=right "
+                         "--no-trace > '%s/r' 2> '%s/err'", b, m, prompt, dir, dir), 0);
+    char *r = first_line(dir, "r");
+    assert_int_equal(strncmp(r, "ids: 1,403,407,261,378,", 23), 0);
+    free(r);
+    e = slurp(p);
+    assert_non_null(strstr(e, "(7 dropped from the end)"));
+    free(e);
+    /* a prompt that fits with its generated tokens is not touched, and says nothing */
+    assert_int_equal(run("'%s' capture --model '%s' --prompt 'Once upon' --steps 3 --truncate left --no-trace "
+                         "> '%s/n' 2> '%s/err'", b, m, dir, dir), 0);
+    e = slurp(p);
+    assert_string_equal(e, "");
+    free(e);
+    /* bad values and --turns: usage errors */
+    assert_int_equal(run("'%s' capture --model '%s' --prompt a --truncate middle --no-trace 2>/dev/null", b, m), 2);
+    write_text(dir, "turns.txt", "a\nb\n");
+    assert_int_equal(run("'%s' capture --model '%s' --turns '%s/turns.txt' --truncate left --no-trace 2>'%s/err'", b, m,
+                         dir, dir), 2);
+    e = slurp(p);
+    assert_non_null(strstr(e, "--truncate cuts a single prompt, not --turns"));
+    free(e);
+    rm_dir(dir);
+}
+
+static void test_multi_turn_text_is_printed_turn_by_turn(void **state) {
+    (void)state;
+    need_models();
+    char dir[] = "/tmp/kvs_capture_XXXXXX", m[4096];
+    assert_non_null(mkdtemp(dir));
+    snprintf(m, sizeof m, "%s/../shared/models/tinystories-656K", kvs_test_root());
+    write_text(dir, "turns.txt", "Once upon a time\n\nThe dog ran to the park.\n");
+    assert_int_equal(run("'%s' capture --model '%s' --turns '%s/turns.txt' --steps 6 --ignore-eos --out '%s/mt.kvt' "
+                         "> '%s/out' 2>&1", kvsim_bin(), m, dir, dir, dir), 0);
+    char *o = slurp_in(dir, "out");
+    assert_non_null(o);
+    kvs_trace *t;
+    char p[4200];
+    snprintf(p, sizeof p, "%s/mt.kvt", dir);
+    assert_int_equal(kvs_trace_open(p, &t), KVS_OK);
+    const kvs_turn *tu = kvs_trace_info_get(t)->turns;
+    char want[128];
+    snprintf(want, sizeof want, "--- turn 0 (positions 0..%lld) ---\nOnce upon a time", (long long)tu[0].end - 1);
+    assert_non_null(strstr(o, want));
+    snprintf(want, sizeof want, "\n--- turn 1 (positions %lld..%lld) ---\n", (long long)tu[1].begin,
+             (long long)tu[1].end - 1);
+    assert_non_null(strstr(o, want));
+    assert_non_null(strstr(strstr(o, want), "The dog ran to the park."));
+    kvs_trace_close(t);
+    free(o);
+    rm_dir(dir);
+}
+
+static void test_capture_out_link_stdout_and_write_errors(void **state) {
+    (void)state;
+    need_models();
+    char dir[] = "/tmp/kvs_capture_XXXXXX", m[4096], p[4200];
+    assert_non_null(mkdtemp(dir));
+    snprintf(m, sizeof m, "%s/../shared/models/stories260K.bin", kvs_test_root());
+    const char *b = kvsim_bin();
+    /* through a symbolic link: the target gets the trace, the link stays */
+    assert_int_equal(run("cd '%s' && ln -s real.kvt link.kvt && '%s' capture --model '%s' --steps 5 --threads 1 "
+                         "--out link.kvt > out 2>&1", dir, b, m), 0);
+    assert_int_equal(run("test -L '%s/link.kvt' && test -f '%s/real.kvt'", dir, dir), 0);
+    assert_int_equal(run("'%s' verify '%s/link.kvt' > /dev/null", b, dir), 0);
+    assert_int_equal(run("ls '%s' | grep -q partial", dir), 1);
+    /* to standard output: the same bytes, the text on stderr */
+    assert_int_equal(run("'%s' capture --model '%s' --steps 5 --threads 1 --out - > '%s/s.kvt' 2> '%s/err'", b, m, dir,
+                         dir), 0);
+    assert_int_equal(run("cmp -s '%s/s.kvt' '%s/real.kvt'", dir, dir), 0);
+    snprintf(p, sizeof p, "%s/err", dir);
+    char *e = slurp(p);
+    assert_non_null(strstr(e, "trace to standard output"));
+    free(e);
+    /* a write error on standard output: exit 1 */
+    if (access("/dev/full", W_OK) == 0) {
+        assert_int_equal(run("'%s' capture --model '%s' --steps 2 --no-trace > /dev/full 2> '%s/err'", b, m, dir), 1);
+        e = slurp(p);
+        assert_non_null(strstr(e, "failed: No space left on device"));
+        free(e);
+        assert_int_equal(run("'%s' capture --model '%s' --steps 2 --out - > /dev/full 2> /dev/null", b, m), 1);
+    }
+    rm_dir(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_capture_stories260K_trace_matches_reference),
@@ -344,6 +530,11 @@ int main(void) {
         cmocka_unit_test(test_cli_bad_input_exits_nonzero_and_leaves_no_file),
         cmocka_unit_test(test_multi_turn_capture_records_turns),
         cmocka_unit_test(test_no_trace_and_sampling_are_deterministic),
+        cmocka_unit_test(test_prompt_file_drops_one_trailing_newline_and_reads_stdin),
+        cmocka_unit_test(test_unknown_token_text_gets_a_warning),
+        cmocka_unit_test(test_truncate_cuts_a_prompt_that_does_not_fit),
+        cmocka_unit_test(test_multi_turn_text_is_printed_turn_by_turn),
+        cmocka_unit_test(test_capture_out_link_stdout_and_write_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

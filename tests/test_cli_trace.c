@@ -449,6 +449,104 @@ static void test_trace_recover_cli(void **state) {
     kvs_gen_trace_free(g);
 }
 
+/* Offset of chunk i (0 = the tokens chunk of block 0; then file order) of a trace file in buf. */
+static uint64_t chunk_offset(const char *buf, int i) {
+    uint64_t off = kvs_get_u32((const uint8_t *)buf + 12);
+    for (int k = 0; k < i; k++) off += 56 + kvs_get_u64((const uint8_t *)buf + off + 40);
+    return off;
+}
+
+static void write_bytes(const char *path, const char *buf, size_t len) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(kvs_write_all(fd, buf, len, path), KVS_OK);
+    close(fd);
+}
+
+/* A corrupt chunk in the middle: OUT holds the blocks before it, and the report says what was dropped and why,
+ * with exit 1 ("partial recovery"), not "recovered N positions" and exit 0. */
+static void test_trace_recover_partial_says_what_was_dropped(void **state) {
+    cli_ctx *c = *state;
+    kvs_gen_trace *g = write_gen(c->path, KVS_DTYPE_F16, -1, 1); /* 31 positions, blocks of 8, 7 chunks per block */
+    char *buf, bad[160], rec[160], want[256];
+    size_t len;
+    assert_int_equal(kvs_read_file(c->path, &buf, &len), KVS_OK);
+    uint64_t off = chunk_offset(buf, 7 + 3); /* block 1, chunk 3: (layer 1, kv head 0) */
+    buf[off + 56 + 20] ^= 0x40;           /* a payload byte */
+    snprintf(bad, sizeof bad, "%s/bad.kvt", c->dir);
+    snprintf(rec, sizeof rec, "%s/rec.kvt", c->dir);
+    write_bytes(bad, buf, len);
+    int rc = run(c, "trace", "recover", bad, rec, NULL);
+    if (rc != 1) fail_msg("exit %d (expected 1)\n%s%s", rc, c->out, c->err);
+    assert_contains(c->out, "recovered 8 positions (1 block)");
+    assert_contains(c->err, "kvsim trace recover: partial recovery: dropped 23 positions (8..30, 3 blocks)");
+    snprintf(want, sizeof want, "first bad chunk: chunk (layer 1, kv head 0, block 1) at offset %llu: payload "
+             "checksum mismatch", (unsigned long long)off);
+    assert_contains(c->err, want);
+    assert_int_equal(run(c, "verify", rec, NULL), 0); /* what was recovered is a valid trace */
+    assert_int_equal(run(c, "info", rec, NULL), 0);
+    assert_contains(c->out, "positions    8 ");
+    /* a chunk missing from the middle (every chunk intact): the block order breaks, also partial */
+    free(buf);
+    assert_int_equal(kvs_read_file(c->path, &buf, &len), KVS_OK);
+    uint64_t a = chunk_offset(buf, 7 + 2), b = chunk_offset(buf, 7 + 3); /* drop block 1's (layer 0, kv head 1) */
+    memmove(buf + a, buf + b, len - b);
+    write_bytes(bad, buf, len - (b - a));
+    rc = run(c, "trace", "recover", bad, rec, NULL);
+    if (rc != 1) fail_msg("exit %d (expected 1)\n%s%s", rc, c->out, c->err);
+    assert_contains(c->out, "recovered 8 positions");
+    assert_contains(c->err, "partial recovery: dropped 23 positions");
+    assert_contains(c->err, "chunks out of order: expected the chunk (layer 0, kv head 1, block 1) here");
+    /* the exit statuses are in the help */
+    assert_int_equal(run(c, "trace", "recover", "--help", NULL), 0);
+    assert_contains(c->out, "partial recovery");
+    free(buf);
+    kvs_gen_trace_free(g);
+}
+
+/* What a killed capture leaves (the chunks of an unfinished block, a torn last chunk) is a clean recovery:
+ * exit 0, and the report names what was left out. */
+static void test_trace_recover_unfinished_tail_is_clean(void **state) {
+    cli_ctx *c = *state;
+    kvs_gen_trace *g = write_gen(c->path, KVS_DTYPE_F16, -1, 1);
+    char *buf, cut[160], rec[160];
+    size_t len;
+    assert_int_equal(kvs_read_file(c->path, &buf, &len), KVS_OK);
+    snprintf(cut, sizeof cut, "%s/cap.kvt.partial", c->dir);
+    snprintf(rec, sizeof rec, "%s/rec.kvt", c->dir);
+    write_bytes(cut, buf, (size_t)chunk_offset(buf, 2 * 7 + 3) + 70); /* 2 blocks, 3 chunks of block 2, 14 bytes */
+    int rc = run(c, "trace", "recover", cut, rec, NULL);
+    if (rc != 0) fail_msg("exit %d (expected 0)\n%s", rc, c->err);
+    assert_contains(c->out, "recovered 16 positions (2 blocks)");
+    assert_contains(c->out, "left out (an unfinished tail, as a killed capture leaves): the unfinished block 2 "
+                            "(positions 16..23: 3 of 7 chunks written), then chunk (layer 1, kv head 0, block 2)");
+    assert_int_equal(c->err[0], '\0');
+    free(buf);
+    kvs_gen_trace_free(g);
+}
+
+/* `kvsim trace recover CAP.kvt.partial CAP.kvt`, the natural call after a killed capture, used to truncate its
+ * input (OUT.partial was IN) and fail; IN must survive untouched. */
+static void test_trace_recover_into_the_capture_name(void **state) {
+    cli_ctx *c = *state;
+    kvs_gen_trace *g = write_gen(c->path, KVS_DTYPE_F16, -1, 1);
+    char *buf, *after, partial[160];
+    size_t len, len2;
+    assert_int_equal(kvs_read_file(c->path, &buf, &len), KVS_OK);
+    snprintf(partial, sizeof partial, "%s.partial", c->path);
+    write_bytes(partial, buf, (size_t)chunk_offset(buf, 2 * 7));
+    assert_int_equal(unlink(c->path), 0);
+    int rc = run(c, "trace", "recover", partial, c->path, NULL);
+    if (rc != 0) fail_msg("exit %d (expected 0)\n%s", rc, c->err);
+    assert_int_equal(run(c, "verify", c->path, NULL), 0);
+    assert_int_equal(kvs_read_file(partial, &after, &len2), KVS_OK);
+    assert_int_equal(len2, (size_t)chunk_offset(buf, 2 * 7));
+    assert_memory_equal(after, buf, len2);
+    free(after);
+    free(buf);
+    kvs_gen_trace_free(g);
+}
+
 static void test_bad_usage_exits_2(void **state) {
     cli_ctx *c = *state;
     kvs_gen_trace *g = write_gen(c->path, KVS_DTYPE_F32, -1, 1);
@@ -521,6 +619,9 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_verify_fails_on_corrupt_chunk, setup, teardown),
         cmocka_unit_test_setup_teardown(test_export_writes_npy, setup, teardown),
         cmocka_unit_test_setup_teardown(test_trace_recover_cli, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_trace_recover_partial_says_what_was_dropped, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_trace_recover_unfinished_tail_is_clean, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_trace_recover_into_the_capture_name, setup, teardown),
         cmocka_unit_test_setup_teardown(test_bad_usage_exits_2, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

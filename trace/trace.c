@@ -7,6 +7,8 @@
  */
 #include "trace.h"
 
+#include "../common/kvs_out.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -1358,16 +1360,99 @@ void kvs_trace_stream_free(kvs_trace_stream *s) {
  * Recovery (FORMAT.md "Writing, killing and recovering")
  * ---------------------------------------------------------------------------------------------- */
 
+/* Reads the trailer and footer of a complete trace, trusting only what its checksums confirm: *footer_off
+ * the footer's offset (0 when the trailer is not intact), *footer_n the footer's position count (-1 when the
+ * footer is not intact). Never fails: recovery uses whatever checks out. */
+static void recover_read_footer(int fd, uint64_t size, const trace_hdr *h, const char *path, uint64_t *footer_off,
+                                int64_t *footer_n) {
+    *footer_off = 0;
+    *footer_n = -1;
+    uint8_t tr[TRAILER];
+    if (size < (uint64_t)h->header_size + FOOTER_FIXED + TRAILER) return;
+    if (kvs_pread_all(fd, tr, TRAILER, size - TRAILER, path) != KVS_OK) return;
+    if (memcmp(tr + 24, MAGIC_END, 8) != 0 || kvs_crc32(0, tr, 16) != kvs_get_u32(tr + 16)) return;
+    uint64_t foff = kvs_get_u64(tr), fsize = kvs_get_u64(tr + 8);
+    if (foff < h->header_size || foff > size || fsize > size - foff || size - foff - fsize != TRAILER ||
+        fsize < FOOTER_FIXED)
+        return;
+    *footer_off = foff;
+    uint8_t *f = malloc((size_t)fsize); /* bounded by the file size, checked above */
+    if (!f) return;
+    if (kvs_pread_all(fd, f, (size_t)fsize, foff, path) == KVS_OK && memcmp(f, MAGIC_FOOTER, 4) == 0 &&
+        kvs_crc32(0, f, (size_t)fsize - 4) == kvs_get_u32(f + fsize - 4) && kvs_get_u64(f + 8) <= (uint64_t)INT64_MAX)
+        *footer_n = (int64_t)kvs_get_u64(f + 8);
+    free(f);
+}
+
+/* End position (b·B + n_pos) of a chunk, 0 for a block number too large to be real. */
+static uint64_t chunk_end_pos(const chunk_entry *e, const trace_hdr *h) {
+    if (e->block > ((uint64_t)INT64_MAX / 2) / h->B) return 0;
+    return e->block * h->B + e->n_pos;
+}
+
+/* Past a bad chunk: the largest end position of any readable chunk header in [from, end) (a "KVCK" magic
+ * whose header checksum and fields check out; a false match needs a 32-bit CRC collision), found by a
+ * sliding search: chunk lengths past a bad chunk cannot be trusted. */
+static uint64_t recover_scan_rest(int fd, uint64_t from, uint64_t end, const trace_hdr *h, const char *path) {
+    enum { WIN = 1 << 20 };
+    uint8_t *buf = malloc(WIN);
+    uint64_t max_end = 0;
+    if (!buf) return 0;
+    for (uint64_t off = from; off < end && end - off >= CHUNK_HDR;) {
+        size_t want = end - off < WIN ? (size_t)(end - off) : (size_t)WIN;
+        if (kvs_pread_all(fd, buf, want, off, path) != KVS_OK) break;
+        size_t last = want - CHUNK_HDR; /* headers may start at [0, last] in this window */
+        for (size_t j = 0; j <= last;) {
+            const uint8_t *p = memmem(buf + j, want - j, MAGIC_CHUNK, 4);
+            if (!p || (size_t)(p - buf) > last) break;
+            j = (size_t)(p - buf);
+            chunk_entry e;
+            if (parse_chunk_header(buf + j, off + j, path, &e) == KVS_OK &&
+                check_entry_fields(&e, h, path, "recovery") == KVS_OK && chunk_end_pos(&e, h) > max_end)
+                max_end = chunk_end_pos(&e, h);
+            j++;
+        }
+        if (want < (size_t)WIN) break;
+        off += last + 1; /* the next window re-reads the last 55 bytes: a header may straddle the boundary */
+    }
+    free(buf);
+    kvs_clear_error();
+    return max_end;
+}
+
+/* Name of the j-th chunk of block b in file order (0: the tokens chunk, then layer-major group chunks). */
+static void expected_chunk_name(char *buf, size_t n, const trace_hdr *h, uint64_t b, size_t j) {
+    chunk_entry e = {.kind = j == 0 ? KIND_TOKENS : KIND_GROUP, .block = b};
+    if (j > 0) e.layer = (uint32_t)((j - 1) / h->Hkv), e.kv_head = (uint32_t)((j - 1) % h->Hkv);
+    chunk_name(buf, n, &e);
+}
+
+/* Whether e is the j-th chunk of block b; n_pos: the block's position count (its tokens chunk's), 0 for j = 0. */
+static int is_expected_chunk(const chunk_entry *e, const trace_hdr *h, uint64_t b, size_t j, uint32_t n_pos) {
+    if (e->block != b) return 0;
+    if (j == 0) return e->kind == KIND_TOKENS;
+    return e->kind == KIND_GROUP && e->n_pos == n_pos && e->layer == (j - 1) / h->Hkv && e->kv_head == (j - 1) % h->Hkv;
+}
+
 kvs_status kvs_trace_recover(const char *in_path, const char *out_path, int64_t *recovered_positions) {
-    if (recovered_positions) *recovered_positions = 0;
+    kvs_trace_recovery rep;
+    kvs_status s = kvs_trace_recover_with_report(in_path, out_path, &rep);
+    if (recovered_positions) *recovered_positions = s == KVS_OK ? rep.positions : 0;
+    return s;
+}
+
+kvs_status kvs_trace_recover_with_report(const char *in_path, const char *out_path, kvs_trace_recovery *rep) {
+    kvs_trace_recovery local;
+    kvs_trace_recovery *r = rep ? rep : &local;
+    memset(r, 0, sizeof *r);
+    r->bad_offset = -1;
     if (!in_path || !out_path) return kvs_fail(KVS_ERR_INVALID_ARG, "recover: NULL path");
     kvs_status s = KVS_OK;
-    chunk_entry *found = NULL, *kept = NULL;
+    chunk_entry *found = NULL;
     size_t n_found = 0, cap_found = 0;
     uint8_t *hbuf = NULL, *cbuf = NULL, *raw = NULL;
     size_t cbuf_cap = 0;
-    char *partial = NULL;
-    int ofd = -1;
+    kvs_out *out = NULL;
     ZSTD_DCtx *dctx = NULL;
     int fd = open(in_path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return kvs_fail(KVS_ERR_IO, "%s: cannot open: %s", in_path, strerror(errno));
@@ -1395,27 +1480,78 @@ kvs_status kvs_trace_recover(const char *in_path, const char *out_path, int64_t 
         goto cleanup;
     }
     KVS_TRY(s = kvs_pread_all(fd, hbuf, h.header_size, 0, in_path));
+    uint64_t footer_off;
+    int64_t footer_n;
+    recover_read_footer(fd, size, &h, in_path, &footer_off, &footer_n);
+    uint64_t data_end = footer_off ? footer_off : size; /* where the chunks end */
 
-    /* Scan chunks until the first one that fails a check or runs past the end of the file. */
+    /* Scan chunks until the end of the chunk data, a footer, a chunk cut off by the end of the file (torn:
+     * what a killed writer leaves) or the first chunk that fails a check (bad: corruption). */
+    int bad = 0, at_footer = footer_off != 0;
+    char torn[240] = "";
     uint64_t off = h.header_size;
-    while (off <= size && size - off >= CHUNK_HDR) {
+    while (off < data_end) {
         uint8_t ch[CHUNK_HDR];
+        uint64_t remain = data_end - off;
+        size_t got = remain < CHUNK_HDR ? (size_t)remain : CHUNK_HDR;
         chunk_entry e;
-        if (kvs_pread_all(fd, ch, CHUNK_HDR, off, in_path) != KVS_OK) break;
-        if (parse_chunk_header(ch, off, in_path, &e) != KVS_OK) break;
-        if (check_entry_fields(&e, &h, in_path, "recovery") != KVS_OK || kvs_get_u32(ch + 28) != 0) break;
-        if (e.comp_size > size - off - CHUNK_HDR) break; /* torn chunk */
-        if (e.comp_size > cbuf_cap) {
-            uint8_t *nb = realloc(cbuf, (size_t)e.comp_size);
-            if (!nb) {
-                s = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", in_path);
-                goto cleanup;
+        int have_entry = 0;
+        if (kvs_pread_all(fd, ch, got, off, in_path) != KVS_OK) {
+            bad = 1;
+        } else if (got >= 4 && memcmp(ch, MAGIC_FOOTER, 4) == 0) {
+            at_footer = 1; /* the footer of a complete trace (its trailer is damaged): the chunks end here */
+            break;
+        } else if (got < CHUNK_HDR) {
+            snprintf(torn, sizeof torn, "a chunk header cut off by the end of the file at offset %llu (%zu of %u bytes)",
+                     (unsigned long long)off, got, CHUNK_HDR);
+            break;
+        } else if (parse_chunk_header(ch, off, in_path, &e) != KVS_OK) {
+            bad = 1;
+        } else if (check_entry_fields(&e, &h, in_path, "recovery") != KVS_OK) {
+            have_entry = 1;
+            bad = 1;
+        } else if ((have_entry = 1) && kvs_get_u32(ch + 28) != 0) {
+            char nm[96];
+            chunk_name(nm, sizeof nm, &e);
+            kvs_fail(KVS_ERR_FORMAT, "%s: %s: reserved field is not 0", in_path, nm);
+            bad = 1;
+        } else if (e.comp_size > remain - CHUNK_HDR) {
+            char nm[96];
+            chunk_name(nm, sizeof nm, &e);
+            if (footer_off) { /* a complete trace: the chunk overlaps its footer, so it is damaged, not torn */
+                kvs_fail(KVS_ERR_FORMAT, "%s: %s: its %llu payload bytes run into the footer at offset %llu", in_path,
+                         nm, (unsigned long long)e.comp_size, (unsigned long long)footer_off);
+                bad = 1;
+            } else {
+                snprintf(torn, sizeof torn, "%s at offset %llu, cut off by the end of the file (%llu of %llu payload "
+                         "bytes)", nm, (unsigned long long)off, (unsigned long long)(remain - CHUNK_HDR),
+                         (unsigned long long)e.comp_size);
+                break;
             }
-            cbuf = nb;
-            cbuf_cap = (size_t)e.comp_size;
+        } else {
+            if (e.comp_size > cbuf_cap) {
+                uint8_t *nb = realloc(cbuf, (size_t)e.comp_size);
+                if (!nb) {
+                    s = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", in_path);
+                    goto cleanup;
+                }
+                cbuf = nb;
+                cbuf_cap = (size_t)e.comp_size;
+            }
+            if (kvs_pread_all(fd, cbuf, (size_t)e.comp_size, off + CHUNK_HDR, in_path) != KVS_OK ||
+                check_and_decompress(cbuf, kvs_get_u32(ch + 48), &e, raw, dctx, in_path) != KVS_OK)
+                bad = 1;
         }
-        if (kvs_pread_all(fd, cbuf, (size_t)e.comp_size, off + CHUNK_HDR, in_path) != KVS_OK) break;
-        if (check_and_decompress(cbuf, kvs_get_u32(ch + 48), &e, raw, dctx, in_path) != KVS_OK) break;
+        if (bad) { /* the check's message without the "IN: " and "<chunk>: " prefixes the report prints apart */
+            r->bad_offset = (int64_t)off;
+            if (have_entry) chunk_name(r->bad_chunk, sizeof r->bad_chunk, &e);
+            const char *why = kvs_last_error();
+            size_t pl = strlen(in_path), cl = strlen(r->bad_chunk);
+            if (!strncmp(why, in_path, pl) && !strncmp(why + pl, ": ", 2)) why += pl + 2;
+            if (cl && !strncmp(why, r->bad_chunk, cl) && !strncmp(why + cl, ": ", 2)) why += cl + 2;
+            snprintf(r->bad_error, sizeof r->bad_error, "%s", why);
+            break;
+        }
         if (n_found == cap_found) {
             size_t nc = cap_found ? 2 * cap_found : 256;
             chunk_entry *nf = realloc(found, nc * sizeof *nf);
@@ -1433,54 +1569,109 @@ kvs_status kvs_trace_recover(const char *in_path, const char *out_path, int64_t 
 
     /* Keep the longest prefix of complete blocks: block b needs its tokens chunk and all L*Hkv group chunks,
      * all with the same n_pos; only the last kept block may be partial. Chunks are appended block by block,
-     * so block b's chunks are the next per_block found chunks in canonical order. */
+     * so block b's chunks are the next per_block found chunks in canonical order. What stops the prefix
+     * short of the found chunks is an unfinished last block (a killed writer: clean) or a break in that
+     * order (partial). */
     size_t per_block = (size_t)h.L * h.Hkv + 1;
-    kept = malloc((n_found ? n_found : 1) * sizeof *kept);
-    if (!kept) {
-        s = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", in_path);
-        goto cleanup;
-    }
     size_t n_kept = 0;
-    uint64_t N = 0, total_raw = 0;
-    for (uint64_t b = 0;; b++) {
+    uint64_t N = 0, total_raw = 0, b = 0;
+    int broken = 0;
+    char tail[240] = "";
+    for (;; b++) {
         size_t base = (size_t)b * per_block;
-        if (base + per_block > n_found) break;
+        if (base >= n_found) break;
         const chunk_entry *blk = &found[base];
-        int ok = blk[0].kind == KIND_TOKENS && blk[0].block == b;
-        for (size_t j = 1; ok && j < per_block; j++) {
-            const chunk_entry *e = &blk[j];
-            size_t gi = j - 1;
-            ok = e->kind == KIND_GROUP && e->block == b && e->n_pos == blk[0].n_pos && e->layer == gi / h.Hkv &&
-                 e->kv_head == gi % h.Hkv;
+        size_t have = n_found - base < per_block ? n_found - base : per_block, j = 0;
+        for (; j < have; j++)
+            if (!is_expected_chunk(&blk[j], &h, b, j, blk[0].n_pos)) break;
+        if (j < have) { /* out of order, a wrong block number or position count */
+            char want[96], saw[96];
+            expected_chunk_name(want, sizeof want, &h, b, j);
+            chunk_name(saw, sizeof saw, &blk[j]);
+            broken = 1;
+            r->bad_offset = (int64_t)blk[j].offset;
+            snprintf(r->bad_chunk, sizeof r->bad_chunk, "%s", saw);
+            if (j > 0 && blk[j].kind == KIND_GROUP && blk[j].block == b && blk[j].n_pos != blk[0].n_pos)
+                snprintf(r->bad_error, sizeof r->bad_error, "it holds %u positions, its block's tokens chunk %u",
+                         blk[j].n_pos, blk[0].n_pos);
+            else
+                snprintf(r->bad_error, sizeof r->bad_error, "chunks out of order: expected the %s here", want);
+            break;
         }
-        if (!ok) break;
-        memcpy(kept + n_kept, blk, per_block * sizeof *kept);
+        if (have < per_block) { /* the chunks of an unfinished last block: what a writer killed mid-block leaves */
+            if (at_footer || bad) { /* not an unfinished tail: a complete trace lacks chunks, or a bad one follows */
+                char want[96];
+                expected_chunk_name(want, sizeof want, &h, b, have);
+                broken = !bad;
+                if (broken) {
+                    r->bad_offset = (int64_t)(blk[have - 1].offset + CHUNK_HDR + blk[have - 1].comp_size);
+                    snprintf(r->bad_error, sizeof r->bad_error, "block %llu lacks its %s (the file's footer follows)",
+                             (unsigned long long)b, want);
+                }
+            } else {
+                snprintf(tail, sizeof tail, "the unfinished block %llu (positions %llu..%llu: %zu of %zu chunks written)",
+                         (unsigned long long)b, (unsigned long long)(b * h.B),
+                         (unsigned long long)(b * h.B + blk[0].n_pos - 1), have, per_block);
+            }
+            break;
+        }
         n_kept += per_block;
         N += blk[0].n_pos;
-        for (size_t j = 0; j < per_block; j++) total_raw += blk[j].raw_size;
-        if (blk[0].n_pos < h.B) break; /* a partial block ends the trace */
+        for (size_t k = 0; k < per_block; k++) total_raw += blk[k].raw_size;
+        if (blk[0].n_pos < h.B) { /* a partial block ends the trace */
+            b++;
+            if (base + per_block < n_found) {
+                char saw[96];
+                chunk_name(saw, sizeof saw, &found[base + per_block]);
+                broken = 1;
+                r->bad_offset = (int64_t)found[base + per_block].offset;
+                snprintf(r->bad_chunk, sizeof r->bad_chunk, "%s", saw);
+                snprintf(r->bad_error, sizeof r->bad_error, "block %llu holds only %u of %u positions, so it must be "
+                         "the last, but this chunk follows it", (unsigned long long)(b - 1), blk[0].n_pos, h.B);
+            }
+            break;
+        }
+    }
+
+    /* What IN holds beyond the recovered positions. */
+    uint64_t max_end = N;
+    for (size_t i = 0; i < n_found; i++)
+        if (chunk_end_pos(&found[i], &h) > max_end) max_end = chunk_end_pos(&found[i], &h);
+    if (bad) {
+        uint64_t rest = recover_scan_rest(fd, (uint64_t)r->bad_offset, data_end, &h, in_path);
+        if (rest > max_end) max_end = rest;
+    }
+    if (footer_n > 0 && (uint64_t)footer_n > max_end) max_end = (uint64_t)footer_n;
+    r->positions = (int64_t)N;
+    r->blocks = (int64_t)(n_kept / per_block);
+    r->input_positions = (int64_t)max_end;
+    r->lost_positions = (int64_t)(max_end - N);
+    r->lost_blocks = (int64_t)((max_end + h.B - 1) / h.B) - r->blocks;
+    r->partial = bad || broken;
+    if (r->partial) {
+        r->dropped_bytes = data_end > (uint64_t)r->bad_offset ? data_end - (uint64_t)r->bad_offset : 0;
+    } else {
+        r->bad_offset = -1;
+        snprintf(r->tail, sizeof r->tail, "%s%s%s", tail, tail[0] && torn[0] ? ", then " : "", torn);
     }
     if (N == 0) {
-        s = kvs_fail(KVS_ERR_TRUNCATED, "%s: no complete block of positions to recover (%zu valid chunks found)",
-                     in_path, n_found);
+        if (r->partial)
+            s = kvs_fail(KVS_ERR_TRUNCATED, "%s: no complete block of positions to recover (%zu valid chunks found; "
+                         "the first bad chunk%s%s at offset %lld: %s)", in_path, n_found, r->bad_chunk[0] ? ", " : "",
+                         r->bad_chunk, (long long)r->bad_offset, r->bad_error);
+        else
+            s = kvs_fail(KVS_ERR_TRUNCATED, "%s: no complete block of positions to recover (%zu valid chunks found)",
+                         in_path, n_found);
         goto cleanup;
     }
 
-    /* Write header + kept chunks (byte for byte) + new footer/trailer to out_path.partial, then rename. */
-    partial = str_concat(out_path, ".partial");
-    if (!partial) {
-        s = kvs_fail(KVS_ERR_NOMEM, "out of memory");
-        goto cleanup;
-    }
-    ofd = open(partial, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (ofd < 0) {
-        s = kvs_fail(KVS_ERR_IO, "%s: cannot create: %s", partial, strerror(errno));
-        goto cleanup;
-    }
-    KVS_TRY(s = kvs_write_all(ofd, hbuf, h.header_size, partial));
+    /* Write header + kept chunks (byte for byte) + a new footer/trailer to OUT (common/kvs_out.h: via a
+     * temporary file beside the target, renamed when complete). */
+    KVS_TRY(s = kvs_out_open(out_path, &out));
+    KVS_TRY(s = kvs_out_write(out, hbuf, h.header_size));
     uint64_t woff = h.header_size;
     for (size_t i = 0; i < n_kept; i++) {
-        chunk_entry *e = &kept[i];
+        chunk_entry *e = &found[i];
         size_t len = CHUNK_HDR + (size_t)e->comp_size;
         if (len > cbuf_cap) {
             uint8_t *nb = realloc(cbuf, len);
@@ -1492,35 +1683,17 @@ kvs_status kvs_trace_recover(const char *in_path, const char *out_path, int64_t 
             cbuf_cap = len;
         }
         KVS_TRY(s = kvs_pread_all(fd, cbuf, len, e->offset, in_path));
-        KVS_TRY(s = kvs_write_all(ofd, cbuf, len, partial));
+        KVS_TRY(s = kvs_out_write(out, cbuf, len));
         e->offset = woff;
         woff += len;
     }
-    KVS_TRY(s = write_footer(ofd, partial, kept, n_kept, N, total_raw, woff));
-    if (fsync(ofd) != 0) {
-        s = kvs_fail(KVS_ERR_IO, "%s: fsync failed: %s", partial, strerror(errno));
-        goto cleanup;
-    }
-    int rc = close(ofd);
-    ofd = -1;
-    if (rc != 0) {
-        s = kvs_fail(KVS_ERR_IO, "%s: close failed: %s", partial, strerror(errno));
-        goto cleanup;
-    }
-    if (rename(partial, out_path) != 0) {
-        s = kvs_fail(KVS_ERR_IO, "%s: cannot rename to %s: %s", partial, out_path, strerror(errno));
-        goto cleanup;
-    }
-    fsync_parent_dir(out_path);
-    if (recovered_positions) *recovered_positions = (int64_t)N;
-    s = KVS_OK;
+    KVS_TRY(s = write_footer(kvs_out_fd(out), kvs_out_name(out), found, n_kept, N, total_raw, woff));
+    s = kvs_out_commit(out);
+    out = NULL;
 cleanup:
-    if (ofd >= 0) close(ofd);
-    if (s != KVS_OK && partial) unlink(partial);
-    free(partial);
+    kvs_out_abort(out);
     close(fd);
     free(found);
-    free(kept);
     free(hbuf);
     free(cbuf);
     free(raw);

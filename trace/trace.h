@@ -208,10 +208,41 @@ kvs_status kvs_trace_check_chunks(const kvs_trace *t);
 
 /*! kvs_trace_recover() : scans a trace (complete, or the .partial left by a killed writer) from its
  *  header, keeps every chunk whose header and payload checksums are valid, and writes to `out_path`
- *  (atomically, via out_path.partial) a complete trace of positions [0, n) where n is the largest
- *  position count for which every (layer, KV head) chunk and the token chunk of every block are present.
- *  *recovered_positions receives n (may be NULL). KVS_ERR_FORMAT if not even the header is valid;
- *  KVS_ERR_TRUNCATED if no complete block remains. */
+ *  (atomically, via a temporary file beside it; kvs_trace_recover_with_report has the details) a complete
+ *  trace of positions [0, n) where n is the largest position count for which every (layer, KV head) chunk
+ *  and the token chunk of every block are present. *recovered_positions receives n (may be NULL).
+ *  KVS_ERR_FORMAT if not even the header is valid; KVS_ERR_TRUNCATED if no complete block remains. */
 kvs_status kvs_trace_recover(const char *in_path, const char *out_path, int64_t *recovered_positions);
+
+/* What a recovery kept, what it left out and why (kvs_trace_recover_with_report). Positions count from 0;
+ * block b holds positions [b·B, b·B + n_pos). */
+typedef struct {
+    int64_t positions;       /* recovered into OUT: positions [0, positions) */
+    int64_t blocks;          /* recovered blocks */
+    int64_t input_positions; /* positions IN holds data of: the larger of its footer's count (a complete
+                                trace whose footer is intact) and the end of the last readable chunk
+                                header anywhere in the file, also past a bad chunk (>= positions) */
+    int64_t lost_positions;  /* input_positions - positions: positions IN holds that OUT lacks */
+    int64_t lost_blocks;     /* blocks IN holds data of that OUT lacks */
+    int partial;             /* 1: recovery is PARTIAL: a chunk failed its checks (a checksum, a header field)
+                                or the blocks are out of order, so data IN holds past that point was
+                                dropped. 0: clean: everything IN holds was recovered, except an unfinished
+                                tail (the normal state of a killed writer: the chunks of a last block not
+                                yet all written, a last chunk cut off by the end of the file) */
+    int64_t bad_offset;      /* partial: byte offset of the first bad chunk (or of the break), else -1 */
+    uint64_t dropped_bytes;  /* partial: bytes of IN from bad_offset to the end of its chunk data */
+    char bad_chunk[96];      /* partial: that chunk ("chunk (layer 2, kv head 1, block 3)"), "" when its
+                                header is unreadable */
+    char bad_error[768];     /* partial: why (without the file and chunk names): the failed check's message,
+                                "payload checksum mismatch", or what broke the block order */
+    char tail[512];          /* clean: the unfinished tail that was left out ("" when none) */
+} kvs_trace_recovery;
+
+/*! kvs_trace_recover_with_report() : kvs_trace_recover() that also says what it left out and why (*rep,
+ *  may be NULL). OUT is written through common/kvs_out.h: "-" is standard output, a symbolic link is
+ *  written through to its target (atomically, via a temporary file beside the target, so OUT may even be
+ *  IN's own name), a FIFO or device directly. Returns KVS_OK whenever OUT was written, a partial recovery
+ *  included (rep->partial); the errors of kvs_trace_recover otherwise (nothing is written). */
+kvs_status kvs_trace_recover_with_report(const char *in_path, const char *out_path, kvs_trace_recovery *rep);
 
 #endif /* KVS_TRACE_H */
