@@ -191,6 +191,9 @@ static void ada_alloc_free(void *alloc) {
 static kvs_status ada_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget) {
     return kvs_policy_snapkv.validate(cfg, m, budget);
 }
+static int ada_notes(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget, char *buf, size_t cap) {
+    return kvs_policy_snapkv.notes(cfg, m, budget, buf, cap);
+}
 static kvs_status ada_create(const kvs_policy_init *init, void **state) { return kvs_policy_snapkv.create(init, state); }
 static void ada_free(void *state) { kvs_policy_snapkv.free(state); }
 static kvs_status ada_prefill(void *state, const kvs_policy_view *view) { return kvs_policy_snapkv.prefill(state, view); }
@@ -208,6 +211,7 @@ const struct kvs_policy_ops kvs_policy_adakv = {
     .params = adakv_params,
     .n_params = (int)(sizeof adakv_params / sizeof adakv_params[0]),
     .validate = ada_validate,
+    .notes = ada_notes,
     .create = ada_create,
     .free = ada_free,
     .prefill = ada_prefill,

@@ -90,6 +90,18 @@ static void h2o_free(void *state) {
     free(s);
 }
 
+/* Degenerate setting (kvs_policy_ops.notes): the heavy-hitter share floor((1 - recent) B), capped at B - 1 as in
+ * create(), is empty, so the policy is a sliding window. */
+static int h2o_notes(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget, char *buf, size_t cap) {
+    (void)m;
+    double recent = kvs_policy_param_get(cfg, "recent");
+    int64_t heavy = (int64_t)((1.0 - recent) * (double)budget);
+    if (heavy > budget - 1) heavy = budget - 1;
+    if (heavy <= 0)
+        return kvs_policy_note(buf, cap, "recent=%g leaves no heavy-hitter slot at this budget (a window)", recent);
+    return 0;
+}
+
 static kvs_status h2o_create(const kvs_policy_init *init, void **state) {
     h2o_state *s = calloc(1, sizeof *s);
     if (!s) return kvs_fail(KVS_ERR_NOMEM, "h2o: out of memory");
@@ -273,6 +285,7 @@ const struct kvs_policy_ops kvs_policy_h2o = {
     .params = h2o_params,
     .n_params = (int)(sizeof h2o_params / sizeof h2o_params[0]),
     .layout = h2o_layout,
+    .notes = h2o_notes,
     .create = h2o_create,
     .free = h2o_free,
     .prefill = h2o_prefill,

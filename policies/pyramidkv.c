@@ -136,6 +136,18 @@ static kvs_policy_granularity pyr_layout(const kvs_policy_config *cfg) { return 
 static kvs_status pyr_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget) {
     return kvs_policy_snapkv.validate(cfg, m, budget);
 }
+/* SnapKV's degenerate settings, plus the pyramid's own: its last layer keeps (B - W) / beta scored positions,
+ * none when that is below 1, so the top layers are windows of the prompt. */
+static int pyr_notes(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget, char *buf, size_t cap) {
+    int n = kvs_policy_snapkv.notes(cfg, m, budget, buf, cap);
+    if (n) return n;
+    int64_t w = (int64_t)kvs_policy_param_get(cfg, "window"), beta = (int64_t)kvs_policy_param_get(cfg, "beta");
+    if (m->n_layers > 1 && (budget - w) / beta < 1)
+        n += kvs_policy_note(buf, cap, "(budget - window=%lld) / beta=%lld < 1: the last layers score no position "
+                                       "(windows of the prompt)",
+                             (long long)w, (long long)beta);
+    return n;
+}
 static kvs_status pyr_create(const kvs_policy_init *init, void **state) { return kvs_policy_snapkv.create(init, state); }
 static void pyr_free(void *state) { kvs_policy_snapkv.free(state); }
 static kvs_status pyr_prefill(void *state, const kvs_policy_view *view) { return kvs_policy_snapkv.prefill(state, view); }
@@ -154,6 +166,7 @@ const struct kvs_policy_ops kvs_policy_pyramidkv = {
     .n_params = (int)(sizeof pyramidkv_params / sizeof pyramidkv_params[0]),
     .layout = pyr_layout,
     .validate = pyr_validate,
+    .notes = pyr_notes,
     .create = pyr_create,
     .free = pyr_free,
     .prefill = pyr_prefill,

@@ -101,6 +101,18 @@ static void sh_free(void *state) {
     free(s);
 }
 
+/* Degenerate setting (kvs_policy_ops.notes): when the protected recent positions fill the compression
+ * target B - drop, the only candidates for dropping are the oldest entries, whatever their importance. */
+static int sh_notes(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget, char *buf, size_t cap) {
+    (void)m;
+    int64_t recent = (int64_t)kvs_policy_param_get(cfg, "recent"), drop = (int64_t)kvs_policy_param_get(cfg, "drop");
+    if (recent >= budget - drop)
+        return kvs_policy_note(buf, cap, "recent=%lld protects every position the budget keeps after dropping "
+                                         "drop=%lld: the oldest are always dropped, importance is never used (a window)",
+                               (long long)recent, (long long)drop);
+    return 0;
+}
+
 static kvs_status sh_create(const kvs_policy_init *init, void **state) {
     sh_state *s = calloc(1, sizeof *s);
     if (!s) return kvs_fail(KVS_ERR_NOMEM, "scissorhands: out of memory");
@@ -313,6 +325,7 @@ const struct kvs_policy_ops kvs_policy_scissorhands = {
     .params = scissorhands_params,
     .n_params = (int)(sizeof scissorhands_params / sizeof scissorhands_params[0]),
     .layout = sh_layout,
+    .notes = sh_notes,
     .create = sh_create,
     .free = sh_free,
     .prefill = sh_prefill,

@@ -109,6 +109,23 @@ static kvs_status snapkv_validate(const kvs_policy_config *cfg, const kvs_policy
     return KVS_OK;
 }
 
+/* Degenerate settings (kvs_policy_ops.notes); PyramidKV and Ada-KV share them. With the observation window
+ * covering the whole first prompt, or the budget no larger than the window, no prefix position is ever
+ * scored: the policy keeps the prompt's last B positions, a window, whatever the attention says. */
+static int snapkv_notes(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget, char *buf,
+                        size_t cap) {
+    int64_t w = (int64_t)kvs_policy_param_get(cfg, "window");
+    if (m->prompt_len > 0 && w >= m->prompt_len)
+        return kvs_policy_note(buf, cap, "window=%lld covers the whole %lld-position first prompt: no position is "
+                                         "scored, the prompt's last positions are kept (a window)",
+                               (long long)w, (long long)m->prompt_len);
+    if (budget <= w)
+        return kvs_policy_note(buf, cap, "the budget is at most window=%lld: no position is scored, only the "
+                                         "observation window's last positions are kept (a window)",
+                               (long long)w);
+    return 0;
+}
+
 static void snapkv_free(void *state) {
     snap_state *s = state;
     if (!s) return;
@@ -256,6 +273,7 @@ const struct kvs_policy_ops kvs_policy_snapkv = {
     .n_params = (int)(sizeof snapkv_params / sizeof snapkv_params[0]),
     .layout = snapkv_layout,
     .validate = snapkv_validate,
+    .notes = snapkv_notes,
     .create = snapkv_create,
     .free = snapkv_free,
     .prefill = snapkv_prefill,

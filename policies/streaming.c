@@ -31,6 +31,16 @@ static kvs_status streaming_validate(const kvs_policy_config *cfg, const kvs_pol
     return KVS_OK;
 }
 
+/* Degenerate setting (kvs_policy_ops.notes): no sink is StreamingLLM without its point, a sliding window. */
+static int streaming_notes(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget, char *buf,
+                           size_t cap) {
+    (void)m;
+    (void)budget;
+    if (kvs_policy_param_get(cfg, "sinks") == 0)
+        return kvs_policy_note(buf, cap, "sinks=0 keeps no attention sink (a window)");
+    return 0;
+}
+
 static kvs_status streaming_create(const kvs_policy_init *init, void **state) {
     streaming_state *s = calloc(1, sizeof *s);
     if (!s) return kvs_fail(KVS_ERR_NOMEM, "streaming: out of memory");
@@ -86,6 +96,7 @@ const struct kvs_policy_ops kvs_policy_streaming = {
     .params = streaming_params,
     .n_params = (int)(sizeof streaming_params / sizeof streaming_params[0]),
     .validate = streaming_validate,
+    .notes = streaming_notes,
     .create = streaming_create,
     .free = streaming_free,
     .prefill = streaming_prefill,

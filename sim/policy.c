@@ -7,6 +7,7 @@
 #include "../common/sha256.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +59,10 @@ static void format_value(const kvs_policy_param *pp, double v, char *out, size_t
     case KVS_PARAM_BOOL: snprintf(out, cap, "%s", v != 0 ? "true" : "false"); break;
     case KVS_PARAM_ENUM: enum_name(pp->choices, (int)v, out, cap); break;
     case KVS_PARAM_DOUBLE:
+        if (v == floor(v) && fabs(v) < 9007199254740992.0) { /* "1000000", never "1e+06" */
+            snprintf(out, cap, "%.0f", v);
+            break;
+        }
         for (int prec = 6; prec <= 17; prec++) {
             snprintf(out, cap, "%.*g", prec, v);
             if (strtod(out, NULL) == v) break;
@@ -172,12 +177,16 @@ static kvs_status parse_value(const char *policy, const kvs_policy_param *pp, co
         char *end;
         errno = 0;
         long long v = strtoll(buf, &end, 10);
-        if (*end || errno)
+        if (!buf[0] || *end || (errno && errno != ERANGE))
             return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': '%s' is not an integer", policy, pp->key,
                             buf);
-        if ((double)v < pp->lo || (double)v > pp->hi)
-            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': %lld is out of range [%g, %g]", policy,
-                            pp->key, v, pp->lo, pp->hi);
+        if (errno == ERANGE || (double)v < pp->lo || (double)v > pp->hi) { /* the user's text, exact bounds */
+            char lo[40], hi[40];
+            format_value(pp, pp->lo, lo, sizeof lo);
+            format_value(pp, pp->hi, hi, sizeof hi);
+            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': '%s' is out of range [%s, %s]", policy,
+                            pp->key, buf, lo, hi);
+        }
         *out = (double)v;
         return KVS_OK;
     }
@@ -188,9 +197,13 @@ static kvs_status parse_value(const char *policy, const kvs_policy_param *pp, co
         if (*end || errno || !isfinite(v))
             return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': '%s' is not a number", policy, pp->key,
                             buf);
-        if (v < pp->lo || v > pp->hi)
-            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': %g is out of range [%g, %g]", policy,
-                            pp->key, v, pp->lo, pp->hi);
+        if (v < pp->lo || v > pp->hi) {
+            char lo[40], hi[40];
+            format_value(pp, pp->lo, lo, sizeof lo);
+            format_value(pp, pp->hi, hi, sizeof hi);
+            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': '%s' is out of range [%s, %s]", policy,
+                            pp->key, buf, lo, hi);
+        }
         *out = v;
         return KVS_OK;
     }
@@ -274,6 +287,41 @@ kvs_status kvs_policy_validate(const kvs_policy_config *cfg, const kvs_policy_mo
     return KVS_OK;
 }
 
+int kvs_policy_note(char *buf, size_t cap, const char *fmt, ...) {
+    if (!buf || cap == 0) return 1;
+    size_t len = strnlen(buf, cap - 1);
+    if (len > 0 && len + 2 < cap) {
+        memcpy(buf + len, "; ", 3);
+        len += 2;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    if (len + 1 < cap) vsnprintf(buf + len, cap - len, fmt, ap);
+    va_end(ap);
+    buf[cap - 1] = '\0';
+    return 1;
+}
+
+int kvs_policy_notes(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget, char *buf, size_t cap) {
+    if (cap) buf[0] = '\0';
+    int n = 0;
+    const struct kvs_policy_ops *ops = cfg->ops;
+    /* A budget that never binds makes the run a copy of the full cache: legitimate as a sanity point, but
+     * easy to mistake for a compression result. The texts name no budget, so that kvsim replay can print one
+     * warning for every budget of a configuration that shares it. */
+    if (ops->budget_scope == KVS_BUDGET_EVERY_STEP && m->n_positions > 0 && budget >= m->n_positions)
+        n += kvs_policy_note(buf, cap, "the budget is at least the trace's %lld positions: nothing is ever evicted "
+                                       "(the run equals the full cache)",
+                             (long long)m->n_positions);
+    else if (ops->budget_scope == KVS_BUDGET_PROMPT && m->prompt_len > 0 && budget >= m->prompt_len)
+        n += kvs_policy_note(buf, cap, "the budget is at least the first prompt's %lld positions: nothing of it is "
+                                       "evicted (a single-turn run equals the full cache)",
+                             (long long)m->prompt_len);
+    else if (ops->notes)
+        n += ops->notes(cfg, m, budget, buf, cap);
+    return n;
+}
+
 kvs_policy_granularity kvs_policy_layout(const kvs_policy_config *cfg) {
     return cfg->ops->layout ? cfg->ops->layout(cfg) : cfg->ops->granularity;
 }
@@ -299,8 +347,12 @@ void kvs_policy_print_help(void *fp) {
                 fprintf(f, "      %s=%s (default %s): %s\n", pp->key, pp->choices, def, pp->help);
             else if (pp->type == KVS_PARAM_BOOL)
                 fprintf(f, "      %s=true|false (default %s): %s\n", pp->key, def, pp->help);
-            else
-                fprintf(f, "      %s in [%g, %g] (default %s): %s\n", pp->key, pp->lo, pp->hi, def, pp->help);
+            else {
+                char lo[40], hi[40];
+                format_value(pp, pp->lo, lo, sizeof lo);
+                format_value(pp, pp->hi, hi, sizeof hi);
+                fprintf(f, "      %s in [%s, %s] (default %s): %s\n", pp->key, lo, hi, def, pp->help);
+            }
         }
     }
 }

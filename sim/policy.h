@@ -238,6 +238,12 @@ struct kvs_policy_ops {
      * budget > sinks). KVS_ERR_INVALID_ARG with a detail naming the parameter. */
     kvs_status (*validate)(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget);
 
+    /* Optional: a (configuration, budget) pair that runs but degenerates into something else, e.g. SnapKV
+     * with budget <= its observation window scores nothing and is a window of the prompt. Appends one
+     * sentence per finding through kvs_policy_note() and returns how many it appended. Used for warnings
+     * (kvsim replay's stderr and the runs' `notes` column), never to reject: validate() does that. */
+    int (*notes)(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget, char *buf, size_t cap);
+
     /* Required: allocate one instance; *state owned by the engine, released with free(). */
     kvs_status (*create)(const kvs_policy_init *init, void **state);
     /* Required: accepts NULL. */
@@ -337,6 +343,16 @@ const char *kvs_policy_param_sha256(const kvs_policy_config *cfg, const char *ke
 
 /*! kvs_policy_validate() : ops->validate when present, plus budget >= 1. */
 kvs_status kvs_policy_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget);
+
+/*! kvs_policy_notes() : the warnings of a (configuration, budget) pair on a trace described by m: the
+ *  policy's own (ops->notes) and the engine's (a budget that evicts nothing: the run equals the full cache;
+ *  a budget a policy without one ignores), as "; "-separated sentences in buf (always NUL-terminated, "" when
+ *  none); @return their number. */
+int kvs_policy_notes(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget, char *buf, size_t cap);
+
+/*! kvs_policy_note() : appends one printf-formatted sentence to the notes in buf (a "; " separator first
+ *  when buf is not empty; truncated to cap, always NUL-terminated); @return 1, to count it. */
+int kvs_policy_note(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /*! kvs_policy_layout() : ops->layout(cfg) when present, else ops->granularity. */
 kvs_policy_granularity kvs_policy_layout(const kvs_policy_config *cfg);
