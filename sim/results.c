@@ -25,6 +25,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <libgen.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -633,13 +634,21 @@ kvs_status kvs_results_open_readonly(const char *path, kvs_results_db **out) {
         return kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", path);
     }
     r->readonly = 1;
-    if (sqlite3_open_v2(path, &r->db, SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
+    /* A WAL database read through a read-only connection keeps its -wal and -shm files after the last close
+     * (only a connection that may write checkpoints and removes them). So a reader opens the file for
+     * writing when it may, with writes refused (query_only below): the last close then leaves the database
+     * as one file again. Without write access it falls back to a plain read-only connection. */
+    char *dir_of = strdup(path);
+    int rw = dir_of && access(path, R_OK | W_OK) == 0 && access(dirname(dir_of), W_OK | X_OK) == 0;
+    free(dir_of);
+    if (sqlite3_open_v2(path, &r->db, rw ? SQLITE_OPEN_READWRITE : SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
         rc = kvs_fail(KVS_ERR_DB, "%s: cannot open results database: %s", path,
                       r->db ? sqlite3_errmsg(r->db) : "out of memory");
         goto cleanup;
     }
     sqlite3_extended_result_codes(r->db, 1);
     sqlite3_busy_timeout(r->db, KVS_RESULTS_BUSY_TIMEOUT_MS);
+    KVS_TRY(rc = exec_sql(r, "PRAGMA query_only = 1", "cannot make the connection read-only"));
     int is_empty = 0;
     int64_t version = 0;
     KVS_TRY(rc = identify(r, &is_empty, &version));
