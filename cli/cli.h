@@ -80,7 +80,8 @@ kvs_status kvs_cli_parse_size(const char *opt, const char *val, double *out);
 
 /* ---- output helpers ---- */
 
-/*! kvs_cli_fmt_real() : the shortest "%.*g" that reads back to exactly v ("" for NaN: an empty field). */
+/*! kvs_cli_fmt_real() : a whole number as an integer ("1000000"), else the shortest "%.*g" that reads back
+ *  to exactly v; "" for NaN (an empty field). */
 void kvs_cli_fmt_real(char *buf, size_t cap, double v);
 
 /*! kvs_cli_fmt_bytes() : a byte count for a table: "512B", "1.50KiB", "12.3MiB" (3 significant digits, binary
@@ -101,6 +102,11 @@ void kvs_cli_json_number(FILE *out, double v);
  *  "kvsim CMD: writing the output failed: ..." and returns KVS_EXIT_FAIL, else KVS_EXIT_OK. */
 int kvs_cli_finish_stdout(const char *cmd);
 
+/*! kvs_cli_print_runs_table() : the one table layout of runs (cmd_runs.c), printed by `kvsim runs` and after
+ *  `kvsim replay`: labelled fixed-width columns, the free-length trace name and params last, flags and
+ *  their legend; `count_line` adds the "N runs" line, `all` says failed runs were asked for. */
+void kvs_cli_print_runs_table(FILE *o, const kvs_results_run_row *rows, int64_t n, int count_line, int all);
+
 /* Subcommand entry points (cli/cmd_*.c). */
 int kvs_cmd_info(int argc, char **argv);
 int kvs_cmd_verify(int argc, char **argv);
@@ -110,6 +116,7 @@ int kvs_cmd_capture(int argc, char **argv);
 int kvs_cmd_runs(int argc, char **argv);
 int kvs_cmd_plot(int argc, char **argv);
 int kvs_cmd_compare(int argc, char **argv);
+int kvs_cmd_policies(int argc, char **argv);
 int kvs_cmd_replay(int argc, char **argv);
 
 #endif /* KVS_CLI_H */

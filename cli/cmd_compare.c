@@ -235,44 +235,56 @@ static void print_table(FILE *o, series *ss, size_t n, double X, match_mode mode
     fprintf(o, "values interpolated linearly in log(%s) between the two runs that bracket it; sorted by %s (%s is "
                "better)\n\n",
             match_x[mode], cols[0].name, kvs_metric_table[cols[0].m].higher_is_better ? "higher" : "lower");
-    int lw = 6, tw = 5;
-    for (size_t i = 0; i < n; i++) {
-        int l = (int)strlen(ss[i].label), t = (int)strlen(short_trace(ss[i].rep->trace_path));
-        if (l > lw) lw = l;
-        if (t > tw) tw = t;
-    }
-    if (lw > 60) lw = 60;
-    if (tw > 30) tw = 30;
-    fprintf(o, "%-*s %-7s %-*s", lw, "series", "measure", tw, "trace");
-    for (int c = 0; c < n_cols; c++) fprintf(o, " %*s", (int)(strlen(cols[c].name) > 10 ? strlen(cols[c].name) : 10),
-                                             cols[c].name);
-    fprintf(o, "  from runs\n");
+    /* One layout with `kvsim runs`: fixed-width labelled columns, the free-length params last. The source
+     * of each row (the runs interpolated between, or why there is no value) is formatted first so its
+     * column can be as wide as its longest entry. */
+    int pw = 6, tw = 5, fw = 9, vw = 0;
+    char(*from)[160] = calloc(n ? n : 1, sizeof *from);
+    if (!from) return;
+    for (int c = 0; c < n_cols; c++) vw += 1 + (int)(strlen(cols[c].name) > 10 ? strlen(cols[c].name) : 10);
     for (size_t i = 0; i < n; i++) {
         const series *s = &ss[i];
-        fprintf(o, "%-*s %-7s %-*s", lw, s->label, s->rep->measure, tw, short_trace(s->rep->trace_path));
-        if (s->status == ST_OUT_OF_RANGE || s->status == ST_NO_DATA) {
-            char a[64], b[64];
-            if (s->status == ST_NO_DATA) fprintf(o, " no recorded %s in its runs\n", match_x[mode]);
-            else {
-                fmt_x(a, sizeof a, s->pts[0].x, mode);
-                fmt_x(b, sizeof b, s->pts[s->n - 1].x, mode);
-                fprintf(o, " out of range [%s, %s]\n", a, b);
-            }
-            continue;
-        }
-        for (int c = 0; c < n_cols; c++) {
-            char v[64];
-            fmt_value(v, sizeof v, s->val[c], &cols[c]);
-            fprintf(o, " %*s", (int)(strlen(cols[c].name) > 10 ? strlen(cols[c].name) : 10), v);
-        }
         char a[64], b[64];
-        fmt_x(a, sizeof a, s->pts[s->lo].x, mode);
-        fmt_x(b, sizeof b, s->pts[s->hi].x, mode);
-        if (s->status == ST_EXACT) fprintf(o, "  #%" PRId64 " at %s (exact)\n", s->pts[s->lo].run_id, a);
-        else
-            fprintf(o, "  #%" PRId64 " at %s .. #%" PRId64 " at %s (t=%.3f)\n", s->pts[s->lo].run_id, a,
-                    s->pts[s->hi].run_id, b, s->t);
+        if (s->status == ST_NO_DATA) snprintf(from[i], sizeof from[i], "no recorded %s in its runs", match_x[mode]);
+        else if (s->status == ST_OUT_OF_RANGE) {
+            fmt_x(a, sizeof a, s->pts[0].x, mode);
+            fmt_x(b, sizeof b, s->pts[s->n - 1].x, mode);
+            snprintf(from[i], sizeof from[i], "out of range [%s, %s]", a, b);
+        } else {
+            fmt_x(a, sizeof a, s->pts[s->lo].x, mode);
+            fmt_x(b, sizeof b, s->pts[s->hi].x, mode);
+            if (s->status == ST_EXACT) snprintf(from[i], sizeof from[i], "#%" PRId64 " at %s (exact)", s->pts[s->lo].run_id, a);
+            else
+                snprintf(from[i], sizeof from[i], "#%" PRId64 " at %s .. #%" PRId64 " at %s (t=%.3f)", s->pts[s->lo].run_id,
+                         a, s->pts[s->hi].run_id, b, s->t);
+        }
+        int l = (int)strlen(s->rep->policy), t = (int)strlen(short_trace(s->rep->trace_path)), f = (int)strlen(from[i]);
+        if (l > pw) pw = l;
+        if (t > tw) tw = t;
+        if (f > fw) fw = f;
     }
+    if (tw > 30) tw = 30;
+    fprintf(o, "%-*s %-5s %-7s %-*s", pw, "policy", "flags", "measure", tw, "trace");
+    for (int c = 0; c < n_cols; c++) fprintf(o, " %*s", (int)(strlen(cols[c].name) > 10 ? strlen(cols[c].name) : 10),
+                                             cols[c].name);
+    fprintf(o, "  %-*s  params\n", fw, "from runs");
+    int any_o = 0;
+    for (size_t i = 0; i < n; i++) {
+        const series *s = &ss[i];
+        any_o |= s->is_oracle;
+        fprintf(o, "%-*s %-5s %-7s %-*.*s", pw, s->rep->policy, s->is_oracle ? "O" : "-", s->rep->measure, tw, tw,
+                short_trace(s->rep->trace_path));
+        if (s->status == ST_OUT_OF_RANGE || s->status == ST_NO_DATA) fprintf(o, "%*s", vw, "");
+        else
+            for (int c = 0; c < n_cols; c++) {
+                char v[64];
+                fmt_value(v, sizeof v, s->val[c], &cols[c]);
+                fprintf(o, " %*s", (int)(strlen(cols[c].name) > 10 ? strlen(cols[c].name) : 10), v);
+            }
+        fprintf(o, "  %-*s  %s\n", fw, from[i], s->rep->params[0] ? s->rep->params : "-");
+    }
+    if (any_o) fprintf(o, "O  oracle: looks at full attention (a bound, not a deployable policy)\n");
+    free(from);
 }
 
 static void csv_real(FILE *o, double v) {

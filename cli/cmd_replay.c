@@ -98,6 +98,68 @@ static const char *opt_value(int argc, char **argv, int *i, const char *name, in
     return argv[++*i];
 }
 
+/* Prints the runs just written (ids in order), as `kvsim runs` would. */
+static kvs_status print_written_runs(kvs_results_db *db, const int64_t *ids, int n) {
+    kvs_results_run_row *all = calloc((size_t)(n > 0 ? n : 1), sizeof *all);
+    if (!all) return kvs_fail(KVS_ERR_NOMEM, "out of memory");
+    int64_t got = 0;
+    kvs_status st = KVS_OK;
+    for (int i = 0; i < n && st == KVS_OK; i++) {
+        kvs_results_filter f = {.run_id = ids[i], .include_failed = 1};
+        kvs_results_run_row *one = NULL;
+        int64_t k = 0;
+        st = kvs_results_query_runs(db, &f, &one, &k);
+        if (st == KVS_OK && k == 1) {
+            all[got++] = one[0]; /* moved: the strings now belong to `all` */
+            free(one);
+        } else {
+            kvs_results_run_rows_free(one, k);
+            if (st == KVS_OK) st = kvs_fail(KVS_ERR_DB, "run %lld just written cannot be read back", (long long)ids[i]);
+        }
+    }
+    if (st == KVS_OK) kvs_cli_print_runs_table(stdout, all, got, 0, 1);
+    kvs_results_run_rows_free(all, got);
+    return st;
+}
+
+/* Removes repeated budgets in place (the first occurrence stays, with its fraction); @return the new count. */
+static int dedup_budgets(const char *text, int64_t *budgets, double *fractions, int n) {
+    int w = 0;
+    for (int b = 0; b < n; b++) {
+        int times = 1, seen = 0;
+        for (int j = 0; j < b && !seen; j++) seen = budgets[j] == budgets[b];
+        if (seen) continue;
+        for (int j = b + 1; j < n; j++) times += budgets[j] == budgets[b];
+        if (times > 1)
+            fprintf(stderr, "kvsim replay: warning: budget %lld given %d times in --budgets %s: run once\n",
+                    (long long)budgets[b], times, text);
+        budgets[w] = budgets[b];
+        fractions[w++] = fractions[b];
+    }
+    return w;
+}
+
+static int same_config(const kvs_policy_config *a, const kvs_policy_config *b) {
+    return a->ops == b->ops && !strcmp(a->canonical, b->canonical);
+}
+
+/* Removes repeated policy configurations in place (compared by canonical parameters); @return the new count. */
+static int dedup_specs(kvs_policy_config *cfgs, int n) {
+    int w = 0;
+    for (int i = 0; i < n; i++) {
+        int times = 1, seen = 0;
+        for (int j = 0; j < i && !seen; j++) seen = same_config(&cfgs[j], &cfgs[i]);
+        if (seen) continue;
+        for (int j = i + 1; j < n; j++) times += same_config(&cfgs[j], &cfgs[i]);
+        if (times > 1)
+            fprintf(stderr, "kvsim replay: warning: --policy %s%s%s given %d times: run once\n", cfgs[i].ops->name,
+                    cfgs[i].canonical[0] ? ":" : "", cfgs[i].canonical, times);
+        if (w != i) cfgs[w] = cfgs[i];
+        w++;
+    }
+    return w;
+}
+
 int kvs_cmd_replay(int argc, char **argv) {
     const char *trace_path = NULL, *db_path = NULL, *budget_text = NULL;
     const char *specs[MAX_POLICIES];
@@ -129,7 +191,7 @@ int kvs_cmd_replay(int argc, char **argv) {
         } else if ((v = opt_value(argc, argv, &i, "--threads", &m)) || m) {
             if (!v) return kvs_cli_usage_error("replay", "--threads needs N");
             if (seen_threads++) return kvs_cli_usage_error("replay", "--threads given twice");
-            if (kvs_cli_parse_long("--threads", v, 1, 4096, &threads) != KVS_OK) return kvs_cli_fail("replay", KVS_ERR_INVALID_ARG);
+            if (kvs_cli_parse_long("--threads", v, 1, KVS_CLI_MAX_THREADS, &threads) != KVS_OK) return kvs_cli_fail("replay", KVS_ERR_INVALID_ARG);
         } else if ((v = opt_value(argc, argv, &i, "--series-every", &m)) || m) {
             if (!v) return kvs_cli_usage_error("replay", "--series-every needs N");
             if (seen_series++) return kvs_cli_usage_error("replay", "--series-every given twice");
@@ -175,6 +237,8 @@ int kvs_cmd_replay(int argc, char **argv) {
     kvs_replay_result *res = NULL;
     kvs_replay_config *runs = NULL, *valid = NULL;
     char (*reasons)[512] = NULL;
+    char (*notes)[KVS_POLICY_CANON_MAX] = NULL;
+    int64_t *run_ids = NULL;
     int *valid_of = NULL;
     int64_t *budgets = NULL;
     double *fractions = NULL;
@@ -196,22 +260,14 @@ int kvs_cmd_replay(int argc, char **argv) {
         goto cleanup;
     }
     /* Identical (policy configuration, budget) pairs run once: the same numbers twice would only look like
-     * two independent measurements. */
+     * two independent measurements. A repeated budget (also "10%" resolving to a budget given in tokens) and
+     * a repeated policy configuration (also spelt differently: "snapkv" and "snapkv:window=32") each get one
+     * warning, however often they were given. */
+    n_budgets = dedup_budgets(budget_text, budgets, fractions, n_budgets);
+    n_specs = dedup_specs(cfgs, n_specs);
     for (int i = 0; i < n_specs; i++)
-        for (int b = 0; b < n_budgets; b++) {
-            kvs_replay_config r = {.policy = cfgs[i], .budget = budgets[b], .budget_fraction = fractions[b]};
-            int dup = 0;
-            for (int j = 0; j < n_runs && !dup; j++)
-                dup = runs[j].policy.ops == r.policy.ops && !strcmp(runs[j].policy.canonical, r.policy.canonical) &&
-                      runs[j].budget == r.budget;
-            if (dup) {
-                fprintf(stderr, "kvsim replay: warning: %s%s%s at budget %lld given more than once: run once\n",
-                        r.policy.ops->name, r.policy.canonical[0] ? ":" : "", r.policy.canonical,
-                        (long long)r.budget);
-                continue;
-            }
-            runs[n_runs++] = r;
-        }
+        for (int b = 0; b < n_budgets; b++)
+            runs[n_runs++] = (kvs_replay_config){.policy = cfgs[i], .budget = budgets[b], .budget_fraction = fractions[b]};
     kvs_replay_source src;
     if ((st = kvs_replay_source_from_trace(tr, &src)) != KVS_OK) {
         rc = kvs_cli_fail("replay", st);
@@ -250,6 +306,32 @@ int kvs_cmd_replay(int argc, char **argv) {
         valid_of[i] = -1;
         snprintf(reasons[i], sizeof reasons[i], "invalid configuration: %s", kvs_last_error());
         n_invalid++;
+    }
+    /* Degenerate configurations run, with a warning: one line per (configuration, note) listing the budgets
+     * it concerns, and the note in the run's `notes` column. */
+    notes = calloc((size_t)n_runs, sizeof *notes);
+    if (!notes) {
+        rc = kvs_cli_fail("replay", kvs_fail(KVS_ERR_NOMEM, "out of memory"));
+        goto cleanup;
+    }
+    for (int i = 0; i < n_runs; i++)
+        if (valid_of[i] >= 0) kvs_policy_notes(&runs[i].policy, &src.model, runs[i].budget, notes[i], sizeof notes[i]);
+    for (int i = 0; i < n_runs; i++) {
+        if (!notes[i][0]) continue;
+        int first = 1;
+        for (int j = 0; j < i && first; j++)
+            first = !(same_config(&runs[j].policy, &runs[i].policy) && !strcmp(notes[j], notes[i]));
+        if (!first) continue;
+        char list[256] = "";
+        int n_at = 0;
+        size_t len = 0;
+        for (int j = i; j < n_runs; j++)
+            if (same_config(&runs[j].policy, &runs[i].policy) && !strcmp(notes[j], notes[i]) && len < sizeof list) {
+                len += (size_t)snprintf(list + len, sizeof list - len, "%s%lld", n_at ? "," : "", (long long)runs[j].budget);
+                n_at++;
+            }
+        fprintf(stderr, "kvsim replay: warning: %s%s%s at budget%s %s: %s\n", runs[i].policy.ops->name,
+                runs[i].policy.canonical[0] ? ":" : "", runs[i].policy.canonical, n_at > 1 ? "s" : "", list, notes[i]);
     }
     if (n_valid == 0) { /* nothing would run: a usage error, the database untouched */
         for (int i = 0; i < n_runs; i++) fprintf(stderr, "kvsim replay: %s\n", reasons[i]);
@@ -298,11 +380,11 @@ int kvs_cmd_replay(int argc, char **argv) {
         .dtype = kvs_dtype_name((kvs_dtype)info->capture.dtype), .file_bytes = info->file_bytes,
     };
     int n_failed = 0;
-    /* One layout: fixed-width labelled columns first, the free-length parameter string last. Byte columns
-     * are per KV head (mean / peak over measured steps), as `kvsim runs` shows them. */
-    printf("%-12s %7s %-6s %9s %9s %8s %8s %7s %7s %11s %11s %11s %-8s %s\n", "policy", "budget", "scope", "err_mean",
-           "err_p95", "recall", "overlap", "att_mn", "att_pk", "resid_B_mn", "resid_B_pk", "traffic_B", "status",
-           "params");
+    run_ids = calloc((size_t)n_runs, sizeof *run_ids);
+    if (!run_ids) {
+        rc = kvs_cli_fail("replay", kvs_fail(KVS_ERR_NOMEM, "out of memory"));
+        goto cleanup;
+    }
     for (int i = 0; i < n_runs; i++) {
         const kvs_replay_config *c = &runs[i];
         const kvs_replay_run_result *r = valid_of[i] >= 0 && res ? &res->runs[valid_of[i]] : NULL;
@@ -316,11 +398,11 @@ int kvs_cmd_replay(int argc, char **argv) {
                             : c->policy.ops->budget_scope == KVS_BUDGET_NONE ? "none"
                                                                              : "every_step",
             .layout = kvs_policy_layout(&c->policy) == KVS_SEL_PER_QUERY_HEAD ? "per_query_head" : "per_kv_head",
-            .status = ok ? "complete" : "failed", .error = error,
+            .notes = notes[i][0] ? notes[i] : NULL, .status = ok ? "complete" : "failed", .error = error,
             .wall_seconds = r ? r->wall_seconds : 0, .kvsim_version = KVSIM_VERSION_STRING,
         };
         st = kvs_results_write_run(db, &rt, &run, ok ? r->layer_aggs : NULL, ok ? r->n_layers : 0, ok ? &r->run_agg : NULL,
-                                   ok ? r->steps : NULL, ok ? r->n_steps : 0, NULL);
+                                   ok ? r->steps : NULL, ok ? r->n_steps : 0, &run_ids[i]);
         if (st != KVS_OK) {
             rc = kvs_cli_fail("replay", st);
             goto cleanup;
@@ -331,25 +413,12 @@ int kvs_cmd_replay(int argc, char **argv) {
                 fprintf(stderr, "kvsim replay: run %s%s%s budget %lld failed: %s\n", c->policy.ops->name,
                         c->policy.canonical[0] ? ":" : "", c->policy.canonical, (long long)c->budget, error);
         }
-        const kvs_results_agg *ag = ok ? &r->run_agg : NULL;
-        const char *scope = c->policy.ops->is_oracle                           ? "ORACLE"
-                            : c->policy.ops->budget_scope == KVS_BUDGET_PROMPT ? "prompt"
-                            : c->policy.ops->budget_scope == KVS_BUDGET_NONE   ? "none"
-                                                                               : "step";
-        if (ag)
-            printf("%-12s %7lld %-6s %9.4g %9.4g %8.4f %8.4f %7.1f %7.0f %11.0f %11.0f %11.0f %-8s %s\n",
-                   c->policy.ops->name, (long long)c->budget, scope, ag->out_err.mean, ag->out_err.p95,
-                   ag->attn_recall.mean, ag->topk_overlap.mean, ag->attended_tokens.mean, ag->attended_tokens.max,
-                   ag->storage_bytes.mean, ag->storage_bytes.max, ag->traffic_bytes.mean, "complete",
-                   c->policy.canonical[0] ? c->policy.canonical : "-");
-        else
-            printf("%-12s %7lld %-6s %9s %9s %8s %8s %7s %7s %11s %11s %11s %-8s %s\n", c->policy.ops->name,
-                   (long long)c->budget, scope, "-", "-", "-", "-", "-", "-", "-", "-", "-", "FAILED",
-                   c->policy.canonical[0] ? c->policy.canonical : "-");
     }
-    if (n_runs > 0)
-        printf("scope: step = |S_t| <= budget every step; prompt = budget bounds the prompt only (generated tokens "
-               "all kept: compare at equal memory); ORACLE = sees full attention\n");
+    /* The summary is what the database now holds, in the one table layout of `kvsim runs`. */
+    if ((st = print_written_runs(db, run_ids, n_runs)) != KVS_OK) {
+        rc = kvs_cli_fail("replay", st);
+        goto cleanup;
+    }
     if (exec_err[0])
         fprintf(stderr, "kvsim replay: %s: the %d runs were recorded as failed (interrupted) in %s\n", exec_err,
                 n_valid, db_path);
@@ -357,7 +426,7 @@ int kvs_cmd_replay(int argc, char **argv) {
         fprintf(stderr, "kvsim replay: %d of %d runs failed (recorded with their reason in %s)\n", n_failed, n_runs,
                 db_path);
     rc = n_failed ? KVS_EXIT_FAIL : KVS_EXIT_OK;
-    if (fflush(stdout) != 0 || ferror(stdout)) rc = kvs_cli_fail("replay", kvs_fail(KVS_ERR_IO, "writing the summary to standard output failed"));
+    if (kvs_cli_finish_stdout("replay") != KVS_EXIT_OK) rc = KVS_EXIT_FAIL;
 cleanup:
     kvs_replay_result_free(res);
     kvs_results_close(db);
@@ -366,6 +435,8 @@ cleanup:
     free(valid);
     free(valid_of);
     free(reasons);
+    free(notes);
+    free(run_ids);
     free(budgets);
     free(fractions);
     return rc;

@@ -32,17 +32,20 @@ static const char csv_legacy_header[] =
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: kvsim runs DB [--csv | --json] [--all] [--policy NAME] [--budget TOKENS] [--trace PATH]\n"
+            "usage: kvsim runs DB [--csv [--summary] | --json] [--all] [--policy NAME] [--budget TOKENS] [--trace PATH]\n"
             "                     [--model NAME] [--measure M] [--run ID]\n"
             "Lists the runs of the results database DB (complete runs only unless --all). The table shows per run\n"
             "the mean and peak attended tokens, the mean and peak resident bytes per KV head (storage_bytes mean,\n"
             "max), the bytes read per step (traffic_bytes mean), the output error (mean, p95) and the attention\n"
-            "recall; flags: O oracle, P prompt-only budget (generated tokens all kept), F failed.\n"
+            "recall; flags: O oracle, P prompt-only budget (generated tokens all kept), F failed, N a note about a\n"
+            "degenerate configuration (kvsim replay warned about it; the note follows the params).\n"
             "  --csv         one row per (run, layer), leading columns:\n"
             "                policy,params,budget_tokens,layer,out_err_mean,out_err_p95,out_err_max,\n"
             "                attn_recall_mean,topk_overlap_mean,storage_bytes_max,traffic_bytes_per_step_mean\n"
             "                then run_id,trace,model,is_oracle,status,...,error (RFC 4180 quoting), then\n"
             "                budget_scope,layout,notes and <metric>_<stat> for every metric and statistic\n"
+            "  --summary     with --csv: one row per run instead, its run-wide aggregate (table run_summary,\n"
+            "                over every layer); same columns, the layer field empty\n"
             "  --json        a JSON array, one object per run: configuration, trace, budget_scope, layout,\n"
             "                notes and every metric's n/mean/p50/p95/max/min (null = not recorded)\n"
             "  --all         include failed runs (their error in the error column)\n"
@@ -80,7 +83,7 @@ static void print_csv_row(FILE *o, const kvs_results_run_row *w, const kvs_resul
     fputc(',', o);
     kvs_cli_csv_field(o, w->params);
     fprintf(o, ",%" PRId64 ",", w->budget_tokens);
-    if (a) fprintf(o, "%d", a->layer);
+    if (a && a->layer >= 0) fprintf(o, "%d", a->layer); /* run-wide aggregate (layer -1): empty */
     csv_stat(o, a, KVS_M_OUT_ERR, KVS_STAT_MEAN);
     csv_stat(o, a, KVS_M_OUT_ERR, KVS_STAT_P95);
     csv_stat(o, a, KVS_M_OUT_ERR, KVS_STAT_MAX);
@@ -212,11 +215,11 @@ static const char *short_trace(const char *path) {
 
 static int prompt_only(const kvs_results_run_row *w) { return w->budget_scope && !strcmp(w->budget_scope, "prompt"); }
 
-static void print_table(FILE *o, const kvs_results_run_row *rows, int64_t n, int all) {
+void kvs_cli_print_runs_table(FILE *o, const kvs_results_run_row *rows, int64_t n, int count_line, int all) {
     fprintf(o, "%5s %-12s %7s %-7s %8s %7s %9s %9s %10s %9s %9s %7s %-5s %-18s %s\n", "run", "policy", "budget",
             "measure", "att_mean", "att_max", "res_mean", "res_max", "traffic/st", "err_mean", "err_p95", "recall",
             "flags", "trace", "params");
-    int any_o = 0, any_p = 0, any_f = 0;
+    int any_o = 0, any_p = 0, any_f = 0, any_n = 0;
     for (int64_t i = 0; i < n; i++) {
         const kvs_results_run_row *w = &rows[i];
         const kvs_results_agg *a = w->has_agg ? &w->agg : NULL;
@@ -225,6 +228,7 @@ static void print_table(FILE *o, const kvs_results_run_row *rows, int64_t n, int
         if (w->is_oracle) flags[k++] = 'O', any_o = 1;
         if (prompt_only(w)) flags[k++] = 'P', any_p = 1;
         if (failed) flags[k++] = 'F', any_f = 1;
+        if (w->notes && w->notes[0]) flags[k++] = 'N', any_n = 1;
         if (!k) flags[k++] = '-';
         flags[k] = '\0';
         fprintf(o, "%5" PRId64 " %-12s %7" PRId64 " %-7s %8s %7s %9s %9s %10s %9s %9s %7s %-5s %-18s %s", w->id,
@@ -238,13 +242,17 @@ static void print_table(FILE *o, const kvs_results_run_row *rows, int64_t n, int
         if (w->error) fprintf(o, "  error: %s", w->error);
         fputc('\n', o);
     }
-    fprintf(o, "%" PRId64 " run%s%s\n", n, n == 1 ? "" : "s", all ? "" : " (complete only; --all adds failed runs)");
+    if (count_line)
+        fprintf(o, "%" PRId64 " run%s%s\n", n, n == 1 ? "" : "s", all ? "" : " (complete only; --all adds failed runs)");
     if (any_o) fprintf(o, "O  oracle: looks at full attention (a bound, not a deployable policy)\n");
     if (any_p)
         fprintf(o, "P  prompt-only budget (budget_scope = prompt): the budget bounds the prompt only; generated tokens "
                    "are all kept,\n   so attended tokens and resident bytes grow past the budget: compare such runs at "
                    "their measured memory\n   (kvsim compare --match mem), not at their nominal budget\n");
     if (any_f) fprintf(o, "F  failed run (its error after the params)\n");
+    if (any_n)
+        fprintf(o, "N  note: the configuration degenerates at this budget or on this trace (the note after the params; "
+                   "kvsim replay warned)\n");
 }
 
 static void print_layers(FILE *o, const kvs_results_run_row *w) {
@@ -266,7 +274,7 @@ static void print_layers(FILE *o, const kvs_results_run_row *w) {
 
 int kvs_cmd_runs(int argc, char **argv) {
     const char *path = NULL;
-    int csv = 0, json = 0;
+    int csv = 0, json = 0, summary = 0, seen_csv = 0, seen_json = 0, seen_all = 0, seen_summary = 0;
     kvs_results_filter f = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -276,16 +284,27 @@ int kvs_cmd_runs(int argc, char **argv) {
             return KVS_EXIT_OK;
         } else if ((fr = kvs_cli_filter_option("runs", argc, argv, &i, RUNS_FILTERS, &f)) != 0) {
             if (fr < 0) return KVS_EXIT_USAGE;
-        } else if (!strcmp(a, "--csv")) csv = 1;
-        else if (!strcmp(a, "--json")) json = 1;
-        else if (!strcmp(a, "--all")) f.include_failed = 1;
+        } else if (!strcmp(a, "--csv")) {
+            if (kvs_cli_once("runs", a, &seen_csv)) return KVS_EXIT_USAGE;
+            csv = 1;
+        } else if (!strcmp(a, "--json")) {
+            if (kvs_cli_once("runs", a, &seen_json)) return KVS_EXIT_USAGE;
+            json = 1;
+        } else if (!strcmp(a, "--summary")) {
+            if (kvs_cli_once("runs", a, &seen_summary)) return KVS_EXIT_USAGE;
+            summary = 1;
+        } else if (!strcmp(a, "--all")) {
+            if (kvs_cli_once("runs", a, &seen_all)) return KVS_EXIT_USAGE;
+            f.include_failed = 1;
+        }
         else if (a[0] == '-' && a[1]) return kvs_cli_usage_error("runs", "unknown option '%s'", a);
         else if (!path) path = a;
         else return kvs_cli_usage_error("runs", "unexpected argument '%s'", a);
     }
     if (!path) return kvs_cli_usage_error("runs", "missing the results database DB");
     if (csv && json) return kvs_cli_usage_error("runs", "--csv and --json exclude each other");
-    f.with_layers = csv || f.run_id > 0;
+    if (summary && !csv) return kvs_cli_usage_error("runs", "--summary goes with --csv (one row per run)");
+    f.with_layers = (csv && !summary) || f.run_id > 0;
 
     kvs_results_db *db = NULL;
     kvs_results_run_row *rows = NULL;
@@ -300,7 +319,8 @@ int kvs_cmd_runs(int argc, char **argv) {
     }
     if (csv) {
         print_csv_header(stdout);
-        for (int64_t i = 0; i < n; i++) {
+        for (int64_t i = 0; i < n && summary; i++) print_csv_row(stdout, &rows[i], rows[i].has_agg ? &rows[i].agg : NULL);
+        for (int64_t i = 0; i < n && !summary; i++) {
             if (rows[i].n_layer_aggs == 0) print_csv_row(stdout, &rows[i], NULL);
             for (int32_t l = 0; l < rows[i].n_layer_aggs; l++) print_csv_row(stdout, &rows[i], &rows[i].layer_aggs[l]);
         }
@@ -312,7 +332,7 @@ int kvs_cmd_runs(int argc, char **argv) {
         }
         fputs("\n]\n", stdout);
     } else {
-        print_table(stdout, rows, n, f.include_failed);
+        kvs_cli_print_runs_table(stdout, rows, n, 1, f.include_failed);
         if (f.run_id > 0) print_layers(stdout, &rows[0]);
     }
 cleanup:

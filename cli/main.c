@@ -31,6 +31,8 @@ static const kvs_cli_command commands[] = {
      kvs_cmd_plot},
     {"compare", "compare policies at equal measured memory, traffic or tokens (interpolated between runs)",
      kvs_cmd_compare},
+    {"policies", "list every replay policy with its parameters, defaults and ranges (--json for scripts)",
+     kvs_cmd_policies},
     {"help", "list the commands, or `kvsim help CMD` for one command's options", cmd_help},
     {"version", "print the kvsim version", cmd_version},
 };
@@ -223,6 +225,11 @@ kvs_status kvs_cli_parse_size(const char *opt, const char *val, double *out) {
 void kvs_cli_fmt_real(char *buf, size_t cap, double v) {
     if (isnan(v)) {
         snprintf(buf, cap, "%s", "");
+        return;
+    }
+    /* Whole numbers as integers ("1000000", never "1e+06"), up to 2^53 where every integer is exact. */
+    if (v == floor(v) && fabs(v) < 9007199254740992.0) {
+        snprintf(buf, cap, "%.0f", v);
         return;
     }
     for (int prec = 6; prec <= 17; prec++) {

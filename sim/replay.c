@@ -891,27 +891,27 @@ cleanup:
 
 kvs_status kvs_replay_validate(const kvs_replay_source *src, const kvs_replay_opts *o) {
     const kvs_policy_model *m = &src->model;
-    if (o->n_configs < 1) return kvs_fail(KVS_ERR_INVALID_ARG, "replay: no policy configuration to run");
+    if (o->n_configs < 1) return kvs_fail(KVS_ERR_INVALID_ARG, "no policy configuration to run");
     if (m->n_layers < 1 || m->n_kv_heads < 1 || m->group < 1 || m->head_dim < 1 || m->n_positions < 1 ||
         m->n_positions > INT32_MAX || src->n_turns < 1)
-        return kvs_fail(KVS_ERR_INVALID_ARG, "replay: the trace has no positions, layers or turns to replay");
-    if (o->series_every < 0) return kvs_fail(KVS_ERR_INVALID_ARG, "replay: --series-every must be >= 0");
-    if (o->threads < 0) return kvs_fail(KVS_ERR_INVALID_ARG, "replay: --threads must be >= 0");
+        return kvs_fail(KVS_ERR_INVALID_ARG, "the trace has no positions, layers or turns to replay");
+    if (o->series_every < 0) return kvs_fail(KVS_ERR_INVALID_ARG, "--series-every must be >= 0");
+    if (o->threads < 0) return kvs_fail(KVS_ERR_INVALID_ARG, "--threads must be >= 0");
     int64_t prev = 0;
     for (int64_t i = 0; i < src->n_turns; i++) {
         const kvs_turn *t = &src->turns[i];
         if (t->begin != prev || t->prompt_end < t->begin || t->end < t->prompt_end)
-            return kvs_fail(KVS_ERR_FORMAT, "replay: turn %lld [%lld, %lld, %lld) is not contiguous", (long long)i,
+            return kvs_fail(KVS_ERR_FORMAT, "turn %lld [%lld, %lld, %lld) is not contiguous", (long long)i,
                             (long long)t->begin, (long long)t->prompt_end, (long long)t->end);
         prev = t->end;
     }
     if (prev != m->n_positions)
-        return kvs_fail(KVS_ERR_FORMAT, "replay: turns cover %lld of %lld positions", (long long)prev,
+        return kvs_fail(KVS_ERR_FORMAT, "turns cover %lld of %lld positions", (long long)prev,
                         (long long)m->n_positions);
     if (o->measure != KVS_MEASURE_DECODE && o->measure != KVS_MEASURE_ALL && o->measure != KVS_MEASURE_PREFILL)
-        return kvs_fail(KVS_ERR_INVALID_ARG, "replay: unknown measurement mode %d", (int)o->measure);
+        return kvs_fail(KVS_ERR_INVALID_ARG, "unknown measurement mode %d", (int)o->measure);
     if (m->kv_bytes < 1 || m->aux_bytes < 1)
-        return kvs_fail(KVS_ERR_INVALID_ARG, "replay: kv_bytes %d and aux_bytes %d must be at least 1", (int)m->kv_bytes,
+        return kvs_fail(KVS_ERR_INVALID_ARG, "kv_bytes %d and aux_bytes %d must be at least 1", (int)m->kv_bytes,
                         (int)m->aux_bytes);
     /* Nothing to measure is refused, never reported as a perfect run. */
     int64_t n_generated = 0, n_prompt = 0;
@@ -920,11 +920,11 @@ kvs_status kvs_replay_validate(const kvs_replay_source *src, const kvs_replay_op
         n_prompt += src->turns[i].prompt_end - src->turns[i].begin;
     }
     if (o->measure == KVS_MEASURE_DECODE && n_generated == 0)
-        return kvs_fail(KVS_ERR_INVALID_ARG, "replay: the trace has no generated position to measure (%lld prompt "
+        return kvs_fail(KVS_ERR_INVALID_ARG, "the trace has no generated position to measure (%lld prompt "
                                              "positions, 0 generated); use --measure prefill to measure prompt positions",
                         (long long)n_prompt);
     if (o->measure == KVS_MEASURE_PREFILL && n_prompt == 0)
-        return kvs_fail(KVS_ERR_INVALID_ARG, "replay: the trace has no prompt position to measure");
+        return kvs_fail(KVS_ERR_INVALID_ARG, "the trace has no prompt position to measure");
     for (int c = 0; c < o->n_configs; c++) {
         const kvs_replay_config *rc = &o->configs[c];
         if (rc->budget < 1 || rc->budget > m->n_positions)

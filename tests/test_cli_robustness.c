@@ -468,6 +468,8 @@ static void test_range_messages_echo_the_value_and_exact_bounds(void **state) {
     assert_usage(c, "--threads: '1025' is out of range [1, 1024]", "verify", c->trace, "--threads", "1025");
     assert_usage(c, "--threads: '1025' is out of range [1, 1024]", "capture", "--model", m, "--no-trace",
                  "--threads", "1025");
+    assert_usage(c, "--threads: '1025' is out of range [1, 1024]", "replay", c->trace, "--db", "x.db", "--policy",
+                 "window", "--budgets", "4", "--threads", "1025");
     assert_int_equal(run(c, "verify", c->trace, "--threads", "1024"), 0);
 }
 

@@ -423,6 +423,33 @@ static void test_at_suffixes(void **state) {
     free(text);
 }
 
+/* 1 when the table row of `policy` has exactly `flags` in its flags column (the field after the name). */
+__attribute__((noinline)) static int row_flags_are(const char *text, const char *policy, const char *flags) {
+    char key[64];
+    snprintf(key, sizeof key, "\n%s ", policy);
+    const char *row = strstr(text, key);
+    if (!row) return 0;
+    row += strlen(key);
+    row += strspn(row, " ");
+    return !strncmp(row, flags, strlen(flags)) && row[strlen(flags)] == ' ';
+}
+
+/* One layout: in the table after the "policy ..." header, every row's params text starts in the column where
+ * the header's "params" does, after a blank (params last, of free length); rows end at the legend. */
+__attribute__((noinline)) static int params_column_aligned(const char *text) {
+    const char *hdr = strstr(text, "\npolicy ");
+    if (!hdr || !strstr(hdr, "params")) return 0;
+    hdr++;
+    size_t at = (size_t)(strstr(hdr, "params") - hdr);
+    int rows = 0;
+    for (const char *ln = strchr(hdr, '\n'); ln && ln[1] && strncmp(ln + 1, "O  ", 3); ln = strchr(ln + 1, '\n')) {
+        const char *row = ln + 1, *eol = strchr(row, '\n');
+        if (!eol || (size_t)(eol - row) <= at || row[at - 1] != ' ' || row[at] == ' ') return 0;
+        rows++;
+    }
+    return rows > 0;
+}
+
 static void test_table_and_json_output(void **state) {
     tmp_ctx *t = *state;
     need_bin();
@@ -430,7 +457,8 @@ static void test_table_and_json_output(void **state) {
     assert_int_equal(run_cli(argv, t->out, t->err), 0);
     char *text = slurp(t->out);
     assert_non_null(strstr(text, "storage_bytes_mean = 4096"));
-    assert_non_null(strstr(text, "topk (oracle)"));
+    assert_true(row_flags_are(text, "topk", "O")); /* the oracle flag */
+    assert_non_null(strstr(text, "O  oracle: looks at full attention"));       /* and its legend */
     assert_non_null(strstr(text, "out of range [512B, 2.00KiB]"));
     assert_non_null(strstr(text, "no recorded storage_bytes_mean"));
     assert_non_null(strstr(text, "sorted by out_err_mean (lower is better)"));
@@ -438,6 +466,7 @@ static void test_table_and_json_output(void **state) {
     char want[64];
     snprintf(want, sizeof want, "#%lld at 4.00KiB (exact)", (long long)id_h2o64);
     assert_non_null(strstr(text, want));
+    assert_true(params_column_aligned(text));
     free(text);
 
     char *argj[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "2048", "--json", "--metric",

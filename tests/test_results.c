@@ -1598,7 +1598,7 @@ static void test_runs_table_flags_and_json(void **state) {
     assert_non_null(l1);
     assert_non_null(strstr(l1, " 1.50KiB ")); /* storage mean */
     assert_non_null(strstr(l1, " 3.00KiB ")); /* storage max */
-    assert_non_null(strstr(l1, " P "));
+    assert_non_null(strstr(l1, " PN ")); /* prompt-only, with a note */
     assert_non_null(strstr(l1, " story.kvt "));
     assert_non_null(strstr(l1, "note: window 8 keeps the whole prompt"));
     char *l2 = strstr(table, "\n    2 topk");
@@ -1606,6 +1606,7 @@ static void test_runs_table_flags_and_json(void **state) {
     assert_non_null(strstr(l2, " O "));
     assert_non_null(strstr(table, "budget bounds the prompt only; generated tokens are all kept"));
     assert_non_null(strstr(table, "O  oracle"));
+    assert_non_null(strstr(table, "N  note: the configuration degenerates"));
     free(table);
 
     char *argj[] = {"kvsim", "runs", t->db, "--json", NULL};
