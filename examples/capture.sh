@@ -4,7 +4,7 @@
 # Defaults: ../shared/models/stories260K.bin (+ tok512.bin beside it), ../shared/models/tinystories-656K, /tmp.
 set -eu
 here=$(cd "$(dirname "$0")/.." && pwd)
-kvsim=${KVSIM_BIN:-$here/kvsim}
+kvsim=${KVSIM_BIN:-$here/kvsim} # the binary: $KVSIM_BIN, as in examples/main_job.sh
 bin=${1:-$here/../shared/models/stories260K.bin}
 hf=${2:-$here/../shared/models/tinystories-656K}
 out=${3:-/tmp}

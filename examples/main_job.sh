@@ -10,34 +10,55 @@
 #                                            (llama2.c .bin or Hugging Face folder), then the same
 #
 # Outputs go to $OUT (default examples/out): trace.kvt (when captured), results.db, runs.csv,
-# error_vs_budget.png, recall_vs_budget.png, memory_vs_budget.png, error_vs_position.png.
+# compare_mem.txt, compare_traffic.txt, error_vs_memory.png, error_vs_traffic.png, error_vs_budget.png,
+# recall_vs_budget.png, memory_vs_budget.png, error_vs_position.png.
+# $KVSIM_BIN names the kvsim binary (default: the one built in this checkout), as in examples/capture.sh.
+#
+# The sweep is read at EQUAL MEASURED MEMORY first: a nominal budget B means different things to different
+# policies (SnapKV, PyramidKV and Ada-KV bound only the prompt and keep every generated token, so at "B = 8"
+# they hold 17x more than a window of 8). `kvsim compare --match mem` and the error-vs-memory plot put every
+# policy at the same resident bytes; the budget plots come after, for reference.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
-KVSIM=${KVSIM:-$root/kvsim}
+KVSIM_BIN=${KVSIM_BIN:-$root/kvsim}
 out=${OUT:-$here/out}
-[ -x "$KVSIM" ] || { echo "main_job: $KVSIM not found: run 'make' first" >&2; exit 1; }
+[ -x "$KVSIM_BIN" ] || { echo "main_job: $KVSIM_BIN not found: run 'make' first" >&2; exit 1; }
 mkdir -p "$out"
 
 if [ $# -ge 1 ]; then
     trace="$out/trace.kvt"
-    "$KVSIM" capture --model "$1" --prompt-file "${2:-$here/prompt.txt}" --steps 256 --ignore-eos --out "$trace"
+    "$KVSIM_BIN" capture --model "$1" --prompt-file "${2:-$here/prompt.txt}" --steps 256 --ignore-eos --out "$trace"
 else
     trace="$here/stories260K.kvt"
 fi
-"$KVSIM" info "$trace"
-"$KVSIM" verify "$trace"
+"$KVSIM_BIN" info "$trace"
+"$KVSIM_BIN" verify "$trace"
 
-# A fresh study each time, so the pictures show exactly this sweep.
+# A fresh study each time, so the pictures show exactly this sweep. Budgets up to 384 tokens, so that the
+# every-step policies reach the memory the prompt-only ones need for their generated tokens.
 rm -f "$out/results.db" "$out/results.db-wal" "$out/results.db-shm"
-"$KVSIM" replay "$trace" --db "$out/results.db" \
+"$KVSIM_BIN" replay "$trace" --db "$out/results.db" \
     --policy full --policy window --policy streaming --policy h2o --policy tova \
     --policy scissorhands --policy snapkv --policy pyramidkv --policy adakv --policy topk \
-    --budgets 8,16,32,64,128 --series-every 1
-"$KVSIM" runs "$out/results.db"
-"$KVSIM" runs "$out/results.db" --csv > "$out/runs.csv"
-"$KVSIM" plot "$out/results.db" --kind error-vs-budget --out "$out/error_vs_budget.png"
-"$KVSIM" plot "$out/results.db" --kind error-vs-budget --metric attn_recall_mean --out "$out/recall_vs_budget.png"
-"$KVSIM" plot "$out/results.db" --kind memory-vs-budget --out "$out/memory_vs_budget.png"
-"$KVSIM" plot "$out/results.db" --kind error-vs-position --budget 32 --out "$out/error_vs_position.png"
-echo "main_job: results in $out (results.db, runs.csv, *.png)"
+    --budgets 8,16,32,64,128,256,384 --series-every 1
+
+# Equal memory and equal traffic: every policy interpolated to the same resident bytes (and bytes read per
+# step) per KV head; the plots mark the Pareto frontier.
+echo "== policies at equal resident memory (9 KiB per KV head)"
+"$KVSIM_BIN" compare "$out/results.db" --match mem --at 9KiB > "$out/compare_mem.txt"
+cat "$out/compare_mem.txt"
+echo "== policies at equal traffic (9 KiB read per step per KV head)"
+"$KVSIM_BIN" compare "$out/results.db" --match traffic --at 9KiB > "$out/compare_traffic.txt"
+cat "$out/compare_traffic.txt"
+"$KVSIM_BIN" plot "$out/results.db" --kind error-vs-memory --out "$out/error_vs_memory.png"
+"$KVSIM_BIN" plot "$out/results.db" --kind error-vs-traffic --out "$out/error_vs_traffic.png"
+
+# The runs themselves, and the views by nominal budget.
+"$KVSIM_BIN" runs "$out/results.db"
+"$KVSIM_BIN" runs "$out/results.db" --csv > "$out/runs.csv"
+"$KVSIM_BIN" plot "$out/results.db" --kind error-vs-budget --out "$out/error_vs_budget.png"
+"$KVSIM_BIN" plot "$out/results.db" --kind error-vs-budget --metric attn_recall_mean --out "$out/recall_vs_budget.png"
+"$KVSIM_BIN" plot "$out/results.db" --kind memory-vs-budget --out "$out/memory_vs_budget.png"
+"$KVSIM_BIN" plot "$out/results.db" --kind error-vs-position --budget 32 --out "$out/error_vs_position.png"
+echo "main_job: results in $out (results.db, runs.csv, compare_*.txt, *.png)"

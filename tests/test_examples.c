@@ -2,7 +2,8 @@
  * examples/stories260K.kvt, exactly as a user would, and checks what it produces: the trace verifies,
  * every (policy, budget) of the sweep is a complete run with one CSV row per layer, the `full` policy has
  * zero error, the oracle is never worse than any realisable policy at the same budget, and the plots are
- * real PNG files. Keeps the main job from rotting. Uses $KVSIM_BIN (so `make asan` runs it under ASan).
+ * real PNG files, and the equal-memory / equal-traffic comparisons bracket every compressing policy. Keeps
+ * the main job from rotting. Uses $KVSIM_BIN (so `make asan` runs it under ASan).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,7 +17,7 @@
 #include <cmocka.h>
 
 #define N_POLICIES 10
-#define N_BUDGETS 5
+#define N_BUDGETS 7
 #define N_LAYERS 5 /* stories260K */
 
 static const char *env_or_skip(const char *name) {
@@ -90,7 +91,7 @@ static void test_main_job_runs_end_to_end(void **state) {
     char dir[] = "/tmp/kvs_examples_XXXXXX";
     assert_non_null(mkdtemp(dir));
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "OUT='%s' KVSIM='%s' sh '%s/examples/main_job.sh' >'%s/log' 2>&1", dir, bin, root, dir);
+    snprintf(cmd, sizeof cmd, "OUT='%s' KVSIM_BIN='%s' sh '%s/examples/main_job.sh' >'%s/log' 2>&1", dir, bin, root, dir);
     int rc = system(cmd);
     if (rc != 0) {
         snprintf(cmd, sizeof cmd, "cat '%s/log'", dir);
@@ -113,7 +114,7 @@ static void test_main_job_runs_end_to_end(void **state) {
     int rows = 0;
     /* oracle_err[budget index][layer] and the best realisable error at the same (budget, layer). */
     double oracle_err[N_BUDGETS][N_LAYERS], best_err[N_BUDGETS][N_LAYERS];
-    const int budgets[N_BUDGETS] = {8, 16, 32, 64, 128};
+    const int budgets[N_BUDGETS] = {8, 16, 32, 64, 128, 256, 384};
     for (int b = 0; b < N_BUDGETS; b++)
         for (int l = 0; l < N_LAYERS; l++) oracle_err[b][l] = -1, best_err[b][l] = 1e30;
     while (fgets(line, sizeof line, f)) {
@@ -150,11 +151,28 @@ static void test_main_job_runs_end_to_end(void **state) {
         }
 
     static const unsigned char png[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-    const char *plots[] = {"error_vs_budget.png", "recall_vs_budget.png", "memory_vs_budget.png",
-                           "error_vs_position.png"};
+    const char *plots[] = {"error_vs_memory.png", "error_vs_traffic.png", "error_vs_budget.png",
+                           "recall_vs_budget.png", "memory_vs_budget.png", "error_vs_position.png"};
     for (size_t i = 0; i < sizeof plots / sizeof plots[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, plots[i]);
         assert_true(file_starts_with(path, png, sizeof png));
+    }
+    /* The equal-memory and equal-traffic comparisons: every realisable policy bracketed at 9 KiB (the sweep's
+     * budgets reach it), full and the oracle's stored full cache out of range at equal memory. */
+    const char *cmps[] = {"compare_mem.txt", "compare_traffic.txt"};
+    const char *xs[] = {"compare at storage_bytes_mean = 9216", "compare at traffic_bytes_mean = 9216"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(path, sizeof path, "%s/%s", dir, cmps[k]);
+        f = fopen(path, "r");
+        assert_non_null(f);
+        int interpolated = 0, header = 0;
+        while (fgets(line, sizeof line, f)) {
+            if (strstr(line, xs[k])) header = 1;
+            if (strstr(line, " #") && strstr(line, " at ")) interpolated++;
+        }
+        fclose(f);
+        assert_true(header);
+        assert_true(interpolated >= 8); /* the eight realisable compressing policies */
     }
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     assert_int_equal(system(cmd), 0);
