@@ -102,8 +102,8 @@ static double peak_rss_bytes(void) {
 }
 
 /* One child: GENERATED data of n positions (1 layer, 8 query heads, 2 KV heads, d 16, 64 prompt
- * positions), then 16 window configurations with no step series; prints the replay's peak RSS growth. */
-static void memory_row(int64_t n) {
+ * positions), then `nc` window configurations with no step series; prints the replay's peak RSS growth. */
+static void memory_row(int64_t n, int nc) {
     fflush(stdout);
     pid_t pid = fork();
     if (pid < 0) return;
@@ -133,8 +133,9 @@ static void memory_row(int64_t n) {
         .turns = turns, .n_turns = n_turns, .q = g->q, .k = g->k, .v = g->v, .block_positions = 64};
     kvs_replay_source src;
     CHECK(kvs_replay_source_from_memory(&mem, &src));
-    enum { NC = 16 };
-    kvs_replay_config cfgs[NC];
+    const int NC = nc;
+    kvs_replay_config *cfgs = calloc((size_t)NC, sizeof *cfgs);
+    if (!cfgs) _exit(1);
     for (int i = 0; i < NC; i++) {
         cfgs[i] = (kvs_replay_config){.budget = 4 + 4 * i, .budget_fraction = -1};
         CHECK(kvs_policy_parse("window", &cfgs[i].policy));
@@ -145,10 +146,20 @@ static void memory_row(int64_t n) {
     CHECK(kvs_replay_execute(&src, &ro, &r));
     double el = kvs_now_s() - t0, after = peak_rss_bytes();
     double samples = (double)r->runs[0].run_agg.out_err.n * NC;
-    double history = (double)n * 16 * 2 * 4 * 2;                    /* K/V history of the layer's 2 KV heads */
-    double old_bytes = samples * KVS_N_METRICS * sizeof(float);    /* every sample held in RAM */
-    printf("%8lld %12.0f %12.1f %12.1f %14.1f %10.2f\n", (long long)n, samples, (after - before) / 1048576.0,
-           history / 1048576.0, old_bytes / 1048576.0, el);
+    /* What the engine must hold per concurrent task (sim/replay.c task_alloc; one task per layer and group of
+     * configurations, min(threads, configurations) groups here): the layer's K/V history (fp32, the rows a
+     * policy may read) and the per-step buffers over every position (the full attention row and its ranking
+     * that the metrics need, the selection and its row pointers, the gathered K/V). O(positions), never
+     * O(samples). */
+    const double N = (double)n, d = 16, Hkv = 2, G = 4, HG = 8, mp = 64;
+    double history = Hkv * N * d * 4 * 2;
+    double per_step = Hkv * mp * G * d * 4 + 2 * HG * N * 4 + N * (4 + 12 + 4 + 1) + G * N * (4 + 4 + 8 + 8) + 2 * N * d * 4;
+    int tasks = kvs_n_cpus() < NC ? kvs_n_cpus() : NC;
+    double working = tasks * (history + per_step), peak = after - before;
+    double old_bytes = samples * KVS_N_METRICS * sizeof(float); /* every sample held in RAM */
+    printf("%8lld %7d %12.0f %10.2f %5d %12.2f %14.1f %8.2f\n", (long long)n, NC, samples, peak / 1048576.0, tasks,
+           working / 1048576.0, old_bytes / 1048576.0, el);
+    free(cfgs);
     kvs_replay_result_free(r);
     free(turns);
     kvs_gen_trace_free(g);
@@ -226,13 +237,16 @@ int main(void) {
         kvs_replay_result_free(r);
     }
     printf("\nreplay peak memory vs trace length (GENERATED data: 1 layer, 8 query heads, 2 KV heads, d 16, prompt 64; "
-           "16 window configurations, no step series; peak RSS growth during kvs_replay_execute, VmHWM):\n");
-    printf("%8s %12s %12s %12s %14s %10s\n", "positions", "samples", "peak_MiB", "history_MiB", "if_in_RAM_MiB",
-           "wall_s");
-    for (int64_t n = 1024; n <= 8192; n *= 2) memory_row(n);
-    printf("(history = the layer's K/V kept for the policies, inherent to replay; if_in_RAM = what holding every "
-           "sample for exact percentiles would take: samples x %d metrics x 4 bytes, now spilled to a temporary "
-           "file, percentiles still exact)\n",
+           "window configurations, no step series; peak RSS growth during kvs_replay_execute, VmHWM):\n");
+    printf("%8s %7s %12s %10s %5s %12s %14s %8s\n", "positions", "configs", "samples", "peak_MiB", "tasks",
+           "working_MiB", "if_in_RAM_MiB", "wall_s");
+    for (int64_t n = 1024; n <= 8192; n *= 2) memory_row(n, 16);
+    memory_row(4096, 2); /* samples x 1/8 and x 4 at one length: the peak must not follow them */
+    memory_row(4096, 64);
+    printf("(working = tasks x (the layer's fp32 K/V history + the per-step buffers over every position: full attention "
+           "row and ranks for the metrics, selection, gathered K/V) as allocated, O(positions) and inherent, an upper "
+           "bound of what is resident (pages never touched are not); if_in_RAM = what holding every sample for exact percentiles would take: samples x %d "
+           "metrics x 4 bytes, now spilled to a temporary file, percentiles still exact)\n",
            KVS_N_METRICS);
     kvs_trace_close(tr);
     kvs_gen_trace_free(g);
