@@ -394,15 +394,21 @@ int kvs_cmd_compare(int argc, char **argv) {
             return KVS_EXIT_OK;
         } else if ((fr = kvs_cli_filter_option("compare", argc, argv, &i, COMPARE_FILTERS, &f)) != 0) {
             if (fr < 0) return KVS_EXIT_USAGE;
-        } else if ((v = kvs_cli_opt_value("--match", argc, argv, &i, &missing))) match_s = v;
-        else if ((v = kvs_cli_opt_value("--at", argc, argv, &i, &missing))) at_s = v;
-        else if ((v = kvs_cli_opt_value("--metric", argc, argv, &i, &missing))) {
+        } else if ((v = kvs_cli_opt_value("--match", argc, argv, &i, &missing))) {
+            if (match_s) return kvs_cli_usage_error("compare", "--match given twice");
+            match_s = v;
+        } else if ((v = kvs_cli_opt_value("--at", argc, argv, &i, &missing))) {
+            if (at_s) return kvs_cli_usage_error("compare", "--at given twice");
+            at_s = v;
+        } else if ((v = kvs_cli_opt_value("--metric", argc, argv, &i, &missing))) {
             int rc = parse_metrics(v, cols, &n_cols);
             if (rc) return rc;
         } else if (missing) return kvs_cli_usage_error("compare", "option %s needs a value", argv[i]);
-        else if (!strcmp(argv[i], "--csv")) csv = 1;
-        else if (!strcmp(argv[i], "--json")) json = 1;
-        else if (!strcmp(argv[i], "--budget") || !strncmp(argv[i], "--budget=", 9) || !strcmp(argv[i], "--run") ||
+        else if (!strcmp(argv[i], "--csv")) {
+            if (kvs_cli_once("compare", "--csv", &csv)) return KVS_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--json")) {
+            if (kvs_cli_once("compare", "--json", &json)) return KVS_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--budget") || !strncmp(argv[i], "--budget=", 9) || !strcmp(argv[i], "--run") ||
                  !strncmp(argv[i], "--run=", 6))
             return kvs_cli_usage_error("compare", "%s does not apply: compare interpolates between the runs of "
                                                   "each series (use kvsim runs to list single runs)",

@@ -155,6 +155,22 @@ int kvs_cli_filter_option(const char *cmd, int argc, char **argv, int *i, unsign
             return -1;
         }
         if (!v) continue;
+        /* The one rule for single-valued options: a filter given twice is a usage error, never "the last wins"
+         * (a value already set in *f is a filter given before). */
+        int given = 0;
+        switch (opts[k].bit) {
+        case KVS_CLI_FILTER_POLICY: given = f->policy != NULL; break;
+        case KVS_CLI_FILTER_TRACE: given = f->trace_path != NULL; break;
+        case KVS_CLI_FILTER_MODEL: given = f->model != NULL; break;
+        case KVS_CLI_FILTER_MEASURE: given = f->measure != NULL; break;
+        case KVS_CLI_FILTER_BUDGET: given = f->budget_tokens > 0; break;
+        case KVS_CLI_FILTER_RUN: given = f->run_id > 0; break;
+        default: break;
+        }
+        if (given) {
+            kvs_cli_usage_error(cmd, "%s given twice", opts[k].opt);
+            return -1;
+        }
         long num;
         switch (opts[k].bit) {
         case KVS_CLI_FILTER_POLICY: f->policy = v; break;

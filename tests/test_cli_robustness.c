@@ -398,17 +398,27 @@ static void test_stdout_write_errors_exit_1(void **state) {
     char x[160], rec[160];
     path_in(c, "x.npy", x, sizeof x);
     path_in(c, "rec.kvt", rec, sizeof rec);
+    char db[160];
+    path_in(c, "r.db", db, sizeof db);
+    assert_int_equal(run(c, "replay", c->trace, "--db", db, "--policy", "window", "--budgets", "4,8"), 0);
     struct {
         const char *name;
         int rc;
-    } got[6];
+    } got[12];
     got[0].name = "info", got[0].rc = run_to(c, "/dev/full", 0, "info", c->trace, NULL);
     got[1].name = "verify", got[1].rc = run_to(c, "/dev/full", 0, "verify", c->trace, NULL);
     got[2].name = "export --out -", got[2].rc = run_to(c, "/dev/full", 0, "export", c->trace, "--what", "tokens", "--out", "-", NULL);
     got[3].name = "export --out F", got[3].rc = run_to(c, "/dev/full", 0, "export", c->trace, "--what", "tokens", "--out", x, NULL);
     got[4].name = "trace recover", got[4].rc = run_to(c, "/dev/full", 0, "trace", "recover", c->trace, rec, NULL);
     got[5].name = "help", got[5].rc = run_to(c, "/dev/full", 0, "capture", "--help", NULL);
-    for (int i = 0; i < 6; i++) {
+    got[6].name = "runs", got[6].rc = run_to(c, "/dev/full", 0, "runs", db, NULL);
+    got[7].name = "runs --csv", got[7].rc = run_to(c, "/dev/full", 0, "runs", db, "--csv", NULL);
+    got[8].name = "runs --json", got[8].rc = run_to(c, "/dev/full", 0, "runs", db, "--json", NULL);
+    got[9].name = "compare", got[9].rc = run_to(c, "/dev/full", 0, "compare", db, "--match", "tokens", "--at", "6", NULL);
+    got[10].name = "policies", got[10].rc = run_to(c, "/dev/full", 0, "policies", NULL);
+    got[11].name = "replay", got[11].rc = run_to(c, "/dev/full", 0, "replay", c->trace, "--db", db, "--policy", "tova",
+                                                 "--budgets", "4", NULL);
+    for (int i = 0; i < 12; i++) {
         if (got[i].rc != 1) fail_msg("%s > /dev/full: exit %d (expected 1)", got[i].name, got[i].rc);
     }
     /* the last one's message */
@@ -441,6 +451,22 @@ static void test_single_valued_options_given_twice_are_usage_errors(void **state
     assert_usage(c, "--progress/--quiet given twice", "capture", "--model", m, "--no-trace", "--quiet", "--progress");
     assert_usage(c, "--truncate given twice", "capture", "--model", m, "--no-trace", "--truncate", "left",
                  "--truncate", "right");
+    /* replay and the readers of its database */
+    char db[160];
+    path_in(c, "r.db", db, sizeof db);
+    assert_usage(c, "--measure given twice", "replay", t, "--db", db, "--policy", "window", "--budgets", "4",
+                 "--measure", "all", "--measure", "decode");
+    assert_usage(c, "--db given twice", "replay", t, "--db", db, "--db", db, "--policy", "window", "--budgets", "4");
+    assert_int_equal(access(db, F_OK), -1);
+    assert_int_equal(run(c, "replay", t, "--db", db, "--policy", "window", "--budgets", "4,8"), 0);
+    assert_usage(c, "--policy given twice", "runs", db, "--policy", "window", "--policy", "tova");
+    assert_usage(c, "--budget given twice", "runs", db, "--budget", "4", "--budget=8");
+    assert_usage(c, "--measure given twice", "runs", db, "--measure", "decode", "--measure", "all");
+    assert_usage(c, "--csv given twice", "runs", db, "--csv", "--csv");
+    assert_usage(c, "--at given twice", "compare", db, "--match", "tokens", "--at", "4", "--at", "8");
+    assert_usage(c, "--match given twice", "compare", db, "--match", "tokens", "--match", "mem", "--at", "4");
+    assert_usage(c, "--trace given twice", "compare", db, "--match", "tokens", "--at", "4", "--trace", "a", "--trace",
+                 "b");
     /* the rule is in the help */
     assert_int_equal(run(c, "capture", "--help"), 0);
     assert_contains(c->out, "each may be given once");
