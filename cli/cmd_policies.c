@@ -13,11 +13,12 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: kvsim policies [--json]\n"
                "Lists every policy kvsim replay accepts (--policy NAME:key=value,...) with its parameters:\n"
-               "type, default, range or choices and what it does. Oracles see full attention (a bound, not a\n"
-               "deployable policy).\n"
+               "type, default, range or choices and what it does, and its named presets: the settings a paper\n"
+               "used (--policy NAME@PRESET, optionally followed by :key=value overrides). Oracles see full\n"
+               "attention (a bound, not a deployable policy).\n"
                "  --json   one JSON object: {\"policies\": [{\"name\", \"summary\", \"oracle\", \"budget_scope\",\n"
                "           \"layout\", \"params\": [{\"key\", \"type\", \"default\", \"min\", \"max\", \"choices\",\n"
-               "           \"help\"}]}]}\n");
+               "           \"help\"}], \"presets\": [{\"name\", \"params\", \"help\"}]}]}\n");
 }
 
 static const char *scope_name(kvs_policy_budget_scope s) {
@@ -110,6 +111,16 @@ static void print_json(FILE *o) {
             kvs_cli_json_string(o, pp->help);
             fputc('}', o);
         }
+        fputs("],\"presets\":[", o);
+        for (int j = 0; j < ops->n_presets; j++) {
+            fprintf(o, "%s{\"name\":", j ? "," : "");
+            kvs_cli_json_string(o, ops->presets[j].name);
+            fputs(",\"params\":", o);
+            kvs_cli_json_string(o, ops->presets[j].params);
+            fputs(",\"help\":", o);
+            kvs_cli_json_string(o, ops->presets[j].help);
+            fputc('}', o);
+        }
         fputs("]}", o);
     }
     fputs("\n]}\n", o);
@@ -154,6 +165,9 @@ static void print_text(FILE *o) {
             }
             fprintf(o, "      %s\n", pp->help);
         }
+        for (int j = 0; j < ops->n_presets; j++)
+            fprintf(o, "  preset %s@%s = %s\n      %s\n", ops->name, ops->presets[j].name,
+                    ops->presets[j].params[0] ? ops->presets[j].params : "(the defaults)", ops->presets[j].help);
         fputc('\n', o);
     }
 }

@@ -119,7 +119,7 @@ static kvs_status parse_text(const char *policy, const kvs_policy_param *pp, con
                         pp->key, KVS_POLICY_STR_MAX - 1);
     for (size_t j = 0; j < len; j++)
         if ((unsigned char)s[j] < 0x20 || s[j] == 0x7f || s[j] == '=')
-            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': value '%.*s' holds a control character or "
+            return kvs_fail(KVS_ERR_INVALID_ARG, "%s: parameter '%s': value '%.*s' holds a control character or "
                                                  "'=' (values cannot contain ',' or '=')",
                             policy, pp->key, (int)len, s);
     memcpy(cfg->str[i], s, len);
@@ -132,14 +132,14 @@ static kvs_status parse_text(const char *policy, const kvs_policy_param *pp, con
         snprintf(want, sizeof want, "%s", at + 8);
         *at = 0;
         if (strlen(want) != 64 || strspn(want, "0123456789abcdef") != 64)
-            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': '%s' is not a 64-digit lowercase sha256",
+            return kvs_fail(KVS_ERR_INVALID_ARG, "%s: parameter '%s': '%s' is not a 64-digit lowercase sha256",
                             policy, pp->key, want);
     }
-    if (!cfg->str[i][0]) return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': empty path", policy, pp->key);
+    if (!cfg->str[i][0]) return kvs_fail(KVS_ERR_INVALID_ARG, "%s: parameter '%s': empty path", policy, pp->key);
     if (kvs_sha256_file_hex(cfg->str[i], cfg->sha256[i]) != KVS_OK)
-        return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': %s", policy, pp->key, kvs_last_error());
+        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: parameter '%s': %s", policy, pp->key, kvs_last_error());
     if (want[0] && strcmp(want, cfg->sha256[i]))
-        return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': file %s changed since it was recorded "
+        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: parameter '%s': file %s changed since it was recorded "
                                              "(sha256 %s, recorded %s)",
                         policy, pp->key, cfg->str[i], cfg->sha256[i], want);
     return KVS_OK;
@@ -149,7 +149,7 @@ static kvs_status parse_text(const char *policy, const kvs_policy_param *pp, con
 static kvs_status parse_value(const char *policy, const kvs_policy_param *pp, const char *s, size_t len,
                               double *out) {
     char buf[128];
-    if (len == 0) return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s' has an empty value", policy, pp->key);
+    if (len == 0) return kvs_fail(KVS_ERR_INVALID_ARG, "%s: parameter '%s' has an empty value", policy, pp->key);
     if (len >= sizeof buf)
         return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: value of parameter '%s' is too long", policy, pp->key);
     memcpy(buf, s, len);
@@ -158,7 +158,7 @@ static kvs_status parse_value(const char *policy, const kvs_policy_param *pp, co
     case KVS_PARAM_ENUM: {
         int i = enum_index(pp->choices, buf, len);
         if (i < 0)
-            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': '%s' is not one of %s", policy, pp->key,
+            return kvs_fail(KVS_ERR_INVALID_ARG, "%s: parameter '%s': '%s' is not one of %s", policy, pp->key,
                             buf, pp->choices);
         *out = i;
         return KVS_OK;
@@ -172,19 +172,19 @@ static kvs_status parse_value(const char *policy, const kvs_policy_param *pp, co
             *out = 0;
             return KVS_OK;
         }
-        return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': '%s' is not a boolean", policy, pp->key, buf);
+        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: parameter '%s': '%s' is not a boolean", policy, pp->key, buf);
     case KVS_PARAM_INT: {
         char *end;
         errno = 0;
         long long v = strtoll(buf, &end, 10);
         if (!buf[0] || *end || (errno && errno != ERANGE))
-            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': '%s' is not an integer", policy, pp->key,
+            return kvs_fail(KVS_ERR_INVALID_ARG, "%s: parameter '%s': '%s' is not an integer", policy, pp->key,
                             buf);
         if (errno == ERANGE || (double)v < pp->lo || (double)v > pp->hi) { /* the user's text, exact bounds */
             char lo[40], hi[40];
             format_value(pp, pp->lo, lo, sizeof lo);
             format_value(pp, pp->hi, hi, sizeof hi);
-            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': '%s' is out of range [%s, %s]", policy,
+            return kvs_fail(KVS_ERR_INVALID_ARG, "%s: parameter '%s': '%s' is out of range [%s, %s]", policy,
                             pp->key, buf, lo, hi);
         }
         *out = (double)v;
@@ -195,7 +195,7 @@ static kvs_status parse_value(const char *policy, const kvs_policy_param *pp, co
         errno = 0;
         double v = strtod(buf, &end);
         if (*end || errno || !isfinite(v))
-            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': '%s' is not a number", policy, pp->key,
+            return kvs_fail(KVS_ERR_INVALID_ARG, "%s: parameter '%s': '%s' is not a number", policy, pp->key,
                             buf);
         if (v < pp->lo || v > pp->hi) {
             char lo[40], hi[40];
@@ -213,50 +213,91 @@ static kvs_status parse_value(const char *policy, const kvs_policy_param *pp, co
     return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s' has an unknown type", policy, pp->key);
 }
 
+const kvs_policy_preset *kvs_policy_find_preset(const struct kvs_policy_ops *ops, const char *name) {
+    for (int i = 0; i < ops->n_presets; i++)
+        if (!strcmp(ops->presets[i].name, name)) return &ops->presets[i];
+    return NULL;
+}
+
+/* Parses the key=value list `params` (NULL or "" = nothing) into cfg on top of what cfg holds; `what` names
+ * the list in messages ("policy h2o" or "policy h2o preset morphkv-longwriter"). Keys may repeat across
+ * lists (a user's value overrides a preset's) but not within one. */
+static kvs_status parse_params(const struct kvs_policy_ops *ops, const char *what, const char *params,
+                               kvs_policy_config *cfg) {
+    int seen[KVS_POLICY_MAX_PARAMS] = {0};
+    const char *p = params;
+    while (p && *p) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        const char *eq = memchr(p, '=', len);
+        if (!eq) return kvs_fail(KVS_ERR_INVALID_ARG, "%s: '%.*s' is not key=value", what, (int)len, p);
+        size_t klen = (size_t)(eq - p);
+        int found = -1;
+        for (int i = 0; i < ops->n_params; i++)
+            if (strlen(ops->params[i].key) == klen && !strncmp(ops->params[i].key, p, klen)) found = i;
+        if (found < 0) return kvs_fail(KVS_ERR_INVALID_ARG, "%s: unknown parameter '%.*s'", what, (int)klen, p);
+        if (seen[found])
+            return kvs_fail(KVS_ERR_INVALID_ARG, "%s: parameter '%s' given twice", what, ops->params[found].key);
+        seen[found] = 1;
+        kvs_status st = is_text_param(&ops->params[found])
+                            ? parse_text(what, &ops->params[found], eq + 1, len - klen - 1, cfg, found)
+                            : parse_value(what, &ops->params[found], eq + 1, len - klen - 1, &cfg->v[found]);
+        if (st != KVS_OK) return st;
+        if (!comma) break;
+        p = comma + 1;
+        if (!*p) return kvs_fail(KVS_ERR_INVALID_ARG, "%s: trailing ',' in parameter list", what);
+    }
+    return KVS_OK;
+}
+
 kvs_status kvs_policy_parse(const char *spec, kvs_policy_config *cfg) {
     const char *colon = strchr(spec, ':');
-    size_t nlen = colon ? (size_t)(colon - spec) : strlen(spec);
-    char name[KVS_POLICY_NAME_MAX];
+    size_t hlen = colon ? (size_t)(colon - spec) : strlen(spec); /* NAME or NAME@PRESET */
+    const char *at = memchr(spec, '@', hlen);
+    size_t nlen = at ? (size_t)(at - spec) : hlen;
+    char name[KVS_POLICY_NAME_MAX], preset[64] = "";
     if (nlen == 0) return kvs_fail(KVS_ERR_INVALID_ARG, "policy spec '%s': missing policy name", spec);
     if (nlen >= sizeof name) return kvs_fail(KVS_ERR_INVALID_ARG, "policy spec '%s': unknown policy", spec);
     memcpy(name, spec, nlen);
     name[nlen] = 0;
     const struct kvs_policy_ops *ops = kvs_policy_find(name);
-    if (!ops) return kvs_fail(KVS_ERR_INVALID_ARG, "unknown policy '%s' (see 'kvsim replay --help')", name);
+    if (!ops) return kvs_fail(KVS_ERR_INVALID_ARG, "unknown policy '%s' (see 'kvsim policies')", name);
     if (colon && !colon[1]) return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: empty parameter list after ':'", name);
-    return kvs_policy_parse_ops(ops, colon ? colon + 1 : NULL, cfg);
+    if (!at) return kvs_policy_parse_ops(ops, colon ? colon + 1 : NULL, cfg);
+    size_t plen = hlen - nlen - 1;
+    if (plen == 0 || plen >= sizeof preset)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: missing or unknown preset after '@'", name);
+    memcpy(preset, at + 1, plen);
+    preset[plen] = 0;
+    const kvs_policy_preset *pr = kvs_policy_find_preset(ops, preset);
+    if (!pr) {
+        char known[512] = "";
+        size_t used = 0;
+        for (int i = 0; i < ops->n_presets && used < sizeof known; i++)
+            used += (size_t)snprintf(known + used, sizeof known - used, "%s%s", i ? ", " : "", ops->presets[i].name);
+        return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: unknown preset '%s' (%s%s)", name, preset,
+                        ops->n_presets ? "known: " : "it has none", known);
+    }
+    char what[160];
+    snprintf(what, sizeof what, "policy %s preset %s", name, preset);
+    kvs_policy_defaults(ops, cfg);
+    kvs_status st = parse_params(ops, what, pr->params, cfg);
+    char user[64];
+    snprintf(user, sizeof user, "policy %s", name);
+    if (st == KVS_OK) st = parse_params(ops, user, colon ? colon + 1 : NULL, cfg);
+    if (st != KVS_OK) return st;
+    build_canonical(cfg);
+    return KVS_OK;
 }
 
 kvs_status kvs_policy_parse_ops(const struct kvs_policy_ops *ops, const char *params, kvs_policy_config *cfg) {
-    const char *name = ops->name;
     kvs_policy_defaults(ops, cfg);
     if (!params) return KVS_OK;
-    int seen[KVS_POLICY_MAX_PARAMS] = {0};
-    const char *p = params;
-    if (!*p) return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: empty parameter list", name);
-    while (*p) {
-        const char *comma = strchr(p, ',');
-        size_t len = comma ? (size_t)(comma - p) : strlen(p);
-        const char *eq = memchr(p, '=', len);
-        if (!eq)
-            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: '%.*s' is not key=value", name, (int)len, p);
-        size_t klen = (size_t)(eq - p);
-        int found = -1;
-        for (int i = 0; i < ops->n_params; i++)
-            if (strlen(ops->params[i].key) == klen && !strncmp(ops->params[i].key, p, klen)) found = i;
-        if (found < 0)
-            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: unknown parameter '%.*s'", name, (int)klen, p);
-        if (seen[found])
-            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s' given twice", name, ops->params[found].key);
-        seen[found] = 1;
-        kvs_status st = is_text_param(&ops->params[found])
-                            ? parse_text(name, &ops->params[found], eq + 1, len - klen - 1, cfg, found)
-                            : parse_value(name, &ops->params[found], eq + 1, len - klen - 1, &cfg->v[found]);
-        if (st != KVS_OK) return st;
-        if (!comma) break;
-        p = comma + 1;
-        if (!*p) return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: trailing ',' in parameter list", name);
-    }
+    char what[64];
+    snprintf(what, sizeof what, "policy %s", ops->name);
+    if (!*params) return kvs_fail(KVS_ERR_INVALID_ARG, "%s: empty parameter list", what);
+    kvs_status st = parse_params(ops, what, params, cfg);
+    if (st != KVS_OK) return st;
     build_canonical(cfg);
     return KVS_OK;
 }
@@ -335,6 +376,9 @@ void kvs_policy_print_help(void *fp) {
     for (int i = 0; i < kvs_policy_count(); i++) {
         const struct kvs_policy_ops *ops = kvs_policy_at(i);
         fprintf(f, "  %-12s %s%s\n", ops->name, ops->is_oracle ? "[ORACLE] " : "", ops->summary);
+        for (int j = 0; j < ops->n_presets; j++)
+            fprintf(f, "      @%s = %s: %s\n", ops->presets[j].name, ops->presets[j].params[0] ? ops->presets[j].params : "(defaults)",
+                    ops->presets[j].help);
         for (int j = 0; j < ops->n_params; j++) {
             const kvs_policy_param *pp = &ops->params[j];
             char def[64];

@@ -99,6 +99,16 @@ typedef struct {
     const char *def_str;  /* STRING only: default text (NULL = "") */
 } kvs_policy_param;
 
+/* A named parameter set from a paper (`--policy h2o@morphkv-longwriter`): the settings a paper used for this
+ * policy, so a study can cite them instead of retyping them. `params` uses the NAME:key=value syntax's
+ * key=value list; the user's own key=value pairs after the preset override it. The budget is never part of
+ * a preset (it is the sweep's --budgets); `help` says which budget the paper used. */
+typedef struct {
+    const char *name;   /* [a-z0-9-], e.g. "morphkv-longwriter" */
+    const char *params; /* "recent=0.5,gqa=expand" (may be "" for the defaults) */
+    const char *help;   /* one line: the paper, section and the budget it used */
+} kvs_policy_preset;
+
 /* A parsed policy configuration: which policy and its parameter values (defaults filled in). Plain value
  * type; copy freely. */
 typedef struct {
@@ -230,6 +240,8 @@ struct kvs_policy_ops {
     kvs_policy_budget_scope budget_scope;
     const kvs_policy_param *params; /* static const table, n_params entries (may be NULL if 0) */
     int n_params;
+    const kvs_policy_preset *presets; /* optional static const table of named paper settings (NAME@PRESET) */
+    int n_presets;
 
     /* Optional: the layout when a parameter chooses it (h2o gqa=expand|mean); NULL = `granularity`. */
     kvs_policy_granularity (*layout)(const kvs_policy_config *cfg);
@@ -319,14 +331,19 @@ const struct kvs_policy_ops *kvs_policy_at(int i);
 /*! kvs_policy_find() : registry lookup by name; NULL if unknown. */
 const struct kvs_policy_ops *kvs_policy_find(const char *name);
 
-/*! kvs_policy_parse() : parses "NAME" or "NAME:key=value,key=value" into *cfg with defaults filled in and
- *  the canonical string built. KVS_ERR_INVALID_ARG (detail names the policy, key or value) for an unknown
- *  policy, unknown or repeated key, malformed or out-of-range value. */
+/*! kvs_policy_parse() : parses "NAME", "NAME:key=value,key=value", "NAME@PRESET" or "NAME@PRESET:key=value,..."
+ *  into *cfg with defaults filled in, then the preset's parameters, then the given ones (which may override the
+ *  preset's), and the canonical string built (every parameter: a preset leaves no trace but its values).
+ *  KVS_ERR_INVALID_ARG (detail names the policy, preset, key or value) for an unknown policy or preset,
+ *  unknown or repeated key, malformed or out-of-range value. */
 kvs_status kvs_policy_parse(const char *spec, kvs_policy_config *cfg);
 
 /*! kvs_policy_parse_ops() : parses the parameter part "key=value,..." (NULL = all defaults) of policy `ops`,
  *  which need not be in the registry (test-only policies); same rules and errors as kvs_policy_parse(). */
 kvs_status kvs_policy_parse_ops(const struct kvs_policy_ops *ops, const char *params, kvs_policy_config *cfg);
+
+/*! kvs_policy_find_preset() : the preset `name` of `ops`, or NULL. */
+const kvs_policy_preset *kvs_policy_find_preset(const struct kvs_policy_ops *ops, const char *name);
 
 /*! kvs_policy_defaults() : cfg with every parameter at its default (canonical string built). */
 void kvs_policy_defaults(const struct kvs_policy_ops *ops, kvs_policy_config *cfg);

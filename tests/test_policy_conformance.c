@@ -228,6 +228,45 @@ static void test_every_policy_validates_parameters(void **state) {
     }
 }
 
+/* Named presets (NAME@PRESET[:overrides]): each parses to the same configuration as its parameter list
+ * spelt out, a user's key=value overrides the preset's, and an unknown preset names the known ones. */
+static void test_every_preset_parses_to_its_parameters(void **state) {
+    (void)state;
+    kvs_policy_config a, b;
+    assert_int_equal(kvs_policy_parse("window@nope", &a), KVS_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvs_last_error(), "policy window: unknown preset 'nope' (it has none)"));
+    assert_int_equal(kvs_policy_parse("window@", &a), KVS_ERR_INVALID_ARG);
+    for (int i = 0; i < kvs_policy_count(); i++) {
+        const struct kvs_policy_ops *ops = kvs_policy_at(i);
+        for (int j = 0; j < ops->n_presets; j++) {
+            const kvs_policy_preset *pr = &ops->presets[j];
+            char spec[KVS_POLICY_CANON_MAX + 128];
+            assert_non_null(pr->name);
+            assert_non_null(pr->params);
+            assert_non_null(pr->help);
+            assert_ptr_equal(kvs_policy_find_preset(ops, pr->name), pr);
+            snprintf(spec, sizeof spec, "%s@%s", ops->name, pr->name);
+            if (kvs_policy_parse(spec, &a) != KVS_OK) fail_msg("%s: %s", spec, kvs_last_error());
+            if (pr->params[0]) snprintf(spec, sizeof spec, "%s:%s", ops->name, pr->params);
+            else snprintf(spec, sizeof spec, "%s", ops->name);
+            assert_int_equal(kvs_policy_parse(spec, &b), KVS_OK);
+            assert_string_equal(a.canonical, b.canonical);
+            /* an override of the first parameter by its own canonical value parses and changes nothing */
+            if (ops->n_params > 0 && a.canonical[0]) {
+                char first[KVS_POLICY_CANON_MAX];
+                snprintf(first, sizeof first, "%s", a.canonical);
+                char *comma = strchr(first, ',');
+                if (comma) *comma = '\0';
+                snprintf(spec, sizeof spec, "%s@%s:%s", ops->name, pr->name, first);
+                assert_int_equal(kvs_policy_parse(spec, &b), KVS_OK);
+                assert_string_equal(a.canonical, b.canonical);
+            }
+            snprintf(spec, sizeof spec, "%s@%s:bogus_key=1", ops->name, pr->name);
+            assert_int_equal(kvs_policy_parse(spec, &b), KVS_ERR_INVALID_ARG);
+        }
+    }
+}
+
 /* ---- budget, determinism --------------------------------------------------------------------------- */
 
 static void test_every_policy_respects_budget_every_step(void **state) {
@@ -435,6 +474,7 @@ static void test_leak_check_catches_a_leaky_policy(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_policy_validates_parameters),
+        cmocka_unit_test(test_every_preset_parses_to_its_parameters),
         cmocka_unit_test(test_every_policy_respects_budget_every_step),
         cmocka_unit_test(test_every_policy_is_deterministic),
         cmocka_unit_test(test_no_policy_sees_the_future),
