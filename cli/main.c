@@ -33,6 +33,8 @@ static const kvs_cli_command commands[] = {
      kvs_cmd_compare},
     {"policies", "list every replay policy with its parameters, defaults and ranges (--json for scripts)",
      kvs_cmd_policies},
+    {"keys", "key geometry against attention per head: KeyDiff's premises (K3, K12) and retained-key diversity (K11)",
+     kvs_cmd_keys},
     {"help", "list the commands, or `kvsim help CMD` for one command's options", cmd_help},
     {"version", "print the kvsim version", cmd_version},
 };

@@ -58,7 +58,8 @@ typedef struct {
     void (*stream_free)(void *stream);
 } kvs_replay_source;
 
-/* Test-only hooks (NULL in production). Called from worker threads, serialised per layer. */
+/* Hooks for tests and analyses (NULL in a plain replay; analysis/keys.c reads the keys a policy retains
+ * through on_step_end). Called from worker threads, serialised per layer. */
 typedef struct {
     void *user;
     /* After select() of configuration `config` for (layer, kv_head) at position pos. */
@@ -77,7 +78,7 @@ typedef struct {
     int threads;                /* 0 = all online CPUs */
     kvs_replay_measure measure;
     int64_t series_every;       /* keep every N-th measured step per (layer, query head) in the series; 0 = none */
-    const kvs_replay_hooks *hooks; /* NULL in production */
+    const kvs_replay_hooks *hooks; /* NULL in a plain replay */
     /* Optional progress report, called from worker threads (serialised by the engine) at most every
      * ~0.25 s and once at the end: `done` of `total` (layer, position) steps replayed. */
     void (*progress)(void *user, int64_t done, int64_t total);
