@@ -2,11 +2,13 @@
  * ../shared/DESIGN.md "Results (SQLite) and plots" and POLICY_SPEC.md §1.5 (budget-matching modes); the
  * data comes through the read API of sim/results.h (no SQL here), labels from the metric table.
  *
- * How a plot is made: all data is read from the database first (so a database problem is reported
- * before any program runs), gnuplot is located on PATH (a clear "gnuplot not found" instead of a shell
- * error), the script and the data (inline `plot '-' ... e` blocks, no temporary files) are written to
- * gnuplot's stdin, gnuplot writes OUT.partial, and only when gnuplot exited 0 and the file is non-empty is
- * it renamed to OUT. Any failure removes OUT.partial, so a failed plot leaves nothing behind.
+ * How a plot is made: kvs_plot_prepare() reads all data from the database first (so a database problem is
+ * reported before any program runs) and builds the series and labels; kvs_plot_write_script() writes the
+ * script and the data (inline `plot '-' ... e` blocks, no temporary files) to any stream, which is how tests
+ * read it; kvs_plot_render() locates gnuplot on PATH (a clear "gnuplot not found" instead of a shell error),
+ * writes the script to gnuplot's stdin, gnuplot writes OUT.partial, and only when gnuplot exited 0 and the
+ * file is non-empty is it renamed to OUT. Any failure removes OUT.partial, so a failed plot leaves nothing
+ * behind.
  */
 #include "plot.h"
 
@@ -471,12 +473,24 @@ static void put_data(FILE *gp, const plot_series *s) {
     fprintf(gp, "e\n");
 }
 
-static void write_script(FILE *gp, int is_svg, const char *partial, const plot_text *t, const plot_data *d) {
+/* A prepared plot: everything read from the database and laid out, ready to be written as a script. */
+struct kvs_plot {
+    kvs_plot_kind kind;
+    int is_svg;
+    char *out_path; /* owned copy of opt->out_path */
+    char *gnuplot;  /* owned copy of opt->gnuplot, or NULL for "gnuplot" */
+    plot_text t;
+    plot_data d;
+};
+
+static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
+    const plot_text *t = &p->t;
+    const plot_data *d = &p->d;
     /* noenhanced: labels contain '_' and '^' (params, metric names) that enhanced text would typeset. */
-    if (is_svg) fprintf(gp, "set terminal svg size 1200,760 noenhanced font 'Sans,11' background rgb 'white'\n");
+    if (p->is_svg) fprintf(gp, "set terminal svg size 1200,760 noenhanced font 'Sans,11' background rgb 'white'\n");
     else fprintf(gp, "set terminal pngcairo size 1200,760 noenhanced font 'Sans,10'\n");
     fprintf(gp, "set encoding utf8\nset output ");
-    put_gp_string(gp, partial);
+    put_gp_string(gp, image_path);
     fprintf(gp, "\nset title ");
     put_gp_string(gp, t->title);
     fprintf(gp, "\nset xlabel ");
@@ -523,8 +537,7 @@ static void write_script(FILE *gp, int is_svg, const char *partial, const plot_t
 
 /* Runs gnuplot with the script; SIGPIPE is blocked for this thread while writing so a gnuplot that dies
  * early becomes an error status here instead of killing kvsim. */
-static kvs_status run_gnuplot(const char *prog, int is_svg, const char *partial, const plot_text *t,
-                              const plot_data *d) {
+static kvs_status run_gnuplot(const char *prog, const kvs_plot *p, const char *image_path) {
     char cmd[PATH_MAX * 4 + 32], quoted[PATH_MAX * 4];
     sh_quote(quoted, sizeof quoted, prog);
     snprintf(cmd, sizeof cmd, "exec %s", quoted);
@@ -540,7 +553,7 @@ static kvs_status run_gnuplot(const char *prog, int is_svg, const char *partial,
         rc = kvs_fail(KVS_ERR_EXTERNAL, "cannot start gnuplot (%s): %s", prog, strerror(errno));
         goto restore;
     }
-    write_script(gp, is_svg, partial, t, d);
+    write_script(gp, p, image_path);
     fflush(gp);
     int write_failed = ferror(gp);
     int status = pclose(gp);
@@ -577,7 +590,19 @@ static void axis_label(char *buf, size_t cap, kvs_metric m, kvs_stat_kind s, con
              mi->unit[0] ? "; " : "", mi->unit, mi->kind == KVS_METRIC_BYTES ? " per KV head" : "", extra);
 }
 
-kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *o) {
+void kvs_plot_free(kvs_plot *p) {
+    if (!p) return;
+    plot_data_free(&p->d);
+    free(p->out_path);
+    free(p->gnuplot);
+    free(p);
+}
+
+size_t kvs_plot_n_series(const kvs_plot *p) { return p ? p->d.n : 0; }
+
+kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_plot **out) {
+    if (!out) return kvs_fail(KVS_ERR_INVALID_ARG, "plot: NULL output handle");
+    *out = NULL;
     if (!db_path || !o) return kvs_fail(KVS_ERR_INVALID_ARG, "plot: NULL database path or options");
     if (!o->out_path || !o->out_path[0]) return kvs_fail(KVS_ERR_INVALID_ARG, "--out: an output file is required");
     int is_svg = ends_with(o->out_path, ".svg");
@@ -600,14 +625,24 @@ kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *o) {
     if (o->measure && strcmp(o->measure, "decode") && strcmp(o->measure, "prefill") && strcmp(o->measure, "all"))
         return kvs_fail(KVS_ERR_INVALID_ARG, "--measure: '%s' is not decode, prefill or all", o->measure);
 
+    if (strlen(o->out_path) + sizeof ".partial" > PATH_MAX)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "--out: path too long");
+
     kvs_results_db *db = NULL;
     kvs_results_run_row *rows = NULL;
     int64_t n_rows = 0;
-    plot_data d = {0};
-    plot_text t = {.x = AXIS_LOG_TOKENS};
-    char partial[PATH_MAX], where[512] = "";
-    if (snprintf(partial, sizeof partial, "%s.partial", o->out_path) >= (int)sizeof partial)
-        return kvs_fail(KVS_ERR_INVALID_ARG, "--out: path too long");
+    char where[512] = "";
+    kvs_plot *p = calloc(1, sizeof *p);
+    if (!p) return nomem();
+    p->kind = o->kind;
+    p->is_svg = is_svg;
+    p->t.x = AXIS_LOG_TOKENS;
+    if (!(p->out_path = strdup(o->out_path)) || (o->gnuplot && !(p->gnuplot = strdup(o->gnuplot)))) {
+        kvs_plot_free(p);
+        return nomem();
+    }
+    plot_data *dd = &p->d;
+    plot_text *tt = &p->t;
 
     KVS_TRY(rc = kvs_results_open_readonly(db_path, &db));
     kvs_results_filter f = {.policy = o->policy, .trace_path = o->trace, .model = o->model, .measure = o->measure,
@@ -638,7 +673,7 @@ kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *o) {
         len += (size_t)snprintf(where + len, sizeof where - len, ", measure %s", o->measure);
     const kvs_metric_info *mi = &kvs_metric_table[ym];
     if (o->kind == KVS_PLOT_ERROR_VS_POSITION) {
-        KVS_TRY(rc = read_position_points(db, rows, n_rows, o->layer, ym, &d));
+        KVS_TRY(rc = read_position_points(db, rows, n_rows, o->layer, ym, dd));
         len = strlen(where);
         if (o->budget_tokens > 0 && len < sizeof where)
             snprintf(where + len, sizeof where - len, ", budget %" PRId64 " tokens", o->budget_tokens);
@@ -647,43 +682,43 @@ kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *o) {
             if (o->layer >= 0) snprintf(where + len, sizeof where - len, ", layer %d", o->layer);
             else snprintf(where + len, sizeof where - len, ", mean over layers");
         }
-        snprintf(t.title, sizeof t.title, "%s per position (mean over query heads%s) - %s", metric_name, where, base);
-        snprintf(t.xlabel, sizeof t.xlabel, "position in the sequence (tokens)");
-        snprintf(t.ylabel, sizeof t.ylabel, "%s, mean over query heads (%s%s%s)", mi->label, mi->name,
+        snprintf(tt->title, sizeof tt->title, "%s per position (mean over query heads%s) - %s", metric_name, where, base);
+        snprintf(tt->xlabel, sizeof tt->xlabel, "position in the sequence (tokens)");
+        snprintf(tt->ylabel, sizeof tt->ylabel, "%s, mean over query heads (%s%s%s)", mi->label, mi->name,
                  mi->unit[0] ? "; " : "", mi->unit);
-        t.x = AXIS_LINEAR;
+        tt->x = AXIS_LINEAR;
     } else {
         int xm = -1;
         if (o->kind == KVS_PLOT_ERROR_VS_MEMORY) xm = KVS_M_STORAGE;
         else if (o->kind == KVS_PLOT_ERROR_VS_TRAFFIC) xm = KVS_M_TRAFFIC;
-        KVS_TRY(rc = read_run_points(rows, n_rows, o->layer, ym, ys, xm, xs, &d));
+        KVS_TRY(rc = read_run_points(rows, n_rows, o->layer, ym, ys, xm, xs, dd));
         len = strlen(where);
         if (len < sizeof where) {
             if (o->layer >= 0) snprintf(where + len, sizeof where - len, ", layer %d", o->layer);
             else snprintf(where + len, sizeof where - len, ", run-wide aggregate");
         }
-        axis_label(t.ylabel, sizeof t.ylabel, ym, ys, "");
+        axis_label(tt->ylabel, sizeof tt->ylabel, ym, ys, "");
         if (xm >= 0) {
-            snprintf(t.title, sizeof t.title, "%s vs measured %s (%s) - %s", metric_name,
+            snprintf(tt->title, sizeof tt->title, "%s vs measured %s (%s) - %s", metric_name,
                      xm == KVS_M_STORAGE ? "memory" : "traffic", where + 2, base);
-            axis_label(t.xlabel, sizeof t.xlabel, (kvs_metric)xm, xs, "; log scale");
-            t.x = AXIS_LOG_BYTES;
+            axis_label(tt->xlabel, sizeof tt->xlabel, (kvs_metric)xm, xs, "; log scale");
+            tt->x = AXIS_LOG_BYTES;
         } else if (o->kind == KVS_PLOT_MEMORY_VS_BUDGET) {
-            snprintf(t.title, sizeof t.title, "%s vs budget (%s) - %s", metric_name, where + 2, base);
-            snprintf(t.xlabel, sizeof t.xlabel, "KV budget per KV head (tokens, log2 scale)");
+            snprintf(tt->title, sizeof tt->title, "%s vs budget (%s) - %s", metric_name, where + 2, base);
+            snprintf(tt->xlabel, sizeof tt->xlabel, "KV budget per KV head (tokens, log2 scale)");
         } else {
-            snprintf(t.title, sizeof t.title, "%s vs KV budget (%s) - %s", metric_name, where + 2, base);
-            snprintf(t.xlabel, sizeof t.xlabel, "KV budget per KV head (tokens, log2 scale)");
+            snprintf(tt->title, sizeof tt->title, "%s vs KV budget (%s) - %s", metric_name, where + 2, base);
+            snprintf(tt->xlabel, sizeof tt->xlabel, "KV budget per KV head (tokens, log2 scale)");
         }
     }
     /* Series without a point would only add an empty key entry (and '-' needs at least one row). */
     size_t w = 0;
-    for (size_t i = 0; i < d.n; i++) {
-        if (d.s[i].n > 0) d.s[w++] = d.s[i];
-        else series_free(&d.s[i]);
+    for (size_t i = 0; i < dd->n; i++) {
+        if (dd->s[i].n > 0) dd->s[w++] = dd->s[i];
+        else series_free(&dd->s[i]);
     }
-    d.n = w;
-    if (d.n == 0) {
+    dd->n = w;
+    if (dd->n == 0) {
         if (o->kind == KVS_PLOT_ERROR_VS_POSITION)
             rc = kvs_fail(KVS_ERR_DB, "%s: no data for %s%s: the selected complete runs have no per-step samples "
                                       "(steps table) of %s",
@@ -700,43 +735,64 @@ kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *o) {
                           db_path, kind_names[o->kind], where, metric_name);
         goto cleanup;
     }
-    for (size_t i = 0; i < d.n; i++) series_finish(&d.s[i]);
-    qsort(d.s, d.n, sizeof *d.s, cmp_series);
-    KVS_TRY(rc = label_series(&d, o->kind == KVS_PLOT_ERROR_VS_POSITION));
-    if (is_cost_kind(o->kind)) KVS_TRY(rc = add_frontier(&d, mi->higher_is_better));
+    for (size_t i = 0; i < dd->n; i++) series_finish(&dd->s[i]);
+    qsort(dd->s, dd->n, sizeof *dd->s, cmp_series);
+    KVS_TRY(rc = label_series(dd, o->kind == KVS_PLOT_ERROR_VS_POSITION));
+    if (is_cost_kind(o->kind)) KVS_TRY(rc = add_frontier(dd, mi->higher_is_better));
     kvs_results_run_rows_free(rows, n_rows);
     rows = NULL;
     kvs_results_close(db);
     db = NULL;
 
-    char prog[PATH_MAX];
-    const char *want = o->gnuplot ? o->gnuplot : "gnuplot";
-    if (!find_program(want, prog, sizeof prog)) {
-        rc = kvs_fail(KVS_ERR_EXTERNAL, "gnuplot not found ('%s' is not an executable on PATH); install gnuplot "
-                                        "(Debian: apt-get install gnuplot-nox)",
-                      want);
-        goto cleanup;
-    }
-    /* Create the partial file ourselves: an unwritable output is a clear I/O error, not a gnuplot message. */
-    FILE *pf = fopen(partial, "w");
-    if (!pf) {
-        rc = kvs_fail(KVS_ERR_IO, "%s: cannot create output file: %s", partial, strerror(errno));
-        goto cleanup;
-    }
-    fclose(pf);
-    rc = run_gnuplot(prog, is_svg, partial, &t, &d);
-    if (rc == KVS_OK) {
-        struct stat sb;
-        if (stat(partial, &sb) != 0 || sb.st_size == 0)
-            rc = kvs_fail(KVS_ERR_EXTERNAL, "gnuplot exited 0 but wrote no output to %s", partial);
-        else if (rename(partial, o->out_path) != 0)
-            rc = kvs_fail(KVS_ERR_IO, "%s: cannot rename %s into place: %s", o->out_path, partial, strerror(errno));
-    }
-    if (rc != KVS_OK) unlink(partial);
+    *out = p;
+    p = NULL;
 
 cleanup:
     kvs_results_run_rows_free(rows, n_rows);
     kvs_results_close(db);
-    plot_data_free(&d);
+    kvs_plot_free(p);
+    return rc;
+}
+
+kvs_status kvs_plot_write_script(const kvs_plot *p, const char *image_path, FILE *f) {
+    if (!p || !image_path || !f) return kvs_fail(KVS_ERR_INVALID_ARG, "plot: NULL plot, image path or stream");
+    write_script(f, p, image_path);
+    if (fflush(f) != 0 || ferror(f))
+        return kvs_fail(KVS_ERR_IO, "plot: writing the gnuplot script failed: %s", strerror(errno));
+    return KVS_OK;
+}
+
+kvs_status kvs_plot_render(const kvs_plot *p) {
+    if (!p) return kvs_fail(KVS_ERR_INVALID_ARG, "plot: NULL plot");
+    kvs_status rc = KVS_OK;
+    char partial[PATH_MAX];
+    snprintf(partial, sizeof partial, "%s.partial", p->out_path);
+    char prog[PATH_MAX];
+    const char *want = p->gnuplot ? p->gnuplot : "gnuplot";
+    if (!find_program(want, prog, sizeof prog))
+        return kvs_fail(KVS_ERR_EXTERNAL, "gnuplot not found ('%s' is not an executable on PATH); install gnuplot "
+                                          "(Debian: apt-get install gnuplot-nox)",
+                        want);
+    /* Create the partial file ourselves: an unwritable output is a clear I/O error, not a gnuplot message. */
+    FILE *pf = fopen(partial, "w");
+    if (!pf) return kvs_fail(KVS_ERR_IO, "%s: cannot create output file: %s", partial, strerror(errno));
+    fclose(pf);
+    rc = run_gnuplot(prog, p, partial);
+    if (rc == KVS_OK) {
+        struct stat sb;
+        if (stat(partial, &sb) != 0 || sb.st_size == 0)
+            rc = kvs_fail(KVS_ERR_EXTERNAL, "gnuplot exited 0 but wrote no output to %s", partial);
+        else if (rename(partial, p->out_path) != 0)
+            rc = kvs_fail(KVS_ERR_IO, "%s: cannot rename %s into place: %s", p->out_path, partial, strerror(errno));
+    }
+    if (rc != KVS_OK) unlink(partial);
+    return rc;
+}
+
+kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *o) {
+    kvs_plot *p = NULL;
+    kvs_status rc = kvs_plot_prepare(db_path, o, &p);
+    if (rc == KVS_OK) rc = kvs_plot_render(p);
+    kvs_plot_free(p);
     return rc;
 }

@@ -17,6 +17,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "../common/kvs.h"
 
@@ -64,12 +65,34 @@ kvs_status kvs_plot_metric_check(kvs_plot_kind kind, const char *metric);
  *  Writes the kept indexes to idx (capacity n) in ascending x and returns how many. */
 size_t kvs_plot_pareto(const double *x, const double *y, size_t n, int higher_is_better, size_t *idx);
 
-/*! kvs_plot_make() : reads the data from the results database at `db_path` (read-only; complete runs only)
- *  and draws it with gnuplot into opt->out_path. Errors: bad options KVS_ERR_INVALID_ARG; database problems
- *  or no data to draw KVS_ERR_DB (detail says what was missing); gnuplot missing or failing
- *  KVS_ERR_EXTERNAL; output not creatable KVS_ERR_IO. On any error no output file (and no .partial) is left
- *  behind. The script sent to gnuplot carries one "# series: LABEL" comment line before each inline data
- *  block (tests read it through a stand-in gnuplot). */
+/* A prepared plot: the data read from the database, its series, labels and layout (opaque). */
+typedef struct kvs_plot kvs_plot;
+
+/*! kvs_plot_prepare() : checks the options, reads the data from the results database at `db_path`
+ *  (read-only; complete runs only) and lays the plot out; runs no program and writes nothing. Errors: bad
+ *  options KVS_ERR_INVALID_ARG; database problems or no data to draw KVS_ERR_DB (detail says what was
+ *  missing). @return KVS_OK and *out (caller frees with kvs_plot_free). */
+kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *opt, kvs_plot **out);
+
+/*! kvs_plot_free() : frees a prepared plot; accepts NULL. */
+void kvs_plot_free(kvs_plot *p);
+
+/*! kvs_plot_n_series() : the number of series (legend entries) of a prepared plot. */
+size_t kvs_plot_n_series(const kvs_plot *p);
+
+/*! kvs_plot_write_script() : writes the complete gnuplot script of `p` to `f`: terminal, `set output`
+ *  naming `image_path`, labels, key, the plot command and the inline data. The script carries one
+ *  "# series: LABEL" comment line before each inline data block (tests read it). KVS_ERR_IO when writing to
+ *  `f` fails. */
+kvs_status kvs_plot_write_script(const kvs_plot *p, const char *image_path, FILE *f);
+
+/*! kvs_plot_render() : draws `p` with gnuplot into opt->out_path of kvs_plot_prepare. Errors: gnuplot
+ *  missing or failing KVS_ERR_EXTERNAL; output not creatable KVS_ERR_IO. On any error no output file (and no
+ *  .partial) is left behind. */
+kvs_status kvs_plot_render(const kvs_plot *p);
+
+/*! kvs_plot_make() : kvs_plot_prepare(), kvs_plot_render() and kvs_plot_free() in one call; errors as
+ *  theirs. */
 kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *opt);
 
 #endif /* KVS_PLOT_H */

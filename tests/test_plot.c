@@ -2,7 +2,8 @@
  * database populated through sim/results.h (skipped with a message when gnuplot is not installed), the data
  * gnuplot receives (captured by a stand-in gnuplot script): the Pareto frontier of error-vs-memory /
  * error-vs-traffic on a hand-made case, series kept apart by trace and by measure mode, oracles dashed; the
- * Pareto function itself; and every error path — gnuplot missing or failing, empty database, missing data,
+ * Pareto function itself; the script written to a stream (kvs_plot_write_script) equal to what gnuplot reads;
+ * and every error path — gnuplot missing or failing, empty database, missing data,
  * bad options — giving the right status / exit code and leaving no output file (nor OUT.partial) behind.
  */
 #include <fcntl.h>
@@ -618,6 +619,44 @@ static void test_error_vs_memory_and_traffic_png_svg(void **state) {
     assert_image(out, 0);
 }
 
+/* The script comes from one writer: kvs_plot_write_script() to a stream gives what gnuplot reads on its input,
+ * but for the output file named by `set output`. */
+static char *script_of(const kvs_plot *p, const char *image) {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    assert_non_null(f);
+    expect_ok(kvs_plot_write_script(p, image, f));
+    assert_int_equal(fclose(f), 0);
+    return buf;
+}
+
+static void test_script_written_to_a_stream_is_what_gnuplot_reads(void **state) {
+    tmp_ctx *t = *state;
+    char out[160], prog[160], captured[160], partial[200];
+    snprintf(out, sizeof out, "%s/same.png", t->dir);
+    snprintf(partial, sizeof partial, "%s.partial", out);
+    make_fake_gnuplot(t->dir, prog, sizeof prog, captured, sizeof captured);
+    kvs_plot_options o = opts(KVS_PLOT_ERROR_VS_POSITION, out);
+    o.gnuplot = prog;
+    o.budget_tokens = 32;
+    kvs_plot *p = NULL;
+    expect_ok(kvs_plot_prepare(t->db, &o, &p));
+    assert_int_equal(kvs_plot_n_series(p), 3);
+    expect_ok(kvs_plot_render(p));
+    char *gp = NULL;
+    size_t n = 0;
+    expect_ok(kvs_read_file(captured, &gp, &n));
+    char *mine = script_of(p, partial);
+    assert_string_equal(mine, gp);
+    free(mine);
+    free(gp);
+    kvs_plot_free(p);
+    kvs_plot_free(NULL);
+    assert_int_equal(kvs_plot_prepare(t->empty, &o, &p), KVS_ERR_DB);
+    assert_null(p);
+}
+
 /* Runs that do not record the x metric (a database written before it existed) give a clear "no data". */
 static void test_error_vs_memory_without_recorded_bytes(void **state) {
     tmp_ctx *t = *state;
@@ -734,6 +773,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_budget_series_separated_by_trace_and_measure, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_error_vs_memory_and_traffic_png_svg, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_error_vs_memory_without_recorded_bytes, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_script_written_to_a_stream_is_what_gnuplot_reads, setup_db, teardown_db),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
