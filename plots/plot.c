@@ -481,14 +481,77 @@ struct kvs_plot {
     char *gnuplot;  /* owned copy of opt->gnuplot, or NULL for "gnuplot" */
     plot_text t;
     plot_data d;
+    kvs_plot_layout layout;
 };
+
+/* ------------------------------------------------------------------------------------------------
+ * Layout. gnuplot lays the key out itself and neither wraps nor shortens a title: a column is as wide as ITS
+ * estimate of the longest title (characters x its character width) plus the line sample, and a key wider
+ * than the canvas is cut off at both edges. A vertical key also takes no more rows than the plot area is
+ * high, however tall the canvas, so with many series it spreads into columns that do not fit (the bug this
+ * replaces: 10 long labels, `maxrows 6`, 2 columns cut off, half the entries lost). A horizontal key has
+ * `maxcols` columns at most and as many rows as the entries need. So the columns are chosen here, from the
+ * longest label and the canvas width, and the canvas is made tall enough for the rows.
+ * ---------------------------------------------------------------------------------------------- */
+
+enum {
+    LAYOUT_WIDTH = 1200,    /* canvas width unless a label needs more */
+    LAYOUT_CHAR_PX = 8,     /* gnuplot's character width (GPVAL_TERM_HCHAR): pngcairo 'Sans,10' 8 px, svg
+                             * 'Sans,11' 7.7 px; the glyphs drawn are narrower (about 6.5 px) */
+    LAYOUT_ROW_PX_PNG = 16, /* one key row (GPVAL_TERM_VCHAR): pngcairo 15.5 px */
+    LAYOUT_ROW_PX_SVG = 17, /* svg 16.5 px */
+    LAYOUT_COL_CHARS = 8,   /* a key column beyond its title: gnuplot's line sample and gaps (6 characters and
+                             * a tic) and one character to spare */
+    LAYOUT_SIDE_PX = 90,    /* each side of the canvas outside the key: the key is centred on the plot area,
+                             * which leaves the y tics and label on the left */
+    LAYOUT_PLOT_PX = 640,   /* canvas above the key */
+    LAYOUT_TOP_PX = 40,     /* of which above the plot area: the title */
+    LAYOUT_XAXIS_PX = 50,   /* and under it: the x tics and label */
+};
+
+/* UTF-8 characters of s (gnuplot measures titles in characters). */
+static int utf8_chars(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += ((unsigned char)*s & 0xC0) != 0x80;
+    return n;
+}
+
+static kvs_plot_layout layout_key(const plot_data *d, int is_svg) {
+    kvs_plot_layout l = {.width = LAYOUT_WIDTH, .plot_height = LAYOUT_PLOT_PX};
+    for (size_t i = 0; i < d->n; i++) {
+        int n = utf8_chars(d->s[i].label ? d->s[i].label : "");
+        if (n > l.longest) l.longest = n;
+    }
+    l.n_entries = (int)d->n;
+    int col_px = LAYOUT_CHAR_PX * (l.longest + LAYOUT_COL_CHARS);
+    int room = LAYOUT_WIDTH - 2 * LAYOUT_SIDE_PX;
+    if (col_px > room) l.width = col_px + 2 * LAYOUT_SIDE_PX; /* one column, as wide as its label */
+    l.key_cols = col_px > room ? 1 : room / col_px;
+    if (l.key_cols > l.n_entries) l.key_cols = l.n_entries > 0 ? l.n_entries : 1;
+    l.key_rows = (l.n_entries + l.key_cols - 1) / l.key_cols;
+    if (l.key_rows < 1) l.key_rows = 1;
+    l.key_cols = (l.n_entries + l.key_rows - 1) / l.key_rows; /* the same rows with no empty column */
+    if (l.key_cols < 1) l.key_cols = 1;
+    /* One row spare for gnuplot's key box padding, and a small gap to the canvas edge. */
+    l.key_height = (l.key_rows + 1) * (is_svg ? LAYOUT_ROW_PX_SVG : LAYOUT_ROW_PX_PNG) + 8;
+    l.height = l.plot_height + l.key_height;
+    return l;
+}
+
+kvs_plot_layout kvs_plot_layout_of(const kvs_plot *p) {
+    if (!p) return (kvs_plot_layout){0};
+    return p->layout;
+}
 
 static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
     const plot_text *t = &p->t;
     const plot_data *d = &p->d;
+    const kvs_plot_layout *l = &p->layout;
     /* noenhanced: labels contain '_' and '^' (params, metric names) that enhanced text would typeset. */
-    if (p->is_svg) fprintf(gp, "set terminal svg size 1200,760 noenhanced font 'Sans,11' background rgb 'white'\n");
-    else fprintf(gp, "set terminal pngcairo size 1200,760 noenhanced font 'Sans,10'\n");
+    if (p->is_svg)
+        fprintf(gp, "set terminal svg size %d,%d noenhanced font 'Sans,11' background rgb 'white'\n", l->width,
+                l->height);
+    else fprintf(gp, "set terminal pngcairo size %d,%d noenhanced font 'Sans,10'\n", l->width, l->height);
     fprintf(gp, "set encoding utf8\nset output ");
     put_gp_string(gp, image_path);
     fprintf(gp, "\nset title ");
@@ -497,8 +560,12 @@ static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
     put_gp_string(gp, t->xlabel);
     fprintf(gp, "\nset ylabel ");
     put_gp_string(gp, t->ylabel);
-    /* Legend under the plot: labels carry every parameter and would squeeze the plot area if put beside it. */
-    fprintf(gp, "\nset grid\nset key outside below center vertical maxrows 6 Left reverse\n");
+    /* Legend under the plot (labels carry every parameter and would squeeze the plot area beside it), in the
+     * rows chosen by layout_key(); the margins in screen coordinates keep the plot area the same size above a
+     * key of any height. */
+    fprintf(gp, "\nset grid\nset key outside below center horizontal maxcols %d Left reverse height 1\n", l->key_cols);
+    fprintf(gp, "set tmargin at screen %.6f\nset bmargin at screen %.6f\n",
+            1.0 - (double)LAYOUT_TOP_PX / l->height, (double)(l->key_height + LAYOUT_XAXIS_PX) / l->height);
     if (t->x == AXIS_LOG_TOKENS) fprintf(gp, "set logscale x 2\nset format x '%%g'\n");
     else if (t->x == AXIS_LOG_BYTES) fprintf(gp, "set logscale x 2\nset format x '%%.0b %%BB'\n");
     fprintf(gp, "plot ");
@@ -739,6 +806,7 @@ kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_
     qsort(dd->s, dd->n, sizeof *dd->s, cmp_series);
     KVS_TRY(rc = label_series(dd, o->kind == KVS_PLOT_ERROR_VS_POSITION));
     if (is_cost_kind(o->kind)) KVS_TRY(rc = add_frontier(dd, mi->higher_is_better));
+    p->layout = layout_key(dd, is_svg);
     kvs_results_run_rows_free(rows, n_rows);
     rows = NULL;
     kvs_results_close(db);

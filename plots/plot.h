@@ -77,8 +77,24 @@ kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *opt, kv
 /*! kvs_plot_free() : frees a prepared plot; accepts NULL. */
 void kvs_plot_free(kvs_plot *p);
 
-/*! kvs_plot_n_series() : the number of series (legend entries) of a prepared plot. */
+/*! kvs_plot_n_series() : the number of series of a prepared plot (the Pareto frontier counts as one). */
 size_t kvs_plot_n_series(const kvs_plot *p);
+
+/* The canvas and legend of a plot, in pixels. The key sits under the plot in key_cols columns of key_rows
+ * rows (row by row, in legend order): the number of columns is what the longest label allows at the
+ * canvas width, and the canvas grows by one key row height per row, so the area above the key (title, plot
+ * area, x axis) is plot_height pixels on every plot. A label too long for one column widens the canvas. */
+typedef struct {
+    int n_entries;          /* legend entries: one per series */
+    int longest;            /* characters of the longest legend label */
+    int key_cols, key_rows; /* key_cols * key_rows >= n_entries */
+    int width, height;      /* canvas */
+    int plot_height;        /* canvas above the key */
+    int key_height;         /* canvas given to the key: height = plot_height + key_height */
+} kvs_plot_layout;
+
+/*! kvs_plot_layout_of() : the layout of a prepared plot (what kvs_plot_write_script asks gnuplot for). */
+kvs_plot_layout kvs_plot_layout_of(const kvs_plot *p);
 
 /*! kvs_plot_write_script() : writes the complete gnuplot script of `p` to `f`: terminal, `set output`
  *  naming `image_path`, labels, key, the plot command and the inline data. The script carries one

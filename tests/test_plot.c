@@ -657,6 +657,196 @@ static void test_script_written_to_a_stream_is_what_gnuplot_reads(void **state) 
     assert_null(p);
 }
 
+/* ------------------------------------------------------------------------------------------------
+ * Legend layout: every series gets a readable entry, on every kind
+ * ---------------------------------------------------------------------------------------------- */
+
+/* The main job's ten policies with their full parameter strings (the longest labels kvsim writes). */
+static const char *const main_job[10][2] = {
+    {"full", ""},
+    {"window", ""},
+    {"streaming", "sinks=4"},
+    {"h2o", "recent=0.5,gqa=expand"},
+    {"tova", "mode=layer,protect_current=false"},
+    {"topk", "gqa=group"},
+    {"scissorhands", "history=32,recent=8,drop=1,threshold=1,gqa=expand"},
+    {"snapkv", "window=32,kernel=7,pool=max,gqa=expand"},
+    {"pyramidkv", "window=32,kernel=7,pool=max,gqa=expand,beta=20,fidelity=paper"},
+    {"adakv", "window=32,kernel=7,pool=max,gqa=mean,alpha=0.2"},
+};
+
+/* A study of the main job's policies at `n_budgets` budgets (16, 32, ...), every run with steps. */
+static void make_main_job_db(const char *path, int n_budgets) {
+    kvs_results_db *db = NULL;
+    expect_ok(kvs_results_open(path, &db));
+    for (int b = 0; b < n_budgets; b++)
+        for (int i = 0; i < 10; i++) put_run(db, main_job[i][0], main_job[i][1], !strcmp(main_job[i][0], "topk"), 16 << b, 1);
+    kvs_results_close(db);
+}
+
+/* What the script asks of gnuplot's key: canvas size, key columns, and the legend titles. */
+typedef struct {
+    int width, height, maxcols, n_titles, longest;
+} key_request;
+
+/* UTF-8 characters of s[0..n). */
+static int utf8_chars(const char *s, size_t n) {
+    int c = 0;
+    for (size_t i = 0; i < n; i++) c += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return c;
+}
+
+static key_request key_request_of(const char *script) {
+    key_request k = {0};
+    const char *term = strstr(script, "set terminal ");
+    assert_non_null(term);
+    const char *size = strstr(term, " size ");
+    assert_non_null(size);
+    assert_int_equal(sscanf(size, " size %d,%d", &k.width, &k.height), 2);
+    const char *key = strstr(script, "\nset key ");
+    assert_non_null(key);
+    const char *mc = strstr(key, " maxcols "), *eol = strchr(key + 1, '\n');
+    if (mc && mc < eol) assert_int_equal(sscanf(mc, " maxcols %d", &k.maxcols), 1);
+    /* Titled plot elements: "... lc rgb '#rrggbb' title 'LABEL'" (the test labels hold no quote). */
+    for (const char *p = strstr(script, "' title '"); p; p = strstr(p + 1, "' title '")) {
+        const char *b = p + strlen("' title '"), *e = strchr(b, '\'');
+        assert_non_null(e);
+        int n = utf8_chars(b, (size_t)(e - b));
+        if (n > k.longest) k.longest = n;
+        k.n_titles++;
+    }
+    return k;
+}
+
+/* Every series has a legend entry, and the key gnuplot lays out fits the canvas: a horizontal key below the
+ * plot with at most `maxcols` columns, each as wide as gnuplot's estimate of the longest title at its
+ * character width (8 px for these terminals) plus the line sample (6 characters), and a canvas tall enough
+ * for the rows of the key under a plot area of the same height as with few series. */
+static void expect_key_fits(const kvs_plot *p, const char *script, int n_series) {
+    key_request k = key_request_of(script);
+    kvs_plot_layout l = kvs_plot_layout_of(p);
+    if (k.n_titles != n_series || l.n_entries != n_series) {
+        fprintf(stderr, "%d legend titles (layout: %d) for %d series\n--- script ---\n%.4000s\n", k.n_titles,
+                l.n_entries, n_series, script);
+        fail();
+    }
+    assert_int_equal(k.longest, l.longest);
+    if (k.maxcols < 1 || k.maxcols * 8 * (k.longest + 6) > k.width) {
+        fprintf(stderr, "key of %d columns of %d characters, canvas %d px wide\n", k.maxcols, k.longest, k.width);
+        fail();
+    }
+    int rows = (n_series + k.maxcols - 1) / k.maxcols;
+    assert_int_equal(k.maxcols, l.key_cols);
+    assert_int_equal(rows, l.key_rows);
+    assert_true(l.key_cols * l.key_rows >= n_series);
+    assert_int_equal(k.width, l.width);
+    assert_int_equal(k.height, l.height);
+    assert_int_equal(l.height, l.plot_height + l.key_height);
+    assert_true(l.key_height >= (rows + 1) * 16); /* gnuplot's row: 15.5 px (PNG), 16.5 px (SVG) */
+}
+
+static void test_legend_has_every_series_and_fits(void **state) {
+    tmp_ctx *t = *state;
+    char db[160], out[160];
+    snprintf(db, sizeof db, "%s/main.db", t->dir);
+    snprintf(out, sizeof out, "%s/legend.png", t->dir);
+    make_main_job_db(db, 5);
+    static const kvs_plot_kind kinds[3] = {KVS_PLOT_ERROR_VS_POSITION, KVS_PLOT_ERROR_VS_BUDGET,
+                                           KVS_PLOT_ERROR_VS_MEMORY};
+    int plot_height = 0;
+    for (int k = 0; k < 3; k++) {
+        kvs_plot_options o = opts(kinds[k], out);
+        if (kinds[k] == KVS_PLOT_ERROR_VS_POSITION) o.budget_tokens = 32;
+        kvs_plot *p = NULL;
+        expect_ok(kvs_plot_prepare(db, &o, &p));
+        char *gp = script_of(p, out);
+        /* error-vs-memory adds the Pareto frontier: one more legend entry (its points element has none). */
+        expect_key_fits(p, gp, kinds[k] == KVS_PLOT_ERROR_VS_MEMORY ? 11 : 10);
+        plot_height = kvs_plot_layout_of(p).plot_height;
+        free(gp);
+        kvs_plot_free(p);
+    }
+    /* Every run of the study on one error-vs-position plot: 50 entries, the same rules, a taller canvas over a
+     * plot area of the same height; SVG too. */
+    snprintf(out, sizeof out, "%s/legend.svg", t->dir);
+    kvs_plot_options o = opts(KVS_PLOT_ERROR_VS_POSITION, out);
+    kvs_plot *p = NULL;
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    char *gp = script_of(p, out);
+    expect_key_fits(p, gp, 50);
+    assert_int_equal(kvs_plot_layout_of(p).plot_height, plot_height);
+    assert_true(kvs_plot_layout_of(p).key_rows >= 25);
+    free(gp);
+    kvs_plot_free(p);
+    /* Short labels share a row: three policies of the setup study, several columns. */
+    snprintf(out, sizeof out, "%s/short.png", t->dir);
+    o = opts(KVS_PLOT_ERROR_VS_BUDGET, out);
+    expect_ok(kvs_plot_prepare(t->db, &o, &p));
+    gp = script_of(p, out);
+    expect_key_fits(p, gp, 3);
+    assert_int_equal(kvs_plot_layout_of(p).key_cols, 3);
+    assert_int_equal(kvs_plot_layout_of(p).key_rows, 1);
+    free(gp);
+    kvs_plot_free(p);
+    /* A label longer than the canvas widens it (one column) instead of being cut off. */
+    snprintf(db, sizeof db, "%s/long.db", t->dir);
+    kvs_results_db *rdb = NULL;
+    expect_ok(kvs_results_open(db, &rdb));
+    char params[400];
+    size_t len = 0;
+    for (int i = 0; i < 30; i++) len += (size_t)snprintf(params + len, sizeof params - len, "%sk%02d=%d", i ? "," : "", i, i);
+    put_run(rdb, "h2o", params, 0, 16, 0);
+    put_run(rdb, "h2o", params, 0, 32, 0);
+    kvs_results_close(rdb);
+    o = opts(KVS_PLOT_ERROR_VS_BUDGET, out);
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    gp = script_of(p, out);
+    expect_key_fits(p, gp, 1);
+    assert_true(kvs_plot_layout_of(p).width > 1200);
+    free(gp);
+    kvs_plot_free(p);
+}
+
+/* The legend drawn by the real gnuplot: the canvas the layout asked for (PNG header), every title in the SVG. */
+static void test_legend_rendered_by_gnuplot(void **state) {
+    tmp_ctx *t = *state;
+    skip_without_gnuplot();
+    char db[160], out[160];
+    snprintf(db, sizeof db, "%s/main.db", t->dir);
+    make_main_job_db(db, 5);
+    snprintf(out, sizeof out, "%s/all.png", t->dir);
+    kvs_plot_options o = opts(KVS_PLOT_ERROR_VS_POSITION, out);
+    kvs_plot *p = NULL;
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    kvs_plot_layout l = kvs_plot_layout_of(p);
+    expect_ok(kvs_plot_render(p));
+    kvs_plot_free(p);
+    assert_image(out, 0);
+    char *png = NULL;
+    size_t n = 0;
+    expect_ok(kvs_read_file(out, &png, &n));
+    const unsigned char *ihdr = (const unsigned char *)png + 16; /* width, height: big-endian after "IHDR" */
+    assert_int_equal((ihdr[0] << 24) | (ihdr[1] << 16) | (ihdr[2] << 8) | ihdr[3], l.width);
+    assert_int_equal((ihdr[4] << 24) | (ihdr[5] << 16) | (ihdr[6] << 8) | ihdr[7], l.height);
+    free(png);
+    snprintf(out, sizeof out, "%s/all.svg", t->dir);
+    o.out_path = out;
+    o.budget_tokens = 32;
+    expect_ok(kvs_plot_make(db, &o));
+    char *svg = NULL;
+    expect_ok(kvs_read_file(out, &svg, &n));
+    for (int i = 0; i < 10; i++) {
+        char label[200];
+        snprintf(label, sizeof label, ">%s%s%s%s budget=32", main_job[i][0], main_job[i][1][0] ? " (" : "",
+                 main_job[i][1], main_job[i][1][0] ? ")" : "");
+        if (!strstr(svg, label)) {
+            fprintf(stderr, "the SVG has no legend entry '%s'\n", label + 1);
+            fail();
+        }
+    }
+    free(svg);
+}
+
 /* Runs that do not record the x metric (a database written before it existed) give a clear "no data". */
 static void test_error_vs_memory_without_recorded_bytes(void **state) {
     tmp_ctx *t = *state;
@@ -774,6 +964,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_error_vs_memory_and_traffic_png_svg, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_error_vs_memory_without_recorded_bytes, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_script_written_to_a_stream_is_what_gnuplot_reads, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_legend_has_every_series_and_fits, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_legend_rendered_by_gnuplot, setup_db, teardown_db),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
