@@ -27,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../sim/policy.h"
 #include "../sim/results.h"
 
 /* ------------------------------------------------------------------------------------------------
@@ -100,6 +101,25 @@ kvs_status kvs_plot_metric_check(kvs_plot_kind kind, const char *metric) {
                         kind_names[kind], want == KVS_METRIC_BYTES ? "bytes" : "quality", names, metric);
     }
     return KVS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Colours
+ * ---------------------------------------------------------------------------------------------- */
+
+/* Distinct colours for policies (the first ten are matplotlib's tab10, without its grey, which is the
+ * frontier's). Never black: that is the oracles'. */
+static const char *const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+                                      "#bcbd22", "#17becf", "#393b79", "#ad494a", "#637939", "#e7ba52", "#7b4173"};
+#define N_PALETTE (sizeof palette / sizeof palette[0])
+
+const char *kvs_plot_policy_color(const char *policy) {
+    if (!policy) policy = "";
+    for (int i = 0; i < kvs_policy_count(); i++)
+        if (!strcmp(kvs_policy_at(i)->name, policy)) return palette[(size_t)i % N_PALETTE];
+    uint32_t h = 2166136261u; /* FNV-1a: a name the registry does not know still keeps one colour */
+    for (const unsigned char *c = (const unsigned char *)policy; *c; c++) h = (h ^ *c) * 16777619u;
+    return palette[h % N_PALETTE];
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -583,12 +603,17 @@ static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
                 fprintf(gp, ", \\\n     '-' using 1:2 with points pt 7 ps 1.8 lc rgb '#b8b8b8' notitle");
                 continue;
             }
-            /* gnuplot's default colours repeat after 8 series; a sweep easily has more. Oracles: black, dashed. */
-            static const char *const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-                                                  "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a"};
-            const char *color = s->style == STYLE_ORACLE ? "#000000" : palette[i % (sizeof palette / sizeof palette[0])];
-            fprintf(gp, "'-' using 1:2 with linespoints lw 2 pt %d ps 0.8 dt %d lc rgb '%s' title ", (int)(i % 13) + 1,
-                    s->style == STYLE_ORACLE ? 2 : 1, color);
+            /* The colour says the policy, the same on every plot (kvs_plot_policy_color); oracles black, dashed.
+             * Several series of one policy (other parameters, budgets, traces) differ in point and dash type:
+             * the k-th of them in legend order gets point k mod 8 and dash (k + k div 8) mod 4, so the first 8
+             * have 8 different points and the first 32 distinct pairs. Dashed (dt 2) is left to the oracles. */
+            static const int dash[4] = {1, 4, 5, 3}, point[8] = {7, 5, 9, 13, 11, 3, 1, 2};
+            size_t k = 0;
+            for (size_t j = 0; j < i; j++) k += d->s[j].style != STYLE_FRONTIER && !strcmp(d->s[j].policy, s->policy);
+            int oracle = s->style == STYLE_ORACLE;
+            fprintf(gp, "'-' using 1:2 with linespoints lw 2 pt %d ps 0.8 dt %d lc rgb '%s' title ",
+                    point[k % 8], oracle ? 2 : dash[(k + k / 8) % 4],
+                    oracle ? "#000000" : kvs_plot_policy_color(s->policy));
             put_gp_string(gp, s->label);
         }
     fprintf(gp, "\n");

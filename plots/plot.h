@@ -10,7 +10,9 @@
  * Series. Runs are never averaged across traces or measure modes: a series of the budget and cost kinds
  * is one (policy, params, trace, measure) — runs of the same series at the same budget (a repeated replay)
  * are averaged; error-vs-position draws one series per run. The legend names the trace and the measure
- * mode only when the plotted runs have more than one of them. Oracles are dashed and labelled "(oracle)".
+ * mode only when the plotted runs have more than one of them. Oracles are dashed black and labelled
+ * "(oracle)"; every other series is drawn in its policy's colour, the same on every plot
+ * (kvs_plot_policy_color), several series of one policy told apart by point and dash type.
  */
 #ifndef KVS_PLOT_H
 #define KVS_PLOT_H
@@ -58,6 +60,13 @@ const char *kvs_plot_kind_name(kvs_plot_kind kind);
  *  bytes metric with one of those statistics; error-vs-position any metric's _mean (the mean of its step
  *  series); else KVS_ERR_INVALID_ARG saying what is accepted. */
 kvs_status kvs_plot_metric_check(kvs_plot_kind kind, const char *metric);
+
+/*! kvs_plot_policy_color() : the colour ("#rrggbb", static) every plot draws policy `policy` in: the
+ *  policy's place in the registry (sim/policy.h kvs_policy_at) picks it from a fixed palette larger than the
+ *  registry, so each registered policy has its own colour on every plot whatever else is drawn; another
+ *  name gets a palette colour from a hash of the name. Never black (oracle series are drawn black, dashed)
+ *  nor the frontier's grey. */
+const char *kvs_plot_policy_color(const char *policy);
 
 /*! kvs_plot_pareto() : the Pareto-optimal points among n points (x[i], y[i]) (non-finite ones ignored):
  *  point i is kept when no other point has x <= x[i] and a y at least as good (lower, or higher when

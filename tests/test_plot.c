@@ -25,6 +25,7 @@
 
 #include "common/kvs.h"
 #include "plots/plot.h"
+#include "sim/policy.h"
 #include "sim/results.h"
 
 typedef struct {
@@ -847,6 +848,94 @@ static void test_legend_rendered_by_gnuplot(void **state) {
     free(svg);
 }
 
+/* ------------------------------------------------------------------------------------------------
+ * Colours: one per policy, on every plot
+ * ---------------------------------------------------------------------------------------------- */
+
+/* The style of the plot element titled `label...` (a prefix of the title): its "lc rgb '#rrggbb'" colour,
+ * dash type and point type; the n-th (0-based) element with that title prefix. 0 when there is none. */
+static int style_of(const char *script, const char *label, int nth, char color[8], int *dt, int *pt) {
+    char head[300];
+    snprintf(head, sizeof head, "' title '%s", label);
+    const char *p = strstr(script, head);
+    for (int i = 0; p && i < nth; i++) p = strstr(p + 1, head);
+    if (!p) return 0;
+    const char *line = p;
+    while (line > script && line[-1] != '\n') line--;
+    const char *lc = strstr(line, "lc rgb '#");
+    assert_true(lc && lc < p);
+    memcpy(color, lc + strlen("lc rgb '"), 7);
+    color[7] = '\0';
+    const char *d = strstr(line, " dt "), *q = strstr(line, " pt ");
+    *dt = d && d < p ? atoi(d + 4) : 0;
+    *pt = q && q < p ? atoi(q + 4) : 0;
+    return 1;
+}
+
+static void test_one_colour_per_policy_on_every_plot(void **state) {
+    tmp_ctx *t = *state;
+    char out[160];
+    snprintf(out, sizeof out, "%s/colour.png", t->dir);
+    /* The same policy on several kinds and selections: error-vs-budget of all policies and of one,
+     * error-vs-memory, error-vs-position at one budget and at every budget. */
+    struct {
+        kvs_plot_kind kind;
+        const char *policy;
+        int64_t budget;
+    } plots[5] = {{KVS_PLOT_ERROR_VS_BUDGET, NULL, -1},
+                  {KVS_PLOT_ERROR_VS_BUDGET, "streaming", -1},
+                  {KVS_PLOT_ERROR_VS_MEMORY, NULL, -1},
+                  {KVS_PLOT_ERROR_VS_POSITION, NULL, 32},
+                  {KVS_PLOT_ERROR_VS_POSITION, "streaming", -1}};
+    char first[3][8] = {"", "", ""};
+    static const char *const policies[3] = {"h2o (", "streaming (", "topk ("};
+    for (int k = 0; k < 5; k++) {
+        kvs_plot_options o = opts(plots[k].kind, out);
+        o.policy = plots[k].policy;
+        o.budget_tokens = plots[k].budget;
+        kvs_plot *p = NULL;
+        expect_ok(kvs_plot_prepare(t->db, &o, &p));
+        char *gp = script_of(p, out);
+        for (int j = 0; j < 3; j++) {
+            char color[8];
+            int dt, pt;
+            if (!style_of(gp, policies[j], 0, color, &dt, &pt)) continue;
+            if (!first[j][0]) snprintf(first[j], sizeof first[j], "%s", color);
+            if (strcmp(color, first[j]) != 0) {
+                fprintf(stderr, "plot %d: %s drawn in %s, elsewhere in %s\n", k, policies[j], color, first[j]);
+                fail();
+            }
+            assert_string_equal(color, j == 2 ? "#000000" : kvs_plot_policy_color(j == 0 ? "h2o" : "streaming"));
+        }
+        if (k == 4) {
+            /* Four series of one policy: one colour, told apart by dash and point type. */
+            int seen[4][2];
+            for (int i = 0; i < 4; i++) {
+                char color[8];
+                assert_true(style_of(gp, "streaming (", i, color, &seen[i][0], &seen[i][1]));
+                assert_string_equal(color, first[1]);
+                for (int j = 0; j < i; j++) assert_false(seen[i][0] == seen[j][0] && seen[i][1] == seen[j][1]);
+            }
+            assert_false(style_of(gp, "streaming (", 4, (char[8]){0}, &seen[0][0], &seen[0][1]));
+        }
+        free(gp);
+        kvs_plot_free(p);
+    }
+    /* Oracles stay black; the frontier grey; two policies never share a colour. */
+    assert_string_equal(first[2], "#000000");
+    assert_string_not_equal(first[0], first[1]);
+    /* Every registered policy has its own colour (the palette is larger than the registry), unknown names
+     * get a palette colour too, always the same. */
+    for (int i = 0; i < kvs_policy_count(); i++) {
+        const char *ci = kvs_plot_policy_color(kvs_policy_at(i)->name);
+        assert_int_equal(strlen(ci), 7);
+        assert_true(strcmp(ci, "#000000") != 0 && strcmp(ci, "#b8b8b8") != 0);
+        for (int j = 0; j < i; j++) assert_string_not_equal(ci, kvs_plot_policy_color(kvs_policy_at(j)->name));
+    }
+    assert_string_equal(kvs_plot_policy_color("my-new-policy"), kvs_plot_policy_color("my-new-policy"));
+    assert_int_equal(strlen(kvs_plot_policy_color("my-new-policy")), 7);
+}
+
 /* Runs that do not record the x metric (a database written before it existed) give a clear "no data". */
 static void test_error_vs_memory_without_recorded_bytes(void **state) {
     tmp_ctx *t = *state;
@@ -966,6 +1055,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_script_written_to_a_stream_is_what_gnuplot_reads, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_legend_has_every_series_and_fits, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_legend_rendered_by_gnuplot, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_one_colour_per_policy_on_every_plot, setup_db, teardown_db),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
