@@ -29,13 +29,15 @@ static void usage(FILE *f) {
             "  --kind error-vs-traffic   the same with x: bytes read per step per KV head (traffic_bytes mean|max)\n"
             "  --kind error-vs-position  x: position, y: --metric averaged over query heads (and layers unless\n"
             "                            --layer); one line per run, selected by the filters and --budget\n"
+            "                            (more than %d lines are drawn with a warning)\n"
             "  --kind memory-vs-budget   x: budget_tokens (log2), y: a bytes metric (default storage_bytes_max)\n"
             "  --metric M  <metric>_<stat>, stat one of mean p50 p95 max min; quality metrics (out_err, out_err_abs,\n"
             "              out_cos, attn_recall, attn_recall_merged, topk_overlap) for the error kinds, bytes metrics\n"
             "              (storage_bytes, traffic_bytes, ...) for memory-vs-budget, any metric's _mean per position\n"
             "  --layer L   one layer's aggregates (or steps) instead of the run-wide ones\n"
             "  --x-stat S  error-vs-memory / error-vs-traffic: mean (default) or max over steps of the x metric\n"
-            "  --budget    error-vs-position only: only runs with this budget (tokens per KV head)\n");
+            "  --budget    error-vs-position only: only runs with this budget (tokens per KV head)\n",
+            KVS_PLOT_MANY_SERIES);
     kvs_cli_filter_usage(f, PLOT_FILTERS);
 }
 
@@ -92,7 +94,15 @@ int kvs_cmd_plot(int argc, char **argv) {
             return kvs_cli_usage_error("plot", "--x-stat: '%s' is not mean or max", o.x_stat);
     }
     if (o.metric && (st = kvs_plot_metric_check(o.kind, o.metric)) != KVS_OK) return kvs_cli_fail("plot", st);
-    st = kvs_plot_make(db, &o);
+    kvs_plot *p = NULL;
+    if ((st = kvs_plot_prepare(db, &o, &p)) != KVS_OK) return kvs_cli_fail("plot", st);
+    size_t n = kvs_plot_n_series(p);
+    if (o.kind == KVS_PLOT_ERROR_VS_POSITION && n > KVS_PLOT_MANY_SERIES)
+        fprintf(stderr, "kvsim plot: warning: %zu series on one error-vs-position plot; select fewer with --policy, "
+                        "--budget, --trace, --model or --measure\n",
+                n);
+    st = kvs_plot_render(p);
+    kvs_plot_free(p);
     if (st != KVS_OK) return kvs_cli_fail("plot", st);
     printf("wrote %s\n", o.out_path);
     return kvs_cli_finish_stdout("plot");

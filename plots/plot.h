@@ -86,6 +86,10 @@ kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *opt, kv
 /*! kvs_plot_free() : frees a prepared plot; accepts NULL. */
 void kvs_plot_free(kvs_plot *p);
 
+/* More series than this on one error-vs-position plot (one line per run) are hard to tell apart: `kvsim plot`
+ * still draws them, with a warning naming the filters that select fewer. */
+#define KVS_PLOT_MANY_SERIES 12
+
 /*! kvs_plot_n_series() : the number of series of a prepared plot (the Pareto frontier counts as one). */
 size_t kvs_plot_n_series(const kvs_plot *p);
 

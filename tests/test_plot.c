@@ -982,6 +982,96 @@ static int run_cli(char *const argv[]) {
     return WEXITSTATUS(status);
 }
 
+/* Runs KVSIM_BIN with argv (argv[0] ignored): stdout to `out_path` and stderr to `err_path` (NULL: discarded),
+ * with `path_dir` (may be NULL) put first on PATH, so a stand-in gnuplot there is the one found. Returns the
+ * exit code. */
+static int run_cli_io(char *const argv[], const char *path_dir, const char *out_path, const char *err_path) {
+    const char *bin = getenv("KVSIM_BIN");
+    assert_non_null(bin);
+    char path[4096];
+    snprintf(path, sizeof path, "%s:%s", path_dir ? path_dir : "", getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int o = open(out_path ? out_path : "/dev/null", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int e = open(err_path ? err_path : "/dev/null", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (o < 0 || e < 0) _exit(126);
+        dup2(o, 1);
+        dup2(e, 2);
+        if (path_dir) setenv("PATH", path, 1);
+        execv(bin, argv);
+        _exit(127);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+/* A folder holding a stand-in `gnuplot` (make_fake_gnuplot's script under that name) for the CLI tests. */
+static void make_fake_gnuplot_dir(const char *dir, char *bindir, size_t cap, char *captured, size_t ccap) {
+    char prog[200];
+    snprintf(bindir, cap, "%s/bin", dir);
+    mkdir(bindir, 0755);
+    make_fake_gnuplot(bindir, prog, sizeof prog, captured, ccap);
+    char name[220];
+    snprintf(name, sizeof name, "%s/gnuplot", bindir);
+    assert_int_equal(rename(prog, name), 0);
+}
+
+/* Many series on one error-vs-position plot: drawn, with a warning that says how to select fewer. */
+static void test_cli_warns_about_too_many_position_series(void **state) {
+    tmp_ctx *t = *state;
+    if (!getenv("KVSIM_BIN")) skip();
+    char db[160], out[160], err[160], bindir[160], captured[200];
+    snprintf(db, sizeof db, "%s/main.db", t->dir);
+    snprintf(out, sizeof out, "%s/many.png", t->dir);
+    snprintf(err, sizeof err, "%s/stderr", t->dir);
+    make_main_job_db(db, 5);
+    make_fake_gnuplot_dir(t->dir, bindir, sizeof bindir, captured, sizeof captured);
+    char *all[] = {"kvsim", "plot", db, "--kind", "error-vs-position", "--out", out, NULL};
+    assert_int_equal(run_cli_io(all, bindir, NULL, err), 0);
+    assert_true(kvs_test_exists(out));
+    char *msg = NULL;
+    size_t n = 0;
+    expect_ok(kvs_read_file(err, &msg, &n));
+    if (!strstr(msg, "kvsim plot: warning: 50 series on one error-vs-position plot; select fewer with --policy, "
+                     "--budget, --trace")) {
+        fprintf(stderr, "stderr was: '%s'\n", msg);
+        fail();
+    }
+    free(msg);
+    /* 10 (one budget) and 12 (the limit) are no warning; 13 are. */
+    char *one[] = {"kvsim", "plot", db, "--kind", "error-vs-position", "--budget", "32", "--out", out, NULL};
+    assert_int_equal(run_cli_io(one, bindir, NULL, err), 0);
+    expect_ok(kvs_read_file(err, &msg, &n));
+    assert_null(strstr(msg, "warning"));
+    free(msg);
+    kvs_results_db *rdb = NULL;
+    expect_ok(kvs_results_open(db, &rdb));
+    put_run(rdb, "h2o", "recent=0.5,gqa=expand", 0, 32, 1);
+    put_run(rdb, "tova", "mode=layer,protect_current=false", 0, 32, 1);
+    kvs_results_close(rdb);
+    assert_int_equal(run_cli_io(one, bindir, NULL, err), 0);
+    expect_ok(kvs_read_file(err, &msg, &n));
+    assert_null(strstr(msg, "warning"));
+    free(msg);
+    expect_ok(kvs_results_open(db, &rdb));
+    put_run(rdb, "window", "", 0, 32, 1);
+    kvs_results_close(rdb);
+    assert_int_equal(run_cli_io(one, bindir, NULL, err), 0);
+    expect_ok(kvs_read_file(err, &msg, &n));
+    assert_non_null(strstr(msg, "kvsim plot: warning: 13 series on one error-vs-position plot"));
+    free(msg);
+    /* The other kinds draw one line per configuration: no such warning. */
+    char *budget[] = {"kvsim", "plot", db, "--kind", "error-vs-budget", "--out", out, NULL};
+    assert_int_equal(run_cli_io(budget, bindir, NULL, err), 0);
+    expect_ok(kvs_read_file(err, &msg, &n));
+    assert_null(strstr(msg, "warning"));
+    free(msg);
+}
+
 static void test_cli_exit_codes(void **state) {
     tmp_ctx *t = *state;
     if (!getenv("KVSIM_BIN")) skip(); /* only meaningful through the test runner, which sets it */
@@ -1047,6 +1137,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_plot_failures_leave_no_file, setup_db, teardown_db),
         cmocka_unit_test(test_kind_and_metric_parsing),
         cmocka_unit_test_setup_teardown(test_cli_exit_codes, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_cli_warns_about_too_many_position_series, setup_db, teardown_db),
         cmocka_unit_test(test_pareto_hand_made),
         cmocka_unit_test_setup_teardown(test_error_vs_memory_frontier_and_series, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_budget_series_separated_by_trace_and_measure, setup_db, teardown_db),
