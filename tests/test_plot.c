@@ -681,7 +681,8 @@ static void make_main_job_db(const char *path, int n_budgets) {
     kvs_results_db *db = NULL;
     expect_ok(kvs_results_open(path, &db));
     for (int b = 0; b < n_budgets; b++)
-        for (int i = 0; i < 10; i++) put_run(db, main_job[i][0], main_job[i][1], !strcmp(main_job[i][0], "topk"), 16 << b, 1);
+        for (int i = 0; i < 10; i++)
+            put_run(db, main_job[i][0], main_job[i][1], !strcmp(main_job[i][0], "topk"), 16 << b, 1);
     kvs_results_close(db);
 }
 
@@ -795,7 +796,8 @@ static void test_legend_has_every_series_and_fits(void **state) {
     expect_ok(kvs_results_open(db, &rdb));
     char params[400];
     size_t len = 0;
-    for (int i = 0; i < 30; i++) len += (size_t)snprintf(params + len, sizeof params - len, "%sk%02d=%d", i ? "," : "", i, i);
+    for (int i = 0; i < 30; i++)
+        len += (size_t)snprintf(params + len, sizeof params - len, "%sk%02d=%d", i ? "," : "", i, i);
     put_run(rdb, "h2o", params, 0, 16, 0);
     put_run(rdb, "h2o", params, 0, 32, 0);
     kvs_results_close(rdb);
