@@ -3,7 +3,8 @@
  * data comes through the read API of sim/results.h (no SQL here), labels from the metric table.
  *
  * How a plot is made: kvs_plot_prepare() reads all data from the database first (so a database problem is
- * reported before any program runs) and builds the series and labels; kvs_plot_write_script() writes the
+ * reported before any program runs: runs, step series, the turns of their traces) and builds the series,
+ * labels, line breaks and the legend layout; kvs_plot_write_script() writes the
  * script and the data (inline `plot '-' ... e` blocks, no temporary files) to any stream, which is how tests
  * read it; kvs_plot_render() locates gnuplot on PATH (a clear "gnuplot not found" instead of a shell error),
  * writes the script to gnuplot's stdin, gnuplot writes OUT.partial, and only when gnuplot exited 0 and the
@@ -175,11 +176,22 @@ typedef struct {
     size_t n, cap;
     double *x, *y;
     int64_t *pt_budget, *pt_count;
+    unsigned char *brk; /* position kind: [n], 1 = the line breaks before point k (a gap); NULL = never */
 } plot_series;
+
+/* The turns of one trace of a position plot, as the database has them (n 0: no turn info). */
+typedef struct {
+    int64_t trace_id;
+    char *path;
+    kvs_turn *turns; /* [n] */
+    int64_t n;
+} trace_turns;
 
 typedef struct {
     plot_series *s;
     size_t n, cap;
+    trace_turns *tr; /* position kind: one per trace of the plotted runs */
+    size_t n_tr;
 } plot_data;
 
 static void series_free(plot_series *s) {
@@ -192,12 +204,18 @@ static void series_free(plot_series *s) {
     free(s->y);
     free(s->pt_budget);
     free(s->pt_count);
+    free(s->brk);
     memset(s, 0, sizeof *s);
 }
 
 static void plot_data_free(plot_data *d) {
     for (size_t i = 0; i < d->n; i++) series_free(&d->s[i]);
     free(d->s);
+    for (size_t i = 0; i < d->n_tr; i++) {
+        free(d->tr[i].path);
+        free(d->tr[i].turns);
+    }
+    free(d->tr);
     memset(d, 0, sizeof *d);
 }
 
@@ -376,6 +394,26 @@ static kvs_status read_run_points(const kvs_results_run_row *rows, int64_t n_row
     return KVS_OK;
 }
 
+static const trace_turns *turns_of(const plot_data *d, int64_t trace_id) {
+    for (size_t i = 0; i < d->n_tr; i++)
+        if (d->tr[i].trace_id == trace_id) return &d->tr[i];
+    return NULL;
+}
+
+/* Reads the turns of the trace of run w once per trace (none recorded: n 0, no turn info). */
+static kvs_status read_turns(kvs_results_db *db, const kvs_results_run_row *w, plot_data *d) {
+    if (turns_of(d, w->trace_id)) return KVS_OK;
+    trace_turns *tr = realloc(d->tr, (d->n_tr + 1) * sizeof *tr);
+    if (!tr) return nomem();
+    d->tr = tr;
+    trace_turns *t = &d->tr[d->n_tr];
+    memset(t, 0, sizeof *t);
+    t->trace_id = w->trace_id;
+    if (!(t->path = dup_or_empty(w->trace_path))) return nomem();
+    d->n_tr++;
+    return kvs_results_query_turns(db, w->trace_id, &t->turns, &t->n);
+}
+
 /* Position kind: one series per run, the mean over heads (and layers) of the step metric per position. */
 static kvs_status read_position_points(kvs_results_db *db, const kvs_results_run_row *rows, int64_t n_rows,
                                        int32_t layer, kvs_metric metric, plot_data *d) {
@@ -385,10 +423,55 @@ static kvs_status read_position_points(kvs_results_db *db, const kvs_results_run
         if (rc != KVS_OK) return rc;
         plot_series *s = NULL;
         if (ser.n > 0) rc = series_new(d, &rows[i], 1, &s);
+        if (ser.n > 0 && rc == KVS_OK) rc = read_turns(db, &rows[i], d);
         for (int64_t k = 0; k < ser.n && rc == KVS_OK; k++)
             if (isfinite(ser.value[k])) rc = series_add(s, (double)ser.position[k], ser.value[k], -1);
         kvs_results_series_free(&ser);
         if (rc != KVS_OK) return rc;
+    }
+    return KVS_OK;
+}
+
+/* The stretch of positions measured without a gap that holds `pos`, under measure mode `measure`: decode
+ * measures each turn's generated positions [prompt_end, end), prefill its prompt [begin, prompt_end), all
+ * every position; -1 when pos is in none. */
+static int64_t measured_span(const trace_turns *t, const char *measure, int64_t pos) {
+    if (!strcmp(measure, "all")) return pos >= 0 && pos < t->turns[t->n - 1].end ? 0 : -1;
+    int decode = strcmp(measure, "prefill") != 0;
+    for (int64_t i = 0; i < t->n; i++) {
+        const kvs_turn *u = &t->turns[i];
+        if (decode ? pos >= u->prompt_end && pos < u->end : pos >= u->begin && pos < u->prompt_end) return i;
+    }
+    return -1;
+}
+
+static int cmp_double_asc(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Where the line of position series s breaks (a blank line in gnuplot's inline data): between two points in
+ * different measured stretches of its trace's turns (with --measure decode, the prompt of a later turn lies
+ * between its responses and was not measured), and, with or without turn info, where the positions jump by
+ * more than the series' usual stride (the median step: 1, or N with --series-every N), i.e. where a stored
+ * position is missing. Drawing a line across either would invent values nobody measured. */
+static kvs_status series_breaks(plot_series *s, const trace_turns *t) {
+    if (s->n < 2) return KVS_OK;
+    double *step = malloc((s->n - 1) * sizeof *step);
+    if (!step || !(s->brk = calloc(s->n, 1))) {
+        free(step);
+        return nomem();
+    }
+    for (size_t k = 1; k < s->n; k++) step[k - 1] = s->x[k] - s->x[k - 1];
+    qsort(step, s->n - 1, sizeof *step, cmp_double_asc);
+    double stride = step[(s->n - 1) / 2];
+    free(step);
+    int has_turns = t && t->n > 0;
+    int64_t prev = has_turns ? measured_span(t, s->measure, (int64_t)s->x[0]) : 0;
+    for (size_t k = 1; k < s->n; k++) {
+        int64_t span = has_turns ? measured_span(t, s->measure, (int64_t)s->x[k]) : 0;
+        s->brk[k] = span != prev || span < 0 || s->x[k] - s->x[k - 1] > stride;
+        prev = span;
     }
     return KVS_OK;
 }
@@ -489,7 +572,10 @@ static void put_data(FILE *gp, const plot_series *s) {
     fprintf(gp, "# series: ");
     for (const char *c = s->label; *c; c++) fputc(*c == '\n' || *c == '\r' ? ' ' : *c, gp);
     fputc('\n', gp);
-    for (size_t k = 0; k < s->n; k++) fprintf(gp, "%.17g %.17g\n", s->x[k], s->y[k]);
+    for (size_t k = 0; k < s->n; k++) {
+        if (s->brk && s->brk[k]) fputc('\n', gp); /* a blank line: gnuplot does not join the points across it */
+        fprintf(gp, "%.17g %.17g\n", s->x[k], s->y[k]);
+    }
     fprintf(gp, "e\n");
 }
 
@@ -563,6 +649,52 @@ kvs_plot_layout kvs_plot_layout_of(const kvs_plot *p) {
     return p->layout;
 }
 
+/* The turns of a position plot's traces: each turn's prompt shaded (its right edge is the prompt/response
+ * boundary; clipped to the plot area), and at each later turn's start, where it lies within the plotted
+ * positions, a dashed line labelled "turn N" (arrows and labels are not clipped, hence the range check).
+ * A boundary several traces share is drawn once. */
+static void put_turn_marks(FILE *gp, const plot_data *d) {
+    double xmin = INFINITY, xmax = -INFINITY;
+    for (size_t i = 0; i < d->n; i++)
+        for (size_t k = 0; k < d->s[i].n; k++) {
+            if (d->s[i].x[k] < xmin) xmin = d->s[i].x[k];
+            if (d->s[i].x[k] > xmax) xmax = d->s[i].x[k];
+        }
+    size_t n_with = 0;
+    for (size_t i = 0; i < d->n_tr; i++) n_with += d->tr[i].n > 0;
+    int n_objects = 0, n_arrows = 0;
+    for (size_t i = 0; i < d->n_tr; i++) {
+        const trace_turns *t = &d->tr[i];
+        for (int64_t k = 0; k < t->n; k++) {
+            const kvs_turn *u = &t->turns[k];
+            int seen_span = 0, seen_start = 0;
+            for (size_t j = 0; j < i; j++)
+                for (int64_t q = 0; q < d->tr[j].n; q++) {
+                    const kvs_turn *v = &d->tr[j].turns[q];
+                    seen_span |= v->begin == u->begin && v->prompt_end == u->prompt_end;
+                    seen_start |= q > 0 && v->begin == u->begin;
+                }
+            fprintf(gp, "# turn %" PRId64 " of %s: prompt [%" PRId64 ", %" PRId64 "), response [%" PRId64 ", %" PRId64
+                        ")\n",
+                    k + 1, t->path, u->begin, u->prompt_end, u->prompt_end, u->end);
+            if (u->prompt_end > u->begin && !seen_span)
+                fprintf(gp, "set object %d rect from first %" PRId64 ", graph 0 to first %" PRId64 ", graph 1 behind "
+                            "clip fillcolor rgb '#e6e6e6' fillstyle solid 1.0 noborder\n",
+                        ++n_objects, u->begin, u->prompt_end);
+            if (k == 0 || seen_start || (double)u->begin < xmin || (double)u->begin > xmax) continue;
+            fprintf(gp, "set arrow %d from first %" PRId64 ", graph 0 to first %" PRId64 ", graph 1 nohead dt 2 lw 1 "
+                        "lc rgb '#555555' front\n",
+                    ++n_arrows, u->begin, u->begin);
+            char text[600];
+            snprintf(text, sizeof text, "%s%sturn %" PRId64, n_with > 1 ? base_name(t->path) : "", n_with > 1 ? " " : "",
+                     k + 1);
+            fprintf(gp, "set label %d ", n_arrows);
+            put_gp_string(gp, text);
+            fprintf(gp, " at first %" PRId64 ", graph 1 offset 0.4,-1 left textcolor rgb '#555555' front\n", u->begin);
+        }
+    }
+}
+
 static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
     const plot_text *t = &p->t;
     const plot_data *d = &p->d;
@@ -586,6 +718,7 @@ static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
     fprintf(gp, "\nset grid\nset key outside below center horizontal maxcols %d Left reverse height 1\n", l->key_cols);
     fprintf(gp, "set tmargin at screen %.6f\nset bmargin at screen %.6f\n",
             1.0 - (double)LAYOUT_TOP_PX / l->height, (double)(l->key_height + LAYOUT_XAXIS_PX) / l->height);
+    if (p->kind == KVS_PLOT_ERROR_VS_POSITION) put_turn_marks(gp, d);
     if (t->x == AXIS_LOG_TOKENS) fprintf(gp, "set logscale x 2\nset format x '%%g'\n");
     else if (t->x == AXIS_LOG_BYTES) fprintf(gp, "set logscale x 2\nset format x '%%.0b %%BB'\n");
     fprintf(gp, "plot ");
@@ -775,7 +908,13 @@ kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_
             else snprintf(where + len, sizeof where - len, ", mean over layers");
         }
         snprintf(tt->title, sizeof tt->title, "%s per position (mean over query heads%s) - %s", metric_name, where, base);
-        snprintf(tt->xlabel, sizeof tt->xlabel, "position in the sequence (tokens)");
+        int64_t most_turns = 0; /* what put_turn_marks draws, said under the axis */
+        for (size_t i = 0; i < dd->n_tr; i++)
+            if (dd->tr[i].n > most_turns) most_turns = dd->tr[i].n;
+        snprintf(tt->xlabel, sizeof tt->xlabel, "position in the sequence (tokens)%s",
+                 most_turns > 1   ? "; shaded: the prompt of each turn; dashed: start of a turn"
+                 : most_turns > 0 ? "; shaded: prompt positions"
+                                  : "");
         snprintf(tt->ylabel, sizeof tt->ylabel, "%s, mean over query heads (%s%s%s)", mi->label, mi->name,
                  mi->unit[0] ? "; " : "", mi->unit);
         tt->x = AXIS_LINEAR;
@@ -827,7 +966,11 @@ kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_
                           db_path, kind_names[o->kind], where, metric_name);
         goto cleanup;
     }
-    for (size_t i = 0; i < dd->n; i++) series_finish(&dd->s[i]);
+    for (size_t i = 0; i < dd->n; i++) {
+        series_finish(&dd->s[i]);
+        if (o->kind == KVS_PLOT_ERROR_VS_POSITION)
+            KVS_TRY(rc = series_breaks(&dd->s[i], turns_of(dd, dd->s[i].trace_id)));
+    }
     qsort(dd->s, dd->n, sizeof *dd->s, cmp_series);
     KVS_TRY(rc = label_series(dd, o->kind == KVS_PLOT_ERROR_VS_POSITION));
     if (is_cost_kind(o->kind)) KVS_TRY(rc = add_frontier(dd, mi->higher_is_better));

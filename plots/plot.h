@@ -9,7 +9,11 @@
  *
  * Series. Runs are never averaged across traces or measure modes: a series of the budget and cost kinds
  * is one (policy, params, trace, measure) — runs of the same series at the same budget (a repeated replay)
- * are averaged; error-vs-position draws one series per run. The legend names the trace and the measure
+ * are averaged; error-vs-position draws one series per run. On error-vs-position the turns of a multi-turn
+ * trace are marked (each turn's prompt shaded, a dashed line at each later turn's start; the turns come from
+ * the database, kvs_results_query_turns) and a line breaks where positions between two of its points were not
+ * measured (the prompts of later turns under measure mode decode), or, without turn info, where the positions
+ * jump by more than the series' usual stride. The legend names the trace and the measure
  * mode only when the plotted runs have more than one of them. Oracles are dashed black and labelled
  * "(oracle)"; every other series is drawn in its policy's colour, the same on every plot
  * (kvs_plot_policy_color), several series of one policy told apart by point and dash type.

@@ -3,6 +3,9 @@
  * gnuplot receives (captured by a stand-in gnuplot script): the Pareto frontier of error-vs-memory /
  * error-vs-traffic on a hand-made case, series kept apart by trace and by measure mode, oracles dashed; the
  * Pareto function itself; the script written to a stream (kvs_plot_write_script) equal to what gnuplot reads;
+ * the legend layout (every series an entry, columns that fit, the canvas grown by the key's rows); one colour per
+ * policy across kinds and selections; the many-series warning; turn marks and line breaks of error-vs-position
+ * (hand-made turns, a database without turn info, and a real multi-turn capture -> replay -> plot);
  * and every error path — gnuplot missing or failing, empty database, missing data,
  * bad options — giving the right status / exit code and leaving no output file (nor OUT.partial) behind.
  */
@@ -27,6 +30,7 @@
 #include "plots/plot.h"
 #include "sim/policy.h"
 #include "sim/results.h"
+#include "trace/trace.h"
 
 typedef struct {
     char dir[64];
@@ -938,6 +942,176 @@ static void test_one_colour_per_policy_on_every_plot(void **state) {
     assert_int_equal(strlen(kvs_plot_policy_color("my-new-policy")), 7);
 }
 
+/* ------------------------------------------------------------------------------------------------
+ * Multi-turn traces: turn boundaries marked, lines broken where positions were not measured
+ * ---------------------------------------------------------------------------------------------- */
+
+/* The points of the data block whose "# series: " label starts with `prefix`: x[i], and brk[i] = 1 when a
+ * blank line (a break of gnuplot's line) comes before point i. Returns the number of points, -1 when absent. */
+static int block_with_breaks(const char *script, const char *prefix, double *x, int *brk, int cap) {
+    char head[300];
+    snprintf(head, sizeof head, "# series: %s", prefix);
+    const char *p = strstr(script, head);
+    if (!p) return -1;
+    p = strchr(p, '\n') + 1;
+    int n = 0, blank = 0;
+    while (strncmp(p, "e\n", 2) != 0) {
+        if (*p == '\n') {
+            assert_false(blank); /* one blank line per break */
+            blank = 1;
+            p++;
+            continue;
+        }
+        char *end;
+        assert_true(n < cap);
+        x[n] = strtod(p, &end);
+        (void)strtod(end, &end);
+        assert_int_equal(*end, '\n');
+        brk[n++] = blank;
+        blank = 0;
+        p = end + 1;
+    }
+    assert_false(blank);
+    return n;
+}
+
+/* Asserts the series `prefix` has points exactly at positions [from[j], to[j]) for j < n_runs, with a break
+ * before each stretch but the first and nowhere else. */
+static void expect_stretches(const char *script, const char *prefix, const int64_t *from, const int64_t *to,
+                             int n_runs) {
+    double x[256];
+    int brk[256], k = 0;
+    int n = block_with_breaks(script, prefix, x, brk, 256);
+    if (n < 0) {
+        fprintf(stderr, "no series '%s...'\n--- script ---\n%s\n", prefix, script);
+        fail();
+    }
+    for (int j = 0; j < n_runs; j++)
+        for (int64_t pos = from[j]; pos < to[j]; pos++, k++) {
+            assert_true(k < n);
+            if (x[k] != (double)pos || brk[k] != (j > 0 && pos == from[j])) {
+                fprintf(stderr, "series '%s' point %d: position %g break %d, expected %lld break %d\n", prefix, k, x[k],
+                        brk[k], (long long)pos, j > 0 && pos == from[j]);
+                fail();
+            }
+        }
+    assert_int_equal(n, k);
+}
+
+/* One complete run of `policy` on trace `path` (60 positions; `turns` may be NULL: none recorded) with steps
+ * (1 layer, 2 query heads) at the positions of [from[j], to[j]) (stride `every`), except `skip` (-1: none). */
+static void put_turn_run(kvs_results_db *db, const char *path, const kvs_turn *turns, int64_t n_turns,
+                         const char *policy, const char *measure, const int64_t *from, const int64_t *to, int n_runs,
+                         int every, int64_t skip) {
+    kvs_results_trace tr = {.path = path, .model_name = "generated-gaussian", .n_positions = 60, .prompt_len = 5,
+                            .n_turns = n_turns, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .head_dim = 16,
+                            .dtype = "fp32", .file_bytes = 1000, .turns = turns};
+    kvs_results_run run = {.policy = policy, .params = "", .budget_tokens = 8, .budget_fraction = -1,
+                           .measure = measure, .status = "complete", .kvsim_version = "0.1.0"};
+    kvs_results_agg all = agg_for(-1, 0.1, 1024);
+    kvs_results_step steps[2 * 64];
+    int n = 0;
+    for (int j = 0; j < n_runs; j++)
+        for (int64_t p = from[j]; p < to[j]; p += every)
+            for (int h = 0; h < 2 && p != skip; h++)
+                steps[n++] = (kvs_results_step){.layer = 0, .q_head = h, .position = p, .out_err = 0.01 * (double)p,
+                                                .attended_tokens = 8};
+    expect_ok(kvs_results_write_run(db, &tr, &run, NULL, 0, &all, steps, n, NULL));
+}
+
+static void test_position_plot_marks_turns_and_breaks_at_gaps(void **state) {
+    tmp_ctx *t = *state;
+    char db[160], out[160];
+    snprintf(db, sizeof db, "%s/turns.db", t->dir);
+    snprintf(out, sizeof out, "%s/turns.png", t->dir);
+    /* Three turns: prompt [0,5) response [5,17); prompt [17,28) response [28,40); prompt [40,48) response [48,60). */
+    static const kvs_turn turns[3] = {{0, 5, 17}, {17, 28, 40}, {40, 48, 60}};
+    const int64_t dec_from[3] = {5, 28, 48}, dec_to[3] = {17, 40, 60};
+    const int64_t pre_from[3] = {0, 17, 40}, pre_to[3] = {5, 28, 48};
+    const int64_t all_from[1] = {0}, all_to[1] = {60};
+    kvs_results_db *rdb = NULL;
+    expect_ok(kvs_results_open(db, &rdb));
+    put_turn_run(rdb, "/traces/chat.kvt", turns, 3, "h2o", "decode", dec_from, dec_to, 3, 1, -1);
+    put_turn_run(rdb, "/traces/chat.kvt", turns, 3, "snapkv", "prefill", pre_from, pre_to, 3, 1, -1);
+    put_turn_run(rdb, "/traces/chat.kvt", turns, 3, "window", "all", all_from, all_to, 1, 1, -1);
+    put_turn_run(rdb, "/traces/chat.kvt", turns, 3, "tova", "decode", dec_from, dec_to, 3, 1, 33); /* 33 missing */
+    put_turn_run(rdb, "/traces/chat.kvt", turns, 3, "streaming", "decode", &dec_from[1], &dec_to[1], 1, 1, -1);
+    kvs_results_close(rdb);
+    kvs_plot_options o = opts(KVS_PLOT_ERROR_VS_POSITION, out);
+    kvs_plot *p = NULL;
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    char *gp = script_of(p, out);
+    kvs_plot_free(p);
+    /* decode: the responses, broken at each later prompt; prefill: the prompts, broken at each response; all:
+     * one line; a missing stored position breaks the line too (no value was measured there). */
+    expect_stretches(gp, "h2o budget=8 [decode]", dec_from, dec_to, 3);
+    expect_stretches(gp, "snapkv budget=8 [prefill]", pre_from, pre_to, 3);
+    expect_stretches(gp, "window budget=8 [all]", all_from, all_to, 1);
+    const int64_t tova_from[4] = {5, 28, 34, 48}, tova_to[4] = {17, 33, 40, 60};
+    expect_stretches(gp, "tova budget=8 [decode]", tova_from, tova_to, 4);
+    /* Each turn's prompt shaded, each later turn's start a dashed line labelled with its number. */
+    for (int k = 0; k < 3; k++) {
+        char rect[200];
+        snprintf(rect, sizeof rect, " rect from first %lld, graph 0 to first %lld, graph 1 behind clip",
+                 (long long)turns[k].begin, (long long)turns[k].prompt_end);
+        if (!strstr(gp, rect)) {
+            fprintf(stderr, "no shaded prompt of turn %d ('%s')\n--- script ---\n%.3000s\n", k + 1, rect, gp);
+            fail();
+        }
+    }
+    assert_int_equal(count_of(gp, "set object "), 3);
+    assert_non_null(strstr(gp, "set arrow 1 from first 17, graph 0 to first 17, graph 1 nohead dt 2"));
+    assert_non_null(strstr(gp, "set label 1 'turn 2' at first 17, graph 1"));
+    assert_non_null(strstr(gp, "set arrow 2 from first 40, graph 0 to first 40, graph 1 nohead dt 2"));
+    assert_non_null(strstr(gp, "set label 2 'turn 3' at first 40, graph 1"));
+    assert_int_equal(count_of(gp, "set arrow "), 2);
+    assert_non_null(strstr(gp, "shaded: the prompt of each turn; dashed: start of a turn"));
+    free(gp);
+    /* Turn starts are marked only within the plotted positions (arrows are not clipped): a series of turn 2's
+     * response alone (28..39) has neither start inside; the shaded prompts are clipped by gnuplot. */
+    o.policy = "streaming";
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    gp = script_of(p, out);
+    kvs_plot_free(p);
+    assert_null(strstr(gp, "set arrow "));
+    assert_int_equal(count_of(gp, "set object "), 3);
+    free(gp);
+}
+
+/* A database without turn info (v1, or a trace written without turns): no marks; the line breaks where the
+ * positions jump by more than the series' usual stride. */
+static void test_position_plot_without_turn_info_breaks_at_jumps(void **state) {
+    tmp_ctx *t = *state;
+    char db[160], out[160];
+    snprintf(db, sizeof db, "%s/noturns.db", t->dir);
+    snprintf(out, sizeof out, "%s/noturns.png", t->dir);
+    const int64_t dec_from[3] = {5, 28, 48}, dec_to[3] = {17, 40, 60};
+    const int64_t every_from[2] = {6, 30}, every_to[2] = {18, 40}; /* stride 2: 6..16, 30..38 */
+    kvs_results_db *rdb = NULL;
+    expect_ok(kvs_results_open(db, &rdb));
+    put_turn_run(rdb, "/traces/chat.kvt", NULL, 3, "h2o", "decode", dec_from, dec_to, 3, 1, -1);
+    put_turn_run(rdb, "/traces/chat.kvt", NULL, 3, "window", "decode", every_from, every_to, 2, 2, -1);
+    kvs_results_close(rdb);
+    kvs_plot_options o = opts(KVS_PLOT_ERROR_VS_POSITION, out);
+    kvs_plot *p = NULL;
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    char *gp = script_of(p, out);
+    kvs_plot_free(p);
+    expect_stretches(gp, "h2o budget=8", dec_from, dec_to, 3);
+    double x[64];
+    int brk[64];
+    int n = block_with_breaks(gp, "window budget=8", x, brk, 64);
+    assert_int_equal(n, 11);
+    for (int k = 0; k < n; k++) {
+        assert_true(x[k] == (k < 6 ? 6 + 2 * k : 30 + 2 * (k - 6)));
+        assert_int_equal(brk[k], k == 6);
+    }
+    assert_null(strstr(gp, "set object "));
+    assert_null(strstr(gp, "set arrow "));
+    assert_null(strstr(gp, "shaded"));
+    free(gp);
+}
+
 /* Runs that do not record the x metric (a database written before it existed) give a clear "no data". */
 static void test_error_vs_memory_without_recorded_bytes(void **state) {
     tmp_ctx *t = *state;
@@ -1074,6 +1248,70 @@ static void test_cli_warns_about_too_many_position_series(void **state) {
     free(msg);
 }
 
+/* The whole path on a real multi-turn capture: `kvsim capture --turns` (stories260K), `kvsim replay` (the trace's
+ * turns go to the database), `kvsim plot --kind error-vs-position`: the script gnuplot gets marks every turn of
+ * the trace and breaks the decode line at each later turn's prompt. */
+static void test_cli_multi_turn_capture_replay_plot(void **state) {
+    tmp_ctx *t = *state;
+    const char *bin = getenv("KVSIM_BIN");
+    char model[600];
+    snprintf(model, sizeof model, "%s/../shared/models/stories260K.bin", kvs_test_root());
+    if (!bin || !kvs_test_exists(model)) {
+        fprintf(stderr, "SKIP: needs KVSIM_BIN and ../shared/models/stories260K.bin\n");
+        skip();
+    }
+    char turns_txt[160], trace[160], db[160], out[160], bindir[160], captured[200];
+    snprintf(turns_txt, sizeof turns_txt, "%s/turns.txt", t->dir);
+    snprintf(trace, sizeof trace, "%s/chat.kvt", t->dir);
+    snprintf(db, sizeof db, "%s/chat.db", t->dir);
+    snprintf(out, sizeof out, "%s/chat.png", t->dir);
+    FILE *f = fopen(turns_txt, "w");
+    assert_non_null(f);
+    fputs("Once upon a time\n\nThe dog ran to the park.\n\nThen it rained.\n", f); /* three turns */
+    assert_int_equal(fclose(f), 0);
+    char *capture[] = {"kvsim", "capture", "--model", model, "--turns", turns_txt, "--steps", "6", "--ignore-eos",
+                       "--out", trace, NULL};
+    assert_int_equal(run_cli_io(capture, NULL, NULL, NULL), 0);
+    kvs_trace *tr = NULL;
+    expect_ok(kvs_trace_open(trace, &tr));
+    const kvs_trace_info *info = kvs_trace_info_get(tr);
+    assert_int_equal(info->n_turns, 3);
+    kvs_turn turns[3];
+    memcpy(turns, info->turns, sizeof turns);
+    kvs_trace_close(tr);
+    char *replay[] = {"kvsim", "replay", trace, "--db", db, "--policy", "window", "--budgets", "4",
+                      "--series-every", "1", "--threads", "1", NULL};
+    assert_int_equal(run_cli_io(replay, NULL, NULL, NULL), 0);
+    make_fake_gnuplot_dir(t->dir, bindir, sizeof bindir, captured, sizeof captured);
+    char *plot[] = {"kvsim", "plot", db, "--kind", "error-vs-position", "--out", out, NULL};
+    assert_int_equal(run_cli_io(plot, bindir, NULL, NULL), 0);
+    char *gp = NULL;
+    size_t n = 0;
+    expect_ok(kvs_read_file(captured, &gp, &n));
+    /* decode: each turn's response, a break before each later one */
+    int64_t from[3], to[3];
+    for (int k = 0; k < 3; k++) from[k] = turns[k].prompt_end, to[k] = turns[k].end;
+    expect_stretches(gp, "window budget=4", from, to, 3);
+    for (int k = 0; k < 3; k++) {
+        char mark[200];
+        snprintf(mark, sizeof mark, "rect from first %lld, graph 0 to first %lld, graph 1", (long long)turns[k].begin,
+                 (long long)turns[k].prompt_end);
+        assert_non_null(strstr(gp, mark));
+        if (k == 0) continue;
+        snprintf(mark, sizeof mark, "set arrow %d from first %lld, graph 0 to first %lld, graph 1 nohead", k,
+                 (long long)turns[k].begin, (long long)turns[k].begin);
+        assert_non_null(strstr(gp, mark));
+        snprintf(mark, sizeof mark, "set label %d 'turn %d' at first %lld,", k, k + 1, (long long)turns[k].begin);
+        assert_non_null(strstr(gp, mark));
+    }
+    free(gp);
+    /* The real gnuplot draws it too. */
+    if (have_gnuplot()) {
+        assert_int_equal(run_cli_io(plot, NULL, NULL, NULL), 0);
+        assert_image(out, 0);
+    }
+}
+
 static void test_cli_exit_codes(void **state) {
     tmp_ctx *t = *state;
     if (!getenv("KVSIM_BIN")) skip(); /* only meaningful through the test runner, which sets it */
@@ -1140,6 +1378,7 @@ int main(void) {
         cmocka_unit_test(test_kind_and_metric_parsing),
         cmocka_unit_test_setup_teardown(test_cli_exit_codes, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_cli_warns_about_too_many_position_series, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_cli_multi_turn_capture_replay_plot, setup_db, teardown_db),
         cmocka_unit_test(test_pareto_hand_made),
         cmocka_unit_test_setup_teardown(test_error_vs_memory_frontier_and_series, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_budget_series_separated_by_trace_and_measure, setup_db, teardown_db),
@@ -1149,6 +1388,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_legend_has_every_series_and_fits, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_legend_rendered_by_gnuplot, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_one_colour_per_policy_on_every_plot, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_position_plot_marks_turns_and_breaks_at_gaps, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_position_plot_without_turn_info_breaks_at_jumps, setup_db, teardown_db),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
