@@ -1,11 +1,13 @@
-/* cmd_plot.c — `kvsim plot DB --kind KIND --out FILE.png|FILE.svg [...]`: draws a plot from a results
+/* cmd_plot.c — `kvsim plot DB --kind KIND --out FILE.png|FILE.svg|- [...]`: draws a plot from a results
  * database through gnuplot (plots/plot.h; ../shared/DESIGN.md "Results (SQLite) and plots"; the cost
- * kinds follow POLICY_SPEC.md §1.5 "Budget-matching modes").
+ * kinds follow POLICY_SPEC.md §1.5 "Budget-matching modes"). --out follows common/kvs_out.h like every kvsim
+ * output; a warning on stderr when an error-vs-position plot has many lines.
  * Exit codes per cli.h: 0 drawn, 1 database/gnuplot/output failure, 2 bad usage.
  */
 #include <stdio.h>
 #include <string.h>
 
+#include "../common/kvs_out.h"
 #include "../plots/plot.h"
 #include "cli.h"
 
@@ -13,9 +15,10 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: kvsim plot DB --kind KIND --out FILE.png|FILE.svg [--metric M] [--layer L] [--x-stat mean|max]\n"
-            "                     [--budget TOKENS] [--policy NAME] [--trace PATH] [--model NAME] [--measure M]\n"
-            "Draws complete runs of the results database DB with gnuplot (PNG or SVG by the --out extension).\n"
+            "usage: kvsim plot DB --kind KIND --out FILE.png|FILE.svg|- [--format png|svg] [--metric M] [--layer L]\n"
+            "                     [--x-stat mean|max] [--budget TOKENS] [--policy NAME] [--trace PATH] [--model NAME]\n"
+            "                     [--measure M]\n"
+            "Draws complete runs of the results database DB with gnuplot as PNG or SVG.\n"
             "One line per (policy, params, trace, measure): runs of different traces or measure modes are never\n"
             "averaged together (the legend names trace and measure when the plot has several). Each policy has\n"
             "one colour on every plot (several series of one policy differ in point and dash type); oracles are\n"
@@ -40,7 +43,13 @@ static void usage(FILE *f) {
             "              (storage_bytes, traffic_bytes, ...) for memory-vs-budget, any metric's _mean per position\n"
             "  --layer L   one layer's aggregates (or steps) instead of the run-wide ones\n"
             "  --x-stat S  error-vs-memory / error-vs-traffic: mean (default) or max over steps of the x metric\n"
-            "  --budget    error-vs-position only: only runs with this budget (tokens per KV head)\n",
+            "  --budget    error-vs-position only: only runs with this budget (tokens per KV head)\n"
+            "  --out FILE  a regular file is replaced atomically (written beside it, then renamed); a symbolic link is\n"
+            "              written through (its target is replaced, the link stays); a FIFO or device is written\n"
+            "              directly; - is standard output (the \"wrote\" line then goes to stderr). gnuplot draws into\n"
+            "              a temporary folder under $TMPDIR (or /tmp) first, so a failed plot changes nothing.\n"
+            "  --format F  png or svg; default: the --out extension (.png, .svg), else png for standard output, a\n"
+            "              FIFO or a device; another file name needs --format\n",
             KVS_PLOT_MANY_SERIES);
     kvs_cli_filter_usage(f, PLOT_FILTERS);
 }
@@ -59,6 +68,7 @@ int kvs_cmd_plot(int argc, char **argv) {
             if (fr < 0) return KVS_EXIT_USAGE;
         } else if ((v = kvs_cli_opt_value("--kind", argc, argv, &i, &missing))) kind_s = v;
         else if ((v = kvs_cli_opt_value("--out", argc, argv, &i, &missing))) o.out_path = v;
+        else if ((v = kvs_cli_opt_value("--format", argc, argv, &i, &missing))) o.format = v;
         else if ((v = kvs_cli_opt_value("--metric", argc, argv, &i, &missing))) o.metric = v;
         else if ((v = kvs_cli_opt_value("--layer", argc, argv, &i, &missing))) layer_s = v;
         else if ((v = kvs_cli_opt_value("--budget", argc, argv, &i, &missing))) budget_s = v;
@@ -72,7 +82,9 @@ int kvs_cmd_plot(int argc, char **argv) {
     if (!kind_s)
         return kvs_cli_usage_error("plot", "missing --kind (error-vs-budget, error-vs-memory, error-vs-traffic, "
                                            "error-vs-position, memory-vs-budget)");
-    if (!o.out_path) return kvs_cli_usage_error("plot", "missing --out FILE.png|FILE.svg");
+    if (!o.out_path) return kvs_cli_usage_error("plot", "missing --out FILE.png|FILE.svg|-");
+    if (o.format && strcmp(o.format, "png") && strcmp(o.format, "svg"))
+        return kvs_cli_usage_error("plot", "--format: '%s' is not png or svg", o.format);
     kvs_status st = kvs_plot_kind_parse(kind_s, &o.kind);
     if (st != KVS_OK) return kvs_cli_fail("plot", st);
     o.policy = f.policy;
@@ -108,6 +120,8 @@ int kvs_cmd_plot(int argc, char **argv) {
     st = kvs_plot_render(p);
     kvs_plot_free(p);
     if (st != KVS_OK) return kvs_cli_fail("plot", st);
-    printf("wrote %s\n", o.out_path);
+    /* The image owns standard output when it went there. */
+    if (kvs_out_path_is_stdout(o.out_path)) fprintf(stderr, "wrote standard output\n");
+    else printf("wrote %s\n", o.out_path);
     return kvs_cli_finish_stdout("plot");
 }

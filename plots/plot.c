@@ -7,13 +7,16 @@
  * labels, line breaks and the legend layout; kvs_plot_write_script() writes the
  * script and the data (inline `plot '-' ... e` blocks, no temporary files) to any stream, which is how tests
  * read it; kvs_plot_render() locates gnuplot on PATH (a clear "gnuplot not found" instead of a shell error),
- * writes the script to gnuplot's stdin, gnuplot writes OUT.partial, and only when gnuplot exited 0 and the
- * file is non-empty is it renamed to OUT. Any failure removes OUT.partial, so a failed plot leaves nothing
- * behind.
+ * opens the output through common/kvs_out.h (the rules of every kvsim output: symbolic links written through,
+ * devices and FIFOs in place, "-" standard output), writes the script to gnuplot's stdin, gnuplot draws into
+ * a private temporary folder, and only when gnuplot exited 0 and the image is non-empty is it copied into the
+ * output and committed. Any failure abandons the output and removes the folder, so a failed plot changes
+ * nothing and leaves nothing behind.
  */
 #include "plot.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
@@ -28,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../common/kvs_out.h"
 #include "../sim/policy.h"
 #include "../sim/results.h"
 
@@ -760,46 +764,47 @@ static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
     fprintf(gp, "unset output\nexit\n");
 }
 
-/* Runs gnuplot with the script; SIGPIPE is blocked for this thread while writing so a gnuplot that dies
- * early becomes an error status here instead of killing kvsim. */
+/* Runs gnuplot with the script (the caller blocks SIGPIPE, so a gnuplot that dies early is an error status
+ * here instead of killing kvsim). */
 static kvs_status run_gnuplot(const char *prog, const kvs_plot *p, const char *image_path) {
     char cmd[PATH_MAX * 4 + 32], quoted[PATH_MAX * 4];
     sh_quote(quoted, sizeof quoted, prog);
     snprintf(cmd, sizeof cmd, "exec %s", quoted);
-
-    sigset_t block, old;
-    sigemptyset(&block);
-    sigaddset(&block, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &block, &old);
     fflush(NULL); /* so buffered output of ours is not duplicated or interleaved by the child */
     FILE *gp = popen(cmd, "w");
-    kvs_status rc = KVS_OK;
-    if (!gp) {
-        rc = kvs_fail(KVS_ERR_EXTERNAL, "cannot start gnuplot (%s): %s", prog, strerror(errno));
-        goto restore;
-    }
+    if (!gp) return kvs_fail(KVS_ERR_EXTERNAL, "cannot start gnuplot (%s): %s", prog, strerror(errno));
     write_script(gp, p, image_path);
     fflush(gp);
     int write_failed = ferror(gp);
     int status = pclose(gp);
-    if (status == -1) rc = kvs_fail(KVS_ERR_EXTERNAL, "gnuplot (%s): cannot wait for it: %s", prog, strerror(errno));
-    else if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
-        rc = kvs_fail(KVS_ERR_EXTERNAL, "gnuplot not found: could not run '%s'", prog);
-    else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-        rc = kvs_fail(KVS_ERR_EXTERNAL, "gnuplot (%s) failed (%s %d); its messages are above", prog,
-                      WIFEXITED(status) ? "exit status" : "signal",
-                      WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-    else if (write_failed)
-        rc = kvs_fail(KVS_ERR_EXTERNAL, "gnuplot (%s): writing the script to its input failed", prog);
-restore:;
-    /* Drop a SIGPIPE raised while it was blocked, then restore the caller's mask. */
-    sigset_t pending;
-    sigpending(&pending);
-    if (sigismember(&pending, SIGPIPE)) {
-        struct timespec zero = {0, 0};
-        sigtimedwait(&block, NULL, &zero);
+    if (status == -1) return kvs_fail(KVS_ERR_EXTERNAL, "gnuplot (%s): cannot wait for it: %s", prog, strerror(errno));
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
+        return kvs_fail(KVS_ERR_EXTERNAL, "gnuplot not found: could not run '%s'", prog);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        return kvs_fail(KVS_ERR_EXTERNAL, "gnuplot (%s) failed (%s %d); its messages are above", prog,
+                        WIFEXITED(status) ? "exit status" : "signal",
+                        WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    if (write_failed) return kvs_fail(KVS_ERR_EXTERNAL, "gnuplot (%s): writing the script to its input failed", prog);
+    return KVS_OK;
+}
+
+/* Copies the image gnuplot wrote at `path` into the output. */
+static kvs_status deliver(const char *path, kvs_out *o) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT) return kvs_fail(KVS_ERR_EXTERNAL, "gnuplot exited 0 but wrote no output");
+    if (fd < 0) return kvs_fail(KVS_ERR_IO, "%s: cannot open gnuplot's image: %s", path, strerror(errno));
+    char buf[1 << 16];
+    kvs_status rc = KVS_OK;
+    int64_t total = 0;
+    for (;;) {
+        ssize_t n = read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) rc = kvs_fail(KVS_ERR_IO, "%s: cannot read gnuplot's image: %s", path, strerror(errno));
+        if (n <= 0 || (rc = kvs_out_write(o, buf, (size_t)n)) != KVS_OK) break;
+        total += n;
     }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    close(fd);
+    if (rc == KVS_OK && total == 0) rc = kvs_fail(KVS_ERR_EXTERNAL, "gnuplot exited 0 but wrote no output");
     return rc;
 }
 
@@ -813,6 +818,29 @@ static void axis_label(char *buf, size_t cap, kvs_metric m, kvs_stat_kind s, con
     const kvs_metric_info *mi = &kvs_metric_table[m];
     snprintf(buf, cap, "%s, %s (%s_%s%s%s%s%s)", mi->label, kvs_stat_names[s], mi->name, kvs_stat_names[s],
              mi->unit[0] ? "; " : "", mi->unit, mi->kind == KVS_METRIC_BYTES ? " per KV head" : "", extra);
+}
+
+/* PNG or SVG: --format when given (it must agree with a .png/.svg name), else the name's extension, else PNG
+ * for what has no file name to go by: standard output, a descriptor, a device or a FIFO. A file named
+ * otherwise is refused rather than written as PNG under a misleading name. */
+static kvs_status image_format(const char *out_path, const char *format, int *is_svg) {
+    int ext_svg = ends_with(out_path, ".svg"), ext_png = ends_with(out_path, ".png");
+    if (format) {
+        if (strcmp(format, "png") && strcmp(format, "svg"))
+            return kvs_fail(KVS_ERR_INVALID_ARG, "--format: '%s' is not png or svg", format);
+        *is_svg = !strcmp(format, "svg");
+        if ((*is_svg && ext_png) || (!*is_svg && ext_svg))
+            return kvs_fail(KVS_ERR_INVALID_ARG, "--format %s does not match --out '%s'", format, out_path);
+        return KVS_OK;
+    }
+    *is_svg = ext_svg;
+    if (ext_svg || ext_png) return KVS_OK;
+    kvs_out_kind kind = KVS_OUT_FILE;
+    char *target = NULL;
+    kvs_status rc = kvs_out_resolve(out_path, &kind, &target);
+    free(target);
+    if (rc == KVS_OK && kind != KVS_OUT_FILE) return KVS_OK;
+    return kvs_fail(KVS_ERR_INVALID_ARG, "--out: '%s' must end in .png or .svg (or give --format png|svg)", out_path);
 }
 
 void kvs_plot_free(kvs_plot *p) {
@@ -830,15 +858,13 @@ kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_
     *out = NULL;
     if (!db_path || !o) return kvs_fail(KVS_ERR_INVALID_ARG, "plot: NULL database path or options");
     if (!o->out_path || !o->out_path[0]) return kvs_fail(KVS_ERR_INVALID_ARG, "--out: an output file is required");
-    int is_svg = ends_with(o->out_path, ".svg");
-    if (!is_svg && !ends_with(o->out_path, ".png"))
-        return kvs_fail(KVS_ERR_INVALID_ARG, "--out: '%s' must end in .png or .svg", o->out_path);
-    if (strpbrk(o->out_path, "\n\r"))
-        return kvs_fail(KVS_ERR_INVALID_ARG, "--out: the file name must not contain a line break");
+    int is_svg = 0;
+    kvs_status rc = image_format(o->out_path, o->format, &is_svg);
+    if (rc != KVS_OK) return rc;
     if ((int)o->kind < 0 || (int)o->kind >= KVS_PLOT_N_KINDS)
         return kvs_fail(KVS_ERR_INVALID_ARG, "plot: bad kind %d", (int)o->kind);
     const char *metric_name = o->metric ? o->metric : default_metric(o->kind);
-    kvs_status rc = kvs_plot_metric_check(o->kind, metric_name);
+    rc = kvs_plot_metric_check(o->kind, metric_name);
     if (rc != KVS_OK) return rc;
     kvs_metric ym;
     kvs_stat_kind ys;
@@ -849,9 +875,6 @@ kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_
         return kvs_fail(KVS_ERR_INVALID_ARG, "--x-stat: '%s' is not mean or max", o->x_stat);
     if (o->measure && strcmp(o->measure, "decode") && strcmp(o->measure, "prefill") && strcmp(o->measure, "all"))
         return kvs_fail(KVS_ERR_INVALID_ARG, "--measure: '%s' is not decode, prefill or all", o->measure);
-
-    if (strlen(o->out_path) + sizeof ".partial" > PATH_MAX)
-        return kvs_fail(KVS_ERR_INVALID_ARG, "--out: path too long");
 
     kvs_results_db *db = NULL;
     kvs_results_run_row *rows = NULL;
@@ -1000,28 +1023,51 @@ kvs_status kvs_plot_write_script(const kvs_plot *p, const char *image_path, FILE
 
 kvs_status kvs_plot_render(const kvs_plot *p) {
     if (!p) return kvs_fail(KVS_ERR_INVALID_ARG, "plot: NULL plot");
-    kvs_status rc = KVS_OK;
-    char partial[PATH_MAX];
-    snprintf(partial, sizeof partial, "%s.partial", p->out_path);
     char prog[PATH_MAX];
     const char *want = p->gnuplot ? p->gnuplot : "gnuplot";
     if (!find_program(want, prog, sizeof prog))
         return kvs_fail(KVS_ERR_EXTERNAL, "gnuplot not found ('%s' is not an executable on PATH); install gnuplot "
                                           "(Debian: apt-get install gnuplot-nox)",
                         want);
-    /* Create the partial file ourselves: an unwritable output is a clear I/O error, not a gnuplot message. */
-    FILE *pf = fopen(partial, "w");
-    if (!pf) return kvs_fail(KVS_ERR_IO, "%s: cannot create output file: %s", partial, strerror(errno));
-    fclose(pf);
-    rc = run_gnuplot(prog, p, partial);
-    if (rc == KVS_OK) {
-        struct stat sb;
-        if (stat(partial, &sb) != 0 || sb.st_size == 0)
-            rc = kvs_fail(KVS_ERR_EXTERNAL, "gnuplot exited 0 but wrote no output to %s", partial);
-        else if (rename(partial, p->out_path) != 0)
-            rc = kvs_fail(KVS_ERR_IO, "%s: cannot rename %s into place: %s", p->out_path, partial, strerror(errno));
+    /* SIGPIPE blocked for this thread while gnuplot reads the script and while the image goes to a pipe whose
+     * reader may leave: either becomes an error status (EPIPE) instead of killing kvsim. */
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    /* The output first, so an unwritable one is a clear I/O error before gnuplot runs (common/kvs_out.h: a
+     * temporary file beside the symlink-resolved target, or the device, FIFO or descriptor itself). gnuplot
+     * then draws into a private folder and the image is copied into the output: gnuplot opens the path it is
+     * given with its own truncating open, which would replace neither a symbolic link's target atomically nor
+     * append to standard output, and a device or FIFO would receive a half image when gnuplot fails. */
+    kvs_out *o = NULL;
+    char folder[PATH_MAX] = "", image[PATH_MAX + 16] = "";
+    kvs_status rc = kvs_out_open(p->out_path, &o);
+    if (rc != KVS_OK) goto restore;
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !tmp[0] || strpbrk(tmp, "\n\r")) tmp = "/tmp"; /* `set output` takes one line */
+    snprintf(folder, sizeof folder, "%s/kvsim-plot.XXXXXX", tmp);
+    if (!mkdtemp(folder)) {
+        rc = kvs_fail(KVS_ERR_IO, "%s: cannot create a temporary folder for gnuplot's image: %s", folder,
+                      strerror(errno));
+        folder[0] = '\0';
+        goto restore;
     }
-    if (rc != KVS_OK) unlink(partial);
+    snprintf(image, sizeof image, "%s/plot.%s", folder, p->is_svg ? "svg" : "png");
+    if ((rc = run_gnuplot(prog, p, image)) == KVS_OK) rc = deliver(image, o);
+restore:
+    if (rc == KVS_OK) rc = kvs_out_commit(o);
+    else kvs_out_abort(o);
+    if (image[0]) unlink(image);
+    if (folder[0]) rmdir(folder);
+    /* Drop a SIGPIPE raised while it was blocked, then restore the caller's mask. */
+    sigset_t pending;
+    sigpending(&pending);
+    if (sigismember(&pending, SIGPIPE)) {
+        struct timespec zero = {0, 0};
+        sigtimedwait(&block, NULL, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     return rc;
 }
 

@@ -2,7 +2,8 @@
  * (../shared/DESIGN.md "Results (SQLite) and plots"): error vs budget per policy, error vs decode
  * position, memory vs budget, and error vs measured memory / traffic with the Pareto frontier
  * (POLICY_SPEC.md §1.5 "Budget-matching modes": policies compared at equal bytes, not only equal tokens).
- * PNG (pngcairo) or SVG, chosen by the output file's extension.
+ * PNG (pngcairo) or SVG, chosen by --format or the output file's extension; the output follows
+ * common/kvs_out.h like every kvsim output ("-" is standard output).
  *
  * The data is read through the read API of sim/results.h (kvs_results_open_readonly, query_runs,
  * query_steps); this module holds no SQL. Axis labels and units come from the metric table (sim/metrics.h).
@@ -43,7 +44,10 @@ typedef struct {
     int32_t layer;         /* -1: run-wide aggregate (budget/cost kinds) / all layers (position kind) */
     const char *policy;    /* only runs of this policy; NULL = all */
     int64_t budget_tokens; /* error-vs-position only: runs with this budget; -1 = all */
-    const char *out_path;  /* ends in .png or .svg; written as OUT.partial then renamed */
+    const char *out_path;  /* the image, written through common/kvs_out.h: a file (through symbolic links) replaced
+                            * atomically, a device or FIFO in place, "-" standard output */
+    const char *format;    /* "png" or "svg"; NULL: by out_path's extension (.png/.svg), else PNG for standard
+                            * output, a descriptor, device or FIFO; a file named otherwise needs it */
     const char *gnuplot;   /* program to run (name looked up on PATH, or a path); NULL = "gnuplot" */
     const char *trace;     /* only runs of this trace (path as stored, or its trailing components) */
     const char *model;     /* only runs of traces of this model */
@@ -81,7 +85,7 @@ size_t kvs_plot_pareto(const double *x, const double *y, size_t n, int higher_is
 /* A prepared plot: the data read from the database, its series, labels and layout (opaque). */
 typedef struct kvs_plot kvs_plot;
 
-/*! kvs_plot_prepare() : checks the options, reads the data from the results database at `db_path`
+/*! kvs_plot_prepare() : checks the options (the image format included), reads the data from the results database at `db_path`
  *  (read-only; complete runs only) and lays the plot out; runs no program and writes nothing. Errors: bad
  *  options KVS_ERR_INVALID_ARG; database problems or no data to draw KVS_ERR_DB (detail says what was
  *  missing). @return KVS_OK and *out (caller frees with kvs_plot_free). */
@@ -119,9 +123,12 @@ kvs_plot_layout kvs_plot_layout_of(const kvs_plot *p);
  *  `f` fails. */
 kvs_status kvs_plot_write_script(const kvs_plot *p, const char *image_path, FILE *f);
 
-/*! kvs_plot_render() : draws `p` with gnuplot into opt->out_path of kvs_plot_prepare. Errors: gnuplot
- *  missing or failing KVS_ERR_EXTERNAL; output not creatable KVS_ERR_IO. On any error no output file (and no
- *  .partial) is left behind. */
+/*! kvs_plot_render() : draws `p` with gnuplot and writes the image to opt->out_path of kvs_plot_prepare
+ *  (common/kvs_out.h). gnuplot draws into a private folder under $TMPDIR (or /tmp), removed afterwards, and
+ *  the complete image is then copied into the output. Errors: gnuplot missing or failing, or writing no image,
+ *  KVS_ERR_EXTERNAL; output not creatable or not writable KVS_ERR_IO. On any error the output is unchanged (a
+ *  file keeps its old content; nothing reaches a device, FIFO or standard output) and no temporary file is left
+ *  behind. */
 kvs_status kvs_plot_render(const kvs_plot *p);
 
 /*! kvs_plot_make() : kvs_plot_prepare(), kvs_plot_render() and kvs_plot_free() in one call; errors as

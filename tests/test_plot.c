@@ -7,9 +7,11 @@
  * policy across kinds and selections; the many-series warning; turn marks and line breaks of error-vs-position
  * (hand-made turns, a database without turn info, and a real multi-turn capture -> replay -> plot);
  * and every error path — gnuplot missing or failing, empty database, missing data,
- * bad options — giving the right status / exit code and leaving no output file (nor OUT.partial) behind.
+ * bad options — giving the right status / exit code and leaving no output file (nor a temporary one) behind;
+ * --out through common/kvs_out.h (a symbolic link written through, '-' standard output, --format).
  */
 #include <fcntl.h>
+#include <glob.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -130,11 +132,26 @@ static void skip_without_gnuplot(void) {
     }
 }
 
+/* No temporary file of an output at `out` is left: OUT.tmp.XXXXXX (common/kvs_out.h), nor the OUT.partial of
+ * older kvsim. */
+static void assert_no_temp_beside(const char *out) {
+    char pattern[256];
+    snprintf(pattern, sizeof pattern, "%s.tmp.*", out);
+    glob_t g;
+    int rc = glob(pattern, 0, NULL, &g);
+    if (rc == 0) {
+        fprintf(stderr, "temporary file left: %s\n", g.gl_pathv[0]);
+        globfree(&g);
+        fail();
+    }
+    assert_int_equal(rc, GLOB_NOMATCH);
+    snprintf(pattern, sizeof pattern, "%s.partial", out);
+    assert_false(kvs_test_exists(pattern));
+}
+
 static void assert_nothing_written(const char *out) {
-    char partial[256];
-    snprintf(partial, sizeof partial, "%s.partial", out);
     assert_false(kvs_test_exists(out));
-    assert_false(kvs_test_exists(partial));
+    assert_no_temp_beside(out);
 }
 
 /* Asserts `path` is a non-trivial PNG (signature) or SVG (starts with <?xml or <svg, has </svg>). */
@@ -151,9 +168,7 @@ static void assert_image(const char *path, int svg) {
         assert_memory_equal(data + 12, "IHDR", 4);
     }
     free(data);
-    char partial[256];
-    snprintf(partial, sizeof partial, "%s.partial", path);
-    assert_false(kvs_test_exists(partial));
+    assert_no_temp_beside(path);
 }
 
 static kvs_plot_options opts(kvs_plot_kind kind, const char *out) {
@@ -305,7 +320,7 @@ static void test_plot_failures_leave_no_file(void **state) {
     snprintf(bad_out, sizeof bad_out, "%s/no/such/dir/plot.png", t->dir);
     if (have_gnuplot()) {
         assert_int_equal(kvs_plot_make(t->db, &o), KVS_ERR_IO);
-        expect_msg("cannot create output file");
+        expect_msg("cannot create"); /* common/kvs_out.h's message, as for every output */
     }
     o.out_path = out;
     o.metric = "storage_bytes_max";
@@ -638,9 +653,8 @@ static char *script_of(const kvs_plot *p, const char *image) {
 
 static void test_script_written_to_a_stream_is_what_gnuplot_reads(void **state) {
     tmp_ctx *t = *state;
-    char out[160], prog[160], captured[160], partial[200];
+    char out[160], prog[160], captured[160], image[400];
     snprintf(out, sizeof out, "%s/same.png", t->dir);
-    snprintf(partial, sizeof partial, "%s.partial", out);
     make_fake_gnuplot(t->dir, prog, sizeof prog, captured, sizeof captured);
     kvs_plot_options o = opts(KVS_PLOT_ERROR_VS_POSITION, out);
     o.gnuplot = prog;
@@ -652,7 +666,12 @@ static void test_script_written_to_a_stream_is_what_gnuplot_reads(void **state) 
     char *gp = NULL;
     size_t n = 0;
     expect_ok(kvs_read_file(captured, &gp, &n));
-    char *mine = script_of(p, partial);
+    /* gnuplot draws into a temporary folder (the image is then copied into --out): the script names it. */
+    const char *so = strstr(gp, "\nset output '");
+    assert_non_null(so);
+    assert_int_equal(sscanf(so, "\nset output '%399[^']'", image), 1);
+    assert_null(strstr(image, t->dir));
+    char *mine = script_of(p, image);
     assert_string_equal(mine, gp);
     free(mine);
     free(gp);
@@ -1312,6 +1331,146 @@ static void test_cli_multi_turn_capture_replay_plot(void **state) {
     }
 }
 
+/* The names in folder `dir`, sorted, joined by spaces (to see what a command left there). */
+static void dir_listing(const char *dir, char *buf, size_t cap) {
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "ls -A '%s' | tr '\n' ' '", dir);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = '\0';
+    pclose(f);
+}
+
+/* `plot --out` follows the output rules of every command (common/kvs_out.h): a symbolic link is written through
+ * (its target replaced, the link kept), '-' is standard output (PNG unless --format svg), a device is written
+ * in place, and a failed plot changes nothing and leaves no temporary file (beside the target, or in TMPDIR
+ * where gnuplot draws). */
+static void test_cli_out_follows_the_output_rules(void **state) {
+    tmp_ctx *t = *state;
+    if (!getenv("KVSIM_BIN")) skip();
+    char dir[160], bindir[160], captured[200], faildir[160], tmpdir[160], target[200], link[200], list[1024];
+    snprintf(dir, sizeof dir, "%s/outs", t->dir);
+    snprintf(tmpdir, sizeof tmpdir, "%s/tmp", t->dir);
+    snprintf(faildir, sizeof faildir, "%s/failbin", t->dir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    assert_int_equal(mkdir(tmpdir, 0755), 0);
+    assert_int_equal(mkdir(faildir, 0755), 0);
+    make_fake_gnuplot_dir(t->dir, bindir, sizeof bindir, captured, sizeof captured);
+    char fail_prog[200];
+    snprintf(fail_prog, sizeof fail_prog, "%s/gnuplot", faildir);
+    FILE *f = fopen(fail_prog, "w");
+    assert_non_null(f);
+    fputs("#!/bin/sh\ncat > /dev/null\necho 'gnuplot: something went wrong' >&2\nexit 1\n", f);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(chmod(fail_prog, 0755), 0);
+    snprintf(target, sizeof target, "%s/real.png", dir);
+    snprintf(link, sizeof link, "%s/link.png", dir);
+    f = fopen(target, "w");
+    assert_non_null(f);
+    fputs("old image\n", f);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(symlink("real.png", link), 0);
+    setenv("TMPDIR", tmpdir, 1);
+
+    /* A symbolic link: the target gets the new image, the link stays a link to it. */
+    char *via_link[] = {"kvsim", "plot", t->db, "--kind", "error-vs-budget", "--out", link, NULL};
+    assert_int_equal(run_cli_io(via_link, bindir, NULL, NULL), 0);
+    struct stat sb;
+    assert_int_equal(lstat(link, &sb), 0);
+    assert_true(S_ISLNK(sb.st_mode));
+    char *data = NULL;
+    size_t n = 0;
+    expect_ok(kvs_read_file(target, &data, &n));
+    assert_string_equal(data, "stand-in image\n");
+    free(data);
+    dir_listing(dir, list, sizeof list);
+    assert_string_equal(list, "link.png real.png ");
+    dir_listing(tmpdir, list, sizeof list);
+    assert_string_equal(list, "");
+
+    /* A failing gnuplot: the target keeps its content, the link stays, nothing is left beside it or in TMPDIR. */
+    f = fopen(target, "w");
+    assert_non_null(f);
+    fputs("old image\n", f);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(run_cli_io(via_link, faildir, NULL, NULL), 1);
+    assert_int_equal(lstat(link, &sb), 0);
+    assert_true(S_ISLNK(sb.st_mode));
+    expect_ok(kvs_read_file(target, &data, &n));
+    assert_string_equal(data, "old image\n");
+    free(data);
+    dir_listing(dir, list, sizeof list);
+    assert_string_equal(list, "link.png real.png ");
+    dir_listing(tmpdir, list, sizeof list);
+    assert_string_equal(list, "");
+
+    /* '-': the image is standard output (the "wrote" line goes to stderr); PNG unless --format svg. */
+    char img[200], err[200];
+    snprintf(img, sizeof img, "%s/stdout", t->dir);
+    snprintf(err, sizeof err, "%s/stderr", t->dir);
+    char *to_stdout[] = {"kvsim", "plot", t->db, "--kind", "error-vs-budget", "--out", "-", NULL};
+    assert_int_equal(run_cli_io(to_stdout, bindir, img, err), 0);
+    expect_ok(kvs_read_file(img, &data, &n));
+    assert_string_equal(data, "stand-in image\n");
+    free(data);
+    expect_ok(kvs_read_file(err, &data, &n));
+    assert_non_null(strstr(data, "wrote standard output"));
+    free(data);
+    expect_ok(kvs_read_file(captured, &data, &n));
+    assert_non_null(strstr(data, "set terminal pngcairo "));
+    free(data);
+    char *svg_stdout[] = {"kvsim", "plot", t->db, "--kind", "error-vs-budget", "--out", "-", "--format", "svg", NULL};
+    assert_int_equal(run_cli_io(svg_stdout, bindir, img, NULL), 0);
+    expect_ok(kvs_read_file(captured, &data, &n));
+    assert_non_null(strstr(data, "set terminal svg "));
+    free(data);
+    /* A device is written in place; a name without .png/.svg takes --format. */
+    char *device[] = {"kvsim", "plot", t->db, "--kind", "error-vs-budget", "--out", "/dev/null", NULL};
+    assert_int_equal(run_cli_io(device, bindir, NULL, NULL), 0);
+    char plain[200];
+    snprintf(plain, sizeof plain, "%s/plot", dir);
+    char *named[] = {"kvsim", "plot", t->db, "--kind", "error-vs-budget", "--out", plain, "--format", "svg", NULL};
+    assert_int_equal(run_cli_io(named, bindir, NULL, NULL), 0);
+    expect_ok(kvs_read_file(captured, &data, &n));
+    assert_non_null(strstr(data, "set terminal svg "));
+    free(data);
+    assert_true(kvs_test_exists(plain));
+    unlink(plain);
+    /* Usage errors: a format that is neither, one that contradicts the name, a file name without either. */
+    char *bad_format[] = {"kvsim", "plot", t->db, "--kind", "error-vs-budget", "--out", "-", "--format", "jpg", NULL};
+    char *mismatch[] = {"kvsim", "plot", t->db, "--kind", "error-vs-budget", "--out", target, "--format", "svg", NULL};
+    char *no_ext[] = {"kvsim", "plot", t->db, "--kind", "error-vs-budget", "--out", plain, NULL};
+    assert_int_equal(run_cli_io(bad_format, bindir, NULL, err), 2);
+    expect_ok(kvs_read_file(err, &data, &n));
+    assert_non_null(strstr(data, "--format: 'jpg' is not png or svg"));
+    free(data);
+    assert_int_equal(run_cli_io(mismatch, bindir, NULL, err), 2);
+    expect_ok(kvs_read_file(err, &data, &n));
+    assert_non_null(strstr(data, "--format svg does not match"));
+    free(data);
+    assert_int_equal(run_cli_io(no_ext, bindir, NULL, err), 2);
+    expect_ok(kvs_read_file(err, &data, &n));
+    assert_non_null(strstr(data, "must end in .png or .svg"));
+    free(data);
+    assert_false(kvs_test_exists(plain));
+    dir_listing(tmpdir, list, sizeof list);
+    assert_string_equal(list, "");
+    unsetenv("TMPDIR");
+
+    /* With the real gnuplot: a PNG (and an SVG) on standard output. */
+    if (have_gnuplot()) {
+        assert_int_equal(run_cli_io(to_stdout, NULL, img, NULL), 0);
+        assert_image(img, 0);
+        assert_int_equal(run_cli_io(svg_stdout, NULL, img, NULL), 0);
+        assert_image(img, 1);
+        assert_int_equal(run_cli_io(via_link, NULL, NULL, NULL), 0);
+        assert_int_equal(lstat(link, &sb), 0);
+        assert_true(S_ISLNK(sb.st_mode));
+        assert_image(target, 0);
+    }
+}
+
 static void test_cli_exit_codes(void **state) {
     tmp_ctx *t = *state;
     if (!getenv("KVSIM_BIN")) skip(); /* only meaningful through the test runner, which sets it */
@@ -1379,6 +1538,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_cli_exit_codes, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_cli_warns_about_too_many_position_series, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_cli_multi_turn_capture_replay_plot, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_cli_out_follows_the_output_rules, setup_db, teardown_db),
         cmocka_unit_test(test_pareto_hand_made),
         cmocka_unit_test_setup_teardown(test_error_vs_memory_frontier_and_series, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_budget_series_separated_by_trace_and_measure, setup_db, teardown_db),
