@@ -572,9 +572,14 @@ static void sh_quote(char *dst, size_t cap, const char *s) {
     dst[j] = '\0';
 }
 
+/* Writes s on one line of the script (a comment's text: a line break in it would end the comment). */
+static void put_one_line(FILE *gp, const char *s) {
+    for (const char *c = s; *c; c++) fputc(*c == '\n' || *c == '\r' ? ' ' : *c, gp);
+}
+
 static void put_data(FILE *gp, const plot_series *s) {
     fprintf(gp, "# series: ");
-    for (const char *c = s->label; *c; c++) fputc(*c == '\n' || *c == '\r' ? ' ' : *c, gp);
+    put_one_line(gp, s->label);
     fputc('\n', gp);
     for (size_t k = 0; k < s->n; k++) {
         if (s->brk && s->brk[k]) fputc('\n', gp); /* a blank line: gnuplot does not join the points across it */
@@ -678,9 +683,10 @@ static void put_turn_marks(FILE *gp, const plot_data *d) {
                     seen_span |= v->begin == u->begin && v->prompt_end == u->prompt_end;
                     seen_start |= q > 0 && v->begin == u->begin;
                 }
-            fprintf(gp, "# turn %" PRId64 " of %s: prompt [%" PRId64 ", %" PRId64 "), response [%" PRId64 ", %" PRId64
-                        ")\n",
-                    k + 1, t->path, u->begin, u->prompt_end, u->prompt_end, u->end);
+            fprintf(gp, "# turn %" PRId64 " of ", k + 1);
+            put_one_line(gp, t->path);
+            fprintf(gp, ": prompt [%" PRId64 ", %" PRId64 "), response [%" PRId64 ", %" PRId64 ")\n", u->begin,
+                    u->prompt_end, u->prompt_end, u->end);
             if (u->prompt_end > u->begin && !seen_span)
                 fprintf(gp, "set object %d rect from first %" PRId64 ", graph 0 to first %" PRId64 ", graph 1 behind "
                             "clip fillcolor rgb '#e6e6e6' fillstyle solid 1.0 noborder\n",
@@ -717,8 +723,8 @@ static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
     fprintf(gp, "\nset ylabel ");
     put_gp_string(gp, t->ylabel);
     /* Legend under the plot (labels carry every parameter and would squeeze the plot area beside it), in the
-     * rows chosen by layout_key(); the margins in screen coordinates keep the plot area the same size above a
-     * key of any height. */
+     * columns chosen by layout_key() ("height 1": a row's space under the last one); the margins in screen
+     * coordinates keep the plot area the same size above a key of any height. */
     fprintf(gp, "\nset grid\nset key outside below center horizontal maxcols %d Left reverse height 1\n", l->key_cols);
     fprintf(gp, "set tmargin at screen %.6f\nset bmargin at screen %.6f\n",
             1.0 - (double)LAYOUT_TOP_PX / l->height, (double)(l->key_height + LAYOUT_XAXIS_PX) / l->height);
