@@ -1,11 +1,13 @@
-/* cmd_plot.c — `kvsim plot DB --kind KIND --out FILE.png|FILE.svg [...]`: draws a plot from a results
+/* cmd_plot.c — `kvsim plot DB --kind KIND --out FILE.png|FILE.svg|- [...]`: draws a plot from a results
  * database through gnuplot (plots/plot.h; ../shared/DESIGN.md "Results (SQLite) and plots"; the cost
- * kinds follow POLICY_SPEC.md §1.5 "Budget-matching modes").
+ * kinds follow POLICY_SPEC.md §1.5 "Budget-matching modes"). --out follows common/kvs_out.h like every kvsim
+ * output; a warning on stderr when an error-vs-position plot has many lines.
  * Exit codes per cli.h: 0 drawn, 1 database/gnuplot/output failure, 2 bad usage.
  */
 #include <stdio.h>
 #include <string.h>
 
+#include "../common/kvs_out.h"
 #include "../plots/plot.h"
 #include "cli.h"
 
@@ -13,12 +15,15 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: kvsim plot DB --kind KIND --out FILE.png|FILE.svg [--metric M] [--layer L] [--x-stat mean|max]\n"
-            "                     [--budget TOKENS] [--policy NAME] [--trace PATH] [--model NAME] [--measure M]\n"
-            "Draws complete runs of the results database DB with gnuplot (PNG or SVG by the --out extension).\n"
+            "usage: kvsim plot DB --kind KIND --out FILE.png|FILE.svg|- [--format png|svg] [--metric M] [--layer L]\n"
+            "                     [--x-stat mean|max] [--budget TOKENS] [--policy NAME] [--trace PATH] [--model NAME]\n"
+            "                     [--measure M]\n"
+            "Draws complete runs of the results database DB with gnuplot as PNG or SVG.\n"
             "One line per (policy, params, trace, measure): runs of different traces or measure modes are never\n"
-            "averaged together (the legend names trace and measure when the plot has several); oracles dashed,\n"
-            "labelled (oracle).\n"
+            "averaged together (the legend names trace and measure when the plot has several). Each policy has\n"
+            "one colour on every plot (several series of one policy differ in point and dash type); oracles are\n"
+            "black, dashed, labelled (oracle). Every series has a legend entry under the plot: the image grows\n"
+            "taller with the number of entries, the plot area keeps its size.\n"
             "  --kind error-vs-budget    x: budget_tokens (log2), y: --metric (default out_err_mean), run-wide\n"
             "                            aggregate or --layer L\n"
             "  --kind error-vs-memory    x: measured resident bytes per KV head (storage_bytes mean, or max with\n"
@@ -27,14 +32,40 @@ static void usage(FILE *f) {
             "  --kind error-vs-traffic   the same with x: bytes read per step per KV head (traffic_bytes mean|max)\n"
             "  --kind error-vs-position  x: position, y: --metric averaged over query heads (and layers unless\n"
             "                            --layer); one line per run, selected by the filters and --budget\n"
+            "                            (more than %d lines are drawn with a warning); on a multi-turn trace\n"
+            "                            each turn's prompt is shaded and each later turn's start a dashed line;\n"
+            "                            a line breaks where positions were not measured (the prompts of later\n"
+            "                            turns with --measure decode; without turn info in the database, where\n"
+            "                            positions jump by more than the line's usual step)\n"
             "  --kind memory-vs-budget   x: budget_tokens (log2), y: a bytes metric (default storage_bytes_max)\n"
             "  --metric M  <metric>_<stat>, stat one of mean p50 p95 max min; quality metrics (out_err, out_err_abs,\n"
             "              out_cos, attn_recall, attn_recall_merged, topk_overlap) for the error kinds, bytes metrics\n"
             "              (storage_bytes, traffic_bytes, ...) for memory-vs-budget, any metric's _mean per position\n"
             "  --layer L   one layer's aggregates (or steps) instead of the run-wide ones\n"
             "  --x-stat S  error-vs-memory / error-vs-traffic: mean (default) or max over steps of the x metric\n"
-            "  --budget    error-vs-position only: only runs with this budget (tokens per KV head)\n");
+            "  --budget    error-vs-position only: only runs with this budget (tokens per KV head)\n"
+            "  --out FILE  a regular file is replaced atomically (written beside it, then renamed); a symbolic link is\n"
+            "              written through (its target is replaced, the link stays); a FIFO or device is written\n"
+            "              directly; - is standard output (the \"wrote\" line then goes to stderr). gnuplot draws into\n"
+            "              a temporary folder under $TMPDIR (or /tmp) first, so a failed plot changes nothing.\n"
+            "  --format F  png or svg; default: the --out extension (.png, .svg), else png for standard output, a\n"
+            "              FIFO or a device; another file name needs --format\n",
+            KVS_PLOT_MANY_SERIES);
     kvs_cli_filter_usage(f, PLOT_FILTERS);
+}
+
+/* "--opt VALUE" / "--opt=VALUE" of a single-valued option into *slot: 1 when argv[*i] is `opt`, 0 when it is
+ * not (*missing set when its value is missing), -1 after the usage error when it was given before (the one
+ * rule for single-valued options: never "the last wins"). */
+static int single_value(int argc, char **argv, int *i, int *missing, const char **slot, const char *opt) {
+    const char *v = kvs_cli_opt_value(opt, argc, argv, i, missing);
+    if (!v) return 0;
+    if (*slot) {
+        kvs_cli_usage_error("plot", "%s given twice", opt);
+        return -1;
+    }
+    *slot = v;
+    return 1;
 }
 
 int kvs_cmd_plot(int argc, char **argv) {
@@ -42,20 +73,21 @@ int kvs_cmd_plot(int argc, char **argv) {
     kvs_plot_options o = {.kind = KVS_PLOT_ERROR_VS_BUDGET, .layer = -1, .budget_tokens = -1};
     kvs_results_filter f = {0};
     for (int i = 1; i < argc; i++) {
-        const char *v;
-        int missing = 0, fr;
+        int missing = 0, fr, r;
         if (kvs_cli_is_help(argv[i])) {
             usage(stdout);
             return KVS_EXIT_OK;
         } else if ((fr = kvs_cli_filter_option("plot", argc, argv, &i, PLOT_FILTERS, &f)) != 0) {
             if (fr < 0) return KVS_EXIT_USAGE;
-        } else if ((v = kvs_cli_opt_value("--kind", argc, argv, &i, &missing))) kind_s = v;
-        else if ((v = kvs_cli_opt_value("--out", argc, argv, &i, &missing))) o.out_path = v;
-        else if ((v = kvs_cli_opt_value("--metric", argc, argv, &i, &missing))) o.metric = v;
-        else if ((v = kvs_cli_opt_value("--layer", argc, argv, &i, &missing))) layer_s = v;
-        else if ((v = kvs_cli_opt_value("--budget", argc, argv, &i, &missing))) budget_s = v;
-        else if ((v = kvs_cli_opt_value("--x-stat", argc, argv, &i, &missing))) o.x_stat = v;
-        else if (missing) return kvs_cli_usage_error("plot", "option %s needs a value", argv[i]);
+        } else if ((r = single_value(argc, argv, &i, &missing, &kind_s, "--kind")) ||
+                   (r = single_value(argc, argv, &i, &missing, &o.out_path, "--out")) ||
+                   (r = single_value(argc, argv, &i, &missing, &o.format, "--format")) ||
+                   (r = single_value(argc, argv, &i, &missing, &o.metric, "--metric")) ||
+                   (r = single_value(argc, argv, &i, &missing, &layer_s, "--layer")) ||
+                   (r = single_value(argc, argv, &i, &missing, &budget_s, "--budget")) ||
+                   (r = single_value(argc, argv, &i, &missing, &o.x_stat, "--x-stat"))) {
+            if (r < 0) return KVS_EXIT_USAGE;
+        } else if (missing) return kvs_cli_usage_error("plot", "option %s needs a value", argv[i]);
         else if (argv[i][0] == '-' && argv[i][1]) return kvs_cli_usage_error("plot", "unknown option '%s'", argv[i]);
         else if (!db) db = argv[i];
         else return kvs_cli_usage_error("plot", "unexpected argument '%s'", argv[i]);
@@ -64,7 +96,9 @@ int kvs_cmd_plot(int argc, char **argv) {
     if (!kind_s)
         return kvs_cli_usage_error("plot", "missing --kind (error-vs-budget, error-vs-memory, error-vs-traffic, "
                                            "error-vs-position, memory-vs-budget)");
-    if (!o.out_path) return kvs_cli_usage_error("plot", "missing --out FILE.png|FILE.svg");
+    if (!o.out_path) return kvs_cli_usage_error("plot", "missing --out FILE.png|FILE.svg|-");
+    if (o.format && strcmp(o.format, "png") && strcmp(o.format, "svg"))
+        return kvs_cli_usage_error("plot", "--format: '%s' is not png or svg", o.format);
     kvs_status st = kvs_plot_kind_parse(kind_s, &o.kind);
     if (st != KVS_OK) return kvs_cli_fail("plot", st);
     o.policy = f.policy;
@@ -90,8 +124,18 @@ int kvs_cmd_plot(int argc, char **argv) {
             return kvs_cli_usage_error("plot", "--x-stat: '%s' is not mean or max", o.x_stat);
     }
     if (o.metric && (st = kvs_plot_metric_check(o.kind, o.metric)) != KVS_OK) return kvs_cli_fail("plot", st);
-    st = kvs_plot_make(db, &o);
+    kvs_plot *p = NULL;
+    if ((st = kvs_plot_prepare(db, &o, &p)) != KVS_OK) return kvs_cli_fail("plot", st);
+    size_t n = kvs_plot_n_series(p);
+    if (o.kind == KVS_PLOT_ERROR_VS_POSITION && n > KVS_PLOT_MANY_SERIES)
+        fprintf(stderr, "kvsim plot: warning: %zu series on one error-vs-position plot; select fewer with --policy, "
+                        "--budget, --trace, --model or --measure\n",
+                n);
+    st = kvs_plot_render(p);
+    kvs_plot_free(p);
     if (st != KVS_OK) return kvs_cli_fail("plot", st);
-    printf("wrote %s\n", o.out_path);
+    /* The image owns standard output when it went there. */
+    if (kvs_out_path_is_stdout(o.out_path)) fprintf(stderr, "wrote standard output\n");
+    else printf("wrote %s\n", o.out_path);
     return kvs_cli_finish_stdout("plot");
 }

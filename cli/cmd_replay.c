@@ -379,6 +379,7 @@ int kvs_cmd_replay(int argc, char **argv) {
         .prompt_len = info->prompt_len, .n_turns = info->n_turns, .n_layers = info->model.n_layers,
         .n_heads = info->model.n_heads, .n_kv_heads = info->model.n_kv_heads, .head_dim = info->model.head_dim,
         .dtype = kvs_dtype_name((kvs_dtype)info->capture.dtype), .file_bytes = info->file_bytes,
+        .turns = info->turns, /* plots mark turn boundaries and break lines at unmeasured prompt spans */
     };
     int n_failed = 0;
     run_ids = calloc((size_t)n_runs, sizeof *run_ids);

@@ -1,6 +1,6 @@
 /* kvs_out.h — output files that do what their path names: the one way kvsim commands write a result file
- * (`export --out`, `capture --out`, `trace recover IN OUT`; the plot code can adopt it through
- * kvs_out_write_path()).
+ * (`export --out`, `capture --out`, `trace recover IN OUT`, `plot --out`: gnuplot draws into a temporary
+ * folder and plots/plot.c copies the image in with kvs_out_write()).
  *
  * What a path names, and how it is written:
  *   "-"                        standard output (descriptor 1), written in place.

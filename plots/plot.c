@@ -2,15 +2,21 @@
  * ../shared/DESIGN.md "Results (SQLite) and plots" and POLICY_SPEC.md §1.5 (budget-matching modes); the
  * data comes through the read API of sim/results.h (no SQL here), labels from the metric table.
  *
- * How a plot is made: all data is read from the database first (so a database problem is reported
- * before any program runs), gnuplot is located on PATH (a clear "gnuplot not found" instead of a shell
- * error), the script and the data (inline `plot '-' ... e` blocks, no temporary files) are written to
- * gnuplot's stdin, gnuplot writes OUT.partial, and only when gnuplot exited 0 and the file is non-empty is
- * it renamed to OUT. Any failure removes OUT.partial, so a failed plot leaves nothing behind.
+ * How a plot is made: kvs_plot_prepare() reads all data from the database first (so a database problem is
+ * reported before any program runs: runs, step series, the turns of their traces) and builds the series,
+ * labels, line breaks and the legend layout; kvs_plot_write_script() writes the
+ * script and the data (inline `plot '-' ... e` blocks, no temporary files) to any stream, which is how tests
+ * read it; kvs_plot_render() locates gnuplot on PATH (a clear "gnuplot not found" instead of a shell error),
+ * opens the output through common/kvs_out.h (the rules of every kvsim output: symbolic links written through,
+ * devices and FIFOs in place, "-" standard output), writes the script to gnuplot's stdin, gnuplot draws into
+ * a private temporary folder, and only when gnuplot exited 0 and the image is non-empty is it copied into the
+ * output and committed. Any failure abandons the output and removes the folder, so a failed plot changes
+ * nothing and leaves nothing behind.
  */
 #include "plot.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
@@ -25,6 +31,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../common/kvs_out.h"
+#include "../sim/policy.h"
 #include "../sim/results.h"
 
 /* ------------------------------------------------------------------------------------------------
@@ -101,6 +109,25 @@ kvs_status kvs_plot_metric_check(kvs_plot_kind kind, const char *metric) {
 }
 
 /* ------------------------------------------------------------------------------------------------
+ * Colours
+ * ---------------------------------------------------------------------------------------------- */
+
+/* Distinct colours for policies (the first ten are matplotlib's tab10, without its grey, which is the
+ * frontier's). Never black: that is the oracles'. */
+static const char *const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+                                      "#bcbd22", "#17becf", "#393b79", "#ad494a", "#637939", "#e7ba52", "#7b4173"};
+#define N_PALETTE (sizeof palette / sizeof palette[0])
+
+const char *kvs_plot_policy_color(const char *policy) {
+    if (!policy) policy = "";
+    for (int i = 0; i < kvs_policy_count(); i++)
+        if (!strcmp(kvs_policy_at(i)->name, policy)) return palette[(size_t)i % N_PALETTE];
+    uint32_t h = 2166136261u; /* FNV-1a: a name the registry does not know still keeps one colour */
+    for (const unsigned char *c = (const unsigned char *)policy; *c; c++) h = (h ^ *c) * 16777619u;
+    return palette[h % N_PALETTE];
+}
+
+/* ------------------------------------------------------------------------------------------------
  * Pareto frontier
  * ---------------------------------------------------------------------------------------------- */
 
@@ -153,11 +180,22 @@ typedef struct {
     size_t n, cap;
     double *x, *y;
     int64_t *pt_budget, *pt_count;
+    unsigned char *brk; /* position kind: [n], 1 = the line breaks before point k (a gap); NULL = never */
 } plot_series;
+
+/* The turns of one trace of a position plot, as the database has them (n 0: no turn info). */
+typedef struct {
+    int64_t trace_id;
+    char *path;
+    kvs_turn *turns; /* [n] */
+    int64_t n;
+} trace_turns;
 
 typedef struct {
     plot_series *s;
     size_t n, cap;
+    trace_turns *tr; /* position kind: one per trace of the plotted runs */
+    size_t n_tr;
 } plot_data;
 
 static void series_free(plot_series *s) {
@@ -170,12 +208,18 @@ static void series_free(plot_series *s) {
     free(s->y);
     free(s->pt_budget);
     free(s->pt_count);
+    free(s->brk);
     memset(s, 0, sizeof *s);
 }
 
 static void plot_data_free(plot_data *d) {
     for (size_t i = 0; i < d->n; i++) series_free(&d->s[i]);
     free(d->s);
+    for (size_t i = 0; i < d->n_tr; i++) {
+        free(d->tr[i].path);
+        free(d->tr[i].turns);
+    }
+    free(d->tr);
     memset(d, 0, sizeof *d);
 }
 
@@ -354,6 +398,26 @@ static kvs_status read_run_points(const kvs_results_run_row *rows, int64_t n_row
     return KVS_OK;
 }
 
+static const trace_turns *turns_of(const plot_data *d, int64_t trace_id) {
+    for (size_t i = 0; i < d->n_tr; i++)
+        if (d->tr[i].trace_id == trace_id) return &d->tr[i];
+    return NULL;
+}
+
+/* Reads the turns of the trace of run w once per trace (none recorded: n 0, no turn info). */
+static kvs_status read_turns(kvs_results_db *db, const kvs_results_run_row *w, plot_data *d) {
+    if (turns_of(d, w->trace_id)) return KVS_OK;
+    trace_turns *tr = realloc(d->tr, (d->n_tr + 1) * sizeof *tr);
+    if (!tr) return nomem();
+    d->tr = tr;
+    trace_turns *t = &d->tr[d->n_tr];
+    memset(t, 0, sizeof *t);
+    t->trace_id = w->trace_id;
+    if (!(t->path = dup_or_empty(w->trace_path))) return nomem();
+    d->n_tr++;
+    return kvs_results_query_turns(db, w->trace_id, &t->turns, &t->n);
+}
+
 /* Position kind: one series per run, the mean over heads (and layers) of the step metric per position. */
 static kvs_status read_position_points(kvs_results_db *db, const kvs_results_run_row *rows, int64_t n_rows,
                                        int32_t layer, kvs_metric metric, plot_data *d) {
@@ -363,10 +427,55 @@ static kvs_status read_position_points(kvs_results_db *db, const kvs_results_run
         if (rc != KVS_OK) return rc;
         plot_series *s = NULL;
         if (ser.n > 0) rc = series_new(d, &rows[i], 1, &s);
+        if (ser.n > 0 && rc == KVS_OK) rc = read_turns(db, &rows[i], d);
         for (int64_t k = 0; k < ser.n && rc == KVS_OK; k++)
             if (isfinite(ser.value[k])) rc = series_add(s, (double)ser.position[k], ser.value[k], -1);
         kvs_results_series_free(&ser);
         if (rc != KVS_OK) return rc;
+    }
+    return KVS_OK;
+}
+
+/* The stretch of positions measured without a gap that holds `pos`, under measure mode `measure`: decode
+ * measures each turn's generated positions [prompt_end, end), prefill its prompt [begin, prompt_end), all
+ * every position; -1 when pos is in none. */
+static int64_t measured_span(const trace_turns *t, const char *measure, int64_t pos) {
+    if (!strcmp(measure, "all")) return pos >= 0 && pos < t->turns[t->n - 1].end ? 0 : -1;
+    int decode = strcmp(measure, "prefill") != 0;
+    for (int64_t i = 0; i < t->n; i++) {
+        const kvs_turn *u = &t->turns[i];
+        if (decode ? pos >= u->prompt_end && pos < u->end : pos >= u->begin && pos < u->prompt_end) return i;
+    }
+    return -1;
+}
+
+static int cmp_double_asc(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Where the line of position series s breaks (a blank line in gnuplot's inline data): between two points in
+ * different measured stretches of its trace's turns (with --measure decode, the prompt of a later turn lies
+ * between its responses and was not measured), and, with or without turn info, where the positions jump by
+ * more than the series' usual stride (the median step: 1, or N with --series-every N), i.e. where a stored
+ * position is missing. Drawing a line across either would invent values nobody measured. */
+static kvs_status series_breaks(plot_series *s, const trace_turns *t) {
+    if (s->n < 2) return KVS_OK;
+    double *step = malloc((s->n - 1) * sizeof *step);
+    if (!step || !(s->brk = calloc(s->n, 1))) {
+        free(step);
+        return nomem();
+    }
+    for (size_t k = 1; k < s->n; k++) step[k - 1] = s->x[k] - s->x[k - 1];
+    qsort(step, s->n - 1, sizeof *step, cmp_double_asc);
+    double stride = step[(s->n - 1) / 2];
+    free(step);
+    int has_turns = t && t->n > 0;
+    int64_t prev = has_turns ? measured_span(t, s->measure, (int64_t)s->x[0]) : 0;
+    for (size_t k = 1; k < s->n; k++) {
+        int64_t span = has_turns ? measured_span(t, s->measure, (int64_t)s->x[k]) : 0;
+        s->brk[k] = span != prev || span < 0 || s->x[k] - s->x[k - 1] > stride;
+        prev = span;
     }
     return KVS_OK;
 }
@@ -463,28 +572,163 @@ static void sh_quote(char *dst, size_t cap, const char *s) {
     dst[j] = '\0';
 }
 
+/* Writes s on one line of the script (a comment's text: a line break in it would end the comment). */
+static void put_one_line(FILE *gp, const char *s) {
+    for (const char *c = s; *c; c++) fputc(*c == '\n' || *c == '\r' ? ' ' : *c, gp);
+}
+
 static void put_data(FILE *gp, const plot_series *s) {
     fprintf(gp, "# series: ");
-    for (const char *c = s->label; *c; c++) fputc(*c == '\n' || *c == '\r' ? ' ' : *c, gp);
+    put_one_line(gp, s->label);
     fputc('\n', gp);
-    for (size_t k = 0; k < s->n; k++) fprintf(gp, "%.17g %.17g\n", s->x[k], s->y[k]);
+    for (size_t k = 0; k < s->n; k++) {
+        if (s->brk && s->brk[k]) fputc('\n', gp); /* a blank line: gnuplot does not join the points across it */
+        fprintf(gp, "%.17g %.17g\n", s->x[k], s->y[k]);
+    }
     fprintf(gp, "e\n");
 }
 
-static void write_script(FILE *gp, int is_svg, const char *partial, const plot_text *t, const plot_data *d) {
+/* A prepared plot: everything read from the database and laid out, ready to be written as a script. */
+struct kvs_plot {
+    kvs_plot_kind kind;
+    int is_svg;
+    char *out_path; /* owned copy of opt->out_path */
+    char *gnuplot;  /* owned copy of opt->gnuplot, or NULL for "gnuplot" */
+    plot_text t;
+    plot_data d;
+    kvs_plot_layout layout;
+};
+
+/* ------------------------------------------------------------------------------------------------
+ * Layout. gnuplot lays the key out itself and neither wraps nor shortens a title: a column is as wide as ITS
+ * estimate of the longest title (characters x its character width) plus the line sample, and a key wider
+ * than the canvas is cut off at both edges. A vertical key also takes no more rows than the plot area is
+ * high, however tall the canvas, so with many series it spreads into columns that do not fit (the bug this
+ * replaces: 10 long labels, `maxrows 6`, 2 columns cut off, half the entries lost). A horizontal key has
+ * `maxcols` columns at most and as many rows as the entries need. So the columns are chosen here, from the
+ * longest label and the canvas width, and the canvas is made tall enough for the rows.
+ * ---------------------------------------------------------------------------------------------- */
+
+enum {
+    LAYOUT_WIDTH = 1200,    /* canvas width unless a label needs more */
+    LAYOUT_CHAR_PX = 8,     /* gnuplot's character width (GPVAL_TERM_HCHAR): pngcairo 'Sans,10' 8 px, svg
+                             * 'Sans,11' 7.7 px; the glyphs drawn are narrower (about 6.5 px) */
+    LAYOUT_ROW_PX_PNG = 16, /* one key row (GPVAL_TERM_VCHAR): pngcairo 15.5 px */
+    LAYOUT_ROW_PX_SVG = 17, /* svg 16.5 px */
+    LAYOUT_COL_CHARS = 8,   /* a key column beyond its title: gnuplot's line sample and gaps (6 characters and
+                             * a tic) and one character to spare */
+    LAYOUT_SIDE_PX = 90,    /* each side of the canvas outside the key: the key is centred on the plot area,
+                             * which leaves the y tics and label on the left */
+    LAYOUT_PLOT_PX = 640,   /* canvas above the key */
+    LAYOUT_TOP_PX = 40,     /* of which above the plot area: the title */
+    LAYOUT_XAXIS_PX = 50,   /* and under it: the x tics and label */
+};
+
+/* UTF-8 characters of s (gnuplot measures titles in characters). */
+static int utf8_chars(const char *s) {
+    int n = 0;
+    for (; *s; s++) n += ((unsigned char)*s & 0xC0) != 0x80;
+    return n;
+}
+
+static kvs_plot_layout layout_key(const plot_data *d, int is_svg) {
+    kvs_plot_layout l = {.width = LAYOUT_WIDTH, .plot_height = LAYOUT_PLOT_PX};
+    for (size_t i = 0; i < d->n; i++) {
+        int n = utf8_chars(d->s[i].label ? d->s[i].label : "");
+        if (n > l.longest) l.longest = n;
+    }
+    l.n_entries = (int)d->n;
+    int col_px = LAYOUT_CHAR_PX * (l.longest + LAYOUT_COL_CHARS);
+    int room = LAYOUT_WIDTH - 2 * LAYOUT_SIDE_PX;
+    if (col_px > room) l.width = col_px + 2 * LAYOUT_SIDE_PX; /* one column, as wide as its label */
+    l.key_cols = col_px > room ? 1 : room / col_px;
+    if (l.key_cols > l.n_entries) l.key_cols = l.n_entries > 0 ? l.n_entries : 1;
+    l.key_rows = (l.n_entries + l.key_cols - 1) / l.key_cols;
+    if (l.key_rows < 1) l.key_rows = 1;
+    l.key_cols = (l.n_entries + l.key_rows - 1) / l.key_rows; /* the same rows with no empty column */
+    if (l.key_cols < 1) l.key_cols = 1;
+    /* One row spare for gnuplot's key box padding, and a small gap to the canvas edge. */
+    l.key_height = (l.key_rows + 1) * (is_svg ? LAYOUT_ROW_PX_SVG : LAYOUT_ROW_PX_PNG) + 8;
+    l.height = l.plot_height + l.key_height;
+    return l;
+}
+
+kvs_plot_layout kvs_plot_layout_of(const kvs_plot *p) {
+    if (!p) return (kvs_plot_layout){0};
+    return p->layout;
+}
+
+/* The turns of a position plot's traces: each turn's prompt shaded (its right edge is the prompt/response
+ * boundary; clipped to the plot area), and at each later turn's start, where it lies within the plotted
+ * positions, a dashed line labelled "turn N" (arrows and labels are not clipped, hence the range check).
+ * A boundary several traces share is drawn once. */
+static void put_turn_marks(FILE *gp, const plot_data *d) {
+    double xmin = INFINITY, xmax = -INFINITY;
+    for (size_t i = 0; i < d->n; i++)
+        for (size_t k = 0; k < d->s[i].n; k++) {
+            if (d->s[i].x[k] < xmin) xmin = d->s[i].x[k];
+            if (d->s[i].x[k] > xmax) xmax = d->s[i].x[k];
+        }
+    size_t n_with = 0;
+    for (size_t i = 0; i < d->n_tr; i++) n_with += d->tr[i].n > 0;
+    int n_objects = 0, n_arrows = 0;
+    for (size_t i = 0; i < d->n_tr; i++) {
+        const trace_turns *t = &d->tr[i];
+        for (int64_t k = 0; k < t->n; k++) {
+            const kvs_turn *u = &t->turns[k];
+            int seen_span = 0, seen_start = 0;
+            for (size_t j = 0; j < i; j++)
+                for (int64_t q = 0; q < d->tr[j].n; q++) {
+                    const kvs_turn *v = &d->tr[j].turns[q];
+                    seen_span |= v->begin == u->begin && v->prompt_end == u->prompt_end;
+                    seen_start |= q > 0 && v->begin == u->begin;
+                }
+            fprintf(gp, "# turn %" PRId64 " of ", k + 1);
+            put_one_line(gp, t->path);
+            fprintf(gp, ": prompt [%" PRId64 ", %" PRId64 "), response [%" PRId64 ", %" PRId64 ")\n", u->begin,
+                    u->prompt_end, u->prompt_end, u->end);
+            if (u->prompt_end > u->begin && !seen_span)
+                fprintf(gp, "set object %d rect from first %" PRId64 ", graph 0 to first %" PRId64 ", graph 1 behind "
+                            "clip fillcolor rgb '#e6e6e6' fillstyle solid 1.0 noborder\n",
+                        ++n_objects, u->begin, u->prompt_end);
+            if (k == 0 || seen_start || (double)u->begin < xmin || (double)u->begin > xmax) continue;
+            fprintf(gp, "set arrow %d from first %" PRId64 ", graph 0 to first %" PRId64 ", graph 1 nohead dt 2 lw 1 "
+                        "lc rgb '#555555' front\n",
+                    ++n_arrows, u->begin, u->begin);
+            char text[600];
+            snprintf(text, sizeof text, "%s%sturn %" PRId64, n_with > 1 ? base_name(t->path) : "", n_with > 1 ? " " : "",
+                     k + 1);
+            fprintf(gp, "set label %d ", n_arrows);
+            put_gp_string(gp, text);
+            fprintf(gp, " at first %" PRId64 ", graph 1 offset 0.4,-1 left textcolor rgb '#555555' front\n", u->begin);
+        }
+    }
+}
+
+static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
+    const plot_text *t = &p->t;
+    const plot_data *d = &p->d;
+    const kvs_plot_layout *l = &p->layout;
     /* noenhanced: labels contain '_' and '^' (params, metric names) that enhanced text would typeset. */
-    if (is_svg) fprintf(gp, "set terminal svg size 1200,760 noenhanced font 'Sans,11' background rgb 'white'\n");
-    else fprintf(gp, "set terminal pngcairo size 1200,760 noenhanced font 'Sans,10'\n");
+    if (p->is_svg)
+        fprintf(gp, "set terminal svg size %d,%d noenhanced font 'Sans,11' background rgb 'white'\n", l->width,
+                l->height);
+    else fprintf(gp, "set terminal pngcairo size %d,%d noenhanced font 'Sans,10'\n", l->width, l->height);
     fprintf(gp, "set encoding utf8\nset output ");
-    put_gp_string(gp, partial);
+    put_gp_string(gp, image_path);
     fprintf(gp, "\nset title ");
     put_gp_string(gp, t->title);
     fprintf(gp, "\nset xlabel ");
     put_gp_string(gp, t->xlabel);
     fprintf(gp, "\nset ylabel ");
     put_gp_string(gp, t->ylabel);
-    /* Legend under the plot: labels carry every parameter and would squeeze the plot area if put beside it. */
-    fprintf(gp, "\nset grid\nset key outside below center vertical maxrows 6 Left reverse\n");
+    /* Legend under the plot (labels carry every parameter and would squeeze the plot area beside it), in the
+     * columns chosen by layout_key() ("height 1": a row's space under the last one); the margins in screen
+     * coordinates keep the plot area the same size above a key of any height. */
+    fprintf(gp, "\nset grid\nset key outside below center horizontal maxcols %d Left reverse height 1\n", l->key_cols);
+    fprintf(gp, "set tmargin at screen %.6f\nset bmargin at screen %.6f\n",
+            1.0 - (double)LAYOUT_TOP_PX / l->height, (double)(l->key_height + LAYOUT_XAXIS_PX) / l->height);
+    if (p->kind == KVS_PLOT_ERROR_VS_POSITION) put_turn_marks(gp, d);
     if (t->x == AXIS_LOG_TOKENS) fprintf(gp, "set logscale x 2\nset format x '%%g'\n");
     else if (t->x == AXIS_LOG_BYTES) fprintf(gp, "set logscale x 2\nset format x '%%.0b %%BB'\n");
     fprintf(gp, "plot ");
@@ -502,12 +746,17 @@ static void write_script(FILE *gp, int is_svg, const char *partial, const plot_t
                 fprintf(gp, ", \\\n     '-' using 1:2 with points pt 7 ps 1.8 lc rgb '#b8b8b8' notitle");
                 continue;
             }
-            /* gnuplot's default colours repeat after 8 series; a sweep easily has more. Oracles: black, dashed. */
-            static const char *const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
-                                                  "#e377c2", "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a"};
-            const char *color = s->style == STYLE_ORACLE ? "#000000" : palette[i % (sizeof palette / sizeof palette[0])];
-            fprintf(gp, "'-' using 1:2 with linespoints lw 2 pt %d ps 0.8 dt %d lc rgb '%s' title ", (int)(i % 13) + 1,
-                    s->style == STYLE_ORACLE ? 2 : 1, color);
+            /* The colour says the policy, the same on every plot (kvs_plot_policy_color); oracles black, dashed.
+             * Several series of one policy (other parameters, budgets, traces) differ in point and dash type:
+             * the k-th of them in legend order gets point k mod 8 and dash (k + k div 8) mod 4, so the first 8
+             * have 8 different points and the first 32 distinct pairs. Dashed (dt 2) is left to the oracles. */
+            static const int dash[4] = {1, 4, 5, 3}, point[8] = {7, 5, 9, 13, 11, 3, 1, 2};
+            size_t k = 0;
+            for (size_t j = 0; j < i; j++) k += d->s[j].style != STYLE_FRONTIER && !strcmp(d->s[j].policy, s->policy);
+            int oracle = s->style == STYLE_ORACLE;
+            fprintf(gp, "'-' using 1:2 with linespoints lw 2 pt %d ps 0.8 dt %d lc rgb '%s' title ",
+                    point[k % 8], oracle ? 2 : dash[(k + k / 8) % 4],
+                    oracle ? "#000000" : kvs_plot_policy_color(s->policy));
             put_gp_string(gp, s->label);
         }
     fprintf(gp, "\n");
@@ -521,47 +770,47 @@ static void write_script(FILE *gp, int is_svg, const char *partial, const plot_t
     fprintf(gp, "unset output\nexit\n");
 }
 
-/* Runs gnuplot with the script; SIGPIPE is blocked for this thread while writing so a gnuplot that dies
- * early becomes an error status here instead of killing kvsim. */
-static kvs_status run_gnuplot(const char *prog, int is_svg, const char *partial, const plot_text *t,
-                              const plot_data *d) {
+/* Runs gnuplot with the script (the caller blocks SIGPIPE, so a gnuplot that dies early is an error status
+ * here instead of killing kvsim). */
+static kvs_status run_gnuplot(const char *prog, const kvs_plot *p, const char *image_path) {
     char cmd[PATH_MAX * 4 + 32], quoted[PATH_MAX * 4];
     sh_quote(quoted, sizeof quoted, prog);
     snprintf(cmd, sizeof cmd, "exec %s", quoted);
-
-    sigset_t block, old;
-    sigemptyset(&block);
-    sigaddset(&block, SIGPIPE);
-    pthread_sigmask(SIG_BLOCK, &block, &old);
     fflush(NULL); /* so buffered output of ours is not duplicated or interleaved by the child */
     FILE *gp = popen(cmd, "w");
-    kvs_status rc = KVS_OK;
-    if (!gp) {
-        rc = kvs_fail(KVS_ERR_EXTERNAL, "cannot start gnuplot (%s): %s", prog, strerror(errno));
-        goto restore;
-    }
-    write_script(gp, is_svg, partial, t, d);
+    if (!gp) return kvs_fail(KVS_ERR_EXTERNAL, "cannot start gnuplot (%s): %s", prog, strerror(errno));
+    write_script(gp, p, image_path);
     fflush(gp);
     int write_failed = ferror(gp);
     int status = pclose(gp);
-    if (status == -1) rc = kvs_fail(KVS_ERR_EXTERNAL, "gnuplot (%s): cannot wait for it: %s", prog, strerror(errno));
-    else if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
-        rc = kvs_fail(KVS_ERR_EXTERNAL, "gnuplot not found: could not run '%s'", prog);
-    else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-        rc = kvs_fail(KVS_ERR_EXTERNAL, "gnuplot (%s) failed (%s %d); its messages are above", prog,
-                      WIFEXITED(status) ? "exit status" : "signal",
-                      WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-    else if (write_failed)
-        rc = kvs_fail(KVS_ERR_EXTERNAL, "gnuplot (%s): writing the script to its input failed", prog);
-restore:;
-    /* Drop a SIGPIPE raised while it was blocked, then restore the caller's mask. */
-    sigset_t pending;
-    sigpending(&pending);
-    if (sigismember(&pending, SIGPIPE)) {
-        struct timespec zero = {0, 0};
-        sigtimedwait(&block, NULL, &zero);
+    if (status == -1) return kvs_fail(KVS_ERR_EXTERNAL, "gnuplot (%s): cannot wait for it: %s", prog, strerror(errno));
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
+        return kvs_fail(KVS_ERR_EXTERNAL, "gnuplot not found: could not run '%s'", prog);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        return kvs_fail(KVS_ERR_EXTERNAL, "gnuplot (%s) failed (%s %d); its messages are above", prog,
+                        WIFEXITED(status) ? "exit status" : "signal",
+                        WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    if (write_failed) return kvs_fail(KVS_ERR_EXTERNAL, "gnuplot (%s): writing the script to its input failed", prog);
+    return KVS_OK;
+}
+
+/* Copies the image gnuplot wrote at `path` into the output. */
+static kvs_status deliver(const char *path, kvs_out *o) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT) return kvs_fail(KVS_ERR_EXTERNAL, "gnuplot exited 0 but wrote no output");
+    if (fd < 0) return kvs_fail(KVS_ERR_IO, "%s: cannot open gnuplot's image: %s", path, strerror(errno));
+    char buf[1 << 16];
+    kvs_status rc = KVS_OK;
+    int64_t total = 0;
+    for (;;) {
+        ssize_t n = read(fd, buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) rc = kvs_fail(KVS_ERR_IO, "%s: cannot read gnuplot's image: %s", path, strerror(errno));
+        if (n <= 0 || (rc = kvs_out_write(o, buf, (size_t)n)) != KVS_OK) break;
+        total += n;
     }
-    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    close(fd);
+    if (rc == KVS_OK && total == 0) rc = kvs_fail(KVS_ERR_EXTERNAL, "gnuplot exited 0 but wrote no output");
     return rc;
 }
 
@@ -577,18 +826,51 @@ static void axis_label(char *buf, size_t cap, kvs_metric m, kvs_stat_kind s, con
              mi->unit[0] ? "; " : "", mi->unit, mi->kind == KVS_METRIC_BYTES ? " per KV head" : "", extra);
 }
 
-kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *o) {
+/* PNG or SVG: --format when given (it must agree with a .png/.svg name), else the name's extension, else PNG
+ * for what has no file name to go by: standard output, a descriptor, a device or a FIFO. A file named
+ * otherwise is refused rather than written as PNG under a misleading name. */
+static kvs_status image_format(const char *out_path, const char *format, int *is_svg) {
+    int ext_svg = ends_with(out_path, ".svg"), ext_png = ends_with(out_path, ".png");
+    if (format) {
+        if (strcmp(format, "png") && strcmp(format, "svg"))
+            return kvs_fail(KVS_ERR_INVALID_ARG, "--format: '%s' is not png or svg", format);
+        *is_svg = !strcmp(format, "svg");
+        if ((*is_svg && ext_png) || (!*is_svg && ext_svg))
+            return kvs_fail(KVS_ERR_INVALID_ARG, "--format %s does not match --out '%s'", format, out_path);
+        return KVS_OK;
+    }
+    *is_svg = ext_svg;
+    if (ext_svg || ext_png) return KVS_OK;
+    kvs_out_kind kind = KVS_OUT_FILE;
+    char *target = NULL;
+    kvs_status rc = kvs_out_resolve(out_path, &kind, &target);
+    free(target);
+    if (rc == KVS_OK && kind != KVS_OUT_FILE) return KVS_OK;
+    return kvs_fail(KVS_ERR_INVALID_ARG, "--out: '%s' must end in .png or .svg (or give --format png|svg)", out_path);
+}
+
+void kvs_plot_free(kvs_plot *p) {
+    if (!p) return;
+    plot_data_free(&p->d);
+    free(p->out_path);
+    free(p->gnuplot);
+    free(p);
+}
+
+size_t kvs_plot_n_series(const kvs_plot *p) { return p ? p->d.n : 0; }
+
+kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_plot **out) {
+    if (!out) return kvs_fail(KVS_ERR_INVALID_ARG, "plot: NULL output handle");
+    *out = NULL;
     if (!db_path || !o) return kvs_fail(KVS_ERR_INVALID_ARG, "plot: NULL database path or options");
     if (!o->out_path || !o->out_path[0]) return kvs_fail(KVS_ERR_INVALID_ARG, "--out: an output file is required");
-    int is_svg = ends_with(o->out_path, ".svg");
-    if (!is_svg && !ends_with(o->out_path, ".png"))
-        return kvs_fail(KVS_ERR_INVALID_ARG, "--out: '%s' must end in .png or .svg", o->out_path);
-    if (strpbrk(o->out_path, "\n\r"))
-        return kvs_fail(KVS_ERR_INVALID_ARG, "--out: the file name must not contain a line break");
+    int is_svg = 0;
+    kvs_status rc = image_format(o->out_path, o->format, &is_svg);
+    if (rc != KVS_OK) return rc;
     if ((int)o->kind < 0 || (int)o->kind >= KVS_PLOT_N_KINDS)
         return kvs_fail(KVS_ERR_INVALID_ARG, "plot: bad kind %d", (int)o->kind);
     const char *metric_name = o->metric ? o->metric : default_metric(o->kind);
-    kvs_status rc = kvs_plot_metric_check(o->kind, metric_name);
+    rc = kvs_plot_metric_check(o->kind, metric_name);
     if (rc != KVS_OK) return rc;
     kvs_metric ym;
     kvs_stat_kind ys;
@@ -603,11 +885,18 @@ kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *o) {
     kvs_results_db *db = NULL;
     kvs_results_run_row *rows = NULL;
     int64_t n_rows = 0;
-    plot_data d = {0};
-    plot_text t = {.x = AXIS_LOG_TOKENS};
-    char partial[PATH_MAX], where[512] = "";
-    if (snprintf(partial, sizeof partial, "%s.partial", o->out_path) >= (int)sizeof partial)
-        return kvs_fail(KVS_ERR_INVALID_ARG, "--out: path too long");
+    char where[512] = "";
+    kvs_plot *p = calloc(1, sizeof *p);
+    if (!p) return nomem();
+    p->kind = o->kind;
+    p->is_svg = is_svg;
+    p->t.x = AXIS_LOG_TOKENS;
+    if (!(p->out_path = strdup(o->out_path)) || (o->gnuplot && !(p->gnuplot = strdup(o->gnuplot)))) {
+        kvs_plot_free(p);
+        return nomem();
+    }
+    plot_data *dd = &p->d;
+    plot_text *tt = &p->t;
 
     KVS_TRY(rc = kvs_results_open_readonly(db_path, &db));
     kvs_results_filter f = {.policy = o->policy, .trace_path = o->trace, .model = o->model, .measure = o->measure,
@@ -638,7 +927,7 @@ kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *o) {
         len += (size_t)snprintf(where + len, sizeof where - len, ", measure %s", o->measure);
     const kvs_metric_info *mi = &kvs_metric_table[ym];
     if (o->kind == KVS_PLOT_ERROR_VS_POSITION) {
-        KVS_TRY(rc = read_position_points(db, rows, n_rows, o->layer, ym, &d));
+        KVS_TRY(rc = read_position_points(db, rows, n_rows, o->layer, ym, dd));
         len = strlen(where);
         if (o->budget_tokens > 0 && len < sizeof where)
             snprintf(where + len, sizeof where - len, ", budget %" PRId64 " tokens", o->budget_tokens);
@@ -647,43 +936,49 @@ kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *o) {
             if (o->layer >= 0) snprintf(where + len, sizeof where - len, ", layer %d", o->layer);
             else snprintf(where + len, sizeof where - len, ", mean over layers");
         }
-        snprintf(t.title, sizeof t.title, "%s per position (mean over query heads%s) - %s", metric_name, where, base);
-        snprintf(t.xlabel, sizeof t.xlabel, "position in the sequence (tokens)");
-        snprintf(t.ylabel, sizeof t.ylabel, "%s, mean over query heads (%s%s%s)", mi->label, mi->name,
+        snprintf(tt->title, sizeof tt->title, "%s per position (mean over query heads%s) - %s", metric_name, where, base);
+        int64_t most_turns = 0; /* what put_turn_marks draws, said under the axis */
+        for (size_t i = 0; i < dd->n_tr; i++)
+            if (dd->tr[i].n > most_turns) most_turns = dd->tr[i].n;
+        snprintf(tt->xlabel, sizeof tt->xlabel, "position in the sequence (tokens)%s",
+                 most_turns > 1   ? "; shaded: the prompt of each turn; dashed: start of a turn"
+                 : most_turns > 0 ? "; shaded: prompt positions"
+                                  : "");
+        snprintf(tt->ylabel, sizeof tt->ylabel, "%s, mean over query heads (%s%s%s)", mi->label, mi->name,
                  mi->unit[0] ? "; " : "", mi->unit);
-        t.x = AXIS_LINEAR;
+        tt->x = AXIS_LINEAR;
     } else {
         int xm = -1;
         if (o->kind == KVS_PLOT_ERROR_VS_MEMORY) xm = KVS_M_STORAGE;
         else if (o->kind == KVS_PLOT_ERROR_VS_TRAFFIC) xm = KVS_M_TRAFFIC;
-        KVS_TRY(rc = read_run_points(rows, n_rows, o->layer, ym, ys, xm, xs, &d));
+        KVS_TRY(rc = read_run_points(rows, n_rows, o->layer, ym, ys, xm, xs, dd));
         len = strlen(where);
         if (len < sizeof where) {
             if (o->layer >= 0) snprintf(where + len, sizeof where - len, ", layer %d", o->layer);
             else snprintf(where + len, sizeof where - len, ", run-wide aggregate");
         }
-        axis_label(t.ylabel, sizeof t.ylabel, ym, ys, "");
+        axis_label(tt->ylabel, sizeof tt->ylabel, ym, ys, "");
         if (xm >= 0) {
-            snprintf(t.title, sizeof t.title, "%s vs measured %s (%s) - %s", metric_name,
+            snprintf(tt->title, sizeof tt->title, "%s vs measured %s (%s) - %s", metric_name,
                      xm == KVS_M_STORAGE ? "memory" : "traffic", where + 2, base);
-            axis_label(t.xlabel, sizeof t.xlabel, (kvs_metric)xm, xs, "; log scale");
-            t.x = AXIS_LOG_BYTES;
+            axis_label(tt->xlabel, sizeof tt->xlabel, (kvs_metric)xm, xs, "; log scale");
+            tt->x = AXIS_LOG_BYTES;
         } else if (o->kind == KVS_PLOT_MEMORY_VS_BUDGET) {
-            snprintf(t.title, sizeof t.title, "%s vs budget (%s) - %s", metric_name, where + 2, base);
-            snprintf(t.xlabel, sizeof t.xlabel, "KV budget per KV head (tokens, log2 scale)");
+            snprintf(tt->title, sizeof tt->title, "%s vs budget (%s) - %s", metric_name, where + 2, base);
+            snprintf(tt->xlabel, sizeof tt->xlabel, "KV budget per KV head (tokens, log2 scale)");
         } else {
-            snprintf(t.title, sizeof t.title, "%s vs KV budget (%s) - %s", metric_name, where + 2, base);
-            snprintf(t.xlabel, sizeof t.xlabel, "KV budget per KV head (tokens, log2 scale)");
+            snprintf(tt->title, sizeof tt->title, "%s vs KV budget (%s) - %s", metric_name, where + 2, base);
+            snprintf(tt->xlabel, sizeof tt->xlabel, "KV budget per KV head (tokens, log2 scale)");
         }
     }
     /* Series without a point would only add an empty key entry (and '-' needs at least one row). */
     size_t w = 0;
-    for (size_t i = 0; i < d.n; i++) {
-        if (d.s[i].n > 0) d.s[w++] = d.s[i];
-        else series_free(&d.s[i]);
+    for (size_t i = 0; i < dd->n; i++) {
+        if (dd->s[i].n > 0) dd->s[w++] = dd->s[i];
+        else series_free(&dd->s[i]);
     }
-    d.n = w;
-    if (d.n == 0) {
+    dd->n = w;
+    if (dd->n == 0) {
         if (o->kind == KVS_PLOT_ERROR_VS_POSITION)
             rc = kvs_fail(KVS_ERR_DB, "%s: no data for %s%s: the selected complete runs have no per-step samples "
                                       "(steps table) of %s",
@@ -700,43 +995,92 @@ kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *o) {
                           db_path, kind_names[o->kind], where, metric_name);
         goto cleanup;
     }
-    for (size_t i = 0; i < d.n; i++) series_finish(&d.s[i]);
-    qsort(d.s, d.n, sizeof *d.s, cmp_series);
-    KVS_TRY(rc = label_series(&d, o->kind == KVS_PLOT_ERROR_VS_POSITION));
-    if (is_cost_kind(o->kind)) KVS_TRY(rc = add_frontier(&d, mi->higher_is_better));
+    for (size_t i = 0; i < dd->n; i++) {
+        series_finish(&dd->s[i]);
+        if (o->kind == KVS_PLOT_ERROR_VS_POSITION)
+            KVS_TRY(rc = series_breaks(&dd->s[i], turns_of(dd, dd->s[i].trace_id)));
+    }
+    qsort(dd->s, dd->n, sizeof *dd->s, cmp_series);
+    KVS_TRY(rc = label_series(dd, o->kind == KVS_PLOT_ERROR_VS_POSITION));
+    if (is_cost_kind(o->kind)) KVS_TRY(rc = add_frontier(dd, mi->higher_is_better));
+    p->layout = layout_key(dd, is_svg);
     kvs_results_run_rows_free(rows, n_rows);
     rows = NULL;
     kvs_results_close(db);
     db = NULL;
 
-    char prog[PATH_MAX];
-    const char *want = o->gnuplot ? o->gnuplot : "gnuplot";
-    if (!find_program(want, prog, sizeof prog)) {
-        rc = kvs_fail(KVS_ERR_EXTERNAL, "gnuplot not found ('%s' is not an executable on PATH); install gnuplot "
-                                        "(Debian: apt-get install gnuplot-nox)",
-                      want);
-        goto cleanup;
-    }
-    /* Create the partial file ourselves: an unwritable output is a clear I/O error, not a gnuplot message. */
-    FILE *pf = fopen(partial, "w");
-    if (!pf) {
-        rc = kvs_fail(KVS_ERR_IO, "%s: cannot create output file: %s", partial, strerror(errno));
-        goto cleanup;
-    }
-    fclose(pf);
-    rc = run_gnuplot(prog, is_svg, partial, &t, &d);
-    if (rc == KVS_OK) {
-        struct stat sb;
-        if (stat(partial, &sb) != 0 || sb.st_size == 0)
-            rc = kvs_fail(KVS_ERR_EXTERNAL, "gnuplot exited 0 but wrote no output to %s", partial);
-        else if (rename(partial, o->out_path) != 0)
-            rc = kvs_fail(KVS_ERR_IO, "%s: cannot rename %s into place: %s", o->out_path, partial, strerror(errno));
-    }
-    if (rc != KVS_OK) unlink(partial);
+    *out = p;
+    p = NULL;
 
 cleanup:
     kvs_results_run_rows_free(rows, n_rows);
     kvs_results_close(db);
-    plot_data_free(&d);
+    kvs_plot_free(p);
+    return rc;
+}
+
+kvs_status kvs_plot_write_script(const kvs_plot *p, const char *image_path, FILE *f) {
+    if (!p || !image_path || !f) return kvs_fail(KVS_ERR_INVALID_ARG, "plot: NULL plot, image path or stream");
+    write_script(f, p, image_path);
+    if (fflush(f) != 0 || ferror(f))
+        return kvs_fail(KVS_ERR_IO, "plot: writing the gnuplot script failed: %s", strerror(errno));
+    return KVS_OK;
+}
+
+kvs_status kvs_plot_render(const kvs_plot *p) {
+    if (!p) return kvs_fail(KVS_ERR_INVALID_ARG, "plot: NULL plot");
+    char prog[PATH_MAX];
+    const char *want = p->gnuplot ? p->gnuplot : "gnuplot";
+    if (!find_program(want, prog, sizeof prog))
+        return kvs_fail(KVS_ERR_EXTERNAL, "gnuplot not found ('%s' is not an executable on PATH); install gnuplot "
+                                          "(Debian: apt-get install gnuplot-nox)",
+                        want);
+    /* SIGPIPE blocked for this thread while gnuplot reads the script and while the image goes to a pipe whose
+     * reader may leave: either becomes an error status (EPIPE) instead of killing kvsim. */
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    /* The output first, so an unwritable one is a clear I/O error before gnuplot runs (common/kvs_out.h: a
+     * temporary file beside the symlink-resolved target, or the device, FIFO or descriptor itself). gnuplot
+     * then draws into a private folder and the image is copied into the output: gnuplot opens the path it is
+     * given with its own truncating open, which would replace neither a symbolic link's target atomically nor
+     * append to standard output, and a device or FIFO would receive a half image when gnuplot fails. */
+    kvs_out *o = NULL;
+    char folder[PATH_MAX] = "", image[PATH_MAX + 16] = "";
+    kvs_status rc = kvs_out_open(p->out_path, &o);
+    if (rc != KVS_OK) goto restore;
+    const char *tmp = getenv("TMPDIR");
+    if (!tmp || !tmp[0] || strpbrk(tmp, "\n\r")) tmp = "/tmp"; /* `set output` takes one line */
+    snprintf(folder, sizeof folder, "%s/kvsim-plot.XXXXXX", tmp);
+    if (!mkdtemp(folder)) {
+        rc = kvs_fail(KVS_ERR_IO, "%s: cannot create a temporary folder for gnuplot's image: %s", folder,
+                      strerror(errno));
+        folder[0] = '\0';
+        goto restore;
+    }
+    snprintf(image, sizeof image, "%s/plot.%s", folder, p->is_svg ? "svg" : "png");
+    if ((rc = run_gnuplot(prog, p, image)) == KVS_OK) rc = deliver(image, o);
+restore:
+    if (rc == KVS_OK) rc = kvs_out_commit(o);
+    else kvs_out_abort(o);
+    if (image[0]) unlink(image);
+    if (folder[0]) rmdir(folder);
+    /* Drop a SIGPIPE raised while it was blocked, then restore the caller's mask. */
+    sigset_t pending;
+    sigpending(&pending);
+    if (sigismember(&pending, SIGPIPE)) {
+        struct timespec zero = {0, 0};
+        sigtimedwait(&block, NULL, &zero);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
+
+kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *o) {
+    kvs_plot *p = NULL;
+    kvs_status rc = kvs_plot_prepare(db_path, o, &p);
+    if (rc == KVS_OK) rc = kvs_plot_render(p);
+    kvs_plot_free(p);
     return rc;
 }

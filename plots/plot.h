@@ -2,21 +2,29 @@
  * (../shared/DESIGN.md "Results (SQLite) and plots"): error vs budget per policy, error vs decode
  * position, memory vs budget, and error vs measured memory / traffic with the Pareto frontier
  * (POLICY_SPEC.md §1.5 "Budget-matching modes": policies compared at equal bytes, not only equal tokens).
- * PNG (pngcairo) or SVG, chosen by the output file's extension.
+ * PNG (pngcairo) or SVG, chosen by --format or the output file's extension; the output follows
+ * common/kvs_out.h like every kvsim output ("-" is standard output).
  *
  * The data is read through the read API of sim/results.h (kvs_results_open_readonly, query_runs,
  * query_steps); this module holds no SQL. Axis labels and units come from the metric table (sim/metrics.h).
  *
  * Series. Runs are never averaged across traces or measure modes: a series of the budget and cost kinds
  * is one (policy, params, trace, measure) — runs of the same series at the same budget (a repeated replay)
- * are averaged; error-vs-position draws one series per run. The legend names the trace and the measure
- * mode only when the plotted runs have more than one of them. Oracles are dashed and labelled "(oracle)".
+ * are averaged; error-vs-position draws one series per run. On error-vs-position the turns of a multi-turn
+ * trace are marked (each turn's prompt shaded, a dashed line at each later turn's start; the turns come from
+ * the database, kvs_results_query_turns) and a line breaks where positions between two of its points were not
+ * measured (the prompts of later turns under measure mode decode), or, without turn info, where the positions
+ * jump by more than the series' usual stride. The legend names the trace and the measure
+ * mode only when the plotted runs have more than one of them. Oracles are dashed black and labelled
+ * "(oracle)"; every other series is drawn in its policy's colour, the same on every plot
+ * (kvs_plot_policy_color), several series of one policy told apart by point and dash type.
  */
 #ifndef KVS_PLOT_H
 #define KVS_PLOT_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "../common/kvs.h"
 
@@ -36,7 +44,10 @@ typedef struct {
     int32_t layer;         /* -1: run-wide aggregate (budget/cost kinds) / all layers (position kind) */
     const char *policy;    /* only runs of this policy; NULL = all */
     int64_t budget_tokens; /* error-vs-position only: runs with this budget; -1 = all */
-    const char *out_path;  /* ends in .png or .svg; written as OUT.partial then renamed */
+    const char *out_path;  /* the image, written through common/kvs_out.h: a file (through symbolic links) replaced
+                            * atomically, a device or FIFO in place, "-" standard output */
+    const char *format;    /* "png" or "svg"; NULL: by out_path's extension (.png/.svg), else PNG for standard
+                            * output, a descriptor, device or FIFO; a file named otherwise needs it */
     const char *gnuplot;   /* program to run (name looked up on PATH, or a path); NULL = "gnuplot" */
     const char *trace;     /* only runs of this trace (path as stored, or its trailing components) */
     const char *model;     /* only runs of traces of this model */
@@ -58,18 +69,70 @@ const char *kvs_plot_kind_name(kvs_plot_kind kind);
  *  series); else KVS_ERR_INVALID_ARG saying what is accepted. */
 kvs_status kvs_plot_metric_check(kvs_plot_kind kind, const char *metric);
 
+/*! kvs_plot_policy_color() : the colour ("#rrggbb", static) every plot draws policy `policy` in: the
+ *  policy's place in the registry (sim/policy.h kvs_policy_at) picks it from a fixed palette larger than the
+ *  registry, so each registered policy has its own colour on every plot whatever else is drawn; another
+ *  name gets a palette colour from a hash of the name. Never black (oracle series are drawn black, dashed)
+ *  nor the frontier's grey. */
+const char *kvs_plot_policy_color(const char *policy);
+
 /*! kvs_plot_pareto() : the Pareto-optimal points among n points (x[i], y[i]) (non-finite ones ignored):
  *  point i is kept when no other point has x <= x[i] and a y at least as good (lower, or higher when
  *  higher_is_better) with one of the two strictly better; of identical points the lowest index is kept.
  *  Writes the kept indexes to idx (capacity n) in ascending x and returns how many. */
 size_t kvs_plot_pareto(const double *x, const double *y, size_t n, int higher_is_better, size_t *idx);
 
-/*! kvs_plot_make() : reads the data from the results database at `db_path` (read-only; complete runs only)
- *  and draws it with gnuplot into opt->out_path. Errors: bad options KVS_ERR_INVALID_ARG; database problems
- *  or no data to draw KVS_ERR_DB (detail says what was missing); gnuplot missing or failing
- *  KVS_ERR_EXTERNAL; output not creatable KVS_ERR_IO. On any error no output file (and no .partial) is left
- *  behind. The script sent to gnuplot carries one "# series: LABEL" comment line before each inline data
- *  block (tests read it through a stand-in gnuplot). */
+/* A prepared plot: the data read from the database, its series, labels and layout (opaque). */
+typedef struct kvs_plot kvs_plot;
+
+/*! kvs_plot_prepare() : checks the options (the image format included), reads the data from the results database at `db_path`
+ *  (read-only; complete runs only) and lays the plot out; runs no program and writes nothing. Errors: bad
+ *  options KVS_ERR_INVALID_ARG; database problems or no data to draw KVS_ERR_DB (detail says what was
+ *  missing). @return KVS_OK and *out (caller frees with kvs_plot_free). */
+kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *opt, kvs_plot **out);
+
+/*! kvs_plot_free() : frees a prepared plot; accepts NULL. */
+void kvs_plot_free(kvs_plot *p);
+
+/* More series than this on one error-vs-position plot (one line per run) are hard to tell apart: `kvsim plot`
+ * still draws them, with a warning naming the filters that select fewer. */
+#define KVS_PLOT_MANY_SERIES 12
+
+/*! kvs_plot_n_series() : the number of series of a prepared plot (the Pareto frontier counts as one). */
+size_t kvs_plot_n_series(const kvs_plot *p);
+
+/* The canvas and legend of a plot, in pixels. The key sits under the plot in key_cols columns of key_rows
+ * rows (row by row, in legend order): the number of columns is what the longest label allows at the
+ * canvas width, and the canvas grows by one key row height per row, so the area above the key (title, plot
+ * area, x axis) is plot_height pixels on every plot. A label too long for one column widens the canvas. */
+typedef struct {
+    int n_entries;          /* legend entries: one per series */
+    int longest;            /* characters of the longest legend label */
+    int key_cols, key_rows; /* key_cols * key_rows >= n_entries */
+    int width, height;      /* canvas */
+    int plot_height;        /* canvas above the key */
+    int key_height;         /* canvas given to the key: height = plot_height + key_height */
+} kvs_plot_layout;
+
+/*! kvs_plot_layout_of() : the layout of a prepared plot (what kvs_plot_write_script asks gnuplot for). */
+kvs_plot_layout kvs_plot_layout_of(const kvs_plot *p);
+
+/*! kvs_plot_write_script() : writes the complete gnuplot script of `p` to `f`: terminal, `set output`
+ *  naming `image_path`, labels, key, the plot command and the inline data. The script carries one
+ *  "# series: LABEL" comment line before each inline data block (tests read it). KVS_ERR_IO when writing to
+ *  `f` fails. */
+kvs_status kvs_plot_write_script(const kvs_plot *p, const char *image_path, FILE *f);
+
+/*! kvs_plot_render() : draws `p` with gnuplot and writes the image to opt->out_path of kvs_plot_prepare
+ *  (common/kvs_out.h). gnuplot draws into a private folder under $TMPDIR (or /tmp), removed afterwards, and
+ *  the complete image is then copied into the output. Errors: gnuplot missing or failing, or writing no image,
+ *  KVS_ERR_EXTERNAL; output not creatable or not writable KVS_ERR_IO. On any error the output is unchanged (a
+ *  file keeps its old content; nothing reaches a device, FIFO or standard output) and no temporary file is left
+ *  behind. */
+kvs_status kvs_plot_render(const kvs_plot *p);
+
+/*! kvs_plot_make() : kvs_plot_prepare(), kvs_plot_render() and kvs_plot_free() in one call; errors as
+ *  theirs. */
 kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *opt);
 
 #endif /* KVS_PLOT_H */

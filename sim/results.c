@@ -1,7 +1,8 @@
 /* results.c — the SQLite results database of kvsim: schema creation and migration, the one-transaction run
- * writer, the read API every reader uses (no SQL outside this file), and the summary statistics of a
- * metric. Implements sim/results.h; the schema (tables, columns, units, versions) is documented in
- * sim/SCHEMA.md and the metrics in sim/metrics.h and ../shared/DESIGN.md ("Metrics", "Results (SQLite)").
+ * writer (with the trace row and its turns), the read API every reader uses (no SQL outside this file), and
+ * the summary statistics of a metric. Implements sim/results.h; the schema (tables, columns, units, versions)
+ * is documented in sim/SCHEMA.md and the metrics in sim/metrics.h and ../shared/DESIGN.md ("Metrics",
+ * "Results (SQLite)").
  *
  * Every metric column is generated from the metric table (sim/metrics.h): run_layers / run_summary hold
  * `<metric>_<stat>` for every metric and statistic, steps one column per metric. No metric is named here.
@@ -49,8 +50,8 @@ _Static_assert(KVS_N_STATS == 6 && KVS_STAT_N == 0, "the statistics columns assu
 #define KVS_RESULTS_BUSY_TIMEOUT_MS 30000
 
 /* The tables whose column lists are cached at open (readers select only the columns that exist). */
-enum { T_RUNS = 0, T_RUN_LAYERS, T_RUN_SUMMARY, T_STEPS, N_TABLES };
-static const char *const table_names[N_TABLES] = {"runs", "run_layers", "run_summary", "steps"};
+enum { T_RUNS = 0, T_RUN_LAYERS, T_RUN_SUMMARY, T_STEPS, T_TRACE_TURNS, N_TABLES };
+static const char *const table_names[N_TABLES] = {"runs", "run_layers", "run_summary", "steps", "trace_turns"};
 
 struct kvs_results_db {
     sqlite3 *db;
@@ -131,6 +132,20 @@ static const char schema_meta_traces_sql[] =
     "          file_bytes)\n"
     ");\n";
 
+/* The turns of a trace: positions [begin_pos, prompt_end) are the turn's prompt, [prompt_end, end_pos) its
+ * generated tokens (trace/trace.h kvs_turn; "begin" and "end" are SQL keywords). Part of schema v2: the v1
+ * migration and every open for writing create it, so a v2 file written before it existed gains it. */
+static const char trace_turns_sql[] =
+    "CREATE TABLE IF NOT EXISTS trace_turns (\n"
+    "  trace_id INTEGER NOT NULL REFERENCES traces(id) ON DELETE CASCADE,\n"
+    "  turn INTEGER NOT NULL CHECK (turn >= 0),\n"
+    "  begin_pos INTEGER NOT NULL,\n"
+    "  prompt_end INTEGER NOT NULL,\n"
+    "  end_pos INTEGER NOT NULL,\n"
+    "  CHECK (0 <= begin_pos AND begin_pos <= prompt_end AND prompt_end <= end_pos),\n"
+    "  PRIMARY KEY (trace_id, turn)\n"
+    ") WITHOUT ROWID;\n";
+
 /* The runs table of schema v2 under `name` (the migration builds it as runs_v2, then renames it; there it
  * must not exist yet, so no IF NOT EXISTS). */
 static void sb_runs_ddl(sbuf *b, const char *name, int if_not_exists) {
@@ -168,7 +183,7 @@ static const char *step_col_type(int metric) {
 }
 
 static void sb_schema(sbuf *b) {
-    sb_printf(b, "%s", schema_meta_traces_sql);
+    sb_printf(b, "%s%s", schema_meta_traces_sql, trace_turns_sql);
     sb_runs_ddl(b, "runs", 1);
     sb_printf(b, "%s", runs_indexes_sql);
     static const char *const agg_lead[2][2] = {
@@ -432,9 +447,9 @@ static const char v1_runs_columns[] = "id, trace_id, policy, params, budget_toke
 
 /* Rebuilds `runs` with the v2 columns and CHECKs (SQLite cannot alter a CHECK constraint: create runs_v2,
  * copy, drop, rename, with foreign keys off so nothing cascades; AUTOINCREMENT's high-water mark is
- * restored so run ids are never reused), adds the missing metric columns to run_layers, run_summary and
- * steps (NULL in existing rows = not recorded), sets meta.schema_version, checks every foreign key, and
- * commits — all in one transaction. */
+ * restored so run ids are never reused), creates trace_turns (empty), adds the missing metric columns to
+ * run_layers, run_summary and steps (NULL in existing rows = not recorded), sets meta.schema_version, checks
+ * every foreign key, and commits — all in one transaction. */
 static kvs_status migrate_v1(kvs_results_db *r) {
     kvs_status rc = KVS_OK;
     sbuf sql = {0};
@@ -462,6 +477,7 @@ static kvs_status migrate_v1(kvs_results_db *r) {
     sb_runs_ddl(&sql, "runs_v2", 0);
     sb_printf(&sql, "INSERT INTO runs_v2 (%s) SELECT %s FROM runs;\n", v1_runs_columns, v1_runs_columns);
     sb_printf(&sql, "DROP TABLE runs;\nALTER TABLE runs_v2 RENAME TO runs;\n%s", runs_indexes_sql);
+    sb_printf(&sql, "%s", trace_turns_sql); /* empty: v1 recorded no turns (no turn info) */
     sb_missing_columns(&sql, r);
     sb_printf(&sql,
               "UPDATE meta SET value = '%d' WHERE key = 'schema_version';\n"
@@ -762,6 +778,28 @@ static kvs_status validate_run(const kvs_results_db *r, const kvs_results_trace 
         return kvs_fail(KVS_ERR_INVALID_ARG, "%s: write_run: bad layer aggregates (n_layers = %d)", path, n_layers);
     if (n_steps < 0 || (n_steps > 0 && !steps))
         return kvs_fail(KVS_ERR_INVALID_ARG, "%s: write_run: bad steps (n_steps = %" PRId64 ")", path, n_steps);
+    if (trace->turns) { /* the turns must tile the trace: plots draw its turn boundaries from them */
+        if (trace->n_turns < 1)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "%s: write_run: trace turns given with n_turns %" PRId64, path,
+                            trace->n_turns);
+        for (int64_t i = 0; i < trace->n_turns; i++) {
+            const kvs_turn *u = &trace->turns[i];
+            int64_t want = i ? trace->turns[i - 1].end : 0;
+            if (u->begin != want)
+                return kvs_fail(KVS_ERR_INVALID_ARG,
+                                "%s: write_run: trace turn %" PRId64 " begins at %" PRId64 ", not %s%" PRId64, path, i,
+                                u->begin, i ? "where the previous turn ended, " : "", want);
+            if (u->prompt_end < u->begin || u->end < u->prompt_end)
+                return kvs_fail(KVS_ERR_INVALID_ARG,
+                                "%s: write_run: trace turn %" PRId64 ": positions %" PRId64 ", %" PRId64 ", %" PRId64
+                                " are not begin <= prompt_end <= end",
+                                path, i, u->begin, u->prompt_end, u->end);
+        }
+        if (trace->turns[trace->n_turns - 1].end != trace->n_positions)
+            return kvs_fail(KVS_ERR_INVALID_ARG,
+                            "%s: write_run: the trace turns end at %" PRId64 ", not at n_positions %" PRId64, path,
+                            trace->turns[trace->n_turns - 1].end, trace->n_positions);
+    }
     for (int32_t i = 0; i < n_layers; i++)
         if (layer_aggs[i].layer < 0)
             return kvs_fail(KVS_ERR_INVALID_ARG, "%s: write_run: layer aggregate %d has layer %d (must be >= 0)", path,
@@ -854,6 +892,24 @@ static kvs_status find_or_insert_trace(kvs_results_db *r, const kvs_results_trac
         *trace_id = sqlite3_last_insert_rowid(r->db);
     } else {
         rc = db_fail(r->db, r->path, "cannot look up the trace row");
+        goto cleanup;
+    }
+    /* The turns, with the row (OR IGNORE: a row that has them keeps them; one written without them, or before
+     * the table existed, gains them). */
+    if (t->turns) {
+        sqlite3_finalize(ins);
+        ins = NULL;
+        KVS_TRY(rc = prepare(r, "INSERT OR IGNORE INTO trace_turns (trace_id, turn, begin_pos, prompt_end, end_pos) "
+                                "VALUES (?1, ?2, ?3, ?4, ?5)",
+                             &ins, "cannot prepare the trace_turns insert"));
+        for (int64_t i = 0; i < t->n_turns; i++) {
+            sqlite3_bind_int64(ins, 1, *trace_id);
+            sqlite3_bind_int64(ins, 2, i);
+            sqlite3_bind_int64(ins, 3, t->turns[i].begin);
+            sqlite3_bind_int64(ins, 4, t->turns[i].prompt_end);
+            sqlite3_bind_int64(ins, 5, t->turns[i].end);
+            KVS_TRY(rc = step_done(r, ins, "cannot insert a trace_turns row"));
+        }
     }
 cleanup:
     sqlite3_finalize(sel);
@@ -1212,6 +1268,47 @@ void kvs_results_series_free(kvs_results_series *s) {
     free(s->position);
     free(s->value);
     memset(s, 0, sizeof *s);
+}
+
+kvs_status kvs_results_query_turns(kvs_results_db *r, int64_t trace_id, kvs_turn **turns, int64_t *n) {
+    if (!r || !r->db || !turns || !n) return kvs_fail(KVS_ERR_INVALID_ARG, "query_turns: NULL argument");
+    *turns = NULL;
+    *n = 0;
+    if (!has_col(r, T_TRACE_TURNS, "trace_id")) return KVS_OK; /* v1, or v2 before the table: no turn info */
+    sqlite3_stmt *st = NULL;
+    kvs_status rc = prepare(r, "SELECT begin_pos, prompt_end, end_pos FROM trace_turns WHERE trace_id = ?1 "
+                               "ORDER BY turn",
+                            &st, "cannot query trace_turns");
+    if (rc != KVS_OK) return rc;
+    sqlite3_bind_int64(st, 1, trace_id);
+    kvs_turn *out = NULL;
+    int64_t count = 0, cap = 0;
+    int src;
+    while ((src = sqlite3_step(st)) == SQLITE_ROW) {
+        if (count == cap) {
+            int64_t ncap = cap ? 2 * cap : 8;
+            kvs_turn *p = realloc(out, (size_t)ncap * sizeof *p);
+            if (!p) {
+                rc = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory reading trace_turns", r->path);
+                goto cleanup;
+            }
+            out = p;
+            cap = ncap;
+        }
+        out[count++] = (kvs_turn){.begin = sqlite3_column_int64(st, 0), .prompt_end = sqlite3_column_int64(st, 1),
+                                  .end = sqlite3_column_int64(st, 2)};
+    }
+    if (src != SQLITE_DONE) {
+        rc = db_fail(r->db, r->path, "cannot query trace_turns");
+        goto cleanup;
+    }
+    *turns = count ? out : NULL;
+    *n = count;
+    if (count) out = NULL;
+cleanup:
+    free(out);
+    sqlite3_finalize(st);
+    return rc;
 }
 
 kvs_status kvs_results_query_steps(kvs_results_db *r, int64_t run_id, int32_t layer, kvs_metric metric,

@@ -1,9 +1,10 @@
 /* results.h — the SQLite results database of kvsim (schema documented in sim/SCHEMA.md).
  *
  * One database per study. Several processes may write one database at once (WAL journal, busy timeout).
- * A replay run is written by one call, kvs_results_write_run(), inside one transaction: its runs row
- * (status 'complete' or 'failed'), its per-layer aggregates, its run-wide aggregate and its per-step
- * series appear together or not at all, so a killed replay leaves no complete-looking partial run.
+ * A replay run is written by one call, kvs_results_write_run(), inside one transaction: its trace row and
+ * the trace's turns (when new), its runs row (status 'complete' or 'failed'), its per-layer aggregates, its
+ * run-wide aggregate and its per-step series appear together or not at all, so a killed replay leaves no
+ * complete-looking partial run.
  * Metric definitions are in ../shared/DESIGN.md ("Metrics").
  */
 #ifndef KVS_RESULTS_H
@@ -12,6 +13,7 @@
 #include <stdint.h>
 
 #include "../common/kvs.h"
+#include "../trace/trace.h"
 #include "metrics.h"
 
 typedef struct kvs_results_db kvs_results_db;
@@ -49,6 +51,8 @@ typedef struct {
     int32_t n_layers, n_heads, n_kv_heads, head_dim;
     const char *dtype;        /* "fp16" ... */
     uint64_t file_bytes;
+    const kvs_turn *turns;    /* [n_turns], borrowed: the trace's turns (trace/trace.h), stored in table
+                               * trace_turns; NULL = not recorded (readers then have no turn info) */
 } kvs_results_trace;
 
 /* Summary statistics of one metric over a set of samples. */
@@ -100,11 +104,14 @@ typedef struct {
     const char *kvsim_version;
 } kvs_results_run;
 
-/*! kvs_results_write_run() : writes the trace row (if new), the run row, `n_layers` per-layer aggregates,
+/*! kvs_results_write_run() : writes the trace row (if new) and its turns (trace->turns, when given and not
+ *  yet recorded for that row), the run row, `n_layers` per-layer aggregates,
  *  the run-wide aggregate `run_agg` (may be NULL for a failed run) and `n_steps` step samples, in one
  *  transaction; *run_id receives the new run's id (may be NULL). On any failure nothing is written.
  *  Every metric of the table is stored: a NaN statistic or sample as NULL, and the statistics of a metric
- *  with n = 0 (no samples) as NULL too. KVS_ERR_STATE on a read-only handle. */
+ *  with n = 0 (no samples) as NULL too. Turns that do not tile the trace (turn 0 begins at 0, each turn
+ *  where the previous ended, begin <= prompt_end <= end, the last ends at n_positions) are KVS_ERR_INVALID_ARG
+ *  before anything is written. KVS_ERR_STATE on a read-only handle. */
 kvs_status kvs_results_write_run(kvs_results_db *db, const kvs_results_trace *trace, const kvs_results_run *run,
                                  const kvs_results_agg *layer_aggs, int32_t n_layers, const kvs_results_agg *run_agg,
                                  const kvs_results_step *steps, int64_t n_steps, int64_t *run_id);
@@ -182,6 +189,12 @@ typedef struct {
 kvs_status kvs_results_query_steps(kvs_results_db *db, int64_t run_id, int32_t layer, kvs_metric metric,
                                    kvs_results_series *out);
 void kvs_results_series_free(kvs_results_series *s);
+
+/*! kvs_results_query_turns() : the turns of trace `trace_id` (kvs_results_run_row.trace_id), ascending, into a
+ *  malloc'd array *turns of *n entries (caller frees with free()). *n = 0 and *turns NULL when the database
+ *  has no turn info for it: a v1 database, a v2 database written before table trace_turns existed, a trace
+ *  written without its turns, or no such trace. KVS_ERR_DB on a database error. */
+kvs_status kvs_results_query_turns(kvs_results_db *db, int64_t trace_id, kvs_turn **turns, int64_t *n);
 
 /*! kvs_results_column_parse() : splits an aggregate column name "<metric>_<stat>" of the metric table
  *  (out_err_p95, storage_bytes_max, attended_tokens_mean, out_err_n) into its metric and statistic.

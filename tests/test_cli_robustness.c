@@ -467,6 +467,13 @@ static void test_single_valued_options_given_twice_are_usage_errors(void **state
     assert_usage(c, "--match given twice", "compare", db, "--match", "tokens", "--match", "mem", "--at", "4");
     assert_usage(c, "--trace given twice", "compare", db, "--match", "tokens", "--at", "4", "--trace", "a", "--trace",
                  "b");
+    char png[160];
+    path_in(c, "p.png", png, sizeof png);
+    assert_usage(c, "--out given twice", "plot", db, "--kind", "error-vs-budget", "--out", png, "--out", png);
+    assert_usage(c, "--kind given twice", "plot", db, "--kind=error-vs-budget", "--kind", "error-vs-memory", "--out", png);
+    assert_usage(c, "--policy given twice", "plot", db, "--kind", "error-vs-budget", "--out", png, "--policy", "window",
+                 "--policy", "window");
+    assert_int_equal(access(png, F_OK), -1);
     /* the rule is in the help */
     assert_int_equal(run(c, "capture", "--help"), 0);
     assert_contains(c->out, "each may be given once");

@@ -2,10 +2,16 @@
  * database populated through sim/results.h (skipped with a message when gnuplot is not installed), the data
  * gnuplot receives (captured by a stand-in gnuplot script): the Pareto frontier of error-vs-memory /
  * error-vs-traffic on a hand-made case, series kept apart by trace and by measure mode, oracles dashed; the
- * Pareto function itself; and every error path — gnuplot missing or failing, empty database, missing data,
- * bad options — giving the right status / exit code and leaving no output file (nor OUT.partial) behind.
+ * Pareto function itself; the script written to a stream (kvs_plot_write_script) equal to what gnuplot reads;
+ * the legend layout (every series an entry, columns that fit, the canvas grown by the key's rows); one colour per
+ * policy across kinds and selections; the many-series warning; turn marks and line breaks of error-vs-position
+ * (hand-made turns, a database without turn info, and a real multi-turn capture -> replay -> plot);
+ * and every error path — gnuplot missing or failing, empty database, missing data,
+ * bad options — giving the right status / exit code and leaving no output file (nor a temporary one) behind;
+ * --out through common/kvs_out.h (a symbolic link written through, '-' standard output, --format).
  */
 #include <fcntl.h>
+#include <glob.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,7 +30,9 @@
 
 #include "common/kvs.h"
 #include "plots/plot.h"
+#include "sim/policy.h"
 #include "sim/results.h"
+#include "trace/trace.h"
 
 typedef struct {
     char dir[64];
@@ -124,11 +132,26 @@ static void skip_without_gnuplot(void) {
     }
 }
 
+/* No temporary file of an output at `out` is left: OUT.tmp.XXXXXX (common/kvs_out.h), nor the OUT.partial of
+ * older kvsim. */
+static void assert_no_temp_beside(const char *out) {
+    char pattern[256];
+    snprintf(pattern, sizeof pattern, "%s.tmp.*", out);
+    glob_t g;
+    int rc = glob(pattern, 0, NULL, &g);
+    if (rc == 0) {
+        fprintf(stderr, "temporary file left: %s\n", g.gl_pathv[0]);
+        globfree(&g);
+        fail();
+    }
+    assert_int_equal(rc, GLOB_NOMATCH);
+    snprintf(pattern, sizeof pattern, "%s.partial", out);
+    assert_false(kvs_test_exists(pattern));
+}
+
 static void assert_nothing_written(const char *out) {
-    char partial[256];
-    snprintf(partial, sizeof partial, "%s.partial", out);
     assert_false(kvs_test_exists(out));
-    assert_false(kvs_test_exists(partial));
+    assert_no_temp_beside(out);
 }
 
 /* Asserts `path` is a non-trivial PNG (signature) or SVG (starts with <?xml or <svg, has </svg>). */
@@ -145,9 +168,7 @@ static void assert_image(const char *path, int svg) {
         assert_memory_equal(data + 12, "IHDR", 4);
     }
     free(data);
-    char partial[256];
-    snprintf(partial, sizeof partial, "%s.partial", path);
-    assert_false(kvs_test_exists(partial));
+    assert_no_temp_beside(path);
 }
 
 static kvs_plot_options opts(kvs_plot_kind kind, const char *out) {
@@ -299,7 +320,7 @@ static void test_plot_failures_leave_no_file(void **state) {
     snprintf(bad_out, sizeof bad_out, "%s/no/such/dir/plot.png", t->dir);
     if (have_gnuplot()) {
         assert_int_equal(kvs_plot_make(t->db, &o), KVS_ERR_IO);
-        expect_msg("cannot create output file");
+        expect_msg("cannot create"); /* common/kvs_out.h's message, as for every output */
     }
     o.out_path = out;
     o.metric = "storage_bytes_max";
@@ -618,6 +639,498 @@ static void test_error_vs_memory_and_traffic_png_svg(void **state) {
     assert_image(out, 0);
 }
 
+/* The script comes from one writer: kvs_plot_write_script() to a stream gives what gnuplot reads on its input,
+ * but for the output file named by `set output`. */
+static char *script_of(const kvs_plot *p, const char *image) {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    assert_non_null(f);
+    expect_ok(kvs_plot_write_script(p, image, f));
+    assert_int_equal(fclose(f), 0);
+    return buf;
+}
+
+static void test_script_written_to_a_stream_is_what_gnuplot_reads(void **state) {
+    tmp_ctx *t = *state;
+    char out[160], prog[160], captured[160], image[400];
+    snprintf(out, sizeof out, "%s/same.png", t->dir);
+    make_fake_gnuplot(t->dir, prog, sizeof prog, captured, sizeof captured);
+    kvs_plot_options o = opts(KVS_PLOT_ERROR_VS_POSITION, out);
+    o.gnuplot = prog;
+    o.budget_tokens = 32;
+    kvs_plot *p = NULL;
+    expect_ok(kvs_plot_prepare(t->db, &o, &p));
+    assert_int_equal(kvs_plot_n_series(p), 3);
+    expect_ok(kvs_plot_render(p));
+    char *gp = NULL;
+    size_t n = 0;
+    expect_ok(kvs_read_file(captured, &gp, &n));
+    /* gnuplot draws into a temporary folder (the image is then copied into --out): the script names it. */
+    const char *so = strstr(gp, "\nset output '");
+    assert_non_null(so);
+    assert_int_equal(sscanf(so, "\nset output '%399[^']'", image), 1);
+    assert_null(strstr(image, t->dir));
+    char *mine = script_of(p, image);
+    assert_string_equal(mine, gp);
+    free(mine);
+    free(gp);
+    kvs_plot_free(p);
+    kvs_plot_free(NULL);
+    assert_int_equal(kvs_plot_prepare(t->empty, &o, &p), KVS_ERR_DB);
+    assert_null(p);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Legend layout: every series gets a readable entry, on every kind
+ * ---------------------------------------------------------------------------------------------- */
+
+/* The main job's ten policies with their full parameter strings (the longest labels kvsim writes). */
+static const char *const main_job[10][2] = {
+    {"full", ""},
+    {"window", ""},
+    {"streaming", "sinks=4"},
+    {"h2o", "recent=0.5,gqa=expand"},
+    {"tova", "mode=layer,protect_current=false"},
+    {"topk", "gqa=group"},
+    {"scissorhands", "history=32,recent=8,drop=1,threshold=1,gqa=expand"},
+    {"snapkv", "window=32,kernel=7,pool=max,gqa=expand"},
+    {"pyramidkv", "window=32,kernel=7,pool=max,gqa=expand,beta=20,fidelity=paper"},
+    {"adakv", "window=32,kernel=7,pool=max,gqa=mean,alpha=0.2"},
+};
+
+/* A study of the main job's policies at `n_budgets` budgets (16, 32, ...), every run with steps. */
+static void make_main_job_db(const char *path, int n_budgets) {
+    kvs_results_db *db = NULL;
+    expect_ok(kvs_results_open(path, &db));
+    for (int b = 0; b < n_budgets; b++)
+        for (int i = 0; i < 10; i++)
+            put_run(db, main_job[i][0], main_job[i][1], !strcmp(main_job[i][0], "topk"), 16 << b, 1);
+    kvs_results_close(db);
+}
+
+/* What the script asks of gnuplot's key: canvas size, key columns, and the legend titles. */
+typedef struct {
+    int width, height, maxcols, n_titles, longest;
+} key_request;
+
+/* UTF-8 characters of s[0..n). */
+static int utf8_chars(const char *s, size_t n) {
+    int c = 0;
+    for (size_t i = 0; i < n; i++) c += ((unsigned char)s[i] & 0xC0) != 0x80;
+    return c;
+}
+
+static key_request key_request_of(const char *script) {
+    key_request k = {0};
+    const char *term = strstr(script, "set terminal ");
+    assert_non_null(term);
+    const char *size = strstr(term, " size ");
+    assert_non_null(size);
+    assert_int_equal(sscanf(size, " size %d,%d", &k.width, &k.height), 2);
+    const char *key = strstr(script, "\nset key ");
+    assert_non_null(key);
+    const char *mc = strstr(key, " maxcols "), *eol = strchr(key + 1, '\n');
+    if (mc && mc < eol) assert_int_equal(sscanf(mc, " maxcols %d", &k.maxcols), 1);
+    /* Titled plot elements: "... lc rgb '#rrggbb' title 'LABEL'" (the test labels hold no quote). */
+    for (const char *p = strstr(script, "' title '"); p; p = strstr(p + 1, "' title '")) {
+        const char *b = p + strlen("' title '"), *e = strchr(b, '\'');
+        assert_non_null(e);
+        int n = utf8_chars(b, (size_t)(e - b));
+        if (n > k.longest) k.longest = n;
+        k.n_titles++;
+    }
+    return k;
+}
+
+/* Every series has a legend entry, and the key gnuplot lays out fits the canvas: a horizontal key below the
+ * plot with at most `maxcols` columns, each as wide as gnuplot's estimate of the longest title at its
+ * character width (8 px for these terminals) plus the line sample (6 characters), and a canvas tall enough
+ * for the rows of the key under a plot area of the same height as with few series. */
+static void expect_key_fits(const kvs_plot *p, const char *script, int n_series) {
+    key_request k = key_request_of(script);
+    kvs_plot_layout l = kvs_plot_layout_of(p);
+    if (k.n_titles != n_series || l.n_entries != n_series) {
+        fprintf(stderr, "%d legend titles (layout: %d) for %d series\n--- script ---\n%.4000s\n", k.n_titles,
+                l.n_entries, n_series, script);
+        fail();
+    }
+    assert_int_equal(k.longest, l.longest);
+    if (k.maxcols < 1 || k.maxcols * 8 * (k.longest + 6) > k.width) {
+        fprintf(stderr, "key of %d columns of %d characters, canvas %d px wide\n", k.maxcols, k.longest, k.width);
+        fail();
+    }
+    int rows = (n_series + k.maxcols - 1) / k.maxcols;
+    assert_int_equal(k.maxcols, l.key_cols);
+    assert_int_equal(rows, l.key_rows);
+    assert_true(l.key_cols * l.key_rows >= n_series);
+    assert_int_equal(k.width, l.width);
+    assert_int_equal(k.height, l.height);
+    assert_int_equal(l.height, l.plot_height + l.key_height);
+    assert_true(l.key_height >= (rows + 1) * 16); /* gnuplot's row: 15.5 px (PNG), 16.5 px (SVG) */
+}
+
+static void test_legend_has_every_series_and_fits(void **state) {
+    tmp_ctx *t = *state;
+    char db[160], out[160];
+    snprintf(db, sizeof db, "%s/main.db", t->dir);
+    snprintf(out, sizeof out, "%s/legend.png", t->dir);
+    make_main_job_db(db, 5);
+    static const kvs_plot_kind kinds[3] = {KVS_PLOT_ERROR_VS_POSITION, KVS_PLOT_ERROR_VS_BUDGET,
+                                           KVS_PLOT_ERROR_VS_MEMORY};
+    int plot_height = 0;
+    for (int k = 0; k < 3; k++) {
+        kvs_plot_options o = opts(kinds[k], out);
+        if (kinds[k] == KVS_PLOT_ERROR_VS_POSITION) o.budget_tokens = 32;
+        kvs_plot *p = NULL;
+        expect_ok(kvs_plot_prepare(db, &o, &p));
+        char *gp = script_of(p, out);
+        /* error-vs-memory adds the Pareto frontier: one more legend entry (its points element has none). */
+        expect_key_fits(p, gp, kinds[k] == KVS_PLOT_ERROR_VS_MEMORY ? 11 : 10);
+        plot_height = kvs_plot_layout_of(p).plot_height;
+        free(gp);
+        kvs_plot_free(p);
+    }
+    /* Every run of the study on one error-vs-position plot: 50 entries, the same rules, a taller canvas over a
+     * plot area of the same height; SVG too. */
+    snprintf(out, sizeof out, "%s/legend.svg", t->dir);
+    kvs_plot_options o = opts(KVS_PLOT_ERROR_VS_POSITION, out);
+    kvs_plot *p = NULL;
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    char *gp = script_of(p, out);
+    expect_key_fits(p, gp, 50);
+    assert_int_equal(kvs_plot_layout_of(p).plot_height, plot_height);
+    assert_true(kvs_plot_layout_of(p).key_rows >= 25);
+    free(gp);
+    kvs_plot_free(p);
+    /* Short labels share a row: three policies of the setup study, several columns. */
+    snprintf(out, sizeof out, "%s/short.png", t->dir);
+    o = opts(KVS_PLOT_ERROR_VS_BUDGET, out);
+    expect_ok(kvs_plot_prepare(t->db, &o, &p));
+    gp = script_of(p, out);
+    expect_key_fits(p, gp, 3);
+    assert_int_equal(kvs_plot_layout_of(p).key_cols, 3);
+    assert_int_equal(kvs_plot_layout_of(p).key_rows, 1);
+    free(gp);
+    kvs_plot_free(p);
+    /* A label longer than the canvas widens it (one column) instead of being cut off. */
+    snprintf(db, sizeof db, "%s/long.db", t->dir);
+    kvs_results_db *rdb = NULL;
+    expect_ok(kvs_results_open(db, &rdb));
+    char params[400];
+    size_t len = 0;
+    for (int i = 0; i < 30; i++)
+        len += (size_t)snprintf(params + len, sizeof params - len, "%sk%02d=%d", i ? "," : "", i, i);
+    put_run(rdb, "h2o", params, 0, 16, 0);
+    put_run(rdb, "h2o", params, 0, 32, 0);
+    kvs_results_close(rdb);
+    o = opts(KVS_PLOT_ERROR_VS_BUDGET, out);
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    gp = script_of(p, out);
+    expect_key_fits(p, gp, 1);
+    assert_true(kvs_plot_layout_of(p).width > 1200);
+    free(gp);
+    kvs_plot_free(p);
+}
+
+/* The legend drawn by the real gnuplot: the canvas the layout asked for (PNG header), every title in the SVG. */
+static void test_legend_rendered_by_gnuplot(void **state) {
+    tmp_ctx *t = *state;
+    skip_without_gnuplot();
+    char db[160], out[160];
+    snprintf(db, sizeof db, "%s/main.db", t->dir);
+    make_main_job_db(db, 5);
+    snprintf(out, sizeof out, "%s/all.png", t->dir);
+    kvs_plot_options o = opts(KVS_PLOT_ERROR_VS_POSITION, out);
+    kvs_plot *p = NULL;
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    kvs_plot_layout l = kvs_plot_layout_of(p);
+    expect_ok(kvs_plot_render(p));
+    kvs_plot_free(p);
+    assert_image(out, 0);
+    char *png = NULL;
+    size_t n = 0;
+    expect_ok(kvs_read_file(out, &png, &n));
+    const unsigned char *ihdr = (const unsigned char *)png + 16; /* width, height: big-endian after "IHDR" */
+    assert_int_equal((ihdr[0] << 24) | (ihdr[1] << 16) | (ihdr[2] << 8) | ihdr[3], l.width);
+    assert_int_equal((ihdr[4] << 24) | (ihdr[5] << 16) | (ihdr[6] << 8) | ihdr[7], l.height);
+    free(png);
+    snprintf(out, sizeof out, "%s/all.svg", t->dir);
+    o.out_path = out;
+    o.budget_tokens = 32;
+    expect_ok(kvs_plot_make(db, &o));
+    char *svg = NULL;
+    expect_ok(kvs_read_file(out, &svg, &n));
+    for (int i = 0; i < 10; i++) {
+        char label[200];
+        snprintf(label, sizeof label, ">%s%s%s%s budget=32", main_job[i][0], main_job[i][1][0] ? " (" : "",
+                 main_job[i][1], main_job[i][1][0] ? ")" : "");
+        if (!strstr(svg, label)) {
+            fprintf(stderr, "the SVG has no legend entry '%s'\n", label + 1);
+            fail();
+        }
+    }
+    free(svg);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Colours: one per policy, on every plot
+ * ---------------------------------------------------------------------------------------------- */
+
+/* The style of the plot element titled `label...` (a prefix of the title): its "lc rgb '#rrggbb'" colour,
+ * dash type and point type; the n-th (0-based) element with that title prefix. 0 when there is none. */
+static int style_of(const char *script, const char *label, int nth, char color[8], int *dt, int *pt) {
+    char head[300];
+    snprintf(head, sizeof head, "' title '%s", label);
+    const char *p = strstr(script, head);
+    for (int i = 0; p && i < nth; i++) p = strstr(p + 1, head);
+    if (!p) return 0;
+    const char *line = p;
+    while (line > script && line[-1] != '\n') line--;
+    const char *lc = strstr(line, "lc rgb '#");
+    assert_true(lc && lc < p);
+    memcpy(color, lc + strlen("lc rgb '"), 7);
+    color[7] = '\0';
+    const char *d = strstr(line, " dt "), *q = strstr(line, " pt ");
+    *dt = d && d < p ? atoi(d + 4) : 0;
+    *pt = q && q < p ? atoi(q + 4) : 0;
+    return 1;
+}
+
+static void test_one_colour_per_policy_on_every_plot(void **state) {
+    tmp_ctx *t = *state;
+    char out[160];
+    snprintf(out, sizeof out, "%s/colour.png", t->dir);
+    /* The same policy on several kinds and selections: error-vs-budget of all policies and of one,
+     * error-vs-memory, error-vs-position at one budget and at every budget. */
+    struct {
+        kvs_plot_kind kind;
+        const char *policy;
+        int64_t budget;
+    } plots[5] = {{KVS_PLOT_ERROR_VS_BUDGET, NULL, -1},
+                  {KVS_PLOT_ERROR_VS_BUDGET, "streaming", -1},
+                  {KVS_PLOT_ERROR_VS_MEMORY, NULL, -1},
+                  {KVS_PLOT_ERROR_VS_POSITION, NULL, 32},
+                  {KVS_PLOT_ERROR_VS_POSITION, "streaming", -1}};
+    char first[3][8] = {"", "", ""};
+    static const char *const policies[3] = {"h2o (", "streaming (", "topk ("};
+    for (int k = 0; k < 5; k++) {
+        kvs_plot_options o = opts(plots[k].kind, out);
+        o.policy = plots[k].policy;
+        o.budget_tokens = plots[k].budget;
+        kvs_plot *p = NULL;
+        expect_ok(kvs_plot_prepare(t->db, &o, &p));
+        char *gp = script_of(p, out);
+        for (int j = 0; j < 3; j++) {
+            char color[8];
+            int dt, pt;
+            if (!style_of(gp, policies[j], 0, color, &dt, &pt)) continue;
+            if (!first[j][0]) snprintf(first[j], sizeof first[j], "%s", color);
+            if (strcmp(color, first[j]) != 0) {
+                fprintf(stderr, "plot %d: %s drawn in %s, elsewhere in %s\n", k, policies[j], color, first[j]);
+                fail();
+            }
+            assert_string_equal(color, j == 2 ? "#000000" : kvs_plot_policy_color(j == 0 ? "h2o" : "streaming"));
+        }
+        if (k == 4) {
+            /* Four series of one policy: one colour, told apart by dash and point type. */
+            int seen[4][2];
+            for (int i = 0; i < 4; i++) {
+                char color[8];
+                assert_true(style_of(gp, "streaming (", i, color, &seen[i][0], &seen[i][1]));
+                assert_string_equal(color, first[1]);
+                for (int j = 0; j < i; j++) assert_false(seen[i][0] == seen[j][0] && seen[i][1] == seen[j][1]);
+            }
+            assert_false(style_of(gp, "streaming (", 4, (char[8]){0}, &seen[0][0], &seen[0][1]));
+        }
+        free(gp);
+        kvs_plot_free(p);
+    }
+    /* Oracles stay black; the frontier grey; two policies never share a colour. */
+    assert_string_equal(first[2], "#000000");
+    assert_string_not_equal(first[0], first[1]);
+    /* Every registered policy has its own colour (the palette is larger than the registry), unknown names
+     * get a palette colour too, always the same. */
+    for (int i = 0; i < kvs_policy_count(); i++) {
+        const char *ci = kvs_plot_policy_color(kvs_policy_at(i)->name);
+        assert_int_equal(strlen(ci), 7);
+        assert_true(strcmp(ci, "#000000") != 0 && strcmp(ci, "#b8b8b8") != 0);
+        for (int j = 0; j < i; j++) assert_string_not_equal(ci, kvs_plot_policy_color(kvs_policy_at(j)->name));
+    }
+    assert_string_equal(kvs_plot_policy_color("my-new-policy"), kvs_plot_policy_color("my-new-policy"));
+    assert_int_equal(strlen(kvs_plot_policy_color("my-new-policy")), 7);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Multi-turn traces: turn boundaries marked, lines broken where positions were not measured
+ * ---------------------------------------------------------------------------------------------- */
+
+/* The points of the data block whose "# series: " label starts with `prefix`: x[i], and brk[i] = 1 when a
+ * blank line (a break of gnuplot's line) comes before point i. Returns the number of points, -1 when absent. */
+static int block_with_breaks(const char *script, const char *prefix, double *x, int *brk, int cap) {
+    char head[300];
+    snprintf(head, sizeof head, "# series: %s", prefix);
+    const char *p = strstr(script, head);
+    if (!p) return -1;
+    p = strchr(p, '\n') + 1;
+    int n = 0, blank = 0;
+    while (strncmp(p, "e\n", 2) != 0) {
+        if (*p == '\n') {
+            assert_false(blank); /* one blank line per break */
+            blank = 1;
+            p++;
+            continue;
+        }
+        char *end;
+        assert_true(n < cap);
+        x[n] = strtod(p, &end);
+        (void)strtod(end, &end);
+        assert_int_equal(*end, '\n');
+        brk[n++] = blank;
+        blank = 0;
+        p = end + 1;
+    }
+    assert_false(blank);
+    return n;
+}
+
+/* Asserts the series `prefix` has points exactly at positions [from[j], to[j]) for j < n_runs, with a break
+ * before each stretch but the first and nowhere else. */
+static void expect_stretches(const char *script, const char *prefix, const int64_t *from, const int64_t *to,
+                             int n_runs) {
+    double x[256];
+    int brk[256], k = 0;
+    int n = block_with_breaks(script, prefix, x, brk, 256);
+    if (n < 0) {
+        fprintf(stderr, "no series '%s...'\n--- script ---\n%s\n", prefix, script);
+        fail();
+    }
+    for (int j = 0; j < n_runs; j++)
+        for (int64_t pos = from[j]; pos < to[j]; pos++, k++) {
+            assert_true(k < n);
+            if (x[k] != (double)pos || brk[k] != (j > 0 && pos == from[j])) {
+                fprintf(stderr, "series '%s' point %d: position %g break %d, expected %lld break %d\n", prefix, k, x[k],
+                        brk[k], (long long)pos, j > 0 && pos == from[j]);
+                fail();
+            }
+        }
+    assert_int_equal(n, k);
+}
+
+/* One complete run of `policy` on trace `path` (60 positions; `turns` may be NULL: none recorded) with steps
+ * (1 layer, 2 query heads) at the positions of [from[j], to[j]) (stride `every`), except `skip` (-1: none). */
+static void put_turn_run(kvs_results_db *db, const char *path, const kvs_turn *turns, int64_t n_turns,
+                         const char *policy, const char *measure, const int64_t *from, const int64_t *to, int n_runs,
+                         int every, int64_t skip) {
+    kvs_results_trace tr = {.path = path, .model_name = "generated-gaussian", .n_positions = 60, .prompt_len = 5,
+                            .n_turns = n_turns, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .head_dim = 16,
+                            .dtype = "fp32", .file_bytes = 1000, .turns = turns};
+    kvs_results_run run = {.policy = policy, .params = "", .budget_tokens = 8, .budget_fraction = -1,
+                           .measure = measure, .status = "complete", .kvsim_version = "0.1.0"};
+    kvs_results_agg all = agg_for(-1, 0.1, 1024);
+    kvs_results_step steps[2 * 64];
+    int n = 0;
+    for (int j = 0; j < n_runs; j++)
+        for (int64_t p = from[j]; p < to[j]; p += every)
+            for (int h = 0; h < 2 && p != skip; h++)
+                steps[n++] = (kvs_results_step){.layer = 0, .q_head = h, .position = p, .out_err = 0.01 * (double)p,
+                                                .attended_tokens = 8};
+    expect_ok(kvs_results_write_run(db, &tr, &run, NULL, 0, &all, steps, n, NULL));
+}
+
+static void test_position_plot_marks_turns_and_breaks_at_gaps(void **state) {
+    tmp_ctx *t = *state;
+    char db[160], out[160];
+    snprintf(db, sizeof db, "%s/turns.db", t->dir);
+    snprintf(out, sizeof out, "%s/turns.png", t->dir);
+    /* Three turns: prompt [0,5) response [5,17); prompt [17,28) response [28,40); prompt [40,48) response [48,60). */
+    static const kvs_turn turns[3] = {{0, 5, 17}, {17, 28, 40}, {40, 48, 60}};
+    const int64_t dec_from[3] = {5, 28, 48}, dec_to[3] = {17, 40, 60};
+    const int64_t pre_from[3] = {0, 17, 40}, pre_to[3] = {5, 28, 48};
+    const int64_t all_from[1] = {0}, all_to[1] = {60};
+    kvs_results_db *rdb = NULL;
+    expect_ok(kvs_results_open(db, &rdb));
+    put_turn_run(rdb, "/traces/chat.kvt", turns, 3, "h2o", "decode", dec_from, dec_to, 3, 1, -1);
+    put_turn_run(rdb, "/traces/chat.kvt", turns, 3, "snapkv", "prefill", pre_from, pre_to, 3, 1, -1);
+    put_turn_run(rdb, "/traces/chat.kvt", turns, 3, "window", "all", all_from, all_to, 1, 1, -1);
+    put_turn_run(rdb, "/traces/chat.kvt", turns, 3, "tova", "decode", dec_from, dec_to, 3, 1, 33); /* 33 missing */
+    put_turn_run(rdb, "/traces/chat.kvt", turns, 3, "streaming", "decode", &dec_from[1], &dec_to[1], 1, 1, -1);
+    kvs_results_close(rdb);
+    kvs_plot_options o = opts(KVS_PLOT_ERROR_VS_POSITION, out);
+    kvs_plot *p = NULL;
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    char *gp = script_of(p, out);
+    kvs_plot_free(p);
+    /* decode: the responses, broken at each later prompt; prefill: the prompts, broken at each response; all:
+     * one line; a missing stored position breaks the line too (no value was measured there). */
+    expect_stretches(gp, "h2o budget=8 [decode]", dec_from, dec_to, 3);
+    expect_stretches(gp, "snapkv budget=8 [prefill]", pre_from, pre_to, 3);
+    expect_stretches(gp, "window budget=8 [all]", all_from, all_to, 1);
+    const int64_t tova_from[4] = {5, 28, 34, 48}, tova_to[4] = {17, 33, 40, 60};
+    expect_stretches(gp, "tova budget=8 [decode]", tova_from, tova_to, 4);
+    /* Each turn's prompt shaded, each later turn's start a dashed line labelled with its number. */
+    for (int k = 0; k < 3; k++) {
+        char rect[200];
+        snprintf(rect, sizeof rect, " rect from first %lld, graph 0 to first %lld, graph 1 behind clip",
+                 (long long)turns[k].begin, (long long)turns[k].prompt_end);
+        if (!strstr(gp, rect)) {
+            fprintf(stderr, "no shaded prompt of turn %d ('%s')\n--- script ---\n%.3000s\n", k + 1, rect, gp);
+            fail();
+        }
+    }
+    assert_int_equal(count_of(gp, "set object "), 3);
+    assert_non_null(strstr(gp, "set arrow 1 from first 17, graph 0 to first 17, graph 1 nohead dt 2"));
+    assert_non_null(strstr(gp, "set label 1 'turn 2' at first 17, graph 1"));
+    assert_non_null(strstr(gp, "set arrow 2 from first 40, graph 0 to first 40, graph 1 nohead dt 2"));
+    assert_non_null(strstr(gp, "set label 2 'turn 3' at first 40, graph 1"));
+    assert_int_equal(count_of(gp, "set arrow "), 2);
+    assert_non_null(strstr(gp, "shaded: the prompt of each turn; dashed: start of a turn"));
+    free(gp);
+    /* Turn starts are marked only within the plotted positions (arrows are not clipped): a series of turn 2's
+     * response alone (28..39) has neither start inside; the shaded prompts are clipped by gnuplot. */
+    o.policy = "streaming";
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    gp = script_of(p, out);
+    kvs_plot_free(p);
+    assert_null(strstr(gp, "set arrow "));
+    assert_int_equal(count_of(gp, "set object "), 3);
+    free(gp);
+}
+
+/* A database without turn info (v1, or a trace written without turns): no marks; the line breaks where the
+ * positions jump by more than the series' usual stride. */
+static void test_position_plot_without_turn_info_breaks_at_jumps(void **state) {
+    tmp_ctx *t = *state;
+    char db[160], out[160];
+    snprintf(db, sizeof db, "%s/noturns.db", t->dir);
+    snprintf(out, sizeof out, "%s/noturns.png", t->dir);
+    const int64_t dec_from[3] = {5, 28, 48}, dec_to[3] = {17, 40, 60};
+    const int64_t every_from[2] = {6, 30}, every_to[2] = {18, 40}; /* stride 2: 6..16, 30..38 */
+    kvs_results_db *rdb = NULL;
+    expect_ok(kvs_results_open(db, &rdb));
+    put_turn_run(rdb, "/traces/chat.kvt", NULL, 3, "h2o", "decode", dec_from, dec_to, 3, 1, -1);
+    put_turn_run(rdb, "/traces/chat.kvt", NULL, 3, "window", "decode", every_from, every_to, 2, 2, -1);
+    kvs_results_close(rdb);
+    kvs_plot_options o = opts(KVS_PLOT_ERROR_VS_POSITION, out);
+    kvs_plot *p = NULL;
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    char *gp = script_of(p, out);
+    kvs_plot_free(p);
+    expect_stretches(gp, "h2o budget=8", dec_from, dec_to, 3);
+    double x[64];
+    int brk[64];
+    int n = block_with_breaks(gp, "window budget=8", x, brk, 64);
+    assert_int_equal(n, 11);
+    for (int k = 0; k < n; k++) {
+        assert_true(x[k] == (k < 6 ? 6 + 2 * k : 30 + 2 * (k - 6)));
+        assert_int_equal(brk[k], k == 6);
+    }
+    assert_null(strstr(gp, "set object "));
+    assert_null(strstr(gp, "set arrow "));
+    assert_null(strstr(gp, "shaded"));
+    free(gp);
+}
+
 /* Runs that do not record the x metric (a database written before it existed) give a clear "no data". */
 static void test_error_vs_memory_without_recorded_bytes(void **state) {
     tmp_ctx *t = *state;
@@ -662,6 +1175,300 @@ static int run_cli(char *const argv[]) {
     assert_int_equal(waitpid(pid, &status, 0), pid);
     assert_true(WIFEXITED(status));
     return WEXITSTATUS(status);
+}
+
+/* Runs KVSIM_BIN with argv (argv[0] ignored): stdout to `out_path` and stderr to `err_path` (NULL: discarded),
+ * with `path_dir` (may be NULL) put first on PATH, so a stand-in gnuplot there is the one found. Returns the
+ * exit code. */
+static int run_cli_io(char *const argv[], const char *path_dir, const char *out_path, const char *err_path) {
+    const char *bin = getenv("KVSIM_BIN");
+    assert_non_null(bin);
+    char path[4096];
+    snprintf(path, sizeof path, "%s:%s", path_dir ? path_dir : "", getenv("PATH") ? getenv("PATH") : "/usr/bin:/bin");
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int o = open(out_path ? out_path : "/dev/null", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int e = open(err_path ? err_path : "/dev/null", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (o < 0 || e < 0) _exit(126);
+        dup2(o, 1);
+        dup2(e, 2);
+        if (path_dir) setenv("PATH", path, 1);
+        execv(bin, argv);
+        _exit(127);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFEXITED(status));
+    return WEXITSTATUS(status);
+}
+
+/* A folder holding a stand-in `gnuplot` (make_fake_gnuplot's script under that name) for the CLI tests. */
+static void make_fake_gnuplot_dir(const char *dir, char *bindir, size_t cap, char *captured, size_t ccap) {
+    char prog[200];
+    snprintf(bindir, cap, "%s/bin", dir);
+    mkdir(bindir, 0755);
+    make_fake_gnuplot(bindir, prog, sizeof prog, captured, ccap);
+    char name[220];
+    snprintf(name, sizeof name, "%s/gnuplot", bindir);
+    assert_int_equal(rename(prog, name), 0);
+}
+
+/* Many series on one error-vs-position plot: drawn, with a warning that says how to select fewer. */
+static void test_cli_warns_about_too_many_position_series(void **state) {
+    tmp_ctx *t = *state;
+    if (!getenv("KVSIM_BIN")) skip();
+    char db[160], out[160], err[160], bindir[160], captured[200];
+    snprintf(db, sizeof db, "%s/main.db", t->dir);
+    snprintf(out, sizeof out, "%s/many.png", t->dir);
+    snprintf(err, sizeof err, "%s/stderr", t->dir);
+    make_main_job_db(db, 5);
+    make_fake_gnuplot_dir(t->dir, bindir, sizeof bindir, captured, sizeof captured);
+    char *all[] = {"kvsim", "plot", db, "--kind", "error-vs-position", "--out", out, NULL};
+    assert_int_equal(run_cli_io(all, bindir, NULL, err), 0);
+    assert_true(kvs_test_exists(out));
+    char *msg = NULL;
+    size_t n = 0;
+    expect_ok(kvs_read_file(err, &msg, &n));
+    if (!strstr(msg, "kvsim plot: warning: 50 series on one error-vs-position plot; select fewer with --policy, "
+                     "--budget, --trace")) {
+        fprintf(stderr, "stderr was: '%s'\n", msg);
+        fail();
+    }
+    free(msg);
+    /* 10 (one budget) and 12 (the limit) are no warning; 13 are. */
+    char *one[] = {"kvsim", "plot", db, "--kind", "error-vs-position", "--budget", "32", "--out", out, NULL};
+    assert_int_equal(run_cli_io(one, bindir, NULL, err), 0);
+    expect_ok(kvs_read_file(err, &msg, &n));
+    assert_null(strstr(msg, "warning"));
+    free(msg);
+    kvs_results_db *rdb = NULL;
+    expect_ok(kvs_results_open(db, &rdb));
+    put_run(rdb, "h2o", "recent=0.5,gqa=expand", 0, 32, 1);
+    put_run(rdb, "tova", "mode=layer,protect_current=false", 0, 32, 1);
+    kvs_results_close(rdb);
+    assert_int_equal(run_cli_io(one, bindir, NULL, err), 0);
+    expect_ok(kvs_read_file(err, &msg, &n));
+    assert_null(strstr(msg, "warning"));
+    free(msg);
+    expect_ok(kvs_results_open(db, &rdb));
+    put_run(rdb, "window", "", 0, 32, 1);
+    kvs_results_close(rdb);
+    assert_int_equal(run_cli_io(one, bindir, NULL, err), 0);
+    expect_ok(kvs_read_file(err, &msg, &n));
+    assert_non_null(strstr(msg, "kvsim plot: warning: 13 series on one error-vs-position plot"));
+    free(msg);
+    /* The other kinds draw one line per configuration: no such warning. */
+    char *budget[] = {"kvsim", "plot", db, "--kind", "error-vs-budget", "--out", out, NULL};
+    assert_int_equal(run_cli_io(budget, bindir, NULL, err), 0);
+    expect_ok(kvs_read_file(err, &msg, &n));
+    assert_null(strstr(msg, "warning"));
+    free(msg);
+}
+
+/* The whole path on a real multi-turn capture: `kvsim capture --turns` (stories260K), `kvsim replay` (the trace's
+ * turns go to the database), `kvsim plot --kind error-vs-position`: the script gnuplot gets marks every turn of
+ * the trace and breaks the decode line at each later turn's prompt. */
+static void test_cli_multi_turn_capture_replay_plot(void **state) {
+    tmp_ctx *t = *state;
+    const char *bin = getenv("KVSIM_BIN");
+    char model[600];
+    snprintf(model, sizeof model, "%s/../shared/models/stories260K.bin", kvs_test_root());
+    if (!bin || !kvs_test_exists(model)) {
+        fprintf(stderr, "SKIP: needs KVSIM_BIN and ../shared/models/stories260K.bin\n");
+        skip();
+    }
+    char turns_txt[160], trace[160], db[160], out[160], bindir[160], captured[200];
+    snprintf(turns_txt, sizeof turns_txt, "%s/turns.txt", t->dir);
+    snprintf(trace, sizeof trace, "%s/chat.kvt", t->dir);
+    snprintf(db, sizeof db, "%s/chat.db", t->dir);
+    snprintf(out, sizeof out, "%s/chat.png", t->dir);
+    FILE *f = fopen(turns_txt, "w");
+    assert_non_null(f);
+    fputs("Once upon a time\n\nThe dog ran to the park.\n\nThen it rained.\n", f); /* three turns */
+    assert_int_equal(fclose(f), 0);
+    char *capture[] = {"kvsim", "capture", "--model", model, "--turns", turns_txt, "--steps", "6", "--ignore-eos",
+                       "--out", trace, NULL};
+    assert_int_equal(run_cli_io(capture, NULL, NULL, NULL), 0);
+    kvs_trace *tr = NULL;
+    expect_ok(kvs_trace_open(trace, &tr));
+    const kvs_trace_info *info = kvs_trace_info_get(tr);
+    assert_int_equal(info->n_turns, 3);
+    kvs_turn turns[3];
+    memcpy(turns, info->turns, sizeof turns);
+    kvs_trace_close(tr);
+    char *replay[] = {"kvsim", "replay", trace, "--db", db, "--policy", "window", "--budgets", "4",
+                      "--series-every", "1", "--threads", "1", NULL};
+    assert_int_equal(run_cli_io(replay, NULL, NULL, NULL), 0);
+    make_fake_gnuplot_dir(t->dir, bindir, sizeof bindir, captured, sizeof captured);
+    char *plot[] = {"kvsim", "plot", db, "--kind", "error-vs-position", "--out", out, NULL};
+    assert_int_equal(run_cli_io(plot, bindir, NULL, NULL), 0);
+    char *gp = NULL;
+    size_t n = 0;
+    expect_ok(kvs_read_file(captured, &gp, &n));
+    /* decode: each turn's response, a break before each later one */
+    int64_t from[3], to[3];
+    for (int k = 0; k < 3; k++) from[k] = turns[k].prompt_end, to[k] = turns[k].end;
+    expect_stretches(gp, "window budget=4", from, to, 3);
+    for (int k = 0; k < 3; k++) {
+        char mark[200];
+        snprintf(mark, sizeof mark, "rect from first %lld, graph 0 to first %lld, graph 1", (long long)turns[k].begin,
+                 (long long)turns[k].prompt_end);
+        assert_non_null(strstr(gp, mark));
+        if (k == 0) continue;
+        snprintf(mark, sizeof mark, "set arrow %d from first %lld, graph 0 to first %lld, graph 1 nohead", k,
+                 (long long)turns[k].begin, (long long)turns[k].begin);
+        assert_non_null(strstr(gp, mark));
+        snprintf(mark, sizeof mark, "set label %d 'turn %d' at first %lld,", k, k + 1, (long long)turns[k].begin);
+        assert_non_null(strstr(gp, mark));
+    }
+    free(gp);
+    /* The real gnuplot draws it too. */
+    if (have_gnuplot()) {
+        assert_int_equal(run_cli_io(plot, NULL, NULL, NULL), 0);
+        assert_image(out, 0);
+    }
+}
+
+/* The names in folder `dir`, sorted, joined by spaces (to see what a command left there). */
+static void dir_listing(const char *dir, char *buf, size_t cap) {
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "ls -A '%s' | tr '\n' ' '", dir);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = fread(buf, 1, cap - 1, f);
+    buf[n] = '\0';
+    pclose(f);
+}
+
+/* `plot --out` follows the output rules of every command (common/kvs_out.h): a symbolic link is written through
+ * (its target replaced, the link kept), '-' is standard output (PNG unless --format svg), a device is written
+ * in place, and a failed plot changes nothing and leaves no temporary file (beside the target, or in TMPDIR
+ * where gnuplot draws). */
+static void test_cli_out_follows_the_output_rules(void **state) {
+    tmp_ctx *t = *state;
+    if (!getenv("KVSIM_BIN")) skip();
+    char dir[160], bindir[160], captured[200], faildir[160], tmpdir[160], target[200], link[200], list[1024];
+    snprintf(dir, sizeof dir, "%s/outs", t->dir);
+    snprintf(tmpdir, sizeof tmpdir, "%s/tmp", t->dir);
+    snprintf(faildir, sizeof faildir, "%s/failbin", t->dir);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    assert_int_equal(mkdir(tmpdir, 0755), 0);
+    assert_int_equal(mkdir(faildir, 0755), 0);
+    make_fake_gnuplot_dir(t->dir, bindir, sizeof bindir, captured, sizeof captured);
+    char fail_prog[200];
+    snprintf(fail_prog, sizeof fail_prog, "%s/gnuplot", faildir);
+    FILE *f = fopen(fail_prog, "w");
+    assert_non_null(f);
+    fputs("#!/bin/sh\ncat > /dev/null\necho 'gnuplot: something went wrong' >&2\nexit 1\n", f);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(chmod(fail_prog, 0755), 0);
+    snprintf(target, sizeof target, "%s/real.png", dir);
+    snprintf(link, sizeof link, "%s/link.png", dir);
+    f = fopen(target, "w");
+    assert_non_null(f);
+    fputs("old image\n", f);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(symlink("real.png", link), 0);
+    setenv("TMPDIR", tmpdir, 1);
+
+    /* A symbolic link: the target gets the new image, the link stays a link to it. */
+    char *via_link[] = {"kvsim", "plot", t->db, "--kind", "error-vs-budget", "--out", link, NULL};
+    assert_int_equal(run_cli_io(via_link, bindir, NULL, NULL), 0);
+    struct stat sb;
+    assert_int_equal(lstat(link, &sb), 0);
+    assert_true(S_ISLNK(sb.st_mode));
+    char *data = NULL;
+    size_t n = 0;
+    expect_ok(kvs_read_file(target, &data, &n));
+    assert_string_equal(data, "stand-in image\n");
+    free(data);
+    dir_listing(dir, list, sizeof list);
+    assert_string_equal(list, "link.png real.png ");
+    dir_listing(tmpdir, list, sizeof list);
+    assert_string_equal(list, "");
+
+    /* A failing gnuplot: the target keeps its content, the link stays, nothing is left beside it or in TMPDIR. */
+    f = fopen(target, "w");
+    assert_non_null(f);
+    fputs("old image\n", f);
+    assert_int_equal(fclose(f), 0);
+    assert_int_equal(run_cli_io(via_link, faildir, NULL, NULL), 1);
+    assert_int_equal(lstat(link, &sb), 0);
+    assert_true(S_ISLNK(sb.st_mode));
+    expect_ok(kvs_read_file(target, &data, &n));
+    assert_string_equal(data, "old image\n");
+    free(data);
+    dir_listing(dir, list, sizeof list);
+    assert_string_equal(list, "link.png real.png ");
+    dir_listing(tmpdir, list, sizeof list);
+    assert_string_equal(list, "");
+
+    /* '-': the image is standard output (the "wrote" line goes to stderr); PNG unless --format svg. */
+    char img[200], err[200];
+    snprintf(img, sizeof img, "%s/stdout", t->dir);
+    snprintf(err, sizeof err, "%s/stderr", t->dir);
+    char *to_stdout[] = {"kvsim", "plot", t->db, "--kind", "error-vs-budget", "--out", "-", NULL};
+    assert_int_equal(run_cli_io(to_stdout, bindir, img, err), 0);
+    expect_ok(kvs_read_file(img, &data, &n));
+    assert_string_equal(data, "stand-in image\n");
+    free(data);
+    expect_ok(kvs_read_file(err, &data, &n));
+    assert_non_null(strstr(data, "wrote standard output"));
+    free(data);
+    expect_ok(kvs_read_file(captured, &data, &n));
+    assert_non_null(strstr(data, "set terminal pngcairo "));
+    free(data);
+    char *svg_stdout[] = {"kvsim", "plot", t->db, "--kind", "error-vs-budget", "--out", "-", "--format", "svg", NULL};
+    assert_int_equal(run_cli_io(svg_stdout, bindir, img, NULL), 0);
+    expect_ok(kvs_read_file(captured, &data, &n));
+    assert_non_null(strstr(data, "set terminal svg "));
+    free(data);
+    /* A device is written in place; a name without .png/.svg takes --format. */
+    char *device[] = {"kvsim", "plot", t->db, "--kind", "error-vs-budget", "--out", "/dev/null", NULL};
+    assert_int_equal(run_cli_io(device, bindir, NULL, NULL), 0);
+    char plain[200];
+    snprintf(plain, sizeof plain, "%s/plot", dir);
+    char *named[] = {"kvsim", "plot", t->db, "--kind", "error-vs-budget", "--out", plain, "--format", "svg", NULL};
+    assert_int_equal(run_cli_io(named, bindir, NULL, NULL), 0);
+    expect_ok(kvs_read_file(captured, &data, &n));
+    assert_non_null(strstr(data, "set terminal svg "));
+    free(data);
+    assert_true(kvs_test_exists(plain));
+    unlink(plain);
+    /* Usage errors: a format that is neither, one that contradicts the name, a file name without either. */
+    char *bad_format[] = {"kvsim", "plot", t->db, "--kind", "error-vs-budget", "--out", "-", "--format", "jpg", NULL};
+    char *mismatch[] = {"kvsim", "plot", t->db, "--kind", "error-vs-budget", "--out", target, "--format", "svg", NULL};
+    char *no_ext[] = {"kvsim", "plot", t->db, "--kind", "error-vs-budget", "--out", plain, NULL};
+    assert_int_equal(run_cli_io(bad_format, bindir, NULL, err), 2);
+    expect_ok(kvs_read_file(err, &data, &n));
+    assert_non_null(strstr(data, "--format: 'jpg' is not png or svg"));
+    free(data);
+    assert_int_equal(run_cli_io(mismatch, bindir, NULL, err), 2);
+    expect_ok(kvs_read_file(err, &data, &n));
+    assert_non_null(strstr(data, "--format svg does not match"));
+    free(data);
+    assert_int_equal(run_cli_io(no_ext, bindir, NULL, err), 2);
+    expect_ok(kvs_read_file(err, &data, &n));
+    assert_non_null(strstr(data, "must end in .png or .svg"));
+    free(data);
+    assert_false(kvs_test_exists(plain));
+    dir_listing(tmpdir, list, sizeof list);
+    assert_string_equal(list, "");
+    unsetenv("TMPDIR");
+
+    /* With the real gnuplot: a PNG (and an SVG) on standard output. */
+    if (have_gnuplot()) {
+        assert_int_equal(run_cli_io(to_stdout, NULL, img, NULL), 0);
+        assert_image(img, 0);
+        assert_int_equal(run_cli_io(svg_stdout, NULL, img, NULL), 0);
+        assert_image(img, 1);
+        assert_int_equal(run_cli_io(via_link, NULL, NULL, NULL), 0);
+        assert_int_equal(lstat(link, &sb), 0);
+        assert_true(S_ISLNK(sb.st_mode));
+        assert_image(target, 0);
+    }
 }
 
 static void test_cli_exit_codes(void **state) {
@@ -729,11 +1536,20 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_plot_failures_leave_no_file, setup_db, teardown_db),
         cmocka_unit_test(test_kind_and_metric_parsing),
         cmocka_unit_test_setup_teardown(test_cli_exit_codes, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_cli_warns_about_too_many_position_series, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_cli_multi_turn_capture_replay_plot, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_cli_out_follows_the_output_rules, setup_db, teardown_db),
         cmocka_unit_test(test_pareto_hand_made),
         cmocka_unit_test_setup_teardown(test_error_vs_memory_frontier_and_series, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_budget_series_separated_by_trace_and_measure, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_error_vs_memory_and_traffic_png_svg, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_error_vs_memory_without_recorded_bytes, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_script_written_to_a_stream_is_what_gnuplot_reads, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_legend_has_every_series_and_fits, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_legend_rendered_by_gnuplot, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_one_colour_per_policy_on_every_plot, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_position_plot_marks_turns_and_breaks_at_gaps, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_position_plot_without_turn_info_breaks_at_jumps, setup_db, teardown_db),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -3,6 +3,8 @@
  * reopen, exact read-back of a written run (raw SQL and the read API), atomicity (a write failing midway, a
  * writer killed with SIGKILL mid-transaction), two processes writing at once, foreign/unwritable files left
  * byte-identical, the migration of a schema-v1 database (built with the v1 DDL) and v1 read-only reading,
+ * the turns of a trace (trace_turns: written with the trace row, read back, refused when they do not tile the
+ * trace, no turn info in v1 and older v2 files),
  * the read API's filters and step series, nearest-rank percentiles against hand-computed values, and
  * `kvsim runs` (table flags, CSV header and RFC 4180 quoting, JSON, write errors) run through KVSIM_BIN.
  */
@@ -165,14 +167,17 @@ static void query_text(sqlite3 *db, const char *sql, char *out, size_t cap) {
 
 /* Row counts of every table, to compare a database before and after a failed operation. */
 typedef struct {
-    int64_t meta, traces, runs, run_layers, run_summary, steps;
+    int64_t meta, traces, runs, run_layers, run_summary, steps, trace_turns;
 } counts;
 
 static counts table_counts(const char *path) {
     sqlite3 *db = raw_open(path);
     counts c = {query_i64(db, "SELECT count(*) FROM meta"),        query_i64(db, "SELECT count(*) FROM traces"),
                 query_i64(db, "SELECT count(*) FROM runs"),        query_i64(db, "SELECT count(*) FROM run_layers"),
-                query_i64(db, "SELECT count(*) FROM run_summary"), query_i64(db, "SELECT count(*) FROM steps")};
+                query_i64(db, "SELECT count(*) FROM run_summary"), query_i64(db, "SELECT count(*) FROM steps"), -1};
+    /* -1: no such table (a v1 database) */
+    if (query_i64(db, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'trace_turns'"))
+        c.trace_turns = query_i64(db, "SELECT count(*) FROM trace_turns");
     sqlite3_close(db);
     return c;
 }
@@ -184,6 +189,7 @@ static void assert_counts_equal(counts a, counts b) {
     assert_int_equal(a.run_layers, b.run_layers);
     assert_int_equal(a.run_summary, b.run_summary);
     assert_int_equal(a.steps, b.steps);
+    assert_int_equal(a.trace_turns, b.trace_turns);
 }
 
 static void write_file(const char *path, const void *data, size_t n) {
@@ -264,8 +270,8 @@ static void test_open_creates_schema_and_reopen_is_idempotent(void **state) {
     assert_string_equal(buf, "2");
     query_text(raw, "PRAGMA journal_mode", buf, sizeof buf);
     assert_string_equal(buf, "wal");
-    const char *tables[] = {"meta", "traces", "runs", "run_layers", "run_summary", "steps"};
-    for (size_t i = 0; i < 6; i++) {
+    const char *tables[] = {"meta", "traces", "trace_turns", "runs", "run_layers", "run_summary", "steps"};
+    for (size_t i = 0; i < 7; i++) {
         char sql[128];
         snprintf(sql, sizeof sql, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = '%s'", tables[i]);
         assert_int_equal(query_i64(raw, sql), 1);
@@ -614,6 +620,9 @@ static void test_write_failing_midway_leaves_db_unchanged(void **state) {
     counts before = table_counts(t->db);
 
     kvs_results_trace tr = make_trace("/traces/NEW.kvt"); /* a new trace row is part of the rollback */
+    static const kvs_turn turns[2] = {{0, 24, 48}, {48, 60, 96}}; /* so are its turns */
+    tr.n_turns = 2;
+    tr.turns = turns;
     kvs_results_run run = make_run("tova", "", 32);
     kvs_results_agg layers[2] = {make_agg(0, 0.25), make_agg(1, 0.5)};
     kvs_results_agg all = make_agg(-1, 0.375);
@@ -1011,6 +1020,11 @@ static void test_v1_database_is_read_without_migration(void **state) {
     expect_ok(kvs_results_query_steps(db, 1, -1, KVS_M_OUT_COS, &ser)); /* no such v1 column */
     assert_int_equal(ser.n, 0);
     kvs_results_series_free(&ser);
+    kvs_turn *turns = (kvs_turn *)&ser; /* must be replaced by NULL */
+    int64_t n_turns = -1;
+    expect_ok(kvs_results_query_turns(db, 1, &turns, &n_turns)); /* v1 has no trace_turns: no turn info */
+    assert_int_equal(n_turns, 0);
+    assert_null(turns);
     kvs_results_close(db);
 
     /* `kvsim runs` reads it too, and never modifies it. */
@@ -1076,6 +1090,9 @@ static void test_v1_database_is_migrated_on_open_for_writing(void **state) {
     assert_int_equal(query_i64(raw, "SELECT count(*) FROM pragma_table_info('run_layers')"),
                      2 + KVS_N_METRICS * KVS_N_STATS);
     assert_int_equal(query_i64(raw, "SELECT count(*) FROM pragma_table_info('steps')"), 4 + KVS_N_METRICS);
+    /* The migration creates the turn table; the v1 trace has no turns recorded (no turn info). */
+    assert_int_equal(query_i64(raw, "SELECT count(*) FROM pragma_table_info('trace_turns')"), 5);
+    assert_int_equal(query_i64(raw, "SELECT count(*) FROM trace_turns"), 0);
     /* Old rows intact; the new columns are NULL (not recorded) for them. */
     assert_int_equal(query_i64(raw, "SELECT count(*) FROM runs"), 3);
     assert_int_equal(query_i64(raw, "SELECT count(*) FROM runs WHERE id = 1 AND policy = 'h2o' AND "
@@ -1101,6 +1118,163 @@ static void test_v1_database_is_migrated_on_open_for_writing(void **state) {
     expect_ok(kvs_results_open(t->db, &db));
     kvs_results_close(db);
     assert_counts_equal(before, table_counts(t->db));
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * The turns of a trace (table trace_turns)
+ * ---------------------------------------------------------------------------------------------- */
+
+static void expect_turns(kvs_results_db *db, int64_t trace_id, const kvs_turn *want, int64_t n_want) {
+    kvs_turn *turns = NULL;
+    int64_t n = -1;
+    expect_ok(kvs_results_query_turns(db, trace_id, &turns, &n));
+    assert_int_equal(n, n_want);
+    if (n_want == 0) assert_null(turns);
+    for (int64_t i = 0; i < n; i++) {
+        assert_int_equal(turns[i].begin, want[i].begin);
+        assert_int_equal(turns[i].prompt_end, want[i].prompt_end);
+        assert_int_equal(turns[i].end, want[i].end);
+    }
+    free(turns);
+}
+
+/* The trace id of run `id`. */
+static int64_t trace_of(kvs_results_db *db, int64_t id) {
+    kvs_results_run_row *rows = NULL;
+    int64_t n = 0;
+    kvs_results_filter f = {.run_id = id, .include_failed = 1};
+    expect_ok(kvs_results_query_runs(db, &f, &rows, &n));
+    assert_int_equal(n, 1);
+    int64_t tid = rows[0].trace_id;
+    kvs_results_run_rows_free(rows, n);
+    return tid;
+}
+
+static void test_trace_turns_are_written_and_read(void **state) {
+    tmp_ctx *t = *state;
+    static const kvs_turn three[3] = {{0, 32, 48}, {48, 60, 72}, {72, 80, 96}};
+    kvs_results_db *db = NULL;
+    expect_ok(kvs_results_open(t->db, &db));
+    kvs_results_trace tr = make_trace("/traces/chat.kvt");
+    tr.n_turns = 3;
+    tr.turns = three;
+    kvs_results_run run = make_run("h2o", "heavy=0.5", 16);
+    kvs_results_agg all = make_agg(-1, 0.375);
+    int64_t id1 = 0, id2 = 0, id3 = 0;
+    expect_ok(kvs_results_write_run(db, &tr, &run, NULL, 0, &all, NULL, 0, &id1));
+    run.budget_tokens = 32; /* a second run of the same trace: the same trace row, the turns once */
+    expect_ok(kvs_results_write_run(db, &tr, &run, NULL, 0, &all, NULL, 0, &id2));
+    int64_t chat = trace_of(db, id1);
+    assert_int_equal(trace_of(db, id2), chat);
+    expect_turns(db, chat, three, 3);
+    /* A trace written without its turns has no turn info; so has a trace id that does not exist. */
+    kvs_results_trace plain = make_trace("/traces/plain.kvt");
+    expect_ok(kvs_results_write_run(db, &plain, &run, NULL, 0, &all, NULL, 0, &id3));
+    int64_t plain_id = trace_of(db, id3);
+    assert_true(plain_id != chat);
+    expect_turns(db, plain_id, NULL, 0);
+    expect_turns(db, 999, NULL, 0);
+    /* ... until it is written with them: the same trace row gains them. */
+    static const kvs_turn one[1] = {{0, 32, 96}};
+    plain.turns = one;
+    expect_ok(kvs_results_write_run(db, &plain, &run, NULL, 0, &all, NULL, 0, &id3));
+    assert_int_equal(trace_of(db, id3), plain_id);
+    expect_turns(db, plain_id, one, 1);
+    kvs_results_close(db);
+    sqlite3 *raw = raw_open(t->db);
+    assert_int_equal(query_i64(raw, "SELECT count(*) FROM trace_turns"), 4);
+    assert_int_equal(query_i64(raw, "SELECT count(*) FROM trace_turns WHERE turn = 1 AND begin_pos = 48 AND "
+                                    "prompt_end = 60 AND end_pos = 72"),
+                     1);
+    sqlite3_close(raw);
+    /* Readers see them through a read-only handle too. */
+    expect_ok(kvs_results_open_readonly(t->db, &db));
+    expect_turns(db, chat, three, 3);
+    kvs_results_close(db);
+
+    /* Turns that do not tile the trace are refused before anything is written. */
+    expect_ok(kvs_results_open(t->db, &db));
+    counts before = table_counts(t->db);
+    kvs_results_trace bad = make_trace("/traces/bad.kvt");
+    static const kvs_turn gap[2] = {{0, 32, 48}, {50, 60, 96}}, backwards[2] = {{0, 32, 48}, {48, 80, 72}},
+                          short_[2] = {{0, 32, 48}, {48, 60, 90}}, late[1] = {{4, 32, 96}};
+    struct {
+        const kvs_turn *turns;
+        int64_t n;
+        const char *msg;
+    } cases[5] = {{gap, 2, "turn 1 begins at 50"},
+                  {backwards, 2, "turn 1: positions 48, 80, 72"},
+                  {short_, 2, "end at 90"},
+                  {late, 1, "turn 0 begins at 4"},
+                  {gap, 0, "n_turns 0"}};
+    for (int i = 0; i < 5; i++) {
+        bad.turns = cases[i].turns;
+        bad.n_turns = cases[i].n;
+        assert_int_equal(kvs_results_write_run(db, &bad, &run, NULL, 0, &all, NULL, 0, NULL), KVS_ERR_INVALID_ARG);
+        expect_msg(cases[i].msg);
+    }
+    kvs_results_close(db);
+    assert_counts_equal(before, table_counts(t->db));
+}
+
+/* A v2 database written before trace_turns existed: readers find no turn info; the next open for writing
+ * adds the table. */
+static void test_v2_database_without_turn_table(void **state) {
+    tmp_ctx *t = *state;
+    kvs_results_db *db = NULL;
+    expect_ok(kvs_results_open(t->db, &db));
+    int64_t id = 0;
+    expect_ok(write_simple_run(db, "/traces/a.kvt", "h2o", "heavy=0.5", 64, 8, &id));
+    kvs_results_close(db);
+    sqlite3 *raw = raw_open(t->db);
+    exec_raw(raw, "DROP TABLE trace_turns");
+    sqlite3_close(raw);
+    expect_ok(kvs_results_open_readonly(t->db, &db));
+    expect_turns(db, trace_of(db, id), NULL, 0);
+    kvs_results_close(db);
+    expect_ok(kvs_results_open(t->db, &db));
+    kvs_results_close(db);
+    raw = raw_open(t->db);
+    assert_int_equal(query_i64(raw, "SELECT count(*) FROM pragma_table_info('trace_turns')"), 5);
+    sqlite3_close(raw);
+}
+
+/* A migrated v1 database has trace_turns (created in the migration's transaction), empty: the v1 trace has no
+ * turn info until it is written again with its turns. */
+static void test_migration_creates_the_turn_table(void **state) {
+    tmp_ctx *t = *state;
+    make_v1_db(t->db, "1");
+    kvs_results_db *db = NULL;
+    expect_ok(kvs_results_open(t->db, &db));
+    kvs_turn *turns = NULL;
+    int64_t n = -1;
+    expect_ok(kvs_results_query_turns(db, 1, &turns, &n));
+    assert_int_equal(n, 0);
+    /* The v1 trace written again with its turns (same trace row): the turns are recorded for it. */
+    kvs_results_trace tr = make_trace("/traces/v1.kvt");
+    tr.file_bytes = 1000; /* the v1 row: 96 positions, prompt 32, 1 turn, 1000 bytes */
+    static const kvs_turn one[1] = {{0, 32, 96}};
+    tr.turns = one;
+    kvs_results_run run = make_run("window", "", 16);
+    kvs_results_agg all = make_agg(-1, 0.375);
+    int64_t id = 0;
+    expect_ok(kvs_results_write_run(db, &tr, &run, NULL, 0, &all, NULL, 0, &id));
+    kvs_results_run_row *rows = NULL;
+    int64_t n_rows = 0;
+    kvs_results_filter f = {.run_id = id};
+    expect_ok(kvs_results_query_runs(db, &f, &rows, &n_rows));
+    assert_int_equal(n_rows, 1);
+    assert_int_equal(rows[0].trace_id, 1);
+    kvs_results_run_rows_free(rows, n_rows);
+    expect_ok(kvs_results_query_turns(db, 1, &turns, &n));
+    assert_int_equal(n, 1);
+    assert_true(turns[0].begin == 0 && turns[0].prompt_end == 32 && turns[0].end == 96);
+    free(turns);
+    kvs_results_close(db);
+    sqlite3 *raw = raw_open(t->db);
+    assert_int_equal(query_i64(raw, "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'trace_turns'"),
+                     1);
+    sqlite3_close(raw);
 }
 
 /* What migrates is also read correctly: the v1 values through the read API after the migration. */
@@ -1693,6 +1867,9 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_v1_database_is_read_without_migration, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_v1_database_is_migrated_on_open_for_writing, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_migrated_database_reads_back_v1_values, setup_tmp, teardown_tmp),
+        cmocka_unit_test_setup_teardown(test_migration_creates_the_turn_table, setup_tmp, teardown_tmp),
+        cmocka_unit_test_setup_teardown(test_trace_turns_are_written_and_read, setup_tmp, teardown_tmp),
+        cmocka_unit_test_setup_teardown(test_v2_database_without_turn_table, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_failed_migration_leaves_v1_database_unchanged, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_newer_schema_version_is_refused_unchanged, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_two_processes_migrate_at_once, setup_tmp, teardown_tmp),
