@@ -577,6 +577,30 @@ static void put_one_line(FILE *gp, const char *s) {
     for (const char *c = s; *c; c++) fputc(*c == '\n' || *c == '\r' ? ' ' : *c, gp);
 }
 
+/* A log2 byte axis labelled at every power of two of the data's range as "256B", "1KiB", "16MiB" (gnuplot's
+ * own %b/%B format pads the mantissa: "256  B"). */
+static void put_byte_tics(FILE *gp, const plot_data *d) {
+    double lo = INFINITY, hi = -INFINITY;
+    for (size_t i = 0; i < d->n; i++)
+        for (size_t k = 0; k < d->s[i].n; k++)
+            if (d->s[i].x[k] > 0) {
+                if (d->s[i].x[k] < lo) lo = d->s[i].x[k];
+                if (d->s[i].x[k] > hi) hi = d->s[i].x[k];
+            }
+    fprintf(gp, "set logscale x 2\n");
+    if (!(lo <= hi)) return;
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    int e0 = (int)floor(log2(lo)), e1 = (int)ceil(log2(hi));
+    if (e1 == e0) e1++;
+    fprintf(gp, "set xtics (");
+    for (int e = e0; e <= e1; e++) {
+        int u = e >= 0 ? e / 10 : 0;
+        if (u > 5) u = 5;
+        fprintf(gp, "%s\"%.10g%s\" %.17g", e > e0 ? ", " : "", ldexp(1.0, e - 10 * u), units[u], ldexp(1.0, e));
+    }
+    fprintf(gp, ")\n");
+}
+
 static void put_data(FILE *gp, const plot_series *s) {
     fprintf(gp, "# series: ");
     put_one_line(gp, s->label);
@@ -730,7 +754,7 @@ static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
             1.0 - (double)LAYOUT_TOP_PX / l->height, (double)(l->key_height + LAYOUT_XAXIS_PX) / l->height);
     if (p->kind == KVS_PLOT_ERROR_VS_POSITION) put_turn_marks(gp, d);
     if (t->x == AXIS_LOG_TOKENS) fprintf(gp, "set logscale x 2\nset format x '%%g'\n");
-    else if (t->x == AXIS_LOG_BYTES) fprintf(gp, "set logscale x 2\nset format x '%%.0b %%BB'\n");
+    else if (t->x == AXIS_LOG_BYTES) put_byte_tics(gp, d);
     fprintf(gp, "plot ");
     /* The frontier first, so the policies' lines are drawn over it; then the series in legend order. */
     int first = 1;

@@ -651,6 +651,24 @@ static char *script_of(const kvs_plot *p, const char *image) {
     return buf;
 }
 
+/* A byte axis is labelled at the powers of two of the data's range as "512B", "1KiB" (gnuplot's %b/%B padded
+ * them as "512  B"). The cost database's memory runs span 512 B .. 8 KiB. */
+static void test_byte_axis_labels(void **state) {
+    tmp_ctx *t = *state;
+    char db[160], out[160];
+    snprintf(db, sizeof db, "%s/cost_tics.db", t->dir);
+    make_cost_db(db);
+    snprintf(out, sizeof out, "%s/tics.png", t->dir);
+    kvs_plot_options o = opts(KVS_PLOT_ERROR_VS_MEMORY, out);
+    kvs_plot *p = NULL;
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    char *gp = script_of(p, out);
+    assert_non_null(strstr(gp, "set xtics (\"512B\" 512, \"1KiB\" 1024, \"2KiB\" 2048, \"4KiB\" 4096, \"8KiB\" 8192)\n"));
+    assert_null(strstr(gp, "%b"));
+    free(gp);
+    kvs_plot_free(p);
+}
+
 static void test_script_written_to_a_stream_is_what_gnuplot_reads(void **state) {
     tmp_ctx *t = *state;
     char out[160], prog[160], captured[160], image[400];
@@ -1544,6 +1562,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_budget_series_separated_by_trace_and_measure, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_error_vs_memory_and_traffic_png_svg, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_error_vs_memory_without_recorded_bytes, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_byte_axis_labels, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_script_written_to_a_stream_is_what_gnuplot_reads, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_legend_has_every_series_and_fits, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_legend_rendered_by_gnuplot, setup_db, teardown_db),
