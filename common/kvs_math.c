@@ -66,49 +66,51 @@ double kvs_attention(const float *q, const float *keys, const float *values, siz
     return lse;
 }
 
-/* Ordering for top-k: larger value first, NaN last, lower index first among equals. */
-static int topk_before(const float *x, int32_t a, int32_t b) {
-    float va = x[a], vb = x[b];
-    int na = isnan(va), nb = isnan(vb);
-    if (na != nb) return nb;
-    if (!na && va != vb) return va > vb;
-    return a < b;
-}
+/* kvs_topk() and kvs_topk_f64(): one heap selection for both element types. Ordering: larger value first,
+ * NaN last, lower index first among equals. The root of the heap is the element that sorts last among the
+ * kept k; O(n log k), then heap-sorted in place. */
+#define KVS_TOPK_DEFINE(NAME, T)                                                                               \
+    static int NAME##_before(const T *x, int32_t a, int32_t b) {                                              \
+        T va = x[a], vb = x[b];                                                                               \
+        int na = isnan(va), nb = isnan(vb);                                                                   \
+        if (na != nb) return nb;                                                                              \
+        if (!na && va != vb) return va > vb;                                                                  \
+        return a < b;                                                                                         \
+    }                                                                                                         \
+    static void NAME##_sift(const T *x, int32_t *h, size_t k, size_t i) {                                     \
+        for (;;) {                                                                                            \
+            size_t l = 2 * i + 1, r = l + 1, w = i;                                                           \
+            if (l < k && NAME##_before(x, h[w], h[l])) w = l;                                                 \
+            if (r < k && NAME##_before(x, h[w], h[r])) w = r;                                                 \
+            if (w == i) return;                                                                               \
+            int32_t t = h[i];                                                                                 \
+            h[i] = h[w];                                                                                      \
+            h[w] = t;                                                                                         \
+            i = w;                                                                                            \
+        }                                                                                                     \
+    }                                                                                                         \
+    void NAME(const T *x, size_t n, size_t k, int32_t *out_idx) {                                             \
+        if (k == 0) return;                                                                                   \
+        if (k > n) k = n;                                                                                     \
+        for (size_t i = 0; i < k; i++) out_idx[i] = (int32_t)i;                                               \
+        for (size_t i = k / 2; i-- > 0;) NAME##_sift(x, out_idx, k, i);                                       \
+        for (size_t j = k; j < n; j++) {                                                                      \
+            if (NAME##_before(x, (int32_t)j, out_idx[0])) {                                                   \
+                out_idx[0] = (int32_t)j;                                                                      \
+                NAME##_sift(x, out_idx, k, 0);                                                                \
+            }                                                                                                 \
+        }                                                                                                     \
+        for (size_t end = k; end > 1; end--) {                                                                \
+            int32_t t = out_idx[0];                                                                           \
+            out_idx[0] = out_idx[end - 1];                                                                    \
+            out_idx[end - 1] = t;                                                                             \
+            NAME##_sift(x, out_idx, end - 1, 0);                                                              \
+        }                                                                                                     \
+    }
 
-/* Sift-down on a min-heap (root = the element that sorts last among the kept k). */
-static void heap_sift(const float *x, int32_t *h, size_t k, size_t i) {
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, w = i;
-        if (l < k && topk_before(x, h[w], h[l])) w = l;
-        if (r < k && topk_before(x, h[w], h[r])) w = r;
-        if (w == i) return;
-        int32_t t = h[i];
-        h[i] = h[w];
-        h[w] = t;
-        i = w;
-    }
-}
-
-void kvs_topk(const float *x, size_t n, size_t k, int32_t *out_idx) {
-    if (k == 0) return;
-    if (k > n) k = n;
-    /* Heap of the best k seen so far; the root is the worst of them. O(n log k). */
-    for (size_t i = 0; i < k; i++) out_idx[i] = (int32_t)i;
-    for (size_t i = k / 2; i-- > 0;) heap_sift(x, out_idx, k, i);
-    for (size_t j = k; j < n; j++) {
-        if (topk_before(x, (int32_t)j, out_idx[0])) {
-            out_idx[0] = (int32_t)j;
-            heap_sift(x, out_idx, k, 0);
-        }
-    }
-    /* Heap-sort in place: repeatedly move the worst to the end. */
-    for (size_t end = k; end > 1; end--) {
-        int32_t t = out_idx[0];
-        out_idx[0] = out_idx[end - 1];
-        out_idx[end - 1] = t;
-        heap_sift(x, out_idx, end - 1, 0);
-    }
-}
+KVS_TOPK_DEFINE(kvs_topk, float)
+KVS_TOPK_DEFINE(kvs_topk_f64, double)
+#undef KVS_TOPK_DEFINE
 
 /* Radix key whose ascending order is kvs_topk's order: descending value, NaN after everything. */
 static uint32_t desc_key(float f) {
@@ -324,4 +326,70 @@ double kvs_rel_l2(const float *ref, const float *x, size_t n) {
     }
     if (den == 0) return num == 0 ? 0 : INFINITY;
     return sqrt(num / den);
+}
+
+/* ---- key-only eviction scores ---------------------------------------------------------------------- */
+
+#define KVS_KEY_NORM_EPS 1e-12 /* F.normalize: k / max(|k|, eps) */
+#define KVS_KEY_COS_EPS 1e-8   /* F.cosine_similarity: a.b / max(|a||b|, eps) (POLICY_SPEC §1.4) */
+
+static const float *key_row(const float *keys, size_t stride, const int32_t *idx, size_t j) {
+    return keys + (idx ? (size_t)idx[j] : j) * stride;
+}
+
+static double key_norm(const float *k, size_t d) {
+    double s = 0;
+    for (size_t i = 0; i < d; i++) s += (double)k[i] * (double)k[i];
+    return sqrt(s);
+}
+
+void kvs_key_anchor(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, int normalized,
+                    double *mu) {
+    for (size_t i = 0; i < d; i++) mu[i] = 0;
+    for (size_t j = 0; j < n; j++) {
+        const float *k = key_row(keys, stride, idx, j);
+        double w = 1.0;
+        if (normalized) {
+            double nk = key_norm(k, d);
+            w = 1.0 / (nk > KVS_KEY_NORM_EPS ? nk : KVS_KEY_NORM_EPS);
+        }
+        for (size_t i = 0; i < d; i++) mu[i] += w * (double)k[i];
+    }
+    if (n > 0)
+        for (size_t i = 0; i < d; i++) mu[i] /= (double)n;
+}
+
+void kvs_key_scores(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, kvs_key_score kind,
+                    double *score, double *scratch) {
+    double *norm = scratch; /* [n] key norms */
+    for (size_t j = 0; j < n; j++) norm[j] = key_norm(key_row(keys, stride, idx, j), d);
+    if (kind == KVS_KEY_SCORE_L2NORM) {
+        for (size_t j = 0; j < n; j++) score[j] = -norm[j];
+        return;
+    }
+    if (kind == KVS_KEY_SCORE_PAIRWISE) { /* Eq. 7 as written: -sum_j cos(k_i, k_j), j over all n (self too) */
+        for (size_t a = 0; a < n; a++) {
+            const float *ka = key_row(keys, stride, idx, a);
+            double s = 0;
+            for (size_t b = 0; b < n; b++) {
+                const float *kb = key_row(keys, stride, idx, b);
+                double dot = 0, den = norm[a] * norm[b];
+                for (size_t i = 0; i < d; i++) dot += (double)ka[i] * (double)kb[i];
+                s += dot / (den > KVS_KEY_COS_EPS ? den : KVS_KEY_COS_EPS);
+            }
+            score[a] = -s;
+        }
+        return;
+    }
+    double *mu = scratch + n; /* [d] the anchor */
+    kvs_key_anchor(keys, stride, idx, n, d, kind == KVS_KEY_SCORE_ANCHOR, mu);
+    double nmu = 0;
+    for (size_t i = 0; i < d; i++) nmu += mu[i] * mu[i];
+    nmu = sqrt(nmu);
+    for (size_t j = 0; j < n; j++) {
+        const float *k = key_row(keys, stride, idx, j);
+        double dot = 0, den = norm[j] * nmu;
+        for (size_t i = 0; i < d; i++) dot += (double)k[i] * mu[i];
+        score[j] = -dot / (den > KVS_KEY_COS_EPS ? den : KVS_KEY_COS_EPS);
+    }
 }

@@ -36,6 +36,9 @@ double kvs_attention(const float *q, const float *keys, const float *values, siz
  *  descending value; ties go to the lower index, so the result is deterministic. NaN sorts lowest. */
 void kvs_topk(const float *x, size_t n, size_t k, int32_t *out_idx);
 
+/*! kvs_topk_f64() : kvs_topk() over doubles (same order and tie rule), for scores ranked in fp64. */
+void kvs_topk_f64(const double *x, size_t n, size_t k, int32_t *out_idx);
+
 /*! kvs_argsort_desc() : writes to order[0..n-1] all indices of x ordered exactly as kvs_topk(x, n, n)
  *  orders them (descending value, ties to the lower index, -0 equal to +0, NaN last), in O(n) with a
  *  stable LSD radix sort: the full ranking the replay engine needs for the top-k overlap of every step.
@@ -131,6 +134,28 @@ typedef struct {
  *  [n_heads][m] for KVS_GQA_NONE (each head's row pooled on its own). `scratch`:
  *  kvs_attn_colsum_scratch_bytes(src->n_cand) bytes. @return m (0: nothing before the window, out untouched). */
 int64_t kvs_snapkv_scores(const kvs_attn_src *src, const kvs_snapkv_opts *opts, float *out, void *scratch);
+
+/* ---- key-only eviction scores (KeyDiff, POLICY_SPEC §2.5 and §4 items 6-7; KNorm, §2.6 B12) ----
+ * Scores of n cached keys (rows idx[j] of `keys`, `stride` floats apart; idx NULL = rows 0..n-1) that depend
+ * on the keys alone, higher = more worth keeping (KeyDiff evicts the keys most similar to the others). All in
+ * fp64. Guards as PyTorch (POLICY_SPEC §1.4): k/max(|k|, 1e-12) normalises a key (a zero key stays zero),
+ * cos(a, b) = a.b / max(|a||b|, 1e-8). */
+typedef enum {
+    KVS_KEY_SCORE_ANCHOR = 0,     /* KeyDiff Eq. 8: -cos(k_i, mu), mu = (1/n) sum_j k_j/|k_j| (the anchor) */
+    KVS_KEY_SCORE_ANCHOR_RAW = 1, /* -cos(k_i, mu), mu = (1/n) sum_j k_j (KeyDiff §3.2 "unnormalized keys") */
+    KVS_KEY_SCORE_PAIRWISE = 2,   /* KeyDiff Eq. 7: -sum_j cos(k_i, k_j) over all n keys, i itself included;
+                                   * O(n^2 d). Same ranking as ANCHOR: sum_j cos(k_i,k_j) = n|mu|cos(k_i,mu) */
+    KVS_KEY_SCORE_L2NORM = 3,     /* KNorm / KeyL2Norm: -|k_i| (keep the smallest norms) */
+} kvs_key_score;
+
+/*! kvs_key_anchor() : mu[0..d-1] = (1/n) sum_j k_j/max(|k_j|, 1e-12) (normalized != 0, Eq. 8's anchor) or
+ *  (1/n) sum_j k_j (normalized == 0); all zero when n == 0. */
+void kvs_key_anchor(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, int normalized,
+                    double *mu);
+
+/*! kvs_key_scores() : score[0..n-1] of `kind` for the n keys. `scratch`: n + d doubles, caller memory. */
+void kvs_key_scores(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, kvs_key_score kind,
+                    double *score, double *scratch);
 
 /*! kvs_cosine() : a.b / (|a||b|); 0 when either norm is 0. */
 float kvs_cosine(const float *a, const float *b, size_t n);

@@ -17,5 +17,7 @@ extern const struct kvs_policy_ops kvs_policy_scissorhands;
 extern const struct kvs_policy_ops kvs_policy_snapkv;
 extern const struct kvs_policy_ops kvs_policy_pyramidkv;
 extern const struct kvs_policy_ops kvs_policy_adakv;
+extern const struct kvs_policy_ops kvs_policy_keydiff;
+extern const struct kvs_policy_ops kvs_policy_knorm;
 
 #endif /* KVS_POLICIES_REGISTRY_H */

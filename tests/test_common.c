@@ -290,6 +290,21 @@ static void test_topk_order_and_ties(void **state) {
     assert_memory_equal(idx, want_z, sizeof want_z);
 }
 
+/* kvs_topk_f64: the same order and tie rule in double, including values that differ only beyond float. */
+static void test_topk_f64_order_and_ties(void **state) {
+    (void)state;
+    double x[7] = {1.0, 3.0, 3.0, 2.0, NAN, 3.0 + 1e-12, -1.0};
+    int32_t idx[7];
+    kvs_topk_f64(x, 7, 7, idx);
+    int32_t want_all[7] = {5, 1, 2, 3, 0, 6, 4}; /* 3+1e-12 first; equal values by ascending index; NaN last */
+    assert_memory_equal(idx, want_all, sizeof want_all);
+    kvs_topk_f64(x, 7, 2, idx);
+    int32_t want2[2] = {5, 1};
+    assert_memory_equal(idx, want2, sizeof want2);
+    kvs_topk_f64(x, 7, 0, idx); /* k = 0 writes nothing */
+    assert_int_equal(idx[0], 5);
+}
+
 /* kvs_argsort_desc must order exactly as kvs_topk(x, n, n) does (the replay engine's top-k overlap depends
  * on it): checked on random data with many ties, signed zeros, negatives, NaN and infinities, and on sizes
  * that exercise the radix passes' skip of shared digits. */
@@ -773,6 +788,7 @@ int main(void) {
         cmocka_unit_test(test_fail_detail_may_prefix_itself),
         cmocka_unit_test(test_pread_all_truncated),
         cmocka_unit_test(test_topk_order_and_ties),
+        cmocka_unit_test(test_topk_f64_order_and_ties),
         cmocka_unit_test(test_argsort_matches_topk),
         cmocka_unit_test(test_softmax_and_lse),
         cmocka_unit_test(test_attention_small_example),

@@ -1,0 +1,294 @@
+/* keydiff.c — KeyDiff (Park et al., "Key Similarity-Based KV Cache Eviction for Long-Context LLM Inference in
+ * Resource-Constrained Environments", arXiv 2504.15364, ../shared/papers/keydiff.txt), as specified in
+ * POLICY_SPEC §2.5, §4 items 5-8 (equation reconstructions) and §8 item 5; also the block-wise framework of
+ * KNorm (policies/knorm.c, POLICY_SPEC §2.6 B12), which reuses this file's callbacks.
+ *
+ * Score (attention-free, keys only; common/kvs_math.h kvs_key_scores): s_i = -cos(k_i, mu) with the anchor
+ * mu = mean of the normalised candidate keys (Eq. 8, default); anchor=raw uses the plain mean of the keys
+ * (§3.2: "we evaluate the efficient KeyDiff ... using unnormalized keys in all subsequent sections");
+ * pairwise=true scores with Eq. 7, s_i = -sum_j cos(k_i, k_j) in O(n^2 d) (the same ranking as Eq. 8 whenever
+ * mu != 0, §4 item 7). The keys most similar to the others (lowest s) are evicted.
+ *
+ * Eviction event over a candidate list (held positions + new ones, ascending), whenever it exceeds the
+ * capacity C = B - 1: W = min(floor(window_frac * B), C) newest candidates are protected (the sliding-window
+ * variant, §3.2; 0 by default) and the scored older ones keep TOPK(s, C - W); the anchor is computed over
+ * every candidate, the protected ones included.
+ *  - Prefill (Eq. 6, block prompt processing): the prompt in blocks of `block` positions (128 by default,
+ *    POLICY_SPEC §2.5 [RECON], kvpress BlockPress) through the engine's chunked prefill (prefill_block()):
+ *    after every block, candidates = what is held + the block, evicted down to C. A block's queries attend
+ *    what was held after the previous block plus the block (measured by the engine with --measure prefill).
+ *  - Decode (block = 1, attend-then-evict, §4 "for token generation"): S_t = the C held positions + the
+ *    current token; after attention (observe), if S_t exceeds C the lowest-scoring candidate is evicted (the
+ *    current token included, unless the window protects it).
+ *
+ * Ambiguities resolved:
+ *  - Budget: the paper's N bounds the cache at every moment and its decode attends N+1 entries (attend, then
+ *    evict). kvsim's B bounds S_t with the current token included (sim/policy.h, POLICY_SPEC preamble), so the
+ *    cache holds C = B - 1 after every eviction, prefill blocks included: decode attends at most B, and the
+ *    prefill peak is C + block <= B + block (the paper's N + M_blk). This is the paper's process with
+ *    N = B - 1, and block=1 prefill is then exactly decode's process (§2.4: "M_blk = 1 corresponds to the
+ *    token generation phase").
+ *  - Block size: lost in the extraction; 128 (POLICY_SPEC §8 5a). A block covering the whole prompt is the
+ *    paper's one-shot processing (M_blk = L), reported by notes().
+ *  - Anchor: Eq. 8 and kvpress normalise the keys, the paper's experiments used the raw mean (§8 5b): the
+ *    default follows the equation (normalized), `anchor=raw` and the `paper` presets give the other. Eq. 7
+ *    has no anchor, so pairwise=true with anchor=raw is rejected (validate) rather than silently ignored.
+ *  - Window: W = floor(window_frac * B) newest positions of the candidates, capped at C (the paper: "a
+ *    percentage of the cache budget"); it is carved out of the budget, so the scored part keeps C - W. With
+ *    window_frac > 0 but W = 0 (small budgets) the current token is not protected: notes() says so.
+ *  - Guards (POLICY_SPEC §1.4, PyTorch): k/max(|k|, 1e-12), cos = a.b / max(|a||b|, 1e-8); scores in fp64.
+ *  - Ties (§1.4): kvs_topk_f64 keeps the higher score, the OLDER position among equals (candidates are in
+ *    position order). Sinks are not forced in (the paper: distinctive keys recover them, §3.1).
+ *  - Multi-turn: a later turn's prompt is processed in blocks from its first position against what the
+ *    earlier turns left (the same Eq. 6 recursion); generated tokens are candidates like prompt tokens.
+ *  - GQA: keys only, so one set per KV head shared by its query heads; no query aggregation (POLICY_SPEC §2.5).
+ * Accounting (POLICY_SPEC §2.5 "Storage", §3): KV resident = S_t (the engine's default, <= B); at a decode
+ * step that evicts, the scoring temporaries are transient device memory (anchor: mu (d) + scores (n_c);
+ * pairwise: scores + key norms (2 n_c), C(K) accumulated row by row, never materialised; knorm: scores (n_c))
+ * at aux_bytes each, so storage_peak = KV + them. Scoring reuses the attention's K read (fused: 0 auxiliary
+ * reads); unfused it re-reads the n_c keys (d n_c elements at kv_bytes). Prefill: the engine counts the whole
+ * block as transient (peak = held + block); it has no account() hook there, so the block's scoring temporaries
+ * are not added to the prefill peak.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/kvs_math.h"
+#include "registry.h"
+
+enum { KD_ANCHOR_NORMALIZED = 0, KD_ANCHOR_RAW = 1 };
+
+static const kvs_policy_param keydiff_params[] = {
+    {.key = "block", .type = KVS_PARAM_INT, .def = 128, .lo = 1, .hi = 1 << 24,
+     .help = "prompt block size M_blk: the prompt is processed (and evicted) block by block (Eq. 6)"},
+    {.key = "anchor", .type = KVS_PARAM_ENUM, .def = KD_ANCHOR_NORMALIZED, .choices = "normalized|raw",
+     .help = "anchor = mean of the normalised keys (Eq. 8) or of the raw keys (the paper's experiments)"},
+    {.key = "pairwise", .type = KVS_PARAM_BOOL, .def = 0, .lo = 0, .hi = 1,
+     .help = "score with Eq. 7 (sum of pairwise cosines, O(n^2)) instead of the anchor"},
+    {.key = "window_frac", .type = KVS_PARAM_DOUBLE, .def = 0, .lo = 0, .hi = 1,
+     .help = "share of the budget kept as a sliding window of the newest tokens (KeyDiff with sliding window)"},
+};
+
+static const kvs_policy_preset keydiff_presets[] = {
+    {.name = "paper", .params = "anchor=raw",
+     .help = "KeyDiff §3.2/§4: unnormalised-key anchor as in the paper's experiments, block 128; budgets 2048-8192"},
+    {.name = "paper-window10", .params = "anchor=raw,window_frac=0.1",
+     .help = "KeyDiff Table 13: sliding window of 10% of the budget; budgets 2048-8192"},
+    {.name = "paper-window20", .params = "anchor=raw,window_frac=0.2",
+     .help = "KeyDiff Table 13: sliding window of 20% of the budget; budgets 2048-8192"},
+};
+
+typedef struct {
+    kvs_policy_model model;
+    int64_t budget;   /* B */
+    int64_t cap;      /* C = B - 1: positions held after every eviction */
+    int64_t window;   /* W = min(floor(window_frac * B), C): newest candidates protected */
+    int64_t block;    /* prefill block size */
+    kvs_key_score kind;
+    int d;
+    int32_t *pos;     /* [alloc] held positions, ascending (+ the current token during a decode step) */
+    int64_t cnt;
+    /* eviction scratch, `alloc` candidates */
+    double *score, *work; /* work: alloc + d doubles (kvs_key_scores) */
+    int32_t *top;
+    char *mark;
+    int64_t alloc;
+} kd_state;
+
+/* Index of parameter `key` in cfg's table, -1 when the table has none (knorm's has no anchor/pairwise). */
+static int kd_param(const kvs_policy_config *cfg, const char *key) {
+    for (int i = 0; i < cfg->ops->n_params; i++)
+        if (!strcmp(cfg->ops->params[i].key, key)) return i;
+    return -1;
+}
+
+/* The score of a configuration: KeyDiff's anchor/pairwise parameters, or KNorm's key norm when the table has
+ * no `anchor` (knorm.c runs these callbacks with its own table). */
+static kvs_key_score kd_kind(const kvs_policy_config *cfg) {
+    int ia = kd_param(cfg, "anchor"), ip = kd_param(cfg, "pairwise");
+    if (ia < 0) return KVS_KEY_SCORE_L2NORM;
+    if (ip >= 0 && cfg->v[ip] != 0) return KVS_KEY_SCORE_PAIRWISE;
+    return cfg->v[ia] == KD_ANCHOR_RAW ? KVS_KEY_SCORE_ANCHOR_RAW : KVS_KEY_SCORE_ANCHOR;
+}
+
+/* W for budget B: floor(window_frac * B), capped at the capacity B - 1. */
+static int64_t kd_window(const kvs_policy_config *cfg, int64_t budget) {
+    int64_t w = (int64_t)floor(kvs_policy_param_get(cfg, "window_frac") * (double)budget);
+    return w > budget - 1 ? budget - 1 : w;
+}
+
+static void keydiff_free(void *state) {
+    kd_state *s = state;
+    if (!s) return;
+    free(s->pos);
+    free(s->score);
+    free(s->work);
+    free(s->top);
+    free(s->mark);
+    free(s);
+}
+
+/* Room for n candidates (held + a block, or held + the current token). */
+static kvs_status kd_reserve(kd_state *s, int64_t n) {
+    if (n <= s->alloc) return KVS_OK;
+    int64_t a = s->alloc > 0 ? s->alloc : 16;
+    while (a < n) a *= 2;
+    int32_t *pos = realloc(s->pos, (size_t)a * sizeof *pos);
+    if (pos) s->pos = pos;
+    double *score = realloc(s->score, (size_t)a * sizeof *score);
+    if (score) s->score = score;
+    double *work = realloc(s->work, ((size_t)a + (size_t)s->d) * sizeof *work);
+    if (work) s->work = work;
+    int32_t *top = realloc(s->top, (size_t)a * sizeof *top);
+    if (top) s->top = top;
+    char *mark = realloc(s->mark, (size_t)a);
+    if (mark) s->mark = mark;
+    if (!pos || !score || !work || !top || !mark) return kvs_fail(KVS_ERR_NOMEM, "keydiff: out of memory");
+    s->alloc = a;
+    return KVS_OK;
+}
+
+static kvs_status keydiff_create(const kvs_policy_init *init, void **state) {
+    kd_state *s = calloc(1, sizeof *s);
+    if (!s) return kvs_fail(KVS_ERR_NOMEM, "keydiff: out of memory");
+    s->model = *init->model;
+    s->budget = init->budget;
+    s->cap = init->budget - 1;
+    s->window = kd_window(init->cfg, init->budget);
+    s->block = (int64_t)kvs_policy_param_get(init->cfg, "block");
+    s->kind = kd_kind(init->cfg);
+    s->d = init->model->head_dim;
+    kvs_status st = kd_reserve(s, init->budget + 1);
+    if (st != KVS_OK) {
+        keydiff_free(s);
+        return st;
+    }
+    *state = s;
+    return KVS_OK;
+}
+
+/* One eviction event: the held list pos[0..cnt) (ascending candidates) down to the capacity C. */
+static void kd_evict(kd_state *s, const float *keys) {
+    int64_t nc = s->cnt;
+    if (nc <= s->cap) return;
+    int64_t scored = nc - s->window, keep = s->cap - s->window;
+    kvs_key_scores(keys, (size_t)s->d, s->pos, (size_t)nc, (size_t)s->d, s->kind, s->score, s->work);
+    memset(s->mark, 0, (size_t)nc);
+    kvs_topk_f64(s->score, (size_t)scored, (size_t)keep, s->top);
+    for (int64_t j = 0; j < keep; j++) s->mark[s->top[j]] = 1;
+    for (int64_t j = scored; j < nc; j++) s->mark[j] = 1; /* the sliding window */
+    int64_t m = 0;
+    for (int64_t j = 0; j < nc; j++)
+        if (s->mark[j]) s->pos[m++] = s->pos[j];
+    s->cnt = m;
+}
+
+/* One prompt block [block_begin, n): candidates = held + the block (the engine lets the policy read both). */
+static kvs_status keydiff_prefill(void *state, const kvs_policy_view *view) {
+    kd_state *s = state;
+    int64_t nb = view->n - view->block_begin;
+    kvs_status st = kd_reserve(s, s->cnt + nb);
+    if (st != KVS_OK) return st;
+    for (int64_t j = 0; j < nb; j++) s->pos[s->cnt++] = (int32_t)(view->block_begin + j);
+    kd_evict(s, view->k);
+    return KVS_OK;
+}
+
+static int64_t keydiff_prefill_block(void *state) { return ((kd_state *)state)->block; }
+
+static kvs_status keydiff_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {
+    kd_state *s = state;
+    KVS_ASSERT(s->cnt <= s->cap);
+    s->pos[s->cnt++] = (int32_t)(view->n - 1);
+    memcpy(sel->idx[0], s->pos, (size_t)s->cnt * sizeof(int32_t));
+    sel->n[0] = s->cnt;
+    return KVS_OK;
+}
+
+/* Attend-then-evict: the eviction after attention; the probabilities are not used (attention-free). */
+static kvs_status keydiff_observe(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel,
+                                  const float *const *probs) {
+    kd_state *s = state;
+    (void)sel;
+    (void)probs;
+    kd_evict(s, view->k);
+    return KVS_OK;
+}
+
+static int64_t keydiff_stored(void *state, int g, int32_t *out) {
+    kd_state *s = state;
+    (void)g;
+    memcpy(out, s->pos, (size_t)s->cnt * sizeof(int32_t));
+    return s->cnt;
+}
+
+/* The default KV accounting (S_t, <= B) plus this step's eviction temporaries (see the header comment). */
+static void keydiff_account(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel, kvs_policy_cost *out) {
+    kd_state *s = state;
+    (void)view;
+    (void)sel;
+    if (s->cnt <= s->cap) return; /* nothing is evicted this step: no scoring */
+    double nc = (double)s->cnt, aux;
+    switch (s->kind) {
+    case KVS_KEY_SCORE_PAIRWISE: aux = 2 * nc; break;
+    case KVS_KEY_SCORE_L2NORM: aux = nc; break;
+    default: aux = nc + (double)s->d; break;
+    }
+    out->transient_bytes = aux * (double)s->model.aux_bytes;
+    out->read_aux_unfused_bytes = nc * (double)s->d * (double)s->model.kv_bytes;
+}
+
+static kvs_status keydiff_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget) {
+    (void)m;
+    (void)budget;
+    int ia = kd_param(cfg, "anchor"), ip = kd_param(cfg, "pairwise");
+    if (ia >= 0 && ip >= 0 && cfg->v[ip] != 0 && cfg->v[ia] == KD_ANCHOR_RAW)
+        return kvs_fail(KVS_ERR_INVALID_ARG,
+                        "policy %s: pairwise=true (Eq. 7) has no anchor; anchor=raw would be ignored", cfg->ops->name);
+    return KVS_OK;
+}
+
+/* Degenerate settings (kvs_policy_ops.notes), shared with knorm. The texts name no budget. */
+static int keydiff_notes(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget, char *buf,
+                         size_t cap) {
+    int n = 0;
+    int64_t block = (int64_t)kvs_policy_param_get(cfg, "block");
+    double f = kvs_policy_param_get(cfg, "window_frac");
+    if (m->prompt_len > 0 && block >= m->prompt_len)
+        n += kvs_policy_note(buf, cap, "block=%lld covers the whole %lld-position first prompt: one-shot prefill "
+                                       "(M_blk = L), no block-wise eviction of the first prompt",
+                             (long long)block, (long long)m->prompt_len);
+    int64_t w = kd_window(cfg, budget);
+    if (f > 0 && budget > 1 && w >= budget - 1)
+        n += kvs_policy_note(buf, cap, "window_frac=%g reserves every held position for the sliding window: no key "
+                                       "is scored (a sliding window)",
+                             f);
+    else if (f > 0 && budget > 1 && w == 0)
+        n += kvs_policy_note(buf, cap, "window_frac=%g rounds to an empty window at this budget: no sliding window, "
+                                       "the current token is not protected",
+                             f);
+    return n;
+}
+
+const struct kvs_policy_ops kvs_policy_keydiff = {
+    .name = "keydiff",
+    .summary = "KeyDiff: evict the keys most similar to the others (cosine to the mean key), block-wise prefill",
+    .is_oracle = 0,
+    .granularity = KVS_SEL_PER_KV_HEAD,
+    .budget_scope = KVS_BUDGET_EVERY_STEP,
+    .params = keydiff_params,
+    .n_params = (int)(sizeof keydiff_params / sizeof keydiff_params[0]),
+    .presets = keydiff_presets,
+    .n_presets = (int)(sizeof keydiff_presets / sizeof keydiff_presets[0]),
+    .validate = keydiff_validate,
+    .notes = keydiff_notes,
+    .create = keydiff_create,
+    .free = keydiff_free,
+    .prefill = keydiff_prefill,
+    .select = keydiff_select,
+    .observe = keydiff_observe,
+    .stored = keydiff_stored,
+    .prefill_block = keydiff_prefill_block,
+    .account = keydiff_account,
+};
