@@ -9,7 +9,8 @@
  *    MHA and GQA groups 2-4, two turns, evict_after > 1, the paper_ctot scaling, short prompts, a window;
  *  - the policy reads K/V only of tokens it stores (the conformance leak test, on configurations that score:
  *    the registry defaults make a window at the conformance budgets);
- *  - sizing rules (C_tot from the budget and evict_after, R scaling), presets, notes and validation.
+ *  - sizing rules (C_tot from the budget and evict_after, R scaling), presets, notes and validation;
+ *  - examples/morphkv.sh (the presets on the bundled trace) runs through $KVSIM_BIN (set by `make test`).
  * Data: GENERATED Gaussian streams (tests/util/gen_trace.h), never a model's.
  */
 #include <setjmp.h>
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../common/kvs_math.h"
 #include "../policies/morphkv_internal.h"
@@ -704,6 +706,48 @@ static void test_notes_and_validation(void **state) {
     assert_int_equal(kvs_policy_parse("morphkv:evict_after=0.5", &cfg), KVS_ERR_INVALID_ARG);
 }
 
+/* ---- examples/morphkv.sh ------------------------------------------------------------------------------ */
+
+static void test_example_script_runs(void **state) {
+    (void)state;
+    const char *bin = getenv("KVSIM_BIN"), *root = getenv("KVSIM_ROOT");
+    if (!bin || !bin[0] || !root || !root[0]) {
+        print_message("KVSIM_BIN / KVSIM_ROOT not set (run through `make test`): skipping\n");
+        skip();
+    }
+    char dir[] = "/tmp/kvs_morphkv_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char cmd[4096], path[600], line[512];
+    snprintf(cmd, sizeof cmd, "OUT='%s' KVSIM_BIN='%s' sh '%s/examples/morphkv.sh' >'%s/log' 2>&1", dir, bin, root, dir);
+    int rc = system(cmd);
+    if (rc != 0) {
+        snprintf(cmd, sizeof cmd, "cat '%s/log'", dir);
+        (void)system(cmd);
+    }
+    assert_int_equal(rc, 0);
+    /* the last table: 12 MorphKV runs, each with profile bytes, and 6 baselines */
+    snprintf(path, sizeof path, "%s/log", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    int table = 0, morph = 0, other = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (strstr(line, "kv_bytes") && strstr(line, "aux_bytes")) table = 1;
+        else if (table && strstr(line, " morphkv ")) {
+            double kv = 0, aux = -1;
+            assert_int_equal(sscanf(line, "%*d morphkv %*d %lf %lf", &kv, &aux), 2);
+            assert_true(kv > 0 && aux > 0);
+            morph++;
+        } else if (table && (strstr(line, " h2o ") || strstr(line, " tova "))) {
+            other++;
+        }
+    }
+    fclose(f);
+    assert_int_equal(morph, 12);
+    assert_int_equal(other, 6);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fig5_fused_scores_golden_g1),
@@ -716,6 +760,7 @@ int main(void) {
         cmocka_unit_test(test_reads_only_what_it_stores),
         cmocka_unit_test(test_budget_and_scaling_rules),
         cmocka_unit_test(test_notes_and_validation),
+        cmocka_unit_test(test_example_script_runs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
