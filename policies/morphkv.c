@@ -60,9 +60,10 @@
  *    Both store b_aux-byte elements (the model's aux_bytes). With no distant slot (R >= C_tot) nothing is
  *    ever scored and no profile is kept.
  *  - Costs per step (account()): KV = the resident slots (the default); aux as above; aux reads only at
- *    steps that score: rows: the G R candidate columns (the window's columns are never candidates); qz: the
- *    G R (d+1) queries and Z plus, fused, the keys of the evicted tokens (attention reads the others), or
- *    unfused every candidate key; writes: the new token's K/V plus the new profile row (G (C_tot+1) values,
+ *    steps that score: rows: the candidates' columns of the G R rows, G R (C_tot - R + 1) values in the
+ *    steady state (POLICY_SPEC §3 counts whole rows, G R (C_tot+1); the window's own columns are never
+ *    candidates, so they are not read); qz: the G R (d+1) queries and Z plus, fused, the keys of the evicted
+ *    tokens (attention reads the others), or unfused every candidate key; writes: the new token's K/V plus the new profile row (G (C_tot+1) values,
  *    or G (d+1)); transient: the evicted tokens' K/V (resident until the eviction) and the fused score
  *    vector (plus one row buffer when the row is renormalised or recomputed).
  *  - Multi-turn: a later turn's prompt is appended to the resident cache uncompressed, its last min(R, P)
