@@ -19,5 +19,6 @@ extern const struct kvs_policy_ops kvs_policy_pyramidkv;
 extern const struct kvs_policy_ops kvs_policy_adakv;
 extern const struct kvs_policy_ops kvs_policy_keydiff;
 extern const struct kvs_policy_ops kvs_policy_knorm;
+extern const struct kvs_policy_ops kvs_policy_morphkv;
 
 #endif /* KVS_POLICIES_REGISTRY_H */
