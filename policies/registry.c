@@ -16,6 +16,7 @@ static const struct kvs_policy_ops *const registry[] = {
     &kvs_policy_snapkv,
     &kvs_policy_pyramidkv,
     &kvs_policy_adakv,
+    &kvs_policy_keyformer,
 };
 
 int kvs_policy_count(void) { return (int)(sizeof registry / sizeof registry[0]); }

@@ -17,5 +17,6 @@ extern const struct kvs_policy_ops kvs_policy_scissorhands;
 extern const struct kvs_policy_ops kvs_policy_snapkv;
 extern const struct kvs_policy_ops kvs_policy_pyramidkv;
 extern const struct kvs_policy_ops kvs_policy_adakv;
+extern const struct kvs_policy_ops kvs_policy_keyformer;
 
 #endif /* KVS_POLICIES_REGISTRY_H */
