@@ -57,6 +57,18 @@ static const kvs_policy_param h2o_params[] = {
      .help = "M > 0: prompt processed in blocks of M, compressed to B-1 after each (KeyDiff: 128); 0: at once"},
 };
 
+static const kvs_policy_preset h2o_presets[] = {
+    {.name = "morphkv-longwriter", .params = "gqa=expand,prefill=budget,window=30",
+     .help = "MorphKV §5.1 LongWriter (repo H2O, per query head): 600 per head (--budgets 600); window 30 = the "
+             "runs' recent window (Table 7), not stated for H2O itself"},
+    {.name = "morphkv-longgenbench", .params = "gqa=expand,prefill=budget",
+     .help = "MorphKV §5.2 LongGenBench (repo H2O, per query head): 4K per head (--budgets 4096); its window is not "
+             "stated: H2O's 50:50 split kept (add :window=R)"},
+    {.name = "keydiff", .params = "gqa=mean,block=128",
+     .help = "KeyDiff App. F.2: group-mean attention, block-wise prompt processing (block 128); budgets 2K-8K per "
+             "KV head"},
+};
+
 typedef struct {
     int32_t *pos;  /* [cap] ascending positions of the cache (at attention time: + the current token) */
     double *acc;   /* [cap] accumulated attention, aligned with pos */
@@ -323,6 +335,8 @@ const struct kvs_policy_ops kvs_policy_h2o = {
     .budget_scope = KVS_BUDGET_EVERY_STEP,
     .params = h2o_params,
     .n_params = (int)(sizeof h2o_params / sizeof h2o_params[0]),
+    .presets = h2o_presets,
+    .n_presets = (int)(sizeof h2o_presets / sizeof h2o_presets[0]),
     .layout = h2o_layout,
     .notes = h2o_notes,
     .create = h2o_create,

@@ -66,6 +66,20 @@ static const kvs_policy_param snapkv_params[] = {
      .help = "M > 0: prompt compressed after every block of M positions (KeyDiff: 128); 0: once, whole prompt"},
 };
 
+static const kvs_policy_preset snapkv_presets[] = {
+    {.name = "morphkv-longwriter", .params = "window=30,kernel=7,pool=max,gqa=expand",
+     .help = "MorphKV §5.1 and Table 7 LongWriter: 600 prompt positions per query head (--budgets 600), window 30, "
+             "every generated token kept"},
+    {.name = "morphkv-longgenbench", .params = "window=32,kernel=7,pool=max,gqa=expand",
+     .help = "MorphKV §5.2 LongGenBench: window 32, capacity 1K per query head (--budgets 1024)"},
+    {.name = "morphkv-longbench", .params = "window=32,kernel=7,pool=max,gqa=expand",
+     .help = "MorphKV §5.3 LongBench: 1024 prompt positions per query head (--budgets 1024); window 32 as in its "
+             "§6.3 LongBench ablation"},
+    {.name = "keydiff", .params = "window=32,kernel=7,pool=avg,gqa=mean,block=128",
+     .help = "KeyDiff App. F.2: group-mean attention, average smoothing kernel 7, the last 32 kept, blocks of 128; "
+             "budgets 2K-8K per KV head (KeyDiff also evicts while generating: not modelled)"},
+};
+
 typedef struct {
     int32_t *pos;  /* [cap] ascending positions retained (after prefill: kept context; then + generated) */
     int64_t cnt, cap;
@@ -292,6 +306,8 @@ const struct kvs_policy_ops kvs_policy_snapkv = {
     .budget_scope = KVS_BUDGET_PROMPT,
     .params = snapkv_params,
     .n_params = (int)(sizeof snapkv_params / sizeof snapkv_params[0]),
+    .presets = snapkv_presets,
+    .n_presets = (int)(sizeof snapkv_presets / sizeof snapkv_presets[0]),
     .layout = snapkv_layout,
     .validate = snapkv_validate,
     .notes = snapkv_notes,

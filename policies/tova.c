@@ -36,6 +36,12 @@ static const kvs_policy_param tova_params[] = {
      .help = "M > 0: prompt processed in blocks of M, cut to B-1 after each (KeyDiff: 128); 0: at once"},
 };
 
+static const kvs_policy_preset tova_presets[] = {
+    {.name = "keydiff", .params = "mode=group,block=128",
+     .help = "KeyDiff App. F.2: attention averaged over the GQA group, block-wise prompt processing (block 128); "
+             "budgets 2K-8K per KV head"},
+};
+
 typedef struct {
     int64_t budget, block;
     int mode, protect, group, d;
@@ -243,6 +249,8 @@ const struct kvs_policy_ops kvs_policy_tova = {
     .budget_scope = KVS_BUDGET_EVERY_STEP,
     .params = tova_params,
     .n_params = (int)(sizeof tova_params / sizeof tova_params[0]),
+    .presets = tova_presets,
+    .n_presets = (int)(sizeof tova_presets / sizeof tova_presets[0]),
     .validate = tova_validate,
     .create = tova_create,
     .free = tova_free,

@@ -1,7 +1,8 @@
 /* test_policy_conformance.c — the common contract, run on EVERY policy in the registry (policies/registry.c),
  * as ggml's backend test runs every op on every backend (STYLE.md rule 5):
  *  - parameter validation: unknown key, malformed and out-of-range values -> KVS_ERR_INVALID_ARG naming it;
- *    the canonical string parses back to itself;
+ *    the canonical string parses back to itself; every named preset parses to its parameters and is listed with
+ *    them in examples/PRESETS.md;
  *  - budget respected at every step (|S_t| <= B per list; prompt-only policies: retained prompt positions <= B);
  *  - determinism: the same selections and numbers with 1 and 2 threads, run twice;
  *  - the same budget and leak checks on every named preset and on the block-wise prompt processing modes;
@@ -24,6 +25,7 @@
 #include "../sim/replay.h"
 #include "../sim/replay_mem.h"
 #include "util/replay_fixture.h"
+#include "util/testenv.h"
 
 typedef kvs_test_replay_fixture fixture;
 
@@ -266,6 +268,30 @@ static void test_every_preset_parses_to_its_parameters(void **state) {
             assert_int_equal(kvs_policy_parse(spec, &b), KVS_ERR_INVALID_ARG);
         }
     }
+}
+
+/* examples/PRESETS.md lists every preset with its exact parameter string, and nothing else. */
+static void test_presets_md_lists_every_preset(void **state) {
+    (void)state;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/examples/PRESETS.md", kvs_test_root());
+    FILE *fp = fopen(path, "r");
+    if (!fp) fail_msg("cannot open %s", path);
+    static char text[1 << 16];
+    size_t len = fread(text, 1, sizeof text - 1, fp);
+    fclose(fp);
+    text[len] = 0;
+    int listed = 0, known = 0;
+    for (const char *p = text; (p = strstr(p, "\n| `")) != NULL; p++) listed++;
+    for (int i = 0; i < kvs_policy_count(); i++) {
+        const struct kvs_policy_ops *ops = kvs_policy_at(i);
+        for (int j = 0; j < ops->n_presets; j++, known++) {
+            char row[512];
+            snprintf(row, sizeof row, "\n| `%s@%s` | `%s` |", ops->name, ops->presets[j].name, ops->presets[j].params);
+            if (!strstr(text, row)) fail_msg("examples/PRESETS.md lacks the row %s", row + 1);
+        }
+    }
+    assert_int_equal(listed, known);
 }
 
 /* ---- budget, determinism --------------------------------------------------------------------------- */
@@ -525,6 +551,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_policy_validates_parameters),
         cmocka_unit_test(test_every_preset_parses_to_its_parameters),
+        cmocka_unit_test(test_presets_md_lists_every_preset),
         cmocka_unit_test(test_every_policy_respects_budget_every_step),
         cmocka_unit_test(test_every_policy_is_deterministic),
         cmocka_unit_test(test_no_policy_sees_the_future),
