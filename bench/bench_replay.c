@@ -197,7 +197,8 @@ int main(void) {
         mem.model = (kvs_policy_model){.n_layers = mc.n_layers, .n_heads = mc.n_heads, .n_kv_heads = mc.n_kv_heads,
                                        .group = mc.n_heads / mc.n_kv_heads, .head_dim = mc.head_dim,
                                        .scale = mc.attn_scale, .kv_bytes = 2, .aux_bytes = 4,
-                                       .n_positions = o.n_positions, .prompt_len = turns[0].prompt_end};
+                                       .n_positions = o.n_positions, .prompt_len = turns[0].prompt_end,
+                                       .max_new_tokens = o.n_positions - turns[0].prompt_end};
         mem.turns = turns;
         mem.n_turns = n_turns;
         mem.q = g->q;
@@ -217,7 +218,7 @@ int main(void) {
            threads, fma, fma / (2.0 * d), fma / (2.0 * d) * threads, d);
     printf("naive scalar full attention (1 core, generated data, d %d): %.3g pairs/s\n", o.head_dim,
            naive_pairs_per_second(g, o.prompt_len));
-    const char *specs[] = {"full", "window", "streaming", "h2o", "tova", "topk", "keydiff", "knorm", "morphkv"};
+    const char *specs[] = {"full", "window", "streaming", "h2o", "tova", "keyformer", "topk", "keydiff", "knorm", "morphkv"};
     int64_t budget = src.model.n_positions / 8;
     printf("%-10s %8s %12s %14s %10s  (budget %lld, %d threads; the engine also computes full attention and its "
            "ranking per step for the metrics, not counted in pairs)\n",

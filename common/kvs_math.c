@@ -46,6 +46,29 @@ double kvs_softmax(float *x, size_t n) {
     return (double)m + log(sum);
 }
 
+void kvs_attn_scores_f64(const float *q, const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
+                         float scale, double *scores) {
+    for (size_t j = 0; j < n; j++) {
+        const float *k = keys + (idx ? (size_t)idx[j] : j) * stride;
+        double z = 0;
+        for (size_t i = 0; i < d; i++) z += (double)q[i] * (double)k[i];
+        scores[j] = (double)scale * z;
+    }
+}
+
+double kvs_softmax_f64(double *x, size_t n) {
+    double m = -INFINITY;
+    for (size_t j = 0; j < n; j++)
+        if (x[j] > m) m = x[j];
+    double sum = 0;
+    for (size_t j = 0; j < n; j++) {
+        x[j] = exp(x[j] - m);
+        sum += x[j];
+    }
+    for (size_t j = 0; j < n; j++) x[j] /= sum;
+    return m + log(sum);
+}
+
 /* out += w * v over d elements. `restrict` tells the compiler out and v never overlap, so -O2's cheap
  * vectoriser (which refuses loops that would need a runtime alias check) turns this into SIMD. */
 static void axpy(float *restrict out, float w, const float *restrict v, size_t d) {

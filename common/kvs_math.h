@@ -23,6 +23,17 @@ void kvs_attn_scores(const float *q, const float *keys, size_t stride, const int
 /*! kvs_softmax() : in-place softmax of x[0..n-1]; @return the log-sum-exp of the input (n > 0). */
 double kvs_softmax(float *x, size_t n);
 
+/*! kvs_attn_scores_f64() : scores[j] = (double)scale * sum_i (double)q[i] * (double)K[idx[j]][i] for j < n, the
+ *  sum in ascending i from 0 in fp64 (one running sum, no partial sums): exact-order logits a naive fp64
+ *  reference reproduces bit for bit (Keyformer's Gumbel-softmax score, whose ranking is compared selection by
+ *  selection). */
+void kvs_attn_scores_f64(const float *q, const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
+                         float scale, double *scores);
+
+/*! kvs_softmax_f64() : in-place softmax of x[0..n-1] in fp64: m = max x, x[j] = exp(x[j] - m) / sum with the sum
+ *  in ascending j from 0; @return the log-sum-exp m + log(sum) (n > 0). */
+double kvs_softmax_f64(double *x, size_t n);
+
 /*! kvs_attn_output() : out[0..d-1] = sum_j p[j] * V[idx[j]]. */
 void kvs_attn_output(const float *p, const float *values, size_t stride, const int32_t *idx, size_t n, size_t d,
                      float *out);

@@ -20,6 +20,17 @@
  *    one set per KV head, scored with the group-mean attention.
  *  - Multi-turn: a later turn's prompt queries attend (causally) to the cache kept from earlier turns plus the
  *    new prompt; their attention is added to acc and the set is compressed to B-1 the same way.
+ * Variants (each off by default, so the defaults are the paper's H2O and keep their numbers):
+ *  - prefill=budget: the MorphKV repository's H2O [REF, POLICY_SPEC §2.1 Δ-REF 5 and B4]: the prefill score sums
+ *    the attention of only the last C_tot prompt queries (a tril-masked sum), C_tot = B here (kvsim's budget
+ *    is the paper's capacity); the earlier prompt queries add nothing (their positions are still candidates).
+ *  - window=R (> 0): an absolute recent window instead of the `recent` fraction, as that repository keeps "the
+ *    top C_tot - R plus the last R + 1": R_w = R + 1 (the current token included), H_h = B - R - 1 (>= 0).
+ *  - block=M (> 0): block-wise prompt processing (KeyDiff §2.4 Eq. 6, App. F.2 with M = 128) through the
+ *    engine's chunked prefill (prefill_block): each block's queries attend causally to the cache kept after
+ *    the previous block plus the block, add their attention to acc, and the candidates are compressed to B-1
+ *    before the next block (a hard cap through the whole prompt). With prefill=budget, only the queries among
+ *    the turn's last B prompt positions add attention, whichever block they fall in.
  * Storage per cache: B slots (2d·B·kv_bytes) + B fp32 scores; traffic per step: the attended K/V plus the
  * attended tokens' scores (read-modify-write counted once as a read).
  */
@@ -30,12 +41,32 @@
 #include "registry.h"
 
 enum { H2O_EXPAND = 0, H2O_MEAN = 1 };
+enum { H2O_PREFILL_ALL = 0, H2O_PREFILL_BUDGET = 1 };
 
 static const kvs_policy_param h2o_params[] = {
     {.key = "recent", .type = KVS_PARAM_DOUBLE, .def = 0.5, .lo = 0.0, .hi = 1.0,
      .help = "fraction of the budget for the recent window (the rest are heavy hitters); H2O uses 0.5"},
     {.key = "gqa", .type = KVS_PARAM_ENUM, .def = H2O_EXPAND, .choices = "expand|mean",
      .help = "expand: a cache per query head (G x storage); mean: one per KV head, group-mean scores"},
+    {.key = "prefill", .type = KVS_PARAM_ENUM, .def = H2O_PREFILL_ALL, .choices = "all|budget",
+     .help = "prompt queries that score: all (H2O) or the last B of the prompt (MorphKV repo's H2O)"},
+    {.key = "window", .type = KVS_PARAM_INT, .def = 0, .lo = 0, .hi = 1 << 20,
+     .help = "R > 0: keep the last R positions + the current one, B - R - 1 heavy hitters (MorphKV repo); "
+             "0: the recent fraction"},
+    {.key = "block", .type = KVS_PARAM_INT, .def = 0, .lo = 0, .hi = 1 << 20,
+     .help = "M > 0: prompt processed in blocks of M, compressed to B-1 after each (KeyDiff: 128); 0: at once"},
+};
+
+static const kvs_policy_preset h2o_presets[] = {
+    {.name = "morphkv-longwriter", .params = "gqa=expand,prefill=budget,window=30",
+     .help = "MorphKV §5.1 LongWriter (repo H2O, per query head): 600 per head (--budgets 600); window 30 = the "
+             "runs' recent window (Table 7), not stated for H2O itself"},
+    {.name = "morphkv-longgenbench", .params = "gqa=expand,prefill=budget",
+     .help = "MorphKV §5.2 LongGenBench (repo H2O, per query head): 4K per head (--budgets 4096); its window is not "
+             "stated: H2O's 50:50 split kept (add :window=R)"},
+    {.name = "keydiff", .params = "gqa=mean,block=128",
+     .help = "KeyDiff App. F.2: group-mean attention, block-wise prompt processing (block 128); budgets 2K-8K per "
+             "KV head"},
 };
 
 typedef struct {
@@ -45,8 +76,8 @@ typedef struct {
 } h2o_list;
 
 typedef struct {
-    int64_t budget, heavy, recent;
-    int mode, n_lists, group, d;
+    int64_t budget, heavy, recent, block;
+    int mode, n_lists, group, d, prefill_budget;
     float scale;
     int32_t aux_bytes;
     kvs_policy_model model;
@@ -90,28 +121,36 @@ static void h2o_free(void *state) {
     free(s);
 }
 
-/* Degenerate setting (kvs_policy_ops.notes): the heavy-hitter share floor((1 - recent) B), capped at B - 1 as in
- * create(), is empty, so the policy is a sliding window. */
+/* Heavy-hitter share H_h of budget B: floor((1 - recent) B), or B - window - 1 with an absolute window; at most
+ * B - 1 (the current token is always recent) and at least 0. */
+static int64_t heavy_of(const kvs_policy_config *cfg, int64_t budget) {
+    int64_t window = (int64_t)kvs_policy_param_get(cfg, "window");
+    int64_t heavy = window > 0 ? budget - 1 - window : (int64_t)((1.0 - kvs_policy_param_get(cfg, "recent")) * (double)budget);
+    if (heavy > budget - 1) heavy = budget - 1;
+    return heavy < 0 ? 0 : heavy;
+}
+
+/* Degenerate setting (kvs_policy_ops.notes): the heavy-hitter share is empty, so the policy is a sliding window. */
 static int h2o_notes(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget, char *buf, size_t cap) {
     (void)m;
-    double recent = kvs_policy_param_get(cfg, "recent");
-    int64_t heavy = (int64_t)((1.0 - recent) * (double)budget);
-    if (heavy > budget - 1) heavy = budget - 1;
-    if (heavy <= 0)
-        return kvs_policy_note(buf, cap, "recent=%g leaves no heavy-hitter slot at this budget (a window)", recent);
-    return 0;
+    if (heavy_of(cfg, budget) > 0) return 0;
+    int64_t window = (int64_t)kvs_policy_param_get(cfg, "window");
+    if (window > 0)
+        return kvs_policy_note(buf, cap, "window=%lld leaves no heavy-hitter slot at this budget (a window)",
+                               (long long)window);
+    return kvs_policy_note(buf, cap, "recent=%g leaves no heavy-hitter slot at this budget (a window)",
+                           kvs_policy_param_get(cfg, "recent"));
 }
 
 static kvs_status h2o_create(const kvs_policy_init *init, void **state) {
     h2o_state *s = calloc(1, sizeof *s);
     if (!s) return kvs_fail(KVS_ERR_NOMEM, "h2o: out of memory");
     s->budget = init->budget;
-    double recent = kvs_policy_param_get(init->cfg, "recent");
-    s->heavy = (int64_t)((1.0 - recent) * (double)init->budget);
-    if (s->heavy > s->budget - 1) s->heavy = s->budget - 1; /* the current token is always recent */
-    if (s->heavy < 0) s->heavy = 0;
+    s->heavy = heavy_of(init->cfg, init->budget);
     s->recent = s->budget - s->heavy;
     s->mode = (int)kvs_policy_param_get(init->cfg, "gqa");
+    s->prefill_budget = (int)kvs_policy_param_get(init->cfg, "prefill") == H2O_PREFILL_BUDGET;
+    s->block = (int64_t)kvs_policy_param_get(init->cfg, "block");
     s->group = init->model->group;
     s->d = init->model->head_dim;
     s->scale = init->model->scale;
@@ -145,28 +184,38 @@ static kvs_status ensure_scratch(h2o_state *s, int64_t n) {
     return s->scratch_cap ? KVS_OK : kvs_fail(KVS_ERR_NOMEM, "h2o: out of memory");
 }
 
-/* Prefill of one list: candidates = kept positions + the turn's new prompt positions; every prompt query
- * adds its causal attention over the candidates to acc; then keep heavy TOPK + the last recent-1. */
+/* Prefill of one list: candidates = kept positions + the new prompt positions (the turn's, or the block's);
+ * every new prompt query (prefill=budget: among the turn's last B) adds its causal attention over the
+ * candidates to acc; then keep heavy TOPK + the last recent-1. */
 static kvs_status h2o_prefill_list(h2o_state *s, int li, const kvs_policy_view *view) {
     h2o_list *L = &s->lists[li];
-    int64_t n_new = view->n - view->turn_begin;
+    /* views built without chunked prefill in mind leave block_begin 0: the new positions start at the turn */
+    int64_t first = view->block_begin > view->turn_begin ? view->block_begin : view->turn_begin;
+    int64_t n_new = view->n - first;
     int64_t nc = L->cnt + n_new;
     kvs_status st = ensure_scratch(s, nc);
     if (st != KVS_OK) return st;
     memcpy(s->cidx, L->pos, (size_t)L->cnt * sizeof(int32_t));
     memcpy(s->cacc, L->acc, (size_t)L->cnt * sizeof(double));
     for (int64_t j = 0; j < n_new; j++) {
-        s->cidx[L->cnt + j] = (int32_t)(view->turn_begin + j);
+        s->cidx[L->cnt + j] = (int32_t)(first + j);
         s->cacc[L->cnt + j] = 0;
     }
-    /* Every new prompt query (causal: the old cache + the prompt up to its position) adds its attention,
+    /* Every scoring prompt query (causal: the old cache + the prompt up to its position) adds its attention,
      * averaged over the list's query heads (1 in expand mode), row by row in fp64 as observe() does. */
-    kvs_attn_src src = {.q = view->q, .q_first = view->q_first, .n_q = view->n_q, .group = s->group, .d = s->d,
-                        .scale = s->scale, .keys = view->k, .idx = s->cidx, .n_cand = nc};
-    kvs_colsum_opts co = {.row_first = view->turn_begin - view->q_first, .n_rows = n_new,
-                          .head_first = s->mode == H2O_EXPAND ? li : 0, .n_heads = s->mode == H2O_EXPAND ? 1 : s->group,
-                          .reduce = KVS_GQA_MEAN, .n_out = nc};
-    kvs_attn_colsum(&src, &co, NULL, s->cacc, s->work);
+    int64_t q_lo = first;
+    if (s->prefill_budget) {
+        int64_t prompt_end = view->prompt_end > view->n ? view->prompt_end : view->n;
+        if (prompt_end - s->budget > q_lo) q_lo = prompt_end - s->budget;
+    }
+    if (q_lo < view->n) {
+        kvs_attn_src src = {.q = view->q, .q_first = view->q_first, .n_q = view->n_q, .group = s->group, .d = s->d,
+                            .scale = s->scale, .keys = view->k, .idx = s->cidx, .n_cand = nc};
+        kvs_colsum_opts co = {.row_first = q_lo - view->q_first, .n_rows = view->n - q_lo,
+                              .head_first = s->mode == H2O_EXPAND ? li : 0,
+                              .n_heads = s->mode == H2O_EXPAND ? 1 : s->group, .reduce = KVS_GQA_MEAN, .n_out = nc};
+        kvs_attn_colsum(&src, &co, NULL, s->cacc, s->work);
+    }
     /* Compress to B-1: the last recent-1 candidates plus the top `heavy` of the older ones. */
     int64_t keep = s->budget - 1;
     if (nc <= keep) {
@@ -259,6 +308,8 @@ static kvs_status h2o_observe(void *state, const kvs_policy_view *view, const kv
     return KVS_OK;
 }
 
+static int64_t h2o_prefill_block(void *state) { return ((h2o_state *)state)->block; }
+
 static int64_t h2o_stored(void *state, int g, int32_t *out) {
     h2o_state *s = state;
     h2o_list *L = &s->lists[s->mode == H2O_EXPAND ? g : 0];
@@ -284,6 +335,8 @@ const struct kvs_policy_ops kvs_policy_h2o = {
     .budget_scope = KVS_BUDGET_EVERY_STEP,
     .params = h2o_params,
     .n_params = (int)(sizeof h2o_params / sizeof h2o_params[0]),
+    .presets = h2o_presets,
+    .n_presets = (int)(sizeof h2o_presets / sizeof h2o_presets[0]),
     .layout = h2o_layout,
     .notes = h2o_notes,
     .create = h2o_create,
@@ -292,5 +345,6 @@ const struct kvs_policy_ops kvs_policy_h2o = {
     .select = h2o_select,
     .observe = h2o_observe,
     .stored = h2o_stored,
+    .prefill_block = h2o_prefill_block,
     .account = h2o_account,
 };

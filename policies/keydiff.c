@@ -72,11 +72,11 @@ static const kvs_policy_param keydiff_params[] = {
 
 static const kvs_policy_preset keydiff_presets[] = {
     {.name = "paper", .params = "anchor=raw",
-     .help = "KeyDiff §3.2/§4: unnormalised-key anchor as in the paper's experiments, block 128; budgets 2048-8192"},
+     .help = "KeyDiff §3.2/§4: unnormalised-key anchor as in the paper's experiments, block 128; N = 2K-8K: --budgets 2049,4097,6145,8193 (N + the current token)"},
     {.name = "paper-window10", .params = "anchor=raw,window_frac=0.1",
-     .help = "KeyDiff Table 13: sliding window of 10% of the budget; budgets 2048-8192"},
+     .help = "KeyDiff Table 13: sliding window of 10% of the budget; N = 2K-8K: --budgets 2049,4097,6145,8193 (N + the current token)"},
     {.name = "paper-window20", .params = "anchor=raw,window_frac=0.2",
-     .help = "KeyDiff Table 13: sliding window of 20% of the budget; budgets 2048-8192"},
+     .help = "KeyDiff Table 13: sliding window of 20% of the budget; N = 2K-8K: --budgets 2049,4097,6145,8193 (N + the current token)"},
 };
 
 typedef struct {

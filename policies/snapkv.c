@@ -33,6 +33,12 @@
  *    whole retained context (the kept prompt and generated tokens of earlier turns) plus the new prompt,
  *    using the new turn's observation window. Candidates are scored and pooled in cache order (the kept
  *    positions are contiguous in a real compacted cache), and the total retained is again at most B.
+ *  - Block mode (block=M > 0; KeyDiff §2.4 Eq. 6 and App. F.2: "average smoothing ... kernel size of 7 and keep
+ *    the most recent 32 tokens", blocks of 128): the prompt arrives through the engine's chunked prefill
+ *    (prefill_block); each block is one compression as above with the block's last min(window, block) queries
+ *    as the observation window over the positions kept so far plus the block, so at most B prompt positions
+ *    are held after every block. KeyDiff also evicts during generation (one token at a time); this policy
+ *    keeps every generated token (prompt-only), so decode is SnapKV's, not KeyDiff's setup.
  * PyramidKV and Ada-KV (pyramidkv.c, adakv.c) reuse this file's callbacks through kvs_policy_snapkv with their
  * own parameter tables: every parameter is read by key, and the gqa mode by choice name.
  * Accounting (POLICY_SPEC §3 "SnapKV"): the default — storage and traffic = the attended K/V summed over the
@@ -56,6 +62,22 @@ static const kvs_policy_param snapkv_params[] = {
      .help = "pooling of the window scores: max (paper configs) or avg (SnapKVCluster default)"},
     {.key = "gqa", .type = KVS_PARAM_ENUM, .def = SNAP_EXPAND, .choices = "expand|mean|max",
      .help = "expand: a set per query head (original, G x storage); mean/max: one set per KV head"},
+    {.key = "block", .type = KVS_PARAM_INT, .def = 0, .lo = 0, .hi = 1 << 20,
+     .help = "M > 0: prompt compressed after every block of M positions (KeyDiff: 128); 0: once, whole prompt"},
+};
+
+static const kvs_policy_preset snapkv_presets[] = {
+    {.name = "morphkv-longwriter", .params = "window=30,kernel=7,pool=max,gqa=expand",
+     .help = "MorphKV §5.1 and Table 7 LongWriter: 600 prompt positions per query head (--budgets 600), window 30, "
+             "every generated token kept"},
+    {.name = "morphkv-longgenbench", .params = "window=32,kernel=7,pool=max,gqa=expand",
+     .help = "MorphKV §5.2 LongGenBench: window 32, capacity 1K per query head (--budgets 1024)"},
+    {.name = "morphkv-longbench", .params = "window=32,kernel=7,pool=max,gqa=expand",
+     .help = "MorphKV §5.3 LongBench: 1024 prompt positions per query head (--budgets 1024); window 32 as in its "
+             "§6.3 LongBench ablation"},
+    {.name = "keydiff", .params = "window=32,kernel=7,pool=avg,gqa=mean,block=128",
+     .help = "KeyDiff App. F.2: group-mean attention, average smoothing kernel 7, the last 32 kept, blocks of 128; "
+             "budgets 2K-8K per KV head (KeyDiff also evicts while generating: not modelled)"},
 };
 
 typedef struct {
@@ -64,7 +86,7 @@ typedef struct {
 } snap_list;
 
 typedef struct {
-    int64_t budget;
+    int64_t budget, block;
     int window, kernel, pool, mode, n_lists, group, d;
     float scale;
     snap_list *lists; /* [n_lists] */
@@ -93,6 +115,14 @@ static int snap_gqa_mode(const kvs_policy_config *cfg) {
         return SNAP_MEAN;
     }
     return SNAP_MEAN;
+}
+
+/* Value of parameter `key`, or `def` when the configuration's table has no such key (pyramidkv/adakv pass
+ * their own tables, without `block`). */
+static double snap_param_or(const kvs_policy_config *cfg, const char *key, double def) {
+    for (int i = 0; i < cfg->ops->n_params; i++)
+        if (!strcmp(cfg->ops->params[i].key, key)) return cfg->v[i];
+    return def;
 }
 
 static kvs_policy_granularity snapkv_layout(const kvs_policy_config *cfg) {
@@ -148,6 +178,7 @@ static kvs_status snapkv_create(const kvs_policy_init *init, void **state) {
     s->kernel = (int)kvs_policy_param_get(init->cfg, "kernel");
     s->pool = (int)kvs_policy_param_get(init->cfg, "pool");
     s->mode = snap_gqa_mode(init->cfg);
+    s->block = (int64_t)snap_param_or(init->cfg, "block", 0);
     s->group = init->model->group;
     s->d = init->model->head_dim;
     s->scale = init->model->scale;
@@ -189,14 +220,16 @@ static kvs_status scratch_reserve(snap_state *s, int64_t n) {
     return ok ? KVS_OK : kvs_fail(KVS_ERR_NOMEM, "snapkv: out of memory");
 }
 
-/* Prefill of one list: candidates = the list's retained positions + the turn's new prompt positions. */
+/* Prefill of one list: candidates = the list's retained positions + the new prompt positions (the turn's, or
+ * the block's; views built without blocks leave block_begin 0). */
 static kvs_status snap_prefill_list(snap_state *s, int li, const kvs_policy_view *view) {
     snap_list *L = &s->lists[li];
-    int64_t n_new = view->n - view->turn_begin, nc = L->cnt + n_new;
+    int64_t first = view->block_begin > view->turn_begin ? view->block_begin : view->turn_begin;
+    int64_t n_new = view->n - first, nc = L->cnt + n_new;
     kvs_status st = list_reserve(L, nc);
     if (st == KVS_OK) st = scratch_reserve(s, nc);
     if (st != KVS_OK) return st;
-    for (int64_t j = 0; j < n_new; j++) L->pos[L->cnt + j] = (int32_t)(view->turn_begin + j);
+    for (int64_t j = 0; j < n_new; j++) L->pos[L->cnt + j] = (int32_t)(first + j);
     if (nc <= s->budget) { /* nothing to compress */
         L->cnt = nc;
         return KVS_OK;
@@ -256,6 +289,8 @@ static kvs_status snapkv_select(void *state, const kvs_policy_view *view, kvs_po
     return KVS_OK;
 }
 
+static int64_t snapkv_prefill_block(void *state) { return ((snap_state *)state)->block; }
+
 static int64_t snapkv_stored(void *state, int g, int32_t *out) {
     snap_state *s = state;
     snap_list *L = &s->lists[s->mode == SNAP_EXPAND ? g : 0];
@@ -271,6 +306,8 @@ const struct kvs_policy_ops kvs_policy_snapkv = {
     .budget_scope = KVS_BUDGET_PROMPT,
     .params = snapkv_params,
     .n_params = (int)(sizeof snapkv_params / sizeof snapkv_params[0]),
+    .presets = snapkv_presets,
+    .n_presets = (int)(sizeof snapkv_presets / sizeof snapkv_presets[0]),
     .layout = snapkv_layout,
     .validate = snapkv_validate,
     .notes = snapkv_notes,
@@ -279,4 +316,5 @@ const struct kvs_policy_ops kvs_policy_snapkv = {
     .prefill = snapkv_prefill,
     .select = snapkv_select,
     .stored = snapkv_stored,
+    .prefill_block = snapkv_prefill_block,
 };

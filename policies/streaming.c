@@ -17,6 +17,13 @@ static const kvs_policy_param streaming_params[] = {
      .help = "attention-sink positions always kept (the first n_s tokens)"},
 };
 
+/* Block-wise prompt processing (KeyDiff's setting) keeps the same positions as one pass (a position rule), so
+ * its preset needs no block parameter. */
+static const kvs_policy_preset streaming_presets[] = {
+    {.name = "keydiff", .params = "sinks=4",
+     .help = "KeyDiff App. F.2 \"Sink\": the first four tokens as attention sinks; budgets 2K-8K per KV head"},
+};
+
 typedef struct {
     int64_t budget, sinks;
     int64_t seen;
@@ -95,6 +102,8 @@ const struct kvs_policy_ops kvs_policy_streaming = {
     .budget_scope = KVS_BUDGET_EVERY_STEP,
     .params = streaming_params,
     .n_params = (int)(sizeof streaming_params / sizeof streaming_params[0]),
+    .presets = streaming_presets,
+    .n_presets = (int)(sizeof streaming_presets / sizeof streaming_presets[0]),
     .validate = streaming_validate,
     .notes = streaming_notes,
     .create = streaming_create,

@@ -10,6 +10,10 @@
  *  - mode=group (KeyDiff App. F.2): average over the GQA group; each KV head decides alone.
  * Prefill (one shot): keep TOPK(B-1) of the last prompt query's averaged attention over the candidates (the
  * cache kept from earlier turns + the turn's prompt positions, attended causally = all of them).
+ * Block mode (block=M > 0, KeyDiff §2.4 Eq. 6 and App. F.2 with M = 128; POLICY_SPEC B8 "the bottom row of each
+ * block"): the prompt arrives through the engine's chunked prefill (prefill_block); after each block the cache
+ * kept so far plus the block are scored by the block's last query and cut to B-1 the same way (layer mode:
+ * averaged over the layer in layer_sync after every block), a hard cap through the whole prompt.
  * Ambiguities resolved: the current token is not protected (original TOVA); protect_current=true keeps it
  * (kvpress pads it with the max score). Ties: the lowest average is evicted, the NEWER position among equals
  * (§1.4: the older token wins); prefill TOPK ties go to the older position. No auxiliary storage; traffic =
@@ -28,10 +32,18 @@ static const kvs_policy_param tova_params[] = {
      .help = "average the current query's attention over the layer's heads (one set per layer) or the GQA group"},
     {.key = "protect_current", .type = KVS_PARAM_BOOL, .def = 0, .lo = 0, .hi = 1,
      .help = "never evict the current token (kvpress); original TOVA does not protect it"},
+    {.key = "block", .type = KVS_PARAM_INT, .def = 0, .lo = 0, .hi = 1 << 20,
+     .help = "M > 0: prompt processed in blocks of M, cut to B-1 after each (KeyDiff: 128); 0: at once"},
+};
+
+static const kvs_policy_preset tova_presets[] = {
+    {.name = "keydiff", .params = "mode=group,block=128",
+     .help = "KeyDiff App. F.2: attention averaged over the GQA group, block-wise prompt processing (block 128); "
+             "budgets 2K-8K per KV head"},
 };
 
 typedef struct {
-    int64_t budget;
+    int64_t budget, block;
     int mode, protect, group, d;
     float scale;
     int32_t *pos;     /* [budget] ascending cache positions (+ current token during a step) */
@@ -61,6 +73,7 @@ static kvs_status tova_create(const kvs_policy_init *init, void **state) {
     s->budget = init->budget;
     s->mode = (int)kvs_policy_param_get(init->cfg, "mode");
     s->protect = kvs_policy_param_get(init->cfg, "protect_current") != 0;
+    s->block = (int64_t)kvs_policy_param_get(init->cfg, "block");
     s->group = init->model->group;
     s->d = init->model->head_dim;
     s->scale = init->model->scale;
@@ -113,7 +126,9 @@ static kvs_status keep_top(tova_state *s, const double *score) {
 
 static kvs_status tova_prefill(void *state, const kvs_policy_view *view) {
     tova_state *s = state;
-    int64_t n_new = view->n - view->turn_begin;
+    /* new positions: the turn's prompt, or the block's (views built without blocks leave block_begin 0) */
+    int64_t first = view->block_begin > view->turn_begin ? view->block_begin : view->turn_begin;
+    int64_t n_new = view->n - first;
     int64_t nc = s->cnt + n_new;
     if (nc > s->cap) {
         int32_t *c = realloc(s->cand, (size_t)nc * sizeof(int32_t));
@@ -133,7 +148,7 @@ static kvs_status tova_prefill(void *state, const kvs_policy_view *view) {
         if (!s->cand || !s->tmp || !s->work) return kvs_fail(KVS_ERR_NOMEM, "tova: out of memory");
     }
     memcpy(s->cand, s->pos, (size_t)s->cnt * sizeof(int32_t));
-    for (int64_t j = 0; j < n_new; j++) s->cand[s->cnt + j] = (int32_t)(view->turn_begin + j);
+    for (int64_t j = 0; j < n_new; j++) s->cand[s->cnt + j] = (int32_t)(first + j);
     s->n_cand = nc;
     /* Group-mean attention of the last prompt query over all candidates (it sees them all), reduced in fp64
      * as tova_observe() reduces a decode step. */
@@ -210,6 +225,8 @@ static kvs_status tova_layer_sync(void *const *states, int n_kv_heads, kvs_polic
     return st;
 }
 
+static int64_t tova_prefill_block(void *state) { return ((tova_state *)state)->block; }
+
 static int64_t tova_stored(void *state, int g, int32_t *out) {
     tova_state *s = state;
     (void)g;
@@ -232,6 +249,8 @@ const struct kvs_policy_ops kvs_policy_tova = {
     .budget_scope = KVS_BUDGET_EVERY_STEP,
     .params = tova_params,
     .n_params = (int)(sizeof tova_params / sizeof tova_params[0]),
+    .presets = tova_presets,
+    .n_presets = (int)(sizeof tova_presets / sizeof tova_presets[0]),
     .validate = tova_validate,
     .create = tova_create,
     .free = tova_free,
@@ -240,4 +259,5 @@ const struct kvs_policy_ops kvs_policy_tova = {
     .observe = tova_observe,
     .layer_sync = tova_layer_sync,
     .stored = tova_stored,
+    .prefill_block = tova_prefill_block,
 };

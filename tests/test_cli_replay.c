@@ -157,14 +157,15 @@ static void test_degenerate_configurations_warn_once_and_are_noted(void **state)
                          "scissorhands:recent=8", "--policy", "h2o:recent=1", "--policy", "streaming:sinks=0",
                          "--policy", "window", "--policy", "tova", "--budgets", "4,6,12,40"),
                      0);
-    assert_int_equal(count_of(c->err, "warning: snapkv:window=8,kernel=7,pool=max,gqa=expand at budgets 4,6: the "
+    assert_int_equal(count_of(c->err, "warning: snapkv:window=8,kernel=7,pool=max,gqa=expand,block=0 at budgets 4,6: the "
                                       "budget is at most window=8"),
                      1);
     assert_int_equal(count_of(c->err, "warning: snapkv"), 2); /* ... and budget 40 >= the prompt */
     assert_contains(c->err, "at budget 40: the budget is at least the first prompt's 20 positions");
     assert_contains(c->err, "warning: scissorhands:history=32,recent=8,drop=1,threshold=1,gqa=expand at budgets 4,6: "
                             "recent=8 protects every position");
-    assert_contains(c->err, "warning: h2o:recent=1,gqa=expand at budgets 4,6,12: recent=1 leaves no heavy-hitter slot");
+    assert_contains(c->err, "warning: h2o:recent=1,gqa=expand,prefill=all,window=0,block=0 at budgets 4,6,12: recent=1 leaves no "
+                            "heavy-hitter slot");
     assert_contains(c->err, "warning: streaming:sinks=0 at budgets 4,6,12: sinks=0 keeps no attention sink (a window)");
     assert_contains(c->err, "warning: window at budget 40: the budget is at least the trace's 40 positions");
     assert_lacks(c->err, "warning: tova at budgets 4"); /* nothing degenerate about it below 40 */
@@ -194,7 +195,7 @@ static void test_duplicate_configurations_run_once_with_one_warning(void **state
     /* 25% of the 20-position prompt is 5: a new budget; 8 given three times, tova spelt twice */
     assert_int_equal(count_of(c->err, "warning:"), 2);
     assert_contains(c->err, "warning: budget 8 given 3 times in --budgets 8,8,16,8,25%: run once");
-    assert_contains(c->err, "warning: --policy tova:mode=layer,protect_current=false given 2 times: run once");
+    assert_contains(c->err, "warning: --policy tova:mode=layer,protect_current=false,block=0 given 2 times: run once");
     kvs_json *root = runs_json(c);
     assert_int_equal(kvs_json_len(root), 6); /* {tova, window} x {8, 16, 5} */
     kvs_json_free(root);

@@ -357,6 +357,31 @@ static void test_softmax_and_lse(void **state) {
     assert_float_equal(one[0], 1.0f, 0);
 }
 
+/* The fp64 logits and softmax: a hand-computed case, and bit-equality with the same loops written here. */
+static void test_scores_and_softmax_f64(void **state) {
+    (void)state;
+    float q[3] = {1.0f, -2.0f, 0.5f};
+    float keys[9] = {1, 1, 1, 0.25f, 0, 4, -1, 0.5f, 2};
+    int32_t idx[2] = {2, 0};
+    double z[3];
+    kvs_attn_scores_f64(q, keys, 3, NULL, 3, 3, 0.5f, z);
+    assert_true(z[0] == 0.5 * (1 - 2 + 0.5) && z[1] == 0.5 * (0.25 + 2) && z[2] == 0.5 * (-1 - 1 + 1));
+    kvs_attn_scores_f64(q, keys, 3, idx, 2, 3, 0.5f, z);
+    assert_true(z[0] == -0.5 && z[1] == -0.25);
+    double x[3] = {0.0, log(2.0), log(3.0)};
+    assert_true(fabs(kvs_softmax_f64(x, 3) - log(6.0)) < 1e-15);
+    assert_true(fabs(x[0] - 1.0 / 6) < 1e-16 && fabs(x[1] - 2.0 / 6) < 1e-16 && fabs(x[2] - 3.0 / 6) < 1e-16);
+    double y[2] = {1000.0, 1000.0}; /* no overflow */
+    assert_true(fabs(kvs_softmax_f64(y, 2) - (1000.0 + log(2.0))) < 1e-12 && y[0] == 0.5 && y[1] == 0.5);
+    /* bit for bit: one running fp64 sum in ascending order, then the scale */
+    float qq[5] = {0.1f, -0.7f, 1.3f, 2.9f, -0.01f}, kk[5] = {3.1f, 0.3f, -1.7f, 0.11f, 5.5f};
+    double want = 0;
+    for (int i = 0; i < 5; i++) want += (double)qq[i] * (double)kk[i];
+    want *= (double)0.37f;
+    kvs_attn_scores_f64(qq, kk, 5, NULL, 1, 5, 0.37f, z);
+    assert_true(z[0] == want);
+}
+
 static void test_attention_small_example(void **state) {
     (void)state;
     /* d = 2, keys with stride 3 (one padding float per row) */
@@ -791,6 +816,7 @@ int main(void) {
         cmocka_unit_test(test_topk_f64_order_and_ties),
         cmocka_unit_test(test_argsort_matches_topk),
         cmocka_unit_test(test_softmax_and_lse),
+        cmocka_unit_test(test_scores_and_softmax_f64),
         cmocka_unit_test(test_attention_small_example),
         cmocka_unit_test(test_pooling),
         cmocka_unit_test(test_avgpool1d_pad_edges),

@@ -1,7 +1,8 @@
 /* test_policies.c — every baseline policy (policies/<name>.c) run through the replay engine on small GENERATED
  * streams (tests/util/gen_trace.h: seeded Gaussian q/k/v, not a model) and compared, at every step, with a
  * NAIVE reference written here: dense arrays and plain loops that recompute the policy's choice from scratch
- * each step, following POLICY_SPEC §2.6 (B1 full, B2 Exact-TopK, B3 window/StreamingLLM, B4 H2O, B8 TOVA).
+ * each step, following POLICY_SPEC §2.6 (B1 full, B2 Exact-TopK, B3 window/StreamingLLM, B4 H2O with the MorphKV
+ * repository's variant and KeyDiff's block-wise prompt processing, B8 TOVA with its block mode).
  * Attention itself comes from common/kvs_math.h (the one shared implementation) in both.
  */
 #include <setjmp.h>
@@ -238,10 +239,15 @@ static void test_streaming_matches_reference(void **state) {
 
 /* ---- H2O (B4) ------------------------------------------------------------------------------------- */
 
-/* Dense reference: resident mask + acc per (layer, KV head, cache list); scores recomputed from scratch. */
-static void ref_h2o(const fixture *f, int64_t B, double recent_frac, int mean, selections *out) {
-    int64_t heavy = (int64_t)((1.0 - recent_frac) * (double)B);
+/* Dense reference: resident mask + acc per (layer, KV head, cache list); scores recomputed from scratch.
+ * Variants: prefill_budget (only the turn's last B prompt queries score, MorphKV repo), window > 0 (keep the
+ * last `window` + the current token, B - window - 1 heavy hitters), block > 0 (the prompt in blocks of that
+ * many positions from the turn's start, compressed after each). */
+static void ref_h2o_ex(const fixture *f, int64_t B, double recent_frac, int mean, int prefill_budget, int64_t window,
+                       int64_t block, selections *out) {
+    int64_t heavy = window > 0 ? B - 1 - window : (int64_t)((1.0 - recent_frac) * (double)B);
     if (heavy > B - 1) heavy = B - 1;
+    if (heavy < 0) heavy = 0;
     int64_t recent = B - heavy;
     int n_lists = mean ? 1 : f->G;
     char *res = malloc((size_t)f->N);
@@ -256,20 +262,23 @@ static void ref_h2o(const fixture *f, int64_t B, double recent_frac, int mean, s
                 for (int64_t j = 0; j < f->N; j++) acc[j] = 0;
                 for (int64_t t = 0; t < f->n_turns; t++) {
                     const kvs_turn *tu = &f->turns[t];
-                    /* prefill: every prompt query adds its causal attention over cache + prompt so far */
+                    /* prefill: every (scoring) prompt query adds its causal attention over cache + prompt so
+                     * far; the candidates are compressed at the end of every block (one block: the prompt) */
                     for (int64_t i = tu->begin; i < tu->prompt_end; i++) {
                         res[i] = 1;
                         int64_t m = ref_list(res, i + 1, list);
-                        double *a = calloc((size_t)m, sizeof *a);
-                        for (int g = g_lo; g < g_hi; g++) {
-                            ref_probs(f, l, h, g, i, list, m, pr);
-                            for (int64_t j = 0; j < m; j++) a[j] += pr[j];
+                        if (!prefill_budget || i >= tu->prompt_end - B) {
+                            double *a = calloc((size_t)m, sizeof *a);
+                            for (int g = g_lo; g < g_hi; g++) {
+                                ref_probs(f, l, h, g, i, list, m, pr);
+                                for (int64_t j = 0; j < m; j++) a[j] += pr[j];
+                            }
+                            for (int64_t j = 0; j < m; j++) acc[list[j]] += a[j] / (g_hi - g_lo);
+                            free(a);
                         }
-                        for (int64_t j = 0; j < m; j++) acc[list[j]] += a[j] / (g_hi - g_lo);
-                        free(a);
-                    }
-                    if (tu->prompt_end > tu->begin) {
-                        int64_t m = ref_list(res, tu->prompt_end, list);
+                        int block_end = i == tu->prompt_end - 1 || (block > 0 && (i - tu->begin + 1) % block == 0);
+                        if (!block_end) continue;
+                        m = ref_list(res, i + 1, list);
                         if (m > B - 1) {
                             /* keep the last recent-1 and the heavy best (acc desc, older first) of the rest */
                             int64_t old = m - (recent - 1), want = (B - 1) - (recent - 1);
@@ -310,6 +319,10 @@ static void ref_h2o(const fixture *f, int64_t B, double recent_frac, int mean, s
     free(pr);
 }
 
+static void ref_h2o(const fixture *f, int64_t B, double recent_frac, int mean, selections *out) {
+    ref_h2o_ex(f, B, recent_frac, mean, 0, 0, 0, out);
+}
+
 static void test_h2o_matches_reference(void **state) {
     (void)state;
     const struct {
@@ -341,7 +354,9 @@ static void test_h2o_matches_reference(void **state) {
 
 /* ---- TOVA (B8) ------------------------------------------------------------------------------------ */
 
-static void ref_tova(const fixture *f, int64_t B, int layer_mode, int protect, selections *out) {
+/* block > 0: the prompt in blocks of that many positions from the turn's start, each scored by its last query
+ * over what is kept plus the block and cut to B-1 (one block: the whole prompt, the last prompt query). */
+static void ref_tova_ex(const fixture *f, int64_t B, int layer_mode, int protect, int64_t block, selections *out) {
     int HH = f->Hkv;
     char *res = malloc((size_t)HH * (size_t)f->N);
     int32_t *list = malloc((size_t)f->N * sizeof *list);
@@ -352,14 +367,16 @@ static void ref_tova(const fixture *f, int64_t B, int layer_mode, int protect, s
         for (int64_t t = 0; t < f->n_turns; t++) {
             const kvs_turn *tu = &f->turns[t];
             for (int phase = 0; phase < 2; phase++) {
-                int64_t p_lo = phase == 0 ? tu->prompt_end - 1 : tu->prompt_end, p_hi = phase == 0 ? tu->prompt_end : tu->end;
+                int64_t p_lo = phase == 0 ? tu->begin : tu->prompt_end, p_hi = phase == 0 ? tu->prompt_end : tu->end;
                 if (phase == 0 && tu->prompt_end <= tu->begin) continue;
                 for (int64_t p = p_lo; p < p_hi; p++) {
+                    if (phase == 0 && p != tu->prompt_end - 1 && !(block > 0 && (p - tu->begin + 1) % block == 0))
+                        continue; /* prefill: block ends only */
                     int64_t m = 0;
                     for (int h = 0; h < HH; h++) {
                         char *r = res + (size_t)h * (size_t)f->N;
                         if (phase == 0)
-                            for (int64_t j = tu->begin; j < tu->prompt_end; j++) r[j] = 1;
+                            for (int64_t j = block > 0 ? p - (p - tu->begin) % block : tu->begin; j <= p; j++) r[j] = 1;
                         else
                             r[p] = 1;
                         m = ref_list(r, p + 1, list);
@@ -427,6 +444,10 @@ static void ref_tova(const fixture *f, int64_t B, int layer_mode, int protect, s
     free(sc);
 }
 
+static void ref_tova(const fixture *f, int64_t B, int layer_mode, int protect, selections *out) {
+    ref_tova_ex(f, B, layer_mode, protect, 0, out);
+}
+
 static void test_tova_matches_reference(void **state) {
     (void)state;
     const struct {
@@ -449,6 +470,117 @@ static void test_tova_matches_reference(void **state) {
         kvs_replay_result *r = run_engine(&f, cases[c].spec, cases[c].B, &eng);
         ref_tova(&f, cases[c].B, cases[c].layer, cases[c].protect, &ref);
         assert_true(sel_compare(&eng, &ref) > 0);
+        kvs_replay_result_free(r);
+        sel_free(&eng);
+        sel_free(&ref);
+        fixture_free(&f);
+    }
+}
+
+/* The variants, each against the extended reference: the MorphKV repository's prefill (last B queries) and
+ * absolute window, KeyDiff's block-wise prompt processing (blocks from each turn's start, 1 = token by token,
+ * larger than the prompt = one block), and their combinations. */
+static void test_h2o_variants_match_reference(void **state) {
+    (void)state;
+    const struct {
+        int turns, group;
+        const char *spec;
+        int64_t B;
+        double recent;
+        int mean, prefill_budget;
+        int64_t window, block;
+    } cases[] = {
+        {1, 2, "h2o:prefill=budget", 10, 0.5, 0, 1, 0, 0},
+        {2, 2, "h2o:gqa=mean,prefill=budget", 7, 0.5, 1, 1, 0, 0},
+        {1, 2, "h2o:window=3", 9, 0.5, 0, 0, 3, 0},
+        {2, 3, "h2o:gqa=mean,window=4,prefill=budget", 12, 0.5, 1, 1, 4, 0},
+        {1, 2, "h2o:window=20", 10, 0.5, 0, 0, 20, 0}, /* no heavy hitter left: a window */
+        {1, 2, "h2o:block=5", 8, 0.5, 0, 0, 0, 5},
+        {2, 2, "h2o:gqa=mean,block=4,recent=0.25", 9, 0.25, 1, 0, 0, 4},
+        {1, 3, "h2o:block=1", 6, 0.5, 0, 0, 0, 1},
+        {2, 2, "h2o:gqa=mean,block=6,prefill=budget,window=2", 8, 0.5, 1, 1, 2, 6},
+        {1, 2, "h2o@keydiff", 10, 0.5, 1, 0, 0, 128}, /* a block longer than the prompt: one pass */
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        fixture f;
+        fixture_make(&f, cases[c].turns, cases[c].group, 56, 80 + c);
+        selections eng, ref;
+        sel_init(&eng, &f);
+        sel_init(&ref, &f);
+        kvs_replay_result *r = run_engine(&f, cases[c].spec, cases[c].B, &eng);
+        ref_h2o_ex(&f, cases[c].B, cases[c].recent, cases[c].mean, cases[c].prefill_budget, cases[c].window,
+                   cases[c].block, &ref);
+        assert_true(sel_compare(&eng, &ref) > 0);
+        assert_true(r->runs[0].max_attended <= cases[c].B);
+        kvs_replay_result_free(r);
+        sel_free(&eng);
+        sel_free(&ref);
+        fixture_free(&f);
+    }
+}
+
+/* The variants change the choices (the data would not catch a variant that is ignored otherwise). */
+static void test_h2o_variants_change_the_choices(void **state) {
+    (void)state;
+    fixture f;
+    fixture_make(&f, 1, 2, 56, 90);
+    selections base;
+    sel_init(&base, &f);
+    kvs_replay_result *r0 = run_engine(&f, "h2o", 10, &base);
+    const char *variants[] = {"h2o:prefill=budget", "h2o:window=2", "h2o:block=4"};
+    for (int i = 0; i < 3; i++) {
+        selections v;
+        sel_init(&v, &f);
+        kvs_replay_result *r = run_engine(&f, variants[i], 10, &v);
+        int differ = 0;
+        size_t cells = (size_t)f.L * (size_t)f.Hkv * (size_t)f.N * (size_t)f.G;
+        for (size_t k = 0; k < cells && !differ; k++)
+            differ = base.n[k] != v.n[k] || (base.n[k] && memcmp(base.set[k], v.set[k], (size_t)base.n[k] * sizeof(int32_t)));
+        if (!differ) fail_msg("%s chose exactly what h2o chose", variants[i]);
+        kvs_replay_result_free(r);
+        sel_free(&v);
+    }
+    kvs_replay_result_free(r0);
+    sel_free(&base);
+    fixture_free(&f);
+}
+
+static void test_tova_block_mode_matches_reference(void **state) {
+    (void)state;
+    const struct {
+        int turns, group;
+        const char *spec;
+        int64_t B;
+        int layer, protect;
+        int64_t block;
+    } cases[] = {
+        {1, 2, "tova:block=5", 10, 1, 0, 5},
+        {1, 2, "tova:mode=group,block=4", 7, 0, 0, 4},
+        {2, 2, "tova:protect_current=true,block=3", 8, 1, 1, 3},
+        {2, 3, "tova:mode=group,protect_current=1,block=1", 6, 0, 1, 1},
+        {1, 2, "tova@keydiff", 9, 0, 0, 128},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        fixture f;
+        fixture_make(&f, cases[c].turns, cases[c].group, 50, 100 + c);
+        selections eng, ref;
+        sel_init(&eng, &f);
+        sel_init(&ref, &f);
+        kvs_replay_result *r = run_engine(&f, cases[c].spec, cases[c].B, &eng);
+        ref_tova_ex(&f, cases[c].B, cases[c].layer, cases[c].protect, cases[c].block, &ref);
+        assert_true(sel_compare(&eng, &ref) > 0);
+        if (c == 0) { /* and blocks change the choices: the whole-prompt reference differs somewhere */
+            selections whole;
+            sel_init(&whole, &f);
+            ref_tova_ex(&f, cases[c].B, cases[c].layer, cases[c].protect, 0, &whole);
+            int differ = 0;
+            size_t cells = (size_t)f.L * (size_t)f.Hkv * (size_t)f.N * (size_t)f.G;
+            for (size_t k = 0; k < cells && !differ; k++)
+                differ = eng.n[k] != whole.n[k] ||
+                         (eng.n[k] && memcmp(eng.set[k], whole.set[k], (size_t)eng.n[k] * sizeof(int32_t)));
+            assert_true(differ);
+            sel_free(&whole);
+        }
         kvs_replay_result_free(r);
         sel_free(&eng);
         sel_free(&ref);
@@ -538,6 +670,9 @@ int main(void) {
         cmocka_unit_test(test_streaming_matches_reference),
         cmocka_unit_test(test_h2o_matches_reference),
         cmocka_unit_test(test_tova_matches_reference),
+        cmocka_unit_test(test_h2o_variants_match_reference),
+        cmocka_unit_test(test_h2o_variants_change_the_choices),
+        cmocka_unit_test(test_tova_block_mode_matches_reference),
         cmocka_unit_test(test_topk_oracle_matches_reference),
         cmocka_unit_test(test_h2o_expand_stores_group_copies),
     };

@@ -4,7 +4,8 @@
  * qsort, the top ones picked; Scissorhands replayed with a full [observation][position] flag matrix.
  * Policies are driven through their ops directly (create/prefill/select/observe, and alloc_* for the budget
  * allocation of PyramidKV and Ada-KV) on small GENERATED streams (a seeded uniform generator here, not a
- * model). Specs: POLICY_SPEC §2.6 B5 (SnapKV), B6 (Scissorhands), the appendix rows PyramidKV and Ada-KV.
+ * model). Specs: POLICY_SPEC §2.6 B5 (SnapKV, with KeyDiff's block-wise prompt processing), B6 (Scissorhands),
+ * the appendix rows PyramidKV and Ada-KV.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -347,6 +348,72 @@ static void test_snapkv_second_turn_matches_naive_reference(void **state) {
             }
             cfg.ops->free(st);
         }
+    stream_free(&s);
+}
+
+/* Block-wise prompt processing (KeyDiff, block=M): the policy gets the prompt as the engine hands it over, block
+ * by block (view->n = the block's end, its queries only, block_begin), and after every block must hold exactly
+ * what the naive reference keeps when it compresses (kept so far + the block) with the block as the prompt. */
+static void test_snapkv_block_mode_matches_naive_blockwise_reference(void **state) {
+    (void)state;
+    stream s;
+    stream_make(&s, 96, 2, 8, 14);
+    const struct {
+        const char *spec;
+        int64_t block;
+    } cases[] = {
+        {"snapkv:window=4,block=10", 10},
+        {"snapkv:window=4,gqa=mean,pool=avg,kernel=5,block=7", 7},
+        {"snapkv:window=6,gqa=max,block=3", 3}, /* blocks shorter than the window: the block is the window */
+        {"snapkv:window=8,kernel=7,pool=avg,gqa=mean,block=16", 16},
+        {"snapkv@keydiff", 128}, /* one block longer than the prompt: the one-shot result */
+    };
+    const int64_t budgets[] = {2, 5, 9, 17, 30};
+    const int64_t P = 60;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (size_t b = 0; b < sizeof budgets / sizeof budgets[0]; b++) {
+            kvs_policy_config cfg;
+            assert_int_equal(kvs_policy_parse(cases[c].spec, &cfg), KVS_OK);
+            snap_opts o = snap_opts_of(&cfg);
+            int n_lists = o.gqa == GQA_EXPAND ? s.G : 1;
+            kvs_policy_model m = model_of(&s, 1, 1, P);
+            void *st = create_or_fail(&cfg, &m, budgets[b]);
+            assert_int_equal(cfg.ops->prefill_block(st), cases[c].block);
+            int32_t kept[8][512], cand[512], want[512];
+            int64_t n_kept[8] = {0};
+            for (int64_t bb = 0; bb < P; bb += cases[c].block) {
+                int64_t be = bb + cases[c].block < P ? bb + cases[c].block : P;
+                kvs_policy_view v = prefill_view(&s, 0, be, 0);
+                v.q = s.q + (size_t)bb * (size_t)s.G * (size_t)s.d;
+                v.q_first = bb;
+                v.n_q = be - bb;
+                v.prompt_end = P;
+                v.block_begin = bb;
+                v.last_block = be == P;
+                assert_int_equal(cfg.ops->prefill(st, &v), KVS_OK);
+                for (int g = 0; g < n_lists; g++) {
+                    int64_t nc = 0;
+                    for (int64_t j = 0; j < n_kept[g]; j++) cand[nc++] = kept[g][j];
+                    for (int64_t j = bb; j < be; j++) cand[nc++] = (int32_t)j;
+                    n_kept[g] = naive_snapkv(&s, cand, nc, be - bb, be, budgets[b], &o, g, want);
+                    memcpy(kept[g], want, (size_t)n_kept[g] * sizeof(int32_t));
+                    assert_true(n_kept[g] <= budgets[b]);
+                    assert_stored(cfg.ops, st, g, kept[g], n_kept[g], cases[c].spec, budgets[b]);
+                }
+            }
+            int32_t *kp[8] = {kept[0], kept[1], kept[2], kept[3], kept[4], kept[5], kept[6], kept[7]};
+            check_decode_keeps_generated(&s, cfg.ops, st, n_lists, kp, n_kept, 0, P, 5);
+            cfg.ops->free(st);
+        }
+    /* the default (block=0) asks for the whole prompt; PyramidKV and Ada-KV have no block parameter */
+    kvs_policy_config cfg;
+    assert_int_equal(kvs_policy_parse("snapkv", &cfg), KVS_OK);
+    kvs_policy_model m = model_of(&s, 1, 1, P);
+    void *st = create_or_fail(&cfg, &m, 8);
+    assert_int_equal(cfg.ops->prefill_block(st), 0);
+    cfg.ops->free(st);
+    assert_null(kvs_policy_find("pyramidkv")->prefill_block);
+    assert_null(kvs_policy_find("adakv")->prefill_block);
     stream_free(&s);
 }
 
@@ -736,6 +803,7 @@ int main(void) {
         cmocka_unit_test(test_snapkv_matches_naive_reference),
         cmocka_unit_test(test_snapkv_prompt_shorter_than_window_keeps_its_last_positions),
         cmocka_unit_test(test_snapkv_second_turn_matches_naive_reference),
+        cmocka_unit_test(test_snapkv_block_mode_matches_naive_blockwise_reference),
         cmocka_unit_test(test_snapkv_rejects_an_even_kernel),
         cmocka_unit_test(test_pyramidkv_layer_budgets_worked_example),
         cmocka_unit_test(test_pyramidkv_layer_budgets_sum_monotonic_floor),

@@ -1,9 +1,11 @@
 /* test_policy_conformance.c — the common contract, run on EVERY policy in the registry (policies/registry.c),
  * as ggml's backend test runs every op on every backend (STYLE.md rule 5):
  *  - parameter validation: unknown key, malformed and out-of-range values -> KVS_ERR_INVALID_ARG naming it;
- *    the canonical string parses back to itself;
+ *    the canonical string parses back to itself; every named preset parses to its parameters and is listed with
+ *    them in examples/PRESETS.md;
  *  - budget respected at every step (|S_t| <= B per list; prompt-only policies: retained prompt positions <= B);
  *  - determinism: the same selections and numbers with 1 and 2 threads, run twice;
+ *  - the same budget and leak checks on every named preset and on the block-wise prompt processing modes;
  *  - NO ORACLE LEAKAGE: perturbing future positions' q/k/v never changes past choices (every policy), and for
  *    non-oracles scrambling, between steps, the K/V rows of every position the policy does not store never
  *    changes its choices.
@@ -23,6 +25,7 @@
 #include "../sim/replay.h"
 #include "../sim/replay_mem.h"
 #include "util/replay_fixture.h"
+#include "util/testenv.h"
 
 typedef kvs_test_replay_fixture fixture;
 
@@ -267,6 +270,30 @@ static void test_every_preset_parses_to_its_parameters(void **state) {
     }
 }
 
+/* examples/PRESETS.md lists every preset with its exact parameter string, and nothing else. */
+static void test_presets_md_lists_every_preset(void **state) {
+    (void)state;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/examples/PRESETS.md", kvs_test_root());
+    FILE *fp = fopen(path, "r");
+    if (!fp) fail_msg("cannot open %s", path);
+    static char text[1 << 16];
+    size_t len = fread(text, 1, sizeof text - 1, fp);
+    fclose(fp);
+    text[len] = 0;
+    int listed = 0, known = 0;
+    for (const char *p = text; (p = strstr(p, "\n| `")) != NULL; p++) listed++;
+    for (int i = 0; i < kvs_policy_count(); i++) {
+        const struct kvs_policy_ops *ops = kvs_policy_at(i);
+        for (int j = 0; j < ops->n_presets; j++, known++) {
+            char row[512];
+            snprintf(row, sizeof row, "\n| `%s@%s` | `%s` |", ops->name, ops->presets[j].name, ops->presets[j].params);
+            if (!strstr(text, row)) fail_msg("examples/PRESETS.md lacks the row %s", row + 1);
+        }
+    }
+    assert_int_equal(listed, known);
+}
+
 /* ---- budget, determinism --------------------------------------------------------------------------- */
 
 static void test_every_policy_respects_budget_every_step(void **state) {
@@ -402,6 +429,55 @@ static void test_non_oracles_read_only_what_they_store(void **state) {
     fixture_free(&f);
 }
 
+/* Every named preset, and the block-wise prompt processing (KeyDiff's chunked prefill) at a block size that
+ * splits this fixture's prompts: budget respected at every step, and nothing read that the policy does not
+ * store, between decode steps and between prefill blocks. */
+static void test_presets_and_block_modes_keep_the_contract(void **state) {
+    (void)state;
+    fixture f;
+    fixture_make(&f, 2, 10);
+    const char *extra[] = {"h2o:block=5", "h2o:gqa=mean,block=3,prefill=budget,window=2", "tova:block=5",
+                           "tova:mode=group,block=4,protect_current=1", "snapkv:window=4,block=6",
+                           "snapkv:window=3,gqa=mean,pool=avg,block=5"};
+    char specs[64][96];
+    int n = 0;
+    for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) snprintf(specs[n++], sizeof specs[0], "%s", extra[i]);
+    for (int i = 0; i < kvs_policy_count(); i++) {
+        const struct kvs_policy_ops *ops = kvs_policy_at(i);
+        for (int j = 0; j < ops->n_presets && n < 64; j++)
+            snprintf(specs[n++], sizeof specs[0], "%s@%s", ops->name, ops->presets[j].name);
+    }
+    assert_true(n > (int)(sizeof extra / sizeof extra[0]));
+    for (int i = 0; i < n; i++) {
+        kvs_policy_config cfg;
+        if (kvs_policy_parse(specs[i], &cfg) != KVS_OK) fail_msg("%s: %s", specs[i], kvs_last_error());
+        const int64_t bs[] = {6, 11, 24};
+        for (size_t b = 0; b < sizeof bs / sizeof bs[0]; b++) {
+            if (!budget_ok(&f, &cfg, bs[b])) continue;
+            recorder a, sc;
+            rec_init(&a, &f);
+            rec_init(&sc, &f);
+            sc.scramble = 1;
+            kvs_replay_result *ra = run(&f, &cfg, bs[b], 1, &a);
+            kvs_replay_result *rs = run(&f, &cfg, bs[b], 1, &sc);
+            if (cfg.ops->budget_scope == KVS_BUDGET_EVERY_STEP) assert_true(ra->runs[0].max_attended <= bs[b]);
+            for (size_t c = 0; c < (size_t)f.L * (size_t)f.Hkv * (size_t)f.N * (size_t)f.G; c++) {
+                if (!a.seen[c]) continue;
+                int64_t n_prompt = 0;
+                for (int64_t j = 0; j < a.n[c]; j++) n_prompt += f.g->roles[a.data[c * (size_t)f.N + (size_t)j]] == KVS_ROLE_PROMPT;
+                if (cfg.ops->budget_scope == KVS_BUDGET_EVERY_STEP) assert_true(a.n[c] <= bs[b]);
+                if (cfg.ops->budget_scope == KVS_BUDGET_PROMPT) assert_true(n_prompt <= bs[b]);
+            }
+            assert_same_until(&a, &sc, f.N, "scrambling positions the policy does not store", specs[i]);
+            kvs_replay_result_free(ra);
+            kvs_replay_result_free(rs);
+            rec_free(&a);
+            rec_free(&sc);
+        }
+    }
+    fixture_free(&f);
+}
+
 /* The scrambling check must be able to fail: a deliberately leaky policy (reads the keys of positions it
  * evicted) is caught. */
 typedef struct {
@@ -475,10 +551,12 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_policy_validates_parameters),
         cmocka_unit_test(test_every_preset_parses_to_its_parameters),
+        cmocka_unit_test(test_presets_md_lists_every_preset),
         cmocka_unit_test(test_every_policy_respects_budget_every_step),
         cmocka_unit_test(test_every_policy_is_deterministic),
         cmocka_unit_test(test_no_policy_sees_the_future),
         cmocka_unit_test(test_non_oracles_read_only_what_they_store),
+        cmocka_unit_test(test_presets_and_block_modes_keep_the_contract),
         cmocka_unit_test(test_leak_check_catches_a_leaky_policy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

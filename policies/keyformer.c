@@ -1,0 +1,382 @@
+/* keyformer.c — Keyformer (Adnan et al., MLSys'24), as specified in POLICY_SPEC §2.6 B7 and the appendix row
+ * "Keyformer"; reference d-matrix-ai/keyformer-llm models/keyformer-lib/attention.py and blog/README.md.
+ *
+ * Score: the accumulated Gumbel-softmax of the attention logits. At every query (each prompt query in
+ * prefill, the current query at each decode step) and for each query head g, over the positions the query
+ * attends (causal), with logits z_j = scale * q·k_j and fresh Gumbel(0,1) noise g_j:
+ *     f_j = exp((z_j + g_j) / tau) / sum_j' exp((z_j' + g_j') / tau)      (torch gumbel_softmax, hard=False)
+ * and acc[j] += f_j. The attention the model uses is the ordinary softmax over the kept positions (the engine
+ * computes it); f only ranks. Temperature tau = tau_init + itr * dtau with itr = 0 for prompt queries and
+ * itr = t for the t-th generated token of the turn (t = 1 at the first decode step).
+ * Cache: budget B = R_k recent + (B - R_k) key tokens, R_k = floor(recent * B) (paper 30 %). Attend-then-evict:
+ * S_t = the cache (B-1 entries) + the new token; after attention, if |S_t| = B, the lowest-acc entry among all
+ * but the last R_k entries of S_t is discarded, permanently (the reference's cumulative mask). Prefill keeps
+ * the last R_k - 1 prompt positions (the next token completes the recent window) and the top B - R_k of the
+ * rest by acc.
+ *
+ * Ambiguities resolved (paper / reference / what we do):
+ *  - Budget: the reference's cache is kv_cache % of the prompt (60 %): `kvsim replay --budgets 60%` gives
+ *    B = ceil(0.6 P) tokens per KV head (per query head with gqa=expand). kvsim's B bounds the attended set,
+ *    the current token included (POLICY_SPEC preamble): the reference keeps floor(0.6 P) and its query sees one
+ *    more, so B = its cache + 1 compares the same attended size.
+ *  - Temperature: tau_schedule=span (default; the paper and POLICY_SPEC B7): dtau = (tau_end - tau_init) / T_gen
+ *    with T_gen = max_new_tokens of the trace, so tau reaches tau_end at the last token; itr is capped at T_gen
+ *    (tau never passes tau_end, e.g. a trace generating past its cap), and with max_new_tokens unknown (0)
+ *    tau stays at tau_init (a note says so). tau_schedule=step: tau = tau_init + itr * tau_delta without a cap,
+ *    the reference code's 1.0 + 0.01 * step (preset keyformer@reference).
+ *  - Noise [SIM-CHOICE, POLICY_SPEC B7]: PCG32 (common/kvs_rng.h). The Gumbel noise of query position i and
+ *    query head g (0..G-1 within the KV group) is the stream kvs_rng_seed(seed, i * G + g) of the instance's
+ *    seed (kvs_policy_init.seed: per run, layer and KV head); the query's visible candidates draw from it in
+ *    ascending position order, one kvs_rng_gumbel() each. noise=none drops g (an ablation: the accumulated
+ *    tempered softmax, an H2O-like ranking; notes() says so).
+ *  - Precision: logits and the Gumbel-softmax in fp64 (kvs_attn_scores_f64, kvs_softmax_f64), accumulated in
+ *    fp64; per query row the heads' f are summed in ascending g, then added (gqa=mean: divided by G first).
+ *  - GQA: per head in the original (MHA models), so gqa=expand (default): each query head keeps its own B
+ *    entries and scores, storage G x (DESIGN.md "GQA layout"); on MHA traces expand is per KV head.
+ *    gqa=mean: one set per KV head scored with the group mean of the heads' f (each head its own noise).
+ *  - Ties: the lowest acc is discarded, the NEWER position among equals; prefill TOPK ties go to the older
+ *    position (§1.4). R_k = 0 (recent < 1/B) leaves the current token unprotected: it may be discarded right
+ *    after it is attended, as in the reference with recent=0. R_k = B (recent=1) leaves no key token: a window.
+ *  - Multi-turn [SIM-CHOICE, as h2o.c]: the reference restarts at every prompt (one sequence per prompt); here
+ *    a later turn's prompt queries attend (causally) to the kept cache plus the new prompt and add their f to
+ *    the running acc (itr = 0, tau = tau_init), then the set is compressed to B-1 the same way.
+ * Cost (POLICY_SPEC §3 "Keyformer"): per cache |S_t| K/V slots plus one score per slot (model aux_bytes);
+ * reads: the attended K/V plus the scores (fused with the attention's QK^T; unfused, the K are read again);
+ * writes: the new token's K/V plus the updated scores.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/kvs_math.h"
+#include "../common/kvs_rng.h"
+#include "registry.h"
+
+enum { KF_EXPAND = 0, KF_MEAN = 1 };
+enum { KF_SPAN = 0, KF_STEP = 1 };
+enum { KF_GUMBEL = 0, KF_NONE = 1 };
+
+static const kvs_policy_param keyformer_params[] = {
+    {.key = "recent", .type = KVS_PARAM_DOUBLE, .def = 0.3, .lo = 0.0, .hi = 1.0,
+     .help = "recent window R_k = floor(recent x budget) (Keyformer: 30%); the other entries are key tokens"},
+    {.key = "tau_init", .type = KVS_PARAM_DOUBLE, .def = 1.0, .lo = 1e-3, .hi = 1e6,
+     .help = "Gumbel-softmax temperature at the prompt (itr = 0)"},
+    {.key = "tau_end", .type = KVS_PARAM_DOUBLE, .def = 2.0, .lo = 1e-3, .hi = 1e6,
+     .help = "tau_schedule=span: temperature at the last of max_new_tokens generated tokens"},
+    {.key = "tau_schedule", .type = KVS_PARAM_ENUM, .def = KF_SPAN, .choices = "span|step",
+     .help = "span: tau_init + itr (tau_end - tau_init) / max_new_tokens (paper); step: tau_init + itr tau_delta "
+             "(reference code)"},
+    {.key = "tau_delta", .type = KVS_PARAM_DOUBLE, .def = 0.01, .lo = 0.0, .hi = 1e6,
+     .help = "tau_schedule=step: temperature increase per generated token (reference: 0.01)"},
+    {.key = "noise", .type = KVS_PARAM_ENUM, .def = KF_GUMBEL, .choices = "gumbel|none",
+     .help = "none: no Gumbel noise (ablation: accumulated tempered softmax, an H2O-like ranking)"},
+    {.key = "gqa", .type = KVS_PARAM_ENUM, .def = KF_EXPAND, .choices = "expand|mean",
+     .help = "expand: a cache per query head (per head as in the MHA original, G x storage); mean: one per KV head"},
+};
+
+static const kvs_policy_preset keyformer_presets[] = {
+    {.name = "reference", .params = "tau_schedule=step,tau_delta=0.01",
+     .help = "d-matrix-ai/keyformer-llm attention.py: tau = 1.0 + 0.01 x step, recent 30%; its cache is 60% of "
+             "the prompt (--budgets 60%)"},
+};
+
+typedef struct {
+    int32_t *pos;  /* [cap] ascending positions of the cache (at attention time: + the current token) */
+    double *acc;   /* [cap] accumulated Gumbel-softmax score, aligned with pos */
+    int64_t cnt;
+} kf_list;
+
+typedef struct {
+    int64_t budget, recent; /* B, R_k */
+    int mode, n_lists, group, d, noise, schedule;
+    double tau_init, dtau;  /* tau = tau_init + min(itr, itr_cap) * dtau */
+    int64_t itr_cap;        /* span: T_gen (0: dtau = 0); step: no cap (INT64_MAX) */
+    float scale;
+    uint64_t seed;
+    int32_t aux_bytes;
+    kvs_policy_model model;
+    kf_list *lists;         /* [n_lists], each of capacity budget */
+    /* scratch, capacity scratch_cap candidates */
+    int32_t *cidx;
+    double *cacc, *f, *t;
+    int64_t scratch_cap;
+} kf_state;
+
+typedef struct {
+    double acc;
+    int64_t i;
+} kf_rank;
+
+/* Larger acc first; among equal acc the lower index (older position) first. */
+static int rank_cmp(const void *a, const void *b) {
+    const kf_rank *x = a, *y = b;
+    if (x->acc != y->acc) return x->acc > y->acc ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+static int64_t recent_of(double recent, int64_t budget) {
+    int64_t r = (int64_t)(recent * (double)budget);
+    return r < 0 ? 0 : r > budget ? budget : r;
+}
+
+static kvs_policy_granularity kf_layout(const kvs_policy_config *cfg) {
+    return (int)kvs_policy_param_get(cfg, "gqa") == KF_EXPAND ? KVS_SEL_PER_QUERY_HEAD : KVS_SEL_PER_KV_HEAD;
+}
+
+/* Degenerate settings (kvs_policy_ops.notes). */
+static int kf_notes(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget, char *buf, size_t cap) {
+    int n = 0;
+    double recent = kvs_policy_param_get(cfg, "recent");
+    if (recent_of(recent, budget) >= budget)
+        n += kvs_policy_note(buf, cap, "recent=%g leaves no key-token slot at this budget (a window)", recent);
+    if ((int)kvs_policy_param_get(cfg, "noise") == KF_NONE)
+        n += kvs_policy_note(buf, cap, "noise=none: no Gumbel noise, the accumulated tempered softmax (an H2O-like "
+                                       "ranking)");
+    if ((int)kvs_policy_param_get(cfg, "tau_schedule") == KF_SPAN && m->max_new_tokens <= 0 &&
+        kvs_policy_param_get(cfg, "tau_end") != kvs_policy_param_get(cfg, "tau_init"))
+        n += kvs_policy_note(buf, cap, "max_new_tokens is unknown: the temperature stays at tau_init=%g",
+                             kvs_policy_param_get(cfg, "tau_init"));
+    return n;
+}
+
+static void kf_free(void *state) {
+    kf_state *s = state;
+    if (!s) return;
+    if (s->lists)
+        for (int i = 0; i < s->n_lists; i++) {
+            free(s->lists[i].pos);
+            free(s->lists[i].acc);
+        }
+    free(s->lists);
+    free(s->cidx);
+    free(s->cacc);
+    free(s->f);
+    free(s->t);
+    free(s);
+}
+
+static kvs_status kf_create(const kvs_policy_init *init, void **state) {
+    kf_state *s = calloc(1, sizeof *s);
+    if (!s) return kvs_fail(KVS_ERR_NOMEM, "keyformer: out of memory");
+    const kvs_policy_config *cfg = init->cfg;
+    s->budget = init->budget;
+    s->recent = recent_of(kvs_policy_param_get(cfg, "recent"), init->budget);
+    s->mode = (int)kvs_policy_param_get(cfg, "gqa");
+    s->noise = (int)kvs_policy_param_get(cfg, "noise");
+    s->schedule = (int)kvs_policy_param_get(cfg, "tau_schedule");
+    s->tau_init = kvs_policy_param_get(cfg, "tau_init");
+    if (s->schedule == KF_STEP) {
+        s->dtau = kvs_policy_param_get(cfg, "tau_delta");
+        s->itr_cap = INT64_MAX;
+    } else if (init->model->max_new_tokens > 0) {
+        s->itr_cap = init->model->max_new_tokens;
+        s->dtau = (kvs_policy_param_get(cfg, "tau_end") - s->tau_init) / (double)s->itr_cap;
+    } /* else: T_gen unknown, dtau = 0 */
+    s->group = init->model->group;
+    s->d = init->model->head_dim;
+    s->scale = init->model->scale;
+    s->seed = init->seed;
+    s->aux_bytes = init->model->aux_bytes;
+    s->model = *init->model;
+    s->n_lists = s->mode == KF_EXPAND ? s->group : 1;
+    s->lists = calloc((size_t)s->n_lists, sizeof *s->lists);
+    if (!s->lists) goto nomem;
+    for (int i = 0; i < s->n_lists; i++) {
+        s->lists[i].pos = malloc((size_t)s->budget * sizeof(int32_t));
+        s->lists[i].acc = malloc((size_t)s->budget * sizeof(double));
+        if (!s->lists[i].pos || !s->lists[i].acc) goto nomem;
+    }
+    *state = s;
+    return KVS_OK;
+nomem:
+    kf_free(s);
+    return kvs_fail(KVS_ERR_NOMEM, "keyformer: out of memory");
+}
+
+static kvs_status ensure_scratch(kf_state *s, int64_t n) {
+    if (n <= s->scratch_cap) return KVS_OK;
+    free(s->cidx);
+    free(s->cacc);
+    free(s->f);
+    free(s->t);
+    s->cidx = malloc((size_t)n * sizeof(int32_t));
+    s->cacc = malloc((size_t)n * sizeof(double));
+    s->f = malloc((size_t)n * sizeof(double));
+    s->t = malloc((size_t)n * sizeof(double));
+    s->scratch_cap = (s->cidx && s->cacc && s->f && s->t) ? n : 0;
+    return s->scratch_cap ? KVS_OK : kvs_fail(KVS_ERR_NOMEM, "keyformer: out of memory");
+}
+
+/* Temperature of a query with iteration itr (0: prompt; t: the t-th generated token of the turn). */
+static double tau_at(const kf_state *s, int64_t itr) {
+    if (itr > s->itr_cap) itr = s->itr_cap;
+    return s->tau_init + (double)itr * s->dtau;
+}
+
+/* The list's score of one query row at position qpos over the n candidates idx (all visible to it): t[j] =
+ * sum over the list's heads (ascending) of the Gumbel-softmax f_j, with tau. The heads' queries are
+ * qrow[g * d] (the row holds the group's G queries). */
+static void row_scores(kf_state *s, int li, const float *qrow, int64_t qpos, const float *keys, const int32_t *idx,
+                       int64_t n, double tau, double *t) {
+    int g_lo = s->mode == KF_EXPAND ? li : 0, g_hi = s->mode == KF_EXPAND ? li + 1 : s->group;
+    for (int64_t j = 0; j < n; j++) t[j] = 0;
+    for (int g = g_lo; g < g_hi; g++) {
+        kvs_attn_scores_f64(qrow + (size_t)g * (size_t)s->d, keys, (size_t)s->d, idx, (size_t)n, (size_t)s->d, s->scale,
+                            s->f);
+        kvs_rng rng;
+        kvs_rng_seed(&rng, s->seed, (uint64_t)qpos * (uint64_t)s->group + (uint64_t)g);
+        for (int64_t j = 0; j < n; j++) {
+            double noise = s->noise == KF_GUMBEL ? kvs_rng_gumbel(&rng) : 0.0;
+            s->f[j] = (s->f[j] + noise) / tau;
+        }
+        kvs_softmax_f64(s->f, (size_t)n);
+        for (int64_t j = 0; j < n; j++) t[j] += s->f[j];
+    }
+    if (s->mode == KF_MEAN)
+        for (int64_t j = 0; j < n; j++) t[j] /= s->group;
+}
+
+/* Prefill of one list: candidates = kept positions + the turn's new prompt positions; every new prompt query
+ * adds its (causal) Gumbel-softmax at tau_init; then keep the last R_k - 1 and the top B - R_k of the rest. */
+static kvs_status kf_prefill_list(kf_state *s, int li, const kvs_policy_view *view) {
+    kf_list *L = &s->lists[li];
+    int64_t first = view->block_begin > view->turn_begin ? view->block_begin : view->turn_begin;
+    int64_t n_new = view->n - first, nc = L->cnt + n_new;
+    kvs_status st = ensure_scratch(s, nc);
+    if (st != KVS_OK) return st;
+    memcpy(s->cidx, L->pos, (size_t)L->cnt * sizeof(int32_t));
+    memcpy(s->cacc, L->acc, (size_t)L->cnt * sizeof(double));
+    for (int64_t j = 0; j < n_new; j++) {
+        s->cidx[L->cnt + j] = (int32_t)(first + j);
+        s->cacc[L->cnt + j] = 0;
+    }
+    size_t gd = (size_t)s->group * (size_t)s->d;
+    double tau = tau_at(s, 0);
+    for (int64_t i = first; i < view->n; i++) {
+        int64_t vis = L->cnt + (i - first) + 1; /* the kept cache and the prompt up to i */
+        row_scores(s, li, view->q + (size_t)(i - view->q_first) * gd, i, view->k, s->cidx, vis, tau, s->t);
+        for (int64_t j = 0; j < vis; j++) s->cacc[j] += s->t[j];
+    }
+    int64_t keep = s->budget - 1;
+    if (nc <= keep) {
+        memcpy(L->pos, s->cidx, (size_t)nc * sizeof(int32_t));
+        memcpy(L->acc, s->cacc, (size_t)nc * sizeof(double));
+        L->cnt = nc;
+        return KVS_OK;
+    }
+    int64_t rec = s->recent > 0 ? s->recent - 1 : 0;
+    if (rec > keep) rec = keep;
+    int64_t old = nc - rec, key = keep - rec;
+    kf_rank *rank = malloc((size_t)old * sizeof *rank);
+    char *mark = calloc((size_t)old, 1);
+    if (!rank || !mark) {
+        free(rank);
+        free(mark);
+        return kvs_fail(KVS_ERR_NOMEM, "keyformer: out of memory");
+    }
+    for (int64_t j = 0; j < old; j++) rank[j] = (kf_rank){s->cacc[j], j};
+    qsort(rank, (size_t)old, sizeof *rank, rank_cmp);
+    for (int64_t j = 0; j < key; j++) mark[rank[j].i] = 1;
+    int64_t m = 0;
+    for (int64_t j = 0; j < nc; j++)
+        if (j >= old || mark[j]) {
+            L->pos[m] = s->cidx[j];
+            L->acc[m++] = s->cacc[j];
+        }
+    L->cnt = m;
+    free(rank);
+    free(mark);
+    return KVS_OK;
+}
+
+static kvs_status kf_prefill(void *state, const kvs_policy_view *view) {
+    kf_state *s = state;
+    for (int li = 0; li < s->n_lists; li++) {
+        kvs_status st = kf_prefill_list(s, li, view);
+        if (st != KVS_OK) return st;
+    }
+    return KVS_OK;
+}
+
+static kvs_status kf_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {
+    kf_state *s = state;
+    for (int li = 0; li < s->n_lists; li++) {
+        kf_list *L = &s->lists[li];
+        KVS_ASSERT(L->cnt < s->budget);
+        L->pos[L->cnt] = (int32_t)(view->n - 1);
+        L->acc[L->cnt] = 0;
+        L->cnt++;
+        memcpy(sel->idx[li], L->pos, (size_t)L->cnt * sizeof(int32_t));
+        sel->n[li] = L->cnt;
+    }
+    return KVS_OK;
+}
+
+/* After attention: the current query's Gumbel-softmax over S_t is added to acc, then (cache full) the
+ * lowest-acc entry older than the recent window is discarded. The engine's probabilities are not needed:
+ * the score uses the query's own logits over the same S_t. */
+static kvs_status kf_observe(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel,
+                             const float *const *probs) {
+    kf_state *s = state;
+    (void)probs;
+    int64_t p = view->n - 1;
+    double tau = tau_at(s, p - view->prompt_end + 1);
+    kvs_status st = ensure_scratch(s, s->budget);
+    if (st != KVS_OK) return st;
+    for (int li = 0; li < s->n_lists; li++) {
+        kf_list *L = &s->lists[li];
+        KVS_ASSERT(sel->n[li] == L->cnt);
+        row_scores(s, li, view->q, p, view->k, L->pos, L->cnt, tau, s->t);
+        for (int64_t j = 0; j < L->cnt; j++) L->acc[j] += s->t[j];
+        if (L->cnt < s->budget) continue;
+        int64_t cand = L->cnt - s->recent, victim = 0; /* no key-token slot: the oldest goes (a window) */
+        for (int64_t j = 1; j < cand; j++)
+            if (L->acc[j] <= L->acc[victim]) victim = j;
+        memmove(L->pos + victim, L->pos + victim + 1, (size_t)(L->cnt - victim - 1) * sizeof(int32_t));
+        memmove(L->acc + victim, L->acc + victim + 1, (size_t)(L->cnt - victim - 1) * sizeof(double));
+        L->cnt--;
+    }
+    return KVS_OK;
+}
+
+static int64_t kf_stored(void *state, int g, int32_t *out) {
+    kf_state *s = state;
+    kf_list *L = &s->lists[s->mode == KF_EXPAND ? g : 0];
+    memcpy(out, L->pos, (size_t)L->cnt * sizeof(int32_t));
+    return L->cnt;
+}
+
+/* KV as the default counts it (S_t per cache) plus one score per attended entry (aux), read and written
+ * once per step; unfused scoring reads the K of S_t again. */
+static void kf_account(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel, kvs_policy_cost *out) {
+    kf_state *s = state;
+    (void)view;
+    double slots = 0;
+    for (int li = 0; li < sel->n_lists; li++) slots += (double)sel->n[li];
+    double scores = slots * (double)s->aux_bytes;
+    out->aux_bytes = scores;
+    out->read_aux_bytes = scores;
+    out->read_aux_unfused_bytes = scores + kvs_policy_kv_bytes(&s->model, slots) / 2; /* K only */
+    out->write_bytes += scores;
+}
+
+const struct kvs_policy_ops kvs_policy_keyformer = {
+    .name = "keyformer",
+    .summary = "Keyformer: key tokens by accumulated Gumbel-softmax score + recent window (attend-then-evict); the "
+               "paper's cache of 60% of the prompt is --budgets 60%",
+    .is_oracle = 0,
+    .granularity = KVS_SEL_PER_QUERY_HEAD,
+    .budget_scope = KVS_BUDGET_EVERY_STEP,
+    .params = keyformer_params,
+    .n_params = (int)(sizeof keyformer_params / sizeof keyformer_params[0]),
+    .presets = keyformer_presets,
+    .n_presets = (int)(sizeof keyformer_presets / sizeof keyformer_presets[0]),
+    .layout = kf_layout,
+    .notes = kf_notes,
+    .create = kf_create,
+    .free = kf_free,
+    .prefill = kf_prefill,
+    .select = kf_select,
+    .observe = kf_observe,
+    .stored = kf_stored,
+    .account = kf_account,
+};
