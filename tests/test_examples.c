@@ -3,8 +3,10 @@
  * every (policy, budget) of the sweep is a complete run with one CSV row per layer, the `full` policy has
  * zero error, the oracle is never worse than any realisable policy at the same budget, and the plots are
  * real PNG files, and the equal-memory / equal-traffic comparisons bracket every compressing policy. Keeps
- * the main job from rotting. Uses $KVSIM_BIN (so `make asan` runs it under ASan).
+ * the main job from rotting. Also runs examples/findings.sh (the numbers of examples/FINDINGS.md) and checks
+ * the invariants its tables must show. Uses $KVSIM_BIN (so `make asan` runs them under ASan).
  */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -178,9 +180,64 @@ static void test_main_job_runs_end_to_end(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* examples/findings.sh regenerates FINDINGS.md's numbers: it runs, and the invariants its tables must show
+ * hold on every trace it studied: MorphKV's KV against the per-query-head H2O at equal nominal capacity is
+ * exactly 1/G, and the profile store's size is G·R/(2d) x 2 (fp32 profiles beside fp16 K/V). */
+static void test_findings_script_regenerates_the_numbers(void **state) {
+    (void)state;
+    const char *bin = env_or_skip("KVSIM_BIN");
+    const char *root = env_or_skip("KVSIM_ROOT");
+    char dir[] = "/tmp/kvs_findings_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "OUT='%s/f' KVSIM_BIN='%s' sh '%s/examples/findings.sh' >'%s/log' 2>&1", dir, bin, root, dir);
+    int rc = system(cmd);
+    if (rc != 0) {
+        snprintf(cmd, sizeof cmd, "cat '%s/log'", dir);
+        (void)system(cmd);
+    }
+    assert_int_equal(rc, 0);
+    char path[512], line[1024];
+    snprintf(path, sizeof path, "%s/f/summary.txt", dir);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    int traces = 0, ratio_rows = 0, g7 = 0, in_ratios = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (!strncmp(line, "=== ", 4)) traces++, in_ratios = 0;
+        if (strstr(line, "  C_tot  morphkv/full")) {
+            in_ratios = 1;
+            continue;
+        }
+        int ctot;
+        double r_full, h_full, s_full, m_h;
+        if (in_ratios && sscanf(line, " %d %lf %lf %lf %lf", &ctot, &r_full, &h_full, &s_full, &m_h) == 5) {
+            assert_true(m_h == 0.5); /* G = 2 on both real models */
+            assert_true(r_full > 0 && r_full < h_full);
+            ratio_rows++;
+        } else {
+            in_ratios = 0;
+        }
+        const char *gp = strstr(line, "aux/KV measured ");
+        if (gp) {
+            double measured = atof(gp + strlen("aux/KV measured "));
+            const char *fp = strstr(line, "fp16 KV = ");
+            assert_non_null(fp);
+            assert_true(fabs(measured - atof(fp + strlen("fp16 KV = "))) < 1e-3);
+            g7++;
+        }
+    }
+    fclose(f);
+    assert_true(traces >= 1);
+    assert_int_equal(ratio_rows, 3 * traces);
+    assert_int_equal(g7, traces);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_main_job_runs_end_to_end),
+        cmocka_unit_test(test_findings_script_regenerates_the_numbers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

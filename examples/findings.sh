@@ -1,0 +1,131 @@
+#!/bin/sh
+# findings.sh — regenerates every number of examples/FINDINGS.md (MorphKV and KeyDiff against their papers'
+# claims, POLICY_SPEC §5.1 and §5.5) from real decoding of the two real models:
+#
+#   sh examples/findings.sh [MODEL_DIR]
+#
+# Traces: the bundled examples/stories260K.kvt (captured by kvsim from stories260K.bin with
+# examples/prompt.txt), and a fresh capture of tinystories-656K with the same prompt when MODEL_DIR (default
+# ../shared/models) holds it; without it only the bundled trace is studied. Outputs go to $OUT (default
+# examples/out/findings): one folder per trace with the databases and the text of every table, and
+# summary.txt, the claim-by-claim numbers FINDINGS.md quotes. $KVSIM_BIN names the kvsim binary.
+# About 20 s on a 2-core machine.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+KVSIM_BIN=${KVSIM_BIN:-$root/kvsim}
+models=${1:-$root/../shared/models}
+out=${OUT:-$here/out/findings}
+[ -x "$KVSIM_BIN" ] || { echo "findings.sh: $KVSIM_BIN not found: run 'make' first" >&2; exit 1; }
+rm -rf "$out"
+mkdir -p "$out"
+summary="$out/summary.txt"
+: > "$summary"
+say() { printf '%s\n' "$*" | tee -a "$summary"; }
+
+traces="$here/stories260K.kvt"
+if [ -d "$models/tinystories-656K" ]; then
+    "$KVSIM_BIN" capture --model "$models/tinystories-656K" --prompt-file "$here/prompt.txt" --steps 256 \
+        --ignore-eos --quiet --out "$out/tinystories-656K.kvt" > "$out/capture.log"
+    traces="$traces $out/tinystories-656K.kvt"
+else
+    echo "findings.sh: $models/tinystories-656K not found: only the bundled stories260K trace is studied" >&2
+fi
+
+# One field of `kvsim runs DB --csv --summary` (run-wide aggregates) for a policy spec prefix and budget.
+# $1 db, $2 policy, $3 params (exact canonical string), $4 budget, $5 column.
+field() {
+    "$KVSIM_BIN" runs "$1" --csv --summary --policy "$2" --budget "$4" | awk -F, -v params="$3" -v col="$5" '
+        NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+        { line = $0; q = ""; n = 0; out = ""
+          # split RFC 4180 quoted fields (params hold commas)
+          nf = 0; f = ""; inq = 0
+          for (i = 1; i <= length(line); i++) { ch = substr(line, i, 1)
+              if (ch == "\"") { inq = !inq; continue }
+              if (ch == "," && !inq) { v[++nf] = f; f = ""; continue }
+              f = f ch }
+          v[++nf] = f
+          if (v[c["params"]] == params) { print v[c[col]]; exit } }'
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0 || b == "") print "-"; else printf "%.3f", a / b }'; }
+
+for trace in $traces; do
+    name=$(basename "$trace" .kvt)
+    dir="$out/$name"
+    mkdir -p "$dir"
+    "$KVSIM_BIN" info "$trace" > "$dir/info.txt"
+    G=$(awk '/kv heads/ { for (i = 1; i <= NF; i++) if ($i == "(group") { v = $(i+1); gsub(/[^0-9]/, "", v); print v } }' "$dir/info.txt")
+    d=$(awk '/head_dim/ { for (i = 1; i <= NF; i++) if ($i == "head_dim") { v = $(i+1); gsub(/[^0-9]/, "", v); print v } }' "$dir/info.txt")
+    P=$(awk '/^positions/ { sub(/\(/, "", $3); print $3 }' "$dir/info.txt")
+    N=$(awk '/^positions/ { print $2 }' "$dir/info.txt")
+    say ""
+    say "=== $name: $N positions, prompt $P, group G=$G, head_dim d=$d"
+
+    # ---- MorphKV -------------------------------------------------------------------------------------
+    mdb="$dir/morphkv.db"
+    "$KVSIM_BIN" replay "$trace" --db "$mdb" --policy full --policy morphkv@longwriter \
+        --policy morphkv@longwriter:fusion=max --policy morphkv@longwriter:profile=qz \
+        --policy morphkv@longwriter:paper_ctot=0 \
+        --policy h2o@morphkv-longwriter --policy snapkv@morphkv-longwriter --policy window \
+        --budgets 33,65,129 > "$dir/morphkv_runs.txt" 2> "$dir/morphkv_warnings.txt"
+    mk="recent=30,fusion=sum,fidelity=paper,profile=rows,evict_after=1,paper_ctot=600"
+    mkmax="recent=30,fusion=max,fidelity=paper,profile=rows,evict_after=1,paper_ctot=600"
+    mkqz="recent=30,fusion=sum,fidelity=paper,profile=qz,evict_after=1,paper_ctot=600"
+    h2o="recent=0.5,gqa=expand,prefill=budget,window=30,block=0"
+    snap="window=30,kernel=7,pool=max,gqa=expand,block=0"
+    say "M2/M9/M13/M16 resident KV bytes per KV head at equal nominal capacity C_tot (mean over decode steps), as ratios:"
+    say "  C_tot  morphkv/full  h2o/full  snapkv/full  morphkv/h2o (1/G = $(ratio 1 "$G"))  profiles/KV rows  qz   err: morphkv sum  max  h2o  snapkv  window"
+    for B in 33 65 129; do
+        full=$(field "$mdb" full "" "$B" storage_kv_bytes_mean)
+        mkv=$(field "$mdb" morphkv "$mk" "$B" storage_kv_bytes_mean)
+        maux=$(field "$mdb" morphkv "$mk" "$B" storage_aux_bytes_mean)
+        qaux=$(field "$mdb" morphkv "$mkqz" "$B" storage_aux_bytes_mean)
+        hkv=$(field "$mdb" h2o "$h2o" "$B" storage_kv_bytes_mean)
+        skv=$(field "$mdb" snapkv "$snap" "$B" storage_kv_bytes_mean)
+        e1=$(field "$mdb" morphkv "$mk" "$B" out_err_mean)
+        e2=$(field "$mdb" morphkv "$mkmax" "$B" out_err_mean)
+        e3=$(field "$mdb" h2o "$h2o" "$B" out_err_mean)
+        e4=$(field "$mdb" snapkv "$snap" "$B" out_err_mean)
+        e5=$(field "$mdb" window "" "$B" out_err_mean)
+        say "$(printf '  %5d  %12s  %8s  %11s  %26s  %16s  %5s   %16.4f  %6.4f  %6.4f  %6.4f  %6.4f' $((B - 1)) \
+            "$(ratio "$mkv" "$full")" "$(ratio "$hkv" "$full")" "$(ratio "$skv" "$full")" "$(ratio "$mkv" "$hkv")" \
+            "$(ratio "$maux" "$mkv")" "$(ratio "$qaux" "$mkv")" "$e1" "$e2" "$e3" "$e4" "$e5")"
+    done
+    mk30="recent=30,fusion=sum,fidelity=paper,profile=rows,evict_after=1,paper_ctot=0"
+    kv30=$(field "$mdb" morphkv "$mk30" 129 storage_kv_bytes_mean)
+    aux30=$(field "$mdb" morphkv "$mk30" 129 storage_aux_bytes_mean)
+    say "G7 profile store at the paper's R=30 (not scaled), C_tot=128: aux/KV measured $(ratio "$aux30" "$kv30"); G R/(2d) = $(awk -v g="$G" -v d="$d" 'BEGIN { printf "%.4f", g * 30 / (2 * d) }') in one dtype, x 2 for fp32 profiles beside fp16 KV = $(awk -v g="$G" -v d="$d" 'BEGIN { printf "%.4f", g * 30 / d }')"
+    X=$(field "$mdb" window "" 129 storage_bytes_mean)
+    "$KVSIM_BIN" compare "$mdb" --match mem --at "$X" \
+        --metric out_err_mean,attended_tokens_mean,storage_kv_bytes_mean,storage_aux_bytes_mean > "$dir/morphkv_equal_memory.txt"
+    say "MorphKV at equal resident memory ($X bytes per KV head = window at budget 129; KV + profiles), out_err_mean:"
+    awk '/^(morphkv|h2o|snapkv|window|full) / { e = ($6 ~ /^[0-9.]/) ? $5 : "out-of-range"; print "  " $1, e, $NF }' \
+        "$dir/morphkv_equal_memory.txt" | tee -a "$summary"
+
+    # ---- KeyDiff -------------------------------------------------------------------------------------
+    "$KVSIM_BIN" keys "$trace" --scope prompt > "$dir/keys_prompt.txt"
+    "$KVSIM_BIN" keys "$trace" --scope all > "$dir/keys_all.txt"
+    say "K3/K12 key geometry (medians over heads; rho < 0 = less similar keys get more attention):"
+    for s in prompt all; do
+        awk -v s="$s" '/^ +median/ { printf "  %-6s rho_sum %s  rho_perq %s  cos(mean k, mean q) %s  cos(k, mean k) %s  norm_cv %s  distinct %s\n", s, $2, $3, $4, $5, $6, $7 }
+             /^heads with rho/ { print "         " $0 }
+             /^ +[0-9]+ +[0-9]+ / { n++; if ($5 < 0) neg++ }
+             END { printf "         heads with cos(mean k, mean q) < 0: %d of %d\n", neg, n }' "$dir/keys_$s.txt" | tee -a "$summary"
+    done
+    "$KVSIM_BIN" keys "$trace" --scope prompt --budget 33 --policy keydiff --policy keydiff@paper \
+        --policy tova@keydiff --policy streaming@keydiff --policy snapkv@keydiff > "$dir/keys_logdet.txt"
+    say "K11 retained-key diversity after the prompt at budget 33 (mean logdet over heads, heads where largest):"
+    awk '/^retained key diversity/ { on = 1; next } on && NR > 1 && $1 != "policy" { print "  " $0 }' \
+        "$dir/keys_logdet.txt" | tee -a "$summary"
+
+    kdb="$dir/keydiff.db"
+    "$KVSIM_BIN" replay "$trace" --db "$kdb" --policy keydiff --policy keydiff@paper --policy knorm \
+        --policy tova@keydiff --policy snapkv@keydiff --policy streaming@keydiff --policy window \
+        --budgets 17,33,65,129 > "$dir/keydiff_runs.txt" 2> "$dir/keydiff_warnings.txt"
+    X=$(field "$kdb" window "" 65 storage_bytes_mean)
+    "$KVSIM_BIN" compare "$kdb" --match mem --at "$X" > "$dir/keydiff_equal_memory.txt"
+    say "KeyDiff at equal resident memory ($X bytes per KV head = window at budget 65), out_err_mean:"
+    awk '/^(keydiff|knorm|tova|snapkv|streaming|window) / { e = ($5 ~ /^[0-9.]/) ? $5 : "out-of-range"; print "  " $1, e, $NF }' \
+        "$dir/keydiff_equal_memory.txt" | tee -a "$summary"
+done
+echo "findings.sh: results in $out (summary.txt and one folder per trace)"
