@@ -17,6 +17,7 @@
 #include "../common/kvs.h"
 #include "../sim/policy.h"
 #include "../sim/replay.h"
+#include "../sim/samples.h"
 #include "../sim/metrics.h"
 #include "../sim/replay_mem.h"
 #include "../tests/util/gen_trace.h"
@@ -156,9 +157,12 @@ static void memory_row(int64_t n, int nc) {
     double per_step = Hkv * mp * G * d * 4 + 2 * HG * N * 4 + N * (4 + 12 + 4 + 1) + G * N * (4 + 4 + 8 + 8) + 2 * N * d * 4;
     int tasks = kvs_n_cpus() < NC ? kvs_n_cpus() : NC;
     double working = tasks * (history + per_step), peak = after - before;
+    /* One sample buffer (KVS_SAMPLE_CHUNK samples of every metric) per configuration and layer (sim/samples.h):
+     * O(configurations), whatever the trace length. */
+    double buffers = (double)NC * 1 * KVS_N_METRICS * KVS_SAMPLE_CHUNK * sizeof(float);
     double old_bytes = samples * KVS_N_METRICS * sizeof(float); /* every sample held in RAM */
-    printf("%8lld %7d %12.0f %10.2f %5d %12.2f %14.1f %8.2f\n", (long long)n, NC, samples, peak / 1048576.0, tasks,
-           working / 1048576.0, old_bytes / 1048576.0, el);
+    printf("%8lld %7d %12.0f %10.2f %5d %12.2f %11.2f %14.1f %8.2f\n", (long long)n, NC, samples, peak / 1048576.0,
+           tasks, working / 1048576.0, buffers / 1048576.0, old_bytes / 1048576.0, el);
     free(cfgs);
     kvs_replay_result_free(r);
     free(turns);
@@ -168,6 +172,22 @@ static void memory_row(int64_t n, int nc) {
 }
 
 int main(void) {
+    /* The memory rows first, in children forked before this process has run anything: a child inherits the
+     * parent's heap, and what the throughput runs left in it skews the children's peak. */
+    printf("replay peak memory vs trace length (GENERATED data: 1 layer, 8 query heads, 2 KV heads, d 16, prompt 64; "
+           "window configurations, no step series; peak RSS growth during kvs_replay_execute, VmHWM):\n");
+    printf("%8s %7s %12s %10s %5s %12s %11s %14s %8s\n", "positions", "configs", "samples", "peak_MiB", "tasks",
+           "working_MiB", "buffers_MiB", "if_in_RAM_MiB", "wall_s");
+    for (int64_t n = 1024; n <= 8192; n *= 2) memory_row(n, 16);
+    memory_row(4096, 2); /* samples x 1/8 and x 4 at one length: the peak must not follow them */
+    memory_row(4096, 64);
+    printf("(working = tasks x (the layer's fp32 K/V history + the per-step buffers over every position: full attention "
+           "row and ranks for the metrics, selection, gathered K/V) as allocated, O(positions) and inherent, an upper "
+           "bound of what is resident (pages never touched are not); buffers = one in-memory sample buffer per "
+           "configuration and layer (sim/samples.h), O(configurations); if_in_RAM = what holding every sample for exact percentiles would take: samples x %d "
+           "metrics x 4 bytes, now spilled to a temporary file, percentiles still exact)\n",
+           KVS_N_METRICS);
+    printf("\n");
     const char *trace_path = getenv("KVSIM_BENCH_TRACE");
     kvs_trace *tr = NULL;
     kvs_gen_trace *g = NULL;
@@ -237,18 +257,6 @@ int main(void) {
                100.0 * (pairs / el) / (fma / (2.0 * d) * threads));
         kvs_replay_result_free(r);
     }
-    printf("\nreplay peak memory vs trace length (GENERATED data: 1 layer, 8 query heads, 2 KV heads, d 16, prompt 64; "
-           "window configurations, no step series; peak RSS growth during kvs_replay_execute, VmHWM):\n");
-    printf("%8s %7s %12s %10s %5s %12s %14s %8s\n", "positions", "configs", "samples", "peak_MiB", "tasks",
-           "working_MiB", "if_in_RAM_MiB", "wall_s");
-    for (int64_t n = 1024; n <= 8192; n *= 2) memory_row(n, 16);
-    memory_row(4096, 2); /* samples x 1/8 and x 4 at one length: the peak must not follow them */
-    memory_row(4096, 64);
-    printf("(working = tasks x (the layer's fp32 K/V history + the per-step buffers over every position: full attention "
-           "row and ranks for the metrics, selection, gathered K/V) as allocated, O(positions) and inherent, an upper "
-           "bound of what is resident (pages never touched are not); if_in_RAM = what holding every sample for exact percentiles would take: samples x %d "
-           "metrics x 4 bytes, now spilled to a temporary file, percentiles still exact)\n",
-           KVS_N_METRICS);
     kvs_trace_close(tr);
     kvs_gen_trace_free(g);
     free(turns);
