@@ -20,6 +20,7 @@ static const struct kvs_policy_ops *const registry[] = {
     &kvs_policy_knorm,
     &kvs_policy_morphkv,
     &kvs_policy_keyformer,
+    &kvs_policy_d2o,
 };
 
 int kvs_policy_count(void) { return (int)(sizeof registry / sizeof registry[0]); }

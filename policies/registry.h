@@ -21,5 +21,6 @@ extern const struct kvs_policy_ops kvs_policy_keydiff;
 extern const struct kvs_policy_ops kvs_policy_knorm;
 extern const struct kvs_policy_ops kvs_policy_morphkv;
 extern const struct kvs_policy_ops kvs_policy_keyformer;
+extern const struct kvs_policy_ops kvs_policy_d2o;
 
 #endif /* KVS_POLICIES_REGISTRY_H */
