@@ -22,6 +22,7 @@
  *  - rho = (B - 1) / P, P = the first turn's prompt: the run's nominal B - 1 is the paper's average cache
  *    rho L_prompt. `--budgets 20%` gives B = ceil(0.2 P), i.e. rho = (ceil(0.2 P) - 1) / P, slightly under 0.2
  *    (0.1967 on the bundled 239-token prompt); the paper's rho exactly is `--budgets N` with N = rho P + 1.
+ *    kvsim also takes budgets above P (rho > 1, up to the trace length), which the paper never uses.
  *    Per layer: S_total = L (B - 1) = L rho P is split by the weights (alloc=paper), so sum_l alpha_l =
  *    sum_l S_l / P = L rho exactly (D4, Eq. 15) and sum_l B_l = L B: the run holds as many slots in total as
  *    a uniform policy at B.
@@ -31,21 +32,26 @@
  *    layer, v_h = unbiased variance (torch.var) over the P columns of the column-summed causal prefill
  *    attention; normalised within the layer v~_h = (v_h - min) / (max - min + 1e-6); F_l = mean_h v~_h in [0, 1].
  *  - variance=raw (Eq. 4 literally): A_l = the head-mean prefill attention (Fig. 1 "mean value of heads"),
- *    F_l = population variance (POLICY_SPEC §1.4 default divisor) of its column sums. F_l is O(P) (a sink's
- *    column sum is about P/2), so softmax(-F) gives essentially all of L (B - 1) to the lowest-variance layer and
- *    leaves the others S_l = 0 (B_l = 1: the current token alone). POLICY_SPEC §8.3a; notes() says so on every
- *    raw run, tests/test_d2o.c shows it on the bundled real-model trace. The softmax is computed as
- *    exp(-(F - min F)) so it does not underflow (kvs_d2o_weights).
+ *    F_l = population variance (POLICY_SPEC §1.4 default divisor) of its column sums. Where attention sinks
+ *    collect a share s of every query, F_l grows like s^2 P, so layers a few units apart hand essentially all of
+ *    L (B - 1) to the lowest-variance layer and leave the others S_l = 0 (B_l = 1: the current token alone):
+ *    POLICY_SPEC §8.3a, shown in tests/test_d2o.c on generated data with sinks, and said by notes() on every raw
+ *    run. Measured on the real tiny models (no attention sink, README): F_l stays 0.3-2 (stories260K, bundled
+ *    trace: 0.30 0.41 0.44 0.44 0.68; tinystories-656K: 1.45 1.95), so raw does NOT collapse there (20 %:
+ *    S_l = 56 50 48 48 38). The softmax is computed as exp(-(F - min F)) so it never underflows.
  *  - alloc=paper (default): S_l = the largest-remainder rounding of w_l L (B - 1) (floors, then one slot each to
  *    the largest fractional parts, ties to the lower layer): integers whose sum is exactly L (B - 1). No layer
  *    is capped at the prompt length (a layer allocated more than it ever holds wastes it, as Eq. 5 does).
  *  - alloc=ref (the reference's LlamaModel.forward, POLICY_SPEC §2.3 "REF" 5-7): ratio_l = clamp(w_l L rho, 0.01,
  *    1.0), N_l = floor((P+1) ratio_l heavy) (sinks inside N_l), M_l = floor((P+1) ratio_l (1 - heavy)),
- *    S_l = N_l + M_l. D4 breaks: (1) the clamp at 1.0 takes the excess of every layer with w_l L rho > 1 and
- *    gives it to nobody (it binds with minmax weights, w_l L <= L / (1 + (L-1)/e), once rho > 1/that, e.g.
- *    rho = 0.8 on a 5-layer model, a paper setting; with raw weights at any rho > 1/L); (2) the 0.01 floor adds
- *    slots to starved layers (raw weights at any rho); (3) the two floors drop up to 2 slots per layer and
- *    the (P+1) adds rho; measured in tests/test_d2o.c.
+ *    S_l = N_l + M_l. Where D4 breaks: (1) the clamp at 1.0 caps every layer with w_l L rho > 1 at the prompt
+ *    and gives its excess to nobody: with minmax weights (w_l L <= L / (1 + (L-1)/e), 2.02 for L = 5) from
+ *    rho > 0.49 at worst; on the bundled trace (max w_l L = 1.19) from rho > 0.84, e.g. at the paper's rho = 1
+ *    (Table 5: budget = prompt) 66 of L(B-1) = 1195 slots are lost (sum alpha 4.728 for L rho = 5); with raw
+ *    weights on a model with sinks at any rho > 1/L; (2) the 0.01 floor adds slots to layers below it (raw
+ *    weights); (3) the floors of N_l and M_l drop up to 2 slots per layer while (P+1)/P adds about rho per layer:
+ *    at 20 % on the bundled trace sum alpha = 0.9958 for L rho = 1.0042, at rho = 0.8 they cancel exactly.
+ *    Measured by tests/test_d2o.c on both real models.
  *  - alloc=uniform: S_l = B - 1 for every layer (Table 4's "uniform allocation", Table 6 "w.o. layer operation").
  *  - skip=ref: layers 0, 1 and L-1 are not compressed (the reference); they keep every position (engine budget =
  *    the trace length) while the others keep their allocation, so the run holds more than L B in total.
@@ -915,7 +921,7 @@ static int64_t d2o_stored(void *state, int g, int32_t *out) {
         return s->seen;
     }
     d2o_list *L = &s->lists[s->gqa == KVS_D2O_GQA_EXPAND ? g : 0];
-    memcpy(out, L->pos, (size_t)L->cnt * sizeof(int32_t));
+    if (L->cnt) memcpy(out, L->pos, (size_t)L->cnt * sizeof(int32_t));
     return L->cnt;
 }
 
