@@ -238,7 +238,7 @@ int main(void) {
            threads, fma, fma / (2.0 * d), fma / (2.0 * d) * threads, d);
     printf("naive scalar full attention (1 core, generated data, d %d): %.3g pairs/s\n", o.head_dim,
            naive_pairs_per_second(g, o.prompt_len));
-    const char *specs[] = {"full", "window", "streaming", "h2o", "tova", "keyformer", "topk", "keydiff", "knorm", "morphkv"};
+    const char *specs[] = {"full", "window", "streaming", "h2o", "tova", "keyformer", "topk", "keydiff", "knorm", "morphkv", "d2o"};
     int64_t budget = src.model.n_positions / 8;
     printf("%-10s %8s %12s %14s %10s  (budget %lld, %d threads; the engine also computes full attention and its "
            "ranking per step for the metrics, not counted in pairs)\n",
