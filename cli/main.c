@@ -35,6 +35,8 @@ static const kvs_cli_command commands[] = {
      kvs_cmd_policies},
     {"keys", "key geometry against attention per head: KeyDiff's premises (K3, K12) and retained-key diversity (K11)",
      kvs_cmd_keys},
+    {"attn", "attention per layer and head: D2O's density diagnostic (column-sum variance) and RocketKV's top-k union",
+     kvs_cmd_attn},
     {"help", "list the commands, or `kvsim help CMD` for one command's options", cmd_help},
     {"version", "print the kvsim version", cmd_version},
 };

@@ -313,7 +313,7 @@ static int64_t h2o_prefill_block(void *state) { return ((h2o_state *)state)->blo
 static int64_t h2o_stored(void *state, int g, int32_t *out) {
     h2o_state *s = state;
     h2o_list *L = &s->lists[s->mode == H2O_EXPAND ? g : 0];
-    memcpy(out, L->pos, (size_t)L->cnt * sizeof(int32_t));
+    if (L->cnt > 0) memcpy(out, L->pos, (size_t)L->cnt * sizeof(int32_t)); /* pos may be NULL before the first block */
     return L->cnt;
 }
 

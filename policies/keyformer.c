@@ -341,7 +341,7 @@ static kvs_status kf_observe(void *state, const kvs_policy_view *view, const kvs
 static int64_t kf_stored(void *state, int g, int32_t *out) {
     kf_state *s = state;
     kf_list *L = &s->lists[s->mode == KF_EXPAND ? g : 0];
-    memcpy(out, L->pos, (size_t)L->cnt * sizeof(int32_t));
+    if (L->cnt > 0) memcpy(out, L->pos, (size_t)L->cnt * sizeof(int32_t)); /* pos may be NULL before the first block */
     return L->cnt;
 }
 

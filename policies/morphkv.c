@@ -461,7 +461,7 @@ static kvs_status morphkv_observe(void *state, const kvs_policy_view *view, cons
 static int64_t morphkv_stored(void *state, int g, int32_t *out) {
     morph_state *s = state;
     (void)g;
-    memcpy(out, s->pos, (size_t)s->cnt * sizeof(int32_t));
+    if (s->cnt > 0) memcpy(out, s->pos, (size_t)s->cnt * sizeof(int32_t)); /* pos may be NULL before the first block */
     return s->cnt;
 }
 

@@ -300,7 +300,7 @@ static kvs_status sh_observe(void *state, const kvs_policy_view *view, const kvs
 static int64_t sh_stored(void *state, int g, int32_t *out) {
     sh_state *s = state;
     sh_list *L = &s->lists[s->mode == SH_EXPAND ? g : 0];
-    memcpy(out, L->pos, (size_t)L->n * sizeof(int32_t));
+    if (L->n > 0) memcpy(out, L->pos, (size_t)L->n * sizeof(int32_t)); /* pos may be NULL before the first block */
     return L->n;
 }
 

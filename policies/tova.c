@@ -230,7 +230,7 @@ static int64_t tova_prefill_block(void *state) { return ((tova_state *)state)->b
 static int64_t tova_stored(void *state, int g, int32_t *out) {
     tova_state *s = state;
     (void)g;
-    memcpy(out, s->pos, (size_t)s->cnt * sizeof(int32_t));
+    if (s->cnt > 0) memcpy(out, s->pos, (size_t)s->cnt * sizeof(int32_t)); /* pos may be NULL before the first block */
     return s->cnt;
 }
 

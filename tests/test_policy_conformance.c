@@ -134,12 +134,16 @@ static void on_step_end(void *user, int config, int layer, int kv_head, int64_t 
     free(buf);
 }
 
+/* What run() measures: decode positions, or every position (prompt measurement asks a chunked-prefill policy
+ * what it holds before its first block, when it holds nothing yet). */
+static kvs_replay_measure run_measure = KVS_MEASURE_DECODE;
+
 static kvs_replay_result *run(const fixture *f, const kvs_policy_config *cfg, int64_t budget, int threads, recorder *rec) {
     kvs_replay_config rc = {.policy = *cfg, .budget = budget, .budget_fraction = -1};
     kvs_replay_source src;
     assert_int_equal(kvs_replay_source_from_memory(&f->mem, &src), KVS_OK);
     kvs_replay_hooks hooks = {.user = rec, .on_select = on_select, .on_step_end = on_step_end};
-    kvs_replay_opts o = {.configs = &rc, .n_configs = 1, .threads = threads, .measure = KVS_MEASURE_DECODE,
+    kvs_replay_opts o = {.configs = &rc, .n_configs = 1, .threads = threads, .measure = run_measure,
                          .series_every = 3, .hooks = rec ? &hooks : NULL};
     if (rec) {
         rec->budget = budget;
@@ -484,6 +488,10 @@ static void test_presets_and_block_modes_keep_the_contract(void **state) {
             assert_same_until(&a, &sc, f.N, "scrambling positions the policy does not store", specs[i]);
             kvs_replay_result_free(ra);
             kvs_replay_result_free(rs);
+            /* and with the prompt positions measured too (the sanitizer build checks the empty-cache calls) */
+            run_measure = KVS_MEASURE_ALL;
+            kvs_replay_result_free(run(&f, &cfg, bs[b], 1, NULL));
+            run_measure = KVS_MEASURE_DECODE;
             rec_free(&a);
             rec_free(&sc);
         }
