@@ -134,8 +134,8 @@ static const kvs_policy_param d2o_params[] = {
     {.key = "beta", .type = KVS_PARAM_DOUBLE, .def = 0.7, .lo = 0.0, .hi = 1.0,
      .help = "EMA weight of the current similarity in the merge threshold tau (Eq. 10; 0.7, App. A.3)"},
     {.key = "variance", .type = KVS_PARAM_ENUM, .def = KVS_D2O_VAR_MINMAX, .choices = "raw|minmax",
-     .help = "layer density: raw = Eq. 4 (O(P): the whole budget goes to one layer); minmax = the reference's "
-             "per-head min-max normalised variances"},
+     .help = "layer density: raw = Eq. 4 (grows with P where attention sinks are: one layer then gets the whole "
+             "budget); minmax = the reference's per-head min-max normalised variances"},
     {.key = "alloc", .type = KVS_PARAM_ENUM, .def = KVS_D2O_ALLOC_PAPER, .choices = "paper|ref|uniform",
      .help = "layer budgets: paper = Eq. 5, sum exactly L(B-1); ref = clamp(0.01, 1) and floors; uniform = B"},
     {.key = "merge", .type = KVS_PARAM_ENUM, .def = KVS_D2O_MERGE_PAPER, .choices = "paper|ref|none",
@@ -155,8 +155,8 @@ static const kvs_policy_preset d2o_presets[] = {
      .help = "the D2O reference code: clamped layer ratios, mean merging, layer tau, head-mean decisions, layers 0, 1, "
              "L-1 uncompressed, CLI beta 0.5; LongBench rho = 0.2 (--budgets 20%)"},
     {.name = "paper", .params = "variance=raw",
-     .help = "the paper's Eqs. 4-5 literally: raw variance, degenerate (one layer gets the budget, POLICY_SPEC §8.3a); "
-             "rho = 0.2 (--budgets 20%)"},
+     .help = "the paper's Eqs. 4-5 literally: raw variance (on models with attention sinks one layer gets the budget, "
+             "POLICY_SPEC §8.3a); rho = 0.2 (--budgets 20%)"},
 };
 
 /* ================================================================================================
