@@ -294,7 +294,7 @@ static int64_t snapkv_prefill_block(void *state) { return ((snap_state *)state)-
 static int64_t snapkv_stored(void *state, int g, int32_t *out) {
     snap_state *s = state;
     snap_list *L = &s->lists[s->mode == SNAP_EXPAND ? g : 0];
-    memcpy(out, L->pos, (size_t)L->cnt * sizeof(int32_t));
+    if (L->cnt > 0) memcpy(out, L->pos, (size_t)L->cnt * sizeof(int32_t)); /* pos is NULL before any prefill */
     return L->cnt;
 }
 
