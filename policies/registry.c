@@ -20,6 +20,8 @@ static const struct kvs_policy_ops *const registry[] = {
     &kvs_policy_knorm,
     &kvs_policy_morphkv,
     &kvs_policy_keyformer,
+    &kvs_policy_quest,
+    &kvs_policy_sparq,
 };
 
 int kvs_policy_count(void) { return (int)(sizeof registry / sizeof registry[0]); }

@@ -21,5 +21,7 @@ extern const struct kvs_policy_ops kvs_policy_keydiff;
 extern const struct kvs_policy_ops kvs_policy_knorm;
 extern const struct kvs_policy_ops kvs_policy_morphkv;
 extern const struct kvs_policy_ops kvs_policy_keyformer;
+extern const struct kvs_policy_ops kvs_policy_quest;
+extern const struct kvs_policy_ops kvs_policy_sparq;
 
 #endif /* KVS_POLICIES_REGISTRY_H */
