@@ -793,7 +793,7 @@ static void test_page_minmax_and_scores(void **state) {
     assert_memory_equal(mx[1], k[2], sizeof want_mn);
     /* Quest's bound (own signs, every dimension): q = {2, -1, 0.5}: 2*3 + -1*-2 + 0.5*0.5 = 8.25; page 1: 0.5 */
     const float q[3] = {2, -1, 0.5f};
-    double out[2];
+    double out[3];
     kvs_page_scores(q, NULL, 3, NULL, &mn[0][0], &mx[0][0], 3, 2, out);
     assert_near(out[0], 8.25, 1e-12);
     assert_near(out[1], 0.5, 1e-12);
