@@ -20,6 +20,9 @@ static const struct kvs_policy_ops *const registry[] = {
     &kvs_policy_knorm,
     &kvs_policy_morphkv,
     &kvs_policy_keyformer,
+    &kvs_policy_rocketkv,
+    &kvs_policy_rocketkv_mt,
+    &kvs_policy_hsa,
     &kvs_policy_quest,
     &kvs_policy_sparq,
 };
