@@ -238,9 +238,10 @@ int main(void) {
            threads, fma, fma / (2.0 * d), fma / (2.0 * d) * threads, d);
     printf("naive scalar full attention (1 core, generated data, d %d): %.3g pairs/s\n", o.head_dim,
            naive_pairs_per_second(g, o.prompt_len));
-    const char *specs[] = {"full", "window", "streaming", "h2o", "tova", "keyformer", "topk", "keydiff", "knorm", "morphkv", "d2o"};
+    const char *specs[] = {"full",  "window",  "streaming", "h2o",      "tova",        "keyformer", "topk",
+                           "keydiff", "knorm", "morphkv",   "d2o",      "rocketkv", "rocketkv_mt", "hsa", "quest", "sparq"};
     int64_t budget = src.model.n_positions / 8;
-    printf("%-10s %8s %12s %14s %10s  (budget %lld, %d threads; the engine also computes full attention and its "
+    printf("%-11s %8s %12s %14s %10s  (budget %lld, %d threads; the engine also computes full attention and its "
            "ranking per step for the metrics, not counted in pairs)\n",
            "policy", "wall_s", "pairs", "pairs/s", "of_floor", (long long)budget, threads);
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
@@ -253,7 +254,7 @@ int main(void) {
         CHECK(kvs_replay_execute(&src, &ro, &r));
         double el = kvs_now_s() - t0, pairs = 0;
         for (int64_t s = 0; s < r->runs[0].n_steps; s++) pairs += r->runs[0].steps[s].attended_tokens;
-        printf("%-10s %8.3f %12.0f %14.4g %9.2f%%\n", specs[i], el, pairs, pairs / el,
+        printf("%-11s %8.3f %12.0f %14.4g %9.2f%%\n", specs[i], el, pairs, pairs / el,
                100.0 * (pairs / el) / (fma / (2.0 * d) * threads));
         kvs_replay_result_free(r);
     }

@@ -416,3 +416,94 @@ void kvs_key_scores(const float *keys, size_t stride, const int32_t *idx, size_t
         score[j] = -dot / (den > KVS_KEY_COS_EPS ? den : KVS_KEY_COS_EPS);
     }
 }
+
+/* ---- sparse-attention estimation (RocketKV HSA, Quest, SparQ) ---- */
+
+void kvs_page_minmax_add(float *kmin, float *kmax, const float *k, size_t d, int first) {
+    if (first) {
+        memcpy(kmin, k, d * sizeof *k);
+        if (kmax != kmin) memcpy(kmax, k, d * sizeof *k);
+        return;
+    }
+    for (size_t i = 0; i < d; i++) {
+        if (k[i] < kmin[i]) kmin[i] = k[i];
+        if (k[i] > kmax[i]) kmax[i] = k[i];
+    }
+}
+
+static int cmp_i32_asc(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+void kvs_qdims_topk(const float *q, size_t group, size_t d, size_t k, int32_t *dims, uint8_t *use_max,
+                    double *scratch) {
+    KVS_ASSERT(k <= d);
+    for (size_t i = 0; i < d; i++) {
+        double a = 0;
+        for (size_t g = 0; g < group; g++) a += fabs((double)q[g * d + i]);
+        scratch[i] = a;
+    }
+    kvs_topk_f64(scratch, d, k, dims);
+    qsort(dims, k, sizeof *dims, cmp_i32_asc);
+    if (!use_max) return;
+    for (size_t m = 0; m < k; m++) {
+        double s = 0;
+        for (size_t g = 0; g < group; g++) s += (double)q[g * d + (size_t)dims[m]];
+        use_max[m] = s >= 0;
+    }
+}
+
+void kvs_page_scores(const float *q, const int32_t *dims, size_t n_dims, const uint8_t *use_max, const float *kmin,
+                     const float *kmax, size_t stride, size_t n_pages, double *out) {
+    for (size_t pi = 0; pi < n_pages; pi++) {
+        const float *lo = kmin + pi * stride, *hi = kmax + pi * stride;
+        double s = 0;
+        for (size_t m = 0; m < n_dims; m++) {
+            size_t i = dims ? (size_t)dims[m] : m;
+            int up = use_max ? use_max[m] : q[i] >= 0;
+            s += (double)q[i] * (double)(up ? hi[i] : lo[i]);
+        }
+        out[pi] = s;
+    }
+}
+
+double kvs_sparq_temperature(const float *q, const int32_t *dims, size_t n_dims, size_t d) {
+    double part = 0, all = 0;
+    for (size_t m = 0; m < n_dims; m++) part += fabs((double)q[dims ? (size_t)dims[m] : m]);
+    for (size_t i = 0; i < d; i++) all += fabs((double)q[i]);
+    if (all == 0) return 1.0;
+    return sqrt((double)d * part / all);
+}
+
+void kvs_page_softmax_add(const double *score, size_t n_pages, size_t page, size_t n_tokens, double temp, double *out) {
+    KVS_ASSERT(n_pages >= 1 && temp > 0);
+    double m = -INFINITY;
+    for (size_t pi = 0; pi < n_pages; pi++)
+        if (score[pi] / temp > m) m = score[pi] / temp;
+    double z = 0;
+    for (size_t pi = 0; pi < n_pages; pi++) {
+        size_t cnt = n_tokens - pi * page < page ? n_tokens - pi * page : page;
+        z += (double)cnt * exp(score[pi] / temp - m);
+    }
+    for (size_t pi = 0; pi < n_pages; pi++) out[pi] += exp(score[pi] / temp - m) / z;
+}
+
+int64_t kvs_page_select(const double *score, size_t n_pages, size_t page, size_t n_tokens, size_t k, int32_t *out,
+                        int32_t *scratch) {
+    if (k > n_tokens) k = n_tokens;
+    if (k == 0) return 0;
+    /* Enough ranked pages to cover k tokens: every page but the last is full. */
+    size_t need = k / page + 2;
+    if (need > n_pages) need = n_pages;
+    kvs_topk_f64(score, n_pages, need, scratch);
+    size_t got = 0;
+    for (size_t r = 0; r < need && got < k; r++) {
+        size_t pi = (size_t)scratch[r], first = pi * page;
+        size_t cnt = n_tokens - first < page ? n_tokens - first : page;
+        for (size_t j = 0; j < cnt && got < k; j++) out[got++] = (int32_t)(first + j);
+    }
+    KVS_ASSERT(got == k);
+    qsort(out, k, sizeof *out, cmp_i32_asc);
+    return (int64_t)k;
+}

@@ -168,6 +168,52 @@ void kvs_key_anchor(const float *keys, size_t stride, const int32_t *idx, size_t
 void kvs_key_scores(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, kvs_key_score kind,
                     double *score, double *scratch);
 
+/* ---- sparse-attention estimation (RocketKV's hybrid sparse attention, Quest, SparQ; POLICY_SPEC §2.2 stage 2,
+ * §2.6 B9-B10) ----
+ * These policies keep every cached key but attend to few: they estimate which from summaries. Keys are grouped in
+ * pages of consecutive cache slots with an element-wise min and max per page (Quest; HSA step 1), the estimate of
+ * a query's largest logit in a page uses the min or the max of each dimension by the sign of the query there,
+ * and SparQ/HSA keep only the k1 head dimensions with the largest |q|. A page of one slot (min = max = the key)
+ * is SparQ's per-token estimate. All scores in fp64; ties as POLICY_SPEC §1.4 (lower index wins). */
+
+/*! kvs_page_minmax_add() : folds key k[0..d-1] into one page's element-wise summaries: kmin[i] = min(kmin[i], k[i])
+ *  and kmax[i] = max(kmax[i], k[i]); `first` != 0 starts the page (kmin = kmax = k). kmin, kmax: [d], caller's. */
+void kvs_page_minmax_add(float *kmin, float *kmax, const float *k, size_t d, int first);
+
+/*! kvs_qdims_topk() : HSA step 2 / SparQ step 1 over the `group` query rows q[g*d .. g*d+d-1]: a[i] = sum_g |q_g[i]|
+ *  (fp64), dims[0..k-1] = the k dimensions with the largest a (ties to the lower dimension), written in ASCENDING
+ *  dimension order; use_max[m] (when non-NULL) = 1 when sum_g q_g[dims[m]] >= 0 (Algorithm 1: g_i >= 0 reads
+ *  Kmax), else 0 (Kmin). k <= d. `scratch`: d doubles. */
+void kvs_qdims_topk(const float *q, size_t group, size_t d, size_t k, int32_t *dims, uint8_t *use_max,
+                    double *scratch);
+
+/*! kvs_page_scores() : the estimate of query q's logit in each page, unscaled, in fp64:
+ *      out[pi] = sum_m q[i_m] * (use_max[m] ? kmax : kmin)[pi][i_m],   i_m = dims[m], m ascending,
+ *  for pi < n_pages, page rows `stride` floats apart. dims NULL = every dimension 0..n_dims-1. use_max NULL = each
+ *  dimension by q's own sign (q[i] >= 0 reads kmax): Quest's sum_i max(q_i Kmax_i, q_i Kmin_i), an upper bound of
+ *  every logit in the page. kmin == kmax (pages of one key) gives the partial dot product q[dims].k[dims]. */
+void kvs_page_scores(const float *q, const int32_t *dims, size_t n_dims, const uint8_t *use_max, const float *kmin,
+                     const float *kmax, size_t stride, size_t n_pages, double *out);
+
+/*! kvs_sparq_temperature() : SparQ's softmax temperature for an estimate on n_dims of q's d dimensions:
+ *  sqrt(d * sum_m |q[dims[m]]| / sum_i |q[i]|) (replaces sqrt(d) of exact attention); 1 when q is all zero. */
+double kvs_sparq_temperature(const float *q, const int32_t *dims, size_t n_dims, size_t d);
+
+/*! kvs_page_softmax_add() : ADDS to out[pi] the probability of one token of page pi under the softmax over all
+ *  n_tokens tokens of score[page(token)] / temp, the tokens in consecutive pages of `page` (the last may hold fewer):
+ *      out[pi] += exp(score[pi]/temp - M) / sum_pi' cnt(pi') exp(score[pi']/temp - M),  cnt(pi) = min(page, n_tokens - pi*page),
+ *  fp64 (M = the largest scaled score). HSA steps 5-7: every head's softmax over the expanded page scores, summed
+ *  over the group by calling this once per head. n_pages = ceil(n_tokens / page) >= 1, temp > 0. */
+void kvs_page_softmax_add(const double *score, size_t n_pages, size_t page, size_t n_tokens, double temp, double *out);
+
+/*! kvs_page_select() : the k tokens (cache slots 0..n_tokens-1 in consecutive pages of `page`, the last may hold
+ *  fewer) with the best page score: pages ranked by score (descending, ties to the lower page, NaN last), taken
+ *  whole, and the first tokens (ascending slot) of the page that does not fit whole: TOPK over the tokens' page
+ *  scores with ties to the older token (POLICY_SPEC §1.4, §2.2 step 8). Writes min(k, n_tokens) slots to out in
+ *  ascending order and returns the count. `scratch`: n_pages int32. */
+int64_t kvs_page_select(const double *score, size_t n_pages, size_t page, size_t n_tokens, size_t k, int32_t *out,
+                        int32_t *scratch);
+
 /*! kvs_cosine() : a.b / (|a||b|); 0 when either norm is 0. */
 float kvs_cosine(const float *a, const float *b, size_t n);
 

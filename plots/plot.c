@@ -113,10 +113,12 @@ kvs_status kvs_plot_metric_check(kvs_plot_kind kind, const char *metric) {
  * ---------------------------------------------------------------------------------------------- */
 
 /* Distinct colours for policies (the first ten are matplotlib's tab10, without its grey, which is the
- * frontier's). Never black: that is the oracles'. */
+ * frontier's; then tab20b/tab20c's darker shades). Never black: that is the oracles'. Longer than the registry,
+ * so every registered policy has its own (tests/test_plot.c). */
 static const char *const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
                                       "#bcbd22", "#17becf", "#393b79", "#ad494a", "#637939", "#e7ba52", "#7b4173",
-                                      "#8c6d31", "#5254a3", "#843c39", "#31a354"};
+                                      "#843c39", "#8ca252", "#bd9e39", "#a55194", "#3182bd", "#e6550d", "#31a354",
+                                      "#756bb1", "#fd8d3c", "#6baed6"};
 #define N_PALETTE (sizeof palette / sizeof palette[0])
 
 const char *kvs_plot_policy_color(const char *policy) {

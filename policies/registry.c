@@ -21,6 +21,11 @@ static const struct kvs_policy_ops *const registry[] = {
     &kvs_policy_morphkv,
     &kvs_policy_keyformer,
     &kvs_policy_d2o,
+    &kvs_policy_rocketkv,
+    &kvs_policy_rocketkv_mt,
+    &kvs_policy_hsa,
+    &kvs_policy_quest,
+    &kvs_policy_sparq,
 };
 
 int kvs_policy_count(void) { return (int)(sizeof registry / sizeof registry[0]); }

@@ -22,5 +22,10 @@ extern const struct kvs_policy_ops kvs_policy_knorm;
 extern const struct kvs_policy_ops kvs_policy_morphkv;
 extern const struct kvs_policy_ops kvs_policy_keyformer;
 extern const struct kvs_policy_ops kvs_policy_d2o;
+extern const struct kvs_policy_ops kvs_policy_rocketkv;
+extern const struct kvs_policy_ops kvs_policy_rocketkv_mt;
+extern const struct kvs_policy_ops kvs_policy_hsa;
+extern const struct kvs_policy_ops kvs_policy_quest;
+extern const struct kvs_policy_ops kvs_policy_sparq;
 
 #endif /* KVS_POLICIES_REGISTRY_H */

@@ -1,7 +1,9 @@
 /* test_common.c — tests of common/: fp16/bf16 conversion (IEEE 754 binary16 and bfloat16 with
  * round-to-nearest-even, subnormals, inf, NaN), CRC-32 check value, error detail, file helpers, and the
  * shared math of kvs_math.h (top-k order and tie-breaking, softmax/LSE, attention, pooling, the prefill
- * attention column sums and SnapKV's scores against naive double-precision loops), and the .npy header of
+ * attention column sums and SnapKV's scores against naive double-precision loops; the sparse-attention estimate
+ * of RocketKV/Quest/SparQ: page min/max, page bounds, head-dimension choice, SparQ's temperature, the page
+ * softmax and the page selection with its ties), and the .npy header of
  * common/npy.h.
  */
 #include <fcntl.h>
@@ -774,6 +776,118 @@ static void test_norms_and_cosine(void **state) {
     assert_float_equal(kvs_cosine(a, z, 2), 0.0f, 0);
 }
 
+/* ---- sparse-attention estimation (RocketKV HSA, Quest, SparQ) ---- */
+
+static void test_page_minmax_and_scores(void **state) {
+    (void)state;
+    /* two pages of d = 3: keys {1,-2,0.5},{3,-1,-4} and {0,0,1} */
+    const float k[3][3] = {{1, -2, 0.5f}, {3, -1, -4}, {0, 0, 1}};
+    float mn[2][3], mx[2][3];
+    kvs_page_minmax_add(mn[0], mx[0], k[0], 3, 1);
+    kvs_page_minmax_add(mn[0], mx[0], k[1], 3, 0);
+    kvs_page_minmax_add(mn[1], mx[1], k[2], 3, 1);
+    const float want_mn[3] = {1, -2, -4}, want_mx[3] = {3, -1, 0.5f};
+    assert_memory_equal(mn[0], want_mn, sizeof want_mn);
+    assert_memory_equal(mx[0], want_mx, sizeof want_mx);
+    assert_memory_equal(mn[1], k[2], sizeof want_mn);
+    assert_memory_equal(mx[1], k[2], sizeof want_mn);
+    /* Quest's bound (own signs, every dimension): q = {2, -1, 0.5}: 2*3 + -1*-2 + 0.5*0.5 = 8.25; page 1: 0.5 */
+    const float q[3] = {2, -1, 0.5f};
+    double out[3];
+    kvs_page_scores(q, NULL, 3, NULL, &mn[0][0], &mx[0][0], 3, 2, out);
+    assert_near(out[0], 8.25, 1e-12);
+    assert_near(out[1], 0.5, 1e-12);
+    /* the bound is >= every logit of the page */
+    assert_true(out[0] >= 2 * 1 + 2 + 0.25 && out[0] >= 6 + 1 - 2);
+    /* HSA: dimensions {0, 2}, signs chosen by the caller (dimension 2 reads the minimum) */
+    const int32_t dims[2] = {0, 2};
+    const uint8_t use_max[2] = {1, 0};
+    kvs_page_scores(q, dims, 2, use_max, &mn[0][0], &mx[0][0], 3, 2, out);
+    assert_near(out[0], 2 * 3 + 0.5 * -4, 1e-12);
+    assert_near(out[1], 0.5, 1e-12);
+    /* pages of one key (kmin = kmax = the keys): the partial dot product */
+    kvs_page_scores(q, dims, 2, NULL, &k[0][0], &k[0][0], 3, 3, out);
+    assert_near(out[0], 2 + 0.25, 1e-12);
+}
+
+/* HSA step 2: sum_g |q_g| ranks the dimensions (ties to the lower one), the group sign picks max (>= 0, also
+ * at exactly 0: Algorithm 1) or min; dims come back ascending. */
+static void test_qdims_topk_ties_and_group_sign(void **state) {
+    (void)state;
+    const float q1[4] = {1, -1, 1, 0.5f};
+    int32_t dims[4];
+    uint8_t use_max[4];
+    double scratch[4];
+    kvs_qdims_topk(q1, 1, 4, 2, dims, use_max, scratch);
+    assert_int_equal(dims[0], 0);
+    assert_int_equal(dims[1], 1);
+    assert_int_equal(use_max[0], 1);
+    assert_int_equal(use_max[1], 0);
+    /* two heads: |q| sums {2, 1.5, 3, 0.5}; q sums {0, -1.5, 1, 0.5} */
+    const float q2[2][4] = {{1, -1, 2, 0.25f}, {-1, -0.5f, -1, 0.25f}};
+    kvs_qdims_topk(&q2[0][0], 2, 4, 3, dims, use_max, scratch);
+    assert_int_equal(dims[0], 0);
+    assert_int_equal(dims[1], 1);
+    assert_int_equal(dims[2], 2);
+    assert_int_equal(use_max[0], 1); /* sum exactly 0 reads Kmax */
+    assert_int_equal(use_max[1], 0);
+    assert_int_equal(use_max[2], 1);
+    kvs_qdims_topk(&q2[0][0], 2, 4, 4, dims, NULL, scratch);
+    for (int i = 0; i < 4; i++) assert_int_equal(dims[i], i);
+}
+
+static void test_sparq_temperature_and_page_softmax(void **state) {
+    (void)state;
+    const float q[4] = {3, -1, 0, 0}, z[4] = {0, 0, 0, 0};
+    const int32_t d0[1] = {0};
+    assert_near(kvs_sparq_temperature(q, d0, 1, 4), sqrt(3.0), 1e-12);
+    assert_near(kvs_sparq_temperature(q, NULL, 4, 4), 2.0, 1e-12); /* every dimension: sqrt(d) */
+    assert_near(kvs_sparq_temperature(z, d0, 1, 4), 1.0, 0);
+    /* pages of 2 over 3 tokens (2 + 1), scores {0, ln 2}: Z = 2*1 + 1*2, per-token probabilities 1/4 and 2/4 */
+    double s[2] = {0, log(2.0)}, out[2] = {0, 0};
+    kvs_page_softmax_add(s, 2, 2, 3, 1.0, out);
+    assert_near(out[0], 0.25, 1e-15);
+    assert_near(out[1], 0.5, 1e-15);
+    kvs_page_softmax_add(s, 2, 2, 3, 1.0, out); /* adds */
+    assert_near(out[0], 0.5, 1e-15);
+    /* the temperature divides the scores */
+    double s2[2] = {0, 2 * log(2.0)}, o2[2] = {0, 0};
+    kvs_page_softmax_add(s2, 2, 2, 3, 2.0, o2);
+    assert_near(o2[1], 0.5, 1e-15);
+}
+
+/* POLICY_SPEC §2.2 step 8 / §1.4: pages by score, ties to the lower page, whole pages, then the oldest tokens of
+ * the boundary page; the output ascending; NaN last. */
+static void test_page_select_ties_and_boundary(void **state) {
+    (void)state;
+    int32_t out[16], scratch[8];
+    const double sc[4] = {1.0, 2.0, 2.0, 0.5}; /* pages of 3 over 11 tokens: 0-2, 3-5, 6-8, 9-10 */
+    assert_int_equal(kvs_page_select(sc, 4, 3, 11, 4, out, scratch), 4);
+    const int32_t w4[4] = {3, 4, 5, 6};
+    assert_memory_equal(out, w4, sizeof w4);
+    assert_int_equal(kvs_page_select(sc, 4, 3, 11, 7, out, scratch), 7);
+    const int32_t w7[7] = {0, 3, 4, 5, 6, 7, 8};
+    assert_memory_equal(out, w7, sizeof w7);
+    /* the partial last page: its two tokens, then the next page's oldest */
+    const double last[4] = {0, 0, 0, 9};
+    assert_int_equal(kvs_page_select(last, 4, 3, 11, 3, out, scratch), 3);
+    const int32_t w3[3] = {0, 9, 10};
+    assert_memory_equal(out, w3, sizeof w3);
+    /* k beyond the tokens: everything */
+    assert_int_equal(kvs_page_select(sc, 4, 3, 11, 99, out, scratch), 11);
+    for (int i = 0; i < 11; i++) assert_int_equal(out[i], i);
+    /* NaN ranks last; equal scores everywhere keep the oldest */
+    const double nan_first[3] = {NAN, 1, 1};
+    assert_int_equal(kvs_page_select(nan_first, 3, 2, 6, 3, out, scratch), 3);
+    const int32_t wn[3] = {2, 3, 4};
+    assert_memory_equal(out, wn, sizeof wn);
+    /* pages of one token: a plain top-k with ties to the older token */
+    const double tok[5] = {0.5, 0.7, 0.7, 0.1, 0.7};
+    assert_int_equal(kvs_page_select(tok, 5, 1, 5, 2, out, scratch), 2);
+    assert_int_equal(out[0], 1);
+    assert_int_equal(out[1], 2);
+}
+
 /* ---- npy header ---- */
 
 static void test_npy_header_layout(void **state) {
@@ -825,6 +939,10 @@ int main(void) {
         cmocka_unit_test(test_snapkv_scores_tiny_exact),
         cmocka_unit_test(test_snapkv_scores_matches_naive),
         cmocka_unit_test(test_norms_and_cosine),
+        cmocka_unit_test(test_page_minmax_and_scores),
+        cmocka_unit_test(test_qdims_topk_ties_and_group_sign),
+        cmocka_unit_test(test_sparq_temperature_and_page_softmax),
+        cmocka_unit_test(test_page_select_ties_and_boundary),
         cmocka_unit_test(test_npy_header_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

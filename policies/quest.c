@@ -1,0 +1,251 @@
+/* quest.c — Quest (Tang et al., ICML'24), query-aware page selection, as a baseline of RocketKV
+ * (../shared/papers/rocketkv.txt §3.4, §4, App. A.3, Table 1, App. B.1.1), specified in ../shared/POLICY_SPEC.md
+ * §2.6 B9, §3 (Quest row) and the appendix row "Quest"; reference mit-han-lab/Quest evaluation/quest_attention.py.
+ *
+ * Every key stays resident, grouped in pages of P_q consecutive positions with an element-wise min and max per
+ * page (the new key folds into the last page). Each decode step, query head g scores page pi with the upper
+ * bound U_g[pi] = sum_i max(q_i Kmax_pi,i, q_i Kmin_pi,i) over every head dimension (kvs_page_scores with the
+ * query's own signs) and attends exactly to the tokens of the best pages.
+ *
+ * Ambiguities resolved (paper / reference / what we do):
+ *  - GQA: gqa=group (default; RocketKV App. A.3: "select indices of top-k accumulated attention scores per
+ *    attention group") ranks pages by sum_g U_g, one set per KV head; gqa=head is the original per-query-head
+ *    selection (the reference after repeat_kv).
+ *  - Budget: split=even (default; RocketKV App. A.3 "we evenly split the token budget"): kvsim's B is the token
+ *    budget t, half of it attended, k = floor(t/2) tokens; split=attend is Quest's own accounting (the budget
+ *    counts only attended tokens, k = t; the page reads come on top). Page size: page=16 (Quest's and SyncKV's
+ *    baseline default); page=0 derives RocketKV's even-split page size [RECON, POLICY_SPEC B9]: the estimate
+ *    reads 2d ceil(n/P_q) elements = t/2 KV pairs, so P_q = ceil(2c), c = S/t (S = prompt + max_new_tokens, at
+ *    most the model's context), which is Table 1's storage 1 + 1/c with the K-normalised convention.
+ *  - Pages attended [SIM-CHOICE]: the k tokens of the best pages — pages by score (ties to the lower page) taken
+ *    whole, and when k is not a multiple of P_q the oldest tokens of the next page (kvs_page_select, the rule
+ *    POLICY_SPEC §2.2 step 8 states for HSA's pages). Quest's reference attends whole pages with a minimum of 3
+ *    (K_pg = max(3, B // 16)); kvsim bounds every step's attended set by B, so neither the minimum nor a page
+ *    larger than the quota is possible: notes() says when the quota is less than one page.
+ *  - Not modelled: the reference's dense first two layers (kvsim's budget binds every layer) and its dense
+ *    prefill is kvsim's prefill anyway. The current token competes through its (last, possibly partial) page,
+ *    whose bound covers only its real tokens (the reference pads with -inf).
+ *  - Multi-turn: pages run over every position; at each turn's prompt the page size is re-derived (page=0) and
+ *    the summaries rebuilt. Ties: pages to the lower index (POLICY_SPEC §1.4).
+ *
+ * Storage and traffic (POLICY_SPEC §3 "Quest"; page summaries are keys, stored in the KV element size, Table 1's
+ * convention): KV = every position; aux = 2d ceil(n/P_q); reads = the attended K/V plus the summaries,
+ * 2d ceil(n/P_q) elements once per KV head (both modes: the G queries score the same summaries in one pass),
+ * plus the last page's min/max read-modify-write (2d; none when the key opens a page); writes = the new K/V and
+ * the page update (2d); no estimate when every token fits the quota. Transient: (G+1) ceil(n/P_q) page scores.
+ * Decode reads no key but the current one (tests/test_rocketkv.c checks it); stored() = every position.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/kvs_math.h"
+#include "registry.h"
+
+enum { QUEST_EVEN = 0, QUEST_ATTEND = 1 };
+enum { QUEST_GROUP = 0, QUEST_HEAD = 1 };
+
+static const kvs_policy_param quest_params[] = {
+    {.key = "page", .type = KVS_PARAM_INT, .def = 16, .lo = 0, .hi = 1 << 20,
+     .help = "page size P_q (Quest: 16); 0 = RocketKV's even split, ceil(2 S/t)"},
+    {.key = "split", .type = KVS_PARAM_ENUM, .def = QUEST_EVEN, .choices = "even|attend",
+     .help = "even: B = the token budget t, floor(t/2) attended (RocketKV); attend: B tokens attended (Quest)"},
+    {.key = "gqa", .type = KVS_PARAM_ENUM, .def = QUEST_GROUP, .choices = "group|head",
+     .help = "group: pages ranked by the group's summed bounds, one set per KV head (RocketKV); head: per query head"},
+    {.key = "max_new", .type = KVS_PARAM_INT, .def = 0, .lo = 0, .hi = 1 << 30,
+     .help = "page=0 only: max_new_tokens in S = prompt + max_new; 0 = the trace's capture setting"},
+};
+
+static const kvs_policy_preset quest_presets[] = {
+    {.name = "reference", .params = "page=16,split=attend,gqa=head",
+     .help = "Quest's reference: pages of 16 per query head, the budget counts attended tokens (SyncKV App. C.1: "
+             "--budgets 2048; the minimum of 3 pages and dense layers 0-1 are not modelled)"},
+};
+
+static kvs_policy_granularity quest_layout(const kvs_policy_config *cfg) {
+    return (int)kvs_policy_param_get(cfg, "gqa") == QUEST_HEAD ? KVS_SEL_PER_QUERY_HEAD : KVS_SEL_PER_KV_HEAD;
+}
+
+/* Page size for a context of n positions at a prompt's end. */
+static int64_t quest_page(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t t, int64_t n) {
+    int64_t page = (int64_t)kvs_policy_param_get(cfg, "page");
+    if (page > 0) return page;
+    int64_t mn = (int64_t)kvs_policy_param_get(cfg, "max_new");
+    if (mn == 0) mn = m->max_new_tokens;
+    int64_t S = n + mn;
+    if (m->max_seq_len > 0 && S > m->max_seq_len) S = m->max_seq_len;
+    double c = (double)S / (double)t;
+    if (c < 1) c = 1;
+    return (int64_t)ceil(2.0 * c);
+}
+
+/* Tokens attended per step (per query head for gqa=head). */
+static int64_t quest_quota(const kvs_policy_config *cfg, int64_t t) {
+    int64_t k = (int)kvs_policy_param_get(cfg, "split") == QUEST_EVEN ? t / 2 : t;
+    return k < 1 ? 1 : k;
+}
+
+static int quest_notes(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget, char *buf, size_t cap) {
+    int64_t P = m->prompt_len > 0 ? m->prompt_len : 1, page = quest_page(cfg, m, budget, P);
+    int64_t k = quest_quota(cfg, budget);
+    int n = 0;
+    if (kvs_policy_param_get(cfg, "page") == 0)
+        n += kvs_policy_note(buf, cap, "page=0: page size %lld from the even split ceil(2 S/t) on the first prompt",
+                             (long long)page);
+    if (budget == 1 && (int)kvs_policy_param_get(cfg, "split") == QUEST_EVEN)
+        n += kvs_policy_note(buf, cap, "budget 1: floor(t/2) = 0 attended tokens raised to 1");
+    if (k < page)
+        n += kvs_policy_note(buf, cap, "the quota of %lld tokens is less than one %lld-token page: only the oldest "
+                                       "tokens of the best page are attended",
+                             (long long)k, (long long)page);
+    return n;
+}
+
+typedef struct {
+    kvs_policy_model model;
+    kvs_policy_config cfg;
+    int mode, group, d;
+    int64_t budget, quota, page;
+    float *kmin, *kmax;   /* [pg_cap][d] */
+    double *ps, *grp;     /* [pg_cap] */
+    int32_t *rank;        /* [pg_cap] */
+    int64_t pg_cap;
+    /* the step just selected, for account() */
+    int64_t st_pages;
+    int st_est, st_rmw;
+} quest_state;
+
+static void quest_free(void *state) {
+    quest_state *s = state;
+    if (!s) return;
+    free(s->kmin);
+    free(s->kmax);
+    free(s->ps);
+    free(s->grp);
+    free(s->rank);
+    free(s);
+}
+
+static kvs_status pages_reserve(quest_state *s, int64_t n_tokens) {
+    int64_t pages = (n_tokens + s->page - 1) / s->page;
+    if (pages <= s->pg_cap) return KVS_OK;
+    int64_t cap = s->pg_cap ? s->pg_cap : 64;
+    while (cap < pages) cap *= 2;
+    size_t rows = (size_t)cap * (size_t)s->d;
+    float *mn = realloc(s->kmin, rows * sizeof *mn);
+    if (mn) s->kmin = mn;
+    float *mx = mn ? realloc(s->kmax, rows * sizeof *mx) : NULL;
+    if (mx) s->kmax = mx;
+    double *ps = mx ? realloc(s->ps, (size_t)cap * sizeof *ps) : NULL;
+    if (ps) s->ps = ps;
+    double *grp = ps ? realloc(s->grp, (size_t)cap * sizeof *grp) : NULL;
+    if (grp) s->grp = grp;
+    int32_t *rank = grp ? realloc(s->rank, (size_t)cap * sizeof *rank) : NULL;
+    if (!rank) return kvs_fail(KVS_ERR_NOMEM, "quest: out of memory");
+    s->rank = rank;
+    s->pg_cap = cap;
+    return KVS_OK;
+}
+
+static kvs_status quest_create(const kvs_policy_init *init, void **state) {
+    quest_state *s = calloc(1, sizeof *s);
+    if (!s) return kvs_fail(KVS_ERR_NOMEM, "quest: out of memory");
+    s->model = *init->model;
+    s->cfg = *init->cfg;
+    s->mode = (int)kvs_policy_param_get(init->cfg, "gqa");
+    s->group = init->model->group;
+    s->d = init->model->head_dim;
+    s->budget = init->budget;
+    s->quota = quest_quota(init->cfg, init->budget);
+    s->page = quest_page(init->cfg, init->model, init->budget, init->model->prompt_len > 0 ? init->model->prompt_len : 1);
+    kvs_status st = pages_reserve(s, 64 * s->page);
+    if (st != KVS_OK) {
+        quest_free(s);
+        return st;
+    }
+    *state = s;
+    return KVS_OK;
+}
+
+/* Folds the key of position p (slot p: every position is resident) into its page. */
+static void add_key(quest_state *s, const float *k, int64_t p) {
+    size_t d = (size_t)s->d, pg = (size_t)(p / s->page);
+    kvs_page_minmax_add(s->kmin + pg * d, s->kmax + pg * d, k + (size_t)p * d, d, p % s->page == 0);
+}
+
+static kvs_status quest_prefill(void *state, const kvs_policy_view *view) {
+    quest_state *s = state;
+    s->page = quest_page(&s->cfg, &s->model, s->budget, view->n);
+    kvs_status st = pages_reserve(s, view->n + 1);
+    if (st != KVS_OK) return st;
+    for (int64_t p = 0; p < view->n; p++) add_key(s, view->k, p); /* every page, at this turn's page size */
+    return KVS_OK;
+}
+
+static kvs_status quest_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {
+    quest_state *s = state;
+    int64_t n = view->n, p = n - 1;
+    kvs_status st = pages_reserve(s, n);
+    if (st != KVS_OK) return st;
+    add_key(s, view->k, p);
+    int64_t pages = (n + s->page - 1) / s->page;
+    size_t d = (size_t)s->d;
+    s->st_pages = pages;
+    s->st_rmw = p % s->page != 0;
+    s->st_est = n > s->quota;
+    if (!s->st_est) {
+        for (int li = 0; li < sel->n_lists; li++) {
+            for (int64_t j = 0; j < n; j++) sel->idx[li][j] = (int32_t)j;
+            sel->n[li] = n;
+        }
+        return KVS_OK;
+    }
+    if (s->mode == QUEST_GROUP) {
+        memset(s->grp, 0, (size_t)pages * sizeof *s->grp);
+        for (int g = 0; g < s->group; g++) {
+            kvs_page_scores(view->q + (size_t)g * d, NULL, d, NULL, s->kmin, s->kmax, d, (size_t)pages, s->ps);
+            for (int64_t pi = 0; pi < pages; pi++) s->grp[pi] += s->ps[pi];
+        }
+        sel->n[0] = kvs_page_select(s->grp, (size_t)pages, (size_t)s->page, (size_t)n, (size_t)s->quota, sel->idx[0],
+                                    s->rank);
+    } else {
+        for (int g = 0; g < s->group; g++) {
+            kvs_page_scores(view->q + (size_t)g * d, NULL, d, NULL, s->kmin, s->kmax, d, (size_t)pages, s->ps);
+            sel->n[g] = kvs_page_select(s->ps, (size_t)pages, (size_t)s->page, (size_t)n, (size_t)s->quota, sel->idx[g],
+                                        s->rank);
+        }
+    }
+    return KVS_OK;
+}
+
+/* Cost model v2 (header "Storage and traffic"); KV storage and attended reads stay the engine's default. */
+static void quest_account(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel, kvs_policy_cost *out) {
+    quest_state *s = state;
+    (void)view;
+    (void)sel;
+    double kb = s->model.kv_bytes, d = s->d, pages = (double)s->st_pages;
+    out->aux_bytes = 2.0 * d * pages * kb;
+    out->read_aux_bytes = (s->st_est ? 2.0 * d * pages : 0) * kb + (s->st_rmw ? 2.0 * d * kb : 0);
+    out->read_aux_unfused_bytes = out->read_aux_bytes;
+    out->write_bytes = kvs_policy_kv_bytes(&s->model, 1) + 2.0 * d * kb; /* one shared store, not one per list */
+    out->transient_bytes = s->st_est ? (double)(s->group + 1) * pages * s->model.aux_bytes : 0;
+}
+
+const struct kvs_policy_ops kvs_policy_quest = {
+    .name = "quest",
+    .summary = "Quest: page min/max upper bounds pick the pages to attend (pages of 16, per group; B/2 attended)",
+    .is_oracle = 0,
+    .granularity = KVS_SEL_PER_KV_HEAD,
+    .budget_scope = KVS_BUDGET_EVERY_STEP,
+    .params = quest_params,
+    .n_params = (int)(sizeof quest_params / sizeof quest_params[0]),
+    .presets = quest_presets,
+    .n_presets = (int)(sizeof quest_presets / sizeof quest_presets[0]),
+    .layout = quest_layout,
+    .notes = quest_notes,
+    .create = quest_create,
+    .free = quest_free,
+    .prefill = quest_prefill,
+    .select = quest_select,
+    .account = quest_account,
+};
