@@ -47,6 +47,23 @@ field() {
           v[++nf] = f
           if (v[c["params"]] == params) { print v[c[col]]; exit } }'
 }
+# Like field(), for the run whose params contain every comma-separated key=value of $3 ("" = any).
+field_like() {
+    "$KVSIM_BIN" runs "$1" --csv --summary --policy "$2" --budget "$4" | awk -F, -v want="$3" -v col="$5" '
+        NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+        { line = $0; nf = 0; f = ""; inq = 0
+          for (i = 1; i <= length(line); i++) { ch = substr(line, i, 1)
+              if (ch == "\"") { inq = !inq; continue }
+              if (ch == "," && !inq) { v[++nf] = f; f = ""; continue }
+              f = f ch }
+          v[++nf] = f
+          n = split(want, w, ","); ok = 1
+          for (i = 1; i <= n; i++) if (index("," v[c["params"]] ",", "," w[i] ",") == 0) ok = 0
+          if (ok) { print v[c[col]]; exit } }'
+}
+# The budgets of a policy's runs in a database, ascending.
+budgets_of() { "$KVSIM_BIN" runs "$1" --csv --summary --policy "$2" | awk -F, 'NR > 1 { print $0 }' |
+    sed 's/"[^"]*"//g' | awk -F, '{ print $3 }' | sort -n | uniq; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b == 0 || b == "") print "-"; else printf "%.3f", a / b }'; }
 
 for trace in $traces; do
@@ -127,5 +144,70 @@ for trace in $traces; do
     say "KeyDiff at equal resident memory ($X bytes per KV head = window at budget 65), out_err_mean:"
     awk '/^(keydiff|knorm|tova|snapkv|streaming|window) / { e = ($5 ~ /^[0-9.]/) ? $5 : "out-of-range"; print "  " $1, e, $NF }' \
         "$dir/keydiff_equal_memory.txt" | tee -a "$summary"
+
+    # ---- D2O -----------------------------------------------------------------------------------------
+    "$KVSIM_BIN" attn "$trace" --k 16 > "$dir/attn.txt"
+    say "D2/D3 attention density per layer (variance of the column-summed prompt attention, mean over heads; low = dense):"
+    awk '/^ +[0-9]+ / { printf "  layer %s %s\n", $1, $2 }' "$dir/attn.txt" | tee -a "$summary"
+    ddb="$dir/d2o.db"
+    "$KVSIM_BIN" replay "$trace" --db "$ddb" --policy d2o --policy d2o:merge=none --policy d2o:alloc=uniform \
+        --policy d2o:variance=raw --policy h2o --policy streaming --policy window \
+        --budgets 20%,40%,80% > "$dir/d2o_runs.txt" 2> "$dir/d2o_warnings.txt"
+    say "D9/merging: out_err_mean at budgets 20% / 40% / 80% of the prompt (rho = (B-1)/P):"
+    for spec in "d2o|variance=minmax,alloc=paper,skip=none,merge=paper" "d2o|merge=none" "d2o|alloc=uniform" \
+        "d2o|variance=raw" "h2o|" "streaming|" "window|"; do
+        pol=${spec%%|*}
+        want=${spec#*|}
+        line=$(printf '  %-52s' "$pol${want:+ ($want)}")
+        for B in $(budgets_of "$ddb" "$pol"); do line="$line $(printf '%8.4f' "$(field_like "$ddb" "$pol" "$want" "$B" out_err_mean)")"; done
+        say "$line"
+    done
+
+    # ---- RocketKV, HSA, Quest, SparQ -------------------------------------------------------------------
+    rdb="$dir/rocketkv.db"
+    "$KVSIM_BIN" replay "$trace" --db "$rdb" --policy topk --policy rocketkv --policy hsa --policy quest \
+        --policy sparq --policy snapkv --policy h2o --policy tova --policy window \
+        --budgets 16,32,64,128,256 > "$dir/rocketkv_runs.txt" 2> "$dir/rocketkv_warnings.txt"
+    say "R3 out_err_mean by token budget t = 16 / 32 / 64 / 128 / 256 (Exact-TopK attends t; RocketKV, HSA, Quest, SparQ t/2):"
+    for pol in topk rocketkv hsa quest sparq snapkv h2o tova window; do
+        line=$(printf '  %-10s' "$pol")
+        for B in 16 32 64 128 256; do line="$line $(printf '%9.4f' "$(field_like "$rdb" "$pol" "" "$B" out_err_mean)")"; done
+        say "$line"
+    done
+    X=$(field_like "$rdb" topk "" 64 traffic_bytes_mean)
+    "$KVSIM_BIN" compare "$rdb" --match traffic --at "$X" > "$dir/rocketkv_equal_traffic.txt"
+    say "R3 at equal traffic ($X bytes read per step per KV head = Exact-TopK at t = 64), out_err_mean:"
+    awk '/^(topk|rocketkv|hsa|quest|sparq|snapkv|h2o|tova|window) / { e = ($5 ~ /^[0-9.]/) ? $5 : "out-of-range"; print "  " $1, e }' \
+        "$dir/rocketkv_equal_traffic.txt" | tee -a "$summary"
+    say "R9 KV pairs read per step / t (traffic_bytes_mean / (2 d kv_bytes) / t; Table 1: 1 for every method):"
+    for pol in rocketkv hsa quest sparq topk; do
+        line=$(printf '  %-10s' "$pol")
+        for B in 64 128 256; do
+            tr=$(field_like "$rdb" "$pol" "" "$B" traffic_bytes_mean)
+            line="$line $(awk -v tr="$tr" -v d="$d" -v t="$B" 'BEGIN { printf "t=%d %.3f", t, tr / (2 * d * 2) / t }')"
+        done
+        say "$line"
+    done
+    say "R4 union of the top-16 positions over the generated steps (median over heads per layer; x k, x sequence length):"
+    awk '/^ +[0-9]+ / { printf "  layer %s union %s = %sx k = %s of the sequence\n", $1, $5, $7, $8 }' "$dir/attn.txt" | tee -a "$summary"
 done
+
+# ---- RocketKV-MT on the bundled multi-turn trace (R12) ------------------------------------------------
+mt="$here/stories260K_multiturn.kvt"
+mdir="$out/stories260K_multiturn"
+mkdir -p "$mdir"
+mtdb="$mdir/rocketkv_mt.db"
+"$KVSIM_BIN" replay "$mt" --db "$mtdb" --policy topk --policy rocketkv --policy rocketkv_mt --policy hsa \
+    --policy snapkv --policy window --budgets 16,32,64,128 > "$mdir/runs.txt" 2> "$mdir/warnings.txt"
+say ""
+say "=== stories260K_multiturn: $("$KVSIM_BIN" info "$mt" | awk '/^positions/ { p = $2 } /^turns/ { t = $2 } END { print p " positions, " t " turns" }')"
+say "R12 out_err_mean by token budget 16 / 32 / 64 / 128, and host bytes of RocketKV-MT's store (mean):"
+for pol in topk rocketkv rocketkv_mt hsa snapkv window; do
+    line=$(printf '  %-12s' "$pol")
+    for B in 16 32 64 128; do line="$line $(printf '%9.4f' "$(field_like "$mtdb" "$pol" "" "$B" out_err_mean)")"; done
+    say "$line"
+done
+line=$(printf '  %-12s' "mt host B")
+for B in 16 32 64 128; do line="$line $(printf '%9.0f' "$(field_like "$mtdb" rocketkv_mt "" "$B" storage_host_bytes_mean)")"; done
+say "$line"
 echo "findings.sh: results in $out (summary.txt and one folder per trace)"
