@@ -163,6 +163,17 @@ for trace in $traces; do
         say "$line"
     done
 
+    say "Merging's cost at the smallest budget (bytes per KV head per step, mean): kv / aux / aux read unfused / written; recall / merged recall:"
+    B=$(budgets_of "$ddb" d2o | head -n 1)
+    for want in "merge=paper,tau=head" "merge=none"; do
+        line=$(printf '  d2o %-22s' "($want)")
+        for col in storage_kv_bytes_mean storage_aux_bytes_mean traffic_aux_unfused_bytes_mean write_bytes_mean \
+            attn_recall_mean attn_recall_merged_mean; do
+            line="$line $(printf '%9.4g' "$(field_like "$ddb" d2o "variance=minmax,alloc=paper,$want" "$B" "$col")")"
+        done
+        say "$line"
+    done
+
     # ---- RocketKV, HSA, Quest, SparQ -------------------------------------------------------------------
     rdb="$dir/rocketkv.db"
     "$KVSIM_BIN" replay "$trace" --db "$rdb" --policy topk --policy rocketkv --policy hsa --policy quest \
