@@ -30,17 +30,7 @@
 typedef kvs_test_replay_fixture fixture;
 
 static void fixture_make(fixture *f, int n_turns, int group, int n_pos, int prompt_len, int d, uint64_t seed) {
-    kvs_gen_trace_opts o = kvs_gen_trace_defaults();
-    o.n_layers = 2;
-    o.n_positions = n_pos;
-    o.n_turns = n_turns;
-    o.prompt_len = prompt_len;
-    o.n_kv_heads = 2;
-    o.n_heads = 2 * group;
-    o.head_dim = d;
-    o.block_positions = 11;
-    o.seed = seed;
-    o.q_scale = 2.0f;
+    kvs_gen_trace_opts o = kvs_test_grouped_opts(n_turns, group, n_pos, prompt_len, d, seed);
     assert_int_equal(kvs_test_replay_fixture_make(&o, 2, 11, f), KVS_OK);
 }
 

@@ -50,3 +50,18 @@ void kvs_test_replay_fixture_free(kvs_test_replay_fixture *f) {
     free(f->turns);
     memset(f, 0, sizeof *f);
 }
+
+kvs_gen_trace_opts kvs_test_grouped_opts(int n_turns, int group, int n_pos, int prompt_len, int d, uint64_t seed) {
+    kvs_gen_trace_opts o = kvs_gen_trace_defaults();
+    o.n_layers = 2;
+    o.n_positions = n_pos;
+    o.n_turns = n_turns;
+    o.prompt_len = prompt_len;
+    o.n_kv_heads = 2;
+    o.n_heads = 2 * group;
+    o.head_dim = d;
+    o.block_positions = 11;
+    o.seed = seed;
+    o.q_scale = 2.0f;
+    return o;
+}

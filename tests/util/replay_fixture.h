@@ -26,4 +26,10 @@ kvs_status kvs_test_replay_fixture_make(const kvs_gen_trace_opts *o, int kv_byte
                                         kvs_test_replay_fixture *f);
 void kvs_test_replay_fixture_free(kvs_test_replay_fixture *f);
 
+/*! kvs_test_grouped_opts() : the data the seed-method tests share: 2 layers, 2 KV heads with `group` query heads
+ *  each, n_pos positions in n_turns turns (n_turns > 1 splits them evenly, half prompt and half generated per
+ *  turn; prompt_len sets a single turn's prompt, -1 = half), head_dim d, blocks of 11 positions, q scaled by 2
+ *  (sharper attention, so the policies' choices depend on the scores), the given seed. */
+kvs_gen_trace_opts kvs_test_grouped_opts(int n_turns, int group, int n_pos, int prompt_len, int d, uint64_t seed);
+
 #endif /* KVS_TEST_REPLAY_FIXTURE_H */
