@@ -70,10 +70,7 @@ static kvs_policy_granularity quest_layout(const kvs_policy_config *cfg) {
 static int64_t quest_page(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t t, int64_t n) {
     int64_t page = (int64_t)kvs_policy_param_get(cfg, "page");
     if (page > 0) return page;
-    int64_t mn = (int64_t)kvs_policy_param_get(cfg, "max_new");
-    if (mn == 0) mn = m->max_new_tokens;
-    int64_t S = n + mn;
-    if (m->max_seq_len > 0 && S > m->max_seq_len) S = m->max_seq_len;
+    int64_t S = kvs_policy_seq_len(m, n, kvs_policy_max_new(m, (int64_t)kvs_policy_param_get(cfg, "max_new")));
     double c = (double)S / (double)t;
     if (c < 1) c = 1;
     return (int64_t)ceil(2.0 * c);

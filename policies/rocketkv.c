@@ -167,15 +167,7 @@ static double rk_param(const kvs_policy_config *cfg, const char *key, double def
 }
 
 static int64_t rk_max_new(const kvs_policy_config *cfg, const kvs_policy_model *m) {
-    int64_t mn = (int64_t)rk_param(cfg, "max_new", 0);
-    return mn > 0 ? mn : (m->max_new_tokens > 0 ? m->max_new_tokens : 0);
-}
-
-/* S for a context of n positions at a prompt's end. */
-static int64_t rk_seq_len(int64_t n, int64_t max_new, const kvs_policy_model *m) {
-    int64_t S = n + max_new;
-    if (m->max_seq_len > 0 && S > m->max_seq_len) S = m->max_seq_len;
-    return S > 0 ? S : 1;
+    return kvs_policy_max_new(m, (int64_t)rk_param(cfg, "max_new", 0));
 }
 
 /* The derivation for this configuration, mode and context, with kvsim's clamps applied (raw: without them). */
@@ -184,7 +176,7 @@ static void rk_params(const kvs_policy_config *cfg, const kvs_policy_model *m, i
     int mode = rk_mode(cfg);
     int64_t max_new = rk_max_new(cfg, m);
     double r = mode == RK_HSA ? 0.0 : rk_param(cfg, "r", -1);
-    kvs_rocketkv_derive(rk_seq_len(n, max_new, m), t, max_new, m->head_dim, r, (int)rk_param(cfg, "rounding", 0), raw);
+    kvs_rocketkv_derive(kvs_policy_seq_len(m, n, max_new), t, max_new, m->head_dim, r, (int)rk_param(cfg, "rounding", 0), raw);
     *p = *raw;
     if (p->k2 < 1) p->k2 = 1;
     if (p->k1 < 1) p->k1 = 1;
@@ -213,7 +205,7 @@ static int rocketkv_notes(const kvs_policy_config *cfg, const kvs_policy_model *
     int64_t P = m->prompt_len > 0 ? m->prompt_len : 1, max_new = rk_max_new(cfg, m);
     kvs_rocketkv_params raw, p;
     rk_params(cfg, m, budget, P, &raw, &p);
-    int64_t S = rk_seq_len(P, max_new, m);
+    int64_t S = kvs_policy_seq_len(m, P, max_new);
     if (max_new == 0)
         n += kvs_policy_note(buf, cap, "max_new_tokens unknown (trace and max_new=0): S = the %lld-position prompt, "
                                        "not prompt + generation as the paper's",

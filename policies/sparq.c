@@ -65,11 +65,8 @@ static int64_t sparq_r(const kvs_policy_config *cfg, const kvs_policy_model *m, 
     int64_t d = m->head_dim, r = (int64_t)kvs_policy_param_get(cfg, "r");
     if (r == 0 && (int)kvs_policy_param_get(cfg, "split") == SPARQ_ATTEND) r = (int64_t)nearbyint((double)d / 8.0);
     if (r == 0) {
-        int64_t mn = (int64_t)kvs_policy_param_get(cfg, "max_new");
-        if (mn == 0) mn = m->max_new_tokens;
-        int64_t S = n + mn;
-        if (m->max_seq_len > 0 && S > m->max_seq_len) S = m->max_seq_len;
-        r = (int64_t)floor((double)t * (double)d / (double)(S > 0 ? S : 1));
+        int64_t S = kvs_policy_seq_len(m, n, kvs_policy_max_new(m, (int64_t)kvs_policy_param_get(cfg, "max_new")));
+        r = (int64_t)floor((double)t * (double)d / (double)S);
     }
     if (r < 1) r = 1;
     return r > d ? d : r;

@@ -367,6 +367,17 @@ kvs_policy_granularity kvs_policy_layout(const kvs_policy_config *cfg) {
     return cfg->ops->layout ? cfg->ops->layout(cfg) : cfg->ops->granularity;
 }
 
+int64_t kvs_policy_max_new(const kvs_policy_model *m, int64_t given) {
+    if (given > 0) return given;
+    return m->max_new_tokens > 0 ? m->max_new_tokens : 0;
+}
+
+int64_t kvs_policy_seq_len(const kvs_policy_model *m, int64_t n, int64_t max_new) {
+    int64_t S = n + max_new;
+    if (m->max_seq_len > 0 && S > m->max_seq_len) S = m->max_seq_len;
+    return S > 0 ? S : 1;
+}
+
 double kvs_policy_kv_bytes(const kvs_policy_model *m, double slots) {
     return slots * 2.0 * (double)m->head_dim * (double)m->kv_bytes;
 }

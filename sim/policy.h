@@ -374,6 +374,15 @@ int kvs_policy_note(char *buf, size_t cap, const char *fmt, ...) __attribute__((
 /*! kvs_policy_layout() : ops->layout(cfg) when present, else ops->granularity. */
 kvs_policy_granularity kvs_policy_layout(const kvs_policy_config *cfg);
 
+/*! kvs_policy_max_new() : the generation length a policy may plan for (RocketKV's, Quest's and SparQ's sequence
+ *  length S): `given` when > 0 (the policy's own max_new parameter), else the trace's max_new_tokens (a capture
+ *  setting, known before decoding starts), else 0. */
+int64_t kvs_policy_max_new(const kvs_policy_model *m, int64_t given);
+
+/*! kvs_policy_seq_len() : S = n positions so far + max_new, at most the model's context when it is known, and
+ *  at least 1. */
+int64_t kvs_policy_seq_len(const kvs_policy_model *m, int64_t n, int64_t max_new);
+
 /*! kvs_policy_kv_bytes() : bytes of `slots` resident K/V entries of one KV head: slots x 2 x d x kv_bytes. */
 double kvs_policy_kv_bytes(const kvs_policy_model *m, double slots);
 
