@@ -57,6 +57,13 @@ int kvs_cli_once(const char *cmd, const char *opt, int *seen);
  *  is set to 1). */
 const char *kvs_cli_opt_value(const char *opt, int argc, char **argv, int *i, int *missing);
 
+/*! kvs_cli_single_value() : kvs_cli_opt_value() for a single-valued option stored in *slot: 1 when argv[*i] is
+ *  `opt` (its value now in *slot), 0 when it is not (*missing set when it is but its value is missing), -1 after
+ *  printing the usage error "kvsim CMD: OPT given twice" when *slot already holds a value (the one rule:
+ *  never "the last wins"; the command then exits KVS_EXIT_USAGE). */
+int kvs_cli_single_value(const char *cmd, const char *opt, int argc, char **argv, int *i, int *missing,
+                         const char **slot);
+
 /* ---- run filters shared by `kvsim runs`, `plot` and `compare` (sim/results.h kvs_results_filter) ---- */
 #define KVS_CLI_FILTER_POLICY 0x01u  /* --policy NAME */
 #define KVS_CLI_FILTER_BUDGET 0x02u  /* --budget TOKENS */

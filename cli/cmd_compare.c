@@ -388,18 +388,15 @@ int kvs_cmd_compare(int argc, char **argv) {
     kvs_results_filter f = {0};
     for (int i = 1; i < argc; i++) {
         const char *v;
-        int missing = 0, fr;
+        int missing = 0, fr, r;
         if (kvs_cli_is_help(argv[i])) {
             usage(stdout);
             return KVS_EXIT_OK;
         } else if ((fr = kvs_cli_filter_option("compare", argc, argv, &i, COMPARE_FILTERS, &f)) != 0) {
             if (fr < 0) return KVS_EXIT_USAGE;
-        } else if ((v = kvs_cli_opt_value("--match", argc, argv, &i, &missing))) {
-            if (match_s) return kvs_cli_usage_error("compare", "--match given twice");
-            match_s = v;
-        } else if ((v = kvs_cli_opt_value("--at", argc, argv, &i, &missing))) {
-            if (at_s) return kvs_cli_usage_error("compare", "--at given twice");
-            at_s = v;
+        } else if ((r = kvs_cli_single_value("compare", "--match", argc, argv, &i, &missing, &match_s)) ||
+                   (r = kvs_cli_single_value("compare", "--at", argc, argv, &i, &missing, &at_s))) {
+            if (r < 0) return KVS_EXIT_USAGE;
         } else if ((v = kvs_cli_opt_value("--metric", argc, argv, &i, &missing))) {
             int rc = parse_metrics(v, cols, &n_cols);
             if (rc) return rc;

@@ -54,20 +54,6 @@ static void usage(FILE *f) {
     kvs_cli_filter_usage(f, PLOT_FILTERS);
 }
 
-/* "--opt VALUE" / "--opt=VALUE" of a single-valued option into *slot: 1 when argv[*i] is `opt`, 0 when it is
- * not (*missing set when its value is missing), -1 after the usage error when it was given before (the one
- * rule for single-valued options: never "the last wins"). */
-static int single_value(int argc, char **argv, int *i, int *missing, const char **slot, const char *opt) {
-    const char *v = kvs_cli_opt_value(opt, argc, argv, i, missing);
-    if (!v) return 0;
-    if (*slot) {
-        kvs_cli_usage_error("plot", "%s given twice", opt);
-        return -1;
-    }
-    *slot = v;
-    return 1;
-}
-
 int kvs_cmd_plot(int argc, char **argv) {
     const char *db = NULL, *kind_s = NULL, *layer_s = NULL, *budget_s = NULL;
     kvs_plot_options o = {.kind = KVS_PLOT_ERROR_VS_BUDGET, .layer = -1, .budget_tokens = -1};
@@ -79,13 +65,13 @@ int kvs_cmd_plot(int argc, char **argv) {
             return KVS_EXIT_OK;
         } else if ((fr = kvs_cli_filter_option("plot", argc, argv, &i, PLOT_FILTERS, &f)) != 0) {
             if (fr < 0) return KVS_EXIT_USAGE;
-        } else if ((r = single_value(argc, argv, &i, &missing, &kind_s, "--kind")) ||
-                   (r = single_value(argc, argv, &i, &missing, &o.out_path, "--out")) ||
-                   (r = single_value(argc, argv, &i, &missing, &o.format, "--format")) ||
-                   (r = single_value(argc, argv, &i, &missing, &o.metric, "--metric")) ||
-                   (r = single_value(argc, argv, &i, &missing, &layer_s, "--layer")) ||
-                   (r = single_value(argc, argv, &i, &missing, &budget_s, "--budget")) ||
-                   (r = single_value(argc, argv, &i, &missing, &o.x_stat, "--x-stat"))) {
+        } else if ((r = kvs_cli_single_value("plot", "--kind", argc, argv, &i, &missing, &kind_s)) ||
+                   (r = kvs_cli_single_value("plot", "--out", argc, argv, &i, &missing, &o.out_path)) ||
+                   (r = kvs_cli_single_value("plot", "--format", argc, argv, &i, &missing, &o.format)) ||
+                   (r = kvs_cli_single_value("plot", "--metric", argc, argv, &i, &missing, &o.metric)) ||
+                   (r = kvs_cli_single_value("plot", "--layer", argc, argv, &i, &missing, &layer_s)) ||
+                   (r = kvs_cli_single_value("plot", "--budget", argc, argv, &i, &missing, &budget_s)) ||
+                   (r = kvs_cli_single_value("plot", "--x-stat", argc, argv, &i, &missing, &o.x_stat))) {
             if (r < 0) return KVS_EXIT_USAGE;
         } else if (missing) return kvs_cli_usage_error("plot", "option %s needs a value", argv[i]);
         else if (argv[i][0] == '-' && argv[i][1]) return kvs_cli_usage_error("plot", "unknown option '%s'", argv[i]);

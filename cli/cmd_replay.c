@@ -84,21 +84,6 @@ static void show_progress(void *user, int64_t done, int64_t total) {
     p->shown = 1;
 }
 
-/* Accepts "--opt value" and "--opt=value"; returns the value or NULL (and sets *err) when missing. */
-static const char *opt_value(int argc, char **argv, int *i, const char *name, int *matched) {
-    size_t n = strlen(name);
-    *matched = 0;
-    if (strncmp(argv[*i], name, n)) return NULL;
-    if (argv[*i][n] == '=') {
-        *matched = 1;
-        return argv[*i] + n + 1;
-    }
-    if (argv[*i][n] != 0) return NULL;
-    *matched = 1;
-    if (*i + 1 >= argc) return NULL;
-    return argv[++*i];
-}
-
 /* Prints the runs just written (ids in order), as `kvsim runs` would. */
 static kvs_status print_written_runs(kvs_results_db *db, const int64_t *ids, int n) {
     kvs_results_run_row *all = calloc((size_t)(n > 0 ? n : 1), sizeof *all);
@@ -171,42 +156,42 @@ int kvs_cmd_replay(int argc, char **argv) {
     int seen_threads = 0, seen_series = 0, seen_kvb = 0, seen_auxb = 0, seen_measure = 0;
     kvs_replay_measure measure = KVS_MEASURE_DECODE;
     for (int i = 1; i < argc; i++) {
-        int m;
+        int m = 0; /* set when argv[i] is the option but its value is missing */
         const char *v;
         if (kvs_cli_is_help(argv[i])) {
             usage(stdout);
             return KVS_EXIT_OK;
         }
-        if ((v = opt_value(argc, argv, &i, "--db", &m)) || m) {
+        if ((v = kvs_cli_opt_value("--db", argc, argv, &i, &m)) || m) {
             if (!v) return kvs_cli_usage_error("replay", "--db needs a FILE");
             if (db_path) return kvs_cli_usage_error("replay", "--db given twice");
             db_path = v;
-        } else if ((v = opt_value(argc, argv, &i, "--policy", &m)) || m) {
+        } else if ((v = kvs_cli_opt_value("--policy", argc, argv, &i, &m)) || m) {
             if (!v) return kvs_cli_usage_error("replay", "--policy needs a SPEC");
             if (n_specs == MAX_POLICIES) return kvs_cli_usage_error("replay", "at most %d --policy options", MAX_POLICIES);
             specs[n_specs++] = v;
-        } else if ((v = opt_value(argc, argv, &i, "--budgets", &m)) || m) {
+        } else if ((v = kvs_cli_opt_value("--budgets", argc, argv, &i, &m)) || m) {
             if (!v) return kvs_cli_usage_error("replay", "--budgets needs a LIST");
             if (budget_text) return kvs_cli_usage_error("replay", "--budgets given twice");
             budget_text = v;
-        } else if ((v = opt_value(argc, argv, &i, "--threads", &m)) || m) {
+        } else if ((v = kvs_cli_opt_value("--threads", argc, argv, &i, &m)) || m) {
             if (!v) return kvs_cli_usage_error("replay", "--threads needs N");
             if (seen_threads++) return kvs_cli_usage_error("replay", "--threads given twice");
             if (kvs_cli_parse_long("--threads", v, 1, KVS_CLI_MAX_THREADS, &threads) != KVS_OK) return kvs_cli_fail("replay", KVS_ERR_INVALID_ARG);
-        } else if ((v = opt_value(argc, argv, &i, "--series-every", &m)) || m) {
+        } else if ((v = kvs_cli_opt_value("--series-every", argc, argv, &i, &m)) || m) {
             if (!v) return kvs_cli_usage_error("replay", "--series-every needs N");
             if (seen_series++) return kvs_cli_usage_error("replay", "--series-every given twice");
             if (kvs_cli_parse_long("--series-every", v, 0, 1L << 40, &series_every) != KVS_OK)
                 return kvs_cli_fail("replay", KVS_ERR_INVALID_ARG);
-        } else if ((v = opt_value(argc, argv, &i, "--kv-bytes", &m)) || m) {
+        } else if ((v = kvs_cli_opt_value("--kv-bytes", argc, argv, &i, &m)) || m) {
             if (!v) return kvs_cli_usage_error("replay", "--kv-bytes needs N");
             if (seen_kvb++) return kvs_cli_usage_error("replay", "--kv-bytes given twice");
             if (kvs_cli_parse_long("--kv-bytes", v, 1, 8, &kv_bytes) != KVS_OK) return kvs_cli_fail("replay", KVS_ERR_INVALID_ARG);
-        } else if ((v = opt_value(argc, argv, &i, "--aux-bytes", &m)) || m) {
+        } else if ((v = kvs_cli_opt_value("--aux-bytes", argc, argv, &i, &m)) || m) {
             if (!v) return kvs_cli_usage_error("replay", "--aux-bytes needs N");
             if (seen_auxb++) return kvs_cli_usage_error("replay", "--aux-bytes given twice");
             if (kvs_cli_parse_long("--aux-bytes", v, 1, 8, &aux_bytes) != KVS_OK) return kvs_cli_fail("replay", KVS_ERR_INVALID_ARG);
-        } else if ((v = opt_value(argc, argv, &i, "--measure", &m)) || m) {
+        } else if ((v = kvs_cli_opt_value("--measure", argc, argv, &i, &m)) || m) {
             if (!v) return kvs_cli_usage_error("replay", "--measure needs decode, prefill or all");
             if (seen_measure++) return kvs_cli_usage_error("replay", "--measure given twice");
             if (!strcmp(v, "decode")) measure = KVS_MEASURE_DECODE;

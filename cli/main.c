@@ -129,6 +129,18 @@ int kvs_cli_once(const char *cmd, const char *opt, int *seen) {
     return 0;
 }
 
+int kvs_cli_single_value(const char *cmd, const char *opt, int argc, char **argv, int *i, int *missing,
+                         const char **slot) {
+    const char *v = kvs_cli_opt_value(opt, argc, argv, i, missing);
+    if (!v) return 0;
+    if (*slot) {
+        kvs_cli_usage_error(cmd, "%s given twice", opt);
+        return -1;
+    }
+    *slot = v;
+    return 1;
+}
+
 const char *kvs_cli_opt_value(const char *opt, int argc, char **argv, int *i, int *missing) {
     size_t n = strlen(opt);
     if (strncmp(argv[*i], opt, n) != 0) return NULL;
