@@ -2,6 +2,7 @@
 #include "keys.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -116,6 +117,9 @@ typedef struct {
     int *done;       /* [L * Hkv] */
     kvs_status *st;  /* [L * Hkv]: the hook's outcome per slot (hooks of different layers run concurrently, and
                       * an error detail set on a worker thread is that thread's: the status is kept per slot) */
+    atomic_int n_done;  /* slots measured so far, over every layer's worker */
+    int n_slots;
+    volatile int stop;  /* set once every slot is measured: the replay stops there (opts.cancel) */
 } logdet_ctx;
 
 /* logdet(K̂_Sᵀ K̂_S + eps·I_d) of the unit keys of positions idx[0..m-1]. */
@@ -155,6 +159,7 @@ static void logdet_hook(void *user, int config, int layer, int kv_head, int64_t 
     c->count[slot] = m;
     c->st[slot] = unit_gram_logdet(k, c->d, idx, m, c->eps, &c->logdet[slot]);
     free(idx);
+    if (atomic_fetch_add(&c->n_done, 1) + 1 == c->n_slots) c->stop = 1; /* nothing after the prompt is needed */
 }
 
 kvs_status kvs_analysis_retained_logdet(const kvs_trace *t, const kvs_policy_config *cfg, int64_t budget, double eps,
@@ -164,7 +169,8 @@ kvs_status kvs_analysis_retained_logdet(const kvs_trace *t, const kvs_policy_con
     const kvs_trace_info *info = kvs_trace_info_get(t);
     const int L = info->model.n_layers, H = info->model.n_kv_heads;
     logdet_ctx c = {.at = info->turns[0].prompt_end - 1, .n_kv_heads = H, .d = info->model.head_dim, .eps = eps,
-                    .logdet = logdet, .count = count};
+                    .logdet = logdet, .count = count, .n_slots = L * H};
+    atomic_init(&c.n_done, 0);
     c.done = calloc((size_t)L * (size_t)H, sizeof *c.done);
     c.st = calloc((size_t)L * (size_t)H, sizeof *c.st);
     if (!c.done || !c.st) {
@@ -178,11 +184,14 @@ kvs_status kvs_analysis_retained_logdet(const kvs_trace *t, const kvs_policy_con
     kvs_replay_config rc = {.policy = *cfg, .budget = budget, .budget_fraction = -1};
     kvs_replay_hooks hooks = {.user = &c, .on_step_end = logdet_hook};
     /* Every position is measured so that a prompt-only trace replays too; the metrics are not used. */
-    kvs_replay_opts o = {.configs = &rc, .n_configs = 1, .measure = KVS_MEASURE_ALL, .hooks = &hooks};
+    kvs_replay_opts o = {.configs = &rc, .n_configs = 1, .measure = KVS_MEASURE_ALL, .hooks = &hooks, .cancel = &c.stop};
     kvs_replay_result *res = NULL;
     if (st == KVS_OK) st = kvs_replay_validate(&src, &o);
     if (st == KVS_OK) st = kvs_replay_execute(&src, &o, &res);
-    if (st == KVS_OK && res->runs[0].status != KVS_OK)
+    /* Stopped by the hook once the prompt's end was measured everywhere: the rest of the trace is not needed. */
+    int stopped_here = st == KVS_ERR_INTERRUPTED && atomic_load(&c.n_done) == c.n_slots;
+    if (stopped_here) st = KVS_OK;
+    if (st == KVS_OK && !stopped_here && res->runs[0].status != KVS_OK)
         st = kvs_fail(res->runs[0].status, "%s", res->runs[0].error);
     for (size_t i = 0; st == KVS_OK && i < (size_t)L * (size_t)H; i++) {
         if (!c.done[i]) st = kvs_fail(KVS_ERR_STATE, "retained logdet: the prompt's end was never reported");
