@@ -392,14 +392,7 @@ static void on_step_end(void *user, int config, int layer, int kv_head, int64_t 
         int64_t m = ops->stored(state, g, buf);
         for (int64_t j = 0; j < m; j++) keep[buf[j]] = 1;
     }
-    for (int64_t j = 0; j < n; j++)
-        if (!keep[j])
-            for (int i = 0; i < r->f->d; i++) {
-                r->rng = r->rng * 6364136223846793005ull + 1442695040888963407ull;
-                float x = ((float)(r->rng >> 40) / (float)(1u << 24) - 0.5f) * 1000.0f;
-                k[(size_t)j * (size_t)r->f->d + (size_t)i] = x;
-                v[(size_t)j * (size_t)r->f->d + (size_t)i] = -x;
-            }
+    kvs_test_scramble_rows(k, v, n, r->f->d, keep, &r->rng);
     free(keep);
     free(buf);
 }

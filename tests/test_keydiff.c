@@ -271,14 +271,7 @@ static void on_step_end(void *user, int config, int layer, int kv_head, int64_t 
     int64_t m = ops->stored(state, 0, buf);
     rec_put(r->f, r->held, r->n_held, cell(r->f, layer, kv_head, pos), buf, m);
     for (int64_t j = 0; j < m; j++) keep[buf[j]] = 1;
-    if (r->scramble)
-        for (int64_t j = 0; j < n; j++)
-            if (!keep[j])
-                for (int i = 0; i < r->f->d; i++) {
-                    r->rng = r->rng * 6364136223846793005ull + 1442695040888963407ull;
-                    k[(size_t)j * (size_t)r->f->d + (size_t)i] = (float)((int64_t)(r->rng >> 40) - (1 << 23)) / 1e4f;
-                    v[(size_t)j * (size_t)r->f->d + (size_t)i] = -2.0f * k[(size_t)j * (size_t)r->f->d + (size_t)i];
-                }
+    if (r->scramble) kvs_test_scramble_rows(k, v, n, r->f->d, keep, &r->rng);
     free(buf);
     free(keep);
 }

@@ -31,6 +31,7 @@
 #include "../sim/replay.h"
 #include "../sim/replay_mem.h"
 #include "util/replay_fixture.h"
+#include "util/sets.h"
 
 typedef kvs_test_replay_fixture fixture;
 
@@ -176,8 +177,7 @@ static void test_fig5_walkthrough_through_the_policy(void **state) {
 
 typedef struct {
     const fixture *f;
-    int32_t *set;     /* [(l*Hkv+h)*N + p][N] */
-    int64_t *n;       /* [(l*Hkv+h)*N + p], -1 = no selection */
+    kvs_test_sets s;  /* the selections; cell = (l*Hkv+h)*N + p */
     int64_t *stored;  /* resident count after the step */
     int scramble;
     uint64_t rng;
@@ -187,19 +187,15 @@ static void rec_init(recorder *r, const fixture *f) {
     memset(r, 0, sizeof *r);
     r->f = f;
     size_t cells = (size_t)f->L * (size_t)f->Hkv * (size_t)f->N;
-    r->set = calloc(cells * (size_t)f->N, sizeof *r->set);
-    r->n = malloc(cells * sizeof *r->n);
+    assert_int_equal(kvs_test_sets_init(&r->s, cells, f->N), KVS_OK);
     r->stored = malloc(cells * sizeof *r->stored);
-    assert_non_null(r->set);
-    assert_non_null(r->n);
     assert_non_null(r->stored);
-    for (size_t c = 0; c < cells; c++) r->n[c] = r->stored[c] = -1;
+    for (size_t c = 0; c < cells; c++) r->stored[c] = -1;
     r->rng = 0x9e3779b97f4a7c15ull;
 }
 
 static void rec_free(recorder *r) {
-    free(r->set);
-    free(r->n);
+    kvs_test_sets_free(&r->s);
     free(r->stored);
 }
 
@@ -207,16 +203,8 @@ static size_t cell(const fixture *f, int l, int h, int64_t p) {
     return ((size_t)l * (size_t)f->Hkv + (size_t)h) * (size_t)f->N + (size_t)p;
 }
 
-static int cmp_i32(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
 static void put(recorder *r, int l, int h, int64_t p, const int32_t *idx, int64_t n) {
-    size_t c = cell(r->f, l, h, p);
-    memcpy(r->set + c * (size_t)r->f->N, idx, (size_t)n * sizeof *idx);
-    qsort(r->set + c * (size_t)r->f->N, (size_t)n, sizeof *idx, cmp_i32);
-    r->n[c] = n;
+    kvs_test_sets_put(&r->s, cell(r->f, l, h, p), idx, n);
 }
 
 static void on_select(void *user, int config, int layer, int kv_head, int64_t pos, const kvs_policy_sel *sel) {
@@ -238,15 +226,7 @@ static void on_step_end(void *user, int config, int layer, int kv_head, int64_t 
     int64_t m = ops->stored(state, 0, buf);
     r->stored[cell(r->f, layer, kv_head, pos)] = m;
     for (int64_t j = 0; j < m; j++) keep[buf[j]] = 1;
-    if (r->scramble)
-        for (int64_t j = 0; j < n; j++)
-            if (!keep[j])
-                for (int i = 0; i < r->f->d; i++) {
-                    r->rng = r->rng * 6364136223846793005ull + 1442695040888963407ull;
-                    float x = ((float)(r->rng >> 40) / (float)(1u << 24) - 0.5f) * 1000.0f;
-                    k[(size_t)j * (size_t)r->f->d + (size_t)i] = x;
-                    v[(size_t)j * (size_t)r->f->d + (size_t)i] = -x;
-                }
+    if (r->scramble) kvs_test_scramble_rows(k, v, n, r->f->d, keep, &r->rng);
     free(buf);
     free(keep);
 }
@@ -298,7 +278,7 @@ static void test_resident_size_constant_after_first_eviction(void **state) {
                 for (int64_t p = 0; p < f.N; p++) {
                     if (!is_decode(&f, p)) continue;
                     size_t ce = cell(&f, l, h, p);
-                    int64_t n = rec.n[ce], kept = rec.stored[ce];
+                    int64_t n = rec.s.n[ce], kept = rec.stored[ce];
                     assert_true(n >= 1 && n <= B);
                     assert_int_equal(kept, n); /* the attended set is the resident set */
                     if (n == B) evicted = 1;   /* full at last (first turn: the first compression) */
@@ -332,10 +312,10 @@ static void test_evict_after_grows_and_compresses_within_budget(void **state) {
     for (int l = 0; l < f.L; l++)
         for (int h = 0; h < f.Hkv; h++)
             for (int64_t p = f.turns[0].prompt_end; p < f.N; p++) {
-                int64_t n = rec.n[cell(&f, l, h, p)];
+                int64_t n = rec.s.n[cell(&f, l, h, p)];
                 assert_true(n <= B);
                 if (p > f.turns[0].prompt_end) {
-                    int64_t prev = rec.n[cell(&f, l, h, p - 1)];
+                    int64_t prev = rec.s.n[cell(&f, l, h, p - 1)];
                     if (n == ctot + 1) compressions++;
                     else assert_int_equal(n, prev + 1); /* grows by one between compressions */
                 } else {
@@ -561,17 +541,11 @@ static void naive_morphkv(const fixture *f, const naive_cfg *c, int64_t B, recor
 
 static int64_t compare(const recorder *eng, const recorder *ref, const char *what) {
     const fixture *f = eng->f;
-    int64_t compared = 0;
-    for (int l = 0; l < f->L; l++)
-        for (int h = 0; h < f->Hkv; h++)
-            for (int64_t p = 0; p < f->N; p++) {
-                size_t c = cell(f, l, h, p);
-                if (eng->n[c] != ref->n[c] ||
-                    memcmp(eng->set + c * (size_t)f->N, ref->set + c * (size_t)f->N, (size_t)(eng->n[c] > 0 ? eng->n[c] : 0) * sizeof(int32_t)))
-                    fail_msg("%s: selection differs at layer %d kv head %d position %lld (%lld vs %lld entries)", what, l, h,
-                             (long long)p, (long long)eng->n[c], (long long)ref->n[c]);
-                compared += eng->n[c] > 0;
-            }
+    int64_t compared = 0, c = kvs_test_sets_diff(&eng->s, &ref->s, &compared);
+    if (c >= 0)
+        fail_msg("%s: selection differs at layer %d kv head %d position %lld (%lld vs %lld entries)", what,
+                 (int)((size_t)c / (size_t)f->N / (size_t)f->Hkv), (int)((size_t)c / (size_t)f->N % (size_t)f->Hkv),
+                 (long long)((size_t)c % (size_t)f->N), (long long)eng->s.n[c], (long long)ref->s.n[c]);
     return compared;
 }
 

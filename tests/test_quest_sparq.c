@@ -26,6 +26,7 @@
 #include "../sim/replay.h"
 #include "../sim/replay_mem.h"
 #include "util/replay_fixture.h"
+#include "util/sets.h"
 
 typedef kvs_test_replay_fixture fixture;
 
@@ -44,39 +45,22 @@ static kvs_policy_config parse(const char *spec) {
 
 typedef struct {
     const fixture *f;
-    int32_t *data; /* [cells][N], cell = ((l*Hkv+h)*N + p)*G + list */
-    int64_t *n;    /* [cells], -1 = none */
+    kvs_test_sets s; /* cell = ((l*Hkv+h)*N + p)*G + list */
 } recorder;
 
 static size_t cell(const fixture *f, int l, int h, int64_t p, int li) {
     return (((size_t)l * (size_t)f->Hkv + (size_t)h) * (size_t)f->N + (size_t)p) * (size_t)f->G + (size_t)li;
 }
 
-static int cmp_i32(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
 static void rec_init(recorder *r, const fixture *f) {
     r->f = f;
-    size_t cells = (size_t)f->L * (size_t)f->Hkv * (size_t)f->N * (size_t)f->G;
-    r->data = calloc(cells * (size_t)f->N, sizeof *r->data);
-    r->n = malloc(cells * sizeof *r->n);
-    assert_non_null(r->data);
-    assert_non_null(r->n);
-    for (size_t c = 0; c < cells; c++) r->n[c] = -1;
+    assert_int_equal(kvs_test_sets_init(&r->s, (size_t)f->L * (size_t)f->Hkv * (size_t)f->N * (size_t)f->G, f->N), KVS_OK);
 }
 
-static void rec_free(recorder *r) {
-    free(r->data);
-    free(r->n);
-}
+static void rec_free(recorder *r) { kvs_test_sets_free(&r->s); }
 
 static void put(recorder *r, int l, int h, int64_t p, int li, const int32_t *idx, int64_t n) {
-    size_t c = cell(r->f, l, h, p, li);
-    memcpy(r->data + c * (size_t)r->f->N, idx, (size_t)n * sizeof *idx);
-    qsort(r->data + c * (size_t)r->f->N, (size_t)n, sizeof *idx, cmp_i32);
-    r->n[c] = n;
+    kvs_test_sets_put(&r->s, cell(r->f, l, h, p, li), idx, n);
 }
 
 static void on_select(void *user, int config, int layer, int kv_head, int64_t pos, const kvs_policy_sel *sel) {
@@ -99,16 +83,12 @@ static kvs_replay_result *run_engine(const fixture *f, const char *spec, int64_t
 
 static int64_t compare(const recorder *a, const recorder *b, const char *what) {
     const fixture *f = a->f;
-    int64_t compared = 0;
-    for (size_t c = 0; c < (size_t)f->L * (size_t)f->Hkv * (size_t)f->N * (size_t)f->G; c++) {
-        if (a->n[c] != b->n[c] ||
-            memcmp(a->data + c * (size_t)f->N, b->data + c * (size_t)f->N, (size_t)(a->n[c] > 0 ? a->n[c] : 0) * sizeof(int32_t))) {
-            size_t pc = c / (size_t)f->G;
-            fail_msg("%s: selection differs at layer %zu kv head %zu position %zu list %zu (%lld vs %lld entries)", what,
-                     pc / (size_t)f->N / (size_t)f->Hkv, pc / (size_t)f->N % (size_t)f->Hkv, pc % (size_t)f->N,
-                     c % (size_t)f->G, (long long)a->n[c], (long long)b->n[c]);
-        }
-        compared += a->n[c] > 0;
+    int64_t compared = 0, c = kvs_test_sets_diff(&a->s, &b->s, &compared);
+    if (c >= 0) {
+        size_t pc = (size_t)c / (size_t)f->G;
+        fail_msg("%s: selection differs at layer %zu kv head %zu position %zu list %zu (%lld vs %lld entries)", what,
+                 pc / (size_t)f->N / (size_t)f->Hkv, pc / (size_t)f->N % (size_t)f->Hkv, pc % (size_t)f->N,
+                 (size_t)c % (size_t)f->G, (long long)a->s.n[c], (long long)b->s.n[c]);
     }
     return compared;
 }
@@ -386,7 +366,7 @@ static void test_layouts_and_quotas(void **state) {
             for (int h = 0; h < f.Hkv; h++)
                 for (int64_t p = 40; p < 64; p++)
                     for (int li = 0; li < f.G; li++)
-                        assert_int_equal(rec.n[cell(&f, l, h, p, li)], li < cases[i].lists ? cases[i].per_list : -1);
+                        assert_int_equal(rec.s.n[cell(&f, l, h, p, li)], li < cases[i].lists ? cases[i].per_list : -1);
         assert_int_equal(r->runs[0].max_attended, cases[i].per_list);
         kvs_replay_result_free(r);
         rec_free(&rec);

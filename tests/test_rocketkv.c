@@ -39,6 +39,7 @@
 #include "../sim/replay_mem.h"
 #include "../trace/trace.h"
 #include "util/replay_fixture.h"
+#include "util/sets.h"
 #include "util/testenv.h"
 
 typedef kvs_test_replay_fixture fixture;
@@ -183,8 +184,7 @@ static void test_g2_ratio_table(void **state) {
 
 typedef struct {
     const fixture *f;
-    int32_t *data;     /* [cells][N], cell = ((l*Hkv+h)*N + p)*G + list */
-    int64_t *n;        /* [cells], -1 = none */
+    kvs_test_sets s;   /* the selections; cell = ((l*Hkv+h)*N + p)*G + list */
     int strict;        /* scramble every row but the current one after each decode step / prefill; restore at a
                         * turn's last decode step */
     int leak;          /* scramble, for good, every row the policy may not read (readable(), else stored()), as
@@ -198,39 +198,27 @@ static size_t cell(const fixture *f, int l, int h, int64_t p, int li) {
     return (((size_t)l * (size_t)f->Hkv + (size_t)h) * (size_t)f->N + (size_t)p) * (size_t)f->G + (size_t)li;
 }
 
-static int cmp_i32(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
 static void rec_init(recorder *r, const fixture *f) {
     memset(r, 0, sizeof *r);
     r->f = f;
     size_t cells = (size_t)f->L * (size_t)f->Hkv * (size_t)f->N * (size_t)f->G;
-    r->data = calloc(cells * (size_t)f->N, sizeof *r->data);
-    r->n = malloc(cells * sizeof *r->n);
+    assert_int_equal(kvs_test_sets_init(&r->s, cells, f->N), KVS_OK);
     r->stored = malloc(cells * sizeof *r->stored);
     r->readable = malloc(cells * sizeof *r->readable);
-    assert_non_null(r->data);
-    assert_non_null(r->n);
     assert_non_null(r->stored);
     assert_non_null(r->readable);
-    for (size_t c = 0; c < cells; c++) r->n[c] = r->stored[c] = r->readable[c] = -1;
+    for (size_t c = 0; c < cells; c++) r->stored[c] = r->readable[c] = -1;
     r->rng = 0x2545F4914F6CDD1Dull;
 }
 
 static void rec_free(recorder *r) {
-    free(r->data);
-    free(r->n);
+    kvs_test_sets_free(&r->s);
     free(r->stored);
     free(r->readable);
 }
 
 static void put(recorder *r, int l, int h, int64_t p, int li, const int32_t *idx, int64_t n) {
-    size_t c = cell(r->f, l, h, p, li);
-    memcpy(r->data + c * (size_t)r->f->N, idx, (size_t)n * sizeof *idx);
-    qsort(r->data + c * (size_t)r->f->N, (size_t)n, sizeof *idx, cmp_i32);
-    r->n[c] = n;
+    kvs_test_sets_put(&r->s, cell(r->f, l, h, p, li), idx, n);
 }
 
 static void on_select(void *user, int config, int layer, int kv_head, int64_t pos, const kvs_policy_sel *sel) {
@@ -302,16 +290,12 @@ static kvs_replay_result *run_engine(const fixture *f, const char *spec, int64_t
 /* Selections equal in a and b at every recorded cell; returns how many were compared. */
 static int64_t compare(const recorder *a, const recorder *b, const char *what) {
     const fixture *f = a->f;
-    int64_t compared = 0;
-    for (size_t c = 0; c < (size_t)f->L * (size_t)f->Hkv * (size_t)f->N * (size_t)f->G; c++) {
-        if (a->n[c] != b->n[c] ||
-            memcmp(a->data + c * (size_t)f->N, b->data + c * (size_t)f->N, (size_t)(a->n[c] > 0 ? a->n[c] : 0) * sizeof(int32_t))) {
-            size_t pc = c / (size_t)f->G;
-            fail_msg("%s: selection differs at layer %zu kv head %zu position %zu list %zu (%lld vs %lld entries)", what,
-                     pc / (size_t)f->N / (size_t)f->Hkv, pc / (size_t)f->N % (size_t)f->Hkv, pc % (size_t)f->N,
-                     c % (size_t)f->G, (long long)a->n[c], (long long)b->n[c]);
-        }
-        compared += a->n[c] > 0;
+    int64_t compared = 0, c = kvs_test_sets_diff(&a->s, &b->s, &compared);
+    if (c >= 0) {
+        size_t pc = (size_t)c / (size_t)f->G;
+        fail_msg("%s: selection differs at layer %zu kv head %zu position %zu list %zu (%lld vs %lld entries)", what,
+                 pc / (size_t)f->N / (size_t)f->Hkv, pc / (size_t)f->N % (size_t)f->Hkv, pc % (size_t)f->N,
+                 (size_t)c % (size_t)f->G, (long long)a->s.n[c], (long long)b->s.n[c]);
     }
     return compared;
 }
@@ -549,7 +533,7 @@ static void test_stage1_evicts_to_the_prompt_budget(void **state) {
             assert_int_equal(rec.stored[cell(&f, l, h, 95, 0)], p.prompt_budget + 16); /* + every generated */
             assert_true(rec.stored[cell(&f, l, h, 95, 0)] <= p.cap);
             assert_int_equal(rec.readable[cell(&f, l, h, 95, 0)], p.prompt_budget + 16); /* readable = stored */
-            for (int64_t pp = 80; pp < 96; pp++) assert_int_equal(rec.n[cell(&f, l, h, pp, 0)], p.k2);
+            for (int64_t pp = 80; pp < 96; pp++) assert_int_equal(rec.s.n[cell(&f, l, h, pp, 0)], p.k2);
         }
     kvs_replay_result_free(r);
     rec_free(&rec);
@@ -592,7 +576,7 @@ static void test_decode_reads_no_key_but_the_current(void **state) {
         kvs_replay_result *rb = run_engine(&f, "sparq", 16, &b, 0);
         int differ = 0;
         for (size_t c = 0; c < (size_t)f.L * (size_t)f.Hkv * (size_t)f.N * (size_t)f.G && !differ; c++)
-            differ = a.n[c] > 0 && memcmp(a.data + c * (size_t)f.N, b.data + c * (size_t)f.N, (size_t)a.n[c] * sizeof(int32_t));
+            differ = a.s.n[c] > 0 && memcmp(kvs_test_sets_get(&a.s, c), kvs_test_sets_get(&b.s, c), (size_t)a.s.n[c] * sizeof(int32_t));
         assert_true(differ);
         kvs_replay_result_free(ra);
         kvs_replay_result_free(rb);
@@ -813,8 +797,8 @@ static void test_equal_keys_keep_the_oldest(void **state) {
             for (int h = 0; h < f.Hkv; h++)
                 for (int64_t p = 48; p < 64; p++) {
                     size_t c = cell(&f, l, h, p, 0);
-                    assert_int_equal(rec.n[c], 5);
-                    for (int j = 0; j < 5; j++) assert_int_equal(rec.data[c * (size_t)f.N + (size_t)j], j);
+                    assert_int_equal(rec.s.n[c], 5);
+                    for (int j = 0; j < 5; j++) assert_int_equal(kvs_test_sets_get(&rec.s, c)[j], j);
                 }
         kvs_replay_result_free(r);
         rec_free(&rec);

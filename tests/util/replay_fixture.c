@@ -65,3 +65,14 @@ kvs_gen_trace_opts kvs_test_grouped_opts(int n_turns, int group, int n_pos, int 
     o.q_scale = 2.0f;
     return o;
 }
+
+void kvs_test_scramble_rows(float *k, float *v, int64_t n, int d, const char *keep, uint64_t *rng) {
+    for (int64_t j = 0; j < n; j++)
+        if (!keep[j])
+            for (int i = 0; i < d; i++) {
+                *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+                float x = ((float)(*rng >> 40) / (float)(1u << 24) - 0.5f) * 1000.0f;
+                k[(size_t)j * (size_t)d + (size_t)i] = x;
+                v[(size_t)j * (size_t)d + (size_t)i] = -x;
+            }
+}

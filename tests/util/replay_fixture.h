@@ -32,4 +32,9 @@ void kvs_test_replay_fixture_free(kvs_test_replay_fixture *f);
  *  (sharper attention, so the policies' choices depend on the scores), the given seed. */
 kvs_gen_trace_opts kvs_test_grouped_opts(int n_turns, int group, int n_pos, int prompt_len, int d, uint64_t seed);
 
+/*! kvs_test_scramble_rows() : the leak check's overwrite (from an on_step_end hook): every K/V row j < n with
+ *  keep[j] == 0 becomes noise from the LCG state *rng (k = x, v = -x, |x| <= 500), so a policy that reads a row it
+ *  does not hold makes different choices. k and v are [n][d]. */
+void kvs_test_scramble_rows(float *k, float *v, int64_t n, int d, const char *keep, uint64_t *rng);
+
 #endif /* KVS_TEST_REPLAY_FIXTURE_H */
