@@ -32,22 +32,8 @@ else
     echo "findings.sh: $models/tinystories-656K not found: only the bundled stories260K trace is studied" >&2
 fi
 
-# One field of `kvsim runs DB --csv --summary` (run-wide aggregates) for a policy spec prefix and budget.
-# $1 db, $2 policy, $3 params (exact canonical string), $4 budget, $5 column.
-field() {
-    "$KVSIM_BIN" runs "$1" --csv --summary --policy "$2" --budget "$4" | awk -F, -v params="$3" -v col="$5" '
-        NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
-        { line = $0; q = ""; n = 0; out = ""
-          # split RFC 4180 quoted fields (params hold commas)
-          nf = 0; f = ""; inq = 0
-          for (i = 1; i <= length(line); i++) { ch = substr(line, i, 1)
-              if (ch == "\"") { inq = !inq; continue }
-              if (ch == "," && !inq) { v[++nf] = f; f = ""; continue }
-              f = f ch }
-          v[++nf] = f
-          if (v[c["params"]] == params) { print v[c[col]]; exit } }'
-}
-# Like field(), for the run whose params contain every comma-separated key=value of $3 ("" = any).
+# One column ($5) of `kvsim runs DB --csv --summary` (run-wide aggregates) for policy $2 at budget $4: the run
+# whose params hold every comma-separated key=value of $3 ("" = any; the full canonical string = that run).
 field_like() {
     "$KVSIM_BIN" runs "$1" --csv --summary --policy "$2" --budget "$4" | awk -F, -v want="$3" -v col="$5" '
         NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
@@ -93,26 +79,26 @@ for trace in $traces; do
     say "M2/M9/M13/M16 resident KV bytes per KV head at equal nominal capacity C_tot (mean over decode steps), as ratios:"
     say "  C_tot  morphkv/full  h2o/full  snapkv/full  morphkv/h2o (1/G = $(ratio 1 "$G"))  profiles/KV rows  qz   err: morphkv sum  max  h2o  snapkv  window"
     for B in 33 65 129; do
-        full=$(field "$mdb" full "" "$B" storage_kv_bytes_mean)
-        mkv=$(field "$mdb" morphkv "$mk" "$B" storage_kv_bytes_mean)
-        maux=$(field "$mdb" morphkv "$mk" "$B" storage_aux_bytes_mean)
-        qaux=$(field "$mdb" morphkv "$mkqz" "$B" storage_aux_bytes_mean)
-        hkv=$(field "$mdb" h2o "$h2o" "$B" storage_kv_bytes_mean)
-        skv=$(field "$mdb" snapkv "$snap" "$B" storage_kv_bytes_mean)
-        e1=$(field "$mdb" morphkv "$mk" "$B" out_err_mean)
-        e2=$(field "$mdb" morphkv "$mkmax" "$B" out_err_mean)
-        e3=$(field "$mdb" h2o "$h2o" "$B" out_err_mean)
-        e4=$(field "$mdb" snapkv "$snap" "$B" out_err_mean)
-        e5=$(field "$mdb" window "" "$B" out_err_mean)
+        full=$(field_like "$mdb" full "" "$B" storage_kv_bytes_mean)
+        mkv=$(field_like "$mdb" morphkv "$mk" "$B" storage_kv_bytes_mean)
+        maux=$(field_like "$mdb" morphkv "$mk" "$B" storage_aux_bytes_mean)
+        qaux=$(field_like "$mdb" morphkv "$mkqz" "$B" storage_aux_bytes_mean)
+        hkv=$(field_like "$mdb" h2o "$h2o" "$B" storage_kv_bytes_mean)
+        skv=$(field_like "$mdb" snapkv "$snap" "$B" storage_kv_bytes_mean)
+        e1=$(field_like "$mdb" morphkv "$mk" "$B" out_err_mean)
+        e2=$(field_like "$mdb" morphkv "$mkmax" "$B" out_err_mean)
+        e3=$(field_like "$mdb" h2o "$h2o" "$B" out_err_mean)
+        e4=$(field_like "$mdb" snapkv "$snap" "$B" out_err_mean)
+        e5=$(field_like "$mdb" window "" "$B" out_err_mean)
         say "$(printf '  %5d  %12s  %8s  %11s  %26s  %16s  %5s   %16.4f  %6.4f  %6.4f  %6.4f  %6.4f' $((B - 1)) \
             "$(ratio "$mkv" "$full")" "$(ratio "$hkv" "$full")" "$(ratio "$skv" "$full")" "$(ratio "$mkv" "$hkv")" \
             "$(ratio "$maux" "$mkv")" "$(ratio "$qaux" "$mkv")" "$e1" "$e2" "$e3" "$e4" "$e5")"
     done
     mk30="recent=30,fusion=sum,fidelity=paper,profile=rows,evict_after=1,paper_ctot=0"
-    kv30=$(field "$mdb" morphkv "$mk30" 129 storage_kv_bytes_mean)
-    aux30=$(field "$mdb" morphkv "$mk30" 129 storage_aux_bytes_mean)
+    kv30=$(field_like "$mdb" morphkv "$mk30" 129 storage_kv_bytes_mean)
+    aux30=$(field_like "$mdb" morphkv "$mk30" 129 storage_aux_bytes_mean)
     say "G7 profile store at the paper's R=30 (not scaled), C_tot=128: aux/KV measured $(ratio "$aux30" "$kv30"); G R/(2d) = $(awk -v g="$G" -v d="$d" 'BEGIN { printf "%.4f", g * 30 / (2 * d) }') in one dtype, x 2 for fp32 profiles beside fp16 KV = $(awk -v g="$G" -v d="$d" 'BEGIN { printf "%.4f", g * 30 / d }')"
-    X=$(field "$mdb" window "" 129 storage_bytes_mean)
+    X=$(field_like "$mdb" window "" 129 storage_bytes_mean)
     "$KVSIM_BIN" compare "$mdb" --match mem --at "$X" \
         --metric out_err_mean,attended_tokens_mean,storage_kv_bytes_mean,storage_aux_bytes_mean > "$dir/morphkv_equal_memory.txt"
     say "MorphKV at equal resident memory ($X bytes per KV head = window at budget 129; KV + profiles), out_err_mean:"
@@ -139,7 +125,7 @@ for trace in $traces; do
     "$KVSIM_BIN" replay "$trace" --db "$kdb" --policy keydiff --policy keydiff@paper --policy knorm \
         --policy tova@keydiff --policy snapkv@keydiff --policy streaming@keydiff --policy window \
         --budgets 17,33,65,129 > "$dir/keydiff_runs.txt" 2> "$dir/keydiff_warnings.txt"
-    X=$(field "$kdb" window "" 65 storage_bytes_mean)
+    X=$(field_like "$kdb" window "" 65 storage_bytes_mean)
     "$KVSIM_BIN" compare "$kdb" --match mem --at "$X" > "$dir/keydiff_equal_memory.txt"
     say "KeyDiff at equal resident memory ($X bytes per KV head = window at budget 65), out_err_mean:"
     awk '/^(keydiff|knorm|tova|snapkv|streaming|window) / { e = ($5 ~ /^[0-9.]/) ? $5 : "out-of-range"; print "  " $1, e, $NF }' \
