@@ -259,15 +259,7 @@ void kvs_cli_fmt_real(char *buf, size_t cap, double v) {
         snprintf(buf, cap, "%s", "");
         return;
     }
-    /* Whole numbers as integers ("1000000", never "1e+06"), up to 2^53 where every integer is exact. */
-    if (v == floor(v) && fabs(v) < 9007199254740992.0) {
-        snprintf(buf, cap, "%.0f", v);
-        return;
-    }
-    for (int prec = 6; prec <= 17; prec++) {
-        snprintf(buf, cap, "%.*g", prec, v);
-        if (strtod(buf, NULL) == v) return;
-    }
+    kvs_format_real(buf, cap, v);
 }
 
 void kvs_cli_fmt_bytes(char *buf, size_t cap, double v) {

@@ -5,6 +5,7 @@
 #include "kvs.h"
 
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -332,4 +333,15 @@ double kvs_now_s(void) {
 int kvs_n_cpus(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1 : (int)n;
+}
+
+void kvs_format_real(char *buf, size_t cap, double v) {
+    if (v == floor(v) && fabs(v) < 9007199254740992.0) { /* every integer below 2^53 is exact */
+        snprintf(buf, cap, "%.0f", v);
+        return;
+    }
+    for (int prec = 6; prec <= 17; prec++) {
+        snprintf(buf, cap, "%.*g", prec, v);
+        if (strtod(buf, NULL) == v) return;
+    }
 }

@@ -58,16 +58,7 @@ static void format_value(const kvs_policy_param *pp, double v, char *out, size_t
     case KVS_PARAM_INT: snprintf(out, cap, "%lld", (long long)v); break;
     case KVS_PARAM_BOOL: snprintf(out, cap, "%s", v != 0 ? "true" : "false"); break;
     case KVS_PARAM_ENUM: enum_name(pp->choices, (int)v, out, cap); break;
-    case KVS_PARAM_DOUBLE:
-        if (v == floor(v) && fabs(v) < 9007199254740992.0) { /* "1000000", never "1e+06" */
-            snprintf(out, cap, "%.0f", v);
-            break;
-        }
-        for (int prec = 6; prec <= 17; prec++) {
-            snprintf(out, cap, "%.*g", prec, v);
-            if (strtod(out, NULL) == v) break;
-        }
-        break;
+    case KVS_PARAM_DOUBLE: kvs_format_real(out, cap, v); break;
     case KVS_PARAM_STRING:
     case KVS_PARAM_FILE: snprintf(out, cap, "%s", ""); break; /* text values live in cfg->str */
     }
