@@ -209,11 +209,6 @@ static int cmp_series(const void *pa, const void *pb) {
     return strcmp(a->label, b->label);
 }
 
-static const char *short_trace(const char *path) {
-    const char *b = strrchr(path, '/');
-    return b && b[1] ? b + 1 : path;
-}
-
 /* x for the human table: bytes with a binary prefix, tokens as an integer. */
 static void fmt_x(char *buf, size_t cap, double x, match_mode mode) {
     if (mode == MATCH_TOKENS) snprintf(buf, cap, "%.6g", x);
@@ -258,7 +253,7 @@ static void print_table(FILE *o, series *ss, size_t n, double X, match_mode mode
                 snprintf(from[i], sizeof from[i], "#%" PRId64 " at %s .. #%" PRId64 " at %s (t=%.3f)", s->pts[s->lo].run_id,
                          a, s->pts[s->hi].run_id, b, s->t);
         }
-        int l = (int)strlen(s->rep->policy), t = (int)strlen(short_trace(s->rep->trace_path)), f = (int)strlen(from[i]);
+        int l = (int)strlen(s->rep->policy), t = (int)strlen(kvs_path_base(s->rep->trace_path)), f = (int)strlen(from[i]);
         if (l > pw) pw = l;
         if (t > tw) tw = t;
         if (f > fw) fw = f;
@@ -273,7 +268,7 @@ static void print_table(FILE *o, series *ss, size_t n, double X, match_mode mode
         const series *s = &ss[i];
         any_o |= s->is_oracle;
         fprintf(o, "%-*s %-5s %-7s %-*.*s", pw, s->rep->policy, s->is_oracle ? "O" : "-", s->rep->measure, tw, tw,
-                short_trace(s->rep->trace_path));
+                kvs_path_base(s->rep->trace_path));
         if (s->status == ST_OUT_OF_RANGE || s->status == ST_NO_DATA) fprintf(o, "%*s", vw, "");
         else
             for (int c = 0; c < n_cols; c++) {

@@ -208,11 +208,6 @@ static const char *cell(const kvs_results_agg *a, kvs_metric m, kvs_stat_kind s,
     return buf;
 }
 
-static const char *short_trace(const char *path) {
-    const char *b = path ? strrchr(path, '/') : NULL;
-    return b && b[1] ? b + 1 : path ? path : "";
-}
-
 static int prompt_only(const kvs_results_run_row *w) { return w->budget_scope && !strcmp(w->budget_scope, "prompt"); }
 
 void kvs_cli_print_runs_table(FILE *o, const kvs_results_run_row *rows, int64_t n, int count_line, int all) {
@@ -236,7 +231,7 @@ void kvs_cli_print_runs_table(FILE *o, const kvs_results_run_row *rows, int64_t 
                 cell(a, KVS_M_ATTENDED, KVS_STAT_MAX, '0', b[1], 48), cell(a, KVS_M_STORAGE, KVS_STAT_MEAN, 'b', b[2], 48),
                 cell(a, KVS_M_STORAGE, KVS_STAT_MAX, 'b', b[3], 48), cell(a, KVS_M_TRAFFIC, KVS_STAT_MEAN, 'b', b[4], 48),
                 cell(a, KVS_M_OUT_ERR, KVS_STAT_MEAN, 'g', b[5], 48), cell(a, KVS_M_OUT_ERR, KVS_STAT_P95, 'g', b[6], 48),
-                cell(a, KVS_M_ATTN_RECALL, KVS_STAT_MEAN, 'f', b[7], 48), flags, short_trace(w->trace_path),
+                cell(a, KVS_M_ATTN_RECALL, KVS_STAT_MEAN, 'f', b[7], 48), flags, kvs_path_base(w->trace_path),
                 w->params[0] ? w->params : "-");
         if (w->notes) fprintf(o, "  note: %s", w->notes);
         if (w->error) fprintf(o, "  error: %s", w->error);

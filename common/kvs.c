@@ -345,3 +345,9 @@ void kvs_format_real(char *buf, size_t cap, double v) {
         if (strtod(buf, NULL) == v) return;
     }
 }
+
+const char *kvs_path_base(const char *path) {
+    if (!path) return "";
+    const char *b = strrchr(path, '/');
+    return b && b[1] ? b + 1 : path;
+}

@@ -118,6 +118,10 @@ static inline uint64_t kvs_get_u64(const uint8_t *p) {
 kvs_status kvs_write_all(int fd, const void *buf, size_t n, const char *what);
 /*! kvs_pread_all() : read exactly n bytes at offset; KVS_ERR_TRUNCATED if the file is shorter. */
 kvs_status kvs_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *what);
+/*! kvs_path_base() : the last component of `path` (after its last '/', unless that ends the path), the path
+ *  itself when it has none, "" for NULL. Borrowed from path. For labels: "dir/run.kvt" -> "run.kvt". */
+const char *kvs_path_base(const char *path);
+
 /*! kvs_format_real() : v in the shortest form that reads back to exactly v: a whole number below 2^53 as an
  *  integer ("1048576", never "1.04858e+06" or "1e+06"), anything else as the shortest "%.*g" (6 to 17 digits).
  *  For finite v (parameter values, table cells). */

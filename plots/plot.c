@@ -319,11 +319,6 @@ static void series_finish(plot_series *s) {
         }
 }
 
-static const char *base_name(const char *path) {
-    const char *b = strrchr(path, '/');
-    return b && b[1] ? b + 1 : path;
-}
-
 /* Legend order: policy, params, trace, measure, run. */
 static int cmp_series(const void *pa, const void *pb) {
     const plot_series *a = pa, *b = pb;
@@ -350,10 +345,10 @@ static kvs_status label_series(plot_data *d, int per_run) {
         if (many_traces) {
             int clash = 0;
             for (size_t j = 0; j < d->n; j++)
-                if (d->s[j].trace_id != s->trace_id && !strcmp(base_name(d->s[j].trace_path), base_name(s->trace_path)))
+                if (d->s[j].trace_id != s->trace_id && !strcmp(kvs_path_base(d->s[j].trace_path), kvs_path_base(s->trace_path)))
                     clash = 1;
             if (clash) snprintf(trace, sizeof trace, "%s #%" PRId64, s->trace_path, s->trace_id);
-            else snprintf(trace, sizeof trace, "%s", base_name(s->trace_path));
+            else snprintf(trace, sizeof trace, "%s", kvs_path_base(s->trace_path));
         }
         if (many_traces || many_measures)
             snprintf(extra, sizeof extra, " [%s%s%s]", trace, many_traces && many_measures ? ", " : "",
@@ -723,7 +718,7 @@ static void put_turn_marks(FILE *gp, const plot_data *d) {
                         "lc rgb '#555555' front\n",
                     ++n_arrows, u->begin, u->begin);
             char text[600];
-            snprintf(text, sizeof text, "%s%sturn %" PRId64, n_with > 1 ? base_name(t->path) : "", n_with > 1 ? " " : "",
+            snprintf(text, sizeof text, "%s%sturn %" PRId64, n_with > 1 ? kvs_path_base(t->path) : "", n_with > 1 ? " " : "",
                      k + 1);
             fprintf(gp, "set label %d ", n_arrows);
             put_gp_string(gp, text);
@@ -945,7 +940,7 @@ kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_
         goto cleanup;
     }
 
-    const char *base = base_name(db_path);
+    const char *base = kvs_path_base(db_path);
     size_t len = 0;
     if (o->policy) len += (size_t)snprintf(where + len, sizeof where - len, ", policy %s", o->policy);
     if (o->trace && len < sizeof where) len += (size_t)snprintf(where + len, sizeof where - len, ", trace %s", o->trace);
