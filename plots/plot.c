@@ -177,6 +177,7 @@ typedef struct {
     char *policy, *params, *measure, *trace_path;
     int64_t trace_id, run_id, budget; /* run_id/budget: position kind only (one series per run) */
     int is_oracle;
+    int prompt_only; /* budget_scope "prompt": the budget bounds the prompt only (generated tokens all kept) */
     char *label;
     series_style style;
     /* points; per point the budget it stands for and how many runs were averaged into it */
@@ -249,6 +250,7 @@ static kvs_status series_new(plot_data *d, const kvs_results_run_row *w, int per
     s->run_id = w && per_run ? w->id : -1;
     s->budget = w && per_run ? w->budget_tokens : -1;
     s->is_oracle = w ? w->is_oracle : 0;
+    s->prompt_only = w && w->budget_scope && !strcmp(w->budget_scope, "prompt");
     s->style = s->is_oracle ? STYLE_ORACLE : STYLE_LINE;
     *out = s;
     return KVS_OK;
@@ -330,10 +332,12 @@ static int cmp_series(const void *pa, const void *pb) {
     return (a->run_id > b->run_id) - (a->run_id < b->run_id);
 }
 
-/* Labels: "policy (params)" [" budget=B"] [" (oracle)"] [" [trace, measure]" where the plot has several
- * traces / measure modes] [" [run N]"]. A trace is named by its file name, or by its path and id when two
- * distinct traces share a file name. */
-static kvs_status label_series(plot_data *d, int per_run) {
+/* Labels: "policy (params)" [" budget=B"] [" (oracle)"] [" (prompt-only budget)"] [" [trace, measure]" where
+ * the plot has several traces / measure modes] [" [run N]"]. A trace is named by its file name, or by its path
+ * and id when two distinct traces share a file name. `by_budget`: the plot places runs by their nominal budget,
+ * which a prompt-only policy exceeds while generating (it keeps every generated token): the label says so, as
+ * the runs table's flag P does, so that its line is not read as a policy holding that many tokens. */
+static kvs_status label_series(plot_data *d, int per_run, int by_budget) {
     int many_traces = 0, many_measures = 0;
     for (size_t i = 1; i < d->n; i++) {
         if (d->s[i].trace_id != d->s[0].trace_id) many_traces = 1;
@@ -357,10 +361,11 @@ static kvs_status label_series(plot_data *d, int per_run) {
             snprintf(budget, sizeof budget, " budget=%" PRId64, s->budget);
             snprintf(run, sizeof run, " [run %" PRId64 "]", s->run_id);
         }
-        size_t cap = strlen(s->policy) + strlen(s->params) + strlen(extra) + 128;
+        size_t cap = strlen(s->policy) + strlen(s->params) + strlen(extra) + 160;
         if (!(s->label = malloc(cap))) return nomem();
-        snprintf(s->label, cap, "%s%s%s%s%s%s%s%s", s->policy, s->params[0] ? " (" : "", s->params,
-                 s->params[0] ? ")" : "", budget, s->is_oracle ? " (oracle)" : "", extra, run);
+        snprintf(s->label, cap, "%s%s%s%s%s%s%s%s%s", s->policy, s->params[0] ? " (" : "", s->params,
+                 s->params[0] ? ")" : "", budget, s->is_oracle ? " (oracle)" : "",
+                 by_budget && s->prompt_only ? " (prompt-only budget)" : "", extra, run);
     }
     return KVS_OK;
 }
@@ -1023,7 +1028,7 @@ kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_
             KVS_TRY(rc = series_breaks(&dd->s[i], turns_of(dd, dd->s[i].trace_id)));
     }
     qsort(dd->s, dd->n, sizeof *dd->s, cmp_series);
-    KVS_TRY(rc = label_series(dd, o->kind == KVS_PLOT_ERROR_VS_POSITION));
+    KVS_TRY(rc = label_series(dd, o->kind == KVS_PLOT_ERROR_VS_POSITION, !is_cost_kind(o->kind)));
     if (is_cost_kind(o->kind)) KVS_TRY(rc = add_frontier(dd, mi->higher_is_better));
     p->layout = layout_key(dd, is_svg);
     kvs_results_run_rows_free(rows, n_rows);

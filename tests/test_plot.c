@@ -669,6 +669,41 @@ static void test_byte_axis_labels(void **state) {
     kvs_plot_free(p);
 }
 
+/* A prompt-only policy's line on a plot by nominal budget says so in its label (its runs hold every generated
+ * token beyond that budget, as the runs table's flag P says); on a plot by measured bytes it needs no warning. */
+static void test_prompt_only_budget_labelled_on_budget_plots(void **state) {
+    tmp_ctx *t = *state;
+    char db[160], out[160];
+    snprintf(db, sizeof db, "%s/scope.db", t->dir);
+    kvs_results_db *r = NULL;
+    expect_ok(kvs_results_open(db, &r));
+    kvs_results_trace tr = {.path = "/traces/a.kvt", .model_name = "generated-gaussian", .n_positions = 64,
+                            .prompt_len = 40, .n_turns = 1, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1,
+                            .head_dim = 16, .dtype = "fp32", .file_bytes = 1000};
+    for (int k = 0; k < 2; k++) {
+        kvs_results_run run = {.policy = k ? "snapkv" : "window", .params = "", .budget_tokens = 16, .budget_fraction = -1,
+                               .measure = "decode", .budget_scope = k ? "prompt" : "every_step", .status = "complete",
+                               .wall_seconds = 0.01, .kvsim_version = "0.1.0"};
+        kvs_results_agg a = agg_for(-1, 0.1, 1024.0 * (k + 1)), l = a;
+        l.layer = 0;
+        expect_ok(kvs_results_write_run(r, &tr, &run, &l, 1, &a, NULL, 0, NULL));
+    }
+    kvs_results_close(r);
+    snprintf(out, sizeof out, "%s/scope.png", t->dir);
+    const kvs_plot_kind kinds[] = {KVS_PLOT_ERROR_VS_BUDGET, KVS_PLOT_MEMORY_VS_BUDGET, KVS_PLOT_ERROR_VS_MEMORY};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        kvs_plot_options o = opts(kinds[i], out);
+        kvs_plot *p = NULL;
+        expect_ok(kvs_plot_prepare(db, &o, &p));
+        char *gp = script_of(p, out);
+        if (kinds[i] == KVS_PLOT_ERROR_VS_MEMORY) assert_null(strstr(gp, "prompt-only"));
+        else assert_non_null(strstr(gp, "title 'snapkv (prompt-only budget)'"));
+        assert_non_null(strstr(gp, "title 'window'"));
+        free(gp);
+        kvs_plot_free(p);
+    }
+}
+
 static void test_script_written_to_a_stream_is_what_gnuplot_reads(void **state) {
     tmp_ctx *t = *state;
     char out[160], prog[160], captured[160], image[400];
@@ -1563,6 +1598,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_error_vs_memory_and_traffic_png_svg, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_error_vs_memory_without_recorded_bytes, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_byte_axis_labels, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_prompt_only_budget_labelled_on_budget_plots, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_script_written_to_a_stream_is_what_gnuplot_reads, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_legend_has_every_series_and_fits, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_legend_rendered_by_gnuplot, setup_db, teardown_db),
