@@ -359,13 +359,8 @@ int kvs_cmd_replay(int argc, char **argv) {
         rc = kvs_cli_fail("replay", st == KVS_ERR_INVALID_ARG ? KVS_ERR_DB : st);
         goto cleanup;
     }
-    kvs_results_trace rt = {
-        .path = trace_path, .model_name = info->model.model_name, .n_positions = info->n_positions,
-        .prompt_len = info->prompt_len, .n_turns = info->n_turns, .n_layers = info->model.n_layers,
-        .n_heads = info->model.n_heads, .n_kv_heads = info->model.n_kv_heads, .head_dim = info->model.head_dim,
-        .dtype = kvs_dtype_name((kvs_dtype)info->capture.dtype), .file_bytes = info->file_bytes,
-        .turns = info->turns, /* plots mark turn boundaries and break lines at unmeasured prompt spans */
-    };
+    /* plots mark turn boundaries and break lines at unmeasured prompt spans (the row carries the turns) */
+    kvs_results_trace rt = kvs_results_trace_of(trace_path, info);
     int n_failed = 0;
     run_ids = calloc((size_t)n_runs, sizeof *run_ids);
     if (!run_ids) {

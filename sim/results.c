@@ -22,6 +22,7 @@
  *    reads as NULL = not recorded), so readers never need a migration.
  */
 #include "results.h"
+#include "results_internal.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -749,13 +750,45 @@ static int one_of(const char *s, const char *a, const char *b, const char *c) {
     return s && (!strcmp(s, a) || !strcmp(s, b) || (c && !strcmp(s, c)));
 }
 
+/* The trace row's own checks (shared by the run writer and kvs_results_trace_id): path and dtype given, and
+ * turns, when given, that tile the trace. `who` names the caller in messages. */
+static kvs_status validate_trace(const kvs_results_db *r, const kvs_results_trace *trace, const char *who) {
+    const char *path = r->path;
+    if (!trace) return kvs_fail(KVS_ERR_INVALID_ARG, "%s: %s: NULL trace", path, who);
+    if (!trace->path || !trace->dtype)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: %s: trace path and dtype are required", path, who);
+    if (trace->turns) { /* the turns must tile the trace: plots draw its turn boundaries from them */
+        if (trace->n_turns < 1)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "%s: %s: trace turns given with n_turns %" PRId64, path, who,
+                            trace->n_turns);
+        for (int64_t i = 0; i < trace->n_turns; i++) {
+            const kvs_turn *u = &trace->turns[i];
+            int64_t want = i ? trace->turns[i - 1].end : 0;
+            if (u->begin != want)
+                return kvs_fail(KVS_ERR_INVALID_ARG,
+                                "%s: %s: trace turn %" PRId64 " begins at %" PRId64 ", not %s%" PRId64, path, who, i,
+                                u->begin, i ? "where the previous turn ended, " : "", want);
+            if (u->prompt_end < u->begin || u->end < u->prompt_end)
+                return kvs_fail(KVS_ERR_INVALID_ARG,
+                                "%s: %s: trace turn %" PRId64 ": positions %" PRId64 ", %" PRId64 ", %" PRId64
+                                " are not begin <= prompt_end <= end",
+                                path, who, i, u->begin, u->prompt_end, u->end);
+        }
+        if (trace->turns[trace->n_turns - 1].end != trace->n_positions)
+            return kvs_fail(KVS_ERR_INVALID_ARG,
+                            "%s: %s: the trace turns end at %" PRId64 ", not at n_positions %" PRId64, path, who,
+                            trace->turns[trace->n_turns - 1].end, trace->n_positions);
+    }
+    return KVS_OK;
+}
+
 static kvs_status validate_run(const kvs_results_db *r, const kvs_results_trace *trace, const kvs_results_run *run,
                                const kvs_results_agg *layer_aggs, int32_t n_layers, const kvs_results_agg *run_agg,
                                const kvs_results_step *steps, int64_t n_steps) {
     const char *path = r->path;
     if (!trace || !run) return kvs_fail(KVS_ERR_INVALID_ARG, "%s: write_run: NULL trace or run", path);
-    if (!trace->path || !trace->dtype)
-        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: write_run: trace path and dtype are required", path);
+    kvs_status vst = validate_trace(r, trace, "write_run");
+    if (vst != KVS_OK) return vst;
     if (!run->policy || !run->policy[0] || !run->params || !run->kvsim_version)
         return kvs_fail(KVS_ERR_INVALID_ARG, "%s: write_run: policy, params and kvsim_version are required", path);
     if (!one_of(run->measure, "decode", "prefill", "all"))
@@ -778,28 +811,6 @@ static kvs_status validate_run(const kvs_results_db *r, const kvs_results_trace 
         return kvs_fail(KVS_ERR_INVALID_ARG, "%s: write_run: bad layer aggregates (n_layers = %d)", path, n_layers);
     if (n_steps < 0 || (n_steps > 0 && !steps))
         return kvs_fail(KVS_ERR_INVALID_ARG, "%s: write_run: bad steps (n_steps = %" PRId64 ")", path, n_steps);
-    if (trace->turns) { /* the turns must tile the trace: plots draw its turn boundaries from them */
-        if (trace->n_turns < 1)
-            return kvs_fail(KVS_ERR_INVALID_ARG, "%s: write_run: trace turns given with n_turns %" PRId64, path,
-                            trace->n_turns);
-        for (int64_t i = 0; i < trace->n_turns; i++) {
-            const kvs_turn *u = &trace->turns[i];
-            int64_t want = i ? trace->turns[i - 1].end : 0;
-            if (u->begin != want)
-                return kvs_fail(KVS_ERR_INVALID_ARG,
-                                "%s: write_run: trace turn %" PRId64 " begins at %" PRId64 ", not %s%" PRId64, path, i,
-                                u->begin, i ? "where the previous turn ended, " : "", want);
-            if (u->prompt_end < u->begin || u->end < u->prompt_end)
-                return kvs_fail(KVS_ERR_INVALID_ARG,
-                                "%s: write_run: trace turn %" PRId64 ": positions %" PRId64 ", %" PRId64 ", %" PRId64
-                                " are not begin <= prompt_end <= end",
-                                path, i, u->begin, u->prompt_end, u->end);
-        }
-        if (trace->turns[trace->n_turns - 1].end != trace->n_positions)
-            return kvs_fail(KVS_ERR_INVALID_ARG,
-                            "%s: write_run: the trace turns end at %" PRId64 ", not at n_positions %" PRId64, path,
-                            trace->turns[trace->n_turns - 1].end, trace->n_positions);
-    }
     for (int32_t i = 0; i < n_layers; i++)
         if (layer_aggs[i].layer < 0)
             return kvs_fail(KVS_ERR_INVALID_ARG, "%s: write_run: layer aggregate %d has layer %d (must be >= 0)", path,
@@ -1353,4 +1364,72 @@ cleanup:
     sqlite3_finalize(st);
     if (rc != KVS_OK) kvs_results_series_free(out);
     return rc;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Shared with the table families (sim/results_internal.h)
+ * ---------------------------------------------------------------------------------------------- */
+
+sqlite3 *kvs_results_sqlite(kvs_results_db *r) { return r ? r->db : NULL; }
+const char *kvs_results_path(const kvs_results_db *r) { return r && r->path ? r->path : "(results database)"; }
+int kvs_results_is_readonly(const kvs_results_db *r) { return r ? r->readonly : 1; }
+
+kvs_status kvs_results_db_error(kvs_results_db *r, const char *what) {
+    return db_fail(r ? r->db : NULL, kvs_results_path(r), what);
+}
+
+kvs_status kvs_results_exec(kvs_results_db *r, const char *sql, const char *what) { return exec_sql(r, sql, what); }
+
+kvs_status kvs_results_prepare(kvs_results_db *r, const char *sql, sqlite3_stmt **st, const char *what) {
+    return prepare(r, sql, st, what);
+}
+
+kvs_status kvs_results_step_done(kvs_results_db *r, sqlite3_stmt *st, const char *what) {
+    return step_done(r, st, what);
+}
+
+kvs_status kvs_results_txn_begin(kvs_results_db *r, const char *what) {
+    if (!r || !r->db) return kvs_fail(KVS_ERR_INVALID_ARG, "%s: NULL results database", what);
+    if (r->readonly) return kvs_fail(KVS_ERR_STATE, "%s: %s: the database was opened read-only", r->path, what);
+    return exec_sql(r, "BEGIN IMMEDIATE", what);
+}
+
+kvs_status kvs_results_txn_commit(kvs_results_db *r, const char *what) { return exec_sql(r, "COMMIT", what); }
+
+void kvs_results_txn_rollback(kvs_results_db *r) {
+    if (r && r->db && !sqlite3_get_autocommit(r->db)) sqlite3_exec(r->db, "ROLLBACK", NULL, NULL, NULL);
+}
+
+int kvs_results_table_exists(kvs_results_db *r, const char *name) {
+    sqlite3_stmt *st = NULL;
+    if (prepare(r, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?1", &st,
+                "cannot look up a table") != KVS_OK)
+        return -1;
+    sqlite3_bind_text(st, 1, name, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(st), found = rc == SQLITE_ROW;
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+        db_fail(r->db, r->path, "cannot look up a table");
+        found = -1;
+    }
+    sqlite3_finalize(st);
+    return found;
+}
+
+kvs_status kvs_results_trace_id(kvs_results_db *r, const kvs_results_trace *trace, int64_t *trace_id) {
+    if (!r || !r->db || !trace_id) return kvs_fail(KVS_ERR_INVALID_ARG, "trace_id: NULL argument");
+    if (r->readonly) return kvs_fail(KVS_ERR_STATE, "%s: trace_id: the database was opened read-only", r->path);
+    kvs_status st = validate_trace(r, trace, "trace_id");
+    if (st != KVS_OK) return st;
+    return find_or_insert_trace(r, trace, trace_id);
+}
+
+kvs_results_trace kvs_results_trace_of(const char *path, const kvs_trace_info *info) {
+    kvs_results_trace t = {
+        .path = path, .model_name = info->model.model_name, .n_positions = info->n_positions,
+        .prompt_len = info->prompt_len, .n_turns = info->n_turns, .n_layers = info->model.n_layers,
+        .n_heads = info->model.n_heads, .n_kv_heads = info->model.n_kv_heads, .head_dim = info->model.head_dim,
+        .dtype = kvs_dtype_name((kvs_dtype)info->capture.dtype), .file_bytes = info->file_bytes,
+        .turns = info->turns,
+    };
+    return t;
 }

@@ -55,6 +55,11 @@ typedef struct {
                                * trace_turns; NULL = not recorded (readers then have no turn info) */
 } kvs_results_trace;
 
+/*! kvs_results_trace_of() : the trace row of the trace opened from `path` with header `info` (its turns
+ *  included): what every writer of the database (replay, the analyses) records for a trace. Borrows path and
+ *  info's strings and turns. */
+kvs_results_trace kvs_results_trace_of(const char *path, const kvs_trace_info *info);
+
 /* Summary statistics of one metric over a set of samples. */
 typedef struct {
     int64_t n;

@@ -30,6 +30,7 @@
 #include "common/json.h"
 #include "common/kvs.h"
 #include "sim/results.h"
+#include "sim/results_internal.h"
 
 /* ------------------------------------------------------------------------------------------------
  * Helpers
@@ -1219,6 +1220,50 @@ static void test_trace_turns_are_written_and_read(void **state) {
 
 /* A v2 database written before trace_turns existed: readers find no turn info; the next open for writing
  * adds the table. */
+/* The helpers of the table families (sim/results_internal.h): a family table created inside a transaction that
+ * rolls back is gone and the database unchanged; one that commits is there; kvs_results_trace_id gives the
+ * replay's own trace row; a read-only handle refuses to begin a write. */
+static void test_family_helpers(void **state) {
+    tmp_ctx *t = *state;
+    kvs_results_db *db = NULL;
+    expect_ok(kvs_results_open(t->db, &db));
+    kvs_results_trace tr = make_trace("/traces/family.kvt");
+    kvs_results_run run = make_run("h2o", "heavy=0.5", 16);
+    kvs_results_agg all = make_agg(-1, 0.375);
+    int64_t run_id = 0, tid = 0, tid2 = 0;
+    expect_ok(kvs_results_write_run(db, &tr, &run, NULL, 0, &all, NULL, 0, &run_id));
+    assert_int_equal(kvs_results_table_exists(db, "family_rows"), 0);
+    assert_int_equal(kvs_results_table_exists(db, "runs"), 1);
+    expect_ok(kvs_results_txn_begin(db, "family write"));
+    expect_ok(kvs_results_exec(db, "CREATE TABLE IF NOT EXISTS family_rows (trace_id INTEGER REFERENCES traces(id), x REAL)",
+                               "create"));
+    expect_ok(kvs_results_trace_id(db, &tr, &tid));
+    assert_int_equal(tid, trace_of(db, run_id));
+    kvs_results_txn_rollback(db);
+    assert_int_equal(kvs_results_table_exists(db, "family_rows"), 0);
+    kvs_results_trace other = make_trace("/traces/other.kvt");
+    expect_ok(kvs_results_txn_begin(db, "family write"));
+    expect_ok(kvs_results_exec(db, "CREATE TABLE IF NOT EXISTS family_rows (trace_id INTEGER REFERENCES traces(id), x REAL)",
+                               "create"));
+    expect_ok(kvs_results_trace_id(db, &other, &tid2));
+    assert_true(tid2 != tid);
+    sqlite3_stmt *ins = NULL;
+    expect_ok(kvs_results_prepare(db, "INSERT INTO family_rows VALUES (?1, 0.5)", &ins, "prepare"));
+    sqlite3_bind_int64(ins, 1, tid2);
+    expect_ok(kvs_results_step_done(db, ins, "insert"));
+    sqlite3_finalize(ins);
+    expect_ok(kvs_results_txn_commit(db, "commit"));
+    assert_int_equal(kvs_results_table_exists(db, "family_rows"), 1);
+    assert_int_equal(kvs_results_prepare(db, "SELECT nope FROM family_rows", &ins, "bad select"), KVS_ERR_DB);
+    kvs_results_close(db);
+    expect_ok(kvs_results_open_readonly(t->db, &db));
+    assert_int_equal(kvs_results_is_readonly(db), 1);
+    assert_int_equal(kvs_results_txn_begin(db, "family write"), KVS_ERR_STATE);
+    assert_int_equal(kvs_results_trace_id(db, &tr, &tid), KVS_ERR_STATE);
+    assert_int_equal(kvs_results_table_exists(db, "family_rows"), 1);
+    kvs_results_close(db);
+}
+
 static void test_v2_database_without_turn_table(void **state) {
     tmp_ctx *t = *state;
     kvs_results_db *db = NULL;
@@ -1870,6 +1915,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_migration_creates_the_turn_table, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_trace_turns_are_written_and_read, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_v2_database_without_turn_table, setup_tmp, teardown_tmp),
+        cmocka_unit_test_setup_teardown(test_family_helpers, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_failed_migration_leaves_v1_database_unchanged, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_newer_schema_version_is_refused_unchanged, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_two_processes_migrate_at_once, setup_tmp, teardown_tmp),
