@@ -262,22 +262,7 @@ void kvs_cli_fmt_real(char *buf, size_t cap, double v) {
     kvs_format_real(buf, cap, v);
 }
 
-void kvs_cli_fmt_bytes(char *buf, size_t cap, double v) {
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    if (isnan(v)) {
-        snprintf(buf, cap, "-");
-        return;
-    }
-    int u = 0;
-    double a = fabs(v);
-    while (a >= 1024.0 && u < 5) {
-        a /= 1024.0;
-        v /= 1024.0;
-        u++;
-    }
-    if (u == 0) snprintf(buf, cap, "%.0f%s", v, units[0]);
-    else snprintf(buf, cap, "%.*f%s", a < 10 ? 2 : a < 100 ? 1 : 0, v, units[u]);
-}
+void kvs_cli_fmt_bytes(char *buf, size_t cap, double v) { kvs_format_bytes(buf, cap, v); }
 
 void kvs_cli_csv_field(FILE *out, const char *s) {
     if (!s) return;
