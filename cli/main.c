@@ -31,6 +31,8 @@ static const kvs_cli_command commands[] = {
      kvs_cmd_plot},
     {"compare", "compare policies at equal measured memory, traffic or tokens (interpolated between runs)",
      kvs_cmd_compare},
+    {"report", "write the study report of a results database: one self-contained HTML page and Markdown",
+     kvs_cmd_report},
     {"policies", "list every replay policy with its parameters, defaults and ranges (--json for scripts)",
      kvs_cmd_policies},
     {"keys", "key geometry against attention per head: KeyDiff's premises (K3, K12) and retained-key diversity (K11)",
