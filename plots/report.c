@@ -836,7 +836,7 @@ static const char style[] =
     "table{border-collapse:collapse;font-size:12px;margin:0.5em 0;display:block;overflow-x:auto}"
     "th,td{border:1px solid #bbb;padding:2px 6px;text-align:left;max-width:30em}th{background:#eee}"
     "figure{margin:1em 0}figure img{max-width:100%;border:1px solid #ddd}figcaption{font-size:13px;color:#444}"
-    "nav li{font-size:14px}";
+    "nav li{font-size:14px}a{color:#222}";
 
 /* Runs every section into its own buffers; appends the present ones to md/html. */
 static kvs_status render_sections(report_ctx *ctx, FILE *md, FILE *html, kvs_report_result *res, char **absent_md,
