@@ -339,8 +339,6 @@ static void test_real_study_page(void **state) {
     assert_non_null(html);
     assert_non_null(md);
     for (size_t i = 0; i < N_TITLES; i++) {
-        char h[256];
-        snprintf(h, sizeof h, "</h2>");
         char want_html[256], want_md[256];
         snprintf(want_html, sizeof want_html, "<h2>%s</h2>", titles[i]);
         snprintf(want_md, sizeof want_md, "\n## %s\n", titles[i]);
