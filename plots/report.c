@@ -475,6 +475,30 @@ static kvs_status sec_summary(report_ctx *ctx) {
                           "the winner changes with the memory level (table above).",
                      winner_at[most], most_n, n_won);
         }
+        /* An oracle that stores the whole cache (topk) is at one memory only: say why its column is empty. */
+        for (int64_t r = 0; r < n; r++) {
+            if (!grp[r].is_oracle || !grp[r].has_agg) continue;
+            int first = 1;
+            for (int64_t q = 0; q < r && first; q++) first = !(grp[q].is_oracle && !strcmp(grp[q].policy, grp[r].policy));
+            if (!first) continue;
+            double lo = INFINITY, hi = -INFINITY;
+            for (int64_t q = 0; q < n; q++) {
+                if (!grp[q].is_oracle || strcmp(grp[q].policy, grp[r].policy) || !grp[q].has_agg) continue;
+                double x = kvs_results_stat_value(&grp[q].agg.storage_bytes, KVS_STAT_MEAN);
+                if (x < lo) lo = x;
+                if (x > hi) hi = x;
+            }
+            int in_any = 0;
+            for (int l = 0; l < n_lv; l++) in_any |= lv[l] >= lo && lv[l] <= hi;
+            if (!in_any && lo <= hi) {
+                char a[64], b[64];
+                kvs_format_bytes(a, sizeof a, lo);
+                kvs_format_bytes(b, sizeof b, hi);
+                para(ctx, "The oracle %s is at none of these levels: its measured memory is %s to %s per KV head (an "
+                          "oracle that selects from the full cache stores all of it).",
+                     grp[r].policy, a, b);
+            }
+        }
         if (any_p)
             para(ctx, "(prompt-only budget): the policy bounds the prompt only and keeps every generated token; "
                       "it is compared at its measured memory, which grows with the response length.");
