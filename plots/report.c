@@ -984,7 +984,7 @@ kvs_status kvs_report_write(const kvs_report_options *opt, kvs_report_result *re
     if (!opt || !opt->db_path || !opt->out_dir || !opt->out_dir[0])
         return kvs_fail(KVS_ERR_INVALID_ARG, "report: a database and an output folder are needed");
     /* DIR without trailing slashes, split into its parent and name (the temporary folder goes beside it). */
-    char dir[4096], parent[4096], base[1024];
+    char dir[4096], parent[4096], base[4096];
     size_t len = strlen(opt->out_dir);
     if (len >= sizeof dir) return kvs_fail(KVS_ERR_INVALID_ARG, "--out: path too long");
     memcpy(dir, opt->out_dir, len + 1);
