@@ -19,6 +19,7 @@
 
 #include "analysis/drift.h"
 #include "common/kvs_cluster.h"
+#include "plots/plot.h"
 #include "sim/results_drift.h"
 #include "tests/util/cli_run.h"
 #include "tests/util/gen_trace.h"
@@ -557,6 +558,96 @@ static void test_cli_drift(void **state) {
     assert_true(same_bytes(foreign, "not a database\n", 15));
 }
 
+/* The drift plots' scripts carry the data the drift tables hold: the curve's mean over a layer's heads at a step,
+ * the heatmap's cells; a database without drift results (empty, or replay-only) is a clear error, left as it was. */
+static void test_plots_from_the_drift_tables(void **state) {
+    fixture *f = *state;
+    collected c = {0};
+    kvs_drift_opts o = test_opts();
+    const kvs_drift_sink sink = {.ctx = &c, .step = got_step, .locality = got_loc, .locality_unit = got_lu};
+    assert_int_equal(kvs_analysis_drift_run(f->t, &o, &sink), KVS_OK);
+    kvs_results_db *db = NULL;
+    assert_int_equal(kvs_results_open(f->db, &db), KVS_OK);
+    const kvs_results_trace rt = kvs_results_trace_of(f->path, kvs_trace_info_get(f->t));
+    const kvs_results_drift_params pr = {.prompt_len = PROMPT, .n_steps = 24, .window = WINDOW, .delta_max = DELTA_MAX,
+                                         .scores = o.scores, .k = KS, .n_k = N_K};
+    kvs_results_drift_writer *w = NULL;
+    assert_int_equal(kvs_results_drift_begin(db, &rt, &pr, &w), KVS_OK);
+    for (int64_t i = 0; i < c.n_steps; i++) assert_int_equal(kvs_results_drift_put_step(w, &c.steps[i]), KVS_OK);
+    for (int64_t i = 0; i < c.n_loc; i++) assert_int_equal(kvs_results_drift_put_locality(w, &c.loc[i]), KVS_OK);
+    assert_int_equal(kvs_results_drift_commit(w, NULL), KVS_OK);
+    kvs_results_close(db);
+
+    /* curve, layer 1, k 3, last-query score: the point of step 5 is the mean over the layer's 4 heads */
+    kvs_plot_options po = {.kind = KVS_PLOT_DRIFT_CURVE, .layer = 1, .k = 3, .score = "last", .out_path = "x.png"};
+    kvs_plot *p = NULL;
+    assert_int_equal(kvs_plot_prepare(f->db, &po, &p), KVS_OK);
+    assert_int_equal(kvs_plot_n_series(p), 1);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *mf = open_memstream(&buf, &len);
+    assert_int_equal(kvs_plot_write_script(p, "x.png", mf), KVS_OK);
+    fclose(mf);
+    kvs_plot_free(p);
+    double want = 0;
+    for (int64_t i = 0; i < c.n_steps; i++)
+        if (c.steps[i].unit == KVS_DRIFT_HEAD && c.steps[i].layer == 1 && c.steps[i].k == 3 && c.steps[i].step == 5)
+            want += c.steps[i].overlap_last / 4;
+    const char *series = strstr(buf, "# series: layer 1\n");
+    assert_non_null(series);
+    const char *at = strstr(series, "\n5 ");
+    assert_non_null(at);
+    assert_true(fabs(strtod(at + 3, NULL) - want) < 1e-12);
+    free(buf);
+
+    /* heatmap, groups, k 6, all layers: cell (t 2, delta 3) = the mean over the 2 layers of their group means */
+    po = (kvs_plot_options){.kind = KVS_PLOT_DRIFT_LOCALITY, .layer = -1, .k = 6, .unit = "group", .out_path = "x.svg"};
+    assert_int_equal(kvs_plot_prepare(f->db, &po, &p), KVS_OK);
+    mf = open_memstream(&buf, &len);
+    assert_int_equal(kvs_plot_write_script(p, "x.svg", mf), KVS_OK);
+    fclose(mf);
+    kvs_plot_free(p);
+    want = 0;
+    for (int64_t i = 0; i < c.n_loc; i++)
+        if (c.loc[i].unit == KVS_DRIFT_GROUP && c.loc[i].k == 6 && c.loc[i].step == 2 && c.loc[i].delta == 3)
+            want += c.loc[i].mean / 2;
+    at = strstr(buf, "\n3 2 ");
+    assert_non_null(at);
+    assert_true(fabs(strtod(at + 5, NULL) - want) < 1e-12);
+    assert_non_null(strstr(buf, "set terminal svg"));
+    free(buf);
+    po.k = 5; /* not in the sweep */
+    assert_int_equal(kvs_plot_prepare(f->db, &po, &p), KVS_ERR_DB);
+    assert_non_null(strstr(kvs_last_error(), "no k = 5"));
+    collected_free(&c);
+
+    /* an empty (0-byte) file and a results database without drift tables */
+    char empty[160];
+    snprintf(empty, sizeof empty, "%s/empty.db", f->dir);
+    FILE *fp = fopen(empty, "wb");
+    assert_non_null(fp);
+    fclose(fp);
+    po = (kvs_plot_options){.kind = KVS_PLOT_DRIFT_CURVE, .layer = -1, .out_path = "x.png"};
+    assert_int_not_equal(kvs_plot_prepare(empty, &po, &p), KVS_OK);
+    struct stat sb;
+    assert_int_equal(stat(empty, &sb), 0);
+    assert_int_equal(sb.st_size, 0);
+    char plain[160];
+    snprintf(plain, sizeof plain, "%s/plain.db", f->dir);
+    assert_int_equal(kvs_results_open(plain, &db), KVS_OK);
+    kvs_results_close(db);
+    assert_int_equal(kvs_plot_prepare(plain, &po, &p), KVS_ERR_DB);
+    assert_non_null(strstr(kvs_last_error(), "no drift results"));
+    if (!kvs_test_kvsim_bin()) return;
+    char png[160];
+    snprintf(png, sizeof png, "%s/x.png", f->dir);
+    const char *args[] = {"plot", empty, "--kind", "drift-curve", "--out", png, NULL};
+    assert_int_equal(kvs_test_cli(f->out, f->err, args), 1);
+    assert_int_equal(access(png, F_OK), -1);
+    const char *metric[] = {"plot", f->db, "--kind", "drift-curve", "--metric", "out_err_mean", "--out", png, NULL};
+    assert_int_equal(kvs_test_cli(f->out, f->err, metric), 2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_g5_overlap_coefficient),
@@ -566,6 +657,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_no_decode_steps_is_refused, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_results_round_trip_and_rollback, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_cli_drift, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_plots_from_the_drift_tables, fx_setup, fx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
