@@ -39,6 +39,8 @@ static const kvs_cli_command commands[] = {
      kvs_cmd_keys},
     {"attn", "attention per layer and head: D2O's density diagnostic (column-sum variance) and RocketKV's top-k union",
      kvs_cmd_attn},
+    {"drift", "attention drift (prefill vs decode top-k), top-k mass and temporal locality per head (SyncKV S1-S3)",
+     kvs_cmd_drift},
     {"help", "list the commands, or `kvsim help CMD` for one command's options", cmd_help},
     {"version", "print the kvsim version", cmd_version},
 };

@@ -34,13 +34,15 @@
 #include "../common/kvs_out.h"
 #include "../sim/policy.h"
 #include "../sim/results.h"
+#include "plot_drift.h"
 
 /* ------------------------------------------------------------------------------------------------
  * Kinds and metrics
  * ---------------------------------------------------------------------------------------------- */
 
 static const char *const kind_names[KVS_PLOT_N_KINDS] = {"error-vs-budget", "error-vs-position", "memory-vs-budget",
-                                                         "error-vs-memory", "error-vs-traffic"};
+                                                         "error-vs-memory", "error-vs-traffic", "drift-curve",
+                                                         "drift-locality"};
 
 const char *kvs_plot_kind_name(kvs_plot_kind kind) {
     return (int)kind >= 0 && (int)kind < KVS_PLOT_N_KINDS ? kind_names[kind] : "?";
@@ -53,11 +55,14 @@ kvs_status kvs_plot_kind_parse(const char *name, kvs_plot_kind *out) {
             return KVS_OK;
         }
     return kvs_fail(KVS_ERR_INVALID_ARG, "--kind: unknown plot kind '%s' (expected error-vs-budget, "
-                                         "error-vs-position, memory-vs-budget, error-vs-memory or error-vs-traffic)",
+                                         "error-vs-position, memory-vs-budget, error-vs-memory, error-vs-traffic, drift-curve "
+                                         "or drift-locality)",
                     name ? name : "(none)");
 }
 
 static int is_cost_kind(kvs_plot_kind k) { return k == KVS_PLOT_ERROR_VS_MEMORY || k == KVS_PLOT_ERROR_VS_TRAFFIC; }
+
+static int is_drift_kind(kvs_plot_kind k) { return k == KVS_PLOT_DRIFT_CURVE || k == KVS_PLOT_DRIFT_LOCALITY; }
 
 static const char *default_metric(kvs_plot_kind k) {
     return k == KVS_PLOT_MEMORY_VS_BUDGET ? "storage_bytes_max" : "out_err_mean";
@@ -78,6 +83,9 @@ kvs_status kvs_plot_metric_check(kvs_plot_kind kind, const char *metric) {
     char names[1024];
     if ((int)kind < 0 || (int)kind >= KVS_PLOT_N_KINDS)
         return kvs_fail(KVS_ERR_INVALID_ARG, "plot: bad kind %d", (int)kind);
+    if (is_drift_kind(kind))
+        return kvs_fail(KVS_ERR_INVALID_ARG, "--metric does not apply to --kind %s (it draws the drift tables)",
+                        kind_names[kind]);
     if (!metric || kvs_results_column_parse(metric, &m, &s) != KVS_OK) {
         if (kind == KVS_PLOT_ERROR_VS_POSITION)
             return kvs_fail(KVS_ERR_INVALID_ARG, "--metric: '%s' cannot be drawn per position (expected <metric>_mean "
@@ -624,6 +632,7 @@ struct kvs_plot {
     plot_text t;
     plot_data d;
     kvs_plot_layout layout;
+    kvs_plot_drift *drift; /* the drift kinds: their own data and script (plot_drift.h) */
 };
 
 /* ------------------------------------------------------------------------------------------------
@@ -733,6 +742,10 @@ static void put_turn_marks(FILE *gp, const plot_data *d) {
 }
 
 static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
+    if (p->drift) {
+        kvs_plot_drift_write_script(p->drift, p->is_svg, image_path, gp);
+        return;
+    }
     const plot_text *t = &p->t;
     const plot_data *d = &p->d;
     const kvs_plot_layout *l = &p->layout;
@@ -879,12 +892,13 @@ static kvs_status image_format(const char *out_path, const char *format, int *is
 void kvs_plot_free(kvs_plot *p) {
     if (!p) return;
     plot_data_free(&p->d);
+    kvs_plot_drift_free(p->drift);
     free(p->out_path);
     free(p->gnuplot);
     free(p);
 }
 
-size_t kvs_plot_n_series(const kvs_plot *p) { return p ? p->d.n : 0; }
+size_t kvs_plot_n_series(const kvs_plot *p) { return !p ? 0 : p->drift ? kvs_plot_drift_n_series(p->drift) : p->d.n; }
 
 kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_plot **out) {
     if (!out) return kvs_fail(KVS_ERR_INVALID_ARG, "plot: NULL output handle");
@@ -896,6 +910,20 @@ kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_
     if (rc != KVS_OK) return rc;
     if ((int)o->kind < 0 || (int)o->kind >= KVS_PLOT_N_KINDS)
         return kvs_fail(KVS_ERR_INVALID_ARG, "plot: bad kind %d", (int)o->kind);
+    if (is_drift_kind(o->kind)) {
+        if (o->metric) return kvs_plot_metric_check(o->kind, o->metric);
+        kvs_plot *dp = calloc(1, sizeof *dp);
+        if (!dp) return nomem();
+        dp->kind = o->kind;
+        dp->is_svg = is_svg;
+        if (!(dp->out_path = strdup(o->out_path)) || (o->gnuplot && !(dp->gnuplot = strdup(o->gnuplot))) ||
+            (rc = kvs_plot_drift_prepare(db_path, o, &dp->drift)) != KVS_OK) {
+            kvs_plot_free(dp);
+            return rc != KVS_OK ? rc : nomem();
+        }
+        *out = dp;
+        return KVS_OK;
+    }
     const char *metric_name = o->metric ? o->metric : default_metric(o->kind);
     rc = kvs_plot_metric_check(o->kind, metric_name);
     if (rc != KVS_OK) return rc;
