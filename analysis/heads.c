@@ -64,10 +64,10 @@ kvs_status kvs_analysis_heads_similarity(const kvs_trace *t, const kvs_analysis_
             n_dec++;
         }
     if (n_dec == 0)
-        return kvs_fail(KVS_ERR_UNSUPPORTED, "heads: the trace has no generated positions (decode steps): head "
+        return kvs_fail(KVS_ERR_UNSUPPORTED, "head similarity: the trace has no generated positions (decode steps): head "
                                              "similarity is measured over decode steps");
     if (o.halves && n_dec < 2)
-        return kvs_fail(KVS_ERR_UNSUPPORTED, "heads: the trace has %lld decode step; two halves need at least 2",
+        return kvs_fail(KVS_ERR_UNSUPPORTED, "head similarity: the trace has %lld decode step; two halves need at least 2",
                         (long long)n_dec);
     const int64_t ctx = first_dec + 1;
     int clipped = 0;
@@ -76,7 +76,7 @@ kvs_status kvs_analysis_heads_similarity(const kvs_trace *t, const kvs_analysis_
         k = KVS_ANALYSIS_HEADS_DEFAULT_K;
         if (k > ctx) k = ctx, clipped = 1;
     } else if (k > ctx) {
-        return kvs_fail(KVS_ERR_INVALID_ARG, "heads: k %lld is larger than the context of the first decode step "
+        return kvs_fail(KVS_ERR_INVALID_ARG, "head similarity: k %lld is larger than the context of the first decode step "
                                              "(%lld positions, position %lld): every top-k set would be the whole "
                                              "context",
                         (long long)k, (long long)ctx, (long long)first_dec);
