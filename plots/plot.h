@@ -34,8 +34,10 @@ typedef enum {
     KVS_PLOT_MEMORY_VS_BUDGET = 2,  /* x: budget_tokens (log2), y: a bytes metric (default storage_bytes_max) */
     KVS_PLOT_ERROR_VS_MEMORY = 3,   /* x: measured resident bytes (storage_bytes mean|max, log), y: quality */
     KVS_PLOT_ERROR_VS_TRAFFIC = 4,  /* x: measured bytes read per step (traffic_bytes mean|max, log), y: quality */
+    KVS_PLOT_HEAD_SIMILARITY = 5,   /* heatmap of a heads run's head similarity, clusters boxed (plot_heads.h) */
+    KVS_PLOT_LAYER_SIMILARITY = 6,  /* a heads run's layer-to-layer similarity matrix (plot_heads.h) */
 } kvs_plot_kind;
-#define KVS_PLOT_N_KINDS 5
+#define KVS_PLOT_N_KINDS 7
 
 /* What to draw. Borrowed strings; NULL filters select everything. */
 typedef struct {
@@ -56,7 +58,7 @@ typedef struct {
 } kvs_plot_options;
 
 /*! kvs_plot_kind_parse() : "error-vs-budget", "error-vs-position", "memory-vs-budget", "error-vs-memory",
- *  "error-vs-traffic"; else KVS_ERR_INVALID_ARG naming the accepted kinds. */
+ *  "error-vs-traffic", "head-similarity", "layer-similarity"; else KVS_ERR_INVALID_ARG naming the accepted kinds. */
 kvs_status kvs_plot_kind_parse(const char *name, kvs_plot_kind *out);
 
 /*! kvs_plot_kind_name() : the name of a kind ("?" when out of range). */

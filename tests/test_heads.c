@@ -23,6 +23,7 @@
 #include "analysis/heads.h"
 #include "common/kvs_cluster.h"
 #include "common/sha256.h"
+#include "plots/plot.h"
 #include "sim/results_heads.h"
 #include "tests/util/cli_run.h"
 #include "tests/util/gen_trace.h"
@@ -454,6 +455,91 @@ static void test_default_k_clipped_and_noted(void **state) {
     kvs_results_close(db);
 }
 
+/* The heads plots: the script's datablock is the stored matrix in cluster order, one box per cluster; a database
+ * without heads runs is refused; with gnuplot present, a real PNG. */
+static void test_heads_plots(void **state) {
+    fixture *f = *state;
+    kvs_analysis_heads_sim *s = NULL;
+    kvs_analysis_heads_opts ao = {.k = K};
+    assert_int_equal(kvs_analysis_heads_similarity(f->t, &ao, &s), KVS_OK);
+    const int L = 3, H = 4, U = 2;
+    double lsq[9], lsu[9], sil[3], block[4];
+    kvs_analysis_heads_layer_sim(s->qhead_sim, L, H, lsq);
+    kvs_analysis_heads_layer_sim(s->unit_sim, L, U, lsu);
+    kvs_head_clusters *c = NULL;
+    assert_int_equal(kvs_head_clusters_create(L, U, &c), KVS_OK);
+    for (int l = 0; l < L; l++) {
+        kvs_analysis_heads_layer_block(s->unit_sim, L, U, l, block);
+        assert_int_equal(kvs_analysis_heads_cluster(c, l, block, l == 1 ? 1 : 2, 0, &sil[l]), KVS_OK);
+    }
+    kvs_results_db *db = NULL;
+    assert_int_equal(kvs_results_open(f->db, &db), KVS_OK);
+    kvs_trace_info const *info = kvs_trace_info_get(f->t);
+    kvs_results_trace rt = kvs_results_trace_of(f->path, info);
+    kvs_results_heads_run run = {.k = s->k, .n_steps = s->n_steps, .n_clusters_requested = 2, .kvsim_version = "t"};
+    kvs_results_heads_data d = {.n_layers = L, .n_heads = H, .n_kv_heads = U, .qhead_sim = s->qhead_sim,
+                                .unit_sim = s->unit_sim, .layer_sim_q = lsq, .layer_sim_u = lsu, .clusters = c,
+                                .silhouette = sil};
+    assert_int_equal(kvs_results_heads_write(db, &rt, &run, &d, NULL), KVS_OK);
+    kvs_results_close(db);
+
+    char png[160];
+    snprintf(png, sizeof png, "%s/h.png", f->dir);
+    kvs_plot_options o = {.kind = KVS_PLOT_HEAD_SIMILARITY, .layer = -1, .budget_tokens = -1, .out_path = png};
+    kvs_plot *p = NULL;
+    assert_int_equal(kvs_plot_prepare(f->db, &o, &p), KVS_OK);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&text, &len);
+    assert_int_equal(kvs_plot_write_script(p, "img.png", m), KVS_OK);
+    fclose(m);
+    int boxes = 0;
+    for (const char *q = text; (q = strstr(q, "# cluster: ")); q++) boxes++;
+    assert_int_equal(boxes, 2 + 1 + 2);
+    /* the datablock: rows in (layer, cluster, unit) order, values as stored */
+    int order[6], k = 0;
+    for (int l = 0; l < L; l++)
+        for (int g = 0; g < c->n_clusters[l]; g++)
+            for (int u = 0; u < U; u++)
+                if (c->cluster[l * U + u] == g) order[k++] = l * U + u;
+    const char *row = strstr(text, "$S << EOD\n");
+    assert_non_null(row);
+    row += strlen("$S << EOD\n");
+    for (int i = 0; i < 6; i++)
+        for (int j = 0; j < 6; j++) {
+            char *end;
+            double v = strtod(row, &end);
+            assert_true(end != row);
+            assert_true(v == s->unit_sim[order[i] * 6 + order[j]]);
+            row = end;
+        }
+    free(text);
+    kvs_plot_free(p);
+    o.kind = KVS_PLOT_LAYER_SIMILARITY;
+    o.layer = 1;
+    assert_int_equal(kvs_plot_prepare(f->db, &o, &p), KVS_ERR_INVALID_ARG);
+    o.layer = -1;
+    o.metric = "out_err_mean";
+    assert_int_equal(kvs_plot_prepare(f->db, &o, &p), KVS_ERR_INVALID_ARG);
+    o.metric = NULL;
+    if (access("/usr/bin/gnuplot", X_OK) == 0) {
+        assert_int_equal(kvs_plot_make(f->db, &o), KVS_OK);
+        char *img = slurp(png, &len);
+        assert_non_null(img);
+        assert_true(len > 8 && !memcmp(img, "\x89PNG", 4));
+        free(img);
+    }
+    /* a kvsim database without heads runs */
+    char other[160];
+    snprintf(other, sizeof other, "%s/noheads.db", f->dir);
+    assert_int_equal(kvs_results_open(other, &db), KVS_OK);
+    kvs_results_close(db);
+    assert_int_equal(kvs_plot_prepare(other, &o, &p), KVS_ERR_DB);
+    assert_non_null(strstr(kvs_last_error(), "no heads results"));
+    kvs_head_clusters_free(c);
+    kvs_analysis_heads_sim_free(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_g5_overlap),
@@ -463,6 +549,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_cli_halves_db_roundtrip_and_determinism, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_cli_bad_input, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_default_k_clipped_and_noted, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_heads_plots, fx_setup, fx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
