@@ -224,8 +224,10 @@ static void test_layer_similarity_hand_case(void **state) {
     assert_close(out[1], (.2 + .4 + .6 + .8) / 4); /* every pair across */
     assert_close(out[2], out[1]);
     assert_close(out[3], 0.3);
-    kvs_analysis_heads_layer_sim(S, 4, 1, out); /* one head per layer: the diagonal has no pair */
-    assert_true(isnan(out[0]));
+    double per_head[16];
+    kvs_analysis_heads_layer_sim(S, 4, 1, per_head); /* one head per layer: the diagonal has no pair */
+    assert_true(isnan(per_head[0]) && isnan(per_head[15]));
+    assert_close(per_head[1], .5);
 }
 
 /* Automatic choice: three clear groups of 2 in 6 units -> 3 clusters, the groups; same seed, same clusters. */
@@ -384,7 +386,17 @@ static void test_cli_bad_input(void **state) {
     /* k larger than the context of the first decode step (13 positions) */
     const char *a2[] = {"heads", f->path, "--db", f->db, "--k", "14", NULL};
     expect_refused(f, a2, 2, "larger than the context of the first decode step (13 positions", f->db, NULL);
-    /* halves of a single decode step are refused too; a trace of another shape for --stability */
+    /* two halves of a single decode step */
+    char onedec[160];
+    snprintf(onedec, sizeof onedec, "%s/onedec.kvt", f->dir);
+    o = kvs_gen_trace_defaults();
+    o.prompt_len = o.n_positions - 1;
+    assert_int_equal(kvs_gen_trace_create(&o, &g), KVS_OK);
+    assert_int_equal(kvs_gen_trace_write(g, onedec), KVS_OK);
+    kvs_gen_trace_free(g);
+    const char *a7[] = {"heads", onedec, "--db", f->db, "--k", "2", "--stability", "halves", NULL};
+    expect_refused(f, a7, 1, "two halves need at least 2", f->db, NULL);
+    /* a trace of another shape for --stability */
     char other[160];
     snprintf(other, sizeof other, "%s/other.kvt", f->dir);
     o = kvs_gen_trace_defaults();
