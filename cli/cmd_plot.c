@@ -49,6 +49,10 @@ static void usage(FILE *f) {
             "  --k K       drift kinds: the top-k size (default the run's largest)\n"
             "  --score S   drift-curve: the window (default when recorded) or last prefill score\n"
             "  --unit U    drift kinds: head (query heads, default) or group (KV groups, max-pooled)\n"
+            "  --kind head-similarity    a `kvsim heads` run (the latest, or of --trace / --model): heatmap of the\n"
+            "                            similarity of units (--metric unit_sim, default; clusters boxed, * marks\n"
+            "                            representatives) or query heads (query_sim), of --layer L or all layers\n"
+            "  --kind layer-similarity   the layer-to-layer similarity matrix of that run (query_sim default, unit_sim)\n"
             "  --metric M  <metric>_<stat>, stat one of mean p50 p95 max min; quality metrics (out_err, out_err_abs,\n"
             "              out_cos, attn_recall, attn_recall_merged, topk_overlap) for the error kinds, bytes metrics\n"
             "              (storage_bytes, traffic_bytes, ...) for memory-vs-budget, any metric's _mean per position\n"
@@ -95,7 +99,8 @@ int kvs_cmd_plot(int argc, char **argv) {
     if (!db) return kvs_cli_usage_error("plot", "missing the results database DB");
     if (!kind_s)
         return kvs_cli_usage_error("plot", "missing --kind (error-vs-budget, error-vs-memory, error-vs-traffic, "
-                                           "error-vs-position, memory-vs-budget, drift-curve, drift-locality)");
+                                           "error-vs-position, memory-vs-budget, drift-curve, drift-locality, "
+                                           "head-similarity, layer-similarity)");
     if (!o.out_path) return kvs_cli_usage_error("plot", "missing --out FILE.png|FILE.svg|-");
     if (o.format && strcmp(o.format, "png") && strcmp(o.format, "svg"))
         return kvs_cli_usage_error("plot", "--format: '%s' is not png or svg", o.format);

@@ -41,6 +41,8 @@ static const kvs_cli_command commands[] = {
      kvs_cmd_attn},
     {"drift", "attention drift (prefill vs decode top-k), top-k mass and temporal locality per head (SyncKV S1-S3)",
      kvs_cmd_drift},
+    {"heads", "head-to-head top-k similarity within and across layers, K-means clusters of units for SyncKV, stability",
+     kvs_cmd_heads},
     {"help", "list the commands, or `kvsim help CMD` for one command's options", cmd_help},
     {"version", "print the kvsim version", cmd_version},
 };

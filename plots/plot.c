@@ -35,6 +35,7 @@
 #include "../sim/policy.h"
 #include "../sim/results.h"
 #include "plot_drift.h"
+#include "plot_heads.h"
 
 /* ------------------------------------------------------------------------------------------------
  * Kinds and metrics
@@ -42,7 +43,7 @@
 
 static const char *const kind_names[KVS_PLOT_N_KINDS] = {"error-vs-budget", "error-vs-position", "memory-vs-budget",
                                                          "error-vs-memory", "error-vs-traffic", "drift-curve",
-                                                         "drift-locality"};
+                                                         "drift-locality", "head-similarity", "layer-similarity"};
 
 const char *kvs_plot_kind_name(kvs_plot_kind kind) {
     return (int)kind >= 0 && (int)kind < KVS_PLOT_N_KINDS ? kind_names[kind] : "?";
@@ -55,8 +56,8 @@ kvs_status kvs_plot_kind_parse(const char *name, kvs_plot_kind *out) {
             return KVS_OK;
         }
     return kvs_fail(KVS_ERR_INVALID_ARG, "--kind: unknown plot kind '%s' (expected error-vs-budget, "
-                                         "error-vs-position, memory-vs-budget, error-vs-memory, error-vs-traffic, drift-curve "
-                                         "or drift-locality)",
+                                         "error-vs-position, memory-vs-budget, error-vs-memory, error-vs-traffic, drift-curve, "
+                                         "drift-locality, head-similarity or layer-similarity)",
                     name ? name : "(none)");
 }
 
@@ -86,6 +87,7 @@ kvs_status kvs_plot_metric_check(kvs_plot_kind kind, const char *metric) {
     if (is_drift_kind(kind))
         return kvs_fail(KVS_ERR_INVALID_ARG, "--metric does not apply to --kind %s (it draws the drift tables)",
                         kind_names[kind]);
+    if (kvs_plot_heads_kind(kind)) return kvs_plot_heads_metric_check(kind, metric);
     if (!metric || kvs_results_column_parse(metric, &m, &s) != KVS_OK) {
         if (kind == KVS_PLOT_ERROR_VS_POSITION)
             return kvs_fail(KVS_ERR_INVALID_ARG, "--metric: '%s' cannot be drawn per position (expected <metric>_mean "
@@ -633,6 +635,7 @@ struct kvs_plot {
     plot_data d;
     kvs_plot_layout layout;
     kvs_plot_drift *drift; /* the drift kinds: their own data and script (plot_drift.h) */
+    kvs_plot_heads *heads; /* the heads kinds (plot_heads.h): their own data and script */
 };
 
 /* ------------------------------------------------------------------------------------------------
@@ -744,6 +747,10 @@ static void put_turn_marks(FILE *gp, const plot_data *d) {
 static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
     if (p->drift) {
         kvs_plot_drift_write_script(p->drift, p->is_svg, image_path, gp);
+        return;
+    }
+    if (p->heads) {
+        kvs_plot_heads_write_script(gp, p->heads, p->is_svg, image_path);
         return;
     }
     const plot_text *t = &p->t;
@@ -893,12 +900,15 @@ void kvs_plot_free(kvs_plot *p) {
     if (!p) return;
     plot_data_free(&p->d);
     kvs_plot_drift_free(p->drift);
+    kvs_plot_heads_free(p->heads);
     free(p->out_path);
     free(p->gnuplot);
     free(p);
 }
 
-size_t kvs_plot_n_series(const kvs_plot *p) { return !p ? 0 : p->drift ? kvs_plot_drift_n_series(p->drift) : p->d.n; }
+size_t kvs_plot_n_series(const kvs_plot *p) {
+    return !p ? 0 : p->drift ? kvs_plot_drift_n_series(p->drift) : p->heads ? 1 : p->d.n;
+}
 
 kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_plot **out) {
     if (!out) return kvs_fail(KVS_ERR_INVALID_ARG, "plot: NULL output handle");
@@ -923,6 +933,18 @@ kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_
         }
         *out = dp;
         return KVS_OK;
+    }
+    if (kvs_plot_heads_kind(o->kind)) {
+        kvs_plot *hp = calloc(1, sizeof *hp);
+        if (!hp) return nomem();
+        hp->kind = o->kind;
+        hp->is_svg = is_svg;
+        if (!(hp->out_path = strdup(o->out_path)) || (o->gnuplot && !(hp->gnuplot = strdup(o->gnuplot))))
+            rc = nomem();
+        else rc = kvs_plot_heads_prepare(db_path, o, &hp->heads);
+        if (rc == KVS_OK) *out = hp;
+        else kvs_plot_free(hp);
+        return rc;
     }
     const char *metric_name = o->metric ? o->metric : default_metric(o->kind);
     rc = kvs_plot_metric_check(o->kind, metric_name);
