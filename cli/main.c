@@ -43,6 +43,10 @@ static const kvs_cli_command commands[] = {
      kvs_cmd_drift},
     {"heads", "head-to-head top-k similarity within and across layers, K-means clusters of units for SyncKV, stability",
      kvs_cmd_heads},
+    {"generate", "closed-loop decoding with a policy active in the CPU forward pass beside the full model: KL, "
+     "top-1, perplexity, divergence", kvs_cmd_generate},
+    {"calibrate", "rank correlation of offline replay metrics with closed-loop effects (bootstrap intervals, plot)",
+     kvs_cmd_calibrate},
     {"help", "list the commands, or `kvsim help CMD` for one command's options", cmd_help},
     {"version", "print the kvsim version", cmd_version},
 };

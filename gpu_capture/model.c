@@ -767,7 +767,14 @@ struct kvs_model_state {
     float *lse_rec;/* [n_layers][n_heads] */
     float *kcache, *vcache; /* [n_layers][max_pos][n_kv_heads*head_dim] */
     float *att;    /* [n_heads][max_pos] attention probabilities scratch */
+    kvs_model_attn_fn attn_fn; /* attention override (closed-loop decoding), NULL = full causal attention */
+    void *attn_user;
 };
+
+void kvs_model_state_set_attn(kvs_model_state *s, kvs_model_attn_fn fn, void *user) {
+    s->attn_fn = fn;
+    s->attn_user = user;
+}
 
 void kvs_model_state_free(kvs_model_state *s) {
     if (!s) return;
@@ -953,9 +960,16 @@ kvs_status kvs_model_forward(kvs_model_state *s, int32_t token, int pos, const f
         for (int h = 0; h < H; h++) rope(q + (size_t)h * hd, hd, c->rope_layout, cosv, sinv);
         for (int h = 0; h < Hkv; h++) rope(k + (size_t)h * hd, hd, c->rope_layout, cosv, sinv);
 
-        attn_job aj = {s, l, pos};
-        if ((long)(pos + 1) * qd < 32768) attn_worker(&aj, 0, 1);
-        else kvs_threadpool_run(s->pool, attn_worker, &aj);
+        if (s->attn_fn) {
+            size_t lc = (size_t)l * (size_t)s->max_pos * (size_t)kvd;
+            kvs_status st = s->attn_fn(s->attn_user, l, pos, q, s->kcache + lc, s->vcache + lc, (size_t)kvd,
+                                       s->o_rec + (size_t)l * (size_t)qd, s->lse_rec + (size_t)l * (size_t)H);
+            if (st != KVS_OK) return st;
+        } else {
+            attn_job aj = {s, l, pos};
+            if ((long)(pos + 1) * qd < 32768) attn_worker(&aj, 0, 1);
+            else kvs_threadpool_run(s->pool, attn_worker, &aj);
+        }
 
         matmul1(s->pool, s->xb2, s->o_rec + (size_t)l * (size_t)qd, w->wo, w->bo, d, qd);
         for (int i = 0; i < d; i++) s->x[i] += s->xb2[i];

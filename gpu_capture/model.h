@@ -80,6 +80,20 @@ kvs_status kvs_model_state_create(const kvs_model *m, int max_positions, kvs_thr
                                   kvs_model_state **out);
 void kvs_model_state_free(kvs_model_state *s);
 
+/* Attention override (closed-loop decoding, sim/closed_loop.h): called by kvs_model_forward for every layer of
+ * the position being forwarded, after the layer's post-RoPE queries and this position's key/value were written
+ * into the state's cache, in place of the full causal attention. `q` is [n_heads][head_dim]; `kcache`/`vcache`
+ * hold the layer's rows of positions 0..pos (this one included), row j at kcache + j * kv_stride, KV head h's
+ * vector at offset h * head_dim. The hook writes the attention output o [n_heads][head_dim] (before the output
+ * projection) and lse [n_heads]. A non-OK return aborts the forward with that status (the state is then
+ * unusable). Everything is borrowed for the duration of the call. */
+typedef kvs_status (*kvs_model_attn_fn)(void *user, int layer, int pos, const float *q, const float *kcache,
+                                        const float *vcache, size_t kv_stride, float *o, float *lse);
+
+/*! kvs_model_state_set_attn() : installs `fn` (with `user`, borrowed) as the attention of every later
+ *  kvs_model_forward on `s`; fn NULL restores full causal attention. */
+void kvs_model_state_set_attn(kvs_model_state *s, kvs_model_attn_fn fn, void *user);
+
 /*! kvs_model_forward() : runs one position: token `token` at position `pos` (positions must be fed
  *  0, 1, 2, ... in order; the KV cache holds positions < pos). *logits receives [vocab_size] floats
  *  borrowed from the state (valid until the next call). KVS_ERR_RANGE for a token outside the

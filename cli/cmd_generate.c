@@ -1,0 +1,289 @@
+/* cmd_generate.c — `kvsim generate`: closed-loop decoding with a policy active inside the CPU forward pass,
+ * beside the full-cache model (sim/closed_loop.h; ../shared/DESIGN.md "Closed-loop decoding"; issue 15), for a
+ * sweep of (policy configuration x budget); every run into the results database (sim/results_closed.h).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../gpu_capture/model.h"
+#include "../gpu_capture/tokenizer.h"
+#include "../sim/closed_loop.h"
+#include "../sim/replay.h"
+#include "../sim/results_closed.h"
+#include "../trace/trace.h"
+#include "cli.h"
+
+#define GEN_VERSION "0.1.0"
+#define MAX_POLICIES 64
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kvsim generate --model PATH --policy SPEC [--policy SPEC ...] --budgets LIST --db FILE\n"
+            "                      (--trace TRACE | --text FILE [--prompt-tokens K] | --prompt TEXT | --prompt-file F)\n"
+            "Closed-loop decoding: a policy model whose every layer attends only to the policy's set S_t (the\n"
+            "policy's state evolving on that model's own queries, keys and values) runs beside the full-cache\n"
+            "model. One run per (policy, budget) into DB (tables closed_runs, closed_steps; sim/SCHEMA.md).\n"
+            "Teacher-forced (--trace, --text): both models read the same tokens; per step KL(full || policy) of the\n"
+            "next-token distributions, top-1 agreement, NLL of the reference token (perplexity with and without\n"
+            "the policy) and the replay's attention metrics on the policy model's own states.\n"
+            "Free-running (--prompt, --prompt-file): each model decodes greedily on its own; the first position\n"
+            "where they differ, token agreement and both texts.\n"
+            "  --model PATH        llama2.c .bin or Hugging Face folder\n"
+            "  --policy SPEC       NAME, NAME:key=value,... or NAME@PRESET (repeatable; oracles are refused)\n"
+            "  --budgets LIST      16,32,64 or 10%%,20%% (of the prompt), tokens per KV head\n"
+            "  --db FILE           results database (created when absent)\n"
+            "  --trace TRACE       the trace's tokens; its first prompt is the prompt (pairs with replays of TRACE\n"
+            "                      for kvsim calibrate)\n"
+            "  --text FILE         held-out text: BOS + its tokens; the first K are the prompt, the rest scored\n"
+            "  --prompt-tokens K   prompt length for --text (default 32)\n"
+            "  --prompt TEXT, --prompt-file F   free-running from this prompt\n"
+            "  --steps N           free-running: tokens to generate (default 64)\n"
+            "  --ignore-eos        free-running: do not stop at EOS\n"
+            "  --tokenizer FILE    default: beside the model (tok<vocab>.bin, tokenizer.bin, tokenizer.json)\n"
+            "  --threads N         threads of the model's matrix products (default 1)\n"
+            "Exit status: 0 every run complete, 1 a run failed (recorded as failed) or a bad file, 2 bad usage.\n");
+}
+
+static int file_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+/* The tokenizer beside the model, as `kvsim capture` finds it. */
+static kvs_status load_tokenizer(const char *model_path, const char *given, const kvs_model_info *info,
+                                 kvs_tokenizer **tok) {
+    char buf[4096];
+    *tok = NULL;
+    if (given) {
+        snprintf(buf, sizeof buf, "%s", given);
+    } else if (info->format == KVS_MODEL_HF) {
+        snprintf(buf, sizeof buf, "%s/tokenizer.json", model_path);
+    } else {
+        const char *slash = strrchr(model_path, '/');
+        int dir_len = slash ? (int)(slash - model_path) : 1;
+        const char *dir = slash ? model_path : ".";
+        snprintf(buf, sizeof buf, "%.*s/tok%d.bin", dir_len, dir, info->config.vocab_size);
+        if (!file_exists(buf)) snprintf(buf, sizeof buf, "%.*s/tokenizer.bin", dir_len, dir);
+    }
+    if (!file_exists(buf))
+        return kvs_fail(KVS_ERR_IO, "%s: no tokenizer found (pass --tokenizer FILE)", buf);
+    size_t n = strlen(buf);
+    if (n >= 5 && !strcmp(buf + n - 5, ".json")) return kvs_tokenizer_load_hf(buf, tok);
+    return kvs_tokenizer_load_llama2c(buf, info->config.vocab_size, tok);
+}
+
+static kvs_status encode(const kvs_tokenizer *tok, const char *text, int32_t **ids, int64_t *n) {
+    size_t cap = strlen(text) + 8, got = 0;
+    *ids = malloc(cap * sizeof **ids);
+    if (!*ids) return kvs_fail(KVS_ERR_NOMEM, "out of memory");
+    kvs_status s = kvs_tokenizer_encode(tok, text, 1, *ids, cap, &got);
+    if (s == KVS_ERR_RANGE && got > cap) {
+        int32_t *b = realloc(*ids, got * sizeof *b);
+        if (!b) return kvs_fail(KVS_ERR_NOMEM, "out of memory");
+        *ids = b;
+        cap = got;
+        s = kvs_tokenizer_encode(tok, text, 1, *ids, cap, &got);
+    }
+    *n = (int64_t)got;
+    return s;
+}
+
+static const char *value_opts[] = {"--model", "--budgets", "--db", "--trace", "--text", "--prompt-tokens",
+                                   "--prompt", "--prompt-file", "--steps", "--tokenizer", "--threads"};
+#define N_VALUE_OPTS (int)(sizeof value_opts / sizeof value_opts[0])
+
+int kvs_cmd_generate(int argc, char **argv) {
+    const char *val[N_VALUE_OPTS] = {0};
+    const char *specs[MAX_POLICIES];
+    int n_specs = 0, ignore_eos = 0;
+    for (int i = 1; i < argc; i++) {
+        int m = 0, hit = 0;
+        const char *v;
+        if (kvs_cli_is_help(argv[i])) {
+            usage(stdout);
+            return KVS_EXIT_OK;
+        }
+        if ((v = kvs_cli_opt_value("--policy", argc, argv, &i, &m)) || m) {
+            if (!v) return kvs_cli_usage_error("generate", "--policy needs a SPEC");
+            if (n_specs == MAX_POLICIES) return kvs_cli_usage_error("generate", "at most %d --policy options", MAX_POLICIES);
+            specs[n_specs++] = v;
+            continue;
+        }
+        for (int k = 0; k < N_VALUE_OPTS && !hit; k++) {
+            int r = kvs_cli_single_value("generate", value_opts[k], argc, argv, &i, &m, &val[k]);
+            if (r < 0) return KVS_EXIT_USAGE;
+            if (m) return kvs_cli_usage_error("generate", "option %s needs a value", value_opts[k]);
+            hit = r;
+        }
+        if (hit) continue;
+        if (!strcmp(argv[i], "--ignore-eos")) {
+            if (kvs_cli_once("generate", "--ignore-eos", &ignore_eos)) return KVS_EXIT_USAGE;
+        } else if (argv[i][0] == '-') {
+            return kvs_cli_usage_error("generate", "unknown option '%s'", argv[i]);
+        } else {
+            return kvs_cli_usage_error("generate", "unexpected argument '%s'", argv[i]);
+        }
+    }
+    const char *model_path = val[0], *budget_text = val[1], *db_path = val[2], *trace_path = val[3],
+               *text_path = val[4], *prompt = val[6], *prompt_file = val[7], *tok_path = val[9];
+    if (!model_path) return kvs_cli_usage_error("generate", "missing --model PATH");
+    if (!n_specs) return kvs_cli_usage_error("generate", "missing --policy SPEC");
+    if (!budget_text) return kvs_cli_usage_error("generate", "missing --budgets LIST");
+    if (!db_path) return kvs_cli_usage_error("generate", "missing --db FILE");
+    int n_src = !!trace_path + !!text_path + !!prompt + !!prompt_file;
+    if (n_src != 1)
+        return kvs_cli_usage_error("generate", "give exactly one of --trace, --text, --prompt, --prompt-file");
+    int free_running = prompt || prompt_file;
+    long prompt_tokens = 32, steps = 64, threads = 1;
+    if (val[5] && (!text_path || kvs_cli_parse_long("--prompt-tokens", val[5], 1, 1L << 24, &prompt_tokens) != KVS_OK))
+        return val[5] && !text_path ? kvs_cli_usage_error("generate", "--prompt-tokens goes with --text")
+                                    : kvs_cli_fail("generate", KVS_ERR_INVALID_ARG);
+    if (val[8] && (!free_running || kvs_cli_parse_long("--steps", val[8], 2, 1L << 24, &steps) != KVS_OK))
+        return val[8] && !free_running ? kvs_cli_usage_error("generate", "--steps goes with --prompt / --prompt-file")
+                                       : kvs_cli_fail("generate", KVS_ERR_INVALID_ARG);
+    if (ignore_eos && !free_running) return kvs_cli_usage_error("generate", "--ignore-eos goes with --prompt / --prompt-file");
+    if (val[10] && kvs_cli_parse_long("--threads", val[10], 1, KVS_CLI_MAX_THREADS, &threads) != KVS_OK)
+        return kvs_cli_fail("generate", KVS_ERR_INVALID_ARG);
+    kvs_policy_config cfgs[MAX_POLICIES];
+    for (int i = 0; i < n_specs; i++) {
+        if (kvs_policy_parse(specs[i], &cfgs[i]) != KVS_OK) return kvs_cli_fail("generate", KVS_ERR_INVALID_ARG);
+        if (cfgs[i].ops->is_oracle)
+            return kvs_cli_usage_error("generate", "policy %s is an oracle: a model decoding with a compressed cache "
+                                       "has no full attention to give it", cfgs[i].ops->name);
+    }
+
+    kvs_model *model = NULL;
+    kvs_tokenizer *tok = NULL;
+    kvs_trace *trace = NULL;
+    kvs_threadpool *pool = NULL;
+    kvs_results_db *db = NULL;
+    int32_t *ids = NULL;
+    int64_t *budgets = NULL;
+    double *fractions = NULL;
+    char *text = NULL;
+    int n_budgets = 0, failed = 0;
+    int64_t n_ids = 0, prompt_len = 0;
+    kvs_results_trace trow;
+    kvs_status st = kvs_model_load(model_path, &model);
+    if (st != KVS_OK) goto cleanup;
+    const kvs_model_info *info = kvs_model_info_get(model);
+    const kvs_model_config *mc = &info->config;
+    if (!trace_path || free_running) {
+        if (trace_path == NULL) KVS_TRY(st = load_tokenizer(model_path, tok_path, info, &tok));
+    }
+    if (trace_path) {
+        KVS_TRY(st = kvs_trace_open(trace_path, &trace));
+        const kvs_trace_info *ti = kvs_trace_info_get(trace);
+        if (ti->model.n_layers != mc->n_layers || ti->model.n_heads != mc->n_heads ||
+            ti->model.n_kv_heads != mc->n_kv_heads || ti->model.head_dim != mc->head_dim ||
+            ti->model.vocab_size != mc->vocab_size) {
+            st = kvs_fail(KVS_ERR_INVALID_ARG, "%s was captured from another model (%s) than %s", trace_path,
+                          ti->model.model_name, model_path);
+            goto cleanup;
+        }
+        n_ids = ti->n_positions;
+        prompt_len = ti->turns[0].prompt_end;
+        ids = malloc((size_t)n_ids * sizeof *ids);
+        if (!ids) {
+            st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+            goto cleanup;
+        }
+        memcpy(ids, kvs_trace_tokens(trace), (size_t)n_ids * sizeof *ids);
+        trow = kvs_results_trace_of(trace_path, ti);
+    } else {
+        const char *src = text_path ? text_path : prompt_file;
+        if (src) {
+            size_t len;
+            if (!strcmp(src, "-")) {
+                st = kvs_fail(KVS_ERR_INVALID_ARG, "--text/--prompt-file -: standard input is not supported here");
+                goto cleanup;
+            }
+            KVS_TRY(st = kvs_read_file(src, &text, &len));
+        }
+        KVS_TRY(st = encode(tok, text ? text : prompt, &ids, &n_ids));
+        if (n_ids > mc->max_seq_len) {
+            fprintf(stderr, "kvsim generate: warning: %lld tokens truncated to the model context %d\n",
+                    (long long)n_ids, mc->max_seq_len);
+            n_ids = mc->max_seq_len;
+        }
+        prompt_len = free_running ? n_ids : prompt_tokens;
+    }
+    int64_t total = free_running ? n_ids + steps - 1 : n_ids - 1;
+    st = kvs_replay_parse_budgets(budget_text, prompt_len, total > 0 ? total : 1, &budgets, &fractions, &n_budgets);
+    if (st != KVS_OK) goto cleanup;
+    KVS_TRY(st = kvs_threadpool_create((int)threads, &pool));
+    KVS_TRY(st = kvs_results_open(db_path, &db));
+
+    printf("%-14s %6s %9s %9s %8s %10s %10s %9s %8s", "policy", "budget", "kl_mean", "top1", "ppl_full", "ppl_policy",
+           "dppl", "out_err", "recall");
+    if (free_running) printf(" %8s %7s", "diverge", "agree");
+    printf("\n");
+    for (int pi = 0; pi < n_specs; pi++)
+        for (int bi = 0; bi < n_budgets; bi++) {
+            kvs_closed_loop_opts o = {.model = model, .policy = cfgs[pi], .budget = budgets[bi], .pool = pool,
+                                      .tokens = ids, .n_tokens = n_ids, .prompt_len = prompt_len,
+                                      .free_running = free_running, .max_new = steps, .stop_at_eos = !ignore_eos};
+            kvs_closed_loop_result *r = NULL;
+            double t0 = kvs_now_s();
+            kvs_status rs = kvs_closed_loop_run(&o, &r);
+            char err[512] = "";
+            if (rs != KVS_OK) {
+                snprintf(err, sizeof err, "%s", kvs_last_error()[0] ? kvs_last_error() : kvs_strerror(rs));
+                fprintf(stderr, "kvsim generate: %s budget %lld failed: %s\n", cfgs[pi].ops->name,
+                        (long long)budgets[bi], err);
+                failed = 1;
+            }
+            char *full_text = NULL, *pol_text = NULL;
+            if (r && free_running && tok) {
+                KVS_TRY(st = kvs_tokenizer_decode(tok, r->full_tokens, (size_t)r->n_generated, &full_text));
+                st = kvs_tokenizer_decode(tok, r->policy_tokens, (size_t)r->n_generated, &pol_text);
+                if (st != KVS_OK) {
+                    free(full_text);
+                    goto cleanup;
+                }
+            }
+            kvs_policy_granularity lay = kvs_policy_layout(&cfgs[pi]);
+            static const char *const scopes[] = {"every_step", "prompt", "none"};
+            kvs_results_closed_run row = {
+                .model = mc->model_name, .mode = free_running ? "free" : "teacher",
+                .source = trace_path ? trace_path : text_path ? text_path : prompt_file ? prompt_file : "prompt",
+                .trace = trace_path ? &trow : NULL, .tokens = ids, .n_tokens = n_ids, .prompt_len = prompt_len,
+                .policy = cfgs[pi].ops->name, .params = cfgs[pi].canonical, .budget_tokens = budgets[bi],
+                .layout = lay == KVS_SEL_PER_QUERY_HEAD ? "per_query_head" : "per_kv_head",
+                .budget_scope = scopes[cfgs[pi].ops->budget_scope], .status = r ? "complete" : "failed",
+                .error = r ? NULL : err, .result = r, .full_text = full_text, .policy_text = pol_text,
+                .wall_seconds = kvs_now_s() - t0, .kvsim_version = GEN_VERSION,
+            };
+            st = kvs_results_closed_write(db, &row, NULL);
+            free(full_text);
+            free(pol_text);
+            if (st != KVS_OK) {
+                kvs_closed_loop_result_free(r);
+                goto cleanup;
+            }
+            if (r) {
+                printf("%-14s %6lld %9.4g %9.4f %8.3f %10.3f %10.4g %9.4g %8.4f", cfgs[pi].ops->name,
+                       (long long)budgets[bi], r->kl_mean, r->top1_agree, r->ppl_full, r->ppl_policy,
+                       r->ppl_policy - r->ppl_full, r->out_err_mean, r->attn_recall_mean);
+                if (free_running) printf(" %8lld %7.3f", (long long)r->first_divergence, r->token_agreement);
+                printf("\n");
+            }
+            kvs_closed_loop_result_free(r);
+        }
+    st = KVS_OK;
+cleanup:
+    kvs_results_close(db);
+    kvs_threadpool_free(pool);
+    kvs_trace_close(trace);
+    kvs_tokenizer_free(tok);
+    kvs_model_free(model);
+    free(ids);
+    free(budgets);
+    free(fractions);
+    free(text);
+    if (st != KVS_OK) return kvs_cli_fail("generate", st);
+    int rc = kvs_cli_finish_stdout("generate");
+    return rc != KVS_EXIT_OK ? rc : failed ? KVS_EXIT_FAIL : KVS_EXIT_OK;
+}

@@ -1,0 +1,561 @@
+/* closed_loop.c — closed-loop decoding with a policy active inside the CPU forward pass (semantics in
+ * closed_loop.h; ../shared/DESIGN.md "Closed-loop decoding", "Replay" 3 on leaks; POLICY_SPEC §1.2 call order).
+ *
+ * The policy model's attention hook keeps, per (layer, KV head), the policy model's own K/V history as
+ * contiguous [positions][head_dim] rows (what sim/policy.h views expect) and its prompt queries; the policy
+ * instances read only those. The full model runs in a separate kvs_model_state that this file never reads
+ * except for its logits. The selection is checked as the replay engine checks it (range, distinct, budget):
+ * a violating policy fails the run rather than producing numbers.
+ */
+#include "closed_loop.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/kvs_math.h"
+
+typedef struct {
+    const kvs_closed_loop_opts *o;
+    const struct kvs_policy_ops *ops;
+    kvs_policy_model pm;
+    int L, H, Hkv, G, d;
+    int64_t N, P;           /* positions forwarded in all; prompt length */
+    float *hk, *hv;         /* [L][Hkv][N][d] the policy model's keys / values */
+    float *qb;              /* [L][Hkv][P][G][d] the policy model's prompt queries */
+    void **states;          /* [L][Hkv] policy instances */
+    int64_t *budgets;       /* [L][Hkv] after the allocation pass */
+    void *alloc;
+    const void *shared;
+    int n_lists;
+    int32_t **sel_idx;      /* [G][N] */
+    int64_t *sel_n;         /* [G] */
+    const float ***row_k, ***row_v; /* [G][N] merged-slot rows, NULL between steps */
+    float **pbuf;           /* [G][N] the policy's attention probabilities (observe) */
+    float *gk, *gv;         /* [N][d] gathered rows for lists with merged slots */
+    float *fullp, *fullo;   /* [N], [d] exact attention over the policy model's own history */
+    int32_t *order;         /* [N] */
+    uint32_t *sort_scratch; /* [3N] */
+    uint8_t *mark;          /* [N] zero between uses */
+    kvs_policy_view *views; /* [Hkv] */
+    void **sync;            /* [Hkv] */
+    /* attention metrics of the position being forwarded, summed over (layer, query head) */
+    double err_sum, recall_sum, overlap_sum, attended_sum;
+    int64_t n_measured;
+} cl_ctx;
+
+static float *hist(const cl_ctx *c, float *base, int l, int h) {
+    return base + ((size_t)l * (size_t)c->Hkv + (size_t)h) * (size_t)c->N * (size_t)c->d;
+}
+
+static float *prompt_q(const cl_ctx *c, int l, int h) {
+    return c->qb + ((size_t)l * (size_t)c->Hkv + (size_t)h) * (size_t)c->P * (size_t)c->G * (size_t)c->d;
+}
+
+/* Same mixer as the replay engine for its first configuration, so a randomised policy draws the same seeds. */
+static uint64_t mix_seed(uint64_t a, uint64_t b) {
+    uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull);
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    return x;
+}
+
+static void ctx_free(cl_ctx *c) {
+    if (c->states)
+        for (size_t i = 0; i < (size_t)c->L * (size_t)c->Hkv; i++) c->ops->free(c->states[i]);
+    if (c->alloc) c->ops->alloc_free(c->alloc);
+    for (int g = 0; g < c->G; g++) {
+        if (c->sel_idx) free(c->sel_idx[g]);
+        if (c->pbuf) free(c->pbuf[g]);
+        if (c->row_k) free((void *)c->row_k[g]);
+        if (c->row_v) free((void *)c->row_v[g]);
+    }
+    free(c->hk);
+    free(c->hv);
+    free(c->qb);
+    free(c->states);
+    free(c->budgets);
+    free(c->sel_idx);
+    free(c->sel_n);
+    free((void *)c->row_k);
+    free((void *)c->row_v);
+    free(c->pbuf);
+    free(c->gk);
+    free(c->gv);
+    free(c->fullp);
+    free(c->fullo);
+    free(c->order);
+    free(c->sort_scratch);
+    free(c->mark);
+    free(c->views);
+    free(c->sync);
+}
+
+static kvs_status ctx_alloc(cl_ctx *c) {
+    size_t LH = (size_t)c->L * (size_t)c->Hkv, N = (size_t)c->N, d = (size_t)c->d, G = (size_t)c->G;
+    c->hk = malloc(LH * N * d * sizeof(float));
+    c->hv = malloc(LH * N * d * sizeof(float));
+    c->qb = malloc(LH * (size_t)c->P * G * d * sizeof(float));
+    c->states = calloc(LH, sizeof *c->states);
+    c->budgets = malloc(LH * sizeof *c->budgets);
+    c->sel_idx = calloc(G, sizeof *c->sel_idx);
+    c->sel_n = calloc(G, sizeof *c->sel_n);
+    c->row_k = calloc(G, sizeof *c->row_k);
+    c->row_v = calloc(G, sizeof *c->row_v);
+    c->pbuf = calloc(G, sizeof *c->pbuf);
+    c->gk = malloc(N * d * sizeof(float));
+    c->gv = malloc(N * d * sizeof(float));
+    c->fullp = malloc(N * sizeof(float));
+    c->fullo = malloc(d * sizeof(float));
+    c->order = malloc(N * sizeof(int32_t));
+    c->sort_scratch = malloc(3 * N * sizeof(uint32_t));
+    c->mark = calloc(N, 1);
+    c->views = calloc((size_t)c->Hkv, sizeof *c->views);
+    c->sync = calloc((size_t)c->Hkv, sizeof *c->sync);
+    if (!c->hk || !c->hv || !c->qb || !c->states || !c->budgets || !c->sel_idx || !c->sel_n || !c->row_k ||
+        !c->row_v || !c->pbuf || !c->gk || !c->gv || !c->fullp || !c->fullo || !c->order || !c->sort_scratch ||
+        !c->mark || !c->views || !c->sync)
+        return kvs_fail(KVS_ERR_NOMEM, "closed loop: out of memory");
+    for (size_t g = 0; g < G; g++) {
+        c->sel_idx[g] = malloc(N * sizeof(int32_t));
+        c->pbuf[g] = malloc(N * sizeof(float));
+        c->row_k[g] = calloc(N, sizeof **c->row_k);
+        c->row_v[g] = calloc(N, sizeof **c->row_v);
+        if (!c->sel_idx[g] || !c->pbuf[g] || !c->row_k[g] || !c->row_v[g])
+            return kvs_fail(KVS_ERR_NOMEM, "closed loop: out of memory");
+    }
+    return KVS_OK;
+}
+
+/* Copies position `pos`'s key/value of every KV head of layer l from the model's cache rows. */
+static void take_kv(cl_ctx *c, int l, int64_t pos, const float *krow, const float *vrow) {
+    size_t d = (size_t)c->d;
+    for (int h = 0; h < c->Hkv; h++) {
+        memcpy(hist(c, c->hk, l, h) + (size_t)pos * d, krow + (size_t)h * d, d * sizeof(float));
+        memcpy(hist(c, c->hv, l, h) + (size_t)pos * d, vrow + (size_t)h * d, d * sizeof(float));
+    }
+}
+
+/* The replay engine's selection contract: 1..p+1 distinct positions in [0, p], K and V rows of a merged slot
+ * given together, within the budget (every step, or the prompt part for prompt-only policies). */
+static kvs_status check_sel(cl_ctx *c, int l, int h, const kvs_policy_sel *sel, int64_t p) {
+    int64_t budget = c->budgets[(size_t)l * (size_t)c->Hkv + (size_t)h];
+    for (int li = 0; li < sel->n_lists; li++) {
+        int64_t n = sel->n[li], n_prompt = 0;
+        kvs_status st = KVS_OK;
+        if (n < 1 || n > p + 1)
+            st = kvs_fail(KVS_ERR_STATE, "policy %s selected %lld positions at position %lld", c->ops->name,
+                          (long long)n, (long long)p);
+        for (int64_t j = 0; st == KVS_OK && j < n; j++) {
+            int32_t x = sel->idx[li][j];
+            if (x < 0 || x > p)
+                st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d at position %lld (future or invalid)",
+                              c->ops->name, (int)x, (long long)p);
+            else if (c->mark[x])
+                st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d twice", c->ops->name, (int)x);
+            else if ((sel->row_k[li][j] == NULL) != (sel->row_v[li][j] == NULL))
+                st = kvs_fail(KVS_ERR_STATE, "policy %s gave a merged slot at position %d with one of its K/V rows",
+                              c->ops->name, (int)x);
+            else {
+                c->mark[x] = 1;
+                n_prompt += x < c->P;
+            }
+        }
+        for (int64_t j = 0; j < n; j++) {
+            int32_t x = sel->idx[li][j];
+            if (x >= 0 && x <= p) c->mark[x] = 0;
+        }
+        if (st != KVS_OK) return st;
+        if (c->ops->budget_scope == KVS_BUDGET_EVERY_STEP && n > budget)
+            return kvs_fail(KVS_ERR_STATE, "policy %s attended %lld positions over its budget %lld at position %lld",
+                            c->ops->name, (long long)n, (long long)budget, (long long)p);
+        if (c->ops->budget_scope == KVS_BUDGET_PROMPT && n_prompt > budget)
+            return kvs_fail(KVS_ERR_STATE, "policy %s kept %lld prompt positions over its budget %lld", c->ops->name,
+                            (long long)n_prompt, (long long)budget);
+    }
+    return KVS_OK;
+}
+
+/* The replay's attention metrics of one query head: exact attention of q over the policy model's own history
+ * 0..p against the output over the selected list (out_err, recall of unmerged entries, top-k overlap). */
+static void measure_head(cl_ctx *c, const float *q, const float *hk, const float *hv, const int32_t *list,
+                         const float *const *merged, int64_t n, int64_t p, const float *out) {
+    size_t d = (size_t)c->d, np = (size_t)p + 1;
+    kvs_attention(q, hk, hv, d, NULL, np, d, c->pm.scale, c->fullp, c->fullo);
+    kvs_argsort_desc(c->fullp, np, c->order, c->sort_scratch);
+    for (int64_t r = 0; r < n; r++) c->mark[c->order[r]] = 1; /* the top-|S| of the full attention */
+    double recall = 0;
+    int64_t hit = 0;
+    for (int64_t j = 0; j < n; j++) {
+        if (!merged || !merged[j]) recall += c->fullp[list[j]];
+        hit += c->mark[list[j]];
+    }
+    for (int64_t r = 0; r < n; r++) c->mark[c->order[r]] = 0;
+    c->err_sum += kvs_rel_l2(c->fullo, out, d);
+    c->recall_sum += recall;
+    c->overlap_sum += (double)hit / (double)n;
+    c->attended_sum += (double)n;
+    c->n_measured++;
+}
+
+/* The policy model's attention (kvs_model_attn_fn) at decode position `pos` of layer `l`. */
+static kvs_status policy_attention(void *user, int l, int pos, const float *q, const float *kcache,
+                                   const float *vcache, size_t kv_stride, float *o, float *lse) {
+    cl_ctx *c = user;
+    const struct kvs_policy_ops *ops = c->ops;
+    int64_t p = pos;
+    size_t d = (size_t)c->d, Gd = (size_t)c->G * d;
+    kvs_status st;
+    if (p < c->P || p >= c->N) return kvs_fail(KVS_ERR_STATE, "closed loop: position %lld out of order", (long long)p);
+    take_kv(c, l, p, kcache + (size_t)p * kv_stride, vcache + (size_t)p * kv_stride);
+    for (int h = 0; h < c->Hkv; h++) {
+        c->views[h] = (kvs_policy_view){
+            .n = p + 1, .group = c->G, .head_dim = c->d, .scale = c->pm.scale,
+            .k = hist(c, c->hk, l, h), .v = hist(c, c->hv, l, h), .q = q + (size_t)h * Gd, .q_first = p, .n_q = 1,
+            .turn_begin = 0, .prompt_end = c->P, .turn = 0, .full_probs = NULL, .block_begin = p, .last_block = 1,
+        };
+        c->sync[h] = c->states[(size_t)l * (size_t)c->Hkv + (size_t)h];
+    }
+    /* Oracles are refused before the run (they would need full attention the policy model does not have). */
+    if (ops->layer_pre_select && (st = ops->layer_pre_select(c->sync, c->Hkv, c->views)) != KVS_OK) return st;
+    kvs_policy_sel sel = {.idx = c->sel_idx, .n = c->sel_n, .cap = c->N, .row_k = c->row_k, .row_v = c->row_v,
+                          .n_lists = c->n_lists};
+    for (int h = 0; h < c->Hkv; h++) {
+        void *state = c->sync[h];
+        const kvs_policy_view *view = &c->views[h];
+        for (int li = 0; li < sel.n_lists; li++) sel.n[li] = 0;
+        if ((st = ops->select(state, view, &sel)) != KVS_OK) return st;
+        if ((st = check_sel(c, l, h, &sel, p)) != KVS_OK) return st;
+        double slots = 0;
+        for (int g = 0; g < c->G; g++) {
+            int li = sel.n_lists == 1 ? 0 : g;
+            int merged = 0;
+            for (int64_t j = 0; j < sel.n[li]; j++) merged |= sel.row_k[li][j] != NULL;
+            const float *keys = view->k, *vals = view->v;
+            const int32_t *idx = sel.idx[li];
+            if (merged) { /* gather trace rows and the policy's merged rows in list order */
+                for (int64_t j = 0; j < sel.n[li]; j++) {
+                    const float *kr = sel.row_k[li][j] ? sel.row_k[li][j] : view->k + (size_t)sel.idx[li][j] * d;
+                    const float *vr = sel.row_v[li][j] ? sel.row_v[li][j] : view->v + (size_t)sel.idx[li][j] * d;
+                    memcpy(c->gk + (size_t)j * d, kr, d * sizeof(float));
+                    memcpy(c->gv + (size_t)j * d, vr, d * sizeof(float));
+                }
+                keys = c->gk;
+                vals = c->gv;
+                idx = NULL;
+            }
+            float *out = o + ((size_t)h * (size_t)c->G + (size_t)g) * d;
+            lse[h * c->G + g] = (float)kvs_attention(view->q + (size_t)g * d, keys, vals, d, idx, (size_t)sel.n[li], d,
+                                                     c->pm.scale, c->pbuf[g], out);
+            measure_head(c, view->q + (size_t)g * d, view->k, view->v, sel.idx[li], merged ? sel.row_k[li] : NULL,
+                         sel.n[li], p, out);
+        }
+        for (int li = 0; li < sel.n_lists; li++) slots += (double)sel.n[li];
+        /* Memory is replay's business; account() is still called at its point of the call order (policy.h). */
+        if (ops->account) {
+            kvs_policy_cost cost = {0};
+            cost.kv_bytes = cost.dedup_kv_bytes = cost.read_kv_bytes = kvs_policy_kv_bytes(&c->pm, slots);
+            cost.write_bytes = kvs_policy_kv_bytes(&c->pm, (double)sel.n_lists);
+            cost.storage_bytes = cost.kv_bytes;
+            cost.traffic_bytes = cost.read_kv_bytes;
+            ops->account(state, view, &sel, &cost);
+        }
+        if (ops->observe && (st = ops->observe(state, view, &sel, (const float *const *)c->pbuf)) != KVS_OK) return st;
+        for (int li = 0; li < sel.n_lists; li++) {
+            memset((void *)sel.row_k[li], 0, (size_t)sel.n[li] * sizeof *sel.row_k[li]);
+            memset((void *)sel.row_v[li], 0, (size_t)sel.n[li] * sizeof *sel.row_v[li]);
+        }
+    }
+    if (ops->layer_sync && (st = ops->layer_sync(c->sync, c->Hkv, KVS_SYNC_DECODE)) != KVS_OK) return st;
+    return KVS_OK;
+}
+
+/* Allocation pass, instances and prefill over the policy model's prompt (POLICY_SPEC §1.2). */
+static kvs_status start_policy(cl_ctx *c) {
+    const struct kvs_policy_ops *ops = c->ops;
+    const kvs_policy_config *cfg = &c->o->policy;
+    size_t LH = (size_t)c->L * (size_t)c->Hkv;
+    kvs_status st;
+    for (size_t i = 0; i < LH; i++) c->budgets[i] = c->o->budget;
+    if (ops->alloc_begin) {
+        if ((st = ops->alloc_begin(cfg, &c->pm, c->o->budget, &c->alloc)) != KVS_OK) {
+            c->alloc = NULL;
+            return st;
+        }
+        for (int l = 0; l < c->L; l++)
+            for (int h = 0; h < c->Hkv; h++) {
+                kvs_policy_view view = {
+                    .n = c->P, .group = c->G, .head_dim = c->d, .scale = c->pm.scale, .k = hist(c, c->hk, l, h),
+                    .v = hist(c, c->hv, l, h), .q = prompt_q(c, l, h), .q_first = 0, .n_q = c->P, .turn_begin = 0,
+                    .prompt_end = c->P, .turn = 0, .full_probs = NULL, .block_begin = 0, .last_block = 1,
+                };
+                if ((st = ops->alloc_prefill(c->alloc, l, h, &view)) != KVS_OK) return st;
+            }
+        if ((st = ops->alloc_end(c->alloc, c->budgets)) != KVS_OK) return st;
+        for (size_t i = 0; i < LH; i++)
+            if (c->budgets[i] < 1)
+                return kvs_fail(KVS_ERR_STATE, "policy %s allocated budget %lld to (layer %zu, kv head %zu)", ops->name,
+                                (long long)c->budgets[i], i / (size_t)c->Hkv, i % (size_t)c->Hkv);
+        if (ops->alloc_shared) c->shared = ops->alloc_shared(c->alloc);
+    }
+    for (int l = 0; l < c->L; l++) {
+        for (int h = 0; h < c->Hkv; h++) {
+            kvs_policy_init init = {
+                .model = &c->pm, .cfg = cfg, .layer = l, .kv_head = h,
+                .budget = c->budgets[(size_t)l * (size_t)c->Hkv + (size_t)h], .budget_nominal = c->o->budget,
+                .seed = mix_seed(mix_seed(1, (uint64_t)l), (uint64_t)h), .shared = c->shared,
+            };
+            if ((st = ops->create(&init, &c->states[(size_t)l * (size_t)c->Hkv + (size_t)h])) != KVS_OK) return st;
+        }
+        int64_t blk = ops->prefill_block ? ops->prefill_block(c->states[(size_t)l * (size_t)c->Hkv]) : 0;
+        if (blk < 0)
+            return kvs_fail(KVS_ERR_STATE, "policy %s asked for prefill blocks of %lld positions", ops->name, (long long)blk);
+        size_t Gd = (size_t)c->G * (size_t)c->d;
+        for (int64_t bb = 0; bb < c->P;) {
+            int64_t be = blk > 0 && bb + blk < c->P ? bb + blk : c->P;
+            for (int h = 0; h < c->Hkv; h++) {
+                kvs_policy_view view = {
+                    .n = be, .group = c->G, .head_dim = c->d, .scale = c->pm.scale, .k = hist(c, c->hk, l, h),
+                    .v = hist(c, c->hv, l, h), .q = prompt_q(c, l, h) + (size_t)bb * Gd, .q_first = bb, .n_q = be - bb,
+                    .turn_begin = 0, .prompt_end = c->P, .turn = 0, .full_probs = NULL, .block_begin = bb,
+                    .last_block = be == c->P,
+                };
+                c->sync[h] = c->states[(size_t)l * (size_t)c->Hkv + (size_t)h];
+                if ((st = ops->prefill(c->sync[h], &view)) != KVS_OK) return st;
+            }
+            if (ops->layer_sync && (st = ops->layer_sync(c->sync, c->Hkv, KVS_SYNC_PREFILL)) != KVS_OK) return st;
+            bb = be;
+        }
+    }
+    return KVS_OK;
+}
+
+double kvs_closed_loop_kl(const float *a, const float *b, int64_t n) {
+    double ma = -INFINITY, mb = -INFINITY, sa = 0, sb = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (a[i] > ma) ma = a[i];
+        if (b[i] > mb) mb = b[i];
+    }
+    for (int64_t i = 0; i < n; i++) {
+        sa += exp((double)a[i] - ma);
+        sb += exp((double)b[i] - mb);
+    }
+    double la = ma + log(sa), lb = mb + log(sb), kl = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double lpa = (double)a[i] - la, lpb = (double)b[i] - lb;
+        kl += exp(lpa) * (lpa - lpb);
+    }
+    return kl > 0 ? kl : 0.0; /* rounding can leave -1e-17 for equal distributions up to permutation */
+}
+
+double kvs_closed_loop_nll(const float *logits, int64_t n, int32_t token) {
+    double m = -INFINITY, s = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (logits[i] > m) m = logits[i];
+    for (int64_t i = 0; i < n; i++) s += exp((double)logits[i] - m);
+    return m + log(s) - (double)logits[token];
+}
+
+static int32_t argmax(const float *x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return (int32_t)best;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Aggregates of the steps (p95 by nearest rank, as sim/results). */
+static kvs_status finish_result(kvs_closed_loop_result *r) {
+    int64_t n = r->n_steps;
+    if (n == 0) return KVS_OK;
+    double *errs = malloc((size_t)n * sizeof *errs);
+    if (!errs) return kvs_fail(KVS_ERR_NOMEM, "closed loop: out of memory");
+    double agree = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const kvs_closed_loop_step *s = &r->steps[i];
+        r->kl_mean += s->kl / (double)n;
+        if (s->kl > r->kl_max) r->kl_max = s->kl;
+        agree += s->full_top1 == s->policy_top1;
+        r->nll_full_mean += s->nll_full / (double)n;
+        r->nll_policy_mean += s->nll_policy / (double)n;
+        r->out_err_mean += s->out_err / (double)n;
+        r->attn_recall_mean += s->attn_recall / (double)n;
+        r->topk_overlap_mean += s->topk_overlap / (double)n;
+        r->attended_mean += s->attended / (double)n;
+        errs[i] = s->out_err;
+    }
+    qsort(errs, (size_t)n, sizeof *errs, cmp_double);
+    int64_t k = (int64_t)ceil(0.95 * (double)n) - 1;
+    r->out_err_p95 = errs[k < 0 ? 0 : k];
+    free(errs);
+    r->top1_agree = agree / (double)n;
+    r->ppl_full = exp(r->nll_full_mean);
+    r->ppl_policy = exp(r->nll_policy_mean);
+    return KVS_OK;
+}
+
+static kvs_status validate_opts(const kvs_closed_loop_opts *o, const kvs_model_config *mc, int64_t *positions) {
+    if (!o->model || !o->policy.ops || !o->tokens)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "closed loop: model, policy and tokens are required");
+    if (o->policy.ops->is_oracle)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s is an oracle: it needs full attention, which a model decoding "
+                        "with a compressed cache does not have", o->policy.ops->name);
+    if (o->budget < 1) return kvs_fail(KVS_ERR_INVALID_ARG, "budget %lld must be >= 1", (long long)o->budget);
+    for (int64_t i = 0; i < o->n_tokens; i++)
+        if (o->tokens[i] < 0 || o->tokens[i] >= mc->vocab_size)
+            return kvs_fail(KVS_ERR_RANGE, "token %lld (id %d) is outside the vocabulary [0, %d)", (long long)i,
+                            o->tokens[i], mc->vocab_size);
+    if (o->free_running) {
+        if (o->n_tokens < 1 || o->prompt_len != o->n_tokens)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "free-running: the prompt must be the whole token list (>= 1 token)");
+        if (o->max_new < 2)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "free-running: --steps %lld must be >= 2 (the first generated token "
+                            "comes from the uncompressed prompt)", (long long)o->max_new);
+        *positions = o->n_tokens + o->max_new - 1;
+    } else {
+        if (o->prompt_len < 1 || o->prompt_len > o->n_tokens - 2)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "teacher-forced: prompt length %lld must leave at least 2 tokens of "
+                            "the %lld to score (1 <= prompt <= %lld)", (long long)o->prompt_len,
+                            (long long)o->n_tokens, (long long)(o->n_tokens - 2));
+        *positions = o->n_tokens - 1;
+    }
+    if (*positions > mc->max_seq_len)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "closed loop needs %lld positions, more than the model's context %d",
+                        (long long)*positions, mc->max_seq_len);
+    return KVS_OK;
+}
+
+kvs_status kvs_closed_loop_run(const kvs_closed_loop_opts *o, kvs_closed_loop_result **out) {
+    *out = NULL;
+    const kvs_model_config *mc = &kvs_model_info_get(o->model)->config;
+    int64_t N = 0;
+    kvs_status st = validate_opts(o, mc, &N);
+    if (st != KVS_OK) return st;
+    cl_ctx c = {.o = o, .ops = o->policy.ops, .L = mc->n_layers, .H = mc->n_heads, .Hkv = mc->n_kv_heads,
+                .G = mc->n_heads / mc->n_kv_heads, .d = mc->head_dim, .N = N, .P = o->prompt_len};
+    c.pm = (kvs_policy_model){
+        .n_layers = c.L, .n_heads = c.H, .n_kv_heads = c.Hkv, .group = c.G, .head_dim = c.d, .scale = mc->attn_scale,
+        .kv_bytes = 2, .aux_bytes = 4, .n_positions = N, .prompt_len = c.P,
+        .max_new_tokens = o->free_running ? o->max_new : o->n_tokens - c.P, .max_seq_len = mc->max_seq_len,
+    };
+    c.n_lists = kvs_policy_layout(&o->policy) == KVS_SEL_PER_QUERY_HEAD ? c.G : 1;
+    kvs_model_state *full = NULL, *pol = NULL;
+    kvs_closed_loop_result *r = calloc(1, sizeof *r);
+    const int64_t V = mc->vocab_size;
+    float *full_logits = malloc((size_t)V * sizeof(float));
+    if (!r || !full_logits) {
+        st = kvs_fail(KVS_ERR_NOMEM, "closed loop: out of memory");
+        goto cleanup;
+    }
+    KVS_TRY(st = kvs_policy_validate(&o->policy, &c.pm, o->budget));
+    KVS_TRY(st = ctx_alloc(&c));
+    int64_t n_steps = N - c.P;
+    r->steps = calloc((size_t)n_steps, sizeof *r->steps);
+    if (o->free_running) {
+        r->full_tokens = malloc((size_t)o->max_new * sizeof(int32_t));
+        r->policy_tokens = malloc((size_t)o->max_new * sizeof(int32_t));
+    }
+    if (!r->steps || (o->free_running && (!r->full_tokens || !r->policy_tokens))) {
+        st = kvs_fail(KVS_ERR_NOMEM, "closed loop: out of memory");
+        goto cleanup;
+    }
+    KVS_TRY(st = kvs_model_state_create(o->model, (int)N, o->pool, &full));
+    KVS_TRY(st = kvs_model_state_create(o->model, (int)N, o->pool, &pol));
+    if (o->full_attn) kvs_model_state_set_attn(full, o->full_attn, o->full_attn_user);
+
+    /* Prompt: full attention in both; the policy model's q/k/v become the policy's prefill. */
+    const float *fl = NULL, *pl = NULL;
+    size_t Gd = (size_t)c.G * (size_t)c.d;
+    for (int64_t p = 0; p < c.P; p++) {
+        KVS_TRY(st = kvs_model_forward(full, o->tokens[p], (int)p, &fl));
+        KVS_TRY(st = kvs_model_forward(pol, o->tokens[p], (int)p, &pl));
+        for (int l = 0; l < c.L; l++) {
+            kvs_layer_record rec;
+            KVS_TRY(st = kvs_model_state_layer(pol, l, &rec));
+            take_kv(&c, l, p, rec.k, rec.v);
+            for (int h = 0; h < c.Hkv; h++)
+                memcpy(prompt_q(&c, l, h) + (size_t)p * Gd, rec.q + (size_t)h * Gd, Gd * sizeof(float));
+        }
+    }
+    KVS_TRY(st = start_policy(&c));
+    for (size_t i = 0; i < (size_t)c.L * (size_t)c.Hkv; i++)
+        if (c.budgets[i] > r->budget_max) r->budget_max = c.budgets[i];
+    kvs_model_state_set_attn(pol, policy_attention, &c);
+
+    int32_t tok_full = 0, tok_pol = 0;
+    int full_done = 0, pol_done = 0;
+    if (o->free_running) {
+        tok_full = argmax(fl, V);
+        tok_pol = argmax(pl, V);
+        r->full_tokens[0] = tok_full;
+        r->policy_tokens[0] = tok_pol;
+        r->n_generated = 1;
+        full_done = o->stop_at_eos && kvs_model_is_eos(o->model, tok_full);
+        pol_done = o->stop_at_eos && kvs_model_is_eos(o->model, tok_pol);
+    }
+    for (int64_t p = c.P; p < N && !(full_done && pol_done); p++) {
+        int32_t in_full = o->free_running ? tok_full : o->tokens[p];
+        int32_t in_pol = o->free_running ? tok_pol : o->tokens[p];
+        KVS_TRY(st = kvs_model_forward(full, in_full, (int)p, &fl));
+        memcpy(full_logits, fl, (size_t)V * sizeof(float));
+        c.err_sum = c.recall_sum = c.overlap_sum = c.attended_sum = 0;
+        c.n_measured = 0;
+        KVS_TRY(st = kvs_model_forward(pol, in_pol, (int)p, &pl));
+        kvs_closed_loop_step *s = &r->steps[r->n_steps];
+        s->position = p;
+        s->full_top1 = argmax(full_logits, V);
+        s->policy_top1 = argmax(pl, V);
+        s->ref_token = o->free_running ? s->full_top1 : o->tokens[p + 1];
+        s->kl = kvs_closed_loop_kl(full_logits, pl, V);
+        s->nll_full = kvs_closed_loop_nll(full_logits, V, s->ref_token);
+        s->nll_policy = kvs_closed_loop_nll(pl, V, s->ref_token);
+        double nm = c.n_measured > 0 ? (double)c.n_measured : 1.0;
+        s->out_err = c.err_sum / nm;
+        s->attn_recall = c.recall_sum / nm;
+        s->topk_overlap = c.overlap_sum / nm;
+        s->attended = c.attended_sum / nm;
+        if (o->on_step) o->on_step(o->on_step_user, r->n_steps, full_logits, pl);
+        r->n_steps++;
+        if (o->free_running) {
+            tok_full = s->full_top1;
+            tok_pol = s->policy_top1;
+            r->full_tokens[r->n_generated] = tok_full;
+            r->policy_tokens[r->n_generated] = tok_pol;
+            r->n_generated++;
+            full_done |= o->stop_at_eos && kvs_model_is_eos(o->model, tok_full);
+            pol_done |= o->stop_at_eos && kvs_model_is_eos(o->model, tok_pol);
+        }
+    }
+    if (o->free_running) {
+        int64_t same = 0;
+        r->first_divergence = -1;
+        for (int64_t i = 0; i < r->n_generated; i++) {
+            if (r->full_tokens[i] == r->policy_tokens[i]) same++;
+            else if (r->first_divergence < 0) r->first_divergence = i;
+        }
+        r->token_agreement = (double)same / (double)r->n_generated;
+    }
+    KVS_TRY(st = finish_result(r));
+    *out = r;
+    r = NULL;
+cleanup:
+    kvs_model_state_free(full);
+    kvs_model_state_free(pol);
+    ctx_free(&c);
+    free(full_logits);
+    kvs_closed_loop_result_free(r);
+    return st;
+}
+
+void kvs_closed_loop_result_free(kvs_closed_loop_result *r) {
+    if (!r) return;
+    free(r->steps);
+    free(r->full_tokens);
+    free(r->policy_tokens);
+    free(r);
+}

@@ -1,0 +1,106 @@
+/* closed_loop.h — closed-loop decoding with a KV-cache policy active inside the CPU forward pass
+ * (../shared/DESIGN.md "Closed-loop decoding (calibration of the replay)"; issue 15).
+ *
+ * Two copies of the model decode side by side:
+ *  - the FULL model: plain kvs_model_forward, full causal attention;
+ *  - the POLICY model: its own kvs_model_state whose attention (kvs_model_state_set_attn) attends, for every
+ *    layer and KV head, only to the set S_t the policy selects. The policy is the same plugin replay runs
+ *    (sim/policy.h, policies/), driven with the replay engine's call order (POLICY_SPEC §1.2): allocation pass
+ *    over the first prompt, create, prefill (in blocks when the policy asks), then per decode position
+ *    [layer_pre_select] -> select -> attention over S_t -> account -> observe [-> layer_sync]. Every view the
+ *    policy gets is built from the POLICY model's own queries, keys and values: it never sees the full model's
+ *    states (a leak test perturbs the full model and checks the policy model does not move).
+ *
+ * Prompt: positions [0, prompt_len) are forwarded with full attention by both models (prefill attends to the
+ * whole prompt; compression starts once the prompt is in the cache, as in replay, where the prompt's q/k/v
+ * are those of full-cache decoding). Decode positions p >= prompt_len use S_t.
+ *
+ * Modes:
+ *  - teacher-forced (free_running = 0): both models read tokens[0..n_tokens); each decode position p in
+ *    [prompt_len, n_tokens - 1) is one step predicting reference token tokens[p + 1]: KL(full || policy) of the
+ *    two next-token distributions, top-1 agreement, NLL of the reference token under each (perplexity), and the
+ *    replay's attention metrics (relative output error, attention recall, top-k overlap; sim/metrics.h) of the
+ *    policy model's attention against exact full attention over the policy model's OWN history (the states it
+ *    actually has), averaged over layers and query heads.
+ *  - free-running (free_running = 1): each model feeds back its own greedy (argmax) token for max_new steps
+ *    after the prompt (stopping at EOS when stop_at_eos); records both token sequences, the first step where
+ *    they differ and the fraction of steps where they agree. KL and NLL are recorded per step too (each
+ *    model's next-token distribution on its own context; the NLL is of the FULL model's token).
+ *
+ * Determinism: same model, tokens, policy configuration and budget give the same numbers (policy seeds derive
+ * from (layer, KV head) as in replay). Single-threaded policy work; the model's matrix products use `pool`.
+ */
+#ifndef KVS_CLOSED_LOOP_H
+#define KVS_CLOSED_LOOP_H
+
+#include <stdint.h>
+
+#include "../common/kvs.h"
+#include "../common/threadpool.h"
+#include "../gpu_capture/model.h"
+#include "policy.h"
+
+typedef struct {
+    const kvs_model *model;      /* borrowed */
+    kvs_policy_config policy;    /* the policy configuration (kvs_policy_parse) */
+    int64_t budget;              /* tokens per KV head, the current token included (>= 1) */
+    kvs_threadpool *pool;        /* borrowed; NULL = single-threaded */
+    const int32_t *tokens;       /* [n_tokens], borrowed: teacher-forced: the whole text; free-running: the prompt */
+    int64_t n_tokens;
+    int64_t prompt_len;          /* teacher-forced: 1 <= prompt_len <= n_tokens - 2; free-running: = n_tokens */
+    int free_running;            /* 0 teacher-forced, 1 free-running */
+    int64_t max_new;             /* free-running: steps to generate (>= 1) */
+    int stop_at_eos;             /* free-running: stop when both models emitted an EOS (kvs_model_is_eos) */
+    /* TEST HOOKS (NULL in normal use). full_attn replaces the FULL model's attention (the leak test perturbs
+     * the full model through it); on_step sees both next-token logits [vocab] of every step. */
+    kvs_model_attn_fn full_attn;
+    void *full_attn_user;
+    void (*on_step)(void *user, int64_t step, const float *full_logits, const float *policy_logits);
+    void *on_step_user;
+} kvs_closed_loop_opts;
+
+/* One step: the prediction made at position `position`. */
+typedef struct {
+    int64_t position;
+    int32_t ref_token;       /* teacher-forced: tokens[position + 1]; free-running: the full model's argmax */
+    int32_t full_top1, policy_top1; /* argmax of each model's logits */
+    double kl;               /* KL(full || policy) of the softmaxed logits, nats */
+    double nll_full, nll_policy; /* -log p(ref_token), nats */
+    double out_err, attn_recall, topk_overlap; /* policy model's attention vs exact attention over its own
+                                                * history, mean over layers and query heads */
+    double attended;         /* mean |S_t| over layers and query heads */
+} kvs_closed_loop_step;
+
+typedef struct {
+    int64_t n_steps;
+    kvs_closed_loop_step *steps; /* [n_steps] */
+    int64_t budget_max;      /* largest per-(layer, KV head) budget after the allocation pass */
+    /* aggregates over the steps */
+    double kl_mean, kl_max, top1_agree;  /* top1_agree: fraction of steps with full_top1 == policy_top1 */
+    double nll_full_mean, nll_policy_mean, ppl_full, ppl_policy; /* ppl = exp(mean NLL) */
+    double out_err_mean, out_err_p95, attn_recall_mean, topk_overlap_mean, attended_mean;
+    /* free-running only (0 / NULL otherwise) */
+    int64_t n_generated;         /* steps generated (may stop early at EOS) */
+    int32_t *full_tokens, *policy_tokens; /* [n_generated] each model's generated tokens */
+    int64_t first_divergence;    /* first generated index where they differ, -1 when they never do */
+    double token_agreement;      /* fraction of generated indices where they are equal */
+} kvs_closed_loop_result;
+
+/*! kvs_closed_loop_run() : runs one (policy configuration, budget) closed loop as described above.
+ *  KVS_ERR_INVALID_ARG for bad options (prompt_len, budget, positions beyond the model context, a policy
+ *  that rejects the budget: detail names it), KVS_ERR_STATE for a policy that violates the contract (a
+ *  selection out of range, repeated, or over its budget), or the model's error. Caller frees *out with
+ *  kvs_closed_loop_result_free. */
+kvs_status kvs_closed_loop_run(const kvs_closed_loop_opts *o, kvs_closed_loop_result **out);
+
+/*! kvs_closed_loop_result_free() : accepts NULL. */
+void kvs_closed_loop_result_free(kvs_closed_loop_result *r);
+
+/*! kvs_closed_loop_kl() : KL(p || q) in nats of the softmax distributions p = softmax(a), q = softmax(b) over
+ *  n logits, in fp64 (log-sum-exp stabilised); exactly 0 when a and b are equal. */
+double kvs_closed_loop_kl(const float *a, const float *b, int64_t n);
+
+/*! kvs_closed_loop_nll() : -log softmax(logits)[token] in nats, fp64. */
+double kvs_closed_loop_nll(const float *logits, int64_t n, int32_t token);
+
+#endif /* KVS_CLOSED_LOOP_H */

@@ -1,0 +1,54 @@
+/* results_closed.h — the "closed" table family of the results database: closed-loop decoding runs
+ * (`kvsim generate`, sim/closed_loop.h) and their per-step series, read back by `kvsim calibrate`.
+ * Tables closed_runs and closed_steps, documented in sim/SCHEMA.md ("Closed-loop runs"); written and read only
+ * here (sim/results_internal.h rules: created by the writer in its own transaction, additive, schema version 2).
+ */
+#ifndef KVS_RESULTS_CLOSED_H
+#define KVS_RESULTS_CLOSED_H
+
+#include <stdint.h>
+
+#include "closed_loop.h"
+#include "results.h"
+
+/* One closed-loop run to write. Borrowed strings. */
+typedef struct {
+    const char *model;          /* model name (file / folder base name) */
+    const char *mode;           /* "teacher" or "free" */
+    const char *source;         /* the trace or text file path, or "prompt" */
+    const kvs_results_trace *trace; /* --trace runs: the trace row (shared with replays of it); NULL otherwise */
+    const int32_t *tokens;      /* [n_tokens] the input token ids (teacher: whole text; free: prompt) */
+    int64_t n_tokens, prompt_len;
+    const char *policy, *params;/* registry name, canonical parameters */
+    int64_t budget_tokens;
+    const char *layout, *budget_scope; /* "per_kv_head"/"per_query_head"; "every_step"/"prompt"/"none" */
+    const char *status;         /* "complete" or "failed" */
+    const char *error;          /* failure detail or NULL */
+    const kvs_closed_loop_result *result; /* NULL for a failed run */
+    const char *full_text, *policy_text; /* free-running: decoded generations (NULL without a tokenizer) */
+    double wall_seconds;
+    const char *kvsim_version;
+} kvs_results_closed_run;
+
+/*! kvs_results_closed_write() : writes one run (closed_runs row, its trace row when given, every step into
+ *  closed_steps) in one transaction; *run_id receives its id (may be NULL). Nothing is written on failure.
+ *  KVS_ERR_INVALID_ARG for missing required fields; KVS_ERR_STATE on a read-only handle; KVS_ERR_DB. */
+kvs_status kvs_results_closed_write(kvs_results_db *db, const kvs_results_closed_run *run, int64_t *run_id);
+
+/* One complete closed-loop run as read back (strings owned by the row array). */
+typedef struct {
+    int64_t id, trace_id;       /* trace_id 0 when the run did not read a trace */
+    char *model, *mode, *source, *tokens_sha256, *policy, *params, *budget_scope;
+    int64_t n_tokens, prompt_len, budget_tokens, n_steps;
+    double kl_mean, kl_max, top1_agree, ppl_full, ppl_policy, out_err_mean, out_err_p95, attn_recall_mean,
+        topk_overlap_mean, attended_mean, token_agreement; /* NaN when not recorded */
+    int64_t first_divergence;   /* free: -1 never; teacher: -1 */
+} kvs_results_closed_row;
+
+/*! kvs_results_closed_query() : every complete closed-loop run, ascending id, into *rows (*n entries; caller
+ *  frees with kvs_results_closed_rows_free). A database without the family's tables: KVS_ERR_STATE with
+ *  "no closed-loop results in DB". */
+kvs_status kvs_results_closed_query(kvs_results_db *db, kvs_results_closed_row **rows, int64_t *n);
+void kvs_results_closed_rows_free(kvs_results_closed_row *rows, int64_t n);
+
+#endif /* KVS_RESULTS_CLOSED_H */
