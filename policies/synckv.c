@@ -243,7 +243,7 @@ static int synckv_notes(const kvs_policy_config *cfg, const kvs_policy_model *m,
         else snprintf(ks, sizeof ks, "%.0f..%.0f", kmin, kmax);
         n += kvs_policy_note(buf, cap,
                              "Mem%% target %.4g%%: k = %s tokens per NR unit (k_dyn = floor((1-rho) k)); device KV %.4g%% "
-                             "of the full KV at prefill, at most %.4g%% at the trace's last position (R units grow)",
+                             "of the full KV at prefill, at most %.4g%% at the trace's last position (R caches grow with n, NR sets stay)",
                              100.0 * (double)budget / (double)P, ks, 100.0 * dev_p / full_p, 100.0 * dev_n / full_n);
     }
     if (!strcmp(cfg->str[P_CLUSTERS], "prefill"))
