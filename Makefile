@@ -59,7 +59,10 @@ $(TEST_BINS) $(BENCH_BINS): $(TEST_UTIL_OBJS) $(LIB)
 
 $(BUILD)/tests/%: tests/%.c $(TEST_UTIL_OBJS) $(LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -MMD -MP $(LDFLAGS) -o $@ $< $(TEST_UTIL_OBJS) $(LIB) $(EXTRA_LDLIBS) -lcmocka $(LDLIBS_BASE)
+	$(CC) $(ALL_CFLAGS) -MMD -MP $(LDFLAGS) -o $@ $< $(TEST_UTIL_OBJS) $(LIB) $(EXTRA_LDLIBS) $(TEST_LDLIBS) -lcmocka $(LDLIBS_BASE)
+
+# test_report decodes the report's PNG images (and chromium's screenshot) with zlib; kvsim itself does not use it.
+$(BUILD)/tests/test_report: TEST_LDLIBS = -lz
 
 $(BUILD)/bench/%: bench/%.c $(TEST_UTIL_OBJS) $(LIB)
 	@mkdir -p $(dir $@)

@@ -110,6 +110,17 @@ kvs_status kvs_head_clusters_check(const kvs_head_clusters *c) {
     return KVS_OK;
 }
 
+/* The file form of a checked clustering: the one formatter of the writer and of kvs_head_clusters_sha256. */
+static void put_file_form(FILE *f, const kvs_head_clusters *c) {
+    fprintf(f, "kvsim-head-clusters 1\nlayers %d units %d\n# layer unit cluster representative\n", c->n_layers,
+            c->n_units);
+    for (int32_t l = 0; l < c->n_layers; l++)
+        for (int32_t u = 0; u < c->n_units; u++) {
+            size_t i = (size_t)l * (size_t)c->n_units + (size_t)u;
+            fprintf(f, "%d %d %d %d\n", l, u, c->cluster[i], c->is_rep[i] ? 1 : 0);
+        }
+}
+
 kvs_status kvs_head_clusters_write(const kvs_head_clusters *c, const char *path) {
     kvs_status st = kvs_head_clusters_check(c);
     if (st != KVS_OK) return st;
@@ -120,14 +131,26 @@ kvs_status kvs_head_clusters_write(const kvs_head_clusters *c, const char *path)
         kvs_out_abort(o);
         return KVS_ERR_NOMEM;
     }
-    fprintf(f, "kvsim-head-clusters 1\nlayers %d units %d\n# layer unit cluster representative\n", c->n_layers,
-            c->n_units);
-    for (int32_t l = 0; l < c->n_layers; l++)
-        for (int32_t u = 0; u < c->n_units; u++) {
-            size_t i = (size_t)l * (size_t)c->n_units + (size_t)u;
-            fprintf(f, "%d %d %d %d\n", l, u, c->cluster[i], c->is_rep[i] ? 1 : 0);
-        }
+    put_file_form(f, c);
     return kvs_out_commit(o);
+}
+
+kvs_status kvs_head_clusters_sha256(const kvs_head_clusters *c, char sha256_hex[65]) {
+    kvs_status st = kvs_head_clusters_check(c);
+    if (st != KVS_OK) return st;
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    if (!f) return kvs_fail(KVS_ERR_NOMEM, "head clusters: out of memory");
+    put_file_form(f, c);
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad || !text) {
+        free(text);
+        return kvs_fail(KVS_ERR_NOMEM, "head clusters: out of memory");
+    }
+    kvs_sha256_hex(text, len, sha256_hex);
+    free(text);
+    return KVS_OK;
 }
 
 /* The next line that is neither blank nor a comment, into buf; 0 at end of file. */

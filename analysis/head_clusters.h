@@ -59,6 +59,11 @@ kvs_status kvs_head_clusters_check(const kvs_head_clusters *c);
  *  standard output). KVS_ERR_IO naming the path; nothing is left behind on failure. */
 kvs_status kvs_head_clusters_write(const kvs_head_clusters *c, const char *path);
 
+/*! kvs_head_clusters_sha256() : the SHA-256 (64 hex digits + NUL) of the file form of `c`, equal to that of the
+ *  file kvs_head_clusters_write() writes (and kvs_head_clusters_read() reports): how a clustering taken from
+ *  elsewhere (a results database) is identified the same way as its file. Errors of kvs_head_clusters_check. */
+kvs_status kvs_head_clusters_sha256(const kvs_head_clusters *c, char sha256_hex[65]);
+
 /*! kvs_head_clusters_read() : reads the file form from `path`, checks it (kvs_head_clusters_check) and, when
  *  sha256_hex is not NULL, writes the SHA-256 of the file's bytes there as 64 hex digits + NUL (for a run's
  *  parameters). KVS_ERR_IO when it cannot be read, KVS_ERR_FORMAT with "PATH:LINE: ..." on bad content. */

@@ -126,6 +126,9 @@ int kvs_cmd_compare(int argc, char **argv);
 int kvs_cmd_policies(int argc, char **argv);
 int kvs_cmd_keys(int argc, char **argv);
 int kvs_cmd_attn(int argc, char **argv);
+int kvs_cmd_drift(int argc, char **argv);
+int kvs_cmd_heads(int argc, char **argv);
 int kvs_cmd_replay(int argc, char **argv);
+int kvs_cmd_report(int argc, char **argv);
 
 #endif /* KVS_CLI_H */

@@ -7,13 +7,12 @@
  * ../shared/DESIGN.md ("Replay"): a policy that keeps every generated token (prompt-only compression) is
  * compared with the others at its measured memory, never only at its nominal budget — that is --match mem.
  *
- * Method. Runs are grouped into series (policy, params, trace, measure); complete runs only, read through
- * sim/results.h. Each run is a point (x, metrics); runs of one series with the same x are averaged. At X,
- * every selected metric is interpolated linearly in log(x) between the two points that bracket X:
- * t = (ln X - ln x_lo) / (ln x_hi - ln x_lo), v = v_lo + t (v_hi - v_lo); a point with x = X is used as is.
- * The matched quantity itself (storage_bytes_mean under mem, traffic_bytes_mean under traffic) is X by
- * construction. A series whose points do not bracket X is listed as "out of range [xmin, xmax]": never
- * extrapolated. A value not recorded in either bracketing run is not available ("-", empty, null).
+ * Method (sim/compare.h, shared with `kvsim report`): runs are grouped into series (policy, params, trace,
+ * measure); complete runs only, read through sim/results.h. Each run is a point (x, metrics); runs of one series
+ * with the same x are averaged. At X, every selected metric is interpolated linearly in log(x) between the two
+ * points that bracket X; a point with x = X is used as is. A series whose points do not bracket X is listed as
+ * "out of range [xmin, xmax]": never extrapolated. A value not recorded in either bracketing run is not
+ * available ("-", empty, null).
  * Exit codes per cli.h: 0 compared, 1 database failure or nothing to compare, 2 bad usage.
  */
 #include <inttypes.h>
@@ -22,48 +21,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../sim/compare.h"
 #include "../sim/results.h"
 #include "cli.h"
 
 #define COMPARE_FILTERS (KVS_CLI_FILTER_POLICY | KVS_CLI_FILTER_TRACE | KVS_CLI_FILTER_MODEL | KVS_CLI_FILTER_MEASURE)
 #define MAX_COLUMNS (KVS_N_METRICS * KVS_N_STATS)
 
-typedef enum { MATCH_MEM = 0, MATCH_TRAFFIC, MATCH_TOKENS } match_mode;
-static const char *const match_names[] = {"mem", "traffic", "tokens"};
-static const char *const match_x[] = {"storage_bytes_mean", "traffic_bytes_mean", "budget_tokens"};
-
 /* The default columns: a human comparison picks these few on purpose. */
 static const char default_metrics[] = "out_err_mean,out_err_p95,attn_recall_mean,topk_overlap_mean,"
                                       "attended_tokens_mean,storage_bytes_mean,traffic_bytes_mean";
-
-typedef struct {
-    kvs_metric m;
-    kvs_stat_kind s;
-    char name[96];
-} column;
-
-typedef struct {
-    double x;
-    int64_t run_id, n_runs; /* the first run of the point; runs averaged into it */
-    double *v;              /* [n_columns] */
-} point;
-
-typedef enum { ST_INTERPOLATED = 0, ST_EXACT, ST_OUT_OF_RANGE, ST_NO_DATA } series_status;
-static const char *const status_names[] = {"interpolated", "exact", "out_of_range", "no_x"};
-
-typedef struct {
-    const kvs_results_run_row *rep; /* the series' first run: policy, params, trace, measure */
-    int is_oracle;
-    point *pts;
-    size_t n, cap;
-    /* the outcome at X */
-    series_status status;
-    size_t lo, hi; /* bracketing points (lo == hi for an exact match) */
-    double t;
-    double *val; /* [n_columns] */
-    double key;  /* sort key: the first column, negated when higher is better (NaN: not available) */
-    char label[512];
-} series;
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -92,22 +59,18 @@ static void usage(FILE *f) {
 }
 
 /* Appends the comma-separated metric columns of `list` to cols; returns 0, or the usage exit code. */
-static int parse_metrics(const char *list, column *cols, int *n) {
+static int parse_metrics(const char *list, kvs_compare_column *cols, int *n) {
     const char *p = list;
     for (;;) {
         size_t len = strcspn(p, ",");
-        column c;
-        if (len == 0 || len >= sizeof c.name)
+        kvs_compare_column c;
+        char name[sizeof c.name];
+        if (len == 0 || len >= sizeof name)
             return kvs_cli_usage_error("compare", "--metric: bad metric list '%s' (an empty or overlong name)", list);
-        memcpy(c.name, p, len);
-        c.name[len] = '\0';
-        if (kvs_results_column_parse(c.name, &c.m, &c.s) != KVS_OK)
-            return kvs_cli_usage_error("compare", "--metric: unknown metric '%s' (expected <metric>_<stat>, e.g. "
-                                                  "out_err_p95; see sim/metrics.h)",
-                                       c.name);
-        if (c.s == KVS_STAT_N)
-            return kvs_cli_usage_error("compare", "--metric: '%s' is a sample count, not a value to compare",
-                                       c.name);
+        memcpy(name, p, len);
+        name[len] = '\0';
+        if (kvs_compare_column_parse(name, &c) != KVS_OK)
+            return kvs_cli_usage_error("compare", "--metric: %s", kvs_last_error());
         if (*n == MAX_COLUMNS) return kvs_cli_usage_error("compare", "--metric: at most %d metrics", MAX_COLUMNS);
         cols[(*n)++] = c;
         p += len;
@@ -116,120 +79,30 @@ static int parse_metrics(const char *list, column *cols, int *n) {
     }
 }
 
-static int same_series(const kvs_results_run_row *a, const kvs_results_run_row *b) {
-    return !strcmp(a->policy, b->policy) && !strcmp(a->params, b->params) && a->trace_id == b->trace_id &&
-           !strcmp(a->measure, b->measure);
-}
-
-static double run_x(const kvs_results_run_row *w, match_mode mode) {
-    if (mode == MATCH_TOKENS) return (double)w->budget_tokens;
-    return kvs_results_stat_value(mode == MATCH_MEM ? &w->agg.storage_bytes : &w->agg.traffic_bytes, KVS_STAT_MEAN);
-}
-
-/* Adds run w's point to s (averaged into an existing point of the same x). */
-static kvs_status add_point(series *s, const kvs_results_run_row *w, double x, const column *cols, int n_cols) {
-    point *p = NULL;
-    for (size_t i = 0; i < s->n; i++)
-        if (s->pts[i].x == x) p = &s->pts[i];
-    if (p) {
-        for (int c = 0; c < n_cols; c++) p->v[c] += kvs_results_stat_value(&w->agg.m[cols[c].m], cols[c].s);
-        p->n_runs++;
-        return KVS_OK;
-    }
-    if (s->n == s->cap) {
-        size_t cap = s->cap ? 2 * s->cap : 8;
-        point *np = realloc(s->pts, cap * sizeof *np);
-        if (!np) return kvs_fail(KVS_ERR_NOMEM, "compare: out of memory");
-        s->pts = np;
-        s->cap = cap;
-    }
-    p = &s->pts[s->n];
-    if (!(p->v = malloc((size_t)(n_cols ? n_cols : 1) * sizeof *p->v)))
-        return kvs_fail(KVS_ERR_NOMEM, "compare: out of memory");
-    s->n++;
-    p->x = x;
-    p->run_id = w->id;
-    p->n_runs = 1;
-    for (int c = 0; c < n_cols; c++) p->v[c] = kvs_results_stat_value(&w->agg.m[cols[c].m], cols[c].s);
-    return KVS_OK;
-}
-
-/* Means of the averaged points, points sorted by x, and the values at X. */
-static void evaluate(series *s, double X, match_mode mode, const column *cols, int n_cols) {
-    for (size_t i = 0; i < s->n; i++)
-        for (int c = 0; c < n_cols; c++) s->pts[i].v[c] /= (double)s->pts[i].n_runs;
-    for (size_t i = 1; i < s->n; i++)
-        for (size_t j = i; j > 0 && s->pts[j - 1].x > s->pts[j].x; j--) {
-            point tmp = s->pts[j];
-            s->pts[j] = s->pts[j - 1];
-            s->pts[j - 1] = tmp;
-        }
-    for (int c = 0; c < n_cols; c++) s->val[c] = NAN;
-    if (s->n == 0) {
-        s->status = ST_NO_DATA;
-        return;
-    }
-    if (X < s->pts[0].x || X > s->pts[s->n - 1].x) {
-        s->status = ST_OUT_OF_RANGE;
-        return;
-    }
-    size_t i = 0;
-    while (i + 1 < s->n && s->pts[i + 1].x <= X) i++;
-    if (s->pts[i].x == X) {
-        s->status = ST_EXACT;
-        s->lo = s->hi = i;
-        s->t = 0;
-        for (int c = 0; c < n_cols; c++) s->val[c] = s->pts[i].v[c];
-    } else {
-        s->status = ST_INTERPOLATED;
-        s->lo = i;
-        s->hi = i + 1;
-        const point *a = &s->pts[i], *b = &s->pts[i + 1];
-        s->t = (log(X) - log(a->x)) / (log(b->x) - log(a->x));
-        for (int c = 0; c < n_cols; c++) s->val[c] = a->v[c] + s->t * (b->v[c] - a->v[c]);
-    }
-    /* The matched quantity is X by definition of the match. */
-    for (int c = 0; c < n_cols; c++)
-        if (cols[c].s == KVS_STAT_MEAN && ((mode == MATCH_MEM && cols[c].m == KVS_M_STORAGE) ||
-                                           (mode == MATCH_TRAFFIC && cols[c].m == KVS_M_TRAFFIC)))
-            s->val[c] = X;
-}
-
-/* Sort: usable series by the first column (best first, not-available last), then the others; ties by label. */
-static int cmp_series(const void *pa, const void *pb) {
-    const series *a = pa, *b = pb;
-    int ua = a->status <= ST_EXACT, ub = b->status <= ST_EXACT;
-    if (ua != ub) return ua ? -1 : 1;
-    if (ua) {
-        int na = isnan(a->key), nb = isnan(b->key);
-        if (na != nb) return na ? 1 : -1;
-        if (!na && a->key != b->key) return a->key < b->key ? -1 : 1;
-    }
-    if (a->status != b->status) return a->status < b->status ? -1 : 1;
-    return strcmp(a->label, b->label);
-}
-
 /* x for the human table: bytes with a binary prefix, tokens as an integer. */
-static void fmt_x(char *buf, size_t cap, double x, match_mode mode) {
-    if (mode == MATCH_TOKENS) snprintf(buf, cap, "%.6g", x);
+static void fmt_x(char *buf, size_t cap, double x, kvs_compare_match mode) {
+    if (mode == KVS_COMPARE_TOKENS) snprintf(buf, cap, "%.6g", x);
     else kvs_cli_fmt_bytes(buf, cap, x);
 }
 
-static void fmt_value(char *buf, size_t cap, double v, const column *c) {
+static void fmt_value(char *buf, size_t cap, double v, const kvs_compare_column *c) {
     if (isnan(v)) snprintf(buf, cap, "-");
     else if (kvs_metric_table[c->m].kind == KVS_METRIC_BYTES) kvs_cli_fmt_bytes(buf, cap, v);
     else if (kvs_metric_table[c->m].kind == KVS_METRIC_TOKENS) snprintf(buf, cap, "%.1f", v);
     else snprintf(buf, cap, "%.4g", v);
 }
 
-static void print_table(FILE *o, series *ss, size_t n, double X, match_mode mode, const column *cols, int n_cols) {
+static void print_table(FILE *o, const kvs_compare *cmp, const kvs_compare_column *cols, int n_cols) {
+    size_t n = kvs_compare_n_series(cmp);
+    double X = kvs_compare_at(cmp);
+    kvs_compare_match mode = kvs_compare_match_of(cmp);
     char xb[64];
     fmt_x(xb, sizeof xb, X, mode);
-    fprintf(o, "compare at %s = %.17g%s%s%s (--match %s): %zu series\n", match_x[mode], X, mode == MATCH_TOKENS ? "" : " (",
-            mode == MATCH_TOKENS ? "" : xb, mode == MATCH_TOKENS ? "" : " per KV head)", match_names[mode], n);
+    fprintf(o, "compare at %s = %.17g%s%s%s (--match %s): %zu series\n", kvs_compare_match_x(mode), X, mode == KVS_COMPARE_TOKENS ? "" : " (",
+            mode == KVS_COMPARE_TOKENS ? "" : xb, mode == KVS_COMPARE_TOKENS ? "" : " per KV head)", kvs_compare_match_name(mode), n);
     fprintf(o, "values interpolated linearly in log(%s) between the two runs that bracket it; sorted by %s (%s is "
                "better)\n\n",
-            match_x[mode], cols[0].name, kvs_metric_table[cols[0].m].higher_is_better ? "higher" : "lower");
+            kvs_compare_match_x(mode), cols[0].name, kvs_metric_table[cols[0].m].higher_is_better ? "higher" : "lower");
     /* One layout with `kvsim runs`: fixed-width labelled columns, the free-length params last. The source
      * of each row (the runs interpolated between, or why there is no value) is formatted first so its
      * column can be as wide as its longest entry. */
@@ -238,17 +111,17 @@ static void print_table(FILE *o, series *ss, size_t n, double X, match_mode mode
     if (!from) return;
     for (int c = 0; c < n_cols; c++) vw += 1 + (int)(strlen(cols[c].name) > 10 ? strlen(cols[c].name) : 10);
     for (size_t i = 0; i < n; i++) {
-        const series *s = &ss[i];
+        const kvs_compare_series *s = kvs_compare_series_at(cmp, i);
         char a[64], b[64];
-        if (s->status == ST_NO_DATA) snprintf(from[i], sizeof from[i], "no recorded %s in its runs", match_x[mode]);
-        else if (s->status == ST_OUT_OF_RANGE) {
+        if (s->status == KVS_COMPARE_NO_X) snprintf(from[i], sizeof from[i], "no recorded %s in its runs", kvs_compare_match_x(mode));
+        else if (s->status == KVS_COMPARE_OUT_OF_RANGE) {
             fmt_x(a, sizeof a, s->pts[0].x, mode);
             fmt_x(b, sizeof b, s->pts[s->n - 1].x, mode);
             snprintf(from[i], sizeof from[i], "out of range [%s, %s]", a, b);
         } else {
             fmt_x(a, sizeof a, s->pts[s->lo].x, mode);
             fmt_x(b, sizeof b, s->pts[s->hi].x, mode);
-            if (s->status == ST_EXACT) snprintf(from[i], sizeof from[i], "#%" PRId64 " at %s (exact)", s->pts[s->lo].run_id, a);
+            if (s->status == KVS_COMPARE_EXACT) snprintf(from[i], sizeof from[i], "#%" PRId64 " at %s (exact)", s->pts[s->lo].run_id, a);
             else
                 snprintf(from[i], sizeof from[i], "#%" PRId64 " at %s .. #%" PRId64 " at %s (t=%.3f)", s->pts[s->lo].run_id,
                          a, s->pts[s->hi].run_id, b, s->t);
@@ -265,11 +138,11 @@ static void print_table(FILE *o, series *ss, size_t n, double X, match_mode mode
     fprintf(o, "  %-*s  params\n", fw, "from runs");
     int any_o = 0;
     for (size_t i = 0; i < n; i++) {
-        const series *s = &ss[i];
+        const kvs_compare_series *s = kvs_compare_series_at(cmp, i);
         any_o |= s->is_oracle;
         fprintf(o, "%-*s %-5s %-7s %-*.*s", pw, s->rep->policy, s->is_oracle ? "O" : "-", s->rep->measure, tw, tw,
                 kvs_path_base(s->rep->trace_path));
-        if (s->status == ST_OUT_OF_RANGE || s->status == ST_NO_DATA) fprintf(o, "%*s", vw, "");
+        if (s->status == KVS_COMPARE_OUT_OF_RANGE || s->status == KVS_COMPARE_NO_X) fprintf(o, "%*s", vw, "");
         else
             for (int c = 0; c < n_cols; c++) {
                 char v[64];
@@ -288,13 +161,16 @@ static void csv_real(FILE *o, double v) {
     fputs(buf, o);
 }
 
-static void print_csv(FILE *o, const series *ss, size_t n, double X, match_mode mode, const column *cols, int n_cols) {
+static void print_csv(FILE *o, const kvs_compare *cmp, const kvs_compare_column *cols, int n_cols) {
+    size_t n = kvs_compare_n_series(cmp);
+    double X = kvs_compare_at(cmp);
+    kvs_compare_match mode = kvs_compare_match_of(cmp);
     fputs("policy,params,is_oracle,trace,model,measure,match,at,status,run_lo,run_hi,x_lo,x_hi,x_min,x_max", o);
     for (int c = 0; c < n_cols; c++) fprintf(o, ",%s", cols[c].name);
     fputc('\n', o);
     for (size_t i = 0; i < n; i++) {
-        const series *s = &ss[i];
-        int usable = s->status <= ST_EXACT;
+        const kvs_compare_series *s = kvs_compare_series_at(cmp, i);
+        int usable = s->status <= KVS_COMPARE_EXACT;
         kvs_cli_csv_field(o, s->rep->policy);
         fputc(',', o);
         kvs_cli_csv_field(o, s->rep->params);
@@ -304,9 +180,9 @@ static void print_csv(FILE *o, const series *ss, size_t n, double X, match_mode 
         kvs_cli_csv_field(o, s->rep->model);
         fputc(',', o);
         kvs_cli_csv_field(o, s->rep->measure);
-        fprintf(o, ",%s,", match_names[mode]);
+        fprintf(o, ",%s,", kvs_compare_match_name(mode));
         csv_real(o, X);
-        fprintf(o, ",%s,", status_names[s->status]);
+        fprintf(o, ",%s,", kvs_compare_status_name(s->status));
         if (usable) fprintf(o, "%" PRId64 ",%" PRId64 ",", s->pts[s->lo].run_id, s->pts[s->hi].run_id);
         else fputs(",,", o);
         if (usable) {
@@ -328,15 +204,18 @@ static void print_csv(FILE *o, const series *ss, size_t n, double X, match_mode 
     }
 }
 
-static void print_json(FILE *o, const series *ss, size_t n, double X, match_mode mode, const column *cols, int n_cols) {
-    fprintf(o, "{\"match\":\"%s\",\"x\":\"%s\",\"at\":", match_names[mode], match_x[mode]);
+static void print_json(FILE *o, const kvs_compare *cmp, const kvs_compare_column *cols, int n_cols) {
+    size_t n = kvs_compare_n_series(cmp);
+    double X = kvs_compare_at(cmp);
+    kvs_compare_match mode = kvs_compare_match_of(cmp);
+    fprintf(o, "{\"match\":\"%s\",\"x\":\"%s\",\"at\":", kvs_compare_match_name(mode), kvs_compare_match_x(mode));
     kvs_cli_json_number(o, X);
     fprintf(o, ",\"metrics\":[");
     for (int c = 0; c < n_cols; c++) fprintf(o, "%s\"%s\"", c ? "," : "", cols[c].name);
     fprintf(o, "],\"series\":[");
     for (size_t i = 0; i < n; i++) {
-        const series *s = &ss[i];
-        int usable = s->status <= ST_EXACT;
+        const kvs_compare_series *s = kvs_compare_series_at(cmp, i);
+        int usable = s->status <= KVS_COMPARE_EXACT;
         fprintf(o, "%s\n{\"policy\":", i ? "," : "");
         kvs_cli_json_string(o, s->rep->policy);
         fprintf(o, ",\"params\":");
@@ -349,7 +228,7 @@ static void print_json(FILE *o, const series *ss, size_t n, double X, match_mode
         kvs_cli_json_string(o, s->rep->model);
         fprintf(o, "},\"measure\":");
         kvs_cli_json_string(o, s->rep->measure);
-        fprintf(o, ",\"status\":\"%s\",\"x_range\":", status_names[s->status]);
+        fprintf(o, ",\"status\":\"%s\",\"x_range\":", kvs_compare_status_name(s->status));
         if (s->n) {
             fputc('[', o);
             kvs_cli_json_number(o, s->pts[0].x);
@@ -378,7 +257,7 @@ static void print_json(FILE *o, const series *ss, size_t n, double X, match_mode
 
 int kvs_cmd_compare(int argc, char **argv) {
     const char *path = NULL, *match_s = NULL, *at_s = NULL;
-    column cols[MAX_COLUMNS];
+    kvs_compare_column cols[MAX_COLUMNS];
     int n_cols = 0, csv = 0, json = 0;
     kvs_results_filter f = {0};
     for (int i = 1; i < argc; i++) {
@@ -411,11 +290,9 @@ int kvs_cmd_compare(int argc, char **argv) {
     }
     if (!path) return kvs_cli_usage_error("compare", "missing the results database DB");
     if (!match_s) return kvs_cli_usage_error("compare", "missing --match mem|traffic|tokens");
-    match_mode mode;
-    if (!strcmp(match_s, "mem")) mode = MATCH_MEM;
-    else if (!strcmp(match_s, "traffic")) mode = MATCH_TRAFFIC;
-    else if (!strcmp(match_s, "tokens")) mode = MATCH_TOKENS;
-    else return kvs_cli_usage_error("compare", "--match: '%s' is not mem, traffic or tokens", match_s);
+    kvs_compare_match mode;
+    if (kvs_compare_match_parse(match_s, &mode) != KVS_OK)
+        return kvs_cli_usage_error("compare", "--match: '%s' is not mem, traffic or tokens", match_s);
     if (!at_s) return kvs_cli_usage_error("compare", "missing --at X (e.g. --at 12K, --at 3.5MiB, --at 64)");
     double X;
     if (kvs_cli_parse_size("--at", at_s, &X) != KVS_OK) return kvs_cli_fail("compare", KVS_ERR_INVALID_ARG);
@@ -428,8 +305,7 @@ int kvs_cmd_compare(int argc, char **argv) {
     kvs_results_db *db = NULL;
     kvs_results_run_row *rows = NULL;
     int64_t n_rows = 0;
-    series *ss = NULL;
-    size_t n_ss = 0;
+    kvs_compare *cmp = NULL;
     kvs_status st = kvs_results_open_readonly(path, &db);
     if (st != KVS_OK) return kvs_cli_fail("compare", st);
     KVS_TRY(st = kvs_results_query_runs(db, &f, &rows, &n_rows));
@@ -438,45 +314,12 @@ int kvs_cmd_compare(int argc, char **argv) {
                       f.policy ? " of policy '" : "", f.policy ? f.policy : "", f.policy ? "'" : "");
         goto cleanup;
     }
-    if (!(ss = calloc((size_t)n_rows, sizeof *ss))) {
-        st = kvs_fail(KVS_ERR_NOMEM, "compare: out of memory");
-        goto cleanup;
-    }
-    for (int64_t r = 0; r < n_rows; r++) {
-        const kvs_results_run_row *w = &rows[r];
-        series *s = NULL;
-        for (size_t k = 0; k < n_ss && !s; k++)
-            if (same_series(ss[k].rep, w)) s = &ss[k];
-        if (!s) {
-            s = &ss[n_ss++];
-            s->rep = w;
-            if (!(s->val = malloc((size_t)n_cols * sizeof *s->val))) {
-                st = kvs_fail(KVS_ERR_NOMEM, "compare: out of memory");
-                goto cleanup;
-            }
-        }
-        if (w->is_oracle) s->is_oracle = 1;
-        double x = w->has_agg ? run_x(w, mode) : NAN;
-        if (isfinite(x) && x > 0) KVS_TRY(st = add_point(s, w, x, cols, n_cols));
-    }
-    for (size_t k = 0; k < n_ss; k++) {
-        series *s = &ss[k];
-        evaluate(s, X, mode, cols, n_cols);
-        snprintf(s->label, sizeof s->label, "%s%s%s%s%s", s->rep->policy, s->rep->params[0] ? " (" : "",
-                 s->rep->params, s->rep->params[0] ? ")" : "", s->is_oracle ? " (oracle)" : "");
-        s->key = kvs_metric_table[cols[0].m].higher_is_better ? -s->val[0] : s->val[0];
-    }
-    qsort(ss, n_ss, sizeof *ss, cmp_series);
-    if (csv) print_csv(stdout, ss, n_ss, X, mode, cols, n_cols);
-    else if (json) print_json(stdout, ss, n_ss, X, mode, cols, n_cols);
-    else print_table(stdout, ss, n_ss, X, mode, cols, n_cols);
+    KVS_TRY(st = kvs_compare_create(rows, n_rows, mode, X, cols, n_cols, &cmp));
+    if (csv) print_csv(stdout, cmp, cols, n_cols);
+    else if (json) print_json(stdout, cmp, cols, n_cols);
+    else print_table(stdout, cmp, cols, n_cols);
 cleanup:
-    for (size_t k = 0; ss && k < n_ss; k++) {
-        for (size_t i = 0; i < ss[k].n; i++) free(ss[k].pts[i].v);
-        free(ss[k].pts);
-        free(ss[k].val);
-    }
-    free(ss);
+    kvs_compare_free(cmp);
     kvs_results_run_rows_free(rows, n_rows);
     kvs_results_close(db);
     if (st != KVS_OK) return kvs_cli_fail("compare", st);

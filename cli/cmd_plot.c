@@ -17,7 +17,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: kvsim plot DB --kind KIND --out FILE.png|FILE.svg|- [--format png|svg] [--metric M] [--layer L]\n"
             "                     [--x-stat mean|max] [--budget TOKENS] [--policy NAME] [--trace PATH] [--model NAME]\n"
-            "                     [--measure M]\n"
+            "                     [--measure M] [--k K] [--score window|last] [--unit head|group]\n"
             "Draws complete runs of the results database DB with gnuplot as PNG or SVG.\n"
             "One line per (policy, params, trace, measure): runs of different traces or measure modes are never\n"
             "averaged together (the legend names trace and measure when the plot has several). Each policy has\n"
@@ -40,6 +40,19 @@ static void usage(FILE *f) {
             "                            turns with --measure decode; without turn info in the database, where\n"
             "                            positions jump by more than the line's usual step)\n"
             "  --kind memory-vs-budget   x: budget_tokens (log2), y: a bytes metric (default storage_bytes_max)\n"
+            "  --kind drift-curve        from `kvsim drift` (newest drift run of --trace/--model): overlap of the\n"
+            "                            prefill top-K with each decode step's (SyncKV Fig. 2a, S1) against the\n"
+            "                            step, per layer band (each layer up to 6 layers, else 4 bands; --layer L\n"
+            "                            one), mean over the units with a +-1 sd shade; dashed: 0.3 and step 50\n"
+            "  --kind drift-locality     heatmap of the overlap of steps t and t+d (Fig. 2b, S3): rows t, columns d,\n"
+            "                            mean over units and layers (or --layer L)\n"
+            "  --k K       drift kinds: the top-k size (default the run's largest)\n"
+            "  --score S   drift-curve: the window (default when recorded) or last prefill score\n"
+            "  --unit U    drift kinds: head (query heads, default) or group (KV groups, max-pooled)\n"
+            "  --kind head-similarity    a `kvsim heads` run (the latest, or of --trace / --model): heatmap of the\n"
+            "                            similarity of units (--metric unit_sim, default; clusters boxed, * marks\n"
+            "                            representatives) or query heads (query_sim), of --layer L or all layers\n"
+            "  --kind layer-similarity   the layer-to-layer similarity matrix of that run (query_sim default, unit_sim)\n"
             "  --metric M  <metric>_<stat>, stat one of mean p50 p95 max min; quality metrics (out_err, out_err_abs,\n"
             "              out_cos, attn_recall, attn_recall_merged, topk_overlap) for the error kinds, bytes metrics\n"
             "              (storage_bytes, traffic_bytes, ...) for memory-vs-budget, any metric's _mean per position\n"
@@ -57,7 +70,7 @@ static void usage(FILE *f) {
 }
 
 int kvs_cmd_plot(int argc, char **argv) {
-    const char *db = NULL, *kind_s = NULL, *layer_s = NULL, *budget_s = NULL;
+    const char *db = NULL, *kind_s = NULL, *layer_s = NULL, *budget_s = NULL, *k_s = NULL;
     kvs_plot_options o = {.kind = KVS_PLOT_ERROR_VS_BUDGET, .layer = -1, .budget_tokens = -1};
     kvs_results_filter f = {0};
     for (int i = 1; i < argc; i++) {
@@ -73,7 +86,10 @@ int kvs_cmd_plot(int argc, char **argv) {
                    (r = kvs_cli_single_value("plot", "--metric", argc, argv, &i, &missing, &o.metric)) ||
                    (r = kvs_cli_single_value("plot", "--layer", argc, argv, &i, &missing, &layer_s)) ||
                    (r = kvs_cli_single_value("plot", "--budget", argc, argv, &i, &missing, &budget_s)) ||
-                   (r = kvs_cli_single_value("plot", "--x-stat", argc, argv, &i, &missing, &o.x_stat))) {
+                   (r = kvs_cli_single_value("plot", "--x-stat", argc, argv, &i, &missing, &o.x_stat)) ||
+                   (r = kvs_cli_single_value("plot", "--k", argc, argv, &i, &missing, &k_s)) ||
+                   (r = kvs_cli_single_value("plot", "--score", argc, argv, &i, &missing, &o.score)) ||
+                   (r = kvs_cli_single_value("plot", "--unit", argc, argv, &i, &missing, &o.unit))) {
             if (r < 0) return KVS_EXIT_USAGE;
         } else if (missing) return kvs_cli_usage_error("plot", "option %s needs a value", argv[i]);
         else if (argv[i][0] == '-' && argv[i][1]) return kvs_cli_usage_error("plot", "unknown option '%s'", argv[i]);
@@ -83,7 +99,8 @@ int kvs_cmd_plot(int argc, char **argv) {
     if (!db) return kvs_cli_usage_error("plot", "missing the results database DB");
     if (!kind_s)
         return kvs_cli_usage_error("plot", "missing --kind (error-vs-budget, error-vs-memory, error-vs-traffic, "
-                                           "error-vs-position, memory-vs-budget)");
+                                           "error-vs-position, memory-vs-budget, drift-curve, drift-locality, "
+                                           "head-similarity, layer-similarity)");
     if (!o.out_path) return kvs_cli_usage_error("plot", "missing --out FILE.png|FILE.svg|-");
     if (o.format && strcmp(o.format, "png") && strcmp(o.format, "svg"))
         return kvs_cli_usage_error("plot", "--format: '%s' is not png or svg", o.format);
@@ -111,6 +128,20 @@ int kvs_cmd_plot(int argc, char **argv) {
         if (strcmp(o.x_stat, "mean") && strcmp(o.x_stat, "max"))
             return kvs_cli_usage_error("plot", "--x-stat: '%s' is not mean or max", o.x_stat);
     }
+    const int drift = o.kind == KVS_PLOT_DRIFT_CURVE || o.kind == KVS_PLOT_DRIFT_LOCALITY;
+    if ((k_s || o.unit) && !drift) return kvs_cli_usage_error("plot", "--k and --unit apply to the drift kinds only");
+    if (o.score && o.kind != KVS_PLOT_DRIFT_CURVE) return kvs_cli_usage_error("plot", "--score applies to --kind drift-curve only");
+    if (o.unit && strcmp(o.unit, "head") && strcmp(o.unit, "group"))
+        return kvs_cli_usage_error("plot", "--unit: '%s' is not head or group", o.unit);
+    if (o.score && strcmp(o.score, "window") && strcmp(o.score, "last"))
+        return kvs_cli_usage_error("plot", "--score: '%s' is not window or last", o.score);
+    if (k_s) {
+        long k;
+        if ((st = kvs_cli_parse_long("--k", k_s, 1, 1L << 30, &k)) != KVS_OK) return kvs_cli_fail("plot", st);
+        o.k = k;
+    }
+    if (drift && (f.policy || o.measure))
+        return kvs_cli_usage_error("plot", "--policy and --measure select replay runs; the drift kinds take --trace and --model");
     if (o.metric && (st = kvs_plot_metric_check(o.kind, o.metric)) != KVS_OK) return kvs_cli_fail("plot", st);
     kvs_plot *p = NULL;
     if ((st = kvs_plot_prepare(db, &o, &p)) != KVS_OK) return kvs_cli_fail("plot", st);

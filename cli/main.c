@@ -31,12 +31,18 @@ static const kvs_cli_command commands[] = {
      kvs_cmd_plot},
     {"compare", "compare policies at equal measured memory, traffic or tokens (interpolated between runs)",
      kvs_cmd_compare},
+    {"report", "write the study report of a results database: one self-contained HTML page and Markdown",
+     kvs_cmd_report},
     {"policies", "list every replay policy with its parameters, defaults and ranges (--json for scripts)",
      kvs_cmd_policies},
     {"keys", "key geometry against attention per head: KeyDiff's premises (K3, K12) and retained-key diversity (K11)",
      kvs_cmd_keys},
     {"attn", "attention per layer and head: D2O's density diagnostic (column-sum variance) and RocketKV's top-k union",
      kvs_cmd_attn},
+    {"drift", "attention drift (prefill vs decode top-k), top-k mass and temporal locality per head (SyncKV S1-S3)",
+     kvs_cmd_drift},
+    {"heads", "head-to-head top-k similarity within and across layers, K-means clusters of units for SyncKV, stability",
+     kvs_cmd_heads},
     {"help", "list the commands, or `kvsim help CMD` for one command's options", cmd_help},
     {"version", "print the kvsim version", cmd_version},
 };
@@ -262,22 +268,7 @@ void kvs_cli_fmt_real(char *buf, size_t cap, double v) {
     kvs_format_real(buf, cap, v);
 }
 
-void kvs_cli_fmt_bytes(char *buf, size_t cap, double v) {
-    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
-    if (isnan(v)) {
-        snprintf(buf, cap, "-");
-        return;
-    }
-    int u = 0;
-    double a = fabs(v);
-    while (a >= 1024.0 && u < 5) {
-        a /= 1024.0;
-        v /= 1024.0;
-        u++;
-    }
-    if (u == 0) snprintf(buf, cap, "%.0f%s", v, units[0]);
-    else snprintf(buf, cap, "%.*f%s", a < 10 ? 2 : a < 100 ? 1 : 0, v, units[u]);
-}
+void kvs_cli_fmt_bytes(char *buf, size_t cap, double v) { kvs_format_bytes(buf, cap, v); }
 
 void kvs_cli_csv_field(FILE *out, const char *s) {
     if (!s) return;

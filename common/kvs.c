@@ -346,6 +346,23 @@ void kvs_format_real(char *buf, size_t cap, double v) {
     }
 }
 
+void kvs_format_bytes(char *buf, size_t cap, double v) {
+    static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    if (isnan(v)) {
+        snprintf(buf, cap, "-");
+        return;
+    }
+    int u = 0;
+    double a = fabs(v);
+    while (a >= 1024.0 && u < 5) {
+        a /= 1024.0;
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0) snprintf(buf, cap, "%.0f%s", v, units[0]);
+    else snprintf(buf, cap, "%.*f%s", a < 10 ? 2 : a < 100 ? 1 : 0, v, units[u]);
+}
+
 const char *kvs_path_base(const char *path) {
     if (!path) return "";
     const char *b = strrchr(path, '/');

@@ -127,6 +127,10 @@ const char *kvs_path_base(const char *path);
  *  For finite v (parameter values, table cells). */
 void kvs_format_real(char *buf, size_t cap, double v);
 
+/*! kvs_format_bytes() : a byte count for a table: "512B", "1.50KiB", "12.3MiB" (3 significant digits, binary
+ *  prefixes); "-" for NaN. */
+void kvs_format_bytes(char *buf, size_t cap, double v);
+
 /*! kvs_read_file() : read a whole file into a malloc'd buffer (caller frees) with a NUL appended. */
 kvs_status kvs_read_file(const char *path, char **out, size_t *len);
 

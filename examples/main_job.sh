@@ -11,7 +11,8 @@
 #
 # Outputs go to $OUT (default examples/out): trace.kvt (when captured), results.db, runs.csv,
 # compare_mem.txt, compare_traffic.txt, error_vs_memory.png, error_vs_traffic.png, error_vs_budget.png,
-# recall_vs_budget.png, memory_vs_budget.png, error_vs_position.png.
+# recall_vs_budget.png, memory_vs_budget.png, error_vs_position.png, and last the study report
+# report/report.html (one self-contained page: every table and plot above) with report/report.md.
 # $KVSIM_BIN names the kvsim binary (default: the one built in this checkout), as in examples/capture.sh.
 #
 # The sweep is read at EQUAL MEASURED MEMORY first: a nominal budget B means different things to different
@@ -61,4 +62,7 @@ cat "$out/compare_traffic.txt"
 "$KVSIM_BIN" plot "$out/results.db" --kind error-vs-budget --metric attn_recall_mean --out "$out/recall_vs_budget.png"
 "$KVSIM_BIN" plot "$out/results.db" --kind memory-vs-budget --out "$out/memory_vs_budget.png"
 "$KVSIM_BIN" plot "$out/results.db" --kind error-vs-position --budget 32 --out "$out/error_vs_position.png"
-echo "main_job: results in $out (results.db, runs.csv, compare_*.txt, *.png)"
+# The study report: the summary by memory level, the trace, every run, both comparisons and every plot on one
+# self-contained page (and in Markdown), read from the database alone.
+"$KVSIM_BIN" report "$out/results.db" --out "$out/report" --mem-at 9KiB --traffic-at 9KiB
+echo "main_job: results in $out (results.db, runs.csv, compare_*.txt, *.png); the report: $out/report/report.html"

@@ -34,13 +34,16 @@
 #include "../common/kvs_out.h"
 #include "../sim/policy.h"
 #include "../sim/results.h"
+#include "plot_drift.h"
+#include "plot_heads.h"
 
 /* ------------------------------------------------------------------------------------------------
  * Kinds and metrics
  * ---------------------------------------------------------------------------------------------- */
 
 static const char *const kind_names[KVS_PLOT_N_KINDS] = {"error-vs-budget", "error-vs-position", "memory-vs-budget",
-                                                         "error-vs-memory", "error-vs-traffic"};
+                                                         "error-vs-memory", "error-vs-traffic", "drift-curve",
+                                                         "drift-locality", "head-similarity", "layer-similarity"};
 
 const char *kvs_plot_kind_name(kvs_plot_kind kind) {
     return (int)kind >= 0 && (int)kind < KVS_PLOT_N_KINDS ? kind_names[kind] : "?";
@@ -53,11 +56,14 @@ kvs_status kvs_plot_kind_parse(const char *name, kvs_plot_kind *out) {
             return KVS_OK;
         }
     return kvs_fail(KVS_ERR_INVALID_ARG, "--kind: unknown plot kind '%s' (expected error-vs-budget, "
-                                         "error-vs-position, memory-vs-budget, error-vs-memory or error-vs-traffic)",
+                                         "error-vs-position, memory-vs-budget, error-vs-memory, error-vs-traffic, drift-curve, "
+                                         "drift-locality, head-similarity or layer-similarity)",
                     name ? name : "(none)");
 }
 
 static int is_cost_kind(kvs_plot_kind k) { return k == KVS_PLOT_ERROR_VS_MEMORY || k == KVS_PLOT_ERROR_VS_TRAFFIC; }
+
+static int is_drift_kind(kvs_plot_kind k) { return k == KVS_PLOT_DRIFT_CURVE || k == KVS_PLOT_DRIFT_LOCALITY; }
 
 static const char *default_metric(kvs_plot_kind k) {
     return k == KVS_PLOT_MEMORY_VS_BUDGET ? "storage_bytes_max" : "out_err_mean";
@@ -78,6 +84,10 @@ kvs_status kvs_plot_metric_check(kvs_plot_kind kind, const char *metric) {
     char names[1024];
     if ((int)kind < 0 || (int)kind >= KVS_PLOT_N_KINDS)
         return kvs_fail(KVS_ERR_INVALID_ARG, "plot: bad kind %d", (int)kind);
+    if (is_drift_kind(kind))
+        return kvs_fail(KVS_ERR_INVALID_ARG, "--metric does not apply to --kind %s (it draws the drift tables)",
+                        kind_names[kind]);
+    if (kvs_plot_heads_kind(kind)) return kvs_plot_heads_metric_check(kind, metric);
     if (!metric || kvs_results_column_parse(metric, &m, &s) != KVS_OK) {
         if (kind == KVS_PLOT_ERROR_VS_POSITION)
             return kvs_fail(KVS_ERR_INVALID_ARG, "--metric: '%s' cannot be drawn per position (expected <metric>_mean "
@@ -624,6 +634,8 @@ struct kvs_plot {
     plot_text t;
     plot_data d;
     kvs_plot_layout layout;
+    kvs_plot_drift *drift; /* the drift kinds: their own data and script (plot_drift.h) */
+    kvs_plot_heads *heads; /* the heads kinds (plot_heads.h): their own data and script */
 };
 
 /* ------------------------------------------------------------------------------------------------
@@ -733,6 +745,14 @@ static void put_turn_marks(FILE *gp, const plot_data *d) {
 }
 
 static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
+    if (p->drift) {
+        kvs_plot_drift_write_script(p->drift, p->is_svg, image_path, gp);
+        return;
+    }
+    if (p->heads) {
+        kvs_plot_heads_write_script(gp, p->heads, p->is_svg, image_path);
+        return;
+    }
     const plot_text *t = &p->t;
     const plot_data *d = &p->d;
     const kvs_plot_layout *l = &p->layout;
@@ -879,12 +899,16 @@ static kvs_status image_format(const char *out_path, const char *format, int *is
 void kvs_plot_free(kvs_plot *p) {
     if (!p) return;
     plot_data_free(&p->d);
+    kvs_plot_drift_free(p->drift);
+    kvs_plot_heads_free(p->heads);
     free(p->out_path);
     free(p->gnuplot);
     free(p);
 }
 
-size_t kvs_plot_n_series(const kvs_plot *p) { return p ? p->d.n : 0; }
+size_t kvs_plot_n_series(const kvs_plot *p) {
+    return !p ? 0 : p->drift ? kvs_plot_drift_n_series(p->drift) : p->heads ? 1 : p->d.n;
+}
 
 kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_plot **out) {
     if (!out) return kvs_fail(KVS_ERR_INVALID_ARG, "plot: NULL output handle");
@@ -896,6 +920,32 @@ kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_
     if (rc != KVS_OK) return rc;
     if ((int)o->kind < 0 || (int)o->kind >= KVS_PLOT_N_KINDS)
         return kvs_fail(KVS_ERR_INVALID_ARG, "plot: bad kind %d", (int)o->kind);
+    if (is_drift_kind(o->kind)) {
+        if (o->metric) return kvs_plot_metric_check(o->kind, o->metric);
+        kvs_plot *dp = calloc(1, sizeof *dp);
+        if (!dp) return nomem();
+        dp->kind = o->kind;
+        dp->is_svg = is_svg;
+        if (!(dp->out_path = strdup(o->out_path)) || (o->gnuplot && !(dp->gnuplot = strdup(o->gnuplot))) ||
+            (rc = kvs_plot_drift_prepare(db_path, o, &dp->drift)) != KVS_OK) {
+            kvs_plot_free(dp);
+            return rc != KVS_OK ? rc : nomem();
+        }
+        *out = dp;
+        return KVS_OK;
+    }
+    if (kvs_plot_heads_kind(o->kind)) {
+        kvs_plot *hp = calloc(1, sizeof *hp);
+        if (!hp) return nomem();
+        hp->kind = o->kind;
+        hp->is_svg = is_svg;
+        if (!(hp->out_path = strdup(o->out_path)) || (o->gnuplot && !(hp->gnuplot = strdup(o->gnuplot))))
+            rc = nomem();
+        else rc = kvs_plot_heads_prepare(db_path, o, &hp->heads);
+        if (rc == KVS_OK) *out = hp;
+        else kvs_plot_free(hp);
+        return rc;
+    }
     const char *metric_name = o->metric ? o->metric : default_metric(o->kind);
     rc = kvs_plot_metric_check(o->kind, metric_name);
     if (rc != KVS_OK) return rc;

@@ -34,8 +34,12 @@ typedef enum {
     KVS_PLOT_MEMORY_VS_BUDGET = 2,  /* x: budget_tokens (log2), y: a bytes metric (default storage_bytes_max) */
     KVS_PLOT_ERROR_VS_MEMORY = 3,   /* x: measured resident bytes (storage_bytes mean|max, log), y: quality */
     KVS_PLOT_ERROR_VS_TRAFFIC = 4,  /* x: measured bytes read per step (traffic_bytes mean|max, log), y: quality */
+    KVS_PLOT_DRIFT_CURVE = 5,       /* drift tables: prefill-vs-step top-k overlap per decode step (plot_drift.h) */
+    KVS_PLOT_DRIFT_LOCALITY = 6,    /* drift tables: step x delta top-k overlap heatmap (plot_drift.h) */
+    KVS_PLOT_HEAD_SIMILARITY = 7,   /* heatmap of a heads run's head similarity, clusters boxed (plot_heads.h) */
+    KVS_PLOT_LAYER_SIMILARITY = 8,  /* a heads run's layer-to-layer similarity matrix (plot_heads.h) */
 } kvs_plot_kind;
-#define KVS_PLOT_N_KINDS 5
+#define KVS_PLOT_N_KINDS 9
 
 /* What to draw. Borrowed strings; NULL filters select everything. */
 typedef struct {
@@ -53,10 +57,14 @@ typedef struct {
     const char *model;     /* only runs of traces of this model */
     const char *measure;   /* only runs of this measure mode: decode, prefill, all */
     const char *x_stat;    /* error-vs-memory/-traffic: "mean" (NULL) or "max" of the x metric */
+    int64_t k;             /* drift kinds: the top-k size (0: the run's largest) */
+    const char *score;     /* drift-curve: "window" or "last" prefill score (NULL: window when recorded) */
+    const char *unit;      /* drift kinds: "head" or "group" (NULL: head) */
 } kvs_plot_options;
 
 /*! kvs_plot_kind_parse() : "error-vs-budget", "error-vs-position", "memory-vs-budget", "error-vs-memory",
- *  "error-vs-traffic"; else KVS_ERR_INVALID_ARG naming the accepted kinds. */
+ *  "error-vs-traffic", "drift-curve", "drift-locality", "head-similarity", "layer-similarity"; else
+ *  KVS_ERR_INVALID_ARG naming the accepted kinds. */
 kvs_status kvs_plot_kind_parse(const char *name, kvs_plot_kind *out);
 
 /*! kvs_plot_kind_name() : the name of a kind ("?" when out of range). */

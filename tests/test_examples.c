@@ -158,7 +158,22 @@ static void test_main_job_runs_end_to_end(void **state) {
     for (size_t i = 0; i < sizeof plots / sizeof plots[0]; i++) {
         snprintf(path, sizeof path, "%s/%s", dir, plots[i]);
         assert_true(file_starts_with(path, png, sizeof png));
+        snprintf(path, sizeof path, "%s/report/%s", dir, plots[i]); /* the report draws the same plots */
+        assert_true(file_starts_with(path, png, sizeof png));
     }
+    /* The job ends with the study report and its path (tests/test_report.c checks the report itself). */
+    static const unsigned char html[] = "<!DOCTYPE html>";
+    snprintf(path, sizeof path, "%s/report/report.html", dir);
+    assert_true(file_starts_with(path, html, sizeof html - 1));
+    snprintf(path, sizeof path, "%s/log", dir);
+    f = fopen(path, "r");
+    assert_non_null(f);
+    char last[4096] = "";
+    while (fgets(line, sizeof line, f)) snprintf(last, sizeof last, "%s", line);
+    fclose(f);
+    char want[1024];
+    snprintf(want, sizeof want, "the report: %s/report/report.html\n", dir);
+    assert_string_equal(strstr(last, "the report: ") ? strstr(last, "the report: ") : last, want);
     /* The equal-memory and equal-traffic comparisons: every realisable policy bracketed at 9 KiB (the sweep's
      * budgets reach it), full and the oracle's stored full cache out of range at equal memory. */
     const char *cmps[] = {"compare_mem.txt", "compare_traffic.txt"};

@@ -4,19 +4,25 @@
 # toolkit at /usr/local/cuda when one is present.
 #   --with-clang  also install clang (about 60 MB to download, 280 MB installed with LLVM), which kvsim does
 #                 not need: .ci/run asks for it to check that the tree still builds with `make CC=clang`.
+#   --with-chromium  also install chromium (headless browser, about 100 MB): tests/test_report.c renders the report
+#                 page with it and checks the screenshot (it skips, with a message, without it); .ci/run asks for it.
 set -eu
 with_clang=0
+with_chromium=0
 for arg in "$@"; do
     case "$arg" in
     --with-clang) with_clang=1 ;;
-    *) echo "install-debian-deps: unknown option '$arg' (known: --with-clang)" >&2; exit 2 ;;
+    --with-chromium) with_chromium=1 ;;
+    *) echo "install-debian-deps: unknown option '$arg' (known: --with-clang, --with-chromium)" >&2; exit 2 ;;
     esac
 done
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
-pkgs="build-essential pkg-config libzstd-dev libsqlite3-dev libcmocka-dev gnuplot-nox"
+# zlib1g-dev: tests/test_report.c decodes PNG images with it (kvsim itself does not link it).
+pkgs="build-essential pkg-config libzstd-dev libsqlite3-dev libcmocka-dev zlib1g-dev gnuplot-nox"
 if [ "$with_clang" -eq 1 ]; then pkgs="$pkgs clang"; fi
+if [ "$with_chromium" -eq 1 ]; then pkgs="$pkgs chromium"; fi
 $SUDO apt-get update -qq
 # shellcheck disable=SC2086 # $pkgs is a list of package names
 $SUDO apt-get install -y -qq --no-install-recommends $pkgs >/dev/null

@@ -1,0 +1,1042 @@
+/* report.c — `kvsim report DB --out DIR`: the study report of a results database as one self-contained HTML page
+ * and its Markdown twin (plots/report.h; ../shared/DESIGN.md "Results (SQLite) and plots"; the comparisons follow
+ * POLICY_SPEC.md §1.5 "Budget-matching modes" through sim/compare.h).
+ *
+ * Shape. `sections` below is the report: one line per section naming its anchor, its title and the function
+ * that renders it. A section function reads the database through sim/results.h (and sim/compare.h, plots/plot.h
+ * and, for analyses and plans, their sim/results_<family>.h), writes its body to ctx->md and ctx->html, and
+ * returns KVS_OK; when the database has nothing for it, it calls absent() with the reason instead, and the
+ * report lists it under "Not in this database". Any other error fails the whole report (nothing is written).
+ * Sections that come with other features (drift, heads, capacity plans) are added the same way when their
+ * family headers exist: one function, one table line.
+ *
+ * Plots are drawn by plots/plot.h into the report's temporary folder as PNG; the HTML embeds each one as a
+ * data:image/png;base64 URI (so report.html alone is the whole report) and the Markdown references the file.
+ */
+#include "report.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../common/kvs_out.h"
+#include "../sim/compare.h"
+#include "../sim/results.h"
+#include "../trace/trace.h"
+#include "plot.h"
+
+/* At most this many memory levels in the summary: more read as noise. */
+#define MAX_LEVELS 8
+
+/* ------------------------------------------------------------------------------------------------
+ * The context every section gets
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    const kvs_report_options *opt;
+    kvs_results_db *db;
+    kvs_results_run_row *rows; /* every run, failed ones included, ascending id */
+    int64_t n_rows;
+    int64_t n_complete;
+    const char *tmp_dir; /* the report folder being written */
+    FILE *md, *html;     /* the current section's body */
+    char absent[1024];   /* set by absent(): the section has nothing to show, and why */
+    int n_images;
+} report_ctx;
+
+typedef struct {
+    const char *anchor; /* HTML id, [a-z-] */
+    const char *title;
+    kvs_status (*render)(report_ctx *ctx);
+} report_section;
+
+static kvs_status absent(report_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static kvs_status absent(report_ctx *ctx, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->absent, sizeof ctx->absent, fmt, ap);
+    va_end(ap);
+    return KVS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Text: escaping, paragraphs and tables written to both outputs
+ * ---------------------------------------------------------------------------------------------- */
+
+static void html_text(FILE *f, const char *s) {
+    for (; s && *s; s++) {
+        switch (*s) {
+        case '&': fputs("&amp;", f); break;
+        case '<': fputs("&lt;", f); break;
+        case '>': fputs("&gt;", f); break;
+        case '"': fputs("&quot;", f); break;
+        default: fputc(*s, f);
+        }
+    }
+}
+
+/* A Markdown table cell or inline text: '|' and line breaks would end the cell, '<' could start HTML. */
+static void md_text(FILE *f, const char *s) {
+    for (; s && *s; s++) {
+        if (*s == '|') fputs("\\|", f);
+        else if (*s == '\n' || *s == '\r') fputc(' ', f);
+        else if (*s == '<') fputs("&lt;", f);
+        else fputc(*s, f);
+    }
+}
+
+/* One paragraph of plain text in both outputs. */
+static void para(report_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void para(report_ctx *ctx, const char *fmt, ...) {
+    char buf[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    md_text(ctx->md, buf);
+    fputs("\n\n", ctx->md);
+    fputs("<p>", ctx->html);
+    html_text(ctx->html, buf);
+    fputs("</p>\n", ctx->html);
+}
+
+static void subheading(report_ctx *ctx, const char *text) {
+    fputs("### ", ctx->md);
+    md_text(ctx->md, text);
+    fputs("\n\n", ctx->md);
+    fputs("<h3>", ctx->html);
+    html_text(ctx->html, text);
+    fputs("</h3>\n", ctx->html);
+}
+
+static void table_begin(report_ctx *ctx, int n, const char *const *head) {
+    fputs("|", ctx->md);
+    for (int i = 0; i < n; i++) {
+        fputc(' ', ctx->md);
+        md_text(ctx->md, head[i]);
+        fputs(" |", ctx->md);
+    }
+    fputs("\n|", ctx->md);
+    for (int i = 0; i < n; i++) fputs("---|", ctx->md);
+    fputc('\n', ctx->md);
+    fputs("<table>\n<tr>", ctx->html);
+    for (int i = 0; i < n; i++) {
+        fputs("<th>", ctx->html);
+        html_text(ctx->html, head[i]);
+        fputs("</th>", ctx->html);
+    }
+    fputs("</tr>\n", ctx->html);
+}
+
+static void table_row(report_ctx *ctx, int n, const char *const *cell) {
+    fputs("|", ctx->md);
+    for (int i = 0; i < n; i++) {
+        fputc(' ', ctx->md);
+        md_text(ctx->md, cell[i] && cell[i][0] ? cell[i] : "-");
+        fputs(" |", ctx->md);
+    }
+    fputc('\n', ctx->md);
+    fputs("<tr>", ctx->html);
+    for (int i = 0; i < n; i++) {
+        fputs("<td>", ctx->html);
+        html_text(ctx->html, cell[i] && cell[i][0] ? cell[i] : "-");
+        fputs("</td>", ctx->html);
+    }
+    fputs("</tr>\n", ctx->html);
+}
+
+static void table_end(report_ctx *ctx) {
+    fputc('\n', ctx->md);
+    fputs("</table>\n", ctx->html);
+}
+
+/* A metric value for a table: bytes with a binary prefix, tokens with one decimal, others 4 digits; "-" NaN. */
+static void fmt_metric(char *buf, size_t cap, double v, kvs_metric m) {
+    if (isnan(v)) snprintf(buf, cap, "-");
+    else if (kvs_metric_table[m].kind == KVS_METRIC_BYTES) kvs_format_bytes(buf, cap, v);
+    else if (kvs_metric_table[m].kind == KVS_METRIC_TOKENS) snprintf(buf, cap, "%.1f", v);
+    else snprintf(buf, cap, "%.4g", v);
+}
+
+static int is_prompt_only(const kvs_results_run_row *w) { return w->budget_scope && !strcmp(w->budget_scope, "prompt"); }
+
+/* ------------------------------------------------------------------------------------------------
+ * Plots: drawn into the report folder, embedded as data: URIs
+ * ---------------------------------------------------------------------------------------------- */
+
+static void base64(FILE *f, const unsigned char *p, size_t n) {
+    static const char tab[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    size_t i = 0;
+    for (; i + 3 <= n; i += 3) {
+        uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8 | p[i + 2];
+        fputc(tab[v >> 18], f);
+        fputc(tab[(v >> 12) & 63], f);
+        fputc(tab[(v >> 6) & 63], f);
+        fputc(tab[v & 63], f);
+    }
+    if (n - i == 1) {
+        uint32_t v = (uint32_t)p[i] << 16;
+        fprintf(f, "%c%c==", tab[v >> 18], tab[(v >> 12) & 63]);
+    } else if (n - i == 2) {
+        uint32_t v = (uint32_t)p[i] << 16 | (uint32_t)p[i + 1] << 8;
+        fprintf(f, "%c%c%c=", tab[v >> 18], tab[(v >> 12) & 63], tab[(v >> 6) & 63]);
+    }
+}
+
+/* Draws one plot as DIR/file and embeds it with `caption`. *drawn is 1 when it was drawn, 0 when the database has
+ * nothing for it (the reason is then written in its place); other failures (gnuplot, I/O) are errors. */
+static kvs_status plot(report_ctx *ctx, kvs_plot_options o, const char *file, const char *caption, int *drawn) {
+    char path[4096];
+    *drawn = 0;
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", ctx->tmp_dir, file) >= sizeof path)
+        return kvs_fail(KVS_ERR_IO, "report: path too long: %s/%s", ctx->tmp_dir, file);
+    o.out_path = path;
+    o.format = "png";
+    o.gnuplot = ctx->opt->gnuplot;
+    kvs_plot *p = NULL;
+    kvs_status st = kvs_plot_prepare(ctx->opt->db_path, &o, &p);
+    if (st == KVS_ERR_DB) { /* nothing to draw: say so where the plot would be */
+        char why[1024];
+        snprintf(why, sizeof why, "%s: not drawn (%s).", caption, kvs_last_error());
+        para(ctx, "%s", why);
+        return KVS_OK;
+    }
+    if (st != KVS_OK) return st;
+    st = kvs_plot_render(p);
+    kvs_plot_free(p);
+    if (st != KVS_OK) return st;
+    char *png = NULL;
+    size_t len = 0;
+    if ((st = kvs_read_file(path, &png, &len)) != KVS_OK) return st;
+    fprintf(ctx->md, "![");
+    md_text(ctx->md, caption);
+    fprintf(ctx->md, "](%s)\n\n", file);
+    fputs("<figure><img alt=\"", ctx->html);
+    html_text(ctx->html, caption);
+    fputs("\" src=\"data:image/png;base64,", ctx->html);
+    base64(ctx->html, (const unsigned char *)png, len);
+    fputs("\"><figcaption>", ctx->html);
+    html_text(ctx->html, caption);
+    fputs("</figcaption></figure>\n", ctx->html);
+    free(png);
+    ctx->n_images++;
+    *drawn = 1;
+    return KVS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Memory levels and comparisons
+ * ---------------------------------------------------------------------------------------------- */
+
+/* The x of a complete non-oracle run under `match` (NaN when not recorded). */
+static double run_x(const kvs_results_run_row *w, kvs_compare_match match) {
+    if (!w->has_agg || w->is_oracle) return NAN;
+    double x = match == KVS_COMPARE_TOKENS ? (double)w->budget_tokens
+                                           : kvs_results_stat_value(match == KVS_COMPARE_MEM ? &w->agg.storage_bytes
+                                                                                             : &w->agg.traffic_bytes,
+                                                                    KVS_STAT_MEAN);
+    return isfinite(x) && x > 0 ? x : NAN;
+}
+
+/* The levels to compare at: the powers of two within [smallest, largest] x of the complete non-oracle runs
+ * (every other one, or sparser, when there are more than MAX_LEVELS), or that smallest x alone when no power of
+ * two lies in the range. Powers of two because they are the sizes people budget in; within the measured range
+ * because compare never extrapolates. Returns how many (0: no run recorded x). */
+static int levels_of(const kvs_results_run_row *rows, int64_t n, kvs_compare_match match, double *out) {
+    double lo = INFINITY, hi = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        if (!rows[i].status || strcmp(rows[i].status, "complete")) continue;
+        double x = run_x(&rows[i], match);
+        if (isnan(x)) continue;
+        if (x < lo) lo = x;
+        if (x > hi) hi = x;
+    }
+    if (!(lo <= hi)) return 0;
+    int p0 = (int)ceil(log2(lo)), p1 = (int)floor(log2(hi));
+    if (p0 > p1) {
+        out[0] = lo;
+        return 1;
+    }
+    int count = p1 - p0 + 1, step = (count + MAX_LEVELS - 1) / MAX_LEVELS, k = 0;
+    for (int p = p0; p <= p1 && k < MAX_LEVELS; p += step) out[k++] = ldexp(1.0, p);
+    return k;
+}
+
+static const char *const compare_cols[] = {"out_err_mean",      "out_err_p95",          "attn_recall_mean",
+                                           "topk_overlap_mean", "attended_tokens_mean", "storage_bytes_mean",
+                                           "traffic_bytes_mean"};
+#define N_COMPARE_COLS ((int)(sizeof compare_cols / sizeof compare_cols[0]))
+
+static kvs_status compare_columns(kvs_compare_column *cols) {
+    for (int c = 0; c < N_COMPARE_COLS; c++) {
+        kvs_status st = kvs_compare_column_parse(compare_cols[c], &cols[c]);
+        if (st != KVS_OK) return st;
+    }
+    return KVS_OK;
+}
+
+/* A series label with the marks the report uses everywhere: (oracle) comes from sim/compare; prompt-only
+ * policies get "(prompt-only budget)". */
+static void series_label(char *buf, size_t cap, const kvs_compare_series *s) {
+    snprintf(buf, cap, "%s%s", s->label, s->prompt_only ? " (prompt-only budget)" : "");
+}
+
+/* The equal-cost table at X under `match` (the rows of `kvsim compare DB --match M --at X`). */
+static kvs_status compare_table(report_ctx *ctx, kvs_compare_match match, double X) {
+    kvs_compare_column cols[N_COMPARE_COLS];
+    kvs_compare *cmp = NULL;
+    kvs_status st = compare_columns(cols);
+    if (st == KVS_OK) st = kvs_compare_create(ctx->rows, ctx->n_rows, match, X, cols, N_COMPARE_COLS, &cmp);
+    if (st != KVS_OK) return st;
+    size_t n = kvs_compare_n_series(cmp), usable = 0;
+    for (size_t i = 0; i < n; i++) usable += kvs_compare_series_at(cmp, i)->status <= KVS_COMPARE_EXACT;
+    if (usable == 0) {
+        kvs_compare_free(cmp);
+        return absent(ctx, "no series has runs on both sides of %s = %.6g (every series out of range or without a "
+                           "recorded %s)",
+                      kvs_compare_match_x(match), X, kvs_compare_match_x(match));
+    }
+    char xb[64];
+    kvs_format_bytes(xb, sizeof xb, X);
+    para(ctx, "Every series (policy, params, trace, measure) interpolated linearly in log(%s) to %s per KV head "
+              "between the two runs that bracket it (kvsim compare %s --match %s --at %.17g); sorted by mean output "
+              "error, best first. A series whose runs do not bracket it is listed as out of range, never "
+              "extrapolated.",
+         kvs_compare_match_x(match), xb, kvs_path_base(ctx->opt->db_path), kvs_compare_match_name(match), X);
+    const char *head[5 + N_COMPARE_COLS + 1];
+    int nh = 0;
+    head[nh++] = "policy";
+    head[nh++] = "params";
+    head[nh++] = "flags";
+    head[nh++] = "trace";
+    head[nh++] = "measure";
+    for (int c = 0; c < N_COMPARE_COLS; c++) head[nh++] = compare_cols[c];
+    head[nh++] = "from runs";
+    table_begin(ctx, nh, head);
+    int any_o = 0, any_p = 0;
+    for (size_t i = 0; i < n; i++) {
+        const kvs_compare_series *s = kvs_compare_series_at(cmp, i);
+        char flags[8], vals[N_COMPARE_COLS][64], from[160], a[64], b[64];
+        snprintf(flags, sizeof flags, "%s%s", s->is_oracle ? "O" : "", s->prompt_only ? "P" : "");
+        any_o |= s->is_oracle;
+        any_p |= s->prompt_only;
+        int ok = s->status <= KVS_COMPARE_EXACT;
+        for (int c = 0; c < N_COMPARE_COLS; c++) {
+            if (ok) fmt_metric(vals[c], sizeof vals[c], s->val[c], cols[c].m);
+            else snprintf(vals[c], sizeof vals[c], "-");
+        }
+        if (s->status == KVS_COMPARE_NO_X) snprintf(from, sizeof from, "no recorded %s", kvs_compare_match_x(match));
+        else if (s->status == KVS_COMPARE_OUT_OF_RANGE) {
+            kvs_format_bytes(a, sizeof a, s->pts[0].x);
+            kvs_format_bytes(b, sizeof b, s->pts[s->n - 1].x);
+            snprintf(from, sizeof from, "out of range [%s, %s]", a, b);
+        } else if (s->status == KVS_COMPARE_EXACT)
+            snprintf(from, sizeof from, "#%" PRId64 " (exact)", s->pts[s->lo].run_id);
+        else
+            snprintf(from, sizeof from, "#%" PRId64 " .. #%" PRId64 " (t=%.3f)", s->pts[s->lo].run_id,
+                     s->pts[s->hi].run_id, s->t);
+        const char *cell[5 + N_COMPARE_COLS + 1];
+        int k = 0;
+        cell[k++] = s->rep->policy;
+        cell[k++] = s->rep->params;
+        cell[k++] = flags;
+        cell[k++] = kvs_path_base(s->rep->trace_path);
+        cell[k++] = s->rep->measure;
+        for (int c = 0; c < N_COMPARE_COLS; c++) cell[k++] = vals[c];
+        cell[k++] = from;
+        table_row(ctx, k, cell);
+    }
+    table_end(ctx);
+    if (any_o) para(ctx, "O = oracle: looks at full attention; a bound, not a deployable policy.");
+    if (any_p)
+        para(ctx, "P = prompt-only budget: the budget bounds the prompt only and every generated token is kept, so "
+                  "its memory grows with the response; here it is compared at its measured memory.");
+    kvs_compare_free(cmp);
+    return KVS_OK;
+}
+
+/* The default X of an equal-cost table: the middle one of the levels (the given option when > 0). */
+static double default_at(report_ctx *ctx, kvs_compare_match match, double given) {
+    if (given > 0) return given;
+    double lv[MAX_LEVELS];
+    int n = levels_of(ctx->rows, ctx->n_rows, match, lv);
+    return n ? lv[(n - 1) / 2] : NAN;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Sections
+ * ---------------------------------------------------------------------------------------------- */
+
+/* Runs of one (trace, measure) group: the summary compares policies only on the same positions of the same
+ * trace. Shallow copies: the strings stay owned by ctx->rows. */
+static int64_t group_rows(const report_ctx *ctx, int64_t trace_id, const char *measure, kvs_results_run_row *out) {
+    int64_t n = 0;
+    for (int64_t i = 0; i < ctx->n_rows; i++)
+        if (ctx->rows[i].trace_id == trace_id && !strcmp(ctx->rows[i].measure, measure)) out[n++] = ctx->rows[i];
+    return n;
+}
+
+static kvs_status sec_summary(report_ctx *ctx) {
+    if (ctx->n_complete == 0) return absent(ctx, "no complete run");
+    kvs_compare_column cols[N_COMPARE_COLS];
+    kvs_status st = compare_columns(cols);
+    if (st != KVS_OK) return st;
+    kvs_results_run_row *grp = malloc((size_t)ctx->n_rows * sizeof *grp);
+    if (!grp) return kvs_fail(KVS_ERR_NOMEM, "report: out of memory");
+    int n_groups = 0, any_level = 0;
+    para(ctx, "Which policy loses the least attention fidelity at each memory level: every policy interpolated to the "
+              "same resident bytes per KV head (KV plus auxiliary state, measured by the replay), lowest mean "
+              "relative output error ||O - O'|| / ||O|| wins. Levels are the powers of two within the measured range; "
+              "a policy whose runs do not reach a level is not compared there (never extrapolated). Oracles are "
+              "bounds, never winners. This is teacher-forced replay of one trace: attention-output error against "
+              "the full cache, not task accuracy.");
+    for (int64_t i = 0; i < ctx->n_rows; i++) {
+        const kvs_results_run_row *w = &ctx->rows[i];
+        int seen = 0;
+        for (int64_t j = 0; j < i && !seen; j++)
+            seen = ctx->rows[j].trace_id == w->trace_id && !strcmp(ctx->rows[j].measure, w->measure);
+        if (seen) continue;
+        int64_t n = group_rows(ctx, w->trace_id, w->measure, grp);
+        double lv[MAX_LEVELS];
+        int n_lv = levels_of(grp, n, KVS_COMPARE_MEM, lv);
+        if (n_lv == 0) continue;
+        n_groups++;
+        char sub[1024];
+        snprintf(sub, sizeof sub, "%s (model %s), measure %s", kvs_path_base(w->trace_path),
+                 w->model && w->model[0] ? w->model : "unknown", w->measure);
+        subheading(ctx, sub);
+        const char *head[] = {"memory per KV head", "series compared", "lowest error", "its out_err_mean",
+                              "runner-up", "runner-up out_err_mean", "oracle bound (out_err_mean)"};
+        table_begin(ctx, 7, head);
+        int wins_count[MAX_LEVELS] = {0};
+        char winner_at[MAX_LEVELS][600];
+        int any_p = 0;
+        for (int l = 0; l < n_lv; l++) {
+            kvs_compare *cmp = NULL;
+            if ((st = kvs_compare_create(grp, n, KVS_COMPARE_MEM, lv[l], cols, N_COMPARE_COLS, &cmp)) != KVS_OK) break;
+            const kvs_compare_series *best = NULL, *second = NULL, *oracle = NULL;
+            int compared = 0;
+            for (size_t k = 0; k < kvs_compare_n_series(cmp); k++) {
+                const kvs_compare_series *s = kvs_compare_series_at(cmp, k);
+                if (s->status > KVS_COMPARE_EXACT || isnan(s->val[0])) continue;
+                compared++;
+                if (s->is_oracle) {
+                    if (!oracle) oracle = s;
+                } else if (!best) best = s;
+                else if (!second) second = s;
+            }
+            char xb[64], cmpd[64], bl[600], be[64], sl[600], se[64], ob[700];
+            kvs_format_bytes(xb, sizeof xb, lv[l]);
+            snprintf(cmpd, sizeof cmpd, "%d of %zu", compared, kvs_compare_n_series(cmp));
+            if (best) series_label(bl, sizeof bl, best);
+            else snprintf(bl, sizeof bl, "-");
+            fmt_metric(be, sizeof be, best ? best->val[0] : NAN, KVS_M_OUT_ERR);
+            if (second) series_label(sl, sizeof sl, second);
+            else snprintf(sl, sizeof sl, "-");
+            fmt_metric(se, sizeof se, second ? second->val[0] : NAN, KVS_M_OUT_ERR);
+            if (oracle) {
+                char oe[64];
+                fmt_metric(oe, sizeof oe, oracle->val[0], KVS_M_OUT_ERR);
+                snprintf(ob, sizeof ob, "%s: %s", oracle->label, oe);
+            } else snprintf(ob, sizeof ob, "-");
+            any_p |= (best && best->prompt_only) || (second && second->prompt_only);
+            const char *cell[] = {xb, cmpd, bl, be, sl, se, ob};
+            table_row(ctx, 7, cell);
+            snprintf(winner_at[l], sizeof winner_at[l], "%s", best ? bl : "");
+            wins_count[l] = best != NULL;
+            kvs_compare_free(cmp);
+        }
+        table_end(ctx);
+        if (st != KVS_OK) break;
+        /* The sentence a reader remembers: who wins most levels, and whether one policy wins them all. */
+        int most = -1, most_n = 0, n_won = 0;
+        for (int l = 0; l < n_lv; l++) {
+            if (!wins_count[l]) continue;
+            n_won++;
+            int c = 0;
+            for (int m = 0; m < n_lv; m++) c += wins_count[m] && !strcmp(winner_at[m], winner_at[l]);
+            if (c > most_n) most_n = c, most = l;
+        }
+        if (most >= 0) {
+            any_level = 1;
+            if (most_n == n_won)
+                para(ctx, "%s has the lowest mean output error at every compared level (%d of %d).", winner_at[most],
+                     most_n, n_lv);
+            else
+                para(ctx, "%s has the lowest mean output error at %d of the %d levels where a policy was compared; "
+                          "the winner changes with the memory level (table above).",
+                     winner_at[most], most_n, n_won);
+        }
+        /* An oracle that stores the whole cache (topk) is at one memory only: say why its column is empty. */
+        for (int64_t r = 0; r < n; r++) {
+            if (!grp[r].is_oracle || !grp[r].has_agg) continue;
+            int first = 1;
+            for (int64_t q = 0; q < r && first; q++) first = !(grp[q].is_oracle && !strcmp(grp[q].policy, grp[r].policy));
+            if (!first) continue;
+            double lo = INFINITY, hi = -INFINITY;
+            for (int64_t q = 0; q < n; q++) {
+                if (!grp[q].is_oracle || strcmp(grp[q].policy, grp[r].policy) || !grp[q].has_agg) continue;
+                double x = kvs_results_stat_value(&grp[q].agg.storage_bytes, KVS_STAT_MEAN);
+                if (x < lo) lo = x;
+                if (x > hi) hi = x;
+            }
+            int in_any = 0;
+            for (int l = 0; l < n_lv; l++) in_any |= lv[l] >= lo && lv[l] <= hi;
+            if (!in_any && lo <= hi) {
+                char a[64], b[64];
+                kvs_format_bytes(a, sizeof a, lo);
+                kvs_format_bytes(b, sizeof b, hi);
+                para(ctx, "The oracle %s is at none of these levels: its measured memory is %s to %s per KV head (an "
+                          "oracle that selects from the full cache stores all of it).",
+                     grp[r].policy, a, b);
+            }
+        }
+        if (any_p)
+            para(ctx, "(prompt-only budget): the policy bounds the prompt only and keeps every generated token; "
+                      "it is compared at its measured memory, which grows with the response length.");
+    }
+    free(grp);
+    if (st != KVS_OK) return st;
+    if (n_groups == 0 || !any_level)
+        return absent(ctx, "no complete non-oracle run recorded its resident memory (storage_bytes)");
+    return KVS_OK;
+}
+
+/* The trace header, when the trace file is still readable at its stored path and is the trace the runs
+ * replayed (same model name and shape): the capture settings live only there. */
+static void trace_capture(report_ctx *ctx, const kvs_results_run_row *w) {
+    kvs_trace *t = NULL;
+    if (kvs_trace_open(w->trace_path, &t) != KVS_OK) {
+        para(ctx, "Capture settings not shown: the trace file %s is not readable from here (%s).", w->trace_path,
+             kvs_last_error());
+        return;
+    }
+    const kvs_trace_info *in = kvs_trace_info_get(t);
+    if (in->n_positions != w->n_positions || in->model.n_layers != w->n_layers || in->model.n_heads != w->n_heads ||
+        in->model.n_kv_heads != w->n_kv_heads || in->model.head_dim != w->head_dim ||
+        strcmp(in->model.model_name, w->model ? w->model : "")) {
+        para(ctx, "Capture settings not shown: the file now at %s holds another trace than the one replayed.",
+             w->trace_path);
+        kvs_trace_close(t);
+        return;
+    }
+    char b[64], c[64];
+    kvs_format_bytes(b, sizeof b, (double)in->raw_bytes);
+    kvs_format_bytes(c, sizeof c, (double)in->compressed_bytes);
+    para(ctx, "Capture (from the trace header, format version %u): %s; dtype %s; max_new_tokens %d; %d positions per "
+              "block; model dim %d, FFN %d, vocab %d, context %d, rope theta %g; payload %s raw, %s compressed.",
+         in->version, in->capture.settings[0] ? in->capture.settings : "no settings recorded",
+         kvs_dtype_name((kvs_dtype)in->capture.dtype), in->capture.max_new_tokens, in->capture.block_positions,
+         in->model.dim, in->model.hidden_dim, in->model.vocab_size, in->model.max_seq_len, (double)in->model.rope_theta,
+         b, c);
+    kvs_trace_close(t);
+}
+
+static kvs_status sec_traces(report_ctx *ctx) {
+    const char *head[] = {"trace", "path", "model", "positions", "prompt", "turns", "layers",
+                          "heads", "KV heads", "head_dim", "dtype", "runs"};
+    table_begin(ctx, 12, head);
+    for (int64_t i = 0; i < ctx->n_rows; i++) {
+        const kvs_results_run_row *w = &ctx->rows[i];
+        int seen = 0, runs = 0;
+        for (int64_t j = 0; j < i && !seen; j++) seen = ctx->rows[j].trace_id == w->trace_id;
+        if (seen) continue;
+        for (int64_t j = 0; j < ctx->n_rows; j++) runs += ctx->rows[j].trace_id == w->trace_id;
+        char id[32], np[32], pl[32], nt[32], nl[16], nh[16], nk[16], hd[16], nr[16];
+        snprintf(id, sizeof id, "#%" PRId64, w->trace_id);
+        snprintf(np, sizeof np, "%" PRId64, w->n_positions);
+        snprintf(pl, sizeof pl, "%" PRId64, w->prompt_len);
+        snprintf(nt, sizeof nt, "%" PRId64, w->n_turns);
+        snprintf(nl, sizeof nl, "%d", w->n_layers);
+        snprintf(nh, sizeof nh, "%d", w->n_heads);
+        snprintf(nk, sizeof nk, "%d", w->n_kv_heads);
+        snprintf(hd, sizeof hd, "%d", w->head_dim);
+        snprintf(nr, sizeof nr, "%d", runs);
+        const char *cell[] = {id, w->trace_path, w->model, np, pl, nt, nl, nh, nk, hd, w->dtype, nr};
+        table_row(ctx, 12, cell);
+    }
+    table_end(ctx);
+    for (int64_t i = 0; i < ctx->n_rows; i++) {
+        const kvs_results_run_row *w = &ctx->rows[i];
+        int seen = 0;
+        for (int64_t j = 0; j < i && !seen; j++) seen = ctx->rows[j].trace_id == w->trace_id;
+        if (seen) continue;
+        char sub[600];
+        snprintf(sub, sizeof sub, "Trace #%" PRId64 ": %s", w->trace_id, kvs_path_base(w->trace_path));
+        subheading(ctx, sub);
+        kvs_turn *turns = NULL;
+        int64_t n_turns = 0;
+        kvs_status st = kvs_results_query_turns(ctx->db, w->trace_id, &turns, &n_turns);
+        if (st != KVS_OK) return st;
+        if (n_turns == 0) para(ctx, "Turns: not recorded in the database.");
+        else {
+            char buf[2048];
+            size_t len = (size_t)snprintf(buf, sizeof buf, "Turns (prompt [begin, prompt end), response [prompt end, "
+                                                           "end)):");
+            for (int64_t t = 0; t < n_turns && len < sizeof buf; t++)
+                len += (size_t)snprintf(buf + len, sizeof buf - len, "%s turn %" PRId64 ": [%" PRId64 ", %" PRId64
+                                                                     "), [%" PRId64 ", %" PRId64 ")",
+                                        t ? ";" : "", t, turns[t].begin, turns[t].prompt_end, turns[t].prompt_end,
+                                        turns[t].end);
+            para(ctx, "%s.", buf);
+        }
+        free(turns);
+        trace_capture(ctx, w);
+    }
+    return KVS_OK;
+}
+
+static kvs_status sec_runs(report_ctx *ctx) {
+    const char *head[] = {"run", "policy", "params", "budget", "measure", "budget scope", "layout", "flags",
+                          "status", "out_err_mean", "out_err_p95", "attn_recall_mean", "storage_bytes_mean",
+                          "traffic_bytes_mean", "trace", "notes"};
+    int any_o = 0, any_p = 0, any_f = 0, any_n = 0;
+    table_begin(ctx, 16, head);
+    for (int64_t i = 0; i < ctx->n_rows; i++) {
+        const kvs_results_run_row *w = &ctx->rows[i];
+        char id[32], budget[64], flags[8], e[32], e95[32], rec[32], sto[32], tra[32];
+        snprintf(id, sizeof id, "#%" PRId64, w->id);
+        if (w->budget_fraction >= 0)
+            snprintf(budget, sizeof budget, "%" PRId64 " (%g%% of the prompt)", w->budget_tokens,
+                     100.0 * w->budget_fraction);
+        else snprintf(budget, sizeof budget, "%" PRId64, w->budget_tokens);
+        int failed = strcmp(w->status, "complete") != 0;
+        snprintf(flags, sizeof flags, "%s%s%s%s", w->is_oracle ? "O" : "", is_prompt_only(w) ? "P" : "",
+                 failed ? "F" : "", w->notes ? "N" : "");
+        any_o |= w->is_oracle;
+        any_p |= is_prompt_only(w);
+        any_f |= failed;
+        any_n |= w->notes != NULL;
+        fmt_metric(e, sizeof e, kvs_results_stat_value(&w->agg.out_err, KVS_STAT_MEAN), KVS_M_OUT_ERR);
+        fmt_metric(e95, sizeof e95, kvs_results_stat_value(&w->agg.out_err, KVS_STAT_P95), KVS_M_OUT_ERR);
+        fmt_metric(rec, sizeof rec, kvs_results_stat_value(&w->agg.attn_recall, KVS_STAT_MEAN), KVS_M_ATTN_RECALL);
+        fmt_metric(sto, sizeof sto, kvs_results_stat_value(&w->agg.storage_bytes, KVS_STAT_MEAN), KVS_M_STORAGE);
+        fmt_metric(tra, sizeof tra, kvs_results_stat_value(&w->agg.traffic_bytes, KVS_STAT_MEAN), KVS_M_TRAFFIC);
+        char notes[1024];
+        snprintf(notes, sizeof notes, "%s%s%s", w->notes ? w->notes : "", w->notes && w->error ? "; " : "",
+                 w->error ? w->error : "");
+        const char *cell[] = {id,  w->policy, w->params, budget, w->measure, w->budget_scope, w->layout,
+                              flags, w->status, e, e95, rec, sto, tra, kvs_path_base(w->trace_path), notes};
+        table_row(ctx, 16, cell);
+    }
+    table_end(ctx);
+    para(ctx, "%" PRId64 " runs, %" PRId64 " complete. Budgets are tokens per KV head (the current token included); "
+              "bytes are means over measured steps per (layer, KV head).",
+         ctx->n_rows, ctx->n_complete);
+    if (any_o) para(ctx, "O = oracle: looks at full attention; a bound, not a deployable policy.");
+    if (any_p)
+        para(ctx, "P = prompt-only budget (budget scope prompt): the budget bounds the prompt only; generated tokens "
+                  "are all kept, so attended tokens and resident bytes grow past the budget. Compare such runs at "
+                  "their measured memory (equal-memory comparison), not at their nominal budget.");
+    if (any_f) para(ctx, "F = failed: the run did not complete (its error in the notes column); it has no metrics.");
+    if (any_n) para(ctx, "N = note: the configuration degenerates at this budget or on this trace (kvsim replay warned).");
+    return KVS_OK;
+}
+
+static kvs_status sec_equal_memory(report_ctx *ctx) {
+    double X = default_at(ctx, KVS_COMPARE_MEM, ctx->opt->mem_at);
+    if (isnan(X)) return absent(ctx, "no complete non-oracle run recorded its resident memory (storage_bytes)");
+    return compare_table(ctx, KVS_COMPARE_MEM, X);
+}
+
+static kvs_status sec_equal_traffic(report_ctx *ctx) {
+    double X = default_at(ctx, KVS_COMPARE_TRAFFIC, ctx->opt->traffic_at);
+    if (isnan(X)) return absent(ctx, "no complete non-oracle run recorded its traffic per step (traffic_bytes)");
+    return compare_table(ctx, KVS_COMPARE_TRAFFIC, X);
+}
+
+/* A section made of plots: absent when none of them could be drawn. */
+typedef struct {
+    kvs_plot_kind kind;
+    const char *metric; /* NULL = the kind's default */
+    const char *file, *caption;
+} plot_spec;
+
+static kvs_status plot_section(report_ctx *ctx, const plot_spec *ps, int n, int64_t budget, const char *why_none) {
+    int any = 0;
+    for (int i = 0; i < n; i++) {
+        kvs_plot_options o = {.kind = ps[i].kind, .metric = ps[i].metric, .layer = -1, .budget_tokens = budget};
+        int drawn = 0;
+        kvs_status st = plot(ctx, o, ps[i].file, ps[i].caption, &drawn);
+        if (st != KVS_OK) return st;
+        any |= drawn;
+    }
+    return any ? KVS_OK : absent(ctx, "%s", why_none);
+}
+
+static kvs_status sec_pareto(report_ctx *ctx) {
+    static const plot_spec ps[] = {
+        {KVS_PLOT_ERROR_VS_MEMORY, NULL, "error_vs_memory.png",
+         "Mean output error vs measured resident bytes per KV head, with the Pareto frontier (grey)"},
+        {KVS_PLOT_ERROR_VS_TRAFFIC, NULL, "error_vs_traffic.png",
+         "Mean output error vs bytes read per decode step per KV head, with the Pareto frontier (grey)"},
+    };
+    para(ctx, "Each point is a run at its measured cost; the grey step line is the Pareto frontier of the non-oracle "
+              "runs (lowest error at no more bytes). Oracles are black and dashed.");
+    return plot_section(ctx, ps, 2, -1, "no complete run recorded its resident memory or traffic");
+}
+
+static kvs_status sec_budget(report_ctx *ctx) {
+    static const plot_spec ps[] = {
+        {KVS_PLOT_ERROR_VS_BUDGET, NULL, "error_vs_budget.png", "Mean output error vs nominal budget (tokens per KV head)"},
+        {KVS_PLOT_ERROR_VS_BUDGET, "attn_recall_mean", "recall_vs_budget.png",
+         "Attention recall vs nominal budget (tokens per KV head)"},
+        {KVS_PLOT_MEMORY_VS_BUDGET, NULL, "memory_vs_budget.png", "Peak resident bytes per KV head vs nominal budget"},
+    };
+    para(ctx, "By nominal budget, for reference: a budget means different things to different policies (a "
+              "prompt-only policy keeps every generated token and is labelled so); the equal-memory comparison is "
+              "the fair one.");
+    return plot_section(ctx, ps, 3, -1, "no complete run with an aggregate");
+}
+
+/* The budget of the error-vs-position plot: the lower median of the distinct budgets of the complete runs (one
+ * line per run would be unreadable over every budget). */
+static int64_t position_budget(const report_ctx *ctx) {
+    int64_t *b = malloc((size_t)(ctx->n_rows ? ctx->n_rows : 1) * sizeof *b);
+    int64_t n = 0, pick = -1;
+    if (!b) return -1;
+    for (int64_t i = 0; i < ctx->n_rows; i++) {
+        if (strcmp(ctx->rows[i].status, "complete")) continue;
+        int dup = 0;
+        for (int64_t j = 0; j < n && !dup; j++) dup = b[j] == ctx->rows[i].budget_tokens;
+        if (!dup) b[n++] = ctx->rows[i].budget_tokens;
+    }
+    for (int64_t i = 1; i < n; i++)
+        for (int64_t j = i; j > 0 && b[j - 1] > b[j]; j--) {
+            int64_t t = b[j];
+            b[j] = b[j - 1];
+            b[j - 1] = t;
+        }
+    if (n) pick = b[(n - 1) / 2];
+    free(b);
+    return pick;
+}
+
+static kvs_status sec_position(report_ctx *ctx) {
+    int64_t budget = position_budget(ctx);
+    if (budget <= 0) return absent(ctx, "no complete run");
+    char caption[256];
+    snprintf(caption, sizeof caption, "Output error vs decode position, runs with budget %" PRId64
+                                      " tokens per KV head (mean over layers and query heads)",
+             budget);
+    plot_spec ps[] = {{KVS_PLOT_ERROR_VS_POSITION, NULL, "error_vs_position.png", caption}};
+    para(ctx, "How the error evolves as the response grows (kvsim plot --kind error-vs-position --budget %" PRId64
+              "): one line per run at the median budget of the study; a multi-turn trace has each turn's prompt shaded.",
+         budget);
+    return plot_section(ctx, ps, 1, budget, "no run stored its per-step series (kvsim replay --series-every)");
+}
+
+/* THE REPORT: one line per section, in reading order. A new section (drift, heads, capacity plans: each reading
+ * its family through sim/results_<family>.h) is one function and one line here. */
+static const report_section sections[] = {
+    {"summary", "Summary: which policy wins at each memory level", sec_summary},
+    {"traces", "Traces used", sec_traces},
+    {"runs", "Runs", sec_runs},
+    {"equal-memory", "Equal-memory comparison", sec_equal_memory},
+    {"equal-traffic", "Equal-traffic comparison", sec_equal_traffic},
+    {"pareto", "Error vs measured memory and traffic (Pareto frontier)", sec_pareto},
+    {"budget", "Error and memory vs nominal budget", sec_budget},
+    {"position", "Error vs decode position", sec_position},
+};
+#define N_SECTIONS (sizeof sections / sizeof sections[0])
+
+/* ------------------------------------------------------------------------------------------------
+ * The report folder: written beside DIR, swapped in when complete
+ * ---------------------------------------------------------------------------------------------- */
+
+/* Removes a folder this report created and the plain files in it. */
+static void remove_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        char p[4096];
+        while ((e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") &&
+                (size_t)snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < sizeof p)
+                unlink(p);
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+/* A name a report writes: report.html, report.md, NAME.png (and kvs_out's temporary files of them). */
+static int report_file_name(const char *n) {
+    size_t l = strlen(n);
+    return !strcmp(n, "report.html") || !strcmp(n, "report.md") || (l > 4 && !strcmp(n + l - 4, ".png"));
+}
+
+/* KVS_OK when DIR does not exist or is a folder holding a previous report and nothing else (*exists says
+ * which); else KVS_ERR_IO saying why it will not be replaced. */
+static kvs_status check_out_dir(const char *dir, int *exists) {
+    struct stat sb;
+    *exists = 0;
+    if (lstat(dir, &sb) != 0) {
+        if (errno == ENOENT) return KVS_OK;
+        return kvs_fail(KVS_ERR_IO, "%s: %s", dir, strerror(errno));
+    }
+    if (S_ISLNK(sb.st_mode))
+        return kvs_fail(KVS_ERR_IO, "%s is a symbolic link: give the report folder itself", dir);
+    if (!S_ISDIR(sb.st_mode)) return kvs_fail(KVS_ERR_IO, "%s exists and is not a folder: left unchanged", dir);
+    DIR *d = opendir(dir);
+    if (!d) return kvs_fail(KVS_ERR_IO, "%s: %s", dir, strerror(errno));
+    struct dirent *e;
+    int n = 0, has_report = 0;
+    kvs_status st = KVS_OK;
+    while ((e = readdir(d)) && st == KVS_OK) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        n++;
+        has_report |= !strcmp(e->d_name, "report.html");
+        char p[4096];
+        struct stat fb;
+        if (!report_file_name(e->d_name) || (size_t)snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= sizeof p ||
+            lstat(p, &fb) != 0 || !S_ISREG(fb.st_mode))
+            st = kvs_fail(KVS_ERR_IO, "%s exists and holds '%s', which is not part of a kvsim report: it is left "
+                                      "unchanged (give another --out, or remove it)",
+                          dir, e->d_name);
+    }
+    closedir(d);
+    if (st == KVS_OK && n > 0 && !has_report)
+        st = kvs_fail(KVS_ERR_IO, "%s exists and is not a kvsim report folder (no report.html): it is left unchanged",
+                      dir);
+    *exists = 1;
+    return st;
+}
+
+/* Puts the complete folder tmp in place of dir (which, when it exists, was checked to be a previous report):
+ * exchanged atomically when the file system can, else the old one moved aside first. */
+static kvs_status swap_in(const char *tmp, const char *dir, int exists, const char *parent, const char *base) {
+    if (!exists) {
+        if (rename(tmp, dir) != 0) return kvs_fail(KVS_ERR_IO, "cannot create %s: %s", dir, strerror(errno));
+        return KVS_OK;
+    }
+#ifdef RENAME_EXCHANGE
+    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, dir, RENAME_EXCHANGE) == 0) {
+        remove_tree(tmp); /* now the old report */
+        return KVS_OK;
+    }
+#endif
+    char old[4096];
+    if ((size_t)snprintf(old, sizeof old, "%s/.%s.old.XXXXXX", parent, base) >= sizeof old || !mkdtemp(old))
+        return kvs_fail(KVS_ERR_IO, "cannot replace %s: %s", dir, strerror(errno));
+    if (rename(dir, old) != 0) {
+        int e = errno;
+        rmdir(old);
+        return kvs_fail(KVS_ERR_IO, "cannot replace %s: %s", dir, strerror(e));
+    }
+    if (rename(tmp, dir) != 0) {
+        int e = errno;
+        if (rename(old, dir) != 0) rmdir(old);
+        return kvs_fail(KVS_ERR_IO, "cannot replace %s: %s", dir, strerror(e));
+    }
+    remove_tree(old);
+    return KVS_OK;
+}
+
+/* Writes `n` bytes of text as DIR/name through common/kvs_out.h. */
+static kvs_status write_text(const char *dir, const char *name, const char *text, size_t n) {
+    char p[4096];
+    if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, name) >= sizeof p)
+        return kvs_fail(KVS_ERR_IO, "report: path too long: %s/%s", dir, name);
+    kvs_out *o = NULL;
+    kvs_status st = kvs_out_open(p, &o);
+    if (st != KVS_OK) return st;
+    if ((st = kvs_out_write(o, text, n)) != KVS_OK) {
+        kvs_out_abort(o);
+        return st;
+    }
+    return kvs_out_commit(o);
+}
+
+static const char style[] =
+    "body{font-family:sans-serif;max-width:1200px;margin:1em auto;color:#111;background:#fff}"
+    "table{border-collapse:collapse;font-size:12px;margin:0.5em 0;display:block;overflow-x:auto}"
+    "th,td{border:1px solid #bbb;padding:2px 6px;text-align:left;max-width:30em}th{background:#eee}"
+    "figure{margin:1em 0}figure img{max-width:100%;border:1px solid #ddd}figcaption{font-size:13px;color:#444}"
+    "nav li{font-size:14px}a{color:#222}";
+
+/* Runs every section into its own buffers; appends the present ones to md/html. */
+static kvs_status render_sections(report_ctx *ctx, FILE *md, FILE *html, kvs_report_result *res, char **absent_md,
+                                  size_t *absent_md_len, FILE *absent_html) {
+    FILE *amd = open_memstream(absent_md, absent_md_len);
+    if (!amd) return kvs_fail(KVS_ERR_NOMEM, "report: out of memory");
+    kvs_status st = KVS_OK;
+    for (size_t i = 0; i < N_SECTIONS && st == KVS_OK; i++) {
+        char *mb = NULL, *hb = NULL;
+        size_t ml = 0, hl = 0;
+        ctx->md = open_memstream(&mb, &ml);
+        ctx->html = open_memstream(&hb, &hl);
+        ctx->absent[0] = '\0';
+        if (!ctx->md || !ctx->html) st = kvs_fail(KVS_ERR_NOMEM, "report: out of memory");
+        else st = sections[i].render(ctx);
+        if (ctx->md) fclose(ctx->md);
+        if (ctx->html) fclose(ctx->html);
+        ctx->md = ctx->html = NULL;
+        if (st == KVS_OK && ctx->absent[0]) {
+            res->n_absent++;
+            fprintf(amd, "- **");
+            md_text(amd, sections[i].title);
+            fprintf(amd, "**: ");
+            md_text(amd, ctx->absent);
+            fputc('\n', amd);
+            fputs("<li><b>", absent_html);
+            html_text(absent_html, sections[i].title);
+            fputs("</b>: ", absent_html);
+            html_text(absent_html, ctx->absent);
+            fputs("</li>\n", absent_html);
+        } else if (st == KVS_OK) {
+            res->n_present++;
+            fprintf(md, "## ");
+            md_text(md, sections[i].title);
+            fprintf(md, "\n\n%s", mb ? mb : "");
+            fprintf(html, "<section id=\"%s\">\n<h2>", sections[i].anchor);
+            html_text(html, sections[i].title);
+            fprintf(html, "</h2>\n%s</section>\n", hb ? hb : "");
+        }
+        free(mb);
+        free(hb);
+    }
+    fclose(amd);
+    return st;
+}
+
+static kvs_status write_report(report_ctx *ctx, kvs_report_result *res) {
+    char *md = NULL, *html = NULL, *amd = NULL, *ahtml = NULL;
+    size_t md_len = 0, html_len = 0, amd_len = 0, ahtml_len = 0;
+    FILE *fm = open_memstream(&md, &md_len), *fh = open_memstream(&html, &html_len),
+         *fah = open_memstream(&ahtml, &ahtml_len);
+    kvs_status st = KVS_OK;
+    if (!fm || !fh || !fah) st = kvs_fail(KVS_ERR_NOMEM, "report: out of memory");
+    else st = render_sections(ctx, fm, fh, res, &amd, &amd_len, fah);
+    if (fm) fclose(fm);
+    if (fh) fclose(fh);
+    if (fah) fclose(fah);
+    if (st != KVS_OK) goto cleanup;
+    /* The page: header, contents, the sections, what the database does not hold. */
+    const char *dbname = kvs_path_base(ctx->opt->db_path);
+    char *page_md = NULL, *page_html = NULL;
+    size_t page_md_len = 0, page_html_len = 0;
+    FILE *pm = open_memstream(&page_md, &page_md_len), *ph = open_memstream(&page_html, &page_html_len);
+    if (!pm || !ph) {
+        if (pm) fclose(pm);
+        if (ph) fclose(ph);
+        free(page_md);
+        free(page_html);
+        st = kvs_fail(KVS_ERR_NOMEM, "report: out of memory");
+        goto cleanup;
+    }
+    fprintf(pm, "# kvsim study report: ");
+    md_text(pm, dbname);
+    fprintf(pm, "\n\nResults database `%s`: %" PRId64 " runs (%" PRId64 " complete). Written by `kvsim report` from "
+                "the database alone; the HTML twin of this file embeds every plot.\n\n",
+            ctx->opt->db_path, ctx->n_rows, ctx->n_complete);
+    fprintf(pm, "%s", md ? md : "");
+    if (res->n_absent) fprintf(pm, "## Not in this database\n\n%s\n", amd ? amd : "");
+    fprintf(ph, "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>kvsim study report: ");
+    html_text(ph, dbname);
+    fprintf(ph, "</title>\n<style>%s</style>\n</head>\n<body>\n<h1>kvsim study report: ", style);
+    html_text(ph, dbname);
+    fprintf(ph, "</h1>\n<p>Results database <code>");
+    html_text(ph, ctx->opt->db_path);
+    fprintf(ph, "</code>: %" PRId64 " runs (%" PRId64 " complete). Written by <code>kvsim report</code> from the "
+                "database alone; every plot is embedded in this page.</p>\n<nav><ul>\n",
+            ctx->n_rows, ctx->n_complete);
+    /* Contents: the anchors of the present sections, found in the body just rendered. */
+    for (size_t i = 0; i < N_SECTIONS; i++) {
+        char id[96];
+        snprintf(id, sizeof id, "<section id=\"%s\">", sections[i].anchor);
+        if (!html || !strstr(html, id)) continue;
+        fprintf(ph, "<li><a href=\"#%s\">", sections[i].anchor);
+        html_text(ph, sections[i].title);
+        fprintf(ph, "</a></li>\n");
+    }
+    if (res->n_absent) fprintf(ph, "<li><a href=\"#absent\">Not in this database</a></li>\n");
+    fprintf(ph, "</ul></nav>\n%s", html ? html : "");
+    if (res->n_absent)
+        fprintf(ph, "<section id=\"absent\">\n<h2>Not in this database</h2>\n<ul>\n%s</ul>\n</section>\n",
+                ahtml ? ahtml : "");
+    fprintf(ph, "</body>\n</html>\n");
+    fclose(pm);
+    fclose(ph);
+    st = write_text(ctx->tmp_dir, "report.md", page_md, page_md_len);
+    if (st == KVS_OK) st = write_text(ctx->tmp_dir, "report.html", page_html, page_html_len);
+    free(page_md);
+    free(page_html);
+cleanup:
+    free(md);
+    free(html);
+    free(amd);
+    free(ahtml);
+    return st;
+}
+
+kvs_status kvs_report_write(const kvs_report_options *opt, kvs_report_result *res) {
+    kvs_report_result dummy;
+    if (!res) res = &dummy;
+    memset(res, 0, sizeof *res);
+    if (!opt || !opt->db_path || !opt->out_dir || !opt->out_dir[0])
+        return kvs_fail(KVS_ERR_INVALID_ARG, "report: a database and an output folder are needed");
+    /* DIR without trailing slashes, split into its parent and name (the temporary folder goes beside it). */
+    char dir[4096], parent[4096], base[4096];
+    size_t len = strlen(opt->out_dir);
+    if (len >= sizeof dir) return kvs_fail(KVS_ERR_INVALID_ARG, "--out: path too long");
+    memcpy(dir, opt->out_dir, len + 1);
+    while (len > 1 && dir[len - 1] == '/') dir[--len] = '\0';
+    const char *slash = strrchr(dir, '/');
+    if (slash) {
+        size_t pl = slash == dir ? 1 : (size_t)(slash - dir);
+        memcpy(parent, dir, pl);
+        parent[pl] = '\0';
+    } else snprintf(parent, sizeof parent, ".");
+    snprintf(base, sizeof base, "%s", slash ? slash + 1 : dir);
+    if (!base[0] || !strcmp(base, ".") || !strcmp(base, "..") || !strcmp(dir, "/"))
+        return kvs_fail(KVS_ERR_INVALID_ARG, "--out: '%s' does not name a folder to create", opt->out_dir);
+
+    report_ctx ctx = {.opt = opt};
+    char tmp[4096] = "";
+    int exists = 0;
+    kvs_status st = kvs_results_open_readonly(opt->db_path, &ctx.db);
+    if (st != KVS_OK) return st;
+    kvs_results_filter f = {.include_failed = 1};
+    KVS_TRY(st = kvs_results_query_runs(ctx.db, &f, &ctx.rows, &ctx.n_rows));
+    if (ctx.n_rows == 0) {
+        st = kvs_fail(KVS_ERR_DB, "%s: no runs in the database: nothing to report (kvsim replay TRACE --db %s ... "
+                                  "records some)",
+                      opt->db_path, opt->db_path);
+        goto cleanup;
+    }
+    for (int64_t i = 0; i < ctx.n_rows; i++) ctx.n_complete += !strcmp(ctx.rows[i].status, "complete");
+    KVS_TRY(st = check_out_dir(dir, &exists));
+    if ((size_t)snprintf(tmp, sizeof tmp, "%s/.%s.tmp.XXXXXX", parent, base) >= sizeof tmp) {
+        tmp[0] = '\0';
+        st = kvs_fail(KVS_ERR_INVALID_ARG, "--out: path too long");
+        goto cleanup;
+    }
+    if (!mkdtemp(tmp)) {
+        st = kvs_fail(KVS_ERR_IO, "cannot create a folder beside %s: %s", dir, strerror(errno));
+        tmp[0] = '\0';
+        goto cleanup;
+    }
+    /* mkdtemp makes it 0700; a report is for reading. */
+    mode_t um = umask(0);
+    umask(um);
+    chmod(tmp, 0777 & ~um);
+    ctx.tmp_dir = tmp;
+    KVS_TRY(st = write_report(&ctx, res));
+    res->n_images = ctx.n_images;
+    KVS_TRY(st = swap_in(tmp, dir, exists, parent, base));
+    tmp[0] = '\0';
+cleanup:
+    if (tmp[0]) remove_tree(tmp);
+    kvs_results_run_rows_free(ctx.rows, ctx.n_rows);
+    kvs_results_close(ctx.db);
+    if (st != KVS_OK) memset(res, 0, sizeof *res);
+    return st;
+}
