@@ -105,7 +105,10 @@ static void print_json(FILE *o) {
                 fputc(']', o);
                 break;
             case KVS_PARAM_STRING: kvs_cli_json_string(o, pp->def_str ? pp->def_str : ""); break;
-            case KVS_PARAM_FILE: fputs("null", o); break;
+            case KVS_PARAM_FILE:
+                if (pp->def_str && pp->def_str[0]) kvs_cli_json_string(o, pp->def_str);
+                else fputs("null", o);
+                break;
             }
             fputs(",\"help\":", o);
             kvs_cli_json_string(o, pp->help);
@@ -161,7 +164,13 @@ static void print_text(FILE *o) {
             case KVS_PARAM_STRING:
                 fprintf(o, "  %s=TEXT, default '%s'\n", pp->key, pp->def_str ? pp->def_str : "");
                 break;
-            case KVS_PARAM_FILE: fprintf(o, "  %s=PATH, default none (recorded with its sha256)\n", pp->key); break;
+            case KVS_PARAM_FILE:
+                if (pp->choices)
+                    fprintf(o, "  %s=PATH|%s, default %s (a PATH is recorded with its sha256)\n", pp->key, pp->choices,
+                            pp->def_str && pp->def_str[0] ? pp->def_str : "none");
+                else
+                    fprintf(o, "  %s=PATH, default none (recorded with its sha256)\n", pp->key);
+                break;
             }
             fprintf(o, "      %s\n", pp->help);
         }

@@ -26,6 +26,7 @@ static const struct kvs_policy_ops *const registry[] = {
     &kvs_policy_hsa,
     &kvs_policy_quest,
     &kvs_policy_sparq,
+    &kvs_policy_synckv,
 };
 
 int kvs_policy_count(void) { return (int)(sizeof registry / sizeof registry[0]); }

@@ -27,5 +27,6 @@ extern const struct kvs_policy_ops kvs_policy_rocketkv_mt;
 extern const struct kvs_policy_ops kvs_policy_hsa;
 extern const struct kvs_policy_ops kvs_policy_quest;
 extern const struct kvs_policy_ops kvs_policy_sparq;
+extern const struct kvs_policy_ops kvs_policy_synckv;
 
 #endif /* KVS_POLICIES_REGISTRY_H */

@@ -74,7 +74,7 @@ static void build_canonical(kvs_policy_config *cfg) {
     cfg->canonical[0] = 0;
     for (int i = 0; i < ops->n_params; i++) {
         char val[KVS_POLICY_STR_MAX + 80];
-        if (ops->params[i].type == KVS_PARAM_FILE && cfg->str[i][0])
+        if (ops->params[i].type == KVS_PARAM_FILE && cfg->str[i][0] && cfg->sha256[i][0]) /* not a keyword */
             snprintf(val, sizeof val, "%s@sha256:%s", cfg->str[i], cfg->sha256[i]);
         else if (is_text_param(&ops->params[i]))
             snprintf(val, sizeof val, "%s", cfg->str[i]);
@@ -94,7 +94,7 @@ void kvs_policy_defaults(const struct kvs_policy_ops *ops, kvs_policy_config *cf
     cfg->ops = ops;
     for (int i = 0; i < ops->n_params; i++) {
         cfg->v[i] = ops->params[i].def;
-        if (ops->params[i].type == KVS_PARAM_STRING && ops->params[i].def_str)
+        if (is_text_param(&ops->params[i]) && ops->params[i].def_str)
             snprintf(cfg->str[i], sizeof cfg->str[i], "%s", ops->params[i].def_str);
     }
     build_canonical(cfg);
@@ -117,6 +117,8 @@ static kvs_status parse_text(const char *policy, const kvs_policy_param *pp, con
     cfg->str[i][len] = 0;
     cfg->sha256[i][0] = 0;
     if (pp->type != KVS_PARAM_FILE || len == 0) return KVS_OK;
+    /* a FILE parameter's keywords (its `choices`, e.g. SyncKV's clusters=prefill) name no file: nothing to hash */
+    if (pp->choices && enum_index(pp->choices, cfg->str[i], len) >= 0) return KVS_OK;
     char *at = strstr(cfg->str[i], "@sha256:");
     char want[65] = "";
     if (at) {
@@ -388,7 +390,9 @@ void kvs_policy_print_help(void *fp) {
             if (pp->type == KVS_PARAM_STRING)
                 fprintf(f, "      %s=TEXT (default '%s'): %s\n", pp->key, pp->def_str ? pp->def_str : "", pp->help);
             else if (pp->type == KVS_PARAM_FILE)
-                fprintf(f, "      %s=PATH (default none; recorded with its sha256): %s\n", pp->key, pp->help);
+                fprintf(f, "      %s=PATH%s%s (default %s; a PATH is recorded with its sha256): %s\n", pp->key,
+                        pp->choices ? "|" : "", pp->choices ? pp->choices : "",
+                        pp->def_str && pp->def_str[0] ? pp->def_str : "none", pp->help);
             else if (pp->type == KVS_PARAM_ENUM)
                 fprintf(f, "      %s=%s (default %s): %s\n", pp->key, pp->choices, def, pp->help);
             else if (pp->type == KVS_PARAM_BOOL)

@@ -86,7 +86,9 @@ typedef enum {
                            * kvs_policy_param_str() */
     KVS_PARAM_FILE = 5,   /* a file path ("" = none, the default); the file's SHA-256 is computed at parse time
                            * and the canonical value is PATH@sha256:HEX. Given as PATH@sha256:HEX (e.g. from a
-                           * results database) the hash must still match the file. */
+                           * results database) the hash must still match the file. Optional keywords in
+                           * `choices` ("prefill") are taken as they are, not as paths; `def_str` may default
+                           * to one. */
 } kvs_param_type;
 
 typedef struct {
@@ -94,9 +96,9 @@ typedef struct {
     kvs_param_type type;
     double def;           /* default (ENUM: index into choices; BOOL: 0/1) */
     double lo, hi;        /* inclusive range for INT/DOUBLE (ignored otherwise) */
-    const char *choices;  /* ENUM only: '|'-separated names, e.g. "layer|group" */
+    const char *choices;  /* ENUM: '|'-separated names, e.g. "layer|group"; FILE: keywords accepted instead of a path */
     const char *help;     /* one line for `kvsim replay --help` */
-    const char *def_str;  /* STRING only: default text (NULL = "") */
+    const char *def_str;  /* STRING (and FILE keyword) default text (NULL = "") */
 } kvs_policy_param;
 
 /* A named parameter set from a paper (`--policy h2o@morphkv-longwriter`): the settings a paper used for this
