@@ -56,6 +56,8 @@
 #include <string.h>
 
 #include "../analysis/head_clusters.h"
+#include "../sim/results.h"
+#include "../sim/results_heads.h"
 #include "../common/kvs_cluster.h"
 #include "../common/kvs_math.h"
 #include "registry.h"
@@ -77,8 +79,8 @@ static const kvs_policy_param synckv_params[] = {
     [P_RHO] = {.key = "rho", .type = KVS_PARAM_DOUBLE, .def = 0.5, .lo = 0, .hi = 1,
                .help = "static ratio rho_s: k_dyn = floor((1-rho) k) tokens are re-selected (§5.1, App. D: 0.5)"},
     [P_CLUSTERS] = {.key = "clusters", .type = KVS_PARAM_FILE, .choices = "prefill", .def_str = "prefill",
-                    .help = "`kvsim heads` clusters file (the paper's offline calibration, App. B.1) or prefill: "
-                            "K-means on this trace's own first prompt"},
+                    .help = "`kvsim heads` clusters file or results database (its latest heads run) - the paper's "
+                            "offline calibration, App. B.1 - or prefill: K-means on this trace's own first prompt"},
     [P_KC] = {.key = "kc", .type = KVS_PARAM_INT, .def = 0, .lo = 0, .hi = 1 << 30,
               .help = "clusters=prefill: top-k of the overlaps; 0 = this configuration's k (POLICY_SPEC §2.4 k_c)"},
     [P_WINDOW] = {.key = "window", .type = KVS_PARAM_INT, .def = 32, .lo = 1, .hi = 1 << 20,
@@ -125,6 +127,25 @@ int32_t kvs_synckv_default_nr(int32_t H) { return H >= 8 ? 2 : 1; }
 
 /* ---- configuration: representatives per layer, k per layer ---------------------------------------------- */
 
+/* 1 when `path` starts with the SQLite header (a kvsim results database given as clusters=DB). */
+static int is_sqlite_file(const char *path) {
+    char head[16] = {0};
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    size_t n = fread(head, 1, sizeof head, f);
+    fclose(f);
+    return n == sizeof head && !memcmp(head, "SQLite format 3", 16);
+}
+
+/* The clustering of the latest `kvsim heads` run in the results database at `path` (read-only). */
+static kvs_status read_db_clusters(const char *path, kvs_head_clusters **c) {
+    kvs_results_db *db = NULL;
+    kvs_status st = kvs_results_open_readonly(path, &db);
+    if (st == KVS_OK) st = kvs_results_heads_read_clusters(db, 0, c, NULL);
+    kvs_results_close(db);
+    return st;
+}
+
 /* Representative units of every layer into nr[L] (and, for clusters=FILE, the clustering into *hc when hc is not
  * NULL; caller frees). KVS_ERR_INVALID_ARG naming the problem. */
 static kvs_status layer_nr(const kvs_policy_config *cfg, const kvs_policy_model *m, int32_t *nr, kvs_head_clusters **hc) {
@@ -144,9 +165,13 @@ static kvs_status layer_nr(const kvs_policy_config *cfg, const kvs_policy_model 
                         (int)cfg->v[P_NR], path);
     kvs_head_clusters *c = NULL;
     char sha[65];
-    kvs_status st = kvs_head_clusters_read(path, &c, sha);
+    int is_db = is_sqlite_file(path);
+    kvs_status st = is_db ? read_db_clusters(path, &c) : kvs_head_clusters_read(path, &c, sha);
     if (st != KVS_OK) return kvs_fail(KVS_ERR_INVALID_ARG, "synckv: clusters=%s: %s", path, kvs_last_error());
-    if (cfg->sha256[P_CLUSTERS][0] && strcmp(sha, cfg->sha256[P_CLUSTERS])) {
+    /* A clusters file is pinned by its digest (checked here again: it must not change between parse and replay). A
+     * results database is pinned by the digest of the database file taken when the spec was parsed; its latest
+     * heads run is the clustering (the run's notes say so). */
+    if (!is_db && cfg->sha256[P_CLUSTERS][0] && strcmp(sha, cfg->sha256[P_CLUSTERS])) {
         kvs_head_clusters_free(c);
         return kvs_fail(KVS_ERR_INVALID_ARG, "synckv: clusters=%s changed since it was given (sha256 %s, given %s)", path,
                         sha, cfg->sha256[P_CLUSTERS]);
@@ -249,6 +274,9 @@ static int synckv_notes(const kvs_policy_config *cfg, const kvs_policy_model *m,
     if (!strcmp(cfg->str[P_CLUSTERS], "prefill"))
         n += kvs_policy_note(buf, cap, "clusters=prefill: clustered on this trace's own prompt, not the paper's offline "
                                        "calibration corpus (App. B.1; give clusters=FILE from kvsim heads)");
+    else if (is_sqlite_file(cfg->str[P_CLUSTERS]))
+        n += kvs_policy_note(buf, cap, "clusters from the latest kvsim heads run of the results database %s",
+                             kvs_path_base(cfg->str[P_CLUSTERS]));
     if (!all_rep && kmax >= (double)P)
         n += kvs_policy_note(buf, cap, "k >= the prompt (%lld): NR units keep the whole prompt at prefill", (long long)P);
     if (!all_rep && floor((1.0 - cfg->v[P_RHO]) * kmin) < 1)

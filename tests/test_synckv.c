@@ -587,6 +587,102 @@ static void test_cli_flags_an_infeasible_mem(void **state) {
     unlink(err);
 }
 
+/* Splits one CSV line in place (RFC 4180 quotes; no embedded newlines) into at most cap cells. */
+static int split_csv(char *s, char **cell, int cap) {
+    int n = 0;
+    char *w = s;
+    while (n < cap) {
+        cell[n++] = w;
+        if (*s == '"') {
+            s++;
+            for (;;) {
+                if (*s == '"' && s[1] == '"') *w++ = '"', s += 2;
+                else if (*s == '"') {
+                    s++;
+                    break;
+                } else if (!*s) break;
+                else *w++ = *s++;
+            }
+        } else {
+            while (*s && *s != ',' && *s != '\n') *w++ = *s++;
+        }
+        if (*s != ',') {
+            *w = 0;
+            break;
+        }
+        *w++ = 0;
+        s++;
+    }
+    return n;
+}
+
+/* clusters=DB reads the latest `kvsim heads` run of a results database: the replay equals the one given the same
+ * clustering as a file (`--clusters-out`), run for run; a database without heads results is refused. */
+static void test_cli_clusters_from_a_heads_database(void **state) {
+    (void)state;
+    char trace[4096], hdb[4096], cfile[4096], rdb[4096], out[4096], err[4096], spec_f[4200], spec_d[4200];
+    int pid = (int)getpid();
+    snprintf(trace, sizeof trace, "%s/examples/stories260K.kvt", kvs_test_root());
+    snprintf(hdb, sizeof hdb, "%s/synckv_heads_%d.db", tmp_dir, pid);
+    snprintf(cfile, sizeof cfile, "%s/synckv_heads_%d.txt", tmp_dir, pid);
+    snprintf(rdb, sizeof rdb, "%s/synckv_replay_%d.db", tmp_dir, pid);
+    snprintf(out, sizeof out, "%s/synckv_db_%d.out", tmp_dir, pid);
+    snprintf(err, sizeof err, "%s/synckv_db_%d.err", tmp_dir, pid);
+    const char *heads[] = {"heads", trace, "--db", hdb, "--clusters", "1", "--clusters-out", cfile, NULL};
+    assert_int_equal(kvs_test_cli(out, err, heads), 0);
+    snprintf(spec_f, sizeof spec_f, "synckv:clusters=%s", cfile);
+    snprintf(spec_d, sizeof spec_d, "synckv:clusters=%s", hdb);
+    const char *replay[] = {"replay", trace, "--db", rdb, "--policy", spec_f, "--policy", spec_d, "--budgets", "50%",
+                            "--threads", "1", NULL};
+    assert_int_equal(kvs_test_cli(out, err, replay), 0);
+    const char *csv[] = {"runs", rdb, "--csv", "--summary", NULL};
+    assert_int_equal(kvs_test_cli(out, err, csv), 0);
+    FILE *fp = fopen(out, "r");
+    assert_non_null(fp);
+    char line[3][8192];
+    int n = 0;
+    while (n < 3 && fgets(line[n], sizeof line[n], fp)) n++;
+    fclose(fp);
+    assert_int_equal(n, 3); /* header + two runs */
+    /* Every column is equal but the parameters (file vs database), the notes (which name the source), the run id,
+     * the wall time and the creation time. */
+    char *cell[3][256];
+    int nc[3];
+    for (int r = 0; r < 3; r++) nc[r] = split_csv(line[r], cell[r], 256);
+    assert_int_equal(nc[1], nc[0]);
+    assert_int_equal(nc[2], nc[0]);
+    int compared = 0;
+    for (int c = 0; c < nc[0]; c++) {
+        const char *h = cell[0][c];
+        if (!strcmp(h, "params") || !strcmp(h, "notes") || !strcmp(h, "run_id") || !strcmp(h, "id") ||
+            !strcmp(h, "wall_seconds") || !strcmp(h, "created_at"))
+            continue;
+        if (strcmp(cell[1][c], cell[2][c])) fail_msg("column %s: %s vs %s", h, cell[1][c], cell[2][c]);
+        compared++;
+    }
+    assert_true(compared > 20);
+    /* A results database with no heads run: a clear refusal. */
+    snprintf(spec_d, sizeof spec_d, "synckv:clusters=%s", rdb);
+    const char *bad[] = {"replay", trace, "--db", rdb, "--policy", spec_d, "--budgets", "50%", "--threads", "1", NULL};
+    /* exit 2, as for any policy parameter that does not hold (a bad clusters file likewise) */
+    assert_int_equal(kvs_test_cli(out, err, bad), 2);
+    fp = fopen(err, "r");
+    char text[8192];
+    size_t len = fread(text, 1, sizeof text - 1, fp);
+    text[len] = 0;
+    fclose(fp);
+    assert_non_null(strstr(text, "no heads results"));
+    const char *const files[] = {hdb, rdb, cfile, out, err};
+    for (int i = 0; i < 5; i++) {
+        char side[4200];
+        unlink(files[i]);
+        snprintf(side, sizeof side, "%s-wal", files[i]);
+        unlink(side);
+        snprintf(side, sizeof side, "%s-shm", files[i]);
+        unlink(side);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_g5_mem_to_k_table),
@@ -596,6 +692,7 @@ int main(void) {
         cmocka_unit_test(test_device_host_and_transfer_bytes),
         cmocka_unit_test(test_prefill_clusters_match_a_naive_similarity),
         cmocka_unit_test(test_cli_flags_an_infeasible_mem),
+        cmocka_unit_test(test_cli_clusters_from_a_heads_database),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
