@@ -126,6 +126,7 @@ int kvs_cmd_compare(int argc, char **argv);
 int kvs_cmd_policies(int argc, char **argv);
 int kvs_cmd_keys(int argc, char **argv);
 int kvs_cmd_attn(int argc, char **argv);
+int kvs_cmd_plan(int argc, char **argv);
 int kvs_cmd_replay(int argc, char **argv);
 
 #endif /* KVS_CLI_H */

@@ -37,6 +37,8 @@ static const kvs_cli_command commands[] = {
      kvs_cmd_keys},
     {"attn", "attention per layer and head: D2O's density diagnostic (column-sum variance) and RocketKV's top-k union",
      kvs_cmd_attn},
+    {"plan", "capacity planning: KV per token, max batch and context beside the weights, with nominal budgets or a "
+             "measured profile", kvs_cmd_plan},
     {"help", "list the commands, or `kvsim help CMD` for one command's options", cmd_help},
     {"version", "print the kvsim version", cmd_version},
 };
