@@ -275,7 +275,8 @@ static kvs_plan_line fit_line(const double *x, const double *y, int64_t n, doubl
             double e = y[i] - (l.a + l.b * x[i]);
             res += e * e;
         }
-        *r2 = syy > 0 ? 1 - res / syy : 1;
+        /* a footprint constant up to rounding (the mean's own rounding makes syy a few ulps) has R² 1 */
+        *r2 = syy > 1e-20 * (my * my + 1) * (double)n ? 1 - res / syy : 1;
     }
     return l;
 }
