@@ -6,8 +6,9 @@
 #
 # 1. Presets (POLICY_SPEC §7 G3): Llama-3.1-70B at batch 32 x 32K in fp16 (RocketKV §1: 343.6 GB = 320.0 GiB),
 #    OPT-30B at batch 128 x 1024 (D2O §1: 180.4 GB), Llama-3.1-70B/405B at batch 256 x 128K (MorphKV Fig. 1:
-#    10.0 / 15.75 TiB), and D2O Table 5's max-batch comparison on Llama-3-8B with one A100-80G (full cache
-#    against a constant-size policy with budget = prompt: 5x in theory, 4x observed).
+#    10.0 / 15.75 TiB), and D2O Table 5's max-batch comparison on Llama-3-8B with one A100-80G: full cache
+#    against a constant-size policy (H2O) at budget 256, D2O's budget = prompt of the first setting 256+1024
+#    (5x in theory, 4x observed there; tests/test_plan.c checks every setting at its own budget = prompt).
 # 2. Measured: kvsim replay of TRACE with H2O and SnapKV at budget 64 (per-step series kept), then each run's
 #    profile planned on Llama-3.1-8B on one 80 GB GPU: 8K context + 8K response, batch 16, with the plots.
 # Outputs go to $OUT (default examples/out): capacity.db (runs and plans), capacity_*.txt, capacity_*.png.
@@ -32,7 +33,7 @@ echo "== M22: batch 256 at 128K"
 for m in Llama-3.1-70B Llama-3.1-405B; do
     "$KVSIM_BIN" plan --model "$m" --batch 256 --context 131072 --db "$db" | tee "$out/capacity_m22_$m.txt"
 done
-echo "== D10: max batch, full cache vs H2O with budget = prompt, Llama-3-8B on one A100-80G"
+echo "== D10: max batch, full cache vs H2O at budget 256, Llama-3-8B on one A100-80G"
 "$KVSIM_BIN" plan --model Llama-3-8B --gpu-mem 80GiB --policy h2o --budget 256 --context 256 --response 1024 \
     --settings 256+1024,512+2048,1024+4096,2048+8192 --db "$db" --plot-batch "$out/capacity_d10_batch.png" \
     | tee "$out/capacity_d10.txt"

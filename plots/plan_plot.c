@@ -70,7 +70,10 @@ static void write_max_batch(FILE *f, const kvs_plot_plan *p) {
         put_comment(f, p->labels[s]);
         for (int i = 0; i < p->n_x; i++) {
             double y = p->y[(size_t)s * (size_t)p->n_x + (size_t)i];
-            put_str(f, p->x_labels[i]);
+            /* a category is a double-quoted data field (single quotes are not quotes in gnuplot data) */
+            fputc('"', f);
+            for (const char *c = p->x_labels[i]; *c; c++) fputc(*c == '"' || *c == '\n' ? ' ' : *c, f);
+            fputc('"', f);
             if (isfinite(y) && y > 0) fprintf(f, " %.17g\n", y);
             else fputs(" ?\n", f);
         }
