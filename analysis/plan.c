@@ -221,7 +221,8 @@ static double line_at(kvs_plan_line l, double x) {
     return y > 0 ? y : 0;
 }
 
-kvs_plan_footprint kvs_plan_footprint_at(const kvs_plan_policy *pol, int64_t prompt, int64_t n, double tok) {
+kvs_plan_footprint kvs_plan_footprint_at(const kvs_plan_policy *pol, int64_t prompt, int64_t n, double tok,
+                                         int32_t group) {
     kvs_plan_footprint f = {0, 0, 0};
     const double N = (double)n, P = (double)prompt, B = (double)pol->budget;
     switch (pol->kind) {
@@ -237,7 +238,9 @@ kvs_plan_footprint kvs_plan_footprint_at(const kvs_plan_policy *pol, int64_t pro
         const kvs_plan_profile *p = pol->profile;
         double x = p->x_is_generated ? N - P : N;
         double aux_tok = p->aux_scale == KVS_PLAN_AUX_NONE ? p->tok_bytes : tok;
-        f.device = line_at(p->kv, x) * tok + line_at(p->aux, x) * aux_tok;
+        /* a per-query-head set is stored once per query head of the group: the planned group holds its own count */
+        double copies = p->per_query_head && p->trace_group > 0 ? (double)group / p->trace_group : 1;
+        f.device = copies * (line_at(p->kv, x) * tok + line_at(p->aux, x) * aux_tok);
         f.host = line_at(p->host, x) * tok;
         f.transfer = line_at(p->transfer, x) * tok;
         break;
@@ -374,6 +377,8 @@ kvs_status kvs_plan_profile_read(const char *db_path, int64_t run_id, const char
     p.tok_bytes = 2.0 * r->head_dim * p.trace_elem_bytes;
     p.prompt_len = r->prompt_len;
     p.x_is_generated = !strcmp(p.budget_scope, "prompt");
+    p.per_query_head = r->layout && !strcmp(r->layout, "per_query_head");
+    p.trace_group = r->n_kv_heads > 0 ? r->n_heads / r->n_kv_heads : 1;
     const kvs_metric metrics[4] = {KVS_M_STORAGE_KV, KVS_M_STORAGE_AUX, KVS_M_STORAGE_HOST,
                                    KVS_M_TRANSFER};
     for (int i = 0; i < 4; i++) KVS_TRY(st = kvs_results_query_steps(db, r->id, -1, metrics[i], &s[i]));
@@ -436,8 +441,9 @@ kvs_status kvs_plan_kv_pool(const kvs_plan_setup *s, double *pool) {
 static double seq_device(const kvs_plan_setup *s, const kvs_plan_policy *pol, int64_t context, int64_t response,
                          double tok) {
     const double heads = (double)s->model.n_layers * s->model.n_kv_heads;
-    double a = kvs_plan_footprint_at(pol, context, context, tok).device;
-    double b = kvs_plan_footprint_at(pol, context, context + response, tok).device;
+    const int32_t g = s->model.n_heads / s->model.n_kv_heads;
+    double a = kvs_plan_footprint_at(pol, context, context, tok, g).device;
+    double b = kvs_plan_footprint_at(pol, context, context + response, tok, g).device;
     return heads * (a > b ? a : b);
 }
 
@@ -453,7 +459,8 @@ kvs_status kvs_plan_eval(const kvs_plan_setup *s, const kvs_plan_policy *pol, in
     kvs_plan_point p = {.context = context, .response = response, .batch = batch, .max_batch = -1, .max_context = -1};
     p.seq_device_bytes = seq_device(s, pol, context, response, tok);
     p.total_bytes = (double)batch * p.seq_device_bytes;
-    kvs_plan_footprint end = kvs_plan_footprint_at(pol, context, context + response, tok);
+    kvs_plan_footprint end =
+        kvs_plan_footprint_at(pol, context, context + response, tok, s->model.n_heads / s->model.n_kv_heads);
     p.host_bytes = (double)batch * heads * end.host;
     p.pcie_bytes_per_step = (double)batch * heads * end.transfer;
     if (s->gpu_bytes > 0) {

@@ -117,10 +117,12 @@ typedef struct {
  *       sequence length at the step: position + 1).
  * The planned footprint per (layer, KV head) at length n and planned prompt P is then, with x as above (x = n - P
  * for prompt-only) and tok_plan = 2 · head_dim · element bytes of the planned model:
- *   device = kv(x)·tok_plan + aux(x)·(aux_scale = kv ? tok_plan : tok),  host = host(x)·tok_plan,
+ *   device = c·(kv(x)·tok_plan + aux(x)·(aux_scale = kv ? tok_plan : tok)),  host = host(x)·tok_plan,
  *   PCIe per step = transfer(x)·tok_plan
  * i.e. the measured number of token equivalents per KV head carries over, the bytes per token change with the
- * model (lines clamped at 0). */
+ * model (lines clamped at 0). c = 1, except for a run whose layout is per_query_head (a set per query head: its
+ * storage counts the G_trace copies of a GQA group): c = G_plan / G_trace, the copies the planned model's groups
+ * hold. */
 typedef struct {
     int64_t run_id;
     char policy[64];
@@ -134,6 +136,8 @@ typedef struct {
     double tok_bytes;          /* 2 · trace_head_dim · trace_elem_bytes */
     int64_t prompt_len;        /* the trace's (first) prompt */
     int x_is_generated;        /* 1: x = n - prompt (prompt-only run) */
+    int per_query_head;        /* 1: the run's layout was per_query_head (storage counts trace_group copies) */
+    int32_t trace_group;       /* query heads per KV head of the traced model */
     kvs_plan_line kv, aux, host, transfer; /* token equivalents per (layer, KV head) against x */
     double kv_r2;              /* R² of the device (kv + aux) fit; 1 when the footprint is constant */
     int64_t n_points;          /* measured positions */
@@ -171,8 +175,10 @@ typedef struct {
 } kvs_plan_footprint;
 
 /*! kvs_plan_footprint_at() : the footprint of `pol` per (layer, KV head) for a sequence with prompt P that holds
- *  n >= P tokens, at `tok_bytes` = 2 · head_dim · element bytes of the planned model (formulas above). */
-kvs_plan_footprint kvs_plan_footprint_at(const kvs_plan_policy *pol, int64_t prompt, int64_t n, double tok_bytes);
+ *  n >= P tokens, at `tok_bytes` = 2 · head_dim · element bytes of the planned model whose GQA groups have `group`
+ *  query heads per KV head (formulas above). */
+kvs_plan_footprint kvs_plan_footprint_at(const kvs_plan_policy *pol, int64_t prompt, int64_t n, double tok_bytes,
+                                         int32_t group);
 
 /* ---- the plan --------------------------------------------------------------------------------------- */
 

@@ -54,7 +54,8 @@ static void usage(FILE *f) {
             "  --policy P           full (default), constant (min(n, B) tokens), prompt-only (min(P, B) + generated),\n"
             "                       offload (device min(n, B), host n, PCIe min(n, B) + 1 tokens per step: an upper\n"
             "                       bound), or a registered policy name (its budget scope decides)\n"
-            "  --budget B           budget in tokens (default 1024); full, constant and prompt-only are always shown\n"
+            "  --budget B           budget in tokens (default 1024, or the --profile run's); full, constant and\n"
+            "                       prompt-only are always shown\n"
             "  --profile DB         the MEASURED profile of one complete replay run in DB (recorded with\n"
             "                       --series-every N); choose it with --run ID, or --policy NAME and --budget B\n"
             "  --run ID             the run of --profile\n"
@@ -67,8 +68,9 @@ static void usage(FILE *f) {
             "token equivalents x the planned KV bytes per token (2 x layers x KV heads x head_dim x KV dtype bytes):\n"
             "the same number of tokens per KV head, each as large as the planned model's. Auxiliary bytes scale the\n"
             "same way (--aux-scale kv: state proportional to head_dim) or stay as measured per (layer, KV head)\n"
-            "(--aux-scale none: per-token scalars such as scores). Outside the measured lengths the line is\n"
-            "extrapolated (a warning says so).\n"
+            "(--aux-scale none: per-token scalars such as scores). A per-query-head run (layout per_query_head:\n"
+            "one set per query head, stored G times per KV head) is scaled by G_plan / G_trace, the copies the\n"
+            "planned model's GQA groups hold. Outside the measured lengths the line is extrapolated (a warning).\n"
             "Output:\n"
             "  --csv | --json       machine-readable points (bytes) instead of the tables\n"
             "  --db FILE            also record the plan (tables plans, plan_points; sim/SCHEMA.md)\n"
@@ -356,6 +358,7 @@ int kvs_cmd_plan(int argc, char **argv) {
             goto cleanup;
         }
         kind = KVS_PLAN_MEASURED;
+        if (!budget_s) budget = (long)profile.budget_tokens; /* the nominal series at the measured run's budget */
     }
     const kvs_plan_kind base[3] = {KVS_PLAN_FULL, KVS_PLAN_CONSTANT, KVS_PLAN_PROMPT_ONLY};
     for (int k = 0; k < 3; k++) {
@@ -515,6 +518,9 @@ int kvs_cmd_plan(int argc, char **argv) {
                    profile.kv.a, profile.kv.b, profile.x_is_generated ? "generated" : "n", profile.aux.a,
                    profile.aux.b, profile.x_is_generated ? "generated" : "n", profile.kv_r2, (long long)profile.n_min,
                    (long long)profile.n_max, (long long)profile.n_points, aux_scale == KVS_PLAN_AUX_NONE ? "none" : "kv");
+            if (profile.per_query_head)
+                printf("            per-query-head layout: %d copies per KV head measured, %d on the planned model\n",
+                       profile.trace_group, m->n_heads / m->n_kv_heads);
         }
         printf("\nbatch %ld, context %ld, response %ld (%ld tokens per sequence):\n", batch, context, response,
                context + response);

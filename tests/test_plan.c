@@ -250,6 +250,12 @@ static void test_profile_fit_and_scaling(void **state) {
     p.aux_scale = KVS_PLAN_AUX_NONE;
     assert_int_equal(kvs_plan_eval(&s, &pol, 1000, 500, 2, &pt), KVS_OK);
     assert_true(near(pt.seq_device_bytes, 256 * (64 * 512.0 + 256))); /* aux kept as measured */
+    /* a per-query-head run measured with groups of 2 holds 4 copies on Llama-3.1-8B's groups of 4 */
+    p.aux_scale = KVS_PLAN_AUX_KV;
+    p.per_query_head = 1;
+    p.trace_group = 2;
+    assert_int_equal(kvs_plan_eval(&s, &pol, 1000, 500, 2, &pt), KVS_OK);
+    assert_true(near(pt.seq_device_bytes, 2 * 256 * (64 + 8) * 512.0));
     /* a prompt-only run is fitted against the generated tokens: 20 prompt tokens kept + everything generated */
     for (int i = 0; i < N; i++) kv[i] = 32.0 * (20 + (double)(n[i] - 50));
     kvs_plan_profile q = {.tok_bytes = 32, .prompt_len = 50, .x_is_generated = 1};
