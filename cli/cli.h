@@ -128,6 +128,7 @@ int kvs_cmd_keys(int argc, char **argv);
 int kvs_cmd_attn(int argc, char **argv);
 int kvs_cmd_drift(int argc, char **argv);
 int kvs_cmd_heads(int argc, char **argv);
+int kvs_cmd_plan(int argc, char **argv);
 int kvs_cmd_replay(int argc, char **argv);
 int kvs_cmd_report(int argc, char **argv);
 int kvs_cmd_generate(int argc, char **argv);

@@ -817,16 +817,16 @@ static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
     fprintf(gp, "unset output\nexit\n");
 }
 
-/* Runs gnuplot with the script (the caller blocks SIGPIPE, so a gnuplot that dies early is an error status
- * here instead of killing kvsim). */
-static kvs_status run_gnuplot(const char *prog, const kvs_plot *p, const char *image_path) {
+/* Runs gnuplot with the script `write` writes (the caller blocks SIGPIPE, so a gnuplot that dies early is an
+ * error status here instead of killing kvsim). */
+static kvs_status run_gnuplot(const char *prog, kvs_plot_script_fn write, const void *ctx, const char *image_path) {
     char cmd[PATH_MAX * 4 + 32], quoted[PATH_MAX * 4];
     sh_quote(quoted, sizeof quoted, prog);
     snprintf(cmd, sizeof cmd, "exec %s", quoted);
     fflush(NULL); /* so buffered output of ours is not duplicated or interleaved by the child */
     FILE *gp = popen(cmd, "w");
     if (!gp) return kvs_fail(KVS_ERR_EXTERNAL, "cannot start gnuplot (%s): %s", prog, strerror(errno));
-    write_script(gp, p, image_path);
+    write(gp, ctx, image_path);
     fflush(gp);
     int write_failed = ferror(gp);
     int status = pclose(gp);
@@ -876,7 +876,7 @@ static void axis_label(char *buf, size_t cap, kvs_metric m, kvs_stat_kind s, con
 /* PNG or SVG: --format when given (it must agree with a .png/.svg name), else the name's extension, else PNG
  * for what has no file name to go by: standard output, a descriptor, a device or a FIFO. A file named
  * otherwise is refused rather than written as PNG under a misleading name. */
-static kvs_status image_format(const char *out_path, const char *format, int *is_svg) {
+kvs_status kvs_plot_image_format(const char *out_path, const char *format, int *is_svg) {
     int ext_svg = ends_with(out_path, ".svg"), ext_png = ends_with(out_path, ".png");
     if (format) {
         if (strcmp(format, "png") && strcmp(format, "svg"))
@@ -916,7 +916,7 @@ kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_
     if (!db_path || !o) return kvs_fail(KVS_ERR_INVALID_ARG, "plot: NULL database path or options");
     if (!o->out_path || !o->out_path[0]) return kvs_fail(KVS_ERR_INVALID_ARG, "--out: an output file is required");
     int is_svg = 0;
-    kvs_status rc = image_format(o->out_path, o->format, &is_svg);
+    kvs_status rc = kvs_plot_image_format(o->out_path, o->format, &is_svg);
     if (rc != KVS_OK) return rc;
     if ((int)o->kind < 0 || (int)o->kind >= KVS_PLOT_N_KINDS)
         return kvs_fail(KVS_ERR_INVALID_ARG, "plot: bad kind %d", (int)o->kind);
@@ -1104,10 +1104,11 @@ kvs_status kvs_plot_write_script(const kvs_plot *p, const char *image_path, FILE
     return KVS_OK;
 }
 
-kvs_status kvs_plot_render(const kvs_plot *p) {
-    if (!p) return kvs_fail(KVS_ERR_INVALID_ARG, "plot: NULL plot");
+kvs_status kvs_plot_gnuplot_render(const char *gnuplot, const char *out_path, int is_svg, kvs_plot_script_fn write,
+                                   const void *ctx) {
+    if (!out_path || !write) return kvs_fail(KVS_ERR_INVALID_ARG, "plot: NULL output or script writer");
     char prog[PATH_MAX];
-    const char *want = p->gnuplot ? p->gnuplot : "gnuplot";
+    const char *want = gnuplot ? gnuplot : "gnuplot";
     if (!find_program(want, prog, sizeof prog))
         return kvs_fail(KVS_ERR_EXTERNAL, "gnuplot not found ('%s' is not an executable on PATH); install gnuplot "
                                           "(Debian: apt-get install gnuplot-nox)",
@@ -1125,7 +1126,7 @@ kvs_status kvs_plot_render(const kvs_plot *p) {
      * append to standard output, and a device or FIFO would receive a half image when gnuplot fails. */
     kvs_out *o = NULL;
     char folder[PATH_MAX] = "", image[PATH_MAX + 16] = "";
-    kvs_status rc = kvs_out_open(p->out_path, &o);
+    kvs_status rc = kvs_out_open(out_path, &o);
     if (rc != KVS_OK) goto restore;
     const char *tmp = getenv("TMPDIR");
     if (!tmp || !tmp[0] || strpbrk(tmp, "\n\r")) tmp = "/tmp"; /* `set output` takes one line */
@@ -1136,8 +1137,8 @@ kvs_status kvs_plot_render(const kvs_plot *p) {
         folder[0] = '\0';
         goto restore;
     }
-    snprintf(image, sizeof image, "%s/plot.%s", folder, p->is_svg ? "svg" : "png");
-    if ((rc = run_gnuplot(prog, p, image)) == KVS_OK) rc = deliver(image, o);
+    snprintf(image, sizeof image, "%s/plot.%s", folder, is_svg ? "svg" : "png");
+    if ((rc = run_gnuplot(prog, write, ctx, image)) == KVS_OK) rc = deliver(image, o);
 restore:
     if (rc == KVS_OK) rc = kvs_out_commit(o);
     else kvs_out_abort(o);
@@ -1152,6 +1153,14 @@ restore:
     }
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     return rc;
+}
+
+/* The script writer of a prepared plot, for kvs_plot_gnuplot_render. */
+static void write_plot_script(FILE *gp, const void *ctx, const char *image_path) { write_script(gp, ctx, image_path); }
+
+kvs_status kvs_plot_render(const kvs_plot *p) {
+    if (!p) return kvs_fail(KVS_ERR_INVALID_ARG, "plot: NULL plot");
+    return kvs_plot_gnuplot_render(p->gnuplot, p->out_path, p->is_svg, write_plot_script, p);
 }
 
 kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *o) {

@@ -143,4 +143,21 @@ kvs_status kvs_plot_render(const kvs_plot *p);
  *  theirs. */
 kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *opt);
 
+/* ---- the gnuplot runner, shared with plots drawn from other data (plots/plan_plot.c) ---- */
+
+/* Writes a complete gnuplot script to `gp` whose `set output` names `image_path`. */
+typedef void (*kvs_plot_script_fn)(FILE *gp, const void *ctx, const char *image_path);
+
+/*! kvs_plot_image_format() : PNG or SVG for `out_path`: `format` ("png"/"svg") when given (it must agree with
+ *  a .png/.svg name), else the name's extension, else PNG for standard output, a descriptor, device or FIFO;
+ *  *is_svg receives the choice. A file named otherwise: KVS_ERR_INVALID_ARG. */
+kvs_status kvs_plot_image_format(const char *out_path, const char *format, int *is_svg);
+
+/*! kvs_plot_gnuplot_render() : runs `gnuplot` (NULL = "gnuplot" on PATH) on the script `write(gp, ctx, image)`
+ *  writes and delivers the image to `out_path` exactly as kvs_plot_render does (common/kvs_out.h; a private
+ *  temporary folder; on any error the output is unchanged and nothing is left behind). Errors as
+ *  kvs_plot_render's. */
+kvs_status kvs_plot_gnuplot_render(const char *gnuplot, const char *out_path, int is_svg, kvs_plot_script_fn write,
+                                   const void *ctx);
+
 #endif /* KVS_PLOT_H */

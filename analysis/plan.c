@@ -1,0 +1,490 @@
+/* plan.c — capacity planning (see plan.h): presets with their published shapes, config.json shapes, weight
+ * counts, policy footprints, the measured storage profile of a replay run, and the capacity of a plan.
+ * Follows ../shared/DESIGN.md "Analysis" and POLICY_SPEC §7 G3 (KV sizes), §5 M22, R2, D1, D10.
+ */
+#include "plan.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+#include "../common/json.h"
+#include "../sim/results.h"
+
+/* ------------------------------------------------------------------------------------------------
+ * Presets: the published shapes, each from the model's config.json on the Hugging Face hub (the repository
+ * named in `source`). head_dim = hidden_size / num_attention_heads for all of them (128, except OPT-30B's
+ * 7168 / 56 = 128 too).
+ * ---------------------------------------------------------------------------------------------- */
+
+static const kvs_plan_model presets[] = {
+    /* meta-llama/Llama-3.1-8B: hidden 4096, intermediate 14336, 32 layers, 32 heads, 8 KV heads, vocab 128256,
+     * max_position_embeddings 131072, tie_word_embeddings false */
+    {"Llama-3.1-8B", "config.json of meta-llama/Llama-3.1-8B", KVS_PLAN_ARCH_GATED, 32, 32, 8, 128, 4096, 14336,
+     128256, 131072, 0, 0},
+    /* meta-llama/Llama-3.1-70B: hidden 8192, intermediate 28672, 80 layers, 64 heads, 8 KV heads, vocab 128256 */
+    {"Llama-3.1-70B", "config.json of meta-llama/Llama-3.1-70B", KVS_PLAN_ARCH_GATED, 80, 64, 8, 128, 8192, 28672,
+     128256, 131072, 0, 0},
+    /* meta-llama/Llama-3.1-405B: hidden 16384, intermediate 53248, 126 layers, 128 heads, 8 KV heads */
+    {"Llama-3.1-405B", "config.json of meta-llama/Llama-3.1-405B", KVS_PLAN_ARCH_GATED, 126, 128, 8, 128, 16384,
+     53248, 128256, 131072, 0, 0},
+    /* meta-llama/Meta-Llama-3-8B (D2O's throughput model, §5.5): Llama-3.1-8B's shape with an 8192 context */
+    {"Llama-3-8B", "config.json of meta-llama/Meta-Llama-3-8B", KVS_PLAN_ARCH_GATED, 32, 32, 8, 128, 4096, 14336,
+     128256, 8192, 0, 0},
+    /* meta-llama/Llama-2-7b-hf: hidden 4096, intermediate 11008, 32 layers, 32 heads = 32 KV heads (MHA), vocab
+     * 32000, max_position_embeddings 4096 */
+    {"Llama-2-7B", "config.json of meta-llama/Llama-2-7b-hf", KVS_PLAN_ARCH_GATED, 32, 32, 32, 128, 4096, 11008,
+     32000, 4096, 0, 0},
+    /* mistralai/Mistral-7B-Instruct-v0.2: hidden 4096, intermediate 14336, 32 layers, 32 heads, 8 KV heads, vocab
+     * 32000, max_position_embeddings 32768 (v0.2 dropped the sliding window) */
+    {"Mistral-7B-v0.2", "config.json of mistralai/Mistral-7B-Instruct-v0.2", KVS_PLAN_ARCH_GATED, 32, 32, 8, 128,
+     4096, 14336, 32000, 32768, 0, 0},
+    /* Qwen/Qwen2.5-7B: hidden 3584, intermediate 18944, 28 layers, 28 heads, 4 KV heads, vocab 152064,
+     * max_position_embeddings 131072, tie_word_embeddings false; q/k/v biases (Qwen2) */
+    {"Qwen2.5-7B", "config.json of Qwen/Qwen2.5-7B", KVS_PLAN_ARCH_GATED, 28, 28, 4, 128, 3584, 18944, 152064,
+     131072, 0, 1},
+    /* Qwen/Qwen2.5-14B: hidden 5120, intermediate 13824, 48 layers, 40 heads, 8 KV heads, vocab 152064 */
+    {"Qwen2.5-14B", "config.json of Qwen/Qwen2.5-14B", KVS_PLAN_ARCH_GATED, 48, 40, 8, 128, 5120, 13824, 152064,
+     131072, 0, 1},
+    /* microsoft/phi-4 (Phi3ForCausalLM: fused qkv and gate_up projections, no biases): hidden 5120, intermediate
+     * 17920, 40 layers, 40 heads, 10 KV heads, vocab 100352, max_position_embeddings 16384 */
+    {"Phi-4", "config.json of microsoft/phi-4", KVS_PLAN_ARCH_GATED, 40, 40, 10, 128, 5120, 17920, 100352, 16384, 0,
+     0},
+    /* facebook/opt-30b: hidden_size 7168, ffn_dim 28672, 48 layers, 56 heads (MHA), vocab 50272,
+     * max_position_embeddings 2048, lm_head tied to the token embedding */
+    {"OPT-30B", "config.json of facebook/opt-30b", KVS_PLAN_ARCH_OPT, 48, 56, 56, 128, 7168, 28672, 50272, 2048, 1,
+     0},
+};
+
+int kvs_plan_preset_count(void) { return (int)(sizeof presets / sizeof presets[0]); }
+
+const kvs_plan_model *kvs_plan_preset_at(int i) {
+    return i >= 0 && i < kvs_plan_preset_count() ? &presets[i] : NULL;
+}
+
+kvs_status kvs_plan_preset_find(const char *name, const kvs_plan_model **out) {
+    if (!name || !out) return kvs_fail(KVS_ERR_INVALID_ARG, "plan: NULL preset name");
+    for (int i = 0; i < kvs_plan_preset_count(); i++)
+        if (!strcasecmp(presets[i].name, name)) {
+            *out = &presets[i];
+            return KVS_OK;
+        }
+    return kvs_fail(KVS_ERR_INVALID_ARG, "unknown preset '%s' (kvsim plan --list-presets lists them)", name);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * config.json
+ * ---------------------------------------------------------------------------------------------- */
+
+/* An integer field in [lo, hi]; `dflt` when absent (or null) and dflt >= 0, else missing is an error. */
+static kvs_status cfg_int(const kvs_json *cfg, const char *path, const char *key, long dflt, long lo, long hi,
+                          int32_t *out) {
+    const kvs_json *v = kvs_json_get(cfg, key);
+    if (!v || kvs_json_type_of(v) == KVS_JSON_NULL) {
+        if (dflt < 0) return kvs_fail(KVS_ERR_FORMAT, "%s: %s is missing", path, key);
+        *out = (int32_t)dflt;
+        return KVS_OK;
+    }
+    double d = kvs_json_number(v);
+    if (kvs_json_type_of(v) != KVS_JSON_NUMBER || d != floor(d))
+        return kvs_fail(KVS_ERR_FORMAT, "%s: %s is not an integer", path, key);
+    if (d < (double)lo || d > (double)hi)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: %s (%.0f) is out of range [%ld, %ld]", path, key, d, lo, hi);
+    *out = (int32_t)d;
+    return KVS_OK;
+}
+
+kvs_status kvs_plan_model_from_config(const char *path, kvs_plan_model *out) {
+    if (!path || !out) return kvs_fail(KVS_ERR_INVALID_ARG, "plan: NULL config path");
+    char file[4096];
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) snprintf(file, sizeof file, "%s/config.json", path);
+    else snprintf(file, sizeof file, "%s", path);
+    char *text = NULL;
+    size_t len = 0;
+    kvs_status st = kvs_read_file(file, &text, &len);
+    if (st != KVS_OK) return st;
+    kvs_json *cfg = NULL;
+    st = kvs_json_parse(text, len, &cfg);
+    free(text);
+    if (st != KVS_OK) return kvs_fail(st, "%s: %s", file, kvs_last_error());
+    kvs_plan_model m = {0};
+    if (kvs_json_type_of(cfg) != KVS_JSON_OBJECT) {
+        st = kvs_fail(KVS_ERR_FORMAT, "%s: not a JSON object", file);
+        goto cleanup;
+    }
+    const char *mt = kvs_json_string(kvs_json_get(cfg, "model_type"));
+    int is_opt = mt && !strcmp(mt, "opt");
+    m.arch = is_opt ? KVS_PLAN_ARCH_OPT : KVS_PLAN_ARCH_GATED;
+    const long big = 1L << 24;
+    KVS_TRY(st = cfg_int(cfg, file, "num_hidden_layers", -1, 1, KVS_TRACE_MAX_LAYERS, &m.n_layers));
+    KVS_TRY(st = cfg_int(cfg, file, "num_attention_heads", -1, 1, KVS_TRACE_MAX_HEADS, &m.n_heads));
+    KVS_TRY(st = cfg_int(cfg, file, "num_key_value_heads", m.n_heads, 1, KVS_TRACE_MAX_HEADS, &m.n_kv_heads));
+    KVS_TRY(st = cfg_int(cfg, file, "hidden_size", -1, 1, big, &m.hidden));
+    KVS_TRY(st = cfg_int(cfg, file, is_opt ? "ffn_dim" : "intermediate_size", -1, 1, big, &m.intermediate));
+    KVS_TRY(st = cfg_int(cfg, file, "vocab_size", -1, 1, big, &m.vocab));
+    KVS_TRY(st = cfg_int(cfg, file, "max_position_embeddings", 0, 0, INT32_MAX, &m.max_positions));
+    if (m.n_heads % m.n_kv_heads != 0) {
+        st = kvs_fail(KVS_ERR_FORMAT, "%s: num_key_value_heads (%d) does not divide num_attention_heads (%d)", file,
+                      m.n_kv_heads, m.n_heads);
+        goto cleanup;
+    }
+    const kvs_json *hd = kvs_json_get(cfg, "head_dim");
+    if (hd && kvs_json_type_of(hd) != KVS_JSON_NULL) {
+        KVS_TRY(st = cfg_int(cfg, file, "head_dim", -1, 1, KVS_TRACE_MAX_HEAD_DIM, &m.head_dim));
+    } else if (m.hidden % m.n_heads != 0) {
+        st = kvs_fail(KVS_ERR_FORMAT, "%s: num_attention_heads (%d) does not divide hidden_size (%d) and head_dim is "
+                                      "not given", file, m.n_heads, m.hidden);
+        goto cleanup;
+    } else {
+        m.head_dim = m.hidden / m.n_heads;
+    }
+    const kvs_json *tie = kvs_json_get(cfg, "tie_word_embeddings");
+    m.tied_embeddings = kvs_json_type_of(tie) == KVS_JSON_BOOL ? kvs_json_bool(tie) : is_opt;
+    m.qkv_bias = mt && !strcmp(mt, "qwen2");
+    const char *base = kvs_path_base(path);
+    snprintf(m.name, sizeof m.name, "%.*s", (int)sizeof m.name - 1, base[0] ? base : path);
+    snprintf(m.source, sizeof m.source, "%.*s", (int)sizeof m.source - 1, file);
+    *out = m;
+cleanup:
+    kvs_json_free(cfg);
+    return st;
+}
+
+void kvs_plan_model_from_trace(const kvs_model_config *c, const char *source, kvs_plan_model *out) {
+    kvs_plan_model m = {0};
+    snprintf(m.name, sizeof m.name, "%s", c->model_name[0] ? c->model_name : "trace model");
+    snprintf(m.source, sizeof m.source, "trace header of %s", source ? source : "?");
+    m.arch = KVS_PLAN_ARCH_GATED;
+    m.n_layers = c->n_layers;
+    m.n_heads = c->n_heads;
+    m.n_kv_heads = c->n_kv_heads;
+    m.head_dim = c->head_dim;
+    m.hidden = c->dim;
+    m.intermediate = c->hidden_dim;
+    m.vocab = c->vocab_size;
+    m.max_positions = c->max_seq_len;
+    *out = m;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Sizes
+ * ---------------------------------------------------------------------------------------------- */
+
+double kvs_plan_params(const kvs_plan_model *m) {
+    const double h = m->hidden, q = (double)m->n_heads * m->head_dim, kv = (double)m->n_kv_heads * m->head_dim;
+    const double f = m->intermediate, v = m->vocab;
+    if (m->arch == KVS_PLAN_ARCH_OPT) {
+        /* q,k,v,o (h x q each, biased), fc1 h x f + f, fc2 f x h + h, two LayerNorms (weight + bias); the learned
+         * positions have max_positions + 2 rows (OPT's offset of 2); the final LayerNorm. */
+        double layer = 4 * (h * q + q) + (h * f + f) + (f * h + h) + 4 * h;
+        return m->n_layers * layer + v * h * (m->tied_embeddings ? 1 : 2) + ((double)m->max_positions + 2) * h + 2 * h;
+    }
+    /* q (h x q), k and v (h x kv), o (q x h), gate/up/down (3 h x f), two RMSNorm weights; Qwen2's q/k/v biases. */
+    double layer = h * q + 2 * h * kv + q * h + 3 * h * f + 2 * h + (m->qkv_bias ? q + 2 * kv : 0);
+    return m->n_layers * layer + v * h * (m->tied_embeddings ? 1 : 2) + h;
+}
+
+double kvs_plan_kv_bytes_per_token(const kvs_plan_model *m, double elem_bytes) {
+    return 2.0 * m->n_layers * m->n_kv_heads * m->head_dim * elem_bytes;
+}
+
+kvs_status kvs_plan_dtype_bytes(const char *name, double *bytes) {
+    static const struct {
+        const char *name;
+        double bytes;
+    } types[] = {{"fp32", 4}, {"fp16", 2}, {"bf16", 2}, {"fp8", 1}, {"int4", 0.5}};
+    for (size_t i = 0; name && i < sizeof types / sizeof types[0]; i++)
+        if (!strcmp(name, types[i].name)) {
+            *bytes = types[i].bytes;
+            return KVS_OK;
+        }
+    return kvs_fail(KVS_ERR_INVALID_ARG, "unknown dtype '%s' (fp32, fp16, bf16, fp8, int4)", name ? name : "");
+}
+
+const char *kvs_plan_kind_name(kvs_plan_kind k) {
+    static const char *const names[] = {"full", "constant", "prompt-only", "offload", "measured"};
+    return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Footprints
+ * ---------------------------------------------------------------------------------------------- */
+
+static double min_d(double a, double b) { return a < b ? a : b; }
+static double line_at(kvs_plan_line l, double x) {
+    double y = l.a + l.b * x;
+    return y > 0 ? y : 0;
+}
+
+kvs_plan_footprint kvs_plan_footprint_at(const kvs_plan_policy *pol, int64_t prompt, int64_t n, double tok,
+                                         int32_t group) {
+    kvs_plan_footprint f = {0, 0, 0};
+    const double N = (double)n, P = (double)prompt, B = (double)pol->budget;
+    switch (pol->kind) {
+    case KVS_PLAN_FULL: f.device = N * tok; break;
+    case KVS_PLAN_CONSTANT: f.device = min_d(N, B) * tok; break;
+    case KVS_PLAN_PROMPT_ONLY: f.device = (min_d(P, B) + (N - P)) * tok; break;
+    case KVS_PLAN_OFFLOAD:
+        f.device = min_d(N, B) * tok;
+        f.host = N * tok;
+        f.transfer = (min_d(N, B) + 1) * tok;
+        break;
+    case KVS_PLAN_MEASURED: {
+        const kvs_plan_profile *p = pol->profile;
+        double x = p->x_is_generated ? N - P : N;
+        double aux_tok = p->aux_scale == KVS_PLAN_AUX_NONE ? p->tok_bytes : tok;
+        /* a per-query-head set is stored once per query head of the group: the planned group holds its own count */
+        double copies = p->per_query_head && p->trace_group > 0 ? (double)group / p->trace_group : 1;
+        f.device = copies * (line_at(p->kv, x) * tok + line_at(p->aux, x) * aux_tok);
+        f.host = line_at(p->host, x) * tok;
+        f.transfer = line_at(p->transfer, x) * tok;
+        break;
+    }
+    }
+    return f;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * The measured profile
+ * ---------------------------------------------------------------------------------------------- */
+
+/* Least squares y = a + b x over the points; a constant x gives the mean (b = 0). *r2 (may be NULL): 1 - SSres /
+ * SStot, 1 when y is constant. */
+static kvs_plan_line fit_line(const double *x, const double *y, int64_t n, double *r2) {
+    double mx = 0, my = 0;
+    for (int64_t i = 0; i < n; i++) {
+        mx += x[i] / (double)n;
+        my += y[i] / (double)n;
+    }
+    double sxx = 0, sxy = 0, syy = 0;
+    for (int64_t i = 0; i < n; i++) {
+        sxx += (x[i] - mx) * (x[i] - mx);
+        sxy += (x[i] - mx) * (y[i] - my);
+        syy += (y[i] - my) * (y[i] - my);
+    }
+    kvs_plan_line l = {my, 0};
+    if (sxx > 0) {
+        l.b = sxy / sxx;
+        l.a = my - l.b * mx;
+    }
+    if (r2) {
+        double res = 0;
+        for (int64_t i = 0; i < n; i++) {
+            double e = y[i] - (l.a + l.b * x[i]);
+            res += e * e;
+        }
+        /* a footprint constant up to rounding (the mean's own rounding makes syy a few ulps) has R² 1 */
+        *r2 = syy > 1e-20 * (my * my + 1) * (double)n ? 1 - res / syy : 1;
+    }
+    return l;
+}
+
+kvs_status kvs_plan_profile_fit(kvs_plan_profile *p, const int64_t *n, const double *kv, const double *aux,
+                                const double *host, const double *transfer, int64_t count) {
+    if (!p || !n || !kv || count < 1 || !(p->tok_bytes > 0))
+        return kvs_fail(KVS_ERR_INVALID_ARG, "plan: a profile needs at least one measured point and a token size");
+    double *buf = malloc((size_t)count * 3 * sizeof *buf);
+    if (!buf) return kvs_fail(KVS_ERR_NOMEM, "plan: out of memory");
+    double *x = buf, *y = buf + count, *dev = buf + 2 * count;
+    kvs_status st = KVS_OK;
+    p->n_min = INT64_MAX;
+    p->n_max = 0;
+    for (int64_t i = 0; i < count; i++) {
+        if (!isfinite(kv[i])) {
+            st = kvs_fail(KVS_ERR_FORMAT, "plan: the run has no device KV bytes recorded at length %lld",
+                          (long long)n[i]);
+            goto cleanup;
+        }
+        x[i] = p->x_is_generated ? (double)(n[i] - p->prompt_len) : (double)n[i];
+        if (n[i] < p->n_min) p->n_min = n[i];
+        if (n[i] > p->n_max) p->n_max = n[i];
+    }
+    const double *series[4] = {kv, aux, host, transfer};
+    kvs_plan_line *lines[4] = {&p->kv, &p->aux, &p->host, &p->transfer};
+    for (int s = 0; s < 4; s++) {
+        for (int64_t i = 0; i < count; i++) {
+            double v = series[s] && isfinite(series[s][i]) ? series[s][i] : 0;
+            y[i] = v / p->tok_bytes;
+            if (s == 0) dev[i] = y[i];
+            else if (s == 1) dev[i] += y[i];
+        }
+        *lines[s] = fit_line(x, y, count, NULL);
+    }
+    fit_line(x, dev, count, &p->kv_r2);
+    p->n_points = count;
+cleanup:
+    free(buf);
+    return st;
+}
+
+kvs_status kvs_plan_profile_read(const char *db_path, int64_t run_id, const char *policy, int64_t budget,
+                                 kvs_plan_profile *out) {
+    if (!db_path || !out) return kvs_fail(KVS_ERR_INVALID_ARG, "plan: NULL database path");
+    kvs_results_db *db = NULL;
+    kvs_results_run_row *rows = NULL;
+    int64_t n_rows = 0;
+    kvs_results_series s[4] = {{0}};
+    int64_t *lens = NULL;
+    double *vals = NULL;
+    kvs_status st = kvs_results_open_readonly(db_path, &db);
+    if (st != KVS_OK) return st;
+    kvs_results_filter f = {0};
+    f.run_id = run_id > 0 ? run_id : 0;
+    f.policy = run_id > 0 ? NULL : policy;
+    f.budget_tokens = run_id > 0 ? 0 : budget;
+    KVS_TRY(st = kvs_results_query_runs(db, &f, &rows, &n_rows));
+    if (n_rows == 0) {
+        char what[160] = "";
+        if (run_id > 0) snprintf(what, sizeof what, " with id %lld", (long long)run_id);
+        else if (policy && budget > 0) snprintf(what, sizeof what, " of policy %s at budget %lld", policy, (long long)budget);
+        else if (policy) snprintf(what, sizeof what, " of policy %s", policy);
+        else if (budget > 0) snprintf(what, sizeof what, " at budget %lld", (long long)budget);
+        st = kvs_fail(KVS_ERR_DB, "%s: no complete runs%s in the database: nothing to plan with", db_path, what);
+        goto cleanup;
+    }
+    if (n_rows > 1) {
+        char list[512];
+        size_t used = 0;
+        for (int64_t i = 0; i < n_rows && used + 64 < sizeof list; i++)
+            used += (size_t)snprintf(list + used, sizeof list - used, "%s%lld (%s, budget %lld)", i ? ", " : "",
+                                     (long long)rows[i].id, rows[i].policy, (long long)rows[i].budget_tokens);
+        st = kvs_fail(KVS_ERR_INVALID_ARG, "%s: %lld runs match: choose one with --run ID (%s%s)", db_path,
+                      (long long)n_rows, list, used + 64 >= sizeof list ? ", ..." : "");
+        goto cleanup;
+    }
+    const kvs_results_run_row *r = &rows[0];
+    kvs_plan_profile p = {0};
+    p.run_id = r->id;
+    snprintf(p.policy, sizeof p.policy, "%s", r->policy ? r->policy : "");
+    snprintf(p.params, sizeof p.params, "%s", r->params ? r->params : "");
+    snprintf(p.budget_scope, sizeof p.budget_scope, "%s", r->budget_scope ? r->budget_scope : "every_step");
+    p.budget_tokens = r->budget_tokens;
+    snprintf(p.trace_model, sizeof p.trace_model, "%s", r->model ? r->model : "");
+    p.trace_id = r->trace_id;
+    p.trace_head_dim = r->head_dim;
+    kvs_dtype dt;
+    if (!r->dtype || kvs_dtype_parse(r->dtype, &dt) != KVS_OK) {
+        st = kvs_fail(KVS_ERR_FORMAT, "%s: run %lld: the trace's dtype '%s' is unknown", db_path, (long long)r->id,
+                      r->dtype ? r->dtype : "");
+        goto cleanup;
+    }
+    p.trace_elem_bytes = (double)kvs_dtype_size(dt);
+    p.tok_bytes = 2.0 * r->head_dim * p.trace_elem_bytes;
+    p.prompt_len = r->prompt_len;
+    p.x_is_generated = !strcmp(p.budget_scope, "prompt");
+    p.per_query_head = r->layout && !strcmp(r->layout, "per_query_head");
+    p.trace_group = r->n_kv_heads > 0 ? r->n_heads / r->n_kv_heads : 1;
+    const kvs_metric metrics[4] = {KVS_M_STORAGE_KV, KVS_M_STORAGE_AUX, KVS_M_STORAGE_HOST,
+                                   KVS_M_TRANSFER};
+    for (int i = 0; i < 4; i++) KVS_TRY(st = kvs_results_query_steps(db, r->id, -1, metrics[i], &s[i]));
+    const int64_t n = s[0].n;
+    if (n == 0) {
+        st = kvs_fail(KVS_ERR_DB, "%s: run %lld has no per-step series to measure its profile from (replay with "
+                                  "--series-every 1)", db_path, (long long)r->id);
+        goto cleanup;
+    }
+    lens = malloc((size_t)n * sizeof *lens);
+    vals = malloc((size_t)n * 3 * sizeof *vals);
+    if (!lens || !vals) {
+        st = kvs_fail(KVS_ERR_NOMEM, "plan: out of memory");
+        goto cleanup;
+    }
+    /* The other series at the storage series' positions (a series that never recorded a metric is empty: 0). */
+    for (int k = 1; k < 4; k++) {
+        int64_t j = 0;
+        for (int64_t i = 0; i < n; i++) {
+            while (j < s[k].n && s[k].position[j] < s[0].position[i]) j++;
+            vals[(size_t)(k - 1) * (size_t)n + (size_t)i] =
+                j < s[k].n && s[k].position[j] == s[0].position[i] ? s[k].value[j] : 0;
+        }
+    }
+    for (int64_t i = 0; i < n; i++) lens[i] = s[0].position[i] + 1;
+    p.aux_scale = out->aux_scale;
+    KVS_TRY(st = kvs_plan_profile_fit(&p, lens, s[0].value, vals, vals + n, vals + 2 * n, n));
+    *out = p;
+cleanup:
+    for (int i = 0; i < 4; i++) kvs_results_series_free(&s[i]);
+    free(lens);
+    free(vals);
+    kvs_results_run_rows_free(rows, n_rows);
+    kvs_results_close(db);
+    return st;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Capacity
+ * ---------------------------------------------------------------------------------------------- */
+
+double kvs_plan_weight_bytes(const kvs_plan_setup *s) { return kvs_plan_params(&s->model) * s->weight_elem_bytes; }
+
+kvs_status kvs_plan_kv_pool(const kvs_plan_setup *s, double *pool) {
+    if (!(s->gpu_bytes > 0)) return kvs_fail(KVS_ERR_INVALID_ARG, "no GPU memory given (--gpu-mem)");
+    double gpus = s->n_gpus > 0 ? s->n_gpus : 1;
+    double avail = gpus * (s->gpu_bytes - s->reserve_bytes), w = kvs_plan_weight_bytes(s);
+    if (!(avail - w > 0))
+        return kvs_fail(KVS_ERR_INVALID_ARG,
+                        "impossible memory: %s needs %.4g GB (%.4g GiB) of weights but %g GPU(s) of %.4g GB%s leave "
+                        "%.4g GB for weights and KV cache",
+                        s->model.name, w / 1e9, w / 1073741824.0, gpus, s->gpu_bytes / 1e9,
+                        s->reserve_bytes > 0 ? " less the reserve" : "", avail / 1e9);
+    *pool = avail - w;
+    return KVS_OK;
+}
+
+/* Device bytes of one sequence: the peak over its decode, n from context to context + response. Every kind's
+ * footprint is monotone or linear in n, so the peak is at one end. */
+static double seq_device(const kvs_plan_setup *s, const kvs_plan_policy *pol, int64_t context, int64_t response,
+                         double tok) {
+    const double heads = (double)s->model.n_layers * s->model.n_kv_heads;
+    const int32_t g = s->model.n_heads / s->model.n_kv_heads;
+    double a = kvs_plan_footprint_at(pol, context, context, tok, g).device;
+    double b = kvs_plan_footprint_at(pol, context, context + response, tok, g).device;
+    return heads * (a > b ? a : b);
+}
+
+kvs_status kvs_plan_eval(const kvs_plan_setup *s, const kvs_plan_policy *pol, int64_t context, int64_t response,
+                         int64_t batch, kvs_plan_point *out) {
+    if (!s || !pol || !out || context < 1 || response < 0 || batch < 1 ||
+        (pol->kind == KVS_PLAN_MEASURED && !pol->profile))
+        return kvs_fail(KVS_ERR_INVALID_ARG, "plan: bad point (context >= 1, response >= 0, batch >= 1)");
+    if (context > KVS_PLAN_MAX_CONTEXT || response > KVS_PLAN_MAX_CONTEXT)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "plan: context and response are limited to 2^40 tokens");
+    const double tok = 2.0 * s->model.head_dim * s->kv_elem_bytes;
+    const double heads = (double)s->model.n_layers * s->model.n_kv_heads;
+    kvs_plan_point p = {.context = context, .response = response, .batch = batch, .max_batch = -1, .max_context = -1};
+    p.seq_device_bytes = seq_device(s, pol, context, response, tok);
+    p.total_bytes = (double)batch * p.seq_device_bytes;
+    kvs_plan_footprint end =
+        kvs_plan_footprint_at(pol, context, context + response, tok, s->model.n_heads / s->model.n_kv_heads);
+    p.host_bytes = (double)batch * heads * end.host;
+    p.pcie_bytes_per_step = (double)batch * heads * end.transfer;
+    if (s->gpu_bytes > 0) {
+        double pool;
+        kvs_status st = kvs_plan_kv_pool(s, &pool);
+        if (st != KVS_OK) return st;
+        double mb = p.seq_device_bytes > 0 ? floor(pool / p.seq_device_bytes) : (double)INT64_MAX;
+        p.max_batch = mb >= 9.2e18 ? INT64_MAX : (int64_t)mb;
+        /* The largest context that fits: the footprint grows (or stays) with the context, so bisect. */
+        const double per_seq = pool / (double)batch;
+        if (seq_device(s, pol, KVS_PLAN_MAX_CONTEXT, response, tok) <= per_seq) {
+            p.max_context = KVS_PLAN_UNBOUNDED;
+        } else if (seq_device(s, pol, 1, response, tok) > per_seq) {
+            p.max_context = 0;
+        } else {
+            int64_t lo = 1, hi = KVS_PLAN_MAX_CONTEXT; /* fits at lo, not at hi */
+            while (hi - lo > 1) {
+                int64_t mid = lo + (hi - lo) / 2;
+                if (seq_device(s, pol, mid, response, tok) <= per_seq) lo = mid;
+                else hi = mid;
+            }
+            p.max_context = lo;
+        }
+    }
+    *out = p;
+    return KVS_OK;
+}

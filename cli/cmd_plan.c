@@ -1,0 +1,672 @@
+/* cmd_plan.c — `kvsim plan`: capacity planning with nominal budgets or a policy's MEASURED storage profile
+ * (analysis/plan.h; ../shared/DESIGN.md "Analysis"; POLICY_SPEC §7 G3, M22, R2, D1, D10): KV bytes per token,
+ * total KV of a batch, max batch at a context, max context at a batch, memory against the response length for
+ * the full cache, constant-size and prompt-only policies (and offloading: host memory, PCIe per step), as text,
+ * CSV or JSON, into the results database (sim/results_plan.h) and as two plots (plots/plan_plot.h).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../analysis/plan.h"
+#include "../plots/plan_plot.h"
+#include "../sim/policy.h"
+#include "../sim/results_plan.h"
+#include "../trace/trace.h"
+#include "cli.h"
+
+#ifndef KVSIM_VERSION_STRING
+#define KVSIM_VERSION_STRING "0.1.0"
+#endif
+
+#define MAX_LIST 64
+#define MAX_SERIES 5
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kvsim plan (--model PRESET | --config CONFIG.json|DIR | --trace TRACE) [options]\n"
+            "       kvsim plan --list-presets\n"
+            "Capacity planning: KV bytes per token, the KV cache of a batch, how many sequences fit beside the\n"
+            "weights, and memory against the response length, for the full cache and for policies at a budget\n"
+            "(tokens per KV head), or with a policy's storage profile MEASURED by kvsim replay.\n"
+            "Sizes print as GB = 10^9 bytes and GiB = 2^30 bytes (TB/TiB, MB/MiB likewise); CSV/JSON give bytes.\n"
+            "Model:\n"
+            "  --model PRESET       a built-in preset with its published shape (--list-presets)\n"
+            "  --config PATH        a Hugging Face config.json (or the folder holding it): layers, heads, KV heads,\n"
+            "                       head_dim, hidden/intermediate size, vocab (weights counted from them)\n"
+            "  --trace TRACE        the model recorded in a kvsim trace header\n"
+            "Memory:\n"
+            "  --kv-dtype T         fp16 (default), bf16, fp8, int4 (0.5 byte: codes only, no scales), fp32\n"
+            "  --weights T|none     weight dtype resident on the GPUs (default fp16); none = not resident\n"
+            "  --gpu-mem SIZE       memory per GPU: 80GB (10^9), 80GiB (2^30), 141e9 ...; without it no max batch\n"
+            "  --gpus N             GPUs the weights are sharded over (default 1)\n"
+            "  --reserve SIZE       per GPU, held back for activations and the runtime (default 0)\n"
+            "Workload:\n"
+            "  --batch N            sequences (default 1)\n"
+            "  --context N          prompt tokens per sequence (default 4096)\n"
+            "  --response N         generated tokens per sequence (default 0)\n"
+            "  --responses LIST     response lengths of the memory curve (default 0, R/4, R/2, 3R/4, R; with R = 0:\n"
+            "                       0,1024,2048,4096,8192)\n"
+            "  --settings LIST      context+response settings of the max-batch table, e.g. 256+1024,512+2048\n"
+            "                       (default C/4+R/4, C/2+R/2, C+R, 2C+2R, 4C+4R)\n"
+            "Policy (per KV head, the unit of kvsim replay's budgets):\n"
+            "  --policy P           full (default), constant (min(n, B) tokens), prompt-only (min(P, B) + generated),\n"
+            "                       offload (device min(n, B), host n, PCIe min(n, B) + 1 tokens per step: an upper\n"
+            "                       bound), or a registered policy name (its budget scope decides)\n"
+            "  --budget B           budget in tokens (default 1024, or the --profile run's); full, constant and\n"
+            "                       prompt-only are always shown\n"
+            "  --profile DB         the MEASURED profile of one complete replay run in DB (recorded with\n"
+            "                       --series-every N); choose it with --run ID, or --policy NAME and --budget B\n"
+            "  --run ID             the run of --profile\n"
+            "  --aux-scale kv|none  how measured auxiliary bytes carry to the planned model (default kv)\n"
+            "How a measured profile is scaled to the planned model: per step, the run's resident device KV, auxiliary,\n"
+            "host and transfer bytes per (layer, KV head), mean over layers and heads, are divided by the traced\n"
+            "model's token size tok_t = 2 x head_dim x element bytes of the trace (token equivalents) and fitted by\n"
+            "least squares as a line in the sequence length n (for a prompt-only run: in the tokens generated, n -\n"
+            "prompt, so the line carries to another prompt length). The planned bytes per sequence are the line's\n"
+            "token equivalents x the planned KV bytes per token (2 x layers x KV heads x head_dim x KV dtype bytes):\n"
+            "the same number of tokens per KV head, each as large as the planned model's. Auxiliary bytes scale the\n"
+            "same way (--aux-scale kv: state proportional to head_dim) or stay as measured per (layer, KV head)\n"
+            "(--aux-scale none: per-token scalars such as scores). A per-query-head run (layout per_query_head:\n"
+            "one set per query head, stored G times per KV head) is scaled by G_plan / G_trace, the copies the\n"
+            "planned model's GQA groups hold. Outside the measured lengths the line is extrapolated (a warning).\n"
+            "Output:\n"
+            "  --csv | --json       machine-readable points (bytes) instead of the tables\n"
+            "  --db FILE            also record the plan (tables plans, plan_points; sim/SCHEMA.md)\n"
+            "  --plot-memory F      memory of the batch vs response length (.png or .svg)\n"
+            "  --plot-batch F       max batch per context+response setting (.png or .svg)\n"
+            "  --gnuplot PROG       the gnuplot to run (default gnuplot on PATH)\n");
+}
+
+/* "343.6 GB = 320.0 GiB": each side in its own prefix (kilo .. peta), four significant digits kept. */
+static void fmt_size(char *buf, size_t cap, double b) {
+    static const char *const dec[] = {"B", "KB", "MB", "GB", "TB", "PB"}, *const bin[] = {"B", "KiB", "MiB", "GiB",
+                                                                                          "TiB", "PiB"};
+    int i = 0, j = 0;
+    double d = b, e = b;
+    while (d >= 1000 && i < 5) d /= 1000, i++;
+    while (e >= 1024 && j < 5) e /= 1024, j++;
+    if (i == 0) snprintf(buf, cap, "%.0f B", b);
+    else snprintf(buf, cap, "%#.4g %s = %#.4g %s", d, dec[i], e, bin[j]);
+}
+
+static void fmt_count(char *buf, size_t cap, int64_t v) {
+    if (v == KVS_PLAN_UNBOUNDED) snprintf(buf, cap, "unbounded");
+    else if (v < 0) snprintf(buf, cap, "-");
+    else snprintf(buf, cap, "%lld", (long long)v);
+}
+
+/* A comma list of whole numbers >= lo. */
+static int parse_list(const char *opt, const char *v, long lo, int64_t *out, int *n) {
+    *n = 0;
+    const char *p = v;
+    while (*p) {
+        char item[32];
+        size_t len = strcspn(p, ",");
+        if (len == 0 || len >= sizeof item || *n >= MAX_LIST)
+            return kvs_cli_usage_error("plan", "%s: '%s' is not a list of at most %d numbers", opt, v, MAX_LIST);
+        memcpy(item, p, len);
+        item[len] = '\0';
+        long x;
+        if (kvs_cli_parse_long(opt, item, lo, 1L << 40, &x) != KVS_OK) return kvs_cli_fail("plan", KVS_ERR_INVALID_ARG);
+        out[(*n)++] = x;
+        p += len + (p[len] == ',');
+    }
+    if (*n == 0) return kvs_cli_usage_error("plan", "%s: empty list", opt);
+    return 0;
+}
+
+/* "C+R,C+R". */
+static int parse_settings(const char *v, int64_t *ctx, int64_t *resp, int *n) {
+    *n = 0;
+    const char *p = v;
+    while (*p) {
+        char item[64];
+        size_t len = strcspn(p, ",");
+        if (len == 0 || len >= sizeof item || *n >= MAX_LIST)
+            return kvs_cli_usage_error("plan", "--settings: '%s' is not a list of CONTEXT+RESPONSE", v);
+        memcpy(item, p, len);
+        item[len] = '\0';
+        char *plus = strchr(item, '+');
+        if (!plus) return kvs_cli_usage_error("plan", "--settings: '%s' is not CONTEXT+RESPONSE", item);
+        *plus = '\0';
+        long c, r;
+        if (kvs_cli_parse_long("--settings context", item, 1, 1L << 40, &c) != KVS_OK ||
+            kvs_cli_parse_long("--settings response", plus + 1, 0, 1L << 40, &r) != KVS_OK)
+            return kvs_cli_fail("plan", KVS_ERR_INVALID_ARG);
+        ctx[*n] = c;
+        resp[(*n)++] = r;
+        p += len + (p[len] == ',');
+    }
+    if (*n == 0) return kvs_cli_usage_error("plan", "--settings: empty list");
+    return 0;
+}
+
+static int list_presets(void) {
+    printf("%-16s %6s %6s %6s %5s %7s %7s %7s %8s %12s %11s\n", "preset", "layers", "heads", "kv", "hd", "hidden",
+           "ffn", "vocab", "max_pos", "params", "KV/token");
+    for (int i = 0; i < kvs_plan_preset_count(); i++) {
+        const kvs_plan_model *m = kvs_plan_preset_at(i);
+        printf("%-16s %6d %6d %6d %5d %7d %7d %7d %8d %11.2fB %11.0f   %s\n", m->name, m->n_layers, m->n_heads,
+               m->n_kv_heads, m->head_dim, m->hidden, m->intermediate, m->vocab, m->max_positions,
+               kvs_plan_params(m) / 1e9, kvs_plan_kv_bytes_per_token(m, 2), m->source);
+    }
+    printf("KV/token: bytes per position at fp16, 2 x layers x kv heads x head_dim x 2; params counted from the shape\n");
+    return kvs_cli_finish_stdout("plan");
+}
+
+/* One series of the plan. */
+typedef struct {
+    char label[160];
+    kvs_plan_policy pol;
+} series;
+
+static void json_point(const kvs_plan_point *p, const series *s) {
+    printf("{\"series\":");
+    kvs_cli_json_string(stdout, kvs_plan_kind_name(s->pol.kind));
+    printf(",\"label\":");
+    kvs_cli_json_string(stdout, s->label);
+    printf(",\"budget\":");
+    if (s->pol.kind == KVS_PLAN_FULL || s->pol.kind == KVS_PLAN_MEASURED) printf("null");
+    else printf("%lld", (long long)s->pol.budget);
+    printf(",\"context\":%lld,\"response\":%lld,\"batch\":%lld,\"seq_device_bytes\":", (long long)p->context,
+           (long long)p->response, (long long)p->batch);
+    kvs_cli_json_number(stdout, p->seq_device_bytes);
+    printf(",\"total_bytes\":");
+    kvs_cli_json_number(stdout, p->total_bytes);
+    printf(",\"host_bytes\":");
+    kvs_cli_json_number(stdout, p->host_bytes);
+    printf(",\"pcie_bytes_per_step\":");
+    kvs_cli_json_number(stdout, p->pcie_bytes_per_step);
+    printf(",\"max_batch\":");
+    if (p->max_batch < 0) printf("null");
+    else if (p->max_batch == KVS_PLAN_UNBOUNDED) printf("\"unbounded\"");
+    else printf("%lld", (long long)p->max_batch);
+    printf(",\"max_context\":");
+    if (p->max_context < 0) printf("null");
+    else if (p->max_context == KVS_PLAN_UNBOUNDED) printf("\"unbounded\"");
+    else printf("%lld", (long long)p->max_context);
+    printf("}");
+}
+
+static void csv_point(const kvs_plan_point *p, const series *s) {
+    char b[4][64];
+    kvs_cli_fmt_real(b[0], sizeof b[0], p->seq_device_bytes);
+    kvs_cli_fmt_real(b[1], sizeof b[1], p->total_bytes);
+    kvs_cli_fmt_real(b[2], sizeof b[2], p->host_bytes);
+    kvs_cli_fmt_real(b[3], sizeof b[3], p->pcie_bytes_per_step);
+    printf("%s,", kvs_plan_kind_name(s->pol.kind));
+    kvs_cli_csv_field(stdout, s->label);
+    if (s->pol.kind == KVS_PLAN_FULL || s->pol.kind == KVS_PLAN_MEASURED) printf(",");
+    else printf(",%lld", (long long)s->pol.budget);
+    printf(",%lld,%lld,%lld,%s,%s,%s,%s,", (long long)p->context, (long long)p->response, (long long)p->batch, b[0],
+           b[1], b[2], b[3]);
+    if (p->max_batch == KVS_PLAN_UNBOUNDED) printf("unbounded");
+    else if (p->max_batch >= 0) printf("%lld", (long long)p->max_batch);
+    printf(",");
+    if (p->max_context == KVS_PLAN_UNBOUNDED) printf("unbounded");
+    else if (p->max_context >= 0) printf("%lld", (long long)p->max_context);
+    printf("\n");
+}
+
+int kvs_cmd_plan(int argc, char **argv) {
+    const char *preset = NULL, *config = NULL, *trace_path = NULL, *kv_dtype = NULL, *weights = NULL,
+               *gpu_mem = NULL, *gpus_s = NULL, *reserve_s = NULL, *batch_s = NULL, *context_s = NULL,
+               *response_s = NULL, *responses_s = NULL, *settings_s = NULL, *policy_s = NULL, *budget_s = NULL,
+               *profile_db = NULL, *run_s = NULL, *aux_s = NULL, *db_path = NULL, *plot_mem = NULL,
+               *plot_batch = NULL, *gnuplot = NULL;
+    int csv = 0, json = 0, list = 0;
+    for (int i = 1; i < argc; i++) {
+        int missing = 0, r;
+        struct {
+            const char *opt;
+            const char **slot;
+        } const opts[] = {{"--model", &preset},         {"--config", &config},       {"--trace", &trace_path},
+                          {"--kv-dtype", &kv_dtype},    {"--weights", &weights},     {"--gpu-mem", &gpu_mem},
+                          {"--gpus", &gpus_s},          {"--reserve", &reserve_s},   {"--batch", &batch_s},
+                          {"--context", &context_s},    {"--response", &response_s}, {"--responses", &responses_s},
+                          {"--settings", &settings_s},  {"--policy", &policy_s},     {"--budget", &budget_s},
+                          {"--profile", &profile_db},   {"--run", &run_s},           {"--aux-scale", &aux_s},
+                          {"--db", &db_path},           {"--plot-memory", &plot_mem}, {"--plot-batch", &plot_batch},
+                          {"--gnuplot", &gnuplot}};
+        if (kvs_cli_is_help(argv[i])) {
+            usage(stdout);
+            return KVS_EXIT_OK;
+        }
+        int matched = 0;
+        for (size_t k = 0; k < sizeof opts / sizeof opts[0] && !matched && !missing; k++) {
+            r = kvs_cli_single_value("plan", opts[k].opt, argc, argv, &i, &missing, opts[k].slot);
+            if (r < 0) return KVS_EXIT_USAGE;
+            matched = r;
+        }
+        if (matched) continue;
+        if (missing) return kvs_cli_usage_error("plan", "option %s needs a value", argv[i]);
+        if (!strcmp(argv[i], "--csv")) {
+            if (kvs_cli_once("plan", "--csv", &csv)) return KVS_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--json")) {
+            if (kvs_cli_once("plan", "--json", &json)) return KVS_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--list-presets")) {
+            if (kvs_cli_once("plan", "--list-presets", &list)) return KVS_EXIT_USAGE;
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            return kvs_cli_usage_error("plan", "unknown option '%s'", argv[i]);
+        } else {
+            return kvs_cli_usage_error("plan", "unexpected argument '%s'", argv[i]);
+        }
+    }
+    if (list) return list_presets();
+    if (!!preset + !!config + !!trace_path != 1)
+        return kvs_cli_usage_error("plan", "give exactly one of --model PRESET, --config CONFIG.json, --trace TRACE");
+    if (csv && json) return kvs_cli_usage_error("plan", "--csv and --json exclude each other");
+    if (run_s && !profile_db) return kvs_cli_usage_error("plan", "--run needs --profile DB");
+
+    /* ---- numbers ---- */
+    kvs_plan_setup setup = {.n_gpus = 1};
+    long batch = 1, context = 4096, response = 0, budget = 1024, gpus = 1, run_id = 0;
+    double kv_bytes = 2, w_bytes = 2;
+    if (kv_dtype && kvs_plan_dtype_bytes(kv_dtype, &kv_bytes) != KVS_OK) return kvs_cli_fail("plan", KVS_ERR_INVALID_ARG);
+    if (weights && strcmp(weights, "none") && kvs_plan_dtype_bytes(weights, &w_bytes) != KVS_OK)
+        return kvs_cli_fail("plan", KVS_ERR_INVALID_ARG);
+    if (weights && !strcmp(weights, "none")) w_bytes = 0;
+    if ((batch_s && kvs_cli_parse_long("--batch", batch_s, 1, 1L << 40, &batch) != KVS_OK) ||
+        (context_s && kvs_cli_parse_long("--context", context_s, 1, 1L << 40, &context) != KVS_OK) ||
+        (response_s && kvs_cli_parse_long("--response", response_s, 0, 1L << 40, &response) != KVS_OK) ||
+        (budget_s && kvs_cli_parse_long("--budget", budget_s, 1, 1L << 40, &budget) != KVS_OK) ||
+        (gpus_s && kvs_cli_parse_long("--gpus", gpus_s, 1, 1L << 20, &gpus) != KVS_OK) ||
+        (run_s && kvs_cli_parse_long("--run", run_s, 1, INT64_MAX, &run_id) != KVS_OK) ||
+        (gpu_mem && kvs_cli_parse_size("--gpu-mem", gpu_mem, &setup.gpu_bytes) != KVS_OK) ||
+        (reserve_s && kvs_cli_parse_size("--reserve", reserve_s, &setup.reserve_bytes) != KVS_OK))
+        return kvs_cli_fail("plan", KVS_ERR_INVALID_ARG);
+    if (reserve_s && !gpu_mem) return kvs_cli_usage_error("plan", "--reserve needs --gpu-mem");
+    kvs_plan_aux_scale aux_scale = KVS_PLAN_AUX_KV;
+    if (aux_s) {
+        if (!strcmp(aux_s, "none")) aux_scale = KVS_PLAN_AUX_NONE;
+        else if (strcmp(aux_s, "kv")) return kvs_cli_usage_error("plan", "--aux-scale: '%s' is not kv or none", aux_s);
+    }
+    if (aux_s && !profile_db) return kvs_cli_usage_error("plan", "--aux-scale needs --profile DB");
+    setup.kv_elem_bytes = kv_bytes;
+    setup.weight_elem_bytes = w_bytes;
+    setup.n_gpus = (int32_t)gpus;
+    int64_t responses[MAX_LIST], set_ctx[MAX_LIST], set_resp[MAX_LIST];
+    int n_resp = 0, n_set = 0;
+    if (responses_s) {
+        if (parse_list("--responses", responses_s, 0, responses, &n_resp)) return KVS_EXIT_USAGE;
+    } else if (response > 0) {
+        for (int k = 0; k <= 4; k++) {
+            int64_t r = response * k / 4;
+            if (n_resp == 0 || responses[n_resp - 1] != r) responses[n_resp++] = r;
+        }
+    } else {
+        const int64_t d[] = {0, 1024, 2048, 4096, 8192};
+        for (int k = 0; k < 5; k++) responses[n_resp++] = d[k];
+    }
+    if (settings_s) {
+        if (parse_settings(settings_s, set_ctx, set_resp, &n_set)) return KVS_EXIT_USAGE;
+    } else {
+        const int num[] = {1, 1, 1, 2, 4}, den[] = {4, 2, 1, 1, 1};
+        for (int k = 0; k < 5; k++) {
+            int64_t c = context * num[k] / den[k], r = response * num[k] / den[k];
+            if (c < 1 || (n_set && set_ctx[n_set - 1] == c && set_resp[n_set - 1] == r)) continue;
+            set_ctx[n_set] = c;
+            set_resp[n_set++] = r;
+        }
+    }
+
+    /* ---- the model ---- */
+    kvs_status st = KVS_OK;
+    kvs_trace *trace = NULL;
+    kvs_plan_profile profile = {.aux_scale = aux_scale};
+    kvs_results_db *db = NULL;
+    int rc = KVS_EXIT_OK;
+    if (preset) {
+        const kvs_plan_model *m;
+        if ((st = kvs_plan_preset_find(preset, &m)) != KVS_OK) return kvs_cli_fail("plan", st);
+        setup.model = *m;
+    } else if (config) {
+        if ((st = kvs_plan_model_from_config(config, &setup.model)) != KVS_OK)
+            return kvs_cli_fail("plan", st == KVS_ERR_INVALID_ARG ? KVS_ERR_IO : st);
+    } else {
+        if ((st = kvs_trace_open(trace_path, &trace)) != KVS_OK)
+            return kvs_cli_fail("plan", st == KVS_ERR_INVALID_ARG ? KVS_ERR_IO : st);
+        kvs_plan_model_from_trace(&kvs_trace_info_get(trace)->model, trace_path, &setup.model);
+    }
+
+    /* ---- the series: full, constant(B), prompt-only(B), and the planned policy when it is another ---- */
+    series ser[MAX_SERIES];
+    int n_ser = 0, planned = 0;
+    kvs_plan_kind kind = KVS_PLAN_FULL;
+    if (policy_s && !profile_db) {
+        if (!strcmp(policy_s, "full")) kind = KVS_PLAN_FULL;
+        else if (!strcmp(policy_s, "constant")) kind = KVS_PLAN_CONSTANT;
+        else if (!strcmp(policy_s, "prompt-only")) kind = KVS_PLAN_PROMPT_ONLY;
+        else if (!strcmp(policy_s, "offload")) kind = KVS_PLAN_OFFLOAD;
+        else {
+            const struct kvs_policy_ops *ops = kvs_policy_find(policy_s);
+            if (!ops) {
+                rc = kvs_cli_usage_error("plan", "--policy: '%s' is neither full, constant, prompt-only, offload nor "
+                                                 "a registered policy (kvsim policies)", policy_s);
+                goto cleanup;
+            }
+            kind = ops->budget_scope == KVS_BUDGET_NONE     ? KVS_PLAN_FULL
+                   : ops->budget_scope == KVS_BUDGET_PROMPT ? KVS_PLAN_PROMPT_ONLY
+                                                            : KVS_PLAN_CONSTANT;
+        }
+    }
+    if (profile_db) {
+        if ((st = kvs_plan_profile_read(profile_db, run_id, policy_s, budget_s ? budget : 0, &profile)) != KVS_OK) {
+            rc = kvs_cli_fail("plan", st);
+            goto cleanup;
+        }
+        kind = KVS_PLAN_MEASURED;
+        if (!budget_s) budget = (long)profile.budget_tokens; /* the nominal series at the measured run's budget */
+    }
+    const kvs_plan_kind base[3] = {KVS_PLAN_FULL, KVS_PLAN_CONSTANT, KVS_PLAN_PROMPT_ONLY};
+    for (int k = 0; k < 3; k++) {
+        ser[n_ser].pol = (kvs_plan_policy){.kind = base[k], .budget = budget};
+        if (base[k] == KVS_PLAN_FULL) snprintf(ser[n_ser].label, sizeof ser[n_ser].label, "full cache");
+        else snprintf(ser[n_ser].label, sizeof ser[n_ser].label, "%s, budget %ld", kvs_plan_kind_name(base[k]), budget);
+        if (base[k] == kind) planned = n_ser;
+        n_ser++;
+    }
+    if (kind == KVS_PLAN_OFFLOAD) {
+        ser[n_ser].pol = (kvs_plan_policy){.kind = KVS_PLAN_OFFLOAD, .budget = budget};
+        snprintf(ser[n_ser].label, sizeof ser[n_ser].label, "offload, budget %ld", budget);
+        planned = n_ser++;
+    } else if (kind == KVS_PLAN_MEASURED) {
+        ser[n_ser].pol = (kvs_plan_policy){.kind = KVS_PLAN_MEASURED, .profile = &profile};
+        snprintf(ser[n_ser].label, sizeof ser[n_ser].label, "measured: %s, budget %lld (run %lld)", profile.policy,
+                 (long long)profile.budget_tokens, (long long)profile.run_id);
+        planned = n_ser++;
+    }
+
+    /* ---- evaluate: the main point of every series, the memory curve, the max-batch settings ---- */
+    const int n_pts_max = n_ser * (1 + n_resp + n_set);
+    kvs_plan_point *pts = calloc((size_t)n_pts_max, sizeof *pts);
+    int *pts_ser = calloc((size_t)n_pts_max, sizeof *pts_ser);
+    kvs_results_plan_point *rows = calloc((size_t)n_pts_max, sizeof *rows);
+    double *curve = calloc((size_t)(n_ser * (n_resp + n_set) + n_resp), sizeof *curve);
+    if (!pts || !pts_ser || !rows || !curve) {
+        st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    kvs_plan_point main_pt[MAX_SERIES];
+    int n_pts = 0;
+    for (int s = 0; s < n_ser; s++) {
+        if ((st = kvs_plan_eval(&setup, &ser[s].pol, context, response, batch, &main_pt[s])) != KVS_OK) goto fail;
+        /* every distinct (context, response) once per series, for CSV/JSON/db */
+        int64_t cs[1 + 2 * MAX_LIST], rs[1 + 2 * MAX_LIST];
+        int nc = 0;
+        cs[nc] = context, rs[nc++] = response;
+        for (int k = 0; k < n_resp; k++) cs[nc] = context, rs[nc++] = responses[k];
+        for (int k = 0; k < n_set; k++) cs[nc] = set_ctx[k], rs[nc++] = set_resp[k];
+        for (int k = 0; k < nc; k++) {
+            int dup = 0;
+            for (int j = 0; j < k && !dup; j++) dup = cs[j] == cs[k] && rs[j] == rs[k];
+            if (dup) continue;
+            if ((st = kvs_plan_eval(&setup, &ser[s].pol, cs[k], rs[k], batch, &pts[n_pts])) != KVS_OK) goto fail;
+            pts_ser[n_pts++] = s;
+        }
+        for (int k = 0; k < n_resp; k++) {
+            kvs_plan_point q;
+            if ((st = kvs_plan_eval(&setup, &ser[s].pol, context, responses[k], batch, &q)) != KVS_OK) goto fail;
+            curve[s * n_resp + k] = q.total_bytes;
+        }
+        for (int k = 0; k < n_set; k++) {
+            kvs_plan_point q;
+            if ((st = kvs_plan_eval(&setup, &ser[s].pol, set_ctx[k], set_resp[k], 1, &q)) != KVS_OK) goto fail;
+            curve[n_ser * n_resp + s * n_set + k] = (double)q.max_batch;
+        }
+    }
+    const double kvtok = kvs_plan_kv_bytes_per_token(&setup.model, kv_bytes), wbytes = kvs_plan_weight_bytes(&setup);
+    double pool = NAN;
+    if (setup.gpu_bytes > 0 && (st = kvs_plan_kv_pool(&setup, &pool)) != KVS_OK) goto fail;
+    const kvs_plan_model *m = &setup.model;
+    const int extrapolated = kind == KVS_PLAN_MEASURED &&
+                             (context + response > profile.n_max || context < profile.n_min - 1 ||
+                              (profile.x_is_generated && response > profile.n_max - profile.prompt_len));
+
+    /* ---- print ---- */
+    if (json) {
+        printf("{\"model\":{\"name\":");
+        kvs_cli_json_string(stdout, m->name);
+        printf(",\"source\":");
+        kvs_cli_json_string(stdout, m->source);
+        printf(",\"n_layers\":%d,\"n_heads\":%d,\"n_kv_heads\":%d,\"head_dim\":%d,\"hidden\":%d,\"intermediate\":%d,"
+               "\"vocab\":%d,\"max_positions\":%d,\"params\":",
+               m->n_layers, m->n_heads, m->n_kv_heads, m->head_dim, m->hidden, m->intermediate, m->vocab,
+               m->max_positions);
+        kvs_cli_json_number(stdout, kvs_plan_params(m));
+        printf("},\"kv_dtype\":");
+        kvs_cli_json_string(stdout, kv_dtype ? kv_dtype : "fp16");
+        printf(",\"kv_bytes_per_token\":");
+        kvs_cli_json_number(stdout, kvtok);
+        printf(",\"weight_dtype\":");
+        kvs_cli_json_string(stdout, w_bytes > 0 ? (weights ? weights : "fp16") : NULL);
+        printf(",\"weight_bytes\":");
+        kvs_cli_json_number(stdout, wbytes);
+        printf(",\"gpus\":%ld,\"gpu_bytes\":", gpus);
+        kvs_cli_json_number(stdout, setup.gpu_bytes > 0 ? setup.gpu_bytes : NAN);
+        printf(",\"reserve_bytes\":");
+        kvs_cli_json_number(stdout, setup.reserve_bytes);
+        printf(",\"kv_pool_bytes\":");
+        kvs_cli_json_number(stdout, pool);
+        printf(",\"batch\":%ld,\"context\":%ld,\"response\":%ld,\"policy\":", batch, context, response);
+        kvs_cli_json_string(stdout, kvs_plan_kind_name(kind));
+        printf(",\"budget\":%ld,\"profile\":", budget);
+        if (kind == KVS_PLAN_MEASURED) {
+            printf("{\"db\":");
+            kvs_cli_json_string(stdout, profile_db);
+            printf(",\"run_id\":%lld,\"policy\":", (long long)profile.run_id);
+            kvs_cli_json_string(stdout, profile.policy);
+            printf(",\"params\":");
+            kvs_cli_json_string(stdout, profile.params);
+            printf(",\"budget_tokens\":%lld,\"x\":\"%s\",\"aux_scale\":\"%s\",\"tok_bytes\":",
+                   (long long)profile.budget_tokens, profile.x_is_generated ? "generated" : "n",
+                   aux_scale == KVS_PLAN_AUX_NONE ? "none" : "kv");
+            kvs_cli_json_number(stdout, profile.tok_bytes);
+            const kvs_plan_line *ls[4] = {&profile.kv, &profile.aux, &profile.host, &profile.transfer};
+            const char *names[4] = {"kv", "aux", "host", "transfer"};
+            for (int k = 0; k < 4; k++) {
+                printf(",\"%s\":{\"a\":", names[k]);
+                kvs_cli_json_number(stdout, ls[k]->a);
+                printf(",\"b\":");
+                kvs_cli_json_number(stdout, ls[k]->b);
+                printf("}");
+            }
+            printf(",\"r2\":");
+            kvs_cli_json_number(stdout, profile.kv_r2);
+            printf(",\"n_min\":%lld,\"n_max\":%lld,\"extrapolated\":%s}", (long long)profile.n_min,
+                   (long long)profile.n_max, extrapolated ? "true" : "false");
+        } else {
+            printf("null");
+        }
+        printf(",\"points\":[");
+        for (int k = 0; k < n_pts; k++) {
+            if (k) printf(",");
+            json_point(&pts[k], &ser[pts_ser[k]]);
+        }
+        printf("]}\n");
+    } else if (csv) {
+        printf("series,label,budget,context,response,batch,seq_device_bytes,total_bytes,host_bytes,"
+               "pcie_bytes_per_step,max_batch,max_context\n");
+        for (int k = 0; k < n_pts; k++) csv_point(&pts[k], &ser[pts_ser[k]]);
+    } else {
+        char a[96], b[96], c[96];
+        printf("model       %s: %d layers, %d query heads, %d KV heads (GQA group %d), head_dim %d  [%s]\n", m->name,
+               m->n_layers, m->n_heads, m->n_kv_heads, m->n_heads / m->n_kv_heads, m->head_dim, m->source);
+        fmt_size(a, sizeof a, kvtok);
+        printf("KV / token  %.0f bytes (%s) = 2 x %d layers x %d KV heads x %d head_dim x %g bytes (%s)\n", kvtok, a,
+               m->n_layers, m->n_kv_heads, m->head_dim, kv_bytes, kv_dtype ? kv_dtype : "fp16");
+        fmt_size(a, sizeof a, wbytes);
+        if (w_bytes > 0)
+            printf("weights     %.4g billion parameters x %g bytes (%s) = %s\n", kvs_plan_params(m) / 1e9, w_bytes,
+                   weights ? weights : "fp16", a);
+        else printf("weights     not resident on the GPUs (%.4g billion parameters)\n", kvs_plan_params(m) / 1e9);
+        if (setup.gpu_bytes > 0) {
+            fmt_size(a, sizeof a, setup.gpu_bytes);
+            fmt_size(b, sizeof b, pool);
+            printf("GPUs        %ld x (%s)%s; left for the KV cache: %s\n", gpus, a,
+                   setup.reserve_bytes > 0 ? " less the reserve" : "", b);
+        }
+        if (kind == KVS_PLAN_MEASURED) {
+            printf("profile     run %lld of %s: %s (%s), budget %lld tokens per KV head, trace model %s (head_dim %d, "
+                   "%g-byte elements)\n",
+                   (long long)profile.run_id, profile_db, profile.policy, profile.params, (long long)profile.budget_tokens,
+                   profile.trace_model, profile.trace_head_dim, profile.trace_elem_bytes);
+            printf("            device token equivalents per KV head = %.4g + %.4g x %s (KV) + %.4g + %.4g x %s (aux), "
+                   "R^2 %.4f, fitted on n = %lld..%lld (%lld points); aux scaled: %s\n",
+                   profile.kv.a, profile.kv.b, profile.x_is_generated ? "generated" : "n", profile.aux.a,
+                   profile.aux.b, profile.x_is_generated ? "generated" : "n", profile.kv_r2, (long long)profile.n_min,
+                   (long long)profile.n_max, (long long)profile.n_points, aux_scale == KVS_PLAN_AUX_NONE ? "none" : "kv");
+            if (profile.per_query_head)
+                printf("            per-query-head layout: %d copies per KV head measured, %d on the planned model\n",
+                       profile.trace_group, m->n_heads / m->n_kv_heads);
+        }
+        printf("\nbatch %ld, context %ld, response %ld (%ld tokens per sequence):\n", batch, context, response,
+               context + response);
+        printf("  %-44s %-28s %-28s %10s %12s\n", "policy (budget in tokens per KV head)", "per sequence",
+               "batch total", "max batch", "max context");
+        for (int s = 0; s < n_ser; s++) {
+            char mb[32], mc[32];
+            fmt_size(a, sizeof a, main_pt[s].seq_device_bytes);
+            fmt_size(b, sizeof b, main_pt[s].total_bytes);
+            fmt_count(mb, sizeof mb, main_pt[s].max_batch);
+            fmt_count(mc, sizeof mc, main_pt[s].max_context);
+            printf("%c %-44s %-28s %-28s %10s %12s\n", s == planned ? '*' : ' ', ser[s].label, a, b, mb, mc);
+            if (main_pt[s].host_bytes > 0 || main_pt[s].pcie_bytes_per_step > 0) {
+                fmt_size(a, sizeof a, main_pt[s].host_bytes);
+                fmt_size(c, sizeof c, main_pt[s].pcie_bytes_per_step);
+                printf("    host memory %s; PCIe per decode step %s\n", a, c);
+            }
+        }
+        printf("(* the planned policy; max batch: sequences of this context and response that fit; max context: the "
+               "longest prompt with this response at this batch)\n");
+        printf("\nKV cache of the batch against the response length (context %ld, batch %ld):\n  %10s", context, batch,
+               "response");
+        for (int s = 0; s < n_ser; s++) printf("  %-24.24s", ser[s].label);
+        printf("\n");
+        for (int k = 0; k < n_resp; k++) {
+            printf("  %10lld", (long long)responses[k]);
+            for (int s = 0; s < n_ser; s++) {
+                fmt_size(a, sizeof a, curve[s * n_resp + k]);
+                printf("  %-24s", a);
+            }
+            printf("\n");
+        }
+        if (setup.gpu_bytes > 0) {
+            printf("\nmax batch per context+response setting:\n  %15s", "setting");
+            for (int s = 0; s < n_ser; s++) printf("  %-24.24s", ser[s].label);
+            printf("\n");
+            for (int k = 0; k < n_set; k++) {
+                char set[48];
+                snprintf(set, sizeof set, "%lld+%lld", (long long)set_ctx[k], (long long)set_resp[k]);
+                printf("  %15s", set);
+                for (int s = 0; s < n_ser; s++) {
+                    fmt_count(a, sizeof a, (int64_t)curve[n_ser * n_resp + s * n_set + k]);
+                    printf("  %-24s", a);
+                }
+                printf("\n");
+            }
+        }
+        printf("GB/TB/MB/KB = 10^9/10^12/10^6/10^3 bytes; GiB/TiB/MiB/KiB = 2^30/2^40/2^20/2^10 bytes\n");
+    }
+    if (m->max_positions > 0 && context + response > m->max_positions)
+        fprintf(stderr, "kvsim plan: warning: context + response (%ld) exceeds the model's max_position_embeddings (%d)\n",
+                context + response, m->max_positions);
+    if (extrapolated)
+        fprintf(stderr, "kvsim plan: warning: the measured profile was fitted on sequence lengths %lld..%lld; the plan "
+                        "extrapolates its line beyond them\n", (long long)profile.n_min, (long long)profile.n_max);
+
+    /* ---- plots ---- */
+    if (plot_mem || plot_batch) {
+        const char *labels[MAX_SERIES], *xl[MAX_LIST];
+        double xs[MAX_LIST];
+        char xlbuf[MAX_LIST][48], title[320];
+        for (int s = 0; s < n_ser; s++) labels[s] = ser[s].label;
+        for (int k = 0; k < n_resp; k++) xs[k] = (double)responses[k];
+        for (int k = 0; k < n_set; k++) {
+            snprintf(xlbuf[k], sizeof xlbuf[k], "%lld+%lld", (long long)set_ctx[k], (long long)set_resp[k]);
+            xl[k] = xlbuf[k];
+        }
+        if (plot_mem) {
+            snprintf(title, sizeof title, "%s, %s KV: memory vs response length (batch %ld, context %ld)", m->name,
+                     kv_dtype ? kv_dtype : "fp16", batch, context);
+            kvs_plot_plan p = {.kind = KVS_PLOT_PLAN_MEMORY, .title = title, .out_path = plot_mem, .gnuplot = gnuplot,
+                               .n_series = n_ser, .labels = labels, .n_x = n_resp, .x = xs, .y = curve, .hline = pool};
+            if ((st = kvs_plot_plan_render(&p)) != KVS_OK) goto fail;
+        }
+        if (plot_batch) {
+            if (!(setup.gpu_bytes > 0)) {
+                st = kvs_fail(KVS_ERR_INVALID_ARG, "--plot-batch needs --gpu-mem");
+                goto fail;
+            }
+            snprintf(title, sizeof title, "%s, %s KV: max batch on %ld GPU(s)", m->name, kv_dtype ? kv_dtype : "fp16",
+                     gpus);
+            kvs_plot_plan p = {.kind = KVS_PLOT_PLAN_MAX_BATCH, .title = title, .out_path = plot_batch,
+                               .gnuplot = gnuplot, .n_series = n_ser, .labels = labels, .n_x = n_set, .x_labels = xl,
+                               .y = curve + n_ser * n_resp, .hline = NAN};
+            if ((st = kvs_plot_plan_render(&p)) != KVS_OK) goto fail;
+        }
+    }
+
+    /* ---- database ---- */
+    if (db_path) {
+        kvs_results_plan pr = {
+            .model = m->name, .model_source = m->source, .n_layers = m->n_layers, .n_heads = m->n_heads,
+            .n_kv_heads = m->n_kv_heads, .head_dim = m->head_dim, .params = kvs_plan_params(m),
+            .kv_dtype = kv_dtype ? kv_dtype : "fp16", .kv_bytes_per_token = kvtok,
+            .weight_dtype = w_bytes > 0 ? (weights ? weights : "fp16") : NULL, .weight_bytes = wbytes,
+            .n_gpus = (int32_t)gpus, .gpu_bytes = setup.gpu_bytes > 0 ? setup.gpu_bytes : NAN,
+            .reserve_bytes = setup.reserve_bytes, .kv_pool_bytes = pool, .batch = batch, .context = context,
+            .response = response, .policy = kvs_plan_kind_name(kind), .budget = kind == KVS_PLAN_FULL ? 0 : budget,
+            .kv_a = NAN, .kv_b = NAN, .aux_a = NAN, .aux_b = NAN, .host_a = NAN, .host_b = NAN, .transfer_a = NAN,
+            .transfer_b = NAN, .fit_r2 = NAN, .kvsim_version = KVSIM_VERSION_STRING};
+        if (kind == KVS_PLAN_MEASURED) {
+            pr.budget = profile.budget_tokens;
+            pr.profile_db = profile_db;
+            pr.profile_run_id = profile.run_id;
+            pr.profile_policy = profile.policy;
+            pr.profile_params = profile.params;
+            pr.profile_x = profile.x_is_generated ? "generated" : "n";
+            pr.aux_scale = aux_scale == KVS_PLAN_AUX_NONE ? "none" : "kv";
+            pr.kv_a = profile.kv.a, pr.kv_b = profile.kv.b, pr.aux_a = profile.aux.a, pr.aux_b = profile.aux.b;
+            pr.host_a = profile.host.a, pr.host_b = profile.host.b;
+            pr.transfer_a = profile.transfer.a, pr.transfer_b = profile.transfer.b, pr.fit_r2 = profile.kv_r2;
+        }
+        for (int k = 0; k < n_pts; k++) {
+            const series *s = &ser[pts_ser[k]];
+            rows[k] = (kvs_results_plan_point){
+                .series = kvs_plan_kind_name(s->pol.kind),
+                .budget = s->pol.kind == KVS_PLAN_FULL ? 0
+                          : s->pol.kind == KVS_PLAN_MEASURED ? profile.budget_tokens
+                                                             : s->pol.budget,
+                .context = pts[k].context, .response = pts[k].response, .batch = pts[k].batch,
+                .seq_device_bytes = pts[k].seq_device_bytes, .total_bytes = pts[k].total_bytes,
+                .host_bytes = pts[k].host_bytes, .pcie_bytes_per_step = pts[k].pcie_bytes_per_step,
+                .max_batch = pts[k].max_batch == KVS_PLAN_UNBOUNDED ? -1 : pts[k].max_batch < 0 ? -2 : pts[k].max_batch,
+                .max_context = pts[k].max_context == KVS_PLAN_UNBOUNDED ? -1
+                               : pts[k].max_context < 0                 ? -2
+                                                                        : pts[k].max_context};
+        }
+        kvs_results_trace tr;
+        if (trace) tr = kvs_results_trace_of(trace_path, kvs_trace_info_get(trace));
+        int64_t id = 0;
+        if ((st = kvs_results_open(db_path, &db)) != KVS_OK ||
+            (st = kvs_results_write_plan(db, &pr, trace ? &tr : NULL, rows, n_pts, &id)) != KVS_OK)
+            goto fail;
+        fprintf(stderr, "kvsim plan: plan %lld (%d points) recorded in %s\n", (long long)id, n_pts, db_path);
+    }
+    rc = kvs_cli_finish_stdout("plan");
+    goto done;
+fail:
+    rc = kvs_cli_fail("plan", st);
+done:
+    free(pts);
+    free(pts_ser);
+    free(rows);
+    free(curve);
+cleanup:
+    kvs_results_close(db);
+    kvs_trace_close(trace);
+    return rc;
+}

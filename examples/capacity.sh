@@ -1,0 +1,50 @@
+#!/bin/sh
+# capacity.sh — a capacity-planning study with `kvsim plan` (analysis/plan.h): the papers' figures on presets,
+# then the bundled model's MEASURED storage profiles carried to a real model.
+#
+#   sh examples/capacity.sh [TRACE]     default: the bundled examples/stories260K.kvt
+#
+# 1. Presets (POLICY_SPEC §7 G3): Llama-3.1-70B at batch 32 x 32K in fp16 (RocketKV §1: 343.6 GB = 320.0 GiB),
+#    OPT-30B at batch 128 x 1024 (D2O §1: 180.4 GB), Llama-3.1-70B/405B at batch 256 x 128K (MorphKV Fig. 1:
+#    10.0 / 15.75 TiB), and D2O Table 5's max-batch comparison on Llama-3-8B with one A100-80G: full cache
+#    against a constant-size policy (H2O) at budget 256, D2O's budget = prompt of the first setting 256+1024
+#    (5x in theory, 4x observed there; tests/test_plan.c checks every setting at its own budget = prompt).
+# 2. Measured: kvsim replay of TRACE with H2O and SnapKV at budget 64 (per-step series kept), then each run's
+#    profile planned on Llama-3.1-8B on one 80 GB GPU: 8K context + 8K response, batch 16, with the plots.
+# Outputs go to $OUT (default examples/out): capacity.db (runs and plans), capacity_*.txt, capacity_*.png.
+# $KVSIM_BIN names the kvsim binary.
+set -eu
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+KVSIM_BIN=${KVSIM_BIN:-$root/kvsim}
+out=${OUT:-$here/out}
+trace=${1:-$here/stories260K.kvt}
+[ -x "$KVSIM_BIN" ] || { echo "capacity.sh: $KVSIM_BIN not found: run 'make' first" >&2; exit 1; }
+mkdir -p "$out"
+db=$out/capacity.db
+rm -f "$db" "$db-wal" "$db-shm"
+
+echo "== R2: Llama-3.1-70B, batch 32, 32K context, fp16 (8 x 80 GB)"
+"$KVSIM_BIN" plan --model Llama-3.1-70B --batch 32 --context 32768 --gpu-mem 80GB --gpus 8 --db "$db" \
+    | tee "$out/capacity_r2.txt"
+echo "== D1: OPT-30B, batch 128, 1024 tokens"
+"$KVSIM_BIN" plan --model OPT-30B --batch 128 --context 1024 --db "$db" | tee "$out/capacity_d1.txt"
+echo "== M22: batch 256 at 128K"
+for m in Llama-3.1-70B Llama-3.1-405B; do
+    "$KVSIM_BIN" plan --model "$m" --batch 256 --context 131072 --db "$db" | tee "$out/capacity_m22_$m.txt"
+done
+echo "== D10: max batch, full cache vs H2O at budget 256, Llama-3-8B on one A100-80G"
+"$KVSIM_BIN" plan --model Llama-3-8B --gpu-mem 80GiB --policy h2o --budget 256 --context 256 --response 1024 \
+    --settings 256+1024,512+2048,1024+4096,2048+8192 --db "$db" --plot-batch "$out/capacity_d10_batch.png" \
+    | tee "$out/capacity_d10.txt"
+
+echo "== measured profiles from $trace"
+"$KVSIM_BIN" replay "$trace" --db "$db" --policy h2o --policy snapkv --budgets 64 --series-every 1 --threads 2
+for p in h2o snapkv; do
+    echo "== $p's measured profile planned on Llama-3.1-8B, one 80 GB GPU, 8K + 8K, batch 16"
+    "$KVSIM_BIN" plan --model Llama-3.1-8B --gpu-mem 80GB --profile "$db" --policy "$p" --budget 64 \
+        --context 8192 --response 8192 --batch 16 --db "$db" \
+        --plot-memory "$out/capacity_${p}_memory.png" --plot-batch "$out/capacity_${p}_batch.png" \
+        | tee "$out/capacity_$p.txt"
+done
+echo "capacity.sh: plans and runs in $db; tables and plots in $out"

@@ -1,0 +1,259 @@
+/* results_plan.c — the "plan" table family (see results_plan.h; tables documented in sim/SCHEMA.md, "Table
+ * family: plan"), following the family rules of sim/results_internal.h.
+ */
+#include "results_plan.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "results_internal.h"
+
+static const char plan_schema[] =
+    "CREATE TABLE IF NOT EXISTS plans ("
+    " id INTEGER PRIMARY KEY AUTOINCREMENT,"
+    " created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ','now')),"
+    " kvsim_version TEXT,"
+    " trace_id INTEGER REFERENCES traces(id),"
+    " model TEXT NOT NULL, model_source TEXT,"
+    " n_layers INTEGER NOT NULL, n_heads INTEGER NOT NULL, n_kv_heads INTEGER NOT NULL, head_dim INTEGER NOT NULL,"
+    " params REAL, kv_dtype TEXT NOT NULL, kv_bytes_per_token REAL NOT NULL,"
+    " weight_dtype TEXT, weight_bytes REAL NOT NULL,"
+    " n_gpus INTEGER NOT NULL, gpu_bytes REAL, reserve_bytes REAL NOT NULL, kv_pool_bytes REAL,"
+    " batch INTEGER NOT NULL, context INTEGER NOT NULL, response INTEGER NOT NULL,"
+    " policy TEXT NOT NULL, budget INTEGER,"
+    " profile_db TEXT, profile_run_id INTEGER, profile_policy TEXT, profile_params TEXT, profile_x TEXT,"
+    " aux_scale TEXT, kv_a REAL, kv_b REAL, aux_a REAL, aux_b REAL, host_a REAL, host_b REAL,"
+    " transfer_a REAL, transfer_b REAL, fit_r2 REAL);"
+    "CREATE TABLE IF NOT EXISTS plan_points ("
+    " plan_id INTEGER NOT NULL REFERENCES plans(id) ON DELETE CASCADE,"
+    " series TEXT NOT NULL, budget INTEGER,"
+    " context INTEGER NOT NULL, response INTEGER NOT NULL, batch INTEGER NOT NULL,"
+    " seq_device_bytes REAL NOT NULL, total_bytes REAL NOT NULL, host_bytes REAL NOT NULL,"
+    " pcie_bytes_per_step REAL NOT NULL, max_batch INTEGER, max_context INTEGER,"
+    " PRIMARY KEY (plan_id, series, context, response)) WITHOUT ROWID;";
+
+static void bind_text(sqlite3_stmt *st, int i, const char *s) {
+    if (s) sqlite3_bind_text(st, i, s, -1, SQLITE_TRANSIENT);
+    else sqlite3_bind_null(st, i);
+}
+static void bind_real(sqlite3_stmt *st, int i, double v) {
+    if (isfinite(v)) sqlite3_bind_double(st, i, v);
+    else sqlite3_bind_null(st, i);
+}
+static void bind_pos(sqlite3_stmt *st, int i, int64_t v) { /* > 0, else NULL */
+    if (v > 0) sqlite3_bind_int64(st, i, v);
+    else sqlite3_bind_null(st, i);
+}
+static void bind_cap(sqlite3_stmt *st, int i, int64_t v) { /* >= -1 (-1 = unbounded), else NULL */
+    if (v >= -1) sqlite3_bind_int64(st, i, v);
+    else sqlite3_bind_null(st, i);
+}
+
+kvs_status kvs_results_write_plan(kvs_results_db *db, const kvs_results_plan *p, const kvs_results_trace *trace,
+                                  const kvs_results_plan_point *pts, int64_t n, int64_t *plan_id) {
+    if (!db || !p || !p->model || !p->kv_dtype || !p->policy || (n > 0 && !pts) || n < 0)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "write plan: NULL database, plan or points");
+    for (int64_t i = 0; i < n; i++)
+        if (!pts[i].series) return kvs_fail(KVS_ERR_INVALID_ARG, "write plan: point %lld has no series", (long long)i);
+    kvs_status st = kvs_results_txn_begin(db, "write plan");
+    if (st != KVS_OK) return st;
+    sqlite3_stmt *ins = NULL, *pt = NULL;
+    int64_t trace_id = 0;
+    KVS_TRY(st = kvs_results_exec(db, plan_schema, "create the plan tables"));
+    if (trace) KVS_TRY(st = kvs_results_trace_id(db, trace, &trace_id));
+    KVS_TRY(st = kvs_results_prepare(
+                db,
+                "INSERT INTO plans (kvsim_version, trace_id, model, model_source, n_layers, n_heads, n_kv_heads, "
+                "head_dim, params, kv_dtype, kv_bytes_per_token, weight_dtype, weight_bytes, n_gpus, gpu_bytes, "
+                "reserve_bytes, kv_pool_bytes, batch, context, response, policy, budget, profile_db, profile_run_id, "
+                "profile_policy, profile_params, profile_x, aux_scale, kv_a, kv_b, aux_a, aux_b, host_a, host_b, "
+                "transfer_a, transfer_b, fit_r2) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,"
+                "?18,?19,?20,?21,?22,?23,?24,?25,?26,?27,?28,?29,?30,?31,?32,?33,?34,?35,?36,?37)",
+                &ins, "insert a plan"));
+    bind_text(ins, 1, p->kvsim_version);
+    bind_pos(ins, 2, trace_id);
+    bind_text(ins, 3, p->model);
+    bind_text(ins, 4, p->model_source);
+    sqlite3_bind_int(ins, 5, p->n_layers);
+    sqlite3_bind_int(ins, 6, p->n_heads);
+    sqlite3_bind_int(ins, 7, p->n_kv_heads);
+    sqlite3_bind_int(ins, 8, p->head_dim);
+    bind_real(ins, 9, p->params);
+    bind_text(ins, 10, p->kv_dtype);
+    sqlite3_bind_double(ins, 11, p->kv_bytes_per_token);
+    bind_text(ins, 12, p->weight_dtype);
+    sqlite3_bind_double(ins, 13, p->weight_bytes);
+    sqlite3_bind_int(ins, 14, p->n_gpus);
+    bind_real(ins, 15, p->gpu_bytes);
+    sqlite3_bind_double(ins, 16, p->reserve_bytes);
+    bind_real(ins, 17, p->kv_pool_bytes);
+    sqlite3_bind_int64(ins, 18, p->batch);
+    sqlite3_bind_int64(ins, 19, p->context);
+    sqlite3_bind_int64(ins, 20, p->response);
+    bind_text(ins, 21, p->policy);
+    bind_pos(ins, 22, p->budget);
+    bind_text(ins, 23, p->profile_db);
+    bind_pos(ins, 24, p->profile_run_id);
+    bind_text(ins, 25, p->profile_policy);
+    bind_text(ins, 26, p->profile_params);
+    bind_text(ins, 27, p->profile_x);
+    bind_text(ins, 28, p->aux_scale);
+    const double fit[9] = {p->kv_a, p->kv_b, p->aux_a, p->aux_b, p->host_a, p->host_b, p->transfer_a, p->transfer_b,
+                           p->fit_r2};
+    for (int i = 0; i < 9; i++) bind_real(ins, 29 + i, fit[i]);
+    KVS_TRY(st = kvs_results_step_done(db, ins, "insert a plan"));
+    const int64_t id = sqlite3_last_insert_rowid(kvs_results_sqlite(db));
+    KVS_TRY(st = kvs_results_prepare(db,
+                                     "INSERT INTO plan_points (plan_id, series, budget, context, response, batch, "
+                                     "seq_device_bytes, total_bytes, host_bytes, pcie_bytes_per_step, max_batch, "
+                                     "max_context) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12)",
+                                     &pt, "insert a plan point"));
+    for (int64_t i = 0; i < n; i++) {
+        const kvs_results_plan_point *q = &pts[i];
+        sqlite3_bind_int64(pt, 1, id);
+        bind_text(pt, 2, q->series);
+        bind_pos(pt, 3, q->budget);
+        sqlite3_bind_int64(pt, 4, q->context);
+        sqlite3_bind_int64(pt, 5, q->response);
+        sqlite3_bind_int64(pt, 6, q->batch);
+        sqlite3_bind_double(pt, 7, q->seq_device_bytes);
+        sqlite3_bind_double(pt, 8, q->total_bytes);
+        sqlite3_bind_double(pt, 9, q->host_bytes);
+        sqlite3_bind_double(pt, 10, q->pcie_bytes_per_step);
+        bind_cap(pt, 11, q->max_batch);
+        bind_cap(pt, 12, q->max_context);
+        KVS_TRY(st = kvs_results_step_done(db, pt, "insert a plan point"));
+    }
+    sqlite3_finalize(ins);
+    sqlite3_finalize(pt);
+    ins = pt = NULL;
+    KVS_TRY(st = kvs_results_txn_commit(db, "write plan"));
+    if (plan_id) *plan_id = id;
+    return KVS_OK;
+cleanup:
+    sqlite3_finalize(ins);
+    sqlite3_finalize(pt);
+    kvs_results_txn_rollback(db);
+    return st;
+}
+
+/* ---- reading ---- */
+
+static char *col_text(sqlite3_stmt *st, int i) {
+    const unsigned char *s = sqlite3_column_text(st, i);
+    return s ? strdup((const char *)s) : NULL;
+}
+static double col_real(sqlite3_stmt *st, int i) {
+    return sqlite3_column_type(st, i) == SQLITE_NULL ? NAN : sqlite3_column_double(st, i);
+}
+static int64_t col_cap(sqlite3_stmt *st, int i) { /* NULL = not computed: -2 */
+    return sqlite3_column_type(st, i) == SQLITE_NULL ? -2 : sqlite3_column_int64(st, i);
+}
+
+void kvs_results_plan_rows_free(kvs_results_plan_row *rows, int64_t n) {
+    for (int64_t i = 0; rows && i < n; i++) {
+        free(rows[i].model);
+        free(rows[i].kv_dtype);
+        free(rows[i].policy);
+        free(rows[i].created_at);
+        for (int64_t j = 0; j < rows[i].n_points; j++) free((char *)rows[i].points[j].series);
+        free(rows[i].points);
+    }
+    free(rows);
+}
+
+kvs_status kvs_results_query_plans(kvs_results_db *db, kvs_results_plan_row **out, int64_t *n_out) {
+    if (!db || !out || !n_out) return kvs_fail(KVS_ERR_INVALID_ARG, "query plans: NULL argument");
+    *out = NULL;
+    *n_out = 0;
+    int have = kvs_results_table_exists(db, "plans");
+    if (have < 0) return KVS_ERR_DB;
+    if (!have) return kvs_fail(KVS_ERR_DB, "no plan results in %s", kvs_results_path(db));
+    sqlite3_stmt *q = NULL, *pq = NULL;
+    kvs_results_plan_row *rows = NULL;
+    int64_t n = 0, cap = 0;
+    kvs_status st = kvs_results_prepare(db,
+                                        "SELECT id, model, kv_dtype, policy, created_at, kv_bytes_per_token, "
+                                        "weight_bytes, gpu_bytes, kv_pool_bytes, n_gpus, batch, context, response, "
+                                        "budget, trace_id FROM plans ORDER BY id",
+                                        &q, "read plans");
+    KVS_TRY(st);
+    KVS_TRY(st = kvs_results_prepare(db,
+                                     "SELECT series, budget, context, response, batch, seq_device_bytes, total_bytes, "
+                                     "host_bytes, pcie_bytes_per_step, max_batch, max_context FROM plan_points "
+                                     "WHERE plan_id = ?1 ORDER BY series, context, response",
+                                     &pq, "read plan points"));
+    int rc;
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        if (n == cap) {
+            cap = cap ? 2 * cap : 4;
+            kvs_results_plan_row *g = realloc(rows, (size_t)cap * sizeof *g);
+            if (!g) {
+                st = kvs_fail(KVS_ERR_NOMEM, "query plans: out of memory");
+                goto cleanup;
+            }
+            rows = g;
+        }
+        kvs_results_plan_row *r = &rows[n++];
+        memset(r, 0, sizeof *r);
+        r->id = sqlite3_column_int64(q, 0);
+        r->model = col_text(q, 1);
+        r->kv_dtype = col_text(q, 2);
+        r->policy = col_text(q, 3);
+        r->created_at = col_text(q, 4);
+        r->kv_bytes_per_token = col_real(q, 5);
+        r->weight_bytes = col_real(q, 6);
+        r->gpu_bytes = col_real(q, 7);
+        r->kv_pool_bytes = col_real(q, 8);
+        r->n_gpus = sqlite3_column_int(q, 9);
+        r->batch = sqlite3_column_int64(q, 10);
+        r->context = sqlite3_column_int64(q, 11);
+        r->response = sqlite3_column_int64(q, 12);
+        r->budget = sqlite3_column_int64(q, 13);
+        r->trace_id = sqlite3_column_int64(q, 14);
+        sqlite3_bind_int64(pq, 1, r->id);
+        int64_t pcap = 0;
+        while ((rc = sqlite3_step(pq)) == SQLITE_ROW) {
+            if (r->n_points == pcap) {
+                pcap = pcap ? 2 * pcap : 16;
+                kvs_results_plan_point *g = realloc(r->points, (size_t)pcap * sizeof *g);
+                if (!g) {
+                    st = kvs_fail(KVS_ERR_NOMEM, "query plans: out of memory");
+                    goto cleanup;
+                }
+                r->points = g;
+            }
+            kvs_results_plan_point *p = &r->points[r->n_points++];
+            p->series = col_text(pq, 0);
+            p->budget = sqlite3_column_int64(pq, 1);
+            p->context = sqlite3_column_int64(pq, 2);
+            p->response = sqlite3_column_int64(pq, 3);
+            p->batch = sqlite3_column_int64(pq, 4);
+            p->seq_device_bytes = col_real(pq, 5);
+            p->total_bytes = col_real(pq, 6);
+            p->host_bytes = col_real(pq, 7);
+            p->pcie_bytes_per_step = col_real(pq, 8);
+            p->max_batch = col_cap(pq, 9);
+            p->max_context = col_cap(pq, 10);
+        }
+        sqlite3_reset(pq);
+        if (rc != SQLITE_DONE) {
+            st = kvs_results_db_error(db, "read plan points");
+            goto cleanup;
+        }
+    }
+    if (rc != SQLITE_DONE) {
+        st = kvs_results_db_error(db, "read plans");
+        goto cleanup;
+    }
+    *out = rows;
+    *n_out = n;
+    rows = NULL;
+    n = 0;
+cleanup:
+    sqlite3_finalize(q);
+    sqlite3_finalize(pq);
+    kvs_results_plan_rows_free(rows, n);
+    return st;
+}

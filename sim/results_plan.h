@@ -1,0 +1,73 @@
+/* results_plan.h — the "plan" table family of the results database (sim/SCHEMA.md, "Table family: plan"):
+ * capacity plans written by `kvsim plan --db` (analysis/plan.h) and read back by reports.
+ *
+ * A plan is one row of `plans` (the model, its KV and weight sizes, the GPUs, the policy and its measured
+ * profile when it had one) and its points in `plan_points` (one row per series x context x response: bytes
+ * per sequence and per batch, host bytes, PCIe bytes per step, max batch and max context). Written in one
+ * transaction with the family's tables created inside it (sim/results_internal.h).
+ */
+#ifndef KVS_RESULTS_PLAN_H
+#define KVS_RESULTS_PLAN_H
+
+#include <stdint.h>
+
+#include "results.h"
+
+/* One plan. Borrowed strings; NaN = not recorded (stored NULL). */
+typedef struct {
+    const char *model;          /* model name */
+    const char *model_source;   /* preset citation, config.json path or trace */
+    int32_t n_layers, n_heads, n_kv_heads, head_dim;
+    double params;              /* weights counted from the shape */
+    const char *kv_dtype;       /* fp16, bf16, fp8, int4, fp32 */
+    double kv_bytes_per_token;  /* bytes, all layers and KV heads */
+    const char *weight_dtype;   /* NULL = weights not resident */
+    double weight_bytes;        /* bytes (0 when not resident) */
+    int32_t n_gpus;
+    double gpu_bytes;           /* per GPU; NaN = not given */
+    double reserve_bytes;       /* per GPU */
+    double kv_pool_bytes;       /* left for KV; NaN without GPU memory */
+    int64_t batch, context, response;
+    const char *policy;         /* the planned policy's kind: full, constant, prompt-only, offload, measured */
+    int64_t budget;             /* tokens per KV head; <= 0 = none */
+    /* the measured profile (policy measured); NULL / NaN / <= 0 otherwise */
+    const char *profile_db;     /* the replay database read */
+    int64_t profile_run_id;
+    const char *profile_policy, *profile_params, *profile_x; /* x: "n" or "generated" */
+    const char *aux_scale;      /* "kv" or "none" */
+    double kv_a, kv_b, aux_a, aux_b, host_a, host_b, transfer_a, transfer_b, fit_r2;
+    const char *kvsim_version;
+} kvs_results_plan;
+
+/* One point of a plan (max_batch / max_context: -1 = unbounded; < -1 = not computed, stored NULL). */
+typedef struct {
+    const char *series;         /* full, constant, prompt-only, offload, measured */
+    int64_t budget;             /* <= 0: none */
+    int64_t context, response, batch;
+    double seq_device_bytes, total_bytes, host_bytes, pcie_bytes_per_step;
+    int64_t max_batch, max_context;
+} kvs_results_plan_point;
+
+/*! kvs_results_write_plan() : writes `plan`, its `n_points` points and, when the plan's model came from a trace,
+ *  that trace's row (`trace`, may be NULL; see kvs_results_trace_of) in one transaction; *plan_id (may be NULL)
+ *  receives the new plan's id. On failure nothing is written. KVS_ERR_STATE on a read-only handle. */
+kvs_status kvs_results_write_plan(kvs_results_db *db, const kvs_results_plan *plan, const kvs_results_trace *trace,
+                                  const kvs_results_plan_point *points, int64_t n_points, int64_t *plan_id);
+
+/* A plan as read back: ids, a few identifying columns and its points. Strings owned by the row array. */
+typedef struct {
+    int64_t id;
+    char *model, *kv_dtype, *policy, *created_at;
+    double kv_bytes_per_token, weight_bytes, gpu_bytes, kv_pool_bytes; /* NaN when not recorded */
+    int32_t n_gpus;
+    int64_t batch, context, response, budget, trace_id; /* trace_id 0 when none */
+    int64_t n_points;
+    kvs_results_plan_point *points; /* [n_points] by series, context, response; strings owned by the row array */
+} kvs_results_plan_row;
+
+/*! kvs_results_query_plans() : every plan, ascending id, with its points. No plan table: KVS_ERR_DB "no plan
+ *  results in DB". Caller frees with kvs_results_plan_rows_free. */
+kvs_status kvs_results_query_plans(kvs_results_db *db, kvs_results_plan_row **rows, int64_t *n);
+void kvs_results_plan_rows_free(kvs_results_plan_row *rows, int64_t n);
+
+#endif /* KVS_RESULTS_PLAN_H */
