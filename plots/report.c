@@ -30,6 +30,9 @@
 #include "../common/kvs_out.h"
 #include "../sim/compare.h"
 #include "../sim/results.h"
+#include "../sim/results_drift.h"
+#include "../sim/results_heads.h"
+#include "../sim/results_plan.h"
 #include "../trace/trace.h"
 #include "plot.h"
 
@@ -734,6 +737,152 @@ static kvs_status sec_position(report_ctx *ctx) {
     return plot_section(ctx, ps, 1, budget, "no run stored its per-step series (kvsim replay --series-every)");
 }
 
+/* Attention drift (kvsim drift; SyncKV §3.1-3.2): the latest drift run's curves and locality heatmap, and one line
+ * per drift run of the database. */
+static kvs_status sec_drift(report_ctx *ctx) {
+    kvs_results_drift_run *runs = NULL;
+    int64_t n = 0;
+    kvs_status st = kvs_results_drift_query_runs(ctx->db, NULL, NULL, &runs, &n);
+    if (st == KVS_ERR_DB || (st == KVS_OK && n == 0)) {
+        kvs_results_drift_runs_free(runs, n);
+        return absent(ctx, "no kvsim drift run in this database");
+    }
+    if (st != KVS_OK) return st;
+    para(ctx, "Overlap (SyncKV Eq. 1) of each decode step's top-k attended positions with the prefill top-k (SnapKV "
+              "window score of the last prompt queries, or the last prompt query), and of steps t and t+d (temporal "
+              "locality): how fast the positions a policy chose at the prompt stop being the ones attended. Plots draw "
+              "the latest drift run at its largest k (kvsim plot --kind drift-curve|drift-locality --k K for another).");
+    static const char *const head[] = {"run", "trace", "model", "prompt", "decode steps", "k swept", "window", "max d"};
+    table_begin(ctx, 8, head);
+    for (int64_t i = 0; i < n; i++) {
+        const kvs_results_drift_run *r = &runs[i];
+        char id[32], pl[32], ns[32], ks[256] = "", win[32], dm[32];
+        snprintf(id, sizeof id, "%" PRId64, r->id);
+        snprintf(pl, sizeof pl, "%" PRId64, r->prompt_len);
+        snprintf(ns, sizeof ns, "%" PRId64, r->n_steps);
+        for (int32_t j = 0; j < r->n_k; j++) {
+            size_t len = strlen(ks);
+            snprintf(ks + len, sizeof ks - len, "%s%" PRId64, j ? ", " : "", r->k[j]);
+        }
+        snprintf(win, sizeof win, "%d", r->window);
+        snprintf(dm, sizeof dm, "%d", r->delta_max);
+        const char *cell[] = {id, kvs_path_base(r->trace_path), r->model, pl, ns, ks, win, dm};
+        table_row(ctx, 8, cell);
+    }
+    table_end(ctx);
+    kvs_results_drift_runs_free(runs, n);
+    static const plot_spec ps[] = {
+        {KVS_PLOT_DRIFT_CURVE, NULL, "drift_curve.png",
+         "Prefill-vs-step top-k overlap against the decode step, per layer band (SyncKV Fig. 2a)"},
+        {KVS_PLOT_DRIFT_LOCALITY, NULL, "drift_locality.png",
+         "Top-k overlap of steps t and t+d (temporal locality, SyncKV Fig. 2b)"},
+    };
+    return plot_section(ctx, ps, 2, -1, "the drift run could not be drawn");
+}
+
+/* Head similarity and clusters (kvsim heads; SyncKV §3.3, App. B.1): the latest heads run's layer means, clusters,
+ * silhouettes and stability, with its similarity heatmaps. */
+static kvs_status sec_heads(report_ctx *ctx) {
+    kvs_results_heads_row *h = NULL;
+    kvs_status st = kvs_results_heads_read(ctx->db, 0, NULL, NULL, &h);
+    if (st == KVS_ERR_DB) return absent(ctx, "no kvsim heads run in this database");
+    if (st != KVS_OK) return st;
+    int32_t L = h->n_layers;
+    double intra = 0, inter = 0;
+    int n_intra = 0, n_inter = 0;
+    for (int32_t a = 0; a < L; a++)
+        for (int32_t b = 0; b < L; b++) {
+            double v = h->layer_sim_q[(size_t)a * (size_t)L + (size_t)b];
+            if (isnan(v)) continue;
+            if (a == b) intra += v, n_intra++;
+            else inter += v, n_inter++;
+        }
+    para(ctx, "Latest heads run (%s, %s; k_c = %" PRId64 ", %" PRId64 " decode steps): mean overlap of two query heads' "
+              "top-k sets is %.3f within a layer and %.3f across layers (SyncKV Fig. 2c reads: within well above "
+              "across). Per layer, the K-means clusters of the KV-group units on D = max(S) - S, their representatives "
+              "(the units SyncKV keeps exact), the silhouette and, when measured, the adjusted Rand index of the "
+              "clustering's stability (%s).",
+         kvs_path_base(h->trace_path), h->model, h->k, h->n_steps, n_intra ? intra / n_intra : NAN,
+         n_inter ? inter / n_inter : NAN, h->stability && h->stability[0] ? h->stability : "not measured");
+    static const char *const head[] = {"layer", "clusters", "representatives", "silhouette", "ARI"};
+    table_begin(ctx, 5, head);
+    for (int32_t l = 0; l < L; l++) {
+        char ls[16], nc[16], reps[256] = "", sil[32], ari[32];
+        snprintf(ls, sizeof ls, "%d", l);
+        snprintf(nc, sizeof nc, "%d", h->clusters->n_clusters[l]);
+        for (int32_t u = 0; u < h->clusters->n_units; u++)
+            if (h->clusters->is_rep[(size_t)l * (size_t)h->clusters->n_units + (size_t)u]) {
+                size_t len = strlen(reps);
+                snprintf(reps + len, sizeof reps - len, "%sunit %d", len ? ", " : "", u);
+            }
+        if (isnan(h->silhouette[l])) snprintf(sil, sizeof sil, "-");
+        else snprintf(sil, sizeof sil, "%.3f", h->silhouette[l]);
+        if (isnan(h->ari[l])) snprintf(ari, sizeof ari, "-");
+        else snprintf(ari, sizeof ari, "%.3f", h->ari[l]);
+        const char *cell[] = {ls, nc, reps, sil, ari};
+        table_row(ctx, 5, cell);
+    }
+    table_end(ctx);
+    kvs_results_heads_row_free(h);
+    static const plot_spec ps[] = {
+        {KVS_PLOT_HEAD_SIMILARITY, NULL, "head_similarity.png",
+         "Similarity of KV-group units (mean top-k overlap), clusters boxed, representatives starred"},
+        {KVS_PLOT_LAYER_SIMILARITY, NULL, "layer_similarity.png", "Layer-to-layer similarity (SyncKV Fig. 2c)"},
+    };
+    return plot_section(ctx, ps, 2, -1, "the heads run could not be drawn");
+}
+
+/* A byte count in decimal GB and binary GiB, as kvsim plan prints them ("-" when not recorded). */
+static void gb_gib(char *buf, size_t cap, double bytes) {
+    if (!isfinite(bytes)) snprintf(buf, cap, "-");
+    else snprintf(buf, cap, "%.1f GB = %.1f GiB", bytes / 1e9, bytes / 1073741824.0);
+}
+
+/* Capacity plans (kvsim plan --db): one row per plan point — KV per sequence, total, and the largest batch and
+ * context that fit — with GB (10^9 bytes) and GiB (2^30 bytes) side by side. */
+static kvs_status sec_capacity(report_ctx *ctx) {
+    kvs_results_plan_row *rows = NULL;
+    int64_t n = 0;
+    kvs_status st = kvs_results_query_plans(ctx->db, &rows, &n);
+    if (st == KVS_ERR_DB || (st == KVS_OK && n == 0)) {
+        kvs_results_plan_rows_free(rows, n);
+        return absent(ctx, "no kvsim plan --db result in this database");
+    }
+    if (st != KVS_OK) return st;
+    para(ctx, "Capacity plans stored by kvsim plan --db: GB are 10^9 bytes, GiB 2^30 bytes. A measured series is a "
+              "policy's storage profile from a replay of this study, scaled to the planned model by its KV bytes per "
+              "token (analysis/README.md); max batch / max context: what fits in the GPU memory left beside the "
+              "weights (- when not computed, unbounded when nothing limits it).");
+    static const char *const head[] = {"plan", "model", "KV dtype", "series", "budget", "context + response", "batch",
+                                       "KV per sequence", "KV total", "max batch", "max context"};
+    table_begin(ctx, 11, head);
+    for (int64_t i = 0; i < n; i++) {
+        const kvs_results_plan_row *r = &rows[i];
+        for (int64_t j = 0; j < r->n_points; j++) {
+            const kvs_results_plan_point *p = &r->points[j];
+            char id[32], bud[32], cr[64], b[32], seq[64], tot[64], mb[32], mc[32];
+            snprintf(id, sizeof id, "%" PRId64, r->id);
+            if (p->budget > 0) snprintf(bud, sizeof bud, "%" PRId64, p->budget);
+            else snprintf(bud, sizeof bud, "-");
+            snprintf(cr, sizeof cr, "%" PRId64 " + %" PRId64, p->context, p->response);
+            snprintf(b, sizeof b, "%" PRId64, p->batch);
+            gb_gib(seq, sizeof seq, p->seq_device_bytes);
+            gb_gib(tot, sizeof tot, p->total_bytes);
+            if (p->max_batch == -1) snprintf(mb, sizeof mb, "unbounded");
+            else if (p->max_batch < -1) snprintf(mb, sizeof mb, "-");
+            else snprintf(mb, sizeof mb, "%" PRId64, p->max_batch);
+            if (p->max_context == -1) snprintf(mc, sizeof mc, "unbounded");
+            else if (p->max_context < -1) snprintf(mc, sizeof mc, "-");
+            else snprintf(mc, sizeof mc, "%" PRId64, p->max_context);
+            const char *cell[] = {id, r->model, r->kv_dtype, p->series, bud, cr, b, seq, tot, mb, mc};
+            table_row(ctx, 11, cell);
+        }
+    }
+    table_end(ctx);
+    kvs_results_plan_rows_free(rows, n);
+    return KVS_OK;
+}
+
 /* THE REPORT: one line per section, in reading order. A new section (drift, heads, capacity plans: each reading
  * its family through sim/results_<family>.h) is one function and one line here. */
 static const report_section sections[] = {
@@ -745,6 +894,9 @@ static const report_section sections[] = {
     {"pareto", "Error vs measured memory and traffic (Pareto frontier)", sec_pareto},
     {"budget", "Error and memory vs nominal budget", sec_budget},
     {"position", "Error vs decode position", sec_position},
+    {"drift", "Attention drift and temporal locality", sec_drift},
+    {"heads", "Head similarity and clusters", sec_heads},
+    {"capacity", "Capacity planning", sec_capacity},
 };
 #define N_SECTIONS (sizeof sections / sizeof sections[0])
 

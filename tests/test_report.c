@@ -40,6 +40,9 @@ static const char *const titles[] = {
     "Error vs measured memory and traffic (Pareto frontier)",
     "Error and memory vs nominal budget",
     "Error vs decode position",
+    "Attention drift and temporal locality",
+    "Head similarity and clusters",
+    "Capacity planning",
 };
 #define N_TITLES (sizeof titles / sizeof titles[0])
 
@@ -323,6 +326,13 @@ static void make_real_report(void) {
                             "--policy", "topk", "--budgets", "16,64,256", "--series-every", "8", "--threads", "2",
                             NULL};
     assert_int_equal(kvsim(replay), 0);
+    /* The analyses and a capacity plan in the same study database: their sections appear. */
+    const char *drift[] = {"drift", trace, "--db", db, "--k", "8,32", "--delta-max", "4", NULL};
+    assert_int_equal(kvsim(drift), 0);
+    const char *heads[] = {"heads", trace, "--db", db, "--k", "16", NULL};
+    assert_int_equal(kvsim(heads), 0);
+    const char *plan[] = {"plan", "--model", "Llama-3.1-70B", "--batch", "32", "--context", "32768", "--db", db, NULL};
+    assert_int_equal(kvsim(plan), 0);
     const char *report[] = {"report", db, "--out", real_out, NULL};
     assert_int_equal(kvsim(report), 0);
 }
@@ -382,8 +392,12 @@ static void test_real_study_page(void **state) {
         free(png);
         n_img++;
     }
-    /* error vs memory, vs traffic, vs budget, recall vs budget, memory vs budget, error vs position */
-    assert_int_equal(n_img, 6);
+    /* error vs memory, vs traffic, vs budget, recall vs budget, memory vs budget, error vs position, drift curve,
+     * drift locality, head similarity, layer similarity */
+    assert_int_equal(n_img, 10);
+    /* The capacity table: rocketkv §1's figure (Llama-3.1-70B, batch 32, 32K context, fp16). */
+    assert_non_null(strstr(md, "343.6 GB = 320.0 GiB"));
+    assert_non_null(strstr(md, "| Llama-3.1-70B |"));
     assert_int_equal(dir_has_tmp(tmp_dir), 0);
     free(html);
     free(md);
