@@ -27,6 +27,9 @@ if [ -d "$models/tinystories-656K" ]; then
     "$KVSIM_BIN" capture --model "$models/tinystories-656K" --prompt-file "$here/prompt.txt" --steps 256 \
         --ignore-eos --quiet --out "$out/tinystories-656K.kvt" > "$out/synckv_capture.log"
     traces="$traces $out/tinystories-656K.kvt"
+    # its calibration trace (section 5): the same model on other text
+    "$KVSIM_BIN" capture --model "$models/tinystories-656K" --prompt-file "$here/turns.txt" --steps 256 \
+        --ignore-eos --quiet --out "$out/tinystories-656K_calib.kvt" >> "$out/synckv_capture.log"
 else
     echo "synckv.sh: $models/tinystories-656K not found: only the bundled stories260K trace is studied" >&2
 fi
@@ -130,6 +133,35 @@ for trace in $traces; do
         echo "--- 4. clusters at Mem% 50%: own prompt (first row), then representative = unit 0, 1, 2, 3 in every layer"
         "$KVSIM_BIN" runs "$dbc" --csv --summary | sed 's/"[^"]*"/Q/g' | awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
             $c["layer"] == "" { printf "run %-3s err_mean %.4f recall %.4f\n", $c["run_id"], $c["out_err_mean"], $c["attn_recall_mean"] }'
+    } >> "$report"
+
+    # 5. clusters from a calibration trace (the paper's way, App. B.1: offline, on other text) against the trace's
+    # own prompt. N_r = 1, the paper's for 4-KV-head models (§5.1), so `kvsim heads --clusters 1`. Calibration:
+    # the bundled multi-turn trace (other stories) for stories260K, a capture on turns.txt for tinystories-656K.
+    case "$model" in
+    stories260K) calib="$here/stories260K_multiturn.kvt" ;;
+    *) calib="$out/${model}_calib.kvt" ;;
+    esac
+    dbh="$out/synckv_${model}_calib_heads.db"
+    dbk="$out/synckv_${model}_calib.db"
+    rm -f "$dbh" "$dbh-wal" "$dbh-shm" "$out/synckv_${model}_calib_rows.txt"
+    "$KVSIM_BIN" heads "$calib" --db "$dbh" --clusters 1 --clusters-out "$out/synckv_${model}_calib.txt" \
+        > /dev/null 2>> "$out/synckv_$model.log"
+    for src in prefill "$out/synckv_${model}_calib.txt"; do
+        rm -f "$dbk" "$dbk-wal" "$dbk-shm"
+        "$KVSIM_BIN" replay "$trace" --db "$dbk" --policy "synckv:clusters=$src" --budgets 30%,50%,70% --threads 2 \
+            > /dev/null 2>> "$out/synckv_$model.log"
+        [ "$src" = prefill ] && label="own prompt " || label="calibration"
+        "$KVSIM_BIN" runs "$dbk" --csv --summary | sed 's/"[^"]*"/Q/g' | awk -F, -v label="$label" 'NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+            $c["layer"] == "" { printf "%s Mem%% %-4s err_mean %.4f recall %.4f\n", label, $c["budget_fraction"] * 100,
+                $c["out_err_mean"], $c["attn_recall_mean"] }' >> "$out/synckv_${model}_calib_rows.txt"
+    done
+    {
+        echo "--- 5. clusters from a calibration trace ($(basename "$calib"), kvsim heads --clusters 1) vs the own prompt"
+        printf "representatives (layer: unit) from calibration:"
+        awk '$4 == 1 { printf " %s:%s", $1, $2 }' "$out/synckv_${model}_calib.txt"
+        echo
+        cat "$out/synckv_${model}_calib_rows.txt"
     } >> "$report"
 done
 cat "$report"
