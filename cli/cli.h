@@ -128,5 +128,7 @@ int kvs_cmd_keys(int argc, char **argv);
 int kvs_cmd_attn(int argc, char **argv);
 int kvs_cmd_replay(int argc, char **argv);
 int kvs_cmd_report(int argc, char **argv);
+int kvs_cmd_sweep(int argc, char **argv);
+int kvs_cmd_merge(int argc, char **argv);
 
 #endif /* KVS_CLI_H */
