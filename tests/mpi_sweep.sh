@@ -8,7 +8,7 @@ kvsim=$2
 root=$(cd "$(dirname "$0")/.." && pwd)
 command -v mpirun >/dev/null 2>&1 || { echo "mpi_sweep: mpirun not found (Debian: openmpi-bin)"; exit 1; }
 dir=$(mktemp -d)
-trap 'rm -rf "$dir"' EXIT
+trap '[ -n "${KEEP:-}" ] || rm -rf "$dir"' EXIT
 cat >"$dir/study" <<STUDY
 name mpi-check
 trace $root/examples/stories260K*.kvt
@@ -28,7 +28,8 @@ grep -h "rank [01]: task" "$dir/mpi.log" | sed 's/^/  /'
 # one line per run: every column of `kvsim runs --csv --summary` except the ones that differ between two
 # executions of the same run (id, wall time, write time), sorted
 runs_key() {
-    "$kvsim" runs "$1" --csv --summary --all | awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) drop[i] = ($i == "run_id" || $i == "wall_seconds" || $i == "created_at"); next }
+    # (commas inside quoted fields, e.g. params, become ';' first so that awk can split on commas)
+    "$kvsim" runs "$1" --csv --summary --all | sed -E ':a; s/("[^",]*),([^"]*")/\1;\2/; ta' | awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) drop[i] = ($i == "run_id" || $i == "wall_seconds" || $i == "created_at"); next }
         { line = ""; for (i = 1; i <= NF; i++) if (!drop[i]) line = line $i ","; print line }' | sort
 }
 runs_key "$dir/single.db" >"$dir/single.txt"
