@@ -586,8 +586,14 @@ kvs_status kvs_results_merge(const char *out_path, const char *const *inputs, in
             else kvs_results_txn_rollback(m.out);
         }
     }
-    /* OUT's own runs come first: merging into an existing database adds to it */
-    if (st == KVS_OK && out_exists) st = merge_one(&m, out_path, stats);
+    /* OUT's own runs come first: merging into an existing database adds to it (counted apart: the statistics
+     * say what the inputs added) */
+    if (st == KVS_OK && out_exists) {
+        kvs_results_merge_stats own = {0};
+        st = merge_one(&m, out_path, &own);
+        stats->inputs = own.inputs;
+        memcpy(stats->skipped_tables, own.skipped_tables, sizeof own.skipped_tables);
+    }
     for (int i = 0; st == KVS_OK && i < n; i++) {
         st = merge_one(&m, inputs[i], stats);
         if (st == KVS_OK && i == 0) test_stall();
