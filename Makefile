@@ -38,7 +38,7 @@ BENCH_BINS = $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 LIB = $(BUILD)/libkvs.a
 KVSIM ?= kvsim
 
-.PHONY: all test asan bench clean
+.PHONY: all test asan bench clean mpi mpi-test
 all: $(KVSIM)
 
 $(BUILD)/%.o: %.c
@@ -82,6 +82,15 @@ bench: $(KVSIM) $(BENCH_BINS)
 
 clean:
 	rm -rf build kvsim
+
+# `make mpi`: build/mpi/kvsim with the MPI launcher of `kvsim sweep STUDY --db DIR/` (Debian libopenmpi-dev:
+# mpicc); `make mpi-test` runs a study on 2 ranks and compares the merged database with a one-process sweep.
+MPICC ?= mpicc
+mpi:
+	@command -v $(MPICC) >/dev/null 2>&1 || { echo "make mpi: $(MPICC) not found (Debian: libopenmpi-dev)"; exit 1; }
+	$(MAKE) CC=$(MPICC) BUILD=build/mpi KVSIM=build/mpi/kvsim EXTRA_CFLAGS=-DKVS_WITH_MPI build/mpi/kvsim
+mpi-test: mpi $(KVSIM)
+	sh tests/mpi_sweep.sh $(abspath build/mpi/kvsim) $(abspath $(KVSIM))
 
 # The CUDA backend's rules (targets cuda, cuda-test, bench-cuda) live beside its sources.
 -include gpu_capture/cuda/cuda.mk

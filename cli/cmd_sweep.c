@@ -1,0 +1,316 @@
+/* cmd_sweep.c — `kvsim sweep STUDY`: the task list of a study (sim/study.h, format sim/STUDY.md) and the runs of
+ * its tasks, one task at a time, a range, or every task; with the MPI build (`make mpi`, KVS_WITH_MPI) under
+ * mpirun, tasks handed out dynamically to the ranks, each writing its own shard, rank 0 merging them
+ * (sim/results_sweep.h). A task is one `kvsim replay` pass (cli/cmd_replay.c) of one trace under a slice of the
+ * study's policies and all its budgets; a completed task is recorded (table sweep_tasks) and skipped when re-run.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#ifdef KVS_WITH_MPI
+#include <mpi.h>
+#endif
+
+#include "../common/sha256.h"
+#include "../sim/results.h"
+#include "../sim/results_sweep.h"
+#include "../sim/study.h"
+#include "../trace/trace.h"
+#include "cli.h"
+
+#ifndef KVSIM_VERSION_STRING
+#define KVSIM_VERSION_STRING "0.1.0"
+#endif
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kvsim sweep STUDY --list-tasks [--estimate]\n"
+            "       kvsim sweep STUDY --db OUT.db [--task I | --tasks I:J]\n"
+            "       kvsim sweep STUDY --db DIR/          (under mpirun with the MPI build: every task, all ranks)\n\n"
+            "Runs a study: traces x policies x budgets (STUDY file format: sim/STUDY.md). Its work is cut into a\n"
+            "deterministic list of tasks (one trace x a slice of the policies, every budget), sized so that tasks\n"
+            "take similar time.\n\n"
+            "  --list-tasks    print the task list: index, trace, policies, (policy, budget) pairs\n"
+            "  --estimate      with --list-tasks: estimated attention work (GMAC) and peak memory of each task\n"
+            "  --db OUT.db     results database the runs go to (created if missing)\n"
+            "  --task I        run task I only (0-based)\n"
+            "  --tasks I:J     run tasks I..J-1\n"
+            "                  (neither: every task)\n"
+            "  --db DIR/       a folder (trailing /): each process writes DIR/shard-RANK.db, then rank 0 merges the\n"
+            "                  shards into DIR/study.db; under mpirun (make mpi) tasks go dynamically to the ranks\n\n"
+            "A task that completed is recorded in the database and skipped when run again (resumable). Merge shard\n"
+            "databases with `kvsim merge`.\n");
+}
+
+/* The key a completed task is recorded under: the trace's content, the measurement options, the budgets, the
+ * task's policies and the kvsim version (a changed trace or option is another task). */
+static void task_key(const kvs_study *s, const kvs_study_task *t, const char *trace_sha, const char *configs,
+                     char key[65]) {
+    char buf[8192];
+    snprintf(buf, sizeof buf, "%s|%s|%s|%s|%s", trace_sha, kvs_study_options(s), kvs_study_budgets(s), configs,
+             KVSIM_VERSION_STRING);
+    kvs_sha256_hex(buf, strlen(buf), key);
+    (void)t;
+}
+
+static void task_configs(const kvs_study *s, const kvs_study_task *t, char *buf, size_t cap) {
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int32_t p = t->policy_begin; p < t->policy_end && len < cap; p++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%s", p > t->policy_begin ? " " : "", kvs_study_policy_spec(s, p));
+}
+
+/* Runs task i into db_path. @return KVS_EXIT_OK (done, or already complete), else KVS_EXIT_FAIL. */
+static int run_task(const kvs_study *s, int32_t i, const char *db_path, int rank) {
+    const kvs_study_task *t = kvs_study_task_get(s, i);
+    const char *trace_path = kvs_study_trace_path(s, t->trace);
+    char sha[65], key[65], configs[4096];
+    kvs_status st = kvs_sha256_file_hex(trace_path, sha);
+    if (st != KVS_OK) return kvs_cli_fail("sweep", st == KVS_ERR_INVALID_ARG ? KVS_ERR_IO : st);
+    task_configs(s, t, configs, sizeof configs);
+    task_key(s, t, sha, configs, key);
+    kvs_results_db *db = NULL;
+    kvs_trace *tr = NULL;
+    int64_t trace_id = 0;
+    int done = 0;
+    if ((st = kvs_results_open(db_path, &db)) == KVS_OK && (st = kvs_results_sweep_task_done(db, key, &done)) == KVS_OK &&
+        !done && (st = kvs_trace_open(trace_path, &tr)) == KVS_OK) {
+        kvs_results_trace rt = kvs_results_trace_of(trace_path, kvs_trace_info_get(tr));
+        st = kvs_results_sweep_trace(db, &rt, sha, &trace_id);
+    }
+    kvs_trace_close(tr);
+    kvs_results_close(db);
+    db = NULL;
+    if (st != KVS_OK) return kvs_cli_fail("sweep", st == KVS_ERR_INVALID_ARG ? KVS_ERR_IO : st);
+    if (done) {
+        fprintf(stderr, "kvsim sweep: task %d (%s: %s) already complete in %s: skipped\n", i, trace_path, configs,
+                db_path);
+        return KVS_EXIT_OK;
+    }
+    fprintf(stderr, "kvsim sweep: rank %d: task %d: %s: %s\n", rank, i, trace_path, configs);
+    /* One task is one `kvsim replay` of the trace: the same validation, recording and failure semantics. */
+    char series[32], kvb[16], auxb[16], thr[16];
+    const char *args[16 + 2 * 64];
+    int n = 0;
+    args[n++] = "replay";
+    args[n++] = trace_path;
+    args[n++] = "--db";
+    args[n++] = db_path;
+    args[n++] = "--budgets";
+    args[n++] = kvs_study_budgets(s);
+    args[n++] = "--measure";
+    args[n++] = kvs_study_measure(s);
+    snprintf(series, sizeof series, "%lld", (long long)kvs_study_series_every(s));
+    args[n++] = "--series-every";
+    args[n++] = series;
+    args[n++] = "--no-progress";
+    if (kvs_study_kv_bytes(s)) {
+        snprintf(kvb, sizeof kvb, "%d", kvs_study_kv_bytes(s));
+        args[n++] = "--kv-bytes";
+        args[n++] = kvb;
+    }
+    if (kvs_study_aux_bytes(s)) {
+        snprintf(auxb, sizeof auxb, "%d", kvs_study_aux_bytes(s));
+        args[n++] = "--aux-bytes";
+        args[n++] = auxb;
+    }
+    if (kvs_study_threads(s)) {
+        snprintf(thr, sizeof thr, "%d", kvs_study_threads(s));
+        args[n++] = "--threads";
+        args[n++] = thr;
+    }
+    for (int32_t p = t->policy_begin; p < t->policy_end; p++) {
+        args[n++] = "--policy";
+        args[n++] = kvs_study_policy_spec(s, p);
+    }
+    args[n] = NULL;
+    int rc = kvs_cmd_replay(n, (char **)args);
+    if (rc != KVS_EXIT_OK) {
+        fprintf(stderr, "kvsim sweep: task %d did not complete (replay exit status %d): it runs again next time\n", i,
+                rc);
+        return KVS_EXIT_FAIL;
+    }
+    if ((st = kvs_results_open(db_path, &db)) == KVS_OK)
+        st = kvs_results_sweep_task_record(db, key, kvs_study_name(s), i, trace_id, configs, kvs_study_options(s));
+    kvs_results_close(db);
+    return st == KVS_OK ? KVS_EXIT_OK : kvs_cli_fail("sweep", st);
+}
+
+static int list_tasks(const kvs_study *s, int estimate) {
+    int32_t n = kvs_study_n_tasks(s);
+    int64_t pairs = (int64_t)kvs_study_n_traces(s) * kvs_study_n_policies(s) * kvs_study_n_budgets(s);
+    printf("# study %s: %d traces x %d policies x %d budgets = %lld runs in %d tasks\n", kvs_study_name(s),
+           kvs_study_n_traces(s), kvs_study_n_policies(s), kvs_study_n_budgets(s), (long long)pairs, n);
+    printf(estimate ? "task\ttrace\truns\twork_gmac\tmem_mib\tpolicies\n" : "task\ttrace\truns\tpolicies\n");
+    double total = 0, max_mem = 0;
+    for (int32_t i = 0; i < n; i++) {
+        const kvs_study_task *t = kvs_study_task_get(s, i);
+        char configs[4096];
+        task_configs(s, t, configs, sizeof configs);
+        int runs = (t->policy_end - t->policy_begin) * kvs_study_n_budgets(s);
+        if (estimate)
+            printf("%d\t%s\t%d\t%.3f\t%.1f\t%s\n", i, kvs_study_trace_path(s, t->trace), runs, t->work / 1e9,
+                   t->mem_bytes / 1048576.0, configs);
+        else
+            printf("%d\t%s\t%d\t%s\n", i, kvs_study_trace_path(s, t->trace), runs, configs);
+        total += t->work;
+        if (t->mem_bytes > max_mem) max_mem = t->mem_bytes;
+    }
+    if (estimate)
+        printf("# total %.3f GMAC; largest task memory %.1f MiB (request it per Slurm array element, with margin)\n",
+               total / 1e9, max_mem / 1048576.0);
+    return kvs_cli_finish_stdout("sweep");
+}
+
+/* "I:J" -> [lo, hi) within [0, n]. */
+static int parse_range(const char *v, int32_t n, long *lo, long *hi) {
+    char a[32];
+    const char *colon = strchr(v, ':');
+    if (!colon || (size_t)(colon - v) >= sizeof a) return -1;
+    memcpy(a, v, (size_t)(colon - v));
+    a[colon - v] = '\0';
+    if (kvs_cli_parse_long("--tasks", a, 0, n, lo) != KVS_OK) return -1;
+    if (kvs_cli_parse_long("--tasks", colon + 1, *lo, n, hi) != KVS_OK) return -1;
+    return 0;
+}
+
+/* --db DIR/: every task over the processes (MPI ranks, or this one process), one shard each, rank 0 merging. */
+static int run_sharded(const kvs_study *s, const char *dir) {
+    int rank = 0, size = 1, failed = 0;
+#ifdef KVS_WITH_MPI
+    MPI_Init(NULL, NULL);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    /* The shared task counter lives on rank 0; every rank (rank 0 included) takes the next task with an atomic
+     * fetch-and-add, so a fast rank simply takes more tasks. */
+    long *counter = NULL;
+    MPI_Win win;
+    MPI_Win_allocate(rank == 0 ? (MPI_Aint)sizeof(long) : 0, sizeof(long), MPI_INFO_NULL, MPI_COMM_WORLD, &counter,
+                     &win);
+    if (rank == 0) {
+        MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, win);
+        *counter = 0;
+        MPI_Win_unlock(0, win);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+#endif
+    char shard[4096];
+    snprintf(shard, sizeof shard, "%sshard-%d.db", dir, rank);
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
+        fprintf(stderr, "kvsim sweep: %s: cannot create the folder: %s\n", dir, strerror(errno));
+        failed = 1;
+    }
+    for (;;) {
+        long next;
+#ifdef KVS_WITH_MPI
+        const long one = 1;
+        MPI_Win_lock(MPI_LOCK_SHARED, 0, 0, win);
+        MPI_Fetch_and_op(&one, &next, MPI_LONG, 0, 0, MPI_SUM, win);
+        MPI_Win_unlock(0, win);
+#else
+        static long local_next;
+        next = local_next++;
+#endif
+        if (failed || next >= kvs_study_n_tasks(s)) break;
+        if (run_task(s, (int32_t)next, shard, rank) != KVS_EXIT_OK) failed = 1;
+    }
+    int any_failed = failed;
+#ifdef KVS_WITH_MPI
+    MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+#endif
+    int rc = any_failed ? KVS_EXIT_FAIL : KVS_EXIT_OK;
+    if (rank == 0 && !any_failed) {
+        char out[4096];
+        snprintf(out, sizeof out, "%sstudy.db", dir);
+        char(*paths)[4096] = calloc((size_t)size, sizeof *paths);
+        const char **inputs = calloc((size_t)size, sizeof *inputs);
+        int n_in = 0;
+        for (int r = 0; paths && inputs && r < size; r++) {
+            snprintf(paths[r], sizeof paths[r], "%sshard-%d.db", dir, r);
+            if (access(paths[r], F_OK) == 0) inputs[n_in++] = paths[r]; /* a rank that got no task wrote none */
+        }
+        kvs_results_merge_stats ms;
+        double t0 = kvs_now_s();
+        kvs_status st = paths && inputs ? kvs_results_merge(out, inputs, n_in, &ms) : kvs_fail(KVS_ERR_NOMEM, "out of memory");
+        if (st != KVS_OK) rc = kvs_cli_fail("sweep", st);
+        else
+            fprintf(stderr, "kvsim sweep: merged %d shards into %s in %.2f s: %lld runs (%lld duplicates dropped)\n",
+                    n_in, out, kvs_now_s() - t0, (long long)ms.runs_copied, (long long)ms.runs_duplicate);
+        free(paths);
+        free(inputs);
+    }
+#ifdef KVS_WITH_MPI
+    MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    MPI_Win_free(&win);
+    MPI_Finalize();
+#endif
+    return rc;
+}
+
+int kvs_cmd_sweep(int argc, char **argv) {
+    const char *study_path = NULL, *db_path = NULL, *task_text = NULL, *tasks_text = NULL;
+    int list = 0, estimate = 0;
+    for (int i = 1; i < argc; i++) {
+        int m = 0, r;
+        if (kvs_cli_is_help(argv[i])) {
+            usage(stdout);
+            return KVS_EXIT_OK;
+        }
+        if ((r = kvs_cli_single_value("sweep", "--db", argc, argv, &i, &m, &db_path)) || m) {
+            if (r < 0) return KVS_EXIT_USAGE;
+            if (!r) return kvs_cli_usage_error("sweep", "--db needs a FILE or DIR/");
+        } else if ((r = kvs_cli_single_value("sweep", "--task", argc, argv, &i, &m, &task_text)) || m) {
+            if (r < 0) return KVS_EXIT_USAGE;
+            if (!r) return kvs_cli_usage_error("sweep", "--task needs I");
+        } else if ((r = kvs_cli_single_value("sweep", "--tasks", argc, argv, &i, &m, &tasks_text)) || m) {
+            if (r < 0) return KVS_EXIT_USAGE;
+            if (!r) return kvs_cli_usage_error("sweep", "--tasks needs I:J");
+        } else if (!strcmp(argv[i], "--list-tasks")) {
+            if (kvs_cli_once("sweep", "--list-tasks", &list)) return KVS_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--estimate")) {
+            if (kvs_cli_once("sweep", "--estimate", &estimate)) return KVS_EXIT_USAGE;
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            return kvs_cli_usage_error("sweep", "unknown option '%s'", argv[i]);
+        } else {
+            if (study_path) return kvs_cli_usage_error("sweep", "unexpected argument '%s'", argv[i]);
+            study_path = argv[i];
+        }
+    }
+    if (!study_path) return kvs_cli_usage_error("sweep", "missing STUDY");
+    if (estimate && !list) return kvs_cli_usage_error("sweep", "--estimate goes with --list-tasks");
+    if (list && (db_path || task_text || tasks_text))
+        return kvs_cli_usage_error("sweep", "--list-tasks runs nothing: no --db, --task or --tasks with it");
+    if (!list && !db_path) return kvs_cli_usage_error("sweep", "missing --db OUT.db (or --list-tasks)");
+    if (task_text && tasks_text) return kvs_cli_usage_error("sweep", "--task and --tasks together");
+    size_t dl = db_path ? strlen(db_path) : 0;
+    int sharded = dl && db_path[dl - 1] == '/';
+    if (sharded && (task_text || tasks_text))
+        return kvs_cli_usage_error("sweep", "--db DIR/ runs every task: no --task or --tasks with it");
+
+    kvs_study *s = NULL;
+    kvs_status st = kvs_study_load(study_path, &s);
+    if (st != KVS_OK) return kvs_cli_fail("sweep", st);
+    int rc;
+    long lo = 0, hi = kvs_study_n_tasks(s);
+    if (list) {
+        rc = list_tasks(s, estimate);
+    } else if (sharded) {
+        rc = run_sharded(s, db_path);
+    } else if ((task_text && kvs_cli_parse_long("--task", task_text, 0, hi - 1, &lo) != KVS_OK) ||
+               (tasks_text && parse_range(tasks_text, kvs_study_n_tasks(s), &lo, &hi) != 0)) {
+        rc = kvs_cli_usage_error("sweep", "%s (the study has %d tasks)",
+                                 tasks_text && !strchr(tasks_text, ':') ? "--tasks needs I:J" : kvs_last_error(),
+                                 kvs_study_n_tasks(s));
+    } else {
+        if (task_text) hi = lo + 1;
+        rc = KVS_EXIT_OK;
+        for (long i = lo; i < hi; i++)
+            if (run_task(s, (int32_t)i, db_path, 0) != KVS_EXIT_OK) rc = KVS_EXIT_FAIL;
+    }
+    kvs_study_free(s);
+    return rc;
+}

@@ -1,0 +1,325 @@
+/* study.c — loads a STUDY file of `kvsim sweep` and cuts it into its deterministic task list.
+ * Format and task sizing: sim/STUDY.md; the replay each task runs: sim/replay.h, cli/cmd_replay.c.
+ */
+#include "study.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <glob.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../trace/trace.h"
+#include "policy.h"
+#include "replay.h"
+
+#define STUDY_LINE_MAX 4096
+#define STUDY_MAX_POLICIES 64 /* what one `kvsim replay` accepts */
+
+typedef struct {
+    char *path;
+    int64_t n_positions, prompt_len;
+    int32_t n_layers, n_heads, n_kv_heads, head_dim;
+    double budget_sum; /* tokens, the study's budgets resolved for this trace */
+} study_trace;
+
+struct kvs_study {
+    char *name, *budgets, *measure;
+    char options[256];
+    int64_t series_every;
+    int32_t kv_bytes, aux_bytes, threads, policies_per_task, n_budgets;
+    study_trace *traces;
+    int32_t n_traces;
+    char *policies[STUDY_MAX_POLICIES];
+    int32_t n_policies;
+    kvs_study_task *tasks;
+    int32_t n_tasks;
+};
+
+/* ---- small helpers ---- */
+
+static char *dup_str(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *d = malloc(n);
+    if (d) memcpy(d, s, n);
+    return d;
+}
+
+/* "DIR/rel" when rel is relative and the study file has a folder, else rel; malloc'd. */
+static char *resolve_path(const char *study_path, const char *rel) {
+    const char *slash = strrchr(study_path, '/');
+    if (rel[0] == '/' || !slash) return dup_str(rel);
+    size_t dn = (size_t)(slash - study_path) + 1, rn = strlen(rel);
+    char *p = malloc(dn + rn + 1);
+    if (!p) return NULL;
+    memcpy(p, study_path, dn);
+    memcpy(p + dn, rel, rn + 1);
+    return p;
+}
+
+static kvs_status parse_int(const char *path, int line, const char *key, const char *val, long lo, long hi,
+                            long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(val, &end, 10);
+    if (errno || end == val || *end || v < lo || v > hi)
+        return kvs_fail(KVS_ERR_FORMAT, "%s:%d: %s: '%s' is not a whole number in [%ld, %ld]", path, line, key, val,
+                        lo, hi);
+    *out = v;
+    return KVS_OK;
+}
+
+/* Opens one trace header and records its shape; `line` is the study line that named it. */
+static kvs_status add_trace(kvs_study *s, const char *study_path, int line, const char *trace_path) {
+    for (int32_t i = 0; i < s->n_traces; i++)
+        if (!strcmp(s->traces[i].path, trace_path)) return KVS_OK; /* a trace named twice is replayed once */
+    kvs_trace *t = NULL;
+    kvs_status st = kvs_trace_open(trace_path, &t);
+    if (st != KVS_OK)
+        return kvs_fail(st == KVS_ERR_INVALID_ARG ? KVS_ERR_IO : st, "%s:%d: trace %s: %s", study_path, line,
+                        trace_path, kvs_last_error());
+    const kvs_trace_info *info = kvs_trace_info_get(t);
+    study_trace *grown = realloc(s->traces, (size_t)(s->n_traces + 1) * sizeof *grown);
+    if (!grown) {
+        kvs_trace_close(t);
+        return kvs_fail(KVS_ERR_NOMEM, "out of memory");
+    }
+    s->traces = grown;
+    study_trace *tr = &s->traces[s->n_traces];
+    *tr = (study_trace){.path = dup_str(trace_path), .n_positions = info->n_positions, .prompt_len = info->prompt_len,
+                        .n_layers = info->model.n_layers, .n_heads = info->model.n_heads,
+                        .n_kv_heads = info->model.n_kv_heads, .head_dim = info->model.head_dim};
+    kvs_trace_close(t);
+    if (!tr->path) return kvs_fail(KVS_ERR_NOMEM, "out of memory");
+    s->n_traces++;
+    return KVS_OK;
+}
+
+static kvs_status add_trace_pattern(kvs_study *s, const char *study_path, int line, const char *pattern) {
+    char *full = resolve_path(study_path, pattern);
+    if (!full) return kvs_fail(KVS_ERR_NOMEM, "out of memory");
+    kvs_status st = KVS_OK;
+    if (!strpbrk(pattern, "*?[")) {
+        st = add_trace(s, study_path, line, full);
+    } else {
+        glob_t g;
+        int rc = glob(full, 0, NULL, &g); /* glob sorts its matches: the task list is deterministic */
+        if (rc == GLOB_NOMATCH)
+            st = kvs_fail(KVS_ERR_IO, "%s:%d: trace pattern '%s' matches no file", study_path, line, pattern);
+        else if (rc != 0)
+            st = kvs_fail(KVS_ERR_IO, "%s:%d: trace pattern '%s' cannot be expanded", study_path, line, pattern);
+        else
+            for (size_t i = 0; i < g.gl_pathc && st == KVS_OK; i++) st = add_trace(s, study_path, line, g.gl_pathv[i]);
+        if (rc == 0) globfree(&g);
+    }
+    free(full);
+    return st;
+}
+
+/* ---- task sizing (sim/STUDY.md "Task sizing") ---- */
+
+/* Estimated multiply-adds of one policy (all budgets) on trace t: the full attention the task computes once,
+ * shared by the policies of the task, is counted with each policy so that the per-policy cost orders traces. */
+static double policy_cost(const kvs_study *s, const study_trace *t) {
+    double lhd = (double)t->n_layers * t->n_heads * t->head_dim, n = (double)t->n_positions;
+    return lhd * n * (n / (double)(s->n_policies > 0 ? s->n_policies : 1) + 2.0 * t->budget_sum);
+}
+
+static double task_work(const study_trace *t, int32_t n_pol) {
+    double lhd = (double)t->n_layers * t->n_heads * t->head_dim, n = (double)t->n_positions;
+    return lhd * n * (n + 2.0 * t->budget_sum * n_pol);
+}
+
+/* Peak replay memory (sim/replay.h "Memory per work unit"): per worker thread one (layer, KV head) stream: K/V
+ * history and the longest prompt's queries of the group, in fp32; plus the measured samples of every
+ * configuration (7 floats per (query head, step)) and the step series. */
+static double task_mem(const kvs_study *s, const study_trace *t, int32_t n_pol) {
+    double threads = s->threads > 0 ? s->threads : 1, group = t->n_kv_heads > 0 ? t->n_heads / t->n_kv_heads : 1;
+    double n = (double)t->n_positions, d = t->head_dim;
+    double unit = n * 2.0 * d * 4.0 + (double)t->prompt_len * group * d * 4.0;
+    double samples = (double)n_pol * s->n_budgets * t->n_layers * t->n_heads * n * 7.0 * 4.0;
+    return threads * unit + samples;
+}
+
+static kvs_status build_tasks(kvs_study *s) {
+    double max_cost = 0;
+    for (int32_t i = 0; i < s->n_traces; i++) {
+        double c = policy_cost(s, &s->traces[i]);
+        if (c > max_cost) max_cost = c;
+    }
+    int32_t cap = 0;
+    int32_t *per = calloc((size_t)s->n_traces + 1, sizeof *per);
+    if (!per) return kvs_fail(KVS_ERR_NOMEM, "out of memory");
+    for (int32_t i = 0; i < s->n_traces; i++) {
+        double c = policy_cost(s, &s->traces[i]);
+        double k = c > 0 ? floor((double)s->policies_per_task * max_cost / c) : s->n_policies;
+        per[i] = k < 1 ? 1 : k > s->n_policies ? s->n_policies : (int32_t)k;
+        cap += (s->n_policies + per[i] - 1) / per[i];
+    }
+    s->tasks = calloc((size_t)cap + 1, sizeof *s->tasks);
+    if (!s->tasks) {
+        free(per);
+        return kvs_fail(KVS_ERR_NOMEM, "out of memory");
+    }
+    for (int32_t i = 0; i < s->n_traces; i++)
+        for (int32_t p = 0; p < s->n_policies; p += per[i]) {
+            int32_t e = p + per[i] < s->n_policies ? p + per[i] : s->n_policies;
+            s->tasks[s->n_tasks++] = (kvs_study_task){.trace = i, .policy_begin = p, .policy_end = e,
+                                                      .work = task_work(&s->traces[i], e - p),
+                                                      .mem_bytes = task_mem(s, &s->traces[i], e - p)};
+        }
+    free(per);
+    return KVS_OK;
+}
+
+/* ---- the file ---- */
+
+static kvs_status parse_line(kvs_study *s, const char *path, int line, char *text, int *seen_budgets_line) {
+    char *key = text;
+    while (*key && isspace((unsigned char)*key)) key++;
+    if (!*key || *key == '#') return KVS_OK;
+    char *val = key;
+    while (*val && !isspace((unsigned char)*val)) val++;
+    if (*val) *val++ = '\0';
+    while (*val && isspace((unsigned char)*val)) val++;
+    char *end = val + strlen(val);
+    while (end > val && isspace((unsigned char)end[-1])) *--end = '\0';
+    if (!*val) return kvs_fail(KVS_ERR_FORMAT, "%s:%d: '%s' needs a value", path, line, key);
+    long v = 0;
+    if (!strcmp(key, "trace")) return add_trace_pattern(s, path, line, val);
+    if (!strcmp(key, "policy")) {
+        kvs_policy_config cfg;
+        if (kvs_policy_parse(val, &cfg) != KVS_OK)
+            return kvs_fail(KVS_ERR_FORMAT, "%s:%d: policy %s: %s", path, line, val, kvs_last_error());
+        if (s->n_policies == STUDY_MAX_POLICIES)
+            return kvs_fail(KVS_ERR_FORMAT, "%s:%d: at most %d policies", path, line, STUDY_MAX_POLICIES);
+        if (!(s->policies[s->n_policies] = dup_str(val))) return kvs_fail(KVS_ERR_NOMEM, "out of memory");
+        s->n_policies++;
+        return KVS_OK;
+    }
+    /* every other key is single-valued: given twice is an error, never "the last wins" */
+    char **slot = !strcmp(key, "name") ? &s->name : !strcmp(key, "budgets") ? &s->budgets
+                                                  : !strcmp(key, "measure") ? &s->measure : NULL;
+    if (slot) {
+        if (*slot) return kvs_fail(KVS_ERR_FORMAT, "%s:%d: '%s' given twice", path, line, key);
+        if (slot == &s->measure && strcmp(val, "decode") && strcmp(val, "prefill") && strcmp(val, "all"))
+            return kvs_fail(KVS_ERR_FORMAT, "%s:%d: measure: '%s' is not decode, prefill or all", path, line, val);
+        if (slot == &s->budgets) *seen_budgets_line = line;
+        return (*slot = dup_str(val)) ? KVS_OK : kvs_fail(KVS_ERR_NOMEM, "out of memory");
+    }
+    struct { const char *key; long lo, hi; } ints[] = {
+        {"series-every", 0, LONG_MAX}, {"kv-bytes", 1, 8}, {"aux-bytes", 1, 8}, {"threads", 1, 1024},
+        {"policies-per-task", 1, STUDY_MAX_POLICIES},
+    };
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        if (strcmp(key, ints[i].key)) continue;
+        kvs_status st = parse_int(path, line, key, val, ints[i].lo, ints[i].hi, &v);
+        if (st != KVS_OK) return st;
+        int64_t *i64 = i == 0 ? &s->series_every : NULL;
+        int32_t *i32 = i == 1 ? &s->kv_bytes : i == 2 ? &s->aux_bytes : i == 3 ? &s->threads
+                       : i == 4 ? &s->policies_per_task : NULL;
+        if ((i64 && *i64 >= 0) || (i32 && *i32 > 0))
+            return kvs_fail(KVS_ERR_FORMAT, "%s:%d: '%s' given twice", path, line, key);
+        if (i64) *i64 = v;
+        else *i32 = (int32_t)v;
+        return KVS_OK;
+    }
+    return kvs_fail(KVS_ERR_FORMAT,
+                    "%s:%d: unknown key '%s' (known: name, trace, policy, budgets, measure, series-every, kv-bytes, "
+                    "aux-bytes, threads, policies-per-task)",
+                    path, line, key);
+}
+
+kvs_status kvs_study_load(const char *path, kvs_study **out) {
+    *out = NULL;
+    FILE *f = fopen(path, "r");
+    if (!f) return kvs_fail(KVS_ERR_IO, "%s: cannot open the study: %s", path, strerror(errno));
+    kvs_study *s = calloc(1, sizeof *s);
+    if (!s) {
+        fclose(f);
+        return kvs_fail(KVS_ERR_NOMEM, "out of memory");
+    }
+    s->series_every = -1;
+    char buf[STUDY_LINE_MAX];
+    int line = 0, budgets_line = 0;
+    kvs_status st = KVS_OK;
+    while (st == KVS_OK && fgets(buf, sizeof buf, f)) {
+        line++;
+        size_t n = strlen(buf);
+        if (n == sizeof buf - 1 && buf[n - 1] != '\n' && !feof(f))
+            st = kvs_fail(KVS_ERR_FORMAT, "%s:%d: line longer than %d bytes", path, line, STUDY_LINE_MAX - 2);
+        else
+            st = parse_line(s, path, line, buf, &budgets_line);
+    }
+    if (st == KVS_OK && ferror(f)) st = kvs_fail(KVS_ERR_IO, "%s: read error", path);
+    fclose(f);
+    if (st == KVS_OK && !s->n_traces) st = kvs_fail(KVS_ERR_FORMAT, "%s: no 'trace' line", path);
+    if (st == KVS_OK && !s->n_policies) st = kvs_fail(KVS_ERR_FORMAT, "%s: no 'policy' line", path);
+    if (st == KVS_OK && !s->budgets) st = kvs_fail(KVS_ERR_FORMAT, "%s: no 'budgets' line", path);
+    /* The budgets are checked against every trace now (a percentage resolves per trace; a budget longer than
+     * a trace is an error), so that no task fails on them later. */
+    for (int32_t i = 0; st == KVS_OK && i < s->n_traces; i++) {
+        int64_t *b = NULL;
+        double *fr = NULL;
+        int nb = 0;
+        study_trace *t = &s->traces[i];
+        if (kvs_replay_parse_budgets(s->budgets, t->prompt_len, t->n_positions, &b, &fr, &nb) != KVS_OK) {
+            st = kvs_fail(KVS_ERR_FORMAT, "%s:%d: budgets for trace %s: %s", path, budgets_line, t->path,
+                          kvs_last_error());
+        } else {
+            s->n_budgets = nb;
+            for (int k = 0; k < nb; k++) t->budget_sum += (double)b[k];
+        }
+        free(b);
+        free(fr);
+    }
+    if (st == KVS_OK) {
+        if (!s->measure && !(s->measure = dup_str("decode"))) st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+        if (!s->name) {
+            const char *base = strrchr(path, '/');
+            if (!(s->name = dup_str(base ? base + 1 : path))) st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+        }
+        if (s->series_every < 0) s->series_every = 0;
+        if (!s->policies_per_task) s->policies_per_task = 1;
+        snprintf(s->options, sizeof s->options, "measure=%s,series_every=%lld,kv_bytes=%d,aux_bytes=%d",
+                 s->measure ? s->measure : "decode", (long long)s->series_every, s->kv_bytes, s->aux_bytes);
+    }
+    if (st == KVS_OK) st = build_tasks(s);
+    if (st != KVS_OK) {
+        kvs_study_free(s);
+        return st;
+    }
+    *out = s;
+    return KVS_OK;
+}
+
+void kvs_study_free(kvs_study *s) {
+    if (!s) return;
+    for (int32_t i = 0; i < s->n_traces; i++) free(s->traces[i].path);
+    for (int32_t i = 0; i < s->n_policies; i++) free(s->policies[i]);
+    free(s->traces);
+    free(s->tasks);
+    free(s->name);
+    free(s->budgets);
+    free(s->measure);
+    free(s);
+}
+
+const char *kvs_study_name(const kvs_study *s) { return s->name; }
+int32_t kvs_study_n_traces(const kvs_study *s) { return s->n_traces; }
+const char *kvs_study_trace_path(const kvs_study *s, int32_t i) { return s->traces[i].path; }
+int32_t kvs_study_n_policies(const kvs_study *s) { return s->n_policies; }
+const char *kvs_study_policy_spec(const kvs_study *s, int32_t i) { return s->policies[i]; }
+const char *kvs_study_budgets(const kvs_study *s) { return s->budgets; }
+int32_t kvs_study_n_budgets(const kvs_study *s) { return s->n_budgets; }
+const char *kvs_study_measure(const kvs_study *s) { return s->measure; }
+int64_t kvs_study_series_every(const kvs_study *s) { return s->series_every; }
+int32_t kvs_study_kv_bytes(const kvs_study *s) { return s->kv_bytes; }
+int32_t kvs_study_aux_bytes(const kvs_study *s) { return s->aux_bytes; }
+int32_t kvs_study_threads(const kvs_study *s) { return s->threads; }
+const char *kvs_study_options(const kvs_study *s) { return s->options; }
+int32_t kvs_study_n_tasks(const kvs_study *s) { return s->n_tasks; }
+const kvs_study_task *kvs_study_task_get(const kvs_study *s, int32_t i) { return &s->tasks[i]; }

@@ -1,0 +1,44 @@
+#!/bin/sh
+# mpi_sweep.sh — CI check of the MPI launcher of `kvsim sweep` (issue 17): a study of the bundled traces on 2 Open MPI
+# ranks (--oversubscribe: CI machines may have fewer cores; --allow-run-as-root: CI runs as root) must give, run by
+# run, the database a one-process sweep of the same study gives. Usage: mpi_sweep.sh MPI_KVSIM KVSIM
+set -eu
+mpi_kvsim=$1
+kvsim=$2
+root=$(cd "$(dirname "$0")/.." && pwd)
+command -v mpirun >/dev/null 2>&1 || { echo "mpi_sweep: mpirun not found (Debian: openmpi-bin)"; exit 1; }
+dir=$(mktemp -d)
+trap '[ -n "${KEEP:-}" ] || rm -rf "$dir"' EXIT
+cat >"$dir/study" <<STUDY
+name mpi-check
+trace $root/examples/stories260K*.kvt
+policy h2o
+policy window
+policy streaming:sinks=4
+policy tova
+budgets 8,16,50%
+series-every 4
+threads 1
+STUDY
+"$kvsim" sweep "$dir/study" --list-tasks
+mpirun --allow-run-as-root --oversubscribe -np 2 "$mpi_kvsim" sweep "$dir/study" --db "$dir/shards/" >"$dir/mpi.log" 2>&1 ||
+    { cat "$dir/mpi.log"; echo "mpi_sweep: FAIL: mpirun exited non-zero"; exit 1; }
+grep -h "rank [01]: task" "$dir/mpi.log" | sed 's/^/  /'
+"$kvsim" sweep "$dir/study" --db "$dir/single.db" >/dev/null 2>&1
+# one line per run: every column of `kvsim runs --csv --summary` except the ones that differ between two
+# executions of the same run (id, wall time, write time), sorted
+runs_key() {
+    # (commas inside quoted fields, e.g. params, become ';' first so that awk can split on commas)
+    "$kvsim" runs "$1" --csv --summary --all | sed -E ':a; s/("[^",]*),([^"]*")/\1;\2/; ta' | awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) drop[i] = ($i == "run_id" || $i == "wall_seconds" || $i == "created_at"); next }
+        { line = ""; for (i = 1; i <= NF; i++) if (!drop[i]) line = line $i ","; print line }' | sort
+}
+runs_key "$dir/single.db" >"$dir/single.txt"
+runs_key "$dir/shards/study.db" >"$dir/mpi.txt"
+n=$(wc -l <"$dir/single.txt")
+[ "$n" -eq 24 ] || { echo "mpi_sweep: FAIL: the one-process sweep has $n runs, not 24"; exit 1; }
+if ! cmp -s "$dir/single.txt" "$dir/mpi.txt"; then
+    diff "$dir/single.txt" "$dir/mpi.txt" | head -20
+    echo "mpi_sweep: FAIL: the merged 2-rank database differs from the one-process sweep"
+    exit 1
+fi
+echo "mpi_sweep: OK: 2 ranks, $n runs, merged database equal to the one-process sweep run by run"
