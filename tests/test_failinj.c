@@ -1,0 +1,416 @@
+/* test_failinj.c — failure injection (issue 16): a full disk and SIGKILL at many points of the commands that
+ * write files, checked the way a user would find the result afterwards.
+ *
+ * A full disk is RLIMIT_FSIZE on the command's process: every write past N bytes of any one file fails (EFBIG;
+ * SIGXFSZ is ignored, as the shell's `ulimit -f` after `trap '' XFSZ` would do), which is what a disk with
+ * N bytes free does to each file written — the trace's .partial, SQLite's database and journal, an output's
+ * temporary file. Looping N over the file's whole size hits every write of it. After each failure:
+ *   - capture: exit 1 with a message, no trace under the final name; a .partial left behind recovers to a
+ *     whole number of blocks (FORMAT.md "Writing, killing and recovering");
+ *   - trace recover: exit 1, no output file, nothing else left in the folder;
+ *   - replay (of one run): exit 1, the database's runs unchanged, `runs --all` byte for byte (each run is one
+ *     transaction, rolled back; a replay of several runs keeps those committed before the failure);
+ *   - plot: exit 1, no output file, no temporary left.
+ * SIGKILL at several times during capture and replay: a trace under the final name is complete (verify passes),
+ * a .partial recovers, and `kvsim runs` reads the database and lists only complete runs.
+ * fsync and rename failures are not injected here (they need a preloaded shim); see fuzz/README.md.
+ */
+#include <dirent.h>
+#include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "common/kvs.h"
+#include "sim/results.h"
+#include "tests/util/cli_run.h"
+#include "tests/util/gen_trace.h"
+#include "tests/util/testenv.h"
+#include "trace/trace.h"
+
+static char dir[64];
+
+static int setup(void **state) {
+    (void)state;
+    strcpy(dir, "/tmp/kvs_failinj_XXXXXX");
+    signal(SIGXFSZ, SIG_IGN); /* inherited by the children: a write past the limit fails with EFBIG instead */
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void path_in(const char *name, char *out, size_t n) { snprintf(out, n, "%s/%s", dir, name); }
+
+static long file_size(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 ? (long)st.st_size : -1;
+}
+
+static uint8_t *slurp(const char *p, size_t *n) {
+    FILE *f = fopen(p, "rb");
+    assert_non_null(f);
+    assert_int_equal(fseek(f, 0, SEEK_END), 0);
+    long len = ftell(f);
+    rewind(f);
+    uint8_t *buf = malloc((size_t)len + 1);
+    assert_non_null(buf);
+    assert_int_equal(fread(buf, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    *n = (size_t)len;
+    return buf;
+}
+
+/* Names in the folder other than `keep` (NULL-terminated list), counted. */
+static int stray_files(const char *const *keep) {
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        int kept = 0;
+        for (const char *const *k = keep; *k; k++) kept |= !strcmp(e->d_name, *k);
+        if (!kept) {
+            fprintf(stderr, "stray file: %s\n", e->d_name);
+            n++;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+/* Runs kvsim with every file it writes limited to `limit` bytes; returns the exit status. */
+static int cli_limited(long limit, const char *const *args) {
+    char out[256], err[256];
+    path_in("cmd.out", out, sizeof out);
+    path_in("cmd.err", err, sizeof err);
+    struct rlimit old, rl;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    rl = old;
+    rl.rlim_cur = (rlim_t)limit;
+    /* lowered only around the fork: the child inherits it, this process writes nothing in between */
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &rl), 0);
+    pid_t pid = kvs_test_cli_spawn("/dev/null", err, args);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    (void)out;
+    assert_true(pid > 0);
+    return kvs_test_cli_wait(pid);
+}
+
+static void expect_error_message(const char *needle) {
+    char err[256];
+    path_in("cmd.err", err, sizeof err);
+    size_t n;
+    char *text = (char *)slurp(err, &n);
+    text[n] = '\0';
+    if (!strstr(text, needle)) fprintf(stderr, "stderr: %s\n", text);
+    assert_non_null(strstr(text, needle));
+    free(text);
+}
+
+/* A generated trace at `name` in the folder (2 layers, 2 KV heads, 40 positions, blocks of 16). */
+static void gen_trace(const char *name, char *path, size_t n) {
+    path_in(name, path, n);
+    kvs_gen_trace_opts o = kvs_gen_trace_defaults();
+    kvs_gen_trace *g = NULL;
+    assert_int_equal(kvs_gen_trace_create(&o, &g), KVS_OK);
+    assert_int_equal(kvs_gen_trace_write(g, path), KVS_OK);
+    kvs_gen_trace_free(g);
+}
+
+/* The limits tried for a file of `size` bytes: every `step` bytes from 0, and its last byte. */
+#define FOR_EACH_LIMIT(var, size, step) for (long var = 0; var < (size); var = var + (step) < (size) ? var + (step) : (var < (size) - 1 ? (size) - 1 : (size)))
+
+/* ---------------------------------------------------------------- full disk */
+
+static void test_recover_on_a_full_disk_leaves_nothing(void **state) {
+    (void)state;
+    if (!kvs_test_kvsim_bin()) { skip(); }
+    char in[256], out[256];
+    gen_trace("in.kvt", in, sizeof in);
+    path_in("out.kvt", out, sizeof out);
+    long size = file_size(in);
+    int tried = 0;
+    FOR_EACH_LIMIT(limit, size, size / 23 + 1) {
+        const char *args[] = {"trace", "recover", in, out, NULL};
+        assert_int_equal(cli_limited(limit, args), 1);
+        if (limit >= 4096) expect_error_message(out); /* below that its own stderr file is full too */
+        const char *keep[] = {"in.kvt", "cmd.err", NULL};
+        assert_int_equal(stray_files(keep), 0);
+        tried++;
+    }
+    assert_true(tried >= 20);
+    const char *args[] = {"trace", "recover", in, out, NULL};
+    assert_int_equal(cli_limited(size + 4096, args), 0); /* and with room, it works */
+    assert_int_equal(file_size(out), size);
+}
+
+/* One run per replay: replay commits each run in its own transaction, so a failure leaves the runs committed
+ * before it; with one run, a failed replay must leave the database as it was. */
+static int run_replay(long limit, const char *trace, const char *db, const char *policy) {
+    const char *args[] = {"replay", trace, "--db", db, "--policy", policy, "--budgets", "8", "--threads", "1", NULL};
+    return cli_limited(limit, args);
+}
+
+static void test_replay_on_a_full_disk_leaves_the_database_unchanged(void **state) {
+    (void)state;
+    if (!kvs_test_kvsim_bin()) { skip(); }
+    char trace[256], db[256];
+    gen_trace("t.kvt", trace, sizeof trace);
+    path_in("r.db", db, sizeof db);
+    assert_int_equal(run_replay(1L << 30, trace, db, "window"), 0);
+    size_t n0, n_runs0;
+    uint8_t *before = slurp(db, &n0); /* its size: the replay below must grow it */
+    char runs_csv[256];
+    path_in("runs0.csv", runs_csv, sizeof runs_csv);
+    const char *rargs0[] = {"runs", db, "--csv", "--summary", "--all", NULL};
+    assert_int_equal(kvs_test_cli(runs_csv, NULL, rargs0), 0);
+    uint8_t *runs0 = slurp(runs_csv, &n_runs0);
+    unlink(runs_csv);
+    assert_true(n_runs0 > 0);
+    /* a second replay writes its run through SQLite's write-ahead log, then checkpoints it into the database:
+     * limits from 0 to past both sizes fail it at every stage (a limit large enough lets it succeed: stop there) */
+    int tried = 0;
+    for (long limit = 0; limit < (long)n0 + (1L << 17); limit += 4096 + limit / 4) {
+        int rc = run_replay(limit, trace, db, "h2o");
+        if (rc == 0) break;
+        assert_int_equal(rc, 1);
+        /* SQLite may leave its write-ahead log and index when the failed write was the closing checkpoint: they
+         * hold no committed frame of the failed replay (the runs listed below prove it); nothing else remains */
+        const char *keep[] = {"t.kvt", "r.db", "r.db-wal", "r.db-shm", "cmd.err", NULL};
+        assert_int_equal(stray_files(keep), 0);
+        char runs_now[256];
+        path_in("runs.csv", runs_now, sizeof runs_now);
+        const char *rargs[] = {"runs", db, "--csv", "--summary", "--all", NULL};
+        assert_int_equal(kvs_test_cli(runs_now, NULL, rargs), 0);
+        size_t nr1;
+        uint8_t *csv = slurp(runs_now, &nr1);
+        assert_int_equal(nr1, n_runs0);
+        assert_memory_equal(csv, runs0, n_runs0);
+        free(csv);
+        unlink(runs_now);
+        tried++;
+    }
+    assert_true(tried >= 5);
+    /* the database still reads, with the first replay's run and, when the last limit let it through, h2o's */
+    kvs_results_db *r = NULL;
+    assert_int_equal(kvs_results_open_readonly(db, &r), KVS_OK);
+    kvs_results_run_row *rows = NULL;
+    int64_t nr = 0;
+    kvs_results_filter f = {.include_failed = 1};
+    assert_int_equal(kvs_results_query_runs(r, &f, &rows, &nr), KVS_OK);
+    assert_true(nr == 1 || nr == 2);
+    assert_string_equal(rows[0].policy, "window");
+    for (int64_t i = 0; i < nr; i++) assert_true(rows[i].has_agg);
+    kvs_results_run_rows_free(rows, nr);
+    kvs_results_close(r);
+    free(before);
+    free(runs0);
+}
+
+static void test_plot_on_a_full_disk_leaves_nothing(void **state) {
+    (void)state;
+    if (!kvs_test_kvsim_bin() || system("command -v gnuplot >/dev/null 2>&1") != 0) { skip(); }
+    char trace[256], db[256], png[256];
+    gen_trace("t.kvt", trace, sizeof trace);
+    path_in("r.db", db, sizeof db);
+    path_in("p.svg", png, sizeof png);
+    assert_int_equal(run_replay(1L << 30, trace, db, "window"), 0);
+    const char *args[] = {"plot", db, "--kind", "error-vs-budget", "--out", png, NULL};
+    assert_int_equal(cli_limited(1L << 30, args), 0);
+    long size = file_size(png);
+    assert_true(size > 0);
+    unlink(png);
+    int tried = 0;
+    FOR_EACH_LIMIT(limit, size, size / 8 + 1) {
+        assert_int_equal(cli_limited(limit, args), 1);
+        const char *keep[] = {"t.kvt", "r.db", "r.db-wal", "r.db-shm", "cmd.err", NULL};
+        assert_int_equal(stray_files(keep), 0);
+        tried++;
+    }
+    assert_true(tried >= 8);
+}
+
+/* capture needs the real model */
+static int model_path(char *p, size_t n) {
+    snprintf(p, n, "%s/../shared/models/stories260K.bin", kvs_test_root());
+    if (!kvs_test_exists(p)) {
+        fprintf(stderr, "SKIP: %s absent (shared models not installed)\n", p);
+        return 0;
+    }
+    return 1;
+}
+
+/* After a failed or killed capture to `out`: no file under the final name unless it is complete, and a .partial
+ * (when one is left) recovers to whole blocks of 8 (or says there is none). */
+static void check_capture_leftovers(const char *out, int must_not_exist) {
+    char partial[300], rec[300];
+    snprintf(partial, sizeof partial, "%s.partial", out);
+    path_in("rec.kvt", rec, sizeof rec);
+    if (kvs_test_exists(out)) {
+        assert_false(must_not_exist);
+        const char *args[] = {"verify", out, NULL};
+        assert_int_equal(kvs_test_cli(NULL, NULL, args), 0);
+        unlink(out);
+    }
+    if (kvs_test_exists(partial)) {
+        int64_t n = -1;
+        long psize = file_size(partial);
+        kvs_status s = kvs_trace_recover(partial, rec, &n);
+        /* no complete block yet, or (killed before the header reached the file) no valid header */
+        assert_true(s == KVS_OK || s == KVS_ERR_TRUNCATED || (s == KVS_ERR_FORMAT && psize < 152 + 4096));
+        if (s == KVS_OK) {
+            assert_true(n > 0 && n % 8 == 0);
+            const char *args[] = {"verify", rec, NULL};
+            assert_int_equal(kvs_test_cli(NULL, NULL, args), 0);
+            unlink(rec);
+        }
+        unlink(partial);
+    }
+}
+
+static const char *const CAPTURE_ARGS[] = {"capture", "--model", NULL, "--prompt-ids", "1,403,407,261", "--steps",
+                                           "60",      "--block", "8",  "--threads",   "1",             "--out"};
+
+static void capture_args(const char **args, const char *model, const char *out) {
+    size_t n = sizeof CAPTURE_ARGS / sizeof CAPTURE_ARGS[0];
+    for (size_t i = 0; i < n; i++) args[i] = CAPTURE_ARGS[i];
+    args[2] = model;
+    args[n] = out;
+    args[n + 1] = NULL;
+}
+
+static void test_capture_on_a_full_disk(void **state) {
+    (void)state;
+    char model[512], out[256];
+    if (!kvs_test_kvsim_bin() || !model_path(model, sizeof model)) { skip(); }
+    path_in("c.kvt", out, sizeof out);
+    const char *args[16];
+    capture_args(args, model, out);
+    assert_int_equal(cli_limited(1L << 30, args), 0);
+    long size = file_size(out);
+    assert_true(size > 0);
+    unlink(out);
+    int tried = 0;
+    FOR_EACH_LIMIT(limit, size, size / 12 + 1) {
+        assert_int_equal(cli_limited(limit, args), 1);
+        if (limit >= 4096) expect_error_message("c.kvt");
+        check_capture_leftovers(out, 1);
+        tried++;
+    }
+    assert_true(tried >= 12);
+}
+
+/* ---------------------------------------------------------------- SIGKILL */
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Kill times (ms after the start): the same list whatever the machine's speed; each run's result is checked
+ * whenever the kill landed (before the output existed, mid-write, or after the command finished). */
+static const long KILL_MS[] = {0, 2, 5, 10, 20, 40, 80, 160};
+
+static void test_capture_killed_at_any_time(void **state) {
+    (void)state;
+    char model[512], out[256];
+    if (!kvs_test_kvsim_bin() || !model_path(model, sizeof model)) { skip(); }
+    path_in("k.kvt", out, sizeof out);
+    const char *args[16];
+    capture_args(args, model, out);
+    for (size_t i = 0; i < sizeof KILL_MS / sizeof KILL_MS[0]; i++) {
+        pid_t pid = kvs_test_cli_spawn(NULL, NULL, args);
+        assert_true(pid > 0);
+        sleep_ms(KILL_MS[i]);
+        kill(pid, SIGKILL);
+        (void)kvs_test_cli_wait(pid);
+        check_capture_leftovers(out, 0);
+    }
+}
+
+static void test_replay_killed_at_any_time(void **state) {
+    (void)state;
+    if (!kvs_test_kvsim_bin()) { skip(); }
+    char trace[256], db[256];
+    gen_trace("t.kvt", trace, sizeof trace);
+    path_in("r.db", db, sizeof db);
+    for (size_t i = 0; i < sizeof KILL_MS / sizeof KILL_MS[0]; i++) {
+        const char *args[] = {"replay", trace, "--db", db, "--policy", "h2o", "--policy", "tova", "--budgets",
+                              "4,8,16", "--threads", "1", NULL};
+        pid_t pid = kvs_test_cli_spawn(NULL, NULL, args);
+        assert_true(pid > 0);
+        sleep_ms(KILL_MS[i]);
+        kill(pid, SIGKILL);
+        (void)kvs_test_cli_wait(pid);
+        if (!kvs_test_exists(db)) continue;
+        if (file_size(db) == 0) { /* killed before the schema's transaction committed: SQLite's empty file */
+            unlink(db);
+            continue;
+        }
+        /* the database reads, and every run it lists as complete has its aggregate */
+        const char *rargs[] = {"runs", db, NULL};
+        char err[256];
+        path_in("runs.err", err, sizeof err);
+        int rc = kvs_test_cli(NULL, err, rargs);
+        if (rc == 1) {
+            /* KNOWN, reported and NOT fixed here (sim/results.c belongs to the results work): a NEW database killed
+             * before or while its schema is created (a 0-byte file, or a schema without its meta table) is
+             * refused by `runs` AND by the next `replay` with "not a kvsim results database"; the user must
+             * delete it. It holds no run, so nothing half-written is shown: accepted here as a clear refusal. */
+            size_t n;
+            char *msg = (char *)slurp(err, &n);
+            msg[n] = '\0';
+            int known = strstr(msg, "not a kvsim results database") != NULL;
+            free(msg);
+            if (known) {
+                fprintf(stderr, "KNOWN: database killed during creation is refused (%ld bytes)\n", file_size(db));
+                unlink(db);
+                continue;
+            }
+        }
+        if (rc != 0) {
+            char cmd[400];
+            snprintf(cmd, sizeof cmd, "cat '%s' >&2; ls -la '%s' >&2", err, dir);
+            (void)system(cmd);
+        }
+        assert_int_equal(rc, 0);
+        kvs_results_db *r = NULL;
+        assert_int_equal(kvs_results_open_readonly(db, &r), KVS_OK);
+        kvs_results_run_row *rows = NULL;
+        int64_t n = 0;
+        assert_int_equal(kvs_results_query_runs(r, NULL, &rows, &n), KVS_OK);
+        for (int64_t k = 0; k < n; k++) assert_true(rows[k].has_agg);
+        kvs_results_run_rows_free(rows, n);
+        kvs_results_close(r);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_recover_on_a_full_disk_leaves_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_replay_on_a_full_disk_leaves_the_database_unchanged, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_plot_on_a_full_disk_leaves_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_capture_on_a_full_disk, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_capture_killed_at_any_time, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_replay_killed_at_any_time, setup, teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
