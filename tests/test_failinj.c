@@ -13,7 +13,8 @@
  *   - plot: exit 1, no output file, no temporary left.
  * SIGKILL at several times during capture and replay: a trace under the final name is complete (verify passes),
  * a .partial recovers, and `kvsim runs` reads the database and lists only complete runs.
- * fsync and rename failures are not injected here (they need a preloaded shim); see fuzz/README.md.
+ * Then the same commands with a preloaded shim (tests/failio/failio.c) failing the N-th and later write, fsync
+ * or rename, N over every call the command makes (up to 24 points): the same checks.
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -318,6 +319,222 @@ static void test_capture_on_a_full_disk(void **state) {
     assert_true(tried >= 12);
 }
 
+/* ---------------------------------------------------------------- failing write / fsync / rename */
+
+/* tests/failio/failio.c compiled into the scratch folder (with $CC, default cc); 0 when no compiler works (the
+ * tests then skip with a message). */
+static int build_failio(char *so, size_t n) {
+    path_in("failio.so", so, n);
+    const char *cc = getenv("CC");
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "%s -shared -fPIC -O1 -o '%s' '%s/tests/failio/failio.c' -ldl 2>&2", cc && *cc ? cc : "cc",
+             so, kvs_test_root());
+    if (system(cmd) != 0) {
+        fprintf(stderr, "SKIP: cannot compile tests/failio/failio.c\n");
+        return 0;
+    }
+    return 1;
+}
+
+/* Runs kvsim with `op` failing from its n-th call (n 0: nothing fails); report: where the shim appends its call
+ * counts, or NULL. Returns the exit status. */
+static int cli_failio(const char *so, const char *op, long n, const char *report, const char *const *args) {
+    char nbuf[32], asan[600];
+    snprintf(nbuf, sizeof nbuf, "%ld", n);
+    const char *old_asan = getenv("ASAN_OPTIONS");
+    /* an ASan build of kvsim insists on its runtime being loaded first; the shim only wraps libc calls */
+    snprintf(asan, sizeof asan, "%s%sverify_asan_link_order=0", old_asan ? old_asan : "", old_asan ? ":" : "");
+    char *saved_asan = old_asan ? strdup(old_asan) : NULL;
+    setenv("ASAN_OPTIONS", asan, 1);
+    setenv("KVS_FAILIO_OP", op, 1);
+    setenv("KVS_FAILIO_N", nbuf, 1);
+    if (report) setenv("KVS_FAILIO_REPORT", report, 1);
+    setenv("LD_PRELOAD", so, 1);
+    char err[256];
+    path_in("cmd.err", err, sizeof err);
+    pid_t pid = kvs_test_cli_spawn("/dev/null", err, args);
+    unsetenv("LD_PRELOAD");
+    unsetenv("KVS_FAILIO_OP");
+    unsetenv("KVS_FAILIO_N");
+    unsetenv("KVS_FAILIO_REPORT");
+    if (saved_asan) setenv("ASAN_OPTIONS", saved_asan, 1);
+    else unsetenv("ASAN_OPTIONS");
+    free(saved_asan);
+    assert_true(pid > 0);
+    return kvs_test_cli_wait(pid);
+}
+
+/* How many calls of `op` the command makes (the largest count any of its processes reported). */
+static long count_calls(const char *so, const char *op, const char *const *args) {
+    char report[256];
+    path_in("calls.txt", report, sizeof report);
+    unlink(report);
+    assert_int_equal(cli_failio(so, op, 0, report, args), 0);
+    FILE *f = fopen(report, "r");
+    assert_non_null(f);
+    long most = 0, c;
+    char name[16];
+    while (fscanf(f, "%15s %ld", name, &c) == 2)
+        if (c > most) most = c;
+    fclose(f);
+    unlink(report);
+    return most;
+}
+
+/* The failure points tried for a command making `calls` calls: all of them up to 24, else 24 spread evenly
+ * (the first and the last included). */
+static long nth_point(long calls, int i, int *n_points) {
+    *n_points = calls <= 24 ? (int)calls : 24;
+    if (calls <= 24) return i + 1;
+    return 1 + (long)((double)i * (double)(calls - 1) / 23.0);
+}
+
+static const char *const FAIL_OPS[] = {"write", "fsync", "rename"};
+
+/* trace recover: any failing write, fsync or rename leaves no output and no temporary file. */
+static void test_recover_with_failing_io_leaves_nothing(void **state) {
+    (void)state;
+    char so[256], in[256], out[256];
+    if (!kvs_test_kvsim_bin() || !build_failio(so, sizeof so)) { skip(); }
+    gen_trace("in.kvt", in, sizeof in);
+    path_in("out.kvt", out, sizeof out);
+    const char *args[] = {"trace", "recover", in, out, NULL};
+    for (int k = 0; k < 3; k++) {
+        long calls = count_calls(so, FAIL_OPS[k], args);
+        assert_true(calls >= 1);
+        unlink(out);
+        int n_points;
+        nth_point(calls, 0, &n_points);
+        for (int i = 0; i < n_points; i++) {
+            assert_int_equal(cli_failio(so, FAIL_OPS[k], nth_point(calls, i, &n_points), NULL, args), 1);
+            expect_error_message("out.kvt");
+            const char *keep[] = {"in.kvt", "cmd.err", "failio.so", NULL};
+            assert_int_equal(stray_files(keep), 0);
+        }
+    }
+}
+
+/* replay of one run into an existing database, failing a write, fsync or rename from the N-th call on (the
+ * database restored before each point): either it exits 1 and the database lists exactly the runs it had
+ * (`runs --all`, byte for byte), or the call failed after the run's commit (the checkpoint of SQLite's log at
+ * close, which SQLite redoes from the log on the next open) and it exits 0 with the run complete. */
+static void test_replay_with_failing_io_keeps_the_database(void **state) {
+    (void)state;
+    char so[256], trace[256], db[256], runs_now[256];
+    if (!kvs_test_kvsim_bin() || !build_failio(so, sizeof so)) { skip(); }
+    gen_trace("t.kvt", trace, sizeof trace);
+    path_in("r.db", db, sizeof db);
+    path_in("runs.csv", runs_now, sizeof runs_now);
+    assert_int_equal(run_replay(1L << 30, trace, db, "window"), 0);
+    const char *rargs[] = {"runs", db, "--csv", "--summary", "--all", NULL};
+    assert_int_equal(kvs_test_cli(runs_now, NULL, rargs), 0);
+    size_t n_runs0;
+    uint8_t *runs0 = slurp(runs_now, &n_runs0);
+    char orig[256];
+    path_in("orig.db", orig, sizeof orig);
+    char cp0[700];
+    snprintf(cp0, sizeof cp0, "cp '%s' '%s'", db, orig);
+    assert_int_equal(system(cp0), 0);
+    const char *args[] = {"replay", trace, "--db", db, "--policy", "tova", "--budgets", "8", "--threads", "1", NULL};
+    char probe[256];
+    path_in("probe.db", probe, sizeof probe);
+    for (int k = 0; k < 3; k++) {
+        /* count on a copy: the counting run itself adds its run */
+        char cmd[1400];
+        snprintf(cmd, sizeof cmd, "cp '%s' '%s'", db, probe);
+        assert_int_equal(system(cmd), 0);
+        const char *pargs[] = {"replay", trace, "--db", probe, "--policy", "tova", "--budgets", "8", "--threads", "1", NULL};
+        long calls = count_calls(so, FAIL_OPS[k], pargs);
+        unlink(probe);
+        if (calls == 0) continue; /* SQLite in WAL mode renames nothing */
+        int n_points, failed = 0;
+        nth_point(calls, 0, &n_points);
+        for (int i = 0; i < n_points; i++) {
+            long nth = nth_point(calls, i, &n_points);
+            snprintf(cmd, sizeof cmd, "rm -f '%s-wal' '%s-shm' && cp '%s' '%s'", db, db, orig, db);
+            assert_int_equal(system(cmd), 0);
+            int rc = cli_failio(so, FAIL_OPS[k], nth, NULL, args);
+            assert_int_equal(kvs_test_cli(runs_now, NULL, rargs), 0);
+            size_t n1;
+            uint8_t *csv = slurp(runs_now, &n1);
+            if (rc == 1) { /* rolled back: the runs it had, byte for byte */
+                failed++;
+                assert_int_equal(n1, n_runs0);
+                assert_memory_equal(csv, runs0, n_runs0);
+            } else { /* committed before the failing call (the checkpoint at close may fail: the log keeps it) */
+                assert_int_equal(rc, 0);
+                assert_true(n1 > n_runs0);
+                assert_memory_equal(csv, runs0, n_runs0);
+                kvs_results_db *r = NULL;
+                assert_int_equal(kvs_results_open_readonly(db, &r), KVS_OK);
+                kvs_results_run_row *rows = NULL;
+                int64_t nr = 0;
+                assert_int_equal(kvs_results_query_runs(r, NULL, &rows, &nr), KVS_OK);
+                assert_int_equal(nr, 2);
+                assert_string_equal(rows[1].policy, "tova");
+                assert_true(rows[1].has_agg);
+                kvs_results_run_rows_free(rows, nr);
+                kvs_results_close(r);
+            }
+            free(csv);
+            const char *keep[] = {"t.kvt", "r.db", "orig.db", "r.db-wal", "r.db-shm", "cmd.err", "runs.csv",
+                                  "failio.so", NULL};
+            assert_int_equal(stray_files(keep), 0);
+        }
+        assert_true(failed >= 1 && nth_point(calls, 0, &n_points) == 1); /* the first call always fails it */
+    }
+    free(runs0);
+}
+
+/* capture: a failing write, fsync or rename exits 1, leaves no trace under the final name, and any .partial
+ * left behind recovers to whole blocks. */
+static void test_capture_with_failing_io(void **state) {
+    (void)state;
+    char so[256], model[512], out[256];
+    if (!kvs_test_kvsim_bin() || !model_path(model, sizeof model) || !build_failio(so, sizeof so)) { skip(); }
+    path_in("c.kvt", out, sizeof out);
+    const char *args[16];
+    capture_args(args, model, out);
+    for (int k = 0; k < 3; k++) {
+        long calls = count_calls(so, FAIL_OPS[k], args);
+        assert_true(calls >= 1);
+        unlink(out);
+        int n_points;
+        nth_point(calls, 0, &n_points);
+        for (int i = 0; i < n_points; i++) {
+            assert_int_equal(cli_failio(so, FAIL_OPS[k], nth_point(calls, i, &n_points), NULL, args), 1);
+            expect_error_message("c.kvt");
+            check_capture_leftovers(out, 1);
+        }
+    }
+}
+
+/* plot: a failing write, fsync or rename (kvsim's or gnuplot's) exits 1 and leaves no output or temporary. */
+static void test_plot_with_failing_io_leaves_nothing(void **state) {
+    (void)state;
+    char so[256], trace[256], db[256], svg[256];
+    if (!kvs_test_kvsim_bin() || system("command -v gnuplot >/dev/null 2>&1") != 0 || !build_failio(so, sizeof so)) {
+        skip();
+    }
+    gen_trace("t.kvt", trace, sizeof trace);
+    path_in("r.db", db, sizeof db);
+    path_in("p.svg", svg, sizeof svg);
+    assert_int_equal(run_replay(1L << 30, trace, db, "window"), 0);
+    const char *args[] = {"plot", db, "--kind", "error-vs-budget", "--out", svg, NULL};
+    for (int k = 0; k < 3; k++) {
+        long calls = count_calls(so, FAIL_OPS[k], args);
+        assert_true(calls >= 1);
+        unlink(svg);
+        int n_points;
+        nth_point(calls, 0, &n_points);
+        for (int i = 0; i < n_points; i++) {
+            assert_int_equal(cli_failio(so, FAIL_OPS[k], nth_point(calls, i, &n_points), NULL, args), 1);
+            const char *keep[] = {"t.kvt", "r.db", "r.db-wal", "r.db-shm", "cmd.err", "failio.so", NULL};
+            assert_int_equal(stray_files(keep), 0);
+        }
+    }
+}
+
 /* ---------------------------------------------------------------- SIGKILL */
 
 static void sleep_ms(long ms) {
@@ -409,6 +626,10 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_replay_on_a_full_disk_leaves_the_database_unchanged, setup, teardown),
         cmocka_unit_test_setup_teardown(test_plot_on_a_full_disk_leaves_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_capture_on_a_full_disk, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_recover_with_failing_io_leaves_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_replay_with_failing_io_keeps_the_database, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_capture_with_failing_io, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_plot_with_failing_io_leaves_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_capture_killed_at_any_time, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replay_killed_at_any_time, setup, teardown),
     };
