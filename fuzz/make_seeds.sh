@@ -29,6 +29,12 @@ foff = struct.unpack_from('<Q', d, len(d) - 32)[0]
 open(sys.argv[2], 'wb').write(d[:foff - 20])  # the footer never written, the last chunk torn
 PY
 python3 fuzz/make_tiny_models.py $C/model_llama2c/tiny.bin fuzz/fixed
+# and traces of the tiny checkpoint (1 layer, 2 heads of 4 dims): about 2 KB each, so the trace harness
+# runs many times faster on them than on the stories260K captures
+"$K" capture --model $C/model_llama2c/tiny.bin --prompt-ids 1,2,3 --steps 5 --block 3 --dtype fp16 --threads 1 \
+    --out $C/trace/tiny_fp16_block3.kvt >/dev/null
+"$K" capture --model $C/model_llama2c/tiny.bin --prompt-ids 1,2 --steps 1 --block 1 --dtype fp32 --threads 1 \
+    --out $C/trace/tiny_fp32_block1.kvt >/dev/null
 cp fuzz/fixed/model.safetensors $C/safetensors/tiny.safetensors
 cp fuzz/fixed/config.json $C/config_json/tiny.json
 cp tests/fixtures/llama3_tiny/config.json $C/config_json/llama3_rope_scaling.json

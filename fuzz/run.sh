@@ -7,6 +7,8 @@
 # BUILD/crashes/NAME-* and makes the exit status 1.
 set -u
 build=$1; secs=$2; shift 2
+# the harnesses write each input as a file (and recovery fsyncs its output): on tmpfs that costs no disk I/O
+[ -z "${TMPDIR:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ] && export TMPDIR=/dev/shm
 mkdir -p "$build/crashes" "$build/logs"
 summary="$build/fuzz-summary.txt"
 printf '%-24s %12s %8s %8s %8s  %s\n' harness executions cov ft rss_mb result | tee "$summary"
