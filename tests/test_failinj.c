@@ -11,8 +11,10 @@
  *   - replay (of one run): exit 1, the database's runs unchanged, `runs --all` byte for byte (each run is one
  *     transaction, rolled back; a replay of several runs keeps those committed before the failure);
  *   - plot: exit 1, no output file, no temporary left.
- * SIGKILL at several times during capture and replay: a trace under the final name is complete (verify passes),
- * a .partial recovers, and `kvsim runs` reads the database and lists only complete runs.
+ * SIGKILL at several times during capture (a 400-step capture killed 0-160 ms after its start) and replay (killed
+ * 0-16 ms after its database appears, fresh or added to): a trace under the final name is complete (verify
+ * passes), a .partial recovers, and `kvsim runs` reads the database and lists only complete runs, or says an
+ * empty database is empty (the next replay fills it).
  * Then the same commands with a preloaded shim (tests/failio/failio.c) failing the N-th and later write, fsync
  * or rename, N over every call the command makes (up to 24 points): the same checks.
  */
@@ -292,10 +294,13 @@ static void check_capture_leftovers(const char *out, int must_not_exist) {
 static const char *const CAPTURE_ARGS[] = {"capture", "--model", NULL, "--prompt-ids", "1,403,407,261", "--steps",
                                            "60",      "--block", "8",  "--threads",   "1",             "--out"};
 
-static void capture_args(const char **args, const char *model, const char *out) {
+/* The capture's arguments into args (16 entries); steps: "60" for the loops over failure points (a 150 KB trace),
+ * "400" for the kill loop (~80 ms of decoding, so the kill times below land before, during and after it). */
+static void capture_args(const char **args, const char *model, const char *out, const char *steps) {
     size_t n = sizeof CAPTURE_ARGS / sizeof CAPTURE_ARGS[0];
     for (size_t i = 0; i < n; i++) args[i] = CAPTURE_ARGS[i];
     args[2] = model;
+    args[6] = steps;
     args[n] = out;
     args[n + 1] = NULL;
 }
@@ -306,7 +311,7 @@ static void test_capture_on_a_full_disk(void **state) {
     if (!kvs_test_kvsim_bin() || !model_path(model, sizeof model)) { skip(); }
     path_in("c.kvt", out, sizeof out);
     const char *args[16];
-    capture_args(args, model, out);
+    capture_args(args, model, out, "60");
     assert_int_equal(cli_limited(1L << 30, args), 0);
     long size = file_size(out);
     assert_true(size > 0);
@@ -496,7 +501,7 @@ static void test_capture_with_failing_io(void **state) {
     if (!kvs_test_kvsim_bin() || !model_path(model, sizeof model) || !build_failio(so, sizeof so)) { skip(); }
     path_in("c.kvt", out, sizeof out);
     const char *args[16];
-    capture_args(args, model, out);
+    capture_args(args, model, out, "60");
     for (int k = 0; k < 3; k++) {
         long calls = count_calls(so, FAIL_OPS[k], args);
         assert_true(calls >= 1);
@@ -576,10 +581,12 @@ static void test_empty_database_is_reported_and_reused(void **state) {
 
 /* ---------------------------------------------------------------- SIGKILL */
 
-static void sleep_ms(long ms) {
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+static void sleep_us(long us) {
+    struct timespec ts = {us / 1000000, (us % 1000000) * 1000L};
     nanosleep(&ts, NULL);
 }
+
+static void sleep_ms(long ms) { sleep_us(ms * 1000); }
 
 /* Kill times (ms after the start): the same list whatever the machine's speed; each run's result is checked
  * whenever the kill landed (before the output existed, mid-write, or after the command finished). */
@@ -591,7 +598,7 @@ static void test_capture_killed_at_any_time(void **state) {
     if (!kvs_test_kvsim_bin() || !model_path(model, sizeof model)) { skip(); }
     path_in("k.kvt", out, sizeof out);
     const char *args[16];
-    capture_args(args, model, out);
+    capture_args(args, model, out, "400");
     for (size_t i = 0; i < sizeof KILL_MS / sizeof KILL_MS[0]; i++) {
         pid_t pid = kvs_test_cli_spawn(NULL, NULL, args);
         assert_true(pid > 0);
@@ -602,20 +609,44 @@ static void test_capture_killed_at_any_time(void **state) {
     }
 }
 
+/* Replay computes its runs first and writes the database at the end, run by run: to land in those writes, each
+ * kill comes a set delay after the database file appears (polled every 50 us). Even rounds start from no database
+ * (the kill may land in its creation), odd ones add to the previous rounds' database. */
+static const long KILL_AFTER_DB_US[] = {0, 100, 300, 1000, 2000, 4000, 8000, 16000, 0, 200, 600, 3000};
+
 static void test_replay_killed_at_any_time(void **state) {
     (void)state;
     if (!kvs_test_kvsim_bin()) { skip(); }
-    char trace[256], db[256];
-    gen_trace("t.kvt", trace, sizeof trace);
+    char trace[512], db[256];
+    snprintf(trace, sizeof trace, "%s/examples/stories260K.kvt", kvs_test_root());
     path_in("r.db", db, sizeof db);
-    for (size_t i = 0; i < sizeof KILL_MS / sizeof KILL_MS[0]; i++) {
+    int landed = 0;
+    for (size_t i = 0; i < sizeof KILL_AFTER_DB_US / sizeof KILL_AFTER_DB_US[0]; i++) {
+        if (i % 2 == 0) {
+            char cmd[1200];
+            snprintf(cmd, sizeof cmd, "rm -f '%s' '%s-wal' '%s-shm'", db, db, db);
+            assert_int_equal(system(cmd), 0);
+        }
         const char *args[] = {"replay", trace, "--db", db, "--policy", "h2o", "--policy", "tova", "--budgets",
                               "4,8,16", "--threads", "1", NULL};
+        long before = file_size(db);
         pid_t pid = kvs_test_cli_spawn(NULL, NULL, args);
         assert_true(pid > 0);
-        sleep_ms(KILL_MS[i]);
-        kill(pid, SIGKILL);
-        (void)kvs_test_cli_wait(pid);
+        int st, reaped = 0;
+        /* wait for the database to appear (or, adding to one, to change), or for the replay to end */
+        while (!(reaped = waitpid(pid, &st, WNOHANG) == pid)) {
+            char wal[300];
+            snprintf(wal, sizeof wal, "%s-wal", db);
+            if (before < 0 ? kvs_test_exists(db) : kvs_test_exists(wal)) break;
+            sleep_us(50);
+        }
+        if (!reaped) {
+            sleep_us(KILL_AFTER_DB_US[i]);
+            kill(pid, SIGKILL);
+            reaped = waitpid(pid, &st, 0) == pid;
+            landed += WIFSIGNALED(st);
+        }
+        assert_true(reaped);
         if (!kvs_test_exists(db)) continue;
         /* the database reads, and every run it lists as complete has its aggregate */
         const char *rargs[] = {"runs", db, NULL};
@@ -652,6 +683,7 @@ static void test_replay_killed_at_any_time(void **state) {
         kvs_results_run_rows_free(rows, n);
         kvs_results_close(r);
     }
+    assert_true(landed >= 1); /* at least one kill landed while it wrote (the others may have come after) */
 }
 
 int main(void) {
