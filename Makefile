@@ -96,5 +96,7 @@ mpi-test: mpi $(KVSIM)
 -include gpu_capture/cuda/cuda.mk
 # `make cuda-emu-test`: the CUDA backend's tests on a CPU emulation of CUDA (g++ only; tests/cuda_emu/).
 -include tests/cuda_emu/emu.mk
+# `make fuzz FUZZ_SECONDS=N`: the libFuzzer harnesses (clang; fuzz/fuzz.mk, fuzz/README.md).
+-include fuzz/fuzz.mk
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -109,46 +109,6 @@ static kvs_status parse_ids(const char *s, int32_t **out, size_t *n) {
     return KVS_OK;
 }
 
-/* Splits a turns file into lines (in place); "\n" two-character sequences become newlines. */
-static kvs_status split_turns(char *text, char ***turns, size_t *n) {
-    size_t cap = 8, k = 0;
-    char **t = malloc(cap * sizeof *t);
-    if (!t) return kvs_fail(KVS_ERR_NOMEM, "out of memory");
-    char *line = text;
-    while (line && *line) {
-        char *nl = strchr(line, '\n');
-        if (nl) *nl = '\0';
-        size_t len = strlen(line);
-        if (len && line[len - 1] == '\r') line[--len] = '\0';
-        char *o = line;
-        for (char *i = line; *i; i++) {
-            if (i[0] == '\\' && i[1] == 'n') {
-                *o++ = '\n';
-                i++;
-            } else {
-                *o++ = *i;
-            }
-        }
-        *o = '\0';
-        if (line[0]) {
-            if (k == cap) {
-                char **m = realloc(t, 2 * cap * sizeof *t);
-                if (!m) {
-                    free(t);
-                    return kvs_fail(KVS_ERR_NOMEM, "out of memory");
-                }
-                t = m;
-                cap *= 2;
-            }
-            t[k++] = line;
-        }
-        line = nl ? nl + 1 : NULL;
-    }
-    *turns = t;
-    *n = k;
-    return KVS_OK;
-}
-
 /* Reads a whole text input: a file of any kind (a pipe, a FIFO, process substitution) or "-" for standard
  * input; *out is malloc'd and NUL-terminated (caller frees). A NUL byte in it is an error. */
 static kvs_status read_text(const char *path, char **out) {
@@ -391,7 +351,7 @@ int kvs_cmd_capture(int argc, char **argv) {
             o.prompt_text = file_text;
         } else {
             size_t n = 0;
-            if ((s = split_turns(file_text, &turns, &n)) != KVS_OK) {
+            if ((s = kvs_capture_split_turns(file_text, &turns, &n)) != KVS_OK) {
                 rc = kvs_cli_fail(cmd, s);
                 goto done;
             }

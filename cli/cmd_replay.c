@@ -329,7 +329,8 @@ int kvs_cmd_replay(int argc, char **argv) {
      * foreign or newer database is refused before the (possibly long) replay. */
     if (access(db_path, F_OK) == 0) {
         kvs_results_db *probe = NULL;
-        if ((st = kvs_results_open_readonly(db_path, &probe)) != KVS_OK) {
+        /* an empty database (KVS_ERR_END: a replay killed before its schema committed) is initialised below */
+        if ((st = kvs_results_open_readonly(db_path, &probe)) != KVS_OK && st != KVS_ERR_END) {
             rc = kvs_cli_fail("replay", st == KVS_ERR_INVALID_ARG ? KVS_ERR_DB : st);
             goto cleanup;
         }

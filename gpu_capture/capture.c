@@ -431,3 +431,42 @@ cleanup:
     kvs_model_free(model);
     return s;
 }
+
+kvs_status kvs_capture_split_turns(char *text, char ***turns, size_t *n) {
+    size_t cap = 8, k = 0;
+    char **t = malloc(cap * sizeof *t);
+    if (!t) return kvs_fail(KVS_ERR_NOMEM, "out of memory");
+    char *line = text;
+    while (line && *line) {
+        char *nl = strchr(line, '\n');
+        if (nl) *nl = '\0';
+        size_t len = strlen(line);
+        if (len && line[len - 1] == '\r') line[--len] = '\0';
+        char *o = line;
+        for (char *i = line; *i; i++) {
+            if (i[0] == '\\' && i[1] == 'n') {
+                *o++ = '\n';
+                i++;
+            } else {
+                *o++ = *i;
+            }
+        }
+        *o = '\0';
+        if (line[0]) {
+            if (k == cap) {
+                char **m = realloc(t, 2 * cap * sizeof *t);
+                if (!m) {
+                    free(t);
+                    return kvs_fail(KVS_ERR_NOMEM, "out of memory");
+                }
+                t = m;
+                cap *= 2;
+            }
+            t[k++] = line;
+        }
+        line = nl ? nl + 1 : NULL;
+    }
+    *turns = t;
+    *n = k;
+    return KVS_OK;
+}

@@ -89,4 +89,10 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r);
 /*! kvs_capture_result_free() : frees the result's buffers (not r itself). Accepts NULL. */
 void kvs_capture_result_free(kvs_capture_result *r);
 
+/*! kvs_capture_split_turns() : the user turns of a `--turns` file: each non-empty line of `text` (NUL-terminated,
+ *  split IN PLACE; a trailing '\r' dropped) is one turn, and the two characters "\n" inside a line become a
+ *  newline. *turns is a malloc'd array of *n pointers into `text` (caller frees the array, not the strings).
+ *  @return KVS_OK (*n may be 0: no turns) or KVS_ERR_NOMEM. */
+kvs_status kvs_capture_split_turns(char *text, char ***turns, size_t *n);
+
 #endif /* KVS_CAPTURE_H */

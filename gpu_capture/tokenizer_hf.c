@@ -504,6 +504,51 @@ static kvs_status load_model(const char *path, kvs_tokenizer *t, const kvs_json 
     return KVS_OK;
 }
 
+/* The most a chain of Replace steps may multiply a text's length by. Real tokenizers stay near 3 (Llama's " " ->
+ * U+2581, 1 -> 3 bytes); a chain of k steps "a" -> "aa" doubles the text k times, so 34 such steps in a 2 KB
+ * tokenizer.json asked encode for 2^34 times its input. */
+#define KVS_TOK_MAX_GROWTH 1024.0
+
+/* Refuses a normalizer or decoder chain whose Replace steps can grow a text more than KVS_TOK_MAX_GROWTH-fold:
+ * a step replacing pattern a by b turns every a_len bytes into at most max(a_len, b_len), and the steps run one
+ * after another on the whole text, so the worst case is the product (Prepend adds a constant, the other steps
+ * never lengthen a text). Checked once at load, before any text is encoded or decoded. */
+static kvs_status check_growth(const char *path, const char *what, size_t n, const size_t *a_len,
+                               const size_t *b_len) {
+    double growth = 1.0;
+    for (size_t i = 0; i < n; i++) {
+        if (a_len[i] == 0 || b_len[i] <= a_len[i]) continue;
+        growth *= (double)b_len[i] / (double)a_len[i];
+        if (growth > KVS_TOK_MAX_GROWTH)
+            return kvs_fail(KVS_ERR_FORMAT, "%s: the %s Replace steps can grow a text more than %.0f-fold (%zu steps "
+                            "reach %.4g at step %zu): refused", path, what, KVS_TOK_MAX_GROWTH, n, growth, i + 1);
+    }
+    return KVS_OK;
+}
+
+/* The Replace steps of the normalizer and of the decoder, each chain checked by check_growth. */
+static kvs_status check_replace_growth(const char *path, const kvs_tokenizer *t) {
+    size_t n = t->n_norm > t->n_dec ? t->n_norm : t->n_dec;
+    size_t *a = calloc(n + 1, sizeof *a), *b = calloc(n + 1, sizeof *b);
+    kvs_status st = KVS_OK;
+    if (!a || !b) {
+        st = kvs_fail(KVS_ERR_NOMEM, "tokenizer: out of memory");
+        goto cleanup;
+    }
+    for (size_t i = 0; i < t->n_norm; i++)
+        if (t->norm[i].kind == KVS_TOK_NORM_REPLACE) a[i] = t->norm[i].a_len, b[i] = t->norm[i].b_len;
+        else a[i] = b[i] = 0;
+    KVS_TRY(st = check_growth(path, "normalizer", t->n_norm, a, b));
+    for (size_t i = 0; i < t->n_dec; i++)
+        if (t->dec[i].kind == KVS_TOK_DEC_REPLACE) a[i] = t->dec[i].a_len, b[i] = t->dec[i].b_len;
+        else a[i] = b[i] = 0;
+    KVS_TRY(st = check_growth(path, "decoder", t->n_dec, a, b));
+cleanup:
+    free(a);
+    free(b);
+    return st;
+}
+
 kvs_status kvs_tokenizer_load_hf(const char *path, kvs_tokenizer **out) {
     if (!path || !out) return kvs_fail(KVS_ERR_INVALID_ARG, "tokenizer: NULL path or out");
     *out = NULL;
@@ -533,6 +578,7 @@ kvs_status kvs_tokenizer_load_hf(const char *path, kvs_tokenizer **out) {
         KVS_TRY(st = add_pre(path, t, v));
     if ((v = kvs_json_get(root, "decoder")) && kvs_json_type_of(v) != KVS_JSON_NULL)
         KVS_TRY(st = add_dec(path, t, v));
+    KVS_TRY(st = check_replace_growth(path, t));
     KVS_TRY(st = load_config(path, t, root));
     *out = t;
     t = NULL;

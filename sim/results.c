@@ -637,12 +637,20 @@ cleanup:
     return rc;
 }
 
+/* An empty database (a 0-byte file, or SQLite without any schema object) is what a replay killed before its
+ * schema committed leaves: kvs_results_open initialises it, a reader has nothing to read (KVS_ERR_END). */
+static kvs_status empty_db_fail(const char *path) {
+    return kvs_fail(KVS_ERR_END, "%s: empty results database: no runs recorded (a replay stopped before its first "
+                    "run leaves one; the next replay fills it)", path);
+}
+
 kvs_status kvs_results_open_readonly(const char *path, kvs_results_db **out) {
     if (!path || !path[0] || !out) return kvs_fail(KVS_ERR_INVALID_ARG, "results db: empty path");
     *out = NULL;
     struct stat sb;
     if (stat(path, &sb) != 0) return kvs_fail(KVS_ERR_IO, "%s: cannot open results database: %s", path, strerror(errno));
     if (!S_ISREG(sb.st_mode)) return kvs_fail(KVS_ERR_DB, "%s: not a kvsim results database (not a regular file)", path);
+    if (sb.st_size == 0) return empty_db_fail(path);
     kvs_status rc = check_sqlite_header(path);
     if (rc != KVS_OK) return rc;
     kvs_results_db *r = calloc(1, sizeof *r);
@@ -670,7 +678,7 @@ kvs_status kvs_results_open_readonly(const char *path, kvs_results_db **out) {
     int64_t version = 0;
     KVS_TRY(rc = identify(r, &is_empty, &version));
     if (is_empty) {
-        rc = kvs_fail(KVS_ERR_DB, "%s: not a kvsim results database (no meta table)", path);
+        rc = empty_db_fail(path);
         goto cleanup;
     }
     if (version != 1 && version != KVS_RESULTS_SCHEMA_VERSION) {

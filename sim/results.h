@@ -32,8 +32,10 @@ kvs_status kvs_results_open(const char *path, kvs_results_db **out);
 /*! kvs_results_open_readonly() : opens an EXISTING kvsim results database read-only: never creates,
  *  migrates or modifies it (what `kvsim runs`, `plot` and `compare` use). Versions 1 and 2 are read; in a
  *  v1 database the metrics and run columns v1 did not have read as "not recorded" (see the read API
- *  below). Missing or unreadable file: KVS_ERR_IO; not SQLite, corrupt, or SQLite without a kvsim `meta`
- *  table: KVS_ERR_DB; newer or unknown schema version: KVS_ERR_VERSION. Write calls on the handle are
+ *  below). Missing or unreadable file: KVS_ERR_IO; an empty database (0 bytes, or SQLite without any schema
+ *  object: what a replay killed before its schema committed leaves, and kvs_results_open initialises):
+ *  KVS_ERR_END; not SQLite, corrupt, or SQLite with other tables but no kvsim `meta` table: KVS_ERR_DB; newer
+ *  or unknown schema version: KVS_ERR_VERSION. Write calls on the handle are
  *  KVS_ERR_STATE. Caller frees with kvs_results_close. */
 kvs_status kvs_results_open_readonly(const char *path, kvs_results_db **out);
 

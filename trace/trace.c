@@ -34,6 +34,12 @@
 #define KIND_GROUP 1u
 #define KIND_TOKENS 2u
 #define ZSTD_LEVEL 3
+/* The most a zstd frame can expand: an RLE block (3-byte block header + 1 byte) regenerates at most
+ * Block_Maximum_Size = 128 KiB, and no other block kind regenerates more per input byte (RFC 8878, 3.1.1.2).
+ * A chunk whose raw_size exceeds comp_size times this cannot be what its payload holds, so it is refused before
+ * any buffer is sized from it: a hostile header then cannot make a reader allocate more than ~32768 times the
+ * file's size (trace/FORMAT.md "What a reader validates"). */
+#define ZSTD_MAX_EXPANSION 32768u
 
 static const uint8_t MAGIC_FILE[8] = {'K', 'V', 'S', 'T', 'R', 'A', 'C', 'E'};
 static const uint8_t MAGIC_CHUNK[4] = {'K', 'V', 'C', 'K'};
@@ -307,6 +313,11 @@ static kvs_status check_entry_fields(const chunk_entry *e, const trace_hdr *h, c
     if (e->comp_size < 1 || e->comp_size > ZSTD_compressBound((size_t)e->raw_size))
         return kvs_fail(KVS_ERR_FORMAT, "%s: %s %s: comp_size = %llu is out of range [1, %zu]", path, part, nm,
                         (unsigned long long)e->comp_size, ZSTD_compressBound((size_t)e->raw_size));
+    /* comp_size <= ZSTD_compressBound(raw_size) < 2^41 here: the product cannot overflow */
+    if (e->raw_size > e->comp_size * ZSTD_MAX_EXPANSION)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: %s %s: raw_size = %llu is more than a %llu-byte zstd frame can hold "
+                        "(at most %u bytes per compressed byte)", path, part, nm, (unsigned long long)e->raw_size,
+                        (unsigned long long)e->comp_size, ZSTD_MAX_EXPANSION);
     return KVS_OK;
 }
 
@@ -849,6 +860,8 @@ struct kvs_trace {
     uint64_t n_chunks, nb;
     int64_t *slot_tok;    /* [nb] -> entry index */
     int64_t *slot_grp;    /* [nb][L][Hkv] -> entry index */
+    uint32_t blk_cap;     /* positions of the largest block present: min(B, N). Block buffers are sized from it,
+                             never from the header's B alone (a 1-position trace may claim B = 65536) */
     int32_t *tokens, *turn_of;
     uint8_t *roles;
     kvs_turn *turns;
@@ -916,14 +929,14 @@ static kvs_status block_impl_create(const kvs_trace *t, size_t raw_cap, int with
     bi->dctx = ZSTD_createDCtx();
     int ok = bi->comp && bi->raw && bi->tmp && bi->dctx;
     if (ok && with_arrays) {
-        size_t gd = (size_t)h->B * h->G * h->d, kd = (size_t)h->B * h->d;
+        size_t gd = (size_t)t->blk_cap * h->G * h->d, kd = (size_t)t->blk_cap * h->d;
         bi->pub.group = (int32_t)h->G;
         bi->pub.head_dim = (int32_t)h->d;
         bi->pub.q = malloc(gd * sizeof(float));
         bi->pub.o = malloc(gd * sizeof(float));
         bi->pub.k = malloc(kd * sizeof(float));
         bi->pub.v = malloc(kd * sizeof(float));
-        bi->pub.lse = malloc((size_t)h->B * h->G * sizeof(float));
+        bi->pub.lse = malloc((size_t)t->blk_cap * h->G * sizeof(float));
         ok = bi->pub.q && bi->pub.o && bi->pub.k && bi->pub.v && bi->pub.lse;
     }
     if (!ok) {
@@ -938,7 +951,7 @@ kvs_status kvs_trace_block_create(const kvs_trace *t, kvs_trace_block **out) {
     *out = NULL;
     if (!t) return kvs_fail(KVS_ERR_INVALID_ARG, "trace block: NULL trace");
     block_impl *bi;
-    kvs_status s = block_impl_create(t, (size_t)group_raw_size(&t->h, t->h.B), 1, &bi);
+    kvs_status s = block_impl_create(t, (size_t)group_raw_size(&t->h, t->blk_cap), 1, &bi);
     if (s != KVS_OK) return s;
     *out = &bi->pub;
     return KVS_OK;
@@ -1010,7 +1023,7 @@ kvs_status kvs_trace_read_block(const kvs_trace *t, int layer, int kv_head, int6
 static kvs_status load_tokens(kvs_trace *t) {
     uint64_t N = (uint64_t)t->info.n_positions;
     block_impl *bi = NULL;
-    kvs_status s = block_impl_create(t, (size_t)tokens_raw_size(t->h.B), 0, &bi);
+    kvs_status s = block_impl_create(t, (size_t)tokens_raw_size(t->blk_cap), 0, &bi);
     if (s != KVS_OK) return s;
     t->tokens = malloc(N * sizeof(int32_t));
     t->turn_of = malloc(N * sizeof(int32_t));
@@ -1197,6 +1210,7 @@ kvs_status kvs_trace_open(const char *path, kvs_trace **out) {
     t->nb = nb;
     t->n_chunks = n_chunks;
     t->info.n_positions = (int64_t)N;
+    t->blk_cap = N < h->B ? (uint32_t)N : h->B;
 
     /* index entries */
     t->entries = malloc((size_t)n_chunks * sizeof *t->entries);
@@ -1304,7 +1318,7 @@ const int32_t *kvs_trace_turn_of(const kvs_trace *t) { return t->turn_of; }
 kvs_status kvs_trace_check_chunks(const kvs_trace *t) {
     if (!t) return kvs_fail(KVS_ERR_INVALID_ARG, "check_chunks: NULL trace");
     block_impl *bi;
-    kvs_status s = block_impl_create(t, (size_t)group_raw_size(&t->h, t->h.B), 0, &bi);
+    kvs_status s = block_impl_create(t, (size_t)group_raw_size(&t->h, t->blk_cap), 0, &bi);
     if (s != KVS_OK) return s;
     for (uint64_t i = 0; i < t->n_chunks && s == KVS_OK; i++) s = read_chunk(t, &t->entries[i], bi);
     kvs_trace_block_free(&bi->pub);
@@ -1451,7 +1465,7 @@ kvs_status kvs_trace_recover_with_report(const char *in_path, const char *out_pa
     chunk_entry *found = NULL;
     size_t n_found = 0, cap_found = 0;
     uint8_t *hbuf = NULL, *cbuf = NULL, *raw = NULL;
-    size_t cbuf_cap = 0;
+    size_t cbuf_cap = 0, raw_cap = 0;
     kvs_out *out = NULL;
     ZSTD_DCtx *dctx = NULL;
     int fd = open(in_path, O_RDONLY | O_CLOEXEC);
@@ -1471,11 +1485,12 @@ kvs_status kvs_trace_recover_with_report(const char *in_path, const char *out_pa
         s = kvs_fail(KVS_ERR_FORMAT, "%s (no valid trace header: nothing can be recovered)", detail);
         goto cleanup;
     }
-    size_t max_raw = (size_t)group_raw_size(&h, h.B);
+    /* The decompression scratch grows with the chunks actually found, each bounded by its payload's size
+     * (check_entry_fields): sized from the header's block alone, a header-only file claiming 65536 positions
+     * per block of 1024 heads of 1024 dims asked for 550 GB before reading any chunk. */
     hbuf = malloc(h.header_size);
-    raw = malloc(max_raw);
     dctx = ZSTD_createDCtx();
-    if (!hbuf || !raw || !dctx) {
+    if (!hbuf || !dctx) {
         s = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", in_path);
         goto cleanup;
     }
@@ -1537,6 +1552,16 @@ kvs_status kvs_trace_recover_with_report(const char *in_path, const char *out_pa
                 }
                 cbuf = nb;
                 cbuf_cap = (size_t)e.comp_size;
+            }
+            if (e.raw_size > raw_cap) {
+                uint8_t *nr = realloc(raw, (size_t)e.raw_size);
+                if (!nr) {
+                    s = kvs_fail(KVS_ERR_NOMEM, "%s: cannot allocate %llu bytes for a chunk", in_path,
+                                 (unsigned long long)e.raw_size);
+                    goto cleanup;
+                }
+                raw = nr;
+                raw_cap = (size_t)e.raw_size;
             }
             if (kvs_pread_all(fd, cbuf, (size_t)e.comp_size, off + CHUNK_HDR, in_path) != KVS_OK ||
                 check_and_decompress(cbuf, kvs_get_u32(ch + 48), &e, raw, dctx, in_path) != KVS_OK)

@@ -1,0 +1,63 @@
+#!/bin/sh
+# make_seeds.sh — regenerates the seed corpora of fuzz/corpus/ from the repository and ../shared/models (run from
+# the repository root after `make`; KVSIM_BIN names the kvsim binary, default ./kvsim). Every seed is a small real
+# file: traces captured by kvsim from the real stories260K model, the tokenizers of the test fixtures and the
+# shared models, a tiny llama2.c checkpoint and a tiny safetensors model written by fuzz/make_tiny_models.py, a
+# results database of a real replay, and the option strings the README documents.
+set -eu
+K=${KVSIM_BIN:-./kvsim}
+M=../shared/models
+C=fuzz/corpus
+mkdir -p $C/trace $C/model_llama2c $C/safetensors $C/config_json $C/tokenizer_json $C/tokenizer_bin \
+         $C/tokenizer_encode $C/policy_spec $C/budgets $C/turns $C/results_db
+# traces: fp16 / bf16 / fp32, several blocks, a partial last block, a multi-turn capture, and a killed capture's
+# .partial (the complete trace less its footer and last chunk)
+"$K" capture --model $M/stories260K.bin --prompt-ids 1,403,407 --steps 5 --block 3 --dtype fp16 --threads 1 \
+    --out $C/trace/fp16_block3.kvt >/dev/null
+"$K" capture --model $M/stories260K.bin --prompt-ids 1,403 --steps 2 --block 4 --dtype bf16 --threads 1 \
+    --out $C/trace/bf16_one_block.kvt >/dev/null
+"$K" capture --model $M/stories260K.bin --prompt-ids 1,403 --steps 1 --block 1 --dtype fp32 --threads 1 \
+    --out $C/trace/fp32_block1.kvt >/dev/null
+printf 'Once\nupon\n' >/tmp/kvs_seed_turns.txt
+"$K" capture --model $M/stories260K.bin --turns /tmp/kvs_seed_turns.txt --steps 2 --ignore-eos --block 2 \
+    --threads 1 --out $C/trace/multiturn.kvt >/dev/null
+rm -f /tmp/kvs_seed_turns.txt
+python3 - "$C/trace/fp16_block3.kvt" "$C/trace/killed_partial.kvt" <<'PY'
+import struct, sys
+d = open(sys.argv[1], 'rb').read()
+foff = struct.unpack_from('<Q', d, len(d) - 32)[0]
+open(sys.argv[2], 'wb').write(d[:foff - 20])  # the footer never written, the last chunk torn
+PY
+python3 fuzz/make_tiny_models.py $C/model_llama2c/tiny.bin fuzz/fixed
+# and traces of the tiny checkpoint (1 layer, 2 heads of 4 dims): about 2 KB each, so the trace harness
+# runs many times faster on them than on the stories260K captures
+"$K" capture --model $C/model_llama2c/tiny.bin --prompt-ids 1,2,3 --steps 5 --block 3 --dtype fp16 --threads 1 \
+    --out $C/trace/tiny_fp16_block3.kvt >/dev/null
+"$K" capture --model $C/model_llama2c/tiny.bin --prompt-ids 1,2 --steps 1 --block 1 --dtype fp32 --threads 1 \
+    --out $C/trace/tiny_fp32_block1.kvt >/dev/null
+cp fuzz/fixed/model.safetensors $C/safetensors/tiny.safetensors
+cp fuzz/fixed/config.json $C/config_json/tiny.json
+cp tests/fixtures/llama3_tiny/config.json $C/config_json/llama3_rope_scaling.json
+cp $M/tinystories-656K/config.json $C/config_json/tinystories.json
+cp tests/fixtures/tokenizer/bytelevel_llama3/tokenizer.json $C/tokenizer_json/bytelevel_llama3.json
+cp tests/fixtures/tokenizer/bytelevel_qwen2/tokenizer.json $C/tokenizer_json/bytelevel_qwen2.json
+cp $M/tinystories-656K/tokenizer.json $C/tokenizer_json/tinystories.json
+cp $M/tok512.bin $C/tokenizer_bin/tok512.bin
+cp examples/prompt.txt $C/tokenizer_encode/prompt.txt
+printf 'caf\303\251 \342\226\201na\303\257ve \360\237\230\200 <|eot_id|> 1234 \r\n\t x' >$C/tokenizer_encode/unicode.txt
+printf '\377\376 invalid \300\200 utf-8 \355\240\200' >$C/tokenizer_encode/invalid_utf8.txt
+cp examples/turns.txt $C/turns/turns.txt
+printf 'first\\nline\r\n\n\nsecond' >$C/turns/escapes.txt
+printf 'h2o' >$C/policy_spec/h2o.txt
+printf 'snapkv:window=8,kernel=5' >$C/policy_spec/snapkv.txt
+printf 'morphkv@longwriter' >$C/policy_spec/morphkv_preset.txt
+printf 'rocketkv@paper:token_budget_ratio=0.5' >$C/policy_spec/rocketkv.txt
+printf 'keyformer:tau_init=1,tau_end=2' >$C/policy_spec/keyformer.txt
+printf '16,32,64' >$C/budgets/tokens.txt
+printf '10%%,20%%,100%%' >$C/budgets/percent.txt
+printf '1,50%%,8' >$C/budgets/mixed.txt
+rm -f $C/results_db/window.db
+"$K" replay examples/stories260K.kvt --db $C/results_db/window.db --policy window --budgets 8 --threads 1 \
+    >/dev/null 2>&1
+python3 fuzz/make_dicts.py "$K"
+echo "seeds written under $C, dictionaries under fuzz/dict"
