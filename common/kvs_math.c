@@ -100,7 +100,7 @@ void kvs_attention_causal_block(const float *q, size_t nb, size_t group, const f
 /* kvs_topk() and kvs_topk_f64(): one heap selection for both element types. Ordering: larger value first,
  * NaN last, lower index first among equals. The root of the heap is the element that sorts last among the
  * kept k; O(n log k), then heap-sorted in place. */
-#define KVS_TOPK_DEFINE(NAME, T, NEXT)                                                                             \
+#define KVS_TOPK_DEFINE(LINK, NAME, T, NEXT)                                                                         \
     static int NAME##_before(const T *x, int32_t a, int32_t b) {                                              \
         T va = x[a], vb = x[b];                                                                               \
         int na = isnan(va), nb = isnan(vb);                                                                   \
@@ -120,7 +120,7 @@ void kvs_attention_causal_block(const float *q, size_t nb, size_t group, const f
             i = w;                                                                                            \
         }                                                                                                     \
     }                                                                                                         \
-    void NAME(const T *x, size_t n, size_t k, int32_t *out_idx) {                                             \
+    LINK void NAME(const T *x, size_t n, size_t k, int32_t *out_idx) {                                        \
         if (k == 0) return;                                                                                   \
         if (k > n) k = n;                                                                                     \
         for (size_t i = 0; i < k; i++) out_idx[i] = (int32_t)i;                                               \
@@ -152,9 +152,29 @@ static size_t topk_next_f64(const double *x, size_t j, size_t n, int32_t root) {
     return j;
 }
 
-KVS_TOPK_DEFINE(kvs_topk, float, topk_next_f32)
-KVS_TOPK_DEFINE(kvs_topk_f64, double, topk_next_f64)
+KVS_TOPK_DEFINE(static, topk_heap, float, topk_next_f32)
+KVS_TOPK_DEFINE(, kvs_topk_f64, double, topk_next_f64)
 #undef KVS_TOPK_DEFINE
+
+/* A large k (the oracle top-k keeps hundreds of a few thousand) costs the heap k log k on top of the scan; the
+ * O(n) radix ranking of kvs_argsort_desc gives the same order (its contract) at a fixed cost per element. */
+void kvs_topk(const float *x, size_t n, size_t k, int32_t *out_idx) {
+    if (k > n) k = n;
+    if (k >= 64 && k * 16 >= n) {
+        int32_t *order = malloc(n * sizeof *order);
+        uint32_t *scratch = malloc(3 * n * sizeof *scratch);
+        if (order && scratch) {
+            kvs_argsort_desc(x, n, order, scratch);
+            memcpy(out_idx, order, k * sizeof *out_idx);
+            free(order);
+            free(scratch);
+            return;
+        }
+        free(order); /* out of memory: the heap needs none */
+        free(scratch);
+    }
+    topk_heap(x, n, k, out_idx);
+}
 
 /* Radix key whose ascending order is kvs_topk's order: descending value, NaN after everything. */
 static uint32_t desc_key(float f) {
