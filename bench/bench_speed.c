@@ -6,8 +6,9 @@
  * Data: GENERATED Gaussian q/k/v with the shapes of Llama-family models (d 64 and 128, 4 query heads per KV
  * head), labelled as such; not a model's numbers. Timed figures are never asserted; each section prints the load
  * average when it starts (the machine is shared).
- * KVSIM_BENCH_NPY_DIR (optional): also writes the sweep's trace arrays and kvsim's per-layer output errors of
- * full/window/streaming/topk there, for bench/torch_replay.py's side-by-side run.
+ * KVSIM_BENCH_NPY_DIR (optional; bench/run_bench.sh sets it when python3 has torch): also replays
+ * full/window/streaming/topk alone on the sweep's trace, timed, and writes the trace arrays and kvsim's per-layer
+ * output errors there for bench/torch_replay.py's side-by-side run.
  */
 #include <math.h>
 #include <stdio.h>
@@ -153,9 +154,27 @@ static const char *const sweep_policies[] = {"full",  "window", "streaming", "h2
 #define N_SWEEP_BUDGETS 8
 static const int64_t sweep_budgets[N_SWEEP_BUDGETS] = {32, 64, 96, 128, 192, 256, 384, 512};
 
-/* Writes the trace arrays and kvsim's numbers for bench/torch_replay.py. */
-static void write_npy(const char *dir, const kvs_gen_trace *g, const kvs_replay_result *r,
-                      const kvs_replay_config *cfgs, int nc) {
+/* The side-by-side with bench/torch_replay.py: full/window/streaming/topk at the sweep's budgets, timed alone;
+ * writes the trace arrays, the shape, and kvsim's per-layer output errors and wall time into `dir`. */
+static void torch_side(const char *dir, const kvs_gen_trace *g, const kvs_replay_source *src, float scale,
+                       int threads) {
+    static const char *const pol[] = {"full", "window", "streaming", "topk"};
+    enum { NP = 4 };
+    kvs_replay_config cfgs[NP * N_SWEEP_BUDGETS];
+    for (int p = 0; p < NP; p++)
+        for (int b = 0; b < N_SWEEP_BUDGETS; b++) {
+            kvs_replay_config *c = &cfgs[p * N_SWEEP_BUDGETS + b];
+            *c = (kvs_replay_config){.budget = sweep_budgets[b], .budget_fraction = -1};
+            CHECK(kvs_policy_parse(pol[p], &c->policy));
+        }
+    kvs_replay_opts ro = {.configs = cfgs, .n_configs = NP * N_SWEEP_BUDGETS, .threads = threads,
+                          .measure = KVS_MEASURE_DECODE};
+    kvs_replay_result *r = NULL;
+    double t0 = kvs_now_s();
+    CHECK(kvs_replay_execute(src, &ro, &r));
+    double el = kvs_now_s() - t0;
+    printf("side-by-side set (full/window/streaming/topk x %d budgets): kvsim %.3f s wall on %d threads; "
+           "bench/torch_replay.py compares\n", N_SWEEP_BUDGETS, el, threads);
     char path[1024];
     const kvs_gen_trace_opts *o = &g->opt;
     int64_t qs[4] = {o->n_layers, o->n_positions, o->n_heads, o->head_dim};
@@ -168,14 +187,19 @@ static void write_npy(const char *dir, const kvs_gen_trace *g, const kvs_replay_
     CHECK(kvs_npy_write(path, KVS_NPY_F32, ks, 4, g->v));
     snprintf(path, sizeof path, "%s/kvsim.csv", dir);
     FILE *f = fopen(path, "w");
-    if (!f) return;
-    fprintf(f, "policy,budget,layer,out_err_mean,attn_recall_mean,wall_seconds\n");
-    for (int c = 0; c < nc; c++)
+    if (!f) {
+        fprintf(stderr, "bench_speed: cannot write %s\n", path);
+        exit(1);
+    }
+    /* first line: the shape and kvsim's wall time, then one row per (policy, budget, layer) */
+    fprintf(f, "# prompt_len=%d scale=%.9g threads=%d kvsim_wall_s=%.6f\n", o->prompt_len, (double)scale, threads, el);
+    fprintf(f, "policy,budget,layer,out_err_mean,n\n");
+    for (int c = 0; c < NP * N_SWEEP_BUDGETS; c++)
         for (int l = 0; l < r->runs[c].n_layers; l++)
-            fprintf(f, "%s,%lld,%d,%.9g,%.9g,%.6g\n", cfgs[c].policy.ops->name, (long long)cfgs[c].budget, l,
-                    r->runs[c].layer_aggs[l].out_err.mean, r->runs[c].layer_aggs[l].attn_recall.mean,
-                    r->runs[c].wall_seconds);
+            fprintf(f, "%s,%lld,%d,%.9g,%lld\n", pol[c / N_SWEEP_BUDGETS], (long long)cfgs[c].budget, l,
+                    r->runs[c].layer_aggs[l].out_err.mean, (long long)r->runs[c].layer_aggs[l].out_err.n);
     fclose(f);
+    kvs_replay_result_free(r);
 }
 
 static void sweep(int threads) {
@@ -243,9 +267,9 @@ static void sweep(int threads) {
     for (int p = 0; p < N_SWEEP_POLICIES; p++)
         printf("  %-10s %10.3f %12.4g %14.4g\n", sweep_policies[p], wall_p[p], pol_pairs_p[p],
                pol_pairs_p[p] / wall_p[p]);
-    const char *npy = getenv("KVSIM_BENCH_NPY_DIR");
-    if (npy && npy[0]) write_npy(npy, g, r, cfgs, nc);
     kvs_replay_result_free(r);
+    const char *npy = getenv("KVSIM_BENCH_NPY_DIR");
+    if (npy && npy[0]) torch_side(npy, g, &src, mc.attn_scale, threads);
     free(turns);
     kvs_gen_trace_free(g);
 }
