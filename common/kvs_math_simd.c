@@ -3,6 +3,9 @@
  * the contract: a vector variant computes every dot product, output element and exponential the same way
  * whatever the tiling, so a row's result does not depend on how many rows were computed with it.
  *
+ * The AVX-512F table has its own scores and output tiles on 16 lanes and shares the AVX2 softmax, exp, dot and
+ * filter (no AVX-512 CPU lacks AVX2 and FMA).
+ *
  * How the AVX2 kernels reach the FMA units (sim/BENCH.md has the floor computations):
  *  - scores: a tile of 2 query rows x 4 key rows holds 8 independent accumulators (hiding the FMA latency) and
  *    costs 6 loads per 8 FMAs; the 8 sums leave the registers through one transposing add tree. Every dot
@@ -403,6 +406,151 @@ static int cpu_has_avx2(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
+
+/* ---- AVX-512F: the scores and output tiles on 16 lanes (the rest as AVX2, which every AVX-512 CPU has) ----
+ * A 16-lane accumulator is folded to 8 lanes (low half + high half) and then reduced as the AVX2 kernels do, the
+ * same way in every tile, so the tiling independence holds here too. */
+#define AVX512 __attribute__((target("avx512f,avx2,fma")))
+
+AVX512 static inline __m256 fold16(__m512 a) {
+    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+
+AVX512 static inline float score1_512(const float *q, const float *k, size_t d, size_t d16) {
+    __m512 a = _mm512_setzero_ps();
+    for (size_t i = 0; i < d16; i += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i), a);
+    return reduce1(fold16(a)) + tail_dot(q, k, d16, d);
+}
+
+AVX512 static void scores_avx512(const float *q, size_t nr, const float *keys, size_t stride, const int32_t *idx,
+                                 size_t n, size_t d, float scale, float *const *out_rows, size_t col0) {
+    size_t d16 = d & ~(size_t)15, j = 0;
+    float s[8];
+    for (; j + 4 <= n; j += 4) {
+        const float *kr[4];
+        for (int c = 0; c < 4; c++) kr[c] = row_of(keys, stride, idx, j + (size_t)c);
+        size_t r = 0;
+        for (; r + 2 <= nr; r += 2) {
+            const float *q0 = q + r * d, *q1 = q0 + d;
+            __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+            __m512 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+            for (size_t i = 0; i < d16; i += 16) {
+                __m512 x0 = _mm512_loadu_ps(q0 + i), x1 = _mm512_loadu_ps(q1 + i);
+                __m512 y = _mm512_loadu_ps(kr[0] + i);
+                a00 = _mm512_fmadd_ps(x0, y, a00);
+                a10 = _mm512_fmadd_ps(x1, y, a10);
+                y = _mm512_loadu_ps(kr[1] + i);
+                a01 = _mm512_fmadd_ps(x0, y, a01);
+                a11 = _mm512_fmadd_ps(x1, y, a11);
+                y = _mm512_loadu_ps(kr[2] + i);
+                a02 = _mm512_fmadd_ps(x0, y, a02);
+                a12 = _mm512_fmadd_ps(x1, y, a12);
+                y = _mm512_loadu_ps(kr[3] + i);
+                a03 = _mm512_fmadd_ps(x0, y, a03);
+                a13 = _mm512_fmadd_ps(x1, y, a13);
+            }
+            _mm256_storeu_ps(s, reduce8(fold16(a00), fold16(a01), fold16(a02), fold16(a03), fold16(a10), fold16(a11),
+                                        fold16(a12), fold16(a13)));
+            for (int c = 0; c < 4; c++) {
+                out_rows[r][col0 + j + (size_t)c] = scale * (s[c] + tail_dot(q0, kr[c], d16, d));
+                out_rows[r + 1][col0 + j + (size_t)c] = scale * (s[4 + c] + tail_dot(q1, kr[c], d16, d));
+            }
+        }
+        if (r < nr) {
+            const float *q0 = q + r * d;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (size_t i = 0; i < d16; i += 16) {
+                __m512 x0 = _mm512_loadu_ps(q0 + i);
+                a0 = _mm512_fmadd_ps(x0, _mm512_loadu_ps(kr[0] + i), a0);
+                a1 = _mm512_fmadd_ps(x0, _mm512_loadu_ps(kr[1] + i), a1);
+                a2 = _mm512_fmadd_ps(x0, _mm512_loadu_ps(kr[2] + i), a2);
+                a3 = _mm512_fmadd_ps(x0, _mm512_loadu_ps(kr[3] + i), a3);
+            }
+            __m256 z = _mm256_setzero_ps();
+            _mm256_storeu_ps(s, reduce8(fold16(a0), fold16(a1), fold16(a2), fold16(a3), z, z, z, z));
+            for (int c = 0; c < 4; c++) out_rows[r][col0 + j + (size_t)c] = scale * (s[c] + tail_dot(q0, kr[c], d16, d));
+        }
+    }
+    for (; j < n; j++) {
+        const float *k = row_of(keys, stride, idx, j);
+        for (size_t r = 0; r < nr; r++) out_rows[r][col0 + j] = scale * score1_512(q + r * d, k, d, d16);
+    }
+}
+
+AVX512 static void output_add_avx512(const float *const *p_rows, size_t nr, size_t col0, const float *values,
+                                     size_t stride, const int32_t *idx, size_t n, size_t d, float *const *out_rows) {
+    for (size_t jb = 0; jb < n; jb += OUTPUT_ROWS_PER_PASS) {
+        size_t je = jb + OUTPUT_ROWS_PER_PASS < n ? jb + OUTPUT_ROWS_PER_PASS : n;
+        size_t r = 0;
+        for (; r + 4 <= nr; r += 4) {
+            const float *p[4];
+            float *o[4];
+            for (int k = 0; k < 4; k++) p[k] = p_rows[r + (size_t)k] + col0, o[k] = out_rows[r + (size_t)k];
+            size_t i = 0;
+            for (; i + 32 <= d; i += 32) {
+                __m512 c[4][2];
+                for (int k = 0; k < 4; k++) c[k][0] = _mm512_loadu_ps(o[k] + i), c[k][1] = _mm512_loadu_ps(o[k] + i + 16);
+                for (size_t j = jb; j < je; j++) {
+                    const float *v = row_of(values, stride, idx, j) + i;
+                    __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
+                    for (int k = 0; k < 4; k++) {
+                        __m512 w = _mm512_set1_ps(p[k][j]);
+                        c[k][0] = _mm512_fmadd_ps(w, v0, c[k][0]);
+                        c[k][1] = _mm512_fmadd_ps(w, v1, c[k][1]);
+                    }
+                }
+                for (int k = 0; k < 4; k++) _mm512_storeu_ps(o[k] + i, c[k][0]), _mm512_storeu_ps(o[k] + i + 16, c[k][1]);
+            }
+            for (; i < d; i++) { /* d % 32 leftovers, element by element in the same fused order */
+                float c[4] = {o[0][i], o[1][i], o[2][i], o[3][i]};
+                for (size_t j = jb; j < je; j++) {
+                    float v = row_of(values, stride, idx, j)[i];
+                    for (int k = 0; k < 4; k++) c[k] = fmaf(p[k][j], v, c[k]);
+                }
+                for (int k = 0; k < 4; k++) o[k][i] = c[k];
+            }
+        }
+        for (; r < nr; r++) {
+            const float *p = p_rows[r] + col0;
+            float *o = out_rows[r];
+            size_t i = 0;
+            for (; i + 128 <= d; i += 128) {
+                __m512 c[8];
+                for (int k = 0; k < 8; k++) c[k] = _mm512_loadu_ps(o + i + 16 * (size_t)k);
+                for (size_t j = jb; j < je; j++) {
+                    const float *v = row_of(values, stride, idx, j) + i;
+                    __m512 w = _mm512_set1_ps(p[j]);
+                    for (int k = 0; k < 8; k++) c[k] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16 * (size_t)k), c[k]);
+                }
+                for (int k = 0; k < 8; k++) _mm512_storeu_ps(o + i + 16 * (size_t)k, c[k]);
+            }
+            for (; i + 16 <= d; i += 16) {
+                __m512 c = _mm512_loadu_ps(o + i);
+                for (size_t j = jb; j < je; j++)
+                    c = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_loadu_ps(row_of(values, stride, idx, j) + i), c);
+                _mm512_storeu_ps(o + i, c);
+            }
+            for (; i < d; i++) {
+                float c = o[i];
+                for (size_t j = jb; j < je; j++) c = fmaf(p[j], row_of(values, stride, idx, j)[i], c);
+                o[i] = c;
+            }
+        }
+    }
+}
+
+static const kvs_math_kernels kernels_avx512 = {
+    /* .name = */ "avx512",
+    /* .dot = */ dot_avx2,
+    /* .axpy = */ axpy_avx2,
+    /* .scores = */ scores_avx512,
+    /* .output_add = */ output_add_avx512,
+    /* .softmax = */ softmax_avx2,
+    /* .exp = */ exp_avx2,
+    /* .first_above = */ first_above_avx2,
+};
+
+static int cpu_has_avx512(void) { return cpu_has_avx2() && __builtin_cpu_supports("avx512f"); }
 #endif /* x86-64 */
 
 /* ---- dispatch ---- */
@@ -417,6 +565,12 @@ const kvs_math_kernels *kvs_math_kernels_for(kvs_isa isa) {
 #else
         return NULL;
 #endif
+    case KVS_ISA_AVX512:
+#ifdef KVS_HAVE_AVX2_KERNELS
+        return cpu_has_avx512() ? &kernels_avx512 : NULL;
+#else
+        return NULL;
+#endif
     case KVS_ISA_COUNT:
         break;
     }
@@ -424,7 +578,7 @@ const kvs_math_kernels *kvs_math_kernels_for(kvs_isa isa) {
 }
 
 const char *kvs_math_isa_name(kvs_isa isa) {
-    return isa == KVS_ISA_AVX2 ? "avx2" : "scalar";
+    return isa == KVS_ISA_AVX512 ? "avx512" : isa == KVS_ISA_AVX2 ? "avx2" : "scalar";
 }
 
 /* KVS_SIMD's choice, capped by what the CPU has; the best otherwise. */
@@ -451,7 +605,9 @@ kvs_isa kvs_math_isa_active(void) {
 
 const kvs_math_kernels *kvs_math_kernels_active(void) {
 #ifdef KVS_HAVE_AVX2_KERNELS
-    if (kvs_math_isa_active() == KVS_ISA_AVX2) return &kernels_avx2; /* only chosen when the CPU has it */
+    kvs_isa isa = kvs_math_isa_active(); /* only chosen when the CPU has it */
+    if (isa == KVS_ISA_AVX512) return &kernels_avx512;
+    if (isa == KVS_ISA_AVX2) return &kernels_avx2;
 #endif
     return &kernels_scalar;
 }

@@ -10,7 +10,7 @@
  * Between instruction sets results differ by rounding only (tolerances in tests/test_simd.c).
  *
  * Selection: the best variant the CPU supports, unless the environment variable KVS_SIMD names another
- * ("scalar", "avx2"; a variant the CPU lacks falls back to the best it has). Read once per process.
+ * ("scalar", "avx2", "avx512"; a variant the CPU lacks falls back to the best below it). Read once per process.
  */
 #ifndef KVS_MATH_SIMD_H
 #define KVS_MATH_SIMD_H
@@ -21,6 +21,7 @@
 typedef enum {
     KVS_ISA_SCALAR = 0, /* plain C (the compiler's SSE2 at -O2): the reference */
     KVS_ISA_AVX2 = 1,   /* AVX2 + FMA, 8 fp32 lanes */
+    KVS_ISA_AVX512 = 2, /* AVX-512F scores and output tiles (16 lanes), the rest as AVX2 */
     KVS_ISA_COUNT
 } kvs_isa;
 
@@ -57,7 +58,7 @@ const kvs_math_kernels *kvs_math_kernels_active(void);
 /*! kvs_math_isa_active() : the instruction set of kvs_math_kernels_active(). */
 kvs_isa kvs_math_isa_active(void);
 
-/*! kvs_math_isa_name() : "scalar", "avx2". */
+/*! kvs_math_isa_name() : "scalar", "avx2", "avx512". */
 const char *kvs_math_isa_name(kvs_isa isa);
 
 /* Accuracy of the vector exponential against libm's expf (tests/test_simd.c checks it on a dense grid):
