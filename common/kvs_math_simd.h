@@ -9,8 +9,9 @@
  * together (the blocked full attention equals the row-by-row one bit for bit on one instruction set).
  * Between instruction sets results differ by rounding only (tolerances in tests/test_simd.c).
  *
- * Selection: the best variant the CPU supports, unless the environment variable KVS_SIMD names another
- * ("scalar", "avx2", "avx512"; a variant the CPU lacks falls back to the best below it). Read once per process.
+ * Selection: AVX2 when the CPU has it (else scalar), unless the environment variable KVS_SIMD names another
+ * ("scalar", "avx2", "avx512"; a variant the CPU lacks falls back to the best below it). AVX-512 is opt-in: it
+ * was slower than AVX2 on the machine measured (kvs_math_simd.c). Read once per process.
  */
 #ifndef KVS_MATH_SIMD_H
 #define KVS_MATH_SIMD_H
@@ -52,7 +53,7 @@ typedef struct {
  *  static. Tests run every non-NULL table against the scalar one. */
 const kvs_math_kernels *kvs_math_kernels_for(kvs_isa isa);
 
-/*! kvs_math_kernels_active() : the table kvs_math.h's functions use (best available, or KVS_SIMD's choice). */
+/*! kvs_math_kernels_active() : the table kvs_math.h's functions use (AVX2 where available, or KVS_SIMD's choice). */
 const kvs_math_kernels *kvs_math_kernels_active(void);
 
 /*! kvs_math_isa_active() : the instruction set of kvs_math_kernels_active(). */
