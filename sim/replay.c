@@ -804,8 +804,8 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
             t.cur_p = t.cur_o = NULL;
             if (needs_reference(e, pos, tk, any_oracle)) {
                 if (pos >= t.ref_first + t.ref_n) { /* the next run of positions needing it, within this block */
-                    int64_t nb = 1, tk2 = tk;
-                    while (nb < t.ref_cap && i + nb < blk[0]->n_pos && needs_reference(e, pos + nb, tk2, any_oracle))
+                    int64_t nb = 1;
+                    while (nb < t.ref_cap && i + nb < blk[0]->n_pos && needs_reference(e, pos + nb, tk, any_oracle))
                         nb++;
                     reference_block(&t, blk, i, pos, nb);
                 }
