@@ -1,50 +1,24 @@
-/* kvs_math.c — shared attention/softmax/top-k/pooling/column-sum routines; see kvs_math.h. Plain loops the
- * compiler vectorises; the replay engine's throughput is measured against these by `make bench`.
+/* kvs_math.c — shared attention/softmax/top-k/pooling/column-sum routines; see kvs_math.h. The hot kernels
+ * (dot, scores, output, softmax, top-k's filter) go through the runtime-dispatched tables of kvs_math_simd.h;
+ * the replay engine's throughput is measured against the machine's peak by `make bench`.
  */
 #include "kvs_math.h"
 
 #include "kvs.h"
+#include "kvs_math_simd.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-float kvs_dot(const float *a, const float *b, size_t n) {
-    /* Four partial sums so the loop vectorises without -ffast-math. */
-    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-    size_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        s0 += a[i] * b[i];
-        s1 += a[i + 1] * b[i + 1];
-        s2 += a[i + 2] * b[i + 2];
-        s3 += a[i + 3] * b[i + 3];
-    }
-    for (; i < n; i++) s0 += a[i] * b[i];
-    return (s0 + s1) + (s2 + s3);
-}
+float kvs_dot(const float *a, const float *b, size_t n) { return kvs_math_kernels_active()->dot(a, b, n); }
 
 void kvs_attn_scores(const float *q, const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
                      float scale, float *scores) {
-    for (size_t j = 0; j < n; j++) {
-        size_t row = idx ? (size_t)idx[j] : j;
-        scores[j] = scale * kvs_dot(q, keys + row * stride, d);
-    }
+    kvs_math_kernels_active()->scores(q, 1, keys, stride, idx, n, d, scale, &scores, 0);
 }
 
-double kvs_softmax(float *x, size_t n) {
-    float m = -INFINITY;
-    for (size_t j = 0; j < n; j++)
-        if (x[j] > m) m = x[j];
-    double sum = 0;
-    for (size_t j = 0; j < n; j++) {
-        float e = expf(x[j] - m);
-        x[j] = e;
-        sum += e;
-    }
-    float inv = (float)(1.0 / sum);
-    for (size_t j = 0; j < n; j++) x[j] *= inv;
-    return (double)m + log(sum);
-}
+double kvs_softmax(float *x, size_t n) { return kvs_math_kernels_active()->softmax(x, n); }
 
 void kvs_attn_scores_f64(const float *q, const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
                          float scale, double *scores) {
@@ -69,16 +43,10 @@ double kvs_softmax_f64(double *x, size_t n) {
     return m + log(sum);
 }
 
-/* out += w * v over d elements. `restrict` tells the compiler out and v never overlap, so -O2's cheap
- * vectoriser (which refuses loops that would need a runtime alias check) turns this into SIMD. */
-static void axpy(float *restrict out, float w, const float *restrict v, size_t d) {
-    for (size_t i = 0; i < d; i++) out[i] += w * v[i];
-}
-
 void kvs_attn_output(const float *p, const float *values, size_t stride, const int32_t *idx, size_t n, size_t d,
                      float *out) {
     memset(out, 0, d * sizeof *out);
-    for (size_t j = 0; j < n; j++) axpy(out, p[j], values + (idx ? (size_t)idx[j] : j) * stride, d);
+    kvs_math_kernels_active()->output_add(&p, 1, 0, values, stride, idx, n, d, &out);
 }
 
 double kvs_attention(const float *q, const float *keys, const float *values, size_t stride, const int32_t *idx,
@@ -89,10 +57,50 @@ double kvs_attention(const float *q, const float *keys, const float *values, siz
     return lse;
 }
 
+void kvs_attention_group(const float *q, size_t nq, const float *keys, const float *values, size_t stride,
+                         const int32_t *idx, size_t n, size_t d, float scale, float *const *probs_rows, float *out,
+                         double *lse) {
+    const kvs_math_kernels *k = kvs_math_kernels_active();
+    enum { MAX_ROWS = 64 }; /* query rows per kernel call (the out row pointers live on the stack) */
+    for (size_t r0 = 0; r0 < nq; r0 += MAX_ROWS) {
+        size_t nr = nq - r0 < MAX_ROWS ? nq - r0 : MAX_ROWS;
+        float *orow[MAX_ROWS];
+        for (size_t r = 0; r < nr; r++) orow[r] = out + (r0 + r) * d;
+        k->scores(q + r0 * d, nr, keys, stride, idx, n, d, scale, probs_rows + r0, 0);
+        for (size_t r = 0; r < nr; r++) {
+            double l = k->softmax(probs_rows[r0 + r], n);
+            if (lse) lse[r0 + r] = l;
+            memset(orow[r], 0, d * sizeof(float));
+        }
+        k->output_add((const float *const *)(probs_rows + r0), nr, 0, values, stride, idx, n, d, orow);
+    }
+}
+
+void kvs_attention_causal_block(const float *q, size_t nb, size_t group, const float *keys, const float *values,
+                                size_t d, size_t p0, float scale, float *const *probs_rows, float *const *out_rows,
+                                double *lse) {
+    const kvs_math_kernels *k = kvs_math_kernels_active();
+    size_t nr = nb * group;
+    /* keys 0..p0 are visible to every row: one pass over them serves the whole block */
+    k->scores(q, nr, keys, d, NULL, p0 + 1, d, scale, probs_rows, 0);
+    /* the triangle: block position b also sees keys p0+1..p0+b */
+    for (size_t b = 1; b < nb; b++)
+        k->scores(q + b * group * d, group, keys + (p0 + 1) * d, d, NULL, b, d, scale, probs_rows + b * group, p0 + 1);
+    for (size_t r = 0; r < nr; r++) {
+        double l = k->softmax(probs_rows[r], p0 + 1 + r / group);
+        if (lse) lse[r] = l;
+        memset(out_rows[r], 0, d * sizeof(float));
+    }
+    k->output_add((const float *const *)probs_rows, nr, 0, values, d, NULL, p0 + 1, d, out_rows);
+    for (size_t b = 1; b < nb; b++)
+        k->output_add((const float *const *)(probs_rows + b * group), group, p0 + 1, values + (p0 + 1) * d, d, NULL, b,
+                      d, out_rows + b * group);
+}
+
 /* kvs_topk() and kvs_topk_f64(): one heap selection for both element types. Ordering: larger value first,
  * NaN last, lower index first among equals. The root of the heap is the element that sorts last among the
  * kept k; O(n log k), then heap-sorted in place. */
-#define KVS_TOPK_DEFINE(NAME, T)                                                                               \
+#define KVS_TOPK_DEFINE(LINK, NAME, T, NEXT)                                                                         \
     static int NAME##_before(const T *x, int32_t a, int32_t b) {                                              \
         T va = x[a], vb = x[b];                                                                               \
         int na = isnan(va), nb = isnan(vb);                                                                   \
@@ -112,12 +120,13 @@ double kvs_attention(const float *q, const float *keys, const float *values, siz
             i = w;                                                                                            \
         }                                                                                                     \
     }                                                                                                         \
-    void NAME(const T *x, size_t n, size_t k, int32_t *out_idx) {                                             \
+    LINK void NAME(const T *x, size_t n, size_t k, int32_t *out_idx) {                                        \
         if (k == 0) return;                                                                                   \
         if (k > n) k = n;                                                                                     \
         for (size_t i = 0; i < k; i++) out_idx[i] = (int32_t)i;                                               \
         for (size_t i = k / 2; i-- > 0;) NAME##_sift(x, out_idx, k, i);                                       \
         for (size_t j = k; j < n; j++) {                                                                      \
+            if ((j = NEXT(x, j, n, out_idx[0])) >= n) break;                                                  \
             if (NAME##_before(x, (int32_t)j, out_idx[0])) {                                                   \
                 out_idx[0] = (int32_t)j;                                                                      \
                 NAME##_sift(x, out_idx, k, 0);                                                                \
@@ -131,9 +140,41 @@ double kvs_attention(const float *q, const float *keys, const float *values, siz
         }                                                                                                     \
     }
 
-KVS_TOPK_DEFINE(kvs_topk, float)
-KVS_TOPK_DEFINE(kvs_topk_f64, double)
+/* The next candidate that can enter the heap: a later index must beat the root's value strictly (ties go to the
+ * lower index), which the vector kernel finds 8 values per compare; a NaN root is beaten by any number, left to
+ * the plain loop. */
+static size_t topk_next_f32(const float *x, size_t j, size_t n, int32_t root) {
+    float r = x[root];
+    return isnan(r) ? j : kvs_math_kernels_active()->first_above(x, j, n, r);
+}
+static size_t topk_next_f64(const double *x, size_t j, size_t n, int32_t root) {
+    (void)x, (void)n, (void)root;
+    return j;
+}
+
+KVS_TOPK_DEFINE(static, topk_heap, float, topk_next_f32)
+KVS_TOPK_DEFINE(, kvs_topk_f64, double, topk_next_f64)
 #undef KVS_TOPK_DEFINE
+
+/* A large k (the oracle top-k keeps hundreds of a few thousand) costs the heap k log k on top of the scan; the
+ * O(n) radix ranking of kvs_argsort_desc gives the same order (its contract) at a fixed cost per element. */
+void kvs_topk(const float *x, size_t n, size_t k, int32_t *out_idx) {
+    if (k > n) k = n;
+    if (k >= 64 && k * 16 >= n) {
+        int32_t *order = malloc(n * sizeof *order);
+        uint32_t *scratch = malloc(3 * n * sizeof *scratch);
+        if (order && scratch) {
+            kvs_argsort_desc(x, n, order, scratch);
+            memcpy(out_idx, order, k * sizeof *out_idx);
+            free(order);
+            free(scratch);
+            return;
+        }
+        free(order); /* out of memory: the heap needs none */
+        free(scratch);
+    }
+    topk_heap(x, n, k, out_idx);
+}
 
 /* Radix key whose ascending order is kvs_topk's order: descending value, NaN after everything. */
 static uint32_t desc_key(float f) {

@@ -2,6 +2,9 @@
  * similarity and the policies' prefill attention scores (../shared/STYLE.md rule 6). Capture (CPU forward pass), `kvsim verify`, the replay
  * engine and every policy call these; nobody re-implements them.
  *
+ * The hot loops run on runtime-dispatched SIMD kernels (kvs_math_simd.h; KVS_SIMD=scalar forces the plain-C
+ * reference, which reproduces earlier releases bit for bit).
+ *
  * Conventions: all math in fp32 with fp64 accumulation of softmax denominators; `scale` is the softmax
  * scale (1/sqrt(head_dim) for Llama-family models); LSE is the natural-log log-sum-exp of the *scaled*
  * scores, so probs[j] = exp(scale*q.k_j - lse). Rows of K and V are `stride` floats apart; an index list
@@ -42,6 +45,23 @@ void kvs_attn_output(const float *p, const float *values, size_t stride, const i
  *  scratch) receives the attention probabilities; `out` the d-dim output. @return the LSE. n > 0. */
 double kvs_attention(const float *q, const float *keys, const float *values, size_t stride, const int32_t *idx,
                      size_t n, size_t d, float scale, float *probs, float *out);
+
+/*! kvs_attention_group() : kvs_attention() of nq query rows (q: [nq][d]) over one shared selection, every key and
+ *  value row read once for all of them (the G query heads of a KV head, issue 14). probs_rows[r]: n floats
+ *  each (caller's); out: [nq][d]; lse: [nq] or NULL. Row r's numbers equal kvs_attention()'s for that row. */
+void kvs_attention_group(const float *q, size_t nq, const float *keys, const float *values, size_t stride,
+                         const int32_t *idx, size_t n, size_t d, float scale, float *const *probs_rows, float *out,
+                         double *lse);
+
+/*! kvs_attention_causal_block() : the full causal attention of nb consecutive decode positions p0..p0+nb-1 at
+ *  once, `group` query rows each (q: [nb][group][d], row r = b*group + g), over keys/values rows 0..p0+nb-1 (d
+ *  floats apart): row r attends rows 0..p0+b. Computed as blocked matrix products (each key and value row read
+ *  once for the whole block) with the causal triangle apart. probs_rows[r]: p0+b+1 floats; out_rows[r]: d
+ *  floats; lse: [nb*group] or NULL. Row r's numbers equal kvs_attention(q_r, keys, values, d, NULL, p0+b+1, ...)
+ *  bit for bit (kvs_math_simd.h: a row's result does not depend on the rows computed with it). */
+void kvs_attention_causal_block(const float *q, size_t nb, size_t group, const float *keys, const float *values,
+                                size_t d, size_t p0, float scale, float *const *probs_rows, float *const *out_rows,
+                                double *lse);
 
 /*! kvs_topk() : writes to out_idx the indices of the k largest of x[0..n-1] (k <= n), ordered by
  *  descending value; ties go to the lower index, so the result is deterministic. NaN sorts lowest. */

@@ -134,8 +134,13 @@ typedef struct {
     int32_t **sel_idx;        /* [G] -> [N] */
     int64_t *sel_n;           /* [G] */
     float **pbuf;             /* [G] -> [N] policy attention */
-    float *fullp;             /* [Hkv] blocks of G*N floats: [G][p+1] full attention of the current position */
-    float *fullo;             /* [Hkv][G][d] */
+    float *fullp;             /* [ref_cap][Hkv] blocks of G*N floats: [G][p+1] full attention of each position of
+                               * the reference block */
+    float *fullo;             /* [ref_cap][Hkv][G][d] */
+    int64_t ref_cap;          /* positions per reference block (about 32 query rows of a KV head) */
+    int64_t ref_first, ref_n; /* positions ref_first .. ref_first+ref_n-1 have their full attention computed */
+    float *cur_p, *cur_o;     /* the current position's blocks of fullp and fullo (NULL: no reference) */
+    float **ref_prow, **ref_orow; /* [ref_cap*G] row pointers for kvs_attention_causal_block */
     int32_t *order;           /* [N] rank -> position scratch of the ranking being built */
     uint32_t *sort_scratch;   /* [3N] scratch of kvs_argsort_desc */
     int32_t *rank;            /* [Hkv][G][N] position -> rank in the descending full attention */
@@ -181,6 +186,8 @@ static void task_free(task *t) {
     free(t->pbuf);
     free(t->fullp);
     free(t->fullo);
+    free((void *)t->ref_prow);
+    free((void *)t->ref_orow);
     free(t->order);
     free(t->sort_scratch);
     free(t->rank);
@@ -215,8 +222,16 @@ static kvs_status task_alloc(task *t) {
     t->sel_idx = calloc(G, sizeof *t->sel_idx);
     t->sel_n = calloc(G, sizeof *t->sel_n);
     t->pbuf = calloc(G, sizeof *t->pbuf);
-    t->fullp = malloc(H * G * N * sizeof(float));
-    t->fullo = malloc(H * G * d * sizeof(float));
+    /* The reference is computed for blocks of decode steps at once (blocked causal attention: every K/V row read
+     * once per block instead of once per position); 32 query rows of a KV head per block. */
+    t->ref_cap = 32 / (int64_t)G > 1 ? 32 / (int64_t)G : 1;
+    if (t->ref_cap > 16) t->ref_cap = 16;
+    size_t RC = (size_t)t->ref_cap;
+    t->fullp = malloc(RC * H * G * N * sizeof(float));
+    t->fullo = malloc(RC * H * G * d * sizeof(float));
+    t->ref_prow = calloc(RC * G, sizeof *t->ref_prow);
+    t->ref_orow = calloc(RC * G, sizeof *t->ref_orow);
+    if (!t->ref_prow || !t->ref_orow) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     t->order = malloc(N * sizeof(int32_t));
     t->sort_scratch = malloc(3 * N * sizeof(uint32_t));
     t->rank = malloc(H * G * N * sizeof(int32_t));
@@ -298,21 +313,34 @@ static void task_create_states(task *t) {
     }
 }
 
-/* Full attention of query head (h, g) at position p over 0..p, plus its descending order (for the top-k
- * overlap) when measured. Same kvs_attention code path as the policy side, so `full` matches bit for bit. */
-static void full_attention(task *t, int h, int g, const float *q, int64_t p, int measured) {
+/* Full causal attention of every query head at positions p0..p0+nb-1 (all of one trace block, whose K/V rows
+ * are already in the history), as one blocked computation per KV head (kvs_attention_causal_block). Each row
+ * equals kvs_attention over 0..p bit for bit, the code path of the policy side, so `full` matches exactly. */
+static void reference_block(task *t, const kvs_trace_block *const *blk, int i0, int64_t p0, int64_t nb) {
+    engine *e = t->e;
+    size_t N = (size_t)e->N, G = (size_t)e->G, H = (size_t)e->Hkv, d = (size_t)e->d;
+    for (size_t h = 0; h < H; h++) {
+        for (size_t b = 0; b < (size_t)nb; b++)
+            for (size_t g = 0; g < G; g++) {
+                t->ref_prow[b * G + g] = t->fullp + (b * H + h) * G * N + g * ((size_t)p0 + b + 1);
+                t->ref_orow[b * G + g] = t->fullo + ((b * H + h) * G + g) * d;
+            }
+        kvs_attention_causal_block(blk[h]->q + (size_t)i0 * G * d, (size_t)nb, G, t->hk[h], t->hv[h], d, (size_t)p0,
+                                   e->src->model.scale, t->ref_prow, t->ref_orow, NULL);
+    }
+    t->ref_first = p0;
+    t->ref_n = nb;
+}
+
+/* The descending order of query head (h, g)'s full attention at position p (for the top-k overlap). */
+static void rank_full(task *t, int h, int g, int64_t p) {
     engine *e = t->e;
     size_t N = (size_t)e->N, n = (size_t)p + 1;
     size_t off = ((size_t)h * (size_t)e->G + (size_t)g);
-    /* Rows of one KV head are n apart so that view->full_probs is a contiguous [group][n] array. */
-    float *probs = t->fullp + (size_t)h * (size_t)e->G * N + (size_t)g * n;
-    kvs_attention(q, t->hk[h], t->hv[h], (size_t)e->d, NULL, n, (size_t)e->d, e->src->model.scale, probs,
-                  t->fullo + off * (size_t)e->d);
-    if (measured) {
-        int32_t *order = t->order, *rank = t->rank + off * N;
-        kvs_argsort_desc(probs, n, order, t->sort_scratch); /* same order as kvs_topk(probs, n, n), O(n) */
-        for (size_t r = 0; r < n; r++) rank[order[r]] = (int32_t)r;
-    }
+    const float *probs = t->cur_p + (size_t)h * (size_t)e->G * N + (size_t)g * n;
+    int32_t *order = t->order, *rank = t->rank + off * N;
+    kvs_argsort_desc(probs, n, order, t->sort_scratch); /* same order as kvs_topk(probs, n, n), O(n) */
+    for (size_t r = 0; r < n; r++) rank[order[r]] = (int32_t)r;
 }
 
 /* Records the metrics of query head (h, g) at position p, whose output over `list` (n entries; merged[j]
@@ -322,8 +350,8 @@ static kvs_status measure_head(task *t, int ci, int h, int g, int64_t p, const i
     engine *e = t->e;
     int c = t->c_lo + ci;
     size_t off = ((size_t)h * (size_t)e->G + (size_t)g), d = (size_t)e->d;
-    const float *fp = t->fullp + (size_t)h * (size_t)e->G * (size_t)e->N + (size_t)g * (size_t)(p + 1);
-    const float *full_out = t->fullo + off * d;
+    const float *fp = t->cur_p + (size_t)h * (size_t)e->G * (size_t)e->N + (size_t)g * (size_t)(p + 1);
+    const float *full_out = t->cur_o + off * d;
     const int32_t *rank = t->rank + off * (size_t)e->N;
     double recall = 0, recall_merged = 0;
     int64_t hit = 0;
@@ -496,6 +524,15 @@ static void settle_cost(const kvs_policy_cost *before, kvs_policy_cost *c) {
     c->transfer_bytes = c->h2d_bytes + c->d2h_bytes;
 }
 
+/* 1 when list li of sel is the whole prefix 0..p in order and the full reference of p is at hand: its
+ * attention is the reference's, bit for bit (same kernels, rows independent of blocking). */
+static int list_is_prefix(const task *t, const kvs_policy_sel *sel, int li, int has_merged, int64_t p) {
+    if (has_merged || !t->cur_p || sel->n[li] != p + 1) return 0;
+    for (int64_t j = 0; j <= p; j++)
+        if (sel->idx[li][j] != (int32_t)j) return 0;
+    return 1;
+}
+
 /* Attention of query q over list li of sel: through the trace rows, or (when the list holds merged slots)
  * over gathered rows, trace rows and policy rows in list order. */
 static void attend_list(task *t, int h, const float *q, const kvs_policy_sel *sel, int li, int has_merged, float *probs,
@@ -532,7 +569,7 @@ static kvs_status decode_step(task *t, int ci, const kvs_trace_block *const *blk
             .n = p + 1, .group = e->G, .head_dim = e->d, .scale = e->src->model.scale,
             .k = t->hk[h], .v = t->hv[h], .q = blk[h]->q + (size_t)i * Gd, .q_first = p, .n_q = 1,
             .turn_begin = turn->begin, .prompt_end = turn->prompt_end, .turn = (int32_t)tk,
-            .full_probs = ops->is_oracle ? t->fullp + (size_t)h * (size_t)e->G * (size_t)e->N : NULL,
+            .full_probs = ops->is_oracle ? t->cur_p + (size_t)h * (size_t)e->G * (size_t)e->N : NULL,
             .block_begin = p, .last_block = 1,
         };
     }
@@ -552,11 +589,24 @@ static kvs_status decode_step(task *t, int ci, const kvs_trace_block *const *blk
         for (int li = 0; li < sel.n_lists; li++) has_merged[li] = 0;
         for (int li = 0; li < sel.n_lists; li++)
             for (int64_t j = 0; j < sel.n[li]; j++) has_merged[li] |= sel.row_k[li][j] != NULL;
-        /* Attention first (observe needs it); accounting needs only the selection. */
-        for (int g = 0; g < e->G; g++) {
-            int li = sel.n_lists == 1 ? 0 : g;
-            attend_list(t, h, q + (size_t)g * (size_t)e->d, &sel, li, has_merged[li], t->pbuf[g],
-                        t->outp + (size_t)g * (size_t)e->d);
+        /* Attention first (observe needs it); accounting needs only the selection. A list that is the whole
+         * prefix copies the reference; one list shared by the group is computed for all G heads at once (each
+         * key and value row read once). */
+        size_t d = (size_t)e->d, N = (size_t)e->N;
+        if (sel.n_lists == 1 && list_is_prefix(t, &sel, 0, has_merged[0], p)) {
+            for (int g = 0; g < e->G; g++) {
+                memcpy(t->pbuf[g], t->cur_p + ((size_t)h * (size_t)e->G * N + (size_t)g * (size_t)(p + 1)),
+                       (size_t)(p + 1) * sizeof(float));
+                memcpy(t->outp + (size_t)g * d, t->cur_o + ((size_t)h * (size_t)e->G + (size_t)g) * d, d * sizeof(float));
+            }
+        } else if (sel.n_lists == 1 && !has_merged[0]) {
+            kvs_attention_group(q, (size_t)e->G, t->hk[h], t->hv[h], d, sel.idx[0], (size_t)sel.n[0], d,
+                                e->src->model.scale, t->pbuf, t->outp, NULL);
+        } else {
+            for (int g = 0; g < e->G; g++) {
+                int li = sel.n_lists == 1 ? 0 : g;
+                attend_list(t, h, q + (size_t)g * d, &sel, li, has_merged[li], t->pbuf[g], t->outp + (size_t)g * d);
+            }
         }
         kvs_policy_cost cost, before;
         default_cost(t, ops, state, &sel, p + 1, &cost);
@@ -684,6 +734,15 @@ static void report_progress(engine *e, int64_t n) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* 1 when position p needs the full attention: measured, or a decode step some oracle configuration reads it
+ * at. `tk` is a turn at or before p's (advanced here). */
+static int needs_reference(const engine *e, int64_t p, int64_t tk, int any_oracle) {
+    while (tk + 1 < e->src->n_turns && p >= e->src->turns[tk].end) tk++;
+    int is_prompt = p < e->src->turns[tk].prompt_end;
+    int measured = e->o->measure == KVS_MEASURE_ALL || (e->o->measure == KVS_MEASURE_PREFILL) == is_prompt;
+    return measured || (!is_prompt && any_oracle);
+}
+
 static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c_hi) {
     task t = {.e = e, .layer = layer, .c_lo = c_lo, .c_hi = c_hi, .nc = c_hi - c_lo};
     kvs_status st = task_alloc(&t);
@@ -720,6 +779,13 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
                 goto cleanup;
             }
         }
+        /* The block's K/V join the history at once (views still expose only 0..p), so the reference can be
+         * computed for several positions together. */
+        for (int h = 0; h < e->Hkv; h++) {
+            memcpy(t.hk[h] + (size_t)pos * d, blk[h]->k, (size_t)blk[0]->n_pos * d * sizeof(float));
+            memcpy(t.hv[h] + (size_t)pos * d, blk[h]->v, (size_t)blk[0]->n_pos * d * sizeof(float));
+        }
+        t.ref_n = 0;
         for (int i = 0; i < blk[0]->n_pos; i++, pos++) {
             if (e->o->cancel && *e->o->cancel) {
                 st = kvs_fail(KVS_ERR_INTERRUPTED, "replay interrupted at layer %d, position %lld of %lld", layer,
@@ -732,16 +798,24 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
             int is_prompt = pos < turn->prompt_end;
             int measured = e->o->measure == KVS_MEASURE_ALL || (e->o->measure == KVS_MEASURE_PREFILL) == is_prompt;
             double t0 = kvs_now_s();
-            for (int h = 0; h < e->Hkv; h++) {
-                memcpy(t.hk[h] + (size_t)pos * d, blk[h]->k + (size_t)i * d, d * sizeof(float));
-                memcpy(t.hv[h] + (size_t)pos * d, blk[h]->v + (size_t)i * d, d * sizeof(float));
-                if (is_prompt)
-                    memcpy(t.qb[h] + (size_t)(pos - turn->begin) * Gd, blk[h]->q + (size_t)i * Gd, Gd * sizeof(float));
-            }
-            if (measured || (!is_prompt && any_oracle))
+            if (is_prompt)
                 for (int h = 0; h < e->Hkv; h++)
-                    for (int g = 0; g < e->G; g++)
-                        full_attention(&t, h, g, blk[h]->q + (size_t)i * Gd + (size_t)g * d, pos, measured);
+                    memcpy(t.qb[h] + (size_t)(pos - turn->begin) * Gd, blk[h]->q + (size_t)i * Gd, Gd * sizeof(float));
+            t.cur_p = t.cur_o = NULL;
+            if (needs_reference(e, pos, tk, any_oracle)) {
+                if (pos >= t.ref_first + t.ref_n) { /* the next run of positions needing it, within this block */
+                    int64_t nb = 1;
+                    while (nb < t.ref_cap && i + nb < blk[0]->n_pos && needs_reference(e, pos + nb, tk, any_oracle))
+                        nb++;
+                    reference_block(&t, blk, i, pos, nb);
+                }
+                size_t b = (size_t)(pos - t.ref_first), blk_floats = (size_t)e->Hkv * (size_t)e->G;
+                t.cur_p = t.fullp + b * blk_floats * (size_t)e->N;
+                t.cur_o = t.fullo + b * blk_floats * d;
+                if (measured)
+                    for (int h = 0; h < e->Hkv; h++)
+                        for (int g = 0; g < e->G; g++) rank_full(&t, h, g, pos);
+            }
             double shared = kvs_now_s() - t0;
             int active = 0;
             for (int ci = 0; ci < t.nc; ci++) active += !atomic_load(&e->cfg_failed[c_lo + ci]);

@@ -1,0 +1,285 @@
+/* bench_speed.c — replay at the hardware's speed (`make bench`; issue 14): the machine's measured ceilings
+ * (vector FMA peak per instruction set, per core and on all cores; streaming-read bandwidth), the attention
+ * kernels against them (the full causal reference for a block of decode steps, attention over a selection S_t),
+ * each beside the scalar row-by-row path it replaced, and a policy sweep (10 policies x 8 budgets) with every
+ * FMA it performs counted against the all-core peak. sim/BENCH.md explains the floors.
+ * Data: GENERATED Gaussian q/k/v with the shapes of Llama-family models (d 64 and 128, 4 query heads per KV
+ * head), labelled as such; not a model's numbers. Timed figures are never asserted; each section prints the load
+ * average when it starts (the machine is shared).
+ * KVSIM_BENCH_NPY_DIR (optional; bench/run_bench.sh sets it when python3 has torch): also replays
+ * full/window/streaming/topk alone on the sweep's trace, timed, and writes the trace arrays and kvsim's per-layer
+ * output errors there for bench/torch_replay.py's side-by-side run.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/kvs.h"
+#include "../common/kvs_math.h"
+#include "../common/kvs_math_simd.h"
+#include "../common/kvs_peak.h"
+#include "../common/npy.h"
+#include "../sim/policy.h"
+#include "../sim/replay.h"
+#include "../sim/replay_mem.h"
+#include "../tests/util/gen_trace.h"
+
+#define CHECK(x)                                                                      \
+    do {                                                                              \
+        kvs_status st_ = (x);                                                         \
+        if (st_ != KVS_OK) {                                                          \
+            fprintf(stderr, "bench_speed: %s: %s\n", #x, kvs_last_error());           \
+            exit(1);                                                                  \
+        }                                                                             \
+    } while (0)
+
+static void print_load(const char *what) {
+    FILE *f = fopen("/proc/loadavg", "r");
+    char line[128] = "?";
+    if (f) {
+        if (!fgets(line, sizeof line, f)) snprintf(line, sizeof line, "?\n");
+        fclose(f);
+    }
+    printf("-- %s (load average: %.*s)\n", what, (int)strcspn(line, "\n"), line);
+}
+
+static float frand(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(*s >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
+}
+
+/* ---- the machine ---- */
+
+static double peak_core, peak_all; /* best instruction set, FMA/s */
+static double bw_core, bw_all;     /* bytes/s */
+
+static void machine(int threads) {
+    print_load("machine");
+    printf("%-10s %16s %16s\n", "isa", "FMA/s 1 core", "FMA/s all cores");
+    for (int i = 0; i < KVS_PEAK_COUNT; i++) {
+        if (!kvs_peak_isa_available((kvs_peak_isa)i)) {
+            printf("%-10s %16s %16s  (not on this CPU)\n", kvs_peak_isa_name((kvs_peak_isa)i), "-", "-");
+            continue;
+        }
+        double one = kvs_peak_fma((kvs_peak_isa)i, 1, 0.3), all = kvs_peak_fma((kvs_peak_isa)i, threads, 0.3);
+        printf("%-10s %16.3g %16.3g\n", kvs_peak_isa_name((kvs_peak_isa)i), one, all);
+        if (one > peak_core) peak_core = one;
+        if (all > peak_all) peak_all = all;
+    }
+    bw_core = kvs_peak_read_bandwidth((size_t)256 << 20, 1, 3);
+    bw_all = kvs_peak_read_bandwidth((size_t)256 << 20, threads, 3);
+    printf("peak (best isa): %.3g FMA/s per core, %.3g on %d cores; streaming read of 256 MiB: %.3g GB/s on 1 "
+           "core, %.3g GB/s on %d cores\n",
+           peak_core, peak_all, threads, bw_core / 1e9, bw_all / 1e9, threads);
+    printf("kvs_math kernels in use: %s (KVS_SIMD=scalar forces the reference)\n",
+           kvs_math_isa_name(kvs_math_isa_active()));
+}
+
+/* ---- kernels (1 core) ---- */
+
+/* The old path: row by row, scalar table (what kvs_attention ran before the kernels). */
+static void attention_rows_scalar(const float *q, size_t nrows, size_t G, const float *k, const float *v, size_t d,
+                                  const int32_t *idx, const size_t *len, float *p, float *out) {
+    const kvs_math_kernels *s = kvs_math_kernels_for(KVS_ISA_SCALAR);
+    for (size_t r = 0; r < nrows; r++) {
+        size_t n = len[r / G];
+        s->scores(q + r * d, 1, k, d, idx, n, d, 1.0f / sqrtf((float)d), &p, 0);
+        s->softmax(p, n);
+        memset(out, 0, d * sizeof *out);
+        const float *pc = p;
+        s->output_add(&pc, 1, 0, v, d, idx, n, d, &out);
+    }
+}
+
+static void kernels(int d) {
+    const size_t G = 4, N = 4096, nb = 8, p0 = N - nb, budget = 1024;
+    uint64_t seed = 7;
+    float *k = malloc(N * (size_t)d * sizeof *k), *v = malloc(N * (size_t)d * sizeof *v);
+    float *q = malloc(nb * G * (size_t)d * sizeof *q), *pb = malloc(nb * G * N * sizeof *pb);
+    float *ob = malloc(nb * G * (size_t)d * sizeof *ob);
+    int32_t *idx = malloc(budget * sizeof *idx);
+    if (!k || !v || !q || !pb || !ob || !idx) exit(1);
+    for (size_t i = 0; i < N * (size_t)d; i++) k[i] = frand(&seed), v[i] = frand(&seed);
+    for (size_t i = 0; i < nb * G * (size_t)d; i++) q[i] = frand(&seed);
+    for (size_t j = 0; j < budget; j++) idx[j] = (int32_t)(j * (N / budget) + (size_t)(frand(&seed) + 1.0f));
+    float *prow[32], *orow[32];
+    for (size_t r = 0; r < nb * G; r++) prow[r] = pb + r * N, orow[r] = ob + r * (size_t)d;
+    size_t len[8];
+    double fma_ref = 0;
+    for (size_t b = 0; b < nb; b++) len[b] = p0 + b + 1, fma_ref += 2.0 * (double)d * (double)G * (double)len[b];
+    double fma_sel = 2.0 * (double)d * (double)G * (double)budget;
+    /* floors: the reference reads each K/V row once per block (blocked), the old path once per query row */
+    double bytes_block = 2.0 * (double)N * d * 4, bytes_rows = bytes_block * (double)(nb * G);
+    double t0, el, reps;
+    printf("d %d, G %zu, %zu positions, block of %zu decode steps (%zu query rows), |S_t| %zu:\n", d, G, N, nb, nb * G,
+           budget);
+    printf("  %-36s %12s %14s %10s %16s\n", "kernel", "FMA/s", "of 1-core peak", "GB/s", "mem floor s/FMA");
+#define TIMED(EXPR)                                                                                             \
+    reps = 0;                                                                                                   \
+    t0 = kvs_now_s();                                                                                           \
+    do {                                                                                                        \
+        EXPR;                                                                                                   \
+        reps++;                                                                                                 \
+    } while ((el = kvs_now_s() - t0) < 0.25);
+    TIMED(attention_rows_scalar(q, nb * G, G, k, v, (size_t)d, NULL, len, pb, ob));
+    printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "full reference, rows, scalar (before)", reps * fma_ref / el,
+           100 * reps * fma_ref / el / peak_core, reps * bytes_rows / el / 1e9, bytes_rows / bw_core / fma_ref);
+    TIMED(kvs_attention_causal_block(q, nb, G, k, v, (size_t)d, p0, 1.0f / sqrtf((float)d), prow, orow, NULL));
+    printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "full reference, blocked (after)", reps * fma_ref / el,
+           100 * reps * fma_ref / el / peak_core, reps * bytes_block / el / 1e9, bytes_block / bw_core / fma_ref);
+    size_t blen[1] = {budget};
+    double bytes_sel = 2.0 * (double)budget * d * 4;
+    TIMED(attention_rows_scalar(q, G, G, k, v, (size_t)d, idx, blen, pb, ob));
+    printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "S_t, per query head, scalar (before)", reps * fma_sel / el,
+           100 * reps * fma_sel / el / peak_core, reps * bytes_sel * (double)G / el / 1e9,
+           bytes_sel * (double)G / bw_core / fma_sel);
+    TIMED(kvs_attention_group(q, G, k, v, (size_t)d, idx, budget, (size_t)d, 1.0f / sqrtf((float)d), prow, ob, NULL));
+    printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "S_t, G heads at once (after)", reps * fma_sel / el,
+           100 * reps * fma_sel / el / peak_core, reps * bytes_sel / el / 1e9, bytes_sel / bw_core / fma_sel);
+#undef TIMED
+    free(k);
+    free(v);
+    free(q);
+    free(pb);
+    free(ob);
+    free(idx);
+}
+
+/* ---- the sweep ---- */
+
+static const char *const sweep_policies[] = {"full",  "window", "streaming", "h2o",   "tova",
+                                             "topk",  "snapkv", "knorm",     "quest", "keydiff"};
+#define N_SWEEP_POLICIES 10
+#define N_SWEEP_BUDGETS 8
+static const int64_t sweep_budgets[N_SWEEP_BUDGETS] = {32, 64, 96, 128, 192, 256, 384, 512};
+
+/* The side-by-side with bench/torch_replay.py: full/window/streaming/topk at the sweep's budgets, timed alone;
+ * writes the trace arrays, the shape, and kvsim's per-layer output errors and wall time into `dir`. */
+static void torch_side(const char *dir, const kvs_gen_trace *g, const kvs_replay_source *src, float scale,
+                       int threads) {
+    static const char *const pol[] = {"full", "window", "streaming", "topk"};
+    enum { NP = 4 };
+    kvs_replay_config cfgs[NP * N_SWEEP_BUDGETS];
+    for (int p = 0; p < NP; p++)
+        for (int b = 0; b < N_SWEEP_BUDGETS; b++) {
+            kvs_replay_config *c = &cfgs[p * N_SWEEP_BUDGETS + b];
+            *c = (kvs_replay_config){.budget = sweep_budgets[b], .budget_fraction = -1};
+            CHECK(kvs_policy_parse(pol[p], &c->policy));
+        }
+    kvs_replay_opts ro = {.configs = cfgs, .n_configs = NP * N_SWEEP_BUDGETS, .threads = threads,
+                          .measure = KVS_MEASURE_DECODE};
+    kvs_replay_result *r = NULL;
+    double t0 = kvs_now_s();
+    CHECK(kvs_replay_execute(src, &ro, &r));
+    double el = kvs_now_s() - t0;
+    printf("side-by-side set (full/window/streaming/topk x %d budgets): kvsim %.3f s wall on %d threads; "
+           "bench/torch_replay.py compares\n", N_SWEEP_BUDGETS, el, threads);
+    char path[1024];
+    const kvs_gen_trace_opts *o = &g->opt;
+    int64_t qs[4] = {o->n_layers, o->n_positions, o->n_heads, o->head_dim};
+    int64_t ks[4] = {o->n_layers, o->n_positions, o->n_kv_heads, o->head_dim};
+    snprintf(path, sizeof path, "%s/q.npy", dir);
+    CHECK(kvs_npy_write(path, KVS_NPY_F32, qs, 4, g->q));
+    snprintf(path, sizeof path, "%s/k.npy", dir);
+    CHECK(kvs_npy_write(path, KVS_NPY_F32, ks, 4, g->k));
+    snprintf(path, sizeof path, "%s/v.npy", dir);
+    CHECK(kvs_npy_write(path, KVS_NPY_F32, ks, 4, g->v));
+    snprintf(path, sizeof path, "%s/kvsim.csv", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "bench_speed: cannot write %s\n", path);
+        exit(1);
+    }
+    /* first line: the shape and kvsim's wall time, then one row per (policy, budget, layer) */
+    fprintf(f, "# prompt_len=%d scale=%.9g threads=%d kvsim_wall_s=%.6f\n", o->prompt_len, (double)scale, threads, el);
+    fprintf(f, "policy,budget,layer,out_err_mean,n\n");
+    for (int c = 0; c < NP * N_SWEEP_BUDGETS; c++)
+        for (int l = 0; l < r->runs[c].n_layers; l++)
+            fprintf(f, "%s,%lld,%d,%.9g,%lld\n", pol[c / N_SWEEP_BUDGETS], (long long)cfgs[c].budget, l,
+                    r->runs[c].layer_aggs[l].out_err.mean, (long long)r->runs[c].layer_aggs[l].out_err.n);
+    fclose(f);
+    kvs_replay_result_free(r);
+}
+
+static void sweep(int threads) {
+    kvs_gen_trace_opts o = kvs_gen_trace_defaults();
+    o.n_layers = 2;
+    o.n_heads = 8;
+    o.n_kv_heads = 2;
+    o.head_dim = 128;
+    o.n_positions = 2048;
+    o.prompt_len = 1536;
+    kvs_gen_trace *g = NULL;
+    kvs_turn *turns = NULL;
+    int64_t n_turns = 0;
+    CHECK(kvs_gen_trace_create(&o, &g));
+    kvs_model_config mc;
+    kvs_capture_config cc;
+    kvs_gen_trace_configs(g, &mc, &cc);
+    CHECK(kvs_trace_turns_from_roles(g->roles, g->turn, o.n_positions, &turns, &n_turns, NULL));
+    kvs_replay_mem mem = {
+        .model = {.n_layers = mc.n_layers, .n_heads = mc.n_heads, .n_kv_heads = mc.n_kv_heads,
+                  .group = mc.n_heads / mc.n_kv_heads, .head_dim = mc.head_dim, .scale = mc.attn_scale, .kv_bytes = 2,
+                  .aux_bytes = 4, .n_positions = o.n_positions, .prompt_len = turns[0].prompt_end,
+                  .max_new_tokens = o.n_positions - turns[0].prompt_end},
+        .turns = turns, .n_turns = n_turns, .q = g->q, .k = g->k, .v = g->v, .block_positions = 64};
+    kvs_replay_source src;
+    CHECK(kvs_replay_source_from_memory(&mem, &src));
+    int nc = N_SWEEP_POLICIES * N_SWEEP_BUDGETS;
+    kvs_replay_config cfgs[N_SWEEP_POLICIES * N_SWEEP_BUDGETS];
+    for (int p = 0; p < N_SWEEP_POLICIES; p++)
+        for (int b = 0; b < N_SWEEP_BUDGETS; b++) {
+            kvs_replay_config *c = &cfgs[p * N_SWEEP_BUDGETS + b];
+            *c = (kvs_replay_config){.budget = sweep_budgets[b], .budget_fraction = -1};
+            CHECK(kvs_policy_parse(sweep_policies[p], &c->policy));
+        }
+    print_load("sweep");
+    printf("GENERATED trace (not a model): %d layers, %d query heads, %d KV heads, d %d, %d positions (prompt %d, %d "
+           "decode steps measured); %d policies x %d budgets (%lld..%lld), %d threads\n",
+           o.n_layers, o.n_heads, o.n_kv_heads, o.head_dim, o.n_positions, o.prompt_len, o.n_positions - o.prompt_len,
+           N_SWEEP_POLICIES, N_SWEEP_BUDGETS, (long long)sweep_budgets[0], (long long)sweep_budgets[N_SWEEP_BUDGETS - 1],
+           threads);
+    kvs_replay_opts ro = {.configs = cfgs, .n_configs = nc, .threads = threads, .measure = KVS_MEASURE_DECODE};
+    kvs_replay_result *r = NULL;
+    double t0 = kvs_now_s();
+    CHECK(kvs_replay_execute(&src, &ro, &r));
+    double el = kvs_now_s() - t0;
+    /* FMAs: the full reference once per (layer, query head, decode step) over 0..p, shared by every
+     * configuration; each configuration's attention over its S_t. A pair = 2 d FMAs (dot + axpy). */
+    double d = o.head_dim, ref_pairs = 0, pol_pairs = 0, pol_pairs_p[N_SWEEP_POLICIES] = {0};
+    double wall_p[N_SWEEP_POLICIES] = {0};
+    for (int64_t p = o.prompt_len; p < o.n_positions; p++) ref_pairs += (double)o.n_layers * o.n_heads * (double)(p + 1);
+    for (int c = 0; c < nc; c++) {
+        const kvs_results_stat *a = &r->runs[c].run_agg.attended_tokens;
+        if (r->runs[c].status != KVS_OK) printf("run %s:%lld failed: %s\n", sweep_policies[c / N_SWEEP_BUDGETS],
+                                                (long long)cfgs[c].budget, r->runs[c].error);
+        pol_pairs += a->mean * (double)a->n;
+        pol_pairs_p[c / N_SWEEP_BUDGETS] += a->mean * (double)a->n;
+        wall_p[c / N_SWEEP_BUDGETS] += r->runs[c].wall_seconds;
+    }
+    double fmas = 2 * d * (ref_pairs + pol_pairs);
+    printf("whole sweep: %.2f s wall, %.3g reference pairs + %.3g policy pairs = %.3g FMA -> %.3g FMA/s = %.1f%% of "
+           "the all-core peak (policy bookkeeping included)\n",
+           el, ref_pairs, pol_pairs, fmas, fmas / el, 100 * fmas / el / peak_all);
+    printf("  %-10s %10s %12s %14s  (thread seconds per policy over its %d budgets, reference time shared out)\n",
+           "policy", "thread_s", "policy pairs", "pairs/thread-s", N_SWEEP_BUDGETS);
+    for (int p = 0; p < N_SWEEP_POLICIES; p++)
+        printf("  %-10s %10.3f %12.4g %14.4g\n", sweep_policies[p], wall_p[p], pol_pairs_p[p],
+               pol_pairs_p[p] / wall_p[p]);
+    kvs_replay_result_free(r);
+    const char *npy = getenv("KVSIM_BENCH_NPY_DIR");
+    if (npy && npy[0]) torch_side(npy, g, &src, mc.attn_scale, threads);
+    free(turns);
+    kvs_gen_trace_free(g);
+}
+
+int main(void) {
+    int threads = kvs_n_cpus();
+    machine(threads);
+    print_load("kernels (1 core)");
+    kernels(64);
+    kernels(128);
+    sweep(threads);
+    return 0;
+}

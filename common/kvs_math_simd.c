@@ -1,0 +1,615 @@
+/* kvs_math_simd.c — the kernel tables behind kvs_math.h: the scalar reference and an AVX2+FMA variant,
+ * chosen once per process by a CPU check (issue 14; ../shared/STYLE.md rules 6 and 9). See kvs_math_simd.h for
+ * the contract: a vector variant computes every dot product, output element and exponential the same way
+ * whatever the tiling, so a row's result does not depend on how many rows were computed with it.
+ *
+ * The AVX-512F table has its own scores and output tiles on 16 lanes and shares the AVX2 softmax, exp, dot and
+ * filter (no AVX-512 CPU lacks AVX2 and FMA).
+ *
+ * How the AVX2 kernels reach the FMA units (sim/BENCH.md has the floor computations):
+ *  - scores: a tile of 2 query rows x 4 key rows holds 8 independent accumulators (hiding the FMA latency) and
+ *    costs 6 loads per 8 FMAs; the 8 sums leave the registers through one transposing add tree. Every dot
+ *    product is one accumulator over the 8-lane chunks of d, reduced by that same tree, plus a scalar tail.
+ *  - output: a tile of 4 rows x 16 floats (8 accumulators) reads 2 value vectors and 4 broadcast weights per 8
+ *    FMAs; one row alone uses 64 floats of the output per pass. Value rows are walked in chunks that stay in
+ *    L2 across the passes. Each output element is fma(p_j, v_j, acc) over ascending j in every path.
+ *  - softmax: a Cephes-style exp (range reduction by ln 2 in two parts, degree-5 polynomial) on 8 lanes; the
+ *    denominator summed in fp64 as the scalar reference does.
+ */
+#include "kvs_math_simd.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- scalar reference: the loops kvs_math.c had before the kernels (kept so KVS_SIMD=scalar reproduces
+ * earlier numbers bit for bit) ---- */
+
+static float dot_scalar(const float *a, const float *b, size_t n) {
+    /* Four partial sums so the loop vectorises without -ffast-math. */
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += a[i] * b[i];
+        s1 += a[i + 1] * b[i + 1];
+        s2 += a[i + 2] * b[i + 2];
+        s3 += a[i + 3] * b[i + 3];
+    }
+    for (; i < n; i++) s0 += a[i] * b[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+/* `restrict`: -O2's cheap vectoriser refuses loops that would need a runtime alias check. */
+static void axpy_scalar(float *restrict out, float w, const float *restrict v, size_t n) {
+    for (size_t i = 0; i < n; i++) out[i] += w * v[i];
+}
+
+static const float *row_of(const float *base, size_t stride, const int32_t *idx, size_t j) {
+    return base + (idx ? (size_t)idx[j] : j) * stride;
+}
+
+static void scores_scalar(const float *q, size_t nr, const float *keys, size_t stride, const int32_t *idx, size_t n,
+                          size_t d, float scale, float *const *out_rows, size_t col0) {
+    for (size_t r = 0; r < nr; r++)
+        for (size_t j = 0; j < n; j++)
+            out_rows[r][col0 + j] = scale * dot_scalar(q + r * d, row_of(keys, stride, idx, j), d);
+}
+
+static void output_add_scalar(const float *const *p_rows, size_t nr, size_t col0, const float *values, size_t stride,
+                              const int32_t *idx, size_t n, size_t d, float *const *out_rows) {
+    for (size_t r = 0; r < nr; r++)
+        for (size_t j = 0; j < n; j++) axpy_scalar(out_rows[r], p_rows[r][col0 + j], row_of(values, stride, idx, j), d);
+}
+
+static double softmax_scalar(float *x, size_t n) {
+    float m = -INFINITY;
+    for (size_t j = 0; j < n; j++)
+        if (x[j] > m) m = x[j];
+    double sum = 0;
+    for (size_t j = 0; j < n; j++) {
+        float e = expf(x[j] - m);
+        x[j] = e;
+        sum += e;
+    }
+    float inv = (float)(1.0 / sum);
+    for (size_t j = 0; j < n; j++) x[j] *= inv;
+    return (double)m + log(sum);
+}
+
+static void exp_scalar(const float *x, size_t n, float *y) {
+    for (size_t i = 0; i < n; i++) y[i] = expf(x[i]);
+}
+
+static size_t first_above_scalar(const float *x, size_t from, size_t n, float thr) {
+    for (size_t j = from; j < n; j++)
+        if (x[j] > thr) return j;
+    return n;
+}
+
+static const kvs_math_kernels kernels_scalar = {
+    /* .name = */ "scalar",
+    /* .dot = */ dot_scalar,
+    /* .axpy = */ axpy_scalar,
+    /* .scores = */ scores_scalar,
+    /* .output_add = */ output_add_scalar,
+    /* .softmax = */ softmax_scalar,
+    /* .exp = */ exp_scalar,
+    /* .first_above = */ first_above_scalar,
+};
+
+/* ---- AVX2 + FMA ---- */
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KVS_HAVE_AVX2_KERNELS 1
+#include <immintrin.h>
+
+#define AVX2 __attribute__((target("avx2,fma")))
+
+/* The 8 sums of 8 accumulators: lane k = (low half of a_k summed pairwise) + (high half summed pairwise). */
+AVX2 static inline __m256 reduce8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6,
+                                  __m256 a7) {
+    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+/* One accumulator's sum, in reduce8's order. */
+AVX2 static inline float reduce1(__m256 a) {
+    __m256 t = _mm256_hadd_ps(a, a);
+    t = _mm256_hadd_ps(t, t);
+    return _mm_cvtss_f32(_mm256_castps256_ps128(t)) + _mm_cvtss_f32(_mm256_extractf128_ps(t, 1));
+}
+
+/* The d % 8 elements past the last full chunk, fused as the vector lanes are. */
+AVX2 static inline float tail_dot(const float *a, const float *b, size_t from, size_t d) {
+    float t = 0;
+    for (size_t i = from; i < d; i++) t = fmaf(a[i], b[i], t);
+    return t;
+}
+
+AVX2 static float dot_avx2(const float *a, const float *b, size_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    return reduce1(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3))) + tail_dot(a, b, i, n);
+}
+
+AVX2 static void axpy_avx2(float *out, float w, const float *v, size_t n) {
+    __m256 wv = _mm256_set1_ps(w);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_fmadd_ps(wv, _mm256_loadu_ps(v + i), _mm256_loadu_ps(out + i)));
+    for (; i < n; i++) out[i] = fmaf(w, v[i], out[i]);
+}
+
+/* One score: the single-accumulator dot product every tile computes. */
+AVX2 static inline float score1(const float *q, const float *k, size_t d, size_t d8) {
+    __m256 a = _mm256_setzero_ps();
+    for (size_t i = 0; i < d8; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), a);
+    return reduce1(a) + tail_dot(q, k, d8, d);
+}
+
+AVX2 static void scores_avx2(const float *q, size_t nr, const float *keys, size_t stride, const int32_t *idx, size_t n,
+                             size_t d, float scale, float *const *out_rows, size_t col0) {
+    size_t d8 = d & ~(size_t)7, j = 0;
+    float s[8];
+    for (; j + 4 <= n; j += 4) {
+        const float *k0 = row_of(keys, stride, idx, j), *k1 = row_of(keys, stride, idx, j + 1);
+        const float *k2 = row_of(keys, stride, idx, j + 2), *k3 = row_of(keys, stride, idx, j + 3);
+        const float *kr[4] = {k0, k1, k2, k3};
+        size_t r = 0;
+        for (; r + 2 <= nr; r += 2) {
+            const float *q0 = q + r * d, *q1 = q0 + d;
+            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+            __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+            for (size_t i = 0; i < d8; i += 8) {
+                __m256 x0 = _mm256_loadu_ps(q0 + i), x1 = _mm256_loadu_ps(q1 + i);
+                __m256 y = _mm256_loadu_ps(k0 + i);
+                a00 = _mm256_fmadd_ps(x0, y, a00);
+                a10 = _mm256_fmadd_ps(x1, y, a10);
+                y = _mm256_loadu_ps(k1 + i);
+                a01 = _mm256_fmadd_ps(x0, y, a01);
+                a11 = _mm256_fmadd_ps(x1, y, a11);
+                y = _mm256_loadu_ps(k2 + i);
+                a02 = _mm256_fmadd_ps(x0, y, a02);
+                a12 = _mm256_fmadd_ps(x1, y, a12);
+                y = _mm256_loadu_ps(k3 + i);
+                a03 = _mm256_fmadd_ps(x0, y, a03);
+                a13 = _mm256_fmadd_ps(x1, y, a13);
+            }
+            _mm256_storeu_ps(s, reduce8(a00, a01, a02, a03, a10, a11, a12, a13));
+            for (int c = 0; c < 4; c++) {
+                out_rows[r][col0 + j + (size_t)c] = scale * (s[c] + tail_dot(q0, kr[c], d8, d));
+                out_rows[r + 1][col0 + j + (size_t)c] = scale * (s[4 + c] + tail_dot(q1, kr[c], d8, d));
+            }
+        }
+        if (r < nr) {
+            const float *q0 = q + r * d;
+            __m256 z = _mm256_setzero_ps(), a0 = z, a1 = z, a2 = z, a3 = z;
+            for (size_t i = 0; i < d8; i += 8) {
+                __m256 x0 = _mm256_loadu_ps(q0 + i);
+                a0 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(k0 + i), a0);
+                a1 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(k1 + i), a1);
+                a2 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(k2 + i), a2);
+                a3 = _mm256_fmadd_ps(x0, _mm256_loadu_ps(k3 + i), a3);
+            }
+            _mm256_storeu_ps(s, reduce8(a0, a1, a2, a3, z, z, z, z));
+            for (int c = 0; c < 4; c++) out_rows[r][col0 + j + (size_t)c] = scale * (s[c] + tail_dot(q0, kr[c], d8, d));
+        }
+    }
+    for (; j < n; j++) {
+        const float *k = row_of(keys, stride, idx, j);
+        for (size_t r = 0; r < nr; r++) out_rows[r][col0 + j] = scale * score1(q + r * d, k, d, d8);
+    }
+}
+
+/* Value rows per pass of the output tiles: 256 rows of d = 128 are 128 KiB, resident in L2 while every row
+ * tile and column chunk of the output walks them. */
+#define OUTPUT_ROWS_PER_PASS 256
+
+AVX2 static void output_add_avx2(const float *const *p_rows, size_t nr, size_t col0, const float *values,
+                                 size_t stride, const int32_t *idx, size_t n, size_t d, float *const *out_rows) {
+    for (size_t jb = 0; jb < n; jb += OUTPUT_ROWS_PER_PASS) {
+        size_t je = jb + OUTPUT_ROWS_PER_PASS < n ? jb + OUTPUT_ROWS_PER_PASS : n;
+        size_t r = 0;
+        for (; r + 4 <= nr; r += 4) {
+            const float *p0 = p_rows[r] + col0, *p1 = p_rows[r + 1] + col0, *p2 = p_rows[r + 2] + col0,
+                        *p3 = p_rows[r + 3] + col0;
+            float *o0 = out_rows[r], *o1 = out_rows[r + 1], *o2 = out_rows[r + 2], *o3 = out_rows[r + 3];
+            size_t i = 0;
+            for (; i + 16 <= d; i += 16) {
+                __m256 c00 = _mm256_loadu_ps(o0 + i), c01 = _mm256_loadu_ps(o0 + i + 8);
+                __m256 c10 = _mm256_loadu_ps(o1 + i), c11 = _mm256_loadu_ps(o1 + i + 8);
+                __m256 c20 = _mm256_loadu_ps(o2 + i), c21 = _mm256_loadu_ps(o2 + i + 8);
+                __m256 c30 = _mm256_loadu_ps(o3 + i), c31 = _mm256_loadu_ps(o3 + i + 8);
+                for (size_t j = jb; j < je; j++) {
+                    const float *v = row_of(values, stride, idx, j) + i;
+                    __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
+                    __m256 w = _mm256_broadcast_ss(p0 + j);
+                    c00 = _mm256_fmadd_ps(w, v0, c00);
+                    c01 = _mm256_fmadd_ps(w, v1, c01);
+                    w = _mm256_broadcast_ss(p1 + j);
+                    c10 = _mm256_fmadd_ps(w, v0, c10);
+                    c11 = _mm256_fmadd_ps(w, v1, c11);
+                    w = _mm256_broadcast_ss(p2 + j);
+                    c20 = _mm256_fmadd_ps(w, v0, c20);
+                    c21 = _mm256_fmadd_ps(w, v1, c21);
+                    w = _mm256_broadcast_ss(p3 + j);
+                    c30 = _mm256_fmadd_ps(w, v0, c30);
+                    c31 = _mm256_fmadd_ps(w, v1, c31);
+                }
+                _mm256_storeu_ps(o0 + i, c00);
+                _mm256_storeu_ps(o0 + i + 8, c01);
+                _mm256_storeu_ps(o1 + i, c10);
+                _mm256_storeu_ps(o1 + i + 8, c11);
+                _mm256_storeu_ps(o2 + i, c20);
+                _mm256_storeu_ps(o2 + i + 8, c21);
+                _mm256_storeu_ps(o3 + i, c30);
+                _mm256_storeu_ps(o3 + i + 8, c31);
+            }
+            for (; i < d; i++) { /* d % 16 leftovers, element by element in the same fused order */
+                float c0 = o0[i], c1 = o1[i], c2 = o2[i], c3 = o3[i];
+                for (size_t j = jb; j < je; j++) {
+                    float v = row_of(values, stride, idx, j)[i];
+                    c0 = fmaf(p0[j], v, c0);
+                    c1 = fmaf(p1[j], v, c1);
+                    c2 = fmaf(p2[j], v, c2);
+                    c3 = fmaf(p3[j], v, c3);
+                }
+                o0[i] = c0;
+                o1[i] = c1;
+                o2[i] = c2;
+                o3[i] = c3;
+            }
+        }
+        for (; r < nr; r++) {
+            const float *p = p_rows[r] + col0;
+            float *o = out_rows[r];
+            size_t i = 0;
+            for (; i + 64 <= d; i += 64) {
+                __m256 c[8];
+                for (int k = 0; k < 8; k++) c[k] = _mm256_loadu_ps(o + i + 8 * (size_t)k);
+                for (size_t j = jb; j < je; j++) {
+                    const float *v = row_of(values, stride, idx, j) + i;
+                    __m256 w = _mm256_broadcast_ss(p + j);
+                    for (int k = 0; k < 8; k++) c[k] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * (size_t)k), c[k]);
+                }
+                for (int k = 0; k < 8; k++) _mm256_storeu_ps(o + i + 8 * (size_t)k, c[k]);
+            }
+            for (; i + 8 <= d; i += 8) {
+                __m256 c = _mm256_loadu_ps(o + i);
+                for (size_t j = jb; j < je; j++)
+                    c = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), _mm256_loadu_ps(row_of(values, stride, idx, j) + i), c);
+                _mm256_storeu_ps(o + i, c);
+            }
+            for (; i < d; i++) {
+                float c = o[i];
+                for (size_t j = jb; j < je; j++) c = fmaf(p[j], row_of(values, stride, idx, j)[i], c);
+                o[i] = c;
+            }
+        }
+    }
+}
+
+/* exp on 8 lanes (Cephes expf's reduction and polynomial): x = n ln2 + r, |r| <= ln2/2, ln2 split in a part
+ * exact in fp32 and a correction; exp(r) = 1 + r + r^2 P(r); times 2^n through the exponent bits. NaN passes
+ * through; below KVS_SIMD_EXP_LO the result is 0; arguments above 88.376 are clamped there (a softmax's are
+ * <= 0). */
+AVX2 static inline __m256 exp8(__m256 x) {
+    const __m256 hi = _mm256_set1_ps(88.3762626647949f), lo = _mm256_set1_ps(KVS_SIMD_EXP_LO);
+    __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q), under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    __m256 c = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
+    __m256 fx = _mm256_round_ps(_mm256_mul_ps(c, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), c);
+    r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    y = _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+    y = _mm256_andnot_ps(under, y);
+    return _mm256_blendv_ps(y, x, nan);
+}
+
+/* The last n % 8 elements through the same 8-lane exp (so one element's value never depends on where it sits);
+ * padding lanes hold 0 and are dropped. */
+AVX2 static inline __m256 exp8_partial(const float *x, size_t k, float *y) {
+    float buf[8] = {0};
+    memcpy(buf, x, k * sizeof *buf);
+    __m256 e = exp8(_mm256_loadu_ps(buf));
+    _mm256_storeu_ps(buf, e);
+    memcpy(y, buf, k * sizeof *buf);
+    return e;
+}
+
+AVX2 static void exp_avx2(const float *x, size_t n, float *y) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp8(_mm256_loadu_ps(x + i)));
+    if (i < n) exp8_partial(x + i, n - i, y + i);
+}
+
+AVX2 static double softmax_avx2(float *x, size_t n) {
+    /* max: vmaxps returns its second operand when either is NaN, so a NaN element is skipped as the scalar
+     * reference's `x > m` skips it */
+    __m256 mv = _mm256_set1_ps(-INFINITY);
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8) mv = _mm256_max_ps(_mm256_loadu_ps(x + j), mv);
+    float lanes[8];
+    _mm256_storeu_ps(lanes, mv);
+    float m = -INFINITY;
+    for (int k = 0; k < 8; k++)
+        if (lanes[k] > m) m = lanes[k];
+    for (; j < n; j++)
+        if (x[j] > m) m = x[j];
+    __m256 mb = _mm256_set1_ps(m);
+    __m256d s0 = _mm256_setzero_pd(), s1 = s0;
+    j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), mb));
+        _mm256_storeu_ps(x + j, e);
+        s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    double sd[4];
+    _mm256_storeu_pd(sd, _mm256_add_pd(s0, s1));
+    double sum = (sd[0] + sd[1]) + (sd[2] + sd[3]);
+    if (j < n) {
+        float t[8];
+        for (size_t k = 0; k < n - j; k++) t[k] = x[j + k] - m;
+        exp8_partial(t, n - j, x + j);
+        for (; j < n; j++) sum += x[j];
+    }
+    __m256 inv = _mm256_set1_ps((float)(1.0 / sum));
+    j = 0;
+    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), inv));
+    float invs = (float)(1.0 / sum);
+    for (; j < n; j++) x[j] *= invs;
+    return (double)m + log(sum);
+}
+
+AVX2 static size_t first_above_avx2(const float *x, size_t from, size_t n, float thr) {
+    __m256 t = _mm256_set1_ps(thr);
+    size_t j = from;
+    for (; j + 8 <= n; j += 8) {
+        int mask = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + j), t, _CMP_GT_OQ));
+        if (mask) return j + (size_t)__builtin_ctz((unsigned)mask);
+    }
+    for (; j < n; j++)
+        if (x[j] > thr) return j;
+    return n;
+}
+
+static const kvs_math_kernels kernels_avx2 = {
+    /* .name = */ "avx2",
+    /* .dot = */ dot_avx2,
+    /* .axpy = */ axpy_avx2,
+    /* .scores = */ scores_avx2,
+    /* .output_add = */ output_add_avx2,
+    /* .softmax = */ softmax_avx2,
+    /* .exp = */ exp_avx2,
+    /* .first_above = */ first_above_avx2,
+};
+
+static int cpu_has_avx2(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+/* ---- AVX-512F: the scores and output tiles on 16 lanes (the rest as AVX2, which every AVX-512 CPU has) ----
+ * A 16-lane accumulator is folded to 8 lanes (low half + high half) and then reduced as the AVX2 kernels do, the
+ * same way in every tile, so the tiling independence holds here too. */
+#define AVX512 __attribute__((target("avx512f,avx2,fma")))
+
+AVX512 static inline __m256 fold16(__m512 a) {
+    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+
+AVX512 static inline float score1_512(const float *q, const float *k, size_t d, size_t d16) {
+    __m512 a = _mm512_setzero_ps();
+    for (size_t i = 0; i < d16; i += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i), a);
+    return reduce1(fold16(a)) + tail_dot(q, k, d16, d);
+}
+
+AVX512 static void scores_avx512(const float *q, size_t nr, const float *keys, size_t stride, const int32_t *idx,
+                                 size_t n, size_t d, float scale, float *const *out_rows, size_t col0) {
+    size_t d16 = d & ~(size_t)15, j = 0;
+    float s[8];
+    for (; j + 4 <= n; j += 4) {
+        const float *kr[4];
+        for (int c = 0; c < 4; c++) kr[c] = row_of(keys, stride, idx, j + (size_t)c);
+        size_t r = 0;
+        for (; r + 2 <= nr; r += 2) {
+            const float *q0 = q + r * d, *q1 = q0 + d;
+            __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+            __m512 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+            for (size_t i = 0; i < d16; i += 16) {
+                __m512 x0 = _mm512_loadu_ps(q0 + i), x1 = _mm512_loadu_ps(q1 + i);
+                __m512 y = _mm512_loadu_ps(kr[0] + i);
+                a00 = _mm512_fmadd_ps(x0, y, a00);
+                a10 = _mm512_fmadd_ps(x1, y, a10);
+                y = _mm512_loadu_ps(kr[1] + i);
+                a01 = _mm512_fmadd_ps(x0, y, a01);
+                a11 = _mm512_fmadd_ps(x1, y, a11);
+                y = _mm512_loadu_ps(kr[2] + i);
+                a02 = _mm512_fmadd_ps(x0, y, a02);
+                a12 = _mm512_fmadd_ps(x1, y, a12);
+                y = _mm512_loadu_ps(kr[3] + i);
+                a03 = _mm512_fmadd_ps(x0, y, a03);
+                a13 = _mm512_fmadd_ps(x1, y, a13);
+            }
+            _mm256_storeu_ps(s, reduce8(fold16(a00), fold16(a01), fold16(a02), fold16(a03), fold16(a10), fold16(a11),
+                                        fold16(a12), fold16(a13)));
+            for (int c = 0; c < 4; c++) {
+                out_rows[r][col0 + j + (size_t)c] = scale * (s[c] + tail_dot(q0, kr[c], d16, d));
+                out_rows[r + 1][col0 + j + (size_t)c] = scale * (s[4 + c] + tail_dot(q1, kr[c], d16, d));
+            }
+        }
+        if (r < nr) {
+            const float *q0 = q + r * d;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            for (size_t i = 0; i < d16; i += 16) {
+                __m512 x0 = _mm512_loadu_ps(q0 + i);
+                a0 = _mm512_fmadd_ps(x0, _mm512_loadu_ps(kr[0] + i), a0);
+                a1 = _mm512_fmadd_ps(x0, _mm512_loadu_ps(kr[1] + i), a1);
+                a2 = _mm512_fmadd_ps(x0, _mm512_loadu_ps(kr[2] + i), a2);
+                a3 = _mm512_fmadd_ps(x0, _mm512_loadu_ps(kr[3] + i), a3);
+            }
+            __m256 z = _mm256_setzero_ps();
+            _mm256_storeu_ps(s, reduce8(fold16(a0), fold16(a1), fold16(a2), fold16(a3), z, z, z, z));
+            for (int c = 0; c < 4; c++) out_rows[r][col0 + j + (size_t)c] = scale * (s[c] + tail_dot(q0, kr[c], d16, d));
+        }
+    }
+    for (; j < n; j++) {
+        const float *k = row_of(keys, stride, idx, j);
+        for (size_t r = 0; r < nr; r++) out_rows[r][col0 + j] = scale * score1_512(q + r * d, k, d, d16);
+    }
+}
+
+AVX512 static void output_add_avx512(const float *const *p_rows, size_t nr, size_t col0, const float *values,
+                                     size_t stride, const int32_t *idx, size_t n, size_t d, float *const *out_rows) {
+    for (size_t jb = 0; jb < n; jb += OUTPUT_ROWS_PER_PASS) {
+        size_t je = jb + OUTPUT_ROWS_PER_PASS < n ? jb + OUTPUT_ROWS_PER_PASS : n;
+        size_t r = 0;
+        for (; r + 4 <= nr; r += 4) {
+            const float *p[4];
+            float *o[4];
+            for (int k = 0; k < 4; k++) p[k] = p_rows[r + (size_t)k] + col0, o[k] = out_rows[r + (size_t)k];
+            size_t i = 0;
+            for (; i + 32 <= d; i += 32) {
+                __m512 c[4][2];
+                for (int k = 0; k < 4; k++) c[k][0] = _mm512_loadu_ps(o[k] + i), c[k][1] = _mm512_loadu_ps(o[k] + i + 16);
+                for (size_t j = jb; j < je; j++) {
+                    const float *v = row_of(values, stride, idx, j) + i;
+                    __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
+                    for (int k = 0; k < 4; k++) {
+                        __m512 w = _mm512_set1_ps(p[k][j]);
+                        c[k][0] = _mm512_fmadd_ps(w, v0, c[k][0]);
+                        c[k][1] = _mm512_fmadd_ps(w, v1, c[k][1]);
+                    }
+                }
+                for (int k = 0; k < 4; k++) _mm512_storeu_ps(o[k] + i, c[k][0]), _mm512_storeu_ps(o[k] + i + 16, c[k][1]);
+            }
+            for (; i < d; i++) { /* d % 32 leftovers, element by element in the same fused order */
+                float c[4] = {o[0][i], o[1][i], o[2][i], o[3][i]};
+                for (size_t j = jb; j < je; j++) {
+                    float v = row_of(values, stride, idx, j)[i];
+                    for (int k = 0; k < 4; k++) c[k] = fmaf(p[k][j], v, c[k]);
+                }
+                for (int k = 0; k < 4; k++) o[k][i] = c[k];
+            }
+        }
+        for (; r < nr; r++) {
+            const float *p = p_rows[r] + col0;
+            float *o = out_rows[r];
+            size_t i = 0;
+            for (; i + 128 <= d; i += 128) {
+                __m512 c[8];
+                for (int k = 0; k < 8; k++) c[k] = _mm512_loadu_ps(o + i + 16 * (size_t)k);
+                for (size_t j = jb; j < je; j++) {
+                    const float *v = row_of(values, stride, idx, j) + i;
+                    __m512 w = _mm512_set1_ps(p[j]);
+                    for (int k = 0; k < 8; k++) c[k] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16 * (size_t)k), c[k]);
+                }
+                for (int k = 0; k < 8; k++) _mm512_storeu_ps(o + i + 16 * (size_t)k, c[k]);
+            }
+            for (; i + 16 <= d; i += 16) {
+                __m512 c = _mm512_loadu_ps(o + i);
+                for (size_t j = jb; j < je; j++)
+                    c = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_loadu_ps(row_of(values, stride, idx, j) + i), c);
+                _mm512_storeu_ps(o + i, c);
+            }
+            for (; i < d; i++) {
+                float c = o[i];
+                for (size_t j = jb; j < je; j++) c = fmaf(p[j], row_of(values, stride, idx, j)[i], c);
+                o[i] = c;
+            }
+        }
+    }
+}
+
+static const kvs_math_kernels kernels_avx512 = {
+    /* .name = */ "avx512",
+    /* .dot = */ dot_avx2,
+    /* .axpy = */ axpy_avx2,
+    /* .scores = */ scores_avx512,
+    /* .output_add = */ output_add_avx512,
+    /* .softmax = */ softmax_avx2,
+    /* .exp = */ exp_avx2,
+    /* .first_above = */ first_above_avx2,
+};
+
+static int cpu_has_avx512(void) { return cpu_has_avx2() && __builtin_cpu_supports("avx512f"); }
+#endif /* x86-64 */
+
+/* ---- dispatch ---- */
+
+const kvs_math_kernels *kvs_math_kernels_for(kvs_isa isa) {
+    switch (isa) {
+    case KVS_ISA_SCALAR:
+        return &kernels_scalar;
+    case KVS_ISA_AVX2:
+#ifdef KVS_HAVE_AVX2_KERNELS
+        return cpu_has_avx2() ? &kernels_avx2 : NULL;
+#else
+        return NULL;
+#endif
+    case KVS_ISA_AVX512:
+#ifdef KVS_HAVE_AVX2_KERNELS
+        return cpu_has_avx512() ? &kernels_avx512 : NULL;
+#else
+        return NULL;
+#endif
+    case KVS_ISA_COUNT:
+        break;
+    }
+    return NULL;
+}
+
+const char *kvs_math_isa_name(kvs_isa isa) {
+    return isa == KVS_ISA_AVX512 ? "avx512" : isa == KVS_ISA_AVX2 ? "avx2" : "scalar";
+}
+
+/* KVS_SIMD's choice, capped by what the CPU has (falling back to the best below it); AVX2 otherwise. AVX-512 is
+ * opt-in: on the AMD EPYC development VM its 512-bit FMAs have the AVX2 peak (sim/BENCH.md) and the 16-lane tiles
+ * ran at 0.6-0.75x the AVX2 ones (wider reductions, double-pumped units); a CPU where it wins can ask for it. */
+static kvs_isa choose_isa(void) {
+    kvs_isa want = KVS_ISA_AVX2;
+    const char *env = getenv("KVS_SIMD");
+    if (env && env[0])
+        for (int i = 0; i < KVS_ISA_COUNT; i++)
+            if (!strcmp(env, kvs_math_isa_name((kvs_isa)i))) want = (kvs_isa)i;
+    for (int i = (int)want; i > 0; i--)
+        if (kvs_math_kernels_for((kvs_isa)i)) return (kvs_isa)i;
+    return KVS_ISA_SCALAR;
+}
+
+kvs_isa kvs_math_isa_active(void) {
+    static atomic_int cached = -1; /* racing first calls store the same value */
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v < 0) {
+        v = (int)choose_isa();
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return (kvs_isa)v;
+}
+
+const kvs_math_kernels *kvs_math_kernels_active(void) {
+#ifdef KVS_HAVE_AVX2_KERNELS
+    kvs_isa isa = kvs_math_isa_active(); /* only chosen when the CPU has it */
+    if (isa == KVS_ISA_AVX512) return &kernels_avx512;
+    if (isa == KVS_ISA_AVX2) return &kernels_avx2;
+#endif
+    return &kernels_scalar;
+}

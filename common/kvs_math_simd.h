@@ -1,0 +1,71 @@
+/* kvs_math_simd.h — the runtime-dispatched kernels under kvs_math.h (issue 14, "Replay at the hardware's
+ * speed"; ../shared/STYLE.md rule 9: the default build runs on any x86-64 and reaches the vector units through
+ * `__attribute__((target))` variants picked by a CPU check, each tested against the scalar reference).
+ *
+ * One table of kernels per instruction set. The scalar table is the reference: it is the code kvs_math.c ran
+ * before the kernels existed, so KVS_SIMD=scalar reproduces earlier results bit for bit. Every vector variant
+ * computes each dot product, each output element and each exponential the same way whatever the tiling, the
+ * number of query rows or the blocking, so a row's numbers never depend on how many rows were computed
+ * together (the blocked full attention equals the row-by-row one bit for bit on one instruction set).
+ * Between instruction sets results differ by rounding only (tolerances in tests/test_simd.c).
+ *
+ * Selection: AVX2 when the CPU has it (else scalar), unless the environment variable KVS_SIMD names another
+ * ("scalar", "avx2", "avx512"; a variant the CPU lacks falls back to the best below it). AVX-512 is opt-in: it
+ * was slower than AVX2 on the machine measured (kvs_math_simd.c). Read once per process.
+ */
+#ifndef KVS_MATH_SIMD_H
+#define KVS_MATH_SIMD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    KVS_ISA_SCALAR = 0, /* plain C (the compiler's SSE2 at -O2): the reference */
+    KVS_ISA_AVX2 = 1,   /* AVX2 + FMA, 8 fp32 lanes */
+    KVS_ISA_AVX512 = 2, /* AVX-512F scores and output tiles (16 lanes), the rest as AVX2 */
+    KVS_ISA_COUNT
+} kvs_isa;
+
+/* Kernel table of one instruction set. Row pointers let a caller lay rows out as it needs (the replay keeps
+ * each position's probability rows [group][p+1] contiguous). `idx` selects key/value rows (NULL = 0..n-1);
+ * rows are `stride` floats apart. */
+typedef struct {
+    const char *name;
+    /* sum_i a[i]*b[i] */
+    float (*dot)(const float *a, const float *b, size_t n);
+    /* out[i] += w * v[i] */
+    void (*axpy)(float *out, float w, const float *v, size_t n);
+    /* out_rows[r][col0 + j] = scale * q_r . K[row j], r < nr (query rows q + r*d), j < n */
+    void (*scores)(const float *q, size_t nr, const float *keys, size_t stride, const int32_t *idx, size_t n,
+                   size_t d, float scale, float *const *out_rows, size_t col0);
+    /* out_rows[r][i] += sum_j p_rows[r][col0 + j] * V[row j][i], j ascending, r < nr, i < d */
+    void (*output_add)(const float *const *p_rows, size_t nr, size_t col0, const float *values, size_t stride,
+                       const int32_t *idx, size_t n, size_t d, float *const *out_rows);
+    /* in-place softmax of x[0..n-1] (n > 0); @return the LSE (kvs_softmax's contract) */
+    double (*softmax)(float *x, size_t n);
+    /* exp of each element (y may alias x); the softmax's exponential, exposed for the accuracy test */
+    void (*exp)(const float *x, size_t n, float *y);
+    /* the first j in [from, n) with x[j] > thr (ordered: NaN never), or n: top-k's filter */
+    size_t (*first_above)(const float *x, size_t from, size_t n, float thr);
+} kvs_math_kernels;
+
+/*! kvs_math_kernels_for() : the table of `isa`, or NULL when this CPU (or this build) lacks it. Borrowed,
+ *  static. Tests run every non-NULL table against the scalar one. */
+const kvs_math_kernels *kvs_math_kernels_for(kvs_isa isa);
+
+/*! kvs_math_kernels_active() : the table kvs_math.h's functions use (AVX2 where available, or KVS_SIMD's choice). */
+const kvs_math_kernels *kvs_math_kernels_active(void);
+
+/*! kvs_math_isa_active() : the instruction set of kvs_math_kernels_active(). */
+kvs_isa kvs_math_isa_active(void);
+
+/*! kvs_math_isa_name() : "scalar", "avx2", "avx512". */
+const char *kvs_math_isa_name(kvs_isa isa);
+
+/* Accuracy of the vector exponential against libm's expf (tests/test_simd.c checks it on a dense grid):
+ * relative error at most KVS_SIMD_EXP_REL_ERR for x in [KVS_SIMD_EXP_LO, 88.7]; below KVS_SIMD_EXP_LO the
+ * result is 0 (libm's results there are subnormal, < 1.2e-38, which a softmax over fp32 cannot resolve). */
+#define KVS_SIMD_EXP_REL_ERR 3e-7
+#define KVS_SIMD_EXP_LO (-87.33f)
+
+#endif /* KVS_MATH_SIMD_H */
