@@ -51,23 +51,6 @@ static int fx_teardown(void **state) {
     return rc == 0 ? 0 : -1;
 }
 
-/* Full causal attention of query head `head` at position t over 0..t, in double. */
-static void naive_probs(const kvs_gen_trace *g, int layer, int head, int64_t t, double *p) {
-    const kvs_gen_trace_opts *o = &g->opt;
-    const int d = o->head_dim, G = o->n_heads / o->n_kv_heads;
-    const float *q = g->q + (((size_t)layer * (size_t)o->n_positions + (size_t)t) * (size_t)o->n_heads + (size_t)head) * (size_t)d;
-    double mx = -INFINITY, z = 0;
-    for (int64_t j = 0; j <= t; j++) {
-        const float *k = g->k + (((size_t)layer * (size_t)o->n_positions + (size_t)j) * (size_t)o->n_kv_heads +
-                                 (size_t)(head / G)) * (size_t)d;
-        double s = 0;
-        for (int c = 0; c < d; c++) s += (double)q[c] * k[c];
-        p[j] = s / sqrt((double)d);
-        if (p[j] > mx) mx = p[j];
-    }
-    for (int64_t j = 0; j <= t; j++) z += (p[j] = exp(p[j] - mx));
-    for (int64_t j = 0; j <= t; j++) p[j] /= z;
-}
 
 static void test_colsum_variance_matches_a_naive_computation(void **state) {
     fixture *f = *state;
@@ -79,7 +62,7 @@ static void test_colsum_variance_matches_a_naive_computation(void **state) {
         for (int h = 0; h < o->n_heads; h++) {
             double col[64] = {0}, mean = 0, sq = 0;
             for (int64_t i = 0; i < P; i++) {
-                naive_probs(f->g, l, h, i, p);
+                kvs_gen_trace_naive_probs(f->g, l, h, i, p);
                 for (int64_t j = 0; j <= i; j++) col[j] += p[j];
             }
             for (int64_t j = 0; j < P; j++) mean += col[j] / P;
@@ -110,7 +93,7 @@ static void test_topk_union_matches_a_naive_computation(void **state) {
                     int64_t n = 0;
                     double p[64], pv[64][2];
                     for (int64_t t = 20; t < o->n_positions; t++) {
-                        naive_probs(f->g, l, kvh * G + g, t, p);
+                        kvs_gen_trace_naive_probs(f->g, l, kvh * G + g, t, p);
                         for (int64_t j = 0; j <= t; j++) pv[j][0] = p[j], pv[j][1] = (double)j;
                         qsort(pv, (size_t)t + 1, sizeof pv[0], cmp_desc);
                         for (int64_t r = 0; r < k && r <= t; r++) {

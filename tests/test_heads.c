@@ -71,23 +71,6 @@ static int fx_teardown(void **state) {
 
 /* ---- the brute-force reference ---- */
 
-/* Causal attention of query head `head` at position t over 0..t, in double. */
-static void naive_probs(const kvs_gen_trace *g, int layer, int head, int64_t t, double *p) {
-    const kvs_gen_trace_opts *o = &g->opt;
-    const int d = o->head_dim, G = o->n_heads / o->n_kv_heads;
-    const float *q = g->q + (((size_t)layer * (size_t)o->n_positions + (size_t)t) * (size_t)o->n_heads + (size_t)head) * (size_t)d;
-    double mx = -INFINITY, z = 0;
-    for (int64_t j = 0; j <= t; j++) {
-        const float *k = g->k + (((size_t)layer * (size_t)o->n_positions + (size_t)j) * (size_t)o->n_kv_heads +
-                                 (size_t)(head / G)) * (size_t)d;
-        double s = 0;
-        for (int c = 0; c < d; c++) s += (double)q[c] * k[c];
-        p[j] = s / sqrt((double)d);
-        if (p[j] > mx) mx = p[j];
-    }
-    for (int64_t j = 0; j <= t; j++) z += (p[j] = exp(p[j] - mx));
-    for (int64_t j = 0; j <= t; j++) p[j] /= z;
-}
 
 /* Membership mask of the k largest of p[0..n): selection by repeated maximum (ties to the lower index). */
 static void naive_topk_mask(const double *p, int64_t n, int k, unsigned char *mask) {
@@ -123,7 +106,7 @@ static naive_sim naive_similarity(const kvs_gen_trace *g, int k) {
             for (int u = 0; u < U; u++) {
                 for (int j = 0; j <= t; j++) pool[j] = 0;
                 for (int gi = 0; gi < G; gi++) {
-                    naive_probs(g, l, u * G + gi, t, p);
+                    kvs_gen_trace_naive_probs(g, l, u * G + gi, t, p);
                     naive_topk_mask(p, t + 1, k, mq + (size_t)(l * H + u * G + gi) * N);
                     for (int j = 0; j <= t; j++) pool[j] = fmax(pool[j], p[j]);
                 }

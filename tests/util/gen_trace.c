@@ -165,3 +165,20 @@ kvs_status kvs_gen_trace_write(const kvs_gen_trace *g, const char *path) {
     kvs_trace_writer_free(w);
     return s;
 }
+
+void kvs_gen_trace_naive_probs(const kvs_gen_trace *g, int layer, int head, int64_t t, double *p) {
+    const kvs_gen_trace_opts *o = &g->opt;
+    const int d = o->head_dim, G = o->n_heads / o->n_kv_heads;
+    const float *q = g->q + (((size_t)layer * (size_t)o->n_positions + (size_t)t) * (size_t)o->n_heads + (size_t)head) * (size_t)d;
+    double mx = -INFINITY, z = 0;
+    for (int64_t j = 0; j <= t; j++) {
+        const float *k = g->k + (((size_t)layer * (size_t)o->n_positions + (size_t)j) * (size_t)o->n_kv_heads +
+                                 (size_t)(head / G)) * (size_t)d;
+        double s = 0;
+        for (int c = 0; c < d; c++) s += (double)q[c] * k[c];
+        p[j] = s / sqrt((double)d);
+        if (p[j] > mx) mx = p[j];
+    }
+    for (int64_t j = 0; j <= t; j++) z += (p[j] = exp(p[j] - mx));
+    for (int64_t j = 0; j <= t; j++) p[j] /= z;
+}

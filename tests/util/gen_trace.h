@@ -56,6 +56,10 @@ kvs_status kvs_gen_trace_put(const kvs_gen_trace *g, kvs_trace_writer *w, int64_
 /*! kvs_gen_trace_write() : writes the whole trace to `path` (create, put all, close, free). */
 kvs_status kvs_gen_trace_write(const kvs_gen_trace *g, const char *path);
 
+/* The naive reference of the analyses' tests: exact causal attention of query head `head` of `layer` at position t
+ * over 0..t, in double, from the generator's own float q/k (not from a trace): p[t+1]. */
+void kvs_gen_trace_naive_probs(const kvs_gen_trace *g, int layer, int head, int64_t t, double *p);
+
 /*! kvs_gen_trace_stored_o() : pointer to the o row that is STORED for (layer, position, head) under the
  *  corruption option ([d] floats, borrowed). */
 const float *kvs_gen_trace_stored_o(const kvs_gen_trace *g, int layer, int64_t pos, int head);
