@@ -836,10 +836,10 @@ static kvs_status validate_run(const kvs_results_db *r, const kvs_results_trace 
     return KVS_OK;
 }
 
-/* Binds a double, or NULL for NaN (SQLite would store NULL anyway; this makes it explicit). */
-static int bind_real(sqlite3_stmt *st, int i, double v) {
+int kvs_results_bind_real(sqlite3_stmt *st, int i, double v) {
     return isnan(v) ? sqlite3_bind_null(st, i) : sqlite3_bind_double(st, i, v);
 }
+#define bind_real kvs_results_bind_real
 
 static int bind_text_or_null(sqlite3_stmt *st, int i, const char *s) {
     return s ? sqlite3_bind_text(st, i, s, -1, SQLITE_STATIC) : sqlite3_bind_null(st, i);
@@ -1101,9 +1101,10 @@ static void sb_agg_cols(sbuf *b, const kvs_results_db *r, int t, const char *ali
         }
 }
 
-static double col_real(sqlite3_stmt *st, int i) {
+double kvs_results_col_real(sqlite3_stmt *st, int i) {
     return sqlite3_column_type(st, i) == SQLITE_NULL ? NAN : sqlite3_column_double(st, i);
 }
+#define col_real kvs_results_col_real
 
 /* Reads the aggregate columns starting at `first` into *a: NULL n -> 0, NULL statistic -> NaN, and every
  * statistic of a metric with no samples NaN. */
@@ -1126,13 +1127,14 @@ static void agg_nan(kvs_results_agg *a, int32_t layer) {
 }
 
 /* strdup of a text column; NULL stays NULL. *oom set when a copy fails. */
-static char *col_dup(sqlite3_stmt *st, int i, int *oom) {
+char *kvs_results_col_dup(sqlite3_stmt *st, int i, int *oom) {
     const char *s = (const char *)sqlite3_column_text(st, i);
     if (!s) return NULL;
     char *d = strdup(s);
-    if (!d) *oom = 1;
+    if (!d && oom) *oom = 1;
     return d;
 }
+#define col_dup kvs_results_col_dup
 
 static void row_free_strings(kvs_results_run_row *w) {
     char *strs[] = {w->trace_path, w->model,   w->dtype,  w->policy, w->params,        w->measure,    w->budget_scope,

@@ -10,6 +10,11 @@
 #include "../common/sha256.h"
 #include "results_internal.h"
 
+/* The shared column helpers of sim/results_internal.h under their short names. */
+#define bind_real(st, i, v) ((void)kvs_results_bind_real((st), (i), (v)))
+#define col_real kvs_results_col_real
+#define col_text(st, i) kvs_results_col_dup((st), (i), NULL)
+
 static const char *const closed_schema =
     "CREATE TABLE IF NOT EXISTS closed_runs (\n"
     "  id INTEGER PRIMARY KEY,\n"
@@ -48,10 +53,6 @@ static const char *const closed_schema =
     "  PRIMARY KEY (run_id, step)\n"
     ");\n";
 
-static void bind_real(sqlite3_stmt *st, int i, double v) {
-    if (isfinite(v)) sqlite3_bind_double(st, i, v);
-    else sqlite3_bind_null(st, i);
-}
 
 static void bind_text(sqlite3_stmt *st, int i, const char *s) {
     if (s) sqlite3_bind_text(st, i, s, -1, SQLITE_TRANSIENT);
@@ -160,14 +161,7 @@ cleanup:
     return s;
 }
 
-static char *col_text(sqlite3_stmt *st, int i) {
-    const unsigned char *t = sqlite3_column_text(st, i);
-    return t ? strdup((const char *)t) : NULL;
-}
 
-static double col_real(sqlite3_stmt *st, int i) {
-    return sqlite3_column_type(st, i) == SQLITE_NULL ? NAN : sqlite3_column_double(st, i);
-}
 
 void kvs_results_closed_rows_free(kvs_results_closed_row *rows, int64_t n) {
     if (!rows) return;

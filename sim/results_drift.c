@@ -11,6 +11,11 @@
 
 #include "results_internal.h"
 
+/* The shared column helpers of sim/results_internal.h under their short names. */
+#define bind_real(st, i, v) ((void)kvs_results_bind_real((st), (i), (v)))
+#define col_real kvs_results_col_real
+#define col_dup kvs_results_col_dup
+
 static const char drift_schema[] =
     "CREATE TABLE IF NOT EXISTS drift_runs (\n"
     "  id INTEGER PRIMARY KEY AUTOINCREMENT,\n"
@@ -66,10 +71,6 @@ struct kvs_results_drift_writer {
     sqlite3_stmt *step, *loc, *loc_unit;
 };
 
-static void bind_real(sqlite3_stmt *st, int col, double v) {
-    if (isnan(v)) sqlite3_bind_null(st, col);
-    else sqlite3_bind_double(st, col, v);
-}
 
 static void writer_free(kvs_results_drift_writer *w) {
     sqlite3_finalize(w->step);
@@ -235,13 +236,6 @@ static kvs_status no_drift(kvs_results_db *db) {
     return KVS_OK;
 }
 
-static char *col_dup(sqlite3_stmt *st, int col, int *oom) {
-    const unsigned char *s = sqlite3_column_text(st, col);
-    if (!s) return NULL;
-    char *d = strdup((const char *)s);
-    if (!d) *oom = 1;
-    return d;
-}
 
 static int path_matches(const char *path, const char *want) {
     if (!want) return 1;
@@ -352,9 +346,6 @@ static kvs_status prepare_filtered(kvs_results_db *db, const char *select, const
     return KVS_OK;
 }
 
-static double col_real(sqlite3_stmt *st, int col) {
-    return sqlite3_column_type(st, col) == SQLITE_NULL ? NAN : sqlite3_column_double(st, col);
-}
 
 kvs_status kvs_results_drift_query_steps(kvs_results_db *db, int64_t run_id, kvs_drift_unit unit, int32_t layer,
                                          int64_t k, kvs_drift_step **rows, int64_t *n) {

@@ -11,6 +11,9 @@
 
 #include "results_internal.h"
 
+/* The shared column helpers of sim/results_internal.h under their short names. */
+#define col_dup kvs_results_col_dup
+
 static const char heads_ddl[] =
     "CREATE TABLE IF NOT EXISTS heads_runs (\n"
     "  id INTEGER PRIMARY KEY AUTOINCREMENT,\n"
@@ -251,13 +254,6 @@ static kvs_status require_family(kvs_results_db *db) {
     return KVS_OK;
 }
 
-static char *col_dup(sqlite3_stmt *st, int i, int *oom) {
-    const unsigned char *s = sqlite3_column_text(st, i);
-    if (!s) return NULL;
-    char *d = strdup((const char *)s);
-    if (!d) *oom = 1;
-    return d;
-}
 
 /* The clustering of part `part` of run `id` (L x U), checked. */
 static kvs_status read_clusters_part(kvs_results_db *db, int64_t id, const char *part, int32_t L, int32_t U,

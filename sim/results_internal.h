@@ -46,6 +46,13 @@ kvs_status kvs_results_txn_begin(kvs_results_db *db, const char *what);
 kvs_status kvs_results_txn_commit(kvs_results_db *db, const char *what);
 void kvs_results_txn_rollback(kvs_results_db *db);
 
+/* Column helpers of every family: a double bound as NULL when NaN (NULL = not recorded; SQLite would store NULL
+ * for NaN anyway, this makes it explicit), a REAL column read back as NaN when NULL, and a text column copied
+ * (NULL for NULL; on allocation failure NULL and *oom = 1 when oom is not NULL). */
+int kvs_results_bind_real(sqlite3_stmt *st, int i, double v);
+double kvs_results_col_real(sqlite3_stmt *st, int i);
+char *kvs_results_col_dup(sqlite3_stmt *st, int i, int *oom);
+
 /* 1 when table `name` exists in the database, 0 when it does not; -1 (with kvs_fail) on a database error. */
 int kvs_results_table_exists(kvs_results_db *db, const char *name);
 

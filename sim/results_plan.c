@@ -9,6 +9,11 @@
 
 #include "results_internal.h"
 
+/* The shared column helpers of sim/results_internal.h under their short names. */
+#define bind_real(st, i, v) ((void)kvs_results_bind_real((st), (i), (v)))
+#define col_real kvs_results_col_real
+#define col_text(st, i) kvs_results_col_dup((st), (i), NULL)
+
 static const char plan_schema[] =
     "CREATE TABLE IF NOT EXISTS plans ("
     " id INTEGER PRIMARY KEY AUTOINCREMENT,"
@@ -35,10 +40,6 @@ static const char plan_schema[] =
 
 static void bind_text(sqlite3_stmt *st, int i, const char *s) {
     if (s) sqlite3_bind_text(st, i, s, -1, SQLITE_TRANSIENT);
-    else sqlite3_bind_null(st, i);
-}
-static void bind_real(sqlite3_stmt *st, int i, double v) {
-    if (isfinite(v)) sqlite3_bind_double(st, i, v);
     else sqlite3_bind_null(st, i);
 }
 static void bind_pos(sqlite3_stmt *st, int i, int64_t v) { /* > 0, else NULL */
@@ -140,13 +141,6 @@ cleanup:
 
 /* ---- reading ---- */
 
-static char *col_text(sqlite3_stmt *st, int i) {
-    const unsigned char *s = sqlite3_column_text(st, i);
-    return s ? strdup((const char *)s) : NULL;
-}
-static double col_real(sqlite3_stmt *st, int i) {
-    return sqlite3_column_type(st, i) == SQLITE_NULL ? NAN : sqlite3_column_double(st, i);
-}
 static int64_t col_cap(sqlite3_stmt *st, int i) { /* NULL = not computed: -2 */
     return sqlite3_column_type(st, i) == SQLITE_NULL ? -2 : sqlite3_column_int64(st, i);
 }
