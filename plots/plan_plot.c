@@ -8,15 +8,6 @@
 #include "plot.h"
 
 /* Writes s as a gnuplot single-quoted string (a doubled quote is the only escape; line breaks become spaces). */
-static void put_str(FILE *f, const char *s) {
-    fputc('\'', f);
-    for (; s && *s; s++) {
-        if (*s == '\'') fputc('\'', f);
-        fputc(*s == '\n' || *s == '\r' ? ' ' : *s, f);
-    }
-    fputc('\'', f);
-}
-
 static void put_comment(FILE *f, const char *s) {
     fputs("# series: ", f);
     for (; s && *s; s++) fputc(*s == '\n' || *s == '\r' ? ' ' : *s, f);
@@ -40,7 +31,7 @@ static void write_memory(FILE *f, const kvs_plot_plan *p) {
     for (int s = 0; s < p->n_series; s++) {
         fprintf(f, "%s'-' using 1:2 with linespoints lw 2 pt %d lc rgb '%s' title ", s ? ", " : "", 5 + s,
                 colors[(size_t)s % N_COLORS]);
-        put_str(f, p->labels[s]);
+        kvs_plot_gp_string(f, p->labels[s]);
     }
     fputc('\n', f);
     for (int s = 0; s < p->n_series; s++) {
@@ -61,7 +52,7 @@ static void write_max_batch(FILE *f, const kvs_plot_plan *p) {
     fputs("plot ", f);
     for (int s = 0; s < p->n_series; s++) {
         fprintf(f, "%s'-' using 2:xtic(1) lc rgb '%s' title ", s ? ", " : "", colors[(size_t)s % N_COLORS]);
-        put_str(f, p->labels[s]);
+        kvs_plot_gp_string(f, p->labels[s]);
     }
     fputc('\n', f);
     /* gnuplot reads one inline block per plot element: each series' block carries the categories too. A bar of a
@@ -88,9 +79,9 @@ static void write_script(FILE *f, const void *ctx, const char *image_path) {
     if (is_svg) fprintf(f, "set terminal svg size 900,%d dynamic font 'sans,12'\n", height);
     else fprintf(f, "set terminal pngcairo size 900,%d font 'sans,11'\n", height);
     fputs("set output ", f);
-    put_str(f, image_path);
+    kvs_plot_gp_string(f, image_path);
     fputs("\nset title ", f);
-    put_str(f, p->title ? p->title : "");
+    kvs_plot_gp_string(f, p->title ? p->title : "");
     fputc('\n', f);
     fputs("set datafile missing '?'\n", f);
     if (p->kind == KVS_PLOT_PLAN_MEMORY) write_memory(f, p);

@@ -559,10 +559,9 @@ static int find_program(const char *prog, char *resolved, size_t cap) {
     return 0;
 }
 
-/* Writes s as a gnuplot single-quoted string (inside '...' only a doubled quote is special). */
-static void put_gp_string(FILE *f, const char *s) {
+void kvs_plot_gp_string(FILE *f, const char *s) {
     fputc('\'', f);
-    for (; *s; s++) {
+    for (; s && *s; s++) {
         if (*s == '\'') fputc('\'', f);
         fputc(*s == '\n' || *s == '\r' ? ' ' : *s, f);
     }
@@ -738,7 +737,7 @@ static void put_turn_marks(FILE *gp, const plot_data *d) {
             snprintf(text, sizeof text, "%s%sturn %" PRId64, n_with > 1 ? kvs_path_base(t->path) : "", n_with > 1 ? " " : "",
                      k + 1);
             fprintf(gp, "set label %d ", n_arrows);
-            put_gp_string(gp, text);
+            kvs_plot_gp_string(gp, text);
             fprintf(gp, " at first %" PRId64 ", graph 1 offset 0.4,-1 left textcolor rgb '#555555' front\n", u->begin);
         }
     }
@@ -762,13 +761,13 @@ static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
                 l->height);
     else fprintf(gp, "set terminal pngcairo size %d,%d noenhanced font 'Sans,10'\n", l->width, l->height);
     fprintf(gp, "set encoding utf8\nset output ");
-    put_gp_string(gp, image_path);
+    kvs_plot_gp_string(gp, image_path);
     fprintf(gp, "\nset title ");
-    put_gp_string(gp, t->title);
+    kvs_plot_gp_string(gp, t->title);
     fprintf(gp, "\nset xlabel ");
-    put_gp_string(gp, t->xlabel);
+    kvs_plot_gp_string(gp, t->xlabel);
     fprintf(gp, "\nset ylabel ");
-    put_gp_string(gp, t->ylabel);
+    kvs_plot_gp_string(gp, t->ylabel);
     /* Legend under the plot (labels carry every parameter and would squeeze the plot area beside it), in the
      * columns chosen by layout_key() ("height 1": a row's space under the last one); the margins in screen
      * coordinates keep the plot area the same size above a key of any height. */
@@ -789,7 +788,7 @@ static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
             first = 0;
             if (s->style == STYLE_FRONTIER) {
                 fprintf(gp, "'-' using 1:2 with steps lw 8 lc rgb '#b8b8b8' title ");
-                put_gp_string(gp, s->label);
+                kvs_plot_gp_string(gp, s->label);
                 fprintf(gp, ", \\\n     '-' using 1:2 with points pt 7 ps 1.8 lc rgb '#b8b8b8' notitle");
                 continue;
             }
@@ -804,7 +803,7 @@ static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
             fprintf(gp, "'-' using 1:2 with linespoints lw 2 pt %d ps 0.8 dt %d lc rgb '%s' title ",
                     point[k % 8], oracle ? 2 : dash[(k + k / 8) % 4],
                     oracle ? "#000000" : kvs_plot_policy_color(s->policy));
-            put_gp_string(gp, s->label);
+            kvs_plot_gp_string(gp, s->label);
         }
     fprintf(gp, "\n");
     for (int pass = 0; pass < 2; pass++)

@@ -145,6 +145,11 @@ kvs_status kvs_plot_make(const char *db_path, const kvs_plot_options *opt);
 
 /* ---- the gnuplot runner, shared with plots drawn from other data (plots/plan_plot.c) ---- */
 
+/*! kvs_plot_gp_string() : writes s (NULL = empty) as a gnuplot single-quoted string: inside '...' only a
+ *  doubled quote is special, and line breaks become spaces (a string is one line of the script). For every
+ *  script kvsim writes: titles, labels, legend entries, the output path. */
+void kvs_plot_gp_string(FILE *f, const char *s);
+
 /* Writes a complete gnuplot script to `gp` whose `set output` names `image_path`. */
 typedef void (*kvs_plot_script_fn)(FILE *gp, const void *ctx, const char *image_path);
 

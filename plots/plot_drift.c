@@ -34,21 +34,6 @@ void kvs_plot_drift_free(kvs_plot_drift *p) {
 
 size_t kvs_plot_drift_n_series(const kvs_plot_drift *p) { return !p ? 0 : p->locality ? 1 : (size_t)p->n_bands; }
 
-/* A gnuplot single-quoted string: quotes doubled, line breaks as spaces. */
-static void put_quoted(FILE *f, const char *s) {
-    fputc('\'', f);
-    for (; *s; s++) {
-        if (*s == '\'') fputs("''", f);
-        else fputc(*s == '\n' || *s == '\r' ? ' ' : *s, f);
-    }
-    fputc('\'', f);
-}
-
-static const char *base_name(const char *p) {
-    const char *s = strrchr(p, '/');
-    return s ? s + 1 : p;
-}
-
 kvs_status kvs_plot_drift_prepare(const char *db_path, const kvs_plot_options *o, kvs_plot_drift **out) {
     if (!out) return kvs_fail(KVS_ERR_INVALID_ARG, "plot: NULL output handle");
     *out = NULL;
@@ -153,7 +138,7 @@ kvs_status kvs_plot_drift_prepare(const char *db_path, const kvs_plot_options *o
                  "attention drift: overlap of the %s prefill top-%lld with each decode step's (%s, mean +- sd over %ss) "
                  "- %s, drift run %lld",
                  use_last ? "last-query" : "window", (long long)k, layers, kvs_drift_unit_name(unit),
-                 base_name(run->trace_path ? run->trace_path : "?"), (long long)run->id);
+                 kvs_path_base(run->trace_path ? run->trace_path : "?"), (long long)run->id);
         snprintf(p->xlabel, sizeof p->xlabel, "decode step (dashed: SyncKV S1, overlap 0.3 after 50 steps)");
         snprintf(p->ylabel, sizeof p->ylabel, "overlap_%lld(prefill set, step set)  (SyncKV Eq. 1)", (long long)k);
     } else {
@@ -189,7 +174,7 @@ kvs_status kvs_plot_drift_prepare(const char *db_path, const kvs_plot_options *o
         snprintf(p->title, sizeof p->title,
                  "temporal locality: overlap of the top-%lld sets of steps t and t+d (%s, mean over %ss) - %s, drift "
                  "run %lld",
-                 (long long)k, layers, kvs_drift_unit_name(unit), base_name(run->trace_path ? run->trace_path : "?"),
+                 (long long)k, layers, kvs_drift_unit_name(unit), kvs_path_base(run->trace_path ? run->trace_path : "?"),
                  (long long)run->id);
         snprintf(p->xlabel, sizeof p->xlabel, "d (steps apart)");
         snprintf(p->ylabel, sizeof p->ylabel, "decode step t");
@@ -211,13 +196,13 @@ void kvs_plot_drift_write_script(const kvs_plot_drift *p, int is_svg, const char
     if (is_svg) fprintf(f, "set terminal svg size 1200,720 noenhanced font 'Sans,11' background rgb 'white'\n");
     else fprintf(f, "set terminal pngcairo size 1200,720 noenhanced font 'Sans,10'\n");
     fprintf(f, "set encoding utf8\nset output ");
-    put_quoted(f, image_path);
+    kvs_plot_gp_string(f, image_path);
     fprintf(f, "\nset title ");
-    put_quoted(f, p->title);
+    kvs_plot_gp_string(f, p->title);
     fprintf(f, "\nset xlabel ");
-    put_quoted(f, p->xlabel);
+    kvs_plot_gp_string(f, p->xlabel);
     fprintf(f, "\nset ylabel ");
-    put_quoted(f, p->ylabel);
+    kvs_plot_gp_string(f, p->ylabel);
     fprintf(f, "\n");
     if (!p->locality) {
         fprintf(f, "set grid\nset key outside below center horizontal\nset yrange [0:1.05]\nset xrange [0:%lld]\n",
@@ -230,7 +215,7 @@ void kvs_plot_drift_write_script(const kvs_plot_drift *p, int is_svg, const char
             fprintf(f, "%s'-' using 1:2:3 with filledcurves lc rgb '%s' notitle, \\\n     '-' using 1:2 with lines lw 2 "
                        "lc rgb '%s' title ",
                     b ? ", \\\n     " : "", band_colors[b], band_colors[b]);
-            put_quoted(f, p->band_label[b]);
+            kvs_plot_gp_string(f, p->band_label[b]);
         }
         fprintf(f, "\n");
         for (int b = 0; b < p->n_bands; b++) {

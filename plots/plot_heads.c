@@ -93,16 +93,6 @@ cleanup:
     return st;
 }
 
-/* A gnuplot single-quoted string ('' is a quote; one line). */
-static void put_quoted(FILE *f, const char *s) {
-    fputc('\'', f);
-    for (; *s; s++) {
-        if (*s == '\'') fputc('\'', f);
-        fputc(*s == '\n' || *s == '\r' ? ' ' : *s, f);
-    }
-    fputc('\'', f);
-}
-
 /* Tick labels on both axes: "L<layer> <u|h><index>[*]". */
 static void put_tics(FILE *gp, const kvs_plot_heads *h) {
     const kvs_results_heads_row *r = h->r;
@@ -127,7 +117,7 @@ void kvs_plot_heads_write_script(FILE *gp, const kvs_plot_heads *h, int is_svg, 
                 side);
     else fprintf(gp, "set terminal pngcairo size %d,%d noenhanced font 'Sans,10'\n", side + 100, side);
     fprintf(gp, "set encoding utf8\nset output ");
-    put_quoted(gp, image_path);
+    kvs_plot_gp_string(gp, image_path);
     char title[512], where[32], foot[1024];
     if (h->layer >= 0) snprintf(where, sizeof where, "layer %d", h->layer);
     else snprintf(where, sizeof where, "all layers");
@@ -142,9 +132,9 @@ void kvs_plot_heads_write_script(FILE *gp, const kvs_plot_heads *h, int is_svg, 
                                                         !heads ? "diagonal: pairs of distinct heads; " : "",
              r->trace_path, (long long)r->id);
     fprintf(gp, "\nset title ");
-    put_quoted(gp, title);
+    kvs_plot_gp_string(gp, title);
     fprintf(gp, "\nset label 1 ");
-    put_quoted(gp, foot);
+    kvs_plot_gp_string(gp, foot);
     fprintf(gp, " at screen 0.5, 0.012 center");
     fprintf(gp, "\nset size ratio -1\nset xrange [-0.5:%d.5]\nset yrange [%d.5:-0.5]\nset cbrange [0:1]\n"
                 "set cblabel 'mean overlap coefficient'\nset bmargin 7\nset palette defined (0 '#ffffff', 0.5 '#6fa8dc', 1 '#0b2e6b')\n"
