@@ -9,11 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#include "../common/kvs_out.h"
 #include "../common/kvs_rng.h"
 #include "../common/kvs_stats.h"
+#include "../plots/plot.h"
 #include "../sim/results_closed.h"
 #include "cli.h"
 
@@ -28,7 +27,7 @@ static void usage(FILE *f) {
             "ranks (by out_err mean and by mean KL) disagree most. A trace needs at least 3 pairs.\n"
             "  --bootstrap N   resamples (default 1000; 0 = no intervals)\n"
             "  --seed S        bootstrap seed (default 1)\n"
-            "  --plot F.png    scatter of out_err mean (offline) against mean KL (closed loop), log-log, per trace\n");
+            "  --plot F.png    (or F.svg) scatter of out_err mean (offline) against mean KL (closed loop), log-log, per trace\n");
 }
 
 typedef struct {
@@ -92,66 +91,53 @@ static kvs_status spearman_ci(const double *x, const double *y, size_t n, int bo
     return KVS_OK;
 }
 
-/* The gnuplot scatter: gnuplot writes the PNG to its standard output, which goes through kvs_out (atomic). */
-static kvs_status plot_scatter(const char *path, const pair *pairs, const size_t *group_end, int n_groups) {
-    char dir[] = "/tmp/kvsim_calibrate_XXXXXX", script[64], cmd[128];
-    if (!mkdtemp(dir)) return kvs_fail(KVS_ERR_IO, "calibrate: cannot make a temporary folder");
-    snprintf(script, sizeof script, "%s/plot.gp", dir);
-    kvs_status st = KVS_OK;
-    FILE *f = fopen(script, "w");
-    kvs_out *out = NULL;
-    if (!f) {
-        rmdir(dir);
-        return kvs_fail(KVS_ERR_IO, "calibrate: cannot write the gnuplot script");
-    }
-    fprintf(f, "set terminal pngcairo size 900,650\nset logscale xy\nset key outside bottom center horizontal\n"
-               "set xlabel 'offline: replay output error (mean)'\nset ylabel 'closed loop: mean KL(full || policy), nats'\n"
-               "set grid\nset title 'offline replay vs closed-loop decoding'\nplot ");
+/* The scatter's data: the pairs grouped by trace (group gi ends at group_end[gi]). */
+typedef struct {
+    const pair *pairs;
+    const size_t *group_end;
+    int n_groups, is_svg;
+} scatter;
+
+static void scatter_script(FILE *f, const void *ctx, const char *image_path) {
+    const scatter *sc = ctx;
+    if (sc->is_svg) fputs("set terminal svg size 900,650 dynamic\n", f);
+    else fputs("set terminal pngcairo size 900,650\n", f);
+    fputs("set output ", f);
+    kvs_plot_gp_string(f, image_path);
+    fputs("\nset logscale xy\nset key outside bottom center horizontal\n"
+          "set xlabel 'offline: replay output error (mean)'\nset ylabel 'closed loop: mean KL(full || policy), nats'\n"
+          "set grid\nset title 'offline replay vs closed-loop decoding'\nplot ",
+          f);
     size_t b = 0;
-    for (int gi = 0; gi < n_groups; gi++) {
-        fprintf(f, "%s'-' using 1:2 with points pt 7 title '%s', '-' using 1:2:3 with labels offset 0.6,0.6 font ',7' notitle",
-                gi ? ", " : "", pairs[b].c->model ? pairs[b].c->model : "trace");
-        b = group_end[gi];
+    for (int gi = 0; gi < sc->n_groups; gi++) {
+        fprintf(f, "%s'-' using 1:2 with points pt 7 title ", gi ? ", " : "");
+        kvs_plot_gp_string(f, sc->pairs[b].c->model ? sc->pairs[b].c->model : "trace");
+        fputs(", '-' using 1:2:3 with labels offset 0.6,0.6 font ',7' notitle", f);
+        b = sc->group_end[gi];
     }
     fprintf(f, "\n");
     b = 0;
-    for (int gi = 0; gi < n_groups; gi++) {
+    for (int gi = 0; gi < sc->n_groups; gi++) {
         for (int rep = 0; rep < 2; rep++) {
-            for (size_t i = b; i < group_end[gi]; i++) {
-                double x = x_of(&pairs[i], 0), y = y_of(&pairs[i], 0);
+            for (size_t i = b; i < sc->group_end[gi]; i++) {
+                const pair *q = &sc->pairs[i];
+                double x = x_of(q, 0), y = y_of(q, 0);
                 if (!(x > 0) || !(y > 0)) continue; /* log axes: full-cache points sit at 0 */
                 if (rep == 0) fprintf(f, "%.9g %.9g\n", x, y);
-                else fprintf(f, "%.9g %.9g \"%s:%lld\"\n", x, y, pairs[i].c->policy, (long long)pairs[i].c->budget_tokens);
+                else fprintf(f, "%.9g %.9g \"%s:%lld\"\n", x, y, q->c->policy, (long long)q->c->budget_tokens);
             }
             fprintf(f, "e\n");
         }
-        b = group_end[gi];
+        b = sc->group_end[gi];
     }
-    fclose(f);
-    snprintf(cmd, sizeof cmd, "gnuplot %s", script);
-    FILE *gp = popen(cmd, "r");
-    if (!gp) {
-        st = kvs_fail(KVS_ERR_EXTERNAL, "calibrate: cannot run gnuplot");
-        goto done;
-    }
-    if ((st = kvs_out_open(path, &out)) == KVS_OK) {
-        char buf[65536];
-        size_t n, total = 0;
-        while (st == KVS_OK && (n = fread(buf, 1, sizeof buf, gp)) > 0) {
-            st = kvs_out_write(out, buf, n);
-            total += n;
-        }
-        int rc = pclose(gp);
-        gp = NULL;
-        if (st == KVS_OK && (rc != 0 || total == 0)) st = kvs_fail(KVS_ERR_EXTERNAL, "calibrate: gnuplot failed (status %d)", rc);
-        if (st == KVS_OK) st = kvs_out_commit(out);
-        else kvs_out_abort(out);
-    }
-    if (gp) pclose(gp);
-done:
-    unlink(script);
-    rmdir(dir);
-    return st;
+    fputs("unset output\n", f);
+}
+
+/* The gnuplot scatter, drawn and delivered like every kvsim plot (plots/plot.h: atomic output, PNG or SVG by the
+ * name, nothing left on failure). */
+static kvs_status plot_scatter(const char *path, int is_svg, const pair *pairs, const size_t *group_end, int n_groups) {
+    scatter sc = {.pairs = pairs, .group_end = group_end, .n_groups = n_groups, .is_svg = is_svg};
+    return kvs_plot_gnuplot_render(NULL, path, is_svg, scatter_script, &sc);
 }
 
 int kvs_cmd_calibrate(int argc, char **argv) {
@@ -179,6 +165,10 @@ int kvs_cmd_calibrate(int argc, char **argv) {
         return kvs_cli_fail("calibrate", KVS_ERR_INVALID_ARG);
     if (seed_s && kvs_cli_parse_long("--seed", seed_s, 0, 1L << 62, &seed) != KVS_OK)
         return kvs_cli_fail("calibrate", KVS_ERR_INVALID_ARG);
+    int plot_svg = 0; /* the image format by the name, as kvsim plot decides it: checked before any work */
+    if (plot_path && kvs_plot_image_format(plot_path, NULL, &plot_svg) != KVS_OK)
+        return kvs_cli_usage_error("calibrate", "--plot: '%s' must end in .png or .svg (or be -, a FIFO or a device)",
+                                   plot_path);
 
     kvs_results_db *db = NULL;
     kvs_results_closed_row *cl = NULL;
@@ -304,7 +294,7 @@ int kvs_cmd_calibrate(int argc, char **argv) {
                       "run on the same trace (kvsim replay TRACE ... and kvsim generate --trace TRACE ...)", db_path);
         goto cleanup;
     }
-    if (plot_path) KVS_TRY(st = plot_scatter(plot_path, pairs, group_end, n_groups));
+    if (plot_path) KVS_TRY(st = plot_scatter(plot_path, plot_svg, pairs, group_end, n_groups));
     st = KVS_OK;
 cleanup:
     kvs_results_closed_rows_free(cl, n_cl);

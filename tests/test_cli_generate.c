@@ -159,6 +159,12 @@ static void test_bad_usage_and_files(void **state) {
     assert_int_equal(kvs_test_cli(out, err, no_db), 1);
     const char *twice[] = {"calibrate", db, "--seed", "1", "--seed", "2", NULL};
     assert_int_equal(kvs_test_cli(out, err, twice), 2);
+    /* The plot's name is checked before any work (PNG or SVG, as kvsim plot decides it). */
+    const char *bad_plot[] = {"calibrate", db, "--plot", "scatter.txt", NULL};
+    assert_int_equal(kvs_test_cli(out, err, bad_plot), 2);
+    text = slurp(err);
+    assert_non_null(strstr(text, "--plot: 'scatter.txt' must end in .png or .svg"));
+    free(text);
     cleanup_dir();
 }
 
