@@ -127,16 +127,6 @@ int32_t kvs_synckv_default_nr(int32_t H) { return H >= 8 ? 2 : 1; }
 
 /* ---- configuration: representatives per layer, k per layer ---------------------------------------------- */
 
-/* 1 when `path` starts with the SQLite header (a kvsim results database given as clusters=DB). */
-static int is_sqlite_file(const char *path) {
-    char head[16] = {0};
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
-    size_t n = fread(head, 1, sizeof head, f);
-    fclose(f);
-    return n == sizeof head && !memcmp(head, "SQLite format 3", 16);
-}
-
 /* The clustering of the latest `kvsim heads` run in the results database at `path` (read-only). */
 static kvs_status read_db_clusters(const char *path, kvs_head_clusters **c) {
     kvs_results_db *db = NULL;
@@ -165,7 +155,7 @@ static kvs_status layer_nr(const kvs_policy_config *cfg, const kvs_policy_model 
                         (int)cfg->v[P_NR], path);
     kvs_head_clusters *c = NULL;
     char sha[65];
-    int is_db = is_sqlite_file(path);
+    int is_db = kvs_results_is_sqlite_file(path);
     kvs_status st = is_db ? read_db_clusters(path, &c) : kvs_head_clusters_read(path, &c, sha);
     if (st != KVS_OK) return kvs_fail(KVS_ERR_INVALID_ARG, "synckv: clusters=%s: %s", path, kvs_last_error());
     /* A clusters file is pinned by its digest (checked here again: it must not change between parse and replay). A
@@ -274,7 +264,7 @@ static int synckv_notes(const kvs_policy_config *cfg, const kvs_policy_model *m,
     if (!strcmp(cfg->str[P_CLUSTERS], "prefill"))
         n += kvs_policy_note(buf, cap, "clusters=prefill: clustered on this trace's own prompt, not the paper's offline "
                                        "calibration corpus (App. B.1; give clusters=FILE from kvsim heads)");
-    else if (is_sqlite_file(cfg->str[P_CLUSTERS]))
+    else if (kvs_results_is_sqlite_file(cfg->str[P_CLUSTERS]))
         n += kvs_policy_note(buf, cap, "clusters from the latest kvsim heads run of the results database %s",
                              kvs_path_base(cfg->str[P_CLUSTERS]));
     if (!all_rep && kmax >= (double)P)

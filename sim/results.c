@@ -246,14 +246,24 @@ static kvs_status step_done(kvs_results_db *r, sqlite3_stmt *st, const char *wha
 
 /* Checks the first 16 bytes of an existing, non-empty file for the SQLite header string, so a foreign
  * file is rejected before SQLite opens (and possibly journals) it. */
-static kvs_status check_sqlite_header(const char *path) {
+/* 1 when the file at `path` starts with the 16-byte SQLite header, 0 when it does not (or is shorter), -1 (errno
+ * set) when it cannot be opened. */
+static int sqlite_header(const char *path) {
     static const char magic[16] = "SQLite format 3";
     char hdr[16];
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return kvs_fail(KVS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return -1;
     ssize_t n = read(fd, hdr, sizeof hdr);
     close(fd);
-    if (n != (ssize_t)sizeof hdr || memcmp(hdr, magic, sizeof magic) != 0)
+    return n == (ssize_t)sizeof hdr && memcmp(hdr, magic, sizeof magic) == 0;
+}
+
+int kvs_results_is_sqlite_file(const char *path) { return sqlite_header(path) == 1; }
+
+static kvs_status check_sqlite_header(const char *path) {
+    int h = sqlite_header(path);
+    if (h < 0) return kvs_fail(KVS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (h == 0)
         return kvs_fail(KVS_ERR_DB, "%s: not a kvsim results database (not an SQLite file); left unchanged", path);
     return KVS_OK;
 }

@@ -29,6 +29,10 @@ typedef struct kvs_results_db kvs_results_db;
  *  Caller frees with kvs_results_close (accepts NULL). */
 kvs_status kvs_results_open(const char *path, kvs_results_db **out);
 
+/*! kvs_results_is_sqlite_file() : 1 when the file at `path` starts with SQLite's 16-byte header (a database a
+ *  parameter may name instead of a text file), else 0 (also when it cannot be read). Does not open it as a database. */
+int kvs_results_is_sqlite_file(const char *path);
+
 /*! kvs_results_open_readonly() : opens an EXISTING kvsim results database read-only: never creates,
  *  migrates or modifies it (what `kvsim runs`, `plot` and `compare` use). Versions 1 and 2 are read; in a
  *  v1 database the metrics and run columns v1 did not have read as "not recorded" (see the read API
