@@ -84,27 +84,24 @@ kvs_status kvs_head_clusters_check(const kvs_head_clusters *c) {
         int32_t k = c->n_clusters[l];
         if (k < 1 || k > c->n_units)
             return kvs_fail(KVS_ERR_FORMAT, "head clusters: layer %d has %d clusters of %d units", l, k, c->n_units);
-        for (int32_t g = 0; g < k; g++) {
-            int32_t members = 0, reps = 0;
-            for (int32_t u = 0; u < c->n_units; u++) {
-                size_t i = (size_t)l * (size_t)c->n_units + (size_t)u;
-                if (c->cluster[i] == g) {
-                    members++;
-                    reps += c->is_rep[i] != 0;
-                } else if (c->is_rep[i] && (c->cluster[i] < 0 || c->cluster[i] >= k)) {
-                    reps = -1;
-                }
-            }
-            if (members == 0) return kvs_fail(KVS_ERR_FORMAT, "head clusters: layer %d cluster %d is empty", l, g);
-            if (reps != 1)
-                return kvs_fail(KVS_ERR_FORMAT, "head clusters: layer %d cluster %d has %d representatives (needs 1)", l,
-                                g, reps < 0 ? 0 : reps);
-        }
         for (int32_t u = 0; u < c->n_units; u++) {
             int32_t g = c->cluster[(size_t)l * (size_t)c->n_units + (size_t)u];
             if (g < 0 || g >= k)
                 return kvs_fail(KVS_ERR_FORMAT, "head clusters: layer %d unit %d is in cluster %d (layer has %d)", l, u,
                                 g, k);
+        }
+        for (int32_t g = 0; g < k; g++) {
+            int32_t members = 0, reps = 0;
+            for (int32_t u = 0; u < c->n_units; u++) {
+                size_t i = (size_t)l * (size_t)c->n_units + (size_t)u;
+                if (c->cluster[i] != g) continue;
+                members++;
+                reps += c->is_rep[i] != 0;
+            }
+            if (members == 0) return kvs_fail(KVS_ERR_FORMAT, "head clusters: layer %d cluster %d is empty", l, g);
+            if (reps != 1)
+                return kvs_fail(KVS_ERR_FORMAT, "head clusters: layer %d cluster %d has %d representatives (needs 1)", l,
+                                g, reps);
         }
     }
     return KVS_OK;
