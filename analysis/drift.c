@@ -69,11 +69,6 @@ kvs_status kvs_analysis_drift_check(const kvs_trace *t, const kvs_drift_opts *o)
     return KVS_OK;
 }
 
-static int cmp_i32(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* The analysis state of one layer. Units of a KV head: u < G its query heads, u == G the group. */
 typedef struct {
     const kvs_drift_opts *o;
@@ -106,12 +101,7 @@ static int32_t *ring_set(layer_state *L, int h, int u, int64_t slot, int ki) {
 /* The unit's map over n positions: head g's row of `probs`, or the max over the group's rows (u == G). */
 static const float *unit_map(layer_state *L, const float *rows, size_t stride, size_t n, int u) {
     if (u < L->G) return rows + (size_t)u * stride;
-    for (size_t j = 0; j < n; j++) {
-        float mx = rows[j];
-        for (int g = 1; g < L->G; g++)
-            if (rows[(size_t)g * stride + j] > mx) mx = rows[(size_t)g * stride + j];
-        L->map[j] = mx;
-    }
+    kvs_max_rows(rows, stride, (size_t)L->G, n, L->map);
     return L->map;
 }
 
@@ -137,7 +127,7 @@ static void prefill_sets(layer_state *L, int h, const kvs_kv_pos *p) {
             for (int ki = 0; ki < o->n_k; ki++) {
                 int32_t *set = pre_set(L, 0, h, u, ki);
                 memcpy(set, L->top, (size_t)o->k[ki] * sizeof *set);
-                qsort(set, (size_t)o->k[ki], sizeof *set, cmp_i32);
+                kvs_sort_positions(set, (size_t)o->k[ki]);
             }
         }
     }
@@ -148,7 +138,7 @@ static void prefill_sets(layer_state *L, int h, const kvs_kv_pos *p) {
             for (int ki = 0; ki < o->n_k; ki++) {
                 int32_t *set = pre_set(L, 1, h, u, ki);
                 memcpy(set, L->top, (size_t)o->k[ki] * sizeof *set);
-                qsort(set, (size_t)o->k[ki], sizeof *set, cmp_i32);
+                kvs_sort_positions(set, (size_t)o->k[ki]);
             }
         }
     }
@@ -167,7 +157,7 @@ static kvs_status step_unit_rows(layer_state *L, int layer, int h, int64_t s, co
             const size_t k = (size_t)o->k[ki];
             int32_t *cur = L->cur;
             memcpy(cur, L->order, k * sizeof *cur);
-            qsort(cur, k, sizeof *cur, cmp_i32);
+            kvs_sort_positions(cur, k);
             kvs_drift_step row = {.layer = layer, .unit = kind, .index = kind == KVS_DRIFT_HEAD ? h * L->G + u : h,
                                   .k = (int64_t)k, .step = s, .pos = p->pos, .overlap_window = NAN,
                                   .overlap_last = NAN};

@@ -21,17 +21,6 @@ void kvs_analysis_heads_sim_free(kvs_analysis_heads_sim *s) {
     free(s);
 }
 
-static int cmp_i32(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
-/* The top-k positions of row x[0..n) as a strictly ascending set (what kvs_overlap_sorted takes). */
-static void topk_set(const float *x, size_t n, size_t k, int32_t *set) {
-    kvs_topk(x, n, k, set);
-    qsort(set, k, sizeof *set, cmp_i32);
-}
-
 /* Adds the overlap of every pair i < j of the n sets (each of k members, set i at sets + i*k) to the upper
  * triangle of acc [n][n]. */
 static void add_pair_overlaps(const int32_t *sets, size_t n, size_t k, double *acc) {
@@ -119,15 +108,10 @@ kvs_status kvs_analysis_heads_similarity(const kvs_trace *t, const kvs_analysis_
             }
             if (!generated) continue; /* the prompt's attention is computed (the history needs it) but not used */
             const size_t n = (size_t)q.n_ctx;
-            for (size_t j = 0; j < n; j++) pooled[j] = q.probs[j];
-            for (int32_t g = 0; g < G; g++) {
-                const float *row = q.probs + (size_t)g * n;
-                /* query head (layer l, head u*G + g) sits at i*G + g: l*H + u*G + g with i = l*U + u */
-                topk_set(row, n, kk, qsets + (i * (size_t)G + (size_t)g) * kk);
-                for (size_t j = 0; j < n; j++)
-                    if (row[j] > pooled[j]) pooled[j] = row[j]; /* App. B.1: MAX over the group's query heads */
-            }
-            topk_set(pooled, n, kk, usets + i * kk);
+            for (int32_t g = 0; g < G; g++) /* query head (layer l, head u*G + g) sits at i*G + g: l*H + u*G + g */
+                kvs_topk_sorted(q.probs + (size_t)g * n, n, kk, qsets + (i * (size_t)G + (size_t)g) * kk);
+            kvs_max_rows(q.probs, n, (size_t)G, n, pooled); /* App. B.1: MAX over the group's query heads */
+            kvs_topk_sorted(pooled, n, kk, usets + i * kk);
         }
         if (!generated) continue;
         add_pair_overlaps(qsets, nq, kk, s->qhead_sim);

@@ -158,6 +158,25 @@ KVS_TOPK_DEFINE(, kvs_topk_f64, double, topk_next_f64)
 
 /* A large k (the oracle top-k keeps hundreds of a few thousand) costs the heap k log k on top of the scan; the
  * O(n) radix ranking of kvs_argsort_desc gives the same order (its contract) at a fixed cost per element. */
+static int cmp_i32_asc(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+void kvs_sort_positions(int32_t *idx, size_t n) { qsort(idx, n, sizeof *idx, cmp_i32_asc); }
+
+void kvs_topk_sorted(const float *x, size_t n, size_t k, int32_t *out_idx) {
+    kvs_topk(x, n, k, out_idx);
+    kvs_sort_positions(out_idx, k);
+}
+
+void kvs_max_rows(const float *rows, size_t stride, size_t n_rows, size_t n, float *out) {
+    memcpy(out, rows, n * sizeof *out);
+    for (size_t r = 1; r < n_rows; r++)
+        for (size_t j = 0; j < n; j++)
+            if (rows[r * stride + j] > out[j]) out[j] = rows[r * stride + j];
+}
+
 void kvs_topk(const float *x, size_t n, size_t k, int32_t *out_idx) {
     if (k > n) k = n;
     if (k >= 64 && k * 16 >= n) {
@@ -472,10 +491,6 @@ void kvs_page_minmax_add(float *kmin, float *kmax, const float *k, size_t d, int
     }
 }
 
-static int cmp_i32_asc(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
 
 void kvs_qdims_topk(const float *q, size_t group, size_t d, size_t k, int32_t *dims, uint8_t *use_max,
                     double *scratch) {
@@ -486,7 +501,7 @@ void kvs_qdims_topk(const float *q, size_t group, size_t d, size_t k, int32_t *d
         scratch[i] = a;
     }
     kvs_topk_f64(scratch, d, k, dims);
-    qsort(dims, k, sizeof *dims, cmp_i32_asc);
+    kvs_sort_positions(dims, k);
     if (!use_max) return;
     for (size_t m = 0; m < k; m++) {
         double s = 0;
@@ -545,6 +560,6 @@ int64_t kvs_page_select(const double *score, size_t n_pages, size_t page, size_t
         for (size_t j = 0; j < cnt && got < k; j++) out[got++] = (int32_t)(first + j);
     }
     KVS_ASSERT(got == k);
-    qsort(out, k, sizeof *out, cmp_i32_asc);
+    kvs_sort_positions(out, k);
     return (int64_t)k;
 }

@@ -67,6 +67,17 @@ void kvs_attention_causal_block(const float *q, size_t nb, size_t group, const f
  *  descending value; ties go to the lower index, so the result is deterministic. NaN sorts lowest. */
 void kvs_topk(const float *x, size_t n, size_t k, int32_t *out_idx);
 
+/*! kvs_sort_positions() : sorts n positions (indices) ascending in place: the set form that attend sets and
+ *  kvs_overlap_sorted() take. */
+void kvs_sort_positions(int32_t *idx, size_t n);
+
+/*! kvs_topk_sorted() : the same k positions as kvs_topk(), as an ascending set. */
+void kvs_topk_sorted(const float *x, size_t n, size_t k, int32_t *out_idx);
+
+/*! kvs_max_rows() : out[j] = max over the n_rows rows r of rows[r * stride + j], j < n (the MAX pooling of a GQA
+ *  group's attention maps, SyncKV App. B.1). out may not alias rows. n_rows >= 1. */
+void kvs_max_rows(const float *rows, size_t stride, size_t n_rows, size_t n, float *out);
+
 /*! kvs_topk_f64() : kvs_topk() over doubles (same order and tie rule), for scores ranked in fp64. */
 void kvs_topk_f64(const double *x, size_t n, size_t k, int32_t *out_idx);
 

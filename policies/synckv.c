@@ -293,11 +293,6 @@ static void pooled_attention(const float *q, int group, int d, const float *keys
     }
 }
 
-static int cmp_i32(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
 /* out = a ∪ b (strictly ascending inputs and output); @return its size. out may not alias a or b. */
 static int64_t set_union(const int32_t *a, int64_t na, const int32_t *b, int64_t nb, int32_t *out) {
     int64_t i = 0, j = 0, w = 0;
@@ -436,8 +431,7 @@ static kvs_status synckv_alloc_prefill(void *alloc, int layer, int kv_head, cons
         pooled_attention(q, v->group, v->head_dim, v->k, n, v->scale, a->pool, a->sc);
         size_t kk = (size_t)n < kc ? (size_t)n : kc;
         int32_t *set = a->sets + ((size_t)kv_head * (size_t)a->W + (size_t)r) * kc;
-        kvs_topk(a->pool, (size_t)n, kk, set);
-        qsort(set, kk, sizeof *set, cmp_i32);
+        kvs_topk_sorted(a->pool, (size_t)n, kk, set);
         a->set_n[(size_t)kv_head * (size_t)a->W + (size_t)r] = (int64_t)kk;
     }
     a->done[kv_head] = 1;
@@ -583,8 +577,8 @@ static kvs_status synckv_prefill(void *state, const kvs_policy_view *view) {
     s->nr_dyn = kd;
     memcpy(s->r_stat, s->top, (size_t)s->nr_stat * sizeof *s->top);
     memcpy(s->r_dyn, s->top + s->nr_stat, (size_t)kd * sizeof *s->top);
-    qsort(s->r_stat, (size_t)s->nr_stat, sizeof *s->r_stat, cmp_i32);
-    qsort(s->r_dyn, (size_t)s->nr_dyn, sizeof *s->r_dyn, cmp_i32);
+    kvs_sort_positions(s->r_stat, (size_t)s->nr_stat);
+    kvs_sort_positions(s->r_dyn, (size_t)s->nr_dyn);
     return KVS_OK;
 }
 
@@ -649,8 +643,7 @@ static kvs_status synckv_observe(void *state, const kvs_policy_view *view, const
         avail -= s->nr_stat;
     }
     int64_t kd = s->k_dyn < avail ? s->k_dyn : avail;
-    kvs_topk(s->pool, (size_t)n, (size_t)kd, s->r_dyn);
-    qsort(s->r_dyn, (size_t)kd, sizeof *s->r_dyn, cmp_i32);
+    kvs_topk_sorted(s->pool, (size_t)n, (size_t)kd, s->r_dyn);
     s->nr_dyn = kd;
     s->r_new = 1;
     return KVS_OK;

@@ -70,11 +70,6 @@ static kvs_status topk_prefill(void *state, const kvs_policy_view *view) {
     return KVS_OK;
 }
 
-static int cmp_i32(const void *a, const void *b) {
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
-}
-
 static kvs_status topk_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {
     topk_state *s = state;
     if (!view->full_probs) return kvs_fail(KVS_ERR_STATE, "topk: the oracle was not given full attention");
@@ -86,13 +81,11 @@ static kvs_status topk_select(void *state, const kvs_policy_view *view, kvs_poli
             for (int g = 0; g < s->group; g++) a += view->full_probs[(size_t)g * (size_t)view->n + (size_t)j];
             s->sum[j] = a;
         }
-        kvs_topk(s->sum, (size_t)view->n, (size_t)k, sel->idx[0]);
-        qsort(sel->idx[0], (size_t)k, sizeof(int32_t), cmp_i32);
+        kvs_topk_sorted(s->sum, (size_t)view->n, (size_t)k, sel->idx[0]);
         sel->n[0] = k;
     } else {
         for (int g = 0; g < s->group; g++) {
-            kvs_topk(view->full_probs + (size_t)g * (size_t)view->n, (size_t)view->n, (size_t)k, sel->idx[g]);
-            qsort(sel->idx[g], (size_t)k, sizeof(int32_t), cmp_i32);
+            kvs_topk_sorted(view->full_probs + (size_t)g * (size_t)view->n, (size_t)view->n, (size_t)k, sel->idx[g]);
             sel->n[g] = k;
         }
     }

@@ -293,6 +293,38 @@ static void test_topk_order_and_ties(void **state) {
 }
 
 /* kvs_topk_f64: the same order and tie rule in double, including values that differ only beyond float. */
+/* kvs_topk_sorted: kvs_topk's positions, ascending; kvs_max_rows: the element-wise maximum of strided rows. Both
+ * against direct loops on random data with ties. */
+static void test_topk_sorted_and_max_rows(void **state) {
+    (void)state;
+    unsigned seed = 7;
+    for (int trial = 0; trial < 200; trial++) {
+        float x[3 * 40];
+        size_t n = 1 + (size_t)(trial % 40), k = 1 + (size_t)(trial % (int)n), rows = 1 + (size_t)(trial % 3);
+        for (size_t i = 0; i < 3 * 40; i++) {
+            seed = seed * 1103515245u + 12345u;
+            x[i] = (float)((seed >> 16) % 9); /* few values: many ties */
+        }
+        int32_t top[40], sorted[40];
+        kvs_topk(x, n, k, top);
+        kvs_topk_sorted(x, n, k, sorted);
+        /* the same set: every member of top once in sorted, sorted strictly ascending */
+        for (size_t i = 1; i < k; i++) assert_true(sorted[i - 1] < sorted[i]);
+        for (size_t i = 0; i < k; i++) {
+            int found = 0;
+            for (size_t j = 0; j < k; j++) found += sorted[j] == top[i];
+            assert_int_equal(found, 1);
+        }
+        float mx[40];
+        kvs_max_rows(x, 40, rows, n, mx);
+        for (size_t j = 0; j < n; j++) {
+            float want = x[j];
+            for (size_t r = 1; r < rows; r++) want = x[r * 40 + j] > want ? x[r * 40 + j] : want;
+            assert_true(mx[j] == want);
+        }
+    }
+}
+
 static void test_topk_f64_order_and_ties(void **state) {
     (void)state;
     double x[7] = {1.0, 3.0, 3.0, 2.0, NAN, 3.0 + 1e-12, -1.0};
@@ -928,6 +960,7 @@ int main(void) {
         cmocka_unit_test(test_pread_all_truncated),
         cmocka_unit_test(test_topk_order_and_ties),
         cmocka_unit_test(test_topk_f64_order_and_ties),
+        cmocka_unit_test(test_topk_sorted_and_max_rows),
         cmocka_unit_test(test_argsort_matches_topk),
         cmocka_unit_test(test_softmax_and_lse),
         cmocka_unit_test(test_scores_and_softmax_f64),
