@@ -150,9 +150,10 @@ static uint64_t group_raw_one(void) { return (2u * H_HEADS + 2u) * H_DIM * 2u + 
 
 /* Writes the 1-position trace of (a): token 5 at position 0 (a prompt), all q/k/v/o 0 and the LSE 0 -- which
  * IS exact attention (one key, score 0: o = v_0 = 0, lse = log 1 = 0), so the trace verifies. With
+ * `token` the position's token id (5 above; the vocabulary has 32). With
  * `group_comp_size` > 0 the group chunk instead claims that many payload bytes of junk (for the expansion check).
  * Returns the file size. */
-static size_t write_hostile_trace(const char *path, size_t group_comp_size) {
+static size_t write_hostile_trace(const char *path, size_t group_comp_size, uint8_t token) {
     uint64_t graw = group_raw_one();
     uint8_t *zeros = calloc(1, graw);
     uint8_t *gcomp = malloc(ZSTD_compressBound(graw));
@@ -166,7 +167,7 @@ static size_t write_hostile_trace(const char *path, size_t group_comp_size) {
         gsize = group_comp_size;
         memset(gcomp, 0x5a, gsize);
     }
-    uint8_t tok_raw[9] = {5, 0, 0, 0, 0, 0, 0, 0, 0}; /* token id 5, role prompt, turn 0 */
+    uint8_t tok_raw[9] = {token, 0, 0, 0, 0, 0, 0, 0, 0}; /* the token id, role prompt, turn 0 */
     uint8_t tcomp[64];
     size_t tsize = ZSTD_compress(tcomp, sizeof tcomp, tok_raw, sizeof tok_raw, 3);
     assert_false(ZSTD_isError(tsize));
@@ -269,7 +270,7 @@ static void test_huge_block_one_position_trace_reads_in_bounded_memory(void **st
     (void)state;
     char p[256];
     path_in("a.kvt", p, sizeof p);
-    size_t size = write_hostile_trace(p, 0);
+    size_t size = write_hostile_trace(p, 0, 5);
     assert_true(size < 1024); /* the file was 737 bytes; this one is of the same kind */
     assert_int_equal(run_bounded(read_hostile_trace, p), 0);
     assert_int_equal(run_bounded(recover_hostile_trace, p), 0);
@@ -286,7 +287,7 @@ static void test_chunk_claiming_more_than_zstd_can_expand_is_refused(void **stat
     (void)state;
     char p[256];
     path_in("ratio.kvt", p, sizeof p);
-    write_hostile_trace(p, 16); /* 16 bytes can hold at most 16 * 32768 = 524288 < 4198400 + 4096 */
+    write_hostile_trace(p, 16, 5); /* 16 bytes can hold at most 16 * 32768 = 524288 < 4198400 + 4096 */
     kvs_trace *t = NULL;
     assert_int_equal(kvs_trace_open(p, &t), KVS_ERR_FORMAT);
     assert_null(t);
@@ -299,6 +300,26 @@ static void test_chunk_claiming_more_than_zstd_can_expand_is_refused(void **stat
     assert_int_equal(kvs_trace_recover_with_report(p, out, &rep), KVS_ERR_TRUNCATED);
     assert_true(rep.partial);
     assert_non_null(strstr(rep.bad_error, "more than a 16-byte zstd frame can hold"));
+    struct stat st;
+    assert_int_equal(stat(out, &st), -1);
+}
+
+/* A tokens chunk with valid checksums whose token id is outside the vocabulary: the reader refuses the trace, and
+ * recovery (found by fuzz_trace: it used to copy the chunk, writing a trace that does not open) treats the chunk as
+ * bad, as the reader would, and keeps nothing. */
+static void test_recovery_drops_token_rows_the_reader_refuses(void **state) {
+    (void)state;
+    char p[256], out[256];
+    path_in("badtok.kvt", p, sizeof p);
+    path_in("badtok.rec", out, sizeof out);
+    write_hostile_trace(p, 0, 200);
+    kvs_trace *t = NULL;
+    assert_int_equal(kvs_trace_open(p, &t), KVS_ERR_FORMAT);
+    assert_non_null(strstr(kvs_last_error(), "position 0: token id 200 outside [0, vocab_size = 32)"));
+    kvs_trace_recovery rep;
+    assert_int_equal(kvs_trace_recover_with_report(p, out, &rep), KVS_ERR_TRUNCATED);
+    assert_true(rep.partial);
+    assert_non_null(strstr(rep.bad_error, "token id 200 outside [0, vocab_size = 32)"));
     struct stat st;
     assert_int_equal(stat(out, &st), -1);
 }
@@ -391,6 +412,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_chunk_claiming_more_than_zstd_can_expand_is_refused, tmp_setup,
                                         tmp_teardown),
         cmocka_unit_test_setup_teardown(test_header_only_huge_block_recover_is_bounded, tmp_setup, tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_recovery_drops_token_rows_the_reader_refuses, tmp_setup, tmp_teardown),
         cmocka_unit_test_setup_teardown(test_tokenizer_replace_chain_that_explodes_is_refused, tmp_setup,
                                         tmp_teardown),
     };

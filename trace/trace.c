@@ -1019,6 +1019,36 @@ kvs_status kvs_trace_read_block(const kvs_trace *t, int layer, int kv_head, int6
     return KVS_OK;
 }
 
+/* Decodes the n rows of a decompressed tokens chunk (raw: tokens u32[n], roles u8[n], turns u32[n]; byte-shuffled
+ * when `shuffled`, unshuffled through tmp, 9n bytes) into tok/role/turn. */
+static void decode_token_rows(const uint8_t *raw, int shuffled, size_t n, uint8_t *tmp, int32_t *tok, uint8_t *role,
+                              int32_t *turn) {
+    const uint8_t *p = raw;
+    if (shuffled) { /* unshuffle the three arrays into tmp */
+        unshuffle_bytes(p, tmp, n, 4);
+        memcpy(tmp + 4 * n, p + 4 * n, n);
+        unshuffle_bytes(p + 5 * n, tmp + 5 * n, n, 4);
+        p = tmp;
+    }
+    for (size_t i = 0; i < n; i++) {
+        tok[i] = (int32_t)kvs_get_u32(p + 4 * i);
+        role[i] = p[4 * n + i];
+        turn[i] = (int32_t)kvs_get_u32(p + 5 * n + 4 * i);
+    }
+}
+
+/* The checks of one position's token row that do not depend on its neighbours: a token id of the vocabulary and a
+ * known role. KVS_ERR_FORMAT naming `path` and the position. */
+static kvs_status check_token_row(const char *path, uint64_t pos, int32_t tok, uint8_t role, int32_t vocab_size) {
+    if (tok < 0 || tok >= vocab_size)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: position %llu: token id %d outside [0, vocab_size = %d)", path,
+                        (unsigned long long)pos, tok, vocab_size);
+    if (role > 1)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: position %llu: role %u is neither prompt (0) nor generated (1)", path,
+                        (unsigned long long)pos, role);
+    return KVS_OK;
+}
+
 /* Reads every tokens chunk, validates tokens/roles/turns and derives the turns table. */
 static kvs_status load_tokens(kvs_trace *t) {
     uint64_t N = (uint64_t)t->info.n_positions;
@@ -1037,33 +1067,10 @@ static kvs_status load_tokens(kvs_trace *t) {
         KVS_TRY(s = read_chunk(t, e, bi));
         size_t n = e->n_pos;
         uint64_t first = b * t->h.B;
-        const uint8_t *p = bi->raw;
-        if (e->flags & 1) { /* unshuffle the three arrays into tmp */
-            unshuffle_bytes(p, bi->tmp, n, 4);
-            memcpy(bi->tmp + 4 * n, p + 4 * n, n);
-            unshuffle_bytes(p + 5 * n, bi->tmp + 5 * n, n, 4);
-            p = bi->tmp;
-        }
-        for (size_t i = 0; i < n; i++) {
-            t->tokens[first + i] = (int32_t)kvs_get_u32(p + 4 * i);
-            t->roles[first + i] = p[4 * n + i];
-            t->turn_of[first + i] = (int32_t)kvs_get_u32(p + 5 * n + 4 * i);
-        }
+        decode_token_rows(bi->raw, e->flags & 1, n, bi->tmp, t->tokens + first, t->roles + first, t->turn_of + first);
     }
-    for (uint64_t i = 0; i < N; i++) {
-        int32_t tok = t->tokens[i];
-        uint8_t r = t->roles[i];
-        if (tok < 0 || tok >= t->h.model.vocab_size) {
-            s = kvs_fail(KVS_ERR_FORMAT, "%s: position %llu: token id %d outside [0, vocab_size = %d)", t->path,
-                         (unsigned long long)i, tok, t->h.model.vocab_size);
-            goto cleanup;
-        }
-        if (r > 1) {
-            s = kvs_fail(KVS_ERR_FORMAT, "%s: position %llu: role %u is neither prompt (0) nor generated (1)", t->path,
-                         (unsigned long long)i, r);
-            goto cleanup;
-        }
-    }
+    for (uint64_t i = 0; i < N; i++)
+        KVS_TRY(s = check_token_row(t->path, i, t->tokens[i], t->roles[i], t->h.model.vocab_size));
     int64_t n_turns = 0, prompt_len = 0;
     if ((s = kvs_trace_turns_from_roles(t->roles, t->turn_of, (int64_t)N, &t->turns, &n_turns, &prompt_len)) != KVS_OK) {
         s = kvs_fail(s, "%s: %s", t->path, kvs_last_error());
@@ -1078,6 +1085,18 @@ cleanup:
     return s;
 }
 
+/* The turn rules between position i and the one before it (prev_turn -1 and prev_role unused for i = 0): turns
+ * start at 0 and step by 0 or 1, and within a turn no prompt position follows a generated one. KVS_ERR_FORMAT. */
+static kvs_status turn_step_check(int64_t i, int32_t tu, uint8_t role, int32_t prev_turn, uint8_t prev_role) {
+    if (i == 0 ? tu != 0 : (tu != prev_turn && tu != prev_turn + 1))
+        return kvs_fail(KVS_ERR_FORMAT, "position %lld: turn index %d does not follow %d (must start at 0 and "
+                        "step by 0 or 1)", (long long)i, tu, prev_turn);
+    if (i > 0 && tu == prev_turn && role == KVS_ROLE_PROMPT && prev_role == KVS_ROLE_GENERATED)
+        return kvs_fail(KVS_ERR_FORMAT, "position %lld: prompt position after a generated one within turn %d",
+                        (long long)i, tu);
+    return KVS_OK;
+}
+
 kvs_status kvs_trace_turns_from_roles(const uint8_t *roles, const int32_t *turn_of, int64_t n, kvs_turn **turns,
                                       int64_t *n_turns, int64_t *prompt_len) {
     *turns = NULL;
@@ -1085,13 +1104,8 @@ kvs_status kvs_trace_turns_from_roles(const uint8_t *roles, const int32_t *turn_
     if (n < 1) return kvs_fail(KVS_ERR_FORMAT, "turns: no positions");
     int64_t first_generated = n;
     for (int64_t i = 0; i < n; i++) {
-        int32_t tu = turn_of[i], prev = i ? turn_of[i - 1] : -1;
-        if (i == 0 ? tu != 0 : (tu != prev && tu != prev + 1))
-            return kvs_fail(KVS_ERR_FORMAT, "position %lld: turn index %d does not follow %d (must start at 0 and "
-                            "step by 0 or 1)", (long long)i, tu, prev);
-        if (i > 0 && tu == prev && roles[i] == KVS_ROLE_PROMPT && roles[i - 1] == KVS_ROLE_GENERATED)
-            return kvs_fail(KVS_ERR_FORMAT, "position %lld: prompt position after a generated one within turn %d",
-                            (long long)i, tu);
+        kvs_status st = turn_step_check(i, turn_of[i], roles[i], i ? turn_of[i - 1] : -1, i ? roles[i - 1] : 0);
+        if (st != KVS_OK) return st;
         if (roles[i] == KVS_ROLE_GENERATED && first_generated == n) first_generated = i;
     }
     int64_t nt = (int64_t)turn_of[n - 1] + 1; /* <= n: indices step by at most 1 from 0 */
@@ -1377,6 +1391,51 @@ void kvs_trace_stream_free(kvs_trace_stream *s) {
 /* Reads the trailer and footer of a complete trace, trusting only what its checksums confirm: *footer_off
  * the footer's offset (0 when the trailer is not intact), *footer_n the footer's position count (-1 when the
  * footer is not intact). Never fails: recovery uses whatever checks out. */
+/* What recovery carries from one tokens chunk to the next to check positions as the reader will: the position the
+ * next chunk starts at, the last position's turn and role, and scratch for a chunk's rows. */
+typedef struct {
+    uint64_t next_pos;
+    int32_t last_turn;
+    uint8_t last_role;
+    size_t cap;
+    int32_t *tok, *turn;
+    uint8_t *role, *tmp;
+} token_rows;
+
+static void token_rows_free(token_rows *r) {
+    free(r->tok);
+    free(r->turn);
+    free(r->role);
+    free(r->tmp);
+}
+
+/* The rows of a decompressed tokens chunk, checked with the reader's own rules (check_token_row, turn_step_check),
+ * continuing from the previous tokens chunk: the rows kvs_trace_open() would refuse make the chunk bad. */
+static kvs_status recover_check_tokens(const chunk_entry *e, const uint8_t *raw, const trace_hdr *h, const char *path,
+                                       token_rows *r) {
+    size_t n = e->n_pos;
+    if (n > r->cap) {
+        free(r->tok), free(r->turn), free(r->role), free(r->tmp);
+        r->tok = malloc(n * sizeof *r->tok);
+        r->turn = malloc(n * sizeof *r->turn);
+        r->role = malloc(n);
+        r->tmp = malloc((size_t)tokens_raw_size(n));
+        r->cap = r->tok && r->turn && r->role && r->tmp ? n : 0;
+        if (!r->cap) return kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", path);
+    }
+    decode_token_rows(raw, e->flags & 1, n, r->tmp, r->tok, r->role, r->turn);
+    for (size_t i = 0; i < n; i++) {
+        uint64_t pos = r->next_pos + i;
+        kvs_status st = check_token_row(path, pos, r->tok[i], r->role[i], h->model.vocab_size);
+        if (st == KVS_OK) st = turn_step_check((int64_t)pos, r->turn[i], r->role[i], r->last_turn, r->last_role);
+        if (st != KVS_OK) return st;
+        r->last_turn = r->turn[i];
+        r->last_role = r->role[i];
+    }
+    r->next_pos += n;
+    return KVS_OK;
+}
+
 static void recover_read_footer(int fd, uint64_t size, const trace_hdr *h, const char *path, uint64_t *footer_off,
                                 int64_t *footer_n) {
     *footer_off = 0;
@@ -1466,6 +1525,7 @@ kvs_status kvs_trace_recover_with_report(const char *in_path, const char *out_pa
     size_t n_found = 0, cap_found = 0;
     uint8_t *hbuf = NULL, *cbuf = NULL, *raw = NULL;
     size_t cbuf_cap = 0, raw_cap = 0;
+    token_rows rows = {0}; /* the tokens chunks' rows, checked as the reader will */
     kvs_out *out = NULL;
     ZSTD_DCtx *dctx = NULL;
     int fd = open(in_path, O_RDONLY | O_CLOEXEC);
@@ -1566,6 +1626,8 @@ kvs_status kvs_trace_recover_with_report(const char *in_path, const char *out_pa
             if (kvs_pread_all(fd, cbuf, (size_t)e.comp_size, off + CHUNK_HDR, in_path) != KVS_OK ||
                 check_and_decompress(cbuf, kvs_get_u32(ch + 48), &e, raw, dctx, in_path) != KVS_OK)
                 bad = 1;
+            else if (e.kind == KIND_TOKENS && recover_check_tokens(&e, raw, &h, in_path, &rows) != KVS_OK)
+                bad = 1; /* rows the reader would refuse: the recovered trace must open, so it ends before them */
         }
         if (bad) { /* the check's message without the "IN: " and "<chunk>: " prefixes the report prints apart */
             r->bad_offset = (int64_t)off;
@@ -1722,6 +1784,7 @@ cleanup:
     free(hbuf);
     free(cbuf);
     free(raw);
+    token_rows_free(&rows);
     ZSTD_freeDCtx(dctx);
     return s;
 }
