@@ -25,15 +25,9 @@ mpirun --allow-run-as-root --oversubscribe -np 2 "$mpi_kvsim" sweep "$dir/study"
     { cat "$dir/mpi.log"; echo "mpi_sweep: FAIL: mpirun exited non-zero"; exit 1; }
 grep -h "rank [01]: task" "$dir/mpi.log" | sed 's/^/  /'
 "$kvsim" sweep "$dir/study" --db "$dir/single.db" >/dev/null 2>&1
-# one line per run: every column of `kvsim runs --csv --summary` except the ones that differ between two
-# executions of the same run (id, wall time, write time), sorted
-runs_key() {
-    # (commas inside quoted fields, e.g. params, become ';' first so that awk can split on commas)
-    "$kvsim" runs "$1" --csv --summary --all | sed -E ':a; s/("[^",]*),([^"]*")/\1;\2/; ta' | awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) drop[i] = ($i == "run_id" || $i == "wall_seconds" || $i == "created_at"); next }
-        { line = ""; for (i = 1; i <= NF; i++) if (!drop[i]) line = line $i ","; print line }' | sort
-}
-runs_key "$dir/single.db" >"$dir/single.txt"
-runs_key "$dir/shards/study.db" >"$dir/mpi.txt"
+. "$root/tests/sweep_runs_key.sh"
+runs_key "$kvsim" "$dir/single.db" >"$dir/single.txt"
+runs_key "$kvsim" "$dir/shards/study.db" >"$dir/mpi.txt"
 n=$(wc -l <"$dir/single.txt")
 [ "$n" -eq 24 ] || { echo "mpi_sweep: FAIL: the one-process sweep has $n runs, not 24"; exit 1; }
 if ! cmp -s "$dir/single.txt" "$dir/mpi.txt"; then
