@@ -75,10 +75,11 @@ static int run_task(const kvs_study *s, int32_t i, const char *db_path, int rank
     task_key(s, t, sha, configs, key);
     kvs_results_db *db = NULL;
     kvs_trace *tr = NULL;
-    int64_t trace_id = 0;
+    int64_t trace_id = 0, first_run_id = 0;
     int done = 0;
     if ((st = kvs_results_open(db_path, &db)) == KVS_OK && (st = kvs_results_sweep_task_done(db, key, &done)) == KVS_OK &&
-        !done && (st = kvs_trace_open(trace_path, &tr)) == KVS_OK) {
+        !done && (st = kvs_results_sweep_next_run_id(db, &first_run_id)) == KVS_OK &&
+        (st = kvs_trace_open(trace_path, &tr)) == KVS_OK) {
         kvs_results_trace rt = kvs_results_trace_of(trace_path, kvs_trace_info_get(tr));
         st = kvs_results_sweep_trace(db, &rt, sha, &trace_id);
     }
@@ -135,7 +136,8 @@ static int run_task(const kvs_study *s, int32_t i, const char *db_path, int rank
         return KVS_EXIT_FAIL;
     }
     if ((st = kvs_results_open(db_path, &db)) == KVS_OK)
-        st = kvs_results_sweep_task_record(db, key, kvs_study_name(s), i, trace_id, configs, kvs_study_options(s));
+        st = kvs_results_sweep_task_record(db, key, kvs_study_name(s), i, trace_id, configs, kvs_study_options(s),
+                                           first_run_id);
     kvs_results_close(db);
     return st == KVS_OK ? KVS_EXIT_OK : kvs_cli_fail("sweep", st);
 }
