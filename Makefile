@@ -38,7 +38,7 @@ BENCH_BINS = $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 LIB = $(BUILD)/libkvs.a
 KVSIM ?= kvsim
 
-.PHONY: all test asan bench clean mpi mpi-test
+.PHONY: all test asan bench clean mpi mpi-test slurm-test
 all: $(KVSIM)
 
 $(BUILD)/%.o: %.c
@@ -91,6 +91,10 @@ mpi:
 	$(MAKE) CC=$(MPICC) BUILD=build/mpi KVSIM=build/mpi/kvsim EXTRA_CFLAGS=-DKVS_WITH_MPI build/mpi/kvsim
 mpi-test: mpi $(KVSIM)
 	sh tests/mpi_sweep.sh $(abspath build/mpi/kvsim) $(abspath $(KVSIM))
+# `make slurm-test`: examples/slurm/ on a private single-node Slurm the test starts (Debian slurm-wlm, munge; it
+# skips with a message when they are missing or cannot start here).
+slurm-test: $(KVSIM)
+	sh tests/slurm_sweep.sh $(abspath $(KVSIM))
 
 # The CUDA backend's rules (targets cuda, cuda-test, bench-cuda) live beside its sources.
 -include gpu_capture/cuda/cuda.mk

@@ -368,6 +368,10 @@ int kvs_cmd_replay(int argc, char **argv) {
         rc = kvs_cli_fail("replay", kvs_fail(KVS_ERR_NOMEM, "out of memory"));
         goto cleanup;
     }
+    /* the options that change a run's numbers beyond its policy, budget and measure: part of its identity */
+    char run_options[96];
+    snprintf(run_options, sizeof run_options, "kv_bytes=%d,aux_bytes=%d,series_every=%lld", (int)src.model.kv_bytes,
+             (int)src.model.aux_bytes, (long long)series_every);
     for (int i = 0; i < n_runs; i++) {
         const kvs_replay_config *c = &runs[i];
         const kvs_replay_run_result *r = valid_of[i] >= 0 && res ? &res->runs[valid_of[i]] : NULL;
@@ -382,7 +386,7 @@ int kvs_cmd_replay(int argc, char **argv) {
                                                                              : "every_step",
             .layout = kvs_policy_layout(&c->policy) == KVS_SEL_PER_QUERY_HEAD ? "per_query_head" : "per_kv_head",
             .notes = notes[i][0] ? notes[i] : NULL, .status = ok ? "complete" : "failed", .error = error,
-            .wall_seconds = r ? r->wall_seconds : 0, .kvsim_version = KVSIM_VERSION_STRING,
+            .wall_seconds = r ? r->wall_seconds : 0, .kvsim_version = KVSIM_VERSION_STRING, .options = run_options,
         };
         st = kvs_results_write_run(db, &rt, &run, ok ? r->layer_aggs : NULL, ok ? r->n_layers : 0, ok ? &r->run_agg : NULL,
                                    ok ? r->steps : NULL, ok ? r->n_steps : 0, &run_ids[i]);

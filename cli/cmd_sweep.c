@@ -13,6 +13,9 @@
 
 #ifdef KVS_WITH_MPI
 #include <mpi.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <time.h>
 #endif
 
 #include "../common/sha256.h"
@@ -75,10 +78,11 @@ static int run_task(const kvs_study *s, int32_t i, const char *db_path, int rank
     task_key(s, t, sha, configs, key);
     kvs_results_db *db = NULL;
     kvs_trace *tr = NULL;
-    int64_t trace_id = 0;
+    int64_t trace_id = 0, first_run_id = 0;
     int done = 0;
     if ((st = kvs_results_open(db_path, &db)) == KVS_OK && (st = kvs_results_sweep_task_done(db, key, &done)) == KVS_OK &&
-        !done && (st = kvs_trace_open(trace_path, &tr)) == KVS_OK) {
+        !done && (st = kvs_results_sweep_next_run_id(db, &first_run_id)) == KVS_OK &&
+        (st = kvs_trace_open(trace_path, &tr)) == KVS_OK) {
         kvs_results_trace rt = kvs_results_trace_of(trace_path, kvs_trace_info_get(tr));
         st = kvs_results_sweep_trace(db, &rt, sha, &trace_id);
     }
@@ -135,7 +139,8 @@ static int run_task(const kvs_study *s, int32_t i, const char *db_path, int rank
         return KVS_EXIT_FAIL;
     }
     if ((st = kvs_results_open(db_path, &db)) == KVS_OK)
-        st = kvs_results_sweep_task_record(db, key, kvs_study_name(s), i, trace_id, configs, kvs_study_options(s));
+        st = kvs_results_sweep_task_record(db, key, kvs_study_name(s), i, trace_id, configs, kvs_study_options(s),
+                                           first_run_id);
     kvs_results_close(db);
     return st == KVS_OK ? KVS_EXIT_OK : kvs_cli_fail("sweep", st);
 }
@@ -178,25 +183,85 @@ static int parse_range(const char *v, int32_t n, long *lo, long *hi) {
     return 0;
 }
 
+#ifdef KVS_WITH_MPI
+/* Dynamic distribution under MPI: rank 0's main thread is a dispatcher that answers every other rank's request for
+ * a task with the next task index (-1: none left, or a task failed somewhere), while a worker thread of rank 0 takes
+ * tasks from the same counter. A one-sided counter (MPI_Fetch_and_op on a window of rank 0) was used before; where
+ * Open MPI's window is not in shared memory (osc/pt2pt, e.g. between nodes over TCP) a request is served only when
+ * rank 0 enters MPI, so the other ranks stalled for the length of rank 0's task (sim/BENCH.md "Sharded sweep"). The
+ * dispatcher polls every millisecond and never computes, so a request waits at most that long. Only the main
+ * thread calls MPI (MPI_THREAD_FUNNELED). */
+enum { TAG_REQUEST = 1, TAG_REPLY = 2 };
+
+typedef struct {
+    const kvs_study *s;
+    const char *shard;
+    atomic_long next;  /* the next task to hand out */
+    atomic_int failed; /* a task failed on some rank: hand out no more (the error ends the sweep early) */
+} dispatcher;
+
+/* The next task for anyone, or -1. */
+static long dispatch_take(dispatcher *d) {
+    if (atomic_load(&d->failed)) return -1;
+    long t = atomic_fetch_add(&d->next, 1);
+    return t < kvs_study_n_tasks(d->s) ? t : -1;
+}
+
+static void *rank0_worker(void *arg) {
+    dispatcher *d = arg;
+    for (long t; (t = dispatch_take(d)) >= 0;)
+        if (run_task(d->s, (int32_t)t, d->shard, 0) != KVS_EXIT_OK) atomic_store(&d->failed, 1);
+    return NULL;
+}
+
+/* Rank 0: serves the other ranks' requests until each was told "no more", computing beside in a worker thread.
+ * A request carries 1 when the requester's previous task failed. `compute`: whether rank 0 may start a thread
+ * (MPI_THREAD_FUNNELED provided). @return 1 when a task failed anywhere. */
+static int serve_tasks(const kvs_study *s, const char *shard, int size, int failed, int compute) {
+    dispatcher d = {.s = s, .shard = shard};
+    atomic_init(&d.next, 0);
+    atomic_init(&d.failed, failed);
+    pthread_t worker;
+    int have_worker = compute && pthread_create(&worker, NULL, rank0_worker, &d) == 0;
+    if (!have_worker) fprintf(stderr, "kvsim sweep: rank 0 only dispatches (no worker thread)\n");
+    if (!have_worker && size == 1) rank0_worker(&d); /* nobody else would compute */
+    for (int active = size - 1; active > 0;) {
+        int msg = 0, flag = 0;
+        MPI_Request req;
+        MPI_Status status;
+        MPI_Irecv(&msg, 1, MPI_INT, MPI_ANY_SOURCE, TAG_REQUEST, MPI_COMM_WORLD, &req);
+        while (MPI_Test(&req, &flag, &status), !flag) nanosleep(&(struct timespec){0, 1000000}, NULL);
+        if (msg) atomic_store(&d.failed, 1);
+        long t = dispatch_take(&d);
+        MPI_Send(&t, 1, MPI_LONG, status.MPI_SOURCE, TAG_REPLY, MPI_COMM_WORLD);
+        if (t < 0) active--;
+    }
+    if (have_worker) pthread_join(worker, NULL);
+    return atomic_load(&d.failed);
+}
+
+/* Ranks other than 0: ask rank 0 for tasks until it says none is left. @return 1 when a task of this rank failed. */
+static int request_tasks(const kvs_study *s, const char *shard, int rank, int failed) {
+    int msg = failed;
+    for (;;) {
+        long t = -1;
+        MPI_Send(&msg, 1, MPI_INT, 0, TAG_REQUEST, MPI_COMM_WORLD);
+        MPI_Recv(&t, 1, MPI_LONG, 0, TAG_REPLY, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        if (t < 0) break;
+        if (run_task(s, (int32_t)t, shard, rank) != KVS_EXIT_OK) msg = failed = 1;
+    }
+    return failed;
+}
+#endif
+
 /* --db DIR/: every task over the processes (MPI ranks, or this one process), one shard each, rank 0 merging. */
 static int run_sharded(const kvs_study *s, const char *dir) {
     int rank = 0, size = 1, failed = 0;
 #ifdef KVS_WITH_MPI
-    MPI_Init(NULL, NULL);
+    int provided = 0;
+    MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    /* The shared task counter lives on rank 0; every rank (rank 0 included) takes the next task with an atomic
-     * fetch-and-add, so a fast rank simply takes more tasks. */
-    long *counter = NULL;
-    MPI_Win win;
-    MPI_Win_allocate(rank == 0 ? (MPI_Aint)sizeof(long) : 0, sizeof(long), MPI_INFO_NULL, MPI_COMM_WORLD, &counter,
-                     &win);
-    if (rank == 0) {
-        MPI_Win_lock(MPI_LOCK_EXCLUSIVE, 0, 0, win);
-        *counter = 0;
-        MPI_Win_unlock(0, win);
-    }
-    MPI_Barrier(MPI_COMM_WORLD);
 #endif
     char shard[4096];
     snprintf(shard, sizeof shard, "%sshard-%d.db", dir, rank);
@@ -204,25 +269,22 @@ static int run_sharded(const kvs_study *s, const char *dir) {
         fprintf(stderr, "kvsim sweep: %s: cannot create the folder: %s\n", dir, strerror(errno));
         failed = 1;
     }
-    for (;;) {
-        long next;
 #ifdef KVS_WITH_MPI
-        const long one = 1;
-        MPI_Win_lock(MPI_LOCK_SHARED, 0, 0, win);
-        MPI_Fetch_and_op(&one, &next, MPI_LONG, 0, 0, MPI_SUM, win);
-        MPI_Win_unlock(0, win);
+    /* without MPI_THREAD_FUNNELED rank 0 starts no thread: it only dispatches, the others compute */
+    failed = rank == 0 ? serve_tasks(s, shard, size, failed, provided >= MPI_THREAD_FUNNELED)
+                       : request_tasks(s, shard, rank, failed);
 #else
-        static long local_next;
-        next = local_next++;
+    for (int32_t i = 0; !failed && i < kvs_study_n_tasks(s); i++)
+        if (run_task(s, i, shard, rank) != KVS_EXIT_OK) failed = 1;
 #endif
-        if (failed || next >= kvs_study_n_tasks(s)) break;
-        if (run_task(s, (int32_t)next, shard, rank) != KVS_EXIT_OK) failed = 1;
-    }
     int any_failed = failed;
 #ifdef KVS_WITH_MPI
     MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
 #endif
     int rc = any_failed ? KVS_EXIT_FAIL : KVS_EXIT_OK;
+    if (any_failed && rank == 0)
+        fprintf(stderr, "kvsim sweep: a task failed: no merge; the shards in %s keep the completed tasks, run the "
+                        "same command again to resume\n", dir);
     if (rank == 0 && !any_failed) {
         char out[4096];
         snprintf(out, sizeof out, "%sstudy.db", dir);
@@ -245,7 +307,6 @@ static int run_sharded(const kvs_study *s, const char *dir) {
     }
 #ifdef KVS_WITH_MPI
     MPI_Bcast(&rc, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    MPI_Win_free(&win);
     MPI_Finalize();
 #endif
     return rc;

@@ -167,7 +167,8 @@ static void sb_runs_ddl(sbuf *b, const char *name, int if_not_exists) {
               "  created_at TEXT NOT NULL DEFAULT (strftime('%%Y-%%m-%%dT%%H:%%M:%%fZ', 'now')),\n"
               "  budget_scope TEXT CHECK (budget_scope IN ('every_step', 'prompt', 'none')),\n"
               "  layout TEXT CHECK (layout IN ('per_kv_head', 'per_query_head')),\n"
-              "  notes TEXT\n"
+              "  notes TEXT,\n"
+              "  options TEXT\n"
               ");\n",
               if_not_exists ? "IF NOT EXISTS " : "", name);
 }
@@ -418,6 +419,10 @@ static void sb_missing_columns(sbuf *sql, const kvs_results_db *r) {
                     sb_printf(sql, "ALTER TABLE %s ADD COLUMN %s %s;\n", table_names[agg_tables[t]], col,
                               agg_col_type(s));
             }
+    /* runs.options (the replay options that change a run's numbers) came later in v2; a v1 table (no
+     * budget_scope) is rebuilt by the migration with it */
+    if (has_col(r, T_RUNS, "budget_scope") && !has_col(r, T_RUNS, "options"))
+        sb_printf(sql, "ALTER TABLE runs ADD COLUMN options TEXT;\n");
     for (int m = 0; m < KVS_N_METRICS; m++)
         if (!has_col(r, T_STEPS, kvs_metric_table[m].name))
             sb_printf(sql, "ALTER TABLE steps ADD COLUMN %s %s;\n", kvs_metric_table[m].name, step_col_type(m));
@@ -964,8 +969,8 @@ kvs_status kvs_results_write_run(kvs_results_db *r, const kvs_results_trace *tra
     KVS_TRY(rc = find_or_insert_trace(r, trace, &trace_id));
 
     KVS_TRY(rc = prepare(r, "INSERT INTO runs (trace_id, policy, params, budget_tokens, budget_fraction, is_oracle, "
-                            "measure, status, error, wall_seconds, kvsim_version, budget_scope, layout, notes) "
-                            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                            "measure, status, error, wall_seconds, kvsim_version, budget_scope, layout, notes, options) "
+                            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
                          &ins_run, "cannot prepare run insert"));
     sqlite3_bind_int64(ins_run, 1, trace_id);
     sqlite3_bind_text(ins_run, 2, run->policy, -1, SQLITE_STATIC);
@@ -983,6 +988,7 @@ kvs_status kvs_results_write_run(kvs_results_db *r, const kvs_results_trace *tra
     sqlite3_bind_text(ins_run, 12, run->budget_scope ? run->budget_scope : "every_step", -1, SQLITE_STATIC);
     sqlite3_bind_text(ins_run, 13, run->layout ? run->layout : "per_kv_head", -1, SQLITE_STATIC);
     bind_text_or_null(ins_run, 14, run->notes);
+    bind_text_or_null(ins_run, 15, run->options);
     KVS_TRY(rc = step_done(r, ins_run, "cannot insert the run row"));
     id = sqlite3_last_insert_rowid(r->db);
 

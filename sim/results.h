@@ -113,6 +113,9 @@ typedef struct {
     const char *error;         /* failure detail or NULL */
     double wall_seconds;       /* replay time of this run's streams (summed thread time) */
     const char *kvsim_version;
+    const char *options;       /* the replay options besides the budget and measure that change its numbers, as
+                                * "kv_bytes=2,aux_bytes=4,series_every=0" (the effective values); part of the run's
+                                * identity for kvsim merge and sweep resumption; NULL = not recorded */
 } kvs_results_run;
 
 /*! kvs_results_write_run() : writes the trace row (if new) and its turns (trace->turns, when given and not

@@ -32,6 +32,13 @@ static const char sweep_schema[] =
 
 #define NOW_SQL "strftime('%Y-%m-%dT%H:%M:%fZ','now')"
 
+/* A run's identity (results_sweep.h): the same trace row, policy, canonical params, budget, measure, replay options
+ * (kv/aux bytes, series interval: they change its numbers) and kvsim version, bound as ?1..?7. Two runs of one
+ * identity are the same measurement: merge keeps one, and a re-run task replaces its earlier attempt's. */
+#define RUN_IDENTITY_SQL                                                                                           \
+    "trace_id = ?1 AND policy = ?2 AND params = ?3 AND budget_tokens = ?4 AND measure IS ?5 AND kvsim_version IS ?6 " \
+    "AND options IS ?7"
+
 kvs_status kvs_results_sweep_trace(kvs_results_db *db, const kvs_results_trace *trace, const char *sha256,
                                    int64_t *trace_id) {
     if (!db || !trace || !sha256 || !trace_id) return kvs_fail(KVS_ERR_INVALID_ARG, "sweep_trace: NULL argument");
@@ -69,15 +76,38 @@ kvs_status kvs_results_sweep_task_done(kvs_results_db *db, const char *task_key,
     return st;
 }
 
+kvs_status kvs_results_sweep_next_run_id(kvs_results_db *db, int64_t *next) {
+    if (!db || !next) return kvs_fail(KVS_ERR_INVALID_ARG, "sweep_next_run_id: NULL argument");
+    sqlite3_stmt *q = NULL;
+    kvs_status st = kvs_results_prepare(db, "SELECT coalesce(max(id), 0) + 1 FROM runs", &q, "read the run ids");
+    if (st != KVS_OK) return st;
+    if (sqlite3_step(q) == SQLITE_ROW) *next = sqlite3_column_int64(q, 0);
+    else st = kvs_results_db_error(db, "read the run ids");
+    sqlite3_finalize(q);
+    return st;
+}
+
 kvs_status kvs_results_sweep_task_record(kvs_results_db *db, const char *task_key, const char *study,
                                          int32_t task_index, int64_t trace_id, const char *configs,
-                                         const char *options) {
+                                         const char *options, int64_t first_run_id) {
     if (!db || !task_key || !study || !configs || !options)
         return kvs_fail(KVS_ERR_INVALID_ARG, "sweep_task_record: NULL argument");
     kvs_status st = kvs_results_txn_begin(db, "record the task");
     if (st != KVS_OK) return st;
-    sqlite3_stmt *ins = NULL;
-    if ((st = kvs_results_exec(db, sweep_schema, "create the sweep tables")) == KVS_OK &&
+    sqlite3_stmt *ins = NULL, *del = NULL;
+    /* the earlier attempt's runs (ON DELETE CASCADE removes their layers, summary and steps) */
+    if ((st = kvs_results_prepare(db,
+                                  "DELETE FROM runs WHERE trace_id = ?1 AND id < ?2 AND EXISTS (SELECT 1 FROM runs n "
+                                  "WHERE n.id >= ?2 AND n.trace_id = runs.trace_id AND n.policy = runs.policy AND "
+                                  "n.params = runs.params AND n.budget_tokens = runs.budget_tokens AND n.measure IS "
+                                  "runs.measure AND n.kvsim_version IS runs.kvsim_version AND n.options IS runs.options)",
+                                  &del, "drop an earlier attempt's runs")) == KVS_OK) {
+        sqlite3_bind_int64(del, 1, trace_id);
+        sqlite3_bind_int64(del, 2, first_run_id);
+        st = kvs_results_step_done(db, del, "drop an earlier attempt's runs");
+    }
+    sqlite3_finalize(del);
+    if (st == KVS_OK && (st = kvs_results_exec(db, sweep_schema, "create the sweep tables")) == KVS_OK &&
         (st = kvs_results_prepare(db,
                                   "INSERT OR IGNORE INTO sweep_tasks (task_key, study, task_index, trace_id, configs, "
                                   "options, completed_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, " NOW_SQL ")",
@@ -205,6 +235,19 @@ static int src_has(merge_ctx *m, const char *table) {
     return rc == SQLITE_ROW ? 1 : rc == SQLITE_DONE ? 0 : -1;
 }
 
+/* 1 when table `table` of the attached input has column `col`, 0 when not, -1 on a database error. */
+static int src_has_column(merge_ctx *m, const char *table, const char *col) {
+    sqlite3_stmt *q = NULL;
+    if (kvs_results_prepare(m->out, "SELECT 1 FROM pragma_table_info(?1, 'src') WHERE name = ?2", &q,
+                            "read the input's columns") != KVS_OK)
+        return -1;
+    sqlite3_bind_text(q, 1, table, -1, SQLITE_STATIC);
+    sqlite3_bind_text(q, 2, col, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(q);
+    sqlite3_finalize(q);
+    return rc == SQLITE_ROW ? 1 : rc == SQLITE_DONE ? 0 : -1;
+}
+
 #define MERGE_TRY(expr)                                                                                            \
     do {                                                                                                           \
         if ((st = (expr)) != KVS_OK) goto done;                                                                    \
@@ -327,14 +370,19 @@ static kvs_status merge_runs(merge_ctx *m, const id_pair *map, int64_t n_map, kv
     MERGE_TRY(column_list(m, "src", "run_layers", skip_child, "", &layer_cols));
     MERGE_TRY(column_list(m, "src", "run_summary", skip_child, "", &sum_cols));
     MERGE_TRY(column_list(m, "src", "steps", skip_child, "", &step_cols));
-    MERGE_TRY(kvs_results_prepare(m->out,
-                                  "SELECT id, trace_id, policy, params, budget_tokens, measure, kvsim_version, status "
-                                  "FROM src.runs ORDER BY id",
-                                  &list, "read the input's runs"));
-    MERGE_TRY(kvs_results_prepare(m->out,
-                                  "SELECT id, status FROM main.runs WHERE trace_id = ?1 AND policy = ?2 AND params = ?3 "
-                                  "AND budget_tokens = ?4 AND measure IS ?5 AND kvsim_version IS ?6 "
-                                  "ORDER BY status = 'complete' DESC, id LIMIT 1",
+    /* a database written before runs.options existed: its runs' options were not recorded (NULL) */
+    int has_options = src_has_column(m, "runs", "options");
+    if (has_options < 0) {
+        st = kvs_results_db_error(m->out, "read the input's columns");
+        goto done;
+    }
+    MERGE_SQL(sql,
+              "SELECT id, trace_id, policy, params, budget_tokens, measure, kvsim_version, %s, status "
+              "FROM src.runs ORDER BY id",
+              has_options ? "options" : "NULL");
+    MERGE_TRY(kvs_results_prepare(m->out, sql, &list, "read the input's runs"));
+    MERGE_TRY(kvs_results_prepare(m->out, "SELECT id, status FROM main.runs WHERE " RUN_IDENTITY_SQL
+                                          " ORDER BY status = 'complete' DESC, id LIMIT 1",
                                   &find, "find a run by identity"));
     MERGE_SQL(sql, "INSERT INTO main.runs (trace_id, %s) SELECT ?1, %s FROM src.runs WHERE id = ?2", run_cols,
               run_cols);
@@ -359,14 +407,14 @@ static kvs_status merge_runs(merge_ctx *m, const id_pair *map, int64_t n_map, kv
     int rc;
     while ((rc = sqlite3_step(list)) == SQLITE_ROW) {
         int64_t src_id = sqlite3_column_int64(list, 0), dst_trace = map_find(map, n_map, sqlite3_column_int64(list, 1));
-        int src_complete = !strcmp((const char *)sqlite3_column_text(list, 7), "complete");
+        int src_complete = !strcmp((const char *)sqlite3_column_text(list, 8), "complete");
         if (dst_trace < 0) {
             st = kvs_fail(KVS_ERR_DB, "%s: run %" PRId64 " refers to a trace the database does not have", m->in_path,
                           src_id);
             goto done;
         }
         sqlite3_bind_int64(find, 1, dst_trace);
-        for (int c = 2; c <= 6; c++) sqlite3_bind_value(find, c, sqlite3_column_value(list, c));
+        for (int c = 2; c <= 7; c++) sqlite3_bind_value(find, c, sqlite3_column_value(list, c));
         int64_t existing = -1;
         int existing_complete = 0;
         if ((rc = sqlite3_step(find)) == SQLITE_ROW) {
@@ -386,7 +434,7 @@ static kvs_status merge_runs(merge_ctx *m, const id_pair *map, int64_t n_map, kv
                 st = kvs_fail(KVS_ERR_DB,
                               "%s: run %" PRId64 " (%s:%s budget %" PRId64 ", measure %s) is a conflicting duplicate: "
                               "the merged database already has a run of the same identity (trace, policy, params, "
-                              "budget, measure, kvsim version) with different results",
+                              "budget, measure, options, kvsim version) with different results",
                               m->in_path, src_id, (const char *)sqlite3_column_text(list, 2),
                               (const char *)sqlite3_column_text(list, 3), (int64_t)sqlite3_column_int64(list, 4),
                               (const char *)sqlite3_column_text(list, 5));

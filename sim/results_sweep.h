@@ -19,12 +19,19 @@ kvs_status kvs_results_sweep_trace(kvs_results_db *db, const kvs_results_trace *
  *  the database holds no sweep tables). Read-only handles allowed. */
 kvs_status kvs_results_sweep_task_done(kvs_results_db *db, const char *task_key, int *done);
 
+/*! kvs_results_sweep_next_run_id() : *next = an id above every run id the database holds (the runs a replay
+ *  writes next have ids >= it). Read-only handles allowed. */
+kvs_status kvs_results_sweep_next_run_id(kvs_results_db *db, int64_t *next);
+
 /*! kvs_results_sweep_task_record() : records task `task_key` (index `task_index` of study `study`, on trace row
  *  `trace_id`, its policies `configs` and measurement `options`) as completed, in one transaction; recording a
- *  completed task again changes nothing. Borrowed strings. */
+ *  completed task again changes nothing. In the same transaction, the runs of trace `trace_id` with ids below
+ *  `first_run_id` that have the identity (kvs_results_merge) of a run with an id >= first_run_id are deleted:
+ *  the task's runs were written from first_run_id on, and those older ones are an interrupted earlier attempt's
+ *  (a resumed database holds each run once). Borrowed strings. */
 kvs_status kvs_results_sweep_task_record(kvs_results_db *db, const char *task_key, const char *study,
                                          int32_t task_index, int64_t trace_id, const char *configs,
-                                         const char *options);
+                                         const char *options, int64_t first_run_id);
 
 /* What kvs_results_merge() did. */
 typedef struct {
@@ -39,7 +46,8 @@ typedef struct {
 
 /*! kvs_results_merge() : combines the kvsim results databases `inputs[0..n)` — and OUT itself first when it
  *  exists — into OUT. Runs are de-duplicated by identity (trace content hash, or the whole traces row for a
- *  trace without one; policy; canonical params; budget; measure; kvsim version): a complete run replaces failed
+ *  trace without one; policy; canonical params; budget; measure; the replay options of runs.options — kv/aux
+ *  bytes, series interval, NULL when not recorded; kvsim version): a complete run replaces failed
  *  ones, a duplicate with the same run-wide results is dropped, a duplicate with different results is
  *  KVS_ERR_DB "conflicting duplicate" naming both. An input of another schema version is KVS_ERR_VERSION, a
  *  file that is not a kvsim database KVS_ERR_DB. Atomic: OUT is written as a temporary file beside it and

@@ -25,15 +25,9 @@ mpirun --allow-run-as-root --oversubscribe -np 2 "$mpi_kvsim" sweep "$dir/study"
     { cat "$dir/mpi.log"; echo "mpi_sweep: FAIL: mpirun exited non-zero"; exit 1; }
 grep -h "rank [01]: task" "$dir/mpi.log" | sed 's/^/  /'
 "$kvsim" sweep "$dir/study" --db "$dir/single.db" >/dev/null 2>&1
-# one line per run: every column of `kvsim runs --csv --summary` except the ones that differ between two
-# executions of the same run (id, wall time, write time), sorted
-runs_key() {
-    # (commas inside quoted fields, e.g. params, become ';' first so that awk can split on commas)
-    "$kvsim" runs "$1" --csv --summary --all | sed -E ':a; s/("[^",]*),([^"]*")/\1;\2/; ta' | awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) drop[i] = ($i == "run_id" || $i == "wall_seconds" || $i == "created_at"); next }
-        { line = ""; for (i = 1; i <= NF; i++) if (!drop[i]) line = line $i ","; print line }' | sort
-}
-runs_key "$dir/single.db" >"$dir/single.txt"
-runs_key "$dir/shards/study.db" >"$dir/mpi.txt"
+. "$root/tests/sweep_runs_key.sh"
+runs_key "$kvsim" "$dir/single.db" >"$dir/single.txt"
+runs_key "$kvsim" "$dir/shards/study.db" >"$dir/mpi.txt"
 n=$(wc -l <"$dir/single.txt")
 [ "$n" -eq 24 ] || { echo "mpi_sweep: FAIL: the one-process sweep has $n runs, not 24"; exit 1; }
 if ! cmp -s "$dir/single.txt" "$dir/mpi.txt"; then
@@ -42,3 +36,19 @@ if ! cmp -s "$dir/single.txt" "$dir/mpi.txt"; then
     exit 1
 fi
 echo "mpi_sweep: OK: 2 ranks, $n runs, merged database equal to the one-process sweep run by run"
+# A task failing on rank 1 (its shard cannot be opened: a folder stands in its place) ends the sweep on every rank
+# with a non-zero status and no merge (timeout: a hang fails too); the same command afterwards resumes and merges.
+mkdir -p "$dir/fail/shard-1.db"
+rc=0
+timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 "$mpi_kvsim" sweep "$dir/study" --db "$dir/fail/" \
+    >"$dir/fail.log" 2>&1 || rc=$?
+[ "$rc" -ne 0 ] || { cat "$dir/fail.log"; echo "mpi_sweep: FAIL: a failed task on rank 1 did not fail the sweep"; exit 1; }
+[ "$rc" -ne 124 ] || { echo "mpi_sweep: FAIL: the ranks hung after a failed task"; exit 1; }
+[ ! -e "$dir/fail/study.db" ] || { echo "mpi_sweep: FAIL: merged although a task failed"; exit 1; }
+grep -q "run the same command again to resume" "$dir/fail.log" || { cat "$dir/fail.log"; echo "mpi_sweep: FAIL: no resume hint"; exit 1; }
+rmdir "$dir/fail/shard-1.db"
+mpirun --allow-run-as-root --oversubscribe -np 2 "$mpi_kvsim" sweep "$dir/study" --db "$dir/fail/" >"$dir/resume.log" 2>&1 ||
+    { cat "$dir/resume.log"; echo "mpi_sweep: FAIL: the resumed sweep failed"; exit 1; }
+runs_key "$kvsim" "$dir/fail/study.db" >"$dir/resumed.txt"
+cmp -s "$dir/single.txt" "$dir/resumed.txt" || { echo "mpi_sweep: FAIL: the resumed sweep differs from the one-process sweep"; exit 1; }
+echo "mpi_sweep: OK: a failed task on rank 1 stops both ranks (non-zero exit, no merge); the resumed sweep equals the one-process sweep"

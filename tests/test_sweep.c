@@ -1,8 +1,9 @@
 /* test_sweep.c — `kvsim sweep` and `kvsim merge` (issue 17): the STUDY file (sim/STUDY.md) and its errors naming
  * file:line, the deterministic task list and its sizing, one task / a range / resumed tasks (a completed task is
  * skipped), and the merge of shard databases: equal, run by run, to a one-process sweep of the same study (the
- * independent reference), duplicates dropped, a failed run superseded, conflicting duplicates, other schema
- * versions and foreign files refused, OUT unchanged after a refused or SIGKILLed merge.
+ * independent reference), duplicates dropped, a failed run superseded, runs differing only in a replay option kept
+ * apart, a re-run task's earlier attempt replaced, conflicting duplicates, other schema versions and foreign files
+ * refused, OUT unchanged after a refused or SIGKILLed merge.
  * All traces here are GENERATED test data (tests/util/gen_trace.h).
  */
 #include <setjmp.h>
@@ -339,6 +340,78 @@ static void test_complete_run_supersedes_failed(void **state) {
     free(want);
 }
 
+/* Runs differing only in a replay option that changes their numbers (--kv-bytes, --aux-bytes: the storage and
+ * traffic metrics; --series-every: the steps recorded) are different runs: merged side by side, neither a conflict
+ * nor a duplicate; the same options twice are one run. */
+static void test_merge_identity_includes_replay_options(void **state) {
+    ctx *c = *state;
+    SKIP_WITHOUT_BIN();
+    char trace[160], merged[160], other[160];
+    snprintf(trace, sizeof trace, "%s/tr_a.kvt", c->dir);
+    snprintf(merged, sizeof merged, "%s/merged.db", c->dir);
+    snprintf(other, sizeof other, "%s/c.db", c->dir);
+    static const char *const opt[3][2] = {{"--kv-bytes", "2"}, {"--aux-bytes", "2"}, {"--series-every", "4"}};
+    for (int o = 0; o < 3; o++) {
+        unlink(c->a);
+        unlink(c->b);
+        unlink(other);
+        unlink(merged);
+        assert_int_equal(run(c, "replay", trace, "--db", c->a, "--policy", "h2o", "--budgets", "8", "--no-progress", NULL), 0);
+        assert_int_equal(run(c, "replay", trace, "--db", c->b, "--policy", "h2o", "--budgets", "8", "--no-progress",
+                             opt[o][0], opt[o][1], NULL),
+                         0);
+        assert_int_equal(run(c, "replay", trace, "--db", other, "--policy", "h2o", "--budgets", "8", "--no-progress",
+                             opt[o][0], opt[o][1], NULL),
+                         0);
+        assert_int_equal(run(c, "merge", merged, c->a, c->b, other, NULL), 0);
+        if (!strstr(c->out, "2 runs copied, 1 duplicates dropped")) fail_msg("%s: %s%s", opt[o][0], c->out, c->err);
+        assert_int_equal(count_all_runs(merged), 2);
+    }
+    /* the kv-bytes runs do differ in their numbers: without the option in the identity they were a conflict */
+    int64_t n = 0;
+    char *x = run_lines(c->a, &n), *y = NULL;
+    unlink(c->b);
+    assert_int_equal(run(c, "replay", trace, "--db", c->b, "--policy", "h2o", "--budgets", "8", "--no-progress",
+                         "--kv-bytes", "1", NULL), 0);
+    y = run_lines(c->b, &n);
+    assert_string_not_equal(x, y);
+    free(x);
+    free(y);
+}
+
+/* A task that did not complete (killed after some of its runs were written) and is run again leaves each of its
+ * runs once in the database, the earlier attempt's copies gone; runs of other options on the same trace stay. */
+static void test_rerun_task_replaces_earlier_attempt(void **state) {
+    ctx *c = *state;
+    SKIP_WITHOUT_BIN();
+    char trace[160];
+    snprintf(trace, sizeof trace, "%s/tr_a.kvt", c->dir);
+    /* task 0 is tr_a x h2o x budgets 8,50%, replayed as the sweep does; the attempt left no task record */
+    assert_int_equal(run(c, "replay", trace, "--db", c->a, "--policy", "h2o", "--budgets", "8,50%", "--measure",
+                         "decode", "--series-every", "0", "--threads", "1", "--no-progress", NULL),
+                     0);
+    /* another measurement of the same trace and policy: not the task's, it stays */
+    assert_int_equal(run(c, "replay", trace, "--db", c->a, "--policy", "h2o", "--budgets", "8", "--kv-bytes", "1",
+                         "--no-progress", NULL),
+                     0);
+    assert_int_equal(count_all_runs(c->a), 3);
+    int64_t n_before = 0, n_after = 0;
+    char *before = run_lines(c->a, &n_before);
+    assert_int_equal(run(c, "sweep", c->study, "--db", c->a, "--task", "0", NULL), 0);
+    assert_int_equal(count_all_runs(c->a), 3);
+    char *after = run_lines(c->a, &n_after);
+    assert_string_equal(before, after);
+    free(before);
+    free(after);
+    /* the surviving task runs are the new attempt's (ids above the earlier ones) */
+    kvs_results_db *db = NULL;
+    assert_int_equal(kvs_results_open_readonly(c->a, &db), KVS_OK);
+    int64_t next = 0;
+    assert_int_equal(kvs_results_sweep_next_run_id(db, &next), KVS_OK);
+    assert_int_equal(next, 6);
+    kvs_results_close(db);
+}
+
 static int files_equal(const char *a, const char *b) {
     char *x = NULL, *y = NULL;
     size_t nx = 0, ny = 0;
@@ -427,6 +500,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_task_runs_once_and_resumes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_merged_shards_equal_one_process, setup, teardown),
         cmocka_unit_test_setup_teardown(test_complete_run_supersedes_failed, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_merge_identity_includes_replay_options, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_rerun_task_replaces_earlier_attempt, setup, teardown),
         cmocka_unit_test_setup_teardown(test_conflicts_versions_and_foreign_files_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_killed_merge_leaves_out_unchanged, setup, teardown),
     };
