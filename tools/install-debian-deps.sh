@@ -6,18 +6,22 @@
 #                 not need: .ci/run asks for it to check that the tree still builds with `make CC=clang`.
 #   --with-chromium  also install chromium (headless browser, about 100 MB): tests/test_report.c renders the report
 #                 page with it and checks the screenshot (it skips, with a message, without it); .ci/run asks for it.
+#   --with-mpi  also install Open MPI (libopenmpi-dev, openmpi-bin; about 20 MB): make mpi / make mpi-test build
+#               kvsim's MPI launcher of `kvsim sweep` and run it on 2 ranks
 #   --with-slurm  also install slurm-wlm and munge (about 30 MB): tests/slurm_sweep.sh (make slurm-test) starts a
 #                 private single-node Slurm with them to run examples/slurm/; .ci/run asks for it.
 set -eu
 with_clang=0
 with_chromium=0
+with_mpi=0
 with_slurm=0
 for arg in "$@"; do
     case "$arg" in
     --with-clang) with_clang=1 ;;
     --with-chromium) with_chromium=1 ;;
     --with-slurm) with_slurm=1 ;;
-    *) echo "install-debian-deps: unknown option '$arg' (known: --with-clang, --with-chromium, --with-slurm)" >&2; exit 2 ;;
+    --with-mpi) with_mpi=1 ;;
+    *) echo "install-debian-deps: unknown option '$arg' (known: --with-clang, --with-chromium, --with-mpi, --with-slurm)" >&2; exit 2 ;;
     esac
 done
 SUDO=""
@@ -27,6 +31,7 @@ export DEBIAN_FRONTEND=noninteractive
 pkgs="build-essential pkg-config libzstd-dev libsqlite3-dev libcmocka-dev zlib1g-dev gnuplot-nox"
 if [ "$with_clang" -eq 1 ]; then pkgs="$pkgs clang"; fi
 if [ "$with_chromium" -eq 1 ]; then pkgs="$pkgs chromium"; fi
+if [ "$with_mpi" -eq 1 ]; then pkgs="$pkgs libopenmpi-dev openmpi-bin"; fi
 if [ "$with_slurm" -eq 1 ]; then pkgs="$pkgs slurm-wlm munge"; fi
 $SUDO apt-get update -qq
 # shellcheck disable=SC2086 # $pkgs is a list of package names
