@@ -35,7 +35,7 @@ static void usage(FILE *f) {
             "  --budgets LIST    tokens per KV head, the current token included: 16,32,64; or percentages of\n"
             "                    the first turn's PROMPT length: 10%%,20%% (rounded up, at least 1; never of\n"
             "                    the generated length, which a real system does not know in advance)\n"
-            "  --threads N       worker threads (default: all online CPUs)\n"
+            "  --threads N       worker threads (default: every CPU kvsim may run on)\n"
             "  --measure M       decode (default): metrics at generated positions; prefill: at prompt\n"
             "                    positions (against what the policy holds, chunk by chunk); all: both\n"
             "  --series-every N  store every N-th measured step per (layer, query head) (default 0: none)\n"

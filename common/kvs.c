@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <math.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -331,6 +332,14 @@ double kvs_now_s(void) {
 }
 
 int kvs_n_cpus(void) {
+    /* The CPUs this process may run on, not the machine's: under Slurm (--cpus-per-task), taskset or a container's
+     * cpuset a thread per online CPU would oversubscribe the cores the job was given. */
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    if (sched_getaffinity(0, sizeof allowed, &allowed) == 0) {
+        int n = CPU_COUNT(&allowed);
+        if (n >= 1) return n;
+    }
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     return n < 1 ? 1 : (int)n;
 }

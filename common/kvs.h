@@ -137,7 +137,8 @@ kvs_status kvs_read_file(const char *path, char **out, size_t *len);
 /*! kvs_now_s() : monotonic time in seconds, for progress lines and benchmarks only. */
 double kvs_now_s(void);
 
-/*! kvs_n_cpus() : online CPUs (at least 1). */
+/*! kvs_n_cpus() : the CPUs this process may run on (its affinity mask: Slurm's --cpus-per-task, taskset, a
+ *  cpuset), else the online CPUs; at least 1. */
 int kvs_n_cpus(void);
 
 #endif /* KVS_H */

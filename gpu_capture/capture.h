@@ -55,7 +55,7 @@ typedef struct {
     uint64_t seed;
     kvs_dtype dtype;            /* trace storage dtype of q/k/v/o */
     int block;                  /* positions per trace block; 0 = KVS_TRACE_DEFAULT_BLOCK */
-    int threads;                /* 0 = all CPUs (CPU backend) */
+    int threads;                /* 0 = every CPU the process may run on (CPU backend) */
     kvs_capture_device device;  /* KVS_CAPTURE_CPU (reference) or KVS_CAPTURE_CUDA (gpu_capture/cuda_backend.h) */
     const char *out_path;       /* trace destination, NULL = decode without recording */
     int progress;               /* print progress lines to stderr (tty: every 0.5 s, else every 5 s) */

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -944,6 +945,26 @@ static void test_npy_header_layout(void **state) {
     assert_int_equal(kvs_npy_header(KVS_NPY_I32, shape3, 9, buf, sizeof buf, &len), KVS_ERR_INVALID_ARG);
 }
 
+/* kvs_n_cpus counts the CPUs the process may run on: pinned to one CPU (as Slurm's --cpus-per-task=1 or taskset
+ * would), it says 1; with the mask restored, the mask's count. */
+static void test_n_cpus_follows_the_affinity_mask(void **state) {
+    (void)state;
+    cpu_set_t saved, one;
+    assert_int_equal(sched_getaffinity(0, sizeof saved, &saved), 0);
+    assert_int_equal(kvs_n_cpus(), CPU_COUNT(&saved));
+    int first = -1;
+    for (int c = 0; c < CPU_SETSIZE && first < 0; c++)
+        if (CPU_ISSET(c, &saved)) first = c;
+    assert_true(first >= 0);
+    CPU_ZERO(&one);
+    CPU_SET(first, &one);
+    assert_int_equal(sched_setaffinity(0, sizeof one, &one), 0);
+    int pinned = kvs_n_cpus();
+    assert_int_equal(sched_setaffinity(0, sizeof saved, &saved), 0);
+    assert_int_equal(pinned, 1);
+    assert_int_equal(kvs_n_cpus(), CPU_COUNT(&saved));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f16_exact_values),
@@ -977,6 +998,7 @@ int main(void) {
         cmocka_unit_test(test_sparq_temperature_and_page_softmax),
         cmocka_unit_test(test_page_select_ties_and_boundary),
         cmocka_unit_test(test_npy_header_layout),
+        cmocka_unit_test(test_n_cpus_follows_the_affinity_mask),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
