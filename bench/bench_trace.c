@@ -342,6 +342,106 @@ static size_t zstd_size(const uint8_t *src, size_t n, int level) {
     return r;
 }
 
+/* The zstd stage alone, as the writer drives it (trace.c compress_chunk / compress_planes, restated here because
+ * the library keeps them private): every group chunk payload of `s` (full record, its dtype, byte-shuffled)
+ * compressed one-shot and as byte planes with a zstd block boundary after each plane, then decompressed; MB of
+ * raw payload per second, best of 3 passes. The planes' total must equal what the writer produced (printed
+ * beside it as a cross-check of this restatement). */
+static void coding_speed(const source *s, uint64_t writer_planes_bytes) {
+    size_t L = (size_t)s->L, H = (size_t)s->H, Hkv = (size_t)s->Hkv, d = (size_t)s->d, G = H / Hkv;
+    size_t N = (size_t)s->N, B = KVS_TRACE_DEFAULT_BLOCK, es = kvs_dtype_size(s->dtype);
+    size_t cap = B * ((2 * G + 2) * d * es + G * 4), zcap = ZSTD_compressBound(cap);
+    uint8_t *raw = xmalloc(cap), *shuf = xmalloc(cap), *out = xmalloc(zcap), *back = xmalloc(cap);
+    ZSTD_CCtx *cc = ZSTD_createCCtx();
+    ZSTD_DCtx *dc = ZSTD_createDCtx();
+    if (!cc || !dc || ZSTD_isError(ZSTD_CCtx_setParameter(cc, ZSTD_c_compressionLevel, 3)) ||
+        ZSTD_isError(ZSTD_CCtx_setParameter(cc, ZSTD_c_checksumFlag, 1))) {
+        fprintf(stderr, "bench_trace: zstd setup failed\n");
+        exit(1);
+    }
+    double best_c[2] = {1e30, 1e30}, best_d[2] = {1e30, 1e30};
+    uint64_t total = 0, comp[2] = {0, 0};
+    for (int pass = 0; pass < 3; pass++) {
+        double tc[2] = {0, 0}, td[2] = {0, 0};
+        for (size_t b0 = 0; b0 < N; b0 += B)
+            for (size_t l = 0; l < L; l++)
+                for (size_t kh = 0; kh < Hkv; kh++) {
+                    size_t nb = N - b0 < B ? N - b0 : B;
+                    size_t m[5] = {nb * G * d, nb * d, nb * d, nb * G * d, nb * G}, sz[5] = {es, es, es, es, 4};
+                    const float *arr[4] = {s->q, s->k, s->v, s->o};
+                    uint8_t *p = raw;
+                    for (int a = 0; a < 4; a++) {
+                        size_t rows = (a == 1 || a == 2) ? Hkv : H, cols = (a == 1 || a == 2) ? d : G * d;
+                        for (size_t i = 0; i < nb; i++, p += cols * es)
+                            kvs_encode(s->dtype, arr[a] + (((b0 + i) * L + l) * rows + kh * (cols / d)) * d, cols, p);
+                    }
+                    for (size_t i = 0; i < nb; i++)
+                        for (size_t g = 0; g < G; g++, p += 4)
+                            kvs_put_u32(p, kvs_f32_bits(s->lse[((b0 + i) * L + l) * H + kh * G + g]));
+                    size_t n = (size_t)(p - raw), off = 0, n_planes = 0;
+                    for (int a = 0; a < 5; a++) {
+                        for (size_t i = 0; i < m[a]; i++)
+                            for (size_t j = 0; j < sz[a]; j++) shuf[off + j * m[a] + i] = raw[off + i * sz[a] + j];
+                        off += m[a] * sz[a];
+                        n_planes += sz[a];
+                    }
+                    if (pass == 0) total += n;
+                    for (int mode = 0; mode < 2; mode++) {
+                        double t0 = kvs_now_s();
+                        size_t z;
+                        if (mode == 0) {
+                            z = ZSTD_compress2(cc, out, zcap, shuf, n);
+                        } else {
+                            ZSTD_CCtx_reset(cc, ZSTD_reset_session_only);
+                            ZSTD_CCtx_setPledgedSrcSize(cc, n);
+                            ZSTD_outBuffer ob = {out, zcap, 0};
+                            size_t o2 = 0, pi = 0;
+                            z = 0;
+                            for (int a = 0; a < 5; a++)
+                                for (size_t j = 0; j < sz[a]; j++, pi++) {
+                                    ZSTD_inBuffer ib = {shuf + o2, m[a], 0};
+                                    o2 += m[a];
+                                    size_t r;
+                                    do r = ZSTD_compressStream2(cc, &ob, &ib, pi + 1 == n_planes ? ZSTD_e_end : ZSTD_e_flush);
+                                    while (!ZSTD_isError(r) && r != 0);
+                                    if (ZSTD_isError(r)) z = r;
+                                }
+                            if (!ZSTD_isError(z)) z = ob.pos;
+                        }
+                        tc[mode] += kvs_now_s() - t0;
+                        if (ZSTD_isError(z)) {
+                            fprintf(stderr, "bench_trace: zstd: %s\n", ZSTD_getErrorName(z));
+                            exit(1);
+                        }
+                        if (pass == 0) comp[mode] += z;
+                        t0 = kvs_now_s();
+                        size_t r = ZSTD_decompressDCtx(dc, back, cap, out, z);
+                        td[mode] += kvs_now_s() - t0;
+                        if (r != n || memcmp(back, shuf, n) != 0) {
+                            fprintf(stderr, "bench_trace: coding round trip failed\n");
+                            exit(1);
+                        }
+                    }
+                }
+        for (int mode = 0; mode < 2; mode++) {
+            if (tc[mode] < best_c[mode]) best_c[mode] = tc[mode];
+            if (td[mode] < best_d[mode]) best_d[mode] = td[mode];
+        }
+    }
+    printf("  coding alone (zstd stage of the full record's group chunks, 1 thread, best of 3): one-shot compress %.0f "
+           "MB/s, decompress %.0f MB/s; planes compress %.0f MB/s, decompress %.0f MB/s (group payload %llu -> "
+           "%llu / %llu bytes; the writer's planes total incl. tokens chunks: %llu)\n",
+           (double)total / 1e6 / best_c[0], (double)total / 1e6 / best_d[0], (double)total / 1e6 / best_c[1],
+           (double)total / 1e6 / best_d[1], (unsigned long long)total, (unsigned long long)comp[0],
+           (unsigned long long)comp[1], (unsigned long long)writer_planes_bytes);
+    ZSTD_freeCCtx(cc);
+    ZSTD_freeDCtx(dc);
+    free(raw);
+    free(shuf);
+    free(out);
+    free(back);
+}
+
 /* One source's row of the bytes table: bytes per position per layer of every variant. */
 static void bytes_table_row(source *s, const char *path) {
     double div = (double)s->N * (double)s->L;
@@ -360,6 +460,7 @@ static void bytes_table_row(source *s, const char *path) {
                (unsigned long long)old, (unsigned long long)planes, z3, z19);
         printf("  %-5s speed MB/s of raw payload (write incl. fsync / read to fp32, 1 thread): one-shot %.0f / %.0f, "
                "planes %.0f / %.0f\n", lean ? "lean" : "full", sp_old[0], sp_old[1], sp_new[0], sp_new[1]);
+        if (!lean) coding_speed(s, planes);
     }
 }
 
