@@ -578,6 +578,8 @@ static void export_usage(FILE *f) {
                "  q, o    float32 [positions, n_heads, head_dim]\n"
                "  k, v    float32 [positions, n_kv_heads, head_dim]\n"
                "  lse     float32 [positions, n_heads]\n"
+               "          (a lean trace, capture --record qkv, stores no o or lse: they are recomputed in fp32\n"
+               "          from its q/k/v)\n"
                "  tokens  int32   [positions] (no --layer needed)\n\n"
                "--out FILE: a regular file is replaced atomically (written beside it, then renamed); a symbolic\n"
                "link is written through (its target is replaced, the link stays); a FIFO or device is written\n"
