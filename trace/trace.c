@@ -1,6 +1,7 @@
 /* trace.c — writer, validating reader, block streaming and crash recovery of kvsim trace files.
  *
- * Implements trace/trace.h to the byte-level specification in trace/FORMAT.md (version 1). Every size,
+ * Implements trace/trace.h to the byte-level specification in trace/FORMAT.md (version 1, with the lean record of
+ * header flag bit 1 and the byte planes as zstd blocks: FORMAT.md "Lean record", "Byte planes as zstd blocks"). Every size,
  * offset and count read from a file is checked before it is used (overflow-safe arithmetic, allocations
  * bounded by the file size where the format allows it); corrupt input is a KVS_ERR_FORMAT /
  * KVS_ERR_CHECKSUM / KVS_ERR_TRUNCATED / KVS_ERR_VERSION with a detail naming the file and the part.

@@ -4,7 +4,8 @@
  * A trace records, for every position (prompt and generated), every layer and head, what attention
  * consumed and produced during real decoding: post-RoPE q of every query head, post-RoPE k and v of
  * every KV head, the full-attention output o and log-sum-exp of every query head, plus token ids,
- * prompt/turn boundaries, the model config and the capture settings.
+ * prompt/turn boundaries, the model config and the capture settings. A lean trace (KVS_TRACE_FLAG_QKV) stores
+ * q, k and v only; its readers recompute o and lse (FORMAT.md "Lean record").
  *
  * Data is grouped by (layer, KV head, block of `block_positions` positions): one chunk holds, for that
  * KV head and the G = n_heads / n_kv_heads query heads that share it (query head h uses KV head
