@@ -1,4 +1,5 @@
-/* bench_capture.c — CPU decode speed of the reference forward pass, with and without trace capture, on the
+/* bench_capture.c — CPU decode speed of the reference forward pass, without trace capture, with the full record
+ * and with the lean one (--record qkv, trace/FORMAT.md "Lean record"), on the
  * real stories260K and on a ~110M-parameter Llama-shaped llama2.c checkpoint with random weights (written
  * to /tmp at run time; speed only, its text is noise), beside the machine's floor: measured memcpy
  * bandwidth and FMA throughput, floor tokens/s = bandwidth / weight bytes read per token (decode of one
@@ -96,9 +97,9 @@ static void bench_model(const char *label, const char *path, int steps, int thre
     kvs_model_free(m);
     char out[256];
     snprintf(out, sizeof out, "/tmp/bench_capture_%d.kvt", (int)getpid());
-    double tps[2];
-    uint64_t bytes = 0;
-    for (int cap = 0; cap < 2; cap++) {
+    double tps[3];
+    uint64_t bytes[3] = {0, 0, 0};
+    for (int cap = 0; cap < 3; cap++) { /* 0: no trace, 1: full record, 2: lean record */
         kvs_capture_opts o;
         memset(&o, 0, sizeof o);
         o.model_path = path;
@@ -109,20 +110,21 @@ static void bench_model(const char *label, const char *path, int steps, int thre
         o.threads = threads;
         o.dtype = KVS_DTYPE_F16;
         o.out_path = cap ? out : NULL;
+        o.record_qkv = cap == 2;
         int32_t bos = 1;
         o.prompt_ids = &bos;
         o.n_prompt_ids = 0; /* BOS alone */
         kvs_capture_result r;
         CHECK(kvs_capture_run(&o, &r));
         tps[cap] = (double)r.n_positions / r.seconds;
-        if (cap) bytes = r.trace_bytes;
+        bytes[cap] = r.trace_bytes;
         kvs_capture_result_free(&r);
     }
     unlink(out);
     printf("%-44s %6.1fM params  %8.1f tok/s plain  %8.1f tok/s capture (fp16 trace %.2f MB, overhead %+.1f%%)  "
-           "floor %.1f tok/s (%.0f MB weights/token)\n",
-           label, (double)info->n_params / 1e6, tps[0], tps[1], (double)bytes / 1e6, 100.0 * (tps[0] / tps[1] - 1.0),
-           floor_tps, (double)info->weight_bytes / 1e6);
+           "%8.1f tok/s lean capture (%.2f MB, overhead %+.1f%%)  floor %.1f tok/s (%.0f MB weights/token)\n",
+           label, (double)info->n_params / 1e6, tps[0], tps[1], (double)bytes[1] / 1e6, 100.0 * (tps[0] / tps[1] - 1.0),
+           tps[2], (double)bytes[2] / 1e6, 100.0 * (tps[0] / tps[2] - 1.0), floor_tps, (double)info->weight_bytes / 1e6);
 }
 
 int main(int argc, char **argv) {

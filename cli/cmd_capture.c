@@ -53,6 +53,9 @@ static const char *const capture_help =
     "  --seed S             sampling seed (default 42)\n"
     "  --dtype D            trace storage of q/k/v/o: fp16 (default), bf16, fp32 (lse is always fp32)\n"
     "  --block N            positions per trace block (default 64)\n"
+    "  --record full|qkv    what the trace stores: full (default) q/k/v plus the attention output o and its\n"
+    "                       lse; qkv (lean, about 40-50% smaller) q/k/v only: readers recompute o and lse from\n"
+    "                       them, and verify can check the chunks but not the recorded outputs\n"
     "  --threads N          worker threads for the CPU forward pass and for trace compression, 1.." THREADS_MAX "\n"
     "                       (default: all cores; with --device cuda, compression only, all cores but one)\n"
     "  --device cpu|cuda    backend (default cpu; cuda needs a build made with `make cuda` and a GPU)\n"
@@ -203,7 +206,7 @@ static kvs_status stage_deliver(const staged_trace *st, const char *out_path) {
 static const char *const value_opts[] = {"--model",  "--tokenizer",     "--prompt", "--prompt-file", "--prompt-ids",
                                          "--turns",  "--out",           "--device", "--steps",       "--max-positions",
                                          "--block",  "--threads",       "--temperature", "--top-p",  "--seed",
-                                         "--dtype",  "--truncate"};
+                                         "--dtype",  "--truncate",      "--record"};
 #define N_VALUE_OPTS (sizeof value_opts / sizeof value_opts[0])
 enum { SEEN_NO_BOS = N_VALUE_OPTS, SEEN_IGNORE_EOS, SEEN_NO_TRACE, SEEN_PROGRESS, N_SEEN };
 
@@ -300,6 +303,9 @@ int kvs_cmd_capture(int argc, char **argv) {
             kvs_dtype dt;
             if (kvs_dtype_parse(v, &dt) != KVS_OK) return kvs_cli_usage_error(cmd, "--dtype: '%s' is not fp32, fp16 or bf16", v);
             o.dtype = dt;
+        } else if (!strcmp(name, "--record")) {
+            if (!strcmp(v, "qkv")) o.record_qkv = 1;
+            else if (strcmp(v, "full")) return kvs_cli_usage_error(cmd, "--record: '%s' is not full or qkv", v);
         } else { /* --truncate */
             if (!strcmp(v, "left")) o.truncate = KVS_CAPTURE_TRUNCATE_LEFT;
             else if (!strcmp(v, "right")) o.truncate = KVS_CAPTURE_TRUNCATE_RIGHT;

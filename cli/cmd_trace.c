@@ -85,8 +85,14 @@ int kvs_cmd_info(int argc, char **argv) {
            m->max_seq_len);
     printf("  rope_theta %g (%s pairs), norm_eps %g, attn_scale %g\n", (double)m->rope_theta,
            m->rope_layout == KVS_ROPE_HALVES ? "rotate_half" : "adjacent", (double)m->norm_eps, (double)m->attn_scale);
-    printf("storage      %s q/k/v/o (lse fp32), %d positions per block, byte shuffle %s\n",
-           kvs_dtype_name((kvs_dtype)cp->dtype), cp->block_positions, (cp->flags & KVS_TRACE_FLAG_SHUFFLE) ? "on" : "off");
+    if (cp->flags & KVS_TRACE_FLAG_QKV)
+        printf("storage      %s q/k/v (lean record: o and lse not stored, readers recompute them), %d positions per "
+               "block, byte shuffle %s\n", kvs_dtype_name((kvs_dtype)cp->dtype), cp->block_positions,
+               (cp->flags & KVS_TRACE_FLAG_SHUFFLE) ? "on" : "off");
+    else
+        printf("storage      %s q/k/v/o (lse fp32), %d positions per block, byte shuffle %s\n",
+               kvs_dtype_name((kvs_dtype)cp->dtype), cp->block_positions,
+               (cp->flags & KVS_TRACE_FLAG_SHUFFLE) ? "on" : "off");
     int64_t generated = 0;
     for (int64_t i = 0; i < in->n_turns; i++) generated += in->turns[i].end - in->turns[i].prompt_end;
     printf("positions    %lld (%lld prompt, %lld generated; prompt length before the first generated token "
@@ -360,6 +366,53 @@ static void *verify_worker(void *arg) {
     return NULL;
 }
 
+/* verify of a lean trace (KVS_TRACE_FLAG_QKV, trace/FORMAT.md "Lean record"): there is no recorded o or lse to
+ * compare with a recomputation, so what is left to check after the checksums is that every stored q/k/v value is
+ * finite (an overflow in the capture's storage dtype or a broken forward pass shows as Inf/NaN, which would make
+ * every recomputed output of the stream NaN). Prints what was and was not checked. @return the exit status. */
+static int verify_lean(const char *path, kvs_trace *t) {
+    const kvs_trace_info *in = kvs_trace_info_get(t);
+    int L = in->model.n_layers, Hkv = in->model.n_kv_heads;
+    int64_t n_values = 0, n_bad = 0, first_pos = -1;
+    int first_layer = -1, first_kv = -1;
+    kvs_status s = KVS_OK;
+    for (int l = 0; l < L && s == KVS_OK; l++)
+        for (int kh = 0; kh < Hkv && s == KVS_OK; kh++) {
+            kvs_trace_stream *st = NULL;
+            if ((s = kvs_trace_stream_open(t, l, kh, &st)) != KVS_OK) break;
+            kvs_trace_stream_qkv_only(st);
+            const kvs_trace_block *b;
+            while ((s = kvs_trace_stream_next(st, &b)) == KVS_OK) {
+                size_t nq = (size_t)b->n_pos * (size_t)b->group * (size_t)b->head_dim;
+                size_t nk = (size_t)b->n_pos * (size_t)b->head_dim;
+                const float *arr[3] = {b->q, b->k, b->v};
+                const size_t len[3] = {nq, nk, nk};
+                for (int a = 0; a < 3; a++)
+                    for (size_t i = 0; i < len[a]; i++)
+                        if (!isfinite(arr[a][i]) && n_bad++ == 0) {
+                            size_t row = a == 0 ? (size_t)b->group * (size_t)b->head_dim : (size_t)b->head_dim;
+                            first_pos = b->first_pos + (int64_t)(i / row), first_layer = l, first_kv = kh;
+                        }
+                n_values += (int64_t)(nq + 2 * nk);
+            }
+            kvs_trace_stream_free(st);
+            if (s == KVS_ERR_END) s = KVS_OK;
+        }
+    if (s != KVS_OK) return kvs_cli_fail("verify", s);
+    printf("lean trace (recorded with --record qkv): o and lse were not stored, so the recorded attention outputs "
+           "cannot be checked against a recomputation; readers recompute them from the stored q/k/v\n");
+    printf("checked: every chunk's checksums and decoding; every stored q/k/v value finite (%lld values, %lld not "
+           "finite)\n", (long long)n_values, (long long)n_bad);
+    if (n_bad) {
+        fprintf(stderr, "kvsim verify: %s: %lld stored q/k/v values are not finite (the first at layer %d, kv head %d, "
+                "position %lld)\n", path, (long long)n_bad, first_layer, first_kv, (long long)first_pos);
+        (void)kvs_cli_finish_stdout("verify");
+        return KVS_EXIT_FAIL;
+    }
+    printf("verify: OK (lean trace: chunks and q/k/v only)\n");
+    return kvs_cli_finish_stdout("verify");
+}
+
 static void verify_usage(FILE *f) {
     fprintf(f, "usage: kvsim verify TRACE [--tolerance X] [--lse-tolerance X] [--threads N]\n\n"
                "1. reads and checksums every chunk;\n"
@@ -370,7 +423,9 @@ static void verify_usage(FILE *f) {
                "the fp32 arithmetic of capture and recomputation (derivation: cli/cmd_trace.c; summary:\n"
                "trace/FORMAT.md \"What verify checks\"). Prints per layer the largest relative output error\n"
                "||o - o'|| / ||o||, the largest absolute lse error and the bound usage (error / bound, <= 1 on a\n"
-               "correct trace). Exit 0 only when every row is within its bound (or the fixed tolerances).\n\n"
+               "correct trace). Exit 0 only when every row is within its bound (or the fixed tolerances).\n"
+               "A lean trace (capture --record qkv) stores no o or lse: verify then checks the chunks and that\n"
+               "every stored q/k/v value is finite, and says that the outputs cannot be checked.\n\n"
                "  --tolerance X      use fixed tolerances instead of the bound: max relative output error X;\n"
                "                     also the LSE tolerance unless --lse-tolerance is given\n"
                "  --lse-tolerance X  use fixed tolerances: max absolute LSE error X (the output tolerance is\n"
@@ -437,6 +492,11 @@ int kvs_cmd_verify(int argc, char **argv) {
         return rc;
     }
     printf("checksums: all %lld chunks ok\n", (long long)in->n_chunks);
+    if (in->capture.flags & KVS_TRACE_FLAG_QKV) {
+        int rc = verify_lean(path, t);
+        kvs_trace_close(t);
+        return rc;
+    }
 
     int L = in->model.n_layers, Hkv = in->model.n_kv_heads;
     int n_streams = L * Hkv;
@@ -518,6 +578,8 @@ static void export_usage(FILE *f) {
                "  q, o    float32 [positions, n_heads, head_dim]\n"
                "  k, v    float32 [positions, n_kv_heads, head_dim]\n"
                "  lse     float32 [positions, n_heads]\n"
+               "          (a lean trace, capture --record qkv, stores no o or lse: they are recomputed in fp32\n"
+               "          from its q/k/v)\n"
                "  tokens  int32   [positions] (no --layer needed)\n\n"
                "--out FILE: a regular file is replaced atomically (written beside it, then renamed); a symbolic\n"
                "link is written through (its target is replaced, the link stays); a FIFO or device is written\n"
@@ -601,6 +663,7 @@ int kvs_cmd_export(int argc, char **argv) {
     kvs_status s = kvs_trace_open(argv[optind], &t);
     if (s != KVS_OK) return kvs_cli_fail("export", s);
     const kvs_trace_info *in = kvs_trace_info_get(t);
+    uint32_t in_flags = in->capture.flags; /* `in` is borrowed from t, closed before the message */
     int64_t N = in->n_positions;
     int H = in->model.n_heads, Hkv = in->model.n_kv_heads, d = in->model.head_dim, G = H / Hkv;
     int to_stdout = 0;
@@ -661,6 +724,8 @@ done:
     else
         fprintf(msg, "wrote %s: layer %ld %s float32 [%lld, %d, %d]\n", out_name, layer, what, (long long)N,
                 per_pos_heads, d);
+    if ((wi == 3 || wi == 4) && (in_flags & KVS_TRACE_FLAG_QKV))
+        fprintf(msg, "(a lean trace stores no %s: recomputed in fp32 from the stored q/k/v)\n", what);
     return kvs_cli_finish_stdout("export");
 }
 

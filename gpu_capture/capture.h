@@ -54,6 +54,7 @@ typedef struct {
     float top_p;                /* (0, 1]; 1 = off */
     uint64_t seed;
     kvs_dtype dtype;            /* trace storage dtype of q/k/v/o */
+    int record_qkv;             /* 1: lean record (KVS_TRACE_FLAG_QKV): store q/k/v, not o/lse */
     int block;                  /* positions per trace block; 0 = KVS_TRACE_DEFAULT_BLOCK */
     int threads;                /* 0 = every CPU the process may run on (CPU backend) */
     kvs_capture_device device;  /* KVS_CAPTURE_CPU (reference) or KVS_CAPTURE_CUDA (gpu_capture/cuda_backend.h) */

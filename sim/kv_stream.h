@@ -47,8 +47,9 @@ typedef struct {
     int is_prompt;          /* 1: a prompt position (KVS_ROLE_PROMPT); 0: a generated one */
     const float *q;         /* [G][d]: the position's post-RoPE queries */
     const float *k, *v;     /* [n_ctx][d]: keys / values of positions 0..pos; row pos is this position's */
-    const float *o;         /* [G][d]: stored full-attention output (as decoded from the trace's dtype) */
-    const float *lse;       /* [G]: stored log-sum-exp */
+    const float *o;         /* [G][d]: stored full-attention output (as decoded from the trace's dtype); in a lean
+                               trace (KVS_TRACE_FLAG_QKV) the reader's fp32 recomputation from q/k/v */
+    const float *lse;       /* [G]: stored log-sum-exp (lean trace: recomputed likewise) */
     /* KVS_KV_STREAM_FULL_ATTN (or SCORES) only, NULL otherwise: the recomputation from q, k, v */
     const float *probs;     /* [G][n_ctx]: softmax over positions 0..pos; row g at probs + g * n_ctx */
     const float *out;       /* [G][d]: sum_j probs[g][j] v[j] */

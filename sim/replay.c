@@ -1177,7 +1177,9 @@ cleanup:
  * ---------------------------------------------------------------------------------------------- */
 
 static kvs_status trace_open_cb(void *user, int layer, int kv_head, void **stream) {
-    return kvs_trace_stream_open(user, layer, kv_head, (kvs_trace_stream **)stream);
+    kvs_status st = kvs_trace_stream_open(user, layer, kv_head, (kvs_trace_stream **)stream);
+    if (st == KVS_OK) kvs_trace_stream_qkv_only(*stream); /* the engine computes its own reference from q/k/v */
+    return st;
 }
 static kvs_status trace_next_cb(void *stream, const kvs_trace_block **blk) { return kvs_trace_stream_next(stream, blk); }
 static void trace_free_cb(void *stream) { kvs_trace_stream_free(stream); }

@@ -443,7 +443,7 @@ static void test_writer_rejects_bad_config(void **state) {
     expect_bad_config(c->path, &m, &cp, "block_positions");
     cp = c0, cp.block_positions = KVS_TRACE_MAX_BLOCK + 1;
     expect_bad_config(c->path, &m, &cp, "block_positions");
-    cp = c0, cp.flags = 2;
+    cp = c0, cp.flags = 4; /* bits 0 (shuffle) and 1 (lean record) are defined */
     expect_bad_config(c->path, &m, &cp, "flags");
     cp = c0, cp.max_new_tokens = -1;
     expect_bad_config(c->path, &m, &cp, "max_new_tokens");

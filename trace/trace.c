@@ -1,12 +1,14 @@
 /* trace.c — writer, validating reader, block streaming and crash recovery of kvsim trace files.
  *
- * Implements trace/trace.h to the byte-level specification in trace/FORMAT.md (version 1). Every size,
+ * Implements trace/trace.h to the byte-level specification in trace/FORMAT.md (version 1, with the lean record of
+ * header flag bit 1 and the byte planes as zstd blocks: FORMAT.md "Lean record", "Byte planes as zstd blocks"). Every size,
  * offset and count read from a file is checked before it is used (overflow-safe arithmetic, allocations
  * bounded by the file size where the format allows it); corrupt input is a KVS_ERR_FORMAT /
  * KVS_ERR_CHECKSUM / KVS_ERR_TRUNCATED / KVS_ERR_VERSION with a detail naming the file and the part.
  */
 #include "trace.h"
 
+#include "../common/kvs_math.h"
 #include "../common/kvs_out.h"
 
 #include <errno.h>
@@ -62,8 +64,10 @@ typedef struct {
     size_t es; /* bytes per element of the storage dtype */
 } trace_hdr;
 
+/* Raw payload bytes of a group chunk of n_pos positions: q, k, v, o, lse; q, k, v alone in a lean trace. */
 static uint64_t group_raw_size(const trace_hdr *h, uint64_t n_pos) {
     /* Bounded by the header limits (<= 2^16 * (2050 * 1024 * 4 + 4096)) so no overflow in u64. */
+    if (h->cap.flags & KVS_TRACE_FLAG_QKV) return n_pos * (((uint64_t)h->G + 2u) * h->d * h->es);
     return n_pos * ((2u * (uint64_t)h->G + 2u) * h->d * h->es + (uint64_t)h->G * 4u);
 }
 static uint64_t tokens_raw_size(uint64_t n_pos) { return 9u * n_pos; }
@@ -164,8 +168,9 @@ static kvs_status check_configs(const kvs_model_config *m, const kvs_capture_con
     RANGE_CHECK("dtype", c->dtype, 0, 2);
     RANGE_CHECK("block_positions", c->block_positions, 1, KVS_TRACE_MAX_BLOCK);
     RANGE_CHECK("max_new_tokens", c->max_new_tokens, 0, INT32_MAX);
-    if (c->flags & ~KVS_TRACE_FLAG_SHUFFLE)
-        return kvs_fail(st, "%s: flags = 0x%x has unknown bits (only bit 0, shuffle, is defined)", who, c->flags);
+    if (c->flags & ~(KVS_TRACE_FLAG_SHUFFLE | KVS_TRACE_FLAG_QKV))
+        return kvs_fail(st, "%s: flags = 0x%x has unknown bits (only bit 0, shuffle, and bit 1, lean q/k/v record, are "
+                        "defined)", who, c->flags);
     if (!memchr(c->settings, 0, KVS_TRACE_SETTINGS_MAX))
         return kvs_fail(st, "%s: settings text is longer than %d bytes", who, KVS_TRACE_SETTINGS_MAX - 1);
 #undef RANGE_CHECK
@@ -376,6 +381,8 @@ struct kvs_trace_writer {
     int created, closed, failed; /* created: the .partial exists and is ours to remove */
     trace_hdr h;
     int shuffle;
+    int lean;             /* KVS_TRACE_FLAG_QKV: o and lse are not stored */
+    int plane_blocks;     /* kvs_trace_writer_set_plane_blocks */
     int64_t n_positions;  /* completed positions */
     int in_position;
     int32_t blk_n;        /* positions of the current block already ended */
@@ -485,6 +492,8 @@ kvs_status kvs_trace_writer_create(const char *path, const kvs_model_config *mod
     memset(w->h.model.model_name, 0, KVS_TRACE_NAME_MAX);
     memcpy(w->h.model.model_name, model->model_name, strnlen(model->model_name, KVS_TRACE_NAME_MAX - 1));
     w->shuffle = (cap->flags & KVS_TRACE_FLAG_SHUFFLE) != 0;
+    w->lean = (cap->flags & KVS_TRACE_FLAG_QKV) != 0;
+    w->plane_blocks = 1;
     w->last_turn = -1;
     const trace_hdr *h = &w->h;
     size_t groups = (size_t)h->L * h->Hkv;
@@ -497,15 +506,15 @@ kvs_status kvs_trace_writer_create(const char *path, const kvs_model_config *mod
     w->partial = str_concat(path, ".partial");
     w->layer_done = calloc(h->L, 1);
     w->gq = malloc(groups * w->q_bytes);
-    w->go = malloc(groups * w->q_bytes);
+    w->go = w->lean ? NULL : malloc(groups * w->q_bytes);
     w->gk = malloc(groups * w->kv_bytes);
     w->gv = malloc(groups * w->kv_bytes);
-    w->glse = malloc(groups * w->lse_n * sizeof(float));
+    w->glse = w->lean ? NULL : malloc(groups * w->lse_n * sizeof(float));
     w->tok = malloc((size_t)h->B * sizeof(int32_t));
     w->turn = malloc((size_t)h->B * sizeof(int32_t));
     w->role = malloc(h->B);
-    if (!w->path || !w->partial || !w->layer_done || !w->gq || !w->go || !w->gk || !w->gv || !w->glse || !w->tok ||
-        !w->turn || !w->role) {
+    if (!w->path || !w->partial || !w->layer_done || !w->gq || (!w->lean && (!w->go || !w->glse)) || !w->gk ||
+        !w->gv || !w->tok || !w->turn || !w->role) {
         kvs_trace_writer_free(w);
         return kvs_fail(KVS_ERR_NOMEM, "%s: cannot allocate the writer's block buffers", path);
     }
@@ -575,7 +584,8 @@ kvs_status kvs_trace_writer_put_layer(kvs_trace_writer *w, int layer, const floa
     if (!w->in_position) return kvs_fail(KVS_ERR_STATE, "%s: put_layer before begin_position", w->path);
     if (layer < 0 || (uint32_t)layer >= w->h.L)
         return kvs_fail(KVS_ERR_RANGE, "%s: put_layer: layer %d outside [0, %u)", w->path, layer, w->h.L);
-    if (!q || !k || !v || !o || !lse) return kvs_fail(KVS_ERR_INVALID_ARG, "%s: put_layer: NULL array", w->path);
+    if (!q || !k || !v || (!w->lean && (!o || !lse)))
+        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: put_layer: NULL array", w->path);
     if (w->layer_done[layer])
         return kvs_fail(KVS_ERR_STATE, "%s: position %lld: layer %d recorded twice", w->path,
                         (long long)w->n_positions, layer);
@@ -585,23 +595,58 @@ kvs_status kvs_trace_writer_put_layer(kvs_trace_writer *w, int layer, const floa
     for (uint32_t kh = 0; kh < h->Hkv; kh++) {
         size_t gi = (size_t)layer * h->Hkv + kh;
         kvs_encode(dt, q + kh * gd, gd, w->gq + gi * w->q_bytes + pb * gd * h->es);
-        kvs_encode(dt, o + kh * gd, gd, w->go + gi * w->q_bytes + pb * gd * h->es);
         kvs_encode(dt, k + (size_t)kh * h->d, h->d, w->gk + gi * w->kv_bytes + pb * h->d * h->es);
         kvs_encode(dt, v + (size_t)kh * h->d, h->d, w->gv + gi * w->kv_bytes + pb * h->d * h->es);
+        if (w->lean) continue;
+        kvs_encode(dt, o + kh * gd, gd, w->go + gi * w->q_bytes + pb * gd * h->es);
         memcpy(w->glse + gi * w->lse_n + pb * h->G, lse + (size_t)kh * h->G, h->G * sizeof(float));
     }
     w->layer_done[layer] = 1;
     return KVS_OK;
 }
 
+/* Compresses the shuffled payload src (raw_size bytes) as one zstd frame whose blocks end at every byte plane's
+ * end (FORMAT.md "Byte planes as zstd blocks"): zstd keeps one literal entropy table per block, so a plane of
+ * sign/exponent bytes (about 6 bits of entropy in fp16 activations) no longer shares its table with a plane of
+ * mantissa bytes (8 bits: incompressible). A flush ends the current block without ending the frame, so the
+ * result is an ordinary frame that any reader decodes. Returns the frame size, 0 when it would not fit in
+ * out_cap (the caller falls back to one-shot compression), or a zstd error code. */
+static size_t compress_planes(ZSTD_CCtx *cctx, const uint8_t *src, uint64_t raw_size, const size_t (*arrays)[2],
+                              int n_arrays, uint8_t *out, size_t out_cap) {
+    size_t r = ZSTD_CCtx_reset(cctx, ZSTD_reset_session_only);
+    if (ZSTD_isError(r)) return r;
+    if (ZSTD_isError(r = ZSTD_CCtx_setPledgedSrcSize(cctx, raw_size))) return r; /* the frame's content size */
+    ZSTD_outBuffer ob = {out, out_cap, 0};
+    size_t off = 0, n_planes = 0, plane = 0;
+    for (int a = 0; a < n_arrays; a++) n_planes += arrays[a][1];
+    for (int a = 0; a < n_arrays; a++)
+        for (size_t j = 0; j < arrays[a][1]; j++, plane++) {
+            ZSTD_inBuffer ib = {src + off, arrays[a][0], 0};
+            off += arrays[a][0];
+            ZSTD_EndDirective how = plane + 1 == n_planes ? ZSTD_e_end : ZSTD_e_flush;
+            do {
+                r = ZSTD_compressStream2(cctx, &ob, &ib, how);
+                if (ZSTD_isError(r)) return r;
+                if (r != 0 && ob.pos == ob.size) { /* full: abandon this frame, the caller compresses in one go */
+                    ZSTD_CCtx_reset(cctx, ZSTD_reset_session_only);
+                    return 0;
+                }
+            } while (r != 0 || ib.pos < ib.size);
+        }
+    KVS_ASSERT(off == raw_size);
+    return ob.pos;
+}
+
 /* Compresses one chunk whose raw_size-byte payload is in c->payload (unshuffled) into out + CHUNK_HDR.
- * `arrays` lists the (element count, element size) of the payload's arrays for the shuffle. Returns the
+ * `arrays` lists the (element count, element size) of the payload's arrays for the shuffle; with
+ * `planes` (and the shuffle) each byte plane becomes zstd blocks of its own (compress_planes). Returns the
  * frame size, or a zstd error code (test with ZSTD_isError); sets e->flags and *crc. Touches only c,
  * out and e, so workers run it side by side. */
-static size_t compress_chunk(chunk_coder *c, int shuffle, chunk_entry *e, const size_t (*arrays)[2], int n_arrays,
-                             uint8_t *out, size_t out_cap, uint32_t *crc) {
+static size_t compress_chunk(chunk_coder *c, int shuffle, int planes, chunk_entry *e, const size_t (*arrays)[2],
+                             int n_arrays, uint8_t *out, size_t out_cap, uint32_t *crc) {
     const uint8_t *src = c->payload;
     e->flags = 0;
+    size_t n = 0;
     if (shuffle) {
         size_t off = 0;
         for (int a = 0; a < n_arrays; a++) {
@@ -611,8 +656,12 @@ static size_t compress_chunk(chunk_coder *c, int shuffle, chunk_entry *e, const 
         KVS_ASSERT(off == e->raw_size);
         src = c->shuf;
         e->flags = 1;
+        /* capped at ZSTD_compressBound(raw_size), the most a reader accepts (check_entry_fields) */
+        if (planes) n = compress_planes(c->cctx, src, e->raw_size, arrays, n_arrays, out + CHUNK_HDR,
+                                        ZSTD_compressBound((size_t)e->raw_size));
+        if (ZSTD_isError(n)) return n;
     }
-    size_t n = ZSTD_compress2(c->cctx, out + CHUNK_HDR, out_cap - CHUNK_HDR, src, (size_t)e->raw_size);
+    if (n == 0) n = ZSTD_compress2(c->cctx, out + CHUNK_HDR, out_cap - CHUNK_HDR, src, (size_t)e->raw_size);
     if (!ZSTD_isError(n)) *crc = kvs_crc32(0, out + CHUNK_HDR, n);
     return n;
 }
@@ -659,6 +708,7 @@ static void compress_wave(void *ctx, int worker, int n_workers) {
     size_t n = j->n_pos, gd = (size_t)h->G * h->d;
     size_t qb = n * gd * h->es, kb = n * h->d * h->es;
     const size_t arrays[5][2] = {{n * gd, h->es}, {n * h->d, h->es}, {n * h->d, h->es}, {n * gd, h->es}, {n * h->G, 4}};
+    int n_arrays = w->lean ? 3 : 5; /* a lean chunk: q, k, v */
     for (size_t i = (size_t)worker; i < j->n_groups; i += (size_t)n_workers) {
         size_t gi = j->g0 + i;
         uint8_t *p = c->payload;
@@ -668,14 +718,16 @@ static void compress_wave(void *ctx, int worker, int n_workers) {
         p += kb;
         memcpy(p, w->gv + gi * w->kv_bytes, kb);
         p += kb;
-        memcpy(p, w->go + gi * w->q_bytes, qb);
-        p += qb;
-        const float *lse = w->glse + gi * w->lse_n;
-        for (size_t r = 0; r < n * h->G; r++) kvs_put_u32(p + 4 * r, kvs_f32_bits(lse[r]));
+        if (!w->lean) {
+            memcpy(p, w->go + gi * w->q_bytes, qb);
+            p += qb;
+            const float *lse = w->glse + gi * w->lse_n;
+            for (size_t r = 0; r < n * h->G; r++) kvs_put_u32(p + 4 * r, kvs_f32_bits(lse[r]));
+        }
         chunk_slot *sl = &w->slots[i];
         sl->e = (chunk_entry){.kind = KIND_GROUP, .layer = (uint32_t)(gi / h->Hkv), .kv_head = (uint32_t)(gi % h->Hkv),
                               .n_pos = (uint32_t)n, .block = (uint64_t)w->blk_index, .raw_size = group_raw_size(h, n)};
-        size_t z = compress_chunk(c, w->shuffle, &sl->e, arrays, 5, sl->out, w->out_cap, &sl->crc);
+        size_t z = compress_chunk(c, w->shuffle, w->plane_blocks, &sl->e, arrays, n_arrays, sl->out, w->out_cap, &sl->crc);
         sl->zerr = ZSTD_isError(z) ? z : 0;
         if (!sl->zerr) sl->e.comp_size = z;
     }
@@ -696,7 +748,7 @@ static kvs_status flush_block(kvs_trace_writer *w) {
     }
     const size_t tok_arrays[3][2] = {{n, 4}, {n, 1}, {n, 4}};
     uint32_t crc = 0;
-    size_t z = compress_chunk(c0, w->shuffle, &e, tok_arrays, 3, w->slots[0].out, w->out_cap, &crc);
+    size_t z = compress_chunk(c0, w->shuffle, w->plane_blocks, &e, tok_arrays, 3, w->slots[0].out, w->out_cap, &crc);
     if (ZSTD_isError(z)) {
         w->failed = 1;
         return kvs_fail(KVS_ERR_COMPRESS, "%s: zstd: %s", w->partial, ZSTD_getErrorName(z));
@@ -727,6 +779,15 @@ kvs_status kvs_trace_writer_set_threadpool(kvs_trace_writer *w, kvs_threadpool *
     if (s != KVS_OK) return s;
     if ((s = size_workers(w, kvs_threadpool_size(pool))) != KVS_OK) return s;
     w->pool = pool;
+    return KVS_OK;
+}
+
+kvs_status kvs_trace_writer_set_plane_blocks(kvs_trace_writer *w, int on) {
+    kvs_status s = writer_usable(w, "set_plane_blocks");
+    if (s != KVS_OK) return s;
+    if (w->n_positions > 0 || w->in_position)
+        return kvs_fail(KVS_ERR_STATE, "%s: set_plane_blocks after the first position", w->path);
+    w->plane_blocks = on != 0;
     return KVS_OK;
 }
 
@@ -877,6 +938,13 @@ typedef struct {
     uint8_t *tmp;    /* unshuffled array */
     size_t comp_cap, raw_cap;
     ZSTD_DCtx *dctx;
+    /* Lean traces (KVS_TRACE_FLAG_QKV): the keys and values of positions [0, hist_n) of (hist_layer, hist_kv)
+     * in fp32, to recompute o and lse (recompute_outputs); probs is kvs_attention_group's scratch. */
+    int qkv_only;             /* kvs_trace_block_qkv_only: do not recompute */
+    int hist_layer, hist_kv;
+    int64_t hist_n, hist_cap; /* positions held / allocated */
+    float *hist_k, *hist_v;   /* [hist_cap][d] */
+    float *probs;             /* [G][hist_cap] */
 } block_impl;
 
 static int cmp_entry_offset(const void *a, const void *b) {
@@ -922,6 +990,7 @@ static kvs_status block_impl_create(const kvs_trace *t, size_t raw_cap, int with
     const trace_hdr *h = &t->h;
     bi->owner = t;
     bi->raw_cap = raw_cap;
+    bi->hist_layer = -1;
     bi->comp_cap = CHUNK_HDR + ZSTD_compressBound(raw_cap);
     bi->comp = malloc(bi->comp_cap);
     bi->raw = malloc(raw_cap);
@@ -964,6 +1033,9 @@ void kvs_trace_block_free(kvs_trace_block *b) {
     free(bi->raw);
     free(bi->tmp);
     ZSTD_freeDCtx(bi->dctx);
+    free(bi->hist_k);
+    free(bi->hist_v);
+    free(bi->probs);
     free(b->q);
     free(b->k);
     free(b->v);
@@ -982,6 +1054,53 @@ static void decode_array(block_impl *bi, const uint8_t *src, size_t m, kvs_dtype
     kvs_decode(dt, src, m, dst);
 }
 
+/* Grows a lean-trace block's history to hold n positions (n <= the trace's positions, so the allocation is
+ * bounded by data the reader has decoded and checked). */
+static kvs_status history_reserve(block_impl *bi, int64_t n) {
+    if (n <= bi->hist_cap) return KVS_OK;
+    const trace_hdr *h = &bi->owner->h;
+    int64_t cap = bi->hist_cap ? bi->hist_cap : 64;
+    while (cap < n) cap *= 2;
+    if (cap > bi->owner->info.n_positions) cap = bi->owner->info.n_positions;
+    size_t kv = (size_t)cap * h->d, pr = (size_t)cap * h->G;
+    float *nk = realloc(bi->hist_k, kv * sizeof(float));
+    if (nk) bi->hist_k = nk;
+    float *nv = nk ? realloc(bi->hist_v, kv * sizeof(float)) : NULL;
+    if (nv) bi->hist_v = nv;
+    float *np = nv ? realloc(bi->probs, pr * sizeof(float)) : NULL;
+    if (!np)
+        return kvs_fail(KVS_ERR_NOMEM, "%s: cannot allocate the key/value history of %lld positions to recompute o "
+                        "and lse", bi->owner->path, (long long)cap);
+    bi->probs = np;
+    bi->hist_cap = cap;
+    return KVS_OK;
+}
+
+/* Reads group chunk (layer, kv_head, block) into bi->raw; *e receives its index entry. */
+static kvs_status read_group_chunk(const kvs_trace *t, int layer, int kv_head, int64_t block, block_impl *bi,
+                                   const chunk_entry **e) {
+    const trace_hdr *h = &t->h;
+    *e = &t->entries[t->slot_grp[((uint64_t)block * h->L + (uint64_t)layer) * h->Hkv + (uint64_t)kv_head]];
+    return read_chunk(t, *e, bi);
+}
+
+/* Lean trace: o and lse of the block in `out` (q, k, v decoded, its k/v rows already in the history, which holds
+ * every earlier position) recomputed as FORMAT.md defines them, exact causal attention in fp32 over positions
+ * 0..p (kvs_attention_group: one pass over the keys for the G query heads). */
+static void recompute_outputs(block_impl *bi, kvs_trace_block *out) {
+    const trace_hdr *h = &bi->owner->h;
+    size_t G = h->G, d = h->d;
+    float *rows[KVS_TRACE_MAX_HEADS];
+    double lse[KVS_TRACE_MAX_HEADS];
+    for (int32_t i = 0; i < out->n_pos; i++) {
+        size_t n = (size_t)out->first_pos + (size_t)i + 1;
+        for (size_t g = 0; g < G; g++) rows[g] = bi->probs + g * n;
+        kvs_attention_group(out->q + (size_t)i * G * d, G, bi->hist_k, bi->hist_v, d, NULL, n, d,
+                            bi->owner->h.model.attn_scale, rows, out->o + (size_t)i * G * d, lse);
+        for (size_t g = 0; g < G; g++) out->lse[(size_t)i * G + g] = (float)lse[g];
+    }
+}
+
 kvs_status kvs_trace_read_block(const kvs_trace *t, int layer, int kv_head, int64_t block, kvs_trace_block *out) {
     if (!t || !out) return kvs_fail(KVS_ERR_INVALID_ARG, "read_block: NULL argument");
     block_impl *bi = (block_impl *)out;
@@ -993,11 +1112,31 @@ kvs_status kvs_trace_read_block(const kvs_trace *t, int layer, int kv_head, int6
                         "(%u layers, %u kv heads, %llu blocks)", t->path, layer, kv_head, (long long)block, t->h.L,
                         t->h.Hkv, (unsigned long long)t->nb);
     const trace_hdr *h = &t->h;
-    const chunk_entry *e = &t->entries[t->slot_grp[((uint64_t)block * h->L + (uint64_t)layer) * h->Hkv + (uint64_t)kv_head]];
-    kvs_status s = read_chunk(t, e, bi);
-    if (s != KVS_OK) return s;
-    size_t n = e->n_pos, gd = (size_t)h->G * h->d;
+    size_t gd = (size_t)h->G * h->d;
     kvs_dtype dt = (kvs_dtype)h->cap.dtype;
+    int lean = (h->cap.flags & KVS_TRACE_FLAG_QKV) != 0, recompute = lean && !bi->qkv_only;
+    int64_t first = block * (int64_t)h->B;
+    const chunk_entry *e;
+    kvs_status s;
+    if (recompute) { /* the keys and values of every earlier position: kept from the last read, else decoded here */
+        if (bi->hist_layer != layer || bi->hist_kv != kv_head) {
+            bi->hist_layer = layer;
+            bi->hist_kv = kv_head;
+            bi->hist_n = 0;
+        }
+        for (int64_t b = bi->hist_n / (int64_t)h->B; b < block; b++) {
+            if ((s = read_group_chunk(t, layer, kv_head, b, bi, &e)) != KVS_OK) return s;
+            int64_t f = b * (int64_t)h->B;
+            if ((s = history_reserve(bi, f + (int64_t)e->n_pos)) != KVS_OK) return s;
+            size_t n = e->n_pos;
+            const uint8_t *p = bi->raw + n * gd * h->es;
+            decode_array(bi, p, n * h->d, dt, e->flags & 1, bi->hist_k + (size_t)f * h->d);
+            decode_array(bi, p + n * h->d * h->es, n * h->d, dt, e->flags & 1, bi->hist_v + (size_t)f * h->d);
+            bi->hist_n = f + (int64_t)n;
+        }
+    }
+    if ((s = read_group_chunk(t, layer, kv_head, block, bi, &e)) != KVS_OK) return s;
+    size_t n = e->n_pos;
     int sh = e->flags & 1;
     const uint8_t *p = bi->raw;
     decode_array(bi, p, n * gd, dt, sh, out->q);
@@ -1006,16 +1145,33 @@ kvs_status kvs_trace_read_block(const kvs_trace *t, int layer, int kv_head, int6
     p += n * h->d * h->es;
     decode_array(bi, p, n * h->d, dt, sh, out->v);
     p += n * h->d * h->es;
-    decode_array(bi, p, n * gd, dt, sh, out->o);
-    p += n * gd * h->es;
-    decode_array(bi, p, n * h->G, KVS_DTYPE_F32, sh, out->lse);
     out->layer = layer;
     out->kv_head = kv_head;
     out->block = block;
-    out->first_pos = block * (int64_t)h->B;
+    out->first_pos = first;
     out->n_pos = (int32_t)n;
     out->group = (int32_t)h->G;
     out->head_dim = (int32_t)h->d;
+    out->recomputed = lean ? (recompute ? 1 : -1) : 0;
+    if (!lean) {
+        decode_array(bi, p, n * gd, dt, sh, out->o);
+        p += n * gd * h->es;
+        decode_array(bi, p, n * h->G, KVS_DTYPE_F32, sh, out->lse);
+        return KVS_OK;
+    }
+    if (!recompute) {
+        for (size_t i = 0; i < n * gd; i++) out->o[i] = NAN;
+        for (size_t i = 0; i < n * h->G; i++) out->lse[i] = NAN;
+        return KVS_OK;
+    }
+    if ((s = history_reserve(bi, first + (int64_t)n)) != KVS_OK) {
+        bi->hist_layer = -1;
+        return s;
+    }
+    memcpy(bi->hist_k + (size_t)first * h->d, out->k, n * h->d * sizeof(float));
+    memcpy(bi->hist_v + (size_t)first * h->d, out->v, n * h->d * sizeof(float));
+    if (first + (int64_t)n > bi->hist_n) bi->hist_n = first + (int64_t)n;
+    recompute_outputs(bi, out);
     return KVS_OK;
 }
 
@@ -1376,6 +1532,13 @@ kvs_status kvs_trace_stream_next(kvs_trace_stream *s, const kvs_trace_block **bl
     s->next++;
     *blk = s->blk;
     return KVS_OK;
+}
+
+void kvs_trace_block_qkv_only(kvs_trace_block *b) {
+    if (b) ((block_impl *)b)->qkv_only = 1;
+}
+void kvs_trace_stream_qkv_only(kvs_trace_stream *s) {
+    if (s) kvs_trace_block_qkv_only(s->blk);
 }
 
 void kvs_trace_stream_free(kvs_trace_stream *s) {

@@ -4,7 +4,8 @@
  * A trace records, for every position (prompt and generated), every layer and head, what attention
  * consumed and produced during real decoding: post-RoPE q of every query head, post-RoPE k and v of
  * every KV head, the full-attention output o and log-sum-exp of every query head, plus token ids,
- * prompt/turn boundaries, the model config and the capture settings.
+ * prompt/turn boundaries, the model config and the capture settings. A lean trace (KVS_TRACE_FLAG_QKV) stores
+ * q, k and v only; its readers recompute o and lse (FORMAT.md "Lean record").
  *
  * Data is grouped by (layer, KV head, block of `block_positions` positions): one chunk holds, for that
  * KV head and the G = n_heads / n_kv_heads query heads that share it (query head h uses KV head
@@ -59,6 +60,8 @@ typedef struct {
 } kvs_capture_config;
 
 #define KVS_TRACE_FLAG_SHUFFLE 1u   /* byte-shuffle arrays before zstd (default on; see FORMAT.md) */
+#define KVS_TRACE_FLAG_QKV 2u       /* lean record (`kvsim capture --record qkv`): group chunks hold q, k, v only;
+                                       readers recompute o and lse from them (FORMAT.md "Lean record") */
 
 /* Role of a position in the sequence. */
 typedef enum { KVS_ROLE_PROMPT = 0, KVS_ROLE_GENERATED = 1 } kvs_role;
@@ -112,9 +115,17 @@ kvs_status kvs_trace_writer_begin_position(kvs_trace_writer *w, int32_t token_id
 
 /*! kvs_trace_writer_put_layer() : records one layer of the current position. Borrowed fp32 inputs:
  *  q [n_heads][head_dim], k [n_kv_heads][head_dim], v [n_kv_heads][head_dim], o [n_heads][head_dim],
- *  lse [n_heads]. Each layer exactly once per position, any order. */
+ *  lse [n_heads]. In a lean trace (KVS_TRACE_FLAG_QKV) o and lse are not stored and may be NULL. Each layer
+ *  exactly once per position, any order. */
 kvs_status kvs_trace_writer_put_layer(kvs_trace_writer *w, int layer, const float *q, const float *k,
                                       const float *v, const float *o, const float *lse);
+
+/*! kvs_trace_writer_set_plane_blocks() : 1 (the default): with the byte shuffle on, every byte plane of
+ *  every array is compressed as zstd blocks of its own, so each plane gets its own entropy tables
+ *  (FORMAT.md "Byte planes as zstd blocks"); 0: the whole payload in one go, as writers before it did. The
+ *  file format is the same either way (any reader decodes both); only the compressed size and speed differ.
+ *  Call before the first position. */
+kvs_status kvs_trace_writer_set_plane_blocks(kvs_trace_writer *w, int on);
 
 /*! kvs_trace_writer_end_position() : finishes the position (KVS_ERR_STATE if a layer is missing); when
  *  the block is full its chunks are compressed and appended to the file. */
@@ -169,12 +180,23 @@ typedef struct {
     float *v;              /* [n_pos][head_dim] */
     float *o;              /* [n_pos][G][head_dim] */
     float *lse;            /* [n_pos][G] */
+    /* o and lse are the stored values; in a lean trace (KVS_TRACE_FLAG_QKV) the reader recomputes them in fp32
+     * from the stored q/k/v with kvs_attention (common/kvs_math.h), which needs the keys and values of every
+     * earlier block: a block remembers the history of the (layer, KV head) it last read, so reading blocks in
+     * order (a stream) decodes each chunk once, and a random access decodes the earlier blocks it lacks. */
+    int recomputed;        /* 1: o and lse were recomputed (lean trace), 0: decoded from the trace, -1: not
+                              available (a lean trace read with kvs_trace_block_qkv_only: o and lse are NaN) */
 } kvs_trace_block;
 
 /*! kvs_trace_block_create() : allocates buffers sized for one block of `t`. Free with
  *  kvs_trace_block_free (accepts NULL). */
 kvs_status kvs_trace_block_create(const kvs_trace *t, kvs_trace_block **out);
 void kvs_trace_block_free(kvs_trace_block *b);
+
+/*! kvs_trace_block_qkv_only() : for a reader that needs only q, k and v (the replay engine computes its own
+ *  full-attention reference): reads of a lean trace into `b` then skip the recomputation of o and lse (and
+ *  the history it needs) and fill them with NaN (b->recomputed = -1). No effect on a full trace. */
+void kvs_trace_block_qkv_only(kvs_trace_block *b);
 
 /*! kvs_trace_read_block() : random access: reads, checksums, decompresses and decodes block `block` of
  *  (layer, kv_head) into `out`. KVS_ERR_RANGE for indices outside the trace. */
@@ -189,6 +211,8 @@ kvs_status kvs_trace_stream_open(const kvs_trace *t, int layer, int kv_head, kvs
  *  @return KVS_OK, KVS_ERR_END after the last block, or an error. */
 kvs_status kvs_trace_stream_next(kvs_trace_stream *s, const kvs_trace_block **blk);
 void kvs_trace_stream_free(kvs_trace_stream *s);
+/*! kvs_trace_stream_qkv_only() : kvs_trace_block_qkv_only() on the stream's block. */
+void kvs_trace_stream_qkv_only(kvs_trace_stream *s);
 
 /*! kvs_trace_turns_from_roles() : the turn table of n >= 1 positions from their roles (kvs_role) and turn
  *  indices, as the format defines it (FORMAT.md "What a reader validates"): turn indices start at 0 and step
