@@ -9,6 +9,8 @@
  * KVSIM_BENCH_NPY_DIR (optional; bench/run_bench.sh sets it when python3 has torch): also replays
  * full/window/streaming/topk alone on the sweep's trace, timed, and writes the trace arrays and kvsim's per-layer
  * output errors there for bench/torch_replay.py's side-by-side run.
+ * KVSIM_BENCH_KERNELS_ONLY (optional): stop after the kernels (the machine's ceilings, the fp32 kernels, and the
+ * same kernels over K/V kept as fp16, issue 14), skipping the sweep.
  */
 #include <math.h>
 #include <stdio.h>
@@ -140,6 +142,71 @@ static void kernels(int d) {
 #undef TIMED
     free(k);
     free(v);
+    free(q);
+    free(pb);
+    free(ob);
+    free(idx);
+}
+
+/* ---- the same kernels over K/V kept in 16 bits (fp16) against fp32 (1 core) ----
+ * Two contexts per head_dim: one whose K/V (fp32) stay in the caches (2048 positions: 1 MiB at d 64, 2 MiB at d
+ * 128) and one that does not (32768 positions: 16 / 32 MiB in fp32, half that in fp16; the VM has 1 MiB of L2
+ * per core and a 32 MiB L3 shared with the other guests). "B/FMA" is the K/V bytes each pass reads per FMA. */
+static void kernels16(int d, size_t N) {
+    const size_t G = 4, nb = 8, p0 = N - nb, budget = N / 4;
+    uint64_t seed = 11;
+    size_t nd = N * (size_t)d;
+    float *k = malloc(nd * sizeof *k), *v = malloc(nd * sizeof *v);
+    uint16_t *k16 = malloc(nd * sizeof *k16), *v16 = malloc(nd * sizeof *v16);
+    float *q = malloc(nb * G * (size_t)d * sizeof *q), *pb = malloc(nb * G * N * sizeof *pb);
+    float *ob = malloc(nb * G * (size_t)d * sizeof *ob);
+    int32_t *idx = malloc(budget * sizeof *idx);
+    if (!k || !v || !k16 || !v16 || !q || !pb || !ob || !idx) exit(1);
+    for (size_t i = 0; i < nd; i++) k[i] = frand(&seed), v[i] = frand(&seed);
+    kvs_encode(KVS_DTYPE_F16, k, nd, k16);
+    kvs_encode(KVS_DTYPE_F16, v, nd, v16);
+    kvs_decode(KVS_DTYPE_F16, k16, nd, k); /* the fp32 rows are the exact conversion, as in the replay */
+    kvs_decode(KVS_DTYPE_F16, v16, nd, v);
+    for (size_t i = 0; i < nb * G * (size_t)d; i++) q[i] = frand(&seed);
+    for (size_t j = 0; j < budget; j++) idx[j] = (int32_t)(4 * j + (j % 4)); /* a quarter of the rows, spread */
+    float *prow[32], *orow[32];
+    for (size_t r = 0; r < nb * G; r++) prow[r] = pb + r * N, orow[r] = ob + r * (size_t)d;
+    double fma_ref = 0, fma_sel = 2.0 * (double)d * (double)G * (double)budget;
+    for (size_t b = 0; b < nb; b++) fma_ref += 2.0 * (double)d * (double)G * (double)(p0 + b + 1);
+    double elems_ref = 2.0 * (double)N * d, elems_sel = 2.0 * (double)budget * d; /* K and V elements read */
+    float scale = 1.0f / sqrtf((float)d);
+    double t0, el, reps;
+#define TIMED(EXPR)                                                                                             \
+    reps = 0;                                                                                                   \
+    t0 = kvs_now_s();                                                                                           \
+    do {                                                                                                        \
+        EXPR;                                                                                                   \
+        reps++;                                                                                                 \
+    } while ((el = kvs_now_s() - t0) < 0.3);
+#define ROW(NAME, FMA, BYTES)                                                                                   \
+    printf("  %-34s %12.3g %13.1f%% %8.3f %10.2f\n", NAME, reps * (FMA) / el, 100 * reps * (FMA) / el / peak_core, \
+           (BYTES) / (FMA), reps * (BYTES) / el / 1e9)
+    printf("d %d, G %zu, %zu positions (K+V %.1f MiB fp32, %.1f MiB fp16), block of %zu steps, |S_t| %zu:\n", d, G, N,
+           elems_ref * 4 / 1048576.0, elems_ref * 2 / 1048576.0, nb, budget);
+    printf("  %-34s %12s %14s %8s %10s\n", "kernel", "FMA/s", "of 1-core peak", "B/FMA", "K/V GB/s");
+    TIMED(kvs_attention_causal_block(q, nb, G, k, v, (size_t)d, p0, scale, prow, orow, NULL));
+    ROW("full reference, blocked, fp32", fma_ref, elems_ref * 4);
+    TIMED(kvs_attention_causal_block16(q, nb, G, k16, v16, KVS_DTYPE_F16, (size_t)d, p0, scale, prow, orow, NULL));
+    ROW("full reference, blocked, fp16", fma_ref, elems_ref * 2);
+    TIMED(kvs_attention_group(q, G, k, v, (size_t)d, idx, budget, (size_t)d, scale, prow, ob, NULL));
+    ROW("S_t, G heads at once, fp32", fma_sel, elems_sel * 4);
+    TIMED(kvs_attention_group16(q, G, k16, v16, KVS_DTYPE_F16, (size_t)d, idx, budget, (size_t)d, scale, prow, ob, NULL));
+    ROW("S_t, G heads at once, fp16", fma_sel, elems_sel * 2);
+    TIMED(kvs_attention_group(q, 1, k, v, (size_t)d, idx, budget, (size_t)d, scale, prow, ob, NULL));
+    ROW("S_t, one head, fp32", fma_sel / (double)G, elems_sel * 4);
+    TIMED(kvs_attention_group16(q, 1, k16, v16, KVS_DTYPE_F16, (size_t)d, idx, budget, (size_t)d, scale, prow, ob, NULL));
+    ROW("S_t, one head, fp16", fma_sel / (double)G, elems_sel * 2);
+#undef ROW
+#undef TIMED
+    free(k);
+    free(v);
+    free(k16);
+    free(v16);
     free(q);
     free(pb);
     free(ob);
@@ -280,6 +347,12 @@ int main(void) {
     print_load("kernels (1 core)");
     kernels(64);
     kernels(128);
+    print_load("kernels over fp16 K/V against fp32 (1 core)");
+    for (int d = 64; d <= 128; d *= 2) {
+        kernels16(d, 2048);
+        kernels16(d, 32768);
+    }
+    if (getenv("KVSIM_BENCH_KERNELS_ONLY")) return 0; /* the kernel tables alone (sim/BENCH.md) */
     sweep(threads);
     return 0;
 }

@@ -7,7 +7,8 @@
  *    the fp32 dot-product bound, so the vector variants are checked against the reference on every ISA;
  *  - the attention functions against their fp32 counterparts, bit for bit;
  *  - the replay's per-layer numbers with the 16-bit history (KVS_KV16=1) equal to the fp32 history's
- *    (KVS_KV16=0), text for text, on an fp16 and a bf16 trace, through the CLI.
+ *    (KVS_KV16=0): every step sample bit for bit through the library (memory source, ten policies of every
+ *    kind), and the per-layer table text for text on fp16 and bf16 trace files through the CLI.
  * Variants the CPU lacks are skipped, saying so.
  */
 #include <math.h>
@@ -25,8 +26,12 @@
 #include "common/kvs.h"
 #include "common/kvs_math.h"
 #include "common/kvs_math_simd.h"
+#include "sim/policy.h"
+#include "sim/replay.h"
+#include "sim/replay_mem.h"
 #include "tests/util/cli_run.h"
 #include "tests/util/gen_trace.h"
+#include "tests/util/replay_fixture.h"
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
 static float frand(void) {
@@ -265,12 +270,208 @@ static void test_attention16_equals_fp32(void **state) {
         }
 }
 
+/* ---- the replay engine's 16-bit history: the same numbers as the fp32 one ---- */
+
+/* Policies of every kind: the prefix reuse (full), S_t lists shared by the group (window, h2o, snapkv, quest,
+ * keydiff), an oracle (topk), per-query-head lists (adakv), merged slots (d2o), chunked prefill (rocketkv). */
+static const char *const replay_specs[] = {"full", "window", "topk", "h2o", "snapkv", "quest", "keydiff", "adakv",
+                                           "d2o", "rocketkv"};
+#define N_SPECS (int)(sizeof replay_specs / sizeof replay_specs[0])
+
+/* Replays the fixture's memory source, declared to carry `dt` values, with the history mode `kv16`; every
+ * configuration at budgets 8 and 24, every position measured, every step in the series. */
+static kvs_replay_result *replay_mode(const kvs_test_replay_fixture *f, kvs_dtype dt, int kv16, int threads) {
+    static kvs_replay_config cfg[2 * N_SPECS];
+    for (int i = 0; i < 2 * N_SPECS; i++) {
+        assert_int_equal(kvs_policy_parse(replay_specs[i % N_SPECS], &cfg[i].policy), KVS_OK);
+        cfg[i].budget = i < N_SPECS ? 8 : 24;
+        cfg[i].budget_fraction = -1;
+    }
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_memory(&f->mem, &src), KVS_OK);
+    src.kv_dtype = (int32_t)dt;
+    kvs_replay_opts o = {.configs = cfg, .n_configs = 2 * N_SPECS, .threads = threads, .measure = KVS_MEASURE_ALL,
+                         .series_every = 1, .kv16 = kv16};
+    kvs_replay_result *r = NULL;
+    assert_int_equal(kvs_replay_execute(&src, &o, &r), KVS_OK);
+    for (int i = 0; i < r->n_runs; i++)
+        if (r->runs[i].status != KVS_OK) fail_msg("%s: %s", replay_specs[i % N_SPECS], r->runs[i].error);
+    return r;
+}
+
+/* @return the number of (run, step) samples whose metrics differ in any bit between a and b. */
+static int64_t steps_differing(const kvs_replay_result *a, const kvs_replay_result *b, int64_t *compared) {
+    int64_t diff = 0;
+    *compared = 0;
+    assert_int_equal(a->n_runs, b->n_runs);
+    for (int i = 0; i < a->n_runs; i++) {
+        assert_int_equal(a->runs[i].n_steps, b->runs[i].n_steps);
+        for (int64_t s = 0; s < a->runs[i].n_steps; s++) {
+            const kvs_results_step *x = &a->runs[i].steps[s], *y = &b->runs[i].steps[s];
+            assert_true(x->layer == y->layer && x->q_head == y->q_head && x->position == y->position);
+            diff += memcmp(x->v, y->v, sizeof x->v) != 0;
+            (*compared)++;
+        }
+    }
+    return diff;
+}
+
+static void test_replay_16bit_history_same_numbers(void **state) {
+    (void)state;
+    kvs_gen_trace_opts o = kvs_test_grouped_opts(2, 4, 90, -1, 40, 5);
+    for (size_t ti = 0; ti < 2; ti++) {
+        kvs_dtype t = dtypes[ti];
+        kvs_test_replay_fixture f;
+        assert_int_equal(kvs_test_replay_fixture_make(&o, 2, 11, &f), KVS_OK);
+        /* K/V as a trace of dtype t holds them: values of that dtype */
+        size_t nkv = (size_t)f.L * (size_t)f.N * (size_t)f.Hkv * (size_t)f.d;
+        uint16_t *h = malloc(nkv * sizeof *h);
+        kvs_encode(t, f.g->k, nkv, h);
+        kvs_decode(t, h, nkv, f.g->k);
+        kvs_encode(t, f.g->v, nkv, h);
+        kvs_decode(t, h, nkv, f.g->v);
+        free(h);
+        kvs_replay_result *a = replay_mode(&f, t, -1, 2), *b = replay_mode(&f, t, 1, 2);
+        int64_t n, differ = steps_differing(a, b, &n);
+        print_message("%s: %lld step samples compared, fp32 vs 16-bit history\n", kvs_dtype_name(t), (long long)n);
+        assert_true(n > 10000);
+        assert_int_equal(differ, 0);
+        for (int i = 0; i < a->n_runs; i++) assert_int_equal(a->runs[i].max_attended, b->runs[i].max_attended);
+        kvs_replay_result_free(a);
+        kvs_replay_result_free(b);
+        kvs_test_replay_fixture_free(&f);
+    }
+}
+
+/* The mode is live: a source that declares fp16 but carries other floats is replayed on their fp16 rounding
+ * with the 16-bit history (both histories hold the converted rows), so its numbers move; and KVS_KV16=0 in the
+ * environment turns the default off. */
+static void test_replay_16bit_history_is_used(void **state) {
+    (void)state;
+    kvs_gen_trace_opts o = kvs_test_grouped_opts(1, 2, 40, -1, 16, 9);
+    kvs_test_replay_fixture f;
+    assert_int_equal(kvs_test_replay_fixture_make(&o, 2, 11, &f), KVS_OK);
+    kvs_replay_result *a = replay_mode(&f, KVS_DTYPE_F16, -1, 1), *b = replay_mode(&f, KVS_DTYPE_F16, 1, 1);
+    int64_t n;
+    assert_true(steps_differing(a, b, &n) > 0);
+    kvs_replay_result *c = replay_mode(&f, KVS_DTYPE_F32, 1, 1); /* an fp32 source has no 16-bit history */
+    assert_int_equal(steps_differing(a, c, &n), 0);
+    setenv("KVS_KV16", "0", 1);
+    kvs_replay_result *d = replay_mode(&f, KVS_DTYPE_F16, 0, 1);
+    unsetenv("KVS_KV16");
+    assert_int_equal(steps_differing(a, d, &n), 0);
+    kvs_replay_result *e = replay_mode(&f, KVS_DTYPE_F16, 0, 1); /* the default: on */
+    assert_int_equal(steps_differing(b, e, &n), 0);
+    kvs_replay_result_free(a);
+    kvs_replay_result_free(b);
+    kvs_replay_result_free(c);
+    kvs_replay_result_free(d);
+    kvs_replay_result_free(e);
+    kvs_test_replay_fixture_free(&f);
+}
+
+/* Through the CLI on trace files: the source's dtype comes from the trace header. `kvsim runs --all --csv` (one
+ * row per run and layer, every metric's statistics) with KVS_KV16=0 and KVS_KV16=1 must be the same text, except
+ * the cells that are not results (run ids, wall times, creation times). */
+static char *runs_csv(const char *kv16, const char *trace, const char *dir) {
+    char db[256], out[256], err[256];
+    snprintf(db, sizeof db, "%s.kv16_%s.db", trace, kv16);
+    snprintf(out, sizeof out, "%s/out", dir);
+    snprintf(err, sizeof err, "%s/err", dir);
+    setenv("KVS_KV16", kv16, 1);
+    const char *args[] = {"replay", trace, "--db", db, "--policy", "full", "--policy", "window", "--policy", "topk",
+                          "--policy", "h2o", "--policy", "quest", "--budgets", "8,24", NULL};
+    int rc = kvs_test_cli(out, err, args);
+    unsetenv("KVS_KV16");
+    assert_int_equal(rc, 0);
+    const char *rargs[] = {"runs", db, "--all", "--csv", NULL};
+    assert_int_equal(kvs_test_cli(out, NULL, rargs), 0);
+    char *text = NULL;
+    size_t n = 0;
+    assert_int_equal(kvs_read_file(out, &text, &n), KVS_OK);
+    return text;
+}
+
+/* Splits one CSV line into at most `cap` fields in place (RFC 4180: a quoted field may hold commas; the quotes
+ * are kept, enough for comparing). */
+static int split_line(char *line, char **f, int cap) {
+    int n = 0, quoted = 0;
+    f[n++] = line;
+    for (char *p = line; *p; p++) {
+        if (*p == '"') quoted = !quoted;
+        else if (*p == ',' && !quoted && n < cap) {
+            *p = 0;
+            f[n++] = p + 1;
+        }
+    }
+    return n;
+}
+
+static int64_t csv_same_results(char *a, char *b) {
+    enum { MAXF = 512 };
+    char *la, *lb, *sa = NULL, *sb = NULL, *fa[MAXF], *fb[MAXF], *names[MAXF];
+    int ncol = 0;
+    int64_t cells = 0;
+    for (int row = 0;; row++) {
+        la = strtok_r(row ? NULL : a, "\n", &sa);
+        lb = strtok_r(row ? NULL : b, "\n", &sb);
+        assert_true((la == NULL) == (lb == NULL));
+        if (!la) break;
+        int na = split_line(la, fa, MAXF), nb = split_line(lb, fb, MAXF);
+        assert_int_equal(na, nb);
+        if (row == 0) {
+            ncol = na;
+            memcpy(names, fa, sizeof names);
+        }
+        for (int c = 0; c < na; c++) {
+            const char *name = c < ncol ? names[c] : "";
+            if (strstr(name, "run_id") || strstr(name, "wall") || strstr(name, "created_at")) continue;
+            if (strcmp(fa[c], fb[c])) fail_msg("row %d column %s: '%s' (fp32 history) vs '%s' (16-bit)", row, name, fa[c], fb[c]);
+            cells++;
+        }
+    }
+    return cells;
+}
+
+static void test_cli_replay_16bit_history_same_numbers(void **state) {
+    (void)state;
+    if (!kvs_test_kvsim_bin()) {
+        print_message("KVSIM_BIN is not set (run through `make test`): skipping CLI test\n");
+        skip();
+    }
+    char dir[] = "/tmp/kvs_kv16_XXXXXX", trace[128], cmd[200];
+    assert_non_null(mkdtemp(dir));
+    for (size_t ti = 0; ti < 2; ti++) {
+        snprintf(trace, sizeof trace, "%s/%s.kvt", dir, kvs_dtype_name(dtypes[ti]));
+        kvs_gen_trace_opts o = kvs_gen_trace_defaults();
+        o.n_positions = 120;
+        o.prompt_len = 48;
+        o.n_layers = 2;
+        o.dtype = dtypes[ti];
+        kvs_gen_trace *g = NULL;
+        assert_int_equal(kvs_gen_trace_create(&o, &g), KVS_OK);
+        assert_int_equal(kvs_gen_trace_write(g, trace), KVS_OK);
+        kvs_gen_trace_free(g);
+        char *a = runs_csv("0", trace, dir), *b = runs_csv("1", trace, dir);
+        int64_t n = csv_same_results(a, b);
+        print_message("%s trace: %lld result cells equal, KVS_KV16=0 vs 1\n", kvs_dtype_name(dtypes[ti]), (long long)n);
+        assert_true(n > 1000);
+        free(a);
+        free(b);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_scores16_equal_fp32_and_fp64),
         cmocka_unit_test(test_output_add16_equal_fp32_and_fp64),
         cmocka_unit_test(test_kv16_special_values_as_fp32),
         cmocka_unit_test(test_attention16_equals_fp32),
+        cmocka_unit_test(test_replay_16bit_history_same_numbers),
+        cmocka_unit_test(test_replay_16bit_history_is_used),
+        cmocka_unit_test(test_cli_replay_16bit_history_same_numbers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
