@@ -10,7 +10,8 @@
  * full/window/streaming/topk alone on the sweep's trace, timed, and writes the trace arrays and kvsim's per-layer
  * output errors there for bench/torch_replay.py's side-by-side run.
  * KVSIM_BENCH_KERNELS_ONLY (optional): stop after the kernels (the machine's ceilings, the fp32 kernels, and the
- * same kernels over K/V kept as fp16, issue 14), skipping the sweep.
+ * same kernels over K/V kept as fp16, issue 14), skipping the rest; KVSIM_BENCH_KV16_ONLY: stop after the replay
+ * with a 16-bit K/V history against the fp32 one, before the sweep.
  */
 #include <math.h>
 #include <stdio.h>
@@ -341,6 +342,91 @@ static void sweep(int threads) {
     kvs_gen_trace_free(g);
 }
 
+/* ---- the replay with its K/V history in 16 bits against fp32 (issue 14) ----
+ * A GENERATED trace of Llama shape (d 128, G 4) whose K/V are rounded to fp16, as a trace's are, replayed with
+ * the fp32 history alone (kv16 = -1) and with the 16-bit history beside it (kv16 = 1), alternately, 3 times each;
+ * the numbers of the two are compared (they must be equal bit for bit). Context: 8192 positions, so a task's
+ * fp32 K/V (2 KV heads: 16 MiB) and the two threads' (32 MiB) do not stay in the caches. */
+static void replay16(int threads) {
+    kvs_gen_trace_opts o = kvs_gen_trace_defaults();
+    o.n_layers = 2;
+    o.n_heads = 8;
+    o.n_kv_heads = 2;
+    o.head_dim = 128;
+    o.n_positions = 8192;
+    o.prompt_len = 7168;
+    kvs_gen_trace *g = NULL;
+    kvs_turn *turns = NULL;
+    int64_t n_turns = 0;
+    CHECK(kvs_gen_trace_create(&o, &g));
+    size_t nkv = (size_t)o.n_layers * (size_t)o.n_positions * (size_t)o.n_kv_heads * (size_t)o.head_dim;
+    uint16_t *h = malloc(nkv * sizeof *h);
+    if (!h) exit(1);
+    kvs_encode(KVS_DTYPE_F16, g->k, nkv, h);
+    kvs_decode(KVS_DTYPE_F16, h, nkv, g->k);
+    kvs_encode(KVS_DTYPE_F16, g->v, nkv, h);
+    kvs_decode(KVS_DTYPE_F16, h, nkv, g->v);
+    free(h);
+    kvs_model_config mc;
+    kvs_capture_config cc;
+    kvs_gen_trace_configs(g, &mc, &cc);
+    CHECK(kvs_trace_turns_from_roles(g->roles, g->turn, o.n_positions, &turns, &n_turns, NULL));
+    kvs_replay_mem mem = {
+        .model = {.n_layers = mc.n_layers, .n_heads = mc.n_heads, .n_kv_heads = mc.n_kv_heads,
+                  .group = mc.n_heads / mc.n_kv_heads, .head_dim = mc.head_dim, .scale = mc.attn_scale, .kv_bytes = 2,
+                  .aux_bytes = 4, .n_positions = o.n_positions, .prompt_len = turns[0].prompt_end,
+                  .max_new_tokens = o.n_positions - turns[0].prompt_end},
+        .turns = turns, .n_turns = n_turns, .q = g->q, .k = g->k, .v = g->v, .block_positions = 64};
+    kvs_replay_source src;
+    CHECK(kvs_replay_source_from_memory(&mem, &src));
+    src.kv_dtype = KVS_DTYPE_F16;
+    static const char *const pol[] = {"full", "window", "streaming", "quest"};
+    static const int64_t bud[] = {1024, 4096};
+    enum { NP = 4, NB = 2, ROUNDS = 3 };
+    kvs_replay_config cfgs[NP * NB];
+    for (int p = 0; p < NP; p++)
+        for (int b = 0; b < NB; b++) {
+            cfgs[p * NB + b] = (kvs_replay_config){.budget = bud[b], .budget_fraction = -1};
+            CHECK(kvs_policy_parse(pol[p], &cfgs[p * NB + b].policy));
+        }
+    print_load("replay, K/V history fp32 vs 16-bit");
+    double hist32 = 2.0 * (double)o.n_kv_heads * o.n_positions * o.head_dim * 4 / 1048576.0;
+    printf("GENERATED trace (not a model), K/V rounded to fp16: %d layers, %d query heads, %d KV heads, d %d, %d "
+           "positions (%d decode steps measured); full, window, streaming, quest at budgets 1024 and 4096; "
+           "%d threads. K/V history per task: %.0f MiB fp32, + %.0f MiB with the 16-bit copy\n",
+           o.n_layers, o.n_heads, o.n_kv_heads, o.head_dim, o.n_positions, o.n_positions - o.prompt_len, threads,
+           hist32, hist32 / 2);
+    kvs_replay_result *first[2] = {NULL, NULL};
+    double best[2] = {1e30, 1e30};
+    for (int round = 0; round < ROUNDS; round++)
+        for (int m = 0; m < 2; m++) {
+            kvs_replay_opts ro = {.configs = cfgs, .n_configs = NP * NB, .threads = threads,
+                                  .measure = KVS_MEASURE_DECODE, .kv16 = m ? 1 : -1};
+            kvs_replay_result *r = NULL;
+            double t0 = kvs_now_s();
+            CHECK(kvs_replay_execute(&src, &ro, &r));
+            double el = kvs_now_s() - t0;
+            printf("  round %d, %-14s %8.2f s wall\n", round + 1, m ? "16-bit history" : "fp32 history", el);
+            if (el < best[m]) best[m] = el;
+            if (!first[m]) first[m] = r;
+            else kvs_replay_result_free(r);
+        }
+    int equal = 1;
+    for (int c = 0; c < NP * NB; c++) {
+        const kvs_replay_run_result *a = &first[0]->runs[c], *b = &first[1]->runs[c];
+        equal &= a->status == KVS_OK && b->status == KVS_OK &&
+                 !memcmp(&a->run_agg.out_err, &b->run_agg.out_err, sizeof a->run_agg.out_err) &&
+                 !memcmp(&a->run_agg.attn_recall, &b->run_agg.attn_recall, sizeof a->run_agg.attn_recall) &&
+                 !memcmp(&a->run_agg.topk_overlap, &b->run_agg.topk_overlap, sizeof a->run_agg.topk_overlap);
+    }
+    printf("best of %d: fp32 history %.2f s, 16-bit history %.2f s (%.2fx); output error, recall and top-k overlap "
+           "of every run %s\n", ROUNDS, best[0], best[1], best[0] / best[1], equal ? "equal bit for bit" : "DIFFER");
+    kvs_replay_result_free(first[0]);
+    kvs_replay_result_free(first[1]);
+    free(turns);
+    kvs_gen_trace_free(g);
+}
+
 int main(void) {
     int threads = kvs_n_cpus();
     machine(threads);
@@ -353,6 +439,8 @@ int main(void) {
         kernels16(d, 32768);
     }
     if (getenv("KVSIM_BENCH_KERNELS_ONLY")) return 0; /* the kernel tables alone (sim/BENCH.md) */
+    replay16(threads);
+    if (getenv("KVSIM_BENCH_KV16_ONLY")) return 0; /* up to the 16-bit history's replay (sim/BENCH.md) */
     sweep(threads);
     return 0;
 }

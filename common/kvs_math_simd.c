@@ -499,16 +499,160 @@ __attribute__((target("avx2,f16c"))) static void kv16_convert_avx2(const uint16_
     }
 }
 
+/* Few query rows (nr < KV16_TILED_ROWS): converting a tile into L1 costs a store and a reload per 8 elements that
+ * only nr rows share, so the rows are converted in registers as they are read, in the fp32 kernels' own order:
+ * each score is one accumulator over the 8-lane chunks of d, reduced by reduce8 / reduce1, plus the fused scalar
+ * tail; each output element is fma(p_j, v_j, acc) over ascending j from the value it holds. So these equal
+ * scores_avx2 / output_add_avx2 on the converted rows bit for bit, as the tiled path does (tests/test_kv16.c). */
+#define KV16_TILED_ROWS 4
+#define AVX2_F16C __attribute__((target("avx2,fma,f16c")))
+
+AVX2_F16C static inline __m256 load8h(const uint16_t *p, int bf16) {
+    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
+    return bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
+}
+
+static inline float half1(uint16_t h, int bf16) { return bf16 ? kvs_bf16_to_f32(h) : kvs_f16_to_f32(h); }
+
+AVX2_F16C static inline float tail_dot16(const float *a, const uint16_t *b, size_t from, size_t d, int bf16) {
+    float t = 0;
+    for (size_t i = from; i < d; i++) t = fmaf(a[i], half1(b[i], bf16), t);
+    return t;
+}
+
+__attribute__((always_inline)) AVX2_F16C static inline void
+scores16_rows(const float *q, size_t nr, const uint16_t *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
+              float scale, float *const *out_rows, size_t col0, int bf16) {
+    size_t d8 = d & ~(size_t)7, j = 0;
+    float s[8];
+    for (; j + 4 <= n; j += 4) {
+        const uint16_t *kr[4];
+        for (int c = 0; c < 4; c++) kr[c] = row16_of(keys, stride, idx, j + (size_t)c);
+        size_t r = 0;
+        for (; r + 2 <= nr; r += 2) {
+            const float *q0 = q + r * d, *q1 = q0 + d;
+            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+            __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+            for (size_t i = 0; i < d8; i += 8) {
+                __m256 x0 = _mm256_loadu_ps(q0 + i), x1 = _mm256_loadu_ps(q1 + i);
+                __m256 y = load8h(kr[0] + i, bf16);
+                a00 = _mm256_fmadd_ps(x0, y, a00);
+                a10 = _mm256_fmadd_ps(x1, y, a10);
+                y = load8h(kr[1] + i, bf16);
+                a01 = _mm256_fmadd_ps(x0, y, a01);
+                a11 = _mm256_fmadd_ps(x1, y, a11);
+                y = load8h(kr[2] + i, bf16);
+                a02 = _mm256_fmadd_ps(x0, y, a02);
+                a12 = _mm256_fmadd_ps(x1, y, a12);
+                y = load8h(kr[3] + i, bf16);
+                a03 = _mm256_fmadd_ps(x0, y, a03);
+                a13 = _mm256_fmadd_ps(x1, y, a13);
+            }
+            _mm256_storeu_ps(s, reduce8(a00, a01, a02, a03, a10, a11, a12, a13));
+            for (int c = 0; c < 4; c++) {
+                out_rows[r][col0 + j + (size_t)c] = scale * (s[c] + tail_dot16(q0, kr[c], d8, d, bf16));
+                out_rows[r + 1][col0 + j + (size_t)c] = scale * (s[4 + c] + tail_dot16(q1, kr[c], d8, d, bf16));
+            }
+        }
+        if (r < nr) {
+            const float *q0 = q + r * d;
+            __m256 z = _mm256_setzero_ps(), a0 = z, a1 = z, a2 = z, a3 = z;
+            for (size_t i = 0; i < d8; i += 8) {
+                __m256 x0 = _mm256_loadu_ps(q0 + i);
+                a0 = _mm256_fmadd_ps(x0, load8h(kr[0] + i, bf16), a0);
+                a1 = _mm256_fmadd_ps(x0, load8h(kr[1] + i, bf16), a1);
+                a2 = _mm256_fmadd_ps(x0, load8h(kr[2] + i, bf16), a2);
+                a3 = _mm256_fmadd_ps(x0, load8h(kr[3] + i, bf16), a3);
+            }
+            _mm256_storeu_ps(s, reduce8(a0, a1, a2, a3, z, z, z, z));
+            for (int c = 0; c < 4; c++)
+                out_rows[r][col0 + j + (size_t)c] = scale * (s[c] + tail_dot16(q0, kr[c], d8, d, bf16));
+        }
+    }
+    for (; j < n; j++) {
+        const uint16_t *k = row16_of(keys, stride, idx, j);
+        for (size_t r = 0; r < nr; r++) {
+            const float *q0 = q + r * d;
+            __m256 a = _mm256_setzero_ps();
+            for (size_t i = 0; i < d8; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), load8h(k + i, bf16), a);
+            out_rows[r][col0 + j] = scale * (reduce1(a) + tail_dot16(q0, k, d8, d, bf16));
+        }
+    }
+}
+
+/* Row by row, 64 output floats per pass as output_add_avx2's single-row path (8 accumulators). */
+__attribute__((always_inline)) AVX2_F16C static inline void
+output_add16_rows(const float *const *p_rows, size_t nr, size_t col0, const uint16_t *values, size_t stride,
+                  const int32_t *idx, size_t n, size_t d, float *const *out_rows, int bf16) {
+    for (size_t r = 0; r < nr; r++) {
+        const float *p = p_rows[r] + col0;
+        float *o = out_rows[r];
+        size_t i = 0;
+        for (; i + 64 <= d; i += 64) {
+            __m256 c[8];
+            for (int k = 0; k < 8; k++) c[k] = _mm256_loadu_ps(o + i + 8 * (size_t)k);
+            for (size_t j = 0; j < n; j++) {
+                const uint16_t *v = row16_of(values, stride, idx, j) + i;
+                __m256 w = _mm256_broadcast_ss(p + j);
+                for (int k = 0; k < 8; k++) c[k] = _mm256_fmadd_ps(w, load8h(v + 8 * (size_t)k, bf16), c[k]);
+            }
+            for (int k = 0; k < 8; k++) _mm256_storeu_ps(o + i + 8 * (size_t)k, c[k]);
+        }
+        for (; i + 8 <= d; i += 8) {
+            __m256 c = _mm256_loadu_ps(o + i);
+            for (size_t j = 0; j < n; j++)
+                c = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), load8h(row16_of(values, stride, idx, j) + i, bf16), c);
+            _mm256_storeu_ps(o + i, c);
+        }
+        for (; i < d; i++) {
+            float c = o[i];
+            for (size_t j = 0; j < n; j++) c = fmaf(p[j], half1(row16_of(values, stride, idx, j)[i], bf16), c);
+            o[i] = c;
+        }
+    }
+}
+
+AVX2_F16C static void scores16_rows_f16(const float *q, size_t nr, const uint16_t *keys, size_t stride,
+                                        const int32_t *idx, size_t n, size_t d, float scale, float *const *out_rows,
+                                        size_t col0) {
+    scores16_rows(q, nr, keys, stride, idx, n, d, scale, out_rows, col0, 0);
+}
+AVX2_F16C static void scores16_rows_bf16(const float *q, size_t nr, const uint16_t *keys, size_t stride,
+                                         const int32_t *idx, size_t n, size_t d, float scale, float *const *out_rows,
+                                         size_t col0) {
+    scores16_rows(q, nr, keys, stride, idx, n, d, scale, out_rows, col0, 1);
+}
+AVX2_F16C static void output_add16_rows_f16(const float *const *p_rows, size_t nr, size_t col0, const uint16_t *values,
+                                            size_t stride, const int32_t *idx, size_t n, size_t d,
+                                            float *const *out_rows) {
+    output_add16_rows(p_rows, nr, col0, values, stride, idx, n, d, out_rows, 0);
+}
+AVX2_F16C static void output_add16_rows_bf16(const float *const *p_rows, size_t nr, size_t col0,
+                                             const uint16_t *values, size_t stride, const int32_t *idx, size_t n,
+                                             size_t d, float *const *out_rows) {
+    output_add16_rows(p_rows, nr, col0, values, stride, idx, n, d, out_rows, 1);
+}
+
 static void scores16_avx2(const float *q, size_t nr, const uint16_t *keys, kvs_dtype dtype, size_t stride,
                           const int32_t *idx, size_t n, size_t d, float scale, float *const *out_rows, size_t col0) {
-    scores16_tiled(scores_avx2, kv16_convert_avx2, q, nr, keys, dtype, stride, idx, n, d, scale, out_rows, col0);
+    if (nr >= KV16_TILED_ROWS)
+        scores16_tiled(scores_avx2, kv16_convert_avx2, q, nr, keys, dtype, stride, idx, n, d, scale, out_rows, col0);
+    else if (dtype == KVS_DTYPE_BF16)
+        scores16_rows_bf16(q, nr, keys, stride, idx, n, d, scale, out_rows, col0);
+    else
+        scores16_rows_f16(q, nr, keys, stride, idx, n, d, scale, out_rows, col0);
 }
 
 static void output_add16_avx2(const float *const *p_rows, size_t nr, size_t col0, const uint16_t *values,
                               kvs_dtype dtype, size_t stride, const int32_t *idx, size_t n, size_t d,
                               float *const *out_rows) {
-    output_add16_tiled(output_add_avx2, kv16_convert_avx2, p_rows, nr, col0, values, dtype, stride, idx, n, d,
-                       out_rows);
+    if (nr >= KV16_TILED_ROWS)
+        output_add16_tiled(output_add_avx2, kv16_convert_avx2, p_rows, nr, col0, values, dtype, stride, idx, n, d,
+                           out_rows);
+    else if (dtype == KVS_DTYPE_BF16)
+        output_add16_rows_bf16(p_rows, nr, col0, values, stride, idx, n, d, out_rows);
+    else
+        output_add16_rows_f16(p_rows, nr, col0, values, stride, idx, n, d, out_rows);
 }
 
 static const kvs_math_kernels kernels_avx2 = {

@@ -100,7 +100,7 @@ static void test_scores16_equal_fp32_and_fp64(void **state) {
                 for (size_t i = 0; i < MAXR * d; i++) q[i] = frand();
                 int32_t idx[ROWS];
                 for (int j = 0; j < ROWS; j++) idx[j] = (int32_t)((j * 37 + 11) % ROWS);
-                for (size_t nr = 1; nr <= MAXR; nr += 4)
+                for (size_t nr = 1; nr <= MAXR; nr += nr < 5 ? 1 : 4) /* 1..3: in registers; 4..: tiles */
                     for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
                         for (int use_idx = 0; use_idx < 2; use_idx++) {
                             size_t n = ns[ni];
@@ -152,7 +152,7 @@ static void test_output_add16_equal_fp32_and_fp64(void **state) {
                 for (size_t i = 0; i < MAXR * (ROWS + 1); i++) p[i] = 0.5f * (frand() + 1.0f);
                 int32_t idx[ROWS];
                 for (int j = 0; j < ROWS; j++) idx[j] = (int32_t)((j * 11 + 5) % ROWS);
-                for (size_t nr = 1; nr <= MAXR; nr += 5)
+                for (size_t nr = 1; nr <= MAXR; nr += nr < 4 ? 1 : 2)
                     for (size_t ni = 0; ni < sizeof ns / sizeof ns[0]; ni++)
                         for (int use_idx = 0; use_idx < 2; use_idx++) {
                             size_t n = ns[ni];
