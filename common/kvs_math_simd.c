@@ -897,3 +897,8 @@ const kvs_math_kernels *kvs_math_kernels_active(void) {
 #endif
     return &kernels_scalar;
 }
+
+int kvs_math_kv16_default(void) {
+    const char *env = getenv("KVS_KV16");
+    return env && env[0] ? strcmp(env, "0") != 0 : 1;
+}

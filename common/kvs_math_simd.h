@@ -61,6 +61,11 @@ typedef struct {
                          size_t stride, const int32_t *idx, size_t n, size_t d, float *const *out_rows);
 } kvs_math_kernels;
 
+/*! kvs_math_kv16_default() : 1 when the engines (sim/replay.c, sim/kv_stream.c) keep a 16-bit K/V history for the
+ *  16-bit kernels unless told otherwise: the environment's KVS_KV16 ("0" = no, anything else = yes), read at
+ *  each call; 1 when unset (sim/BENCH.md "K/V in 16 bits" has the measurement behind the default). */
+int kvs_math_kv16_default(void);
+
 /* Largest head_dim the 16-bit kernels take (the trace format's limit, trace/trace.h KVS_TRACE_MAX_HEAD_DIM). */
 #define KVS_KV16_MAX_DIM 1024
 

@@ -778,12 +778,8 @@ static kvs_dtype history16_dtype(const engine *e) {
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
     return KVS_DTYPE_F32;
 #endif
-    int want = e->o->kv16;
-    if (want == 0) {
-        const char *env = getenv("KVS_KV16");
-        want = env && env[0] ? (strcmp(env, "0") ? 1 : -1) : 1;
-    }
-    return want > 0 ? dt : KVS_DTYPE_F32;
+    int want = e->o->kv16 ? e->o->kv16 > 0 : kvs_math_kv16_default();
+    return want ? dt : KVS_DTYPE_F32;
 }
 
 static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c_hi) {

@@ -94,9 +94,9 @@ typedef struct {
     /* K/V history of the attention kernels when the source's kv_dtype is 16-bit (issue 14, sim/BENCH.md "K/V in
      * 16 bits"): 1 = also keep it in that form and run the full reference and the group attention over S_t on
      * the 16-bit kernels (half the bytes read; the numbers are the same bit for bit; policies still see fp32
-     * rows, so the history takes 1.5x the memory of an fp32 one); -1 = fp32 only; 0 = the default: the
-     * environment's KVS_KV16 (0 or 1) when set, else on. Off whatever is asked when an on_step_end hook is set
-     * (it may rewrite the fp32 rows). */
+     * rows, so the history takes 1.5x the memory of an fp32 one); -1 = fp32 only; 0 = the default,
+     * kvs_math_kv16_default() (common/kvs_math_simd.h: on unless the environment says KVS_KV16=0). Off whatever
+     * is asked when an on_step_end hook is set (it may rewrite the fp32 rows) or head_dim > 1024. */
     int kv16;
 } kvs_replay_opts;
 

@@ -8,7 +8,8 @@
  *  - the attention functions against their fp32 counterparts, bit for bit;
  *  - the replay's per-layer numbers with the 16-bit history (KVS_KV16=1) equal to the fp32 history's
  *    (KVS_KV16=0): every step sample bit for bit through the library (memory source, ten policies of every
- *    kind), and the per-layer table text for text on fp16 and bf16 trace files through the CLI.
+ *    kind), and the per-layer table text for text on fp16 and bf16 trace files through the CLI;
+ *  - sim/kv_stream.c's full attention from its 16-bit history against its fp32 one and kvs_attention().
  * Variants the CPU lacks are skipped, saying so.
  */
 #include <math.h>
@@ -26,6 +27,7 @@
 #include "common/kvs.h"
 #include "common/kvs_math.h"
 #include "common/kvs_math_simd.h"
+#include "sim/kv_stream.h"
 #include "sim/policy.h"
 #include "sim/replay.h"
 #include "sim/replay_mem.h"
@@ -463,6 +465,58 @@ static void test_cli_replay_16bit_history_same_numbers(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* sim/kv_stream.c's full attention from its 16-bit history: the same probabilities, outputs and LSEs bit for bit as
+ * from the fp32 history (KVS_KV16=0), and as kvs_attention() row by row on the rows the stream hands out. */
+static void test_kv_stream_16bit_history_same_numbers(void **state) {
+    (void)state;
+    char dir[] = "/tmp/kvs_kv16s_XXXXXX", path[128], cmd[200];
+    assert_non_null(mkdtemp(dir));
+    for (size_t ti = 0; ti < 2; ti++) {
+        snprintf(path, sizeof path, "%s/%s.kvt", dir, kvs_dtype_name(dtypes[ti]));
+        kvs_gen_trace_opts o = kvs_gen_trace_defaults();
+        o.n_positions = 150;
+        o.n_layers = 1;
+        o.dtype = dtypes[ti];
+        kvs_gen_trace *g = NULL;
+        assert_int_equal(kvs_gen_trace_create(&o, &g), KVS_OK);
+        assert_int_equal(kvs_gen_trace_write(g, path), KVS_OK);
+        kvs_gen_trace_free(g);
+        kvs_trace *t = NULL;
+        assert_int_equal(kvs_trace_open(path, &t), KVS_OK);
+        kvs_kv_stream *a = NULL, *b = NULL;
+        setenv("KVS_KV16", "0", 1);
+        assert_int_equal(kvs_kv_stream_open(t, 0, 1, KVS_KV_STREAM_FULL_ATTN, &a), KVS_OK);
+        unsetenv("KVS_KV16");
+        assert_int_equal(kvs_kv_stream_open(t, 0, 1, KVS_KV_STREAM_FULL_ATTN, &b), KVS_OK);
+        kvs_kv_pos pa, pb;
+        int64_t n = 0;
+        while (kvs_kv_stream_next(a, &pa) == KVS_OK) {
+            assert_int_equal(kvs_kv_stream_next(b, &pb), KVS_OK);
+            size_t G = (size_t)pa.group, d = (size_t)pa.head_dim, nc = (size_t)pa.n_ctx;
+            assert_memory_equal(pa.k, pb.k, nc * d * sizeof(float));
+            assert_memory_equal(pa.probs, pb.probs, G * nc * sizeof(float));
+            assert_memory_equal(pa.out, pb.out, G * d * sizeof(float));
+            assert_memory_equal(pa.attn_lse, pb.attn_lse, G * sizeof(double));
+            float *pr = malloc(nc * sizeof *pr), *out = malloc(d * sizeof *out);
+            for (size_t gi = 0; gi < G; gi++) {
+                double l = kvs_attention(pb.q + gi * d, pb.k, pb.v, d, NULL, nc, d, pb.scale, pr, out);
+                assert_memory_equal(pr, pb.probs + gi * nc, nc * sizeof *pr);
+                assert_memory_equal(out, pb.out + gi * d, d * sizeof *out);
+                assert_true(l == pb.attn_lse[gi]);
+            }
+            free(pr);
+            free(out);
+            n++;
+        }
+        assert_int_equal(n, 150);
+        kvs_kv_stream_free(a);
+        kvs_kv_stream_free(b);
+        kvs_trace_close(t);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_scores16_equal_fp32_and_fp64),
@@ -472,6 +526,7 @@ int main(void) {
         cmocka_unit_test(test_replay_16bit_history_same_numbers),
         cmocka_unit_test(test_replay_16bit_history_is_used),
         cmocka_unit_test(test_cli_replay_16bit_history_same_numbers),
+        cmocka_unit_test(test_kv_stream_16bit_history_same_numbers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
