@@ -9,9 +9,8 @@
  * KVSIM_BENCH_NPY_DIR (optional; bench/run_bench.sh sets it when python3 has torch): also replays
  * full/window/streaming/topk alone on the sweep's trace, timed, and writes the trace arrays and kvsim's per-layer
  * output errors there for bench/torch_replay.py's side-by-side run.
- * KVSIM_BENCH_KERNELS_ONLY (optional): stop after the kernels (the machine's ceilings, the fp32 kernels, and the
- * same kernels over K/V kept as fp16, issue 14), skipping the rest; KVSIM_BENCH_KV16_ONLY: stop after the replay
- * with a 16-bit K/V history against the fp32 one, before the sweep.
+ * KVSIM_BENCH_KV16_ONLY (optional): stop after the 16-bit K/V part (kernels over fp16 against fp32 in and out of
+ * cache, the replay with a 16-bit history against the fp32 one; issue 14), before the sweep.
  */
 #include <math.h>
 #include <stdio.h>
@@ -427,20 +426,25 @@ static void replay16(int threads) {
     kvs_gen_trace_free(g);
 }
 
+/* The 16-bit K/V part (sim/BENCH.md "K/V in 16 bits"): the kernels, then the replay. @return 1 when the
+ * environment asks for this part alone (KVSIM_BENCH_KV16_ONLY). */
+static int kv16_part(int threads) {
+    print_load("kernels over fp16 K/V against fp32 (1 core)");
+    for (int d = 64; d <= 128; d *= 2) {
+        kernels16(d, 2048);
+        kernels16(d, 32768);
+    }
+    replay16(threads);
+    return getenv("KVSIM_BENCH_KV16_ONLY") != NULL;
+}
+
 int main(void) {
     int threads = kvs_n_cpus();
     machine(threads);
     print_load("kernels (1 core)");
     kernels(64);
     kernels(128);
-    print_load("kernels over fp16 K/V against fp32 (1 core)");
-    for (int d = 64; d <= 128; d *= 2) {
-        kernels16(d, 2048);
-        kernels16(d, 32768);
-    }
-    if (getenv("KVSIM_BENCH_KERNELS_ONLY")) return 0; /* the kernel tables alone (sim/BENCH.md) */
-    replay16(threads);
-    if (getenv("KVSIM_BENCH_KV16_ONLY")) return 0; /* up to the 16-bit history's replay (sim/BENCH.md) */
+    if (kv16_part(threads)) return 0;
     sweep(threads);
     return 0;
 }
