@@ -9,6 +9,9 @@
  * together (the blocked full attention equals the row-by-row one bit for bit on one instruction set).
  * Between instruction sets results differ by rounding only (tolerances in tests/test_simd.c).
  *
+ * Each table also reads K/V rows kept in a trace's 16 bits (fp16 / bf16: scores16, output_add16), equal bit for bit
+ * to its fp32 entries on the converted rows; the engines keep such a history unless KVS_KV16=0.
+ *
  * Selection: AVX2 when the CPU has it (else scalar), unless the environment variable KVS_SIMD names another
  * ("scalar", "avx2", "avx512"; a variant the CPU lacks falls back to the best below it). AVX-512 is opt-in: it
  * was slower than AVX2 on the machine measured (kvs_math_simd.c). Read once per process.
