@@ -9,6 +9,8 @@
  * KVSIM_BENCH_NPY_DIR (optional; bench/run_bench.sh sets it when python3 has torch): also replays
  * full/window/streaming/topk alone on the sweep's trace, timed, and writes the trace arrays and kvsim's per-layer
  * output errors there for bench/torch_replay.py's side-by-side run.
+ * KVSIM_BENCH_KV16_ONLY (optional): stop after the 16-bit K/V part (kernels over fp16 against fp32 in and out of
+ * cache, the replay with a 16-bit history against the fp32 one; issue 14), before the sweep.
  */
 #include <math.h>
 #include <stdio.h>
@@ -146,6 +148,71 @@ static void kernels(int d) {
     free(idx);
 }
 
+/* ---- the same kernels over K/V kept in 16 bits (fp16) against fp32 (1 core) ----
+ * Two contexts per head_dim: one whose K/V (fp32) stay in the caches (2048 positions: 1 MiB at d 64, 2 MiB at d
+ * 128) and one that does not (32768 positions: 16 / 32 MiB in fp32, half that in fp16; the VM has 1 MiB of L2
+ * per core and a 32 MiB L3 shared with the other guests). "B/FMA" is the K/V bytes each pass reads per FMA. */
+static void kernels16(int d, size_t N) {
+    const size_t G = 4, nb = 8, p0 = N - nb, budget = N / 4;
+    uint64_t seed = 11;
+    size_t nd = N * (size_t)d;
+    float *k = malloc(nd * sizeof *k), *v = malloc(nd * sizeof *v);
+    uint16_t *k16 = malloc(nd * sizeof *k16), *v16 = malloc(nd * sizeof *v16);
+    float *q = malloc(nb * G * (size_t)d * sizeof *q), *pb = malloc(nb * G * N * sizeof *pb);
+    float *ob = malloc(nb * G * (size_t)d * sizeof *ob);
+    int32_t *idx = malloc(budget * sizeof *idx);
+    if (!k || !v || !k16 || !v16 || !q || !pb || !ob || !idx) exit(1);
+    for (size_t i = 0; i < nd; i++) k[i] = frand(&seed), v[i] = frand(&seed);
+    kvs_encode(KVS_DTYPE_F16, k, nd, k16);
+    kvs_encode(KVS_DTYPE_F16, v, nd, v16);
+    kvs_decode(KVS_DTYPE_F16, k16, nd, k); /* the fp32 rows are the exact conversion, as in the replay */
+    kvs_decode(KVS_DTYPE_F16, v16, nd, v);
+    for (size_t i = 0; i < nb * G * (size_t)d; i++) q[i] = frand(&seed);
+    for (size_t j = 0; j < budget; j++) idx[j] = (int32_t)(4 * j + (j % 4)); /* a quarter of the rows, spread */
+    float *prow[32], *orow[32];
+    for (size_t r = 0; r < nb * G; r++) prow[r] = pb + r * N, orow[r] = ob + r * (size_t)d;
+    double fma_ref = 0, fma_sel = 2.0 * (double)d * (double)G * (double)budget;
+    for (size_t b = 0; b < nb; b++) fma_ref += 2.0 * (double)d * (double)G * (double)(p0 + b + 1);
+    double elems_ref = 2.0 * (double)N * d, elems_sel = 2.0 * (double)budget * d; /* K and V elements read */
+    float scale = 1.0f / sqrtf((float)d);
+    double t0, el, reps;
+#define TIMED(EXPR)                                                                                             \
+    reps = 0;                                                                                                   \
+    t0 = kvs_now_s();                                                                                           \
+    do {                                                                                                        \
+        EXPR;                                                                                                   \
+        reps++;                                                                                                 \
+    } while ((el = kvs_now_s() - t0) < 0.3);
+#define ROW(NAME, FMA, BYTES)                                                                                   \
+    printf("  %-34s %12.3g %13.1f%% %8.3f %10.2f\n", NAME, reps * (FMA) / el, 100 * reps * (FMA) / el / peak_core, \
+           (BYTES) / (FMA), reps * (BYTES) / el / 1e9)
+    printf("d %d, G %zu, %zu positions (K+V %.1f MiB fp32, %.1f MiB fp16), block of %zu steps, |S_t| %zu:\n", d, G, N,
+           elems_ref * 4 / 1048576.0, elems_ref * 2 / 1048576.0, nb, budget);
+    printf("  %-34s %12s %14s %8s %10s\n", "kernel", "FMA/s", "of 1-core peak", "B/FMA", "K/V GB/s");
+    TIMED(kvs_attention_causal_block(q, nb, G, k, v, (size_t)d, p0, scale, prow, orow, NULL));
+    ROW("full reference, blocked, fp32", fma_ref, elems_ref * 4);
+    TIMED(kvs_attention_causal_block16(q, nb, G, k16, v16, KVS_DTYPE_F16, (size_t)d, p0, scale, prow, orow, NULL));
+    ROW("full reference, blocked, fp16", fma_ref, elems_ref * 2);
+    TIMED(kvs_attention_group(q, G, k, v, (size_t)d, idx, budget, (size_t)d, scale, prow, ob, NULL));
+    ROW("S_t, G heads at once, fp32", fma_sel, elems_sel * 4);
+    TIMED(kvs_attention_group16(q, G, k16, v16, KVS_DTYPE_F16, (size_t)d, idx, budget, (size_t)d, scale, prow, ob, NULL));
+    ROW("S_t, G heads at once, fp16", fma_sel, elems_sel * 2);
+    TIMED(kvs_attention_group(q, 1, k, v, (size_t)d, idx, budget, (size_t)d, scale, prow, ob, NULL));
+    ROW("S_t, one head, fp32", fma_sel / (double)G, elems_sel * 4);
+    TIMED(kvs_attention_group16(q, 1, k16, v16, KVS_DTYPE_F16, (size_t)d, idx, budget, (size_t)d, scale, prow, ob, NULL));
+    ROW("S_t, one head, fp16", fma_sel / (double)G, elems_sel * 2);
+#undef ROW
+#undef TIMED
+    free(k);
+    free(v);
+    free(k16);
+    free(v16);
+    free(q);
+    free(pb);
+    free(ob);
+    free(idx);
+}
+
 /* ---- the sweep ---- */
 
 static const char *const sweep_policies[] = {"full",  "window", "streaming", "h2o",   "tova",
@@ -274,12 +341,110 @@ static void sweep(int threads) {
     kvs_gen_trace_free(g);
 }
 
+/* ---- the replay with its K/V history in 16 bits against fp32 (issue 14) ----
+ * A GENERATED trace of Llama shape (d 128, G 4) whose K/V are rounded to fp16, as a trace's are, replayed with
+ * the fp32 history alone (kv16 = -1) and with the 16-bit history beside it (kv16 = 1), alternately, twice each;
+ * the numbers of the two are compared (they must be equal bit for bit). Context: 8192 positions, so a task's
+ * fp32 K/V (2 KV heads: 16 MiB) and the two threads' (32 MiB) do not stay in the caches. */
+static void replay16(int threads) {
+    kvs_gen_trace_opts o = kvs_gen_trace_defaults();
+    o.n_layers = 2;
+    o.n_heads = 8;
+    o.n_kv_heads = 2;
+    o.head_dim = 128;
+    o.n_positions = 8192;
+    o.prompt_len = 7680;
+    kvs_gen_trace *g = NULL;
+    kvs_turn *turns = NULL;
+    int64_t n_turns = 0;
+    CHECK(kvs_gen_trace_create(&o, &g));
+    size_t nkv = (size_t)o.n_layers * (size_t)o.n_positions * (size_t)o.n_kv_heads * (size_t)o.head_dim;
+    uint16_t *h = malloc(nkv * sizeof *h);
+    if (!h) exit(1);
+    kvs_encode(KVS_DTYPE_F16, g->k, nkv, h);
+    kvs_decode(KVS_DTYPE_F16, h, nkv, g->k);
+    kvs_encode(KVS_DTYPE_F16, g->v, nkv, h);
+    kvs_decode(KVS_DTYPE_F16, h, nkv, g->v);
+    free(h);
+    kvs_model_config mc;
+    kvs_capture_config cc;
+    kvs_gen_trace_configs(g, &mc, &cc);
+    CHECK(kvs_trace_turns_from_roles(g->roles, g->turn, o.n_positions, &turns, &n_turns, NULL));
+    kvs_replay_mem mem = {
+        .model = {.n_layers = mc.n_layers, .n_heads = mc.n_heads, .n_kv_heads = mc.n_kv_heads,
+                  .group = mc.n_heads / mc.n_kv_heads, .head_dim = mc.head_dim, .scale = mc.attn_scale, .kv_bytes = 2,
+                  .aux_bytes = 4, .n_positions = o.n_positions, .prompt_len = turns[0].prompt_end,
+                  .max_new_tokens = o.n_positions - turns[0].prompt_end},
+        .turns = turns, .n_turns = n_turns, .q = g->q, .k = g->k, .v = g->v, .block_positions = 64};
+    kvs_replay_source src;
+    CHECK(kvs_replay_source_from_memory(&mem, &src));
+    src.kv_dtype = KVS_DTYPE_F16;
+    static const char *const pol[] = {"full", "window", "quest"};
+    static const int64_t bud[] = {1024, 4096};
+    enum { NP = 3, NB = 2, ROUNDS = 2 };
+    kvs_replay_config cfgs[NP * NB];
+    for (int p = 0; p < NP; p++)
+        for (int b = 0; b < NB; b++) {
+            cfgs[p * NB + b] = (kvs_replay_config){.budget = bud[b], .budget_fraction = -1};
+            CHECK(kvs_policy_parse(pol[p], &cfgs[p * NB + b].policy));
+        }
+    print_load("replay, K/V history fp32 vs 16-bit");
+    double hist32 = 2.0 * (double)o.n_kv_heads * o.n_positions * o.head_dim * 4 / 1048576.0;
+    printf("GENERATED trace (not a model), K/V rounded to fp16: %d layers, %d query heads, %d KV heads, d %d, %d "
+           "positions (%d decode steps measured); full, window, quest at budgets 1024 and 4096; "
+           "%d threads. K/V history per task: %.0f MiB fp32, + %.0f MiB with the 16-bit copy\n",
+           o.n_layers, o.n_heads, o.n_kv_heads, o.head_dim, o.n_positions, o.n_positions - o.prompt_len, threads,
+           hist32, hist32 / 2);
+    kvs_replay_result *first[2] = {NULL, NULL};
+    double best[2] = {1e30, 1e30};
+    for (int round = 0; round < ROUNDS; round++)
+        for (int m = 0; m < 2; m++) {
+            kvs_replay_opts ro = {.configs = cfgs, .n_configs = NP * NB, .threads = threads,
+                                  .measure = KVS_MEASURE_DECODE, .kv16 = m ? 1 : -1};
+            kvs_replay_result *r = NULL;
+            double t0 = kvs_now_s();
+            CHECK(kvs_replay_execute(&src, &ro, &r));
+            double el = kvs_now_s() - t0;
+            printf("  round %d, %-14s %8.2f s wall\n", round + 1, m ? "16-bit history" : "fp32 history", el);
+            if (el < best[m]) best[m] = el;
+            if (!first[m]) first[m] = r;
+            else kvs_replay_result_free(r);
+        }
+    int equal = 1;
+    for (int c = 0; c < NP * NB; c++) {
+        const kvs_replay_run_result *a = &first[0]->runs[c], *b = &first[1]->runs[c];
+        equal &= a->status == KVS_OK && b->status == KVS_OK &&
+                 !memcmp(&a->run_agg.out_err, &b->run_agg.out_err, sizeof a->run_agg.out_err) &&
+                 !memcmp(&a->run_agg.attn_recall, &b->run_agg.attn_recall, sizeof a->run_agg.attn_recall) &&
+                 !memcmp(&a->run_agg.topk_overlap, &b->run_agg.topk_overlap, sizeof a->run_agg.topk_overlap);
+    }
+    printf("best of %d: fp32 history %.2f s, 16-bit history %.2f s (%.2fx); output error, recall and top-k overlap "
+           "of every run %s\n", ROUNDS, best[0], best[1], best[0] / best[1], equal ? "equal bit for bit" : "DIFFER");
+    kvs_replay_result_free(first[0]);
+    kvs_replay_result_free(first[1]);
+    free(turns);
+    kvs_gen_trace_free(g);
+}
+
+/* The 16-bit K/V part (sim/BENCH.md "K/V in 16 bits"): the kernels, then the replay. @return 1 when the
+ * environment asks for this part alone (KVSIM_BENCH_KV16_ONLY). */
+static int kv16_part(int threads) {
+    print_load("kernels over fp16 K/V against fp32 (1 core)");
+    for (int d = 64; d <= 128; d *= 2) {
+        kernels16(d, 2048);
+        kernels16(d, 32768);
+    }
+    replay16(threads);
+    return getenv("KVSIM_BENCH_KV16_ONLY") != NULL;
+}
+
 int main(void) {
     int threads = kvs_n_cpus();
     machine(threads);
     print_load("kernels (1 core)");
     kernels(64);
     kernels(128);
+    if (kv16_part(threads)) return 0;
     sweep(threads);
     return 0;
 }

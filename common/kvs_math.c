@@ -97,6 +97,47 @@ void kvs_attention_causal_block(const float *q, size_t nb, size_t group, const f
                       d, out_rows + b * group);
 }
 
+/* The 16-bit versions: kvs_attention_group / kvs_attention_causal_block step for step, with the scores and output
+ * kernels' 16-bit entries (kvs_math_simd.h), so every row equals the fp32 function's on the converted rows. */
+void kvs_attention_group16(const float *q, size_t nq, const uint16_t *keys, const uint16_t *values, kvs_dtype dtype,
+                           size_t stride, const int32_t *idx, size_t n, size_t d, float scale,
+                           float *const *probs_rows, float *out, double *lse) {
+    const kvs_math_kernels *k = kvs_math_kernels_active();
+    enum { MAX_ROWS = 64 };
+    for (size_t r0 = 0; r0 < nq; r0 += MAX_ROWS) {
+        size_t nr = nq - r0 < MAX_ROWS ? nq - r0 : MAX_ROWS;
+        float *orow[MAX_ROWS];
+        for (size_t r = 0; r < nr; r++) orow[r] = out + (r0 + r) * d;
+        k->scores16(q + r0 * d, nr, keys, dtype, stride, idx, n, d, scale, probs_rows + r0, 0);
+        for (size_t r = 0; r < nr; r++) {
+            double l = k->softmax(probs_rows[r0 + r], n);
+            if (lse) lse[r0 + r] = l;
+            memset(orow[r], 0, d * sizeof(float));
+        }
+        k->output_add16((const float *const *)(probs_rows + r0), nr, 0, values, dtype, stride, idx, n, d, orow);
+    }
+}
+
+void kvs_attention_causal_block16(const float *q, size_t nb, size_t group, const uint16_t *keys,
+                                  const uint16_t *values, kvs_dtype dtype, size_t d, size_t p0, float scale,
+                                  float *const *probs_rows, float *const *out_rows, double *lse) {
+    const kvs_math_kernels *k = kvs_math_kernels_active();
+    size_t nr = nb * group;
+    k->scores16(q, nr, keys, dtype, d, NULL, p0 + 1, d, scale, probs_rows, 0);
+    for (size_t b = 1; b < nb; b++)
+        k->scores16(q + b * group * d, group, keys + (p0 + 1) * d, dtype, d, NULL, b, d, scale, probs_rows + b * group,
+                    p0 + 1);
+    for (size_t r = 0; r < nr; r++) {
+        double l = k->softmax(probs_rows[r], p0 + 1 + r / group);
+        if (lse) lse[r] = l;
+        memset(out_rows[r], 0, d * sizeof(float));
+    }
+    k->output_add16((const float *const *)probs_rows, nr, 0, values, dtype, d, NULL, p0 + 1, d, out_rows);
+    for (size_t b = 1; b < nb; b++)
+        k->output_add16((const float *const *)(probs_rows + b * group), group, p0 + 1, values + (p0 + 1) * d, dtype, d,
+                        NULL, b, d, out_rows + b * group);
+}
+
 /* kvs_topk() and kvs_topk_f64(): one heap selection for both element types. Ordering: larger value first,
  * NaN last, lower index first among equals. The root of the heap is the element that sorts last among the
  * kept k; O(n log k), then heap-sorted in place. */

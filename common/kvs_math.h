@@ -16,6 +16,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvs.h"
+
 /*! kvs_dot() : sum_i a[i]*b[i] in fp32. */
 float kvs_dot(const float *a, const float *b, size_t n);
 
@@ -62,6 +64,22 @@ void kvs_attention_group(const float *q, size_t nq, const float *keys, const flo
 void kvs_attention_causal_block(const float *q, size_t nb, size_t group, const float *keys, const float *values,
                                 size_t d, size_t p0, float scale, float *const *probs_rows, float *const *out_rows,
                                 double *lse);
+
+/* ---- K/V kept in a trace's 16-bit form (issue 14) ----
+ * The two functions above over K/V rows of fp16 or bf16 (`dtype`: KVS_DTYPE_F16 or KVS_DTYPE_BF16 of
+ * common/kvs.h; rows `stride` uint16_t apart, d <= KVS_KV16_MAX_DIM of kvs_math_simd.h), converted to fp32 on
+ * the way into the kernels: half the bytes read. The results equal the fp32 functions' on the rows' exact fp32
+ * conversion (kvs_decode) bit for bit, on every instruction set. */
+
+/*! kvs_attention_group16() : kvs_attention_group() over 16-bit K/V rows. */
+void kvs_attention_group16(const float *q, size_t nq, const uint16_t *keys, const uint16_t *values, kvs_dtype dtype,
+                           size_t stride, const int32_t *idx, size_t n, size_t d, float scale,
+                           float *const *probs_rows, float *out, double *lse);
+
+/*! kvs_attention_causal_block16() : kvs_attention_causal_block() over 16-bit K/V rows (d apart). */
+void kvs_attention_causal_block16(const float *q, size_t nb, size_t group, const uint16_t *keys,
+                                  const uint16_t *values, kvs_dtype dtype, size_t d, size_t p0, float scale,
+                                  float *const *probs_rows, float *const *out_rows, double *lse);
 
 /*! kvs_topk() : writes to out_idx the indices of the k largest of x[0..n-1] (k <= n), ordered by
  *  descending value; ties go to the lower index, so the result is deterministic. NaN sorts lowest. */

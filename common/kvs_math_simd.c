@@ -13,6 +13,8 @@
  *  - output: a tile of 4 rows x 16 floats (8 accumulators) reads 2 value vectors and 4 broadcast weights per 8
  *    FMAs; one row alone uses 64 floats of the output per pass. Value rows are walked in chunks that stay in
  *    L2 across the passes. Each output element is fma(p_j, v_j, acc) over ascending j in every path.
+ *  - 16-bit K/V rows (scores16, output_add16): converted a tile at a time into L1 (vcvtph2ps for fp16, a shift
+ *    for bf16) and computed by the fp32 kernels above, so they equal them bit for bit (see "16-bit K/V rows").
  *  - softmax: a Cephes-style exp (range reduction by ln 2 in two parts, degree-5 polynomial) on 8 lanes; the
  *    denominator summed in fp64 as the scalar reference does.
  */
@@ -87,6 +89,86 @@ static size_t first_above_scalar(const float *x, size_t from, size_t n, float th
     return n;
 }
 
+/* ---- 16-bit K/V rows (issue 14: "K/V kept in the trace's 16-bit form in memory where that halves traffic") ----
+ * Every ISA computes scores16 / output_add16 the same way: a tile of rows is converted to fp32 into a buffer that
+ * stays in L1 (16 KiB), and the table's own fp32 kernel runs on the tile. The fp32 kernels compute each dot
+ * product and each output element the same way whatever the tiling (kvs_math_simd.h), and each output element
+ * accumulates its rows in ascending order from the value it holds, so tile by tile gives the fp32 kernel's bits
+ * on the converted rows. The rows come from memory at 2 bytes an element; the conversion is amortised over the
+ * nr query rows that read a tile. */
+
+/* fp32 floats of one tile: TILE_FLOATS / d rows (a multiple of 4, the scores kernels' key tile), at most 64. */
+#define KV16_TILE_FLOATS 4096
+
+static size_t kv16_tile_rows(size_t d) {
+    size_t t = d ? KV16_TILE_FLOATS / d : 64;
+    if (t > 64) t = 64;
+    return t & ~(size_t)3; /* >= 4 for d <= KVS_KV16_MAX_DIM */
+}
+
+/* dst[t][0..d-1] = fp32 of row (idx ? idx[j0+t] : j0+t) of src, t < nt. */
+typedef void (*kv16_convert_fn)(const uint16_t *src, kvs_dtype dtype, size_t stride, const int32_t *idx, size_t j0,
+                                size_t nt, size_t d, float *dst);
+typedef void (*scores_fn)(const float *q, size_t nr, const float *keys, size_t stride, const int32_t *idx, size_t n,
+                          size_t d, float scale, float *const *out_rows, size_t col0);
+typedef void (*output_add_fn)(const float *const *p_rows, size_t nr, size_t col0, const float *values, size_t stride,
+                              const int32_t *idx, size_t n, size_t d, float *const *out_rows);
+
+static const uint16_t *row16_of(const uint16_t *base, size_t stride, const int32_t *idx, size_t j) {
+    return base + (idx ? (size_t)idx[j] : j) * stride;
+}
+
+static void scores16_tiled(scores_fn f32, kv16_convert_fn cvt, const float *q, size_t nr, const uint16_t *keys,
+                           kvs_dtype dtype, size_t stride, const int32_t *idx, size_t n, size_t d, float scale,
+                           float *const *out_rows, size_t col0) {
+    KVS_ASSERT(d <= KVS_KV16_MAX_DIM && (dtype == KVS_DTYPE_F16 || dtype == KVS_DTYPE_BF16));
+    _Alignas(64) float tile[KV16_TILE_FLOATS];
+    size_t rows = kv16_tile_rows(d);
+    for (size_t j0 = 0; j0 < n; j0 += rows) {
+        size_t nt = n - j0 < rows ? n - j0 : rows;
+        cvt(keys, dtype, stride, idx, j0, nt, d, tile);
+        f32(q, nr, tile, d, NULL, nt, d, scale, out_rows, col0 + j0);
+    }
+}
+
+static void output_add16_tiled(output_add_fn f32, kv16_convert_fn cvt, const float *const *p_rows, size_t nr,
+                               size_t col0, const uint16_t *values, kvs_dtype dtype, size_t stride, const int32_t *idx,
+                               size_t n, size_t d, float *const *out_rows) {
+    KVS_ASSERT(d <= KVS_KV16_MAX_DIM && (dtype == KVS_DTYPE_F16 || dtype == KVS_DTYPE_BF16));
+    _Alignas(64) float tile[KV16_TILE_FLOATS];
+    size_t rows = kv16_tile_rows(d);
+    for (size_t j0 = 0; j0 < n; j0 += rows) {
+        size_t nt = n - j0 < rows ? n - j0 : rows;
+        cvt(values, dtype, stride, idx, j0, nt, d, tile);
+        f32(p_rows, nr, col0 + j0, tile, d, NULL, nt, d, out_rows);
+    }
+}
+
+/* The scalar conversions of common/kvs.h (exact; vcvtph2ps gives the same bits, tests/test_common.c). */
+static void kv16_convert_scalar(const uint16_t *src, kvs_dtype dtype, size_t stride, const int32_t *idx, size_t j0,
+                                size_t nt, size_t d, float *dst) {
+    for (size_t t = 0; t < nt; t++) {
+        const uint16_t *row = row16_of(src, stride, idx, j0 + t);
+        float *o = dst + t * d;
+        if (dtype == KVS_DTYPE_BF16)
+            for (size_t i = 0; i < d; i++) o[i] = kvs_bf16_to_f32(row[i]);
+        else
+            for (size_t i = 0; i < d; i++) o[i] = kvs_f16_to_f32(row[i]);
+    }
+}
+
+static void scores16_scalar(const float *q, size_t nr, const uint16_t *keys, kvs_dtype dtype, size_t stride,
+                            const int32_t *idx, size_t n, size_t d, float scale, float *const *out_rows, size_t col0) {
+    scores16_tiled(scores_scalar, kv16_convert_scalar, q, nr, keys, dtype, stride, idx, n, d, scale, out_rows, col0);
+}
+
+static void output_add16_scalar(const float *const *p_rows, size_t nr, size_t col0, const uint16_t *values,
+                                kvs_dtype dtype, size_t stride, const int32_t *idx, size_t n, size_t d,
+                                float *const *out_rows) {
+    output_add16_tiled(output_add_scalar, kv16_convert_scalar, p_rows, nr, col0, values, dtype, stride, idx, n, d,
+                       out_rows);
+}
+
 static const kvs_math_kernels kernels_scalar = {
     /* .name = */ "scalar",
     /* .dot = */ dot_scalar,
@@ -96,12 +178,15 @@ static const kvs_math_kernels kernels_scalar = {
     /* .softmax = */ softmax_scalar,
     /* .exp = */ exp_scalar,
     /* .first_above = */ first_above_scalar,
+    /* .scores16 = */ scores16_scalar,
+    /* .output_add16 = */ output_add16_scalar,
 };
 
 /* ---- AVX2 + FMA ---- */
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KVS_HAVE_AVX2_KERNELS 1
+#include <cpuid.h>
 #include <immintrin.h>
 
 #define AVX2 __attribute__((target("avx2,fma")))
@@ -391,6 +476,185 @@ AVX2 static size_t first_above_avx2(const float *x, size_t from, size_t n, float
     return n;
 }
 
+/* 8 halves to 8 floats in registers: vcvtph2ps (F16C) for fp16; bf16 is the top half of an fp32, so a 16-bit
+ * shift of the zero-extended lanes. The d % 8 tail through the scalar conversions (same bits). */
+__attribute__((target("avx2,f16c"))) static void kv16_convert_avx2(const uint16_t *src, kvs_dtype dtype,
+                                                                    size_t stride, const int32_t *idx, size_t j0,
+                                                                    size_t nt, size_t d, float *dst) {
+    size_t d8 = d & ~(size_t)7;
+    for (size_t t = 0; t < nt; t++) {
+        const uint16_t *row = row16_of(src, stride, idx, j0 + t);
+        float *o = dst + t * d;
+        if (dtype == KVS_DTYPE_BF16) {
+            for (size_t i = 0; i < d8; i += 8) {
+                __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(row + i)));
+                _mm256_storeu_ps(o + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+            }
+            for (size_t i = d8; i < d; i++) o[i] = kvs_bf16_to_f32(row[i]);
+        } else {
+            for (size_t i = 0; i < d8; i += 8)
+                _mm256_storeu_ps(o + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(row + i))));
+            for (size_t i = d8; i < d; i++) o[i] = kvs_f16_to_f32(row[i]);
+        }
+    }
+}
+
+/* Few query rows (nr < KV16_TILED_ROWS): converting a tile into L1 costs a store and a reload per 8 elements that
+ * only nr rows share, so the rows are converted in registers as they are read, in the fp32 kernels' own order:
+ * each score is one accumulator over the 8-lane chunks of d, reduced by reduce8 / reduce1, plus the fused scalar
+ * tail; each output element is fma(p_j, v_j, acc) over ascending j from the value it holds. So these equal
+ * scores_avx2 / output_add_avx2 on the converted rows bit for bit, as the tiled path does (tests/test_kv16.c). */
+#define KV16_TILED_ROWS 4
+#define AVX2_F16C __attribute__((target("avx2,fma,f16c")))
+
+AVX2_F16C static inline __m256 load8h(const uint16_t *p, int bf16) {
+    __m128i h = _mm_loadu_si128((const __m128i *)(const void *)p);
+    return bf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
+}
+
+static inline float half1(uint16_t h, int bf16) { return bf16 ? kvs_bf16_to_f32(h) : kvs_f16_to_f32(h); }
+
+AVX2_F16C static inline float tail_dot16(const float *a, const uint16_t *b, size_t from, size_t d, int bf16) {
+    float t = 0;
+    for (size_t i = from; i < d; i++) t = fmaf(a[i], half1(b[i], bf16), t);
+    return t;
+}
+
+__attribute__((always_inline)) AVX2_F16C static inline void
+scores16_rows(const float *q, size_t nr, const uint16_t *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
+              float scale, float *const *out_rows, size_t col0, int bf16) {
+    size_t d8 = d & ~(size_t)7, j = 0;
+    float s[8];
+    for (; j + 4 <= n; j += 4) {
+        const uint16_t *kr[4];
+        for (int c = 0; c < 4; c++) kr[c] = row16_of(keys, stride, idx, j + (size_t)c);
+        size_t r = 0;
+        for (; r + 2 <= nr; r += 2) {
+            const float *q0 = q + r * d, *q1 = q0 + d;
+            __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+            __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+            for (size_t i = 0; i < d8; i += 8) {
+                __m256 x0 = _mm256_loadu_ps(q0 + i), x1 = _mm256_loadu_ps(q1 + i);
+                __m256 y = load8h(kr[0] + i, bf16);
+                a00 = _mm256_fmadd_ps(x0, y, a00);
+                a10 = _mm256_fmadd_ps(x1, y, a10);
+                y = load8h(kr[1] + i, bf16);
+                a01 = _mm256_fmadd_ps(x0, y, a01);
+                a11 = _mm256_fmadd_ps(x1, y, a11);
+                y = load8h(kr[2] + i, bf16);
+                a02 = _mm256_fmadd_ps(x0, y, a02);
+                a12 = _mm256_fmadd_ps(x1, y, a12);
+                y = load8h(kr[3] + i, bf16);
+                a03 = _mm256_fmadd_ps(x0, y, a03);
+                a13 = _mm256_fmadd_ps(x1, y, a13);
+            }
+            _mm256_storeu_ps(s, reduce8(a00, a01, a02, a03, a10, a11, a12, a13));
+            for (int c = 0; c < 4; c++) {
+                out_rows[r][col0 + j + (size_t)c] = scale * (s[c] + tail_dot16(q0, kr[c], d8, d, bf16));
+                out_rows[r + 1][col0 + j + (size_t)c] = scale * (s[4 + c] + tail_dot16(q1, kr[c], d8, d, bf16));
+            }
+        }
+        if (r < nr) {
+            const float *q0 = q + r * d;
+            __m256 z = _mm256_setzero_ps(), a0 = z, a1 = z, a2 = z, a3 = z;
+            for (size_t i = 0; i < d8; i += 8) {
+                __m256 x0 = _mm256_loadu_ps(q0 + i);
+                a0 = _mm256_fmadd_ps(x0, load8h(kr[0] + i, bf16), a0);
+                a1 = _mm256_fmadd_ps(x0, load8h(kr[1] + i, bf16), a1);
+                a2 = _mm256_fmadd_ps(x0, load8h(kr[2] + i, bf16), a2);
+                a3 = _mm256_fmadd_ps(x0, load8h(kr[3] + i, bf16), a3);
+            }
+            _mm256_storeu_ps(s, reduce8(a0, a1, a2, a3, z, z, z, z));
+            for (int c = 0; c < 4; c++)
+                out_rows[r][col0 + j + (size_t)c] = scale * (s[c] + tail_dot16(q0, kr[c], d8, d, bf16));
+        }
+    }
+    for (; j < n; j++) {
+        const uint16_t *k = row16_of(keys, stride, idx, j);
+        for (size_t r = 0; r < nr; r++) {
+            const float *q0 = q + r * d;
+            __m256 a = _mm256_setzero_ps();
+            for (size_t i = 0; i < d8; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), load8h(k + i, bf16), a);
+            out_rows[r][col0 + j] = scale * (reduce1(a) + tail_dot16(q0, k, d8, d, bf16));
+        }
+    }
+}
+
+/* Row by row, 64 output floats per pass as output_add_avx2's single-row path (8 accumulators). */
+__attribute__((always_inline)) AVX2_F16C static inline void
+output_add16_rows(const float *const *p_rows, size_t nr, size_t col0, const uint16_t *values, size_t stride,
+                  const int32_t *idx, size_t n, size_t d, float *const *out_rows, int bf16) {
+    for (size_t r = 0; r < nr; r++) {
+        const float *p = p_rows[r] + col0;
+        float *o = out_rows[r];
+        size_t i = 0;
+        for (; i + 64 <= d; i += 64) {
+            __m256 c[8];
+            for (int k = 0; k < 8; k++) c[k] = _mm256_loadu_ps(o + i + 8 * (size_t)k);
+            for (size_t j = 0; j < n; j++) {
+                const uint16_t *v = row16_of(values, stride, idx, j) + i;
+                __m256 w = _mm256_broadcast_ss(p + j);
+                for (int k = 0; k < 8; k++) c[k] = _mm256_fmadd_ps(w, load8h(v + 8 * (size_t)k, bf16), c[k]);
+            }
+            for (int k = 0; k < 8; k++) _mm256_storeu_ps(o + i + 8 * (size_t)k, c[k]);
+        }
+        for (; i + 8 <= d; i += 8) {
+            __m256 c = _mm256_loadu_ps(o + i);
+            for (size_t j = 0; j < n; j++)
+                c = _mm256_fmadd_ps(_mm256_broadcast_ss(p + j), load8h(row16_of(values, stride, idx, j) + i, bf16), c);
+            _mm256_storeu_ps(o + i, c);
+        }
+        for (; i < d; i++) {
+            float c = o[i];
+            for (size_t j = 0; j < n; j++) c = fmaf(p[j], half1(row16_of(values, stride, idx, j)[i], bf16), c);
+            o[i] = c;
+        }
+    }
+}
+
+AVX2_F16C static void scores16_rows_f16(const float *q, size_t nr, const uint16_t *keys, size_t stride,
+                                        const int32_t *idx, size_t n, size_t d, float scale, float *const *out_rows,
+                                        size_t col0) {
+    scores16_rows(q, nr, keys, stride, idx, n, d, scale, out_rows, col0, 0);
+}
+AVX2_F16C static void scores16_rows_bf16(const float *q, size_t nr, const uint16_t *keys, size_t stride,
+                                         const int32_t *idx, size_t n, size_t d, float scale, float *const *out_rows,
+                                         size_t col0) {
+    scores16_rows(q, nr, keys, stride, idx, n, d, scale, out_rows, col0, 1);
+}
+AVX2_F16C static void output_add16_rows_f16(const float *const *p_rows, size_t nr, size_t col0, const uint16_t *values,
+                                            size_t stride, const int32_t *idx, size_t n, size_t d,
+                                            float *const *out_rows) {
+    output_add16_rows(p_rows, nr, col0, values, stride, idx, n, d, out_rows, 0);
+}
+AVX2_F16C static void output_add16_rows_bf16(const float *const *p_rows, size_t nr, size_t col0,
+                                             const uint16_t *values, size_t stride, const int32_t *idx, size_t n,
+                                             size_t d, float *const *out_rows) {
+    output_add16_rows(p_rows, nr, col0, values, stride, idx, n, d, out_rows, 1);
+}
+
+static void scores16_avx2(const float *q, size_t nr, const uint16_t *keys, kvs_dtype dtype, size_t stride,
+                          const int32_t *idx, size_t n, size_t d, float scale, float *const *out_rows, size_t col0) {
+    if (nr >= KV16_TILED_ROWS)
+        scores16_tiled(scores_avx2, kv16_convert_avx2, q, nr, keys, dtype, stride, idx, n, d, scale, out_rows, col0);
+    else if (dtype == KVS_DTYPE_BF16)
+        scores16_rows_bf16(q, nr, keys, stride, idx, n, d, scale, out_rows, col0);
+    else
+        scores16_rows_f16(q, nr, keys, stride, idx, n, d, scale, out_rows, col0);
+}
+
+static void output_add16_avx2(const float *const *p_rows, size_t nr, size_t col0, const uint16_t *values,
+                              kvs_dtype dtype, size_t stride, const int32_t *idx, size_t n, size_t d,
+                              float *const *out_rows) {
+    if (nr >= KV16_TILED_ROWS)
+        output_add16_tiled(output_add_avx2, kv16_convert_avx2, p_rows, nr, col0, values, dtype, stride, idx, n, d,
+                           out_rows);
+    else if (dtype == KVS_DTYPE_BF16)
+        output_add16_rows_bf16(p_rows, nr, col0, values, stride, idx, n, d, out_rows);
+    else
+        output_add16_rows_f16(p_rows, nr, col0, values, stride, idx, n, d, out_rows);
+}
+
 static const kvs_math_kernels kernels_avx2 = {
     /* .name = */ "avx2",
     /* .dot = */ dot_avx2,
@@ -400,11 +664,17 @@ static const kvs_math_kernels kernels_avx2 = {
     /* .softmax = */ softmax_avx2,
     /* .exp = */ exp_avx2,
     /* .first_above = */ first_above_avx2,
+    /* .scores16 = */ scores16_avx2,
+    /* .output_add16 = */ output_add16_avx2,
 };
 
+/* F16C (the 16-bit kernels' vcvtph2ps) from CPUID leaf 1, ECX bit 29, as common/kvs.c reads it: clang's
+ * __builtin_cpu_supports does not know "f16c". Every AVX2 CPU has it; checked all the same. */
 static int cpu_has_avx2(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+    return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
 /* ---- AVX-512F: the scores and output tiles on 16 lanes (the rest as AVX2, which every AVX-512 CPU has) ----
@@ -539,6 +809,18 @@ AVX512 static void output_add_avx512(const float *const *p_rows, size_t nr, size
     }
 }
 
+static void scores16_avx512(const float *q, size_t nr, const uint16_t *keys, kvs_dtype dtype, size_t stride,
+                            const int32_t *idx, size_t n, size_t d, float scale, float *const *out_rows, size_t col0) {
+    scores16_tiled(scores_avx512, kv16_convert_avx2, q, nr, keys, dtype, stride, idx, n, d, scale, out_rows, col0);
+}
+
+static void output_add16_avx512(const float *const *p_rows, size_t nr, size_t col0, const uint16_t *values,
+                                kvs_dtype dtype, size_t stride, const int32_t *idx, size_t n, size_t d,
+                                float *const *out_rows) {
+    output_add16_tiled(output_add_avx512, kv16_convert_avx2, p_rows, nr, col0, values, dtype, stride, idx, n, d,
+                       out_rows);
+}
+
 static const kvs_math_kernels kernels_avx512 = {
     /* .name = */ "avx512",
     /* .dot = */ dot_avx2,
@@ -548,6 +830,8 @@ static const kvs_math_kernels kernels_avx512 = {
     /* .softmax = */ softmax_avx2,
     /* .exp = */ exp_avx2,
     /* .first_above = */ first_above_avx2,
+    /* .scores16 = */ scores16_avx512,
+    /* .output_add16 = */ output_add16_avx512,
 };
 
 static int cpu_has_avx512(void) { return cpu_has_avx2() && __builtin_cpu_supports("avx512f"); }
@@ -612,4 +896,9 @@ const kvs_math_kernels *kvs_math_kernels_active(void) {
     if (isa == KVS_ISA_AVX2) return &kernels_avx2;
 #endif
     return &kernels_scalar;
+}
+
+int kvs_math_kv16_default(void) {
+    const char *env = getenv("KVS_KV16");
+    return env && env[0] ? strcmp(env, "0") != 0 : 1;
 }

@@ -9,6 +9,9 @@
  * together (the blocked full attention equals the row-by-row one bit for bit on one instruction set).
  * Between instruction sets results differ by rounding only (tolerances in tests/test_simd.c).
  *
+ * Each table also reads K/V rows kept in a trace's 16 bits (fp16 / bf16: scores16, output_add16), equal bit for bit
+ * to its fp32 entries on the converted rows; the engines keep such a history unless KVS_KV16=0.
+ *
  * Selection: AVX2 when the CPU has it (else scalar), unless the environment variable KVS_SIMD names another
  * ("scalar", "avx2", "avx512"; a variant the CPU lacks falls back to the best below it). AVX-512 is opt-in: it
  * was slower than AVX2 on the machine measured (kvs_math_simd.c). Read once per process.
@@ -18,6 +21,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+#include "kvs.h"
 
 typedef enum {
     KVS_ISA_SCALAR = 0, /* plain C (the compiler's SSE2 at -O2): the reference */
@@ -47,7 +52,25 @@ typedef struct {
     void (*exp)(const float *x, size_t n, float *y);
     /* the first j in [from, n) with x[j] > thr (ordered: NaN never), or n: top-k's filter */
     size_t (*first_above)(const float *x, size_t from, size_t n, float thr);
+    /* 16-bit K/V (issue 14, "K/V kept in the trace's 16-bit form"): `keys` / `values` rows hold `dtype`
+     * (KVS_DTYPE_F16 or KVS_DTYPE_BF16) elements, `stride` elements apart, d <= KVS_KV16_MAX_DIM. Each is the
+     * fp32 entry above on the rows' exact fp32 conversion, bit for bit: rows are converted a tile at a time
+     * (vcvtph2ps / a 16-bit shift on the vector tables, kvs_f16_to_f32 / kvs_bf16_to_f32 on the scalar one) into
+     * an L1-resident buffer that the table's own fp32 kernel then reads, and the fp32 kernels' rows do not
+     * depend on the tiling (above). Memory traffic on the K/V rows is half the fp32 kernels'. */
+    void (*scores16)(const float *q, size_t nr, const uint16_t *keys, kvs_dtype dtype, size_t stride,
+                     const int32_t *idx, size_t n, size_t d, float scale, float *const *out_rows, size_t col0);
+    void (*output_add16)(const float *const *p_rows, size_t nr, size_t col0, const uint16_t *values, kvs_dtype dtype,
+                         size_t stride, const int32_t *idx, size_t n, size_t d, float *const *out_rows);
 } kvs_math_kernels;
+
+/*! kvs_math_kv16_default() : 1 when the engines (sim/replay.c, sim/kv_stream.c) keep a 16-bit K/V history for the
+ *  16-bit kernels unless told otherwise: the environment's KVS_KV16 ("0" = no, anything else = yes), read at
+ *  each call; 1 when unset (sim/BENCH.md "K/V in 16 bits" has the measurement behind the default). */
+int kvs_math_kv16_default(void);
+
+/* Largest head_dim the 16-bit kernels take (the trace format's limit, trace/trace.h KVS_TRACE_MAX_HEAD_DIM). */
+#define KVS_KV16_MAX_DIM 1024
 
 /*! kvs_math_kernels_for() : the table of `isa`, or NULL when this CPU (or this build) lacks it. Borrowed,
  *  static. Tests run every non-NULL table against the scalar one. */

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../common/kvs_math.h"
+#include "../common/kvs_math_simd.h"
 
 #define KNOWN_FLAGS (KVS_KV_STREAM_FULL_ATTN | KVS_KV_STREAM_SCORES)
 
@@ -28,6 +29,10 @@ struct kvs_kv_stream {
     const int32_t *tokens, *turn_of; /* [N], borrowed from the trace */
     const uint8_t *roles;            /* [N] */
     float *k, *v;               /* [N][d] history */
+    kvs_dtype kv16;             /* dtype of k16/v16, KVS_DTYPE_F32 when there are none */
+    uint16_t *k16, *v16;        /* [N][d] the history in the trace's 16 bits (FULL_ATTN without SCORES on a 16-bit
+                                 * trace): the full attention reads these, k/v are their exact conversion */
+    float **prow;               /* [G] probability rows of the group attention (16-bit history) */
     float *probs, *scores;      /* [G][N] (FULL_ATTN / SCORES), rows n_ctx apart */
     float *out;                 /* [G][d] */
     double *attn_lse;           /* [G] */
@@ -85,6 +90,20 @@ kvs_status kvs_kv_stream_open(const kvs_trace *t, int layer, int kv_head, unsign
         s->scores = malloc(G * N * sizeof(float));
         ok = ok && s->scores;
     }
+    /* The full attention of every head of the group at once over the 16-bit rows (issue 14): half the bytes
+     * read, the same numbers (kvs_attention_group16 equals kvs_attention row by row on the converted rows). Not
+     * with SCORES, whose scores come out of kvs_attention's separate steps. */
+    s->kv16 = KVS_DTYPE_F32;
+    kvs_dtype dt = (kvs_dtype)in->capture.dtype;
+    if ((flags & KVS_KV_STREAM_FULL_ATTN) && !(flags & KVS_KV_STREAM_SCORES) &&
+        (dt == KVS_DTYPE_F16 || dt == KVS_DTYPE_BF16) && d <= KVS_KV16_MAX_DIM && kvs_math_kv16_default() &&
+        __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__) {
+        s->kv16 = dt;
+        s->k16 = malloc(N * d * sizeof(uint16_t));
+        s->v16 = malloc(N * d * sizeof(uint16_t));
+        s->prow = malloc(G * sizeof *s->prow);
+        ok = ok && s->k16 && s->v16 && s->prow;
+    }
     if (!ok) {
         kvs_kv_stream_free(s);
         return kvs_fail(KVS_ERR_NOMEM, "kv_stream: cannot allocate the K/V history of (layer %d, kv head %d): %zu "
@@ -121,6 +140,11 @@ static kvs_status next_block(kvs_kv_stream *s) {
  * (and s->scores). Rows of probs are n apart, the replay engine's [group][n] layout. */
 static void full_attention(kvs_kv_stream *s, const float *q, size_t n) {
     size_t d = s->d;
+    if (s->kv16 != KVS_DTYPE_F32) {
+        for (size_t g = 0; g < s->G; g++) s->prow[g] = s->probs + g * n;
+        kvs_attention_group16(q, s->G, s->k16, s->v16, s->kv16, d, NULL, n, d, s->scale, s->prow, s->out, s->attn_lse);
+        return;
+    }
     for (size_t g = 0; g < s->G; g++) {
         const float *qg = q + g * d;
         float *probs = s->probs + g * n, *out = s->out + g * d;
@@ -157,8 +181,15 @@ kvs_status kvs_kv_stream_next(kvs_kv_stream *s, kvs_kv_pos *out) {
     }
     const kvs_trace_block *b = s->blk;
     size_t d = s->d, G = s->G, i = (size_t)s->i, p = (size_t)s->pos, n = p + 1;
-    memcpy(s->k + p * d, b->k + i * d, d * sizeof(float));
-    memcpy(s->v + p * d, b->v + i * d, d * sizeof(float));
+    if (s->kv16 != KVS_DTYPE_F32) { /* the trace's values back in 16 bits (exact), and k/v as their conversion */
+        kvs_encode(s->kv16, b->k + i * d, d, s->k16 + p * d);
+        kvs_encode(s->kv16, b->v + i * d, d, s->v16 + p * d);
+        kvs_decode(s->kv16, s->k16 + p * d, d, s->k + p * d);
+        kvs_decode(s->kv16, s->v16 + p * d, d, s->v + p * d);
+    } else {
+        memcpy(s->k + p * d, b->k + i * d, d * sizeof(float));
+        memcpy(s->v + p * d, b->v + i * d, d * sizeof(float));
+    }
     const float *q = b->q + i * G * d;
     if (s->flags & KVS_KV_STREAM_FULL_ATTN) full_attention(s, q, n);
 
@@ -194,6 +225,9 @@ void kvs_kv_stream_free(kvs_kv_stream *s) {
     kvs_trace_stream_free(s->blocks);
     free(s->k);
     free(s->v);
+    free(s->k16);
+    free(s->v16);
+    free((void *)s->prow);
     free(s->probs);
     free(s->scores);
     free(s->out);

@@ -11,6 +11,10 @@
  * on the same arguments and layout as the replay engine's full attention, so the numbers are bit for bit
  * the replay engine's.
  *
+ * On an fp16 or bf16 trace, FULL_ATTN (without SCORES) keeps the history in those 16 bits as well and computes
+ * the full attention from them (kvs_attention_group16: half the bytes read, the same numbers bit for bit, half
+ * again the history's memory); KVS_KV16=0 in the environment turns that off (common/kvs_math_simd.h).
+ *
  * Memory: the history buffers (n_positions x 2 x head_dim floats) and, with FULL_ATTN, G x n_positions
  * floats of probabilities (twice that with SCORES) are allocated at open for the whole trace so that the
  * history never moves; the OS commits their pages as positions arrive, so a stream that stops early costs

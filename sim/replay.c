@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "../common/kvs_math.h"
+#include "../common/kvs_math_simd.h"
 #include "samples.h"
 
 /* ------------------------------------------------------------------------------------------------
@@ -127,6 +128,9 @@ typedef struct {
     int layer, c_lo, c_hi, nc;
     void **streams;           /* [Hkv] */
     float **hk, **hv;         /* [Hkv] -> [N][d] */
+    kvs_dtype kv16;           /* the 16-bit history's dtype, KVS_DTYPE_F32 when there is none (history16_dtype) */
+    uint16_t **hk16, **hv16;  /* [Hkv] -> [N][d] the same rows in the source's 16 bits (kv16 != F32), read by the
+                               * reference and the group attention; hk/hv are their exact conversion */
     float **qb;               /* [Hkv] -> [max_prompt][G][d] current turn's prompt queries */
     void **states;            /* [nc][Hkv] */
     void **sync_states;       /* [Hkv] scratch */
@@ -168,6 +172,8 @@ static void task_free(task *t) {
         if (t->streams) e->src->stream_free(t->streams[h]);
         if (t->hk) free(t->hk[h]);
         if (t->hv) free(t->hv[h]);
+        if (t->hk16) free(t->hk16[h]);
+        if (t->hv16) free(t->hv16[h]);
         if (t->qb) free(t->qb[h]);
     }
     for (int g = 0; g < e->G; g++) {
@@ -177,6 +183,8 @@ static void task_free(task *t) {
     free(t->streams);
     free(t->hk);
     free(t->hv);
+    free(t->hk16);
+    free(t->hv16);
     free(t->qb);
     free(t->states);
     free(t->sync_states);
@@ -251,6 +259,17 @@ static kvs_status task_alloc(task *t) {
     if (!t->streams || !t->hk || !t->hv || !t->qb || !t->states || !t->sync_states || !t->layout || !t->sel_idx ||
         !t->sel_n || !t->pbuf || !t->fullp || !t->fullo || !t->order || !t->sort_scratch || !t->rank || !t->outp || !t->stored || !t->mark)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
+    if (t->kv16 != KVS_DTYPE_F32) {
+        t->hk16 = calloc(H, sizeof *t->hk16);
+        t->hv16 = calloc(H, sizeof *t->hv16);
+        if (!t->hk16 || !t->hv16) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
+        for (size_t h = 0; h < H; h++) {
+            t->hk16[h] = malloc(N * d * sizeof(uint16_t));
+            t->hv16[h] = malloc(N * d * sizeof(uint16_t));
+            if (!t->hk16[h] || !t->hv16[h])
+                return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory for the 16-bit K/V history of layer %d", t->layer);
+        }
+    }
     for (size_t h = 0; h < H; h++) {
         t->hk[h] = malloc(N * d * sizeof(float));
         t->hv[h] = malloc(N * d * sizeof(float));
@@ -325,8 +344,12 @@ static void reference_block(task *t, const kvs_trace_block *const *blk, int i0, 
                 t->ref_prow[b * G + g] = t->fullp + (b * H + h) * G * N + g * ((size_t)p0 + b + 1);
                 t->ref_orow[b * G + g] = t->fullo + ((b * H + h) * G + g) * d;
             }
-        kvs_attention_causal_block(blk[h]->q + (size_t)i0 * G * d, (size_t)nb, G, t->hk[h], t->hv[h], d, (size_t)p0,
-                                   e->src->model.scale, t->ref_prow, t->ref_orow, NULL);
+        if (t->kv16 != KVS_DTYPE_F32)
+            kvs_attention_causal_block16(blk[h]->q + (size_t)i0 * G * d, (size_t)nb, G, t->hk16[h], t->hv16[h],
+                                         t->kv16, d, (size_t)p0, e->src->model.scale, t->ref_prow, t->ref_orow, NULL);
+        else
+            kvs_attention_causal_block(blk[h]->q + (size_t)i0 * G * d, (size_t)nb, G, t->hk[h], t->hv[h], d,
+                                       (size_t)p0, e->src->model.scale, t->ref_prow, t->ref_orow, NULL);
     }
     t->ref_first = p0;
     t->ref_n = nb;
@@ -599,6 +622,9 @@ static kvs_status decode_step(task *t, int ci, const kvs_trace_block *const *blk
                        (size_t)(p + 1) * sizeof(float));
                 memcpy(t->outp + (size_t)g * d, t->cur_o + ((size_t)h * (size_t)e->G + (size_t)g) * d, d * sizeof(float));
             }
+        } else if (sel.n_lists == 1 && !has_merged[0] && t->kv16 != KVS_DTYPE_F32) {
+            kvs_attention_group16(q, (size_t)e->G, t->hk16[h], t->hv16[h], t->kv16, d, sel.idx[0], (size_t)sel.n[0], d,
+                                  e->src->model.scale, t->pbuf, t->outp, NULL);
         } else if (sel.n_lists == 1 && !has_merged[0]) {
             kvs_attention_group(q, (size_t)e->G, t->hk[h], t->hv[h], d, sel.idx[0], (size_t)sel.n[0], d,
                                 e->src->model.scale, t->pbuf, t->outp, NULL);
@@ -743,8 +769,22 @@ static int needs_reference(const engine *e, int64_t p, int64_t tk, int any_oracl
     return measured || (!is_prompt && any_oracle);
 }
 
+/* The dtype the task keeps a 16-bit K/V history in (kvs_replay_opts.kv16), or KVS_DTYPE_F32 for none. The
+ * 16-bit rows are kvs_encode's little-endian bytes read as uint16_t by the kernels: little-endian hosts only. */
+static kvs_dtype history16_dtype(const engine *e) {
+    kvs_dtype dt = (kvs_dtype)e->src->kv_dtype;
+    if ((dt != KVS_DTYPE_F16 && dt != KVS_DTYPE_BF16) || e->d > KVS_KV16_MAX_DIM) return KVS_DTYPE_F32;
+    if (e->o->hooks && e->o->hooks->on_step_end) return KVS_DTYPE_F32;
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+    return KVS_DTYPE_F32;
+#endif
+    int want = e->o->kv16 ? e->o->kv16 > 0 : kvs_math_kv16_default();
+    return want ? dt : KVS_DTYPE_F32;
+}
+
 static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c_hi) {
-    task t = {.e = e, .layer = layer, .c_lo = c_lo, .c_hi = c_hi, .nc = c_hi - c_lo};
+    task t = {.e = e, .layer = layer, .c_lo = c_lo, .c_hi = c_hi, .nc = c_hi - c_lo,
+              .kv16 = history16_dtype(e)};
     kvs_status st = task_alloc(&t);
     const kvs_trace_block **blk = NULL;
     int any_oracle = 0;
@@ -782,8 +822,20 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
         /* The block's K/V join the history at once (views still expose only 0..p), so the reference can be
          * computed for several positions together. */
         for (int h = 0; h < e->Hkv; h++) {
-            memcpy(t.hk[h] + (size_t)pos * d, blk[h]->k, (size_t)blk[0]->n_pos * d * sizeof(float));
-            memcpy(t.hv[h] + (size_t)pos * d, blk[h]->v, (size_t)blk[0]->n_pos * d * sizeof(float));
+            size_t rows = (size_t)blk[0]->n_pos * d;
+            float *hk = t.hk[h] + (size_t)pos * d, *hv = t.hv[h] + (size_t)pos * d;
+            if (t.kv16 != KVS_DTYPE_F32) {
+                /* the 16-bit rows, and the fp32 rows as their conversion (the block's own values for a source
+                 * whose values are that dtype's, as a trace's are): both histories hold the same numbers */
+                uint16_t *hk16 = t.hk16[h] + (size_t)pos * d, *hv16 = t.hv16[h] + (size_t)pos * d;
+                kvs_encode(t.kv16, blk[h]->k, rows, hk16);
+                kvs_encode(t.kv16, blk[h]->v, rows, hv16);
+                kvs_decode(t.kv16, hk16, rows, hk);
+                kvs_decode(t.kv16, hv16, rows, hv);
+            } else {
+                memcpy(hk, blk[h]->k, rows * sizeof(float));
+                memcpy(hv, blk[h]->v, rows * sizeof(float));
+            }
         }
         t.ref_n = 0;
         for (int i = 0; i < blk[0]->n_pos; i++, pos++) {
@@ -1209,6 +1261,7 @@ kvs_status kvs_replay_source_from_trace(const kvs_trace *t, kvs_replay_source *o
     out->stream_open = trace_open_cb;
     out->stream_next = trace_next_cb;
     out->stream_free = trace_free_cb;
+    out->kv_dtype = info->capture.dtype;
     return KVS_OK;
 }
 

@@ -56,6 +56,10 @@ typedef struct {
     /* *blk borrowed until the next call; blocks cover the positions in order; KVS_ERR_END after the last */
     kvs_status (*stream_next)(void *stream, const kvs_trace_block **blk);
     void (*stream_free)(void *stream);
+    /* kvs_dtype of the K/V values the blocks carry (as their exact fp32 conversion): KVS_DTYPE_F16 or
+     * KVS_DTYPE_BF16 lets the engine keep the history in that form for the attention kernels (see
+     * kvs_replay_opts.kv16); 0 (KVS_DTYPE_F32, what a zeroed source says) = plain floats. A trace's dtype. */
+    int32_t kv_dtype;
 } kvs_replay_source;
 
 /* Hooks for tests and analyses (NULL in a plain replay; analysis/keys.c reads the keys a policy retains
@@ -87,6 +91,13 @@ typedef struct {
      * at the next position; kvs_replay_execute then returns KVS_ERR_INTERRUPTED with every run's status
      * KVS_ERR_INTERRUPTED (nothing is a complete run). */
     const volatile int *cancel;
+    /* K/V history of the attention kernels when the source's kv_dtype is 16-bit (issue 14, sim/BENCH.md "K/V in
+     * 16 bits"): 1 = also keep it in that form and run the full reference and the group attention over S_t on
+     * the 16-bit kernels (half the bytes read; the numbers are the same bit for bit; policies still see fp32
+     * rows, so the history takes 1.5x the memory of an fp32 one); -1 = fp32 only; 0 = the default,
+     * kvs_math_kv16_default() (common/kvs_math_simd.h: on unless the environment says KVS_KV16=0). Off whatever
+     * is asked when an on_step_end hook is set (it may rewrite the fp32 rows) or head_dim > 1024. */
+    int kv16;
 } kvs_replay_opts;
 
 /* The outcome of one configuration. */
