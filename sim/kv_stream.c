@@ -36,6 +36,8 @@ struct kvs_kv_stream {
     float *probs, *scores;      /* [G][N] (FULL_ATTN / SCORES), rows n_ctx apart */
     float *out;                 /* [G][d] */
     double *attn_lse;           /* [G] */
+    int lean_own_outputs;       /* lean trace with FULL_ATTN: o and lse are this stream's own full attention */
+    float *lse32;               /* [G] (lean_own_outputs): attn_lse rounded to fp32, the trace's lse type */
 };
 
 kvs_status kvs_kv_stream_open(const kvs_trace *t, int layer, int kv_head, unsigned flags, kvs_kv_stream **out) {
@@ -113,6 +115,18 @@ kvs_status kvs_kv_stream_open(const kvs_trace *t, int layer, int kv_head, unsign
     if (st != KVS_OK) {
         kvs_kv_stream_free(s);
         return st;
+    }
+    /* A lean trace stores no o/lse and the reader would recompute them: with FULL_ATTN this stream computes the
+     * same attention anyway (the reader's is kvs_attention_group in fp32, equal bit for bit to the one here), so
+     * the reader skips its copy and o/lse point at this stream's results instead of computing everything twice. */
+    if ((flags & KVS_KV_STREAM_FULL_ATTN) && (in->capture.flags & KVS_TRACE_FLAG_QKV)) {
+        s->lse32 = malloc(G * sizeof(float));
+        if (!s->lse32) {
+            kvs_kv_stream_free(s);
+            return kvs_fail(KVS_ERR_NOMEM, "kv_stream: out of memory");
+        }
+        s->lean_own_outputs = 1;
+        kvs_trace_stream_qkv_only(s->blocks);
     }
     *out = s;
     return KVS_OK;
@@ -207,8 +221,14 @@ kvs_status kvs_kv_stream_next(kvs_kv_stream *s, kvs_kv_pos *out) {
     out->q = q;
     out->k = s->k;
     out->v = s->v;
-    out->o = b->o + i * G * d;
-    out->lse = b->lse + i * G;
+    if (s->lean_own_outputs) {
+        for (size_t g = 0; g < G; g++) s->lse32[g] = (float)s->attn_lse[g];
+        out->o = s->out;
+        out->lse = s->lse32;
+    } else {
+        out->o = b->o + i * G * d;
+        out->lse = b->lse + i * G;
+    }
     if (s->flags & KVS_KV_STREAM_FULL_ATTN) {
         out->probs = s->probs;
         out->out = s->out;
@@ -232,5 +252,6 @@ void kvs_kv_stream_free(kvs_kv_stream *s) {
     free(s->scores);
     free(s->out);
     free(s->attn_lse);
+    free(s->lse32);
     free(s);
 }

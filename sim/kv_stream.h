@@ -52,7 +52,8 @@ typedef struct {
     const float *q;         /* [G][d]: the position's post-RoPE queries */
     const float *k, *v;     /* [n_ctx][d]: keys / values of positions 0..pos; row pos is this position's */
     const float *o;         /* [G][d]: stored full-attention output (as decoded from the trace's dtype); in a lean
-                               trace (KVS_TRACE_FLAG_QKV) the reader's fp32 recomputation from q/k/v */
+                               trace (KVS_TRACE_FLAG_QKV) the reader's fp32 recomputation from q/k/v, or with
+                               FULL_ATTN `out` itself (the same numbers, computed once) */
     const float *lse;       /* [G]: stored log-sum-exp (lean trace: recomputed likewise) */
     /* KVS_KV_STREAM_FULL_ATTN (or SCORES) only, NULL otherwise: the recomputation from q, k, v */
     const float *probs;     /* [G][n_ctx]: softmax over positions 0..pos; row g at probs + g * n_ctx */

@@ -27,6 +27,7 @@
 #include <cmocka.h>
 
 #include "common/kvs.h"
+#include "sim/kv_stream.h"
 #include "sim/replay.h"
 #include "tests/util/cli_run.h"
 #include "tests/util/gen_trace.h"
@@ -351,6 +352,66 @@ static void test_lean_random_access_equals_streaming(void **state) {
     kvs_trace_close(t);
     decoded_free(&dc);
     kvs_gen_trace_free(g);
+}
+
+/* kv_stream with FULL_ATTN on a lean trace hands out its own full attention as o/lse (the reader skips its copy):
+ * the same bits as the reader's recomputation, with the 16-bit history (fp16, bf16) and without it, and with the
+ * SCORES path (kvs_attention's separate steps) too. */
+static void test_kv_stream_on_lean_trace_computes_once(void **state) {
+    tmp_ctx *c = *state;
+    static const kvs_dtype dtypes[] = {KVS_DTYPE_F16, KVS_DTYPE_BF16};
+    static const unsigned flag_sets[] = {KVS_KV_STREAM_FULL_ATTN, KVS_KV_STREAM_SCORES};
+    static const char *const kv16_env[] = {"1", "0"};
+    for (size_t di = 0; di < 2; di++) {
+        kvs_gen_trace_opts o = kvs_gen_trace_defaults();
+        o.flags = KVS_TRACE_FLAG_SHUFFLE | KVS_TRACE_FLAG_QKV;
+        o.dtype = dtypes[di];
+        o.n_positions = 37;
+        o.block_positions = 8;
+        kvs_gen_trace *g = make_gen(o);
+        write_gen(g, c->path, 1);
+        decoded dc;
+        decode_all(c->path, &dc, 0); /* the reader's recomputation */
+        kvs_trace *t = NULL;
+        assert_int_equal(kvs_trace_open(c->path, &t), KVS_OK);
+        const kvs_trace_info *in = kvs_trace_info_get(t);
+        size_t G = (size_t)(in->model.n_heads / in->model.n_kv_heads), d = (size_t)in->model.head_dim;
+        for (size_t fi = 0; fi < 2; fi++)
+            for (size_t ei = 0; ei < 2; ei++) {
+                setenv("KVS_KV16", kv16_env[ei], 1);
+                for (int l = 0; l < in->model.n_layers; l++)
+                    for (int kh = 0; kh < in->model.n_kv_heads; kh++) {
+                        size_t si = (size_t)l * (size_t)in->model.n_kv_heads + (size_t)kh;
+                        kvs_kv_stream *ks = NULL;
+                        assert_int_equal(kvs_kv_stream_open(t, l, kh, flag_sets[fi], &ks), KVS_OK);
+                        kvs_kv_pos p;
+                        int64_t n = 0;
+                        while (kvs_kv_stream_next(ks, &p) == KVS_OK) {
+                            assert_ptr_equal(p.o, p.out);
+                            for (size_t gi = 0; gi < G; gi++)
+                                assert_true(p.lse[gi] == (float)p.attn_lse[gi]);
+                            assert_same_bits(dc.o + si * dc.nq + (size_t)p.pos * G * d, p.o, G * d, "o");
+                            assert_same_bits(dc.lse + si * dc.nl + (size_t)p.pos * G, p.lse, G, "lse");
+                            n++;
+                        }
+                        assert_int_equal(n, 37);
+                        kvs_kv_stream_free(ks);
+                    }
+                unsetenv("KVS_KV16");
+            }
+        /* without FULL_ATTN the stream hands out the reader's recomputation */
+        kvs_kv_stream *ks = NULL;
+        assert_int_equal(kvs_kv_stream_open(t, 1, 1, 0, &ks), KVS_OK);
+        kvs_kv_pos p;
+        while (kvs_kv_stream_next(ks, &p) == KVS_OK) {
+            assert_null(p.out);
+            assert_same_bits(dc.o + 3 * dc.nq + (size_t)p.pos * G * d, p.o, G * d, "o");
+        }
+        kvs_kv_stream_free(ks);
+        kvs_trace_close(t);
+        decoded_free(&dc);
+        kvs_gen_trace_free(g);
+    }
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -722,6 +783,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_roundtrip_records_and_codings, tmp_setup, tmp_teardown),
         cmocka_unit_test_setup_teardown(test_fuzzed_values_roundtrip_exactly, tmp_setup, tmp_teardown),
         cmocka_unit_test_setup_teardown(test_lean_random_access_equals_streaming, tmp_setup, tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_kv_stream_on_lean_trace_computes_once, tmp_setup, tmp_teardown),
         cmocka_unit_test_setup_teardown(test_bundled_traces_open_and_recode, tmp_setup, tmp_teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_lean_traces_refused, tmp_setup, tmp_teardown),
         cmocka_unit_test_setup_teardown(test_lean_block_needs_its_history, tmp_setup, tmp_teardown),
