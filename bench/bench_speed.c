@@ -6,6 +6,7 @@
  * Data: GENERATED Gaussian q/k/v with the shapes of Llama-family models (d 64 and 128, 4 query heads per KV
  * head), labelled as such; not a model's numbers. Timed figures are never asserted; each section prints the load
  * average when it starts (the machine is shared).
+ * Argument (optional): `kernels` or `sweep` runs only that part after the ceilings (for profiling).
  * KVSIM_BENCH_NPY_DIR (optional; bench/run_bench.sh sets it when python3 has torch): also replays
  * full/window/streaming/topk alone on the sweep's trace, timed, and writes the trace arrays and kvsim's per-layer
  * output errors there for bench/torch_replay.py's side-by-side run.
@@ -274,12 +275,20 @@ static void sweep(int threads) {
     kvs_gen_trace_free(g);
 }
 
-int main(void) {
+/* Optional argument: "kernels" or "sweep" runs that part alone (after the machine's ceilings), e.g. under perf. */
+int main(int argc, char **argv) {
     int threads = kvs_n_cpus();
+    const char *only = argc > 1 ? argv[1] : "";
+    if (only[0] && strcmp(only, "kernels") && strcmp(only, "sweep")) {
+        fprintf(stderr, "usage: bench_speed [kernels|sweep]\n");
+        return 2;
+    }
     machine(threads);
-    print_load("kernels (1 core)");
-    kernels(64);
-    kernels(128);
-    sweep(threads);
+    if (strcmp(only, "sweep")) {
+        print_load("kernels (1 core)");
+        kernels(64);
+        kernels(128);
+    }
+    if (strcmp(only, "kernels")) sweep(threads);
     return 0;
 }
