@@ -6,7 +6,8 @@
  * Data: GENERATED Gaussian q/k/v with the shapes of Llama-family models (d 64 and 128, 4 query heads per KV
  * head), labelled as such; not a model's numbers. Timed figures are never asserted; each section prints the load
  * average when it starts (the machine is shared).
- * Argument (optional): `kernels` or `sweep` runs only that part after the ceilings (for profiling).
+ * Arguments (optional): `kernels` or `sweep` runs only that part after the ceilings (for profiling); `sweep POLICY`
+ * the sweep of one policy.
  * KVSIM_BENCH_NPY_DIR (optional; bench/run_bench.sh sets it when python3 has torch): also replays
  * full/window/streaming/topk alone on the sweep's trace, timed, and writes the trace arrays and kvsim's per-layer
  * output errors there for bench/torch_replay.py's side-by-side run.
@@ -220,7 +221,8 @@ static void torch_side(const char *dir, const kvs_gen_trace *g, const kvs_replay
     kvs_replay_result_free(r);
 }
 
-static void sweep(int threads) {
+/* `only` (NULL = all): the sweep restricted to that policy's 8 budgets, for a per-policy CPU time. */
+static void sweep(int threads, const char *only) {
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
     o.n_layers = 2;
     o.n_heads = 8;
@@ -244,19 +246,24 @@ static void sweep(int threads) {
         .turns = turns, .n_turns = n_turns, .q = g->q, .k = g->k, .v = g->v, .block_positions = 64};
     kvs_replay_source src;
     CHECK(kvs_replay_source_from_memory(&mem, &src));
-    int nc = N_SWEEP_POLICIES * N_SWEEP_BUDGETS;
+    int nc = 0, pol_of[N_SWEEP_POLICIES * N_SWEEP_BUDGETS];
     kvs_replay_config cfgs[N_SWEEP_POLICIES * N_SWEEP_BUDGETS];
     for (int p = 0; p < N_SWEEP_POLICIES; p++)
-        for (int b = 0; b < N_SWEEP_BUDGETS; b++) {
-            kvs_replay_config *c = &cfgs[p * N_SWEEP_BUDGETS + b];
+        for (int b = 0; b < N_SWEEP_BUDGETS && (!only || !strcmp(only, sweep_policies[p])); b++) {
+            kvs_replay_config *c = &cfgs[nc];
+            pol_of[nc++] = p;
             *c = (kvs_replay_config){.budget = sweep_budgets[b], .budget_fraction = -1};
             CHECK(kvs_policy_parse(sweep_policies[p], &c->policy));
         }
+    if (nc == 0) {
+        fprintf(stderr, "bench_speed: no sweep policy named %s\n", only);
+        exit(2);
+    }
     print_load("sweep");
     printf("GENERATED trace (not a model): %d layers, %d query heads, %d KV heads, d %d, %d positions (prompt %d, %d "
            "decode steps measured); %d policies x %d budgets (%lld..%lld), %d threads\n",
            o.n_layers, o.n_heads, o.n_kv_heads, o.head_dim, o.n_positions, o.prompt_len, o.n_positions - o.prompt_len,
-           N_SWEEP_POLICIES, N_SWEEP_BUDGETS, (long long)sweep_budgets[0], (long long)sweep_budgets[N_SWEEP_BUDGETS - 1],
+           nc / N_SWEEP_BUDGETS, N_SWEEP_BUDGETS, (long long)sweep_budgets[0], (long long)sweep_budgets[N_SWEEP_BUDGETS - 1],
            threads);
     kvs_replay_opts ro = {.configs = cfgs, .n_configs = nc, .threads = threads, .measure = KVS_MEASURE_DECODE};
     kvs_replay_result *r = NULL;
@@ -270,11 +277,11 @@ static void sweep(int threads) {
     for (int64_t p = o.prompt_len; p < o.n_positions; p++) ref_pairs += (double)o.n_layers * o.n_heads * (double)(p + 1);
     for (int c = 0; c < nc; c++) {
         const kvs_results_stat *a = &r->runs[c].run_agg.attended_tokens;
-        if (r->runs[c].status != KVS_OK) printf("run %s:%lld failed: %s\n", sweep_policies[c / N_SWEEP_BUDGETS],
+        if (r->runs[c].status != KVS_OK) printf("run %s:%lld failed: %s\n", sweep_policies[pol_of[c]],
                                                 (long long)cfgs[c].budget, r->runs[c].error);
         pol_pairs += a->mean * (double)a->n;
-        pol_pairs_p[c / N_SWEEP_BUDGETS] += a->mean * (double)a->n;
-        wall_p[c / N_SWEEP_BUDGETS] += r->runs[c].wall_seconds;
+        pol_pairs_p[pol_of[c]] += a->mean * (double)a->n;
+        wall_p[pol_of[c]] += r->runs[c].wall_seconds;
     }
     double fmas = 2 * d * (ref_pairs + pol_pairs);
     printf("whole sweep: %.2f s wall, %.3g reference pairs + %.3g policy pairs = %.3g FMA -> %.3g FMA/s = %.1f%% of "
@@ -285,21 +292,23 @@ static void sweep(int threads) {
     printf("  %-10s %10s %12s %14s  (thread seconds per policy over its %d budgets, reference time shared out)\n",
            "policy", "thread_s", "policy pairs", "pairs/thread-s", N_SWEEP_BUDGETS);
     for (int p = 0; p < N_SWEEP_POLICIES; p++)
-        printf("  %-10s %10.3f %12.4g %14.4g\n", sweep_policies[p], wall_p[p], pol_pairs_p[p],
-               pol_pairs_p[p] / wall_p[p]);
+        if (wall_p[p] > 0)
+            printf("  %-10s %10.3f %12.4g %14.4g\n", sweep_policies[p], wall_p[p], pol_pairs_p[p],
+                   pol_pairs_p[p] / wall_p[p]);
     kvs_replay_result_free(r);
     const char *npy = getenv("KVSIM_BENCH_NPY_DIR");
-    if (npy && npy[0]) torch_side(npy, g, &src, mc.attn_scale, threads);
+    if (npy && npy[0] && !only) torch_side(npy, g, &src, mc.attn_scale, threads);
     free(turns);
     kvs_gen_trace_free(g);
 }
 
-/* Optional argument: "kernels" or "sweep" runs that part alone (after the machine's ceilings), e.g. under perf. */
+/* Optional arguments: "kernels" or "sweep" runs that part alone (after the machine's ceilings), e.g. under perf;
+ * "sweep POLICY" the sweep of that one policy (its CPU time is the per-policy figure of sim/BENCH.md). */
 int main(int argc, char **argv) {
     int threads = kvs_n_cpus();
     const char *only = argc > 1 ? argv[1] : "";
-    if (only[0] && strcmp(only, "kernels") && strcmp(only, "sweep")) {
-        fprintf(stderr, "usage: bench_speed [kernels|sweep]\n");
+    if ((only[0] && strcmp(only, "kernels") && strcmp(only, "sweep")) || (argc > 2 && strcmp(only, "sweep")) || argc > 3) {
+        fprintf(stderr, "usage: bench_speed [kernels | sweep [POLICY]]\n");
         return 2;
     }
     machine(threads);
@@ -308,6 +317,6 @@ int main(int argc, char **argv) {
         kernels(64);
         kernels(128);
     }
-    if (strcmp(only, "kernels")) sweep(threads);
+    if (strcmp(only, "kernels")) sweep(threads, argc > 2 ? argv[2] : NULL);
     return 0;
 }
