@@ -4,7 +4,7 @@
  * the public kvs_math.h routines built on them (kvs_key_scores, kvs_key_anchor, kvs_page_scores, kvs_topk_f64)
  * equal naive references bit for bit, on awkward shapes (d not a multiple of 8, n not a multiple of the tile,
  * index lists, zero, huge and NaN keys); kvs_attn_colsum's batched prompt rows equal a row-by-row reference bit
- * for bit. Variants the CPU lacks are skipped, saying so.
+ * for bit; kvs_sort_positions' radix sort equals qsort. Variants the CPU lacks are skipped, saying so.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -375,6 +375,41 @@ static void test_colsum_batched_equals_rows(void **state) {
     }
 }
 
+
+/* kvs_sort_positions (insertion for short lists, radix for long ones) against qsort: sizes around the switch,
+ * duplicates, negative and extreme values, already sorted and reversed input. */
+static int cmp_i32(const void *a, const void *b) {
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static void test_sort_positions_matches_qsort(void **state) {
+    (void)state;
+    const size_t sizes[] = {0, 1, 2, 31, 32, 33, 100, 1000, 5000};
+    int32_t *a = malloc(5000 * sizeof *a), *ref = malloc(5000 * sizeof *ref);
+    assert_true(a && ref);
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
+        for (int kind = 0; kind < 5; kind++) {
+            size_t n = sizes[si];
+            for (size_t i = 0; i < n; i++) {
+                uint32_t r = (uint32_t)((frand() + 1.0f) * 1048576.0f) * 2654435761u;
+                switch (kind) {
+                case 0: a[i] = (int32_t)(r % 4096); break;                 /* positions with duplicates */
+                case 1: a[i] = (int32_t)(r ^ 0x5bd1e995u); break;          /* any int32, negatives too */
+                case 2: a[i] = (int32_t)i * 3; break;                      /* already sorted */
+                case 3: a[i] = (int32_t)(n - i) * 7; break;                /* reversed */
+                default: a[i] = i % 3 ? INT32_MAX : INT32_MIN; break;     /* extremes only */
+                }
+            }
+            memcpy(ref, a, n * sizeof *a);
+            qsort(ref, n, sizeof *ref, cmp_i32);
+            kvs_sort_positions(a, n);
+            assert_memory_equal(a, ref, n * sizeof *a);
+        }
+    free(a);
+    free(ref);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_norms_and_dots_bit_exact),
@@ -383,6 +418,7 @@ int main(void) {
         cmocka_unit_test(test_topk_f64_matches_sort),
         cmocka_unit_test(test_key_and_page_scores_match_naive),
         cmocka_unit_test(test_colsum_batched_equals_rows),
+        cmocka_unit_test(test_sort_positions_matches_qsort),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
