@@ -156,6 +156,14 @@ static void kernels(int d) {
     TIMED(kvs_attention_group(q, G, k, v, (size_t)d, idx, budget, (size_t)d, 1.0f / sqrtf((float)d), prow, ob, NULL));
     printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "S_t, G heads at once (after)", reps * fma_sel / el,
            100 * reps * fma_sel / el / peak_core_cpu, reps * bytes_sel / el / 1e9, bytes_sel / bw_core / fma_sel);
+    /* the same kernel on a selection whose rows stay in L2 (256 rows: 2 x 128 KiB at d 128): the line above reads
+     * 1024 scattered rows (2 x 512 KiB at d 128, twice L2's 1 MiB with the queries and probabilities) */
+    enum { SEL_L2 = 256 };
+    for (size_t j = 0; j < SEL_L2; j++) idx[j] = (int32_t)(4 * j);
+    double fma_l2 = 2.0 * (double)d * (double)G * SEL_L2, bytes_l2 = 2.0 * SEL_L2 * d * 4;
+    TIMED(kvs_attention_group(q, G, k, v, (size_t)d, idx, SEL_L2, (size_t)d, 1.0f / sqrtf((float)d), prow, ob, NULL));
+    printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "S_t, G heads at once, |S_t| 256 (L2)", reps * fma_l2 / el,
+           100 * reps * fma_l2 / el / peak_core_cpu, reps * bytes_l2 / el / 1e9, bytes_l2 / bw_core / fma_l2);
 #undef TIMED
     free(k);
     free(v);
