@@ -7,9 +7,10 @@
  * filter (no AVX-512 CPU lacks AVX2 and FMA).
  *
  * How the AVX2 kernels reach the FMA units (sim/BENCH.md has the floor computations):
- *  - scores: a tile of 2 query rows x 4 key rows holds 8 independent accumulators (hiding the FMA latency) and
- *    costs 6 loads per 8 FMAs; the 8 sums leave the registers through one transposing add tree. Every dot
- *    product is one accumulator over the 8-lane chunks of d, reduced by that same tree, plus a scalar tail.
+ *  - scores: groups of 4 query rows against 3 key rows (12 accumulators; each 8-float chunk of a key row, loaded
+ *    once, serves 4 FMAs), and tiles of 2 query rows x 4 key rows for the rows beyond the groups of 4; the sums
+ *    leave the registers through one transposing add tree. Every dot product is one accumulator over the 8-lane
+ *    chunks of d, reduced by that same tree, plus a scalar tail when d % 8 != 0 (none added otherwise).
  *  - output: a tile of 4 rows x 16 floats (8 accumulators) reads 2 value vectors and 4 broadcast weights per 8
  *    FMAs; one row alone uses 64 floats of the output per pass. Value rows are walked in chunks that stay in
  *    L2 across the passes. Each output element is fma(p_j, v_j, acc) over ascending j in every path.
