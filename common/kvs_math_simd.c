@@ -10,7 +10,8 @@
  *  - scores: groups of 4 query rows against 3 key rows (12 accumulators; each 8-float chunk of a key row, loaded
  *    once, serves 4 FMAs), and tiles of 2 query rows x 4 key rows for the rows beyond the groups of 4; the sums
  *    leave the registers through one transposing add tree. Every dot product is one accumulator over the 8-lane
- *    chunks of d, reduced by that same tree, plus a scalar tail when d % 8 != 0 (none added otherwise).
+ *    chunks of d, reduced by that same tree, plus a scalar tail when d % 8 != 0 (adding the +0 tail otherwise
+ *    would change no bit: a lane sum is never -0).
  *  - output: a tile of 4 rows x 16 floats (8 accumulators) reads 2 value vectors and 4 broadcast weights per 8
  *    FMAs; one row alone uses 64 floats of the output per pass. Value rows are walked in chunks that stay in
  *    L2 across the passes. Each output element is fma(p_j, v_j, acc) over ascending j in every path.
@@ -150,8 +151,9 @@ AVX2 static void axpy_avx2(float *out, float w, const float *v, size_t n) {
     for (; i < n; i++) out[i] = fmaf(w, v[i], out[i]);
 }
 
-/* One score: the single-accumulator dot product every tile computes. When d is a multiple of 8 there is no tail
- * and nothing is added to the lane sum (every path alike, so a zero score keeps its sign in all of them). */
+/* One score: the single-accumulator dot product every tile computes. When d is a multiple of 8 the tail (+0) is
+ * not added: that changes no bit, since a lane sum is never -0 (the accumulators start at +0 and an FMA whose exact
+ * result is zero gives +0), so the score equals the 16-bit kernels' lane sum + tail too. */
 AVX2 static inline float score1(const float *q, const float *k, size_t d, size_t d8) {
     __m256 a = _mm256_setzero_ps();
     for (size_t i = 0; i < d8; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), a);
