@@ -6,6 +6,8 @@
  * Data: GENERATED Gaussian q/k/v with the shapes of Llama-family models (d 64 and 128, 4 query heads per KV
  * head), labelled as such; not a model's numbers. Timed figures are never asserted; each section prints the load
  * average when it starts (the machine is shared).
+ * Arguments (optional): `kernels` or `sweep` runs only that part after the ceilings (for profiling); `sweep POLICY`
+ * the sweep of one policy.
  * KVSIM_BENCH_NPY_DIR (optional; bench/run_bench.sh sets it when python3 has torch): also replays
  * full/window/streaming/topk alone on the sweep's trace, timed, and writes the trace arrays and kvsim's per-layer
  * output errors there for bench/torch_replay.py's side-by-side run.
@@ -16,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../common/kvs.h"
 #include "../common/kvs_math.h"
@@ -46,6 +49,15 @@ static void print_load(const char *what) {
     printf("-- %s (load average: %.*s)\n", what, (int)strcspn(line, "\n"), line);
 }
 
+/* CPU seconds of this thread (`thread` != 0) or of the whole process: on the shared machine other developers'
+ * load slows the wall clock but not the CPU time a kernel needs, so the kernels are timed in thread CPU time and
+ * the sweep reports both. */
+static double cpu_s(int thread) {
+    struct timespec ts;
+    clock_gettime(thread ? CLOCK_THREAD_CPUTIME_ID : CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static float frand(uint64_t *s) {
     *s = *s * 6364136223846793005ull + 1442695040888963407ull;
     return (float)((double)(*s >> 40) / (double)(1ull << 24)) * 2.0f - 1.0f;
@@ -54,6 +66,7 @@ static float frand(uint64_t *s) {
 /* ---- the machine ---- */
 
 static double peak_core, peak_all; /* best instruction set, FMA/s */
+static double peak_core_cpu;       /* the same per core, per CPU second (the yardstick of CPU-timed figures) */
 static double bw_core, bw_all;     /* bytes/s */
 
 static void machine(int threads) {
@@ -64,7 +77,11 @@ static void machine(int threads) {
             printf("%-10s %16s %16s  (not on this CPU)\n", kvs_peak_isa_name((kvs_peak_isa)i), "-", "-");
             continue;
         }
-        double one = kvs_peak_fma((kvs_peak_isa)i, 1, 0.3), all = kvs_peak_fma((kvs_peak_isa)i, threads, 0.3);
+        double w0 = kvs_now_s(), c0 = cpu_s(0);
+        double one = kvs_peak_fma((kvs_peak_isa)i, 1, 0.3);
+        double one_cpu = one * (kvs_now_s() - w0) / (cpu_s(0) - c0); /* the loop's FMAs per CPU second */
+        double all = kvs_peak_fma((kvs_peak_isa)i, threads, 0.3);
+        if (one_cpu > peak_core_cpu) peak_core_cpu = one_cpu;
         printf("%-10s %16.3g %16.3g\n", kvs_peak_isa_name((kvs_peak_isa)i), one, all);
         if (one > peak_core) peak_core = one;
         if (all > peak_all) peak_all = all;
@@ -74,6 +91,8 @@ static void machine(int threads) {
     printf("peak (best isa): %.3g FMA/s per core, %.3g on %d cores; streaming read of 256 MiB: %.3g GB/s on 1 "
            "core, %.3g GB/s on %d cores\n",
            peak_core, peak_all, threads, bw_core / 1e9, bw_all / 1e9, threads);
+    printf("per core in CPU time (the yardstick of the CPU-timed kernels and sweep below): %.3g FMA per CPU s\n",
+           peak_core_cpu);
     printf("kvs_math kernels in use: %s (KVS_SIMD=scalar forces the reference)\n",
            kvs_math_isa_name(kvs_math_isa_active()));
 }
@@ -114,31 +133,39 @@ static void kernels(int d) {
     /* floors: the reference reads each K/V row once per block (blocked), the old path once per query row */
     double bytes_block = 2.0 * (double)N * d * 4, bytes_rows = bytes_block * (double)(nb * G);
     double t0, el, reps;
-    printf("d %d, G %zu, %zu positions, block of %zu decode steps (%zu query rows), |S_t| %zu:\n", d, G, N, nb, nb * G,
-           budget);
+    printf("d %d, G %zu, %zu positions, block of %zu decode steps (%zu query rows), |S_t| %zu (thread CPU time):\n", d,
+           G, N, nb, nb * G, budget);
     printf("  %-36s %12s %14s %10s %16s\n", "kernel", "FMA/s", "of 1-core peak", "GB/s", "mem floor s/FMA");
 #define TIMED(EXPR)                                                                                             \
     reps = 0;                                                                                                   \
-    t0 = kvs_now_s();                                                                                           \
+    t0 = cpu_s(1);                                                                                              \
     do {                                                                                                        \
         EXPR;                                                                                                   \
         reps++;                                                                                                 \
-    } while ((el = kvs_now_s() - t0) < 0.25);
+    } while ((el = cpu_s(1) - t0) < 0.25);
     TIMED(attention_rows_scalar(q, nb * G, G, k, v, (size_t)d, NULL, len, pb, ob));
     printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "full reference, rows, scalar (before)", reps * fma_ref / el,
-           100 * reps * fma_ref / el / peak_core, reps * bytes_rows / el / 1e9, bytes_rows / bw_core / fma_ref);
+           100 * reps * fma_ref / el / peak_core_cpu, reps * bytes_rows / el / 1e9, bytes_rows / bw_core / fma_ref);
     TIMED(kvs_attention_causal_block(q, nb, G, k, v, (size_t)d, p0, 1.0f / sqrtf((float)d), prow, orow, NULL));
     printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "full reference, blocked (after)", reps * fma_ref / el,
-           100 * reps * fma_ref / el / peak_core, reps * bytes_block / el / 1e9, bytes_block / bw_core / fma_ref);
+           100 * reps * fma_ref / el / peak_core_cpu, reps * bytes_block / el / 1e9, bytes_block / bw_core / fma_ref);
     size_t blen[1] = {budget};
     double bytes_sel = 2.0 * (double)budget * d * 4;
     TIMED(attention_rows_scalar(q, G, G, k, v, (size_t)d, idx, blen, pb, ob));
     printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "S_t, per query head, scalar (before)", reps * fma_sel / el,
-           100 * reps * fma_sel / el / peak_core, reps * bytes_sel * (double)G / el / 1e9,
+           100 * reps * fma_sel / el / peak_core_cpu, reps * bytes_sel * (double)G / el / 1e9,
            bytes_sel * (double)G / bw_core / fma_sel);
     TIMED(kvs_attention_group(q, G, k, v, (size_t)d, idx, budget, (size_t)d, 1.0f / sqrtf((float)d), prow, ob, NULL));
     printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "S_t, G heads at once (after)", reps * fma_sel / el,
-           100 * reps * fma_sel / el / peak_core, reps * bytes_sel / el / 1e9, bytes_sel / bw_core / fma_sel);
+           100 * reps * fma_sel / el / peak_core_cpu, reps * bytes_sel / el / 1e9, bytes_sel / bw_core / fma_sel);
+    /* the same kernel on a selection whose rows stay in L2 (256 rows: 2 x 128 KiB at d 128): the line above reads
+     * 1024 scattered rows (2 x 512 KiB at d 128, twice L2's 1 MiB with the queries and probabilities) */
+    enum { SEL_L2 = 256 };
+    for (size_t j = 0; j < SEL_L2; j++) idx[j] = (int32_t)(4 * j);
+    double fma_l2 = 2.0 * (double)d * (double)G * SEL_L2, bytes_l2 = 2.0 * SEL_L2 * d * 4;
+    TIMED(kvs_attention_group(q, G, k, v, (size_t)d, idx, SEL_L2, (size_t)d, 1.0f / sqrtf((float)d), prow, ob, NULL));
+    printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "S_t, G heads at once, |S_t| 256 (L2)", reps * fma_l2 / el,
+           100 * reps * fma_l2 / el / peak_core_cpu, reps * bytes_l2 / el / 1e9, bytes_l2 / bw_core / fma_l2);
 #undef TIMED
     free(k);
     free(v);
@@ -269,7 +296,8 @@ static void torch_side(const char *dir, const kvs_gen_trace *g, const kvs_replay
     kvs_replay_result_free(r);
 }
 
-static void sweep(int threads) {
+/* `only` (NULL = all): the sweep restricted to that policy's 8 budgets, for a per-policy CPU time. */
+static void sweep(int threads, const char *only) {
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
     o.n_layers = 2;
     o.n_heads = 8;
@@ -293,25 +321,30 @@ static void sweep(int threads) {
         .turns = turns, .n_turns = n_turns, .q = g->q, .k = g->k, .v = g->v, .block_positions = 64};
     kvs_replay_source src;
     CHECK(kvs_replay_source_from_memory(&mem, &src));
-    int nc = N_SWEEP_POLICIES * N_SWEEP_BUDGETS;
+    int nc = 0, pol_of[N_SWEEP_POLICIES * N_SWEEP_BUDGETS];
     kvs_replay_config cfgs[N_SWEEP_POLICIES * N_SWEEP_BUDGETS];
     for (int p = 0; p < N_SWEEP_POLICIES; p++)
-        for (int b = 0; b < N_SWEEP_BUDGETS; b++) {
-            kvs_replay_config *c = &cfgs[p * N_SWEEP_BUDGETS + b];
+        for (int b = 0; b < N_SWEEP_BUDGETS && (!only || !strcmp(only, sweep_policies[p])); b++) {
+            kvs_replay_config *c = &cfgs[nc];
+            pol_of[nc++] = p;
             *c = (kvs_replay_config){.budget = sweep_budgets[b], .budget_fraction = -1};
             CHECK(kvs_policy_parse(sweep_policies[p], &c->policy));
         }
+    if (nc == 0) {
+        fprintf(stderr, "bench_speed: no sweep policy named %s\n", only);
+        exit(2);
+    }
     print_load("sweep");
     printf("GENERATED trace (not a model): %d layers, %d query heads, %d KV heads, d %d, %d positions (prompt %d, %d "
            "decode steps measured); %d policies x %d budgets (%lld..%lld), %d threads\n",
            o.n_layers, o.n_heads, o.n_kv_heads, o.head_dim, o.n_positions, o.prompt_len, o.n_positions - o.prompt_len,
-           N_SWEEP_POLICIES, N_SWEEP_BUDGETS, (long long)sweep_budgets[0], (long long)sweep_budgets[N_SWEEP_BUDGETS - 1],
+           nc / N_SWEEP_BUDGETS, N_SWEEP_BUDGETS, (long long)sweep_budgets[0], (long long)sweep_budgets[N_SWEEP_BUDGETS - 1],
            threads);
     kvs_replay_opts ro = {.configs = cfgs, .n_configs = nc, .threads = threads, .measure = KVS_MEASURE_DECODE};
     kvs_replay_result *r = NULL;
-    double t0 = kvs_now_s();
+    double t0 = kvs_now_s(), c0 = cpu_s(0);
     CHECK(kvs_replay_execute(&src, &ro, &r));
-    double el = kvs_now_s() - t0;
+    double el = kvs_now_s() - t0, cpu = cpu_s(0) - c0;
     /* FMAs: the full reference once per (layer, query head, decode step) over 0..p, shared by every
      * configuration; each configuration's attention over its S_t. A pair = 2 d FMAs (dot + axpy). */
     double d = o.head_dim, ref_pairs = 0, pol_pairs = 0, pol_pairs_p[N_SWEEP_POLICIES] = {0};
@@ -319,24 +352,27 @@ static void sweep(int threads) {
     for (int64_t p = o.prompt_len; p < o.n_positions; p++) ref_pairs += (double)o.n_layers * o.n_heads * (double)(p + 1);
     for (int c = 0; c < nc; c++) {
         const kvs_results_stat *a = &r->runs[c].run_agg.attended_tokens;
-        if (r->runs[c].status != KVS_OK) printf("run %s:%lld failed: %s\n", sweep_policies[c / N_SWEEP_BUDGETS],
+        if (r->runs[c].status != KVS_OK) printf("run %s:%lld failed: %s\n", sweep_policies[pol_of[c]],
                                                 (long long)cfgs[c].budget, r->runs[c].error);
         pol_pairs += a->mean * (double)a->n;
-        pol_pairs_p[c / N_SWEEP_BUDGETS] += a->mean * (double)a->n;
-        wall_p[c / N_SWEEP_BUDGETS] += r->runs[c].wall_seconds;
+        pol_pairs_p[pol_of[c]] += a->mean * (double)a->n;
+        wall_p[pol_of[c]] += r->runs[c].wall_seconds;
     }
     double fmas = 2 * d * (ref_pairs + pol_pairs);
     printf("whole sweep: %.2f s wall, %.3g reference pairs + %.3g policy pairs = %.3g FMA -> %.3g FMA/s = %.1f%% of "
            "the all-core peak (policy bookkeeping included)\n",
            el, ref_pairs, pol_pairs, fmas, fmas / el, 100 * fmas / el / peak_all);
+    printf("  in CPU time (what other developers' load does not change): %.2f CPU s, %.3g FMA per CPU s = %.1f%% of the "
+           "per-core peak\n", cpu, fmas / cpu, 100 * fmas / cpu / peak_core_cpu);
     printf("  %-10s %10s %12s %14s  (thread seconds per policy over its %d budgets, reference time shared out)\n",
            "policy", "thread_s", "policy pairs", "pairs/thread-s", N_SWEEP_BUDGETS);
     for (int p = 0; p < N_SWEEP_POLICIES; p++)
-        printf("  %-10s %10.3f %12.4g %14.4g\n", sweep_policies[p], wall_p[p], pol_pairs_p[p],
-               pol_pairs_p[p] / wall_p[p]);
+        if (wall_p[p] > 0)
+            printf("  %-10s %10.3f %12.4g %14.4g\n", sweep_policies[p], wall_p[p], pol_pairs_p[p],
+                   pol_pairs_p[p] / wall_p[p]);
     kvs_replay_result_free(r);
     const char *npy = getenv("KVSIM_BENCH_NPY_DIR");
-    if (npy && npy[0]) torch_side(npy, g, &src, mc.attn_scale, threads);
+    if (npy && npy[0] && !only) torch_side(npy, g, &src, mc.attn_scale, threads);
     free(turns);
     kvs_gen_trace_free(g);
 }
@@ -438,13 +474,22 @@ static int kv16_part(int threads) {
     return getenv("KVSIM_BENCH_KV16_ONLY") != NULL;
 }
 
-int main(void) {
+/* Optional arguments: "kernels" or "sweep" runs that part alone (after the machine's ceilings), e.g. under perf;
+ * "sweep POLICY" the sweep of that one policy (its CPU time is the per-policy figure of sim/BENCH.md). */
+int main(int argc, char **argv) {
     int threads = kvs_n_cpus();
+    const char *only = argc > 1 ? argv[1] : "";
+    if ((only[0] && strcmp(only, "kernels") && strcmp(only, "sweep")) || (argc > 2 && strcmp(only, "sweep")) || argc > 3) {
+        fprintf(stderr, "usage: bench_speed [kernels | sweep [POLICY]]\n");
+        return 2;
+    }
     machine(threads);
-    print_load("kernels (1 core)");
-    kernels(64);
-    kernels(128);
-    if (kv16_part(threads)) return 0;
-    sweep(threads);
+    if (strcmp(only, "sweep")) {
+        print_load("kernels (1 core)");
+        kernels(64);
+        kernels(128);
+        if (!only[0] && kv16_part(threads)) return 0; /* the 16-bit part in a full run only */
+    }
+    if (strcmp(only, "kernels")) sweep(threads, argc > 2 ? argv[2] : NULL);
     return 0;
 }

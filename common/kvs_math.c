@@ -6,6 +6,7 @@
 
 #include "kvs.h"
 #include "kvs_math_simd.h"
+#include "kvs_math_simd_f64.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -189,8 +190,8 @@ static size_t topk_next_f32(const float *x, size_t j, size_t n, int32_t root) {
     return isnan(r) ? j : kvs_math_kernels_active()->first_above(x, j, n, r);
 }
 static size_t topk_next_f64(const double *x, size_t j, size_t n, int32_t root) {
-    (void)x, (void)n, (void)root;
-    return j;
+    double r = x[root];
+    return isnan(r) ? j : kvs_math_f64_kernels_active()->first_above(x, j, n, r);
 }
 
 KVS_TOPK_DEFINE(static, topk_heap, float, topk_next_f32)
@@ -204,7 +205,48 @@ static int cmp_i32_asc(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-void kvs_sort_positions(int32_t *idx, size_t n) { qsort(idx, n, sizeof *idx, cmp_i32_asc); }
+/* Positions sort by an LSD radix sort (issue 14: the oracle top-k sorts its k positions every decode step; qsort's
+ * comparisons cost more than the ranking): 3 passes of 11 bits over the value with its sign bit flipped (so the
+ * unsigned order is the signed one), a pass skipped when every value shares its digit. Short lists by insertion;
+ * without memory for the scratch, qsort. The result is the one ascending order of the values, whatever the method. */
+#define SORT_SMALL 32
+void kvs_sort_positions(int32_t *idx, size_t n) {
+    if (n <= SORT_SMALL) {
+        for (size_t i = 1; i < n; i++) {
+            int32_t v = idx[i];
+            size_t j = i;
+            for (; j > 0 && idx[j - 1] > v; j--) idx[j] = idx[j - 1];
+            idx[j] = v;
+        }
+        return;
+    }
+    uint32_t *tmp = malloc(n * sizeof *tmp);
+    if (!tmp) {
+        qsort(idx, n, sizeof *idx, cmp_i32_asc);
+        return;
+    }
+    uint32_t *a = (uint32_t *)idx, *b = tmp; /* same width */
+    for (size_t i = 0; i < n; i++) a[i] ^= 0x80000000u;
+    for (int pass = 0; pass < 3; pass++) {
+        int shift = 11 * pass;
+        size_t count[2048] = {0};
+        for (size_t i = 0; i < n; i++) count[(a[i] >> shift) & 2047u]++;
+        if (count[(a[0] >> shift) & 2047u] == n) continue;
+        size_t sum = 0;
+        for (size_t v = 0; v < 2048; v++) {
+            size_t c = count[v];
+            count[v] = sum;
+            sum += c;
+        }
+        for (size_t i = 0; i < n; i++) b[count[(a[i] >> shift) & 2047u]++] = a[i];
+        uint32_t *t = a;
+        a = b;
+        b = t;
+    }
+    if (a != (uint32_t *)idx) memcpy(idx, a, n * sizeof *idx);
+    for (size_t i = 0; i < n; i++) idx[i] = (int32_t)((uint32_t)idx[i] ^ 0x80000000u);
+    free(tmp);
+}
 
 void kvs_topk_sorted(const float *x, size_t n, size_t k, int32_t *out_idx) {
     kvs_topk(x, n, k, out_idx);
@@ -330,18 +372,93 @@ static int64_t colsum_row_probs(const kvs_attn_src *src, int64_t r, int32_t h, i
     return *vis;
 }
 
+/* Batches of query rows (issue 14): the candidates visible to every row of a batch are scored in one kernel call
+ * for all its (row, head) pairs, so each key row is read once per batch instead of once per query; the keys the
+ * later rows see besides (the causal triangle) per row. Each probability equals colsum_row_probs' bit for bit
+ * (kvs_math_simd.h: a score does not depend on the rows computed with it; the same softmax per row), and the
+ * column sums below consume them in the same order as row by row. Without memory for the batch buffers the
+ * rows go one at a time through the caller's scratch, as before. */
+enum { COLSUM_MAX_QROWS = 32 };                /* (row, head) pairs per batch */
+#define COLSUM_MAX_BATCH_FLOATS ((size_t)8 << 20) /* 32 MiB of probabilities at most */
+
+typedef struct {
+    int64_t rows;                     /* query rows per batch; 1 when mem is NULL */
+    int32_t nh;                       /* heads per row */
+    float *mem;                       /* [rows*nh][d] packed queries, then [rows*nh][n_cand] probabilities */
+    float *prow[COLSUM_MAX_QROWS];    /* probability row of (row i, head hh): prow[i*nh + hh] */
+    int64_t vis[COLSUM_MAX_QROWS];    /* visible candidates of row i */
+} colsum_batch;
+
+static void colsum_batch_init(colsum_batch *b, const kvs_attn_src *src, int64_t n_rows, int32_t nh) {
+    size_t n = (size_t)src->n_cand, d = (size_t)src->d;
+    b->nh = nh;
+    b->mem = NULL;
+    b->rows = nh <= COLSUM_MAX_QROWS ? COLSUM_MAX_QROWS / nh : 1;
+    while (b->rows > 1 && (size_t)b->rows * (size_t)nh * n > COLSUM_MAX_BATCH_FLOATS) b->rows /= 2;
+    if (b->rows > n_rows) b->rows = n_rows;
+    if (b->rows <= 1) {
+        b->rows = 1;
+        return;
+    }
+    size_t qr = (size_t)b->rows * (size_t)nh;
+    b->mem = malloc(qr * (d + n) * sizeof(float));
+    if (!b->mem) {
+        b->rows = 1;
+        return;
+    }
+    for (size_t i = 0; i < qr; i++) b->prow[i] = b->mem + qr * d + i * n;
+}
+
+/* Probabilities of rows r0..r0+nr-1 (nr <= b->rows), heads h0..h0+nh-1, into b->prow; `*vis` as in
+ * colsum_row_probs (carried across ascending rows). */
+static void colsum_batch_probs(colsum_batch *b, const kvs_attn_src *src, int64_t r0, int64_t nr, int32_t h0,
+                               int64_t *vis) {
+    const kvs_math_kernels *k = kvs_math_kernels_active();
+    size_t d = (size_t)src->d, nh = (size_t)b->nh;
+    for (int64_t i = 0; i < nr; i++) {
+        int64_t pos = src->q_first + r0 + i;
+        if (src->idx) {
+            while (*vis < src->n_cand && src->idx[*vis] <= pos) (*vis)++;
+        } else {
+            *vis = pos + 1 < src->n_cand ? pos + 1 : src->n_cand;
+        }
+        KVS_ASSERT(*vis > 0);
+        b->vis[i] = *vis;
+        const float *q = src->q + ((size_t)(r0 + i) * (size_t)src->group + (size_t)h0) * d;
+        memcpy(b->mem + (size_t)i * nh * d, q, nh * d * sizeof(float)); /* a row's heads are contiguous */
+    }
+    size_t v0 = (size_t)b->vis[0]; /* the first row sees the fewest */
+    k->scores(b->mem, (size_t)nr * nh, src->keys, d, src->idx, v0, d, src->scale, b->prow, 0);
+    for (int64_t i = 1; i < nr; i++) {
+        size_t extra = (size_t)b->vis[i] - v0;
+        if (extra == 0) continue;
+        const float *keys = src->idx ? src->keys : src->keys + v0 * d;
+        k->scores(b->mem + (size_t)i * nh * d, nh, keys, d, src->idx ? src->idx + v0 : NULL, extra, d, src->scale,
+                  b->prow + (size_t)i * nh, v0);
+    }
+    for (int64_t i = 0; i < nr; i++)
+        for (size_t hh = 0; hh < nh; hh++) k->softmax(b->prow[(size_t)i * nh + hh], (size_t)b->vis[i]);
+}
+
 /* fp32, head by head: S_h = the rows' column sums, then the heads combined (SnapKV's order). */
 static void colsum_f32(const kvs_attn_src *src, const kvs_colsum_opts *o, float *out, void *scratch) {
     size_t n = (size_t)src->n_cand, n_out = (size_t)o->n_out;
     float *col = scratch, *mx = col + n, *p = (float *)((double *)scratch + n);
     size_t stride = o->head_stride > 0 ? (size_t)o->head_stride : n_out;
+    colsum_batch b;
+    colsum_batch_init(&b, src, o->n_rows, 1);
     for (int32_t hh = 0; hh < o->n_heads; hh++) {
-        int64_t vis = 0;
+        int64_t vis = 0, end = o->row_first + o->n_rows;
         for (size_t j = 0; j < n_out; j++) col[j] = 0;
-        for (int64_t r = o->row_first; r < o->row_first + o->n_rows; r++) {
-            int64_t v = colsum_row_probs(src, r, o->head_first + hh, &vis, p);
-            size_t lim = (size_t)v < n_out ? (size_t)v : n_out;
-            for (size_t j = 0; j < lim; j++) col[j] += p[j];
+        for (int64_t r0 = o->row_first; r0 < end; r0 += b.rows) {
+            int64_t nr = end - r0 < b.rows ? end - r0 : b.rows;
+            if (b.mem) colsum_batch_probs(&b, src, r0, nr, o->head_first + hh, &vis);
+            for (int64_t i = 0; i < nr; i++) {
+                const float *pp = b.mem ? b.prow[i] : p;
+                int64_t v = b.mem ? b.vis[i] : colsum_row_probs(src, r0 + i, o->head_first + hh, &vis, p);
+                size_t lim = (size_t)v < n_out ? (size_t)v : n_out;
+                for (size_t j = 0; j < lim; j++) col[j] += pp[j];
+            }
         }
         switch (o->reduce) {
         case KVS_GQA_NONE: {
@@ -362,6 +479,7 @@ static void colsum_f32(const kvs_attn_src *src, const kvs_colsum_opts *o, float 
     }
     if (o->reduce == KVS_GQA_MAX)
         for (size_t j = 0; j < n_out; j++) out[j] += mx[j];
+    free(b.mem);
 }
 
 /* fp64, row by row: each row's heads reduced, then added (H2O/TOVA/Scissorhands' per-step order). */
@@ -370,27 +488,35 @@ static void colsum_f64(const kvs_attn_src *src, const kvs_colsum_opts *o, double
     double *t = scratch;
     float *p = (float *)(t + n);
     size_t stride = o->head_stride > 0 ? (size_t)o->head_stride : n_out;
-    int64_t vis = 0;
-    for (int64_t r = o->row_first; r < o->row_first + o->n_rows; r++) {
-        size_t lim = 0;
-        for (int32_t hh = 0; hh < o->n_heads; hh++) {
-            int64_t v = colsum_row_probs(src, r, o->head_first + hh, &vis, p);
-            lim = (size_t)v < n_out ? (size_t)v : n_out;
-            if (o->reduce == KVS_GQA_NONE) {
-                double *row = out + (size_t)hh * stride;
-                for (size_t j = 0; j < lim; j++) row[j] += p[j];
-            } else if (o->reduce == KVS_GQA_MAX) {
-                for (size_t j = 0; j < lim; j++) t[j] = hh == 0 || p[j] > t[j] ? p[j] : t[j];
-            } else {
-                for (size_t j = 0; j < lim; j++) t[j] = (hh == 0 ? 0.0 : t[j]) + p[j];
+    int64_t vis = 0, end = o->row_first + o->n_rows;
+    colsum_batch b;
+    colsum_batch_init(&b, src, o->n_rows, o->n_heads);
+    for (int64_t r0 = o->row_first; r0 < end; r0 += b.rows) {
+        int64_t nr = end - r0 < b.rows ? end - r0 : b.rows;
+        if (b.mem) colsum_batch_probs(&b, src, r0, nr, o->head_first, &vis);
+        for (int64_t i = 0; i < nr; i++) {
+            size_t lim = 0;
+            for (int32_t hh = 0; hh < o->n_heads; hh++) {
+                const float *pp = b.mem ? b.prow[i * o->n_heads + hh] : p;
+                int64_t v = b.mem ? b.vis[i] : colsum_row_probs(src, r0 + i, o->head_first + hh, &vis, p);
+                lim = (size_t)v < n_out ? (size_t)v : n_out;
+                if (o->reduce == KVS_GQA_NONE) {
+                    double *row = out + (size_t)hh * stride;
+                    for (size_t j = 0; j < lim; j++) row[j] += pp[j];
+                } else if (o->reduce == KVS_GQA_MAX) {
+                    for (size_t j = 0; j < lim; j++) t[j] = hh == 0 || pp[j] > t[j] ? pp[j] : t[j];
+                } else {
+                    for (size_t j = 0; j < lim; j++) t[j] = (hh == 0 ? 0.0 : t[j]) + pp[j];
+                }
+            }
+            if (o->reduce == KVS_GQA_MEAN) {
+                for (size_t j = 0; j < lim; j++) out[j] += t[j] / (double)o->n_heads;
+            } else if (o->reduce != KVS_GQA_NONE) {
+                for (size_t j = 0; j < lim; j++) out[j] += t[j];
             }
         }
-        if (o->reduce == KVS_GQA_MEAN) {
-            for (size_t j = 0; j < lim; j++) out[j] += t[j] / (double)o->n_heads;
-        } else if (o->reduce != KVS_GQA_NONE) {
-            for (size_t j = 0; j < lim; j++) out[j] += t[j];
-        }
     }
+    free(b.mem);
 }
 
 void kvs_attn_colsum(const kvs_attn_src *src, const kvs_colsum_opts *opts, float *out_f32, double *out_f64,
@@ -457,27 +583,47 @@ double kvs_rel_l2(const float *ref, const float *x, size_t n) {
 #define KVS_KEY_NORM_EPS 1e-12 /* F.normalize: k / max(|k|, eps) */
 #define KVS_KEY_COS_EPS 1e-8   /* F.cosine_similarity: a.b / max(|a||b|, eps) (POLICY_SPEC §1.4) */
 
+/* The fp64 sums (key norms, the anchor, the cosines' dot products) run on kvs_math_simd_f64.h's kernels, which
+ * keep the scalar order of every sum: the same bits on every instruction set. */
+
 static const float *key_row(const float *keys, size_t stride, const int32_t *idx, size_t j) {
     return keys + (idx ? (size_t)idx[j] : j) * stride;
 }
 
-static double key_norm(const float *k, size_t d) {
-    double s = 0;
-    for (size_t i = 0; i < d; i++) s += (double)k[i] * (double)k[i];
-    return sqrt(s);
+/* kvs_key_anchor with the key norms given (norm[j] of key j; NULL when !normalized). */
+static void key_anchor_normed(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
+                              const double *norm, double *mu) {
+    const kvs_math_f64_kernels *f = kvs_math_f64_kernels_active();
+    for (size_t i = 0; i < d; i++) mu[i] = 0;
+    for (size_t j = 0; j < n; j++) {
+        double w = 1.0;
+        if (norm) w = 1.0 / (norm[j] > KVS_KEY_NORM_EPS ? norm[j] : KVS_KEY_NORM_EPS);
+        f->axpy(mu, w, key_row(keys, stride, idx, j), d);
+    }
+    if (n > 0)
+        for (size_t i = 0; i < d; i++) mu[i] /= (double)n;
 }
 
 void kvs_key_anchor(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, int normalized,
                     double *mu) {
+    if (!normalized) {
+        key_anchor_normed(keys, stride, idx, n, d, NULL, mu);
+        return;
+    }
+    /* norms a chunk at a time (no caller scratch here); each chunk's keys folded in ascending order */
+    enum { CHUNK = 64 };
+    double norm[CHUNK];
+    const kvs_math_f64_kernels *f = kvs_math_f64_kernels_active();
     for (size_t i = 0; i < d; i++) mu[i] = 0;
-    for (size_t j = 0; j < n; j++) {
-        const float *k = key_row(keys, stride, idx, j);
-        double w = 1.0;
-        if (normalized) {
-            double nk = key_norm(k, d);
-            w = 1.0 / (nk > KVS_KEY_NORM_EPS ? nk : KVS_KEY_NORM_EPS);
+    for (size_t j0 = 0; j0 < n; j0 += CHUNK) {
+        size_t m = n - j0 < CHUNK ? n - j0 : CHUNK;
+        const float *base = idx ? keys : keys + j0 * stride;
+        const int32_t *sub = idx ? idx + j0 : NULL;
+        f->norms(base, stride, sub, m, d, norm);
+        for (size_t j = 0; j < m; j++) {
+            double w = 1.0 / (norm[j] > KVS_KEY_NORM_EPS ? norm[j] : KVS_KEY_NORM_EPS);
+            f->axpy(mu, w, key_row(base, stride, sub, j), d);
         }
-        for (size_t i = 0; i < d; i++) mu[i] += w * (double)k[i];
     }
     if (n > 0)
         for (size_t i = 0; i < d; i++) mu[i] /= (double)n;
@@ -485,8 +631,9 @@ void kvs_key_anchor(const float *keys, size_t stride, const int32_t *idx, size_t
 
 void kvs_key_scores(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, kvs_key_score kind,
                     double *score, double *scratch) {
+    const kvs_math_f64_kernels *f = kvs_math_f64_kernels_active();
     double *norm = scratch; /* [n] key norms */
-    for (size_t j = 0; j < n; j++) norm[j] = key_norm(key_row(keys, stride, idx, j), d);
+    f->norms(keys, stride, idx, n, d, norm);
     if (kind == KVS_KEY_SCORE_L2NORM) {
         for (size_t j = 0; j < n; j++) score[j] = -norm[j];
         return;
@@ -506,15 +653,14 @@ void kvs_key_scores(const float *keys, size_t stride, const int32_t *idx, size_t
         return;
     }
     double *mu = scratch + n; /* [d] the anchor */
-    kvs_key_anchor(keys, stride, idx, n, d, kind == KVS_KEY_SCORE_ANCHOR, mu);
+    key_anchor_normed(keys, stride, idx, n, d, kind == KVS_KEY_SCORE_ANCHOR ? norm : NULL, mu);
     double nmu = 0;
     for (size_t i = 0; i < d; i++) nmu += mu[i] * mu[i];
     nmu = sqrt(nmu);
+    f->dots(keys, stride, idx, n, d, mu, score); /* k_j . mu, then the cosine in place */
     for (size_t j = 0; j < n; j++) {
-        const float *k = key_row(keys, stride, idx, j);
-        double dot = 0, den = norm[j] * nmu;
-        for (size_t i = 0; i < d; i++) dot += (double)k[i] * mu[i];
-        score[j] = -dot / (den > KVS_KEY_COS_EPS ? den : KVS_KEY_COS_EPS);
+        double den = norm[j] * nmu;
+        score[j] = -score[j] / (den > KVS_KEY_COS_EPS ? den : KVS_KEY_COS_EPS);
     }
 }
 
@@ -553,6 +699,13 @@ void kvs_qdims_topk(const float *q, size_t group, size_t d, size_t k, int32_t *d
 
 void kvs_page_scores(const float *q, const int32_t *dims, size_t n_dims, const uint8_t *use_max, const float *kmin,
                      const float *kmax, size_t stride, size_t n_pages, double *out) {
+    enum { MAX_VEC_DIMS = 1024 };
+    if (!dims && n_dims <= MAX_VEC_DIMS) { /* every dimension (Quest, HSA's full pass): the vector kernel */
+        uint8_t up[MAX_VEC_DIMS];
+        for (size_t i = 0; i < n_dims; i++) up[i] = use_max ? use_max[i] != 0 : q[i] >= 0;
+        kvs_math_f64_kernels_active()->page_scores(q, up, kmin, kmax, stride, n_pages, n_dims, out);
+        return;
+    }
     for (size_t pi = 0; pi < n_pages; pi++) {
         const float *lo = kmin + pi * stride, *hi = kmax + pi * stride;
         double s = 0;

@@ -168,15 +168,37 @@ static kvs_status keydiff_create(const kvs_policy_init *init, void **state) {
     return KVS_OK;
 }
 
+/* The candidate j < n, mark[j] set, that kvs_topk_f64's order ranks last (lowest score, the newer among equals,
+ * NaN after every number): the one a top-(n-1) leaves out. */
+static int64_t kd_last_ranked(const double *score, const char *mark, int64_t n) {
+    int64_t w = -1;
+    for (int64_t j = 0; j < n; j++) {
+        if (!mark[j]) continue;
+        if (w < 0 || isnan(score[j]) || (!isnan(score[w]) && score[j] <= score[w])) w = j;
+    }
+    return w;
+}
+
+/* Evictions per event below which repeated scans for the last-ranked candidate beat a top-k (a decode step
+ * evicts one). */
+#define KD_SCAN_EVICTIONS 4
+
 /* One eviction event: the held list pos[0..cnt) (ascending candidates) down to the capacity C. */
 static void kd_evict(kd_state *s, const float *keys) {
     int64_t nc = s->cnt;
     if (nc <= s->cap) return;
     int64_t scored = nc - s->window, keep = s->cap - s->window;
     kvs_key_scores(keys, (size_t)s->d, s->pos, (size_t)nc, (size_t)s->d, s->kind, s->score, s->work);
-    memset(s->mark, 0, (size_t)nc);
-    kvs_topk_f64(s->score, (size_t)scored, (size_t)keep, s->top);
-    for (int64_t j = 0; j < keep; j++) s->mark[s->top[j]] = 1;
+    if (scored - keep <= KD_SCAN_EVICTIONS) {
+        /* the same set as the top-k below: all but the scored - keep last-ranked (issue 14: a decode step's
+         * eviction in O(n) instead of a top-k of n - 1) */
+        memset(s->mark, 1, (size_t)nc);
+        for (int64_t e = 0; e < scored - keep; e++) s->mark[kd_last_ranked(s->score, s->mark, scored)] = 0;
+    } else {
+        memset(s->mark, 0, (size_t)nc);
+        kvs_topk_f64(s->score, (size_t)scored, (size_t)keep, s->top);
+        for (int64_t j = 0; j < keep; j++) s->mark[s->top[j]] = 1;
+    }
     for (int64_t j = scored; j < nc; j++) s->mark[j] = 1; /* the sliding window */
     int64_t m = 0;
     for (int64_t j = 0; j < nc; j++)

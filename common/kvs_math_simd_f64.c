@@ -1,0 +1,220 @@
+/* kvs_math_simd_f64.c — the fp64 scoring kernels behind kvs_math.c's key scores, page scores and fp64 top-k
+ * (issue 14's sweep target; POLICY_SPEC §2.5 KeyDiff, §2.6 B9 Quest and B12 KNorm). See kvs_math_simd_f64.h:
+ * every variant returns the scalar reference's bits, because each lane carries one output's whole sum in the
+ * scalar order.
+ *
+ * How the AVX2 variants reach the vector units: 8 rows (keys or pages) per pass as two groups of 4 lanes; for
+ * each chunk of 8 dimensions the 4 rows of a group are loaded as 8 floats each, transposed in registers into 8
+ * vectors of 4 rows (one per dimension, in ascending order) and widened to fp64, then multiplied and added
+ * dimension by dimension (separate multiply and add, as the scalar `s += a * b` rounds). Two independent groups
+ * hide the add latency that bounds the scalar loop. The d % 8 last dimensions finish lane by lane in scalar, in
+ * order, after the vector part.
+ */
+#include "kvs_math_simd_f64.h"
+
+#include <math.h>
+#include <string.h>
+
+static const float *row_at(const float *base, size_t stride, const int32_t *idx, size_t j) {
+    return base + (idx ? (size_t)idx[j] : j) * stride;
+}
+
+/* ---- scalar reference: the loops kvs_math.c had (KVS_SIMD=scalar runs these) ---- */
+
+static double norm_scalar(const float *k, size_t from, size_t d, double s) {
+    for (size_t i = from; i < d; i++) s += (double)k[i] * (double)k[i];
+    return s;
+}
+
+static double dot_scalar(const float *k, const double *v, size_t from, size_t d, double s) {
+    for (size_t i = from; i < d; i++) s += (double)k[i] * v[i];
+    return s;
+}
+
+static double page_scalar(const float *q, const uint8_t *up, const float *lo, const float *hi, size_t from, size_t d,
+                          double s) {
+    for (size_t i = from; i < d; i++) s += (double)q[i] * (double)(up[i] ? hi[i] : lo[i]);
+    return s;
+}
+
+static void norms_scalar(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, double *out) {
+    for (size_t j = 0; j < n; j++) out[j] = sqrt(norm_scalar(row_at(keys, stride, idx, j), 0, d, 0));
+}
+
+static void dots_scalar(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, const double *v,
+                        double *out) {
+    for (size_t j = 0; j < n; j++) out[j] = dot_scalar(row_at(keys, stride, idx, j), v, 0, d, 0);
+}
+
+static void page_scores_scalar(const float *q, const uint8_t *up, const float *kmin, const float *kmax, size_t stride,
+                               size_t n_pages, size_t d, double *out) {
+    for (size_t pi = 0; pi < n_pages; pi++) out[pi] = page_scalar(q, up, kmin + pi * stride, kmax + pi * stride, 0, d, 0);
+}
+
+static void axpy_scalar(double *acc, double w, const float *k, size_t d) {
+    for (size_t i = 0; i < d; i++) acc[i] += w * (double)k[i];
+}
+
+static size_t first_above_scalar(const double *x, size_t from, size_t n, double thr) {
+    for (size_t j = from; j < n; j++)
+        if (x[j] > thr) return j;
+    return n;
+}
+
+static const kvs_math_f64_kernels f64_scalar = {
+    /* .name = */ "scalar",
+    /* .norms = */ norms_scalar,
+    /* .dots = */ dots_scalar,
+    /* .page_scores = */ page_scores_scalar,
+    /* .axpy = */ axpy_scalar,
+    /* .first_above = */ first_above_scalar,
+};
+
+/* ---- AVX2 ---- */
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define KVS_HAVE_AVX2_F64 1
+#include <immintrin.h>
+
+#define AVX2 __attribute__((target("avx2,fma")))
+
+/* Rows r0..r3 (8 floats each, dimensions i..i+7) -> x[m] = the 4 rows' dimension i+m, widened to fp64. */
+AVX2 static inline void transpose4x8(__m256 r0, __m256 r1, __m256 r2, __m256 r3, __m256d x[8]) {
+    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+    __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    x[0] = _mm256_cvtps_pd(_mm256_castps256_ps128(u0));
+    x[1] = _mm256_cvtps_pd(_mm256_castps256_ps128(u1));
+    x[2] = _mm256_cvtps_pd(_mm256_castps256_ps128(u2));
+    x[3] = _mm256_cvtps_pd(_mm256_castps256_ps128(u3));
+    x[4] = _mm256_cvtps_pd(_mm256_extractf128_ps(u0, 1));
+    x[5] = _mm256_cvtps_pd(_mm256_extractf128_ps(u1, 1));
+    x[6] = _mm256_cvtps_pd(_mm256_extractf128_ps(u2, 1));
+    x[7] = _mm256_cvtps_pd(_mm256_extractf128_ps(u3, 1));
+}
+
+/* Rows per pass: GROUPS groups of 4 lanes. */
+#define GROUPS 2
+
+AVX2 static void norms_avx2(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, double *out) {
+    size_t d8 = d & ~(size_t)7, j = 0;
+    for (; j + 4 * GROUPS <= n; j += 4 * GROUPS) {
+        const float *r[4 * GROUPS];
+        for (int l = 0; l < 4 * GROUPS; l++) r[l] = row_at(keys, stride, idx, j + (size_t)l);
+        __m256d acc[GROUPS];
+        for (int g = 0; g < GROUPS; g++) acc[g] = _mm256_setzero_pd();
+        for (size_t i = 0; i < d8; i += 8)
+            for (int g = 0; g < GROUPS; g++) {
+                __m256d x[8];
+                transpose4x8(_mm256_loadu_ps(r[4 * g] + i), _mm256_loadu_ps(r[4 * g + 1] + i),
+                             _mm256_loadu_ps(r[4 * g + 2] + i), _mm256_loadu_ps(r[4 * g + 3] + i), x);
+                for (int m = 0; m < 8; m++) acc[g] = _mm256_add_pd(acc[g], _mm256_mul_pd(x[m], x[m]));
+            }
+        double s[4 * GROUPS];
+        for (int g = 0; g < GROUPS; g++) _mm256_storeu_pd(s + 4 * g, acc[g]);
+        for (int l = 0; l < 4 * GROUPS; l++) out[j + (size_t)l] = sqrt(norm_scalar(r[l], d8, d, s[l]));
+    }
+    for (; j < n; j++) out[j] = sqrt(norm_scalar(row_at(keys, stride, idx, j), 0, d, 0));
+}
+
+AVX2 static void dots_avx2(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, const double *v,
+                           double *out) {
+    size_t d8 = d & ~(size_t)7, j = 0;
+    for (; j + 4 * GROUPS <= n; j += 4 * GROUPS) {
+        const float *r[4 * GROUPS];
+        for (int l = 0; l < 4 * GROUPS; l++) r[l] = row_at(keys, stride, idx, j + (size_t)l);
+        __m256d acc[GROUPS];
+        for (int g = 0; g < GROUPS; g++) acc[g] = _mm256_setzero_pd();
+        for (size_t i = 0; i < d8; i += 8)
+            for (int g = 0; g < GROUPS; g++) {
+                __m256d x[8];
+                transpose4x8(_mm256_loadu_ps(r[4 * g] + i), _mm256_loadu_ps(r[4 * g + 1] + i),
+                             _mm256_loadu_ps(r[4 * g + 2] + i), _mm256_loadu_ps(r[4 * g + 3] + i), x);
+                for (int m = 0; m < 8; m++)
+                    acc[g] = _mm256_add_pd(acc[g], _mm256_mul_pd(x[m], _mm256_broadcast_sd(v + i + (size_t)m)));
+            }
+        double s[4 * GROUPS];
+        for (int g = 0; g < GROUPS; g++) _mm256_storeu_pd(s + 4 * g, acc[g]);
+        for (int l = 0; l < 4 * GROUPS; l++) out[j + (size_t)l] = dot_scalar(r[l], v, d8, d, s[l]);
+    }
+    for (; j < n; j++) out[j] = dot_scalar(row_at(keys, stride, idx, j), v, 0, d, 0);
+}
+
+AVX2 static void page_scores_avx2(const float *q, const uint8_t *up, const float *kmin, const float *kmax,
+                                  size_t stride, size_t n_pages, size_t d, double *out) {
+    size_t d8 = d & ~(size_t)7, pi = 0;
+    for (; pi + 4 * GROUPS <= n_pages; pi += 4 * GROUPS) {
+        __m256d acc[GROUPS];
+        for (int g = 0; g < GROUPS; g++) acc[g] = _mm256_setzero_pd();
+        for (size_t i = 0; i < d8; i += 8) {
+            /* lanes whose dimension reads kmax: up[i..i+7] != 0 */
+            __m128i u8 = _mm_loadl_epi64((const __m128i *)(const void *)(up + i));
+            __m256 sel = _mm256_castsi256_ps(
+                _mm256_cmpgt_epi32(_mm256_cvtepu8_epi32(u8), _mm256_setzero_si256()));
+            for (int g = 0; g < GROUPS; g++) {
+                __m256 rw[4];
+                for (int l = 0; l < 4; l++) {
+                    size_t off = (pi + 4 * (size_t)g + (size_t)l) * stride + i;
+                    rw[l] = _mm256_blendv_ps(_mm256_loadu_ps(kmin + off), _mm256_loadu_ps(kmax + off), sel);
+                }
+                __m256d x[8];
+                transpose4x8(rw[0], rw[1], rw[2], rw[3], x);
+                for (int m = 0; m < 8; m++)
+                    acc[g] = _mm256_add_pd(acc[g], _mm256_mul_pd(x[m], _mm256_set1_pd((double)q[i + (size_t)m])));
+            }
+        }
+        double s[4 * GROUPS];
+        for (int g = 0; g < GROUPS; g++) _mm256_storeu_pd(s + 4 * g, acc[g]);
+        for (size_t l = 0; l < 4 * GROUPS; l++)
+            out[pi + l] = page_scalar(q, up, kmin + (pi + l) * stride, kmax + (pi + l) * stride, d8, d, s[l]);
+    }
+    for (; pi < n_pages; pi++) out[pi] = page_scalar(q, up, kmin + pi * stride, kmax + pi * stride, 0, d, 0);
+}
+
+AVX2 static void axpy_avx2(double *acc, double w, const float *k, size_t d) {
+    __m256d wv = _mm256_set1_pd(w);
+    size_t i = 0;
+    for (; i + 4 <= d; i += 4)
+        _mm256_storeu_pd(acc + i, _mm256_add_pd(_mm256_loadu_pd(acc + i),
+                                                _mm256_mul_pd(wv, _mm256_cvtps_pd(_mm_loadu_ps(k + i)))));
+    for (; i < d; i++) acc[i] += w * (double)k[i];
+}
+
+AVX2 static size_t first_above_avx2(const double *x, size_t from, size_t n, double thr) {
+    __m256d t = _mm256_set1_pd(thr);
+    size_t j = from;
+    for (; j + 4 <= n; j += 4) {
+        int mask = _mm256_movemask_pd(_mm256_cmp_pd(_mm256_loadu_pd(x + j), t, _CMP_GT_OQ));
+        if (mask) return j + (size_t)__builtin_ctz((unsigned)mask);
+    }
+    for (; j < n; j++)
+        if (x[j] > thr) return j;
+    return n;
+}
+
+static const kvs_math_f64_kernels f64_avx2 = {
+    /* .name = */ "avx2",
+    /* .norms = */ norms_avx2,
+    /* .dots = */ dots_avx2,
+    /* .page_scores = */ page_scores_avx2,
+    /* .axpy = */ axpy_avx2,
+    /* .first_above = */ first_above_avx2,
+};
+#endif /* x86-64 */
+
+/* ---- dispatch: kvs_math_simd.h's instruction set ---- */
+
+const kvs_math_f64_kernels *kvs_math_f64_kernels_for(kvs_isa isa) {
+    if (isa == KVS_ISA_SCALAR) return &f64_scalar;
+#ifdef KVS_HAVE_AVX2_F64
+    /* the AVX-512 table shares these (every AVX-512 CPU has AVX2 and FMA) */
+    if ((isa == KVS_ISA_AVX2 || isa == KVS_ISA_AVX512) && kvs_math_kernels_for(isa)) return &f64_avx2;
+#endif
+    return NULL;
+}
+
+const kvs_math_f64_kernels *kvs_math_f64_kernels_active(void) {
+    const kvs_math_f64_kernels *k = kvs_math_f64_kernels_for(kvs_math_isa_active());
+    return k ? k : &f64_scalar;
+}

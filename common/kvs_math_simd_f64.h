@@ -1,0 +1,48 @@
+/* kvs_math_simd_f64.h — runtime-dispatched fp64 kernels for the policies' own scoring (issue 14, "Replay at the
+ * hardware's speed", its sweep target): KeyDiff/KNorm's key norms and anchor cosines (POLICY_SPEC §2.5, §2.6
+ * B12), Quest's page upper bounds (§2.6 B9) and the fp64 top-k's filter. kvs_math.c calls these; policies call
+ * kvs_math.h, never this header.
+ *
+ * Bit-exact by construction: each output is the fp64 sum of its terms in ascending order, exactly as the scalar
+ * loop computes it. The vector variants put one OUTPUT per lane (4 keys or 4 pages at a time, the rows
+ * transposed in registers) instead of splitting one sum across lanes, so every rounding happens in the same
+ * order and every instruction set gives the scalar table's results bit for bit (tests/test_simd_f64.c asserts
+ * equality, and the policies' golden values in POLICY_SPEC §7 are unchanged by construction). The vectors only
+ * overlap independent sums, which is where the scalar loops lost their time (one dependent fp64 add per term).
+ *
+ * The instruction set is kvs_math_simd.h's choice (kvs_math_isa_active(), KVS_SIMD); AVX-512 uses the AVX2
+ * variants.
+ */
+#ifndef KVS_MATH_SIMD_F64_H
+#define KVS_MATH_SIMD_F64_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kvs_math_simd.h"
+
+/* Rows: row j of `keys` is keys + (idx ? idx[j] : j) * stride (floats). All sums over i = 0..d-1 ascending,
+ * each term rounded to fp64 and added to a running fp64 sum starting at 0. */
+typedef struct {
+    const char *name;
+    /* out[j] = sqrt(sum_i (double)k_j[i] * (double)k_j[i]), j < n */
+    void (*norms)(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, double *out);
+    /* out[j] = sum_i (double)k_j[i] * v[i], j < n (v: [d] doubles) */
+    void (*dots)(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, const double *v,
+                 double *out);
+    /* out[pi] = sum_i (double)q[i] * (double)(up[i] ? kmax : kmin)[pi * stride + i], pi < n_pages (up: [d]) */
+    void (*page_scores)(const float *q, const uint8_t *up, const float *kmin, const float *kmax, size_t stride,
+                        size_t n_pages, size_t d, double *out);
+    /* acc[i] += w * (double)k[i], i < d (each element its own sum) */
+    void (*axpy)(double *acc, double w, const float *k, size_t d);
+    /* the first j in [from, n) with x[j] > thr (ordered compare: NaN never), or n: kvs_topk_f64's filter */
+    size_t (*first_above)(const double *x, size_t from, size_t n, double thr);
+} kvs_math_f64_kernels;
+
+/*! kvs_math_f64_kernels_for() : the table of `isa`, or NULL when this CPU (or build) lacks it. Borrowed, static. */
+const kvs_math_f64_kernels *kvs_math_f64_kernels_for(kvs_isa isa);
+
+/*! kvs_math_f64_kernels_active() : the table of kvs_math_isa_active(). */
+const kvs_math_f64_kernels *kvs_math_f64_kernels_active(void);
+
+#endif /* KVS_MATH_SIMD_F64_H */
