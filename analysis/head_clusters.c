@@ -132,6 +132,26 @@ kvs_status kvs_head_clusters_write(const kvs_head_clusters *c, const char *path)
     return kvs_out_commit(o);
 }
 
+kvs_status kvs_head_clusters_write_begin(const kvs_head_clusters *c, const char *path, kvs_out **out) {
+    *out = NULL;
+    kvs_status st = kvs_head_clusters_check(c);
+    if (st != KVS_OK) return st;
+    kvs_out *o = NULL;
+    if ((st = kvs_out_open(path, &o)) != KVS_OK) return st;
+    FILE *f = kvs_out_stream(o);
+    if (!f) {
+        kvs_out_abort(o);
+        return KVS_ERR_NOMEM;
+    }
+    put_file_form(f, c);
+    if ((st = kvs_out_write(o, "", 0)) != KVS_OK) { /* flushes the stream: a full disk fails here */
+        kvs_out_abort(o);
+        return st;
+    }
+    *out = o;
+    return KVS_OK;
+}
+
 kvs_status kvs_head_clusters_sha256(const kvs_head_clusters *c, char sha256_hex[65]) {
     kvs_status st = kvs_head_clusters_check(c);
     if (st != KVS_OK) return st;
