@@ -19,7 +19,8 @@
  * or rename, N over every call the command makes (up to 24 points): the same checks.
  * The outputs added since, the same way: drift, heads, plan and generate database writes (the database's rows
  * unchanged, compared as a dump of every table), heads --clusters-out (neither the file nor the run on a full
- * disk), report (a previous report folder kept byte for byte, no temporary folder), sweep shards killed at
+ * disk), report (a previous report folder kept byte for byte, no temporary folder), calibrate --plot (calibrate
+ * writes no database), sweep shards killed at
  * several times (no task recorded without its runs; the sweep run again completes), merge failing or killed
  * (OUT byte for byte as it was, or the complete merge).
  */
@@ -935,6 +936,43 @@ static void test_report_with_failing_io_keeps_the_previous_report(void **state) 
     assert_true(tried >= 6);
 }
 
+/* calibrate writes no database (it reads replay and closed-loop runs); its --plot output: a failing write,
+ * fsync or rename (kvsim's or gnuplot's) exits 1 and leaves no image or temporary, the database unchanged. */
+static void test_calibrate_plot_with_failing_io_leaves_nothing(void **state) {
+    (void)state;
+    char so[256], model[512], trace[512], db[256], svg[256];
+    if (!kvs_test_kvsim_bin() || system("command -v gnuplot >/dev/null 2>&1") != 0 || !build_failio(so, sizeof so)) {
+        skip();
+    }
+    tiny_model(model, sizeof model, trace, sizeof trace);
+    path_in("c.db", db, sizeof db);
+    path_in("c.svg", svg, sizeof svg);
+    const char *rep[] = {"replay", trace, "--db", db, "--policy", "window", "--policy", "h2o", "--policy", "tova",
+                         "--budgets", "2", "--threads", "1", NULL};
+    assert_int_equal(kvs_test_cli(NULL, NULL, rep), 0);
+    const char *gen[] = {"generate", "--model", model, "--trace", trace, "--policy", "window", "--policy", "h2o",
+                         "--policy", "tova", "--budgets", "2", "--db", db, NULL};
+    assert_int_equal(kvs_test_cli(NULL, NULL, gen), 0);
+    char *before = db_dump(db);
+    const char *args[] = {"calibrate", db, "--bootstrap", "0", "--plot", svg, NULL};
+    const char *keep[] = {"c.db", "c.db-wal", "c.db-shm", "cmd.err", "failio.so", NULL};
+    for (int k = 0; k < 3; k++) {
+        long calls = count_calls(so, FAIL_OPS[k], args);
+        assert_true(calls >= 1);
+        unlink(svg);
+        int n_points;
+        nth_point(calls, 0, &n_points);
+        for (int i = 0; i < n_points; i++) {
+            assert_int_equal(cli_failio(so, FAIL_OPS[k], nth_point(calls, i, &n_points), NULL, args), 1);
+            assert_int_equal(stray_files(keep), 0);
+        }
+    }
+    char *after = db_dump(db);
+    assert_string_equal(before, after);
+    free(before);
+    free(after);
+}
+
 /* A study of the tiny trace: 2 tasks (one policy each), for the sweep and merge tests. */
 static void tiny_study(char *study, size_t n) {
     char model[512], trace[512];
@@ -1108,6 +1146,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_analysis_db_writes_with_failing_io_keep_the_database, setup, teardown),
         cmocka_unit_test_setup_teardown(test_heads_clusters_out_with_failing_io, setup, teardown),
         cmocka_unit_test_setup_teardown(test_report_with_failing_io_keeps_the_previous_report, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_calibrate_plot_with_failing_io_leaves_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sweep_killed_at_any_time_reruns_cleanly, setup, teardown),
         cmocka_unit_test_setup_teardown(test_merge_failing_or_killed_leaves_out_unchanged, setup, teardown),
     };
