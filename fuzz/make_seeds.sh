@@ -78,6 +78,14 @@ cp $tmp/heads.db $C/results_db/heads.db
 "$K" generate --model $C/model_llama2c/tiny.bin --trace $T --policy window --budgets 2 \
     --db $C/results_db/closed.db >/dev/null 2>&1
 "$K" replay $T --db $C/results_db/series.db --policy h2o --budgets 2 --series-every 1 --threads 1 >/dev/null 2>&1
+# every family in one database: replay runs (so that `report` renders), then drift, heads, plan, generate
+A=$C/results_db/all_families.db
+rm -f $A
+"$K" replay $T --db $A --policy window --policy h2o --budgets 2,3 --series-every 1 --threads 1 >/dev/null 2>&1
+"$K" drift $T --db $A --k 2 --prefill-score last >/dev/null
+"$K" heads $T --db $A --k 2 --clusters 1 >/dev/null
+"$K" plan --trace $T --gpu-mem 1GB --db $A >/dev/null
+"$K" generate --model $C/model_llama2c/tiny.bin --trace $T --policy window --budgets 2 --db $A >/dev/null 2>&1
 # shards of `kvsim sweep` for the merge harness (merged into a copy of results_db/window.db)
 cp $C/trace/tiny_fp16_block3.kvt $tmp/a.kvt
 printf 'trace a.kvt\npolicy window\npolicy h2o\nbudgets 2\n' >$tmp/s.study
@@ -85,6 +93,7 @@ printf 'trace a.kvt\npolicy window\npolicy h2o\nbudgets 2\n' >$tmp/s.study
 "$K" sweep $tmp/s.study --db $C/merge/shard_all.db >/dev/null 2>&1
 cp $C/results_db/window.db $C/merge/same_as_out.db
 cp $C/results_db/series.db $C/merge/replay.db
+cp $C/results_db/all_families.db $C/merge/all_families.db
 rm -rf $tmp
 cp fuzz/fixed/config.json $C/plan_config/tiny.json
 cp tests/fixtures/llama3_tiny/config.json $C/plan_config/llama3.json
