@@ -195,6 +195,16 @@ static void test_malformed_files_are_refused_with_their_line(void **state) {
         {"kvsim-head-clusters 1\nlayers 1 units 2\n0 0 0 1\n0 1 0 1\n", KVS_ERR_FORMAT, "has 2 representatives"},
         {"kvsim-head-clusters 1\nlayers 1 units 3\n0 0 0 1\n0 1 2 1\n0 2 2 0\n", KVS_ERR_FORMAT, "layer 0 cluster 1 is empty"},
         {"kvsim-head-clusters 1\nlayers 1 units 2\n0 0 0 0\n0 1 1 1\n", KVS_ERR_FORMAT, "cluster 0 has 0 representatives"},
+        /* numbers beyond int: refused, not wrapped (4294967297 read as an int was 1, and the file accepted) */
+        {"kvsim-head-clusters 1\nlayers 4294967297 units 1\n0 0 0 1\n", KVS_ERR_FORMAT,
+         ":2: 4294967297 layers x 1 units is out of range"},
+        {"kvsim-head-clusters 4294967297\n", KVS_ERR_VERSION, ":1: head-clusters version 4294967297"},
+        {"kvsim-head-clusters 1\nlayers 1 units 1\n4294967296 0 0 1\n", KVS_ERR_FORMAT,
+         ":3: layer 4294967296 unit 0 outside"},
+        {"kvsim-head-clusters 1\nlayers 1 units 1\n0 0 0 4294967297\n", KVS_ERR_FORMAT,
+         ":3: representative must be 0 or 1, not 4294967297"},
+        {"kvsim-head-clusters 1\nlayers 1 units 1\n0 0 99999999999999999999 1\n", KVS_ERR_FORMAT,
+         ":3: cluster 9223372036854775807 outside 0..0"},
     };
     char path[128];
     snprintf(path, sizeof path, "%s/in.txt", dir);
