@@ -132,6 +132,26 @@ kvs_status kvs_head_clusters_write(const kvs_head_clusters *c, const char *path)
     return kvs_out_commit(o);
 }
 
+kvs_status kvs_head_clusters_write_begin(const kvs_head_clusters *c, const char *path, kvs_out **out) {
+    *out = NULL;
+    kvs_status st = kvs_head_clusters_check(c);
+    if (st != KVS_OK) return st;
+    kvs_out *o = NULL;
+    if ((st = kvs_out_open(path, &o)) != KVS_OK) return st;
+    FILE *f = kvs_out_stream(o);
+    if (!f) {
+        kvs_out_abort(o);
+        return KVS_ERR_NOMEM;
+    }
+    put_file_form(f, c);
+    if ((st = kvs_out_write(o, "", 0)) != KVS_OK) { /* flushes the stream: a full disk fails here */
+        kvs_out_abort(o);
+        return st;
+    }
+    *out = o;
+    return KVS_OK;
+}
+
 kvs_status kvs_head_clusters_sha256(const kvs_head_clusters *c, char sha256_hex[65]) {
     kvs_status st = kvs_head_clusters_check(c);
     if (st != KVS_OK) return st;
@@ -172,7 +192,9 @@ kvs_status kvs_head_clusters_read(const char *path, kvs_head_clusters **out, cha
     FILE *f = fopen(path, "rb");
     if (!f) return kvs_fail(KVS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     char buf[256];
-    int line = 0, too_long = 0, n_layers = 0, n_units = 0, version = 0, used = 0;
+    /* numbers are read as long and range-checked: an int conversion of "4294967297" would wrap to 1 */
+    int line = 0, too_long = 0, n_layers = 0, n_units = 0, used = 0;
+    long version = 0, layers_l = 0, units_l = 0;
     kvs_head_clusters *c = NULL;
     uint8_t *seen = NULL;
     kvs_status st = KVS_OK;
@@ -184,17 +206,20 @@ kvs_status kvs_head_clusters_read(const char *path, kvs_head_clusters **out, cha
         goto cleanup;                                               \
     } while (0)
     if (!next_line(f, buf, sizeof buf, &line, &too_long) || too_long ||
-        sscanf(buf, "kvsim-head-clusters %d %n", &version, &used) != 1 || buf[used] != '\0')
+        sscanf(buf, "kvsim-head-clusters %ld %n", &version, &used) != 1 || buf[used] != '\0')
         BAD("not a kvsim head-clusters file (first line must be 'kvsim-head-clusters 1')");
     if (version != 1) {
-        st = kvs_fail(KVS_ERR_VERSION, "%s:%d: head-clusters version %d (this kvsim reads 1)", path, line, version);
+        st = kvs_fail(KVS_ERR_VERSION, "%s:%d: head-clusters version %ld (this kvsim reads 1)", path, line, version);
         goto cleanup;
     }
     if (!next_line(f, buf, sizeof buf, &line, &too_long) || too_long ||
-        sscanf(buf, "layers %d units %d %n", &n_layers, &n_units, &used) != 2 || buf[used] != '\0')
+        sscanf(buf, "layers %ld units %ld %n", &layers_l, &units_l, &used) != 2 || buf[used] != '\0')
         BAD("expected 'layers L units U'");
-    if (kvs_head_clusters_create(n_layers, n_units, &c) != KVS_OK)
-        BAD("%d layers x %d units is out of range (1..%d each)", n_layers, n_units, KVS_HEAD_CLUSTERS_MAX_UNITS);
+    if (layers_l < 1 || layers_l > KVS_HEAD_CLUSTERS_MAX_LAYERS || units_l < 1 || units_l > KVS_HEAD_CLUSTERS_MAX_UNITS ||
+        kvs_head_clusters_create((int32_t)layers_l, (int32_t)units_l, &c) != KVS_OK)
+        BAD("%ld layers x %ld units is out of range (1..%d each)", layers_l, units_l, KVS_HEAD_CLUSTERS_MAX_UNITS);
+    n_layers = (int)layers_l;
+    n_units = (int)units_l;
     seen = calloc((size_t)n_layers * (size_t)n_units, 1);
     if (!seen) {
         st = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", path);
@@ -203,20 +228,20 @@ kvs_status kvs_head_clusters_read(const char *path, kvs_head_clusters **out, cha
     for (int32_t l = 0; l < n_layers; l++) c->n_clusters[l] = 0;
     size_t rows = 0;
     while (next_line(f, buf, sizeof buf, &line, &too_long)) {
-        int l, u, g, r;
+        long l, u, g, r;
         if (too_long) BAD("line too long");
-        if (sscanf(buf, "%d %d %d %d %n", &l, &u, &g, &r, &used) != 4 || buf[used] != '\0')
+        if (sscanf(buf, "%ld %ld %ld %ld %n", &l, &u, &g, &r, &used) != 4 || buf[used] != '\0')
             BAD("expected 'layer unit cluster representative'");
-        if (l < 0 || l >= n_layers || u < 0 || u >= n_units) BAD("layer %d unit %d outside the %d x %d header", l, u, n_layers, n_units);
-        if (g < 0 || g >= n_units) BAD("cluster %d outside 0..%d", g, n_units - 1);
-        if (r != 0 && r != 1) BAD("representative must be 0 or 1, not %d", r);
+        if (l < 0 || l >= n_layers || u < 0 || u >= n_units) BAD("layer %ld unit %ld outside the %d x %d header", l, u, n_layers, n_units);
+        if (g < 0 || g >= n_units) BAD("cluster %ld outside 0..%d", g, n_units - 1);
+        if (r != 0 && r != 1) BAD("representative must be 0 or 1, not %ld", r);
         size_t i = (size_t)l * (size_t)n_units + (size_t)u;
-        if (seen[i]) BAD("layer %d unit %d given twice", l, u);
+        if (seen[i]) BAD("layer %ld unit %ld given twice", l, u);
         seen[i] = 1;
         rows++;
-        c->cluster[i] = g;
+        c->cluster[i] = (int32_t)g;
         c->is_rep[i] = (uint8_t)r;
-        if (g + 1 > c->n_clusters[l]) c->n_clusters[l] = g + 1;
+        if (g + 1 > c->n_clusters[l]) c->n_clusters[l] = (int32_t)(g + 1);
     }
     if (ferror(f)) {
         st = kvs_fail(KVS_ERR_IO, "%s: read error: %s", path, strerror(errno));

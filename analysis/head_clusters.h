@@ -27,6 +27,7 @@
 
 #include "../common/kvs.h"
 #include "../common/kvs_cluster.h"
+#include "../common/kvs_out.h"
 
 #define KVS_HEAD_CLUSTERS_MAX_LAYERS 4096
 #define KVS_HEAD_CLUSTERS_MAX_UNITS 4096
@@ -58,6 +59,13 @@ kvs_status kvs_head_clusters_check(const kvs_head_clusters *c);
 /*! kvs_head_clusters_write() : writes `c` in the file form to `path` atomically (common/kvs_out.h; "-" is
  *  standard output). KVS_ERR_IO naming the path; nothing is left behind on failure. */
 kvs_status kvs_head_clusters_write(const kvs_head_clusters *c, const char *path);
+
+/*! kvs_head_clusters_write_begin() : writes `c` in the file form into a new output on `path` (common/kvs_out.h)
+ *  and flushes it, without putting it in place: *out receives the open output, which the caller ends with
+ *  kvs_out_commit (fsync, rename over `path`) or kvs_out_abort (nothing left behind). For a command that must
+ *  write the file only when something else, a database transaction, succeeded: every write error surfaces here,
+ *  before it. Errors of kvs_head_clusters_check; KVS_ERR_IO naming the path (*out NULL, nothing left behind). */
+kvs_status kvs_head_clusters_write_begin(const kvs_head_clusters *c, const char *path, kvs_out **out);
 
 /*! kvs_head_clusters_sha256() : the SHA-256 (64 hex digits + NUL) of the file form of `c`, equal to that of the
  *  file kvs_head_clusters_write() writes (and kvs_head_clusters_read() reports): how a clustering taken from

@@ -4,6 +4,7 @@
  */
 #include "plan.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -486,5 +487,64 @@ kvs_status kvs_plan_eval(const kvs_plan_setup *s, const kvs_plan_policy *pol, in
         }
     }
     *out = p;
+    return KVS_OK;
+}
+
+/* ---- option lists --------------------------------------------------------------------------------------- */
+
+/* A whole decimal number in [lo, hi] for option `opt` (the messages of the command line's number parser). */
+static kvs_status parse_whole(const char *opt, const char *val, int64_t lo, int64_t hi, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(val, &end, 10);
+    if (!val[0] || end == val || *end || (errno && errno != ERANGE))
+        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: '%s' is not an integer", opt, val);
+    if (errno == ERANGE || v < lo || v > hi) /* the user's text, never strtoll's clamped value */
+        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: '%s' is out of range [%lld, %lld]", opt, val, (long long)lo,
+                        (long long)hi);
+    *out = v;
+    return KVS_OK;
+}
+
+kvs_status kvs_plan_parse_list(const char *opt, const char *v, int64_t lo, int64_t *out, int *n) {
+    *n = 0;
+    const char *p = v;
+    while (*p) {
+        char item[32];
+        size_t len = strcspn(p, ",");
+        if (len == 0 || len >= sizeof item || *n >= KVS_PLAN_MAX_LIST)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "%s: '%s' is not a list of at most %d numbers", opt, v,
+                            KVS_PLAN_MAX_LIST);
+        memcpy(item, p, len);
+        item[len] = '\0';
+        kvs_status st = parse_whole(opt, item, lo, INT64_C(1) << 40, &out[*n]);
+        if (st != KVS_OK) return st;
+        (*n)++;
+        p += len + (p[len] == ',');
+    }
+    if (*n == 0) return kvs_fail(KVS_ERR_INVALID_ARG, "%s: empty list", opt);
+    return KVS_OK;
+}
+
+kvs_status kvs_plan_parse_settings(const char *v, int64_t *ctx, int64_t *resp, int *n) {
+    *n = 0;
+    const char *p = v;
+    while (*p) {
+        char item[64];
+        size_t len = strcspn(p, ",");
+        if (len == 0 || len >= sizeof item || *n >= KVS_PLAN_MAX_LIST)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "--settings: '%s' is not a list of CONTEXT+RESPONSE", v);
+        memcpy(item, p, len);
+        item[len] = '\0';
+        char *plus = strchr(item, '+');
+        if (!plus) return kvs_fail(KVS_ERR_INVALID_ARG, "--settings: '%s' is not CONTEXT+RESPONSE", item);
+        *plus = '\0';
+        kvs_status st = parse_whole("--settings context", item, 1, INT64_C(1) << 40, &ctx[*n]);
+        if (st == KVS_OK) st = parse_whole("--settings response", plus + 1, 0, INT64_C(1) << 40, &resp[*n]);
+        if (st != KVS_OK) return st;
+        (*n)++;
+        p += len + (p[len] == ',');
+    }
+    if (*n == 0) return kvs_fail(KVS_ERR_INVALID_ARG, "--settings: empty list");
     return KVS_OK;
 }

@@ -223,4 +223,18 @@ typedef struct {
 kvs_status kvs_plan_eval(const kvs_plan_setup *s, const kvs_plan_policy *pol, int64_t context, int64_t response,
                          int64_t batch, kvs_plan_point *out);
 
+/* ---- option lists (`kvsim plan --responses`, `--settings`) -------------------------------------------- */
+
+/* The most entries of one list. */
+#define KVS_PLAN_MAX_LIST 64
+
+/*! kvs_plan_parse_list() : a comma list "R,R,..." of at most KVS_PLAN_MAX_LIST whole numbers in [lo, 2^40] into
+ *  out[0..*n) (out holds KVS_PLAN_MAX_LIST); `opt` names the option in messages. KVS_ERR_INVALID_ARG with a detail
+ *  echoing the text for an empty list, an empty or over-long item, too many items or a bad number. */
+kvs_status kvs_plan_parse_list(const char *opt, const char *v, int64_t lo, int64_t *out, int *n);
+
+/*! kvs_plan_parse_settings() : a comma list "C+R,C+R,..." of (context in [1, 2^40], response in [0, 2^40]) into
+ *  ctx[0..*n), resp[0..*n) (each holds KVS_PLAN_MAX_LIST). Errors as kvs_plan_parse_list. */
+kvs_status kvs_plan_parse_settings(const char *v, int64_t *ctx, int64_t *resp, int *n);
+
 #endif /* KVS_ANALYSIS_PLAN_H */

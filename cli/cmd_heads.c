@@ -271,13 +271,22 @@ int kvs_cmd_heads(int argc, char **argv) {
                                    .unit_sim = s->unit_sim, .layer_sim_q = lsq, .layer_sim_u = lsu, .clusters = cl,
                                    .silhouette = sil, .stab_a = ca, .stab_b = cb, .ari = ca ? ari : NULL};
     int64_t run_id = 0;
+    /* The clusters file is written (to its temporary) before the database and put in place after its commit, so
+     * a full disk fails the command with neither; only the final fsync/rename can fail after the commit. */
+    kvs_out *clusters_out = NULL;
+    if (out_s && (st = kvs_head_clusters_write_begin(cl, out_s, &clusters_out)) != KVS_OK) {
+        rc = kvs_cli_fail("heads", st == KVS_ERR_INVALID_ARG ? KVS_ERR_IO : st);
+        goto cleanup;
+    }
     if ((st = kvs_results_open(db_path, &db)) != KVS_OK ||
         (st = kvs_results_heads_write(db, &rt, &run, &data, &run_id)) != KVS_OK) {
+        kvs_out_abort(clusters_out);
         rc = kvs_cli_fail("heads", st == KVS_ERR_INVALID_ARG ? KVS_ERR_DB : st);
         goto cleanup;
     }
-    if (out_s && (st = kvs_head_clusters_write(cl, out_s)) != KVS_OK) {
-        rc = kvs_cli_fail("heads", st == KVS_ERR_INVALID_ARG ? KVS_ERR_IO : st);
+    if (clusters_out && (st = kvs_out_commit(clusters_out)) != KVS_OK) {
+        rc = kvs_cli_fail("heads", kvs_fail(st, "%s (heads run %lld is recorded in %s)", kvs_last_error(),
+                                            (long long)run_id, db_path));
         goto cleanup;
     }
     int to_stdout = out_s && kvs_out_path_is_stdout(out_s);

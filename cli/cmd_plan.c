@@ -20,7 +20,7 @@
 #define KVSIM_VERSION_STRING "0.1.0"
 #endif
 
-#define MAX_LIST 64
+#define MAX_LIST KVS_PLAN_MAX_LIST
 #define MAX_SERIES 5
 
 static void usage(FILE *f) {
@@ -95,52 +95,6 @@ static void fmt_count(char *buf, size_t cap, int64_t v) {
     if (v == KVS_PLAN_UNBOUNDED) snprintf(buf, cap, "unbounded");
     else if (v < 0) snprintf(buf, cap, "-");
     else snprintf(buf, cap, "%lld", (long long)v);
-}
-
-/* A comma list of whole numbers >= lo. */
-static int parse_list(const char *opt, const char *v, long lo, int64_t *out, int *n) {
-    *n = 0;
-    const char *p = v;
-    while (*p) {
-        char item[32];
-        size_t len = strcspn(p, ",");
-        if (len == 0 || len >= sizeof item || *n >= MAX_LIST)
-            return kvs_cli_usage_error("plan", "%s: '%s' is not a list of at most %d numbers", opt, v, MAX_LIST);
-        memcpy(item, p, len);
-        item[len] = '\0';
-        long x;
-        if (kvs_cli_parse_long(opt, item, lo, 1L << 40, &x) != KVS_OK) return kvs_cli_fail("plan", KVS_ERR_INVALID_ARG);
-        out[(*n)++] = x;
-        p += len + (p[len] == ',');
-    }
-    if (*n == 0) return kvs_cli_usage_error("plan", "%s: empty list", opt);
-    return 0;
-}
-
-/* "C+R,C+R". */
-static int parse_settings(const char *v, int64_t *ctx, int64_t *resp, int *n) {
-    *n = 0;
-    const char *p = v;
-    while (*p) {
-        char item[64];
-        size_t len = strcspn(p, ",");
-        if (len == 0 || len >= sizeof item || *n >= MAX_LIST)
-            return kvs_cli_usage_error("plan", "--settings: '%s' is not a list of CONTEXT+RESPONSE", v);
-        memcpy(item, p, len);
-        item[len] = '\0';
-        char *plus = strchr(item, '+');
-        if (!plus) return kvs_cli_usage_error("plan", "--settings: '%s' is not CONTEXT+RESPONSE", item);
-        *plus = '\0';
-        long c, r;
-        if (kvs_cli_parse_long("--settings context", item, 1, 1L << 40, &c) != KVS_OK ||
-            kvs_cli_parse_long("--settings response", plus + 1, 0, 1L << 40, &r) != KVS_OK)
-            return kvs_cli_fail("plan", KVS_ERR_INVALID_ARG);
-        ctx[*n] = c;
-        resp[(*n)++] = r;
-        p += len + (p[len] == ',');
-    }
-    if (*n == 0) return kvs_cli_usage_error("plan", "--settings: empty list");
-    return 0;
 }
 
 static int list_presets(void) {
@@ -290,7 +244,8 @@ int kvs_cmd_plan(int argc, char **argv) {
     int64_t responses[MAX_LIST], set_ctx[MAX_LIST], set_resp[MAX_LIST];
     int n_resp = 0, n_set = 0;
     if (responses_s) {
-        if (parse_list("--responses", responses_s, 0, responses, &n_resp)) return KVS_EXIT_USAGE;
+        if (kvs_plan_parse_list("--responses", responses_s, 0, responses, &n_resp) != KVS_OK)
+            return kvs_cli_usage_error("plan", "%s", kvs_last_error());
     } else if (response > 0) {
         for (int k = 0; k <= 4; k++) {
             int64_t r = response * k / 4;
@@ -301,7 +256,8 @@ int kvs_cmd_plan(int argc, char **argv) {
         for (int k = 0; k < 5; k++) responses[n_resp++] = d[k];
     }
     if (settings_s) {
-        if (parse_settings(settings_s, set_ctx, set_resp, &n_set)) return KVS_EXIT_USAGE;
+        if (kvs_plan_parse_settings(settings_s, set_ctx, set_resp, &n_set) != KVS_OK)
+            return kvs_cli_usage_error("plan", "%s", kvs_last_error());
     } else {
         const int num[] = {1, 1, 1, 2, 4}, den[] = {4, 2, 1, 1, 1};
         for (int k = 0; k < 5; k++) {

@@ -1,7 +1,8 @@
 #!/bin/sh
-# run.sh BUILD SECONDS HARNESS... — runs each libFuzzer harness for SECONDS seconds (`make fuzz`): its working
+# run.sh BUILD SECONDS HARNESS... — runs each libFuzzer harness for SECONDS seconds (`make fuzz`), or until
+# $FUZZ_RUNS executions when that is set and comes first (the long run: `make fuzz FUZZ_RUNS=1000000`): its working
 # corpus BUILD/corpus/NAME starts from the seeds fuzz/corpus/NAME (never written: the repository's corpus holds
-# seeds and reproducers only), with fuzz/dict/NAME.dict when present. Prints one line per harness (executions,
+# seeds and reproducers only), with fuzz/dict/NAME.dict when present. Prints one line per harness (executions, exec/s,
 # coverage cov / features ft from libFuzzer's last status line, peak RSS) and writes the table to
 # BUILD/fuzz-summary.txt; a crash, sanitizer report, leak, timeout or out-of-memory is saved as
 # BUILD/crashes/NAME-* and makes the exit status 1.
@@ -11,13 +12,14 @@ build=$1; secs=$2; shift 2
 [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ] && export TMPDIR=/dev/shm
 mkdir -p "$build/crashes" "$build/logs"
 summary="$build/fuzz-summary.txt"
-printf '%-24s %12s %8s %8s %8s  %s\n' harness executions cov ft rss_mb result | tee "$summary"
+printf '%-24s %12s %8s %8s %8s %8s  %s\n' harness executions exec_s cov ft rss_mb result | tee "$summary"
 status=0
 for bin in "$@"; do
     name=${bin##*/}; name=${name#fuzz_}
     work="$build/corpus/$name"; mkdir -p "$work"
     set -- -max_total_time="$secs" -print_final_stats=1 -timeout=20 -rss_limit_mb=2560 \
         -artifact_prefix="$build/crashes/$name-"
+    [ -n "${FUZZ_RUNS:-}" ] && set -- "$@" -runs="$FUZZ_RUNS"
     [ -f "fuzz/dict/$name.dict" ] && set -- "$@" -dict="fuzz/dict/$name.dict"
     # the trace reader may legitimately allocate up to 32768x the input per buffer (trace/FORMAT.md): inputs
     # beyond 32 KiB would let a valid but extreme zstd frame reach the RSS limit
@@ -26,12 +28,13 @@ for bin in "$@"; do
     "$bin" "$@" "$work" "fuzz/corpus/$name" >"$log" 2>&1
     rc=$?
     execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
+    eps=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$log" | tail -1)
     rss=$(sed -n 's/^stat::peak_rss_mb: *//p' "$log" | tail -1)
     last=$(grep -E '^#[0-9]+' "$log" | tail -1)
     cov=$(printf '%s' "$last" | sed -n 's/.* cov: \([0-9]*\).*/\1/p')
     ft=$(printf '%s' "$last" | sed -n 's/.* ft: \([0-9]*\).*/\1/p')
     if [ "$rc" -eq 0 ]; then result=ok; else result="FAILED (rc $rc, see $log)"; status=1; fi
-    printf '%-24s %12s %8s %8s %8s  %s\n' "$name" "${execs:-?}" "${cov:-?}" "${ft:-?}" "${rss:-?}" "$result" | tee -a "$summary"
+    printf '%-24s %12s %8s %8s %8s %8s  %s\n' "$name" "${execs:-?}" "${eps:-?}" "${cov:-?}" "${ft:-?}" "${rss:-?}" "$result" | tee -a "$summary"
     [ "$rc" -ne 0 ] && grep -E 'ERROR|SUMMARY|Test unit written' "$log" | head -5
 done
 exit $status

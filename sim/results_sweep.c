@@ -358,6 +358,18 @@ done:
     return st;
 }
 
+/* A run's status column is "complete" (a NULL status, possible only in a corrupt input, is not). */
+static int is_complete(sqlite3_stmt *q, int col) {
+    const char *s = (const char *)sqlite3_column_text(q, col);
+    return s && !strcmp(s, "complete");
+}
+
+/* A text column for a message ("NULL" for a NULL value of a corrupt input). */
+static const char *text_or_null(sqlite3_stmt *q, int col) {
+    const char *s = (const char *)sqlite3_column_text(q, col);
+    return s ? s : "NULL";
+}
+
 /* Copies the runs of the attached input into main, de-duplicating by identity (results_sweep.h). */
 static kvs_status merge_runs(merge_ctx *m, const id_pair *map, int64_t n_map, kvs_results_merge_stats *stats) {
     kvs_status st = KVS_OK;
@@ -407,7 +419,13 @@ static kvs_status merge_runs(merge_ctx *m, const id_pair *map, int64_t n_map, kv
     int rc;
     while ((rc = sqlite3_step(list)) == SQLITE_ROW) {
         int64_t src_id = sqlite3_column_int64(list, 0), dst_trace = map_find(map, n_map, sqlite3_column_int64(list, 1));
-        int src_complete = !strcmp((const char *)sqlite3_column_text(list, 8), "complete");
+        int src_complete = is_complete(list, 8);
+        const char *src_status = text_or_null(list, 8);
+        if (!src_complete && strcmp(src_status, "failed")) { /* a NULL or other status: only a corrupt input */
+            st = kvs_fail(KVS_ERR_DB, "%s: run %" PRId64 " has status %s (neither complete nor failed): a corrupt "
+                                      "database", m->in_path, src_id, src_status);
+            goto done;
+        }
         if (dst_trace < 0) {
             st = kvs_fail(KVS_ERR_DB, "%s: run %" PRId64 " refers to a trace the database does not have", m->in_path,
                           src_id);
@@ -419,7 +437,7 @@ static kvs_status merge_runs(merge_ctx *m, const id_pair *map, int64_t n_map, kv
         int existing_complete = 0;
         if ((rc = sqlite3_step(find)) == SQLITE_ROW) {
             existing = sqlite3_column_int64(find, 0);
-            existing_complete = !strcmp((const char *)sqlite3_column_text(find, 1), "complete");
+            existing_complete = is_complete(find, 1);
         } else if (rc != SQLITE_DONE) {
             st = kvs_results_db_error(m->out, "find a run by identity");
         }
@@ -435,9 +453,8 @@ static kvs_status merge_runs(merge_ctx *m, const id_pair *map, int64_t n_map, kv
                               "%s: run %" PRId64 " (%s:%s budget %" PRId64 ", measure %s) is a conflicting duplicate: "
                               "the merged database already has a run of the same identity (trace, policy, params, "
                               "budget, measure, options, kvsim version) with different results",
-                              m->in_path, src_id, (const char *)sqlite3_column_text(list, 2),
-                              (const char *)sqlite3_column_text(list, 3), (int64_t)sqlite3_column_int64(list, 4),
-                              (const char *)sqlite3_column_text(list, 5));
+                              m->in_path, src_id, text_or_null(list, 2), text_or_null(list, 3),
+                              (int64_t)sqlite3_column_int64(list, 4), text_or_null(list, 5));
                 goto done;
             }
             stats->runs_duplicate++;
@@ -507,6 +524,7 @@ static kvs_status note_skipped_tables(merge_ctx *m, kvs_results_merge_stats *sta
     if (st != KVS_OK) return st;
     while (sqlite3_step(q) == SQLITE_ROW) {
         const char *name = (const char *)sqlite3_column_text(q, 0);
+        if (!name) continue; /* a corrupt schema row */
         int known = 0;
         for (size_t i = 0; i < sizeof known_tables / sizeof known_tables[0] && !known; i++)
             known = !strcmp(known_tables[i], name);

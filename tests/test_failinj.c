@@ -17,6 +17,12 @@
  * empty database is empty (the next replay fills it).
  * Then the same commands with a preloaded shim (tests/failio/failio.c) failing the N-th and later write, fsync
  * or rename, N over every call the command makes (up to 24 points): the same checks.
+ * The outputs added since, the same way: drift, heads, plan and generate database writes (the database's rows
+ * unchanged, compared as a dump of every table), heads --clusters-out (neither the file nor the run on a full
+ * disk), report (a previous report folder kept byte for byte, no temporary folder), calibrate --plot (calibrate
+ * writes no database), sweep shards killed at
+ * several times (no task recorded without its runs; the sweep run again completes), merge failing or killed
+ * (OUT byte for byte as it was, or the complete merge).
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -38,6 +44,7 @@
 
 #include <sqlite3.h>
 
+#include "analysis/head_clusters.h"
 #include "common/kvs.h"
 #include "sim/results.h"
 #include "tests/util/cli_run.h"
@@ -378,7 +385,13 @@ static long count_calls(const char *so, const char *op, const char *const *args)
     char report[256];
     path_in("calls.txt", report, sizeof report);
     unlink(report);
-    assert_int_equal(cli_failio(so, op, 0, report, args), 0);
+    int rc = cli_failio(so, op, 0, report, args);
+    if (rc != 0) {
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "cat '%s/cmd.err' >&2", dir);
+        (void)system(cmd);
+    }
+    assert_int_equal(rc, 0);
     FILE *f = fopen(report, "r");
     assert_non_null(f);
     long most = 0, c;
@@ -696,6 +709,427 @@ static void test_replay_killed_at_any_time(void **state) {
     assert_true(landed >= 1); /* at least one kill landed while it wrote (the others may have come after) */
 }
 
+/* ---------------------------------------------------------------- outputs added since: report, analysis
+ * databases, heads --clusters-out, sweep shards and merge */
+
+/* A canonical text of every table of the database at `path` (schema, then each table's rows in rowid order),
+ * caller frees: "unchanged" compares these, since SQLite may rewrite pages (a checkpoint) without changing
+ * any row. NULL when the file does not exist. */
+static char *db_dump(const char *path) {
+    if (!kvs_test_exists(path)) return NULL;
+    sqlite3 *db = NULL;
+    assert_int_equal(sqlite3_open_v2(path, &db, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    assert_non_null(f);
+    sqlite3_stmt *tables = NULL;
+    assert_int_equal(sqlite3_prepare_v2(db, "SELECT name, sql FROM sqlite_master WHERE type = 'table' ORDER BY name",
+                                        -1, &tables, NULL),
+                     SQLITE_OK);
+    while (sqlite3_step(tables) == SQLITE_ROW) {
+        const char *name = (const char *)sqlite3_column_text(tables, 0);
+        fprintf(f, "%s\n", (const char *)sqlite3_column_text(tables, 1));
+        char q[300];
+        snprintf(q, sizeof q, "SELECT * FROM \"%s\"", name);
+        sqlite3_stmt *rows = NULL;
+        assert_int_equal(sqlite3_prepare_v2(db, q, -1, &rows, NULL), SQLITE_OK);
+        while (sqlite3_step(rows) == SQLITE_ROW) {
+            for (int c = 0; c < sqlite3_column_count(rows); c++) {
+                const unsigned char *v = sqlite3_column_text(rows, c);
+                fprintf(f, "%s|", v ? (const char *)v : "NULL");
+            }
+            fputc('\n', f);
+        }
+        sqlite3_finalize(rows);
+    }
+    sqlite3_finalize(tables);
+    sqlite3_close(db);
+    fclose(f);
+    return text;
+}
+
+static void copy_file(const char *from, const char *to) {
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", from, to);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* The tiny llama2.c checkpoint and its trace from the fuzz seeds (1 layer, 2 heads of 4 dims): small enough that
+ * every command below runs in milliseconds. */
+static void tiny_model(char *model, size_t nm, char *trace, size_t nt) {
+    snprintf(model, nm, "%s/fuzz/corpus/model_llama2c/tiny.bin", kvs_test_root());
+    snprintf(trace, nt, "%s/fuzz/corpus/trace/tiny_fp16_block3.kvt", kvs_test_root());
+}
+
+/* A command that adds one thing to database `db` (which already holds a replay run), run with a failing write,
+ * fsync or rename from its n-th call (the database restored before each point): it exits 1 and the database
+ * holds exactly what it held (db_dump), or the failing call came after its commit (SQLite's checkpoint at close,
+ * redone from the log on the next open) and it exits 0 with one more row in `table`. Files in `keep` may stay. */
+static void db_writer_with_failing_io(const char *so, const char *db, const char *const *args, const char *table,
+                                      const char *const *keep) {
+    char orig[256], probe[256];
+    path_in("orig.db", orig, sizeof orig);
+    path_in("probe.db", probe, sizeof probe);
+    copy_file(db, orig);
+    char *before = db_dump(db);
+    assert_non_null(before);
+    /* count on a copy: the counting run itself adds its row */
+    const char *pargs[24];
+    size_t na = 0;
+    for (; args[na]; na++) pargs[na] = !strcmp(args[na], db) ? probe : args[na];
+    pargs[na] = NULL;
+    for (int k = 0; k < 3; k++) {
+        copy_file(orig, probe); /* from the clean copy: a failed checkpoint leaves db needing its log */
+        long calls = count_calls(so, FAIL_OPS[k], pargs);
+        char cmd[1400];
+        snprintf(cmd, sizeof cmd, "rm -f '%s' '%s-wal' '%s-shm'", probe, probe, probe);
+        assert_int_equal(system(cmd), 0);
+        if (calls == 0) continue; /* SQLite in WAL mode renames nothing */
+        int n_points, failed = 0;
+        nth_point(calls, 0, &n_points);
+        for (int i = 0; i < n_points; i++) {
+            snprintf(cmd, sizeof cmd, "rm -f '%s-wal' '%s-shm' && cp '%s' '%s'", db, db, orig, db);
+            assert_int_equal(system(cmd), 0);
+            int rc = cli_failio(so, FAIL_OPS[k], nth_point(calls, i, &n_points), NULL, args);
+            char *after = db_dump(db);
+            assert_non_null(after);
+            if (rc == 1) {
+                failed++;
+                if (strcmp(before, after)) fprintf(stderr, "%s: %s failing from call %ld changed the database\n",
+                                                   args[0], FAIL_OPS[k], nth_point(calls, i, &n_points));
+                assert_string_equal(before, after);
+            } else {
+                assert_int_equal(rc, 0);
+                sqlite3 *raw = NULL;
+                assert_int_equal(sqlite3_open_v2(db, &raw, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+                char q[128];
+                snprintf(q, sizeof q, "SELECT count(*) FROM %s", table);
+                sqlite3_stmt *st = NULL;
+                assert_int_equal(sqlite3_prepare_v2(raw, q, -1, &st, NULL), SQLITE_OK);
+                assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+                assert_true(sqlite3_column_int64(st, 0) >= 1);
+                sqlite3_finalize(st);
+                sqlite3_close(raw);
+            }
+            free(after);
+            assert_int_equal(stray_files(keep), 0);
+        }
+        assert_true(failed >= 1); /* the first call always fails it */
+    }
+    free(before);
+    unlink(orig);
+}
+
+/* drift, heads, plan and generate each write their results in one transaction: a failing write, fsync or rename
+ * leaves the database as it was. */
+static void test_analysis_db_writes_with_failing_io_keep_the_database(void **state) {
+    (void)state;
+    char so[256], model[512], trace[512], db[256];
+    if (!kvs_test_kvsim_bin() || !build_failio(so, sizeof so)) { skip(); }
+    tiny_model(model, sizeof model, trace, sizeof trace);
+    path_in("r.db", db, sizeof db);
+    const char *keep[] = {"r.db", "orig.db", "r.db-wal", "r.db-shm", "cmd.err", "failio.so", NULL};
+    assert_int_equal(run_replay(1L << 30, trace, db, "window"), 0);
+    const char *drift[] = {"drift", trace, "--db", db, "--k", "2", "--prefill-score", "last", NULL};
+    db_writer_with_failing_io(so, db, drift, "drift_runs", keep);
+    const char *heads[] = {"heads", trace, "--db", db, "--k", "2", "--clusters", "1", NULL};
+    db_writer_with_failing_io(so, db, heads, "heads_runs", keep);
+    const char *plan[] = {"plan", "--model", "Llama-3.1-8B", "--gpu-mem", "80GB", "--db", db, NULL};
+    db_writer_with_failing_io(so, db, plan, "plans", keep);
+    const char *gen[] = {"generate", "--model", model, "--trace", trace, "--policy", "window", "--budgets", "2",
+                         "--db", db, NULL};
+    db_writer_with_failing_io(so, db, gen, "closed_runs", keep);
+}
+
+/* heads --clusters-out: a full disk (a failing write) anywhere, the database or the clusters file, leaves neither a
+ * clusters file nor a new heads run: the file is written to its temporary first and put in place after the
+ * database commit. Only the clusters file's fsync or rename, after that commit, can fail with the run recorded,
+ * and the message says so. (Before the fix the file was written after the commit: a full disk left the run.) */
+static void test_heads_clusters_out_with_failing_io(void **state) {
+    (void)state;
+    char so[256], model[512], trace[512], db[256], out[256];
+    if (!kvs_test_kvsim_bin() || !build_failio(so, sizeof so)) { skip(); }
+    tiny_model(model, sizeof model, trace, sizeof trace);
+    path_in("r.db", db, sizeof db);
+    path_in("c.txt", out, sizeof out);
+    assert_int_equal(run_replay(1L << 30, trace, db, "window"), 0);
+    const char *args[] = {"heads", trace, "--db", db, "--k", "2", "--clusters", "1", "--clusters-out", out, NULL};
+    const char *keep[] = {"r.db", "orig.db", "r.db-wal", "r.db-shm", "cmd.err", "failio.so", "c.txt", NULL};
+    char orig[256];
+    path_in("orig.db", orig, sizeof orig);
+    copy_file(db, orig);
+    char *before = db_dump(db);
+    for (int k = 0; k < 3; k++) {
+        long calls = count_calls(so, FAIL_OPS[k], args);
+        assert_true(k == 2 || calls >= 1);
+        int n_points;
+        nth_point(calls, 0, &n_points);
+        for (int i = 0; i < n_points && calls > 0; i++) {
+            char cmd[1400];
+            snprintf(cmd, sizeof cmd, "rm -f '%s' '%s-wal' '%s-shm' && cp '%s' '%s'", out, db, db, orig, db);
+            assert_int_equal(system(cmd), 0);
+            int rc = cli_failio(so, FAIL_OPS[k], nth_point(calls, i, &n_points), NULL, args);
+            char *after = db_dump(db);
+            if (rc == 1) {
+                assert_false(kvs_test_exists(out) && k != 1); /* fsync of the folder after the rename: in place */
+                /* only the clusters file's own fsync or rename, after the database commit, leaves the run */
+                if (strcmp(before, after)) {
+                    assert_true(k >= 1);
+                    expect_error_message("is recorded in");
+                }
+            } else { /* only the checkpoint at close failed: both complete */
+                assert_int_equal(rc, 0);
+                kvs_head_clusters *c = NULL;
+                assert_int_equal(kvs_head_clusters_read(out, &c, NULL), KVS_OK);
+                kvs_head_clusters_free(c);
+            }
+            free(after);
+            assert_int_equal(stray_files(keep), 0);
+        }
+    }
+    free(before);
+}
+
+/* report: a full disk or a failing write, fsync or rename exits 1 and leaves no report folder, no temporary
+ * folder, and a previous report exactly as it was. */
+static void test_report_with_failing_io_keeps_the_previous_report(void **state) {
+    (void)state;
+    char so[256], trace[256], db[256], rep[256], prev[256];
+    if (!kvs_test_kvsim_bin() || system("command -v gnuplot >/dev/null 2>&1") != 0 || !build_failio(so, sizeof so)) {
+        skip();
+    }
+    gen_trace("t.kvt", trace, sizeof trace);
+    path_in("r.db", db, sizeof db);
+    path_in("rep", rep, sizeof rep);
+    path_in("prev", prev, sizeof prev);
+    assert_int_equal(run_replay(1L << 30, trace, db, "window"), 0);
+    assert_int_equal(run_replay(1L << 30, trace, db, "h2o"), 0);
+    const char *args[] = {"report", db, "--out", rep, NULL};
+    assert_int_equal(kvs_test_cli(NULL, NULL, args), 0);
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", rep, prev); /* the previous report, to compare with */
+    assert_int_equal(system(cmd), 0);
+    const char *keep[] = {"t.kvt", "r.db", "r.db-wal", "r.db-shm", "cmd.err", "failio.so", "rep", "prev", NULL};
+    snprintf(cmd, sizeof cmd, "diff -r '%s' '%s' >/dev/null", rep, prev);
+    for (int k = 0; k < 3; k++) {
+        long calls = count_calls(so, FAIL_OPS[k], args);
+        assert_int_equal(system(cmd), 0);
+        int n_points;
+        nth_point(calls, 0, &n_points);
+        for (int i = 0; i < n_points && calls > 0; i += 2) { /* every other point: each draws with gnuplot */
+            assert_int_equal(cli_failio(so, FAIL_OPS[k], nth_point(calls, i, &n_points), NULL, args), 1);
+            assert_int_equal(system(cmd), 0); /* the previous report, byte for byte */
+            assert_int_equal(stray_files(keep), 0);
+        }
+    }
+    /* and a full disk, with no previous report: nothing at all */
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", rep);
+    assert_int_equal(system(cmd), 0);
+    const char *keep2[] = {"t.kvt", "r.db", "r.db-wal", "r.db-shm", "cmd.err", "failio.so", "prev", NULL};
+    int tried = 0;
+    for (long limit = 0; limit < (1L << 16); limit = limit * 2 + 1024) {
+        assert_int_equal(cli_limited(limit, args), 1);
+        assert_int_equal(stray_files(keep2), 0);
+        tried++;
+    }
+    assert_true(tried >= 6);
+}
+
+/* calibrate writes no database (it reads replay and closed-loop runs); its --plot output: a failing write,
+ * fsync or rename (kvsim's or gnuplot's) exits 1 and leaves no image or temporary, the database unchanged. */
+static void test_calibrate_plot_with_failing_io_leaves_nothing(void **state) {
+    (void)state;
+    char so[256], model[512], trace[512], db[256], svg[256];
+    if (!kvs_test_kvsim_bin() || system("command -v gnuplot >/dev/null 2>&1") != 0 || !build_failio(so, sizeof so)) {
+        skip();
+    }
+    tiny_model(model, sizeof model, trace, sizeof trace);
+    path_in("c.db", db, sizeof db);
+    path_in("c.svg", svg, sizeof svg);
+    const char *rep[] = {"replay", trace, "--db", db, "--policy", "window", "--policy", "h2o", "--policy", "tova",
+                         "--budgets", "2", "--threads", "1", NULL};
+    assert_int_equal(kvs_test_cli(NULL, NULL, rep), 0);
+    const char *gen[] = {"generate", "--model", model, "--trace", trace, "--policy", "window", "--policy", "h2o",
+                         "--policy", "tova", "--budgets", "2", "--db", db, NULL};
+    assert_int_equal(kvs_test_cli(NULL, NULL, gen), 0);
+    char *before = db_dump(db);
+    const char *args[] = {"calibrate", db, "--bootstrap", "0", "--plot", svg, NULL};
+    const char *keep[] = {"c.db", "c.db-wal", "c.db-shm", "cmd.err", "failio.so", NULL};
+    for (int k = 0; k < 3; k++) {
+        long calls = count_calls(so, FAIL_OPS[k], args);
+        assert_true(calls >= 1);
+        unlink(svg);
+        int n_points;
+        nth_point(calls, 0, &n_points);
+        for (int i = 0; i < n_points; i++) {
+            assert_int_equal(cli_failio(so, FAIL_OPS[k], nth_point(calls, i, &n_points), NULL, args), 1);
+            assert_int_equal(stray_files(keep), 0);
+        }
+    }
+    char *after = db_dump(db);
+    assert_string_equal(before, after);
+    free(before);
+    free(after);
+}
+
+/* A study of the tiny trace: 2 tasks (one policy each), for the sweep and merge tests. */
+static void tiny_study(char *study, size_t n) {
+    char model[512], trace[512];
+    tiny_model(model, sizeof model, trace, sizeof trace);
+    path_in("s.study", study, n);
+    FILE *f = fopen(study, "w");
+    assert_non_null(f);
+    fprintf(f, "trace %s\npolicy window\npolicy h2o\nbudgets 2,3\nseries-every 1\nthreads 1\n", trace);
+    fclose(f);
+}
+
+/* The completed tasks of a shard and its runs: every task recorded complete has all its runs complete. */
+static int64_t shard_tasks_done(const char *db) {
+    sqlite3 *raw = NULL;
+    assert_int_equal(sqlite3_open_v2(db, &raw, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+    sqlite3_stmt *st = NULL;
+    int64_t n = 0;
+    if (sqlite3_prepare_v2(raw, "SELECT count(*) FROM sweep_tasks", -1, &st, NULL) == SQLITE_OK &&
+        sqlite3_step(st) == SQLITE_ROW)
+        n = sqlite3_column_int64(st, 0);
+    sqlite3_finalize(st);
+    sqlite3_close(raw);
+    return n;
+}
+
+/* sweep: SIGKILL at several points of a 2-task sweep into a shard; then the shard reads, lists no half-written
+ * run as complete, records no task whose runs are not all complete, and running the sweep again completes it
+ * (every task recorded once, 4 complete runs). */
+static void test_sweep_killed_at_any_time_reruns_cleanly(void **state) {
+    (void)state;
+    if (!kvs_test_kvsim_bin()) { skip(); }
+    char study[256], db[256];
+    tiny_study(study, sizeof study);
+    path_in("shard.db", db, sizeof db);
+    const char *args[] = {"sweep", study, "--db", db, NULL};
+    static const long kill_us[] = {0, 500, 1000, 2000, 4000, 8000, 16000, 32000};
+    int landed = 0;
+    for (size_t i = 0; i < sizeof kill_us / sizeof kill_us[0]; i++) {
+        char cmd[1400];
+        snprintf(cmd, sizeof cmd, "rm -f '%s' '%s-wal' '%s-shm'", db, db, db);
+        assert_int_equal(system(cmd), 0);
+        pid_t pid = kvs_test_cli_spawn(NULL, NULL, args);
+        assert_true(pid > 0);
+        sleep_us(kill_us[i]);
+        kill(pid, SIGKILL);
+        int st;
+        assert_int_equal(waitpid(pid, &st, 0), pid);
+        landed += WIFSIGNALED(st);
+        if (kvs_test_exists(db) && file_size(db) > 0) {
+            int64_t done = shard_tasks_done(db);
+            assert_true(done >= 0 && done <= 2);
+            kvs_results_db *r = NULL;
+            if (kvs_results_open_readonly(db, &r) == KVS_OK) {
+                kvs_results_run_row *rows = NULL;
+                int64_t n = 0;
+                kvs_results_filter f = {0};
+                if (kvs_results_query_runs(r, &f, &rows, &n) == KVS_OK) {
+                    for (int64_t k = 0; k < n; k++) assert_true(rows[k].has_agg);
+                    assert_true(n >= 2 * done); /* a task is recorded only after its 2 runs */
+                    kvs_results_run_rows_free(rows, n);
+                }
+                kvs_results_close(r);
+            }
+        }
+        /* and again, to the end */
+        assert_int_equal(kvs_test_cli(NULL, NULL, args), 0);
+        assert_int_equal(shard_tasks_done(db), 2);
+        kvs_results_db *r = NULL;
+        assert_int_equal(kvs_results_open_readonly(db, &r), KVS_OK);
+        kvs_results_run_row *rows = NULL;
+        int64_t n = 0;
+        assert_int_equal(kvs_results_query_runs(r, NULL, &rows, &n), KVS_OK);
+        assert_true(n >= 4);
+        kvs_results_run_rows_free(rows, n);
+        kvs_results_close(r);
+        kvs_clear_error();
+    }
+    assert_true(landed >= 1);
+}
+
+/* merge: a failing write, fsync or rename, or a SIGKILL, leaves OUT byte for byte as it was and (but for a
+ * killed merge's documented OUT.merge-PID.tmp) nothing beside it. */
+static void test_merge_failing_or_killed_leaves_out_unchanged(void **state) {
+    (void)state;
+    char so[256], study[256], shard[256], out[256], orig[256];
+    if (!kvs_test_kvsim_bin() || !build_failio(so, sizeof so)) { skip(); }
+    tiny_study(study, sizeof study);
+    path_in("shard.db", shard, sizeof shard);
+    path_in("out.db", out, sizeof out);
+    path_in("orig.db", orig, sizeof orig);
+    const char *sargs[] = {"sweep", study, "--db", shard, "--task", "0", NULL};
+    assert_int_equal(kvs_test_cli(NULL, NULL, sargs), 0);
+    char model[512], trace[512];
+    tiny_model(model, sizeof model, trace, sizeof trace);
+    assert_int_equal(run_replay(1L << 30, trace, out, "tova"), 0);
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "rm -f '%s-wal' '%s-shm'", out, out);
+    assert_int_equal(system(cmd), 0);
+    copy_file(out, orig);
+    size_t n0;
+    uint8_t *before = slurp(out, &n0);
+    const char *args[] = {"merge", out, shard, NULL};
+    /* SQLite's read-only open of OUT (a WAL-mode database, merged first) leaves its empty log and index */
+    const char *keep[] = {"s.study", "shard.db", "out.db", "orig.db", "cmd.err", "failio.so", "shard.db-wal",
+                          "shard.db-shm", "out.db-wal", "out.db-shm", NULL};
+    for (int k = 0; k < 3; k++) {
+        long calls = count_calls(so, FAIL_OPS[k], args);
+        assert_true(calls >= 1);
+        int n_points;
+        nth_point(calls, 0, &n_points);
+        for (int i = 0; i < n_points; i++) {
+            copy_file(orig, out);
+            int rc = cli_failio(so, FAIL_OPS[k], nth_point(calls, i, &n_points), NULL, args);
+            size_t n1;
+            uint8_t *now = slurp(out, &n1);
+            if (rc == 1) { /* unchanged, byte for byte */
+                assert_int_equal(n1, n0);
+                assert_memory_equal(now, before, n0);
+            } else { /* the failing call came after the rename (the folder's fsync): OUT complete */
+                assert_int_equal(rc, 0);
+                kvs_results_db *r = NULL;
+                assert_int_equal(kvs_results_open_readonly(out, &r), KVS_OK);
+                kvs_results_close(r);
+            }
+            free(now);
+            assert_int_equal(stray_files(keep), 0);
+        }
+    }
+    /* killed at several points: OUT is the old file or the complete merge, never a mixture */
+    static const long kill_us[] = {0, 1000, 3000, 6000, 12000, 25000};
+    for (size_t i = 0; i < sizeof kill_us / sizeof kill_us[0]; i++) {
+        copy_file(orig, out);
+        pid_t pid = kvs_test_cli_spawn(NULL, NULL, args);
+        assert_true(pid > 0);
+        sleep_us(kill_us[i]);
+        kill(pid, SIGKILL);
+        int st;
+        assert_int_equal(waitpid(pid, &st, 0), pid);
+        size_t n1;
+        uint8_t *now = slurp(out, &n1);
+        if (!(n1 == n0 && !memcmp(now, before, n0))) {
+            kvs_results_db *r = NULL;
+            assert_int_equal(kvs_results_open_readonly(out, &r), KVS_OK);
+            kvs_results_run_row *rows = NULL;
+            int64_t n = 0;
+            assert_int_equal(kvs_results_query_runs(r, NULL, &rows, &n), KVS_OK);
+            assert_int_equal(n, 3); /* tova, and the shard's window at budgets 2 and 3 */
+            kvs_results_run_rows_free(rows, n);
+            kvs_results_close(r);
+        }
+        free(now);
+        snprintf(cmd, sizeof cmd, "rm -f '%s'/out.db.merge-*", dir);
+        assert_int_equal(system(cmd), 0);
+    }
+    free(before);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_recover_on_a_full_disk_leaves_nothing, setup, teardown),
@@ -709,6 +1143,12 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_empty_database_is_reported_and_reused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_capture_killed_at_any_time, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replay_killed_at_any_time, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_analysis_db_writes_with_failing_io_keep_the_database, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_heads_clusters_out_with_failing_io, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_report_with_failing_io_keeps_the_previous_report, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_calibrate_plot_with_failing_io_leaves_nothing, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sweep_killed_at_any_time_reruns_cleanly, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_merge_failing_or_killed_leaves_out_unchanged, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -122,6 +122,59 @@ static void test_file_round_trip_and_hash(void **state) {
     kvs_head_clusters_free(c);
 }
 
+/* kvs_head_clusters_write_begin: the file is not in place (an older one keeps its content) until kvs_out_commit;
+ * kvs_out_abort leaves the older file and no temporary; the committed file is what kvs_head_clusters_write makes. */
+static void test_write_begin_puts_the_file_in_place_only_on_commit(void **state) {
+    (void)state;
+    kvs_head_clusters *c = NULL;
+    assert_int_equal(kvs_head_clusters_create(1, 2, &c), KVS_OK);
+    c->is_rep[0] = 1;
+    c->n_clusters[0] = 1;
+    char path[128], ref[128], buf[256], want[256];
+    snprintf(path, sizeof path, "%s/begin.txt", dir);
+    snprintf(ref, sizeof ref, "%s/ref.txt", dir);
+    assert_int_equal(kvs_head_clusters_write(c, ref), KVS_OK);
+    FILE *f = fopen(path, "w");
+    fputs("old\n", f);
+    fclose(f);
+    kvs_out *o = NULL;
+    assert_int_equal(kvs_head_clusters_write_begin(c, path, &o), KVS_OK);
+    assert_non_null(o);
+    f = fopen(path, "r");
+    memset(buf, 0, sizeof buf);
+    assert_int_equal(fread(buf, 1, sizeof buf - 1, f), 4);
+    fclose(f);
+    assert_string_equal(buf, "old\n"); /* not yet in place */
+    kvs_out_abort(o);
+    f = fopen(path, "r");
+    memset(buf, 0, sizeof buf);
+    assert_int_equal(fread(buf, 1, sizeof buf - 1, f), 4);
+    fclose(f);
+    assert_string_equal(buf, "old\n");
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "test $(ls -A '%s' | grep -c begin) -eq 1", dir); /* begin.txt, no temporary */
+    assert_int_equal(system(cmd), 0);
+    assert_int_equal(kvs_head_clusters_write_begin(c, path, &o), KVS_OK);
+    assert_int_equal(kvs_out_commit(o), KVS_OK);
+    f = fopen(path, "r");
+    memset(buf, 0, sizeof buf);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    f = fopen(ref, "r");
+    memset(want, 0, sizeof want);
+    assert_int_equal(fread(want, 1, sizeof want - 1, f), n);
+    fclose(f);
+    assert_string_equal(buf, want);
+    /* an invalid clustering: refused before anything is opened */
+    c->is_rep[1] = 1;
+    o = (kvs_out *)1;
+    assert_int_equal(kvs_head_clusters_write_begin(c, path, &o), KVS_ERR_FORMAT);
+    assert_null(o);
+    unlink(path);
+    unlink(ref);
+    kvs_head_clusters_free(c);
+}
+
 static void test_malformed_files_are_refused_with_their_line(void **state) {
     (void)state;
     static const struct {
@@ -142,6 +195,16 @@ static void test_malformed_files_are_refused_with_their_line(void **state) {
         {"kvsim-head-clusters 1\nlayers 1 units 2\n0 0 0 1\n0 1 0 1\n", KVS_ERR_FORMAT, "has 2 representatives"},
         {"kvsim-head-clusters 1\nlayers 1 units 3\n0 0 0 1\n0 1 2 1\n0 2 2 0\n", KVS_ERR_FORMAT, "layer 0 cluster 1 is empty"},
         {"kvsim-head-clusters 1\nlayers 1 units 2\n0 0 0 0\n0 1 1 1\n", KVS_ERR_FORMAT, "cluster 0 has 0 representatives"},
+        /* numbers beyond int: refused, not wrapped (4294967297 read as an int was 1, and the file accepted) */
+        {"kvsim-head-clusters 1\nlayers 4294967297 units 1\n0 0 0 1\n", KVS_ERR_FORMAT,
+         ":2: 4294967297 layers x 1 units is out of range"},
+        {"kvsim-head-clusters 4294967297\n", KVS_ERR_VERSION, ":1: head-clusters version 4294967297"},
+        {"kvsim-head-clusters 1\nlayers 1 units 1\n4294967296 0 0 1\n", KVS_ERR_FORMAT,
+         ":3: layer 4294967296 unit 0 outside"},
+        {"kvsim-head-clusters 1\nlayers 1 units 1\n0 0 0 4294967297\n", KVS_ERR_FORMAT,
+         ":3: representative must be 0 or 1, not 4294967297"},
+        {"kvsim-head-clusters 1\nlayers 1 units 1\n0 0 99999999999999999999 1\n", KVS_ERR_FORMAT,
+         ":3: cluster 9223372036854775807 outside 0..0"},
     };
     char path[128];
     snprintf(path, sizeof path, "%s/in.txt", dir);
@@ -169,6 +232,7 @@ int main(void) {
         cmocka_unit_test(test_similarity_to_clusters_hand_case),
         cmocka_unit_test(test_file_round_trip_and_hash),
         cmocka_unit_test(test_malformed_files_are_refused_with_their_line),
+        cmocka_unit_test(test_write_begin_puts_the_file_in_place_only_on_commit),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

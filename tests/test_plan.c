@@ -485,6 +485,44 @@ static void test_plot_script_names_every_series(void **state) {
     assert_int_equal(kvs_plot_plan_write_script(&b, 1, "/tmp/x.svg", stderr), KVS_ERR_INVALID_ARG);
 }
 
+/* The --responses and --settings parsers (analysis/plan.c; cli/cmd_plan.c prints their messages): values,
+ * bounds, the exact messages, and the 64-item limit. */
+static void test_option_lists(void **state) {
+    (void)state;
+    int64_t v[KVS_PLAN_MAX_LIST], c[KVS_PLAN_MAX_LIST], r[KVS_PLAN_MAX_LIST];
+    int n = -1;
+    assert_int_equal(kvs_plan_parse_list("--responses", "0,1024,1099511627776,", 0, v, &n), KVS_OK);
+    assert_int_equal(n, 3);
+    assert_true(v[0] == 0 && v[1] == 1024 && v[2] == (INT64_C(1) << 40));
+    assert_int_equal(kvs_plan_parse_list("--responses", "1,,2", 0, v, &n), KVS_ERR_INVALID_ARG);
+    assert_string_equal(kvs_last_error(), "--responses: '1,,2' is not a list of at most 64 numbers");
+    assert_int_equal(kvs_plan_parse_list("--responses", "1099511627777", 0, v, &n), KVS_ERR_INVALID_ARG);
+    assert_string_equal(kvs_last_error(), "--responses: '1099511627777' is out of range [0, 1099511627776]");
+    assert_int_equal(kvs_plan_parse_list("--responses", "99999999999999999999", 0, v, &n), KVS_ERR_INVALID_ARG);
+    assert_string_equal(kvs_last_error(), "--responses: '99999999999999999999' is out of range [0, 1099511627776]");
+    assert_int_equal(kvs_plan_parse_list("--responses", "12x", 0, v, &n), KVS_ERR_INVALID_ARG);
+    assert_string_equal(kvs_last_error(), "--responses: '12x' is not an integer");
+    assert_int_equal(kvs_plan_parse_list("--responses", "", 0, v, &n), KVS_ERR_INVALID_ARG);
+    assert_string_equal(kvs_last_error(), "--responses: empty list");
+    char many[400] = "";
+    for (int i = 0; i < 65; i++) strcat(many, i ? ",1" : "1");
+    assert_int_equal(kvs_plan_parse_list("--responses", many, 0, v, &n), KVS_ERR_INVALID_ARG);
+    many[strlen(many) - 2] = '\0'; /* 64 items */
+    assert_int_equal(kvs_plan_parse_list("--responses", many, 0, v, &n), KVS_OK);
+    assert_int_equal(n, 64);
+    assert_int_equal(kvs_plan_parse_settings("256+1024,512+0", c, r, &n), KVS_OK);
+    assert_int_equal(n, 2);
+    assert_true(c[0] == 256 && r[0] == 1024 && c[1] == 512 && r[1] == 0);
+    assert_int_equal(kvs_plan_parse_settings("256", c, r, &n), KVS_ERR_INVALID_ARG);
+    assert_string_equal(kvs_last_error(), "--settings: '256' is not CONTEXT+RESPONSE");
+    assert_int_equal(kvs_plan_parse_settings("0+1", c, r, &n), KVS_ERR_INVALID_ARG);
+    assert_string_equal(kvs_last_error(), "--settings context: '0' is out of range [1, 1099511627776]");
+    assert_int_equal(kvs_plan_parse_settings("1+2+3", c, r, &n), KVS_ERR_INVALID_ARG);
+    assert_string_equal(kvs_last_error(), "--settings response: '2+3' is not an integer");
+    assert_int_equal(kvs_plan_parse_settings(",", c, r, &n), KVS_ERR_INVALID_ARG);
+    assert_string_equal(kvs_last_error(), "--settings: ',' is not a list of CONTEXT+RESPONSE");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_g3_every_row),
@@ -499,6 +537,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_cli_reproduces_the_papers, cli_setup, cli_teardown),
         cmocka_unit_test_setup_teardown(test_cli_bad_input, cli_setup, cli_teardown),
         cmocka_unit_test_setup_teardown(test_cli_measured_profile_from_replay, cli_setup, cli_teardown),
+        cmocka_unit_test(test_option_lists),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
