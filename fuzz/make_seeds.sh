@@ -19,6 +19,9 @@ mkdir -p $C/trace $C/model_llama2c $C/safetensors $C/config_json $C/tokenizer_js
     --out $C/trace/bf16_one_block.kvt >/dev/null
 "$K" capture --model $M/stories260K.bin --prompt-ids 1,403 --steps 1 --block 1 --dtype fp32 --threads 1 \
     --out $C/trace/fp32_block1.kvt >/dev/null
+# a lean record (o and lse recomputed by the reader)
+"$K" capture --model $M/stories260K.bin --prompt-ids 1,403,407 --steps 5 --block 3 --dtype bf16 --record qkv \
+    --threads 1 --out $C/trace/lean_bf16_block3.kvt >/dev/null
 printf 'Once\nupon\n' >/tmp/kvs_seed_turns.txt
 "$K" capture --model $M/stories260K.bin --turns /tmp/kvs_seed_turns.txt --steps 2 --ignore-eos --block 2 \
     --threads 1 --out $C/trace/multiturn.kvt >/dev/null
@@ -36,6 +39,8 @@ python3 fuzz/make_tiny_models.py $C/model_llama2c/tiny.bin fuzz/fixed
     --out $C/trace/tiny_fp16_block3.kvt >/dev/null
 "$K" capture --model $C/model_llama2c/tiny.bin --prompt-ids 1,2 --steps 1 --block 1 --dtype fp32 --threads 1 \
     --out $C/trace/tiny_fp32_block1.kvt >/dev/null
+"$K" capture --model $C/model_llama2c/tiny.bin --prompt-ids 1,2,3 --steps 5 --block 3 --dtype fp16 --record qkv \
+    --threads 1 --out $C/trace/tiny_lean_fp16_block3.kvt >/dev/null
 cp fuzz/fixed/model.safetensors $C/safetensors/tiny.safetensors
 cp fuzz/fixed/config.json $C/config_json/tiny.json
 cp tests/fixtures/llama3_tiny/config.json $C/config_json/llama3_rope_scaling.json
