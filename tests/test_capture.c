@@ -51,18 +51,12 @@ static int run(const char *fmt, ...) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-static char *slurp(const char *path) {
-    char *t = NULL;
-    size_t n;
-    if (kvs_read_file(path, &t, &n) != KVS_OK) return NULL;
-    return t;
-}
 
-/* slurp() of dir/name */
+/* kvs_test_slurp(, NULL) of dir/name */
 static char *slurp_in(const char *dir, const char *name) {
     char p[4200];
     snprintf(p, sizeof p, "%s/%s", dir, name);
-    return slurp(p);
+    return kvs_test_slurp(p, NULL);
 }
 
 static void rm_dir(const char *dir) { assert_int_equal(run("rm -rf '%s'", dir), 0); }
@@ -91,13 +85,13 @@ static void check_model(const char *model_rel, const char *ref_name) {
 
     /* reference */
     snprintf(p, sizeof p, "%s/tests/fixtures/%s.ref.json", kvs_test_root(), ref_name);
-    char *text = slurp(p);
+    char *text = kvs_test_slurp(p, NULL);
     assert_non_null(text);
     kvs_json *meta;
     assert_int_equal(kvs_json_parse(text, strlen(text), &meta), KVS_OK);
     free(text);
     snprintf(p, sizeof p, "%s/tests/fixtures/%s.ref.f32", kvs_test_root(), ref_name);
-    float *refd = (float *)(void *)slurp(p);
+    float *refd = (float *)(void *)kvs_test_slurp(p, NULL);
     assert_non_null(refd);
     const kvs_json *rt = kvs_json_get(meta, "tokens"), *rp = kvs_json_get(meta, "positions");
     size_t n_ref = kvs_json_len(rt);
@@ -219,26 +213,26 @@ static void test_cli_bad_input_exits_nonzero_and_leaves_no_file(void **state) {
     char *e;
     if (kvs_cuda_probe(NULL, 0) != KVS_OK) { /* CPU build, or no GPU: --device cuda must fail cleanly */
         assert_int_equal(run("'%s' capture --model '%s' --out '%s/a' --device cuda 2>'%s/err'", b, m, dir, dir), 1);
-        e = slurp(p);
+        e = kvs_test_slurp(p, NULL);
         assert_non_null(e);
         assert_non_null(strstr(e, "no CUDA device"));
         free(e);
     }
     assert_int_equal(run("'%s' capture --model '%s/none.bin' --out '%s/a' 2>'%s/err'", b, dir, dir, dir), 1);
     assert_int_equal(run("'%s' capture --model '%s' --prompt-ids 1,600 --out '%s/a' 2>'%s/err'", b, m, dir, dir), 1);
-    e = slurp(p);
+    e = kvs_test_slurp(p, NULL);
     assert_non_null(strstr(e, "token id 600 is outside the vocabulary [0, 512)"));
     free(e);
     assert_int_equal(run("'%s' capture --model '%s' --prompt 'Once upon a time there was' --max-positions 3 "
                          "--out '%s/a' 2>'%s/err'", b, m, dir, dir), 1);
-    e = slurp(p);
+    e = kvs_test_slurp(p, NULL);
     assert_non_null(strstr(e, "longer than the 3 positions allowed"));
     free(e);
     /* a truncated checkpoint */
     assert_int_equal(run("head -c 500000 '%s' > '%s/cut.bin'", m, dir), 0);
     assert_int_equal(run("'%s' capture --model '%s/cut.bin' --tokenizer '%s/../shared/models/tok512.bin' --out '%s/a' "
                          "2>'%s/err'", b, dir, kvs_test_root(), dir, dir), 1);
-    e = slurp(p);
+    e = kvs_test_slurp(p, NULL);
     assert_non_null(strstr(e, "needs 1056540"));
     free(e);
     snprintf(p, sizeof p, "%s/a", dir);
@@ -299,7 +293,7 @@ static void test_no_trace_and_sampling_are_deterministic(void **state) {
     const char *b = kvsim_bin();
     assert_int_equal(run("'%s' capture --model '%s' --no-trace --steps 20 --threads 1 > '%s/g1'", b, m, dir), 0);
     snprintf(p, sizeof p, "%s/g1", dir);
-    char *g1 = slurp(p);
+    char *g1 = kvs_test_slurp(p, NULL);
     assert_non_null(g1);
     assert_non_null(strstr(g1, "ids: 1,403,407,261,378,432,383,286,"));
     assert_non_null(strstr(g1, "Once upon a time, there was a little girl named Lily."));
@@ -422,7 +416,7 @@ static void test_truncate_cuts_a_prompt_that_does_not_fit(void **state) {
     /* without --truncate: refused */
     assert_int_equal(run("'%s' capture --model '%s' --prompt '%s' --max-positions 8 --steps 3 --no-trace > /dev/null "
                          "2> '%s/err'", b, m, prompt, dir), 1);
-    char *e = slurp(p);
+    char *e = kvs_test_slurp(p, NULL);
     assert_non_null(strstr(e, "longer than the 8 positions allowed"));
     free(e);
     /* left: BOS and the last 4 prompt tokens, room for the 3 generated ones */
@@ -431,7 +425,7 @@ static void test_truncate_cuts_a_prompt_that_does_not_fit(void **state) {
     char *l = first_line(dir, "l");
     assert_int_equal(strncmp(l, "ids: 1,376,298,315,421,", 23), 0);
     free(l);
-    e = slurp(p);
+    e = kvs_test_slurp(p, NULL);
     assert_non_null(strstr(e, "--truncate left: the prompt was cut from 12 to 5 tokens (7 dropped from the start)"));
     free(e);
     l = slurp_in(dir, "l");
@@ -443,13 +437,13 @@ static void test_truncate_cuts_a_prompt_that_does_not_fit(void **state) {
     char *r = first_line(dir, "r");
     assert_int_equal(strncmp(r, "ids: 1,403,407,261,378,", 23), 0);
     free(r);
-    e = slurp(p);
+    e = kvs_test_slurp(p, NULL);
     assert_non_null(strstr(e, "(7 dropped from the end)"));
     free(e);
     /* a prompt that fits with its generated tokens is not touched, and says nothing */
     assert_int_equal(run("'%s' capture --model '%s' --prompt 'Once upon' --steps 3 --truncate left --no-trace "
                          "> '%s/n' 2> '%s/err'", b, m, dir, dir), 0);
-    e = slurp(p);
+    e = kvs_test_slurp(p, NULL);
     assert_string_equal(e, "");
     free(e);
     /* bad values and --turns: usage errors */
@@ -457,7 +451,7 @@ static void test_truncate_cuts_a_prompt_that_does_not_fit(void **state) {
     write_text(dir, "turns.txt", "a\nb\n");
     assert_int_equal(run("'%s' capture --model '%s' --turns '%s/turns.txt' --truncate left --no-trace 2>'%s/err'", b, m,
                          dir, dir), 2);
-    e = slurp(p);
+    e = kvs_test_slurp(p, NULL);
     assert_non_null(strstr(e, "--truncate cuts a single prompt, not --turns"));
     free(e);
     rm_dir(dir);
@@ -509,13 +503,13 @@ static void test_capture_out_link_stdout_and_write_errors(void **state) {
                          dir), 0);
     assert_int_equal(run("cmp -s '%s/s.kvt' '%s/real.kvt'", dir, dir), 0);
     snprintf(p, sizeof p, "%s/err", dir);
-    char *e = slurp(p);
+    char *e = kvs_test_slurp(p, NULL);
     assert_non_null(strstr(e, "trace to standard output"));
     free(e);
     /* a write error on standard output: exit 1 */
     if (access("/dev/full", W_OK) == 0) {
         assert_int_equal(run("'%s' capture --model '%s' --steps 2 --no-trace > /dev/full 2> '%s/err'", b, m, dir), 1);
-        e = slurp(p);
+        e = kvs_test_slurp(p, NULL);
         assert_non_null(strstr(e, "failed: No space left on device"));
         free(e);
         assert_int_equal(run("'%s' capture --model '%s' --steps 2 --out - > /dev/full 2> /dev/null", b, m), 1);

@@ -56,12 +56,6 @@ static void cleanup_dir(void) {
     rmdir(dir);
 }
 
-static char *slurp(const char *p) {
-    char *t = NULL;
-    size_t n;
-    assert_int_equal(kvs_read_file(p, &t, &n), KVS_OK);
-    return t;
-}
 
 static void test_generate_and_calibrate_on_the_bundled_trace(void **state) {
     (void)state;
@@ -97,7 +91,7 @@ static void test_generate_and_calibrate_on_the_bundled_trace(void **state) {
     snprintf(png, sizeof png, "%s/cal.png", dir);
     const char *cal[] = {"calibrate", db, "--bootstrap", "200", "--plot", png, NULL};
     assert_int_equal(kvs_test_cli(out, err, cal), 0);
-    char *text = slurp(out);
+    char *text = kvs_test_slurp(out, NULL);
     assert_non_null(strstr(text, "6 (policy, budget) pairs"));
     assert_non_null(strstr(text, "Spearman rho"));
     assert_non_null(strstr(text, "kl_mean"));
@@ -112,7 +106,7 @@ static void test_free_running_and_text_modes(void **state) {
     const char *fr[] = {"generate", "--model", model, "--prompt", "Once upon a time", "--steps", "24", "--ignore-eos",
                         "--db", db, "--policy", "window", "--budgets", "4,28", NULL};
     assert_int_equal(kvs_test_cli(out, err, fr), 0);
-    char *text = slurp(out);
+    char *text = kvs_test_slurp(out, NULL);
     assert_non_null(strstr(text, "diverge"));
     free(text);
     const char *tf[] = {"generate", "--model", model, "--text", story, "--prompt-tokens", "16", "--db", db,
@@ -134,7 +128,7 @@ static void test_free_running_and_text_modes(void **state) {
     /* calibrate has nothing to pair here: a clear failure */
     const char *cal[] = {"calibrate", db, NULL};
     assert_int_equal(kvs_test_cli(out, err, cal), 1);
-    text = slurp(err);
+    text = kvs_test_slurp(err, NULL);
     assert_non_null(strstr(text, "no (policy, budget) has both"));
     free(text);
     cleanup_dir();
@@ -148,7 +142,7 @@ static void test_bad_usage_and_files(void **state) {
     const char *oracle[] = {"generate", "--model", model, "--trace", trace, "--db", db, "--policy", "topk",
                             "--budgets", "8", NULL};
     assert_int_equal(kvs_test_cli(out, err, oracle), 2);
-    char *text = slurp(err);
+    char *text = kvs_test_slurp(err, NULL);
     assert_non_null(strstr(text, "oracle"));
     free(text);
     const char *bad_model[] = {"generate", "--model", story, "--trace", trace, "--db", db, "--policy", "window",
@@ -162,7 +156,7 @@ static void test_bad_usage_and_files(void **state) {
     /* The plot's name is checked before any work (PNG or SVG, as kvsim plot decides it). */
     const char *bad_plot[] = {"calibrate", db, "--plot", "scatter.txt", NULL};
     assert_int_equal(kvs_test_cli(out, err, bad_plot), 2);
-    text = slurp(err);
+    text = kvs_test_slurp(err, NULL);
     assert_non_null(strstr(text, "--plot: 'scatter.txt' must end in .png or .svg"));
     free(text);
     cleanup_dir();

@@ -26,6 +26,7 @@
 #include "sim/policy.h"
 #include "tests/util/cli_run.h"
 #include "tests/util/gen_trace.h"
+#include "tests/util/testenv.h"
 
 typedef struct {
     char dir[64];
@@ -70,12 +71,6 @@ static int teardown(void **state) {
     return rc == 0 ? 0 : -1;
 }
 
-static char *slurp(const char *path) {
-    char *t = NULL;
-    size_t n = 0;
-    if (kvs_read_file(path, &t, &n) != KVS_OK) return NULL;
-    return t;
-}
 
 /* Runs kvsim with the NULL-terminated arguments; stdout and stderr land in c->out and c->err. */
 static int run_args(ctx *c, const char *const *args) {
@@ -86,8 +81,8 @@ static int run_args(ctx *c, const char *const *args) {
     int rc = kvs_test_cli(c->out_path, c->err_path, args);
     free(c->out);
     free(c->err);
-    c->out = slurp(c->out_path);
-    c->err = slurp(c->err_path);
+    c->out = kvs_test_slurp(c->out_path, NULL);
+    c->err = kvs_test_slurp(c->err_path, NULL);
     assert_true(c->out && c->err);
     return rc;
 }
@@ -284,7 +279,7 @@ static void test_sigterm_records_every_run_as_interrupted(void **state) {
     assert_true(pid > 0);
     int seen = 0;
     for (int i = 0; i < 6000 && !seen; i++) { /* up to 60 s for the first progress line */
-        char *e = slurp(c->err_path);
+        char *e = kvs_test_slurp(c->err_path, NULL);
         seen = e && strstr(e, "% (") != NULL;
         free(e);
         if (!seen) {
@@ -295,7 +290,7 @@ static void test_sigterm_records_every_run_as_interrupted(void **state) {
     assert_true(seen);
     assert_int_equal(kill(pid, SIGTERM), 0);
     int rc = kvs_test_cli_wait(pid);
-    char *err = slurp(c->err_path);
+    char *err = kvs_test_slurp(c->err_path, NULL);
     assert_non_null(err);
     if (rc != 1) fail_msg("exit %d (expected 1 after SIGTERM); stderr:\n%s", rc, err);
     assert_contains(err, "kvsim replay: interrupted by signal after");

@@ -26,6 +26,7 @@
 #include "common/kvs_out.h"
 #include "tests/util/gen_trace.h"
 #include "trace/trace.h"
+#include "tests/util/testenv.h"
 
 typedef struct {
     char dir[64];
@@ -70,20 +71,7 @@ static const char *kvsim_bin(void) {
 
 static void path_in(const ctx *c, const char *name, char *buf, size_t cap) { snprintf(buf, cap, "%s/%s", c->dir, name); }
 
-static char *slurp(const char *path, size_t *len) {
-    char *t = NULL;
-    size_t n = 0;
-    if (kvs_read_file(path, &t, &n) != KVS_OK) return NULL;
-    if (len) *len = n;
-    return t;
-}
 
-static void spit(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    assert_int_equal(fclose(f), 0);
-}
 
 /* Runs kvsim with the NULL-terminated arguments, standard output to `out_path` (NULL: captured into c->out;
  * opened for appending when `append`), stderr captured into c->err; returns the exit status. */
@@ -114,8 +102,8 @@ static int run_to(ctx *c, const char *out_path, int append, ...) {
     assert_int_equal(waitpid(pid, &st, 0), pid);
     free(c->out);
     free(c->err);
-    c->out = out_path ? calloc(1, 1) : slurp(outp, NULL);
-    c->err = slurp(errp, NULL);
+    c->out = out_path ? calloc(1, 1) : kvs_test_slurp(outp, NULL);
+    c->err = kvs_test_slurp(errp, NULL);
     assert_true(c->out && c->err);
     if (WIFSIGNALED(st)) return 128 + WTERMSIG(st);
     return WEXITSTATUS(st);
@@ -169,7 +157,7 @@ static void test_kvs_out_replaces_atomically_keeping_the_mode(void **state) {
     ctx *c = *state;
     char p[160];
     path_in(c, "f.txt", p, sizeof p);
-    spit(p, "old content\n");
+    assert_int_equal(kvs_test_spit_text(p, "old content\n"), 0);
     assert_int_equal(chmod(p, 0640), 0);
     kvs_out *o = NULL;
     assert_int_equal(kvs_out_open(p, &o), KVS_OK);
@@ -182,11 +170,11 @@ static void test_kvs_out_replaces_atomically_keeping_the_mode(void **state) {
     FILE *f = kvs_out_stream(o);
     assert_non_null(f);
     fprintf(f, "content\n");
-    char *now = slurp(p, NULL); /* until the commit the target keeps its old content */
+    char *now = kvs_test_slurp(p, NULL); /* until the commit the target keeps its old content */
     assert_string_equal(now, "old content\n");
     free(now);
     assert_int_equal(kvs_out_commit(o), KVS_OK);
-    now = slurp(p, NULL);
+    now = kvs_test_slurp(p, NULL);
     assert_string_equal(now, "new content\n");
     free(now);
     struct stat st;
@@ -201,12 +189,12 @@ static void test_kvs_out_abort_leaves_the_old_content(void **state) {
     ctx *c = *state;
     char p[160], q[160];
     path_in(c, "keep.txt", p, sizeof p);
-    spit(p, "precious\n");
+    assert_int_equal(kvs_test_spit_text(p, "precious\n"), 0);
     kvs_out *o = NULL;
     assert_int_equal(kvs_out_open(p, &o), KVS_OK);
     assert_int_equal(kvs_out_write(o, "half-writ", 9), KVS_OK);
     kvs_out_abort(o);
-    char *now = slurp(p, NULL);
+    char *now = kvs_test_slurp(p, NULL);
     assert_string_equal(now, "precious\n");
     free(now);
     assert_int_equal(count_names(c->dir, ".tmp."), 0);
@@ -244,10 +232,10 @@ static void test_kvs_out_follows_relative_and_dangling_links(void **state) {
     assert_int_equal(kvs_out_commit(o), KVS_OK);
     assert_true(is_link(a));
     assert_true(is_link(b));
-    char *now = slurp(target, NULL);
+    char *now = kvs_test_slurp(target, NULL);
     assert_string_equal(now, "through");
     free(now);
-    now = slurp(a, NULL);
+    now = kvs_test_slurp(a, NULL);
     assert_string_equal(now, "through");
     free(now);
     /* a link loop and a folder are errors */
@@ -303,13 +291,13 @@ static void test_export_out_writes_through_a_symlink(void **state) {
     char link[160], target[160];
     path_in(c, "link.npy", link, sizeof link);
     path_in(c, "target.npy", target, sizeof target);
-    spit(target, "old");
+    assert_int_equal(kvs_test_spit_text(target, "old"), 0);
     assert_int_equal(symlink("target.npy", link), 0);
     int rc = run(c, "export", c->trace, "--what", "tokens", "--out", link);
     if (rc != 0) fail_msg("exit %d: %s", rc, c->err);
     assert_true(is_link(link)); /* the link stays a link ... */
     size_t len = 0;
-    char *buf = slurp(target, &len); /* ... and its target holds the array */
+    char *buf = kvs_test_slurp(target, &len); /* ... and its target holds the array */
     assert_non_null(buf);
     assert_tokens_npy(buf, len);
     free(buf);
@@ -322,7 +310,7 @@ static void test_export_out_writes_through_a_symlink(void **state) {
     assert_int_equal(symlink("created.npy", dl), 0);
     assert_int_equal(run(c, "export", c->trace, "--what", "tokens", "--out", dl), 0);
     assert_true(is_link(dl));
-    buf = slurp(dt, &len);
+    buf = kvs_test_slurp(dt, &len);
     assert_non_null(buf);
     assert_tokens_npy(buf, len);
     free(buf);
@@ -336,7 +324,7 @@ static void test_out_dash_and_links_to_stdout_write_standard_output(void **state
     assert_int_equal(run_to(c, got, 0, "export", c->trace, "--what", "tokens", "--out", "-", NULL), 0);
     assert_contains(c->err, "wrote standard output: tokens int32 [20]");
     size_t len = 0;
-    char *buf = slurp(got, &len);
+    char *buf = kvs_test_slurp(got, &len);
     assert_tokens_npy(buf, len);
     free(buf);
     /* a link to /dev/fd/1 (as /dev/stdout is, through /proc/self/fd/1): written to the descriptor, in
@@ -349,7 +337,7 @@ static void test_out_dash_and_links_to_stdout_write_standard_output(void **state
         if (rc != 0) fail_msg("exit %d: %s", rc, c->err);
     }
     assert_true(is_link(link));
-    buf = slurp(got, &len);
+    buf = kvs_test_slurp(got, &len);
     assert_non_null(buf);
     assert_int_equal(len % 2, 0);
     assert_tokens_npy(buf, len / 2); /* two whole arrays, one after the other */
@@ -379,7 +367,7 @@ static void test_out_fifo_is_written_in_place(void **state) {
     assert_int_equal(lstat(fifo, &sb), 0);
     assert_true(S_ISFIFO(sb.st_mode)); /* still a FIFO, not replaced by a regular file */
     size_t len = 0;
-    char *buf = slurp(got, &len);
+    char *buf = kvs_test_slurp(got, &len);
     assert_non_null(buf);
     assert_tokens_npy(buf, len);
     free(buf);

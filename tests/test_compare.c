@@ -24,6 +24,7 @@
 #include "common/json.h"
 #include "common/kvs.h"
 #include "sim/results.h"
+#include "tests/util/testenv.h"
 
 typedef struct {
     char dir[64];
@@ -149,12 +150,6 @@ static int run_cli(char *const argv[], const char *out_path, const char *err_pat
     return WEXITSTATUS(status);
 }
 
-static char *slurp(const char *path) {
-    char *data = NULL;
-    size_t n = 0;
-    expect_ok(kvs_read_file(path, &data, &n));
-    return data;
-}
 
 static void need_bin(void) {
     if (!getenv("KVSIM_BIN")) skip(); /* only meaningful through the test runner, which sets it */
@@ -190,13 +185,13 @@ static void compare_csv(tmp_ctx *t, const char *const *args, csv_table *out) {
     argv[n] = NULL;
     int rc = run_cli(argv, t->out, t->err);
     if (rc != 0) {
-        char *e = slurp(t->err);
+        char *e = kvs_test_slurp(t->err, NULL);
         fprintf(stderr, "kvsim compare exited %d: %s\n", rc, e);
         free(e);
         fail();
     }
     memset(out, 0, sizeof *out);
-    out->text = slurp(t->out);
+    out->text = kvs_test_slurp(t->out, NULL);
     size_t len = strlen(out->text), start = 0;
     for (size_t i = 0; i < len; i++) {
         if (out->text[i] != '\n') continue;
@@ -390,7 +385,7 @@ static void test_at_suffixes(void **state) {
     for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
         char *argv[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", (char *)forms[i], "--csv", NULL};
         assert_int_equal(run_cli(argv, t->out, t->err), 0);
-        char *text = slurp(t->out);
+        char *text = kvs_test_slurp(t->out, NULL);
         if (!first) first = text;
         else {
             assert_string_equal(text, first);
@@ -401,12 +396,12 @@ static void test_at_suffixes(void **state) {
     /* Decimal prefixes: 2K = 2000 (between 1024 and 4096 for h2o), 1M = 1e6 (out of range everywhere). */
     char *argk[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "2K", "--csv", NULL};
     assert_int_equal(run_cli(argk, t->out, t->err), 0);
-    char *text = slurp(t->out);
+    char *text = kvs_test_slurp(t->out, NULL);
     assert_non_null(strstr(text, ",mem,2000,"));
     free(text);
     char *argm[] = {"kvsim", "compare", t->db, "--match", "tokens", "--at", "1e6", "--json", NULL};
     assert_int_equal(run_cli(argm, t->out, t->err), 0);
-    text = slurp(t->out);
+    text = kvs_test_slurp(t->out, NULL);
     kvs_json *root = NULL;
     expect_ok(kvs_json_parse(text, strlen(text), &root));
     assert_string_equal(kvs_json_string(kvs_json_get(root, "match")), "tokens");
@@ -455,7 +450,7 @@ static void test_table_and_json_output(void **state) {
     need_bin();
     char *argv[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "4096", NULL};
     assert_int_equal(run_cli(argv, t->out, t->err), 0);
-    char *text = slurp(t->out);
+    char *text = kvs_test_slurp(t->out, NULL);
     assert_non_null(strstr(text, "storage_bytes_mean = 4096"));
     assert_true(row_flags_are(text, "topk", "O")); /* the oracle flag */
     assert_non_null(strstr(text, "O  oracle: looks at full attention"));       /* and its legend */
@@ -472,7 +467,7 @@ static void test_table_and_json_output(void **state) {
     char *argj[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "2048", "--json", "--metric",
                     "attn_recall_mean", NULL};
     assert_int_equal(run_cli(argj, t->out, t->err), 0);
-    text = slurp(t->out);
+    text = kvs_test_slurp(t->out, NULL);
     kvs_json *root = NULL;
     expect_ok(kvs_json_parse(text, strlen(text), &root));
     assert_string_equal(kvs_json_string(kvs_json_get(root, "x")), "storage_bytes_mean");
@@ -527,13 +522,13 @@ static void test_bad_options_and_databases(void **state) {
             fprintf(stderr, "case %zu: exit %d, expected 2\n", i, rc);
             fail();
         }
-        char *e = slurp(t->err);
+        char *e = kvs_test_slurp(t->err, NULL);
         assert_non_null(strstr(e, "kvsim compare: "));
         free(e);
     }
     char *bad_at[] = {"kvsim", "compare", db, "--match", "mem", "--at", "12Q", NULL};
     assert_int_equal(run_cli(bad_at, t->out, t->err), 2);
-    char *e = slurp(t->err);
+    char *e = kvs_test_slurp(t->err, NULL);
     assert_non_null(strstr(e, "--at: '12Q' has an unknown suffix"));
     free(e);
 
@@ -554,25 +549,25 @@ static void test_bad_options_and_databases(void **state) {
         {"kvsim", "compare", text, "--match", "mem", "--at", "2K", NULL},
     };
     for (size_t i = 0; i < 3; i++) assert_int_equal(run_cli(fails[i], t->out, t->err), 1);
-    e = slurp(t->err);
+    e = kvs_test_slurp(t->err, NULL);
     assert_non_null(strstr(e, "not a kvsim results database"));
     free(e);
     assert_int_equal(access(missing, F_OK), -1); /* compare never creates a database */
     char *nothing[] = {"kvsim", "compare", db, "--match", "mem", "--at", "2K", "--policy", "nosuch", NULL};
     assert_int_equal(run_cli(nothing, t->out, t->err), 1);
-    e = slurp(t->err);
+    e = kvs_test_slurp(t->err, NULL);
     assert_non_null(strstr(e, "no complete runs of policy 'nosuch'"));
     free(e);
     if (access("/dev/full", W_OK) == 0) {
         char *full[] = {"kvsim", "compare", db, "--match", "mem", "--at", "2K", NULL};
         assert_int_equal(run_cli(full, "/dev/full", t->err), 1);
-        e = slurp(t->err);
+        e = kvs_test_slurp(t->err, NULL);
         assert_non_null(strstr(e, "writing the output failed"));
         free(e);
     }
     char *help[] = {"kvsim", "compare", "--help", NULL};
     assert_int_equal(run_cli(help, t->out, t->err), 0);
-    char *h = slurp(t->out);
+    char *h = kvs_test_slurp(t->out, NULL);
     assert_non_null(strstr(h, "3.5MiB"));
     assert_non_null(strstr(h, "out of range"));
     free(h);

@@ -75,19 +75,6 @@ static long file_size(const char *p) {
     return stat(p, &st) == 0 ? (long)st.st_size : -1;
 }
 
-static uint8_t *slurp(const char *p, size_t *n) {
-    FILE *f = fopen(p, "rb");
-    assert_non_null(f);
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    long len = ftell(f);
-    rewind(f);
-    uint8_t *buf = malloc((size_t)len + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)len, f), (size_t)len);
-    fclose(f);
-    *n = (size_t)len;
-    return buf;
-}
 
 /* Names in the folder other than `keep` (NULL-terminated list), counted. */
 static int stray_files(const char *const *keep) {
@@ -130,7 +117,7 @@ static void expect_error_message(const char *needle) {
     char err[256];
     path_in("cmd.err", err, sizeof err);
     size_t n;
-    char *text = (char *)slurp(err, &n);
+    char *text = (char *)kvs_test_slurp(err, &n);
     text[n] = '\0';
     if (!strstr(text, needle)) fprintf(stderr, "stderr: %s\n", text);
     assert_non_null(strstr(text, needle));
@@ -189,12 +176,12 @@ static void test_replay_on_a_full_disk_leaves_the_database_unchanged(void **stat
     path_in("r.db", db, sizeof db);
     assert_int_equal(run_replay(1L << 30, trace, db, "window"), 0);
     size_t n0, n_runs0;
-    uint8_t *before = slurp(db, &n0); /* its size: the replay below must grow it */
+    uint8_t *before = kvs_test_slurp(db, &n0); /* its size: the replay below must grow it */
     char runs_csv[256];
     path_in("runs0.csv", runs_csv, sizeof runs_csv);
     const char *rargs0[] = {"runs", db, "--csv", "--summary", "--all", NULL};
     assert_int_equal(kvs_test_cli(runs_csv, NULL, rargs0), 0);
-    uint8_t *runs0 = slurp(runs_csv, &n_runs0);
+    uint8_t *runs0 = kvs_test_slurp(runs_csv, &n_runs0);
     unlink(runs_csv);
     assert_true(n_runs0 > 0);
     /* a second replay writes its run through SQLite's write-ahead log, then checkpoints it into the database:
@@ -213,7 +200,7 @@ static void test_replay_on_a_full_disk_leaves_the_database_unchanged(void **stat
         const char *rargs[] = {"runs", db, "--csv", "--summary", "--all", NULL};
         assert_int_equal(kvs_test_cli(runs_now, NULL, rargs), 0);
         size_t nr1;
-        uint8_t *csv = slurp(runs_now, &nr1);
+        uint8_t *csv = kvs_test_slurp(runs_now, &nr1);
         assert_int_equal(nr1, n_runs0);
         assert_memory_equal(csv, runs0, n_runs0);
         free(csv);
@@ -451,7 +438,7 @@ static void test_replay_with_failing_io_keeps_the_database(void **state) {
     const char *rargs[] = {"runs", db, "--csv", "--summary", "--all", NULL};
     assert_int_equal(kvs_test_cli(runs_now, NULL, rargs), 0);
     size_t n_runs0;
-    uint8_t *runs0 = slurp(runs_now, &n_runs0);
+    uint8_t *runs0 = kvs_test_slurp(runs_now, &n_runs0);
     char orig[256];
     path_in("orig.db", orig, sizeof orig);
     char cp0[700];
@@ -478,7 +465,7 @@ static void test_replay_with_failing_io_keeps_the_database(void **state) {
             int rc = cli_failio(so, FAIL_OPS[k], nth, NULL, args);
             assert_int_equal(kvs_test_cli(runs_now, NULL, rargs), 0);
             size_t n1;
-            uint8_t *csv = slurp(runs_now, &n1);
+            uint8_t *csv = kvs_test_slurp(runs_now, &n1);
             if (rc == 1) { /* rolled back: the runs it had, byte for byte */
                 failed++;
                 assert_int_equal(n1, n_runs0);
@@ -679,7 +666,7 @@ static void test_replay_killed_at_any_time(void **state) {
         if (rc == 1) {
             /* killed before the schema committed: an empty database, said so, and the next replay fills it */
             size_t n;
-            char *msg = (char *)slurp(err, &n);
+            char *msg = (char *)kvs_test_slurp(err, &n);
             msg[n] = '\0';
             int empty = strstr(msg, "empty results database: no runs recorded") != NULL;
             free(msg);
@@ -1073,7 +1060,7 @@ static void test_merge_failing_or_killed_leaves_out_unchanged(void **state) {
     assert_int_equal(system(cmd), 0);
     copy_file(out, orig);
     size_t n0;
-    uint8_t *before = slurp(out, &n0);
+    uint8_t *before = kvs_test_slurp(out, &n0);
     const char *args[] = {"merge", out, shard, NULL};
     /* SQLite's read-only open of OUT (a WAL-mode database, merged first) leaves its empty log and index */
     const char *keep[] = {"s.study", "shard.db", "out.db", "orig.db", "cmd.err", "failio.so", "shard.db-wal",
@@ -1087,7 +1074,7 @@ static void test_merge_failing_or_killed_leaves_out_unchanged(void **state) {
             copy_file(orig, out);
             int rc = cli_failio(so, FAIL_OPS[k], nth_point(calls, i, &n_points), NULL, args);
             size_t n1;
-            uint8_t *now = slurp(out, &n1);
+            uint8_t *now = kvs_test_slurp(out, &n1);
             if (rc == 1) { /* unchanged, byte for byte */
                 assert_int_equal(n1, n0);
                 assert_memory_equal(now, before, n0);
@@ -1112,7 +1099,7 @@ static void test_merge_failing_or_killed_leaves_out_unchanged(void **state) {
         int st;
         assert_int_equal(waitpid(pid, &st, 0), pid);
         size_t n1;
-        uint8_t *now = slurp(out, &n1);
+        uint8_t *now = kvs_test_slurp(out, &n1);
         if (!(n1 == n0 && !memcmp(now, before, n0))) {
             kvs_results_db *r = NULL;
             assert_int_equal(kvs_results_open_readonly(out, &r), KVS_OK);

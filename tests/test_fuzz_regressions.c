@@ -39,19 +39,6 @@ static int teardown(void **state) {
     return system(cmd) == 0 ? 0 : -1;
 }
 
-static uint8_t *slurp(const char *p, size_t *n) {
-    FILE *f = fopen(p, "rb");
-    assert_non_null(f);
-    assert_int_equal(fseek(f, 0, SEEK_END), 0);
-    long len = ftell(f);
-    rewind(f);
-    uint8_t *buf = malloc((size_t)len + 1);
-    assert_non_null(buf);
-    assert_int_equal(fread(buf, 1, (size_t)len, f), (size_t)len);
-    fclose(f);
-    *n = (size_t)len;
-    return buf;
-}
 
 static void put(const char *p, const uint8_t *b, size_t n) {
     FILE *f = fopen(p, "wb");
@@ -68,7 +55,7 @@ static void merge_is_refused(const char *shard, const char *want) {
     snprintf(out_seed, sizeof out_seed, "%s/fuzz/corpus/results_db/window.db", kvs_test_root());
     snprintf(out, sizeof out, "%s/out.db", dir);
     size_t n0;
-    uint8_t *before = slurp(out_seed, &n0);
+    uint8_t *before = kvs_test_slurp(out_seed, &n0);
     put(out, before, n0);
     const char *inputs[1] = {in};
     kvs_status st = kvs_results_merge(out, inputs, 1, NULL);
@@ -76,7 +63,7 @@ static void merge_is_refused(const char *shard, const char *want) {
         fail_msg("%s: status %d, detail '%s' (want %d, '%s')", shard, st, kvs_last_error(), KVS_ERR_DB,
                  want ? want : "");
     size_t n1;
-    uint8_t *after = slurp(out, &n1);
+    uint8_t *after = kvs_test_slurp(out, &n1);
     assert_int_equal(n1, n0);
     assert_memory_equal(after, before, n0);
     DIR *d = opendir(dir);

@@ -27,6 +27,7 @@
 #include "sim/results_heads.h"
 #include "tests/util/cli_run.h"
 #include "tests/util/gen_trace.h"
+#include "tests/util/testenv.h"
 
 enum { K = 4 };
 
@@ -248,16 +249,6 @@ static void test_auto_clusters_and_determinism(void **state) {
 
 static const char *bin(void) { return kvs_test_kvsim_bin(); }
 
-static char *slurp(const char *path, size_t *len) {
-    FILE *fp = fopen(path, "rb");
-    if (!fp) return NULL;
-    char *buf = malloc(1 << 20);
-    size_t n = fread(buf, 1, (1 << 20) - 1, fp);
-    fclose(fp);
-    buf[n] = '\0';
-    if (len) *len = n;
-    return buf;
-}
 
 /* `kvsim heads --stability halves`: the database holds the brute-force similarity, the clustering file's digest
  * equals the digest of the clustering read back, and each layer's ARI is that of two clusterings made directly
@@ -276,7 +267,7 @@ static void test_cli_halves_db_roundtrip_and_determinism(void **state) {
     const char *a2[] = {"heads", f->path, "--db", f->db, "--k", "4", "--seed", "3", "--clusters-out", cl2, NULL};
     assert_int_equal(kvs_test_cli(out, err, a2), 0);
     size_t n1, n2;
-    char *t1 = slurp(cl1, &n1), *t2 = slurp(cl2, &n2);
+    char *t1 = kvs_test_slurp(cl1, &n1), *t2 = kvs_test_slurp(cl2, &n2);
     assert_non_null(t1);
     assert_non_null(t2);
     assert_int_equal(n1, n2);
@@ -338,14 +329,14 @@ static void expect_refused(fixture *f, const char *const *args, int want_rc, con
     snprintf(out, sizeof out, "%s/out.txt", f->dir);
     snprintf(err, sizeof err, "%s/err.txt", f->dir);
     assert_int_equal(kvs_test_cli(out, err, args), want_rc);
-    char *e = slurp(err, NULL);
+    char *e = kvs_test_slurp(err, NULL);
     assert_non_null(e);
     if (!strstr(e, msg)) fail_msg("stderr '%s' lacks '%s'", e, msg);
     free(e);
     if (!db_before) {
         assert_int_not_equal(access(db, F_OK), 0);
     } else {
-        char *now = slurp(db, NULL);
+        char *now = kvs_test_slurp(db, NULL);
         assert_non_null(now);
         assert_string_equal(now, db_before);
         free(now);
@@ -434,7 +425,7 @@ static void test_default_k_clipped_and_noted(void **state) {
     snprintf(out, sizeof out, "%s/out.txt", f->dir);
     const char *a[] = {"heads", f->path, "--db", f->db, "--clusters", "auto", NULL};
     assert_int_equal(kvs_test_cli(out, NULL, a), 0);
-    char *o = slurp(out, NULL);
+    char *o = kvs_test_slurp(out, NULL);
     assert_non_null(strstr(o, "k_c 64 clipped to 13"));
     assert_non_null(strstr(o, "by silhouette over 2..1")); /* 2 units: 1 cluster, said so */
     free(o);
@@ -519,7 +510,7 @@ static void test_heads_plots(void **state) {
     o.metric = NULL;
     if (access("/usr/bin/gnuplot", X_OK) == 0) {
         assert_int_equal(kvs_plot_make(f->db, &o), KVS_OK);
-        char *img = slurp(png, &len);
+        char *img = kvs_test_slurp(png, &len);
         assert_non_null(img);
         assert_true(len > 8 && !memcmp(img, "\x89PNG", 4));
         free(img);

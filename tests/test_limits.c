@@ -30,6 +30,7 @@
 #include "../gpu_capture/tokenizer.h"
 #include "../trace/trace.h"
 #include "tests/util/cli_run.h"
+#include "tests/util/testenv.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define UNDER_ASAN 1
@@ -63,12 +64,6 @@ static int tmp_teardown(void **state) {
 
 static void path_in(const char *name, char *out, size_t n) { snprintf(out, n, "%s/%s", tmpdir, name); }
 
-static void spit(const char *path, const uint8_t *data, size_t len) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(data, 1, len, f), len);
-    assert_int_equal(fclose(f), 0);
-}
 
 /* ------------------------------------------------------------------ a trace written from FORMAT.md */
 
@@ -180,7 +175,7 @@ static size_t write_hostile_trace(const char *path, size_t group_comp_size, uint
     c[1] = (test_chunk){.kind = 1, .offset = off, .raw_size = graw, .comp_size = gsize};
     off += put_chunk(file + off, 1, graw, gcomp, gsize);
     off += put_footer(file + off, off, c, 2);
-    spit(path, file, off);
+    assert_int_equal(kvs_test_spit(path, file, off), 0);
     free(file);
     free(gcomp);
     free(zeros);
@@ -331,7 +326,7 @@ static void test_header_only_huge_block_recover_is_bounded(void **state) {
     assert_int_equal(put_header(hdr), 152);
     char p[256];
     path_in("b.kvt.partial", p, sizeof p);
-    spit(p, hdr, sizeof hdr);
+    assert_int_equal(kvs_test_spit(p, hdr, sizeof hdr), 0);
     assert_int_equal(run_bounded(recover_header_only, p), 0);
     if (!kvs_test_kvsim_bin()) return;
     char out[256], err[256], rec[256];

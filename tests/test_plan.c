@@ -290,23 +290,17 @@ static int cli_teardown(void **state) {
     return rc == 0 ? 0 : -1;
 }
 
-static char *slurp(const char *path) {
-    char *t = NULL;
-    size_t n = 0;
-    assert_int_equal(kvs_read_file(path, &t, &n), KVS_OK);
-    return t;
-}
 
 /* Runs kvsim with args; returns its exit status, output in f->out / f->err. */
 static int run(cli_fx *f, const char *const *args) { return kvs_test_cli(f->out, f->err, args); }
 
 static void expect_out(cli_fx *f, const char *needle) {
-    char *t = slurp(f->out);
+    char *t = kvs_test_slurp(f->out, NULL);
     if (!strstr(t, needle)) fail_msg("'%s' not in the output:\n%s", needle, t);
     free(t);
 }
 static void expect_err(cli_fx *f, const char *needle) {
-    char *t = slurp(f->err);
+    char *t = kvs_test_slurp(f->err, NULL);
     if (!strstr(t, needle)) fail_msg("'%s' not in stderr:\n%s", needle, t);
     free(t);
 }
@@ -360,7 +354,7 @@ static void test_cli_bad_input(void **state) {
     const char *empty[] = {"plan", "--model", "Phi-4", "--profile", db, NULL};
     assert_int_equal(run(f, empty), 1);
     expect_err(f, "kvsim plan: ");
-    char *e = slurp(f->err);
+    char *e = kvs_test_slurp(f->err, NULL);
     assert_non_null(strstr(e, db));
     free(e);
     /* a results database without runs */
@@ -398,7 +392,7 @@ static void test_cli_measured_profile_from_replay(void **state) {
     const char *full[] = {"plan", "--model", "Llama-3.1-8B", "--profile", db, "--policy", "full", "--context", "239",
                           "--response", "256", "--batch", "4", "--csv", NULL};
     assert_int_equal(run(f, full), 0);
-    char *t = slurp(f->out);
+    char *t = kvs_test_slurp(f->out, NULL);
     /* nominal full at 239+256 = 495 tokens: 495 * 131072 bytes per sequence, 4 sequences; the measured line must
      * give the same (up to the fit's rounding) */
     double want = 495.0 * 131072, meas = -1;
@@ -422,10 +416,10 @@ static void test_cli_measured_profile_from_replay(void **state) {
     expect_out(f, "\"series\":\"measured\",\"label\":\"measured: window, budget 64 (run 2)\",\"budget\":null,"
                   "\"context\":239,\"response\":256,\"batch\":1,\"seq_device_bytes\":8388608,");
     expect_err(f, "recorded in");
-    char *img = slurp(png);
+    char *img = kvs_test_slurp(png, NULL);
     assert_memory_equal(img, "\x89PNG", 4);
     free(img);
-    img = slurp(svg);
+    img = kvs_test_slurp(svg, NULL);
     assert_non_null(strstr(img, "<svg"));
     assert_non_null(strstr(img, "measured: window, budget 64"));
     free(img);

@@ -50,12 +50,6 @@ static char tmp_dir[64];
 
 static void path_in(char *buf, size_t cap, const char *name) { snprintf(buf, cap, "%s/%s", tmp_dir, name); }
 
-static char *slurp(const char *path) {
-    char *s = NULL;
-    size_t n = 0;
-    if (kvs_read_file(path, &s, &n) != KVS_OK) return NULL;
-    return s;
-}
 
 /* Runs kvsim with the NULL-terminated args; stdout and stderr into tmp_dir/out.txt, err.txt. */
 static int kvsim(const char *const *args) {
@@ -69,7 +63,7 @@ static int kvsim(const char *const *args) {
 static char *err_text(void) {
     char e[128];
     path_in(e, sizeof e, "err.txt");
-    return slurp(e);
+    return kvs_test_slurp(e, NULL);
 }
 
 static int dir_has_tmp(const char *dir) { /* a leftover .NAME.tmp.* or .NAME.old.* folder */
@@ -280,7 +274,7 @@ static void test_summary_by_hand(void **state) {
     assert_int_equal(kvsim(args), 0);
     char p[256];
     snprintf(p, sizeof p, "%s/report.md", out);
-    char *md = slurp(p);
+    char *md = kvs_test_slurp(p, NULL);
     assert_non_null(md);
     static const char *const rows[] = {
         "| 1.00KiB | 3 of 4 | h2o | 0.3 | window | 0.5 | topk (oracle): 0.1 |",
@@ -304,7 +298,7 @@ static void test_summary_by_hand(void **state) {
     /* --mem-at moves the equal-memory table. */
     const char *args2[] = {"report", db_path, "--out", out, "--mem-at", "4KiB", NULL};
     assert_int_equal(kvsim(args2), 0);
-    md = slurp(p);
+    md = kvs_test_slurp(p, NULL);
     assert_non_null(md);
     assert_non_null(strstr(md, "kvsim compare hand.db --match mem --at 4096"));
     assert_non_null(strstr(md, "| window | - | - | a.kvt | decode | 0.2 |"));
@@ -343,9 +337,9 @@ static void test_real_study_page(void **state) {
     make_real_report();
     char p[256];
     snprintf(p, sizeof p, "%s/report.html", real_out);
-    char *html = slurp(p);
+    char *html = kvs_test_slurp(p, NULL);
     snprintf(p, sizeof p, "%s/report.md", real_out);
-    char *md = slurp(p);
+    char *md = kvs_test_slurp(p, NULL);
     assert_non_null(html);
     assert_non_null(md);
     for (size_t i = 0; i < N_TITLES; i++) {
@@ -439,7 +433,7 @@ static void test_browser_renders_the_page(void **state) {
              chromium, tmp_dir, shot, page, log);
     int rc = system(cmd);
     if (rc != 0) {
-        char *l = slurp(log);
+        char *l = kvs_test_slurp(log, NULL);
         fail_msg("chromium failed (%d): %s", rc, l ? l : "");
     }
     char *png = NULL;
@@ -529,7 +523,7 @@ static void test_bad_input(void **state) {
         assert_int_equal(rc, 1);
         assert_non_null(strstr(e, "which is not part of a kvsim report"));
         free(e);
-        char *k = slurp(keep);
+        char *k = kvs_test_slurp(keep, NULL);
         assert_string_equal(k, "precious\n");
         free(k);
         snprintf(keep, sizeof keep, "%s/report.html", out);

@@ -31,6 +31,7 @@
 #include "common/kvs.h"
 #include "sim/results.h"
 #include "sim/results_internal.h"
+#include "tests/util/testenv.h"
 
 /* ------------------------------------------------------------------------------------------------
  * Helpers
@@ -232,25 +233,6 @@ static int run_cli(char *const argv[], const char *out_path, const char *err_pat
 }
 
 /* Whole file as a NUL-terminated string (caller frees). */
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    assert_non_null(buf);
-    size_t got;
-    while ((got = fread(buf + len, 1, cap - len - 1, f)) > 0) {
-        len += got;
-        if (cap - len - 1 == 0) {
-            cap *= 2;
-            buf = realloc(buf, cap);
-            assert_non_null(buf);
-        }
-    }
-    fclose(f);
-    buf[len] = '\0';
-    return buf;
-}
 
 /* ------------------------------------------------------------------------------------------------
  * Schema
@@ -1035,14 +1017,14 @@ static void test_v1_database_is_read_without_migration(void **state) {
         snprintf(err, sizeof err, "%s/err.txt", t->dir);
         char *argv[] = {"kvsim", "runs", t->db, "--csv", NULL};
         assert_int_equal(run_cli(argv, out, err), 0);
-        char *csv = slurp(out);
+        char *csv = kvs_test_slurp(out, NULL);
         /* layer 0 (base 0.25): out_err mean/p95/max .265625/.296875/.3125, recall .390625, topk .515625 */
         const char *row = "h2o,heavy=0.5,32,0,0.265625,0.296875,0.3125,0.390625,0.515625,";
         assert_non_null(strstr(csv, row));
         free(csv);
         char *argt[] = {"kvsim", "runs", t->db, NULL};
         assert_int_equal(run_cli(argt, out, err), 0);
-        char *table = slurp(out);
+        char *table = kvs_test_slurp(out, NULL);
         assert_non_null(strstr(table, "h2o"));
         free(table);
     }
@@ -1647,7 +1629,7 @@ static void test_runs_csv_header_and_quoting(void **state) {
     snprintf(err, sizeof err, "%s/err.txt", t->dir);
     char *argv[] = {"kvsim", "runs", t->db, "--csv", NULL, NULL, NULL};
     assert_int_equal(run_cli(argv, out, err), 0);
-    char *csv = slurp(out);
+    char *csv = kvs_test_slurp(out, NULL);
     /* Header: the fixed leading columns exactly, then run_id,trace,...,error, then budget_scope,layout,notes
      * and every <metric>_<stat> of the metric table. */
     assert_memory_equal(csv, csv_header, strlen(csv_header));
@@ -1707,7 +1689,7 @@ static void test_runs_csv_header_and_quoting(void **state) {
 
     argv[4] = "--all";
     assert_int_equal(run_cli(argv, out, err), 0);
-    csv = slurp(out);
+    csv = kvs_test_slurp(out, NULL);
     const char *failed_row = "quest,page=16,32,,,,,,,,,3,\"/traces/a,b.kvt\",stories260K,0,failed,decode,";
     char *f = strstr(csv, "\nquest,");
     assert_non_null(f);
@@ -1723,7 +1705,7 @@ static void test_runs_csv_header_and_quoting(void **state) {
     argv[4] = "--policy";
     argv[5] = "topk";
     assert_int_equal(run_cli(argv, out, err), 0);
-    csv = slurp(out);
+    csv = kvs_test_slurp(out, NULL);
     line = strchr(csv, '\n') + 1;
     assert_true(!strncmp(line, row3, strlen(row3)));
     assert_null(strchr(strchr(line, '\n') + 1, '\n'));
@@ -1732,7 +1714,7 @@ static void test_runs_csv_header_and_quoting(void **state) {
     /* The readable table lists both complete runs, marks the oracle, and --run adds the per-layer rows. */
     char *argt[] = {"kvsim", "runs", t->db, "--run", "1", NULL};
     assert_int_equal(run_cli(argt, out, err), 0);
-    char *table = slurp(out);
+    char *table = kvs_test_slurp(out, NULL);
     assert_non_null(strstr(table, "streaming"));
     assert_non_null(strstr(table, "sinks=4,window=60"));
     assert_non_null(strstr(table, "per layer"));
@@ -1761,7 +1743,7 @@ static void test_runs_bad_input_exit_codes(void **state) {
     assert_int_equal(run_cli(missing_val, out, err), 2);
     char *unknown_run[] = {"kvsim", "runs", t->db, "--run", "99", NULL};
     assert_int_equal(run_cli(unknown_run, out, err), 1);
-    char *e = slurp(err);
+    char *e = kvs_test_slurp(err, NULL);
     assert_non_null(strstr(e, "no complete run with id 99"));
     free(e);
 
@@ -1776,7 +1758,7 @@ static void test_runs_bad_input_exit_codes(void **state) {
     write_file(txt, text, sizeof text - 1);
     char *not_db[] = {"kvsim", "runs", txt, NULL};
     assert_int_equal(run_cli(not_db, out, err), 1);
-    e = slurp(err);
+    e = kvs_test_slurp(err, NULL);
     assert_non_null(strstr(e, "not a kvsim results database"));
     free(e);
     assert_file_bytes(txt, text, sizeof text - 1);
@@ -1809,7 +1791,7 @@ static void test_runs_table_flags_and_json(void **state) {
     snprintf(err, sizeof err, "%s/err.txt", t->dir);
     char *argt[] = {"kvsim", "runs", t->db, NULL};
     assert_int_equal(run_cli(argt, out, err), 0);
-    char *table = slurp(out);
+    char *table = kvs_test_slurp(out, NULL);
     const char *heads[] = {"att_mean", "att_max", "res_mean", "res_max", "traffic/st", "err_mean", "err_p95", "recall",
                            "flags", "trace", "params"};
     for (size_t i = 0; i < sizeof heads / sizeof heads[0]; i++) assert_non_null(strstr(table, heads[i]));
@@ -1830,7 +1812,7 @@ static void test_runs_table_flags_and_json(void **state) {
 
     char *argj[] = {"kvsim", "runs", t->db, "--json", NULL};
     assert_int_equal(run_cli(argj, out, err), 0);
-    char *text = slurp(out);
+    char *text = kvs_test_slurp(out, NULL);
     kvs_json *root = NULL;
     expect_ok(kvs_json_parse(text, strlen(text), &root));
     assert_int_equal(kvs_json_type_of(root), KVS_JSON_ARRAY);
@@ -1861,7 +1843,7 @@ static void test_runs_table_flags_and_json(void **state) {
 
     char *argr[] = {"kvsim", "runs", t->db, "--json", "--run", "2", NULL};
     assert_int_equal(run_cli(argr, out, err), 0);
-    text = slurp(out);
+    text = kvs_test_slurp(out, NULL);
     expect_ok(kvs_json_parse(text, strlen(text), &root));
     assert_int_equal(kvs_json_len(root), 1);
     const kvs_json *layers_j = kvs_json_get(kvs_json_at(root, 0), "layers");
@@ -1875,7 +1857,7 @@ static void test_runs_table_flags_and_json(void **state) {
     if (access("/dev/full", W_OK) == 0) {
         char *argc_[] = {"kvsim", "runs", t->db, "--csv", NULL};
         assert_int_equal(run_cli(argc_, "/dev/full", err), 1);
-        char *e = slurp(err);
+        char *e = kvs_test_slurp(err, NULL);
         assert_non_null(strstr(e, "writing the output failed"));
         free(e);
         assert_int_equal(run_cli(argj, "/dev/full", err), 1);
@@ -1890,7 +1872,7 @@ static void test_runs_table_flags_and_json(void **state) {
     char *filtered[] = {"kvsim", "runs", t->db, "--csv", "--policy", "topk", "--trace", "story.kvt", "--budget", "64",
                         "--measure", "decode", "--model", "stories260K", NULL};
     assert_int_equal(run_cli(filtered, out, err), 0);
-    text = slurp(out);
+    text = kvs_test_slurp(out, NULL);
     assert_non_null(strstr(text, "\ntopk,,64,0,"));
     assert_null(strstr(text, "snapkv"));
     free(text);

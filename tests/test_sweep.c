@@ -28,6 +28,7 @@
 #include "sim/study.h"
 #include "tests/util/cli_run.h"
 #include "tests/util/gen_trace.h"
+#include "tests/util/testenv.h"
 
 typedef struct {
     char dir[64];
@@ -95,12 +96,6 @@ static int teardown(void **state) {
     return rc == 0 ? 0 : -1;
 }
 
-static char *slurp(const char *path) {
-    char *t = NULL;
-    size_t n = 0;
-    if (kvs_read_file(path, &t, &n) != KVS_OK) return NULL;
-    return t;
-}
 
 /* Runs kvsim with the NULL-terminated arguments; stdout and stderr land in c->out and c->err. */
 static int run(ctx *c, ...) {
@@ -115,8 +110,8 @@ static int run(ctx *c, ...) {
     int rc = kvs_test_cli(c->out_path, c->err_path, args);
     free(c->out);
     free(c->err);
-    c->out = slurp(c->out_path);
-    c->err = slurp(c->err_path);
+    c->out = kvs_test_slurp(c->out_path, NULL);
+    c->err = kvs_test_slurp(c->err_path, NULL);
     return rc;
 }
 
@@ -475,7 +470,7 @@ static void test_killed_merge_leaves_out_unchanged(void **state) {
     assert_true(pid > 0);
     int stalled = 0;
     for (int i = 0; i < 2000 && !stalled; i++) { /* up to 20 s for the child to reach the hook */
-        char *err = slurp(c->err_path);
+        char *err = kvs_test_slurp(c->err_path, NULL);
         stalled = err && strstr(err, "test stall");
         free(err);
         if (!stalled) {

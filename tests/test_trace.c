@@ -25,6 +25,7 @@
 #include "common/kvs.h"
 #include "tests/util/gen_trace.h"
 #include "trace/trace.h"
+#include "tests/util/testenv.h"
 
 /* ------------------------------------------------------------------------------------------------
  * helpers
@@ -55,18 +56,7 @@ static int tmp_teardown(void **state) {
 
 static void path_in(const tmp_ctx *c, const char *name, char *out, size_t n) { snprintf(out, n, "%s/%s", c->dir, name); }
 
-static uint8_t *slurp(const char *path, size_t *len) {
-    char *buf;
-    assert_int_equal(kvs_read_file(path, &buf, len), KVS_OK);
-    return (uint8_t *)buf;
-}
 
-static void spit(const char *path, const uint8_t *data, size_t len) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    assert_true(fd >= 0);
-    assert_int_equal(kvs_write_all(fd, data, len, path), KVS_OK);
-    close(fd);
-}
 
 static int file_exists(const char *path) {
     struct stat st;
@@ -246,7 +236,7 @@ static void test_pool_compression_same_bytes(void **state) {
     kvs_gen_trace_configs(g, &m, &cp);
     assert_int_equal(kvs_gen_trace_write(g, c->path), KVS_OK); /* reference: no pool */
     size_t ref_len = 0;
-    uint8_t *ref = slurp(c->path, &ref_len);
+    uint8_t *ref = kvs_test_slurp(c->path, &ref_len);
     char other[160];
     path_in(c, "pooled.kvt", other, sizeof other);
     for (int n = 1; n <= 6; n++) {
@@ -270,7 +260,7 @@ static void test_pool_compression_same_bytes(void **state) {
         kvs_threadpool_free(pool);
         kvs_threadpool_free(pool2);
         size_t len = 0;
-        uint8_t *got = slurp(other, &len);
+        uint8_t *got = kvs_test_slurp(other, &len);
         assert_int_equal(len, ref_len);
         assert_memory_equal(got, ref, ref_len);
         free(got);
@@ -553,11 +543,11 @@ static void test_open_rejects_missing_and_garbage(void **state) {
     assert_int_equal(kvs_trace_open("/nonexistent/none.kvt", &t), KVS_ERR_IO);
     assert_null(t);
     assert_non_null(strstr(kvs_last_error(), "/nonexistent/none.kvt"));
-    spit(c->path, (const uint8_t *)"", 0);
+    assert_int_equal(kvs_test_spit(c->path, (const uint8_t *)"", 0), 0);
     assert_int_equal(kvs_trace_open(c->path, &t), KVS_ERR_TRUNCATED);
     uint8_t junk[600];
     for (size_t i = 0; i < sizeof junk; i++) junk[i] = (uint8_t)(i * 37 + 11);
-    spit(c->path, junk, sizeof junk);
+    assert_int_equal(kvs_test_spit(c->path, junk, sizeof junk), 0);
     assert_int_equal(kvs_trace_open(c->path, &t), KVS_ERR_FORMAT);
     assert_non_null(strstr(kvs_last_error(), "bad magic"));
     assert_int_equal(kvs_trace_open(c->dir, &t), KVS_ERR_IO); /* a directory */
@@ -566,18 +556,18 @@ static void test_open_rejects_missing_and_garbage(void **state) {
     kvs_gen_trace *g = small_gen();
     assert_int_equal(kvs_gen_trace_write(g, c->path), KVS_OK);
     size_t len;
-    uint8_t *buf = slurp(c->path, &len);
+    uint8_t *buf = kvs_test_slurp(c->path, &len);
     uint32_t hs = kvs_get_u32(buf + 12);
     kvs_put_u32(buf + 8, 2);
     kvs_put_u32(buf + hs - 4, kvs_crc32(0, buf, hs - 4));
-    spit(c->path, buf, len);
+    assert_int_equal(kvs_test_spit(c->path, buf, len), 0);
     assert_int_equal(kvs_trace_open(c->path, &t), KVS_ERR_VERSION);
     assert_non_null(strstr(kvs_last_error(), "unsupported trace version 2"));
     /* a header field out of range with a correct CRC: n_kv_heads = 3 does not divide n_heads = 2 */
     kvs_put_u32(buf + 8, 1);
     kvs_put_u32(buf + 24, 3);
     kvs_put_u32(buf + hs - 4, kvs_crc32(0, buf, hs - 4));
-    spit(c->path, buf, len);
+    assert_int_equal(kvs_test_spit(c->path, buf, len), 0);
     assert_int_equal(kvs_trace_open(c->path, &t), KVS_ERR_FORMAT);
     assert_non_null(strstr(kvs_last_error(), "n_kv_heads"));
     free(buf);
@@ -589,13 +579,13 @@ static void test_truncated_files_fail_cleanly(void **state) {
     kvs_gen_trace *g = small_gen();
     assert_int_equal(kvs_gen_trace_write(g, c->path), KVS_OK);
     size_t len;
-    uint8_t *buf = slurp(c->path, &len);
+    uint8_t *buf = kvs_test_slurp(c->path, &len);
     char cut[160];
     path_in(c, "cut.kvt", cut, sizeof cut);
     assert_int_equal(open_and_read_all(c->path), KVS_OK);
     int n_cuts = 0;
     for (size_t n = 0; n < len; n++) { /* every byte */
-        spit(cut, buf, n);
+        assert_int_equal(kvs_test_spit(cut, buf, n), 0);
         kvs_status s = open_and_read_all(cut);
         if (!is_corruption_status(s))
             fail_msg("file cut at %zu of %zu bytes: status %d (%s), expected truncated/format/checksum", n, len, s,
@@ -612,7 +602,7 @@ static void test_flipped_bytes_detected(void **state) {
     kvs_gen_trace *g = small_gen();
     assert_int_equal(kvs_gen_trace_write(g, c->path), KVS_OK);
     size_t len;
-    uint8_t *buf = slurp(c->path, &len);
+    uint8_t *buf = kvs_test_slurp(c->path, &len);
     uint32_t header_size = kvs_get_u32(buf + 12);
     uint64_t footer_off = kvs_get_u64(buf + len - 32);
     char bad[160];
@@ -622,7 +612,7 @@ static void test_flipped_bytes_detected(void **state) {
     for (size_t off = 0; off < len; off++) { /* every byte, three different flips */
         for (int mi = 0; mi < 3; mi++) {
             buf[off] ^= masks[mi];
-            spit(bad, buf, len);
+            assert_int_equal(kvs_test_spit(bad, buf, len), 0);
             buf[off] ^= masks[mi];
             kvs_status s = open_and_read_all(bad);
             if (!is_corruption_status(s))
@@ -641,7 +631,7 @@ static void test_corrupt_chunk_is_named(void **state) {
     kvs_gen_trace *g = small_gen();
     assert_int_equal(kvs_gen_trace_write(g, c->path), KVS_OK);
     size_t len;
-    uint8_t *buf = slurp(c->path, &len);
+    uint8_t *buf = kvs_test_slurp(c->path, &len);
     /* the first chunk is block 0's tokens chunk; the second is (layer 0, kv head 0, block 0); the third
      * (layer 1, kv head 0, block 0): corrupt a byte of the third one's payload */
     uint64_t off = kvs_get_u32(buf + 12);
@@ -649,7 +639,7 @@ static void test_corrupt_chunk_is_named(void **state) {
     assert_memory_equal(buf + off, "KVCK", 4);
     assert_int_equal(kvs_get_u32(buf + off + 8), 1); /* layer 1 */
     buf[off + 56 + 3] ^= 0x10;
-    spit(c->path, buf, len);
+    assert_int_equal(kvs_test_spit(c->path, buf, len), 0);
     kvs_trace *t = NULL;
     assert_int_equal(kvs_trace_open(c->path, &t), KVS_OK); /* payloads are checked when read */
     assert_int_equal(kvs_trace_check_chunks(t), KVS_ERR_CHECKSUM);
@@ -689,11 +679,11 @@ static void test_recover_from_every_prefix(void **state) {
     path_in(c, "cut.kvt.partial", cut, sizeof cut);
     path_in(c, "rec.kvt", rec, sizeof rec);
     size_t len;
-    uint8_t *buf = slurp(partial, &len); /* what a kill now would leave: header + 2 full blocks */
+    uint8_t *buf = kvs_test_slurp(partial, &len); /* what a kill now would leave: header + 2 full blocks */
     assert_int_equal(len, block_end[1]);
     uint32_t header_size = kvs_get_u32(buf + 12);
     for (size_t n = 0; n <= len; n++) { /* every cut point */
-        spit(cut, buf, n);
+        assert_int_equal(kvs_test_spit(cut, buf, n), 0);
         int64_t got = -1;
         kvs_status s = kvs_trace_recover(cut, rec, &got);
         int want_blocks = n >= block_end[1] ? 2 : n >= block_end[0] ? 1 : 0;
@@ -724,7 +714,7 @@ static void test_recover_from_every_prefix(void **state) {
     assert_int_equal(kvs_trace_recover(c->path, rec, &got), KVS_OK);
     assert_int_equal(got, 10);
     size_t l1, l2;
-    uint8_t *a = slurp(c->path, &l1), *b = slurp(rec, &l2);
+    uint8_t *a = kvs_test_slurp(c->path, &l1), *b = kvs_test_slurp(rec, &l2);
     assert_int_equal(l1, l2);
     assert_memory_equal(a, b, l1);
     free(a);

@@ -63,18 +63,7 @@ static int tmp_teardown(void **state) {
 
 static void path_in(const tmp_ctx *c, const char *name, char *out, size_t n) { snprintf(out, n, "%s/%s", c->dir, name); }
 
-static uint8_t *slurp(const char *path, size_t *len) {
-    char *buf;
-    assert_int_equal(kvs_read_file(path, &buf, len), KVS_OK);
-    return (uint8_t *)buf;
-}
 
-static void spit(const char *path, const uint8_t *data, size_t len) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    assert_true(fd >= 0);
-    assert_int_equal(kvs_write_all(fd, data, len, path), KVS_OK);
-    close(fd);
-}
 
 static void assert_same_bits(const float *want, const float *got, size_t n, const char *what) {
     if (memcmp(want, got, n * sizeof(float)) != 0) {
@@ -551,14 +540,14 @@ static void test_corrupt_lean_traces_refused(void **state) {
     write_gen(g, c->path, 1);
     assert_int_equal(open_and_read_all(c->path), KVS_OK);
     size_t len;
-    uint8_t *buf = slurp(c->path, &len);
+    uint8_t *buf = kvs_test_slurp(c->path, &len);
     char bad[160];
     path_in(c, "bad.kvt", bad, sizeof bad);
     static const uint8_t masks[3] = {0x01, 0x80, 0xFF};
     for (size_t off = 0; off < len; off++)
         for (int mi = 0; mi < 3; mi++) {
             buf[off] ^= masks[mi];
-            spit(bad, buf, len);
+            assert_int_equal(kvs_test_spit(bad, buf, len), 0);
             buf[off] ^= masks[mi];
             kvs_status s = open_and_read_all(bad);
             if (!is_corruption_status(s))
@@ -566,7 +555,7 @@ static void test_corrupt_lean_traces_refused(void **state) {
                          kvs_last_error());
         }
     for (size_t n = 0; n < len; n += 7) { /* cut anywhere */
-        spit(bad, buf, n);
+        assert_int_equal(kvs_test_spit(bad, buf, n), 0);
         assert_true(is_corruption_status(open_and_read_all(bad)));
     }
     free(buf);
@@ -574,18 +563,18 @@ static void test_corrupt_lean_traces_refused(void **state) {
     o.flags = KVS_TRACE_FLAG_SHUFFLE;
     kvs_gen_trace *gf = make_gen(o);
     write_gen(gf, c->path, 1);
-    buf = slurp(c->path, &len);
+    buf = kvs_test_slurp(c->path, &len);
     uint32_t hsize = kvs_get_u32(buf + 12);
     kvs_put_u32(buf + 76, KVS_TRACE_FLAG_SHUFFLE | KVS_TRACE_FLAG_QKV);
     kvs_put_u32(buf + hsize - 4, kvs_crc32(0, buf, hsize - 4));
-    spit(bad, buf, len);
+    assert_int_equal(kvs_test_spit(bad, buf, len), 0);
     kvs_trace *t = NULL;
     assert_int_equal(kvs_trace_open(bad, &t), KVS_ERR_FORMAT);
     if (!strstr(kvs_last_error(), "raw_size")) fail_msg("unexpected message: %s", kvs_last_error());
     /* an unknown flag bit is refused with the bits named */
     kvs_put_u32(buf + 76, KVS_TRACE_FLAG_SHUFFLE | 4u);
     kvs_put_u32(buf + hsize - 4, kvs_crc32(0, buf, hsize - 4));
-    spit(bad, buf, len);
+    assert_int_equal(kvs_test_spit(bad, buf, len), 0);
     assert_int_equal(kvs_trace_open(bad, &t), KVS_ERR_FORMAT);
     if (!strstr(kvs_last_error(), "unknown bits")) fail_msg("unexpected message: %s", kvs_last_error());
     free(buf);
@@ -602,12 +591,12 @@ static void test_lean_block_needs_its_history(void **state) {
     kvs_gen_trace *g = make_gen(o);
     write_gen(g, c->path, 1);
     size_t len;
-    uint8_t *buf = slurp(c->path, &len);
+    uint8_t *buf = kvs_test_slurp(c->path, &len);
     uint64_t off = kvs_get_u32(buf + 12);
     off += 56 + kvs_get_u64(buf + off + 40); /* past block 0's tokens chunk: (layer 0, kv head 0, block 0) */
     assert_memory_equal(buf + off, "KVCK", 4);
     buf[off + 56 + 2] ^= 0x20;
-    spit(c->path, buf, len);
+    assert_int_equal(kvs_test_spit(c->path, buf, len), 0);
     kvs_trace *t = NULL;
     assert_int_equal(kvs_trace_open(c->path, &t), KVS_OK);
     kvs_trace_block *b = NULL;
@@ -634,13 +623,13 @@ static void test_lean_recover(void **state) {
     kvs_gen_trace *g = make_gen(o);
     write_gen(g, c->path, 1);
     size_t len;
-    uint8_t *buf = slurp(c->path, &len);
+    uint8_t *buf = kvs_test_slurp(c->path, &len);
     uint64_t off = kvs_get_u32(buf + 12);
     for (int i = 0; i < 2 * 5 + 2; i++) off += 56 + kvs_get_u64(buf + off + 40); /* blocks 0, 1 and 2 chunks of 2 */
     char part[160], rec[160];
     path_in(c, "k.kvt.partial", part, sizeof part);
     path_in(c, "rec.kvt", rec, sizeof rec);
-    spit(part, buf, (size_t)off + 30);
+    assert_int_equal(kvs_test_spit(part, buf, (size_t)off + 30), 0);
     int64_t n = 0;
     assert_int_equal(kvs_trace_recover(part, rec, &n), KVS_OK);
     assert_int_equal(n, 32);
@@ -740,7 +729,7 @@ static void test_cli_capture_lean_verify_export_replay(void **state) {
     assert_int_equal(kvs_test_cli(out, err, exq_f), 0);
     assert_int_equal(kvs_test_cli(out, err, exq_l), 0);
     size_t na, nb;
-    uint8_t *a = slurp(npy_full, &na), *b = slurp(npy_lean, &nb);
+    uint8_t *a = kvs_test_slurp(npy_full, &na), *b = kvs_test_slurp(npy_lean, &nb);
     assert_int_equal(na, nb);
     assert_memory_equal(a, b, na);
     free(a), free(b);
@@ -749,7 +738,7 @@ static void test_cli_capture_lean_verify_export_replay(void **state) {
     assert_int_equal(kvs_test_cli(out, err, exl_f), 0);
     assert_int_equal(kvs_test_cli(out, err, exl_l), 0);
     assert_file_contains(out, "recomputed in fp32 from the stored q/k/v");
-    a = slurp(npy_full, &na), b = slurp(npy_lean, &nb);
+    a = kvs_test_slurp(npy_full, &na), b = kvs_test_slurp(npy_lean, &nb);
     assert_int_equal(na, nb);
     size_t hdr = 10 + (size_t)kvs_get_u16(a + 8), n = (na - hdr) / 4;
     assert_true(n == 65 * 8);

@@ -1,7 +1,11 @@
 /* testenv.c — see testenv.h (test helper). */
 #include "testenv.h"
 
+#include "common/kvs.h"
+
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/stat.h>
 
 const char *kvs_test_root(void) {
@@ -13,3 +17,20 @@ int kvs_test_exists(const char *path) {
     struct stat st;
     return stat(path, &st) == 0;
 }
+
+void *kvs_test_slurp(const char *path, size_t *len) {
+    char *data = NULL;
+    size_t n = 0;
+    if (kvs_read_file(path, &data, &n) != KVS_OK) return NULL;
+    if (len) *len = n;
+    return data;
+}
+
+int kvs_test_spit(const char *path, const void *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    int ok = fwrite(data, 1, len, f) == len;
+    return fclose(f) == 0 && ok ? 0 : -1;
+}
+
+int kvs_test_spit_text(const char *path, const char *text) { return kvs_test_spit(path, text, strlen(text)); }

@@ -1,5 +1,6 @@
 /* testenv.h — TEST HELPER: where the tests find the repository (KVSIM_ROOT, set by `make test`; the shared
- * models are at KVSIM_ROOT/../shared/models) and small file checks shared by the test files.
+ * models are at KVSIM_ROOT/../shared/models) and the small file helpers every test file used to write its own
+ * copy of (read a whole file, write one).
  */
 #ifndef KVS_TESTENV_H
 #define KVS_TESTENV_H
@@ -9,5 +10,17 @@ const char *kvs_test_root(void);
 
 /*! kvs_test_exists() : 1 when `path` exists (any file type). */
 int kvs_test_exists(const char *path);
+
+#include <stddef.h>
+
+/*! kvs_test_slurp() : the whole file at `path` in a malloc'd buffer (caller frees) with a NUL appended, its size
+ *  in *len (len may be NULL); NULL when it cannot be read. void * so that text and byte buffers take it alike. */
+void *kvs_test_slurp(const char *path, size_t *len);
+
+/*! kvs_test_spit() : writes `len` bytes to `path` (created or truncated). @return 0, or -1 when it cannot. */
+int kvs_test_spit(const char *path, const void *data, size_t len);
+
+/*! kvs_test_spit_text() : kvs_test_spit of a NUL-terminated text. */
+int kvs_test_spit_text(const char *path, const char *text);
 
 #endif /* KVS_TESTENV_H */
