@@ -22,6 +22,7 @@
 
 #include "../common/kvs_math.h"
 #include "../common/kvs_math_simd.h"
+#include "policy_memo.h"
 #include "samples.h"
 
 /* ------------------------------------------------------------------------------------------------
@@ -160,6 +161,7 @@ typedef struct {
     int *has_merged;          /* [G] per list: holds merged slots this step */
     float *lists_f;           /* kvs_attention_lists() scratch: [G][N] union scores / weights */
     int32_t *lists_i;         /* kvs_attention_lists() scratch: [G+1][N] the union, places in it */
+    kvs_policy_memo *memo;    /* prefill scores shared by this task's configurations (NULL = none) */
 } task;
 
 static void task_free(task *t) {
@@ -218,6 +220,7 @@ static void task_free(task *t) {
     free(t->has_merged);
     free(t->lists_f);
     free(t->lists_i);
+    kvs_policy_memo_free(t->memo);
 }
 
 static kvs_status task_alloc(task *t) {
@@ -260,6 +263,8 @@ static kvs_status task_alloc(task *t) {
     t->has_merged = calloc(G, sizeof *t->has_merged);
     t->lists_f = malloc(kvs_attn_lists_scratch_floats(G, N) * sizeof(float));
     t->lists_i = malloc(kvs_attn_lists_scratch_ints(G, N) * sizeof(int32_t));
+    /* no memo when a hook may rewrite rows between configurations; without memory, simply none */
+    if (e->o->prefill_memo >= 0 && !(e->o->hooks && e->o->hooks->on_step_end)) t->memo = kvs_policy_memo_create();
     if (!t->has_merged || !t->lists_f || !t->lists_i || !t->row_k || !t->row_v || !t->gk || !t->gv || !t->blk_size || !t->blk_begin || !t->views)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     if (!t->streams || !t->hk || !t->hv || !t->qb || !t->states || !t->sync_states || !t->layout || !t->sel_idx ||
@@ -754,6 +759,7 @@ static kvs_status prefill_block(task *t, int ci, int64_t tk, int64_t bb, int64_t
             .k = t->hk[h], .v = t->hv[h], .q = t->qb[h] + (size_t)(bb - turn->begin) * Gd, .q_first = bb,
             .n_q = be - bb, .turn_begin = turn->begin, .prompt_end = turn->prompt_end,
             .turn = (int32_t)tk, .full_probs = NULL, .block_begin = bb, .last_block = be == turn->prompt_end,
+            .memo = t->memo,
         };
         if ((st = ops->prefill(t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h], &view)) != KVS_OK) return st;
     }
@@ -897,6 +903,7 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
                         for (int g = 0; g < e->G; g++) rank_full(&t, h, g, pos);
             }
             double shared = kvs_now_s() - t0;
+            if (is_prompt) kvs_policy_memo_clear(t.memo); /* entries hold only this position's computations */
             int active = 0;
             for (int ci = 0; ci < t.nc; ci++) active += !atomic_load(&e->cfg_failed[c_lo + ci]);
             for (int ci = 0; ci < t.nc; ci++) {
