@@ -8,9 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Entries kept per position: the distinct computations of one position are a few per policy family and KV head
- * (a sweep's 10 policies x 2-8 KV heads); past that, the oldest entry is replaced. */
-enum { MEMO_ENTRIES = 32 };
+/* Entries kept per position: the distinct computations of one position are one per policy family, KV head and
+ * (expand mode) query head: H2O and SnapKV on Llama-3.1-8B's 8 KV heads x 4 query heads are 32 each. Past either
+ * bound a result is simply not kept (replacing entries would thrash when configurations alternate). The byte bound
+ * caps the memo's memory per task (per thread): a 32K-token prompt's fp64 column sums are 256 KiB an entry. */
+enum { MEMO_ENTRIES = 256 };
+#define MEMO_MAX_BYTES ((size_t)32 << 20)
 
 typedef enum { MEMO_COLSUM_F32 = 1, MEMO_COLSUM_F64 = 2, MEMO_SNAPKV = 3 } memo_kind;
 
@@ -29,7 +32,8 @@ typedef struct {
 
 struct kvs_policy_memo {
     memo_entry e[MEMO_ENTRIES];
-    int n, next;      /* entries in use; the one replaced next when full */
+    int n;            /* entries in use */
+    size_t bytes;     /* held by every entry's buffers */
     int64_t hits;
 };
 
@@ -47,7 +51,6 @@ void kvs_policy_memo_free(kvs_policy_memo *m) {
 void kvs_policy_memo_clear(kvs_policy_memo *m) {
     if (!m) return;
     m->n = 0;
-    m->next = 0;
 }
 
 int64_t kvs_policy_memo_hits(const kvs_policy_memo *m) { return m ? m->hits : 0; }
@@ -79,26 +82,31 @@ static memo_entry *find(kvs_policy_memo *m, memo_kind kind, const kvs_attn_src *
     return NULL;
 }
 
-/* A slot for a new entry holding the description of the call and res_bytes of output, or NULL when out of
- * memory (the result is then simply not kept). */
+/* A slot for a new entry holding the description of the call and res_bytes of output, or NULL when the memo is
+ * full or out of memory (the result is then simply not kept). */
 static memo_entry *store(kvs_policy_memo *m, memo_kind kind, const kvs_attn_src *src, const kvs_colsum_opts *co,
                          const kvs_snapkv_opts *so, size_t res_bytes) {
-    memo_entry *x = &m->e[m->n < MEMO_ENTRIES ? m->n : m->next];
+    if (m->n == MEMO_ENTRIES) return NULL;
+    memo_entry *x = &m->e[m->n];
     size_t n_idx = src->idx && src->n_cand > 0 ? (size_t)src->n_cand : 0;
+    size_t grow = (n_idx > x->idx_cap ? (n_idx - x->idx_cap) * sizeof(int32_t) : 0) +
+                  (res_bytes > x->res_cap ? res_bytes - x->res_cap : 0);
+    if (m->bytes + grow > MEMO_MAX_BYTES) return NULL;
     if (n_idx > x->idx_cap) {
         int32_t *p = realloc(x->idx, n_idx * sizeof(int32_t));
         if (!p) return NULL;
+        m->bytes += (n_idx - x->idx_cap) * sizeof(int32_t);
         x->idx = p;
         x->idx_cap = n_idx;
     }
     if (res_bytes > x->res_cap) {
         void *p = realloc(x->res, res_bytes);
         if (!p) return NULL;
+        m->bytes += res_bytes - x->res_cap;
         x->res = p;
         x->res_cap = res_bytes;
     }
-    if (m->n < MEMO_ENTRIES) m->n++;
-    else m->next = (m->next + 1) % MEMO_ENTRIES;
+    m->n++;
     x->kind = kind;
     x->src = *src;
     if (n_idx) memcpy(x->idx, src->idx, n_idx * sizeof(int32_t));

@@ -158,6 +158,31 @@ static void test_colsum_what_must_not_hit(void **st) {
     free(x.scratch);
 }
 
+/* The computations of a position with many KV heads and query heads (Llama-3.1-8B: H2O alone asks for 32) all
+ * stay: 64 distinct ones stored, then every one a hit with its own bits. */
+static void test_many_entries_all_hit(void **st) {
+    (void)st;
+    data x;
+    data_init(&x);
+    kvs_policy_memo *m = kvs_policy_memo_create();
+    kvs_policy_view view = {.memo = m};
+    kvs_attn_src src = src_of(&x);
+    enum { N_DISTINCT = 64 };
+    static double first[N_DISTINCT][NCAND];
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < N_DISTINCT; i++) {
+            kvs_colsum_opts co = {.row_first = i % (NQ / 2), .n_rows = NQ / 2, .head_first = i / (NQ / 2),
+                                  .n_heads = 1, .reduce = KVS_GQA_SUM, .n_out = NCAND};
+            double got[NCAND] = {0};
+            kvs_policy_colsum(&view, &src, &co, NULL, got, x.scratch);
+            if (pass == 0) memcpy(first[i], got, sizeof got);
+            else assert_memory_equal(first[i], got, sizeof got);
+        }
+    assert_int_equal(kvs_policy_memo_hits(m), N_DISTINCT);
+    kvs_policy_memo_free(m);
+    free(x.scratch);
+}
+
 static void test_snapkv_scores_hit_and_miss_same_bits(void **st) {
     (void)st;
     data x;
@@ -258,6 +283,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_colsum_hit_and_miss_same_bits),
         cmocka_unit_test(test_colsum_what_must_not_hit),
+        cmocka_unit_test(test_many_entries_all_hit),
         cmocka_unit_test(test_snapkv_scores_hit_and_miss_same_bits),
         cmocka_unit_test(test_replay_memo_same_numbers),
     };
