@@ -9,6 +9,7 @@
 #include "kvs_math_simd_f64.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -96,6 +97,107 @@ void kvs_attention_causal_block(const float *q, size_t nb, size_t group, const f
     for (size_t b = 1; b < nb; b++)
         k->output_add((const float *const *)(probs_rows + b * group), group, p0 + 1, values + (p0 + 1) * d, d, NULL, b,
                       d, out_rows + b * group);
+}
+
+/* ---- per-row lists over their union (kvs_attention_lists) ---- */
+
+enum { LISTS_MAX_ROWS = 64 }; /* query rows of one call on the union path (row pointers on the stack) */
+
+size_t kvs_attn_lists_scratch_floats(size_t nq, size_t cap) { return nq * cap; }
+size_t kvs_attn_lists_scratch_ints(size_t nq, size_t cap) { return (nq + 1) * cap; }
+
+/* The union of the nq ascending lists into uidx (ascending) and, for list r's j-th entry, its place in the union
+ * in pos[r*cap + j]. @return |U|, or 0 when a list is empty, not strictly ascending, out of [0, cap), or the
+ * union exceeds twice the mean list (then the G-row kernels do more work than the rows alone would save). */
+static size_t lists_union(size_t nq, const int32_t *const *idx, const int64_t *n, size_t cap, int32_t *uidx,
+                          int32_t *pos) {
+    int64_t total = 0;
+    for (size_t r = 0; r < nq; r++) {
+        if (n[r] <= 0 || (uint64_t)n[r] > cap) return 0;
+        for (int64_t j = 0; j < n[r]; j++)
+            if (idx[r][j] < 0 || (size_t)idx[r][j] >= cap || (j > 0 && idx[r][j] <= idx[r][j - 1])) return 0;
+        total += n[r];
+    }
+    size_t limit = (size_t)(2 * total) / nq, nu = 0;
+    int64_t cur[LISTS_MAX_ROWS] = {0};
+    for (;;) {
+        int32_t m = INT32_MAX;
+        for (size_t r = 0; r < nq; r++)
+            if (cur[r] < n[r] && idx[r][cur[r]] < m) m = idx[r][cur[r]];
+        if (m == INT32_MAX) return nu;
+        if (nu == limit) return 0;
+        for (size_t r = 0; r < nq; r++)
+            if (cur[r] < n[r] && idx[r][cur[r]] == m) pos[r * cap + (size_t)cur[r]++] = (int32_t)nu;
+        uidx[nu++] = m;
+    }
+}
+
+/* The union path once scores are in urow[r][0..nu): each row's softmax over its own list (its scores gathered in
+ * list order, as kvs_attention() has them), then its probabilities scattered back over the union, zeros
+ * elsewhere, for the output kernel; out rows zeroed. */
+static void lists_softmax(const kvs_math_kernels *k, size_t nq, const int64_t *n, size_t cap, const int32_t *pos,
+                          size_t nu, float *const *urow, float *const *probs_rows, float *out, size_t d) {
+    for (size_t r = 0; r < nq; r++) {
+        const int32_t *pr = pos + r * cap;
+        for (int64_t j = 0; j < n[r]; j++) probs_rows[r][j] = urow[r][pr[j]];
+        k->softmax(probs_rows[r], (size_t)n[r]);
+        memset(urow[r], 0, nu * sizeof(float));
+        for (int64_t j = 0; j < n[r]; j++) urow[r][pr[j]] = probs_rows[r][j];
+        memset(out + r * d, 0, d * sizeof(float));
+    }
+}
+
+int kvs_attention_lists(const float *q, size_t nq, const float *keys, const float *values, size_t stride,
+                        const int32_t *const *idx, const int64_t *n, size_t cap, size_t d, float scale,
+                        float *const *probs_rows, float *out, float *fscratch, int32_t *iscratch) {
+    const kvs_math_kernels *k = kvs_math_kernels_active();
+    int32_t *uidx = iscratch, *pos = iscratch + cap;
+    size_t nu = nq > 1 && nq <= LISTS_MAX_ROWS ? lists_union(nq, idx, n, cap, uidx, pos) : 0;
+    if (!nu) {
+        for (size_t r = 0; r < nq; r++)
+            if (n[r] > 0)
+                kvs_attention(q + r * d, keys, values, stride, idx[r], (size_t)n[r], d, scale, probs_rows[r],
+                              out + r * d);
+            else
+                memset(out + r * d, 0, d * sizeof(float));
+        return 0;
+    }
+    float *urow[LISTS_MAX_ROWS], *orow[LISTS_MAX_ROWS];
+    for (size_t r = 0; r < nq; r++) {
+        urow[r] = fscratch + r * cap;
+        orow[r] = out + r * d;
+    }
+    k->scores(q, nq, keys, stride, uidx, nu, d, scale, urow, 0);
+    lists_softmax(k, nq, n, cap, pos, nu, urow, probs_rows, out, d);
+    k->output_add((const float *const *)urow, nq, 0, values, stride, uidx, nu, d, orow);
+    return 1;
+}
+
+int kvs_attention_lists16(const float *q, size_t nq, const uint16_t *keys, const uint16_t *values, kvs_dtype dtype,
+                          const float *keys32, const float *values32, size_t stride, const int32_t *const *idx,
+                          const int64_t *n, size_t cap, size_t d, float scale, float *const *probs_rows, float *out,
+                          float *fscratch, int32_t *iscratch) {
+    const kvs_math_kernels *k = kvs_math_kernels_active();
+    int32_t *uidx = iscratch, *pos = iscratch + cap;
+    size_t nu = nq > 1 && nq <= LISTS_MAX_ROWS ? lists_union(nq, idx, n, cap, uidx, pos) : 0;
+    if (!nu) {
+        for (size_t r = 0; r < nq; r++)
+            if (n[r] > 0)
+                kvs_attention(q + r * d, keys32, values32, stride, idx[r], (size_t)n[r], d, scale, probs_rows[r],
+                              out + r * d);
+            else
+                memset(out + r * d, 0, d * sizeof(float));
+        return 0;
+    }
+    float *urow[LISTS_MAX_ROWS], *orow[LISTS_MAX_ROWS];
+    for (size_t r = 0; r < nq; r++) {
+        urow[r] = fscratch + r * cap;
+        orow[r] = out + r * d;
+    }
+    k->scores16(q, nq, keys, dtype, stride, uidx, nu, d, scale, urow, 0);
+    lists_softmax(k, nq, n, cap, pos, nu, urow, probs_rows, out, d);
+    k->output_add16((const float *const *)urow, nq, 0, values, dtype, stride, uidx, nu, d, orow);
+    return 1;
 }
 
 /* The 16-bit versions: kvs_attention_group / kvs_attention_causal_block step for step, with the scores and output

@@ -65,6 +65,32 @@ void kvs_attention_causal_block(const float *q, size_t nb, size_t group, const f
                                 size_t d, size_t p0, float scale, float *const *probs_rows, float *const *out_rows,
                                 double *lse);
 
+/* Scratch of kvs_attention_lists() for lists of positions below `cap`, nq query rows: caller-owned, sized with
+ * kvs_attn_lists_scratch_floats() floats and kvs_attn_lists_scratch_ints() int32s. */
+size_t kvs_attn_lists_scratch_floats(size_t nq, size_t cap);
+size_t kvs_attn_lists_scratch_ints(size_t nq, size_t cap);
+
+/*! kvs_attention_lists() : kvs_attention() of query row r (q: [nq][d]) over its own list idx[r][0..n[r]) of K/V
+ *  rows, for every r < nq (the per-query-head selections of a KV head). probs_rows[r] (n[r] floats) and out
+ *  ([nq][d]) receive each row's probabilities in its list's order and its output, bit for bit kvs_attention()'s
+ *  for that row, given finite V rows. When every list is strictly ascending, non-empty, below `cap`, and their
+ *  union U is at most twice the mean list, the scores of all rows run over U at once (each key row read once:
+ *  the group kernel), each row's softmax over its own list, and the output over U with a zero weight for a
+ *  non-member: an exact zero added into an accumulator that starts at +0, in the same ascending order, so the
+ *  same bits (sim/BENCH.md "Third pass"). Otherwise row by row (an empty list: a zero output row).
+ *  fscratch / iscratch: sized as above.
+ *  @return 1 when the union path ran, 0 when row by row. */
+int kvs_attention_lists(const float *q, size_t nq, const float *keys, const float *values, size_t stride,
+                        const int32_t *const *idx, const int64_t *n, size_t cap, size_t d, float scale,
+                        float *const *probs_rows, float *out, float *fscratch, int32_t *iscratch);
+
+/*! kvs_attention_lists16() : kvs_attention_lists() over 16-bit K/V rows (below); the row-by-row fallback reads
+ *  the fp32 rows `keys32` / `values32` (the same numbers: the 16-bit kernels equal the fp32 ones bit for bit). */
+int kvs_attention_lists16(const float *q, size_t nq, const uint16_t *keys, const uint16_t *values, kvs_dtype dtype,
+                          const float *keys32, const float *values32, size_t stride, const int32_t *const *idx,
+                          const int64_t *n, size_t cap, size_t d, float scale, float *const *probs_rows, float *out,
+                          float *fscratch, int32_t *iscratch);
+
 /* ---- K/V kept in a trace's 16-bit form (issue 14) ----
  * The two functions above over K/V rows of fp16 or bf16 (`dtype`: KVS_DTYPE_F16 or KVS_DTYPE_BF16 of
  * common/kvs.h; rows `stride` uint16_t apart, d <= KVS_KV16_MAX_DIM of kvs_math_simd.h), converted to fp32 on

@@ -753,11 +753,24 @@ static const kvs_math_kernels kernels_avx2 = {
 
 /* F16C (the 16-bit kernels' vcvtph2ps) from CPUID leaf 1, ECX bit 29, as common/kvs.c reads it: clang's
  * __builtin_cpu_supports does not know "f16c". Every AVX2 CPU has it; checked all the same. */
-static int cpu_has_avx2(void) {
+static int cpu_check_avx2(void) {
     __builtin_cpu_init();
     unsigned a = 0, b = 0, c = 0, d = 0;
     int f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
     return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+/* The answer is cached: CPUID traps to the hypervisor in a VM (microseconds), and kvs_math_f64_kernels_active()
+ * asks on every policy scoring call (before the cache: 45% of a Quest sweep's samples; sim/BENCH.md "Third
+ * pass"). Racing first calls store the same value. */
+static int cpu_has_avx2(void) {
+    static atomic_int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    if (v < 0) {
+        v = cpu_check_avx2();
+        atomic_store_explicit(&cached, v, memory_order_relaxed);
+    }
+    return v;
 }
 
 /* ---- AVX-512F: the scores and output tiles on 16 lanes (the rest as AVX2, which every AVX-512 CPU has) ----

@@ -123,6 +123,7 @@
 #include <string.h>
 
 #include "../common/kvs_math.h"
+#include "../sim/policy_memo.h"
 #include "d2o_internal.h"
 #include "registry.h"
 
@@ -811,7 +812,7 @@ static kvs_status prefill_list(d2o_state *s, int li, const kvs_policy_view *view
     kvs_colsum_opts co = {.row_first = first - view->q_first, .n_rows = n_new,
                           .head_first = s->gqa == KVS_D2O_GQA_EXPAND ? li : 0,
                           .n_heads = s->gqa == KVS_D2O_GQA_EXPAND ? 1 : s->group, .reduce = KVS_GQA_SUM, .n_out = nc};
-    kvs_attn_colsum(&src, &co, NULL, L->acc, s->work);
+    kvs_policy_colsum(view, &src, &co, NULL, L->acc, s->work);
     if (nc <= s->cache) return KVS_OK;
     /* keep the sinks (the oldest T' slots), the last M, and the N best acc in between (ties: the older) */
     int64_t lo = s->n_sink, hi = nc - s->n_recent;

@@ -38,6 +38,7 @@
 #include <string.h>
 
 #include "../common/kvs_math.h"
+#include "../sim/policy_memo.h"
 #include "registry.h"
 
 enum { H2O_EXPAND = 0, H2O_MEAN = 1 };
@@ -214,7 +215,7 @@ static kvs_status h2o_prefill_list(h2o_state *s, int li, const kvs_policy_view *
         kvs_colsum_opts co = {.row_first = q_lo - view->q_first, .n_rows = view->n - q_lo,
                               .head_first = s->mode == H2O_EXPAND ? li : 0,
                               .n_heads = s->mode == H2O_EXPAND ? 1 : s->group, .reduce = KVS_GQA_MEAN, .n_out = nc};
-        kvs_attn_colsum(&src, &co, NULL, s->cacc, s->work);
+        kvs_policy_colsum(view, &src, &co, NULL, s->cacc, s->work);
     }
     /* Compress to B-1: the last recent-1 candidates plus the top `heavy` of the older ones. */
     int64_t keep = s->budget - 1;

@@ -77,6 +77,7 @@
 #include <string.h>
 
 #include "../common/kvs_math.h"
+#include "../sim/policy_memo.h"
 #include "registry.h"
 #include "rocketkv_internal.h"
 
@@ -420,7 +421,7 @@ static void stage1(rk_state *s, const kvs_policy_view *view, int64_t nc, int64_t
                         .scale = s->scale, .keys = view->k, .idx = s->cidx, .n_cand = nc};
     kvs_snapkv_opts so = {.window = w, .kernel = s->kernel, .pool = KVS_POOL_MAX, .head_first = 0,
                           .n_heads = s->group, .reduce = KVS_GQA_SUM};
-    int64_t m = kvs_snapkv_scores(&src, &so, s->pooled, s->work);
+    int64_t m = kvs_policy_snapkv_scores(view, &src, &so, s->pooled, s->work);
     KVS_ASSERT(m == nc - w);
     int64_t k = bp - w;
     kvs_topk(s->pooled, (size_t)m, (size_t)k, s->top);

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "../common/kvs_math.h"
+#include "../sim/policy_memo.h"
 #include "registry.h"
 
 enum { SH_EXPAND = 0, SH_MEAN = 1 };
@@ -249,7 +250,7 @@ static kvs_status sh_prefill(void *state, const kvs_policy_view *view) {
                                   .n_heads = s->mode == SH_EXPAND ? 1 : s->group, .reduce = KVS_GQA_MEAN,
                                   .n_out = visible};
             for (int64_t j = 0; j < visible; j++) s->avg[j] = 0;
-            kvs_attn_colsum(&src, &co, NULL, s->avg, s->work);
+            kvs_policy_colsum(view, &src, &co, NULL, s->avg, s->work);
             record(s, L, s->avg, visible);
         }
         s->obs++;

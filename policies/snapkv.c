@@ -48,6 +48,7 @@
 #include <string.h>
 
 #include "../common/kvs_math.h"
+#include "../sim/policy_memo.h"
 #include "registry.h"
 
 enum { SNAP_EXPAND = 0, SNAP_MEAN = 1, SNAP_MAX = 2 };
@@ -252,7 +253,7 @@ static kvs_status snap_prefill_list(snap_state *s, int li, const kvs_policy_view
                           .reduce = s->mode == SNAP_EXPAND ? KVS_GQA_NONE
                                     : s->mode == SNAP_MEAN ? KVS_GQA_MEAN
                                                            : KVS_GQA_MAX};
-    int64_t m = kvs_snapkv_scores(&src, &so, s->pooled, s->work);
+    int64_t m = kvs_policy_snapkv_scores(view, &src, &so, s->pooled, s->work);
     KVS_ASSERT(m == nc - w);
     int64_t k = s->budget - w;
     kvs_topk(s->pooled, (size_t)m, (size_t)k, s->top);

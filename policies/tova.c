@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "../common/kvs_math.h"
+#include "../sim/policy_memo.h"
 #include "registry.h"
 
 enum { TOVA_LAYER = 0, TOVA_GROUP = 1 };
@@ -157,7 +158,7 @@ static kvs_status tova_prefill(void *state, const kvs_policy_view *view) {
                         .scale = s->scale, .keys = view->k, .idx = s->cand, .n_cand = nc};
     kvs_colsum_opts co = {.row_first = view->n - 1 - view->q_first, .n_rows = 1, .head_first = 0, .n_heads = s->group,
                           .reduce = KVS_GQA_MEAN, .n_out = nc};
-    kvs_attn_colsum(&src, &co, NULL, s->score, s->work);
+    kvs_policy_colsum(view, &src, &co, NULL, s->score, s->work);
     if (s->mode == TOVA_GROUP) return keep_top(s, s->score);
     return KVS_OK; /* layer mode: layer_sync averages over KV heads and keeps the same set everywhere */
 }

@@ -22,6 +22,7 @@
 
 #include "../common/kvs_math.h"
 #include "../common/kvs_math_simd.h"
+#include "policy_memo.h"
 #include "samples.h"
 
 /* ------------------------------------------------------------------------------------------------
@@ -158,6 +159,9 @@ typedef struct {
     int64_t *blk_begin;       /* [nc] first position of the current prefill block */
     kvs_policy_view *views;   /* [Hkv] decode views of the current position (layer_pre_select) */
     int *has_merged;          /* [G] per list: holds merged slots this step */
+    float *lists_f;           /* kvs_attention_lists() scratch: [G][N] union scores / weights */
+    int32_t *lists_i;         /* kvs_attention_lists() scratch: [G+1][N] the union, places in it */
+    kvs_policy_memo *memo;    /* prefill scores shared by this task's configurations (NULL = none) */
 } task;
 
 static void task_free(task *t) {
@@ -214,6 +218,9 @@ static void task_free(task *t) {
     free(t->blk_begin);
     free(t->views);
     free(t->has_merged);
+    free(t->lists_f);
+    free(t->lists_i);
+    kvs_policy_memo_free(t->memo);
 }
 
 static kvs_status task_alloc(task *t) {
@@ -254,7 +261,11 @@ static kvs_status task_alloc(task *t) {
     t->blk_begin = calloc((size_t)t->nc, sizeof *t->blk_begin);
     t->views = calloc(H, sizeof *t->views);
     t->has_merged = calloc(G, sizeof *t->has_merged);
-    if (!t->has_merged || !t->row_k || !t->row_v || !t->gk || !t->gv || !t->blk_size || !t->blk_begin || !t->views)
+    t->lists_f = malloc(kvs_attn_lists_scratch_floats(G, N) * sizeof(float));
+    t->lists_i = malloc(kvs_attn_lists_scratch_ints(G, N) * sizeof(int32_t));
+    /* no memo when a hook may rewrite rows between configurations; without memory, simply none */
+    if (e->o->prefill_memo >= 0 && !(e->o->hooks && e->o->hooks->on_step_end)) t->memo = kvs_policy_memo_create();
+    if (!t->has_merged || !t->lists_f || !t->lists_i || !t->row_k || !t->row_v || !t->gk || !t->gv || !t->blk_size || !t->blk_begin || !t->views)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     if (!t->streams || !t->hk || !t->hv || !t->qb || !t->states || !t->sync_states || !t->layout || !t->sel_idx ||
         !t->sel_n || !t->pbuf || !t->fullp || !t->fullo || !t->order || !t->sort_scratch || !t->rank || !t->outp || !t->stored || !t->mark)
@@ -581,6 +592,12 @@ static void attend_list(task *t, int h, const float *q, const kvs_policy_sel *se
     kvs_attention(q, t->gk, t->gv, d, NULL, (size_t)sel->n[li], d, e->src->model.scale, probs, out);
 }
 
+static int any_merged(const int *has_merged, int n_lists) {
+    for (int li = 0; li < n_lists; li++)
+        if (has_merged[li]) return 1;
+    return 0;
+}
+
 /* A decode step of configuration ci at position p (layer_pre_select, every KV head, then the layer sync). */
 static kvs_status decode_step(task *t, int ci, const kvs_trace_block *const *blk, int i, int64_t p, int64_t tk,
                               int measured) {
@@ -634,6 +651,16 @@ static kvs_status decode_step(task *t, int ci, const kvs_trace_block *const *blk
         } else if (sel.n_lists == 1 && !has_merged[0]) {
             kvs_attention_group(q, (size_t)e->G, t->hk[h], t->hv[h], d, sel.idx[0], (size_t)sel.n[0], d,
                                 e->src->model.scale, t->pbuf, t->outp, NULL);
+        } else if (sel.n_lists == e->G && !any_merged(has_merged, sel.n_lists)) {
+            /* per-query-head lists: over their union where it pays (each K/V row read once for the G heads),
+             * every head's numbers bit for bit its own list's (kvs_attention_lists) */
+            if (t->kv16 != KVS_DTYPE_F32)
+                kvs_attention_lists16(q, (size_t)e->G, t->hk16[h], t->hv16[h], t->kv16, t->hk[h], t->hv[h], d,
+                                      (const int32_t *const *)sel.idx, sel.n, N, d, e->src->model.scale, t->pbuf,
+                                      t->outp, t->lists_f, t->lists_i);
+            else
+                kvs_attention_lists(q, (size_t)e->G, t->hk[h], t->hv[h], d, (const int32_t *const *)sel.idx, sel.n, N,
+                                    d, e->src->model.scale, t->pbuf, t->outp, t->lists_f, t->lists_i);
         } else {
             for (int g = 0; g < e->G; g++) {
                 int li = sel.n_lists == 1 ? 0 : g;
@@ -732,6 +759,7 @@ static kvs_status prefill_block(task *t, int ci, int64_t tk, int64_t bb, int64_t
             .k = t->hk[h], .v = t->hv[h], .q = t->qb[h] + (size_t)(bb - turn->begin) * Gd, .q_first = bb,
             .n_q = be - bb, .turn_begin = turn->begin, .prompt_end = turn->prompt_end,
             .turn = (int32_t)tk, .full_probs = NULL, .block_begin = bb, .last_block = be == turn->prompt_end,
+            .memo = t->memo,
         };
         if ((st = ops->prefill(t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h], &view)) != KVS_OK) return st;
     }
@@ -875,6 +903,7 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
                         for (int g = 0; g < e->G; g++) rank_full(&t, h, g, pos);
             }
             double shared = kvs_now_s() - t0;
+            if (is_prompt) kvs_policy_memo_clear(t.memo); /* entries hold only this position's computations */
             int active = 0;
             for (int ci = 0; ci < t.nc; ci++) active += !atomic_load(&e->cfg_failed[c_lo + ci]);
             for (int ci = 0; ci < t.nc; ci++) {

@@ -1,0 +1,50 @@
+/* policy_memo.h — the replay engine's memo of prefill scores shared between the configurations of one replay
+ * task (issue 17, "Replay at the hardware's speed"; sim/BENCH.md "Third pass"). A sweep runs one policy at
+ * several budgets; H2O's, Scissorhands' and TOVA's prompt column sums (kvs_attn_colsum) and SnapKV's, PyramidKV's,
+ * Ada-KV's and RocketKV's observation-window scores (kvs_snapkv_scores) do not depend on the budget at a turn's
+ * first prefill, yet each configuration computed them again. A policy calls kvs_policy_colsum() /
+ * kvs_policy_snapkv_scores() with its prefill view instead of the kvs_math.h function: when the view carries a
+ * memo and an earlier configuration of the same task asked for the same computation (the same q and key rows,
+ * the same candidates, the same options) at the same position, the stored result is copied; otherwise it is
+ * computed and stored. Either way the output is the kvs_math.h function's, bit for bit: a hit copies the bits
+ * the same computation produced. Nothing is shared that the policy could not compute from its own view (the
+ * prompt's queries and keys every policy sees at prefill), and the memo lives in one task (one thread): no
+ * global state. The engine clears it whenever the rows under the view may change (each position; never used
+ * when an on_step_end hook may rewrite rows).
+ */
+#ifndef KVS_POLICY_MEMO_H
+#define KVS_POLICY_MEMO_H
+
+#include <stdint.h>
+
+#include "../common/kvs_math.h"
+#include "policy.h"
+
+typedef struct kvs_policy_memo kvs_policy_memo;
+
+/*! kvs_policy_memo_create() : an empty memo; NULL when out of memory (the engine then runs without one).
+ *  Caller owns; free with kvs_policy_memo_free(). */
+kvs_policy_memo *kvs_policy_memo_create(void);
+
+/*! kvs_policy_memo_free() : accepts NULL. */
+void kvs_policy_memo_free(kvs_policy_memo *m);
+
+/*! kvs_policy_memo_clear() : forgets every entry (their buffers are kept for reuse). The engine calls it before
+ *  the rows a stored entry was computed from may change. */
+void kvs_policy_memo_clear(kvs_policy_memo *m);
+
+/*! kvs_policy_memo_hits() : lookups answered from the memo since creation (tests, the benchmark). */
+int64_t kvs_policy_memo_hits(const kvs_policy_memo *m);
+
+/*! kvs_policy_colsum() : kvs_attn_colsum(src, opts, out_f32, out_f64, scratch), bit for bit. Memoised when
+ *  view->memo is set and the output span it adds to is all +0.0 on entry (a running score to add to is never
+ *  memoised: the sums' rounding depends on it). */
+void kvs_policy_colsum(const kvs_policy_view *view, const kvs_attn_src *src, const kvs_colsum_opts *opts,
+                       float *out_f32, double *out_f64, void *scratch);
+
+/*! kvs_policy_snapkv_scores() : kvs_snapkv_scores(src, opts, out, scratch), bit for bit, memoised when
+ *  view->memo is set. */
+int64_t kvs_policy_snapkv_scores(const kvs_policy_view *view, const kvs_attn_src *src, const kvs_snapkv_opts *opts,
+                                 float *out, void *scratch);
+
+#endif /* KVS_POLICY_MEMO_H */

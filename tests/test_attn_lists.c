@@ -1,0 +1,216 @@
+/* test_attn_lists.c — kvs_attention_lists() / kvs_attention_lists16() (common/kvs_math.h; sim/BENCH.md "Third
+ * pass"): the per-query-head selections of a KV head computed over their union must give every row's
+ * probabilities and output bit for bit as kvs_attention() over the row's own list does, on the kernel table in
+ * use (run with KVS_SIMD=scalar / avx512 for the others):
+ *  - overlapping ascending lists (the union path), lists with probabilities that underflow to zero and negative
+ *    values (the zero weights of non-members must not change a bit), head_dims with and without tails;
+ *  - lists the union path must refuse (not ascending, duplicates, an empty list, a union far larger than the
+ *    lists), which fall back to row by row: the same bits and the return value says which path ran;
+ *  - the 16-bit variant against kvs_attention() on the rows' exact fp32 conversion.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "common/kvs.h"
+#include "common/kvs_math.h"
+
+enum { NQ = 4, CAP = 300 };
+
+static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
+static uint32_t urand(void) {
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng_state >> 33);
+}
+static float frand(void) { return (float)urand() / 2147483648.0f - 1.0f; }
+
+typedef struct {
+    size_t d;
+    float *keys, *values, *q;         /* [CAP][d], [CAP][d], [NQ][d] */
+    int32_t *idx[NQ];                 /* [NQ] -> [CAP] */
+    int64_t n[NQ];
+    float *probs[NQ], *ref_probs[NQ]; /* [NQ] -> [CAP] */
+    float *out, *ref_out;             /* [NQ][d] */
+    float *fs;
+    int32_t *is;
+} fixture;
+
+static void fixture_init(fixture *f, size_t d, float qscale) {
+    f->d = d;
+    f->keys = malloc(CAP * d * sizeof(float));
+    f->values = malloc(CAP * d * sizeof(float));
+    f->q = malloc(NQ * d * sizeof(float));
+    f->out = malloc(NQ * d * sizeof(float));
+    f->ref_out = malloc(NQ * d * sizeof(float));
+    f->fs = malloc(kvs_attn_lists_scratch_floats(NQ, CAP) * sizeof(float));
+    f->is = malloc(kvs_attn_lists_scratch_ints(NQ, CAP) * sizeof(int32_t));
+    assert_non_null(f->keys && f->values && f->q && f->out && f->ref_out && f->fs && f->is);
+    for (size_t i = 0; i < CAP * d; i++) {
+        f->keys[i] = frand();
+        f->values[i] = frand(); /* both signs: a zero weight times a negative value is -0 */
+    }
+    for (size_t i = 0; i < NQ * d; i++) f->q[i] = qscale * frand();
+    for (int r = 0; r < NQ; r++) {
+        f->idx[r] = malloc(CAP * sizeof(int32_t));
+        f->probs[r] = malloc(CAP * sizeof(float));
+        f->ref_probs[r] = malloc(CAP * sizeof(float));
+        assert_non_null(f->idx[r] && f->probs[r] && f->ref_probs[r]);
+    }
+}
+
+static void fixture_free(fixture *f) {
+    free(f->keys);
+    free(f->values);
+    free(f->q);
+    free(f->out);
+    free(f->ref_out);
+    free(f->fs);
+    free(f->is);
+    for (int r = 0; r < NQ; r++) {
+        free(f->idx[r]);
+        free(f->probs[r]);
+        free(f->ref_probs[r]);
+    }
+}
+
+/* List r: a shared recent window [CAP-window, CAP) plus, below it, each position of a group-wide candidate set
+ * (each position with probability `keep`) with probability 3/4, ascending: heads of a group that agree on
+ * part of their selection, as H2O's and SnapKV's do. */
+static void make_lists(fixture *f, int window, uint32_t keep_per_mille) {
+    uint8_t cand[CAP];
+    for (int32_t p = 0; p < CAP; p++) cand[p] = urand() % 1000 < keep_per_mille;
+    for (int r = 0; r < NQ; r++) {
+        int64_t m = 0;
+        for (int32_t p = 0; p < CAP - window; p++)
+            if (cand[p] && urand() % 4 != 0) f->idx[r][m++] = p;
+        for (int32_t p = CAP - window; p < CAP; p++) f->idx[r][m++] = p;
+        f->n[r] = m;
+    }
+}
+
+/* Runs both paths; @return what kvs_attention_lists returned, after checking every bit of every row. */
+static int check_lists(fixture *f) {
+    size_t d = f->d;
+    float scale = 1.0f / sqrtf((float)d);
+    int used = kvs_attention_lists(f->q, NQ, f->keys, f->values, d, (const int32_t *const *)f->idx, f->n, CAP, d,
+                                   scale, f->probs, f->out, f->fs, f->is);
+    for (int r = 0; r < NQ; r++) {
+        if (f->n[r] <= 0) continue;
+        kvs_attention(f->q + (size_t)r * d, f->keys, f->values, d, f->idx[r], (size_t)f->n[r], d, scale,
+                      f->ref_probs[r], f->ref_out + (size_t)r * d);
+        assert_memory_equal(f->probs[r], f->ref_probs[r], (size_t)f->n[r] * sizeof(float));
+        assert_memory_equal(f->out + (size_t)r * d, f->ref_out + (size_t)r * d, d * sizeof(float));
+    }
+    return used;
+}
+
+static void test_union_path_same_bits(void **st) {
+    (void)st;
+    const size_t dims[] = {8, 64, 128, 20, 3};
+    for (size_t k = 0; k < sizeof dims / sizeof *dims; k++) {
+        fixture f;
+        fixture_init(&f, dims[k], 1.0f);
+        for (int round = 0; round < 4; round++) {
+            make_lists(&f, 16 + 8 * round, 250 + 100 * (uint32_t)round);
+            assert_int_equal(check_lists(&f), 1);
+        }
+        fixture_free(&f);
+    }
+}
+
+/* Large query norms: most probabilities underflow to exactly 0, so most union weights and many members' are 0. */
+static void test_union_path_with_underflow_same_bits(void **st) {
+    (void)st;
+    fixture f;
+    fixture_init(&f, 64, 400.0f);
+    make_lists(&f, 32, 400);
+    assert_int_equal(check_lists(&f), 1);
+    int zeros = 0;
+    for (int r = 0; r < NQ; r++)
+        for (int64_t j = 0; j < f.n[r]; j++) zeros += f.probs[r][j] == 0.0f;
+    assert_true(zeros > 0); /* the case this test is for did occur */
+    fixture_free(&f);
+}
+
+static void test_refused_lists_fall_back_same_bits(void **st) {
+    (void)st;
+    fixture f;
+    fixture_init(&f, 64, 1.0f);
+    /* not ascending */
+    make_lists(&f, 16, 300);
+    int32_t tmp = f.idx[2][0];
+    f.idx[2][0] = f.idx[2][1];
+    f.idx[2][1] = tmp;
+    assert_int_equal(check_lists(&f), 0);
+    /* a duplicate */
+    make_lists(&f, 16, 300);
+    f.idx[1][1] = f.idx[1][0];
+    assert_int_equal(check_lists(&f), 0);
+    /* disjoint lists: the union is NQ times each list, more than twice the mean */
+    for (int r = 0; r < NQ; r++) {
+        f.n[r] = 0;
+        for (int32_t p = r; p < CAP; p += NQ) f.idx[r][f.n[r]++] = p;
+    }
+    assert_int_equal(check_lists(&f), 0);
+    /* identical lists: the union path */
+    for (int r = 0; r < NQ; r++) {
+        f.n[r] = CAP / 2;
+        for (int32_t j = 0; j < CAP / 2; j++) f.idx[r][j] = 2 * j;
+    }
+    assert_int_equal(check_lists(&f), 1);
+    /* an empty list is skipped by the union path */
+    f.n[3] = 0;
+    assert_int_equal(check_lists(&f), 0);
+    fixture_free(&f);
+}
+
+static void test_lists16_equal_fp32_on_converted_rows(void **st) {
+    (void)st;
+    const kvs_dtype types[] = {KVS_DTYPE_F16, KVS_DTYPE_BF16};
+    for (int ti = 0; ti < 2; ti++) {
+        fixture f;
+        fixture_init(&f, 64, 1.0f);
+        size_t d = f.d;
+        uint16_t *k16 = malloc(CAP * d * sizeof(uint16_t)), *v16 = malloc(CAP * d * sizeof(uint16_t));
+        assert_non_null(k16 && v16);
+        kvs_encode(types[ti], f.keys, CAP * d, k16);
+        kvs_encode(types[ti], f.values, CAP * d, v16);
+        kvs_decode(types[ti], k16, CAP * d, f.keys); /* the fp32 rows = the 16-bit rows' conversion */
+        kvs_decode(types[ti], v16, CAP * d, f.values);
+        float scale = 1.0f / sqrtf((float)d);
+        for (int round = 0; round < 2; round++) {
+            make_lists(&f, 24, 350);
+            if (round == 1) f.idx[0][1] = f.idx[0][0]; /* the row-by-row fallback reads the fp32 rows */
+            int used = kvs_attention_lists16(f.q, NQ, k16, v16, types[ti], f.keys, f.values, d,
+                                             (const int32_t *const *)f.idx, f.n, CAP, d, scale, f.probs, f.out, f.fs,
+                                             f.is);
+            assert_int_equal(used, round == 0);
+            for (int r = 0; r < NQ; r++) {
+                kvs_attention(f.q + (size_t)r * d, f.keys, f.values, d, f.idx[r], (size_t)f.n[r], d, scale,
+                              f.ref_probs[r], f.ref_out + (size_t)r * d);
+                assert_memory_equal(f.probs[r], f.ref_probs[r], (size_t)f.n[r] * sizeof(float));
+                assert_memory_equal(f.out + (size_t)r * d, f.ref_out + (size_t)r * d, d * sizeof(float));
+            }
+        }
+        free(k16);
+        free(v16);
+        fixture_free(&f);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_union_path_same_bits),
+        cmocka_unit_test(test_union_path_with_underflow_same_bits),
+        cmocka_unit_test(test_refused_lists_fall_back_same_bits),
+        cmocka_unit_test(test_lists16_equal_fp32_on_converted_rows),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
