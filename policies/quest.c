@@ -4,8 +4,8 @@
  *
  * Every key stays resident, grouped in pages of P_q consecutive positions with an element-wise min and max per
  * page (the new key folds into the last page). Each decode step, query head g scores page pi with the upper
- * bound U_g[pi] = sum_i max(q_i Kmax_pi,i, q_i Kmin_pi,i) over every head dimension (kvs_page_scores with the
- * query's own signs) and attends exactly to the tokens of the best pages.
+ * bound U_g[pi] = sum_i max(q_i Kmax_pi,i, q_i Kmin_pi,i) over every head dimension (kvs_page_scores_rows: the G
+ * heads in one call, each with its query's own signs) and attends exactly to the tokens of the best pages.
  *
  * Ambiguities resolved (paper / reference / what we do):
  *  - GQA: gqa=group (default; RocketKV App. A.3: "select indices of top-k accumulated attention scores per
