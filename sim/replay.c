@@ -1186,6 +1186,7 @@ static kvs_status build_results(engine *e, kvs_replay_result *r) {
             }
             for (int l = 0; l < e->L; l++) {
                 layer_acc *a = &e->acc[(size_t)c * (size_t)e->L + (size_t)l];
+                if (a->n_series == 0) continue; /* a run that failed early: no series (a->series NULL) here */
                 memcpy(run->steps + run->n_steps, a->series, (size_t)a->n_series * sizeof *a->series);
                 run->n_steps += a->n_series;
             }
