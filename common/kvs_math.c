@@ -820,6 +820,23 @@ void kvs_page_scores(const float *q, const int32_t *dims, size_t n_dims, const u
     }
 }
 
+void kvs_page_scores_rows(const float *q, size_t nq, size_t d, const float *kmin, const float *kmax, size_t stride,
+                          size_t n_pages, double *out) {
+    enum { MAX_VEC_DIMS = 1024, ROWS = 8 }; /* the up rows live on the stack: 8 KiB */
+    if (d > MAX_VEC_DIMS) {
+        for (size_t r = 0; r < nq; r++)
+            kvs_page_scores(q + r * d, NULL, d, NULL, kmin, kmax, stride, n_pages, out + r * n_pages);
+        return;
+    }
+    uint8_t up[ROWS * MAX_VEC_DIMS];
+    for (size_t r0 = 0; r0 < nq; r0 += ROWS) {
+        size_t nr = nq - r0 < ROWS ? nq - r0 : ROWS;
+        for (size_t i = 0; i < nr * d; i++) up[i] = q[r0 * d + i] >= 0;
+        kvs_math_f64_kernels_active()->page_scores_rows(q + r0 * d, nr, up, kmin, kmax, stride, n_pages, d,
+                                                        out + r0 * n_pages);
+    }
+}
+
 double kvs_sparq_temperature(const float *q, const int32_t *dims, size_t n_dims, size_t d) {
     double part = 0, all = 0;
     for (size_t m = 0; m < n_dims; m++) part += fabs((double)q[dims ? (size_t)dims[m] : m]);

@@ -270,6 +270,12 @@ void kvs_qdims_topk(const float *q, size_t group, size_t d, size_t k, int32_t *d
 void kvs_page_scores(const float *q, const int32_t *dims, size_t n_dims, const uint8_t *use_max, const float *kmin,
                      const float *kmax, size_t stride, size_t n_pages, double *out);
 
+/*! kvs_page_scores_rows() : kvs_page_scores(q + r*d, NULL, d, NULL, kmin, kmax, stride, n_pages, out + r*n_pages)
+ *  for every query row r < nq (Quest's G heads over the same pages: each page row read once for all of them),
+ *  bit for bit. */
+void kvs_page_scores_rows(const float *q, size_t nq, size_t d, const float *kmin, const float *kmax, size_t stride,
+                          size_t n_pages, double *out);
+
 /*! kvs_sparq_temperature() : SparQ's softmax temperature for an estimate on n_dims of q's d dimensions:
  *  sqrt(d * sum_m |q[dims[m]]| / sum_i |q[i]|) (replaces sqrt(d) of exact attention); 1 when q is all zero. */
 double kvs_sparq_temperature(const float *q, const int32_t *dims, size_t n_dims, size_t d);

@@ -51,6 +51,12 @@ static void page_scores_scalar(const float *q, const uint8_t *up, const float *k
     for (size_t pi = 0; pi < n_pages; pi++) out[pi] = page_scalar(q, up, kmin + pi * stride, kmax + pi * stride, 0, d, 0);
 }
 
+static void page_scores_rows_scalar(const float *q, size_t nq, const uint8_t *up, const float *kmin,
+                                    const float *kmax, size_t stride, size_t n_pages, size_t d, double *out) {
+    for (size_t r = 0; r < nq; r++)
+        page_scores_scalar(q + r * d, up + r * d, kmin, kmax, stride, n_pages, d, out + r * n_pages);
+}
+
 static void axpy_scalar(double *acc, double w, const float *k, size_t d) {
     for (size_t i = 0; i < d; i++) acc[i] += w * (double)k[i];
 }
@@ -68,6 +74,7 @@ static const kvs_math_f64_kernels f64_scalar = {
     /* .page_scores = */ page_scores_scalar,
     /* .axpy = */ axpy_scalar,
     /* .first_above = */ first_above_scalar,
+    /* .page_scores_rows = */ page_scores_rows_scalar,
 };
 
 /* ---- AVX2 ---- */
@@ -172,6 +179,49 @@ AVX2 static void page_scores_avx2(const float *q, const uint8_t *up, const float
     for (; pi < n_pages; pi++) out[pi] = page_scalar(q, up, kmin + pi * stride, kmax + pi * stride, 0, d, 0);
 }
 
+/* Four pages at a time (one output per lane, as page_scores_avx2), their kmin and kmax rows widened once per 8
+ * dimensions and shared by up to 4 query rows: a row's lane picks kmax or kmin whole per dimension (its up[i]),
+ * then the same mul and add in the same order as page_scores_avx2, so the same bits. */
+AVX2 static void page_scores_rows_avx2(const float *q, size_t nq, const uint8_t *up, const float *kmin,
+                                       const float *kmax, size_t stride, size_t n_pages, size_t d, double *out) {
+    enum { ROWS = 4 };
+    size_t d8 = d & ~(size_t)7;
+    for (size_t r0 = 0; r0 < nq; r0 += ROWS) {
+        size_t nr = nq - r0 < ROWS ? nq - r0 : ROWS, pi = 0;
+        const float *qr = q + r0 * d;
+        const uint8_t *ur = up + r0 * d;
+        for (; pi + 4 <= n_pages; pi += 4) {
+            __m256d acc[ROWS];
+            for (size_t r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_pd();
+            for (size_t i = 0; i < d8; i += 8) {
+                const float *lo = kmin + pi * stride + i, *hi = kmax + pi * stride + i;
+                __m256d xl[8], xh[8];
+                transpose4x8(_mm256_loadu_ps(lo), _mm256_loadu_ps(lo + stride), _mm256_loadu_ps(lo + 2 * stride),
+                             _mm256_loadu_ps(lo + 3 * stride), xl);
+                transpose4x8(_mm256_loadu_ps(hi), _mm256_loadu_ps(hi + stride), _mm256_loadu_ps(hi + 2 * stride),
+                             _mm256_loadu_ps(hi + 3 * stride), xh);
+                for (size_t r = 0; r < nr; r++)
+                    for (size_t m = 0; m < 8; m++) {
+                        __m256d sel = _mm256_castsi256_pd(_mm256_set1_epi64x(-(int64_t)(ur[r * d + i + m] != 0)));
+                        __m256d x = _mm256_blendv_pd(xl[m], xh[m], sel);
+                        acc[r] = _mm256_add_pd(acc[r], _mm256_mul_pd(x, _mm256_set1_pd((double)qr[r * d + i + m])));
+                    }
+            }
+            for (size_t r = 0; r < nr; r++) {
+                double s[4];
+                _mm256_storeu_pd(s, acc[r]);
+                for (size_t l = 0; l < 4; l++)
+                    out[(r0 + r) * n_pages + pi + l] = page_scalar(qr + r * d, ur + r * d, kmin + (pi + l) * stride,
+                                                                   kmax + (pi + l) * stride, d8, d, s[l]);
+            }
+        }
+        for (; pi < n_pages; pi++)
+            for (size_t r = 0; r < nr; r++)
+                out[(r0 + r) * n_pages + pi] =
+                    page_scalar(qr + r * d, ur + r * d, kmin + pi * stride, kmax + pi * stride, 0, d, 0);
+    }
+}
+
 AVX2 static void axpy_avx2(double *acc, double w, const float *k, size_t d) {
     __m256d wv = _mm256_set1_pd(w);
     size_t i = 0;
@@ -200,6 +250,7 @@ static const kvs_math_f64_kernels f64_avx2 = {
     /* .page_scores = */ page_scores_avx2,
     /* .axpy = */ axpy_avx2,
     /* .first_above = */ first_above_avx2,
+    /* .page_scores_rows = */ page_scores_rows_avx2,
 };
 #endif /* x86-64 */
 

@@ -37,6 +37,11 @@ typedef struct {
     void (*axpy)(double *acc, double w, const float *k, size_t d);
     /* the first j in [from, n) with x[j] > thr (ordered compare: NaN never), or n: kvs_topk_f64's filter */
     size_t (*first_above)(const double *x, size_t from, size_t n, double thr);
+    /* page_scores of nq query rows over the same pages (Quest's G heads), out[r * n_pages + pi] = row r's
+     * out[pi]: q [nq][d], up [nq][d]. Each page row is read (and widened) once for all nq rows; every output is
+     * page_scores' for its row bit for bit (the same fp64 sum in the same order). */
+    void (*page_scores_rows)(const float *q, size_t nq, const uint8_t *up, const float *kmin, const float *kmax,
+                             size_t stride, size_t n_pages, size_t d, double *out);
 } kvs_math_f64_kernels;
 
 /*! kvs_math_f64_kernels_for() : the table of `isa`, or NULL when this CPU (or build) lacks it. Borrowed, static. */

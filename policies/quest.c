@@ -4,8 +4,8 @@
  *
  * Every key stays resident, grouped in pages of P_q consecutive positions with an element-wise min and max per
  * page (the new key folds into the last page). Each decode step, query head g scores page pi with the upper
- * bound U_g[pi] = sum_i max(q_i Kmax_pi,i, q_i Kmin_pi,i) over every head dimension (kvs_page_scores with the
- * query's own signs) and attends exactly to the tokens of the best pages.
+ * bound U_g[pi] = sum_i max(q_i Kmax_pi,i, q_i Kmin_pi,i) over every head dimension (kvs_page_scores_rows: the G
+ * heads in one call, each with its query's own signs) and attends exactly to the tokens of the best pages.
  *
  * Ambiguities resolved (paper / reference / what we do):
  *  - GQA: gqa=group (default; RocketKV App. A.3: "select indices of top-k accumulated attention scores per
@@ -104,7 +104,7 @@ typedef struct {
     int mode, group, d;
     int64_t budget, quota, page;
     float *kmin, *kmax;   /* [pg_cap][d] */
-    double *ps, *grp;     /* [pg_cap] */
+    double *ps, *grp;     /* ps: [group][pg_cap] (page_scores of every head), grp: [pg_cap] */
     int32_t *rank;        /* [pg_cap] */
     int64_t pg_cap;
     /* the step just selected, for account() */
@@ -133,7 +133,7 @@ static kvs_status pages_reserve(quest_state *s, int64_t n_tokens) {
     if (mn) s->kmin = mn;
     float *mx = mn ? realloc(s->kmax, rows * sizeof *mx) : NULL;
     if (mx) s->kmax = mx;
-    double *ps = mx ? realloc(s->ps, (size_t)cap * sizeof *ps) : NULL;
+    double *ps = mx ? realloc(s->ps, (size_t)cap * (size_t)s->group * sizeof *ps) : NULL;
     if (ps) s->ps = ps;
     double *grp = ps ? realloc(s->grp, (size_t)cap * sizeof *grp) : NULL;
     if (grp) s->grp = grp;
@@ -199,17 +199,16 @@ static kvs_status quest_select(void *state, const kvs_policy_view *view, kvs_pol
     }
     if (s->mode == QUEST_GROUP) {
         memset(s->grp, 0, (size_t)pages * sizeof *s->grp);
-        for (int g = 0; g < s->group; g++) {
-            kvs_page_scores(view->q + (size_t)g * d, NULL, d, NULL, s->kmin, s->kmax, d, (size_t)pages, s->ps);
-            for (int64_t pi = 0; pi < pages; pi++) s->grp[pi] += s->ps[pi];
-        }
+        kvs_page_scores_rows(view->q, (size_t)s->group, d, s->kmin, s->kmax, d, (size_t)pages, s->ps);
+        for (int g = 0; g < s->group; g++) /* summed over the heads in head order, as one head at a time did */
+            for (int64_t pi = 0; pi < pages; pi++) s->grp[pi] += s->ps[(size_t)g * (size_t)pages + (size_t)pi];
         sel->n[0] = kvs_page_select(s->grp, (size_t)pages, (size_t)s->page, (size_t)n, (size_t)s->quota, sel->idx[0],
                                     s->rank);
     } else {
+        kvs_page_scores_rows(view->q, (size_t)s->group, d, s->kmin, s->kmax, d, (size_t)pages, s->ps);
         for (int g = 0; g < s->group; g++) {
-            kvs_page_scores(view->q + (size_t)g * d, NULL, d, NULL, s->kmin, s->kmax, d, (size_t)pages, s->ps);
-            sel->n[g] = kvs_page_select(s->ps, (size_t)pages, (size_t)s->page, (size_t)n, (size_t)s->quota, sel->idx[g],
-                                        s->rank);
+            sel->n[g] = kvs_page_select(s->ps + (size_t)g * (size_t)pages, (size_t)pages, (size_t)s->page, (size_t)n,
+                                        (size_t)s->quota, sel->idx[g], s->rank);
         }
     }
     return KVS_OK;

@@ -152,6 +152,7 @@ typedef struct {
     float *outp;              /* [G][d] policy-side outputs of the current step */
     int32_t *stored;          /* [N] */
     uint8_t *mark;            /* [N] */
+    int32_t *in_union;        /* [N] positions counted in the union across lists (check_sel), to clear their marks */
     int64_t measured_steps;   /* measured positions so far (series downsampling) */
     const float ***row_k, ***row_v; /* [G] -> [N] merged-slot row pointers (sel.row_k/row_v), kept all NULL */
     float *gk, *gv;           /* [N][d] gathered K/V of a list holding merged slots */
@@ -206,6 +207,7 @@ static void task_free(task *t) {
     free(t->outp);
     free(t->stored);
     free(t->mark);
+    free(t->in_union);
     for (int g = 0; g < e->G; g++) {
         if (t->row_k) free((void *)t->row_k[g]);
         if (t->row_v) free((void *)t->row_v[g]);
@@ -253,6 +255,7 @@ static kvs_status task_alloc(task *t) {
     t->outp = malloc(G * d * sizeof(float));
     t->stored = malloc(N * sizeof(int32_t));
     t->mark = calloc(N, 1);
+    t->in_union = malloc(N * sizeof(int32_t));
     t->row_k = calloc(G, sizeof *t->row_k);
     t->row_v = calloc(G, sizeof *t->row_v);
     t->gk = malloc(N * d * sizeof(float));
@@ -268,7 +271,8 @@ static kvs_status task_alloc(task *t) {
     if (!t->has_merged || !t->lists_f || !t->lists_i || !t->row_k || !t->row_v || !t->gk || !t->gv || !t->blk_size || !t->blk_begin || !t->views)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     if (!t->streams || !t->hk || !t->hv || !t->qb || !t->states || !t->sync_states || !t->layout || !t->sel_idx ||
-        !t->sel_n || !t->pbuf || !t->fullp || !t->fullo || !t->order || !t->sort_scratch || !t->rank || !t->outp || !t->stored || !t->mark)
+        !t->sel_n || !t->pbuf || !t->fullp || !t->fullo || !t->order || !t->sort_scratch || !t->rank || !t->outp || !t->stored || !t->mark ||
+        !t->in_union)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     if (t->kv16 != KVS_DTYPE_F32) {
         t->hk16 = calloc(H, sizeof *t->hk16);
@@ -389,11 +393,20 @@ static kvs_status measure_head(task *t, int ci, int h, int g, int64_t p, const i
     const int32_t *rank = t->rank + off * (size_t)e->N;
     double recall = 0, recall_merged = 0;
     int64_t hit = 0;
-    for (int64_t j = 0; j < n; j++) {
-        double m = fp[list[j]];
-        recall_merged += m;
-        if (!merged || !merged[j]) recall += m;
-        if (rank[list[j]] < n) hit++;
+    if (!merged) { /* no merged slot: both recalls are the same sum in the same order, one chain of adds */
+        for (int64_t j = 0; j < n; j++) {
+            int32_t x = list[j];
+            recall += fp[x];
+            hit += rank[x] < n;
+        }
+        recall_merged = recall;
+    } else {
+        for (int64_t j = 0; j < n; j++) {
+            double m = fp[list[j]];
+            recall_merged += m;
+            if (!merged[j]) recall += m;
+            if (rank[list[j]] < n) hit++;
+        }
     }
     /* The output metrics' four fp64 sums in one pass (issue 14: one loop of four independent sums instead of five
      * dependent ones), each in ascending i as kvs_rel_l2 and kvs_cosine sum it, so the values are theirs bit for
@@ -447,88 +460,96 @@ static kvs_status measure_head(task *t, int ci, int h, int g, int64_t p, const i
     return st;
 }
 
-/* Validates a selection: positions in [0, p], distinct, at least one, and within budget. */
-static kvs_status check_sel(task *t, int ci, int h, const kvs_policy_sel *sel, int64_t p) {
+/* Marks position x as counted in the union across lists (check_sel) and remembers it for the final clear. */
+static inline void in_union_add(task *t, uint8_t *mark, int32_t x, int64_t *n_union) {
+    mark[x] |= 2;
+    t->in_union[(*n_union)++] = x;
+}
+
+/* Validates a selection (positions in [0, p], distinct, at least one, within budget), notes in has_merged[li]
+ * whether list li holds a merged slot, and counts what the default accounting needs (policy.h,
+ * kvs_policy_cost): *kv_slots = sum over lists of |stored() ∪ S_t|, *dedup = |the union of those across lists|.
+ * One pass over each list does all three (issue 17: the check, the merged scan and the accounting were three
+ * passes, ~6% of a sweep). The counts are integers, exact in fp64 whatever the order, so the same numbers.
+ * t->mark bit 0: in the current list's resident set (a repeat within S_t is a duplicate); bit 1: counted in the
+ * union. t->mark is left all zero, also on error. */
+static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops *ops, void *state,
+                            const kvs_policy_sel *sel, int64_t p, int *has_merged, double *kv_slots, double *dedup) {
     engine *e = t->e;
     int c = t->c_lo + ci;
     const kvs_replay_config *rc = &e->o->configs[c];
     int64_t budget = e->budgets[(size_t)c * (size_t)e->L * (size_t)e->Hkv + (size_t)t->layer * (size_t)e->Hkv + (size_t)h];
-    for (int li = 0; li < sel->n_lists; li++) {
-        int64_t n = sel->n[li], n_prompt = 0;
-        kvs_status st = KVS_OK;
+    uint8_t *mark = t->mark;
+    int64_t n_union = 0;
+    double slots = 0;
+    kvs_status st = KVS_OK;
+    for (int li = 0; li < sel->n_lists && st == KVS_OK; li++) {
+        int64_t n = sel->n[li], n_prompt = 0, j = 0;
+        const int32_t *idx = sel->idx[li];
+        int merged = 0;
         if (n < 1 || n > p + 1)
             st = kvs_fail(KVS_ERR_STATE, "policy %s selected %lld positions at position %lld", rc->policy.ops->name,
                           (long long)n, (long long)p);
-        for (int64_t j = 0; st == KVS_OK && j < n; j++) {
-            int32_t x = sel->idx[li][j];
+        for (; st == KVS_OK && j < n; j++) {
+            int32_t x = idx[j];
+            int has_k = sel->row_k[li][j] != NULL;
             if (x < 0 || x > p)
                 st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d at position %lld (future or invalid)",
                               rc->policy.ops->name, (int)x, (long long)p);
-            else if (t->mark[x])
+            else if (mark[x] & 1)
                 st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d twice", rc->policy.ops->name, (int)x);
-            else if ((sel->row_k[li][j] == NULL) != (sel->row_v[li][j] == NULL))
+            else if (has_k != (sel->row_v[li][j] != NULL))
                 st = kvs_fail(KVS_ERR_STATE, "policy %s gave a merged slot at position %d with only one of its K/V rows",
                               rc->policy.ops->name, (int)x);
             else {
-                t->mark[x] = 1;
+                if (!(mark[x] & 2)) in_union_add(t, mark, x, &n_union);
+                mark[x] |= 1;
                 n_prompt += e->is_prompt[x];
+                merged |= has_k;
             }
         }
-        for (int64_t j = 0; j < n; j++) {
-            int32_t x = sel->idx[li][j];
-            if (x >= 0 && x <= p) t->mark[x] = 0;
+        has_merged[li] = merged;
+        int64_t ms = 0;
+        if (st == KVS_OK && ops->stored) {
+            ms = ops->stored(state, li, t->stored);
+            slots += (double)n;
+            for (int64_t k = 0; k < ms; k++) {
+                int32_t x = t->stored[k];
+                if (mark[x] & 1) continue;
+                slots += 1;
+                mark[x] |= 1;
+                if (!(mark[x] & 2)) in_union_add(t, mark, x, &n_union);
+            }
+            for (int64_t k = 0; k < ms; k++) mark[t->stored[k]] &= (uint8_t)~1u;
         }
-        if (st != KVS_OK) return st;
+        for (int64_t k = 0; k < j; k++) /* the entries marked above (all of them unless one was refused) */
+            if (idx[k] >= 0 && idx[k] <= p) mark[idx[k]] &= (uint8_t)~1u;
+        if (st != KVS_OK) break;
         kvs_policy_budget_scope scope = rc->policy.ops->budget_scope;
         if (scope == KVS_BUDGET_EVERY_STEP && n > budget)
-            return kvs_fail(KVS_ERR_STATE, "policy %s attended %lld positions over its budget %lld at position %lld",
-                            rc->policy.ops->name, (long long)n, (long long)budget, (long long)p);
-        if (scope == KVS_BUDGET_PROMPT && n_prompt > budget)
-            return kvs_fail(KVS_ERR_STATE, "policy %s kept %lld prompt positions over its budget %lld",
-                            rc->policy.ops->name, (long long)n_prompt, (long long)budget);
+            st = kvs_fail(KVS_ERR_STATE, "policy %s attended %lld positions over its budget %lld at position %lld",
+                          rc->policy.ops->name, (long long)n, (long long)budget, (long long)p);
+        else if (scope == KVS_BUDGET_PROMPT && n_prompt > budget)
+            st = kvs_fail(KVS_ERR_STATE, "policy %s kept %lld prompt positions over its budget %lld",
+                          rc->policy.ops->name, (long long)n_prompt, (long long)budget);
     }
-    return KVS_OK;
+    for (int64_t k = 0; k < n_union; k++) mark[t->in_union[k]] = 0;
+    if (!ops->stored) {
+        *kv_slots = *dedup = (double)(p + 1); /* every position seen, stored once */
+    } else {
+        *kv_slots = slots;
+        *dedup = (double)n_union;
+    }
+    return st;
 }
 
-/* The default accounting of a decode step (policy.h, kvs_policy_cost): KV of stored() ∪ S_t per list,
- * their union across lists, attended reads, the new token's write. Uses t->stored and t->mark (left
- * zeroed). */
-static void default_cost(task *t, const struct kvs_policy_ops *ops, void *state, const kvs_policy_sel *sel, int64_t n,
-                         kvs_policy_cost *c) {
+/* The default accounting of a decode step (policy.h, kvs_policy_cost): KV of stored() ∪ S_t per list
+ * (kv_slots) and their union across lists (dedup), both counted by check_sel; attended reads, the new token's
+ * write. */
+static void default_cost(task *t, const kvs_policy_sel *sel, double kv_slots, double dedup, kvs_policy_cost *c) {
     const kvs_policy_model *m = &t->e->src->model;
-    double kv_slots = 0, dedup = 0, attended = 0;
+    double attended = 0;
     for (int li = 0; li < sel->n_lists; li++) attended += (double)sel->n[li];
-    if (!ops->stored) {
-        kv_slots = dedup = (double)n; /* every position seen, stored once */
-    } else {
-        /* mark bit 0: in the current list's resident set; bit 1: counted in the union across lists */
-        uint8_t *mark = t->mark;
-        for (int li = 0; li < sel->n_lists; li++) {
-            int64_t ms = ops->stored(state, li, t->stored);
-            for (int pass = 0; pass < 2; pass++) {
-                const int32_t *src = pass ? sel->idx[li] : t->stored;
-                int64_t cnt = pass ? sel->n[li] : ms;
-                for (int64_t j = 0; j < cnt; j++) {
-                    uint8_t *x = &mark[src[j]];
-                    if (!(*x & 1)) {
-                        *x |= 1;
-                        kv_slots += 1;
-                        if (!(*x & 2)) {
-                            *x |= 2;
-                            dedup += 1;
-                        }
-                    }
-                }
-            }
-            for (int64_t j = 0; j < ms; j++) mark[t->stored[j]] &= (uint8_t)~1u;
-            for (int64_t j = 0; j < sel->n[li]; j++) mark[sel->idx[li][j]] &= (uint8_t)~1u;
-        }
-        for (int li = 0; li < sel->n_lists; li++) {
-            int64_t ms = ops->stored(state, li, t->stored);
-            for (int64_t j = 0; j < ms; j++) mark[t->stored[j]] = 0;
-            for (int64_t j = 0; j < sel->n[li]; j++) mark[sel->idx[li][j]] = 0;
-        }
-    }
     memset(c, 0, sizeof *c);
     c->kv_bytes = kvs_policy_kv_bytes(m, kv_slots);
     c->dedup_kv_bytes = kvs_policy_kv_bytes(m, dedup);
@@ -628,13 +649,18 @@ static kvs_status decode_step(task *t, int ci, const kvs_trace_block *const *blk
         const kvs_policy_view *view = &t->views[h];
         const float *q = view->q;
         for (int li = 0; li < sel.n_lists; li++) sel.n[li] = 0;
-        if ((st = ops->select(state, view, &sel)) != KVS_OK) return st;
-        if ((st = check_sel(t, ci, h, &sel, p)) != KVS_OK) return st;
-        if (e->o->hooks && e->o->hooks->on_select) e->o->hooks->on_select(e->o->hooks->user, c, t->layer, h, p, &sel);
         int *has_merged = t->has_merged;
-        for (int li = 0; li < sel.n_lists; li++) has_merged[li] = 0;
-        for (int li = 0; li < sel.n_lists; li++)
-            for (int64_t j = 0; j < sel.n[li]; j++) has_merged[li] |= sel.row_k[li][j] != NULL;
+        double kv_slots, dedup;
+        if ((st = ops->select(state, view, &sel)) != KVS_OK ||
+            (st = check_sel(t, ci, h, ops, state, &sel, p, has_merged, &kv_slots, &dedup)) != KVS_OK) {
+            /* the run ends here; the task's other configurations still need the row arrays all NULL */
+            for (int li = 0; li < sel.n_lists; li++) {
+                memset((void *)sel.row_k[li], 0, (size_t)sel.cap * sizeof *sel.row_k[li]);
+                memset((void *)sel.row_v[li], 0, (size_t)sel.cap * sizeof *sel.row_v[li]);
+            }
+            return st;
+        }
+        if (e->o->hooks && e->o->hooks->on_select) e->o->hooks->on_select(e->o->hooks->user, c, t->layer, h, p, &sel);
         /* Attention first (observe needs it); accounting needs only the selection. A list that is the whole
          * prefix copies the reference; one list shared by the group is computed for all G heads at once (each
          * key and value row read once). */
@@ -668,7 +694,7 @@ static kvs_status decode_step(task *t, int ci, const kvs_trace_block *const *blk
             }
         }
         kvs_policy_cost cost, before;
-        default_cost(t, ops, state, &sel, p + 1, &cost);
+        default_cost(t, &sel, kv_slots, dedup, &cost);
         before = cost;
         if (ops->account) ops->account(state, view, &sel, &cost);
         settle_cost(&before, &cost);
@@ -1160,6 +1186,7 @@ static kvs_status build_results(engine *e, kvs_replay_result *r) {
             }
             for (int l = 0; l < e->L; l++) {
                 layer_acc *a = &e->acc[(size_t)c * (size_t)e->L + (size_t)l];
+                if (a->n_series == 0) continue; /* a run that failed early: no series (a->series NULL) here */
                 memcpy(run->steps + run->n_steps, a->series, (size_t)a->n_series * sizeof *a->series);
                 run->n_steps += a->n_series;
             }

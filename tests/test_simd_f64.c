@@ -137,6 +137,52 @@ static void test_page_scores_bit_exact(void **state) {
     free(hi);
 }
 
+/* page_scores_rows (Quest's G heads at once) against page_scores row by row, on every table, and the public
+ * kvs_page_scores_rows against kvs_page_scores: the same bits. Rows padded (stride > d), signed zeros in q. */
+static void test_page_scores_rows_bit_exact(void **state) {
+    (void)state;
+    const kvs_math_f64_kernels *v[KVS_ISA_COUNT], *sc = kvs_math_f64_kernels_for(KVS_ISA_SCALAR);
+    int nv = variants(v);
+    enum { PAGES = 40, MAXD = 128, PAD = 3, MAXQ = 9 };
+    const size_t nqs[] = {1, 2, 3, 4, 5, 9};
+    size_t stride_max = MAXD + PAD;
+    float *lo = malloc(PAGES * stride_max * sizeof *lo), *hi = malloc(PAGES * stride_max * sizeof *hi);
+    float *q = malloc(MAXQ * MAXD * sizeof *q);
+    double *ref = malloc(MAXQ * PAGES * sizeof *ref), *got = malloc(MAXQ * PAGES * sizeof *got);
+    uint8_t *up = malloc(MAXQ * MAXD);
+    assert_true(lo && hi && q && ref && got && up);
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+        size_t d = dims[di], stride = d + PAD;
+        fill(lo, PAGES * stride, 2);
+        for (size_t i = 0; i < PAGES * stride; i++) hi[i] = lo[i] + 0.5f * (frand() + 1.0f);
+        fill(q, MAXQ * d, 1);
+        q[0] = 0.0f;
+        if (MAXQ * d > 1) q[1] = -0.0f;
+        for (size_t i = 0; i < MAXQ * d; i++) up[i] = (uint8_t)(q[i] >= 0 ? (i % 3 ? 1 : 7) : 0);
+        for (size_t qi = 0; qi < sizeof nqs / sizeof nqs[0]; qi++)
+            for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+                size_t nq = nqs[qi], n = counts[ci];
+                for (size_t r = 0; r < nq; r++) sc->page_scores(q + r * d, up + r * d, lo, hi, stride, n, d, ref + r * n);
+                for (int k = 0; k < nv; k++) {
+                    memset(got, 0xff, MAXQ * PAGES * sizeof *got);
+                    v[k]->page_scores_rows(q, nq, up, lo, hi, stride, n, d, got);
+                    assert_same_f64(got, ref, nq * n);
+                }
+                for (size_t r = 0; r < nq; r++)
+                    kvs_page_scores(q + r * d, NULL, d, NULL, lo, hi, stride, n, ref + r * n);
+                memset(got, 0xff, MAXQ * PAGES * sizeof *got);
+                kvs_page_scores_rows(q, nq, d, lo, hi, stride, n, got);
+                assert_same_f64(got, ref, nq * n);
+            }
+    }
+    free(lo);
+    free(hi);
+    free(q);
+    free(ref);
+    free(got);
+    free(up);
+}
+
 static void test_axpy_and_first_above_bit_exact(void **state) {
     (void)state;
     const kvs_math_f64_kernels *v[KVS_ISA_COUNT], *sc = kvs_math_f64_kernels_for(KVS_ISA_SCALAR);
@@ -414,6 +460,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_norms_and_dots_bit_exact),
         cmocka_unit_test(test_page_scores_bit_exact),
+        cmocka_unit_test(test_page_scores_rows_bit_exact),
         cmocka_unit_test(test_axpy_and_first_above_bit_exact),
         cmocka_unit_test(test_topk_f64_matches_sort),
         cmocka_unit_test(test_key_and_page_scores_match_naive),

@@ -1,0 +1,204 @@
+/* test_replay_check.c — the replay engine's per-step check of a selection and its default storage accounting
+ * (sim/replay.c check_sel / default_cost, one pass since issue 17): a selection with a repeated, future or
+ * missing position, over its budget, or a merged slot with only one of its rows fails its run with a clear
+ * message, and leaves nothing behind for the next configuration of the same task; the default accounting of a
+ * per-query-head policy with stored() equals a naive count: KV slots = sum over lists of |stored ∪ S_t|, dedup =
+ * |union of those over the lists| (sim/policy.h, kvs_policy_cost). Data: GENERATED (tests/util/gen_trace.h).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../sim/policy.h"
+#include "../sim/replay.h"
+#include "../sim/replay_mem.h"
+#include "util/replay_fixture.h"
+
+typedef kvs_test_replay_fixture fixture;
+
+enum { ACCT_OK, ROGUE_TWICE, ROGUE_FUTURE, ROGUE_EMPTY, ROGUE_OVER_BUDGET, ROGUE_HALF_MERGED };
+
+static int g_rogue_mode; /* the misbehaviour of the next rogue instance created */
+
+typedef struct {
+    int mode, kv_head;
+    int64_t cur_p; /* position of the last select(), -1 before */
+} acct_state;
+
+/* Deterministic membership, a pure function of (KV head, position, list, candidate) so the test can recount. */
+static int member(int kv_head, int64_t p, int g, int64_t x, uint64_t salt) {
+    uint64_t z = ((uint64_t)kv_head * 1000003u + (uint64_t)p * 7919u + (uint64_t)g * 104729u + (uint64_t)x) ^ salt;
+    z = (z ^ (z >> 31)) * 0x9e3779b97f4a7c15ull;
+    z ^= z >> 29;
+    return (int)(z % 3u) == 0;
+}
+static int in_sel(int h, int64_t p, int g, int64_t x) { return x == p || member(h, p, g, x, 0x5e1u); }
+static int in_stored(int h, int64_t p, int g, int64_t x) { return member(h, p, g, x, 0x570u); }
+
+static kvs_status acct_create_mode(const kvs_policy_init *init, void **st, int mode) {
+    acct_state *s = calloc(1, sizeof *s);
+    if (!s) return kvs_fail(KVS_ERR_NOMEM, "acct_test");
+    s->mode = mode;
+    s->kv_head = init->kv_head;
+    s->cur_p = -1;
+    *st = s;
+    return KVS_OK;
+}
+static kvs_status acct_create(const kvs_policy_init *init, void **st) { return acct_create_mode(init, st, ACCT_OK); }
+static kvs_status rogue_create(const kvs_policy_init *init, void **st) {
+    return acct_create_mode(init, st, g_rogue_mode);
+}
+static kvs_status acct_prefill(void *st, const kvs_policy_view *v) {
+    (void)st;
+    (void)v;
+    return KVS_OK;
+}
+static kvs_status acct_select(void *st, const kvs_policy_view *v, kvs_policy_sel *sel) {
+    acct_state *s = st;
+    int64_t p = v->n - 1;
+    s->cur_p = p;
+    for (int g = 0; g < sel->n_lists; g++) {
+        int64_t m = 0;
+        for (int64_t x = 0; x <= p; x++)
+            if (in_sel(s->kv_head, p, g, x)) sel->idx[g][m++] = (int32_t)x;
+        sel->n[g] = m;
+    }
+    int last = sel->n_lists - 1; /* the rogue's fault goes in the last list: the earlier ones are fine */
+    switch (s->mode) {
+    case ROGUE_TWICE: sel->idx[last][sel->n[last]++] = sel->idx[last][0]; break;
+    case ROGUE_FUTURE: sel->idx[last][0] = (int32_t)(p + 1); break;
+    case ROGUE_EMPTY: sel->n[last] = 0; break;
+    case ROGUE_OVER_BUDGET:
+        for (int64_t x = 0; x <= p; x++) sel->idx[last][x] = (int32_t)x;
+        sel->n[last] = p + 1;
+        break;
+    case ROGUE_HALF_MERGED: sel->row_k[last][0] = v->k; break;
+    default: break;
+    }
+    return KVS_OK;
+}
+static int64_t acct_stored(void *st, int g, int32_t *out) {
+    acct_state *s = st;
+    int64_t m = 0;
+    for (int64_t x = 0; x <= s->cur_p; x++)
+        if (in_stored(s->kv_head, s->cur_p, g, x)) out[m++] = (int32_t)x;
+    return m;
+}
+
+static const struct kvs_policy_ops acct_ops = {
+    .name = "acct_test", .summary = "test: per-query-head selections and stored sets of known sizes",
+    .granularity = KVS_SEL_PER_QUERY_HEAD, .budget_scope = KVS_BUDGET_EVERY_STEP, .create = acct_create,
+    .free = free, .prefill = acct_prefill, .select = acct_select, .stored = acct_stored,
+};
+static const struct kvs_policy_ops rogue_ops = {
+    .name = "rogue_test", .summary = "test: a malformed selection",
+    .granularity = KVS_SEL_PER_QUERY_HEAD, .budget_scope = KVS_BUDGET_EVERY_STEP, .create = rogue_create,
+    .free = free, .prefill = acct_prefill, .select = acct_select, .stored = acct_stored,
+};
+
+static void fixture_make(fixture *f) {
+    kvs_gen_trace_opts o = kvs_test_grouped_opts(1, 4, 40, 12, 8, 23);
+    assert_int_equal(kvs_test_replay_fixture_make(&o, 2, 5, f), KVS_OK);
+}
+
+/* Runs the configurations (rogue first when rogue_mode != ACCT_OK, then acct_test) in ONE task (1 thread), so
+ * they share the engine's scratch marks. */
+static kvs_replay_result *run(const fixture *f, int rogue_mode, int64_t rogue_budget) {
+    kvs_replay_config rc[2];
+    int n = 0;
+    g_rogue_mode = rogue_mode;
+    if (rogue_mode != ACCT_OK) {
+        rc[n] = (kvs_replay_config){.budget = rogue_budget, .budget_fraction = -1};
+        kvs_policy_defaults(&rogue_ops, &rc[n++].policy);
+    }
+    rc[n] = (kvs_replay_config){.budget = f->N, .budget_fraction = -1};
+    kvs_policy_defaults(&acct_ops, &rc[n++].policy);
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_memory(&f->mem, &src), KVS_OK);
+    kvs_replay_opts o = {.configs = rc, .n_configs = n, .threads = 1, .measure = KVS_MEASURE_DECODE,
+                         .series_every = 1};
+    kvs_replay_result *r = NULL;
+    assert_int_equal(kvs_replay_execute(&src, &o, &r), KVS_OK);
+    return r;
+}
+
+/* Every step sample of acct_test against the naive count of its sets. */
+static void check_accounting(const fixture *f, const kvs_replay_run_result *run) {
+    if (run->status != KVS_OK) print_error("%s\n", run->error);
+    assert_int_equal(run->status, KVS_OK);
+    double kvb = 2.0 * f->d * 2; /* K + V, 2-byte elements */
+    int64_t prompt = f->turns[0].prompt_end, checked = 0;
+    assert_true(run->n_steps == (int64_t)f->L * f->H * (f->N - prompt));
+    for (int64_t i = 0; i < run->n_steps; i++) {
+        const kvs_results_step *s = &run->steps[i];
+        int h = s->q_head / f->G;
+        int64_t p = s->position, slots = 0, uni = 0, attended = 0;
+        for (int64_t x = 0; x <= p; x++) {
+            int any = 0;
+            for (int g = 0; g < f->G; g++) {
+                int in = in_sel(h, p, g, x) || in_stored(h, p, g, x);
+                slots += in;
+                any |= in;
+            }
+            uni += any;
+            attended += in_sel(h, p, s->q_head % f->G, x);
+        }
+        assert_true(s->attended_tokens == (double)attended);
+        assert_true(s->storage_kv_bytes == kvb * (double)slots);
+        assert_true(s->storage_dedup_bytes == kvb * (double)uni);
+        assert_true(uni < slots); /* the sets overlap across lists: dedup is exercised */
+        checked++;
+    }
+    assert_true(checked > 0);
+}
+
+static void test_default_accounting_matches_naive_count(void **state) {
+    (void)state;
+    fixture f;
+    fixture_make(&f);
+    kvs_replay_result *r = run(&f, ACCT_OK, 0);
+    check_accounting(&f, &r->runs[0]);
+    kvs_replay_result_free(r);
+    kvs_test_replay_fixture_free(&f);
+}
+
+static void test_malformed_selections_fail_their_run_only(void **state) {
+    (void)state;
+    fixture f;
+    fixture_make(&f);
+    struct {
+        int mode;
+        int64_t budget;
+        const char *msg;
+    } cases[] = {
+        {ROGUE_TWICE, 40, "twice"},
+        {ROGUE_FUTURE, 40, "future or invalid"},
+        {ROGUE_EMPTY, 40, "selected 0 positions"},
+        {ROGUE_OVER_BUDGET, 14, "over its budget 14"},
+        {ROGUE_HALF_MERGED, 40, "only one of its K/V rows"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        kvs_replay_result *r = run(&f, cases[c].mode, cases[c].budget);
+        assert_int_equal(r->runs[0].status, KVS_ERR_STATE);
+        if (!strstr(r->runs[0].error, cases[c].msg) || !strstr(r->runs[0].error, "rogue_test")) {
+            print_error("case %zu: \"%s\" lacks \"%s\"\n", c, r->runs[0].error, cases[c].msg);
+            fail();
+        }
+        /* the next configuration of the same task sees clean marks: its numbers are the naive ones */
+        check_accounting(&f, &r->runs[1]);
+        kvs_replay_result_free(r);
+    }
+    kvs_test_replay_fixture_free(&f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_default_accounting_matches_naive_count),
+        cmocka_unit_test(test_malformed_selections_fail_their_run_only),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
