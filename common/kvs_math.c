@@ -147,6 +147,25 @@ static void lists_softmax(const kvs_math_kernels *k, size_t nq, const int64_t *n
     }
 }
 
+/* kvs_attention_lists's fallback: every list row by row (kvs_attention), an empty list's output zero. */
+static void lists_row_by_row(const float *q, size_t nq, const float *keys, const float *values, size_t stride,
+                             const int32_t *const *idx, const int64_t *n, size_t d, float scale,
+                             float *const *probs_rows, float *out) {
+    for (size_t r = 0; r < nq; r++)
+        if (n[r] > 0)
+            kvs_attention(q + r * d, keys, values, stride, idx[r], (size_t)n[r], d, scale, probs_rows[r], out + r * d);
+        else
+            memset(out + r * d, 0, d * sizeof(float));
+}
+
+/* The union path's rows: scores of query row r over the union at fscratch + r * cap, its output at out + r * d. */
+static void lists_rows(size_t nq, size_t cap, size_t d, float *fscratch, float *out, float **urow, float **orow) {
+    for (size_t r = 0; r < nq; r++) {
+        urow[r] = fscratch + r * cap;
+        orow[r] = out + r * d;
+    }
+}
+
 int kvs_attention_lists(const float *q, size_t nq, const float *keys, const float *values, size_t stride,
                         const int32_t *const *idx, const int64_t *n, size_t cap, size_t d, float scale,
                         float *const *probs_rows, float *out, float *fscratch, int32_t *iscratch) {
@@ -154,19 +173,11 @@ int kvs_attention_lists(const float *q, size_t nq, const float *keys, const floa
     int32_t *uidx = iscratch, *pos = iscratch + cap;
     size_t nu = nq > 1 && nq <= LISTS_MAX_ROWS ? lists_union(nq, idx, n, cap, uidx, pos) : 0;
     if (!nu) {
-        for (size_t r = 0; r < nq; r++)
-            if (n[r] > 0)
-                kvs_attention(q + r * d, keys, values, stride, idx[r], (size_t)n[r], d, scale, probs_rows[r],
-                              out + r * d);
-            else
-                memset(out + r * d, 0, d * sizeof(float));
+        lists_row_by_row(q, nq, keys, values, stride, idx, n, d, scale, probs_rows, out);
         return 0;
     }
     float *urow[LISTS_MAX_ROWS], *orow[LISTS_MAX_ROWS];
-    for (size_t r = 0; r < nq; r++) {
-        urow[r] = fscratch + r * cap;
-        orow[r] = out + r * d;
-    }
+    lists_rows(nq, cap, d, fscratch, out, urow, orow);
     k->scores(q, nq, keys, stride, uidx, nu, d, scale, urow, 0);
     lists_softmax(k, nq, n, cap, pos, nu, urow, probs_rows, out, d);
     k->output_add((const float *const *)urow, nq, 0, values, stride, uidx, nu, d, orow);
@@ -181,19 +192,11 @@ int kvs_attention_lists16(const float *q, size_t nq, const uint16_t *keys, const
     int32_t *uidx = iscratch, *pos = iscratch + cap;
     size_t nu = nq > 1 && nq <= LISTS_MAX_ROWS ? lists_union(nq, idx, n, cap, uidx, pos) : 0;
     if (!nu) {
-        for (size_t r = 0; r < nq; r++)
-            if (n[r] > 0)
-                kvs_attention(q + r * d, keys32, values32, stride, idx[r], (size_t)n[r], d, scale, probs_rows[r],
-                              out + r * d);
-            else
-                memset(out + r * d, 0, d * sizeof(float));
+        lists_row_by_row(q, nq, keys32, values32, stride, idx, n, d, scale, probs_rows, out);
         return 0;
     }
     float *urow[LISTS_MAX_ROWS], *orow[LISTS_MAX_ROWS];
-    for (size_t r = 0; r < nq; r++) {
-        urow[r] = fscratch + r * cap;
-        orow[r] = out + r * d;
-    }
+    lists_rows(nq, cap, d, fscratch, out, urow, orow);
     k->scores16(q, nq, keys, dtype, stride, uidx, nu, d, scale, urow, 0);
     lists_softmax(k, nq, n, cap, pos, nu, urow, probs_rows, out, d);
     k->output_add16((const float *const *)urow, nq, 0, values, dtype, stride, uidx, nu, d, orow);
