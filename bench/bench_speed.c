@@ -29,6 +29,7 @@
 #include "../sim/replay.h"
 #include "../sim/replay_mem.h"
 #include "../tests/util/gen_trace.h"
+#include "../tests/util/replay_fixture.h"
 
 #define CHECK(x)                                                                      \
     do {                                                                              \
@@ -305,22 +306,11 @@ static void sweep(int threads, const char *only) {
     o.head_dim = 128;
     o.n_positions = 2048;
     o.prompt_len = 1536;
-    kvs_gen_trace *g = NULL;
-    kvs_turn *turns = NULL;
-    int64_t n_turns = 0;
-    CHECK(kvs_gen_trace_create(&o, &g));
-    kvs_model_config mc;
-    kvs_capture_config cc;
-    kvs_gen_trace_configs(g, &mc, &cc);
-    CHECK(kvs_trace_turns_from_roles(g->roles, g->turn, o.n_positions, &turns, &n_turns, NULL));
-    kvs_replay_mem mem = {
-        .model = {.n_layers = mc.n_layers, .n_heads = mc.n_heads, .n_kv_heads = mc.n_kv_heads,
-                  .group = mc.n_heads / mc.n_kv_heads, .head_dim = mc.head_dim, .scale = mc.attn_scale, .kv_bytes = 2,
-                  .aux_bytes = 4, .n_positions = o.n_positions, .prompt_len = turns[0].prompt_end,
-                  .max_new_tokens = o.n_positions - turns[0].prompt_end},
-        .turns = turns, .n_turns = n_turns, .q = g->q, .k = g->k, .v = g->v, .block_positions = 64};
+    kvs_test_replay_fixture fx; /* the generated data as a replay source: 2-byte K/V, blocks of 64 */
+    CHECK(kvs_test_replay_fixture_make(&o, 2, 64, &fx));
+    kvs_gen_trace *g = fx.g;
     kvs_replay_source src;
-    CHECK(kvs_replay_source_from_memory(&mem, &src));
+    CHECK(kvs_replay_source_from_memory(&fx.mem, &src));
     int nc = 0, pol_of[N_SWEEP_POLICIES * N_SWEEP_BUDGETS];
     kvs_replay_config cfgs[N_SWEEP_POLICIES * N_SWEEP_BUDGETS];
     for (int p = 0; p < N_SWEEP_POLICIES; p++)
@@ -372,9 +362,8 @@ static void sweep(int threads, const char *only) {
                    pol_pairs_p[p] / wall_p[p]);
     kvs_replay_result_free(r);
     const char *npy = getenv("KVSIM_BENCH_NPY_DIR");
-    if (npy && npy[0] && !only) torch_side(npy, g, &src, mc.attn_scale, threads);
-    free(turns);
-    kvs_gen_trace_free(g);
+    if (npy && npy[0] && !only) torch_side(npy, g, &src, fx.scale, threads);
+    kvs_test_replay_fixture_free(&fx);
 }
 
 /* ---- the replay with its K/V history in 16 bits against fp32 (issue 14) ----
@@ -390,10 +379,9 @@ static void replay16(int threads) {
     o.head_dim = 128;
     o.n_positions = 8192;
     o.prompt_len = 7680;
-    kvs_gen_trace *g = NULL;
-    kvs_turn *turns = NULL;
-    int64_t n_turns = 0;
-    CHECK(kvs_gen_trace_create(&o, &g));
+    kvs_test_replay_fixture fx; /* the generated data as a replay source: 2-byte K/V, blocks of 64 */
+    CHECK(kvs_test_replay_fixture_make(&o, 2, 64, &fx));
+    kvs_gen_trace *g = fx.g; /* its K/V rounded to fp16 in place below: the source reads the same arrays */
     size_t nkv = (size_t)o.n_layers * (size_t)o.n_positions * (size_t)o.n_kv_heads * (size_t)o.head_dim;
     uint16_t *h = malloc(nkv * sizeof *h);
     if (!h) exit(1);
@@ -402,18 +390,8 @@ static void replay16(int threads) {
     kvs_encode(KVS_DTYPE_F16, g->v, nkv, h);
     kvs_decode(KVS_DTYPE_F16, h, nkv, g->v);
     free(h);
-    kvs_model_config mc;
-    kvs_capture_config cc;
-    kvs_gen_trace_configs(g, &mc, &cc);
-    CHECK(kvs_trace_turns_from_roles(g->roles, g->turn, o.n_positions, &turns, &n_turns, NULL));
-    kvs_replay_mem mem = {
-        .model = {.n_layers = mc.n_layers, .n_heads = mc.n_heads, .n_kv_heads = mc.n_kv_heads,
-                  .group = mc.n_heads / mc.n_kv_heads, .head_dim = mc.head_dim, .scale = mc.attn_scale, .kv_bytes = 2,
-                  .aux_bytes = 4, .n_positions = o.n_positions, .prompt_len = turns[0].prompt_end,
-                  .max_new_tokens = o.n_positions - turns[0].prompt_end},
-        .turns = turns, .n_turns = n_turns, .q = g->q, .k = g->k, .v = g->v, .block_positions = 64};
     kvs_replay_source src;
-    CHECK(kvs_replay_source_from_memory(&mem, &src));
+    CHECK(kvs_replay_source_from_memory(&fx.mem, &src));
     src.kv_dtype = KVS_DTYPE_F16;
     static const char *const pol[] = {"full", "window", "quest"};
     static const int64_t bud[] = {1024, 4096};
@@ -458,8 +436,7 @@ static void replay16(int threads) {
            "of every run %s\n", ROUNDS, best[0], best[1], best[0] / best[1], equal ? "equal bit for bit" : "DIFFER");
     kvs_replay_result_free(first[0]);
     kvs_replay_result_free(first[1]);
-    free(turns);
-    kvs_gen_trace_free(g);
+    kvs_test_replay_fixture_free(&fx);
 }
 
 /* The 16-bit K/V part (sim/BENCH.md "K/V in 16 bits"): the kernels, then the replay. @return 1 when the
