@@ -124,7 +124,20 @@ static void kernels(int d) {
     if (!k || !v || !q || !pb || !ob || !idx) exit(1);
     for (size_t i = 0; i < N * (size_t)d; i++) k[i] = frand(&seed), v[i] = frand(&seed);
     for (size_t i = 0; i < nb * G * (size_t)d; i++) q[i] = frand(&seed);
-    for (size_t j = 0; j < budget; j++) idx[j] = (int32_t)(j * (N / budget) + (size_t)(frand(&seed) + 1.0f));
+    /* S_t as top-k-like policies select it: `budget` distinct positions drawn at random, ascending */
+    {
+        unsigned char *taken = calloc(N, 1);
+        if (!taken) exit(1);
+        for (size_t c = 0; c < budget;) {
+            size_t x = (size_t)((frand(&seed) + 1.0f) * 0.5f * (float)N) % N;
+            if (!taken[x]) taken[x] = 1, c++;
+        }
+        for (size_t x = 0, c = 0; x < N; x++)
+            if (taken[x]) idx[c++] = (int32_t)x;
+        free(taken);
+    }
+    int32_t idx_l2[256]; /* 256 of them, as random (every 4th of the ascending 1024) */
+    for (size_t j = 0; j < 256; j++) idx_l2[j] = idx[(4 * j) % budget];
     float *prow[32], *orow[32];
     for (size_t r = 0; r < nb * G; r++) prow[r] = pb + r * N, orow[r] = ob + r * (size_t)d;
     size_t len[8];
@@ -159,10 +172,21 @@ static void kernels(int d) {
     TIMED(kvs_attention_group(q, G, k, v, (size_t)d, idx, budget, (size_t)d, 1.0f / sqrtf((float)d), prow, ob, NULL));
     printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "S_t, G heads at once (after)", reps * fma_sel / el,
            100 * reps * fma_sel / el / peak_core_cpu, reps * bytes_sel / el / 1e9, bytes_sel / bw_core / fma_sel);
-    /* the same kernel on a selection whose rows stay in L2 (256 rows: 2 x 128 KiB at d 128): the line above reads
-     * 1024 scattered rows (2 x 512 KiB at d 128, twice L2's 1 MiB with the queries and probabilities) */
+    /* S_t as a window selects it: the last `budget` positions, contiguous */
+    for (size_t j = 0; j < budget; j++) idx[j] = (int32_t)(N - budget + j);
+    TIMED(kvs_attention_group(q, G, k, v, (size_t)d, idx, budget, (size_t)d, 1.0f / sqrtf((float)d), prow, ob, NULL));
+    printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "S_t, G heads at once, a window", reps * fma_sel / el,
+           100 * reps * fma_sel / el / peak_core_cpu, reps * bytes_sel / el / 1e9, bytes_sel / bw_core / fma_sel);
+    /* every 4th position (what this line measured before): rows 4 * d * 4 bytes apart, a power of two, so their
+     * cache lines crowd into a quarter (d 64) or an eighth (d 128) of L1's sets and evict each other */
+    for (size_t j = 0; j < budget; j++) idx[j] = (int32_t)(4 * j);
+    TIMED(kvs_attention_group(q, G, k, v, (size_t)d, idx, budget, (size_t)d, 1.0f / sqrtf((float)d), prow, ob, NULL));
+    printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "S_t, G heads, every 4th (aliasing)", reps * fma_sel / el,
+           100 * reps * fma_sel / el / peak_core_cpu, reps * bytes_sel / el / 1e9, bytes_sel / bw_core / fma_sel);
+    /* the same kernel on a selection whose rows stay in L2 (256 random rows: 2 x 128 KiB at d 128): the lines
+     * above read 1024 rows (2 x 512 KiB at d 128, L2's 1 MiB with the queries and probabilities) */
     enum { SEL_L2 = 256 };
-    for (size_t j = 0; j < SEL_L2; j++) idx[j] = (int32_t)(4 * j);
+    for (size_t j = 0; j < SEL_L2; j++) idx[j] = idx_l2[j];
     double fma_l2 = 2.0 * (double)d * (double)G * SEL_L2, bytes_l2 = 2.0 * SEL_L2 * d * 4;
     TIMED(kvs_attention_group(q, G, k, v, (size_t)d, idx, SEL_L2, (size_t)d, 1.0f / sqrtf((float)d), prow, ob, NULL));
     printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "S_t, G heads at once, |S_t| 256 (L2)", reps * fma_l2 / el,
@@ -337,7 +361,7 @@ static void sweep(int threads, const char *only) {
     double el = kvs_now_s() - t0, cpu = cpu_s(0) - c0;
     /* FMAs: the full reference once per (layer, query head, decode step) over 0..p, shared by every
      * configuration; each configuration's attention over its S_t. A pair = 2 d FMAs (dot + axpy). */
-    double d = o.head_dim, ref_pairs = 0, pol_pairs = 0, pol_pairs_p[N_SWEEP_POLICIES] = {0};
+    double d = o.head_dim, ref_pairs = 0, pol_pairs = 0, pol_pairs_p[N_SWEEP_POLICIES] = {0}, copied_pairs = 0;
     double wall_p[N_SWEEP_POLICIES] = {0};
     for (int64_t p = o.prompt_len; p < o.n_positions; p++) ref_pairs += (double)o.n_layers * o.n_heads * (double)(p + 1);
     for (int c = 0; c < nc; c++) {
@@ -346,14 +370,21 @@ static void sweep(int threads, const char *only) {
                                                 (long long)cfgs[c].budget, r->runs[c].error);
         pol_pairs += a->mean * (double)a->n;
         pol_pairs_p[pol_of[c]] += a->mean * (double)a->n;
+        /* `full` attends the whole prefix at every step: the replay copies the reference's rows (sim/replay.c
+         * list_is_prefix), so its pairs are nominal work, not computed again (no other policy's list is the
+         * whole prefix here: every budget is below the prompt) */
+        if (!strcmp(sweep_policies[pol_of[c]], "full")) copied_pairs += a->mean * (double)a->n;
         wall_p[pol_of[c]] += r->runs[c].wall_seconds;
     }
-    double fmas = 2 * d * (ref_pairs + pol_pairs);
+    double fmas = 2 * d * (ref_pairs + pol_pairs), fmas_run = 2 * d * (ref_pairs + pol_pairs - copied_pairs);
     printf("whole sweep: %.2f s wall, %.3g reference pairs + %.3g policy pairs = %.3g FMA -> %.3g FMA/s = %.1f%% of "
            "the all-core peak (policy bookkeeping included)\n",
            el, ref_pairs, pol_pairs, fmas, fmas / el, 100 * fmas / el / peak_all);
     printf("  in CPU time (what other developers' load does not change): %.2f CPU s, %.3g FMA per CPU s = %.1f%% of the "
            "per-core peak\n", cpu, fmas / cpu, 100 * fmas / cpu / peak_core_cpu);
+    printf("  FMAs computed (the %.3g pairs of `full`, copies of the reference, left out): %.3g FMA -> %.1f%% of the "
+           "all-core peak in wall time, %.1f%% of the per-core peak in CPU time\n",
+           copied_pairs, fmas_run, 100 * fmas_run / el / peak_all, 100 * fmas_run / cpu / peak_core_cpu);
     printf("  %-10s %10s %12s %14s  (thread seconds per policy over its %d budgets, reference time shared out)\n",
            "policy", "thread_s", "policy pairs", "pairs/thread-s", N_SWEEP_BUDGETS);
     for (int p = 0; p < N_SWEEP_POLICIES; p++)

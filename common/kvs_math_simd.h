@@ -12,9 +12,11 @@
  * Each table also reads K/V rows kept in a trace's 16 bits (fp16 / bf16: scores16, output_add16), equal bit for bit
  * to its fp32 entries on the converted rows; the engines keep such a history unless KVS_KV16=0.
  *
- * Selection: AVX2 when the CPU has it (else scalar), unless the environment variable KVS_SIMD names another
- * ("scalar", "avx2", "avx512"; a variant the CPU lacks falls back to the best below it). AVX-512 is opt-in: it
- * was slower than AVX2 on the machine measured (kvs_math_simd.c). Read once per process.
+ * Selection: avx2x32 when the CPU has AVX-512VL (the AVX2 arithmetic in wider tiles over 32 registers, equal to
+ * the AVX2 table bit for bit), else AVX2 when it has that, else scalar, unless the environment variable KVS_SIMD
+ * names another ("scalar", "avx2", "avx2x32", "avx512"; a variant the CPU lacks falls back to the best below it).
+ * The 16-lane AVX-512 table is opt-in: it was slower than AVX2 on the machine measured (kvs_math_simd.c). Read
+ * once per process.
  */
 #ifndef KVS_MATH_SIMD_H
 #define KVS_MATH_SIMD_H
@@ -25,9 +27,10 @@
 #include "kvs.h"
 
 typedef enum {
-    KVS_ISA_SCALAR = 0, /* plain C (the compiler's SSE2 at -O2): the reference */
-    KVS_ISA_AVX2 = 1,   /* AVX2 + FMA, 8 fp32 lanes */
-    KVS_ISA_AVX512 = 2, /* AVX-512F scores and output tiles (16 lanes), the rest as AVX2 */
+    KVS_ISA_SCALAR = 0,  /* plain C (the compiler's SSE2 at -O2): the reference */
+    KVS_ISA_AVX2 = 1,    /* AVX2 + FMA, 8 fp32 lanes */
+    KVS_ISA_AVX2X32 = 2, /* the AVX2 arithmetic with AVX-512VL's 32 registers (wider tiles): AVX2's results */
+    KVS_ISA_AVX512 = 3,  /* AVX-512F scores and output tiles (16 lanes), the rest as AVX2 */
     KVS_ISA_COUNT
 } kvs_isa;
 
@@ -76,13 +79,14 @@ int kvs_math_kv16_default(void);
  *  static. Tests run every non-NULL table against the scalar one. */
 const kvs_math_kernels *kvs_math_kernels_for(kvs_isa isa);
 
-/*! kvs_math_kernels_active() : the table kvs_math.h's functions use (AVX2 where available, or KVS_SIMD's choice). */
+/*! kvs_math_kernels_active() : the table kvs_math.h's functions use (avx2x32 / AVX2 where available, or KVS_SIMD's
+ *  choice). */
 const kvs_math_kernels *kvs_math_kernels_active(void);
 
 /*! kvs_math_isa_active() : the instruction set of kvs_math_kernels_active(). */
 kvs_isa kvs_math_isa_active(void);
 
-/*! kvs_math_isa_name() : "scalar", "avx2", "avx512". */
+/*! kvs_math_isa_name() : "scalar", "avx2", "avx2x32", "avx512". */
 const char *kvs_math_isa_name(kvs_isa isa);
 
 /* Accuracy of the vector exponential against libm's expf (tests/test_simd.c checks it on a dense grid):

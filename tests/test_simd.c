@@ -3,7 +3,8 @@
  * softmax/LSE, the vector exp against libm's expf, top-k's filter); a row's result independent of the rows
  * computed with it (kvs_attention_group, the blocked causal full attention of kvs_attention_causal_block equal
  * kvs_attention row by row, bit for bit); top-k with the vector filter against a sort; and the replay's
- * per-layer numbers through the CLI with KVS_SIMD=scalar against the default kernels.
+ * per-layer numbers through the CLI with KVS_SIMD=scalar against the default kernels; the avx2x32 table equal to the
+ * AVX2 one bit for bit, kernel by kernel and through the CLI.
  * Variants the CPU lacks are skipped, saying so.
  */
 #include <math.h>
@@ -285,6 +286,74 @@ static void test_topk_matches_sort(void **state) {
 }
 
 /* kvs_attention_group and the blocked causal attention equal kvs_attention row by row, bit for bit. */
+/* The avx2x32 table (AVX-512VL's 32 registers, wider tiles) computes every value exactly as the AVX2 table does:
+ * scores, output, softmax and the 16-bit entries (fp16 and bf16) equal bit for bit over row counts 1..9 (the 4-row
+ * tiles and the rows past them), list lengths of every residue mod 4, head_dims with and without 8- and 32-float
+ * tails, value lists that cross the output tile's passes, with and without an index list. */
+static void test_avx2x32_equals_avx2_bit_for_bit(void **state) {
+    (void)state;
+    const kvs_math_kernels *a = kvs_math_kernels_for(KVS_ISA_AVX2), *b = kvs_math_kernels_for(KVS_ISA_AVX2X32);
+    if (!a || !b) {
+        print_message("avx2 or avx2x32 not available on this CPU: skipped\n");
+        skip();
+    }
+    static const size_t xd[] = {1, 7, 8, 13, 32, 40, 64, 67, 100, 128, 256};
+    enum { MAXR = 9, MAXN = 301, ROWS = 320 };
+    for (size_t di = 0; di < sizeof xd / sizeof xd[0]; di++) {
+        size_t d = xd[di], stride = d + 5;
+        float *kv = malloc(ROWS * stride * sizeof *kv), *q = malloc(MAXR * d * sizeof *q);
+        uint16_t *h = malloc(ROWS * stride * sizeof *h);
+        float *pa = malloc(MAXR * (MAXN + 3) * sizeof *pa), *pb = malloc(MAXR * (MAXN + 3) * sizeof *pb);
+        float *oa = malloc(MAXR * d * sizeof *oa), *ob = malloc(MAXR * d * sizeof *ob);
+        fill(kv, ROWS * stride, 1);
+        fill(q, MAXR * d, 2);
+        int32_t idx[MAXN];
+        for (int j = 0; j < MAXN; j++) idx[j] = (int32_t)((j * 13 + 7) % ROWS);
+        for (size_t nr = 1; nr <= MAXR; nr++)
+            for (size_t n = 1; n <= MAXN; n += (n < 12 ? 1 : 29))
+                for (int use_idx = 0; use_idx < 2; use_idx++) {
+                    const int32_t *ix = use_idx ? idx : NULL;
+                    float *ra[MAXR], *rb[MAXR], *wa[MAXR], *wb[MAXR];
+                    for (size_t r = 0; r < nr; r++)
+                        ra[r] = pa + r * (MAXN + 3), rb[r] = pb + r * (MAXN + 3), wa[r] = oa + r * d, wb[r] = ob + r * d;
+                    a->scores(q, nr, kv, stride, ix, n, d, 0.3f, ra, 3);
+                    b->scores(q, nr, kv, stride, ix, n, d, 0.3f, rb, 3);
+                    for (size_t r = 0; r < nr; r++) assert_memory_equal(ra[r] + 3, rb[r] + 3, n * sizeof(float));
+                    for (size_t r = 0; r < nr; r++) {
+                        double la = a->softmax(ra[r] + 3, n), lb = b->softmax(rb[r] + 3, n);
+                        assert_memory_equal(&la, &lb, sizeof la);
+                        assert_memory_equal(ra[r] + 3, rb[r] + 3, n * sizeof(float));
+                    }
+                    fill(oa, nr * d, 1);
+                    memcpy(ob, oa, nr * d * sizeof *oa);
+                    a->output_add((const float *const *)ra, nr, 3, kv, stride, ix, n, d, wa);
+                    b->output_add((const float *const *)rb, nr, 3, kv, stride, ix, n, d, wb);
+                    assert_memory_equal(oa, ob, nr * d * sizeof *oa);
+                    for (int t = 0; t < 2; t++) {
+                        kvs_dtype dt = t ? KVS_DTYPE_BF16 : KVS_DTYPE_F16;
+                        for (size_t i = 0; i < ROWS * stride; i++)
+                            h[i] = t ? kvs_f32_to_bf16(kv[i]) : kvs_f32_to_f16(kv[i]);
+                        a->scores16(q, nr, h, dt, stride, ix, n, d, 0.3f, ra, 3);
+                        b->scores16(q, nr, h, dt, stride, ix, n, d, 0.3f, rb, 3);
+                        for (size_t r = 0; r < nr; r++) assert_memory_equal(ra[r] + 3, rb[r] + 3, n * sizeof(float));
+                        for (size_t r = 0; r < nr; r++) a->softmax(ra[r] + 3, n), b->softmax(rb[r] + 3, n);
+                        fill(oa, nr * d, 1);
+                        memcpy(ob, oa, nr * d * sizeof *oa);
+                        a->output_add16((const float *const *)ra, nr, 3, h, dt, stride, ix, n, d, wa);
+                        b->output_add16((const float *const *)rb, nr, 3, h, dt, stride, ix, n, d, wb);
+                        assert_memory_equal(oa, ob, nr * d * sizeof *oa);
+                    }
+                }
+        free(kv);
+        free(q);
+        free(h);
+        free(pa);
+        free(pb);
+        free(oa);
+        free(ob);
+    }
+}
+
 static void test_blocked_causal_attention_equals_rows(void **state) {
     (void)state;
     const size_t G = 3, nb = 5, p0 = 37, n = p0 + nb;
@@ -467,6 +536,14 @@ static void test_replay_numbers_scalar_vs_vector(void **state) {
     int n = csv_close(a, b, 1e-4, 1e-6);
     print_message("%d numbers compared (KVS_SIMD=scalar vs %s)\n", n, kvs_math_isa_name(kvs_math_isa_active()));
     assert_true(n > 500);
+    if (kvs_math_isa_active() == KVS_ISA_AVX2X32) { /* the default's wider tiles: AVX2's numbers exactly */
+        char db4[128];
+        snprintf(db4, sizeof db4, "%s/avx2.db", dir);
+        assert_int_equal(replay_with("avx2", trace, db4, dir), 0);
+        char *c = layer_csv(db4, dir);
+        print_message("%d numbers equal (KVS_SIMD=avx2 vs avx2x32)\n", csv_close(b, c, 0, 0));
+        free(c);
+    }
     free(a);
     free(b);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
@@ -483,6 +560,7 @@ int main(void) {
         cmocka_unit_test(test_first_above_matches_scalar),
         cmocka_unit_test(test_topk_matches_sort),
         cmocka_unit_test(test_blocked_causal_attention_equals_rows),
+        cmocka_unit_test(test_avx2x32_equals_avx2_bit_for_bit),
         cmocka_unit_test(test_replay_numbers_scalar_vs_vector),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
