@@ -4,8 +4,9 @@
  * Layout of the work: a task = (layer, group of configurations). It opens the layer's KV-head streams and
  * advances them in lockstep, block by block, keeping the K/V history of each KV head (policies may point
  * at any position they store) and the current turn's prompt queries. At each position, shared work (the
- * full attention of every query head, and its descending order for the top-k overlap) is done once and
- * reused by every configuration of the task. Tasks run on a pthread pool pulling from an atomic counter.
+ * full attention of every query head, and its descending order for the top-k overlap, as deep as the task's
+ * lists ask: sim/ref_rank.h) is done once and reused by every configuration of the task. Tasks run on a pthread
+ * pool pulling from an atomic counter.
  *
  * Leak discipline (DESIGN.md "Replay" 3): views expose positions 0..p only; decode views carry only the
  * current query; full attention reaches a policy only when its ops say is_oracle. Selections are checked
@@ -23,6 +24,7 @@
 #include "../common/kvs_math.h"
 #include "../common/kvs_math_simd.h"
 #include "policy_memo.h"
+#include "ref_rank.h"
 #include "samples.h"
 
 /* ------------------------------------------------------------------------------------------------
@@ -146,9 +148,13 @@ typedef struct {
     int64_t ref_first, ref_n; /* positions ref_first .. ref_first+ref_n-1 have their full attention computed */
     float *cur_p, *cur_o;     /* the current position's blocks of fullp and fullo (NULL: no reference) */
     float **ref_prow, **ref_orow; /* [ref_cap*G] row pointers for kvs_attention_causal_block */
-    int32_t *order;           /* [N] rank -> position scratch of the ranking being built */
-    uint32_t *sort_scratch;   /* [3N] scratch of kvs_argsort_desc */
-    int32_t *rank;            /* [Hkv][G][N] position -> rank in the descending full attention */
+    uint32_t *sort_scratch;   /* [3N] scratch of kvs_ref_rank_prefix */
+    int32_t *top;             /* [Hkv][G][N] the leading part of each query head's ranking of the full attention
+                               * (kvs_ref_rank_prefix): top_m[hg] positions, valid at position top_pos[hg] */
+    int64_t *top_m;           /* [Hkv*G] */
+    int64_t *top_pos;         /* [Hkv*G] the position top[hg] ranks, -1 for none yet */
+    int64_t *top_hint;        /* [Hkv*G] the longest list ranked at hg so far: the depth asked for next time */
+    double rank_seconds;      /* time spent ranking, shared out among the configurations like the reference */
     float *outp;              /* [G][d] policy-side outputs of the current step */
     int32_t *stored;          /* [N] */
     uint8_t *mark;            /* [N] */
@@ -201,9 +207,11 @@ static void task_free(task *t) {
     free(t->fullo);
     free((void *)t->ref_prow);
     free((void *)t->ref_orow);
-    free(t->order);
     free(t->sort_scratch);
-    free(t->rank);
+    free(t->top);
+    free(t->top_m);
+    free(t->top_pos);
+    free(t->top_hint);
     free(t->outp);
     free(t->stored);
     free(t->mark);
@@ -249,9 +257,13 @@ static kvs_status task_alloc(task *t) {
     t->ref_prow = calloc(RC * G, sizeof *t->ref_prow);
     t->ref_orow = calloc(RC * G, sizeof *t->ref_orow);
     if (!t->ref_prow || !t->ref_orow) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
-    t->order = malloc(N * sizeof(int32_t));
     t->sort_scratch = malloc(3 * N * sizeof(uint32_t));
-    t->rank = malloc(H * G * N * sizeof(int32_t));
+    t->top = malloc(H * G * N * sizeof(int32_t));
+    t->top_m = calloc(H * G, sizeof *t->top_m);
+    t->top_pos = malloc(H * G * sizeof *t->top_pos);
+    t->top_hint = calloc(H * G, sizeof *t->top_hint);
+    if (!t->top_m || !t->top_pos || !t->top_hint) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
+    for (size_t hg = 0; hg < H * G; hg++) t->top_pos[hg] = -1;
     t->outp = malloc(G * d * sizeof(float));
     t->stored = malloc(N * sizeof(int32_t));
     t->mark = calloc(N, 1);
@@ -271,7 +283,7 @@ static kvs_status task_alloc(task *t) {
     if (!t->has_merged || !t->lists_f || !t->lists_i || !t->row_k || !t->row_v || !t->gk || !t->gv || !t->blk_size || !t->blk_begin || !t->views)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     if (!t->streams || !t->hk || !t->hv || !t->qb || !t->states || !t->sync_states || !t->layout || !t->sel_idx ||
-        !t->sel_n || !t->pbuf || !t->fullp || !t->fullo || !t->order || !t->sort_scratch || !t->rank || !t->outp || !t->stored || !t->mark ||
+        !t->sel_n || !t->pbuf || !t->fullp || !t->fullo || !t->sort_scratch || !t->top || !t->outp || !t->stored || !t->mark ||
         !t->in_union)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     if (t->kv16 != KVS_DTYPE_F32) {
@@ -370,15 +382,18 @@ static void reference_block(task *t, const kvs_trace_block *const *blk, int i0, 
     t->ref_n = nb;
 }
 
-/* The descending order of query head (h, g)'s full attention at position p (for the top-k overlap). */
-static void rank_full(task *t, int h, int g, int64_t p) {
-    engine *e = t->e;
-    size_t N = (size_t)e->N, n = (size_t)p + 1;
-    size_t off = ((size_t)h * (size_t)e->G + (size_t)g);
-    const float *probs = t->cur_p + (size_t)h * (size_t)e->G * N + (size_t)g * n;
-    int32_t *order = t->order, *rank = t->rank + off * N;
-    kvs_argsort_desc(probs, n, order, t->sort_scratch); /* same order as kvs_topk(probs, n, n), O(n) */
-    for (size_t r = 0; r < n; r++) rank[order[r]] = (int32_t)r;
+/* Ranks query head hg's full attention `fp` at position p (p+1 probabilities) at least n deep (n <= p): as deep as
+ * the longest list ranked at hg so far, plus a margin, so that one ranking per position serves every
+ * configuration of the task (a list longer than that ranks again, deeper). */
+static void rank_prefix(task *t, size_t hg, const float *fp, int64_t p, int64_t n) {
+    double t0 = kvs_now_s();
+    if (n > t->top_hint[hg]) t->top_hint[hg] = n;
+    size_t depth = (size_t)t->top_hint[hg];
+    depth += depth / 16 + 16;
+    size_t m = kvs_ref_rank_prefix(fp, (size_t)p + 1, depth, t->top + hg * (size_t)t->e->N, t->sort_scratch);
+    t->top_m[hg] = (int64_t)m;
+    t->top_pos[hg] = p;
+    t->rank_seconds += kvs_now_s() - t0;
 }
 
 /* Records the metrics of query head (h, g) at position p, whose output over `list` (n entries; merged[j]
@@ -390,22 +405,36 @@ static kvs_status measure_head(task *t, int ci, int h, int g, int64_t p, const i
     size_t off = ((size_t)h * (size_t)e->G + (size_t)g), d = (size_t)e->d;
     const float *fp = t->cur_p + (size_t)h * (size_t)e->G * (size_t)e->N + (size_t)g * (size_t)(p + 1);
     const float *full_out = t->cur_o + off * d;
-    const int32_t *rank = t->rank + off * (size_t)e->N;
     double recall = 0, recall_merged = 0;
     int64_t hit = 0;
+    /* The top-k overlap counts list entries among the first n of the full attention's ranking. A list as long as
+     * the row (n = p+1: its positions are distinct, so all of them) or longer has every entry there. */
+    int all_hit = n > p;
+    kvs_ref_rank_cut cut = {0};
+    if (!all_hit) {
+        if (t->top_pos[off] != p || t->top_m[off] < n) rank_prefix(t, off, fp, p, n);
+        cut = kvs_ref_rank_cut_at(fp, t->top + off * (size_t)e->N, (size_t)n);
+    }
     if (!merged) { /* no merged slot: both recalls are the same sum in the same order, one chain of adds */
-        for (int64_t j = 0; j < n; j++) {
-            int32_t x = list[j];
-            recall += fp[x];
-            hit += rank[x] < n;
+        if (all_hit) {
+            for (int64_t j = 0; j < n; j++) recall += fp[list[j]];
+            hit = n;
+        } else {
+            for (int64_t j = 0; j < n; j++) {
+                int32_t x = list[j];
+                float v = fp[x];
+                recall += v;
+                hit += kvs_ref_rank_within(cut, v, x);
+            }
         }
         recall_merged = recall;
     } else {
         for (int64_t j = 0; j < n; j++) {
-            double m = fp[list[j]];
+            float v = fp[list[j]];
+            double m = v;
             recall_merged += m;
             if (!merged[j]) recall += m;
-            if (rank[list[j]] < n) hit++;
+            hit += all_hit || kvs_ref_rank_within(cut, v, list[j]);
         }
     }
     /* The output metrics' four fp64 sums in one pass (issue 14: one loop of four independent sums instead of five
@@ -849,10 +878,12 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
     const kvs_trace_block **blk = NULL;
     int any_oracle = 0;
     double *cfg_time = NULL;
+    uint8_t *ran = NULL; /* [nc] configurations active at the current position */
     if (st != KVS_OK) goto cleanup;
     blk = calloc((size_t)e->Hkv, sizeof *blk);
     cfg_time = calloc((size_t)t.nc, sizeof *cfg_time);
-    if (!blk || !cfg_time) {
+    ran = calloc((size_t)t.nc, 1);
+    if (!blk || !cfg_time || !ran) {
         st = kvs_fail(KVS_ERR_NOMEM, "replay: out of memory");
         goto cleanup;
     }
@@ -924,18 +955,16 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
                 size_t b = (size_t)(pos - t.ref_first), blk_floats = (size_t)e->Hkv * (size_t)e->G;
                 t.cur_p = t.fullp + b * blk_floats * (size_t)e->N;
                 t.cur_o = t.fullo + b * blk_floats * d;
-                if (measured)
-                    for (int h = 0; h < e->Hkv; h++)
-                        for (int g = 0; g < e->G; g++) rank_full(&t, h, g, pos);
             }
             double shared = kvs_now_s() - t0;
             if (is_prompt) kvs_policy_memo_clear(t.memo); /* entries hold only this position's computations */
             int active = 0;
-            for (int ci = 0; ci < t.nc; ci++) active += !atomic_load(&e->cfg_failed[c_lo + ci]);
+            for (int ci = 0; ci < t.nc; ci++) active += ran[ci] = !atomic_load(&e->cfg_failed[c_lo + ci]);
+            double ranked0 = t.rank_seconds;
             for (int ci = 0; ci < t.nc; ci++) {
                 int c = c_lo + ci;
-                if (atomic_load(&e->cfg_failed[c])) continue;
-                double t1 = kvs_now_s();
+                if (!ran[ci]) continue;
+                double t1 = kvs_now_s(), r1 = t.rank_seconds;
                 kvs_status cs = KVS_OK;
                 if (is_prompt) {
                     if (pos == turn->begin) t.blk_begin[ci] = pos;
@@ -955,8 +984,12 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
                     if (cs == KVS_OK) step_end_hook(&t, ci, pos);
                 }
                 if (cs != KVS_OK) fail_config(e, c, layer, cs);
-                cfg_time[ci] += kvs_now_s() - t1 + (active ? shared / active : 0);
+                /* the ranking, done for whichever configuration asked first, is shared work like the reference */
+                cfg_time[ci] += kvs_now_s() - t1 - (t.rank_seconds - r1) + (active ? shared / active : 0);
             }
+            double ranked = t.rank_seconds - ranked0;
+            for (int ci = 0; ci < t.nc && active; ci++)
+                if (ran[ci]) cfg_time[ci] += ranked / active;
             if (measured) t.measured_steps++;
         }
     }
@@ -965,6 +998,7 @@ cleanup:
     if (cfg_time)
         for (int ci = 0; ci < t.nc; ci++) e->acc[(size_t)(c_lo + ci) * (size_t)e->L + (size_t)layer].wall += cfg_time[ci];
     free(cfg_time);
+    free(ran);
     free(blk);
     task_free(&t);
     return st;
