@@ -47,4 +47,10 @@ static inline int kvs_ref_rank_within(kvs_ref_rank_cut c, float v, int32_t pos) 
     return (v > c.value) | ((v == c.value) & (pos <= c.pos));
 }
 
+/*! kvs_ref_rank_within_number() : kvs_ref_rank_within() for a cut that is a number (!c.value_is_nan), without
+ *  the test: a caller's loop over a list tests the cut once. */
+static inline int kvs_ref_rank_within_number(kvs_ref_rank_cut c, float v, int32_t pos) {
+    return (v > c.value) | ((v == c.value) & (pos <= c.pos));
+}
+
 #endif

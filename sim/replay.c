@@ -157,8 +157,9 @@ typedef struct {
     double rank_seconds;      /* time spent ranking, shared out among the configurations like the reference */
     float *outp;              /* [G][d] policy-side outputs of the current step */
     int32_t *stored;          /* [N] */
-    uint8_t *mark;            /* [N] */
-    int32_t *in_union;        /* [N] positions counted in the union across lists (check_sel), to clear their marks */
+    uint32_t *in_list;        /* [N] check_sel: == list_stamp when x is in the current list's resident set */
+    uint32_t *in_union;       /* [N] check_sel: == union_stamp when x is counted in the union across lists */
+    uint32_t list_stamp, union_stamp; /* bumped per list / per check, so no mark is ever cleared */
     int64_t measured_steps;   /* measured positions so far (series downsampling) */
     const float ***row_k, ***row_v; /* [G] -> [N] merged-slot row pointers (sel.row_k/row_v), kept all NULL */
     float *gk, *gv;           /* [N][d] gathered K/V of a list holding merged slots */
@@ -214,7 +215,7 @@ static void task_free(task *t) {
     free(t->top_hint);
     free(t->outp);
     free(t->stored);
-    free(t->mark);
+    free(t->in_list);
     free(t->in_union);
     for (int g = 0; g < e->G; g++) {
         if (t->row_k) free((void *)t->row_k[g]);
@@ -266,8 +267,8 @@ static kvs_status task_alloc(task *t) {
     for (size_t hg = 0; hg < H * G; hg++) t->top_pos[hg] = -1;
     t->outp = malloc(G * d * sizeof(float));
     t->stored = malloc(N * sizeof(int32_t));
-    t->mark = calloc(N, 1);
-    t->in_union = malloc(N * sizeof(int32_t));
+    t->in_list = calloc(N, sizeof *t->in_list);
+    t->in_union = calloc(N, sizeof *t->in_union);
     t->row_k = calloc(G, sizeof *t->row_k);
     t->row_v = calloc(G, sizeof *t->row_v);
     t->gk = malloc(N * d * sizeof(float));
@@ -283,7 +284,7 @@ static kvs_status task_alloc(task *t) {
     if (!t->has_merged || !t->lists_f || !t->lists_i || !t->row_k || !t->row_v || !t->gk || !t->gv || !t->blk_size || !t->blk_begin || !t->views)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     if (!t->streams || !t->hk || !t->hv || !t->qb || !t->states || !t->sync_states || !t->layout || !t->sel_idx ||
-        !t->sel_n || !t->pbuf || !t->fullp || !t->fullo || !t->sort_scratch || !t->top || !t->outp || !t->stored || !t->mark ||
+        !t->sel_n || !t->pbuf || !t->fullp || !t->fullo || !t->sort_scratch || !t->top || !t->outp || !t->stored || !t->in_list ||
         !t->in_union)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     if (t->kv16 != KVS_DTYPE_F32) {
@@ -419,6 +420,13 @@ static kvs_status measure_head(task *t, int ci, int h, int g, int64_t p, const i
         if (all_hit) {
             for (int64_t j = 0; j < n; j++) recall += fp[list[j]];
             hit = n;
+        } else if (!cut.value_is_nan) { /* probabilities: the cut is a number */
+            for (int64_t j = 0; j < n; j++) {
+                int32_t x = list[j];
+                float v = fp[x];
+                recall += v;
+                hit += kvs_ref_rank_within_number(cut, v, x);
+            }
         } else {
             for (int64_t j = 0; j < n; j++) {
                 int32_t x = list[j];
@@ -489,10 +497,13 @@ static kvs_status measure_head(task *t, int ci, int h, int g, int64_t p, const i
     return st;
 }
 
-/* Marks position x as counted in the union across lists (check_sel) and remembers it for the final clear. */
-static inline void in_union_add(task *t, uint8_t *mark, int32_t x, int64_t *n_union) {
-    mark[x] |= 2;
-    t->in_union[(*n_union)++] = x;
+/* The next stamp of a mark array (check_sel): after 2^32 - 1 stamps the array is cleared and they start again. */
+static inline uint32_t next_stamp(uint32_t *stamp, uint32_t *marks, size_t n) {
+    if (++*stamp == 0) {
+        memset(marks, 0, n * sizeof *marks);
+        *stamp = 1;
+    }
+    return *stamp;
 }
 
 /* Validates a selection (positions in [0, p], distinct, at least one, within budget), notes in has_merged[li]
@@ -500,15 +511,18 @@ static inline void in_union_add(task *t, uint8_t *mark, int32_t x, int64_t *n_un
  * kvs_policy_cost): *kv_slots = sum over lists of |stored() ∪ S_t|, *dedup = |the union of those across lists|.
  * One pass over each list does all three (issue 17: the check, the merged scan and the accounting were three
  * passes, ~6% of a sweep). The counts are integers, exact in fp64 whatever the order, so the same numbers.
- * t->mark bit 0: in the current list's resident set (a repeat within S_t is a duplicate); bit 1: counted in the
- * union. t->mark is left all zero, also on error. */
+ * Marks are stamps (t->in_list: in the current list's resident set, a repeat within S_t is a duplicate;
+ * t->in_union: counted in the union): a new list or check takes a new stamp, so none is ever cleared (the passes
+ * that cleared them were a third of the check's time), and an error leaves nothing behind. */
 static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops *ops, void *state,
                             const kvs_policy_sel *sel, int64_t p, int *has_merged, double *kv_slots, double *dedup) {
     engine *e = t->e;
     int c = t->c_lo + ci;
     const kvs_replay_config *rc = &e->o->configs[c];
     int64_t budget = e->budgets[(size_t)c * (size_t)e->L * (size_t)e->Hkv + (size_t)t->layer * (size_t)e->Hkv + (size_t)h];
-    uint8_t *mark = t->mark;
+    uint32_t *in_list = t->in_list, *in_union = t->in_union;
+    uint32_t us = next_stamp(&t->union_stamp, in_union, (size_t)e->N);
+    int count_prompt = rc->policy.ops->budget_scope == KVS_BUDGET_PROMPT;
     int64_t n_union = 0;
     double slots = 0;
     kvs_status st = KVS_OK;
@@ -516,6 +530,7 @@ static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops 
         int64_t n = sel->n[li], n_prompt = 0, j = 0;
         const int32_t *idx = sel->idx[li];
         int merged = 0;
+        uint32_t ls = next_stamp(&t->list_stamp, in_list, (size_t)e->N);
         if (n < 1 || n > p + 1)
             st = kvs_fail(KVS_ERR_STATE, "policy %s selected %lld positions at position %lld", rc->policy.ops->name,
                           (long long)n, (long long)p);
@@ -525,15 +540,16 @@ static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops 
             if (x < 0 || x > p)
                 st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d at position %lld (future or invalid)",
                               rc->policy.ops->name, (int)x, (long long)p);
-            else if (mark[x] & 1)
+            else if (in_list[x] == ls)
                 st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d twice", rc->policy.ops->name, (int)x);
             else if (has_k != (sel->row_v[li][j] != NULL))
                 st = kvs_fail(KVS_ERR_STATE, "policy %s gave a merged slot at position %d with only one of its K/V rows",
                               rc->policy.ops->name, (int)x);
             else {
-                if (!(mark[x] & 2)) in_union_add(t, mark, x, &n_union);
-                mark[x] |= 1;
-                n_prompt += e->is_prompt[x];
+                n_union += in_union[x] != us;
+                in_union[x] = us;
+                in_list[x] = ls;
+                if (count_prompt) n_prompt += e->is_prompt[x];
                 merged |= has_k;
             }
         }
@@ -542,17 +558,17 @@ static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops 
         if (st == KVS_OK && ops->stored) {
             ms = ops->stored(state, li, t->stored);
             slots += (double)n;
+            int64_t extra = 0;
             for (int64_t k = 0; k < ms; k++) {
                 int32_t x = t->stored[k];
-                if (mark[x] & 1) continue;
-                slots += 1;
-                mark[x] |= 1;
-                if (!(mark[x] & 2)) in_union_add(t, mark, x, &n_union);
+                if (in_list[x] == ls) continue;
+                extra++;
+                in_list[x] = ls;
+                n_union += in_union[x] != us;
+                in_union[x] = us;
             }
-            for (int64_t k = 0; k < ms; k++) mark[t->stored[k]] &= (uint8_t)~1u;
+            slots += (double)extra;
         }
-        for (int64_t k = 0; k < j; k++) /* the entries marked above (all of them unless one was refused) */
-            if (idx[k] >= 0 && idx[k] <= p) mark[idx[k]] &= (uint8_t)~1u;
         if (st != KVS_OK) break;
         kvs_policy_budget_scope scope = rc->policy.ops->budget_scope;
         if (scope == KVS_BUDGET_EVERY_STEP && n > budget)
@@ -562,7 +578,6 @@ static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops 
             st = kvs_fail(KVS_ERR_STATE, "policy %s kept %lld prompt positions over its budget %lld",
                           rc->policy.ops->name, (long long)n_prompt, (long long)budget);
     }
-    for (int64_t k = 0; k < n_union; k++) mark[t->in_union[k]] = 0;
     if (!ops->stored) {
         *kv_slots = *dedup = (double)(p + 1); /* every position seen, stored once */
     } else {
