@@ -10,6 +10,7 @@
  */
 #include "ref_rank.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "../common/kvs_math.h"
@@ -95,4 +96,9 @@ size_t kvs_ref_rank_prefix(const float *x, size_t n, size_t depth, int32_t *orde
     }
     if (ia != (uint32_t *)order) memcpy(order, ia, m * sizeof *order);
     return m;
+}
+
+void kvs_ref_rank_positions(const int32_t *order, size_t m, size_t n, int32_t *rank) {
+    for (size_t x = 0; x < n; x++) rank[x] = (int32_t)m;
+    for (size_t r = 0; r < m; r++) rank[order[r]] = (int32_t)r;
 }

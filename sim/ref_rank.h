@@ -7,13 +7,14 @@
  * ever asks for n up to the longest list a configuration measures, a few hundred of a few thousand positions.
  * kvs_ref_rank_prefix() orders only a leading part of the row, at least as deep as asked: a radix select of
  * the boundary (the top 11 bits of the sort key), then an exact stable sort of the positions at or above it.
- * Membership of position x in the first n of that order is then one comparison against the n-th element, the
- * cut (kvs_ref_rank_cut_at, kvs_ref_rank_within): the same answer as rank[x] < n of the whole ranking.
+ * kvs_ref_rank_positions() turns that into ranks, every position past the part ranked sharing the part's length:
+ * rank[x] < n is then the whole ranking's answer for every n up to that length. (Testing x against the n-th
+ * element's value and position instead costs no fill but 50% more per list entry in the replay's recall loop,
+ * which measures far more entries than a row has positions.)
  */
 #ifndef KVS_REF_RANK_H
 #define KVS_REF_RANK_H
 
-#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -23,34 +24,9 @@
  *  `order` holds n entries, `scratch` at least 3*n uint32_t (caller memory, both overwritten). */
 size_t kvs_ref_rank_prefix(const float *x, size_t n, size_t depth, int32_t *order, uint32_t *scratch);
 
-/* The n-th element of a ranking: its value and position. */
-typedef struct {
-    float value;
-    int32_t pos;
-    int value_is_nan;
-} kvs_ref_rank_cut;
-
-/*! kvs_ref_rank_cut_at() : the cut of the first n (1 <= n <= the m kvs_ref_rank_prefix returned) of the ranking
- *  `order` of row x. */
-static inline kvs_ref_rank_cut kvs_ref_rank_cut_at(const float *x, const int32_t *order, size_t n) {
-    int32_t pos = order[n - 1];
-    kvs_ref_rank_cut c = {.value = x[pos], .pos = pos, .value_is_nan = isnan(x[pos]) != 0};
-    return c;
-}
-
-/*! kvs_ref_rank_within() : 1 when position `pos`, whose value in the ranked row is v, is among the first n of
- *  the ranking (c = kvs_ref_rank_cut_at(.., n)), else 0. Before the cut: a larger value, or an equal one at a
- *  lower or the same position (float == holds -0 equal to +0 and never holds for NaN, as the ranking's key).
- *  A NaN cut: every number is before it, and the NaNs up to its position. */
-static inline int kvs_ref_rank_within(kvs_ref_rank_cut c, float v, int32_t pos) {
-    if (c.value_is_nan) return !isnan(v) || pos <= c.pos;
-    return (v > c.value) | ((v == c.value) & (pos <= c.pos));
-}
-
-/*! kvs_ref_rank_within_number() : kvs_ref_rank_within() for a cut that is a number (!c.value_is_nan), without
- *  the test: a caller's loop over a list tests the cut once. */
-static inline int kvs_ref_rank_within_number(kvs_ref_rank_cut c, float v, int32_t pos) {
-    return (v > c.value) | ((v == c.value) & (pos <= c.pos));
-}
+/*! kvs_ref_rank_positions() : rank[x] for every position x < n of a row whose first m ranked positions are
+ *  order[0..m-1] (kvs_ref_rank_prefix): its place r in the ranking when r < m, else m. So for every list length
+ *  k <= m, rank[x] < k exactly when x is among the first k, as with the whole ranking's ranks. */
+void kvs_ref_rank_positions(const int32_t *order, size_t m, size_t n, int32_t *rank);
 
 #endif

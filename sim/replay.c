@@ -148,11 +148,13 @@ typedef struct {
     int64_t ref_first, ref_n; /* positions ref_first .. ref_first+ref_n-1 have their full attention computed */
     float *cur_p, *cur_o;     /* the current position's blocks of fullp and fullo (NULL: no reference) */
     float **ref_prow, **ref_orow; /* [ref_cap*G] row pointers for kvs_attention_causal_block */
+    int32_t *order;           /* [N] the leading part of the ranking being built (kvs_ref_rank_prefix) */
     uint32_t *sort_scratch;   /* [3N] scratch of kvs_ref_rank_prefix */
-    int32_t *top;             /* [Hkv][G][N] the leading part of each query head's ranking of the full attention
-                               * (kvs_ref_rank_prefix): top_m[hg] positions, valid at position top_pos[hg] */
+    int32_t *rank;            /* [Hkv][G][N] position -> rank in the descending full attention of query head hg,
+                               * exact below top_m[hg], top_m[hg] for the rest (kvs_ref_rank_positions); valid at
+                               * position top_pos[hg] */
     int64_t *top_m;           /* [Hkv*G] */
-    int64_t *top_pos;         /* [Hkv*G] the position top[hg] ranks, -1 for none yet */
+    int64_t *top_pos;         /* [Hkv*G] the position rank[hg] ranks, -1 for none yet */
     int64_t *top_hint;        /* [Hkv*G] the longest list ranked at hg so far: the depth asked for next time */
     double rank_seconds;      /* time spent ranking, shared out among the configurations like the reference */
     float *outp;              /* [G][d] policy-side outputs of the current step */
@@ -208,8 +210,9 @@ static void task_free(task *t) {
     free(t->fullo);
     free((void *)t->ref_prow);
     free((void *)t->ref_orow);
+    free(t->order);
     free(t->sort_scratch);
-    free(t->top);
+    free(t->rank);
     free(t->top_m);
     free(t->top_pos);
     free(t->top_hint);
@@ -258,8 +261,9 @@ static kvs_status task_alloc(task *t) {
     t->ref_prow = calloc(RC * G, sizeof *t->ref_prow);
     t->ref_orow = calloc(RC * G, sizeof *t->ref_orow);
     if (!t->ref_prow || !t->ref_orow) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
+    t->order = malloc(N * sizeof(int32_t));
     t->sort_scratch = malloc(3 * N * sizeof(uint32_t));
-    t->top = malloc(H * G * N * sizeof(int32_t));
+    t->rank = malloc(H * G * N * sizeof(int32_t));
     t->top_m = calloc(H * G, sizeof *t->top_m);
     t->top_pos = malloc(H * G * sizeof *t->top_pos);
     t->top_hint = calloc(H * G, sizeof *t->top_hint);
@@ -284,7 +288,7 @@ static kvs_status task_alloc(task *t) {
     if (!t->has_merged || !t->lists_f || !t->lists_i || !t->row_k || !t->row_v || !t->gk || !t->gv || !t->blk_size || !t->blk_begin || !t->views)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     if (!t->streams || !t->hk || !t->hv || !t->qb || !t->states || !t->sync_states || !t->layout || !t->sel_idx ||
-        !t->sel_n || !t->pbuf || !t->fullp || !t->fullo || !t->sort_scratch || !t->top || !t->outp || !t->stored || !t->in_list ||
+        !t->sel_n || !t->pbuf || !t->fullp || !t->fullo || !t->order || !t->sort_scratch || !t->rank || !t->outp || !t->stored || !t->in_list ||
         !t->in_union)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     if (t->kv16 != KVS_DTYPE_F32) {
@@ -391,7 +395,8 @@ static void rank_prefix(task *t, size_t hg, const float *fp, int64_t p, int64_t 
     if (n > t->top_hint[hg]) t->top_hint[hg] = n;
     size_t depth = (size_t)t->top_hint[hg];
     depth += depth / 16 + 16;
-    size_t m = kvs_ref_rank_prefix(fp, (size_t)p + 1, depth, t->top + hg * (size_t)t->e->N, t->sort_scratch);
+    size_t m = kvs_ref_rank_prefix(fp, (size_t)p + 1, depth, t->order, t->sort_scratch);
+    kvs_ref_rank_positions(t->order, m, (size_t)p + 1, t->rank + hg * (size_t)t->e->N);
     t->top_m[hg] = (int64_t)m;
     t->top_pos[hg] = p;
     t->rank_seconds += kvs_now_s() - t0;
@@ -411,38 +416,26 @@ static kvs_status measure_head(task *t, int ci, int h, int g, int64_t p, const i
     /* The top-k overlap counts list entries among the first n of the full attention's ranking. A list as long as
      * the row (n = p+1: its positions are distinct, so all of them) or longer has every entry there. */
     int all_hit = n > p;
-    kvs_ref_rank_cut cut = {0};
-    if (!all_hit) {
-        if (t->top_pos[off] != p || t->top_m[off] < n) rank_prefix(t, off, fp, p, n);
-        cut = kvs_ref_rank_cut_at(fp, t->top + off * (size_t)e->N, (size_t)n);
-    }
+    if (!all_hit && (t->top_pos[off] != p || t->top_m[off] < n)) rank_prefix(t, off, fp, p, n);
+    const int32_t *rank = t->rank + off * (size_t)e->N;
     if (!merged) { /* no merged slot: both recalls are the same sum in the same order, one chain of adds */
         if (all_hit) {
             for (int64_t j = 0; j < n; j++) recall += fp[list[j]];
             hit = n;
-        } else if (!cut.value_is_nan) { /* probabilities: the cut is a number */
-            for (int64_t j = 0; j < n; j++) {
-                int32_t x = list[j];
-                float v = fp[x];
-                recall += v;
-                hit += kvs_ref_rank_within_number(cut, v, x);
-            }
         } else {
             for (int64_t j = 0; j < n; j++) {
                 int32_t x = list[j];
-                float v = fp[x];
-                recall += v;
-                hit += kvs_ref_rank_within(cut, v, x);
+                recall += fp[x];
+                hit += rank[x] < n;
             }
         }
         recall_merged = recall;
     } else {
         for (int64_t j = 0; j < n; j++) {
-            float v = fp[list[j]];
-            double m = v;
+            double m = fp[list[j]];
             recall_merged += m;
             if (!merged[j]) recall += m;
-            hit += all_hit || kvs_ref_rank_within(cut, v, list[j]);
+            hit += all_hit || rank[list[j]] < n;
         }
     }
     /* The output metrics' four fp64 sums in one pass (issue 14: one loop of four independent sums instead of five

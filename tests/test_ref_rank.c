@@ -5,8 +5,8 @@
  *    lower index, -0 equal to +0, NaN last), on many random rows: softmax-like probabilities, few distinct
  *    values (ties), signed zeros, negatives, infinities, subnormals, NaNs, all equal; depths 0, 1, n-1, n, > n
  *    and random, row lengths around the radix's bucket and byte boundaries;
- *  - kvs_ref_rank_within() (and kvs_ref_rank_within_number() for a cut that is a number) against rank[x] < n
- *    for every position and many n;
+ *  - kvs_ref_rank_positions(): rank[x] < k as with the whole ranking's ranks for every position and many
+ *    k up to the depth ranked (ties at the cut, NaN cuts), every rank exact above the depth;
  *  - the replay: a per-query-head oracle test policy computes the expected overlap of its own lists from the
  *    full attention it is shown (a naive ranking), at budgets whose lists are shorter, longer and as long as the
  *    row, in an order that makes the engine rank deeper within a step, one with a merged slot; attention with
@@ -117,11 +117,11 @@ static void test_prefix_is_the_whole_rankings_head(void **state) {
     free(scratch);
 }
 
-static void test_within_is_rank_below_n(void **state) {
+static void test_ranks_below_the_depth_are_exact(void **state) {
     (void)state;
     enum { MAXN = 700 };
     float x[MAXN];
-    int32_t full[MAXN], order[MAXN], rank[MAXN];
+    int32_t full[MAXN], order[MAXN], rank[MAXN], want[MAXN];
     uint32_t scratch[3 * MAXN];
     const size_t lens[] = {1, 2, 7, 64, 300, 700};
     int64_t nan_cuts = 0, tied_cuts = 0;
@@ -131,25 +131,24 @@ static void test_within_is_rank_below_n(void **state) {
             for (int rep = 0; rep < 4; rep++) {
                 make_row(x, n, kind);
                 kvs_argsort_desc(x, n, full, scratch);
-                for (size_t r = 0; r < n; r++) rank[full[r]] = (int32_t)r;
+                for (size_t r = 0; r < n; r++) want[full[r]] = (int32_t)r;
                 size_t depth = 1 + rnd() % n;
                 size_t m = kvs_ref_rank_prefix(x, n, depth, order, scratch);
+                for (size_t pos = 0; pos < n; pos++) rank[pos] = -7; /* every entry must be written */
+                kvs_ref_rank_positions(order, m, n, rank);
                 for (size_t k = 1; k <= m; k += 1 + (m > 64 ? rnd() % 9 : 0)) {
-                    kvs_ref_rank_cut c = kvs_ref_rank_cut_at(x, order, k);
-                    nan_cuts += c.value_is_nan;
+                    nan_cuts += isnan(x[full[k - 1]]) != 0;
                     /* a tie at the cut: the tie order decides membership */
                     tied_cuts += k < n && (x[full[k]] == x[full[k - 1]] || (isnan(x[full[k]]) && isnan(x[full[k - 1]])));
-                    for (size_t pos = 0; pos < n; pos++) {
-                        int want = rank[pos] < (int32_t)k;
-                        int got = kvs_ref_rank_within(c, x[pos], (int32_t)pos);
-                        if (!c.value_is_nan && kvs_ref_rank_within_number(c, x[pos], (int32_t)pos) != got) got = -1;
-                        if (got != want) {
-                            print_error("kind %d n %zu cut %zu pos %zu: within %d, rank %d\n", kind, n, k, pos, !want,
-                                        rank[pos]);
+                    for (size_t pos = 0; pos < n; pos++)
+                        if ((rank[pos] < (int32_t)k) != (want[pos] < (int32_t)k)) {
+                            print_error("kind %d n %zu first %zu, pos %zu: rank %d, the whole ranking's %d\n", kind, n,
+                                        k, pos, rank[pos], want[pos]);
                             fail();
                         }
-                    }
                 }
+                for (size_t pos = 0; pos < n; pos++) /* exact above the depth, the depth below it */
+                    assert_int_equal(rank[pos], want[pos] < (int32_t)m ? want[pos] : (int32_t)m);
             }
     }
     assert_true(nan_cuts > 0);
@@ -304,7 +303,7 @@ static void test_replay_overlap_matches_naive_ranking(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefix_is_the_whole_rankings_head),
-        cmocka_unit_test(test_within_is_rank_below_n),
+        cmocka_unit_test(test_ranks_below_the_depth_are_exact),
         cmocka_unit_test(test_replay_overlap_matches_naive_ranking),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
