@@ -157,6 +157,9 @@ typedef struct {
     int64_t *top_pos;         /* [Hkv*G] the position rank[hg] ranks, -1 for none yet */
     int64_t *top_hint;        /* [Hkv*G] the longest list ranked at hg so far: the depth asked for next time */
     double rank_seconds;      /* time spent ranking, shared out among the configurations like the reference */
+    double *prefix_recall;    /* [Hkv*G] the recall of the whole prefix 0..p in order at position prefix_pos[hg]: the
+                               * same sum for every configuration whose list is the prefix (full cache) */
+    int64_t *prefix_pos;      /* [Hkv*G] -1 for none yet */
     float *outp;              /* [G][d] policy-side outputs of the current step */
     int32_t *stored;          /* [N] */
     uint32_t *in_list;        /* [N] check_sel: == list_stamp when x is in the current list's resident set */
@@ -216,6 +219,8 @@ static void task_free(task *t) {
     free(t->top_m);
     free(t->top_pos);
     free(t->top_hint);
+    free(t->prefix_recall);
+    free(t->prefix_pos);
     free(t->outp);
     free(t->stored);
     free(t->in_list);
@@ -267,8 +272,11 @@ static kvs_status task_alloc(task *t) {
     t->top_m = calloc(H * G, sizeof *t->top_m);
     t->top_pos = malloc(H * G * sizeof *t->top_pos);
     t->top_hint = calloc(H * G, sizeof *t->top_hint);
-    if (!t->top_m || !t->top_pos || !t->top_hint) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
-    for (size_t hg = 0; hg < H * G; hg++) t->top_pos[hg] = -1;
+    t->prefix_recall = calloc(H * G, sizeof *t->prefix_recall);
+    t->prefix_pos = malloc(H * G * sizeof *t->prefix_pos);
+    if (!t->top_m || !t->top_pos || !t->top_hint || !t->prefix_recall || !t->prefix_pos)
+        return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
+    for (size_t hg = 0; hg < H * G; hg++) t->top_pos[hg] = t->prefix_pos[hg] = -1;
     t->outp = malloc(G * d * sizeof(float));
     t->stored = malloc(N * sizeof(int32_t));
     t->in_list = calloc(N, sizeof *t->in_list);
@@ -403,9 +411,11 @@ static void rank_prefix(task *t, size_t hg, const float *fp, int64_t p, int64_t 
 }
 
 /* Records the metrics of query head (h, g) at position p, whose output over `list` (n entries; merged[j]
- * non-NULL marks a merged slot, merged may be NULL) is `out`. Every metric of sim/metrics.h. */
+ * non-NULL marks a merged slot, merged may be NULL) is `out`. Every metric of sim/metrics.h. is_prefix: the list
+ * is 0..p in order without merged slots (list_is_prefix), its recall the one every such list has at (h, g, p). */
 static kvs_status measure_head(task *t, int ci, int h, int g, int64_t p, const int32_t *list,
-                               const float *const *merged, int64_t n, const float *out, const kvs_policy_cost *cost) {
+                               const float *const *merged, int64_t n, const float *out, const kvs_policy_cost *cost,
+                               int is_prefix) {
     engine *e = t->e;
     int c = t->c_lo + ci;
     size_t off = ((size_t)h * (size_t)e->G + (size_t)g), d = (size_t)e->d;
@@ -419,9 +429,16 @@ static kvs_status measure_head(task *t, int ci, int h, int g, int64_t p, const i
     if (!all_hit && (t->top_pos[off] != p || t->top_m[off] < n)) rank_prefix(t, off, fp, p, n);
     const int32_t *rank = t->rank + off * (size_t)e->N;
     if (!merged) { /* no merged slot: both recalls are the same sum in the same order, one chain of adds */
-        if (all_hit) {
+        if (is_prefix && t->prefix_pos[off] == p) {
+            recall = t->prefix_recall[off]; /* another configuration's sum of the same terms in the same order */
+            hit = n;
+        } else if (all_hit) {
             for (int64_t j = 0; j < n; j++) recall += fp[list[j]];
             hit = n;
+            if (is_prefix) {
+                t->prefix_recall[off] = recall;
+                t->prefix_pos[off] = p;
+            }
         } else {
             for (int64_t j = 0; j < n; j++) {
                 int32_t x = list[j];
@@ -702,10 +719,12 @@ static kvs_status decode_step(task *t, int ci, const kvs_trace_block *const *blk
          * prefix copies the reference; one list shared by the group is computed for all G heads at once (each
          * key and value row read once). */
         size_t d = (size_t)e->d, N = (size_t)e->N;
-        if (sel.n_lists == 1 && list_is_prefix(t, &sel, 0, has_merged[0], p)) {
+        int prefix = sel.n_lists == 1 && list_is_prefix(t, &sel, 0, has_merged[0], p);
+        if (prefix) {
             for (int g = 0; g < e->G; g++) {
-                memcpy(t->pbuf[g], t->cur_p + ((size_t)h * (size_t)e->G * N + (size_t)g * (size_t)(p + 1)),
-                       (size_t)(p + 1) * sizeof(float));
+                if (ops->observe) /* the only reader of the policy-side probabilities */
+                    memcpy(t->pbuf[g], t->cur_p + ((size_t)h * (size_t)e->G * N + (size_t)g * (size_t)(p + 1)),
+                           (size_t)(p + 1) * sizeof(float));
                 memcpy(t->outp + (size_t)g * d, t->cur_o + ((size_t)h * (size_t)e->G + (size_t)g) * d, d * sizeof(float));
             }
         } else if (sel.n_lists == 1 && !has_merged[0] && t->kv16 != KVS_DTYPE_F32) {
@@ -739,7 +758,7 @@ static kvs_status decode_step(task *t, int ci, const kvs_trace_block *const *blk
             for (int g = 0; g < e->G && st == KVS_OK; g++) {
                 int li = sel.n_lists == 1 ? 0 : g;
                 st = measure_head(t, ci, h, g, p, sel.idx[li], has_merged[li] ? sel.row_k[li] : NULL, sel.n[li],
-                                  t->outp + (size_t)g * (size_t)e->d, &cost);
+                                  t->outp + (size_t)g * (size_t)e->d, &cost, prefix);
             }
         }
         if (st == KVS_OK && ops->observe) st = ops->observe(state, view, &sel, (const float *const *)t->pbuf);
@@ -802,7 +821,7 @@ static kvs_status prompt_measure(task *t, int ci, int64_t p, int64_t tk) {
             int li = n_lists == 1 ? 0 : g;
             kvs_attention(qrow + (size_t)g * (size_t)e->d, t->hk[h], t->hv[h], (size_t)e->d, t->sel_idx[li],
                           (size_t)t->sel_n[li], (size_t)e->d, e->src->model.scale, t->pbuf[g], t->outp);
-            kvs_status st = measure_head(t, ci, h, g, p, t->sel_idx[li], NULL, t->sel_n[li], t->outp, &cost);
+            kvs_status st = measure_head(t, ci, h, g, p, t->sel_idx[li], NULL, t->sel_n[li], t->outp, &cost, 0);
             if (st != KVS_OK) return st;
         }
     }

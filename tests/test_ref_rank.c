@@ -11,7 +11,8 @@
  *    full attention it is shown (a naive ranking), at budgets whose lists are shorter, longer and as long as the
  *    row, in an order that makes the engine rank deeper within a step, one with a merged slot; attention with
  *    exact ties (repeated key rows; sharp queries whose probabilities underflow to +0). Every step sample's
- *    topk_overlap is the naive one. Data: GENERATED (tests/util/gen_trace.h).
+ *    topk_overlap is the naive one; two full caches (lists 0..p, whose recall the engine sums once per step and
+ *    head) have overlap 1 and the recall of the full attention summed in order. Data: GENERATED (tests/util/gen_trace.h).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -165,6 +166,7 @@ enum { N_CFG = sizeof g_budgets / sizeof *g_budgets };
 enum { T_L = 2, T_HKV = 2, T_G = 4 };
 static double g_expect[N_CFG][T_L][T_HKV * T_G][T_POS]; /* NaN: no step */
 static int64_t g_tied_cuts;                             /* cuts inside a run of equal probabilities */
+static double g_prefix_recall[T_L][T_HKV * T_G][T_POS]; /* the full attention's sum over 0..p in order */
 
 typedef struct {
     int layer, kv_head, cfg;
@@ -228,6 +230,9 @@ static kvs_status oracle_select(void *st, const kvs_policy_view *v, kvs_policy_s
                     }
         }
         g_expect[s->cfg][s->layer][s->kv_head * T_G + g][p] = (double)hit / (double)len;
+        double sum = 0;
+        for (int32_t y = 0; y <= p; y++) sum += fp[y];
+        g_prefix_recall[s->layer][s->kv_head * T_G + g][p] = sum;
     }
     return KVS_OK;
 }
@@ -253,15 +258,20 @@ static void check_replay(int threads) {
                            f.g->k + (((size_t)l * T_POS + (size_t)(x - x % 4)) * T_HKV + (size_t)h) * T_D,
                            T_D * sizeof(float));
     for (size_t i = 0; i < sizeof g_expect / sizeof(double); i++) (&g_expect[0][0][0][0])[i] = NAN;
+    for (size_t i = 0; i < sizeof g_prefix_recall / sizeof(double); i++) (&g_prefix_recall[0][0][0])[i] = NAN;
     g_tied_cuts = 0;
-    kvs_replay_config rc[N_CFG];
+    kvs_replay_config rc[N_CFG + 2]; /* the test policy at every budget, then two full caches (one list: 0..p) */
     for (int c = 0; c < N_CFG; c++) {
         rc[c] = (kvs_replay_config){.budget = g_budgets[c], .budget_fraction = -1};
         kvs_policy_defaults(&oracle_ops, &rc[c].policy);
     }
+    for (int c = N_CFG; c < N_CFG + 2; c++) {
+        rc[c] = (kvs_replay_config){.budget = T_POS, .budget_fraction = -1};
+        assert_int_equal(kvs_policy_parse("full", &rc[c].policy), KVS_OK);
+    }
     kvs_replay_source src;
     assert_int_equal(kvs_replay_source_from_memory(&f.mem, &src), KVS_OK);
-    kvs_replay_opts ro = {.configs = rc, .n_configs = N_CFG, .threads = threads, .measure = KVS_MEASURE_DECODE,
+    kvs_replay_opts ro = {.configs = rc, .n_configs = N_CFG + 2, .threads = threads, .measure = KVS_MEASURE_DECODE,
                           .series_every = 1};
     kvs_replay_result *r = NULL;
     kvs_status est = kvs_replay_execute(&src, &ro, &r);
@@ -285,6 +295,16 @@ static void check_replay(int threads) {
             }
             partial += want < 1.0;
             checked++;
+        }
+    }
+    for (int c = N_CFG; c < N_CFG + 2; c++) { /* the prefix's recall, computed once per step and head, shared */
+        const kvs_replay_run_result *run = &r->runs[c];
+        assert_int_equal(run->status, KVS_OK);
+        assert_int_equal(run->n_steps, (int64_t)T_L * T_HKV * T_G * (T_POS - T_PROMPT));
+        for (int64_t i = 0; i < run->n_steps; i++) {
+            const kvs_results_step *s = &run->steps[i];
+            assert_true(s->topk_overlap == 1.0);
+            assert_true(s->attn_recall == (double)(float)g_prefix_recall[s->layer][s->q_head][s->position]);
         }
     }
     assert_true(checked > 0);
