@@ -523,7 +523,7 @@ static inline uint32_t next_stamp(uint32_t *stamp, uint32_t *marks, size_t n) {
  * passes, ~6% of a sweep). The counts are integers, exact in fp64 whatever the order, so the same numbers.
  * Marks are stamps (t->in_list: in the current list's resident set, a repeat within S_t is a duplicate;
  * t->in_union: counted in the union): a new list or check takes a new stamp, so none is ever cleared (the passes
- * that cleared them were a third of the check's time), and an error leaves nothing behind. */
+ * that cleared them had about a fifth of the check's profile samples), and an error leaves nothing behind. */
 static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops *ops, void *state,
                             const kvs_policy_sel *sel, int64_t p, int *has_merged, double *kv_slots, double *dedup) {
     engine *e = t->e;
