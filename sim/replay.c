@@ -4,8 +4,9 @@
  * Layout of the work: a task = (layer, group of configurations). It opens the layer's KV-head streams and
  * advances them in lockstep, block by block, keeping the K/V history of each KV head (policies may point
  * at any position they store) and the current turn's prompt queries. At each position, shared work (the
- * full attention of every query head, and its descending order for the top-k overlap) is done once and
- * reused by every configuration of the task. Tasks run on a pthread pool pulling from an atomic counter.
+ * full attention of every query head, and its descending order for the top-k overlap, as deep as the task's
+ * lists ask: sim/ref_rank.h) is done once and reused by every configuration of the task. Tasks run on a pthread
+ * pool pulling from an atomic counter.
  *
  * Leak discipline (DESIGN.md "Replay" 3): views expose positions 0..p only; decode views carry only the
  * current query; full attention reaches a policy only when its ops say is_oracle. Selections are checked
@@ -23,6 +24,7 @@
 #include "../common/kvs_math.h"
 #include "../common/kvs_math_simd.h"
 #include "policy_memo.h"
+#include "ref_rank.h"
 #include "samples.h"
 
 /* ------------------------------------------------------------------------------------------------
@@ -146,13 +148,23 @@ typedef struct {
     int64_t ref_first, ref_n; /* positions ref_first .. ref_first+ref_n-1 have their full attention computed */
     float *cur_p, *cur_o;     /* the current position's blocks of fullp and fullo (NULL: no reference) */
     float **ref_prow, **ref_orow; /* [ref_cap*G] row pointers for kvs_attention_causal_block */
-    int32_t *order;           /* [N] rank -> position scratch of the ranking being built */
-    uint32_t *sort_scratch;   /* [3N] scratch of kvs_argsort_desc */
-    int32_t *rank;            /* [Hkv][G][N] position -> rank in the descending full attention */
+    int32_t *order;           /* [N] the leading part of the ranking being built (kvs_ref_rank_prefix) */
+    uint32_t *sort_scratch;   /* [3N] scratch of kvs_ref_rank_prefix */
+    int32_t *rank;            /* [Hkv][G][N] position -> rank in the descending full attention of query head hg,
+                               * exact below top_m[hg], top_m[hg] for the rest (kvs_ref_rank_positions); valid at
+                               * position top_pos[hg] */
+    int64_t *top_m;           /* [Hkv*G] */
+    int64_t *top_pos;         /* [Hkv*G] the position rank[hg] ranks, -1 for none yet */
+    int64_t *top_hint;        /* [Hkv*G] the longest list ranked at hg so far: the depth asked for next time */
+    double rank_seconds;      /* time spent ranking, shared out among the configurations like the reference */
+    double *prefix_recall;    /* [Hkv*G] the recall of the whole prefix 0..p in order at position prefix_pos[hg]: the
+                               * same sum for every configuration whose list is the prefix (full cache) */
+    int64_t *prefix_pos;      /* [Hkv*G] -1 for none yet */
     float *outp;              /* [G][d] policy-side outputs of the current step */
     int32_t *stored;          /* [N] */
-    uint8_t *mark;            /* [N] */
-    int32_t *in_union;        /* [N] positions counted in the union across lists (check_sel), to clear their marks */
+    uint32_t *in_list;        /* [N] check_sel: == list_stamp when x is in the current list's resident set */
+    uint32_t *in_union;       /* [N] check_sel: == union_stamp when x is counted in the union across lists */
+    uint32_t list_stamp, union_stamp; /* bumped per list / per check, so no mark is ever cleared */
     int64_t measured_steps;   /* measured positions so far (series downsampling) */
     const float ***row_k, ***row_v; /* [G] -> [N] merged-slot row pointers (sel.row_k/row_v), kept all NULL */
     float *gk, *gv;           /* [N][d] gathered K/V of a list holding merged slots */
@@ -204,9 +216,14 @@ static void task_free(task *t) {
     free(t->order);
     free(t->sort_scratch);
     free(t->rank);
+    free(t->top_m);
+    free(t->top_pos);
+    free(t->top_hint);
+    free(t->prefix_recall);
+    free(t->prefix_pos);
     free(t->outp);
     free(t->stored);
-    free(t->mark);
+    free(t->in_list);
     free(t->in_union);
     for (int g = 0; g < e->G; g++) {
         if (t->row_k) free((void *)t->row_k[g]);
@@ -252,10 +269,18 @@ static kvs_status task_alloc(task *t) {
     t->order = malloc(N * sizeof(int32_t));
     t->sort_scratch = malloc(3 * N * sizeof(uint32_t));
     t->rank = malloc(H * G * N * sizeof(int32_t));
+    t->top_m = calloc(H * G, sizeof *t->top_m);
+    t->top_pos = malloc(H * G * sizeof *t->top_pos);
+    t->top_hint = calloc(H * G, sizeof *t->top_hint);
+    t->prefix_recall = calloc(H * G, sizeof *t->prefix_recall);
+    t->prefix_pos = malloc(H * G * sizeof *t->prefix_pos);
+    if (!t->top_m || !t->top_pos || !t->top_hint || !t->prefix_recall || !t->prefix_pos)
+        return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
+    for (size_t hg = 0; hg < H * G; hg++) t->top_pos[hg] = t->prefix_pos[hg] = -1;
     t->outp = malloc(G * d * sizeof(float));
     t->stored = malloc(N * sizeof(int32_t));
-    t->mark = calloc(N, 1);
-    t->in_union = malloc(N * sizeof(int32_t));
+    t->in_list = calloc(N, sizeof *t->in_list);
+    t->in_union = calloc(N, sizeof *t->in_union);
     t->row_k = calloc(G, sizeof *t->row_k);
     t->row_v = calloc(G, sizeof *t->row_v);
     t->gk = malloc(N * d * sizeof(float));
@@ -271,7 +296,7 @@ static kvs_status task_alloc(task *t) {
     if (!t->has_merged || !t->lists_f || !t->lists_i || !t->row_k || !t->row_v || !t->gk || !t->gv || !t->blk_size || !t->blk_begin || !t->views)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     if (!t->streams || !t->hk || !t->hv || !t->qb || !t->states || !t->sync_states || !t->layout || !t->sel_idx ||
-        !t->sel_n || !t->pbuf || !t->fullp || !t->fullo || !t->order || !t->sort_scratch || !t->rank || !t->outp || !t->stored || !t->mark ||
+        !t->sel_n || !t->pbuf || !t->fullp || !t->fullo || !t->order || !t->sort_scratch || !t->rank || !t->outp || !t->stored || !t->in_list ||
         !t->in_union)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     if (t->kv16 != KVS_DTYPE_F32) {
@@ -370,34 +395,56 @@ static void reference_block(task *t, const kvs_trace_block *const *blk, int i0, 
     t->ref_n = nb;
 }
 
-/* The descending order of query head (h, g)'s full attention at position p (for the top-k overlap). */
-static void rank_full(task *t, int h, int g, int64_t p) {
-    engine *e = t->e;
-    size_t N = (size_t)e->N, n = (size_t)p + 1;
-    size_t off = ((size_t)h * (size_t)e->G + (size_t)g);
-    const float *probs = t->cur_p + (size_t)h * (size_t)e->G * N + (size_t)g * n;
-    int32_t *order = t->order, *rank = t->rank + off * N;
-    kvs_argsort_desc(probs, n, order, t->sort_scratch); /* same order as kvs_topk(probs, n, n), O(n) */
-    for (size_t r = 0; r < n; r++) rank[order[r]] = (int32_t)r;
+/* Ranks query head hg's full attention `fp` at position p (p+1 probabilities) at least n deep (n <= p): as deep as
+ * the longest list ranked at hg so far, plus a margin, so that one ranking per position serves every
+ * configuration of the task (a list longer than that ranks again, deeper). */
+static void rank_prefix(task *t, size_t hg, const float *fp, int64_t p, int64_t n) {
+    double t0 = kvs_now_s();
+    if (n > t->top_hint[hg]) t->top_hint[hg] = n;
+    size_t depth = (size_t)t->top_hint[hg];
+    depth += depth / 16 + 16;
+    size_t m = kvs_ref_rank_prefix(fp, (size_t)p + 1, depth, t->order, t->sort_scratch);
+    kvs_ref_rank_positions(t->order, m, (size_t)p + 1, t->rank + hg * (size_t)t->e->N);
+    t->top_m[hg] = (int64_t)m;
+    t->top_pos[hg] = p;
+    t->rank_seconds += kvs_now_s() - t0;
 }
 
 /* Records the metrics of query head (h, g) at position p, whose output over `list` (n entries; merged[j]
- * non-NULL marks a merged slot, merged may be NULL) is `out`. Every metric of sim/metrics.h. */
+ * non-NULL marks a merged slot, merged may be NULL) is `out`. Every metric of sim/metrics.h. is_prefix: the list
+ * is 0..p in order without merged slots (list_is_prefix), its recall the one every such list has at (h, g, p). */
 static kvs_status measure_head(task *t, int ci, int h, int g, int64_t p, const int32_t *list,
-                               const float *const *merged, int64_t n, const float *out, const kvs_policy_cost *cost) {
+                               const float *const *merged, int64_t n, const float *out, const kvs_policy_cost *cost,
+                               int is_prefix) {
     engine *e = t->e;
     int c = t->c_lo + ci;
     size_t off = ((size_t)h * (size_t)e->G + (size_t)g), d = (size_t)e->d;
     const float *fp = t->cur_p + (size_t)h * (size_t)e->G * (size_t)e->N + (size_t)g * (size_t)(p + 1);
     const float *full_out = t->cur_o + off * d;
-    const int32_t *rank = t->rank + off * (size_t)e->N;
     double recall = 0, recall_merged = 0;
     int64_t hit = 0;
+    /* The top-k overlap counts list entries among the first n of the full attention's ranking. A list as long as
+     * the row (n = p+1: its positions are distinct, so all of them) or longer has every entry there. */
+    int all_hit = n > p;
+    if (!all_hit && (t->top_pos[off] != p || t->top_m[off] < n)) rank_prefix(t, off, fp, p, n);
+    const int32_t *rank = t->rank + off * (size_t)e->N;
     if (!merged) { /* no merged slot: both recalls are the same sum in the same order, one chain of adds */
-        for (int64_t j = 0; j < n; j++) {
-            int32_t x = list[j];
-            recall += fp[x];
-            hit += rank[x] < n;
+        if (is_prefix && t->prefix_pos[off] == p) {
+            recall = t->prefix_recall[off]; /* another configuration's sum of the same terms in the same order */
+            hit = n;
+        } else if (all_hit) {
+            for (int64_t j = 0; j < n; j++) recall += fp[list[j]];
+            hit = n;
+            if (is_prefix) {
+                t->prefix_recall[off] = recall;
+                t->prefix_pos[off] = p;
+            }
+        } else {
+            for (int64_t j = 0; j < n; j++) {
+                int32_t x = list[j];
+                recall += fp[x];
+                hit += rank[x] < n;
+            }
         }
         recall_merged = recall;
     } else {
@@ -405,7 +452,7 @@ static kvs_status measure_head(task *t, int ci, int h, int g, int64_t p, const i
             double m = fp[list[j]];
             recall_merged += m;
             if (!merged[j]) recall += m;
-            if (rank[list[j]] < n) hit++;
+            hit += all_hit || rank[list[j]] < n;
         }
     }
     /* The output metrics' four fp64 sums in one pass (issue 14: one loop of four independent sums instead of five
@@ -460,10 +507,13 @@ static kvs_status measure_head(task *t, int ci, int h, int g, int64_t p, const i
     return st;
 }
 
-/* Marks position x as counted in the union across lists (check_sel) and remembers it for the final clear. */
-static inline void in_union_add(task *t, uint8_t *mark, int32_t x, int64_t *n_union) {
-    mark[x] |= 2;
-    t->in_union[(*n_union)++] = x;
+/* The next stamp of a mark array (check_sel): after 2^32 - 1 stamps the array is cleared and they start again. */
+static inline uint32_t next_stamp(uint32_t *stamp, uint32_t *marks, size_t n) {
+    if (++*stamp == 0) {
+        memset(marks, 0, n * sizeof *marks);
+        *stamp = 1;
+    }
+    return *stamp;
 }
 
 /* Validates a selection (positions in [0, p], distinct, at least one, within budget), notes in has_merged[li]
@@ -471,15 +521,18 @@ static inline void in_union_add(task *t, uint8_t *mark, int32_t x, int64_t *n_un
  * kvs_policy_cost): *kv_slots = sum over lists of |stored() ∪ S_t|, *dedup = |the union of those across lists|.
  * One pass over each list does all three (issue 17: the check, the merged scan and the accounting were three
  * passes, ~6% of a sweep). The counts are integers, exact in fp64 whatever the order, so the same numbers.
- * t->mark bit 0: in the current list's resident set (a repeat within S_t is a duplicate); bit 1: counted in the
- * union. t->mark is left all zero, also on error. */
+ * Marks are stamps (t->in_list: in the current list's resident set, a repeat within S_t is a duplicate;
+ * t->in_union: counted in the union): a new list or check takes a new stamp, so none is ever cleared (the passes
+ * that cleared them had about a fifth of the check's profile samples), and an error leaves nothing behind. */
 static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops *ops, void *state,
                             const kvs_policy_sel *sel, int64_t p, int *has_merged, double *kv_slots, double *dedup) {
     engine *e = t->e;
     int c = t->c_lo + ci;
     const kvs_replay_config *rc = &e->o->configs[c];
     int64_t budget = e->budgets[(size_t)c * (size_t)e->L * (size_t)e->Hkv + (size_t)t->layer * (size_t)e->Hkv + (size_t)h];
-    uint8_t *mark = t->mark;
+    uint32_t *in_list = t->in_list, *in_union = t->in_union;
+    uint32_t us = next_stamp(&t->union_stamp, in_union, (size_t)e->N);
+    int count_prompt = rc->policy.ops->budget_scope == KVS_BUDGET_PROMPT;
     int64_t n_union = 0;
     double slots = 0;
     kvs_status st = KVS_OK;
@@ -487,6 +540,7 @@ static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops 
         int64_t n = sel->n[li], n_prompt = 0, j = 0;
         const int32_t *idx = sel->idx[li];
         int merged = 0;
+        uint32_t ls = next_stamp(&t->list_stamp, in_list, (size_t)e->N);
         if (n < 1 || n > p + 1)
             st = kvs_fail(KVS_ERR_STATE, "policy %s selected %lld positions at position %lld", rc->policy.ops->name,
                           (long long)n, (long long)p);
@@ -496,15 +550,16 @@ static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops 
             if (x < 0 || x > p)
                 st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d at position %lld (future or invalid)",
                               rc->policy.ops->name, (int)x, (long long)p);
-            else if (mark[x] & 1)
+            else if (in_list[x] == ls)
                 st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d twice", rc->policy.ops->name, (int)x);
             else if (has_k != (sel->row_v[li][j] != NULL))
                 st = kvs_fail(KVS_ERR_STATE, "policy %s gave a merged slot at position %d with only one of its K/V rows",
                               rc->policy.ops->name, (int)x);
             else {
-                if (!(mark[x] & 2)) in_union_add(t, mark, x, &n_union);
-                mark[x] |= 1;
-                n_prompt += e->is_prompt[x];
+                n_union += in_union[x] != us;
+                in_union[x] = us;
+                in_list[x] = ls;
+                if (count_prompt) n_prompt += e->is_prompt[x];
                 merged |= has_k;
             }
         }
@@ -513,17 +568,17 @@ static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops 
         if (st == KVS_OK && ops->stored) {
             ms = ops->stored(state, li, t->stored);
             slots += (double)n;
+            int64_t extra = 0;
             for (int64_t k = 0; k < ms; k++) {
                 int32_t x = t->stored[k];
-                if (mark[x] & 1) continue;
-                slots += 1;
-                mark[x] |= 1;
-                if (!(mark[x] & 2)) in_union_add(t, mark, x, &n_union);
+                if (in_list[x] == ls) continue;
+                extra++;
+                in_list[x] = ls;
+                n_union += in_union[x] != us;
+                in_union[x] = us;
             }
-            for (int64_t k = 0; k < ms; k++) mark[t->stored[k]] &= (uint8_t)~1u;
+            slots += (double)extra;
         }
-        for (int64_t k = 0; k < j; k++) /* the entries marked above (all of them unless one was refused) */
-            if (idx[k] >= 0 && idx[k] <= p) mark[idx[k]] &= (uint8_t)~1u;
         if (st != KVS_OK) break;
         kvs_policy_budget_scope scope = rc->policy.ops->budget_scope;
         if (scope == KVS_BUDGET_EVERY_STEP && n > budget)
@@ -533,7 +588,6 @@ static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops 
             st = kvs_fail(KVS_ERR_STATE, "policy %s kept %lld prompt positions over its budget %lld",
                           rc->policy.ops->name, (long long)n_prompt, (long long)budget);
     }
-    for (int64_t k = 0; k < n_union; k++) mark[t->in_union[k]] = 0;
     if (!ops->stored) {
         *kv_slots = *dedup = (double)(p + 1); /* every position seen, stored once */
     } else {
@@ -665,10 +719,12 @@ static kvs_status decode_step(task *t, int ci, const kvs_trace_block *const *blk
          * prefix copies the reference; one list shared by the group is computed for all G heads at once (each
          * key and value row read once). */
         size_t d = (size_t)e->d, N = (size_t)e->N;
-        if (sel.n_lists == 1 && list_is_prefix(t, &sel, 0, has_merged[0], p)) {
+        int prefix = sel.n_lists == 1 && list_is_prefix(t, &sel, 0, has_merged[0], p);
+        if (prefix) {
             for (int g = 0; g < e->G; g++) {
-                memcpy(t->pbuf[g], t->cur_p + ((size_t)h * (size_t)e->G * N + (size_t)g * (size_t)(p + 1)),
-                       (size_t)(p + 1) * sizeof(float));
+                if (ops->observe) /* the only reader of the policy-side probabilities */
+                    memcpy(t->pbuf[g], t->cur_p + ((size_t)h * (size_t)e->G * N + (size_t)g * (size_t)(p + 1)),
+                           (size_t)(p + 1) * sizeof(float));
                 memcpy(t->outp + (size_t)g * d, t->cur_o + ((size_t)h * (size_t)e->G + (size_t)g) * d, d * sizeof(float));
             }
         } else if (sel.n_lists == 1 && !has_merged[0] && t->kv16 != KVS_DTYPE_F32) {
@@ -702,7 +758,7 @@ static kvs_status decode_step(task *t, int ci, const kvs_trace_block *const *blk
             for (int g = 0; g < e->G && st == KVS_OK; g++) {
                 int li = sel.n_lists == 1 ? 0 : g;
                 st = measure_head(t, ci, h, g, p, sel.idx[li], has_merged[li] ? sel.row_k[li] : NULL, sel.n[li],
-                                  t->outp + (size_t)g * (size_t)e->d, &cost);
+                                  t->outp + (size_t)g * (size_t)e->d, &cost, prefix);
             }
         }
         if (st == KVS_OK && ops->observe) st = ops->observe(state, view, &sel, (const float *const *)t->pbuf);
@@ -765,7 +821,7 @@ static kvs_status prompt_measure(task *t, int ci, int64_t p, int64_t tk) {
             int li = n_lists == 1 ? 0 : g;
             kvs_attention(qrow + (size_t)g * (size_t)e->d, t->hk[h], t->hv[h], (size_t)e->d, t->sel_idx[li],
                           (size_t)t->sel_n[li], (size_t)e->d, e->src->model.scale, t->pbuf[g], t->outp);
-            kvs_status st = measure_head(t, ci, h, g, p, t->sel_idx[li], NULL, t->sel_n[li], t->outp, &cost);
+            kvs_status st = measure_head(t, ci, h, g, p, t->sel_idx[li], NULL, t->sel_n[li], t->outp, &cost, 0);
             if (st != KVS_OK) return st;
         }
     }
@@ -849,10 +905,12 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
     const kvs_trace_block **blk = NULL;
     int any_oracle = 0;
     double *cfg_time = NULL;
+    uint8_t *ran = NULL; /* [nc] configurations active at the current position */
     if (st != KVS_OK) goto cleanup;
     blk = calloc((size_t)e->Hkv, sizeof *blk);
     cfg_time = calloc((size_t)t.nc, sizeof *cfg_time);
-    if (!blk || !cfg_time) {
+    ran = calloc((size_t)t.nc, 1);
+    if (!blk || !cfg_time || !ran) {
         st = kvs_fail(KVS_ERR_NOMEM, "replay: out of memory");
         goto cleanup;
     }
@@ -924,18 +982,16 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
                 size_t b = (size_t)(pos - t.ref_first), blk_floats = (size_t)e->Hkv * (size_t)e->G;
                 t.cur_p = t.fullp + b * blk_floats * (size_t)e->N;
                 t.cur_o = t.fullo + b * blk_floats * d;
-                if (measured)
-                    for (int h = 0; h < e->Hkv; h++)
-                        for (int g = 0; g < e->G; g++) rank_full(&t, h, g, pos);
             }
             double shared = kvs_now_s() - t0;
             if (is_prompt) kvs_policy_memo_clear(t.memo); /* entries hold only this position's computations */
             int active = 0;
-            for (int ci = 0; ci < t.nc; ci++) active += !atomic_load(&e->cfg_failed[c_lo + ci]);
+            for (int ci = 0; ci < t.nc; ci++) active += ran[ci] = !atomic_load(&e->cfg_failed[c_lo + ci]);
+            double ranked0 = t.rank_seconds;
             for (int ci = 0; ci < t.nc; ci++) {
                 int c = c_lo + ci;
-                if (atomic_load(&e->cfg_failed[c])) continue;
-                double t1 = kvs_now_s();
+                if (!ran[ci]) continue;
+                double t1 = kvs_now_s(), r1 = t.rank_seconds;
                 kvs_status cs = KVS_OK;
                 if (is_prompt) {
                     if (pos == turn->begin) t.blk_begin[ci] = pos;
@@ -955,8 +1011,12 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
                     if (cs == KVS_OK) step_end_hook(&t, ci, pos);
                 }
                 if (cs != KVS_OK) fail_config(e, c, layer, cs);
-                cfg_time[ci] += kvs_now_s() - t1 + (active ? shared / active : 0);
+                /* the ranking, done for whichever configuration asked first, is shared work like the reference */
+                cfg_time[ci] += kvs_now_s() - t1 - (t.rank_seconds - r1) + (active ? shared / active : 0);
             }
+            double ranked = t.rank_seconds - ranked0;
+            for (int ci = 0; ci < t.nc && active; ci++)
+                if (ran[ci]) cfg_time[ci] += ranked / active;
             if (measured) t.measured_steps++;
         }
     }
@@ -965,6 +1025,7 @@ cleanup:
     if (cfg_time)
         for (int ci = 0; ci < t.nc; ci++) e->acc[(size_t)(c_lo + ci) * (size_t)e->L + (size_t)layer].wall += cfg_time[ci];
     free(cfg_time);
+    free(ran);
     free(blk);
     task_free(&t);
     return st;

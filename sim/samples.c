@@ -23,7 +23,7 @@
  *
  * Algorithm of kvs_sample_stats[_all] over K metrics (n samples each):
  *  - memory mode, n*K <= budget/16: one pass gathers the keys, each metric's keys are LSD radix sorted
- *    (two 16-bit digits) and folded.
+ *    (two 16-bit digits; three 11-bit digits below RADIX11_MAX keys) and folded.
  *  - scratch mode: pass 1 counts a 65536-bucket histogram of each metric's key top 16 bits (NaN check).
  *    Planning walks each metric's buckets in ascending order and cuts them into partitions: consecutive
  *    buckets totalling at most cap = budget/16 samples ("sort" partitions), or one bucket holding more than
@@ -247,8 +247,14 @@ static inline double key_value(uint32_t key) {
     return (double)kvs_bits_f32((key & 0x80000000u) ? key & 0x7FFFFFFFu : ~key);
 }
 
+/* Below this many keys, three 11-bit digits (2048 counts to clear and add up per pass) cost less than two 16-bit
+ * ones (65536 each): a replay's (configuration, layer) holds a few thousand samples per metric, where the 16-bit
+ * passes spent most of their time on the counts (issue 17, sim/BENCH.md "Fifth pass"). */
+#define RADIX11_MAX 100000
+
 /* Sorts a[n] ascending; tmp[n] is scratch, cnt[N_BUCKETS] counts. Returns a or tmp, whichever holds the
- * result. LSD radix on two 16-bit digits; a digit shared by every key is skipped. */
+ * result. LSD radix on two 16-bit digits, or three 11-bit ones for fewer than RADIX11_MAX keys; a digit shared by
+ * every key is skipped. Either way the one ascending order of the keys. */
 static uint32_t *radix_sort(uint32_t *a, uint32_t *tmp, size_t n, uint32_t *cnt) {
     if (n <= 64) {
         for (size_t i = 1; i < n; i++) {
@@ -259,17 +265,19 @@ static uint32_t *radix_sort(uint32_t *a, uint32_t *tmp, size_t n, uint32_t *cnt)
         }
         return a;
     }
-    for (int shift = 0; shift < 32; shift += 16) {
-        memset(cnt, 0, N_BUCKETS * sizeof *cnt);
-        for (size_t i = 0; i < n; i++) cnt[(a[i] >> shift) & 0xFFFFu]++;
-        if (cnt[(a[0] >> shift) & 0xFFFFu] == n) continue;
+    int bits = n < RADIX11_MAX ? 11 : 16;
+    uint32_t n_digits = 1u << bits, digit_mask = n_digits - 1u;
+    for (int shift = 0; shift < 32; shift += bits) {
+        memset(cnt, 0, n_digits * sizeof *cnt);
+        for (size_t i = 0; i < n; i++) cnt[(a[i] >> shift) & digit_mask]++;
+        if (cnt[(a[0] >> shift) & digit_mask] == n) continue;
         uint32_t sum = 0;
-        for (size_t d = 0; d < N_BUCKETS; d++) {
+        for (size_t d = 0; d < n_digits; d++) {
             uint32_t c = cnt[d];
             cnt[d] = sum;
             sum += c;
         }
-        for (size_t i = 0; i < n; i++) tmp[cnt[(a[i] >> shift) & 0xFFFFu]++] = a[i];
+        for (size_t i = 0; i < n; i++) tmp[cnt[(a[i] >> shift) & digit_mask]++] = a[i];
         uint32_t *t = a;
         a = tmp;
         tmp = t;

@@ -1,0 +1,104 @@
+/* ref_rank.c — the leading part of the full attention's ranking, for the replay's top-k overlap (semantics in
+ * ref_rank.h; POLICY_SPEC.md §1.6 topk_overlap; issue 17, sim/BENCH.md "Fifth pass").
+ *
+ * kvs_argsort_desc sorts all p+1 probabilities of a row at every measured step (4 radix passes over the row);
+ * the overlap needs the order only down to the longest list measured. Here: one pass computes the sort keys
+ * and a histogram of their top 11 bits, the boundary bucket (where the count reaches the depth) is found in it,
+ * a second pass gathers the positions in the buckets up to the boundary (in ascending position), and only those
+ * are radix-sorted, stably, on the whole key. Every position left out has a larger key than every one gathered,
+ * so the gathered ones, sorted, are exactly the ranking's first entries.
+ */
+#include "ref_rank.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "../common/kvs_math.h"
+
+#define TOP_BITS 11
+#define TOP_SHIFT (32 - TOP_BITS)
+
+/* The sort key of kvs_argsort_desc (common/kvs_math.c, whose order the test checks this against): ascending key
+ * = descending value, -0 as +0, NaN strictly last. */
+static inline uint32_t rank_key(float f) {
+    if (isnan(f)) return UINT32_MAX;
+    if (f == 0) f = 0;
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    uint32_t asc = (b & 0x80000000u) ? ~b : (b | 0x80000000u); /* monotone in the value */
+    uint32_t key = ~asc;                                          /* descending */
+    return key == UINT32_MAX ? UINT32_MAX - 1 : key;
+}
+
+size_t kvs_ref_rank_prefix(const float *x, size_t n, size_t depth, int32_t *order, uint32_t *scratch) {
+    if (depth >= n) {
+        kvs_argsort_desc(x, n, order, scratch);
+        return n;
+    }
+    if (depth == 0) return 0;
+    uint32_t *key = scratch;                  /* [n] every position's key, then free: the sort's second buffer */
+    uint32_t *ckey = scratch + n;             /* [m] the gathered keys */
+    uint32_t *cidx = scratch + 2 * n;         /* [m] their positions */
+    uint32_t top[1u << TOP_BITS];
+    memset(top, 0, sizeof top);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t k = rank_key(x[i]);
+        key[i] = k;
+        top[k >> TOP_SHIFT]++;
+    }
+    size_t m = 0;
+    uint32_t bound = 0;
+    for (;; bound++) { /* the counts add up to n > depth: the loop ends within the table */
+        m += top[bound];
+        if (m >= depth) break;
+    }
+    /* Gather keys with top bits <= bound, positions ascending; branch-free (about a third are taken, at random). */
+    uint32_t limit = ((bound + 1u) << TOP_SHIFT) - 1u; /* the largest key in the boundary bucket (no overflow: bound
+                                                        * < 2^11, and bound 2^11-1 gives UINT32_MAX) */
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++) {
+        ckey[c] = key[i];
+        cidx[c] = (uint32_t)i;
+        c += key[i] <= limit;
+    }
+    /* c == m. Stable LSD radix sort of the gathered pairs on the whole key, bytes low to high; a byte every key
+     * shares is skipped. Ping-pong between (ckey, cidx) and (key, order). */
+    size_t count[4][256];
+    memset(count, 0, sizeof count);
+    for (size_t i = 0; i < m; i++) {
+        uint32_t k = ckey[i];
+        count[0][k & 0xffu]++;
+        count[1][(k >> 8) & 0xffu]++;
+        count[2][(k >> 16) & 0xffu]++;
+        count[3][k >> 24]++;
+    }
+    uint32_t *ka = ckey, *ia = cidx, *kb = key, *ib = (uint32_t *)order; /* same width; positions below 2^31 */
+    for (int b = 0; b < 4; b++) {
+        int shift = 8 * b;
+        if (count[b][(ka[0] >> shift) & 0xffu] == m) continue;
+        size_t sum = 0;
+        for (int v = 0; v < 256; v++) {
+            size_t cv = count[b][v];
+            count[b][v] = sum;
+            sum += cv;
+        }
+        for (size_t i = 0; i < m; i++) {
+            size_t dst = count[b][(ka[i] >> shift) & 0xffu]++;
+            kb[dst] = ka[i];
+            ib[dst] = ia[i];
+        }
+        uint32_t *t = ka;
+        ka = kb;
+        kb = t;
+        t = ia;
+        ia = ib;
+        ib = t;
+    }
+    if (ia != (uint32_t *)order) memcpy(order, ia, m * sizeof *order);
+    return m;
+}
+
+void kvs_ref_rank_positions(const int32_t *order, size_t m, size_t n, int32_t *rank) {
+    for (size_t x = 0; x < n; x++) rank[x] = (int32_t)m;
+    for (size_t r = 0; r < m; r++) rank[order[r]] = (int32_t)r;
+}
