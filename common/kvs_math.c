@@ -734,11 +734,20 @@ void kvs_key_anchor(const float *keys, size_t stride, const int32_t *idx, size_t
         for (size_t i = 0; i < d; i++) mu[i] /= (double)n;
 }
 
+void kvs_key_norms(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, double *norm) {
+    kvs_math_f64_kernels_active()->norms(keys, stride, idx, n, d, norm);
+}
+
 void kvs_key_scores(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, kvs_key_score kind,
                     double *score, double *scratch) {
-    const kvs_math_f64_kernels *f = kvs_math_f64_kernels_active();
     double *norm = scratch; /* [n] key norms */
-    f->norms(keys, stride, idx, n, d, norm);
+    kvs_key_norms(keys, stride, idx, n, d, norm);
+    kvs_key_scores_normed(keys, stride, idx, n, d, kind, norm, score, scratch + n);
+}
+
+void kvs_key_scores_normed(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
+                           kvs_key_score kind, const double *norm, double *score, double *scratch) {
+    const kvs_math_f64_kernels *f = kvs_math_f64_kernels_active();
     if (kind == KVS_KEY_SCORE_L2NORM) {
         for (size_t j = 0; j < n; j++) score[j] = -norm[j];
         return;
@@ -757,7 +766,7 @@ void kvs_key_scores(const float *keys, size_t stride, const int32_t *idx, size_t
         }
         return;
     }
-    double *mu = scratch + n; /* [d] the anchor */
+    double *mu = scratch; /* [d] the anchor */
     key_anchor_normed(keys, stride, idx, n, d, kind == KVS_KEY_SCORE_ANCHOR ? norm : NULL, mu);
     double nmu = 0;
     for (size_t i = 0; i < d; i++) nmu += mu[i] * mu[i];
