@@ -381,9 +381,8 @@ void kvs_sort_positions(int32_t *idx, size_t n) {
     free(tmp);
 }
 
-static uint32_t desc_key(float f);
-
-/* desc_key's value from the float's bits without branches, so that the loop filling a row of keys vectorises. */
+/* desc_key()'s value (below: descending value, -0 as +0, NaN last) from the float's bits without branches, so that
+ * the loop filling a row of keys vectorises. */
 static inline uint32_t desc_key_bits(uint32_t b) {
     uint32_t mag = b & 0x7fffffffu;
     b = mag == 0 ? 0 : b;                                        /* -0 ranks as +0 */
