@@ -102,9 +102,6 @@ void kvs_attention_causal_block(const float *q, size_t nb, size_t group, const f
 /* ---- per-row lists over their union (kvs_attention_lists) ---- */
 
 enum { LISTS_MAX_ROWS = 64 }; /* query rows of one call on the union path (row pointers on the stack) */
-/* lists_union marks positions in an array over the lists' span when the span is at most this many times their
- * total length (its cost then stays in proportion to the lists'); a sparse span is merged. */
-enum { LISTS_DENSE_SPAN = 8 };
 
 size_t kvs_attn_lists_scratch_floats(size_t nq, size_t cap) { return nq * cap; }
 size_t kvs_attn_lists_scratch_ints(size_t nq, size_t cap) { return (nq + 1) * cap; }
@@ -122,31 +119,6 @@ static size_t lists_union(size_t nq, const int32_t *const *idx, const int64_t *n
         total += n[r];
     }
     size_t limit = (size_t)(2 * total) / nq, nu = 0;
-    int32_t lo = idx[0][0], hi = idx[0][n[0] - 1];
-    for (size_t r = 1; r < nq; r++) {
-        lo = idx[r][0] < lo ? idx[r][0] : lo;
-        hi = idx[r][n[r] - 1] > hi ? idx[r][n[r] - 1] : hi;
-    }
-    size_t span = (size_t)(hi - lo) + 1;
-    if (span <= LISTS_DENSE_SPAN * (size_t)total) {
-        /* Dense: mark the lists' positions in uidx[p - lo], number the marked ones in ascending p, read each
-         * entry's place, then move every position to its place (the place of p - lo is at most p - lo, so the
-         * ascending pass reads each slot before any write can reach it). The union and places the merge below
-         * gives, in O(span + total) instead of a G-way compare per union member (issue 17). */
-        memset(uidx, 0xff, span * sizeof *uidx); /* -1: not in a list */
-        for (size_t r = 0; r < nq; r++)
-            for (int64_t j = 0; j < n[r]; j++) uidx[idx[r][j] - lo] = 0;
-        for (size_t i = 0; i < span; i++)
-            if (uidx[i] == 0) uidx[i] = (int32_t)nu++;
-        if (nu > limit) return 0;
-        for (size_t r = 0; r < nq; r++)
-            for (int64_t j = 0; j < n[r]; j++) pos[r * cap + (size_t)j] = uidx[idx[r][j] - lo];
-        for (size_t i = 0; i < span; i++) {
-            int32_t place = uidx[i];
-            if (place >= 0) uidx[place] = lo + (int32_t)i;
-        }
-        return nu;
-    }
     int64_t cur[LISTS_MAX_ROWS] = {0};
     for (;;) {
         int32_t m = INT32_MAX;
