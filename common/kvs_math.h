@@ -243,6 +243,16 @@ void kvs_key_anchor(const float *keys, size_t stride, const int32_t *idx, size_t
 void kvs_key_scores(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, kvs_key_score kind,
                     double *score, double *scratch);
 
+/*! kvs_key_norms() : norm[0..n-1] = |k_j| in fp64 (the sum of squares in ascending i, then sqrt): the norms
+ *  kvs_key_scores computes, bit for bit. A key's norm depends on its row alone, so a policy may keep it from the
+ *  step the key entered its cache (KeyDiff, KNorm). */
+void kvs_key_norms(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, double *norm);
+
+/*! kvs_key_scores_normed() : kvs_key_scores with the n keys' norms given (norm[j] = kvs_key_norms' value for
+ *  key j): the same scores bit for bit. `scratch`: d doubles, caller memory. */
+void kvs_key_scores_normed(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
+                           kvs_key_score kind, const double *norm, double *score, double *scratch);
+
 /* ---- sparse-attention estimation (RocketKV's hybrid sparse attention, Quest, SparQ; POLICY_SPEC §2.2 stage 2,
  * §2.6 B9-B10) ----
  * These policies keep every cached key but attend to few: they estimate which from summaries. Keys are grouped in

@@ -89,8 +89,14 @@ typedef struct {
     int d;
     int32_t *pos;     /* [alloc] held positions, ascending (+ the current token during a decode step) */
     int64_t cnt;
+    /* norm[j] = |k_pos[j]| (kvs_key_norms) for j < n_normed: a key's norm depends on its row alone, so it is
+     * computed once, at the first eviction event that sees the key, and moves with the key (issue 17: the
+     * norms were recomputed for every candidate at every step). The modelled system is unchanged: account()
+     * still charges the paper's per-event scoring temporaries. */
+    double *norm;
+    int64_t n_normed;
     /* eviction scratch, `alloc` candidates */
-    double *score, *work; /* work: alloc + d doubles (kvs_key_scores) */
+    double *score, *work; /* work: d doubles (kvs_key_scores_normed) */
     int32_t *top;
     char *mark;
     int64_t alloc;
@@ -122,6 +128,7 @@ static void keydiff_free(void *state) {
     kd_state *s = state;
     if (!s) return;
     free(s->pos);
+    free(s->norm);
     free(s->score);
     free(s->work);
     free(s->top);
@@ -136,15 +143,17 @@ static kvs_status kd_reserve(kd_state *s, int64_t n) {
     while (a < n) a *= 2;
     int32_t *pos = realloc(s->pos, (size_t)a * sizeof *pos);
     if (pos) s->pos = pos;
+    double *norm = realloc(s->norm, (size_t)a * sizeof *norm);
+    if (norm) s->norm = norm;
     double *score = realloc(s->score, (size_t)a * sizeof *score);
     if (score) s->score = score;
-    double *work = realloc(s->work, ((size_t)a + (size_t)s->d) * sizeof *work);
+    double *work = realloc(s->work, ((size_t)s->d + 1) * sizeof *work);
     if (work) s->work = work;
     int32_t *top = realloc(s->top, (size_t)a * sizeof *top);
     if (top) s->top = top;
     char *mark = realloc(s->mark, (size_t)a);
     if (mark) s->mark = mark;
-    if (!pos || !score || !work || !top || !mark) return kvs_fail(KVS_ERR_NOMEM, "keydiff: out of memory");
+    if (!pos || !norm || !score || !work || !top || !mark) return kvs_fail(KVS_ERR_NOMEM, "keydiff: out of memory");
     s->alloc = a;
     return KVS_OK;
 }
@@ -188,7 +197,11 @@ static void kd_evict(kd_state *s, const float *keys) {
     int64_t nc = s->cnt;
     if (nc <= s->cap) return;
     int64_t scored = nc - s->window, keep = s->cap - s->window;
-    kvs_key_scores(keys, (size_t)s->d, s->pos, (size_t)nc, (size_t)s->d, s->kind, s->score, s->work);
+    if (s->n_normed < nc) /* the keys that entered since the last event */
+        kvs_key_norms(keys, (size_t)s->d, s->pos + s->n_normed, (size_t)(nc - s->n_normed), (size_t)s->d,
+                      s->norm + s->n_normed);
+    kvs_key_scores_normed(keys, (size_t)s->d, s->pos, (size_t)nc, (size_t)s->d, s->kind, s->norm, s->score,
+                          s->work);
     if (scored - keep <= KD_SCAN_EVICTIONS) {
         /* the same set as the top-k below: all but the scored - keep last-ranked (issue 14: a decode step's
          * eviction in O(n) instead of a top-k of n - 1) */
@@ -202,8 +215,11 @@ static void kd_evict(kd_state *s, const float *keys) {
     for (int64_t j = scored; j < nc; j++) s->mark[j] = 1; /* the sliding window */
     int64_t m = 0;
     for (int64_t j = 0; j < nc; j++)
-        if (s->mark[j]) s->pos[m++] = s->pos[j];
-    s->cnt = m;
+        if (s->mark[j]) {
+            s->pos[m] = s->pos[j];
+            s->norm[m++] = s->norm[j];
+        }
+    s->cnt = s->n_normed = m;
 }
 
 /* One prompt block [block_begin, n): candidates = held + the block (the engine lets the policy read both). */

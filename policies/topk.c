@@ -76,10 +76,11 @@ static kvs_status topk_select(void *state, const kvs_policy_view *view, kvs_poli
     if (view->n > s->cap) return kvs_fail(KVS_ERR_RANGE, "topk: position %lld beyond the trace", (long long)view->n);
     int64_t k = s->budget < view->n ? s->budget : view->n;
     if (s->mode == TOPK_GROUP) {
-        for (int64_t j = 0; j < view->n; j++) {
-            float a = 0;
-            for (int g = 0; g < s->group; g++) a += view->full_probs[(size_t)g * (size_t)view->n + (size_t)j];
-            s->sum[j] = a;
+        /* each position's sum from +0 over the heads in head order; head by head so the adds run along rows */
+        memset(s->sum, 0, (size_t)view->n * sizeof *s->sum);
+        for (int g = 0; g < s->group; g++) {
+            const float *row = view->full_probs + (size_t)g * (size_t)view->n;
+            for (int64_t j = 0; j < view->n; j++) s->sum[j] += row[j];
         }
         kvs_topk_sorted(s->sum, (size_t)view->n, (size_t)k, sel->idx[0]);
         sel->n[0] = k;

@@ -6,6 +6,7 @@
  *    values (the zero weights of non-members must not change a bit), head_dims with and without tails;
  *  - lists the union path must refuse (not ascending, duplicates, an empty list, a union far larger than the
  *    lists), which fall back to row by row: the same bits and the return value says which path ran;
+ *  - lists over a sparse span and lists far from position 0;
  *  - the 16-bit variant against kvs_attention() on the rows' exact fp32 conversion.
  */
 #include <math.h>
@@ -171,6 +172,38 @@ static void test_refused_lists_fall_back_same_bits(void **st) {
     fixture_free(&f);
 }
 
+/* The union of lists whose span is sparse (3 positions each over 300) or starts far from position 0, and a union
+ * too wide there (refused): the same bits as row by row. */
+static void test_sparse_and_shifted_lists_same_bits(void **st) {
+    (void)st;
+    fixture f;
+    fixture_init(&f, 20, 1.0f);
+    /* sparse: 3 positions per list over a 300-position span, union {1, 2, 150, 299} */
+    for (int r = 0; r < NQ; r++) {
+        f.n[r] = 3;
+        f.idx[r][0] = 1 + (r % 2);
+        f.idx[r][1] = 150;
+        f.idx[r][2] = CAP - 1;
+    }
+    assert_int_equal(check_lists(&f), 1);
+    /* starting at 200: every list holds [260, 300) and part of [200, 260) */
+    for (int r = 0; r < NQ; r++) {
+        int64_t m = 0;
+        for (int32_t p = 200; p < 260; p++)
+            if ((p + r) % 3 != 0) f.idx[r][m++] = p;
+        for (int32_t p = 260; p < CAP; p++) f.idx[r][m++] = p;
+        f.n[r] = m;
+    }
+    assert_int_equal(check_lists(&f), 1);
+    /* too wide a union (disjoint lists over [100, 300)): refused, row by row */
+    for (int r = 0; r < NQ; r++) {
+        f.n[r] = 0;
+        for (int32_t p = 100 + r; p < CAP; p += NQ) f.idx[r][f.n[r]++] = p;
+    }
+    assert_int_equal(check_lists(&f), 0);
+    fixture_free(&f);
+}
+
 static void test_lists16_equal_fp32_on_converted_rows(void **st) {
     (void)st;
     const kvs_dtype types[] = {KVS_DTYPE_F16, KVS_DTYPE_BF16};
@@ -210,6 +243,7 @@ int main(void) {
         cmocka_unit_test(test_union_path_same_bits),
         cmocka_unit_test(test_union_path_with_underflow_same_bits),
         cmocka_unit_test(test_refused_lists_fall_back_same_bits),
+        cmocka_unit_test(test_sparse_and_shifted_lists_same_bits),
         cmocka_unit_test(test_lists16_equal_fp32_on_converted_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

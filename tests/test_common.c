@@ -326,6 +326,73 @@ static void test_topk_sorted_and_max_rows(void **state) {
     }
 }
 
+/* The naive ranking for the select test: descending value, NaN after every number, -0 equal to +0 (float ==),
+ * equal values by ascending index: kvs_topk's documented order, written as a comparator. */
+static const float *rank_x;
+static int rank_cmp(const void *pa, const void *pb) {
+    int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
+    float x = rank_x[a], y = rank_x[b];
+    int na = isnan(x), nb = isnan(y);
+    if (na != nb) return na - nb;
+    if (!na && x != y) return x > y ? -1 : 1;
+    return (a > b) - (a < b);
+}
+static int pos_cmp(const void *pa, const void *pb) {
+    int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
+    return (a > b) - (a < b);
+}
+
+/* kvs_topk_sorted's radix select (k >= 32) and heap path (k < 32) against the naive ranking's first k, sorted:
+ * heavy ties, signed zeros, NaN, infinities, denormals, values sharing their top 11 or 22 key bits (the select's
+ * later passes), k around the paths' switch and at 0, n - 1 and n. */
+static void test_topk_sorted_matches_a_naive_ranking(void **state) {
+    (void)state;
+    uint64_t seed = 99;
+    const size_t sizes[] = {1, 2, 31, 33, 64, 300, 2048, 3001};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        size_t n = sizes[si];
+        float *x = malloc(n * sizeof *x);
+        int32_t *want = malloc(n * sizeof *want), *got = malloc(n * sizeof *got);
+        assert_true(x && want && got);
+        for (int kind = 0; kind < 6; kind++) {
+            for (size_t i = 0; i < n; i++) {
+                seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+                uint32_t r = (uint32_t)(seed >> 33);
+                switch (kind) {
+                case 0: x[i] = (float)(r % 16) / 8.0f - 1.0f; break; /* heavy ties, both signs */
+                case 1: x[i] = (float)r / 4294967296.0f; break;      /* probabilities */
+                case 2: x[i] = (r % 7 == 0) ? -0.0f : (r % 5 == 0) ? 0.0f : (r % 11 == 0) ? NAN : (r % 13 == 0) ? -INFINITY
+                                           : (r % 17 == 0) ? INFINITY : (float)((int32_t)r) * 1e-9f;
+                    break;
+                case 3: x[i] = nextafterf(1.0f, 2.0f) + (float)(r % 64) * 1.1920929e-7f; break; /* top bits shared */
+                case 4: x[i] = (float)(r % 8) * 1e-45f * ((r & 1u) ? -1.0f : 1.0f); break;        /* denormals */
+                default: x[i] = 0.25f; break;                                                     /* all equal */
+                }
+            }
+            for (size_t i = 0; i < n; i++) want[i] = (int32_t)i;
+            rank_x = x;
+            qsort(want, n, sizeof *want, rank_cmp);
+            const size_t ks[] = {0, 1, 31, 32, 33, n / 2, n - 1, n};
+            for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++) {
+                size_t k = ks[ki];
+                if (k > n) continue;
+                int32_t *ref = malloc((k ? k : 1) * sizeof *ref);
+                assert_non_null(ref);
+                memcpy(ref, want, k * sizeof *ref);
+                qsort(ref, k, sizeof *ref, pos_cmp);
+                for (size_t i = 0; i < n; i++) got[i] = -7;
+                kvs_topk_sorted(x, n, k, got);
+                assert_memory_equal(got, ref, k * sizeof *ref);
+                if (k < n) assert_int_equal(got[k], -7); /* nothing written past k */
+                free(ref);
+            }
+        }
+        free(x);
+        free(want);
+        free(got);
+    }
+}
+
 static void test_topk_f64_order_and_ties(void **state) {
     (void)state;
     double x[7] = {1.0, 3.0, 3.0, 2.0, NAN, 3.0 + 1e-12, -1.0};
@@ -982,6 +1049,7 @@ int main(void) {
         cmocka_unit_test(test_topk_order_and_ties),
         cmocka_unit_test(test_topk_f64_order_and_ties),
         cmocka_unit_test(test_topk_sorted_and_max_rows),
+        cmocka_unit_test(test_topk_sorted_matches_a_naive_ranking),
         cmocka_unit_test(test_argsort_matches_topk),
         cmocka_unit_test(test_softmax_and_lse),
         cmocka_unit_test(test_scores_and_softmax_f64),

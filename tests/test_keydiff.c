@@ -11,6 +11,7 @@
  *    and decode step — with both policies on generated traces: anchor normalized/raw, pairwise, the window
  *    variant, several block sizes, GQA groups 1-3, one and two turns;
  *  - Eq. 7 and Eq. 8 choose the same keys (§4 item 7 identity);
+ *  - norms kept from a key's entry (kvs_key_norms + kvs_key_scores_normed) give kvs_key_scores' bits;
  *  - the leak check between prefill blocks (rows the policy does not hold scrambled after every block and step);
  *  - validate() and notes() messages.
  * Data: GENERATED Gaussian streams (tests/util/gen_trace.h) or hand-set arrays, never a model's.
@@ -85,6 +86,42 @@ static void test_g6_through_the_shared_scores(void **state) {
     kvs_key_scores(&g6_keys[0][0], 2, NULL, 4, 2, KVS_KEY_SCORE_L2NORM, sn, work);
     assert_5dp(sn[1], -sqrt(0.81 + 0.01), "-|k1|");
     assert_5dp(sn[3], -sqrt(0.5), "-|k3|");
+}
+
+/* kvs_key_norms against a naive fp64 norm (the sum of squares in ascending i, then sqrt) and
+ * kvs_key_scores_normed with those norms against kvs_key_scores, bit for bit, for every kind: what lets
+ * KeyDiff/KNorm keep a key's norm from the step it entered instead of recomputing it (issue 17). Rows through
+ * an index list in shuffled order, head_dims with vector tails, a zero key (the norm guard). */
+static void test_kept_norms_give_the_same_scores(void **state) {
+    (void)state;
+    enum { N_ROWS = 41, MAX_D = 67 };
+    static float keys[N_ROWS * MAX_D];
+    const size_t dims[] = {1, 5, 8, 64, 67};
+    uint32_t r = 12345u;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        r = r * 1664525u + 1013904223u;
+        keys[i] = (float)((int32_t)(r >> 8) - (1 << 23)) / (float)(1 << 22);
+    }
+    int32_t idx[N_ROWS - 4];
+    for (int j = 0; j < N_ROWS - 4; j++) idx[j] = (int32_t)((j * 17 + 3) % N_ROWS); /* a permutation's prefix */
+    const size_t n = sizeof idx / sizeof idx[0];
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+        size_t d = dims[di];
+        memset(keys + (size_t)idx[2] * d, 0, d * sizeof(float)); /* a zero key */
+        double norm[N_ROWS], want[N_ROWS], got[N_ROWS], work[N_ROWS + MAX_D];
+        kvs_key_norms(keys, d, idx, n, d, norm);
+        for (size_t j = 0; j < n; j++) {
+            double ss = 0;
+            for (size_t i = 0; i < d; i++) ss += (double)keys[(size_t)idx[j] * d + i] * (double)keys[(size_t)idx[j] * d + i];
+            assert_true(sqrt(ss) == norm[j]);
+        }
+        for (int kind = KVS_KEY_SCORE_ANCHOR; kind <= KVS_KEY_SCORE_L2NORM; kind++) {
+            kvs_key_scores(keys, d, idx, n, d, (kvs_key_score)kind, want, work);
+            for (size_t j = 0; j < n; j++) got[j] = -1234.5;
+            kvs_key_scores_normed(keys, d, idx, n, d, (kvs_key_score)kind, norm, got, work);
+            assert_memory_equal(got, want, n * sizeof(double));
+        }
+    }
 }
 
 /* The hand-made stream: the 4 G6 keys as the prompt, then one generated position with key (0.3, -0.7). One
@@ -683,6 +720,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_g6_through_the_shared_scores),
         cmocka_unit_test(test_g6_through_the_policy),
+        cmocka_unit_test(test_kept_norms_give_the_same_scores),
         cmocka_unit_test(test_policies_match_the_naive_reference),
         cmocka_unit_test(test_pairwise_keeps_what_the_anchor_keeps),
         cmocka_unit_test(test_knorm_keeps_the_smallest_norms),

@@ -44,7 +44,7 @@ static int variants(const kvs_math_f64_kernels **out) {
 static void assert_same_f64(const double *a, const double *b, size_t n) { assert_memory_equal(a, b, n * sizeof *a); }
 
 static const size_t dims[] = {1, 5, 8, 13, 16, 64, 67, 128};
-static const size_t counts[] = {0, 1, 3, 4, 7, 8, 9, 17, 40};
+static const size_t counts[] = {0, 1, 3, 4, 7, 8, 9, 15, 16, 17, 31, 33, 40};
 
 /* naive references, written from the header's definitions */
 static double naive_norm(const float *k, size_t d) {
