@@ -508,7 +508,7 @@ AVX2 static void exp_avx2(const float *x, size_t n, float *y) {
     if (i < n) exp8_partial(x + i, n - i, y + i);
 }
 
-__attribute__((always_inline)) AVX2 static inline double softmax8(float *x, size_t n) {
+AVX2 static double softmax_avx2(float *x, size_t n) {
     /* max: vmaxps returns its second operand when either is NaN, so a NaN element is skipped as the scalar
      * reference's `x > m` skips it */
     __m256 mv = _mm256_set1_ps(-INFINITY);
@@ -546,8 +546,6 @@ __attribute__((always_inline)) AVX2 static inline double softmax8(float *x, size
     for (; j < n; j++) x[j] *= invs;
     return (double)m + log(sum);
 }
-
-AVX2 static double softmax_avx2(float *x, size_t n) { return softmax8(x, n); }
 
 AVX2 static size_t first_above_avx2(const float *x, size_t from, size_t n, float thr) {
     __m256 t = _mm256_set1_ps(thr);
@@ -786,189 +784,61 @@ static int cpu_has_avx2(void) {
  * in the AVX2 table (one 8-lane accumulator per score over the chunks of d, reduce8's tree, the fused tail; one
  * fma chain over ascending j per output element), so this table equals the AVX2 one bit for bit
  * (tests/test_simd.c checks it). */
-#define AVX2_X32 __attribute__((target("avx2,fma,avx512f,avx512vl")))
+#define AVX2_X32 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl")))
 
 /* Scattered key rows prefetched this many rows ahead of the tile that reads them. */
 #define X32_PREFETCH_ROWS 4
 
-AVX2_X32 static void scores_x32(const float *q, size_t nr, const float *keys, size_t stride, const int32_t *idx,
-                                size_t n, size_t d, float scale, float *const *out_rows, size_t col0) {
-    size_t d8 = d & ~(size_t)7, r4 = nr & ~(size_t)3, j = 0;
-    if (r4 > 0) {
-        float s[16];
-        const __m256 sc = _mm256_set1_ps(scale);
-        for (; j + 4 <= n; j += 4) {
-            const float *k0 = row_of(keys, stride, idx, j), *k1 = row_of(keys, stride, idx, j + 1);
-            const float *k2 = row_of(keys, stride, idx, j + 2), *k3 = row_of(keys, stride, idx, j + 3);
-            if (idx && j + X32_PREFETCH_ROWS + 4 <= n)
-                for (size_t c = 0; c < 4; c++) prefetch_row(keys + (size_t)idx[j + X32_PREFETCH_ROWS + c] * stride, d);
+/* The element kinds one tile body serves (a constant at every call, so each entry below compiles to its own
+ * straight-line kernel): fp32 rows, or 16-bit rows converted in registers as they are loaded (vcvtph2ps, or
+ * bf16's shift) instead of a tile of rows converted into L1 first and read back. The same operations on the same
+ * fp32 values in the same order, so the 16-bit entries equal the fp32 ones on the converted rows bit for bit. */
+enum { X32_F32 = 0, X32_F16 = 1, X32_BF16 = 2 };
 
-            for (size_t r = 0; r < r4; r += 4) {
-                const float *q0 = q + r * d, *q1 = q0 + d, *q2 = q1 + d, *q3 = q2 + d;
-                __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00;
-                __m256 a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00;
-                __m256 a33 = a00;
-                for (size_t i = 0; i < d8; i += 8) {
-                    __m256 y0 = _mm256_loadu_ps(k0 + i), y1 = _mm256_loadu_ps(k1 + i);
-                    __m256 y2 = _mm256_loadu_ps(k2 + i), y3 = _mm256_loadu_ps(k3 + i);
-                    __m256 x = _mm256_loadu_ps(q0 + i);
-                    a00 = _mm256_fmadd_ps(x, y0, a00);
-                    a01 = _mm256_fmadd_ps(x, y1, a01);
-                    a02 = _mm256_fmadd_ps(x, y2, a02);
-                    a03 = _mm256_fmadd_ps(x, y3, a03);
-                    x = _mm256_loadu_ps(q1 + i);
-                    a10 = _mm256_fmadd_ps(x, y0, a10);
-                    a11 = _mm256_fmadd_ps(x, y1, a11);
-                    a12 = _mm256_fmadd_ps(x, y2, a12);
-                    a13 = _mm256_fmadd_ps(x, y3, a13);
-                    x = _mm256_loadu_ps(q2 + i);
-                    a20 = _mm256_fmadd_ps(x, y0, a20);
-                    a21 = _mm256_fmadd_ps(x, y1, a21);
-                    a22 = _mm256_fmadd_ps(x, y2, a22);
-                    a23 = _mm256_fmadd_ps(x, y3, a23);
-                    x = _mm256_loadu_ps(q3 + i);
-                    a30 = _mm256_fmadd_ps(x, y0, a30);
-                    a31 = _mm256_fmadd_ps(x, y1, a31);
-                    a32 = _mm256_fmadd_ps(x, y2, a32);
-                    a33 = _mm256_fmadd_ps(x, y3, a33);
-                }
-                __m256 s01 = reduce8(a00, a01, a02, a03, a10, a11, a12, a13);
-                __m256 s23 = reduce8(a20, a21, a22, a23, a30, a31, a32, a33);
-                if (d8 == d) { /* no tail: each row's 4 scaled scores leave in one 4-float store */
-                    s01 = _mm256_mul_ps(sc, s01);
-                    s23 = _mm256_mul_ps(sc, s23);
-                    _mm_storeu_ps(out_rows[r] + col0 + j, _mm256_castps256_ps128(s01));
-                    _mm_storeu_ps(out_rows[r + 1] + col0 + j, _mm256_extractf128_ps(s01, 1));
-                    _mm_storeu_ps(out_rows[r + 2] + col0 + j, _mm256_castps256_ps128(s23));
-                    _mm_storeu_ps(out_rows[r + 3] + col0 + j, _mm256_extractf128_ps(s23, 1));
-                    continue;
-                }
-                _mm256_storeu_ps(s, s01);
-                _mm256_storeu_ps(s + 8, s23);
-                const float *qr[4] = {q0, q1, q2, q3}, *kc[4] = {k0, k1, k2, k3};
-                for (size_t x = 0; x < 4; x++)
-                    for (size_t c = 0; c < 4; c++)
-                        out_rows[r + x][col0 + j + c] = finish_score(s[4 * x + c], qr[x], kc[c], d8, d, scale);
-            }
-        }
-        for (; j < n; j++) {
-            const float *k = row_of(keys, stride, idx, j);
-            for (size_t r = 0; r < r4; r++) out_rows[r][col0 + j] = scale * score1(q + r * d, k, d, d8);
-        }
-    }
-    if (r4 < nr) scores_2x4(q + r4 * d, nr - r4, keys, stride, idx, n, d, scale, out_rows + r4, col0);
+__attribute__((always_inline)) AVX2_X32 static inline const void *x32_row(const void *base, int kind, size_t stride,
+                                                                          const int32_t *idx, size_t j) {
+    size_t r = idx ? (size_t)idx[j] : j;
+    return kind == X32_F32 ? (const void *)((const float *)base + r * stride)
+                           : (const void *)((const uint16_t *)base + r * stride);
 }
 
-
-AVX2_X32 static void output_add_x32(const float *const *p_rows, size_t nr, size_t col0, const float *values,
-                                    size_t stride, const int32_t *idx, size_t n, size_t d, float *const *out_rows) {
-    size_t r4 = nr & ~(size_t)3, d32 = d & ~(size_t)31;
-    /* value rows per pass: 32 KiB of them (L1), each column chunk of the pass reading them from there (64 rows at
-     * d 128: 4-8% faster than 256 rows from L2 on the development VM) */
-    size_t pass = d >= 512 ? 16 : 8192 / d;
-    for (size_t jb = 0; jb < n && d32 > 0; jb += pass) {
-        size_t je = jb + pass < n ? jb + pass : n;
-        for (size_t r = 0; r < r4; r += 4) {
-            const float *p0 = p_rows[r] + col0, *p1 = p_rows[r + 1] + col0, *p2 = p_rows[r + 2] + col0,
-                        *p3 = p_rows[r + 3] + col0;
-            float *o0 = out_rows[r], *o1 = out_rows[r + 1], *o2 = out_rows[r + 2], *o3 = out_rows[r + 3];
-            for (size_t i = 0; i < d32; i += 32) {
-                __m256 c00 = _mm256_loadu_ps(o0 + i), c01 = _mm256_loadu_ps(o0 + i + 8);
-                __m256 c02 = _mm256_loadu_ps(o0 + i + 16), c03 = _mm256_loadu_ps(o0 + i + 24);
-                __m256 c10 = _mm256_loadu_ps(o1 + i), c11 = _mm256_loadu_ps(o1 + i + 8);
-                __m256 c12 = _mm256_loadu_ps(o1 + i + 16), c13 = _mm256_loadu_ps(o1 + i + 24);
-                __m256 c20 = _mm256_loadu_ps(o2 + i), c21 = _mm256_loadu_ps(o2 + i + 8);
-                __m256 c22 = _mm256_loadu_ps(o2 + i + 16), c23 = _mm256_loadu_ps(o2 + i + 24);
-                __m256 c30 = _mm256_loadu_ps(o3 + i), c31 = _mm256_loadu_ps(o3 + i + 8);
-                __m256 c32 = _mm256_loadu_ps(o3 + i + 16), c33 = _mm256_loadu_ps(o3 + i + 24);
-                for (size_t j = jb; j < je; j++) {
-                    const float *v = row_of(values, stride, idx, j) + i;
-                    __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8);
-                    __m256 v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
-                    __m256 w = _mm256_broadcast_ss(p0 + j);
-                    c00 = _mm256_fmadd_ps(w, v0, c00);
-                    c01 = _mm256_fmadd_ps(w, v1, c01);
-                    c02 = _mm256_fmadd_ps(w, v2, c02);
-                    c03 = _mm256_fmadd_ps(w, v3, c03);
-                    w = _mm256_broadcast_ss(p1 + j);
-                    c10 = _mm256_fmadd_ps(w, v0, c10);
-                    c11 = _mm256_fmadd_ps(w, v1, c11);
-                    c12 = _mm256_fmadd_ps(w, v2, c12);
-                    c13 = _mm256_fmadd_ps(w, v3, c13);
-                    w = _mm256_broadcast_ss(p2 + j);
-                    c20 = _mm256_fmadd_ps(w, v0, c20);
-                    c21 = _mm256_fmadd_ps(w, v1, c21);
-                    c22 = _mm256_fmadd_ps(w, v2, c22);
-                    c23 = _mm256_fmadd_ps(w, v3, c23);
-                    w = _mm256_broadcast_ss(p3 + j);
-                    c30 = _mm256_fmadd_ps(w, v0, c30);
-                    c31 = _mm256_fmadd_ps(w, v1, c31);
-                    c32 = _mm256_fmadd_ps(w, v2, c32);
-                    c33 = _mm256_fmadd_ps(w, v3, c33);
-                }
-                _mm256_storeu_ps(o0 + i, c00);
-                _mm256_storeu_ps(o0 + i + 8, c01);
-                _mm256_storeu_ps(o0 + i + 16, c02);
-                _mm256_storeu_ps(o0 + i + 24, c03);
-                _mm256_storeu_ps(o1 + i, c10);
-                _mm256_storeu_ps(o1 + i + 8, c11);
-                _mm256_storeu_ps(o1 + i + 16, c12);
-                _mm256_storeu_ps(o1 + i + 24, c13);
-                _mm256_storeu_ps(o2 + i, c20);
-                _mm256_storeu_ps(o2 + i + 8, c21);
-                _mm256_storeu_ps(o2 + i + 16, c22);
-                _mm256_storeu_ps(o2 + i + 24, c23);
-                _mm256_storeu_ps(o3 + i, c30);
-                _mm256_storeu_ps(o3 + i + 8, c31);
-                _mm256_storeu_ps(o3 + i + 16, c32);
-                _mm256_storeu_ps(o3 + i + 24, c33);
-            }
-        }
-    }
-    /* The columns past the last 32 of the row groups, and the rows past the groups of 4, through the AVX2 kernel:
-     * every element is its own fma chain over ascending j, so splitting the columns changes no bit. */
-    enum { X32_ROWS = 64 };
-    if (r4 > 0 && d32 < d)
-        for (size_t r0 = 0; r0 < r4; r0 += X32_ROWS) {
-            size_t m = r4 - r0 < X32_ROWS ? r4 - r0 : X32_ROWS;
-            float *o[X32_ROWS];
-            for (size_t r = 0; r < m; r++) o[r] = out_rows[r0 + r] + d32;
-            output_add_avx2(p_rows + r0, m, col0, values + d32, stride, idx, n, d - d32, o);
-        }
-    if (r4 < nr) output_add_avx2(p_rows + r4, nr - r4, col0, values, stride, idx, n, d, out_rows + r4);
+__attribute__((always_inline)) AVX2_X32 static inline __m256 x32_load(const void *row, size_t i, int kind) {
+    return kind == X32_F32 ? _mm256_loadu_ps((const float *)row + i) : load8h((const uint16_t *)row + i, kind == X32_BF16);
 }
 
-/* The AVX2 softmax with 32 registers: its constants stay in registers (the AVX2 build reloads 7 from the stack
- * per 8 elements); the same operations, so the same bits. */
-AVX2_X32 static double softmax_x32(float *x, size_t n) { return softmax8(x, n); }
+/* A scaled score from its lane sum and the fused d % 8 tail (none when d8 == d), as score1 / finish_score. */
+__attribute__((always_inline)) AVX2_X32 static inline float x32_finish(float lanes, const float *q, const void *row,
+                                                                       size_t d8, size_t d, float scale, int kind) {
+    if (d8 == d) return scale * lanes;
+    float tail = kind == X32_F32 ? tail_dot(q, (const float *)row, d8, d)
+                                 : tail_dot16(q, (const uint16_t *)row, d8, d, kind == X32_BF16);
+    return scale * (lanes + tail);
+}
 
-#define AVX2_X32_F16C __attribute__((target("avx2,fma,f16c,avx512f,avx512vl")))
-
-/* The 16-bit tiles with 32 registers: scores_x32 / output_add_x32 with each K/V chunk converted in registers as it
- * is loaded (vcvtph2ps, or bf16's shift) instead of a tile of rows converted into L1 first and read back: the
- * same operations on the same fp32 values in the same order, so the same bits as the fp32 kernels on the
- * converted rows. */
-__attribute__((always_inline)) AVX2_X32_F16C static inline void
-scores16_x32_rows(const float *q, size_t nr, const uint16_t *keys, size_t stride, const int32_t *idx, size_t n,
-                  size_t d, float scale, float *const *out_rows, size_t col0, int bf16) {
+/* Scores of the first nr & ~3 query rows (the caller takes the rest): 4 x 4 tiles, the n % 4 last keys one by one. */
+__attribute__((always_inline)) AVX2_X32 static inline void x32_scores(const float *q, size_t nr, const void *keys,
+                                                                      size_t stride, const int32_t *idx, size_t n,
+                                                                      size_t d, float scale, float *const *out_rows,
+                                                                      size_t col0, int kind) {
     size_t d8 = d & ~(size_t)7, r4 = nr & ~(size_t)3, j = 0;
+    size_t row_bytes = d * (kind == X32_F32 ? sizeof(float) : sizeof(uint16_t));
     const __m256 sc = _mm256_set1_ps(scale);
     for (; j + 4 <= n; j += 4) {
-        const uint16_t *k0 = row16_of(keys, stride, idx, j), *k1 = row16_of(keys, stride, idx, j + 1);
-        const uint16_t *k2 = row16_of(keys, stride, idx, j + 2), *k3 = row16_of(keys, stride, idx, j + 3);
-        if (idx && j + X32_PREFETCH_ROWS + 4 <= n)
-            for (size_t c = 0; c < 4; c++)
-                for (size_t i = 0; i < d; i += 32)
-                    _mm_prefetch((const char *)(keys + (size_t)idx[j + X32_PREFETCH_ROWS + c] * stride + i),
-                                 _MM_HINT_T0);
+        const void *k0 = x32_row(keys, kind, stride, idx, j), *k1 = x32_row(keys, kind, stride, idx, j + 1);
+        const void *k2 = x32_row(keys, kind, stride, idx, j + 2), *k3 = x32_row(keys, kind, stride, idx, j + 3);
+        if (idx && j + X32_PREFETCH_ROWS + 4 <= n) /* the next tile's scattered rows, a cache line at a time */
+            for (size_t c = 0; c < 4; c++) {
+                const char *row = x32_row(keys, kind, stride, idx, j + X32_PREFETCH_ROWS + c);
+                for (size_t b = 0; b < row_bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+            }
         for (size_t r = 0; r < r4; r += 4) {
             const float *q0 = q + r * d, *q1 = q0 + d, *q2 = q1 + d, *q3 = q2 + d;
             __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00;
             __m256 a13 = a00, a20 = a00, a21 = a00, a22 = a00, a23 = a00, a30 = a00, a31 = a00, a32 = a00;
             __m256 a33 = a00;
             for (size_t i = 0; i < d8; i += 8) {
-                __m256 y0 = load8h(k0 + i, bf16), y1 = load8h(k1 + i, bf16);
-                __m256 y2 = load8h(k2 + i, bf16), y3 = load8h(k3 + i, bf16);
+                __m256 y0 = x32_load(k0, i, kind), y1 = x32_load(k1, i, kind);
+                __m256 y2 = x32_load(k2, i, kind), y3 = x32_load(k3, i, kind);
                 __m256 x = _mm256_loadu_ps(q0 + i);
                 a00 = _mm256_fmadd_ps(x, y0, a00);
                 a01 = _mm256_fmadd_ps(x, y1, a01);
@@ -992,7 +862,7 @@ scores16_x32_rows(const float *q, size_t nr, const uint16_t *keys, size_t stride
             }
             __m256 s01 = reduce8(a00, a01, a02, a03, a10, a11, a12, a13);
             __m256 s23 = reduce8(a20, a21, a22, a23, a30, a31, a32, a33);
-            if (d8 == d) {
+            if (d8 == d) { /* no tail: each row's 4 scaled scores leave in one 4-float store */
                 s01 = _mm256_mul_ps(sc, s01);
                 s23 = _mm256_mul_ps(sc, s23);
                 _mm_storeu_ps(out_rows[r] + col0 + j, _mm256_castps256_ps128(s01));
@@ -1005,28 +875,34 @@ scores16_x32_rows(const float *q, size_t nr, const uint16_t *keys, size_t stride
             _mm256_storeu_ps(s, s01);
             _mm256_storeu_ps(s + 8, s23);
             const float *qr[4] = {q0, q1, q2, q3};
-            const uint16_t *kc[4] = {k0, k1, k2, k3};
+            const void *kc[4] = {k0, k1, k2, k3};
             for (size_t x = 0; x < 4; x++)
                 for (size_t c = 0; c < 4; c++)
-                    out_rows[r + x][col0 + j + c] = scale * (s[4 * x + c] + tail_dot16(qr[x], kc[c], d8, d, bf16));
+                    out_rows[r + x][col0 + j + c] = x32_finish(s[4 * x + c], qr[x], kc[c], d8, d, scale, kind);
         }
     }
     for (; j < n; j++) {
-        const uint16_t *k = row16_of(keys, stride, idx, j);
+        const void *k = x32_row(keys, kind, stride, idx, j);
         for (size_t r = 0; r < r4; r++) {
             const float *q0 = q + r * d;
             __m256 a = _mm256_setzero_ps();
-            for (size_t i = 0; i < d8; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), load8h(k + i, bf16), a);
-            out_rows[r][col0 + j] = scale * (reduce1(a) + tail_dot16(q0, k, d8, d, bf16));
+            for (size_t i = 0; i < d8; i += 8) a = _mm256_fmadd_ps(_mm256_loadu_ps(q0 + i), x32_load(k, i, kind), a);
+            out_rows[r][col0 + j] = x32_finish(reduce1(a), q0, k, d8, d, scale, kind);
         }
     }
 }
 
-__attribute__((always_inline)) AVX2_X32_F16C static inline void
-output_add16_x32_rows(const float *const *p_rows, size_t nr, size_t col0, const uint16_t *values, size_t stride,
-                      const int32_t *idx, size_t n, size_t d, float *const *out_rows, int bf16) {
+enum { X32_ROWS = 64 }; /* row pointers per call of the output's column remainder (on the stack) */
+
+/* Output of the first nr & ~3 rows (the caller takes the rest): 4 x 32 tiles over passes of 8192 / d value rows
+ * (32 KiB of fp32 rows, in L1; 64 rows at d 128: 4-8% faster than 256 rows from L2 on the development VM), the
+ * columns past the last 32 through the AVX2 table's kernels. */
+__attribute__((always_inline)) AVX2_X32 static inline void x32_output(const float *const *p_rows, size_t nr,
+                                                                      size_t col0, const void *values, size_t stride,
+                                                                      const int32_t *idx, size_t n, size_t d,
+                                                                      float *const *out_rows, int kind) {
     size_t r4 = nr & ~(size_t)3, d32 = d & ~(size_t)31;
-    size_t pass = d >= 512 ? 16 : 8192 / d; /* as output_add_x32 (16-bit rows: 16 KiB of them) */
+    size_t pass = d >= 512 ? 16 : 8192 / d;
     for (size_t jb = 0; jb < n && d32 > 0; jb += pass) {
         size_t je = jb + pass < n ? jb + pass : n;
         for (size_t r = 0; r < r4; r += 4) {
@@ -1043,9 +919,9 @@ output_add16_x32_rows(const float *const *p_rows, size_t nr, size_t col0, const 
                 __m256 c30 = _mm256_loadu_ps(o3 + i), c31 = _mm256_loadu_ps(o3 + i + 8);
                 __m256 c32 = _mm256_loadu_ps(o3 + i + 16), c33 = _mm256_loadu_ps(o3 + i + 24);
                 for (size_t j = jb; j < je; j++) {
-                    const uint16_t *v = row16_of(values, stride, idx, j) + i;
-                    __m256 v0 = load8h(v, bf16), v1 = load8h(v + 8, bf16);
-                    __m256 v2 = load8h(v + 16, bf16), v3 = load8h(v + 24, bf16);
+                    const void *v = x32_row(values, kind, stride, idx, j);
+                    __m256 v0 = x32_load(v, i, kind), v1 = x32_load(v, i + 8, kind);
+                    __m256 v2 = x32_load(v, i + 16, kind), v3 = x32_load(v, i + 24, kind);
                     __m256 w = _mm256_broadcast_ss(p0 + j);
                     c00 = _mm256_fmadd_ps(w, v0, c00);
                     c01 = _mm256_fmadd_ps(w, v1, c01);
@@ -1086,40 +962,40 @@ output_add16_x32_rows(const float *const *p_rows, size_t nr, size_t col0, const 
             }
         }
     }
-    /* the columns past the last 32 of the row groups (each element its own chain over ascending j) */
-    enum { X32_ROWS = 64 };
-    if (r4 > 0 && d32 < d)
+    if (r4 > 0 && d32 < d) /* the columns past the last 32, through the AVX2 table's kernels */
         for (size_t r0 = 0; r0 < r4; r0 += X32_ROWS) {
             size_t m = r4 - r0 < X32_ROWS ? r4 - r0 : X32_ROWS;
             float *o[X32_ROWS];
             for (size_t r = 0; r < m; r++) o[r] = out_rows[r0 + r] + d32;
-            output_add16_rows(p_rows + r0, m, col0, values + d32, stride, idx, n, d - d32, o, bf16);
+            if (kind == X32_F32)
+                output_add_avx2(p_rows + r0, m, col0, (const float *)values + d32, stride, idx, n, d - d32, o);
+            else
+                output_add16_rows(p_rows + r0, m, col0, (const uint16_t *)values + d32, stride, idx, n, d - d32, o,
+                                  kind == X32_BF16);
         }
 }
 
-AVX2_X32_F16C static void scores16_x32_f16(const float *q, size_t nr, const uint16_t *keys, size_t stride,
-                                           const int32_t *idx, size_t n, size_t d, float scale,
-                                           float *const *out_rows, size_t col0) {
-    scores16_x32_rows(q, nr, keys, stride, idx, n, d, scale, out_rows, col0, 0);
-}
-AVX2_X32_F16C static void scores16_x32_bf16(const float *q, size_t nr, const uint16_t *keys, size_t stride,
-                                            const int32_t *idx, size_t n, size_t d, float scale,
-                                            float *const *out_rows, size_t col0) {
-    scores16_x32_rows(q, nr, keys, stride, idx, n, d, scale, out_rows, col0, 1);
-}
-AVX2_X32_F16C static void output_add16_x32_f16(const float *const *p_rows, size_t nr, size_t col0,
-                                               const uint16_t *values, size_t stride, const int32_t *idx, size_t n,
-                                               size_t d, float *const *out_rows) {
-    output_add16_x32_rows(p_rows, nr, col0, values, stride, idx, n, d, out_rows, 0);
-}
-AVX2_X32_F16C static void output_add16_x32_bf16(const float *const *p_rows, size_t nr, size_t col0,
-                                                const uint16_t *values, size_t stride, const int32_t *idx, size_t n,
-                                                size_t d, float *const *out_rows) {
-    output_add16_x32_rows(p_rows, nr, col0, values, stride, idx, n, d, out_rows, 1);
+/* The entries. Rows past the groups of 4 (and calls of fewer than 4 rows) go through the AVX2 table's kernels:
+ * every score and every output element (its own fma chain over ascending j) is computed the same way whichever
+ * kernel computes it, so the split changes no bit. */
+AVX2_X32 static void scores_x32(const float *q, size_t nr, const float *keys, size_t stride, const int32_t *idx,
+                                size_t n, size_t d, float scale, float *const *out_rows, size_t col0) {
+    size_t r4 = nr & ~(size_t)3;
+    if (r4 > 0) x32_scores(q, r4, keys, stride, idx, n, d, scale, out_rows, col0, X32_F32);
+    if (r4 < nr) scores_2x4(q + r4 * d, nr - r4, keys, stride, idx, n, d, scale, out_rows + r4, col0);
 }
 
-/* The 16-bit entries: groups of 4 query rows through the tiles above, the rows past them (and calls of fewer than
- * 4 rows) as the AVX2 table converts them. */
+AVX2_X32 static void scores16_x32_f16(const float *q, size_t nr, const uint16_t *keys, size_t stride,
+                                      const int32_t *idx, size_t n, size_t d, float scale, float *const *out_rows,
+                                      size_t col0) {
+    x32_scores(q, nr, keys, stride, idx, n, d, scale, out_rows, col0, X32_F16);
+}
+AVX2_X32 static void scores16_x32_bf16(const float *q, size_t nr, const uint16_t *keys, size_t stride,
+                                       const int32_t *idx, size_t n, size_t d, float scale, float *const *out_rows,
+                                       size_t col0) {
+    x32_scores(q, nr, keys, stride, idx, n, d, scale, out_rows, col0, X32_BF16);
+}
+
 static void scores16_x32(const float *q, size_t nr, const uint16_t *keys, kvs_dtype dtype, size_t stride,
                          const int32_t *idx, size_t n, size_t d, float scale, float *const *out_rows, size_t col0) {
     size_t r4 = nr & ~(size_t)3;
@@ -1130,6 +1006,24 @@ static void scores16_x32(const float *q, size_t nr, const uint16_t *keys, kvs_dt
             scores16_x32_f16(q, r4, keys, stride, idx, n, d, scale, out_rows, col0);
     }
     if (r4 < nr) scores16_avx2(q + r4 * d, nr - r4, keys, dtype, stride, idx, n, d, scale, out_rows + r4, col0);
+}
+
+AVX2_X32 static void output_add_x32(const float *const *p_rows, size_t nr, size_t col0, const float *values,
+                                    size_t stride, const int32_t *idx, size_t n, size_t d, float *const *out_rows) {
+    size_t r4 = nr & ~(size_t)3;
+    x32_output(p_rows, nr, col0, values, stride, idx, n, d, out_rows, X32_F32);
+    if (r4 < nr) output_add_avx2(p_rows + r4, nr - r4, col0, values, stride, idx, n, d, out_rows + r4);
+}
+
+AVX2_X32 static void output_add16_x32_f16(const float *const *p_rows, size_t nr, size_t col0, const uint16_t *values,
+                                          size_t stride, const int32_t *idx, size_t n, size_t d,
+                                          float *const *out_rows) {
+    x32_output(p_rows, nr, col0, values, stride, idx, n, d, out_rows, X32_F16);
+}
+AVX2_X32 static void output_add16_x32_bf16(const float *const *p_rows, size_t nr, size_t col0,
+                                           const uint16_t *values, size_t stride, const int32_t *idx, size_t n,
+                                           size_t d, float *const *out_rows) {
+    x32_output(p_rows, nr, col0, values, stride, idx, n, d, out_rows, X32_BF16);
 }
 
 static void output_add16_x32(const float *const *p_rows, size_t nr, size_t col0, const uint16_t *values,
@@ -1151,7 +1045,7 @@ static const kvs_math_kernels kernels_avx2x32 = {
     /* .axpy = */ axpy_avx2,
     /* .scores = */ scores_x32,
     /* .output_add = */ output_add_x32,
-    /* .softmax = */ softmax_x32,
+    /* .softmax = */ softmax_avx2,
     /* .exp = */ exp_avx2,
     /* .first_above = */ first_above_avx2,
     /* .scores16 = */ scores16_x32,
