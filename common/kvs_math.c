@@ -353,17 +353,7 @@ void kvs_sort_positions(int32_t *idx, size_t n) {
     free(tmp);
 }
 
-/* desc_key()'s value (below: descending value, -0 as +0, NaN last) from the float's bits without branches, so that
- * the loop filling a row of keys vectorises. */
-static inline uint32_t desc_key_bits(uint32_t b) {
-    uint32_t mag = b & 0x7fffffffu;
-    b = mag == 0 ? 0 : b;                                        /* -0 ranks as +0 */
-    uint32_t key = (b & 0x80000000u) ? b : ~(b | 0x80000000u);  /* ~asc, asc monotone in the value */
-    key = key == UINT32_MAX ? UINT32_MAX - 1 : key;              /* keep NaN strictly last */
-    return mag > 0x7f800000u ? UINT32_MAX : key;
-}
-
-/* The k positions first in desc_key's order (ties to the lower index: kvs_argsort_desc's, so kvs_topk's order),
+/* The k positions first in kvs_desc_key's order (ties to the lower index: kvs_argsort_desc's, so kvs_topk's order),
  * ascending, without ranking them (issue 17: the oracle top-k wants the set at every step; ranking n values and
  * sorting k positions cost more than finding the k-th). A radix select over the keys (key[n], caller memory):
  * the top 11 bits' histogram finds the bucket of the k-th key, the keys in that bucket (cand[], caller memory
@@ -374,11 +364,7 @@ static void topk_select(const float *x, size_t n, size_t k, uint32_t *key, uint3
     uint32_t count[2048]; /* n < 2^31: positions are int32 */
     size_t need = k;
     memset(count, 0, sizeof count);
-    for (size_t j = 0; j < n; j++) {
-        uint32_t b;
-        memcpy(&b, x + j, 4);
-        key[j] = desc_key_bits(b);
-    }
+    for (size_t j = 0; j < n; j++) key[j] = kvs_desc_key(x[j]);
     for (size_t j = 0; j < n; j++) count[key[j] >> 21]++;
     uint32_t top = 0;
     while (count[top] < need) need -= count[top++]; /* ends: bucket `top` holds the k-th key */
@@ -452,24 +438,13 @@ void kvs_topk(const float *x, size_t n, size_t k, int32_t *out_idx) {
     topk_heap(x, n, k, out_idx);
 }
 
-/* Radix key whose ascending order is kvs_topk's order: descending value, NaN after everything. */
-static uint32_t desc_key(float f) {
-    if (isnan(f)) return UINT32_MAX;
-    if (f == 0) f = 0; /* -0 ranks as +0 (ties then fall to the index, as in kvs_topk) */
-    uint32_t b;
-    memcpy(&b, &f, 4);
-    uint32_t asc = (b & 0x80000000u) ? ~b : (b | 0x80000000u); /* monotone in the value */
-    uint32_t key = ~asc;                                          /* descending */
-    return key == UINT32_MAX ? UINT32_MAX - 1 : key;              /* keep NaN strictly last */
-}
-
 void kvs_argsort_desc(const float *x, size_t n, int32_t *order, uint32_t *scratch) {
     uint32_t *key = scratch, *key2 = scratch + n, *idx2 = scratch + 2 * n;
     uint32_t *idx = (uint32_t *)order; /* same width; indices stay below 2^31 */
     size_t count[4][256];
     memset(count, 0, sizeof count);
     for (size_t i = 0; i < n; i++) {
-        uint32_t k = desc_key(x[i]);
+        uint32_t k = kvs_desc_key(x[i]);
         key[i] = k;
         idx[i] = (uint32_t)i;
         for (int b = 0; b < 4; b++) count[b][(k >> (8 * b)) & 0xffu]++;

@@ -125,6 +125,19 @@ void kvs_max_rows(const float *rows, size_t stride, size_t n_rows, size_t n, flo
 /*! kvs_topk_f64() : kvs_topk() over doubles (same order and tie rule), for scores ranked in fp64. */
 void kvs_topk_f64(const double *x, size_t n, size_t k, int32_t *out_idx);
 
+/*! kvs_desc_key() : the radix sort key of kvs_argsort_desc / kvs_topk's order: ascending key = descending value,
+ *  -0 equal to +0, NaN strictly after everything (UINT32_MAX; no number maps there). Computed from the float's
+ *  bits without branches, so a loop filling a row of keys vectorises. */
+static inline uint32_t kvs_desc_key(float f) {
+    uint32_t b;
+    __builtin_memcpy(&b, &f, sizeof b);
+    uint32_t mag = b & 0x7fffffffu;
+    b = mag == 0 ? 0 : b;                                       /* -0 ranks as +0 */
+    uint32_t key = (b & 0x80000000u) ? b : ~(b | 0x80000000u); /* descending: ~(ascending bits) */
+    key = key == UINT32_MAX ? UINT32_MAX - 1 : key;             /* keep NaN strictly last */
+    return mag > 0x7f800000u ? UINT32_MAX : key;
+}
+
 /*! kvs_argsort_desc() : writes to order[0..n-1] all indices of x ordered exactly as kvs_topk(x, n, n)
  *  orders them (descending value, ties to the lower index, -0 equal to +0, NaN last), in O(n) with a
  *  stable LSD radix sort: the full ranking the replay engine needs for the top-k overlap of every step.

@@ -10,25 +10,12 @@
  */
 #include "ref_rank.h"
 
-#include <math.h>
 #include <string.h>
 
 #include "../common/kvs_math.h"
 
 #define TOP_BITS 11
 #define TOP_SHIFT (32 - TOP_BITS)
-
-/* The sort key of kvs_argsort_desc (common/kvs_math.c, whose order the test checks this against): ascending key
- * = descending value, -0 as +0, NaN strictly last. */
-static inline uint32_t rank_key(float f) {
-    if (isnan(f)) return UINT32_MAX;
-    if (f == 0) f = 0;
-    uint32_t b;
-    memcpy(&b, &f, 4);
-    uint32_t asc = (b & 0x80000000u) ? ~b : (b | 0x80000000u); /* monotone in the value */
-    uint32_t key = ~asc;                                          /* descending */
-    return key == UINT32_MAX ? UINT32_MAX - 1 : key;
-}
 
 size_t kvs_ref_rank_prefix(const float *x, size_t n, size_t depth, int32_t *order, uint32_t *scratch) {
     if (depth >= n) {
@@ -42,7 +29,7 @@ size_t kvs_ref_rank_prefix(const float *x, size_t n, size_t depth, int32_t *orde
     uint32_t top[1u << TOP_BITS];
     memset(top, 0, sizeof top);
     for (size_t i = 0; i < n; i++) {
-        uint32_t k = rank_key(x[i]);
+        uint32_t k = kvs_desc_key(x[i]); /* kvs_argsort_desc's key */
         key[i] = k;
         top[k >> TOP_SHIFT]++;
     }
