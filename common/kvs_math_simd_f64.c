@@ -262,8 +262,8 @@ static const kvs_math_f64_kernels f64_avx2 = {
 const kvs_math_f64_kernels *kvs_math_f64_kernels_for(kvs_isa isa) {
     if (isa == KVS_ISA_SCALAR) return &f64_scalar;
 #ifdef KVS_HAVE_AVX2_F64
-    /* the AVX-512 table shares these (every AVX-512 CPU has AVX2 and FMA) */
-    if ((isa == KVS_ISA_AVX2 || isa == KVS_ISA_AVX2X32 || isa == KVS_ISA_AVX512) && kvs_math_kernels_for(isa)) return &f64_avx2;
+    /* every vector table shares these (each needs AVX2 and FMA) */
+    if (isa != KVS_ISA_SCALAR && kvs_math_kernels_for(isa)) return &f64_avx2;
 #endif
     return NULL;
 }
