@@ -31,38 +31,6 @@
  * helpers
  * ---------------------------------------------------------------------------------------------- */
 
-typedef struct {
-    char dir[64];
-    char path[128];
-} tmp_ctx;
-
-static int tmp_setup(void **state) {
-    tmp_ctx *c = calloc(1, sizeof *c);
-    snprintf(c->dir, sizeof c->dir, "/tmp/kvs_trace_XXXXXX");
-    if (!mkdtemp(c->dir)) return -1;
-    snprintf(c->path, sizeof c->path, "%s/t.kvt", c->dir);
-    *state = c;
-    return 0;
-}
-
-static int tmp_teardown(void **state) {
-    tmp_ctx *c = *state;
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", c->dir);
-    int rc = system(cmd);
-    free(c);
-    return rc == 0 ? 0 : -1;
-}
-
-static void path_in(const tmp_ctx *c, const char *name, char *out, size_t n) { snprintf(out, n, "%s/%s", c->dir, name); }
-
-
-
-static int file_exists(const char *path) {
-    struct stat st;
-    return stat(path, &st) == 0;
-}
-
 static float round_dt(kvs_dtype dt, float x) {
     uint8_t b[4];
     float y;
@@ -154,7 +122,7 @@ static kvs_gen_trace *make_gen(kvs_gen_trace_opts o) {
  * ---------------------------------------------------------------------------------------------- */
 
 static void test_roundtrip_every_dtype_and_shuffle(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     for (int dt = 0; dt < 3; dt++)
         for (int sh = 0; sh < 2; sh++) {
             kvs_gen_trace_opts o = kvs_gen_trace_defaults(); /* 40 positions, block 16: partial last block */
@@ -165,7 +133,7 @@ static void test_roundtrip_every_dtype_and_shuffle(void **state) {
             assert_int_equal(kvs_gen_trace_write(g, c->path), KVS_OK);
             char partial[160];
             snprintf(partial, sizeof partial, "%s.partial", c->path);
-            assert_false(file_exists(partial));
+            assert_false(kvs_test_exists(partial));
             check_trace_data(g, c->path, o.n_positions);
             kvs_trace *t = NULL;
             assert_int_equal(kvs_trace_open(c->path, &t), KVS_OK);
@@ -190,7 +158,7 @@ static void test_roundtrip_every_dtype_and_shuffle(void **state) {
 }
 
 static void test_block_positions_one(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
     o.block_positions = 1;
     o.n_positions = 7;
@@ -206,7 +174,7 @@ static void test_block_positions_one(void **state) {
 }
 
 static void test_exact_multiple_of_block(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
     o.n_positions = 32; /* exactly two full blocks of 16 */
     o.n_layers = 3;
@@ -223,7 +191,7 @@ static void test_exact_multiple_of_block(void **state) {
  * chunks over 5 layers x 3 KV heads = 15 groups, so both one partial wave and several waves occur), with
  * a partial last block, and a pool switched mid-trace. */
 static void test_pool_compression_same_bytes(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
     o.n_layers = 5;
     o.n_heads = 6;
@@ -238,7 +206,7 @@ static void test_pool_compression_same_bytes(void **state) {
     size_t ref_len = 0;
     uint8_t *ref = kvs_test_slurp(c->path, &ref_len);
     char other[160];
-    path_in(c, "pooled.kvt", other, sizeof other);
+    kvs_test_tmp_path(c, "pooled.kvt", other, sizeof other);
     for (int n = 1; n <= 6; n++) {
         kvs_threadpool *pool = NULL, *pool2 = NULL;
         assert_int_equal(kvs_threadpool_create(n <= 5 ? n : 3, &pool), KVS_OK);
@@ -271,7 +239,7 @@ static void test_pool_compression_same_bytes(void **state) {
 }
 
 static void test_random_access_equals_streaming(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
     o.n_positions = 70;
     o.block_positions = 8; /* 9 blocks, last has 6 */
@@ -352,7 +320,7 @@ static void test_random_access_equals_streaming(void **state) {
 }
 
 static void test_tokens_roles_turns_multi_turn(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
     o.n_positions = 31;
     o.block_positions = 4;
@@ -404,7 +372,7 @@ static void expect_bad_config(const char *path, const kvs_model_config *m, const
 }
 
 static void test_writer_rejects_bad_config(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
     kvs_gen_trace *g = make_gen(o);
     kvs_model_config m0, m;
@@ -439,7 +407,7 @@ static void test_writer_rejects_bad_config(void **state) {
     expect_bad_config(c->path, &m, &cp, "max_new_tokens");
     cp = c0, memset(cp.settings, 'a', sizeof cp.settings);
     expect_bad_config(c->path, &m, &cp, "settings");
-    assert_false(file_exists(c->path));
+    assert_false(kvs_test_exists(c->path));
     /* an unwritable destination is an I/O error */
     kvs_trace_writer *w = NULL;
     assert_int_equal(kvs_trace_writer_create("/nonexistent-dir/x.kvt", &m0, &c0, &w), KVS_ERR_IO);
@@ -447,7 +415,7 @@ static void test_writer_rejects_bad_config(void **state) {
 }
 
 static void test_writer_rejects_bad_calls(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
     kvs_gen_trace *g = make_gen(o);
     kvs_model_config m;
@@ -457,7 +425,7 @@ static void test_writer_rejects_bad_calls(void **state) {
     assert_int_equal(kvs_trace_writer_create(c->path, &m, &cp, &w), KVS_OK);
     char partial[160];
     snprintf(partial, sizeof partial, "%s.partial", c->path);
-    assert_true(file_exists(partial));
+    assert_true(kvs_test_exists(partial));
     const float *q = g->q, *k = g->k, *v = g->v, *ob = g->o, *lse = g->lse;
     assert_int_equal(kvs_trace_writer_close(w), KVS_ERR_STATE); /* no positions */
     assert_int_equal(kvs_trace_writer_put_layer(w, 0, q, k, v, ob, lse), KVS_ERR_STATE); /* not begun */
@@ -492,8 +460,8 @@ static void test_writer_rejects_bad_calls(void **state) {
     assert_int_equal(kvs_trace_writer_begin_position(w, 5, KVS_ROLE_PROMPT, 1), KVS_OK); /* new turn: fine */
     /* freeing an unclosed writer removes the .partial */
     kvs_trace_writer_free(w);
-    assert_false(file_exists(partial));
-    assert_false(file_exists(c->path));
+    assert_false(kvs_test_exists(partial));
+    assert_false(kvs_test_exists(c->path));
     kvs_trace_writer_free(NULL);
     kvs_gen_trace_free(g);
 }
@@ -538,7 +506,7 @@ static kvs_status open_and_read_all(const char *path) {
 }
 
 static void test_open_rejects_missing_and_garbage(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     kvs_trace *t = (kvs_trace *)1;
     assert_int_equal(kvs_trace_open("/nonexistent/none.kvt", &t), KVS_ERR_IO);
     assert_null(t);
@@ -575,13 +543,13 @@ static void test_open_rejects_missing_and_garbage(void **state) {
 }
 
 static void test_truncated_files_fail_cleanly(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     kvs_gen_trace *g = small_gen();
     assert_int_equal(kvs_gen_trace_write(g, c->path), KVS_OK);
     size_t len;
     uint8_t *buf = kvs_test_slurp(c->path, &len);
     char cut[160];
-    path_in(c, "cut.kvt", cut, sizeof cut);
+    kvs_test_tmp_path(c, "cut.kvt", cut, sizeof cut);
     assert_int_equal(open_and_read_all(c->path), KVS_OK);
     int n_cuts = 0;
     for (size_t n = 0; n < len; n++) { /* every byte */
@@ -598,7 +566,7 @@ static void test_truncated_files_fail_cleanly(void **state) {
 }
 
 static void test_flipped_bytes_detected(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     kvs_gen_trace *g = small_gen();
     assert_int_equal(kvs_gen_trace_write(g, c->path), KVS_OK);
     size_t len;
@@ -606,7 +574,7 @@ static void test_flipped_bytes_detected(void **state) {
     uint32_t header_size = kvs_get_u32(buf + 12);
     uint64_t footer_off = kvs_get_u64(buf + len - 32);
     char bad[160];
-    path_in(c, "flip.kvt", bad, sizeof bad);
+    kvs_test_tmp_path(c, "flip.kvt", bad, sizeof bad);
     int regions[4] = {0, 0, 0, 0}; /* header, chunks, footer, trailer */
     static const uint8_t masks[3] = {0x01, 0x80, 0xFF};
     for (size_t off = 0; off < len; off++) { /* every byte, three different flips */
@@ -627,7 +595,7 @@ static void test_flipped_bytes_detected(void **state) {
 }
 
 static void test_corrupt_chunk_is_named(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     kvs_gen_trace *g = small_gen();
     assert_int_equal(kvs_gen_trace_write(g, c->path), KVS_OK);
     size_t len;
@@ -661,7 +629,7 @@ static void test_corrupt_chunk_is_named(void **state) {
  * ---------------------------------------------------------------------------------------------- */
 
 static void test_recover_from_every_prefix(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     kvs_gen_trace *g = small_gen(); /* 10 positions, blocks of 4: two full blocks, then 2 */
     kvs_model_config m;
     kvs_capture_config cp;
@@ -676,8 +644,8 @@ static void test_recover_from_every_prefix(void **state) {
     }
     char partial[160], cut[160], rec[160];
     snprintf(partial, sizeof partial, "%s.partial", c->path);
-    path_in(c, "cut.kvt.partial", cut, sizeof cut);
-    path_in(c, "rec.kvt", rec, sizeof rec);
+    kvs_test_tmp_path(c, "cut.kvt.partial", cut, sizeof cut);
+    kvs_test_tmp_path(c, "rec.kvt", rec, sizeof rec);
     size_t len;
     uint8_t *buf = kvs_test_slurp(partial, &len); /* what a kill now would leave: header + 2 full blocks */
     assert_int_equal(len, block_end[1]);
@@ -705,7 +673,7 @@ static void test_recover_from_every_prefix(void **state) {
         }
         char recp[200];
         snprintf(recp, sizeof recp, "%s.partial", rec);
-        assert_false(file_exists(recp));
+        assert_false(kvs_test_exists(recp));
     }
     /* closing writes the partial last block; recovering the complete file reproduces it byte for byte */
     assert_int_equal(kvs_trace_writer_close(w), KVS_OK);
@@ -725,7 +693,7 @@ static void test_recover_from_every_prefix(void **state) {
 }
 
 static void test_recover_after_sigkill(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
     o.n_positions = 60;
     o.block_positions = 8;
@@ -759,9 +727,9 @@ static void test_recover_after_sigkill(void **state) {
     assert_true(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
     char partial[160], rec[160];
     snprintf(partial, sizeof partial, "%s.partial", c->path);
-    path_in(c, "rec.kvt", rec, sizeof rec);
-    assert_false(file_exists(c->path));
-    assert_true(file_exists(partial));
+    kvs_test_tmp_path(c, "rec.kvt", rec, sizeof rec);
+    assert_false(kvs_test_exists(c->path));
+    assert_true(kvs_test_exists(partial));
     /* the unfinished file itself is refused with a hint */
     kvs_trace *t = NULL;
     assert_int_equal(kvs_trace_open(partial, &t), KVS_ERR_TRUNCATED);
@@ -808,7 +776,7 @@ static void *read_stream_thread(void *p) {
 }
 
 static void test_concurrent_streams_in_threads(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
     o.n_layers = 3;
     o.n_heads = 8;
@@ -834,21 +802,21 @@ static void test_concurrent_streams_in_threads(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_roundtrip_every_dtype_and_shuffle, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_block_positions_one, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_exact_multiple_of_block, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_pool_compression_same_bytes, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_random_access_equals_streaming, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_tokens_roles_turns_multi_turn, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_writer_rejects_bad_config, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_writer_rejects_bad_calls, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_open_rejects_missing_and_garbage, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_truncated_files_fail_cleanly, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_flipped_bytes_detected, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_corrupt_chunk_is_named, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_recover_from_every_prefix, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_recover_after_sigkill, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_concurrent_streams_in_threads, tmp_setup, tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_roundtrip_every_dtype_and_shuffle, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_block_positions_one, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_exact_multiple_of_block, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_pool_compression_same_bytes, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_random_access_equals_streaming, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_tokens_roles_turns_multi_turn, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_writer_rejects_bad_config, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_writer_rejects_bad_calls, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_open_rejects_missing_and_garbage, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_truncated_files_fail_cleanly, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_flipped_bytes_detected, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_corrupt_chunk_is_named, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_recover_from_every_prefix, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_recover_after_sigkill, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_concurrent_streams_in_threads, kvs_test_tmp_setup, kvs_test_tmp_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

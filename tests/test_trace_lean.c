@@ -38,33 +38,6 @@
  * helpers
  * ---------------------------------------------------------------------------------------------- */
 
-typedef struct {
-    char dir[64];
-    char path[128];
-} tmp_ctx;
-
-static int tmp_setup(void **state) {
-    tmp_ctx *c = calloc(1, sizeof *c);
-    snprintf(c->dir, sizeof c->dir, "/tmp/kvs_lean_XXXXXX");
-    if (!mkdtemp(c->dir)) return -1;
-    snprintf(c->path, sizeof c->path, "%s/t.kvt", c->dir);
-    *state = c;
-    return 0;
-}
-
-static int tmp_teardown(void **state) {
-    tmp_ctx *c = *state;
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", c->dir);
-    int rc = system(cmd);
-    free(c);
-    return rc == 0 ? 0 : -1;
-}
-
-static void path_in(const tmp_ctx *c, const char *name, char *out, size_t n) { snprintf(out, n, "%s/%s", c->dir, name); }
-
-
-
 static void assert_same_bits(const float *want, const float *got, size_t n, const char *what) {
     if (memcmp(want, got, n * sizeof(float)) != 0) {
         for (size_t i = 0; i < n; i++) {
@@ -201,7 +174,7 @@ static void check_recomputed(const decoded *dc, int G, int d, float scale, doubl
 /* Both records x both codings x every dtype: q/k/v bit for bit equal to the other records' (and the full record's
  * o/lse equal across codings); the lean record's o/lse equal the naive reference from its own q/k/v. */
 static void test_roundtrip_records_and_codings(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     for (int dt = 0; dt < 3; dt++) {
         decoded ref = {0};
         for (int lean = 0; lean < 2; lean++)
@@ -251,7 +224,7 @@ static void test_roundtrip_records_and_codings(void **state) {
  * NaN excluded for fp16/bf16 because the fp32 round trip may quiet a signalling NaN's payload) come back bit for
  * bit. */
 static void test_fuzzed_values_roundtrip_exactly(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     uint64_t x = 0x1234567u;
     for (int dt = 0; dt < 3; dt++)
         for (int planes = 0; planes < 2; planes++)
@@ -311,7 +284,7 @@ static void test_fuzzed_values_roundtrip_exactly(void **state) {
 /* Random access into a lean trace (blocks out of order, streams interleaved, one block object) gives the same
  * numbers as streaming, o and lse included. */
 static void test_lean_random_access_equals_streaming(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
     o.flags = KVS_TRACE_FLAG_SHUFFLE | KVS_TRACE_FLAG_QKV;
     o.dtype = KVS_DTYPE_F16;
@@ -347,7 +320,7 @@ static void test_lean_random_access_equals_streaming(void **state) {
  * the same bits as the reader's recomputation, with the 16-bit history (fp16, bf16) and without it, and with the
  * SCORES path (kvs_attention's separate steps) too. */
 static void test_kv_stream_on_lean_trace_computes_once(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     static const kvs_dtype dtypes[] = {KVS_DTYPE_F16, KVS_DTYPE_BF16};
     static const unsigned flag_sets[] = {KVS_KV_STREAM_FULL_ATTN, KVS_KV_STREAM_SCORES};
     static const char *const kv16_env[] = {"1", "0"};
@@ -412,7 +385,7 @@ static void test_kv_stream_on_lean_trace_computes_once(void **state) {
  * fewer compressed bytes than the one-shot coding; its lean record's recomputed o/lse agree with the stored
  * ones within the fp16 rounding of the stored o (relative 2^-11 per value, a few units over a row) and lse. */
 static void test_bundled_traces_open_and_recode(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     static const char *const names[] = {"stories260K.kvt", "stories260K_multiturn.kvt"};
     for (int i = 0; i < 2; i++) {
         char p[4096];
@@ -531,7 +504,7 @@ static int is_corruption_status(kvs_status s) {
 /* Every byte of a small lean trace flipped (three ways) is detected; a full trace whose header claims the lean
  * record (CRC fixed up) is refused by its chunk sizes; a lean chunk cut off by the end of the file is refused. */
 static void test_corrupt_lean_traces_refused(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
     o.n_layers = 2, o.n_heads = 2, o.n_kv_heads = 1, o.head_dim = 4, o.n_positions = 10, o.block_positions = 4;
     o.dtype = KVS_DTYPE_F16, o.vocab_size = 50;
@@ -542,7 +515,7 @@ static void test_corrupt_lean_traces_refused(void **state) {
     size_t len;
     uint8_t *buf = kvs_test_slurp(c->path, &len);
     char bad[160];
-    path_in(c, "bad.kvt", bad, sizeof bad);
+    kvs_test_tmp_path(c, "bad.kvt", bad, sizeof bad);
     static const uint8_t masks[3] = {0x01, 0x80, 0xFF};
     for (size_t off = 0; off < len; off++)
         for (int mi = 0; mi < 3; mi++) {
@@ -585,7 +558,7 @@ static void test_corrupt_lean_traces_refused(void **state) {
 /* A lean trace whose block 0 chunk of (layer 0, kv head 0) is corrupt: reading block 1 of that stream (which
  * needs block 0's keys and values) fails with the bad chunk named, other streams still read. */
 static void test_lean_block_needs_its_history(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
     o.flags = KVS_TRACE_FLAG_SHUFFLE | KVS_TRACE_FLAG_QKV;
     kvs_gen_trace *g = make_gen(o);
@@ -616,7 +589,7 @@ static void test_lean_block_needs_its_history(void **state) {
 /* A lean capture killed mid-block (its .partial cut inside block 2's chunks) recovers its complete blocks, and
  * the recovered trace's q/k/v and recomputed o/lse equal the complete trace's on those positions. */
 static void test_lean_recover(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     kvs_gen_trace_opts o = kvs_gen_trace_defaults(); /* 40 positions, block 16 */
     o.flags = KVS_TRACE_FLAG_SHUFFLE | KVS_TRACE_FLAG_QKV;
     o.dtype = KVS_DTYPE_BF16;
@@ -627,8 +600,8 @@ static void test_lean_recover(void **state) {
     uint64_t off = kvs_get_u32(buf + 12);
     for (int i = 0; i < 2 * 5 + 2; i++) off += 56 + kvs_get_u64(buf + off + 40); /* blocks 0, 1 and 2 chunks of 2 */
     char part[160], rec[160];
-    path_in(c, "k.kvt.partial", part, sizeof part);
-    path_in(c, "rec.kvt", rec, sizeof rec);
+    kvs_test_tmp_path(c, "k.kvt.partial", part, sizeof part);
+    kvs_test_tmp_path(c, "rec.kvt", rec, sizeof rec);
     assert_int_equal(kvs_test_spit(part, buf, (size_t)off + 30), 0);
     int64_t n = 0;
     assert_int_equal(kvs_trace_recover(part, rec, &n), KVS_OK);
@@ -686,19 +659,19 @@ static kvs_replay_result *replay_trace(const char *path) {
 }
 
 static void test_cli_capture_lean_verify_export_replay(void **state) {
-    tmp_ctx *c = *state;
+    kvs_test_tmp *c = *state;
     if (!kvs_test_kvsim_bin()) skip();
     char model[4096], tok[4096];
     snprintf(model, sizeof model, "%s/../shared/models/stories260K.bin", kvs_test_root());
     snprintf(tok, sizeof tok, "%s/../shared/models/tok512.bin", kvs_test_root());
     if (access(model, R_OK) != 0) skip();
     char full[160], lean[160], out[160], err[160], npy_full[160], npy_lean[160];
-    path_in(c, "full.kvt", full, sizeof full);
-    path_in(c, "lean.kvt", lean, sizeof lean);
-    path_in(c, "out", out, sizeof out);
-    path_in(c, "err", err, sizeof err);
-    path_in(c, "f.npy", npy_full, sizeof npy_full);
-    path_in(c, "l.npy", npy_lean, sizeof npy_lean);
+    kvs_test_tmp_path(c, "full.kvt", full, sizeof full);
+    kvs_test_tmp_path(c, "lean.kvt", lean, sizeof lean);
+    kvs_test_tmp_path(c, "out", out, sizeof out);
+    kvs_test_tmp_path(c, "err", err, sizeof err);
+    kvs_test_tmp_path(c, "f.npy", npy_full, sizeof npy_full);
+    kvs_test_tmp_path(c, "l.npy", npy_lean, sizeof npy_lean);
     /* the same capture twice (greedy, CPU): recorded in full and lean */
     const char *cap_full[] = {"capture", "--model", model, "--tokenizer", tok, "--prompt", "Once upon a time",
                               "--steps", "60", "--ignore-eos", "--block", "16", "--quiet", "--out", full, NULL};
@@ -769,15 +742,15 @@ static void test_cli_capture_lean_verify_export_replay(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test_setup_teardown(test_roundtrip_records_and_codings, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_fuzzed_values_roundtrip_exactly, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_lean_random_access_equals_streaming, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_kv_stream_on_lean_trace_computes_once, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_bundled_traces_open_and_recode, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_corrupt_lean_traces_refused, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_lean_block_needs_its_history, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_lean_recover, tmp_setup, tmp_teardown),
-        cmocka_unit_test_setup_teardown(test_cli_capture_lean_verify_export_replay, tmp_setup, tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_roundtrip_records_and_codings, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_fuzzed_values_roundtrip_exactly, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_lean_random_access_equals_streaming, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_kv_stream_on_lean_trace_computes_once, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_bundled_traces_open_and_recode, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_corrupt_lean_traces_refused, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_lean_block_needs_its_history, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_lean_recover, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_cli_capture_lean_verify_export_replay, kvs_test_tmp_setup, kvs_test_tmp_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

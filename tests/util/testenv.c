@@ -34,3 +34,29 @@ int kvs_test_spit(const char *path, const void *data, size_t len) {
 }
 
 int kvs_test_spit_text(const char *path, const char *text) { return kvs_test_spit(path, text, strlen(text)); }
+
+int kvs_test_tmp_setup(void **state) {
+    kvs_test_tmp *c = calloc(1, sizeof *c);
+    if (!c) return -1;
+    snprintf(c->dir, sizeof c->dir, "/tmp/kvs_test_XXXXXX");
+    if (!mkdtemp(c->dir)) {
+        free(c);
+        return -1;
+    }
+    snprintf(c->path, sizeof c->path, "%s/t.kvt", c->dir);
+    *state = c;
+    return 0;
+}
+
+int kvs_test_tmp_teardown(void **state) {
+    kvs_test_tmp *c = *state;
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", c->dir);
+    int rc = system(cmd);
+    free(c);
+    return rc == 0 ? 0 : -1;
+}
+
+void kvs_test_tmp_path(const kvs_test_tmp *c, const char *name, char *out, size_t n) {
+    snprintf(out, n, "%s/%s", c->dir, name);
+}

@@ -23,4 +23,18 @@ int kvs_test_spit(const char *path, const void *data, size_t len);
 /*! kvs_test_spit_text() : kvs_test_spit of a NUL-terminated text. */
 int kvs_test_spit_text(const char *path, const char *text);
 
+/* A cmocka fixture: a fresh folder under /tmp per test and a trace path in it, removed with everything in it
+ * afterwards. Give kvs_test_tmp_setup / kvs_test_tmp_teardown to cmocka_unit_test_setup_teardown; the test's
+ * state is then a kvs_test_tmp *. */
+typedef struct {
+    char dir[64];   /* the folder */
+    char path[128]; /* dir/t.kvt */
+} kvs_test_tmp;
+
+int kvs_test_tmp_setup(void **state);
+int kvs_test_tmp_teardown(void **state);
+
+/*! kvs_test_tmp_path() : out = "<c->dir>/<name>" (n bytes at most). */
+void kvs_test_tmp_path(const kvs_test_tmp *c, const char *name, char *out, size_t n);
+
 #endif /* KVS_TESTENV_H */
