@@ -100,13 +100,17 @@ static memo_entry *find(kvs_policy_memo *m, memo_kind kind, const kvs_attn_src *
     return NULL;
 }
 
-/* Grows *buf to hold `need` elements of `elem` bytes, counting the bytes in m->bytes; 0 when out of memory. */
-static int grow(kvs_policy_memo *m, void **buf, size_t *cap, size_t need, size_t elem) {
-    if (need <= *cap) return 1;
-    void *p = realloc(*buf, need * elem);
+/* Grows buf to hold `need` elements of `elem` bytes (*out: buf or its reallocation), counting the bytes in
+ * m->bytes; 0 when out of memory (buf then still valid and *out untouched). */
+static int grow(kvs_policy_memo *m, void *buf, size_t *cap, size_t need, size_t elem, void **out) {
+    if (need <= *cap) {
+        *out = buf;
+        return 1;
+    }
+    void *p = realloc(buf, need * elem);
     if (!p) return 0;
     m->bytes += (need - *cap) * elem;
-    *buf = p;
+    *out = p;
     *cap = need;
     return 1;
 }
@@ -120,9 +124,13 @@ static memo_entry *slot(kvs_policy_memo *m, memo_kind kind, size_t n_idx, size_t
                   (n_qv > x->qv_cap ? (n_qv - x->qv_cap) * sizeof(float) : 0) +
                   (res_bytes > x->res_cap ? res_bytes - x->res_cap : 0);
     if (m->bytes + more > MEMO_MAX_BYTES) return NULL;
-    if (!grow(m, (void **)&x->idx, &x->idx_cap, n_idx, sizeof(int32_t)) ||
-        !grow(m, (void **)&x->qv, &x->qv_cap, n_qv, sizeof(float)) || !grow(m, &x->res, &x->res_cap, res_bytes, 1))
-        return NULL;
+    void *p;
+    if (!grow(m, x->idx, &x->idx_cap, n_idx, sizeof(int32_t), &p)) return NULL;
+    x->idx = p;
+    if (!grow(m, x->qv, &x->qv_cap, n_qv, sizeof(float), &p)) return NULL;
+    x->qv = p;
+    if (!grow(m, x->res, &x->res_cap, res_bytes, 1, &p)) return NULL;
+    x->res = p;
     m->n++;
     x->kind = kind;
     x->res_bytes = res_bytes;
