@@ -34,12 +34,18 @@
  * plus the last page's min/max read-modify-write (2d; none when the key opens a page); writes = the new K/V and
  * the page update (2d); no estimate when every token fits the quota. Transient: (G+1) ceil(n/P_q) page scores.
  * Decode reads no key but the current one (tests/test_rocketkv.c checks it); stored() = every position.
+ *
+ * Replay speed (issue 17, sim/BENCH.md "Eighth pass (a)"): the summaries are the page min/max of every key so far
+ * at the page size, folded in position order whatever the budget, so the page bounds go through
+ * kvs_policy_page_scores (sim/policy_memo.h): the configurations of one replay task with the same page size score
+ * a position's pages once.
  */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../common/kvs_math.h"
+#include "../sim/policy_memo.h"
 #include "registry.h"
 
 enum { QUEST_EVEN = 0, QUEST_ATTEND = 1 };
@@ -199,13 +205,15 @@ static kvs_status quest_select(void *state, const kvs_policy_view *view, kvs_pol
     }
     if (s->mode == QUEST_GROUP) {
         memset(s->grp, 0, (size_t)pages * sizeof *s->grp);
-        kvs_page_scores_rows(view->q, (size_t)s->group, d, s->kmin, s->kmax, d, (size_t)pages, s->ps);
+        kvs_policy_page_scores(view, s->page, view->q, (size_t)s->group, d, s->kmin, s->kmax, d, (size_t)pages,
+                               s->ps);
         for (int g = 0; g < s->group; g++) /* summed over the heads in head order, as one head at a time did */
             for (int64_t pi = 0; pi < pages; pi++) s->grp[pi] += s->ps[(size_t)g * (size_t)pages + (size_t)pi];
         sel->n[0] = kvs_page_select(s->grp, (size_t)pages, (size_t)s->page, (size_t)n, (size_t)s->quota, sel->idx[0],
                                     s->rank);
     } else {
-        kvs_page_scores_rows(view->q, (size_t)s->group, d, s->kmin, s->kmax, d, (size_t)pages, s->ps);
+        kvs_policy_page_scores(view, s->page, view->q, (size_t)s->group, d, s->kmin, s->kmax, d, (size_t)pages,
+                               s->ps);
         for (int g = 0; g < s->group; g++) {
             sel->n[g] = kvs_page_select(s->ps + (size_t)g * (size_t)pages, (size_t)pages, (size_t)s->page, (size_t)n,
                                         (size_t)s->quota, sel->idx[g], s->rank);

@@ -174,10 +174,10 @@ typedef struct {
     int32_t last_block;      /* prefill: 1 when this call ends the turn's prompt (always 1 unless chunked) */
     const float *full_probs; /* ORACLES ONLY, decode only; NULL for everyone else: [group][n] exact
                               * full-attention probabilities of the current queries over 0..n-1 */
-    struct kvs_policy_memo *memo; /* prefill only, may be NULL: the engine's memo of prompt scores computed from
-                              * this view's own q/k by another configuration of the same replay task
-                              * (sim/policy_memo.h); policies pass the view to kvs_policy_colsum() and never
-                              * touch it otherwise */
+    struct kvs_policy_memo *memo; /* may be NULL: the engine's memo of scores computed from this view's own q/k
+                              * by another configuration of the same replay task at the same position
+                              * (sim/policy_memo.h); policies pass the view to kvs_policy_colsum() and the
+                              * like and never touch it otherwise */
 } kvs_policy_view;
 
 /* The attended set S_t chosen by select(). The engine owns the arrays, each with capacity `cap`

@@ -1,7 +1,9 @@
-/* policy_memo.c — the replay task's memo of budget-independent prefill scores (issue 17; sim/policy_memo.h,
- * sim/BENCH.md "Third pass"). A small table of entries, each the complete description of one kvs_attn_colsum /
- * kvs_snapkv_scores call (row pointers, candidates copied, every option) and its output; a lookup compares all
- * of it, so a hit is the same computation and its bits are the ones computing would give.
+/* policy_memo.c — the replay task's memo of budget-independent scores (issue 17; sim/policy_memo.h,
+ * sim/BENCH.md "Third pass" and "Eighth pass (a)"). A small table of entries, each the complete description of one
+ * kvs_attn_colsum / kvs_snapkv_scores call (row pointers, candidates copied, every option) or of one
+ * kvs_page_scores_rows call (query rows copied, the layout, and what the summaries are a function of) and its
+ * output; a lookup compares all of it, so a hit is the same computation and its bits are the ones computing
+ * would give.
  */
 #include "policy_memo.h"
 
@@ -15,13 +17,28 @@
 enum { MEMO_ENTRIES = 256 };
 #define MEMO_MAX_BYTES ((size_t)32 << 20)
 
-typedef enum { MEMO_COLSUM_F32 = 1, MEMO_COLSUM_F64 = 2, MEMO_SNAPKV = 3 } memo_kind;
+typedef enum { MEMO_COLSUM_F32 = 1, MEMO_COLSUM_F64 = 2, MEMO_SNAPKV = 3, MEMO_PAGE_SCORES = 4 } memo_kind;
+
+/* What a kvs_policy_page_scores output depends on: the query rows (their address and, copied in the entry,
+ * their values), the layout of the summaries, and what the summaries are a function of (the view's key rows,
+ * their count and the page size: the function's contract). */
+typedef struct {
+    const float *q;
+    size_t nq, d, stride, n_pages;
+    const float *k;   /* view->k */
+    int64_t n;        /* view->n */
+    int64_t q_first;  /* view->q_first */
+    int64_t page;
+} page_key;
 
 typedef struct {
     memo_kind kind;
     kvs_attn_src src; /* src.idx points at `idx` below (or is NULL) */
     kvs_colsum_opts co;
     kvs_snapkv_opts so;
+    page_key pk;
+    float *qv;        /* [nq][d] the page-score query values, copied */
+    size_t qv_cap;    /* floats */
     int32_t *idx;     /* [n_cand] the candidates, copied */
     size_t idx_cap;   /* entries */
     void *res;        /* the output span, rows packed: [rows][cols] floats or doubles */
@@ -43,6 +60,7 @@ void kvs_policy_memo_free(kvs_policy_memo *m) {
     if (!m) return;
     for (int i = 0; i < MEMO_ENTRIES; i++) {
         free(m->e[i].idx);
+        free(m->e[i].qv);
         free(m->e[i].res);
     }
     free(m);
@@ -82,39 +100,55 @@ static memo_entry *find(kvs_policy_memo *m, memo_kind kind, const kvs_attn_src *
     return NULL;
 }
 
-/* A slot for a new entry holding the description of the call and res_bytes of output, or NULL when the memo is
- * full or out of memory (the result is then simply not kept). */
-static memo_entry *store(kvs_policy_memo *m, memo_kind kind, const kvs_attn_src *src, const kvs_colsum_opts *co,
-                         const kvs_snapkv_opts *so, size_t res_bytes) {
+/* Grows buf to hold `need` elements of `elem` bytes (*out: buf or its reallocation), counting the bytes in
+ * m->bytes; 0 when out of memory (buf then still valid and *out untouched). */
+static int grow(kvs_policy_memo *m, void *buf, size_t *cap, size_t need, size_t elem, void **out) {
+    if (need <= *cap) {
+        *out = buf;
+        return 1;
+    }
+    void *p = realloc(buf, need * elem);
+    if (!p) return 0;
+    m->bytes += (need - *cap) * elem;
+    *out = p;
+    *cap = need;
+    return 1;
+}
+
+/* A slot for a new entry with room for n_idx candidates, n_qv query floats and res_bytes of output, or NULL when
+ * the memo is full or out of memory (the result is then simply not kept). The caller fills in the key. */
+static memo_entry *slot(kvs_policy_memo *m, memo_kind kind, size_t n_idx, size_t n_qv, size_t res_bytes) {
     if (m->n == MEMO_ENTRIES) return NULL;
     memo_entry *x = &m->e[m->n];
-    size_t n_idx = src->idx && src->n_cand > 0 ? (size_t)src->n_cand : 0;
-    size_t grow = (n_idx > x->idx_cap ? (n_idx - x->idx_cap) * sizeof(int32_t) : 0) +
+    size_t more = (n_idx > x->idx_cap ? (n_idx - x->idx_cap) * sizeof(int32_t) : 0) +
+                  (n_qv > x->qv_cap ? (n_qv - x->qv_cap) * sizeof(float) : 0) +
                   (res_bytes > x->res_cap ? res_bytes - x->res_cap : 0);
-    if (m->bytes + grow > MEMO_MAX_BYTES) return NULL;
-    if (n_idx > x->idx_cap) {
-        int32_t *p = realloc(x->idx, n_idx * sizeof(int32_t));
-        if (!p) return NULL;
-        m->bytes += (n_idx - x->idx_cap) * sizeof(int32_t);
-        x->idx = p;
-        x->idx_cap = n_idx;
-    }
-    if (res_bytes > x->res_cap) {
-        void *p = realloc(x->res, res_bytes);
-        if (!p) return NULL;
-        m->bytes += res_bytes - x->res_cap;
-        x->res = p;
-        x->res_cap = res_bytes;
-    }
+    if (m->bytes + more > MEMO_MAX_BYTES) return NULL;
+    void *p;
+    if (!grow(m, x->idx, &x->idx_cap, n_idx, sizeof(int32_t), &p)) return NULL;
+    x->idx = p;
+    if (!grow(m, x->qv, &x->qv_cap, n_qv, sizeof(float), &p)) return NULL;
+    x->qv = p;
+    if (!grow(m, x->res, &x->res_cap, res_bytes, 1, &p)) return NULL;
+    x->res = p;
     m->n++;
     x->kind = kind;
+    x->res_bytes = res_bytes;
+    x->ret = 0;
+    return x;
+}
+
+/* A slot holding the description of a colsum / snapkv call (the caller copies the output in). */
+static memo_entry *store(kvs_policy_memo *m, memo_kind kind, const kvs_attn_src *src, const kvs_colsum_opts *co,
+                         const kvs_snapkv_opts *so, size_t res_bytes) {
+    size_t n_idx = src->idx && src->n_cand > 0 ? (size_t)src->n_cand : 0;
+    memo_entry *x = slot(m, kind, n_idx, 0, res_bytes);
+    if (!x) return NULL;
     x->src = *src;
     if (n_idx) memcpy(x->idx, src->idx, n_idx * sizeof(int32_t));
     x->src.idx = src->idx ? x->idx : NULL;
     if (co) x->co = *co;
     if (so) x->so = *so;
-    x->res_bytes = res_bytes;
-    x->ret = 0;
     return x;
 }
 
@@ -175,4 +209,36 @@ int64_t kvs_policy_snapkv_scores(const kvs_policy_view *view, const kvs_attn_src
         x->ret = r;
     }
     return r;
+}
+
+static int same_page_key(const memo_entry *x, const page_key *k) {
+    return x->pk.q == k->q && x->pk.nq == k->nq && x->pk.d == k->d && x->pk.stride == k->stride &&
+           x->pk.n_pages == k->n_pages && x->pk.k == k->k && x->pk.n == k->n && x->pk.q_first == k->q_first &&
+           x->pk.page == k->page && !memcmp(x->qv, k->q, k->nq * k->d * sizeof(float));
+}
+
+void kvs_policy_page_scores(const kvs_policy_view *view, int64_t page, const float *q, size_t nq, size_t d,
+                            const float *kmin, const float *kmax, size_t stride, size_t n_pages, double *out) {
+    kvs_policy_memo *m = view ? view->memo : NULL;
+    if (!m || page <= 0 || nq == 0 || n_pages == 0) {
+        kvs_page_scores_rows(q, nq, d, kmin, kmax, stride, n_pages, out);
+        return;
+    }
+    page_key key = {.q = q, .nq = nq, .d = d, .stride = stride, .n_pages = n_pages, .k = view->k, .n = view->n,
+                    .q_first = view->q_first, .page = page};
+    size_t bytes = nq * n_pages * sizeof(double);
+    for (int i = 0; i < m->n; i++) {
+        memo_entry *x = &m->e[i];
+        if (x->kind == MEMO_PAGE_SCORES && same_page_key(x, &key)) {
+            memcpy(out, x->res, bytes);
+            m->hits++;
+            return;
+        }
+    }
+    kvs_page_scores_rows(q, nq, d, kmin, kmax, stride, n_pages, out);
+    memo_entry *x = slot(m, MEMO_PAGE_SCORES, 0, nq * d, bytes);
+    if (!x) return;
+    x->pk = key;
+    memcpy(x->qv, q, nq * d * sizeof(float));
+    memcpy(x->res, out, bytes);
 }

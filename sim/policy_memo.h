@@ -1,16 +1,17 @@
-/* policy_memo.h — the replay engine's memo of prefill scores shared between the configurations of one replay
- * task (issue 17, "Replay at the hardware's speed"; sim/BENCH.md "Third pass"). A sweep runs one policy at
+/* policy_memo.h — the replay engine's memo of scores shared between the configurations of one replay task
+ * (issue 17, "Replay at the hardware's speed"; sim/BENCH.md "Third pass", "Eighth pass (a)"). A sweep runs one policy at
  * several budgets; H2O's, Scissorhands' and TOVA's prompt column sums (kvs_attn_colsum) and SnapKV's, PyramidKV's,
  * Ada-KV's and RocketKV's observation-window scores (kvs_snapkv_scores) do not depend on the budget at a turn's
- * first prefill, yet each configuration computed them again. A policy calls kvs_policy_colsum() /
- * kvs_policy_snapkv_scores() with its prefill view instead of the kvs_math.h function: when the view carries a
+ * first prefill, yet each configuration computed them again; likewise Quest's decode-time page bounds
+ * (kvs_page_scores_rows) at a fixed page size, whose summaries are the page min/max of every key so far. A policy calls kvs_policy_colsum() /
+ * kvs_policy_snapkv_scores() with its prefill view (kvs_policy_page_scores() with its prefill or decode view) instead of the kvs_math.h function: when the view carries a
  * memo and an earlier configuration of the same task asked for the same computation (the same q and key rows,
  * the same candidates, the same options) at the same position, the stored result is copied; otherwise it is
  * computed and stored. Either way the output is the kvs_math.h function's, bit for bit: a hit copies the bits
  * the same computation produced. Nothing is shared that the policy could not compute from its own view (the
  * prompt's queries and keys every policy sees at prefill), and the memo lives in one task (one thread): no
- * global state. The engine clears it whenever the rows under the view may change (each position; never used
- * when an on_step_end hook may rewrite rows).
+ * global state. The engine clears it whenever the rows under the view may change (each position, prompt and
+ * decode; never used when an on_step_end hook may rewrite rows).
  */
 #ifndef KVS_POLICY_MEMO_H
 #define KVS_POLICY_MEMO_H
@@ -46,5 +47,16 @@ void kvs_policy_colsum(const kvs_policy_view *view, const kvs_attn_src *src, con
  *  view->memo is set. */
 int64_t kvs_policy_snapkv_scores(const kvs_policy_view *view, const kvs_attn_src *src, const kvs_snapkv_opts *opts,
                                  float *out, void *scratch);
+
+/*! kvs_policy_page_scores() : kvs_page_scores_rows(q, nq, d, kmin, kmax, stride, n_pages, out), bit for bit,
+ *  memoised when view->memo is set and page > 0. CONTRACT of the memoised call: the summaries are a function
+ *  of the view's keys and `page` only — kmin/kmax row pi is the element-wise min/max of view->k's rows
+ *  [pi*page, min((pi+1)*page, view->n)), folded by kvs_page_minmax_add in ascending position order (Quest:
+ *  every key resident, pages over every position). The memo does not read them: the key is the query rows
+ *  (address and values), nq, d, stride, n_pages, and view->k, view->n, view->q_first and page, which under the
+ *  contract fix the summaries. A policy whose summaries depend on anything else (its held set, a budget-derived
+ *  slot order) passes page = 0 or a view without a memo: then it is plain kvs_page_scores_rows. */
+void kvs_policy_page_scores(const kvs_policy_view *view, int64_t page, const float *q, size_t nq, size_t d,
+                            const float *kmin, const float *kmax, size_t stride, size_t n_pages, double *out);
 
 #endif /* KVS_POLICY_MEMO_H */

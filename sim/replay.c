@@ -174,7 +174,7 @@ typedef struct {
     int *has_merged;          /* [G] per list: holds merged slots this step */
     float *lists_f;           /* kvs_attention_lists() scratch: [G][N] union scores / weights */
     int32_t *lists_i;         /* kvs_attention_lists() scratch: [G+1][N] the union, places in it */
-    kvs_policy_memo *memo;    /* prefill scores shared by this task's configurations (NULL = none) */
+    kvs_policy_memo *memo;    /* scores shared by this task's configurations at one position (NULL = none) */
 } task;
 
 static void task_free(task *t) {
@@ -691,7 +691,7 @@ static kvs_status decode_step(task *t, int ci, const kvs_trace_block *const *blk
             .k = t->hk[h], .v = t->hv[h], .q = blk[h]->q + (size_t)i * Gd, .q_first = p, .n_q = 1,
             .turn_begin = turn->begin, .prompt_end = turn->prompt_end, .turn = (int32_t)tk,
             .full_probs = ops->is_oracle ? t->cur_p + (size_t)h * (size_t)e->G * (size_t)e->N : NULL,
-            .block_begin = p, .last_block = 1,
+            .block_begin = p, .last_block = 1, .memo = t->memo,
         };
     }
     if (ops->layer_pre_select) {
@@ -984,7 +984,7 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
                 t.cur_o = t.fullo + b * blk_floats * d;
             }
             double shared = kvs_now_s() - t0;
-            if (is_prompt) kvs_policy_memo_clear(t.memo); /* entries hold only this position's computations */
+            kvs_policy_memo_clear(t.memo); /* entries hold only this position's computations */
             int active = 0;
             for (int ci = 0; ci < t.nc; ci++) active += ran[ci] = !atomic_load(&e->cfg_failed[c_lo + ci]);
             double ranked0 = t.rank_seconds;

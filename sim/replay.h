@@ -98,9 +98,10 @@ typedef struct {
      * kvs_math_kv16_default() (common/kvs_math_simd.h: on unless the environment says KVS_KV16=0). Off whatever
      * is asked when an on_step_end hook is set (it may rewrite the fp32 rows) or head_dim > 1024. */
     int kv16;
-    /* Prefill-score memo (issue 17, sim/policy_memo.h): 0 = the default, on: configurations of one task that ask
-     * for the same prompt scores (same rows, candidates and options; e.g. one policy at several budgets) compute
-     * them once, with the same bits; -1 = off (tests compare). Off whatever is asked when an on_step_end hook
+    /* Score memo (issue 17, sim/policy_memo.h): 0 = the default, on: configurations of one task that ask for
+     * the same scores at one position (prompt scores with the same rows, candidates and options; Quest's decode
+     * page bounds at the same page size; e.g. one policy at several budgets) compute them once, with the same
+     * bits; -1 = off (tests compare). Off whatever is asked when an on_step_end hook
      * is set (it may rewrite rows between configurations). */
     int prefill_memo;
 } kvs_replay_opts;

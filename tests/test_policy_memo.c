@@ -1,13 +1,20 @@
-/* test_policy_memo.c — the replay task's memo of prefill scores (sim/policy_memo.h; issue 17, sim/BENCH.md
- * "Third pass"):
+/* test_policy_memo.c — the replay task's memo of shared scores (sim/policy_memo.h; issue 17, sim/BENCH.md
+ * "Third pass", "Eighth pass (a)"):
  *  - kvs_policy_colsum() / kvs_policy_snapkv_scores() against kvs_attn_colsum() / kvs_snapkv_scores() called
  *    directly, bit for bit, on the miss that stores and on the hit that copies (fp32 and fp64 outputs, every
  *    head reduction, a KVS_GQA_NONE output whose rows are further apart than they are long);
  *  - what must not hit: other candidates, other options, other rows, a running score to add to, a cleared memo,
  *    a view without a memo;
+ *  - kvs_policy_page_scores() against kvs_page_scores_rows() called directly, bit for bit, miss and hit, and
+ *    what must not hit: another page size, key count, key rows, query values at the same address, page count;
+ *  - Quest driven directly as the engine drives it (a memo cleared each position), several budgets and both GQA
+ *    modes at the fixed page size: the expected number of hits at decode and the selections of a run without
+ *    the memo; page=0 at budgets whose derived page sizes differ: no hit (sharing would be wrong), at budgets
+ *    deriving the same page size: hits;
  *  - the replay: every policy that calls them (H2O in both layouts, TOVA, Scissorhands, SnapKV, PyramidKV,
- *    RocketKV, D2O), several budgets of each in one task, single- and multi-turn, with the memo (the default)
- *    and without (prefill_memo = -1): every step sample and every aggregate the same bits.
+ *    RocketKV, D2O, Quest with page=16 in both GQA modes and page=0), several budgets of each in one task,
+ *    single- and multi-turn, with the memo (the default) and without (prefill_memo = -1): every step sample and
+ *    every aggregate the same bits.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -215,10 +222,223 @@ static void test_snapkv_scores_hit_and_miss_same_bits(void **st) {
     free(x.scratch);
 }
 
+/* ---- Quest's decode-time page bounds ---- */
+
+enum { PG_N = NQ - 3, PG_PAGE = 4, PG_PAGES = (PG_N + PG_PAGE - 1) / PG_PAGE };
+
+/* Page min/max summaries of keys[0..n) at page size `page`, as Quest builds them. */
+static void build_pages(const float *keys, int64_t n, int64_t page, float *kmin, float *kmax) {
+    for (int64_t p = 0; p < n; p++)
+        kvs_page_minmax_add(kmin + (size_t)(p / page) * D, kmax + (size_t)(p / page) * D, keys + (size_t)p * D, D,
+                            p % page == 0);
+}
+
+static void test_page_scores_hit_and_miss(void **st) {
+    (void)st;
+    data x;
+    data_init(&x);
+    free(x.scratch);
+    kvs_policy_memo *m = kvs_policy_memo_create();
+    assert_non_null(m);
+    static float kmin[PG_N * D], kmax[PG_N * D], kmin3[PG_N * D], kmax3[PG_N * D];
+    build_pages(x.keys, PG_N, PG_PAGE, kmin, kmax);
+    build_pages(x.keys, PG_N, 3, kmin3, kmax3);
+    kvs_policy_view view = {.n = PG_N, .k = x.keys, .q_first = PG_N - 1, .memo = m};
+    float q[GROUP * D];
+    memcpy(q, x.q, sizeof q);
+    double ref[GROUP * PG_N], got[GROUP * PG_N];
+    kvs_page_scores_rows(q, GROUP, D, kmin, kmax, D, PG_PAGES, ref);
+    for (int call = 0; call < 3; call++) { /* a miss, then two hits, the same bits */
+        memset(got, 0x5a, sizeof got);
+        kvs_policy_page_scores(&view, PG_PAGE, q, GROUP, D, kmin, kmax, D, PG_PAGES, got);
+        assert_memory_equal(ref, got, GROUP * PG_PAGES * sizeof(double));
+        assert_int_equal(kvs_policy_memo_hits(m), call);
+    }
+    /* what must not hit: each a miss computing its own bits */
+    for (int variant = 0; variant < 5; variant++) {
+        kvs_policy_view v2 = view;
+        int64_t page = PG_PAGE, pages = PG_PAGES;
+        const float *mn = kmin, *mx = kmax;
+        static float kmin_b[PG_N * D], kmax_b[PG_N * D], keys_b[PG_N * D];
+        switch (variant) {
+        case 0: /* another page size (Quest page=0 at another budget): other summaries */
+            page = 3;
+            pages = (PG_N + 2) / 3;
+            mn = kmin3;
+            mx = kmax3;
+            break;
+        case 1: /* one key fewer (the previous position): the last page's summary differs */
+            v2.n = PG_N - 1;
+            build_pages(x.keys, PG_N - 1, PG_PAGE, kmin_b, kmax_b);
+            mn = kmin_b;
+            mx = kmax_b;
+            break;
+        case 2: /* other key rows (another KV head) */
+            for (size_t i = 0; i < sizeof keys_b / sizeof *keys_b; i++) keys_b[i] = -x.keys[i];
+            v2.k = keys_b;
+            build_pages(keys_b, PG_N, PG_PAGE, kmin_b, kmax_b);
+            mn = kmin_b;
+            mx = kmax_b;
+            break;
+        case 3: /* other query values at the same address (the memo checks the values, not only the address) */
+            q[5] = -q[5] + 0.5f;
+            break;
+        default: /* fewer pages scored */
+            pages = PG_PAGES - 1;
+            break;
+        }
+        double r2[GROUP * PG_N], g2[GROUP * PG_N];
+        kvs_page_scores_rows(q, GROUP, D, mn, mx, D, (size_t)pages, r2);
+        kvs_policy_page_scores(&v2, page, q, GROUP, D, mn, mx, D, (size_t)pages, g2);
+        assert_memory_equal(r2, g2, (size_t)(GROUP * pages) * sizeof(double));
+        assert_int_equal(kvs_policy_memo_hits(m), 2);
+        if (variant == 3) memcpy(q, x.q, sizeof q);
+    }
+    /* page 0 (a policy whose summaries are not the contract's) and a view without a memo: never memoised */
+    kvs_policy_page_scores(&view, 0, q, GROUP, D, kmin, kmax, D, PG_PAGES, got);
+    kvs_policy_page_scores(&view, 0, q, GROUP, D, kmin, kmax, D, PG_PAGES, got);
+    assert_memory_equal(ref, got, GROUP * PG_PAGES * sizeof(double));
+    kvs_policy_view bare = view;
+    bare.memo = NULL;
+    kvs_policy_page_scores(&bare, PG_PAGE, q, GROUP, D, kmin, kmax, D, PG_PAGES, got);
+    assert_memory_equal(ref, got, GROUP * PG_PAGES * sizeof(double));
+    /* the first call again: a hit; after a clear: a miss */
+    kvs_policy_page_scores(&view, PG_PAGE, q, GROUP, D, kmin, kmax, D, PG_PAGES, got);
+    assert_int_equal(kvs_policy_memo_hits(m), 3);
+    kvs_policy_memo_clear(m);
+    kvs_policy_page_scores(&view, PG_PAGE, q, GROUP, D, kmin, kmax, D, PG_PAGES, got);
+    assert_memory_equal(ref, got, GROUP * PG_PAGES * sizeof(double));
+    assert_int_equal(kvs_policy_memo_hits(m), 3);
+    kvs_policy_memo_free(m);
+}
+
+/* Quest's configurations driven as the replay engine drives one task's: prefill of a PROMPT-position prompt, then
+ * each decode position the memo cleared and every configuration's select() in turn. */
+enum { QP_PROMPT = 60, QP_DECODE = 30, QP_N = QP_PROMPT + QP_DECODE, QP_MAXCFG = 8 };
+
+typedef struct {
+    int64_t hits;          /* memo hits over the decode positions */
+    int64_t n_scored;      /* selections that scored pages (n > quota) */
+    int32_t *idx;          /* [n_cfg][QP_N positions][GROUP lists][QP_N] the selections */
+    int64_t *cnt;          /* [n_cfg][QP_N][GROUP] */
+} quest_run;
+
+static void quest_drive(const char *const *specs, const int64_t *budgets, int n_cfg, int with_memo, quest_run *out) {
+    uint64_t s = 777;
+    static float q[QP_N * GROUP * D], keys[QP_N * D], vals[QP_N * D];
+    for (size_t i = 0; i < sizeof q / sizeof *q; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        q[i] = 2.0f * ((float)(s >> 40) / 16777216.0f - 0.5f);
+    }
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        keys[i] = 2.0f * ((float)(s >> 40) / 16777216.0f - 0.5f);
+        vals[i] = keys[i] * 0.5f;
+    }
+    kvs_policy_model model = {.n_layers = 1, .n_heads = GROUP, .n_kv_heads = 1, .group = GROUP, .head_dim = D,
+                              .scale = 0.2f, .kv_bytes = 2, .aux_bytes = 4, .n_positions = QP_N,
+                              .prompt_len = QP_PROMPT, .max_new_tokens = QP_DECODE, .max_seq_len = 0};
+    kvs_policy_config cfg[QP_MAXCFG];
+    void *state[QP_MAXCFG];
+    assert_true(n_cfg <= QP_MAXCFG);
+    for (int c = 0; c < n_cfg; c++) {
+        assert_int_equal(kvs_policy_parse(specs[c], &cfg[c]), KVS_OK);
+        kvs_policy_init init = {.model = &model, .cfg = &cfg[c], .budget = budgets[c], .budget_nominal = budgets[c],
+                                .seed = 1};
+        assert_int_equal(cfg[c].ops->create(&init, &state[c]), KVS_OK);
+    }
+    kvs_policy_memo *m = with_memo ? kvs_policy_memo_create() : NULL;
+    if (with_memo) assert_non_null(m);
+    out->idx = calloc((size_t)n_cfg * QP_N * GROUP * QP_N, sizeof *out->idx);
+    out->cnt = calloc((size_t)n_cfg * QP_N * GROUP, sizeof *out->cnt);
+    assert_true(out->idx && out->cnt);
+    out->n_scored = 0;
+    static int32_t lists[GROUP][QP_N];
+    int32_t *idx_ptr[GROUP];
+    int64_t n_sel[GROUP];
+    for (int g = 0; g < GROUP; g++) idx_ptr[g] = lists[g];
+    for (int64_t p = QP_PROMPT - 1; p < QP_N; p++) {
+        kvs_policy_memo_clear(m);
+        for (int c = 0; c < n_cfg; c++) {
+            kvs_policy_view view = {.n = p + 1, .group = GROUP, .head_dim = D, .scale = model.scale, .k = keys,
+                                    .v = vals, .turn_begin = 0, .prompt_end = QP_PROMPT, .memo = m};
+            if (p == QP_PROMPT - 1) { /* the prompt's prefill */
+                view.q = q;
+                view.q_first = 0;
+                view.n_q = QP_PROMPT;
+                view.block_begin = 0;
+                view.last_block = 1;
+                assert_int_equal(cfg[c].ops->prefill(state[c], &view), KVS_OK);
+                continue;
+            }
+            view.q = q + (size_t)p * GROUP * D;
+            view.q_first = p;
+            view.n_q = 1;
+            view.block_begin = p;
+            view.last_block = 1;
+            int n_lists = cfg[c].ops->layout && cfg[c].ops->layout(&cfg[c]) == KVS_SEL_PER_QUERY_HEAD ? GROUP : 1;
+            kvs_policy_sel sel = {.idx = idx_ptr, .n = n_sel, .n_lists = n_lists, .cap = QP_N};
+            assert_int_equal(cfg[c].ops->select(state[c], &view, &sel), KVS_OK);
+            for (int li = 0; li < n_lists; li++) {
+                size_t at = ((size_t)c * QP_N + (size_t)p) * GROUP + (size_t)li;
+                out->cnt[at] = n_sel[li];
+                memcpy(out->idx + at * QP_N, lists[li], (size_t)n_sel[li] * sizeof(int32_t));
+                if (li == 0 && n_sel[0] < p + 1) out->n_scored++;
+            }
+        }
+    }
+    out->hits = kvs_policy_memo_hits(m);
+    kvs_policy_memo_free(m);
+    for (int c = 0; c < n_cfg; c++) cfg[c].ops->free(state[c]);
+}
+
+static void quest_run_check_same(const quest_run *a, const quest_run *b, int n_cfg) {
+    assert_memory_equal(a->cnt, b->cnt, (size_t)n_cfg * QP_N * GROUP * sizeof *a->cnt);
+    assert_memory_equal(a->idx, b->idx, (size_t)n_cfg * QP_N * GROUP * QP_N * sizeof *a->idx);
+    free(b->idx);
+    free(b->cnt);
+    free(a->idx);
+    free(a->cnt);
+}
+
+static void test_quest_decode_hits(void **st) {
+    (void)st;
+    /* page=4: three budgets in both GQA modes share each position's bounds: 5 hits a position (the budgets keep
+     * n > quota: every configuration scores) */
+    static const char *const fixed[] = {"quest:page=4", "quest:page=4", "quest:page=4,gqa=head",
+                                        "quest:page=4,gqa=head", "quest:page=4", "quest:page=4,gqa=head"};
+    static const int64_t fixed_b[] = {8, 20, 8, 30, 40, 12};
+    quest_run on, off;
+    quest_drive(fixed, fixed_b, 6, 1, &on);
+    quest_drive(fixed, fixed_b, 6, 0, &off);
+    assert_int_equal(on.n_scored, 6 * QP_DECODE);
+    assert_int_equal(on.hits, 5 * QP_DECODE);
+    assert_int_equal(off.hits, 0);
+    quest_run_check_same(&on, &off, 6);
+    /* page=0 derives ceil(2 S/t), S = 60 + 30 = 90: t = 9 -> 20, t = 30 -> 6, t = 3 -> 60, t = 4 -> 45 (60 and
+     * 45 give 2 pages at every decode position: only the page size tells them apart), t = 18 and t = 19 -> 10.
+     * The first four must not share (other summaries); the last two do (the same page size, whatever the
+     * budget). */
+    static const char *const derived[] = {"quest:page=0", "quest:page=0", "quest:page=0",
+                                          "quest:page=0", "quest:page=0", "quest:page=0"};
+    static const int64_t derived_b[] = {9, 30, 3, 4, 18, 19};
+    quest_drive(derived, derived_b, 4, 1, &on);
+    quest_drive(derived, derived_b, 4, 0, &off);
+    assert_int_equal(on.n_scored, 4 * QP_DECODE);
+    assert_int_equal(on.hits, 0);
+    quest_run_check_same(&on, &off, 4);
+    quest_drive(derived + 4, derived_b + 4, 2, 1, &on);
+    quest_drive(derived + 4, derived_b + 4, 2, 0, &off);
+    assert_int_equal(on.n_scored, 2 * QP_DECODE);
+    assert_int_equal(on.hits, QP_DECODE);
+    quest_run_check_same(&on, &off, 2);
+}
+
 /* ---- the replay with and without the memo ---- */
 
-static const char *const memo_specs[] = {"h2o", "h2o:gqa=mean", "tova", "scissorhands", "snapkv", "snapkv:gqa=mean",
-                                         "pyramidkv", "rocketkv", "d2o", "window"};
+static const char *const memo_specs[] = {"h2o",      "h2o:gqa=mean", "tova",  "scissorhands",   "snapkv",
+                                         "snapkv:gqa=mean", "pyramidkv", "rocketkv", "d2o", "window", "quest",
+                                         "quest:gqa=head", "quest:page=0"};
 #define N_MEMO_SPECS (int)(sizeof memo_specs / sizeof memo_specs[0])
 static const int64_t memo_budgets[] = {6, 12, 20, 33};
 #define N_MEMO_BUDGETS (int)(sizeof memo_budgets / sizeof memo_budgets[0])
@@ -285,6 +505,8 @@ int main(void) {
         cmocka_unit_test(test_colsum_what_must_not_hit),
         cmocka_unit_test(test_many_entries_all_hit),
         cmocka_unit_test(test_snapkv_scores_hit_and_miss_same_bits),
+        cmocka_unit_test(test_page_scores_hit_and_miss),
+        cmocka_unit_test(test_quest_decode_hits),
         cmocka_unit_test(test_replay_memo_same_numbers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
