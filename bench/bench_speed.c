@@ -172,6 +172,26 @@ static void kernels(int d) {
     TIMED(kvs_attention_group(q, G, k, v, (size_t)d, idx, budget, (size_t)d, 1.0f / sqrtf((float)d), prow, ob, NULL));
     printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "S_t, G heads at once (after)", reps * fma_sel / el,
            100 * reps * fma_sel / el / peak_core_cpu, reps * bytes_sel / el / 1e9, bytes_sel / bw_core / fma_sel);
+    /* The softmax's part of that call: the G rows' softmax alone, on the call's own scores (each rep restores them
+     * from a copy; the copies are timed apart and taken off). No FMA is counted for it. */
+    {
+        double call_s = el / reps, sm_s, copy_s;
+        float *saved = malloc(G * budget * sizeof *saved);
+        if (!saved) exit(1);
+        for (size_t r = 0; r < G; r++) memcpy(saved + r * budget, prow[r], budget * sizeof *saved);
+        const kvs_math_kernels *km = kvs_math_kernels_active();
+        TIMED(for (size_t r = 0; r < G; r++) {
+            memcpy(prow[r], saved + r * budget, budget * sizeof *saved);
+            km->softmax(prow[r], budget);
+        });
+        sm_s = el / reps;
+        TIMED(for (size_t r = 0; r < G; r++) memcpy(prow[r], saved + r * budget, budget * sizeof *saved));
+        copy_s = el / reps;
+        sm_s = sm_s > copy_s ? sm_s - copy_s : 0;
+        printf("  %-36s %9.3g ns per element, %.1f%% of the S_t call above\n", "  of which softmax (G rows alone)",
+               1e9 * sm_s / (double)(G * budget), 100 * sm_s / call_s);
+        free(saved);
+    }
     /* S_t as a window selects it: the last `budget` positions, contiguous */
     for (size_t j = 0; j < budget; j++) idx[j] = (int32_t)(N - budget + j);
     TIMED(kvs_attention_group(q, G, k, v, (size_t)d, idx, budget, (size_t)d, 1.0f / sqrtf((float)d), prow, ob, NULL));

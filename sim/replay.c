@@ -410,70 +410,122 @@ static void rank_prefix(task *t, size_t hg, const float *fp, int64_t p, int64_t 
     t->rank_seconds += kvs_now_s() - t0;
 }
 
-/* Records the metrics of query head (h, g) at position p, whose output over `list` (n entries; merged[j]
- * non-NULL marks a merged slot, merged may be NULL) is `out`. Every metric of sim/metrics.h. is_prefix: the list
- * is 0..p in order without merged slots (list_is_prefix), its recall the one every such list has at (h, g, p). */
-static kvs_status measure_head(task *t, int ci, int h, int g, int64_t p, const int32_t *list,
-                               const float *const *merged, int64_t n, const float *out, const kvs_policy_cost *cost,
-                               int is_prefix) {
-    engine *e = t->e;
-    int c = t->c_lo + ci;
-    size_t off = ((size_t)h * (size_t)e->G + (size_t)g), d = (size_t)e->d;
-    const float *fp = t->cur_p + (size_t)h * (size_t)e->G * (size_t)e->N + (size_t)g * (size_t)(p + 1);
-    const float *full_out = t->cur_o + off * d;
-    double recall = 0, recall_merged = 0;
-    int64_t hit = 0;
-    /* The top-k overlap counts list entries among the first n of the full attention's ranking. A list as long as
-     * the row (n = p+1: its positions are distinct, so all of them) or longer has every entry there. */
-    int all_hit = n > p;
-    if (!all_hit && (t->top_pos[off] != p || t->top_m[off] < n)) rank_prefix(t, off, fp, p, n);
-    const int32_t *rank = t->rank + off * (size_t)e->N;
-    if (!merged) { /* no merged slot: both recalls are the same sum in the same order, one chain of adds */
-        if (is_prefix && t->prefix_pos[off] == p) {
-            recall = t->prefix_recall[off]; /* another configuration's sum of the same terms in the same order */
-            hit = n;
-        } else if (all_hit) {
-            for (int64_t j = 0; j < n; j++) recall += fp[list[j]];
-            hit = n;
-            if (is_prefix) {
-                t->prefix_recall[off] = recall;
-                t->prefix_pos[off] = p;
+/* The sums behind one query head's metrics, gathered for all heads of a KV head before any is recorded. */
+typedef struct {
+    double recall, recall_merged, err2, ref2, out2, dot;
+    int64_t hit;
+} head_sums;
+
+/* Up to 4 query heads' recall sums interleaved (and, with `rank`, their top-k hits): each head's chain of fp64 adds
+ * runs over its own list in ascending j exactly as one head at a time adds it, so every sum is the same bits; the
+ * 4 chains only overlap in time. A single head's chain is bound by the add latency (4 cycles), which made the
+ * recall as slow as a quarter of the policy's attention at d 128. rank[k] NULL: no hits counted for that head. */
+enum { SUM_LANES = 4 };
+static void recall_sums(int m, const float *const fp[SUM_LANES], const int32_t *const list[SUM_LANES],
+                        const int64_t n[SUM_LANES], const int32_t *const rank[SUM_LANES], head_sums *s[SUM_LANES]) {
+    int64_t common = n[0];
+    for (int k = 1; k < m; k++)
+        if (n[k] < common) common = n[k];
+    int64_t j = 0;
+    if (m == SUM_LANES) {
+        double r0 = 0, r1 = 0, r2 = 0, r3 = 0;
+        if (rank[0] && rank[1] && rank[2] && rank[3]) {
+            int64_t h0 = 0, h1 = 0, h2 = 0, h3 = 0;
+            for (; j < common; j++) {
+                int32_t x0 = list[0][j], x1 = list[1][j], x2 = list[2][j], x3 = list[3][j];
+                r0 += fp[0][x0];
+                r1 += fp[1][x1];
+                r2 += fp[2][x2];
+                r3 += fp[3][x3];
+                h0 += rank[0][x0] < n[0];
+                h1 += rank[1][x1] < n[1];
+                h2 += rank[2][x2] < n[2];
+                h3 += rank[3][x3] < n[3];
+            }
+            s[0]->hit = h0;
+            s[1]->hit = h1;
+            s[2]->hit = h2;
+            s[3]->hit = h3;
+        } else if (!rank[0] && !rank[1] && !rank[2] && !rank[3]) {
+            for (; j < common; j++) {
+                r0 += fp[0][list[0][j]];
+                r1 += fp[1][list[1][j]];
+                r2 += fp[2][list[2][j]];
+                r3 += fp[3][list[3][j]];
             }
         } else {
-            for (int64_t j = 0; j < n; j++) {
-                int32_t x = list[j];
-                recall += fp[x];
-                hit += rank[x] < n;
-            }
+            common = 0; /* mixed: each head alone below */
         }
-        recall_merged = recall;
+        s[0]->recall = r0;
+        s[1]->recall = r1;
+        s[2]->recall = r2;
+        s[3]->recall = r3;
     } else {
-        for (int64_t j = 0; j < n; j++) {
-            double m = fp[list[j]];
-            recall_merged += m;
-            if (!merged[j]) recall += m;
-            hit += all_hit || rank[list[j]] < n;
-        }
+        common = 0;
     }
-    /* The output metrics' four fp64 sums in one pass (issue 14: one loop of four independent sums instead of five
-     * dependent ones), each in ascending i as kvs_rel_l2 and kvs_cosine sum it, so the values are theirs bit for
-     * bit: err2 = sum (ref-out)^2, ref2 = sum ref^2, out2 = sum out^2, dot = sum ref*out. */
+    for (int k = 0; k < m; k++) { /* the rest of each chain (or all of it), continuing in the same order */
+        double r = common ? s[k]->recall : 0;
+        int64_t hit = common && rank[k] ? s[k]->hit : 0;
+        for (int64_t i = common; i < n[k]; i++) {
+            int32_t x = list[k][i];
+            r += fp[k][x];
+            if (rank[k]) hit += rank[k][x] < n[k];
+        }
+        s[k]->recall = r;
+        s[k]->hit = rank[k] ? hit : n[k];
+    }
+}
+
+/* The output metrics' four fp64 sums of one head (issue 14: four independent sums in one loop instead of five
+ * dependent ones), each in ascending i as kvs_rel_l2 and kvs_cosine sum it, so the values are theirs bit for bit:
+ * err2 = sum (ref-out)^2, ref2 = sum ref^2, out2 = sum out^2, dot = sum ref*out. Two heads per loop: 8 chains. */
+static void output_sums(const float *ref, const float *out, size_t d, head_sums *s) {
     double err2 = 0, ref2 = 0, out2 = 0, dot = 0;
     for (size_t i = 0; i < d; i++) {
-        double x = (double)full_out[i] - (double)out[i];
+        double x = (double)ref[i] - (double)out[i];
         err2 += x * x;
-        ref2 += (double)full_out[i] * full_out[i];
+        ref2 += (double)ref[i] * ref[i];
         out2 += (double)out[i] * out[i];
-        dot += (double)full_out[i] * out[i];
+        dot += (double)ref[i] * out[i];
     }
+    s->err2 = err2;
+    s->ref2 = ref2;
+    s->out2 = out2;
+    s->dot = dot;
+}
+
+static void output_sums2(const float *ref0, const float *out0, const float *ref1, const float *out1, size_t d,
+                         head_sums *s0, head_sums *s1) {
+    double e0 = 0, f0 = 0, o0 = 0, d0 = 0, e1 = 0, f1 = 0, o1 = 0, d1 = 0;
+    for (size_t i = 0; i < d; i++) {
+        double x0 = (double)ref0[i] - (double)out0[i], x1 = (double)ref1[i] - (double)out1[i];
+        e0 += x0 * x0;
+        e1 += x1 * x1;
+        f0 += (double)ref0[i] * ref0[i];
+        f1 += (double)ref1[i] * ref1[i];
+        o0 += (double)out0[i] * out0[i];
+        o1 += (double)out1[i] * out1[i];
+        d0 += (double)ref0[i] * out0[i];
+        d1 += (double)ref1[i] * out1[i];
+    }
+    s0->err2 = e0, s0->ref2 = f0, s0->out2 = o0, s0->dot = d0;
+    s1->err2 = e1, s1->ref2 = f1, s1->out2 = o1, s1->dot = d1;
+}
+
+/* Records the metrics of query head (h, g) at position p from its sums (n attended entries). */
+static kvs_status measure_record(task *t, int ci, int h, int g, int64_t p, int64_t n, const head_sums *s,
+                                 const kvs_policy_cost *cost) {
+    engine *e = t->e;
+    int c = t->c_lo + ci;
+    double err2 = s->err2, ref2 = s->ref2, out2 = s->out2, dot = s->dot;
     double full_bytes = kvs_policy_kv_bytes(&e->src->model, (double)(p + 1));
     double v[N_METRICS];
     v[KVS_M_OUT_ERR] = ref2 == 0 ? (err2 == 0 ? 0 : INFINITY) : sqrt(err2 / ref2);      /* kvs_rel_l2 */
     v[KVS_M_OUT_ERR_ABS] = sqrt(err2);
     v[KVS_M_OUT_COS] = ref2 == 0 || out2 == 0 ? 0.0f : (float)(dot / (sqrt(ref2) * sqrt(out2))); /* kvs_cosine */
-    v[KVS_M_ATTN_RECALL] = recall;
-    v[KVS_M_ATTN_RECALL_MERGED] = recall_merged;
-    v[KVS_M_TOPK_OVERLAP] = n > 0 ? (double)hit / (double)n : 0.0;
+    v[KVS_M_ATTN_RECALL] = s->recall;
+    v[KVS_M_ATTN_RECALL_MERGED] = s->recall_merged;
+    v[KVS_M_TOPK_OVERLAP] = n > 0 ? (double)s->hit / (double)n : 0.0;
     v[KVS_M_ATTENDED] = (double)n;
     v[KVS_M_STORAGE] = cost->storage_bytes;
     v[KVS_M_STORAGE_KV] = cost->kv_bytes;
@@ -498,13 +550,106 @@ static kvs_status measure_head(task *t, int ci, int h, int g, int64_t p, const i
     if (st != KVS_OK) return st;
     int64_t every = e->o->series_every;
     if (every > 0 && (t->measured_steps % every) == 0) {
-        kvs_results_step s = {.layer = t->layer, .q_head = h * e->G + g, .position = p};
+        kvs_results_step step = {.layer = t->layer, .q_head = h * e->G + g, .position = p};
         /* The series keeps float-rounded quality metrics (as the aggregates see them) and exact byte counts. */
         for (int k = 0; k < N_METRICS; k++)
-            s.v[k] = kvs_metric_table[k].kind == KVS_METRIC_QUALITY ? (double)vf[k] : v[k];
-        st = acc_series(a, &s);
+            step.v[k] = kvs_metric_table[k].kind == KVS_METRIC_QUALITY ? (double)vf[k] : v[k];
+        st = acc_series(a, &step);
     }
     return st;
+}
+
+/* Records the metrics of query heads g0 .. g0+ng-1 of KV head h at position p: head g0+r's output over lists[r]
+ * (n[r] entries; merged[r][j] non-NULL marks a merged slot, merged[r] may be NULL) is out + r*d. Every metric of
+ * sim/metrics.h. is_prefix: every list is 0..p in order without merged slots (list_is_prefix), its recall the one
+ * every such list has at (h, g, p). The heads' sums are computed together (their chains interleaved), then
+ * recorded head by head in order. */
+static kvs_status measure_heads(task *t, int ci, int h, int g0, int ng, int64_t p, const int32_t *const *lists,
+                                const float *const *const *merged, const int64_t *n, const float *out,
+                                const kvs_policy_cost *cost, int is_prefix) {
+    engine *e = t->e;
+    size_t d = (size_t)e->d;
+    enum { MAX_HEADS = 64 };
+    head_sums sums[MAX_HEADS];
+    /* recall chains waiting to be summed, SUM_LANES at a time: with ranks (hits counted) and without */
+    const float *fp_w[2][SUM_LANES];
+    const int32_t *list_w[2][SUM_LANES], *rank_w[2][SUM_LANES];
+    int64_t n_w[2][SUM_LANES];
+    head_sums *s_w[2][SUM_LANES];
+    int m_w[2] = {0, 0};
+    for (int r0 = 0; r0 < ng; r0 += MAX_HEADS) {
+        int nr = ng - r0 < MAX_HEADS ? ng - r0 : MAX_HEADS;
+        for (int r = 0; r < nr; r++) {
+            int g = g0 + r0 + r;
+            size_t off = (size_t)h * (size_t)e->G + (size_t)g;
+            const float *fp = t->cur_p + (size_t)h * (size_t)e->G * (size_t)e->N + (size_t)g * (size_t)(p + 1);
+            const int32_t *list = lists[r0 + r];
+            const float *const *mg = merged[r0 + r];
+            int64_t nl = n[r0 + r];
+            head_sums *s = &sums[r];
+            /* The top-k overlap counts list entries among the first n of the full attention's ranking. A list as
+             * long as the row (n = p+1: its positions are distinct, so all of them) or longer has every entry there. */
+            int all_hit = nl > p;
+            if (!all_hit && (t->top_pos[off] != p || t->top_m[off] < nl)) rank_prefix(t, off, fp, p, nl);
+            const int32_t *rank = t->rank + off * (size_t)e->N;
+            if (mg) {
+                double recall = 0, recall_merged = 0;
+                int64_t hit = 0;
+                for (int64_t j = 0; j < nl; j++) {
+                    double mv = fp[list[j]];
+                    recall_merged += mv;
+                    if (!mg[j]) recall += mv;
+                    hit += all_hit || rank[list[j]] < nl;
+                }
+                s->recall = recall;
+                s->recall_merged = recall_merged;
+                s->hit = hit;
+            } else if (is_prefix && t->prefix_pos[off] == p) {
+                s->recall = t->prefix_recall[off]; /* another configuration's sum of the same terms in order */
+                s->hit = nl;
+            } else { /* both recalls are the same sum in the same order: one chain of adds, queued */
+                int w = all_hit ? 0 : 1, k = m_w[w]++;
+                fp_w[w][k] = fp;
+                list_w[w][k] = list;
+                rank_w[w][k] = all_hit ? NULL : rank;
+                n_w[w][k] = nl;
+                s_w[w][k] = s;
+                if (m_w[w] == SUM_LANES) {
+                    recall_sums(SUM_LANES, fp_w[w], list_w[w], n_w[w], rank_w[w], s_w[w]);
+                    m_w[w] = 0;
+                }
+            }
+        }
+        for (int w = 0; w < 2; w++) {
+            if (m_w[w]) recall_sums(m_w[w], fp_w[w], list_w[w], n_w[w], rank_w[w], s_w[w]);
+            m_w[w] = 0;
+        }
+        int r = 0;
+        for (; r + 2 <= nr; r += 2) {
+            size_t o0 = (size_t)h * (size_t)e->G + (size_t)(g0 + r0 + r);
+            output_sums2(t->cur_o + o0 * d, out + (size_t)(r0 + r) * d, t->cur_o + (o0 + 1) * d,
+                         out + (size_t)(r0 + r + 1) * d, d, &sums[r], &sums[r + 1]);
+        }
+        for (; r < nr; r++) {
+            size_t o0 = (size_t)h * (size_t)e->G + (size_t)(g0 + r0 + r);
+            output_sums(t->cur_o + o0 * d, out + (size_t)(r0 + r) * d, d, &sums[r]);
+        }
+        for (r = 0; r < nr; r++) {
+            int g = g0 + r0 + r;
+            size_t off = (size_t)h * (size_t)e->G + (size_t)g;
+            head_sums *s = &sums[r];
+            if (!merged[r0 + r]) {
+                s->recall_merged = s->recall;
+                if (is_prefix && n[r0 + r] > p && t->prefix_pos[off] != p) {
+                    t->prefix_recall[off] = s->recall;
+                    t->prefix_pos[off] = p;
+                }
+            }
+            kvs_status st = measure_record(t, ci, h, g, p, n[r0 + r], s, cost);
+            if (st != KVS_OK) return st;
+        }
+    }
+    return KVS_OK;
 }
 
 /* The next stamp of a mark array (check_sel): after 2^32 - 1 stamps the array is cleared and they start again. */
@@ -755,10 +900,20 @@ static kvs_status decode_step(task *t, int ci, const kvs_trace_block *const *blk
         if (ops->account) ops->account(state, view, &sel, &cost);
         settle_cost(&before, &cost);
         if (measured) {
-            for (int g = 0; g < e->G && st == KVS_OK; g++) {
-                int li = sel.n_lists == 1 ? 0 : g;
-                st = measure_head(t, ci, h, g, p, sel.idx[li], has_merged[li] ? sel.row_k[li] : NULL, sel.n[li],
-                                  t->outp + (size_t)g * (size_t)e->d, &cost, prefix);
+            enum { MAX_G = 256 };
+            const int32_t *m_list[MAX_G];
+            const float *const *m_merged[MAX_G];
+            int64_t m_n[MAX_G];
+            for (int g0 = 0; g0 < e->G && st == KVS_OK; g0 += MAX_G) {
+                int ng = e->G - g0 < MAX_G ? e->G - g0 : MAX_G;
+                for (int r = 0; r < ng; r++) {
+                    int li = sel.n_lists == 1 ? 0 : g0 + r;
+                    m_list[r] = sel.idx[li];
+                    m_merged[r] = has_merged[li] ? (const float *const *)sel.row_k[li] : NULL;
+                    m_n[r] = sel.n[li];
+                }
+                st = measure_heads(t, ci, h, g0, ng, p, m_list, m_merged, m_n, t->outp + (size_t)g0 * (size_t)e->d,
+                                   &cost, prefix);
             }
         }
         if (st == KVS_OK && ops->observe) st = ops->observe(state, view, &sel, (const float *const *)t->pbuf);
@@ -821,7 +976,9 @@ static kvs_status prompt_measure(task *t, int ci, int64_t p, int64_t tk) {
             int li = n_lists == 1 ? 0 : g;
             kvs_attention(qrow + (size_t)g * (size_t)e->d, t->hk[h], t->hv[h], (size_t)e->d, t->sel_idx[li],
                           (size_t)t->sel_n[li], (size_t)e->d, e->src->model.scale, t->pbuf[g], t->outp);
-            kvs_status st = measure_head(t, ci, h, g, p, t->sel_idx[li], NULL, t->sel_n[li], t->outp, &cost, 0);
+            const int32_t *m_list[1] = {t->sel_idx[li]};
+            const float *const *m_merged[1] = {NULL};
+            kvs_status st = measure_heads(t, ci, h, g, 1, p, m_list, m_merged, &t->sel_n[li], t->outp, &cost, 0);
             if (st != KVS_OK) return st;
         }
     }

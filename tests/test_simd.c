@@ -240,6 +240,52 @@ static void test_softmax_and_lse_match_fp64(void **state) {
     }
 }
 
+/* The AVX2 softmax (both 256-bit tables) element by element: its exp pass runs software-pipelined and its maximum
+ * over four running maxima, and neither may change a bit. Each probability must be the table's own exp of x - m
+ * times (float)(1 / sum), with m the row's maximum (NaN skipped) and the sum in the kernel's documented order (two
+ * fp64 accumulators of 4 lanes, then (l0 + l1) + (l2 + l3), then the n % 8 tail one by one): every length 1..80 and
+ * some long ones, with -inf entries, a +0/-0 tie at the maximum, and a NaN. */
+static void test_softmax_avx2_equals_its_exp(void **state) {
+    (void)state;
+    const kvs_isa isas[2] = {KVS_ISA_AVX2, KVS_ISA_AVX2X32};
+    static float x[2100], y[2100], t[2100], e[2100];
+    for (int v = 0; v < 2; v++) {
+        const kvs_math_kernels *k = kvs_math_kernels_for(isas[v]);
+        if (!k) continue;
+        for (size_t n = 1; n <= 2100; n = n < 80 ? n + 1 : n * 3 + 7) {
+            for (int variant = 0; variant < 4; variant++) {
+                fill(x, n, 20);
+                if (variant == 1 && n > 5) x[n / 2] = -INFINITY, x[n - 1] = -INFINITY;
+                if (variant == 2) { /* the maximum tied between +0 and -0 */
+                    for (size_t j = 0; j < n; j++) x[j] = -fabsf(x[j]) - 1.0f;
+                    x[n / 3] = 0.0f;
+                    x[n - 1] = -0.0f;
+                }
+                if (variant == 3 && n > 2) x[n / 2] = NAN;
+                memcpy(y, x, n * sizeof *x);
+                k->softmax(y, n);
+                if (variant == 3 && n > 2) {
+                    for (size_t j = 0; j < n; j++) assert_true(isnan(y[j]) || y[j] == 0.0f);
+                    assert_true(isnan(y[n / 2]));
+                    continue;
+                }
+                float m = -INFINITY;
+                for (size_t j = 0; j < n; j++)
+                    if (x[j] > m) m = x[j];
+                for (size_t j = 0; j < n; j++) t[j] = x[j] - m;
+                k->exp(t, n, e);
+                double lane[8] = {0}, sum;
+                size_t n8 = n & ~(size_t)7;
+                for (size_t j = 0; j < n8; j++) lane[j % 8] += (double)e[j];
+                sum = ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]));
+                for (size_t j = n8; j < n; j++) sum += (double)e[j];
+                float inv = (float)(1.0 / sum);
+                for (size_t j = 0; j < n; j++) assert_true(y[j] == e[j] * inv);
+            }
+        }
+    }
+}
+
 static void test_first_above_matches_scalar(void **state) {
     (void)state;
     const kvs_math_kernels *v[KVS_ISA_COUNT], *sc = kvs_math_kernels_for(KVS_ISA_SCALAR);
@@ -557,6 +603,7 @@ int main(void) {
         cmocka_unit_test(test_output_matches_reference),
         cmocka_unit_test(test_exp_accuracy_against_libm),
         cmocka_unit_test(test_softmax_and_lse_match_fp64),
+        cmocka_unit_test(test_softmax_avx2_equals_its_exp),
         cmocka_unit_test(test_first_above_matches_scalar),
         cmocka_unit_test(test_topk_matches_sort),
         cmocka_unit_test(test_blocked_causal_attention_equals_rows),
