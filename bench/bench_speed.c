@@ -341,8 +341,10 @@ static void torch_side(const char *dir, const kvs_gen_trace *g, const kvs_replay
     kvs_replay_result_free(r);
 }
 
-/* `only` (NULL = all): the sweep restricted to that policy's 8 budgets, for a per-policy CPU time. */
-static void sweep(int threads, const char *only) {
+/* `only` (NULL = all): the sweep restricted to that policy's 8 budgets, for a per-policy CPU time. kv16: the K/V
+ * rounded to fp16 and the source declared fp16, as a captured trace is by default (`kvsim capture --dtype`), so
+ * the replay keeps its 16-bit history beside the fp32 one and attends through the 16-bit kernels. */
+static void sweep(int threads, const char *only, int kv16) {
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
     o.n_layers = 2;
     o.n_heads = 8;
@@ -353,8 +355,19 @@ static void sweep(int threads, const char *only) {
     kvs_test_replay_fixture fx; /* the generated data as a replay source: 2-byte K/V, blocks of 64 */
     CHECK(kvs_test_replay_fixture_make(&o, 2, 64, &fx));
     kvs_gen_trace *g = fx.g;
+    if (kv16) { /* the source reads these arrays: rounded in place, as replay16 does */
+        size_t nkv = (size_t)o.n_layers * (size_t)o.n_positions * (size_t)o.n_kv_heads * (size_t)o.head_dim;
+        uint16_t *h = malloc(nkv * sizeof *h);
+        if (!h) exit(1);
+        kvs_encode(KVS_DTYPE_F16, g->k, nkv, h);
+        kvs_decode(KVS_DTYPE_F16, h, nkv, g->k);
+        kvs_encode(KVS_DTYPE_F16, g->v, nkv, h);
+        kvs_decode(KVS_DTYPE_F16, h, nkv, g->v);
+        free(h);
+    }
     kvs_replay_source src;
     CHECK(kvs_replay_source_from_memory(&fx.mem, &src));
+    if (kv16) src.kv_dtype = KVS_DTYPE_F16;
     int nc = 0, pol_of[N_SWEEP_POLICIES * N_SWEEP_BUDGETS];
     kvs_replay_config cfgs[N_SWEEP_POLICIES * N_SWEEP_BUDGETS];
     for (int p = 0; p < N_SWEEP_POLICIES; p++)
@@ -368,7 +381,7 @@ static void sweep(int threads, const char *only) {
         fprintf(stderr, "bench_speed: no sweep policy named %s\n", only);
         exit(2);
     }
-    print_load("sweep");
+    print_load(kv16 ? "sweep, K/V in fp16 (a captured trace's default)" : "sweep, K/V in fp32");
     printf("GENERATED trace (not a model): %d layers, %d query heads, %d KV heads, d %d, %d positions (prompt %d, %d "
            "decode steps measured); %d policies x %d budgets (%lld..%lld), %d threads\n",
            o.n_layers, o.n_heads, o.n_kv_heads, o.head_dim, o.n_positions, o.prompt_len, o.n_positions - o.prompt_len,
@@ -502,22 +515,27 @@ static int kv16_part(int threads) {
     return getenv("KVSIM_BENCH_KV16_ONLY") != NULL;
 }
 
-/* Optional arguments: "kernels" or "sweep" runs that part alone (after the machine's ceilings), e.g. under perf;
- * "sweep POLICY" the sweep of that one policy (its CPU time is the per-policy figure of sim/BENCH.md). */
+/* Optional arguments: "kernels", "sweep" (K/V in fp32) or "sweep16" (K/V in fp16) runs that part alone (after the
+ * machine's ceilings), e.g. under perf; "sweep POLICY" the sweep of that one policy (its CPU time is the
+ * per-policy figure of sim/BENCH.md). A full run runs both sweeps. */
 int main(int argc, char **argv) {
     int threads = kvs_n_cpus();
     const char *only = argc > 1 ? argv[1] : "";
-    if ((only[0] && strcmp(only, "kernels") && strcmp(only, "sweep")) || (argc > 2 && strcmp(only, "sweep")) || argc > 3) {
-        fprintf(stderr, "usage: bench_speed [kernels | sweep [POLICY]]\n");
+    int is_sweep = !strcmp(only, "sweep") || !strcmp(only, "sweep16");
+    if ((only[0] && strcmp(only, "kernels") && !is_sweep) || (argc > 2 && !is_sweep) || argc > 3) {
+        fprintf(stderr, "usage: bench_speed [kernels | sweep [POLICY] | sweep16 [POLICY]]\n");
         return 2;
     }
     machine(threads);
-    if (strcmp(only, "sweep")) {
+    if (!is_sweep) {
         print_load("kernels (1 core)");
         kernels(64);
         kernels(128);
         if (!only[0] && kv16_part(threads)) return 0; /* the 16-bit part in a full run only */
     }
-    if (strcmp(only, "kernels")) sweep(threads, argc > 2 ? argv[2] : NULL);
+    if (!strcmp(only, "kernels")) return 0;
+    const char *policy = argc > 2 ? argv[2] : NULL;
+    if (strcmp(only, "sweep16")) sweep(threads, policy, 0);
+    if (strcmp(only, "sweep")) sweep(threads, policy, 1);
     return 0;
 }
