@@ -539,8 +539,9 @@ static int sel_list_plain(const int32_t *idx, const float *const *row_k, const f
  * that cleared them had about a fifth of the check's profile samples), and an error leaves nothing behind.
  * What is skipped when it cannot change a result (issue 17, sim/BENCH.md "Eighth pass (b)"): a plain list
  * (sel_list_plain: ascending, in range, no merged slot) needs no per-entry check and, without stored(), no mark
- * at all; the union marks are kept only with stored() and more than one list (one list's union is its own
- * count; without stored() both counts are p + 1). */
+ * at all; nor does a plain list whose stored() set is the same entries in the same order (no position to add);
+ * the union marks are kept only with stored() and more than one list (one list's union is its own count;
+ * without stored() both counts are p + 1). */
 static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops *ops, void *state,
                             const kvs_policy_sel *sel, int64_t p, int *has_merged, double *kv_slots, double *dedup) {
     engine *e = t->e;
@@ -558,14 +559,19 @@ static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops 
         int64_t n = sel->n[li], n_prompt = 0, j = 0;
         const int32_t *idx = sel->idx[li];
         const float *const *row_k = sel->row_k[li], *const *row_v = sel->row_v[li];
-        int merged = 0;
+        int merged = 0, stored_is_list = 0;
+        int64_t ms = -1; /* stored()'s count, -1 before it is asked */
         uint32_t ls = ops->stored ? next_stamp(&t->list_stamp, in_list, (size_t)e->N) : 0;
         if (n < 1 || n > p + 1)
             st = kvs_fail(KVS_ERR_STATE, "policy %s selected %lld positions at position %lld", rc->policy.ops->name,
                           (long long)n, (long long)p);
         else if (sel_list_plain(idx, row_k, row_v, n, p)) {
-            if (ops->stored)
-                for (j = 0; j < n; j++) in_list[idx[j]] = ls;
+            if (ops->stored) { /* asked here (a plain list passes the check): the same entries in the same order
+                                * (evicting policies attend what they keep) add nothing and need no marks */
+                ms = ops->stored(state, li, t->stored);
+                stored_is_list = ms == n && !memcmp(t->stored, idx, (size_t)n * sizeof *idx);
+                for (j = 0; !stored_is_list && j < n; j++) in_list[idx[j]] = ls;
+            }
             if (need_union)
                 for (j = 0; j < n; j++) {
                     n_union += in_union[idx[j]] != us;
@@ -599,8 +605,9 @@ static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops 
         }
         has_merged[li] = merged;
         if (st == KVS_OK && ops->stored) {
-            int64_t ms = ops->stored(state, li, t->stored), extra = 0;
-            for (int64_t k = 0; k < ms && st == KVS_OK; k++) {
+            int64_t extra = 0;
+            if (ms < 0) ms = ops->stored(state, li, t->stored);
+            for (int64_t k = 0; !stored_is_list && k < ms && st == KVS_OK; k++) {
                 int32_t x = t->stored[k];
                 if (x < 0 || x > p)
                     st = kvs_fail(KVS_ERR_STATE, "policy %s stored position %d at position %lld (future or invalid)",

@@ -3,9 +3,9 @@
  * missing position, over its budget, or a merged slot with only one of its rows, and a stored() set naming a
  * position outside [0, p], fails its run with a clear message (with and without stored(): the check's marks
  * differ), and leaves nothing behind for the next configuration of the same task; the default accounting of a
- * per-query-head policy with stored() equals a naive count, on ascending and on descending lists: KV slots = sum
- * over lists of |stored ∪ S_t|, dedup = |union of those over the lists| (sim/policy.h, kvs_policy_cost). Data:
- * GENERATED (tests/util/gen_trace.h).
+ * per-query-head policy with stored() equals a naive count, on ascending and on descending lists and with stored()
+ * the selection itself: KV slots = sum over lists of |stored ∪ S_t|, dedup = |union of those over the lists|
+ * (sim/policy.h, kvs_policy_cost). Data: GENERATED (tests/util/gen_trace.h).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -35,6 +35,7 @@ enum {
 
 static int g_rogue_mode;     /* the misbehaviour of the next rogue instance created */
 static int g_acct_descending; /* acct_test writes its lists in descending order (check_sel's per-entry pass) */
+static int g_acct_stored_is_sel; /* acct_test's stored() gives its selection, same order (what evicting policies do) */
 
 typedef struct {
     int mode, kv_head;
@@ -49,7 +50,9 @@ static int member(int kv_head, int64_t p, int g, int64_t x, uint64_t salt) {
     return (int)(z % 3u) == 0;
 }
 static int in_sel(int h, int64_t p, int g, int64_t x) { return x == p || member(h, p, g, x, 0x5e1u); }
-static int in_stored(int h, int64_t p, int g, int64_t x) { return member(h, p, g, x, 0x570u); }
+static int in_stored(int h, int64_t p, int g, int64_t x) {
+    return g_acct_stored_is_sel ? in_sel(h, p, g, x) : member(h, p, g, x, 0x570u);
+}
 
 static kvs_status acct_create_mode(const kvs_policy_init *init, void **st, int mode) {
     acct_state *s = calloc(1, sizeof *s);
@@ -210,6 +213,19 @@ static void test_default_accounting_of_descending_lists(void **state) {
     kvs_test_replay_fixture_free(&f);
 }
 
+/* stored() = the selection, entry for entry (check_sel's shortcut: nothing to add): the same naive counts. */
+static void test_default_accounting_when_stored_is_the_selection(void **state) {
+    (void)state;
+    fixture f;
+    fixture_make(&f);
+    g_acct_stored_is_sel = 1;
+    kvs_replay_result *r = run(&f, ACCT_OK, 0);
+    check_accounting(&f, &r->runs[0]);
+    g_acct_stored_is_sel = 0;
+    kvs_replay_result_free(r);
+    kvs_test_replay_fixture_free(&f);
+}
+
 static void test_malformed_selections_fail_their_run_only(void **state) {
     (void)state;
     fixture f;
@@ -249,6 +265,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_default_accounting_matches_naive_count),
         cmocka_unit_test(test_default_accounting_of_descending_lists),
+        cmocka_unit_test(test_default_accounting_when_stored_is_the_selection),
         cmocka_unit_test(test_malformed_selections_fail_their_run_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
