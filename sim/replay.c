@@ -559,8 +559,8 @@ static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops 
         int64_t n = sel->n[li], n_prompt = 0, j = 0;
         const int32_t *idx = sel->idx[li];
         const float *const *row_k = sel->row_k[li], *const *row_v = sel->row_v[li];
-        int merged = 0, stored_is_list = 0;
-        int64_t ms = -1; /* stored()'s count, -1 before it is asked */
+        int merged = 0, stored_asked = 0, stored_is_list = 0;
+        int64_t ms = 0; /* stored()'s count */
         uint32_t ls = ops->stored ? next_stamp(&t->list_stamp, in_list, (size_t)e->N) : 0;
         if (n < 1 || n > p + 1)
             st = kvs_fail(KVS_ERR_STATE, "policy %s selected %lld positions at position %lld", rc->policy.ops->name,
@@ -569,6 +569,7 @@ static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops 
             if (ops->stored) { /* asked here (a plain list passes the check): the same entries in the same order
                                 * (evicting policies attend what they keep) add nothing and need no marks */
                 ms = ops->stored(state, li, t->stored);
+                stored_asked = 1;
                 stored_is_list = ms == n && !memcmp(t->stored, idx, (size_t)n * sizeof *idx);
                 for (j = 0; !stored_is_list && j < n; j++) in_list[idx[j]] = ls;
             }
@@ -606,7 +607,7 @@ static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops 
         has_merged[li] = merged;
         if (st == KVS_OK && ops->stored) {
             int64_t extra = 0;
-            if (ms < 0) ms = ops->stored(state, li, t->stored);
+            if (!stored_asked) ms = ops->stored(state, li, t->stored);
             for (int64_t k = 0; !stored_is_list && k < ms && st == KVS_OK; k++) {
                 int32_t x = t->stored[k];
                 if (x < 0 || x > p)
