@@ -103,46 +103,77 @@ void kvs_attention_causal_block(const float *q, size_t nb, size_t group, const f
 
 enum { LISTS_MAX_ROWS = 64 }; /* query rows of one call on the union path (row pointers on the stack) */
 
+/* The int scratch, in this order: uidx [cap] (the union, ascending), map [cap] (position -> its place in the
+ * union, written for members only), bits [ceil(cap/32)] (the union as a bitmap), pos [nq][cap] (list r's j-th
+ * entry's place in the union). The per-row part comes last, so a caller's scratch for nq rows serves fewer. */
+static size_t lists_bitmap_words(size_t cap) { return (cap + 31) / 32; }
+
 size_t kvs_attn_lists_scratch_floats(size_t nq, size_t cap) { return nq * cap; }
-size_t kvs_attn_lists_scratch_ints(size_t nq, size_t cap) { return (nq + 1) * cap; }
+size_t kvs_attn_lists_scratch_ints(size_t nq, size_t cap) { return (nq + 2) * cap + lists_bitmap_words(cap); }
 
 /* The union of the nq ascending lists into uidx (ascending) and, for list r's j-th entry, its place in the union
  * in pos[r*cap + j]. @return |U|, or 0 when a list is empty, not strictly ascending, out of [0, cap), or the
- * union exceeds twice the mean list (then the G-row kernels do more work than the rows alone would save). */
-static size_t lists_union(size_t nq, const int32_t *const *idx, const int64_t *n, size_t cap, int32_t *uidx,
-                          int32_t *pos) {
+ * union exceeds twice the mean list (then the G-row kernels do more work than the rows alone would save).
+ * Issue 17: the union was a G-way merge that looked at every list's head for each member (branchy, 5% of a
+ * sweep's replay time). Here each list sets its positions' bits (one OR per entry, no branch: OR-ing a list's
+ * bits a word at a time, on a change of word, measured no faster), |U| is the bitmap's popcount over the lists'
+ * span (checked against the limit before anything else is written), the set bits in ascending order give uidx
+ * and the position -> union map, and pos is one map lookup per entry: the same uidx and pos as the merge. */
+static size_t lists_union(size_t nq, const int32_t *const *idx, const int64_t *n, size_t cap, int32_t *iscratch) {
+    int32_t *uidx = iscratch, *map = iscratch + cap, *pos = iscratch + 2 * cap + lists_bitmap_words(cap);
+    uint32_t *bits = (uint32_t *)(iscratch + 2 * cap);
     int64_t total = 0;
+    int32_t lo = INT32_MAX, hi = -1; /* the span of the lists' positions */
     for (size_t r = 0; r < nq; r++) {
+        const int32_t *ir = idx[r];
         if (n[r] <= 0 || (uint64_t)n[r] > cap) return 0;
-        for (int64_t j = 0; j < n[r]; j++)
-            if (idx[r][j] < 0 || (size_t)idx[r][j] >= cap || (j > 0 && idx[r][j] <= idx[r][j - 1])) return 0;
+        int bad = ir[0] < 0;
+        for (int64_t j = 1; j < n[r]; j++) bad |= ir[j] <= ir[j - 1];
+        if (bad || (size_t)ir[n[r] - 1] >= cap) return 0; /* ascending from >= 0: in range iff the last is */
+        if (ir[0] < lo) lo = ir[0];
+        if (ir[n[r] - 1] > hi) hi = ir[n[r] - 1];
         total += n[r];
     }
-    size_t limit = (size_t)(2 * total) / nq, nu = 0;
-    int64_t cur[LISTS_MAX_ROWS] = {0};
-    for (;;) {
-        int32_t m = INT32_MAX;
-        for (size_t r = 0; r < nq; r++)
-            if (cur[r] < n[r] && idx[r][cur[r]] < m) m = idx[r][cur[r]];
-        if (m == INT32_MAX) return nu;
-        if (nu == limit) return 0;
-        for (size_t r = 0; r < nq; r++)
-            if (cur[r] < n[r] && idx[r][cur[r]] == m) pos[r * cap + (size_t)cur[r]++] = (int32_t)nu;
-        uidx[nu++] = m;
+    size_t w_lo = (size_t)lo / 32, w_hi = (size_t)hi / 32, limit = (size_t)(2 * total) / nq, nu = 0;
+    memset(bits + w_lo, 0, (w_hi - w_lo + 1) * sizeof *bits);
+    for (size_t r = 0; r < nq; r++) {
+        const int32_t *ir = idx[r];
+        for (int64_t j = 0; j < n[r]; j++) bits[(uint32_t)ir[j] / 32] |= 1u << ((uint32_t)ir[j] % 32);
     }
+    for (size_t w = w_lo; w <= w_hi; w++) nu += (size_t)__builtin_popcount(bits[w]);
+    if (nu > limit) return 0;
+    int32_t u = 0;
+    for (size_t w = w_lo; w <= w_hi; w++)
+        for (uint32_t word = bits[w]; word; word &= word - 1) {
+            int32_t x = (int32_t)(w * 32) + __builtin_ctz(word);
+            uidx[u] = x;
+            map[x] = u++;
+        }
+    for (size_t r = 0; r < nq; r++) {
+        int32_t *pr = pos + r * cap;
+        for (int64_t j = 0; j < n[r]; j++) pr[j] = map[idx[r][j]];
+    }
+    return nu;
 }
 
 /* The union path once scores are in urow[r][0..nu): each row's softmax over its own list (its scores gathered in
  * list order, as kvs_attention() has them), then its probabilities scattered back over the union, zeros
- * elsewhere, for the output kernel; out rows zeroed. */
+ * elsewhere, for the output kernel; out rows zeroed. A list that is the whole union (pos[j] = j) needs no gather,
+ * zeros or scatter: copies. */
 static void lists_softmax(const kvs_math_kernels *k, size_t nq, const int64_t *n, size_t cap, const int32_t *pos,
                           size_t nu, float *const *urow, float *const *probs_rows, float *out, size_t d) {
     for (size_t r = 0; r < nq; r++) {
         const int32_t *pr = pos + r * cap;
-        for (int64_t j = 0; j < n[r]; j++) probs_rows[r][j] = urow[r][pr[j]];
-        k->softmax(probs_rows[r], (size_t)n[r]);
-        memset(urow[r], 0, nu * sizeof(float));
-        for (int64_t j = 0; j < n[r]; j++) urow[r][pr[j]] = probs_rows[r][j];
+        if ((size_t)n[r] == nu) {
+            memcpy(probs_rows[r], urow[r], nu * sizeof(float));
+            k->softmax(probs_rows[r], nu);
+            memcpy(urow[r], probs_rows[r], nu * sizeof(float));
+        } else {
+            for (int64_t j = 0; j < n[r]; j++) probs_rows[r][j] = urow[r][pr[j]];
+            k->softmax(probs_rows[r], (size_t)n[r]);
+            memset(urow[r], 0, nu * sizeof(float));
+            for (int64_t j = 0; j < n[r]; j++) urow[r][pr[j]] = probs_rows[r][j];
+        }
         memset(out + r * d, 0, d * sizeof(float));
     }
 }
@@ -170,8 +201,8 @@ int kvs_attention_lists(const float *q, size_t nq, const float *keys, const floa
                         const int32_t *const *idx, const int64_t *n, size_t cap, size_t d, float scale,
                         float *const *probs_rows, float *out, float *fscratch, int32_t *iscratch) {
     const kvs_math_kernels *k = kvs_math_kernels_active();
-    int32_t *uidx = iscratch, *pos = iscratch + cap;
-    size_t nu = nq > 1 && nq <= LISTS_MAX_ROWS ? lists_union(nq, idx, n, cap, uidx, pos) : 0;
+    const int32_t *uidx = iscratch, *pos = iscratch + 2 * cap + lists_bitmap_words(cap);
+    size_t nu = nq > 1 && nq <= LISTS_MAX_ROWS ? lists_union(nq, idx, n, cap, iscratch) : 0;
     if (!nu) {
         lists_row_by_row(q, nq, keys, values, stride, idx, n, d, scale, probs_rows, out);
         return 0;
@@ -189,8 +220,8 @@ int kvs_attention_lists16(const float *q, size_t nq, const uint16_t *keys, const
                           const int64_t *n, size_t cap, size_t d, float scale, float *const *probs_rows, float *out,
                           float *fscratch, int32_t *iscratch) {
     const kvs_math_kernels *k = kvs_math_kernels_active();
-    int32_t *uidx = iscratch, *pos = iscratch + cap;
-    size_t nu = nq > 1 && nq <= LISTS_MAX_ROWS ? lists_union(nq, idx, n, cap, uidx, pos) : 0;
+    const int32_t *uidx = iscratch, *pos = iscratch + 2 * cap + lists_bitmap_words(cap);
+    size_t nu = nq > 1 && nq <= LISTS_MAX_ROWS ? lists_union(nq, idx, n, cap, iscratch) : 0;
     if (!nu) {
         lists_row_by_row(q, nq, keys32, values32, stride, idx, n, d, scale, probs_rows, out);
         return 0;

@@ -661,14 +661,32 @@ static inline uint32_t next_stamp(uint32_t *stamp, uint32_t *marks, size_t n) {
     return *stamp;
 }
 
-/* Validates a selection (positions in [0, p], distinct, at least one, within budget), notes in has_merged[li]
- * whether list li holds a merged slot, and counts what the default accounting needs (policy.h,
- * kvs_policy_cost): *kv_slots = sum over lists of |stored() ∪ S_t|, *dedup = |the union of those across lists|.
- * One pass over each list does all three (issue 17: the check, the merged scan and the accounting were three
- * passes, ~6% of a sweep). The counts are integers, exact in fp64 whatever the order, so the same numbers.
+/* check_sel's common case, with no stores and branch-free (it vectorizes): list idx[0..n) (n >= 1) strictly
+ * ascending within [0, p], and no merged slot (every row pointer NULL). Such a list has no fault check_sel's
+ * per-entry pass could name, so that pass and its duplicate marks are skipped. */
+static int sel_list_plain(const int32_t *idx, const float *const *row_k, const float *const *row_v, int64_t n,
+                          int64_t p) {
+    int descents = 0;
+    uintptr_t rows = 0;
+    for (int64_t j = 1; j < n; j++) descents |= idx[j] <= idx[j - 1];
+    for (int64_t j = 0; j < n; j++) rows |= (uintptr_t)row_k[j] | (uintptr_t)row_v[j];
+    return !descents && !rows && idx[0] >= 0 && idx[n - 1] <= p;
+}
+
+/* Validates a selection (positions in [0, p], distinct, at least one, within budget) and stored()'s positions (in
+ * [0, p]: they index the marks), notes in has_merged[li] whether list li holds a merged slot, and counts what the
+ * default accounting needs (policy.h, kvs_policy_cost): *kv_slots = sum over lists of |stored() ∪ S_t|, *dedup =
+ * |the union of those across lists|. One pass over each list does all three (issue 17: the check, the merged
+ * scan and the accounting were three passes, ~6% of a sweep). The counts are integers, exact in fp64 whatever
+ * the order, so the same numbers.
  * Marks are stamps (t->in_list: in the current list's resident set, a repeat within S_t is a duplicate;
  * t->in_union: counted in the union): a new list or check takes a new stamp, so none is ever cleared (the passes
- * that cleared them had about a fifth of the check's profile samples), and an error leaves nothing behind. */
+ * that cleared them had about a fifth of the check's profile samples), and an error leaves nothing behind.
+ * What is skipped when it cannot change a result (issue 17, sim/BENCH.md "Eighth pass (b)"): a plain list
+ * (sel_list_plain: ascending, in range, no merged slot) needs no per-entry check and, without stored(), no mark
+ * at all; nor does a plain list whose stored() set is the same entries in the same order (no position to add);
+ * the union marks are kept only with stored() and more than one list (one list's union is its own count;
+ * without stored() both counts are p + 1). */
 static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops *ops, void *state,
                             const kvs_policy_sel *sel, int64_t p, int *has_merged, double *kv_slots, double *dedup) {
     engine *e = t->e;
@@ -676,7 +694,8 @@ static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops 
     const kvs_replay_config *rc = &e->o->configs[c];
     int64_t budget = e->budgets[(size_t)c * (size_t)e->L * (size_t)e->Hkv + (size_t)t->layer * (size_t)e->Hkv + (size_t)h];
     uint32_t *in_list = t->in_list, *in_union = t->in_union;
-    uint32_t us = next_stamp(&t->union_stamp, in_union, (size_t)e->N);
+    int need_union = ops->stored && sel->n_lists > 1;
+    uint32_t us = need_union ? next_stamp(&t->union_stamp, in_union, (size_t)e->N) : 0;
     int count_prompt = rc->policy.ops->budget_scope == KVS_BUDGET_PROMPT;
     int64_t n_union = 0;
     double slots = 0;
@@ -684,45 +703,71 @@ static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops 
     for (int li = 0; li < sel->n_lists && st == KVS_OK; li++) {
         int64_t n = sel->n[li], n_prompt = 0, j = 0;
         const int32_t *idx = sel->idx[li];
-        int merged = 0;
-        uint32_t ls = next_stamp(&t->list_stamp, in_list, (size_t)e->N);
+        const float *const *row_k = sel->row_k[li], *const *row_v = sel->row_v[li];
+        int merged = 0, stored_asked = 0, stored_is_list = 0;
+        int64_t ms = 0; /* stored()'s count */
+        uint32_t ls = ops->stored ? next_stamp(&t->list_stamp, in_list, (size_t)e->N) : 0;
         if (n < 1 || n > p + 1)
             st = kvs_fail(KVS_ERR_STATE, "policy %s selected %lld positions at position %lld", rc->policy.ops->name,
                           (long long)n, (long long)p);
+        else if (sel_list_plain(idx, row_k, row_v, n, p)) {
+            if (ops->stored) { /* asked here (a plain list passes the check): the same entries in the same order
+                                * (evicting policies attend what they keep) add nothing and need no marks */
+                ms = ops->stored(state, li, t->stored);
+                stored_asked = 1;
+                stored_is_list = ms == n && !memcmp(t->stored, idx, (size_t)n * sizeof *idx);
+                for (j = 0; !stored_is_list && j < n; j++) in_list[idx[j]] = ls;
+            }
+            if (need_union)
+                for (j = 0; j < n; j++) {
+                    n_union += in_union[idx[j]] != us;
+                    in_union[idx[j]] = us;
+                }
+            if (count_prompt)
+                for (j = 0; j < n; j++) n_prompt += e->is_prompt[idx[j]];
+            j = n; /* the per-entry pass below has nothing to do */
+        } else if (!ops->stored)
+            ls = next_stamp(&t->list_stamp, in_list, (size_t)e->N); /* the duplicate check's marks */
         for (; st == KVS_OK && j < n; j++) {
             int32_t x = idx[j];
-            int has_k = sel->row_k[li][j] != NULL;
+            int has_k = row_k[j] != NULL;
             if (x < 0 || x > p)
                 st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d at position %lld (future or invalid)",
                               rc->policy.ops->name, (int)x, (long long)p);
             else if (in_list[x] == ls)
                 st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d twice", rc->policy.ops->name, (int)x);
-            else if (has_k != (sel->row_v[li][j] != NULL))
+            else if (has_k != (row_v[j] != NULL))
                 st = kvs_fail(KVS_ERR_STATE, "policy %s gave a merged slot at position %d with only one of its K/V rows",
                               rc->policy.ops->name, (int)x);
             else {
-                n_union += in_union[x] != us;
-                in_union[x] = us;
+                if (need_union) {
+                    n_union += in_union[x] != us;
+                    in_union[x] = us;
+                }
                 in_list[x] = ls;
                 if (count_prompt) n_prompt += e->is_prompt[x];
                 merged |= has_k;
             }
         }
         has_merged[li] = merged;
-        int64_t ms = 0;
         if (st == KVS_OK && ops->stored) {
-            ms = ops->stored(state, li, t->stored);
-            slots += (double)n;
             int64_t extra = 0;
-            for (int64_t k = 0; k < ms; k++) {
+            if (!stored_asked) ms = ops->stored(state, li, t->stored);
+            for (int64_t k = 0; !stored_is_list && k < ms && st == KVS_OK; k++) {
                 int32_t x = t->stored[k];
-                if (in_list[x] == ls) continue;
-                extra++;
-                in_list[x] = ls;
-                n_union += in_union[x] != us;
-                in_union[x] = us;
+                if (x < 0 || x > p)
+                    st = kvs_fail(KVS_ERR_STATE, "policy %s stored position %d at position %lld (future or invalid)",
+                                  rc->policy.ops->name, (int)x, (long long)p);
+                else if (in_list[x] != ls) {
+                    extra++;
+                    in_list[x] = ls;
+                    if (need_union) {
+                        n_union += in_union[x] != us;
+                        in_union[x] = us;
+                    }
+                }
             }
-            slots += (double)extra;
+            slots += (double)(n + extra);
         }
         if (st != KVS_OK) break;
         kvs_policy_budget_scope scope = rc->policy.ops->budget_scope;
@@ -737,7 +782,7 @@ static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops 
         *kv_slots = *dedup = (double)(p + 1); /* every position seen, stored once */
     } else {
         *kv_slots = slots;
-        *dedup = (double)n_union;
+        *dedup = need_union ? (double)n_union : slots; /* one list: its union is its own count */
     }
     return st;
 }

@@ -7,6 +7,8 @@
  *  - lists the union path must refuse (not ascending, duplicates, an empty list, a union far larger than the
  *    lists), which fall back to row by row: the same bits and the return value says which path ran;
  *  - lists over a sparse span and lists far from position 0;
+ *  - the union's size limit at its edge, a position at cap, repeats and a descent at a list's end, positions on
+ *    the union bitmap's word edges, a list that is the whole union, and 64 and 65 query rows;
  *  - the 16-bit variant against kvs_attention() on the rows' exact fp32 conversion.
  */
 #include <math.h>
@@ -204,6 +206,135 @@ static void test_sparse_and_shifted_lists_same_bits(void **st) {
     fixture_free(&f);
 }
 
+/* The union's size limit, twice the mean list, taken at its edge: lists 0-1 the even positions below 2m, lists 2-3
+ * the odd ones (the union 2m = the limit: the union path), then one list with a position outside both (2m + 1:
+ * refused); and with a mean that is not whole (n = 10,10,10,11: limit 82/4 = 20). */
+static void test_union_at_the_limit(void **st) {
+    (void)st;
+    fixture f;
+    fixture_init(&f, 20, 1.0f);
+    const int32_t m = 40; /* positions 0..79: across 32-position words */
+    for (int r = 0; r < NQ; r++) {
+        f.n[r] = m;
+        for (int32_t j = 0; j < m; j++) f.idx[r][j] = 2 * j + (r >= 2);
+    }
+    assert_int_equal(check_lists(&f), 1);
+    f.idx[3][m - 1] = CAP - 1; /* odd positions but 79, and 299: the union has 2m + 1 members */
+    assert_int_equal(check_lists(&f), 0);
+    for (int r = 0; r < NQ; r++) {
+        f.n[r] = 10 + (r == 3);
+        for (int32_t j = 0; j < 10; j++) f.idx[r][j] = 2 * j + (r >= 2);
+    }
+    f.idx[3][10] = 20; /* union {0..20}: 21 > 20 */
+    assert_int_equal(check_lists(&f), 0);
+    f.idx[3][10] = 19 + 2; /* still 21 members: refused */
+    assert_int_equal(check_lists(&f), 0);
+    f.n[3] = 10; /* union {0..19}: 20, at the limit 80/4 */
+    assert_int_equal(check_lists(&f), 1);
+    fixture_free(&f);
+}
+
+/* Out of [0, cap) (a position at cap; the keys reach further, so row by row reads valid rows), a repeat at the
+ * end of a list, one list descending at its last step, and lists whose positions sit on 32-position word edges
+ * (0, 31, 32, 63, 64, 288..299) with one list the whole union (its rows copied rather than scattered). */
+static void test_union_refusals_and_word_edges(void **st) {
+    (void)st;
+    fixture f;
+    fixture_init(&f, 8, 1.0f);
+    size_t d = f.d;
+    float scale = 1.0f / sqrtf((float)d);
+    const size_t small_cap = 200;
+    for (int r = 0; r < NQ; r++) {
+        f.n[r] = 5;
+        for (int32_t j = 0; j < 5; j++) f.idx[r][j] = 190 + 2 * j + (r % 2); /* 190..199: below 200 */
+    }
+    f.idx[2][4] = (int32_t)small_cap; /* 198 -> 200: not below cap */
+    float *probs[NQ];
+    for (int r = 0; r < NQ; r++) probs[r] = f.probs[r];
+    assert_int_equal(kvs_attention_lists(f.q, NQ, f.keys, f.values, d, (const int32_t *const *)f.idx, f.n, small_cap,
+                                         d, scale, probs, f.out, f.fs, f.is),
+                     0);
+    for (int r = 0; r < NQ; r++) {
+        kvs_attention(f.q + (size_t)r * d, f.keys, f.values, d, f.idx[r], (size_t)f.n[r], d, scale, f.ref_probs[r],
+                      f.ref_out + (size_t)r * d);
+        assert_memory_equal(f.probs[r], f.ref_probs[r], (size_t)f.n[r] * sizeof(float));
+        assert_memory_equal(f.out + (size_t)r * d, f.ref_out + (size_t)r * d, d * sizeof(float));
+    }
+    f.idx[2][4] = (int32_t)small_cap - 1; /* 199: in range, the union path */
+    assert_int_equal(kvs_attention_lists(f.q, NQ, f.keys, f.values, d, (const int32_t *const *)f.idx, f.n, small_cap,
+                                         d, scale, probs, f.out, f.fs, f.is),
+                     1);
+    const int32_t edges[] = {0, 31, 32, 63, 64, 95, 288, 291, 295, 298, 299};
+    const int n_edges = (int)(sizeof edges / sizeof *edges);
+    for (int r = 0; r < NQ; r++) {
+        f.n[r] = 0;
+        for (int e = 0; e < n_edges; e++)
+            if (r == 0 || (e + r) % 3 != 0) f.idx[r][f.n[r]++] = edges[e];
+    }
+    assert_int_equal(check_lists(&f), 1);
+    f.idx[1][f.n[1] - 1] = f.idx[1][f.n[1] - 2]; /* a repeat at the end */
+    assert_int_equal(check_lists(&f), 0);
+    f.idx[1][f.n[1] - 1] = f.idx[1][f.n[1] - 3]; /* descending at the last step */
+    assert_int_equal(check_lists(&f), 0);
+    fixture_free(&f);
+}
+
+/* nq = 64 query rows (the union path's most) and 65 (row by row), lists drawn as make_lists draws them: every row's
+ * bits as kvs_attention() gives them. */
+static void test_union_of_64_rows(void **st) {
+    (void)st;
+    enum { MAXQ = 65, D = 16 };
+    float *keys = malloc(CAP * D * sizeof(float)), *values = malloc(CAP * D * sizeof(float));
+    float *q = malloc(MAXQ * D * sizeof(float)), *out = malloc(MAXQ * D * sizeof(float));
+    float *ref_out = malloc(D * sizeof(float)), *ref_probs = malloc(CAP * sizeof(float));
+    float *fs = malloc(kvs_attn_lists_scratch_floats(MAXQ, CAP) * sizeof(float));
+    int32_t *is = malloc(kvs_attn_lists_scratch_ints(MAXQ, CAP) * sizeof(int32_t));
+    int32_t *idx[MAXQ];
+    float *probs[MAXQ];
+    int64_t n[MAXQ];
+    assert_non_null(keys && values && q && out && ref_out && ref_probs && fs && is);
+    for (size_t i = 0; i < CAP * D; i++) {
+        keys[i] = frand();
+        values[i] = frand();
+    }
+    for (size_t i = 0; i < MAXQ * D; i++) q[i] = frand();
+    uint8_t cand[CAP];
+    for (int32_t p = 0; p < CAP; p++) cand[p] = urand() % 1000 < 300;
+    for (int r = 0; r < MAXQ; r++) {
+        idx[r] = malloc(CAP * sizeof(int32_t));
+        probs[r] = malloc(CAP * sizeof(float));
+        assert_non_null(idx[r] && probs[r]);
+        n[r] = 0;
+        for (int32_t p = 0; p < CAP - 20; p++)
+            if (cand[p] && urand() % 4 != 0) idx[r][n[r]++] = p;
+        for (int32_t p = CAP - 20; p < CAP; p++) idx[r][n[r]++] = p;
+    }
+    const size_t nqs[] = {64, 65};
+    for (int t = 0; t < 2; t++) {
+        size_t nq = nqs[t];
+        assert_int_equal(kvs_attention_lists(q, nq, keys, values, D, (const int32_t *const *)idx, n, CAP, D, 0.25f,
+                                             probs, out, fs, is),
+                         nq <= 64);
+        for (size_t r = 0; r < nq; r++) {
+            kvs_attention(q + r * D, keys, values, D, idx[r], (size_t)n[r], D, 0.25f, ref_probs, ref_out);
+            assert_memory_equal(probs[r], ref_probs, (size_t)n[r] * sizeof(float));
+            assert_memory_equal(out + r * D, ref_out, D * sizeof(float));
+        }
+    }
+    for (int r = 0; r < MAXQ; r++) {
+        free(idx[r]);
+        free(probs[r]);
+    }
+    free(keys);
+    free(values);
+    free(q);
+    free(out);
+    free(ref_out);
+    free(ref_probs);
+    free(fs);
+    free(is);
+}
+
 static void test_lists16_equal_fp32_on_converted_rows(void **st) {
     (void)st;
     const kvs_dtype types[] = {KVS_DTYPE_F16, KVS_DTYPE_BF16};
@@ -244,6 +375,9 @@ int main(void) {
         cmocka_unit_test(test_union_path_with_underflow_same_bits),
         cmocka_unit_test(test_refused_lists_fall_back_same_bits),
         cmocka_unit_test(test_sparse_and_shifted_lists_same_bits),
+        cmocka_unit_test(test_union_at_the_limit),
+        cmocka_unit_test(test_union_refusals_and_word_edges),
+        cmocka_unit_test(test_union_of_64_rows),
         cmocka_unit_test(test_lists16_equal_fp32_on_converted_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,9 +1,11 @@
 /* test_replay_check.c — the replay engine's per-step check of a selection and its default storage accounting
  * (sim/replay.c check_sel / default_cost, one pass since issue 17): a selection with a repeated, future or
- * missing position, over its budget, or a merged slot with only one of its rows fails its run with a clear
- * message, and leaves nothing behind for the next configuration of the same task; the default accounting of a
- * per-query-head policy with stored() equals a naive count: KV slots = sum over lists of |stored ∪ S_t|, dedup =
- * |union of those over the lists| (sim/policy.h, kvs_policy_cost). Data: GENERATED (tests/util/gen_trace.h).
+ * missing position, over its budget, or a merged slot with only one of its rows, and a stored() set naming a
+ * position outside [0, p], fails its run with a clear message (with and without stored(): the check's marks
+ * differ), and leaves nothing behind for the next configuration of the same task; the default accounting of a
+ * per-query-head policy with stored() equals a naive count, on ascending and on descending lists and with stored()
+ * the selection itself: KV slots = sum over lists of |stored ∪ S_t|, dedup = |union of those over the lists|
+ * (sim/policy.h, kvs_policy_cost). Data: GENERATED (tests/util/gen_trace.h).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,9 +22,20 @@
 
 typedef kvs_test_replay_fixture fixture;
 
-enum { ACCT_OK, ROGUE_TWICE, ROGUE_FUTURE, ROGUE_EMPTY, ROGUE_OVER_BUDGET, ROGUE_HALF_MERGED };
+enum {
+    ACCT_OK,
+    ROGUE_TWICE,
+    ROGUE_FUTURE,
+    ROGUE_EMPTY,
+    ROGUE_OVER_BUDGET,
+    ROGUE_HALF_MERGED,
+    ROGUE_STORED_FUTURE,   /* stored() names position p + 1 */
+    ROGUE_STORED_NEGATIVE, /* stored() names position -1 */
+};
 
-static int g_rogue_mode; /* the misbehaviour of the next rogue instance created */
+static int g_rogue_mode;     /* the misbehaviour of the next rogue instance created */
+static int g_acct_descending; /* acct_test writes its lists in descending order (check_sel's per-entry pass) */
+static int g_acct_stored_is_sel; /* acct_test's stored() gives its selection, same order (what evicting policies do) */
 
 typedef struct {
     int mode, kv_head;
@@ -37,7 +50,9 @@ static int member(int kv_head, int64_t p, int g, int64_t x, uint64_t salt) {
     return (int)(z % 3u) == 0;
 }
 static int in_sel(int h, int64_t p, int g, int64_t x) { return x == p || member(h, p, g, x, 0x5e1u); }
-static int in_stored(int h, int64_t p, int g, int64_t x) { return member(h, p, g, x, 0x570u); }
+static int in_stored(int h, int64_t p, int g, int64_t x) {
+    return g_acct_stored_is_sel ? in_sel(h, p, g, x) : member(h, p, g, x, 0x570u);
+}
 
 static kvs_status acct_create_mode(const kvs_policy_init *init, void **st, int mode) {
     acct_state *s = calloc(1, sizeof *s);
@@ -66,6 +81,11 @@ static kvs_status acct_select(void *st, const kvs_policy_view *v, kvs_policy_sel
         for (int64_t x = 0; x <= p; x++)
             if (in_sel(s->kv_head, p, g, x)) sel->idx[g][m++] = (int32_t)x;
         sel->n[g] = m;
+        for (int64_t j = 0; g_acct_descending && j < m / 2; j++) {
+            int32_t tmp = sel->idx[g][j];
+            sel->idx[g][j] = sel->idx[g][m - 1 - j];
+            sel->idx[g][m - 1 - j] = tmp;
+        }
     }
     int last = sel->n_lists - 1; /* the rogue's fault goes in the last list: the earlier ones are fine */
     switch (s->mode) {
@@ -86,6 +106,9 @@ static int64_t acct_stored(void *st, int g, int32_t *out) {
     int64_t m = 0;
     for (int64_t x = 0; x <= s->cur_p; x++)
         if (in_stored(s->kv_head, s->cur_p, g, x)) out[m++] = (int32_t)x;
+    int bad_list = m > 0 && g == 1; /* the rogue puts its bad entry in list 1's set, after valid ones */
+    if (bad_list && s->mode == ROGUE_STORED_FUTURE) out[m++] = (int32_t)(s->cur_p + 1);
+    if (bad_list && s->mode == ROGUE_STORED_NEGATIVE) out[m++] = -1;
     return m;
 }
 
@@ -100,6 +123,13 @@ static const struct kvs_policy_ops rogue_ops = {
     .free = free, .prefill = acct_prefill, .select = acct_select, .stored = acct_stored,
 };
 
+/* rogue_test without stored(): the selection check's own duplicate marks (no stored() set to share them with) */
+static const struct kvs_policy_ops rogue_stateless_ops = {
+    .name = "rogue_test", .summary = "test: a malformed selection, every position stored",
+    .granularity = KVS_SEL_PER_QUERY_HEAD, .budget_scope = KVS_BUDGET_EVERY_STEP, .create = rogue_create,
+    .free = free, .prefill = acct_prefill, .select = acct_select,
+};
+
 static void fixture_make(fixture *f) {
     kvs_gen_trace_opts o = kvs_test_grouped_opts(1, 4, 40, 12, 8, 23);
     assert_int_equal(kvs_test_replay_fixture_make(&o, 2, 5, f), KVS_OK);
@@ -107,13 +137,14 @@ static void fixture_make(fixture *f) {
 
 /* Runs the configurations (rogue first when rogue_mode != ACCT_OK, then acct_test) in ONE task (1 thread), so
  * they share the engine's scratch marks. */
-static kvs_replay_result *run(const fixture *f, int rogue_mode, int64_t rogue_budget) {
+static kvs_replay_result *run_with(const fixture *f, const struct kvs_policy_ops *rogue, int rogue_mode,
+                                   int64_t rogue_budget) {
     kvs_replay_config rc[2];
     int n = 0;
     g_rogue_mode = rogue_mode;
     if (rogue_mode != ACCT_OK) {
         rc[n] = (kvs_replay_config){.budget = rogue_budget, .budget_fraction = -1};
-        kvs_policy_defaults(&rogue_ops, &rc[n++].policy);
+        kvs_policy_defaults(rogue, &rc[n++].policy);
     }
     rc[n] = (kvs_replay_config){.budget = f->N, .budget_fraction = -1};
     kvs_policy_defaults(&acct_ops, &rc[n++].policy);
@@ -124,6 +155,9 @@ static kvs_replay_result *run(const fixture *f, int rogue_mode, int64_t rogue_bu
     kvs_replay_result *r = NULL;
     assert_int_equal(kvs_replay_execute(&src, &o, &r), KVS_OK);
     return r;
+}
+static kvs_replay_result *run(const fixture *f, int rogue_mode, int64_t rogue_budget) {
+    return run_with(f, &rogue_ops, rogue_mode, rogue_budget);
 }
 
 /* Every step sample of acct_test against the naive count of its sets. */
@@ -166,23 +200,55 @@ static void test_default_accounting_matches_naive_count(void **state) {
     kvs_test_replay_fixture_free(&f);
 }
 
+/* The same counts when the lists are not ascending (the check's per-entry pass rather than its plain-list path). */
+static void test_default_accounting_of_descending_lists(void **state) {
+    (void)state;
+    fixture f;
+    fixture_make(&f);
+    g_acct_descending = 1;
+    kvs_replay_result *r = run(&f, ACCT_OK, 0);
+    g_acct_descending = 0;
+    check_accounting(&f, &r->runs[0]);
+    kvs_replay_result_free(r);
+    kvs_test_replay_fixture_free(&f);
+}
+
+/* stored() = the selection, entry for entry (check_sel's shortcut: nothing to add): the same naive counts. */
+static void test_default_accounting_when_stored_is_the_selection(void **state) {
+    (void)state;
+    fixture f;
+    fixture_make(&f);
+    g_acct_stored_is_sel = 1;
+    kvs_replay_result *r = run(&f, ACCT_OK, 0);
+    check_accounting(&f, &r->runs[0]);
+    g_acct_stored_is_sel = 0;
+    kvs_replay_result_free(r);
+    kvs_test_replay_fixture_free(&f);
+}
+
 static void test_malformed_selections_fail_their_run_only(void **state) {
     (void)state;
     fixture f;
     fixture_make(&f);
     struct {
+        const struct kvs_policy_ops *ops;
         int mode;
         int64_t budget;
         const char *msg;
     } cases[] = {
-        {ROGUE_TWICE, 40, "twice"},
-        {ROGUE_FUTURE, 40, "future or invalid"},
-        {ROGUE_EMPTY, 40, "selected 0 positions"},
-        {ROGUE_OVER_BUDGET, 14, "over its budget 14"},
-        {ROGUE_HALF_MERGED, 40, "only one of its K/V rows"},
+        {&rogue_ops, ROGUE_TWICE, 40, "twice"},
+        {&rogue_ops, ROGUE_FUTURE, 40, "future or invalid"},
+        {&rogue_ops, ROGUE_EMPTY, 40, "selected 0 positions"},
+        {&rogue_ops, ROGUE_OVER_BUDGET, 14, "over its budget 14"},
+        {&rogue_ops, ROGUE_HALF_MERGED, 40, "only one of its K/V rows"},
+        {&rogue_ops, ROGUE_STORED_FUTURE, 40, "stored position"},
+        {&rogue_ops, ROGUE_STORED_NEGATIVE, 40, "stored position -1 at position"},
+        {&rogue_stateless_ops, ROGUE_TWICE, 40, "twice"},
+        {&rogue_stateless_ops, ROGUE_FUTURE, 40, "future or invalid"},
+        {&rogue_stateless_ops, ROGUE_HALF_MERGED, 40, "only one of its K/V rows"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        kvs_replay_result *r = run(&f, cases[c].mode, cases[c].budget);
+        kvs_replay_result *r = run_with(&f, cases[c].ops, cases[c].mode, cases[c].budget);
         assert_int_equal(r->runs[0].status, KVS_ERR_STATE);
         if (!strstr(r->runs[0].error, cases[c].msg) || !strstr(r->runs[0].error, "rogue_test")) {
             print_error("case %zu: \"%s\" lacks \"%s\"\n", c, r->runs[0].error, cases[c].msg);
@@ -198,6 +264,8 @@ static void test_malformed_selections_fail_their_run_only(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_default_accounting_matches_naive_count),
+        cmocka_unit_test(test_default_accounting_of_descending_lists),
+        cmocka_unit_test(test_default_accounting_when_stored_is_the_selection),
         cmocka_unit_test(test_malformed_selections_fail_their_run_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
