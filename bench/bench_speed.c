@@ -345,13 +345,22 @@ static void torch_side(const char *dir, const kvs_gen_trace *g, const kvs_replay
  * rounded to fp16 and the source declared fp16, as a captured trace is by default (`kvsim capture --dtype`), so
  * the replay keeps its 16-bit history beside the fp32 one and attends through the 16-bit kernels. */
 static void sweep(int threads, const char *only, int kv16) {
+    /* KVSIM_BENCH_SWEEP_SCALE=s (1..8, default 1): s times the positions (the same 512 decode steps after a longer
+     * prompt) and s times every budget, toward the issue's 8K-position traces (s = 4: 8192 positions, budgets
+     * 128..2048), where attention is a larger part of each step than the per-step bookkeeping */
+    const char *scale_env = getenv("KVSIM_BENCH_SWEEP_SCALE");
+    int64_t scale = scale_env && scale_env[0] ? atoll(scale_env) : 1;
+    if (scale < 1 || scale > 8) {
+        fprintf(stderr, "bench_speed: KVSIM_BENCH_SWEEP_SCALE must be 1..8\n");
+        exit(2);
+    }
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
     o.n_layers = 2;
     o.n_heads = 8;
     o.n_kv_heads = 2;
     o.head_dim = 128;
-    o.n_positions = 2048;
-    o.prompt_len = 1536;
+    o.n_positions = (int)(2048 * scale);
+    o.prompt_len = o.n_positions - 512;
     kvs_test_replay_fixture fx; /* the generated data as a replay source: 2-byte K/V, blocks of 64 */
     CHECK(kvs_test_replay_fixture_make(&o, 2, 64, &fx));
     kvs_gen_trace *g = fx.g;
@@ -374,7 +383,7 @@ static void sweep(int threads, const char *only, int kv16) {
         for (int b = 0; b < N_SWEEP_BUDGETS && (!only || !strcmp(only, sweep_policies[p])); b++) {
             kvs_replay_config *c = &cfgs[nc];
             pol_of[nc++] = p;
-            *c = (kvs_replay_config){.budget = sweep_budgets[b], .budget_fraction = -1};
+            *c = (kvs_replay_config){.budget = sweep_budgets[b] * scale, .budget_fraction = -1};
             CHECK(kvs_policy_parse(sweep_policies[p], &c->policy));
         }
     if (nc == 0) {
@@ -385,8 +394,8 @@ static void sweep(int threads, const char *only, int kv16) {
     printf("GENERATED trace (not a model): %d layers, %d query heads, %d KV heads, d %d, %d positions (prompt %d, %d "
            "decode steps measured); %d policies x %d budgets (%lld..%lld), %d threads\n",
            o.n_layers, o.n_heads, o.n_kv_heads, o.head_dim, o.n_positions, o.prompt_len, o.n_positions - o.prompt_len,
-           nc / N_SWEEP_BUDGETS, N_SWEEP_BUDGETS, (long long)sweep_budgets[0], (long long)sweep_budgets[N_SWEEP_BUDGETS - 1],
-           threads);
+           nc / N_SWEEP_BUDGETS, N_SWEEP_BUDGETS, (long long)(sweep_budgets[0] * scale),
+           (long long)(sweep_budgets[N_SWEEP_BUDGETS - 1] * scale), threads);
     kvs_replay_opts ro = {.configs = cfgs, .n_configs = nc, .threads = threads, .measure = KVS_MEASURE_DECODE};
     kvs_replay_result *r = NULL;
     double t0 = kvs_now_s(), c0 = cpu_s(0);
@@ -426,7 +435,7 @@ static void sweep(int threads, const char *only, int kv16) {
                    pol_pairs_p[p] / wall_p[p]);
     kvs_replay_result_free(r);
     const char *npy = getenv("KVSIM_BENCH_NPY_DIR");
-    if (npy && npy[0] && !only) torch_side(npy, g, &src, fx.scale, threads);
+    if (npy && npy[0] && !only && !kv16) torch_side(npy, g, &src, fx.scale, threads); /* once, on the fp32 data */
     kvs_test_replay_fixture_free(&fx);
 }
 
