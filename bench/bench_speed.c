@@ -341,6 +341,19 @@ static void torch_side(const char *dir, const kvs_gen_trace *g, const kvs_replay
     kvs_replay_result_free(r);
 }
 
+/* Rounds a generated trace's K/V to fp16 in place, as a trace stores them: a replay source made from the fixture
+ * reads these same arrays, so with its kv_dtype set to fp16 it is what a captured fp16 trace gives the replay. */
+static void round_kv_to_fp16(const kvs_gen_trace_opts *o, kvs_gen_trace *g) {
+    size_t nkv = (size_t)o->n_layers * (size_t)o->n_positions * (size_t)o->n_kv_heads * (size_t)o->head_dim;
+    uint16_t *h = malloc(nkv * sizeof *h);
+    if (!h) exit(1);
+    kvs_encode(KVS_DTYPE_F16, g->k, nkv, h);
+    kvs_decode(KVS_DTYPE_F16, h, nkv, g->k);
+    kvs_encode(KVS_DTYPE_F16, g->v, nkv, h);
+    kvs_decode(KVS_DTYPE_F16, h, nkv, g->v);
+    free(h);
+}
+
 /* `only` (NULL = all): the sweep restricted to that policy's 8 budgets, for a per-policy CPU time. kv16: the K/V
  * rounded to fp16 and the source declared fp16, as a captured trace is by default (`kvsim capture --dtype`), so
  * the replay keeps its 16-bit history beside the fp32 one and attends through the 16-bit kernels. */
@@ -364,16 +377,7 @@ static void sweep(int threads, const char *only, int kv16) {
     kvs_test_replay_fixture fx; /* the generated data as a replay source: 2-byte K/V, blocks of 64 */
     CHECK(kvs_test_replay_fixture_make(&o, 2, 64, &fx));
     kvs_gen_trace *g = fx.g;
-    if (kv16) { /* the source reads these arrays: rounded in place, as replay16 does */
-        size_t nkv = (size_t)o.n_layers * (size_t)o.n_positions * (size_t)o.n_kv_heads * (size_t)o.head_dim;
-        uint16_t *h = malloc(nkv * sizeof *h);
-        if (!h) exit(1);
-        kvs_encode(KVS_DTYPE_F16, g->k, nkv, h);
-        kvs_decode(KVS_DTYPE_F16, h, nkv, g->k);
-        kvs_encode(KVS_DTYPE_F16, g->v, nkv, h);
-        kvs_decode(KVS_DTYPE_F16, h, nkv, g->v);
-        free(h);
-    }
+    if (kv16) round_kv_to_fp16(&o, g);
     kvs_replay_source src;
     CHECK(kvs_replay_source_from_memory(&fx.mem, &src));
     if (kv16) src.kv_dtype = KVS_DTYPE_F16;
@@ -454,15 +458,7 @@ static void replay16(int threads) {
     o.prompt_len = 7680;
     kvs_test_replay_fixture fx; /* the generated data as a replay source: 2-byte K/V, blocks of 64 */
     CHECK(kvs_test_replay_fixture_make(&o, 2, 64, &fx));
-    kvs_gen_trace *g = fx.g; /* its K/V rounded to fp16 in place below: the source reads the same arrays */
-    size_t nkv = (size_t)o.n_layers * (size_t)o.n_positions * (size_t)o.n_kv_heads * (size_t)o.head_dim;
-    uint16_t *h = malloc(nkv * sizeof *h);
-    if (!h) exit(1);
-    kvs_encode(KVS_DTYPE_F16, g->k, nkv, h);
-    kvs_decode(KVS_DTYPE_F16, h, nkv, g->k);
-    kvs_encode(KVS_DTYPE_F16, g->v, nkv, h);
-    kvs_decode(KVS_DTYPE_F16, h, nkv, g->v);
-    free(h);
+    round_kv_to_fp16(&o, fx.g);
     kvs_replay_source src;
     CHECK(kvs_replay_source_from_memory(&fx.mem, &src));
     src.kv_dtype = KVS_DTYPE_F16;
