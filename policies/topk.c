@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "../common/kvs_math.h"
+#include "../sim/policy_memo.h"
 #include "registry.h"
 
 enum { TOPK_GROUP = 0, TOPK_HEAD = 1 };
@@ -75,18 +76,17 @@ static kvs_status topk_select(void *state, const kvs_policy_view *view, kvs_poli
     if (!view->full_probs) return kvs_fail(KVS_ERR_STATE, "topk: the oracle was not given full attention");
     if (view->n > s->cap) return kvs_fail(KVS_ERR_RANGE, "topk: position %lld beyond the trace", (long long)view->n);
     int64_t k = s->budget < view->n ? s->budget : view->n;
+    /* kvs_policy_topk_sorted: kvs_topk_sorted's set, shared through the view's memo with the task's other
+     * budgets (sim/BENCH.md "Eighth pass (d)"); it reads only full_probs, which this oracle already sees */
     if (s->mode == TOPK_GROUP) {
-        /* each position's sum from +0 over the heads in head order; head by head so the adds run along rows */
-        memset(s->sum, 0, (size_t)view->n * sizeof *s->sum);
-        for (int g = 0; g < s->group; g++) {
-            const float *row = view->full_probs + (size_t)g * (size_t)view->n;
-            for (int64_t j = 0; j < view->n; j++) s->sum[j] += row[j];
-        }
-        kvs_topk_sorted(s->sum, (size_t)view->n, (size_t)k, sel->idx[0]);
+        /* each position's sum from +0 over the heads in head order */
+        kvs_policy_topk_sorted(view, view->full_probs, (size_t)s->group, (size_t)view->n, (size_t)k, s->sum,
+                               sel->idx[0]);
         sel->n[0] = k;
     } else {
         for (int g = 0; g < s->group; g++) {
-            kvs_topk_sorted(view->full_probs + (size_t)g * (size_t)view->n, (size_t)view->n, (size_t)k, sel->idx[g]);
+            kvs_policy_topk_sorted(view, view->full_probs + (size_t)g * (size_t)view->n, 1, (size_t)view->n, (size_t)k,
+                                   s->sum, sel->idx[g]);
             sel->n[g] = k;
         }
     }

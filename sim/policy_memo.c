@@ -1,14 +1,17 @@
 /* policy_memo.c — the replay task's memo of budget-independent scores (issue 17; sim/policy_memo.h,
- * sim/BENCH.md "Third pass" and "Eighth pass (a)"). A small table of entries, each the complete description of one
- * kvs_attn_colsum / kvs_snapkv_scores call (row pointers, candidates copied, every option) or of one
- * kvs_page_scores_rows call (query rows copied, the layout, and what the summaries are a function of) and its
- * output; a lookup compares all of it, so a hit is the same computation and its bits are the ones computing
- * would give.
+ * sim/BENCH.md "Third pass", "Eighth pass (a)" and "(d)"). A small table of entries, each the complete description
+ * of one kvs_attn_colsum / kvs_snapkv_scores call (row pointers, candidates copied, every option), of one
+ * kvs_page_scores_rows call (query rows copied, the layout, and what the summaries are a function of) or of the
+ * values one top-k selection ranks (the rows copied) and its output; a lookup compares all of it, so a hit is the
+ * same computation and its bits are the ones computing would give (for the top-k: the ranking's first k, which
+ * the order makes the select's set).
  */
 #include "policy_memo.h"
 
 #include <stdlib.h>
 #include <string.h>
+
+#include "ref_rank.h"
 
 /* Entries kept per position: the distinct computations of one position are one per policy family, KV head and
  * (expand mode) query head: H2O and SnapKV on Llama-3.1-8B's 8 KV heads x 4 query heads are 32 each. Past either
@@ -17,7 +20,9 @@
 enum { MEMO_ENTRIES = 256 };
 #define MEMO_MAX_BYTES ((size_t)32 << 20)
 
-typedef enum { MEMO_COLSUM_F32 = 1, MEMO_COLSUM_F64 = 2, MEMO_SNAPKV = 3, MEMO_PAGE_SCORES = 4 } memo_kind;
+typedef enum {
+    MEMO_COLSUM_F32 = 1, MEMO_COLSUM_F64 = 2, MEMO_SNAPKV = 3, MEMO_PAGE_SCORES = 4, MEMO_TOPK = 5
+} memo_kind;
 
 /* What a kvs_policy_page_scores output depends on: the query rows (their address and, copied in the entry,
  * their values), the layout of the summaries, and what the summaries are a function of (the view's key rows,
@@ -31,20 +36,29 @@ typedef struct {
     int64_t page;
 } page_key;
 
+/* What a kvs_policy_topk_sorted output depends on besides k: the rows (their address and, copied in the entry,
+ * their values) and their shape. */
+typedef struct {
+    const float *rows;
+    size_t n_rows, n;
+} topk_key;
+
 typedef struct {
     memo_kind kind;
     kvs_attn_src src; /* src.idx points at `idx` below (or is NULL) */
     kvs_colsum_opts co;
     kvs_snapkv_opts so;
     page_key pk;
-    float *qv;        /* [nq][d] the page-score query values, copied */
+    topk_key tk;
+    float *qv;        /* [nq][d] the page-score query values, or [n_rows][n] the top-k rows, copied */
     size_t qv_cap;    /* floats */
     int32_t *idx;     /* [n_cand] the candidates, copied */
     size_t idx_cap;   /* entries */
-    void *res;        /* the output span, rows packed: [rows][cols] floats or doubles */
+    void *res;        /* the output span, rows packed: [rows][cols] floats or doubles; MEMO_TOPK: [n] the group
+                       * sum (n_rows > 1) then [n] int32 ranks */
     size_t res_cap;   /* bytes */
     size_t res_bytes;
-    int64_t ret;      /* kvs_snapkv_scores' m */
+    int64_t ret;      /* kvs_snapkv_scores' m; MEMO_TOPK: how many leading positions the ranks order (0: none) */
 } memo_entry;
 
 struct kvs_policy_memo {
@@ -52,6 +66,9 @@ struct kvs_policy_memo {
     int n;            /* entries in use */
     size_t bytes;     /* held by every entry's buffers */
     int64_t hits;
+    size_t topk_depth;        /* the largest k a top-k lookup asked for: how deep a ranking goes */
+    uint32_t *rank_scratch;   /* [4 * rank_scratch_cap]: a ranking's order and kvs_ref_rank_prefix's scratch */
+    size_t rank_scratch_cap;  /* positions */
 };
 
 kvs_policy_memo *kvs_policy_memo_create(void) { return calloc(1, sizeof(kvs_policy_memo)); }
@@ -63,6 +80,7 @@ void kvs_policy_memo_free(kvs_policy_memo *m) {
         free(m->e[i].qv);
         free(m->e[i].res);
     }
+    free(m->rank_scratch);
     free(m);
 }
 
@@ -241,4 +259,85 @@ void kvs_policy_page_scores(const kvs_policy_view *view, int64_t page, const flo
     x->pk = key;
     memcpy(x->qv, q, nq * d * sizeof(float));
     memcpy(x->res, out, bytes);
+}
+
+/* ---- the oracle top-k's selection (sim/BENCH.md "Eighth pass (d)") ---- */
+
+/* The values the selection ranks: the rows' sum from +0 in row order (kvs_policy_topk_sorted's contract), or the
+ * row itself when there is one (+0 + x has x's kvs_desc_key for every x: -0 becomes +0, equal to it in the order;
+ * a NaN stays a NaN; every other x is unchanged). */
+static const float *topk_values(const float *rows, size_t n_rows, size_t n, float *sum) {
+    if (n_rows == 1) return rows;
+    memset(sum, 0, n * sizeof *sum);
+    for (size_t g = 0; g < n_rows; g++) { /* row by row, so the adds run along rows */
+        const float *row = rows + g * n;
+        for (size_t j = 0; j < n; j++) sum[j] += row[j];
+    }
+    return sum;
+}
+
+/* The positions ranked below k, ascending: exactly k of them when k <= the depth the ranks order. The write lands
+ * at out[c] with c < k only (the loop stops at k), so out holds k entries. */
+static void topk_take(const int32_t *rank, size_t k, int32_t *out) {
+    size_t c = 0;
+    for (int32_t j = 0; c < k; j++) {
+        out[c] = j;
+        c += rank[j] < (int32_t)k;
+    }
+}
+
+static int same_topk_key(const memo_entry *x, const topk_key *k) {
+    return x->tk.rows == k->rows && x->tk.n_rows == k->n_rows && x->tk.n == k->n &&
+           !memcmp(x->qv, k->rows, k->n_rows * k->n * sizeof(float));
+}
+
+void kvs_policy_topk_sorted(const kvs_policy_view *view, const float *rows, size_t n_rows, size_t n, size_t k,
+                            float *sum, int32_t *out) {
+    kvs_policy_memo *m = view ? view->memo : NULL;
+    if (k > n) k = n;
+    if (k == 0 || n_rows == 0) return;
+    if (!m || k == n) { /* k == n: every position, nothing to rank */
+        kvs_topk_sorted(topk_values(rows, n_rows, n, sum), n, k, out);
+        return;
+    }
+    if (k > m->topk_depth) m->topk_depth = k;
+    topk_key key = {.rows = rows, .n_rows = n_rows, .n = n};
+    memo_entry *x = NULL;
+    for (int i = 0; i < m->n && !x; i++)
+        if (m->e[i].kind == MEMO_TOPK && same_topk_key(&m->e[i], &key)) x = &m->e[i];
+    if (!x) {
+        /* The first configuration to ask: its select, as without a memo (a lone configuration pays no ranking);
+         * the values are kept for the ones that follow. */
+        const float *v = topk_values(rows, n_rows, n, sum);
+        kvs_topk_sorted(v, n, k, out);
+        size_t sum_bytes = n_rows > 1 ? n * sizeof(float) : 0;
+        if ((x = slot(m, MEMO_TOPK, 0, n_rows * n, sum_bytes + n * sizeof(int32_t))) == NULL) return;
+        x->tk = key;
+        memcpy(x->qv, rows, n_rows * n * sizeof(float));
+        if (sum_bytes) memcpy(x->res, v, sum_bytes);
+        x->ret = 0;
+        return;
+    }
+    m->hits++;
+    const float *v = n_rows > 1 ? (const float *)x->res : x->qv;
+    int32_t *rank = (int32_t *)((unsigned char *)x->res + (n_rows > 1 ? n * sizeof(float) : 0));
+    if ((size_t)x->ret < k) {
+        /* Rank as deep as any configuration has asked (the top-k set is a prefix of the ranking, for every k up
+         * to its depth), so a sweep's budgets, smallest first, rank once a position after the first one. */
+        if (n > m->rank_scratch_cap) {
+            uint32_t *p = realloc(m->rank_scratch, 4 * n * sizeof *p);
+            if (!p) { /* no memory to rank: the select, as without a memo */
+                kvs_topk_sorted(v, n, k, out);
+                return;
+            }
+            m->rank_scratch = p;
+            m->rank_scratch_cap = n;
+        }
+        int32_t *order = (int32_t *)m->rank_scratch; /* same width */
+        size_t depth = m->topk_depth < n ? m->topk_depth : n;
+        size_t ranked = kvs_ref_rank_prefix(v, n, depth, order, m->rank_scratch + n);
+        kvs_ref_rank_positions(order, ranked, n, rank);
+        x->ret = (int64_t)ranked;
+    }
+    topk_take(rank, k, out);
 }

@@ -1,17 +1,19 @@
-/* policy_memo.h — the replay engine's memo of scores shared between the configurations of one replay task
- * (issue 17, "Replay at the hardware's speed"; sim/BENCH.md "Third pass", "Eighth pass (a)"). A sweep runs one policy at
+/* policy_memo.h — the replay engine's memo of scores shared between the configurations of one replay task (issue 17,
+ * "Replay at the hardware's speed"; sim/BENCH.md "Third pass", "Eighth pass (a)", "(d)"). A sweep runs one policy at
  * several budgets; H2O's, Scissorhands' and TOVA's prompt column sums (kvs_attn_colsum) and SnapKV's, PyramidKV's,
  * Ada-KV's and RocketKV's observation-window scores (kvs_snapkv_scores) do not depend on the budget at a turn's
  * first prefill, yet each configuration computed them again; likewise Quest's decode-time page bounds
- * (kvs_page_scores_rows) at a fixed page size, whose summaries are the page min/max of every key so far. A policy calls kvs_policy_colsum() /
- * kvs_policy_snapkv_scores() with its prefill view (kvs_policy_page_scores() with its prefill or decode view) instead of the kvs_math.h function: when the view carries a
- * memo and an earlier configuration of the same task asked for the same computation (the same q and key rows,
- * the same candidates, the same options) at the same position, the stored result is copied; otherwise it is
- * computed and stored. Either way the output is the kvs_math.h function's, bit for bit: a hit copies the bits
- * the same computation produced. Nothing is shared that the policy could not compute from its own view (the
- * prompt's queries and keys every policy sees at prefill), and the memo lives in one task (one thread): no
- * global state. The engine clears it whenever the rows under the view may change (each position, prompt and
- * decode; never used when an on_step_end hook may rewrite rows).
+ * (kvs_page_scores_rows) at a fixed page size, whose summaries are the page min/max of every key so far, and the
+ * top-k oracle's decode-time selection (kvs_topk_sorted of the group-summed full attention: at every budget a prefix
+ * of one ranking; "Eighth pass (d)"). A policy calls kvs_policy_colsum() / kvs_policy_snapkv_scores() with its
+ * prefill view (kvs_policy_page_scores() with its prefill or decode view) instead of the kvs_math.h function: when
+ * the view carries a memo and an earlier configuration of the same task asked for the same computation (the same q
+ * and key rows, the same candidates, the same options) at the same position, the stored result is copied; otherwise
+ * it is computed and stored. Either way the output is the kvs_math.h function's, bit for bit: a hit copies the bits
+ * the same computation produced. Nothing is shared that the policy could not compute from its own view (the prompt's
+ * queries and keys every policy sees at prefill; the full attention only an oracle's view carries), and the memo lives in one task (one thread): no global state. The
+ * engine clears it whenever the rows under the view may change (each position, prompt and decode; never used when an
+ * on_step_end hook may rewrite rows).
  */
 #ifndef KVS_POLICY_MEMO_H
 #define KVS_POLICY_MEMO_H
@@ -58,5 +60,17 @@ int64_t kvs_policy_snapkv_scores(const kvs_policy_view *view, const kvs_attn_src
  *  slot order) passes page = 0 or a view without a memo: then it is plain kvs_page_scores_rows. */
 void kvs_policy_page_scores(const kvs_policy_view *view, int64_t page, const float *q, size_t nq, size_t d,
                             const float *kmin, const float *kmax, size_t stride, size_t n_pages, double *out);
+
+/*! kvs_policy_topk_sorted() : kvs_topk_sorted(v, n, k, out), bit for bit, where v is rows[0..n_rows-1] (n floats
+ *  each, n apart) summed element-wise from +0 in row order in fp32 (the oracle top-k's group sum; n_rows = 1: the
+ *  row itself), memoised when view->memo is set. `sum` is caller scratch of n floats (contents unspecified after);
+ *  out holds min(k, n) entries, written ascending. The key is the rows' address, n_rows, n and the rows' values
+ *  (compared, so a hit is the same input bits, whatever the caller did to the rows). The first configuration to
+ *  ask selects as without a memo and stores the values; a later one ranks them (kvs_ref_rank_prefix) as deep as
+ *  the largest k asked so far, and every k up to that depth takes the first k of the ranking: under kvs_topk's
+ *  strict total order (larger first, -0 equal to +0, NaN last, the lower position first among equals) the k
+ *  largest are exactly the ranking's first k. */
+void kvs_policy_topk_sorted(const kvs_policy_view *view, const float *rows, size_t n_rows, size_t n, size_t k,
+                            float *sum, int32_t *out);
 
 #endif /* KVS_POLICY_MEMO_H */

@@ -11,10 +11,14 @@
  *    modes at the fixed page size: the expected number of hits at decode and the selections of a run without
  *    the memo; page=0 at budgets whose derived page sizes differ: no hit (sharing would be wrong), at budgets
  *    deriving the same page size: hits;
+ *  - kvs_policy_topk_sorted() against a written-out reference order and kvs_topk_sorted(): every k of small rows
+ *    full of ties, NaN, infinities and both zeros, the budgets in three orders, 1 to 3 rows summed; rows of 3000
+ *    at a sweep's budgets; what must not hit (other values at the same address, another row count or length,
+ *    another address, a cleared memo, no memo); the top-k oracle driven in both GQA modes: hits and selections;
  *  - the replay: every policy that calls them (H2O in both layouts, TOVA, Scissorhands, SnapKV, PyramidKV,
- *    RocketKV, D2O, Quest with page=16 in both GQA modes and page=0), several budgets of each in one task,
- *    single- and multi-turn, with the memo (the default) and without (prefill_memo = -1): every step sample and
- *    every aggregate the same bits.
+ *    RocketKV, D2O, Quest with page=16 in both GQA modes and page=0, the top-k oracle in both GQA modes),
+ *    several budgets of each in one task, single- and multi-turn, with the memo (the default) and without
+ *    (prefill_memo = -1): every step sample and every aggregate the same bits.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -312,8 +316,9 @@ static void test_page_scores_hit_and_miss(void **st) {
     kvs_policy_memo_free(m);
 }
 
-/* Quest's configurations driven as the replay engine drives one task's: prefill of a PROMPT-position prompt, then
- * each decode position the memo cleared and every configuration's select() in turn. */
+/* Quest's (and the top-k oracle's) configurations driven as the replay engine drives one task's: prefill of a
+ * PROMPT-position prompt, then each decode position the memo cleared and every configuration's select() in turn.
+ * An oracle's view carries "full attention" rows ([GROUP][n] at each position): values in eighths, so with ties. */
 enum { QP_PROMPT = 60, QP_DECODE = 30, QP_N = QP_PROMPT + QP_DECODE, QP_MAXCFG = 8 };
 
 typedef struct {
@@ -335,6 +340,12 @@ static void quest_drive(const char *const *specs, const int64_t *budgets, int n_
         keys[i] = 2.0f * ((float)(s >> 40) / 16777216.0f - 0.5f);
         vals[i] = keys[i] * 0.5f;
     }
+    static float probs[QP_N][GROUP * QP_N];
+    for (size_t p = 0; p < QP_N; p++)
+        for (size_t i = 0; i < GROUP * QP_N; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            probs[p][i] = (float)((s >> 40) % 9) / 8.0f;
+        }
     kvs_policy_model model = {.n_layers = 1, .n_heads = GROUP, .n_kv_heads = 1, .group = GROUP, .head_dim = D,
                               .scale = 0.2f, .kv_bytes = 2, .aux_bytes = 4, .n_positions = QP_N,
                               .prompt_len = QP_PROMPT, .max_new_tokens = QP_DECODE, .max_seq_len = 0};
@@ -361,7 +372,8 @@ static void quest_drive(const char *const *specs, const int64_t *budgets, int n_
         kvs_policy_memo_clear(m);
         for (int c = 0; c < n_cfg; c++) {
             kvs_policy_view view = {.n = p + 1, .group = GROUP, .head_dim = D, .scale = model.scale, .k = keys,
-                                    .v = vals, .turn_begin = 0, .prompt_end = QP_PROMPT, .memo = m};
+                                    .v = vals, .turn_begin = 0, .prompt_end = QP_PROMPT, .memo = m,
+                                    .full_probs = cfg[c].ops->is_oracle && p >= QP_PROMPT ? probs[p] : NULL};
             if (p == QP_PROMPT - 1) { /* the prompt's prefill */
                 view.q = q;
                 view.q_first = 0;
@@ -434,11 +446,204 @@ static void test_quest_decode_hits(void **st) {
     quest_run_check_same(&on, &off, 2);
 }
 
+/* The top-k oracle's budgets in both GQA modes share each position's ranking: every configuration after the first
+ * of its mode hits, once per list (the budgets stay below n: every one is memoised), and every selection is the
+ * one without the memo (kvs_topk_sorted). */
+static void test_topk_decode_hits(void **st) {
+    (void)st;
+    static const char *const specs[] = {"topk", "topk", "topk:gqa=head", "topk", "topk:gqa=head"};
+    static const int64_t budgets[] = {8, 40, 30, 20, 8};
+    quest_run on, off;
+    quest_drive(specs, budgets, 5, 1, &on);
+    quest_drive(specs, budgets, 5, 0, &off);
+    assert_int_equal(on.n_scored, 5 * QP_DECODE);
+    assert_int_equal(on.hits, (2 + GROUP) * QP_DECODE);
+    assert_int_equal(off.hits, 0);
+    quest_run_check_same(&on, &off, 5);
+}
+
+/* ---- the oracle top-k's selection shared across budgets (kvs_policy_topk_sorted) ---- */
+
+/* The reference order, written out: the larger value first, -0 equal to +0 (C's ==), a NaN after every number,
+ * the lower position first among equals. A strict total order on positions, so qsort's result is the one order. */
+static const float *ref_vals;
+
+static int ref_before(int32_t a, int32_t b) {
+    float x = ref_vals[a], y = ref_vals[b];
+    if (isnan(x) || isnan(y)) return isnan(x) && isnan(y) ? a < b : isnan(y);
+    if (x != y) return x > y;
+    return a < b;
+}
+
+static int ref_cmp(const void *pa, const void *pb) {
+    int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
+    return ref_before(a, b) ? -1 : ref_before(b, a) ? 1 : 0;
+}
+
+static int cmp_pos(const void *pa, const void *pb) {
+    int32_t a = *(const int32_t *)pa, b = *(const int32_t *)pb;
+    return (a > b) - (a < b);
+}
+
+/* The k positions first in the reference order, ascending; v: the rows' sum from +0 in row order (written). */
+static void ref_topk(const float *rows, size_t n_rows, size_t n, size_t k, float *v, int32_t *out) {
+    int32_t *all = malloc(n * sizeof *all);
+    assert_non_null(all);
+    for (size_t j = 0; j < n; j++) {
+        float s = 0.0f;
+        for (size_t g = 0; g < n_rows; g++) s += rows[g * n + j];
+        v[j] = n_rows == 1 ? rows[j] : s;
+        all[j] = (int32_t)j;
+    }
+    ref_vals = v;
+    qsort(all, n, sizeof *all, ref_cmp);
+    memcpy(out, all, k * sizeof *out);
+    qsort(out, k, sizeof *out, cmp_pos);
+    free(all);
+}
+
+/* Values with many ties and every special case: NaN of both signs, infinities (whose sums give NaN and, with
+ * FLT_MAX, overflow), both zeros, a denormal, repeated numbers. */
+static float tie_value(uint64_t *s) {
+    static const float pool[] = {1.0f, 0.5f, 0.5f, 0.25f, 0.25f, 0.25f, 0.0f, -0.0f, 0.0f, 1e-45f, -1.0f, 0.75f,
+                                 3.4028235e38f, 0.125f};
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    uint64_t r = *s >> 33;
+    if (r % 61 == 0) return NAN;
+    if (r % 61 == 1) return -NAN;
+    if (r % 61 == 2) return INFINITY;
+    if (r % 61 == 3) return -INFINITY;
+    return pool[(r >> 8) % (sizeof pool / sizeof pool[0])];
+}
+
+/* Every k of small rows, asked in three orders (ascending: the ranking deepens at each budget; descending;
+ * shuffled), 1..3 rows summed: kvs_policy_topk_sorted with a memo, without one, and kvs_topk_sorted on the sum all
+ * give the reference set; the first lookup of a row misses and every later one (k < n) hits. */
+static void test_topk_every_k_matches_select(void **st) {
+    (void)st;
+    enum { MAXN = 40, MAXR = 3 };
+    uint64_t s = 99;
+    static float rows[MAXR * MAXN], v[MAXN], scratch[MAXN];
+    int32_t ref[MAXN], got[MAXN], bare[MAXN], sel[MAXN];
+    size_t ks[MAXN];
+    int64_t calls = 0;
+    for (size_t n = 1; n <= MAXN; n++)
+        for (size_t n_rows = 1; n_rows <= MAXR; n_rows++)
+            for (int order = 0; order < 3; order++) {
+                kvs_policy_memo *m = kvs_policy_memo_create(); /* fresh: the depth hint starts at 0 */
+                assert_non_null(m);
+                kvs_policy_view view = {.n = (int64_t)n, .memo = m}, no_memo = {.n = (int64_t)n};
+                for (size_t i = 0; i < n_rows * n; i++) rows[i] = tie_value(&s);
+                for (size_t i = 0; i < n; i++) ks[i] = order == 1 ? n - i : i + 1;
+                if (order == 2)
+                    for (size_t i = n; i > 1; i--) {
+                        s = s * 6364136223846793005ull + 1442695040888963407ull;
+                        size_t j = (size_t)(s >> 33) % i, t = ks[i - 1];
+                        ks[i - 1] = ks[j];
+                        ks[j] = t;
+                    }
+                int64_t memoised = 0;
+                for (size_t i = 0; i < n; i++) {
+                    size_t k = ks[i];
+                    ref_topk(rows, n_rows, n, k, v, ref);
+                    kvs_topk_sorted(v, n, k, sel);
+                    assert_memory_equal(ref, sel, k * sizeof *ref);
+                    kvs_policy_topk_sorted(&view, rows, n_rows, n, k, scratch, got);
+                    assert_memory_equal(ref, got, k * sizeof *ref);
+                    kvs_policy_topk_sorted(&no_memo, rows, n_rows, n, k, scratch, bare);
+                    assert_memory_equal(ref, bare, k * sizeof *ref);
+                    memoised += k < n;
+                    assert_int_equal(kvs_policy_memo_hits(m), memoised > 0 ? memoised - 1 : 0);
+                    calls++;
+                }
+                kvs_policy_memo_free(m);
+            }
+    /* rows longer than the select's threshold: the radix ranking's prefix at a sweep's budgets */
+    enum { BIGN = 3000 };
+    static float big[2 * BIGN], bv[BIGN], bscratch[BIGN];
+    static int32_t bref[BIGN], bgot[BIGN];
+    static const size_t budgets[] = {32, 64, 96, 128, 192, 256, 384, 512, 2999, 1, 31};
+    for (int rep = 0; rep < 3; rep++) {
+        kvs_policy_memo *m = kvs_policy_memo_create();
+        assert_non_null(m);
+        kvs_policy_view view = {.n = BIGN, .memo = m};
+        for (size_t i = 0; i < 2 * BIGN; i++) big[i] = rep == 2 ? (float)(i % 97) / 97.0f : tie_value(&s);
+        for (size_t b = 0; b < sizeof budgets / sizeof *budgets; b++) {
+            size_t k = budgets[rep == 1 ? sizeof budgets / sizeof *budgets - 1 - b : b];
+            ref_topk(big, 2, BIGN, k, bv, bref);
+            kvs_policy_topk_sorted(&view, big, 2, BIGN, k, bscratch, bgot);
+            assert_memory_equal(bref, bgot, k * sizeof *bref);
+        }
+        assert_int_equal(kvs_policy_memo_hits(m), (int64_t)(sizeof budgets / sizeof *budgets) - 1);
+        kvs_policy_memo_free(m);
+    }
+    print_message("%lld small-row selections compared\n", (long long)calls);
+}
+
+/* What must not hit: other values at the same address, another row count, another length (the previous
+ * position's n at the same address), another address; a cleared memo; a view without a memo. */
+static void test_topk_what_must_not_hit(void **st) {
+    (void)st;
+    enum { N = 50, K = 12 };
+    uint64_t s = 7;
+    static float rows[3 * N], other[3 * N], v[N], scratch[N];
+    int32_t ref[N], got[N];
+    for (size_t i = 0; i < 3 * N; i++) rows[i] = tie_value(&s);
+    kvs_policy_memo *m = kvs_policy_memo_create();
+    assert_non_null(m);
+    kvs_policy_view view = {.n = N, .memo = m};
+    for (int call = 0; call < 3; call++) { /* a miss, then two hits */
+        ref_topk(rows, 3, N, K - (size_t)call, v, ref);
+        kvs_policy_topk_sorted(&view, rows, 3, N, K - (size_t)call, scratch, got);
+        assert_memory_equal(ref, got, (K - (size_t)call) * sizeof *ref);
+        assert_int_equal(kvs_policy_memo_hits(m), call);
+    }
+    for (int variant = 0; variant < 4; variant++) {
+        const float *r = rows;
+        size_t n_rows = 3, n = N;
+        switch (variant) {
+        case 0: /* one value changed at the same address: the memo compares the values */
+            rows[2 * N + 17] += 2.0f;
+            break;
+        case 1: /* two of the rows (another reduction of the same buffer) */
+            n_rows = 2;
+            break;
+        case 2: /* one position fewer at the same address */
+            n = N - 1;
+            break;
+        default: /* the same values at another address (another KV head's rows) */
+            memcpy(other, rows, sizeof other);
+            r = other;
+            break;
+        }
+        ref_topk(r, n_rows, n, K, v, ref);
+        kvs_policy_topk_sorted(&view, r, n_rows, n, K, scratch, got);
+        assert_memory_equal(ref, got, K * sizeof *ref);
+        assert_int_equal(kvs_policy_memo_hits(m), 2);
+    }
+    /* the changed rows again: now a hit, with their own selection */
+    ref_topk(rows, 3, N, K + 5, v, ref);
+    kvs_policy_topk_sorted(&view, rows, 3, N, K + 5, scratch, got);
+    assert_memory_equal(ref, got, (K + 5) * sizeof *ref);
+    assert_int_equal(kvs_policy_memo_hits(m), 3);
+    kvs_policy_memo_clear(m);
+    kvs_policy_topk_sorted(&view, rows, 3, N, K, scratch, got);
+    assert_int_equal(kvs_policy_memo_hits(m), 3);
+    kvs_policy_view bare = view;
+    bare.memo = NULL;
+    kvs_policy_topk_sorted(&bare, rows, 3, N, K, scratch, got);
+    kvs_policy_topk_sorted(&bare, rows, 3, N, K, scratch, got);
+    ref_topk(rows, 3, N, K, v, ref);
+    assert_memory_equal(ref, got, K * sizeof *ref);
+    assert_int_equal(kvs_policy_memo_hits(m), 3);
+    kvs_policy_memo_free(m);
+}
+
 /* ---- the replay with and without the memo ---- */
 
 static const char *const memo_specs[] = {"h2o",      "h2o:gqa=mean", "tova",  "scissorhands",   "snapkv",
                                          "snapkv:gqa=mean", "pyramidkv", "rocketkv", "d2o", "window", "quest",
-                                         "quest:gqa=head", "quest:page=0"};
+                                         "quest:gqa=head", "quest:page=0", "topk", "topk:gqa=head"};
 #define N_MEMO_SPECS (int)(sizeof memo_specs / sizeof memo_specs[0])
 static const int64_t memo_budgets[] = {6, 12, 20, 33};
 #define N_MEMO_BUDGETS (int)(sizeof memo_budgets / sizeof memo_budgets[0])
@@ -507,6 +712,9 @@ int main(void) {
         cmocka_unit_test(test_snapkv_scores_hit_and_miss_same_bits),
         cmocka_unit_test(test_page_scores_hit_and_miss),
         cmocka_unit_test(test_quest_decode_hits),
+        cmocka_unit_test(test_topk_decode_hits),
+        cmocka_unit_test(test_topk_every_k_matches_select),
+        cmocka_unit_test(test_topk_what_must_not_hit),
         cmocka_unit_test(test_replay_memo_same_numbers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
