@@ -247,7 +247,9 @@ int kvs_cmd_calibrate(int argc, char **argv) {
         if (n < 3) {
             printf("  (fewer than 3 pairs: no correlation)\n");
         } else {
-            printf("  Spearman rho [95%% bootstrap interval, %ld resamples] (offline x closed loop)\n", boot);
+            if (boot > 0) printf("  Spearman rho [95%% bootstrap interval, %ld resamples] (offline x closed loop)\n", boot);
+            else printf("  Spearman rho (offline x closed loop; --bootstrap 0: no interval)\n");
+            int undefined = 0, no_interval = 0;
             printf("  %-14s", "");
             for (int k = 0; k < N_Y; k++) printf(" %28s", y_names[k]);
             printf("\n");
@@ -264,14 +266,32 @@ int kvs_cmd_calibrate(int argc, char **argv) {
                         free(ry);
                         goto cleanup;
                     }
+                    /* Spearman is undefined when one side is constant over the pairs (e.g. only `full`, whose
+                     * errors are all 0): say so rather than print nan; the same for an interval no resample gave */
                     char cell[64];
-                    snprintf(cell, sizeof cell, "%+.3f [%+.2f, %+.2f]", rho, lo, hi);
+                    if (isnan(rho)) {
+                        snprintf(cell, sizeof cell, "undefined (constant)");
+                        undefined++;
+                    } else if (boot <= 0) {
+                        snprintf(cell, sizeof cell, "%+.3f", rho);
+                    } else if (isnan(lo) || isnan(hi)) {
+                        snprintf(cell, sizeof cell, "%+.3f [no interval]", rho);
+                        no_interval++;
+                    } else {
+                        snprintf(cell, sizeof cell, "%+.3f [%+.2f, %+.2f]", rho, lo, hi);
+                    }
                     printf(" %28s", cell);
                 }
                 printf("\n");
             }
+            if (undefined)
+                printf("  undefined: one side of the pair is the same for every (policy, budget), so it has no "
+                       "ranking to correlate\n");
+            if (no_interval)
+                printf("  no interval: every bootstrap resample had a constant side\n");
             printf("  largest rank disagreements (out_err_mean rank vs kl_mean rank, 1 = smallest):\n");
-            for (int shown = 0; shown < 5; shown++) {
+            int shown = 0;
+            for (; shown < 5; shown++) {
                 size_t worst = n;
                 double wd = 0.5;
                 for (size_t i = 0; i < n; i++)
@@ -284,6 +304,7 @@ int kvs_cmd_calibrate(int argc, char **argv) {
                        (long long)p[worst].c->budget_tokens, rx[worst], ry[worst], p[worst].c->budget_scope ? p[worst].c->budget_scope : "");
                 rx[worst] = ry[worst]; /* shown */
             }
+            if (!shown) printf("    (none: the two rankings agree)\n");
         }
         free(rx);
         free(ry);

@@ -95,8 +95,34 @@ static void test_generate_and_calibrate_on_the_bundled_trace(void **state) {
     assert_non_null(strstr(text, "6 (policy, budget) pairs"));
     assert_non_null(strstr(text, "Spearman rho"));
     assert_non_null(strstr(text, "kl_mean"));
+    assert_null(strstr(text, "nan"));
     free(text);
     assert_true(kvs_test_exists(png));
+    /* only `full`: every error, recall and KL is the same at each budget, so no correlation is defined; said in
+     * words, never as nan */
+    char db2[160];
+    snprintf(db2, sizeof db2, "%s/full.db", dir);
+    const char *rep2[] = {"replay", trace, "--db", db2, "--policy", "full", "--budgets", "8,16,32", NULL};
+    assert_int_equal(kvs_test_cli(out, err, rep2), 0);
+    const char *gen2[] = {"generate", "--model", model, "--trace", trace, "--db", db2, "--policy", "full",
+                          "--budgets", "8,16,32", NULL};
+    assert_int_equal(kvs_test_cli(out, err, gen2), 0);
+    const char *cal2[] = {"calibrate", db2, "--bootstrap", "50", NULL};
+    assert_int_equal(kvs_test_cli(out, err, cal2), 0);
+    text = kvs_test_slurp(out, NULL);
+    assert_non_null(strstr(text, "3 (policy, budget) pairs"));
+    assert_non_null(strstr(text, "undefined (constant)"));
+    assert_non_null(strstr(text, "no ranking to correlate"));
+    assert_null(strstr(text, "nan"));
+    free(text);
+    /* no bootstrap: rho alone, no empty interval */
+    const char *cal3[] = {"calibrate", db, "--bootstrap", "0", NULL};
+    assert_int_equal(kvs_test_cli(out, err, cal3), 0);
+    text = kvs_test_slurp(out, NULL);
+    assert_non_null(strstr(text, "no interval)"));
+    assert_null(strstr(text, "nan"));
+    assert_null(strstr(text, "["));
+    free(text);
     cleanup_dir();
 }
 
