@@ -141,6 +141,10 @@ kvs_status kvs_plan_model_from_config(const char *path, kvs_plan_model *out) {
         st = kvs_fail(KVS_ERR_FORMAT, "%s: num_attention_heads (%d) does not divide hidden_size (%d) and head_dim is "
                                       "not given", file, m.n_heads, m.hidden);
         goto cleanup;
+    } else if (m.hidden / m.n_heads > KVS_TRACE_MAX_HEAD_DIM) { /* the bound an explicit head_dim has */
+        st = kvs_fail(KVS_ERR_FORMAT, "%s: head_dim = hidden_size / num_attention_heads = %d is out of range [1, %d]",
+                      file, m.hidden / m.n_heads, KVS_TRACE_MAX_HEAD_DIM);
+        goto cleanup;
     } else {
         m.head_dim = m.hidden / m.n_heads;
     }

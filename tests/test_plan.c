@@ -214,6 +214,15 @@ static void test_gqa_hand_cases(void **state) {
     assert_non_null(strstr(kvs_last_error(), "num_attention_heads is missing"));
     write_file(path, "{\"num_hidden_layers\":");
     assert_int_equal(kvs_plan_model_from_config(path, &m), KVS_ERR_FORMAT);
+    /* a derived head_dim has the bound an explicit one has: 2048 / 1 > 1024 refused, 1024 / 1 accepted */
+    write_file(path, "{\"model_type\":\"llama\",\"num_hidden_layers\":1,\"num_attention_heads\":1,"
+                     "\"hidden_size\":2048,\"intermediate_size\":8,\"vocab_size\":5}");
+    assert_int_equal(kvs_plan_model_from_config(path, &m), KVS_ERR_FORMAT);
+    assert_non_null(strstr(kvs_last_error(), "head_dim = hidden_size / num_attention_heads = 2048 is out of range"));
+    write_file(path, "{\"model_type\":\"llama\",\"num_hidden_layers\":1,\"num_attention_heads\":1,"
+                     "\"hidden_size\":1024,\"intermediate_size\":8,\"vocab_size\":5}");
+    assert_int_equal(kvs_plan_model_from_config(path, &m), KVS_OK);
+    assert_int_equal(m.head_dim, KVS_TRACE_MAX_HEAD_DIM);
     unlink(path);
     rmdir(dir);
 }
