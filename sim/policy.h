@@ -287,8 +287,9 @@ struct kvs_policy_ops {
 
     /* Optional: positions whose K/V query head g's DEVICE cache holds now (per-KV-head policies: g = 0),
      * written to out (capacity >= positions seen); @return the count. NULL = the policy stores every
-     * position it has seen (full cache: full, oracles, selection-only policies). Used by prompt
-     * measurement, the default storage accounting and (unless readable() is given) the leak test. */
+     * position it has seen (full cache: full, oracles, selection-only policies). Every position lies in
+     * [0, p] at position p (the engine fails the run otherwise). Used by prompt measurement, the default storage
+     * accounting and (unless readable() is given) the leak test. */
     int64_t (*stored)(void *state, int g, int32_t *out);
 
     /* Optional (v2): positions whose K/V the policy may read now: device cache plus a host store (SyncKV's
