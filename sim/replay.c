@@ -416,22 +416,25 @@ typedef struct {
     int64_t hit;
 } head_sums;
 
-/* Up to 4 query heads' recall sums interleaved (and, with `rank`, their top-k hits): each head's chain of fp64 adds
- * runs over its own list in ascending j exactly as one head at a time adds it, so every sum is the same bits; the
- * 4 chains only overlap in time. A single head's chain is bound by the add latency (4 cycles), which made the
- * recall as slow as a quarter of the policy's attention at d 128. rank[k] NULL: no hits counted for that head. */
+/* Up to 4 query heads' recall sums interleaved, and with `hits` their top-k hits (rank[k][x] < n[k]); without, a
+ * head's hits are its n (every entry is ranked within n). Each head's chain of fp64 adds runs over its own list in
+ * ascending j exactly as one head at a time adds it, so every sum is the same bits; the 4 chains only overlap in
+ * time. A single head's chain is bound by the add latency (4 cycles), which made the recall as slow as a quarter
+ * of the policy's attention at d 128. */
 enum { SUM_LANES = 4 };
-static void recall_sums(int m, const float *const fp[SUM_LANES], const int32_t *const list[SUM_LANES],
+static void recall_sums(int m, int hits, const float *const fp[SUM_LANES], const int32_t *const list[SUM_LANES],
                         const int64_t n[SUM_LANES], const int32_t *const rank[SUM_LANES], head_sums *s[SUM_LANES]) {
-    int64_t common = n[0];
-    for (int k = 1; k < m; k++)
-        if (n[k] < common) common = n[k];
-    int64_t j = 0;
+    int64_t common = 0; /* the entries every lane has: summed 4 chains at a time (m == 4) */
+    double r[SUM_LANES] = {0, 0, 0, 0};
+    int64_t hit[SUM_LANES] = {0, 0, 0, 0};
     if (m == SUM_LANES) {
+        common = n[0];
+        for (int k = 1; k < m; k++)
+            if (n[k] < common) common = n[k];
         double r0 = 0, r1 = 0, r2 = 0, r3 = 0;
-        if (rank[0] && rank[1] && rank[2] && rank[3]) {
-            int64_t h0 = 0, h1 = 0, h2 = 0, h3 = 0;
-            for (; j < common; j++) {
+        int64_t h0 = 0, h1 = 0, h2 = 0, h3 = 0;
+        if (hits) {
+            for (int64_t j = 0; j < common; j++) {
                 int32_t x0 = list[0][j], x1 = list[1][j], x2 = list[2][j], x3 = list[3][j];
                 r0 += fp[0][x0];
                 r1 += fp[1][x1];
@@ -442,37 +445,27 @@ static void recall_sums(int m, const float *const fp[SUM_LANES], const int32_t *
                 h2 += rank[2][x2] < n[2];
                 h3 += rank[3][x3] < n[3];
             }
-            s[0]->hit = h0;
-            s[1]->hit = h1;
-            s[2]->hit = h2;
-            s[3]->hit = h3;
-        } else if (!rank[0] && !rank[1] && !rank[2] && !rank[3]) {
-            for (; j < common; j++) {
+        } else {
+            for (int64_t j = 0; j < common; j++) {
                 r0 += fp[0][list[0][j]];
                 r1 += fp[1][list[1][j]];
                 r2 += fp[2][list[2][j]];
                 r3 += fp[3][list[3][j]];
             }
-        } else {
-            common = 0; /* mixed: each head alone below */
         }
-        s[0]->recall = r0;
-        s[1]->recall = r1;
-        s[2]->recall = r2;
-        s[3]->recall = r3;
-    } else {
-        common = 0;
+        r[0] = r0, r[1] = r1, r[2] = r2, r[3] = r3;
+        hit[0] = h0, hit[1] = h1, hit[2] = h2, hit[3] = h3;
     }
     for (int k = 0; k < m; k++) { /* the rest of each chain (or all of it), continuing in the same order */
-        double r = common ? s[k]->recall : 0;
-        int64_t hit = common && rank[k] ? s[k]->hit : 0;
+        double rk = r[k];
+        int64_t hk = hit[k];
         for (int64_t i = common; i < n[k]; i++) {
             int32_t x = list[k][i];
-            r += fp[k][x];
-            if (rank[k]) hit += rank[k][x] < n[k];
+            rk += fp[k][x];
+            if (hits) hk += rank[k][x] < n[k];
         }
-        s[k]->recall = r;
-        s[k]->hit = rank[k] ? hit : n[k];
+        s[k]->recall = rk;
+        s[k]->hit = hits ? hk : n[k];
     }
 }
 
@@ -559,19 +552,21 @@ static kvs_status measure_record(task *t, int ci, int h, int g, int64_t p, int64
     return st;
 }
 
-/* Records the metrics of query heads g0 .. g0+ng-1 of KV head h at position p: head g0+r's output over lists[r]
- * (n[r] entries; merged[r][j] non-NULL marks a merged slot, merged[r] may be NULL) is out + r*d. Every metric of
- * sim/metrics.h. is_prefix: every list is 0..p in order without merged slots (list_is_prefix), its recall the one
- * every such list has at (h, g, p). The heads' sums are computed together (their chains interleaved), then
- * recorded head by head in order. */
-static kvs_status measure_heads(task *t, int ci, int h, int g0, int ng, int64_t p, const int32_t *const *lists,
-                                const float *const *const *merged, const int64_t *n, const float *out,
-                                const kvs_policy_cost *cost, int is_prefix) {
+/* Records the metrics of query heads g0 .. g0+ng-1 of KV head h at position p. Head g attended list
+ * li = (n_lists == 1 ? 0 : g): lists[li], n[li] entries; when has_merged (may be NULL) says list li holds merged
+ * slots, row_k[li][j] non-NULL marks one. Head g's output is out + (g - g0) * d. Every metric of sim/metrics.h.
+ * is_prefix: every list is 0..p in order without merged slots (list_is_prefix), its recall the one every such list
+ * has at (h, g, p). The heads' sums are computed together (their chains interleaved), then recorded head by head
+ * in order. */
+static kvs_status measure_heads(task *t, int ci, int h, int g0, int ng, int64_t p, int n_lists,
+                                const int32_t *const *lists, const int64_t *n, const int *has_merged,
+                                const float *const *const *row_k, const float *out, const kvs_policy_cost *cost,
+                                int is_prefix) {
     engine *e = t->e;
     size_t d = (size_t)e->d;
     enum { MAX_HEADS = 64 };
     head_sums sums[MAX_HEADS];
-    /* recall chains waiting to be summed, SUM_LANES at a time: with ranks (hits counted) and without */
+    /* recall chains waiting to be summed, SUM_LANES at a time: [0] without hits (every entry ranked), [1] with */
     const float *fp_w[2][SUM_LANES];
     const int32_t *list_w[2][SUM_LANES], *rank_w[2][SUM_LANES];
     int64_t n_w[2][SUM_LANES];
@@ -580,12 +575,12 @@ static kvs_status measure_heads(task *t, int ci, int h, int g0, int ng, int64_t 
     for (int r0 = 0; r0 < ng; r0 += MAX_HEADS) {
         int nr = ng - r0 < MAX_HEADS ? ng - r0 : MAX_HEADS;
         for (int r = 0; r < nr; r++) {
-            int g = g0 + r0 + r;
+            int g = g0 + r0 + r, li = n_lists == 1 ? 0 : g;
             size_t off = (size_t)h * (size_t)e->G + (size_t)g;
             const float *fp = t->cur_p + (size_t)h * (size_t)e->G * (size_t)e->N + (size_t)g * (size_t)(p + 1);
-            const int32_t *list = lists[r0 + r];
-            const float *const *mg = merged[r0 + r];
-            int64_t nl = n[r0 + r];
+            const int32_t *list = lists[li];
+            const float *const *mg = has_merged && has_merged[li] ? row_k[li] : NULL;
+            int64_t nl = n[li];
             head_sums *s = &sums[r];
             /* The top-k overlap counts list entries among the first n of the full attention's ranking. A list as
              * long as the row (n = p+1: its positions are distinct, so all of them) or longer has every entry there. */
@@ -604,48 +599,46 @@ static kvs_status measure_heads(task *t, int ci, int h, int g0, int ng, int64_t 
                 s->recall = recall;
                 s->recall_merged = recall_merged;
                 s->hit = hit;
-            } else if (is_prefix && t->prefix_pos[off] == p) {
+                continue;
+            }
+            if (is_prefix && t->prefix_pos[off] == p) {
                 s->recall = t->prefix_recall[off]; /* another configuration's sum of the same terms in order */
                 s->hit = nl;
-            } else { /* both recalls are the same sum in the same order: one chain of adds, queued */
-                int w = all_hit ? 0 : 1, k = m_w[w]++;
+            } else { /* queued: summed with up to 3 other heads' chains */
+                int w = !all_hit, k = m_w[w]++;
                 fp_w[w][k] = fp;
                 list_w[w][k] = list;
-                rank_w[w][k] = all_hit ? NULL : rank;
+                rank_w[w][k] = rank;
                 n_w[w][k] = nl;
                 s_w[w][k] = s;
                 if (m_w[w] == SUM_LANES) {
-                    recall_sums(SUM_LANES, fp_w[w], list_w[w], n_w[w], rank_w[w], s_w[w]);
+                    recall_sums(SUM_LANES, w, fp_w[w], list_w[w], n_w[w], rank_w[w], s_w[w]);
                     m_w[w] = 0;
                 }
             }
         }
         for (int w = 0; w < 2; w++) {
-            if (m_w[w]) recall_sums(m_w[w], fp_w[w], list_w[w], n_w[w], rank_w[w], s_w[w]);
+            if (m_w[w]) recall_sums(m_w[w], w, fp_w[w], list_w[w], n_w[w], rank_w[w], s_w[w]);
             m_w[w] = 0;
         }
+        const float *ref = t->cur_o + ((size_t)h * (size_t)e->G + (size_t)(g0 + r0)) * d, *o = out + (size_t)r0 * d;
         int r = 0;
-        for (; r + 2 <= nr; r += 2) {
-            size_t o0 = (size_t)h * (size_t)e->G + (size_t)(g0 + r0 + r);
-            output_sums2(t->cur_o + o0 * d, out + (size_t)(r0 + r) * d, t->cur_o + (o0 + 1) * d,
-                         out + (size_t)(r0 + r + 1) * d, d, &sums[r], &sums[r + 1]);
-        }
-        for (; r < nr; r++) {
-            size_t o0 = (size_t)h * (size_t)e->G + (size_t)(g0 + r0 + r);
-            output_sums(t->cur_o + o0 * d, out + (size_t)(r0 + r) * d, d, &sums[r]);
-        }
+        for (; r + 2 <= nr; r += 2)
+            output_sums2(ref + (size_t)r * d, o + (size_t)r * d, ref + (size_t)(r + 1) * d, o + (size_t)(r + 1) * d, d,
+                         &sums[r], &sums[r + 1]);
+        if (r < nr) output_sums(ref + (size_t)r * d, o + (size_t)r * d, d, &sums[r]);
         for (r = 0; r < nr; r++) {
-            int g = g0 + r0 + r;
+            int g = g0 + r0 + r, li = n_lists == 1 ? 0 : g;
             size_t off = (size_t)h * (size_t)e->G + (size_t)g;
             head_sums *s = &sums[r];
-            if (!merged[r0 + r]) {
+            if (!(has_merged && has_merged[li])) { /* both recalls are the same sum in the same order */
                 s->recall_merged = s->recall;
-                if (is_prefix && n[r0 + r] > p && t->prefix_pos[off] != p) {
+                if (is_prefix && n[li] > p && t->prefix_pos[off] != p) {
                     t->prefix_recall[off] = s->recall;
                     t->prefix_pos[off] = p;
                 }
             }
-            kvs_status st = measure_record(t, ci, h, g, p, n[r0 + r], s, cost);
+            kvs_status st = measure_record(t, ci, h, g, p, n[li], s, cost);
             if (st != KVS_OK) return st;
         }
     }
@@ -944,23 +937,9 @@ static kvs_status decode_step(task *t, int ci, const kvs_trace_block *const *blk
         before = cost;
         if (ops->account) ops->account(state, view, &sel, &cost);
         settle_cost(&before, &cost);
-        if (measured) {
-            enum { MAX_G = 256 };
-            const int32_t *m_list[MAX_G];
-            const float *const *m_merged[MAX_G];
-            int64_t m_n[MAX_G];
-            for (int g0 = 0; g0 < e->G && st == KVS_OK; g0 += MAX_G) {
-                int ng = e->G - g0 < MAX_G ? e->G - g0 : MAX_G;
-                for (int r = 0; r < ng; r++) {
-                    int li = sel.n_lists == 1 ? 0 : g0 + r;
-                    m_list[r] = sel.idx[li];
-                    m_merged[r] = has_merged[li] ? (const float *const *)sel.row_k[li] : NULL;
-                    m_n[r] = sel.n[li];
-                }
-                st = measure_heads(t, ci, h, g0, ng, p, m_list, m_merged, m_n, t->outp + (size_t)g0 * (size_t)e->d,
-                                   &cost, prefix);
-            }
-        }
+        if (measured)
+            st = measure_heads(t, ci, h, 0, e->G, p, sel.n_lists, (const int32_t *const *)sel.idx, sel.n, has_merged,
+                               (const float *const *const *)sel.row_k, t->outp, &cost, prefix);
         if (st == KVS_OK && ops->observe) st = ops->observe(state, view, &sel, (const float *const *)t->pbuf);
         for (int li = 0; li < sel.n_lists; li++) /* keep the row arrays all NULL for the next select() */
             if (has_merged[li]) {
@@ -1021,9 +1000,8 @@ static kvs_status prompt_measure(task *t, int ci, int64_t p, int64_t tk) {
             int li = n_lists == 1 ? 0 : g;
             kvs_attention(qrow + (size_t)g * (size_t)e->d, t->hk[h], t->hv[h], (size_t)e->d, t->sel_idx[li],
                           (size_t)t->sel_n[li], (size_t)e->d, e->src->model.scale, t->pbuf[g], t->outp);
-            const int32_t *m_list[1] = {t->sel_idx[li]};
-            const float *const *m_merged[1] = {NULL};
-            kvs_status st = measure_heads(t, ci, h, g, 1, p, m_list, m_merged, &t->sel_n[li], t->outp, &cost, 0);
+            kvs_status st = measure_heads(t, ci, h, g, 1, p, n_lists, (const int32_t *const *)t->sel_idx, t->sel_n,
+                                          NULL, NULL, t->outp, &cost, 0);
             if (st != KVS_OK) return st;
         }
     }
