@@ -314,8 +314,7 @@ void kvs_policy_topk_sorted(const kvs_policy_view *view, const float *rows, size
         if ((x = slot(m, MEMO_TOPK, 0, n_rows * n, sum_bytes + n * sizeof(int32_t))) == NULL) return;
         x->tk = key;
         memcpy(x->qv, rows, n_rows * n * sizeof(float));
-        if (sum_bytes) memcpy(x->res, v, sum_bytes);
-        x->ret = 0;
+        if (sum_bytes) memcpy(x->res, v, sum_bytes); /* slot() left x->ret 0: nothing ranked yet */
         return;
     }
     m->hits++;
