@@ -354,62 +354,26 @@ static void round_kv_to_fp16(const kvs_gen_trace_opts *o, kvs_gen_trace *g) {
     free(h);
 }
 
-/* `only` (NULL = all): the sweep restricted to that policy's 8 budgets, for a per-policy CPU time. kv16: the K/V
- * rounded to fp16 and the source declared fp16, as a captured trace is by default (`kvsim capture --dtype`), so
- * the replay keeps its 16-bit history beside the fp32 one and attends through the 16-bit kernels. */
-static void sweep(int threads, const char *only, int kv16) {
-    /* KVSIM_BENCH_SWEEP_SCALE=s (1..8, default 1): s times the positions (the same 512 decode steps after a longer
-     * prompt) and s times every budget, toward the issue's 8K-position traces (s = 4: 8192 positions, budgets
-     * 128..2048), where attention is a larger part of each step than the per-step bookkeeping */
-    const char *scale_env = getenv("KVSIM_BENCH_SWEEP_SCALE");
-    int64_t scale = scale_env && scale_env[0] ? atoll(scale_env) : 1;
-    if (scale < 1 || scale > 8) {
-        fprintf(stderr, "bench_speed: KVSIM_BENCH_SWEEP_SCALE must be 1..8\n");
-        exit(2);
-    }
-    kvs_gen_trace_opts o = kvs_gen_trace_defaults();
-    o.n_layers = 2;
-    o.n_heads = 8;
-    o.n_kv_heads = 2;
-    o.head_dim = 128;
-    o.n_positions = (int)(2048 * scale);
-    o.prompt_len = o.n_positions - 512;
-    kvs_test_replay_fixture fx; /* the generated data as a replay source: 2-byte K/V, blocks of 64 */
-    CHECK(kvs_test_replay_fixture_make(&o, 2, 64, &fx));
-    kvs_gen_trace *g = fx.g;
-    if (kv16) round_kv_to_fp16(&o, g);
-    kvs_replay_source src;
-    CHECK(kvs_replay_source_from_memory(&fx.mem, &src));
-    if (kv16) src.kv_dtype = KVS_DTYPE_F16;
-    int nc = 0, pol_of[N_SWEEP_POLICIES * N_SWEEP_BUDGETS];
-    kvs_replay_config cfgs[N_SWEEP_POLICIES * N_SWEEP_BUDGETS];
-    for (int p = 0; p < N_SWEEP_POLICIES; p++)
-        for (int b = 0; b < N_SWEEP_BUDGETS && (!only || !strcmp(only, sweep_policies[p])); b++) {
-            kvs_replay_config *c = &cfgs[nc];
-            pol_of[nc++] = p;
-            *c = (kvs_replay_config){.budget = sweep_budgets[b] * scale, .budget_fraction = -1};
-            CHECK(kvs_policy_parse(sweep_policies[p], &c->policy));
-        }
-    if (nc == 0) {
-        fprintf(stderr, "bench_speed: no sweep policy named %s\n", only);
-        exit(2);
-    }
+/* One sweep run and its report: the configurations cfgs[0..nc) (policy pol_of[c] of sweep_policies) on src. */
+static void sweep_run(int threads, const kvs_gen_trace_opts *o, int64_t scale, const kvs_replay_source *src,
+                      const kvs_replay_config *cfgs, const int *pol_of, int nc, int kv16) {
     print_load(kv16 ? "sweep, K/V in fp16 (a captured trace's default)" : "sweep, K/V in fp32");
     printf("GENERATED trace (not a model): %d layers, %d query heads, %d KV heads, d %d, %d positions (prompt %d, %d "
            "decode steps measured); %d policies x %d budgets (%lld..%lld), %d threads\n",
-           o.n_layers, o.n_heads, o.n_kv_heads, o.head_dim, o.n_positions, o.prompt_len, o.n_positions - o.prompt_len,
+           o->n_layers, o->n_heads, o->n_kv_heads, o->head_dim, o->n_positions, o->prompt_len,
+           o->n_positions - o->prompt_len,
            nc / N_SWEEP_BUDGETS, N_SWEEP_BUDGETS, (long long)(sweep_budgets[0] * scale),
            (long long)(sweep_budgets[N_SWEEP_BUDGETS - 1] * scale), threads);
     kvs_replay_opts ro = {.configs = cfgs, .n_configs = nc, .threads = threads, .measure = KVS_MEASURE_DECODE};
     kvs_replay_result *r = NULL;
     double t0 = kvs_now_s(), c0 = cpu_s(0);
-    CHECK(kvs_replay_execute(&src, &ro, &r));
+    CHECK(kvs_replay_execute(src, &ro, &r));
     double el = kvs_now_s() - t0, cpu = cpu_s(0) - c0;
     /* FMAs: the full reference once per (layer, query head, decode step) over 0..p, shared by every
      * configuration; each configuration's attention over its S_t. A pair = 2 d FMAs (dot + axpy). */
-    double d = o.head_dim, ref_pairs = 0, pol_pairs = 0, pol_pairs_p[N_SWEEP_POLICIES] = {0}, copied_pairs = 0;
+    double d = o->head_dim, ref_pairs = 0, pol_pairs = 0, pol_pairs_p[N_SWEEP_POLICIES] = {0}, copied_pairs = 0;
     double wall_p[N_SWEEP_POLICIES] = {0};
-    for (int64_t p = o.prompt_len; p < o.n_positions; p++) ref_pairs += (double)o.n_layers * o.n_heads * (double)(p + 1);
+    for (int64_t p = o->prompt_len; p < o->n_positions; p++) ref_pairs += (double)o->n_layers * o->n_heads * (double)(p + 1);
     for (int c = 0; c < nc; c++) {
         const kvs_results_stat *a = &r->runs[c].run_agg.attended_tokens;
         if (r->runs[c].status != KVS_OK) printf("run %s:%lld failed: %s\n", sweep_policies[pol_of[c]],
@@ -438,8 +402,56 @@ static void sweep(int threads, const char *only, int kv16) {
             printf("  %-10s %10.3f %12.4g %14.4g\n", sweep_policies[p], wall_p[p], pol_pairs_p[p],
                    pol_pairs_p[p] / wall_p[p]);
     kvs_replay_result_free(r);
-    const char *npy = getenv("KVSIM_BENCH_NPY_DIR");
-    if (npy && npy[0] && !only && !kv16) torch_side(npy, g, &src, fx.scale, threads); /* once, on the fp32 data */
+}
+
+/* `only` (NULL = all): the sweep restricted to that policy's 8 budgets, for a per-policy CPU time. want32: on the
+ * generated fp32 K/V; want16: on the K/V rounded to fp16 and the source declared fp16, as a captured trace is by
+ * default (`kvsim capture --dtype`), so the replay keeps its 16-bit history beside the fp32 one and attends
+ * through the 16-bit kernels. Both: one generated trace, the fp32 sweep first, then rounded in place. */
+static void sweep(int threads, const char *only, int want32, int want16) {
+    /* KVSIM_BENCH_SWEEP_SCALE=s (1..8, default 1): s times the positions (the same 512 decode steps after a longer
+     * prompt) and s times every budget, toward the issue's 8K-position traces (s = 4: 8192 positions, budgets
+     * 128..2048), where attention is a larger part of each step than the per-step bookkeeping */
+    const char *scale_env = getenv("KVSIM_BENCH_SWEEP_SCALE");
+    int64_t scale = scale_env && scale_env[0] ? atoll(scale_env) : 1;
+    if (scale < 1 || scale > 8) {
+        fprintf(stderr, "bench_speed: KVSIM_BENCH_SWEEP_SCALE must be 1..8\n");
+        exit(2);
+    }
+    kvs_gen_trace_opts o = kvs_gen_trace_defaults();
+    o.n_layers = 2;
+    o.n_heads = 8;
+    o.n_kv_heads = 2;
+    o.head_dim = 128;
+    o.n_positions = (int)(2048 * scale);
+    o.prompt_len = o.n_positions - 512;
+    kvs_test_replay_fixture fx; /* the generated data as a replay source: 2-byte K/V, blocks of 64 */
+    CHECK(kvs_test_replay_fixture_make(&o, 2, 64, &fx));
+    kvs_gen_trace *g = fx.g;
+    kvs_replay_source src;
+    CHECK(kvs_replay_source_from_memory(&fx.mem, &src));
+    int nc = 0, pol_of[N_SWEEP_POLICIES * N_SWEEP_BUDGETS];
+    kvs_replay_config cfgs[N_SWEEP_POLICIES * N_SWEEP_BUDGETS];
+    for (int p = 0; p < N_SWEEP_POLICIES; p++)
+        for (int b = 0; b < N_SWEEP_BUDGETS && (!only || !strcmp(only, sweep_policies[p])); b++) {
+            kvs_replay_config *c = &cfgs[nc];
+            pol_of[nc++] = p;
+            *c = (kvs_replay_config){.budget = sweep_budgets[b] * scale, .budget_fraction = -1};
+            CHECK(kvs_policy_parse(sweep_policies[p], &c->policy));
+        }
+    if (nc == 0) {
+        fprintf(stderr, "bench_speed: no sweep policy named %s\n", only);
+        exit(2);
+    }
+    for (int kv16 = !want32; kv16 <= want16; kv16++) {
+        if (kv16) {
+            round_kv_to_fp16(&o, g);
+            src.kv_dtype = KVS_DTYPE_F16;
+        }
+        sweep_run(threads, &o, scale, &src, cfgs, pol_of, nc, kv16);
+        const char *npy = getenv("KVSIM_BENCH_NPY_DIR");
+        if (npy && npy[0] && !only && !kv16) torch_side(npy, g, &src, fx.scale, threads); /* once, on the fp32 data */
+    }
     kvs_test_replay_fixture_free(&fx);
 }
 
@@ -540,7 +552,6 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(only, "kernels")) return 0;
     const char *policy = argc > 2 ? argv[2] : NULL;
-    if (strcmp(only, "sweep16")) sweep(threads, policy, 0);
-    if (strcmp(only, "sweep")) sweep(threads, policy, 1);
+    sweep(threads, policy, strcmp(only, "sweep16") != 0, strcmp(only, "sweep") != 0);
     return 0;
 }
