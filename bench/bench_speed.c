@@ -117,7 +117,9 @@ static void attention_rows_scalar(const float *q, size_t nrows, size_t G, const 
 static void kernels(int d) {
     const size_t G = 4, N = 4096, nb = 8, p0 = N - nb, budget = 1024;
     uint64_t seed = 7;
-    float *k = malloc(N * (size_t)d * sizeof *k), *v = malloc(N * (size_t)d * sizeof *v);
+    /* K and V in one block from kvs_alloc_rows, as the replay holds a layer's history (on huge pages where the
+     * system has them; a selection's scattered rows are TLB misses on 4 KiB pages) */
+    float *k = kvs_alloc_rows(2 * N * (size_t)d * sizeof *k), *v = k ? k + N * (size_t)d : NULL;
     float *q = malloc(nb * G * (size_t)d * sizeof *q), *pb = malloc(nb * G * N * sizeof *pb);
     float *ob = malloc(nb * G * (size_t)d * sizeof *ob);
     int32_t *idx = malloc(budget * sizeof *idx);
@@ -213,7 +215,6 @@ static void kernels(int d) {
            100 * reps * fma_l2 / el / peak_core_cpu, reps * bytes_l2 / el / 1e9, bytes_l2 / bw_core / fma_l2);
 #undef TIMED
     free(k);
-    free(v);
     free(q);
     free(pb);
     free(ob);
@@ -228,8 +229,8 @@ static void kernels16(int d, size_t N) {
     const size_t G = 4, nb = 8, p0 = N - nb, budget = N / 4;
     uint64_t seed = 11;
     size_t nd = N * (size_t)d;
-    float *k = malloc(nd * sizeof *k), *v = malloc(nd * sizeof *v);
-    uint16_t *k16 = malloc(nd * sizeof *k16), *v16 = malloc(nd * sizeof *v16);
+    float *k = kvs_alloc_rows(2 * nd * sizeof *k), *v = k ? k + nd : NULL; /* as the replay holds them */
+    uint16_t *k16 = kvs_alloc_rows(2 * nd * sizeof *k16), *v16 = k16 ? k16 + nd : NULL;
     float *q = malloc(nb * G * (size_t)d * sizeof *q), *pb = malloc(nb * G * N * sizeof *pb);
     float *ob = malloc(nb * G * (size_t)d * sizeof *ob);
     int32_t *idx = malloc(budget * sizeof *idx);
@@ -276,9 +277,7 @@ static void kernels16(int d, size_t N) {
 #undef ROW
 #undef TIMED
     free(k);
-    free(v);
     free(k16);
-    free(v16);
     free(q);
     free(pb);
     free(ob);

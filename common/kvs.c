@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -323,6 +324,21 @@ kvs_status kvs_read_file(const char *path, char **out, size_t *len) {
     *out = buf;
     if (len) *len = n;
     return KVS_OK;
+}
+
+/* Issue 17: S_t over positions drawn across a 1 MiB history ran 10-25% slower than over a window of the same size
+ * (bench_speed kernels, d 64 and 128) because each gathered row was a first-level TLB miss on 4 KiB pages; on
+ * 2 MiB pages the scattered rows cost about what contiguous ones do (sim/BENCH.md, "Ninth pass"). */
+void *kvs_alloc_rows(size_t bytes) {
+    const size_t huge = (size_t)2 << 20;
+    if (bytes < huge / 2 || bytes > SIZE_MAX - huge) return malloc(bytes);
+    size_t rounded = (bytes + huge - 1) / huge * huge;
+    void *p = aligned_alloc(huge, rounded);
+    if (!p) return malloc(bytes);
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, rounded, MADV_HUGEPAGE); /* advice only: without THP the pages stay 4 KiB and all works */
+#endif
+    return p;
 }
 
 double kvs_now_s(void) {

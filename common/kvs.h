@@ -134,6 +134,13 @@ void kvs_format_bytes(char *buf, size_t cap, double v);
 /*! kvs_read_file() : read a whole file into a malloc'd buffer (caller frees) with a NUL appended. */
 kvs_status kvs_read_file(const char *path, char **out, size_t *len);
 
+/*! kvs_alloc_rows() : memory for a large array whose rows kernels read in scattered order (a K/V history, whose
+ *  rows a policy's S_t gathers). From 1 MiB up it is aligned to 2 MiB, rounded up to whole 2 MiB, and advised
+ *  MADV_HUGEPAGE: where the kernel has transparent huge pages ("madvise" or "always") the array then sits on 2 MiB
+ *  pages, one TLB entry where 4 KiB pages need 512. Smaller arrays, or a refused alignment, get plain malloc. The
+ *  contents are uninitialised, as malloc's. Freed with free(). NULL when out of memory. */
+void *kvs_alloc_rows(size_t bytes);
+
 /*! kvs_now_s() : monotonic time in seconds, for progress lines and benchmarks only. */
 double kvs_now_s(void);
 

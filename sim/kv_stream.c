@@ -79,9 +79,10 @@ kvs_status kvs_kv_stream_open(const kvs_trace *t, int layer, int kv_head, unsign
     s->tokens = kvs_trace_tokens(t);
     s->turn_of = kvs_trace_turn_of(t);
     s->roles = kvs_trace_roles(t);
-    s->k = malloc(N * d * sizeof(float));
-    s->v = malloc(N * d * sizeof(float));
-    int ok = s->k && s->v;
+    /* K and V in one block, on huge pages where the system has them (kvs_alloc_rows: gathered rows) */
+    s->k = kvs_alloc_rows(2 * N * d * sizeof(float));
+    s->v = s->k ? s->k + N * d : NULL;
+    int ok = s->k != NULL;
     if (flags & KVS_KV_STREAM_FULL_ATTN) {
         s->probs = malloc(G * N * sizeof(float));
         s->out = malloc(G * d * sizeof(float));
@@ -101,10 +102,10 @@ kvs_status kvs_kv_stream_open(const kvs_trace *t, int layer, int kv_head, unsign
         (dt == KVS_DTYPE_F16 || dt == KVS_DTYPE_BF16) && d <= KVS_KV16_MAX_DIM && kvs_math_kv16_default() &&
         __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__) {
         s->kv16 = dt;
-        s->k16 = malloc(N * d * sizeof(uint16_t));
-        s->v16 = malloc(N * d * sizeof(uint16_t));
+        s->k16 = kvs_alloc_rows(2 * N * d * sizeof(uint16_t));
+        s->v16 = s->k16 ? s->k16 + N * d : NULL;
         s->prow = malloc(G * sizeof *s->prow);
-        ok = ok && s->k16 && s->v16 && s->prow;
+        ok = ok && s->k16 && s->prow;
     }
     if (!ok) {
         kvs_kv_stream_free(s);
@@ -243,10 +244,8 @@ kvs_status kvs_kv_stream_next(kvs_kv_stream *s, kvs_kv_pos *out) {
 void kvs_kv_stream_free(kvs_kv_stream *s) {
     if (!s) return;
     kvs_trace_stream_free(s->blocks);
-    free(s->k);
-    free(s->v);
+    free(s->k); /* v and v16 lie in the blocks of k and k16 */
     free(s->k16);
-    free(s->v16);
     free((void *)s->prow);
     free(s->probs);
     free(s->scores);

@@ -130,7 +130,9 @@ typedef struct {
     engine *e;
     int layer, c_lo, c_hi, nc;
     void **streams;           /* [Hkv] */
-    float **hk, **hv;         /* [Hkv] -> [N][d] */
+    float **hk, **hv;         /* [Hkv] -> [N][d], slices of kv_rows */
+    float *kv_rows;           /* every KV head's K then V history, one kvs_alloc_rows block (gathered rows) */
+    uint16_t *kv16_rows;      /* the same for hk16/hv16 */
     kvs_dtype kv16;           /* the 16-bit history's dtype, KVS_DTYPE_F32 when there is none (history16_dtype) */
     uint16_t **hk16, **hv16;  /* [Hkv] -> [N][d] the same rows in the source's 16 bits (kv16 != F32), read by the
                                * reference and the group attention; hk/hv are their exact conversion */
@@ -187,10 +189,6 @@ static void task_free(task *t) {
     }
     for (int h = 0; h < e->Hkv; h++) {
         if (t->streams) e->src->stream_free(t->streams[h]);
-        if (t->hk) free(t->hk[h]);
-        if (t->hv) free(t->hv[h]);
-        if (t->hk16) free(t->hk16[h]);
-        if (t->hv16) free(t->hv16[h]);
         if (t->qb) free(t->qb[h]);
     }
     for (int g = 0; g < e->G; g++) {
@@ -198,6 +196,8 @@ static void task_free(task *t) {
         if (t->pbuf) free(t->pbuf[g]);
     }
     free(t->streams);
+    free(t->kv_rows);
+    free(t->kv16_rows);
     free(t->hk);
     free(t->hv);
     free(t->hk16);
@@ -303,19 +303,22 @@ static kvs_status task_alloc(task *t) {
         t->hk16 = calloc(H, sizeof *t->hk16);
         t->hv16 = calloc(H, sizeof *t->hv16);
         if (!t->hk16 || !t->hv16) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
+        t->kv16_rows = kvs_alloc_rows(2 * H * N * d * sizeof(uint16_t));
+        if (!t->kv16_rows)
+            return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory for the 16-bit K/V history of layer %d", t->layer);
         for (size_t h = 0; h < H; h++) {
-            t->hk16[h] = malloc(N * d * sizeof(uint16_t));
-            t->hv16[h] = malloc(N * d * sizeof(uint16_t));
-            if (!t->hk16[h] || !t->hv16[h])
-                return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory for the 16-bit K/V history of layer %d", t->layer);
+            t->hk16[h] = t->kv16_rows + 2 * h * N * d;
+            t->hv16[h] = t->hk16[h] + N * d;
         }
     }
+    /* One block for every head's history, on huge pages where the system has them (kvs_alloc_rows). */
+    t->kv_rows = kvs_alloc_rows(2 * H * N * d * sizeof(float));
+    if (!t->kv_rows) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory for the K/V history of layer %d", t->layer);
     for (size_t h = 0; h < H; h++) {
-        t->hk[h] = malloc(N * d * sizeof(float));
-        t->hv[h] = malloc(N * d * sizeof(float));
+        t->hk[h] = t->kv_rows + 2 * h * N * d;
+        t->hv[h] = t->hk[h] + N * d;
         t->qb[h] = malloc(mp * G * d * sizeof(float));
-        if (!t->hk[h] || !t->hv[h] || !t->qb[h])
-            return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory for the K/V history of layer %d", t->layer);
+        if (!t->qb[h]) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory for the K/V history of layer %d", t->layer);
     }
     for (size_t g = 0; g < G; g++) {
         t->sel_idx[g] = malloc(N * sizeof(int32_t));

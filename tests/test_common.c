@@ -1032,6 +1032,48 @@ static void test_n_cpus_follows_the_affinity_mask(void **state) {
     assert_int_equal(kvs_n_cpus(), CPU_COUNT(&saved));
 }
 
+/* kvs_alloc_rows: below 1 MiB plain memory; from 1 MiB up 2 MiB-aligned and advised MADV_HUGEPAGE (the mapping
+ * that holds it carries smaps' "hg" flag wherever the kernel has transparent huge pages at all); every byte asked
+ * for is usable (ASan checks the ends). */
+static int smaps_flag_for(const void *p, const char *flag) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[512];
+    int inside = 0, found = 0;
+    while (fgets(line, sizeof line, f)) {
+        unsigned long lo, hi;
+        if (sscanf(line, "%lx-%lx ", &lo, &hi) == 2) { /* a mapping's header line */
+            inside = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+            continue;
+        }
+        if (inside && !strncmp(line, "VmFlags:", 8)) {
+            char want[8];
+            snprintf(want, sizeof want, " %s", flag);
+            found = strstr(line, want) != NULL;
+            break;
+        }
+    }
+    fclose(f);
+    return found;
+}
+
+static void test_alloc_rows_alignment_and_advice(void **state) {
+    (void)state;
+    unsigned char *small = kvs_alloc_rows(1000);
+    assert_non_null(small);
+    memset(small, 1, 1000);
+    free(small);
+    size_t big = ((size_t)3 << 20) + 5;
+    unsigned char *p = kvs_alloc_rows(big);
+    assert_non_null(p);
+    assert_int_equal((uintptr_t)p % ((uintptr_t)2 << 20), 0);
+    memset(p, 7, big);
+    assert_int_equal(p[big - 1], 7);
+    if (access("/sys/kernel/mm/transparent_hugepage/enabled", F_OK) == 0)
+        assert_int_equal(smaps_flag_for(p + big / 2, "hg"), 1);
+    free(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f16_exact_values),
@@ -1067,6 +1109,7 @@ int main(void) {
         cmocka_unit_test(test_page_select_ties_and_boundary),
         cmocka_unit_test(test_npy_header_layout),
         cmocka_unit_test(test_n_cpus_follows_the_affinity_mask),
+        cmocka_unit_test(test_alloc_rows_alignment_and_advice),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
