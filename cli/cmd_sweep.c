@@ -1,9 +1,11 @@
 /* cmd_sweep.c — `kvsim sweep STUDY`: the task list of a study (sim/study.h, format sim/STUDY.md) and the runs of
  * its tasks, one task at a time, a range, or every task; with the MPI build (`make mpi`, KVS_WITH_MPI) under
  * mpirun, tasks handed out dynamically to the ranks, each writing its own shard, rank 0 merging them
- * (sim/results_sweep.h). A task is one `kvsim replay` pass (cli/cmd_replay.c) of one trace under a slice of the
- * study's policies and all its budgets; a completed task is recorded (table sweep_tasks) and skipped when re-run.
+ * (sim/results_sweep.h), and a resumed one skipping every task complete in any database of the folder. A task is
+ * one `kvsim replay` pass (cli/cmd_replay.c) of one trace under a slice of the study's policies and all its
+ * budgets; a completed task is recorded (table sweep_tasks) and skipped when re-run.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,8 +45,9 @@ static void usage(FILE *f) {
             "  --task I        run task I only (0-based)\n"
             "  --tasks I:J     run tasks I..J-1\n"
             "                  (neither: every task)\n"
-            "  --db DIR/       a folder (trailing /): each process writes DIR/shard-RANK.db, then rank 0 merges the\n"
-            "                  shards into DIR/study.db; under mpirun (make mpi) tasks go dynamically to the ranks\n\n"
+            "  --db DIR/       a folder (trailing /): each process writes DIR/shard-RANK.db, then rank 0 merges every\n"
+            "                  DIR/shard-N.db into DIR/study.db; under mpirun (make mpi) tasks go dynamically to the\n"
+            "                  ranks; a task complete in DIR/study.db or any shard there is skipped\n\n"
             "A task that completed is recorded in the database and skipped when run again (resumable). Merge shard\n"
             "databases with `kvsim merge`.\n");
 }
@@ -183,6 +186,110 @@ static int parse_range(const char *v, int32_t n, long *lo, long *hi) {
     return 0;
 }
 
+typedef char shard_path[4096];
+
+/* N when `name` is shard-N.db exactly as run_sharded writes it, else -1 (shard-1.db-wal, shard-03.db). */
+static int shard_rank_of(const char *name) {
+    int r = -1, end = 0;
+    if (sscanf(name, "shard-%d.db%n", &r, &end) != 1 || name[end] != '\0' || r < 0) return -1;
+    char canon[32];
+    snprintf(canon, sizeof canon, "shard-%d.db", r);
+    return strcmp(canon, name) ? -1 : r;
+}
+static int cmp_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* The shard databases in DIR: every DIR/shard-N.db (N a rank number, any N: an earlier run may have had more ranks
+ * than this one), sorted by N. *paths: malloc'd, *n entries. @return KVS_OK, or KVS_ERR_NOMEM (a folder that cannot
+ * be read has none). */
+static kvs_status list_shards(const char *dir, shard_path **paths, int *n) {
+    *paths = NULL;
+    *n = 0;
+    DIR *dp = opendir(dir);
+    if (!dp) return KVS_OK;
+    int *ranks = NULL, cap = 0, m = 0;
+    kvs_status st = KVS_OK;
+    for (struct dirent *e; (e = readdir(dp));) {
+        int r = shard_rank_of(e->d_name);
+        if (r < 0) continue;
+        if (m == cap) {
+            int *grown = realloc(ranks, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *ranks);
+            if (!grown) {
+                st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+                break;
+            }
+            ranks = grown;
+        }
+        ranks[m++] = r;
+    }
+    closedir(dp);
+    if (st == KVS_OK && m > 0) {
+        qsort(ranks, (size_t)m, sizeof *ranks, cmp_int);
+        if (!(*paths = malloc((size_t)m * sizeof **paths))) st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+        for (int i = 0; st == KVS_OK && i < m; i++) snprintf((*paths)[i], sizeof(*paths)[i], "%sshard-%d.db", dir, ranks[i]);
+        if (st == KVS_OK) *n = m;
+    }
+    free(ranks);
+    return st;
+}
+
+/* Which tasks an earlier run of this sweep completed in any database of DIR (study.db or any rank's shard): a
+ * resumed sweep skips them whichever rank ran them (before, a task was skipped only when the rank that drew it
+ * this time had run it last time, so a resume under dynamic distribution re-ran most completed tasks and the merge
+ * dropped the duplicates). A database that cannot be read is left out with a warning: what it holds runs again.
+ * @return skip[n_tasks] (1 = complete), or NULL when nothing is complete or memory ran out. */
+static unsigned char *completed_tasks(const kvs_study *s, const char *dir) {
+    shard_path *shards = NULL;
+    int n_shards = 0;
+    if (list_shards(dir, &shards, &n_shards) != KVS_OK) return NULL;
+    char study_db[4096];
+    snprintf(study_db, sizeof study_db, "%sstudy.db", dir);
+    int n_db = 0;
+    kvs_results_db **dbs = calloc((size_t)n_shards + 1, sizeof *dbs);
+    const char **db_paths = calloc((size_t)n_shards + 1, sizeof *db_paths);
+    for (int i = -1; dbs && db_paths && i < n_shards; i++) {
+        const char *path = i < 0 ? study_db : shards[i];
+        if (access(path, F_OK) != 0) continue;
+        if (kvs_results_open_readonly(path, &dbs[n_db]) == KVS_OK) db_paths[n_db++] = path;
+        else fprintf(stderr, "kvsim sweep: warning: %s: %s: its tasks are not counted as complete\n", path, kvs_last_error());
+    }
+    int32_t n_tasks = kvs_study_n_tasks(s), n_traces = kvs_study_n_traces(s);
+    unsigned char *skip = n_db > 0 ? calloc((size_t)n_tasks, 1) : NULL;
+    char(*sha)[65] = skip ? calloc((size_t)n_traces, sizeof *sha) : NULL; /* each trace hashed once, "" = not yet */
+    int any = 0;
+    for (int32_t i = 0; sha && i < n_tasks; i++) {
+        const kvs_study_task *t = kvs_study_task_get(s, i);
+        if (!sha[t->trace][0] && kvs_sha256_file_hex(kvs_study_trace_path(s, t->trace), sha[t->trace]) != KVS_OK) {
+            sha[t->trace][0] = '\0'; /* unreadable: the task runs and reports it */
+            continue;
+        }
+        char configs[4096], key[65];
+        task_configs(s, t, configs, sizeof configs);
+        task_key(s, t, sha[t->trace], configs, key);
+        for (int k = 0; k < n_db && !skip[i]; k++) {
+            int done = 0;
+            if (kvs_results_sweep_task_done(dbs[k], key, &done) == KVS_OK && done) {
+                skip[i] = 1;
+                any = 1;
+                fprintf(stderr, "kvsim sweep: task %d (%s: %s) already complete in %s: skipped\n", i,
+                        kvs_study_trace_path(s, t->trace), configs, db_paths[k]);
+            }
+        }
+    }
+    for (int k = 0; k < n_db; k++) kvs_results_close(dbs[k]);
+    free(dbs);
+    free(db_paths);
+    free(sha);
+    free(shards);
+    if (!any) {
+        free(skip);
+        return NULL;
+    }
+    return skip;
+}
+
 #ifdef KVS_WITH_MPI
 /* Dynamic distribution under MPI: rank 0's main thread is a dispatcher that answers every other rank's request for
  * a task with the next task index (-1: none left, or a task failed somewhere), while a worker thread of rank 0 takes
@@ -196,6 +303,7 @@ enum { TAG_REQUEST = 1, TAG_REPLY = 2 };
 typedef struct {
     const kvs_study *s;
     const char *shard;
+    const unsigned char *skip; /* [n_tasks] complete in DIR already (completed_tasks), or NULL */
     atomic_long next;  /* the next task to hand out */
     atomic_int failed; /* a task failed on some rank: hand out no more (the error ends the sweep early) */
 } dispatcher;
@@ -203,8 +311,9 @@ typedef struct {
 /* The next task for anyone, or -1. */
 static long dispatch_take(dispatcher *d) {
     if (atomic_load(&d->failed)) return -1;
-    long t = atomic_fetch_add(&d->next, 1);
-    return t < kvs_study_n_tasks(d->s) ? t : -1;
+    long n = kvs_study_n_tasks(d->s), t;
+    while ((t = atomic_fetch_add(&d->next, 1)) < n && d->skip && d->skip[t]) {}
+    return t < n ? t : -1;
 }
 
 static void *rank0_worker(void *arg) {
@@ -217,8 +326,9 @@ static void *rank0_worker(void *arg) {
 /* Rank 0: serves the other ranks' requests until each was told "no more", computing beside in a worker thread.
  * A request carries 1 when the requester's previous task failed. `compute`: whether rank 0 may start a thread
  * (MPI_THREAD_FUNNELED provided). @return 1 when a task failed anywhere. */
-static int serve_tasks(const kvs_study *s, const char *shard, int size, int failed, int compute) {
-    dispatcher d = {.s = s, .shard = shard};
+static int serve_tasks(const kvs_study *s, const char *shard, const unsigned char *skip, int size, int failed,
+                       int compute) {
+    dispatcher d = {.s = s, .shard = shard, .skip = skip};
     atomic_init(&d.next, 0);
     atomic_init(&d.failed, failed);
     pthread_t worker;
@@ -256,9 +366,9 @@ static int request_tasks(const kvs_study *s, const char *shard, int rank, int fa
 
 /* --db DIR/: every task over the processes (MPI ranks, or this one process), one shard each, rank 0 merging. */
 static int run_sharded(const kvs_study *s, const char *dir) {
-    int rank = 0, size = 1, failed = 0;
+    int rank = 0, failed = 0;
 #ifdef KVS_WITH_MPI
-    int provided = 0;
+    int provided = 0, size = 1;
     MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -269,14 +379,17 @@ static int run_sharded(const kvs_study *s, const char *dir) {
         fprintf(stderr, "kvsim sweep: %s: cannot create the folder: %s\n", dir, strerror(errno));
         failed = 1;
     }
+    /* rank 0 (the one that hands out tasks) looks up what earlier runs completed, before any rank writes */
+    unsigned char *skip = rank == 0 && !failed ? completed_tasks(s, dir) : NULL;
 #ifdef KVS_WITH_MPI
     /* without MPI_THREAD_FUNNELED rank 0 starts no thread: it only dispatches, the others compute */
-    failed = rank == 0 ? serve_tasks(s, shard, size, failed, provided >= MPI_THREAD_FUNNELED)
+    failed = rank == 0 ? serve_tasks(s, shard, skip, size, failed, provided >= MPI_THREAD_FUNNELED)
                        : request_tasks(s, shard, rank, failed);
 #else
     for (int32_t i = 0; !failed && i < kvs_study_n_tasks(s); i++)
-        if (run_task(s, i, shard, rank) != KVS_EXIT_OK) failed = 1;
+        if (!(skip && skip[i]) && run_task(s, i, shard, rank) != KVS_EXIT_OK) failed = 1;
 #endif
+    free(skip);
     int any_failed = failed;
 #ifdef KVS_WITH_MPI
     MPI_Allreduce(&failed, &any_failed, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
@@ -288,16 +401,17 @@ static int run_sharded(const kvs_study *s, const char *dir) {
     if (rank == 0 && !any_failed) {
         char out[4096];
         snprintf(out, sizeof out, "%sstudy.db", dir);
-        char(*paths)[4096] = calloc((size_t)size, sizeof *paths);
-        const char **inputs = calloc((size_t)size, sizeof *inputs);
+        /* every shard in the folder: this run's ranks' (a rank that got no task wrote none) and an earlier run's
+         * with more ranks, whose completed tasks this run skipped */
+        shard_path *paths = NULL;
         int n_in = 0;
-        for (int r = 0; paths && inputs && r < size; r++) {
-            snprintf(paths[r], sizeof paths[r], "%sshard-%d.db", dir, r);
-            if (access(paths[r], F_OK) == 0) inputs[n_in++] = paths[r]; /* a rank that got no task wrote none */
-        }
+        kvs_status st = list_shards(dir, &paths, &n_in);
+        const char **inputs = st == KVS_OK ? calloc((size_t)n_in + 1, sizeof *inputs) : NULL;
+        if (st == KVS_OK && !inputs) st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+        for (int r = 0; inputs && r < n_in; r++) inputs[r] = paths[r];
         kvs_results_merge_stats ms;
         double t0 = kvs_now_s();
-        kvs_status st = paths && inputs ? kvs_results_merge(out, inputs, n_in, &ms) : kvs_fail(KVS_ERR_NOMEM, "out of memory");
+        if (st == KVS_OK) st = kvs_results_merge(out, inputs, n_in, &ms);
         if (st != KVS_OK) rc = kvs_cli_fail("sweep", st);
         else
             fprintf(stderr, "kvsim sweep: merged %d shards into %s in %.2f s: %lld runs (%lld duplicates dropped)\n",

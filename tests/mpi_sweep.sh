@@ -49,6 +49,13 @@ grep -q "run the same command again to resume" "$dir/fail.log" || { cat "$dir/fa
 rmdir "$dir/fail/shard-1.db"
 mpirun --allow-run-as-root --oversubscribe -np 2 "$mpi_kvsim" sweep "$dir/study" --db "$dir/fail/" >"$dir/resume.log" 2>&1 ||
     { cat "$dir/resume.log"; echo "mpi_sweep: FAIL: the resumed sweep failed"; exit 1; }
+# what rank 0 completed before the failure is skipped on resume, whichever rank draws it (not run again)
+for t in $(sed -n 's/.*rank 0: task \([0-9]*\):.*/\1/p' "$dir/fail.log"); do
+    grep -q "rank [01]: task $t:" "$dir/resume.log" &&
+        { cat "$dir/resume.log"; echo "mpi_sweep: FAIL: task $t, complete in shard-0.db, ran again on resume"; exit 1; }
+    grep -q "task $t (.*already complete in $dir/fail/shard-0.db" "$dir/resume.log" ||
+        { cat "$dir/resume.log"; echo "mpi_sweep: FAIL: task $t not reported as complete on resume"; exit 1; }
+done
 runs_key "$kvsim" "$dir/fail/study.db" >"$dir/resumed.txt"
 cmp -s "$dir/single.txt" "$dir/resumed.txt" || { echo "mpi_sweep: FAIL: the resumed sweep differs from the one-process sweep"; exit 1; }
 echo "mpi_sweep: OK: a failed task on rank 1 stops both ranks (non-zero exit, no merge); the resumed sweep equals the one-process sweep"

@@ -314,6 +314,61 @@ static void test_merged_shards_equal_one_process(void **state) {
     assert_non_null(strstr(c->err, "already complete"));
 }
 
+/* `--db DIR/` resumes from every database in the folder: the tasks an earlier run completed in another rank's
+ * shard (here shard-3.db, as a 4-rank run leaves it; this run is one process, rank 0) are skipped, not run again,
+ * and that shard is merged with this run's: study.db equals a one-process sweep run by run. Run again, nothing
+ * runs. Before, only the rank's own shard was consulted and only shards 0..ranks-1 merged. */
+static int count_of(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle)) n++;
+    return n;
+}
+
+static void test_sharded_resume_skips_every_shard(void **state) {
+    ctx *c = *state;
+    SKIP_WITHOUT_BIN();
+    char single[160], dir[160], shard3[200], study_db[200], stray[200];
+    snprintf(single, sizeof single, "%s/single.db", c->dir);
+    snprintf(dir, sizeof dir, "%s/shards/", c->dir);
+    snprintf(shard3, sizeof shard3, "%sshard-3.db", dir);
+    snprintf(study_db, sizeof study_db, "%sstudy.db", dir);
+    snprintf(stray, sizeof stray, "%sshard-03.db", dir); /* not a name sweep writes: neither read nor merged */
+    assert_int_equal(mkdir(dir, 0777), 0);
+    assert_int_equal(run(c, "sweep", c->study, "--db", single, NULL), 0);
+    assert_int_equal(run(c, "sweep", c->study, "--db", shard3, "--tasks", "0:4", NULL), 0);
+    assert_int_equal(write_text(stray, "not a database"), 0);
+    assert_int_equal(run(c, "sweep", c->study, "--db", dir, NULL), 0);
+    for (int i = 0; i < 4; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "task %d (", i);
+        assert_non_null(strstr(c->err, want));
+        snprintf(want, sizeof want, "rank 0: task %d:", i);
+        assert_null(strstr(c->err, want));
+    }
+    assert_int_equal(count_of(c->err, "already complete in"), 4);
+    assert_int_equal(count_of(c->err, "shard-3.db: skipped"), 4);
+    assert_non_null(strstr(c->err, "rank 0: task 4:"));
+    assert_non_null(strstr(c->err, "rank 0: task 5:"));
+    assert_int_equal(count_of(c->err, "rank 0: task"), 2);
+    assert_non_null(strstr(c->err, "merged 2 shards"));
+    int64_t n1 = 0, n2 = 0;
+    char *want = run_lines(single, &n1), *got = run_lines(study_db, &n2);
+    assert_non_null(want);
+    assert_non_null(got);
+    assert_int_equal(n1, 16);
+    assert_string_equal(want, got);
+    free(got);
+    /* everything is complete now: the same command runs no task and the merged database is unchanged */
+    assert_int_equal(run(c, "sweep", c->study, "--db", dir, NULL), 0);
+    assert_int_equal(count_of(c->err, "rank 0: task"), 0);
+    assert_int_equal(count_of(c->err, "already complete in"), 6);
+    got = run_lines(study_db, &n2);
+    assert_non_null(got);
+    assert_string_equal(want, got);
+    free(want);
+    free(got);
+}
+
 /* A failed run (an interrupted task) is replaced by the complete run of the same identity. */
 static void test_complete_run_supersedes_failed(void **state) {
     ctx *c = *state;
@@ -494,6 +549,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_task_list_is_deterministic_and_sized, setup, teardown),
         cmocka_unit_test_setup_teardown(test_task_runs_once_and_resumes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_merged_shards_equal_one_process, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sharded_resume_skips_every_shard, setup, teardown),
         cmocka_unit_test_setup_teardown(test_complete_run_supersedes_failed, setup, teardown),
         cmocka_unit_test_setup_teardown(test_merge_identity_includes_replay_options, setup, teardown),
         cmocka_unit_test_setup_teardown(test_rerun_task_replaces_earlier_attempt, setup, teardown),
