@@ -94,8 +94,9 @@ static void ctx_free(cl_ctx *c) {
 
 static kvs_status ctx_alloc(cl_ctx *c) {
     size_t LH = (size_t)c->L * (size_t)c->Hkv, N = (size_t)c->N, d = (size_t)c->d, G = (size_t)c->G;
-    c->hk = malloc(LH * N * d * sizeof(float));
-    c->hv = malloc(LH * N * d * sizeof(float));
+    /* the policy model's K/V, whose rows S_t gathers: on huge pages where the system has them (kvs_alloc_rows) */
+    c->hk = kvs_alloc_rows(LH * N * d * sizeof(float));
+    c->hv = kvs_alloc_rows(LH * N * d * sizeof(float));
     c->qb = malloc(LH * (size_t)c->P * G * d * sizeof(float));
     c->states = calloc(LH, sizeof *c->states);
     c->budgets = malloc(LH * sizeof *c->budgets);
