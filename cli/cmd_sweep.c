@@ -20,6 +20,7 @@
 #include <time.h>
 #endif
 
+#include "../common/kvs_math.h"
 #include "../common/sha256.h"
 #include "../sim/results.h"
 #include "../sim/results_sweep.h"
@@ -188,17 +189,18 @@ static int parse_range(const char *v, int32_t n, long *lo, long *hi) {
 
 typedef char shard_path[4096];
 
-/* N when `name` is shard-N.db exactly as run_sharded writes it, else -1 (shard-1.db-wal, shard-03.db). */
+/* The one spelling of a rank's shard: DIR/shard-RANK.db (dir "" gives the file name alone). */
+static void shard_path_of(shard_path out, const char *dir, int rank) {
+    snprintf(out, sizeof(shard_path), "%sshard-%d.db", dir, rank);
+}
+
+/* N when `name` is shard-N.db exactly as shard_path_of spells it, else -1 (shard-1.db-wal, shard-03.db). */
 static int shard_rank_of(const char *name) {
     int r = -1, end = 0;
     if (sscanf(name, "shard-%d.db%n", &r, &end) != 1 || name[end] != '\0' || r < 0) return -1;
-    char canon[32];
-    snprintf(canon, sizeof canon, "shard-%d.db", r);
+    shard_path canon;
+    shard_path_of(canon, "", r);
     return strcmp(canon, name) ? -1 : r;
-}
-static int cmp_int(const void *a, const void *b) {
-    int x = *(const int *)a, y = *(const int *)b;
-    return (x > y) - (x < y);
 }
 
 /* The shard databases in DIR: every DIR/shard-N.db (N a rank number, any N: an earlier run may have had more ranks
@@ -209,13 +211,14 @@ static kvs_status list_shards(const char *dir, shard_path **paths, int *n) {
     *n = 0;
     DIR *dp = opendir(dir);
     if (!dp) return KVS_OK;
-    int *ranks = NULL, cap = 0, m = 0;
+    int32_t *ranks = NULL;
+    int cap = 0, m = 0;
     kvs_status st = KVS_OK;
     for (struct dirent *e; (e = readdir(dp));) {
         int r = shard_rank_of(e->d_name);
         if (r < 0) continue;
         if (m == cap) {
-            int *grown = realloc(ranks, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *ranks);
+            int32_t *grown = realloc(ranks, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *ranks);
             if (!grown) {
                 st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
                 break;
@@ -226,9 +229,9 @@ static kvs_status list_shards(const char *dir, shard_path **paths, int *n) {
     }
     closedir(dp);
     if (st == KVS_OK && m > 0) {
-        qsort(ranks, (size_t)m, sizeof *ranks, cmp_int);
+        kvs_sort_positions(ranks, (size_t)m); /* ascending */
         if (!(*paths = malloc((size_t)m * sizeof **paths))) st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
-        for (int i = 0; st == KVS_OK && i < m; i++) snprintf((*paths)[i], sizeof(*paths)[i], "%sshard-%d.db", dir, ranks[i]);
+        for (int i = 0; st == KVS_OK && i < m; i++) shard_path_of((*paths)[i], dir, ranks[i]);
         if (st == KVS_OK) *n = m;
     }
     free(ranks);
@@ -373,8 +376,8 @@ static int run_sharded(const kvs_study *s, const char *dir) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
 #endif
-    char shard[4096];
-    snprintf(shard, sizeof shard, "%sshard-%d.db", dir, rank);
+    shard_path shard;
+    shard_path_of(shard, dir, rank);
     if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
         fprintf(stderr, "kvsim sweep: %s: cannot create the folder: %s\n", dir, strerror(errno));
         failed = 1;
