@@ -78,9 +78,16 @@ void kvs_attention_group(const float *q, size_t nq, const float *keys, const flo
     }
 }
 
+/* The causal block's scaled scores, row r's p0+1+r/group of them, copied to score_rows[r] before the softmax
+ * overwrites them (score_rows NULL: none kept). */
+static void keep_scores(float *const *rows, size_t nr, size_t group, size_t p0, float *const *score_rows) {
+    if (!score_rows) return;
+    for (size_t r = 0; r < nr; r++) memcpy(score_rows[r], rows[r], (p0 + 1 + r / group) * sizeof(float));
+}
+
 void kvs_attention_causal_block(const float *q, size_t nb, size_t group, const float *keys, const float *values,
                                 size_t d, size_t p0, float scale, float *const *probs_rows, float *const *out_rows,
-                                double *lse) {
+                                double *lse, float *const *score_rows) {
     const kvs_math_kernels *k = kvs_math_kernels_active();
     size_t nr = nb * group;
     /* keys 0..p0 are visible to every row: one pass over them serves the whole block */
@@ -88,6 +95,7 @@ void kvs_attention_causal_block(const float *q, size_t nb, size_t group, const f
     /* the triangle: block position b also sees keys p0+1..p0+b */
     for (size_t b = 1; b < nb; b++)
         k->scores(q + b * group * d, group, keys + (p0 + 1) * d, d, NULL, b, d, scale, probs_rows + b * group, p0 + 1);
+    keep_scores(probs_rows, nr, group, p0, score_rows);
     for (size_t r = 0; r < nr; r++) {
         double l = k->softmax(probs_rows[r], p0 + 1 + r / group);
         if (lse) lse[r] = l;
@@ -234,6 +242,85 @@ int kvs_attention_lists16(const float *q, size_t nq, const uint16_t *keys, const
     return 1;
 }
 
+/* ---- attention over S_t from scores already computed (the full reference's) ---- */
+
+/* Row r's scores over its list, gathered in list order from its row of scores against every position: what the
+ * scores kernel writes for that list (a score's bits do not depend on the rows and tiles computed with it). */
+static void gather_scores(const float *score_row, const int32_t *idx, size_t n, float *dst) {
+    if (!idx) {
+        memcpy(dst, score_row, n * sizeof(float));
+        return;
+    }
+    for (size_t j = 0; j < n; j++) dst[j] = score_row[idx[j]];
+}
+
+/* out_rows[r] += sum_j p_rows[r][j] * V[idx[j]] through the fp32 or the 16-bit output kernel */
+static void output_rows(const kvs_math_kernels *k, const float *const *p_rows, size_t nr, const float *values,
+                        const uint16_t *values16, kvs_dtype dtype, size_t stride, const int32_t *idx, size_t n,
+                        size_t d, float *const *out_rows) {
+    if (values16)
+        k->output_add16(p_rows, nr, 0, values16, dtype, stride, idx, n, d, out_rows);
+    else
+        k->output_add(p_rows, nr, 0, values, stride, idx, n, d, out_rows);
+}
+
+void kvs_attention_group_scored(const float *const *score_rows, size_t nq, const float *values,
+                                const uint16_t *values16, kvs_dtype dtype, size_t stride, const int32_t *idx, size_t n,
+                                size_t d, float *const *probs_rows, float *out) {
+    const kvs_math_kernels *k = kvs_math_kernels_active();
+    enum { MAX_ROWS = 64 };
+    for (size_t r0 = 0; r0 < nq; r0 += MAX_ROWS) {
+        size_t nr = nq - r0 < MAX_ROWS ? nq - r0 : MAX_ROWS;
+        float *orow[MAX_ROWS];
+        for (size_t r = 0; r < nr; r++) {
+            orow[r] = out + (r0 + r) * d;
+            gather_scores(score_rows[r0 + r], idx, n, probs_rows[r0 + r]);
+            k->softmax(probs_rows[r0 + r], n);
+            memset(orow[r], 0, d * sizeof(float));
+        }
+        output_rows(k, (const float *const *)(probs_rows + r0), nr, values, values16, dtype, stride, idx, n, d, orow);
+    }
+}
+
+int kvs_attention_lists_scored(const float *const *score_rows, size_t nq, const float *values,
+                               const uint16_t *values16, kvs_dtype dtype, size_t stride, const int32_t *const *idx,
+                               const int64_t *n, size_t cap, size_t d, float *const *probs_rows, float *out,
+                               float *fscratch, int32_t *iscratch) {
+    const kvs_math_kernels *k = kvs_math_kernels_active();
+    for (size_t r = 0; r < nq; r++) {
+        memset(out + r * d, 0, d * sizeof(float));
+        if (n[r] <= 0) continue;
+        gather_scores(score_rows[r], idx[r], (size_t)n[r], probs_rows[r]);
+        k->softmax(probs_rows[r], (size_t)n[r]);
+    }
+    size_t nu = nq > 1 && nq <= LISTS_MAX_ROWS ? lists_union(nq, idx, n, cap, iscratch) : 0;
+    if (!nu) {
+        for (size_t r = 0; r < nq; r++)
+            if (n[r] > 0) {
+                float *orow = out + r * d;
+                output_rows(k, (const float *const *)&probs_rows[r], 1, values, values16, dtype, stride, idx[r],
+                            (size_t)n[r], d, &orow);
+            }
+        return 0;
+    }
+    /* the output over the union, each row's probabilities scattered to their places in it, zeros elsewhere (an
+     * exact zero added into an accumulator that starts at +0: kvs_attention_lists's argument) */
+    const int32_t *uidx = iscratch, *pos = iscratch + 2 * cap + lists_bitmap_words(cap);
+    float *urow[LISTS_MAX_ROWS], *orow[LISTS_MAX_ROWS];
+    lists_rows(nq, cap, d, fscratch, out, urow, orow);
+    for (size_t r = 0; r < nq; r++) {
+        const int32_t *pr = pos + r * cap;
+        if ((size_t)n[r] == nu) {
+            memcpy(urow[r], probs_rows[r], nu * sizeof(float));
+            continue;
+        }
+        memset(urow[r], 0, nu * sizeof(float));
+        for (int64_t j = 0; j < n[r]; j++) urow[r][pr[j]] = probs_rows[r][j];
+    }
+    output_rows(k, (const float *const *)urow, nq, values, values16, dtype, stride, uidx, nu, d, orow);
+    return 1;
+}
+
 /* The 16-bit versions: kvs_attention_group / kvs_attention_causal_block step for step, with the scores and output
  * kernels' 16-bit entries (kvs_math_simd.h), so every row equals the fp32 function's on the converted rows. */
 void kvs_attention_group16(const float *q, size_t nq, const uint16_t *keys, const uint16_t *values, kvs_dtype dtype,
@@ -257,13 +344,15 @@ void kvs_attention_group16(const float *q, size_t nq, const uint16_t *keys, cons
 
 void kvs_attention_causal_block16(const float *q, size_t nb, size_t group, const uint16_t *keys,
                                   const uint16_t *values, kvs_dtype dtype, size_t d, size_t p0, float scale,
-                                  float *const *probs_rows, float *const *out_rows, double *lse) {
+                                  float *const *probs_rows, float *const *out_rows, double *lse,
+                                  float *const *score_rows) {
     const kvs_math_kernels *k = kvs_math_kernels_active();
     size_t nr = nb * group;
     k->scores16(q, nr, keys, dtype, d, NULL, p0 + 1, d, scale, probs_rows, 0);
     for (size_t b = 1; b < nb; b++)
         k->scores16(q + b * group * d, group, keys + (p0 + 1) * d, dtype, d, NULL, b, d, scale, probs_rows + b * group,
                     p0 + 1);
+    keep_scores(probs_rows, nr, group, p0, score_rows);
     for (size_t r = 0; r < nr; r++) {
         double l = k->softmax(probs_rows[r], p0 + 1 + r / group);
         if (lse) lse[r] = l;

@@ -60,10 +60,12 @@ void kvs_attention_group(const float *q, size_t nq, const float *keys, const flo
  *  floats apart): row r attends rows 0..p0+b. Computed as blocked matrix products (each key and value row read
  *  once for the whole block) with the causal triangle apart. probs_rows[r]: p0+b+1 floats; out_rows[r]: d
  *  floats; lse: [nb*group] or NULL. Row r's numbers equal kvs_attention(q_r, keys, values, d, NULL, p0+b+1, ...)
- *  bit for bit (kvs_math_simd.h: a row's result does not depend on the rows computed with it). */
+ *  bit for bit (kvs_math_simd.h: a row's result does not depend on the rows computed with it). score_rows: NULL,
+ *  or row r's scaled scores before the softmax are also copied to score_rows[r] (p0+b+1 floats): the scores of
+ *  every selection at that position (kvs_attention_group_scored). */
 void kvs_attention_causal_block(const float *q, size_t nb, size_t group, const float *keys, const float *values,
                                 size_t d, size_t p0, float scale, float *const *probs_rows, float *const *out_rows,
-                                double *lse);
+                                double *lse, float *const *score_rows);
 
 /* Scratch of kvs_attention_lists() for lists of positions below `cap`, nq query rows: caller-owned, sized with
  * kvs_attn_lists_scratch_floats() floats and kvs_attn_lists_scratch_ints() int32s. */
@@ -105,7 +107,29 @@ void kvs_attention_group16(const float *q, size_t nq, const uint16_t *keys, cons
 /*! kvs_attention_causal_block16() : kvs_attention_causal_block() over 16-bit K/V rows (d apart). */
 void kvs_attention_causal_block16(const float *q, size_t nb, size_t group, const uint16_t *keys,
                                   const uint16_t *values, kvs_dtype dtype, size_t d, size_t p0, float scale,
-                                  float *const *probs_rows, float *const *out_rows, double *lse);
+                                  float *const *probs_rows, float *const *out_rows, double *lse,
+                                  float *const *score_rows);
+
+/* ---- attention over a selection whose scores are already computed (issue 17) ----
+ * In an open-loop replay a query's score against a position is the same whichever selection holds that position,
+ * and the full reference has computed it against every position. These take each query row's scaled scores
+ * against positions 0..p (score_rows[r], as kvs_attention_causal_block's score_rows keep them) and gather a
+ * selection's scores instead of computing them again: only the softmax and the output remain. A score's bits do
+ * not depend on the rows or tiles it was computed with (kvs_math_simd.h), so the results equal the computing
+ * functions' bit for bit. values16 non-NULL: the output reads those 16-bit rows (`dtype` fp16 / bf16, the exact
+ * fp32 conversion of `values`; d <= KVS_KV16_MAX_DIM) instead of `values`, with the same bits. */
+
+/*! kvs_attention_group_scored() : kvs_attention_group() of nq rows (no LSE) over idx[0..n) (NULL: 0..n-1). */
+void kvs_attention_group_scored(const float *const *score_rows, size_t nq, const float *values,
+                                const uint16_t *values16, kvs_dtype dtype, size_t stride, const int32_t *idx, size_t n,
+                                size_t d, float *const *probs_rows, float *out);
+
+/*! kvs_attention_lists_scored() : kvs_attention_lists() (its output over the union of the lists under the same
+ *  condition; scratch sized the same). @return 1 when the union path ran, 0 when row by row. */
+int kvs_attention_lists_scored(const float *const *score_rows, size_t nq, const float *values,
+                               const uint16_t *values16, kvs_dtype dtype, size_t stride, const int32_t *const *idx,
+                               const int64_t *n, size_t cap, size_t d, float *const *probs_rows, float *out,
+                               float *fscratch, int32_t *iscratch);
 
 /*! kvs_topk() : writes to out_idx the indices of the k largest of x[0..n-1] (k <= n), ordered by
  *  descending value; ties go to the lower index, so the result is deterministic. NaN sorts lowest. */

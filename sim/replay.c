@@ -148,8 +148,12 @@ typedef struct {
     float *fullo;             /* [ref_cap][Hkv][G][d] */
     int64_t ref_cap;          /* positions per reference block (about 32 query rows of a KV head) */
     int64_t ref_first, ref_n; /* positions ref_first .. ref_first+ref_n-1 have their full attention computed */
+    float *fulls;             /* NULL, or (ref_scores) laid out as fullp: each row's scaled scores before the softmax,
+                               * the scores of any selection at that position (kvs_attention_group_scored) */
     float *cur_p, *cur_o;     /* the current position's blocks of fullp and fullo (NULL: no reference) */
-    float **ref_prow, **ref_orow; /* [ref_cap*G] row pointers for kvs_attention_causal_block */
+    float *cur_s;             /* the current position's block of fulls (NULL: none) */
+    float **ref_prow, **ref_orow, **ref_srow; /* [ref_cap*G] row pointers for kvs_attention_causal_block */
+    float **srow;             /* [G] the current KV head's rows of cur_s */
     int32_t *order;           /* [N] the leading part of the ranking being built (kvs_ref_rank_prefix) */
     uint32_t *sort_scratch;   /* [3N] scratch of kvs_ref_rank_prefix */
     int32_t *rank;            /* [Hkv][G][N] position -> rank in the descending full attention of query head hg,
@@ -211,8 +215,11 @@ static void task_free(task *t) {
     free(t->pbuf);
     free(t->fullp);
     free(t->fullo);
+    free(t->fulls);
     free((void *)t->ref_prow);
     free((void *)t->ref_orow);
+    free((void *)t->ref_srow);
+    free((void *)t->srow);
     free(t->order);
     free(t->sort_scratch);
     free(t->rank);
@@ -242,6 +249,14 @@ static void task_free(task *t) {
     kvs_policy_memo_free(t->memo);
 }
 
+/* 1 when the policies' attention over S_t takes its scores from the full reference's (kvs_attention_group_scored:
+ * the same bits, the score FMAs done once per position instead of once per configuration). Off when asked
+ * (ref_scores < 0, the tests' comparison) or when an on_step_end hook is set (it may rewrite the rows the
+ * reference read). */
+static int reuse_ref_scores(const engine *e) {
+    return e->o->ref_scores >= 0 && !(e->o->hooks && e->o->hooks->on_step_end);
+}
+
 static kvs_status task_alloc(task *t) {
     engine *e = t->e;
     size_t H = (size_t)e->Hkv, G = (size_t)e->G, N = (size_t)e->N, d = (size_t)e->d;
@@ -265,7 +280,12 @@ static kvs_status task_alloc(task *t) {
     t->fullo = malloc(RC * H * G * d * sizeof(float));
     t->ref_prow = calloc(RC * G, sizeof *t->ref_prow);
     t->ref_orow = calloc(RC * G, sizeof *t->ref_orow);
-    if (!t->ref_prow || !t->ref_orow) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
+    t->ref_srow = calloc(RC * G, sizeof *t->ref_srow);
+    t->srow = calloc(G, sizeof *t->srow);
+    if (!t->ref_prow || !t->ref_orow || !t->ref_srow || !t->srow)
+        return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
+    if (reuse_ref_scores(e) && !(t->fulls = malloc(RC * H * G * N * sizeof(float))))
+        return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     t->order = malloc(N * sizeof(int32_t));
     t->sort_scratch = malloc(3 * N * sizeof(uint32_t));
     t->rank = malloc(H * G * N * sizeof(int32_t));
@@ -386,13 +406,16 @@ static void reference_block(task *t, const kvs_trace_block *const *blk, int i0, 
             for (size_t g = 0; g < G; g++) {
                 t->ref_prow[b * G + g] = t->fullp + (b * H + h) * G * N + g * ((size_t)p0 + b + 1);
                 t->ref_orow[b * G + g] = t->fullo + ((b * H + h) * G + g) * d;
+                if (t->fulls) t->ref_srow[b * G + g] = t->fulls + (b * H + h) * G * N + g * ((size_t)p0 + b + 1);
             }
+        float *const *srow = t->fulls ? t->ref_srow : NULL;
         if (t->kv16 != KVS_DTYPE_F32)
             kvs_attention_causal_block16(blk[h]->q + (size_t)i0 * G * d, (size_t)nb, G, t->hk16[h], t->hv16[h],
-                                         t->kv16, d, (size_t)p0, e->src->model.scale, t->ref_prow, t->ref_orow, NULL);
+                                         t->kv16, d, (size_t)p0, e->src->model.scale, t->ref_prow, t->ref_orow, NULL,
+                                         srow);
         else
             kvs_attention_causal_block(blk[h]->q + (size_t)i0 * G * d, (size_t)nb, G, t->hk[h], t->hv[h], d,
-                                       (size_t)p0, e->src->model.scale, t->ref_prow, t->ref_orow, NULL);
+                                       (size_t)p0, e->src->model.scale, t->ref_prow, t->ref_orow, NULL, srow);
     }
     t->ref_first = p0;
     t->ref_n = nb;
@@ -913,6 +936,19 @@ static kvs_status decode_step(task *t, int ci, const kvs_trace_block *const *blk
                            (size_t)(p + 1) * sizeof(float));
                 memcpy(t->outp + (size_t)g * d, t->cur_o + ((size_t)h * (size_t)e->G + (size_t)g) * d, d * sizeof(float));
             }
+        } else if (t->cur_s && !any_merged(has_merged, sel.n_lists) && (sel.n_lists == 1 || sel.n_lists == e->G)) {
+            /* the scores of S_t are the reference's at those positions (same kernels, a score's bits independent
+             * of the rows computed with it): gathered, then each head's softmax and the output */
+            for (int g = 0; g < e->G; g++)
+                t->srow[g] = t->cur_s + (size_t)h * (size_t)e->G * N + (size_t)g * (size_t)(p + 1);
+            const uint16_t *v16 = t->kv16 != KVS_DTYPE_F32 ? t->hv16[h] : NULL;
+            if (sel.n_lists == 1)
+                kvs_attention_group_scored((const float *const *)t->srow, (size_t)e->G, t->hv[h], v16, t->kv16, d,
+                                           sel.idx[0], (size_t)sel.n[0], d, t->pbuf, t->outp);
+            else
+                kvs_attention_lists_scored((const float *const *)t->srow, (size_t)e->G, t->hv[h], v16, t->kv16, d,
+                                           (const int32_t *const *)sel.idx, sel.n, N, d, t->pbuf, t->outp, t->lists_f,
+                                           t->lists_i);
         } else if (sel.n_lists == 1 && !has_merged[0] && t->kv16 != KVS_DTYPE_F32) {
             kvs_attention_group16(q, (size_t)e->G, t->hk16[h], t->hv16[h], t->kv16, d, sel.idx[0], (size_t)sel.n[0], d,
                                   e->src->model.scale, t->pbuf, t->outp, NULL);
@@ -1154,7 +1190,7 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
             if (is_prompt)
                 for (int h = 0; h < e->Hkv; h++)
                     memcpy(t.qb[h] + (size_t)(pos - turn->begin) * Gd, blk[h]->q + (size_t)i * Gd, Gd * sizeof(float));
-            t.cur_p = t.cur_o = NULL;
+            t.cur_p = t.cur_o = t.cur_s = NULL;
             if (needs_reference(e, pos, tk, any_oracle)) {
                 if (pos >= t.ref_first + t.ref_n) { /* the next run of positions needing it, within this block */
                     int64_t nb = 1;
@@ -1165,6 +1201,7 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
                 size_t b = (size_t)(pos - t.ref_first), blk_floats = (size_t)e->Hkv * (size_t)e->G;
                 t.cur_p = t.fullp + b * blk_floats * (size_t)e->N;
                 t.cur_o = t.fullo + b * blk_floats * d;
+                if (t.fulls) t.cur_s = t.fulls + b * blk_floats * (size_t)e->N;
             }
             double shared = kvs_now_s() - t0;
             kvs_policy_memo_clear(t.memo); /* entries hold only this position's computations */

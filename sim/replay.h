@@ -104,6 +104,14 @@ typedef struct {
      * bits; -1 = off (tests compare). Off whatever is asked when an on_step_end hook
      * is set (it may rewrite rows between configurations). */
     int prefill_memo;
+    /* Scores of S_t (issue 17): 0 = the default, on: at a position whose full reference is computed (every
+     * measured step, and any step an oracle policy needs), a configuration's attention over its selection takes
+     * the query heads' scores at those positions from the reference's (kept before its softmax) instead of
+     * computing them again; the softmax and the output over S_t remain. The same bits (a score does not depend
+     * on the rows computed with it, common/kvs_math_simd.h), the reference's score memory doubled; -1 = off
+     * (tests compare). Off whatever is asked when an on_step_end hook is set (it may rewrite rows the reference
+     * read). */
+    int ref_scores;
 } kvs_replay_opts;
 
 /* The outcome of one configuration. */

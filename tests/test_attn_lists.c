@@ -9,7 +9,9 @@
  *  - lists over a sparse span and lists far from position 0;
  *  - the union's size limit at its edge, a position at cap, repeats and a descent at a list's end, positions on
  *    the union bitmap's word edges, a list that is the whole union, and 64 and 65 query rows;
- *  - the 16-bit variant against kvs_attention() on the rows' exact fp32 conversion.
+ *  - the 16-bit variant against kvs_attention() on the rows' exact fp32 conversion;
+ *  - kvs_attention_lists_scored() (the scores gathered from rows computed once against every position) on every
+ *    list of check_lists: the same path and the same bits, fp32 and 16-bit values.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -111,6 +113,41 @@ static int check_lists(fixture *f) {
         assert_memory_equal(f->probs[r], f->ref_probs[r], (size_t)f->n[r] * sizeof(float));
         assert_memory_equal(f->out + (size_t)r * d, f->ref_out + (size_t)r * d, d * sizeof(float));
     }
+    /* kvs_attention_lists_scored: each row's scores against all CAP positions computed once (the full reference's
+     * part), gathered per list; the same path chosen and the same bits, with fp32 values and with the 16-bit rows
+     * of values that are exactly fp16 numbers */
+    float *srow[NQ];
+    for (int r = 0; r < NQ; r++) {
+        srow[r] = malloc(CAP * sizeof(float));
+        assert_non_null(srow[r]);
+        kvs_attn_scores(f->q + (size_t)r * d, f->keys, d, NULL, CAP, d, scale, srow[r]);
+    }
+    uint16_t *v16 = malloc(CAP * d * sizeof *v16);
+    float *v32 = malloc(CAP * d * sizeof *v32);
+    assert_non_null(v16 && v32);
+    kvs_encode(KVS_DTYPE_F16, f->values, CAP * d, v16);
+    kvs_decode(KVS_DTYPE_F16, v16, CAP * d, v32);
+    for (int pass = 0; pass < 3; pass++) {
+        const float *vals = pass == 0 ? f->values : v32;
+        for (size_t i = 0; i < NQ * d; i++) f->out[i] = NAN; /* every row is written, empty lists' zero */
+        int sused = kvs_attention_lists_scored((const float *const *)srow, NQ, vals, pass == 2 ? v16 : NULL,
+                                               KVS_DTYPE_F16, d, (const int32_t *const *)f->idx, f->n, CAP, d,
+                                               f->probs, f->out, f->fs, f->is);
+        assert_int_equal(sused, used);
+        for (int r = 0; r < NQ; r++) {
+            if (f->n[r] <= 0) {
+                for (size_t i = 0; i < d; i++) assert_true(f->out[(size_t)r * d + i] == 0.0f);
+                continue;
+            }
+            kvs_attention(f->q + (size_t)r * d, f->keys, vals, d, f->idx[r], (size_t)f->n[r], d, scale,
+                          f->ref_probs[r], f->ref_out + (size_t)r * d);
+            assert_memory_equal(f->probs[r], f->ref_probs[r], (size_t)f->n[r] * sizeof(float));
+            assert_memory_equal(f->out + (size_t)r * d, f->ref_out + (size_t)r * d, d * sizeof(float));
+        }
+    }
+    free(v16);
+    free(v32);
+    for (int r = 0; r < NQ; r++) free(srow[r]);
     return used;
 }
 

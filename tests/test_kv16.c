@@ -246,9 +246,12 @@ static void test_attention16_equals_fp32(void **state) {
                 ra[r] = pa + r * n, rb[r] = pb + r * n;
                 qa[r] = oa + r * d, qb[r] = ob + r * d;
             }
-            kvs_attention_causal_block16(q, nb, G, k16, v16, t, d, p0, 0.2f, ra, qa, la);
-            kvs_attention_causal_block(q, nb, G, k, v, d, p0, 0.2f, rb, qb, lb);
+            float *sa = malloc(nb * G * n * sizeof *sa), *sb = malloc(nb * G * n * sizeof *sb), *sra[24], *srb[24];
+            for (size_t r = 0; r < nb * G; r++) sra[r] = sa + r * n, srb[r] = sb + r * n;
+            kvs_attention_causal_block16(q, nb, G, k16, v16, t, d, p0, 0.2f, ra, qa, la, sra);
+            kvs_attention_causal_block(q, nb, G, k, v, d, p0, 0.2f, rb, qb, lb, srb);
             for (size_t r = 0; r < nb * G; r++) {
+                assert_memory_equal(sra[r], srb[r], (p0 + 1 + r / G) * sizeof(float)); /* the kept scores */
                 assert_memory_equal(ra[r], rb[r], (p0 + 1 + r / G) * sizeof(float));
                 assert_memory_equal(qa[r], qb[r], d * sizeof(float));
                 assert_memory_equal(&la[r], &lb[r], sizeof(double));
@@ -260,6 +263,14 @@ static void test_attention16_equals_fp32(void **state) {
             for (size_t r = 0; r < G; r++) assert_memory_equal(ra[r], rb[r], 300 * sizeof(float));
             assert_memory_equal(oa, ob, G * d * sizeof(float));
             assert_memory_equal(la, lb, G * sizeof(double));
+            /* from the last block position's kept 16-bit-path scores, the output over the 16-bit values: the same */
+            const float *const *last = (const float *const *)(sra + (nb - 1) * G);
+            kvs_attention_group16(q + (nb - 1) * G * d, G, k16, v16, t, d, idx, 300, d, 0.2f, rb, ob, NULL);
+            kvs_attention_group_scored(last, G, v, v16, t, d, idx, 300, d, ra, oa);
+            for (size_t r = 0; r < G; r++) assert_memory_equal(ra[r], rb[r], 300 * sizeof(float));
+            assert_memory_equal(oa, ob, G * d * sizeof(float));
+            free(sa);
+            free(sb);
             free(k16);
             free(v16);
             free(k);

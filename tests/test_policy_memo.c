@@ -648,22 +648,31 @@ static const char *const memo_specs[] = {"h2o",      "h2o:gqa=mean", "tova",  "s
 static const int64_t memo_budgets[] = {6, 12, 20, 33};
 #define N_MEMO_BUDGETS (int)(sizeof memo_budgets / sizeof memo_budgets[0])
 
-static kvs_replay_result *replay_memo(const kvs_test_replay_fixture *f, int prefill_memo, int threads) {
-    static kvs_replay_config cfg[N_MEMO_SPECS * N_MEMO_BUDGETS];
+/* The replay of specs[0..n_specs) at memo_budgets with the options given (0 = default). */
+static kvs_replay_result *replay_specs(const kvs_test_replay_fixture *f, const char *const *specs, int n_specs,
+                                       int prefill_memo, int ref_scores, int kv16, int threads) {
+    static kvs_replay_config cfg[64 * N_MEMO_BUDGETS];
+    assert_true(n_specs <= 64);
     int nc = 0;
-    for (int i = 0; i < N_MEMO_SPECS; i++)
+    for (int i = 0; i < n_specs; i++)
         for (int b = 0; b < N_MEMO_BUDGETS; b++, nc++) {
-            assert_int_equal(kvs_policy_parse(memo_specs[i], &cfg[nc].policy), KVS_OK);
+            assert_int_equal(kvs_policy_parse(specs[i], &cfg[nc].policy), KVS_OK);
             cfg[nc].budget = memo_budgets[b];
             cfg[nc].budget_fraction = -1;
         }
     kvs_replay_source src;
     assert_int_equal(kvs_replay_source_from_memory(&f->mem, &src), KVS_OK);
     kvs_replay_opts o = {.configs = cfg, .n_configs = nc, .threads = threads, .measure = KVS_MEASURE_ALL,
-                         .series_every = 1, .prefill_memo = prefill_memo};
+                         .series_every = 1, .prefill_memo = prefill_memo, .ref_scores = ref_scores, .kv16 = kv16};
     kvs_replay_result *r = NULL;
-    assert_int_equal(kvs_replay_execute(&src, &o, &r), KVS_OK);
+    kvs_status st = kvs_replay_execute(&src, &o, &r);
+    if (st != KVS_OK) print_message("replay: %s\n", kvs_last_error());
+    assert_int_equal(st, KVS_OK);
     return r;
+}
+
+static kvs_replay_result *replay_memo(const kvs_test_replay_fixture *f, int prefill_memo, int threads) {
+    return replay_specs(f, memo_specs, N_MEMO_SPECS, prefill_memo, 0, 0, threads);
 }
 
 static void assert_same_results(const kvs_replay_result *a, const kvs_replay_result *b) {
@@ -683,7 +692,7 @@ static void assert_same_results(const kvs_replay_result *a, const kvs_replay_res
         }
         steps += a->runs[i].n_steps;
     }
-    print_message("%lld runs ok, %lld step samples compared, memo on vs off\n", (long long)ok, (long long)steps);
+    print_message("%lld runs ok, %lld step samples compared\n", (long long)ok, (long long)steps);
     assert_true(ok >= a->n_runs - N_MEMO_BUDGETS); /* nearly all ran (a policy may refuse a tiny budget) */
     assert_true(steps > 10000);
 }
@@ -704,6 +713,39 @@ static void test_replay_memo_same_numbers(void **st) {
     }
 }
 
+/* ---- S_t's scores taken from the full reference's (kvs_replay_opts.ref_scores) ----
+ * Every kind of selection the engine attends: one list for the group (window, sink + window, top-k, Quest's
+ * pages), per-query-head lists (H2O, SnapKV, AdaKV, per-head top-k, RocketKV), lists holding merged slots
+ * (D2O, which must take the computing path), the whole prefix (full), key-only scores (KeyDiff, K-norm), state
+ * shared across layers or heads (MorphKV, HSA; SyncKV is in bench/cmp_runs.sh: it refuses budgets this small):
+ * scores gathered from the reference against computed, every step sample and aggregate the same bits, on the
+ * 16-bit history and on the fp32 one, 1 and 2 threads. */
+static const char *const ref_specs[] = {"full",  "window",        "streaming", "h2o",     "h2o:gqa=mean", "tova",
+                                        "snapkv", "pyramidkv",    "adakv",     "topk",    "topk:gqa=head", "quest",
+                                        "quest:gqa=head", "knorm", "keydiff",   "rocketkv", "d2o",          "hsa",
+                                        "morphkv", "scissorhands", "sparq",    "keyformer"};
+#define N_REF_SPECS (int)(sizeof ref_specs / sizeof ref_specs[0])
+
+static void test_replay_ref_scores_same_numbers(void **st) {
+    (void)st;
+    for (int turns = 1; turns <= 2; turns++) {
+        kvs_gen_trace_opts o = kvs_test_grouped_opts(turns, 4, 90, turns == 1 ? 50 : -1, 16, 11);
+        kvs_test_replay_fixture f;
+        assert_int_equal(kvs_test_replay_fixture_make(&o, 2, 11, &f), KVS_OK);
+        for (int kv16 = -1; kv16 <= 1; kv16 += 2) {
+            kvs_replay_result *on = replay_specs(&f, ref_specs, N_REF_SPECS, 0, 0, kv16, 1);
+            kvs_replay_result *off = replay_specs(&f, ref_specs, N_REF_SPECS, 0, -1, kv16, 1);
+            kvs_replay_result *on2 = replay_specs(&f, ref_specs, N_REF_SPECS, 0, 0, kv16, 2);
+            assert_same_results(on, off);
+            assert_same_results(on2, off);
+            kvs_replay_result_free(on);
+            kvs_replay_result_free(off);
+            kvs_replay_result_free(on2);
+        }
+        kvs_test_replay_fixture_free(&f);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_colsum_hit_and_miss_same_bits),
@@ -716,6 +758,7 @@ int main(void) {
         cmocka_unit_test(test_topk_every_k_matches_select),
         cmocka_unit_test(test_topk_what_must_not_hit),
         cmocka_unit_test(test_replay_memo_same_numbers),
+        cmocka_unit_test(test_replay_ref_scores_same_numbers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

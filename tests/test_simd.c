@@ -411,12 +411,14 @@ static void test_blocked_causal_attention_equals_rows(void **state) {
         fill(k, n * d, 1);
         fill(v, n * d, 1);
         fill(q, nb * G * d, 2);
-        float *prow[15], *opr[15];
+        float *prow[15], *opr[15], *srow[15], *sb = malloc(nb * G * n * sizeof *sb);
         double lse[15];
-        for (size_t r = 0; r < nb * G; r++) prow[r] = pb + r * n, opr[r] = ob + r * d;
-        kvs_attention_causal_block(q, nb, G, k, v, d, p0, 0.3f, prow, opr, lse);
+        for (size_t r = 0; r < nb * G; r++) prow[r] = pb + r * n, opr[r] = ob + r * d, srow[r] = sb + r * n;
+        kvs_attention_causal_block(q, nb, G, k, v, d, p0, 0.3f, prow, opr, lse, srow);
         for (size_t r = 0; r < nb * G; r++) {
             size_t len = p0 + 1 + r / G;
+            kvs_attn_scores(q + r * d, k, d, NULL, len, d, 0.3f, pr); /* the kept scores: the row's own */
+            assert_memory_equal(pr, srow[r], len * sizeof *pr);
             double l = kvs_attention(q + r * d, k, v, d, NULL, len, d, 0.3f, pr, orow);
             assert_memory_equal(pr, prow[r], len * sizeof *pr);
             assert_memory_equal(orow, opr[r], d * sizeof *orow);
@@ -448,6 +450,22 @@ static void test_blocked_causal_attention_equals_rows(void **state) {
             assert_memory_equal(orow, gout + g * d, d * sizeof *orow);
             assert_true(l == glse[g]);
         }
+        /* the same from the last block position's kept scores (its rows see all n positions): gathered, not
+         * computed, and the same bits, over a list and over the whole prefix (idx NULL) */
+        float *sout = malloc(G * d * sizeof *sout), *sprob[3], *sp = malloc(G * n * sizeof *sp);
+        for (size_t g = 0; g < G; g++) sprob[g] = sp + g * n;
+        const float *const *last = (const float *const *)(srow + (nb - 1) * G);
+        kvs_attention_group_scored(last, G, v, NULL, KVS_DTYPE_F32, d, idx, 9, d, sprob, sout);
+        kvs_attention_group(q + (nb - 1) * G * d, G, k, v, d, idx, 9, d, 0.3f, prow, gout, NULL);
+        for (size_t g = 0; g < G; g++) assert_memory_equal(sprob[g], prow[g], 9 * sizeof *pr);
+        assert_memory_equal(sout, gout, G * d * sizeof *sout);
+        kvs_attention_group_scored(last, G, v, NULL, KVS_DTYPE_F32, d, NULL, n, d, sprob, sout);
+        kvs_attention_group(q + (nb - 1) * G * d, G, k, v, d, NULL, n, d, 0.3f, prow, gout, NULL);
+        for (size_t g = 0; g < G; g++) assert_memory_equal(sprob[g], prow[g], n * sizeof *pr);
+        assert_memory_equal(sout, gout, G * d * sizeof *sout);
+        free(sout);
+        free(sp);
+        free(sb);
         free(gout);
         free(k);
         free(v);
