@@ -67,6 +67,21 @@ static size_t first_above_scalar(const double *x, size_t from, size_t n, double 
     return n;
 }
 
+static void out_sums_scalar(const float *const *ref, const float *const *out, size_t nr, size_t d, double *sums) {
+    for (size_t r = 0; r < nr; r++) {
+        const float *a = ref[r], *b = out[r];
+        double err2 = 0, ref2 = 0, out2 = 0, dot = 0;
+        for (size_t i = 0; i < d; i++) {
+            double x = (double)a[i] - (double)b[i];
+            err2 += x * x;
+            ref2 += (double)a[i] * (double)a[i];
+            out2 += (double)b[i] * (double)b[i];
+            dot += (double)a[i] * (double)b[i];
+        }
+        sums[4 * r] = err2, sums[4 * r + 1] = ref2, sums[4 * r + 2] = out2, sums[4 * r + 3] = dot;
+    }
+}
+
 static const kvs_math_f64_kernels f64_scalar = {
     /* .name = */ "scalar",
     /* .norms = */ norms_scalar,
@@ -75,6 +90,7 @@ static const kvs_math_f64_kernels f64_scalar = {
     /* .axpy = */ axpy_scalar,
     /* .first_above = */ first_above_scalar,
     /* .page_scores_rows = */ page_scores_rows_scalar,
+    /* .out_sums = */ out_sums_scalar,
 };
 
 /* ---- AVX2 ---- */
@@ -246,6 +262,52 @@ AVX2 static size_t first_above_avx2(const double *x, size_t from, size_t n, doub
     return n;
 }
 
+/* Four rows at a time, one per lane: 4 dimensions of the 4 rows transposed in registers (vectors of the 4 rows'
+ * dimension i+m, widened to fp64), then the scalar loop's subtract, multiplies and adds dimension by dimension;
+ * fewer than 4 rows, or the d % 4 last dimensions, continue in scalar, in order. The four sums of one pass are
+ * four dependent chains of vector adds instead of sixteen of scalar ones. */
+AVX2 static void out_sums_avx2(const float *const *ref, const float *const *out, size_t nr, size_t d, double *sums) {
+    size_t d4 = d & ~(size_t)3, r = 0;
+    for (; r + 4 <= nr; r += 4) {
+        __m256d e = _mm256_setzero_pd(), f = _mm256_setzero_pd(), o = _mm256_setzero_pd(), t = _mm256_setzero_pd();
+        for (size_t i = 0; i < d4; i += 4) {
+            __m128 a0 = _mm_loadu_ps(ref[r] + i), a1 = _mm_loadu_ps(ref[r + 1] + i), a2 = _mm_loadu_ps(ref[r + 2] + i),
+                   a3 = _mm_loadu_ps(ref[r + 3] + i);
+            __m128 b0 = _mm_loadu_ps(out[r] + i), b1 = _mm_loadu_ps(out[r + 1] + i), b2 = _mm_loadu_ps(out[r + 2] + i),
+                   b3 = _mm_loadu_ps(out[r + 3] + i);
+            _MM_TRANSPOSE4_PS(a0, a1, a2, a3);
+            _MM_TRANSPOSE4_PS(b0, b1, b2, b3);
+            __m128 av[4] = {a0, a1, a2, a3}, bv[4] = {b0, b1, b2, b3};
+            for (int m = 0; m < 4; m++) {
+                __m256d a = _mm256_cvtps_pd(av[m]), b = _mm256_cvtps_pd(bv[m]), x = _mm256_sub_pd(a, b);
+                e = _mm256_add_pd(e, _mm256_mul_pd(x, x));
+                f = _mm256_add_pd(f, _mm256_mul_pd(a, a));
+                o = _mm256_add_pd(o, _mm256_mul_pd(b, b));
+                t = _mm256_add_pd(t, _mm256_mul_pd(a, b));
+            }
+        }
+        double se[4], sf[4], so[4], st[4];
+        _mm256_storeu_pd(se, e);
+        _mm256_storeu_pd(sf, f);
+        _mm256_storeu_pd(so, o);
+        _mm256_storeu_pd(st, t);
+        for (size_t l = 0; l < 4; l++) {
+            const float *a = ref[r + l], *b = out[r + l];
+            double err2 = se[l], ref2 = sf[l], out2 = so[l], dot = st[l];
+            for (size_t i = d4; i < d; i++) {
+                double x = (double)a[i] - (double)b[i];
+                err2 += x * x;
+                ref2 += (double)a[i] * (double)a[i];
+                out2 += (double)b[i] * (double)b[i];
+                dot += (double)a[i] * (double)b[i];
+            }
+            double *sr = sums + 4 * (r + l);
+            sr[0] = err2, sr[1] = ref2, sr[2] = out2, sr[3] = dot;
+        }
+    }
+    if (r < nr) out_sums_scalar(ref + r, out + r, nr - r, d, sums + 4 * r);
+}
+
 static const kvs_math_f64_kernels f64_avx2 = {
     /* .name = */ "avx2",
     /* .norms = */ norms_avx2,
@@ -254,6 +316,7 @@ static const kvs_math_f64_kernels f64_avx2 = {
     /* .axpy = */ axpy_avx2,
     /* .first_above = */ first_above_avx2,
     /* .page_scores_rows = */ page_scores_rows_avx2,
+    /* .out_sums = */ out_sums_avx2,
 };
 #endif /* x86-64 */
 

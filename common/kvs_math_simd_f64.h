@@ -42,6 +42,10 @@ typedef struct {
      * page_scores' for its row bit for bit (the same fp64 sum in the same order). */
     void (*page_scores_rows)(const float *q, size_t nq, const uint8_t *up, const float *kmin, const float *kmax,
                              size_t stride, size_t n_pages, size_t d, double *out);
+    /* The replay's output metrics of nr query heads (sim/replay.c, kvs_rel_l2 and kvs_cosine's sums): for row r,
+     * with a = (double)ref[r][i], b = (double)out[r][i], sums[4r..4r+3] = the sums over i of (a - b)^2, a * a,
+     * b * b and a * b, each its own running fp64 sum (four rows per pass, one per lane). */
+    void (*out_sums)(const float *const *ref, const float *const *out, size_t nr, size_t d, double *sums);
 } kvs_math_f64_kernels;
 
 /*! kvs_math_f64_kernels_for() : the table of `isa`, or NULL when this CPU (or build) lacks it. Borrowed, static. */

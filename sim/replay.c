@@ -22,6 +22,7 @@
 #include <string.h>
 
 #include "../common/kvs_math.h"
+#include "../common/kvs_math_simd_f64.h"
 #include "../common/kvs_math_simd.h"
 #include "policy_memo.h"
 #include "ref_rank.h"
@@ -495,42 +496,6 @@ static void recall_sums(int m, int hits, const float *const fp[SUM_LANES], const
     }
 }
 
-/* The output metrics' four fp64 sums of one head (issue 14: four independent sums in one loop instead of five
- * dependent ones), each in ascending i as kvs_rel_l2 and kvs_cosine sum it, so the values are theirs bit for bit:
- * err2 = sum (ref-out)^2, ref2 = sum ref^2, out2 = sum out^2, dot = sum ref*out. Two heads per loop: 8 chains. */
-static void output_sums(const float *ref, const float *out, size_t d, head_sums *s) {
-    double err2 = 0, ref2 = 0, out2 = 0, dot = 0;
-    for (size_t i = 0; i < d; i++) {
-        double x = (double)ref[i] - (double)out[i];
-        err2 += x * x;
-        ref2 += (double)ref[i] * ref[i];
-        out2 += (double)out[i] * out[i];
-        dot += (double)ref[i] * out[i];
-    }
-    s->err2 = err2;
-    s->ref2 = ref2;
-    s->out2 = out2;
-    s->dot = dot;
-}
-
-static void output_sums2(const float *ref0, const float *out0, const float *ref1, const float *out1, size_t d,
-                         head_sums *s0, head_sums *s1) {
-    double e0 = 0, f0 = 0, o0 = 0, d0 = 0, e1 = 0, f1 = 0, o1 = 0, d1 = 0;
-    for (size_t i = 0; i < d; i++) {
-        double x0 = (double)ref0[i] - (double)out0[i], x1 = (double)ref1[i] - (double)out1[i];
-        e0 += x0 * x0;
-        e1 += x1 * x1;
-        f0 += (double)ref0[i] * ref0[i];
-        f1 += (double)ref1[i] * ref1[i];
-        o0 += (double)out0[i] * out0[i];
-        o1 += (double)out1[i] * out1[i];
-        d0 += (double)ref0[i] * out0[i];
-        d1 += (double)ref1[i] * out1[i];
-    }
-    s0->err2 = e0, s0->ref2 = f0, s0->out2 = o0, s0->dot = d0;
-    s1->err2 = e1, s1->ref2 = f1, s1->out2 = o1, s1->dot = d1;
-}
-
 /* Records the metrics of query head (h, g) at position p from its sums (n attended entries). */
 static kvs_status measure_record(task *t, int ci, int h, int g, int64_t p, int64_t n, const head_sums *s,
                                  const kvs_policy_cost *cost) {
@@ -647,13 +612,19 @@ static kvs_status measure_heads(task *t, int ci, int h, int g0, int ng, int64_t 
             if (m_w[w]) recall_sums(m_w[w], w, fp_w[w], list_w[w], n_w[w], rank_w[w], s_w[w]);
             m_w[w] = 0;
         }
+        /* The output metrics' four fp64 sums of each head, each in ascending i as kvs_rel_l2 and kvs_cosine sum it,
+         * so the values are theirs bit for bit: err2 = sum (ref-out)^2, ref2 = sum ref^2, out2 = sum out^2,
+         * dot = sum ref*out (kvs_math_simd_f64.h out_sums: 4 heads a pass, one per vector lane). */
         const float *ref = t->cur_o + ((size_t)h * (size_t)e->G + (size_t)(g0 + r0)) * d, *o = out + (size_t)r0 * d;
-        int r = 0;
-        for (; r + 2 <= nr; r += 2)
-            output_sums2(ref + (size_t)r * d, o + (size_t)r * d, ref + (size_t)(r + 1) * d, o + (size_t)(r + 1) * d, d,
-                         &sums[r], &sums[r + 1]);
-        if (r < nr) output_sums(ref + (size_t)r * d, o + (size_t)r * d, d, &sums[r]);
-        for (r = 0; r < nr; r++) {
+        const float *ref_rows[MAX_HEADS], *out_rows[MAX_HEADS];
+        double osum[4 * MAX_HEADS];
+        for (int r = 0; r < nr; r++) ref_rows[r] = ref + (size_t)r * d, out_rows[r] = o + (size_t)r * d;
+        kvs_math_f64_kernels_active()->out_sums(ref_rows, out_rows, (size_t)nr, d, osum);
+        for (int r = 0; r < nr; r++) {
+            const double *x = osum + 4 * r;
+            sums[r].err2 = x[0], sums[r].ref2 = x[1], sums[r].out2 = x[2], sums[r].dot = x[3];
+        }
+        for (int r = 0; r < nr; r++) {
             int g = g0 + r0 + r, li = n_lists == 1 ? 0 : g;
             size_t off = (size_t)h * (size_t)e->G + (size_t)g;
             head_sums *s = &sums[r];

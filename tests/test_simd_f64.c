@@ -1,6 +1,6 @@
 /* test_simd_f64.c — the fp64 scoring kernels of common/kvs_math_simd_f64.h (issue 14's sweep target): every
  * variant this CPU has returns the scalar reference's bits (key norms, key . vector dot products, Quest's page
- * bounds, the fp64 axpy, top-k's fp64 filter), the scalar reference equals naive fp64 loops written here, and
+ * bounds, the fp64 axpy, top-k's fp64 filter, the replay's output-error sums), the scalar reference equals naive fp64 loops written here, and
  * the public kvs_math.h routines built on them (kvs_key_scores, kvs_key_anchor, kvs_page_scores, kvs_topk_f64)
  * equal naive references bit for bit, on awkward shapes (d not a multiple of 8, n not a multiple of the tile,
  * index lists, zero, huge and NaN keys); kvs_attn_colsum's batched prompt rows equal a row-by-row reference bit
@@ -211,6 +211,49 @@ static void test_axpy_and_first_above_bit_exact(void **state) {
         for (size_t from = 0; from <= 103; from += 2)
             for (double thr = -1.1; thr < 1.1; thr += 0.07)
                 assert_int_equal(v[j]->first_above(x, from, 103, thr), sc->first_above(x, from, 103, thr));
+}
+
+/* out_sums (the replay's output-error sums): the scalar table against the naive loop, every variant against the
+ * scalar table, bit for bit, for 1..9 rows (a partial pass of 4 and the scalar rest), d with and without a tail
+ * of d % 4, rows that alias (ref == out: err2 exactly 0), and an infinity and a NaN in one row only. */
+static void test_out_sums_bit_exact(void **state) {
+    (void)state;
+    const kvs_math_f64_kernels *v[KVS_ISA_COUNT], *sc = kvs_math_f64_kernels_for(KVS_ISA_SCALAR);
+    int nv = variants(v);
+    enum { R = 9, D = 131 };
+    float a[R * D], b[R * D];
+    fill(a, R * D, 3);
+    fill(b, R * D, 3);
+    for (size_t i = 0; i < R * D; i += 7) b[i] = a[i] + 1e-4f * b[i]; /* near outputs: small errors */
+    a[5 * D + 2] = INFINITY;
+    b[6 * D + 1] = NAN;
+    const size_t widths[] = {1, 3, 4, 7, 64, 67, 128, 131};
+    for (size_t di = 0; di < sizeof widths / sizeof *widths; di++)
+        for (size_t nr = 1; nr <= R; nr++) {
+            size_t d = widths[di];
+            const float *ra[R], *rb[R];
+            for (size_t r = 0; r < nr; r++) ra[r] = a + r * D, rb[r] = r == 2 ? ra[r] : b + r * D;
+            double want[4 * R], got[4 * R];
+            for (size_t r = 0; r < nr; r++) { /* the replay's formula, written out */
+                double e = 0, f = 0, o = 0, t = 0;
+                for (size_t i = 0; i < d; i++) {
+                    double x = (double)ra[r][i] - (double)rb[r][i];
+                    e += x * x;
+                    f += (double)ra[r][i] * ra[r][i];
+                    o += (double)rb[r][i] * rb[r][i];
+                    t += (double)ra[r][i] * rb[r][i];
+                }
+                want[4 * r] = e, want[4 * r + 1] = f, want[4 * r + 2] = o, want[4 * r + 3] = t;
+            }
+            sc->out_sums(ra, rb, nr, d, got);
+            assert_memory_equal(got, want, 4 * nr * sizeof(double));
+            if (nr > 2) assert_true(got[4 * 2] == 0.0);
+            for (int j = 0; j < nv; j++) {
+                memset(got, 0xA5, sizeof got);
+                v[j]->out_sums(ra, rb, nr, d, got);
+                assert_memory_equal(got, want, 4 * nr * sizeof(double));
+            }
+        }
 }
 
 /* kvs_topk_f64 (vector filter) against a full sort: descending, ties to the lower index, NaN last. */
@@ -462,6 +505,7 @@ int main(void) {
         cmocka_unit_test(test_page_scores_bit_exact),
         cmocka_unit_test(test_page_scores_rows_bit_exact),
         cmocka_unit_test(test_axpy_and_first_above_bit_exact),
+        cmocka_unit_test(test_out_sums_bit_exact),
         cmocka_unit_test(test_topk_f64_matches_sort),
         cmocka_unit_test(test_key_and_page_scores_match_naive),
         cmocka_unit_test(test_colsum_batched_equals_rows),
