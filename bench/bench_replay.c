@@ -142,10 +142,11 @@ static void memory_row(int64_t n, int nc) {
      * O(samples). */
     const double N = (double)n, d = 16, Hkv = 2, G = 4, HG = 8, mp = 64;
     double history = Hkv * N * d * 4 * 2;
-    /* the full attention rows of a reference block (sim/replay.c: 32/G positions computed together, here 8) and
-     * the ranks of the current position */
+    /* the full attention rows of a reference block (sim/replay.c: 32/G positions computed together, here 8), their
+     * scores before the softmax (kvs_replay_opts.ref_scores, the policies' S_t scores) and the ranks of the
+     * current position */
     const double ref_block = 8;
-    double per_step = Hkv * mp * G * d * 4 + (ref_block + 1) * HG * N * 4 + N * (4 + 12 + 4 + 1) + G * N * (4 + 4 + 8 + 8) + 2 * N * d * 4;
+    double per_step = Hkv * mp * G * d * 4 + (2 * ref_block + 1) * HG * N * 4 + N * (4 + 12 + 4 + 1) + G * N * (4 + 4 + 8 + 8) + 2 * N * d * 4;
     int tasks = kvs_n_cpus() < NC ? kvs_n_cpus() : NC;
     double working = tasks * (history + per_step), peak = after - before;
     /* One sample buffer (KVS_SAMPLE_CHUNK samples of every metric) per configuration and layer (sim/samples.h):
