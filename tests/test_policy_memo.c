@@ -18,7 +18,9 @@
  *  - the replay: every policy that calls them (H2O in both layouts, TOVA, Scissorhands, SnapKV, PyramidKV,
  *    RocketKV, D2O, Quest with page=16 in both GQA modes and page=0, the top-k oracle in both GQA modes),
  *    several budgets of each in one task, single- and multi-turn, with the memo (the default) and without
- *    (prefill_memo = -1): every step sample and every aggregate the same bits.
+ *    (prefill_memo = -1): every step sample and every aggregate the same bits;
+ *  - the replay with S_t's scores taken from the full reference's (the default) and computed (ref_scores = -1,
+ *    sim/BENCH.md "Tenth pass"): 22 policy configurations, fp32 and 16-bit histories, the same bits.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -671,10 +673,6 @@ static kvs_replay_result *replay_specs(const kvs_test_replay_fixture *f, const c
     return r;
 }
 
-static kvs_replay_result *replay_memo(const kvs_test_replay_fixture *f, int prefill_memo, int threads) {
-    return replay_specs(f, memo_specs, N_MEMO_SPECS, prefill_memo, 0, 0, threads);
-}
-
 static void assert_same_results(const kvs_replay_result *a, const kvs_replay_result *b) {
     assert_int_equal(a->n_runs, b->n_runs);
     int64_t steps = 0, ok = 0;
@@ -697,13 +695,16 @@ static void assert_same_results(const kvs_replay_result *a, const kvs_replay_res
     assert_true(steps > 10000);
 }
 
-static void test_replay_memo_same_numbers(void **st) {
-    (void)st;
+/* On each of a 1- and a 2-turn trace: specs replayed with an optimisation on (1 and 2 threads) and off (the memo
+ * when memo_off, the reference's scores when ref_off), every number compared; kv16 as kvs_replay_opts has it. */
+static void assert_on_off_same(const char *const *specs, int n_specs, int memo_off, int ref_off, int kv16) {
     for (int turns = 1; turns <= 2; turns++) {
         kvs_gen_trace_opts o = kvs_test_grouped_opts(turns, 4, 90, turns == 1 ? 50 : -1, 16, 11);
         kvs_test_replay_fixture f;
         assert_int_equal(kvs_test_replay_fixture_make(&o, 2, 11, &f), KVS_OK);
-        kvs_replay_result *on = replay_memo(&f, 0, 1), *off = replay_memo(&f, -1, 1), *on2 = replay_memo(&f, 0, 2);
+        kvs_replay_result *on = replay_specs(&f, specs, n_specs, 0, 0, kv16, 1);
+        kvs_replay_result *off = replay_specs(&f, specs, n_specs, memo_off ? -1 : 0, ref_off ? -1 : 0, kv16, 1);
+        kvs_replay_result *on2 = replay_specs(&f, specs, n_specs, 0, 0, kv16, 2);
         assert_same_results(on, off);
         assert_same_results(on2, off);
         kvs_replay_result_free(on);
@@ -711,6 +712,11 @@ static void test_replay_memo_same_numbers(void **st) {
         kvs_replay_result_free(on2);
         kvs_test_replay_fixture_free(&f);
     }
+}
+
+static void test_replay_memo_same_numbers(void **st) {
+    (void)st;
+    assert_on_off_same(memo_specs, N_MEMO_SPECS, 1, 0, 0);
 }
 
 /* ---- S_t's scores taken from the full reference's (kvs_replay_opts.ref_scores) ----
@@ -728,22 +734,7 @@ static const char *const ref_specs[] = {"full",  "window",        "streaming", "
 
 static void test_replay_ref_scores_same_numbers(void **st) {
     (void)st;
-    for (int turns = 1; turns <= 2; turns++) {
-        kvs_gen_trace_opts o = kvs_test_grouped_opts(turns, 4, 90, turns == 1 ? 50 : -1, 16, 11);
-        kvs_test_replay_fixture f;
-        assert_int_equal(kvs_test_replay_fixture_make(&o, 2, 11, &f), KVS_OK);
-        for (int kv16 = -1; kv16 <= 1; kv16 += 2) {
-            kvs_replay_result *on = replay_specs(&f, ref_specs, N_REF_SPECS, 0, 0, kv16, 1);
-            kvs_replay_result *off = replay_specs(&f, ref_specs, N_REF_SPECS, 0, -1, kv16, 1);
-            kvs_replay_result *on2 = replay_specs(&f, ref_specs, N_REF_SPECS, 0, 0, kv16, 2);
-            assert_same_results(on, off);
-            assert_same_results(on2, off);
-            kvs_replay_result_free(on);
-            kvs_replay_result_free(off);
-            kvs_replay_result_free(on2);
-        }
-        kvs_test_replay_fixture_free(&f);
-    }
+    for (int kv16 = -1; kv16 <= 1; kv16 += 2) assert_on_off_same(ref_specs, N_REF_SPECS, 0, 1, kv16);
 }
 
 int main(void) {
