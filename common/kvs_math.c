@@ -164,24 +164,30 @@ static size_t lists_union(size_t nq, const int32_t *const *idx, const int64_t *n
     return nu;
 }
 
+/* A row's probabilities over its list (n entries, list order) onto its union row for the output kernel: at their
+ * places in the union (pr[j]), zeros elsewhere; a list that is the whole union (pr[j] = j) is copied. */
+static void union_row(const float *probs, int64_t n, const int32_t *pr, size_t nu, float *urow) {
+    if ((size_t)n == nu) {
+        memcpy(urow, probs, nu * sizeof(float));
+        return;
+    }
+    memset(urow, 0, nu * sizeof(float));
+    for (int64_t j = 0; j < n; j++) urow[pr[j]] = probs[j];
+}
+
 /* The union path once scores are in urow[r][0..nu): each row's softmax over its own list (its scores gathered in
- * list order, as kvs_attention() has them), then its probabilities scattered back over the union, zeros
- * elsewhere, for the output kernel; out rows zeroed. A list that is the whole union (pos[j] = j) needs no gather,
- * zeros or scatter: copies. */
+ * list order, as kvs_attention() has them), then its probabilities back over the union (union_row); out rows
+ * zeroed. A list that is the whole union (pos[j] = j) needs no gather: a copy. */
 static void lists_softmax(const kvs_math_kernels *k, size_t nq, const int64_t *n, size_t cap, const int32_t *pos,
                           size_t nu, float *const *urow, float *const *probs_rows, float *out, size_t d) {
     for (size_t r = 0; r < nq; r++) {
         const int32_t *pr = pos + r * cap;
-        if ((size_t)n[r] == nu) {
+        if ((size_t)n[r] == nu)
             memcpy(probs_rows[r], urow[r], nu * sizeof(float));
-            k->softmax(probs_rows[r], nu);
-            memcpy(urow[r], probs_rows[r], nu * sizeof(float));
-        } else {
+        else
             for (int64_t j = 0; j < n[r]; j++) probs_rows[r][j] = urow[r][pr[j]];
-            k->softmax(probs_rows[r], (size_t)n[r]);
-            memset(urow[r], 0, nu * sizeof(float));
-            for (int64_t j = 0; j < n[r]; j++) urow[r][pr[j]] = probs_rows[r][j];
-        }
+        k->softmax(probs_rows[r], (size_t)n[r]);
+        union_row(probs_rows[r], n[r], pr, nu, urow[r]);
         memset(out + r * d, 0, d * sizeof(float));
     }
 }
@@ -303,20 +309,12 @@ int kvs_attention_lists_scored(const float *const *score_rows, size_t nq, const 
             }
         return 0;
     }
-    /* the output over the union, each row's probabilities scattered to their places in it, zeros elsewhere (an
-     * exact zero added into an accumulator that starts at +0: kvs_attention_lists's argument) */
+    /* the output over the union, each row's probabilities at their places in it, zeros elsewhere (an exact zero
+     * added into an accumulator that starts at +0: kvs_attention_lists's argument) */
     const int32_t *uidx = iscratch, *pos = iscratch + 2 * cap + lists_bitmap_words(cap);
     float *urow[LISTS_MAX_ROWS], *orow[LISTS_MAX_ROWS];
     lists_rows(nq, cap, d, fscratch, out, urow, orow);
-    for (size_t r = 0; r < nq; r++) {
-        const int32_t *pr = pos + r * cap;
-        if ((size_t)n[r] == nu) {
-            memcpy(urow[r], probs_rows[r], nu * sizeof(float));
-            continue;
-        }
-        memset(urow[r], 0, nu * sizeof(float));
-        for (int64_t j = 0; j < n[r]; j++) urow[r][pr[j]] = probs_rows[r][j];
-    }
+    for (size_t r = 0; r < nq; r++) union_row(probs_rows[r], n[r], pos + r * cap, nu, urow[r]);
     output_rows(k, (const float *const *)urow, nq, values, values16, dtype, stride, uidx, nu, d, orow);
     return 1;
 }

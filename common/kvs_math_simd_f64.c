@@ -67,18 +67,24 @@ static size_t first_above_scalar(const double *x, size_t from, size_t n, double 
     return n;
 }
 
+/* One row's four sums continued over dimensions from..d-1 (s: err2, ref2, out2, dot so far), in order. */
+static void out_sums_row(const float *a, const float *b, size_t from, size_t d, double *s) {
+    double err2 = s[0], ref2 = s[1], out2 = s[2], dot = s[3];
+    for (size_t i = from; i < d; i++) {
+        double x = (double)a[i] - (double)b[i];
+        err2 += x * x;
+        ref2 += (double)a[i] * (double)a[i];
+        out2 += (double)b[i] * (double)b[i];
+        dot += (double)a[i] * (double)b[i];
+    }
+    s[0] = err2, s[1] = ref2, s[2] = out2, s[3] = dot;
+}
+
 static void out_sums_scalar(const float *const *ref, const float *const *out, size_t nr, size_t d, double *sums) {
     for (size_t r = 0; r < nr; r++) {
-        const float *a = ref[r], *b = out[r];
-        double err2 = 0, ref2 = 0, out2 = 0, dot = 0;
-        for (size_t i = 0; i < d; i++) {
-            double x = (double)a[i] - (double)b[i];
-            err2 += x * x;
-            ref2 += (double)a[i] * (double)a[i];
-            out2 += (double)b[i] * (double)b[i];
-            dot += (double)a[i] * (double)b[i];
-        }
-        sums[4 * r] = err2, sums[4 * r + 1] = ref2, sums[4 * r + 2] = out2, sums[4 * r + 3] = dot;
+        double *s = sums + 4 * r;
+        s[0] = s[1] = s[2] = s[3] = 0;
+        out_sums_row(ref[r], out[r], 0, d, s);
     }
 }
 
@@ -292,17 +298,9 @@ AVX2 static void out_sums_avx2(const float *const *ref, const float *const *out,
         _mm256_storeu_pd(so, o);
         _mm256_storeu_pd(st, t);
         for (size_t l = 0; l < 4; l++) {
-            const float *a = ref[r + l], *b = out[r + l];
-            double err2 = se[l], ref2 = sf[l], out2 = so[l], dot = st[l];
-            for (size_t i = d4; i < d; i++) {
-                double x = (double)a[i] - (double)b[i];
-                err2 += x * x;
-                ref2 += (double)a[i] * (double)a[i];
-                out2 += (double)b[i] * (double)b[i];
-                dot += (double)a[i] * (double)b[i];
-            }
             double *sr = sums + 4 * (r + l);
-            sr[0] = err2, sr[1] = ref2, sr[2] = out2, sr[3] = dot;
+            sr[0] = se[l], sr[1] = sf[l], sr[2] = so[l], sr[3] = st[l];
+            out_sums_row(ref[r + l], out[r + l], d4, d, sr);
         }
     }
     if (r < nr) out_sums_scalar(ref + r, out + r, nr - r, d, sums + 4 * r);
