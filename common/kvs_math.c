@@ -861,11 +861,14 @@ static const float *key_row(const float *keys, size_t stride, const int32_t *idx
 static void key_anchor_normed(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
                               const double *norm, double *mu) {
     const kvs_math_f64_kernels *f = kvs_math_f64_kernels_active();
+    enum { CHUNK = 64 }; /* keys per wsum call: their weights on the stack */
+    double w[CHUNK];
     for (size_t i = 0; i < d; i++) mu[i] = 0;
-    for (size_t j = 0; j < n; j++) {
-        double w = 1.0;
-        if (norm) w = 1.0 / (norm[j] > KVS_KEY_NORM_EPS ? norm[j] : KVS_KEY_NORM_EPS);
-        f->axpy(mu, w, key_row(keys, stride, idx, j), d);
+    for (size_t j0 = 0; j0 < n; j0 += CHUNK) {
+        size_t m = n - j0 < CHUNK ? n - j0 : CHUNK;
+        for (size_t j = 0; j < m; j++)
+            w[j] = norm ? 1.0 / (norm[j0 + j] > KVS_KEY_NORM_EPS ? norm[j0 + j] : KVS_KEY_NORM_EPS) : 1.0;
+        f->wsum(idx ? keys : keys + j0 * stride, stride, idx ? idx + j0 : NULL, m, d, w, mu);
     }
     if (n > 0)
         for (size_t i = 0; i < d; i++) mu[i] /= (double)n;
@@ -887,10 +890,8 @@ void kvs_key_anchor(const float *keys, size_t stride, const int32_t *idx, size_t
         const float *base = idx ? keys : keys + j0 * stride;
         const int32_t *sub = idx ? idx + j0 : NULL;
         f->norms(base, stride, sub, m, d, norm);
-        for (size_t j = 0; j < m; j++) {
-            double w = 1.0 / (norm[j] > KVS_KEY_NORM_EPS ? norm[j] : KVS_KEY_NORM_EPS);
-            f->axpy(mu, w, key_row(base, stride, sub, j), d);
-        }
+        for (size_t j = 0; j < m; j++) norm[j] = 1.0 / (norm[j] > KVS_KEY_NORM_EPS ? norm[j] : KVS_KEY_NORM_EPS);
+        f->wsum(base, stride, sub, m, d, norm, mu); /* norm[] now holds the weights */
     }
     if (n > 0)
         for (size_t i = 0; i < d; i++) mu[i] /= (double)n;

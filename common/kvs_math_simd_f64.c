@@ -57,8 +57,12 @@ static void page_scores_rows_scalar(const float *q, size_t nq, const uint8_t *up
         page_scores_scalar(q + r * d, up + r * d, kmin, kmax, stride, n_pages, d, out + r * n_pages);
 }
 
-static void axpy_scalar(double *acc, double w, const float *k, size_t d) {
-    for (size_t i = 0; i < d; i++) acc[i] += w * (double)k[i];
+static void wsum_scalar(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, const double *w,
+                        double *acc) {
+    for (size_t j = 0; j < n; j++) {
+        const float *k = row_at(keys, stride, idx, j);
+        for (size_t i = 0; i < d; i++) acc[i] += w[j] * (double)k[i];
+    }
 }
 
 static size_t first_above_scalar(const double *x, size_t from, size_t n, double thr) {
@@ -93,35 +97,17 @@ static const kvs_math_f64_kernels f64_scalar = {
     /* .norms = */ norms_scalar,
     /* .dots = */ dots_scalar,
     /* .page_scores = */ page_scores_scalar,
-    /* .axpy = */ axpy_scalar,
+    /* .wsum = */ wsum_scalar,
     /* .first_above = */ first_above_scalar,
     /* .page_scores_rows = */ page_scores_rows_scalar,
     /* .out_sums = */ out_sums_scalar,
 };
 
-/* ---- AVX2 ---- */
+/* ---- AVX2, and AVX2 with AVX-512VL's 32 registers (kvs_math_simd_f64_vec.h, compiled once for each) ---- */
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define KVS_HAVE_AVX2_F64 1
 #include <immintrin.h>
-
-#define AVX2 __attribute__((target("avx2,fma")))
-
-/* Rows r0..r3 (8 floats each, dimensions i..i+7) -> x[m] = the 4 rows' dimension i+m, widened to fp64. */
-AVX2 static inline void transpose4x8(__m256 r0, __m256 r1, __m256 r2, __m256 r3, __m256d x[8]) {
-    __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
-    __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
-    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-    x[0] = _mm256_cvtps_pd(_mm256_castps256_ps128(u0));
-    x[1] = _mm256_cvtps_pd(_mm256_castps256_ps128(u1));
-    x[2] = _mm256_cvtps_pd(_mm256_castps256_ps128(u2));
-    x[3] = _mm256_cvtps_pd(_mm256_castps256_ps128(u3));
-    x[4] = _mm256_cvtps_pd(_mm256_extractf128_ps(u0, 1));
-    x[5] = _mm256_cvtps_pd(_mm256_extractf128_ps(u1, 1));
-    x[6] = _mm256_cvtps_pd(_mm256_extractf128_ps(u2, 1));
-    x[7] = _mm256_cvtps_pd(_mm256_extractf128_ps(u3, 1));
-}
 
 /* Rows per pass: GROUPS groups of 4 lanes. Each group's fp64 sum is a chain of dependent adds, so the groups are
  * what overlaps: 4 chains (16 keys or pages a pass) instead of 2 took KeyDiff's anchor and cosines from 0.15 to
@@ -129,193 +115,26 @@ AVX2 static inline void transpose4x8(__m256 r0, __m256 r1, __m256 r2, __m256 r3,
  * same whatever GROUPS is. */
 #define GROUPS 4
 
-AVX2 static void norms_avx2(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, double *out) {
-    size_t d8 = d & ~(size_t)7, j = 0;
-    for (; j + 4 * GROUPS <= n; j += 4 * GROUPS) {
-        const float *r[4 * GROUPS];
-        for (int l = 0; l < 4 * GROUPS; l++) r[l] = row_at(keys, stride, idx, j + (size_t)l);
-        __m256d acc[GROUPS];
-        for (int g = 0; g < GROUPS; g++) acc[g] = _mm256_setzero_pd();
-        for (size_t i = 0; i < d8; i += 8)
-            for (int g = 0; g < GROUPS; g++) {
-                __m256d x[8];
-                transpose4x8(_mm256_loadu_ps(r[4 * g] + i), _mm256_loadu_ps(r[4 * g + 1] + i),
-                             _mm256_loadu_ps(r[4 * g + 2] + i), _mm256_loadu_ps(r[4 * g + 3] + i), x);
-                for (int m = 0; m < 8; m++) acc[g] = _mm256_add_pd(acc[g], _mm256_mul_pd(x[m], x[m]));
-            }
-        double s[4 * GROUPS];
-        for (int g = 0; g < GROUPS; g++) _mm256_storeu_pd(s + 4 * g, acc[g]);
-        for (int l = 0; l < 4 * GROUPS; l++) out[j + (size_t)l] = sqrt(norm_scalar(r[l], d8, d, s[l]));
-    }
-    for (; j < n; j++) out[j] = sqrt(norm_scalar(row_at(keys, stride, idx, j), 0, d, 0));
-}
+/* Fully unrolls a loop over a small constant count, so that the vectors of an array indexed by it (acc[g], x[m])
+ * can live in registers: gcc -O2 does not unroll these on its own and kept them in memory. */
+#define UNROLL _Pragma("GCC unroll 16")
 
-AVX2 static void dots_avx2(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, const double *v,
-                           double *out) {
-    size_t d8 = d & ~(size_t)7, j = 0;
-    for (; j + 4 * GROUPS <= n; j += 4 * GROUPS) {
-        const float *r[4 * GROUPS];
-        for (int l = 0; l < 4 * GROUPS; l++) r[l] = row_at(keys, stride, idx, j + (size_t)l);
-        __m256d acc[GROUPS];
-        for (int g = 0; g < GROUPS; g++) acc[g] = _mm256_setzero_pd();
-        for (size_t i = 0; i < d8; i += 8)
-            for (int g = 0; g < GROUPS; g++) {
-                __m256d x[8];
-                transpose4x8(_mm256_loadu_ps(r[4 * g] + i), _mm256_loadu_ps(r[4 * g + 1] + i),
-                             _mm256_loadu_ps(r[4 * g + 2] + i), _mm256_loadu_ps(r[4 * g + 3] + i), x);
-                for (int m = 0; m < 8; m++)
-                    acc[g] = _mm256_add_pd(acc[g], _mm256_mul_pd(x[m], _mm256_broadcast_sd(v + i + (size_t)m)));
-            }
-        double s[4 * GROUPS];
-        for (int g = 0; g < GROUPS; g++) _mm256_storeu_pd(s + 4 * g, acc[g]);
-        for (int l = 0; l < 4 * GROUPS; l++) out[j + (size_t)l] = dot_scalar(r[l], v, d8, d, s[l]);
-    }
-    for (; j < n; j++) out[j] = dot_scalar(row_at(keys, stride, idx, j), v, 0, d, 0);
-}
+#define F64_TARGET __attribute__((target("avx2,fma")))
+#define F64_FN(name) name##_avx2
+#define F64_TABLE_NAME "avx2"
+#include "kvs_math_simd_f64_vec.h"
+#undef F64_TARGET
+#undef F64_FN
+#undef F64_TABLE_NAME
 
-AVX2 static void page_scores_avx2(const float *q, const uint8_t *up, const float *kmin, const float *kmax,
-                                  size_t stride, size_t n_pages, size_t d, double *out) {
-    size_t d8 = d & ~(size_t)7, pi = 0;
-    for (; pi + 4 * GROUPS <= n_pages; pi += 4 * GROUPS) {
-        __m256d acc[GROUPS];
-        for (int g = 0; g < GROUPS; g++) acc[g] = _mm256_setzero_pd();
-        for (size_t i = 0; i < d8; i += 8) {
-            /* lanes whose dimension reads kmax: up[i..i+7] != 0 */
-            __m128i u8 = _mm_loadl_epi64((const __m128i *)(const void *)(up + i));
-            __m256 sel = _mm256_castsi256_ps(
-                _mm256_cmpgt_epi32(_mm256_cvtepu8_epi32(u8), _mm256_setzero_si256()));
-            for (int g = 0; g < GROUPS; g++) {
-                __m256 rw[4];
-                for (int l = 0; l < 4; l++) {
-                    size_t off = (pi + 4 * (size_t)g + (size_t)l) * stride + i;
-                    rw[l] = _mm256_blendv_ps(_mm256_loadu_ps(kmin + off), _mm256_loadu_ps(kmax + off), sel);
-                }
-                __m256d x[8];
-                transpose4x8(rw[0], rw[1], rw[2], rw[3], x);
-                for (int m = 0; m < 8; m++)
-                    acc[g] = _mm256_add_pd(acc[g], _mm256_mul_pd(x[m], _mm256_set1_pd((double)q[i + (size_t)m])));
-            }
-        }
-        double s[4 * GROUPS];
-        for (int g = 0; g < GROUPS; g++) _mm256_storeu_pd(s + 4 * g, acc[g]);
-        for (size_t l = 0; l < 4 * GROUPS; l++)
-            out[pi + l] = page_scalar(q, up, kmin + (pi + l) * stride, kmax + (pi + l) * stride, d8, d, s[l]);
-    }
-    for (; pi < n_pages; pi++) out[pi] = page_scalar(q, up, kmin + pi * stride, kmax + pi * stride, 0, d, 0);
-}
+#define F64_TARGET __attribute__((target("avx2,fma,avx512f,avx512vl")))
+#define F64_FN(name) name##_avx2x32
+#define F64_TABLE_NAME "avx2x32"
+#include "kvs_math_simd_f64_vec.h"
+#undef F64_TARGET
+#undef F64_FN
+#undef F64_TABLE_NAME
 
-/* Four pages at a time (one output per lane, as page_scores_avx2), their kmin and kmax rows widened once per 8
- * dimensions and shared by up to 4 query rows: a row's lane picks kmax or kmin whole per dimension (its up[i]),
- * then the same mul and add in the same order as page_scores_avx2, so the same bits. */
-AVX2 static void page_scores_rows_avx2(const float *q, size_t nq, const uint8_t *up, const float *kmin,
-                                       const float *kmax, size_t stride, size_t n_pages, size_t d, double *out) {
-    enum { ROWS = 4 };
-    size_t d8 = d & ~(size_t)7;
-    for (size_t r0 = 0; r0 < nq; r0 += ROWS) {
-        size_t nr = nq - r0 < ROWS ? nq - r0 : ROWS, pi = 0;
-        const float *qr = q + r0 * d;
-        const uint8_t *ur = up + r0 * d;
-        for (; pi + 4 <= n_pages; pi += 4) {
-            __m256d acc[ROWS];
-            for (size_t r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_pd();
-            for (size_t i = 0; i < d8; i += 8) {
-                const float *lo = kmin + pi * stride + i, *hi = kmax + pi * stride + i;
-                __m256d xl[8], xh[8];
-                transpose4x8(_mm256_loadu_ps(lo), _mm256_loadu_ps(lo + stride), _mm256_loadu_ps(lo + 2 * stride),
-                             _mm256_loadu_ps(lo + 3 * stride), xl);
-                transpose4x8(_mm256_loadu_ps(hi), _mm256_loadu_ps(hi + stride), _mm256_loadu_ps(hi + 2 * stride),
-                             _mm256_loadu_ps(hi + 3 * stride), xh);
-                for (size_t r = 0; r < nr; r++)
-                    for (size_t m = 0; m < 8; m++) {
-                        __m256d sel = _mm256_castsi256_pd(_mm256_set1_epi64x(-(int64_t)(ur[r * d + i + m] != 0)));
-                        __m256d x = _mm256_blendv_pd(xl[m], xh[m], sel);
-                        acc[r] = _mm256_add_pd(acc[r], _mm256_mul_pd(x, _mm256_set1_pd((double)qr[r * d + i + m])));
-                    }
-            }
-            for (size_t r = 0; r < nr; r++) {
-                double s[4];
-                _mm256_storeu_pd(s, acc[r]);
-                for (size_t l = 0; l < 4; l++)
-                    out[(r0 + r) * n_pages + pi + l] = page_scalar(qr + r * d, ur + r * d, kmin + (pi + l) * stride,
-                                                                   kmax + (pi + l) * stride, d8, d, s[l]);
-            }
-        }
-        for (; pi < n_pages; pi++)
-            for (size_t r = 0; r < nr; r++)
-                out[(r0 + r) * n_pages + pi] =
-                    page_scalar(qr + r * d, ur + r * d, kmin + pi * stride, kmax + pi * stride, 0, d, 0);
-    }
-}
-
-AVX2 static void axpy_avx2(double *acc, double w, const float *k, size_t d) {
-    __m256d wv = _mm256_set1_pd(w);
-    size_t i = 0;
-    for (; i + 4 <= d; i += 4)
-        _mm256_storeu_pd(acc + i, _mm256_add_pd(_mm256_loadu_pd(acc + i),
-                                                _mm256_mul_pd(wv, _mm256_cvtps_pd(_mm_loadu_ps(k + i)))));
-    for (; i < d; i++) acc[i] += w * (double)k[i];
-}
-
-AVX2 static size_t first_above_avx2(const double *x, size_t from, size_t n, double thr) {
-    __m256d t = _mm256_set1_pd(thr);
-    size_t j = from;
-    for (; j + 4 <= n; j += 4) {
-        int mask = _mm256_movemask_pd(_mm256_cmp_pd(_mm256_loadu_pd(x + j), t, _CMP_GT_OQ));
-        if (mask) return j + (size_t)__builtin_ctz((unsigned)mask);
-    }
-    for (; j < n; j++)
-        if (x[j] > thr) return j;
-    return n;
-}
-
-/* Four rows at a time, one per lane: 4 dimensions of the 4 rows transposed in registers (vectors of the 4 rows'
- * dimension i+m, widened to fp64), then the scalar loop's subtract, multiplies and adds dimension by dimension;
- * fewer than 4 rows, or the d % 4 last dimensions, continue in scalar, in order. The four sums of one pass are
- * four dependent chains of vector adds instead of sixteen of scalar ones. */
-AVX2 static void out_sums_avx2(const float *const *ref, const float *const *out, size_t nr, size_t d, double *sums) {
-    size_t d4 = d & ~(size_t)3, r = 0;
-    for (; r + 4 <= nr; r += 4) {
-        __m256d e = _mm256_setzero_pd(), f = _mm256_setzero_pd(), o = _mm256_setzero_pd(), t = _mm256_setzero_pd();
-        for (size_t i = 0; i < d4; i += 4) {
-            __m128 a0 = _mm_loadu_ps(ref[r] + i), a1 = _mm_loadu_ps(ref[r + 1] + i), a2 = _mm_loadu_ps(ref[r + 2] + i),
-                   a3 = _mm_loadu_ps(ref[r + 3] + i);
-            __m128 b0 = _mm_loadu_ps(out[r] + i), b1 = _mm_loadu_ps(out[r + 1] + i), b2 = _mm_loadu_ps(out[r + 2] + i),
-                   b3 = _mm_loadu_ps(out[r + 3] + i);
-            _MM_TRANSPOSE4_PS(a0, a1, a2, a3);
-            _MM_TRANSPOSE4_PS(b0, b1, b2, b3);
-            __m128 av[4] = {a0, a1, a2, a3}, bv[4] = {b0, b1, b2, b3};
-            for (int m = 0; m < 4; m++) {
-                __m256d a = _mm256_cvtps_pd(av[m]), b = _mm256_cvtps_pd(bv[m]), x = _mm256_sub_pd(a, b);
-                e = _mm256_add_pd(e, _mm256_mul_pd(x, x));
-                f = _mm256_add_pd(f, _mm256_mul_pd(a, a));
-                o = _mm256_add_pd(o, _mm256_mul_pd(b, b));
-                t = _mm256_add_pd(t, _mm256_mul_pd(a, b));
-            }
-        }
-        double se[4], sf[4], so[4], st[4];
-        _mm256_storeu_pd(se, e);
-        _mm256_storeu_pd(sf, f);
-        _mm256_storeu_pd(so, o);
-        _mm256_storeu_pd(st, t);
-        for (size_t l = 0; l < 4; l++) {
-            double *sr = sums + 4 * (r + l);
-            sr[0] = se[l], sr[1] = sf[l], sr[2] = so[l], sr[3] = st[l];
-            out_sums_row(ref[r + l], out[r + l], d4, d, sr);
-        }
-    }
-    if (r < nr) out_sums_scalar(ref + r, out + r, nr - r, d, sums + 4 * r);
-}
-
-static const kvs_math_f64_kernels f64_avx2 = {
-    /* .name = */ "avx2",
-    /* .norms = */ norms_avx2,
-    /* .dots = */ dots_avx2,
-    /* .page_scores = */ page_scores_avx2,
-    /* .axpy = */ axpy_avx2,
-    /* .first_above = */ first_above_avx2,
-    /* .page_scores_rows = */ page_scores_rows_avx2,
-    /* .out_sums = */ out_sums_avx2,
-};
 #endif /* x86-64 */
 
 /* ---- dispatch: kvs_math_simd.h's instruction set ---- */
@@ -323,8 +142,10 @@ static const kvs_math_f64_kernels f64_avx2 = {
 const kvs_math_f64_kernels *kvs_math_f64_kernels_for(kvs_isa isa) {
     if (isa == KVS_ISA_SCALAR) return &f64_scalar;
 #ifdef KVS_HAVE_AVX2_F64
-    /* every vector table shares these (each needs AVX2 and FMA) */
-    if (isa != KVS_ISA_SCALAR && kvs_math_kernels_for(isa)) return &f64_avx2;
+    if (!kvs_math_kernels_for(isa)) return NULL; /* this CPU lacks it */
+    /* avx2x32 and avx512: the AVX2 arithmetic with 32 registers where the CPU has AVX-512VL */
+    if (isa != KVS_ISA_AVX2 && kvs_math_kernels_for(KVS_ISA_AVX2X32)) return &f64_avx2x32;
+    return &f64_avx2;
 #endif
     return NULL;
 }

@@ -10,8 +10,9 @@
  * equality, and the policies' golden values in POLICY_SPEC §7 are unchanged by construction). The vectors only
  * overlap independent sums, which is where the scalar loops lost their time (one dependent fp64 add per term).
  *
- * The instruction set is kvs_math_simd.h's choice (kvs_math_isa_active(), KVS_SIMD); AVX-512 uses the AVX2
- * variants.
+ * The instruction set is kvs_math_simd.h's choice (kvs_math_isa_active(), KVS_SIMD). The vector kernels are the
+ * AVX2 arithmetic in two builds: "avx2" (16 registers) and, for the avx2x32 and avx512 tables on a CPU with
+ * AVX-512VL, "avx2x32" (32 registers, kvs_math_simd_f64_vec.h).
  */
 #ifndef KVS_MATH_SIMD_F64_H
 #define KVS_MATH_SIMD_F64_H
@@ -33,8 +34,10 @@ typedef struct {
     /* out[pi] = sum_i (double)q[i] * (double)(up[i] ? kmax : kmin)[pi * stride + i], pi < n_pages (up: [d]) */
     void (*page_scores)(const float *q, const uint8_t *up, const float *kmin, const float *kmax, size_t stride,
                         size_t n_pages, size_t d, double *out);
-    /* acc[i] += w * (double)k[i], i < d (each element its own sum) */
-    void (*axpy)(double *acc, double w, const float *k, size_t d);
+    /* acc[i] += w[j] * (double)k_j[i] for j = 0..n-1 in order, i < d (each element its own running sum, as n
+     * axpys one key after another): KeyDiff's anchor (w: [n] the keys' weights) */
+    void (*wsum)(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, const double *w,
+                 double *acc);
     /* the first j in [from, n) with x[j] > thr (ordered compare: NaN never), or n: kvs_topk_f64's filter */
     size_t (*first_above)(const double *x, size_t from, size_t n, double thr);
     /* page_scores of nq query rows over the same pages (Quest's G heads), out[r * n_pages + pi] = row r's

@@ -1,6 +1,6 @@
 /* test_simd_f64.c — the fp64 scoring kernels of common/kvs_math_simd_f64.h (issue 14's sweep target): every
  * variant this CPU has returns the scalar reference's bits (key norms, key . vector dot products, Quest's page
- * bounds, the fp64 axpy, top-k's fp64 filter, the replay's output-error sums), the scalar reference equals naive fp64 loops written here, and
+ * bounds, the fp64 weighted key sums, top-k's fp64 filter, the replay's output-error sums), the scalar reference equals naive fp64 loops written here, and
  * the public kvs_math.h routines built on them (kvs_key_scores, kvs_key_anchor, kvs_page_scores, kvs_topk_f64)
  * equal naive references bit for bit, on awkward shapes (d not a multiple of 8, n not a multiple of the tile,
  * index lists, zero, huge and NaN keys); kvs_attn_colsum's batched prompt rows equal a row-by-row reference bit
@@ -183,27 +183,50 @@ static void test_page_scores_rows_bit_exact(void **state) {
     free(up);
 }
 
-static void test_axpy_and_first_above_bit_exact(void **state) {
+/* wsum (KeyDiff's anchor): the scalar table against n axpys written out (key after key, each element its own
+ * chain), every variant against the scalar table bit for bit, onto a nonzero start; keys scattered through an
+ * index list and contiguous, n across a tile of 0..9 keys and 33, d with and without the tails of d % 32 and
+ * d % 4, weights that are 1 and that are not, an infinity and a NaN in one key. */
+static void test_wsum_and_first_above_bit_exact(void **state) {
     (void)state;
     const kvs_math_f64_kernels *v[KVS_ISA_COUNT], *sc = kvs_math_f64_kernels_for(KVS_ISA_SCALAR);
     int nv = variants(v);
-    float k[131];
-    double a0[131], ref[131], got[131], x[103];
-    fill(k, 131, 4);
-    for (size_t i = 0; i < 131; i++) a0[i] = (double)frand() / 3.0;
-    for (size_t d = 0; d <= 131; d += (d < 20 ? 1 : 37)) {
-        memcpy(ref, a0, sizeof a0);
-        sc->axpy(ref, 1.0 / 3.0, k, d);
-        for (size_t i = 0; i < d; i++) {
-            double want = a0[i] + (1.0 / 3.0) * (double)k[i];
-            assert_memory_equal(&ref[i], &want, sizeof want);
-        }
-        for (int j = 0; j < nv; j++) {
-            memcpy(got, a0, sizeof a0);
-            v[j]->axpy(got, 1.0 / 3.0, k, d);
-            assert_same_f64(got, ref, 131);
-        }
+    enum { NK = 40, D = 131 };
+    float *keys = malloc(NK * D * sizeof *keys);
+    assert_non_null(keys);
+    fill(keys, NK * D, 4);
+    keys[7 * D + 3] = INFINITY;
+    keys[11 * D + 64] = NAN;
+    int32_t idx[NK];
+    for (int j = 0; j < NK; j++) idx[j] = (int32_t)((j * 17 + 5) % NK); /* a permutation */
+    double w[NK], a0[D], ref[D], got[D], x[103];
+    for (size_t i = 0; i < D; i++) a0[i] = (double)frand() / 3.0;
+    const size_t widths[] = {0, 1, 3, 4, 5, 31, 32, 35, 64, 67, 128, 131};
+    const size_t ns[] = {0, 1, 2, 3, 5, 8, 9, 33};
+    for (int unit = 0; unit < 2; unit++) {
+        for (size_t j = 0; j < NK; j++) w[j] = unit ? 1.0 : 1.0 / (1.0 + 0.37 * (double)j);
+        for (size_t di = 0; di < sizeof widths / sizeof *widths; di++)
+            for (size_t ni = 0; ni < sizeof ns / sizeof *ns; ni++)
+                for (int scattered = 0; scattered < 2; scattered++) {
+                    size_t d = widths[di], n = ns[ni];
+                    const int32_t *list = scattered ? idx : NULL;
+                    memcpy(ref, a0, sizeof a0);
+                    sc->wsum(keys, D, list, n, d, w, ref);
+                    double want[D];
+                    memcpy(want, a0, sizeof a0);
+                    for (size_t j = 0; j < n; j++) { /* the axpys, key after key */
+                        const float *k = keys + (size_t)(list ? list[j] : (int32_t)j) * D;
+                        for (size_t i = 0; i < d; i++) want[i] = want[i] + w[j] * (double)k[i];
+                    }
+                    assert_same_f64(ref, want, D);
+                    for (int vi = 0; vi < nv; vi++) {
+                        memcpy(got, a0, sizeof a0);
+                        v[vi]->wsum(keys, D, list, n, d, w, got);
+                        assert_same_f64(got, ref, D);
+                    }
+                }
     }
+    free(keys);
     for (size_t i = 0; i < 103; i++) x[i] = (double)frand();
     x[40] = NAN;
     x[70] = 0.75;
@@ -504,7 +527,7 @@ int main(void) {
         cmocka_unit_test(test_norms_and_dots_bit_exact),
         cmocka_unit_test(test_page_scores_bit_exact),
         cmocka_unit_test(test_page_scores_rows_bit_exact),
-        cmocka_unit_test(test_axpy_and_first_above_bit_exact),
+        cmocka_unit_test(test_wsum_and_first_above_bit_exact),
         cmocka_unit_test(test_out_sums_bit_exact),
         cmocka_unit_test(test_topk_f64_matches_sort),
         cmocka_unit_test(test_key_and_page_scores_match_naive),
