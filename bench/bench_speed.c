@@ -213,6 +213,47 @@ static void kernels(int d) {
     TIMED(kvs_attention_group(q, G, k, v, (size_t)d, idx, SEL_L2, (size_t)d, 1.0f / sqrtf((float)d), prow, ob, NULL));
     printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "S_t, G heads at once, |S_t| 256 (L2)", reps * fma_l2 / el,
            100 * reps * fma_l2 / el / peak_core_cpu, reps * bytes_l2 / el / 1e9, bytes_l2 / bw_core / fma_l2);
+    /* What a sweep's policies run at a measured step (sim/BENCH.md "Tenth pass"): S_t's scores gathered from the
+     * reference's row, each head's softmax, the output; FMAs counted: the output's d per pair. The random 1024. */
+    {
+        unsigned char *taken = calloc(N, 1);
+        float *srow_mem = malloc(G * N * sizeof *srow_mem);
+        if (!taken || !srow_mem) exit(1);
+        for (size_t c = 0; c < budget;) { /* S_t drawn again: 1024 distinct random positions, ascending */
+            size_t x = (size_t)((frand(&seed) + 1.0f) * 0.5f * (float)N) % N;
+            if (!taken[x]) taken[x] = 1, c++;
+        }
+        for (size_t x = 0, c = 0; x < N; x++)
+            if (taken[x]) idx[c++] = (int32_t)x;
+        for (size_t i = 0; i < G * N; i++) srow_mem[i] = 4.0f * frand(&seed);
+        const float *srow[4];
+        for (size_t g = 0; g < G; g++) srow[g] = srow_mem + g * N;
+        double fma_out = (double)d * (double)G * (double)budget, bytes_v = (double)budget * d * 4;
+        TIMED(kvs_attention_group_scored(srow, G, v, NULL, KVS_DTYPE_F32, (size_t)d, idx, budget, (size_t)d, prow, ob));
+        printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "S_t from the reference's scores", reps * fma_out / el,
+               100 * reps * fma_out / el / peak_core_cpu, reps * bytes_v / el / 1e9, bytes_v / bw_core / fma_out);
+        /* and on the 256 rows that stay in L2, where the softmax's share shows */
+        double fma_out_l2 = (double)d * (double)G * SEL_L2, bytes_v_l2 = (double)SEL_L2 * d * 4;
+        TIMED(kvs_attention_group_scored(srow, G, v, NULL, KVS_DTYPE_F32, (size_t)d, idx_l2, SEL_L2, (size_t)d, prow,
+                                         ob));
+        printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "  the same, |S_t| 256 (L2)", reps * fma_out_l2 / el,
+               100 * reps * fma_out_l2 / el / peak_core_cpu, reps * bytes_v_l2 / el / 1e9,
+               bytes_v_l2 / bw_core / fma_out_l2);
+        /* KeyDiff's eviction scores at a decode step (fp64: the anchor over the held keys, then each key's
+         * cosine to it; POLICY_SPEC §2.5): the same 1024 keys, their norms known */
+        double *norm = malloc(budget * sizeof *norm), *score = malloc(budget * sizeof *score);
+        double *work = malloc(((size_t)d + 1) * sizeof *work);
+        if (!norm || !score || !work) exit(1);
+        kvs_key_norms(k, (size_t)d, idx, budget, (size_t)d, norm);
+        TIMED(kvs_key_scores_normed(k, (size_t)d, idx, budget, (size_t)d, KVS_KEY_SCORE_ANCHOR, norm, score, work));
+        printf("  %-36s %9.3g ns per key (2 x %d fp64 multiply-adds a key)\n", "KeyDiff anchor + cosines (fp64)",
+               1e9 * el / reps / (double)budget, d);
+        free(norm);
+        free(score);
+        free(work);
+        free(srow_mem);
+        free(taken);
+    }
 #undef TIMED
     free(k);
     free(q);
