@@ -25,56 +25,51 @@ F64_TARGET static inline void F64_FN(transpose4x8)(__m256 r0, __m256 r1, __m256 
     x[7] = _mm256_cvtps_pd(_mm256_extractf128_ps(u3, 1));
 }
 
-/* Rows per pass: GROUPS groups of 4 lanes. Each group's fp64 sum is a chain of dependent adds, so the groups are
- * what overlaps: 4 chains (16 keys or pages a pass) instead of 2 took KeyDiff's anchor and cosines from 0.15 to
- * 0.13 s in an ad-hoc harness (512 keys, d 128; issue 17); 6 gained nothing more. The order within a sum is the
- * same whatever GROUPS is. */
+/* The 4 * GROUPS lane sums of rows r[0..4*GROUPS) over dimensions 0..d8-1 (d8 a multiple of 8) into s:
+ * sum_i (double)k[i] * (double)k[i] when `squares` (norms), else sum_i (double)k[i] * v[i] (dots). Inlined into
+ * each with `squares` a constant, so each gets its own loop. */
+__attribute__((always_inline)) F64_TARGET static inline void F64_FN(lane_sums)(const float *const *r, size_t d8,
+                                                                                 int squares, const double *v,
+                                                                                 double *s) {
+    __m256d acc[GROUPS];
+    for (int g = 0; g < GROUPS; g++) acc[g] = _mm256_setzero_pd();
+    for (size_t i = 0; i < d8; i += 8) {
+        UNROLL
+        for (int g = 0; g < GROUPS; g++) {
+            __m256d x[8];
+            F64_FN(transpose4x8)(_mm256_loadu_ps(r[4 * g] + i), _mm256_loadu_ps(r[4 * g + 1] + i),
+                                 _mm256_loadu_ps(r[4 * g + 2] + i), _mm256_loadu_ps(r[4 * g + 3] + i), x);
+            UNROLL
+            for (int m = 0; m < 8; m++) {
+                __m256d y = squares ? x[m] : _mm256_broadcast_sd(v + i + (size_t)m);
+                acc[g] = _mm256_add_pd(acc[g], _mm256_mul_pd(x[m], y));
+            }
+        }
+    }
+    for (int g = 0; g < GROUPS; g++) _mm256_storeu_pd(s + 4 * g, acc[g]);
+}
 
-F64_TARGET static void F64_FN(norms)(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, double *out) {
+F64_TARGET static void F64_FN(norms)(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
+                                     double *out) {
     size_t d8 = d & ~(size_t)7, j = 0;
     for (; j + 4 * GROUPS <= n; j += 4 * GROUPS) {
         const float *r[4 * GROUPS];
         for (int l = 0; l < 4 * GROUPS; l++) r[l] = row_at(keys, stride, idx, j + (size_t)l);
-        __m256d acc[GROUPS];
-        for (int g = 0; g < GROUPS; g++) acc[g] = _mm256_setzero_pd();
-        for (size_t i = 0; i < d8; i += 8) {
-            UNROLL
-            for (int g = 0; g < GROUPS; g++) {
-                __m256d x[8];
-                F64_FN(transpose4x8)(_mm256_loadu_ps(r[4 * g] + i), _mm256_loadu_ps(r[4 * g + 1] + i),
-                             _mm256_loadu_ps(r[4 * g + 2] + i), _mm256_loadu_ps(r[4 * g + 3] + i), x);
-                UNROLL
-                for (int m = 0; m < 8; m++) acc[g] = _mm256_add_pd(acc[g], _mm256_mul_pd(x[m], x[m]));
-            }
-        }
         double s[4 * GROUPS];
-        for (int g = 0; g < GROUPS; g++) _mm256_storeu_pd(s + 4 * g, acc[g]);
+        F64_FN(lane_sums)(r, d8, 1, NULL, s);
         for (int l = 0; l < 4 * GROUPS; l++) out[j + (size_t)l] = sqrt(norm_scalar(r[l], d8, d, s[l]));
     }
     for (; j < n; j++) out[j] = sqrt(norm_scalar(row_at(keys, stride, idx, j), 0, d, 0));
 }
 
-F64_TARGET static void F64_FN(dots)(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, const double *v,
-                           double *out) {
+F64_TARGET static void F64_FN(dots)(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
+                                    const double *v, double *out) {
     size_t d8 = d & ~(size_t)7, j = 0;
     for (; j + 4 * GROUPS <= n; j += 4 * GROUPS) {
         const float *r[4 * GROUPS];
         for (int l = 0; l < 4 * GROUPS; l++) r[l] = row_at(keys, stride, idx, j + (size_t)l);
-        __m256d acc[GROUPS];
-        for (int g = 0; g < GROUPS; g++) acc[g] = _mm256_setzero_pd();
-        for (size_t i = 0; i < d8; i += 8) {
-            UNROLL
-            for (int g = 0; g < GROUPS; g++) {
-                __m256d x[8];
-                F64_FN(transpose4x8)(_mm256_loadu_ps(r[4 * g] + i), _mm256_loadu_ps(r[4 * g + 1] + i),
-                             _mm256_loadu_ps(r[4 * g + 2] + i), _mm256_loadu_ps(r[4 * g + 3] + i), x);
-                UNROLL
-                for (int m = 0; m < 8; m++)
-                    acc[g] = _mm256_add_pd(acc[g], _mm256_mul_pd(x[m], _mm256_broadcast_sd(v + i + (size_t)m)));
-            }
-        }
         double s[4 * GROUPS];
-        for (int g = 0; g < GROUPS; g++) _mm256_storeu_pd(s + 4 * g, acc[g]);
+        F64_FN(lane_sums)(r, d8, 0, v, s);
         for (int l = 0; l < 4 * GROUPS; l++) out[j + (size_t)l] = dot_scalar(r[l], v, d8, d, s[l]);
     }
     for (; j < n; j++) out[j] = dot_scalar(row_at(keys, stride, idx, j), v, 0, d, 0);
@@ -131,10 +126,10 @@ F64_TARGET static void F64_FN(page_scores_rows)(const float *q, size_t nq, const
             for (size_t i = 0; i < d8; i += 8) {
                 const float *lo = kmin + pi * stride + i, *hi = kmax + pi * stride + i;
                 __m256d xl[8], xh[8];
-                F64_FN(transpose4x8)(_mm256_loadu_ps(lo), _mm256_loadu_ps(lo + stride), _mm256_loadu_ps(lo + 2 * stride),
-                             _mm256_loadu_ps(lo + 3 * stride), xl);
-                F64_FN(transpose4x8)(_mm256_loadu_ps(hi), _mm256_loadu_ps(hi + stride), _mm256_loadu_ps(hi + 2 * stride),
-                             _mm256_loadu_ps(hi + 3 * stride), xh);
+                F64_FN(transpose4x8)(_mm256_loadu_ps(lo), _mm256_loadu_ps(lo + stride),
+                                     _mm256_loadu_ps(lo + 2 * stride), _mm256_loadu_ps(lo + 3 * stride), xl);
+                F64_FN(transpose4x8)(_mm256_loadu_ps(hi), _mm256_loadu_ps(hi + stride),
+                                     _mm256_loadu_ps(hi + 2 * stride), _mm256_loadu_ps(hi + 3 * stride), xh);
                 for (size_t r = 0; r < nr; r++)
                     for (size_t m = 0; m < 8; m++) {
                         __m256d sel = _mm256_castsi256_pd(_mm256_set1_epi64x(-(int64_t)(ur[r * d + i + m] != 0)));
@@ -208,7 +203,8 @@ F64_TARGET static size_t F64_FN(first_above)(const double *x, size_t from, size_
  * dimension i+m, widened to fp64), then the scalar loop's subtract, multiplies and adds dimension by dimension;
  * fewer than 4 rows, or the d % 4 last dimensions, continue in scalar, in order. The four sums of one pass are
  * four dependent chains of vector adds instead of sixteen of scalar ones. */
-F64_TARGET static void F64_FN(out_sums)(const float *const *ref, const float *const *out, size_t nr, size_t d, double *sums) {
+F64_TARGET static void F64_FN(out_sums)(const float *const *ref, const float *const *out, size_t nr, size_t d,
+                                        double *sums) {
     size_t d4 = d & ~(size_t)3, r = 0;
     for (; r + 4 <= nr; r += 4) {
         __m256d e = _mm256_setzero_pd(), f = _mm256_setzero_pd(), o = _mm256_setzero_pd(), t = _mm256_setzero_pd();
