@@ -857,18 +857,27 @@ static const float *key_row(const float *keys, size_t stride, const int32_t *idx
     return keys + (idx ? (size_t)idx[j] : j) * stride;
 }
 
-/* kvs_key_anchor with the key norms given (norm[j] of key j; NULL when !normalized). */
-static void key_anchor_normed(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
-                              const double *norm, double *mu) {
+/* The anchor mu = (1/n) sum_j w_j k_j, keys folded in ascending order a chunk at a time (their weights on the
+ * stack): w_j = 1/max(|k_j|, eps) when normalized, |k_j| from norm[j] or (norm NULL, no caller scratch) computed
+ * here per chunk; w_j = 1 when not. */
+static void key_anchor_w(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, int normalized,
+                         const double *norm, double *mu) {
     const kvs_math_f64_kernels *f = kvs_math_f64_kernels_active();
-    enum { CHUNK = 64 }; /* keys per wsum call: their weights on the stack */
+    enum { CHUNK = 64 };
     double w[CHUNK];
     for (size_t i = 0; i < d; i++) mu[i] = 0;
     for (size_t j0 = 0; j0 < n; j0 += CHUNK) {
         size_t m = n - j0 < CHUNK ? n - j0 : CHUNK;
-        for (size_t j = 0; j < m; j++)
-            w[j] = norm ? 1.0 / (norm[j0 + j] > KVS_KEY_NORM_EPS ? norm[j0 + j] : KVS_KEY_NORM_EPS) : 1.0;
-        f->wsum(idx ? keys : keys + j0 * stride, stride, idx ? idx + j0 : NULL, m, d, w, mu);
+        const float *base = idx ? keys : keys + j0 * stride;
+        const int32_t *sub = idx ? idx + j0 : NULL;
+        if (!normalized) {
+            for (size_t j = 0; j < m; j++) w[j] = 1.0;
+        } else {
+            if (norm) memcpy(w, norm + j0, m * sizeof *w);
+            else f->norms(base, stride, sub, m, d, w);
+            for (size_t j = 0; j < m; j++) w[j] = 1.0 / (w[j] > KVS_KEY_NORM_EPS ? w[j] : KVS_KEY_NORM_EPS);
+        }
+        f->wsum(base, stride, sub, m, d, w, mu);
     }
     if (n > 0)
         for (size_t i = 0; i < d; i++) mu[i] /= (double)n;
@@ -876,25 +885,7 @@ static void key_anchor_normed(const float *keys, size_t stride, const int32_t *i
 
 void kvs_key_anchor(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, int normalized,
                     double *mu) {
-    if (!normalized) {
-        key_anchor_normed(keys, stride, idx, n, d, NULL, mu);
-        return;
-    }
-    /* norms a chunk at a time (no caller scratch here); each chunk's keys folded in ascending order */
-    enum { CHUNK = 64 };
-    double norm[CHUNK];
-    const kvs_math_f64_kernels *f = kvs_math_f64_kernels_active();
-    for (size_t i = 0; i < d; i++) mu[i] = 0;
-    for (size_t j0 = 0; j0 < n; j0 += CHUNK) {
-        size_t m = n - j0 < CHUNK ? n - j0 : CHUNK;
-        const float *base = idx ? keys : keys + j0 * stride;
-        const int32_t *sub = idx ? idx + j0 : NULL;
-        f->norms(base, stride, sub, m, d, norm);
-        for (size_t j = 0; j < m; j++) norm[j] = 1.0 / (norm[j] > KVS_KEY_NORM_EPS ? norm[j] : KVS_KEY_NORM_EPS);
-        f->wsum(base, stride, sub, m, d, norm, mu); /* norm[] now holds the weights */
-    }
-    if (n > 0)
-        for (size_t i = 0; i < d; i++) mu[i] /= (double)n;
+    key_anchor_w(keys, stride, idx, n, d, normalized, NULL, mu);
 }
 
 void kvs_key_norms(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, double *norm) {
@@ -930,7 +921,7 @@ void kvs_key_scores_normed(const float *keys, size_t stride, const int32_t *idx,
         return;
     }
     double *mu = scratch; /* [d] the anchor */
-    key_anchor_normed(keys, stride, idx, n, d, kind == KVS_KEY_SCORE_ANCHOR ? norm : NULL, mu);
+    key_anchor_w(keys, stride, idx, n, d, kind == KVS_KEY_SCORE_ANCHOR, norm, mu);
     double nmu = 0;
     for (size_t i = 0; i < d; i++) nmu += mu[i] * mu[i];
     nmu = sqrt(nmu);
