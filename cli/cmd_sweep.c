@@ -187,18 +187,21 @@ static int parse_range(const char *v, int32_t n, long *lo, long *hi) {
     return 0;
 }
 
-typedef char shard_path[4096];
+typedef char folder_db[4096]; /* a database path in the --db folder */
 
 /* The one spelling of a rank's shard: DIR/shard-RANK.db (dir "" gives the file name alone). */
-static void shard_path_of(shard_path out, const char *dir, int rank) {
-    snprintf(out, sizeof(shard_path), "%sshard-%d.db", dir, rank);
+static void shard_path_of(folder_db out, const char *dir, int rank) {
+    snprintf(out, sizeof(folder_db), "%sshard-%d.db", dir, rank);
 }
+
+/* The merged database of the folder: DIR/study.db. */
+static void study_db_of(folder_db out, const char *dir) { snprintf(out, sizeof(folder_db), "%sstudy.db", dir); }
 
 /* N when `name` is shard-N.db exactly as shard_path_of spells it, else -1 (shard-1.db-wal, shard-03.db). */
 static int shard_rank_of(const char *name) {
     int r = -1, end = 0;
     if (sscanf(name, "shard-%d.db%n", &r, &end) != 1 || name[end] != '\0' || r < 0) return -1;
-    shard_path canon;
+    folder_db canon;
     shard_path_of(canon, "", r);
     return strcmp(canon, name) ? -1 : r;
 }
@@ -206,7 +209,7 @@ static int shard_rank_of(const char *name) {
 /* The shard databases in DIR: every DIR/shard-N.db (N a rank number, any N: an earlier run may have had more ranks
  * than this one), sorted by N. *paths: malloc'd, *n entries. @return KVS_OK, or KVS_ERR_NOMEM (a folder that cannot
  * be read has none). */
-static kvs_status list_shards(const char *dir, shard_path **paths, int *n) {
+static kvs_status list_shards(const char *dir, folder_db **paths, int *n) {
     *paths = NULL;
     *n = 0;
     DIR *dp = opendir(dir);
@@ -244,11 +247,11 @@ static kvs_status list_shards(const char *dir, shard_path **paths, int *n) {
  * dropped the duplicates). A database that cannot be read is left out with a warning: what it holds runs again.
  * @return skip[n_tasks] (1 = complete), or NULL when nothing is complete or memory ran out. */
 static unsigned char *completed_tasks(const kvs_study *s, const char *dir) {
-    shard_path *shards = NULL;
+    folder_db *shards = NULL;
     int n_shards = 0;
     if (list_shards(dir, &shards, &n_shards) != KVS_OK) return NULL;
-    char study_db[4096];
-    snprintf(study_db, sizeof study_db, "%sstudy.db", dir);
+    folder_db study_db;
+    study_db_of(study_db, dir);
     int n_db = 0;
     kvs_results_db **dbs = calloc((size_t)n_shards + 1, sizeof *dbs);
     const char **db_paths = calloc((size_t)n_shards + 1, sizeof *db_paths);
@@ -376,7 +379,7 @@ static int run_sharded(const kvs_study *s, const char *dir) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
 #endif
-    shard_path shard;
+    folder_db shard;
     shard_path_of(shard, dir, rank);
     if (mkdir(dir, 0777) != 0 && errno != EEXIST) {
         fprintf(stderr, "kvsim sweep: %s: cannot create the folder: %s\n", dir, strerror(errno));
@@ -402,11 +405,11 @@ static int run_sharded(const kvs_study *s, const char *dir) {
         fprintf(stderr, "kvsim sweep: a task failed: no merge; the shards in %s keep the completed tasks, run the "
                         "same command again to resume\n", dir);
     if (rank == 0 && !any_failed) {
-        char out[4096];
-        snprintf(out, sizeof out, "%sstudy.db", dir);
+        folder_db out;
+        study_db_of(out, dir);
         /* every shard in the folder: this run's ranks' (a rank that got no task wrote none) and an earlier run's
          * with more ranks, whose completed tasks this run skipped */
-        shard_path *paths = NULL;
+        folder_db *paths = NULL;
         int n_in = 0;
         kvs_status st = list_shards(dir, &paths, &n_in);
         const char **inputs = st == KVS_OK ? calloc((size_t)n_in + 1, sizeof *inputs) : NULL;
