@@ -166,6 +166,22 @@ static char *run_lines(const char *db_path, int64_t *n_runs) {
     return all;
 }
 
+/* Asserts that two databases hold the same complete runs, run by run (run_lines), n_runs of each (< 0: any
+ * number, the same in both). */
+static void assert_same_runs(const char *want_db, const char *got_db, int64_t n_runs) {
+    int64_t n1 = 0, n2 = 0;
+    char *want = run_lines(want_db, &n1), *got = run_lines(got_db, &n2);
+    assert_non_null(want);
+    assert_non_null(got);
+    if (n_runs >= 0) {
+        assert_int_equal(n1, n_runs);
+        assert_int_equal(n2, n_runs);
+    }
+    assert_string_equal(want, got);
+    free(want);
+    free(got);
+}
+
 static int64_t count_all_runs(const char *db_path) {
     kvs_results_db *db = NULL;
     if (kvs_results_open_readonly(db_path, &db) != KVS_OK) return -1;
@@ -295,15 +311,7 @@ static void test_merged_shards_equal_one_process(void **state) {
     assert_int_equal(run(c, "merge", merged, c->a, c->b, NULL), 0);
     assert_non_null(strstr(c->out, "16 runs copied, 2 duplicates dropped"));
     assert_non_null(strstr(c->out, "2 traces, 6 completed sweep tasks"));
-    int64_t n1 = 0, n2 = 0;
-    char *want = run_lines(single, &n1), *got = run_lines(merged, &n2);
-    assert_non_null(want);
-    assert_non_null(got);
-    assert_int_equal(n1, 16);
-    assert_int_equal(n2, 16);
-    assert_string_equal(want, got);
-    free(want);
-    free(got);
+    assert_same_runs(single, merged, 16);
     /* merging again into the merged database adds nothing; the readers take it as one study */
     assert_int_equal(run(c, "merge", merged, c->a, NULL), 0);
     assert_non_null(strstr(c->out, "0 runs copied, 6 duplicates dropped"));
@@ -351,22 +359,12 @@ static void test_sharded_resume_skips_every_shard(void **state) {
     assert_non_null(strstr(c->err, "rank 0: task 5:"));
     assert_int_equal(count_of(c->err, "rank 0: task"), 2);
     assert_non_null(strstr(c->err, "merged 2 shards"));
-    int64_t n1 = 0, n2 = 0;
-    char *want = run_lines(single, &n1), *got = run_lines(study_db, &n2);
-    assert_non_null(want);
-    assert_non_null(got);
-    assert_int_equal(n1, 16);
-    assert_string_equal(want, got);
-    free(got);
+    assert_same_runs(single, study_db, 16);
     /* everything is complete now: the same command runs no task and the merged database is unchanged */
     assert_int_equal(run(c, "sweep", c->study, "--db", dir, NULL), 0);
     assert_int_equal(count_of(c->err, "rank 0: task"), 0);
     assert_int_equal(count_of(c->err, "already complete in"), 6);
-    got = run_lines(study_db, &n2);
-    assert_non_null(got);
-    assert_string_equal(want, got);
-    free(want);
-    free(got);
+    assert_same_runs(single, study_db, 16);
 }
 
 /* A failed run (an interrupted task) is replaced by the complete run of the same identity. */
@@ -383,11 +381,7 @@ static void test_complete_run_supersedes_failed(void **state) {
     assert_int_equal(run(c, "merge", merged, c->b, c->a, NULL), 0);
     assert_non_null(strstr(c->out, "4 runs copied, 0 duplicates dropped, 2 failed runs superseded"));
     assert_int_equal(count_all_runs(merged), 2);
-    int64_t n = 0;
-    char *got = run_lines(merged, &n), *want = run_lines(c->a, &n);
-    assert_string_equal(got, want);
-    free(got);
-    free(want);
+    assert_same_runs(c->a, merged, -1);
 }
 
 /* Runs differing only in a replay option that changes their numbers (--kv-bytes, --aux-bytes: the storage and
