@@ -11,9 +11,9 @@
  * and key rows, the same candidates, the same options) at the same position, the stored result is copied; otherwise
  * it is computed and stored. Either way the output is the kvs_math.h function's, bit for bit: a hit copies the bits
  * the same computation produced. Nothing is shared that the policy could not compute from its own view (the prompt's
- * queries and keys every policy sees at prefill; the full attention only an oracle's view carries), and the memo lives in one task (one thread): no global state. The
- * engine clears it whenever the rows under the view may change (each position, prompt and decode; never used when an
- * on_step_end hook may rewrite rows).
+ * queries and keys every policy sees at prefill; the full attention only an oracle's view carries), and the memo
+ * lives in one task (one thread): no global state. The engine clears it whenever the rows under the view may change
+ * (each position, prompt and decode; never used when an on_step_end hook may rewrite rows).
  */
 #ifndef KVS_POLICY_MEMO_H
 #define KVS_POLICY_MEMO_H
