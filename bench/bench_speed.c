@@ -23,6 +23,7 @@
 #include "../common/kvs.h"
 #include "../common/kvs_math.h"
 #include "../common/kvs_math_simd.h"
+#include "../common/kvs_math_simd_f64.h"
 #include "../common/kvs_peak.h"
 #include "../common/npy.h"
 #include "../sim/policy.h"
@@ -246,6 +247,26 @@ static void kernels(int d) {
         TIMED(kvs_key_scores_normed(k, (size_t)d, idx, budget, (size_t)d, KVS_KEY_SCORE_ANCHOR, norm, score, work));
         printf("  %-36s %9.3g ns per key (2 x %d fp64 multiply-adds a key)\n", "KeyDiff anchor + cosines (fp64)",
                1e9 * el / reps / (double)budget, d);
+        /* The replay's attention recall and top-k hits of 4 query heads over S_t (sim/replay.c recall_sums, per
+         * measured step and KV head): the random 1024, each head's probabilities and ranks a row of N */
+        int32_t *rank = malloc(G * N * sizeof *rank);
+        if (!rank) exit(1);
+        for (size_t i = 0; i < G * N; i++) rank[i] = (int32_t)(i % N) ^ (int32_t)(i / N);
+        const float *fpl[4];
+        const int32_t *lists[4], *ranks[4];
+        int64_t thr[4];
+        double rsum[4];
+        int64_t hits[4];
+        for (size_t g = 0; g < 4; g++)
+            fpl[g] = srow_mem + g * N, lists[g] = idx_rand, ranks[g] = rank + g * N, thr[g] = (int64_t)budget;
+        for (int vec = 0; vec < 2; vec++) {
+            const kvs_math_f64_kernels *kf = vec ? kvs_math_f64_kernels_active() : kvs_math_f64_kernels_for(KVS_ISA_SCALAR);
+            TIMED(kf->recall4(fpl, lists, ranks, thr, budget, rsum, hits));
+            printf("  %-36s %9.3g ns per entry (fp64 sum + rank compare; %s table)\n",
+                   vec ? "  the same, vector" : "recall + top-k hits, 4 heads", 1e9 * el / reps / (double)(4 * budget),
+                   kf->name);
+        }
+        free(rank);
         free(norm);
         free(score);
         free(work);

@@ -92,6 +92,23 @@ static void out_sums_scalar(const float *const *ref, const float *const *out, si
     }
 }
 
+/* Lane k's recall (and hits) over entries from..n-1 of its list, continued in order. */
+static void recall_lane(const float *fp, const int32_t *list, const int32_t *rank, int64_t thr, size_t from,
+                        size_t n, double *r, int64_t *hit) {
+    double s = *r;
+    int64_t h = *hit;
+    for (size_t j = from; j < n; j++) {
+        s += (double)fp[list[j]];
+        if (rank) h += rank[list[j]] < thr;
+    }
+    *r = s, *hit = h;
+}
+
+static void recall4_scalar(const float *const fp[4], const int32_t *const list[4], const int32_t *const rank[4],
+                           const int64_t thr[4], size_t n, double r[4], int64_t hit[4]) {
+    for (int k = 0; k < 4; k++) recall_lane(fp[k], list[k], rank ? rank[k] : NULL, thr[k], 0, n, &r[k], &hit[k]);
+}
+
 static const kvs_math_f64_kernels f64_scalar = {
     /* .name = */ "scalar",
     /* .norms = */ norms_scalar,
@@ -101,6 +118,7 @@ static const kvs_math_f64_kernels f64_scalar = {
     /* .first_above = */ first_above_scalar,
     /* .page_scores_rows = */ page_scores_rows_scalar,
     /* .out_sums = */ out_sums_scalar,
+    /* .recall4 = */ recall4_scalar,
 };
 
 /* ---- AVX2, and AVX2 with AVX-512VL's 32 registers (kvs_math_simd_f64_vec.h, compiled once for each) ---- */

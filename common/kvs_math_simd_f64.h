@@ -49,6 +49,12 @@ typedef struct {
      * with a = (double)ref[r][i], b = (double)out[r][i], sums[4r..4r+3] = the sums over i of (a - b)^2, a * a,
      * b * b and a * b, each its own running fp64 sum (four rows per pass, one per lane). */
     void (*out_sums)(const float *const *ref, const float *const *out, size_t nr, size_t d, double *sums);
+    /* The replay's attention recall and top-k hits of 4 query heads (sim/replay.c recall_sums), continued over
+     * the first n entries of their lists: for lane k and j = 0..n-1 in order, x = list[k][j],
+     * r[k] += (double)fp[k][x] (one running fp64 sum per lane), and, when rank is non-NULL,
+     * hit[k] += rank[k][x] < thr[k]. Every list holds at least n entries; thr[k] in [0, INT32_MAX]. */
+    void (*recall4)(const float *const fp[4], const int32_t *const list[4], const int32_t *const rank[4],
+                    const int64_t thr[4], size_t n, double r[4], int64_t hit[4]);
 } kvs_math_f64_kernels;
 
 /*! kvs_math_f64_kernels_for() : the table of `isa`, or NULL when this CPU (or build) lacks it. Borrowed, static. */

@@ -447,7 +447,9 @@ typedef struct {
  * head's hits are its n (every entry is ranked within n). Each head's chain of fp64 adds runs over its own list in
  * ascending j exactly as one head at a time adds it, so every sum is the same bits; the 4 chains only overlap in
  * time. A single head's chain is bound by the add latency (4 cycles), which made the recall as slow as a quarter
- * of the policy's attention at d 128. */
+ * of the policy's attention at d 128. The entries all 4 lanes have go through the f64 table's recall4 (4 lanes in
+ * vector registers, the positions gathered: the scalar loop spilled its 16 pointers and counters, 7% of a
+ * sweep's replay time, issue 17). */
 enum { SUM_LANES = 4 };
 static void recall_sums(int m, int hits, const float *const fp[SUM_LANES], const int32_t *const list[SUM_LANES],
                         const int64_t n[SUM_LANES], const int32_t *const rank[SUM_LANES], head_sums *s[SUM_LANES]) {
@@ -456,32 +458,15 @@ static void recall_sums(int m, int hits, const float *const fp[SUM_LANES], const
     int64_t hit[SUM_LANES] = {0, 0, 0, 0};
     if (m == SUM_LANES) {
         common = n[0];
-        for (int k = 1; k < m; k++)
+        int64_t most = n[0];
+        for (int k = 1; k < m; k++) {
             if (n[k] < common) common = n[k];
-        double r0 = 0, r1 = 0, r2 = 0, r3 = 0;
-        int64_t h0 = 0, h1 = 0, h2 = 0, h3 = 0;
-        if (hits) {
-            for (int64_t j = 0; j < common; j++) {
-                int32_t x0 = list[0][j], x1 = list[1][j], x2 = list[2][j], x3 = list[3][j];
-                r0 += fp[0][x0];
-                r1 += fp[1][x1];
-                r2 += fp[2][x2];
-                r3 += fp[3][x3];
-                h0 += rank[0][x0] < n[0];
-                h1 += rank[1][x1] < n[1];
-                h2 += rank[2][x2] < n[2];
-                h3 += rank[3][x3] < n[3];
-            }
-        } else {
-            for (int64_t j = 0; j < common; j++) {
-                r0 += fp[0][list[0][j]];
-                r1 += fp[1][list[1][j]];
-                r2 += fp[2][list[2][j]];
-                r3 += fp[3][list[3][j]];
-            }
+            if (n[k] > most) most = n[k];
         }
-        r[0] = r0, r[1] = r1, r[2] = r2, r[3] = r3;
-        hit[0] = h0, hit[1] = h1, hit[2] = h2, hit[3] = h3;
+        if (most <= INT32_MAX) /* recall4's thresholds and counts are 32-bit */
+            kvs_math_f64_kernels_active()->recall4(fp, list, hits ? rank : NULL, n, (size_t)common, r, hit);
+        else
+            common = 0;
     }
     for (int k = 0; k < m; k++) { /* the rest of each chain (or all of it), continuing in the same order */
         double rk = r[k];

@@ -1,6 +1,7 @@
 /* test_simd_f64.c — the fp64 scoring kernels of common/kvs_math_simd_f64.h (issue 14's sweep target): every
  * variant this CPU has returns the scalar reference's bits (key norms, key . vector dot products, Quest's page
- * bounds, the fp64 weighted key sums, top-k's fp64 filter, the replay's output-error sums), the scalar reference equals naive fp64 loops written here, and
+ * bounds, the fp64 weighted key sums, top-k's fp64 filter, the replay's output-error sums and its recall and top-k
+ * hits), the scalar reference equals naive fp64 loops written here, and
  * the public kvs_math.h routines built on them (kvs_key_scores, kvs_key_anchor, kvs_page_scores, kvs_topk_f64)
  * equal naive references bit for bit, on awkward shapes (d not a multiple of 8, n not a multiple of the tile,
  * index lists, zero, huge and NaN keys); kvs_attn_colsum's batched prompt rows equal a row-by-row reference bit
@@ -279,6 +280,64 @@ static void test_out_sums_bit_exact(void **state) {
         }
 }
 
+/* recall4 (the replay's recall and top-k hits, 4 heads): the scalar table against the naive loop, every variant
+ * against the scalar table, bit for bit: one list shared by the 4 lanes and 4 lists of their own, with and
+ * without ranks, n 0..37 (the vector part and the lane-by-lane rest), rows in 4 separate allocations, sums and
+ * counts continued from non-zero values, probabilities of mixed magnitude (so the order of the adds shows), an
+ * infinity in one lane and a NaN in another. */
+static void test_recall4_bit_exact(void **state) {
+    (void)state;
+    const kvs_math_f64_kernels *v[KVS_ISA_COUNT], *sc = kvs_math_f64_kernels_for(KVS_ISA_SCALAR);
+    int nv = variants(v);
+    enum { P = 97, NMAX = 37 };
+    float *fp[4];
+    int32_t *rank[4], list_own[4][NMAX], list_one[NMAX];
+    for (int k = 0; k < 4; k++) {
+        fp[k] = malloc(P * sizeof *fp[k]);
+        rank[k] = malloc(P * sizeof *rank[k]);
+        assert_non_null(fp[k]);
+        assert_non_null(rank[k]);
+        for (int x = 0; x < P; x++) {
+            fp[k][x] = frand() * (x % 3 == 0 ? 1e7f : x % 3 == 1 ? 1.0f : 1e-7f);
+            rank[k][x] = (int32_t)((x * 31 + k * 17) % P);
+        }
+        for (int j = 0; j < NMAX; j++) list_own[k][j] = (int32_t)((j * (5 + 2 * k) + k) % P);
+    }
+    for (int j = 0; j < NMAX; j++) list_one[j] = (int32_t)((j * 13 + 3) % P);
+    fp[1][list_own[1][4]] = INFINITY;
+    fp[2][list_one[6]] = NAN;
+    for (int own = 0; own < 2; own++)
+        for (int with_rank = 0; with_rank < 2; with_rank++)
+            for (size_t n = 0; n <= NMAX; n++) {
+                const float *f[4];
+                const int32_t *l[4], *rk[4];
+                int64_t thr[4];
+                double want[4], got[4];
+                int64_t want_hit[4], got_hit[4];
+                for (int k = 0; k < 4; k++) {
+                    f[k] = fp[k], l[k] = own ? list_own[k] : list_one, rk[k] = rank[k];
+                    thr[k] = (int64_t)n + 9 * k;
+                    want[k] = 0.25 * k, want_hit[k] = 3 * k;
+                    for (size_t j = 0; j < n; j++) { /* the replay's loop, written out */
+                        want[k] += (double)f[k][l[k][j]];
+                        if (with_rank) want_hit[k] += rk[k][l[k][j]] < thr[k];
+                    }
+                }
+                const int32_t *const *ranks = with_rank ? rk : NULL;
+                for (int j = -1; j < nv; j++) {
+                    const kvs_math_f64_kernels *kf = j < 0 ? sc : v[j];
+                    for (int k = 0; k < 4; k++) got[k] = 0.25 * k, got_hit[k] = 3 * k;
+                    kf->recall4(f, l, ranks, thr, n, got, got_hit);
+                    assert_memory_equal(got, want, sizeof want);
+                    assert_memory_equal(got_hit, want_hit, sizeof want_hit);
+                }
+            }
+    for (int k = 0; k < 4; k++) {
+        free(fp[k]);
+        free(rank[k]);
+    }
+}
+
 /* kvs_topk_f64 (vector filter) against a full sort: descending, ties to the lower index, NaN last. */
 static const double *sort_x;
 static int cmp_desc(const void *a, const void *b) {
@@ -529,6 +588,7 @@ int main(void) {
         cmocka_unit_test(test_page_scores_rows_bit_exact),
         cmocka_unit_test(test_wsum_and_first_above_bit_exact),
         cmocka_unit_test(test_out_sums_bit_exact),
+        cmocka_unit_test(test_recall4_bit_exact),
         cmocka_unit_test(test_topk_f64_matches_sort),
         cmocka_unit_test(test_key_and_page_scores_match_naive),
         cmocka_unit_test(test_colsum_batched_equals_rows),
