@@ -940,9 +940,15 @@ void kvs_page_minmax_add(float *kmin, float *kmax, const float *k, size_t d, int
         if (kmax != kmin) memcpy(kmax, k, d * sizeof *k);
         return;
     }
+    /* Every element stored, the choice a select, not a branch: the loop vectorizes (minps/maxps keep the old
+     * value on a NaN exactly as the compares do), where the conditional stores were a branch per element and
+     * page summaries 10% of Quest's replay time (issue 17). Element by element in the same order, so a kmax that
+     * is kmin sees the min just stored, as before. */
     for (size_t i = 0; i < d; i++) {
-        if (k[i] < kmin[i]) kmin[i] = k[i];
-        if (k[i] > kmax[i]) kmax[i] = k[i];
+        float x = k[i], lo = kmin[i];
+        kmin[i] = x < lo ? x : lo;
+        float hi = kmax[i];
+        kmax[i] = x > hi ? x : hi;
     }
 }
 

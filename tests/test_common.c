@@ -878,6 +878,44 @@ static void test_norms_and_cosine(void **state) {
 
 /* ---- sparse-attention estimation (RocketKV HSA, Quest, SparQ) ---- */
 
+/* kvs_page_minmax_add against the branchy loop it replaced, on widths past the vector loop's (d 37: its tail),
+ * NaNs in the key and in the summaries (a NaN key element keeps the old value; a NaN summary stays), -0 against
+ * +0, and kmax aliasing kmin (the max then sees the min just stored, element by element). */
+static void test_page_minmax_matches_branches(void **state) {
+    (void)state;
+    enum { D = 37, KEYS = 9 };
+    float keys[KEYS][D];
+    uint64_t x = 12345;
+    for (int j = 0; j < KEYS; j++)
+        for (int i = 0; i < D; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            keys[j][i] = (float)((int64_t)(x >> 33) % 2001 - 1000) / 100.0f;
+        }
+    keys[2][5] = NAN;
+    keys[3][6] = -0.0f;
+    keys[4][6] = 0.0f;
+    keys[0][7] = NAN; /* the page starts with a NaN summary there */
+    for (int alias = 0; alias < 2; alias++) {
+        float mn[D], mx[D], wmn[D], wmx[D];
+        float *gmx = alias ? mn : mx, *rmx = alias ? wmn : wmx;
+        for (int j = 0; j < KEYS; j++) {
+            kvs_page_minmax_add(mn, gmx, keys[j], D, j == 0);
+            if (j == 0) {
+                memcpy(wmn, keys[j], sizeof wmn);
+                if (rmx != wmn) memcpy(rmx, keys[j], sizeof wmx);
+                continue;
+            }
+            for (int i = 0; i < D; i++) {
+                if (keys[j][i] < wmn[i]) wmn[i] = keys[j][i];
+                if (keys[j][i] > rmx[i]) rmx[i] = keys[j][i];
+            }
+        }
+        assert_memory_equal(mn, wmn, sizeof mn);
+        if (!alias) assert_memory_equal(mx, wmx, sizeof mx);
+        assert_true(isnan(mn[7]));
+    }
+}
+
 static void test_page_minmax_and_scores(void **state) {
     (void)state;
     /* two pages of d = 3: keys {1,-2,0.5},{3,-1,-4} and {0,0,1} */
@@ -1104,6 +1142,7 @@ int main(void) {
         cmocka_unit_test(test_snapkv_scores_matches_naive),
         cmocka_unit_test(test_norms_and_cosine),
         cmocka_unit_test(test_page_minmax_and_scores),
+        cmocka_unit_test(test_page_minmax_matches_branches),
         cmocka_unit_test(test_qdims_topk_ties_and_group_sign),
         cmocka_unit_test(test_sparq_temperature_and_page_softmax),
         cmocka_unit_test(test_page_select_ties_and_boundary),
