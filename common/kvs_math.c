@@ -611,6 +611,16 @@ static void avgpool1d(const float *x, size_t n, size_t k, int include_pad, float
     }
 }
 
+void kvs_div_by(double *x, size_t n, int64_t m) {
+    KVS_ASSERT(m >= 1);
+    if ((m & (m - 1)) == 0) {
+        double r = 1.0 / (double)m;
+        for (size_t j = 0; j < n; j++) x[j] *= r;
+    } else {
+        for (size_t j = 0; j < n; j++) x[j] /= (double)m;
+    }
+}
+
 void kvs_avgpool1d(const float *x, size_t n, size_t k, float *out) { avgpool1d(x, n, k, 0, out); }
 
 void kvs_avgpool1d_pad(const float *x, size_t n, size_t k, float *out) { avgpool1d(x, n, k, 1, out); }

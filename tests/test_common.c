@@ -878,6 +878,22 @@ static void test_norms_and_cosine(void **state) {
 
 /* ---- sparse-attention estimation (RocketKV HSA, Quest, SparQ) ---- */
 
+/* kvs_div_by equals the division bit for bit, power-of-two divisors (the multiply) and others, on values whose
+ * quotients are subnormal, round, overflow nothing, or are infinite, NaN or signed zero. */
+static void test_div_by_matches_division(void **state) {
+    (void)state;
+    const double v[] = {1.0, 3.0, 0.1, 1e308, -7.25, 5e-324, 3e-310, 2.2250738585072014e-308, -0.0, 0.0,
+                        INFINITY, -INFINITY, NAN, 0.3333333333333333, 123456789.123, 1.0000000000000002};
+    enum { N = sizeof v / sizeof *v };
+    const int64_t ms[] = {1, 2, 3, 4, 5, 7, 8, 16, 32, 1024, 1000};
+    for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++) {
+        double got[N], want[N];
+        for (size_t j = 0; j < N; j++) got[j] = v[j], want[j] = v[j] / (double)ms[mi];
+        kvs_div_by(got, N, ms[mi]);
+        assert_memory_equal(got, want, sizeof got);
+    }
+}
+
 /* kvs_page_minmax_add against the branchy loop it replaced, on widths past the vector loop's (d 37: its tail),
  * NaNs in the key and in the summaries (a NaN key element keeps the old value; a NaN summary stays), -0 against
  * +0, and kmax aliasing kmin (the max then sees the min just stored, element by element). */
@@ -1143,6 +1159,7 @@ int main(void) {
         cmocka_unit_test(test_norms_and_cosine),
         cmocka_unit_test(test_page_minmax_and_scores),
         cmocka_unit_test(test_page_minmax_matches_branches),
+        cmocka_unit_test(test_div_by_matches_division),
         cmocka_unit_test(test_qdims_topk_ties_and_group_sign),
         cmocka_unit_test(test_sparq_temperature_and_page_softmax),
         cmocka_unit_test(test_page_select_ties_and_boundary),
