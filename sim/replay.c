@@ -179,6 +179,7 @@ typedef struct {
     int64_t *blk_begin;       /* [nc] first position of the current prefill block */
     kvs_policy_view *views;   /* [Hkv] decode views of the current position (layer_pre_select) */
     int *has_merged;          /* [G] per list: holds merged slots this step */
+    uint8_t *plain;           /* [G] per list: passed sel_list_plain this step (strictly ascending in [0, p]) */
     float *lists_f;           /* kvs_attention_lists() scratch: [G][N] union scores / weights */
     int32_t *lists_i;         /* kvs_attention_lists() scratch: [G+1][N] the union, places in it */
     kvs_policy_memo *memo;    /* scores shared by this task's configurations at one position (NULL = none) */
@@ -245,6 +246,7 @@ static void task_free(task *t) {
     free(t->blk_begin);
     free(t->views);
     free(t->has_merged);
+    free(t->plain);
     free(t->lists_f);
     free(t->lists_i);
     kvs_policy_memo_free(t->memo);
@@ -310,11 +312,12 @@ static kvs_status task_alloc(task *t) {
     t->blk_begin = calloc((size_t)t->nc, sizeof *t->blk_begin);
     t->views = calloc(H, sizeof *t->views);
     t->has_merged = calloc(G, sizeof *t->has_merged);
+    t->plain = calloc(G, sizeof *t->plain);
     t->lists_f = malloc(kvs_attn_lists_scratch_floats(G, N) * sizeof(float));
     t->lists_i = malloc(kvs_attn_lists_scratch_ints(G, N) * sizeof(int32_t));
     /* no memo when a hook may rewrite rows between configurations; without memory, simply none */
     if (e->o->prefill_memo >= 0 && !(e->o->hooks && e->o->hooks->on_step_end)) t->memo = kvs_policy_memo_create();
-    if (!t->has_merged || !t->lists_f || !t->lists_i || !t->row_k || !t->row_v || !t->gk || !t->gv || !t->blk_size || !t->blk_begin || !t->views)
+    if (!t->has_merged || !t->plain || !t->lists_f || !t->lists_i || !t->row_k || !t->row_v || !t->gk || !t->gv || !t->blk_size || !t->blk_begin || !t->views)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     if (!t->streams || !t->hk || !t->hv || !t->qb || !t->states || !t->sync_states || !t->layout || !t->sel_idx ||
         !t->sel_n || !t->pbuf || !t->fullp || !t->fullo || !t->order || !t->sort_scratch || !t->rank || !t->outp || !t->stored || !t->in_list ||
@@ -648,6 +651,33 @@ static int sel_list_plain(const int32_t *idx, const float *const *row_k, const f
     return !descents && !rows && idx[0] >= 0 && idx[n - 1] <= p;
 }
 
+/* The entries of an ascending list that are prompt positions: for each turn, the list's entries in
+ * [begin, prompt_end), found by two binary searches (a per-entry count of e->is_prompt was 16% of check_sel's
+ * samples in a sweep of SnapKV, whose budget bounds the prompt; issue 17). The count is e->is_prompt's. */
+static int64_t lower_bound_pos(const int32_t *idx, int64_t n, int64_t x) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (idx[mid] < x) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+static int64_t prompt_entries(const engine *e, const int32_t *idx, int64_t n) {
+    int64_t count = 0;
+    if (e->src->n_turns > n) { /* more turns than entries: the per-entry count is cheaper */
+        for (int64_t j = 0; j < n; j++) count += e->is_prompt[idx[j]];
+        return count;
+    }
+    for (int64_t tk = 0; tk < e->src->n_turns; tk++) {
+        const kvs_turn *turn = &e->src->turns[tk];
+        if (turn->prompt_end <= turn->begin) continue;
+        count += lower_bound_pos(idx, n, turn->prompt_end) - lower_bound_pos(idx, n, turn->begin);
+    }
+    return count;
+}
+
 /* Validates a selection (positions in [0, p], distinct, at least one, within budget) and stored()'s positions (in
  * [0, p]: they index the marks), notes in has_merged[li] whether list li holds a merged slot, and counts what the
  * default accounting needs (policy.h, kvs_policy_cost): *kv_slots = sum over lists of |stored() ∪ S_t|, *dedup =
@@ -682,10 +712,12 @@ static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops 
         int merged = 0, stored_asked = 0, stored_is_list = 0;
         int64_t ms = 0; /* stored()'s count */
         uint32_t ls = ops->stored ? next_stamp(&t->list_stamp, in_list, (size_t)e->N) : 0;
+        t->plain[li] = 0;
         if (n < 1 || n > p + 1)
             st = kvs_fail(KVS_ERR_STATE, "policy %s selected %lld positions at position %lld", rc->policy.ops->name,
                           (long long)n, (long long)p);
         else if (sel_list_plain(idx, row_k, row_v, n, p)) {
+            t->plain[li] = 1;
             if (ops->stored) { /* asked here (a plain list passes the check): the same entries in the same order
                                 * (evicting policies attend what they keep) add nothing and need no marks */
                 ms = ops->stored(state, li, t->stored);
@@ -698,8 +730,7 @@ static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops 
                     n_union += in_union[idx[j]] != us;
                     in_union[idx[j]] = us;
                 }
-            if (count_prompt)
-                for (j = 0; j < n; j++) n_prompt += e->is_prompt[idx[j]];
+            if (count_prompt) n_prompt = prompt_entries(e, idx, n);
             j = n; /* the per-entry pass below has nothing to do */
         } else if (!ops->stored)
             ls = next_stamp(&t->list_stamp, in_list, (size_t)e->N); /* the duplicate check's marks */
@@ -808,6 +839,7 @@ static void settle_cost(const kvs_policy_cost *before, kvs_policy_cost *c) {
  * attention is the reference's, bit for bit (same kernels, rows independent of blocking). */
 static int list_is_prefix(const task *t, const kvs_policy_sel *sel, int li, int has_merged, int64_t p) {
     if (has_merged || !t->cur_p || sel->n[li] != p + 1) return 0;
+    if (t->plain[li]) return 1; /* p + 1 strictly ascending positions in [0, p] are 0..p (check_sel) */
     for (int64_t j = 0; j <= p; j++)
         if (sel->idx[li][j] != (int32_t)j) return 0;
     return 1;

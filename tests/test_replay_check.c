@@ -5,7 +5,8 @@
  * differ), and leaves nothing behind for the next configuration of the same task; the default accounting of a
  * per-query-head policy with stored() equals a naive count, on ascending and on descending lists and with stored()
  * the selection itself: KV slots = sum over lists of |stored ∪ S_t|, dedup = |union of those over the lists|
- * (sim/policy.h, kvs_policy_cost). Data: GENERATED (tests/util/gen_trace.h).
+ * (sim/policy.h, kvs_policy_cost); a prompt-scoped budget counts the prompt positions of every turn, on ascending
+ * and descending lists. Data: GENERATED (tests/util/gen_trace.h).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -261,12 +262,66 @@ static void test_malformed_selections_fail_their_run_only(void **state) {
     kvs_test_replay_fixture_free(&f);
 }
 
+/* A prompt-scoped policy (budget_scope KVS_BUDGET_PROMPT: the budget bounds the kept prompt positions, as SnapKV's)
+ * that attends to every position: over 3 turns (7 prompt positions each) its last steps hold all 21 prompt
+ * positions, so budget 21 passes and budget 20 fails naming 21, whether the lists are ascending (check_sel counts
+ * them by turn, two binary searches each) or descending (counted entry by entry). */
+static kvs_status all_select(void *st, const kvs_policy_view *v, kvs_policy_sel *sel) {
+    (void)st;
+    int64_t p = v->n - 1;
+    for (int g = 0; g < sel->n_lists; g++) {
+        for (int64_t x = 0; x <= p; x++) sel->idx[g][x] = (int32_t)(g_acct_descending ? p - x : x);
+        sel->n[g] = p + 1;
+    }
+    return KVS_OK;
+}
+
+static const struct kvs_policy_ops prompt_scoped_ops = {
+    .name = "prompt_scoped_test", .summary = "test: every position attended, the budget bounding the prompt only",
+    .granularity = KVS_SEL_PER_QUERY_HEAD, .budget_scope = KVS_BUDGET_PROMPT, .create = acct_create,
+    .free = free, .prefill = acct_prefill, .select = all_select,
+};
+
+static void test_prompt_budget_counts_prompt_positions_of_every_turn(void **state) {
+    (void)state;
+    fixture f;
+    kvs_gen_trace_opts o = kvs_test_grouped_opts(3, 2, 42, -1, 8, 29);
+    assert_int_equal(kvs_test_replay_fixture_make(&o, 2, 5, &f), KVS_OK);
+    int64_t prompt = 0;
+    for (int64_t t = 0; t < f.n_turns; t++) prompt += f.turns[t].prompt_end - f.turns[t].begin;
+    assert_int_equal(prompt, 21);
+    for (int descending = 0; descending < 2; descending++)
+        for (int64_t budget = prompt - 1; budget <= prompt; budget++) {
+            g_acct_descending = descending;
+            kvs_replay_config rc = {.budget = budget, .budget_fraction = -1};
+            kvs_policy_defaults(&prompt_scoped_ops, &rc.policy);
+            kvs_replay_source src;
+            assert_int_equal(kvs_replay_source_from_memory(&f.mem, &src), KVS_OK);
+            kvs_replay_opts ro = {.configs = &rc, .n_configs = 1, .threads = 1, .measure = KVS_MEASURE_DECODE};
+            kvs_replay_result *r = NULL;
+            assert_int_equal(kvs_replay_execute(&src, &ro, &r), KVS_OK);
+            g_acct_descending = 0;
+            if (budget == prompt) {
+                assert_int_equal(r->runs[0].status, KVS_OK);
+            } else {
+                assert_int_equal(r->runs[0].status, KVS_ERR_STATE);
+                if (!strstr(r->runs[0].error, "kept 21 prompt positions over its budget 20")) {
+                    print_error("descending %d: \"%s\"\n", descending, r->runs[0].error);
+                    fail();
+                }
+            }
+            kvs_replay_result_free(r);
+        }
+    kvs_test_replay_fixture_free(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_default_accounting_matches_naive_count),
         cmocka_unit_test(test_default_accounting_of_descending_lists),
         cmocka_unit_test(test_default_accounting_when_stored_is_the_selection),
         cmocka_unit_test(test_malformed_selections_fail_their_run_only),
+        cmocka_unit_test(test_prompt_budget_counts_prompt_positions_of_every_turn),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
