@@ -122,12 +122,16 @@ size_t kvs_attn_lists_scratch_ints(size_t nq, size_t cap) { return (nq + 2) * ca
 /* The union of the nq ascending lists into uidx (ascending) and, for list r's j-th entry, its place in the union
  * in pos[r*cap + j]. @return |U|, or 0 when a list is empty, not strictly ascending, out of [0, cap), or the
  * union exceeds twice the mean list (then the G-row kernels do more work than the rows alone would save).
+ * cs > 0: the lists end in the same cs positions (lists_common_suffix), which are then left out of uidx and pos:
+ * uidx holds the union of the parts before them (|U| - cs entries, all below the suffix) and pos their entries;
+ * the checks and the limit are the whole lists' as with cs = 0.
  * Issue 17: the union was a G-way merge that looked at every list's head for each member (branchy, 5% of a
  * sweep's replay time). Here each list sets its positions' bits (one OR per entry, no branch: OR-ing a list's
  * bits a word at a time, on a change of word, measured no faster), |U| is the bitmap's popcount over the lists'
  * span (checked against the limit before anything else is written), the set bits in ascending order give uidx
  * and the position -> union map, and pos is one map lookup per entry: the same uidx and pos as the merge. */
-static size_t lists_union(size_t nq, const int32_t *const *idx, const int64_t *n, size_t cap, int32_t *iscratch) {
+static size_t lists_union(size_t nq, const int32_t *const *idx, const int64_t *n, size_t cap, int32_t *iscratch,
+                          int64_t cs) {
     int32_t *uidx = iscratch, *map = iscratch + cap, *pos = iscratch + 2 * cap + lists_bitmap_words(cap);
     uint32_t *bits = (uint32_t *)(iscratch + 2 * cap);
     int64_t total = 0;
@@ -138,15 +142,17 @@ static size_t lists_union(size_t nq, const int32_t *const *idx, const int64_t *n
         int bad = ir[0] < 0;
         for (int64_t j = 1; j < n[r]; j++) bad |= ir[j] <= ir[j - 1];
         if (bad || (size_t)ir[n[r] - 1] >= cap) return 0; /* ascending from >= 0: in range iff the last is */
-        if (ir[0] < lo) lo = ir[0];
-        if (ir[n[r] - 1] > hi) hi = ir[n[r] - 1];
+        if (n[r] > cs && ir[0] < lo) lo = ir[0]; /* the span of the parts before the suffix */
+        if (n[r] > cs && ir[n[r] - cs - 1] > hi) hi = ir[n[r] - cs - 1];
         total += n[r];
     }
-    size_t w_lo = (size_t)lo / 32, w_hi = (size_t)hi / 32, limit = (size_t)(2 * total) / nq, nu = 0;
+    size_t limit = (size_t)(2 * total) / nq, nu = (size_t)cs;
+    if (hi < lo) return nu <= limit ? nu : 0; /* the lists are the suffix alone */
+    size_t w_lo = (size_t)lo / 32, w_hi = (size_t)hi / 32;
     memset(bits + w_lo, 0, (w_hi - w_lo + 1) * sizeof *bits);
     for (size_t r = 0; r < nq; r++) {
         const int32_t *ir = idx[r];
-        for (int64_t j = 0; j < n[r]; j++) bits[(uint32_t)ir[j] / 32] |= 1u << ((uint32_t)ir[j] % 32);
+        for (int64_t j = 0; j < n[r] - cs; j++) bits[(uint32_t)ir[j] / 32] |= 1u << ((uint32_t)ir[j] % 32);
     }
     for (size_t w = w_lo; w <= w_hi; w++) nu += (size_t)__builtin_popcount(bits[w]);
     if (nu > limit) return 0;
@@ -159,9 +165,25 @@ static size_t lists_union(size_t nq, const int32_t *const *idx, const int64_t *n
         }
     for (size_t r = 0; r < nq; r++) {
         int32_t *pr = pos + r * cap;
-        for (int64_t j = 0; j < n[r]; j++) pr[j] = map[idx[r][j]];
+        for (int64_t j = 0; j < n[r] - cs; j++) pr[j] = map[idx[r][j]];
     }
     return nu;
+}
+
+/* How many positions the nq lists (nq >= 1, each non-empty) all end with, the same in the same order: H2O's
+ * recent window, SnapKV's observation window and generated tokens, kept by every head of a group. */
+static int64_t lists_common_suffix(size_t nq, const int32_t *const *idx, const int64_t *n) {
+    int64_t most = n[0];
+    for (size_t r = 1; r < nq; r++)
+        if (n[r] < most) most = n[r];
+    int64_t k = 0;
+    for (; k < most; k++) {
+        int32_t x = idx[0][n[0] - 1 - k];
+        size_t r = 1;
+        while (r < nq && idx[r][n[r] - 1 - k] == x) r++;
+        if (r < nq) break;
+    }
+    return k;
 }
 
 /* A row's probabilities over its list (n entries, list order) onto its union row for the output kernel: at their
@@ -216,7 +238,7 @@ int kvs_attention_lists(const float *q, size_t nq, const float *keys, const floa
                         float *const *probs_rows, float *out, float *fscratch, int32_t *iscratch) {
     const kvs_math_kernels *k = kvs_math_kernels_active();
     const int32_t *uidx = iscratch, *pos = iscratch + 2 * cap + lists_bitmap_words(cap);
-    size_t nu = nq > 1 && nq <= LISTS_MAX_ROWS ? lists_union(nq, idx, n, cap, iscratch) : 0;
+    size_t nu = nq > 1 && nq <= LISTS_MAX_ROWS ? lists_union(nq, idx, n, cap, iscratch, 0) : 0;
     if (!nu) {
         lists_row_by_row(q, nq, keys, values, stride, idx, n, d, scale, probs_rows, out);
         return 0;
@@ -235,7 +257,7 @@ int kvs_attention_lists16(const float *q, size_t nq, const uint16_t *keys, const
                           float *fscratch, int32_t *iscratch) {
     const kvs_math_kernels *k = kvs_math_kernels_active();
     const int32_t *uidx = iscratch, *pos = iscratch + 2 * cap + lists_bitmap_words(cap);
-    size_t nu = nq > 1 && nq <= LISTS_MAX_ROWS ? lists_union(nq, idx, n, cap, iscratch) : 0;
+    size_t nu = nq > 1 && nq <= LISTS_MAX_ROWS ? lists_union(nq, idx, n, cap, iscratch, 0) : 0;
     if (!nu) {
         lists_row_by_row(q, nq, keys32, values32, stride, idx, n, d, scale, probs_rows, out);
         return 0;
@@ -299,7 +321,13 @@ int kvs_attention_lists_scored(const float *const *score_rows, size_t nq, const 
         gather_scores(score_rows[r], idx[r], (size_t)n[r], probs_rows[r]);
         k->softmax(probs_rows[r], (size_t)n[r]);
     }
-    size_t nu = nq > 1 && nq <= LISTS_MAX_ROWS ? lists_union(nq, idx, n, cap, iscratch) : 0;
+    int use_union = nq > 1 && nq <= LISTS_MAX_ROWS;
+    for (size_t r = 0; use_union && r < nq; r++) use_union = n[r] > 0;
+    /* The positions every list ends with go through the output kernel as one shared list after the rest (issue
+     * 17): each row's entries still in its list order (the rest lie below the suffix), so the same bits, and the
+     * union below (its bitmap, its map, the rows scattered onto it) covers only the parts that differ. */
+    int64_t cs = use_union ? lists_common_suffix(nq, idx, n) : 0;
+    size_t nu = use_union ? lists_union(nq, idx, n, cap, iscratch, cs) : 0;
     if (!nu) {
         for (size_t r = 0; r < nq; r++)
             if (n[r] > 0) {
@@ -310,12 +338,20 @@ int kvs_attention_lists_scored(const float *const *score_rows, size_t nq, const 
         return 0;
     }
     /* the output over the union, each row's probabilities at their places in it, zeros elsewhere (an exact zero
-     * added into an accumulator that starts at +0: kvs_attention_lists's argument) */
+     * added into an accumulator that starts at +0: kvs_attention_lists's argument), then over the suffix */
     const int32_t *uidx = iscratch, *pos = iscratch + 2 * cap + lists_bitmap_words(cap);
     float *urow[LISTS_MAX_ROWS], *orow[LISTS_MAX_ROWS];
     lists_rows(nq, cap, d, fscratch, out, urow, orow);
-    for (size_t r = 0; r < nq; r++) union_row(probs_rows[r], n[r], pos + r * cap, nu, urow[r]);
-    output_rows(k, (const float *const *)urow, nq, values, values16, dtype, stride, uidx, nu, d, orow);
+    size_t nd = nu - (size_t)cs; /* the union of the parts before the suffix */
+    if (nd > 0) {
+        for (size_t r = 0; r < nq; r++) union_row(probs_rows[r], n[r] - cs, pos + r * cap, nd, urow[r]);
+        output_rows(k, (const float *const *)urow, nq, values, values16, dtype, stride, uidx, nd, d, orow);
+    }
+    if (cs > 0) {
+        const float *srow[LISTS_MAX_ROWS];
+        for (size_t r = 0; r < nq; r++) srow[r] = probs_rows[r] + (n[r] - cs);
+        output_rows(k, srow, nq, values, values16, dtype, stride, idx[0] + (n[0] - cs), (size_t)cs, d, orow);
+    }
     return 1;
 }
 

@@ -11,7 +11,8 @@
  *    the union bitmap's word edges, a list that is the whole union, and 64 and 65 query rows;
  *  - the 16-bit variant against kvs_attention() on the rows' exact fp32 conversion;
  *  - kvs_attention_lists_scored() (the scores gathered from rows computed once against every position) on every
- *    list of check_lists: the same path and the same bits, fp32 and 16-bit values.
+ *    list of check_lists: the same path and the same bits, fp32 and 16-bit values; lists ending in the same
+ *    positions (its shared suffix), all alike, one of them only that suffix, and with no common end.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -372,6 +373,39 @@ static void test_union_of_64_rows(void **st) {
     free(is);
 }
 
+/* Lists that end in the same positions (kvs_attention_lists_scored's shared suffix, output after the union of the
+ * parts before it): all four lists the same (no part before the suffix), one list that is the suffix alone, a
+ * suffix of one position, suffixes that differ only in their first position, and no common last position; each
+ * with d 128 and 20 (the x32 tiles and the column tail). Every row's bits as kvs_attention gives them, the path as
+ * kvs_attention_lists chooses it. */
+static void test_shared_suffix_same_bits(void **st) {
+    (void)st;
+    const size_t dims[] = {128, 20};
+    for (size_t k = 0; k < sizeof dims / sizeof *dims; k++) {
+        fixture f;
+        fixture_init(&f, dims[k], 1.0f);
+        for (int c = 0; c < 5; c++) {
+            for (int r = 0; r < NQ; r++) {
+                int64_t m = 0;
+                if (c != 0 && !(c == 1 && r == 2)) /* a part before the suffix of each list's own */
+                    for (int32_t p = r; p < 200; p += 3 + r) f.idx[r][m++] = p;
+                int32_t first = c == 3 ? 210 + r : 210; /* case 3: the suffix differs in its first position */
+                if (c == 2) {
+                    f.idx[r][m++] = 299; /* one common position */
+                } else if (c == 4) {
+                    f.idx[r][m++] = 250 + r; /* none in common */
+                } else {
+                    f.idx[r][m++] = first;
+                    for (int32_t p = 220; p < 300; p += 2) f.idx[r][m++] = p;
+                }
+                f.n[r] = m;
+            }
+            check_lists(&f);
+        }
+        fixture_free(&f);
+    }
+}
+
 static void test_lists16_equal_fp32_on_converted_rows(void **st) {
     (void)st;
     const kvs_dtype types[] = {KVS_DTYPE_F16, KVS_DTYPE_BF16};
@@ -415,6 +449,7 @@ int main(void) {
         cmocka_unit_test(test_union_at_the_limit),
         cmocka_unit_test(test_union_refusals_and_word_edges),
         cmocka_unit_test(test_union_of_64_rows),
+        cmocka_unit_test(test_shared_suffix_same_bits),
         cmocka_unit_test(test_lists16_equal_fp32_on_converted_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
