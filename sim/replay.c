@@ -1196,10 +1196,11 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
             int active = 0;
             for (int ci = 0; ci < t.nc; ci++) active += ran[ci] = !atomic_load(&e->cfg_failed[c_lo + ci]);
             double ranked0 = t.rank_seconds;
+            double t1 = kvs_now_s(); /* one clock read a configuration: its end is the next one's start */
             for (int ci = 0; ci < t.nc; ci++) {
                 int c = c_lo + ci;
                 if (!ran[ci]) continue;
-                double t1 = kvs_now_s(), r1 = t.rank_seconds;
+                double r1 = t.rank_seconds;
                 kvs_status cs = KVS_OK;
                 if (is_prompt) {
                     if (pos == turn->begin) t.blk_begin[ci] = pos;
@@ -1220,7 +1221,9 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
                 }
                 if (cs != KVS_OK) fail_config(e, c, layer, cs);
                 /* the ranking, done for whichever configuration asked first, is shared work like the reference */
-                cfg_time[ci] += kvs_now_s() - t1 - (t.rank_seconds - r1) + (active ? shared / active : 0);
+                double t2 = kvs_now_s();
+                cfg_time[ci] += t2 - t1 - (t.rank_seconds - r1) + (active ? shared / active : 0);
+                t1 = t2;
             }
             double ranked = t.rank_seconds - ranked0;
             for (int ci = 0; ci < t.nc && active; ci++)
