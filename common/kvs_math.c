@@ -907,12 +907,19 @@ static const float *key_row(const float *keys, size_t stride, const int32_t *idx
  * stack): w_j = 1/max(|k_j|, eps) when normalized, |k_j| from norm[j] or (norm NULL, no caller scratch) computed
  * here per chunk; w_j = 1 when not. */
 static void key_anchor_w(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, int normalized,
-                         const double *norm, double *mu) {
+                         const double *norm, double *mu, double *ck, size_t *ck_valid) {
     const kvs_math_f64_kernels *f = kvs_math_f64_kernels_active();
-    enum { CHUNK = 64 };
+    enum { CHUNK = KVS_KEY_ANCHOR_CHUNK };
     double w[CHUNK];
-    for (size_t i = 0; i < d; i++) mu[i] = 0;
-    for (size_t j0 = 0; j0 < n; j0 += CHUNK) {
+    size_t c0 = 0; /* whole chunks whose running sum a checkpoint holds */
+    if (ck) {
+        c0 = *ck_valid < n / CHUNK ? *ck_valid : n / CHUNK;
+        *ck_valid = c0;
+    }
+    if (c0 > 0) memcpy(mu, ck + (c0 - 1) * d, d * sizeof *mu);
+    else
+        for (size_t i = 0; i < d; i++) mu[i] = 0;
+    for (size_t j0 = c0 * CHUNK; j0 < n; j0 += CHUNK) {
         size_t m = n - j0 < CHUNK ? n - j0 : CHUNK;
         const float *base = idx ? keys : keys + j0 * stride;
         const int32_t *sub = idx ? idx + j0 : NULL;
@@ -924,6 +931,10 @@ static void key_anchor_w(const float *keys, size_t stride, const int32_t *idx, s
             for (size_t j = 0; j < m; j++) w[j] = 1.0 / (w[j] > KVS_KEY_NORM_EPS ? w[j] : KVS_KEY_NORM_EPS);
         }
         f->wsum(base, stride, sub, m, d, w, mu);
+        if (ck && m == CHUNK) { /* the sum after a whole chunk: where a later call over the same keys resumes */
+            memcpy(ck + (j0 / CHUNK) * d, mu, d * sizeof *mu);
+            *ck_valid = j0 / CHUNK + 1;
+        }
     }
     if (n > 0)
         for (size_t i = 0; i < d; i++) mu[i] /= (double)n;
@@ -931,7 +942,7 @@ static void key_anchor_w(const float *keys, size_t stride, const int32_t *idx, s
 
 void kvs_key_anchor(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, int normalized,
                     double *mu) {
-    key_anchor_w(keys, stride, idx, n, d, normalized, NULL, mu);
+    key_anchor_w(keys, stride, idx, n, d, normalized, NULL, mu, NULL, NULL);
 }
 
 void kvs_key_norms(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, double *norm) {
@@ -947,6 +958,12 @@ void kvs_key_scores(const float *keys, size_t stride, const int32_t *idx, size_t
 
 void kvs_key_scores_normed(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
                            kvs_key_score kind, const double *norm, double *score, double *scratch) {
+    kvs_key_scores_resumed(keys, stride, idx, n, d, kind, norm, score, scratch, NULL, NULL);
+}
+
+void kvs_key_scores_resumed(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
+                            kvs_key_score kind, const double *norm, double *score, double *scratch, double *ck,
+                            size_t *ck_valid) {
     const kvs_math_f64_kernels *f = kvs_math_f64_kernels_active();
     if (kind == KVS_KEY_SCORE_L2NORM) {
         for (size_t j = 0; j < n; j++) score[j] = -norm[j];
@@ -967,7 +984,7 @@ void kvs_key_scores_normed(const float *keys, size_t stride, const int32_t *idx,
         return;
     }
     double *mu = scratch; /* [d] the anchor */
-    key_anchor_w(keys, stride, idx, n, d, kind == KVS_KEY_SCORE_ANCHOR, norm, mu);
+    key_anchor_w(keys, stride, idx, n, d, kind == KVS_KEY_SCORE_ANCHOR, norm, mu, ck, ck_valid);
     double nmu = 0;
     for (size_t i = 0; i < d; i++) nmu += mu[i] * mu[i];
     nmu = sqrt(nmu);

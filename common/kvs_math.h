@@ -295,6 +295,18 @@ void kvs_key_norms(const float *keys, size_t stride, const int32_t *idx, size_t 
 void kvs_key_scores_normed(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
                            kvs_key_score kind, const double *norm, double *score, double *scratch);
 
+/*! kvs_key_scores_resumed() : kvs_key_scores_normed, bit for bit, with the anchor's running sum resumed from
+ *  checkpoints of an earlier call over the same first keys (a policy that evicts a few keys a step and appends
+ *  the new one keeps the sum of the keys before the first change; issue 17). The anchor is summed in chunks of
+ *  KVS_KEY_ANCHOR_CHUNK keys; ck[c*d .. c*d+d) holds the sum after chunk c (caller memory: n / chunk of them),
+ *  *ck_valid how many leading chunks' checkpoints still hold for these keys and norms (the caller lowers it to
+ *  j / chunk when it changes key j; 0 at first). On return the whole chunks' checkpoints are written and
+ *  *ck_valid = n / chunk. ck NULL: none (kvs_key_scores_normed). Kinds without an anchor leave them alone. */
+enum { KVS_KEY_ANCHOR_CHUNK = 64 };
+void kvs_key_scores_resumed(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
+                            kvs_key_score kind, const double *norm, double *score, double *scratch, double *ck,
+                            size_t *ck_valid);
+
 /* ---- sparse-attention estimation (RocketKV's hybrid sparse attention, Quest, SparQ; POLICY_SPEC §2.2 stage 2,
  * §2.6 B9-B10) ----
  * These policies keep every cached key but attend to few: they estimate which from summaries. Keys are grouped in

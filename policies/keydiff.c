@@ -95,6 +95,11 @@ typedef struct {
      * still charges the paper's per-event scoring temporaries. */
     double *norm;
     int64_t n_normed;
+    /* The anchor's running sum after each whole chunk of KVS_KEY_ANCHOR_CHUNK held keys ([alloc / chunk][d]), and
+     * how many leading chunks are unchanged since it was summed (kvs_key_scores_resumed): a step evicts one key
+     * and appends one, so the chunks before the evicted key are not summed again. The same bits. */
+    double *ck;
+    size_t ck_valid;
     /* eviction scratch, `alloc` candidates */
     double *score, *work; /* work: d doubles (kvs_key_scores_normed) */
     int32_t *top;
@@ -129,6 +134,7 @@ static void keydiff_free(void *state) {
     if (!s) return;
     free(s->pos);
     free(s->norm);
+    free(s->ck);
     free(s->score);
     free(s->work);
     free(s->top);
@@ -153,7 +159,10 @@ static kvs_status kd_reserve(kd_state *s, int64_t n) {
     if (top) s->top = top;
     char *mark = realloc(s->mark, (size_t)a);
     if (mark) s->mark = mark;
-    if (!pos || !norm || !score || !work || !top || !mark) return kvs_fail(KVS_ERR_NOMEM, "keydiff: out of memory");
+    double *ck = realloc(s->ck, ((size_t)a / KVS_KEY_ANCHOR_CHUNK + 1) * (size_t)s->d * sizeof *ck);
+    if (ck) s->ck = ck;
+    if (!pos || !norm || !score || !work || !top || !mark || !ck)
+        return kvs_fail(KVS_ERR_NOMEM, "keydiff: out of memory");
     s->alloc = a;
     return KVS_OK;
 }
@@ -200,8 +209,8 @@ static void kd_evict(kd_state *s, const float *keys) {
     if (s->n_normed < nc) /* the keys that entered since the last event */
         kvs_key_norms(keys, (size_t)s->d, s->pos + s->n_normed, (size_t)(nc - s->n_normed), (size_t)s->d,
                       s->norm + s->n_normed);
-    kvs_key_scores_normed(keys, (size_t)s->d, s->pos, (size_t)nc, (size_t)s->d, s->kind, s->norm, s->score,
-                          s->work);
+    kvs_key_scores_resumed(keys, (size_t)s->d, s->pos, (size_t)nc, (size_t)s->d, s->kind, s->norm, s->score,
+                           s->work, s->ck, &s->ck_valid);
     if (scored - keep <= KD_SCAN_EVICTIONS) {
         /* the same set as the top-k below: all but the scored - keep last-ranked (issue 14: a decode step's
          * eviction in O(n) instead of a top-k of n - 1) */
@@ -213,6 +222,9 @@ static void kd_evict(kd_state *s, const float *keys) {
         for (int64_t j = 0; j < keep; j++) s->mark[s->top[j]] = 1;
     }
     for (int64_t j = scored; j < nc; j++) s->mark[j] = 1; /* the sliding window */
+    int64_t first_out = 0; /* the keys before the first evicted one keep their places: their checkpoints hold */
+    while (first_out < nc && s->mark[first_out]) first_out++;
+    if ((size_t)first_out / KVS_KEY_ANCHOR_CHUNK < s->ck_valid) s->ck_valid = (size_t)first_out / KVS_KEY_ANCHOR_CHUNK;
     int64_t m = 0;
     for (int64_t j = 0; j < nc; j++)
         if (s->mark[j]) {

@@ -124,6 +124,61 @@ static void test_kept_norms_give_the_same_scores(void **state) {
     }
 }
 
+/* kvs_key_scores_resumed against kvs_key_scores_normed, bit for bit, as KeyDiff drives it: a held list that loses
+ * a key (at its start, inside a chunk, on a chunk edge, at its end) and gains one at its end, step after step,
+ * with the checkpoints lowered to the first changed key's chunk; the list crossing whole chunks both ways (40 to
+ * 200 keys), both anchor kinds, head_dims 8 and 67 (vector tails). Kinds without an anchor leave the
+ * checkpoints alone. */
+static void test_resumed_anchor_gives_the_same_scores(void **state) {
+    (void)state;
+    enum { N_ROWS = 600, MAX_D = 67, CHUNK = KVS_KEY_ANCHOR_CHUNK };
+    static float keys[N_ROWS * MAX_D];
+    uint32_t r = 777u;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        r = r * 1664525u + 1013904223u;
+        keys[i] = (float)((int32_t)(r >> 8) - (1 << 23)) / (float)(1 << 21);
+    }
+    const size_t dims[] = {8, 67};
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+        for (int kind = KVS_KEY_SCORE_ANCHOR; kind <= KVS_KEY_SCORE_ANCHOR_RAW; kind++) {
+            size_t d = dims[di];
+            static int32_t held[N_ROWS];
+            static double norm[N_ROWS], want[N_ROWS], got[N_ROWS], ck[(N_ROWS / CHUNK + 1) * MAX_D];
+            double work[MAX_D + 1];
+            size_t n = 40, next = 40, ck_valid = 0;
+            for (size_t j = 0; j < n; j++) held[j] = (int32_t)j;
+            for (int step = 0; step < 400 && next < N_ROWS; step++) {
+                /* grow to 200 keys, then shrink back (two out a step), then steady (one out, one in) */
+                int grow = step < 160, shrink = step >= 160 && step < 240;
+                if (!shrink || step % 2) held[n++] = (int32_t)next++;
+                kvs_key_norms(keys, d, held, n, d, norm);
+                kvs_key_scores_normed(keys, d, held, n, d, (kvs_key_score)kind, norm, want, work);
+                kvs_key_scores_resumed(keys, d, held, n, d, (kvs_key_score)kind, norm, got, work, ck, &ck_valid);
+                assert_memory_equal(got, want, n * sizeof(double));
+                assert_int_equal(ck_valid, n / CHUNK);
+                if (grow && step % 3) continue; /* nothing out: the checkpoints all hold */
+                size_t outs = shrink ? 2 : 1;
+                for (size_t o = 0; o < outs && n > 1; o++) {
+                    size_t e;
+                    switch ((step + (int)o) % 5) {
+                    case 0: e = 0; break;
+                    case 1: e = CHUNK < n ? CHUNK : n - 1; break; /* the first key of chunk 1 */
+                    case 2: e = n - 1; break;
+                    case 3: e = CHUNK - 1 < n ? CHUNK - 1 : n / 2; break; /* the last of chunk 0 */
+                    default: e = (size_t)(step * 37) % n; break;
+                    }
+                    memmove(held + e, held + e + 1, (n - e - 1) * sizeof *held);
+                    n--;
+                    if (e / CHUNK < ck_valid) ck_valid = e / CHUNK;
+                }
+            }
+            /* no anchor, no checkpoints touched */
+            size_t before = ck_valid;
+            kvs_key_scores_resumed(keys, d, held, n, d, KVS_KEY_SCORE_L2NORM, norm, got, work, ck, &ck_valid);
+            assert_int_equal(ck_valid, before);
+        }
+}
+
 /* The hand-made stream: the 4 G6 keys as the prompt, then one generated position with key (0.3, -0.7). One
  * layer, one KV head, G = 1, d = 2; queries and values are irrelevant to the choice (KeyDiff is
  * attention-free) and set to simple numbers. */
@@ -476,10 +531,13 @@ static void test_policies_match_the_naive_reference(void **state) {
         {"knorm", {REF_NORM, 6, 128, 0}, 1, 2},
         {"knorm:block=4", {REF_NORM, 7, 4, 0}, 2, 2},
         {"knorm:window_frac=0.3,block=2", {REF_NORM, 10, 2, 0.3}, 2, 1},
+        /* more than two chunks of held keys (kvs_key_scores_resumed's checkpoints, evictions anywhere) */
+        {"keydiff:block=16", {REF_ANCHOR, 150, 16, 0}, 2, 2},
+        {"keydiff:anchor=raw,window_frac=0.1,block=40", {REF_RAW, 140, 40, 0.1}, 1, 2},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         fixture f;
-        fixture_make(&f, cases[c].turns, cases[c].group, 80, 100 + c);
+        fixture_make(&f, cases[c].turns, cases[c].group, cases[c].rc.B > 64 ? 400 : 80, 100 + c);
         recorder eng, ref;
         rec_init(&eng, &f);
         rec_init(&ref, &f);
@@ -721,6 +779,7 @@ int main(void) {
         cmocka_unit_test(test_g6_through_the_shared_scores),
         cmocka_unit_test(test_g6_through_the_policy),
         cmocka_unit_test(test_kept_norms_give_the_same_scores),
+        cmocka_unit_test(test_resumed_anchor_gives_the_same_scores),
         cmocka_unit_test(test_policies_match_the_naive_reference),
         cmocka_unit_test(test_pairwise_keeps_what_the_anchor_keeps),
         cmocka_unit_test(test_knorm_keeps_the_smallest_norms),
