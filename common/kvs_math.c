@@ -170,20 +170,24 @@ static size_t lists_union(size_t nq, const int32_t *const *idx, const int64_t *n
     return nu;
 }
 
+/* How many of their last `most` entries lists a and b share (the same positions in the same order): 64 at a time
+ * by memcmp while whole blocks agree, then one by one. */
+static int64_t common_tail(const int32_t *a, int64_t na, const int32_t *b, int64_t nb, int64_t most) {
+    enum { STEP = 64 };
+    int64_t k = 0;
+    while (k + STEP <= most && !memcmp(a + na - k - STEP, b + nb - k - STEP, STEP * sizeof *a)) k += STEP;
+    while (k < most && a[na - 1 - k] == b[nb - 1 - k]) k++;
+    return k;
+}
+
 /* How many positions the nq lists (nq >= 1, each non-empty) all end with, the same in the same order: H2O's
  * recent window, SnapKV's observation window and generated tokens, kept by every head of a group. */
 static int64_t lists_common_suffix(size_t nq, const int32_t *const *idx, const int64_t *n) {
     int64_t most = n[0];
     for (size_t r = 1; r < nq; r++)
         if (n[r] < most) most = n[r];
-    int64_t k = 0;
-    for (; k < most; k++) {
-        int32_t x = idx[0][n[0] - 1 - k];
-        size_t r = 1;
-        while (r < nq && idx[r][n[r] - 1 - k] == x) r++;
-        if (r < nq) break;
-    }
-    return k;
+    for (size_t r = 1; r < nq && most > 0; r++) most = common_tail(idx[0], n[0], idx[r], n[r], most);
+    return most;
 }
 
 /* A row's probabilities over its list (n entries, list order) onto its union row for the output kernel: at their
