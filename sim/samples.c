@@ -6,7 +6,9 @@
  * File layout. The spill file is a plain concatenation of chunks, written append-only by one thread. A chunk
  * is one full set buffer, column-major: float[n_metrics][KVS_SAMPLE_CHUNK] in host byte order (the file
  * never leaves the process). A set remembers the file offset of each of its chunks; a partial buffer stays
- * in memory. Reading one metric therefore reads one 4 KiB column per chunk.
+ * in memory. The buffer itself is row-major (a push writes one sample's n_metrics floats side by side; column by
+ * column each push wrote n_metrics floats 4 KiB apart, a page each: TLB misses that made the push 2% of a
+ * sweep's replay; issue 17), transposed into the spill's scratch when it is written. Reading one metric therefore reads one 4 KiB column per chunk.
  *
  * Order keys. key(f) = bits(f) | 0x80000000 for f >= +0.0 (sign bit clear), ~bits(f) for negative f: an
  * unsigned key order equal to the float order for every non-NaN float, with -0.0 just before +0.0.
@@ -58,6 +60,8 @@
 struct kvs_sample_spill {
     int fd;              /* the unlinked file, O_CLOEXEC */
     uint64_t bytes;      /* bytes appended so far = offset of the next chunk */
+    float *tbuf;         /* a full buffer transposed to a chunk's column-major layout, [tbuf_metrics][CHUNK] */
+    int tbuf_metrics;
     size_t stats_memory; /* budget of kvs_sample_stats() in bytes */
 };
 
@@ -65,7 +69,7 @@ struct kvs_sample_set {
     kvs_sample_spill *spill; /* borrowed */
     int n_metrics;
     int n_buf;         /* samples in buf */
-    float *buf;        /* [n_metrics][KVS_SAMPLE_CHUNK], column-major like a chunk */
+    float *buf;        /* [KVS_SAMPLE_CHUNK][n_metrics], row-major: sample i's metrics at buf + i * n_metrics */
     uint64_t *chunks;  /* [n_chunks] file offsets of the full chunks, in push order */
     int64_t n_chunks, cap_chunks;
 };
@@ -160,6 +164,7 @@ kvs_status kvs_sample_spill_create(kvs_sample_spill **out) {
 void kvs_sample_spill_free(kvs_sample_spill *spill) {
     if (!spill) return;
     close(spill->fd);
+    free(spill->tbuf);
     free(spill);
 }
 
@@ -201,7 +206,19 @@ void kvs_sample_set_free(kvs_sample_set *set) {
     free(set);
 }
 
-/* Appends the full buffer to the spill file as one chunk. On failure the set and the spill are unchanged. */
+/* Metrics m0 .. m0+k-1 of the first n buffered samples, column by column: dst[(m - m0) * KVS_SAMPLE_CHUNK + i]
+ * (a column at a time: the writes run along one column, the reads along the buffer). */
+static void set_columns(const kvs_sample_set *set, int n, int m0, int k, float *dst) {
+    size_t nm = (size_t)set->n_metrics;
+    for (int m = 0; m < k; m++) {
+        const float *src = set->buf + (size_t)(m0 + m);
+        float *col = dst + (size_t)m * KVS_SAMPLE_CHUNK;
+        for (int i = 0; i < n; i++) col[i] = src[(size_t)i * nm];
+    }
+}
+
+/* Appends the full buffer to the spill file as one chunk. On failure the set and the spill are unchanged (the
+ * spill's scratch aside). */
 static kvs_status set_flush(kvs_sample_set *set) {
     if (set->n_chunks == set->cap_chunks) {
         int64_t nc = set->cap_chunks ? 2 * set->cap_chunks : 16;
@@ -212,7 +229,14 @@ static kvs_status set_flush(kvs_sample_set *set) {
     }
     kvs_sample_spill *sp = set->spill;
     size_t bytes = (size_t)set->n_metrics * KVS_SAMPLE_CHUNK * sizeof(float);
-    kvs_status st = write_at(sp->fd, set->buf, bytes, sp->bytes, "sample spill file");
+    if (sp->tbuf_metrics < set->n_metrics) {
+        float *t = realloc(sp->tbuf, bytes);
+        if (!t) return kvs_fail(KVS_ERR_NOMEM, "sample_set_push: out of memory for a chunk");
+        sp->tbuf = t;
+        sp->tbuf_metrics = set->n_metrics;
+    }
+    set_columns(set, KVS_SAMPLE_CHUNK, 0, set->n_metrics, sp->tbuf);
+    kvs_status st = write_at(sp->fd, sp->tbuf, bytes, sp->bytes, "sample spill file");
     if (st != KVS_OK) return st;
     set->chunks[set->n_chunks++] = sp->bytes;
     sp->bytes += bytes;
@@ -226,7 +250,8 @@ kvs_status kvs_sample_set_push(kvs_sample_set *set, const float *values) {
         kvs_status st = set_flush(set);
         if (st != KVS_OK) return st;
     }
-    for (int m = 0; m < set->n_metrics; m++) set->buf[(size_t)m * KVS_SAMPLE_CHUNK + (size_t)set->n_buf] = values[m];
+    float *row = set->buf + (size_t)set->n_buf * (size_t)set->n_metrics;
+    for (int m = 0; m < set->n_metrics; m++) row[m] = values[m]; /* a few dozen floats: no library call */
     set->n_buf++;
     return KVS_OK;
 }
@@ -466,8 +491,10 @@ static kvs_status scan(stats_ctx *c, visit_fn fn) {
                 return kvs_fail(st, "sample_stats: chunk %" PRId64 " of set %d: %s", ch, s, kvs_last_error());
             if ((st = fn(c, s, ch * KVS_SAMPLE_CHUNK, KVS_SAMPLE_CHUNK, c->cols)) != KVS_OK) return st;
         }
-        if (set->n_buf > 0) {
-            for (int k = 0; k < c->K; k++) c->cols[k] = set->buf + (size_t)metric_of(c, k) * KVS_SAMPLE_CHUNK;
+        if (set->n_buf > 0) { /* the buffered samples' columns, as a chunk's */
+            if (c->metric >= 0) set_columns(set, set->n_buf, c->metric, 1, c->rbuf);
+            else set_columns(set, set->n_buf, 0, c->K, c->rbuf);
+            for (int k = 0; k < c->K; k++) c->cols[k] = c->rbuf + (size_t)k * KVS_SAMPLE_CHUNK;
             kvs_status st = fn(c, s, set->n_chunks * KVS_SAMPLE_CHUNK, set->n_buf, c->cols);
             if (st != KVS_OK) return st;
         }
