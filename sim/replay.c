@@ -930,7 +930,17 @@ static kvs_status decode_step(task *t, int ci, const kvs_trace_block *const *blk
             for (int g = 0; g < e->G; g++)
                 t->srow[g] = t->cur_s + (size_t)h * (size_t)e->G * N + (size_t)g * (size_t)(p + 1);
             const uint16_t *v16 = t->kv16 != KVS_DTYPE_F32 ? t->hv16[h] : NULL;
-            if (sel.n_lists == 1)
+            const int32_t *i0 = sel.idx[0];
+            int64_t n0 = sel.n[0];
+            if (sel.n_lists == 1 && t->plain[0] && i0[n0 - 1] - i0[0] == n0 - 1) {
+                /* a run of consecutive positions (a window; check_sel found the list ascending and distinct): the
+                 * scores copied and the value rows read in order, no index (the same numbers in the same order) */
+                size_t first = (size_t)i0[0];
+                for (int g = 0; g < e->G; g++) t->srow[g] += first;
+                kvs_attention_group_scored((const float *const *)t->srow, (size_t)e->G, t->hv[h] + first * d,
+                                           v16 ? v16 + first * d : NULL, t->kv16, d, NULL, (size_t)n0, d, t->pbuf,
+                                           t->outp);
+            } else if (sel.n_lists == 1)
                 kvs_attention_group_scored((const float *const *)t->srow, (size_t)e->G, t->hv[h], v16, t->kv16, d,
                                            sel.idx[0], (size_t)sel.n[0], d, t->pbuf, t->outp);
             else
