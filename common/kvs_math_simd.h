@@ -65,6 +65,9 @@ typedef struct {
                      const int32_t *idx, size_t n, size_t d, float scale, float *const *out_rows, size_t col0);
     void (*output_add16)(const float *const *p_rows, size_t nr, size_t col0, const uint16_t *values, kvs_dtype dtype,
                          size_t stride, const int32_t *idx, size_t n, size_t d, float *const *out_rows);
+    /* The replay's check of a selection list (sim/replay.c check_sel): 1 when idx[0..n) (n >= 1) is strictly
+     * ascending within [0, p] and row_k[0..n) and row_v[0..n) are all NULL (no merged slot), else 0. */
+    int (*list_plain)(const int32_t *idx, const void *const *row_k, const void *const *row_v, size_t n, int64_t p);
 } kvs_math_kernels;
 
 /*! kvs_math_kv16_default() : 1 when the engines (sim/replay.c, sim/kv_stream.c) keep a 16-bit K/V history for the

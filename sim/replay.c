@@ -179,7 +179,7 @@ typedef struct {
     int64_t *blk_begin;       /* [nc] first position of the current prefill block */
     kvs_policy_view *views;   /* [Hkv] decode views of the current position (layer_pre_select) */
     int *has_merged;          /* [G] per list: holds merged slots this step */
-    uint8_t *plain;           /* [G] per list: passed sel_list_plain this step (strictly ascending in [0, p]) */
+    uint8_t *plain;           /* [G] per list: passed list_plain this step (strictly ascending in [0, p]) */
     float *lists_f;           /* kvs_attention_lists() scratch: [G][N] union scores / weights */
     int32_t *lists_i;         /* kvs_attention_lists() scratch: [G+1][N] the union, places in it */
     kvs_policy_memo *memo;    /* scores shared by this task's configurations at one position (NULL = none) */
@@ -639,18 +639,6 @@ static inline uint32_t next_stamp(uint32_t *stamp, uint32_t *marks, size_t n) {
     return *stamp;
 }
 
-/* check_sel's common case, with no stores and branch-free (it vectorizes): list idx[0..n) (n >= 1) strictly
- * ascending within [0, p], and no merged slot (every row pointer NULL). Such a list has no fault check_sel's
- * per-entry pass could name, so that pass and its duplicate marks are skipped. */
-static int sel_list_plain(const int32_t *idx, const float *const *row_k, const float *const *row_v, int64_t n,
-                          int64_t p) {
-    int descents = 0;
-    uintptr_t rows = 0;
-    for (int64_t j = 1; j < n; j++) descents |= idx[j] <= idx[j - 1];
-    for (int64_t j = 0; j < n; j++) rows |= (uintptr_t)row_k[j] | (uintptr_t)row_v[j];
-    return !descents && !rows && idx[0] >= 0 && idx[n - 1] <= p;
-}
-
 /* The entries of an ascending list that are prompt positions: for each turn, the list's entries in
  * [begin, prompt_end), found by two binary searches (a per-entry count of e->is_prompt was 16% of check_sel's
  * samples in a sweep of SnapKV, whose budget bounds the prompt; issue 17). The count is e->is_prompt's. */
@@ -688,10 +676,10 @@ static int64_t prompt_entries(const engine *e, const int32_t *idx, int64_t n) {
  * t->in_union: counted in the union): a new list or check takes a new stamp, so none is ever cleared (the passes
  * that cleared them had about a fifth of the check's profile samples), and an error leaves nothing behind.
  * What is skipped when it cannot change a result (issue 17, sim/BENCH.md "Eighth pass (b)"): a plain list
- * (sel_list_plain: ascending, in range, no merged slot) needs no per-entry check and, without stored(), no mark
- * at all; nor does a plain list whose stored() set is the same entries in the same order (no position to add);
- * the union marks are kept only with stored() and more than one list (one list's union is its own count;
- * without stored() both counts are p + 1). */
+ * (kvs_math_kernels' list_plain: ascending, in range, no merged slot; no store, so vector code) needs no
+ * per-entry check and, without stored(), no mark at all; nor does a plain list whose stored() set is the same
+ * entries in the same order (no position to add); the union marks are kept only with stored() and more than one
+ * list (one list's union is its own count; without stored() both counts are p + 1). */
 static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops *ops, void *state,
                             const kvs_policy_sel *sel, int64_t p, int *has_merged, double *kv_slots, double *dedup) {
     engine *e = t->e;
@@ -716,7 +704,8 @@ static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops 
         if (n < 1 || n > p + 1)
             st = kvs_fail(KVS_ERR_STATE, "policy %s selected %lld positions at position %lld", rc->policy.ops->name,
                           (long long)n, (long long)p);
-        else if (sel_list_plain(idx, row_k, row_v, n, p)) {
+        else if (kvs_math_kernels_active()->list_plain(idx, (const void *const *)row_k, (const void *const *)row_v,
+                                                       (size_t)n, p)) {
             t->plain[li] = 1;
             if (ops->stored) { /* asked here (a plain list passes the check): the same entries in the same order
                                 * (evicting policies attend what they keep) add nothing and need no marks */

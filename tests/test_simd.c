@@ -614,6 +614,48 @@ static void test_replay_numbers_scalar_vs_vector(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* list_plain (the replay's check of a selection list): every variant equals the scalar table and a naive check,
+ * on lists of 1..40 entries (the 8-wide steps and their tails): ascending, a repeat or a descent at each place, a
+ * first entry below 0 or a last past p, and one row pointer set (K or V) at each place. */
+static int naive_plain(const int32_t *idx, const void *const *rk, const void *const *rv, size_t n, int64_t p) {
+    for (size_t j = 0; j < n; j++) {
+        if (rk[j] || rv[j] || idx[j] < 0 || idx[j] > p) return 0;
+        if (j > 0 && idx[j] <= idx[j - 1]) return 0;
+    }
+    return 1;
+}
+
+static void test_list_plain_matches_scalar(void **state) {
+    (void)state;
+    const kvs_math_kernels *v[KVS_ISA_COUNT], *sc = kvs_math_kernels_for(KVS_ISA_SCALAR);
+    int nv = variants(v);
+    enum { NMAX = 40 };
+    int32_t idx[NMAX];
+    const void *rk[NMAX], *rv[NMAX];
+    static const int marker = 1;
+    int checked = 0;
+    for (size_t n = 1; n <= NMAX; n++)
+        for (int fault = -1; fault < 6 * (int)n; fault++) {
+            for (size_t j = 0; j < n; j++) idx[j] = (int32_t)(3 * j + 1), rk[j] = rv[j] = NULL;
+            int64_t p = (int64_t)idx[n - 1];
+            size_t at = fault >= 0 ? (size_t)fault % n : 0;
+            switch (fault < 0 ? -1 : fault / (int)n) {
+            case 0: if (at > 0) idx[at] = idx[at - 1]; break;     /* a repeat */
+            case 1: if (at > 0) idx[at] = idx[at - 1] - 1; break; /* a descent */
+            case 2: idx[0] = -1 - (int32_t)at; break;              /* below 0 */
+            case 3: p = idx[n - 1] - 1 - (int64_t)at; break;        /* past p */
+            case 4: rk[at] = &marker; break;
+            case 5: rv[at] = &marker; break;
+            default: break;
+            }
+            int want = naive_plain(idx, rk, rv, n, p);
+            assert_int_equal(sc->list_plain(idx, rk, rv, n, p), want);
+            for (int k = 0; k < nv; k++) assert_int_equal(v[k]->list_plain(idx, rk, rv, n, p), want);
+            checked += !want;
+        }
+    assert_true(checked > 1000);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dot_and_axpy_match_fp64),
@@ -623,6 +665,7 @@ int main(void) {
         cmocka_unit_test(test_softmax_and_lse_match_fp64),
         cmocka_unit_test(test_softmax_avx2_equals_its_exp),
         cmocka_unit_test(test_first_above_matches_scalar),
+        cmocka_unit_test(test_list_plain_matches_scalar),
         cmocka_unit_test(test_topk_matches_sort),
         cmocka_unit_test(test_blocked_causal_attention_equals_rows),
         cmocka_unit_test(test_avx2x32_equals_avx2_bit_for_bit),
