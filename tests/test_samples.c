@@ -119,8 +119,8 @@ static void expect_same_stat(const kvs_results_stat *got, const kvs_results_stat
     assert_true(got->max == want->max);
 }
 
-#define N_M 7 /* metrics of the randomized tests: wide, moderate, crowded, constant, and again: kvs_sample_stats_all
-                * folds 4 metrics together (the first four) and the rest one by one */
+#define N_M 11 /* metrics of the randomized tests: wide, moderate, crowded, constant, and again: kvs_sample_stats_all
+                 * folds 8 metrics together (the first eight) and the rest one by one */
 
 /* n samples over n_sets sets of one spill (each sample to a random set, pushes interleaved), then every
  * metric through kvs_sample_stats_all and kvs_sample_stats against kvs_results_stat_compute. */
