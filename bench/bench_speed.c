@@ -254,14 +254,14 @@ static void kernels(int d) {
         for (size_t i = 0; i < G * N; i++) rank[i] = (int32_t)(i % N) ^ (int32_t)(i / N);
         const float *fpl[4];
         const int32_t *lists[4], *ranks[4];
-        int64_t thr[4];
+        int64_t lens[4];
         double rsum[4];
         int64_t hits[4];
         for (size_t g = 0; g < 4; g++)
-            fpl[g] = srow_mem + g * N, lists[g] = idx_rand, ranks[g] = rank + g * N, thr[g] = (int64_t)budget;
+            fpl[g] = srow_mem + g * N, lists[g] = idx_rand, ranks[g] = rank + g * N, lens[g] = (int64_t)budget;
         for (int vec = 0; vec < 2; vec++) {
             const kvs_math_f64_kernels *kf = vec ? kvs_math_f64_kernels_active() : kvs_math_f64_kernels_for(KVS_ISA_SCALAR);
-            TIMED(kf->recall4(fpl, lists, ranks, thr, budget, rsum, hits));
+            TIMED(kf->recall4(4, fpl, lists, ranks, lens, rsum, hits));
             printf("  %-36s %9.3g ns per entry (fp64 sum + rank compare; %s table)\n",
                    vec ? "  the same, vector" : "recall + top-k hits, 4 heads", 1e9 * el / reps / (double)(4 * budget),
                    kf->name);

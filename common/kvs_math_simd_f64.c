@@ -104,9 +104,12 @@ static void recall_lane(const float *fp, const int32_t *list, const int32_t *ran
     *r = s, *hit = h;
 }
 
-static void recall4_scalar(const float *const fp[4], const int32_t *const list[4], const int32_t *const rank[4],
-                           const int64_t thr[4], size_t n, double r[4], int64_t hit[4]) {
-    for (int k = 0; k < 4; k++) recall_lane(fp[k], list[k], rank ? rank[k] : NULL, thr[k], 0, n, &r[k], &hit[k]);
+static void recall4_scalar(int m, const float *const fp[4], const int32_t *const list[4],
+                           const int32_t *const rank[4], const int64_t n[4], double r[4], int64_t hit[4]) {
+    for (int k = 0; k < m; k++) {
+        r[k] = 0, hit[k] = 0;
+        recall_lane(fp[k], list[k], rank ? rank[k] : NULL, n[k], 0, (size_t)n[k], &r[k], &hit[k]);
+    }
 }
 
 static const kvs_math_f64_kernels f64_scalar = {

@@ -49,12 +49,12 @@ typedef struct {
      * with a = (double)ref[r][i], b = (double)out[r][i], sums[4r..4r+3] = the sums over i of (a - b)^2, a * a,
      * b * b and a * b, each its own running fp64 sum (four rows per pass, one per lane). */
     void (*out_sums)(const float *const *ref, const float *const *out, size_t nr, size_t d, double *sums);
-    /* The replay's attention recall and top-k hits of 4 query heads (sim/replay.c recall_sums), continued over
-     * the first n entries of their lists: for lane k and j = 0..n-1 in order, x = list[k][j],
-     * r[k] += (double)fp[k][x] (one running fp64 sum per lane), and, when rank is non-NULL,
-     * hit[k] += rank[k][x] < thr[k]. Every list holds at least n entries; thr[k] in [0, INT32_MAX]. */
-    void (*recall4)(const float *const fp[4], const int32_t *const list[4], const int32_t *const rank[4],
-                    const int64_t thr[4], size_t n, double r[4], int64_t hit[4]);
+    /* The replay's attention recall and top-k hits of 1 <= m <= 4 query heads (sim/replay.c measure_heads): for lane
+     * k < m, over the n[k] entries x = list[k][j] of its list in order, r[k] = the fp64 sum from 0 of
+     * (double)fp[k][x], and hit[k] = how many have rank[k][x] < n[k] (0 when rank is NULL). The vector variants
+     * step 4 lanes together over the entries all of them have, then finish each lane alone, in order. */
+    void (*recall4)(int m, const float *const fp[4], const int32_t *const list[4], const int32_t *const rank[4],
+                    const int64_t n[4], double r[4], int64_t hit[4]);
 } kvs_math_f64_kernels;
 
 /*! kvs_math_f64_kernels_for() : the table of `isa`, or NULL when this CPU (or build) lacks it. Borrowed, static. */

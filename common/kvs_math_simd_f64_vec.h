@@ -239,8 +239,8 @@ F64_TARGET static void F64_FN(out_sums)(const float *const *ref, const float *co
 }
 
 /* The 4 lanes step through their lists together, one entry a step: the 4 probabilities loaded (scalar loads into
- * one vector), widened to fp64 and added (lane k's chain in its order), the 4 ranks loaded and compared with thr
- * (the true lanes counted). With one list for all lanes (a KV head's shared S_t) each step loads one position.
+ * one vector), widened to fp64 and added (lane k's chain in its order), the 4 ranks loaded and compared with the
+ * lanes' thresholds th (the true lanes counted). With one list for all lanes (a KV head's shared S_t) each step loads one position.
  * The scalar loop lost its time keeping 16 pointers and counters in 15 registers (issue 17); AVX2's gathers
  * measured slower than these loads on Zen 4. */
 __attribute__((always_inline)) F64_TARGET static inline void F64_FN(recall4_loop)(
@@ -261,14 +261,20 @@ __attribute__((always_inline)) F64_TARGET static inline void F64_FN(recall4_loop
     *acc = a, *hits = h;
 }
 
-F64_TARGET static void F64_FN(recall4)(const float *const fp[4], const int32_t *const list[4],
-                                       const int32_t *const rank[4], const int64_t thr[4], size_t n, double r[4],
+F64_TARGET static void F64_FN(recall4)(int m, const float *const fp[4], const int32_t *const list[4],
+                                       const int32_t *const rank[4], const int64_t n[4], double r[4],
                                        int64_t hit[4]) {
-    __m256d acc = _mm256_loadu_pd(r);
+    /* the entries every lane has, when all 4 lanes run and the thresholds and counts fit 32-bit lanes */
+    int64_t common = m == 4 ? n[0] : 0, most = n[0];
+    for (int k = 1; k < m; k++) {
+        if (n[k] < common) common = n[k];
+        if (n[k] > most) most = n[k];
+    }
+    size_t nv = common > 0 && most <= INT32_MAX ? (size_t)common : 0;
+    __m256d acc = _mm256_setzero_pd();
     __m128i hits = _mm_setzero_si128(), th = _mm_setzero_si128();
-    if (rank) th = _mm_setr_epi32((int32_t)thr[0], (int32_t)thr[1], (int32_t)thr[2], (int32_t)thr[3]);
-    size_t nv = n <= (size_t)INT32_MAX ? n : 0; /* the hit counts fit 32-bit lanes */
-    int shared = list[1] == list[0] && list[2] == list[0] && list[3] == list[0];
+    if (nv && rank) th = _mm_setr_epi32((int32_t)n[0], (int32_t)n[1], (int32_t)n[2], (int32_t)n[3]);
+    int shared = nv && list[1] == list[0] && list[2] == list[0] && list[3] == list[0];
     if (shared && rank)
         F64_FN(recall4_loop)(fp, list, rank, th, nv, 1, &acc, &hits);
     else if (shared)
@@ -277,12 +283,13 @@ F64_TARGET static void F64_FN(recall4)(const float *const fp[4], const int32_t *
         F64_FN(recall4_loop)(fp, list, rank, th, nv, 0, &acc, &hits);
     else
         F64_FN(recall4_loop)(fp, list, NULL, th, nv, 0, &acc, &hits);
-    _mm256_storeu_pd(r, acc);
+    double rv[4];
     int32_t hv[4];
+    _mm256_storeu_pd(rv, acc);
     _mm_storeu_si128((__m128i *)(void *)hv, hits);
-    for (int k = 0; k < 4; k++) {
-        hit[k] += hv[k];
-        recall_lane(fp[k], list[k], rank ? rank[k] : NULL, thr[k], nv, n, &r[k], &hit[k]);
+    for (int k = 0; k < m; k++) { /* each lane's rest (or all of it), continuing in order */
+        r[k] = rv[k], hit[k] = hv[k];
+        recall_lane(fp[k], list[k], rank ? rank[k] : NULL, n[k], nv, (size_t)n[k], &r[k], &hit[k]);
     }
 }
 

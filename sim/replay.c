@@ -450,37 +450,17 @@ typedef struct {
  * head's hits are its n (every entry is ranked within n). Each head's chain of fp64 adds runs over its own list in
  * ascending j exactly as one head at a time adds it, so every sum is the same bits; the 4 chains only overlap in
  * time. A single head's chain is bound by the add latency (4 cycles), which made the recall as slow as a quarter
- * of the policy's attention at d 128. The entries all 4 lanes have go through the f64 table's recall4 (4 lanes in
- * vector registers, the positions gathered: the scalar loop spilled its 16 pointers and counters, 7% of a
- * sweep's replay time, issue 17). */
+ * of the policy's attention at d 128. The f64 table's recall4 keeps the 4 lanes in vector registers (the scalar
+ * loop here spilled its 16 pointers and counters, 7% of a sweep's replay time; issue 17). */
 enum { SUM_LANES = 4 };
 static void recall_sums(int m, int hits, const float *const fp[SUM_LANES], const int32_t *const list[SUM_LANES],
                         const int64_t n[SUM_LANES], const int32_t *const rank[SUM_LANES], head_sums *s[SUM_LANES]) {
-    int64_t common = 0; /* the entries every lane has: summed 4 chains at a time (m == 4) */
-    double r[SUM_LANES] = {0, 0, 0, 0};
-    int64_t hit[SUM_LANES] = {0, 0, 0, 0};
-    if (m == SUM_LANES) {
-        common = n[0];
-        int64_t most = n[0];
-        for (int k = 1; k < m; k++) {
-            if (n[k] < common) common = n[k];
-            if (n[k] > most) most = n[k];
-        }
-        if (most <= INT32_MAX) /* recall4's thresholds and counts are 32-bit */
-            kvs_math_f64_kernels_active()->recall4(fp, list, hits ? rank : NULL, n, (size_t)common, r, hit);
-        else
-            common = 0;
-    }
-    for (int k = 0; k < m; k++) { /* the rest of each chain (or all of it), continuing in the same order */
-        double rk = r[k];
-        int64_t hk = hit[k];
-        for (int64_t i = common; i < n[k]; i++) {
-            int32_t x = list[k][i];
-            rk += fp[k][x];
-            if (hits) hk += rank[k][x] < n[k];
-        }
-        s[k]->recall = rk;
-        s[k]->hit = hits ? hk : n[k];
+    double r[SUM_LANES];
+    int64_t hit[SUM_LANES];
+    kvs_math_f64_kernels_active()->recall4(m, fp, list, hits ? rank : NULL, n, r, hit);
+    for (int k = 0; k < m; k++) {
+        s[k]->recall = r[k];
+        s[k]->hit = hits ? hit[k] : n[k];
     }
 }
 

@@ -280,11 +280,11 @@ static void test_out_sums_bit_exact(void **state) {
         }
 }
 
-/* recall4 (the replay's recall and top-k hits, 4 heads): the scalar table against the naive loop, every variant
- * against the scalar table, bit for bit: one list shared by the 4 lanes and 4 lists of their own, with and
- * without ranks, n 0..37 (the vector part and the lane-by-lane rest), rows in 4 separate allocations, sums and
- * counts continued from non-zero values, probabilities of mixed magnitude (so the order of the adds shows), an
- * infinity in one lane and a NaN in another. */
+/* recall4 (the replay's recall and top-k hits of up to 4 heads): the scalar table against the naive loop, every
+ * variant against the scalar table, bit for bit: 1 to 4 lanes, one list shared by the lanes and lists of their
+ * own, with and without ranks, lanes of equal lengths 0..37 and of lengths 0..37 apart (the vector part over the
+ * entries all 4 lanes have and each lane's rest), rows in 4 separate allocations, probabilities of mixed
+ * magnitude (so the order of the adds shows), an infinity in one lane and a NaN in another. */
 static void test_recall4_bit_exact(void **state) {
     (void)state;
     const kvs_math_f64_kernels *v[KVS_ISA_COUNT], *sc = kvs_math_f64_kernels_for(KVS_ISA_SCALAR);
@@ -306,32 +306,35 @@ static void test_recall4_bit_exact(void **state) {
     for (int j = 0; j < NMAX; j++) list_one[j] = (int32_t)((j * 13 + 3) % P);
     fp[1][list_own[1][4]] = INFINITY;
     fp[2][list_one[6]] = NAN;
-    for (int own = 0; own < 2; own++)
-        for (int with_rank = 0; with_rank < 2; with_rank++)
-            for (size_t n = 0; n <= NMAX; n++) {
-                const float *f[4];
-                const int32_t *l[4], *rk[4];
-                int64_t thr[4];
-                double want[4], got[4];
-                int64_t want_hit[4], got_hit[4];
-                for (int k = 0; k < 4; k++) {
-                    f[k] = fp[k], l[k] = own ? list_own[k] : list_one, rk[k] = rank[k];
-                    thr[k] = (int64_t)n + 9 * k;
-                    want[k] = 0.25 * k, want_hit[k] = 3 * k;
-                    for (size_t j = 0; j < n; j++) { /* the replay's loop, written out */
-                        want[k] += (double)f[k][l[k][j]];
-                        if (with_rank) want_hit[k] += rk[k][l[k][j]] < thr[k];
+    for (int m = 1; m <= 4; m++)
+        for (int own = 0; own < 2; own++)
+            for (int with_rank = 0; with_rank < 2; with_rank++)
+                for (int apart = 0; apart < 2; apart++)
+                    for (int64_t len = 0; len <= NMAX; len++) {
+                        const float *f[4];
+                        const int32_t *l[4], *rk[4];
+                        int64_t n[4];
+                        double want[4], got[4];
+                        int64_t want_hit[4], got_hit[4];
+                        for (int k = 0; k < m; k++) {
+                            f[k] = fp[k], l[k] = own ? list_own[k] : list_one, rk[k] = rank[k];
+                            n[k] = apart ? (len + 11 * k) % (NMAX + 1) : len;
+                            want[k] = 0, want_hit[k] = 0;
+                            for (int64_t j = 0; j < n[k]; j++) { /* the replay's loop, written out */
+                                want[k] += (double)f[k][l[k][j]];
+                                if (with_rank) want_hit[k] += rk[k][l[k][j]] < n[k];
+                            }
+                        }
+                        const int32_t *const *ranks = with_rank ? rk : NULL;
+                        for (int j = -1; j < nv; j++) {
+                            const kvs_math_f64_kernels *kf = j < 0 ? sc : v[j];
+                            memset(got, 0xA5, sizeof got);
+                            memset(got_hit, 0xA5, sizeof got_hit);
+                            kf->recall4(m, f, l, ranks, n, got, got_hit);
+                            assert_memory_equal(got, want, (size_t)m * sizeof *want);
+                            assert_memory_equal(got_hit, want_hit, (size_t)m * sizeof *want_hit);
+                        }
                     }
-                }
-                const int32_t *const *ranks = with_rank ? rk : NULL;
-                for (int j = -1; j < nv; j++) {
-                    const kvs_math_f64_kernels *kf = j < 0 ? sc : v[j];
-                    for (int k = 0; k < 4; k++) got[k] = 0.25 * k, got_hit[k] = 3 * k;
-                    kf->recall4(f, l, ranks, thr, n, got, got_hit);
-                    assert_memory_equal(got, want, sizeof want);
-                    assert_memory_equal(got_hit, want_hit, sizeof want_hit);
-                }
-            }
     for (int k = 0; k < 4; k++) {
         free(fp[k]);
         free(rank[k]);
