@@ -49,30 +49,36 @@ __attribute__((always_inline)) F64_TARGET static inline void F64_FN(lane_sums)(c
     for (int g = 0; g < GROUPS; g++) _mm256_storeu_pd(s + 4 * g, acc[g]);
 }
 
-F64_TARGET static void F64_FN(norms)(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
-                                     double *out) {
+/* norms (v NULL: sqrt of each key's sum of squares) or dots (each key . v) of n keys, 4 * GROUPS keys a pass
+ * through lane_sums, the d % 8 last dimensions and the n % (4 * GROUPS) last keys in scalar, in order. Inlined
+ * into each with v a constant NULL or not, so each keeps its own loop. */
+__attribute__((always_inline)) F64_TARGET static inline void F64_FN(key_sums)(const float *keys, size_t stride,
+                                                                                const int32_t *idx, size_t n,
+                                                                                size_t d, const double *v,
+                                                                                double *out) {
     size_t d8 = d & ~(size_t)7, j = 0;
     for (; j + 4 * GROUPS <= n; j += 4 * GROUPS) {
         const float *r[4 * GROUPS];
         for (int l = 0; l < 4 * GROUPS; l++) r[l] = row_at(keys, stride, idx, j + (size_t)l);
         double s[4 * GROUPS];
-        F64_FN(lane_sums)(r, d8, 1, NULL, s);
-        for (int l = 0; l < 4 * GROUPS; l++) out[j + (size_t)l] = sqrt(norm_scalar(r[l], d8, d, s[l]));
+        F64_FN(lane_sums)(r, d8, v == NULL, v, s);
+        for (int l = 0; l < 4 * GROUPS; l++)
+            out[j + (size_t)l] = v ? dot_scalar(r[l], v, d8, d, s[l]) : sqrt(norm_scalar(r[l], d8, d, s[l]));
     }
-    for (; j < n; j++) out[j] = sqrt(norm_scalar(row_at(keys, stride, idx, j), 0, d, 0));
+    for (; j < n; j++) {
+        const float *k = row_at(keys, stride, idx, j);
+        out[j] = v ? dot_scalar(k, v, 0, d, 0) : sqrt(norm_scalar(k, 0, d, 0));
+    }
+}
+
+F64_TARGET static void F64_FN(norms)(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
+                                     double *out) {
+    F64_FN(key_sums)(keys, stride, idx, n, d, NULL, out);
 }
 
 F64_TARGET static void F64_FN(dots)(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
                                     const double *v, double *out) {
-    size_t d8 = d & ~(size_t)7, j = 0;
-    for (; j + 4 * GROUPS <= n; j += 4 * GROUPS) {
-        const float *r[4 * GROUPS];
-        for (int l = 0; l < 4 * GROUPS; l++) r[l] = row_at(keys, stride, idx, j + (size_t)l);
-        double s[4 * GROUPS];
-        F64_FN(lane_sums)(r, d8, 0, v, s);
-        for (int l = 0; l < 4 * GROUPS; l++) out[j + (size_t)l] = dot_scalar(r[l], v, d8, d, s[l]);
-    }
-    for (; j < n; j++) out[j] = dot_scalar(row_at(keys, stride, idx, j), v, 0, d, 0);
+    F64_FN(key_sums)(keys, stride, idx, n, d, v, out);
 }
 
 F64_TARGET static void F64_FN(page_scores)(const float *q, const uint8_t *up, const float *kmin, const float *kmax,
