@@ -180,12 +180,13 @@ static int64_t common_tail(const int32_t *a, int64_t na, const int32_t *b, int64
     return k;
 }
 
-/* How many positions the nq lists (nq >= 1, each non-empty) all end with, the same in the same order: H2O's
- * recent window, SnapKV's observation window and generated tokens, kept by every head of a group. */
+/* How many positions the nq lists (nq >= 1) all end with, the same in the same order: H2O's recent window,
+ * SnapKV's observation window and generated tokens, kept by every head of a group; 0 when a list is empty. */
 static int64_t lists_common_suffix(size_t nq, const int32_t *const *idx, const int64_t *n) {
     int64_t most = n[0];
     for (size_t r = 1; r < nq; r++)
         if (n[r] < most) most = n[r];
+    if (most <= 0) return 0;
     for (size_t r = 1; r < nq && most > 0; r++) most = common_tail(idx[0], n[0], idx[r], n[r], most);
     return most;
 }
@@ -325,8 +326,7 @@ int kvs_attention_lists_scored(const float *const *score_rows, size_t nq, const 
         gather_scores(score_rows[r], idx[r], (size_t)n[r], probs_rows[r]);
         k->softmax(probs_rows[r], (size_t)n[r]);
     }
-    int use_union = nq > 1 && nq <= LISTS_MAX_ROWS;
-    for (size_t r = 0; use_union && r < nq; r++) use_union = n[r] > 0;
+    int use_union = nq > 1 && nq <= LISTS_MAX_ROWS; /* lists_union refuses empty lists itself */
     /* The positions every list ends with go through the output kernel as one shared list after the rest (issue
      * 17): each row's entries still in its list order (the rest lie below the suffix), so the same bits, and the
      * union below (its bitmap, its map, the rows scattered onto it) covers only the parts that differ. */

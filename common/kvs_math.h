@@ -175,15 +175,15 @@ void kvs_maxpool1d(const float *x, size_t n, size_t k, float *out);
 /*! kvs_avgpool1d() : same window as kvs_maxpool1d, mean over the in-range elements. */
 void kvs_avgpool1d(const float *x, size_t n, size_t k, float *out);
 
-/*! kvs_div_by() : x[j] /= m for j < n (m >= 1), bit for bit as the division: a power-of-two m multiplies by its
- *  reciprocal instead, which is exact, so each product is the same correctly rounded quotient (a division per
- *  element bounded TOVA's per-step group mean; issue 17). */
-void kvs_div_by(double *x, size_t n, int64_t m);
-
 /*! kvs_avgpool1d_pad() : POLICY_SPEC §1.4 AVGPOOL, i.e. PyTorch avg_pool1d(padding=k//2) with its default
  *  count_include_pad=True: the sum over the in-range part of kvs_maxpool1d's window, always divided by k
  *  (zero padding), so the two end values are pulled towards 0. Odd k; out[0..n-1], x and out distinct. */
 void kvs_avgpool1d_pad(const float *x, size_t n, size_t k, float *out);
+
+/*! kvs_div_by() : x[j] /= m for j < n (m >= 1), bit for bit as the division: a power-of-two m multiplies by its
+ *  reciprocal instead, which is exact, so each product is the same correctly rounded quotient (a division per
+ *  element bounded TOVA's per-step group mean; issue 17). */
+void kvs_div_by(double *x, size_t n, int64_t m);
 
 /* ---- prefill attention column sums (POLICY_SPEC §1.4 attention and GQA reducers) ----
  * H2O, TOVA, Scissorhands, SnapKV, PyramidKV, Ada-KV (and RocketKV's stage 1) all score cache candidates by

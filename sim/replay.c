@@ -619,9 +619,7 @@ static inline uint32_t next_stamp(uint32_t *stamp, uint32_t *marks, size_t n) {
     return *stamp;
 }
 
-/* The entries of an ascending list that are prompt positions: for each turn, the list's entries in
- * [begin, prompt_end), found by two binary searches (a per-entry count of e->is_prompt was 16% of check_sel's
- * samples in a sweep of SnapKV, whose budget bounds the prompt; issue 17). The count is e->is_prompt's. */
+/* The first j with idx[j] >= x in the ascending idx[0..n), or n. */
 static int64_t lower_bound_pos(const int32_t *idx, int64_t n, int64_t x) {
     int64_t lo = 0, hi = n;
     while (lo < hi) {
@@ -632,6 +630,9 @@ static int64_t lower_bound_pos(const int32_t *idx, int64_t n, int64_t x) {
     return lo;
 }
 
+/* The entries of an ascending list that are prompt positions: for each turn, the list's entries in
+ * [begin, prompt_end), found by two binary searches (a per-entry count of e->is_prompt was 16% of check_sel's
+ * samples in a sweep of SnapKV, whose budget bounds the prompt; issue 17). The count is e->is_prompt's. */
 static int64_t prompt_entries(const engine *e, const int32_t *idx, int64_t n) {
     int64_t count = 0;
     if (e->src->n_turns > n) { /* more turns than entries: the per-entry count is cheaper */
@@ -911,7 +912,7 @@ static kvs_status decode_step(task *t, int ci, const kvs_trace_block *const *blk
                                            t->outp);
             } else if (sel.n_lists == 1)
                 kvs_attention_group_scored((const float *const *)t->srow, (size_t)e->G, t->hv[h], v16, t->kv16, d,
-                                           sel.idx[0], (size_t)sel.n[0], d, t->pbuf, t->outp);
+                                           i0, (size_t)n0, d, t->pbuf, t->outp);
             else
                 kvs_attention_lists_scored((const float *const *)t->srow, (size_t)e->G, t->hv[h], v16, t->kv16, d,
                                            (const int32_t *const *)sel.idx, sel.n, N, d, t->pbuf, t->outp, t->lists_f,

@@ -8,7 +8,8 @@
  * never leaves the process). A set remembers the file offset of each of its chunks; a partial buffer stays
  * in memory. The buffer itself is row-major (a push writes one sample's n_metrics floats side by side; column by
  * column each push wrote n_metrics floats 4 KiB apart, a page each: TLB misses that made the push 2% of a
- * sweep's replay; issue 17), transposed into the spill's scratch when it is written. Reading one metric therefore reads one 4 KiB column per chunk.
+ * sweep's replay; issue 17), transposed into the spill's scratch when it is written. Reading one metric
+ * therefore reads one 4 KiB column per chunk.
  *
  * Order keys. key(f) = bits(f) | 0x80000000 for f >= +0.0 (sign bit clear), ~bits(f) for negative f: an
  * unsigned key order equal to the float order for every non-NaN float, with -0.0 just before +0.0.
@@ -311,21 +312,20 @@ static uint32_t *radix_sort(uint32_t *a, uint32_t *tmp, size_t n, uint32_t *cnt)
             cnt[2 * n_digits + (x >> 22)]++;
         }
     }
-    for (int shift = 0; shift < 32; shift += bits) {
-        if (counted) {
-            cnt += shift ? n_digits : 0; /* this digit's counts */
-        } else {
-            memset(cnt, 0, n_digits * sizeof *cnt);
-            for (size_t i = 0; i < n; i++) cnt[(a[i] >> shift) & digit_mask]++;
+    for (int shift = 0, digit = 0; shift < 32; shift += bits, digit++) {
+        uint32_t *dc = counted ? cnt + (size_t)digit * n_digits : cnt; /* this digit's counts */
+        if (!counted) {
+            memset(dc, 0, n_digits * sizeof *dc);
+            for (size_t i = 0; i < n; i++) dc[(a[i] >> shift) & digit_mask]++;
         }
-        if (cnt[(a[0] >> shift) & digit_mask] == n) continue;
+        if (dc[(a[0] >> shift) & digit_mask] == n) continue;
         uint32_t sum = 0;
         for (size_t d = 0; d < n_digits; d++) {
-            uint32_t c = cnt[d];
-            cnt[d] = sum;
+            uint32_t c = dc[d];
+            dc[d] = sum;
             sum += c;
         }
-        for (size_t i = 0; i < n; i++) tmp[cnt[(a[i] >> shift) & digit_mask]++] = a[i];
+        for (size_t i = 0; i < n; i++) tmp[dc[(a[i] >> shift) & digit_mask]++] = a[i];
         uint32_t *t = a;
         a = tmp;
         tmp = t;
