@@ -247,6 +247,17 @@ static void kernels(int d) {
         TIMED(kvs_key_scores_normed(k, (size_t)d, idx, budget, (size_t)d, KVS_KEY_SCORE_ANCHOR, norm, score, work));
         printf("  %-36s %9.3g ns per key (2 x %d fp64 multiply-adds a key)\n", "KeyDiff anchor + cosines (fp64)",
                1e9 * el / reps / (double)budget, d);
+        /* and what a decode step runs: the one key to evict, the cosines screened in fp32 and only the keys the
+         * screen's bound cannot rule out scored in fp64 (kvs_key_scores_lowest), the anchor still in fp64 */
+        void *lowest_scratch = malloc(kvs_key_scores_lowest_scratch_bytes(budget, (size_t)d));
+        if (!lowest_scratch) exit(1);
+        volatile int64_t lowest = 0;
+        TIMED(lowest = kvs_key_scores_lowest(k, (size_t)d, idx, budget, budget, (size_t)d, KVS_KEY_SCORE_ANCHOR, norm,
+                                             score, lowest_scratch, NULL, NULL));
+        (void)lowest;
+        printf("  %-36s %9.3g ns per key (fp64 anchor, fp32 screen of the cosines)\n", "KeyDiff one eviction",
+               1e9 * el / reps / (double)budget);
+        free(lowest_scratch);
         /* The replay's attention recall and top-k hits of 4 query heads over S_t (sim/replay.c recall_sums, per
          * measured step and KV head): the random 1024, each head's probabilities and ranks a row of N */
         int32_t *rank = malloc(G * N * sizeof *rank);

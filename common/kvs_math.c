@@ -965,6 +965,18 @@ void kvs_key_scores_normed(const float *keys, size_t stride, const int32_t *idx,
     kvs_key_scores_resumed(keys, stride, idx, n, d, kind, norm, score, scratch, NULL, NULL);
 }
 
+static double anchor_norm(const double *mu, size_t d) {
+    double s = 0;
+    for (size_t i = 0; i < d; i++) s += mu[i] * mu[i];
+    return sqrt(s);
+}
+
+/* -cos(k_j, mu) from k_j . mu: F.cosine_similarity's clamp of |k_j||mu| */
+static double cos_score(double dot, double norm, double nmu) {
+    double den = norm * nmu;
+    return -dot / (den > KVS_KEY_COS_EPS ? den : KVS_KEY_COS_EPS);
+}
+
 void kvs_key_scores_resumed(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
                             kvs_key_score kind, const double *norm, double *score, double *scratch, double *ck,
                             size_t *ck_valid) {
@@ -989,14 +1001,91 @@ void kvs_key_scores_resumed(const float *keys, size_t stride, const int32_t *idx
     }
     double *mu = scratch; /* [d] the anchor */
     key_anchor_w(keys, stride, idx, n, d, kind == KVS_KEY_SCORE_ANCHOR, norm, mu, ck, ck_valid);
-    double nmu = 0;
-    for (size_t i = 0; i < d; i++) nmu += mu[i] * mu[i];
-    nmu = sqrt(nmu);
+    double nmu = anchor_norm(mu, d);
     f->dots(keys, stride, idx, n, d, mu, score); /* k_j . mu, then the cosine in place */
-    for (size_t j = 0; j < n; j++) {
-        double den = norm[j] * nmu;
-        score[j] = -score[j] / (den > KVS_KEY_COS_EPS ? den : KVS_KEY_COS_EPS);
+    for (size_t j = 0; j < n; j++) score[j] = cos_score(score[j], norm[j], nmu);
+}
+
+/* kvs_key_scores_lowest's order: the lowest score, the later among equals, a NaN (the last one) before any
+ * number; over j < m, or over the m entries of `only` (ascending) when it is not NULL. */
+static int64_t last_lowest(const double *score, const int32_t *only, size_t m) {
+    int64_t w = -1;
+    for (size_t c = 0; c < m; c++) {
+        int64_t j = only ? only[c] : (int64_t)c;
+        if (w < 0 || isnan(score[j]) || (!isnan(score[w]) && score[j] <= score[w])) w = j;
     }
+    return w;
+}
+
+size_t kvs_key_scores_lowest_scratch_bytes(size_t n, size_t d) {
+    /* mu [d] doubles, the exact dots of the candidates [n] doubles, mu in fp32 [d], the fp32 dots [n], the
+     * candidates' rows and places [2n] int32 */
+    return (d + n) * sizeof(double) + (d + n) * sizeof(float) + 2 * n * sizeof(int32_t);
+}
+
+/* The bound of the fp32 screen below (issue 17). For key j, s~_j = -(double)dot32_j / den_j against the fp64
+ * score s_j = -dot64_j / den_j (the same den_j). dot32 is the fp32 kernels' k_j . fl32(mu), summed in some order
+ * of d products: |dot32 - k.mu| <= gamma_d sum_i |k_i fl32(mu_i)| + u sum_i |k_i mu_i| + (2d) 2^-150 (the
+ * products and sums that underflow, each off by at most half the least subnormal), u = 2^-24,
+ * gamma_d = d u / (1 - d u) (Higham, Accuracy and Stability, 3.1: any order of summation), and with
+ * Cauchy-Schwarz sum_i |k_i mu_i| <= |k||mu|, |fl32(mu)| <= (1 + u)|mu| (no mu_i subnormal in fp32: gated). dot64
+ * is within gamma_d of fp64 of k.mu, norm_j and |mu| within (d/2 + 1) 2^-53 of |k|, |mu|, so
+ * |k||mu| / den_j <= 1 + 1e-13, and the divisions round by 2^-53 each. All together the difference is below
+ * (d + 3) 2^-24 (1.001) + 1e-12 while norm_j and |mu| lie in [2^-40, 2^40] (the underflow term then < 2^-60).
+ * KEY_SCREEN_SLACK doubles it: the screen needs a bound, not a tight one. */
+#define KEY_SCREEN_SLACK 2.0
+#define KEY_SCREEN_LO 0x1p-40
+#define KEY_SCREEN_HI 0x1p40
+
+int64_t kvs_key_scores_lowest(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t m, size_t d,
+                              kvs_key_score kind, const double *norm, double *score, void *scratch, double *ck,
+                              size_t *ck_valid) {
+    KVS_ASSERT(m >= 1 && m <= n);
+    double *mu = scratch, *exact = mu + d;
+    if (kind != KVS_KEY_SCORE_ANCHOR && kind != KVS_KEY_SCORE_ANCHOR_RAW) {
+        kvs_key_scores_resumed(keys, stride, idx, n, d, kind, norm, score, mu, ck, ck_valid);
+        return last_lowest(score, NULL, m);
+    }
+    const kvs_math_f64_kernels *f = kvs_math_f64_kernels_active();
+    float *mu32 = (float *)(exact + n), *dot32 = mu32 + d;
+    int32_t *cand_row = (int32_t *)(dot32 + n), *cand = cand_row + n;
+    key_anchor_w(keys, stride, idx, n, d, kind == KVS_KEY_SCORE_ANCHOR, norm, mu, ck, ck_valid);
+    double nmu = anchor_norm(mu, d);
+    /* The screen needs mu in fp32's normal range (a subnormal fp32 mu_i would be off by more than u) and |mu|
+     * where the bound above holds; otherwise every score exactly, as kvs_key_scores_resumed has them. */
+    int screen = nmu >= KEY_SCREEN_LO && nmu <= KEY_SCREEN_HI;
+    for (size_t i = 0; i < d && screen; i++) {
+        double a = fabs(mu[i]);
+        screen = a == 0 || (a >= 0x1p-100 && a <= 0x1p100);
+        mu32[i] = (float)mu[i];
+    }
+    if (!screen) {
+        f->dots(keys, stride, idx, m, d, mu, score);
+        for (size_t j = 0; j < m; j++) score[j] = cos_score(score[j], norm[j], nmu);
+        return last_lowest(score, NULL, m);
+    }
+    kvs_math_kernels_active()->scores(mu32, 1, keys, stride, idx, m, d, 1.0f, &dot32, 0);
+    double eps = KEY_SCREEN_SLACK * ((double)(d + 3) * 0x1p-24 * 1.001 + 1e-12);
+    /* A key whose norm lies outside [2^-40, 2^40] (zero, subnormal, huge, inf, NaN) or whose fp32 dot is not
+     * finite has no bound: it is always a candidate (score[j] = NaN marks it here). */
+    double lo = INFINITY;
+    for (size_t j = 0; j < m; j++) {
+        int bounded = norm[j] >= KEY_SCREEN_LO && norm[j] <= KEY_SCREEN_HI && isfinite(dot32[j]);
+        score[j] = bounded ? cos_score((double)dot32[j], norm[j], nmu) : NAN;
+        if (bounded && score[j] < lo) lo = score[j];
+    }
+    /* Every key with s~_j > lo + 2 eps has s_j > lo + eps >= s of the key that gave lo >= the lowest: it is
+     * neither the lowest nor tied with it. The others are scored exactly, in ascending j. */
+    double cut = lo + 2 * eps;
+    size_t nc = 0;
+    for (size_t j = 0; j < m; j++)
+        if (isnan(score[j]) || score[j] <= cut) {
+            cand[nc] = (int32_t)j;
+            cand_row[nc++] = idx ? idx[j] : (int32_t)j;
+        }
+    f->dots(keys, stride, cand_row, nc, d, mu, exact);
+    for (size_t c = 0; c < nc; c++) score[cand[c]] = cos_score(exact[c], norm[cand[c]], nmu);
+    return last_lowest(score, cand, nc);
 }
 
 /* ---- sparse-attention estimation (RocketKV HSA, Quest, SparQ) ---- */

@@ -307,6 +307,19 @@ void kvs_key_scores_resumed(const float *keys, size_t stride, const int32_t *idx
                             kvs_key_score kind, const double *norm, double *score, double *scratch, double *ck,
                             size_t *ck_valid);
 
+/*! kvs_key_scores_lowest() : the key j < m (1 <= m <= n) whose kvs_key_scores_resumed score is the lowest (the
+ *  later among equals; a NaN, the last one, before any number): the one a decode step of KeyDiff evicts, the n keys
+ *  the anchor's (the m first the candidates; the rest a window that is not scored). For the anchor kinds the
+ *  scores are screened in fp32 (the fp32 kernels' dots with fl32(mu), within a proven bound of the fp64 scores)
+ *  and only the keys the bound cannot rule out are scored in fp64 (issue 17): the same key as the fp64 scores
+ *  would give, for a fraction of their cost. On return score[j] holds the fp64 score of the returned key and of
+ *  each candidate; the other entries are unspecified. The anchor's checkpoints as kvs_key_scores_resumed.
+ *  `scratch`: kvs_key_scores_lowest_scratch_bytes(n, d) bytes, caller memory, aligned for doubles. */
+size_t kvs_key_scores_lowest_scratch_bytes(size_t n, size_t d);
+int64_t kvs_key_scores_lowest(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t m, size_t d,
+                              kvs_key_score kind, const double *norm, double *score, void *scratch, double *ck,
+                              size_t *ck_valid);
+
 /* ---- sparse-attention estimation (RocketKV's hybrid sparse attention, Quest, SparQ; POLICY_SPEC §2.2 stage 2,
  * §2.6 B9-B10) ----
  * These policies keep every cached key but attend to few: they estimate which from summaries. Keys are grouped in

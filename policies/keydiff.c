@@ -101,7 +101,7 @@ typedef struct {
     double *ck;
     size_t ck_valid;
     /* eviction scratch, `alloc` candidates */
-    double *score, *work; /* work: d doubles (kvs_key_scores_normed) */
+    double *score, *work; /* work: kvs_key_scores_lowest_scratch_bytes(alloc, d) */
     int32_t *top;
     char *mark;
     int64_t alloc;
@@ -153,7 +153,7 @@ static kvs_status kd_reserve(kd_state *s, int64_t n) {
     if (norm) s->norm = norm;
     double *score = realloc(s->score, (size_t)a * sizeof *score);
     if (score) s->score = score;
-    double *work = realloc(s->work, ((size_t)s->d + 1) * sizeof *work);
+    double *work = realloc(s->work, kvs_key_scores_lowest_scratch_bytes((size_t)a, (size_t)s->d));
     if (work) s->work = work;
     int32_t *top = realloc(s->top, (size_t)a * sizeof *top);
     if (top) s->top = top;
@@ -209,17 +209,25 @@ static void kd_evict(kd_state *s, const float *keys) {
     if (s->n_normed < nc) /* the keys that entered since the last event */
         kvs_key_norms(keys, (size_t)s->d, s->pos + s->n_normed, (size_t)(nc - s->n_normed), (size_t)s->d,
                       s->norm + s->n_normed);
-    kvs_key_scores_resumed(keys, (size_t)s->d, s->pos, (size_t)nc, (size_t)s->d, s->kind, s->norm, s->score,
-                           s->work, s->ck, &s->ck_valid);
-    if (scored - keep <= KD_SCAN_EVICTIONS) {
-        /* the same set as the top-k below: all but the scored - keep last-ranked (issue 14: a decode step's
-         * eviction in O(n) instead of a top-k of n - 1) */
+    if (scored - keep == 1) {
+        /* a decode step: the one key the fp64 scores rank last, found by an fp32 screen that scores in fp64 only
+         * the keys it cannot rule out (kvs_key_scores_lowest: the same key, issue 17) */
         memset(s->mark, 1, (size_t)nc);
-        for (int64_t e = 0; e < scored - keep; e++) s->mark[kd_last_ranked(s->score, s->mark, scored)] = 0;
+        s->mark[kvs_key_scores_lowest(keys, (size_t)s->d, s->pos, (size_t)nc, (size_t)scored, (size_t)s->d, s->kind,
+                                      s->norm, s->score, s->work, s->ck, &s->ck_valid)] = 0;
     } else {
-        memset(s->mark, 0, (size_t)nc);
-        kvs_topk_f64(s->score, (size_t)scored, (size_t)keep, s->top);
-        for (int64_t j = 0; j < keep; j++) s->mark[s->top[j]] = 1;
+        kvs_key_scores_resumed(keys, (size_t)s->d, s->pos, (size_t)nc, (size_t)s->d, s->kind, s->norm, s->score,
+                               s->work, s->ck, &s->ck_valid);
+        if (scored - keep <= KD_SCAN_EVICTIONS) {
+            /* the same set as the top-k below: all but the scored - keep last-ranked (issue 14: a few evictions
+             * in O(n) instead of a top-k of n - 1) */
+            memset(s->mark, 1, (size_t)nc);
+            for (int64_t e = 0; e < scored - keep; e++) s->mark[kd_last_ranked(s->score, s->mark, scored)] = 0;
+        } else {
+            memset(s->mark, 0, (size_t)nc);
+            kvs_topk_f64(s->score, (size_t)scored, (size_t)keep, s->top);
+            for (int64_t j = 0; j < keep; j++) s->mark[s->top[j]] = 1;
+        }
     }
     for (int64_t j = scored; j < nc; j++) s->mark[j] = 1; /* the sliding window */
     int64_t first_out = 0; /* the keys before the first evicted one keep their places: their checkpoints hold */

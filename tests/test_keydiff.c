@@ -179,6 +179,83 @@ static void test_resumed_anchor_gives_the_same_scores(void **state) {
         }
 }
 
+/* kd_last_ranked's order over the fp64 scores, written here: the lowest, the later among equals, the last NaN
+ * before any number. */
+static size_t naive_last_lowest(const double *score, size_t m) {
+    size_t w = 0;
+    for (size_t j = 1; j < m; j++)
+        if (isnan(score[j]) || (!isnan(score[w]) && score[j] <= score[w])) w = j;
+    return w;
+}
+
+/* kvs_key_scores_lowest (the fp32 screen, then fp64 for the keys it cannot rule out) names the key the fp64
+ * scores rank last, with its fp64 score, for every kind: random keys; near-duplicates of the key the anchor
+ * leans to (cosines closer than fp32 can tell apart, so the screen alone would pick at random among them);
+ * exact duplicates (a tie: the later); a zero, a NaN, an inf, a huge and a tiny key (no bound: always
+ * candidates); all keys tiny (an anchor outside the screen's range: every score in fp64); a window (m < n). */
+static void test_lowest_key_is_the_fp64_scores_lowest(void **state) {
+    (void)state;
+    enum { N = 300, MAX_D = 128 };
+    static float keys[N * MAX_D];
+    static int32_t held[N];
+    static double norm[N], want[N], got[N], ck[(N / KVS_KEY_ANCHOR_CHUNK + 1) * MAX_D];
+    static double work[N + MAX_D];
+    static unsigned char scratch[(N + MAX_D) * (sizeof(double) + sizeof(float)) + 2 * N * sizeof(int32_t)];
+    assert_true(kvs_key_scores_lowest_scratch_bytes(N, MAX_D) <= sizeof scratch);
+    const size_t dims[] = {8, 67, 128};
+    uint32_t r = 4242u;
+    int screened_near_ties = 0;
+    for (int trial = 0; trial < 160; trial++) {
+        size_t d = dims[trial % 3], n = 2 + (size_t)(trial * 37) % (N - 2);
+        int setup = trial % 8;
+        for (size_t i = 0; i < n * d; i++) {
+            r = r * 1664525u + 1013904223u;
+            keys[i] = (float)((int32_t)(r >> 8) - (1 << 23)) / (float)(1 << 21);
+        }
+        if (setup == 1 || setup == 2) { /* a third of the keys one vector, each a last-bit step away or not */
+            for (size_t j = 1; j < n; j += 3)
+                for (size_t i = 0; i < d; i++) {
+                    float v = keys[i] + 40.0f;
+                    keys[j * d + i] = setup == 2 ? v : nextafterf(v, (j + i) % 2 ? INFINITY : -INFINITY);
+                }
+            screened_near_ties++;
+        }
+        if (setup == 3) { /* keys without a bound */
+            keys[(n / 2) * d] = NAN;
+            if (n > 3) {
+                for (size_t i = 0; i < d; i++) keys[(n / 3) * d + i] = 0;
+                keys[(n / 4) * d + 1] = INFINITY;
+            }
+        }
+        if (setup == 4 && n > 4) {
+            for (size_t i = 0; i < d; i++) keys[(n / 4) * d + i] *= 1e30f;
+            for (size_t i = 0; i < d; i++) keys[(n / 3) * d + i] *= 1e-30f;
+        }
+        if (setup == 5)
+            for (size_t i = 0; i < n * d; i++) keys[i] *= 1e-15f; /* |mu| below 2^-40 for the raw anchor */
+        for (size_t j = 0; j < n; j++) held[j] = (int32_t)(n - 1 - j); /* held rows in any order */
+        if (setup >= 6) /* ascending; setup 7 passes no index (rows in place), the same rows */
+            for (size_t j = 0; j < n; j++) held[j] = (int32_t)j;
+        kvs_key_norms(keys, d, held, n, d, norm);
+        for (int kind = KVS_KEY_SCORE_ANCHOR; kind <= KVS_KEY_SCORE_L2NORM; kind++) {
+            if (kind == KVS_KEY_SCORE_PAIRWISE && n > 80) continue;
+            size_t ms[] = {n, n > 3 ? n - 3 : 1, 1};
+            for (size_t mi = 0; mi < 3; mi++) {
+                size_t m = ms[mi], ck_valid = 0, ck_valid_want = 0;
+                kvs_key_scores_resumed(keys, d, held, n, d, (kvs_key_score)kind, norm, want, work, ck, &ck_valid_want);
+                size_t w = naive_last_lowest(want, m);
+                int64_t g = kvs_key_scores_lowest(keys, d, setup == 7 ? NULL : held, n, m, d, (kvs_key_score)kind,
+                                                  norm, got, scratch, ck, &ck_valid);
+                if ((size_t)g != w || memcmp(&got[g], &want[w], sizeof(double)) != 0)
+                    fail_msg("trial %d (setup %d, d %zu, n %zu, m %zu, kind %d): key %lld (%.17g), want %zu (%.17g)",
+                             trial, setup, d, n, m, kind, (long long)g, got[g], w, want[w]);
+                assert_int_equal(ck_valid, ck_valid_want);
+            }
+        }
+    }
+    assert_true(screened_near_ties > 0);
+}
+
 /* The hand-made stream: the 4 G6 keys as the prompt, then one generated position with key (0.3, -0.7). One
  * layer, one KV head, G = 1, d = 2; queries and values are irrelevant to the choice (KeyDiff is
  * attention-free) and set to simple numbers. */
@@ -780,6 +857,7 @@ int main(void) {
         cmocka_unit_test(test_g6_through_the_policy),
         cmocka_unit_test(test_kept_norms_give_the_same_scores),
         cmocka_unit_test(test_resumed_anchor_gives_the_same_scores),
+        cmocka_unit_test(test_lowest_key_is_the_fp64_scores_lowest),
         cmocka_unit_test(test_policies_match_the_naive_reference),
         cmocka_unit_test(test_pairwise_keeps_what_the_anchor_keeps),
         cmocka_unit_test(test_knorm_keeps_the_smallest_norms),
