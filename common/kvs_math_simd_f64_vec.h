@@ -171,6 +171,11 @@ F64_TARGET static void F64_FN(wsum)(const float *keys, size_t stride, const int3
         for (int m = 0; m < 8; m++) a[m] = _mm256_loadu_pd(acc + i + 4 * (size_t)m);
         for (size_t j = 0; j < n; j++) {
             const float *k = row_at(keys, stride, idx, j) + i;
+            if (idx && j + WSUM_AHEAD < n) { /* scattered rows: a later one's 128 bytes on their way */
+                const char *ahead = (const char *)(row_at(keys, stride, idx, j + WSUM_AHEAD) + i);
+                _mm_prefetch(ahead, _MM_HINT_T0);
+                _mm_prefetch(ahead + 64, _MM_HINT_T0);
+            }
             __m256d wv = _mm256_set1_pd(w[j]);
             UNROLL
             for (int m = 0; m < 8; m++)
