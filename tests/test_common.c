@@ -686,6 +686,48 @@ static void test_attn_colsum_tiny_exact(void **state) {
     free(scratch);
 }
 
+/* The fp64 column sums of a batch of rows (each row's heads reduced in one pass) equal the rows added one call
+ * at a time (one row a call: the row-by-row path), bit for bit, for SUM and MEAN over 1-8 heads: 4 (the
+ * unrolled case), 3 and 6 (a mean's division not by a power of two). */
+static void test_attn_colsum_rows_batched_same_bits(void **state) {
+    (void)state;
+    uint64_t seed = 99;
+    const int groups[] = {1, 2, 3, 4, 6, 8};
+    for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
+        int group = groups[gi], d = 16;
+        int64_t n = 70;
+        float *q = malloc((size_t)(n * group * d) * sizeof *q), *k = malloc((size_t)(n * d) * sizeof *k);
+        double *batched = malloc((size_t)n * sizeof *batched), *rows = malloc((size_t)n * sizeof *rows);
+        void *scratch = malloc(kvs_attn_colsum_scratch_bytes(n));
+        assert_true(q && k && batched && rows && scratch);
+        fill_uniform(q, (size_t)(n * group * d), &seed, -3.0f, 3.0f);
+        fill_uniform(k, (size_t)(n * d), &seed, -1.5f, 1.5f);
+        /* logits far apart (scale 2): probabilities whose fp64 sums round, so the order of every add shows */
+        kvs_attn_src src = {.q = q, .q_first = 0, .n_q = n, .group = group, .d = d, .scale = 2.0f, .keys = k,
+                            .idx = NULL, .n_cand = n};
+        for (int c = 0; c < 4; c++) {
+            kvs_gqa_reduce red = c % 2 ? KVS_GQA_MEAN : KVS_GQA_SUM;
+            int64_t r0 = c < 2 ? 5 : n - 2; /* many rows onto a running score, or the last 2 onto zeros */
+            for (int64_t j = 0; j < n; j++) batched[j] = rows[j] = c < 2 ? 0.001 * (double)j : 0;
+            kvs_colsum_opts o = {.row_first = r0, .n_rows = n - r0, .head_first = 0, .n_heads = group,
+                                 .reduce = red, .n_out = n - 2};
+            kvs_attn_colsum(&src, &o, NULL, batched, scratch);
+            for (int64_t r = r0; r < n; r++) {
+                kvs_colsum_opts one = o;
+                one.row_first = r;
+                one.n_rows = 1;
+                kvs_attn_colsum(&src, &one, NULL, rows, scratch);
+            }
+            assert_memory_equal(batched, rows, (size_t)n * sizeof *rows);
+        }
+        free(q);
+        free(k);
+        free(batched);
+        free(rows);
+        free(scratch);
+    }
+}
+
 static void test_attn_colsum_matches_naive(void **state) {
     (void)state;
     uint64_t seed = 12345;
@@ -1154,6 +1196,7 @@ int main(void) {
         cmocka_unit_test(test_avgpool1d_pad_edges),
         cmocka_unit_test(test_attn_colsum_tiny_exact),
         cmocka_unit_test(test_attn_colsum_matches_naive),
+        cmocka_unit_test(test_attn_colsum_rows_batched_same_bits),
         cmocka_unit_test(test_snapkv_scores_tiny_exact),
         cmocka_unit_test(test_snapkv_scores_matches_naive),
         cmocka_unit_test(test_norms_and_cosine),
