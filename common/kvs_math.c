@@ -70,8 +70,8 @@ void kvs_attention_group(const float *q, size_t nq, const float *keys, const flo
         for (size_t r = 0; r < nr; r++) orow[r] = out + (r0 + r) * d;
         k->scores(q + r0 * d, nr, keys, stride, idx, n, d, scale, probs_rows + r0, 0);
         for (size_t r = 0; r < nr; r++) {
-            double l = k->softmax(probs_rows[r0 + r], n);
-            if (lse) lse[r0 + r] = l;
+            if (lse) lse[r0 + r] = k->softmax(probs_rows[r0 + r], n);
+            else k->softmax_probs(probs_rows[r0 + r], n);
             memset(orow[r], 0, d * sizeof(float));
         }
         k->output_add((const float *const *)(probs_rows + r0), nr, 0, values, stride, idx, n, d, orow);
@@ -97,8 +97,8 @@ void kvs_attention_causal_block(const float *q, size_t nb, size_t group, const f
         k->scores(q + b * group * d, group, keys + (p0 + 1) * d, d, NULL, b, d, scale, probs_rows + b * group, p0 + 1);
     keep_scores(probs_rows, nr, group, p0, score_rows);
     for (size_t r = 0; r < nr; r++) {
-        double l = k->softmax(probs_rows[r], p0 + 1 + r / group);
-        if (lse) lse[r] = l;
+        if (lse) lse[r] = k->softmax(probs_rows[r], p0 + 1 + r / group);
+        else k->softmax_probs(probs_rows[r], p0 + 1 + r / group);
         memset(out_rows[r], 0, d * sizeof(float));
     }
     k->output_add((const float *const *)probs_rows, nr, 0, values, d, NULL, p0 + 1, d, out_rows);
@@ -213,7 +213,7 @@ static void lists_softmax(const kvs_math_kernels *k, size_t nq, const int64_t *n
             memcpy(probs_rows[r], urow[r], nu * sizeof(float));
         else
             for (int64_t j = 0; j < n[r]; j++) probs_rows[r][j] = urow[r][pr[j]];
-        k->softmax(probs_rows[r], (size_t)n[r]);
+        k->softmax_probs(probs_rows[r], (size_t)n[r]);
         union_row(probs_rows[r], n[r], pr, nu, urow[r]);
         memset(out + r * d, 0, d * sizeof(float));
     }
@@ -308,7 +308,7 @@ void kvs_attention_group_scored(const float *const *score_rows, size_t nq, const
         for (size_t r = 0; r < nr; r++) {
             orow[r] = out + (r0 + r) * d;
             gather_scores(score_rows[r0 + r], idx, n, probs_rows[r0 + r]);
-            k->softmax(probs_rows[r0 + r], n);
+            k->softmax_probs(probs_rows[r0 + r], n);
             memset(orow[r], 0, d * sizeof(float));
         }
         output_rows(k, (const float *const *)(probs_rows + r0), nr, values, values16, dtype, stride, idx, n, d, orow);
@@ -324,7 +324,7 @@ int kvs_attention_lists_scored(const float *const *score_rows, size_t nq, const 
         memset(out + r * d, 0, d * sizeof(float));
         if (n[r] <= 0) continue;
         gather_scores(score_rows[r], idx[r], (size_t)n[r], probs_rows[r]);
-        k->softmax(probs_rows[r], (size_t)n[r]);
+        k->softmax_probs(probs_rows[r], (size_t)n[r]);
     }
     int use_union = nq > 1 && nq <= LISTS_MAX_ROWS; /* lists_union refuses empty lists itself */
     /* The positions every list ends with go through the output kernel as one shared list after the rest (issue
@@ -372,8 +372,8 @@ void kvs_attention_group16(const float *q, size_t nq, const uint16_t *keys, cons
         for (size_t r = 0; r < nr; r++) orow[r] = out + (r0 + r) * d;
         k->scores16(q + r0 * d, nr, keys, dtype, stride, idx, n, d, scale, probs_rows + r0, 0);
         for (size_t r = 0; r < nr; r++) {
-            double l = k->softmax(probs_rows[r0 + r], n);
-            if (lse) lse[r0 + r] = l;
+            if (lse) lse[r0 + r] = k->softmax(probs_rows[r0 + r], n);
+            else k->softmax_probs(probs_rows[r0 + r], n);
             memset(orow[r], 0, d * sizeof(float));
         }
         k->output_add16((const float *const *)(probs_rows + r0), nr, 0, values, dtype, stride, idx, n, d, orow);
@@ -392,8 +392,8 @@ void kvs_attention_causal_block16(const float *q, size_t nb, size_t group, const
                     p0 + 1);
     keep_scores(probs_rows, nr, group, p0, score_rows);
     for (size_t r = 0; r < nr; r++) {
-        double l = k->softmax(probs_rows[r], p0 + 1 + r / group);
-        if (lse) lse[r] = l;
+        if (lse) lse[r] = k->softmax(probs_rows[r], p0 + 1 + r / group);
+        else k->softmax_probs(probs_rows[r], p0 + 1 + r / group);
         memset(out_rows[r], 0, d * sizeof(float));
     }
     k->output_add16((const float *const *)probs_rows, nr, 0, values, dtype, d, NULL, p0 + 1, d, out_rows);
@@ -685,7 +685,7 @@ static int64_t colsum_row_probs(const kvs_attn_src *src, int64_t r, int32_t h, i
     KVS_ASSERT(*vis > 0);
     const float *q = src->q + ((size_t)r * (size_t)src->group + (size_t)h) * (size_t)src->d;
     kvs_attn_scores(q, src->keys, (size_t)src->d, src->idx, (size_t)*vis, (size_t)src->d, src->scale, p);
-    kvs_softmax(p, (size_t)*vis);
+    kvs_math_kernels_active()->softmax_probs(p, (size_t)*vis);
     return *vis;
 }
 
@@ -754,7 +754,7 @@ static void colsum_batch_probs(colsum_batch *b, const kvs_attn_src *src, int64_t
                   b->prow + (size_t)i * nh, v0);
     }
     for (int64_t i = 0; i < nr; i++)
-        for (size_t hh = 0; hh < nh; hh++) k->softmax(b->prow[(size_t)i * nh + hh], (size_t)b->vis[i]);
+        for (size_t hh = 0; hh < nh; hh++) k->softmax_probs(b->prow[(size_t)i * nh + hh], (size_t)b->vis[i]);
 }
 
 /* fp32, head by head: S_h = the rows' column sums, then the heads combined (SnapKV's order). */

@@ -66,7 +66,8 @@ static void output_add_scalar(const float *const *p_rows, size_t nr, size_t col0
         for (size_t j = 0; j < n; j++) axpy_scalar(out_rows[r], p_rows[r][col0 + j], row_of(values, stride, idx, j), d);
 }
 
-static double softmax_scalar(float *x, size_t n) {
+/* The softmax's probabilities in x and its denominator (returned), its maximum in *mo. */
+static double softmax_sum_scalar(float *x, size_t n, float *mo) {
     float m = -INFINITY;
     for (size_t j = 0; j < n; j++)
         if (x[j] > m) m = x[j];
@@ -78,7 +79,19 @@ static double softmax_scalar(float *x, size_t n) {
     }
     float inv = (float)(1.0 / sum);
     for (size_t j = 0; j < n; j++) x[j] *= inv;
+    *mo = m;
+    return sum;
+}
+
+static double softmax_scalar(float *x, size_t n) {
+    float m;
+    double sum = softmax_sum_scalar(x, n, &m);
     return (double)m + log(sum);
+}
+
+static void softmax_probs_scalar(float *x, size_t n) {
+    float m;
+    (void)softmax_sum_scalar(x, n, &m);
 }
 
 static void exp_scalar(const float *x, size_t n, float *y) {
@@ -187,6 +200,7 @@ static const kvs_math_kernels kernels_scalar = {
     /* .scores = */ scores_scalar,
     /* .output_add = */ output_add_scalar,
     /* .softmax = */ softmax_scalar,
+    /* .softmax_probs = */ softmax_probs_scalar,
     /* .exp = */ exp_scalar,
     /* .first_above = */ first_above_scalar,
     /* .scores16 = */ scores16_scalar,
@@ -542,7 +556,9 @@ AVX2 static inline void exp_store_sum(float *dst, __m256 e, __m256d *s0, __m256d
     *s1 = _mm256_add_pd(*s1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
 }
 
-AVX2 static double softmax_avx2(float *x, size_t n) {
+/* The softmax's probabilities in x and its denominator (returned), its maximum in *mo: inlined into the two
+ * entries below. */
+__attribute__((always_inline)) AVX2 static inline double softmax_sum_avx2(float *x, size_t n, float *mo) {
     /* max: vmaxps returns its second operand when either is NaN, so a NaN element is skipped as the scalar
      * reference's `x > m` skips it */
     __m256 mv = _mm256_set1_ps(-INFINITY), mv1 = mv, mv2 = mv, mv3 = mv;
@@ -597,7 +613,19 @@ AVX2 static double softmax_avx2(float *x, size_t n) {
     for (; j + 8 <= n; j += 8) _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), inv));
     float invs = (float)(1.0 / sum);
     for (; j < n; j++) x[j] *= invs;
+    *mo = m;
+    return sum;
+}
+
+AVX2 static double softmax_avx2(float *x, size_t n) {
+    float m;
+    double sum = softmax_sum_avx2(x, n, &m);
     return (double)m + log(sum);
+}
+
+AVX2 static void softmax_probs_avx2(float *x, size_t n) {
+    float m;
+    (void)softmax_sum_avx2(x, n, &m);
 }
 
 AVX2 static size_t first_above_avx2(const float *x, size_t from, size_t n, float thr) {
@@ -824,6 +852,7 @@ static const kvs_math_kernels kernels_avx2 = {
     /* .scores = */ scores_avx2,
     /* .output_add = */ output_add_avx2,
     /* .softmax = */ softmax_avx2,
+    /* .softmax_probs = */ softmax_probs_avx2,
     /* .exp = */ exp_avx2,
     /* .first_above = */ first_above_avx2,
     /* .scores16 = */ scores16_avx2,
@@ -1126,6 +1155,7 @@ static const kvs_math_kernels kernels_avx2x32 = {
     /* .scores = */ scores_x32,
     /* .output_add = */ output_add_x32,
     /* .softmax = */ softmax_avx2,
+    /* .softmax_probs = */ softmax_probs_avx2,
     /* .exp = */ exp_avx2,
     /* .first_above = */ first_above_avx2,
     /* .scores16 = */ scores16_x32,
@@ -1288,6 +1318,7 @@ static const kvs_math_kernels kernels_avx512 = {
     /* .scores = */ scores_avx512,
     /* .output_add = */ output_add_avx512,
     /* .softmax = */ softmax_avx2,
+    /* .softmax_probs = */ softmax_probs_avx2,
     /* .exp = */ exp_avx2,
     /* .first_above = */ first_above_avx2,
     /* .scores16 = */ scores16_avx512,

@@ -51,6 +51,9 @@ typedef struct {
                        const int32_t *idx, size_t n, size_t d, float *const *out_rows);
     /* in-place softmax of x[0..n-1] (n > 0); @return the LSE (kvs_softmax's contract) */
     double (*softmax)(float *x, size_t n);
+    /* softmax's probabilities bit for bit, without the LSE: for the callers that drop it (its log is a libm call
+     * per softmax; issue 17) */
+    void (*softmax_probs)(float *x, size_t n);
     /* exp of each element (y may alias x); the softmax's exponential, exposed for the accuracy test */
     void (*exp)(const float *x, size_t n, float *y);
     /* the first j in [from, n) with x[j] > thr (ordered: NaN never), or n: top-k's filter */

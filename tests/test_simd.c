@@ -221,6 +221,10 @@ static void test_softmax_and_lse_match_fp64(void **state) {
             if (n > 4) x[3] = -INFINITY; /* a masked entry: probability 0 */
             memcpy(y, x, n * sizeof *x);
             double lse = v[k]->softmax(y, n);
+            float yp[1030]; /* the entry without the LSE: the same probabilities, bit for bit */
+            memcpy(yp, x, n * sizeof *x);
+            v[k]->softmax_probs(yp, n);
+            assert_memory_equal(yp, y, n * sizeof *y);
             double m = -INFINITY, z = 0;
             for (size_t j = 0; j < n; j++) m = x[j] > m ? x[j] : m;
             for (size_t j = 0; j < n; j++) z += exp((double)x[j] - m);
@@ -235,8 +239,11 @@ static void test_softmax_and_lse_match_fp64(void **state) {
     for (int k = 0; k < nv; k++) {
         for (size_t j = 0; j < 19; j++) x[j] = (float)j;
         x[9] = NAN;
+        memcpy(y, x, 19 * sizeof *x);
         v[k]->softmax(x, 19);
         assert_true(isnan(x[9]) && isnan(x[0]));
+        v[k]->softmax_probs(y, 19);
+        assert_memory_equal(y, x, 19 * sizeof *x);
     }
 }
 
