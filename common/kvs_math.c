@@ -1052,7 +1052,7 @@ size_t kvs_key_scores_lowest_scratch_bytes(size_t n, size_t d) {
 }
 
 /* The bound of the fp32 screen below (issue 17). For key j, s~_j = -(double)dot32_j / den_j against the fp64
- * score s_j = -dot64_j / den_j (the same den_j). dot32 is the fp32 kernels' k_j . fl32(mu), summed in some order
+ * score s_j = -dot64_j / den_j (the same den_j). dot32 is the fp32 kernels' k_j . fl32(mu) (dots_loose), summed in some order
  * of d products: |dot32 - k.mu| <= gamma_d sum_i |k_i fl32(mu_i)| + u sum_i |k_i mu_i| + (2d) 2^-150 (the
  * products and sums that underflow, each off by at most half the least subnormal), u = 2^-24,
  * gamma_d = d u / (1 - d u) (Higham, Accuracy and Stability, 3.1: any order of summation), and with
@@ -1092,7 +1092,7 @@ int64_t kvs_key_scores_lowest(const float *keys, size_t stride, const int32_t *i
         for (size_t j = 0; j < m; j++) score[j] = cos_score(score[j], norm[j], nmu);
         return last_lowest(score, NULL, m);
     }
-    kvs_math_kernels_active()->scores(mu32, 1, keys, stride, idx, m, d, 1.0f, &dot32, 0);
+    kvs_math_kernels_active()->dots_loose(mu32, keys, stride, idx, m, d, dot32);
     double eps = KEY_SCREEN_SLACK * ((double)(d + 3) * 0x1p-24 * 1.001 + 1e-12);
     /* A key whose norm lies outside [2^-40, 2^40] (zero, subnormal, huge, inf, NaN) or whose fp32 dot is not
      * finite has no bound: it is always a candidate (score[j] = NaN marks it here). */

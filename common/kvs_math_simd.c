@@ -184,6 +184,11 @@ static void output_add16_scalar(const float *const *p_rows, size_t nr, size_t co
                        out_rows);
 }
 
+static void dots_loose_scalar(const float *v, const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
+                              float *out) {
+    for (size_t j = 0; j < n; j++) out[j] = dot_scalar(v, row_of(keys, stride, idx, j), d);
+}
+
 static int list_plain_scalar(const int32_t *idx, const void *const *row_k, const void *const *row_v, size_t n,
                              int64_t p) {
     int descents = 0;
@@ -206,6 +211,7 @@ static const kvs_math_kernels kernels_scalar = {
     /* .scores16 = */ scores16_scalar,
     /* .output_add16 = */ output_add16_scalar,
     /* .list_plain = */ list_plain_scalar,
+    /* .dots_loose = */ dots_loose_scalar,
 };
 
 /* ---- AVX2 + FMA ---- */
@@ -250,6 +256,33 @@ AVX2 static float dot_avx2(const float *a, const float *b, size_t n) {
     }
     for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
     return reduce1(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3))) + tail_dot(a, b, i, n);
+}
+
+/* dots_loose: 8 keys a pass, one accumulator each (8 independent fma chains; one key at a time waited on its
+ * chain's latency), their sums by reduce8. Any order of the adds is this entry's contract. */
+AVX2 static void dots_loose_avx2(const float *v, const float *keys, size_t stride, const int32_t *idx, size_t n,
+                                 size_t d, float *out) {
+    size_t d8 = d & ~(size_t)7, j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const float *k[8];
+        for (size_t c = 0; c < 8; c++) k[c] = row_of(keys, stride, idx, j + c);
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (size_t i = 0; i < d8; i += 8) {
+            __m256 x = _mm256_loadu_ps(v + i);
+            a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[0] + i), a0);
+            a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[1] + i), a1);
+            a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[2] + i), a2);
+            a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[3] + i), a3);
+            a4 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[4] + i), a4);
+            a5 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[5] + i), a5);
+            a6 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[6] + i), a6);
+            a7 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[7] + i), a7);
+        }
+        _mm256_storeu_ps(out + j, reduce8(a0, a1, a2, a3, a4, a5, a6, a7));
+        if (d8 < d)
+            for (size_t c = 0; c < 8; c++) out[j + c] += tail_dot(v, k[c], d8, d);
+    }
+    for (; j < n; j++) out[j] = dot_avx2(v, row_of(keys, stride, idx, j), d);
 }
 
 AVX2 static void axpy_avx2(float *out, float w, const float *v, size_t n) {
@@ -858,6 +891,7 @@ static const kvs_math_kernels kernels_avx2 = {
     /* .scores16 = */ scores16_avx2,
     /* .output_add16 = */ output_add16_avx2,
     /* .list_plain = */ list_plain_avx2,
+    /* .dots_loose = */ dots_loose_avx2,
 };
 
 /* F16C (the 16-bit kernels' vcvtph2ps) from CPUID leaf 1, ECX bit 29, as common/kvs.c reads it: clang's
@@ -1161,6 +1195,7 @@ static const kvs_math_kernels kernels_avx2x32 = {
     /* .scores16 = */ scores16_x32,
     /* .output_add16 = */ output_add16_x32,
     /* .list_plain = */ list_plain_avx2,
+    /* .dots_loose = */ dots_loose_avx2,
 };
 
 static int cpu_has_avx2x32(void) {
@@ -1324,6 +1359,7 @@ static const kvs_math_kernels kernels_avx512 = {
     /* .scores16 = */ scores16_avx512,
     /* .output_add16 = */ output_add16_avx512,
     /* .list_plain = */ list_plain_avx2,
+    /* .dots_loose = */ dots_loose_avx2,
 };
 
 static int cpu_has_avx512(void) { return cpu_has_avx2() && __builtin_cpu_supports("avx512f"); }

@@ -71,6 +71,11 @@ typedef struct {
     /* The replay's check of a selection list (sim/replay.c check_sel): 1 when idx[0..n) (n >= 1) is strictly
      * ascending within [0, p] and row_k[0..n) and row_v[0..n) are all NULL (no merged slot), else 0. */
     int (*list_plain)(const int32_t *idx, const void *const *row_k, const void *const *row_v, size_t n, int64_t p);
+    /* out[j] = v . K[row j] over d in fp32, the products summed in any order: not the same bits from one table to
+     * the next, only within the bound of any order (Higham 3.1: gamma_d sum_i |v_i k_i|). For screens that need
+     * that bound alone (kvs_key_scores_lowest). */
+    void (*dots_loose)(const float *v, const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
+                       float *out);
 } kvs_math_kernels;
 
 /*! kvs_math_kv16_default() : 1 when the engines (sim/replay.c, sim/kv_stream.c) keep a 16-bit K/V history for the

@@ -60,6 +60,35 @@ static double dot64(const float *a, const float *b, size_t n, double *mag) {
 }
 #define F32_EPS 1.1920929e-7
 
+/* dots_loose (any order of the adds) within the any-order bound gamma_d sum |v_i k_i| of the fp64 dot, on every
+ * table: key counts around the 8-key pass, dimensions around the 8-lane chunk, rows by index and in place. */
+static void test_dots_loose_within_the_bound(void **state) {
+    (void)state;
+    const kvs_math_kernels *v[KVS_ISA_COUNT];
+    int nv = variants(v);
+    v[nv++] = kvs_math_kernels_for(KVS_ISA_SCALAR);
+    enum { ROWS = 40, MAXD = 128 };
+    static float keys[ROWS * MAXD];
+    float q[MAXD], out[ROWS];
+    int32_t idx[ROWS];
+    for (size_t j = 0; j < ROWS; j++) idx[j] = (int32_t)((j * 7 + 3) % ROWS);
+    for (int k = 0; k < nv; k++)
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+            for (size_t n = 0; n <= 17; n += (n < 9 ? 1 : 8)) {
+                size_t d = dims[di];
+                fill(keys, ROWS * d, 3);
+                fill(q, d, 1);
+                for (int byidx = 0; byidx < 2; byidx++) {
+                    v[k]->dots_loose(q, keys, d, byidx ? idx : NULL, n, d, out);
+                    for (size_t j = 0; j < n; j++) {
+                        double mag, ref = dot64(q, keys + (size_t)(byidx ? idx[j] : (int32_t)j) * d, d, &mag);
+                        if (!(fabs(out[j] - ref) <= (double)d * F32_EPS * mag + 1e-30))
+                            fail_msg("%s d %zu n %zu key %zu: %.9g vs %.9g", v[k]->name, d, n, j, out[j], ref);
+                    }
+                }
+            }
+}
+
 static void test_dot_and_axpy_match_fp64(void **state) {
     (void)state;
     const kvs_math_kernels *v[KVS_ISA_COUNT];
@@ -673,6 +702,7 @@ int main(void) {
         cmocka_unit_test(test_softmax_avx2_equals_its_exp),
         cmocka_unit_test(test_first_above_matches_scalar),
         cmocka_unit_test(test_list_plain_matches_scalar),
+        cmocka_unit_test(test_dots_loose_within_the_bound),
         cmocka_unit_test(test_topk_matches_sort),
         cmocka_unit_test(test_blocked_causal_attention_equals_rows),
         cmocka_unit_test(test_avx2x32_equals_avx2_bit_for_bit),
