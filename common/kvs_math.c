@@ -799,29 +799,6 @@ static void colsum_f32(const kvs_attn_src *src, const kvs_colsum_opts *o, float 
     free(b.mem);
 }
 
-/* One row's heads summed in fp64 (0 + p_0 + p_1 + ..., in head order), the mean's division by the head count
- * (a power of two: the product with its exact reciprocal, the same quotient), added to out: the loops below
- * element for element, in one pass instead of one per head through a sum row (issue 17). */
-static void colsum_heads_add(float *const *p, int32_t nh, size_t lim, int mean, double *out) {
-    if (nh == 4) {
-        const float *p0 = p[0], *p1 = p[1], *p2 = p[2], *p3 = p[3];
-        if (!mean) {
-            for (size_t j = 0; j < lim; j++) out[j] += 0.0 + p0[j] + p1[j] + p2[j] + p3[j];
-        } else {
-            for (size_t j = 0; j < lim; j++) out[j] += (0.0 + p0[j] + p1[j] + p2[j] + p3[j]) * 0.25;
-        }
-        return;
-    }
-    int pow2 = (nh & (nh - 1)) == 0;
-    double inv = 1.0 / (double)nh;
-    for (size_t j = 0; j < lim; j++) {
-        double t = 0.0;
-        for (int32_t hh = 0; hh < nh; hh++) t += p[hh][j];
-        if (mean) t = pow2 ? t * inv : t / (double)nh;
-        out[j] += t;
-    }
-}
-
 /* fp64, row by row: each row's heads reduced, then added (H2O/TOVA/Scissorhands' per-step order). */
 static void colsum_f64(const kvs_attn_src *src, const kvs_colsum_opts *o, double *out, void *scratch) {
     size_t n = (size_t)src->n_cand, n_out = (size_t)o->n_out;
@@ -836,8 +813,10 @@ static void colsum_f64(const kvs_attn_src *src, const kvs_colsum_opts *o, double
         if (b.mem) colsum_batch_probs(&b, src, r0, nr, o->head_first, &vis);
         for (int64_t i = 0; i < nr; i++) {
             if (b.mem && (o->reduce == KVS_GQA_SUM || o->reduce == KVS_GQA_MEAN)) {
+                /* a batch row's heads reduced and added in one pass (issue 17), the loops below' arithmetic */
                 size_t lim = (size_t)b.vis[i] < n_out ? (size_t)b.vis[i] : n_out;
-                colsum_heads_add(b.prow + i * o->n_heads, o->n_heads, lim, o->reduce == KVS_GQA_MEAN, out);
+                kvs_math_f64_kernels_active()->heads_add((const float *const *)(b.prow + i * o->n_heads),
+                                                         (size_t)o->n_heads, lim, o->reduce == KVS_GQA_MEAN, out);
                 continue;
             }
             size_t lim = 0;

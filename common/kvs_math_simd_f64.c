@@ -112,6 +112,17 @@ static void recall4_scalar(int m, const float *const fp[4], const int32_t *const
     }
 }
 
+static void heads_add_scalar(const float *const *p, size_t nh, size_t n, int mean, double *out) {
+    int pow2 = (nh & (nh - 1)) == 0;
+    double inv = 1.0 / (double)nh;
+    for (size_t j = 0; j < n; j++) {
+        double t = 0.0;
+        for (size_t h = 0; h < nh; h++) t += p[h][j];
+        if (mean) t = pow2 ? t * inv : t / (double)nh;
+        out[j] += t;
+    }
+}
+
 static const kvs_math_f64_kernels f64_scalar = {
     /* .name = */ "scalar",
     /* .norms = */ norms_scalar,
@@ -122,6 +133,7 @@ static const kvs_math_f64_kernels f64_scalar = {
     /* .page_scores_rows = */ page_scores_rows_scalar,
     /* .out_sums = */ out_sums_scalar,
     /* .recall4 = */ recall4_scalar,
+    /* .heads_add = */ heads_add_scalar,
 };
 
 /* ---- AVX2, and AVX2 with AVX-512VL's 32 registers (kvs_math_simd_f64_vec.h, compiled once for each) ---- */

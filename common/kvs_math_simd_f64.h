@@ -55,6 +55,10 @@ typedef struct {
      * step 4 lanes together over the entries all of them have, then finish each lane alone, in order. */
     void (*recall4)(int m, const float *const fp[4], const int32_t *const list[4], const int32_t *const rank[4],
                     const int64_t n[4], double r[4], int64_t hit[4]);
+    /* The prefill column sums' heads (kvs_attn_colsum, SUM and MEAN in fp64): for j < n, out[j] += t_j, or t_j / nh
+     * when `mean`, t_j = 0 + p[0][j] + p[1][j] + ... + p[nh-1][j] in fp64 in head order (nh >= 1); a power-of-two
+     * nh divides as the product with its exact reciprocal (the same quotient). */
+    void (*heads_add)(const float *const *p, size_t nh, size_t n, int mean, double *out);
 } kvs_math_f64_kernels;
 
 /*! kvs_math_f64_kernels_for() : the table of `isa`, or NULL when this CPU (or build) lacks it. Borrowed, static. */

@@ -304,6 +304,27 @@ F64_TARGET static void F64_FN(recall4)(int m, const float *const fp[4], const in
     }
 }
 
+/* 4 columns a vector: the heads' widened probabilities added from 0 in head order, the mean's product or quotient,
+ * the add to out; every lane the scalar table's operations on its column, so its bits. The rest one by one. */
+F64_TARGET static void F64_FN(heads_add)(const float *const *p, size_t nh, size_t n, int mean, double *out) {
+    int pow2 = (nh & (nh - 1)) == 0;
+    double inv = 1.0 / (double)nh;
+    __m256d vinv = _mm256_set1_pd(inv), vnh = _mm256_set1_pd((double)nh);
+    size_t j = 0;
+    for (; j + 4 <= n; j += 4) {
+        __m256d t = _mm256_setzero_pd();
+        for (size_t h = 0; h < nh; h++) t = _mm256_add_pd(t, _mm256_cvtps_pd(_mm_loadu_ps(p[h] + j)));
+        if (mean) t = pow2 ? _mm256_mul_pd(t, vinv) : _mm256_div_pd(t, vnh);
+        _mm256_storeu_pd(out + j, _mm256_add_pd(_mm256_loadu_pd(out + j), t));
+    }
+    for (; j < n; j++) {
+        double t = 0.0;
+        for (size_t h = 0; h < nh; h++) t += p[h][j];
+        if (mean) t = pow2 ? t * inv : t / (double)nh;
+        out[j] += t;
+    }
+}
+
 static const kvs_math_f64_kernels F64_FN(f64) = {
     /* .name = */ F64_TABLE_NAME,
     /* .norms = */ F64_FN(norms),
@@ -314,4 +335,5 @@ static const kvs_math_f64_kernels F64_FN(f64) = {
     /* .page_scores_rows = */ F64_FN(page_scores_rows),
     /* .out_sums = */ F64_FN(out_sums),
     /* .recall4 = */ F64_FN(recall4),
+    /* .heads_add = */ F64_FN(heads_add),
 };

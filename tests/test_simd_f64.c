@@ -1,7 +1,7 @@
 /* test_simd_f64.c — the fp64 scoring kernels of common/kvs_math_simd_f64.h (issue 14's sweep target): every
  * variant this CPU has returns the scalar reference's bits (key norms, key . vector dot products, Quest's page
  * bounds, the fp64 weighted key sums, top-k's fp64 filter, the replay's output-error sums and its recall and top-k
- * hits), the scalar reference equals naive fp64 loops written here, and
+ * hits, the prefill column sums' heads), the scalar reference equals naive fp64 loops written here, and
  * the public kvs_math.h routines built on them (kvs_key_scores, kvs_key_anchor, kvs_page_scores, kvs_topk_f64)
  * equal naive references bit for bit, on awkward shapes (d not a multiple of 8, n not a multiple of the tile,
  * index lists, zero, huge and NaN keys); kvs_attn_colsum's batched prompt rows equal a row-by-row reference bit
@@ -278,6 +278,44 @@ static void test_out_sums_bit_exact(void **state) {
                 assert_memory_equal(got, want, 4 * nr * sizeof(double));
             }
         }
+}
+
+/* heads_add (the prefill column sums' heads, SUM and MEAN): the scalar table against the loop written from the
+ * header, every variant against the scalar table, bit for bit: 1 to 8 heads (powers of two and not: the mean's
+ * product and quotient), column counts around the 4-lane vector, probabilities of mixed magnitude (so the order
+ * of the adds shows), a NaN and an infinity, out holding running sums. */
+static void test_heads_add_bit_exact(void **state) {
+    (void)state;
+    const kvs_math_f64_kernels *v[KVS_ISA_COUNT], *sc = kvs_math_f64_kernels_for(KVS_ISA_SCALAR);
+    int nv = variants(v);
+    enum { H = 8, N = 41 };
+    float rows[H][N];
+    for (size_t h = 0; h < H; h++)
+        for (size_t j = 0; j < N; j++) rows[h][j] = ldexpf(fabsf(frand()), -(int)((h * 7 + j * 3) % 40));
+    rows[2][17] = NAN;
+    rows[5][30] = INFINITY;
+    const float *p[H];
+    for (size_t h = 0; h < H; h++) p[h] = rows[h];
+    for (size_t nh = 1; nh <= H; nh++)
+        for (size_t ci = 0; ci < sizeof counts / sizeof *counts; ci++)
+            for (int mean = 0; mean < 2; mean++) {
+                size_t n = counts[ci];
+                double want[N], got[N];
+                for (size_t j = 0; j < n; j++) {
+                    double t = 0.0;
+                    for (size_t h = 0; h < nh; h++) t += rows[h][j];
+                    if (mean) t = (nh & (nh - 1)) == 0 ? t * (1.0 / (double)nh) : t / (double)nh;
+                    want[j] = 0.125 * (double)j + t;
+                }
+                for (size_t j = 0; j < n; j++) got[j] = 0.125 * (double)j;
+                sc->heads_add(p, nh, n, mean, got);
+                assert_same_f64(got, want, n);
+                for (int k = 0; k < nv; k++) {
+                    for (size_t j = 0; j < n; j++) got[j] = 0.125 * (double)j;
+                    v[k]->heads_add(p, nh, n, mean, got);
+                    assert_same_f64(got, want, n);
+                }
+            }
 }
 
 /* recall4 (the replay's recall and top-k hits of up to 4 heads): the scalar table against the naive loop, every
@@ -592,6 +630,7 @@ int main(void) {
         cmocka_unit_test(test_wsum_and_first_above_bit_exact),
         cmocka_unit_test(test_out_sums_bit_exact),
         cmocka_unit_test(test_recall4_bit_exact),
+        cmocka_unit_test(test_heads_add_bit_exact),
         cmocka_unit_test(test_topk_f64_matches_sort),
         cmocka_unit_test(test_key_and_page_scores_match_naive),
         cmocka_unit_test(test_colsum_batched_equals_rows),
