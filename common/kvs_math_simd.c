@@ -18,7 +18,8 @@
  *  - 16-bit K/V rows (scores16, output_add16): converted a tile at a time into L1 (vcvtph2ps for fp16, a shift
  *    for bf16) and computed by the fp32 kernels above, so they equal them bit for bit (see "16-bit K/V rows").
  *  - softmax: a Cephes-style exp (range reduction by ln 2 in two parts, degree-5 polynomial) on 8 lanes; the
- *    denominator summed in fp64 as the scalar reference does.
+ *    denominator summed in fp64 as the scalar reference does. softmax_probs is the same without the LSE's log.
+ *  - dots_loose (a screen's fp32 dots, any order of the adds): 8 key rows a pass, one fma chain each.
  */
 #include "kvs_math_simd.h"
 

@@ -1,6 +1,7 @@
 /* test_simd.c — the runtime-dispatched kernels of common/kvs_math_simd.h (issue 14): every variant this CPU has
  * against the scalar reference and against naive fp64 loops written here (dot, axpy, grouped scores, output,
- * softmax/LSE, the vector exp against libm's expf, top-k's filter); a row's result independent of the rows
+ * softmax/LSE and the softmax without it, the vector exp against libm's expf, top-k's filter, dots_loose within
+ * the any-order bound); a row's result independent of the rows
  * computed with it (kvs_attention_group, the blocked causal full attention of kvs_attention_causal_block equal
  * kvs_attention row by row, bit for bit); top-k with the vector filter against a sort; and the replay's
  * per-layer numbers through the CLI with KVS_SIMD=scalar against the default kernels; the avx2x32 table equal to the
