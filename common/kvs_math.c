@@ -984,10 +984,16 @@ static double cos_score(double dot, double norm, double nmu) {
     return -dot / (den > KVS_KEY_COS_EPS ? den : KVS_KEY_COS_EPS);
 }
 
+/* score[j] = -cos(k_j, mu) of the first n keys: k_j . mu in fp64, then the cosine in place */
+static void anchor_cosines(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, const double *mu,
+                           double nmu, const double *norm, double *score) {
+    kvs_math_f64_kernels_active()->dots(keys, stride, idx, n, d, mu, score);
+    for (size_t j = 0; j < n; j++) score[j] = cos_score(score[j], norm[j], nmu);
+}
+
 void kvs_key_scores_resumed(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
                             kvs_key_score kind, const double *norm, double *score, double *scratch, double *ck,
                             size_t *ck_valid) {
-    const kvs_math_f64_kernels *f = kvs_math_f64_kernels_active();
     if (kind == KVS_KEY_SCORE_L2NORM) {
         for (size_t j = 0; j < n; j++) score[j] = -norm[j];
         return;
@@ -1008,9 +1014,7 @@ void kvs_key_scores_resumed(const float *keys, size_t stride, const int32_t *idx
     }
     double *mu = scratch; /* [d] the anchor */
     key_anchor_w(keys, stride, idx, n, d, kind == KVS_KEY_SCORE_ANCHOR, norm, mu, ck, ck_valid);
-    double nmu = anchor_norm(mu, d);
-    f->dots(keys, stride, idx, n, d, mu, score); /* k_j . mu, then the cosine in place */
-    for (size_t j = 0; j < n; j++) score[j] = cos_score(score[j], norm[j], nmu);
+    anchor_cosines(keys, stride, idx, n, d, mu, anchor_norm(mu, d), norm, score);
 }
 
 /* kvs_key_scores_lowest's order: the lowest score, the later among equals, a NaN (the last one) before any
@@ -1067,8 +1071,7 @@ int64_t kvs_key_scores_lowest(const float *keys, size_t stride, const int32_t *i
         mu32[i] = (float)mu[i];
     }
     if (!screen) {
-        f->dots(keys, stride, idx, m, d, mu, score);
-        for (size_t j = 0; j < m; j++) score[j] = cos_score(score[j], norm[j], nmu);
+        anchor_cosines(keys, stride, idx, m, d, mu, nmu, norm, score);
         return last_lowest(score, NULL, m);
     }
     kvs_math_kernels_active()->dots_loose(mu32, keys, stride, idx, m, d, dot32);

@@ -112,15 +112,20 @@ static void recall4_scalar(int m, const float *const fp[4], const int32_t *const
     }
 }
 
-static void heads_add_scalar(const float *const *p, size_t nh, size_t n, int mean, double *out) {
+/* heads_add's columns from .. n-1, one by one: the scalar table, and the vector tables' rest */
+static void heads_cols(const float *const *p, size_t nh, size_t from, size_t n, int mean, double *out) {
     int pow2 = (nh & (nh - 1)) == 0;
     double inv = 1.0 / (double)nh;
-    for (size_t j = 0; j < n; j++) {
+    for (size_t j = from; j < n; j++) {
         double t = 0.0;
         for (size_t h = 0; h < nh; h++) t += p[h][j];
         if (mean) t = pow2 ? t * inv : t / (double)nh;
         out[j] += t;
     }
+}
+
+static void heads_add_scalar(const float *const *p, size_t nh, size_t n, int mean, double *out) {
+    heads_cols(p, nh, 0, n, mean, out);
 }
 
 static const kvs_math_f64_kernels f64_scalar = {

@@ -6,7 +6,7 @@
  *
  * The includer defines F64_TARGET (the function attribute), F64_FN(name) (the name of this instance's kernel)
  * and F64_TABLE_NAME, and has row_at(), the scalar tails (norm_scalar, dot_scalar, page_scalar, out_sums_row,
- * out_sums_scalar, recall_lane), UNROLL, GROUPS and <immintrin.h>. Not a header of its own: no include guard.
+ * out_sums_scalar, recall_lane, heads_cols), UNROLL, GROUPS and <immintrin.h>. Not a header of its own: no include guard.
  */
 
 /* Rows r0..r3 (8 floats each, dimensions i..i+7) -> x[m] = the 4 rows' dimension i+m, widened to fp64. */
@@ -308,8 +308,7 @@ F64_TARGET static void F64_FN(recall4)(int m, const float *const fp[4], const in
  * the add to out; every lane the scalar table's operations on its column, so its bits. The rest one by one. */
 F64_TARGET static void F64_FN(heads_add)(const float *const *p, size_t nh, size_t n, int mean, double *out) {
     int pow2 = (nh & (nh - 1)) == 0;
-    double inv = 1.0 / (double)nh;
-    __m256d vinv = _mm256_set1_pd(inv), vnh = _mm256_set1_pd((double)nh);
+    __m256d vinv = _mm256_set1_pd(1.0 / (double)nh), vnh = _mm256_set1_pd((double)nh);
     size_t j = 0;
     for (; j + 4 <= n; j += 4) {
         __m256d t = _mm256_setzero_pd();
@@ -317,12 +316,7 @@ F64_TARGET static void F64_FN(heads_add)(const float *const *p, size_t nh, size_
         if (mean) t = pow2 ? _mm256_mul_pd(t, vinv) : _mm256_div_pd(t, vnh);
         _mm256_storeu_pd(out + j, _mm256_add_pd(_mm256_loadu_pd(out + j), t));
     }
-    for (; j < n; j++) {
-        double t = 0.0;
-        for (size_t h = 0; h < nh; h++) t += p[h][j];
-        if (mean) t = pow2 ? t * inv : t / (double)nh;
-        out[j] += t;
-    }
+    heads_cols(p, nh, j, n, mean, out);
 }
 
 static const kvs_math_f64_kernels F64_FN(f64) = {
