@@ -79,7 +79,8 @@ typedef struct {
 typedef struct {
     const kvs_replay_config *configs; /* [n_configs], borrowed */
     int n_configs;
-    int threads;                /* 0 = every CPU the process may run on */
+    int threads;                /* 0 = every CPU the process may run on; also shares out the runs' statistics after
+                                 * the replay (each thread sorting up to KVS_SAMPLE_STATS_MEMORY_DEFAULT at a time) */
     kvs_replay_measure measure;
     int64_t series_every;       /* keep every N-th measured step per (layer, query head) in the series; 0 = none */
     const kvs_replay_hooks *hooks; /* NULL in a plain replay */

@@ -93,24 +93,49 @@ static void test_small_window_has_error_and_bounded_storage(void **state) {
     fixture_free(&f);
 }
 
+/* Every statistic of two aggregates, bit for bit (NaN equal to NaN with the same bits). */
+static void assert_agg_same(const kvs_results_agg *a, const kvs_results_agg *b) {
+    assert_int_equal(a->layer, b->layer);
+    for (int k = 0; k < KVS_N_METRICS; k++) {
+        const kvs_results_stat *x = &a->m[k], *y = &b->m[k];
+        assert_int_equal(x->n, y->n);
+        const double xs[5] = {x->mean, x->p50, x->p95, x->min, x->max}, ys[5] = {y->mean, y->p50, y->p95, y->min, y->max};
+        assert_memory_equal(xs, ys, sizeof xs);
+    }
+}
+
+/* A sweep on several threads gives each configuration what a run of its own on one thread gives: every aggregate
+ * and every step of the series, bit for bit. 3 and 8 threads: the runs' statistics are shared out between the
+ * threads after the replay (8: more threads than runs). */
 static void test_sweep_equals_individual_runs(void **state) {
     (void)state;
     fixture f;
     fixture_make(&f, 2, 64);
     const char *specs[] = {"h2o", "tova", "topk", "streaming:sinks=2", "window"};
     const int64_t budgets[] = {9, 7, 5, 8, 12};
-    kvs_replay_result *all = replay(&f, specs, budgets, 5, KVS_MEASURE_DECODE, 3);
-    for (int i = 0; i < 5; i++) {
-        kvs_replay_result *one = replay(&f, &specs[i], &budgets[i], 1, KVS_MEASURE_DECODE, 1);
-        assert_true(one->runs[0].run_agg.out_err.mean == all->runs[i].run_agg.out_err.mean);
-        assert_true(one->runs[0].run_agg.out_err.max == all->runs[i].run_agg.out_err.max);
-        assert_true(one->runs[0].run_agg.topk_overlap.mean == all->runs[i].run_agg.topk_overlap.mean);
-        assert_true(one->runs[0].run_agg.traffic_bytes.mean == all->runs[i].run_agg.traffic_bytes.mean);
-        for (int l = 0; l < one->runs[0].n_layers; l++)
-            assert_true(one->runs[0].layer_aggs[l].attn_recall.p95 == all->runs[i].layer_aggs[l].attn_recall.p95);
-        kvs_replay_result_free(one);
+    for (int threads = 3; threads <= 8; threads += 5) {
+        kvs_replay_result *all = replay(&f, specs, budgets, 5, KVS_MEASURE_DECODE, threads);
+        for (int i = 0; i < 5; i++) {
+            kvs_replay_result *one = replay(&f, &specs[i], &budgets[i], 1, KVS_MEASURE_DECODE, 1);
+            const kvs_replay_run_result *x = &one->runs[0], *y = &all->runs[i];
+            assert_agg_same(&x->run_agg, &y->run_agg);
+            assert_int_equal(x->n_layers, y->n_layers);
+            for (int l = 0; l < x->n_layers; l++) assert_agg_same(&x->layer_aggs[l], &y->layer_aggs[l]);
+            assert_int_equal(x->max_attended, y->max_attended);
+            assert_int_equal(x->n_steps, y->n_steps);
+            assert_true(x->n_steps > 0);
+            for (int64_t k = 0; k < x->n_steps; k++) {
+                assert_int_equal(x->steps[k].layer, y->steps[k].layer);
+                assert_int_equal(x->steps[k].q_head, y->steps[k].q_head);
+                assert_int_equal(x->steps[k].position, y->steps[k].position);
+                assert_memory_equal(x->steps[k].v, y->steps[k].v, sizeof x->steps[k].v);
+            }
+            size_t per = (size_t)f.mem.model.n_layers * (size_t)f.mem.model.n_kv_heads;
+            assert_memory_equal(x->budgets, y->budgets, per * sizeof *x->budgets);
+            kvs_replay_result_free(one);
+        }
+        kvs_replay_result_free(all);
     }
-    kvs_replay_result_free(all);
     fixture_free(&f);
 }
 
