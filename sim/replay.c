@@ -1475,7 +1475,7 @@ static kvs_status build_results(engine *e, kvs_replay_result *r, int threads) {
     results_job j = {.e = e, .r = r};
     atomic_init(&j.next_run, 0);
     if (threads > e->o->n_configs) threads = e->o->n_configs;
-    pthread_t th[64];
+    pthread_t th[64]; /* at most 64 sorting at once: each holds its own statistics memory */
     int n_started = 0;
     if (threads > 64) threads = 64;
     for (; n_started < threads - 1; n_started++)
