@@ -429,6 +429,16 @@ static void round_kv_to_fp16(const kvs_gen_trace_opts *o, kvs_gen_trace *g) {
     free(h);
 }
 
+/* The index of the median of v[0..n) (the upper one for an even n; equal values ordered by index). */
+static int median_run(const double *v, int n) {
+    for (int k = 0; k < n; k++) {
+        int below = 0;
+        for (int j = 0; j < n; j++) below += v[j] < v[k] || (v[j] == v[k] && j < k);
+        if (below == n / 2) return k;
+    }
+    return 0;
+}
+
 /* One sweep run and its report: the configurations cfgs[0..nc) (policy pol_of[c] of sweep_policies) on src. */
 static void sweep_run(int threads, const kvs_gen_trace_opts *o, int64_t scale, const kvs_replay_source *src,
                       const kvs_replay_config *cfgs, const int *pol_of, int nc, int kv16) {
@@ -457,23 +467,8 @@ static void sweep_run(int threads, const kvs_gen_trace_opts *o, int64_t scale, c
         els[k] = kvs_now_s() - t0;
         cpus[k] = cpu_s(0) - c0;
     }
-    int by_cpu[9], by_wall[9];
-    for (int k = 0; k < reps; k++) by_cpu[k] = by_wall[k] = k;
-    for (int a = 1; a < reps; a++) /* insertion sorts of the run indices by CPU and by wall time */
-        for (int b = a; b > 0; b--) {
-            if (cpus[by_cpu[b]] < cpus[by_cpu[b - 1]]) {
-                int t = by_cpu[b];
-                by_cpu[b] = by_cpu[b - 1];
-                by_cpu[b - 1] = t;
-            }
-            if (els[by_wall[b]] < els[by_wall[b - 1]]) {
-                int t = by_wall[b];
-                by_wall[b] = by_wall[b - 1];
-                by_wall[b - 1] = t;
-            }
-        }
-    int med = by_cpu[reps / 2]; /* the upper median for an even count */
-    double el = els[by_wall[reps / 2]], cpu = cpus[med];
+    int med = median_run(cpus, reps);
+    double el = els[median_run(els, reps)], cpu = cpus[med];
     kvs_replay_result *r = runs[med];
     for (int k = 0; k < reps; k++)
         if (k != med) kvs_replay_result_free(runs[k]);
