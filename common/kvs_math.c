@@ -661,6 +661,11 @@ void kvs_div_by(double *x, size_t n, int64_t m) {
     }
 }
 
+void kvs_heads_add(const float *const *p, size_t nh, size_t n, int mean, double *out) {
+    KVS_ASSERT(nh >= 1);
+    kvs_math_f64_kernels_active()->heads_add(p, nh, n, mean, out);
+}
+
 void kvs_avgpool1d(const float *x, size_t n, size_t k, float *out) { avgpool1d(x, n, k, 0, out); }
 
 void kvs_avgpool1d_pad(const float *x, size_t n, size_t k, float *out) { avgpool1d(x, n, k, 1, out); }
@@ -815,8 +820,8 @@ static void colsum_f64(const kvs_attn_src *src, const kvs_colsum_opts *o, double
             if (b.mem && (o->reduce == KVS_GQA_SUM || o->reduce == KVS_GQA_MEAN)) {
                 /* a batch row's heads reduced and added in one pass (issue 17), the loops below' arithmetic */
                 size_t lim = (size_t)b.vis[i] < n_out ? (size_t)b.vis[i] : n_out;
-                kvs_math_f64_kernels_active()->heads_add((const float *const *)(b.prow + i * o->n_heads),
-                                                         (size_t)o->n_heads, lim, o->reduce == KVS_GQA_MEAN, out);
+                kvs_heads_add((const float *const *)(b.prow + i * o->n_heads), (size_t)o->n_heads, lim,
+                              o->reduce == KVS_GQA_MEAN, out);
                 continue;
             }
             size_t lim = 0;

@@ -185,6 +185,14 @@ void kvs_avgpool1d_pad(const float *x, size_t n, size_t k, float *out);
  *  element bounded TOVA's per-step group mean; issue 17). */
 void kvs_div_by(double *x, size_t n, int64_t m);
 
+/*! kvs_heads_add() : out[j] += t_j (mean: t_j / nh) for j < n, t_j = 0 + p[0][j] + ... + p[nh-1][j] in fp64 in head
+ *  order (nh >= 1; a power-of-two nh divides as the product with its exact reciprocal: the same quotient). The GQA
+ *  group's sum or mean of one step's attention per position that H2O, D2O, Scissorhands and TOVA reduce their query
+ *  heads by, and the prefill column sums' heads: the f64 kernel table's heads_add (4 positions a vector, each the
+ *  same operations, so the same bits as the loop). Into a zeroed out, out[j] = t_j (or t_j / nh) bit for bit: t_j is
+ *  never -0 (its sum starts at +0), nor is t_j / nh (the floats' sum is 0 or at least 2^-149 in magnitude). */
+void kvs_heads_add(const float *const *p, size_t nh, size_t n, int mean, double *out);
+
 /* ---- prefill attention column sums (POLICY_SPEC §1.4 attention and GQA reducers) ----
  * H2O, TOVA, Scissorhands, SnapKV, PyramidKV, Ada-KV (and RocketKV's stage 1) all score cache candidates by
  * the causal softmax attention that some prompt queries pay them, reduced over the query heads of a GQA

@@ -879,11 +879,7 @@ static kvs_status d2o_observe(void *state, const kvs_policy_view *view, const kv
         if (s->gqa == KVS_D2O_GQA_EXPAND) {
             for (int64_t j = 0; j < L->cnt; j++) L->acc[j] += probs[li][j];
         } else {
-            for (int64_t j = 0; j < L->cnt; j++) {
-                double a = 0;
-                for (int g = 0; g < s->group; g++) a += probs[g][j];
-                L->acc[j] += a;
-            }
+            kvs_heads_add(probs, (size_t)s->group, (size_t)L->cnt, 0, L->acc); /* acc += the group sum */
         }
         if (L->cnt <= s->cache) continue;
         /* one victim: the lowest acc between the sinks and the last M (the newer on ties) */

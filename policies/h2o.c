@@ -289,11 +289,7 @@ static kvs_status h2o_observe(void *state, const kvs_policy_view *view, const kv
         if (s->mode == H2O_EXPAND) {
             for (int64_t j = 0; j < L->cnt; j++) L->acc[j] += probs[li][j];
         } else {
-            for (int64_t j = 0; j < L->cnt; j++) {
-                double a = 0;
-                for (int g = 0; g < s->group; g++) a += probs[g][j];
-                L->acc[j] += a / s->group;
-            }
+            kvs_heads_add(probs, (size_t)s->group, (size_t)L->cnt, 1, L->acc); /* acc += the group mean */
         }
         if (L->cnt < s->budget) continue;
         /* Evict the lowest acc among the non-recent entries (the newer one on ties); window if none. */

@@ -282,14 +282,11 @@ static kvs_status sh_observe(void *state, const kvs_policy_view *view, const kvs
     for (int li = 0; li < s->n_lists; li++) {
         sh_list *L = &s->lists[li];
         KVS_ASSERT(sel->n[li] == L->n);
-        for (int64_t j = 0; j < L->n; j++) {
-            if (s->mode == SH_EXPAND) {
-                s->avg[j] = probs[li][j];
-            } else {
-                double a = 0;
-                for (int g = 0; g < s->group; g++) a += probs[g][j];
-                s->avg[j] = a / s->group;
-            }
+        if (s->mode == SH_EXPAND) {
+            for (int64_t j = 0; j < L->n; j++) s->avg[j] = probs[li][j];
+        } else { /* the group mean */
+            memset(s->avg, 0, (size_t)L->n * sizeof *s->avg);
+            kvs_heads_add(probs, (size_t)s->group, (size_t)L->n, 1, s->avg);
         }
         record(s, L, s->avg, L->n);
         if (L->n >= s->budget) compress(s, L);

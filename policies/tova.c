@@ -190,14 +190,9 @@ static kvs_status tova_observe(void *state, const kvs_policy_view *view, const k
     tova_state *s = state;
     (void)view;
     KVS_ASSERT(sel->n[0] == s->cnt);
-    /* score[j] = (0 + p_0[j] + ... + p_{G-1}[j]) / G, the adds of each j in head order; head by head along the
-     * rows so the loops vectorize (issue 17) */
-    for (int64_t j = 0; j < s->cnt; j++) s->score[j] = 0;
-    for (int g = 0; g < s->group; g++) {
-        const float *pg = probs[g];
-        for (int64_t j = 0; j < s->cnt; j++) s->score[j] += pg[j];
-    }
-    kvs_div_by(s->score, (size_t)s->cnt, s->group);
+    /* score[j] = (0 + p_0[j] + ... + p_{G-1}[j]) / G, the adds of each j in head order */
+    memset(s->score, 0, (size_t)s->cnt * sizeof *s->score);
+    kvs_heads_add(probs, (size_t)s->group, (size_t)s->cnt, 1, s->score);
     if (s->mode == TOVA_GROUP && s->cnt >= s->budget) evict(s, victim_of(s, s->score));
     return KVS_OK;
 }

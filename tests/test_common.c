@@ -936,6 +936,45 @@ static void test_div_by_matches_division(void **state) {
     }
 }
 
+/* kvs_heads_add against the policies' loops it replaced: added to out (H2O's mean, D2O's sum), and into a zeroed out,
+ * the set (Scissorhands', TOVA's mean), bit for bit; 1-8 heads (powers of two and not), n past the vector width,
+ * probabilities from 0 to 1, subnormal floats, negative values, a NaN and an inf. */
+static void test_heads_add_matches_policy_loops(void **state) {
+    (void)state;
+    enum { N = 23, MAX_H = 8 };
+    float rows[MAX_H][N];
+    uint64_t x = 777;
+    for (int h = 0; h < MAX_H; h++)
+        for (int j = 0; j < N; j++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            rows[h][j] = (float)(x >> 40) / (float)(1u << 24);
+        }
+    rows[0][3] = 1e-45f;
+    rows[1][3] = -1e-45f;
+    rows[2][4] = -0.0f;
+    rows[0][5] = -0.25f;
+    rows[3][6] = NAN;
+    rows[4][7] = INFINITY;
+    const float *p[MAX_H];
+    for (int h = 0; h < MAX_H; h++) p[h] = rows[h];
+    for (int nh = 1; nh <= MAX_H; nh++)
+        for (int mean = 0; mean < 2; mean++) {
+            double acc[N], want_acc[N], set[N], want_set[N];
+            for (int j = 0; j < N; j++) {
+                acc[j] = want_acc[j] = 0.5 * j - 3.0;
+                set[j] = 0;
+                double a = 0;
+                for (int h = 0; h < nh; h++) a += p[h][j];
+                want_acc[j] += mean ? a / nh : a;
+                want_set[j] = mean ? a / nh : a;
+            }
+            kvs_heads_add(p, (size_t)nh, N, mean, acc);
+            kvs_heads_add(p, (size_t)nh, N, mean, set);
+            assert_memory_equal(acc, want_acc, sizeof acc);
+            assert_memory_equal(set, want_set, sizeof set);
+        }
+}
+
 /* kvs_page_minmax_add against the branchy loop it replaced, on widths past the vector loop's (d 37: its tail),
  * NaNs in the key and in the summaries (a NaN key element keeps the old value; a NaN summary stays), -0 against
  * +0, and kmax aliasing kmin (the max then sees the min just stored, element by element). */
@@ -1203,6 +1242,7 @@ int main(void) {
         cmocka_unit_test(test_page_minmax_and_scores),
         cmocka_unit_test(test_page_minmax_matches_branches),
         cmocka_unit_test(test_div_by_matches_division),
+        cmocka_unit_test(test_heads_add_matches_policy_loops),
         cmocka_unit_test(test_qdims_topk_ties_and_group_sign),
         cmocka_unit_test(test_sparq_temperature_and_page_softmax),
         cmocka_unit_test(test_page_select_ties_and_boundary),
