@@ -152,7 +152,9 @@ static const kvs_math_f64_kernels f64_scalar = {
  * 0.13 s in an ad-hoc harness (512 keys, d 128; issue 17); 6 gained nothing more. The order within a sum is the
  * same whatever GROUPS is. */
 #define GROUPS 4
-#define WSUM_AHEAD 8 /* keys ahead that wsum prefetches a scattered row slice for: KeyDiff anchor 13.6 -> 11.5 ns a key */
+/* keys ahead that wsum prefetches a scattered row slice for: `bench_speed kernels` "KeyDiff one eviction" (the anchor
+ * over 1024 random keys), d 128, 24.2 -> 21.0-22.1 ns a key */
+#define WSUM_AHEAD 8
 
 /* Fully unrolls a loop over a small constant count, so that the vectors of an array indexed by it (acc[g], x[m])
  * can live in registers: gcc -O2 does not unroll these on its own and kept them in memory. */
