@@ -2,7 +2,8 @@
  * (vector FMA peak per instruction set, per core and on all cores; streaming-read bandwidth), the attention
  * kernels against them (the full causal reference for a block of decode steps, attention over a selection S_t),
  * each beside the scalar row-by-row path it replaced, and a policy sweep (10 policies x 8 budgets) with every
- * FMA it performs counted against the all-core peak. sim/BENCH.md explains the floors.
+ * FMA it performs counted against the all-core peak, at 2048 positions and (a full run) again at 8192, the issue's
+ * users' length. sim/BENCH.md explains the floors.
  * Data: GENERATED Gaussian q/k/v with the shapes of Llama-family models (d 64 and 128, 4 query heads per KV
  * head), labelled as such; not a model's numbers. Timed figures are never asserted; each section prints the load
  * average when it starts (the machine is shared).
@@ -520,20 +521,23 @@ static void sweep_run(int threads, const kvs_gen_trace_opts *o, int64_t scale, c
     kvs_replay_result_free(r);
 }
 
-/* `only` (NULL = all): the sweep restricted to that policy's 8 budgets, for a per-policy CPU time. want32: on the
- * generated fp32 K/V; want16: on the K/V rounded to fp16 and the source declared fp16, as a captured trace is by
- * default (`kvsim capture --dtype`), so the replay keeps its 16-bit history beside the fp32 one and attends
- * through the 16-bit kernels. Both: one generated trace, the fp32 sweep first, then rounded in place. */
-static void sweep(int threads, const char *only, int want32, int want16) {
-    /* KVSIM_BENCH_SWEEP_SCALE=s (1..8, default 1): s times the positions (the same 512 decode steps after a longer
-     * prompt) and s times every budget, toward the issue's 8K-position traces (s = 4: 8192 positions, budgets
-     * 128..2048), where attention is a larger part of each step than the per-step bookkeeping */
+/* KVSIM_BENCH_SWEEP_SCALE=s (1..8, default 1): s times the positions (the same 512 decode steps after a longer
+ * prompt) and s times every budget; s = 4 is the issue's users' length (8192 positions, budgets 128..2048) */
+static int64_t sweep_scale_env(void) {
     const char *scale_env = getenv("KVSIM_BENCH_SWEEP_SCALE");
     int64_t scale = scale_env && scale_env[0] ? atoll(scale_env) : 1;
     if (scale < 1 || scale > 8) {
         fprintf(stderr, "bench_speed: KVSIM_BENCH_SWEEP_SCALE must be 1..8\n");
         exit(2);
     }
+    return scale;
+}
+
+/* `only` (NULL = all): the sweep restricted to that policy's 8 budgets, for a per-policy CPU time. want32: on the
+ * generated fp32 K/V; want16: on the K/V rounded to fp16 and the source declared fp16, as a captured trace is by
+ * default (`kvsim capture --dtype`), so the replay keeps its 16-bit history beside the fp32 one and attends
+ * through the 16-bit kernels. Both: one generated trace, the fp32 sweep first, then rounded in place. */
+static void sweep(int threads, const char *only, int want32, int want16, int64_t scale) {
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
     o.n_layers = 2;
     o.n_heads = 8;
@@ -566,7 +570,11 @@ static void sweep(int threads, const char *only, int want32, int want16) {
         }
         sweep_run(threads, &o, scale, &src, cfgs, pol_of, nc, kv16);
         const char *npy = getenv("KVSIM_BENCH_NPY_DIR");
-        if (npy && npy[0] && !only && !kv16) torch_side(npy, g, &src, fx.scale, threads); /* once, on the fp32 data */
+        static int torch_done; /* once, on the first fp32 sweep's data */
+        if (npy && npy[0] && !only && !kv16 && !torch_done) {
+            torch_side(npy, g, &src, fx.scale, threads);
+            torch_done = 1;
+        }
     }
     kvs_test_replay_fixture_free(&fx);
 }
@@ -650,7 +658,7 @@ static int kv16_part(int threads) {
 
 /* Optional arguments: "kernels", "sweep" (K/V in fp32) or "sweep16" (K/V in fp16) runs that part alone (after the
  * machine's ceilings), e.g. under perf; "sweep POLICY" the sweep of that one policy (its CPU time is the
- * per-policy figure of sim/BENCH.md). A full run runs both sweeps. */
+ * per-policy figure of sim/BENCH.md). A full run runs both sweeps, then the fp32 sweep at 4x the positions. */
 int main(int argc, char **argv) {
     int threads = kvs_n_cpus();
     const char *only = argc > 1 ? argv[1] : "";
@@ -668,6 +676,10 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(only, "kernels")) return 0;
     const char *policy = argc > 2 ? argv[2] : NULL;
-    sweep(threads, policy, strcmp(only, "sweep16") != 0, strcmp(only, "sweep") != 0);
+    int64_t scale = sweep_scale_env();
+    sweep(threads, policy, strcmp(only, "sweep16") != 0, strcmp(only, "sweep") != 0, scale);
+    /* A full run also sweeps at the issue's users' length (8192 positions, budgets 128..2048; fp32 K/V), where the
+     * policies' prompt scoring and the value rows' traffic weigh more than at 2048 (sim/BENCH.md "Fifteenth pass") */
+    if (!only[0] && scale == 1) sweep(threads, NULL, 1, 0, 4);
     return 0;
 }
