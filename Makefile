@@ -38,7 +38,7 @@ BENCH_BINS = $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 LIB = $(BUILD)/libkvs.a
 KVSIM ?= kvsim
 
-.PHONY: all test asan bench clean mpi mpi-test slurm-test
+.PHONY: all test asan bench bench-build clean mpi mpi-test slurm-test
 all: $(KVSIM)
 
 $(BUILD)/%.o: %.c
@@ -79,6 +79,10 @@ asan:
 
 bench: $(KVSIM) $(BENCH_BINS)
 	@KVSIM_BIN=$(abspath $(KVSIM)) KVSIM_ROOT=$(abspath .) sh bench/run_bench.sh $(BENCH_BINS)
+
+# Every benchmark and bench tool built, none run: CI builds them (.ci/run) so that none rots unseen.
+BENCH_TOOLS = $(BUILD)/bench/gen_cmp_trace $(BUILD)/bench/neighbor
+bench-build: $(BENCH_BINS) $(BENCH_TOOLS)
 
 clean:
 	rm -rf build kvsim
