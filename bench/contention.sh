@@ -22,11 +22,16 @@ for r in $(seq "$ROUNDS"); do
         esac
         sleep 1 # the neighbour's buffer written and its loop running before the sweep starts
         KVSIM_BENCH_SWEEP_REPS=1 taskset -c 1 build/bench/bench_speed sweep >"$D/s.out" 2>&1
-        [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
+        nb=
+        if [ -n "$pid" ]; then # stopped by SIGTERM, the neighbour prints what it did
+            kill "$pid" 2>/dev/null || true
+            wait "$pid" 2>/dev/null || true
+            nb=" ($(cat "$D/n.out"))"
+        fi
         cpu=$(sed -n 's/.*in CPU time (what .*: \([0-9.]*\) CPU s.*/\1/p' "$D/s.out")
         [ -n "$cpu" ] || { echo "contention.sh: no CPU time in bench_speed's output:" >&2; cat "$D/s.out" >&2; exit 1; }
         echo "$k $cpu" >>"$D/all"
-        echo "round $r: neighbour $k: sweep $cpu CPU s"
+        echo "round $r: neighbour $k: sweep $cpu CPU s$nb"
     done
 done
 echo "neighbour   sweep CPU s (median; every round)"
