@@ -536,8 +536,10 @@ static int64_t sweep_scale_env(void) {
 /* `only` (NULL = all): the sweep restricted to that policy's 8 budgets, for a per-policy CPU time. want32: on the
  * generated fp32 K/V; want16: on the K/V rounded to fp16 and the source declared fp16, as a captured trace is by
  * default (`kvsim capture --dtype`), so the replay keeps its 16-bit history beside the fp32 one and attends
- * through the 16-bit kernels. Both: one generated trace, the fp32 sweep first, then rounded in place. */
-static void sweep(int threads, const char *only, int want32, int want16, int64_t scale) {
+ * through the 16-bit kernels. Both: one generated trace, the fp32 sweep first, then rounded in place. with_torch:
+ * the side-by-side with PyTorch too (when KVSIM_BENCH_NPY_DIR is set and the sweep is not one policy's), on the
+ * fp32 data. */
+static void sweep(int threads, const char *only, int want32, int want16, int64_t scale, int with_torch) {
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
     o.n_layers = 2;
     o.n_heads = 8;
@@ -570,11 +572,7 @@ static void sweep(int threads, const char *only, int want32, int want16, int64_t
         }
         sweep_run(threads, &o, scale, &src, cfgs, pol_of, nc, kv16);
         const char *npy = getenv("KVSIM_BENCH_NPY_DIR");
-        static int torch_done; /* once, on the first fp32 sweep's data */
-        if (npy && npy[0] && !only && !kv16 && !torch_done) {
-            torch_side(npy, g, &src, fx.scale, threads);
-            torch_done = 1;
-        }
+        if (with_torch && npy && npy[0] && !only && !kv16) torch_side(npy, g, &src, fx.scale, threads);
     }
     kvs_test_replay_fixture_free(&fx);
 }
@@ -677,9 +675,9 @@ int main(int argc, char **argv) {
     if (!strcmp(only, "kernels")) return 0;
     const char *policy = argc > 2 ? argv[2] : NULL;
     int64_t scale = sweep_scale_env();
-    sweep(threads, policy, strcmp(only, "sweep16") != 0, strcmp(only, "sweep") != 0, scale);
+    sweep(threads, policy, strcmp(only, "sweep16") != 0, strcmp(only, "sweep") != 0, scale, 1);
     /* A full run also sweeps at the issue's users' length (8192 positions, budgets 128..2048; fp32 K/V), where the
      * policies' prompt scoring and the value rows' traffic weigh more than at 2048 (sim/BENCH.md "Fifteenth pass") */
-    if (!only[0] && scale == 1) sweep(threads, NULL, 1, 0, 4);
+    if (!only[0] && scale == 1) sweep(threads, NULL, 1, 0, 4, 0);
     return 0;
 }
