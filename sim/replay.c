@@ -101,6 +101,17 @@ static void set_fatal(engine *e, kvs_status st) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* The next of n work items from the shared counter `next`, or -1 when none is left or a thread has failed
+ * (set_fatal): the claim loop of the replay's workers and of the statistics' (build_results). */
+static int claim_next(engine *e, atomic_int *next, int n) {
+    int k = atomic_fetch_add(next, 1);
+    if (k >= n) return -1;
+    pthread_mutex_lock(&e->mu);
+    int stop = e->fatal != KVS_OK;
+    pthread_mutex_unlock(&e->mu);
+    return stop ? -1 : k;
+}
+
 /* Marks configuration c failed at layer l with the calling thread's error detail. */
 static void fail_config(engine *e, int c, int l, kvs_status st) {
     layer_acc *a = &e->acc[(size_t)c * (size_t)e->L + (size_t)l];
@@ -1224,13 +1235,7 @@ cleanup:
 
 static void *worker(void *arg) {
     engine *e = arg;
-    for (;;) {
-        int k = atomic_fetch_add(&e->next_task, 1);
-        if (k >= e->n_tasks) break;
-        pthread_mutex_lock(&e->mu);
-        int stop = e->fatal != KVS_OK;
-        pthread_mutex_unlock(&e->mu);
-        if (stop) break;
+    for (int k; (k = claim_next(e, &e->next_task, e->n_tasks)) >= 0;) {
         int layer = k / e->n_groups, grp = k % e->n_groups;
         int nc = e->o->n_configs;
         int c_lo = (int)((int64_t)nc * grp / e->n_groups), c_hi = (int)((int64_t)nc * (grp + 1) / e->n_groups);
@@ -1451,13 +1456,7 @@ static void *results_worker(void *arg) {
         set_fatal(e, kvs_fail(KVS_ERR_NOMEM, "replay: out of memory for aggregates"));
         return NULL;
     }
-    for (;;) {
-        int c = atomic_fetch_add(&j->next_run, 1);
-        if (c >= e->o->n_configs) break;
-        pthread_mutex_lock(&e->mu);
-        int stop = e->fatal != KVS_OK;
-        pthread_mutex_unlock(&e->mu);
-        if (stop) break;
+    for (int c; (c = claim_next(e, &j->next_run, e->o->n_configs)) >= 0;) {
         kvs_status st = build_run(e, &j->r->runs[c], c, sets);
         if (st != KVS_OK) {
             set_fatal(e, st);
