@@ -275,55 +275,143 @@ int kvs_attention_lists16(const float *q, size_t nq, const uint16_t *keys, const
     return 1;
 }
 
+/* ---- deferred outputs (kvs_out_call) ---- */
+
+size_t kvs_out_calls_max(size_t nq) { return nq > 2 ? nq : 2; }
+
+/* Entries j0 .. j1-1 of call c through the fp32 or the 16-bit output kernel (its weights from column j0 on). */
+static void call_run(const kvs_math_kernels *k, kvs_out_call *c, size_t j0, size_t j1, const float *values,
+                     const uint16_t *values16, kvs_dtype dtype, size_t stride, size_t d) {
+    if (j1 <= j0) return;
+    const int32_t *ix = c->idx ? c->idx + j0 : NULL;
+    size_t row0 = c->idx ? 0 : c->first + j0;
+    if (values16)
+        k->output_add16(c->p_rows, c->nr, j0, values16 + row0 * stride, dtype, stride, ix, j1 - j0, d, c->out_rows);
+    else
+        k->output_add(c->p_rows, c->nr, j0, values + row0 * stride, stride, ix, j1 - j0, d, c->out_rows);
+    c->done = j1;
+}
+
+/* The first j in [lo, hi) with idx[j] >= x (idx ascending there), or hi. */
+static size_t lower_bound_entry(const int32_t *idx, size_t lo, size_t hi, int64_t x) {
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (idx[mid] < x) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* 1 when idx[0..n) is strictly ascending from >= 0 (a call that can be cut at row blocks). */
+static int entries_ascending(const int32_t *idx, size_t n) {
+    int bad = n > 0 && idx[0] < 0;
+    for (size_t j = 1; j < n; j++) bad |= idx[j] <= idx[j - 1];
+    return !bad;
+}
+
+void kvs_out_calls_run(kvs_out_call *const *calls, size_t n_calls, const float *values, const uint16_t *values16,
+                       kvs_dtype dtype, size_t stride, size_t d, size_t block_rows) {
+    const kvs_math_kernels *k = kvs_math_kernels_active();
+    size_t end = 0; /* one past the last value row any cut call reads */
+    for (size_t i = 0; i < n_calls; i++) {
+        kvs_out_call *c = calls[i];
+        c->done = 0;
+        if (!block_rows) {
+            call_run(k, c, 0, c->n, values, values16, dtype, stride, d);
+            continue;
+        }
+        if (c->n == 0) continue;
+        if (!c->idx) {
+            if (c->first + c->n > end) end = c->first + c->n;
+        } else if (entries_ascending(c->idx, c->n)) {
+            if ((size_t)c->idx[c->n - 1] + 1 > end) end = (size_t)c->idx[c->n - 1] + 1;
+        } else {
+            c->done = SIZE_MAX; /* marks a call run whole in the first block */
+        }
+    }
+    if (!block_rows) return;
+    for (size_t x0 = 0, first_block = 1; first_block || x0 < end; x0 += block_rows, first_block = 0) {
+        size_t x1 = end - x0 > block_rows ? x0 + block_rows : end;
+        for (size_t i = 0; i < n_calls; i++) {
+            kvs_out_call *c = calls[i];
+            if (c->done == SIZE_MAX) {
+                c->done = 0;
+                call_run(k, c, 0, c->n, values, values16, dtype, stride, d);
+                continue;
+            }
+            if (c->done >= c->n) continue;
+            size_t j1 = c->idx ? lower_bound_entry(c->idx, c->done, c->n, (int64_t)x1)
+                               : (x1 > c->first ? (x1 - c->first < c->n ? x1 - c->first : c->n) : 0);
+            call_run(k, c, c->done, j1, values, values16, dtype, stride, d);
+        }
+        if (x1 >= end) break;
+    }
+}
+
 /* ---- attention over S_t from scores already computed (the full reference's) ---- */
 
 /* Row r's scores over its list, gathered in list order from its row of scores against every position: what the
- * scores kernel writes for that list (a score's bits do not depend on the rows and tiles computed with it). */
-static void gather_scores(const float *score_row, const int32_t *idx, size_t n, float *dst) {
+ * scores kernel writes for that list (a score's bits do not depend on the rows and tiles computed with it). idx
+ * NULL: positions first .. first+n-1. */
+static void gather_scores(const float *score_row, const int32_t *idx, size_t first, size_t n, float *dst) {
     if (!idx) {
-        memcpy(dst, score_row, n * sizeof(float));
+        memcpy(dst, score_row + first, n * sizeof(float));
         return;
     }
     for (size_t j = 0; j < n; j++) dst[j] = score_row[idx[j]];
 }
 
-/* out_rows[r] += sum_j p_rows[r][j] * V[idx[j]] through the fp32 or the 16-bit output kernel */
-static void output_rows(const kvs_math_kernels *k, const float *const *p_rows, size_t nr, const float *values,
-                        const uint16_t *values16, kvs_dtype dtype, size_t stride, const int32_t *idx, size_t n,
-                        size_t d, float *const *out_rows) {
-    if (values16)
-        k->output_add16(p_rows, nr, 0, values16, dtype, stride, idx, n, d, out_rows);
-    else
-        k->output_add(p_rows, nr, 0, values, stride, idx, n, d, out_rows);
+size_t kvs_attention_group_scored_defer(const float *const *score_rows, size_t nq, const int32_t *idx, size_t first,
+                                        size_t n, size_t d, float *const *probs_rows, float *out, kvs_out_call *calls) {
+    const kvs_math_kernels *k = kvs_math_kernels_active();
+    size_t n_calls = 0;
+    for (size_t r0 = 0; r0 < nq; r0 += KVS_OUT_CALL_ROWS) {
+        size_t nr = nq - r0 < KVS_OUT_CALL_ROWS ? nq - r0 : KVS_OUT_CALL_ROWS;
+        kvs_out_call *c = &calls[n_calls++];
+        for (size_t r = 0; r < nr; r++) {
+            gather_scores(score_rows[r0 + r], idx, first, n, probs_rows[r0 + r]);
+            k->softmax_probs(probs_rows[r0 + r], n);
+            memset(out + (r0 + r) * d, 0, d * sizeof(float));
+            c->p_rows[r] = probs_rows[r0 + r];
+            c->out_rows[r] = out + (r0 + r) * d;
+        }
+        c->nr = nr;
+        c->idx = idx;
+        c->first = idx ? 0 : first;
+        c->n = n;
+        c->done = 0;
+    }
+    return n_calls;
 }
 
 void kvs_attention_group_scored(const float *const *score_rows, size_t nq, const float *values,
                                 const uint16_t *values16, kvs_dtype dtype, size_t stride, const int32_t *idx, size_t n,
                                 size_t d, float *const *probs_rows, float *out) {
-    const kvs_math_kernels *k = kvs_math_kernels_active();
-    enum { MAX_ROWS = 64 };
-    for (size_t r0 = 0; r0 < nq; r0 += MAX_ROWS) {
-        size_t nr = nq - r0 < MAX_ROWS ? nq - r0 : MAX_ROWS;
-        float *orow[MAX_ROWS];
-        for (size_t r = 0; r < nr; r++) {
-            orow[r] = out + (r0 + r) * d;
-            gather_scores(score_rows[r0 + r], idx, n, probs_rows[r0 + r]);
-            k->softmax_probs(probs_rows[r0 + r], n);
-            memset(orow[r], 0, d * sizeof(float));
-        }
-        output_rows(k, (const float *const *)(probs_rows + r0), nr, values, values16, dtype, stride, idx, n, d, orow);
+    kvs_out_call call, *cp = &call; /* KVS_OUT_CALL_ROWS rows at a time: one call each */
+    for (size_t r0 = 0; r0 < nq; r0 += KVS_OUT_CALL_ROWS) {
+        size_t nr = nq - r0 < KVS_OUT_CALL_ROWS ? nq - r0 : KVS_OUT_CALL_ROWS;
+        kvs_attention_group_scored_defer(score_rows + r0, nr, idx, 0, n, d, probs_rows + r0, out + r0 * d, &call);
+        kvs_out_calls_run(&cp, 1, values, values16, dtype, stride, d, 0);
     }
 }
 
-int kvs_attention_lists_scored(const float *const *score_rows, size_t nq, const float *values,
-                               const uint16_t *values16, kvs_dtype dtype, size_t stride, const int32_t *const *idx,
-                               const int64_t *n, size_t cap, size_t d, float *const *probs_rows, float *out,
-                               float *fscratch, int32_t *iscratch) {
+size_t kvs_attn_lists_keep_floats(size_t nq, size_t total, size_t cap) {
+    return 2 * total < nq * cap ? 2 * total : nq * cap; /* nq * |union| <= nq * (2 total / nq), and |union| <= cap */
+}
+size_t kvs_attn_lists_keep_ints(size_t nq, size_t total, size_t cap) {
+    size_t u = nq ? 2 * total / nq : 0;
+    return u < cap ? u : cap;
+}
+
+size_t kvs_attention_lists_scored_defer(const float *const *score_rows, size_t nq, const int32_t *const *idx,
+                                        const int64_t *n, size_t cap, size_t d, float *const *probs_rows, float *out,
+                                        float *fscratch, int32_t *iscratch, float *fkeep, int32_t *ikeep,
+                                        kvs_out_call *calls, int *used_union) {
     const kvs_math_kernels *k = kvs_math_kernels_active();
     for (size_t r = 0; r < nq; r++) {
         memset(out + r * d, 0, d * sizeof(float));
         if (n[r] <= 0) continue;
-        gather_scores(score_rows[r], idx[r], (size_t)n[r], probs_rows[r]);
+        gather_scores(score_rows[r], idx[r], 0, (size_t)n[r], probs_rows[r]);
         k->softmax_probs(probs_rows[r], (size_t)n[r]);
     }
     int use_union = nq > 1 && nq <= LISTS_MAX_ROWS; /* lists_union refuses empty lists itself */
@@ -332,31 +420,43 @@ int kvs_attention_lists_scored(const float *const *score_rows, size_t nq, const 
      * union below (its bitmap, its map, the rows scattered onto it) covers only the parts that differ. */
     int64_t cs = use_union ? lists_common_suffix(nq, idx, n) : 0;
     size_t nu = use_union ? lists_union(nq, idx, n, cap, iscratch, cs) : 0;
-    if (!nu) {
+    size_t n_calls = 0;
+    *used_union = nu > 0;
+    if (!nu) { /* row by row */
         for (size_t r = 0; r < nq; r++)
-            if (n[r] > 0) {
-                float *orow = out + r * d;
-                output_rows(k, (const float *const *)&probs_rows[r], 1, values, values16, dtype, stride, idx[r],
-                            (size_t)n[r], d, &orow);
-            }
-        return 0;
+            if (n[r] > 0)
+                calls[n_calls++] = (kvs_out_call){.p_rows = {probs_rows[r]}, .out_rows = {out + r * d}, .nr = 1,
+                                                  .idx = idx[r], .n = (size_t)n[r]};
+        return n_calls;
     }
     /* the output over the union, each row's probabilities at their places in it, zeros elsewhere (an exact zero
      * added into an accumulator that starts at +0: kvs_attention_lists's argument), then over the suffix */
     const int32_t *uidx = iscratch, *pos = iscratch + 2 * cap + lists_bitmap_words(cap);
-    float *urow[LISTS_MAX_ROWS], *orow[LISTS_MAX_ROWS];
-    lists_rows(nq, cap, d, fscratch, out, urow, orow);
     size_t nd = nu - (size_t)cs; /* the union of the parts before the suffix */
+    float *ukeep = fkeep ? fkeep : fscratch;
     if (nd > 0) {
-        for (size_t r = 0; r < nq; r++) union_row(probs_rows[r], n[r] - cs, pos + r * cap, nd, urow[r]);
-        output_rows(k, (const float *const *)urow, nq, values, values16, dtype, stride, uidx, nd, d, orow);
+        if (ikeep) {
+            memcpy(ikeep, uidx, nd * sizeof *uidx);
+            uidx = ikeep;
+        }
+        kvs_out_call *c = &calls[n_calls++];
+        for (size_t r = 0; r < nq; r++) {
+            float *urow = ukeep + r * nd;
+            union_row(probs_rows[r], n[r] - cs, pos + r * cap, nd, urow);
+            c->p_rows[r] = urow;
+            c->out_rows[r] = out + r * d;
+        }
+        c->nr = nq, c->idx = uidx, c->first = 0, c->n = nd, c->done = 0;
     }
     if (cs > 0) {
-        const float *srow[LISTS_MAX_ROWS];
-        for (size_t r = 0; r < nq; r++) srow[r] = probs_rows[r] + (n[r] - cs);
-        output_rows(k, srow, nq, values, values16, dtype, stride, idx[0] + (n[0] - cs), (size_t)cs, d, orow);
+        kvs_out_call *c = &calls[n_calls++];
+        for (size_t r = 0; r < nq; r++) {
+            c->p_rows[r] = probs_rows[r] + (n[r] - cs);
+            c->out_rows[r] = out + r * d;
+        }
+        c->nr = nq, c->idx = idx[0] + (n[0] - cs), c->first = 0, c->n = (size_t)cs, c->done = 0;
     }
-    return 1;
+    return n_calls;
 }
 
 /* The 16-bit versions: kvs_attention_group / kvs_attention_causal_block step for step, with the scores and output

@@ -124,12 +124,56 @@ void kvs_attention_group_scored(const float *const *score_rows, size_t nq, const
                                 const uint16_t *values16, kvs_dtype dtype, size_t stride, const int32_t *idx, size_t n,
                                 size_t d, float *const *probs_rows, float *out);
 
-/*! kvs_attention_lists_scored() : kvs_attention_lists() (its output over the union of the lists under the same
- *  condition; scratch sized the same). @return 1 when the union path ran, 0 when row by row. */
-int kvs_attention_lists_scored(const float *const *score_rows, size_t nq, const float *values,
-                               const uint16_t *values16, kvs_dtype dtype, size_t stride, const int32_t *const *idx,
-                               const int64_t *n, size_t cap, size_t d, float *const *probs_rows, float *out,
-                               float *fscratch, int32_t *iscratch);
+/* ---- the outputs of many selections over one KV head's value rows in one pass (issue 17) ----
+ * The configurations of a sweep each attend their own selection over the same value rows at a step, and each read
+ * its rows from wherever they were: the L3 or memory once a head's rows outgrow the L2 (sim/BENCH.md "Sixteenth
+ * pass"). The _defer variants below do all of the functions above but the output, which they describe as calls of
+ * the output kernel (kvs_out_call); kvs_out_calls_run() then runs the calls of every selection together, a block
+ * of value rows at a time, each call taking its entries in the block while the block stays in L2. An output
+ * element is an fma chain over ascending entries from the value it holds (kvs_math_simd.h), so a call cut at block
+ * edges adds the same products in the same order: the same bits as one call. */
+enum { KVS_OUT_CALL_ROWS = 64 };
+typedef struct {
+    const float *p_rows[KVS_OUT_CALL_ROWS]; /* row r's weight of entry j: p_rows[r][j] */
+    float *out_rows[KVS_OUT_CALL_ROWS];     /* out_rows[r] += sum_j p_rows[r][j] * V[row of entry j] */
+    size_t nr;
+    const int32_t *idx;                     /* the entries' value rows; NULL: rows first + j */
+    size_t first, n;
+    size_t done;                            /* kvs_out_calls_run's: entries run so far */
+} kvs_out_call;
+
+/*! kvs_out_calls_max() : the most calls the _defer functions below write for nq query rows. */
+size_t kvs_out_calls_max(size_t nq);
+
+/*! kvs_out_calls_run() : runs calls[0..n_calls) over one value matrix (as kvs_attention_group_scored reads it:
+ *  fp32 `values`, or `values16` when non-NULL), block_rows value rows at a time (0: each call whole), the calls in
+ *  their order within a block; a call whose idx is not strictly ascending runs whole, in its turn, in the first
+ *  block. Every output row ends as running the calls whole one after the other would leave it, bit for bit,
+ *  provided that of two calls sharing an output row, the earlier one's value rows all lie below the later one's
+ *  (the _defer functions' calls do: a union's rows lie below the lists' common suffix). */
+void kvs_out_calls_run(kvs_out_call *const *calls, size_t n_calls, const float *values, const uint16_t *values16,
+                       kvs_dtype dtype, size_t stride, size_t d, size_t block_rows);
+
+/*! kvs_attention_group_scored_defer() : kvs_attention_group_scored() over idx[0..n) (NULL: positions first ..
+ *  first+n-1, the scores read at those places of score_rows) up to the output: the probabilities written, out
+ *  zeroed, the output's calls in calls[]. @return the number of calls (<= kvs_out_calls_max(nq)). */
+size_t kvs_attention_group_scored_defer(const float *const *score_rows, size_t nq, const int32_t *idx, size_t first,
+                                        size_t n, size_t d, float *const *probs_rows, float *out, kvs_out_call *calls);
+
+/*! kvs_attn_lists_keep_floats() / _ints() : the sizes of kvs_attention_lists_scored_defer's fkeep / ikeep for nq
+ *  lists of `total` entries in all below `cap`. */
+size_t kvs_attn_lists_keep_floats(size_t nq, size_t total, size_t cap);
+size_t kvs_attn_lists_keep_ints(size_t nq, size_t total, size_t cap);
+
+/*! kvs_attention_lists_scored_defer() : kvs_attention_lists() (its output over the union of the lists under the
+ *  same condition; scratch sized the same) from the scores, up to the output, as above. The union path's
+ *  weights go to fkeep and its rows to ikeep (NULL: left in iscratch), which the calls read: they must live until
+ *  the calls have run (fscratch and iscratch need not); fkeep NULL: in fscratch. *used_union: 1 when the union
+ *  path ran (kvs_attention_lists' return), 0 when row by row. */
+size_t kvs_attention_lists_scored_defer(const float *const *score_rows, size_t nq, const int32_t *const *idx,
+                                        const int64_t *n, size_t cap, size_t d, float *const *probs_rows, float *out,
+                                        float *fscratch, int32_t *iscratch, float *fkeep, int32_t *ikeep,
+                                        kvs_out_call *calls, int *used_union);
 
 /*! kvs_topk() : writes to out_idx the indices of the k largest of x[0..n-1] (k <= n), ordered by
  *  descending value; ties go to the lower index, so the result is deterministic. NaN sorts lowest. */

@@ -5,8 +5,11 @@
  * advances them in lockstep, block by block, keeping the K/V history of each KV head (policies may point
  * at any position they store) and the current turn's prompt queries. At each position, shared work (the
  * full attention of every query head, and its descending order for the top-k overlap, as deep as the task's
- * lists ask: sim/ref_rank.h) is done once and reused by every configuration of the task. Tasks run on a pthread
- * pool pulling from an atomic counter.
+ * lists ask: sim/ref_rank.h) is done once and reused by every configuration of the task. At a decode position the
+ * configurations go in phases, KV head by KV head (decode_position): every one selects and takes its softmax, one
+ * pass over the head's value rows computes all their outputs, then every one is measured and observes; each
+ * configuration's own calls keep their order, so its numbers are those of a replay of it alone. Tasks run on a
+ * pthread pool pulling from an atomic counter.
  *
  * Leak discipline (DESIGN.md "Replay" 3): views expose positions 0..p only; decode views carry only the
  * current query; full attention reaches a policy only when its ops say is_oracle. Selections are checked
@@ -194,7 +197,30 @@ typedef struct {
     float *lists_f;           /* kvs_attention_lists() scratch: [G][N] union scores / weights */
     int32_t *lists_i;         /* kvs_attention_lists() scratch: [G+1][N] the union, places in it */
     kvs_policy_memo *memo;    /* scores shared by this task's configurations at one position (NULL = none) */
+    kvs_policy_view *oviews;  /* [Hkv] the oracles' decode views (full_probs set), filled when the task has one */
+    struct cfg_step *steps;   /* [nc] each configuration's decode step at the current KV head (decode_position) */
+    kvs_out_call **call_ptrs; /* [nc * kvs_out_calls_max(G)] the deferred output calls of one KV head */
 } task;
+
+/* A configuration's decode step at one KV head, kept from its selection to its metrics while the task's other
+ * configurations select (decode_position): its selection, probabilities and output, and the calls of the output
+ * kernel that the shared pass over the value rows runs for every configuration at once (kvs_out_calls_run). The
+ * arenas grow to the largest selection seen. */
+typedef struct cfg_step {
+    int deferred;             /* 1: the output waits for the shared pass; 0: the step at this head is done */
+    int n_lists;
+    int32_t **idx;            /* [G] -> the selection's lists, copied into iarena */
+    int64_t *n;               /* [G] */
+    float **probs;            /* [G] -> each list's probabilities, in farena */
+    float *out;               /* [G][d] */
+    kvs_out_call *calls;      /* [kvs_out_calls_max(G)] */
+    size_t n_calls;
+    double fmas;              /* the output's multiply-adds (its share of the shared pass's time) */
+    double kv_slots, dedup;   /* check_sel's counts */
+    int32_t *iarena;
+    float *farena;
+    size_t icap, fcap;
+} cfg_step;
 
 static void task_free(task *t) {
     engine *e = t->e;
@@ -261,6 +287,20 @@ static void task_free(task *t) {
     free(t->lists_f);
     free(t->lists_i);
     kvs_policy_memo_free(t->memo);
+    free(t->oviews);
+    if (t->steps)
+        for (int ci = 0; ci < t->nc; ci++) {
+            cfg_step *cs = &t->steps[ci];
+            free(cs->idx);
+            free(cs->n);
+            free(cs->probs);
+            free(cs->out);
+            free(cs->calls);
+            free(cs->iarena);
+            free(cs->farena);
+        }
+    free(t->steps);
+    free((void *)t->call_ptrs);
 }
 
 /* 1 when the policies' attention over S_t takes its scores from the full reference's (kvs_attention_group_scored:
@@ -322,13 +362,14 @@ static kvs_status task_alloc(task *t) {
     t->blk_size = calloc((size_t)t->nc, sizeof *t->blk_size);
     t->blk_begin = calloc((size_t)t->nc, sizeof *t->blk_begin);
     t->views = calloc(H, sizeof *t->views);
+    t->oviews = calloc(H, sizeof *t->oviews);
     t->has_merged = calloc(G, sizeof *t->has_merged);
     t->plain = calloc(G, sizeof *t->plain);
     t->lists_f = malloc(kvs_attn_lists_scratch_floats(G, N) * sizeof(float));
     t->lists_i = malloc(kvs_attn_lists_scratch_ints(G, N) * sizeof(int32_t));
     /* no memo when a hook may rewrite rows between configurations; without memory, simply none */
     if (e->o->prefill_memo >= 0 && !(e->o->hooks && e->o->hooks->on_step_end)) t->memo = kvs_policy_memo_create();
-    if (!t->has_merged || !t->plain || !t->lists_f || !t->lists_i || !t->row_k || !t->row_v || !t->gk || !t->gv || !t->blk_size || !t->blk_begin || !t->views)
+    if (!t->has_merged || !t->plain || !t->lists_f || !t->lists_i || !t->row_k || !t->row_v || !t->gk || !t->gv || !t->blk_size || !t->blk_begin || !t->views || !t->oviews)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     if (!t->streams || !t->hk || !t->hv || !t->qb || !t->states || !t->sync_states || !t->layout || !t->sel_idx ||
         !t->sel_n || !t->pbuf || !t->fullp || !t->fullo || !t->order || !t->sort_scratch || !t->rank || !t->outp || !t->stored || !t->in_list ||
@@ -354,6 +395,20 @@ static kvs_status task_alloc(task *t) {
         t->hv[h] = t->hk[h] + N * d;
         t->qb[h] = malloc(mp * G * d * sizeof(float));
         if (!t->qb[h]) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory for the K/V history of layer %d", t->layer);
+    }
+    size_t max_calls = kvs_out_calls_max(G);
+    t->steps = calloc((size_t)t->nc, sizeof *t->steps);
+    t->call_ptrs = calloc((size_t)t->nc * max_calls, sizeof *t->call_ptrs);
+    if (!t->steps || !t->call_ptrs) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
+    for (int ci = 0; ci < t->nc; ci++) {
+        cfg_step *cs = &t->steps[ci];
+        cs->idx = calloc(G, sizeof *cs->idx);
+        cs->n = calloc(G, sizeof *cs->n);
+        cs->probs = calloc(G, sizeof *cs->probs);
+        cs->out = malloc(G * d * sizeof(float));
+        cs->calls = malloc(max_calls * sizeof *cs->calls);
+        if (!cs->idx || !cs->n || !cs->probs || !cs->out || !cs->calls)
+            return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     }
     for (size_t g = 0; g < G; g++) {
         t->sel_idx[g] = malloc(N * sizeof(int32_t));
@@ -851,126 +906,300 @@ static int any_merged(const int *has_merged, int n_lists) {
     return 0;
 }
 
-/* A decode step of configuration ci at position p (layer_pre_select, every KV head, then the layer sync). */
-static kvs_status decode_step(task *t, int ci, const kvs_trace_block *const *blk, int i, int64_t p, int64_t tk,
-                              int measured) {
+static void step_end_hook(task *t, int ci, int64_t p) {
     engine *e = t->e;
+    if (!e->o->hooks || !e->o->hooks->on_step_end) return;
     int c = t->c_lo + ci;
-    const kvs_replay_config *rc = &e->o->configs[c];
-    const struct kvs_policy_ops *ops = rc->policy.ops;
+    for (int h = 0; h < e->Hkv; h++)
+        e->o->hooks->on_step_end(e->o->hooks->user, c, t->layer, h, p, t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h],
+                                 e->o->configs[c].policy.ops, t->hk[h], t->hv[h], p + 1);
+}
+
+/* The decode views of position p, every KV head: t->views for every policy, t->oviews (full_probs set) for the
+ * oracles when the task has one. */
+static void decode_views(task *t, const kvs_trace_block *const *blk, int i, int64_t p, int64_t tk, int any_oracle) {
+    engine *e = t->e;
     const kvs_turn *turn = &e->src->turns[tk];
     size_t Gd = (size_t)e->G * (size_t)e->d;
-    kvs_policy_sel sel = {.idx = t->sel_idx, .n = t->sel_n, .cap = e->N, .row_k = t->row_k, .row_v = t->row_v};
-    sel.n_lists = t->layout[ci] == KVS_SEL_PER_QUERY_HEAD ? e->G : 1;
-    kvs_status st = KVS_OK;
     for (int h = 0; h < e->Hkv; h++) {
         t->views[h] = (kvs_policy_view){
             .n = p + 1, .group = e->G, .head_dim = e->d, .scale = e->src->model.scale,
             .k = t->hk[h], .v = t->hv[h], .q = blk[h]->q + (size_t)i * Gd, .q_first = p, .n_q = 1,
             .turn_begin = turn->begin, .prompt_end = turn->prompt_end, .turn = (int32_t)tk,
-            .full_probs = ops->is_oracle ? t->cur_p + (size_t)h * (size_t)e->G * (size_t)e->N : NULL,
-            .block_begin = p, .last_block = 1, .memo = t->memo,
+            .full_probs = NULL, .block_begin = p, .last_block = 1, .memo = t->memo,
         };
-    }
-    if (ops->layer_pre_select) {
-        for (int h = 0; h < e->Hkv; h++) t->sync_states[h] = t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h];
-        if ((st = ops->layer_pre_select(t->sync_states, e->Hkv, t->views)) != KVS_OK) return st;
-    }
-    for (int h = 0; h < e->Hkv; h++) {
-        void *state = t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h];
-        const kvs_policy_view *view = &t->views[h];
-        const float *q = view->q;
-        for (int li = 0; li < sel.n_lists; li++) sel.n[li] = 0;
-        int *has_merged = t->has_merged;
-        double kv_slots, dedup;
-        if ((st = ops->select(state, view, &sel)) != KVS_OK ||
-            (st = check_sel(t, ci, h, ops, state, &sel, p, has_merged, &kv_slots, &dedup)) != KVS_OK) {
-            /* the run ends here; the task's other configurations still need the row arrays all NULL */
-            for (int li = 0; li < sel.n_lists; li++) {
-                memset((void *)sel.row_k[li], 0, (size_t)sel.cap * sizeof *sel.row_k[li]);
-                memset((void *)sel.row_v[li], 0, (size_t)sel.cap * sizeof *sel.row_v[li]);
-            }
-            return st;
+        if (any_oracle) {
+            t->oviews[h] = t->views[h];
+            t->oviews[h].full_probs = t->cur_p + (size_t)h * (size_t)e->G * (size_t)e->N;
         }
-        if (e->o->hooks && e->o->hooks->on_select) e->o->hooks->on_select(e->o->hooks->user, c, t->layer, h, p, &sel);
-        /* Attention first (observe needs it); accounting needs only the selection. A list that is the whole
-         * prefix copies the reference; one list shared by the group is computed for all G heads at once (each
-         * key and value row read once). */
-        size_t d = (size_t)e->d, N = (size_t)e->N;
-        int prefix = sel.n_lists == 1 && list_is_prefix(t, &sel, 0, has_merged[0], p);
-        if (prefix) {
-            for (int g = 0; g < e->G; g++) {
-                if (ops->observe) /* the only reader of the policy-side probabilities */
-                    memcpy(t->pbuf[g], t->cur_p + ((size_t)h * (size_t)e->G * N + (size_t)g * (size_t)(p + 1)),
-                           (size_t)(p + 1) * sizeof(float));
-                memcpy(t->outp + (size_t)g * d, t->cur_o + ((size_t)h * (size_t)e->G + (size_t)g) * d, d * sizeof(float));
-            }
-        } else if (t->cur_s && !any_merged(has_merged, sel.n_lists) && (sel.n_lists == 1 || sel.n_lists == e->G)) {
-            /* the scores of S_t are the reference's at those positions (same kernels, a score's bits independent
-             * of the rows computed with it): gathered, then each head's softmax and the output */
-            for (int g = 0; g < e->G; g++)
-                t->srow[g] = t->cur_s + (size_t)h * (size_t)e->G * N + (size_t)g * (size_t)(p + 1);
-            const uint16_t *v16 = t->kv16 != KVS_DTYPE_F32 ? t->hv16[h] : NULL;
-            const int32_t *i0 = sel.idx[0];
-            int64_t n0 = sel.n[0];
-            if (sel.n_lists == 1 && t->plain[0] && i0[n0 - 1] - i0[0] == n0 - 1) {
-                /* a run of consecutive positions (a window; check_sel found the list ascending and distinct): the
-                 * scores copied and the value rows read in order, no index (the same numbers in the same order) */
-                size_t first = (size_t)i0[0];
-                for (int g = 0; g < e->G; g++) t->srow[g] += first;
-                kvs_attention_group_scored((const float *const *)t->srow, (size_t)e->G, t->hv[h] + first * d,
-                                           v16 ? v16 + first * d : NULL, t->kv16, d, NULL, (size_t)n0, d, t->pbuf,
-                                           t->outp);
-            } else if (sel.n_lists == 1)
-                kvs_attention_group_scored((const float *const *)t->srow, (size_t)e->G, t->hv[h], v16, t->kv16, d,
-                                           i0, (size_t)n0, d, t->pbuf, t->outp);
-            else
-                kvs_attention_lists_scored((const float *const *)t->srow, (size_t)e->G, t->hv[h], v16, t->kv16, d,
-                                           (const int32_t *const *)sel.idx, sel.n, N, d, t->pbuf, t->outp, t->lists_f,
-                                           t->lists_i);
-        } else if (sel.n_lists == 1 && !has_merged[0] && t->kv16 != KVS_DTYPE_F32) {
-            kvs_attention_group16(q, (size_t)e->G, t->hk16[h], t->hv16[h], t->kv16, d, sel.idx[0], (size_t)sel.n[0], d,
-                                  e->src->model.scale, t->pbuf, t->outp, NULL);
-        } else if (sel.n_lists == 1 && !has_merged[0]) {
-            kvs_attention_group(q, (size_t)e->G, t->hk[h], t->hv[h], d, sel.idx[0], (size_t)sel.n[0], d,
-                                e->src->model.scale, t->pbuf, t->outp, NULL);
-        } else if (sel.n_lists == e->G && !any_merged(has_merged, sel.n_lists)) {
-            /* per-query-head lists: over their union where it pays (each K/V row read once for the G heads),
-             * every head's numbers bit for bit its own list's (kvs_attention_lists) */
-            if (t->kv16 != KVS_DTYPE_F32)
-                kvs_attention_lists16(q, (size_t)e->G, t->hk16[h], t->hv16[h], t->kv16, t->hk[h], t->hv[h], d,
-                                      (const int32_t *const *)sel.idx, sel.n, N, d, e->src->model.scale, t->pbuf,
-                                      t->outp, t->lists_f, t->lists_i);
-            else
-                kvs_attention_lists(q, (size_t)e->G, t->hk[h], t->hv[h], d, (const int32_t *const *)sel.idx, sel.n, N,
-                                    d, e->src->model.scale, t->pbuf, t->outp, t->lists_f, t->lists_i);
-        } else {
-            for (int g = 0; g < e->G; g++) {
-                int li = sel.n_lists == 1 ? 0 : g;
-                attend_list(t, h, q + (size_t)g * d, &sel, li, has_merged[li], t->pbuf[g], t->outp + (size_t)g * d);
-            }
-        }
-        kvs_policy_cost cost, before;
-        default_cost(t, &sel, kv_slots, dedup, &cost);
-        before = cost;
-        if (ops->account) ops->account(state, view, &sel, &cost);
-        settle_cost(&before, &cost);
-        if (measured)
-            st = measure_heads(t, ci, h, 0, e->G, p, sel.n_lists, (const int32_t *const *)sel.idx, sel.n, has_merged,
-                               (const float *const *const *)sel.row_k, t->outp, &cost, prefix);
-        if (st == KVS_OK && ops->observe) st = ops->observe(state, view, &sel, (const float *const *)t->pbuf);
-        for (int li = 0; li < sel.n_lists; li++) /* keep the row arrays all NULL for the next select() */
+    }
+}
+
+static const kvs_policy_view *config_views(const task *t, const struct kvs_policy_ops *ops) {
+    return ops->is_oracle ? t->oviews : t->views;
+}
+
+/* A configuration's step at KV head h after its attention: the accounting, the metrics (measured steps) and
+ * observe(), then its row arrays cleared for the next select(). */
+static kvs_status head_finish(task *t, int ci, int h, int64_t p, int measured, const kvs_policy_sel *sel,
+                              float *const *probs, const float *out, const int *has_merged, int prefix,
+                              double kv_slots, double dedup) {
+    engine *e = t->e;
+    const struct kvs_policy_ops *ops = e->o->configs[t->c_lo + ci].policy.ops;
+    void *state = t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h];
+    const kvs_policy_view *view = config_views(t, ops) + h;
+    kvs_status st = KVS_OK;
+    kvs_policy_cost cost, before;
+    default_cost(t, sel, kv_slots, dedup, &cost);
+    before = cost;
+    if (ops->account) ops->account(state, view, sel, &cost);
+    settle_cost(&before, &cost);
+    if (measured)
+        st = measure_heads(t, ci, h, 0, e->G, p, sel->n_lists, (const int32_t *const *)sel->idx, sel->n, has_merged,
+                           (const float *const *const *)sel->row_k, out, &cost, prefix);
+    if (st == KVS_OK && ops->observe) st = ops->observe(state, view, sel, (const float *const *)probs);
+    if (has_merged)
+        for (int li = 0; li < sel->n_lists; li++) /* keep the row arrays all NULL for the next select() */
             if (has_merged[li]) {
-                memset((void *)sel.row_k[li], 0, (size_t)sel.n[li] * sizeof *sel.row_k[li]);
-                memset((void *)sel.row_v[li], 0, (size_t)sel.n[li] * sizeof *sel.row_v[li]);
+                memset((void *)sel->row_k[li], 0, (size_t)sel->n[li] * sizeof *sel->row_k[li]);
+                memset((void *)sel->row_v[li], 0, (size_t)sel->n[li] * sizeof *sel->row_v[li]);
             }
-        if (st != KVS_OK) return st;
+    return st;
+}
+
+/* Grows a configuration's arenas to n_int ints and n_float floats. */
+static kvs_status step_reserve(task *t, cfg_step *cs, size_t n_int, size_t n_float) {
+    if (n_int > cs->icap) {
+        size_t cap = n_int + n_int / 2;
+        int32_t *p = realloc(cs->iarena, cap * sizeof *p);
+        if (!p) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory for a selection (layer %d)", t->layer);
+        cs->iarena = p, cs->icap = cap;
     }
-    if (ops->layer_sync) {
-        for (int h = 0; h < e->Hkv; h++) t->sync_states[h] = t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h];
-        if ((st = ops->layer_sync(t->sync_states, e->Hkv, KVS_SYNC_DECODE)) != KVS_OK) return st;
+    if (n_float > cs->fcap) {
+        size_t cap = n_float + n_float / 2;
+        float *p = realloc(cs->farena, cap * sizeof *p);
+        if (!p) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory for a selection (layer %d)", t->layer);
+        cs->farena = p, cs->fcap = cap;
     }
     return KVS_OK;
+}
+
+/* The attention of a selection whose scores are the reference's (t->cur_s), without merged slots, one list or one
+ * per query head, up to its output: the selection copied into the configuration's arena, each query head's
+ * softmax, and the output's kernel calls in cs->calls for the shared pass (decode_position). A score's bits do not
+ * depend on the rows computed with it (the reference's kernels), so these are the computing path's bits. */
+static kvs_status defer_scored(task *t, cfg_step *cs, int h, int64_t p, const kvs_policy_sel *sel) {
+    engine *e = t->e;
+    size_t G = (size_t)e->G, N = (size_t)e->N, d = (size_t)e->d, total = 0;
+    int shared = sel->n_lists == 1; /* one list for the G query heads: G rows of probabilities over it */
+    for (int li = 0; li < sel->n_lists; li++) total += (size_t)sel->n[li];
+    size_t keep_f = shared ? 0 : kvs_attn_lists_keep_floats(G, total, N);
+    size_t keep_i = shared ? 0 : kvs_attn_lists_keep_ints(G, total, N);
+    kvs_status st = step_reserve(t, cs, total + keep_i, (shared ? G * total : total) + keep_f);
+    if (st != KVS_OK) return st;
+    size_t off = 0;
+    for (int li = 0; li < sel->n_lists; li++) {
+        cs->idx[li] = cs->iarena + off;
+        cs->n[li] = sel->n[li];
+        memcpy(cs->idx[li], sel->idx[li], (size_t)sel->n[li] * sizeof(int32_t));
+        off += (size_t)sel->n[li];
+    }
+    for (size_t g = 0, foff = 0; g < G; g++) {
+        cs->probs[g] = cs->farena + foff;
+        foff += shared ? total : (size_t)sel->n[g];
+    }
+    for (size_t g = 0; g < G; g++) t->srow[g] = t->cur_s + (size_t)h * G * N + g * (size_t)(p + 1);
+    cs->n_lists = sel->n_lists;
+    cs->fmas = (double)total * (double)d * (shared ? (double)G : 1.0);
+    if (shared) {
+        /* a run of consecutive positions (a window; check_sel found the list ascending and distinct): no index,
+         * the value rows in order (the same numbers in the same order) */
+        const int32_t *i0 = cs->idx[0];
+        int64_t n0 = cs->n[0];
+        int run = t->plain[0] && i0[n0 - 1] - i0[0] == n0 - 1;
+        cs->n_calls = kvs_attention_group_scored_defer((const float *const *)t->srow, G, run ? NULL : i0,
+                                                       run ? (size_t)i0[0] : 0, (size_t)n0, d, cs->probs, cs->out,
+                                                       cs->calls);
+    } else {
+        int used_union;
+        cs->n_calls = kvs_attention_lists_scored_defer(
+            (const float *const *)t->srow, G, (const int32_t *const *)cs->idx, cs->n, N, d, cs->probs, cs->out,
+            t->lists_f, t->lists_i, cs->farena + total, cs->iarena + total, cs->calls, &used_union);
+    }
+    return KVS_OK;
+}
+
+/* A configuration's step at KV head h up to its output: select() and its check, then its attention, deferred
+ * (defer_scored: cs->deferred) when the scores are the reference's and no list holds merged slots; otherwise
+ * computed now and the step at this head finished here (head_finish). */
+static kvs_status head_select(task *t, int ci, int h, int64_t p, int measured) {
+    engine *e = t->e;
+    int c = t->c_lo + ci;
+    const struct kvs_policy_ops *ops = e->o->configs[c].policy.ops;
+    cfg_step *cs = &t->steps[ci];
+    void *state = t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h];
+    const kvs_policy_view *view = config_views(t, ops) + h;
+    const float *q = view->q;
+    kvs_policy_sel sel = {.idx = t->sel_idx, .n = t->sel_n, .cap = e->N, .row_k = t->row_k, .row_v = t->row_v};
+    sel.n_lists = t->layout[ci] == KVS_SEL_PER_QUERY_HEAD ? e->G : 1;
+    for (int li = 0; li < sel.n_lists; li++) sel.n[li] = 0;
+    int *has_merged = t->has_merged;
+    double kv_slots, dedup;
+    kvs_status st;
+    cs->deferred = 0;
+    if ((st = ops->select(state, view, &sel)) != KVS_OK ||
+        (st = check_sel(t, ci, h, ops, state, &sel, p, has_merged, &kv_slots, &dedup)) != KVS_OK) {
+        /* the run ends here; the task's other configurations still need the row arrays all NULL */
+        for (int li = 0; li < sel.n_lists; li++) {
+            memset((void *)sel.row_k[li], 0, (size_t)sel.cap * sizeof *sel.row_k[li]);
+            memset((void *)sel.row_v[li], 0, (size_t)sel.cap * sizeof *sel.row_v[li]);
+        }
+        return st;
+    }
+    if (e->o->hooks && e->o->hooks->on_select) e->o->hooks->on_select(e->o->hooks->user, c, t->layer, h, p, &sel);
+    /* Attention first (observe needs it); accounting needs only the selection. A list that is the whole prefix
+     * copies the reference; one list shared by the group is computed for all G heads at once (each key and value
+     * row read once). */
+    size_t d = (size_t)e->d, N = (size_t)e->N;
+    int prefix = sel.n_lists == 1 && list_is_prefix(t, &sel, 0, has_merged[0], p);
+    if (!prefix && t->cur_s && !any_merged(has_merged, sel.n_lists) && (sel.n_lists == 1 || sel.n_lists == e->G)) {
+        if ((st = defer_scored(t, cs, h, p, &sel)) != KVS_OK) return st;
+        cs->deferred = 1;
+        cs->kv_slots = kv_slots;
+        cs->dedup = dedup;
+        return KVS_OK;
+    }
+    if (prefix) {
+        for (int g = 0; g < e->G; g++) {
+            if (ops->observe) /* the only reader of the policy-side probabilities */
+                memcpy(t->pbuf[g], t->cur_p + ((size_t)h * (size_t)e->G * N + (size_t)g * (size_t)(p + 1)),
+                       (size_t)(p + 1) * sizeof(float));
+            memcpy(t->outp + (size_t)g * d, t->cur_o + ((size_t)h * (size_t)e->G + (size_t)g) * d, d * sizeof(float));
+        }
+    } else if (sel.n_lists == 1 && !has_merged[0] && t->kv16 != KVS_DTYPE_F32) {
+        kvs_attention_group16(q, (size_t)e->G, t->hk16[h], t->hv16[h], t->kv16, d, sel.idx[0], (size_t)sel.n[0], d,
+                              e->src->model.scale, t->pbuf, t->outp, NULL);
+    } else if (sel.n_lists == 1 && !has_merged[0]) {
+        kvs_attention_group(q, (size_t)e->G, t->hk[h], t->hv[h], d, sel.idx[0], (size_t)sel.n[0], d,
+                            e->src->model.scale, t->pbuf, t->outp, NULL);
+    } else if (sel.n_lists == e->G && !any_merged(has_merged, sel.n_lists)) {
+        /* per-query-head lists: over their union where it pays (each K/V row read once for the G heads), every
+         * head's numbers bit for bit its own list's (kvs_attention_lists) */
+        if (t->kv16 != KVS_DTYPE_F32)
+            kvs_attention_lists16(q, (size_t)e->G, t->hk16[h], t->hv16[h], t->kv16, t->hk[h], t->hv[h], d,
+                                  (const int32_t *const *)sel.idx, sel.n, N, d, e->src->model.scale, t->pbuf, t->outp,
+                                  t->lists_f, t->lists_i);
+        else
+            kvs_attention_lists(q, (size_t)e->G, t->hk[h], t->hv[h], d, (const int32_t *const *)sel.idx, sel.n, N, d,
+                                e->src->model.scale, t->pbuf, t->outp, t->lists_f, t->lists_i);
+    } else {
+        for (int g = 0; g < e->G; g++) {
+            int li = sel.n_lists == 1 ? 0 : g;
+            attend_list(t, h, q + (size_t)g * d, &sel, li, has_merged[li], t->pbuf[g], t->outp + (size_t)g * d);
+        }
+    }
+    return head_finish(t, ci, h, p, measured, &sel, t->pbuf, t->outp, has_merged, prefix, kv_slots, dedup);
+}
+
+/* Value rows per block of the shared output pass (kvs_replay_opts.out_block_rows): by default 256 KiB, which stay
+ * in L2 (1 MiB and more on the CPUs this runs on) while every configuration's calls take their entries in the
+ * block (sim/BENCH.md "Sixteenth pass": 64 to 512 KiB measured alike, 1 MiB and unblocked slower). */
+enum { OUT_BLOCK_BYTES = 256 * 1024 };
+
+static size_t out_block_rows(const task *t) {
+    int64_t asked = t->e->o->out_block_rows;
+    if (asked != 0) return asked > 0 ? (size_t)asked : 0; /* 0: kvs_out_calls_run's whole calls */
+    size_t row_bytes = (size_t)t->e->d * (t->kv16 != KVS_DTYPE_F32 ? sizeof(uint16_t) : sizeof(float));
+    size_t rows = OUT_BLOCK_BYTES / row_bytes;
+    return rows > 0 ? rows : 1;
+}
+
+/* Charges the time since *t1 to configuration ci, less the ranking done meanwhile (shared work, shared out by
+ * run_task); the clock read ends ci's time and starts the next one's. */
+static void charge(task *t, double *cfg_time, int ci, double *t1, double *r1) {
+    double t2 = kvs_now_s();
+    cfg_time[ci] += t2 - *t1 - (t->rank_seconds - *r1);
+    *t1 = t2;
+    *r1 = t->rank_seconds;
+}
+
+/* A decode step at position p of every configuration with live[ci] set, in phases, so that each value row of a KV
+ * head is read once for all of them instead of once each (issue 17, sim/BENCH.md "Sixteenth pass"): every
+ * configuration's layer_pre_select; then per KV head, every configuration's select and attention up to the output
+ * (head_select), the outputs deferred there in one pass over the head's value rows (kvs_out_calls_run, the same
+ * bits), and those configurations' metrics and observe (head_finish); then every layer_sync (and the step-end
+ * hook). Each configuration's own calls keep their order, and what its calls share with the others' gives the same
+ * numbers whichever asks first (the memo, the ranking), so every number is the one it gets replayed alone. A
+ * configuration that fails is failed (fail_config) and its live[ci] cleared. cfg_time[ci] += its time less the
+ * ranking's, the shared pass shared out by multiply-adds. */
+static void decode_position(task *t, const kvs_trace_block *const *blk, int i, int64_t p, int64_t tk, int measured,
+                            int any_oracle, uint8_t *live, double *cfg_time) {
+    engine *e = t->e;
+    kvs_status st;
+    decode_views(t, blk, i, p, tk, any_oracle);
+    double t1 = kvs_now_s(), r1 = t->rank_seconds;
+    for (int ci = 0; ci < t->nc; ci++) {
+        const struct kvs_policy_ops *ops = e->o->configs[t->c_lo + ci].policy.ops;
+        if (!live[ci] || !ops->layer_pre_select) continue;
+        for (int h = 0; h < e->Hkv; h++) t->sync_states[h] = t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h];
+        if ((st = ops->layer_pre_select(t->sync_states, e->Hkv, config_views(t, ops))) != KVS_OK) {
+            fail_config(e, t->c_lo + ci, t->layer, st);
+            live[ci] = 0;
+        }
+        charge(t, cfg_time, ci, &t1, &r1);
+    }
+    size_t block_rows = out_block_rows(t);
+    for (int h = 0; h < e->Hkv; h++) {
+        size_t n_calls = 0;
+        double fmas = 0;
+        for (int ci = 0; ci < t->nc; ci++) {
+            if (!live[ci]) continue;
+            if ((st = head_select(t, ci, h, p, measured)) != KVS_OK) {
+                fail_config(e, t->c_lo + ci, t->layer, st);
+                live[ci] = 0;
+            } else if (t->steps[ci].deferred) {
+                cfg_step *cs = &t->steps[ci];
+                for (size_t k = 0; k < cs->n_calls; k++) t->call_ptrs[n_calls++] = &cs->calls[k];
+                fmas += cs->fmas;
+            }
+            charge(t, cfg_time, ci, &t1, &r1);
+        }
+        if (!n_calls) continue;
+        kvs_out_calls_run(t->call_ptrs, n_calls, t->hv[h], t->kv16 != KVS_DTYPE_F32 ? t->hv16[h] : NULL, t->kv16,
+                          (size_t)e->d, (size_t)e->d, block_rows);
+        double t2 = kvs_now_s();
+        for (int ci = 0; ci < t->nc; ci++)
+            if (live[ci] && t->steps[ci].deferred) cfg_time[ci] += (t2 - t1) * (t->steps[ci].fmas / fmas);
+        t1 = t2;
+        for (int ci = 0; ci < t->nc; ci++) {
+            cfg_step *cs = &t->steps[ci];
+            if (!live[ci] || !cs->deferred) continue;
+            cs->deferred = 0;
+            kvs_policy_sel sel = {.idx = cs->idx, .n = cs->n, .n_lists = cs->n_lists, .cap = e->N, .row_k = t->row_k,
+                                  .row_v = t->row_v};
+            if ((st = head_finish(t, ci, h, p, measured, &sel, cs->probs, cs->out, NULL, 0, cs->kv_slots,
+                                  cs->dedup)) != KVS_OK) {
+                fail_config(e, t->c_lo + ci, t->layer, st);
+                live[ci] = 0;
+            }
+            charge(t, cfg_time, ci, &t1, &r1);
+        }
+    }
+    for (int ci = 0; ci < t->nc; ci++) {
+        const struct kvs_policy_ops *ops = e->o->configs[t->c_lo + ci].policy.ops;
+        if (!live[ci]) continue;
+        st = KVS_OK;
+        if (ops->layer_sync) {
+            for (int h = 0; h < e->Hkv; h++) t->sync_states[h] = t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h];
+            st = ops->layer_sync(t->sync_states, e->Hkv, KVS_SYNC_DECODE);
+        }
+        if (st == KVS_OK) step_end_hook(t, ci, p);
+        else {
+            fail_config(e, t->c_lo + ci, t->layer, st);
+            live[ci] = 0;
+        }
+        charge(t, cfg_time, ci, &t1, &r1);
+    }
 }
 
 /* A measured prompt position (--measure all|prefill): S = what the policy held after the previous prefill
@@ -1050,15 +1279,6 @@ static kvs_status prefill_block(task *t, int ci, int64_t tk, int64_t bb, int64_t
     return KVS_OK;
 }
 
-static void step_end_hook(task *t, int ci, int64_t p) {
-    engine *e = t->e;
-    if (!e->o->hooks || !e->o->hooks->on_step_end) return;
-    int c = t->c_lo + ci;
-    for (int h = 0; h < e->Hkv; h++)
-        e->o->hooks->on_step_end(e->o->hooks->user, c, t->layer, h, p, t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h],
-                                 e->o->configs[c].policy.ops, t->hk[h], t->hv[h], p + 1);
-}
-
 /* Counts `n` more steps and calls the progress callback when 0.25 s passed since the last report (one
  * thread at a time: a busy lock just skips the report). */
 static void report_progress(engine *e, int64_t n) {
@@ -1103,12 +1323,14 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
     const kvs_trace_block **blk = NULL;
     int any_oracle = 0;
     double *cfg_time = NULL;
-    uint8_t *ran = NULL; /* [nc] configurations active at the current position */
+    uint8_t *ran = NULL;  /* [nc] configurations active at the current position */
+    uint8_t *live = NULL; /* [nc] those still running within it (decode_position) */
     if (st != KVS_OK) goto cleanup;
     blk = calloc((size_t)e->Hkv, sizeof *blk);
     cfg_time = calloc((size_t)t.nc, sizeof *cfg_time);
     ran = calloc((size_t)t.nc, 1);
-    if (!blk || !cfg_time || !ran) {
+    live = calloc((size_t)t.nc, 1);
+    if (!blk || !cfg_time || !ran || !live) {
         st = kvs_fail(KVS_ERR_NOMEM, "replay: out of memory");
         goto cleanup;
     }
@@ -1187,38 +1409,37 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
             int active = 0;
             for (int ci = 0; ci < t.nc; ci++) active += ran[ci] = !atomic_load(&e->cfg_failed[c_lo + ci]);
             double ranked0 = t.rank_seconds;
+            if (!is_prompt) {
+                memcpy(live, ran, (size_t)t.nc);
+                decode_position(&t, blk, i, pos, tk, measured, any_oracle, live, cfg_time);
+            }
             double t1 = kvs_now_s(); /* one clock read a configuration: its end is the next one's start */
-            for (int ci = 0; ci < t.nc; ci++) {
+            for (int ci = 0; ci < t.nc && is_prompt; ci++) {
                 int c = c_lo + ci;
                 if (!ran[ci]) continue;
                 double r1 = t.rank_seconds;
                 kvs_status cs = KVS_OK;
-                if (is_prompt) {
-                    if (pos == turn->begin) t.blk_begin[ci] = pos;
-                    int64_t bb = t.blk_begin[ci];
-                    int64_t be = t.blk_size[ci] > 0 ? bb + t.blk_size[ci] : turn->prompt_end;
-                    if (be > turn->prompt_end) be = turn->prompt_end;
-                    if (measured) cs = prompt_measure(&t, ci, pos, tk);
-                    if (cs == KVS_OK && pos == be - 1) {
-                        cs = prefill_block(&t, ci, tk, bb, be);
-                        /* the leak check runs between blocks too: a policy must not read prompt K/V it
-                         * already evicted */
-                        if (cs == KVS_OK) step_end_hook(&t, ci, pos);
-                        t.blk_begin[ci] = be;
-                    }
-                } else {
-                    cs = decode_step(&t, ci, blk, i, pos, tk, measured);
+                if (pos == turn->begin) t.blk_begin[ci] = pos;
+                int64_t bb = t.blk_begin[ci];
+                int64_t be = t.blk_size[ci] > 0 ? bb + t.blk_size[ci] : turn->prompt_end;
+                if (be > turn->prompt_end) be = turn->prompt_end;
+                if (measured) cs = prompt_measure(&t, ci, pos, tk);
+                if (cs == KVS_OK && pos == be - 1) {
+                    cs = prefill_block(&t, ci, tk, bb, be);
+                    /* the leak check runs between blocks too: a policy must not read prompt K/V it already
+                     * evicted */
                     if (cs == KVS_OK) step_end_hook(&t, ci, pos);
+                    t.blk_begin[ci] = be;
                 }
                 if (cs != KVS_OK) fail_config(e, c, layer, cs);
-                /* the ranking, done for whichever configuration asked first, is shared work like the reference */
                 double t2 = kvs_now_s();
-                cfg_time[ci] += t2 - t1 - (t.rank_seconds - r1) + (active ? shared / active : 0);
+                cfg_time[ci] += t2 - t1 - (t.rank_seconds - r1);
                 t1 = t2;
             }
+            /* the reference, and the ranking done for whichever configuration asked first, are shared work */
             double ranked = t.rank_seconds - ranked0;
             for (int ci = 0; ci < t.nc && active; ci++)
-                if (ran[ci]) cfg_time[ci] += ranked / active;
+                if (ran[ci]) cfg_time[ci] += (shared + ranked) / active;
             if (measured) t.measured_steps++;
         }
     }
@@ -1228,6 +1449,7 @@ cleanup:
         for (int ci = 0; ci < t.nc; ci++) e->acc[(size_t)(c_lo + ci) * (size_t)e->L + (size_t)layer].wall += cfg_time[ci];
     free(cfg_time);
     free(ran);
+    free(live);
     free(blk);
     task_free(&t);
     return st;

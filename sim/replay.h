@@ -113,6 +113,12 @@ typedef struct {
      * (tests compare). Off whatever is asked when an on_step_end hook is set (it may rewrite rows the reference
      * read). */
     int ref_scores;
+    /* The shared output pass (issue 17, sim/BENCH.md "Sixteenth pass"): at a position whose scores the reference
+     * has (above), the outputs of all of a task's configurations over a KV head are computed together, a block of
+     * value rows at a time, each block read once for all of them; the same bits. 0 = the default, blocks of 256
+     * KiB of rows; > 0 = blocks of that many rows; -1 = no blocks, each configuration's output whole in turn (tests
+     * compare). */
+    int64_t out_block_rows;
 } kvs_replay_opts;
 
 /* The outcome of one configuration. */

@@ -10,9 +10,14 @@
  *  - the union's size limit at its edge, a position at cap, repeats and a descent at a list's end, positions on
  *    the union bitmap's word edges, a list that is the whole union, and 64 and 65 query rows;
  *  - the 16-bit variant against kvs_attention() on the rows' exact fp32 conversion;
- *  - kvs_attention_lists_scored() (the scores gathered from rows computed once against every position) on every
- *    list of check_lists: the same path and the same bits, fp32 and 16-bit values; lists ending in the same
- *    positions (its shared suffix), all alike, one of them only that suffix, and with no common end.
+ *  - kvs_attention_lists_scored_defer() (the scores gathered from rows computed once against every position)
+ *    then kvs_out_calls_run() on every list of check_lists: the same path and the same bits, fp32 and 16-bit
+ *    values, the union kept apart from the scratch (then overwritten) or in it, the output whole and cut in blocks
+ *    of 1 and 13 value rows; lists ending in the same positions (its shared suffix), all alike, one of them only
+ *    that suffix, and with no common end;
+ *  - kvs_out_calls_run() over the calls of several selections at once (the replay's shared output pass): one list
+ *    for the group (ascending, a run of positions, not ascending), per-row lists over their union and row by row,
+ *    blocks of 0, 1, 5, 64 and CAP rows: every row's output bit for bit kvs_attention()'s.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -128,24 +133,46 @@ static int check_lists(fixture *f) {
     assert_non_null(v16 && v32);
     kvs_encode(KVS_DTYPE_F16, f->values, CAP * d, v16);
     kvs_decode(KVS_DTYPE_F16, v16, CAP * d, v32);
-    for (int pass = 0; pass < 3; pass++) {
-        const float *vals = pass == 0 ? f->values : v32;
-        for (size_t i = 0; i < NQ * d; i++) f->out[i] = NAN; /* every row is written, empty lists' zero */
-        int sused = kvs_attention_lists_scored((const float *const *)srow, NQ, vals, pass == 2 ? v16 : NULL,
-                                               KVS_DTYPE_F16, d, (const int32_t *const *)f->idx, f->n, CAP, d,
-                                               f->probs, f->out, f->fs, f->is);
-        assert_int_equal(sused, used);
-        for (int r = 0; r < NQ; r++) {
-            if (f->n[r] <= 0) {
-                for (size_t i = 0; i < d; i++) assert_true(f->out[(size_t)r * d + i] == 0.0f);
-                continue;
+    /* the union's weights and rows kept apart (fkeep / ikeep) with the scratch overwritten before the output, or
+     * left in the scratch; the output whole, and cut in blocks of 1 and 13 value rows (kvs_out_calls_run) */
+    size_t total = 0;
+    for (int r = 0; r < NQ; r++) total += f->n[r] > 0 ? (size_t)f->n[r] : 0;
+    float *fkeep = malloc((kvs_attn_lists_keep_floats(NQ, total, CAP) + 1) * sizeof(float));
+    int32_t *ikeep = malloc((kvs_attn_lists_keep_ints(NQ, total, CAP) + 1) * sizeof(int32_t));
+    assert_non_null(fkeep && ikeep);
+    const size_t blocks[] = {0, 1, 13};
+    for (int pass = 0; pass < 3; pass++)
+        for (int bk = 0; bk < 6; bk++) {
+            const float *vals = pass == 0 ? f->values : v32;
+            int keep = bk % 2;
+            for (size_t i = 0; i < NQ * d; i++) f->out[i] = NAN; /* every row is written, empty lists' zero */
+            kvs_out_call calls[NQ + 2], *cp[NQ + 2];
+            assert_true(kvs_out_calls_max(NQ) <= NQ + 2);
+            int sused = -1;
+            size_t nc = kvs_attention_lists_scored_defer((const float *const *)srow, NQ, (const int32_t *const *)f->idx,
+                                                         f->n, CAP, d, f->probs, f->out, f->fs, f->is,
+                                                         keep ? fkeep : NULL, keep ? ikeep : NULL, calls, &sused);
+            assert_int_equal(sused, used);
+            assert_true(nc <= kvs_out_calls_max(NQ));
+            if (keep) { /* the calls must not read the scratch */
+                for (size_t i = 0; i < kvs_attn_lists_scratch_floats(NQ, CAP); i++) f->fs[i] = NAN;
+                for (size_t i = 0; i < kvs_attn_lists_scratch_ints(NQ, CAP); i++) f->is[i] = -1;
             }
-            kvs_attention(f->q + (size_t)r * d, f->keys, vals, d, f->idx[r], (size_t)f->n[r], d, scale,
-                          f->ref_probs[r], f->ref_out + (size_t)r * d);
-            assert_memory_equal(f->probs[r], f->ref_probs[r], (size_t)f->n[r] * sizeof(float));
-            assert_memory_equal(f->out + (size_t)r * d, f->ref_out + (size_t)r * d, d * sizeof(float));
+            for (size_t c = 0; c < nc; c++) cp[c] = &calls[c];
+            kvs_out_calls_run(cp, nc, vals, pass == 2 ? v16 : NULL, KVS_DTYPE_F16, d, d, blocks[bk / 2]);
+            for (int r = 0; r < NQ; r++) {
+                if (f->n[r] <= 0) {
+                    for (size_t i = 0; i < d; i++) assert_true(f->out[(size_t)r * d + i] == 0.0f);
+                    continue;
+                }
+                kvs_attention(f->q + (size_t)r * d, f->keys, vals, d, f->idx[r], (size_t)f->n[r], d, scale,
+                              f->ref_probs[r], f->ref_out + (size_t)r * d);
+                assert_memory_equal(f->probs[r], f->ref_probs[r], (size_t)f->n[r] * sizeof(float));
+                assert_memory_equal(f->out + (size_t)r * d, f->ref_out + (size_t)r * d, d * sizeof(float));
+            }
         }
-    }
+    free(fkeep);
+    free(ikeep);
     free(v16);
     free(v32);
     for (int r = 0; r < NQ; r++) free(srow[r]);
@@ -442,6 +469,98 @@ static void test_lists16_equal_fp32_on_converted_rows(void **st) {
     }
 }
 
+/* The calls of five selections over one value matrix run together, as the replay's shared output pass runs every
+ * configuration's: one list for the group (ascending; a run of positions, no index; not ascending, which runs
+ * whole), and per-row lists (over their union with a common suffix; row by row, a repeat refusing the union). */
+static void test_out_calls_of_many_selections(void **st) {
+    (void)st;
+    enum { SELS = 5 };
+    fixture f;
+    fixture_init(&f, 40, 1.0f);
+    size_t d = f.d;
+    float scale = 1.0f / sqrtf((float)d);
+    float *srow[NQ];
+    for (int r = 0; r < NQ; r++) {
+        srow[r] = malloc(CAP * sizeof(float));
+        assert_non_null(srow[r]);
+        kvs_attn_scores(f.q + (size_t)r * d, f.keys, d, NULL, CAP, d, scale, srow[r]);
+    }
+    int32_t *lists[SELS][NQ];
+    int64_t n[SELS][NQ];
+    float *probs[SELS][NQ], *out[SELS], *fkeep[SELS];
+    int32_t *ikeep[SELS];
+    for (int s = 0; s < SELS; s++) {
+        out[s] = malloc(NQ * d * sizeof(float));
+        fkeep[s] = malloc(kvs_attn_lists_keep_floats(NQ, NQ * CAP, CAP) * sizeof(float));
+        ikeep[s] = malloc(kvs_attn_lists_keep_ints(NQ, NQ * CAP, CAP) * sizeof(int32_t));
+        assert_non_null(out[s] && fkeep[s] && ikeep[s]);
+        for (int r = 0; r < NQ; r++) {
+            lists[s][r] = malloc(CAP * sizeof(int32_t));
+            probs[s][r] = malloc(CAP * sizeof(float));
+            assert_non_null(lists[s][r] && probs[s][r]);
+        }
+    }
+    /* 0: every third position; 1: positions 37..236 (a run); 2: a descending list; 3: H2O-like lists (union and a
+     * common suffix); 4: per-row lists, one with a repeat (row by row) */
+    n[0][0] = 0;
+    for (int32_t p = 2; p < CAP; p += 3) lists[0][0][n[0][0]++] = p;
+    n[1][0] = 200;
+    for (int32_t j = 0; j < 200; j++) lists[1][0][j] = 37 + j;
+    n[2][0] = 90;
+    for (int32_t j = 0; j < 90; j++) lists[2][0][j] = CAP - 1 - 3 * j;
+    make_lists(&f, 20, 400);
+    for (int r = 0; r < NQ; r++) {
+        memcpy(lists[3][r], f.idx[r], (size_t)f.n[r] * sizeof(int32_t));
+        n[3][r] = f.n[r];
+    }
+    make_lists(&f, 10, 150);
+    f.idx[2][1] = f.idx[2][0];
+    for (int r = 0; r < NQ; r++) {
+        memcpy(lists[4][r], f.idx[r], (size_t)f.n[r] * sizeof(int32_t));
+        n[4][r] = f.n[r];
+    }
+    const size_t blocks[] = {0, 1, 5, 64, CAP};
+    for (size_t bk = 0; bk < sizeof blocks / sizeof *blocks; bk++) {
+        kvs_out_call calls[SELS][NQ + 2], *cp[SELS * (NQ + 2)];
+        size_t nc = 0;
+        for (int s = 0; s < SELS; s++) {
+            size_t m;
+            if (s < 3) {
+                int run = s == 1;
+                m = kvs_attention_group_scored_defer((const float *const *)srow, NQ, run ? NULL : lists[s][0],
+                                                     run ? 37 : 0, (size_t)n[s][0], d, probs[s], out[s], calls[s]);
+            } else {
+                int used;
+                m = kvs_attention_lists_scored_defer((const float *const *)srow, NQ, (const int32_t *const *)lists[s],
+                                                     n[s], CAP, d, probs[s], out[s], f.fs, f.is, fkeep[s], ikeep[s],
+                                                     calls[s], &used);
+                assert_int_equal(used, s == 3);
+            }
+            for (size_t c = 0; c < m; c++) cp[nc++] = &calls[s][c];
+        }
+        kvs_out_calls_run(cp, nc, f.values, NULL, KVS_DTYPE_F32, d, d, blocks[bk]);
+        for (int s = 0; s < SELS; s++)
+            for (int r = 0; r < NQ; r++) {
+                int li = s < 3 ? 0 : r;
+                kvs_attention(f.q + (size_t)r * d, f.keys, f.values, d, lists[s][li], (size_t)n[s][li], d, scale,
+                              f.ref_probs[r], f.ref_out);
+                assert_memory_equal(probs[s][r], f.ref_probs[r], (size_t)n[s][li] * sizeof(float));
+                assert_memory_equal(out[s] + (size_t)r * d, f.ref_out, d * sizeof(float));
+            }
+    }
+    for (int s = 0; s < SELS; s++) {
+        free(out[s]);
+        free(fkeep[s]);
+        free(ikeep[s]);
+        for (int r = 0; r < NQ; r++) {
+            free(lists[s][r]);
+            free(probs[s][r]);
+        }
+    }
+    for (int r = 0; r < NQ; r++) free(srow[r]);
+    fixture_free(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_union_path_same_bits),
@@ -453,6 +572,7 @@ int main(void) {
         cmocka_unit_test(test_union_of_64_rows),
         cmocka_unit_test(test_shared_suffix_same_bits),
         cmocka_unit_test(test_lists16_equal_fp32_on_converted_rows),
+        cmocka_unit_test(test_out_calls_of_many_selections),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -20,7 +20,9 @@
  *    several budgets of each in one task, single- and multi-turn, with the memo (the default) and without
  *    (prefill_memo = -1): every step sample and every aggregate the same bits;
  *  - the replay with S_t's scores taken from the full reference's (the default) and computed (ref_scores = -1,
- *    sim/BENCH.md "Tenth pass"): 22 policy configurations, fp32 and 16-bit histories, the same bits.
+ *    sim/BENCH.md "Tenth pass"): 22 policy configurations, fp32 and 16-bit histories, the same bits; with the
+ *    shared output pass of the first (sim/BENCH.md "Sixteenth pass") in blocks of the default size, 1, 5 and 7
+ *    rows and unblocked.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -652,7 +654,8 @@ static const int64_t memo_budgets[] = {6, 12, 20, 33};
 
 /* The replay of specs[0..n_specs) at memo_budgets with the options given (0 = default). */
 static kvs_replay_result *replay_specs(const kvs_test_replay_fixture *f, const char *const *specs, int n_specs,
-                                       int prefill_memo, int ref_scores, int kv16, int threads) {
+                                       int prefill_memo, int ref_scores, int kv16, int threads,
+                                       int64_t out_block_rows) {
     static kvs_replay_config cfg[64 * N_MEMO_BUDGETS];
     assert_true(n_specs <= 64);
     int nc = 0;
@@ -665,7 +668,8 @@ static kvs_replay_result *replay_specs(const kvs_test_replay_fixture *f, const c
     kvs_replay_source src;
     assert_int_equal(kvs_replay_source_from_memory(&f->mem, &src), KVS_OK);
     kvs_replay_opts o = {.configs = cfg, .n_configs = nc, .threads = threads, .measure = KVS_MEASURE_ALL,
-                         .series_every = 1, .prefill_memo = prefill_memo, .ref_scores = ref_scores, .kv16 = kv16};
+                         .series_every = 1, .prefill_memo = prefill_memo, .ref_scores = ref_scores, .kv16 = kv16,
+                         .out_block_rows = out_block_rows};
     kvs_replay_result *r = NULL;
     kvs_status st = kvs_replay_execute(&src, &o, &r);
     if (st != KVS_OK) print_message("replay: %s\n", kvs_last_error());
@@ -696,18 +700,23 @@ static void assert_same_results(const kvs_replay_result *a, const kvs_replay_res
 }
 
 /* On each of a 1- and a 2-turn trace: specs replayed with an optimisation on (1 and 2 threads) and off (the memo
- * when memo_off, the reference's scores when ref_off), every number compared; kv16 as kvs_replay_opts has it. */
+ * when memo_off, the reference's scores when ref_off), every number compared; kv16 as kvs_replay_opts has it. With
+ * the reference's scores on, the shared output pass runs too: at its default blocks (one block of rows on traces
+ * this short), in blocks of 1 and 7 rows, and without blocks. */
 static void assert_on_off_same(const char *const *specs, int n_specs, int memo_off, int ref_off, int kv16) {
     for (int turns = 1; turns <= 2; turns++) {
         kvs_gen_trace_opts o = kvs_test_grouped_opts(turns, 4, 90, turns == 1 ? 50 : -1, 16, 11);
         kvs_test_replay_fixture f;
         assert_int_equal(kvs_test_replay_fixture_make(&o, 2, 11, &f), KVS_OK);
-        kvs_replay_result *on = replay_specs(&f, specs, n_specs, 0, 0, kv16, 1);
-        kvs_replay_result *off = replay_specs(&f, specs, n_specs, memo_off ? -1 : 0, ref_off ? -1 : 0, kv16, 1);
-        kvs_replay_result *on2 = replay_specs(&f, specs, n_specs, 0, 0, kv16, 2);
-        assert_same_results(on, off);
+        kvs_replay_result *off = replay_specs(&f, specs, n_specs, memo_off ? -1 : 0, ref_off ? -1 : 0, kv16, 1, 0);
+        const int64_t blocks[] = {0, 1, 7, -1};
+        for (int k = 0; k < (ref_off ? 4 : 1); k++) {
+            kvs_replay_result *on = replay_specs(&f, specs, n_specs, 0, 0, kv16, 1, blocks[k]);
+            assert_same_results(on, off);
+            kvs_replay_result_free(on);
+        }
+        kvs_replay_result *on2 = replay_specs(&f, specs, n_specs, 0, 0, kv16, 2, ref_off ? 5 : 0);
         assert_same_results(on2, off);
-        kvs_replay_result_free(on);
         kvs_replay_result_free(off);
         kvs_replay_result_free(on2);
         kvs_test_replay_fixture_free(&f);
