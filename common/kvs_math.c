@@ -302,6 +302,14 @@ static size_t lower_bound_entry(const int32_t *idx, size_t lo, size_t hi, int64_
     return lo;
 }
 
+/* Reads a byte in every 64 of [p, p + bytes): a block of value rows brought into the caches as one sequential
+ * stream, the hardware prefetcher's pattern, before the calls read its rows by index, when they will read at least
+ * as many rows as the block holds (each indexed row alone would wait on memory: sim/BENCH.md "Sixteenth pass"). */
+static void stream_in(const char *p, size_t bytes) {
+    const volatile char *c = p;
+    for (size_t o = 0; o < bytes; o += 64) (void)c[o];
+}
+
 /* 1 when idx[0..n) is strictly ascending from >= 0 (a call that can be cut at row blocks). */
 static int entries_ascending(const int32_t *idx, size_t n) {
     int bad = n > 0 && idx[0] < 0;
@@ -330,19 +338,27 @@ void kvs_out_calls_run(kvs_out_call *const *calls, size_t n_calls, const float *
         }
     }
     if (!block_rows) return;
+    size_t row_bytes = stride * (values16 ? sizeof *values16 : sizeof *values);
+    const char *base = values16 ? (const char *)values16 : (const char *)values;
     for (size_t x0 = 0, first_block = 1; first_block || x0 < end; x0 += block_rows, first_block = 0) {
-        size_t x1 = end - x0 > block_rows ? x0 + block_rows : end;
+        size_t x1 = end - x0 > block_rows ? x0 + block_rows : end, demand = 0;
+        for (size_t i = 0; i < n_calls; i++) { /* each call's entries in the block: done .. upto */
+            kvs_out_call *c = calls[i];
+            if (c->done == SIZE_MAX) continue;
+            c->upto = c->done >= c->n ? c->n
+                      : c->idx        ? lower_bound_entry(c->idx, c->done, c->n, (int64_t)x1)
+                                      : (x1 > c->first ? (x1 - c->first < c->n ? x1 - c->first : c->n) : 0);
+            if (c->upto > c->done) demand += c->upto - c->done;
+        }
+        if (demand >= x1 - x0) stream_in(base + x0 * row_bytes, (x1 - x0) * row_bytes);
         for (size_t i = 0; i < n_calls; i++) {
             kvs_out_call *c = calls[i];
             if (c->done == SIZE_MAX) {
                 c->done = 0;
                 call_run(k, c, 0, c->n, values, values16, dtype, stride, d);
-                continue;
+            } else {
+                call_run(k, c, c->done, c->upto, values, values16, dtype, stride, d);
             }
-            if (c->done >= c->n) continue;
-            size_t j1 = c->idx ? lower_bound_entry(c->idx, c->done, c->n, (int64_t)x1)
-                               : (x1 > c->first ? (x1 - c->first < c->n ? x1 - c->first : c->n) : 0);
-            call_run(k, c, c->done, j1, values, values16, dtype, stride, d);
         }
         if (x1 >= end) break;
     }

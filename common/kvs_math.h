@@ -139,7 +139,7 @@ typedef struct {
     size_t nr;
     const int32_t *idx;                     /* the entries' value rows; NULL: rows first + j */
     size_t first, n;
-    size_t done;                            /* kvs_out_calls_run's: entries run so far */
+    size_t done, upto;                      /* kvs_out_calls_run's: entries run so far, to run in this block */
 } kvs_out_call;
 
 /*! kvs_out_calls_max() : the most calls the _defer functions below write for nq query rows. */
@@ -148,7 +148,8 @@ size_t kvs_out_calls_max(size_t nq);
 /*! kvs_out_calls_run() : runs calls[0..n_calls) over one value matrix (as kvs_attention_group_scored reads it:
  *  fp32 `values`, or `values16` when non-NULL), block_rows value rows at a time (0: each call whole), the calls in
  *  their order within a block; a call whose idx is not strictly ascending runs whole, in its turn, in the first
- *  block. Every output row ends as running the calls whole one after the other would leave it, bit for bit,
+ *  block. A block whose rows the calls take at least as many entries from as it has rows is first read through in
+ *  order, one sequential stream, so that the indexed reads find it in the caches. Every output row ends as running the calls whole one after the other would leave it, bit for bit,
  *  provided that of two calls sharing an output row, the earlier one's value rows all lie below the later one's
  *  (the _defer functions' calls do: a union's rows lie below the lists' common suffix). */
 void kvs_out_calls_run(kvs_out_call *const *calls, size_t n_calls, const float *values, const uint16_t *values16,
