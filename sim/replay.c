@@ -215,7 +215,7 @@ typedef struct cfg_step {
     float *out;               /* [G][d] */
     kvs_out_call *calls;      /* [kvs_out_calls_max(G)] */
     size_t n_calls;
-    double fmas;              /* the output's multiply-adds (its share of the shared pass's time) */
+    double fmas;              /* its entries x d (x G over a shared list): its share of the shared pass's time */
     double kv_slots, dedup;   /* check_sel's counts */
     int32_t *iarena;
     float *farena;
