@@ -153,7 +153,6 @@ typedef struct {
                                * reference and the group attention; hk/hv are their exact conversion */
     float **qb;               /* [Hkv] -> [max_prompt][G][d] current turn's prompt queries */
     void **states;            /* [nc][Hkv] */
-    void **sync_states;       /* [Hkv] scratch */
     kvs_policy_granularity *layout; /* [nc] */
     int32_t **sel_idx;        /* [G] -> [N] */
     int64_t *sel_n;           /* [G] */
@@ -208,7 +207,6 @@ typedef struct {
  * arenas grow to the largest selection seen. */
 typedef struct cfg_step {
     int deferred;             /* 1: the output waits for the shared pass; 0: the step at this head is done */
-    int n_lists;
     int32_t **idx;            /* [G] -> the selection's lists, copied into iarena */
     int64_t *n;               /* [G] */
     float **probs;            /* [G] -> each list's probabilities, in farena */
@@ -247,7 +245,6 @@ static void task_free(task *t) {
     free(t->hv16);
     free(t->qb);
     free(t->states);
-    free(t->sync_states);
     free(t->layout);
     free(t->sel_idx);
     free(t->sel_n);
@@ -320,7 +317,6 @@ static kvs_status task_alloc(task *t) {
     t->hv = calloc(H, sizeof *t->hv);
     t->qb = calloc(H, sizeof *t->qb);
     t->states = calloc((size_t)t->nc * H, sizeof *t->states);
-    t->sync_states = calloc(H, sizeof *t->sync_states);
     t->layout = calloc((size_t)t->nc, sizeof *t->layout);
     t->sel_idx = calloc(G, sizeof *t->sel_idx);
     t->sel_n = calloc(G, sizeof *t->sel_n);
@@ -371,7 +367,7 @@ static kvs_status task_alloc(task *t) {
     if (e->o->prefill_memo >= 0 && !(e->o->hooks && e->o->hooks->on_step_end)) t->memo = kvs_policy_memo_create();
     if (!t->has_merged || !t->plain || !t->lists_f || !t->lists_i || !t->row_k || !t->row_v || !t->gk || !t->gv || !t->blk_size || !t->blk_begin || !t->views || !t->oviews)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
-    if (!t->streams || !t->hk || !t->hv || !t->qb || !t->states || !t->sync_states || !t->layout || !t->sel_idx ||
+    if (!t->streams || !t->hk || !t->hv || !t->qb || !t->states || !t->layout || !t->sel_idx ||
         !t->sel_n || !t->pbuf || !t->fullp || !t->fullo || !t->order || !t->sort_scratch || !t->rank || !t->outp || !t->stored || !t->in_list ||
         !t->in_union)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
@@ -900,6 +896,14 @@ static void attend_list(task *t, int h, const float *q, const kvs_policy_sel *se
     kvs_attention(q, t->gk, t->gv, d, NULL, (size_t)sel->n[li], d, e->src->model.scale, probs, out);
 }
 
+/* Configuration ci's instances, one per KV head in order (what layer_pre_select and layer_sync take). */
+static void *const *config_states(const task *t, int ci) { return t->states + (size_t)ci * (size_t)t->e->Hkv; }
+
+/* The number of lists configuration ci selects: one per query head or one for the group (kvs_policy_sel). */
+static int config_lists(const task *t, int ci) {
+    return t->layout[ci] == KVS_SEL_PER_QUERY_HEAD ? t->e->G : 1;
+}
+
 static int any_merged(const int *has_merged, int n_lists) {
     for (int li = 0; li < n_lists; li++)
         if (has_merged[li]) return 1;
@@ -911,7 +915,7 @@ static void step_end_hook(task *t, int ci, int64_t p) {
     if (!e->o->hooks || !e->o->hooks->on_step_end) return;
     int c = t->c_lo + ci;
     for (int h = 0; h < e->Hkv; h++)
-        e->o->hooks->on_step_end(e->o->hooks->user, c, t->layer, h, p, t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h],
+        e->o->hooks->on_step_end(e->o->hooks->user, c, t->layer, h, p, config_states(t, ci)[h],
                                  e->o->configs[c].policy.ops, t->hk[h], t->hv[h], p + 1);
 }
 
@@ -946,7 +950,7 @@ static kvs_status head_finish(task *t, int ci, int h, int64_t p, int measured, c
                               double kv_slots, double dedup) {
     engine *e = t->e;
     const struct kvs_policy_ops *ops = e->o->configs[t->c_lo + ci].policy.ops;
-    void *state = t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h];
+    void *state = config_states(t, ci)[h];
     const kvs_policy_view *view = config_views(t, ops) + h;
     kvs_status st = KVS_OK;
     kvs_policy_cost cost, before;
@@ -1009,7 +1013,6 @@ static kvs_status defer_scored(task *t, cfg_step *cs, int h, int64_t p, const kv
         foff += shared ? total : (size_t)sel->n[g];
     }
     for (size_t g = 0; g < G; g++) t->srow[g] = t->cur_s + (size_t)h * G * N + g * (size_t)(p + 1);
-    cs->n_lists = sel->n_lists;
     cs->fmas = (double)total * (double)d * (shared ? (double)G : 1.0);
     if (shared) {
         /* a run of consecutive positions (a window; check_sel found the list ascending and distinct): no index,
@@ -1037,11 +1040,11 @@ static kvs_status head_select(task *t, int ci, int h, int64_t p, int measured) {
     int c = t->c_lo + ci;
     const struct kvs_policy_ops *ops = e->o->configs[c].policy.ops;
     cfg_step *cs = &t->steps[ci];
-    void *state = t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h];
+    void *state = config_states(t, ci)[h];
     const kvs_policy_view *view = config_views(t, ops) + h;
     const float *q = view->q;
     kvs_policy_sel sel = {.idx = t->sel_idx, .n = t->sel_n, .cap = e->N, .row_k = t->row_k, .row_v = t->row_v};
-    sel.n_lists = t->layout[ci] == KVS_SEL_PER_QUERY_HEAD ? e->G : 1;
+    sel.n_lists = config_lists(t, ci);
     for (int li = 0; li < sel.n_lists; li++) sel.n[li] = 0;
     int *has_merged = t->has_merged;
     double kv_slots, dedup;
@@ -1114,6 +1117,12 @@ static size_t out_block_rows(const task *t) {
     return rows > 0 ? rows : 1;
 }
 
+/* Fails configuration ci (fail_config) and takes it out of the rest of the position (live[ci]). */
+static void stop_config(task *t, int ci, kvs_status st, uint8_t *live) {
+    fail_config(t->e, t->c_lo + ci, t->layer, st);
+    live[ci] = 0;
+}
+
 /* Charges the time since *t1 to configuration ci, less the ranking done meanwhile (shared work, shared out by
  * run_task); the clock read ends ci's time and starts the next one's. */
 static void charge(task *t, double *cfg_time, int ci, double *t1, double *r1) {
@@ -1141,11 +1150,8 @@ static void decode_position(task *t, const kvs_trace_block *const *blk, int i, i
     for (int ci = 0; ci < t->nc; ci++) {
         const struct kvs_policy_ops *ops = e->o->configs[t->c_lo + ci].policy.ops;
         if (!live[ci] || !ops->layer_pre_select) continue;
-        for (int h = 0; h < e->Hkv; h++) t->sync_states[h] = t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h];
-        if ((st = ops->layer_pre_select(t->sync_states, e->Hkv, config_views(t, ops))) != KVS_OK) {
-            fail_config(e, t->c_lo + ci, t->layer, st);
-            live[ci] = 0;
-        }
+        if ((st = ops->layer_pre_select(config_states(t, ci), e->Hkv, config_views(t, ops))) != KVS_OK)
+            stop_config(t, ci, st, live);
         charge(t, cfg_time, ci, &t1, &r1);
     }
     size_t block_rows = out_block_rows(t);
@@ -1155,8 +1161,7 @@ static void decode_position(task *t, const kvs_trace_block *const *blk, int i, i
         for (int ci = 0; ci < t->nc; ci++) {
             if (!live[ci]) continue;
             if ((st = head_select(t, ci, h, p, measured)) != KVS_OK) {
-                fail_config(e, t->c_lo + ci, t->layer, st);
-                live[ci] = 0;
+                stop_config(t, ci, st, live);
             } else if (t->steps[ci].deferred) {
                 cfg_step *cs = &t->steps[ci];
                 for (size_t k = 0; k < cs->n_calls; k++) t->call_ptrs[n_calls++] = &cs->calls[k];
@@ -1175,13 +1180,11 @@ static void decode_position(task *t, const kvs_trace_block *const *blk, int i, i
             cfg_step *cs = &t->steps[ci];
             if (!live[ci] || !cs->deferred) continue;
             cs->deferred = 0;
-            kvs_policy_sel sel = {.idx = cs->idx, .n = cs->n, .n_lists = cs->n_lists, .cap = e->N, .row_k = t->row_k,
-                                  .row_v = t->row_v};
+            kvs_policy_sel sel = {.idx = cs->idx, .n = cs->n, .n_lists = config_lists(t, ci), .cap = e->N,
+                                  .row_k = t->row_k, .row_v = t->row_v};
             if ((st = head_finish(t, ci, h, p, measured, &sel, cs->probs, cs->out, NULL, 0, cs->kv_slots,
-                                  cs->dedup)) != KVS_OK) {
-                fail_config(e, t->c_lo + ci, t->layer, st);
-                live[ci] = 0;
-            }
+                                  cs->dedup)) != KVS_OK)
+                stop_config(t, ci, st, live);
             charge(t, cfg_time, ci, &t1, &r1);
         }
     }
@@ -1189,15 +1192,9 @@ static void decode_position(task *t, const kvs_trace_block *const *blk, int i, i
         const struct kvs_policy_ops *ops = e->o->configs[t->c_lo + ci].policy.ops;
         if (!live[ci]) continue;
         st = KVS_OK;
-        if (ops->layer_sync) {
-            for (int h = 0; h < e->Hkv; h++) t->sync_states[h] = t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h];
-            st = ops->layer_sync(t->sync_states, e->Hkv, KVS_SYNC_DECODE);
-        }
+        if (ops->layer_sync) st = ops->layer_sync(config_states(t, ci), e->Hkv, KVS_SYNC_DECODE);
         if (st == KVS_OK) step_end_hook(t, ci, p);
-        else {
-            fail_config(e, t->c_lo + ci, t->layer, st);
-            live[ci] = 0;
-        }
+        else stop_config(t, ci, st, live);
         charge(t, cfg_time, ci, &t1, &r1);
     }
 }
@@ -1212,12 +1209,12 @@ static kvs_status prompt_measure(task *t, int ci, int64_t p, int64_t tk) {
     const struct kvs_policy_ops *ops = e->o->configs[t->c_lo + ci].policy.ops;
     const kvs_turn *turn = &e->src->turns[tk];
     size_t Gd = (size_t)e->G * (size_t)e->d;
-    int n_lists = t->layout[ci] == KVS_SEL_PER_QUERY_HEAD ? e->G : 1;
+    int n_lists = config_lists(t, ci);
     int64_t bb = t->blk_begin[ci];
     int64_t be = t->blk_size[ci] > 0 ? bb + t->blk_size[ci] : turn->prompt_end;
     if (be > turn->prompt_end) be = turn->prompt_end;
     for (int h = 0; h < e->Hkv; h++) {
-        void *state = t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h];
+        void *state = config_states(t, ci)[h];
         for (int li = 0; li < n_lists; li++) {
             int64_t m = 0;
             if (ops->stored) {
@@ -1270,13 +1267,37 @@ static kvs_status prefill_block(task *t, int ci, int64_t tk, int64_t bb, int64_t
             .turn = (int32_t)tk, .full_probs = NULL, .block_begin = bb, .last_block = be == turn->prompt_end,
             .memo = t->memo,
         };
-        if ((st = ops->prefill(t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h], &view)) != KVS_OK) return st;
+        if ((st = ops->prefill(config_states(t, ci)[h], &view)) != KVS_OK) return st;
     }
     if (ops->layer_sync) {
-        for (int h = 0; h < e->Hkv; h++) t->sync_states[h] = t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h];
-        if ((st = ops->layer_sync(t->sync_states, e->Hkv, KVS_SYNC_PREFILL)) != KVS_OK) return st;
+        if ((st = ops->layer_sync(config_states(t, ci), e->Hkv, KVS_SYNC_PREFILL)) != KVS_OK) return st;
     }
     return KVS_OK;
+}
+
+/* A prompt position p of every configuration with run[ci] set: the measurement of p (measured positions) and, at
+ * the end of a configuration's prefill block, its prefill call and the step-end hook. A configuration that fails is
+ * failed (fail_config). cfg_time[ci] += its time less the ranking's (charge). */
+static void prompt_position(task *t, int64_t p, int64_t tk, int measured, const uint8_t *run, double *cfg_time) {
+    const kvs_turn *turn = &t->e->src->turns[tk];
+    double t1 = kvs_now_s(), r1 = t->rank_seconds;
+    for (int ci = 0; ci < t->nc; ci++) {
+        if (!run[ci]) continue;
+        kvs_status st = KVS_OK;
+        if (p == turn->begin) t->blk_begin[ci] = p;
+        int64_t bb = t->blk_begin[ci];
+        int64_t be = t->blk_size[ci] > 0 ? bb + t->blk_size[ci] : turn->prompt_end;
+        if (be > turn->prompt_end) be = turn->prompt_end;
+        if (measured) st = prompt_measure(t, ci, p, tk);
+        if (st == KVS_OK && p == be - 1) {
+            st = prefill_block(t, ci, tk, bb, be);
+            /* the leak check runs between blocks too: a policy must not read prompt K/V it already evicted */
+            if (st == KVS_OK) step_end_hook(t, ci, p);
+            t->blk_begin[ci] = be;
+        }
+        if (st != KVS_OK) fail_config(t->e, t->c_lo + ci, t->layer, st);
+        charge(t, cfg_time, ci, &t1, &r1);
+    }
 }
 
 /* Counts `n` more steps and calls the progress callback when 0.25 s passed since the last report (one
@@ -1409,32 +1430,11 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
             int active = 0;
             for (int ci = 0; ci < t.nc; ci++) active += ran[ci] = !atomic_load(&e->cfg_failed[c_lo + ci]);
             double ranked0 = t.rank_seconds;
-            if (!is_prompt) {
+            if (is_prompt) {
+                prompt_position(&t, pos, tk, measured, ran, cfg_time);
+            } else {
                 memcpy(live, ran, (size_t)t.nc);
                 decode_position(&t, blk, i, pos, tk, measured, any_oracle, live, cfg_time);
-            }
-            double t1 = kvs_now_s(); /* one clock read a configuration: its end is the next one's start */
-            for (int ci = 0; ci < t.nc && is_prompt; ci++) {
-                int c = c_lo + ci;
-                if (!ran[ci]) continue;
-                double r1 = t.rank_seconds;
-                kvs_status cs = KVS_OK;
-                if (pos == turn->begin) t.blk_begin[ci] = pos;
-                int64_t bb = t.blk_begin[ci];
-                int64_t be = t.blk_size[ci] > 0 ? bb + t.blk_size[ci] : turn->prompt_end;
-                if (be > turn->prompt_end) be = turn->prompt_end;
-                if (measured) cs = prompt_measure(&t, ci, pos, tk);
-                if (cs == KVS_OK && pos == be - 1) {
-                    cs = prefill_block(&t, ci, tk, bb, be);
-                    /* the leak check runs between blocks too: a policy must not read prompt K/V it already
-                     * evicted */
-                    if (cs == KVS_OK) step_end_hook(&t, ci, pos);
-                    t.blk_begin[ci] = be;
-                }
-                if (cs != KVS_OK) fail_config(e, c, layer, cs);
-                double t2 = kvs_now_s();
-                cfg_time[ci] += t2 - t1 - (t.rank_seconds - r1);
-                t1 = t2;
             }
             /* the reference, and the ranking done for whichever configuration asked first, are shared work */
             double ranked = t.rank_seconds - ranked0;
