@@ -194,6 +194,10 @@ void kvs_max_rows(const float *rows, size_t stride, size_t n_rows, size_t n, flo
 /*! kvs_topk_f64() : kvs_topk() over doubles (same order and tie rule), for scores ranked in fp64. */
 void kvs_topk_f64(const double *x, size_t n, size_t k, int32_t *out_idx);
 
+/*! kvs_topk_f64_set() : the same min(k, n) indices as kvs_topk_f64(), in no stated order (for a caller that wants
+ *  the set: the ranking's k log k sort is skipped). */
+void kvs_topk_f64_set(const double *x, size_t n, size_t k, int32_t *out_idx);
+
 /*! kvs_desc_key() : the radix sort key of kvs_argsort_desc / kvs_topk's order: ascending key = descending value,
  *  -0 equal to +0, NaN strictly after everything (UINT32_MAX; no number maps there). Computed from the float's
  *  bits without branches, so a loop filling a row of keys vectorises. */

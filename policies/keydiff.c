@@ -225,7 +225,7 @@ static void kd_evict(kd_state *s, const float *keys) {
             for (int64_t e = 0; e < scored - keep; e++) s->mark[kd_last_ranked(s->score, s->mark, scored)] = 0;
         } else {
             memset(s->mark, 0, (size_t)nc);
-            kvs_topk_f64(s->score, (size_t)scored, (size_t)keep, s->top);
+            kvs_topk_f64_set(s->score, (size_t)scored, (size_t)keep, s->top);
             for (int64_t j = 0; j < keep; j++) s->mark[s->top[j]] = 1;
         }
     }

@@ -408,6 +408,21 @@ static void test_topk_f64_matches_sort(void **state) {
         }
         kvs_topk_f64(x, N, N - 1, got); /* KeyDiff's eviction: all but one */
         assert_memory_equal(got, ref, (N - 1) * sizeof *got);
+        /* kvs_topk_f64_set: the same members in any order; k past n is capped, k = 0 writes nothing */
+        for (size_t k = 0; k <= N + 5; k = k * 2 + 1) {
+            size_t m = k < N ? k : N;
+            int32_t want[N];
+            memcpy(want, ref, m * sizeof *want);
+            got[0] = -7;
+            kvs_topk_f64_set(x, N, k, got);
+            if (k == 0) {
+                assert_int_equal(got[0], -7);
+                continue;
+            }
+            kvs_sort_positions(want, m);
+            kvs_sort_positions(got, m);
+            assert_memory_equal(got, want, m * sizeof *got);
+        }
     }
 }
 
