@@ -500,14 +500,32 @@ AVX2 static void output_add_avx2(const float *const *p_rows, size_t nr, size_t c
             float *o = out_rows[r];
             size_t i = 0;
             for (; i + 64 <= d; i += 64) {
-                __m256 c[8];
-                for (int k = 0; k < 8; k++) c[k] = _mm256_loadu_ps(o + i + 8 * (size_t)k);
+                /* named accumulators: as an array c[8] under -O2 they lived on the stack, each FMA a load and a
+                 * store behind the last (a single-row call ran at 14-25% of the FMA peak; issue 17) */
+                __m256 c0 = _mm256_loadu_ps(o + i), c1 = _mm256_loadu_ps(o + i + 8);
+                __m256 c2 = _mm256_loadu_ps(o + i + 16), c3 = _mm256_loadu_ps(o + i + 24);
+                __m256 c4 = _mm256_loadu_ps(o + i + 32), c5 = _mm256_loadu_ps(o + i + 40);
+                __m256 c6 = _mm256_loadu_ps(o + i + 48), c7 = _mm256_loadu_ps(o + i + 56);
                 for (size_t j = jb; j < je; j++) {
                     const float *v = row_of(values, stride, idx, j) + i;
                     __m256 w = _mm256_broadcast_ss(p + j);
-                    for (int k = 0; k < 8; k++) c[k] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * (size_t)k), c[k]);
+                    c0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), c0);
+                    c1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), c1);
+                    c2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), c2);
+                    c3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), c3);
+                    c4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 32), c4);
+                    c5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 40), c5);
+                    c6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 48), c6);
+                    c7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 56), c7);
                 }
-                for (int k = 0; k < 8; k++) _mm256_storeu_ps(o + i + 8 * (size_t)k, c[k]);
+                _mm256_storeu_ps(o + i, c0);
+                _mm256_storeu_ps(o + i + 8, c1);
+                _mm256_storeu_ps(o + i + 16, c2);
+                _mm256_storeu_ps(o + i + 24, c3);
+                _mm256_storeu_ps(o + i + 32, c4);
+                _mm256_storeu_ps(o + i + 40, c5);
+                _mm256_storeu_ps(o + i + 48, c6);
+                _mm256_storeu_ps(o + i + 56, c7);
             }
             for (; i + 8 <= d; i += 8) {
                 __m256 c = _mm256_loadu_ps(o + i);
@@ -791,15 +809,31 @@ output_add16_rows(const float *const *p_rows, size_t nr, size_t col0, const uint
         const float *p = p_rows[r] + col0;
         float *o = out_rows[r];
         size_t i = 0;
-        for (; i + 64 <= d; i += 64) {
-            __m256 c[8];
-            for (int k = 0; k < 8; k++) c[k] = _mm256_loadu_ps(o + i + 8 * (size_t)k);
+        for (; i + 64 <= d; i += 64) { /* named accumulators, as output_add_avx2's */
+            __m256 c0 = _mm256_loadu_ps(o + i), c1 = _mm256_loadu_ps(o + i + 8);
+            __m256 c2 = _mm256_loadu_ps(o + i + 16), c3 = _mm256_loadu_ps(o + i + 24);
+            __m256 c4 = _mm256_loadu_ps(o + i + 32), c5 = _mm256_loadu_ps(o + i + 40);
+            __m256 c6 = _mm256_loadu_ps(o + i + 48), c7 = _mm256_loadu_ps(o + i + 56);
             for (size_t j = 0; j < n; j++) {
                 const uint16_t *v = row16_of(values, stride, idx, j) + i;
                 __m256 w = _mm256_broadcast_ss(p + j);
-                for (int k = 0; k < 8; k++) c[k] = _mm256_fmadd_ps(w, load8h(v + 8 * (size_t)k, bf16), c[k]);
+                c0 = _mm256_fmadd_ps(w, load8h(v, bf16), c0);
+                c1 = _mm256_fmadd_ps(w, load8h(v + 8, bf16), c1);
+                c2 = _mm256_fmadd_ps(w, load8h(v + 16, bf16), c2);
+                c3 = _mm256_fmadd_ps(w, load8h(v + 24, bf16), c3);
+                c4 = _mm256_fmadd_ps(w, load8h(v + 32, bf16), c4);
+                c5 = _mm256_fmadd_ps(w, load8h(v + 40, bf16), c5);
+                c6 = _mm256_fmadd_ps(w, load8h(v + 48, bf16), c6);
+                c7 = _mm256_fmadd_ps(w, load8h(v + 56, bf16), c7);
             }
-            for (int k = 0; k < 8; k++) _mm256_storeu_ps(o + i + 8 * (size_t)k, c[k]);
+            _mm256_storeu_ps(o + i, c0);
+            _mm256_storeu_ps(o + i + 8, c1);
+            _mm256_storeu_ps(o + i + 16, c2);
+            _mm256_storeu_ps(o + i + 24, c3);
+            _mm256_storeu_ps(o + i + 32, c4);
+            _mm256_storeu_ps(o + i + 40, c5);
+            _mm256_storeu_ps(o + i + 48, c6);
+            _mm256_storeu_ps(o + i + 56, c7);
         }
         for (; i + 8 <= d; i += 8) {
             __m256 c = _mm256_loadu_ps(o + i);
@@ -1288,19 +1322,31 @@ AVX512 static void output_add_avx512(const float *const *p_rows, size_t nr, size
             float *o[4];
             for (int k = 0; k < 4; k++) p[k] = p_rows[r + (size_t)k] + col0, o[k] = out_rows[r + (size_t)k];
             size_t i = 0;
-            for (; i + 32 <= d; i += 32) {
-                __m512 c[4][2];
-                for (int k = 0; k < 4; k++) c[k][0] = _mm512_loadu_ps(o[k] + i), c[k][1] = _mm512_loadu_ps(o[k] + i + 16);
+            for (; i + 32 <= d; i += 32) { /* named accumulators (an array of them lived on the stack under -O2) */
+                __m512 c00 = _mm512_loadu_ps(o[0] + i), c01 = _mm512_loadu_ps(o[0] + i + 16);
+                __m512 c10 = _mm512_loadu_ps(o[1] + i), c11 = _mm512_loadu_ps(o[1] + i + 16);
+                __m512 c20 = _mm512_loadu_ps(o[2] + i), c21 = _mm512_loadu_ps(o[2] + i + 16);
+                __m512 c30 = _mm512_loadu_ps(o[3] + i), c31 = _mm512_loadu_ps(o[3] + i + 16);
                 for (size_t j = jb; j < je; j++) {
                     const float *v = row_of(values, stride, idx, j) + i;
                     __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
-                    for (int k = 0; k < 4; k++) {
-                        __m512 w = _mm512_set1_ps(p[k][j]);
-                        c[k][0] = _mm512_fmadd_ps(w, v0, c[k][0]);
-                        c[k][1] = _mm512_fmadd_ps(w, v1, c[k][1]);
-                    }
+                    __m512 w = _mm512_set1_ps(p[0][j]);
+                    c00 = _mm512_fmadd_ps(w, v0, c00);
+                    c01 = _mm512_fmadd_ps(w, v1, c01);
+                    w = _mm512_set1_ps(p[1][j]);
+                    c10 = _mm512_fmadd_ps(w, v0, c10);
+                    c11 = _mm512_fmadd_ps(w, v1, c11);
+                    w = _mm512_set1_ps(p[2][j]);
+                    c20 = _mm512_fmadd_ps(w, v0, c20);
+                    c21 = _mm512_fmadd_ps(w, v1, c21);
+                    w = _mm512_set1_ps(p[3][j]);
+                    c30 = _mm512_fmadd_ps(w, v0, c30);
+                    c31 = _mm512_fmadd_ps(w, v1, c31);
                 }
-                for (int k = 0; k < 4; k++) _mm512_storeu_ps(o[k] + i, c[k][0]), _mm512_storeu_ps(o[k] + i + 16, c[k][1]);
+                _mm512_storeu_ps(o[0] + i, c00), _mm512_storeu_ps(o[0] + i + 16, c01);
+                _mm512_storeu_ps(o[1] + i, c10), _mm512_storeu_ps(o[1] + i + 16, c11);
+                _mm512_storeu_ps(o[2] + i, c20), _mm512_storeu_ps(o[2] + i + 16, c21);
+                _mm512_storeu_ps(o[3] + i, c30), _mm512_storeu_ps(o[3] + i + 16, c31);
             }
             for (; i < d; i++) { /* d % 32 leftovers, element by element in the same fused order */
                 float c[4] = {o[0][i], o[1][i], o[2][i], o[3][i]};
@@ -1316,14 +1362,26 @@ AVX512 static void output_add_avx512(const float *const *p_rows, size_t nr, size
             float *o = out_rows[r];
             size_t i = 0;
             for (; i + 128 <= d; i += 128) {
-                __m512 c[8];
-                for (int k = 0; k < 8; k++) c[k] = _mm512_loadu_ps(o + i + 16 * (size_t)k);
+                __m512 c0 = _mm512_loadu_ps(o + i), c1 = _mm512_loadu_ps(o + i + 16);
+                __m512 c2 = _mm512_loadu_ps(o + i + 32), c3 = _mm512_loadu_ps(o + i + 48);
+                __m512 c4 = _mm512_loadu_ps(o + i + 64), c5 = _mm512_loadu_ps(o + i + 80);
+                __m512 c6 = _mm512_loadu_ps(o + i + 96), c7 = _mm512_loadu_ps(o + i + 112);
                 for (size_t j = jb; j < je; j++) {
                     const float *v = row_of(values, stride, idx, j) + i;
                     __m512 w = _mm512_set1_ps(p[j]);
-                    for (int k = 0; k < 8; k++) c[k] = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16 * (size_t)k), c[k]);
+                    c0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v), c0);
+                    c1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16), c1);
+                    c2 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 32), c2);
+                    c3 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 48), c3);
+                    c4 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 64), c4);
+                    c5 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 80), c5);
+                    c6 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 96), c6);
+                    c7 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 112), c7);
                 }
-                for (int k = 0; k < 8; k++) _mm512_storeu_ps(o + i + 16 * (size_t)k, c[k]);
+                _mm512_storeu_ps(o + i, c0), _mm512_storeu_ps(o + i + 16, c1);
+                _mm512_storeu_ps(o + i + 32, c2), _mm512_storeu_ps(o + i + 48, c3);
+                _mm512_storeu_ps(o + i + 64, c4), _mm512_storeu_ps(o + i + 80, c5);
+                _mm512_storeu_ps(o + i + 96, c6), _mm512_storeu_ps(o + i + 112, c7);
             }
             for (; i + 16 <= d; i += 16) {
                 __m512 c = _mm512_loadu_ps(o + i);
