@@ -1191,11 +1191,68 @@ static void scores16_x32(const float *q, size_t nr, const uint16_t *keys, kvs_dt
     if (r4 < nr) scores16_avx2(q + r4 * d, nr - r4, keys, dtype, stride, idx, n, d, scale, out_rows + r4, col0);
 }
 
+/* One output row, 128 columns a pass in 16 accumulators: each value row is read once per pass where the AVX2
+ * table's single-row path (8 accumulators, 64 columns) reads it in two; the columns past the last 128 through that
+ * path. The same fma chain over ascending j per element. */
+AVX2_X32 static void x32_output1(const float *p, const float *values, size_t stride, const int32_t *idx, size_t n,
+                                 size_t d, float *o) {
+    size_t d128 = d & ~(size_t)127;
+    for (size_t i = 0; i < d128; i += 128) {
+        __m256 c0 = _mm256_loadu_ps(o + i), c1 = _mm256_loadu_ps(o + i + 8), c2 = _mm256_loadu_ps(o + i + 16);
+        __m256 c3 = _mm256_loadu_ps(o + i + 24), c4 = _mm256_loadu_ps(o + i + 32), c5 = _mm256_loadu_ps(o + i + 40);
+        __m256 c6 = _mm256_loadu_ps(o + i + 48), c7 = _mm256_loadu_ps(o + i + 56), c8 = _mm256_loadu_ps(o + i + 64);
+        __m256 c9 = _mm256_loadu_ps(o + i + 72), c10 = _mm256_loadu_ps(o + i + 80);
+        __m256 c11 = _mm256_loadu_ps(o + i + 88), c12 = _mm256_loadu_ps(o + i + 96);
+        __m256 c13 = _mm256_loadu_ps(o + i + 104), c14 = _mm256_loadu_ps(o + i + 112);
+        __m256 c15 = _mm256_loadu_ps(o + i + 120);
+        for (size_t j = 0; j < n; j++) {
+            const float *v = row_of(values, stride, idx, j) + i;
+            __m256 w = _mm256_broadcast_ss(p + j);
+            c0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), c0);
+            c1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), c1);
+            c2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), c2);
+            c3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), c3);
+            c4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 32), c4);
+            c5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 40), c5);
+            c6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 48), c6);
+            c7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 56), c7);
+            c8 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 64), c8);
+            c9 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 72), c9);
+            c10 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 80), c10);
+            c11 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 88), c11);
+            c12 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 96), c12);
+            c13 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 104), c13);
+            c14 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 112), c14);
+            c15 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 120), c15);
+        }
+        _mm256_storeu_ps(o + i, c0);
+        _mm256_storeu_ps(o + i + 8, c1);
+        _mm256_storeu_ps(o + i + 16, c2);
+        _mm256_storeu_ps(o + i + 24, c3);
+        _mm256_storeu_ps(o + i + 32, c4);
+        _mm256_storeu_ps(o + i + 40, c5);
+        _mm256_storeu_ps(o + i + 48, c6);
+        _mm256_storeu_ps(o + i + 56, c7);
+        _mm256_storeu_ps(o + i + 64, c8);
+        _mm256_storeu_ps(o + i + 72, c9);
+        _mm256_storeu_ps(o + i + 80, c10);
+        _mm256_storeu_ps(o + i + 88, c11);
+        _mm256_storeu_ps(o + i + 96, c12);
+        _mm256_storeu_ps(o + i + 104, c13);
+        _mm256_storeu_ps(o + i + 112, c14);
+        _mm256_storeu_ps(o + i + 120, c15);
+    }
+    if (d128 < d) {
+        float *orow = o + d128;
+        output_add_avx2(&p, 1, 0, values + d128, stride, idx, n, d - d128, &orow);
+    }
+}
+
 AVX2_X32 static void output_add_x32(const float *const *p_rows, size_t nr, size_t col0, const float *values,
                                     size_t stride, const int32_t *idx, size_t n, size_t d, float *const *out_rows) {
     size_t r4 = nr & ~(size_t)3;
     x32_output(p_rows, nr, col0, values, stride, idx, n, d, out_rows, X32_F32);
-    if (r4 < nr) output_add_avx2(p_rows + r4, nr - r4, col0, values, stride, idx, n, d, out_rows + r4);
+    for (size_t r = r4; r < nr; r++) x32_output1(p_rows[r] + col0, values, stride, idx, n, d, out_rows[r]);
 }
 
 AVX2_X32 static void output_add16_x32_f16(const float *const *p_rows, size_t nr, size_t col0, const uint16_t *values,
