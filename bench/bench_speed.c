@@ -244,6 +244,20 @@ static void kernels(int d) {
         printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "  the same, |S_t| 256 (L2)", reps * fma_out_l2 / el,
                100 * reps * fma_out_l2 / el / peak_core_cpu, reps * bytes_v_l2 / el / 1e9,
                bytes_v_l2 / bw_core / fma_out_l2);
+        /* One query head's output over its own list: the call a per-query-head selection makes when its lists'
+         * union is refused (sim/BENCH.md "Seventeenth pass"); the output kernel alone, one row */
+        {
+            const kvs_math_kernels *km = kvs_math_kernels_active();
+            const float *p1 = prow[0];
+            TIMED(km->output_add(&p1, 1, 0, v, (size_t)d, idx_rand, budget, (size_t)d, orow));
+            printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "output, one row over its list",
+                   reps * fma_out / (double)G / el, 100 * reps * fma_out / (double)G / el / peak_core_cpu,
+                   reps * bytes_v / el / 1e9, bytes_v / bw_core / (fma_out / (double)G));
+            TIMED(km->output_add(&p1, 1, 0, v, (size_t)d, idx_l2, SEL_L2, (size_t)d, orow));
+            printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "  the same, |S_t| 256 (L2)",
+                   reps * fma_out_l2 / (double)G / el, 100 * reps * fma_out_l2 / (double)G / el / peak_core_cpu,
+                   reps * bytes_v_l2 / el / 1e9, bytes_v_l2 / bw_core / (fma_out_l2 / (double)G));
+        }
         /* KeyDiff's eviction scores at a decode step (fp64: the anchor over the held keys, then each key's
          * cosine to it; POLICY_SPEC §2.5): the same 1024 keys, their norms known */
         double *norm = malloc(budget * sizeof *norm), *score = malloc(budget * sizeof *score);
