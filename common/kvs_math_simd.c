@@ -440,6 +440,43 @@ AVX2 static void scores_avx2(const float *q, size_t nr, const float *keys, size_
  * tile and column chunk of the output walks them. */
 #define OUTPUT_ROWS_PER_PASS 256
 
+/* One output row's 64 columns in 8 named accumulators: the one-row paths below run their fma chains through these.
+ * As an array (`__m256 c[8]`, a loop over k) gcc -O2 kept them on the stack, each FMA a load and a store behind the
+ * last (a one-row call ran at 14-25% of the FMA peak; issue 17); a struct's members are scalarised into
+ * registers once the helpers are inlined. */
+typedef struct {
+    __m256 c0, c1, c2, c3, c4, c5, c6, c7;
+} acc64;
+
+__attribute__((always_inline)) AVX2 static inline acc64 acc64_load(const float *o) {
+    return (acc64){_mm256_loadu_ps(o),      _mm256_loadu_ps(o + 8),  _mm256_loadu_ps(o + 16),
+                   _mm256_loadu_ps(o + 24), _mm256_loadu_ps(o + 32), _mm256_loadu_ps(o + 40),
+                   _mm256_loadu_ps(o + 48), _mm256_loadu_ps(o + 56)};
+}
+
+__attribute__((always_inline)) AVX2 static inline void acc64_store(float *o, acc64 a) {
+    _mm256_storeu_ps(o, a.c0);
+    _mm256_storeu_ps(o + 8, a.c1);
+    _mm256_storeu_ps(o + 16, a.c2);
+    _mm256_storeu_ps(o + 24, a.c3);
+    _mm256_storeu_ps(o + 32, a.c4);
+    _mm256_storeu_ps(o + 40, a.c5);
+    _mm256_storeu_ps(o + 48, a.c6);
+    _mm256_storeu_ps(o + 56, a.c7);
+}
+
+/* a += w * v[0..64), each column its own fma */
+__attribute__((always_inline)) AVX2 static inline void acc64_fma(acc64 *a, __m256 w, const float *v) {
+    a->c0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), a->c0);
+    a->c1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), a->c1);
+    a->c2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), a->c2);
+    a->c3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), a->c3);
+    a->c4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 32), a->c4);
+    a->c5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 40), a->c5);
+    a->c6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 48), a->c6);
+    a->c7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 56), a->c7);
+}
+
 AVX2 static void output_add_avx2(const float *const *p_rows, size_t nr, size_t col0, const float *values,
                                  size_t stride, const int32_t *idx, size_t n, size_t d, float *const *out_rows) {
     for (size_t jb = 0; jb < n; jb += OUTPUT_ROWS_PER_PASS) {
@@ -500,32 +537,10 @@ AVX2 static void output_add_avx2(const float *const *p_rows, size_t nr, size_t c
             float *o = out_rows[r];
             size_t i = 0;
             for (; i + 64 <= d; i += 64) {
-                /* named accumulators: as an array c[8] under -O2 they lived on the stack, each FMA a load and a
-                 * store behind the last (a single-row call ran at 14-25% of the FMA peak; issue 17) */
-                __m256 c0 = _mm256_loadu_ps(o + i), c1 = _mm256_loadu_ps(o + i + 8);
-                __m256 c2 = _mm256_loadu_ps(o + i + 16), c3 = _mm256_loadu_ps(o + i + 24);
-                __m256 c4 = _mm256_loadu_ps(o + i + 32), c5 = _mm256_loadu_ps(o + i + 40);
-                __m256 c6 = _mm256_loadu_ps(o + i + 48), c7 = _mm256_loadu_ps(o + i + 56);
-                for (size_t j = jb; j < je; j++) {
-                    const float *v = row_of(values, stride, idx, j) + i;
-                    __m256 w = _mm256_broadcast_ss(p + j);
-                    c0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), c0);
-                    c1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), c1);
-                    c2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), c2);
-                    c3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), c3);
-                    c4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 32), c4);
-                    c5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 40), c5);
-                    c6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 48), c6);
-                    c7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 56), c7);
-                }
-                _mm256_storeu_ps(o + i, c0);
-                _mm256_storeu_ps(o + i + 8, c1);
-                _mm256_storeu_ps(o + i + 16, c2);
-                _mm256_storeu_ps(o + i + 24, c3);
-                _mm256_storeu_ps(o + i + 32, c4);
-                _mm256_storeu_ps(o + i + 40, c5);
-                _mm256_storeu_ps(o + i + 48, c6);
-                _mm256_storeu_ps(o + i + 56, c7);
+                acc64 a = acc64_load(o + i);
+                for (size_t j = jb; j < je; j++)
+                    acc64_fma(&a, _mm256_broadcast_ss(p + j), row_of(values, stride, idx, j) + i);
+                acc64_store(o + i, a);
             }
             for (; i + 8 <= d; i += 8) {
                 __m256 c = _mm256_loadu_ps(o + i);
@@ -801,6 +816,19 @@ scores16_rows(const float *q, size_t nr, const uint16_t *keys, size_t stride, co
     }
 }
 
+/* acc64_fma over 16-bit values, converted in registers */
+__attribute__((always_inline)) AVX2_F16C static inline void acc64_fma16(acc64 *a, __m256 w, const uint16_t *v,
+                                                                        int bf16) {
+    a->c0 = _mm256_fmadd_ps(w, load8h(v, bf16), a->c0);
+    a->c1 = _mm256_fmadd_ps(w, load8h(v + 8, bf16), a->c1);
+    a->c2 = _mm256_fmadd_ps(w, load8h(v + 16, bf16), a->c2);
+    a->c3 = _mm256_fmadd_ps(w, load8h(v + 24, bf16), a->c3);
+    a->c4 = _mm256_fmadd_ps(w, load8h(v + 32, bf16), a->c4);
+    a->c5 = _mm256_fmadd_ps(w, load8h(v + 40, bf16), a->c5);
+    a->c6 = _mm256_fmadd_ps(w, load8h(v + 48, bf16), a->c6);
+    a->c7 = _mm256_fmadd_ps(w, load8h(v + 56, bf16), a->c7);
+}
+
 /* Row by row, 64 output floats per pass as output_add_avx2's single-row path (8 accumulators). */
 __attribute__((always_inline)) AVX2_F16C static inline void
 output_add16_rows(const float *const *p_rows, size_t nr, size_t col0, const uint16_t *values, size_t stride,
@@ -809,31 +837,11 @@ output_add16_rows(const float *const *p_rows, size_t nr, size_t col0, const uint
         const float *p = p_rows[r] + col0;
         float *o = out_rows[r];
         size_t i = 0;
-        for (; i + 64 <= d; i += 64) { /* named accumulators, as output_add_avx2's */
-            __m256 c0 = _mm256_loadu_ps(o + i), c1 = _mm256_loadu_ps(o + i + 8);
-            __m256 c2 = _mm256_loadu_ps(o + i + 16), c3 = _mm256_loadu_ps(o + i + 24);
-            __m256 c4 = _mm256_loadu_ps(o + i + 32), c5 = _mm256_loadu_ps(o + i + 40);
-            __m256 c6 = _mm256_loadu_ps(o + i + 48), c7 = _mm256_loadu_ps(o + i + 56);
-            for (size_t j = 0; j < n; j++) {
-                const uint16_t *v = row16_of(values, stride, idx, j) + i;
-                __m256 w = _mm256_broadcast_ss(p + j);
-                c0 = _mm256_fmadd_ps(w, load8h(v, bf16), c0);
-                c1 = _mm256_fmadd_ps(w, load8h(v + 8, bf16), c1);
-                c2 = _mm256_fmadd_ps(w, load8h(v + 16, bf16), c2);
-                c3 = _mm256_fmadd_ps(w, load8h(v + 24, bf16), c3);
-                c4 = _mm256_fmadd_ps(w, load8h(v + 32, bf16), c4);
-                c5 = _mm256_fmadd_ps(w, load8h(v + 40, bf16), c5);
-                c6 = _mm256_fmadd_ps(w, load8h(v + 48, bf16), c6);
-                c7 = _mm256_fmadd_ps(w, load8h(v + 56, bf16), c7);
-            }
-            _mm256_storeu_ps(o + i, c0);
-            _mm256_storeu_ps(o + i + 8, c1);
-            _mm256_storeu_ps(o + i + 16, c2);
-            _mm256_storeu_ps(o + i + 24, c3);
-            _mm256_storeu_ps(o + i + 32, c4);
-            _mm256_storeu_ps(o + i + 40, c5);
-            _mm256_storeu_ps(o + i + 48, c6);
-            _mm256_storeu_ps(o + i + 56, c7);
+        for (; i + 64 <= d; i += 64) {
+            acc64 a = acc64_load(o + i);
+            for (size_t j = 0; j < n; j++)
+                acc64_fma16(&a, _mm256_broadcast_ss(p + j), row16_of(values, stride, idx, j) + i, bf16);
+            acc64_store(o + i, a);
         }
         for (; i + 8 <= d; i += 8) {
             __m256 c = _mm256_loadu_ps(o + i);
@@ -1198,49 +1206,15 @@ AVX2_X32 static void x32_output1(const float *p, const float *values, size_t str
                                  size_t d, float *o) {
     size_t d128 = d & ~(size_t)127;
     for (size_t i = 0; i < d128; i += 128) {
-        __m256 c0 = _mm256_loadu_ps(o + i), c1 = _mm256_loadu_ps(o + i + 8), c2 = _mm256_loadu_ps(o + i + 16);
-        __m256 c3 = _mm256_loadu_ps(o + i + 24), c4 = _mm256_loadu_ps(o + i + 32), c5 = _mm256_loadu_ps(o + i + 40);
-        __m256 c6 = _mm256_loadu_ps(o + i + 48), c7 = _mm256_loadu_ps(o + i + 56), c8 = _mm256_loadu_ps(o + i + 64);
-        __m256 c9 = _mm256_loadu_ps(o + i + 72), c10 = _mm256_loadu_ps(o + i + 80);
-        __m256 c11 = _mm256_loadu_ps(o + i + 88), c12 = _mm256_loadu_ps(o + i + 96);
-        __m256 c13 = _mm256_loadu_ps(o + i + 104), c14 = _mm256_loadu_ps(o + i + 112);
-        __m256 c15 = _mm256_loadu_ps(o + i + 120);
+        acc64 a = acc64_load(o + i), b = acc64_load(o + i + 64);
         for (size_t j = 0; j < n; j++) {
             const float *v = row_of(values, stride, idx, j) + i;
             __m256 w = _mm256_broadcast_ss(p + j);
-            c0 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v), c0);
-            c1 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8), c1);
-            c2 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 16), c2);
-            c3 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 24), c3);
-            c4 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 32), c4);
-            c5 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 40), c5);
-            c6 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 48), c6);
-            c7 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 56), c7);
-            c8 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 64), c8);
-            c9 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 72), c9);
-            c10 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 80), c10);
-            c11 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 88), c11);
-            c12 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 96), c12);
-            c13 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 104), c13);
-            c14 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 112), c14);
-            c15 = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 120), c15);
+            acc64_fma(&a, w, v);
+            acc64_fma(&b, w, v + 64);
         }
-        _mm256_storeu_ps(o + i, c0);
-        _mm256_storeu_ps(o + i + 8, c1);
-        _mm256_storeu_ps(o + i + 16, c2);
-        _mm256_storeu_ps(o + i + 24, c3);
-        _mm256_storeu_ps(o + i + 32, c4);
-        _mm256_storeu_ps(o + i + 40, c5);
-        _mm256_storeu_ps(o + i + 48, c6);
-        _mm256_storeu_ps(o + i + 56, c7);
-        _mm256_storeu_ps(o + i + 64, c8);
-        _mm256_storeu_ps(o + i + 72, c9);
-        _mm256_storeu_ps(o + i + 80, c10);
-        _mm256_storeu_ps(o + i + 88, c11);
-        _mm256_storeu_ps(o + i + 96, c12);
-        _mm256_storeu_ps(o + i + 104, c13);
-        _mm256_storeu_ps(o + i + 112, c14);
-        _mm256_storeu_ps(o + i + 120, c15);
+        acc64_store(o + i, a);
+        acc64_store(o + i + 64, b);
     }
     if (d128 < d) {
         float *orow = o + d128;
