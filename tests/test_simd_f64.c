@@ -409,8 +409,9 @@ static void test_topk_f64_matches_sort(void **state) {
         kvs_topk_f64(x, N, N - 1, got); /* KeyDiff's eviction: all but one */
         assert_memory_equal(got, ref, (N - 1) * sizeof *got);
         /* kvs_topk_f64_set: the same members in any order; k past n is capped, k = 0 writes nothing */
-        for (size_t k = 0; k <= N + 5; k = k * 2 + 1) {
-            size_t m = k < N ? k : N;
+        static const size_t set_k[] = {0, 1, 3, 40, 200, N - 1, N, N + 5};
+        for (size_t t = 0; t < sizeof set_k / sizeof set_k[0]; t++) {
+            size_t k = set_k[t], m = k < N ? k : N;
             int32_t want[N];
             memcpy(want, ref, m * sizeof *want);
             got[0] = -7;
