@@ -1201,20 +1201,24 @@ static void scores16_x32(const float *q, size_t nr, const uint16_t *keys, kvs_dt
 
 /* One output row, 128 columns a pass in 16 accumulators: each value row is read once per pass where the AVX2
  * table's single-row path (8 accumulators, 64 columns) reads it in two; the columns past the last 128 through that
- * path. The same fma chain over ascending j per element. */
+ * path. Passes of OUTPUT_ROWS_PER_PASS value rows as there, so a head_dim past 128 finds its rows in L2 on the next
+ * column pass. The same fma chain over ascending j per element. */
 AVX2_X32 static void x32_output1(const float *p, const float *values, size_t stride, const int32_t *idx, size_t n,
                                  size_t d, float *o) {
     size_t d128 = d & ~(size_t)127;
-    for (size_t i = 0; i < d128; i += 128) {
-        acc64 a = acc64_load(o + i), b = acc64_load(o + i + 64);
-        for (size_t j = 0; j < n; j++) {
-            const float *v = row_of(values, stride, idx, j) + i;
-            __m256 w = _mm256_broadcast_ss(p + j);
-            acc64_fma(&a, w, v);
-            acc64_fma(&b, w, v + 64);
+    for (size_t jb = 0; jb < n && d128 > 0; jb += OUTPUT_ROWS_PER_PASS) {
+        size_t je = jb + OUTPUT_ROWS_PER_PASS < n ? jb + OUTPUT_ROWS_PER_PASS : n;
+        for (size_t i = 0; i < d128; i += 128) {
+            acc64 a = acc64_load(o + i), b = acc64_load(o + i + 64);
+            for (size_t j = jb; j < je; j++) {
+                const float *v = row_of(values, stride, idx, j) + i;
+                __m256 w = _mm256_broadcast_ss(p + j);
+                acc64_fma(&a, w, v);
+                acc64_fma(&b, w, v + 64);
+            }
+            acc64_store(o + i, a);
+            acc64_store(o + i + 64, b);
         }
-        acc64_store(o + i, a);
-        acc64_store(o + i + 64, b);
     }
     if (d128 < d) {
         float *orow = o + d128;
