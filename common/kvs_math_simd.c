@@ -1277,191 +1277,401 @@ static int cpu_has_avx2x32(void) {
     return cpu_has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl");
 }
 
-/* ---- AVX-512F: the scores and output tiles on 16 lanes (the rest as AVX2, which every AVX-512 CPU has) ----
- * A 16-lane accumulator is folded to 8 lanes (low half + high half) and then reduced as the AVX2 kernels do, the
- * same way in every tile, so the tiling independence holds here too. */
-#define AVX512 __attribute__((target("avx512f,avx2,fma")))
+/* ---- AVX-512: the AVX2 arithmetic on 16 lanes (the "avx512" table) ----
+ * Where the CPU's 512-bit FMAs run at full rate (twice the 256-bit peak: kvs_peak measured 1.29e11 against
+ * 6.5e10 fp32 FMA/s on one core of an AMD EPYC of family 26), the 8-lane kernels above reach at most half of the
+ * machine's FMA peak. These tiles hold two of the AVX2 kernels' 8-lane computations in each zmm register:
+ *  - scores: two query rows in the two halves of a register (the rows packed in pairs once per call), each
+ *    8-float key chunk broadcast to both halves; every score is one 8-lane accumulator over the chunks of d,
+ *    reduced by reduce8's tree (each horizontal add an even + odd shuffle pair and one add: the same adds of the
+ *    same operands), plus the fused d % 8 tail. A 2 x 8 tile (two row pairs, 8 keys: 16 accumulators) loads a
+ *    pair chunk per 8 FMAs and a key chunk per 2.
+ *  - output: 16 columns a register, each element its own fma chain over ascending j; 4 rows x 64 columns (16
+ *    accumulators) a tile, one row 128 columns a pass.
+ *  - 16-bit K/V converted in registers as they are loaded (vcvtph2ps on 16 halves, bf16's shift), as avx2x32 does.
+ * So this table equals the AVX2 one bit for bit (tests/test_simd.c, tests/test_kv16.c), and choosing it changes
+ * only the speed. The rest of the table (softmax, dot, filters) is AVX2's. */
+#define X512 __attribute__((target("avx2,fma,f16c,avx512f,avx512vl")))
 
-AVX512 static inline __m256 fold16(__m512 a) {
-    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+/* _mm256_hadd_ps on each 256-bit half: per 128-bit lane [a0 + a1, a2 + a3, b0 + b1, b2 + b3]. */
+__attribute__((always_inline)) X512 static inline __m512 x512_hadd(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-AVX512 static inline float score1_512(const float *q, const float *k, size_t d, size_t d16) {
-    __m512 a = _mm512_setzero_ps();
-    for (size_t i = 0; i < d16; i += 16) a = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), _mm512_loadu_ps(k + i), a);
-    return reduce1(fold16(a)) + tail_dot(q, k, d16, d);
+/* reduce8 on both halves at once: with lo(a) and hi(a) the 256-bit halves, the result's 128-bit lanes are
+ * reduce8(lo(a0..a7)) lanes 0-3, reduce8(hi(a0..a7)) lanes 0-3, then lanes 4-7 of each. */
+__attribute__((always_inline)) X512 static inline __m512 x512_reduce8(__m512 a0, __m512 a1, __m512 a2, __m512 a3,
+                                                                      __m512 a4, __m512 a5, __m512 a6, __m512 a7) {
+    __m512 u0 = x512_hadd(x512_hadd(a0, a1), x512_hadd(a2, a3));
+    __m512 u1 = x512_hadd(x512_hadd(a4, a5), x512_hadd(a6, a7));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(u0, u1, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
-AVX512 static void scores_avx512(const float *q, size_t nr, const float *keys, size_t stride, const int32_t *idx,
-                                 size_t n, size_t d, float scale, float *const *out_rows, size_t col0) {
-    size_t d16 = d & ~(size_t)15, j = 0;
-    float s[8];
-    for (; j + 4 <= n; j += 4) {
-        const float *kr[4];
-        for (int c = 0; c < 4; c++) kr[c] = row_of(keys, stride, idx, j + (size_t)c);
-        size_t r = 0;
-        for (; r + 2 <= nr; r += 2) {
-            const float *q0 = q + r * d, *q1 = q0 + d;
-            __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
-            __m512 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
-            for (size_t i = 0; i < d16; i += 16) {
-                __m512 x0 = _mm512_loadu_ps(q0 + i), x1 = _mm512_loadu_ps(q1 + i);
-                __m512 y = _mm512_loadu_ps(kr[0] + i);
-                a00 = _mm512_fmadd_ps(x0, y, a00);
-                a10 = _mm512_fmadd_ps(x1, y, a10);
-                y = _mm512_loadu_ps(kr[1] + i);
-                a01 = _mm512_fmadd_ps(x0, y, a01);
-                a11 = _mm512_fmadd_ps(x1, y, a11);
-                y = _mm512_loadu_ps(kr[2] + i);
-                a02 = _mm512_fmadd_ps(x0, y, a02);
-                a12 = _mm512_fmadd_ps(x1, y, a12);
-                y = _mm512_loadu_ps(kr[3] + i);
-                a03 = _mm512_fmadd_ps(x0, y, a03);
-                a13 = _mm512_fmadd_ps(x1, y, a13);
-            }
-            _mm256_storeu_ps(s, reduce8(fold16(a00), fold16(a01), fold16(a02), fold16(a03), fold16(a10), fold16(a11),
-                                        fold16(a12), fold16(a13)));
-            for (int c = 0; c < 4; c++) {
-                out_rows[r][col0 + j + (size_t)c] = scale * (s[c] + tail_dot(q0, kr[c], d16, d));
-                out_rows[r + 1][col0 + j + (size_t)c] = scale * (s[4 + c] + tail_dot(q1, kr[c], d16, d));
+/* The 8 elements of row[i..i+8) as floats, in both halves of a register. */
+__attribute__((always_inline)) X512 static inline __m512 x512_bcast8(const void *row, size_t i, int kind) {
+    if (kind == X32_F32)
+        return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps((const float *)row + i))));
+    __m256i h = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)((const uint16_t *)row + i)));
+    if (kind == X32_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* The 16 elements of row[i..i+16) as floats. */
+__attribute__((always_inline)) X512 static inline __m512 x512_load16(const void *row, size_t i, int kind) {
+    if (kind == X32_F32) return _mm512_loadu_ps((const float *)row + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)((const uint16_t *)row + i));
+    if (kind == X32_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Rows of `kind` elements from row j on: the same rows through (idx + j) or (keys + j rows). */
+__attribute__((always_inline)) X512 static inline const void *x512_rows_from(const void *base, int kind, size_t stride,
+                                                                             const int32_t *idx, size_t j) {
+    return idx ? base : x32_row(base, kind, stride, NULL, j);
+}
+
+/* Packed query rows: pair p's chunk c at qp + (p * nch + c) * 16, row 2p in the low half, row 2p + 1 in the high. */
+enum { X512_QP_FLOATS = 8192 };
+
+/* Scores of nr query rows, nr a multiple of 4: 2 x 8 tiles, the n % 8 last keys through avx2x32's 4 x 4 tiles. */
+__attribute__((always_inline)) X512 static inline void x512_scores(const float *q, size_t nr, const void *keys,
+                                                                   size_t stride, const int32_t *idx, size_t n,
+                                                                   size_t d, float scale, float *const *out_rows,
+                                                                   size_t col0, int kind) {
+    size_t d8 = d & ~(size_t)7, nch = d8 / 8, n8 = n & ~(size_t)7;
+    /* query rows packed per block: >= 8 for any head_dim the trace format takes (KVS_KV16_MAX_DIM) */
+    size_t rows_blk = d8 > 0 ? (X512_QP_FLOATS / d8) & ~(size_t)3 : 0;
+    if (rows_blk == 0 || n8 == 0) { /* d < 8, d > 2048 or fewer than 8 keys: avx2x32's tiles */
+        x32_scores(q, nr, keys, stride, idx, n, d, scale, out_rows, col0, kind);
+        return;
+    }
+    size_t row_bytes = d * (kind == X32_F32 ? sizeof(float) : sizeof(uint16_t));
+    const __m512 sc = _mm512_set1_ps(scale);
+    float qp[X512_QP_FLOATS] __attribute__((aligned(64)));
+    for (size_t rb = 0; rb < nr; rb += rows_blk) {
+        size_t m = nr - rb < rows_blk ? nr - rb : rows_blk; /* a multiple of 4, as nr and rows_blk */
+        for (size_t p = 0; p < m / 2; p++) {
+            const float *q0 = q + (rb + 2 * p) * d, *q1 = q0 + d;
+            for (size_t c = 0; c < nch; c++) {
+                memcpy(qp + (p * nch + c) * 16, q0 + 8 * c, 8 * sizeof(float));
+                memcpy(qp + (p * nch + c) * 16 + 8, q1 + 8 * c, 8 * sizeof(float));
             }
         }
-        if (r < nr) {
-            const float *q0 = q + r * d;
-            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (size_t i = 0; i < d16; i += 16) {
-                __m512 x0 = _mm512_loadu_ps(q0 + i);
-                a0 = _mm512_fmadd_ps(x0, _mm512_loadu_ps(kr[0] + i), a0);
-                a1 = _mm512_fmadd_ps(x0, _mm512_loadu_ps(kr[1] + i), a1);
-                a2 = _mm512_fmadd_ps(x0, _mm512_loadu_ps(kr[2] + i), a2);
-                a3 = _mm512_fmadd_ps(x0, _mm512_loadu_ps(kr[3] + i), a3);
+        for (size_t j = 0; j < n8; j += 8) {
+            const void *k0 = x32_row(keys, kind, stride, idx, j), *k1 = x32_row(keys, kind, stride, idx, j + 1);
+            const void *k2 = x32_row(keys, kind, stride, idx, j + 2), *k3 = x32_row(keys, kind, stride, idx, j + 3);
+            const void *k4 = x32_row(keys, kind, stride, idx, j + 4), *k5 = x32_row(keys, kind, stride, idx, j + 5);
+            const void *k6 = x32_row(keys, kind, stride, idx, j + 6), *k7 = x32_row(keys, kind, stride, idx, j + 7);
+            if (idx && j + 16 <= n) /* the next tile's scattered rows, a cache line at a time */
+                for (size_t c = 8; c < 16; c++) {
+                    const char *row = x32_row(keys, kind, stride, idx, j + c);
+                    for (size_t b = 0; b < row_bytes; b += 64) _mm_prefetch(row + b, _MM_HINT_T0);
+                }
+            for (size_t r = 0; r < m; r += 4) {
+                const float *x0p = qp + (r / 2) * nch * 16, *x1p = x0p + nch * 16;
+                __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a04 = a00, a05 = a00, a06 = a00;
+                __m512 a07 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00, a14 = a00, a15 = a00, a16 = a00;
+                __m512 a17 = a00;
+                for (size_t c = 0; c < nch; c++) {
+                    __m512 x0 = _mm512_load_ps(x0p + 16 * c), x1 = _mm512_load_ps(x1p + 16 * c), y;
+                    y = x512_bcast8(k0, 8 * c, kind);
+                    a00 = _mm512_fmadd_ps(x0, y, a00);
+                    a10 = _mm512_fmadd_ps(x1, y, a10);
+                    y = x512_bcast8(k1, 8 * c, kind);
+                    a01 = _mm512_fmadd_ps(x0, y, a01);
+                    a11 = _mm512_fmadd_ps(x1, y, a11);
+                    y = x512_bcast8(k2, 8 * c, kind);
+                    a02 = _mm512_fmadd_ps(x0, y, a02);
+                    a12 = _mm512_fmadd_ps(x1, y, a12);
+                    y = x512_bcast8(k3, 8 * c, kind);
+                    a03 = _mm512_fmadd_ps(x0, y, a03);
+                    a13 = _mm512_fmadd_ps(x1, y, a13);
+                    y = x512_bcast8(k4, 8 * c, kind);
+                    a04 = _mm512_fmadd_ps(x0, y, a04);
+                    a14 = _mm512_fmadd_ps(x1, y, a14);
+                    y = x512_bcast8(k5, 8 * c, kind);
+                    a05 = _mm512_fmadd_ps(x0, y, a05);
+                    a15 = _mm512_fmadd_ps(x1, y, a15);
+                    y = x512_bcast8(k6, 8 * c, kind);
+                    a06 = _mm512_fmadd_ps(x0, y, a06);
+                    a16 = _mm512_fmadd_ps(x1, y, a16);
+                    y = x512_bcast8(k7, 8 * c, kind);
+                    a07 = _mm512_fmadd_ps(x0, y, a07);
+                    a17 = _mm512_fmadd_ps(x1, y, a17);
+                }
+                /* s0: [row r keys 0-3 | row r+1 keys 0-3 | row r keys 4-7 | row r+1 keys 4-7]; s1 rows r+2, r+3 */
+                __m512 s0 = x512_reduce8(a00, a01, a02, a03, a04, a05, a06, a07);
+                __m512 s1 = x512_reduce8(a10, a11, a12, a13, a14, a15, a16, a17);
+                float *o0 = out_rows[rb + r] + col0 + j, *o1 = out_rows[rb + r + 1] + col0 + j;
+                float *o2 = out_rows[rb + r + 2] + col0 + j, *o3 = out_rows[rb + r + 3] + col0 + j;
+                if (d8 == d) { /* no tail: each row's 8 scaled scores in one 8-float store */
+                    s0 = _mm512_shuffle_f32x4(_mm512_mul_ps(sc, s0), _mm512_mul_ps(sc, s0), _MM_SHUFFLE(3, 1, 2, 0));
+                    s1 = _mm512_shuffle_f32x4(_mm512_mul_ps(sc, s1), _mm512_mul_ps(sc, s1), _MM_SHUFFLE(3, 1, 2, 0));
+                    _mm256_storeu_ps(o0, _mm512_castps512_ps256(s0));
+                    _mm256_storeu_ps(o1, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s0), 1)));
+                    _mm256_storeu_ps(o2, _mm512_castps512_ps256(s1));
+                    _mm256_storeu_ps(o3, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s1), 1)));
+                    continue;
+                }
+                float s[32];
+                _mm512_storeu_ps(s, s0);
+                _mm512_storeu_ps(s + 16, s1);
+                const float *qr[4] = {q + (rb + r) * d, q + (rb + r + 1) * d, q + (rb + r + 2) * d,
+                                      q + (rb + r + 3) * d};
+                float *orow[4] = {o0, o1, o2, o3};
+                const void *kc[8] = {k0, k1, k2, k3, k4, k5, k6, k7};
+                for (size_t x = 0; x < 4; x++) /* row x: half x % 2 of s[16 * (x / 2)..], keys 0-3 then 4-7 */
+                    for (size_t c = 0; c < 8; c++)
+                        orow[x][c] = x32_finish(s[16 * (x / 2) + 8 * (c / 4) + 4 * (x % 2) + c % 4], qr[x], kc[c], d8,
+                                                d, scale, kind);
             }
-            __m256 z = _mm256_setzero_ps();
-            _mm256_storeu_ps(s, reduce8(fold16(a0), fold16(a1), fold16(a2), fold16(a3), z, z, z, z));
-            for (int c = 0; c < 4; c++) out_rows[r][col0 + j + (size_t)c] = scale * (s[c] + tail_dot(q0, kr[c], d16, d));
         }
-    }
-    for (; j < n; j++) {
-        const float *k = row_of(keys, stride, idx, j);
-        for (size_t r = 0; r < nr; r++) out_rows[r][col0 + j] = scale * score1_512(q + r * d, k, d, d16);
+        if (n8 < n)
+            x32_scores(q + rb * d, m, x512_rows_from(keys, kind, stride, idx, n8), stride, idx ? idx + n8 : NULL,
+                       n - n8, d, scale, out_rows + rb, col0 + n8, kind);
     }
 }
 
-AVX512 static void output_add_avx512(const float *const *p_rows, size_t nr, size_t col0, const float *values,
-                                     size_t stride, const int32_t *idx, size_t n, size_t d, float *const *out_rows) {
-    for (size_t jb = 0; jb < n; jb += OUTPUT_ROWS_PER_PASS) {
-        size_t je = jb + OUTPUT_ROWS_PER_PASS < n ? jb + OUTPUT_ROWS_PER_PASS : n;
-        size_t r = 0;
-        for (; r + 4 <= nr; r += 4) {
-            const float *p[4];
-            float *o[4];
-            for (int k = 0; k < 4; k++) p[k] = p_rows[r + (size_t)k] + col0, o[k] = out_rows[r + (size_t)k];
-            size_t i = 0;
-            for (; i + 32 <= d; i += 32) { /* named accumulators (an array of them lived on the stack under -O2) */
-                __m512 c00 = _mm512_loadu_ps(o[0] + i), c01 = _mm512_loadu_ps(o[0] + i + 16);
-                __m512 c10 = _mm512_loadu_ps(o[1] + i), c11 = _mm512_loadu_ps(o[1] + i + 16);
-                __m512 c20 = _mm512_loadu_ps(o[2] + i), c21 = _mm512_loadu_ps(o[2] + i + 16);
-                __m512 c30 = _mm512_loadu_ps(o[3] + i), c31 = _mm512_loadu_ps(o[3] + i + 16);
+/* The columns [c0, d) of nr rows (a multiple of 4) through avx2x32's output tiles: the same fma chains. */
+__attribute__((always_inline)) X512 static inline void x512_output_cols(const float *const *p_rows, size_t nr,
+                                                                        size_t col0, const void *values, size_t stride,
+                                                                        const int32_t *idx, size_t n, size_t c0,
+                                                                        size_t d, float *const *out_rows, int kind) {
+    const void *v = kind == X32_F32 ? (const void *)((const float *)values + c0)
+                                    : (const void *)((const uint16_t *)values + c0);
+    for (size_t r0 = 0; r0 < nr; r0 += X32_ROWS) {
+        size_t m = nr - r0 < X32_ROWS ? nr - r0 : X32_ROWS;
+        float *o[X32_ROWS];
+        for (size_t r = 0; r < m; r++) o[r] = out_rows[r0 + r] + c0;
+        x32_output(p_rows + r0, m, col0, v, stride, idx, n, d - c0, o, kind);
+    }
+}
+
+/* Output of nr rows, nr a multiple of 4: 4 x 64 tiles over passes of 8192 / d value rows (32 KiB of fp32 rows, in
+ * L1, as x32_output), the columns past the last 64 through avx2x32's tiles. */
+__attribute__((always_inline)) X512 static inline void x512_output(const float *const *p_rows, size_t nr,
+                                                                   size_t col0, const void *values, size_t stride,
+                                                                   const int32_t *idx, size_t n, size_t d,
+                                                                   float *const *out_rows, int kind) {
+    size_t d64 = d & ~(size_t)63;
+    size_t pass = d >= 512 ? 16 : 8192 / d;
+    for (size_t jb = 0; jb < n && d64 > 0; jb += pass) {
+        size_t je = jb + pass < n ? jb + pass : n;
+        for (size_t r = 0; r < nr; r += 4) {
+            const float *p0 = p_rows[r] + col0, *p1 = p_rows[r + 1] + col0, *p2 = p_rows[r + 2] + col0,
+                        *p3 = p_rows[r + 3] + col0;
+            float *o0 = out_rows[r], *o1 = out_rows[r + 1], *o2 = out_rows[r + 2], *o3 = out_rows[r + 3];
+            for (size_t i = 0; i < d64; i += 64) {
+                __m512 c00 = _mm512_loadu_ps(o0 + i), c01 = _mm512_loadu_ps(o0 + i + 16);
+                __m512 c02 = _mm512_loadu_ps(o0 + i + 32), c03 = _mm512_loadu_ps(o0 + i + 48);
+                __m512 c10 = _mm512_loadu_ps(o1 + i), c11 = _mm512_loadu_ps(o1 + i + 16);
+                __m512 c12 = _mm512_loadu_ps(o1 + i + 32), c13 = _mm512_loadu_ps(o1 + i + 48);
+                __m512 c20 = _mm512_loadu_ps(o2 + i), c21 = _mm512_loadu_ps(o2 + i + 16);
+                __m512 c22 = _mm512_loadu_ps(o2 + i + 32), c23 = _mm512_loadu_ps(o2 + i + 48);
+                __m512 c30 = _mm512_loadu_ps(o3 + i), c31 = _mm512_loadu_ps(o3 + i + 16);
+                __m512 c32 = _mm512_loadu_ps(o3 + i + 32), c33 = _mm512_loadu_ps(o3 + i + 48);
                 for (size_t j = jb; j < je; j++) {
-                    const float *v = row_of(values, stride, idx, j) + i;
-                    __m512 v0 = _mm512_loadu_ps(v), v1 = _mm512_loadu_ps(v + 16);
-                    __m512 w = _mm512_set1_ps(p[0][j]);
+                    const void *v = x32_row(values, kind, stride, idx, j);
+                    __m512 v0 = x512_load16(v, i, kind), v1 = x512_load16(v, i + 16, kind);
+                    __m512 v2 = x512_load16(v, i + 32, kind), v3 = x512_load16(v, i + 48, kind);
+                    __m512 w = _mm512_set1_ps(p0[j]);
                     c00 = _mm512_fmadd_ps(w, v0, c00);
                     c01 = _mm512_fmadd_ps(w, v1, c01);
-                    w = _mm512_set1_ps(p[1][j]);
+                    c02 = _mm512_fmadd_ps(w, v2, c02);
+                    c03 = _mm512_fmadd_ps(w, v3, c03);
+                    w = _mm512_set1_ps(p1[j]);
                     c10 = _mm512_fmadd_ps(w, v0, c10);
                     c11 = _mm512_fmadd_ps(w, v1, c11);
-                    w = _mm512_set1_ps(p[2][j]);
+                    c12 = _mm512_fmadd_ps(w, v2, c12);
+                    c13 = _mm512_fmadd_ps(w, v3, c13);
+                    w = _mm512_set1_ps(p2[j]);
                     c20 = _mm512_fmadd_ps(w, v0, c20);
                     c21 = _mm512_fmadd_ps(w, v1, c21);
-                    w = _mm512_set1_ps(p[3][j]);
+                    c22 = _mm512_fmadd_ps(w, v2, c22);
+                    c23 = _mm512_fmadd_ps(w, v3, c23);
+                    w = _mm512_set1_ps(p3[j]);
                     c30 = _mm512_fmadd_ps(w, v0, c30);
                     c31 = _mm512_fmadd_ps(w, v1, c31);
+                    c32 = _mm512_fmadd_ps(w, v2, c32);
+                    c33 = _mm512_fmadd_ps(w, v3, c33);
                 }
-                _mm512_storeu_ps(o[0] + i, c00), _mm512_storeu_ps(o[0] + i + 16, c01);
-                _mm512_storeu_ps(o[1] + i, c10), _mm512_storeu_ps(o[1] + i + 16, c11);
-                _mm512_storeu_ps(o[2] + i, c20), _mm512_storeu_ps(o[2] + i + 16, c21);
-                _mm512_storeu_ps(o[3] + i, c30), _mm512_storeu_ps(o[3] + i + 16, c31);
-            }
-            for (; i < d; i++) { /* d % 32 leftovers, element by element in the same fused order */
-                float c[4] = {o[0][i], o[1][i], o[2][i], o[3][i]};
-                for (size_t j = jb; j < je; j++) {
-                    float v = row_of(values, stride, idx, j)[i];
-                    for (int k = 0; k < 4; k++) c[k] = fmaf(p[k][j], v, c[k]);
-                }
-                for (int k = 0; k < 4; k++) o[k][i] = c[k];
-            }
-        }
-        for (; r < nr; r++) {
-            const float *p = p_rows[r] + col0;
-            float *o = out_rows[r];
-            size_t i = 0;
-            for (; i + 128 <= d; i += 128) {
-                __m512 c0 = _mm512_loadu_ps(o + i), c1 = _mm512_loadu_ps(o + i + 16);
-                __m512 c2 = _mm512_loadu_ps(o + i + 32), c3 = _mm512_loadu_ps(o + i + 48);
-                __m512 c4 = _mm512_loadu_ps(o + i + 64), c5 = _mm512_loadu_ps(o + i + 80);
-                __m512 c6 = _mm512_loadu_ps(o + i + 96), c7 = _mm512_loadu_ps(o + i + 112);
-                for (size_t j = jb; j < je; j++) {
-                    const float *v = row_of(values, stride, idx, j) + i;
-                    __m512 w = _mm512_set1_ps(p[j]);
-                    c0 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v), c0);
-                    c1 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 16), c1);
-                    c2 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 32), c2);
-                    c3 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 48), c3);
-                    c4 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 64), c4);
-                    c5 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 80), c5);
-                    c6 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 96), c6);
-                    c7 = _mm512_fmadd_ps(w, _mm512_loadu_ps(v + 112), c7);
-                }
-                _mm512_storeu_ps(o + i, c0), _mm512_storeu_ps(o + i + 16, c1);
-                _mm512_storeu_ps(o + i + 32, c2), _mm512_storeu_ps(o + i + 48, c3);
-                _mm512_storeu_ps(o + i + 64, c4), _mm512_storeu_ps(o + i + 80, c5);
-                _mm512_storeu_ps(o + i + 96, c6), _mm512_storeu_ps(o + i + 112, c7);
-            }
-            for (; i + 16 <= d; i += 16) {
-                __m512 c = _mm512_loadu_ps(o + i);
-                for (size_t j = jb; j < je; j++)
-                    c = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), _mm512_loadu_ps(row_of(values, stride, idx, j) + i), c);
-                _mm512_storeu_ps(o + i, c);
-            }
-            for (; i < d; i++) {
-                float c = o[i];
-                for (size_t j = jb; j < je; j++) c = fmaf(p[j], row_of(values, stride, idx, j)[i], c);
-                o[i] = c;
+                _mm512_storeu_ps(o0 + i, c00);
+                _mm512_storeu_ps(o0 + i + 16, c01);
+                _mm512_storeu_ps(o0 + i + 32, c02);
+                _mm512_storeu_ps(o0 + i + 48, c03);
+                _mm512_storeu_ps(o1 + i, c10);
+                _mm512_storeu_ps(o1 + i + 16, c11);
+                _mm512_storeu_ps(o1 + i + 32, c12);
+                _mm512_storeu_ps(o1 + i + 48, c13);
+                _mm512_storeu_ps(o2 + i, c20);
+                _mm512_storeu_ps(o2 + i + 16, c21);
+                _mm512_storeu_ps(o2 + i + 32, c22);
+                _mm512_storeu_ps(o2 + i + 48, c23);
+                _mm512_storeu_ps(o3 + i, c30);
+                _mm512_storeu_ps(o3 + i + 16, c31);
+                _mm512_storeu_ps(o3 + i + 32, c32);
+                _mm512_storeu_ps(o3 + i + 48, c33);
             }
         }
     }
+    if (nr > 0 && d64 < d) x512_output_cols(p_rows, nr, col0, values, stride, idx, n, d64, d, out_rows, kind);
 }
 
-static void scores16_avx512(const float *q, size_t nr, const uint16_t *keys, kvs_dtype dtype, size_t stride,
-                            const int32_t *idx, size_t n, size_t d, float scale, float *const *out_rows, size_t col0) {
-    scores16_tiled(scores_avx512, kv16_convert_avx2, q, nr, keys, dtype, stride, idx, n, d, scale, out_rows, col0);
+/* One output row's 128 columns in 8 named accumulators (a struct's members are scalarised into registers, as acc64). */
+typedef struct {
+    __m512 c0, c1, c2, c3, c4, c5, c6, c7;
+} acc128;
+
+/* One output row: 128 columns a pass (each value row read once a pass), then 64 and 16 at a time, over passes of
+ * OUTPUT_ROWS_PER_PASS value rows as the AVX2 single-row path; the d % 16 last columns through the AVX2 table. */
+__attribute__((always_inline)) X512 static inline void x512_output1(const float *p, const void *values,
+                                                                    size_t stride, const int32_t *idx, size_t n,
+                                                                    size_t d, float *o, int kind) {
+    size_t d16 = d & ~(size_t)15;
+    for (size_t jb = 0; jb < n && d16 > 0; jb += OUTPUT_ROWS_PER_PASS) {
+        size_t je = jb + OUTPUT_ROWS_PER_PASS < n ? jb + OUTPUT_ROWS_PER_PASS : n;
+        size_t i = 0;
+        for (; i + 128 <= d; i += 128) {
+            acc128 a = {_mm512_loadu_ps(o + i),      _mm512_loadu_ps(o + i + 16), _mm512_loadu_ps(o + i + 32),
+                        _mm512_loadu_ps(o + i + 48), _mm512_loadu_ps(o + i + 64), _mm512_loadu_ps(o + i + 80),
+                        _mm512_loadu_ps(o + i + 96), _mm512_loadu_ps(o + i + 112)};
+            for (size_t j = jb; j < je; j++) {
+                const void *v = x32_row(values, kind, stride, idx, j);
+                __m512 w = _mm512_set1_ps(p[j]);
+                a.c0 = _mm512_fmadd_ps(w, x512_load16(v, i, kind), a.c0);
+                a.c1 = _mm512_fmadd_ps(w, x512_load16(v, i + 16, kind), a.c1);
+                a.c2 = _mm512_fmadd_ps(w, x512_load16(v, i + 32, kind), a.c2);
+                a.c3 = _mm512_fmadd_ps(w, x512_load16(v, i + 48, kind), a.c3);
+                a.c4 = _mm512_fmadd_ps(w, x512_load16(v, i + 64, kind), a.c4);
+                a.c5 = _mm512_fmadd_ps(w, x512_load16(v, i + 80, kind), a.c5);
+                a.c6 = _mm512_fmadd_ps(w, x512_load16(v, i + 96, kind), a.c6);
+                a.c7 = _mm512_fmadd_ps(w, x512_load16(v, i + 112, kind), a.c7);
+            }
+            _mm512_storeu_ps(o + i, a.c0);
+            _mm512_storeu_ps(o + i + 16, a.c1);
+            _mm512_storeu_ps(o + i + 32, a.c2);
+            _mm512_storeu_ps(o + i + 48, a.c3);
+            _mm512_storeu_ps(o + i + 64, a.c4);
+            _mm512_storeu_ps(o + i + 80, a.c5);
+            _mm512_storeu_ps(o + i + 96, a.c6);
+            _mm512_storeu_ps(o + i + 112, a.c7);
+        }
+        for (; i + 64 <= d; i += 64) {
+            __m512 c0 = _mm512_loadu_ps(o + i), c1 = _mm512_loadu_ps(o + i + 16);
+            __m512 c2 = _mm512_loadu_ps(o + i + 32), c3 = _mm512_loadu_ps(o + i + 48);
+            for (size_t j = jb; j < je; j++) {
+                const void *v = x32_row(values, kind, stride, idx, j);
+                __m512 w = _mm512_set1_ps(p[j]);
+                c0 = _mm512_fmadd_ps(w, x512_load16(v, i, kind), c0);
+                c1 = _mm512_fmadd_ps(w, x512_load16(v, i + 16, kind), c1);
+                c2 = _mm512_fmadd_ps(w, x512_load16(v, i + 32, kind), c2);
+                c3 = _mm512_fmadd_ps(w, x512_load16(v, i + 48, kind), c3);
+            }
+            _mm512_storeu_ps(o + i, c0);
+            _mm512_storeu_ps(o + i + 16, c1);
+            _mm512_storeu_ps(o + i + 32, c2);
+            _mm512_storeu_ps(o + i + 48, c3);
+        }
+        for (; i < d16; i += 16) {
+            __m512 c = _mm512_loadu_ps(o + i);
+            for (size_t j = jb; j < je; j++)
+                c = _mm512_fmadd_ps(_mm512_set1_ps(p[j]), x512_load16(x32_row(values, kind, stride, idx, j), i, kind), c);
+            _mm512_storeu_ps(o + i, c);
+        }
+    }
+    if (d16 < d) {
+        float *orow = o + d16;
+        if (kind == X32_F32)
+            output_add_avx2(&p, 1, 0, (const float *)values + d16, stride, idx, n, d - d16, &orow);
+        else
+            output_add16_avx2(&p, 1, 0, (const uint16_t *)values + d16, kind == X32_BF16 ? KVS_DTYPE_BF16 : KVS_DTYPE_F16,
+                              stride, idx, n, d - d16, &orow);
+    }
 }
 
-static void output_add16_avx512(const float *const *p_rows, size_t nr, size_t col0, const uint16_t *values,
-                                kvs_dtype dtype, size_t stride, const int32_t *idx, size_t n, size_t d,
-                                float *const *out_rows) {
-    output_add16_tiled(output_add_avx512, kv16_convert_avx2, p_rows, nr, col0, values, dtype, stride, idx, n, d,
-                       out_rows);
+/* The entries. Rows past the groups of 4 go through the AVX2 table's kernels (scores) or the single-row path
+ * (output): every score and output element is computed the same way whichever kernel computes it. */
+X512 static void scores_x512(const float *q, size_t nr, const float *keys, size_t stride, const int32_t *idx, size_t n,
+                             size_t d, float scale, float *const *out_rows, size_t col0) {
+    size_t r4 = nr & ~(size_t)3;
+    if (r4 > 0) x512_scores(q, r4, keys, stride, idx, n, d, scale, out_rows, col0, X32_F32);
+    if (r4 < nr) scores_2x4(q + r4 * d, nr - r4, keys, stride, idx, n, d, scale, out_rows + r4, col0);
+}
+
+X512 static void scores16_x512_f16(const float *q, size_t nr, const uint16_t *keys, size_t stride, const int32_t *idx,
+                                   size_t n, size_t d, float scale, float *const *out_rows, size_t col0) {
+    x512_scores(q, nr, keys, stride, idx, n, d, scale, out_rows, col0, X32_F16);
+}
+X512 static void scores16_x512_bf16(const float *q, size_t nr, const uint16_t *keys, size_t stride,
+                                    const int32_t *idx, size_t n, size_t d, float scale, float *const *out_rows,
+                                    size_t col0) {
+    x512_scores(q, nr, keys, stride, idx, n, d, scale, out_rows, col0, X32_BF16);
+}
+
+static void scores16_x512(const float *q, size_t nr, const uint16_t *keys, kvs_dtype dtype, size_t stride,
+                          const int32_t *idx, size_t n, size_t d, float scale, float *const *out_rows, size_t col0) {
+    size_t r4 = nr & ~(size_t)3;
+    if (r4 > 0) {
+        if (dtype == KVS_DTYPE_BF16)
+            scores16_x512_bf16(q, r4, keys, stride, idx, n, d, scale, out_rows, col0);
+        else
+            scores16_x512_f16(q, r4, keys, stride, idx, n, d, scale, out_rows, col0);
+    }
+    if (r4 < nr) scores16_avx2(q + r4 * d, nr - r4, keys, dtype, stride, idx, n, d, scale, out_rows + r4, col0);
+}
+
+X512 static void output_add_x512(const float *const *p_rows, size_t nr, size_t col0, const float *values,
+                                 size_t stride, const int32_t *idx, size_t n, size_t d, float *const *out_rows) {
+    size_t r4 = nr & ~(size_t)3;
+    if (r4 > 0) x512_output(p_rows, r4, col0, values, stride, idx, n, d, out_rows, X32_F32);
+    for (size_t r = r4; r < nr; r++) x512_output1(p_rows[r] + col0, values, stride, idx, n, d, out_rows[r], X32_F32);
+}
+
+X512 static void output_add16_x512_kind(const float *const *p_rows, size_t nr, size_t col0, const uint16_t *values,
+                                        size_t stride, const int32_t *idx, size_t n, size_t d, float *const *out_rows,
+                                        int kind) {
+    size_t r4 = nr & ~(size_t)3;
+    if (r4 > 0) x512_output(p_rows, r4, col0, values, stride, idx, n, d, out_rows, kind);
+    for (size_t r = r4; r < nr; r++) x512_output1(p_rows[r] + col0, values, stride, idx, n, d, out_rows[r], kind);
+}
+
+X512 static void output_add16_x512_f16(const float *const *p_rows, size_t nr, size_t col0, const uint16_t *values,
+                                       size_t stride, const int32_t *idx, size_t n, size_t d, float *const *out_rows) {
+    output_add16_x512_kind(p_rows, nr, col0, values, stride, idx, n, d, out_rows, X32_F16);
+}
+X512 static void output_add16_x512_bf16(const float *const *p_rows, size_t nr, size_t col0, const uint16_t *values,
+                                        size_t stride, const int32_t *idx, size_t n, size_t d, float *const *out_rows) {
+    output_add16_x512_kind(p_rows, nr, col0, values, stride, idx, n, d, out_rows, X32_BF16);
+}
+
+static void output_add16_x512(const float *const *p_rows, size_t nr, size_t col0, const uint16_t *values,
+                              kvs_dtype dtype, size_t stride, const int32_t *idx, size_t n, size_t d,
+                              float *const *out_rows) {
+    if (dtype == KVS_DTYPE_BF16)
+        output_add16_x512_bf16(p_rows, nr, col0, values, stride, idx, n, d, out_rows);
+    else
+        output_add16_x512_f16(p_rows, nr, col0, values, stride, idx, n, d, out_rows);
 }
 
 static const kvs_math_kernels kernels_avx512 = {
     /* .name = */ "avx512",
     /* .dot = */ dot_avx2,
     /* .axpy = */ axpy_avx2,
-    /* .scores = */ scores_avx512,
-    /* .output_add = */ output_add_avx512,
+    /* .scores = */ scores_x512,
+    /* .output_add = */ output_add_x512,
     /* .softmax = */ softmax_avx2,
     /* .softmax_probs = */ softmax_probs_avx2,
     /* .exp = */ exp_avx2,
     /* .first_above = */ first_above_avx2,
-    /* .scores16 = */ scores16_avx512,
-    /* .output_add16 = */ output_add16_avx512,
+    /* .scores16 = */ scores16_x512,
+    /* .output_add16 = */ output_add16_x512,
     /* .list_plain = */ list_plain_avx2,
     /* .dots_loose = */ dots_loose_avx2,
 };
 
-static int cpu_has_avx512(void) { return cpu_has_avx2() && __builtin_cpu_supports("avx512f"); }
+static int cpu_has_avx512(void) { return cpu_has_avx2x32(); }
 #endif /* x86-64 */
 
 /* ---- dispatch ---- */

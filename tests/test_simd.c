@@ -369,19 +369,16 @@ static void test_topk_matches_sort(void **state) {
 }
 
 /* kvs_attention_group and the blocked causal attention equal kvs_attention row by row, bit for bit. */
-/* The avx2x32 table (AVX-512VL's 32 registers, wider tiles) computes every value exactly as the AVX2 table does:
- * scores, output, softmax and the 16-bit entries (fp16 and bf16) equal bit for bit over row counts 1..9 (the 4-row
- * tiles and the rows past them), list lengths of every residue mod 4, head_dims with and without 8- and 32-float
- * tails, value lists that cross the output tile's passes, with and without an index list. */
-static void test_avx2x32_equals_avx2_bit_for_bit(void **state) {
-    (void)state;
-    const kvs_math_kernels *a = kvs_math_kernels_for(KVS_ISA_AVX2), *b = kvs_math_kernels_for(KVS_ISA_AVX2X32);
-    if (!a || !b) {
-        print_message("avx2 or avx2x32 not available on this CPU: skipped\n");
-        skip();
-    }
-    static const size_t xd[] = {1, 7, 8, 13, 32, 40, 64, 67, 100, 128, 200, 256}; /* 200: a 128-column pass and a tail */
-    enum { MAXR = 9, MAXN = 301, ROWS = 320 };
+/* The avx2x32 table (AVX-512VL's 32 registers, wider tiles) and the avx512 table (the same arithmetic on 16 lanes)
+ * compute every value exactly as the AVX2 table does: scores, output, softmax and the 16-bit entries (fp16 and bf16)
+ * equal bit for bit over row counts 1..9, 12 and 17 (the 4-row tiles, the rows past them, and at d 1024 the avx512
+ * scores' blocks of 8 packed rows), list lengths of every residue mod 8, head_dims with and without 8-, 16-, 32-, 64-
+ * and 128-float tails, value lists that cross the output tiles' passes, with and without an index list. */
+static void wide_equals_avx2(const kvs_math_kernels *a, const kvs_math_kernels *b) {
+    /* 200: a 128-column pass and a tail; 1024: 8 query rows per avx512 block */
+    static const size_t xd[] = {1, 7, 8, 13, 32, 40, 64, 67, 100, 128, 200, 256, 1024};
+    static const size_t xr[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 17};
+    enum { MAXR = 17, MAXN = 301, ROWS = 320 };
     for (size_t di = 0; di < sizeof xd / sizeof xd[0]; di++) {
         size_t d = xd[di], stride = d + 5;
         float *kv = malloc(ROWS * stride * sizeof *kv), *q = malloc(MAXR * d * sizeof *q);
@@ -392,8 +389,10 @@ static void test_avx2x32_equals_avx2_bit_for_bit(void **state) {
         fill(q, MAXR * d, 2);
         int32_t idx[MAXN];
         for (int j = 0; j < MAXN; j++) idx[j] = (int32_t)((j * 13 + 7) % ROWS);
-        for (size_t nr = 1; nr <= MAXR; nr++)
-            for (size_t n = 1; n <= MAXN; n += (n < 12 ? 1 : 29))
+        for (size_t ri = 0; ri < sizeof xr / sizeof xr[0]; ri++)
+            for (size_t n = 1; n <= MAXN; n += (n < 12 ? 1 : 29)) {
+                size_t nr = xr[ri];
+                if (nr > 9 && d < 1024 && d != 128) continue; /* the wide row counts where blocks matter */
                 for (int use_idx = 0; use_idx < 2; use_idx++) {
                     const int32_t *ix = use_idx ? idx : NULL;
                     float *ra[MAXR], *rb[MAXR], *wa[MAXR], *wb[MAXR];
@@ -427,6 +426,7 @@ static void test_avx2x32_equals_avx2_bit_for_bit(void **state) {
                         assert_memory_equal(oa, ob, nr * d * sizeof *oa);
                     }
                 }
+            }
         free(kv);
         free(q);
         free(h);
@@ -435,6 +435,26 @@ static void test_avx2x32_equals_avx2_bit_for_bit(void **state) {
         free(oa);
         free(ob);
     }
+}
+
+static void test_avx2x32_equals_avx2_bit_for_bit(void **state) {
+    (void)state;
+    const kvs_math_kernels *a = kvs_math_kernels_for(KVS_ISA_AVX2), *b = kvs_math_kernels_for(KVS_ISA_AVX2X32);
+    if (!a || !b) {
+        print_message("avx2 or avx2x32 not available on this CPU: skipped\n");
+        skip();
+    }
+    wide_equals_avx2(a, b);
+}
+
+static void test_avx512_equals_avx2_bit_for_bit(void **state) {
+    (void)state;
+    const kvs_math_kernels *a = kvs_math_kernels_for(KVS_ISA_AVX2), *b = kvs_math_kernels_for(KVS_ISA_AVX512);
+    if (!a || !b) {
+        print_message("avx2 or avx512 not available on this CPU: skipped\n");
+        skip();
+    }
+    wide_equals_avx2(a, b);
 }
 
 static void test_blocked_causal_attention_equals_rows(void **state) {
@@ -707,6 +727,7 @@ int main(void) {
         cmocka_unit_test(test_topk_matches_sort),
         cmocka_unit_test(test_blocked_causal_attention_equals_rows),
         cmocka_unit_test(test_avx2x32_equals_avx2_bit_for_bit),
+        cmocka_unit_test(test_avx512_equals_avx2_bit_for_bit),
         cmocka_unit_test(test_replay_numbers_scalar_vs_vector),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
