@@ -96,8 +96,10 @@ static void machine(int threads) {
            peak_core, peak_all, threads, bw_core / 1e9, bw_all / 1e9, threads);
     printf("per core in CPU time (the yardstick of the CPU-timed kernels and sweep below): %.3g FMA per CPU s\n",
            peak_core_cpu);
-    printf("kvs_math kernels in use: %s (KVS_SIMD=scalar forces the reference)\n",
-           kvs_math_isa_name(kvs_math_isa_active()));
+    printf("kvs_math kernels in use: %s (KVS_SIMD=scalar forces the reference)", kvs_math_isa_name(kvs_math_isa_active()));
+    if (kvs_math_fma512_speedup() > 0)
+        printf("; the selection's probe: 512-bit FMAs at %.2fx the 256-bit lanes per second", kvs_math_fma512_speedup());
+    printf("\n");
 }
 
 /* ---- kernels (1 core) ---- */

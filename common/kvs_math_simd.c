@@ -27,6 +27,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- scalar reference: the loops kvs_math.c had before the kernels (kept so KVS_SIMD=scalar reproduces
  * earlier numbers bit for bit) ---- */
@@ -1655,15 +1656,128 @@ static void output_add16_x512(const float *const *p_rows, size_t nr, size_t col0
         output_add16_x512_f16(p_rows, nr, col0, values, stride, idx, n, d, out_rows);
 }
 
+/* exp8 on 16 lanes: the same operations on each lane (vroundps as vrndscaleps with the same rounding, the masks in
+ * mask registers), so the same bits; in two stages for a pipelined loop, as exp8. */
+typedef struct {
+    __m512 x, r, scale_bits;
+} exp16_mid;
+
+__attribute__((always_inline)) X512 static inline exp16_mid exp16_first(__m512 x) {
+    const __m512 hi = _mm512_set1_ps(88.3762626647949f), lo = _mm512_set1_ps(KVS_SIMD_EXP_LO);
+    exp16_mid m;
+    m.x = x;
+    __m512 c = _mm512_max_ps(_mm512_min_ps(x, hi), lo);
+    __m512 fx = _mm512_roundscale_ps(_mm512_mul_ps(c, _mm512_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), c);
+    m.r = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+    m.scale_bits = _mm512_castsi512_ps(e);
+    return m;
+}
+
+__attribute__((always_inline)) X512 static inline __m512 exp16_second(exp16_mid m) {
+    __m512 r = m.r;
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    __m512 y = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+    y = _mm512_mul_ps(y, m.scale_bits);
+    y = _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(m.x, _mm512_set1_ps(KVS_SIMD_EXP_LO), _CMP_LT_OQ),
+                           _mm512_setzero_ps());
+    return _mm512_mask_mov_ps(y, _mm512_cmp_ps_mask(m.x, m.x, _CMP_UNORD_Q), m.x);
+}
+
+__attribute__((always_inline)) X512 static inline __m512 exp16(__m512 x) { return exp16_second(exp16_first(x)); }
+
+X512 static void exp_x512(const float *x, size_t n, float *y) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, exp16(_mm512_loadu_ps(x + i)));
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, exp8(_mm256_loadu_ps(x + i)));
+    if (i < n) exp8_partial(x + i, n - i, y + i);
+}
+
+/* softmax_sum_avx2 on 16 lanes. The maximum is the same value (a +0 / -0 tie aside, which changes no x - m); the
+ * exponentials are exp8's bits; the fp64 sums are the same 8 running sums over the blocks of 8 in order (lanes 0-3
+ * of a block to s0, 4-7 to s1, here the low and high halves of one 8-double register: each block's 8 floats widened
+ * and added in turn), combined as there; the same tail and normalisation. */
+__attribute__((always_inline)) X512 static inline double softmax_sum_x512(float *x, size_t n, float *mo) {
+    __m512 mv = _mm512_set1_ps(-INFINITY), mv1 = mv;
+    size_t j = 0;
+    for (; j + 32 <= n; j += 32) { /* vmaxps returns its second operand when either is NaN: NaN skipped */
+        mv = _mm512_max_ps(_mm512_loadu_ps(x + j), mv);
+        mv1 = _mm512_max_ps(_mm512_loadu_ps(x + j + 16), mv1);
+    }
+    mv = _mm512_max_ps(mv, mv1);
+    for (; j + 16 <= n; j += 16) mv = _mm512_max_ps(_mm512_loadu_ps(x + j), mv);
+    float lanes[16];
+    _mm512_storeu_ps(lanes, mv);
+    float m = -INFINITY;
+    for (int k = 0; k < 16; k++)
+        if (lanes[k] > m) m = lanes[k];
+    for (; j < n; j++)
+        if (x[j] > m) m = x[j];
+    __m512 mb = _mm512_set1_ps(m);
+    j = 0;
+    if (n >= 32) { /* pipelined two blocks deep, as softmax_sum_avx2 */
+        exp16_mid cur = exp16_first(_mm512_sub_ps(_mm512_loadu_ps(x), mb));
+        exp16_mid nxt = exp16_first(_mm512_sub_ps(_mm512_loadu_ps(x + 16), mb));
+        for (; j + 48 <= n; j += 16) {
+            exp16_mid next = exp16_first(_mm512_sub_ps(_mm512_loadu_ps(x + j + 32), mb));
+            _mm512_storeu_ps(x + j, exp16_second(cur));
+            cur = nxt;
+            nxt = next;
+        }
+        _mm512_storeu_ps(x + j, exp16_second(cur));
+        _mm512_storeu_ps(x + j + 16, exp16_second(nxt));
+        j += 32;
+    }
+    for (; j + 16 <= n; j += 16) _mm512_storeu_ps(x + j, exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), mb)));
+    for (; j + 8 <= n; j += 8)
+        _mm256_storeu_ps(x + j, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), _mm256_set1_ps(m))));
+    __m512d s = _mm512_setzero_pd();
+    for (size_t k = 0; k < j; k += 8) s = _mm512_add_pd(s, _mm512_cvtps_pd(_mm256_loadu_ps(x + k)));
+    double sd[4];
+    _mm256_storeu_pd(sd, _mm256_add_pd(_mm512_castpd512_pd256(s), _mm512_extractf64x4_pd(s, 1)));
+    double sum = (sd[0] + sd[1]) + (sd[2] + sd[3]);
+    if (j < n) {
+        float t[8];
+        for (size_t k = 0; k < n - j; k++) t[k] = x[j + k] - m;
+        exp8_partial(t, n - j, x + j);
+        for (; j < n; j++) sum += x[j];
+    }
+    float invs = (float)(1.0 / sum);
+    __m512 inv = _mm512_set1_ps(invs);
+    j = 0;
+    for (; j + 16 <= n; j += 16) _mm512_storeu_ps(x + j, _mm512_mul_ps(_mm512_loadu_ps(x + j), inv));
+    for (; j < n; j++) x[j] *= invs;
+    *mo = m;
+    return sum;
+}
+
+X512 static double softmax_x512(float *x, size_t n) {
+    float m;
+    double sum = softmax_sum_x512(x, n, &m);
+    return (double)m + log(sum);
+}
+
+X512 static void softmax_probs_x512(float *x, size_t n) {
+    float m;
+    (void)softmax_sum_x512(x, n, &m);
+}
+
 static const kvs_math_kernels kernels_avx512 = {
     /* .name = */ "avx512",
     /* .dot = */ dot_avx2,
     /* .axpy = */ axpy_avx2,
     /* .scores = */ scores_x512,
     /* .output_add = */ output_add_x512,
-    /* .softmax = */ softmax_avx2,
-    /* .softmax_probs = */ softmax_probs_avx2,
-    /* .exp = */ exp_avx2,
+    /* .softmax = */ softmax_x512,
+    /* .softmax_probs = */ softmax_probs_x512,
+    /* .exp = */ exp_x512,
     /* .first_above = */ first_above_avx2,
     /* .scores16 = */ scores16_x512,
     /* .output_add16 = */ output_add16_x512,
@@ -1672,6 +1786,65 @@ static const kvs_math_kernels kernels_avx512 = {
 };
 
 static int cpu_has_avx512(void) { return cpu_has_avx2x32(); }
+
+/* ---- do 512-bit FMAs run at full rate here? ----
+ * The same arithmetic either way (above), so the choice between avx2x32 and avx512 is speed alone, and only a
+ * measurement tells it: AVX-512 CPUs execute a 512-bit FMA in one pass (AMD Zen 5, Intel server cores with two FMA
+ * units: twice the 256-bit rate) or in two (Zen 4, one-unit Intel cores: the same rate, where the old 16-lane table
+ * lost to avx2x32). Twelve independent FMA chains on registers, 256-bit then 512-bit, three rounds alternating,
+ * the best time of each: about 0.2 ms once per process. */
+enum { FMA_PROBE_ITERS = 4096 };
+
+static double now_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+#define FMA_PROBE_BODY(T, SET1, FMA, ADD, ITERS)                                                                  \
+    T a0 = SET1(1.0f), a1 = SET1(1.1f), a2 = SET1(1.2f), a3 = SET1(1.3f), a4 = SET1(1.4f), a5 = SET1(1.5f);      \
+    T a6 = SET1(1.6f), a7 = SET1(1.7f), a8 = SET1(1.8f), a9 = SET1(1.9f), a10 = SET1(2.0f), a11 = SET1(2.1f);    \
+    const T m = SET1(0.999999f), c = SET1(1e-7f);                                                              \
+    double t0 = now_seconds();                                                                                 \
+    for (int it = 0; it < (ITERS); it++) {                                                                     \
+        a0 = FMA(a0, m, c), a1 = FMA(a1, m, c), a2 = FMA(a2, m, c), a3 = FMA(a3, m, c);                        \
+        a4 = FMA(a4, m, c), a5 = FMA(a5, m, c), a6 = FMA(a6, m, c), a7 = FMA(a7, m, c);                        \
+        a8 = FMA(a8, m, c), a9 = FMA(a9, m, c), a10 = FMA(a10, m, c), a11 = FMA(a11, m, c);                    \
+        __asm__ volatile("" : "+v"(a0), "+v"(a1), "+v"(a2), "+v"(a3), "+v"(a4), "+v"(a5));                     \
+        __asm__ volatile("" : "+v"(a6), "+v"(a7), "+v"(a8), "+v"(a9), "+v"(a10), "+v"(a11));                   \
+    }                                                                                                          \
+    double t = now_seconds() - t0;                                                                             \
+    T sum = ADD(ADD(ADD(a0, a1), ADD(a2, a3)), ADD(ADD(a4, a5), ADD(a6, a7)));                                  \
+    sum = ADD(sum, ADD(ADD(a8, a9), ADD(a10, a11)));                                                           \
+    float out[16];                                                                                             \
+    memcpy(out, &sum, sizeof sum);                                                                             \
+    *sink += out[0];                                                                                           \
+    return t
+
+AVX2 static double fma_probe256(float *sink) {
+    FMA_PROBE_BODY(__m256, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_add_ps, FMA_PROBE_ITERS);
+}
+
+X512 static double fma_probe512(float *sink) {
+    FMA_PROBE_BODY(__m512, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_add_ps, FMA_PROBE_ITERS);
+}
+#undef FMA_PROBE_BODY
+
+/* 512-bit FMA lanes per second over 256-bit ones (about 2 at full rate, 1 double-pumped); 0 without AVX-512VL. */
+static double fma512_speedup(void) {
+    if (!cpu_has_avx512()) return 0;
+    float sink = 0;
+    double t256 = INFINITY, t512 = INFINITY;
+    for (int round = 0; round < 3; round++) {
+        double t = fma_probe256(&sink);
+        t256 = t < t256 ? t : t256;
+        t = fma_probe512(&sink);
+        t512 = t < t512 ? t : t512;
+    }
+    volatile float keep = sink; /* the loops' results are used */
+    (void)keep;
+    return t512 > 0 ? 2.0 * t256 / t512 : 0;
+}
 #endif /* x86-64 */
 
 /* ---- dispatch ---- */
@@ -1711,19 +1884,36 @@ const char *kvs_math_isa_name(kvs_isa isa) {
                                     : "scalar";
 }
 
-/* KVS_SIMD's choice, capped by what the CPU has (falling back to the best below it); avx2x32 otherwise (AVX2's
- * results in wider tiles: the S_t attention 1.2-1.5x faster, sim/BENCH.md "Seventh pass"). The 16-lane AVX-512
- * table is opt-in: on the AMD EPYC development VM its 512-bit FMAs have the AVX2 peak (sim/BENCH.md) and its tiles
- * ran at 0.6-0.75x the AVX2 ones (wider reductions, double-pumped units); a CPU where it wins can ask for it. */
+/* The measured speedup behind the default (0 until chosen, or when KVS_SIMD chose, or without AVX-512VL). */
+static _Atomic double fma512_measured;
+
+/* KVS_SIMD's choice, capped by what the CPU has (falling back to the best below it); otherwise avx512 where a
+ * 512-bit FMA does at least 1.5x the 256-bit lanes per second (fma512_speedup: about 2 where the units are 512 bits
+ * wide), else avx2x32 (AVX2's results in wider tiles: the S_t attention 1.2-1.5x faster, sim/BENCH.md "Seventh
+ * pass"). Every vector table gives AVX2's bits, so the choice moves no number. */
 static kvs_isa choose_isa(void) {
-    kvs_isa want = KVS_ISA_AVX2X32;
+    kvs_isa want = KVS_ISA_COUNT;
     const char *env = getenv("KVS_SIMD");
     if (env && env[0])
         for (int i = 0; i < KVS_ISA_COUNT; i++)
             if (!strcmp(env, kvs_math_isa_name((kvs_isa)i))) want = (kvs_isa)i;
+    if (want == KVS_ISA_COUNT) {
+#ifdef KVS_HAVE_AVX2_KERNELS
+        double x = fma512_speedup();
+        atomic_store(&fma512_measured, x);
+        want = x >= 1.5 ? KVS_ISA_AVX512 : KVS_ISA_AVX2X32;
+#else
+        want = KVS_ISA_AVX2X32;
+#endif
+    }
     for (int i = (int)want; i > 0; i--)
         if (kvs_math_kernels_for((kvs_isa)i)) return (kvs_isa)i;
     return KVS_ISA_SCALAR;
+}
+
+double kvs_math_fma512_speedup(void) {
+    (void)kvs_math_isa_active();
+    return atomic_load(&fma512_measured);
 }
 
 kvs_isa kvs_math_isa_active(void) {

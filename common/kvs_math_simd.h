@@ -7,16 +7,17 @@
  * computes each dot product, each output element and each exponential the same way whatever the tiling, the
  * number of query rows or the blocking, so a row's numbers never depend on how many rows were computed
  * together (the blocked full attention equals the row-by-row one bit for bit on one instruction set).
- * Between instruction sets results differ by rounding only (tolerances in tests/test_simd.c).
+ * The vector tables compute the same operations in the same order, so they give the same bits (tests/test_simd.c);
+ * the scalar reference differs from them by rounding only (tolerances there).
  *
  * Each table also reads K/V rows kept in a trace's 16 bits (fp16 / bf16: scores16, output_add16), equal bit for bit
  * to its fp32 entries on the converted rows; the engines keep such a history unless KVS_KV16=0.
  *
- * Selection: avx2x32 when the CPU has AVX-512VL (the AVX2 arithmetic in wider tiles over 32 registers, equal to
- * the AVX2 table bit for bit), else AVX2 when it has that, else scalar, unless the environment variable KVS_SIMD
- * names another ("scalar", "avx2", "avx2x32", "avx512"; a variant the CPU lacks falls back to the best below it).
- * The 16-lane AVX-512 table is opt-in: it was slower than AVX2 on the machine measured (kvs_math_simd.c). Read
- * once per process.
+ * Selection, once per process: the environment variable KVS_SIMD's table when it names one ("scalar", "avx2",
+ * "avx2x32", "avx512"; a table the CPU lacks falls back to the best below it). Otherwise, on a CPU with AVX-512VL,
+ * avx512 (the AVX2 arithmetic on 16 lanes) where a timed probe finds 512-bit FMAs at least 1.5x as fast as 256-bit
+ * ones, else avx2x32 (the AVX2 arithmetic in wider tiles over 32 registers); AVX2 on a CPU with AVX2 and FMA only;
+ * else scalar. The three vector tables give the same bits, so the probe's timing can change the speed only.
  */
 #ifndef KVS_MATH_SIMD_H
 #define KVS_MATH_SIMD_H
@@ -30,7 +31,7 @@ typedef enum {
     KVS_ISA_SCALAR = 0,  /* plain C (the compiler's SSE2 at -O2): the reference */
     KVS_ISA_AVX2 = 1,    /* AVX2 + FMA, 8 fp32 lanes */
     KVS_ISA_AVX2X32 = 2, /* the AVX2 arithmetic with AVX-512VL's 32 registers (wider tiles): AVX2's results */
-    KVS_ISA_AVX512 = 3,  /* AVX-512F scores and output tiles (16 lanes), the rest as AVX2 */
+    KVS_ISA_AVX512 = 3,  /* the AVX2 arithmetic on 16 lanes (scores and output tiles): AVX2's results */
     KVS_ISA_COUNT
 } kvs_isa;
 
@@ -90,12 +91,16 @@ int kvs_math_kv16_default(void);
  *  static. Tests run every non-NULL table against the scalar one. */
 const kvs_math_kernels *kvs_math_kernels_for(kvs_isa isa);
 
-/*! kvs_math_kernels_active() : the table kvs_math.h's functions use (avx2x32 / AVX2 where available, or KVS_SIMD's
- *  choice). */
+/*! kvs_math_kernels_active() : the table kvs_math.h's functions use (the selection above). */
 const kvs_math_kernels *kvs_math_kernels_active(void);
 
 /*! kvs_math_isa_active() : the instruction set of kvs_math_kernels_active(). */
 kvs_isa kvs_math_isa_active(void);
+
+/*! kvs_math_fma512_speedup() : what the selection's probe measured, 512-bit FMA lanes per second over 256-bit ones
+ *  (about 2 where 512-bit FMAs run at full rate, 1 where they are split in two); 0 when KVS_SIMD chose or the CPU
+ *  lacks AVX-512VL. */
+double kvs_math_fma512_speedup(void);
 
 /*! kvs_math_isa_name() : "scalar", "avx2", "avx2x32", "avx512". */
 const char *kvs_math_isa_name(kvs_isa isa);
