@@ -1334,7 +1334,59 @@ __attribute__((always_inline)) X512 static inline const void *x512_rows_from(con
 }
 
 /* Packed query rows: pair p's chunk c at qp + (p * nch + c) * 16, row 2p in the low half, row 2p + 1 in the high. */
-enum { X512_QP_FLOATS = 8192 };
+enum { X512_QP_FLOATS = 4096 };
+
+/* One 2 x 8 tile's 32 lane sums over nch chunks: rows r, r+1 (pair x0p) and r+2, r+3 (pair x1p) against keys
+ * k[0..7]. Its own function: inlined in the tile loop, gcc -O2 kept a pair chunk on the stack (an FMA with a memory
+ * operand each) with 10 of the 32 registers free. */
+__attribute__((always_inline)) X512 static inline void x512_tile(const float *x0p, const float *x1p,
+                                                                 const void *const *kk, size_t nch, int kind,
+                                                                 __m512 *out0, __m512 *out1) {
+    const void *k0 = kk[0], *k1 = kk[1], *k2 = kk[2], *k3 = kk[3], *k4 = kk[4], *k5 = kk[5], *k6 = kk[6], *k7 = kk[7];
+    __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a04 = a00, a05 = a00, a06 = a00;
+    __m512 a07 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00, a14 = a00, a15 = a00, a16 = a00;
+    __m512 a17 = a00;
+    for (size_t c = 0; c < nch; c++) {
+        __m512 x0 = _mm512_load_ps(x0p + 16 * c), x1 = _mm512_load_ps(x1p + 16 * c), y;
+        y = x512_bcast8(k0, 8 * c, kind);
+        a00 = _mm512_fmadd_ps(x0, y, a00);
+        a10 = _mm512_fmadd_ps(x1, y, a10);
+        y = x512_bcast8(k1, 8 * c, kind);
+        a01 = _mm512_fmadd_ps(x0, y, a01);
+        a11 = _mm512_fmadd_ps(x1, y, a11);
+        y = x512_bcast8(k2, 8 * c, kind);
+        a02 = _mm512_fmadd_ps(x0, y, a02);
+        a12 = _mm512_fmadd_ps(x1, y, a12);
+        y = x512_bcast8(k3, 8 * c, kind);
+        a03 = _mm512_fmadd_ps(x0, y, a03);
+        a13 = _mm512_fmadd_ps(x1, y, a13);
+        y = x512_bcast8(k4, 8 * c, kind);
+        a04 = _mm512_fmadd_ps(x0, y, a04);
+        a14 = _mm512_fmadd_ps(x1, y, a14);
+        y = x512_bcast8(k5, 8 * c, kind);
+        a05 = _mm512_fmadd_ps(x0, y, a05);
+        a15 = _mm512_fmadd_ps(x1, y, a15);
+        y = x512_bcast8(k6, 8 * c, kind);
+        a06 = _mm512_fmadd_ps(x0, y, a06);
+        a16 = _mm512_fmadd_ps(x1, y, a16);
+        y = x512_bcast8(k7, 8 * c, kind);
+        a07 = _mm512_fmadd_ps(x0, y, a07);
+        a17 = _mm512_fmadd_ps(x1, y, a17);
+    }
+    /* s0: [row r keys 0-3 | row r+1 keys 0-3 | row r keys 4-7 | row r+1 keys 4-7]; s1 rows r+2, r+3 */
+    *out0 = x512_reduce8(a00, a01, a02, a03, a04, a05, a06, a07);
+    *out1 = x512_reduce8(a10, a11, a12, a13, a14, a15, a16, a17);
+}
+
+#define X512_TILE_ENTRY(NAME, KIND)                                                                              \
+    __attribute__((noinline)) X512 static void NAME(const float *x0p, const float *x1p, const void *const *kk,   \
+                                                    size_t nch, __m512 *out0, __m512 *out1) {                   \
+        x512_tile(x0p, x1p, kk, nch, KIND, out0, out1);                                                         \
+    }
+X512_TILE_ENTRY(x512_tile_f32, X32_F32)
+X512_TILE_ENTRY(x512_tile_f16, X32_F16)
+X512_TILE_ENTRY(x512_tile_bf16, X32_BF16)
+#undef X512_TILE_ENTRY
 
 /* Scores of nr query rows, nr a multiple of 4: 2 x 8 tiles, the n % 8 last keys through avx2x32's 4 x 4 tiles. */
 __attribute__((always_inline)) X512 static inline void x512_scores(const float *q, size_t nr, const void *keys,
@@ -1342,9 +1394,9 @@ __attribute__((always_inline)) X512 static inline void x512_scores(const float *
                                                                    size_t d, float scale, float *const *out_rows,
                                                                    size_t col0, int kind) {
     size_t d8 = d & ~(size_t)7, nch = d8 / 8, n8 = n & ~(size_t)7;
-    /* query rows packed per block: >= 8 for any head_dim the trace format takes (KVS_KV16_MAX_DIM) */
+    /* query rows packed per block: >= 4 for any head_dim the trace format takes (KVS_KV16_MAX_DIM) */
     size_t rows_blk = d8 > 0 ? (X512_QP_FLOATS / d8) & ~(size_t)3 : 0;
-    if (rows_blk == 0 || n8 == 0) { /* d < 8, d > 2048 or fewer than 8 keys: avx2x32's tiles */
+    if (rows_blk == 0 || n8 == 0) { /* d < 8, d > 1024 or fewer than 8 keys: avx2x32's tiles */
         x32_scores(q, nr, keys, stride, idx, n, d, scale, out_rows, col0, kind);
         return;
     }
@@ -1372,39 +1424,11 @@ __attribute__((always_inline)) X512 static inline void x512_scores(const float *
                 }
             for (size_t r = 0; r < m; r += 4) {
                 const float *x0p = qp + (r / 2) * nch * 16, *x1p = x0p + nch * 16;
-                __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a04 = a00, a05 = a00, a06 = a00;
-                __m512 a07 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00, a14 = a00, a15 = a00, a16 = a00;
-                __m512 a17 = a00;
-                for (size_t c = 0; c < nch; c++) {
-                    __m512 x0 = _mm512_load_ps(x0p + 16 * c), x1 = _mm512_load_ps(x1p + 16 * c), y;
-                    y = x512_bcast8(k0, 8 * c, kind);
-                    a00 = _mm512_fmadd_ps(x0, y, a00);
-                    a10 = _mm512_fmadd_ps(x1, y, a10);
-                    y = x512_bcast8(k1, 8 * c, kind);
-                    a01 = _mm512_fmadd_ps(x0, y, a01);
-                    a11 = _mm512_fmadd_ps(x1, y, a11);
-                    y = x512_bcast8(k2, 8 * c, kind);
-                    a02 = _mm512_fmadd_ps(x0, y, a02);
-                    a12 = _mm512_fmadd_ps(x1, y, a12);
-                    y = x512_bcast8(k3, 8 * c, kind);
-                    a03 = _mm512_fmadd_ps(x0, y, a03);
-                    a13 = _mm512_fmadd_ps(x1, y, a13);
-                    y = x512_bcast8(k4, 8 * c, kind);
-                    a04 = _mm512_fmadd_ps(x0, y, a04);
-                    a14 = _mm512_fmadd_ps(x1, y, a14);
-                    y = x512_bcast8(k5, 8 * c, kind);
-                    a05 = _mm512_fmadd_ps(x0, y, a05);
-                    a15 = _mm512_fmadd_ps(x1, y, a15);
-                    y = x512_bcast8(k6, 8 * c, kind);
-                    a06 = _mm512_fmadd_ps(x0, y, a06);
-                    a16 = _mm512_fmadd_ps(x1, y, a16);
-                    y = x512_bcast8(k7, 8 * c, kind);
-                    a07 = _mm512_fmadd_ps(x0, y, a07);
-                    a17 = _mm512_fmadd_ps(x1, y, a17);
-                }
-                /* s0: [row r keys 0-3 | row r+1 keys 0-3 | row r keys 4-7 | row r+1 keys 4-7]; s1 rows r+2, r+3 */
-                __m512 s0 = x512_reduce8(a00, a01, a02, a03, a04, a05, a06, a07);
-                __m512 s1 = x512_reduce8(a10, a11, a12, a13, a14, a15, a16, a17);
+                const void *kk[8] = {k0, k1, k2, k3, k4, k5, k6, k7};
+                __m512 s0, s1;
+                if (kind == X32_F32) x512_tile_f32(x0p, x1p, kk, nch, &s0, &s1);
+                else if (kind == X32_F16) x512_tile_f16(x0p, x1p, kk, nch, &s0, &s1);
+                else x512_tile_bf16(x0p, x1p, kk, nch, &s0, &s1);
                 float *o0 = out_rows[rb + r] + col0 + j, *o1 = out_rows[rb + r + 1] + col0 + j;
                 float *o2 = out_rows[rb + r + 2] + col0 + j, *o3 = out_rows[rb + r + 3] + col0 + j;
                 if (d8 == d) { /* no tail: each row's 8 scaled scores in one 8-float store */

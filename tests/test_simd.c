@@ -372,7 +372,7 @@ static void test_topk_matches_sort(void **state) {
 /* The avx2x32 table (AVX-512VL's 32 registers, wider tiles) and the avx512 table (the same arithmetic on 16 lanes)
  * compute every value exactly as the AVX2 table does: scores, output, softmax and the 16-bit entries (fp16 and bf16)
  * equal bit for bit over row counts 1..9, 12 and 17 (the 4-row tiles, the rows past them, and at d 1024 the avx512
- * scores' blocks of 8 packed rows), list lengths of every residue mod 8, head_dims with and without 8-, 16-, 32-, 64-
+ * scores' blocks of 4 packed rows), list lengths of every residue mod 8, head_dims with and without 8-, 16-, 32-, 64-
  * and 128-float tails, value lists that cross the output tiles' passes, with and without an index list. */
 static void wide_equals_avx2(const kvs_math_kernels *a, const kvs_math_kernels *b) {
     { /* the exponential on the special values and a dense grid, 1 to 40 elements (16-, 8-lane blocks, tails) */
@@ -392,7 +392,7 @@ static void wide_equals_avx2(const kvs_math_kernels *a, const kvs_math_kernels *
             assert_memory_equal(ya, yb, sizeof ya);
         }
     }
-    /* 200: a 128-column pass and a tail; 1024: 8 query rows per avx512 block */
+    /* 200: a 128-column pass and a tail; 1024: 4 query rows per avx512 block */
     static const size_t xd[] = {1, 7, 8, 13, 32, 40, 64, 67, 100, 128, 200, 256, 1024};
     static const size_t xr[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 17};
     enum { MAXR = 17, MAXN = 301, ROWS = 320 };
