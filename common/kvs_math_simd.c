@@ -3,8 +3,9 @@
  * the contract: a vector variant computes every dot product, output element and exponential the same way
  * whatever the tiling, so a row's result does not depend on how many rows were computed with it.
  *
- * The AVX-512F table has its own scores and output tiles on 16 lanes and shares the AVX2 softmax, exp, dot and
- * filter (no AVX-512 CPU lacks AVX2 and FMA).
+ * The avx2x32 and avx512 tables compute the AVX2 arithmetic in wider tiles (32 registers; 16 lanes), so all three
+ * vector tables give the same bits and the choice between them is speed alone: avx512 where 512-bit FMAs run at
+ * full rate (a timed probe), else avx2x32 (see choose_isa).
  *
  * How the AVX2 kernels reach the FMA units (sim/BENCH.md has the floor computations):
  *  - scores: groups of 4 query rows against 3 key rows (12 accumulators; each 8-float chunk of a key row, loaded
