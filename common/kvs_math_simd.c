@@ -1794,6 +1794,44 @@ X512 static void softmax_probs_x512(float *x, size_t n) {
     (void)softmax_sum_x512(x, n, &m);
 }
 
+/* The low and high 8 lanes added: a 16-lane accumulator to 8 lanes. */
+__attribute__((always_inline)) X512 static inline __m256 fold16(__m512 a) {
+    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+
+/* dots_loose on 16 lanes: 8 keys a pass, one 16-lane fma chain each over the 16-float chunks of d, each folded to 8
+ * lanes and the 8 reduced by reduce8; the d % 16 tail as a scalar fused chain. Any order of the adds is this entry's
+ * contract (its screen re-checks near the boundary in fp64), so it needs no other table's bits. */
+X512 static void dots_loose_x512(const float *v, const float *keys, size_t stride, const int32_t *idx, size_t n,
+                                 size_t d, float *out) {
+    size_t d16 = d & ~(size_t)15, j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const float *k0 = row_of(keys, stride, idx, j), *k1 = row_of(keys, stride, idx, j + 1);
+        const float *k2 = row_of(keys, stride, idx, j + 2), *k3 = row_of(keys, stride, idx, j + 3);
+        const float *k4 = row_of(keys, stride, idx, j + 4), *k5 = row_of(keys, stride, idx, j + 5);
+        const float *k6 = row_of(keys, stride, idx, j + 6), *k7 = row_of(keys, stride, idx, j + 7);
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+        for (size_t i = 0; i < d16; i += 16) {
+            __m512 x = _mm512_loadu_ps(v + i);
+            a0 = _mm512_fmadd_ps(x, _mm512_loadu_ps(k0 + i), a0);
+            a1 = _mm512_fmadd_ps(x, _mm512_loadu_ps(k1 + i), a1);
+            a2 = _mm512_fmadd_ps(x, _mm512_loadu_ps(k2 + i), a2);
+            a3 = _mm512_fmadd_ps(x, _mm512_loadu_ps(k3 + i), a3);
+            a4 = _mm512_fmadd_ps(x, _mm512_loadu_ps(k4 + i), a4);
+            a5 = _mm512_fmadd_ps(x, _mm512_loadu_ps(k5 + i), a5);
+            a6 = _mm512_fmadd_ps(x, _mm512_loadu_ps(k6 + i), a6);
+            a7 = _mm512_fmadd_ps(x, _mm512_loadu_ps(k7 + i), a7);
+        }
+        _mm256_storeu_ps(out + j, reduce8(fold16(a0), fold16(a1), fold16(a2), fold16(a3), fold16(a4), fold16(a5),
+                                          fold16(a6), fold16(a7)));
+        if (d16 < d) {
+            const float *kc[8] = {k0, k1, k2, k3, k4, k5, k6, k7};
+            for (size_t c = 0; c < 8; c++) out[j + c] += tail_dot(v, kc[c], d16, d);
+        }
+    }
+    for (; j < n; j++) out[j] = dot_avx2(v, row_of(keys, stride, idx, j), d);
+}
+
 static const kvs_math_kernels kernels_avx512 = {
     /* .name = */ "avx512",
     /* .dot = */ dot_avx2,
@@ -1807,7 +1845,7 @@ static const kvs_math_kernels kernels_avx512 = {
     /* .scores16 = */ scores16_x512,
     /* .output_add16 = */ output_add16_x512,
     /* .list_plain = */ list_plain_avx2,
-    /* .dots_loose = */ dots_loose_avx2,
+    /* .dots_loose = */ dots_loose_x512,
 };
 
 static int cpu_has_avx512(void) { return cpu_has_avx2x32(); }

@@ -176,6 +176,137 @@ static const kvs_math_f64_kernels f64_scalar = {
 #undef F64_FN
 #undef F64_TABLE_NAME
 
+
+/* ---- AVX-512: the kernels whose lanes are outputs, on 8 fp64 lanes (the rest as avx2x32) ----
+ * One output per lane as above, so the same bits: the lanes are only twice as many. Used by the avx512 table
+ * (kvs_math_simd.h: where 512-bit FMAs run at full rate). */
+#define F64_512 __attribute__((target("avx2,fma,avx512f,avx512vl")))
+
+/* Rows r[0..7] (8 doubles each, dimensions i..i+7) -> x[m] = the 8 rows' dimension i+m. */
+__attribute__((always_inline)) F64_512 static inline void transpose8x8_pd(const __m512d r[8], __m512d x[8]) {
+    __m512d t0 = _mm512_unpacklo_pd(r[0], r[1]), t1 = _mm512_unpackhi_pd(r[0], r[1]);
+    __m512d t2 = _mm512_unpacklo_pd(r[2], r[3]), t3 = _mm512_unpackhi_pd(r[2], r[3]);
+    __m512d t4 = _mm512_unpacklo_pd(r[4], r[5]), t5 = _mm512_unpackhi_pd(r[4], r[5]);
+    __m512d t6 = _mm512_unpacklo_pd(r[6], r[7]), t7 = _mm512_unpackhi_pd(r[6], r[7]);
+    /* u0: dims 0 and 4 of rows 0-3; u1: 2, 6; u2: 1, 5; u3: 3, 7; u4..u7 the same of rows 4-7 */
+    __m512d u0 = _mm512_shuffle_f64x2(t0, t2, 0x88), u1 = _mm512_shuffle_f64x2(t0, t2, 0xDD);
+    __m512d u2 = _mm512_shuffle_f64x2(t1, t3, 0x88), u3 = _mm512_shuffle_f64x2(t1, t3, 0xDD);
+    __m512d u4 = _mm512_shuffle_f64x2(t4, t6, 0x88), u5 = _mm512_shuffle_f64x2(t4, t6, 0xDD);
+    __m512d u6 = _mm512_shuffle_f64x2(t5, t7, 0x88), u7 = _mm512_shuffle_f64x2(t5, t7, 0xDD);
+    x[0] = _mm512_shuffle_f64x2(u0, u4, 0x88), x[4] = _mm512_shuffle_f64x2(u0, u4, 0xDD);
+    x[2] = _mm512_shuffle_f64x2(u1, u5, 0x88), x[6] = _mm512_shuffle_f64x2(u1, u5, 0xDD);
+    x[1] = _mm512_shuffle_f64x2(u2, u6, 0x88), x[5] = _mm512_shuffle_f64x2(u2, u6, 0xDD);
+    x[3] = _mm512_shuffle_f64x2(u3, u7, 0x88), x[7] = _mm512_shuffle_f64x2(u3, u7, 0xDD);
+}
+
+/* 8 consecutive rows of `base` (stride apart) at dimensions i..i+7, widened and transposed. */
+__attribute__((always_inline)) F64_512 static inline void rows8_pd(const float *base, size_t stride, size_t i,
+                                                                    __m512d x[8]) {
+    __m512d r[8];
+    UNROLL
+    for (int l = 0; l < 8; l++) r[l] = _mm512_cvtps_pd(_mm256_loadu_ps(base + (size_t)l * stride + i));
+    transpose8x8_pd(r, x);
+}
+
+/* page_scores_rows with 8 pages a pass: each page's kmin and kmax rows widened and transposed once per 8
+ * dimensions for up to 4 query rows; a row's lane takes kmax or kmin whole per dimension (its up[i], as a mask),
+ * then the same multiply and add in the same order as page_scores. The n_pages % 8 last pages in scalar. */
+F64_512 static void page_scores_rows_avx512(const float *q, size_t nq, const uint8_t *up, const float *kmin,
+                                            const float *kmax, size_t stride, size_t n_pages, size_t d, double *out) {
+    enum { ROWS = 4 };
+    size_t d8 = d & ~(size_t)7;
+    for (size_t r0 = 0; r0 < nq; r0 += ROWS) {
+        size_t nr = nq - r0 < ROWS ? nq - r0 : ROWS, pi = 0;
+        const float *qr = q + r0 * d;
+        const uint8_t *ur = up + r0 * d;
+        for (; pi + 8 <= n_pages; pi += 8) {
+            __m512d acc[ROWS];
+            for (size_t r = 0; r < ROWS; r++) acc[r] = _mm512_setzero_pd();
+            for (size_t i = 0; i < d8; i += 8) {
+                __m512d xl[8], xh[8];
+                rows8_pd(kmin + pi * stride, stride, i, xl);
+                rows8_pd(kmax + pi * stride, stride, i, xh);
+                for (size_t r = 0; r < nr; r++)
+                    UNROLL
+                    for (size_t m = 0; m < 8; m++) {
+                        __mmask8 k = (__mmask8)(ur[r * d + i + m] != 0 ? 0xFF : 0);
+                        __m512d x = _mm512_mask_blend_pd(k, xl[m], xh[m]);
+                        acc[r] = _mm512_add_pd(acc[r], _mm512_mul_pd(x, _mm512_set1_pd((double)qr[r * d + i + m])));
+                    }
+            }
+            for (size_t r = 0; r < nr; r++) {
+                double s8[8];
+                _mm512_storeu_pd(s8, acc[r]);
+                for (size_t l = 0; l < 8; l++)
+                    out[(r0 + r) * n_pages + pi + l] = page_scalar(qr + r * d, ur + r * d, kmin + (pi + l) * stride,
+                                                                   kmax + (pi + l) * stride, d8, d, s8[l]);
+            }
+        }
+        for (; pi < n_pages; pi++)
+            for (size_t r = 0; r < nr; r++)
+                out[(r0 + r) * n_pages + pi] =
+                    page_scalar(qr + r * d, ur + r * d, kmin + pi * stride, kmax + pi * stride, 0, d, 0);
+    }
+}
+
+/* One row: page_scores_rows' every output equals page_scores' (the same sum in the same order). */
+F64_512 static void page_scores_avx512(const float *q, const uint8_t *up, const float *kmin, const float *kmax,
+                                       size_t stride, size_t n_pages, size_t d, double *out) {
+    page_scores_rows_avx512(q, 1, up, kmin, kmax, stride, n_pages, d, out);
+}
+
+/* wsum with 64 dimensions a pass in 8 registers of 8 sums, each the scalar loop's chain in key order; the d % 64
+ * last dimensions through avx2x32's (the same chains, 32 and 4 at a time, then one by one). */
+F64_512 static void wsum_avx512(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
+                                const double *w, double *acc) {
+    size_t i = 0;
+    for (; i + 64 <= d; i += 64) {
+        __m512d a[8];
+        UNROLL
+        for (int m = 0; m < 8; m++) a[m] = _mm512_loadu_pd(acc + i + 8 * (size_t)m);
+        for (size_t j = 0; j < n; j++) {
+            const float *k = row_at(keys, stride, idx, j) + i;
+            if (idx && j + WSUM_AHEAD < n) { /* scattered rows: a later one's 256 bytes on their way */
+                const char *ahead = (const char *)(row_at(keys, stride, idx, j + WSUM_AHEAD) + i);
+                for (int b = 0; b < 256; b += 64) _mm_prefetch(ahead + b, _MM_HINT_T0);
+            }
+            __m512d wv = _mm512_set1_pd(w[j]);
+            UNROLL
+            for (int m = 0; m < 8; m++)
+                a[m] = _mm512_add_pd(a[m], _mm512_mul_pd(wv, _mm512_cvtps_pd(_mm256_loadu_ps(k + 8 * m))));
+        }
+        UNROLL
+        for (int m = 0; m < 8; m++) _mm512_storeu_pd(acc + i + 8 * (size_t)m, a[m]);
+    }
+    if (i < d) wsum_avx2x32(keys + i, stride, idx, n, d - i, w, acc + i);
+}
+
+/* heads_add 8 columns a vector, each lane the scalar table's operations on its column; the rest as avx2x32. */
+F64_512 static void heads_add_avx512(const float *const *p, size_t nh, size_t n, int mean, double *out) {
+    int pow2 = (nh & (nh - 1)) == 0;
+    __m512d vinv = _mm512_set1_pd(1.0 / (double)nh), vnh = _mm512_set1_pd((double)nh);
+    size_t j = 0;
+    for (; j + 8 <= n; j += 8) {
+        __m512d t = _mm512_setzero_pd();
+        for (size_t h = 0; h < nh; h++) t = _mm512_add_pd(t, _mm512_cvtps_pd(_mm256_loadu_ps(p[h] + j)));
+        if (mean) t = pow2 ? _mm512_mul_pd(t, vinv) : _mm512_div_pd(t, vnh);
+        _mm512_storeu_pd(out + j, _mm512_add_pd(_mm512_loadu_pd(out + j), t));
+    }
+    heads_cols(p, nh, j, n, mean, out);
+}
+
+static const kvs_math_f64_kernels f64_avx512 = {
+    /* .name = */ "avx512",
+    /* .norms = */ norms_avx2x32,
+    /* .dots = */ dots_avx2x32,
+    /* .page_scores = */ page_scores_avx512,
+    /* .wsum = */ wsum_avx512,
+    /* .first_above = */ first_above_avx2x32,
+    /* .page_scores_rows = */ page_scores_rows_avx512,
+    /* .out_sums = */ out_sums_avx2x32,
+    /* .recall4 = */ recall4_avx2x32,
+    /* .heads_add = */ heads_add_avx512,
+};
 #endif /* x86-64 */
 
 /* ---- dispatch: kvs_math_simd.h's instruction set ---- */
@@ -184,7 +315,8 @@ const kvs_math_f64_kernels *kvs_math_f64_kernels_for(kvs_isa isa) {
     if (isa == KVS_ISA_SCALAR) return &f64_scalar;
 #ifdef KVS_HAVE_AVX2_F64
     if (!kvs_math_kernels_for(isa)) return NULL; /* this CPU lacks it */
-    /* avx2x32 and avx512: the AVX2 arithmetic with 32 registers where the CPU has AVX-512VL */
+    if (isa == KVS_ISA_AVX512) return &f64_avx512;
+    /* avx2x32: the AVX2 arithmetic with 32 registers where the CPU has AVX-512VL */
     if (isa != KVS_ISA_AVX2 && kvs_math_kernels_for(KVS_ISA_AVX2X32)) return &f64_avx2x32;
     return &f64_avx2;
 #endif

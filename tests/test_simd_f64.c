@@ -44,7 +44,7 @@ static int variants(const kvs_math_f64_kernels **out) {
 /* bitwise equality of doubles (NaN payloads included) */
 static void assert_same_f64(const double *a, const double *b, size_t n) { assert_memory_equal(a, b, n * sizeof *a); }
 
-static const size_t dims[] = {1, 5, 8, 13, 16, 64, 67, 128};
+static const size_t dims[] = {1, 5, 8, 13, 16, 64, 67, 100, 128, 200};
 static const size_t counts[] = {0, 1, 3, 4, 7, 8, 9, 15, 16, 17, 31, 33, 40};
 
 /* naive references, written from the header's definitions */
@@ -63,7 +63,7 @@ static void test_norms_and_dots_bit_exact(void **state) {
     (void)state;
     const kvs_math_f64_kernels *v[KVS_ISA_COUNT], *sc = kvs_math_f64_kernels_for(KVS_ISA_SCALAR);
     int nv = variants(v);
-    enum { ROWS = 64, MAXD = 128 };
+    enum { ROWS = 64, MAXD = 200 };
     float *keys = malloc(ROWS * (MAXD + 3) * sizeof *keys);
     double vec[MAXD], ref[ROWS], got[ROWS];
     int32_t idx[ROWS];
@@ -107,7 +107,7 @@ static void test_page_scores_bit_exact(void **state) {
     (void)state;
     const kvs_math_f64_kernels *v[KVS_ISA_COUNT], *sc = kvs_math_f64_kernels_for(KVS_ISA_SCALAR);
     int nv = variants(v);
-    enum { PAGES = 40, MAXD = 128 };
+    enum { PAGES = 40, MAXD = 200 };
     float *lo = malloc(PAGES * MAXD * sizeof *lo), *hi = malloc(PAGES * MAXD * sizeof *hi), q[MAXD];
     double ref[PAGES], got[PAGES];
     uint8_t up[MAXD];
@@ -144,7 +144,7 @@ static void test_page_scores_rows_bit_exact(void **state) {
     (void)state;
     const kvs_math_f64_kernels *v[KVS_ISA_COUNT], *sc = kvs_math_f64_kernels_for(KVS_ISA_SCALAR);
     int nv = variants(v);
-    enum { PAGES = 40, MAXD = 128, PAD = 3, MAXQ = 9 };
+    enum { PAGES = 40, MAXD = 200, PAD = 3, MAXQ = 9 };
     const size_t nqs[] = {1, 2, 3, 4, 5, 9};
     size_t stride_max = MAXD + PAD;
     float *lo = malloc(PAGES * stride_max * sizeof *lo), *hi = malloc(PAGES * stride_max * sizeof *hi);
@@ -192,7 +192,7 @@ static void test_wsum_and_first_above_bit_exact(void **state) {
     (void)state;
     const kvs_math_f64_kernels *v[KVS_ISA_COUNT], *sc = kvs_math_f64_kernels_for(KVS_ISA_SCALAR);
     int nv = variants(v);
-    enum { NK = 40, D = 131 };
+    enum { NK = 40, D = 203 };
     float *keys = malloc(NK * D * sizeof *keys);
     assert_non_null(keys);
     fill(keys, NK * D, 4);
@@ -244,7 +244,7 @@ static void test_out_sums_bit_exact(void **state) {
     (void)state;
     const kvs_math_f64_kernels *v[KVS_ISA_COUNT], *sc = kvs_math_f64_kernels_for(KVS_ISA_SCALAR);
     int nv = variants(v);
-    enum { R = 9, D = 131 };
+    enum { R = 9, D = 203 };
     float a[R * D], b[R * D];
     fill(a, R * D, 3);
     fill(b, R * D, 3);
@@ -294,6 +294,8 @@ static void test_heads_add_bit_exact(void **state) {
         for (size_t j = 0; j < N; j++) rows[h][j] = ldexpf(fabsf(frand()), -(int)((h * 7 + j * 3) % 40));
     rows[2][17] = NAN;
     rows[5][30] = INFINITY;
+    for (size_t j = 3; j < N; j += 9) /* heads 0-2 in order round 1 + 2^-53 + 2^-53 to 1; from 2 up, to 1 + 2^-52 */
+        rows[0][j] = 1.0f, rows[1][j] = ldexpf(1.0f, -53), rows[2][j] = ldexpf(1.0f, -53);
     const float *p[H];
     for (size_t h = 0; h < H; h++) p[h] = rows[h];
     for (size_t nh = 1; nh <= H; nh++)
