@@ -1980,11 +1980,13 @@ double kvs_math_fma512_speedup(void) {
 }
 
 kvs_isa kvs_math_isa_active(void) {
-    static atomic_int cached = -1; /* racing first calls store the same value */
-    int v = atomic_load_explicit(&cached, memory_order_relaxed);
+    /* Racing first calls may time the probe differently: the first choice stored is every caller's (the tables
+     * give the same bits either way, but one process runs one table). */
+    static atomic_int cached = -1;
+    int v = atomic_load_explicit(&cached, memory_order_acquire);
     if (v < 0) {
-        v = (int)choose_isa();
-        atomic_store_explicit(&cached, v, memory_order_relaxed);
+        int expected = -1, mine = (int)choose_isa();
+        v = atomic_compare_exchange_strong(&cached, &expected, mine) ? mine : expected;
     }
     return (kvs_isa)v;
 }

@@ -11,8 +11,9 @@
  * overlap independent sums, which is where the scalar loops lost their time (one dependent fp64 add per term).
  *
  * The instruction set is kvs_math_simd.h's choice (kvs_math_isa_active(), KVS_SIMD). The vector kernels are the
- * AVX2 arithmetic in two builds: "avx2" (16 registers) and, for the avx2x32 and avx512 tables on a CPU with
- * AVX-512VL, "avx2x32" (32 registers, kvs_math_simd_f64_vec.h).
+ * AVX2 arithmetic in two builds: "avx2" (16 registers) and, for the avx2x32 table on a CPU with AVX-512VL,
+ * "avx2x32" (32 registers, kvs_math_simd_f64_vec.h); the avx512 table has page_scores(_rows), wsum and heads_add on
+ * 8 fp64 lanes (still one output per lane) and avx2x32's others.
  */
 #ifndef KVS_MATH_SIMD_F64_H
 #define KVS_MATH_SIMD_F64_H
