@@ -1189,16 +1189,22 @@ AVX2_X32 static void scores16_x32_bf16(const float *q, size_t nr, const uint16_t
     x32_scores(q, nr, keys, stride, idx, n, d, scale, out_rows, col0, X32_BF16);
 }
 
+/* A wide table's 16-bit scores entry: its kernel of the dtype on the groups of 4 rows, the rest through the AVX2
+ * table's (the same bits either way). */
+typedef void (*scores16_rows4_fn)(const float *q, size_t nr, const uint16_t *keys, size_t stride, const int32_t *idx,
+                                  size_t n, size_t d, float scale, float *const *out_rows, size_t col0);
+
+static void scores16_wide(scores16_rows4_fn f16, scores16_rows4_fn bf16, const float *q, size_t nr,
+                          const uint16_t *keys, kvs_dtype dtype, size_t stride, const int32_t *idx, size_t n, size_t d,
+                          float scale, float *const *out_rows, size_t col0) {
+    size_t r4 = nr & ~(size_t)3;
+    if (r4 > 0) (dtype == KVS_DTYPE_BF16 ? bf16 : f16)(q, r4, keys, stride, idx, n, d, scale, out_rows, col0);
+    if (r4 < nr) scores16_avx2(q + r4 * d, nr - r4, keys, dtype, stride, idx, n, d, scale, out_rows + r4, col0);
+}
+
 static void scores16_x32(const float *q, size_t nr, const uint16_t *keys, kvs_dtype dtype, size_t stride,
                          const int32_t *idx, size_t n, size_t d, float scale, float *const *out_rows, size_t col0) {
-    size_t r4 = nr & ~(size_t)3;
-    if (r4 > 0) {
-        if (dtype == KVS_DTYPE_BF16)
-            scores16_x32_bf16(q, r4, keys, stride, idx, n, d, scale, out_rows, col0);
-        else
-            scores16_x32_f16(q, r4, keys, stride, idx, n, d, scale, out_rows, col0);
-    }
-    if (r4 < nr) scores16_avx2(q + r4 * d, nr - r4, keys, dtype, stride, idx, n, d, scale, out_rows + r4, col0);
+    scores16_wide(scores16_x32_f16, scores16_x32_bf16, q, nr, keys, dtype, stride, idx, n, d, scale, out_rows, col0);
 }
 
 /* One output row, 128 columns a pass in 16 accumulators: each value row is read once per pass where the AVX2
@@ -1343,40 +1349,19 @@ enum { X512_QP_FLOATS = 4096 };
 __attribute__((always_inline)) X512 static inline void x512_tile(const float *x0p, const float *x1p,
                                                                  const void *const *kk, size_t nch, int kind,
                                                                  __m512 *out0, __m512 *out1) {
-    const void *k0 = kk[0], *k1 = kk[1], *k2 = kk[2], *k3 = kk[3], *k4 = kk[4], *k5 = kk[5], *k6 = kk[6], *k7 = kk[7];
-    __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a04 = a00, a05 = a00, a06 = a00;
-    __m512 a07 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00, a14 = a00, a15 = a00, a16 = a00;
-    __m512 a17 = a00;
+    __m512 a0[8], a1[8]; /* pair 0 (rows r, r+1) and pair 1 (rows r+2, r+3) against key k */
+    _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) a0[k] = a1[k] = _mm512_setzero_ps();
     for (size_t c = 0; c < nch; c++) {
-        __m512 x0 = _mm512_load_ps(x0p + 16 * c), x1 = _mm512_load_ps(x1p + 16 * c), y;
-        y = x512_bcast8(k0, 8 * c, kind);
-        a00 = _mm512_fmadd_ps(x0, y, a00);
-        a10 = _mm512_fmadd_ps(x1, y, a10);
-        y = x512_bcast8(k1, 8 * c, kind);
-        a01 = _mm512_fmadd_ps(x0, y, a01);
-        a11 = _mm512_fmadd_ps(x1, y, a11);
-        y = x512_bcast8(k2, 8 * c, kind);
-        a02 = _mm512_fmadd_ps(x0, y, a02);
-        a12 = _mm512_fmadd_ps(x1, y, a12);
-        y = x512_bcast8(k3, 8 * c, kind);
-        a03 = _mm512_fmadd_ps(x0, y, a03);
-        a13 = _mm512_fmadd_ps(x1, y, a13);
-        y = x512_bcast8(k4, 8 * c, kind);
-        a04 = _mm512_fmadd_ps(x0, y, a04);
-        a14 = _mm512_fmadd_ps(x1, y, a14);
-        y = x512_bcast8(k5, 8 * c, kind);
-        a05 = _mm512_fmadd_ps(x0, y, a05);
-        a15 = _mm512_fmadd_ps(x1, y, a15);
-        y = x512_bcast8(k6, 8 * c, kind);
-        a06 = _mm512_fmadd_ps(x0, y, a06);
-        a16 = _mm512_fmadd_ps(x1, y, a16);
-        y = x512_bcast8(k7, 8 * c, kind);
-        a07 = _mm512_fmadd_ps(x0, y, a07);
-        a17 = _mm512_fmadd_ps(x1, y, a17);
+        __m512 x0 = _mm512_load_ps(x0p + 16 * c), x1 = _mm512_load_ps(x1p + 16 * c);
+        _Pragma("GCC unroll 8") for (int k = 0; k < 8; k++) {
+            __m512 y = x512_bcast8(kk[k], 8 * c, kind);
+            a0[k] = _mm512_fmadd_ps(x0, y, a0[k]);
+            a1[k] = _mm512_fmadd_ps(x1, y, a1[k]);
+        }
     }
-    /* s0: [row r keys 0-3 | row r+1 keys 0-3 | row r keys 4-7 | row r+1 keys 4-7]; s1 rows r+2, r+3 */
-    *out0 = x512_reduce8(a00, a01, a02, a03, a04, a05, a06, a07);
-    *out1 = x512_reduce8(a10, a11, a12, a13, a14, a15, a16, a17);
+    /* out0: [row r keys 0-3 | row r+1 keys 0-3 | row r keys 4-7 | row r+1 keys 4-7]; out1 rows r+2, r+3 */
+    *out0 = x512_reduce8(a0[0], a0[1], a0[2], a0[3], a0[4], a0[5], a0[6], a0[7]);
+    *out1 = x512_reduce8(a1[0], a1[1], a1[2], a1[3], a1[4], a1[5], a1[6], a1[7]);
 }
 
 #define X512_TILE_ENTRY(NAME, KIND)                                                                              \
@@ -1460,6 +1445,37 @@ __attribute__((always_inline)) X512 static inline void x512_scores(const float *
     }
 }
 
+/* One output row's 64 columns in 4 registers (a struct's members are scalarised into registers, as acc64), with
+ * load / fma / store helpers: the output tiles below are written with these. */
+typedef struct {
+    __m512 c0, c1, c2, c3;
+} zrow64;
+
+__attribute__((always_inline)) X512 static inline zrow64 zrow64_load(const float *o) {
+    return (zrow64){_mm512_loadu_ps(o), _mm512_loadu_ps(o + 16), _mm512_loadu_ps(o + 32), _mm512_loadu_ps(o + 48)};
+}
+
+__attribute__((always_inline)) X512 static inline void zrow64_store(float *o, zrow64 a) {
+    _mm512_storeu_ps(o, a.c0);
+    _mm512_storeu_ps(o + 16, a.c1);
+    _mm512_storeu_ps(o + 32, a.c2);
+    _mm512_storeu_ps(o + 48, a.c3);
+}
+
+/* a += w * v, each column its own fma */
+__attribute__((always_inline)) X512 static inline void zrow64_fma(zrow64 *a, __m512 w, zrow64 v) {
+    a->c0 = _mm512_fmadd_ps(w, v.c0, a->c0);
+    a->c1 = _mm512_fmadd_ps(w, v.c1, a->c1);
+    a->c2 = _mm512_fmadd_ps(w, v.c2, a->c2);
+    a->c3 = _mm512_fmadd_ps(w, v.c3, a->c3);
+}
+
+/* Value row v's 64 columns from i, as floats. */
+__attribute__((always_inline)) X512 static inline zrow64 zrow64_value(const void *v, size_t i, int kind) {
+    return (zrow64){x512_load16(v, i, kind), x512_load16(v, i + 16, kind), x512_load16(v, i + 32, kind),
+                    x512_load16(v, i + 48, kind)};
+}
+
 /* The columns [c0, d) of nr rows (a multiple of 4) through avx2x32's output tiles: the same fma chains. */
 __attribute__((always_inline)) X512 static inline void x512_output_cols(const float *const *p_rows, size_t nr,
                                                                         size_t col0, const void *values, size_t stride,
@@ -1490,65 +1506,25 @@ __attribute__((always_inline)) X512 static inline void x512_output(const float *
                         *p3 = p_rows[r + 3] + col0;
             float *o0 = out_rows[r], *o1 = out_rows[r + 1], *o2 = out_rows[r + 2], *o3 = out_rows[r + 3];
             for (size_t i = 0; i < d64; i += 64) {
-                __m512 c00 = _mm512_loadu_ps(o0 + i), c01 = _mm512_loadu_ps(o0 + i + 16);
-                __m512 c02 = _mm512_loadu_ps(o0 + i + 32), c03 = _mm512_loadu_ps(o0 + i + 48);
-                __m512 c10 = _mm512_loadu_ps(o1 + i), c11 = _mm512_loadu_ps(o1 + i + 16);
-                __m512 c12 = _mm512_loadu_ps(o1 + i + 32), c13 = _mm512_loadu_ps(o1 + i + 48);
-                __m512 c20 = _mm512_loadu_ps(o2 + i), c21 = _mm512_loadu_ps(o2 + i + 16);
-                __m512 c22 = _mm512_loadu_ps(o2 + i + 32), c23 = _mm512_loadu_ps(o2 + i + 48);
-                __m512 c30 = _mm512_loadu_ps(o3 + i), c31 = _mm512_loadu_ps(o3 + i + 16);
-                __m512 c32 = _mm512_loadu_ps(o3 + i + 32), c33 = _mm512_loadu_ps(o3 + i + 48);
+                zrow64 c0 = zrow64_load(o0 + i), c1 = zrow64_load(o1 + i), c2 = zrow64_load(o2 + i);
+                zrow64 c3 = zrow64_load(o3 + i);
                 for (size_t j = jb; j < je; j++) {
                     const void *v = x32_row(values, kind, stride, idx, j);
-                    __m512 v0 = x512_load16(v, i, kind), v1 = x512_load16(v, i + 16, kind);
-                    __m512 v2 = x512_load16(v, i + 32, kind), v3 = x512_load16(v, i + 48, kind);
-                    __m512 w = _mm512_set1_ps(p0[j]);
-                    c00 = _mm512_fmadd_ps(w, v0, c00);
-                    c01 = _mm512_fmadd_ps(w, v1, c01);
-                    c02 = _mm512_fmadd_ps(w, v2, c02);
-                    c03 = _mm512_fmadd_ps(w, v3, c03);
-                    w = _mm512_set1_ps(p1[j]);
-                    c10 = _mm512_fmadd_ps(w, v0, c10);
-                    c11 = _mm512_fmadd_ps(w, v1, c11);
-                    c12 = _mm512_fmadd_ps(w, v2, c12);
-                    c13 = _mm512_fmadd_ps(w, v3, c13);
-                    w = _mm512_set1_ps(p2[j]);
-                    c20 = _mm512_fmadd_ps(w, v0, c20);
-                    c21 = _mm512_fmadd_ps(w, v1, c21);
-                    c22 = _mm512_fmadd_ps(w, v2, c22);
-                    c23 = _mm512_fmadd_ps(w, v3, c23);
-                    w = _mm512_set1_ps(p3[j]);
-                    c30 = _mm512_fmadd_ps(w, v0, c30);
-                    c31 = _mm512_fmadd_ps(w, v1, c31);
-                    c32 = _mm512_fmadd_ps(w, v2, c32);
-                    c33 = _mm512_fmadd_ps(w, v3, c33);
+                    zrow64 x = zrow64_value(v, i, kind);
+                    zrow64_fma(&c0, _mm512_set1_ps(p0[j]), x);
+                    zrow64_fma(&c1, _mm512_set1_ps(p1[j]), x);
+                    zrow64_fma(&c2, _mm512_set1_ps(p2[j]), x);
+                    zrow64_fma(&c3, _mm512_set1_ps(p3[j]), x);
                 }
-                _mm512_storeu_ps(o0 + i, c00);
-                _mm512_storeu_ps(o0 + i + 16, c01);
-                _mm512_storeu_ps(o0 + i + 32, c02);
-                _mm512_storeu_ps(o0 + i + 48, c03);
-                _mm512_storeu_ps(o1 + i, c10);
-                _mm512_storeu_ps(o1 + i + 16, c11);
-                _mm512_storeu_ps(o1 + i + 32, c12);
-                _mm512_storeu_ps(o1 + i + 48, c13);
-                _mm512_storeu_ps(o2 + i, c20);
-                _mm512_storeu_ps(o2 + i + 16, c21);
-                _mm512_storeu_ps(o2 + i + 32, c22);
-                _mm512_storeu_ps(o2 + i + 48, c23);
-                _mm512_storeu_ps(o3 + i, c30);
-                _mm512_storeu_ps(o3 + i + 16, c31);
-                _mm512_storeu_ps(o3 + i + 32, c32);
-                _mm512_storeu_ps(o3 + i + 48, c33);
+                zrow64_store(o0 + i, c0);
+                zrow64_store(o1 + i, c1);
+                zrow64_store(o2 + i, c2);
+                zrow64_store(o3 + i, c3);
             }
         }
     }
     if (nr > 0 && d64 < d) x512_output_cols(p_rows, nr, col0, values, stride, idx, n, d64, d, out_rows, kind);
 }
-
-/* One output row's 128 columns in 8 named accumulators (a struct's members are scalarised into registers, as acc64). */
-typedef struct {
-    __m512 c0, c1, c2, c3, c4, c5, c6, c7;
-} acc128;
 
 /* One output row: 128 columns a pass (each value row read once a pass), then 64 and 16 at a time, over passes of
  * OUTPUT_ROWS_PER_PASS value rows as the AVX2 single-row path; the d % 16 last columns through the AVX2 table. */
@@ -1560,45 +1536,21 @@ __attribute__((always_inline)) X512 static inline void x512_output1(const float 
         size_t je = jb + OUTPUT_ROWS_PER_PASS < n ? jb + OUTPUT_ROWS_PER_PASS : n;
         size_t i = 0;
         for (; i + 128 <= d; i += 128) {
-            acc128 a = {_mm512_loadu_ps(o + i),      _mm512_loadu_ps(o + i + 16), _mm512_loadu_ps(o + i + 32),
-                        _mm512_loadu_ps(o + i + 48), _mm512_loadu_ps(o + i + 64), _mm512_loadu_ps(o + i + 80),
-                        _mm512_loadu_ps(o + i + 96), _mm512_loadu_ps(o + i + 112)};
+            zrow64 a = zrow64_load(o + i), b = zrow64_load(o + i + 64);
             for (size_t j = jb; j < je; j++) {
                 const void *v = x32_row(values, kind, stride, idx, j);
                 __m512 w = _mm512_set1_ps(p[j]);
-                a.c0 = _mm512_fmadd_ps(w, x512_load16(v, i, kind), a.c0);
-                a.c1 = _mm512_fmadd_ps(w, x512_load16(v, i + 16, kind), a.c1);
-                a.c2 = _mm512_fmadd_ps(w, x512_load16(v, i + 32, kind), a.c2);
-                a.c3 = _mm512_fmadd_ps(w, x512_load16(v, i + 48, kind), a.c3);
-                a.c4 = _mm512_fmadd_ps(w, x512_load16(v, i + 64, kind), a.c4);
-                a.c5 = _mm512_fmadd_ps(w, x512_load16(v, i + 80, kind), a.c5);
-                a.c6 = _mm512_fmadd_ps(w, x512_load16(v, i + 96, kind), a.c6);
-                a.c7 = _mm512_fmadd_ps(w, x512_load16(v, i + 112, kind), a.c7);
+                zrow64_fma(&a, w, zrow64_value(v, i, kind));
+                zrow64_fma(&b, w, zrow64_value(v, i + 64, kind));
             }
-            _mm512_storeu_ps(o + i, a.c0);
-            _mm512_storeu_ps(o + i + 16, a.c1);
-            _mm512_storeu_ps(o + i + 32, a.c2);
-            _mm512_storeu_ps(o + i + 48, a.c3);
-            _mm512_storeu_ps(o + i + 64, a.c4);
-            _mm512_storeu_ps(o + i + 80, a.c5);
-            _mm512_storeu_ps(o + i + 96, a.c6);
-            _mm512_storeu_ps(o + i + 112, a.c7);
+            zrow64_store(o + i, a);
+            zrow64_store(o + i + 64, b);
         }
         for (; i + 64 <= d; i += 64) {
-            __m512 c0 = _mm512_loadu_ps(o + i), c1 = _mm512_loadu_ps(o + i + 16);
-            __m512 c2 = _mm512_loadu_ps(o + i + 32), c3 = _mm512_loadu_ps(o + i + 48);
-            for (size_t j = jb; j < je; j++) {
-                const void *v = x32_row(values, kind, stride, idx, j);
-                __m512 w = _mm512_set1_ps(p[j]);
-                c0 = _mm512_fmadd_ps(w, x512_load16(v, i, kind), c0);
-                c1 = _mm512_fmadd_ps(w, x512_load16(v, i + 16, kind), c1);
-                c2 = _mm512_fmadd_ps(w, x512_load16(v, i + 32, kind), c2);
-                c3 = _mm512_fmadd_ps(w, x512_load16(v, i + 48, kind), c3);
-            }
-            _mm512_storeu_ps(o + i, c0);
-            _mm512_storeu_ps(o + i + 16, c1);
-            _mm512_storeu_ps(o + i + 32, c2);
-            _mm512_storeu_ps(o + i + 48, c3);
+            zrow64 a = zrow64_load(o + i);
+            for (size_t j = jb; j < je; j++)
+                zrow64_fma(&a, _mm512_set1_ps(p[j]), zrow64_value(x32_row(values, kind, stride, idx, j), i, kind));
+            zrow64_store(o + i, a);
         }
         for (; i < d16; i += 16) {
             __m512 c = _mm512_loadu_ps(o + i);
@@ -1638,14 +1590,7 @@ X512 static void scores16_x512_bf16(const float *q, size_t nr, const uint16_t *k
 
 static void scores16_x512(const float *q, size_t nr, const uint16_t *keys, kvs_dtype dtype, size_t stride,
                           const int32_t *idx, size_t n, size_t d, float scale, float *const *out_rows, size_t col0) {
-    size_t r4 = nr & ~(size_t)3;
-    if (r4 > 0) {
-        if (dtype == KVS_DTYPE_BF16)
-            scores16_x512_bf16(q, r4, keys, stride, idx, n, d, scale, out_rows, col0);
-        else
-            scores16_x512_f16(q, r4, keys, stride, idx, n, d, scale, out_rows, col0);
-    }
-    if (r4 < nr) scores16_avx2(q + r4 * d, nr - r4, keys, dtype, stride, idx, n, d, scale, out_rows + r4, col0);
+    scores16_wide(scores16_x512_f16, scores16_x512_bf16, q, nr, keys, dtype, stride, idx, n, d, scale, out_rows, col0);
 }
 
 X512 static void output_add_x512(const float *const *p_rows, size_t nr, size_t col0, const float *values,

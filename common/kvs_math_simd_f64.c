@@ -37,6 +37,18 @@ static double page_scalar(const float *q, const uint8_t *up, const float *lo, co
     return s;
 }
 
+/* Quest's rows r0..r0+nr-1 (q, up: [nq][d]) at pages pi..pi+lanes-1: each page's sum continued from its lane sum
+ * s[r * lanes + l] (dimensions 0..d8-1 done) over the rest in order, into out[row * n_pages + page]. The vector
+ * page_scores_rows' ending. */
+static void page_rows_finish(const float *q, const uint8_t *up, const float *kmin, const float *kmax, size_t stride,
+                             size_t n_pages, size_t d, size_t d8, size_t r0, size_t nr, size_t pi, size_t lanes,
+                             const double *s, double *out) {
+    for (size_t r = 0; r < nr; r++)
+        for (size_t l = 0; l < lanes; l++)
+            out[(r0 + r) * n_pages + pi + l] = page_scalar(q + r * d, up + r * d, kmin + (pi + l) * stride,
+                                                           kmax + (pi + l) * stride, d8, d, s[r * lanes + l]);
+}
+
 static void norms_scalar(const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d, double *out) {
     for (size_t j = 0; j < n; j++) out[j] = sqrt(norm_scalar(row_at(keys, stride, idx, j), 0, d, 0));
 }
@@ -234,18 +246,12 @@ F64_512 static void page_scores_rows_avx512(const float *q, size_t nq, const uin
                         acc[r] = _mm512_add_pd(acc[r], _mm512_mul_pd(x, _mm512_set1_pd((double)qr[r * d + i + m])));
                     }
             }
-            for (size_t r = 0; r < nr; r++) {
-                double s8[8];
-                _mm512_storeu_pd(s8, acc[r]);
-                for (size_t l = 0; l < 8; l++)
-                    out[(r0 + r) * n_pages + pi + l] = page_scalar(qr + r * d, ur + r * d, kmin + (pi + l) * stride,
-                                                                   kmax + (pi + l) * stride, d8, d, s8[l]);
-            }
+            double s8[ROWS * 8];
+            for (size_t r = 0; r < nr; r++) _mm512_storeu_pd(s8 + 8 * r, acc[r]);
+            page_rows_finish(qr, ur, kmin, kmax, stride, n_pages, d, d8, r0, nr, pi, 8, s8, out);
         }
-        for (; pi < n_pages; pi++)
-            for (size_t r = 0; r < nr; r++)
-                out[(r0 + r) * n_pages + pi] =
-                    page_scalar(qr + r * d, ur + r * d, kmin + pi * stride, kmax + pi * stride, 0, d, 0);
+        static const double zero[ROWS] = {0};
+        for (; pi < n_pages; pi++) page_rows_finish(qr, ur, kmin, kmax, stride, n_pages, d, 0, r0, nr, pi, 1, zero, out);
     }
 }
 

@@ -5,8 +5,8 @@
  * dots' four groups of transposed rows spilled their sums, each add a store and a load (issue 17).
  *
  * The includer defines F64_TARGET (the function attribute), F64_FN(name) (the name of this instance's kernel)
- * and F64_TABLE_NAME, and has row_at(), the scalar tails (norm_scalar, dot_scalar, page_scalar, out_sums_row,
- * out_sums_scalar, recall_lane, heads_cols), UNROLL, GROUPS and <immintrin.h>. Not a header of its own: no include guard.
+ * and F64_TABLE_NAME, and has row_at(), the scalar tails (norm_scalar, dot_scalar, page_scalar, page_rows_finish,
+ * out_sums_row, out_sums_scalar, recall_lane, heads_cols), UNROLL, GROUPS and <immintrin.h>. Not a header of its own: no include guard.
  */
 
 /* Rows r0..r3 (8 floats each, dimensions i..i+7) -> x[m] = the 4 rows' dimension i+m, widened to fp64. */
@@ -143,18 +143,12 @@ F64_TARGET static void F64_FN(page_scores_rows)(const float *q, size_t nq, const
                         acc[r] = _mm256_add_pd(acc[r], _mm256_mul_pd(x, _mm256_set1_pd((double)qr[r * d + i + m])));
                     }
             }
-            for (size_t r = 0; r < nr; r++) {
-                double s[4];
-                _mm256_storeu_pd(s, acc[r]);
-                for (size_t l = 0; l < 4; l++)
-                    out[(r0 + r) * n_pages + pi + l] = page_scalar(qr + r * d, ur + r * d, kmin + (pi + l) * stride,
-                                                                   kmax + (pi + l) * stride, d8, d, s[l]);
-            }
+            double s[ROWS * 4];
+            for (size_t r = 0; r < nr; r++) _mm256_storeu_pd(s + 4 * r, acc[r]);
+            page_rows_finish(qr, ur, kmin, kmax, stride, n_pages, d, d8, r0, nr, pi, 4, s, out);
         }
-        for (; pi < n_pages; pi++)
-            for (size_t r = 0; r < nr; r++)
-                out[(r0 + r) * n_pages + pi] =
-                    page_scalar(qr + r * d, ur + r * d, kmin + pi * stride, kmax + pi * stride, 0, d, 0);
+        static const double zero[ROWS] = {0};
+        for (; pi < n_pages; pi++) page_rows_finish(qr, ur, kmin, kmax, stride, n_pages, d, 0, r0, nr, pi, 1, zero, out);
     }
 }
 
