@@ -649,7 +649,7 @@ static void topk_select(const float *x, size_t n, size_t k, uint32_t *key, uint3
     uint32_t count[2048]; /* n < 2^31: positions are int32 */
     size_t need = k;
     memset(count, 0, sizeof count);
-    for (size_t j = 0; j < n; j++) key[j] = kvs_desc_key(x[j]);
+    kvs_desc_keys(x, n, key);
     for (size_t j = 0; j < n; j++) count[key[j] >> 21]++;
     uint32_t top = 0;
     while (count[top] < need) need -= count[top++]; /* ends: bucket `top` holds the k-th key */
@@ -723,20 +723,24 @@ void kvs_topk(const float *x, size_t n, size_t k, int32_t *out_idx) {
     topk_heap(x, n, k, out_idx);
 }
 
+void kvs_desc_keys(const float *x, size_t n, uint32_t *key) { kvs_math_kernels_active()->desc_keys(x, n, key); }
+
 void kvs_argsort_desc(const float *x, size_t n, int32_t *order, uint32_t *scratch) {
     uint32_t *key = scratch, *key2 = scratch + n, *idx2 = scratch + 2 * n;
     uint32_t *idx = (uint32_t *)order; /* same width; indices stay below 2^31 */
     size_t count[4][256];
     memset(count, 0, sizeof count);
+    kvs_desc_keys(x, n, key);
     for (size_t i = 0; i < n; i++) {
-        uint32_t k = kvs_desc_key(x[i]);
-        key[i] = k;
+        uint32_t k = key[i];
         idx[i] = (uint32_t)i;
         for (int b = 0; b < 4; b++) count[b][(k >> (8 * b)) & 0xffu]++;
     }
+    /* Passes ping-pong between (key, idx) and (key2, idx2); the order is copied out once at the end. */
+    uint32_t *ka = key, *ia = idx, *kb = key2, *ib = idx2;
     for (int b = 0; b < 4; b++) {
         /* A digit shared by every key leaves the order as it is: skip the pass (common for high bytes). */
-        if (count[b][(key[0] >> (8 * b)) & 0xffu] == n) continue;
+        if (n == 0 || count[b][(ka[0] >> (8 * b)) & 0xffu] == n) continue;
         size_t sum = 0;
         for (int v = 0; v < 256; v++) {
             size_t c = count[b][v];
@@ -744,13 +748,18 @@ void kvs_argsort_desc(const float *x, size_t n, int32_t *order, uint32_t *scratc
             sum += c;
         }
         for (size_t i = 0; i < n; i++) { /* stable scatter: equal keys keep ascending index order */
-            size_t dst = count[b][(key[i] >> (8 * b)) & 0xffu]++;
-            key2[dst] = key[i];
-            idx2[dst] = idx[i];
+            size_t dst = count[b][(ka[i] >> (8 * b)) & 0xffu]++;
+            kb[dst] = ka[i];
+            ib[dst] = ia[i];
         }
-        memcpy(key, key2, n * sizeof *key);
-        memcpy(idx, idx2, n * sizeof *idx);
+        uint32_t *t = ka;
+        ka = kb;
+        kb = t;
+        t = ia;
+        ia = ib;
+        ib = t;
     }
+    if (ia != idx) memcpy(idx, ia, n * sizeof *idx);
 }
 
 void kvs_maxpool1d(const float *x, size_t n, size_t k, float *out) {

@@ -211,6 +211,10 @@ static inline uint32_t kvs_desc_key(float f) {
     return mag > 0x7f800000u ? UINT32_MAX : key;
 }
 
+/*! kvs_desc_keys() : key[i] = kvs_desc_key(x[i]) for i < n, through the active kernel table (vectors where the CPU
+ *  has them; the same keys). */
+void kvs_desc_keys(const float *x, size_t n, uint32_t *key);
+
 /*! kvs_argsort_desc() : writes to order[0..n-1] all indices of x ordered exactly as kvs_topk(x, n, n)
  *  orders them (descending value, ties to the lower index, -0 equal to +0, NaN last), in O(n) with a
  *  stable LSD radix sort: the full ranking the replay engine needs for the top-k overlap of every step.

@@ -77,6 +77,9 @@ typedef struct {
      * that bound alone (kvs_key_scores_lowest). */
     void (*dots_loose)(const float *v, const float *keys, size_t stride, const int32_t *idx, size_t n, size_t d,
                        float *out);
+    /* key[i] = kvs_desc_key(x[i]) for i < n (kvs_math.h: the rankings' radix sort keys), the same keys in every
+     * table */
+    void (*desc_keys)(const float *x, size_t n, uint32_t *key);
 } kvs_math_kernels;
 
 /*! kvs_math_kv16_default() : 1 when the engines (sim/replay.c, sim/kv_stream.c) keep a 16-bit K/V history for the

@@ -13,41 +13,6 @@
 #include <string.h>
 
 #include "../common/kvs_math.h"
-#include "../common/kvs_math_simd.h"
-
-/* key[i] = kvs_desc_key(x[i]) for i < n. The scalar loop took 2.7 cycles a position, more than the histogram
- * after it (issue 17: a 8192-position row ranked 2200 deep, 62K cycles in all); 8 keys a vector where the CPU has
- * AVX2, the same keys. */
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-__attribute__((target("avx2"))) static void desc_keys_avx2(const float *x, size_t n, uint32_t *key) {
-    const __m256i sign = _mm256_set1_epi32((int)0x80000000u), absmask = _mm256_set1_epi32(0x7fffffff);
-    const __m256i inf = _mm256_set1_epi32(0x7f800000), ones = _mm256_set1_epi32(-1), zero = _mm256_setzero_si256();
-    size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256i b = _mm256_loadu_si256((const __m256i *)(const void *)(x + i));
-        __m256i mag = _mm256_and_si256(b, absmask);
-        b = _mm256_andnot_si256(_mm256_cmpeq_epi32(mag, zero), b);                  /* -0 ranks as +0 */
-        __m256i neg = _mm256_srai_epi32(b, 31);                                     /* sign set: all ones */
-        __m256i pos = _mm256_xor_si256(_mm256_or_si256(b, sign), ones);            /* ~(b | sign) */
-        __m256i k = _mm256_blendv_epi8(pos, b, neg);
-        k = _mm256_add_epi32(k, _mm256_cmpeq_epi32(k, ones));                       /* UINT32_MAX -> -1 */
-        k = _mm256_or_si256(k, _mm256_cmpgt_epi32(mag, inf));                       /* NaN -> UINT32_MAX */
-        _mm256_storeu_si256((__m256i *)(void *)(key + i), k);
-    }
-    for (; i < n; i++) key[i] = kvs_desc_key(x[i]);
-}
-#endif
-
-static void desc_keys(const float *x, size_t n, uint32_t *key) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (kvs_math_isa_active() != KVS_ISA_SCALAR) { /* a vector table: the CPU has AVX2 */
-        desc_keys_avx2(x, n, key);
-        return;
-    }
-#endif
-    for (size_t i = 0; i < n; i++) key[i] = kvs_desc_key(x[i]);
-}
 
 #define TOP_BITS 11
 #define TOP_SHIFT (32 - TOP_BITS)
@@ -63,7 +28,7 @@ size_t kvs_ref_rank_prefix(const float *x, size_t n, size_t depth, int32_t *orde
     uint32_t *cidx = scratch + 2 * n;         /* [m] their positions */
     uint32_t top[1u << TOP_BITS];
     memset(top, 0, sizeof top);
-    desc_keys(x, n, key); /* kvs_argsort_desc's keys */
+    kvs_desc_keys(x, n, key); /* kvs_argsort_desc's keys (vectors where the CPU has them) */
     for (size_t i = 0; i < n; i++) top[key[i] >> TOP_SHIFT]++;
     size_t m = 0;
     uint32_t bound = 0;

@@ -454,6 +454,35 @@ static void wide_equals_avx2(const kvs_math_kernels *a, const kvs_math_kernels *
     }
 }
 
+/* desc_keys (the rankings' radix keys): every table equals kvs_desc_key element by element on special values
+ * (signed zeros, infinities, NaNs of either sign and payload, subnormals, the largest finite values) and random
+ * bit patterns, at every length 1..40 (the 8-wide steps and their tails). */
+static void test_desc_keys_match_scalar(void **state) {
+    (void)state;
+    enum { NK = 4096 };
+    static float x[NK];
+    static uint32_t got[NK];
+    static const uint32_t special[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00000u,
+                                       0x7f800001u, 0xffffffffu, 0x00000001u, 0x80000001u, 0x7f7fffffu, 0xff7fffffu,
+                                       0x3f800000u, 0xbf800000u, 0x7fffffffu};
+    size_t ns = sizeof special / sizeof special[0];
+    uint64_t st = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < NK; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        uint32_t b = i < ns ? special[i] : (uint32_t)(st >> 32);
+        memcpy(&x[i], &b, sizeof b);
+    }
+    for (int isa = 0; isa < KVS_ISA_COUNT; isa++) {
+        const kvs_math_kernels *k = kvs_math_kernels_for((kvs_isa)isa);
+        if (!k) continue;
+        for (size_t n = 1; n <= 40; n++)
+            for (size_t off = 0; off + n <= NK; off += n) {
+                k->desc_keys(x + off, n, got + off);
+                for (size_t i = off; i < off + n; i++) assert_int_equal(got[i], kvs_desc_key(x[i]));
+            }
+    }
+}
+
 static void test_avx2x32_equals_avx2_bit_for_bit(void **state) {
     (void)state;
     const kvs_math_kernels *a = kvs_math_kernels_for(KVS_ISA_AVX2), *b = kvs_math_kernels_for(KVS_ISA_AVX2X32);
@@ -737,6 +766,7 @@ int main(void) {
         cmocka_unit_test(test_dots_loose_within_the_bound),
         cmocka_unit_test(test_topk_matches_sort),
         cmocka_unit_test(test_blocked_causal_attention_equals_rows),
+        cmocka_unit_test(test_desc_keys_match_scalar),
         cmocka_unit_test(test_avx2x32_equals_avx2_bit_for_bit),
         cmocka_unit_test(test_avx512_equals_avx2_bit_for_bit),
         cmocka_unit_test(test_replay_numbers_scalar_vs_vector),
