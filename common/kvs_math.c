@@ -725,41 +725,48 @@ void kvs_topk(const float *x, size_t n, size_t k, int32_t *out_idx) {
 
 void kvs_desc_keys(const float *x, size_t n, uint32_t *key) { kvs_math_kernels_active()->desc_keys(x, n, key); }
 
-void kvs_argsort_desc(const float *x, size_t n, int32_t *order, uint32_t *scratch) {
-    uint32_t *key = scratch, *key2 = scratch + n, *idx2 = scratch + 2 * n;
-    uint32_t *idx = (uint32_t *)order; /* same width; indices stay below 2^31 */
+void kvs_radix_sort_pairs(uint32_t *key, uint32_t *val, uint32_t *key2, uint32_t *val2, size_t n, uint32_t *out) {
     size_t count[4][256];
     memset(count, 0, sizeof count);
-    kvs_desc_keys(x, n, key);
     for (size_t i = 0; i < n; i++) {
         uint32_t k = key[i];
-        idx[i] = (uint32_t)i;
-        for (int b = 0; b < 4; b++) count[b][(k >> (8 * b)) & 0xffu]++;
+        count[0][k & 0xffu]++;
+        count[1][(k >> 8) & 0xffu]++;
+        count[2][(k >> 16) & 0xffu]++;
+        count[3][k >> 24]++;
     }
-    /* Passes ping-pong between (key, idx) and (key2, idx2); the order is copied out once at the end. */
-    uint32_t *ka = key, *ia = idx, *kb = key2, *ib = idx2;
+    /* Passes ping-pong between (key, val) and (key2, val2); the values are copied out once at the end. */
+    uint32_t *ka = key, *va = val, *kb = key2, *vb = val2;
     for (int b = 0; b < 4; b++) {
+        int shift = 8 * b;
         /* A digit shared by every key leaves the order as it is: skip the pass (common for high bytes). */
-        if (n == 0 || count[b][(ka[0] >> (8 * b)) & 0xffu] == n) continue;
+        if (n == 0 || count[b][(ka[0] >> shift) & 0xffu] == n) continue;
         size_t sum = 0;
         for (int v = 0; v < 256; v++) {
             size_t c = count[b][v];
             count[b][v] = sum;
             sum += c;
         }
-        for (size_t i = 0; i < n; i++) { /* stable scatter: equal keys keep ascending index order */
-            size_t dst = count[b][(ka[i] >> (8 * b)) & 0xffu]++;
+        for (size_t i = 0; i < n; i++) { /* stable scatter: equal keys keep their order */
+            size_t dst = count[b][(ka[i] >> shift) & 0xffu]++;
             kb[dst] = ka[i];
-            ib[dst] = ia[i];
+            vb[dst] = va[i];
         }
         uint32_t *t = ka;
         ka = kb;
         kb = t;
-        t = ia;
-        ia = ib;
-        ib = t;
+        t = va;
+        va = vb;
+        vb = t;
     }
-    if (ia != idx) memcpy(idx, ia, n * sizeof *idx);
+    if (va != out) memcpy(out, va, n * sizeof *out);
+}
+
+void kvs_argsort_desc(const float *x, size_t n, int32_t *order, uint32_t *scratch) {
+    uint32_t *key = scratch, *idx = (uint32_t *)order; /* same width; indices stay below 2^31 */
+    kvs_desc_keys(x, n, key);
+    for (size_t i = 0; i < n; i++) idx[i] = (uint32_t)i;
+    kvs_radix_sort_pairs(key, idx, scratch + n, scratch + 2 * n, n, idx);
 }
 
 void kvs_maxpool1d(const float *x, size_t n, size_t k, float *out) {

@@ -215,6 +215,12 @@ static inline uint32_t kvs_desc_key(float f) {
  *  has them; the same keys). */
 void kvs_desc_keys(const float *x, size_t n, uint32_t *key);
 
+/*! kvs_radix_sort_pairs() : a stable LSD radix sort of the pairs (key[i], val[i]), i < n, on the whole 32-bit key,
+ *  bytes low to high, a byte every key shares skipped; writes the values in ascending key order (equal keys in
+ *  their given order) to out[0..n-1]. key2, val2: n entries of caller memory; key, val, key2 and val2 are
+ *  overwritten; out may be val or val2. */
+void kvs_radix_sort_pairs(uint32_t *key, uint32_t *val, uint32_t *key2, uint32_t *val2, size_t n, uint32_t *out);
+
 /*! kvs_argsort_desc() : writes to order[0..n-1] all indices of x ordered exactly as kvs_topk(x, n, n)
  *  orders them (descending value, ties to the lower index, -0 equal to +0, NaN last), in O(n) with a
  *  stable LSD radix sort: the full ranking the replay engine needs for the top-k overlap of every step.

@@ -45,40 +45,9 @@ size_t kvs_ref_rank_prefix(const float *x, size_t n, size_t depth, int32_t *orde
         cidx[c] = (uint32_t)i;
         c += key[i] <= limit;
     }
-    /* c == m. Stable LSD radix sort of the gathered pairs on the whole key, bytes low to high; a byte every key
-     * shares is skipped. Ping-pong between (ckey, cidx) and (key, order). */
-    size_t count[4][256];
-    memset(count, 0, sizeof count);
-    for (size_t i = 0; i < m; i++) {
-        uint32_t k = ckey[i];
-        count[0][k & 0xffu]++;
-        count[1][(k >> 8) & 0xffu]++;
-        count[2][(k >> 16) & 0xffu]++;
-        count[3][k >> 24]++;
-    }
-    uint32_t *ka = ckey, *ia = cidx, *kb = key, *ib = (uint32_t *)order; /* same width; positions below 2^31 */
-    for (int b = 0; b < 4; b++) {
-        int shift = 8 * b;
-        if (count[b][(ka[0] >> shift) & 0xffu] == m) continue;
-        size_t sum = 0;
-        for (int v = 0; v < 256; v++) {
-            size_t cv = count[b][v];
-            count[b][v] = sum;
-            sum += cv;
-        }
-        for (size_t i = 0; i < m; i++) {
-            size_t dst = count[b][(ka[i] >> shift) & 0xffu]++;
-            kb[dst] = ka[i];
-            ib[dst] = ia[i];
-        }
-        uint32_t *t = ka;
-        ka = kb;
-        kb = t;
-        t = ia;
-        ia = ib;
-        ib = t;
-    }
-    if (ia != (uint32_t *)order) memcpy(order, ia, m * sizeof *order);
+    /* c == m. The gathered pairs sorted stably on the whole key (positions ascending among equal keys), (key,
+     * order) the second buffers. */
+    kvs_radix_sort_pairs(ckey, cidx, key, (uint32_t *)order, m, (uint32_t *)order); /* same width; positions < 2^31 */
     return m;
 }
 
