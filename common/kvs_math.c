@@ -1344,21 +1344,49 @@ void kvs_page_softmax_add(const double *score, size_t n_pages, size_t page, size
     for (size_t pi = 0; pi < n_pages; pi++) out[pi] += exp(score[pi] / temp - m) / z;
 }
 
+size_t kvs_page_select_depth(size_t n_pages, size_t page, size_t k) {
+    /* enough ranked pages to cover k tokens: every page but the last is full */
+    size_t need = k / page + 2;
+    return need < n_pages ? need : n_pages;
+}
+
+int64_t kvs_page_take(const int32_t *ranked, size_t n_ranked, size_t page, size_t n_tokens, size_t k, int32_t *out) {
+    if (k > n_tokens) k = n_tokens;
+    if (k == 0) return 0;
+    /* The pages in rank order until they hold k tokens, the last one cut to its first tokens; their numbers in
+     * out[0..np). */
+    size_t got = 0, np = 0, cut = SIZE_MAX, cut_cnt = 0;
+    for (size_t r = 0; r < n_ranked && got < k; r++) {
+        size_t pi = (size_t)ranked[r], first = pi * page;
+        size_t cnt = n_tokens - first < page ? n_tokens - first : page;
+        if (cnt > k - got) {
+            cut = pi;
+            cnt = cut_cnt = k - got;
+        }
+        got += cnt;
+        out[np++] = (int32_t)pi;
+    }
+    KVS_ASSERT(got == k);
+    /* The pages in ascending order, expanded from the back of out: the slots of the i-th page land at out[i] or
+     * later (each page before it adds one slot at least), past the page numbers still to be read. Ascending
+     * pages give ascending slots: no sort of the k slots (issue 17). */
+    kvs_sort_positions(out, np);
+    size_t w = k;
+    for (size_t i = np; i-- > 0;) {
+        size_t pi = (size_t)out[i], first = pi * page;
+        size_t cnt = pi == cut ? cut_cnt : (n_tokens - first < page ? n_tokens - first : page);
+        w -= cnt;
+        for (size_t j = cnt; j-- > 0;) out[w + j] = (int32_t)(first + j);
+    }
+    KVS_ASSERT(w == 0);
+    return (int64_t)k;
+}
+
 int64_t kvs_page_select(const double *score, size_t n_pages, size_t page, size_t n_tokens, size_t k, int32_t *out,
                         int32_t *scratch) {
     if (k > n_tokens) k = n_tokens;
     if (k == 0) return 0;
-    /* Enough ranked pages to cover k tokens: every page but the last is full. */
-    size_t need = k / page + 2;
-    if (need > n_pages) need = n_pages;
+    size_t need = kvs_page_select_depth(n_pages, page, k);
     kvs_topk_f64(score, n_pages, need, scratch);
-    size_t got = 0;
-    for (size_t r = 0; r < need && got < k; r++) {
-        size_t pi = (size_t)scratch[r], first = pi * page;
-        size_t cnt = n_tokens - first < page ? n_tokens - first : page;
-        for (size_t j = 0; j < cnt && got < k; j++) out[got++] = (int32_t)(first + j);
-    }
-    KVS_ASSERT(got == k);
-    kvs_sort_positions(out, k);
-    return (int64_t)k;
+    return kvs_page_take(scratch, need, page, n_tokens, k, out);
 }

@@ -439,6 +439,15 @@ void kvs_page_softmax_add(const double *score, size_t n_pages, size_t page, size
 int64_t kvs_page_select(const double *score, size_t n_pages, size_t page, size_t n_tokens, size_t k, int32_t *out,
                         int32_t *scratch);
 
+/*! kvs_page_select_depth() : how many of the best pages kvs_page_select() ranks for k <= n_tokens tokens:
+ *  k / page + 2 (every page but the last is full), at most n_pages. */
+size_t kvs_page_select_depth(size_t n_pages, size_t page, size_t k);
+
+/*! kvs_page_take() : kvs_page_select()'s tokens from its ranking: ranked[0..n_ranked) the best pages in order
+ *  (kvs_topk_f64 of the page scores, at least kvs_page_select_depth(n_pages, page, min(k, n_tokens)) deep; a
+ *  deeper ranking's prefix is the same). Writes min(k, n_tokens) ascending slots to out and returns the count. */
+int64_t kvs_page_take(const int32_t *ranked, size_t n_ranked, size_t page, size_t n_tokens, size_t k, int32_t *out);
+
 /*! kvs_cosine() : a.b / (|a||b|); 0 when either norm is 0. */
 float kvs_cosine(const float *a, const float *b, size_t n);
 

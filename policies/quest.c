@@ -209,14 +209,14 @@ static kvs_status quest_select(void *state, const kvs_policy_view *view, kvs_pol
                                s->ps);
         for (int g = 0; g < s->group; g++) /* summed over the heads in head order, as one head at a time did */
             for (int64_t pi = 0; pi < pages; pi++) s->grp[pi] += s->ps[(size_t)g * (size_t)pages + (size_t)pi];
-        sel->n[0] = kvs_page_select(s->grp, (size_t)pages, (size_t)s->page, (size_t)n, (size_t)s->quota, sel->idx[0],
-                                    s->rank);
+        sel->n[0] = kvs_policy_page_select(view, s->grp, (size_t)pages, (size_t)s->page, (size_t)n, (size_t)s->quota,
+                                           sel->idx[0], s->rank);
     } else {
         kvs_policy_page_scores(view, s->page, view->q, (size_t)s->group, d, s->kmin, s->kmax, d, (size_t)pages,
                                s->ps);
         for (int g = 0; g < s->group; g++) {
-            sel->n[g] = kvs_page_select(s->ps + (size_t)g * (size_t)pages, (size_t)pages, (size_t)s->page, (size_t)n,
-                                        (size_t)s->quota, sel->idx[g], s->rank);
+            sel->n[g] = kvs_policy_page_select(view, s->ps + (size_t)g * (size_t)pages, (size_t)pages, (size_t)s->page,
+                                               (size_t)n, (size_t)s->quota, sel->idx[g], s->rank);
         }
     }
     return KVS_OK;

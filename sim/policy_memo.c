@@ -21,7 +21,8 @@ enum { MEMO_ENTRIES = 256 };
 #define MEMO_MAX_BYTES ((size_t)32 << 20)
 
 typedef enum {
-    MEMO_COLSUM_F32 = 1, MEMO_COLSUM_F64 = 2, MEMO_SNAPKV = 3, MEMO_PAGE_SCORES = 4, MEMO_TOPK = 5
+    MEMO_COLSUM_F32 = 1, MEMO_COLSUM_F64 = 2, MEMO_SNAPKV = 3, MEMO_PAGE_SCORES = 4, MEMO_TOPK = 5,
+    MEMO_PAGE_RANK = 6
 } memo_kind;
 
 /* What a kvs_policy_page_scores output depends on: the query rows (their address and, copied in the entry,
@@ -58,7 +59,8 @@ typedef struct {
                        * sum (n_rows > 1) then [n] int32 ranks */
     size_t res_cap;   /* bytes */
     size_t res_bytes;
-    int64_t ret;      /* kvs_snapkv_scores' m; MEMO_TOPK: how many leading positions the ranks order (0: none) */
+    int64_t ret;      /* kvs_snapkv_scores' m; MEMO_TOPK: how many leading positions the ranks order (0: none);
+                       * MEMO_PAGE_RANK: how many pages are ranked */
 } memo_entry;
 
 struct kvs_policy_memo {
@@ -67,6 +69,7 @@ struct kvs_policy_memo {
     size_t bytes;     /* held by every entry's buffers */
     int64_t hits;
     size_t topk_depth;        /* the largest k a top-k lookup asked for: how deep a ranking goes */
+    size_t page_depth;        /* the most pages a page selection asked ranked */
     uint32_t *rank_scratch;   /* [4 * rank_scratch_cap]: a ranking's order and kvs_ref_rank_prefix's scratch */
     size_t rank_scratch_cap;  /* positions */
 };
@@ -259,6 +262,44 @@ void kvs_policy_page_scores(const kvs_policy_view *view, int64_t page, const flo
     x->pk = key;
     memcpy(x->qv, q, nq * d * sizeof(float));
     memcpy(x->res, out, bytes);
+}
+
+/* ---- Quest's page ranking (sim/BENCH.md "Nineteenth pass") ---- */
+
+/* The entry's output: [n_pages] the scores (the key), then [n_pages] int32 the ranking, x->ret of it filled. */
+static int32_t *page_rank_of(memo_entry *x) { return (int32_t *)(void *)((double *)x->res + x->pk.n_pages); }
+
+int64_t kvs_policy_page_select(const kvs_policy_view *view, const double *score, size_t n_pages, size_t page,
+                               size_t n_tokens, size_t k, int32_t *out, int32_t *scratch) {
+    kvs_policy_memo *m = view ? view->memo : NULL;
+    if (k > n_tokens) k = n_tokens;
+    if (!m || k == 0 || n_pages == 0) return kvs_page_select(score, n_pages, page, n_tokens, k, out, scratch);
+    size_t need = kvs_page_select_depth(n_pages, page, k);
+    if (need > m->page_depth) m->page_depth = need;
+    size_t depth = m->page_depth < n_pages ? m->page_depth : n_pages;
+    memo_entry *x = NULL;
+    for (int i = 0; i < m->n && !x; i++)
+        if (m->e[i].kind == MEMO_PAGE_RANK && m->e[i].pk.n_pages == n_pages &&
+            !memcmp(m->e[i].res, score, n_pages * sizeof *score))
+            x = &m->e[i];
+    if (!x) {
+        /* the first configuration to ask ranks for the deepest one seen (a lone configuration: its own depth) */
+        kvs_topk_f64(score, n_pages, depth, scratch);
+        if ((x = slot(m, MEMO_PAGE_RANK, 0, 0, n_pages * (sizeof(double) + sizeof(int32_t)))) != NULL) {
+            x->pk = (page_key){.n_pages = n_pages};
+            memcpy(x->res, score, n_pages * sizeof *score);
+            memcpy(page_rank_of(x), scratch, depth * sizeof(int32_t));
+            x->ret = (int64_t)depth;
+        }
+        return kvs_page_take(scratch, depth, page, n_tokens, k, out);
+    }
+    m->hits++;
+    int32_t *ranked = page_rank_of(x);
+    if ((size_t)x->ret < need) { /* deeper than any asked before this position */
+        kvs_topk_f64(score, n_pages, depth, ranked);
+        x->ret = (int64_t)depth;
+    }
+    return kvs_page_take(ranked, (size_t)x->ret, page, n_tokens, k, out);
 }
 
 /* ---- the oracle top-k's selection (sim/BENCH.md "Eighth pass (d)") ---- */

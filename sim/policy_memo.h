@@ -61,6 +61,15 @@ int64_t kvs_policy_snapkv_scores(const kvs_policy_view *view, const kvs_attn_src
 void kvs_policy_page_scores(const kvs_policy_view *view, int64_t page, const float *q, size_t nq, size_t d,
                             const float *kmin, const float *kmax, size_t stride, size_t n_pages, double *out);
 
+/*! kvs_policy_page_select() : kvs_page_select(score, n_pages, page, n_tokens, k, out, scratch), the same slots,
+ *  with the page ranking memoised when view->memo is set: the key is the scores' values (n_pages doubles,
+ *  compared bit for bit, wherever they lie: each configuration sums its own copy). A configuration ranks as deep
+ *  as the largest kvs_page_select_depth() asked so far (Quest's budgets at one page size rank the same group
+ *  scores: one ranking a position serves them all), and every configuration takes the prefix it needs (the
+ *  ranking is kvs_topk_f64's strict order, so a deeper ranking's prefix is the shallower one). */
+int64_t kvs_policy_page_select(const kvs_policy_view *view, const double *score, size_t n_pages, size_t page,
+                               size_t n_tokens, size_t k, int32_t *out, int32_t *scratch);
+
 /*! kvs_policy_topk_sorted() : kvs_topk_sorted(v, n, k, out), bit for bit, where v is rows[0..n_rows-1] (n floats
  *  each, n apart) summed element-wise from +0 in row order in fp32 (the oracle top-k's group sum; n_rows = 1: the
  *  row itself), memoised when view->memo is set. `sum` is caller scratch of n floats (contents unspecified after);

@@ -22,6 +22,7 @@
 
 #include "common/kvs.h"
 #include "common/kvs_math.h"
+#include "common/kvs_rng.h"
 #include "common/npy.h"
 
 /* cmocka 1.1 has no assert_double_equal */
@@ -1123,6 +1124,63 @@ static void test_page_select_ties_and_boundary(void **state) {
     assert_int_equal(out[1], 2);
 }
 
+/* kvs_page_take (issue 17: the pages expanded in ascending order, no sort of the slots) against a written-out
+ * reference: each token's score is its page's, the k best tokens by (score descending, NaN last, older first),
+ * ascending; from rankings of every depth from kvs_page_select_depth() to all pages, on scores with ties, NaN and
+ * a partial last page, every k; and kvs_page_select equal to it. */
+typedef struct {
+    double s;
+    int32_t slot;
+} tok_score;
+
+static int tok_before(const tok_score *a, const tok_score *b) {
+    int na = isnan(a->s), nb = isnan(b->s);
+    if (na != nb) return nb;
+    if (!na && a->s != b->s) return a->s > b->s;
+    return a->slot < b->slot;
+}
+
+static void test_page_take_matches_token_order(void **state) {
+    (void)state;
+    enum { MAXP = 12, MAXT = 64 };
+    kvs_rng rng;
+    kvs_rng_seed(&rng, 12345, 0);
+    for (int trial = 0; trial < 200; trial++) {
+        size_t page = 1 + (size_t)(kvs_rng_u32(&rng) % 6), n_tokens = 1 + (size_t)(kvs_rng_u32(&rng) % MAXT);
+        size_t n_pages = (n_tokens + page - 1) / page;
+        if (n_pages > MAXP) {
+            n_pages = MAXP;
+            n_tokens = n_pages * page - (size_t)(kvs_rng_u32(&rng) % page);
+        }
+        double sc[MAXP];
+        for (size_t pi = 0; pi < n_pages; pi++) {
+            uint32_t r = kvs_rng_u32(&rng) % 8;
+            sc[pi] = r == 0 ? NAN : (double)(r % 4); /* few values: ties everywhere */
+        }
+        tok_score t[MAXT];
+        for (size_t j = 0; j < n_tokens; j++) t[j] = (tok_score){.s = sc[j / page], .slot = (int32_t)j};
+        for (size_t a = 1; a < n_tokens; a++) /* insertion sort by the token order */
+            for (size_t b = a; b > 0 && tok_before(&t[b], &t[b - 1]); b--) {
+                tok_score x = t[b];
+                t[b] = t[b - 1];
+                t[b - 1] = x;
+            }
+        int32_t ranked[MAXP], out[MAXT], sel[MAXT], want[MAXT], scratch[MAXP];
+        kvs_topk_f64(sc, n_pages, n_pages, ranked);
+        for (size_t k = 1; k <= n_tokens + 1; k++) {
+            size_t kk = k < n_tokens ? k : n_tokens;
+            for (size_t j = 0; j < kk; j++) want[j] = t[j].slot;
+            kvs_sort_positions(want, kk);
+            for (size_t depth = kvs_page_select_depth(n_pages, page, kk); depth <= n_pages; depth++) {
+                assert_int_equal(kvs_page_take(ranked, depth, page, n_tokens, k, out), (int64_t)kk);
+                assert_memory_equal(out, want, kk * sizeof *want);
+            }
+            assert_int_equal(kvs_page_select(sc, n_pages, page, n_tokens, k, sel, scratch), (int64_t)kk);
+            assert_memory_equal(sel, want, kk * sizeof *want);
+        }
+    }
+}
+
 /* ---- npy header ---- */
 
 static void test_npy_header_layout(void **state) {
@@ -1246,6 +1304,7 @@ int main(void) {
         cmocka_unit_test(test_qdims_topk_ties_and_group_sign),
         cmocka_unit_test(test_sparq_temperature_and_page_softmax),
         cmocka_unit_test(test_page_select_ties_and_boundary),
+        cmocka_unit_test(test_page_take_matches_token_order),
         cmocka_unit_test(test_npy_header_layout),
         cmocka_unit_test(test_n_cpus_follows_the_affinity_mask),
         cmocka_unit_test(test_alloc_rows_alignment_and_advice),
