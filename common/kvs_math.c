@@ -277,7 +277,7 @@ int kvs_attention_lists16(const float *q, size_t nq, const uint16_t *keys, const
 
 /* ---- deferred outputs (kvs_out_call) ---- */
 
-size_t kvs_out_calls_max(size_t nq) { return nq > 2 ? nq : 2; }
+size_t kvs_out_calls_max(size_t nq) { return nq + 1 > 2 ? nq + 1 : 2; }
 
 /* Entries j0 .. j1-1 of call c through the fp32 or the 16-bit output kernel (its weights from column j0 on). */
 static void call_run(const kvs_math_kernels *k, kvs_out_call *c, size_t j0, size_t j1, const float *values,
@@ -419,6 +419,21 @@ size_t kvs_attn_lists_keep_ints(size_t nq, size_t total, size_t cap) {
     return u < cap ? u : cap;
 }
 
+/* 1 when the lists' common suffix of cs entries may go through one call after each row's part before it, the
+ * same products in the same order however kvs_out_calls_run cuts them at blocks: the suffix strictly ascending,
+ * each part before it strictly ascending and below the suffix (issue 17: when the union is refused, SnapKV's
+ * per-head lists at decode share the observation window and every decoded position, which row by row read once
+ * per query head). */
+static int suffix_split_ordered(size_t nq, const int32_t *const *idx, const int64_t *n, int64_t cs) {
+    const int32_t *sfx = idx[0] + (n[0] - cs);
+    if (!entries_ascending(sfx, (size_t)cs)) return 0;
+    for (size_t r = 0; r < nq; r++) {
+        int64_t m = n[r] - cs;
+        if (m > 0 && (!entries_ascending(idx[r], (size_t)m) || idx[r][m - 1] >= sfx[0])) return 0;
+    }
+    return 1;
+}
+
 size_t kvs_attention_lists_scored_defer(const float *const *score_rows, size_t nq, const int32_t *const *idx,
                                         const int64_t *n, size_t cap, size_t d, float *const *probs_rows, float *out,
                                         float *fscratch, int32_t *iscratch, float *fkeep, int32_t *ikeep,
@@ -438,11 +453,20 @@ size_t kvs_attention_lists_scored_defer(const float *const *score_rows, size_t n
     size_t nu = use_union ? lists_union(nq, idx, n, cap, iscratch, cs) : 0;
     size_t n_calls = 0;
     *used_union = nu > 0;
-    if (!nu) { /* row by row */
+    if (!nu) { /* row by row; the common suffix, where the calls can be cut at blocks in order, for all rows at once */
+        int64_t split = cs > 0 && suffix_split_ordered(nq, idx, n, cs) ? cs : 0;
         for (size_t r = 0; r < nq; r++)
-            if (n[r] > 0)
+            if (n[r] - split > 0)
                 calls[n_calls++] = (kvs_out_call){.p_rows = {probs_rows[r]}, .out_rows = {out + r * d}, .nr = 1,
-                                                  .idx = idx[r], .n = (size_t)n[r]};
+                                                  .idx = idx[r], .n = (size_t)(n[r] - split)};
+        if (split > 0) {
+            kvs_out_call *c = &calls[n_calls++];
+            for (size_t r = 0; r < nq; r++) {
+                c->p_rows[r] = probs_rows[r] + (n[r] - split);
+                c->out_rows[r] = out + r * d;
+            }
+            c->nr = nq, c->idx = idx[0] + (n[0] - split), c->first = 0, c->n = (size_t)split, c->done = 0;
+        }
         return n_calls;
     }
     /* the output over the union, each row's probabilities at their places in it, zeros elsewhere (an exact zero

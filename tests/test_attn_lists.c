@@ -403,7 +403,9 @@ static void test_union_of_64_rows(void **st) {
 /* Lists that end in the same positions (kvs_attention_lists_scored's shared suffix, output after the union of the
  * parts before it): all four lists the same (no part before the suffix), one list that is the suffix alone, a
  * suffix of one position, suffixes that differ only in their first position (80 in common), one list missing a
- * position 10 from the end, and no common last position; each
+ * position 10 from the end, and no common last position; disjoint parts before the suffix (the union refused: the
+ * parts row by row, the suffix one call for all rows), and the same with a part that ends above the suffix's first
+ * position (not ascending: every row whole); each
  * with d 128 and 20 (the x32 tiles and the column tail). Every row's bits as kvs_attention gives them, the path as
  * kvs_attention_lists chooses it. */
 static void test_shared_suffix_same_bits(void **st) {
@@ -412,10 +414,13 @@ static void test_shared_suffix_same_bits(void **st) {
     for (size_t k = 0; k < sizeof dims / sizeof *dims; k++) {
         fixture f;
         fixture_init(&f, dims[k], 1.0f);
-        for (int c = 0; c < 6; c++) {
+        for (int c = 0; c < 8; c++) {
             for (int r = 0; r < NQ; r++) {
                 int64_t m = 0;
-                if (c != 0 && !(c == 1 && r == 2)) /* a part before the suffix of each list's own */
+                if (c >= 6) /* disjoint parts before the suffix: a union too wide, refused */
+                    for (int32_t p = 50 * r; p < 50 * r + 50; p++) f.idx[r][m++] = p;
+                if (c == 7 && r == 1) f.idx[r][m++] = 215; /* above the suffix's first: not cut apart from it */
+                if (c != 0 && c < 6 && !(c == 1 && r == 2)) /* a part before the suffix of each list's own */
                     for (int32_t p = r; p < 200; p += 3 + r) f.idx[r][m++] = p;
                 int32_t first = c == 3 ? 210 + r : 210; /* case 3: the suffix differs in its first position */
                 if (c == 2) {
@@ -433,6 +438,48 @@ static void test_shared_suffix_same_bits(void **st) {
         }
         fixture_free(&f);
     }
+}
+
+/* The calls of a refused union with a common suffix (the bits are checked above): the parts before the suffix row
+ * by row and the suffix one call for every row when each part lies below it in order; every row whole when a part
+ * ends above the suffix's first position (a block cut would run that entry after the suffix's first). */
+static void test_refused_union_suffix_calls(void **st) {
+    (void)st;
+    fixture f;
+    fixture_init(&f, 64, 1.0f);
+    float scale = 1.0f / sqrtf(64.0f), *srow[NQ];
+    for (int r = 0; r < NQ; r++) {
+        srow[r] = malloc(CAP * sizeof(float));
+        assert_non_null(srow[r]);
+        kvs_attn_scores(f.q + (size_t)r * 64, f.keys, 64, NULL, CAP, 64, scale, srow[r]);
+    }
+    for (int c = 0; c < 2; c++) {
+        for (int r = 0; r < NQ; r++) {
+            int64_t m = 0;
+            for (int32_t p = 50 * r; p < 50 * r + 50; p++) f.idx[r][m++] = p;
+            if (c == 1 && r == 1) f.idx[r][m++] = 215;
+            f.idx[r][m++] = 210;
+            for (int32_t p = 220; p < 300; p++) f.idx[r][m++] = p;
+            f.n[r] = m;
+        }
+        kvs_out_call calls[NQ + 2];
+        int used = -1;
+        size_t nc = kvs_attention_lists_scored_defer((const float *const *)srow, NQ, (const int32_t *const *)f.idx, f.n,
+                                                     CAP, 64, f.probs, f.out, f.fs, f.is, NULL, NULL, calls, &used);
+        assert_int_equal(used, 0);
+        assert_int_equal(nc, c == 0 ? NQ + 1 : NQ);
+        for (int r = 0; r < NQ; r++) {
+            assert_int_equal(calls[r].nr, 1);
+            assert_int_equal(calls[r].n, (size_t)f.n[r] - (c == 0 ? 81 : 0));
+        }
+        if (c == 0) {
+            assert_int_equal(calls[NQ].nr, NQ);
+            assert_int_equal(calls[NQ].n, 81);
+            assert_int_equal(calls[NQ].idx[0], 210);
+        }
+    }
+    for (int r = 0; r < NQ; r++) free(srow[r]);
+    fixture_free(&f);
 }
 
 static void test_lists16_equal_fp32_on_converted_rows(void **st) {
@@ -571,6 +618,7 @@ int main(void) {
         cmocka_unit_test(test_union_refusals_and_word_edges),
         cmocka_unit_test(test_union_of_64_rows),
         cmocka_unit_test(test_shared_suffix_same_bits),
+        cmocka_unit_test(test_refused_union_suffix_calls),
         cmocka_unit_test(test_lists16_equal_fp32_on_converted_rows),
         cmocka_unit_test(test_out_calls_of_many_selections),
     };
