@@ -170,7 +170,8 @@ size_t kvs_attn_lists_keep_ints(size_t nq, size_t total, size_t cap);
  *  same condition; scratch sized the same) from the scores, up to the output, as above. The union path's
  *  weights go to fkeep and its rows to ikeep (NULL: left in iscratch), which the calls read: they must live until
  *  the calls have run (fscratch and iscratch need not); fkeep NULL: in fscratch. *used_union: 1 when the union
- *  path ran (kvs_attention_lists' return), 0 when row by row. */
+ *  path ran (kvs_attention_lists' return), 0 when row by row; row by row, the lists' common suffix is one call for
+ *  every row after the rows' parts before it when every list is strictly ascending (the same order of products). */
 size_t kvs_attention_lists_scored_defer(const float *const *score_rows, size_t nq, const int32_t *const *idx,
                                         const int64_t *n, size_t cap, size_t d, float *const *probs_rows, float *out,
                                         float *fscratch, int32_t *iscratch, float *fkeep, int32_t *ikeep,

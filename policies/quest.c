@@ -38,7 +38,8 @@
  * Replay speed (issue 17, sim/BENCH.md "Eighth pass (a)"): the summaries are the page min/max of every key so far
  * at the page size, folded in position order whatever the budget, so the page bounds go through
  * kvs_policy_page_scores (sim/policy_memo.h): the configurations of one replay task with the same page size score
- * a position's pages once.
+ * a position's pages once; and their selections through kvs_policy_page_select, which ranks the same scores once
+ * for every budget ("Nineteenth pass").
  */
 #include <math.h>
 #include <stdlib.h>

@@ -1,10 +1,11 @@
 /* policy_memo.c — the replay task's memo of budget-independent scores (issue 17; sim/policy_memo.h,
  * sim/BENCH.md "Third pass", "Eighth pass (a)" and "(d)"). A small table of entries, each the complete description
  * of one kvs_attn_colsum / kvs_snapkv_scores call (row pointers, candidates copied, every option), of one
- * kvs_page_scores_rows call (query rows copied, the layout, and what the summaries are a function of) or of the
- * values one top-k selection ranks (the rows copied) and its output; a lookup compares all of it, so a hit is the
- * same computation and its bits are the ones computing would give (for the top-k: the ranking's first k, which
- * the order makes the select's set).
+ * kvs_page_scores_rows call (query rows copied, the layout, and what the summaries are a function of), of the
+ * values one top-k selection ranks (the rows copied) and its output, or of the page scores one page selection
+ * ranks (copied) and its ranking; a lookup compares all of it, so a hit is the same computation and its bits are
+ * the ones computing would give (for the top-k and the pages: the ranking's first entries, which the order makes
+ * the select's set).
  */
 #include "policy_memo.h"
 
