@@ -434,6 +434,16 @@ static int suffix_split_ordered(size_t nq, const int32_t *const *idx, const int6
     return 1;
 }
 
+/* The call of every row over the lists' common suffix of cs entries (row r's weights from its entry n[r] - cs on). */
+static void suffix_call(size_t nq, const int32_t *const *idx, const int64_t *n, int64_t cs, float *const *probs_rows,
+                        float *out, size_t d, kvs_out_call *c) {
+    for (size_t r = 0; r < nq; r++) {
+        c->p_rows[r] = probs_rows[r] + (n[r] - cs);
+        c->out_rows[r] = out + r * d;
+    }
+    c->nr = nq, c->idx = idx[0] + (n[0] - cs), c->first = 0, c->n = (size_t)cs, c->done = 0;
+}
+
 size_t kvs_attention_lists_scored_defer(const float *const *score_rows, size_t nq, const int32_t *const *idx,
                                         const int64_t *n, size_t cap, size_t d, float *const *probs_rows, float *out,
                                         float *fscratch, int32_t *iscratch, float *fkeep, int32_t *ikeep,
@@ -459,14 +469,7 @@ size_t kvs_attention_lists_scored_defer(const float *const *score_rows, size_t n
             if (n[r] - split > 0)
                 calls[n_calls++] = (kvs_out_call){.p_rows = {probs_rows[r]}, .out_rows = {out + r * d}, .nr = 1,
                                                   .idx = idx[r], .n = (size_t)(n[r] - split)};
-        if (split > 0) {
-            kvs_out_call *c = &calls[n_calls++];
-            for (size_t r = 0; r < nq; r++) {
-                c->p_rows[r] = probs_rows[r] + (n[r] - split);
-                c->out_rows[r] = out + r * d;
-            }
-            c->nr = nq, c->idx = idx[0] + (n[0] - split), c->first = 0, c->n = (size_t)split, c->done = 0;
-        }
+        if (split > 0) suffix_call(nq, idx, n, split, probs_rows, out, d, &calls[n_calls++]);
         return n_calls;
     }
     /* the output over the union, each row's probabilities at their places in it, zeros elsewhere (an exact zero
@@ -488,14 +491,7 @@ size_t kvs_attention_lists_scored_defer(const float *const *score_rows, size_t n
         }
         c->nr = nq, c->idx = uidx, c->first = 0, c->n = nd, c->done = 0;
     }
-    if (cs > 0) {
-        kvs_out_call *c = &calls[n_calls++];
-        for (size_t r = 0; r < nq; r++) {
-            c->p_rows[r] = probs_rows[r] + (n[r] - cs);
-            c->out_rows[r] = out + r * d;
-        }
-        c->nr = nq, c->idx = idx[0] + (n[0] - cs), c->first = 0, c->n = (size_t)cs, c->done = 0;
-    }
+    if (cs > 0) suffix_call(nq, idx, n, cs, probs_rows, out, d, &calls[n_calls++]);
     return n_calls;
 }
 
