@@ -40,7 +40,8 @@ static uint32_t urand(void) {
     rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
     return (uint32_t)(rng_state >> 33);
 }
-static float frand(void) { return (float)urand() / 2147483648.0f - 1.0f; }
+/* urand() is 31 bits: [0, 2^31) / 2^30 - 1 is [-1, 1), both signs (/ 2^31 gave [-1, 0): every value negative) */
+static float frand(void) { return (float)urand() / 1073741824.0f - 1.0f; }
 
 typedef struct {
     size_t d;
