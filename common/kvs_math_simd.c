@@ -624,6 +624,17 @@ AVX2 static void exp_avx2(const float *x, size_t n, float *y) {
     if (i < n) exp8_partial(x + i, n - i, y + i);
 }
 
+/* The softmax's last n - j (< 8) exponentials, exp(x - m) in place through the 8-lane exp (so an element's value
+ * never depends on where it sits), each added to sum in order; @return the sum (every vector table's softmax). */
+AVX2 static inline double exp_tail_sum(float *x, size_t j, size_t n, float m, double sum) {
+    if (j >= n) return sum;
+    float t[8];
+    for (size_t k = 0; k < n - j; k++) t[k] = x[j + k] - m;
+    exp8_partial(t, n - j, x + j);
+    for (; j < n; j++) sum += x[j];
+    return sum;
+}
+
 /* The softmax's two fp64 sums over x[0..n8), n8 a multiple of 8, block by block in order: lanes 0-3 of each block to
  * s0, lanes 4-7 to s1 (the scalar reference's order). A pass of its own after the exponentials: in the same loop,
  * the sums' conversions and adds sat in the out-of-order window beside the exp chains and held fewer blocks in
@@ -683,12 +694,7 @@ __attribute__((always_inline)) AVX2 static inline double softmax_sum_avx2(float 
     double sd[4];
     _mm256_storeu_pd(sd, _mm256_add_pd(s0, s1));
     double sum = (sd[0] + sd[1]) + (sd[2] + sd[3]);
-    if (j < n) {
-        float t[8];
-        for (size_t k = 0; k < n - j; k++) t[k] = x[j + k] - m;
-        exp8_partial(t, n - j, x + j);
-        for (; j < n; j++) sum += x[j];
-    }
+    sum = exp_tail_sum(x, j, n, m, sum);
     __m256 inv = _mm256_set1_ps((float)(1.0 / sum));
     j = 0;
     for (; j + 8 <= n; j += 8) _mm256_storeu_ps(x + j, _mm256_mul_ps(_mm256_loadu_ps(x + j), inv));
@@ -1742,12 +1748,7 @@ __attribute__((always_inline)) X512 static inline double softmax_sum_x512(float 
     double sd[4];
     _mm256_storeu_pd(sd, _mm256_add_pd(_mm512_castpd512_pd256(s), _mm512_extractf64x4_pd(s, 1)));
     double sum = (sd[0] + sd[1]) + (sd[2] + sd[3]);
-    if (j < n) {
-        float t[8];
-        for (size_t k = 0; k < n - j; k++) t[k] = x[j + k] - m;
-        exp8_partial(t, n - j, x + j);
-        for (; j < n; j++) sum += x[j];
-    }
+    sum = exp_tail_sum(x, j, n, m, sum);
     float invs = (float)(1.0 / sum);
     __m512 inv = _mm512_set1_ps(invs);
     j = 0;

@@ -483,24 +483,24 @@ static void test_desc_keys_match_scalar(void **state) {
     }
 }
 
-static void test_avx2x32_equals_avx2_bit_for_bit(void **state) {
-    (void)state;
-    const kvs_math_kernels *a = kvs_math_kernels_for(KVS_ISA_AVX2), *b = kvs_math_kernels_for(KVS_ISA_AVX2X32);
+/* wide_equals_avx2 on the table of `isa` (named `name`), skipped where the CPU lacks it or AVX2. */
+static void wide_table_equals_avx2(kvs_isa isa, const char *name) {
+    const kvs_math_kernels *a = kvs_math_kernels_for(KVS_ISA_AVX2), *b = kvs_math_kernels_for(isa);
     if (!a || !b) {
-        print_message("avx2 or avx2x32 not available on this CPU: skipped\n");
+        print_message("avx2 or %s not available on this CPU: skipped\n", name);
         skip();
     }
     wide_equals_avx2(a, b);
 }
 
+static void test_avx2x32_equals_avx2_bit_for_bit(void **state) {
+    (void)state;
+    wide_table_equals_avx2(KVS_ISA_AVX2X32, "avx2x32");
+}
+
 static void test_avx512_equals_avx2_bit_for_bit(void **state) {
     (void)state;
-    const kvs_math_kernels *a = kvs_math_kernels_for(KVS_ISA_AVX2), *b = kvs_math_kernels_for(KVS_ISA_AVX512);
-    if (!a || !b) {
-        print_message("avx2 or avx512 not available on this CPU: skipped\n");
-        skip();
-    }
-    wide_equals_avx2(a, b);
+    wide_table_equals_avx2(KVS_ISA_AVX512, "avx512");
 }
 
 static void test_blocked_causal_attention_equals_rows(void **state) {
