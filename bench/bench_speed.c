@@ -3,12 +3,13 @@
  * kernels against them (the full causal reference for a block of decode steps, attention over a selection S_t),
  * each beside the scalar row-by-row path it replaced, and a policy sweep (10 policies x 8 budgets) with every
  * FMA it performs counted against the all-core peak, at 2048 positions and (a full run) again at 8192, the issue's
- * users' length. sim/BENCH.md explains the floors.
+ * users' length, twice: after a long prompt, and with the decode steps whose pairs match the issue's users' sweep.
+ * sim/BENCH.md explains the floors.
  * Data: GENERATED Gaussian q/k/v with the shapes of Llama-family models (d 64 and 128, 4 query heads per KV
  * head), labelled as such; not a model's numbers. Timed figures are never asserted; each section prints the load
  * average when it starts (the machine is shared).
  * Arguments (optional): `kernels` or `sweep` runs only that part after the ceilings (for profiling); `sweep POLICY`
- * the sweep of one policy.
+ * the sweep of one policy; KVSIM_BENCH_SWEEP_SCALE, _DECODE and _REPS shape it (below).
  * KVSIM_BENCH_NPY_DIR (optional; bench/run_bench.sh sets it when python3 has torch): also replays
  * full/window/streaming/topk alone on the sweep's trace, timed, and writes the trace arrays and kvsim's per-layer
  * output errors there for bench/torch_replay.py's side-by-side run.
@@ -528,6 +529,12 @@ static void sweep_run(int threads, const kvs_gen_trace_opts *o, int64_t scale, c
     printf("  FMAs computed (S_t's scores taken from the reference's, so d FMAs a policy pair): %.3g FMA -> %.1f%% of "
            "the all-core peak in wall time, %.1f%% of the per-core peak in CPU time\n",
            fmas_run, 100 * fmas_run / el / peak_all, 100 * fmas_run / cpu / peak_core_cpu);
+    /* The issue's users' sweep: 10 policies x 8 budgets over 32-layer, 8K-position traces of Llama-3.1-8B's shape
+     * (32 query heads), "about 2e11 (query head, attended token) pairs" */
+    double pairs_per_head = (ref_pairs + pol_pairs) / ((double)o->n_layers * o->n_heads);
+    printf("  (query head, attended token) pairs: %.3g per layer and query head, %.3g at Llama-3.1-8B's 32 layers x 32 "
+           "query heads (the issue's users' sweep: about 2e11)\n",
+           pairs_per_head, pairs_per_head * 32 * 32);
     printf("  %-10s %10s %12s %14s  (thread seconds per policy over its %d budgets, reference time shared out)\n",
            "policy", "thread_s", "policy pairs", "pairs/thread-s", N_SWEEP_BUDGETS);
     for (int p = 0; p < N_SWEEP_POLICIES; p++)
@@ -549,20 +556,32 @@ static int64_t sweep_scale_env(void) {
     return scale;
 }
 
+/* KVSIM_BENCH_SWEEP_DECODE=n (default 512): the decode steps measured at the end of the trace, the rest its
+ * prompt; for the `sweep` parts run alone (a full run sets its own: main below) */
+static int sweep_decode_env(int64_t scale) {
+    const char *e = getenv("KVSIM_BENCH_SWEEP_DECODE");
+    int n = e && e[0] ? atoi(e) : 512;
+    if (n < 1 || n >= 2048 * scale) {
+        fprintf(stderr, "bench_speed: KVSIM_BENCH_SWEEP_DECODE must be 1..%lld\n", (long long)(2048 * scale - 1));
+        exit(2);
+    }
+    return n;
+}
+
 /* `only` (NULL = all): the sweep restricted to that policy's 8 budgets, for a per-policy CPU time. want32: on the
  * generated fp32 K/V; want16: on the K/V rounded to fp16 and the source declared fp16, as a captured trace is by
  * default (`kvsim capture --dtype`), so the replay keeps its 16-bit history beside the fp32 one and attends
  * through the 16-bit kernels. Both: one generated trace, the fp32 sweep first, then rounded in place. with_torch:
  * the side-by-side with PyTorch too (when KVSIM_BENCH_NPY_DIR is set and the sweep is not one policy's), on the
- * fp32 data. */
-static void sweep(int threads, const char *only, int want32, int want16, int64_t scale, int with_torch) {
+ * fp32 data. decode: the decode steps measured (the last ones; the rest is the prompt). */
+static void sweep(int threads, const char *only, int want32, int want16, int64_t scale, int decode, int with_torch) {
     kvs_gen_trace_opts o = kvs_gen_trace_defaults();
     o.n_layers = 2;
     o.n_heads = 8;
     o.n_kv_heads = 2;
     o.head_dim = 128;
     o.n_positions = (int)(2048 * scale);
-    o.prompt_len = o.n_positions - 512;
+    o.prompt_len = o.n_positions - decode;
     kvs_test_replay_fixture fx; /* the generated data as a replay source: 2-byte K/V, blocks of 64 */
     CHECK(kvs_test_replay_fixture_make(&o, 2, 64, &fx));
     kvs_gen_trace *g = fx.g;
@@ -691,9 +710,18 @@ int main(int argc, char **argv) {
     if (!strcmp(only, "kernels")) return 0;
     const char *policy = argc > 2 ? argv[2] : NULL;
     int64_t scale = sweep_scale_env();
-    sweep(threads, policy, strcmp(only, "sweep16") != 0, strcmp(only, "sweep") != 0, scale, 1);
-    /* A full run also sweeps at the issue's users' length (8192 positions, budgets 128..2048; fp32 K/V), where the
-     * policies' prompt scoring and the value rows' traffic weigh more than at 2048 (sim/BENCH.md "Fifteenth pass") */
-    if (!only[0] && scale == 1) sweep(threads, NULL, 1, 0, 4, 0);
+    sweep(threads, policy, strcmp(only, "sweep16") != 0, strcmp(only, "sweep") != 0, scale, sweep_decode_env(scale),
+          1);
+    /* A full run also sweeps at the issue's users' length (8192 positions, budgets 128..2048; fp32 K/V) twice:
+     * - after a 7680-position prompt, the same 512 decode steps: the policies' prompt scoring (H2O's column sums
+     *   over the whole prompt, FMAs that no reading counts) and the value rows' traffic weigh more than at 2048
+     *   (sim/BENCH.md "Fifteenth pass");
+     * - 1536 decode steps after a 6656-position prompt: the shape whose pairs, scaled to Llama-3.1-8B's 32 layers x
+     *   32 query heads, are the issue's "about 2e11" (the pairs line of the report; sim/BENCH.md "Twentieth
+     *   pass"). */
+    if (!only[0] && scale == 1) {
+        sweep(threads, NULL, 1, 0, 4, 512, 0);
+        sweep(threads, NULL, 1, 0, 4, 1536, 0);
+    }
     return 0;
 }
