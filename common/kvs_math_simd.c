@@ -1299,14 +1299,28 @@ static void output_add16_x32(const float *const *p_rows, size_t nr, size_t col0,
     if (r4 < nr) output_add16_avx2(p_rows + r4, nr - r4, col0, values, dtype, stride, idx, n, d, out_rows + r4);
 }
 
+/* The softmax with 32 vector registers: softmax_sum_avx2's operations (the same bits), but the pipelined exp's
+ * constants and the two blocks in flight stay in registers; compiled for AVX2's 16, gcc kept five of the
+ * polynomial's constants on the stack, a load beside each multiply-add. */
+AVX2_X32 static double softmax_x32(float *x, size_t n) {
+    float m;
+    double sum = softmax_sum_avx2(x, n, &m);
+    return (double)m + log(sum);
+}
+
+AVX2_X32 static void softmax_probs_x32(float *x, size_t n) {
+    float m;
+    (void)softmax_sum_avx2(x, n, &m);
+}
+
 static const kvs_math_kernels kernels_avx2x32 = {
     /* .name = */ "avx2x32",
     /* .dot = */ dot_avx2,
     /* .axpy = */ axpy_avx2,
     /* .scores = */ scores_x32,
     /* .output_add = */ output_add_x32,
-    /* .softmax = */ softmax_avx2,
-    /* .softmax_probs = */ softmax_probs_avx2,
+    /* .softmax = */ softmax_x32,
+    /* .softmax_probs = */ softmax_probs_x32,
     /* .exp = */ exp_avx2,
     /* .first_above = */ first_above_avx2,
     /* .scores16 = */ scores16_x32,

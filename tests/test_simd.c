@@ -281,7 +281,7 @@ static void test_softmax_and_lse_match_fp64(void **state) {
  * over four running maxima, and neither may change a bit. Each probability must be the table's own exp of x - m
  * times (float)(1 / sum), with m the row's maximum (NaN skipped) and the sum in the kernel's documented order (two
  * fp64 accumulators of 4 lanes, then (l0 + l1) + (l2 + l3), then the n % 8 tail one by one): every length 1..80 and
- * some long ones, with -inf entries, a +0/-0 tie at the maximum, and a NaN. */
+ * some long ones, with -inf entries, a +0/-0 tie at the maximum, and a NaN; softmax_probs' the same bits. */
 static void test_softmax_avx2_equals_its_exp(void **state) {
     (void)state;
     const kvs_isa isas[3] = {KVS_ISA_AVX2, KVS_ISA_AVX2X32, KVS_ISA_AVX512};
@@ -301,6 +301,9 @@ static void test_softmax_avx2_equals_its_exp(void **state) {
                 if (variant == 3 && n > 2) x[n / 2] = NAN;
                 memcpy(y, x, n * sizeof *x);
                 k->softmax(y, n);
+                memcpy(t, x, n * sizeof *x); /* softmax_probs: the same probabilities, bit for bit */
+                k->softmax_probs(t, n);
+                assert_memory_equal(t, y, n * sizeof *y);
                 if (variant == 3 && n > 2) {
                     for (size_t j = 0; j < n; j++) assert_true(isnan(y[j]) || y[j] == 0.0f);
                     assert_true(isnan(y[n / 2]));
