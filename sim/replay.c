@@ -311,6 +311,12 @@ static int reuse_ref_scores(const engine *e) {
 /* The most bytes of a reference block's probabilities (and as many of its kept scores) per task. */
 #define REF_BLOCK_MAX_BYTES ((size_t)32 << 20)
 
+/* Decode steps of a reference block that hold `rows` query rows of a KV head of G: at least 1, at most 16. */
+static int64_t ref_block_steps(int64_t rows, int64_t G) {
+    int64_t steps = rows / G;
+    return steps < 1 ? 1 : steps > 16 ? 16 : steps;
+}
+
 static kvs_status task_alloc(task *t) {
     engine *e = t->e;
     size_t H = (size_t)e->Hkv, G = (size_t)e->G, N = (size_t)e->N, d = (size_t)e->d;
@@ -327,10 +333,10 @@ static kvs_status task_alloc(task *t) {
     /* The reference is computed for blocks of decode steps at once (blocked causal attention: every K/V row read
      * once per block instead of once per position): 64 query rows of a KV head per block (32 before issue 17's
      * nineteenth pass: at 8192 positions a block's K/V rows come from L3 or memory, and 16 steps a block took the
-     * reference from 0.54-0.56 to 0.47 s of the sweep), fewer where its probabilities and scores would pass 32 MiB
-     * (a long trace with many heads), but never fewer than 32 rows. */
-    int64_t rows_min = 32 / (int64_t)G > 1 ? (32 / (int64_t)G < 16 ? 32 / (int64_t)G : 16) : 1;
-    t->ref_cap = 64 / (int64_t)G > 1 ? (64 / (int64_t)G < 16 ? 64 / (int64_t)G : 16) : 1;
+     * reference from 0.54-0.56 to 0.47 s of the sweep), fewer where its probabilities (and as many kept scores)
+     * would pass REF_BLOCK_MAX_BYTES (a long trace with many heads), but never fewer than 32 rows. */
+    int64_t rows_min = ref_block_steps(32, (int64_t)G);
+    t->ref_cap = ref_block_steps(64, (int64_t)G);
     while (t->ref_cap > rows_min && (size_t)t->ref_cap * H * G * N * sizeof(float) > REF_BLOCK_MAX_BYTES) t->ref_cap /= 2;
     if (t->ref_cap < rows_min) t->ref_cap = rows_min;
     size_t RC = (size_t)t->ref_cap;
