@@ -68,9 +68,11 @@ $(BUILD)/bench/%: bench/%.c $(TEST_UTIL_OBJS) $(LIB)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< $(TEST_UTIL_OBJS) $(LIB) $(EXTRA_LDLIBS) $(LDLIBS_BASE)
 
-# Tests find the binary under test and the shared models through the environment.
+# Tests find the binary under test and the shared models through the environment. TEST_JOBS binaries run at
+# once (tests/run_tests.sh; the log is the same whatever the count): the cores by default, TEST_JOBS=1 one by one.
+TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 test: $(KVSIM) $(TEST_BINS)
-	@KVSIM_BIN=$(abspath $(KVSIM)) KVSIM_ROOT=$(abspath .) sh tests/run_tests.sh $(TEST_BINS)
+	@TEST_JOBS=$(TEST_JOBS) KVSIM_BIN=$(abspath $(KVSIM)) KVSIM_ROOT=$(abspath .) sh tests/run_tests.sh $(TEST_BINS)
 
 asan:
 	$(MAKE) BUILD=build/asan KVSIM=build/asan/kvsim OPT=-O1 \

@@ -2,9 +2,35 @@
 # Runs each cmocka test binary given as an argument, echoes its output, and closes with one summary line
 # "tests: N passed, N failed" counting individual cmocka tests (skipped tests are reported apart).
 # Exit status is non-zero when any test failed or any binary crashed.
-passed=0; failed=0; skipped=0; bad_bins=""
+#
+# TEST_JOBS=n runs up to n binaries at once (the Makefile passes the machine's core count; 1 runs them one
+# after another). Each binary's output goes to its own file and is echoed whole, in the order of the arguments,
+# once every binary has finished, so the log reads the same whatever the job count. The binaries share nothing
+# but the read-only tree: each makes its own mkdtemp folder.
+jobs=${TEST_JOBS:-1}
+case $jobs in '' | *[!0-9]* | 0) echo "run_tests: TEST_JOBS must be a positive integer, not '$jobs'" >&2; exit 2 ;; esac
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvs_run_tests_XXXXXX") || { echo "run_tests: cannot make a scratch folder" >&2; exit 2; }
+trap 'rm -rf "$tmp"' EXIT
+trap 'exit 130' INT TERM
+
+i=0
+: >"$tmp/list"
 for bin in "$@"; do
-    out=$("$bin" 2>&1); rc=$?
+    i=$((i + 1))
+    printf '%s\n' "$bin" >>"$tmp/list"
+done
+# xargs hands out the indices 1..n; the child finds its binary on that line of the list (a path is never split
+# or unquoted by xargs), writes the output, then the exit status: the .rc file says it ran to its end, crash or not
+[ "$i" -gt 0 ] && seq 1 "$i" | xargs -P "$jobs" -n 1 sh -c \
+    'bin=$(sed -n "$1p" "$0/list"); { "$bin"; echo $? >"$0/$1.rc"; } >"$0/$1.out" 2>&1' "$tmp"
+
+passed=0; failed=0; skipped=0; bad_bins=""
+i=0
+for bin in "$@"; do
+    i=$((i + 1))
+    out=$(cat "$tmp/$i.out" 2>/dev/null)
+    rc=$(cat "$tmp/$i.rc" 2>/dev/null)
+    [ -n "$rc" ] || rc=127 # the runner itself could not start it
     printf '%s\n' "$out"
     p=$(printf '%s\n' "$out" | sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' | awk '{s+=$1} END {print s+0}')
     f=$(printf '%s\n' "$out" | sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' | awk '{s+=$1} END {print s+0}')
