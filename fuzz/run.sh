@@ -6,15 +6,15 @@
 # coverage cov / features ft from libFuzzer's last status line, peak RSS) and writes the table to
 # BUILD/fuzz-summary.txt; a crash, sanitizer report, leak, timeout or out-of-memory is saved as
 # BUILD/crashes/NAME-* and makes the exit status 1.
+# FUZZ_JOBS=n runs up to n harnesses at once (fuzz.mk passes the core count), each a single libFuzzer process on
+# its own core for its SECONDS, so a harness fuzzes as long as it would alone; the table keeps the harnesses' order.
 set -u
-build=$1; secs=$2; shift 2
 # the harnesses write each input as a file (and recovery fsyncs its output): on tmpfs that costs no disk I/O
 [ -z "${TMPDIR:-}" ] && [ -d /dev/shm ] && [ -w /dev/shm ] && export TMPDIR=/dev/shm
-mkdir -p "$build/crashes" "$build/logs"
-summary="$build/fuzz-summary.txt"
-printf '%-24s %12s %8s %8s %8s %8s  %s\n' harness executions exec_s cov ft rss_mb result | tee "$summary"
-status=0
-for bin in "$@"; do
+
+# run.sh --one BUILD SECONDS HARNESS: one harness; its table line goes to BUILD/logs/NAME.line
+if [ "${1:-}" = --one ]; then
+    build=$2; secs=$3; bin=$4
     name=${bin##*/}; name=${name#fuzz_}
     work="$build/corpus/$name"; mkdir -p "$work"
     set -- -max_total_time="$secs" -print_final_stats=1 -timeout=20 -rss_limit_mb=2560 \
@@ -33,8 +33,31 @@ for bin in "$@"; do
     last=$(grep -E '^#[0-9]+' "$log" | tail -1)
     cov=$(printf '%s' "$last" | sed -n 's/.* cov: \([0-9]*\).*/\1/p')
     ft=$(printf '%s' "$last" | sed -n 's/.* ft: \([0-9]*\).*/\1/p')
-    if [ "$rc" -eq 0 ]; then result=ok; else result="FAILED (rc $rc, see $log)"; status=1; fi
-    printf '%-24s %12s %8s %8s %8s %8s  %s\n' "$name" "${execs:-?}" "${eps:-?}" "${cov:-?}" "${ft:-?}" "${rss:-?}" "$result" | tee -a "$summary"
-    [ "$rc" -ne 0 ] && grep -E 'ERROR|SUMMARY|Test unit written' "$log" | head -5
+    if [ "$rc" -eq 0 ]; then result=ok; else result="FAILED (rc $rc, see $log)"; fi
+    printf '%-24s %12s %8s %8s %8s %8s  %s\n' "$name" "${execs:-?}" "${eps:-?}" "${cov:-?}" "${ft:-?}" "${rss:-?}" \
+        "$result" >"$build/logs/$name.line"
+    exit 0
+fi
+
+build=$1; secs=$2; shift 2
+jobs=${FUZZ_JOBS:-1}
+case $jobs in '' | *[!0-9]* | 0) echo "fuzz/run.sh: FUZZ_JOBS must be a positive integer, not '$jobs'" >&2; exit 2 ;; esac
+mkdir -p "$build/crashes" "$build/logs"
+for bin in "$@"; do name=${bin##*/}; rm -f "$build/logs/${name#fuzz_}.line"; done
+summary="$build/fuzz-summary.txt"
+printf '%-24s %12s %8s %8s %8s %8s  %s\n' harness executions exec_s cov ft rss_mb result | tee "$summary"
+[ $# -gt 0 ] && printf '%s\n' "$@" | xargs -P "$jobs" -n 1 sh "$0" --one "$build" "$secs"
+status=0
+for bin in "$@"; do
+    name=${bin##*/}; name=${name#fuzz_}
+    line="$build/logs/$name.line"; log="$build/logs/$name.log"
+    if [ ! -f "$line" ]; then # the harness did not run to its line (the runner was killed)
+        printf '%-24s %12s %8s %8s %8s %8s  %s\n' "$name" ? ? ? ? ? "FAILED (no result, see $log)" >"$line"
+    fi
+    tee -a "$summary" <"$line"
+    if ! grep -q ' ok$' "$line"; then
+        status=1
+        grep -E 'ERROR|SUMMARY|Test unit written' "$log" 2>/dev/null | head -5
+    fi
 done
 exit $status
