@@ -1,22 +1,21 @@
 /* cmd_trace.c — the trace subcommands of kvsim: `info`, `verify`, `export` and `trace recover`.
  *
- * They are thin layers over trace/trace.h (file format: trace/FORMAT.md). `verify` recomputes exact causal
- * full attention from the stored q/k/v with kvs_attention() (common/kvs_math.h, the definitions in
- * ../shared/DESIGN.md "Capture"), position by position through sim/kv_stream.h, and compares it with the
- * stored o and lse. Exit codes as in cli.h.
+ * They are thin layers over the trace library (file format: trace/FORMAT.md): options, one library call,
+ * printing. `info` reads trace/trace.h's header view; `verify` is trace/verify.h's kvs_trace_verify (exact
+ * causal full attention recomputed from the stored q/k/v, each row against its own error bound; FORMAT.md
+ * "What verify checks"); `export` decodes blocks into a .npy (common/npy.h); `trace recover` is
+ * kvs_trace_recover_with_report. Exit codes as in cli.h.
  */
 #include <getopt.h>
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/kvs_math.h"
 #include "../common/kvs_out.h"
 #include "../common/npy.h"
-#include "../sim/kv_stream.h"
 #include "../trace/trace.h"
+#include "../trace/verify.h"
 #include "cli.h"
 
 /* Reports getopt's complaint for the option it stopped at (opterr = 0, optstring starts with ':'). */
@@ -123,296 +122,6 @@ int kvs_cmd_info(int argc, char **argv) {
  * kvsim verify TRACE [--tolerance X] [--lse-tolerance X] [--threads N]
  * ---------------------------------------------------------------------------------------------- */
 
-/* The per-row error bound (the default check; --tolerance / --lse-tolerance switch to fixed tolerances).
- *
- * What is compared. The capture computed in fp32 q, k_j, v_j (j <= p) and from them o and lse; the trace
- * holds q~ = rd(q), k~_j, v~_j, o~ = rd(o) rounded to nearest in the storage dtype, and lse in fp32. verify
- * recomputes in fp32, with kvs_math.h, s'_j = scale q~.k~_j, p' = softmax(s'), lse' and o' = Σ_j p'_j v~_j.
- * Rounding to nearest is rd(x) = x / (1 + δ), |δ| <= u (Higham, Accuracy and Stability of Numerical
- * Algorithms, eq. 2.5), plus an absolute η (half the smallest subnormal) where it underflows, so
- * |x − x~| <= u |x~| + η elementwise, in terms of the STORED value: fp16 u = 2^-11, η = 2^-25; bf16
- * u = 2^-8, η = 2^-134; fp32 u = 2^-24, η = 2^-150 (an fp32 trace of an fp32 model is not rounded at all;
- * u is kept as a margin). u32 = 2^-24 below is the unit roundoff of the arithmetic, γ_n = n u32/(1 − n u32).
- *
- * 1. Scores. Expanding (q~ + Δq).(k~ + Δk) − q~.k~ with A_j = Σ_i |q~_i||k~_ji|:
- *      |scale q.k_j − scale q~.k~_j| <= e_j = scale ((2u + u²) A_j + η (1 + u)(|q~|_1 + |k~_j|_1) + d η²).
- *    fp32 arithmetic moves a score by at most γ_{d+2} scale A_j (dot product of length d, then the scale;
- *    Higham §3.1), and exp(s − max) by a relative (|s'_j − m| + 4) u32 (the subtraction rounds relative to
- *    |s − m|, expf is within 1 ulp), i.e. like a score error of that size. The capture did the same on values
- *    up to (1 + u) times larger, so the probabilities of both sides are exact softmaxes of scores t, t' with
- *      |t_j − t'_j| <= ê_j = e_j + 2 (1 + u)² (γ_{d+2} scale A_j + (|s'_j − m| + 4) u32).
- * 2. LSE. The gradient of LSE is the softmax, so |LSE(t) − LSE(t')| <= Σ_j p^θ_j ê_j for the softmax p^θ at
- *    some point between t' and t, and p^θ_j <= p'_j exp(2Ê) with Ê = max_j ê_j (each score moves by at most
- *    Ê and LSE, being 1-Lipschitz in the max-norm, too). So
- *      |Δlse| <= E_lse = min(Ê, exp(2Ê) Σ_j p'_j ê_j);
- *    the weighted form is much tighter than Ê when the largest ê_j belongs to keys with no weight.
- * 3. Probabilities. p_j / p'_j = exp((t_j − t'_j) − Δlse), so |p_j − p'_j| <= p'_j expm1(ê_j + E_lse).
- * 4. Output. o − o' = Σ_j (p_j − p'_j)(v~_j − c) + Σ_j p_j (v_j − v~_j) for any vector c (both p sum to 1).
- *    With c = o' the part of the values common to all keys, which no probability error can move, drops out:
- *      ||o − o'|| <= Σ_j p'_j [expm1(ê_j + E_lse) ||v~_j − o'|| + exp(ê_j + E_lse)(u ||v~_j|| + η √d)],
- *    and storing o adds ||o − o~|| <= u ||o~|| + η √d.
- * 5. The other fp32 arithmetic: the sums over n keys of the normaliser and of Σ p v, by the capture (in an
- *    unknown order: a GPU kernel merges partial sums) and by verify, each err by at most γ_n relative (lse:
- *    absolute) and γ_n Σ p |v| (output); the normalisation and the lse's own fp32 rounding add a few u32.
- *    Allowance (factor 2 for the two sides): lse 2 (n + 8) u32 + 4 u32 |lse~|; output
- *    2 (n + 8) u32 (1 + u) exp(Ê + E_lse) Σ_j p'_j ||v~_j|| + 4 u32 ||o'||.
- * A row passes when |lse~ − lse'| <= 1.05 (E_lse + its allowance) + 1e-6 and ||o~ − o'|| <= 1.05 (bound of 4
- * + its allowance) + 1e-6. The 5% covers using the computed p' where the exact softmax of t' belongs (a
- * relative O(u32) difference) and the O(γ_d) error of computing A_j (both far below 5% for any n, d below
- * 10^5); the 1e-6 floor covers probabilities below e^-87 that fp32 computes as 0. "Bound usage" = error /
- * that bound; a correct trace stays <= 1. Compared with the plain form (E1 = max_j e_j for the lse and
- * (e^{2 E1} − 1 + u e^{2 E1}) Σ_j p_j ||v_j|| + u ||o|| for the output), steps 2 and 4 weight each key by its
- * probability and centre the values on o'; both remain rigorous, and they tighten the bound most on heads
- * whose largest e_j falls on keys of little weight and whose values share a large common part.
- *
- * What it can and cannot catch. The bound is worst case: every rounding aligned against the check. On a
- * correct trace the real errors have random signs and stay below it (largest bound usage on real captures:
- * 0.3-0.5 in fp16/bf16, about 0.02 in fp32; trace/FORMAT.md "What verify checks"), so a stored o that is
- * wrong by less than the bound passes. A wrong o (another position's, a kernel bug) is off by O(1) relative
- * and fails in every dtype. o scaled by (1 + 20u) fails on the rows where 20u ||o|| exceeds the bound
- * (attention not too sharp, values that do not cancel): in fp16 and bf16 a few percent of the rows of the
- * real captures and of the generated test traces, enough to fail the trace. In fp32 it passes: 20 u32 ||o||
- * (1.2e-6 relative) is below the allowance for the capture's unknown summation order, 2 (n + 8) u32 Σ p ||v||,
- * which no rigorous bound can drop; 200 u32 fails. tests/test_cli_trace.c tests these cases. */
-
-#define VERIFY_U32 (1.0 / 16777216.0) /* 2^-24, unit roundoff of the fp32 recomputation */
-#define VERIFY_SLACK 1.05
-#define VERIFY_FLOOR 1e-6
-
-static double gamma32(double n) { return n * VERIFY_U32 / (1.0 - n * VERIFY_U32); }
-
-/* Storage rounding of a dtype: |x − x~| <= u |x~| + eta. */
-static void dtype_rounding(kvs_dtype dt, double *u, double *eta) {
-    switch (dt) {
-    case KVS_DTYPE_F16: *u = ldexp(1.0, -11), *eta = ldexp(1.0, -25); break;
-    case KVS_DTYPE_BF16: *u = ldexp(1.0, -8), *eta = ldexp(1.0, -134); break;
-    case KVS_DTYPE_F32:
-    default: *u = ldexp(1.0, -24), *eta = ldexp(1.0, -150); break;
-    }
-}
-
-typedef struct {
-    int fixed;               /* 1: --tolerance/--lse-tolerance given: fixed tolerances, no bound */
-    double tol, lse_tol;     /* fixed mode: max relative output error, max absolute lse error */
-    double u, eta;           /* storage rounding (bound mode) */
-} verify_cfg;
-
-/* Per-thread scratch of the bound; N = n_positions, d = head_dim: (N d + 3 N + d) floats per thread (none
- * with fixed tolerances). The K/V history, probabilities, outputs and (bound mode) scores are the
- * kvs_kv_stream's (sim/kv_stream.h): 2 N d + G N (2 G N with the scores) + G d floats per stream in work. */
-typedef struct {
-    float *absk;               /* [N][d]: |k~| of the stream so far */
-    float *k1, *vn;            /* [N]: |k~_j|_1 and ||v~_j||_2 */
-    float *ehat;               /* [N]: ê_j */
-    float *absq;               /* [d] */
-} verify_scratch;
-
-typedef struct {
-    double max_rel, max_lse;       /* largest relative output error and absolute lse error */
-    int64_t worst_pos;             /* position of max_rel */
-    int worst_head;
-    double use_o, use_lse;         /* largest error / bound (bound usage) */
-    int64_t use_pos;               /* position and head of the largest usage */
-    int use_head;
-    int64_t n_fail;                /* rows over their bound or tolerance */
-    kvs_status status;
-    char detail[1024];
-} stream_result;
-
-typedef struct {
-    const kvs_trace *t;
-    const verify_cfg *cfg;
-    stream_result *res;      /* [L * Hkv] */
-    int n_streams;
-    int next;                /* next stream to take (atomic) */
-} verify_job;
-
-/* error / bound, with 0/0 = 0 (a fixed tolerance of 0 and an exact match) */
-static double usage(double err, double bound) {
-    if (err == 0) return 0;
-    return bound > 0 ? err / bound : INFINITY;
-}
-
-/* Checks query head g of position kp->pos: the stream's recomputation (kvs_attention's scores, probabilities,
- * lse and output over keys/values 0..pos; scores only in bound mode) against the stored o~ and lse~. Returns
- * whether it passes; *use_o / *use_lse receive the bound usages, *rel the relative output error, *el the
- * absolute lse error (NaN reported as +inf so that it can never look like a pass). */
-static int verify_row(const verify_cfg *cfg, const kvs_kv_pos *kp, size_t g, verify_scratch *w, double *rel,
-                      double *el, double *use_o, double *use_lse) {
-    size_t n = (size_t)kp->n_ctx, d = (size_t)kp->head_dim;
-    float scale = kp->scale;
-    const float *q = kp->q + g * d, *o_st = kp->o + g * d, *probs = kp->probs + g * n, *out = kp->out + g * d;
-    float lse_st = kp->lse[g];
-    double lse = kp->attn_lse[g];
-    *rel = kvs_rel_l2(o_st, out, d);
-    *el = fabs(lse - (double)lse_st);
-    if (isnan(*rel)) *rel = INFINITY;
-    if (isnan(*el)) *el = INFINITY;
-    if (cfg->fixed) {
-        *use_o = usage(*rel, cfg->tol);
-        *use_lse = usage(*el, cfg->lse_tol);
-        return *rel <= cfg->tol && *el <= cfg->lse_tol;
-    }
-    const float *scores = kp->scores + g * n;
-    float m = -INFINITY;
-    for (size_t j = 0; j < n; j++)
-        if (scores[j] > m) m = scores[j];
-    double q1 = 0, u = cfg->u, eta = cfg->eta, ehat_max = 0;
-    for (size_t i = 0; i < d; i++) w->absq[i] = fabsf(q[i]), q1 += w->absq[i];
-    double a_rel = 1 + 2 * gamma32((double)d); /* fp32 sum of d non-negative products */
-    for (size_t j = 0; j < n; j++) {
-        double a = (double)kvs_dot(w->absq, w->absk + j * d, d) * a_rel;
-        double e = scale * ((2 * u + u * u) * a + eta * (1 + u) * (q1 + w->k1[j]) + (double)d * eta * eta);
-        e += 2 * (1 + u) * (1 + u) * (gamma32((double)d + 2) * scale * a + (fabs((double)scores[j] - m) + 4) * VERIFY_U32);
-        w->ehat[j] = (float)(e * (1 + VERIFY_U32)); /* rounded up into float */
-        if (e > ehat_max) ehat_max = e;
-    }
-    double pe = 0, pv = 0;
-    for (size_t j = 0; j < n; j++) pe += (double)probs[j] * w->ehat[j], pv += (double)probs[j] * w->vn[j];
-    double e_lse = fmin(ehat_max, exp(2 * ehat_max) * pe);
-    double o_norm = kvs_l2(o_st, d), out_norm = kvs_l2(out, d), err_o = 0, sqrt_d = sqrt((double)d);
-    for (size_t i = 0; i < d; i++) {
-        double x = (double)o_st[i] - out[i];
-        err_o += x * x;
-    }
-    err_o = sqrt(err_o);
-    double bo = u * o_norm + eta * sqrt_d; /* step 4 */
-    for (size_t j = 0; j < n; j++) {
-        double p = probs[j];
-        if (p == 0) continue;
-        const float *v = kp->v + j * d;
-        double dist = 0;
-        for (size_t i = 0; i < d; i++) {
-            double x = (double)v[i] - out[i];
-            dist += x * x;
-        }
-        double t = (double)w->ehat[j] + e_lse;
-        bo += p * (expm1(t) * sqrt(dist) + exp(t) * (u * w->vn[j] + eta * sqrt_d));
-    }
-    double arith = 2 * ((double)n + 8) * VERIFY_U32; /* step 5 */
-    bo += arith * (1 + u) * exp(ehat_max + e_lse) * pv + 4 * VERIFY_U32 * out_norm;
-    double bl = e_lse + arith + 4 * VERIFY_U32 * fabs((double)lse_st);
-    bo = VERIFY_SLACK * bo + VERIFY_FLOOR;
-    bl = VERIFY_SLACK * bl + VERIFY_FLOOR;
-    if (isnan(err_o)) err_o = INFINITY;
-    *use_o = usage(err_o, bo);
-    *use_lse = usage(*el, bl);
-    return err_o <= bo && *el <= bl; /* NaN bounds (inf inputs) fail */
-}
-
-/* Recomputes one (layer, KV head) stream position by position with a kvs_kv_stream (one block + the K/V
- * history in memory), which also does the attention (kvs_attention's code path; scores kept for the bound). */
-static void verify_stream(const kvs_trace *t, const verify_cfg *cfg, int layer, int kv_head, stream_result *r,
-                          verify_scratch *w) {
-    kvs_kv_stream *st = NULL;
-    r->worst_pos = r->use_pos = -1;
-    r->worst_head = r->use_head = -1;
-    r->status = kvs_kv_stream_open(t, layer, kv_head, cfg->fixed ? KVS_KV_STREAM_FULL_ATTN : KVS_KV_STREAM_SCORES, &st);
-    kvs_kv_pos kp;
-    while (r->status == KVS_OK && (r->status = kvs_kv_stream_next(st, &kp)) == KVS_OK) {
-        size_t p = (size_t)kp.pos, d = (size_t)kp.head_dim, G = (size_t)kp.group;
-        if (!cfg->fixed) {
-            const float *k = kp.k + p * d, *v = kp.v + p * d;
-            double k1 = 0;
-            for (size_t e = 0; e < d; e++) w->absk[p * d + e] = fabsf(k[e]), k1 += fabsf(k[e]);
-            w->k1[p] = (float)(k1 * (1 + VERIFY_U32)); /* rounded up: it enters an upper bound */
-            w->vn[p] = (float)(kvs_l2(v, d) * (1 + VERIFY_U32));
-        }
-        for (size_t g = 0; g < G; g++) {
-            double rel, el, uo, ul;
-            int head = kv_head * (int)G + (int)g;
-            if (!verify_row(cfg, &kp, g, w, &rel, &el, &uo, &ul)) r->n_fail++;
-            if (rel > r->max_rel || r->worst_pos < 0) r->max_rel = rel, r->worst_pos = (int64_t)p, r->worst_head = head;
-            if (el > r->max_lse) r->max_lse = el;
-            if (fmax(uo, ul) > fmax(r->use_o, r->use_lse) || r->use_pos < 0) r->use_pos = (int64_t)p, r->use_head = head;
-            if (uo > r->use_o) r->use_o = uo;
-            if (ul > r->use_lse) r->use_lse = ul;
-        }
-    }
-    if (r->status == KVS_ERR_END) r->status = KVS_OK;
-    if (r->status != KVS_OK) snprintf(r->detail, sizeof r->detail, "%s", kvs_last_error());
-    kvs_kv_stream_free(st);
-}
-
-static void *verify_worker(void *arg) {
-    verify_job *job = arg;
-    const kvs_trace_info *in = kvs_trace_info_get(job->t);
-    size_t N = (size_t)in->n_positions, d = (size_t)in->model.head_dim;
-    verify_scratch w = {0};
-    if (!job->cfg->fixed) { /* the bound's scratch; fixed tolerances need none */
-        w.absk = malloc(N * d * sizeof(float));
-        w.k1 = malloc(N * sizeof(float));
-        w.vn = malloc(N * sizeof(float));
-        w.ehat = malloc(N * sizeof(float));
-        w.absq = malloc(d * sizeof(float));
-    }
-    int ok = job->cfg->fixed || (w.absk && w.k1 && w.vn && w.ehat && w.absq);
-    for (;;) {
-        int i = __atomic_fetch_add(&job->next, 1, __ATOMIC_RELAXED);
-        if (i >= job->n_streams) break;
-        stream_result *r = &job->res[i];
-        if (!ok) {
-            r->status = KVS_ERR_NOMEM;
-            snprintf(r->detail, sizeof r->detail, "cannot allocate the error bound's scratch (%zu positions x %zu)", N, d);
-            continue;
-        }
-        verify_stream(job->t, job->cfg, i / in->model.n_kv_heads, i % in->model.n_kv_heads, r, &w);
-    }
-    free(w.absk);
-    free(w.k1);
-    free(w.vn);
-    free(w.ehat);
-    free(w.absq);
-    return NULL;
-}
-
-/* verify of a lean trace (KVS_TRACE_FLAG_QKV, trace/FORMAT.md "Lean record"): there is no recorded o or lse to
- * compare with a recomputation, so what is left to check after the checksums is that every stored q/k/v value is
- * finite (an overflow in the capture's storage dtype or a broken forward pass shows as Inf/NaN, which would make
- * every recomputed output of the stream NaN). Prints what was and was not checked. @return the exit status. */
-static int verify_lean(const char *path, kvs_trace *t) {
-    const kvs_trace_info *in = kvs_trace_info_get(t);
-    int L = in->model.n_layers, Hkv = in->model.n_kv_heads;
-    int64_t n_values = 0, n_bad = 0, first_pos = -1;
-    int first_layer = -1, first_kv = -1;
-    kvs_status s = KVS_OK;
-    for (int l = 0; l < L && s == KVS_OK; l++)
-        for (int kh = 0; kh < Hkv && s == KVS_OK; kh++) {
-            kvs_trace_stream *st = NULL;
-            if ((s = kvs_trace_stream_open(t, l, kh, &st)) != KVS_OK) break;
-            kvs_trace_stream_qkv_only(st);
-            const kvs_trace_block *b;
-            while ((s = kvs_trace_stream_next(st, &b)) == KVS_OK) {
-                size_t nq = (size_t)b->n_pos * (size_t)b->group * (size_t)b->head_dim;
-                size_t nk = (size_t)b->n_pos * (size_t)b->head_dim;
-                const float *arr[3] = {b->q, b->k, b->v};
-                const size_t len[3] = {nq, nk, nk};
-                for (int a = 0; a < 3; a++)
-                    for (size_t i = 0; i < len[a]; i++)
-                        if (!isfinite(arr[a][i]) && n_bad++ == 0) {
-                            size_t row = a == 0 ? (size_t)b->group * (size_t)b->head_dim : (size_t)b->head_dim;
-                            first_pos = b->first_pos + (int64_t)(i / row), first_layer = l, first_kv = kh;
-                        }
-                n_values += (int64_t)(nq + 2 * nk);
-            }
-            kvs_trace_stream_free(st);
-            if (s == KVS_ERR_END) s = KVS_OK;
-        }
-    if (s != KVS_OK) return kvs_cli_fail("verify", s);
-    printf("lean trace (recorded with --record qkv): o and lse were not stored, so the recorded attention outputs "
-           "cannot be checked against a recomputation; readers recompute them from the stored q/k/v\n");
-    printf("checked: every chunk's checksums and decoding; every stored q/k/v value finite (%lld values, %lld not "
-           "finite)\n", (long long)n_values, (long long)n_bad);
-    if (n_bad) {
-        fprintf(stderr, "kvsim verify: %s: %lld stored q/k/v values are not finite (the first at layer %d, kv head %d, "
-                "position %lld)\n", path, (long long)n_bad, first_layer, first_kv, (long long)first_pos);
-        (void)kvs_cli_finish_stdout("verify");
-        return KVS_EXIT_FAIL;
-    }
-    printf("verify: OK (lean trace: chunks and q/k/v only)\n");
-    return kvs_cli_finish_stdout("verify");
-}
-
 static void verify_usage(FILE *f) {
     fprintf(f, "usage: kvsim verify TRACE [--tolerance X] [--lse-tolerance X] [--threads N]\n\n"
                "1. reads and checksums every chunk;\n"
@@ -420,7 +129,7 @@ static void verify_usage(FILE *f) {
                "   query head from the stored q/k/v (fp32 math) and compares with the stored o and lse.\n"
                "By default each row (position, query head) is checked against a rigorous error bound computed for\n"
                "that row from the storage dtype's rounding (fp16 u = 2^-11, bf16 2^-8, fp32 2^-24) of q/k/v/o and\n"
-               "the fp32 arithmetic of capture and recomputation (derivation: cli/cmd_trace.c; summary:\n"
+               "the fp32 arithmetic of capture and recomputation (derivation: trace/verify.c; summary:\n"
                "trace/FORMAT.md \"What verify checks\"). Prints per layer the largest relative output error\n"
                "||o - o'|| / ||o||, the largest absolute lse error and the bound usage (error / bound, <= 1 on a\n"
                "correct trace). Exit 0 only when every row is within its bound (or the fixed tolerances).\n"
@@ -434,15 +143,62 @@ static void verify_usage(FILE *f) {
                "Each option may be given once.\n", KVS_CLI_MAX_THREADS, kvs_n_cpus());
 }
 
-/* Fixed output tolerance used when only --lse-tolerance is given: 128 u (1e-4 for fp32), the former
- * defaults, set from the largest errors measured on the stories260K captures (51 u) with a margin. */
-static double fixed_output_tolerance(kvs_dtype dt) {
-    switch (dt) {
-    case KVS_DTYPE_F16: return 128.0 / 2048.0;
-    case KVS_DTYPE_BF16: return 128.0 / 256.0;
-    case KVS_DTYPE_F32:
-    default: return 1e-4;
+/* Prints the report of a lean trace (what was and was not checked). @return the exit status. */
+static int verify_print_lean(const char *path, const kvs_verify_report *r) {
+    if (r->lean_status != KVS_OK)
+        return kvs_cli_fail("verify", kvs_fail(r->lean_status, "%s", r->lean_detail));
+    printf("lean trace (recorded with --record qkv): o and lse were not stored, so the recorded attention outputs "
+           "cannot be checked against a recomputation; readers recompute them from the stored q/k/v\n");
+    printf("checked: every chunk's checksums and decoding; every stored q/k/v value finite (%lld values, %lld not "
+           "finite)\n", (long long)r->lean_values, (long long)r->lean_bad);
+    if (r->lean_bad) {
+        fprintf(stderr, "kvsim verify: %s: %lld stored q/k/v values are not finite (the first at layer %d, kv head %d, "
+                "position %lld)\n", path, (long long)r->lean_bad, r->lean_first_layer, r->lean_first_kv,
+                (long long)r->lean_first_pos);
+        (void)kvs_cli_finish_stdout("verify");
+        return KVS_EXIT_FAIL;
     }
+    printf("verify: OK (lean trace: chunks and q/k/v only)\n");
+    return kvs_cli_finish_stdout("verify");
+}
+
+/* Prints the report of a full trace: the configuration, one line per layer (a stream that could not be checked
+ * on stderr before its layer's line), the verdict. @return the exit status. */
+static int verify_print(const char *path, const kvs_verify_report *r) {
+    const kvs_verify_cfg *cfg = &r->cfg;
+    const char *what = cfg->fixed ? "tolerance" : "bound";
+    if (cfg->fixed)
+        printf("attention recomputed from stored q/k/v (%s storage; fixed tolerances: output %.3g relative, lse "
+               "%.3g absolute)\n", kvs_dtype_name(r->dtype), cfg->tol, cfg->lse_tol);
+    else
+        printf("attention recomputed from stored q/k/v (%s storage, u = 2^%d; per-row error bound; usage = error / "
+               "bound)\n", kvs_dtype_name(r->dtype), (int)lround(log2(cfg->u)));
+    for (int l = 0; l < r->n_layers; l++) {
+        for (int h = 0; h < r->n_kv_heads; h++) {
+            const kvs_verify_stream_result *sr = &r->streams[l * r->n_kv_heads + h];
+            if (sr->status != KVS_OK)
+                fprintf(stderr, "kvsim verify: %s\n", sr->detail[0] ? sr->detail : kvs_strerror(sr->status));
+        }
+        kvs_verify_layer a;
+        (void)kvs_verify_report_layer(r, l, &a);
+        printf("layer %3d: max rel output error %.3e (position %lld, head %d), max lse error %.3e, %s usage "
+               "output %.3g lse %.3g (position %lld, head %d)  ", l, a.max_rel, (long long)a.worst_pos, a.worst_head,
+               a.max_lse, what, a.use_o, a.use_lse, (long long)a.use_pos, a.use_head);
+        if (a.n_fail) printf("FAIL (%lld rows)\n", (long long)a.n_fail);
+        else printf("ok\n");
+    }
+    if (r->n_errors) {
+        (void)kvs_cli_finish_stdout("verify"); /* a write error is reported too; exit 1 either way */
+        return KVS_EXIT_FAIL;
+    }
+    if (r->n_fail) {
+        fprintf(stderr, "kvsim verify: %s: stored attention outputs do not match the recomputation (%lld rows "
+                        "exceed their %s)\n", path, (long long)r->n_fail, cfg->fixed ? "tolerance" : "error bound");
+        (void)kvs_cli_finish_stdout("verify");
+        return KVS_EXIT_FAIL;
+    }
+    printf("verify: OK (max %s usage %.3g)\n", what, r->max_usage);
+    return kvs_cli_finish_stdout("verify");
 }
 
 int kvs_cmd_verify(int argc, char **argv) {
@@ -451,7 +207,7 @@ int kvs_cmd_verify(int argc, char **argv) {
                                          {"threads", required_argument, NULL, 'j'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    double tol = -1, lse_tol = -1;
+    kvs_verify_options vo = kvs_verify_options_default();
     long threads = kvs_n_cpus();
     if (threads > KVS_CLI_MAX_THREADS) threads = KVS_CLI_MAX_THREADS;
     int seen[4] = {0};
@@ -464,108 +220,27 @@ int kvs_cmd_verify(int argc, char **argv) {
         li = -1;
         switch (c) {
         case 'h': verify_usage(stdout); return kvs_cli_finish_stdout("verify");
-        case 't': s = kvs_cli_parse_double("--tolerance", optarg, 0, 1e30, &tol); break;
-        case 'l': s = kvs_cli_parse_double("--lse-tolerance", optarg, 0, 1e30, &lse_tol); break;
+        case 't': s = kvs_cli_parse_double("--tolerance", optarg, 0, 1e30, &vo.tolerance); break;
+        case 'l': s = kvs_cli_parse_double("--lse-tolerance", optarg, 0, 1e30, &vo.lse_tolerance); break;
         case 'j': s = kvs_cli_parse_long("--threads", optarg, 1, KVS_CLI_MAX_THREADS, &threads); break;
         default: return option_error("verify", c, argv);
         }
         if (s != KVS_OK) return kvs_cli_usage_error("verify", "%s", kvs_last_error());
     }
     if (argc - optind != 1) return positional_error("verify", argc, argv);
+    vo.threads = (int)threads;
     const char *path = argv[optind];
     kvs_trace *t = NULL;
     kvs_status s = kvs_trace_open(path, &t);
     if (s != KVS_OK) return kvs_cli_fail("verify", s);
-    const kvs_trace_info *in = kvs_trace_info_get(t);
-    kvs_dtype dt = (kvs_dtype)in->capture.dtype;
-    verify_cfg cfg = {.fixed = tol >= 0 || lse_tol >= 0};
-    dtype_rounding(dt, &cfg.u, &cfg.eta);
-    if (cfg.fixed) {
-        cfg.lse_tol = lse_tol >= 0 ? lse_tol : tol; /* --tolerance alone sets both */
-        cfg.tol = tol >= 0 ? tol : fixed_output_tolerance(dt);
-    }
-
-    s = kvs_trace_check_chunks(t);
-    if (s != KVS_OK) {
-        int rc = kvs_cli_fail("verify", s);
-        kvs_trace_close(t);
-        return rc;
-    }
-    printf("checksums: all %lld chunks ok\n", (long long)in->n_chunks);
-    if (in->capture.flags & KVS_TRACE_FLAG_QKV) {
-        int rc = verify_lean(path, t);
-        kvs_trace_close(t);
-        return rc;
-    }
-
-    int L = in->model.n_layers, Hkv = in->model.n_kv_heads;
-    int n_streams = L * Hkv;
-    if (threads > n_streams) threads = n_streams;
-    stream_result *res = calloc((size_t)n_streams, sizeof *res);
-    pthread_t *th = calloc((size_t)threads, sizeof *th);
-    if (!res || !th) {
-        free(res);
-        free(th);
-        kvs_trace_close(t);
-        return kvs_cli_fail("verify", kvs_fail(KVS_ERR_NOMEM, "out of memory"));
-    }
-    verify_job job = {.t = t, .cfg = &cfg, .res = res, .n_streams = n_streams, .next = 0};
-    long started = 0;
-    for (; started < threads; started++)
-        if (pthread_create(&th[started], NULL, verify_worker, &job) != 0) break;
-    if (started == 0) verify_worker(&job); /* could not start a thread: do the work here */
-    for (long i = 0; i < started; i++) pthread_join(th[i], NULL);
-
-    int error = 0;
-    int64_t n_fail = 0;
-    const char *what = cfg.fixed ? "tolerance" : "bound";
-    double use_all = 0;
-    if (cfg.fixed)
-        printf("attention recomputed from stored q/k/v (%s storage; fixed tolerances: output %.3g relative, lse "
-               "%.3g absolute)\n", kvs_dtype_name(dt), cfg.tol, cfg.lse_tol);
-    else
-        printf("attention recomputed from stored q/k/v (%s storage, u = 2^%d; per-row error bound; usage = error / "
-               "bound)\n", kvs_dtype_name(dt), (int)lround(log2(cfg.u)));
-    for (int l = 0; l < L; l++) {
-        double mr = 0, ml = 0, uo = 0, ul = 0;
-        int64_t wp = -1, up = -1, lf = 0;
-        int wh = -1, uh = -1;
-        for (int h = 0; h < Hkv; h++) {
-            stream_result *r = &res[l * Hkv + h];
-            if (r->status != KVS_OK) {
-                fprintf(stderr, "kvsim verify: %s\n", r->detail[0] ? r->detail : kvs_strerror(r->status));
-                error = 1;
-            }
-            if (r->max_rel > mr || wp < 0) mr = r->max_rel, wp = r->worst_pos, wh = r->worst_head;
-            if (r->max_lse > ml) ml = r->max_lse;
-            if (fmax(r->use_o, r->use_lse) > fmax(uo, ul) || up < 0) up = r->use_pos, uh = r->use_head;
-            uo = fmax(uo, r->use_o);
-            ul = fmax(ul, r->use_lse);
-            lf += r->n_fail;
-        }
-        n_fail += lf;
-        use_all = fmax(use_all, fmax(uo, ul));
-        printf("layer %3d: max rel output error %.3e (position %lld, head %d), max lse error %.3e, %s usage "
-               "output %.3g lse %.3g (position %lld, head %d)  ", l, mr, (long long)wp, wh, ml, what, uo, ul,
-               (long long)up, uh);
-        if (lf) printf("FAIL (%lld rows)\n", (long long)lf);
-        else printf("ok\n");
-    }
-    free(res);
-    free(th);
+    kvs_verify_report *r = NULL;
+    s = kvs_trace_verify(t, &vo, &r);
     kvs_trace_close(t);
-    if (error) {
-        (void)kvs_cli_finish_stdout("verify"); /* a write error is reported too; exit 1 either way */
-        return KVS_EXIT_FAIL;
-    }
-    if (n_fail) {
-        fprintf(stderr, "kvsim verify: %s: stored attention outputs do not match the recomputation (%lld rows "
-                        "exceed their %s)\n", path, (long long)n_fail, cfg.fixed ? "tolerance" : "error bound");
-        (void)kvs_cli_finish_stdout("verify");
-        return KVS_EXIT_FAIL;
-    }
-    printf("verify: OK (max %s usage %.3g)\n", what, use_all);
-    return kvs_cli_finish_stdout("verify");
+    if (s != KVS_OK) return kvs_cli_fail("verify", s);
+    printf("checksums: all %lld chunks ok\n", (long long)r->n_chunks);
+    int rc = r->lean ? verify_print_lean(path, r) : verify_print(path, r);
+    kvs_verify_report_free(r);
+    return rc;
 }
 
 /* ------------------------------------------------------------------------------------------------
