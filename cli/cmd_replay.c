@@ -14,6 +14,7 @@
 #include "../sim/policy.h"
 #include "../sim/replay.h"
 #include "../sim/results.h"
+#include "../sim/results_sweep.h"
 #include "../trace/trace.h"
 #include "cli.h"
 
@@ -362,6 +363,13 @@ int kvs_cmd_replay(int argc, char **argv) {
     }
     /* plots mark turn boundaries and break lines at unmeasured prompt spans (the row carries the turns) */
     kvs_results_trace rt = kvs_results_trace_of(trace_path, info);
+    /* the trace's content hash beside its row: runs of one trace through any path spelling are one trace's runs
+     * (kvsim merge, sweep resumption) */
+    int64_t trace_row = 0;
+    if ((st = kvs_results_sweep_trace(db, &rt, src.content_hash, &trace_row)) != KVS_OK) {
+        rc = kvs_cli_fail("replay", st);
+        goto cleanup;
+    }
     int n_failed = 0;
     run_ids = calloc((size_t)n_runs, sizeof *run_ids);
     if (!run_ids) {

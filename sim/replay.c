@@ -27,6 +27,8 @@
 #include "../common/kvs_math.h"
 #include "../common/kvs_math_simd_f64.h"
 #include "../common/kvs_math_simd.h"
+#include "../common/threadpool.h"
+#include "host.h"
 #include "policy_memo.h"
 #include "ref_rank.h"
 #include "samples.h"
@@ -80,6 +82,7 @@ typedef struct {
     int64_t max_prompt;      /* longest turn prompt */
     uint8_t *is_prompt;      /* [N] */
     int64_t *budgets;        /* [n_configs][L * Hkv] */
+    uint64_t *run_seed;      /* [n_configs] kvs_host_run_seed of each run */
     void **alloc;            /* [n_configs] allocation-pass objects, alive until every instance is freed */
     const void **shared;     /* [n_configs] alloc_shared() results (init->shared), NULL if none */
     layer_acc *acc;          /* [n_configs][L] */
@@ -181,10 +184,8 @@ typedef struct {
                                * same sum for every configuration whose list is the prefix (full cache) */
     int64_t *prefix_pos;      /* [Hkv*G] -1 for none yet */
     float *outp;              /* [G][d] policy-side outputs of the current step */
-    int32_t *stored;          /* [N] */
-    uint32_t *in_list;        /* [N] check_sel: == list_stamp when x is in the current list's resident set */
-    uint32_t *in_union;       /* [N] check_sel: == union_stamp when x is counted in the union across lists */
-    uint32_t list_stamp, union_stamp; /* bumped per list / per check, so no mark is ever cleared */
+    int32_t *stored;          /* [N] a policy's stored() answer (prompt measurement) */
+    kvs_host_check *check;    /* the selection check's scratch */
     int64_t measured_steps;   /* measured positions so far (series downsampling) */
     const float ***row_k, ***row_v; /* [G] -> [N] merged-slot row pointers (sel.row_k/row_v), kept all NULL */
     float *gk, *gv;           /* [N][d] gathered K/V of a list holding merged slots */
@@ -266,8 +267,7 @@ static void task_free(task *t) {
     free(t->prefix_pos);
     free(t->outp);
     free(t->stored);
-    free(t->in_list);
-    free(t->in_union);
+    kvs_host_check_free(t->check);
     for (int g = 0; g < e->G; g++) {
         if (t->row_k) free((void *)t->row_k[g]);
         if (t->row_v) free((void *)t->row_v[g]);
@@ -363,8 +363,6 @@ static kvs_status task_alloc(task *t) {
     for (size_t hg = 0; hg < H * G; hg++) t->top_pos[hg] = t->prefix_pos[hg] = -1;
     t->outp = malloc(G * d * sizeof(float));
     t->stored = malloc(N * sizeof(int32_t));
-    t->in_list = calloc(N, sizeof *t->in_list);
-    t->in_union = calloc(N, sizeof *t->in_union);
     t->row_k = calloc(G, sizeof *t->row_k);
     t->row_v = calloc(G, sizeof *t->row_v);
     t->gk = malloc(N * d * sizeof(float));
@@ -375,6 +373,8 @@ static kvs_status task_alloc(task *t) {
     t->oviews = calloc(H, sizeof *t->oviews);
     t->has_merged = calloc(G, sizeof *t->has_merged);
     t->plain = calloc(G, sizeof *t->plain);
+    kvs_status cst = kvs_host_check_create(e->N, e->src->turns, e->src->n_turns, e->G, &t->check);
+    if (cst != KVS_OK) return cst;
     t->lists_f = malloc(kvs_attn_lists_scratch_floats(G, N) * sizeof(float));
     t->lists_i = malloc(kvs_attn_lists_scratch_ints(G, N) * sizeof(int32_t));
     /* no memo when a hook may rewrite rows between configurations; without memory, simply none */
@@ -382,8 +382,7 @@ static kvs_status task_alloc(task *t) {
     if (!t->has_merged || !t->plain || !t->lists_f || !t->lists_i || !t->row_k || !t->row_v || !t->gk || !t->gv || !t->blk_size || !t->blk_begin || !t->views || !t->oviews)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     if (!t->streams || !t->hk || !t->hv || !t->qb || !t->states || !t->layout || !t->sel_idx ||
-        !t->sel_n || !t->pbuf || !t->fullp || !t->fullo || !t->order || !t->sort_scratch || !t->rank || !t->outp || !t->stored || !t->in_list ||
-        !t->in_union)
+        !t->sel_n || !t->pbuf || !t->fullp || !t->fullo || !t->order || !t->sort_scratch || !t->rank || !t->outp || !t->stored)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     if (t->kv16 != KVS_DTYPE_F32) {
         t->hk16 = calloc(H, sizeof *t->hk16);
@@ -430,48 +429,19 @@ static kvs_status task_alloc(task *t) {
     return KVS_OK;
 }
 
-static uint64_t mix_seed(uint64_t a, uint64_t b) {
-    uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull);
-    x ^= x >> 31;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 29;
-    return x;
-}
-
 /* Creates every instance of the task (configurations already validated). A failure fails the config. */
 static void task_create_states(task *t) {
     engine *e = t->e;
+    size_t per = (size_t)e->L * (size_t)e->Hkv;
     for (int ci = 0; ci < t->nc; ci++) {
         int c = t->c_lo + ci;
         const kvs_replay_config *rc = &e->o->configs[c];
         t->layout[ci] = kvs_policy_layout(&rc->policy);
-        for (int h = 0; h < e->Hkv; h++) {
-            kvs_policy_init init = {
-                .model = &e->src->model,
-                .cfg = &rc->policy,
-                .layer = t->layer,
-                .kv_head = h,
-                .budget = e->budgets[(size_t)c * (size_t)e->L * (size_t)e->Hkv + (size_t)t->layer * (size_t)e->Hkv + (size_t)h],
-                .budget_nominal = rc->budget,
-                .seed = mix_seed(mix_seed((uint64_t)c + 1, (uint64_t)t->layer), (uint64_t)h),
-                .shared = e->shared[c],
-            };
-            kvs_status st = rc->policy.ops->create(&init, &t->states[(size_t)ci * (size_t)e->Hkv + (size_t)h]);
-            if (st != KVS_OK) {
-                fail_config(e, c, t->layer, st);
-                break;
-            }
-        }
-        if (rc->policy.ops->prefill_block && !atomic_load(&e->cfg_failed[c])) {
-            int64_t b = rc->policy.ops->prefill_block(t->states[(size_t)ci * (size_t)e->Hkv]);
-            if (b < 0) {
-                fail_config(e, c, t->layer,
-                            kvs_fail(KVS_ERR_STATE, "policy %s asked for prefill blocks of %lld positions",
-                                     rc->policy.ops->name, (long long)b));
-                b = 0;
-            }
-            t->blk_size[ci] = b;
-        }
+        kvs_status st = kvs_host_create_layer(&rc->policy, &e->src->model, rc->budget,
+                                              e->budgets + (size_t)c * per + (size_t)t->layer * (size_t)e->Hkv,
+                                              e->run_seed[c], t->layer, e->shared[c],
+                                              t->states + (size_t)ci * (size_t)e->Hkv, &t->blk_size[ci]);
+        if (st != KVS_OK) fail_config(e, c, t->layer, st);
     }
 }
 
@@ -516,11 +486,9 @@ static void rank_prefix(task *t, size_t hg, const float *fp, int64_t p, int64_t 
     t->rank_seconds += kvs_now_s() - t0;
 }
 
-/* The sums behind one query head's metrics, gathered for all heads of a KV head before any is recorded. */
-typedef struct {
-    double recall, recall_merged, err2, ref2, out2, dot;
-    int64_t hit;
-} head_sums;
+/* The sums behind one query head's metrics (kvs_host_sums), gathered for all heads of a KV head before any is
+ * recorded. */
+typedef kvs_host_sums head_sums;
 
 /* Up to 4 query heads' recall sums interleaved, and with `hits` their top-k hits (rank[k][x] < n[k]); without, a
  * head's hits are its n (every entry is ranked within n). Each head's chain of fp64 adds runs over its own list in
@@ -545,31 +513,8 @@ static kvs_status measure_record(task *t, int ci, int h, int g, int64_t p, int64
                                  const kvs_policy_cost *cost) {
     engine *e = t->e;
     int c = t->c_lo + ci;
-    double err2 = s->err2, ref2 = s->ref2, out2 = s->out2, dot = s->dot;
-    double full_bytes = kvs_policy_kv_bytes(&e->src->model, (double)(p + 1));
     double v[N_METRICS];
-    v[KVS_M_OUT_ERR] = ref2 == 0 ? (err2 == 0 ? 0 : INFINITY) : sqrt(err2 / ref2);      /* kvs_rel_l2 */
-    v[KVS_M_OUT_ERR_ABS] = sqrt(err2);
-    v[KVS_M_OUT_COS] = ref2 == 0 || out2 == 0 ? 0.0f : (float)(dot / (sqrt(ref2) * sqrt(out2))); /* kvs_cosine */
-    v[KVS_M_ATTN_RECALL] = s->recall;
-    v[KVS_M_ATTN_RECALL_MERGED] = s->recall_merged;
-    v[KVS_M_TOPK_OVERLAP] = n > 0 ? (double)s->hit / (double)n : 0.0;
-    v[KVS_M_ATTENDED] = (double)n;
-    v[KVS_M_STORAGE] = cost->storage_bytes;
-    v[KVS_M_STORAGE_KV] = cost->kv_bytes;
-    v[KVS_M_STORAGE_AUX] = cost->aux_bytes;
-    v[KVS_M_STORAGE_DEDUP] = cost->dedup_kv_bytes;
-    v[KVS_M_STORAGE_HOST] = cost->host_bytes;
-    v[KVS_M_STORAGE_PEAK] = cost->storage_bytes + cost->transient_bytes;
-    v[KVS_M_TRAFFIC] = cost->traffic_bytes;
-    v[KVS_M_TRAFFIC_KV] = cost->read_kv_bytes;
-    v[KVS_M_TRAFFIC_AUX] = cost->read_aux_bytes;
-    v[KVS_M_TRAFFIC_AUX_UNFUSED] = cost->read_aux_unfused_bytes;
-    v[KVS_M_WRITE] = cost->write_bytes;
-    v[KVS_M_TRANSFER] = cost->transfer_bytes;
-    v[KVS_M_H2D] = cost->h2d_bytes;
-    v[KVS_M_D2H] = cost->d2h_bytes;
-    v[KVS_M_COMPRESSION] = cost->storage_bytes > 0 ? full_bytes / cost->storage_bytes : 0.0;
+    kvs_host_metrics(&e->src->model, p, n, s, cost, v);
     float vf[N_METRICS];
     for (int k = 0; k < N_METRICS; k++) vf[k] = (float)v[k];
     layer_acc *a = &e->acc[(size_t)c * (size_t)e->L + (size_t)t->layer];
@@ -686,199 +631,14 @@ static kvs_status measure_heads(task *t, int ci, int h, int g0, int ng, int64_t 
     return KVS_OK;
 }
 
-/* The next stamp of a mark array (check_sel): after 2^32 - 1 stamps the array is cleared and they start again. */
-static inline uint32_t next_stamp(uint32_t *stamp, uint32_t *marks, size_t n) {
-    if (++*stamp == 0) {
-        memset(marks, 0, n * sizeof *marks);
-        *stamp = 1;
-    }
-    return *stamp;
-}
-
-/* The first j with idx[j] >= x in the ascending idx[0..n), or n. */
-static int64_t lower_bound_pos(const int32_t *idx, int64_t n, int64_t x) {
-    int64_t lo = 0, hi = n;
-    while (lo < hi) {
-        int64_t mid = lo + (hi - lo) / 2;
-        if (idx[mid] < x) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
-}
-
-/* The entries of an ascending list that are prompt positions: for each turn, the list's entries in
- * [begin, prompt_end), found by two binary searches (a per-entry count of e->is_prompt was 16% of check_sel's
- * samples in a sweep of SnapKV, whose budget bounds the prompt; issue 17). The count is e->is_prompt's. */
-static int64_t prompt_entries(const engine *e, const int32_t *idx, int64_t n) {
-    int64_t count = 0;
-    if (e->src->n_turns > n) { /* more turns than entries: the per-entry count is cheaper */
-        for (int64_t j = 0; j < n; j++) count += e->is_prompt[idx[j]];
-        return count;
-    }
-    for (int64_t tk = 0; tk < e->src->n_turns; tk++) {
-        const kvs_turn *turn = &e->src->turns[tk];
-        if (turn->prompt_end <= turn->begin) continue;
-        count += lower_bound_pos(idx, n, turn->prompt_end) - lower_bound_pos(idx, n, turn->begin);
-    }
-    return count;
-}
-
-/* Validates a selection (positions in [0, p], distinct, at least one, within budget) and stored()'s positions (in
- * [0, p]: they index the marks), notes in has_merged[li] whether list li holds a merged slot, and counts what the
- * default accounting needs (policy.h, kvs_policy_cost): *kv_slots = sum over lists of |stored() ∪ S_t|, *dedup =
- * |the union of those across lists|. One pass over each list does all three (issue 17: the check, the merged
- * scan and the accounting were three passes, ~6% of a sweep). The counts are integers, exact in fp64 whatever
- * the order, so the same numbers.
- * Marks are stamps (t->in_list: in the current list's resident set, a repeat within S_t is a duplicate;
- * t->in_union: counted in the union): a new list or check takes a new stamp, so none is ever cleared (the passes
- * that cleared them had about a fifth of the check's profile samples), and an error leaves nothing behind.
- * What is skipped when it cannot change a result (issue 17, sim/BENCH.md "Eighth pass (b)"): a plain list
- * (kvs_math_kernels' list_plain: ascending, in range, no merged slot; no store, so vector code) needs no
- * per-entry check and, without stored(), no mark at all; nor does a plain list whose stored() set is the same
- * entries in the same order (no position to add); the union marks are kept only with stored() and more than one
- * list (one list's union is its own count; without stored() both counts are p + 1). */
+/* The selection check of configuration ci at KV head h (kvs_host_check_sel, its budget after the allocation pass);
+ * t->plain[li] says which lists are plain (strictly ascending in [0, p], no merged slot). */
 static kvs_status check_sel(task *t, int ci, int h, const struct kvs_policy_ops *ops, void *state,
                             const kvs_policy_sel *sel, int64_t p, int *has_merged, double *kv_slots, double *dedup) {
     engine *e = t->e;
     int c = t->c_lo + ci;
-    const kvs_replay_config *rc = &e->o->configs[c];
-    int64_t budget = e->budgets[(size_t)c * (size_t)e->L * (size_t)e->Hkv + (size_t)t->layer * (size_t)e->Hkv + (size_t)h];
-    uint32_t *in_list = t->in_list, *in_union = t->in_union;
-    int need_union = ops->stored && sel->n_lists > 1;
-    uint32_t us = need_union ? next_stamp(&t->union_stamp, in_union, (size_t)e->N) : 0;
-    int count_prompt = rc->policy.ops->budget_scope == KVS_BUDGET_PROMPT;
-    int64_t n_union = 0;
-    double slots = 0;
-    kvs_status st = KVS_OK;
-    for (int li = 0; li < sel->n_lists && st == KVS_OK; li++) {
-        int64_t n = sel->n[li], n_prompt = 0, j = 0;
-        const int32_t *idx = sel->idx[li];
-        const float *const *row_k = sel->row_k[li], *const *row_v = sel->row_v[li];
-        int merged = 0, stored_asked = 0, stored_is_list = 0;
-        int64_t ms = 0; /* stored()'s count */
-        uint32_t ls = ops->stored ? next_stamp(&t->list_stamp, in_list, (size_t)e->N) : 0;
-        t->plain[li] = 0;
-        if (n < 1 || n > p + 1)
-            st = kvs_fail(KVS_ERR_STATE, "policy %s selected %lld positions at position %lld", rc->policy.ops->name,
-                          (long long)n, (long long)p);
-        else if (kvs_math_kernels_active()->list_plain(idx, (const void *const *)row_k, (const void *const *)row_v,
-                                                       (size_t)n, p)) {
-            t->plain[li] = 1;
-            if (ops->stored) { /* asked here (a plain list passes the check): the same entries in the same order
-                                * (evicting policies attend what they keep) add nothing and need no marks */
-                ms = ops->stored(state, li, t->stored);
-                stored_asked = 1;
-                stored_is_list = ms == n && !memcmp(t->stored, idx, (size_t)n * sizeof *idx);
-                for (j = 0; !stored_is_list && j < n; j++) in_list[idx[j]] = ls;
-            }
-            if (need_union)
-                for (j = 0; j < n; j++) {
-                    n_union += in_union[idx[j]] != us;
-                    in_union[idx[j]] = us;
-                }
-            if (count_prompt) n_prompt = prompt_entries(e, idx, n);
-            j = n; /* the per-entry pass below has nothing to do */
-        } else if (!ops->stored)
-            ls = next_stamp(&t->list_stamp, in_list, (size_t)e->N); /* the duplicate check's marks */
-        for (; st == KVS_OK && j < n; j++) {
-            int32_t x = idx[j];
-            int has_k = row_k[j] != NULL;
-            if (x < 0 || x > p)
-                st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d at position %lld (future or invalid)",
-                              rc->policy.ops->name, (int)x, (long long)p);
-            else if (in_list[x] == ls)
-                st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d twice", rc->policy.ops->name, (int)x);
-            else if (has_k != (row_v[j] != NULL))
-                st = kvs_fail(KVS_ERR_STATE, "policy %s gave a merged slot at position %d with only one of its K/V rows",
-                              rc->policy.ops->name, (int)x);
-            else {
-                if (need_union) {
-                    n_union += in_union[x] != us;
-                    in_union[x] = us;
-                }
-                in_list[x] = ls;
-                if (count_prompt) n_prompt += e->is_prompt[x];
-                merged |= has_k;
-            }
-        }
-        has_merged[li] = merged;
-        if (st == KVS_OK && ops->stored) {
-            int64_t extra = 0;
-            if (!stored_asked) ms = ops->stored(state, li, t->stored);
-            for (int64_t k = 0; !stored_is_list && k < ms && st == KVS_OK; k++) {
-                int32_t x = t->stored[k];
-                if (x < 0 || x > p)
-                    st = kvs_fail(KVS_ERR_STATE, "policy %s stored position %d at position %lld (future or invalid)",
-                                  rc->policy.ops->name, (int)x, (long long)p);
-                else if (in_list[x] != ls) {
-                    extra++;
-                    in_list[x] = ls;
-                    if (need_union) {
-                        n_union += in_union[x] != us;
-                        in_union[x] = us;
-                    }
-                }
-            }
-            slots += (double)(n + extra);
-        }
-        if (st != KVS_OK) break;
-        kvs_policy_budget_scope scope = rc->policy.ops->budget_scope;
-        if (scope == KVS_BUDGET_EVERY_STEP && n > budget)
-            st = kvs_fail(KVS_ERR_STATE, "policy %s attended %lld positions over its budget %lld at position %lld",
-                          rc->policy.ops->name, (long long)n, (long long)budget, (long long)p);
-        else if (scope == KVS_BUDGET_PROMPT && n_prompt > budget)
-            st = kvs_fail(KVS_ERR_STATE, "policy %s kept %lld prompt positions over its budget %lld",
-                          rc->policy.ops->name, (long long)n_prompt, (long long)budget);
-    }
-    if (!ops->stored) {
-        *kv_slots = *dedup = (double)(p + 1); /* every position seen, stored once */
-    } else {
-        *kv_slots = slots;
-        *dedup = need_union ? (double)n_union : slots; /* one list: its union is its own count */
-    }
-    return st;
-}
-
-/* The default accounting of a decode step (policy.h, kvs_policy_cost): KV of stored() ∪ S_t per list
- * (kv_slots) and their union across lists (dedup), both counted by check_sel; attended reads, the new token's
- * write. */
-static void default_cost(task *t, const kvs_policy_sel *sel, double kv_slots, double dedup, kvs_policy_cost *c) {
-    const kvs_policy_model *m = &t->e->src->model;
-    double attended = 0;
-    for (int li = 0; li < sel->n_lists; li++) attended += (double)sel->n[li];
-    memset(c, 0, sizeof *c);
-    c->kv_bytes = kvs_policy_kv_bytes(m, kv_slots);
-    c->dedup_kv_bytes = kvs_policy_kv_bytes(m, dedup);
-    c->read_kv_bytes = kvs_policy_kv_bytes(m, attended);
-    c->write_bytes = kvs_policy_kv_bytes(m, (double)sel->n_lists);
-    c->storage_bytes = c->kv_bytes;
-    c->traffic_bytes = c->read_kv_bytes;
-    c->transfer_bytes = 0;
-}
-
-/* After account(): a v1 policy that changed only a total has the difference attributed (policy.h); then
- * the totals are re-derived from the classes so they always agree. */
-static void settle_cost(const kvs_policy_cost *before, kvs_policy_cost *c) {
-    if (c->storage_bytes != before->storage_bytes && c->kv_bytes == before->kv_bytes &&
-        c->aux_bytes == before->aux_bytes) {
-        double diff = c->storage_bytes - before->storage_bytes;
-        if (diff >= 0) c->aux_bytes += diff;
-        else c->kv_bytes += diff;
-    }
-    if (c->traffic_bytes != before->traffic_bytes && c->read_kv_bytes == before->read_kv_bytes &&
-        c->read_aux_bytes == before->read_aux_bytes) {
-        double diff = c->traffic_bytes - before->traffic_bytes;
-        if (diff >= 0) c->read_aux_bytes += diff;
-        else c->read_kv_bytes += diff;
-    }
-    if (c->transfer_bytes != before->transfer_bytes && c->h2d_bytes == before->h2d_bytes &&
-        c->d2h_bytes == before->d2h_bytes)
-        c->h2d_bytes += c->transfer_bytes - before->transfer_bytes;
-    if (c->dedup_kv_bytes > c->kv_bytes) c->dedup_kv_bytes = c->kv_bytes;
-    if (c->read_aux_unfused_bytes < c->read_aux_bytes) c->read_aux_unfused_bytes = c->read_aux_bytes;
-    c->storage_bytes = c->kv_bytes + c->aux_bytes;
-    c->traffic_bytes = c->read_kv_bytes + c->read_aux_bytes;
-    c->transfer_bytes = c->h2d_bytes + c->d2h_bytes;
+    int64_t budget = e->budgets[((size_t)c * (size_t)e->L + (size_t)t->layer) * (size_t)e->Hkv + (size_t)h];
+    return kvs_host_check_sel(t->check, ops, state, sel, p, budget, has_merged, t->plain, kv_slots, dedup);
 }
 
 /* 1 when list li of sel is the whole prefix 0..p in order and the full reference of p is at hand: its
@@ -967,11 +727,8 @@ static kvs_status head_finish(task *t, int ci, int h, int64_t p, int measured, c
     void *state = config_states(t, ci)[h];
     const kvs_policy_view *view = config_views(t, ops) + h;
     kvs_status st = KVS_OK;
-    kvs_policy_cost cost, before;
-    default_cost(t, sel, kv_slots, dedup, &cost);
-    before = cost;
-    if (ops->account) ops->account(state, view, sel, &cost);
-    settle_cost(&before, &cost);
+    kvs_policy_cost cost;
+    kvs_host_cost(ops, state, &e->src->model, view, sel, kv_slots, dedup, &cost);
     if (measured)
         st = measure_heads(t, ci, h, 0, e->G, p, sel->n_lists, (const int32_t *const *)sel->idx, sel->n, has_merged,
                            (const float *const *const *)sel->row_k, out, &cost, prefix);
@@ -1469,8 +1226,17 @@ cleanup:
     return st;
 }
 
-static void *worker(void *arg) {
-    engine *e = arg;
+typedef struct {
+    engine *e;
+    int max_workers; /* no more workers than tasks */
+} replay_job;
+
+/* Takes tasks one at a time until none is left or one failed (e->fatal). */
+static void replay_worker(void *arg, int worker_index, int n_workers) {
+    (void)n_workers;
+    replay_job *job = arg;
+    engine *e = job->e;
+    if (worker_index >= job->max_workers) return;
     for (int k; (k = claim_next(e, &e->next_task, e->n_tasks)) >= 0;) {
         int layer = k / e->n_groups, grp = k % e->n_groups;
         int nc = e->o->n_configs;
@@ -1479,7 +1245,6 @@ static void *worker(void *arg) {
         kvs_status st = run_task(e, k, layer, c_lo, c_hi);
         if (st != KVS_OK) set_fatal(e, st);
     }
-    return NULL;
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -1495,14 +1260,10 @@ static kvs_status allocation_pass(engine *e) {
     kvs_status st = KVS_OK;
     int any = 0;
     for (int c = 0; c < o->n_configs; c++) {
-        for (size_t i = 0; i < per; i++) e->budgets[(size_t)c * per + i] = o->configs[c].budget;
-        const struct kvs_policy_ops *ops = o->configs[c].policy.ops;
-        if (!ops->alloc_begin) continue;
-        any = 1;
-        if ((st = ops->alloc_begin(&o->configs[c].policy, &e->src->model, o->configs[c].budget, &alloc[c])) != KVS_OK) {
-            fail_config(e, c, 0, st);
-            alloc[c] = NULL;
-        }
+        kvs_status cs = kvs_host_alloc_begin(&o->configs[c].policy, &e->src->model, o->configs[c].budget,
+                                             e->budgets + (size_t)c * per, &alloc[c]);
+        if (cs != KVS_OK) fail_config(e, c, 0, cs);
+        any |= alloc[c] != NULL;
     }
     int64_t P = e->src->n_turns > 0 ? e->src->turns[0].prompt_end : 0;
     if (!any || P <= 0) goto finish;
@@ -1546,14 +1307,8 @@ static kvs_status allocation_pass(engine *e) {
 finish:
     for (int c = 0; c < o->n_configs; c++) {
         if (!alloc[c] || atomic_load(&e->cfg_failed[c])) continue;
-        int64_t *b = e->budgets + (size_t)c * per;
-        kvs_status cs = o->configs[c].policy.ops->alloc_end(alloc[c], b);
-        for (size_t i = 0; cs == KVS_OK && i < per; i++)
-            if (b[i] < 1)
-                cs = kvs_fail(KVS_ERR_STATE, "policy %s allocated budget %lld to (layer %zu, kv head %zu)",
-                              o->configs[c].policy.ops->name, (long long)b[i], i / (size_t)e->Hkv, i % (size_t)e->Hkv);
-        if (cs == KVS_OK && o->configs[c].policy.ops->alloc_shared)
-            e->shared[c] = o->configs[c].policy.ops->alloc_shared(alloc[c]);
+        kvs_status cs = kvs_host_alloc_end(&o->configs[c].policy, &e->src->model, alloc[c],
+                                           e->budgets + (size_t)c * per, &e->shared[c]);
         if (cs != KVS_OK) fail_config(e, c, 0, cs);
     }
     st = KVS_OK;
@@ -1681,16 +1436,20 @@ typedef struct {
     engine *e;
     kvs_replay_result *r;
     atomic_int next_run;
+    int max_workers;
 } results_job;
 
-/* Takes runs one at a time until none is left or one failed (e->fatal, with its detail). */
-static void *results_worker(void *arg) {
+/* Takes runs one at a time until none is left or one failed (e->fatal, with its detail); workers past max_workers
+ * take none (each sorting worker holds its own statistics memory). */
+static void results_worker(void *arg, int worker_index, int n_workers) {
+    (void)n_workers;
     results_job *j = arg;
     engine *e = j->e;
+    if (worker_index >= j->max_workers) return;
     kvs_sample_set **sets = calloc((size_t)e->L, sizeof *sets);
     if (!sets) {
         set_fatal(e, kvs_fail(KVS_ERR_NOMEM, "replay: out of memory for aggregates"));
-        return NULL;
+        return;
     }
     for (int c; (c = claim_next(e, &j->next_run, e->o->n_configs)) >= 0;) {
         kvs_status st = build_run(e, &j->r->runs[c], c, sets);
@@ -1700,23 +1459,15 @@ static void *results_worker(void *arg) {
         }
     }
     free(sets);
-    return NULL;
 }
 
-/* Every run's result, the runs shared out between `threads` threads (this one among them): the exact statistics
- * sort every metric's samples, a serial tail after the replay that took 6% of `bench_speed sweep`'s CPU time
- * (issue 17). Each thread's statistics use up to the spills' stats memory (KVS_SAMPLE_STATS_MEMORY_DEFAULT). */
-static kvs_status build_results(engine *e, kvs_replay_result *r, int threads) {
-    results_job j = {.e = e, .r = r};
+/* Every run's result, the runs shared out among the pool's workers: the exact statistics sort every metric's
+ * samples, which is worth doing in parallel after the replay. At most 64 sort at once, each with up to the spills'
+ * stats memory (KVS_SAMPLE_STATS_MEMORY_DEFAULT). */
+static kvs_status build_results(engine *e, kvs_replay_result *r, kvs_threadpool *pool) {
+    results_job j = {.e = e, .r = r, .max_workers = 64};
     atomic_init(&j.next_run, 0);
-    if (threads > e->o->n_configs) threads = e->o->n_configs;
-    pthread_t th[64]; /* at most 64 sorting at once: each holds its own statistics memory */
-    int n_started = 0;
-    if (threads > 64) threads = 64;
-    for (; n_started < threads - 1; n_started++)
-        if (pthread_create(&th[n_started], NULL, results_worker, &j) != 0) break;
-    results_worker(&j);
-    for (int i = 0; i < n_started; i++) pthread_join(th[i], NULL);
+    kvs_threadpool_run(pool, results_worker, &j);
     if (e->fatal != KVS_OK) return kvs_fail(e->fatal, "%s", e->fatal_msg);
     return KVS_OK;
 }
@@ -1733,22 +1484,25 @@ kvs_status kvs_replay_execute(const kvs_replay_source *src, const kvs_replay_opt
     e.N = src->model.n_positions;
     pthread_mutex_init(&e.mu, NULL);
     kvs_replay_result *r = NULL;
-    pthread_t *th = NULL;
-    int n_started = 0;
+    kvs_threadpool *pool = NULL;
     e.is_prompt = calloc((size_t)e.N, 1);
     e.budgets = calloc((size_t)o->n_configs * (size_t)e.L * (size_t)e.Hkv, sizeof(int64_t));
     e.acc = calloc((size_t)o->n_configs * (size_t)e.L, sizeof *e.acc);
     e.cfg_failed = calloc((size_t)o->n_configs, sizeof *e.cfg_failed);
     e.alloc = calloc((size_t)o->n_configs, sizeof *e.alloc);
     e.shared = calloc((size_t)o->n_configs, sizeof *e.shared);
+    e.run_seed = calloc((size_t)o->n_configs, sizeof *e.run_seed);
     r = calloc(1, sizeof *r);
     if (r) r->runs = calloc((size_t)o->n_configs, sizeof *r->runs);
-    if (!e.is_prompt || !e.budgets || !e.acc || !e.cfg_failed || !e.alloc || !e.shared || !r || !r->runs) {
+    if (!e.is_prompt || !e.budgets || !e.acc || !e.cfg_failed || !e.alloc || !e.shared || !e.run_seed || !r || !r->runs) {
         st = kvs_fail(KVS_ERR_NOMEM, "replay: out of memory");
         goto cleanup;
     }
     r->n_runs = o->n_configs;
-    for (int c = 0; c < o->n_configs; c++) atomic_init(&e.cfg_failed[c], 0);
+    for (int c = 0; c < o->n_configs; c++) {
+        atomic_init(&e.cfg_failed[c], 0);
+        e.run_seed[c] = kvs_host_run_seed(src->content_hash, &o->configs[c].policy, o->configs[c].budget, &src->model);
+    }
     for (int64_t i = 0; i < src->n_turns; i++) {
         const kvs_turn *t = &src->turns[i];
         if (t->prompt_end - t->begin > e.max_prompt) e.max_prompt = t->prompt_end - t->begin;
@@ -1770,24 +1524,17 @@ kvs_status kvs_replay_execute(const kvs_replay_source *src, const kvs_replay_opt
     atomic_init(&e.next_task, 0);
     atomic_init(&e.steps_done, 0);
     atomic_init(&e.last_progress_us, (long long)(kvs_now_s() * 1e6));
-    if (threads <= 1) {
-        worker(&e);
-    } else {
-        th = calloc((size_t)threads, sizeof *th);
-        if (!th) {
-            st = kvs_fail(KVS_ERR_NOMEM, "replay: out of memory");
-            goto cleanup;
-        }
-        for (; n_started < threads; n_started++)
-            if (pthread_create(&th[n_started], NULL, worker, &e) != 0) break;
-        if (n_started == 0) worker(&e); /* could not start any thread: do the work here */
-        for (int i = 0; i < n_started; i++) pthread_join(th[i], NULL);
+    /* one pool for the replay and the statistics after it; without threads the work runs here */
+    if (all_threads > 1 && kvs_threadpool_create(all_threads, &pool) != KVS_OK) pool = NULL;
+    {
+        replay_job job = {.e = &e, .max_workers = threads};
+        kvs_threadpool_run(pool, replay_worker, &job);
     }
     if (e.fatal != KVS_OK) {
         st = kvs_fail(e.fatal, "%s", e.fatal_msg);
         goto cleanup;
     }
-    KVS_TRY(st = build_results(&e, r, all_threads));
+    KVS_TRY(st = build_results(&e, r, pool));
     *out = r;
     r = NULL;
 cleanup:
@@ -1802,10 +1549,11 @@ cleanup:
     free(e.cfg_failed);
     if (e.alloc)
         for (int c = 0; c < o->n_configs; c++)
-            if (e.alloc[c]) o->configs[c].policy.ops->alloc_free(e.alloc[c]);
+            kvs_host_alloc_free(&o->configs[c].policy, e.alloc[c]);
     free(e.alloc);
     free((void *)e.shared);
-    free(th);
+    free(e.run_seed);
+    kvs_threadpool_free(pool);
     pthread_mutex_destroy(&e.mu);
     kvs_replay_result_free(r);
     return st;
@@ -1849,7 +1597,7 @@ kvs_status kvs_replay_source_from_trace(const kvs_trace *t, kvs_replay_source *o
     out->stream_next = trace_next_cb;
     out->stream_free = trace_free_cb;
     out->kv_dtype = info->capture.dtype;
-    return KVS_OK;
+    return kvs_trace_content_sha256(t, out->content_hash);
 }
 
 /* ------------------------------------------------------------------------------------------------

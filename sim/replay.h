@@ -60,6 +60,9 @@ typedef struct {
      * KVS_DTYPE_BF16 lets the engine keep the history in that form for the attention kernels (see
      * kvs_replay_opts.kv16); 0 (KVS_DTYPE_F32, what a zeroed source says) = plain floats. A trace's dtype. */
     int32_t kv_dtype;
+    /* The input's content hash (kvs_trace_content_sha256 for a trace), "" when unknown: part of every run's
+     * identity, from which randomised policies are seeded (kvs_host_run_seed). */
+    char content_hash[65];
 } kvs_replay_source;
 
 /* Hooks for tests and analyses (NULL in a plain replay; analysis/keys.c reads the keys a policy retains

@@ -368,6 +368,44 @@ static void test_runs_csv_summary_has_one_run_wide_row_per_run(void **state) {
     assert_contains(c->err, "--summary goes with --csv");
 }
 
+/* A randomised policy's run is the same run in any invocation: Keyformer alone in one shard and after the window
+ * in another (through another spelling of the trace's path) gives the same numbers, so `kvsim merge` takes the two
+ * shards as one run instead of refusing a conflicting duplicate. */
+static void test_randomised_run_same_in_any_shard(void **state) {
+    ctx *c = *state;
+    char a[160], b[160], merged[160], dotted[160];
+    snprintf(a, sizeof a, "%s/a.db", c->dir);
+    snprintf(b, sizeof b, "%s/b.db", c->dir);
+    snprintf(merged, sizeof merged, "%s/m.db", c->dir);
+    snprintf(dotted, sizeof dotted, "%s/./t.kvt", c->dir);
+    assert_int_equal(run(c, "replay", c->trace, "--db", a, "--policy", "keyformer", "--budgets", "8", "--no-progress"),
+                     0);
+    assert_int_equal(run(c, "replay", dotted, "--db", b, "--policy", "window", "--policy", "keyformer", "--budgets",
+                         "8", "--no-progress", "--threads", "2"),
+                     0);
+    const char *metrics[] = {"out_err", "attn_recall", "topk_overlap", "storage_bytes"};
+    const char *stats[] = {"mean", "p50", "p95", "max"};
+    double va[4][4];
+    for (int side = 0; side < 2; side++) {
+        assert_int_equal(run(c, "runs", side ? b : a, "--all", "--json"), 0);
+        kvs_json *root = NULL;
+        assert_int_equal(kvs_json_parse(c->out, strlen(c->out), &root), KVS_OK);
+        const kvs_json *kf = find_run(root, "keyformer", 8);
+        assert_non_null(kf);
+        for (int m = 0; m < 4; m++)
+            for (int k = 0; k < 4; k++) {
+                double v = kvs_json_number(kvs_json_get(kvs_json_get(kvs_json_get(kf, "metrics"), metrics[m]), stats[k]));
+                if (side == 0) va[m][k] = v;
+                else if (v != va[m][k]) fail_msg("keyformer %s %s: %.17g alone, %.17g in a sweep", metrics[m], stats[k], va[m][k], v);
+            }
+        kvs_json_free(root);
+    }
+    assert_int_equal(run(c, "merge", merged, a, b), 0);
+    assert_int_equal(run(c, "runs", merged, "--csv", "--summary"), 0);
+    assert_int_equal(count_of(c->out, "\nkeyformer,"), 1);
+    assert_int_equal(count_of(c->out, "\nwindow,"), 1);
+}
+
 static void test_no_wal_or_shm_left_behind(void **state) {
     ctx *c = *state;
     assert_int_equal(run(c, "replay", c->trace, "--db", c->db, "--policy", "window", "--budgets", "8,16",
@@ -430,6 +468,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_sigterm_records_every_run_as_interrupted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replay_summary_is_the_runs_table, setup, teardown),
         cmocka_unit_test_setup_teardown(test_runs_csv_summary_has_one_run_wide_row_per_run, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_randomised_run_same_in_any_shard, setup, teardown),
         cmocka_unit_test_setup_teardown(test_no_wal_or_shm_left_behind, setup, teardown),
         cmocka_unit_test_setup_teardown(test_policies_lists_every_policy_and_parameter, setup, teardown),
     };

@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../sim/host.h"
 #include "../sim/policy.h"
 #include "../sim/replay.h"
 #include "../sim/replay_mem.h"
@@ -33,8 +34,8 @@ static void fixture_make(fixture *f, int n_turns, int n_pos) {
 
 static void fixture_free(fixture *f) { kvs_test_replay_fixture_free(f); }
 
-static kvs_replay_result *replay(const fixture *f, const char *const *specs, const int64_t *budgets, int n,
-                                 kvs_replay_measure measure, int threads) {
+static kvs_replay_result *replay_hash(const fixture *f, const char *const *specs, const int64_t *budgets, int n,
+                                      kvs_replay_measure measure, int threads, const char *content_hash) {
     kvs_replay_config cfg[16];
     assert_true(n <= 16);
     for (int i = 0; i < n; i++) {
@@ -44,11 +45,17 @@ static kvs_replay_result *replay(const fixture *f, const char *const *specs, con
     }
     kvs_replay_source src;
     assert_int_equal(kvs_replay_source_from_memory(&f->mem, &src), KVS_OK);
+    snprintf(src.content_hash, sizeof src.content_hash, "%s", content_hash);
     kvs_replay_opts o = {.configs = cfg, .n_configs = n, .threads = threads, .measure = measure, .series_every = 1};
     kvs_replay_result *r = NULL;
     assert_int_equal(kvs_replay_execute(&src, &o, &r), KVS_OK);
     for (int i = 0; i < n; i++) assert_int_equal(r->runs[i].status, KVS_OK);
     return r;
+}
+
+static kvs_replay_result *replay(const fixture *f, const char *const *specs, const int64_t *budgets, int n,
+                                 kvs_replay_measure measure, int threads) {
+    return replay_hash(f, specs, budgets, n, measure, threads, "");
 }
 
 static void test_full_and_wide_window_have_zero_error(void **state) {
@@ -137,6 +144,53 @@ static void test_sweep_equals_individual_runs(void **state) {
         kvs_replay_result_free(all);
     }
     fixture_free(&f);
+}
+
+
+/* A randomised policy's numbers are the run's own: seeded from its identity (content hash, canonical spec, budget,
+ * element sizes) and the (layer, KV head), never from its place among the sweep's configurations. Keyformer (Gumbel
+ * noise) alone and after other configurations, at several thread counts, gives the same bits; another content hash
+ * or budget draws other noise. */
+static void test_randomised_policy_seeded_by_run_identity(void **state) {
+    (void)state;
+    fixture f;
+    fixture_make(&f, 1, 64);
+    const char *alone[] = {"keyformer"};
+    const int64_t b_alone[] = {9};
+    const char *among[] = {"window", "h2o", "keyformer", "keyformer:noise=none"};
+    const int64_t b_among[] = {9, 9, 9, 9};
+    kvs_replay_result *one = replay_hash(&f, alone, b_alone, 1, KVS_MEASURE_DECODE, 1, "hash-a");
+    for (int threads = 1; threads <= 4; threads += 3) {
+        kvs_replay_result *all = replay_hash(&f, among, b_among, 4, KVS_MEASURE_DECODE, threads, "hash-a");
+        assert_agg_same(&one->runs[0].run_agg, &all->runs[2].run_agg);
+        for (int l = 0; l < one->runs[0].n_layers; l++)
+            assert_agg_same(&one->runs[0].layer_aggs[l], &all->runs[2].layer_aggs[l]);
+        kvs_replay_result_free(all);
+    }
+    /* the noise matters on this trace, so a seed that ignored the identity would show */
+    kvs_replay_result *other = replay_hash(&f, alone, b_alone, 1, KVS_MEASURE_DECODE, 1, "hash-b");
+    assert_true(other->runs[0].run_agg.out_err.mean != one->runs[0].run_agg.out_err.mean);
+    kvs_replay_result_free(other);
+    kvs_replay_result_free(one);
+    fixture_free(&f);
+
+    /* the seed itself: a function of the identity's fields and nothing else */
+    kvs_policy_config a, b;
+    assert_int_equal(kvs_policy_parse("keyformer", &a), KVS_OK);
+    assert_int_equal(kvs_policy_parse("keyformer:tau_init=1", &b), KVS_OK); /* the default spelled out */
+    kvs_policy_model m = {.n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .group = 2, .head_dim = 16, .kv_bytes = 2,
+                          .aux_bytes = 4};
+    uint64_t s0 = kvs_host_run_seed("h", &a, 16, &m);
+    assert_true(s0 == kvs_host_run_seed("h", &b, 16, &m)); /* same canonical spec */
+    assert_true(s0 != kvs_host_run_seed("g", &a, 16, &m));
+    assert_true(s0 != kvs_host_run_seed("h", &a, 17, &m));
+    kvs_policy_model m2 = m;
+    m2.kv_bytes = 1;
+    assert_true(s0 != kvs_host_run_seed("h", &a, 16, &m2));
+    assert_int_equal(kvs_policy_parse("keyformer:noise=none", &b), KVS_OK);
+    assert_true(s0 != kvs_host_run_seed("h", &b, 16, &m));
+    assert_true(kvs_host_instance_seed(s0, 0, 1) != kvs_host_instance_seed(s0, 1, 0));
+    assert_true(kvs_host_instance_seed(s0, 0, 0) != s0);
 }
 
 static void test_measure_all_includes_prompt_positions(void **state) {
@@ -295,6 +349,7 @@ int main(void) {
         cmocka_unit_test(test_full_and_wide_window_have_zero_error),
         cmocka_unit_test(test_small_window_has_error_and_bounded_storage),
         cmocka_unit_test(test_sweep_equals_individual_runs),
+        cmocka_unit_test(test_randomised_policy_seeded_by_run_identity),
         cmocka_unit_test(test_measure_all_includes_prompt_positions),
         cmocka_unit_test(test_parse_budgets),
         cmocka_unit_test(test_validate_rejects_bad_configs),

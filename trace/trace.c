@@ -10,6 +10,7 @@
 
 #include "../common/kvs_math.h"
 #include "../common/kvs_out.h"
+#include "../common/sha256.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -1950,4 +1951,27 @@ cleanup:
     token_rows_free(&rows);
     ZSTD_freeDCtx(dctx);
     return s;
+}
+
+/* ---- content hash --------------------------------------------------------------------------------- */
+
+/* The file the handle opened, read through its own descriptor (a path renamed or replaced since the open does not
+ * change the answer). */
+kvs_status kvs_trace_content_sha256(const kvs_trace *t, char out[65]) {
+    kvs_sha256_ctx c;
+    uint8_t dig[32], buf[1 << 16];
+    kvs_sha256_init(&c);
+    for (uint64_t off = 0; off < t->file_size;) {
+        size_t want = t->file_size - off < sizeof buf ? (size_t)(t->file_size - off) : sizeof buf;
+        ssize_t got = pread(t->fd, buf, want, (off_t)off);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0)
+            return kvs_fail(KVS_ERR_IO, "%s: cannot read for its content hash: %s", t->path,
+                            got < 0 ? strerror(errno) : "unexpected end of file");
+        kvs_sha256_update(&c, buf, (size_t)got);
+        off += (uint64_t)got;
+    }
+    kvs_sha256_final(&c, dig);
+    for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", dig[i]);
+    return KVS_OK;
 }

@@ -222,6 +222,10 @@ void kvs_trace_stream_qkv_only(kvs_trace_stream *s);
 kvs_status kvs_trace_turns_from_roles(const uint8_t *roles, const int32_t *turn_of, int64_t n, kvs_turn **turns,
                                       int64_t *n_turns, int64_t *prompt_len);
 
+/*! kvs_trace_content_sha256() : the SHA-256 of the whole trace file as 64 hex digits: the trace's identity in
+ *  results (runs, merge, seeds of randomised policies), whatever path it was opened by. KVS_ERR_IO on a read error. */
+kvs_status kvs_trace_content_sha256(const kvs_trace *t, char out[65]);
+
 /*! kvs_trace_check_chunks() : reads and checksums every chunk (what `kvsim verify` does first).
  *  @return KVS_OK or the first failure, with its chunk named in the detail. */
 kvs_status kvs_trace_check_chunks(const kvs_trace *t);

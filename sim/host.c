@@ -1,0 +1,422 @@
+/* host.c — the policy host shared by every driver (host.h): seeds from the run's identity, the allocation pass,
+ * instances, the selection check, the accounting of a step and the metric formulas (../shared/DESIGN.md
+ * "Architecture", "Replay", "Metrics"; POLICY_SPEC.md §1.2, §1.5, §1.6).
+ */
+#include "host.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/kvs_math.h"
+#include "../common/kvs_math_simd.h"
+#include "../common/sha256.h"
+
+/* ------------------------------------------------------------------------------------------------
+ * Identity and seeds
+ * ---------------------------------------------------------------------------------------------- */
+
+uint64_t kvs_host_run_seed(const char *content_hash, const kvs_policy_config *cfg, int64_t budget,
+                           const kvs_policy_model *m) {
+    kvs_sha256_ctx c;
+    uint8_t dig[32];
+    char num[96];
+    kvs_sha256_init(&c);
+    /* fields separated by a byte no field contains (the canonical string has no control characters) */
+    static const char sep = '\x1f';
+    kvs_sha256_update(&c, "kvsim-run-seed", 14);
+    kvs_sha256_update(&c, &sep, 1);
+    kvs_sha256_update(&c, content_hash ? content_hash : "", content_hash ? strlen(content_hash) : 0);
+    kvs_sha256_update(&c, &sep, 1);
+    kvs_sha256_update(&c, cfg->ops->name, strlen(cfg->ops->name));
+    kvs_sha256_update(&c, &sep, 1);
+    kvs_sha256_update(&c, cfg->canonical, strlen(cfg->canonical));
+    kvs_sha256_update(&c, &sep, 1);
+    int len = snprintf(num, sizeof num, "budget=%lld,kv_bytes=%d,aux_bytes=%d", (long long)budget, (int)m->kv_bytes,
+                       (int)m->aux_bytes);
+    kvs_sha256_update(&c, num, (size_t)len);
+    kvs_sha256_final(&c, dig);
+    uint64_t s = 0;
+    for (int i = 0; i < 8; i++) s = s << 8 | dig[i];
+    return s;
+}
+
+/* splitmix64's finaliser over a pair: distinct (layer, kv_head) give unrelated streams */
+static uint64_t mix_seed(uint64_t a, uint64_t b) {
+    uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull);
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    return x;
+}
+
+uint64_t kvs_host_instance_seed(uint64_t run_seed, int layer, int kv_head) {
+    return mix_seed(mix_seed(run_seed, (uint64_t)layer), (uint64_t)kv_head);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Allocation pass and instances
+ * ---------------------------------------------------------------------------------------------- */
+
+kvs_status kvs_host_alloc_begin(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget,
+                                int64_t *budgets, void **alloc) {
+    size_t per = (size_t)m->n_layers * (size_t)m->n_kv_heads;
+    for (size_t i = 0; i < per; i++) budgets[i] = budget;
+    *alloc = NULL;
+    if (!cfg->ops->alloc_begin) return KVS_OK;
+    kvs_status st = cfg->ops->alloc_begin(cfg, m, budget, alloc);
+    if (st != KVS_OK) *alloc = NULL;
+    return st;
+}
+
+kvs_status kvs_host_alloc_end(const kvs_policy_config *cfg, const kvs_policy_model *m, void *alloc, int64_t *budgets,
+                              const void **shared) {
+    const struct kvs_policy_ops *ops = cfg->ops;
+    size_t per = (size_t)m->n_layers * (size_t)m->n_kv_heads;
+    *shared = NULL;
+    if (!alloc) return KVS_OK;
+    kvs_status st = ops->alloc_end(alloc, budgets);
+    if (st != KVS_OK) return st;
+    for (size_t i = 0; i < per; i++)
+        if (budgets[i] < 1)
+            return kvs_fail(KVS_ERR_STATE, "policy %s allocated budget %lld to (layer %zu, kv head %zu)", ops->name,
+                            (long long)budgets[i], i / (size_t)m->n_kv_heads, i % (size_t)m->n_kv_heads);
+    if (ops->alloc_shared) *shared = ops->alloc_shared(alloc);
+    return KVS_OK;
+}
+
+kvs_status kvs_host_alloc_pass(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget,
+                               kvs_host_prompt_view_fn prompt_view, void *user, int64_t *budgets, void **alloc,
+                               const void **shared) {
+    *shared = NULL;
+    kvs_status st = kvs_host_alloc_begin(cfg, m, budget, budgets, alloc);
+    if (st != KVS_OK || !*alloc) return st;
+    if (m->prompt_len > 0)
+        for (int l = 0; l < m->n_layers; l++)
+            for (int h = 0; h < m->n_kv_heads; h++) {
+                kvs_policy_view view;
+                if ((st = prompt_view(user, l, h, &view)) != KVS_OK) return st;
+                if ((st = cfg->ops->alloc_prefill(*alloc, l, h, &view)) != KVS_OK) return st;
+            }
+    return kvs_host_alloc_end(cfg, m, *alloc, budgets, shared);
+}
+
+void kvs_host_alloc_free(const kvs_policy_config *cfg, void *alloc) {
+    if (alloc && cfg->ops->alloc_free) cfg->ops->alloc_free(alloc);
+}
+
+kvs_status kvs_host_create_layer(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget_nominal,
+                                 const int64_t *budgets_layer, uint64_t run_seed, int layer, const void *shared,
+                                 void **states, int64_t *prefill_block) {
+    const struct kvs_policy_ops *ops = cfg->ops;
+    kvs_status st = KVS_OK;
+    *prefill_block = 0;
+    for (int h = 0; h < m->n_kv_heads; h++) states[h] = NULL;
+    for (int h = 0; h < m->n_kv_heads && st == KVS_OK; h++) {
+        kvs_policy_init init = {
+            .model = m, .cfg = cfg, .layer = layer, .kv_head = h, .budget = budgets_layer[h],
+            .budget_nominal = budget_nominal, .seed = kvs_host_instance_seed(run_seed, layer, h), .shared = shared,
+        };
+        st = ops->create(&init, &states[h]);
+        if (st != KVS_OK) states[h] = NULL;
+    }
+    if (st == KVS_OK && ops->prefill_block) {
+        int64_t b = ops->prefill_block(states[0]);
+        if (b < 0) st = kvs_fail(KVS_ERR_STATE, "policy %s asked for prefill blocks of %lld positions", ops->name,
+                                 (long long)b);
+        else *prefill_block = b;
+    }
+    if (st != KVS_OK) kvs_host_free_layer(cfg, states, m->n_kv_heads);
+    return st;
+}
+
+void kvs_host_free_layer(const kvs_policy_config *cfg, void **states, int n_kv_heads) {
+    for (int h = 0; h < n_kv_heads; h++) {
+        cfg->ops->free(states[h]);
+        states[h] = NULL;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Selection check
+ * ---------------------------------------------------------------------------------------------- */
+
+struct kvs_host_check {
+    int64_t n_positions;
+    const kvs_turn *turns;   /* borrowed */
+    int64_t n_turns;
+    uint8_t *is_prompt;      /* [n_positions] */
+    int32_t *stored;         /* [n_positions] stored()'s answer */
+    uint32_t *in_list;       /* [n_positions] == list_stamp: in the current list's resident set */
+    uint32_t *in_union;      /* [n_positions] == union_stamp: counted in the union across lists */
+    uint32_t list_stamp, union_stamp;
+};
+
+kvs_status kvs_host_check_create(int64_t n_positions, const kvs_turn *turns, int64_t n_turns, int max_lists,
+                                 kvs_host_check **out) {
+    (void)max_lists;
+    *out = NULL;
+    if (n_positions < 1 || n_positions > INT32_MAX) return kvs_fail(KVS_ERR_INVALID_ARG, "host: bad position count");
+    kvs_host_check *hc = calloc(1, sizeof *hc);
+    if (!hc) return kvs_fail(KVS_ERR_NOMEM, "host: out of memory");
+    size_t n = (size_t)n_positions;
+    hc->n_positions = n_positions;
+    hc->turns = turns;
+    hc->n_turns = n_turns;
+    hc->is_prompt = calloc(n, 1);
+    hc->stored = malloc(n * sizeof *hc->stored);
+    hc->in_list = calloc(n, sizeof *hc->in_list);
+    hc->in_union = calloc(n, sizeof *hc->in_union);
+    if (!hc->is_prompt || !hc->stored || !hc->in_list || !hc->in_union) {
+        kvs_host_check_free(hc);
+        return kvs_fail(KVS_ERR_NOMEM, "host: out of memory for the selection check");
+    }
+    for (int64_t tk = 0; tk < n_turns; tk++)
+        for (int64_t p = turns[tk].begin; p < turns[tk].prompt_end && p < n_positions; p++)
+            if (p >= 0) hc->is_prompt[p] = 1;
+    *out = hc;
+    return KVS_OK;
+}
+
+void kvs_host_check_free(kvs_host_check *hc) {
+    if (!hc) return;
+    free(hc->is_prompt);
+    free(hc->stored);
+    free(hc->in_list);
+    free(hc->in_union);
+    free(hc);
+}
+
+/* The next stamp of a mark array: after 2^32 - 1 stamps the array is cleared and they start again. */
+static inline uint32_t next_stamp(uint32_t *stamp, uint32_t *marks, size_t n) {
+    if (++*stamp == 0) {
+        memset(marks, 0, n * sizeof *marks);
+        *stamp = 1;
+    }
+    return *stamp;
+}
+
+/* The first j with idx[j] >= x in the ascending idx[0..n), or n. */
+static int64_t lower_bound_pos(const int32_t *idx, int64_t n, int64_t x) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (idx[mid] < x) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* The prompt positions among an ascending list: per turn, two binary searches (a per-entry count was a sixth of
+ * the check's time for prompt-only policies), or the per-entry count when there are more turns than entries. */
+static int64_t prompt_entries(const kvs_host_check *hc, const int32_t *idx, int64_t n) {
+    int64_t count = 0;
+    if (hc->n_turns > n) {
+        for (int64_t j = 0; j < n; j++) count += hc->is_prompt[idx[j]];
+        return count;
+    }
+    for (int64_t tk = 0; tk < hc->n_turns; tk++) {
+        const kvs_turn *turn = &hc->turns[tk];
+        if (turn->prompt_end <= turn->begin) continue;
+        count += lower_bound_pos(idx, n, turn->prompt_end) - lower_bound_pos(idx, n, turn->begin);
+    }
+    return count;
+}
+
+/* One pass over each list checks it, finds its merged slots and counts what the default accounting needs. Marks
+ * are stamps (in_list: in the current list's resident set, so a repeat within S_t is a duplicate; in_union: counted
+ * in the union), so none is ever cleared and an error leaves nothing behind. What cannot change a result is skipped:
+ * a plain list (list_plain: ascending, in range, no merged slot) needs no per-entry check and, without stored(), no
+ * mark at all; nor does a plain list whose stored() set is the same entries in the same order; the union marks are
+ * kept only with stored() and more than one list (one list's union is its own count; without stored() both counts
+ * are p + 1). The counts are integers, exact in fp64 whatever the order. */
+kvs_status kvs_host_check_sel(kvs_host_check *hc, const struct kvs_policy_ops *ops, void *state,
+                              const kvs_policy_sel *sel, int64_t p, int64_t budget, int *has_merged, uint8_t *plain,
+                              double *kv_slots, double *dedup) {
+    uint32_t *in_list = hc->in_list, *in_union = hc->in_union;
+    size_t N = (size_t)hc->n_positions;
+    int need_union = ops->stored && sel->n_lists > 1;
+    uint32_t us = need_union ? next_stamp(&hc->union_stamp, in_union, N) : 0;
+    int count_prompt = ops->budget_scope == KVS_BUDGET_PROMPT;
+    int64_t n_union = 0;
+    double slots = 0;
+    kvs_status st = KVS_OK;
+    if (p < 0 || p >= hc->n_positions) return kvs_fail(KVS_ERR_STATE, "host: position %lld out of range", (long long)p);
+    for (int li = 0; li < sel->n_lists && st == KVS_OK; li++) {
+        int64_t n = sel->n[li], n_prompt = 0, j = 0;
+        const int32_t *idx = sel->idx[li];
+        const float *const *row_k = sel->row_k[li], *const *row_v = sel->row_v[li];
+        int merged = 0, stored_asked = 0, stored_is_list = 0;
+        int64_t ms = 0; /* stored()'s count */
+        uint32_t ls = ops->stored ? next_stamp(&hc->list_stamp, in_list, N) : 0;
+        plain[li] = 0;
+        if (n < 1 || n > p + 1)
+            st = kvs_fail(KVS_ERR_STATE, "policy %s selected %lld positions at position %lld", ops->name, (long long)n,
+                          (long long)p);
+        else if (kvs_math_kernels_active()->list_plain(idx, (const void *const *)row_k, (const void *const *)row_v,
+                                                       (size_t)n, p)) {
+            plain[li] = 1;
+            if (ops->stored) { /* evicting policies attend what they keep: the same entries add nothing */
+                ms = ops->stored(state, li, hc->stored);
+                stored_asked = 1;
+                stored_is_list = ms == n && !memcmp(hc->stored, idx, (size_t)n * sizeof *idx);
+                for (j = 0; !stored_is_list && j < n; j++) in_list[idx[j]] = ls;
+            }
+            if (need_union)
+                for (j = 0; j < n; j++) {
+                    n_union += in_union[idx[j]] != us;
+                    in_union[idx[j]] = us;
+                }
+            if (count_prompt) n_prompt = prompt_entries(hc, idx, n);
+            j = n; /* the per-entry pass below has nothing to do */
+        } else if (!ops->stored)
+            ls = next_stamp(&hc->list_stamp, in_list, N); /* the duplicate check's marks */
+        for (; st == KVS_OK && j < n; j++) {
+            int32_t x = idx[j];
+            int has_k = row_k[j] != NULL;
+            if (x < 0 || x > p)
+                st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d at position %lld (future or invalid)",
+                              ops->name, (int)x, (long long)p);
+            else if (in_list[x] == ls)
+                st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d twice", ops->name, (int)x);
+            else if (has_k != (row_v[j] != NULL))
+                st = kvs_fail(KVS_ERR_STATE, "policy %s gave a merged slot at position %d with only one of its K/V rows",
+                              ops->name, (int)x);
+            else {
+                if (need_union) {
+                    n_union += in_union[x] != us;
+                    in_union[x] = us;
+                }
+                in_list[x] = ls;
+                if (count_prompt) n_prompt += hc->is_prompt[x];
+                merged |= has_k;
+            }
+        }
+        has_merged[li] = merged;
+        if (st == KVS_OK && ops->stored) {
+            int64_t extra = 0;
+            if (!stored_asked) ms = ops->stored(state, li, hc->stored);
+            for (int64_t k = 0; !stored_is_list && k < ms && st == KVS_OK; k++) {
+                int32_t x = hc->stored[k];
+                if (x < 0 || x > p)
+                    st = kvs_fail(KVS_ERR_STATE, "policy %s stored position %d at position %lld (future or invalid)",
+                                  ops->name, (int)x, (long long)p);
+                else if (in_list[x] != ls) {
+                    extra++;
+                    in_list[x] = ls;
+                    if (need_union) {
+                        n_union += in_union[x] != us;
+                        in_union[x] = us;
+                    }
+                }
+            }
+            slots += (double)(n + extra);
+        }
+        if (st != KVS_OK) break;
+        if (ops->budget_scope == KVS_BUDGET_EVERY_STEP && n > budget)
+            st = kvs_fail(KVS_ERR_STATE, "policy %s attended %lld positions over its budget %lld at position %lld",
+                          ops->name, (long long)n, (long long)budget, (long long)p);
+        else if (ops->budget_scope == KVS_BUDGET_PROMPT && n_prompt > budget)
+            st = kvs_fail(KVS_ERR_STATE, "policy %s kept %lld prompt positions over its budget %lld", ops->name,
+                          (long long)n_prompt, (long long)budget);
+    }
+    if (!ops->stored) {
+        *kv_slots = *dedup = (double)(p + 1); /* every position seen, stored once */
+    } else {
+        *kv_slots = slots;
+        *dedup = need_union ? (double)n_union : slots; /* one list: its union is its own count */
+    }
+    return st;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Accounting
+ * ---------------------------------------------------------------------------------------------- */
+
+/* A v1 policy that changed only a total has the difference attributed to a class (policy.h); then the totals are
+ * re-derived from the classes so that they always agree. */
+static void settle_cost(const kvs_policy_cost *before, kvs_policy_cost *c) {
+    if (c->storage_bytes != before->storage_bytes && c->kv_bytes == before->kv_bytes &&
+        c->aux_bytes == before->aux_bytes) {
+        double diff = c->storage_bytes - before->storage_bytes;
+        if (diff >= 0) c->aux_bytes += diff;
+        else c->kv_bytes += diff;
+    }
+    if (c->traffic_bytes != before->traffic_bytes && c->read_kv_bytes == before->read_kv_bytes &&
+        c->read_aux_bytes == before->read_aux_bytes) {
+        double diff = c->traffic_bytes - before->traffic_bytes;
+        if (diff >= 0) c->read_aux_bytes += diff;
+        else c->read_kv_bytes += diff;
+    }
+    if (c->transfer_bytes != before->transfer_bytes && c->h2d_bytes == before->h2d_bytes &&
+        c->d2h_bytes == before->d2h_bytes)
+        c->h2d_bytes += c->transfer_bytes - before->transfer_bytes;
+    if (c->dedup_kv_bytes > c->kv_bytes) c->dedup_kv_bytes = c->kv_bytes;
+    if (c->read_aux_unfused_bytes < c->read_aux_bytes) c->read_aux_unfused_bytes = c->read_aux_bytes;
+    c->storage_bytes = c->kv_bytes + c->aux_bytes;
+    c->traffic_bytes = c->read_kv_bytes + c->read_aux_bytes;
+    c->transfer_bytes = c->h2d_bytes + c->d2h_bytes;
+}
+
+void kvs_host_cost(const struct kvs_policy_ops *ops, void *state, const kvs_policy_model *m,
+                   const kvs_policy_view *view, const kvs_policy_sel *sel, double kv_slots, double dedup,
+                   kvs_policy_cost *c) {
+    double attended = 0;
+    for (int li = 0; li < sel->n_lists; li++) attended += (double)sel->n[li];
+    memset(c, 0, sizeof *c);
+    c->kv_bytes = kvs_policy_kv_bytes(m, kv_slots);
+    c->dedup_kv_bytes = kvs_policy_kv_bytes(m, dedup);
+    c->read_kv_bytes = kvs_policy_kv_bytes(m, attended);
+    c->write_bytes = kvs_policy_kv_bytes(m, (double)sel->n_lists);
+    c->storage_bytes = c->kv_bytes;
+    c->traffic_bytes = c->read_kv_bytes;
+    c->transfer_bytes = 0;
+    kvs_policy_cost before = *c;
+    if (ops->account) ops->account(state, view, sel, c);
+    settle_cost(&before, c);
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Metrics
+ * ---------------------------------------------------------------------------------------------- */
+
+void kvs_host_out_sums(const float *ref, const float *out, int64_t d, kvs_host_sums *s) {
+    double err2 = 0, ref2 = 0, out2 = 0, dot = 0;
+    for (int64_t i = 0; i < d; i++) {
+        double r = ref[i], o = out[i], e = r - o;
+        err2 += e * e;
+        ref2 += r * r;
+        out2 += o * o;
+        dot += r * o;
+    }
+    s->err2 = err2, s->ref2 = ref2, s->out2 = out2, s->dot = dot;
+}
+
+void kvs_host_metrics(const kvs_policy_model *m, int64_t p, int64_t n, const kvs_host_sums *s,
+                      const kvs_policy_cost *cost, double v[KVS_N_METRICS]) {
+    double err2 = s->err2, ref2 = s->ref2, out2 = s->out2, dot = s->dot;
+    double full_bytes = kvs_policy_kv_bytes(m, (double)(p + 1));
+    v[KVS_M_OUT_ERR] = ref2 == 0 ? (err2 == 0 ? 0 : INFINITY) : sqrt(err2 / ref2); /* kvs_rel_l2 */
+    v[KVS_M_OUT_ERR_ABS] = sqrt(err2);
+    v[KVS_M_OUT_COS] = ref2 == 0 || out2 == 0 ? 0.0f : (float)(dot / (sqrt(ref2) * sqrt(out2))); /* kvs_cosine */
+    v[KVS_M_ATTN_RECALL] = s->recall;
+    v[KVS_M_ATTN_RECALL_MERGED] = s->recall_merged;
+    v[KVS_M_TOPK_OVERLAP] = n > 0 ? (double)s->hit / (double)n : 0.0;
+    v[KVS_M_ATTENDED] = (double)n;
+    v[KVS_M_STORAGE] = cost->storage_bytes;
+    v[KVS_M_STORAGE_KV] = cost->kv_bytes;
+    v[KVS_M_STORAGE_AUX] = cost->aux_bytes;
+    v[KVS_M_STORAGE_DEDUP] = cost->dedup_kv_bytes;
+    v[KVS_M_STORAGE_HOST] = cost->host_bytes;
+    v[KVS_M_STORAGE_PEAK] = cost->storage_bytes + cost->transient_bytes;
+    v[KVS_M_TRAFFIC] = cost->traffic_bytes;
+    v[KVS_M_TRAFFIC_KV] = cost->read_kv_bytes;
+    v[KVS_M_TRAFFIC_AUX] = cost->read_aux_bytes;
+    v[KVS_M_TRAFFIC_AUX_UNFUSED] = cost->read_aux_unfused_bytes;
+    v[KVS_M_WRITE] = cost->write_bytes;
+    v[KVS_M_TRANSFER] = cost->transfer_bytes;
+    v[KVS_M_H2D] = cost->h2d_bytes;
+    v[KVS_M_D2H] = cost->d2h_bytes;
+    v[KVS_M_COMPRESSION] = cost->storage_bytes > 0 ? full_bytes / cost->storage_bytes : 0.0;
+}

@@ -1,0 +1,120 @@
+/* host.h — the policy host: what every driver of a policy shares for one (configuration, layer), so that the fast
+ * replay (sim/replay.c), the reference replay (sim/replay_ref.c) and closed-loop decoding (sim/closed_loop.c) cannot
+ * diverge on it: the seeds of randomised policies (from the run's identity), the allocation pass, the instances,
+ * the selection check, the accounting of a step (default cost, account(), settlement) and the metric formulas.
+ *
+ * Follows ../shared/DESIGN.md "Architecture" (one host, two drivers; identity by content) and "Replay" / "Metrics";
+ * POLICY_SPEC.md §1.2 (call order), §1.5 (budget and cost model), §1.6 (per-step metrics). The drivers own the loop
+ * over positions (the call order of policy.h) and where the attention is computed; the host owns every rule that
+ * decides a number.
+ */
+#ifndef KVS_HOST_H
+#define KVS_HOST_H
+
+#include <stdint.h>
+
+#include "../common/kvs.h"
+#include "../trace/trace.h"
+#include "metrics.h"
+#include "policy.h"
+
+/* ---- identity and seeds ---------------------------------------------------------------------------- */
+
+/*! kvs_host_run_seed() : the seed of a run, from what identifies it as far as its policy instances can tell:
+ *  the content hash of its input (a trace's SHA-256, or for closed-loop decoding the model's and the tokens'; ""
+ *  when unknown, as for tests' memory sources), the policy's name and canonical parameters, the budget, and the
+ *  cache's element sizes (kv_bytes, aux_bytes of `m`). Never the configuration's place in a sweep, the process or
+ *  the shard: the same run draws the same numbers in any invocation. The first 8 bytes of a SHA-256. */
+uint64_t kvs_host_run_seed(const char *content_hash, const kvs_policy_config *cfg, int64_t budget,
+                           const kvs_policy_model *m);
+
+/*! kvs_host_instance_seed() : kvs_policy_init.seed of the instance of (layer, kv_head) of a run. */
+uint64_t kvs_host_instance_seed(uint64_t run_seed, int layer, int kv_head);
+
+/* ---- allocation pass and instances --------------------------------------------------------------- */
+
+/* The first turn's prompt view of (layer, kv_head) (as prefill() would get it: n = q count = the prompt length),
+ * valid until the next call. What the allocation pass reads. */
+typedef kvs_status (*kvs_host_prompt_view_fn)(void *user, int layer, int kv_head, kvs_policy_view *view);
+
+/*! kvs_host_alloc_pass() : the allocation pass of one (configuration, budget) (policy.h alloc_*): budgets[L * Hkv]
+ *  receive the per-(layer, KV head) budgets (every entry `budget` for a policy without the pass, without calling
+ *  `prompt_view`); *alloc (free with kvs_host_alloc_free after every instance is freed) and *shared (NULL for
+ *  none) the pass's state. KVS_ERR_STATE for a budget below 1; the policy's or the view's error otherwise. */
+kvs_status kvs_host_alloc_pass(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget,
+                               kvs_host_prompt_view_fn prompt_view, void *user, int64_t *budgets, void **alloc,
+                               const void **shared);
+
+/*! kvs_host_alloc_begin() / kvs_host_alloc_end() : the same pass in steps, for a driver that reads every (layer,
+ *  KV head) prompt once for several configurations: begin fills budgets[] with `budget` and starts the policy's pass
+ *  (*alloc NULL: the policy has none, nothing else to call); the driver calls ops->alloc_prefill(*alloc, l, h, view)
+ *  for every (layer, KV head); end finishes it (budgets checked, *shared set). */
+kvs_status kvs_host_alloc_begin(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget,
+                                int64_t *budgets, void **alloc);
+kvs_status kvs_host_alloc_end(const kvs_policy_config *cfg, const kvs_policy_model *m, void *alloc, int64_t *budgets,
+                              const void **shared);
+
+/*! kvs_host_alloc_free() : releases what kvs_host_alloc_pass left. Accepts NULL. */
+void kvs_host_alloc_free(const kvs_policy_config *cfg, void *alloc);
+
+/*! kvs_host_create_layer() : creates the instances of one layer, states[h] for every KV head (budgets_layer[h]
+ *  each, seeds from run_seed), and *prefill_block the block size the policy asks for its prefill (0 = the whole
+ *  prompt). On failure every instance created is freed and states[] is all NULL. */
+kvs_status kvs_host_create_layer(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget_nominal,
+                                 const int64_t *budgets_layer, uint64_t run_seed, int layer, const void *shared,
+                                 void **states, int64_t *prefill_block);
+
+/*! kvs_host_free_layer() : frees states[0..n_kv_heads) (NULL entries allowed) and sets them NULL. */
+void kvs_host_free_layer(const kvs_policy_config *cfg, void **states, int n_kv_heads);
+
+/* ---- selection check --------------------------------------------------------------------------- */
+
+typedef struct kvs_host_check kvs_host_check;
+
+/*! kvs_host_check_create() : scratch for checking selections of streams of up to n_positions positions whose
+ *  turns are turns[0..n_turns) (prompt positions are those a prompt-only budget bounds) and up to `max_lists`
+ *  lists. Caller frees with kvs_host_check_free (accepts NULL). */
+kvs_status kvs_host_check_create(int64_t n_positions, const kvs_turn *turns, int64_t n_turns, int max_lists,
+                                 kvs_host_check **out);
+void kvs_host_check_free(kvs_host_check *hc);
+
+/*! kvs_host_check_sel() : the selection contract of policy.h at decode position p: every list holds 1..p+1
+ *  distinct positions in [0, p], a merged slot gives both its K and V rows, stored() lies in [0, p], and the budget
+ *  holds (|S_t| <= budget every step, or the prompt positions of S_t <= budget for prompt-only policies). Fills
+ *  has_merged[li] (the list holds merged slots), plain[li] (strictly ascending in [0, p], no merged slot: the fast
+ *  kernels' precondition), *kv_slots = sum over lists of |stored() ∪ S_t| (every position seen, p + 1, without
+ *  stored()) and *dedup = the union of those across lists. KVS_ERR_STATE naming the policy for a violation. */
+kvs_status kvs_host_check_sel(kvs_host_check *hc, const struct kvs_policy_ops *ops, void *state,
+                              const kvs_policy_sel *sel, int64_t p, int64_t budget, int *has_merged, uint8_t *plain,
+                              double *kv_slots, double *dedup);
+
+/* ---- accounting -------------------------------------------------------------------------------- */
+
+/*! kvs_host_cost() : the cost of a decode step: the default accounting of policy.h (KV of stored() ∪ S_t per list
+ *  and their union, attended reads, the new token's write, from kvs_host_check_sel's counts), then the policy's
+ *  account() when it has one, then the totals derived from the classes (storage = kv + aux, traffic = read_kv +
+ *  read_aux, transfer = h2d + d2h; dedup <= kv; unfused aux reads >= fused). */
+void kvs_host_cost(const struct kvs_policy_ops *ops, void *state, const kvs_policy_model *m,
+                   const kvs_policy_view *view, const kvs_policy_sel *sel, double kv_slots, double dedup,
+                   kvs_policy_cost *cost);
+
+/* ---- metrics ----------------------------------------------------------------------------------- */
+
+/* The sums behind one query head's quality metrics at one step: recall = full-attention mass on the unmerged
+ * entries of S_t, recall_merged = on every entry, hit = entries among the first |S_t| of the full attention's
+ * descending order (ties by lower position); the four fp64 sums of the outputs, each in ascending dimension
+ * order: err2 = sum (ref - out)^2, ref2 = sum ref^2, out2 = sum out^2, dot = sum ref * out. */
+typedef struct {
+    double recall, recall_merged, err2, ref2, out2, dot;
+    int64_t hit;
+} kvs_host_sums;
+
+/*! kvs_host_out_sums() : err2, ref2, out2 and dot of s from the full output ref[d] and the policy's out[d]. */
+void kvs_host_out_sums(const float *ref, const float *out, int64_t d, kvs_host_sums *s);
+
+/*! kvs_host_metrics() : every metric of sim/metrics.h of one query head at position p that attended n entries,
+ *  from its sums and its KV head's cost of the step: v[KVS_M_...]. */
+void kvs_host_metrics(const kvs_policy_model *m, int64_t p, int64_t n, const kvs_host_sums *s,
+                      const kvs_policy_cost *cost, double v[KVS_N_METRICS]);
+
+#endif /* KVS_HOST_H */
