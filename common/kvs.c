@@ -326,9 +326,9 @@ kvs_status kvs_read_file(const char *path, char **out, size_t *len) {
     return KVS_OK;
 }
 
-/* Issue 17: S_t over positions drawn across a 1 MiB history ran 10-25% slower than over a window of the same size
- * (bench_speed kernels, d 64 and 128) because each gathered row was a first-level TLB miss on 4 KiB pages; on
- * 2 MiB pages the scattered rows cost about what contiguous ones do (sim/BENCH.md, "Ninth pass"). */
+/* Why huge pages: on 4 KiB pages S_t over positions drawn across a 1 MiB history runs 10-25% slower than over a
+ * window of the same size (bench_speed kernels, d 64 and 128), each gathered row a first-level TLB miss; on 2 MiB
+ * pages the scattered rows cost about what contiguous ones do (sim/BENCH.md "Huge pages for the K/V history"). */
 void *kvs_alloc_rows(size_t bytes) {
     const size_t huge = (size_t)2 << 20;
     if (bytes < huge / 2 || bytes > SIZE_MAX - huge) return malloc(bytes);

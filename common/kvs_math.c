@@ -125,8 +125,8 @@ size_t kvs_attn_lists_scratch_ints(size_t nq, size_t cap) { return (nq + 2) * ca
  * cs > 0: the lists end in the same cs positions (lists_common_suffix), which are then left out of uidx and pos:
  * uidx holds the union of the parts before them (|U| - cs entries, all below the suffix) and pos their entries;
  * the checks and the limit are the whole lists' as with cs = 0.
- * Issue 17: the union was a G-way merge that looked at every list's head for each member (branchy, 5% of a
- * sweep's replay time). Here each list sets its positions' bits (one OR per entry, no branch: OR-ing a list's
+ * Why a bitmap: a G-way merge looks at every list's head for each member (branchy; it was 5% of a sweep's replay
+ * time). Here each list sets its positions' bits (one OR per entry, no branch: OR-ing a list's
  * bits a word at a time, on a change of word, measured no faster), |U| is the bitmap's popcount over the lists'
  * span (checked against the limit before anything else is written), the set bits in ascending order give uidx
  * and the position -> union map, and pos is one map lookup per entry: the same uidx and pos as the merge. */
@@ -304,7 +304,8 @@ static size_t lower_bound_entry(const int32_t *idx, size_t lo, size_t hi, int64_
 
 /* Reads a byte in every 64 of [p, p + bytes): a block of value rows brought into the caches as one sequential
  * stream, the hardware prefetcher's pattern, before the calls read its rows by index, when they will read at least
- * as many rows as the block holds (each indexed row alone would wait on memory: sim/BENCH.md "Sixteenth pass"). */
+ * as many rows as the block holds (each indexed row alone would wait on memory; sim/BENCH.md "The shared output
+ * pass"). */
 static void stream_in(const char *p, size_t bytes) {
     const volatile char *c = p;
     for (size_t o = 0; o < bytes; o += 64) (void)c[o];
@@ -421,9 +422,9 @@ size_t kvs_attn_lists_keep_ints(size_t nq, size_t total, size_t cap) {
 
 /* 1 when the lists' common suffix of cs entries may go through one call after each row's part before it, the
  * same products in the same order however kvs_out_calls_run cuts them at blocks: the suffix strictly ascending,
- * each part before it strictly ascending and below the suffix (issue 17: when the union is refused, SnapKV's
- * per-head lists at decode share the observation window and every decoded position, which row by row read once
- * per query head). */
+ * each part before it strictly ascending and below the suffix (when the union is refused, SnapKV's per-head lists
+ * at decode share the observation window and every decoded position, which row by row would be read once per
+ * query head). */
 static int suffix_split_ordered(size_t nq, const int32_t *const *idx, const int64_t *n, int64_t cs) {
     const int32_t *sfx = idx[0] + (n[0] - cs);
     if (!entries_ascending(sfx, (size_t)cs)) return 0;
@@ -602,8 +603,8 @@ KVS_TOPK_DEFINE(static, topk_heap, float, topk_next_f32)
 KVS_TOPK_DEFINE(, kvs_topk_f64, double, topk_next_f64)
 #undef KVS_TOPK_DEFINE
 
-/* The heap before its sort (issue 17: a caller that marks the kept set paid k log k for an order it dropped; KeyDiff's
- * prefill evictions, 128 of about 2,000, spent 80% of their top-k there). */
+/* The heap before its sort: a caller that only marks the kept set would pay k log k for an order it drops (KeyDiff's
+ * prefill evictions, 128 of about 2,000, spent 80% of their top-k in that sort). */
 void kvs_topk_f64_set(const double *x, size_t n, size_t k, int32_t *out_idx) {
     if (k > 0) kvs_topk_f64_heap(x, n, k, out_idx);
 }
@@ -615,7 +616,7 @@ static int cmp_i32_asc(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Positions sort by an LSD radix sort (issue 14: the oracle top-k sorts its k positions every decode step; qsort's
+/* Positions sort by an LSD radix sort (the oracle top-k sorts its k positions every decode step, and qsort's
  * comparisons cost more than the ranking): 3 passes of 11 bits over the value with its sign bit flipped (so the
  * unsigned order is the signed one), a pass skipped when every value shares its digit. Short lists by insertion;
  * without memory for the scratch, qsort. The result is the one ascending order of the values, whatever the method. */
@@ -659,8 +660,8 @@ void kvs_sort_positions(int32_t *idx, size_t n) {
 }
 
 /* The k positions first in kvs_desc_key's order (ties to the lower index: kvs_argsort_desc's, so kvs_topk's order),
- * ascending, without ranking them (issue 17: the oracle top-k wants the set at every step; ranking n values and
- * sorting k positions cost more than finding the k-th). A radix select over the keys (key[n], caller memory):
+ * ascending, without ranking them (the oracle top-k wants the set at every step; ranking n values and sorting k
+ * positions cost more than finding the k-th). A radix select over the keys (key[n], caller memory):
  * the top 11 bits' histogram finds the bucket of the k-th key, the keys in that bucket (cand[], caller memory
  * of n) narrow it down over the next 11 and the last 10 bits to the k-th key T and how many keys equal to T the
  * set takes (`need`); a last pass in ascending position takes every key below T and the first `need` equal to
@@ -857,7 +858,7 @@ static int64_t colsum_row_probs(const kvs_attn_src *src, int64_t r, int32_t h, i
     return *vis;
 }
 
-/* Batches of query rows (issue 14): the candidates visible to every row of a batch are scored in one kernel call
+/* Batches of query rows: the candidates visible to every row of a batch are scored in one kernel call
  * for all its (row, head) pairs, so each key row is read once per batch instead of once per query; the keys the
  * later rows see besides (the causal triangle) per row. Each probability equals colsum_row_probs' bit for bit
  * (kvs_math_simd.h: a score does not depend on the rows computed with it; the same softmax per row), and the
@@ -981,7 +982,7 @@ static void colsum_f64(const kvs_attn_src *src, const kvs_colsum_opts *o, double
         if (b.mem) colsum_batch_probs(&b, src, r0, nr, o->head_first, &vis);
         for (int64_t i = 0; i < nr; i++) {
             if (b.mem && (o->reduce == KVS_GQA_SUM || o->reduce == KVS_GQA_MEAN)) {
-                /* a batch row's heads reduced and added in one pass (issue 17), the loops below' arithmetic */
+                /* a batch row's heads reduced and added in one pass, the loops below' arithmetic */
                 size_t lim = (size_t)b.vis[i] < n_out ? (size_t)b.vis[i] : n_out;
                 kvs_heads_add((const float *const *)(b.prow + i * o->n_heads), (size_t)o->n_heads, lim,
                               o->reduce == KVS_GQA_MEAN, out);
@@ -1202,7 +1203,7 @@ size_t kvs_key_scores_lowest_scratch_bytes(size_t n, size_t d) {
     return (d + n) * sizeof(double) + (d + n) * sizeof(float) + 2 * n * sizeof(int32_t);
 }
 
-/* The bound of the fp32 screen below (issue 17). For key j, s~_j = -(double)dot32_j / den_j against the fp64
+/* The bound of the fp32 screen below. For key j, s~_j = -(double)dot32_j / den_j against the fp64
  * score s_j = -dot64_j / den_j (the same den_j). dot32 is the fp32 kernels' k_j . fl32(mu) (dots_loose), summed in some order
  * of d products: |dot32 - k.mu| <= gamma_d sum_i |k_i fl32(mu_i)| + u sum_i |k_i mu_i| + (2d) 2^-150 (the
  * products and sums that underflow, each off by at most half the least subnormal), u = 2^-24,
@@ -1275,8 +1276,8 @@ void kvs_page_minmax_add(float *kmin, float *kmax, const float *k, size_t d, int
         return;
     }
     /* Every element stored, the choice a select, not a branch: the loop vectorizes (minps/maxps keep the old
-     * value on a NaN exactly as the compares do), where the conditional stores were a branch per element and
-     * page summaries 10% of Quest's replay time (issue 17). Element by element in the same order, so a kmax that
+     * value on a NaN exactly as the compares do); conditional stores would be a branch per element (they made the
+     * page summaries 10% of Quest's replay time). Element by element in the same order, so a kmax that
      * is kmin sees the min just stored, as before. */
     for (size_t i = 0; i < d; i++) {
         float x = k[i], lo = kmin[i];
@@ -1389,7 +1390,7 @@ int64_t kvs_page_take(const int32_t *ranked, size_t n_ranked, size_t page, size_
     KVS_ASSERT(got == k);
     /* The pages in ascending order, expanded from the back of out: the slots of the i-th page land at out[i] or
      * later (each page before it adds one slot at least), past the page numbers still to be read. Ascending
-     * pages give ascending slots: no sort of the k slots (issue 17). */
+     * pages give ascending slots: no sort of the k slots. */
     kvs_sort_positions(out, np);
     size_t w = k;
     for (size_t i = np; i-- > 0;) {

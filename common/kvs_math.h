@@ -49,7 +49,7 @@ double kvs_attention(const float *q, const float *keys, const float *values, siz
                      size_t n, size_t d, float scale, float *probs, float *out);
 
 /*! kvs_attention_group() : kvs_attention() of nq query rows (q: [nq][d]) over one shared selection, every key and
- *  value row read once for all of them (the G query heads of a KV head, issue 14). probs_rows[r]: n floats
+ *  value row read once for all of them (the G query heads of a KV head). probs_rows[r]: n floats
  *  each (caller's); out: [nq][d]; lse: [nq] or NULL. Row r's numbers equal kvs_attention()'s for that row. */
 void kvs_attention_group(const float *q, size_t nq, const float *keys, const float *values, size_t stride,
                          const int32_t *idx, size_t n, size_t d, float scale, float *const *probs_rows, float *out,
@@ -79,7 +79,7 @@ size_t kvs_attn_lists_scratch_ints(size_t nq, size_t cap);
  *  union U is at most twice the mean list, the scores of all rows run over U at once (each key row read once:
  *  the group kernel), each row's softmax over its own list, and the output over U with a zero weight for a
  *  non-member: an exact zero added into an accumulator that starts at +0, in the same ascending order, so the
- *  same bits (sim/BENCH.md "Third pass"). Otherwise row by row (an empty list: a zero output row).
+ *  same bits (sim/BENCH.md "Per-query-head lists"). Otherwise row by row (an empty list: a zero output row).
  *  fscratch / iscratch: sized as above.
  *  @return 1 when the union path ran, 0 when row by row. */
 int kvs_attention_lists(const float *q, size_t nq, const float *keys, const float *values, size_t stride,
@@ -93,7 +93,7 @@ int kvs_attention_lists16(const float *q, size_t nq, const uint16_t *keys, const
                           const int64_t *n, size_t cap, size_t d, float scale, float *const *probs_rows, float *out,
                           float *fscratch, int32_t *iscratch);
 
-/* ---- K/V kept in a trace's 16-bit form (issue 14) ----
+/* ---- K/V kept in a trace's 16-bit form (sim/BENCH.md "K/V in 16 bits") ----
  * The two functions above over K/V rows of fp16 or bf16 (`dtype`: KVS_DTYPE_F16 or KVS_DTYPE_BF16 of
  * common/kvs.h; rows `stride` uint16_t apart, d <= KVS_KV16_MAX_DIM of kvs_math_simd.h), converted to fp32 on
  * the way into the kernels: half the bytes read. The results equal the fp32 functions' on the rows' exact fp32
@@ -110,7 +110,7 @@ void kvs_attention_causal_block16(const float *q, size_t nb, size_t group, const
                                   float *const *probs_rows, float *const *out_rows, double *lse,
                                   float *const *score_rows);
 
-/* ---- attention over a selection whose scores are already computed (issue 17) ----
+/* ---- attention over a selection whose scores are already computed ----
  * In an open-loop replay a query's score against a position is the same whichever selection holds that position,
  * and the full reference has computed it against every position. These take each query row's scaled scores
  * against positions 0..p (score_rows[r], as kvs_attention_causal_block's score_rows keep them) and gather a
@@ -124,14 +124,15 @@ void kvs_attention_group_scored(const float *const *score_rows, size_t nq, const
                                 const uint16_t *values16, kvs_dtype dtype, size_t stride, const int32_t *idx, size_t n,
                                 size_t d, float *const *probs_rows, float *out);
 
-/* ---- the outputs of many selections over one KV head's value rows in one pass (issue 17) ----
- * The configurations of a sweep each attend their own selection over the same value rows at a step, and each read
- * its rows from wherever they were: the L3 or memory once a head's rows outgrow the L2 (sim/BENCH.md "Sixteenth
- * pass"). The _defer variants below do all of the functions above but the output, which they describe as calls of
- * the output kernel (kvs_out_call); kvs_out_calls_run() then runs the calls of every selection together, a block
- * of value rows at a time, each call taking its entries in the block while the block stays in L2. An output
- * element is an fma chain over ascending entries from the value it holds (kvs_math_simd.h), so a call cut at block
- * edges adds the same products in the same order: the same bits as one call. */
+/* ---- the outputs of many selections over one KV head's value rows in one pass ----
+ * The configurations of a sweep each attend their own selection over the same value rows at a step, and one by
+ * one each would read its rows from wherever they were: the L3 or memory once a head's rows outgrow the L2
+ * (sim/BENCH.md "The shared output pass"). The _defer variants below do all of the functions above but the
+ * output, which they describe as calls of the output kernel (kvs_out_call); kvs_out_calls_run() then runs the
+ * calls of every selection together, a block of value rows at a time, each call taking its entries in the block
+ * while the block stays in L2. An output element is an fma chain over ascending entries from the value it holds
+ * (kvs_math_simd.h), so a call cut at block edges adds the same products in the same order: the same bits as one
+ * call. */
 enum { KVS_OUT_CALL_ROWS = 64 };
 typedef struct {
     const float *p_rows[KVS_OUT_CALL_ROWS]; /* row r's weight of entry j: p_rows[r][j] */
@@ -242,7 +243,7 @@ void kvs_avgpool1d_pad(const float *x, size_t n, size_t k, float *out);
 
 /*! kvs_div_by() : x[j] /= m for j < n (m >= 1), bit for bit as the division: a power-of-two m multiplies by its
  *  reciprocal instead, which is exact, so each product is the same correctly rounded quotient (a division per
- *  element bounded TOVA's per-step group mean; issue 17). */
+ *  element bounded TOVA's per-step group mean). */
 void kvs_div_by(double *x, size_t n, int64_t m);
 
 /*! kvs_heads_add() : out[j] += t_j (mean: t_j / nh) for j < n, t_j = 0 + p[0][j] + ... + p[nh-1][j] in fp64 in head
@@ -365,7 +366,7 @@ void kvs_key_scores_normed(const float *keys, size_t stride, const int32_t *idx,
 
 /*! kvs_key_scores_resumed() : kvs_key_scores_normed, bit for bit, with the anchor's running sum resumed from
  *  checkpoints of an earlier call over the same first keys (a policy that evicts a few keys a step and appends
- *  the new one keeps the sum of the keys before the first change; issue 17). The anchor is summed in chunks of
+ *  the new one keeps the sum of the keys before the first change). The anchor is summed in chunks of
  *  KVS_KEY_ANCHOR_CHUNK keys; ck[c*d .. c*d+d) holds the sum after chunk c (caller memory: n / chunk of them),
  *  *ck_valid how many leading chunks' checkpoints still hold for these keys and norms (the caller lowers it to
  *  j / chunk when it changes key j; 0 at first). On return the whole chunks' checkpoints are written and
@@ -379,7 +380,7 @@ void kvs_key_scores_resumed(const float *keys, size_t stride, const int32_t *idx
  *  later among equals; a NaN, the last one, before any number): the one a decode step of KeyDiff evicts, the n keys
  *  the anchor's (the m first the candidates; the rest a window that is not scored). For the anchor kinds the
  *  scores are screened in fp32 (the fp32 kernels' dots with fl32(mu), within a proven bound of the fp64 scores)
- *  and only the keys the bound cannot rule out are scored in fp64 (issue 17): the same key as the fp64 scores
+ *  and only the keys the bound cannot rule out are scored in fp64: the same key as the fp64 scores
  *  would give, for a fraction of their cost. On return score[j] holds the fp64 score of the returned key and of
  *  each candidate; the other entries are unspecified. The anchor's checkpoints as kvs_key_scores_resumed.
  *  `scratch`: kvs_key_scores_lowest_scratch_bytes(n, d) bytes, caller memory, aligned for doubles. */

@@ -1,7 +1,8 @@
-/* kvs_math_simd.c — the kernel tables behind kvs_math.h: the scalar reference and an AVX2+FMA variant,
- * chosen once per process by a CPU check (issue 14; ../shared/STYLE.md rules 6 and 9). See kvs_math_simd.h for
- * the contract: a vector variant computes every dot product, output element and exponential the same way
- * whatever the tiling, so a row's result does not depend on how many rows were computed with it.
+/* kvs_math_simd.c — the kernel tables behind kvs_math.h: the scalar reference and the vector tables avx2
+ * (AVX2+FMA), avx2x32 and avx512, one chosen once per process by a CPU check (../shared/STYLE.md rules 6 and 9).
+ * See kvs_math_simd.h for the contract: a vector variant computes every dot product, output element and
+ * exponential the same way whatever the tiling, so a row's result does not depend on how many rows were computed
+ * with it.
  *
  * The avx2x32 and avx512 tables compute the AVX2 arithmetic in wider tiles (32 registers; 16 lanes), so all three
  * vector tables give the same bits and the choice between them is speed alone: avx512 where 512-bit FMAs run at
@@ -109,13 +110,15 @@ static size_t first_above_scalar(const float *x, size_t from, size_t n, float th
     return n;
 }
 
-/* ---- 16-bit K/V rows (issue 14: "K/V kept in the trace's 16-bit form in memory where that halves traffic") ----
- * Every ISA computes scores16 / output_add16 the same way: a tile of rows is converted to fp32 into a buffer that
- * stays in L1 (16 KiB), and the table's own fp32 kernel runs on the tile. The fp32 kernels compute each dot
- * product and each output element the same way whatever the tiling (kvs_math_simd.h), and each output element
- * accumulates its rows in ascending order from the value it holds, so tile by tile gives the fp32 kernel's bits
- * on the converted rows. The rows come from memory at 2 bytes an element; the conversion is amortised over the
- * nr query rows that read a tile. */
+/* ---- 16-bit K/V rows (K/V kept in the trace's 16-bit form, half the bytes to read; sim/BENCH.md "K/V in 16
+ * bits") ----
+ * The scalar table computes scores16 / output_add16 on tiles: a tile of rows is converted to fp32 into a buffer
+ * that stays in L1 (16 KiB), and the table's own fp32 kernel runs on the tile; the AVX2 table does the same for 4
+ * query rows or more (fewer convert in registers: KV16_TILED_ROWS below), the avx2x32 and avx512 tables convert
+ * the rows in registers as they load them. The fp32 kernels compute each dot product and each output element the
+ * same way whatever the tiling (kvs_math_simd.h), and each output element accumulates its rows in ascending order
+ * from the value it holds, so either way gives the fp32 kernel's bits on the converted rows. The rows come from
+ * memory at 2 bytes an element; a tile's conversion is amortised over the nr query rows that read it. */
 
 /* fp32 floats of one tile: TILE_FLOATS / d rows (a multiple of 4, the scores kernels' key tile), at most 64. */
 #define KV16_TILE_FLOATS 4096
@@ -451,7 +454,7 @@ AVX2 static void scores_avx2(const float *q, size_t nr, const float *keys, size_
 
 /* One output row's 64 columns in 8 named accumulators: the one-row paths below run their fma chains through these.
  * As an array (`__m256 c[8]`, a loop over k) gcc -O2 kept them on the stack, each FMA a load and a store behind the
- * last (a one-row call ran at 14-25% of the FMA peak; issue 17); a struct's members are scalarised into
+ * last (a one-row call ran at 14-25% of the FMA peak); a struct's members are scalarised into
  * registers once the helpers are inlined. */
 typedef struct {
     __m256 c0, c1, c2, c3, c4, c5, c6, c7;
@@ -637,8 +640,8 @@ AVX2 static inline double exp_tail_sum(float *x, size_t j, size_t n, float m, do
 
 /* The softmax's two fp64 sums over x[0..n8), n8 a multiple of 8, block by block in order: lanes 0-3 of each block to
  * s0, lanes 4-7 to s1 (the scalar reference's order). A pass of its own after the exponentials: in the same loop,
- * the sums' conversions and adds sat in the out-of-order window beside the exp chains and held fewer blocks in
- * flight (0.59 -> 0.52 ns an element in `bench_speed kernels`, issue 17). */
+ * the sums' conversions and adds sit in the out-of-order window beside the exp chains and hold fewer blocks in
+ * flight (0.59 against 0.52 ns an element in `bench_speed kernels`' softmax line). */
 AVX2 static inline void sum_blocks(const float *x, size_t n8, __m256d *s0, __m256d *s1) {
     for (size_t k = 0; k < n8; k += 8) {
         __m256 e = _mm256_loadu_ps(x + k);
@@ -916,7 +919,7 @@ static void output_add16_avx2(const float *const *p_rows, size_t nr, size_t col0
 }
 
 /* 32-byte loads: 4 pointers of each row array, 8 positions compared with their predecessors, a step (the
- * compiler's SSE2 loops took 16 bytes; the check was 3.5% of a sweep's replay samples, issue 17). */
+ * compiler's SSE2 loops take 16 bytes, and the check is on every selection of a sweep). */
 AVX2 static int list_plain_avx2(const int32_t *idx, const void *const *row_k, const void *const *row_v, size_t n,
                                 int64_t p) {
     __m256i rows = _mm256_setzero_si256(), rows1 = rows;
@@ -941,8 +944,8 @@ AVX2 static int list_plain_avx2(const int32_t *idx, const void *const *row_k, co
     return !descents && idx[0] >= 0 && idx[n - 1] <= p;
 }
 
-/* kvs_desc_key 8 keys a vector (the scalar loop took 2.7 cycles a position, more than a ranking's histogram after
- * it; issue 17): the same bit operations, the selects as masks. */
+/* kvs_desc_key 8 keys a vector (the scalar loop takes 2.7 cycles a position, more than a ranking's histogram
+ * after it): the same bit operations, the selects as masks. */
 AVX2 static void desc_keys_avx2(const float *x, size_t n, uint32_t *key) {
     const __m256i sign = _mm256_set1_epi32((int)0x80000000u), absmask = _mm256_set1_epi32(0x7fffffff);
     const __m256i inf = _mm256_set1_epi32(0x7f800000), ones = _mm256_set1_epi32(-1), zero = _mm256_setzero_si256();
@@ -988,8 +991,8 @@ static int cpu_check_avx2(void) {
 }
 
 /* The answer is cached: CPUID traps to the hypervisor in a VM (microseconds), and kvs_math_f64_kernels_active()
- * asks on every policy scoring call (before the cache: 45% of a Quest sweep's samples; sim/BENCH.md "Third
- * pass"). Racing first calls store the same value. */
+ * asks on every policy scoring call (uncached, the checks were 45% of a Quest sweep's samples). Racing first calls
+ * store the same value. */
 static int cpu_has_avx2(void) {
     static atomic_int cached = -1;
     int v = atomic_load_explicit(&cached, memory_order_relaxed);
@@ -1843,8 +1846,8 @@ static int cpu_has_avx512(void) { return cpu_has_avx2x32(); }
 /* ---- do 512-bit FMAs run at full rate here? ----
  * The same arithmetic either way (above), so the choice between avx2x32 and avx512 is speed alone, and only a
  * measurement tells it: AVX-512 CPUs execute a 512-bit FMA in one pass (AMD Zen 5, Intel server cores with two FMA
- * units: twice the 256-bit rate) or in two (Zen 4, one-unit Intel cores: the same rate, where the old 16-lane table
- * lost to avx2x32). Twelve independent FMA chains on registers, 256-bit then 512-bit, three rounds alternating,
+ * units: twice the 256-bit rate) or in two (Zen 4, one-unit Intel cores: the same rate, where 512-bit code gains
+ * nothing over avx2x32's). Twelve independent FMA chains on registers, 256-bit then 512-bit, three rounds alternating,
  * the best time of each: about 0.2 ms once per process. */
 enum { FMA_PROBE_ITERS = 4096 };
 
@@ -1942,8 +1945,8 @@ static _Atomic double fma512_measured;
 
 /* KVS_SIMD's choice, capped by what the CPU has (falling back to the best below it); otherwise avx512 where a
  * 512-bit FMA does at least 1.5x the 256-bit lanes per second (fma512_speedup: about 2 where the units are 512 bits
- * wide), else avx2x32 (AVX2's results in wider tiles: the S_t attention 1.2-1.5x faster, sim/BENCH.md "Seventh
- * pass"). Every vector table gives AVX2's bits, so the choice moves no number. */
+ * wide), else avx2x32 (AVX2's results in wider tiles: the S_t attention 1.2-1.5x faster; sim/BENCH.md "Kernel
+ * tables"). Every vector table gives AVX2's bits, so the choice moves no number. */
 static kvs_isa choose_isa(void) {
     kvs_isa want = KVS_ISA_COUNT;
     const char *env = getenv("KVS_SIMD");

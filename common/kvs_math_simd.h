@@ -1,5 +1,5 @@
-/* kvs_math_simd.h — the runtime-dispatched kernels under kvs_math.h (issue 14, "Replay at the hardware's
- * speed"; ../shared/STYLE.md rule 9: the default build runs on any x86-64 and reaches the vector units through
+/* kvs_math_simd.h — the runtime-dispatched kernels under kvs_math.h (the replay at the hardware's speed,
+ * sim/BENCH.md; ../shared/STYLE.md rule 9: the default build runs on any x86-64 and reaches the vector units through
  * `__attribute__((target))` variants picked by a CPU check, each tested against the scalar reference).
  *
  * One table of kernels per instruction set. The scalar table is the reference: it is the code kvs_math.c ran
@@ -53,18 +53,20 @@ typedef struct {
     /* in-place softmax of x[0..n-1] (n > 0); @return the LSE (kvs_softmax's contract) */
     double (*softmax)(float *x, size_t n);
     /* softmax's probabilities bit for bit, without the LSE: for the callers that drop it (its log is a libm call
-     * per softmax; issue 17) */
+     * per softmax) */
     void (*softmax_probs)(float *x, size_t n);
     /* exp of each element (y may alias x); the softmax's exponential, exposed for the accuracy test */
     void (*exp)(const float *x, size_t n, float *y);
     /* the first j in [from, n) with x[j] > thr (ordered: NaN never), or n: top-k's filter */
     size_t (*first_above)(const float *x, size_t from, size_t n, float thr);
-    /* 16-bit K/V (issue 14, "K/V kept in the trace's 16-bit form"): `keys` / `values` rows hold `dtype`
-     * (KVS_DTYPE_F16 or KVS_DTYPE_BF16) elements, `stride` elements apart, d <= KVS_KV16_MAX_DIM. Each is the
-     * fp32 entry above on the rows' exact fp32 conversion, bit for bit: rows are converted a tile at a time
-     * (vcvtph2ps / a 16-bit shift on the vector tables, kvs_f16_to_f32 / kvs_bf16_to_f32 on the scalar one) into
-     * an L1-resident buffer that the table's own fp32 kernel then reads, and the fp32 kernels' rows do not
-     * depend on the tiling (above). Memory traffic on the K/V rows is half the fp32 kernels'. */
+    /* 16-bit K/V (K/V kept in the trace's 16-bit form; sim/BENCH.md "K/V in 16 bits"): `keys` / `values` rows
+     * hold `dtype` (KVS_DTYPE_F16 or KVS_DTYPE_BF16) elements, `stride` elements apart, d <= KVS_KV16_MAX_DIM.
+     * Each is the fp32 entry above on the rows' exact fp32 conversion, bit for bit: rows are converted
+     * (vcvtph2ps / a 16-bit shift on the vector tables, kvs_f16_to_f32 / kvs_bf16_to_f32 on the scalar one)
+     * either a tile at a time into an L1-resident buffer that the table's own fp32 kernel then reads, or in
+     * registers as the kernel loads them, in the fp32 kernel's order (kvs_math_simd.c says which table does
+     * which); the fp32 kernels' rows do not depend on the tiling (above). Memory traffic on the K/V rows is half
+     * the fp32 kernels'. */
     void (*scores16)(const float *q, size_t nr, const uint16_t *keys, kvs_dtype dtype, size_t stride,
                      const int32_t *idx, size_t n, size_t d, float scale, float *const *out_rows, size_t col0);
     void (*output_add16)(const float *const *p_rows, size_t nr, size_t col0, const uint16_t *values, kvs_dtype dtype,

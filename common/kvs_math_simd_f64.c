@@ -1,5 +1,5 @@
 /* kvs_math_simd_f64.c — the fp64 scoring kernels behind kvs_math.c's key scores, page scores and fp64 top-k
- * (issue 14's sweep target; POLICY_SPEC §2.5 KeyDiff, §2.6 B9 Quest and B12 KNorm). See kvs_math_simd_f64.h:
+ * (the replay sweep's speed; POLICY_SPEC §2.5 KeyDiff, §2.6 B9 Quest and B12 KNorm). See kvs_math_simd_f64.h:
  * every variant returns the scalar reference's bits, because each lane carries one output's whole sum in the
  * scalar order.
  *
@@ -160,12 +160,12 @@ static const kvs_math_f64_kernels f64_scalar = {
 #include <immintrin.h>
 
 /* Rows per pass: GROUPS groups of 4 lanes. Each group's fp64 sum is a chain of dependent adds, so the groups are
- * what overlaps: 4 chains (16 keys or pages a pass) instead of 2 took KeyDiff's anchor and cosines from 0.15 to
- * 0.13 s in an ad-hoc harness (512 keys, d 128; issue 17); 6 gained nothing more. The order within a sum is the
+ * what overlaps: 4 chains (16 keys or pages a pass) ran KeyDiff's anchor and cosines in 0.13 s against 0.15 s with
+ * 2, in an ad-hoc harness (512 keys, d 128); 6 gained nothing more. The order within a sum is the
  * same whatever GROUPS is. */
 #define GROUPS 4
 /* keys ahead that wsum prefetches a scattered row slice for: `bench_speed kernels` "KeyDiff one eviction" (the anchor
- * over 1024 random keys), d 128, 24.2 -> 21.0-22.1 ns a key */
+ * over 1024 random keys), d 128, 21.0-22.1 ns a key against 24.2 without the prefetch */
 #define WSUM_AHEAD 8
 
 /* Fully unrolls a loop over a small constant count, so that the vectors of an array indexed by it (acc[g], x[m])

@@ -1,5 +1,5 @@
-/* kvs_math_simd_f64.h — runtime-dispatched fp64 kernels for the policies' own scoring (issue 14, "Replay at the
- * hardware's speed", its sweep target): KeyDiff/KNorm's key norms and anchor cosines (POLICY_SPEC §2.5, §2.6
+/* kvs_math_simd_f64.h — runtime-dispatched fp64 kernels for the policies' own scoring (the replay sweep's speed,
+ * sim/BENCH.md): KeyDiff/KNorm's key norms and anchor cosines (POLICY_SPEC §2.5, §2.6
  * B12), Quest's page upper bounds (§2.6 B9) and the fp64 top-k's filter. kvs_math.c calls these; policies call
  * kvs_math.h, never this header.
  *

@@ -2,7 +2,7 @@
  * target there (included twice): AVX2 + FMA with the 16 ymm registers, and the same AVX2 arithmetic with
  * AVX-512VL's 32 (EVEX encoding, 256-bit operations), as kvs_math_simd.c's avx2x32 table. Both give the scalar
  * table's bits (kvs_math_simd_f64.h): the register count changes only what the compiler must spill; with 16,
- * dots' four groups of transposed rows spilled their sums, each add a store and a load (issue 17).
+ * dots' four groups of transposed rows spill their sums, each add a store and a load.
  *
  * The includer defines F64_TARGET (the function attribute), F64_FN(name) (the name of this instance's kernel)
  * and F64_TABLE_NAME, and has row_at(), the scalar tails (norm_scalar, dot_scalar, page_scalar, page_rows_finish,
@@ -246,8 +246,8 @@ F64_TARGET static void F64_FN(out_sums)(const float *const *ref, const float *co
 /* The 4 lanes step through their lists together, one entry a step: the 4 probabilities loaded (scalar loads into
  * one vector), widened to fp64 and added (lane k's chain in its order), the 4 ranks loaded and compared with the
  * lanes' thresholds th (the true lanes counted). With one list for all lanes (a KV head's shared S_t) each step loads one position.
- * The scalar loop lost its time keeping 16 pointers and counters in 15 registers (issue 17); AVX2's gathers
- * measured slower than these loads on Zen 4. */
+ * A scalar loop loses its time keeping 16 pointers and counters in 15 registers; AVX2's gathers measured slower
+ * than these loads on Zen 4. */
 __attribute__((always_inline)) F64_TARGET static inline void F64_FN(recall4_loop)(
     const float *const fp[4], const int32_t *const list[4], const int32_t *const rank[4], __m128i th, size_t n,
     int shared, __m256d *acc, __m128i *hits) {

@@ -1,4 +1,4 @@
-/* kvs_peak.c — the machine's measured FMA peak and read bandwidth (kvs_peak.h; issue 14). The FMA loops are
+/* kvs_peak.c — the machine's measured FMA peak and read bandwidth (kvs_peak.h). The FMA loops are
  * one per instruction set, compiled with __attribute__((target)) and run only after a CPU check, so the default
  * build (no ISA flags) still measures the widest units the machine has.
  */

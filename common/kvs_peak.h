@@ -1,7 +1,7 @@
-/* kvs_peak.h — the machine's measured ceilings, the yardsticks of `make bench` (issue 14: every replay figure is
- * reported as a fraction of what the hardware does): the fp32 FMA rate of a vector FMA loop on the widest
- * instruction set the CPU has (AVX-512F, AVX2+FMA, or SSE2 multiply+add), per core and on all cores, and the
- * bandwidth of a streaming read from memory. Timed measurements: numbers vary with the machine's load, and
+/* kvs_peak.h — the machine's measured ceilings, the yardsticks of `make bench` (every replay figure is reported
+ * as a fraction of what the hardware does; sim/BENCH.md "Yardsticks and floors"): the fp32 FMA rate of a vector
+ * FMA loop on the widest instruction set the CPU has (AVX-512F, AVX2+FMA, or SSE2 multiply+add), per core and on
+ * all cores, and the bandwidth of a streaming read from memory. Timed measurements: numbers vary with the machine's load, and
  * nothing asserts them.
  */
 #ifndef KVS_PEAK_H
