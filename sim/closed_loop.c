@@ -4,16 +4,20 @@
  * The policy model's attention hook keeps, per (layer, KV head), the policy model's own K/V history as
  * contiguous [positions][head_dim] rows (what sim/policy.h views expect) and its prompt queries; the policy
  * instances read only those. The full model runs in a separate kvs_model_state that this file never reads
- * except for its logits. The selection is checked as the replay engine checks it (range, distinct, budget):
+ * except for its logits. Seeds, the allocation pass, the instances, the selection check (range, distinct, stored
+ * positions, budget), the accounting and the metric formulas are the policy host's (sim/host.h), the replay's own:
  * a violating policy fails the run rather than producing numbers.
  */
 #include "closed_loop.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../common/kvs_math.h"
+#include "../common/sha256.h"
+#include "host.h"
 
 typedef struct {
     const kvs_closed_loop_opts *o;
@@ -37,10 +41,16 @@ typedef struct {
     int32_t *order;         /* [N] */
     uint32_t *sort_scratch; /* [3N] */
     uint8_t *mark;          /* [N] zero between uses */
+    kvs_host_check *check;  /* the host's selection check */
+    kvs_turn turn;          /* the one turn: prompt [0, P), decode [P, N) */
+    uint64_t run_seed;      /* kvs_host_run_seed of this run */
+    int has_merged[KVS_CLOSED_LOOP_MAX_LISTS];
+    uint8_t plain[KVS_CLOSED_LOOP_MAX_LISTS];
     kvs_policy_view *views; /* [Hkv] */
     void **sync;            /* [Hkv] */
     /* attention metrics of the position being forwarded, summed over (layer, query head) */
-    double err_sum, recall_sum, overlap_sum, attended_sum;
+    double err_sum, recall_sum, overlap_sum, attended_sum, storage_sum, traffic_sum;
+    int64_t n_costed;       /* (layer, KV head) costs summed */
     int64_t n_measured;
 } cl_ctx;
 
@@ -52,19 +62,11 @@ static float *prompt_q(const cl_ctx *c, int l, int h) {
     return c->qb + ((size_t)l * (size_t)c->Hkv + (size_t)h) * (size_t)c->P * (size_t)c->G * (size_t)c->d;
 }
 
-/* Same mixer as the replay engine for its first configuration, so a randomised policy draws the same seeds. */
-static uint64_t mix_seed(uint64_t a, uint64_t b) {
-    uint64_t x = a * 0x9E3779B97F4A7C15ull ^ (b + 0x632BE59BD9B4E019ull);
-    x ^= x >> 31;
-    x *= 0xBF58476D1CE4E5B9ull;
-    x ^= x >> 29;
-    return x;
-}
-
 static void ctx_free(cl_ctx *c) {
     if (c->states)
         for (size_t i = 0; i < (size_t)c->L * (size_t)c->Hkv; i++) c->ops->free(c->states[i]);
-    if (c->alloc) c->ops->alloc_free(c->alloc);
+    kvs_host_alloc_free(&c->o->policy, c->alloc);
+    kvs_host_check_free(c->check);
     for (int g = 0; g < c->G; g++) {
         if (c->sel_idx) free(c->sel_idx[g]);
         if (c->pbuf) free(c->pbuf[g]);
@@ -118,6 +120,8 @@ static kvs_status ctx_alloc(cl_ctx *c) {
         !c->row_v || !c->pbuf || !c->gk || !c->gv || !c->fullp || !c->fullo || !c->order || !c->sort_scratch ||
         !c->mark || !c->views || !c->sync)
         return kvs_fail(KVS_ERR_NOMEM, "closed loop: out of memory");
+    kvs_status st = kvs_host_check_create(c->N, &c->turn, 1, c->G, &c->check);
+    if (st != KVS_OK) return st;
     for (size_t g = 0; g < G; g++) {
         c->sel_idx[g] = malloc(N * sizeof(int32_t));
         c->pbuf[g] = malloc(N * sizeof(float));
@@ -138,65 +142,29 @@ static void take_kv(cl_ctx *c, int l, int64_t pos, const float *krow, const floa
     }
 }
 
-/* The replay engine's selection contract: 1..p+1 distinct positions in [0, p], K and V rows of a merged slot
- * given together, within the budget (every step, or the prompt part for prompt-only policies). */
-static kvs_status check_sel(cl_ctx *c, int l, int h, const kvs_policy_sel *sel, int64_t p) {
-    int64_t budget = c->budgets[(size_t)l * (size_t)c->Hkv + (size_t)h];
-    for (int li = 0; li < sel->n_lists; li++) {
-        int64_t n = sel->n[li], n_prompt = 0;
-        kvs_status st = KVS_OK;
-        if (n < 1 || n > p + 1)
-            st = kvs_fail(KVS_ERR_STATE, "policy %s selected %lld positions at position %lld", c->ops->name,
-                          (long long)n, (long long)p);
-        for (int64_t j = 0; st == KVS_OK && j < n; j++) {
-            int32_t x = sel->idx[li][j];
-            if (x < 0 || x > p)
-                st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d at position %lld (future or invalid)",
-                              c->ops->name, (int)x, (long long)p);
-            else if (c->mark[x])
-                st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d twice", c->ops->name, (int)x);
-            else if ((sel->row_k[li][j] == NULL) != (sel->row_v[li][j] == NULL))
-                st = kvs_fail(KVS_ERR_STATE, "policy %s gave a merged slot at position %d with one of its K/V rows",
-                              c->ops->name, (int)x);
-            else {
-                c->mark[x] = 1;
-                n_prompt += x < c->P;
-            }
-        }
-        for (int64_t j = 0; j < n; j++) {
-            int32_t x = sel->idx[li][j];
-            if (x >= 0 && x <= p) c->mark[x] = 0;
-        }
-        if (st != KVS_OK) return st;
-        if (c->ops->budget_scope == KVS_BUDGET_EVERY_STEP && n > budget)
-            return kvs_fail(KVS_ERR_STATE, "policy %s attended %lld positions over its budget %lld at position %lld",
-                            c->ops->name, (long long)n, (long long)budget, (long long)p);
-        if (c->ops->budget_scope == KVS_BUDGET_PROMPT && n_prompt > budget)
-            return kvs_fail(KVS_ERR_STATE, "policy %s kept %lld prompt positions over its budget %lld", c->ops->name,
-                            (long long)n_prompt, (long long)budget);
-    }
-    return KVS_OK;
-}
-
-/* The replay's attention metrics of one query head: exact attention of q over the policy model's own history
- * 0..p against the output over the selected list (out_err, recall of unmerged entries, top-k overlap). */
+/* The replay's attention metrics of one query head (kvs_host_metrics): exact attention of q over the policy model's
+ * own history 0..p against the output over the selected list (out_err, recall of unmerged entries, top-k overlap). */
 static void measure_head(cl_ctx *c, const float *q, const float *hk, const float *hv, const int32_t *list,
-                         const float *const *merged, int64_t n, int64_t p, const float *out) {
+                         const float *const *merged, int64_t n, int64_t p, const float *out, const kvs_policy_cost *cost) {
     size_t d = (size_t)c->d, np = (size_t)p + 1;
     kvs_attention(q, hk, hv, d, NULL, np, d, c->pm.scale, c->fullp, c->fullo);
     kvs_argsort_desc(c->fullp, np, c->order, c->sort_scratch);
     for (int64_t r = 0; r < n; r++) c->mark[c->order[r]] = 1; /* the top-|S| of the full attention */
-    double recall = 0;
-    int64_t hit = 0;
+    kvs_host_sums sums = {0};
     for (int64_t j = 0; j < n; j++) {
-        if (!merged || !merged[j]) recall += c->fullp[list[j]];
-        hit += c->mark[list[j]];
+        double pj = c->fullp[list[j]];
+        sums.recall_merged += pj;
+        if (!merged || !merged[j]) sums.recall += pj;
+        sums.hit += c->mark[list[j]];
     }
     for (int64_t r = 0; r < n; r++) c->mark[c->order[r]] = 0;
-    c->err_sum += kvs_rel_l2(c->fullo, out, d);
-    c->recall_sum += recall;
-    c->overlap_sum += (double)hit / (double)n;
-    c->attended_sum += (double)n;
+    kvs_host_out_sums(c->fullo, out, (int64_t)d, &sums);
+    double v[KVS_N_METRICS];
+    kvs_host_metrics(&c->pm, p, n, &sums, cost, v);
+    c->err_sum += v[KVS_M_OUT_ERR];
+    c->recall_sum += v[KVS_M_ATTN_RECALL];
+    c->overlap_sum += v[KVS_M_TOPK_OVERLAP];
+    c->attended_sum += v[KVS_M_ATTENDED];
     c->n_measured++;
 }
 
@@ -219,7 +187,6 @@ static kvs_status policy_attention(void *user, int l, int pos, const float *q, c
         c->sync[h] = c->states[(size_t)l * (size_t)c->Hkv + (size_t)h];
     }
     /* Oracles are refused before the run (they would need full attention the policy model does not have). */
-    if (ops->layer_pre_select && (st = ops->layer_pre_select(c->sync, c->Hkv, c->views)) != KVS_OK) return st;
     kvs_policy_sel sel = {.idx = c->sel_idx, .n = c->sel_n, .cap = c->N, .row_k = c->row_k, .row_v = c->row_v,
                           .n_lists = c->n_lists};
     for (int h = 0; h < c->Hkv; h++) {
@@ -227,12 +194,19 @@ static kvs_status policy_attention(void *user, int l, int pos, const float *q, c
         const kvs_policy_view *view = &c->views[h];
         for (int li = 0; li < sel.n_lists; li++) sel.n[li] = 0;
         if ((st = ops->select(state, view, &sel)) != KVS_OK) return st;
-        if ((st = check_sel(c, l, h, &sel, p)) != KVS_OK) return st;
-        double slots = 0;
+        double kv_slots, dedup;
+        if ((st = kvs_host_check_sel(c->check, ops, state, &sel, p, c->budgets[(size_t)l * (size_t)c->Hkv + (size_t)h],
+                                     c->has_merged, c->plain, &kv_slots, &dedup)) != KVS_OK)
+            return st;
+        /* the step's cost as the replay counts it (stored() ∪ S_t, the policy's account()), before the metrics */
+        kvs_policy_cost cost;
+        kvs_host_cost(ops, state, &c->pm, view, &sel, kv_slots, dedup, &cost);
+        c->storage_sum += cost.storage_bytes;
+        c->traffic_sum += cost.traffic_bytes;
+        c->n_costed++;
         for (int g = 0; g < c->G; g++) {
             int li = sel.n_lists == 1 ? 0 : g;
-            int merged = 0;
-            for (int64_t j = 0; j < sel.n[li]; j++) merged |= sel.row_k[li][j] != NULL;
+            int merged = c->has_merged[li];
             const float *keys = view->k, *vals = view->v;
             const int32_t *idx = sel.idx[li];
             if (merged) { /* gather trace rows and the policy's merged rows in list order */
@@ -250,17 +224,7 @@ static kvs_status policy_attention(void *user, int l, int pos, const float *q, c
             lse[h * c->G + g] = (float)kvs_attention(view->q + (size_t)g * d, keys, vals, d, idx, (size_t)sel.n[li], d,
                                                      c->pm.scale, c->pbuf[g], out);
             measure_head(c, view->q + (size_t)g * d, view->k, view->v, sel.idx[li], merged ? sel.row_k[li] : NULL,
-                         sel.n[li], p, out);
-        }
-        for (int li = 0; li < sel.n_lists; li++) slots += (double)sel.n[li];
-        /* Memory is replay's business; account() is still called at its point of the call order (policy.h). */
-        if (ops->account) {
-            kvs_policy_cost cost = {0};
-            cost.kv_bytes = cost.dedup_kv_bytes = cost.read_kv_bytes = kvs_policy_kv_bytes(&c->pm, slots);
-            cost.write_bytes = kvs_policy_kv_bytes(&c->pm, (double)sel.n_lists);
-            cost.storage_bytes = cost.kv_bytes;
-            cost.traffic_bytes = cost.read_kv_bytes;
-            ops->account(state, view, &sel, &cost);
+                         sel.n[li], p, out, &cost);
         }
         if (ops->observe && (st = ops->observe(state, view, &sel, (const float *const *)c->pbuf)) != KVS_OK) return st;
         for (int li = 0; li < sel.n_lists; li++) {
@@ -272,46 +236,29 @@ static kvs_status policy_attention(void *user, int l, int pos, const float *q, c
     return KVS_OK;
 }
 
-/* Allocation pass, instances and prefill over the policy model's prompt (POLICY_SPEC §1.2). */
+/* The first prompt of (layer, KV head) as the allocation pass reads it (kvs_host_prompt_view_fn). */
+static kvs_status prompt_view(void *user, int l, int h, kvs_policy_view *view) {
+    cl_ctx *c = user;
+    *view = (kvs_policy_view){
+        .n = c->P, .group = c->G, .head_dim = c->d, .scale = c->pm.scale, .k = hist(c, c->hk, l, h),
+        .v = hist(c, c->hv, l, h), .q = prompt_q(c, l, h), .q_first = 0, .n_q = c->P, .turn_begin = 0,
+        .prompt_end = c->P, .turn = 0, .full_probs = NULL, .block_begin = 0, .last_block = 1,
+    };
+    return KVS_OK;
+}
+
+/* Allocation pass, instances and prefill over the policy model's prompt (POLICY_SPEC §1.2), through the host. */
 static kvs_status start_policy(cl_ctx *c) {
     const struct kvs_policy_ops *ops = c->ops;
     const kvs_policy_config *cfg = &c->o->policy;
-    size_t LH = (size_t)c->L * (size_t)c->Hkv;
-    kvs_status st;
-    for (size_t i = 0; i < LH; i++) c->budgets[i] = c->o->budget;
-    if (ops->alloc_begin) {
-        if ((st = ops->alloc_begin(cfg, &c->pm, c->o->budget, &c->alloc)) != KVS_OK) {
-            c->alloc = NULL;
-            return st;
-        }
-        for (int l = 0; l < c->L; l++)
-            for (int h = 0; h < c->Hkv; h++) {
-                kvs_policy_view view = {
-                    .n = c->P, .group = c->G, .head_dim = c->d, .scale = c->pm.scale, .k = hist(c, c->hk, l, h),
-                    .v = hist(c, c->hv, l, h), .q = prompt_q(c, l, h), .q_first = 0, .n_q = c->P, .turn_begin = 0,
-                    .prompt_end = c->P, .turn = 0, .full_probs = NULL, .block_begin = 0, .last_block = 1,
-                };
-                if ((st = ops->alloc_prefill(c->alloc, l, h, &view)) != KVS_OK) return st;
-            }
-        if ((st = ops->alloc_end(c->alloc, c->budgets)) != KVS_OK) return st;
-        for (size_t i = 0; i < LH; i++)
-            if (c->budgets[i] < 1)
-                return kvs_fail(KVS_ERR_STATE, "policy %s allocated budget %lld to (layer %zu, kv head %zu)", ops->name,
-                                (long long)c->budgets[i], i / (size_t)c->Hkv, i % (size_t)c->Hkv);
-        if (ops->alloc_shared) c->shared = ops->alloc_shared(c->alloc);
-    }
+    kvs_status st = kvs_host_alloc_pass(cfg, &c->pm, c->o->budget, prompt_view, c, c->budgets, &c->alloc, &c->shared);
+    if (st != KVS_OK) return st;
     for (int l = 0; l < c->L; l++) {
-        for (int h = 0; h < c->Hkv; h++) {
-            kvs_policy_init init = {
-                .model = &c->pm, .cfg = cfg, .layer = l, .kv_head = h,
-                .budget = c->budgets[(size_t)l * (size_t)c->Hkv + (size_t)h], .budget_nominal = c->o->budget,
-                .seed = mix_seed(mix_seed(1, (uint64_t)l), (uint64_t)h), .shared = c->shared,
-            };
-            if ((st = ops->create(&init, &c->states[(size_t)l * (size_t)c->Hkv + (size_t)h])) != KVS_OK) return st;
-        }
-        int64_t blk = ops->prefill_block ? ops->prefill_block(c->states[(size_t)l * (size_t)c->Hkv]) : 0;
-        if (blk < 0)
-            return kvs_fail(KVS_ERR_STATE, "policy %s asked for prefill blocks of %lld positions", ops->name, (long long)blk);
+        int64_t blk = 0;
+        void **states = c->states + (size_t)l * (size_t)c->Hkv;
+        if ((st = kvs_host_create_layer(cfg, &c->pm, c->o->budget, c->budgets + (size_t)l * (size_t)c->Hkv,
+                                        c->run_seed, l, c->shared, states, &blk)) != KVS_OK)
+            return st;
         size_t Gd = (size_t)c->G * (size_t)c->d;
         for (int64_t bb = 0; bb < c->P;) {
             int64_t be = blk > 0 && bb + blk < c->P ? bb + blk : c->P;
@@ -322,7 +269,7 @@ static kvs_status start_policy(cl_ctx *c) {
                     .turn_begin = 0, .prompt_end = c->P, .turn = 0, .full_probs = NULL, .block_begin = bb,
                     .last_block = be == c->P,
                 };
-                c->sync[h] = c->states[(size_t)l * (size_t)c->Hkv + (size_t)h];
+                c->sync[h] = states[h];
                 if ((st = ops->prefill(c->sync[h], &view)) != KVS_OK) return st;
             }
             if (ops->layer_sync && (st = ops->layer_sync(c->sync, c->Hkv, KVS_SYNC_PREFILL)) != KVS_OK) return st;
@@ -330,6 +277,25 @@ static kvs_status start_policy(cl_ctx *c) {
         }
     }
     return KVS_OK;
+}
+
+/* The run's identity as far as its policy instances can tell (kvs_host_run_seed's content hash): the model's
+ * shape (not its file name: a path is no identity) and the tokens it reads, the mode and the generation length. */
+static void run_identity(const kvs_closed_loop_opts *o, const kvs_model_config *mc, char out[65]) {
+    kvs_sha256_ctx h;
+    uint8_t dig[32];
+    char head[512];
+    int len = snprintf(head, sizeof head, "closed-loop|%d,%d,%d,%d,%d,%d,%d|%lld|%d|%lld|", mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->head_dim, mc->dim, mc->vocab_size,
+                       mc->max_seq_len, (long long)o->prompt_len, o->free_running, (long long)o->max_new);
+    kvs_sha256_init(&h);
+    kvs_sha256_update(&h, head, (size_t)len);
+    for (int64_t i = 0; i < o->n_tokens; i++) {
+        uint8_t b[4] = {(uint8_t)o->tokens[i], (uint8_t)(o->tokens[i] >> 8), (uint8_t)(o->tokens[i] >> 16),
+                        (uint8_t)(o->tokens[i] >> 24)};
+        kvs_sha256_update(&h, b, 4);
+    }
+    kvs_sha256_final(&h, dig);
+    for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", dig[i]);
 }
 
 double kvs_closed_loop_kl(const float *a, const float *b, int64_t n) {
@@ -388,6 +354,8 @@ static kvs_status finish_result(kvs_closed_loop_result *r) {
         r->attn_recall_mean += s->attn_recall / (double)n;
         r->topk_overlap_mean += s->topk_overlap / (double)n;
         r->attended_mean += s->attended / (double)n;
+        r->storage_bytes_mean += s->storage_bytes / (double)n;
+        r->traffic_bytes_mean += s->traffic_bytes / (double)n;
         errs[i] = s->out_err;
     }
     qsort(errs, (size_t)n, sizeof *errs, cmp_double);
@@ -407,6 +375,8 @@ static kvs_status validate_opts(const kvs_closed_loop_opts *o, const kvs_model_c
         return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s is an oracle: it needs full attention, which a model decoding "
                         "with a compressed cache does not have", o->policy.ops->name);
     if (o->budget < 1) return kvs_fail(KVS_ERR_INVALID_ARG, "budget %lld must be >= 1", (long long)o->budget);
+    if (mc->n_kv_heads < 1 || mc->n_heads / mc->n_kv_heads > KVS_CLOSED_LOOP_MAX_LISTS)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "closed loop: at most %d query heads per KV head", KVS_CLOSED_LOOP_MAX_LISTS);
     for (int64_t i = 0; i < o->n_tokens; i++)
         if (o->tokens[i] < 0 || o->tokens[i] >= mc->vocab_size)
             return kvs_fail(KVS_ERR_RANGE, "token %lld (id %d) is outside the vocabulary [0, %d)", (long long)i,
@@ -445,6 +415,12 @@ kvs_status kvs_closed_loop_run(const kvs_closed_loop_opts *o, kvs_closed_loop_re
         .max_new_tokens = o->free_running ? o->max_new : o->n_tokens - c.P, .max_seq_len = mc->max_seq_len,
     };
     c.n_lists = kvs_policy_layout(&o->policy) == KVS_SEL_PER_QUERY_HEAD ? c.G : 1;
+    c.turn = (kvs_turn){.begin = 0, .prompt_end = c.P, .end = N};
+    {
+        char identity[65];
+        run_identity(o, mc, identity);
+        c.run_seed = kvs_host_run_seed(identity, &o->policy, o->budget, &c.pm);
+    }
     kvs_model_state *full = NULL, *pol = NULL;
     kvs_closed_loop_result *r = calloc(1, sizeof *r);
     const int64_t V = mc->vocab_size;
@@ -504,8 +480,8 @@ kvs_status kvs_closed_loop_run(const kvs_closed_loop_opts *o, kvs_closed_loop_re
         int32_t in_pol = o->free_running ? tok_pol : o->tokens[p];
         KVS_TRY(st = kvs_model_forward(full, in_full, (int)p, &fl));
         memcpy(full_logits, fl, (size_t)V * sizeof(float));
-        c.err_sum = c.recall_sum = c.overlap_sum = c.attended_sum = 0;
-        c.n_measured = 0;
+        c.err_sum = c.recall_sum = c.overlap_sum = c.attended_sum = c.storage_sum = c.traffic_sum = 0;
+        c.n_measured = c.n_costed = 0;
         KVS_TRY(st = kvs_model_forward(pol, in_pol, (int)p, &pl));
         kvs_closed_loop_step *s = &r->steps[r->n_steps];
         s->position = p;
@@ -520,6 +496,9 @@ kvs_status kvs_closed_loop_run(const kvs_closed_loop_opts *o, kvs_closed_loop_re
         s->attn_recall = c.recall_sum / nm;
         s->topk_overlap = c.overlap_sum / nm;
         s->attended = c.attended_sum / nm;
+        double nc = c.n_costed > 0 ? (double)c.n_costed : 1.0;
+        s->storage_bytes = c.storage_sum / nc;
+        s->traffic_bytes = c.traffic_sum / nc;
         if (o->on_step) o->on_step(o->on_step_user, r->n_steps, full_logits, pl);
         r->n_steps++;
         if (o->free_running) {

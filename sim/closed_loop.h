@@ -5,9 +5,10 @@
  *  - the FULL model: plain kvs_model_forward, full causal attention;
  *  - the POLICY model: its own kvs_model_state whose attention (kvs_model_state_set_attn) attends, for every
  *    layer and KV head, only to the set S_t the policy selects. The policy is the same plugin replay runs
- *    (sim/policy.h, policies/), driven with the replay engine's call order (POLICY_SPEC §1.2): allocation pass
- *    over the first prompt, create, prefill (in blocks when the policy asks), then per decode position
- *    [layer_pre_select] -> select -> attention over S_t -> account -> observe [-> layer_sync]. Every view the
+ *    (sim/policy.h, policies/), driven through the policy host that the replay drives too (sim/host.h: seeds,
+ *    allocation pass, instances, selection check, accounting, metric formulas), in the replay's call order
+ *    (POLICY_SPEC §1.2): allocation pass over the first prompt, create, prefill (in blocks when the policy asks),
+ *    then per decode position select -> attention over S_t -> account -> observe [-> layer_sync]. Every view the
  *    policy gets is built from the POLICY model's own queries, keys and values: it never sees the full model's
  *    states (a leak test perturbs the full model and checks the policy model does not move).
  *
@@ -27,8 +28,9 @@
  *    they differ and the fraction of steps where they agree. KL and NLL are recorded per step too (each
  *    model's next-token distribution on its own context; the NLL is of the FULL model's token).
  *
- * Determinism: same model, tokens, policy configuration and budget give the same numbers (policy seeds derive
- * from (layer, KV head) as in replay). Single-threaded policy work; the model's matrix products use `pool`.
+ * Determinism: same model, tokens, policy configuration and budget give the same numbers: policy seeds come from
+ * the run's identity (the model's shape, the tokens, the mode, the policy's canonical spec and the budget;
+ * kvs_host_run_seed) and the (layer, KV head). Single-threaded policy work; the model's matrix products use `pool`.
  */
 #ifndef KVS_CLOSED_LOOP_H
 #define KVS_CLOSED_LOOP_H
@@ -39,6 +41,9 @@
 #include "../common/threadpool.h"
 #include "../gpu_capture/model.h"
 #include "policy.h"
+
+/* The most lists a policy selects at once (one per query head of a KV group). */
+#define KVS_CLOSED_LOOP_MAX_LISTS 64
 
 typedef struct {
     const kvs_model *model;      /* borrowed */
@@ -69,6 +74,8 @@ typedef struct {
     double out_err, attn_recall, topk_overlap; /* policy model's attention vs exact attention over its own
                                                 * history, mean over layers and query heads */
     double attended;         /* mean |S_t| over layers and query heads */
+    double storage_bytes, traffic_bytes; /* the step's resident and read bytes per KV head, mean over layers and KV
+                                          * heads: the replay's accounting (sim/host.h kvs_host_cost) */
 } kvs_closed_loop_step;
 
 typedef struct {
@@ -79,6 +86,7 @@ typedef struct {
     double kl_mean, kl_max, top1_agree;  /* top1_agree: fraction of steps with full_top1 == policy_top1 */
     double nll_full_mean, nll_policy_mean, ppl_full, ppl_policy; /* ppl = exp(mean NLL) */
     double out_err_mean, out_err_p95, attn_recall_mean, topk_overlap_mean, attended_mean;
+    double storage_bytes_mean, traffic_bytes_mean;
     /* free-running only (0 / NULL otherwise) */
     int64_t n_generated;         /* steps generated (may stop early at EOS) */
     int32_t *full_tokens, *policy_tokens; /* [n_generated] each model's generated tokens */

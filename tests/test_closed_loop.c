@@ -382,6 +382,122 @@ static void test_bad_options_are_rejected(void **state) {
     assert_int_equal(kvs_closed_loop_run(&o, &r), KVS_ERR_RANGE);
 }
 
+/* ---- one host for both drivers ---- */
+
+/* A test policy that keeps every position it has seen (stored(): 0..p, a selection-only policy's host store on the
+ * device) but attends only the last `window` of them; account() records what the host pre-filled. With `bad_store`
+ * its stored() also names the next, future position: a contract violation the host must catch in both drivers. */
+typedef struct {
+    int64_t n;         /* positions seen */
+    int64_t budget;
+    int bad_store;
+} keepall_state;
+
+static double g_seen_kv_bytes, g_expected_kv_bytes;
+static int64_t g_account_calls, g_account_mismatch;
+static int g_bad_store;
+
+static kvs_status ka_create(const kvs_policy_init *init, void **out) {
+    keepall_state *s = calloc(1, sizeof *s);
+    if (!s) return KVS_ERR_NOMEM;
+    s->budget = init->budget;
+    s->bad_store = g_bad_store;
+    *out = s;
+    return KVS_OK;
+}
+static void ka_free(void *st) { free(st); }
+static kvs_status ka_prefill(void *st, const kvs_policy_view *v) {
+    ((keepall_state *)st)->n = v->n;
+    return KVS_OK;
+}
+static kvs_status ka_select(void *st, const kvs_policy_view *v, kvs_policy_sel *sel) {
+    keepall_state *s = st;
+    s->n = v->n;
+    int64_t w = v->n < s->budget ? v->n : s->budget;
+    for (int64_t j = 0; j < w; j++) sel->idx[0][j] = (int32_t)(v->n - w + j);
+    sel->n[0] = w;
+    return KVS_OK;
+}
+static int64_t ka_stored(void *st, int g, int32_t *out) {
+    (void)g;
+    keepall_state *s = st;
+    for (int64_t j = 0; j < s->n; j++) out[j] = (int32_t)j;
+    if (s->bad_store) {
+        out[s->n] = (int32_t)s->n; /* the position after the current one */
+        return s->n + 1;
+    }
+    return s->n;
+}
+static void ka_account(void *st, const kvs_policy_view *v, const kvs_policy_sel *sel, kvs_policy_cost *c) {
+    (void)st, (void)sel;
+    g_account_calls++;
+    /* the default accounting counts the stored positions with the attended ones: all n of them, 2 x d x 2 bytes */
+    g_expected_kv_bytes = (double)v->n * 2.0 * v->head_dim * 2.0;
+    g_seen_kv_bytes = c->kv_bytes;
+    if (c->kv_bytes != g_expected_kv_bytes) g_account_mismatch++;
+}
+static const struct kvs_policy_ops keepall_ops = {
+    .name = "keepall_window", .summary = "test: stores everything, attends a window",
+    .budget_scope = KVS_BUDGET_EVERY_STEP, .create = ka_create, .free = ka_free, .prefill = ka_prefill,
+    .select = ka_select, .stored = ka_stored, .account = ka_account,
+};
+
+/* The closed loop's accounting is the replay's (sim/host.h): account() is handed KV of stored() ∪ S_t, not of S_t
+ * alone, and the step's storage is what the policy holds. */
+static void test_closed_loop_accounts_as_the_replay(void **state) {
+    fixture *f = *state;
+    NEED_MODEL(f);
+    kvs_closed_loop_opts o = tf_opts(f, "window", 4);
+    assert_int_equal(kvs_policy_parse_ops(&keepall_ops, NULL, &o.policy), KVS_OK);
+    g_bad_store = 0;
+    g_account_calls = g_account_mismatch = 0;
+    kvs_closed_loop_result *r = NULL;
+    assert_int_equal(kvs_closed_loop_run(&o, &r), KVS_OK);
+    assert_true(g_account_calls > 0);
+    if (g_account_mismatch)
+        fail_msg("account() saw kv_bytes %.0f where stored() ∪ S_t holds %.0f", g_seen_kv_bytes, g_expected_kv_bytes);
+    /* resident storage: every position seen at each step, averaged over the steps */
+    const kvs_model_config *mc = &kvs_model_info_get(f->m)->config;
+    double row = 2.0 * mc->head_dim * 2.0, expect = 0;
+    for (int64_t i = 0; i < r->n_steps; i++) expect += (double)(r->steps[i].position + 1) * row;
+    expect /= (double)r->n_steps;
+    assert_true(fabs(r->storage_bytes_mean - expect) <= 1e-9 * expect);
+    assert_true(r->steps[0].traffic_bytes == 4 * row); /* the window of 4 read */
+    kvs_closed_loop_result_free(r);
+}
+
+/* The selection check is the replay's: a stored() position in the future fails the run in closed loop too. */
+static void test_closed_loop_checks_stored_positions(void **state) {
+    fixture *f = *state;
+    NEED_MODEL(f);
+    kvs_closed_loop_opts o = tf_opts(f, "window", 4);
+    assert_int_equal(kvs_policy_parse_ops(&keepall_ops, NULL, &o.policy), KVS_OK);
+    g_bad_store = 1;
+    kvs_closed_loop_result *r = NULL;
+    assert_int_equal(kvs_closed_loop_run(&o, &r), KVS_ERR_STATE);
+    assert_non_null(strstr(kvs_last_error(), "future or invalid"));
+    assert_null(r);
+    g_bad_store = 0;
+}
+
+/* A randomised policy's closed loop is seeded from the run's identity: the same run gives the same numbers; another
+ * budget is another run. */
+static void test_closed_loop_seeds_from_identity(void **state) {
+    fixture *f = *state;
+    NEED_MODEL(f);
+    kvs_closed_loop_opts o = tf_opts(f, "keyformer", 8);
+    kvs_closed_loop_result *a = NULL, *b = NULL;
+    assert_int_equal(kvs_closed_loop_run(&o, &a), KVS_OK);
+    assert_int_equal(kvs_closed_loop_run(&o, &b), KVS_OK);
+    assert_int_equal(a->n_steps, b->n_steps);
+    for (int64_t i = 0; i < a->n_steps; i++) {
+        assert_true(a->steps[i].kl == b->steps[i].kl);
+        assert_true(a->steps[i].out_err == b->steps[i].out_err);
+    }
+    kvs_closed_loop_result_free(a);
+    kvs_closed_loop_result_free(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full_policy_is_bit_identical),
@@ -390,6 +506,9 @@ int main(void) {
         cmocka_unit_test(test_policy_model_never_sees_the_full_model),
         cmocka_unit_test(test_free_running_agrees_with_teacher_forcing_on_its_own_tokens),
         cmocka_unit_test(test_bad_options_are_rejected),
+        cmocka_unit_test(test_closed_loop_accounts_as_the_replay),
+        cmocka_unit_test(test_closed_loop_checks_stored_positions),
+        cmocka_unit_test(test_closed_loop_seeds_from_identity),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
