@@ -1,21 +1,29 @@
 /* kv_stream.h — one (layer, KV head) stream of a trace, position by position, with its K/V history and,
- * on request, exact causal full attention: the iterator that `kvsim verify`, the replay engine and the
- * analysis commands share instead of each re-assembling blocks into a history (../shared/DESIGN.md
- * "Replay": full attention O_t over 0..t from the trace's own Q/K/V; trace layout: trace/FORMAT.md).
+ * on request, exact causal full attention: the iterator the trace analyses share (analysis/: `kvsim attn`,
+ * `drift`, `heads`, `keys`) instead of each re-assembling blocks into a history (../shared/DESIGN.md "Replay":
+ * full attention O_t over 0..t from the trace's own Q/K/V; trace layout: trace/FORMAT.md). The replay engine
+ * (sim/replay.c) reads its kvs_replay_source's blocks itself (a trace or arrays in memory), keeps one history per
+ * task for all its configurations and computes its reference for blocks of positions at once; `kvsim verify`
+ * (trace/verify.c) keeps a history of its own because it sits below sim/.
  *
  * A stream reads the trace block by block (kvs_trace_stream_open/next: one block in memory at a time) and
  * hands out one position per kvs_kv_stream_next(): its G = n_heads / n_kv_heads queries, the keys and
  * values of positions 0..pos (this one included) as contiguous [pos+1][head_dim] arrays, the stored o and
  * lse, its token, turn and role. With KVS_KV_STREAM_FULL_ATTN it also computes, for every query head of the
- * group, softmax(scale q K^T) over positions 0..pos and the output, with kvs_attention() (common/kvs_math.h)
- * on the same arguments and layout as the replay engine's full attention, so the numbers are bit for bit
- * the replay engine's.
+ * group, softmax(scale q K^T) over positions 0..pos and the output with kvs_attention() (common/kvs_math.h;
+ * with KVS_KV_STREAM_SCORES its three steps, keeping the scores). A row's numbers equal kvs_attention()'s on the
+ * same rows bit for bit whichever kernel computes them, and so does the replay engine's blocked reference
+ * (kvs_attention_causal_block), so the numbers are the replay engine's bit for bit. On a lean trace
+ * (--record qkv) with FULL_ATTN, the position's o and lse are this stream's own full attention (the reader does
+ * not compute them a second time).
  *
- * On an fp16 or bf16 trace, FULL_ATTN (without SCORES) keeps the history in those 16 bits as well and computes
- * the full attention from them (kvs_attention_group16: half the bytes read, the same numbers bit for bit, half
- * again the history's memory); KVS_KV16=0 in the environment turns that off (common/kvs_math_simd.h).
+ * On an fp16 or bf16 trace, FULL_ATTN without SCORES keeps the history in those 16 bits as well (head_dim up to
+ * KVS_KV16_MAX_DIM, a little-endian machine) and computes the full attention of the group from them
+ * (kvs_attention_group16: half the bytes read, the same numbers bit for bit, half again the history's memory);
+ * KVS_KV16=0 in the environment turns that off (common/kvs_math_simd.h).
  *
- * Memory: the history buffers (n_positions x 2 x head_dim floats) and, with FULL_ATTN, G x n_positions
+ * Memory: the history buffers (n_positions x 2 x head_dim floats, on huge pages where the system has them:
+ * kvs_alloc_rows; plus as many 16-bit values with the 16-bit history) and, with FULL_ATTN, G x n_positions
  * floats of probabilities (twice that with SCORES) are allocated at open for the whole trace so that the
  * history never moves; the OS commits their pages as positions arrive, so a stream that stops early costs
  * what it used. Everything else is one block and O(G x head_dim).

@@ -1,8 +1,12 @@
-/* metrics.h — the one table of replay metrics. The engine (sim/replay.c) fills one value per metric for
- * every measured sample (run, layer, query head, position); the aggregation, the results schema
- * (sim/results.c, sim/SCHEMA.md: one `<name>_<stat>` column per metric and statistic, one `steps` column
- * per metric), `kvsim runs`, `kvsim compare` and the plots all iterate this table, so a new metric is one
- * enum value plus one table line (sim/metrics.c).
+/* metrics.h — the one table of replay metrics: KVS_METRIC_LIST below. The policy host computes one value per
+ * metric for every measured sample (run, layer, query head, position): kvs_host_metrics (sim/host.h) holds the
+ * formulas, and the replay engine (sim/replay.c) records the values as samples and step series. The enum
+ * kvs_metric, kvs_metric_table (sim/metrics.c), the named members of kvs_results_agg / kvs_results_step
+ * (sim/results.h) and the results schema's columns (sim/results.c, sim/SCHEMA.md: one `<name>_<stat>` column per
+ * metric and statistic, one `steps` column per metric) are generated from the list, and `kvsim runs`, `kvsim
+ * compare`, the plots and the report iterate the table. So a new metric is one line appended to the list plus its
+ * formula in kvs_host_metrics; a database written before it gains its columns at the next open for writing
+ * (sim/SCHEMA.md "Versions and migration").
  *
  * Definitions follow ../shared/DESIGN.md ("Metrics") and ../shared/POLICY_SPEC.md §1.5 (storage classes,
  * traffic, transfers) and §1.6 (per-step metrics). All byte metrics are per (layer, KV head) per step: the

@@ -1,5 +1,5 @@
 /* ref_rank.c — the leading part of the full attention's ranking, for the replay's top-k overlap (semantics in
- * ref_rank.h; POLICY_SPEC.md §1.6 topk_overlap; issue 17, sim/BENCH.md "Fifth pass").
+ * ref_rank.h; POLICY_SPEC.md §1.6 topk_overlap; sim/BENCH.md "Work shared between a task's configurations").
  *
  * kvs_argsort_desc sorts all p+1 probabilities of a row at every measured step (4 radix passes over the row);
  * the overlap needs the order only down to the longest list measured. Here: one pass computes the sort keys

@@ -1,5 +1,5 @@
 /* ref_rank.h — the replay engine's ranking of the full attention for the top-k overlap metric (../shared/DESIGN.md
- * "Metrics", POLICY_SPEC.md §1.6 topk_overlap; issue 17, sim/BENCH.md "Fifth pass").
+ * "Metrics", POLICY_SPEC.md §1.6 topk_overlap; sim/BENCH.md "Work shared between a task's configurations").
  *
  * The top-k overlap of a list of n positions counts its members that are among the n largest probabilities of
  * the full attention row, the n largest as kvs_topk orders them (descending value, ties to the lower index,

@@ -7,8 +7,8 @@
  * is one full set buffer, column-major: float[n_metrics][KVS_SAMPLE_CHUNK] in host byte order (the file
  * never leaves the process). A set remembers the file offset of each of its chunks; a partial buffer stays
  * in memory. The buffer itself is row-major (a push writes one sample's n_metrics floats side by side; column by
- * column each push wrote n_metrics floats 4 KiB apart, a page each: TLB misses that made the push 2% of a
- * sweep's replay; issue 17), transposed into the spill's scratch when it is written. Reading one metric
+ * column each push would write n_metrics floats 4 KiB apart, a page each: TLB misses that made the push 2% of a
+ * sweep's replay), transposed into the spill's scratch when it is written. Reading one metric
  * therefore reads one 4 KiB column per chunk.
  *
  * Order keys. key(f) = bits(f) | 0x80000000 for f >= +0.0 (sign bit clear), ~bits(f) for negative f: an
@@ -276,8 +276,8 @@ static inline double key_value(uint32_t key) {
 }
 
 /* Below this many keys, three 11-bit digits (2048 counts to clear and add up per pass) cost less than two 16-bit
- * ones (65536 each): a replay's (configuration, layer) holds a few thousand samples per metric, where the 16-bit
- * passes spent most of their time on the counts (issue 17, sim/BENCH.md "Fifth pass"). */
+ * ones (65536 each): a replay's (configuration, layer) holds a few thousand samples per metric, where 16-bit
+ * passes spend most of their time on the counts. */
 #define RADIX11_MAX 100000
 
 /* Sorts a[n] ascending; tmp[n] is scratch, cnt[N_BUCKETS] counts. Returns a or tmp, whichever holds the
@@ -359,7 +359,7 @@ static void fold_keys(fold *f, const uint32_t *keys, size_t n) {
 /* FOLD_LANES metrics' folds over n sorted keys each, at the same ranks (every fold at the same `done`): their
  * order statistics read at their ranks, and their Kahan sums as FOLD_LANES independent chains stepped together.
  * Each chain is fold_value's, term for term, so the same bits; one chain alone is bound by the latency of its 4
- * dependent adds per sample, which made the fold a third of the replay's statistics time (issue 17); 8 chains
+ * dependent adds per sample, which made the fold a third of the replay's statistics time; 8 chains
  * measured faster than 4. */
 enum { FOLD_LANES = 8 };
 static void fold_keys_lanes(fold *const f[FOLD_LANES], const uint32_t *const keys[FOLD_LANES], size_t n) {
