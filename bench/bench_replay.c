@@ -4,7 +4,7 @@
  * Data: the trace named by KVSIM_BENCH_TRACE when set, otherwise GENERATED Gaussian data (labelled as
  * such; tests/util/gen_trace.h), which has the shapes of a model but is not one.
  * Numbers go to stdout and are never asserted (DESIGN.md "Quality bar").
- * Also: replay peak memory against trace length (issue 9: bounded by policy state, not trace length), each
+ * Also: replay peak memory against trace length (bounded by policy state, not trace length), each
  * length in a forked child so VmHWM is the replay's own peak.
  */
 #include <math.h>
@@ -33,7 +33,7 @@
     } while (0)
 
 /* FMAs per second of one core: the measured vector peak of the widest instruction set this CPU has
- * (common/kvs_peak.h; the earlier yardstick here was a loop compiled without vector ISA flags, ~4.5x lower). */
+ * (common/kvs_peak.h): a loop compiled without vector ISA flags would understate it several times. */
 static double fma_per_second(void) {
     double best = 0;
     for (int i = 0; i < KVS_PEAK_COUNT; i++) {
@@ -142,9 +142,10 @@ static void memory_row(int64_t n, int nc) {
      * O(samples). */
     const double N = (double)n, d = 16, Hkv = 2, G = 4, HG = 8, mp = 64;
     double history = Hkv * N * d * 4 * 2;
-    /* the full attention rows of a reference block (sim/replay.c: 32/G positions computed together, here 8), their
-     * scores before the softmax (kvs_replay_opts.ref_scores, the policies' S_t scores) and the ranks of the
-     * current position */
+    /* the full attention rows of a reference block, their scores before the softmax (kvs_replay_opts.ref_scores, the
+     * policies' S_t scores) and the ranks of the current position. The block counted is 8 positions; sim/replay.c
+     * computes 64 query rows of a KV head together (ref_block_steps: 16 positions at G = 4), so this part of the
+     * estimate is low. */
     const double ref_block = 8;
     double per_step = Hkv * mp * G * d * 4 + (2 * ref_block + 1) * HG * N * 4 + N * (4 + 12 + 4 + 1) + G * N * (4 + 4 + 8 + 8) + 2 * N * d * 4;
     int tasks = kvs_n_cpus() < NC ? kvs_n_cpus() : NC;

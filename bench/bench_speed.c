@@ -1,10 +1,10 @@
-/* bench_speed.c — replay at the hardware's speed (`make bench`; issue 14): the machine's measured ceilings
- * (vector FMA peak per instruction set, per core and on all cores; streaming-read bandwidth), the attention
- * kernels against them (the full causal reference for a block of decode steps, attention over a selection S_t),
- * each beside the scalar row-by-row path it replaced, and a policy sweep (10 policies x 8 budgets) with every
- * FMA it performs counted against the all-core peak, at 2048 positions and (a full run) again at 8192, the issue's
- * users' length, twice: after a long prompt, and with the decode steps whose pairs match the issue's users' sweep.
- * sim/BENCH.md explains the floors.
+/* bench_speed.c — replay at the hardware's speed (`make bench`): the machine's measured ceilings (vector FMA peak
+ * per instruction set, per core and on all cores; streaming-read bandwidth), the attention kernels against them
+ * (the full causal reference for a block of decode steps, attention over a selection S_t), each beside the naive
+ * scalar row-by-row path, and a policy sweep (10 policies x 8 budgets) with every FMA it performs counted against
+ * the peak, at 2048 positions and (a full run) again at 8192, the length users sweep, twice: after a long prompt,
+ * and with the decode steps whose pairs match a users' sweep of Llama-3.1-8B. sim/BENCH.md explains the floors
+ * and the readings.
  * Data: GENERATED Gaussian q/k/v with the shapes of Llama-family models (d 64 and 128, 4 query heads per KV
  * head), labelled as such; not a model's numbers. Timed figures are never asserted; each section prints the load
  * average when it starts (the machine is shared).
@@ -14,7 +14,7 @@
  * full/window/streaming/topk alone on the sweep's trace, timed, and writes the trace arrays and kvsim's per-layer
  * output errors there for bench/torch_replay.py's side-by-side run.
  * KVSIM_BENCH_KV16_ONLY (optional): stop after the 16-bit K/V part (kernels over fp16 against fp32 in and out of
- * cache, the replay with a 16-bit history against the fp32 one; issue 14), before the sweep.
+ * cache, the replay with a 16-bit history against the fp32 one), before the sweep.
  */
 #include <math.h>
 #include <stdio.h>
@@ -105,7 +105,8 @@ static void machine(int threads) {
 
 /* ---- kernels (1 core) ---- */
 
-/* The old path: row by row, scalar table (what kvs_attention ran before the kernels). */
+/* The naive path, the yardstick of the kernels: row by row through the scalar table, each query row reading
+ * every K/V row. */
 static void attention_rows_scalar(const float *q, size_t nrows, size_t G, const float *k, const float *v, size_t d,
                                   const int32_t *idx, const size_t *len, float *p, float *out) {
     const kvs_math_kernels *s = kvs_math_kernels_for(KVS_ISA_SCALAR);
@@ -212,7 +213,7 @@ static void kernels(int d) {
     TIMED(kvs_attention_group(q, G, k, v, (size_t)d, idx, budget, (size_t)d, 1.0f / sqrtf((float)d), prow, ob, NULL));
     printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "S_t, G heads at once, a window", reps * fma_sel / el,
            100 * reps * fma_sel / el / peak_core_cpu, reps * bytes_sel / el / 1e9, bytes_sel / bw_core / fma_sel);
-    /* every 4th position (what this line measured before): rows 4 * d * 4 bytes apart, a power of two, so their
+    /* every 4th position: rows 4 * d * 4 bytes apart, a power of two, so their
      * cache lines crowd into a quarter (d 64) or an eighth (d 128) of L1's sets and evict each other */
     for (size_t j = 0; j < budget; j++) idx[j] = (int32_t)(4 * j);
     TIMED(kvs_attention_group(q, G, k, v, (size_t)d, idx, budget, (size_t)d, 1.0f / sqrtf((float)d), prow, ob, NULL));
@@ -226,8 +227,8 @@ static void kernels(int d) {
     TIMED(kvs_attention_group(q, G, k, v, (size_t)d, idx, SEL_L2, (size_t)d, 1.0f / sqrtf((float)d), prow, ob, NULL));
     printf("  %-36s %12.3g %13.1f%% %10.2f %16.3g\n", "S_t, G heads at once, |S_t| 256 (L2)", reps * fma_l2 / el,
            100 * reps * fma_l2 / el / peak_core_cpu, reps * bytes_l2 / el / 1e9, bytes_l2 / bw_core / fma_l2);
-    /* What a sweep's policies run at a measured step (sim/BENCH.md "Tenth pass"): S_t's scores gathered from the
-     * reference's row, each head's softmax, the output; FMAs counted: the output's d per pair. The random 1024 of
+    /* What a sweep's policies run at a measured step (sim/BENCH.md "Scores from the reference"): S_t's scores
+     * gathered from the reference's row, each head's softmax, the output; FMAs counted: the output's d per pair. The random 1024 of
      * the lines above. */
     {
         float *srow_mem = malloc(G * N * sizeof *srow_mem);
@@ -248,7 +249,7 @@ static void kernels(int d) {
                100 * reps * fma_out_l2 / el / peak_core_cpu, reps * bytes_v_l2 / el / 1e9,
                bytes_v_l2 / bw_core / fma_out_l2);
         /* One query head's output over its own list: the call a per-query-head selection makes when its lists'
-         * union is refused (sim/BENCH.md "Seventeenth pass"); the output kernel alone, one row */
+         * union is refused (sim/BENCH.md "Per-query-head lists"); the output kernel alone, one row */
         {
             const kvs_math_kernels *km = kvs_math_kernels_active();
             const float *p1 = prow[0];
@@ -470,7 +471,7 @@ static void sweep_run(int threads, const kvs_gen_trace_opts *o, int64_t scale, c
     kvs_replay_opts ro = {.configs = cfgs, .n_configs = nc, .threads = threads, .measure = KVS_MEASURE_DECODE};
     /* KVSIM_BENCH_SWEEP_REPS=n (1..9, default 3) runs of the same sweep, every run's times printed; the figures
      * below are the medians' (wall and CPU s each), the per-policy table the median-CPU run's: on a shared VM one
-     * run's CPU time moved by 10% and more with the other guests' load (sim/BENCH.md) */
+     * run's CPU time moves by 10% and more with the other guests' load (sim/BENCH.md "Comparing two builds") */
     const char *reps_env = getenv("KVSIM_BENCH_SWEEP_REPS");
     int reps = reps_env && reps_env[0] ? atoi(reps_env) : 3;
     if (reps < 1 || reps > 9) {
@@ -529,8 +530,8 @@ static void sweep_run(int threads, const kvs_gen_trace_opts *o, int64_t scale, c
     printf("  FMAs computed (S_t's scores taken from the reference's, so d FMAs a policy pair): %.3g FMA -> %.1f%% of "
            "the all-core peak in wall time, %.1f%% of the per-core peak in CPU time\n",
            fmas_run, 100 * fmas_run / el / peak_all, 100 * fmas_run / cpu / peak_core_cpu);
-    /* The issue's users' sweep: 10 policies x 8 budgets over 32-layer, 8K-position traces of Llama-3.1-8B's shape
-     * (32 query heads), "about 2e11 (query head, attended token) pairs" */
+    /* A users' sweep: 10 policies x 8 budgets over 32-layer, 8K-position traces of Llama-3.1-8B's shape (32 query
+     * heads), about 2e11 (query head, attended token) pairs */
     double pairs_per_head = (ref_pairs + pol_pairs) / ((double)o->n_layers * o->n_heads);
     printf("  (query head, attended token) pairs: %.3g per layer and query head, %.3g at Llama-3.1-8B's 32 layers x 32 "
            "query heads (the issue's users' sweep: about 2e11)\n",
@@ -545,7 +546,7 @@ static void sweep_run(int threads, const kvs_gen_trace_opts *o, int64_t scale, c
 }
 
 /* KVSIM_BENCH_SWEEP_SCALE=s (1..8, default 1): s times the positions (the same 512 decode steps after a longer
- * prompt) and s times every budget; s = 4 is the issue's users' length (8192 positions, budgets 128..2048) */
+ * prompt) and s times every budget; s = 4 is the length users sweep (8192 positions, budgets 128..2048) */
 static int64_t sweep_scale_env(void) {
     const char *scale_env = getenv("KVSIM_BENCH_SWEEP_SCALE");
     int64_t scale = scale_env && scale_env[0] ? atoll(scale_env) : 1;
@@ -557,7 +558,7 @@ static int64_t sweep_scale_env(void) {
 }
 
 /* KVSIM_BENCH_SWEEP_DECODE=n (default 512): the decode steps measured at the end of the trace, the rest its
- * prompt; for the `sweep` parts run alone (a full run sets its own: main below) */
+ * prompt; a full run's two 8192-position sweeps set their own (main below) */
 static int sweep_decode_env(int64_t scale) {
     const char *e = getenv("KVSIM_BENCH_SWEEP_DECODE");
     int n = e && e[0] ? atoi(e) : 512;
@@ -612,7 +613,7 @@ static void sweep(int threads, const char *only, int want32, int want16, int64_t
     kvs_test_replay_fixture_free(&fx);
 }
 
-/* ---- the replay with its K/V history in 16 bits against fp32 (issue 14) ----
+/* ---- the replay with its K/V history in 16 bits against fp32 ----
  * A GENERATED trace of Llama shape (d 128, G 4) whose K/V are rounded to fp16, as a trace's are, replayed with
  * the fp32 history alone (kv16 = -1) and with the 16-bit history beside it (kv16 = 1), alternately, twice each;
  * the numbers of the two are compared (they must be equal bit for bit). Context: 8192 positions, so a task's
@@ -691,7 +692,8 @@ static int kv16_part(int threads) {
 
 /* Optional arguments: "kernels", "sweep" (K/V in fp32) or "sweep16" (K/V in fp16) runs that part alone (after the
  * machine's ceilings), e.g. under perf; "sweep POLICY" the sweep of that one policy (its CPU time is the
- * per-policy figure of sim/BENCH.md). A full run runs both sweeps, then the fp32 sweep at 4x the positions. */
+ * per-policy figure of sim/BENCH.md). A full run runs both sweeps, then the fp32 sweep at 4x the positions in two
+ * shapes (below). */
 int main(int argc, char **argv) {
     int threads = kvs_n_cpus();
     const char *only = argc > 1 ? argv[1] : "";
@@ -712,13 +714,13 @@ int main(int argc, char **argv) {
     int64_t scale = sweep_scale_env();
     sweep(threads, policy, strcmp(only, "sweep16") != 0, strcmp(only, "sweep") != 0, scale, sweep_decode_env(scale),
           1);
-    /* A full run also sweeps at the issue's users' length (8192 positions, budgets 128..2048; fp32 K/V) twice:
+    /* A full run also sweeps at the length users sweep (8192 positions, budgets 128..2048; fp32 K/V) twice:
      * - after a 7680-position prompt, the same 512 decode steps: the policies' prompt scoring (H2O's column sums
      *   over the whole prompt, FMAs that no reading counts) and the value rows' traffic weigh more than at 2048
-     *   (sim/BENCH.md "Fifteenth pass");
+     *   (sim/BENCH.md "Where the time goes now");
      * - 1536 decode steps after a 6656-position prompt: the shape whose pairs, scaled to Llama-3.1-8B's 32 layers x
-     *   32 query heads, are the issue's "about 2e11" (the pairs line of the report; sim/BENCH.md "Twentieth
-     *   pass"). */
+     *   32 query heads, are a users' sweep's, about 2e11 (the pairs line of the report; sim/BENCH.md "Yardsticks
+     *   and floors"). */
     if (!only[0] && scale == 1) {
         sweep(threads, NULL, 1, 0, 4, 512, 0);
         sweep(threads, NULL, 1, 0, 4, 1536, 0);

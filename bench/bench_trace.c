@@ -1,6 +1,6 @@
 /* bench_trace.c — throughput and compression ratio of the trace writer and reader (trace/trace.h,
  * format trace/FORMAT.md) for fp16 / bf16 / fp32 storage, with and without byte shuffle, and the trace bytes per
- * position per layer of real captures (issue 14 "Trace bytes").
+ * position per layer of real captures (trace/FORMAT.md "Trace bytes per position per layer").
  *
  * Data sources, each labelled in the output: GENERATED Gaussian numbers (8 layers x 8 KV heads, G = 4,
  * d = 64, 1024 positions: "generated data (not a model's)") for throughput on a sizeable volume, then a

@@ -1,5 +1,6 @@
 #!/bin/sh
-# cmp_runs.sh — are two kvsim builds' replay numbers identical? (issue 17: speed changes keep every number.)
+# cmp_runs.sh — are two kvsim builds' replay numbers identical? (A speed change keeps every number; sim/BENCH.md
+# "Comparing two builds".)
 # Replays 24 policy configurations at budgets 16,48,100,200 on a generated trace, fp32 and fp16, with the default
 # kernels and with KVS_SIMD=scalar, through each binary, and compares `kvsim runs DB --all --csv` field by field
 # (all but wall_seconds and created_at). SynCKV fails at budgets 16 and 48 on this trace on both sides

@@ -1,5 +1,5 @@
 #!/bin/sh
-# contention.sh — what load on the other core costs the sweep (issue 17, sim/BENCH.md "Fifteenth pass").
+# contention.sh — what load on the other core costs the sweep (sim/BENCH.md "Where the time goes now").
 # `bench_speed sweep` (one run an invocation) pinned to core 1, alone and beside each neighbour of bench/neighbor.c
 # pinned to core 0: fp64 multiply-adds on registers (no memory), reads over 4, 8 and 16 MiB (within the 32 MiB L3
 # of the development machine), reads over 256 MiB (the memory). The neighbours take turns, ROUNDS times, so a

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """gen_llama_checkpoint.py — writes a Llama-SHAPED Hugging Face checkpoint with RANDOM WEIGHTS, for measuring
-speed on realistic shapes only (issue 14: d = 128, 4 or 8 query heads per KV head, 4K-8K positions). It is not a
+speed on realistic shapes only (d = 128, 4 or 8 query heads per KV head, 4K-8K positions). It is not a
 model: its text is noise and no quality number measured on it means anything; config.json says so
 ("kvsim_note"). kvsim names a model after its folder, so OUT_DIR must start with "random-weights" (the traces
 recorded from it then say so too).

@@ -1,5 +1,5 @@
-/* neighbor.c — a controlled neighbour for contention experiments on a shared machine (issue 17, sim/BENCH.md
- * "Fifteenth pass"): what another core's load costs the sweep that shares the caches and the memory with it.
+/* neighbor.c — a controlled neighbour for contention experiments on a shared machine (sim/BENCH.md "Where the
+ * time goes now"): what another core's load costs the sweep that shares the caches and the memory with it.
  *
  *   build/bench/neighbor fma SECONDS      fp64 multiply-adds on registers alone (no memory traffic)
  *   build/bench/neighbor read MIB SECONDS sums a buffer of MIB MiB over and over (4 doubles a step): with MIB

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""torch_replay.py — the side-by-side yardstick of `make bench` (issue 14): the replay of full / window /
+"""torch_replay.py — the side-by-side yardstick of `make bench` (sim/BENCH.md): the replay of full / window /
 streaming / topk written the way a researcher would in PyTorch (one masked softmax over a whole block of decode
 steps, vectorised over heads and steps), on the trace arrays bench_speed wrote (GENERATED data, not a model).
 Numbers first: every per-layer mean output error must equal kvsim's within a stated tolerance, else the timing
