@@ -190,7 +190,7 @@ static void test_verify_fails_on_wrong_output(void **state) {
     kvs_gen_trace_free(g);
 }
 
-/* Unit roundoff of a storage dtype (cli/cmd_trace.c, "The per-row error bound"). */
+/* Unit roundoff of a storage dtype (trace/verify.c, "The per-row error bound"). */
 static double unit_roundoff(kvs_dtype dt) {
     return dt == KVS_DTYPE_F16 ? 1.0 / 2048 : dt == KVS_DTYPE_BF16 ? 1.0 / 256 : 1.0 / 16777216;
 }
