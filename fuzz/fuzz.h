@@ -1,4 +1,4 @@
-/* fuzz.h — shared pieces of the libFuzzer harnesses in fuzz/ (issue 16): the entry point's prototype and a
+/* fuzz.h — shared pieces of the libFuzzer harnesses in fuzz/ (fuzz/README.md): the entry point's prototype and a
  * per-process scratch folder where a harness writes its input as the file the code under test reads (the
  * readers take paths, as kvsim's commands do). Built only by `make fuzz` (fuzz/fuzz.mk), with clang's
  * -fsanitize=fuzzer,address,undefined.

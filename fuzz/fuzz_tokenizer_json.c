@@ -1,7 +1,8 @@
 /* fuzz_tokenizer_json.c — libFuzzer harness of the Hugging Face tokenizer.json loader (gpu_capture/
  * tokenizer_hf.c: model BPE vocab and merges, added tokens, normalizer, pre-tokenizer and decoder chains): the
  * input is tokenizer.json; one that loads then encodes and decodes a few fixed texts, so a hostile chain shows
- * in time and memory (issue 16 (c)). Seeds: fuzz/corpus/tokenizer_json; dictionary fuzz/dict/tokenizer_json.dict.
+ * in time and memory (tests/test_limits.c, case (c)). Seeds: fuzz/corpus/tokenizer_json; dictionary
+ * fuzz/dict/tokenizer_json.dict.
  */
 #include "fuzz.h"
 
