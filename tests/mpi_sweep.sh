@@ -1,5 +1,5 @@
 #!/bin/sh
-# mpi_sweep.sh — CI check of the MPI launcher of `kvsim sweep` (issue 17): a study of the bundled traces on 2 Open MPI
+# mpi_sweep.sh — CI check of the MPI launcher of `kvsim sweep`: a study of the bundled traces on 2 Open MPI
 # ranks (--oversubscribe: CI machines may have fewer cores; --allow-run-as-root: CI runs as root) must give, run by
 # run, the database a one-process sweep of the same study gives. Usage: mpi_sweep.sh MPI_KVSIM KVSIM
 set -eu

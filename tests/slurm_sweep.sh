@@ -1,5 +1,5 @@
 #!/bin/sh
-# slurm_sweep.sh — CI check of examples/slurm/ on a real single-node Slurm (issue 17): starts munged, slurmctld and
+# slurm_sweep.sh — CI check of examples/slurm/ on a real single-node Slurm: starts munged, slurmctld and
 # slurmd under this script (own key, socket, state, spool and logs in a temporary folder, stopped and removed on
 # exit), submits a small study of the bundled traces with examples/slurm/submit.sh (one array element per task,
 # then the dependent merge job), waits for both jobs, and checks that the merged database equals, run by run, the

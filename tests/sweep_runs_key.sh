@@ -1,4 +1,4 @@
-# sweep_runs_key.sh — sourced by tests/mpi_sweep.sh and tests/slurm_sweep.sh (issue 17): runs_key KVSIM DB prints
+# sweep_runs_key.sh — sourced by tests/mpi_sweep.sh and tests/slurm_sweep.sh: runs_key KVSIM DB prints
 # one line per run of DB, every column of `kvsim runs --csv --summary --all` except those that differ between two
 # executions of the same run (id, wall time, write time), sorted; two sweeps of one study give equal lines.
 runs_key() {

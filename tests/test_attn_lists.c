@@ -1,5 +1,5 @@
-/* test_attn_lists.c — kvs_attention_lists() / kvs_attention_lists16() (common/kvs_math.h; sim/BENCH.md "Third
- * pass"): the per-query-head selections of a KV head computed over their union must give every row's
+/* test_attn_lists.c — kvs_attention_lists() / kvs_attention_lists16() (common/kvs_math.h; sim/BENCH.md
+ * "Per-query-head lists"): the per-query-head selections of a KV head computed over their union must give every row's
  * probabilities and output bit for bit as kvs_attention() over the row's own list does, on the kernel table in
  * use (run with KVS_SIMD=scalar / avx512 for the others):
  *  - overlapping ascending lists (the union path), lists with probabilities that underflow to zero and negative

@@ -1,9 +1,9 @@
 /* test_cli_replay.c — `kvsim replay` and the commands reading its database, tried through the kvsim binary
- * ($KVSIM_BIN) the way a new user would (issue 10 "Results you cannot misread, and a CLI that behaves"):
- * degenerate configurations warned about once and noted in the database (item 3), duplicate pairs run once
- * (3), an invalid pair recorded as failed while the others run (4), a trace with nothing to measure refused
- * (2), a corrupt trace leaving no database behind (6), progress and SIGTERM (9), one table layout for replay
- * and runs, runs --csv --summary (10), no -wal/-shm files left after any command, `kvsim policies` (15).
+ * ($KVSIM_BIN) the way a new user would, so that its results cannot be misread:
+ * degenerate configurations warned about once and noted in the database, duplicate pairs run once, an invalid
+ * pair recorded as failed while the others run, a trace with nothing to measure refused, a corrupt trace
+ * leaving no database behind, progress and SIGTERM, one table layout for replay and runs, runs --csv
+ * --summary, no -wal/-shm files left after any command, `kvsim policies`.
  * All traces here are GENERATED test data (tests/util/gen_trace.h), not a model's.
  */
 #include <dirent.h>
@@ -140,7 +140,7 @@ static const char *notes_of(const kvs_json *run) {
 }
 
 /* ------------------------------------------------------------------------------------------------
- * item 3: degenerate configurations, duplicates
+ * degenerate configurations, duplicates
  * ---------------------------------------------------------------------------------------------- */
 
 static void test_degenerate_configurations_warn_once_and_are_noted(void **state) {
@@ -197,7 +197,7 @@ static void test_duplicate_configurations_run_once_with_one_warning(void **state
 }
 
 /* ------------------------------------------------------------------------------------------------
- * item 4: an invalid pair fails alone; items 2 and 6: nothing to measure, a corrupt trace
+ * an invalid pair fails alone; nothing to measure, a corrupt trace
  * ---------------------------------------------------------------------------------------------- */
 
 static void test_invalid_pair_is_recorded_failed_while_the_others_run(void **state) {
@@ -262,7 +262,7 @@ static void test_corrupt_trace_leaves_no_database(void **state) {
 }
 
 /* ------------------------------------------------------------------------------------------------
- * item 9: progress and SIGTERM
+ * progress and SIGTERM
  * ---------------------------------------------------------------------------------------------- */
 
 static void test_sigterm_records_every_run_as_interrupted(void **state) {
@@ -307,7 +307,7 @@ static void test_sigterm_records_every_run_as_interrupted(void **state) {
 }
 
 /* ------------------------------------------------------------------------------------------------
- * item 10: one table layout; runs --csv --summary; item 15: no -wal/-shm, kvsim policies
+ * one table layout; runs --csv --summary; no -wal/-shm, kvsim policies
  * ---------------------------------------------------------------------------------------------- */
 
 /* The header line of a runs table (the line starting with "  run policy"), copied. */

@@ -1,9 +1,8 @@
-/* test_cli_robustness.c — a CLI that behaves (issue 10 "Results you cannot misread, and a CLI that
- * behaves"): output paths (common/kvs_out.h, unit tests first, then `export --out`, `trace recover ... OUT`
- * through the kvsim binary $KVSIM_BIN): symbolic links written through, FIFOs and devices written in place,
- * `-` and links to /dev/fd/1 as standard output, nothing half-written on failure; write errors on standard
- * output exit 1; a single-valued option given twice is a usage error; range messages echo the user's text
- * and print exact bounds; one --threads limit. All traces here are GENERATED test data
+/* test_cli_robustness.c — a CLI that behaves: output paths (common/kvs_out.h, unit tests first, then `export
+ * --out`, `trace recover ... OUT` through the kvsim binary $KVSIM_BIN): symbolic links written through, FIFOs
+ * and devices written in place, `-` and links to /dev/fd/1 as standard output, nothing half-written on failure;
+ * write errors on standard output exit 1; a single-valued option given twice is a usage error; range messages
+ * echo the user's text and print exact bounds; one --threads limit. All traces here are GENERATED test data
  * (tests/util/gen_trace.h), not a model's. The capture side (prompts, --out) is in tests/test_capture.c.
  */
 #include <dirent.h>

@@ -1,4 +1,4 @@
-/* test_closed_loop.c — closed-loop decoding (sim/closed_loop.h; issue 15) on the real stories260K model in
+/* test_closed_loop.c — closed-loop decoding (sim/closed_loop.h) on the real stories260K model in
  * ../shared/models (skipped with a message when absent): `full` and a budget >= the context give the plain
  * model bit for bit; the per-step KL and NLL against an independent long-double computation from the logits;
  * a naive reference of the window policy's closed loop written directly as a model attention hook; the leak

@@ -1124,7 +1124,7 @@ static void test_page_select_ties_and_boundary(void **state) {
     assert_int_equal(out[1], 2);
 }
 
-/* kvs_page_take (issue 17: the pages expanded in ascending order, no sort of the slots) against a written-out
+/* kvs_page_take (the pages expanded in ascending order, no sort of the slots) against a written-out
  * reference: each token's score is its page's, the k best tokens by (score descending, NaN last, older first),
  * ascending; from rankings of every depth from kvs_page_select_depth() to all pages, on scores with ties, NaN and
  * a partial last page, every k; and kvs_page_select equal to it. */

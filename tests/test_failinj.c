@@ -1,4 +1,4 @@
-/* test_failinj.c — failure injection (issue 16): a full disk and SIGKILL at many points of the commands that
+/* test_failinj.c — failure injection: a full disk and SIGKILL at many points of the commands that
  * write files, checked the way a user would find the result afterwards.
  *
  * A full disk is RLIMIT_FSIZE on the command's process: every write past N bytes of any one file fails (EFBIG;

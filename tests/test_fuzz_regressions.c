@@ -1,4 +1,4 @@
-/* test_fuzz_regressions.c — regression tests for what the libFuzzer harnesses of fuzz/ (issue 16) found in the
+/* test_fuzz_regressions.c — regression tests for what the libFuzzer harnesses of fuzz/ (fuzz/README.md) found in the
  * readers added with the sweep, heads and plan commands; each reproducer is also in the harness's seed corpus
  * (fuzz/corpus/NAME/regress_*), so `make fuzz` replays it too. (Findings in the trace and tokenizer readers are in
  * tests/test_limits.c; the head clusters reader's in tests/test_head_clusters.c.)

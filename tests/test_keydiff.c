@@ -90,7 +90,7 @@ static void test_g6_through_the_shared_scores(void **state) {
 
 /* kvs_key_norms against a naive fp64 norm (the sum of squares in ascending i, then sqrt) and
  * kvs_key_scores_normed with those norms against kvs_key_scores, bit for bit, for every kind: what lets
- * KeyDiff/KNorm keep a key's norm from the step it entered instead of recomputing it (issue 17). Rows through
+ * KeyDiff/KNorm keep a key's norm from the step it entered instead of recomputing it. Rows through
  * an index list in shuffled order, head_dims with vector tails, a zero key (the norm guard). */
 static void test_kept_norms_give_the_same_scores(void **state) {
     (void)state;

@@ -1,5 +1,6 @@
-/* test_kv16.c — K/V kept in the trace's 16-bit form (issue 14; common/kvs_math_simd.h scores16 / output_add16,
- * common/kvs_math.h kvs_attention_group16 / kvs_attention_causal_block16, the replay engine's 16-bit history):
+/* test_kv16.c — K/V kept in the trace's 16-bit form (sim/BENCH.md "K/V in 16 bits"; common/kvs_math_simd.h
+ * scores16 / output_add16, common/kvs_math.h kvs_attention_group16 / kvs_attention_causal_block16, the replay
+ * engine's 16-bit history):
  *  - every kernel table this CPU has (the scalar reference included), fp16 and bf16: the 16-bit entries equal the
  *    same table's fp32 entries on the rows' exact fp32 conversion, bit for bit (strides, index lists, head_dims
  *    with tails, more rows than one conversion tile, special values);

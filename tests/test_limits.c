@@ -1,4 +1,4 @@
-/* test_limits.c — regression tests for inputs whose headers claim absurd sizes (issue 16, "Limits"): each is
+/* test_limits.c — regression tests for inputs whose headers claim absurd sizes (fuzz/README.md "Limits"): each is
  * refused, or read, quickly and in bounded memory, never by allocating what the header alone asks for.
  *
  *  (a) a tiny trace with valid checksums, 1 position, 1024 query heads of head_dim 1024 and block_positions 65536:

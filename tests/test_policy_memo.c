@@ -1,5 +1,5 @@
-/* test_policy_memo.c — the replay task's memo of shared scores (sim/policy_memo.h; issue 17, sim/BENCH.md
- * "Third pass", "Eighth pass (a)"):
+/* test_policy_memo.c — the replay task's memo of shared scores (sim/policy_memo.h; sim/BENCH.md "Work shared
+ * between a task's configurations"):
  *  - kvs_policy_colsum() / kvs_policy_snapkv_scores() against kvs_attn_colsum() / kvs_snapkv_scores() called
  *    directly, bit for bit, on the miss that stores and on the hit that copies (fp32 and fp64 outputs, every
  *    head reduction, a KVS_GQA_NONE output whose rows are further apart than they are long);
@@ -20,9 +20,9 @@
  *    several budgets of each in one task, single- and multi-turn, with the memo (the default) and without
  *    (prefill_memo = -1): every step sample and every aggregate the same bits;
  *  - the replay with S_t's scores taken from the full reference's (the default) and computed (ref_scores = -1,
- *    sim/BENCH.md "Tenth pass"): 22 policy configurations, fp32 and 16-bit histories, the same bits; with the
- *    shared output pass of the first (sim/BENCH.md "Sixteenth pass") in blocks of the default size, 1, 5 and 7
- *    rows and unblocked.
+ *    sim/BENCH.md "Scores from the reference"): 22 policy configurations, fp32 and 16-bit histories, the same
+ *    bits; with the shared output pass of the first (sim/BENCH.md "The shared output pass") in blocks of the
+ *    default size, 1, 5 and 7 rows and unblocked.
  */
 #include <math.h>
 #include <setjmp.h>

@@ -1,6 +1,6 @@
 /* test_ref_rank.c — the replay's ranking of the full attention for the top-k overlap, only as deep as asked
- * (sim/ref_rank.h; POLICY_SPEC.md §1.6 topk_overlap; issue 17, sim/BENCH.md "Fifth pass"):
- *  - kvs_ref_rank_prefix() against the whole ranking (kvs_argsort_desc, what the engine used before) and, on
+ * (sim/ref_rank.h; POLICY_SPEC.md §1.6 topk_overlap):
+ *  - kvs_ref_rank_prefix() against the whole ranking (kvs_argsort_desc) and, on
  *    short rows, against a naive pairwise ranking written from kvs_topk's rule (descending value, ties to the
  *    lower index, -0 equal to +0, NaN last), on many random rows: softmax-like probabilities, few distinct
  *    values (ties), signed zeros, negatives, infinities, subnormals, NaNs, all equal; depths 0, 1, n-1, n, > n

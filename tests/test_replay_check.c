@@ -1,5 +1,5 @@
 /* test_replay_check.c — the replay engine's per-step check of a selection and its default storage accounting
- * (sim/replay.c check_sel / default_cost, one pass since issue 17): a selection with a repeated, future or
+ * (sim/replay.c check_sel / default_cost, one pass over each list): a selection with a repeated, future or
  * missing position, over its budget, or a merged slot with only one of its rows, and a stored() set naming a
  * position outside [0, p], fails its run with a clear message (with and without stored(): the check's marks
  * differ), and leaves nothing behind for the next configuration of the same task; the default accounting of a

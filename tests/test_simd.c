@@ -1,4 +1,4 @@
-/* test_simd.c — the runtime-dispatched kernels of common/kvs_math_simd.h (issue 14): every variant this CPU has
+/* test_simd.c — the runtime-dispatched kernels of common/kvs_math_simd.h: every variant this CPU has
  * against the scalar reference and against naive fp64 loops written here (dot, axpy, grouped scores, output,
  * softmax/LSE and the softmax without it, the vector exp against libm's expf, top-k's filter, dots_loose within
  * the any-order bound); a row's result independent of the rows

@@ -1,4 +1,4 @@
-/* test_simd_f64.c — the fp64 scoring kernels of common/kvs_math_simd_f64.h (issue 14's sweep target): every
+/* test_simd_f64.c — the fp64 scoring kernels of common/kvs_math_simd_f64.h: every
  * variant this CPU has returns the scalar reference's bits (key norms, key . vector dot products, Quest's page
  * bounds, the fp64 weighted key sums, top-k's fp64 filter, the replay's output-error sums and its recall and top-k
  * hits, the prefill column sums' heads), the scalar reference equals naive fp64 loops written here, and

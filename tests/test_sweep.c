@@ -1,4 +1,4 @@
-/* test_sweep.c — `kvsim sweep` and `kvsim merge` (issue 17): the STUDY file (sim/STUDY.md) and its errors naming
+/* test_sweep.c — `kvsim sweep` and `kvsim merge`: the STUDY file (sim/STUDY.md) and its errors naming
  * file:line, the deterministic task list and its sizing, one task / a range / resumed tasks (a completed task is
  * skipped), and the merge of shard databases: equal, run by run, to a one-process sweep of the same study (the
  * independent reference), duplicates dropped, a failed run superseded, runs differing only in a replay option kept

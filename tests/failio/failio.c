@@ -1,4 +1,4 @@
-/* failio.c — TEST-ONLY LD_PRELOAD shim for failure injection (tests/test_failinj.c, issue 16): makes the N-th
+/* failio.c — TEST-ONLY LD_PRELOAD shim for failure injection (tests/test_failinj.c): makes the N-th
  * and every later call of one I/O operation fail, as a disk that fills up or a device that starts failing
  * would. Never linked into kvsim; test_failinj.c compiles it into its scratch folder (cc -shared) and runs the
  * kvsim binary under test with LD_PRELOAD pointing at it.
