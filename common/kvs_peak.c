@@ -1,6 +1,9 @@
-/* kvs_peak.c — the machine's measured FMA peak and read bandwidth (kvs_peak.h). The FMA loops are
- * one per instruction set, compiled with __attribute__((target)) and run only after a CPU check, so the default
- * build (no ISA flags) still measures the widest units the machine has.
+/* kvs_peak.c — the machine's measured FMA peak and read bandwidth (kvs_peak.h), the yardsticks `make bench`
+ * reports against (sim/BENCH.md). The FMA loops are one per instruction set, compiled with
+ * __attribute__((target)) and run only after a CPU check, so the default build (no ISA flags) still measures the
+ * widest units the machine has. Both probes run one share per worker of a common/threadpool.h pool: neither
+ * needs a thread of its own or a pinned core (each worker times itself; the read probe lines its workers up
+ * with a barrier, which opens because every worker of a pool runs the job at once).
  */
 #include "kvs_peak.h"
 
@@ -10,6 +13,7 @@
 #include <string.h>
 
 #include "kvs.h"
+#include "threadpool.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -92,47 +96,49 @@ const char *kvs_peak_isa_name(kvs_peak_isa isa) {
     return isa < KVS_PEAK_COUNT ? names[isa] : "?";
 }
 
+/* One worker's share of a probe and what it measured. */
+typedef struct {
+    double fma, elapsed;    /* FMA probe: vector FMAs done and the seconds they took */
+    float sink;             /* keeps the loops' results alive */
+    const float *buf;       /* read probe: this worker's part of the buffer */
+    size_t n;               /* floats */
+    double best;            /* read probe: fastest pass, seconds */
+} peak_share;
+
 typedef struct {
     kvs_peak_isa isa;
-    double seconds, fma, elapsed;
-    float sink;
-    /* bandwidth */
-    const float *buf;
-    size_t n;
-    int reps;
-    double best;
-    pthread_barrier_t *bar;
+    double seconds;         /* FMA probe: how long each worker runs its loop */
+    int reps;               /* read probe: timed passes after the warm-up */
+    pthread_barrier_t *bar; /* read probe: the workers start and end every pass together */
+    peak_share *share;      /* [workers] */
 } peak_job;
 
-static void *fma_thread(void *arg) {
-    peak_job *j = arg;
+static void fma_worker(void *arg, int worker, int n_workers) {
+    (void)n_workers;
+    peak_job *job = arg;
+    peak_share *w = &job->share[worker];
 #ifdef KVS_PEAK_X86
-    if (j->isa == KVS_PEAK_AVX512) j->fma = loop_avx512(j->seconds, &j->elapsed, &j->sink);
-    else if (j->isa == KVS_PEAK_AVX2) j->fma = loop_avx2(j->seconds, &j->elapsed, &j->sink);
-    else j->fma = loop_sse2(j->seconds, &j->elapsed, &j->sink);
+    if (job->isa == KVS_PEAK_AVX512) w->fma = loop_avx512(job->seconds, &w->elapsed, &w->sink);
+    else if (job->isa == KVS_PEAK_AVX2) w->fma = loop_avx2(job->seconds, &w->elapsed, &w->sink);
+    else w->fma = loop_sse2(job->seconds, &w->elapsed, &w->sink);
+#else
+    (void)w;
 #endif
-    return NULL;
 }
 
 double kvs_peak_fma(kvs_peak_isa isa, int threads, double seconds) {
     if (threads < 1 || !kvs_peak_isa_available(isa)) return 0;
-    peak_job *jobs = calloc((size_t)threads, sizeof *jobs);
-    pthread_t *tid = calloc((size_t)threads, sizeof *tid);
+    kvs_threadpool *pool = NULL;
+    peak_share *share = calloc((size_t)threads, sizeof *share);
     double total = 0;
-    if (jobs && tid) {
-        int started = 0;
-        for (int i = 0; i < threads; i++) {
-            jobs[i] = (peak_job){.isa = isa, .seconds = seconds};
-            if (pthread_create(&tid[i], NULL, fma_thread, &jobs[i]) != 0) break;
-            started++;
-        }
-        for (int i = 0; i < started; i++) {
-            pthread_join(tid[i], NULL);
-            if (jobs[i].elapsed > 0) total += jobs[i].fma / jobs[i].elapsed;
-        }
+    if (share && kvs_threadpool_create(threads, &pool) == KVS_OK) {
+        peak_job job = {.isa = isa, .seconds = seconds, .share = share};
+        kvs_threadpool_run(pool, fma_worker, &job);
+        for (int i = 0; i < threads; i++)
+            if (share[i].elapsed > 0) total += share[i].fma / share[i].elapsed;
     }
-    free(jobs);
-    free(tid);
+    kvs_threadpool_free(pool);
+    free(share);
     return total;
 }
 
@@ -146,52 +152,44 @@ static float sum_floats(const float *x, size_t n) {
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
-static void *read_thread(void *arg) {
-    peak_job *j = arg;
-    j->best = 1e30;
-    for (int r = 0; r <= j->reps; r++) {
-        pthread_barrier_wait(j->bar);
+static void read_worker(void *arg, int worker, int n_workers) {
+    (void)n_workers;
+    peak_job *job = arg;
+    peak_share *w = &job->share[worker];
+    w->best = 1e30;
+    for (int r = 0; r <= job->reps; r++) {
+        pthread_barrier_wait(job->bar);
         double t0 = kvs_now_s();
-        j->sink += sum_floats(j->buf, j->n);
+        w->sink += sum_floats(w->buf, w->n);
         double el = kvs_now_s() - t0;
-        pthread_barrier_wait(j->bar);
-        if (r > 0 && el < j->best) j->best = el; /* pass 0 warms up (page faults) */
+        pthread_barrier_wait(job->bar);
+        if (r > 0 && el < w->best) w->best = el; /* pass 0 warms up (page faults) */
     }
-    return NULL;
 }
 
 double kvs_peak_read_bandwidth(size_t bytes, int threads, int reps) {
     if (threads < 1 || reps < 1) return 0;
     size_t n = bytes / sizeof(float);
     float *buf = malloc(n * sizeof *buf);
-    peak_job *jobs = calloc((size_t)threads, sizeof *jobs);
-    pthread_t *tid = calloc((size_t)threads, sizeof *tid);
+    peak_share *share = calloc((size_t)threads, sizeof *share);
+    kvs_threadpool *pool = NULL;
     pthread_barrier_t bar;
     double bw = 0;
-    if (buf && jobs && tid && pthread_barrier_init(&bar, NULL, (unsigned)threads) == 0) {
+    if (buf && share && kvs_threadpool_create(threads, &pool) == KVS_OK &&
+        pthread_barrier_init(&bar, NULL, (unsigned)threads) == 0) {
         for (size_t i = 0; i < n; i++) buf[i] = (float)(i & 1023) * 1e-3f;
         size_t per = n / (size_t)threads;
-        int started = 0;
-        for (int i = 0; i < threads; i++) {
-            jobs[i] = (peak_job){.buf = buf + (size_t)i * per, .n = per, .reps = reps, .bar = &bar};
-            if (pthread_create(&tid[i], NULL, read_thread, &jobs[i]) != 0) break;
-            started++;
-        }
-        if (started == threads) {
-            double slowest = 0;
-            for (int i = 0; i < threads; i++) {
-                pthread_join(tid[i], NULL);
-                if (jobs[i].best > slowest) slowest = jobs[i].best;
-            }
-            bw = (double)(per * (size_t)threads * sizeof(float)) / slowest;
-        } else {
-            /* a thread could not start: the barrier would never open for the others; nothing to measure */
-            for (int i = 0; i < started; i++) pthread_cancel(tid[i]), pthread_join(tid[i], NULL);
-        }
+        for (int i = 0; i < threads; i++) share[i] = (peak_share){.buf = buf + (size_t)i * per, .n = per};
+        peak_job job = {.reps = reps, .bar = &bar, .share = share};
+        kvs_threadpool_run(pool, read_worker, &job);
+        double slowest = 0;
+        for (int i = 0; i < threads; i++)
+            if (share[i].best > slowest) slowest = share[i].best;
+        bw = (double)(per * (size_t)threads * sizeof(float)) / slowest;
         pthread_barrier_destroy(&bar);
     }
+    kvs_threadpool_free(pool);
     free(buf);
-    free(jobs);
-    free(tid);
+    free(share);
     return bw;
 }
