@@ -1,5 +1,5 @@
 /* cmd_calibrate.c — `kvsim calibrate DB`: can offline replay rank policies as closed-loop decoding does?
- * (../shared/DESIGN.md "Closed-loop decoding (calibration of the replay)"; issue 15). Pairs every teacher-forced
+ * (../shared/DESIGN.md "Closed-loop decoding (calibration of the replay)"). Pairs every teacher-forced
  * closed-loop run on a trace (sim/results_closed.h) with the replay run (sim/results.h, --measure decode) of the
  * same trace, policy, parameters and budget, and per trace gives the Spearman rank correlation of each offline
  * metric (output error mean / p95, attention recall) with each closed-loop metric (mean KL, top-1 agreement,

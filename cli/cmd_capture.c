@@ -1,5 +1,5 @@
 /* cmd_capture.c — `kvsim capture`: real decoding of a real model on the CPU, recorded as a trace
- * (issue "Real decoding capture on the CPU"; ../shared/DESIGN.md "Capture"). Option parsing, prompt input
+ * (../shared/DESIGN.md "Capture"). Option parsing, prompt input
  * (files, standard input) and where the trace and the text go (common/kvs_out.h); the work is
  * kvs_capture_run (gpu_capture/capture.h).
  */

@@ -1,5 +1,5 @@
 /* cmd_generate.c — `kvsim generate`: closed-loop decoding with a policy active inside the CPU forward pass,
- * beside the full-cache model (sim/closed_loop.h; ../shared/DESIGN.md "Closed-loop decoding"; issue 15), for a
+ * beside the full-cache model (sim/closed_loop.h; ../shared/DESIGN.md "Closed-loop decoding"), for a
  * sweep of (policy configuration x budget); every run into the results database (sim/results_closed.h).
  */
 #include <stdio.h>

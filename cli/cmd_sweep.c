@@ -299,9 +299,9 @@ static unsigned char *completed_tasks(const kvs_study *s, const char *dir) {
 #ifdef KVS_WITH_MPI
 /* Dynamic distribution under MPI: rank 0's main thread is a dispatcher that answers every other rank's request for
  * a task with the next task index (-1: none left, or a task failed somewhere), while a worker thread of rank 0 takes
- * tasks from the same counter. A one-sided counter (MPI_Fetch_and_op on a window of rank 0) was used before; where
+ * tasks from the same counter. Not a one-sided counter (MPI_Fetch_and_op on a window of rank 0): where
  * Open MPI's window is not in shared memory (osc/pt2pt, e.g. between nodes over TCP) a request is served only when
- * rank 0 enters MPI, so the other ranks stalled for the length of rank 0's task (sim/BENCH.md "Sharded sweep"). The
+ * rank 0 enters MPI, so the other ranks would stall for the length of rank 0's task (sim/BENCH.md "Sharded sweep"). The
  * dispatcher polls every millisecond and never computes, so a request waits at most that long. Only the main
  * thread calls MPI (MPI_THREAD_FUNNELED). */
 enum { TAG_REQUEST = 1, TAG_REPLY = 2 };

@@ -1,5 +1,5 @@
 #!/bin/sh
-# closed_loop.sh — the closed-loop calibration study (issue 15; ../shared/DESIGN.md "Closed-loop decoding"):
+# closed_loop.sh — the closed-loop calibration study (../shared/DESIGN.md "Closed-loop decoding"):
 # every registered non-oracle policy at three budgets on stories260K and tinystories-656K.
 #  1. capture a trace whose prompt is the first paragraph of examples/heldout_story.txt (a short story written
 #     for this study, never seen by the models' training data as such), 96 generated tokens;

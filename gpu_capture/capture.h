@@ -1,4 +1,4 @@
-/* capture.h — the decoding loop behind `kvsim capture` (issue "Real decoding capture on the CPU"):
+/* capture.h — the decoding loop behind `kvsim capture` (../shared/DESIGN.md "Capture"):
  * loads a model and its tokenizer, feeds the prompt (or several user turns), generates, and records
  * every position through the trace writer (trace/trace.h). The CLI, the tests and the benchmark all
  * call kvs_capture_run, so what is tested is what ships.

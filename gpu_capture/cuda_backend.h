@@ -1,5 +1,5 @@
-/* cuda_backend.h — the CUDA capture backend (issue "CUDA capture backend: same traces as the CPU, at GPU
- * speed"; ../shared/DESIGN.md "Capture"). It runs the same Llama-family forward pass as the CPU reference
+/* cuda_backend.h — the CUDA capture backend: the same traces as the CPU, at GPU speed (../shared/DESIGN.md
+ * "Capture"). It runs the same Llama-family forward pass as the CPU reference
  * (gpu_capture/model.c: RMSNorm, q/k/v (+bias), RoPE in either layout with Llama-3 scaling, GQA causal
  * attention that also emits the log-sum-exp, SwiGLU, residuals, final norm, classifier) on one GPU, and
  * records every position into a kvs_trace_writer through an asynchronous pipeline, so the traces are the

@@ -1,5 +1,5 @@
-/* model.h — loading Llama-family checkpoints and the CPU reference forward pass (issue "Real decoding
- * capture on the CPU"; ../shared/DESIGN.md "Capture").
+/* model.h — loading Llama-family checkpoints and the CPU reference forward pass
+ * (../shared/DESIGN.md "Capture").
  *
  * Checkpoints:
  *  - llama2.c `.bin` (llama2.c run.c `read_checkpoint`): 7 int32 header (dim, hidden_dim, n_layers,

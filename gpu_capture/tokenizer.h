@@ -1,4 +1,4 @@
-/* tokenizer.h — text <-> token ids for `kvsim capture` (issue "Real decoding capture on the CPU").
+/* tokenizer.h — text <-> token ids for `kvsim capture` (../shared/DESIGN.md "Capture").
  *
  * Two file formats, one opaque handle:
  *   1. llama2.c tokenizer.bin (format of llama2.c run.c `build_tokenizer`): int32 max_token_length, then

@@ -1,5 +1,5 @@
 #!/bin/sh
-# gpu_session.sh — the one command for a GPU machine (issue 4): builds kvsim with the CUDA backend, runs the
+# gpu_session.sh — the one command for a GPU machine: builds kvsim with the CUDA backend, runs the
 # whole test suite with it (kernel-vs-CPU tests, CPU/CUDA parity on stories260K, a verified CUDA trace), then
 # `make bench-cuda`, writing logs to $OUT (or ./gpu-out). Needs the .gpu/ folder of tools/gpu_prepare.sh
 # carried with the tree: the GPU image has nvcc and cuBLAS but not zstd, SQLite or cmocka and cannot install.
