@@ -5,7 +5,7 @@
  *   bit patterns (subnormals, infinities, every exponent) as well as generated Gaussian data;
  * - the recomputed o/lse against a naive double-precision reference written here from the stored q/k/v;
  * - random access to a lean trace equals streaming it; kvs_trace_block_qkv_only;
- * - the bundled examples (*.kvt: full records written before this change) still open and read, and re-encoded
+ * - the bundled examples (*.kvt: full records with the one-shot coding) still open and read, and re-encoded
  *   with the plane coding they decode to the same values in fewer bytes;
  * - corrupt lean traces refused (every flipped byte, a lean flag on a full trace, a bad earlier block);
  * - the CLI: capture --record qkv of the real stories260K model (../shared/models), info, verify (what it can and
