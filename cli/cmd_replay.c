@@ -28,7 +28,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: kvsim replay TRACE --db FILE --policy SPEC [--policy SPEC ...] --budgets LIST\n"
             "                    [--threads N] [--measure decode|prefill|all] [--series-every N]\n"
-            "                    [--kv-bytes N] [--aux-bytes N] [--progress|--no-progress]\n\n"
+            "                    [--kv-bytes N] [--aux-bytes N] [--progress|--no-progress] [--reference]\n\n"
             "Replays TRACE under every (policy, budget) pair in one pass and writes one run per pair to the\n"
             "results database FILE (created if missing).\n\n"
             "  --policy SPEC     NAME, NAME:key=value,key=value or NAME@PRESET[:key=value,...] (a paper's\n"
@@ -43,7 +43,9 @@ static void usage(FILE *f) {
             "  --kv-bytes N      bytes per cached K/V element (default: the trace dtype's size)\n"
             "  --aux-bytes N     bytes per auxiliary element, scores etc. (default 4: fp32)\n"
             "  --progress        a progress line on stderr (default: only when stderr is a terminal);\n"
-            "                    --no-progress never\n\n"
+            "                    --no-progress never\n"
+            "  --reference       run the reference replay instead (sim/replay_ref.c: plain loops, one thread, the\n"
+            "                    executable specification of the metrics; much slower, the same numbers)\n\n"
             "Identical (policy, budget) pairs run once. A pair the policy rejects (e.g. streaming with sinks >=\n"
             "budget) is recorded as a failed run with its reason while the others run; the exit status is then 1.\n"
             "SIGINT/SIGTERM stop the replay: every run is recorded as failed (interrupted) and the exit status is 1.\n"
@@ -153,6 +155,7 @@ int kvs_cmd_replay(int argc, char **argv) {
     int n_specs = 0;
     long threads = 0, series_every = 0, kv_bytes = 0, aux_bytes = 0;
     int progress = -1; /* -1: on a terminal only */
+    int reference = 0;
     /* One rule for every single-valued option: given twice is a usage error (never "the last wins"). */
     int seen_threads = 0, seen_series = 0, seen_kvb = 0, seen_auxb = 0, seen_measure = 0;
     kvs_replay_measure measure = KVS_MEASURE_DECODE;
@@ -199,6 +202,8 @@ int kvs_cmd_replay(int argc, char **argv) {
             else if (!strcmp(v, "all")) measure = KVS_MEASURE_ALL;
             else if (!strcmp(v, "prefill")) measure = KVS_MEASURE_PREFILL;
             else return kvs_cli_usage_error("replay", "--measure: '%s' is not decode, prefill or all", v);
+        } else if (!strcmp(argv[i], "--reference")) {
+            if (reference++) return kvs_cli_usage_error("replay", "--reference given twice");
         } else if (!strcmp(argv[i], "--progress") || !strcmp(argv[i], "--no-progress")) {
             if (progress >= 0) return kvs_cli_usage_error("replay", "--progress/--no-progress given twice");
             progress = !strcmp(argv[i], "--progress");
@@ -347,7 +352,7 @@ int kvs_cmd_replay(int argc, char **argv) {
     kvs_status exec_st = KVS_OK;
     char exec_err[512] = "";
     if (n_valid > 0) {
-        exec_st = kvs_replay_execute(&src, &opts, &res);
+        exec_st = reference ? kvs_replay_reference(&src, &opts, &res) : kvs_replay_execute(&src, &opts, &res);
         if (prog.shown) fputc('\n', stderr);
         if (exec_st != KVS_OK && exec_st != KVS_ERR_INTERRUPTED) {
             rc = kvs_cli_fail("replay", exec_st == KVS_ERR_INVALID_ARG ? KVS_ERR_FORMAT : exec_st);

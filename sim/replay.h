@@ -154,6 +154,13 @@ kvs_status kvs_replay_validate(const kvs_replay_source *src, const kvs_replay_op
  *  policy failure only fails its own run (runs[i].status). Caller frees *out with kvs_replay_result_free. */
 kvs_status kvs_replay_execute(const kvs_replay_source *src, const kvs_replay_opts *o, kvs_replay_result **out);
 
+/*! kvs_replay_reference() : the same sweep through the reference replay (sim/replay_ref.c): plain loops, one
+ *  configuration and one layer at a time, one thread, no memo, no blocking, no 16-bit history; the executable
+ *  specification the fast replay is tested against (tests/test_replay_ref.c). The same result layout and failure
+ *  semantics as kvs_replay_execute; hooks, progress, threads, kv16, prefill_memo, ref_scores and out_block_rows
+ *  are ignored. Memory: a layer's whole stream (n_positions x (2 + group) x head_dim floats per KV head). */
+kvs_status kvs_replay_reference(const kvs_replay_source *src, const kvs_replay_opts *o, kvs_replay_result **out);
+
 /*! kvs_replay_result_free() : accepts NULL. */
 void kvs_replay_result_free(kvs_replay_result *r);
 

@@ -1,0 +1,584 @@
+/* replay_ref.c — the reference replay: the executable specification of what a replay measures, written as plain
+ * loops that a reader can check line by line against ../shared/DESIGN.md ("Replay", "Metrics") and POLICY_SPEC.md
+ * §1.2 (call order), §1.5 (budget and costs), §1.6 (per-step metrics). `kvsim replay --reference` runs it, and
+ * tests/test_replay_ref.c requires the fast replay (sim/replay.c) to give the same numbers for every registered
+ * policy.
+ *
+ * What it leaves out on purpose: no threads, no blocking of the reference attention, no 16-bit history, no score
+ * memo, no reuse of the reference's scores, no shared output pass, no vector kernels of its own (attention is the
+ * one shared routine, kvs_attention; the rest is scalar C), no spill files. Each configuration is replayed alone,
+ * layer by layer; a layer's whole stream is read into memory first (n_positions x (2 + G) x head_dim floats per KV
+ * head). What it shares with the fast replay is the policy host (sim/host.h: seeds, allocation pass, instances, the
+ * accounting of a policy's account() and the metric formulas) and kvs_results_stat_compute for the statistics.
+ * Its selection check, the counts of the default accounting, the full attention, the ranking behind the top-k
+ * overlap and the sums behind every metric are its own.
+ * Hooks, progress reports, kv16, the memo and the blocking options of kvs_replay_opts are not used.
+ */
+#include "replay.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/kvs_math.h"
+#include "host.h"
+
+/* One layer's streams read whole: K, V [Hkv][N][d] and Q [Hkv][N][G][d]. */
+typedef struct {
+    float *k, *v, *q;
+} layer_data;
+
+static void layer_free(layer_data *ld) {
+    free(ld->k);
+    free(ld->v);
+    free(ld->q);
+    memset(ld, 0, sizeof *ld);
+}
+
+/* Reads KV heads [h0, h1) of layer l, every position, into ld (allocated for every KV head of the layer). */
+static kvs_status layer_read(const kvs_replay_source *src, int l, int h0, int h1, layer_data *ld) {
+    const kvs_policy_model *m = &src->model;
+    size_t N = (size_t)m->n_positions, d = (size_t)m->head_dim, G = (size_t)m->group, H = (size_t)m->n_kv_heads;
+    if (!ld->k) {
+        ld->k = malloc(H * N * d * sizeof(float));
+        ld->v = malloc(H * N * d * sizeof(float));
+        ld->q = malloc(H * N * G * d * sizeof(float));
+        if (!ld->k || !ld->v || !ld->q) return kvs_fail(KVS_ERR_NOMEM, "reference replay: out of memory for layer %d", l);
+    }
+    for (int h = h0; h < h1; h++) {
+        void *stream = NULL;
+        kvs_status st = src->stream_open(src->user, l, h, &stream);
+        int64_t pos = 0;
+        while (st == KVS_OK && pos < m->n_positions) {
+            const kvs_trace_block *b = NULL;
+            st = src->stream_next(stream, &b);
+            if (st == KVS_ERR_END)
+                st = kvs_fail(KVS_ERR_TRUNCATED, "reference replay: stream (layer %d, kv head %d) ended at %lld", l, h,
+                              (long long)pos);
+            if (st != KVS_OK) break;
+            if (b->layer != l || b->kv_head != h || b->first_pos != pos || b->n_pos <= 0 ||
+                pos + b->n_pos > m->n_positions || b->group != (int)G || b->head_dim != (int)d) {
+                st = kvs_fail(KVS_ERR_FORMAT, "reference replay: unexpected block at (layer %d, kv head %d, position %lld)",
+                              l, h, (long long)pos);
+                break;
+            }
+            for (int i = 0; i < b->n_pos; i++, pos++) {
+                memcpy(ld->k + ((size_t)h * N + (size_t)pos) * d, b->k + (size_t)i * d, d * sizeof(float));
+                memcpy(ld->v + ((size_t)h * N + (size_t)pos) * d, b->v + (size_t)i * d, d * sizeof(float));
+                memcpy(ld->q + ((size_t)h * N + (size_t)pos) * G * d, b->q + (size_t)i * G * d, G * d * sizeof(float));
+            }
+        }
+        if (stream) src->stream_free(stream);
+        if (st != KVS_OK) return st;
+    }
+    return KVS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * The allocation pass reads the first turn's prompt of each (layer, KV head)
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    const kvs_replay_source *src;
+    layer_data ld;
+    int layer; /* whose data ld holds, -1 for none */
+} alloc_reader;
+
+static kvs_status alloc_prompt_view(void *user, int l, int h, kvs_policy_view *view) {
+    alloc_reader *ar = user;
+    const kvs_policy_model *m = &ar->src->model;
+    size_t N = (size_t)m->n_positions, d = (size_t)m->head_dim, G = (size_t)m->group;
+    if (ar->layer != l) {
+        kvs_status st = layer_read(ar->src, l, 0, m->n_kv_heads, &ar->ld);
+        if (st != KVS_OK) return st;
+        ar->layer = l;
+    }
+    int64_t P = ar->src->turns[0].prompt_end;
+    *view = (kvs_policy_view){
+        .n = P, .group = m->group, .head_dim = m->head_dim, .scale = m->scale,
+        .k = ar->ld.k + (size_t)h * N * d, .v = ar->ld.v + (size_t)h * N * d, .q = ar->ld.q + (size_t)h * N * G * d,
+        .q_first = 0, .n_q = P, .turn_begin = 0, .prompt_end = P, .turn = 0, .block_begin = 0, .last_block = 1,
+    };
+    return KVS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * One configuration
+ * ---------------------------------------------------------------------------------------------- */
+
+typedef struct {
+    const kvs_replay_source *src;
+    const kvs_replay_opts *o;
+    const kvs_replay_config *rc;
+    int L, H, G, d, n_lists;
+    int64_t N;
+    const int64_t *budgets;      /* [L][H] */
+    layer_data ld;
+    void **states;               /* [H] this layer's instances */
+    int32_t **idx;               /* [G][N] the selection's lists */
+    int64_t *n;                  /* [G] */
+    const float ***row_k, ***row_v; /* [G][N] merged-slot rows, all NULL between steps */
+    float **probs;               /* [G][N] the policy's attention probabilities of each query head */
+    float *out;                  /* [G][d] */
+    float *gk, *gv;              /* [N][d] a merged list's rows, gathered */
+    float *fullp, *fullo;        /* [H][G][N] (row g at stride p + 1) and [H][G][d]: full attention at p */
+    int32_t *stored, *order;     /* [N] */
+    uint8_t *mark, *umark;       /* [N] */
+    double *samples;             /* [cap][KVS_N_METRICS] this run's measured samples, float-rounded */
+    int64_t n_samples, cap_samples;
+    int64_t *layer_first;        /* [L + 1] first sample of each layer */
+    kvs_results_step *steps;
+    int64_t n_steps, cap_steps;
+    int64_t max_attended;
+} ref_run;
+
+static kvs_status push_sample(ref_run *r, int layer, int q_head, int64_t pos, int64_t measured_steps,
+                              const double v[KVS_N_METRICS]) {
+    if (r->n_samples == r->cap_samples) {
+        int64_t cap = r->cap_samples ? 2 * r->cap_samples : 1024;
+        double *p = realloc(r->samples, (size_t)cap * KVS_N_METRICS * sizeof *p);
+        if (!p) return kvs_fail(KVS_ERR_NOMEM, "reference replay: out of memory for samples");
+        r->samples = p, r->cap_samples = cap;
+    }
+    float vf[KVS_N_METRICS];
+    for (int k = 0; k < KVS_N_METRICS; k++) {
+        vf[k] = (float)v[k]; /* samples are stored as float (the fast replay's sample sets) */
+        r->samples[(size_t)r->n_samples * KVS_N_METRICS + (size_t)k] = vf[k];
+    }
+    r->n_samples++;
+    int64_t every = r->o->series_every;
+    if (every > 0 && measured_steps % every == 0) {
+        if (r->n_steps == r->cap_steps) {
+            int64_t cap = r->cap_steps ? 2 * r->cap_steps : 256;
+            kvs_results_step *p = realloc(r->steps, (size_t)cap * sizeof *p);
+            if (!p) return kvs_fail(KVS_ERR_NOMEM, "reference replay: out of memory for the series");
+            r->steps = p, r->cap_steps = cap;
+        }
+        kvs_results_step *s = &r->steps[r->n_steps++];
+        s->layer = layer, s->q_head = q_head, s->position = pos;
+        for (int k = 0; k < KVS_N_METRICS; k++)
+            s->v[k] = kvs_metric_table[k].kind == KVS_METRIC_QUALITY ? (double)vf[k] : v[k];
+    }
+    return KVS_OK;
+}
+
+static int cmp_desc(const void *a, const void *b, void *ctx) {
+    const float *p = ctx;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    if (p[x] > p[y]) return -1;
+    if (p[x] < p[y]) return 1;
+    return (x > y) - (x < y); /* ties: the lower position ranks first */
+}
+
+/* Measures query head (h, g) at position p over list[0..n) (merged[j] non-NULL: a merged slot), its output out[d],
+ * against the full attention in r->fullp / r->fullo; the KV head's cost of the step. */
+static kvs_status measure(ref_run *r, int layer, int h, int g, int64_t p, const int32_t *list,
+                          const float *const *merged, int64_t n, const float *out, const kvs_policy_cost *cost,
+                          int64_t measured_steps) {
+    size_t N = (size_t)r->N, d = (size_t)r->d, G = (size_t)r->G;
+    const float *fp = r->fullp + ((size_t)h * G) * N + (size_t)g * (size_t)(p + 1);
+    const float *fo = r->fullo + ((size_t)h * G + (size_t)g) * d;
+    /* top-|S| of the full attention: sort 0..p by probability, descending, ties by position */
+    for (int64_t x = 0; x <= p; x++) r->order[x] = (int32_t)x;
+    qsort_r(r->order, (size_t)p + 1, sizeof *r->order, cmp_desc, (void *)fp);
+    int64_t top = n < p + 1 ? n : p + 1;
+    for (int64_t k = 0; k < top; k++) r->mark[r->order[k]] = 1;
+    kvs_host_sums s = {0};
+    for (int64_t j = 0; j < n; j++) {
+        double pj = fp[list[j]];
+        s.recall_merged += pj;
+        if (!merged || !merged[j]) s.recall += pj;
+        s.hit += r->mark[list[j]];
+    }
+    for (int64_t k = 0; k < top; k++) r->mark[r->order[k]] = 0;
+    kvs_host_out_sums(fo, out, (int64_t)d, &s);
+    double v[KVS_N_METRICS];
+    kvs_host_metrics(&r->src->model, p, n, &s, cost, v);
+    if (n > r->max_attended) r->max_attended = n;
+    return push_sample(r, layer, h * r->G + g, p, measured_steps, v);
+}
+
+/* Full attention of every query head of layer data at position p. */
+static void full_attention(ref_run *r, int64_t p) {
+    size_t N = (size_t)r->N, d = (size_t)r->d, G = (size_t)r->G;
+    for (size_t h = 0; h < (size_t)r->H; h++)
+        for (size_t g = 0; g < G; g++) {
+            const float *q = r->ld.q + ((h * N + (size_t)p) * G + g) * d;
+            kvs_attention(q, r->ld.k + h * N * d, r->ld.v + h * N * d, d, NULL, (size_t)p + 1, d, r->src->model.scale,
+                          r->fullp + h * G * N + g * (size_t)(p + 1), r->fullo + (h * G + g) * d);
+        }
+}
+
+/* The selection contract (policy.h) checked entry by entry, and the counts of the default accounting:
+ * *kv_slots = sum over lists of |stored() ∪ S_t|, *dedup = the union of those over lists (both p + 1 for a policy
+ * without stored(): every position seen, stored once). */
+static kvs_status check(ref_run *r, void *state, int64_t p, int64_t budget, const kvs_policy_sel *sel, int *has_merged,
+                        double *kv_slots, double *dedup) {
+    const struct kvs_policy_ops *ops = r->rc->policy.ops;
+    int64_t slots = 0, uni = 0;
+    kvs_status st = KVS_OK;
+    memset(r->umark, 0, (size_t)p + 1);
+    for (int li = 0; li < sel->n_lists && st == KVS_OK; li++) {
+        int64_t n = sel->n[li], prompt = 0;
+        has_merged[li] = 0;
+        memset(r->mark, 0, (size_t)p + 1);
+        if (n < 1 || n > p + 1)
+            st = kvs_fail(KVS_ERR_STATE, "policy %s selected %lld positions at position %lld", ops->name, (long long)n,
+                          (long long)p);
+        for (int64_t j = 0; j < n && st == KVS_OK; j++) {
+            int32_t x = sel->idx[li][j];
+            if (x < 0 || x > p)
+                st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d at position %lld (future or invalid)",
+                              ops->name, (int)x, (long long)p);
+            else if (r->mark[x])
+                st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d twice", ops->name, (int)x);
+            else if ((sel->row_k[li][j] != NULL) != (sel->row_v[li][j] != NULL))
+                st = kvs_fail(KVS_ERR_STATE, "policy %s gave a merged slot at position %d with only one of its K/V rows",
+                              ops->name, (int)x);
+            else {
+                r->mark[x] = 1;
+                has_merged[li] |= sel->row_k[li][j] != NULL;
+                for (int64_t t = 0; t < r->src->n_turns; t++)
+                    prompt += x >= r->src->turns[t].begin && x < r->src->turns[t].prompt_end;
+            }
+        }
+        if (st == KVS_OK && ops->stored) {
+            int64_t ms = ops->stored(state, li, r->stored);
+            for (int64_t k = 0; k < ms && st == KVS_OK; k++) {
+                int32_t x = r->stored[k];
+                if (x < 0 || x > p)
+                    st = kvs_fail(KVS_ERR_STATE, "policy %s stored position %d at position %lld (future or invalid)",
+                                  ops->name, (int)x, (long long)p);
+                else r->mark[x] = 1;
+            }
+        }
+        if (st != KVS_OK) break;
+        for (int64_t x = 0; x <= p; x++)
+            if (r->mark[x]) {
+                slots++;
+                if (!r->umark[x]) uni++;
+                r->umark[x] = 1;
+            }
+        if (ops->budget_scope == KVS_BUDGET_EVERY_STEP && n > budget)
+            st = kvs_fail(KVS_ERR_STATE, "policy %s attended %lld positions over its budget %lld at position %lld",
+                          ops->name, (long long)n, (long long)budget, (long long)p);
+        else if (ops->budget_scope == KVS_BUDGET_PROMPT && prompt > budget)
+            st = kvs_fail(KVS_ERR_STATE, "policy %s kept %lld prompt positions over its budget %lld", ops->name,
+                          (long long)prompt, (long long)budget);
+    }
+    memset(r->mark, 0, (size_t)p + 1); /* measure() counts top-k hits with it */
+    *kv_slots = ops->stored ? (double)slots : (double)(p + 1);
+    *dedup = ops->stored ? (double)uni : (double)(p + 1);
+    return st;
+}
+
+/* A measured prompt position p of turn tk, prefill block [bb, be): S = what the policy held after its previous
+ * prefill call, before the block, plus the block's positions up to p (chunked-prefill attention against the
+ * compressed cache; full causal attention in turn 0 without blocks). The rest of the block is transient. */
+static kvs_status prompt_step(ref_run *r, int layer, int64_t p, int64_t bb, int64_t be, int64_t measured_steps) {
+    const struct kvs_policy_ops *ops = r->rc->policy.ops;
+    const kvs_policy_model *m = &r->src->model;
+    size_t N = (size_t)r->N, d = (size_t)r->d, G = (size_t)r->G;
+    for (int h = 0; h < r->H; h++) {
+        double slots = 0;
+        for (int li = 0; li < r->n_lists; li++) {
+            int64_t k = 0;
+            if (ops->stored) {
+                int64_t ms = ops->stored(r->states[h], li, r->stored);
+                for (int64_t j = 0; j < ms; j++)
+                    if (r->stored[j] < bb) r->idx[li][k++] = r->stored[j];
+            } else {
+                for (int64_t j = 0; j < bb; j++) r->idx[li][k++] = (int32_t)j;
+            }
+            for (int64_t j = bb; j <= p; j++) r->idx[li][k++] = (int32_t)j;
+            r->n[li] = k;
+            slots += (double)k;
+        }
+        kvs_policy_cost cost = {0};
+        cost.kv_bytes = cost.dedup_kv_bytes = cost.read_kv_bytes = kvs_policy_kv_bytes(m, slots);
+        if (r->n_lists > 1) cost.dedup_kv_bytes = kvs_policy_kv_bytes(m, (double)r->n[0]);
+        cost.transient_bytes = kvs_policy_kv_bytes(m, (double)(be - 1 - p) * r->n_lists);
+        cost.write_bytes = kvs_policy_kv_bytes(m, (double)r->n_lists);
+        cost.storage_bytes = cost.kv_bytes;
+        cost.traffic_bytes = cost.read_kv_bytes;
+        for (int g = 0; g < r->G; g++) {
+            int li = r->n_lists == 1 ? 0 : g;
+            const float *q = r->ld.q + (((size_t)h * N + (size_t)p) * G + (size_t)g) * d;
+            kvs_attention(q, r->ld.k + (size_t)h * N * d, r->ld.v + (size_t)h * N * d, d, r->idx[li], (size_t)r->n[li],
+                          d, m->scale, r->probs[g], r->out);
+            kvs_status st = measure(r, layer, h, g, p, r->idx[li], NULL, r->n[li], r->out, &cost, measured_steps);
+            if (st != KVS_OK) return st;
+        }
+    }
+    return KVS_OK;
+}
+
+/* The prefill call of block [bb, be) of turn tk for every KV head, then the layer's prefill sync. */
+static kvs_status prefill_call(ref_run *r, int64_t tk, int64_t bb, int64_t be) {
+    const struct kvs_policy_ops *ops = r->rc->policy.ops;
+    const kvs_turn *turn = &r->src->turns[tk];
+    size_t N = (size_t)r->N, d = (size_t)r->d, G = (size_t)r->G;
+    kvs_status st;
+    for (int h = 0; h < r->H; h++) {
+        kvs_policy_view view = {
+            .n = be, .group = r->G, .head_dim = r->d, .scale = r->src->model.scale,
+            .k = r->ld.k + (size_t)h * N * d, .v = r->ld.v + (size_t)h * N * d,
+            .q = r->ld.q + ((size_t)h * N + (size_t)bb) * G * d, .q_first = bb, .n_q = be - bb,
+            .turn_begin = turn->begin, .prompt_end = turn->prompt_end, .turn = (int32_t)tk, .block_begin = bb,
+            .last_block = be == turn->prompt_end,
+        };
+        if ((st = ops->prefill(r->states[h], &view)) != KVS_OK) return st;
+    }
+    if (ops->layer_sync && (st = ops->layer_sync(r->states, r->H, KVS_SYNC_PREFILL)) != KVS_OK) return st;
+    return KVS_OK;
+}
+
+/* Decode position p of turn tk: every KV head selects, attends over S_t, is accounted and measured, observes; then
+ * the layer's decode sync. */
+static kvs_status decode_step(ref_run *r, int layer, int64_t p, int64_t tk, int measured, int64_t measured_steps) {
+    const struct kvs_policy_ops *ops = r->rc->policy.ops;
+    const kvs_policy_model *m = &r->src->model;
+    const kvs_turn *turn = &r->src->turns[tk];
+    size_t N = (size_t)r->N, d = (size_t)r->d, G = (size_t)r->G;
+    kvs_status st;
+    for (int h = 0; h < r->H; h++) {
+        void *state = r->states[h];
+        kvs_policy_view view = {
+            .n = p + 1, .group = r->G, .head_dim = r->d, .scale = m->scale,
+            .k = r->ld.k + (size_t)h * N * d, .v = r->ld.v + (size_t)h * N * d,
+            .q = r->ld.q + ((size_t)h * N + (size_t)p) * G * d, .q_first = p, .n_q = 1, .turn_begin = turn->begin,
+            .prompt_end = turn->prompt_end, .turn = (int32_t)tk, .block_begin = p, .last_block = 1,
+            .full_probs = ops->is_oracle ? r->fullp + (size_t)h * G * N : NULL,
+        };
+        kvs_policy_sel sel = {.idx = r->idx, .n = r->n, .n_lists = r->n_lists, .cap = r->N, .row_k = r->row_k,
+                              .row_v = r->row_v};
+        for (int li = 0; li < r->n_lists; li++) r->n[li] = 0;
+        int has_merged[64];
+        double kv_slots, dedup;
+        if ((st = ops->select(state, &view, &sel)) != KVS_OK) return st;
+        if ((st = check(r, state, p, r->budgets[(size_t)layer * (size_t)r->H + (size_t)h], &sel, has_merged, &kv_slots,
+                        &dedup)) != KVS_OK)
+            return st;
+        for (int g = 0; g < r->G; g++) {
+            int li = r->n_lists == 1 ? 0 : g;
+            const float *q = view.q + (size_t)g * d, *keys = view.k, *vals = view.v;
+            const int32_t *idx = sel.idx[li];
+            if (has_merged[li]) { /* the list's rows in list order: trace rows and the policy's merged rows */
+                for (int64_t j = 0; j < sel.n[li]; j++) {
+                    const float *kr = sel.row_k[li][j] ? sel.row_k[li][j] : view.k + (size_t)idx[j] * d;
+                    const float *vr = sel.row_v[li][j] ? sel.row_v[li][j] : view.v + (size_t)idx[j] * d;
+                    memcpy(r->gk + (size_t)j * d, kr, d * sizeof(float));
+                    memcpy(r->gv + (size_t)j * d, vr, d * sizeof(float));
+                }
+                keys = r->gk, vals = r->gv, idx = NULL;
+            }
+            kvs_attention(q, keys, vals, d, idx, (size_t)sel.n[li], d, m->scale, r->probs[g], r->out + (size_t)g * d);
+        }
+        kvs_policy_cost cost;
+        kvs_host_cost(ops, state, m, &view, &sel, kv_slots, dedup, &cost);
+        if (measured)
+            for (int g = 0; g < r->G; g++) {
+                int li = r->n_lists == 1 ? 0 : g;
+                const float *const *merged = has_merged[li] ? sel.row_k[li] : NULL;
+                if ((st = measure(r, layer, h, g, p, sel.idx[li], merged, sel.n[li], r->out + (size_t)g * d, &cost,
+                                  measured_steps)) != KVS_OK)
+                    return st;
+            }
+        if (ops->observe && (st = ops->observe(state, &view, &sel, (const float *const *)r->probs)) != KVS_OK) return st;
+        for (int li = 0; li < r->n_lists; li++)
+            for (int64_t j = 0; j < sel.n[li]; j++) r->row_k[li][j] = r->row_v[li][j] = NULL;
+    }
+    if (ops->layer_sync && (st = ops->layer_sync(r->states, r->H, KVS_SYNC_DECODE)) != KVS_OK) return st;
+    return KVS_OK;
+}
+
+/* Replays layer `layer` of the run: instances, then every position in order. */
+static kvs_status run_layer(ref_run *r, int layer, uint64_t run_seed, const void *shared) {
+    const kvs_replay_config *rc = r->rc;
+    kvs_status st = layer_read(r->src, layer, 0, r->H, &r->ld);
+    if (st != KVS_OK) return st;
+    int64_t blk = 0;
+    if ((st = kvs_host_create_layer(&rc->policy, &r->src->model, rc->budget, r->budgets + (size_t)layer * (size_t)r->H,
+                                    run_seed, layer, shared, r->states, &blk)) != KVS_OK)
+        return st;
+    int64_t measured_steps = 0, bb = 0, tk = 0;
+    for (int64_t p = 0; p < r->N && st == KVS_OK; p++) {
+        while (tk + 1 < r->src->n_turns && p >= r->src->turns[tk].end) tk++;
+        const kvs_turn *turn = &r->src->turns[tk];
+        int is_prompt = p < turn->prompt_end;
+        kvs_replay_measure ms = r->o->measure;
+        int measured = ms == KVS_MEASURE_ALL || (ms == KVS_MEASURE_PREFILL) == is_prompt;
+        if (measured || (!is_prompt && rc->policy.ops->is_oracle)) full_attention(r, p);
+        if (is_prompt) {
+            if (p == turn->begin) bb = p;
+            int64_t be = blk > 0 && bb + blk < turn->prompt_end ? bb + blk : turn->prompt_end;
+            if (measured) st = prompt_step(r, layer, p, bb, be, measured_steps);
+            if (st == KVS_OK && p == be - 1) {
+                st = prefill_call(r, tk, bb, be);
+                bb = be;
+            }
+        } else {
+            st = decode_step(r, layer, p, tk, measured, measured_steps);
+        }
+        if (measured) measured_steps++;
+        if (r->o->cancel && *r->o->cancel)
+            st = kvs_fail(KVS_ERR_INTERRUPTED, "reference replay interrupted at layer %d, position %lld", layer,
+                          (long long)p);
+    }
+    kvs_host_free_layer(&rc->policy, r->states, r->H);
+    return st;
+}
+
+static void ref_run_free(ref_run *r) {
+    for (int g = 0; g < r->G; g++) {
+        if (r->idx) free(r->idx[g]);
+        if (r->probs) free(r->probs[g]);
+        if (r->row_k) free((void *)r->row_k[g]);
+        if (r->row_v) free((void *)r->row_v[g]);
+    }
+    free(r->idx);
+    free(r->n);
+    free((void *)r->row_k);
+    free((void *)r->row_v);
+    free(r->probs);
+    free(r->out);
+    free(r->gk);
+    free(r->gv);
+    free(r->fullp);
+    free(r->fullo);
+    free(r->stored);
+    free(r->order);
+    free(r->mark);
+    free(r->umark);
+    free(r->states);
+    free(r->samples);
+    free(r->layer_first);
+    free(r->steps);
+    layer_free(&r->ld);
+}
+
+static kvs_status ref_run_alloc(ref_run *r) {
+    size_t N = (size_t)r->N, d = (size_t)r->d, G = (size_t)r->G, H = (size_t)r->H;
+    r->idx = calloc(G, sizeof *r->idx);
+    r->n = calloc(G, sizeof *r->n);
+    r->row_k = calloc(G, sizeof *r->row_k);
+    r->row_v = calloc(G, sizeof *r->row_v);
+    r->probs = calloc(G, sizeof *r->probs);
+    r->out = malloc(G * d * sizeof(float));
+    r->gk = malloc(N * d * sizeof(float));
+    r->gv = malloc(N * d * sizeof(float));
+    r->fullp = malloc(H * G * N * sizeof(float));
+    r->fullo = malloc(H * G * d * sizeof(float));
+    r->stored = malloc((N + 1) * sizeof(int32_t));
+    r->order = malloc(N * sizeof(int32_t));
+    r->mark = calloc(N, 1);
+    r->umark = calloc(N, 1);
+    r->states = calloc(H, sizeof *r->states);
+    r->layer_first = calloc((size_t)r->L + 1, sizeof *r->layer_first);
+    if (!r->idx || !r->n || !r->row_k || !r->row_v || !r->probs || !r->out || !r->gk || !r->gv || !r->fullp ||
+        !r->fullo || !r->stored || !r->order || !r->mark || !r->umark || !r->states || !r->layer_first)
+        return kvs_fail(KVS_ERR_NOMEM, "reference replay: out of memory");
+    for (size_t g = 0; g < G; g++) {
+        r->idx[g] = malloc(N * sizeof(int32_t));
+        r->probs[g] = malloc(N * sizeof(float));
+        r->row_k[g] = calloc(N, sizeof **r->row_k);
+        r->row_v[g] = calloc(N, sizeof **r->row_v);
+        if (!r->idx[g] || !r->probs[g] || !r->row_k[g] || !r->row_v[g])
+            return kvs_fail(KVS_ERR_NOMEM, "reference replay: out of memory");
+    }
+    return KVS_OK;
+}
+
+/* Statistics of samples [first, last) of metric k, by kvs_results_stat_compute. */
+static kvs_status stat_of(const ref_run *r, int64_t first, int64_t last, int k, kvs_results_stat *out) {
+    int64_t n = last - first;
+    double *x = malloc((size_t)(n > 0 ? n : 1) * sizeof *x);
+    if (!x) return kvs_fail(KVS_ERR_NOMEM, "reference replay: out of memory for statistics");
+    for (int64_t i = 0; i < n; i++) x[i] = r->samples[(size_t)(first + i) * KVS_N_METRICS + (size_t)k];
+    kvs_status st = kvs_results_stat_compute(x, n, out);
+    free(x);
+    return st;
+}
+
+/* Run c of the sweep, replayed alone into *res. A policy's failure is the run's status; other errors return. */
+static kvs_status run_config(const kvs_replay_source *src, const kvs_replay_opts *o, int c, kvs_replay_run_result *res) {
+    const kvs_policy_model *m = &src->model;
+    ref_run r = {.src = src, .o = o, .rc = &o->configs[c], .L = m->n_layers, .H = m->n_kv_heads, .G = m->group,
+                 .d = m->head_dim, .N = m->n_positions};
+    r.n_lists = kvs_policy_layout(&r.rc->policy) == KVS_SEL_PER_QUERY_HEAD ? r.G : 1;
+    size_t per = (size_t)r.L * (size_t)r.H;
+    double t0 = kvs_now_s();
+    void *alloc = NULL;
+    const void *shared = NULL;
+    res->n_layers = r.L;
+    res->layer_aggs = calloc((size_t)r.L, sizeof *res->layer_aggs);
+    res->budgets = malloc(per * sizeof(int64_t));
+    kvs_status st = !res->layer_aggs || !res->budgets ? kvs_fail(KVS_ERR_NOMEM, "reference replay: out of memory")
+                                                      : ref_run_alloc(&r);
+    if (st != KVS_OK) goto done;
+    r.budgets = res->budgets;
+    uint64_t run_seed = kvs_host_run_seed(src->content_hash, &r.rc->policy, r.rc->budget, m);
+    alloc_reader ar = {.src = src, .layer = -1};
+    kvs_status pst = kvs_host_alloc_pass(&r.rc->policy, m, r.rc->budget, alloc_prompt_view, &ar, res->budgets, &alloc,
+                                         &shared);
+    layer_free(&ar.ld);
+    for (int l = 0; l < r.L && pst == KVS_OK; l++) {
+        r.layer_first[l] = r.n_samples;
+        pst = run_layer(&r, l, run_seed, shared);
+        if (pst != KVS_OK && (pst == KVS_ERR_NOMEM || pst == KVS_ERR_IO || pst == KVS_ERR_FORMAT ||
+                              pst == KVS_ERR_TRUNCATED || pst == KVS_ERR_CHECKSUM || pst == KVS_ERR_INTERRUPTED)) {
+            st = pst; /* the input or the machine, not the policy */
+            goto done;
+        }
+        if (pst != KVS_OK) {
+            res->status = pst;
+            snprintf(res->error, sizeof res->error, "layer %d: %s", l, kvs_last_error());
+        }
+    }
+    if (pst != KVS_OK && res->status == KVS_OK) {
+        res->status = pst;
+        snprintf(res->error, sizeof res->error, "layer 0: %s", kvs_last_error());
+    }
+    r.layer_first[r.L] = r.n_samples;
+    if (res->status == KVS_OK) {
+        for (int l = 0; l < r.L && st == KVS_OK; l++) {
+            res->layer_aggs[l].layer = l;
+            for (int k = 0; k < KVS_N_METRICS && st == KVS_OK; k++)
+                if (r.layer_first[l + 1] > r.layer_first[l])
+                    st = stat_of(&r, r.layer_first[l], r.layer_first[l + 1], k, &res->layer_aggs[l].m[k]);
+        }
+        res->run_agg.layer = -1;
+        for (int k = 0; k < KVS_N_METRICS && st == KVS_OK; k++)
+            if (r.n_samples > 0) st = stat_of(&r, 0, r.n_samples, k, &res->run_agg.m[k]);
+        res->steps = r.steps, res->n_steps = r.n_steps;
+        r.steps = NULL;
+        res->max_attended = r.max_attended;
+    }
+done:
+    kvs_host_alloc_free(&r.rc->policy, alloc);
+    ref_run_free(&r);
+    res->wall_seconds = kvs_now_s() - t0;
+    return st;
+}
+
+kvs_status kvs_replay_reference(const kvs_replay_source *src, const kvs_replay_opts *o, kvs_replay_result **out) {
+    *out = NULL;
+    kvs_status st = kvs_replay_validate(src, o);
+    if (st != KVS_OK) return st;
+    if (src->model.group > 64) return kvs_fail(KVS_ERR_INVALID_ARG, "reference replay: at most 64 query heads a KV head");
+    kvs_replay_result *r = calloc(1, sizeof *r);
+    if (r) r->runs = calloc((size_t)o->n_configs, sizeof *r->runs);
+    if (!r || !r->runs) {
+        free(r);
+        return kvs_fail(KVS_ERR_NOMEM, "reference replay: out of memory");
+    }
+    r->n_runs = o->n_configs;
+    for (int c = 0; c < o->n_configs && st == KVS_OK; c++) st = run_config(src, o, c, &r->runs[c]);
+    if (st != KVS_OK) {
+        kvs_replay_result_free(r);
+        return st;
+    }
+    *out = r;
+    return KVS_OK;
+}
