@@ -39,6 +39,7 @@
 
 #include "../common/kvs_math.h"
 #include "../sim/policy_memo.h"
+#include "held.h"
 #include "registry.h"
 
 enum { H2O_EXPAND = 0, H2O_MEAN = 1 };
@@ -71,37 +72,17 @@ static const kvs_policy_preset h2o_presets[] = {
 };
 
 typedef struct {
-    int32_t *pos;  /* [cap] ascending positions of the cache (at attention time: + the current token) */
-    double *acc;   /* [cap] accumulated attention, aligned with pos */
-    int64_t cnt;
-} h2o_list;
-
-typedef struct {
     int64_t budget, heavy, recent, block;
     int mode, n_lists, group, d, prefill_budget;
     float scale;
     int32_t aux_bytes;
     kvs_policy_model model;
-    h2o_list *lists;      /* [n_lists] */
-    int64_t cap;          /* entries per list: max(B, longest candidate set in a prefill) grows as needed */
-    /* prefill scratch */
-    int32_t *cidx;
-    double *cacc;
-    void *work; /* kvs_attn_colsum_scratch_bytes(scratch_cap) */
-    int64_t scratch_cap;
+    /* [n_lists] the caches: ascending positions (at attention time: + the current token), score = accumulated
+     * attention; a prefill's candidates are appended to them and compressed in place */
+    kvs_held **lists;
+    void *work;           /* kvs_attn_colsum_scratch_bytes(work_cap): the prefill column sums' scratch */
+    int64_t work_cap;
 } h2o_state;
-
-typedef struct {
-    double acc;
-    int64_t i;
-} h2o_rank;
-
-/* Larger acc first; among equal acc the lower index (older position) first. */
-static int rank_cmp(const void *a, const void *b) {
-    const h2o_rank *x = a, *y = b;
-    if (x->acc != y->acc) return x->acc > y->acc ? -1 : 1;
-    return x->i < y->i ? -1 : x->i > y->i;
-}
 
 static kvs_policy_granularity h2o_layout(const kvs_policy_config *cfg) {
     return (int)kvs_policy_param_get(cfg, "gqa") == H2O_EXPAND ? KVS_SEL_PER_QUERY_HEAD : KVS_SEL_PER_KV_HEAD;
@@ -111,13 +92,8 @@ static void h2o_free(void *state) {
     h2o_state *s = state;
     if (!s) return;
     if (s->lists)
-        for (int i = 0; i < s->n_lists; i++) {
-            free(s->lists[i].pos);
-            free(s->lists[i].acc);
-        }
+        for (int i = 0; i < s->n_lists; i++) kvs_held_free(s->lists[i]);
     free(s->lists);
-    free(s->cidx);
-    free(s->cacc);
     free(s->work);
     free(s);
 }
@@ -158,14 +134,10 @@ static kvs_status h2o_create(const kvs_policy_init *init, void **state) {
     s->aux_bytes = init->model->aux_bytes;
     s->model = *init->model;
     s->n_lists = s->mode == H2O_EXPAND ? s->group : 1;
-    s->cap = s->budget;
     s->lists = calloc((size_t)s->n_lists, sizeof *s->lists);
     if (!s->lists) goto nomem;
-    for (int i = 0; i < s->n_lists; i++) {
-        s->lists[i].pos = malloc((size_t)s->cap * sizeof(int32_t));
-        s->lists[i].acc = malloc((size_t)s->cap * sizeof(double));
-        if (!s->lists[i].pos || !s->lists[i].acc) goto nomem;
-    }
+    for (int i = 0; i < s->n_lists; i++)
+        if (!(s->lists[i] = kvs_held_create(s->budget))) goto nomem;
     *state = s;
     return KVS_OK;
 nomem:
@@ -173,35 +145,27 @@ nomem:
     return kvs_fail(KVS_ERR_NOMEM, "h2o: out of memory");
 }
 
-static kvs_status ensure_scratch(h2o_state *s, int64_t n) {
-    if (n <= s->scratch_cap) return KVS_OK;
-    free(s->cidx);
-    free(s->cacc);
+static kvs_status ensure_work(h2o_state *s, int64_t n) {
+    if (n <= s->work_cap) return KVS_OK;
     free(s->work);
-    s->cidx = malloc((size_t)n * sizeof(int32_t));
-    s->cacc = malloc((size_t)n * sizeof(double));
     s->work = malloc(kvs_attn_colsum_scratch_bytes(n));
-    s->scratch_cap = (s->cidx && s->cacc && s->work) ? n : 0;
-    return s->scratch_cap ? KVS_OK : kvs_fail(KVS_ERR_NOMEM, "h2o: out of memory");
+    s->work_cap = s->work ? n : 0;
+    return s->work ? KVS_OK : kvs_fail(KVS_ERR_NOMEM, "h2o: out of memory");
 }
 
-/* Prefill of one list: candidates = kept positions + the new prompt positions (the turn's, or the block's);
- * every new prompt query (prefill=budget: among the turn's last B) adds its causal attention over the
- * candidates to acc; then keep heavy TOPK + the last recent-1. */
+/* Prefill of one list: candidates = kept positions + the new prompt positions (the turn's, or the block's),
+ * appended with acc 0; every new prompt query (prefill=budget: among the turn's last B) adds its causal
+ * attention over the candidates to acc; then keep heavy TOPK + the last recent-1. */
 static kvs_status h2o_prefill_list(h2o_state *s, int li, const kvs_policy_view *view) {
-    h2o_list *L = &s->lists[li];
+    kvs_held *L = s->lists[li];
     /* views built without chunked prefill in mind leave block_begin 0: the new positions start at the turn */
     int64_t first = view->block_begin > view->turn_begin ? view->block_begin : view->turn_begin;
     int64_t n_new = view->n - first;
-    int64_t nc = L->cnt + n_new;
-    kvs_status st = ensure_scratch(s, nc);
+    int64_t nc = kvs_held_count(L) + n_new;
+    if (kvs_held_reserve(L, nc) != KVS_OK) return kvs_fail(KVS_ERR_NOMEM, "h2o: out of memory");
+    kvs_status st = ensure_work(s, nc);
     if (st != KVS_OK) return st;
-    memcpy(s->cidx, L->pos, (size_t)L->cnt * sizeof(int32_t));
-    memcpy(s->cacc, L->acc, (size_t)L->cnt * sizeof(double));
-    for (int64_t j = 0; j < n_new; j++) {
-        s->cidx[L->cnt + j] = (int32_t)(first + j);
-        s->cacc[L->cnt + j] = 0;
-    }
+    for (int64_t j = 0; j < n_new; j++) kvs_held_push(L, (int32_t)(first + j));
     /* Every scoring prompt query (causal: the old cache + the prompt up to its position) adds its attention,
      * averaged over the list's query heads (1 in expand mode), row by row in fp64 as observe() does. */
     int64_t q_lo = first;
@@ -211,48 +175,18 @@ static kvs_status h2o_prefill_list(h2o_state *s, int li, const kvs_policy_view *
     }
     if (q_lo < view->n) {
         kvs_attn_src src = {.q = view->q, .q_first = view->q_first, .n_q = view->n_q, .group = s->group, .d = s->d,
-                            .scale = s->scale, .keys = view->k, .idx = s->cidx, .n_cand = nc};
+                            .scale = s->scale, .keys = view->k, .idx = kvs_held_pos(L), .n_cand = nc};
         kvs_colsum_opts co = {.row_first = q_lo - view->q_first, .n_rows = view->n - q_lo,
                               .head_first = s->mode == H2O_EXPAND ? li : 0,
                               .n_heads = s->mode == H2O_EXPAND ? 1 : s->group, .reduce = KVS_GQA_MEAN, .n_out = nc};
-        kvs_policy_colsum(view, &src, &co, NULL, s->cacc, s->work);
+        kvs_policy_colsum(view, &src, &co, NULL, kvs_held_score(L), s->work);
     }
-    /* Compress to B-1: the last recent-1 candidates plus the top `heavy` of the older ones. */
+    /* Compress to B-1: the last recent-1 candidates plus the top `heavy` of the older ones by acc in double
+     * precision (ties: the older position). */
     int64_t keep = s->budget - 1;
-    if (nc <= keep) {
-        memcpy(L->pos, s->cidx, (size_t)nc * sizeof(int32_t));
-        memcpy(L->acc, s->cacc, (size_t)nc * sizeof(double));
-        L->cnt = nc;
-        return KVS_OK;
-    }
-    int64_t rec = s->recent - 1, old = nc - rec, heavy = keep - rec;
-    /* Rank the old candidates by acc in double precision; ties -> the older position. */
-    h2o_rank *rank = malloc((size_t)(old > 0 ? old : 1) * sizeof *rank);
-    if (!rank) return kvs_fail(KVS_ERR_NOMEM, "h2o: out of memory");
-    for (int64_t j = 0; j < old; j++) {
-        rank[j].acc = s->cacc[j];
-        rank[j].i = j;
-    }
-    qsort(rank, (size_t)old, sizeof *rank, rank_cmp);
-    char *mark = calloc((size_t)(old > 0 ? old : 1), 1);
-    if (!mark) {
-        free(rank);
-        return kvs_fail(KVS_ERR_NOMEM, "h2o: out of memory");
-    }
-    for (int64_t j = 0; j < heavy && j < old; j++) mark[rank[j].i] = 1;
-    int64_t m = 0;
-    for (int64_t j = 0; j < old; j++)
-        if (mark[j]) {
-            L->pos[m] = s->cidx[j];
-            L->acc[m++] = s->cacc[j];
-        }
-    for (int64_t j = old; j < nc; j++) {
-        L->pos[m] = s->cidx[j];
-        L->acc[m++] = s->cacc[j];
-    }
-    L->cnt = m;
-    free(rank);
-    free(mark);
+    if (nc <= keep) return KVS_OK;
+    int64_t rec = s->recent - 1, old = nc - rec;
+    kvs_held_keep_top(L, 0, old, keep - rec);
     return KVS_OK;
 }
 
@@ -268,13 +202,10 @@ static kvs_status h2o_prefill(void *state, const kvs_policy_view *view) {
 static kvs_status h2o_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {
     h2o_state *s = state;
     for (int li = 0; li < s->n_lists; li++) {
-        h2o_list *L = &s->lists[li];
-        KVS_ASSERT(L->cnt < s->budget);
-        L->pos[L->cnt] = (int32_t)(view->n - 1);
-        L->acc[L->cnt] = 0;
-        L->cnt++;
-        memcpy(sel->idx[li], L->pos, (size_t)L->cnt * sizeof(int32_t));
-        sel->n[li] = L->cnt;
+        kvs_held *L = s->lists[li];
+        KVS_ASSERT(kvs_held_count(L) < s->budget);
+        kvs_held_push(L, (int32_t)(view->n - 1)); /* acc 0: it receives its own attention */
+        sel->n[li] = kvs_held_copy(L, sel->idx[li]);
     }
     return KVS_OK;
 }
@@ -284,23 +215,15 @@ static kvs_status h2o_observe(void *state, const kvs_policy_view *view, const kv
     h2o_state *s = state;
     (void)view;
     for (int li = 0; li < s->n_lists; li++) {
-        h2o_list *L = &s->lists[li];
-        KVS_ASSERT(sel->n[li] == L->cnt);
-        if (s->mode == H2O_EXPAND) {
-            for (int64_t j = 0; j < L->cnt; j++) L->acc[j] += probs[li][j];
-        } else {
-            kvs_heads_add(probs, (size_t)s->group, (size_t)L->cnt, 1, L->acc); /* acc += the group mean */
-        }
-        if (L->cnt < s->budget) continue;
-        /* Evict the lowest acc among the non-recent entries (the newer one on ties); window if none. */
-        int64_t cand = L->cnt - s->recent, victim = 0;
-        if (cand > 0) {
-            for (int64_t j = 1; j < cand; j++)
-                if (L->acc[j] <= L->acc[victim]) victim = j;
-        }
-        memmove(L->pos + victim, L->pos + victim + 1, (size_t)(L->cnt - victim - 1) * sizeof(int32_t));
-        memmove(L->acc + victim, L->acc + victim + 1, (size_t)(L->cnt - victim - 1) * sizeof(double));
-        L->cnt--;
+        kvs_held *L = s->lists[li];
+        int64_t cnt = kvs_held_count(L);
+        KVS_ASSERT(sel->n[li] == cnt);
+        if (s->mode == H2O_EXPAND) kvs_held_add(L, probs[li]);
+        else kvs_held_add_heads(L, probs, s->group, 1); /* acc += the group mean */
+        if (cnt < s->budget) continue;
+        /* Evict the lowest acc among the non-recent entries (the newer one on ties); with none (H_h = 0) the
+         * oldest, a window. */
+        kvs_held_remove(L, kvs_held_lowest(L, 0, cnt - s->recent));
     }
     return KVS_OK;
 }
@@ -309,9 +232,7 @@ static int64_t h2o_prefill_block(void *state) { return ((h2o_state *)state)->blo
 
 static int64_t h2o_stored(void *state, int g, int32_t *out) {
     h2o_state *s = state;
-    h2o_list *L = &s->lists[s->mode == H2O_EXPAND ? g : 0];
-    if (L->cnt > 0) memcpy(out, L->pos, (size_t)L->cnt * sizeof(int32_t)); /* pos may be NULL before the first block */
-    return L->cnt;
+    return kvs_held_copy(s->lists[s->mode == H2O_EXPAND ? g : 0], out);
 }
 
 static void h2o_account(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel, kvs_policy_cost *out) {
