@@ -1,6 +1,7 @@
 /* gen_cmp_trace.c — writes the GENERATED trace bench/cmp_runs.sh replays to compare two kvsim builds number for
- * number (a speed change must leave the replay's numbers as they were; sim/BENCH.md "Comparing two builds"). Random Gaussian q/k/v (tests/util/gen_trace), 2 layers, 8 query heads over 2 KV heads, d 64,
- * 400 positions with a 150-token prompt; fp32, or fp16 with a second argument "f16".
+ * number (a speed change must leave the replay's numbers as they were; sim/BENCH.md "Comparing two builds").
+ * Random Gaussian q/k/v (tests/util/gen_trace), 2 layers, 8 query heads over 2 KV heads, d 64, 400 positions with
+ * a 150-token prompt; fp32, or fp16 with a second argument "f16".
  * Usage: gen_cmp_trace OUT.kvt [f16]
  */
 #include <stdio.h>
