@@ -2,7 +2,8 @@
  * test writes itself with trace/trace.h's writer (a multi-turn sequence, a partial last block, a group of 3
  * query heads, a head_dim that is not a multiple of 4), the iterator's queries, K/V history, stored o/lse,
  * tokens, turns and prompt flags equal what was written, and its full attention equals an independent
- * fp64 computation written here and, bit for bit, kvs_attention() (the replay engine's code path). Bad
+ * fp64 computation written here and, bit for bit, kvs_attention() (which the replay engine's blocked reference
+ * equals row by row). Bad
  * layer / head / flags give their status and message; corrupt traces give an error, never a crash.
  * All data is GENERATED (a seeded generator in this file and tests/util/gen_trace.h), not a model's.
  */
@@ -248,7 +249,7 @@ static void check_full_attention(const fixture *f, kvs_trace *t, int l, int kh, 
             if (flags & KVS_KV_STREAM_SCORES)
                 for (size_t j = 0; j < n; j++)
                     assert_true(fabs(kp.scores[(size_t)g * n + j] - nscores[j]) <= 1e-5 * (1 + fabs(nscores[j])));
-            /* the replay engine's code path: bit for bit */
+            /* kvs_attention(), which the replay engine's blocked reference equals: bit for bit */
             double lse = kvs_attention(q, &keys[0][0], &vals[0][0], D, NULL, n, D, SCALE, probs, out);
             assert_true(kp.attn_lse[g] == lse);
             assert_memory_equal(kprobs, probs, n * sizeof(float));
