@@ -49,6 +49,7 @@
 
 #include "../common/kvs_math.h"
 #include "../common/kvs_rng.h"
+#include "held.h"
 #include "registry.h"
 
 enum { KF_EXPAND = 0, KF_MEAN = 1 };
@@ -80,12 +81,6 @@ static const kvs_policy_preset keyformer_presets[] = {
 };
 
 typedef struct {
-    int32_t *pos;  /* [cap] ascending positions of the cache (at attention time: + the current token) */
-    double *acc;   /* [cap] accumulated Gumbel-softmax score, aligned with pos */
-    int64_t cnt;
-} kf_list;
-
-typedef struct {
     int64_t budget, recent; /* B, R_k */
     int mode, n_lists, group, d, noise, schedule;
     double tau_init, dtau;  /* tau = tau_init + min(itr, itr_cap) * dtau */
@@ -94,24 +89,13 @@ typedef struct {
     uint64_t seed;
     int32_t aux_bytes;
     kvs_policy_model model;
-    kf_list *lists;         /* [n_lists], each of capacity budget */
+    /* [n_lists] the caches: ascending positions (at attention time: + the current token), score = accumulated
+     * Gumbel-softmax; a prefill's candidates are appended to them and compressed in place */
+    kvs_held **lists;
     /* scratch, capacity scratch_cap candidates */
-    int32_t *cidx;
-    double *cacc, *f, *t;
+    double *f, *t;
     int64_t scratch_cap;
 } kf_state;
-
-typedef struct {
-    double acc;
-    int64_t i;
-} kf_rank;
-
-/* Larger acc first; among equal acc the lower index (older position) first. */
-static int rank_cmp(const void *a, const void *b) {
-    const kf_rank *x = a, *y = b;
-    if (x->acc != y->acc) return x->acc > y->acc ? -1 : 1;
-    return x->i < y->i ? -1 : x->i > y->i;
-}
 
 static int64_t recent_of(double recent, int64_t budget) {
     int64_t r = (int64_t)(recent * (double)budget);
@@ -142,13 +126,8 @@ static void kf_free(void *state) {
     kf_state *s = state;
     if (!s) return;
     if (s->lists)
-        for (int i = 0; i < s->n_lists; i++) {
-            free(s->lists[i].pos);
-            free(s->lists[i].acc);
-        }
+        for (int i = 0; i < s->n_lists; i++) kvs_held_free(s->lists[i]);
     free(s->lists);
-    free(s->cidx);
-    free(s->cacc);
     free(s->f);
     free(s->t);
     free(s);
@@ -180,11 +159,8 @@ static kvs_status kf_create(const kvs_policy_init *init, void **state) {
     s->n_lists = s->mode == KF_EXPAND ? s->group : 1;
     s->lists = calloc((size_t)s->n_lists, sizeof *s->lists);
     if (!s->lists) goto nomem;
-    for (int i = 0; i < s->n_lists; i++) {
-        s->lists[i].pos = malloc((size_t)s->budget * sizeof(int32_t));
-        s->lists[i].acc = malloc((size_t)s->budget * sizeof(double));
-        if (!s->lists[i].pos || !s->lists[i].acc) goto nomem;
-    }
+    for (int i = 0; i < s->n_lists; i++)
+        if (!(s->lists[i] = kvs_held_create(s->budget))) goto nomem;
     *state = s;
     return KVS_OK;
 nomem:
@@ -194,15 +170,11 @@ nomem:
 
 static kvs_status ensure_scratch(kf_state *s, int64_t n) {
     if (n <= s->scratch_cap) return KVS_OK;
-    free(s->cidx);
-    free(s->cacc);
     free(s->f);
     free(s->t);
-    s->cidx = malloc((size_t)n * sizeof(int32_t));
-    s->cacc = malloc((size_t)n * sizeof(double));
     s->f = malloc((size_t)n * sizeof(double));
     s->t = malloc((size_t)n * sizeof(double));
-    s->scratch_cap = (s->cidx && s->cacc && s->f && s->t) ? n : 0;
+    s->scratch_cap = (s->f && s->t) ? n : 0;
     return s->scratch_cap ? KVS_OK : kvs_fail(KVS_ERR_NOMEM, "keyformer: out of memory");
 }
 
@@ -235,56 +207,29 @@ static void row_scores(kf_state *s, int li, const float *qrow, int64_t qpos, con
         for (int64_t j = 0; j < n; j++) t[j] /= s->group;
 }
 
-/* Prefill of one list: candidates = kept positions + the turn's new prompt positions; every new prompt query
- * adds its (causal) Gumbel-softmax at tau_init; then keep the last R_k - 1 and the top B - R_k of the rest. */
+/* Prefill of one list: candidates = kept positions + the turn's new prompt positions, appended with acc 0; every
+ * new prompt query adds its (causal) Gumbel-softmax at tau_init; then keep the last R_k - 1 and the top B - R_k of
+ * the rest (ties: the older position). */
 static kvs_status kf_prefill_list(kf_state *s, int li, const kvs_policy_view *view) {
-    kf_list *L = &s->lists[li];
+    kvs_held *L = s->lists[li];
     int64_t first = view->block_begin > view->turn_begin ? view->block_begin : view->turn_begin;
-    int64_t n_new = view->n - first, nc = L->cnt + n_new;
+    int64_t held = kvs_held_count(L), n_new = view->n - first, nc = held + n_new;
+    if (kvs_held_reserve(L, nc) != KVS_OK) return kvs_fail(KVS_ERR_NOMEM, "keyformer: out of memory");
     kvs_status st = ensure_scratch(s, nc);
     if (st != KVS_OK) return st;
-    memcpy(s->cidx, L->pos, (size_t)L->cnt * sizeof(int32_t));
-    memcpy(s->cacc, L->acc, (size_t)L->cnt * sizeof(double));
-    for (int64_t j = 0; j < n_new; j++) {
-        s->cidx[L->cnt + j] = (int32_t)(first + j);
-        s->cacc[L->cnt + j] = 0;
-    }
+    for (int64_t j = 0; j < n_new; j++) kvs_held_push(L, (int32_t)(first + j));
     size_t gd = (size_t)s->group * (size_t)s->d;
     double tau = tau_at(s, 0);
     for (int64_t i = first; i < view->n; i++) {
-        int64_t vis = L->cnt + (i - first) + 1; /* the kept cache and the prompt up to i */
-        row_scores(s, li, view->q + (size_t)(i - view->q_first) * gd, i, view->k, s->cidx, vis, tau, s->t);
-        for (int64_t j = 0; j < vis; j++) s->cacc[j] += s->t[j];
+        int64_t vis = held + (i - first) + 1; /* the kept cache and the prompt up to i */
+        row_scores(s, li, view->q + (size_t)(i - view->q_first) * gd, i, view->k, kvs_held_pos(L), vis, tau, s->t);
+        kvs_held_add_f64(L, s->t, vis);
     }
     int64_t keep = s->budget - 1;
-    if (nc <= keep) {
-        memcpy(L->pos, s->cidx, (size_t)nc * sizeof(int32_t));
-        memcpy(L->acc, s->cacc, (size_t)nc * sizeof(double));
-        L->cnt = nc;
-        return KVS_OK;
-    }
+    if (nc <= keep) return KVS_OK;
     int64_t rec = s->recent > 0 ? s->recent - 1 : 0;
     if (rec > keep) rec = keep;
-    int64_t old = nc - rec, key = keep - rec;
-    kf_rank *rank = malloc((size_t)old * sizeof *rank);
-    char *mark = calloc((size_t)old, 1);
-    if (!rank || !mark) {
-        free(rank);
-        free(mark);
-        return kvs_fail(KVS_ERR_NOMEM, "keyformer: out of memory");
-    }
-    for (int64_t j = 0; j < old; j++) rank[j] = (kf_rank){s->cacc[j], j};
-    qsort(rank, (size_t)old, sizeof *rank, rank_cmp);
-    for (int64_t j = 0; j < key; j++) mark[rank[j].i] = 1;
-    int64_t m = 0;
-    for (int64_t j = 0; j < nc; j++)
-        if (j >= old || mark[j]) {
-            L->pos[m] = s->cidx[j];
-            L->acc[m++] = s->cacc[j];
-        }
-    L->cnt = m;
-    free(rank);
-    free(mark);
+    kvs_held_keep_top(L, 0, nc - rec, keep - rec);
     return KVS_OK;
 }
 
@@ -300,13 +245,10 @@ static kvs_status kf_prefill(void *state, const kvs_policy_view *view) {
 static kvs_status kf_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {
     kf_state *s = state;
     for (int li = 0; li < s->n_lists; li++) {
-        kf_list *L = &s->lists[li];
-        KVS_ASSERT(L->cnt < s->budget);
-        L->pos[L->cnt] = (int32_t)(view->n - 1);
-        L->acc[L->cnt] = 0;
-        L->cnt++;
-        memcpy(sel->idx[li], L->pos, (size_t)L->cnt * sizeof(int32_t));
-        sel->n[li] = L->cnt;
+        kvs_held *L = s->lists[li];
+        KVS_ASSERT(kvs_held_count(L) < s->budget);
+        kvs_held_push(L, (int32_t)(view->n - 1)); /* acc 0: scored after its attention */
+        sel->n[li] = kvs_held_copy(L, sel->idx[li]);
     }
     return KVS_OK;
 }
@@ -323,26 +265,21 @@ static kvs_status kf_observe(void *state, const kvs_policy_view *view, const kvs
     kvs_status st = ensure_scratch(s, s->budget);
     if (st != KVS_OK) return st;
     for (int li = 0; li < s->n_lists; li++) {
-        kf_list *L = &s->lists[li];
-        KVS_ASSERT(sel->n[li] == L->cnt);
-        row_scores(s, li, view->q, p, view->k, L->pos, L->cnt, tau, s->t);
-        for (int64_t j = 0; j < L->cnt; j++) L->acc[j] += s->t[j];
-        if (L->cnt < s->budget) continue;
-        int64_t cand = L->cnt - s->recent, victim = 0; /* no key-token slot: the oldest goes (a window) */
-        for (int64_t j = 1; j < cand; j++)
-            if (L->acc[j] <= L->acc[victim]) victim = j;
-        memmove(L->pos + victim, L->pos + victim + 1, (size_t)(L->cnt - victim - 1) * sizeof(int32_t));
-        memmove(L->acc + victim, L->acc + victim + 1, (size_t)(L->cnt - victim - 1) * sizeof(double));
-        L->cnt--;
+        kvs_held *L = s->lists[li];
+        int64_t cnt = kvs_held_count(L);
+        KVS_ASSERT(sel->n[li] == cnt);
+        row_scores(s, li, view->q, p, view->k, kvs_held_pos(L), cnt, tau, s->t);
+        kvs_held_add_f64(L, s->t, cnt);
+        if (cnt < s->budget) continue;
+        /* the lowest acc older than the recent window, the newer on ties; no key-token slot: the oldest (a window) */
+        kvs_held_remove(L, kvs_held_lowest(L, 0, cnt - s->recent));
     }
     return KVS_OK;
 }
 
 static int64_t kf_stored(void *state, int g, int32_t *out) {
     kf_state *s = state;
-    kf_list *L = &s->lists[s->mode == KF_EXPAND ? g : 0];
-    if (L->cnt > 0) memcpy(out, L->pos, (size_t)L->cnt * sizeof(int32_t)); /* pos may be NULL before the first block */
-    return L->cnt;
+    return kvs_held_copy(s->lists[s->mode == KF_EXPAND ? g : 0], out);
 }
 
 /* KV as the default counts it (S_t per cache) plus one score per attended entry (aux), read and written

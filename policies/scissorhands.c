@@ -35,6 +35,7 @@
 
 #include "../common/kvs_math.h"
 #include "../sim/policy_memo.h"
+#include "held.h"
 #include "registry.h"
 
 enum { SH_EXPAND = 0, SH_MEAN = 1 };
@@ -52,16 +53,12 @@ static const kvs_policy_param scissorhands_params[] = {
      .help = "expand: a cache per query head (G x storage); mean: one per KV head, group-mean attention"},
 };
 
+/* One cache. The held list's score of an entry is MINUS its unimportance count (the flags set in its ring), so
+ * that keeping the best scores keeps the least often unimportant entries, the older among equals. */
 typedef struct {
-    int32_t cnt;
-    int64_t i;
-} sh_rank;
-
-typedef struct {
-    int32_t *pos;   /* [cap] ascending resident positions */
-    int32_t *cnt;   /* [cap] unimportant flags set in the ring */
-    uint8_t *ring;  /* [cap][history] flags; slot = observation index mod history */
-    int64_t n, cap;
+    kvs_held *held; /* ascending resident positions; score = -(unimportant flags set in the ring) */
+    uint8_t *ring;  /* [cap][history] flags, aligned with the held entries; slot = observation index mod history */
+    int64_t cap;    /* entries the ring has room for */
 } sh_list;
 
 typedef struct {
@@ -76,7 +73,6 @@ typedef struct {
     /* scratch */
     void *work;       /* kvs_attn_colsum_scratch_bytes(scratch_cap) */
     double *avg;
-    sh_rank *order;
     char *keep;
     int64_t scratch_cap;
 } sh_state;
@@ -90,14 +86,12 @@ static void sh_free(void *state) {
     if (!s) return;
     if (s->lists)
         for (int i = 0; i < s->n_lists; i++) {
-            free(s->lists[i].pos);
-            free(s->lists[i].cnt);
+            kvs_held_free(s->lists[i].held);
             free(s->lists[i].ring);
         }
     free(s->lists);
     free(s->work);
     free(s->avg);
-    free(s->order);
     free(s->keep);
     free(s);
 }
@@ -133,7 +127,9 @@ static kvs_status sh_create(const kvs_policy_init *init, void **state) {
     s->model = *init->model;
     s->n_lists = s->mode == SH_EXPAND ? s->group : 1;
     s->lists = calloc((size_t)s->n_lists, sizeof *s->lists);
-    if (!s->lists) {
+    int ok = s->lists != NULL;
+    for (int i = 0; ok && i < s->n_lists; i++) ok = (s->lists[i].held = kvs_held_create(16)) != NULL;
+    if (!ok) {
         sh_free(s);
         return kvs_fail(KVS_ERR_NOMEM, "scissorhands: out of memory");
     }
@@ -145,13 +141,9 @@ static kvs_status list_reserve(sh_state *s, sh_list *L, int64_t need) {
     if (need <= L->cap) return KVS_OK;
     int64_t cap = L->cap ? L->cap : 16;
     while (cap < need) cap *= 2;
-    int32_t *pos = realloc(L->pos, (size_t)cap * sizeof *pos);
-    if (pos) L->pos = pos;
-    int32_t *cnt = realloc(L->cnt, (size_t)cap * sizeof *cnt);
-    if (cnt) L->cnt = cnt;
     uint8_t *ring = realloc(L->ring, (size_t)cap * (size_t)s->history);
     if (ring) L->ring = ring;
-    if (!pos || !cnt || !ring) return kvs_fail(KVS_ERR_NOMEM, "scissorhands: out of memory");
+    if (!ring || kvs_held_reserve(L->held, cap) != KVS_OK) return kvs_fail(KVS_ERR_NOMEM, "scissorhands: out of memory");
     L->cap = cap;
     return KVS_OK;
 }
@@ -160,77 +152,60 @@ static kvs_status scratch_reserve(sh_state *s, int64_t n) {
     if (n <= s->scratch_cap) return KVS_OK;
     free(s->work);
     free(s->avg);
-    free(s->order);
     free(s->keep);
     s->work = malloc(kvs_attn_colsum_scratch_bytes(n));
     s->avg = malloc((size_t)n * sizeof(double));
-    s->order = malloc((size_t)n * sizeof *s->order);
     s->keep = malloc((size_t)n);
-    int ok = s->work && s->avg && s->order && s->keep;
+    int ok = s->work && s->avg && s->keep;
     s->scratch_cap = ok ? n : 0;
     return ok ? KVS_OK : kvs_fail(KVS_ERR_NOMEM, "scissorhands: out of memory");
 }
 
-/* Appends position p with an empty history. */
+/* Appends position p with an empty history (count 0). */
 static void list_push(sh_state *s, sh_list *L, int32_t p) {
-    L->pos[L->n] = p;
-    L->cnt[L->n] = 0;
-    memset(L->ring + (size_t)L->n * (size_t)s->history, 0, (size_t)s->history);
-    L->n++;
+    memset(L->ring + (size_t)kvs_held_count(L->held) * (size_t)s->history, 0, (size_t)s->history);
+    kvs_held_push(L->held, p);
 }
 
 /* Records observation s->obs for list L: entries [0, visible) saw attention a[0..visible); the others were
- * not visible (flag 0). The caller advances s->obs once every list has recorded it. */
+ * not visible (flag 0). The caller advances s->obs once every list has recorded it. The flag leaving the ring
+ * slot and the one entering it change the count (whole numbers, exact in the fp64 score). */
 static void record(sh_state *s, sh_list *L, const double *a, int64_t visible) {
     size_t slot = (size_t)(s->obs % s->history);
-    double thr = s->threshold / (double)visible;
-    for (int64_t j = 0; j < L->n; j++) {
+    double thr = s->threshold / (double)visible, *score = kvs_held_score(L->held);
+    for (int64_t j = 0; j < kvs_held_count(L->held); j++) {
         uint8_t *r = L->ring + (size_t)j * (size_t)s->history + slot;
         uint8_t f = j < visible && a[j] < thr;
-        L->cnt[j] += (int32_t)f - (int32_t)*r;
+        score[j] -= (double)((int32_t)f - (int32_t)*r);
         *r = f;
     }
 }
 
-/* Keep order: lower count first; equal counts: older (lower index) first (the newer one is dropped). */
-static int rank_cmp(const void *a, const void *b) {
-    const sh_rank *x = a, *y = b;
-    if (x->cnt != y->cnt) return x->cnt < y->cnt ? -1 : 1;
-    return x->i < y->i ? -1 : x->i > y->i;
-}
-
-/* Compresses L to s->target entries: the last `recent` plus the lowest-count older ones. */
+/* Compresses L to s->target entries: the last `recent` plus the older ones with the lowest counts (the highest
+ * scores; equal counts: the older entry is kept, the newer dropped). */
 static void compress(sh_state *s, sh_list *L) {
-    if (L->n <= s->target) return;
-    int64_t rec = s->recent, old = L->n - rec, want = s->target - rec;
-    for (int64_t j = 0; j < old; j++) {
-        s->order[j].cnt = L->cnt[j];
-        s->order[j].i = j;
-    }
-    qsort(s->order, (size_t)old, sizeof *s->order, rank_cmp);
-    memset(s->keep, 0, (size_t)L->n);
-    for (int64_t j = 0; j < want; j++) s->keep[s->order[j].i] = 1;
-    for (int64_t j = old; j < L->n; j++) s->keep[j] = 1;
+    int64_t n = kvs_held_count(L->held);
+    if (n <= s->target) return;
+    int64_t rec = s->recent, old = n - rec, want = s->target - rec;
+    kvs_held_mark_top(L->held, 0, old, want, s->keep);
     int64_t w = 0;
-    for (int64_t j = 0; j < L->n; j++) {
+    for (int64_t j = 0; j < n; j++) {
         if (!s->keep[j]) continue;
-        if (w != j) {
-            L->pos[w] = L->pos[j];
-            L->cnt[w] = L->cnt[j];
+        if (w != j)
             memcpy(L->ring + (size_t)w * (size_t)s->history, L->ring + (size_t)j * (size_t)s->history,
                    (size_t)s->history);
-        }
         w++;
     }
-    L->n = w;
+    kvs_held_compact(L->held, s->keep);
 }
 
 static kvs_status sh_prefill(void *state, const kvs_policy_view *view) {
     sh_state *s = state;
     int64_t n_new = view->n - view->turn_begin;
     for (int li = 0; li < s->n_lists; li++) {
-        kvs_status st = list_reserve(s, &s->lists[li], s->lists[li].n + n_new);
-        if (st == KVS_OK) st = scratch_reserve(s, s->lists[li].n + n_new);
+        int64_t need = kvs_held_count(s->lists[li].held) + n_new;
+        kvs_status st = list_reserve(s, &s->lists[li], need);
+        if (st == KVS_OK) st = scratch_reserve(s, need);
         if (st != KVS_OK) return st;
         for (int64_t j = 0; j < n_new; j++) list_push(s, &s->lists[li], (int32_t)(view->turn_begin + j));
     }
@@ -240,11 +215,11 @@ static kvs_status sh_prefill(void *state, const kvs_policy_view *view) {
         int64_t p = view->turn_begin + i;
         for (int li = 0; li < s->n_lists; li++) {
             sh_list *L = &s->lists[li];
-            int64_t visible = L->n - n_new + i + 1; /* the retained cache + prompt positions <= p */
+            int64_t n = kvs_held_count(L->held), visible = n - n_new + i + 1; /* the retained cache + prompt <= p */
             /* One observation = one row's attention averaged over the list's heads (1 in expand mode), in
              * fp64 as sh_observe() averages a decode step. */
             kvs_attn_src src = {.q = view->q, .q_first = view->q_first, .n_q = view->n_q, .group = s->group,
-                                .d = s->d, .scale = s->scale, .keys = view->k, .idx = L->pos, .n_cand = L->n};
+                                .d = s->d, .scale = s->scale, .keys = view->k, .idx = kvs_held_pos(L->held), .n_cand = n};
             kvs_colsum_opts co = {.row_first = p - view->q_first, .n_rows = 1,
                                   .head_first = s->mode == SH_EXPAND ? li : 0,
                                   .n_heads = s->mode == SH_EXPAND ? 1 : s->group, .reduce = KVS_GQA_MEAN,
@@ -256,7 +231,7 @@ static kvs_status sh_prefill(void *state, const kvs_policy_view *view) {
         s->obs++;
     }
     for (int li = 0; li < s->n_lists; li++)
-        if (s->lists[li].n > s->budget - 1) compress(s, &s->lists[li]);
+        if (kvs_held_count(s->lists[li].held) > s->budget - 1) compress(s, &s->lists[li]);
     return KVS_OK;
 }
 
@@ -264,13 +239,13 @@ static kvs_status sh_select(void *state, const kvs_policy_view *view, kvs_policy
     sh_state *s = state;
     for (int li = 0; li < s->n_lists; li++) {
         sh_list *L = &s->lists[li];
-        KVS_ASSERT(L->n < s->budget);
-        kvs_status st = list_reserve(s, L, L->n + 1);
-        if (st == KVS_OK) st = scratch_reserve(s, L->n + 1);
+        int64_t n = kvs_held_count(L->held);
+        KVS_ASSERT(n < s->budget);
+        kvs_status st = list_reserve(s, L, n + 1);
+        if (st == KVS_OK) st = scratch_reserve(s, n + 1);
         if (st != KVS_OK) return st;
         list_push(s, L, (int32_t)(view->n - 1));
-        memcpy(sel->idx[li], L->pos, (size_t)L->n * sizeof(int32_t));
-        sel->n[li] = L->n;
+        sel->n[li] = kvs_held_copy(L->held, sel->idx[li]);
     }
     return KVS_OK;
 }
@@ -281,15 +256,16 @@ static kvs_status sh_observe(void *state, const kvs_policy_view *view, const kvs
     (void)view;
     for (int li = 0; li < s->n_lists; li++) {
         sh_list *L = &s->lists[li];
-        KVS_ASSERT(sel->n[li] == L->n);
+        int64_t n = kvs_held_count(L->held);
+        KVS_ASSERT(sel->n[li] == n);
         if (s->mode == SH_EXPAND) {
-            for (int64_t j = 0; j < L->n; j++) s->avg[j] = probs[li][j];
+            for (int64_t j = 0; j < n; j++) s->avg[j] = probs[li][j];
         } else { /* the group mean */
-            memset(s->avg, 0, (size_t)L->n * sizeof *s->avg);
-            kvs_heads_add(probs, (size_t)s->group, (size_t)L->n, 1, s->avg);
+            memset(s->avg, 0, (size_t)n * sizeof *s->avg);
+            kvs_heads_add(probs, (size_t)s->group, (size_t)n, 1, s->avg);
         }
-        record(s, L, s->avg, L->n);
-        if (L->n >= s->budget) compress(s, L);
+        record(s, L, s->avg, n);
+        if (n >= s->budget) compress(s, L);
     }
     s->obs++;
     return KVS_OK;
@@ -297,9 +273,7 @@ static kvs_status sh_observe(void *state, const kvs_policy_view *view, const kvs
 
 static int64_t sh_stored(void *state, int g, int32_t *out) {
     sh_state *s = state;
-    sh_list *L = &s->lists[s->mode == SH_EXPAND ? g : 0];
-    if (L->n > 0) memcpy(out, L->pos, (size_t)L->n * sizeof(int32_t)); /* pos may be NULL before the first block */
-    return L->n;
+    return kvs_held_copy(s->lists[s->mode == SH_EXPAND ? g : 0].held, out);
 }
 
 static void sh_account(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel, kvs_policy_cost *out) {

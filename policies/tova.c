@@ -24,6 +24,7 @@
 
 #include "../common/kvs_math.h"
 #include "../sim/policy_memo.h"
+#include "held.h"
 #include "registry.h"
 
 enum { TOVA_LAYER = 0, TOVA_GROUP = 1 };
@@ -47,23 +48,19 @@ typedef struct {
     int64_t budget, block;
     int mode, protect, group, d;
     float scale;
-    int32_t *pos;     /* [budget] ascending cache positions (+ current token during a step) */
-    int64_t cnt;
-    double *score;    /* [cap] this step's group-mean attention, aligned with pos (prefill: with cand) */
-    /* prefill candidates */
-    int32_t *cand;
-    int64_t n_cand, cap;
-    float *tmp;
+    /* ascending cache positions (+ the current token during a step; a prefill's candidates until they are cut),
+     * score = this step's group-mean attention (no state carries over between steps) */
+    kvs_held *held;
+    char *mark;       /* [cap] the cut's keep mask */
     void *work;       /* [kvs_attn_colsum_scratch_bytes(cap)] prefill scratch */
+    int64_t cap;      /* candidates mark and work have room for */
 } tova_state;
 
 static void tova_free(void *state) {
     tova_state *s = state;
     if (!s) return;
-    free(s->pos);
-    free(s->score);
-    free(s->cand);
-    free(s->tmp);
+    kvs_held_free(s->held);
+    free(s->mark);
     free(s->work);
     free(s);
 }
@@ -78,10 +75,8 @@ static kvs_status tova_create(const kvs_policy_init *init, void **state) {
     s->group = init->model->group;
     s->d = init->model->head_dim;
     s->scale = init->model->scale;
-    s->pos = malloc((size_t)s->budget * sizeof(int32_t));
-    s->score = malloc((size_t)s->budget * sizeof(double));
-    s->cap = s->budget;
-    if (!s->pos || !s->score) {
+    s->held = kvs_held_create(s->budget);
+    if (!s->held) {
         tova_free(s);
         return kvs_fail(KVS_ERR_NOMEM, "tova: out of memory");
     }
@@ -89,40 +84,22 @@ static kvs_status tova_create(const kvs_policy_init *init, void **state) {
     return KVS_OK;
 }
 
-/* Keeps the B-1 best candidates (given their averaged scores) in position order. */
-static kvs_status keep_top(tova_state *s, const double *score) {
-    int64_t keep = s->budget - 1;
-    if (s->n_cand <= keep) {
-        memcpy(s->pos, s->cand, (size_t)s->n_cand * sizeof(int32_t));
-        s->cnt = s->n_cand;
-        return KVS_OK;
-    }
-    /* Selection by repeated scan keeps the tie rule explicit: best score, then older position; the last
-     * prompt position is forced in when protected. */
-    char *mark = calloc((size_t)s->n_cand, 1);
-    if (!mark) return kvs_fail(KVS_ERR_NOMEM, "tova: out of memory");
-    int64_t taken = 0;
-    if (s->protect && keep > 0) {
-        mark[s->n_cand - 1] = 1;
-        taken = 1;
-    }
-    float *x = s->tmp;
-    for (int64_t j = 0; j < s->n_cand; j++) x[j] = mark[j] ? -1.0f : (float)score[j];
-    int32_t *top = malloc((size_t)(keep > 0 ? keep : 1) * sizeof(int32_t));
-    if (!top) {
-        free(mark);
-        return kvs_fail(KVS_ERR_NOMEM, "tova: out of memory");
-    }
-    /* Probabilities are >= 0, so the protected entry (-1) never displaces a real one. Ranking in float is
-     * the documented precision (scores are float probabilities averaged in double then rounded). */
-    kvs_topk(x, (size_t)s->n_cand, (size_t)(keep - taken), top);
-    for (int64_t j = 0; j < keep - taken; j++) mark[top[j]] = 1;
-    s->cnt = 0;
-    for (int64_t j = 0; j < s->n_cand; j++)
-        if (mark[j]) s->pos[s->cnt++] = s->cand[j];
-    free(top);
-    free(mark);
-    return KVS_OK;
+/* Cuts the candidates to the B-1 best by `score` (the held list's own, or the layer's mean, which may alias it),
+ * in position order; the last prompt position is forced in when protected. Ranking in float is the documented
+ * precision (scores are float probabilities averaged in double, then rounded): the held scores become the
+ * rounded values, so the fp64 ranking of the helper ranks exactly as a float one (same order, same ties: the
+ * older position). The protected entry is ranked at -1: probabilities are >= 0, so it never displaces a real
+ * one. */
+static void keep_top(tova_state *s, const double *score) {
+    int64_t keep = s->budget - 1, n = kvs_held_count(s->held);
+    if (n <= keep) return;
+    double *own = kvs_held_score(s->held);
+    for (int64_t j = 0; j < n; j++) own[j] = (double)(float)score[j];
+    int protect = s->protect && keep > 0;
+    if (protect) own[n - 1] = -1.0;
+    kvs_held_mark_top(s->held, 0, n, keep - protect, s->mark);
+    if (protect) s->mark[n - 1] = 1;
+    kvs_held_compact(s->held, s->mark);
 }
 
 static kvs_status tova_prefill(void *state, const kvs_policy_view *view) {
@@ -130,98 +107,84 @@ static kvs_status tova_prefill(void *state, const kvs_policy_view *view) {
     /* new positions: the turn's prompt, or the block's (views built without blocks leave block_begin 0) */
     int64_t first = view->block_begin > view->turn_begin ? view->block_begin : view->turn_begin;
     int64_t n_new = view->n - first;
-    int64_t nc = s->cnt + n_new;
-    if (nc > s->cap) {
-        int32_t *c = realloc(s->cand, (size_t)nc * sizeof(int32_t));
-        if (c) s->cand = c;
-        double *sc = realloc(s->score, (size_t)nc * sizeof(double));
-        if (sc) s->score = sc;
-        float *t = realloc(s->tmp, (size_t)nc * sizeof(float));
-        if (t) s->tmp = t;
-        void *w = realloc(s->work, kvs_attn_colsum_scratch_bytes(nc));
+    int64_t nc = kvs_held_count(s->held) + n_new;
+    if (nc > s->cap || !s->work) {
+        int64_t cap = nc > s->cap ? nc : s->cap;
+        char *m = realloc(s->mark, (size_t)cap);
+        if (m) s->mark = m;
+        void *w = realloc(s->work, kvs_attn_colsum_scratch_bytes(cap));
         if (w) s->work = w;
-        if (!c || !sc || !t || !w) return kvs_fail(KVS_ERR_NOMEM, "tova: out of memory");
-        s->cap = nc;
-    } else if (!s->cand) {
-        s->cand = malloc((size_t)s->cap * sizeof(int32_t));
-        s->tmp = malloc((size_t)s->cap * sizeof(float));
-        s->work = malloc(kvs_attn_colsum_scratch_bytes(s->cap));
-        if (!s->cand || !s->tmp || !s->work) return kvs_fail(KVS_ERR_NOMEM, "tova: out of memory");
+        if (!m || !w) return kvs_fail(KVS_ERR_NOMEM, "tova: out of memory");
+        s->cap = cap;
     }
-    memcpy(s->cand, s->pos, (size_t)s->cnt * sizeof(int32_t));
-    for (int64_t j = 0; j < n_new; j++) s->cand[s->cnt + j] = (int32_t)(first + j);
-    s->n_cand = nc;
+    if (kvs_held_reserve(s->held, nc) != KVS_OK) return kvs_fail(KVS_ERR_NOMEM, "tova: out of memory");
+    for (int64_t j = 0; j < n_new; j++) kvs_held_push(s->held, (int32_t)(first + j));
     /* Group-mean attention of the last prompt query over all candidates (it sees them all), reduced in fp64
      * as tova_observe() reduces a decode step. */
-    for (int64_t j = 0; j < nc; j++) s->score[j] = 0;
+    kvs_held_reset_scores(s->held);
     kvs_attn_src src = {.q = view->q, .q_first = view->q_first, .n_q = view->n_q, .group = s->group, .d = s->d,
-                        .scale = s->scale, .keys = view->k, .idx = s->cand, .n_cand = nc};
+                        .scale = s->scale, .keys = view->k, .idx = kvs_held_pos(s->held), .n_cand = nc};
     kvs_colsum_opts co = {.row_first = view->n - 1 - view->q_first, .n_rows = 1, .head_first = 0, .n_heads = s->group,
                           .reduce = KVS_GQA_MEAN, .n_out = nc};
-    kvs_policy_colsum(view, &src, &co, NULL, s->score, s->work);
-    if (s->mode == TOVA_GROUP) return keep_top(s, s->score);
+    kvs_policy_colsum(view, &src, &co, NULL, kvs_held_score(s->held), s->work);
+    if (s->mode == TOVA_GROUP) keep_top(s, kvs_held_score(s->held));
     return KVS_OK; /* layer mode: layer_sync averages over KV heads and keeps the same set everywhere */
 }
 
 static kvs_status tova_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {
     tova_state *s = state;
-    KVS_ASSERT(s->cnt < s->budget);
-    s->pos[s->cnt++] = (int32_t)(view->n - 1);
-    memcpy(sel->idx[0], s->pos, (size_t)s->cnt * sizeof(int32_t));
-    sel->n[0] = s->cnt;
+    KVS_ASSERT(kvs_held_count(s->held) < s->budget); /* the list was created with room for B */
+    kvs_held_push(s->held, (int32_t)(view->n - 1));
+    sel->n[0] = kvs_held_copy(s->held, sel->idx[0]);
     return KVS_OK;
 }
 
-/* Index of the entry to evict given averaged scores: lowest score, newer position on ties. */
-static int64_t victim_of(const tova_state *s, const double *score) {
-    int64_t lim = s->protect ? s->cnt - 1 : s->cnt, v = 0;
-    for (int64_t j = 1; j < lim; j++)
-        if (score[j] <= score[v]) v = j;
-    return v;
-}
-
-static void evict(tova_state *s, int64_t v) {
-    memmove(s->pos + v, s->pos + v + 1, (size_t)(s->cnt - v - 1) * sizeof(int32_t));
-    s->cnt--;
+/* The entry to evict by the held scores: the lowest, the newer position on ties; the current token is no
+ * candidate when protected. */
+static int64_t victim_of(const tova_state *s) {
+    int64_t n = kvs_held_count(s->held);
+    return kvs_held_lowest(s->held, 0, s->protect ? n - 1 : n);
 }
 
 static kvs_status tova_observe(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel,
                                const float *const *probs) {
     tova_state *s = state;
     (void)view;
-    KVS_ASSERT(sel->n[0] == s->cnt);
+    KVS_ASSERT(sel->n[0] == kvs_held_count(s->held));
     /* score[j] = (0 + p_0[j] + ... + p_{G-1}[j]) / G, the adds of each j in head order */
-    memset(s->score, 0, (size_t)s->cnt * sizeof *s->score);
-    kvs_heads_add(probs, (size_t)s->group, (size_t)s->cnt, 1, s->score);
-    if (s->mode == TOVA_GROUP && s->cnt >= s->budget) evict(s, victim_of(s, s->score));
+    kvs_held_reset_scores(s->held);
+    kvs_held_add_heads(s->held, probs, s->group, 1);
+    if (s->mode == TOVA_GROUP && kvs_held_count(s->held) >= s->budget) kvs_held_remove(s->held, victim_of(s));
     return KVS_OK;
 }
 
 /* Layer mode: average the KV heads' group means (equal group sizes, so this is the mean over all query
- * heads of the layer) and apply the same decision to every KV head. */
+ * heads of the layer) and apply the same decision to every KV head: the mean replaces the first head's scores
+ * (they serve this step only), the victim is chosen there and evicted everywhere. */
 static kvs_status tova_layer_sync(void *const *states, int n_kv_heads, kvs_policy_sync_phase phase) {
     tova_state *s0 = states[0];
     if (s0->mode != TOVA_LAYER) return KVS_OK;
-    int64_t n = phase == KVS_SYNC_PREFILL ? s0->n_cand : s0->cnt;
+    int64_t n = kvs_held_count(s0->held);
     double *avg = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
     if (!avg) return kvs_fail(KVS_ERR_NOMEM, "tova: out of memory");
     for (int64_t j = 0; j < n; j++) avg[j] = 0;
     for (int h = 0; h < n_kv_heads; h++) {
-        const tova_state *s = states[h];
+        tova_state *s = states[h];
         /* Identical sets across the layer's KV heads are an invariant of layer mode. */
-        KVS_ASSERT((phase == KVS_SYNC_PREFILL ? s->n_cand : s->cnt) == n);
-        for (int64_t j = 0; j < n; j++) avg[j] += s->score[j];
+        KVS_ASSERT(kvs_held_count(s->held) == n);
+        const double *score = kvs_held_score(s->held);
+        for (int64_t j = 0; j < n; j++) avg[j] += score[j];
     }
     kvs_div_by(avg, (size_t)n, n_kv_heads);
-    kvs_status st = KVS_OK;
     if (phase == KVS_SYNC_PREFILL) {
-        for (int h = 0; h < n_kv_heads && st == KVS_OK; h++) st = keep_top(states[h], avg);
-    } else if (s0->cnt >= s0->budget) {
-        int64_t v = victim_of(s0, avg);
-        for (int h = 0; h < n_kv_heads; h++) evict(states[h], v);
+        for (int h = 0; h < n_kv_heads; h++) keep_top(states[h], avg);
+    } else if (n >= s0->budget) {
+        memcpy(kvs_held_score(s0->held), avg, (size_t)n * sizeof *avg);
+        int64_t v = victim_of(s0);
+        for (int h = 0; h < n_kv_heads; h++) kvs_held_remove(((tova_state *)states[h])->held, v);
     }
     free(avg);
-    return st;
+    return KVS_OK;
 }
 
 static int64_t tova_prefill_block(void *state) { return ((tova_state *)state)->block; }
@@ -229,8 +192,7 @@ static int64_t tova_prefill_block(void *state) { return ((tova_state *)state)->b
 static int64_t tova_stored(void *state, int g, int32_t *out) {
     tova_state *s = state;
     (void)g;
-    if (s->cnt > 0) memcpy(out, s->pos, (size_t)s->cnt * sizeof(int32_t)); /* pos may be NULL before the first block */
-    return s->cnt;
+    return kvs_held_copy(s->held, out);
 }
 
 static kvs_status tova_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget) {
