@@ -9,6 +9,7 @@
  */
 #include "policy_memo.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -94,6 +95,30 @@ void kvs_policy_memo_clear(kvs_policy_memo *m) {
 }
 
 int64_t kvs_policy_memo_hits(const kvs_policy_memo *m) { return m ? m->hits : 0; }
+
+/* Checked mode (KVS_MEMO_CHECK set and not "0" in the environment; the test suite sets it): every hit of a memo
+ * keyed by addresses under a contract (the column sums and window scores: the rows under the view do not change
+ * between the engine's clears; the page scores: the summaries are a function of the view's keys and the page size)
+ * is computed again and compared bit for bit with what the memo returned; a difference is a broken contract and
+ * aborts with the entry's kind. The page ranking and the top-k are keyed by the values they rank, so a hit is the
+ * same input by construction. */
+static int memo_check_mode = -1; /* -1: not read yet */
+
+static int memo_checked(void) {
+    if (memo_check_mode < 0) { /* read once; a benign race writes the same value */
+        const char *e = getenv("KVS_MEMO_CHECK");
+        memo_check_mode = e && *e && strcmp(e, "0") != 0;
+    }
+    return memo_check_mode;
+}
+
+void kvs_policy_memo_set_checked(int on) { memo_check_mode = on != 0; }
+
+static void memo_broken(const char *what) {
+    fprintf(stderr, "kvsim: internal error: a %s memo hit differs from computing it (sim/policy_memo.h contract)\n",
+            what);
+    abort();
+}
 
 static int same_src(const kvs_attn_src *a, const kvs_attn_src *b) {
     if (a->q != b->q || a->q_first != b->q_first || a->n_q != b->n_q || a->group != b->group || a->d != b->d ||
@@ -206,6 +231,16 @@ void kvs_policy_colsum(const kvs_policy_view *view, const kvs_attn_src *src, con
     if (x) {
         for (size_t r = 0; r < rows; r++) memcpy(out + r * stride * elem, (unsigned char *)x->res + r * row_bytes, row_bytes);
         m->hits++;
+        if (memo_checked() && rows > 0) {
+            size_t span = ((rows - 1) * stride) * elem + row_bytes;
+            unsigned char *fresh = calloc(span ? span : 1, 1);
+            if (!fresh) return;
+            kvs_attn_colsum(src, opts, out_f32 ? (float *)(void *)fresh : NULL, out_f32 ? NULL : (double *)(void *)fresh,
+                            scratch);
+            for (size_t r = 0; r < rows; r++)
+                if (memcmp(fresh + r * stride * elem, out + r * stride * elem, row_bytes)) memo_broken("column-sum");
+            free(fresh);
+        }
         return;
     }
     kvs_attn_colsum(src, opts, out_f32, out_f64, scratch);
@@ -222,6 +257,14 @@ int64_t kvs_policy_snapkv_scores(const kvs_policy_view *view, const kvs_attn_src
     if (x) {
         if (x->res_bytes) memcpy(out, x->res, x->res_bytes);
         m->hits++;
+        if (memo_checked()) {
+            size_t cap = rows * (size_t)(view->n > src->n_cand ? view->n : src->n_cand) + 1;
+            float *fresh = malloc(cap * sizeof *fresh);
+            if (!fresh) return x->ret;
+            int64_t r = kvs_snapkv_scores(src, opts, fresh, scratch);
+            if (r != x->ret || (x->res_bytes && memcmp(fresh, out, x->res_bytes))) memo_broken("window-score");
+            free(fresh);
+        }
         return x->ret;
     }
     int64_t r = kvs_snapkv_scores(src, opts, out, scratch);
@@ -254,6 +297,13 @@ void kvs_policy_page_scores(const kvs_policy_view *view, int64_t page, const flo
         if (x->kind == MEMO_PAGE_SCORES && same_page_key(x, &key)) {
             memcpy(out, x->res, bytes);
             m->hits++;
+            if (memo_checked()) {
+                double *fresh = malloc(bytes);
+                if (!fresh) return;
+                kvs_page_scores_rows(q, nq, d, kmin, kmax, stride, n_pages, fresh);
+                if (memcmp(fresh, out, bytes)) memo_broken("page-score");
+                free(fresh);
+            }
             return;
         }
     }

@@ -37,6 +37,11 @@ void kvs_policy_memo_free(kvs_policy_memo *m);
  *  the rows a stored entry was computed from may change. */
 void kvs_policy_memo_clear(kvs_policy_memo *m);
 
+/*! kvs_policy_memo_set_checked() : checked mode on or off, overriding KVS_MEMO_CHECK: every hit of an entry keyed
+ *  under a contract (column sums, window scores, page scores) is computed again and compared bit for bit; a
+ *  difference aborts with a message (the test suite runs checked). Process-wide; set it before replays start. */
+void kvs_policy_memo_set_checked(int on);
+
 /*! kvs_policy_memo_hits() : lookups answered from the memo since creation (tests, the benchmark). */
 int64_t kvs_policy_memo_hits(const kvs_policy_memo *m);
 

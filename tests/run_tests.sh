@@ -7,6 +7,10 @@
 # after another). Each binary's output goes to its own file and is echoed whole, in the order of the arguments,
 # once every binary has finished, so the log reads the same whatever the job count. The binaries share nothing
 # but the read-only tree: each makes its own mkdtemp folder.
+# The replay's score memo runs checked under test: every hit keyed under a contract is computed again and compared
+# (sim/policy_memo.h, kvs_policy_memo_set_checked), so a broken contract aborts a test instead of passing unseen.
+KVS_MEMO_CHECK=${KVS_MEMO_CHECK:-1}
+export KVS_MEMO_CHECK
 jobs=${TEST_JOBS:-1}
 case $jobs in '' | *[!0-9]* | 0) echo "run_tests: TEST_JOBS must be a positive integer, not '$jobs'" >&2; exit 2 ;; esac
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kvs_run_tests_XXXXXX") || { echo "run_tests: cannot make a scratch folder" >&2; exit 2; }

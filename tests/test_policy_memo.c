@@ -32,6 +32,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -417,6 +420,35 @@ static void quest_run_check_same(const quest_run *a, const quest_run *b, int n_c
     free(a->cnt);
 }
 
+/* Checked mode turns the page scores' contract into a checked invariant: a caller that hands other summaries for
+ * the same view, page size and queries (a broken contract: the memo would return the first caller's scores)
+ * aborts on the hit instead of receiving wrong numbers. Run in a child process, which must die of SIGABRT. */
+static void test_checked_mode_catches_a_broken_page_contract(void **st) {
+    (void)st;
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        data x;
+        data_init(&x);
+        kvs_policy_memo_set_checked(1);
+        kvs_policy_memo *m = kvs_policy_memo_create();
+        static float kmin[PG_N * D], kmax[PG_N * D];
+        build_pages(x.keys, PG_N, PG_PAGE, kmin, kmax);
+        kvs_policy_view view = {.n = PG_N, .k = x.keys, .q_first = PG_N - 1, .memo = m};
+        double got[GROUP * PG_N];
+        kvs_policy_page_scores(&view, PG_PAGE, x.q, GROUP, D, kmin, kmax, D, PG_PAGES, got);
+        kvs_policy_page_scores(&view, PG_PAGE, x.q, GROUP, D, kmin, kmax, D, PG_PAGES, got); /* a good hit */
+        for (size_t i = 0; i < sizeof kmax / sizeof *kmax; i++) kmax[i] += 1.0f; /* summaries not of view->k */
+        kvs_policy_page_scores(&view, PG_PAGE, x.q, GROUP, D, kmin, kmax, D, PG_PAGES, got);
+        _exit(0); /* reached only when the broken contract went unnoticed */
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status));
+    assert_int_equal(WTERMSIG(status), SIGABRT);
+}
+
 static void test_quest_decode_hits(void **st) {
     (void)st;
     /* page=4: three budgets in both GQA modes share each position's bounds: 5 hits a position (the budgets keep
@@ -754,6 +786,7 @@ int main(void) {
         cmocka_unit_test(test_many_entries_all_hit),
         cmocka_unit_test(test_snapkv_scores_hit_and_miss_same_bits),
         cmocka_unit_test(test_page_scores_hit_and_miss),
+        cmocka_unit_test(test_checked_mode_catches_a_broken_page_contract),
         cmocka_unit_test(test_quest_decode_hits),
         cmocka_unit_test(test_topk_decode_hits),
         cmocka_unit_test(test_topk_every_k_matches_select),
