@@ -125,6 +125,7 @@
 #include "../common/kvs_math.h"
 #include "../sim/policy_memo.h"
 #include "d2o_internal.h"
+#include "held.h"
 #include "registry.h"
 
 static const kvs_policy_param d2o_params[] = {
@@ -439,11 +440,12 @@ static const void *d2o_alloc_shared(void *alloc) { return &((d2o_alloc *)alloc)-
 
 /* One cache: a query head's (gqa=expand) or a KV head's (gqa=sum). */
 typedef struct {
-    int32_t *pos;     /* [cap] ascending positions of the held slots (+ the current token at attention time) */
-    double *acc;      /* [cap] accumulated attention (Eq. 6) */
+    /* the held slots: ascending positions (+ the current token at attention time), score = accumulated attention
+     * (Eq. 6); the arrays below are aligned with its entries and compacted with the same keep masks */
+    kvs_held *held;
     float *k, *v;     /* [cap][d] the slots' K/V: the trace rows copied on arrival, merged in place */
     int32_t *nm;      /* [cap] tokens merged into the slot so far (0: its own trace K/V) */
-    int64_t cnt, cap;
+    int64_t cap;      /* slots k, v and nm have room for */
     double tau;       /* EMA threshold (Eq. 10), defined once events > 0 */
     int64_t events;   /* eviction events so far */
     /* the pending eviction event (evicted, matched, not yet merged or discarded) */
@@ -466,8 +468,7 @@ typedef struct {
     int64_t seen;                        /* positions seen (full layers' stored set) */
     d2o_list *lists;                     /* [n_lists] */
     /* scratch */
-    char *keep;                          /* [kcap] */
-    int32_t *top;                        /* [kcap] */
+    char *keep;                          /* [kcap] keep masks of the held slots */
     int64_t kcap;
     float *ktab;                         /* [ktab_n][d] keys by position, for a prefill over merged slots */
     int64_t ktab_n;
@@ -477,8 +478,7 @@ typedef struct {
 } d2o_state;
 
 static void list_free(d2o_list *L) {
-    free(L->pos);
-    free(L->acc);
+    kvs_held_free(L->held);
     free(L->k);
     free(L->v);
     free(L->nm);
@@ -495,7 +495,6 @@ static void d2o_free(void *state) {
         for (int i = 0; i < s->n_lists; i++) list_free(&s->lists[i]);
     free(s->lists);
     free(s->keep);
-    free(s->top);
     free(s->ktab);
     free(s->work);
     free(s->sync);
@@ -509,25 +508,21 @@ static kvs_status list_reserve(d2o_state *s, d2o_list *L, int64_t need) {
     size_t d = (size_t)s->d;
     if (need > L->cap) {
         int64_t cap = L->cap * 2 > need ? L->cap * 2 : need;
-        int32_t *pos = realloc(L->pos, (size_t)cap * sizeof *pos);
-        if (pos) L->pos = pos;
-        double *acc = realloc(L->acc, (size_t)cap * sizeof *acc);
-        if (acc) L->acc = acc;
+        if (!L->held && !(L->held = kvs_held_create(cap))) return nomem();
+        if (kvs_held_reserve(L->held, cap) != KVS_OK) return nomem();
         float *k = realloc(L->k, (size_t)cap * d * sizeof *k);
         if (k) L->k = k;
         float *v = realloc(L->v, (size_t)cap * d * sizeof *v);
         if (v) L->v = v;
         int32_t *nm = realloc(L->nm, (size_t)cap * sizeof *nm);
         if (nm) L->nm = nm;
-        if (!pos || !acc || !k || !v || !nm) return nomem();
+        if (!k || !v || !nm) return nomem();
         L->cap = cap;
     }
     if (need > s->kcap) {
         char *keep = realloc(s->keep, (size_t)need);
-        if (keep) s->keep = keep;
-        int32_t *top = realloc(s->top, (size_t)need * sizeof *top);
-        if (top) s->top = top;
-        if (!keep || !top) return nomem();
+        if (!keep) return nomem();
+        s->keep = keep;
         s->kcap = need;
     }
     return KVS_OK;
@@ -552,13 +547,12 @@ static kvs_status pending_reserve(d2o_state *s, d2o_list *L, int64_t need) {
 /* Appends position p (K/V rows from the view) with acc = 0. */
 static void list_append(d2o_state *s, d2o_list *L, int32_t p, const kvs_policy_view *view) {
     size_t d = (size_t)s->d;
-    KVS_ASSERT(L->cnt < L->cap && (L->cnt == 0 || L->pos[L->cnt - 1] < p));
-    L->pos[L->cnt] = p;
-    L->acc[L->cnt] = 0;
-    L->nm[L->cnt] = 0;
-    memcpy(L->k + (size_t)L->cnt * d, view->k + (size_t)p * d, d * sizeof(float));
-    memcpy(L->v + (size_t)L->cnt * d, view->v + (size_t)p * d, d * sizeof(float));
-    L->cnt++;
+    int64_t j = kvs_held_count(L->held);
+    KVS_ASSERT(j < L->cap);
+    kvs_held_push(L->held, p);
+    L->nm[j] = 0;
+    memcpy(L->k + (size_t)j * d, view->k + (size_t)p * d, d * sizeof(float));
+    memcpy(L->v + (size_t)j * d, view->v + (size_t)p * d, d * sizeof(float));
 }
 
 static kvs_policy_granularity d2o_layout(const kvs_policy_config *cfg) {
@@ -613,14 +607,14 @@ static kvs_status d2o_create(const kvs_policy_init *init, void **state) {
  * to merge into, the evicted slots are discarded at once. */
 static kvs_status evict(d2o_state *s, d2o_list *L, const char *keep, int decode) {
     size_t d = (size_t)s->d;
-    int64_t n_e = 0;
-    for (int64_t j = 0; j < L->cnt; j++) n_e += !keep[j];
+    int64_t n_e = 0, cnt = kvs_held_count(L->held);
+    for (int64_t j = 0; j < cnt; j++) n_e += !keep[j];
     if (n_e == 0) return KVS_OK;
     if (L->n_ev) return kvs_fail(KVS_ERR_STATE, "d2o: an eviction event is still pending (layer_sync was not called)");
     kvs_status st = pending_reserve(s, L, n_e);
     if (st != KVS_OK) return st;
     int64_t w = 0, e = 0;
-    for (int64_t j = 0; j < L->cnt; j++) {
+    for (int64_t j = 0; j < cnt; j++) {
         if (!keep[j]) {
             memcpy(L->ek + (size_t)e * d, L->k + (size_t)j * d, d * sizeof(float));
             memcpy(L->ev + (size_t)e * d, L->v + (size_t)j * d, d * sizeof(float));
@@ -628,17 +622,15 @@ static kvs_status evict(d2o_state *s, d2o_list *L, const char *keep, int decode)
             continue;
         }
         if (w != j) {
-            L->pos[w] = L->pos[j];
-            L->acc[w] = L->acc[j];
             L->nm[w] = L->nm[j];
             memcpy(L->k + (size_t)w * d, L->k + (size_t)j * d, d * sizeof(float));
             memcpy(L->v + (size_t)w * d, L->v + (size_t)j * d, d * sizeof(float));
         }
         w++;
     }
-    L->cnt = w;
-    if (s->merge == KVS_D2O_MERGE_NONE || L->cnt == 0) return KVS_OK;
-    for (int64_t i = 0; i < n_e; i++) L->ej[i] = kvs_d2o_nearest(L->ek + (size_t)i * d, L->k, L->cnt, s->d, &L->em[i]);
+    kvs_held_compact(L->held, keep);
+    if (s->merge == KVS_D2O_MERGE_NONE || w == 0) return KVS_OK;
+    for (int64_t i = 0; i < n_e; i++) L->ej[i] = kvs_d2o_nearest(L->ek + (size_t)i * d, L->k, w, s->d, &L->em[i]);
     L->n_ev = n_e;
     L->ev_decode = decode;
     return KVS_OK;
@@ -780,7 +772,7 @@ static kvs_status settle(const d2o_state *s, d2o_list *L) {
  * of the others are kept (Eqs. 7-8), the rest evicted (one event). */
 static kvs_status prefill_list(d2o_state *s, int li, const kvs_policy_view *view) {
     d2o_list *L = &s->lists[li];
-    int64_t first = view->turn_begin, n_new = view->n - first, old = L->cnt;
+    int64_t first = view->turn_begin, n_new = view->n - first, old = kvs_held_count(L->held);
     if (n_new <= 0) return KVS_OK;
     int64_t nc = old + n_new;
     kvs_status st = list_reserve(s, L, nc + 1);
@@ -804,24 +796,21 @@ static kvs_status prefill_list(d2o_state *s, int li, const kvs_policy_view *view
             if (!s->ktab) return nomem();
         }
         for (int64_t j = 0; j < nc; j++)
-            memcpy(s->ktab + (size_t)L->pos[j] * (size_t)s->d, L->k + (size_t)j * (size_t)s->d, (size_t)s->d * sizeof(float));
+            memcpy(s->ktab + (size_t)kvs_held_pos(L->held)[j] * (size_t)s->d, L->k + (size_t)j * (size_t)s->d,
+                   (size_t)s->d * sizeof(float));
         keys = s->ktab;
     }
     kvs_attn_src src = {.q = view->q, .q_first = view->q_first, .n_q = view->n_q, .group = s->group, .d = s->d,
-                        .scale = s->scale, .keys = keys, .idx = L->pos, .n_cand = nc};
+                        .scale = s->scale, .keys = keys, .idx = kvs_held_pos(L->held), .n_cand = nc};
     kvs_colsum_opts co = {.row_first = first - view->q_first, .n_rows = n_new,
                           .head_first = s->gqa == KVS_D2O_GQA_EXPAND ? li : 0,
                           .n_heads = s->gqa == KVS_D2O_GQA_EXPAND ? 1 : s->group, .reduce = KVS_GQA_SUM, .n_out = nc};
-    kvs_policy_colsum(view, &src, &co, NULL, L->acc, s->work);
+    kvs_policy_colsum(view, &src, &co, NULL, kvs_held_score(L->held), s->work);
     if (nc <= s->cache) return KVS_OK;
     /* keep the sinks (the oldest T' slots), the last M, and the N best acc in between (ties: the older) */
     int64_t lo = s->n_sink, hi = nc - s->n_recent;
-    memset(s->keep, 0, (size_t)nc);
-    for (int64_t j = 0; j < lo; j++) s->keep[j] = 1;
-    for (int64_t j = hi; j < nc; j++) s->keep[j] = 1;
     KVS_ASSERT(hi - lo > s->n_heavy);
-    kvs_topk_f64(L->acc + lo, (size_t)(hi - lo), (size_t)s->n_heavy, s->top);
-    for (int64_t t = 0; t < s->n_heavy; t++) s->keep[lo + s->top[t]] = 1;
+    kvs_held_mark_top(L->held, lo, hi, s->n_heavy, s->keep);
     if ((st = evict(s, L, s->keep, 0)) != KVS_OK) return st;
     return settle(s, L);
 }
@@ -853,17 +842,17 @@ static kvs_status d2o_select(void *state, const kvs_policy_view *view, kvs_polic
     for (int li = 0; li < s->n_lists; li++) {
         d2o_list *L = &s->lists[li];
         if (L->n_ev) return kvs_fail(KVS_ERR_STATE, "d2o: an eviction event is still pending (layer_sync was not called)");
-        KVS_ASSERT(L->cnt <= s->cache);
-        kvs_status st = list_reserve(s, L, L->cnt + 1);
+        KVS_ASSERT(kvs_held_count(L->held) <= s->cache);
+        kvs_status st = list_reserve(s, L, kvs_held_count(L->held) + 1);
         if (st != KVS_OK) return st;
         list_append(s, L, (int32_t)(view->n - 1), view);
-        memcpy(sel->idx[li], L->pos, (size_t)L->cnt * sizeof(int32_t));
-        for (int64_t j = 0; j < L->cnt; j++)
+        int64_t cnt = kvs_held_copy(L->held, sel->idx[li]);
+        for (int64_t j = 0; j < cnt; j++)
             if (L->nm[j]) { /* a merged slot: the policy's rows */
                 sel->row_k[li][j] = L->k + (size_t)j * d;
                 sel->row_v[li][j] = L->v + (size_t)j * d;
             }
-        sel->n[li] = L->cnt;
+        sel->n[li] = cnt;
     }
     return KVS_OK;
 }
@@ -875,20 +864,16 @@ static kvs_status d2o_observe(void *state, const kvs_policy_view *view, const kv
     if (s->full) return KVS_OK;
     for (int li = 0; li < s->n_lists; li++) {
         d2o_list *L = &s->lists[li];
-        KVS_ASSERT(sel->n[li] == L->cnt);
-        if (s->gqa == KVS_D2O_GQA_EXPAND) {
-            for (int64_t j = 0; j < L->cnt; j++) L->acc[j] += probs[li][j];
-        } else {
-            kvs_heads_add(probs, (size_t)s->group, (size_t)L->cnt, 0, L->acc); /* acc += the group sum */
-        }
-        if (L->cnt <= s->cache) continue;
+        int64_t cnt = kvs_held_count(L->held);
+        KVS_ASSERT(sel->n[li] == cnt);
+        if (s->gqa == KVS_D2O_GQA_EXPAND) kvs_held_add(L->held, probs[li]);
+        else kvs_held_add_heads(L->held, probs, s->group, 0); /* acc += the group sum */
+        if (cnt <= s->cache) continue;
         /* one victim: the lowest acc between the sinks and the last M (the newer on ties) */
-        int64_t lo = s->n_sink, hi = L->cnt - s->n_recent, victim = lo;
+        int64_t lo = s->n_sink, hi = cnt - s->n_recent;
         KVS_ASSERT(hi > lo);
-        for (int64_t j = lo + 1; j < hi; j++)
-            if (L->acc[j] <= L->acc[victim]) victim = j;
-        memset(s->keep, 1, (size_t)L->cnt);
-        s->keep[victim] = 0;
+        memset(s->keep, 1, (size_t)cnt);
+        s->keep[kvs_held_lowest(L->held, lo, hi)] = 0;
         kvs_status st = evict(s, L, s->keep, 1);
         if (st == KVS_OK) st = settle(s, L);
         if (st != KVS_OK) return st;
@@ -917,9 +902,7 @@ static int64_t d2o_stored(void *state, int g, int32_t *out) {
         for (int64_t j = 0; j < s->seen; j++) out[j] = (int32_t)j;
         return s->seen;
     }
-    d2o_list *L = &s->lists[s->gqa == KVS_D2O_GQA_EXPAND ? g : 0];
-    if (L->cnt) memcpy(out, L->pos, (size_t)L->cnt * sizeof(int32_t));
-    return L->cnt;
+    return kvs_held_copy(s->lists[s->gqa == KVS_D2O_GQA_EXPAND ? g : 0].held, out);
 }
 
 /* Cost model v2 (header "Costs per decode step"); KV storage and reads stay the engine's default. */

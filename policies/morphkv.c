@@ -78,6 +78,7 @@
 #include <string.h>
 
 #include "../common/kvs_math.h"
+#include "held.h"
 #include "morphkv_internal.h"
 #include "registry.h"
 
@@ -135,31 +136,6 @@ void kvs_morphkv_fuse(int fidelity, int fusion, const float *vals, int64_t strid
     }
 }
 
-/* Larger F first, NaN last, the lower index (older position) first among equals. */
-static int rank_cmp(const void *a, const void *b) {
-    const kvs_morphkv_rank *x = a, *y = b;
-    int nx = isnan(x->f), ny = isnan(y->f);
-    if (nx != ny) return nx ? 1 : -1;
-    if (!nx && x->f != y->f) return x->f > y->f ? -1 : 1;
-    return (x->i > y->i) - (x->i < y->i);
-}
-
-void kvs_morphkv_top(const double *F, int64_t n, int64_t k, char *keep, kvs_morphkv_rank *scratch) {
-    if (n <= 0) return;
-    if (k >= n) {
-        memset(keep, 1, (size_t)n);
-        return;
-    }
-    memset(keep, 0, (size_t)n);
-    if (k <= 0) return;
-    for (int64_t j = 0; j < n; j++) {
-        scratch[j].f = F[j];
-        scratch[j].i = j;
-    }
-    qsort(scratch, (size_t)n, sizeof *scratch, rank_cmp);
-    for (int64_t j = 0; j < k; j++) keep[scratch[j].i] = 1;
-}
-
 /* The smallest resident count that triggers a compression to c = C_tot + 1 tokens (the same expression as
  * the trigger test in morphkv_select()). */
 static double trigger_count(double evict_after, int64_t c) { return ceil(evict_after * (double)c); }
@@ -189,9 +165,10 @@ typedef struct {
     int fusion, fidelity, profile, group, d;
     float scale;
     int scoring;             /* C_tot > R: distant slots exist, so profiles are kept and scored */
-    /* resident set */
-    int32_t *pos;            /* [cap] ascending positions */
-    int64_t cnt, cap;
+    /* resident set: ascending positions; score = the fused score F of the candidates at a compression (TOP_C,
+     * Eq. 7, is the held list's keep-the-top rule: the older token among equals) */
+    kvs_held *held;
+    int64_t cap;             /* residents the held list, the profile rows and the scratch have room for */
     /* profile ring: R rows (one per window query), slots 0..ring_n-1 valid */
     float *prof;             /* profile=rows: [R][group][cap] over the resident index (paper: probabilities,
                               * ref: logits); columns appended after a row was recorded hold 0 / -inf */
@@ -199,11 +176,9 @@ typedef struct {
     float *qz_z;             /* profile=qz: [R][group] log-sum-exp of each row (paper mode) */
     int ring_n, ring_head;   /* rows held; the slot the next row overwrites once the ring is full */
     /* scratch, capacity cap */
-    double *F;
     float *tmp;
     float *vals;             /* profile=qz: [R][group][cap] recomputed candidate rows */
-    kvs_morphkv_rank *rank;
-    char *keep;
+    char *keep;              /* the residents a compression keeps */
     /* the step just selected, for account() */
     int64_t step_nr, step_nd;
     int step_scored, step_rows;
@@ -223,14 +198,12 @@ static float fill_value(const morph_state *s) { return s->fidelity == KVS_MORPHK
 static void morphkv_free(void *state) {
     morph_state *s = state;
     if (!s) return;
-    free(s->pos);
+    kvs_held_free(s->held);
     free(s->prof);
     free(s->qz_q);
     free(s->qz_z);
-    free(s->F);
     free(s->tmp);
     free(s->vals);
-    free(s->rank);
     free(s->keep);
     free(s);
 }
@@ -238,23 +211,18 @@ static void morphkv_free(void *state) {
 /* Re-lays out every per-resident array for capacity `cap` (>= cnt): grows for a prompt, shrinks after the
  * first compression so a long prompt does not pin its profile memory. */
 static kvs_status relayout(morph_state *s, int64_t cap) {
-    KVS_ASSERT(cap >= s->cnt);
-    int32_t *pos = realloc(s->pos, (size_t)cap * sizeof *pos);
-    if (!pos) return kvs_fail(KVS_ERR_NOMEM, "morphkv: out of memory");
-    s->pos = pos;
-    double *F = malloc((size_t)cap * sizeof *F);
+    int64_t cnt = kvs_held_count(s->held);
+    KVS_ASSERT(cap >= cnt);
+    if (kvs_held_resize(s->held, cap) != KVS_OK) return kvs_fail(KVS_ERR_NOMEM, "morphkv: out of memory");
     float *tmp = malloc((size_t)cap * sizeof *tmp);
-    kvs_morphkv_rank *rank = malloc((size_t)cap * sizeof *rank);
     char *keep = malloc((size_t)cap);
     float *prof = NULL, *vals = NULL;
     size_t rows = (size_t)s->R * (size_t)s->group;
-    int ok = F && tmp && rank && keep;
+    int ok = tmp && keep;
     if (ok && s->scoring && s->profile == KVS_MORPHKV_ROWS) ok = (prof = malloc(rows * (size_t)cap * sizeof *prof)) != NULL;
     if (ok && s->scoring && s->profile == KVS_MORPHKV_QZ) ok = (vals = malloc(rows * (size_t)cap * sizeof *vals)) != NULL;
     if (!ok) {
-        free(F);
         free(tmp);
-        free(rank);
         free(keep);
         free(prof);
         free(vals);
@@ -262,16 +230,12 @@ static kvs_status relayout(morph_state *s, int64_t cap) {
     }
     if (prof && s->prof)
         for (size_t r = 0; r < (size_t)s->ring_n * (size_t)s->group; r++)
-            memcpy(prof + r * (size_t)cap, s->prof + r * (size_t)s->cap, (size_t)s->cnt * sizeof *prof);
-    free(s->F);
+            memcpy(prof + r * (size_t)cap, s->prof + r * (size_t)s->cap, (size_t)cnt * sizeof *prof);
     free(s->tmp);
-    free(s->rank);
     free(s->keep);
     free(s->prof);
     free(s->vals);
-    s->F = F;
     s->tmp = tmp;
-    s->rank = rank;
     s->keep = keep;
     s->prof = prof;
     s->vals = vals;
@@ -301,8 +265,8 @@ static kvs_status morphkv_create(const kvs_policy_init *init, void **state) {
     s->d = init->model->head_dim;
     s->scale = init->model->scale;
     s->scoring = s->ctot > s->R;
-    kvs_status st = KVS_OK;
-    if (s->scoring && s->profile == KVS_MORPHKV_QZ) {
+    kvs_status st = (s->held = kvs_held_create(1)) ? KVS_OK : kvs_fail(KVS_ERR_NOMEM, "morphkv: out of memory");
+    if (st == KVS_OK && s->scoring && s->profile == KVS_MORPHKV_QZ) {
         s->qz_q = malloc((size_t)s->R * (size_t)s->group * (size_t)s->d * sizeof *s->qz_q);
         s->qz_z = malloc((size_t)s->R * (size_t)s->group * sizeof *s->qz_z);
         if (!s->qz_q || !s->qz_z) st = kvs_fail(KVS_ERR_NOMEM, "morphkv: out of memory");
@@ -319,12 +283,13 @@ static kvs_status morphkv_create(const kvs_policy_init *init, void **state) {
 
 /* Appends position p to the resident set; every recorded profile row gets the "appended later" value. */
 static void append(morph_state *s, int32_t p) {
-    KVS_ASSERT(s->cnt < s->cap && (s->cnt == 0 || s->pos[s->cnt - 1] < p));
+    size_t cnt = (size_t)kvs_held_count(s->held);
+    KVS_ASSERT((int64_t)cnt < s->cap);
     if (s->prof) {
         float fv = fill_value(s);
-        for (size_t r = 0; r < (size_t)s->ring_n * (size_t)s->group; r++) s->prof[r * (size_t)s->cap + (size_t)s->cnt] = fv;
+        for (size_t r = 0; r < (size_t)s->ring_n * (size_t)s->group; r++) s->prof[r * (size_t)s->cap + cnt] = fv;
     }
-    s->pos[s->cnt++] = p;
+    kvs_held_push(s->held, p);
 }
 
 /* The ring slot for the row of a new window query (the oldest row is dropped once R are held). */
@@ -340,26 +305,27 @@ static int ring_push(morph_state *s) {
  * all cnt residents. */
 static void record_row(morph_state *s, const float *q_row, const float *k, int64_t vis, const float *const *probs) {
     int slot = ring_push(s);
-    size_t d = (size_t)s->d;
+    size_t d = (size_t)s->d, cnt = (size_t)kvs_held_count(s->held);
+    const int32_t *pos = kvs_held_pos(s->held);
     for (int g = 0; g < s->group; g++) {
         const float *q = q_row + (size_t)g * d;
         if (s->profile == KVS_MORPHKV_ROWS) {
             float *row = s->prof + ((size_t)slot * (size_t)s->group + (size_t)g) * (size_t)s->cap;
             if (s->fidelity == KVS_MORPHKV_REF) {
                 /* raw logits over every resident key (the reference's prefill rows are not causally masked) */
-                kvs_attn_scores(q, k, d, s->pos, (size_t)s->cnt, d, s->scale, row);
+                kvs_attn_scores(q, k, d, pos, cnt, d, s->scale, row);
             } else if (probs) {
-                memcpy(row, probs[g], (size_t)s->cnt * sizeof *row);
+                memcpy(row, probs[g], cnt * sizeof *row);
             } else {
-                kvs_attn_scores(q, k, d, s->pos, (size_t)vis, d, s->scale, row);
+                kvs_attn_scores(q, k, d, pos, (size_t)vis, d, s->scale, row);
                 kvs_softmax(row, (size_t)vis);
-                for (int64_t j = vis; j < s->cnt; j++) row[j] = 0;
+                for (size_t j = (size_t)vis; j < cnt; j++) row[j] = 0;
             }
         } else {
             size_t rg = (size_t)slot * (size_t)s->group + (size_t)g;
             memcpy(s->qz_q + rg * d, q, d * sizeof *q);
             if (s->fidelity == KVS_MORPHKV_PAPER) {
-                kvs_attn_scores(q, k, d, s->pos, (size_t)vis, d, s->scale, s->tmp);
+                kvs_attn_scores(q, k, d, pos, (size_t)vis, d, s->scale, s->tmp);
                 s->qz_z[rg] = (float)kvs_softmax(s->tmp, (size_t)vis);
             }
         }
@@ -368,7 +334,7 @@ static void record_row(morph_state *s, const float *q_row, const float *k, int64
 
 static kvs_status morphkv_prefill(void *state, const kvs_policy_view *view) {
     morph_state *s = state;
-    int64_t n_new = view->n - view->turn_begin, old = s->cnt;
+    int64_t n_new = view->n - view->turn_begin, old = kvs_held_count(s->held);
     if (n_new <= 0) return KVS_OK;
     kvs_status st = reserve(s, old + n_new + 1);
     if (st != KVS_OK) return st;
@@ -387,34 +353,33 @@ static void qz_rows(morph_state *s, const float *k, int64_t nd) {
     size_t d = (size_t)s->d;
     for (size_t rg = 0; rg < (size_t)s->ring_n * (size_t)s->group; rg++) {
         float *row = s->vals + rg * (size_t)nd;
-        kvs_attn_scores(s->qz_q + rg * d, k, d, s->pos, (size_t)nd, d, s->scale, row);
+        kvs_attn_scores(s->qz_q + rg * d, k, d, kvs_held_pos(s->held), (size_t)nd, d, s->scale, row);
         if (s->fidelity == KVS_MORPHKV_PAPER)
             for (int64_t j = 0; j < nd; j++) row[j] = expf(row[j] - s->qz_z[rg]);
     }
 }
 
-/* Drops the candidates [0, nd) with keep[j] = 0 from the resident set and from every profile row. */
-static void compact(morph_state *s, int64_t nd) {
-    int64_t w = 0;
-    for (int64_t j = 0; j < s->cnt; j++)
-        if (j >= nd || s->keep[j]) s->pos[w++] = s->pos[j];
+/* Drops the residents with keep[j] = 0 from the resident set and from every profile row. */
+static void compact(morph_state *s) {
+    int64_t cnt = kvs_held_count(s->held);
     if (s->prof)
         for (size_t r = 0; r < (size_t)s->ring_n * (size_t)s->group; r++) {
             float *row = s->prof + r * (size_t)s->cap;
             int64_t m = 0;
-            for (int64_t j = 0; j < s->cnt; j++)
-                if (j >= nd || s->keep[j]) row[m++] = row[j];
+            for (int64_t j = 0; j < cnt; j++)
+                if (s->keep[j]) row[m++] = row[j];
         }
-    s->cnt = w;
+    kvs_held_compact(s->held, s->keep);
 }
 
 static kvs_status morphkv_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {
     morph_state *s = state;
     int32_t p = (int32_t)(view->n - 1);
-    kvs_status st = reserve(s, s->cnt + 1);
+    kvs_status st = reserve(s, kvs_held_count(s->held) + 1);
     if (st != KVS_OK) return st;
     append(s, p);
-    int64_t nr = s->cnt, c = s->ctot + 1;
+    int64_t nr = kvs_held_count(s->held), c = s->ctot + 1;
+    const int32_t *pos = kvs_held_pos(s->held);
     s->step_nr = nr;
     s->step_nd = 0;
     s->step_scored = 0;
@@ -422,12 +387,13 @@ static kvs_status morphkv_select(void *state, const kvs_policy_view *view, kvs_p
     if ((double)nr >= s->evict_after * (double)c && nr > c) {
         /* protected: the window W_t (positions >= p - R) and p, a suffix of the ascending resident list */
         int64_t nd = 0;
-        while (nd < nr && s->pos[nd] < (int64_t)p - s->R) nd++;
+        while (nd < nr && pos[nd] < (int64_t)p - s->R) nd++;
         int64_t n_prot = nr - nd;
         if (n_prot >= c) {
             /* no distant slot left (R >= C_tot, or early steps): the newest c tokens, a window */
             nd = nr - c;
             memset(s->keep, 0, (size_t)nd);
+            memset(s->keep + nd, 1, (size_t)c);
         } else {
             KVS_ASSERT(s->scoring && nd > c - n_prot);
             const float *vals = s->prof;
@@ -437,32 +403,32 @@ static kvs_status morphkv_select(void *state, const kvs_policy_view *view, kvs_p
                 vals = s->vals;
                 stride = nd;
             }
-            kvs_morphkv_fuse(s->fidelity, s->fusion, vals, stride, s->ring_n, s->group, nd, s->F, s->tmp);
-            kvs_morphkv_top(s->F, nd, c - n_prot, s->keep, s->rank);
+            kvs_morphkv_fuse(s->fidelity, s->fusion, vals, stride, s->ring_n, s->group, nd, kvs_held_score(s->held),
+                             s->tmp);
+            kvs_held_mark_top(s->held, 0, nd, c - n_prot, s->keep); /* the protected suffix kept */
             s->step_scored = 1;
             s->step_nd = nd;
         }
-        compact(s, nd);
-        if (s->cap > 4 * (s->cnt + 1) && s->cap > 64 && (st = relayout(s, 2 * (s->cnt + 1))) != KVS_OK) return st;
+        compact(s);
+        int64_t cnt = kvs_held_count(s->held);
+        if (s->cap > 4 * (cnt + 1) && s->cap > 64 && (st = relayout(s, 2 * (cnt + 1))) != KVS_OK) return st;
     }
-    memcpy(sel->idx[0], s->pos, (size_t)s->cnt * sizeof(int32_t));
-    sel->n[0] = s->cnt;
+    sel->n[0] = kvs_held_copy(s->held, sel->idx[0]);
     return KVS_OK;
 }
 
 static kvs_status morphkv_observe(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel,
                                   const float *const *probs) {
     morph_state *s = state;
-    KVS_ASSERT(sel->n[0] == s->cnt);
-    if (s->scoring) record_row(s, view->q, view->k, s->cnt, probs);
+    KVS_ASSERT(sel->n[0] == kvs_held_count(s->held));
+    if (s->scoring) record_row(s, view->q, view->k, kvs_held_count(s->held), probs);
     return KVS_OK;
 }
 
 static int64_t morphkv_stored(void *state, int g, int32_t *out) {
     morph_state *s = state;
     (void)g;
-    if (s->cnt > 0) memcpy(out, s->pos, (size_t)s->cnt * sizeof(int32_t)); /* pos may be NULL before the first block */
-    return s->cnt;
+    return kvs_held_copy(s->held, out);
 }
 
 /* Cost model v2 (policy.h kvs_policy_cost; header "Costs per step"). KV storage and reads stay the

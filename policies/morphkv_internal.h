@@ -1,7 +1,7 @@
 /* morphkv_internal.h — MorphKV's scoring and sizing rules (policies/morphkv.c), exposed for
  * tests/test_morphkv.c only (STYLE.md rule 1: cross-module internals in *_internal.h). The policy itself is
  * reached through kvs_policy_morphkv (policies/registry.h).
- * Follows ../shared/POLICY_SPEC.md §2.1 steps 4-6 (group scores, fusion Eq. 5/6, TOP_C) and the paper's
+ * Follows ../shared/POLICY_SPEC.md §2.1 steps 4-6 (group scores, fusion Eq. 5/6) and the paper's
  * Algorithm 1; the budget and scaling rules are written up in policies/morphkv.c's header.
  */
 #ifndef KVS_POLICIES_MORPHKV_INTERNAL_H
@@ -25,16 +25,8 @@ enum { KVS_MORPHKV_ROWS = 0, KVS_MORPHKV_QZ = 1 };     /* profile store (POLICY_
 void kvs_morphkv_fuse(int fidelity, int fusion, const float *vals, int64_t stride, int n_rows, int group,
                       int64_t n_cand, double *F, float *scratch);
 
-/* One ranked candidate (kvs_morphkv_top's scratch). */
-typedef struct {
-    double f;
-    int64_t i;
-} kvs_morphkv_rank;
-
-/*! kvs_morphkv_top() : TOP_k(F) (Eq. 7): sets keep[j] = 1 for the k best of F[0..n-1] (larger F first; among
- *  equal F the lower index, i.e. the older position, POLICY_SPEC §1.4) and keep[j] = 0 for the others.
- *  k >= n keeps everything. scratch: n entries. */
-void kvs_morphkv_top(const double *F, int64_t n, int64_t k, char *keep, kvs_morphkv_rank *scratch);
+/* TOP_C (Eq. 7: the C best of F, larger first, the older token among equals, POLICY_SPEC §1.4) is the held list's
+ * keep-the-top rule, kvs_held_top_mask() in policies/held.h. */
 
 /*! kvs_morphkv_ctot() : C_tot, the paper's total capacity (recent + distant, the current token excluded), for
  *  a kvsim budget B (attended positions, the current token included) and the eviction trigger factor

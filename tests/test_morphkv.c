@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "../common/kvs_math.h"
+#include "../policies/held.h"
 #include "../policies/morphkv_internal.h"
 #include "../policies/registry.h"
 #include "../sim/policy.h"
@@ -56,15 +57,15 @@ static void test_fig5_fused_scores_golden_g1(void **state) {
     const float rows[2][2] = {{0.05f, 0.30f}, {0.05f, 0.30f}};
     double F[2];
     char keep[2];
-    kvs_morphkv_rank rank[2];
+    int32_t rank[2];
     kvs_morphkv_fuse(KVS_MORPHKV_PAPER, KVS_MORPHKV_SUM, &rows[0][0], 2, 2, 1, 2, F, NULL);
     assert_true(fabs(F[0] - 0.1) < 1e-7 && fabs(F[1] - 0.6) < 1e-7);
-    kvs_morphkv_top(F, 2, 1, keep, rank); /* one distant slot: keep today's, evict me */
+    kvs_held_top_mask(F, 2, 1, keep, rank); /* one distant slot: keep today's, evict me */
     assert_int_equal(keep[0], 0);
     assert_int_equal(keep[1], 1);
     kvs_morphkv_fuse(KVS_MORPHKV_PAPER, KVS_MORPHKV_MAX, &rows[0][0], 2, 2, 1, 2, F, NULL);
     assert_true(fabs(F[0] - 0.05) < 1e-7 && fabs(F[1] - 0.3) < 1e-7);
-    kvs_morphkv_top(F, 2, 1, keep, rank);
+    kvs_held_top_mask(F, 2, 1, keep, rank);
     assert_int_equal(keep[0], 0);
     assert_int_equal(keep[1], 1);
     /* GQA, G = 2: the same attention split over two query heads sums back to Fig. 5's numbers (Algorithm 1:
@@ -85,10 +86,10 @@ static void test_fig5_fused_scores_golden_g1(void **state) {
     /* ties go to the older token (lower index) */
     const double tie[4] = {0.2, 0.5, 0.2, 0.2};
     char k4[4];
-    kvs_morphkv_rank r4[4];
-    kvs_morphkv_top(tie, 4, 2, k4, r4);
+    int32_t r4[4];
+    kvs_held_top_mask(tie, 4, 2, k4, r4);
     assert_true(k4[0] == 1 && k4[1] == 1 && k4[2] == 0 && k4[3] == 0);
-    kvs_morphkv_top(tie, 4, 9, k4, r4);
+    kvs_held_top_mask(tie, 4, 9, k4, r4);
     assert_true(k4[0] && k4[1] && k4[2] && k4[3]);
 }
 
