@@ -17,6 +17,7 @@
 #include "../common/kvs.h"
 #include "../common/kvs_peak.h"
 #include "../sim/policy.h"
+#include "../policies/registry.h"
 #include "../sim/replay.h"
 #include "../sim/samples.h"
 #include "../sim/metrics.h"

@@ -29,6 +29,7 @@
 #include "../common/kvs_peak.h"
 #include "../common/npy.h"
 #include "../sim/policy.h"
+#include "../policies/registry.h"
 #include "../sim/replay.h"
 #include "../sim/replay_mem.h"
 #include "../tests/util/gen_trace.h"

@@ -14,6 +14,7 @@
 #include "../sim/results_closed.h"
 #include "../trace/trace.h"
 #include "cli.h"
+#include "policies/registry.h"
 
 #define GEN_VERSION "0.1.0"
 #define MAX_POLICIES 64

@@ -12,6 +12,7 @@
 
 #include "../analysis/keys.h"
 #include "../sim/policy.h"
+#include "../policies/registry.h"
 #include "../trace/trace.h"
 #include "cli.h"
 

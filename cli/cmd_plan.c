@@ -12,6 +12,7 @@
 #include "../analysis/plan.h"
 #include "../plots/plan_plot.h"
 #include "../sim/policy.h"
+#include "../policies/registry.h"
 #include "../sim/results_plan.h"
 #include "../trace/trace.h"
 #include "cli.h"

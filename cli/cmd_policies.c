@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "../sim/policy.h"
+#include "../policies/registry.h"
 #include "cli.h"
 
 static void usage(FILE *f) {

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "../sim/policy.h"
+#include "../policies/registry.h"
 #include "../sim/replay.h"
 #include "../sim/results.h"
 #include "../sim/results_sweep.h"

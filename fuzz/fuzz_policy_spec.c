@@ -8,6 +8,7 @@
 
 #include "../common/kvs.h"
 #include "../sim/policy.h"
+#include "../policies/registry.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char *spec = kvs_fuzz_cstr(data, size);

@@ -33,6 +33,7 @@
 
 #include "../common/kvs_out.h"
 #include "../sim/policy.h"
+#include "../policies/registry.h"
 #include "../sim/results.h"
 #include "plot_drift.h"
 #include "plot_heads.h"

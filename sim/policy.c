@@ -1,5 +1,5 @@
-/* policy.c — the policy framework shared by every plugin: registry lookup, parsing and validation of
- * "NAME:key=value,..." specs against each policy's parameter table, canonical parameter strings (stored in
+/* policy.c — the policy framework shared by every plugin: parsing and validation of "NAME:key=value,..." specs
+ * against a policy's parameter table (the registry, policies/registry.h, finds the policy by name), canonical parameter strings (stored in
  * the results database, sim/SCHEMA.md) and byte helpers. Interface and rules: sim/policy.h.
  */
 #include "policy.h"
@@ -13,14 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-
-const struct kvs_policy_ops *kvs_policy_find(const char *name) {
-    for (int i = 0; i < kvs_policy_count(); i++) {
-        const struct kvs_policy_ops *ops = kvs_policy_at(i);
-        if (!strcmp(ops->name, name)) return ops;
-    }
-    return NULL;
-}
 
 /* The index of choice `s` (length len) in "a|b|c", or -1. */
 static int enum_index(const char *choices, const char *s, size_t len) {
@@ -243,18 +235,15 @@ static kvs_status parse_params(const struct kvs_policy_ops *ops, const char *wha
     return KVS_OK;
 }
 
-kvs_status kvs_policy_parse(const char *spec, kvs_policy_config *cfg) {
+kvs_status kvs_policy_parse_spec(const struct kvs_policy_ops *ops, const char *spec, kvs_policy_config *cfg) {
     const char *colon = strchr(spec, ':');
     size_t hlen = colon ? (size_t)(colon - spec) : strlen(spec); /* NAME or NAME@PRESET */
     const char *at = memchr(spec, '@', hlen);
     size_t nlen = at ? (size_t)(at - spec) : hlen;
-    char name[KVS_POLICY_NAME_MAX], preset[64] = "";
-    if (nlen == 0) return kvs_fail(KVS_ERR_INVALID_ARG, "policy spec '%s': missing policy name", spec);
-    if (nlen >= sizeof name) return kvs_fail(KVS_ERR_INVALID_ARG, "policy spec '%s': unknown policy", spec);
-    memcpy(name, spec, nlen);
-    name[nlen] = 0;
-    const struct kvs_policy_ops *ops = kvs_policy_find(name);
-    if (!ops) return kvs_fail(KVS_ERR_INVALID_ARG, "unknown policy '%s' (see 'kvsim policies')", name);
+    const char *name = ops->name;
+    if (nlen != strlen(ops->name) || memcmp(spec, ops->name, nlen))
+        return kvs_fail(KVS_ERR_INVALID_ARG, "policy spec '%s' does not name policy %s", spec, ops->name);
+    char preset[64] = "";
     if (colon && !colon[1]) return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: empty parameter list after ':'", name);
     if (!at) return kvs_policy_parse_ops(ops, colon ? colon + 1 : NULL, cfg);
     size_t plen = hlen - nlen - 1;
@@ -375,10 +364,9 @@ double kvs_policy_kv_bytes(const kvs_policy_model *m, double slots) {
     return slots * 2.0 * (double)m->head_dim * (double)m->kv_bytes;
 }
 
-void kvs_policy_print_help(void *fp) {
+void kvs_policy_print_ops_help(const struct kvs_policy_ops *ops, void *fp) {
     FILE *f = fp;
-    for (int i = 0; i < kvs_policy_count(); i++) {
-        const struct kvs_policy_ops *ops = kvs_policy_at(i);
+    {
         fprintf(f, "  %-12s %s%s\n", ops->name, ops->is_oracle ? "[ORACLE] " : "", ops->summary);
         for (int j = 0; j < ops->n_presets; j++)
             fprintf(f, "      @%s = %s: %s\n", ops->presets[j].name, ops->presets[j].params[0] ? ops->presets[j].params : "(defaults)",

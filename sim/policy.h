@@ -15,14 +15,13 @@
  *    The framework parses "NAME:key=value,key=value", fills defaults, validates (unknown key, bad value,
  *    out of range -> KVS_ERR_INVALID_ARG naming it) and builds the canonical string stored in the results
  *    database. Read values with kvs_policy_param_get(cfg, "key") or by index (cfg->v[i], table order).
- * 3. Add one line `&kvs_policy_<name>,` to the registry array in policies/registry.c and its extern
- *    declaration to policies/registry.h. The conformance test (tests/test_policy_conformance.c) then runs
- *    the common contract on it: parameter validation, budget respected every step, determinism, and the
+ * 3. Add one line `X(<name>)` to KVS_POLICY_REGISTRY in policies/registry.h. The conformance test
+ *    (tests/test_policy_conformance.c) then runs the common contract on it: parameter validation, budget respected every step, determinism, and the
  *    leak test (perturbing future positions, and for non-oracles the K/V of positions the policy does not
  *    store, must not change its choices).
  * 4. Lifetime of one instance = one (policy configuration, budget, layer, KV head) stream:
  *       create -> [for each turn: prefill (once, or once per block with prefill_block) [-> layer_sync]
- *                  -> ([layer_pre_select ->] select -> account -> observe [-> layer_sync]) per decode step]
+ *                  -> (select -> account -> observe [-> layer_sync]) per decode step]
  *       -> free
  *    account() is called at every decode step after select() and before observe(), so it sees the
  *    attention-time state. Per-(layer, KV head) budgets and any shared prepass structure come from the
@@ -36,7 +35,6 @@
  *    - shared prepass data: alloc_shared() hands one structure to every instance (init->shared);
  *    - string and file parameters (KVS_PARAM_STRING, KVS_PARAM_FILE: the file's SHA-256 goes into the
  *      canonical string);
- *    - a layer-wide hook before select (layer_pre_select: SyncKV's representative heads);
  *    - cost model v2 (kvs_policy_cost: device KV / aux / host / transient storage, KV and aux reads, writes,
  *      host<->device transfers) and readable() for what a policy may read beyond what is device-resident.
  *
@@ -305,10 +303,6 @@ struct kvs_policy_ops {
      * (storage peak counts the whole block as transient). */
     int64_t (*prefill_block)(void *state);
 
-    /* Optional (v2): all instances of one layer, before any of them selects at a decode position: views[h]
-     * is KV head h's decode view (current query, history). For layer-wide hand-offs (SyncKV representative
-     * heads passing their selection to their cluster). */
-    kvs_status (*layer_pre_select)(void *const *states, int n_kv_heads, const kvs_policy_view *views);
 
     /* Optional: costs of the step just selected (called before observe). NULL = default: KV of the distinct stored positions
      * (storage) and KV of the attended positions (traffic, summed over query heads for per-query-head). */
@@ -331,19 +325,13 @@ struct kvs_policy_ops {
 
 /* ---- framework functions (sim/policy.c) ---------------------------------------------------------- */
 
-/*! kvs_policy_count() / kvs_policy_at() : the registry (policies/registry.c), in listing order. */
-int kvs_policy_count(void);
-const struct kvs_policy_ops *kvs_policy_at(int i);
-
-/*! kvs_policy_find() : registry lookup by name; NULL if unknown. */
-const struct kvs_policy_ops *kvs_policy_find(const char *name);
-
-/*! kvs_policy_parse() : parses "NAME", "NAME:key=value,key=value", "NAME@PRESET" or "NAME@PRESET:key=value,..."
- *  into *cfg with defaults filled in, then the preset's parameters, then the given ones (which may override the
+/*! kvs_policy_parse_spec() : parses "NAME", "NAME:key=value,...", "NAME@PRESET" or "NAME@PRESET:key=value,..." for
+ *  the policy `ops` whose name the spec must start with (the registry, policies/registry.h kvs_policy_parse, finds
+ *  `ops` by name): defaults filled in, then the preset's parameters, then the given ones (which may override the
  *  preset's), and the canonical string built (every parameter: a preset leaves no trace but its values).
- *  KVS_ERR_INVALID_ARG (detail names the policy, preset, key or value) for an unknown policy or preset,
- *  unknown or repeated key, malformed or out-of-range value. */
-kvs_status kvs_policy_parse(const char *spec, kvs_policy_config *cfg);
+ *  KVS_ERR_INVALID_ARG (detail names the policy, preset, key or value) for an unknown preset, unknown or repeated
+ *  key, malformed or out-of-range value. */
+kvs_status kvs_policy_parse_spec(const struct kvs_policy_ops *ops, const char *spec, kvs_policy_config *cfg);
 
 /*! kvs_policy_parse_ops() : parses the parameter part "key=value,..." (NULL = all defaults) of policy `ops`,
  *  which need not be in the registry (test-only policies); same rules and errors as kvs_policy_parse(). */
@@ -393,8 +381,8 @@ int64_t kvs_policy_seq_len(const kvs_policy_model *m, int64_t n, int64_t max_new
 /*! kvs_policy_kv_bytes() : bytes of `slots` resident K/V entries of one KV head: slots x 2 x d x kv_bytes. */
 double kvs_policy_kv_bytes(const kvs_policy_model *m, double slots);
 
-/*! kvs_policy_print_help() : writes every registered policy, its summary and parameter table to f
- *  (a FILE *, void * to keep stdio out of this header). */
-void kvs_policy_print_help(void *f);
+/*! kvs_policy_print_ops_help() : writes one policy's name, summary, presets and parameter table to f (a FILE *, void *
+ *  to keep stdio out of this header). */
+void kvs_policy_print_ops_help(const struct kvs_policy_ops *ops, void *f);
 
 #endif /* KVS_POLICY_H */

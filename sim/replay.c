@@ -191,7 +191,7 @@ typedef struct {
     float *gk, *gv;           /* [N][d] gathered K/V of a list holding merged slots */
     int64_t *blk_size;        /* [nc] chunked-prefill block size (0 = whole prompt) */
     int64_t *blk_begin;       /* [nc] first position of the current prefill block */
-    kvs_policy_view *views;   /* [Hkv] decode views of the current position (layer_pre_select) */
+    kvs_policy_view *views;   /* [Hkv] decode views of the current position */
     int *has_merged;          /* [G] per list: holds merged slots this step */
     uint8_t *plain;           /* [G] per list: passed list_plain this step (strictly ascending in [0, p]) */
     float *lists_f;           /* kvs_attention_lists() scratch: [G][N] union scores / weights */
@@ -670,7 +670,7 @@ static void attend_list(task *t, int h, const float *q, const kvs_policy_sel *se
     kvs_attention(q, t->gk, t->gv, d, NULL, (size_t)sel->n[li], d, e->src->model.scale, probs, out);
 }
 
-/* Configuration ci's instances, one per KV head in order (what layer_pre_select and layer_sync take). */
+/* Configuration ci's instances, one per KV head in order (what layer_sync takes). */
 static void *const *config_states(const task *t, int ci) { return t->states + (size_t)ci * (size_t)t->e->Hkv; }
 
 /* The number of lists configuration ci selects: one per query head or one for the group (kvs_policy_sel). */
@@ -904,8 +904,8 @@ static void charge(task *t, double *cfg_time, int ci, double *t1, double *r1) {
 }
 
 /* A decode step at position p of every configuration with live[ci] set, in phases, so that each value row of a KV
- * head is read once for all of them instead of once each (issue 17, sim/BENCH.md "Sixteenth pass"): every
- * configuration's layer_pre_select; then per KV head, every configuration's select and attention up to the output
+ * head is read once for all of them instead of once each (sim/BENCH.md "The shared output pass"): per KV head,
+ * every configuration's select and attention up to the output
  * (head_select), the outputs deferred there in one pass over the head's value rows (kvs_out_calls_run, the same
  * bits), and those configurations' metrics and observe (head_finish); then every layer_sync (and the step-end
  * hook). Each configuration's own calls keep their order, and what its calls share with the others' gives the same
@@ -918,13 +918,6 @@ static void decode_position(task *t, const kvs_trace_block *const *blk, int i, i
     kvs_status st;
     decode_views(t, blk, i, p, tk, any_oracle);
     double t1 = kvs_now_s(), r1 = t->rank_seconds;
-    for (int ci = 0; ci < t->nc; ci++) {
-        const struct kvs_policy_ops *ops = e->o->configs[t->c_lo + ci].policy.ops;
-        if (!live[ci] || !ops->layer_pre_select) continue;
-        if ((st = ops->layer_pre_select(config_states(t, ci), e->Hkv, config_views(t, ops))) != KVS_OK)
-            stop_config(t, ci, st, live);
-        charge(t, cfg_time, ci, &t1, &r1);
-    }
     size_t block_rows = out_block_rows(t);
     for (int h = 0; h < e->Hkv; h++) {
         size_t n_calls = 0;

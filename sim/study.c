@@ -14,6 +14,7 @@
 
 #include "../trace/trace.h"
 #include "policy.h"
+#include "../policies/registry.h"
 #include "replay.h"
 
 #define STUDY_LINE_MAX 4096

@@ -24,6 +24,7 @@
 #include "common/json.h"
 #include "common/kvs.h"
 #include "sim/policy.h"
+#include "policies/registry.h"
 #include "tests/util/cli_run.h"
 #include "tests/util/gen_trace.h"
 #include "tests/util/testenv.h"

@@ -22,6 +22,7 @@
 #include "gpu_capture/model.h"
 #include "sim/closed_loop.h"
 #include "sim/policy.h"
+#include "policies/registry.h"
 
 #define N_TOK 40
 #define PROMPT 16

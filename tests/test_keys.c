@@ -18,6 +18,7 @@
 #include "analysis/keys.h"
 #include "common/kvs_stats.h"
 #include "sim/policy.h"
+#include "policies/registry.h"
 #include "tests/util/cli_run.h"
 #include "tests/util/gen_trace.h"
 

@@ -30,6 +30,7 @@
 #include "common/kvs_math_simd.h"
 #include "sim/kv_stream.h"
 #include "sim/policy.h"
+#include "policies/registry.h"
 #include "sim/replay.h"
 #include "sim/replay_mem.h"
 #include "tests/util/cli_run.h"

@@ -31,6 +31,7 @@
 #include "common/kvs.h"
 #include "plots/plot.h"
 #include "sim/policy.h"
+#include "policies/registry.h"
 #include "sim/results.h"
 #include "trace/trace.h"
 

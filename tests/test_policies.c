@@ -17,6 +17,7 @@
 
 #include "../common/kvs_math.h"
 #include "../sim/policy.h"
+#include "../policies/registry.h"
 #include "../sim/replay.h"
 #include "../sim/replay_mem.h"
 #include "util/replay_fixture.h"

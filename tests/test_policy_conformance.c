@@ -24,6 +24,7 @@
 #include <string.h>
 
 #include "../sim/policy.h"
+#include "../policies/registry.h"
 #include "../sim/replay.h"
 #include "../sim/replay_mem.h"
 #include "util/replay_fixture.h"

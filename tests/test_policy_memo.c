@@ -41,6 +41,7 @@
 #include "common/kvs.h"
 #include "common/kvs_math.h"
 #include "sim/policy.h"
+#include "policies/registry.h"
 #include "sim/policy_memo.h"
 #include "sim/replay.h"
 #include "sim/replay_mem.h"

@@ -9,7 +9,6 @@
  *    the block, and the leak check between blocks catching a policy that reads a prompt key it evicted;
  *  - shared prepass data (alloc_shared) reaching every instance and outliving it;
  *  - STRING and FILE parameters (sha256 in the canonical string, a changed file refused);
- *  - layer_pre_select hook (a representative head hands its selection to the layer);
  *  - host storage and host<->device transfers (cost model v2), readable() wider than stored().
  * Data: GENERATED Gaussian streams (tests/util/gen_trace.h) or hand-set arrays, never a model's.
  */
@@ -27,6 +26,7 @@
 
 #include "../common/kvs_math.h"
 #include "../sim/policy.h"
+#include "../policies/registry.h"
 #include "../sim/replay.h"
 #include "../sim/replay_mem.h"
 #include "util/replay_fixture.h"
@@ -756,104 +756,6 @@ static void test_string_and_file_parameters(void **state) {
 }
 
 /* ================================================================================================
- * Layer pre-select hook
- * ============================================================================================== */
-
-#define PRESEL_MAX 128
-typedef struct {
-    int kv_head;
-    int64_t budget;
-    int32_t handed[PRESEL_MAX];
-    int64_t n_handed, handed_at;
-} presel_state;
-
-static kvs_status ps_create(const kvs_policy_init *init, void **st) {
-    presel_state *s = calloc(1, sizeof *s);
-    s->kv_head = init->kv_head;
-    s->budget = init->budget;
-    s->handed_at = -1;
-    *st = s;
-    return KVS_OK;
-}
-static kvs_status ps_prefill(void *st, const kvs_policy_view *v) {
-    (void)st;
-    (void)v;
-    return KVS_OK;
-}
-/* KV head 0 (the representative) ranks positions by its own first query head's scores and hands its
- * top-B set to every head of the layer. */
-static kvs_status ps_pre_select(void *const *states, int n_kv_heads, const kvs_policy_view *views) {
-    const kvs_policy_view *v = &views[0];
-    presel_state *rep = states[0];
-    int64_t n = v->n, B = rep->budget < n ? rep->budget : n;
-    float *z = malloc((size_t)n * sizeof(float));
-    int32_t *idx = malloc((size_t)B * sizeof(int32_t));
-    for (int64_t j = 0; j < n; j++) z[j] = kvs_dot(v->q, v->k + (size_t)j * (size_t)v->head_dim, (size_t)v->head_dim);
-    kvs_topk(z, (size_t)n, (size_t)B, idx);
-    for (int h = 0; h < n_kv_heads; h++) {
-        presel_state *s = states[h];
-        memcpy(s->handed, idx, (size_t)B * sizeof(int32_t));
-        s->n_handed = B;
-        s->handed_at = n - 1;
-    }
-    free(z);
-    free(idx);
-    return KVS_OK;
-}
-static kvs_status ps_select(void *st, const kvs_policy_view *v, kvs_policy_sel *sel) {
-    presel_state *s = st;
-    if (s->handed_at != v->n - 1) return kvs_fail(KVS_ERR_STATE, "presel: select before the layer hook");
-    memcpy(sel->idx[0], s->handed, (size_t)s->n_handed * sizeof(int32_t));
-    sel->n[0] = s->n_handed;
-    return KVS_OK;
-}
-static const struct kvs_policy_ops presel_ops = {
-    .name = "presel_test", .summary = "test: representative head hands its selection to the layer",
-    .granularity = KVS_SEL_PER_KV_HEAD, .budget_scope = KVS_BUDGET_EVERY_STEP, .create = ps_create, .free = free,
-    .prefill = ps_prefill, .select = ps_select, .layer_pre_select = ps_pre_select,
-};
-
-static void test_layer_pre_select_hands_selection_to_the_layer(void **state) {
-    (void)state;
-    fixture f;
-    fixture_make(&f, 1, 30, 16);
-    kvs_policy_config cfg;
-    kvs_policy_defaults(&presel_ops, &cfg);
-    size_t cells = (size_t)f.L * (size_t)f.Hkv * (size_t)f.N * (size_t)f.G;
-    sel_log lg = {.f = &f, .sel = calloc(cells * (size_t)f.N, sizeof(int32_t)), .n = calloc(cells, sizeof(int64_t))};
-    kvs_replay_hooks hooks = {.user = &lg, .on_select = log_select};
-    const int64_t B = 5;
-    kvs_replay_result *r = run_one(&f.mem, &cfg, B, KVS_MEASURE_DECODE, &hooks, 2);
-    int64_t checked = 0;
-    for (int l = 0; l < f.L; l++)
-        for (int64_t p = f.turns[0].prompt_end; p < f.N; p++) {
-            /* naive: top-B of head 0's first query over 0..p, ties to the lower position */
-            double z[64];
-            for (int64_t j = 0; j <= p; j++) {
-                z[j] = 0;
-                for (int i = 0; i < f.d; i++) z[j] += (double)fq(&f, l, p, 0)[i] * (double)fk(&f, l, j, 0)[i];
-            }
-            for (int h = 0; h < f.Hkv; h++) {
-                size_t c = cell(&f, l, h, p, 0);
-                assert_int_equal(lg.n[c], B);
-                for (int64_t j = 0; j < B; j++) {
-                    int32_t x = lg.sel[c * (size_t)f.N + (size_t)j];
-                    assert_int_equal(x, lg.sel[cell(&f, l, 0, p, 0) * (size_t)f.N + (size_t)j]);
-                    int64_t above = 0; /* x is in the naive top-B: fewer than B positions score higher */
-                    for (int64_t y = 0; y <= p; y++) above += z[y] > z[x];
-                    assert_true(above < B);
-                }
-                checked++;
-            }
-        }
-    assert_true(checked > 0);
-    free(lg.sel);
-    free(lg.n);
-    kvs_replay_result_free(r);
-    kvs_test_replay_fixture_free(&f);
-}
-
-/* ================================================================================================
  * Host storage and transfers
  * ============================================================================================== */
 
@@ -945,7 +847,6 @@ int main(void) {
         cmocka_unit_test(test_chunked_prefill_is_measured_against_what_is_held),
         cmocka_unit_test(test_shared_prepass_reaches_every_instance),
         cmocka_unit_test(test_string_and_file_parameters),
-        cmocka_unit_test(test_layer_pre_select_hands_selection_to_the_layer),
         cmocka_unit_test(test_host_storage_and_transfers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -25,6 +25,7 @@
 
 #include "../common/kvs_math.h"
 #include "../sim/policy.h"
+#include "../policies/registry.h"
 #include "../sim/ref_rank.h"
 #include "../sim/replay.h"
 #include "../sim/replay_mem.h"

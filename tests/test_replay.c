@@ -18,6 +18,7 @@
 
 #include "../sim/host.h"
 #include "../sim/policy.h"
+#include "../policies/registry.h"
 #include "../sim/replay.h"
 #include "../sim/replay_mem.h"
 #include "util/replay_fixture.h"

@@ -22,6 +22,7 @@
 #include <cmocka.h>
 
 #include "sim/policy.h"
+#include "policies/registry.h"
 #include "sim/replay.h"
 #include "sim/replay_mem.h"
 #include "tests/util/gen_trace.h"

@@ -25,6 +25,7 @@
 #include "../policies/synckv_internal.h"
 #include "../sim/metrics.h"
 #include "../sim/policy.h"
+#include "../policies/registry.h"
 #include "../sim/replay.h"
 #include "util/cli_run.h"
 #include "util/replay_fixture.h"

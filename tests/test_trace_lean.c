@@ -33,6 +33,7 @@
 #include "tests/util/gen_trace.h"
 #include "tests/util/testenv.h"
 #include "trace/trace.h"
+#include "policies/registry.h"
 
 /* ------------------------------------------------------------------------------------------------
  * helpers
