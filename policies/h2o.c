@@ -235,14 +235,19 @@ static int64_t h2o_stored(void *state, int g, int32_t *out) {
     return kvs_held_copy(s->lists[s->mode == H2O_EXPAND ? g : 0], out);
 }
 
+/* Cost model v2 (policy.h kvs_policy_cost): KV resident and read stay the engine's default (every list holds
+ * exactly its attended set); one score per attended slot is auxiliary storage and is read with its K/V (the
+ * read-modify-write counted once; an unfused scorer reads nothing more). The new token's K/V is the default
+ * write; the score updates are not counted as writes. */
 static void h2o_account(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel, kvs_policy_cost *out) {
     h2o_state *s = state;
     (void)view;
     double slots = 0;
     for (int li = 0; li < sel->n_lists; li++) slots += (double)sel->n[li];
-    out->storage_bytes = kvs_policy_kv_bytes(&s->model, slots) + slots * s->aux_bytes;
-    out->traffic_bytes = out->storage_bytes;
-    out->transfer_bytes = 0;
+    double scores = slots * s->aux_bytes;
+    out->aux_bytes = scores;
+    out->read_aux_bytes = scores;
+    out->read_aux_unfused_bytes = scores;
 }
 
 const struct kvs_policy_ops kvs_policy_h2o = {

@@ -276,15 +276,19 @@ static int64_t sh_stored(void *state, int g, int32_t *out) {
     return kvs_held_copy(s->lists[s->mode == SH_EXPAND ? g : 0].held, out);
 }
 
+/* Cost model v2 (policy.h kvs_policy_cost): KV resident and read stay the engine's default (every list holds
+ * exactly its attended set); per slot one counter (aux_bytes) and history/8 bytes of flags are auxiliary
+ * storage, and the counters are read with the attended K/V (read-modify-write counted once; the flags are
+ * touched only at a compression). No extra writes are counted beyond the new token's K/V. */
 static void sh_account(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel, kvs_policy_cost *out) {
     sh_state *s = state;
     (void)view;
     double slots = 0;
     for (int li = 0; li < sel->n_lists; li++) slots += (double)sel->n[li];
     double counters = slots * (double)s->aux_bytes, flags = slots * (double)((s->history + 7) / 8);
-    out->storage_bytes = kvs_policy_kv_bytes(&s->model, slots) + counters + flags;
-    out->traffic_bytes = kvs_policy_kv_bytes(&s->model, slots) + counters;
-    out->transfer_bytes = 0;
+    out->aux_bytes = counters + flags;
+    out->read_aux_bytes = counters;
+    out->read_aux_unfused_bytes = counters;
 }
 
 const struct kvs_policy_ops kvs_policy_scissorhands = {

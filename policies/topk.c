@@ -93,25 +93,23 @@ static kvs_status topk_select(void *state, const kvs_policy_view *view, kvs_poli
     return KVS_OK;
 }
 
+/* Cost model v2 (policy.h kvs_policy_cost): the resident KV is the engine's default (stored() is NULL: every
+ * position seen, once); in head mode the K/V read is the union of the G sets, each position read once, not the
+ * default sum over the lists. No auxiliary state, no transfers. */
 static void topk_account(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel, kvs_policy_cost *out) {
     topk_state *s = state;
-    out->storage_bytes = kvs_policy_kv_bytes(&s->model, (double)view->n);
+    if (sel->n_lists == 1) return;
     int64_t read = 0;
-    if (sel->n_lists == 1) {
-        read = sel->n[0];
-    } else {
-        memset(s->mark, 0, (size_t)view->n);
-        for (int g = 0; g < sel->n_lists; g++)
-            for (int64_t j = 0; j < sel->n[g]; j++) {
-                int32_t p = sel->idx[g][j];
-                if (!s->mark[p]) {
-                    s->mark[p] = 1;
-                    read++;
-                }
+    memset(s->mark, 0, (size_t)view->n);
+    for (int g = 0; g < sel->n_lists; g++)
+        for (int64_t j = 0; j < sel->n[g]; j++) {
+            int32_t p = sel->idx[g][j];
+            if (!s->mark[p]) {
+                s->mark[p] = 1;
+                read++;
             }
-    }
-    out->traffic_bytes = kvs_policy_kv_bytes(&s->model, (double)read);
-    out->transfer_bytes = 0;
+        }
+    out->read_kv_bytes = kvs_policy_kv_bytes(&s->model, (double)read);
 }
 
 const struct kvs_policy_ops kvs_policy_topk = {

@@ -785,14 +785,15 @@ static void test_scissorhands_matches_naive_reference(void **state) {
                     assert_stored(cfg.ops, st, li, r->set, r->n, specs[si], B);
                 }
             }
-            kvs_policy_cost cost = {0};
-            kvs_policy_sel sel = {.idx = idx, .n = cnt, .n_lists = n_lists, .cap = 512};
-            cfg.ops->account(st, NULL, &sel, &cost);
             double slots = 0;
             for (int li = 0; li < n_lists; li++) slots += (double)cnt[li];
+            /* the engine's default KV (resident = read = the attended slots), then the policy's auxiliary classes */
+            kvs_policy_cost cost = {.kv_bytes = slots * 2.0 * s.d * 2, .read_kv_bytes = slots * 2.0 * s.d * 2};
+            kvs_policy_sel sel = {.idx = idx, .n = cnt, .n_lists = n_lists, .cap = 512};
+            cfg.ops->account(st, NULL, &sel, &cost);
             /* K/V (2 x d x 2 bytes) + an fp32 counter + history/8 bytes of flags per slot; traffic without flags */
-            assert_true(cost.storage_bytes == slots * (2.0 * s.d * 2 + 4 + (double)((o.history + 7) / 8)));
-            assert_true(cost.traffic_bytes == slots * (2.0 * s.d * 2 + 4));
+            assert_true(cost.kv_bytes + cost.aux_bytes == slots * (2.0 * s.d * 2 + 4 + (double)((o.history + 7) / 8)));
+            assert_true(cost.read_kv_bytes + cost.read_aux_bytes == slots * (2.0 * s.d * 2 + 4));
             cfg.ops->free(st);
         }
     stream_free(&s);
