@@ -15,6 +15,7 @@
 #include "../trace/trace.h"
 #include "cli.h"
 #include "policies/registry.h"
+#include "sim/results_heads.h"
 
 #define GEN_VERSION "0.1.0"
 #define MAX_POLICIES 64
@@ -154,6 +155,14 @@ int kvs_cmd_generate(int argc, char **argv) {
             return kvs_cli_usage_error("generate", "policy %s is an oracle: a model decoding with a compressed cache "
                                        "has no full attention to give it", cfgs[i].ops->name);
     }
+    /* parameters naming a results database (SyncKV's clusters) are loaded here: policies never open one */
+    void *inputs[MAX_POLICIES] = {0};
+    for (int i = 0; i < n_specs; i++)
+        if (kvs_results_resolve_policy_inputs(&cfgs[i], &inputs[i]) != KVS_OK) {
+            kvs_status e = kvs_fail(KVS_ERR_INVALID_ARG, "%s", kvs_last_error());
+            for (int k = 0; k < i; k++) kvs_results_policy_inputs_free(inputs[k]);
+            return kvs_cli_fail("generate", e);
+        }
 
     kvs_model *model = NULL;
     kvs_tokenizer *tok = NULL;
@@ -275,6 +284,7 @@ int kvs_cmd_generate(int argc, char **argv) {
         }
     st = KVS_OK;
 cleanup:
+    for (int i = 0; i < n_specs; i++) kvs_results_policy_inputs_free(inputs[i]);
     kvs_results_close(db);
     kvs_threadpool_free(pool);
     kvs_trace_close(trace);

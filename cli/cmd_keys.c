@@ -15,6 +15,7 @@
 #include "../policies/registry.h"
 #include "../trace/trace.h"
 #include "cli.h"
+#include "sim/results_heads.h"
 
 #define MAX_POLICIES 16
 
@@ -130,13 +131,24 @@ int kvs_cmd_keys(int argc, char **argv) {
     kvs_policy_config cfgs[MAX_POLICIES];
     for (int i = 0; i < n_specs; i++)
         if (kvs_policy_parse(specs[i], &cfgs[i]) != KVS_OK) return kvs_cli_fail("keys", KVS_ERR_INVALID_ARG);
+    /* parameters naming a results database (SyncKV's clusters) are loaded here: policies never open one */
+    void *inputs[MAX_POLICIES] = {0};
+    for (int i = 0; i < n_specs; i++)
+        if (kvs_results_resolve_policy_inputs(&cfgs[i], &inputs[i]) != KVS_OK) {
+            kvs_status e = kvs_fail(KVS_ERR_INVALID_ARG, "%s", kvs_last_error());
+            for (int k = 0; k < i; k++) kvs_results_policy_inputs_free(inputs[k]);
+            return kvs_cli_fail("keys", e);
+        }
 
     kvs_trace *t = NULL;
     kvs_key_stats *st = NULL;
     double *ld = NULL;
     int64_t *cnt = NULL;
     kvs_status s = kvs_trace_open(path, &t);
-    if (s != KVS_OK) return kvs_cli_fail("keys", s == KVS_ERR_INVALID_ARG ? KVS_ERR_IO : s);
+    if (s != KVS_OK) {
+        for (int i = 0; i < n_specs; i++) kvs_results_policy_inputs_free(inputs[i]);
+        return kvs_cli_fail("keys", s == KVS_ERR_INVALID_ARG ? KVS_ERR_IO : s);
+    }
     const kvs_trace_info *info = kvs_trace_info_get(t);
     const int L = info->model.n_layers, H = info->model.n_kv_heads;
     if (layer >= L) {
@@ -278,6 +290,7 @@ int kvs_cmd_keys(int argc, char **argv) {
         }
     }
 cleanup:
+    for (int i = 0; i < n_specs; i++) kvs_results_policy_inputs_free(inputs[i]);
     free(st);
     free(ld);
     free(cnt);

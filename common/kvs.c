@@ -393,3 +393,15 @@ const char *kvs_path_base(const char *path) {
     const char *b = strrchr(path, '/');
     return b && b[1] ? b + 1 : path;
 }
+
+int kvs_file_sqlite_header(const char *path) {
+    static const char magic[16] = "SQLite format 3";
+    char hdr[16];
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    ssize_t n = read(fd, hdr, sizeof hdr);
+    close(fd);
+    return n == (ssize_t)sizeof hdr && memcmp(hdr, magic, sizeof magic) == 0;
+}
+
+int kvs_file_is_sqlite(const char *path) { return kvs_file_sqlite_header(path) == 1; }

@@ -118,6 +118,12 @@ static inline uint64_t kvs_get_u64(const uint8_t *p) {
 kvs_status kvs_write_all(int fd, const void *buf, size_t n, const char *what);
 /*! kvs_pread_all() : read exactly n bytes at offset; KVS_ERR_TRUNCATED if the file is shorter. */
 kvs_status kvs_pread_all(int fd, void *buf, size_t n, uint64_t off, const char *what);
+/*! kvs_file_sqlite_header() : 1 when the file at `path` starts with SQLite's 16-byte header ("SQLite format 3\0"),
+ *  0 when it does not (or is shorter), -1 when it cannot be opened (errno set). Reads 16 bytes, opens nothing as a
+ *  database. kvs_file_is_sqlite() : the same as a yes/no (an unreadable file is no). */
+int kvs_file_sqlite_header(const char *path);
+int kvs_file_is_sqlite(const char *path);
+
 /*! kvs_path_base() : the last component of `path` (after its last '/', unless that ends the path), the path
  *  itself when it has none, "" for NULL. Borrowed from path. For labels: "dir/run.kvt" -> "run.kvt". */
 const char *kvs_path_base(const char *path);

@@ -56,8 +56,6 @@
 #include <string.h>
 
 #include "../analysis/head_clusters.h"
-#include "../sim/results.h"
-#include "../sim/results_heads.h"
 #include "../common/kvs_cluster.h"
 #include "../common/kvs_math.h"
 #include "registry.h"
@@ -79,6 +77,7 @@ static const kvs_policy_param synckv_params[] = {
     [P_RHO] = {.key = "rho", .type = KVS_PARAM_DOUBLE, .def = 0.5, .lo = 0, .hi = 1,
                .help = "static ratio rho_s: k_dyn = floor((1-rho) k) tokens are re-selected (§5.1, App. D: 0.5)"},
     [P_CLUSTERS] = {.key = "clusters", .type = KVS_PARAM_FILE, .choices = "prefill", .def_str = "prefill",
+                    .resolves = "head_clusters",
                     .help = "`kvsim heads` clusters file or results database (its latest heads run) - the paper's "
                             "offline calibration, App. B.1 - or prefill: K-means on this trace's own first prompt"},
     [P_KC] = {.key = "kc", .type = KVS_PARAM_INT, .def = 0, .lo = 0, .hi = 1 << 30,
@@ -127,13 +126,15 @@ int32_t kvs_synckv_default_nr(int32_t H) { return H >= 8 ? 2 : 1; }
 
 /* ---- configuration: representatives per layer, k per layer ---------------------------------------------- */
 
-/* The clustering of the latest `kvsim heads` run in the results database at `path` (read-only). */
-static kvs_status read_db_clusters(const char *path, kvs_head_clusters **c) {
-    kvs_results_db *db = NULL;
-    kvs_status st = kvs_results_open_readonly(path, &db);
-    if (st == KVS_OK) st = kvs_results_heads_read_clusters(db, 0, c, NULL);
-    kvs_results_close(db);
-    return st;
+/* A copy of c (caller frees with kvs_head_clusters_free). */
+static kvs_status clusters_copy(const kvs_head_clusters *c, kvs_head_clusters **out) {
+    kvs_status st = kvs_head_clusters_create(c->n_layers, c->n_units, out);
+    if (st != KVS_OK) return st;
+    size_t cells = (size_t)c->n_layers * (size_t)c->n_units;
+    memcpy((*out)->n_clusters, c->n_clusters, (size_t)c->n_layers * sizeof *c->n_clusters);
+    memcpy((*out)->cluster, c->cluster, cells * sizeof *c->cluster);
+    memcpy((*out)->is_rep, c->is_rep, cells * sizeof *c->is_rep);
+    return KVS_OK;
 }
 
 /* Representative units of every layer into nr[L] (and, for clusters=FILE, the clustering into *hc when hc is not
@@ -155,13 +156,17 @@ static kvs_status layer_nr(const kvs_policy_config *cfg, const kvs_policy_model 
                         (int)cfg->v[P_NR], path);
     kvs_head_clusters *c = NULL;
     char sha[65];
-    int is_db = kvs_results_is_sqlite_file(path);
-    kvs_status st = is_db ? read_db_clusters(path, &c) : kvs_head_clusters_read(path, &c, sha);
+    /* A results database is resolved above the engine into its latest heads run's clustering (cfg->resolved, pinned
+     * by the digest of the database file taken when the spec was parsed; the run's notes say so). A clusters file is
+     * read here and pinned by its digest (checked again: it must not change between parse and replay). */
+    const kvs_head_clusters *given = cfg->resolved[P_CLUSTERS];
+    int is_db = kvs_file_is_sqlite(path);
+    if (is_db && !given)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "synckv: clusters=%s is a results database: its caller must resolve it "
+                        "into a clustering (kvs_results_resolve_policy_inputs)", path);
+    kvs_status st = given ? clusters_copy(given, &c) : kvs_head_clusters_read(path, &c, sha);
     if (st != KVS_OK) return kvs_fail(KVS_ERR_INVALID_ARG, "synckv: clusters=%s: %s", path, kvs_last_error());
-    /* A clusters file is pinned by its digest (checked here again: it must not change between parse and replay). A
-     * results database is pinned by the digest of the database file taken when the spec was parsed; its latest
-     * heads run is the clustering (the run's notes say so). */
-    if (!is_db && cfg->sha256[P_CLUSTERS][0] && strcmp(sha, cfg->sha256[P_CLUSTERS])) {
+    if (!given && cfg->sha256[P_CLUSTERS][0] && strcmp(sha, cfg->sha256[P_CLUSTERS])) {
         kvs_head_clusters_free(c);
         return kvs_fail(KVS_ERR_INVALID_ARG, "synckv: clusters=%s changed since it was given (sha256 %s, given %s)", path,
                         sha, cfg->sha256[P_CLUSTERS]);
@@ -264,7 +269,7 @@ static int synckv_notes(const kvs_policy_config *cfg, const kvs_policy_model *m,
     if (!strcmp(cfg->str[P_CLUSTERS], "prefill"))
         n += kvs_policy_note(buf, cap, "clusters=prefill: clustered on this trace's own prompt, not the paper's offline "
                                        "calibration corpus (App. B.1; give clusters=FILE from kvsim heads)");
-    else if (kvs_results_is_sqlite_file(cfg->str[P_CLUSTERS]))
+    else if (kvs_file_is_sqlite(cfg->str[P_CLUSTERS]))
         n += kvs_policy_note(buf, cap, "clusters from the latest kvsim heads run of the results database %s",
                              kvs_path_base(cfg->str[P_CLUSTERS]));
     if (!all_rep && kmax >= (double)P)

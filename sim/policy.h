@@ -97,6 +97,9 @@ typedef struct {
     const char *choices;  /* ENUM: '|'-separated names, e.g. "layer|group"; FILE: keywords accepted instead of a path */
     const char *help;     /* one line for `kvsim replay --help` */
     const char *def_str;  /* STRING (and FILE keyword) default text (NULL = "") */
+    const char *resolves; /* FILE: what a results database at this path stands for, which the caller above the engine
+                           * loads into kvs_policy_config.resolved (e.g. "head_clusters": the clustering of its latest
+                           * `kvsim heads` run, a kvs_head_clusters); NULL = a plain file the policy reads itself */
 } kvs_policy_param;
 
 /* A named parameter set from a paper (`--policy h2o@morphkv-longwriter`): the settings a paper used for this
@@ -117,6 +120,10 @@ typedef struct {
                                             * STRING/FILE: 0 (value in str[]) */
     char str[KVS_POLICY_MAX_PARAMS][KVS_POLICY_STR_MAX]; /* STRING/FILE values ("" otherwise); FILE: the path */
     char sha256[KVS_POLICY_MAX_PARAMS][65];              /* FILE: hex SHA-256 of the file's content, "" if none */
+    const void *resolved[KVS_POLICY_MAX_PARAMS]; /* FILE with `resolves`: the object its results database stands for,
+                                            * loaded by the caller (results/ kvs_results_resolve_policy_inputs),
+                                            * borrowed and read-only; NULL = not resolved. Policies never open a
+                                            * database themselves. */
     char canonical[KVS_POLICY_CANON_MAX];  /* "key=value,key=value", table order, every default filled in
                                             * ("" for a policy without parameters) */
 } kvs_policy_config;

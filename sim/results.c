@@ -249,15 +249,7 @@ static kvs_status step_done(kvs_results_db *r, sqlite3_stmt *st, const char *wha
  * file is rejected before SQLite opens (and possibly journals) it. */
 /* 1 when the file at `path` starts with the 16-byte SQLite header, 0 when it does not (or is shorter), -1 (errno
  * set) when it cannot be opened. */
-static int sqlite_header(const char *path) {
-    static const char magic[16] = "SQLite format 3";
-    char hdr[16];
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return -1;
-    ssize_t n = read(fd, hdr, sizeof hdr);
-    close(fd);
-    return n == (ssize_t)sizeof hdr && memcmp(hdr, magic, sizeof magic) == 0;
-}
+static int sqlite_header(const char *path) { return kvs_file_sqlite_header(path); }
 
 int kvs_results_is_sqlite_file(const char *path) { return sqlite_header(path) == 1; }
 

@@ -498,3 +498,44 @@ cleanup:
     kvs_head_clusters_free(c);
     return st;
 }
+
+/* ---- policy inputs that live in a results database ---------------------------------------------------- */
+
+typedef struct {
+    kvs_head_clusters *clusters[KVS_POLICY_MAX_PARAMS];
+} policy_inputs;
+
+void kvs_results_policy_inputs_free(void *owned) {
+    policy_inputs *pi = owned;
+    if (!pi) return;
+    for (int i = 0; i < KVS_POLICY_MAX_PARAMS; i++) kvs_head_clusters_free(pi->clusters[i]);
+    free(pi);
+}
+
+kvs_status kvs_results_resolve_policy_inputs(kvs_policy_config *cfg, void **owned) {
+    *owned = NULL;
+    const struct kvs_policy_ops *ops = cfg->ops;
+    policy_inputs *pi = NULL;
+    for (int i = 0; i < ops->n_params; i++) {
+        const kvs_policy_param *pp = &ops->params[i];
+        if (pp->type != KVS_PARAM_FILE || !pp->resolves || !kvs_file_is_sqlite(cfg->str[i])) continue;
+        if (strcmp(pp->resolves, "head_clusters") != 0) {
+            kvs_results_policy_inputs_free(pi);
+            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter %s: unknown database input '%s'", ops->name,
+                            pp->key, pp->resolves);
+        }
+        if (!pi && !(pi = calloc(1, sizeof *pi))) return kvs_fail(KVS_ERR_NOMEM, "out of memory");
+        kvs_results_db *db = NULL;
+        kvs_status st = kvs_results_open_readonly(cfg->str[i], &db);
+        if (st == KVS_OK) st = kvs_results_heads_read_clusters(db, 0, &pi->clusters[i], NULL);
+        kvs_results_close(db);
+        if (st != KVS_OK) {
+            kvs_status e = kvs_fail(KVS_ERR_INVALID_ARG, "%s: %s=%s: %s", ops->name, pp->key, cfg->str[i], kvs_last_error());
+            kvs_results_policy_inputs_free(pi);
+            return e;
+        }
+        cfg->resolved[i] = pi->clusters[i];
+    }
+    *owned = pi;
+    return KVS_OK;
+}
