@@ -17,6 +17,10 @@
 #ifndef KVS_METRICS_H
 #define KVS_METRICS_H
 
+#include <stdint.h>
+
+#include "../common/kvs.h"
+
 /* THE LIST. One line per metric: X(ENUM_SUFFIX, column_name, "label", "unit", kind, higher_is_better, "help").
  * Order = column order in the database and the CSV; append new metrics at the end. The enum kvs_metric,
  * the named members of kvs_results_agg / kvs_results_step (sim/results.h) and kvs_metric_table are all
@@ -92,5 +96,43 @@ extern const char *const kvs_stat_names[KVS_N_STATS];
 
 /*! kvs_metric_find() : index of the metric named `name`, or -1. */
 int kvs_metric_find(const char *name);
+
+/* ---- what a run's metrics come to (the engine's output; the results database stores them) ------------------ */
+
+/* Summary statistics of one metric over a set of samples. */
+typedef struct {
+    int64_t n;
+    double mean, p50, p95, max, min;
+} kvs_results_stat;
+
+/* Aggregates over (query head, measured step) samples of one layer, or of the whole run (layer = -1): one
+ * kvs_results_stat per metric of the table in sim/metrics.h (m[KVS_M_...]); the named members alias the
+ * metric names for readability (out_err is m[KVS_M_OUT_ERR], ...). */
+typedef struct {
+    int32_t layer; /* -1 for the run-wide aggregate */
+    union {
+        kvs_results_stat m[KVS_N_METRICS];
+#define KVS_METRIC_MEMBER_T_ kvs_results_stat
+        struct { KVS_METRIC_LIST(KVS_METRIC_MEMBER_) };
+#undef KVS_METRIC_MEMBER_T_
+    };
+} kvs_results_agg;
+
+/* One sample of the per-step series: every metric of sim/metrics.h at one (layer, query head, position). */
+typedef struct {
+    int32_t layer, q_head;
+    int64_t position;        /* absolute position of the step's token */
+    union {
+        double v[KVS_N_METRICS]; /* v[KVS_M_...]; NaN = not available */
+#define KVS_METRIC_MEMBER_T_ double
+        struct { KVS_METRIC_LIST(KVS_METRIC_MEMBER_) };
+#undef KVS_METRIC_MEMBER_T_
+    };
+} kvs_results_step;
+
+/*! kvs_results_stat_compute() : fills *out from n samples (sorted copy made internally; p50/p95 by
+ *  nearest rank on the sorted samples: index ceil(p*n)-1). n == 0 gives all zeros. */
+kvs_status kvs_results_stat_compute(const double *samples, int64_t n, kvs_results_stat *out);
+
 
 #endif /* KVS_METRICS_H */

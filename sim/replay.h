@@ -30,7 +30,7 @@
 #include "../common/kvs.h"
 #include "../trace/trace.h"
 #include "policy.h"
-#include "results.h"
+#include "metrics.h"
 
 /* One run of the sweep: a policy configuration at a budget. */
 typedef struct {

@@ -66,37 +66,6 @@ typedef struct {
  *  info's strings and turns. */
 kvs_results_trace kvs_results_trace_of(const char *path, const kvs_trace_info *info);
 
-/* Summary statistics of one metric over a set of samples. */
-typedef struct {
-    int64_t n;
-    double mean, p50, p95, max, min;
-} kvs_results_stat;
-
-/* Aggregates over (query head, measured step) samples of one layer, or of the whole run (layer = -1): one
- * kvs_results_stat per metric of the table in sim/metrics.h (m[KVS_M_...]); the named members alias the
- * metric names for readability (out_err is m[KVS_M_OUT_ERR], ...). */
-typedef struct {
-    int32_t layer; /* -1 for the run-wide aggregate */
-    union {
-        kvs_results_stat m[KVS_N_METRICS];
-#define KVS_METRIC_MEMBER_T_ kvs_results_stat
-        struct { KVS_METRIC_LIST(KVS_METRIC_MEMBER_) };
-#undef KVS_METRIC_MEMBER_T_
-    };
-} kvs_results_agg;
-
-/* One sample of the per-step series: every metric of sim/metrics.h at one (layer, query head, position). */
-typedef struct {
-    int32_t layer, q_head;
-    int64_t position;        /* absolute position of the step's token */
-    union {
-        double v[KVS_N_METRICS]; /* v[KVS_M_...]; NaN = not available */
-#define KVS_METRIC_MEMBER_T_ double
-        struct { KVS_METRIC_LIST(KVS_METRIC_MEMBER_) };
-#undef KVS_METRIC_MEMBER_T_
-    };
-} kvs_results_step;
-
 /* One run: one policy configuration at one budget on one trace. Borrowed strings. */
 typedef struct {
     const char *policy;        /* registry name, e.g. "h2o" */
@@ -129,10 +98,6 @@ typedef struct {
 kvs_status kvs_results_write_run(kvs_results_db *db, const kvs_results_trace *trace, const kvs_results_run *run,
                                  const kvs_results_agg *layer_aggs, int32_t n_layers, const kvs_results_agg *run_agg,
                                  const kvs_results_step *steps, int64_t n_steps, int64_t *run_id);
-
-/*! kvs_results_stat_compute() : fills *out from n samples (sorted copy made internally; p50/p95 by
- *  nearest rank on the sorted samples: index ceil(p*n)-1). n == 0 gives all zeros. */
-kvs_status kvs_results_stat_compute(const double *samples, int64_t n, kvs_results_stat *out);
 
 /* ------------------------------------------------------------------------------------------------
  * Reading. `kvsim runs`, `kvsim plot`, `kvsim compare` and later analyses read the database only through

@@ -29,7 +29,7 @@
 #include <stdint.h>
 
 #include "../common/kvs.h"
-#include "results.h"
+#include "metrics.h"
 
 /* Samples held in memory per set before they are appended to the spill file as one chunk. */
 #define KVS_SAMPLE_CHUNK 1024

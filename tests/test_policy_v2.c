@@ -414,7 +414,7 @@ typedef struct {
 } chunk_state;
 
 static const kvs_policy_param chunk_params[] = {
-    {"leaky", KVS_PARAM_BOOL, 0, 0, 1, NULL, "read the key of position 0 after evicting it", NULL},
+    {"leaky", KVS_PARAM_BOOL, 0, 0, 1, NULL, "read the key of position 0 after evicting it", NULL, NULL},
 };
 
 static kvs_status chunk_create(const kvs_policy_init *init, void **st) {
@@ -698,9 +698,9 @@ static void test_shared_prepass_reaches_every_instance(void **state) {
  * ============================================================================================== */
 
 static const kvs_policy_param text_params[] = {
-    {"tag", KVS_PARAM_STRING, 0, 0, 0, NULL, "free text", "abc"},
-    {"calib", KVS_PARAM_FILE, 0, 0, 0, NULL, "a calibration file", NULL},
-    {"k", KVS_PARAM_INT, 4, 1, 64, NULL, "an integer", NULL},
+    {"tag", KVS_PARAM_STRING, 0, 0, 0, NULL, "free text", "abc", NULL},
+    {"calib", KVS_PARAM_FILE, 0, 0, 0, NULL, "a calibration file", NULL, NULL},
+    {"k", KVS_PARAM_INT, 4, 1, 64, NULL, "an integer", NULL, NULL},
 };
 static const struct kvs_policy_ops text_ops = {
     .name = "text_test", .summary = "test: text parameters", .granularity = KVS_SEL_PER_KV_HEAD,
