@@ -12,9 +12,9 @@
  *     would keep (Σ c_h = Hkv·base);
  *  3. safeguard: ideal_h = (1 − α)·c_h + α·base (the paper's B_i = (1−α)·B_i* + α·B/h);
  *  4. budget_h = round(ideal_h) + W with the total kept exact (below).
- * The instance of (layer, head h) is SnapKV with gqa=mean (kvs_policy_snapkv's callbacks with this file's
- * parameter table): it keeps the top budget_h − W of its pooled scores plus the window — the same set as
- * the reference's "sorted indices[:head_capacity]" of each head.
+ * The instance of (layer, head h) is SnapKV with one set per KV head, the group reduced by this file's `gqa`
+ * (snapkv.c's instance, kvs_snapkv_create, no prompt blocks): it keeps the top budget_h − W of its pooled scores
+ * plus the window — the same set as the reference's "sorted indices[:head_capacity]" of each head.
  *
  * Ambiguities resolved (paper / reference / choice):
  *  - Layout: one set per KV head (the GQA-support version, gqa_support=True, that DESIGN.md lists among the
@@ -37,6 +37,7 @@
 
 #include "../common/kvs_math.h"
 #include "registry.h"
+#include "snapkv_internal.h"
 
 enum { ADA_MEAN = 0, ADA_MAX = 1 };
 enum { ADA_POOL_MAX = 0, ADA_POOL_AVG = 1 };
@@ -187,14 +188,18 @@ static void ada_alloc_free(void *alloc) {
     free(a);
 }
 
-/* Within a head Ada-KV is SnapKV with one set per KV head: snapkv.c's callbacks, parameters read by key. */
+/* Within a head Ada-KV is SnapKV with one set per KV head: snapkv.c's instance with this table's group reduction
+ * and no prompt blocks; validate() and notes() are SnapKV's checks of the window and kernel the tables share. */
 static kvs_status ada_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget) {
     return kvs_policy_snapkv.validate(cfg, m, budget);
 }
 static int ada_notes(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget, char *buf, size_t cap) {
     return kvs_policy_snapkv.notes(cfg, m, budget, buf, cap);
 }
-static kvs_status ada_create(const kvs_policy_init *init, void **state) { return kvs_policy_snapkv.create(init, state); }
+static kvs_status ada_create(const kvs_policy_init *init, void **state) {
+    int gqa = (int)kvs_policy_param_get(init->cfg, "gqa") == ADA_MEAN ? KVS_SNAPKV_MEAN : KVS_SNAPKV_MAX;
+    return kvs_snapkv_create(init, gqa, 0, state);
+}
 static void ada_free(void *state) { kvs_policy_snapkv.free(state); }
 static kvs_status ada_prefill(void *state, const kvs_policy_view *view) { return kvs_policy_snapkv.prefill(state, view); }
 static kvs_status ada_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {

@@ -23,10 +23,14 @@ static const kvs_policy_param hsa_params[] = {
      .help = "max_new_tokens in S = prompt + max_new; 0 = the trace's capture setting"},
 };
 
+/* The variant is named here; the instance callbacks below are rocketkv's, which read it from the state. No
+ * validate(): hsa has no stage-1 parameter to check. */
 static int hsa_notes(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget, char *buf, size_t cap) {
-    return kvs_policy_rocketkv.notes(cfg, m, budget, buf, cap);
+    return kvs_rocketkv_notes(KVS_ROCKETKV_HSA, cfg, m, budget, buf, cap);
 }
-static kvs_status hsa_create(const kvs_policy_init *init, void **state) { return kvs_policy_rocketkv.create(init, state); }
+static kvs_status hsa_create(const kvs_policy_init *init, void **state) {
+    return kvs_rocketkv_create(KVS_ROCKETKV_HSA, init, state);
+}
 static void hsa_free(void *state) { kvs_policy_rocketkv.free(state); }
 static kvs_status hsa_prefill(void *state, const kvs_policy_view *view) { return kvs_policy_rocketkv.prefill(state, view); }
 static kvs_status hsa_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {

@@ -1,7 +1,8 @@
 /* keydiff.c — KeyDiff (Park et al., "Key Similarity-Based KV Cache Eviction for Long-Context LLM Inference in
  * Resource-Constrained Environments", arXiv 2504.15364, ../shared/papers/keydiff.txt), as specified in
  * POLICY_SPEC §2.5, §4 items 5-8 (equation reconstructions) and §8 item 5; also the block-wise framework of
- * KNorm (policies/knorm.c, POLICY_SPEC §2.6 B12), which reuses this file's callbacks.
+ * KNorm (policies/knorm.c, POLICY_SPEC §2.6 B12), which runs this file's instance with its own score
+ * (keydiff_internal.h kvs_keydiff_create).
  *
  * Score (attention-free, keys only; common/kvs_math.h kvs_key_scores): s_i = -cos(k_i, mu) with the anchor
  * mu = mean of the normalised candidate keys (Eq. 8, default); anchor=raw uses the plain mean of the keys
@@ -55,6 +56,7 @@
 #include <string.h>
 
 #include "../common/kvs_math.h"
+#include "keydiff_internal.h"
 #include "registry.h"
 
 enum { KD_ANCHOR_NORMALIZED = 0, KD_ANCHOR_RAW = 1 };
@@ -107,20 +109,10 @@ typedef struct {
     int64_t alloc;
 } kd_state;
 
-/* Index of parameter `key` in cfg's table, -1 when the table has none (knorm's has no anchor/pairwise). */
-static int kd_param(const kvs_policy_config *cfg, const char *key) {
-    for (int i = 0; i < cfg->ops->n_params; i++)
-        if (!strcmp(cfg->ops->params[i].key, key)) return i;
-    return -1;
-}
-
-/* The score of a configuration: KeyDiff's anchor/pairwise parameters, or KNorm's key norm when the table has
- * no `anchor` (knorm.c runs these callbacks with its own table). */
+/* KeyDiff's score from its anchor/pairwise parameters (KNorm passes its own to kvs_keydiff_create). */
 static kvs_key_score kd_kind(const kvs_policy_config *cfg) {
-    int ia = kd_param(cfg, "anchor"), ip = kd_param(cfg, "pairwise");
-    if (ia < 0) return KVS_KEY_SCORE_L2NORM;
-    if (ip >= 0 && cfg->v[ip] != 0) return KVS_KEY_SCORE_PAIRWISE;
-    return cfg->v[ia] == KD_ANCHOR_RAW ? KVS_KEY_SCORE_ANCHOR_RAW : KVS_KEY_SCORE_ANCHOR;
+    if (kvs_policy_param_get(cfg, "pairwise") != 0) return KVS_KEY_SCORE_PAIRWISE;
+    return (int)kvs_policy_param_get(cfg, "anchor") == KD_ANCHOR_RAW ? KVS_KEY_SCORE_ANCHOR_RAW : KVS_KEY_SCORE_ANCHOR;
 }
 
 /* W for budget B: floor(window_frac * B), capped at the capacity B - 1. */
@@ -167,7 +159,7 @@ static kvs_status kd_reserve(kd_state *s, int64_t n) {
     return KVS_OK;
 }
 
-static kvs_status keydiff_create(const kvs_policy_init *init, void **state) {
+kvs_status kvs_keydiff_create(const kvs_policy_init *init, kvs_key_score kind, void **state) {
     kd_state *s = calloc(1, sizeof *s);
     if (!s) return kvs_fail(KVS_ERR_NOMEM, "keydiff: out of memory");
     s->model = *init->model;
@@ -175,7 +167,7 @@ static kvs_status keydiff_create(const kvs_policy_init *init, void **state) {
     s->cap = init->budget - 1;
     s->window = kd_window(init->cfg, init->budget);
     s->block = (int64_t)kvs_policy_param_get(init->cfg, "block");
-    s->kind = kd_kind(init->cfg);
+    s->kind = kind;
     s->d = init->model->head_dim;
     kvs_status st = kd_reserve(s, init->budget + 1);
     if (st != KVS_OK) {
@@ -297,11 +289,14 @@ static void keydiff_account(void *state, const kvs_policy_view *view, const kvs_
     out->read_aux_unfused_bytes = nc * (double)s->d * (double)s->model.kv_bytes;
 }
 
+static kvs_status keydiff_create(const kvs_policy_init *init, void **state) {
+    return kvs_keydiff_create(init, kd_kind(init->cfg), state);
+}
+
 static kvs_status keydiff_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget) {
     (void)m;
     (void)budget;
-    int ia = kd_param(cfg, "anchor"), ip = kd_param(cfg, "pairwise");
-    if (ia >= 0 && ip >= 0 && cfg->v[ip] != 0 && cfg->v[ia] == KD_ANCHOR_RAW)
+    if (kvs_policy_param_get(cfg, "pairwise") != 0 && (int)kvs_policy_param_get(cfg, "anchor") == KD_ANCHOR_RAW)
         return kvs_fail(KVS_ERR_INVALID_ARG,
                         "policy %s: pairwise=true (Eq. 7) has no anchor; anchor=raw would be ignored", cfg->ops->name);
     return KVS_OK;

@@ -3,9 +3,9 @@
  * POLICY_SPEC §2.6 B12: keep the keys of smallest L2 norm (score -|k|, common/kvs_math.h kvs_key_scores
  * KVS_KEY_SCORE_L2NORM), "in the same block-wise framework as KeyDiff".
  *
- * The framework is keydiff.c's, run through kvs_policy_keydiff's callbacks with this file's parameter table
- * (block, window_frac; as pyramidkv.c runs snapkv.c's): keydiff.c scores with the key norm when the table
- * has no `anchor` parameter. Everything keydiff.c's header says about the budget (C = B - 1 held after every
+ * The framework is keydiff.c's: its instance made by kvs_keydiff_create (keydiff_internal.h) with the key-norm
+ * score, and its callbacks run with this file's parameter table (block, window_frac; as pyramidkv.c runs
+ * snapkv.c's). Everything keydiff.c's header says about the budget (C = B - 1 held after every
  * eviction, prefill peak C + block), block prompt processing (Eq. 6, block 128), decode (attend-then-evict),
  * the sliding window carved out of the budget, ties (older position kept), multi-turn, GQA (one set per KV
  * head) and accounting (transient scores: n_c at aux_bytes) holds here.
@@ -16,6 +16,7 @@
  * smallest C of a union are the smallest C of (the smallest C of a part) and the rest): the block size changes
  * only what prefill attention sees, not what is kept. Ties: the older position is kept.
  */
+#include "keydiff_internal.h"
 #include "registry.h"
 
 static const kvs_policy_param knorm_params[] = {
@@ -25,13 +26,13 @@ static const kvs_policy_param knorm_params[] = {
      .help = "share of the budget kept as a sliding window of the newest tokens"},
 };
 
-static kvs_status knorm_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget) {
-    return kvs_policy_keydiff.validate(cfg, m, budget);
-}
+/* No validate(): KeyDiff's only check (pairwise with a raw anchor) concerns parameters KNorm does not have. */
 static int knorm_notes(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget, char *buf, size_t cap) {
     return kvs_policy_keydiff.notes(cfg, m, budget, buf, cap);
 }
-static kvs_status knorm_create(const kvs_policy_init *init, void **state) { return kvs_policy_keydiff.create(init, state); }
+static kvs_status knorm_create(const kvs_policy_init *init, void **state) {
+    return kvs_keydiff_create(init, KVS_KEY_SCORE_L2NORM, state);
+}
 static void knorm_free(void *state) { kvs_policy_keydiff.free(state); }
 static kvs_status knorm_prefill(void *state, const kvs_policy_view *view) {
     return kvs_policy_keydiff.prefill(state, view);
@@ -57,7 +58,6 @@ const struct kvs_policy_ops kvs_policy_knorm = {
     .budget_scope = KVS_BUDGET_EVERY_STEP,
     .params = knorm_params,
     .n_params = (int)(sizeof knorm_params / sizeof knorm_params[0]),
-    .validate = knorm_validate,
     .notes = knorm_notes,
     .create = knorm_create,
     .free = knorm_free,

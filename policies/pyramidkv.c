@@ -9,8 +9,8 @@
  *   min = base // beta, max = 2·base − min; if max >= P − W: max = P − W, min = 2·base − max;
  *   layer l keeps s_l scored positions + the W window positions, s_0 = max ... s_{L−1} = min (arithmetic).
  * Every KV head of a layer gets the same budget s_l + W; within a layer the selection is SnapKV's (snapkv.c:
- * window-query attention summed over the window, pooled, top s_l of the prefix + the window), run through
- * kvs_policy_snapkv's callbacks with this file's parameter table (same keys: window, kernel, pool, gqa).
+ * window-query attention summed over the window, pooled, top s_l of the prefix + the window), snapkv.c's instance
+ * (kvs_snapkv_create) with this file's layout and no prompt blocks; window, kernel and pool are read by key.
  *
  * Ambiguities resolved (paper / reference / choice):
  *  - Total: the paper defines the arithmetic sequence so that the layers' total equals L·(C−W) (average C per
@@ -35,6 +35,7 @@
 #include <string.h>
 
 #include "registry.h"
+#include "snapkv_internal.h"
 
 enum { PYR_PAPER = 0, PYR_REF = 1 };
 
@@ -43,7 +44,8 @@ static const kvs_policy_param pyramidkv_params[] = {
      .help = "observation window W (queries scoring the prefix; the W positions are always kept)"},
     {.key = "kernel", .type = KVS_PARAM_INT, .def = 7, .lo = 1, .hi = 4095, .help = "pooling kernel (odd)"},
     {.key = "pool", .type = KVS_PARAM_ENUM, .def = 0, .choices = "max|avg", .help = "pooling of the window scores"},
-    {.key = "gqa", .type = KVS_PARAM_ENUM, .def = 0, .choices = "expand|mean|max",
+    /* snapkv's choices in snapkv's order: the value is the KVS_SNAPKV_* layout */
+    {.key = "gqa", .type = KVS_PARAM_ENUM, .def = KVS_SNAPKV_EXPAND, .choices = "expand|mean|max",
      .help = "expand: a set per query head (KVCache-Factory, G x storage); mean/max: one set per KV head"},
     {.key = "beta", .type = KVS_PARAM_INT, .def = 20, .lo = 1, .hi = 1 << 20,
      .help = "pyramid steepness: the last layer keeps (B−W)//beta scored positions"},
@@ -131,8 +133,11 @@ static kvs_status pyr_alloc_end(void *alloc, int64_t *budgets) {
 
 static void pyr_alloc_free(void *alloc) { free(alloc); }
 
-/* Within a layer PyramidKV is SnapKV: the instance callbacks are snapkv.c's (parameters read by key). */
-static kvs_policy_granularity pyr_layout(const kvs_policy_config *cfg) { return kvs_policy_snapkv.layout(cfg); }
+/* Within a layer PyramidKV is SnapKV: the instance is snapkv.c's, with this table's layout and no prompt blocks;
+ * validate() and notes() are SnapKV's checks of the window and kernel the tables share. */
+static kvs_policy_granularity pyr_layout(const kvs_policy_config *cfg) {
+    return (int)kvs_policy_param_get(cfg, "gqa") == KVS_SNAPKV_EXPAND ? KVS_SEL_PER_QUERY_HEAD : KVS_SEL_PER_KV_HEAD;
+}
 static kvs_status pyr_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget) {
     return kvs_policy_snapkv.validate(cfg, m, budget);
 }
@@ -148,7 +153,9 @@ static int pyr_notes(const kvs_policy_config *cfg, const kvs_policy_model *m, in
                              (long long)w, (long long)beta);
     return n;
 }
-static kvs_status pyr_create(const kvs_policy_init *init, void **state) { return kvs_policy_snapkv.create(init, state); }
+static kvs_status pyr_create(const kvs_policy_init *init, void **state) {
+    return kvs_snapkv_create(init, (int)kvs_policy_param_get(init->cfg, "gqa"), 0, state);
+}
 static void pyr_free(void *state) { kvs_policy_snapkv.free(state); }
 static kvs_status pyr_prefill(void *state, const kvs_policy_view *view) { return kvs_policy_snapkv.prefill(state, view); }
 static kvs_status pyr_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {

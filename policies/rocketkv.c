@@ -1,8 +1,9 @@
 /* rocketkv.c — RocketKV, "Accelerating Long-Context LLM Inference via Two-Stage KV Cache Compression" (ICML'25,
  * ../shared/papers/rocketkv.txt §3.2-3.6, Algorithm 1, Table 1, App. A.1-A.3), as specified in
- * ../shared/POLICY_SPEC.md §2.2, §3 (RocketKV rows), §5.2 and §7 G2. This file also holds the callbacks of
- * `hsa` (policies/hsa.c: stage 2 alone) and `rocketkv_mt` (policies/rocketkv_mt.c: the multi-turn variant),
- * which differ only in the mode chosen from the configuration's ops table.
+ * ../shared/POLICY_SPEC.md §2.2, §3 (RocketKV rows), §5.2 and §7 G2. This file also holds the implementation of
+ * `hsa` (policies/hsa.c: stage 2 alone) and `rocketkv_mt` (policies/rocketkv_mt.c: the multi-turn variant): each
+ * ops table's create/validate/notes pass their variant (rocketkv_internal.h kvs_rocketkv_variant), which the
+ * instance keeps.
  *
  * Per (layer, KV head), with kvsim's budget B as the paper's token budget t (KV-pair equivalents read per step,
  * estimation included, for the whole GQA group):
@@ -81,8 +82,6 @@
 #include "registry.h"
 #include "rocketkv_internal.h"
 
-enum { RK_ROCKET = 0, RK_HSA = 1, RK_MT = 2 };
-
 static const kvs_policy_param rocketkv_params[] = {
     {.key = "window", .type = KVS_PARAM_INT, .def = 32, .lo = 1, .hi = 1 << 20,
      .help = "stage-1 observation window (App. A.3: 32 single-turn, 128 multi-turn SCBench)"},
@@ -154,30 +153,20 @@ void kvs_rocketkv_table1(double c, double r, double *storage, double *storage_mt
 
 /* ---- configuration -------------------------------------------------------------------------------- */
 
-static int rk_mode(const kvs_policy_config *cfg) {
-    if (cfg->ops == &kvs_policy_hsa) return RK_HSA;
-    if (cfg->ops == &kvs_policy_rocketkv_mt) return RK_MT;
-    return RK_ROCKET;
-}
-
-/* Value of parameter `key`, or `def` when the configuration's table has none (hsa has no stage-1 keys). */
-static double rk_param(const kvs_policy_config *cfg, const char *key, double def) {
-    for (int i = 0; i < cfg->ops->n_params; i++)
-        if (!strcmp(cfg->ops->params[i].key, key)) return cfg->v[i];
-    return def;
-}
+/* The three tables share `rounding` and `max_new`; `window`, `kernel` and `r` (stage 1) are rocketkv's and
+ * rocketkv_mt's only, read for those variants only. */
 
 static int64_t rk_max_new(const kvs_policy_config *cfg, const kvs_policy_model *m) {
-    return kvs_policy_max_new(m, (int64_t)rk_param(cfg, "max_new", 0));
+    return kvs_policy_max_new(m, (int64_t)kvs_policy_param_get(cfg, "max_new"));
 }
 
-/* The derivation for this configuration, mode and context, with kvsim's clamps applied (raw: without them). */
-static void rk_params(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t t, int64_t n,
-                      kvs_rocketkv_params *raw, kvs_rocketkv_params *p) {
-    int mode = rk_mode(cfg);
+/* The derivation for this configuration, variant and context, with kvsim's clamps applied (raw: without them). */
+static void rk_params(kvs_rocketkv_variant mode, const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t t,
+                      int64_t n, kvs_rocketkv_params *raw, kvs_rocketkv_params *p) {
     int64_t max_new = rk_max_new(cfg, m);
-    double r = mode == RK_HSA ? 0.0 : rk_param(cfg, "r", -1);
-    kvs_rocketkv_derive(kvs_policy_seq_len(m, n, max_new), t, max_new, m->head_dim, r, (int)rk_param(cfg, "rounding", 0), raw);
+    double r = mode == KVS_ROCKETKV_HSA ? 0.0 : kvs_policy_param_get(cfg, "r");
+    kvs_rocketkv_derive(kvs_policy_seq_len(m, n, max_new), t, max_new, m->head_dim, r,
+                        (int)kvs_policy_param_get(cfg, "rounding"), raw);
     *p = *raw;
     if (p->k2 < 1) p->k2 = 1;
     if (p->k1 < 1) p->k1 = 1;
@@ -185,14 +174,16 @@ static void rk_params(const kvs_policy_config *cfg, const kvs_policy_model *m, i
     if (p->prompt_budget < 1) p->prompt_budget = 1;
 }
 
-static kvs_status rocketkv_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget) {
+kvs_status kvs_rocketkv_validate(kvs_rocketkv_variant v, const kvs_policy_config *cfg, const kvs_policy_model *m,
+                                 int64_t budget) {
     (void)m;
     (void)budget;
-    int64_t k = (int64_t)rk_param(cfg, "kernel", 1);
+    if (v == KVS_ROCKETKV_HSA) return KVS_OK;
+    int64_t k = (int64_t)kvs_policy_param_get(cfg, "kernel");
     if (k % 2 == 0)
         return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter 'kernel' must be odd (same padding), got %lld",
                         cfg->ops->name, (long long)k);
-    double r = rk_param(cfg, "r", -1);
+    double r = kvs_policy_param_get(cfg, "r");
     if (r < 0 && r != -1)
         return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter 'r' must be -1 (adaptive) or in [0, 1], got %g",
                         cfg->ops->name, r);
@@ -200,12 +191,12 @@ static kvs_status rocketkv_validate(const kvs_policy_config *cfg, const kvs_poli
 }
 
 /* Degenerate settings, judged on the first turn (prompt_len, the trace's max_new_tokens and context). */
-static int rocketkv_notes(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget, char *buf,
-                          size_t cap) {
-    int mode = rk_mode(cfg), n = 0;
+int kvs_rocketkv_notes(kvs_rocketkv_variant mode, const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget,
+                       char *buf, size_t cap) {
+    int n = 0;
     int64_t P = m->prompt_len > 0 ? m->prompt_len : 1, max_new = rk_max_new(cfg, m);
     kvs_rocketkv_params raw, p;
-    rk_params(cfg, m, budget, P, &raw, &p);
+    rk_params(mode, cfg, m, budget, P, &raw, &p);
     int64_t S = kvs_policy_seq_len(m, P, max_new);
     if (max_new == 0)
         n += kvs_policy_note(buf, cap, "max_new_tokens unknown (trace and max_new=0): S = the %lld-position prompt, "
@@ -215,8 +206,8 @@ static int rocketkv_notes(const kvs_policy_config *cfg, const kvs_policy_model *
         n += kvs_policy_note(buf, cap, "budget t=%lld >= S=%lld: c = 1, no compression asked; still only "
                                        "k2=%lld tokens are attended per step",
                              (long long)budget, (long long)S, (long long)p.k2);
-    if (mode != RK_HSA) {
-        int64_t w = (int64_t)rk_param(cfg, "window", 32), kern = (int64_t)rk_param(cfg, "kernel", 63);
+    if (mode != KVS_ROCKETKV_HSA) {
+        int64_t w = (int64_t)kvs_policy_param_get(cfg, "window"), kern = (int64_t)kvs_policy_param_get(cfg, "kernel");
         int64_t ww = w < P ? w : P, pre = P - ww;
         if (p.prompt_budget >= P) {
             int64_t fl = 2 * max_new < S ? 2 * max_new : S;
@@ -252,7 +243,8 @@ static int rocketkv_notes(const kvs_policy_config *cfg, const kvs_policy_model *
 
 typedef struct {
     kvs_policy_model model;
-    int mode, window, kernel, group, d;
+    kvs_rocketkv_variant mode;
+    int window, kernel, group, d; /* window, kernel: stage 1 (0 for hsa) */
     int64_t budget;
     float scale;
     kvs_policy_config cfg;       /* copy: parameters re-derived per turn */
@@ -365,20 +357,22 @@ static kvs_status scratch_reserve(rk_state *s, int64_t n) {
     return ok ? KVS_OK : rk_nomem(s);
 }
 
-static kvs_status rocketkv_create(const kvs_policy_init *init, void **state) {
+kvs_status kvs_rocketkv_create(kvs_rocketkv_variant v, const kvs_policy_init *init, void **state) {
     rk_state *s = calloc(1, sizeof *s);
     if (!s) return kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", init->cfg->ops->name);
     s->model = *init->model;
     s->cfg = *init->cfg;
-    s->mode = rk_mode(init->cfg);
-    s->window = (int)rk_param(init->cfg, "window", 32);
-    s->kernel = (int)rk_param(init->cfg, "kernel", 63);
+    s->mode = v;
+    if (v != KVS_ROCKETKV_HSA) {
+        s->window = (int)kvs_policy_param_get(init->cfg, "window");
+        s->kernel = (int)kvs_policy_param_get(init->cfg, "kernel");
+    }
     s->group = init->model->group;
     s->d = init->model->head_dim;
     s->scale = init->model->scale;
     s->budget = init->budget;
     kvs_rocketkv_params raw;
-    rk_params(&s->cfg, &s->model, s->budget, s->model.prompt_len > 0 ? s->model.prompt_len : 1, &raw, &s->prm);
+    rk_params(s->mode, &s->cfg, &s->model, s->budget, s->model.prompt_len > 0 ? s->model.prompt_len : 1, &raw, &s->prm);
     size_t d = (size_t)s->d;
     s->dims = malloc(d * sizeof *s->dims);
     s->use_max = malloc(d);
@@ -439,23 +433,23 @@ static kvs_status rocketkv_prefill(void *state, const kvs_policy_view *view) {
     int64_t n = view->n, first = view->turn_begin, n_new = n - first;
     if (n_new <= 0) return KVS_OK;
     kvs_rocketkv_params raw;
-    rk_params(&s->cfg, &s->model, s->budget, n, &raw, &s->prm);
+    rk_params(s->mode, &s->cfg, &s->model, s->budget, n, &raw, &s->prm);
     kvs_status st = scratch_reserve(s, n);
     if (st == KVS_OK) st = pos_reserve(s, n + 1);
     if (st != KVS_OK) return st;
     /* candidates: hsa and rocketkv_mt every position; rocketkv the retained ones + the new prompt */
     int64_t nc = 0;
-    if (s->mode == RK_ROCKET) {
+    if (s->mode == KVS_ROCKETKV_TWO_STAGE) {
         memcpy(s->cidx, s->pos, (size_t)s->cnt * sizeof(int32_t));
         nc = s->cnt;
         for (int64_t p = first; p < n; p++) s->cidx[nc++] = (int32_t)p;
     } else {
         for (int64_t p = 0; p < n; p++) s->cidx[nc++] = (int32_t)p;
     }
-    if (s->mode == RK_HSA) {
+    if (s->mode == KVS_ROCKETKV_HSA) {
         memcpy(s->pos, s->cidx, (size_t)nc * sizeof(int32_t));
         s->cnt = nc;
-    } else if (s->mode == RK_MT) {
+    } else if (s->mode == KVS_ROCKETKV_MT) {
         /* where each position was before: 1 = device, 2 = host, 3 = the new prompt (computed on the device) */
         memset(s->loc, 2, (size_t)n);
         for (int64_t j = 0; j < s->cnt; j++) s->loc[s->pos[j]] = 1;
@@ -526,7 +520,7 @@ static int64_t rocketkv_stored(void *state, int g, int32_t *out) {
 static int64_t rocketkv_readable(void *state, int g, int32_t *out) {
     rk_state *s = state;
     (void)g;
-    if (s->mode != RK_MT) return rocketkv_stored(state, g, out);
+    if (s->mode != KVS_ROCKETKV_MT) return rocketkv_stored(state, g, out);
     for (int64_t p = 0; p < s->seen; p++) out[p] = (int32_t)p;
     return s->seen;
 }
@@ -544,12 +538,22 @@ static void rocketkv_account(void *state, const kvs_policy_view *view, const kvs
     out->read_aux_unfused_bytes = out->read_aux_bytes;
     out->write_bytes += (paged ? 2.0 * d : d) * kb;
     out->transient_bytes = s->st_est ? (double)(s->group + 1) * pages * s->model.aux_bytes : 0;
-    if (s->mode == RK_MT) {
+    if (s->mode == KVS_ROCKETKV_MT) {
         out->host_bytes = kvs_policy_kv_bytes(&s->model, (double)(s->seen - s->cnt));
         out->h2d_bytes = kvs_policy_kv_bytes(&s->model, (double)s->pend_h2d);
         out->d2h_bytes = kvs_policy_kv_bytes(&s->model, (double)s->pend_d2h);
         s->pend_h2d = s->pend_d2h = 0;
     }
+}
+
+static kvs_status rocketkv_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget) {
+    return kvs_rocketkv_validate(KVS_ROCKETKV_TWO_STAGE, cfg, m, budget);
+}
+static int rocketkv_notes(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget, char *buf, size_t cap) {
+    return kvs_rocketkv_notes(KVS_ROCKETKV_TWO_STAGE, cfg, m, budget, buf, cap);
+}
+static kvs_status rocketkv_create(const kvs_policy_init *init, void **state) {
+    return kvs_rocketkv_create(KVS_ROCKETKV_TWO_STAGE, init, state);
 }
 
 const struct kvs_policy_ops kvs_policy_rocketkv = {

@@ -1,6 +1,7 @@
-/* rocketkv_internal.h — RocketKV's parameter derivation (policies/rocketkv.c, shared by hsa.c and rocketkv_mt.c),
- * exposed for tests/test_rocketkv.c (STYLE.md rule 1: cross-module internals in *_internal.h). The policies
- * themselves are reached through the registry (policies/registry.h).
+/* rocketkv_internal.h — RocketKV's implementation shared by its three policies (policies/rocketkv.c, hsa.c,
+ * rocketkv_mt.c: each ops table names its variant explicitly) and its parameter derivation, exposed for
+ * tests/test_rocketkv.c (STYLE.md rule 1: cross-module internals in *_internal.h). The policies themselves are
+ * reached through the registry (policies/registry.h).
  * Follows ../shared/papers/rocketkv.txt §3.6 (adaptive split, page size and head ratio, Table 1) and
  * ../shared/POLICY_SPEC.md §2.2 "Hyper-parameters and derivation" (the reference pipeline's compress() and the
  * gpt-fast variant), §7 G2 (golden values).
@@ -8,7 +9,10 @@
 #ifndef KVS_POLICIES_ROCKETKV_INTERNAL_H
 #define KVS_POLICIES_ROCKETKV_INTERNAL_H
 
+#include <stddef.h>
 #include <stdint.h>
+
+#include "../sim/policy.h"
 
 /* Rounding of the derivation (the `rounding` parameter, in its table order). */
 enum { KVS_ROCKETKV_PIPELINE = 0, KVS_ROCKETKV_GPTFAST = 1 };
@@ -42,5 +46,28 @@ void kvs_rocketkv_derive(int64_t S, int64_t t, int64_t max_new, int32_t d, doubl
  *  behind Table 1"; page rounding ignored): storage 1/c^r + 2/c^((1+r)/2), RocketKV-MT 1 + 2/c^((1+r)/2),
  *  traffic 1/c. Any output pointer may be NULL. */
 void kvs_rocketkv_table1(double c, double r, double *storage, double *storage_mt, double *traffic);
+
+/* ---- the shared implementation ------------------------------------------------------------------------ */
+
+/* Which policy runs the implementation: passed by each ops table's own create/validate/notes (the variant is never
+ * inferred from the configuration). The instance callbacks (free, prefill, select, stored, readable, account) are
+ * kvs_policy_rocketkv's, which read the variant from the state that create() made. */
+typedef enum {
+    KVS_ROCKETKV_TWO_STAGE = 0, /* rocketkv: SnapKV stage 1 evicts at each prompt, then hybrid sparse attention */
+    KVS_ROCKETKV_HSA = 1,       /* hsa: stage 2 alone, every key resident (r = 0); no stage-1 parameters */
+    KVS_ROCKETKV_MT = 2,        /* rocketkv_mt: stage 1 only selects, the rest of the history in a host store */
+} kvs_rocketkv_variant;
+
+/*! kvs_rocketkv_validate() : the stage-1 parameters of cfg (kernel odd, r = -1 or in [0, 1]); KVS_OK for
+ *  KVS_ROCKETKV_HSA, which has none. KVS_ERR_INVALID_ARG naming the policy and parameter. */
+kvs_status kvs_rocketkv_validate(kvs_rocketkv_variant v, const kvs_policy_config *cfg, const kvs_policy_model *m,
+                                 int64_t budget);
+
+/*! kvs_rocketkv_notes() : the degenerate settings of variant v's configuration at this budget (kvs_policy_ops.notes). */
+int kvs_rocketkv_notes(kvs_rocketkv_variant v, const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget,
+                       char *buf, size_t cap);
+
+/*! kvs_rocketkv_create() : an instance of variant v (kvs_policy_ops.create); released with kvs_policy_rocketkv.free. */
+kvs_status kvs_rocketkv_create(kvs_rocketkv_variant v, const kvs_policy_init *init, void **state);
 
 #endif /* KVS_POLICIES_ROCKETKV_INTERNAL_H */

@@ -35,13 +35,16 @@ static const kvs_policy_preset rocketkv_mt_presets[] = {
      .help = "RocketKV App. A.3 multi-turn SCBench: observation window 128 (budgets 1024-16384, --budgets t)"},
 };
 
+/* The variant is named here; the instance callbacks below are rocketkv's, which read it from the state. */
 static kvs_status mt_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget) {
-    return kvs_policy_rocketkv.validate(cfg, m, budget);
+    return kvs_rocketkv_validate(KVS_ROCKETKV_MT, cfg, m, budget);
 }
 static int mt_notes(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget, char *buf, size_t cap) {
-    return kvs_policy_rocketkv.notes(cfg, m, budget, buf, cap);
+    return kvs_rocketkv_notes(KVS_ROCKETKV_MT, cfg, m, budget, buf, cap);
 }
-static kvs_status mt_create(const kvs_policy_init *init, void **state) { return kvs_policy_rocketkv.create(init, state); }
+static kvs_status mt_create(const kvs_policy_init *init, void **state) {
+    return kvs_rocketkv_create(KVS_ROCKETKV_MT, init, state);
+}
 static void mt_free(void *state) { kvs_policy_rocketkv.free(state); }
 static kvs_status mt_prefill(void *state, const kvs_policy_view *view) { return kvs_policy_rocketkv.prefill(state, view); }
 static kvs_status mt_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {

@@ -39,8 +39,9 @@
  *    as the observation window over the positions kept so far plus the block, so at most B prompt positions
  *    are held after every block. KeyDiff also evicts during generation (one token at a time); this policy
  *    keeps every generated token (prompt-only), so decode is SnapKV's, not KeyDiff's setup.
- * PyramidKV and Ada-KV (pyramidkv.c, adakv.c) reuse this file's callbacks through kvs_policy_snapkv with their
- * own parameter tables: every parameter is read by key, and the gqa mode by choice name.
+ * PyramidKV and Ada-KV (pyramidkv.c, adakv.c) reuse this file's instance (snapkv_internal.h kvs_snapkv_create)
+ * with their own parameter tables: they pass the layout and block size explicitly; window, kernel and pool are
+ * read by key (every such table has them).
  * Accounting (POLICY_SPEC §3 "SnapKV"): the default — storage and traffic = the attended K/V summed over the
  * lists (B_p + t per list, G lists for expand); no auxiliary state survives the prefill.
  */
@@ -50,8 +51,8 @@
 #include "../common/kvs_math.h"
 #include "../sim/policy_memo.h"
 #include "registry.h"
+#include "snapkv_internal.h"
 
-enum { SNAP_EXPAND = 0, SNAP_MEAN = 1, SNAP_MAX = 2 };
 enum { SNAP_POOL_MAX = 0, SNAP_POOL_AVG = 1 };
 
 static const kvs_policy_param snapkv_params[] = {
@@ -61,7 +62,7 @@ static const kvs_policy_param snapkv_params[] = {
      .help = "pooling kernel (odd), stride 1, same padding; 7 in the paper's LongBench configurations"},
     {.key = "pool", .type = KVS_PARAM_ENUM, .def = SNAP_POOL_MAX, .choices = "max|avg",
      .help = "pooling of the window scores: max (paper configs) or avg (SnapKVCluster default)"},
-    {.key = "gqa", .type = KVS_PARAM_ENUM, .def = SNAP_EXPAND, .choices = "expand|mean|max",
+    {.key = "gqa", .type = KVS_PARAM_ENUM, .def = KVS_SNAPKV_EXPAND, .choices = "expand|mean|max",
      .help = "expand: a set per query head (original, G x storage); mean/max: one set per KV head"},
     {.key = "block", .type = KVS_PARAM_INT, .def = 0, .lo = 0, .hi = 1 << 20,
      .help = "M > 0: prompt compressed after every block of M positions (KeyDiff: 128); 0: once, whole prompt"},
@@ -88,7 +89,7 @@ typedef struct {
 
 typedef struct {
     int64_t budget, block;
-    int window, kernel, pool, mode, n_lists, group, d;
+    int window, kernel, pool, mode, n_lists, group, d; /* mode: KVS_SNAPKV_EXPAND|MEAN|MAX */
     float scale;
     snap_list *lists; /* [n_lists] */
     /* prefill scratch, capacity scratch_cap candidates */
@@ -99,35 +100,8 @@ typedef struct {
     int64_t scratch_cap;
 } snap_state;
 
-/* The gqa mode by choice NAME: pyramidkv/adakv pass their own configurations, whose "gqa" choice lists
- * differ from this table's. A table without "gqa" means per-KV-head mean. */
-static int snap_gqa_mode(const kvs_policy_config *cfg) {
-    for (int i = 0; i < cfg->ops->n_params; i++) {
-        const kvs_policy_param *pp = &cfg->ops->params[i];
-        if (strcmp(pp->key, "gqa") != 0) continue;
-        const char *p = pp->choices;
-        for (int c = 0; c < (int)cfg->v[i] && p; c++) {
-            p = strchr(p, '|');
-            if (p) p++;
-        }
-        KVS_ASSERT(p != NULL);
-        if (!strncmp(p, "expand", 6)) return SNAP_EXPAND;
-        if (!strncmp(p, "max", 3)) return SNAP_MAX;
-        return SNAP_MEAN;
-    }
-    return SNAP_MEAN;
-}
-
-/* Value of parameter `key`, or `def` when the configuration's table has no such key (pyramidkv/adakv pass
- * their own tables, without `block`). */
-static double snap_param_or(const kvs_policy_config *cfg, const char *key, double def) {
-    for (int i = 0; i < cfg->ops->n_params; i++)
-        if (!strcmp(cfg->ops->params[i].key, key)) return cfg->v[i];
-    return def;
-}
-
 static kvs_policy_granularity snapkv_layout(const kvs_policy_config *cfg) {
-    return snap_gqa_mode(cfg) == SNAP_EXPAND ? KVS_SEL_PER_QUERY_HEAD : KVS_SEL_PER_KV_HEAD;
+    return (int)kvs_policy_param_get(cfg, "gqa") == KVS_SNAPKV_EXPAND ? KVS_SEL_PER_QUERY_HEAD : KVS_SEL_PER_KV_HEAD;
 }
 
 static kvs_status snapkv_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget) {
@@ -171,19 +145,19 @@ static void snapkv_free(void *state) {
     free(s);
 }
 
-static kvs_status snapkv_create(const kvs_policy_init *init, void **state) {
+kvs_status kvs_snapkv_create(const kvs_policy_init *init, int gqa, int64_t block, void **state) {
     snap_state *s = calloc(1, sizeof *s);
     if (!s) return kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", init->cfg->ops->name);
     s->budget = init->budget;
     s->window = (int)kvs_policy_param_get(init->cfg, "window");
     s->kernel = (int)kvs_policy_param_get(init->cfg, "kernel");
     s->pool = (int)kvs_policy_param_get(init->cfg, "pool");
-    s->mode = snap_gqa_mode(init->cfg);
-    s->block = (int64_t)snap_param_or(init->cfg, "block", 0);
+    s->mode = gqa;
+    s->block = block;
     s->group = init->model->group;
     s->d = init->model->head_dim;
     s->scale = init->model->scale;
-    s->n_lists = s->mode == SNAP_EXPAND ? s->group : 1;
+    s->n_lists = s->mode == KVS_SNAPKV_EXPAND ? s->group : 1;
     s->lists = calloc((size_t)s->n_lists, sizeof *s->lists);
     if (!s->lists) {
         snapkv_free(s);
@@ -248,11 +222,11 @@ static kvs_status snap_prefill_list(snap_state *s, int li, const kvs_policy_view
                         .scale = s->scale, .keys = view->k, .idx = s->cidx, .n_cand = nc};
     kvs_snapkv_opts so = {.window = w, .kernel = s->kernel,
                           .pool = s->pool == SNAP_POOL_MAX ? KVS_POOL_MAX : KVS_POOL_AVG,
-                          .head_first = s->mode == SNAP_EXPAND ? li : 0,
-                          .n_heads = s->mode == SNAP_EXPAND ? 1 : s->group,
-                          .reduce = s->mode == SNAP_EXPAND ? KVS_GQA_NONE
-                                    : s->mode == SNAP_MEAN ? KVS_GQA_MEAN
-                                                           : KVS_GQA_MAX};
+                          .head_first = s->mode == KVS_SNAPKV_EXPAND ? li : 0,
+                          .n_heads = s->mode == KVS_SNAPKV_EXPAND ? 1 : s->group,
+                          .reduce = s->mode == KVS_SNAPKV_EXPAND ? KVS_GQA_NONE
+                                    : s->mode == KVS_SNAPKV_MEAN ? KVS_GQA_MEAN
+                                                                 : KVS_GQA_MAX};
     int64_t m = kvs_policy_snapkv_scores(view, &src, &so, s->pooled, s->work);
     KVS_ASSERT(m == nc - w);
     int64_t k = s->budget - w;
@@ -294,9 +268,14 @@ static int64_t snapkv_prefill_block(void *state) { return ((snap_state *)state)-
 
 static int64_t snapkv_stored(void *state, int g, int32_t *out) {
     snap_state *s = state;
-    snap_list *L = &s->lists[s->mode == SNAP_EXPAND ? g : 0];
+    snap_list *L = &s->lists[s->mode == KVS_SNAPKV_EXPAND ? g : 0];
     if (L->cnt > 0) memcpy(out, L->pos, (size_t)L->cnt * sizeof(int32_t)); /* pos may be NULL before the first block */
     return L->cnt;
+}
+
+static kvs_status snapkv_create(const kvs_policy_init *init, void **state) {
+    return kvs_snapkv_create(init, (int)kvs_policy_param_get(init->cfg, "gqa"),
+                             (int64_t)kvs_policy_param_get(init->cfg, "block"), state);
 }
 
 const struct kvs_policy_ops kvs_policy_snapkv = {
