@@ -78,9 +78,10 @@ void kvs_held_add_heads(kvs_held *h, const float *const *probs, int n_heads, int
 
 /*! kvs_held_lowest() : the index in [lo, hi) of the lowest score, the LATER (newer) one among equals: the entry an
  *  eviction takes. @return lo when the range holds at most one entry (lo is then the eviction: a window's oldest,
- *  or D2O's first non-sink). Requires 0 <= lo < count, hi <= count. Written as the scan
+ *  or D2O's first non-sink). Requires 0 <= lo < count, hi <= count. Exactly the scan
  *      v = lo; for j in (lo, hi): if score[j] <= score[v]: v = j
- *  which every policy used, so a NaN score (never produced from finite attention) is skipped as it was. */
+ *  so for a NaN score (never produced from finite attention) the comparisons decide: a NaN at lo stays the
+ *  victim, a NaN elsewhere is never chosen. */
 int64_t kvs_held_lowest(const kvs_held *h, int64_t lo, int64_t hi);
 
 /*! kvs_held_remove() : drops entry j (0 <= j < count); the later entries move down one place. */

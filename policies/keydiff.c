@@ -92,9 +92,9 @@ typedef struct {
     int32_t *pos;     /* [alloc] held positions, ascending (+ the current token during a decode step) */
     int64_t cnt;
     /* norm[j] = |k_pos[j]| (kvs_key_norms) for j < n_normed: a key's norm depends on its row alone, so it is
-     * computed once, at the first eviction event that sees the key, and moves with the key (issue 17: the
-     * norms were recomputed for every candidate at every step). The modelled system is unchanged: account()
-     * still charges the paper's per-event scoring temporaries. */
+     * computed once, at the first eviction event that sees the key, and moves with the key rather than being
+     * recomputed for every candidate at every event. A saving of the simulator only: account() still charges the
+     * modelled system the paper's per-event scoring temporaries. */
     double *norm;
     int64_t n_normed;
     /* The anchor's running sum after each whole chunk of KVS_KEY_ANCHOR_CHUNK held keys ([alloc / chunk][d]), and
@@ -203,7 +203,8 @@ static void kd_evict(kd_state *s, const float *keys) {
                       s->norm + s->n_normed);
     if (scored - keep == 1) {
         /* a decode step: the one key the fp64 scores rank last, found by an fp32 screen that scores in fp64 only
-         * the keys it cannot rule out (kvs_key_scores_lowest: the same key, issue 17) */
+         * the keys it cannot rule out (kvs_key_scores_lowest: the key the fp64 ranking evicts, sim/BENCH.md
+         * "KeyDiff's eviction screened in fp32") */
         memset(s->mark, 1, (size_t)nc);
         s->mark[kvs_key_scores_lowest(keys, (size_t)s->d, s->pos, (size_t)nc, (size_t)scored, (size_t)s->d, s->kind,
                                       s->norm, s->score, s->work, s->ck, &s->ck_valid)] = 0;
@@ -211,8 +212,8 @@ static void kd_evict(kd_state *s, const float *keys) {
         kvs_key_scores_resumed(keys, (size_t)s->d, s->pos, (size_t)nc, (size_t)s->d, s->kind, s->norm, s->score,
                                s->work, s->ck, &s->ck_valid);
         if (scored - keep <= KD_SCAN_EVICTIONS) {
-            /* the same set as the top-k below: all but the scored - keep last-ranked (issue 14: a few evictions
-             * in O(n) instead of a top-k of n - 1) */
+            /* the same set as the top-k below: all but the scored - keep last-ranked, each found in O(n), which for
+             * a few evictions is cheaper than a top-k of n - 1 */
             memset(s->mark, 1, (size_t)nc);
             for (int64_t e = 0; e < scored - keep; e++) s->mark[kd_last_ranked(s->score, s->mark, scored)] = 0;
         } else {

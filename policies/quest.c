@@ -35,11 +35,11 @@
  * the page update (2d); no estimate when every token fits the quota. Transient: (G+1) ceil(n/P_q) page scores.
  * Decode reads no key but the current one (tests/test_rocketkv.c checks it); stored() = every position.
  *
- * Replay speed (issue 17, sim/BENCH.md "Eighth pass (a)"): the summaries are the page min/max of every key so far
- * at the page size, folded in position order whatever the budget, so the page bounds go through
- * kvs_policy_page_scores (sim/policy_memo.h): the configurations of one replay task with the same page size score
- * a position's pages once; and their selections through kvs_policy_page_select, which ranks the same scores once
- * for every budget ("Nineteenth pass").
+ * Work shared between budgets (sim/BENCH.md "Work shared between a task's configurations"): the summaries are the
+ * page min/max of every key so far at the page size, folded in position order whatever the budget, so the page
+ * bounds go through kvs_policy_page_scores (sim/policy_memo.h): the configurations of one replay task with the same
+ * page size score a position's pages once; and their selections through kvs_policy_page_select, which ranks the
+ * same scores once for every budget.
  */
 #include <math.h>
 #include <stdlib.h>

@@ -77,7 +77,8 @@ static kvs_status topk_select(void *state, const kvs_policy_view *view, kvs_poli
     if (view->n > s->cap) return kvs_fail(KVS_ERR_RANGE, "topk: position %lld beyond the trace", (long long)view->n);
     int64_t k = s->budget < view->n ? s->budget : view->n;
     /* kvs_policy_topk_sorted: kvs_topk_sorted's set, shared through the view's memo with the task's other
-     * budgets (sim/BENCH.md "Eighth pass (d)"); it reads only full_probs, which this oracle already sees */
+     * budgets (sim/BENCH.md "Work shared between a task's configurations"); it reads only full_probs, which this
+     * oracle already sees */
     if (s->mode == TOPK_GROUP) {
         /* each position's sum from +0 over the heads in head order */
         kvs_policy_topk_sorted(view, view->full_probs, (size_t)s->group, (size_t)view->n, (size_t)k, s->sum,
