@@ -109,7 +109,7 @@ static kvs_status tova_prefill(void *state, const kvs_policy_view *view) {
     int64_t n_new = view->n - first;
     int64_t nc = kvs_held_count(s->held) + n_new;
     if (nc > s->cap || !s->work) {
-        int64_t cap = nc > s->cap ? nc : s->cap;
+        int64_t cap = nc > s->budget ? nc : s->budget; /* at least B: an empty first prompt still gets scratch */
         char *m = realloc(s->mark, (size_t)cap);
         if (m) s->mark = m;
         void *w = realloc(s->work, kvs_attn_colsum_scratch_bytes(cap));
