@@ -23,7 +23,7 @@ ALL_CFLAGS = $(CFLAGS_WARN) $(OPT) $(SAN) -D_GNU_SOURCE -pthread -I. $(CFLAGS) $
 LDLIBS_BASE = -lzstd -lsqlite3 -lpthread -lm
 LDFLAGS ?=
 
-LIB_DIRS = common trace sim policies gpu_capture analysis plots
+LIB_DIRS = common trace sim policies gpu_capture analysis results plots
 LIB_SRCS = $(sort $(wildcard $(addsuffix /*.c,$(LIB_DIRS))))
 CLI_SRCS = $(sort $(wildcard cli/*.c))
 TEST_SRCS = $(sort $(wildcard tests/test_*.c))

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "../common/kvs_math.h"
-#include "../sim/kv_stream.h"
+#include "../trace/kv_stream.h"
 
 kvs_status kvs_analysis_colsum_variance(const kvs_trace *t, int layer, double *var) {
     if (!t || !var) return kvs_fail(KVS_ERR_INVALID_ARG, "colsum variance: NULL argument");

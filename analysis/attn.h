@@ -9,7 +9,7 @@
  *    attention over the generated steps, |∪_t TOPK_t(k)|, against the sequence length. A union much larger
  *    than k means no fixed set of k tokens serves every step.
  *
- * Both read the trace through sim/kv_stream.h with exact full attention (the replay engine's numbers).
+ * Both read the trace through trace/kv_stream.h with exact full attention (the replay engine's numbers).
  */
 #ifndef KVS_ANALYSIS_ATTN_H
 #define KVS_ANALYSIS_ATTN_H

@@ -9,7 +9,7 @@
 
 #include "../common/kvs_cluster.h"
 #include "../common/kvs_math.h"
-#include "../sim/kv_stream.h"
+#include "../trace/kv_stream.h"
 
 const char *kvs_drift_unit_name(kvs_drift_unit u) {
     return u == KVS_DRIFT_HEAD ? "head" : u == KVS_DRIFT_GROUP ? "group" : "?";

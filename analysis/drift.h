@@ -19,12 +19,12 @@
  * Steps: step s = 0, 1, ... is the generated position prompt_end + s of turn 0 (its query chose token s + 1);
  * the prompt is turn 0's. A later turn is not analysed (its "prefill" is a different question).
  *
- * Streaming: the trace is read once per layer through sim/kv_stream.h (exact full attention, the replay engine's
+ * Streaming: the trace is read once per layer through trace/kv_stream.h (exact full attention, the replay engine's
  * numbers), the KV heads of a layer in lockstep so the per-layer summaries of a step are complete when it is
  * read. Memory on top of the streams' own history: per KV head the window's queries (W x G x d), the prefill
  * sets and a ring of the last delta_max step sets of every unit and k ((G + 1) x Σk x (2 + delta_max) indexes)
  * and O(n_ctx) scratch for one attention row; never a per-step history. Results go to a sink as they are
- * produced (sim/results_drift.h stores them).
+ * produced (results/results_drift.h stores them).
  */
 #ifndef KVS_ANALYSIS_DRIFT_H
 #define KVS_ANALYSIS_DRIFT_H

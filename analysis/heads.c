@@ -10,7 +10,7 @@
 
 #include "../common/kvs_cluster.h"
 #include "../common/kvs_math.h"
-#include "../sim/kv_stream.h"
+#include "../trace/kv_stream.h"
 
 void kvs_analysis_heads_sim_free(kvs_analysis_heads_sim *s) {
     if (!s) return;

@@ -3,7 +3,7 @@
  * App. B.1; POLICY_SPEC §1.6 item 4, §2.4 "Offline clustering", §5.4 S4 and S12, §8.4 f-h).
  *
  * Similarity (Eq. 2). At every decode step t (every generated position of the trace, all turns) each head's
- * exact full attention over positions 0..t (sim/kv_stream.h, the replay engine's numbers) gives its top-k set
+ * exact full attention over positions 0..t (trace/kv_stream.h, the replay engine's numbers) gives its top-k set
  * T_k (common/kvs_math.h kvs_topk: ties to the lower position). S_ij is the mean over the decode steps of the
  * overlap coefficient |T_i ∩ T_j| / min(|T_i|, |T_j|) (SyncKV Eq. 1, common/kvs_cluster.h). It is computed for
  * two kinds of head, every pair across every layer:
@@ -20,7 +20,7 @@
  * matrix is too.
  *
  * Clustering (§2.4 steps 3-5, §8.4h): per layer, K-means on the rows of D = max(S) − S of that layer's units
- * (analysis/head_clusters.h), with the number of clusters given, or chosen automatically as the k in
+ * (common/head_clusters.h), with the number of clusters given, or chosen automatically as the k in
  * 2..units−1 with the highest mean silhouette of the D rows (common/kvs_cluster.h kvs_kmeans_auto; a layer of
  * fewer than 3 units gets 1 cluster: the silhouette needs 2 <= k <= n−1). Seeded and deterministic.
  *
@@ -35,7 +35,7 @@
 
 #include "../common/kvs.h"
 #include "../trace/trace.h"
-#include "head_clusters.h"
+#include "../common/head_clusters.h"
 
 /* k_c when none is given: POLICY_SPEC §2.4 "64 when calibrating independently". */
 #define KVS_ANALYSIS_HEADS_DEFAULT_K 64

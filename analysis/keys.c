@@ -8,7 +8,7 @@
 
 #include "../common/kvs_math.h"
 #include "../common/kvs_stats.h"
-#include "../sim/kv_stream.h"
+#include "../trace/kv_stream.h"
 #include "../sim/replay.h"
 
 kvs_status kvs_analysis_key_stats(const kvs_trace *t, int layer, int kv_head, kvs_keys_scope scope,

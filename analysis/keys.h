@@ -16,7 +16,7 @@
  *    equals logdet(K̂_Sᵀ K̂_S + εI_d) + (m − d)·log ε; the d x d form is computed (it is what differs
  *    between policies keeping the same number m of keys) and reported with m.
  * Scope: every position of the trace (default), or the first turn's prompt only (the paper's figures use
- * prompts). Full attention is the exact recomputation of sim/kv_stream.h.
+ * prompts). Full attention is the exact recomputation of trace/kv_stream.h.
  */
 #ifndef KVS_ANALYSIS_KEYS_H
 #define KVS_ANALYSIS_KEYS_H

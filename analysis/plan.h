@@ -152,16 +152,6 @@ typedef struct {
 kvs_status kvs_plan_profile_fit(kvs_plan_profile *p, const int64_t *n, const double *kv, const double *aux,
                                 const double *host, const double *transfer, int64_t count);
 
-/*! kvs_plan_profile_read() : reads the profile of one complete run from the results database `db_path`
- *  (read-only, through sim/results.h): run `run_id` when > 0, else the one complete run of `policy` (NULL = any)
- *  at `budget` (> 0; 0 = any). Its per-step series (kvsim replay --series-every N) of storage_kv_bytes,
- *  storage_aux_bytes, storage_host_bytes and transfer_bytes, mean over layers and query heads per position,
- *  are fitted with kvs_plan_profile_fit; out->aux_scale is an input (set it before the call). Errors (KVS_ERR_DB unless said): not a results database, as
- *  kvs_results_open_readonly; "no complete runs"; several runs match ("N runs match: choose one with --run
- *  ID", listing them; KVS_ERR_INVALID_ARG); the run has no series. */
-kvs_status kvs_plan_profile_read(const char *db_path, int64_t run_id, const char *policy, int64_t budget,
-                                 kvs_plan_profile *out);
-
 /* A policy to plan with. */
 typedef struct {
     kvs_plan_kind kind;

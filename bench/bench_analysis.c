@@ -1,5 +1,5 @@
-/* bench_analysis.c — throughput of the trace analyses built on sim/kv_stream.h: `kvsim drift` (analysis/drift.h,
- * SyncKV §3.1-3.2), with and without its results writer (sim/results_drift.h).
+/* bench_analysis.c — throughput of the trace analyses built on trace/kv_stream.h: `kvsim drift` (analysis/drift.h,
+ * SyncKV §3.1-3.2), with and without its results writer (results/results_drift.h).
  *
  * Data sources, each labelled in the output: GENERATED Gaussian numbers (tests/util/gen_trace.h: not a model's)
  * at a size where the analysis, not the stream's attention, is measured separately from it; then the bundled
@@ -15,7 +15,7 @@
 
 #include "analysis/drift.h"
 #include "common/kvs.h"
-#include "sim/results_drift.h"
+#include "results/results_drift.h"
 #include "tests/util/gen_trace.h"
 
 #define CHECK(expr)                                                                                              \

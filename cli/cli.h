@@ -10,7 +10,7 @@
 #include <stdio.h>
 
 #include "../common/kvs.h"
-#include "../sim/results.h"
+#include "../results/results.h"
 
 #define KVS_EXIT_OK 0
 #define KVS_EXIT_FAIL 1
@@ -64,7 +64,7 @@ const char *kvs_cli_opt_value(const char *opt, int argc, char **argv, int *i, in
 int kvs_cli_single_value(const char *cmd, const char *opt, int argc, char **argv, int *i, int *missing,
                          const char **slot);
 
-/* ---- run filters shared by `kvsim runs`, `plot` and `compare` (sim/results.h kvs_results_filter) ---- */
+/* ---- run filters shared by `kvsim runs`, `plot` and `compare` (results/results.h kvs_results_filter) ---- */
 #define KVS_CLI_FILTER_POLICY 0x01u  /* --policy NAME */
 #define KVS_CLI_FILTER_BUDGET 0x02u  /* --budget TOKENS */
 #define KVS_CLI_FILTER_TRACE 0x04u   /* --trace PATH */

@@ -1,6 +1,6 @@
 /* cmd_calibrate.c — `kvsim calibrate DB`: can offline replay rank policies as closed-loop decoding does?
  * (../shared/DESIGN.md "Closed-loop decoding (calibration of the replay)"). Pairs every teacher-forced
- * closed-loop run on a trace (sim/results_closed.h) with the replay run (sim/results.h, --measure decode) of the
+ * closed-loop run on a trace (results/results_closed.h) with the replay run (results/results.h, --measure decode) of the
  * same trace, policy, parameters and budget, and per trace gives the Spearman rank correlation of each offline
  * metric (output error mean / p95, attention recall) with each closed-loop metric (mean KL, top-1 agreement,
  * Δ perplexity), with percentile bootstrap intervals over the pairs (common/kvs_stats.h kvs_spearman).
@@ -13,7 +13,7 @@
 #include "../common/kvs_rng.h"
 #include "../common/kvs_stats.h"
 #include "../plots/plot.h"
-#include "../sim/results_closed.h"
+#include "../results/results_closed.h"
 #include "cli.h"
 
 static void usage(FILE *f) {

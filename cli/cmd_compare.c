@@ -7,8 +7,8 @@
  * ../shared/DESIGN.md ("Replay"): a policy that keeps every generated token (prompt-only compression) is
  * compared with the others at its measured memory, never only at its nominal budget — that is --match mem.
  *
- * Method (sim/compare.h, shared with `kvsim report`): runs are grouped into series (policy, params, trace,
- * measure); complete runs only, read through sim/results.h. Each run is a point (x, metrics); runs of one series
+ * Method (results/compare.h, shared with `kvsim report`): runs are grouped into series (policy, params, trace,
+ * measure); complete runs only, read through results/results.h. Each run is a point (x, metrics); runs of one series
  * with the same x are averaged. At X, every selected metric is interpolated linearly in log(x) between the two
  * points that bracket X; a point with x = X is used as is. A series whose points do not bracket X is listed as
  * "out of range [xmin, xmax]": never extrapolated. A value not recorded in either bracketing run is not
@@ -21,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../sim/compare.h"
-#include "../sim/results.h"
+#include "../results/compare.h"
+#include "../results/results.h"
 #include "cli.h"
 
 #define COMPARE_FILTERS (KVS_CLI_FILTER_POLICY | KVS_CLI_FILTER_TRACE | KVS_CLI_FILTER_MODEL | KVS_CLI_FILTER_MEASURE)

@@ -1,7 +1,7 @@
 /* cmd_drift.c — `kvsim drift TRACE --db DB`: attention drift (prefill top-k vs each decode step's), the top-k
  * attention mass and the temporal locality of the top-k sets, per layer, query head and KV group, for a sweep of k
  * in one pass (SyncKV §3.1-3.2, Fig. 2a/2b; POLICY_SPEC §5.4 S1-S3, §6.3; analysis/drift.h), stored in the results
- * database (sim/results_drift.h, sim/SCHEMA.md "Drift tables") and summarised on stdout.
+ * database (results/results_drift.h, results/SCHEMA.md "Drift tables") and summarised on stdout.
  * Exit codes per cli.h: 0 done, 1 bad trace / database / I/O (nothing written), 2 bad usage (nothing written).
  */
 #include <math.h>
@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "../analysis/drift.h"
-#include "../sim/results_drift.h"
+#include "../results/results_drift.h"
 #include "../trace/trace.h"
 #include "cli.h"
 
@@ -23,7 +23,7 @@ static void usage(FILE *f) {
             "Attention drift and temporal locality of TRACE's top-k sets (SyncKV 3.1-3.2, Fig. 2a/2b; POLICY_SPEC\n"
             "5.4 S1-S3), exact full attention, over the decode steps of the first turn, per layer and per unit:\n"
             "each query head, and each KV group with its query heads' attention max-pooled (POLICY_SPEC 2.4), all\n"
-            "k of the sweep in one pass. Written to DB in one transaction (tables drift_*, sim/SCHEMA.md).\n"
+            "k of the sweep in one pass. Written to DB in one transaction (tables drift_*, results/SCHEMA.md).\n"
             "  drift     overlap_k(prefill set, step set) = |A n B| / min(|A|, |B|) (SyncKV Eq. 1) at every step;\n"
             "            the step set is the top-k of the step's attention over all positions so far (prompt and\n"
             "            generated), the prefill set the top-k of a prefill score (POLICY_SPEC 6.3, both by default):\n"

@@ -1,6 +1,6 @@
 /* cmd_generate.c — `kvsim generate`: closed-loop decoding with a policy active inside the CPU forward pass,
  * beside the full-cache model (sim/closed_loop.h; ../shared/DESIGN.md "Closed-loop decoding"), for a
- * sweep of (policy configuration x budget); every run into the results database (sim/results_closed.h).
+ * sweep of (policy configuration x budget); every run into the results database (results/results_closed.h).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,11 +11,11 @@
 #include "../gpu_capture/tokenizer.h"
 #include "../sim/closed_loop.h"
 #include "../sim/replay.h"
-#include "../sim/results_closed.h"
+#include "../results/results_closed.h"
 #include "../trace/trace.h"
 #include "cli.h"
 #include "policies/registry.h"
-#include "sim/results_heads.h"
+#include "results/results_heads.h"
 
 #define GEN_VERSION "0.1.0"
 #define MAX_POLICIES 64
@@ -26,7 +26,7 @@ static void usage(FILE *f) {
             "                      (--trace TRACE | --text FILE [--prompt-tokens K] | --prompt TEXT | --prompt-file F)\n"
             "Closed-loop decoding: a policy model whose every layer attends only to the policy's set S_t (the\n"
             "policy's state evolving on that model's own queries, keys and values) runs beside the full-cache\n"
-            "model. One run per (policy, budget) into DB (tables closed_runs, closed_steps; sim/SCHEMA.md).\n"
+            "model. One run per (policy, budget) into DB (tables closed_runs, closed_steps; results/SCHEMA.md).\n"
             "Teacher-forced (--trace, --text): both models read the same tokens; per step KL(full || policy) of the\n"
             "next-token distributions, top-1 agreement, NLL of the reference token (perplexity with and without\n"
             "the policy) and the replay's attention metrics on the policy model's own states.\n"

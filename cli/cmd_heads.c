@@ -2,7 +2,7 @@
  * MAX-pooled) over the decode steps, layer-to-layer similarity (SyncKV §3.3, Fig. 2c; POLICY_SPEC §5.4 S4 with
  * the §8.4g reading), the K-means clustering of each layer's units with one representative per cluster (SyncKV
  * §4.1, App. B.1; POLICY_SPEC §2.4, §8.4h) and its stability (adjusted Rand index, S12), into the results
- * database (sim/results_heads.h) and optionally the clusters file SyncKV reads (analysis/head_clusters.h).
+ * database (results/results_heads.h) and optionally the clusters file SyncKV reads (common/head_clusters.h).
  * Analysis: analysis/heads.h. Exit codes per cli.h: 0 done, 1 bad/corrupt input or database, 2 bad usage.
  * Nothing is written unless the whole analysis succeeded: the database gets one transaction at the end.
  */
@@ -15,7 +15,7 @@
 #include "../analysis/heads.h"
 #include "../common/kvs_cluster.h"
 #include "../common/kvs_out.h"
-#include "../sim/results_heads.h"
+#include "../results/results_heads.h"
 #include "../trace/trace.h"
 #include "cli.h"
 
@@ -53,8 +53,8 @@ static void usage(FILE *f) {
             "                 and report the adjusted Rand index of the two clusterings per layer (S12)\n"
             "  --stability TRACE2   the same between TRACE and a second trace of the same model\n"
             "  --clusters-out FILE  also write the clustering in the text form SyncKV's clusters=FILE reads\n"
-            "                 (analysis/head_clusters.h); '-' is standard output\n"
-            "Results: tables heads_* of DB (sim/SCHEMA.md \"Table family heads\"); `kvsim plot DB --kind\n"
+            "                 (common/head_clusters.h); '-' is standard output\n"
+            "Results: tables heads_* of DB (results/SCHEMA.md \"Table family heads\"); `kvsim plot DB --kind\n"
             "head-similarity|layer-similarity` draws them.\n",
             KVS_ANALYSIS_HEADS_DEFAULT_K, HEADS_DEFAULT_CLUSTERS);
 }

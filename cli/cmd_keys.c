@@ -15,7 +15,7 @@
 #include "../policies/registry.h"
 #include "../trace/trace.h"
 #include "cli.h"
-#include "sim/results_heads.h"
+#include "results/results_heads.h"
 
 #define MAX_POLICIES 16
 

@@ -1,11 +1,11 @@
 /* cmd_merge.c — `kvsim merge OUT.db IN.db...`: combines the shard databases of a sharded study into one
- * (sim/results_sweep.h kvs_results_merge: run identity, conflicts, atomic replacement; sim/SCHEMA.md
+ * (results/results_sweep.h kvs_results_merge: run identity, conflicts, atomic replacement; results/SCHEMA.md
  * "Family sweep").
  */
 #include <stdio.h>
 #include <string.h>
 
-#include "../sim/results_sweep.h"
+#include "../results/results_sweep.h"
 #include "cli.h"
 
 static void usage(FILE *f) {

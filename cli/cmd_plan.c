@@ -2,7 +2,7 @@
  * (analysis/plan.h; ../shared/DESIGN.md "Analysis"; POLICY_SPEC §7 G3, M22, R2, D1, D10): KV bytes per token,
  * total KV of a batch, max batch at a context, max context at a batch, memory against the response length for
  * the full cache, constant-size and prompt-only policies (and offloading: host memory, PCIe per step), as text,
- * CSV or JSON, into the results database (sim/results_plan.h) and as two plots (plots/plan_plot.h).
+ * CSV or JSON, into the results database (results/results_plan.h) and as two plots (plots/plan_plot.h).
  */
 #include <math.h>
 #include <stdio.h>
@@ -13,7 +13,7 @@
 #include "../plots/plan_plot.h"
 #include "../sim/policy.h"
 #include "../policies/registry.h"
-#include "../sim/results_plan.h"
+#include "../results/results_plan.h"
 #include "../trace/trace.h"
 #include "cli.h"
 
@@ -74,7 +74,7 @@ static void usage(FILE *f) {
             "planned model's GQA groups hold. Outside the measured lengths the line is extrapolated (a warning).\n"
             "Output:\n"
             "  --csv | --json       machine-readable points (bytes) instead of the tables\n"
-            "  --db FILE            also record the plan (tables plans, plan_points; sim/SCHEMA.md)\n"
+            "  --db FILE            also record the plan (tables plans, plan_points; results/SCHEMA.md)\n"
             "  --plot-memory F      memory of the batch vs response length (.png or .svg)\n"
             "  --plot-batch F       max batch per context+response setting (.png or .svg)\n"
             "  --gnuplot PROG       the gnuplot to run (default gnuplot on PATH)\n");

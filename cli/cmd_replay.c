@@ -1,5 +1,5 @@
 /* cmd_replay.c — `kvsim replay`: replays a trace under a sweep of policy configurations and budgets and
- * stores one run per (policy configuration, budget) in the results database (sim/results.h, sim/SCHEMA.md).
+ * stores one run per (policy configuration, budget) in the results database (results/results.h, results/SCHEMA.md).
  * Replay semantics and metrics: sim/replay.h and ../shared/DESIGN.md ("Replay", "Metrics").
  *
  * Everything is validated before the database is opened (unknown policy or parameter, budget 0 or larger
@@ -14,9 +14,9 @@
 #include "../sim/policy.h"
 #include "../policies/registry.h"
 #include "../sim/replay.h"
-#include "../sim/results.h"
-#include "../sim/results_heads.h"
-#include "../sim/results_sweep.h"
+#include "../results/results.h"
+#include "../results/results_heads.h"
+#include "../results/results_sweep.h"
 #include "../trace/trace.h"
 #include "cli.h"
 

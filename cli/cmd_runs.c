@@ -1,5 +1,5 @@
 /* cmd_runs.c — `kvsim runs DB [--csv|--json] [--all] [filters]`: lists the runs of a results database
- * (schema in sim/SCHEMA.md, read through the read API of sim/results.h) as a readable table, as CSV with one
+ * (schema in results/SCHEMA.md, read through the read API of results/results.h) as a readable table, as CSV with one
  * row per (run, layer), or as JSON with one object per run.
  *
  * CSV follows RFC 4180 quoting: a field containing a comma, a double quote, CR or LF is enclosed in
@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../sim/results.h"
+#include "../results/results.h"
 #include "cli.h"
 
 #define RUNS_FILTERS                                                                                                   \

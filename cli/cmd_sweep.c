@@ -1,7 +1,7 @@
-/* cmd_sweep.c — `kvsim sweep STUDY`: the task list of a study (sim/study.h, format sim/STUDY.md) and the runs of
+/* cmd_sweep.c — `kvsim sweep STUDY`: the task list of a study (results/study.h, format results/STUDY.md) and the runs of
  * its tasks, one task at a time, a range, or every task; with the MPI build (`make mpi`, KVS_WITH_MPI) under
  * mpirun, tasks handed out dynamically to the ranks, each writing its own shard, rank 0 merging them
- * (sim/results_sweep.h), and a resumed one skipping every task complete in any database of the folder. A task is
+ * (results/results_sweep.h), and a resumed one skipping every task complete in any database of the folder. A task is
  * one `kvsim replay` pass (cli/cmd_replay.c) of one trace under a slice of the study's policies and all its
  * budgets; a completed task is recorded (table sweep_tasks) and skipped when re-run.
  */
@@ -22,9 +22,9 @@
 
 #include "../common/kvs_math.h"
 #include "../common/sha256.h"
-#include "../sim/results.h"
-#include "../sim/results_sweep.h"
-#include "../sim/study.h"
+#include "../results/results.h"
+#include "../results/results_sweep.h"
+#include "../results/study.h"
 #include "../trace/trace.h"
 #include "cli.h"
 
@@ -37,7 +37,7 @@ static void usage(FILE *f) {
             "usage: kvsim sweep STUDY --list-tasks [--estimate]\n"
             "       kvsim sweep STUDY --db OUT.db [--task I | --tasks I:J]\n"
             "       kvsim sweep STUDY --db DIR/          (under mpirun with the MPI build: every task, all ranks)\n\n"
-            "Runs a study: traces x policies x budgets (STUDY file format: sim/STUDY.md). Its work is cut into a\n"
+            "Runs a study: traces x policies x budgets (STUDY file format: results/STUDY.md). Its work is cut into a\n"
             "deterministic list of tasks (one trace x a slice of the policies, every budget), sized so that tasks\n"
             "take similar time.\n\n"
             "  --list-tasks    print the task list: index, trace, policies, (policy, budget) pairs\n"

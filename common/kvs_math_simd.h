@@ -84,7 +84,7 @@ typedef struct {
     void (*desc_keys)(const float *x, size_t n, uint32_t *key);
 } kvs_math_kernels;
 
-/*! kvs_math_kv16_default() : 1 when the engines (sim/replay.c, sim/kv_stream.c) keep a 16-bit K/V history for the
+/*! kvs_math_kv16_default() : 1 when the engines (sim/replay.c, trace/kv_stream.c) keep a 16-bit K/V history for the
  *  16-bit kernels unless told otherwise: the environment's KVS_KV16 ("0" = no, anything else = yes), read at
  *  each call; 1 when unset (sim/BENCH.md "K/V in 16 bits" has the measurement behind the default). */
 int kvs_math_kv16_default(void);

@@ -56,7 +56,7 @@ table() {
         }'
 }
 
-# a clusters file (analysis/head_clusters.h form): one cluster per layer, unit $2 its representative
+# a clusters file (common/head_clusters.h form): one cluster per layer, unit $2 its representative
 fixed_clusters() {
     layers=$("$KVSIM_BIN" info "$1" | awk '/^  layers/ { sub(",", "", $2); print $2 }')
     units=$("$KVSIM_BIN" info "$1" | awk '/^  layers/ { for (i = 1; i <= NF; i++) if ($i == "kv") { v = $(i+2); sub(",", "", v); print v } }')

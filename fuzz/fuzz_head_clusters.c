@@ -1,13 +1,13 @@
-/* fuzz_head_clusters.c — libFuzzer harness of the head clusters file reader (analysis/head_clusters.c: the text
+/* fuzz_head_clusters.c — libFuzzer harness of the head clusters file reader (common/head_clusters.c: the text
  * form `kvsim heads --clusters-out FILE` writes and SyncKV reads with clusters=FILE; format in
- * analysis/head_clusters.h). A file that reads must pass kvs_head_clusters_check, its reported SHA-256 must be
+ * common/head_clusters.h). A file that reads must pass kvs_head_clusters_check, its reported SHA-256 must be
  * the digest kvs_head_clusters_sha256 computes when the file is already in the canonical form, and writing it
  * back and reading that again must give the same clustering and the same digest (a round trip through the
  * writer is exact). Seeds: fuzz/corpus/head_clusters (files written by `kvsim heads`).
  */
 #include "fuzz.h"
 
-#include "../analysis/head_clusters.h"
+#include "../common/head_clusters.h"
 #include "../common/kvs.h"
 
 static int same(const kvs_head_clusters *a, const kvs_head_clusters *b) {

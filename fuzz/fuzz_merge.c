@@ -1,4 +1,4 @@
-/* fuzz_merge.c — libFuzzer harness of `kvsim merge` (sim/results_sweep.c: kvs_results_merge, sim/SCHEMA.md
+/* fuzz_merge.c — libFuzzer harness of `kvsim merge` (results/results_sweep.c: kvs_results_merge, results/SCHEMA.md
  * "Family sweep"): the input is a shard database (a foreign or corrupt SQLite file included), merged into OUT,
  * which is each time a copy of a real results database (fuzz/corpus/results_db/window.db, one replay run). Odd
  * inputs merge into an OUT that does not exist yet. A refused merge must leave OUT exactly as it was (byte for
@@ -11,8 +11,8 @@
 #include <dirent.h>
 
 #include "../common/kvs.h"
-#include "../sim/results.h"
-#include "../sim/results_sweep.h"
+#include "../results/results.h"
+#include "../results/results_sweep.h"
 
 static uint8_t *out_seed;
 static size_t out_seed_n;

@@ -1,5 +1,5 @@
-/* fuzz_results_db.c — libFuzzer harness of the results database readers (sim/results.c and the table families
- * sim/results_{drift,heads,plan,closed}.c; sim/SCHEMA.md): the input is the database file, a foreign or corrupt
+/* fuzz_results_db.c — libFuzzer harness of the results database readers (results/results.c and the table families
+ * results/results_{drift,heads,plan,closed}.c; results/SCHEMA.md): the input is the database file, a foreign or corrupt
  * SQLite file included. One that opens read-only is read the way every reading command reads it: `kvsim runs`
  * and `plot` (every run, failed ones and per-layer rows too, each run's turns and a steps series), `compare`
  * (kvs_compare_create at equal memory, traffic and tokens), the analysis families (drift runs with their step,
@@ -13,16 +13,16 @@
 
 #include <dirent.h>
 
-#include "../analysis/head_clusters.h"
+#include "../common/head_clusters.h"
 #include "../analysis/plan.h"
 #include "../common/kvs.h"
 #include "../plots/report.h"
-#include "../sim/compare.h"
-#include "../sim/results.h"
-#include "../sim/results_closed.h"
-#include "../sim/results_drift.h"
-#include "../sim/results_heads.h"
-#include "../sim/results_plan.h"
+#include "../results/compare.h"
+#include "../results/results.h"
+#include "../results/results_closed.h"
+#include "../results/results_drift.h"
+#include "../results/results_heads.h"
+#include "../results/results_plan.h"
 
 static char gnuplot[128];
 

@@ -1,8 +1,8 @@
-/* fuzz_study.c — libFuzzer harness of the STUDY file parser of `kvsim sweep` (sim/study.c, format sim/STUDY.md):
+/* fuzz_study.c — libFuzzer harness of the STUDY file parser of `kvsim sweep` (results/study.c, format results/STUDY.md):
  * the input is the study file, written beside two small real traces (fuzz/corpus/trace/tiny_*.kvt copied into
  * the scratch folder as a.kvt and b.kvt) so that `trace` lines, globs and budgets resolve against real headers.
  * A study that loads must describe a consistent task list: every task names a loaded trace and a non-empty slice
- * of the policies, and the tasks of each trace cover its policies exactly once, in order (sim/STUDY.md "Tasks").
+ * of the policies, and the tasks of each trace cover its policies exactly once, in order (results/STUDY.md "Tasks").
  * Inputs naming a path outside the scratch folder (an absolute path or "..") are skipped: a glob of
  * everything under /proc would open thousands of files per input and a FIFO could block; relative paths are what the parser's
  * own code (resolution against the study's folder, globbing) handles. Seeds: fuzz/corpus/study.
@@ -10,7 +10,7 @@
 #include "fuzz.h"
 
 #include "../common/kvs.h"
-#include "../sim/study.h"
+#include "../results/study.h"
 
 static void copy_fixture(const char *from, const char *name) {
     char src[512], dst[128];

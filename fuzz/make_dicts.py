@@ -40,19 +40,19 @@ def dict_entry(w):
     """libFuzzer's dictionary syntax: a quoted string, only \\, \" and \\xAB escapes (no \\n)."""
     return '"' + ''.join(c if 32 <= ord(c) < 127 and c not in '\\"' else
                          ('\\' + c if c in '\\"' else '\\x%02X' % ord(c)) for c in w) + '"'
-# the study keys sim/study.c compares against, with values of each kind
-src = open('sim/study.c').read()
+# the study keys results/study.c compares against, with values of each kind
+src = open('results/study.c').read()
 keys = sorted(set(re.findall(r'"([a-z]+(?:-[a-z]+)*)"', src)) & {
     'name', 'trace', 'policy', 'budgets', 'measure', 'series-every', 'kv-bytes', 'aux-bytes', 'threads',
     'policies-per-task'})
 with open('fuzz/dict/study.dict', 'w') as f:
-    f.write('# STUDY keys sim/study.c reads and values of each kind (fuzz/make_dicts.py regenerates)\n')
+    f.write('# STUDY keys results/study.c reads and values of each kind (fuzz/make_dicts.py regenerates)\n')
     for w in [k + ' ' for k in keys] + ['a.kvt', 'b.kvt', '*.kvt', '[ab]', '?', 'decode', 'prefill', 'all',
                                        'h2o', 'snapkv:window=2', 'window', '50%', '1,2', '\n', '#']:
         f.write(dict_entry(w) + '\n')
-# the head clusters file form (analysis/head_clusters.h)
+# the head clusters file form (common/head_clusters.h)
 with open('fuzz/dict/head_clusters.dict', 'w') as f:
-    f.write('# head clusters file words (analysis/head_clusters.h; fuzz/make_dicts.py regenerates)\n')
+    f.write('# head clusters file words (common/head_clusters.h; fuzz/make_dicts.py regenerates)\n')
     for w in ['kvsim-head-clusters 1\n', 'layers ', ' units ', '# layer unit cluster representative\n', '\n',
               ' 0', ' 1', ' -1', ' 4096', ' 4097', ' 2147483648']:
         f.write(dict_entry(w) + '\n')

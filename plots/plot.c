@@ -1,6 +1,6 @@
 /* plot.c — plots from the kvsim results database through a gnuplot pipe (see plot.h). Follows
  * ../shared/DESIGN.md "Results (SQLite) and plots" and POLICY_SPEC.md §1.5 (budget-matching modes); the
- * data comes through the read API of sim/results.h (no SQL here), labels from the metric table.
+ * data comes through the read API of results/results.h (no SQL here), labels from the metric table.
  *
  * How a plot is made: kvs_plot_prepare() reads all data from the database first (so a database problem is
  * reported before any program runs: runs, step series, the turns of their traces) and builds the series,
@@ -34,7 +34,7 @@
 #include "../common/kvs_out.h"
 #include "../sim/policy.h"
 #include "../policies/registry.h"
-#include "../sim/results.h"
+#include "../results/results.h"
 #include "plot_drift.h"
 #include "plot_heads.h"
 
@@ -382,7 +382,7 @@ static kvs_status label_series(plot_data *d, int per_run, int by_budget) {
 }
 
 /* ------------------------------------------------------------------------------------------------
- * Reading the data (through sim/results.h)
+ * Reading the data (through results/results.h)
  * ---------------------------------------------------------------------------------------------- */
 
 /* The aggregate of run w that the plot reads: run-wide, or layer `layer` (NULL when the run has none). */

@@ -1,11 +1,11 @@
-/* plot.h — plots from a kvsim results database (sim/SCHEMA.md), drawn by gnuplot through a pipe
+/* plot.h — plots from a kvsim results database (results/SCHEMA.md), drawn by gnuplot through a pipe
  * (../shared/DESIGN.md "Results (SQLite) and plots"): error vs budget per policy, error vs decode
  * position, memory vs budget, and error vs measured memory / traffic with the Pareto frontier
  * (POLICY_SPEC.md §1.5 "Budget-matching modes": policies compared at equal bytes, not only equal tokens).
  * PNG (pngcairo) or SVG, chosen by --format or the output file's extension; the output follows
  * common/kvs_out.h like every kvsim output ("-" is standard output).
  *
- * The data is read through the read API of sim/results.h (kvs_results_open_readonly, query_runs,
+ * The data is read through the read API of results/results.h (kvs_results_open_readonly, query_runs,
  * query_steps); this module holds no SQL. Axis labels and units come from the metric table (sim/metrics.h).
  *
  * Series. Runs are never averaged across traces or measure modes: a series of the budget and cost kinds

@@ -1,5 +1,5 @@
 /* plot_drift.c — gnuplot scripts of the drift plots: the drift curve (SyncKV Fig. 2a, S1) and the temporal-locality
- * heatmap (Fig. 2b, S3), from the drift tables through sim/results_drift.h (no SQL here); see plot_drift.h.
+ * heatmap (Fig. 2b, S3), from the drift tables through results/results_drift.h (no SQL here); see plot_drift.h.
  */
 #include "plot_drift.h"
 
@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "../common/kvs.h"
-#include "../sim/results_drift.h"
+#include "../results/results_drift.h"
 
 #define DRIFT_MAX_BANDS 4    /* layer bands of the curve when the model has more than DRIFT_ALL_LAYERS layers */
 #define DRIFT_ALL_LAYERS 6

@@ -1,5 +1,5 @@
 /* plot_drift.h — the drift plots of `kvsim plot` (plots/plot.h kinds drift-curve and drift-locality), drawn from
- * the drift tables of a results database (sim/results_drift.h, sim/SCHEMA.md "Drift tables"): SyncKV Fig. 2a (the
+ * the drift tables of a results database (results/results_drift.h, results/SCHEMA.md "Drift tables"): SyncKV Fig. 2a (the
  * overlap of the prefill top-k with each decode step's, against the step) and Fig. 2b (temporal locality, as a
  * step x δ heatmap); POLICY_SPEC §5.4 S1, S3. plot.c dispatches to these for the two kinds; gnuplot is run and
  * the output written by plot.c as for every kind.

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../sim/results_heads.h"
+#include "../results/results_heads.h"
 
 struct kvs_plot_heads {
     kvs_plot_kind kind;

@@ -1,5 +1,5 @@
 /* plot_heads.h — the heads plots of `kvsim plot` (plots/plot.h), drawn from the heads table family
- * (sim/results_heads.h) of a results database: the head-similarity heatmap with the clusters boxed (SyncKV
+ * (results/results_heads.h) of a results database: the head-similarity heatmap with the clusters boxed (SyncKV
  * §4.1 Eq. 2, App. B.1) and the layer-to-layer similarity matrix (SyncKV Fig. 2c; POLICY_SPEC §5.4 S4, §8.4g).
  * plot.c dispatches here for these kinds and keeps the output rules (common/kvs_out.h, gnuplot in a private
  * folder); this file reads the run and writes the gnuplot script.

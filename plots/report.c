@@ -1,10 +1,10 @@
 /* report.c — `kvsim report DB --out DIR`: the study report of a results database as one self-contained HTML page
  * and its Markdown twin (plots/report.h; ../shared/DESIGN.md "Results (SQLite) and plots"; the comparisons follow
- * POLICY_SPEC.md §1.5 "Budget-matching modes" through sim/compare.h).
+ * POLICY_SPEC.md §1.5 "Budget-matching modes" through results/compare.h).
  *
  * Shape. `sections` below is the report: one line per section naming its anchor, its title and the function
- * that renders it. A section function reads the database through sim/results.h (and sim/compare.h, plots/plot.h
- * and, for analyses and plans, their sim/results_<family>.h), writes its body to ctx->md and ctx->html, and
+ * that renders it. A section function reads the database through results/results.h (and results/compare.h, plots/plot.h
+ * and, for analyses and plans, their results/results_<family>.h), writes its body to ctx->md and ctx->html, and
  * returns KVS_OK; when the database has nothing for it, it calls absent() with the reason instead, and the
  * report lists it under "Not in this database". Any other error fails the whole report (nothing is written).
  * Sections that come with other features (drift, heads, capacity plans) are added the same way when their
@@ -28,11 +28,11 @@
 #include <unistd.h>
 
 #include "../common/kvs_out.h"
-#include "../sim/compare.h"
-#include "../sim/results.h"
-#include "../sim/results_drift.h"
-#include "../sim/results_heads.h"
-#include "../sim/results_plan.h"
+#include "../results/compare.h"
+#include "../results/results.h"
+#include "../results/results_drift.h"
+#include "../results/results_heads.h"
+#include "../results/results_plan.h"
 #include "../trace/trace.h"
 #include "plot.h"
 
@@ -884,7 +884,7 @@ static kvs_status sec_capacity(report_ctx *ctx) {
 }
 
 /* THE REPORT: one line per section, in reading order. A new section (drift, heads, capacity plans: each reading
- * its family through sim/results_<family>.h) is one function and one line here. */
+ * its family through results/results_<family>.h) is one function and one line here. */
 static const report_section sections[] = {
     {"summary", "Summary: which policy wins at each memory level", sec_summary},
     {"traces", "Traces used", sec_traces},

@@ -4,12 +4,12 @@
  * in Markdown (its images written beside it in DIR).
  *
  * The report is a list of sections (plots/report.c, table `sections`), each a function that looks at the
- * database through sim/results.h, sim/compare.h and the family headers (sim/results_<family>.h) and either
+ * database through results/results.h, results/compare.h and the family headers (results/results_<family>.h) and either
  * renders its part (Markdown + HTML + PNG plots drawn by plots/plot.h) or says why it is absent (listed at
  * the end of the report: "Not in this database"). Adding a section is one function and one table line.
  * Today's sections: the summary (which policy has the lowest output error at each memory level, oracles and
  * prompt-only policies marked), the traces used, every run with its parameters and flags, the equal-memory
- * and equal-traffic comparisons (sim/compare.h, what `kvsim compare` prints), error vs measured memory and
+ * and equal-traffic comparisons (results/compare.h, what `kvsim compare` prints), error vs measured memory and
  * traffic with the Pareto frontier, error and memory vs nominal budget, and error vs decode position.
  *
  * DIR is never half-written: everything goes to a fresh folder beside it (.DIR.tmp.XXXXXX), which replaces DIR

@@ -2,7 +2,7 @@
  * Algorithm 1 in App. A, App. B.1 clustering, §5.1 configuration, App. C-D), as specified in
  * ../shared/POLICY_SPEC.md §2.4, §3 (SyncKV rows), §5.4 (S6, S11), §7 G5 and §8 item 4.
  *
- * Per layer the units (KV groups; MHA heads) are clustered (analysis/head_clusters.h); each cluster has one
+ * Per layer the units (KV groups; MHA heads) are clustered (common/head_clusters.h); each cluster has one
  * representative unit (R) that keeps its full cache on the device and attends exactly. The other units (NR) keep
  * their full cache on the host and attend only to a small device-resident set: a static part I_S fixed at the
  * prompt and a dynamic part I_D that their representative re-selects every m decode steps (anticipation, Eqs.
@@ -55,7 +55,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../analysis/head_clusters.h"
+#include "../common/head_clusters.h"
 #include "../common/kvs_cluster.h"
 #include "../common/kvs_math.h"
 #include "registry.h"

@@ -336,7 +336,7 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Aggregates of the steps (p95 by nearest rank, as sim/results). */
+/* Aggregates of the steps (p95 by nearest rank, as results/results). */
 static kvs_status finish_result(kvs_closed_loop_result *r) {
     int64_t n = r->n_steps;
     if (n == 0) return KVS_OK;

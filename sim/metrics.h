@@ -2,11 +2,11 @@
  * metric for every measured sample (run, layer, query head, position): kvs_host_metrics (sim/host.h) holds the
  * formulas, and the replay engine (sim/replay.c) records the values as samples and step series. The enum
  * kvs_metric, kvs_metric_table (sim/metrics.c), the named members of kvs_results_agg / kvs_results_step
- * (sim/results.h) and the results schema's columns (sim/results.c, sim/SCHEMA.md: one `<name>_<stat>` column per
+ * (results/results.h) and the results schema's columns (results/results.c, results/SCHEMA.md: one `<name>_<stat>` column per
  * metric and statistic, one `steps` column per metric) are generated from the list, and `kvsim runs`, `kvsim
  * compare`, the plots and the report iterate the table. So a new metric is one line appended to the list plus its
  * formula in kvs_host_metrics; a database written before it gains its columns at the next open for writing
- * (sim/SCHEMA.md "Versions and migration").
+ * (results/SCHEMA.md "Versions and migration").
  *
  * Definitions follow ../shared/DESIGN.md ("Metrics") and ../shared/POLICY_SPEC.md §1.5 (storage classes,
  * traffic, transfers) and §1.6 (per-step metrics). All byte metrics are per (layer, KV head) per step: the
@@ -23,7 +23,7 @@
 
 /* THE LIST. One line per metric: X(ENUM_SUFFIX, column_name, "label", "unit", kind, higher_is_better, "help").
  * Order = column order in the database and the CSV; append new metrics at the end. The enum kvs_metric,
- * the named members of kvs_results_agg / kvs_results_step (sim/results.h) and kvs_metric_table are all
+ * the named members of kvs_results_agg / kvs_results_step (results/results.h) and kvs_metric_table are all
  * generated from it. */
 #define KVS_METRIC_LIST(X)                                                                                        \
     X(OUT_ERR, out_err, "rel. output error", "", KVS_METRIC_QUALITY, 0, "||O - O'||_2 / ||O||_2")                 \

@@ -1,6 +1,6 @@
 /* policy.c — the policy framework shared by every plugin: parsing and validation of "NAME:key=value,..." specs
  * against a policy's parameter table (the registry, policies/registry.h, finds the policy by name), canonical parameter strings (stored in
- * the results database, sim/SCHEMA.md) and byte helpers. Interface and rules: sim/policy.h.
+ * the results database, results/SCHEMA.md) and byte helpers. Interface and rules: sim/policy.h.
  */
 #include "policy.h"
 

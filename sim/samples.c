@@ -1,6 +1,6 @@
 /* samples.c — per-step metric samples spilled to an unlinked temporary file, and their EXACT statistics in
  * bounded memory. Implements sim/samples.h; the statistics reproduce kvs_results_stat_compute()
- * (sim/results.c): nearest-rank p50/p95 on the sorted samples, min, max, and the mean as a Kahan-compensated
+ * (results/results.c): nearest-rank p50/p95 on the sorted samples, min, max, and the mean as a Kahan-compensated
  * sum over the samples in ascending order divided by n.
  *
  * File layout. The spill file is a plain concatenation of chunks, written append-only by one thread. A chunk

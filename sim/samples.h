@@ -4,7 +4,7 @@
  * to take percentiles costs gigabytes on long traces. A kvs_sample_set keeps only a 1024-sample buffer in
  * memory and appends full buffers as chunks to a kvs_sample_spill, one unlinked temporary file (in $TMPDIR,
  * else /tmp) shared by many sets; kvs_sample_stats() then computes, in bounded memory, the same statistics
- * as kvs_results_stat_compute() (sim/results.h) over the union of any sets' samples:
+ * as kvs_results_stat_compute() (results/results.h) over the union of any sets' samples:
  *  - n, min, max, p50 and p95 (nearest rank on the sorted samples: index ceil(p*n)-1) are exact and compare
  *    == with kvs_results_stat_compute(); their bits can differ only in the sign of a zero, because qsort
  *    leaves the order of -0.0 and +0.0 unspecified (here -0.0 always sorts before +0.0);

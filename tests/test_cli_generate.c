@@ -18,7 +18,7 @@
 #include "tests/util/testenv.h"
 
 #include "common/kvs.h"
-#include "sim/results_closed.h"
+#include "results/results_closed.h"
 
 static char model[4096], trace[4096], story[4096], dir[64], db[128], out[128], err[128];
 

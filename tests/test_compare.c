@@ -23,7 +23,7 @@
 
 #include "common/json.h"
 #include "common/kvs.h"
-#include "sim/results.h"
+#include "results/results.h"
 #include "tests/util/testenv.h"
 
 typedef struct {

@@ -2,7 +2,7 @@
  * S1-S3, §6.3, golden value G5) against a brute-force reference that holds the whole GENERATED trace
  * (tests/util/gen_trace.h, not a model's) and every step's attention and top-k sets in memory and recomputes
  * everything in double precision with its own top-k, overlap and window score; the results family
- * (sim/results_drift.h) round trip and rollback; and `kvsim drift` through the binary, bad input included.
+ * (results/results_drift.h) round trip and rollback; and `kvsim drift` through the binary, bad input included.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -20,7 +20,7 @@
 #include "analysis/drift.h"
 #include "common/kvs_cluster.h"
 #include "plots/plot.h"
-#include "sim/results_drift.h"
+#include "results/results_drift.h"
 #include "tests/util/cli_run.h"
 #include "tests/util/gen_trace.h"
 

@@ -44,9 +44,9 @@
 
 #include <sqlite3.h>
 
-#include "analysis/head_clusters.h"
+#include "common/head_clusters.h"
 #include "common/kvs.h"
-#include "sim/results.h"
+#include "results/results.h"
 #include "tests/util/cli_run.h"
 #include "tests/util/gen_trace.h"
 #include "tests/util/testenv.h"

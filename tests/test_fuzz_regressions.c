@@ -5,7 +5,7 @@
  *
  *  merge: a shard whose run has a NULL status (its schema rewritten without the NOT NULL, or a corrupt record
  *  that SQLite reads as NULL): `kvsim merge` passed the NULL to strcmp, a segmentation fault in the release build
- *  (found by fuzz_merge as an UBSan report; sim/results_sweep.c). Now refused as a corrupt database, OUT unchanged.
+ *  (found by fuzz_merge as an UBSan report; results/results_sweep.c). Now refused as a corrupt database, OUT unchanged.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,8 +20,8 @@
 #include <unistd.h>
 
 #include "common/kvs.h"
-#include "sim/results.h"
-#include "sim/results_sweep.h"
+#include "results/results.h"
+#include "results/results_sweep.h"
 #include "tests/util/testenv.h"
 
 static char dir[64];

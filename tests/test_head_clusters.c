@@ -1,4 +1,4 @@
-/* test_head_clusters.c — analysis/head_clusters.c: the SyncKV derivation of clusters and representatives from a
+/* test_head_clusters.c — common/head_clusters.c: the SyncKV derivation of clusters and representatives from a
  * similarity matrix (POLICY_SPEC §2.4 steps 3-5) against a hand-worked case and against a direct evaluation
  * (K-means of the rows of D = max(S) - S), the file form (round trip, byte-exact output, SHA-256 of the file),
  * and every malformed file the reader must refuse with the line named.
@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../analysis/head_clusters.h"
+#include "../common/head_clusters.h"
 #include "../common/sha256.h"
 
 static char dir[64];

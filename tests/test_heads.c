@@ -1,5 +1,5 @@
 /* test_heads.c — analysis/heads (head-to-head similarity, SyncKV Eq. 2; layer-to-layer similarity, Fig. 2c /
- * POLICY_SPEC §8.4g; per-layer clustering, §2.4), sim/results_heads (the heads table family) and `kvsim heads`.
+ * POLICY_SPEC §8.4g; per-layer clustering, §2.4), results/results_heads (the heads table family) and `kvsim heads`.
  * The streamed similarity is checked against a brute-force computation written separately here: the whole
  * GENERATED trace (tests/util/gen_trace.h, not a model) in memory, attention in double, top-k by a full sort,
  * overlaps by a double loop. Determinism of the clustering, the ARI of a trace's halves against clusterings made
@@ -24,7 +24,7 @@
 #include "common/kvs_cluster.h"
 #include "common/sha256.h"
 #include "plots/plot.h"
-#include "sim/results_heads.h"
+#include "results/results_heads.h"
 #include "tests/util/cli_run.h"
 #include "tests/util/gen_trace.h"
 #include "tests/util/testenv.h"

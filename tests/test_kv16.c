@@ -10,7 +10,7 @@
  *  - the replay's per-layer numbers with the 16-bit history (KVS_KV16=1) equal to the fp32 history's
  *    (KVS_KV16=0): every step sample bit for bit through the library (memory source, ten policies of every
  *    kind), and the per-layer table text for text on fp16 and bf16 trace files through the CLI;
- *  - sim/kv_stream.c's full attention from its 16-bit history against its fp32 one and kvs_attention().
+ *  - trace/kv_stream.c's full attention from its 16-bit history against its fp32 one and kvs_attention().
  * Variants the CPU lacks are skipped, saying so.
  */
 #include <math.h>
@@ -28,7 +28,7 @@
 #include "common/kvs.h"
 #include "common/kvs_math.h"
 #include "common/kvs_math_simd.h"
-#include "sim/kv_stream.h"
+#include "trace/kv_stream.h"
 #include "sim/policy.h"
 #include "policies/registry.h"
 #include "sim/replay.h"
@@ -478,7 +478,7 @@ static void test_cli_replay_16bit_history_same_numbers(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
-/* sim/kv_stream.c's full attention from its 16-bit history: the same probabilities, outputs and LSEs bit for bit as
+/* trace/kv_stream.c's full attention from its 16-bit history: the same probabilities, outputs and LSEs bit for bit as
  * from the fp32 history (KVS_KV16=0), and as kvs_attention() row by row on the rows the stream hands out. */
 static void test_kv_stream_16bit_history_same_numbers(void **state) {
     (void)state;

@@ -1,4 +1,4 @@
-/* test_kv_stream.c — tests of the (layer, KV head) position iterator (sim/kv_stream.h): on small traces the
+/* test_kv_stream.c — tests of the (layer, KV head) position iterator (trace/kv_stream.h): on small traces the
  * test writes itself with trace/trace.h's writer (a multi-turn sequence, a partial last block, a group of 3
  * query heads, a head_dim that is not a multiple of 4), the iterator's queries, K/V history, stored o/lse,
  * tokens, turns and prompt flags equal what was written, and its full attention equals an independent
@@ -21,7 +21,7 @@
 
 #include "common/kvs.h"
 #include "common/kvs_math.h"
-#include "sim/kv_stream.h"
+#include "trace/kv_stream.h"
 #include "tests/util/gen_trace.h"
 #include "trace/trace.h"
 

@@ -1,4 +1,4 @@
-/* test_plan.c — capacity planning (analysis/plan.h, `kvsim plan`, sim/results_plan.h, plots/plan_plot.h)
+/* test_plan.c — capacity planning (analysis/plan.h, `kvsim plan`, results/results_plan.h, plots/plan_plot.h)
  * against the numbers the papers print and POLICY_SPEC §7 G3 hand-computes (R2, D1, M22, every G3 row, D10's
  * max-batch ratio), published parameter counts, hand-computed GQA cases, a measured profile from a real replay of
  * the bundled trace (the measured full cache must plan exactly as the nominal full cache), and bad input.
@@ -17,7 +17,7 @@
 
 #include "analysis/plan.h"
 #include "plots/plan_plot.h"
-#include "sim/results_plan.h"
+#include "results/results_plan.h"
 #include "tests/util/cli_run.h"
 #include "tests/util/testenv.h"
 

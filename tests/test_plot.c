@@ -1,5 +1,5 @@
 /* test_plot.c — tests of plots/plot.h and `kvsim plot`: PNG and SVG output of every plot kind from a
- * database populated through sim/results.h (skipped with a message when gnuplot is not installed), the data
+ * database populated through results/results.h (skipped with a message when gnuplot is not installed), the data
  * gnuplot receives (captured by a stand-in gnuplot script): the Pareto frontier of error-vs-memory /
  * error-vs-traffic on a hand-made case, series kept apart by trace and by measure mode, oracles dashed; the
  * Pareto function itself; the script written to a stream (kvs_plot_write_script) equal to what gnuplot reads;
@@ -32,7 +32,7 @@
 #include "plots/plot.h"
 #include "sim/policy.h"
 #include "policies/registry.h"
-#include "sim/results.h"
+#include "results/results.h"
 #include "trace/trace.h"
 
 typedef struct {

@@ -26,7 +26,7 @@
 #include <cmocka.h>
 
 #include "common/kvs.h"
-#include "sim/results.h"
+#include "results/results.h"
 #include "tests/util/cli_run.h"
 #include "tests/util/testenv.h"
 

@@ -1,4 +1,4 @@
-/* test_results.c — tests of the SQLite results database (sim/results.h, schema in sim/SCHEMA.md) and of
+/* test_results.c — tests of the SQLite results database (results/results.h, schema in results/SCHEMA.md) and of
  * `kvsim runs`: schema v2 creation (one column per metric and statistic of the metric table) and idempotent
  * reopen, exact read-back of a written run (raw SQL and the read API), atomicity (a write failing midway, a
  * writer killed with SIGKILL mid-transaction), two processes writing at once, foreign/unwritable files left
@@ -29,8 +29,8 @@
 
 #include "common/json.h"
 #include "common/kvs.h"
-#include "sim/results.h"
-#include "sim/results_internal.h"
+#include "results/results.h"
+#include "results/results_internal.h"
 #include "tests/util/testenv.h"
 
 /* ------------------------------------------------------------------------------------------------
@@ -844,7 +844,7 @@ static void test_unwritable_paths_give_clear_errors(void **state) {
 }
 
 /* ------------------------------------------------------------------------------------------------
- * Schema version 1: read-only reading and migration. The DDL below is schema v1 as sim/results.c wrote it
+ * Schema version 1: read-only reading and migration. The DDL below is schema v1 as results/results.c wrote it
  * (git history, schema_version 1), frozen here so the tests keep building real v1 files.
  * ---------------------------------------------------------------------------------------------- */
 
@@ -1202,7 +1202,7 @@ static void test_trace_turns_are_written_and_read(void **state) {
 
 /* A v2 database written before trace_turns existed: readers find no turn info; the next open for writing
  * adds the table. */
-/* The helpers of the table families (sim/results_internal.h): a family table created inside a transaction that
+/* The helpers of the table families (results/results_internal.h): a family table created inside a transaction that
  * rolls back is gone and the database unchanged; one that commits is there; kvs_results_trace_id gives the
  * replay's own trace row; a read-only handle refuses to begin a write. */
 static void test_family_helpers(void **state) {

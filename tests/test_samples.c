@@ -1,5 +1,5 @@
 /* test_samples.c — tests of sim/samples.h: spilled sample sets and their exact statistics. Every statistic is
- * checked against kvs_results_stat_compute() (sim/results.h) on the same samples converted to double:
+ * checked against kvs_results_stat_compute() (results/results.h) on the same samples converted to double:
  * n, p50, p95, min and max with ==, the mean bit for bit (samples.h promises a bit-identical Kahan mean;
  * with +inf samples both sides give the same inf or NaN). Data: seeded xorshift samples of mixed
  * magnitudes, negatives, zeros, -0.0, denormals, duplicates and +inf, spread over 1..5 sets sharing one
@@ -25,7 +25,7 @@
 #include <cmocka.h>
 
 #include "common/kvs.h"
-#include "sim/results.h"
+#include "results/results.h"
 #include "sim/samples.h"
 
 static void expect_ok(kvs_status st) {

@@ -1,4 +1,4 @@
-/* test_sweep.c — `kvsim sweep` and `kvsim merge`: the STUDY file (sim/STUDY.md) and its errors naming
+/* test_sweep.c — `kvsim sweep` and `kvsim merge`: the STUDY file (results/STUDY.md) and its errors naming
  * file:line, the deterministic task list and its sizing, one task / a range / resumed tasks (a completed task is
  * skipped), and the merge of shard databases: equal, run by run, to a one-process sweep of the same study (the
  * independent reference), duplicates dropped, a failed run superseded, runs differing only in a replay option kept
@@ -23,9 +23,9 @@
 #include <sqlite3.h>
 
 #include "common/kvs.h"
-#include "sim/results.h"
-#include "sim/results_sweep.h"
-#include "sim/study.h"
+#include "results/results.h"
+#include "results/results_sweep.h"
+#include "results/study.h"
 #include "tests/util/cli_run.h"
 #include "tests/util/gen_trace.h"
 #include "tests/util/testenv.h"
@@ -239,7 +239,7 @@ static void test_study_errors_name_file_and_line(void **state) {
     expect_load_error(c, "trace missing.kvt\n", KVS_ERR_IO, want);
 }
 
-/* Task sizing (sim/STUDY.md): per-policy cost ~ n (n / P + 2 sum budgets) with P = 4 policies; tr_a (60 positions,
+/* Task sizing (results/STUDY.md): per-policy cost ~ n (n / P + 2 sum budgets) with P = 4 policies; tr_a (60 positions,
  * prompt 30: budgets 8 and 15) costs 60 * (15 + 46) = 3660, tr_b (30, prompt 20: budgets 8 and 10) 30 * (7.5 + 36)
  * = 1305 per policy (same shape otherwise): with policies-per-task 1, tr_b gets floor(3660 / 1305) = 2 per task. */
 static void test_task_list_is_deterministic_and_sized(void **state) {

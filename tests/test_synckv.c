@@ -21,7 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../analysis/head_clusters.h"
+#include "../common/head_clusters.h"
 #include "../policies/synckv_internal.h"
 #include "../sim/metrics.h"
 #include "../sim/policy.h"

@@ -27,7 +27,7 @@
 #include <cmocka.h>
 
 #include "common/kvs.h"
-#include "sim/kv_stream.h"
+#include "trace/kv_stream.h"
 #include "sim/replay.h"
 #include "tests/util/cli_run.h"
 #include "tests/util/gen_trace.h"

@@ -5,7 +5,7 @@
  * ("Lean record", "What verify checks").
  *
  * The streams are read with kvs_trace_stream (one decoded block at a time) into a K/V history of their own:
- * sim/kv_stream.h does the same for the trace analyses, but this module sits below sim/ (DESIGN.md
+ * trace/kv_stream.h does the same for the trace analyses, but this module sits below sim/ (DESIGN.md
  * "Architecture"), so it keeps the few lines of history here and takes its attention from common/kvs_math.h
  * with the same calls, in the same order, as kv_stream's scores path (the same numbers bit for bit).
  */

@@ -1,7 +1,7 @@
 #!/bin/bash
-# sweep_array.sh — one Slurm array element per task of a kvsim study (sim/STUDY.md): element I runs task I into its
+# sweep_array.sh — one Slurm array element per task of a kvsim study (results/STUDY.md): element I runs task I into its
 # own shard. Submit through submit.sh, which sizes the array from `kvsim sweep --list-tasks` and chains the merge.
-# Size --time and --mem from `kvsim sweep STUDY --list-tasks --estimate` (sim/STUDY.md "Task sizing").
+# Size --time and --mem from `kvsim sweep STUDY --list-tasks --estimate` (results/STUDY.md "Task sizing").
 #SBATCH --job-name=kvsim-sweep
 #SBATCH --cpus-per-task=4
 #SBATCH --mem=4G

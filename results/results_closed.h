@@ -1,14 +1,14 @@
 /* results_closed.h — the "closed" table family of the results database: closed-loop decoding runs
  * (`kvsim generate`, sim/closed_loop.h) and their per-step series, read back by `kvsim calibrate`.
- * Tables closed_runs and closed_steps, documented in sim/SCHEMA.md ("Closed-loop runs"); written and read only
- * here (sim/results_internal.h rules: created by the writer in its own transaction, additive, schema version 2).
+ * Tables closed_runs and closed_steps, documented in results/SCHEMA.md ("Closed-loop runs"); written and read only
+ * here (results/results_internal.h rules: created by the writer in its own transaction, additive, schema version 2).
  */
 #ifndef KVS_RESULTS_CLOSED_H
 #define KVS_RESULTS_CLOSED_H
 
 #include <stdint.h>
 
-#include "closed_loop.h"
+#include "../sim/closed_loop.h"
 #include "results.h"
 
 /* One closed-loop run to write. Borrowed strings. */

@@ -1,6 +1,6 @@
 /* head_clusters.c — per-layer clusterings of attention units with representatives: the SyncKV derivation
  * from a similarity matrix (App. B.1; POLICY_SPEC §2.4 steps 3-5), validation, and the text file form that
- * `kvsim heads` writes and the SyncKV policy reads. Implements analysis/head_clusters.h.
+ * `kvsim heads` writes and the SyncKV policy reads. Implements common/head_clusters.h.
  */
 #include "head_clusters.h"
 
@@ -10,8 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/kvs_out.h"
-#include "../common/sha256.h"
+#include "kvs_out.h"
+#include "sha256.h"
 
 kvs_status kvs_head_clusters_create(int32_t n_layers, int32_t n_units, kvs_head_clusters **out) {
     *out = NULL;

@@ -1,16 +1,17 @@
-/* results_plan.h — the "plan" table family of the results database (sim/SCHEMA.md, "Table family: plan"):
+/* results_plan.h — the "plan" table family of the results database (results/SCHEMA.md, "Table family: plan"):
  * capacity plans written by `kvsim plan --db` (analysis/plan.h) and read back by reports.
  *
  * A plan is one row of `plans` (the model, its KV and weight sizes, the GPUs, the policy and its measured
  * profile when it had one) and its points in `plan_points` (one row per series x context x response: bytes
  * per sequence and per batch, host bytes, PCIe bytes per step, max batch and max context). Written in one
- * transaction with the family's tables created inside it (sim/results_internal.h).
+ * transaction with the family's tables created inside it (results/results_internal.h).
  */
 #ifndef KVS_RESULTS_PLAN_H
 #define KVS_RESULTS_PLAN_H
 
 #include <stdint.h>
 
+#include "../analysis/plan.h"
 #include "results.h"
 
 /* One plan. Borrowed strings; NaN = not recorded (stored NULL). */
@@ -69,5 +70,15 @@ typedef struct {
  *  results in DB". Caller frees with kvs_results_plan_rows_free. */
 kvs_status kvs_results_query_plans(kvs_results_db *db, kvs_results_plan_row **rows, int64_t *n);
 void kvs_results_plan_rows_free(kvs_results_plan_row *rows, int64_t n);
+
+/*! kvs_plan_profile_read() : reads the profile of one complete run from the results database `db_path`
+ *  (read-only): run `run_id` when > 0, else the one complete run of `policy` (NULL = any)
+ *  at `budget` (> 0; 0 = any). Its per-step series (kvsim replay --series-every N) of storage_kv_bytes,
+ *  storage_aux_bytes, storage_host_bytes and transfer_bytes, mean over layers and query heads per position,
+ *  are fitted with kvs_plan_profile_fit; out->aux_scale is an input (set it before the call). Errors (KVS_ERR_DB unless said): not a results database, as
+ *  kvs_results_open_readonly; "no complete runs"; several runs match ("N runs match: choose one with --run
+ *  ID", listing them; KVS_ERR_INVALID_ARG); the run has no series. */
+kvs_status kvs_plan_profile_read(const char *db_path, int64_t run_id, const char *policy, int64_t budget,
+                                 kvs_plan_profile *out);
 
 #endif /* KVS_RESULTS_PLAN_H */

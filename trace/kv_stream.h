@@ -36,7 +36,7 @@
 #include <stdint.h>
 
 #include "../common/kvs.h"
-#include "../trace/trace.h"
+#include "trace.h"
 
 /* Flags of kvs_kv_stream_open (bitwise or). */
 #define KVS_KV_STREAM_FULL_ATTN 1u /* compute probs / out / attn_lse of every position */

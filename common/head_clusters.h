@@ -25,9 +25,9 @@
 
 #include <stdint.h>
 
-#include "../common/kvs.h"
-#include "../common/kvs_cluster.h"
-#include "../common/kvs_out.h"
+#include "kvs.h"
+#include "kvs_cluster.h"
+#include "kvs_out.h"
 
 #define KVS_HEAD_CLUSTERS_MAX_LAYERS 4096
 #define KVS_HEAD_CLUSTERS_MAX_UNITS 4096

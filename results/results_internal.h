@@ -1,11 +1,11 @@
-/* results_internal.h — what the table families beside sim/results.c share with it: the SQLite handle of an
+/* results_internal.h — what the table families beside results/results.c share with it: the SQLite handle of an
  * open kvsim results database and the few helpers every writer and reader of that file needs. Only files
- * named sim/results_<family>.c include this header; everything else reads and writes the database through
- * sim/results.h and the family headers (sim/results_<family>.h), never with SQL of its own.
+ * named results/results_<family>.c include this header; everything else reads and writes the database through
+ * results/results.h and the family headers (results/results_<family>.h), never with SQL of its own.
  *
  * Why families: the replay tables (runs, run_layers, run_summary, steps, traces, trace_turns) belong to
  * results.c; analyses (drift, heads), capacity plans and later features keep their tables in a file of their
- * own so that none of them edits the core schema. Rules a family keeps (sim/SCHEMA.md, "Table families"):
+ * own so that none of them edits the core schema. Rules a family keeps (results/SCHEMA.md, "Table families"):
  *  - its tables are created by its writer with CREATE TABLE IF NOT EXISTS inside the writer's own
  *    BEGIN IMMEDIATE ... COMMIT transaction (kvs_results_txn_begin/commit/rollback), so a database that
  *    never held that family's results has none of its tables, and a killed or failed write leaves the

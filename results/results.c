@@ -1,7 +1,7 @@
 /* results.c — the SQLite results database of kvsim: schema creation and migration, the one-transaction run
  * writer (with the trace row and its turns), the read API every reader uses (no SQL outside this file), and
- * the summary statistics of a metric. Implements sim/results.h; the schema (tables, columns, units, versions)
- * is documented in sim/SCHEMA.md and the metrics in sim/metrics.h and ../shared/DESIGN.md ("Metrics",
+ * the summary statistics of a metric. Implements results/results.h; the schema (tables, columns, units, versions)
+ * is documented in results/SCHEMA.md and the metrics in sim/metrics.h and ../shared/DESIGN.md ("Metrics",
  * "Results (SQLite)").
  *
  * Every metric column is generated from the metric table (sim/metrics.h): run_layers / run_summary hold
@@ -108,7 +108,7 @@ static void sb_free(sbuf *b) {
 }
 
 /* ------------------------------------------------------------------------------------------------
- * Schema (keep in sync with sim/SCHEMA.md)
+ * Schema (keep in sync with results/SCHEMA.md)
  * ---------------------------------------------------------------------------------------------- */
 
 static const char schema_meta_traces_sql[] =
@@ -446,7 +446,7 @@ static kvs_status ensure_metric_columns(kvs_results_db *r) {
 }
 
 /* ------------------------------------------------------------------------------------------------
- * Migration v1 -> v2 (sim/SCHEMA.md "Versions and migration")
+ * Migration v1 -> v2 (results/SCHEMA.md "Versions and migration")
  * ---------------------------------------------------------------------------------------------- */
 
 /* The runs columns of schema v1 (frozen), copied into the rebuilt runs table. */
@@ -1343,7 +1343,7 @@ cleanup:
 }
 
 /* ------------------------------------------------------------------------------------------------
- * Shared with the table families (sim/results_internal.h)
+ * Shared with the table families (results/results_internal.h)
  * ---------------------------------------------------------------------------------------------- */
 
 sqlite3 *kvs_results_sqlite(kvs_results_db *r) { return r ? r->db : NULL; }

@@ -1,5 +1,5 @@
 /* compare.c — policies at an equal cost (POLICY_SPEC.md §1.5 budget-matching modes): the series of the runs of a
- * results database and their values interpolated in log(x) at X. The method is documented in sim/compare.h;
+ * results database and their values interpolated in log(x) at X. The method is documented in results/compare.h;
  * `kvsim compare` (cli/cmd_compare.c) prints it and `kvsim report` (plots/report.c) tabulates it.
  */
 #include "compare.h"

@@ -1,6 +1,6 @@
-/* results_sweep.c — the "sweep" table family (sim/SCHEMA.md "Family sweep"): completed tasks of `kvsim sweep`,
+/* results_sweep.c — the "sweep" table family (results/SCHEMA.md "Family sweep"): completed tasks of `kvsim sweep`,
  * trace content hashes, and `kvsim merge` of shard databases (run identity, conflicts, atomic replacement).
- * Follows the family rules of sim/SCHEMA.md "Table families" through sim/results_internal.h.
+ * Follows the family rules of results/SCHEMA.md "Table families" through results/results_internal.h.
  */
 #include "results_sweep.h"
 

@@ -1,5 +1,5 @@
 /* study.c — loads a STUDY file of `kvsim sweep` and cuts it into its deterministic task list.
- * Format and task sizing: sim/STUDY.md; the replay each task runs: sim/replay.h, cli/cmd_replay.c.
+ * Format and task sizing: results/STUDY.md; the replay each task runs: sim/replay.h, cli/cmd_replay.c.
  */
 #include "study.h"
 
@@ -13,9 +13,9 @@
 #include <string.h>
 
 #include "../trace/trace.h"
-#include "policy.h"
+#include "../sim/policy.h"
 #include "../policies/registry.h"
-#include "replay.h"
+#include "../sim/replay.h"
 
 #define STUDY_LINE_MAX 4096
 #define STUDY_MAX_POLICIES 64 /* what one `kvsim replay` accepts */
@@ -120,7 +120,7 @@ static kvs_status add_trace_pattern(kvs_study *s, const char *study_path, int li
     return st;
 }
 
-/* ---- task sizing (sim/STUDY.md "Task sizing") ---- */
+/* ---- task sizing (results/STUDY.md "Task sizing") ---- */
 
 /* Estimated multiply-adds of one policy (all budgets) on trace t: the full attention the task computes once,
  * shared by the policies of the task, is counted with each policy so that the per-policy cost orders traces. */

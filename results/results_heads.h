@@ -1,7 +1,7 @@
 /* results_heads.h — the "heads" table family of the results database: what `kvsim heads` measures (head-to-head
  * similarity of query heads and of units, layer-to-layer similarity, the per-layer K-means clustering of units
  * with its representatives, and the stability of that clustering) and the reads of it: the SyncKV policy's
- * clustering (SyncKV App. B.1, POLICY_SPEC §2.4) and the heads plots. Tables: sim/SCHEMA.md "Table family
+ * clustering (SyncKV App. B.1, POLICY_SPEC §2.4) and the heads plots. Tables: results/SCHEMA.md "Table family
  * heads"; the analysis: analysis/heads.h. A run is written in one transaction (all of it or nothing).
  */
 #ifndef KVS_RESULTS_HEADS_H
@@ -9,9 +9,9 @@
 
 #include <stdint.h>
 
-#include "../analysis/head_clusters.h"
+#include "../common/head_clusters.h"
 #include "results.h"
-#include "policy.h"
+#include "../sim/policy.h"
 
 /* One `kvsim heads` run: how it was configured. Borrowed strings. */
 typedef struct {
@@ -49,7 +49,7 @@ kvs_status kvs_results_heads_write(kvs_results_db *db, const kvs_results_trace *
 
 /*! kvs_results_heads_read_clusters() : the clustering of heads run `heads_run_id` (the latest run when <= 0) into
  *  *out (caller frees with kvs_head_clusters_free) and, when sha256_hex is not NULL, the SHA-256 of its file form
- *  (analysis/head_clusters.h: the digest of the file `kvsim heads --clusters-out` writes for it, so a policy
+ *  (common/head_clusters.h: the digest of the file `kvsim heads --clusters-out` writes for it, so a policy
  *  records the same identity whichever it read). KVS_ERR_DB with "no heads results in DB" when the database
  *  has none, "no heads run ID in DB" for a missing id, or when the stored rows do not form a valid clustering. */
 kvs_status kvs_results_heads_read_clusters(kvs_results_db *db, int64_t heads_run_id, kvs_head_clusters **out,

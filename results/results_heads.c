@@ -1,7 +1,7 @@
-/* results_heads.c — the "heads" table family (sim/SCHEMA.md "Table family heads"): the tables of `kvsim heads`
+/* results_heads.c — the "heads" table family (results/SCHEMA.md "Table family heads"): the tables of `kvsim heads`
  * (SyncKV Eq. 2 similarity, Fig. 2c layer-to-layer similarity, App. B.1 clustering and its stability, POLICY_SPEC
- * §2.4, §5.4 S4/S12), written in one transaction through sim/results_internal.h, and their readers.
- * Implements sim/results_heads.h.
+ * §2.4, §5.4 S4/S12), written in one transaction through results/results_internal.h, and their readers.
+ * Implements results/results_heads.h.
  */
 #include "results_heads.h"
 
@@ -11,7 +11,7 @@
 
 #include "results_internal.h"
 
-/* The shared column helpers of sim/results_internal.h under their short names. */
+/* The shared column helpers of results/results_internal.h under their short names. */
 #define col_dup kvs_results_col_dup
 
 static const char heads_ddl[] =

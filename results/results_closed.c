@@ -1,5 +1,5 @@
-/* results_closed.c — SQL of the "closed" table family (results_closed.h; sim/SCHEMA.md "Closed-loop runs";
- * family rules in sim/results_internal.h).
+/* results_closed.c — SQL of the "closed" table family (results_closed.h; results/SCHEMA.md "Closed-loop runs";
+ * family rules in results/results_internal.h).
  */
 #include "results_closed.h"
 
@@ -10,7 +10,7 @@
 #include "../common/sha256.h"
 #include "results_internal.h"
 
-/* The shared column helpers of sim/results_internal.h under their short names. */
+/* The shared column helpers of results/results_internal.h under their short names. */
 #define bind_real(st, i, v) ((void)kvs_results_bind_real((st), (i), (v)))
 #define col_real kvs_results_col_real
 #define col_text(st, i) kvs_results_col_dup((st), (i), NULL)

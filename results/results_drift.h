@@ -1,6 +1,6 @@
-/* results_drift.h — the drift table family of the results database (sim/SCHEMA.md "Drift tables"): what
+/* results_drift.h — the drift table family of the results database (results/SCHEMA.md "Drift tables"): what
  * `kvsim drift` measures (analysis/drift.h: SyncKV §3.1-3.2, Fig. 2a/2b; POLICY_SPEC §5.4 S1-S3) and the read API
- * that `kvsim plot --kind drift-*` and `kvsim report` use. Follows the family rules of sim/results_internal.h.
+ * that `kvsim plot --kind drift-*` and `kvsim report` use. Follows the family rules of results/results_internal.h.
  *
  * Writing: one drift run = one transaction. kvs_results_drift_begin() opens it (BEGIN IMMEDIATE, the family's
  * tables created if absent, the trace row, the drift_runs row); the put calls insert rows through prepared

@@ -1,4 +1,4 @@
-/* results_sweep.h — the "sweep" table family of the results database (sim/SCHEMA.md "Family sweep"): which
+/* results_sweep.h — the "sweep" table family of the results database (results/SCHEMA.md "Family sweep"): which
  * study tasks of `kvsim sweep` completed, the content hash of each trace a sweep replayed, and `kvsim merge`,
  * which combines the shard databases of a sharded study into one.
  */

@@ -1,5 +1,5 @@
 /* results_drift.c — the drift table family: tables drift_runs, drift_steps, drift_locality and
- * drift_locality_units (documented in sim/SCHEMA.md "Drift tables"), written in one transaction per run and read
+ * drift_locality_units (documented in results/SCHEMA.md "Drift tables"), written in one transaction per run and read
  * back for plots and reports (see results_drift.h; family rules in results_internal.h).
  */
 #include "results_drift.h"
@@ -11,7 +11,7 @@
 
 #include "results_internal.h"
 
-/* The shared column helpers of sim/results_internal.h under their short names. */
+/* The shared column helpers of results/results_internal.h under their short names. */
 #define bind_real(st, i, v) ((void)kvs_results_bind_real((st), (i), (v)))
 #define col_real kvs_results_col_real
 #define col_dup kvs_results_col_dup

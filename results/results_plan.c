@@ -1,15 +1,16 @@
-/* results_plan.c — the "plan" table family (see results_plan.h; tables documented in sim/SCHEMA.md, "Table
- * family: plan"), following the family rules of sim/results_internal.h.
+/* results_plan.c — the "plan" table family (see results_plan.h; tables documented in results/SCHEMA.md, "Table
+ * family: plan"), following the family rules of results/results_internal.h.
  */
 #include "results_plan.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "results_internal.h"
 
-/* The shared column helpers of sim/results_internal.h under their short names. */
+/* The shared column helpers of results/results_internal.h under their short names. */
 #define bind_real(st, i, v) ((void)kvs_results_bind_real((st), (i), (v)))
 #define col_real kvs_results_col_real
 #define col_text(st, i) kvs_results_col_dup((st), (i), NULL)
@@ -249,5 +250,101 @@ cleanup:
     sqlite3_finalize(q);
     sqlite3_finalize(pq);
     kvs_results_plan_rows_free(rows, n);
+    return st;
+}
+
+/* ---- the measured profile of a run (kvsim plan --profile) ---- */
+
+kvs_status kvs_plan_profile_read(const char *db_path, int64_t run_id, const char *policy, int64_t budget,
+                                 kvs_plan_profile *out) {
+    if (!db_path || !out) return kvs_fail(KVS_ERR_INVALID_ARG, "plan: NULL database path");
+    kvs_results_db *db = NULL;
+    kvs_results_run_row *rows = NULL;
+    int64_t n_rows = 0;
+    kvs_results_series s[4] = {{0}};
+    int64_t *lens = NULL;
+    double *vals = NULL;
+    kvs_status st = kvs_results_open_readonly(db_path, &db);
+    if (st != KVS_OK) return st;
+    kvs_results_filter f = {0};
+    f.run_id = run_id > 0 ? run_id : 0;
+    f.policy = run_id > 0 ? NULL : policy;
+    f.budget_tokens = run_id > 0 ? 0 : budget;
+    KVS_TRY(st = kvs_results_query_runs(db, &f, &rows, &n_rows));
+    if (n_rows == 0) {
+        char what[160] = "";
+        if (run_id > 0) snprintf(what, sizeof what, " with id %lld", (long long)run_id);
+        else if (policy && budget > 0) snprintf(what, sizeof what, " of policy %s at budget %lld", policy, (long long)budget);
+        else if (policy) snprintf(what, sizeof what, " of policy %s", policy);
+        else if (budget > 0) snprintf(what, sizeof what, " at budget %lld", (long long)budget);
+        st = kvs_fail(KVS_ERR_DB, "%s: no complete runs%s in the database: nothing to plan with", db_path, what);
+        goto cleanup;
+    }
+    if (n_rows > 1) {
+        char list[512];
+        size_t used = 0;
+        for (int64_t i = 0; i < n_rows && used + 64 < sizeof list; i++)
+            used += (size_t)snprintf(list + used, sizeof list - used, "%s%lld (%s, budget %lld)", i ? ", " : "",
+                                     (long long)rows[i].id, rows[i].policy, (long long)rows[i].budget_tokens);
+        st = kvs_fail(KVS_ERR_INVALID_ARG, "%s: %lld runs match: choose one with --run ID (%s%s)", db_path,
+                      (long long)n_rows, list, used + 64 >= sizeof list ? ", ..." : "");
+        goto cleanup;
+    }
+    const kvs_results_run_row *r = &rows[0];
+    kvs_plan_profile p = {0};
+    p.run_id = r->id;
+    snprintf(p.policy, sizeof p.policy, "%s", r->policy ? r->policy : "");
+    snprintf(p.params, sizeof p.params, "%s", r->params ? r->params : "");
+    snprintf(p.budget_scope, sizeof p.budget_scope, "%s", r->budget_scope ? r->budget_scope : "every_step");
+    p.budget_tokens = r->budget_tokens;
+    snprintf(p.trace_model, sizeof p.trace_model, "%s", r->model ? r->model : "");
+    p.trace_id = r->trace_id;
+    p.trace_head_dim = r->head_dim;
+    kvs_dtype dt;
+    if (!r->dtype || kvs_dtype_parse(r->dtype, &dt) != KVS_OK) {
+        st = kvs_fail(KVS_ERR_FORMAT, "%s: run %lld: the trace's dtype '%s' is unknown", db_path, (long long)r->id,
+                      r->dtype ? r->dtype : "");
+        goto cleanup;
+    }
+    p.trace_elem_bytes = (double)kvs_dtype_size(dt);
+    p.tok_bytes = 2.0 * r->head_dim * p.trace_elem_bytes;
+    p.prompt_len = r->prompt_len;
+    p.x_is_generated = !strcmp(p.budget_scope, "prompt");
+    p.per_query_head = r->layout && !strcmp(r->layout, "per_query_head");
+    p.trace_group = r->n_kv_heads > 0 ? r->n_heads / r->n_kv_heads : 1;
+    const kvs_metric metrics[4] = {KVS_M_STORAGE_KV, KVS_M_STORAGE_AUX, KVS_M_STORAGE_HOST,
+                                   KVS_M_TRANSFER};
+    for (int i = 0; i < 4; i++) KVS_TRY(st = kvs_results_query_steps(db, r->id, -1, metrics[i], &s[i]));
+    const int64_t n = s[0].n;
+    if (n == 0) {
+        st = kvs_fail(KVS_ERR_DB, "%s: run %lld has no per-step series to measure its profile from (replay with "
+                                  "--series-every 1)", db_path, (long long)r->id);
+        goto cleanup;
+    }
+    lens = malloc((size_t)n * sizeof *lens);
+    vals = malloc((size_t)n * 3 * sizeof *vals);
+    if (!lens || !vals) {
+        st = kvs_fail(KVS_ERR_NOMEM, "plan: out of memory");
+        goto cleanup;
+    }
+    /* The other series at the storage series' positions (a series that never recorded a metric is empty: 0). */
+    for (int k = 1; k < 4; k++) {
+        int64_t j = 0;
+        for (int64_t i = 0; i < n; i++) {
+            while (j < s[k].n && s[k].position[j] < s[0].position[i]) j++;
+            vals[(size_t)(k - 1) * (size_t)n + (size_t)i] =
+                j < s[k].n && s[k].position[j] == s[0].position[i] ? s[k].value[j] : 0;
+        }
+    }
+    for (int64_t i = 0; i < n; i++) lens[i] = s[0].position[i] + 1;
+    p.aux_scale = out->aux_scale;
+    KVS_TRY(st = kvs_plan_profile_fit(&p, lens, s[0].value, vals, vals + n, vals + 2 * n, n));
+    *out = p;
+cleanup:
+    for (int i = 0; i < 4; i++) kvs_results_series_free(&s[i]);
+    free(lens);
+    free(vals);
+    kvs_results_run_rows_free(rows, n_rows);
+    kvs_results_close(db);
     return st;
 }

@@ -1,4 +1,4 @@
-/* results.h — the SQLite results database of kvsim (schema documented in sim/SCHEMA.md).
+/* results.h — the SQLite results database of kvsim (schema documented in results/SCHEMA.md).
  *
  * One database per study. Several processes may write one database at once (WAL journal, busy timeout).
  * A replay run is written by one call, kvs_results_write_run(), inside one transaction: its trace row and
@@ -14,18 +14,18 @@
 
 #include "../common/kvs.h"
 #include "../trace/trace.h"
-#include "metrics.h"
+#include "../sim/metrics.h"
 
 typedef struct kvs_results_db kvs_results_db;
 
-/* The schema version this kvsim writes (sim/SCHEMA.md). */
+/* The schema version this kvsim writes (results/SCHEMA.md). */
 #define KVS_RESULTS_SCHEMA_VERSION 2
 
 /*! kvs_results_open() : opens or creates the database at `path` for writing, and its schema (idempotent).
  *  An existing file that is not a kvsim results database (or is corrupt) is KVS_ERR_DB with a clear detail
  *  and is left unchanged; a schema version newer than KVS_RESULTS_SCHEMA_VERSION (or unknown) is
  *  KVS_ERR_VERSION, also unchanged. A version-1 database is MIGRATED in place to version 2 in one
- *  transaction (sim/SCHEMA.md "Versions and migration"): on any failure it stays a complete v1 database.
+ *  transaction (results/SCHEMA.md "Versions and migration"): on any failure it stays a complete v1 database.
  *  Caller frees with kvs_results_close (accepts NULL). */
 kvs_status kvs_results_open(const char *path, kvs_results_db **out);
 
@@ -101,7 +101,7 @@ kvs_status kvs_results_write_run(kvs_results_db *db, const kvs_results_trace *tr
 
 /* ------------------------------------------------------------------------------------------------
  * Reading. `kvsim runs`, `kvsim plot`, `kvsim compare` and later analyses read the database only through
- * these calls (no SQL outside sim/results.c). Values that are not recorded — a NULL column, a column a v1
+ * these calls (no SQL outside results/results.c). Values that are not recorded — a NULL column, a column a v1
  * database does not have, or a statistic over no samples (n = 0) — read back as NaN with n = 0; strings
  * not recorded read back as NULL.
  * ---------------------------------------------------------------------------------------------- */

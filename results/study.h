@@ -1,9 +1,9 @@
-/* study.h — the declarative STUDY file of `kvsim sweep` and its deterministic task list (format: sim/STUDY.md).
+/* study.h — the declarative STUDY file of `kvsim sweep` and its deterministic task list (format: results/STUDY.md).
  *
  * A study is traces x policy configurations x budgets with one set of measurement options. Its work is cut into
  * TASKS: one trace x a slice of consecutive policies (each with every budget), so one task is one replay pass
  * (the full attention of the trace is computed once per task). Cheaper traces get more policies per task so
- * that tasks take similar time (kvs_study_load, "Task sizing" in sim/STUDY.md). The list depends only on the
+ * that tasks take similar time (kvs_study_load, "Task sizing" in results/STUDY.md). The list depends only on the
  * study file and the trace headers: every rank and every Slurm array element computes the same list.
  */
 #ifndef KVS_STUDY_H

@@ -1,5 +1,5 @@
 /* compare.h — policies compared at an equal cost, the budget-matching modes of POLICY_SPEC.md §1.5, computed
- * from the complete runs of a results database (sim/results.h); what `kvsim compare` prints and what
+ * from the complete runs of a results database (results/results.h); what `kvsim compare` prints and what
  * `kvsim report` tabulates and summarises (plots/report.h).
  *   mem     = equal resident bytes including auxiliary structures (run-wide storage_bytes mean per KV head),
  *   traffic = equal HBM bytes read per decode step (run-wide traffic_bytes mean per KV head; RocketKV's
@@ -98,7 +98,7 @@ int kvs_compare_n_columns(const kvs_compare *c);
 /*! kvs_compare_column_at() : column i (0 <= i < n_columns); borrowed from c. */
 const kvs_compare_column *kvs_compare_column_at(const kvs_compare *c, int i);
 
-/*! kvs_compare_column_parse() : one column "<metric>_<stat>" (sim/results.h kvs_results_column_parse) that
+/*! kvs_compare_column_parse() : one column "<metric>_<stat>" (results/results.h kvs_results_column_parse) that
  *  can be compared (not a sample count); else KVS_ERR_INVALID_ARG with a detail naming it. */
 kvs_status kvs_compare_column_parse(const char *name, kvs_compare_column *out);
 
