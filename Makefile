@@ -2,6 +2,7 @@
 #   make            build ./kvsim (CPU only; never needs CUDA)
 #   make test       build and run the cmocka suite (tests/test_*.c)
 #   make asan       build everything with AddressSanitizer + UndefinedBehaviorSanitizer and run the suite
+#   make check-layers  the include graph follows the folders' layers (tools/check_layers.sh)
 #   make bench      build and run the benchmarks (bench/*.c); numbers go to stdout, never asserted
 #   make cuda       build build/cuda/kvsim with the CUDA capture backend when nvcc is present (./kvsim stays
 #                   the CPU build; gpu_capture/cuda/cuda.mk)
@@ -38,7 +39,7 @@ BENCH_BINS = $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 LIB = $(BUILD)/libkvs.a
 KVSIM ?= kvsim
 
-.PHONY: all test asan bench bench-build clean mpi mpi-test slurm-test
+.PHONY: all test asan bench bench-build clean mpi mpi-test slurm-test check-layers
 all: $(KVSIM)
 
 $(BUILD)/%.o: %.c
@@ -85,6 +86,11 @@ bench: $(KVSIM) $(BENCH_BINS)
 # Every benchmark and bench tool built, none run: CI builds them (.ci/run) so that none rots unseen.
 BENCH_TOOLS = $(BUILD)/bench/gen_cmp_trace $(BUILD)/bench/neighbor
 bench-build: $(BENCH_BINS) $(BENCH_TOOLS)
+
+# The include graph against ../shared/DESIGN.md's layers (common, trace, gpu_capture, sim, policies, analysis,
+# results, plots, cli): no include from a lower folder to a higher one, no cycle across folders.
+check-layers:
+	sh tools/check_layers.sh
 
 clean:
 	rm -rf build kvsim
