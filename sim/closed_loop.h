@@ -1,5 +1,5 @@
 /* closed_loop.h — closed-loop decoding with a KV-cache policy active inside the CPU forward pass
- * (../shared/DESIGN.md "Closed-loop decoding (calibration of the replay)"; issue 15).
+ * (../shared/DESIGN.md "Closed-loop decoding (calibration of the replay)").
  *
  * Two copies of the model decode side by side:
  *  - the FULL model: plain kvs_model_forward, full causal attention;

@@ -1,5 +1,5 @@
-/* policy_memo.c — the replay task's memo of budget-independent scores (issue 17; sim/policy_memo.h,
- * sim/BENCH.md "Third pass", "Eighth pass (a)" and "(d)"). A small table of entries, each the complete description
+/* policy_memo.c — the replay task's memo of budget-independent scores (sim/policy_memo.h; sim/BENCH.md "Work shared
+ * between a task's configurations"). A small table of entries, each the complete description
  * of one kvs_attn_colsum / kvs_snapkv_scores call (row pointers, candidates copied, every option), of one
  * kvs_page_scores_rows call (query rows copied, the layout, and what the summaries are a function of), of the
  * values one top-k selection ranks (the rows copied) and its output, or of the page scores one page selection
@@ -315,7 +315,7 @@ void kvs_policy_page_scores(const kvs_policy_view *view, int64_t page, const flo
     memcpy(x->res, out, bytes);
 }
 
-/* ---- Quest's page ranking (sim/BENCH.md "Nineteenth pass") ---- */
+/* ---- Quest's page ranking ---- */
 
 /* The entry's output: [n_pages] the scores (the key), then [n_pages] int32 the ranking, x->ret of it filled. */
 static int32_t *page_rank_of(memo_entry *x) { return (int32_t *)(void *)((double *)x->res + x->pk.n_pages); }
@@ -353,7 +353,7 @@ int64_t kvs_policy_page_select(const kvs_policy_view *view, const double *score,
     return kvs_page_take(ranked, (size_t)x->ret, page, n_tokens, k, out);
 }
 
-/* ---- the oracle top-k's selection (sim/BENCH.md "Eighth pass (d)") ---- */
+/* ---- the oracle top-k's selection ---- */
 
 /* The values the selection ranks: the rows' sum from +0 in row order (kvs_policy_topk_sorted's contract), or the
  * row itself when there is one (+0 + x has x's kvs_desc_key for every x: -0 becomes +0, equal to it in the order;

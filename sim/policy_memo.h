@@ -1,12 +1,12 @@
-/* policy_memo.h — the replay engine's memo of scores shared between the configurations of one replay task (issue 17,
- * "Replay at the hardware's speed"; sim/BENCH.md "Third pass", "Eighth pass (a)", "(d)"). A sweep runs one policy at
+/* policy_memo.h — the replay engine's memo of scores shared between the configurations of one replay task (sim/BENCH.md
+ * "Work shared between a task's configurations"). A sweep runs one policy at
  * several budgets; H2O's, Scissorhands' and TOVA's prompt column sums (kvs_attn_colsum) and SnapKV's, PyramidKV's,
  * Ada-KV's and RocketKV's observation-window scores (kvs_snapkv_scores) do not depend on the budget at a turn's
  * first prefill, yet each configuration computed them again; likewise Quest's decode-time page bounds
  * (kvs_page_scores_rows) at a fixed page size, whose summaries are the page min/max of every key so far, and the
- * page selection over them (kvs_page_select: at every budget a prefix of one page ranking; "Nineteenth pass"), and
+ * page selection over them (kvs_page_select: at every budget a prefix of one page ranking), and
  * the top-k oracle's decode-time selection (kvs_topk_sorted of the group-summed full attention: at every budget a
- * prefix of one ranking; "Eighth pass (d)"). A policy calls kvs_policy_colsum() / kvs_policy_snapkv_scores() with its
+ * prefix of one ranking). A policy calls kvs_policy_colsum() / kvs_policy_snapkv_scores() with its
  * prefill view (kvs_policy_page_scores() with its prefill or decode view) instead of the kvs_math.h function: when
  * the view carries a memo and an earlier configuration of the same task asked for the same computation (the same q
  * and key rows, the same candidates, the same options) at the same position, the stored result is copied; otherwise

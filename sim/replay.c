@@ -1,5 +1,8 @@
-/* replay.c — the replay engine (semantics in replay.h; ../shared/DESIGN.md "Replay" and "Metrics";
- * POLICY_SPEC.md §1.2 call order, §1.6 metrics).
+/* replay.c — the fast replay driver (semantics in replay.h; ../shared/DESIGN.md "Replay" and "Metrics";
+ * POLICY_SPEC.md §1.2 call order, §1.6 metrics). Every rule that decides a number — seeds, allocation pass,
+ * instances, the selection check, the accounting, the metric formulas — is the policy host's (host.h), shared with
+ * closed-loop decoding; what this file adds is speed, held to the reference replay (replay_ref.c) bit for bit by
+ * tests/test_replay_ref.c.
  *
  * Layout of the work: a task = (layer, group of configurations). It opens the layer's KV-head streams and
  * advances them in lockstep, block by block, keeping the K/V history of each KV head (policies may point
@@ -9,7 +12,7 @@
  * configurations go in phases, KV head by KV head (decode_position): every one selects and takes its softmax, one
  * pass over the head's value rows computes all their outputs, then every one is measured and observes; each
  * configuration's own calls keep their order, so its numbers are those of a replay of it alone. Tasks run on a
- * pthread pool pulling from an atomic counter.
+ * thread pool (common/threadpool.h) whose workers pull from an atomic counter.
  *
  * Leak discipline (DESIGN.md "Replay" 3): views expose positions 0..p only; decode views carry only the
  * current query; full attention reaches a policy only when its ops say is_oracle. Selections are checked
@@ -331,10 +334,10 @@ static kvs_status task_alloc(task *t) {
     t->sel_n = calloc(G, sizeof *t->sel_n);
     t->pbuf = calloc(G, sizeof *t->pbuf);
     /* The reference is computed for blocks of decode steps at once (blocked causal attention: every K/V row read
-     * once per block instead of once per position): 64 query rows of a KV head per block (32 before issue 17's
-     * nineteenth pass: at 8192 positions a block's K/V rows come from L3 or memory, and 16 steps a block took the
-     * reference from 0.54-0.56 to 0.47 s of the sweep), fewer where its probabilities (and as many kept scores)
-     * would pass REF_BLOCK_MAX_BYTES (a long trace with many heads), but never fewer than 32 rows. */
+     * once per block instead of once per position): 64 query rows of a KV head per block (at 8192 positions a
+     * block's K/V rows come from L3 or memory, so more rows a block read them fewer times), fewer where its
+     * probabilities (and as many kept scores) would pass REF_BLOCK_MAX_BYTES (a long trace with many heads), but never
+     * fewer than 32 rows. */
     int64_t rows_min = ref_block_steps(32, (int64_t)G);
     t->ref_cap = ref_block_steps(64, (int64_t)G);
     while (t->ref_cap > rows_min && (size_t)t->ref_cap * H * G * N * sizeof(float) > REF_BLOCK_MAX_BYTES) t->ref_cap /= 2;
@@ -494,8 +497,8 @@ typedef kvs_host_sums head_sums;
  * head's hits are its n (every entry is ranked within n). Each head's chain of fp64 adds runs over its own list in
  * ascending j exactly as one head at a time adds it, so every sum is the same bits; the 4 chains only overlap in
  * time. A single head's chain is bound by the add latency (4 cycles), which made the recall as slow as a quarter
- * of the policy's attention at d 128. The f64 table's recall4 keeps the 4 lanes in vector registers (the scalar
- * loop here spilled its 16 pointers and counters, 7% of a sweep's replay time; issue 17). */
+ * of the policy's attention at d 128. The f64 table's recall4 keeps the 4 lanes in vector registers (a scalar
+ * loop spilled its 16 pointers and counters to the stack). */
 enum { SUM_LANES = 4 };
 static void recall_sums(int m, int hits, const float *const fp[SUM_LANES], const int32_t *const list[SUM_LANES],
                         const int64_t n[SUM_LANES], const int32_t *const rank[SUM_LANES], head_sums *s[SUM_LANES]) {
@@ -877,7 +880,7 @@ static kvs_status head_select(task *t, int ci, int h, int64_t p, int measured) {
 
 /* Value rows per block of the shared output pass (kvs_replay_opts.out_block_rows): by default 256 KiB, which stay
  * in L2 (1 MiB and more on the CPUs this runs on) while every configuration's calls take their entries in the
- * block (sim/BENCH.md "Sixteenth pass": 64 to 512 KiB measured alike, 1 MiB and unblocked slower). */
+ * block (sim/BENCH.md "The shared output pass": 64 to 512 KiB measured alike, 1 MiB and unblocked slower). */
 enum { OUT_BLOCK_BYTES = 256 * 1024 };
 
 static size_t out_block_rows(const task *t) {

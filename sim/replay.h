@@ -95,20 +95,20 @@ typedef struct {
      * at the next position; kvs_replay_execute then returns KVS_ERR_INTERRUPTED with every run's status
      * KVS_ERR_INTERRUPTED (nothing is a complete run). */
     const volatile int *cancel;
-    /* K/V history of the attention kernels when the source's kv_dtype is 16-bit (issue 14, sim/BENCH.md "K/V in
+    /* K/V history of the attention kernels when the source's kv_dtype is 16-bit (sim/BENCH.md "K/V in
      * 16 bits"): 1 = also keep it in that form and run the full reference and the group attention over S_t on
      * the 16-bit kernels (half the bytes read; the numbers are the same bit for bit; policies still see fp32
      * rows, so the history takes 1.5x the memory of an fp32 one); -1 = fp32 only; 0 = the default,
      * kvs_math_kv16_default() (common/kvs_math_simd.h: on unless the environment says KVS_KV16=0). Off whatever
      * is asked when an on_step_end hook is set (it may rewrite the fp32 rows) or head_dim > 1024. */
     int kv16;
-    /* Score memo (issue 17, sim/policy_memo.h): 0 = the default, on: configurations of one task that ask for
+    /* Score memo (sim/policy_memo.h): 0 = the default, on: configurations of one task that ask for
      * the same scores at one position (prompt scores with the same rows, candidates and options; Quest's decode
      * page bounds at the same page size; e.g. one policy at several budgets) compute them once, with the same
      * bits; -1 = off (tests compare). Off whatever is asked when an on_step_end hook
      * is set (it may rewrite rows between configurations). */
     int prefill_memo;
-    /* Scores of S_t (issue 17): 0 = the default, on: at a position whose full reference is computed (every
+    /* Scores of S_t: 0 = the default, on: at a position whose full reference is computed (every
      * measured step, and any step an oracle policy needs), a configuration's attention over its selection takes
      * the query heads' scores at those positions from the reference's (kept before its softmax) instead of
      * computing them again; the softmax and the output over S_t remain. The same bits (a score does not depend
@@ -116,7 +116,7 @@ typedef struct {
      * (tests compare). Off whatever is asked when an on_step_end hook is set (it may rewrite rows the reference
      * read). */
     int ref_scores;
-    /* The shared output pass (issue 17, sim/BENCH.md "Sixteenth pass"): at a position whose scores the reference
+    /* The shared output pass (sim/BENCH.md "The shared output pass"): at a position whose scores the reference
      * has (above), the outputs of all of a task's configurations over a KV head are computed together, a block of
      * value rows at a time, each block read once for all of them; the same bits. 0 = the default, blocks of 256
      * KiB of rows; > 0 = blocks of that many rows; -1 = no blocks, each configuration's output whole in turn (tests

@@ -93,7 +93,7 @@ kvs_status kvs_kv_stream_open(const kvs_trace *t, int layer, int kv_head, unsign
         s->scores = malloc(G * N * sizeof(float));
         ok = ok && s->scores;
     }
-    /* The full attention of every head of the group at once over the 16-bit rows (issue 14): half the bytes
+    /* The full attention of every head of the group at once over the 16-bit rows: half the bytes
      * read, the same numbers (kvs_attention_group16 equals kvs_attention row by row on the converted rows). Not
      * with SCORES, whose scores come out of kvs_attention's separate steps. */
     s->kv16 = KVS_DTYPE_F32;
