@@ -4,10 +4,9 @@
  * common/threadpool.h pool; the checks of a lean trace. Trace layout and what verify promises: trace/FORMAT.md
  * ("Lean record", "What verify checks").
  *
- * The streams are read with kvs_trace_stream (one decoded block at a time) into a K/V history of their own:
- * trace/kv_stream.h does the same for the trace analyses, but this module sits below sim/ (DESIGN.md
- * "Architecture"), so it keeps the few lines of history here and takes its attention from common/kvs_math.h
- * with the same calls, in the same order, as kv_stream's scores path (the same numbers bit for bit).
+ * The streams are read through kv_stream.h, the one (layer, KV head) iterator with its K/V history that the trace
+ * analyses use too; the attention is recomputed here with the scores kept (kvs_verify_attention: common/kvs_math.h's
+ * calls, in kvs_attention's order), which the bound needs.
  */
 #include "verify.h"
 
@@ -17,6 +16,7 @@
 #include <string.h>
 
 #include "../common/kvs_math.h"
+#include "kv_stream.h"
 
 /* The per-row error bound (the default check; fixed tolerances, `kvsim verify --tolerance / --lse-tolerance`,
  * replace it).
@@ -284,17 +284,15 @@ kvs_status kvs_verify_row_check(kvs_verify_ctx *w, const kvs_verify_row *row, kv
  * A stream: one (layer, KV head) of a trace, position by position
  * ---------------------------------------------------------------------------------------------- */
 
-/* A worker's memory, reused stream after stream: the K/V history and the recomputation of one row. */
+/* A worker's memory, reused stream after stream: the recomputation of one row (the history is the stream's). */
 typedef struct {
     kvs_verify_ctx *ctx;       /* the bound's scratch (N keys) */
-    float *k, *v;              /* [N][d] history of the stream */
     float *scores, *probs;     /* [N] */
     float *out;                /* [d] */
 } worker_mem;
 
 static void worker_mem_free(worker_mem *m) {
     kvs_verify_ctx_free(m->ctx);
-    free(m->k); /* v lies in k's block */
     free(m->scores);
     free(m->out);
     memset(m, 0, sizeof *m);
@@ -304,14 +302,12 @@ static kvs_status worker_mem_init(worker_mem *m, const kvs_verify_cfg *cfg, size
     memset(m, 0, sizeof *m);
     kvs_status s = kvs_verify_ctx_create(cfg, N, d, &m->ctx);
     if (s != KVS_OK) return s;
-    m->k = kvs_alloc_rows(2 * N * d * sizeof(float));
-    m->v = m->k ? m->k + N * d : NULL;
     m->scores = malloc(2 * N * sizeof(float));
     m->probs = m->scores ? m->scores + N : NULL;
     m->out = malloc(d * sizeof(float));
-    if (!m->k || !m->scores || !m->out) {
+    if (!m->scores || !m->out) {
         worker_mem_free(m);
-        return kvs_fail(KVS_ERR_NOMEM, "verify: cannot allocate the K/V history (%zu positions x %zu)", N, d);
+        return kvs_fail(KVS_ERR_NOMEM, "verify: cannot allocate a row's recomputation (%zu positions x %zu)", N, d);
     }
     return KVS_OK;
 }
@@ -327,50 +323,39 @@ static void stream_add_row(kvs_verify_stream_result *r, const kvs_verify_row_res
     if (x->use_lse > r->use_lse) r->use_lse = x->use_lse;
 }
 
-/* Checks every row of stream (layer, kv_head) of `t`: each block in order, each position's key and value into the
- * history, then each of its G query heads recomputed over positions 0..p and judged. */
+/* Checks every row of stream (layer, kv_head) of `t`: the stream (kv_stream.h) hands out each position with the K/V
+ * history up to it; its key and value join the bound's scratch, then each of its G query heads is recomputed over
+ * positions 0..p and judged. */
 static kvs_status verify_stream(const kvs_trace *t, int layer, int kv_head, worker_mem *m,
                                 kvs_verify_stream_result *r) {
     const kvs_trace_info *in = kvs_trace_info_get(t);
     size_t N = (size_t)in->n_positions, d = (size_t)in->model.head_dim;
     size_t G = (size_t)(in->model.n_heads / in->model.n_kv_heads);
     float scale = in->model.attn_scale;
-    kvs_trace_stream *st = NULL;
-    kvs_status s = kvs_trace_stream_open(t, layer, kv_head, &st);
+    kvs_kv_stream *st = NULL;
+    kvs_status s = kvs_kv_stream_open(t, layer, kv_head, 0, &st);
     m->ctx->n_keys = 0;
     size_t p = 0;
-    while (s == KVS_OK && p < N) {
-        const kvs_trace_block *b = NULL;
-        s = kvs_trace_stream_next(st, &b);
+    for (; s == KVS_OK && p < N; p++) {
+        kvs_kv_pos x;
+        s = kvs_kv_stream_next(st, &x);
         if (s == KVS_ERR_END)
             s = kvs_fail(KVS_ERR_FORMAT, "verify: (layer %d, kv head %d) ends after %zu of %zu positions", layer,
                          kv_head, p, N);
         if (s != KVS_OK) break;
-        if (b->layer != layer || b->kv_head != kv_head || b->first_pos != (int64_t)p || b->n_pos < 1 ||
-            (size_t)b->n_pos > N - p || (size_t)b->group != G || (size_t)b->head_dim != d) {
-            s = kvs_fail(KVS_ERR_FORMAT, "verify: (layer %d, kv head %d): block %lld (positions %lld + %d, group %d, "
-                         "head_dim %d) does not continue the stream at position %zu", layer, kv_head,
-                         (long long)b->block, (long long)b->first_pos, (int)b->n_pos, (int)b->group,
-                         (int)b->head_dim, p);
-            break;
-        }
-        for (size_t i = 0; i < (size_t)b->n_pos && s == KVS_OK; i++, p++) {
-            memcpy(m->k + p * d, b->k + i * d, d * sizeof(float));
-            memcpy(m->v + p * d, b->v + i * d, d * sizeof(float));
-            if ((s = kvs_verify_ctx_add_key(m->ctx, p, m->k + p * d, m->v + p * d)) != KVS_OK) break;
-            for (size_t g = 0; g < G && s == KVS_OK; g++) {
-                const float *q = b->q + (i * G + g) * d;
-                kvs_verify_row row = {.n = p + 1, .d = d, .scale = scale, .q = q, .v = m->v,
-                                      .o = b->o + (i * G + g) * d, .lse = b->lse[i * G + g],
-                                      .scores = m->scores, .probs = m->probs, .out = m->out};
-                row.attn_lse = kvs_verify_attention(q, m->k, m->v, p + 1, d, scale, m->scores, m->probs, m->out);
-                kvs_verify_row_result x;
-                if ((s = kvs_verify_row_check(m->ctx, &row, &x)) == KVS_OK)
-                    stream_add_row(r, &x, (int64_t)p, kv_head * (int)G + (int)g);
-            }
+        const float *kp = x.k + p * d, *vp = x.v + p * d;
+        if ((s = kvs_verify_ctx_add_key(m->ctx, p, kp, vp)) != KVS_OK) break;
+        for (size_t g = 0; g < G && s == KVS_OK; g++) {
+            const float *q = x.q + g * d;
+            kvs_verify_row row = {.n = p + 1, .d = d, .scale = scale, .q = q, .v = x.v, .o = x.o + g * d,
+                                  .lse = x.lse[g], .scores = m->scores, .probs = m->probs, .out = m->out};
+            row.attn_lse = kvs_verify_attention(q, x.k, x.v, p + 1, d, scale, m->scores, m->probs, m->out);
+            kvs_verify_row_result res;
+            if ((s = kvs_verify_row_check(m->ctx, &row, &res)) == KVS_OK)
+                stream_add_row(r, &res, (int64_t)p, kv_head * (int)G + (int)g);
         }
     }
-    kvs_trace_stream_free(st);
+    kvs_kv_stream_free(st);
     return s;
 }
 
