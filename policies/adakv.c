@@ -208,6 +208,7 @@ static kvs_status ada_select(void *state, const kvs_policy_view *view, kvs_polic
 static int64_t ada_stored(void *state, int g, int32_t *out) { return kvs_policy_snapkv.stored(state, g, out); }
 
 const struct kvs_policy_ops kvs_policy_adakv = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "adakv",
     .summary = "Ada-KV: SnapKV selection, a layer's budget split across KV heads by window scores (floor alpha)",
     .is_oracle = 0,

@@ -979,6 +979,7 @@ static int d2o_notes(const kvs_policy_config *cfg, const kvs_policy_model *m, in
 }
 
 const struct kvs_policy_ops kvs_policy_d2o = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "d2o",
     .summary = "D2O: variance-based layer budgets, sinks + recent + heavy hitters, EMA-threshold merging of evicted tokens",
     .is_oracle = 0,

@@ -35,6 +35,7 @@ static kvs_status full_select(void *state, const kvs_policy_view *view, kvs_poli
 }
 
 const struct kvs_policy_ops kvs_policy_full = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "full",
     .summary = "full KV cache: attend to every position (reference; budget ignored)",
     .is_oracle = 0,

@@ -251,6 +251,7 @@ static void h2o_account(void *state, const kvs_policy_view *view, const kvs_poli
 }
 
 const struct kvs_policy_ops kvs_policy_h2o = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "h2o",
     .summary = "H2O: heavy hitters by accumulated attention + recent window (attend-then-evict)",
     .is_oracle = 0,

@@ -42,6 +42,7 @@ static void hsa_account(void *state, const kvs_policy_view *view, const kvs_poli
 }
 
 const struct kvs_policy_ops kvs_policy_hsa = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "hsa",
     .summary = "HSA: RocketKV's hybrid sparse attention alone (page min/max on top-k1 dims, k2 = B/2 attended; r = 0)",
     .is_oracle = 0,

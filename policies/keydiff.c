@@ -326,6 +326,7 @@ static int keydiff_notes(const kvs_policy_config *cfg, const kvs_policy_model *m
 }
 
 const struct kvs_policy_ops kvs_policy_keydiff = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "keydiff",
     .summary = "KeyDiff: evict the keys most similar to the others (cosine to the mean key), block-wise prefill",
     .is_oracle = 0,

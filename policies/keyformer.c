@@ -297,6 +297,7 @@ static void kf_account(void *state, const kvs_policy_view *view, const kvs_polic
 }
 
 const struct kvs_policy_ops kvs_policy_keyformer = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "keyformer",
     .summary = "Keyformer: key tokens by accumulated Gumbel-softmax score + recent window (attend-then-evict); the "
                "paper's cache of 60% of the prompt is --budgets 60%",

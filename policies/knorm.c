@@ -51,6 +51,7 @@ static void knorm_account(void *state, const kvs_policy_view *view, const kvs_po
 }
 
 const struct kvs_policy_ops kvs_policy_knorm = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "knorm",
     .summary = "KNorm (KeyL2Norm): keep the keys of smallest L2 norm, KeyDiff's block-wise framework",
     .is_oracle = 0,

@@ -492,6 +492,7 @@ static int morphkv_notes(const kvs_policy_config *cfg, const kvs_policy_model *m
 }
 
 const struct kvs_policy_ops kvs_policy_morphkv = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "morphkv",
     .summary = "MorphKV: R recent + the distant tokens the recent queries attended to most (constant cache)",
     .is_oracle = 0,

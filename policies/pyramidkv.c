@@ -164,6 +164,7 @@ static kvs_status pyr_select(void *state, const kvs_policy_view *view, kvs_polic
 static int64_t pyr_stored(void *state, int g, int32_t *out) { return kvs_policy_snapkv.stored(state, g, out); }
 
 const struct kvs_policy_ops kvs_policy_pyramidkv = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "pyramidkv",
     .summary = "PyramidKV: SnapKV selection with per-layer budgets decreasing linearly (total L*B)",
     .is_oracle = 0,

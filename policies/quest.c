@@ -237,6 +237,7 @@ static void quest_account(void *state, const kvs_policy_view *view, const kvs_po
 }
 
 const struct kvs_policy_ops kvs_policy_quest = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "quest",
     .summary = "Quest: page min/max upper bounds pick the pages to attend (pages of 16, per group; B/2 attended)",
     .is_oracle = 0,

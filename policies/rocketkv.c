@@ -557,6 +557,7 @@ static kvs_status rocketkv_create(const kvs_policy_init *init, void **state) {
 }
 
 const struct kvs_policy_ops kvs_policy_rocketkv = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "rocketkv",
     .summary = "RocketKV: SnapKV prompt eviction (group sum, kernel 63) + hybrid sparse attention (page min/max, "
                "top-k1 dims); t = B counts the estimate, k2 = B/2 attended",

@@ -57,6 +57,7 @@ static void mt_account(void *state, const kvs_policy_view *view, const kvs_polic
 }
 
 const struct kvs_policy_ops kvs_policy_rocketkv_mt = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "rocketkv_mt",
     .summary = "RocketKV-MT: RocketKV whose stage 1 only selects; the rest of the history waits in a host store "
                "for later turns",

@@ -292,6 +292,7 @@ static void sh_account(void *state, const kvs_policy_view *view, const kvs_polic
 }
 
 const struct kvs_policy_ops kvs_policy_scissorhands = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "scissorhands",
     .summary = "Scissorhands: drop the most often unimportant tokens over a history window (parametric, "
                "configuration not from the five papers)",

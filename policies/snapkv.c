@@ -279,6 +279,7 @@ static kvs_status snapkv_create(const kvs_policy_init *init, void **state) {
 }
 
 const struct kvs_policy_ops kvs_policy_snapkv = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "snapkv",
     .summary = "SnapKV: prompt compressed once by pooled observation-window attention; generated tokens all kept",
     .is_oracle = 0,

@@ -211,6 +211,7 @@ static void sparq_account(void *state, const kvs_policy_view *view, const kvs_po
 }
 
 const struct kvs_policy_ops kvs_policy_sparq = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "sparq",
     .summary = "SparQ: top-r |q| dimensions estimate the attention, the top-k tokens get exact attention "
                "(even split: B/2 attended)",

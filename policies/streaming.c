@@ -95,6 +95,7 @@ static int64_t streaming_stored(void *state, int g, int32_t *out) {
 }
 
 const struct kvs_policy_ops kvs_policy_streaming = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "streaming",
     .summary = "StreamingLLM: n_s attention sinks + recent window (no position re-indexing)",
     .is_oracle = 0,

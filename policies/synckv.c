@@ -744,6 +744,7 @@ static void synckv_account(void *state, const kvs_policy_view *view, const kvs_p
 }
 
 const struct kvs_policy_ops kvs_policy_synckv = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "synckv",
     .summary = "SyncKV: per-layer head clusters; representative KV groups attend fully, the others a static + "
                "dynamic set their representative refreshes every m steps, full KV on the host; budget B = device KV "

@@ -114,6 +114,7 @@ static void topk_account(void *state, const kvs_policy_view *view, const kvs_pol
 }
 
 const struct kvs_policy_ops kvs_policy_topk = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "topk",
     .summary = "Exact-TopK ORACLE: the B positions with the highest full attention (upper bound, not realisable)",
     .is_oracle = 1,

@@ -203,6 +203,7 @@ static kvs_status tova_validate(const kvs_policy_config *cfg, const kvs_policy_m
 }
 
 const struct kvs_policy_ops kvs_policy_tova = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "tova",
     .summary = "TOVA: evict the entry with the lowest head-averaged attention of the current query",
     .is_oracle = 0,

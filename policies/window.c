@@ -50,6 +50,7 @@ static int64_t window_stored(void *state, int g, int32_t *out) {
 }
 
 const struct kvs_policy_ops kvs_policy_window = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "window",
     .summary = "sliding window: the last B positions including the current one",
     .is_oracle = 0,

@@ -201,8 +201,8 @@ static kvs_status policy_attention(void *user, int l, int pos, const float *q, c
         /* the step's cost as the replay counts it (stored() ∪ S_t, the policy's account()), before the metrics */
         kvs_policy_cost cost;
         kvs_host_cost(ops, state, &c->pm, view, &sel, kv_slots, dedup, &cost);
-        c->storage_sum += cost.storage_bytes;
-        c->traffic_sum += cost.traffic_bytes;
+        c->storage_sum += kvs_host_storage_bytes(&cost);
+        c->traffic_sum += kvs_host_traffic_bytes(&cost);
         c->n_costed++;
         for (int g = 0; g < c->G; g++) {
             int li = sel.n_lists == 1 ? 0 : g;

@@ -334,29 +334,11 @@ kvs_status kvs_host_check_sel(kvs_host_check *hc, const struct kvs_policy_ops *o
  * Accounting
  * ---------------------------------------------------------------------------------------------- */
 
-/* A v1 policy that changed only a total has the difference attributed to a class (policy.h); then the totals are
- * re-derived from the classes so that they always agree. */
-static void settle_cost(const kvs_policy_cost *before, kvs_policy_cost *c) {
-    if (c->storage_bytes != before->storage_bytes && c->kv_bytes == before->kv_bytes &&
-        c->aux_bytes == before->aux_bytes) {
-        double diff = c->storage_bytes - before->storage_bytes;
-        if (diff >= 0) c->aux_bytes += diff;
-        else c->kv_bytes += diff;
-    }
-    if (c->traffic_bytes != before->traffic_bytes && c->read_kv_bytes == before->read_kv_bytes &&
-        c->read_aux_bytes == before->read_aux_bytes) {
-        double diff = c->traffic_bytes - before->traffic_bytes;
-        if (diff >= 0) c->read_aux_bytes += diff;
-        else c->read_kv_bytes += diff;
-    }
-    if (c->transfer_bytes != before->transfer_bytes && c->h2d_bytes == before->h2d_bytes &&
-        c->d2h_bytes == before->d2h_bytes)
-        c->h2d_bytes += c->transfer_bytes - before->transfer_bytes;
+/* What holds whatever account() did: the union of the lists' sets is no larger than their sum, and scoring that
+ * re-reads K reads at least what fused scoring reads. */
+static void settle_cost(kvs_policy_cost *c) {
     if (c->dedup_kv_bytes > c->kv_bytes) c->dedup_kv_bytes = c->kv_bytes;
     if (c->read_aux_unfused_bytes < c->read_aux_bytes) c->read_aux_unfused_bytes = c->read_aux_bytes;
-    c->storage_bytes = c->kv_bytes + c->aux_bytes;
-    c->traffic_bytes = c->read_kv_bytes + c->read_aux_bytes;
-    c->transfer_bytes = c->h2d_bytes + c->d2h_bytes;
 }
 
 void kvs_host_cost(const struct kvs_policy_ops *ops, void *state, const kvs_policy_model *m,
@@ -369,12 +351,8 @@ void kvs_host_cost(const struct kvs_policy_ops *ops, void *state, const kvs_poli
     c->dedup_kv_bytes = kvs_policy_kv_bytes(m, dedup);
     c->read_kv_bytes = kvs_policy_kv_bytes(m, attended);
     c->write_bytes = kvs_policy_kv_bytes(m, (double)sel->n_lists);
-    c->storage_bytes = c->kv_bytes;
-    c->traffic_bytes = c->read_kv_bytes;
-    c->transfer_bytes = 0;
-    kvs_policy_cost before = *c;
     if (ops->account) ops->account(state, view, sel, c);
-    settle_cost(&before, c);
+    settle_cost(c);
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -404,19 +382,20 @@ void kvs_host_metrics(const kvs_policy_model *m, int64_t p, int64_t n, const kvs
     v[KVS_M_ATTN_RECALL_MERGED] = s->recall_merged;
     v[KVS_M_TOPK_OVERLAP] = n > 0 ? (double)s->hit / (double)n : 0.0;
     v[KVS_M_ATTENDED] = (double)n;
-    v[KVS_M_STORAGE] = cost->storage_bytes;
+    double storage = kvs_host_storage_bytes(cost);
+    v[KVS_M_STORAGE] = storage;
     v[KVS_M_STORAGE_KV] = cost->kv_bytes;
     v[KVS_M_STORAGE_AUX] = cost->aux_bytes;
     v[KVS_M_STORAGE_DEDUP] = cost->dedup_kv_bytes;
     v[KVS_M_STORAGE_HOST] = cost->host_bytes;
-    v[KVS_M_STORAGE_PEAK] = cost->storage_bytes + cost->transient_bytes;
-    v[KVS_M_TRAFFIC] = cost->traffic_bytes;
+    v[KVS_M_STORAGE_PEAK] = storage + cost->transient_bytes;
+    v[KVS_M_TRAFFIC] = kvs_host_traffic_bytes(cost);
     v[KVS_M_TRAFFIC_KV] = cost->read_kv_bytes;
     v[KVS_M_TRAFFIC_AUX] = cost->read_aux_bytes;
     v[KVS_M_TRAFFIC_AUX_UNFUSED] = cost->read_aux_unfused_bytes;
     v[KVS_M_WRITE] = cost->write_bytes;
-    v[KVS_M_TRANSFER] = cost->transfer_bytes;
+    v[KVS_M_TRANSFER] = cost->h2d_bytes + cost->d2h_bytes;
     v[KVS_M_H2D] = cost->h2d_bytes;
     v[KVS_M_D2H] = cost->d2h_bytes;
-    v[KVS_M_COMPRESSION] = cost->storage_bytes > 0 ? full_bytes / cost->storage_bytes : 0.0;
+    v[KVS_M_COMPRESSION] = storage > 0 ? full_bytes / storage : 0.0;
 }

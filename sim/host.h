@@ -92,11 +92,15 @@ kvs_status kvs_host_check_sel(kvs_host_check *hc, const struct kvs_policy_ops *o
 
 /*! kvs_host_cost() : the cost of a decode step: the default accounting of policy.h (KV of stored() ∪ S_t per list
  *  and their union, attended reads, the new token's write, from kvs_host_check_sel's counts), then the policy's
- *  account() when it has one, then the totals derived from the classes (storage = kv + aux, traffic = read_kv +
- *  read_aux, transfer = h2d + d2h; dedup <= kv; unfused aux reads >= fused). */
+ *  account() when it has one, then what must hold whatever it did (dedup <= kv; unfused aux reads >= fused). */
 void kvs_host_cost(const struct kvs_policy_ops *ops, void *state, const kvs_policy_model *m,
                    const kvs_policy_view *view, const kvs_policy_sel *sel, double kv_slots, double dedup,
                    kvs_policy_cost *cost);
+
+/*! kvs_host_storage_bytes() / kvs_host_traffic_bytes() : the totals a run reports: resident device bytes (KV +
+ *  auxiliary) and bytes read (KV + auxiliary, fused) of a step's cost. */
+static inline double kvs_host_storage_bytes(const kvs_policy_cost *c) { return c->kv_bytes + c->aux_bytes; }
+static inline double kvs_host_traffic_bytes(const kvs_policy_cost *c) { return c->read_kv_bytes + c->read_aux_bytes; }
 
 /* ---- metrics ----------------------------------------------------------------------------------- */
 

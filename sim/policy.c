@@ -14,6 +14,14 @@
 #include <string.h>
 #include <strings.h>
 
+/* KVS_ERR_VERSION unless ops was written for this interface (policy.h KVS_POLICY_INTERFACE_VERSION). */
+static kvs_status check_version(const struct kvs_policy_ops *ops) {
+    if (ops->version != KVS_POLICY_INTERFACE_VERSION)
+        return kvs_fail(KVS_ERR_VERSION, "policy %s is written for policy interface version %d; this kvsim runs version %d",
+                        ops->name, ops->version, KVS_POLICY_INTERFACE_VERSION);
+    return KVS_OK;
+}
+
 /* The index of choice `s` (length len) in "a|b|c", or -1. */
 static int enum_index(const char *choices, const char *s, size_t len) {
     int i = 0;
@@ -274,6 +282,8 @@ kvs_status kvs_policy_parse_spec(const struct kvs_policy_ops *ops, const char *s
 
 kvs_status kvs_policy_parse_ops(const struct kvs_policy_ops *ops, const char *params, kvs_policy_config *cfg) {
     kvs_policy_defaults(ops, cfg);
+    kvs_status vst = check_version(ops);
+    if (vst != KVS_OK) return vst;
     if (!params) return KVS_OK;
     char what[64];
     snprintf(what, sizeof what, "policy %s", ops->name);
@@ -303,6 +313,8 @@ const char *kvs_policy_param_sha256(const kvs_policy_config *cfg, const char *ke
 }
 
 kvs_status kvs_policy_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget) {
+    kvs_status st = check_version(cfg->ops);
+    if (st != KVS_OK) return st;
     if (budget < 1)
         return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: budget %lld must be at least 1 token", cfg->ops->name,
                         (long long)budget);

@@ -9,7 +9,8 @@
  * ================================================================================================
  * 1. Create policies/<name>.c. Open it with a comment naming the paper/POLICY_SPEC section it follows
  *    and every ambiguity you resolved. Export exactly one
- *        const struct kvs_policy_ops kvs_policy_<name> = { .name = "<name>", ... };
+ *        const struct kvs_policy_ops kvs_policy_<name> = {
+ *            .version = KVS_POLICY_INTERFACE_VERSION, .name = "<name>", ... };
  *    with designated initializers; optional callbacks stay NULL. Everything else in the file is static.
  * 2. Parameters: a `static const kvs_policy_param` table (key, type, default, inclusive range, help).
  *    The framework parses "NAME:key=value,key=value", fills defaults, validates (unknown key, bad value,
@@ -27,15 +28,15 @@
  *    attention-time state. Per-(layer, KV head) budgets and any shared prepass structure come from the
  *    optional allocation pass (alloc_*), run once per (configuration, budget) over the first turn's
  *    prompt of every layer and KV head before any instance is created (PyramidKV, Ada-KV, D2O, SyncKV).
- * 5. Interface v2 capabilities, each optional (NULL / unset = the v1 behaviour), each exercised by a test
- *    policy in tests/test_policy_v2.c:
+ * 5. Optional capabilities, each NULL / unset by default, each exercised by a test policy in
+ *    tests/test_policy_v2.c:
  *    - merged slots: select() may point an entry at policy-owned K/V rows (sel->row_k/row_v) instead of
  *      the trace row of its position (D2O merging; POLICY_SPEC §1.3);
  *    - chunked prefill: prefill_block() asks for the prompt in blocks (KeyDiff block-wise prefill);
  *    - shared prepass data: alloc_shared() hands one structure to every instance (init->shared);
  *    - string and file parameters (KVS_PARAM_STRING, KVS_PARAM_FILE: the file's SHA-256 goes into the
  *      canonical string);
- *    - cost model v2 (kvs_policy_cost: device KV / aux / host / transient storage, KV and aux reads, writes,
+ *    - the cost model (kvs_policy_cost: device KV / aux / host / transient storage, KV and aux reads, writes,
  *      host<->device transfers) and readable() for what a policy may read beyond what is device-resident.
  *
  * Rules the engine enforces or tests (DESIGN.md "Replay" 3 — leaking oracle information is the worst bug):
@@ -154,7 +155,7 @@ typedef struct {
     int64_t budget;          /* tokens for THIS (layer, KV head) (after the allocation pass), >= 1 */
     int64_t budget_nominal;  /* the run's budget B before allocation */
     uint64_t seed;           /* deterministic per (run, layer, KV head): for randomised policies */
-    const void *shared;      /* v2: the allocation pass's shared structure (ops->alloc_shared), NULL if none;
+    const void *shared;      /* the allocation pass's shared structure (ops->alloc_shared), NULL if none;
                               * borrowed, valid until the instance is freed, read-only (instances of several
                               * threads read it at once) */
 } kvs_policy_init;
@@ -194,7 +195,7 @@ typedef struct {
     int64_t *n;         /* [n_lists] entries used; the policy sets them */
     int32_t n_lists;    /* 1 for per-KV-head policies, group for per-query-head policies */
     int64_t cap;
-    /* v2 merged slots (POLICY_SPEC §1.3): [n_lists] arrays of cap row pointers, every entry NULL on entry to
+    /* merged slots (POLICY_SPEC §1.3): [n_lists] arrays of cap row pointers, every entry NULL on entry to
      * select(). A policy sets row_k[li][j] AND row_v[li][j] to K/V rows [head_dim] it owns (valid until its
      * next call) when entry j's K/V are not the trace rows of idx[li][j] (a merged slot; idx keeps the
      * position the slot is attributed to, the conserved token). Recall counts unmerged entries only;
@@ -202,8 +203,8 @@ typedef struct {
     const float ***row_k, ***row_v;
 } kvs_policy_sel;
 
-/* Costs of one step for one (layer, KV head), in bytes (POLICY_SPEC §1.5 cost model v2 and §3).
- * Before account() the engine fills every field with the DEFAULT accounting:
+/* Costs of one step for one (layer, KV head), in bytes (POLICY_SPEC §1.5 cost model, §3), by class. Before account()
+ * the host (sim/host.h kvs_host_cost) fills every field with the DEFAULT accounting:
  *   kv_bytes       = KV of |stored() ∪ S_t| per list, summed over lists (per-query-head: the G copies);
  *                    with stored() NULL every position seen (0..n-1)
  *   dedup_kv_bytes = KV of the union over lists (= kv_bytes for per-KV-head policies)
@@ -211,14 +212,9 @@ typedef struct {
  *   read_kv_bytes  = KV of the attended entries, summed over lists; read_aux_* = 0
  *   write_bytes    = KV of the new token, once per list
  *   h2d_bytes = d2h_bytes = 0
- * and the v1 totals storage_bytes = kv + aux, traffic_bytes = read_kv + read_aux, transfer_bytes =
- * h2d + d2h. account() corrects what its policy knows better. v1 compatibility: a policy that changes
- * only a total has the difference counted as auxiliary storage / auxiliary reads / host->device. */
+ * account() corrects the classes its policy knows better. The totals a run reports are the host's sums of the
+ * classes: resident storage = kv + aux, traffic = read_kv + read_aux, transfer = h2d + d2h (kvs_host_metrics). */
 typedef struct {
-    double storage_bytes;   /* v1 total: device-resident at attention time, KV + auxiliary */
-    double traffic_bytes;   /* v1 total: device bytes read this step, KV + auxiliary (fused) */
-    double transfer_bytes;  /* v1 total: host<->device this step */
-    /* v2 classes (POLICY_SPEC §1.5) */
     double kv_bytes;              /* device KV resident at attention time (per-query-head: expanded) */
     double dedup_kv_bytes;        /* device KV of the union of a per-query-head policy's sets */
     double aux_bytes;             /* device auxiliary structures (scores, pages, profiles, merge weights) */
@@ -243,7 +239,14 @@ typedef enum { KVS_SYNC_PREFILL = 0, KVS_SYNC_DECODE = 1 } kvs_policy_sync_phase
 
 /* ---- the ops table ------------------------------------------------------------------------------- */
 
+/* The version of this interface. An ops table states the one it was written for (.version); the framework refuses a
+ * table of another version (kvs_policy_parse_spec, kvs_policy_validate), so a policy written against an older
+ * interface fails loudly instead of running with fields it does not know. Version 3: cost classes only (the totals
+ * are the host's), no layer-wide pre-select hook, FILE parameters that a caller may resolve. */
+#define KVS_POLICY_INTERFACE_VERSION 3
+
 struct kvs_policy_ops {
+    int version;             /* KVS_POLICY_INTERFACE_VERSION, set explicitly by every table */
     const char *name;        /* registry name, [a-z0-9_], e.g. "h2o" */
     const char *summary;     /* one line */
     int is_oracle;           /* 1: sees full attention (view->full_probs); labelled oracle everywhere */
@@ -297,12 +300,12 @@ struct kvs_policy_ops {
      * accounting and (unless readable() is given) the leak test. */
     int64_t (*stored)(void *state, int g, int32_t *out);
 
-    /* Optional (v2): positions whose K/V the policy may read now: device cache plus a host store (SyncKV's
+    /* Optional: positions whose K/V the policy may read now: device cache plus a host store (SyncKV's
      * full cache on the host, RocketKV-MT's evictions kept for later turns). Same contract as stored().
      * NULL = stored(). The leak test scrambles every row not readable. */
     int64_t (*readable)(void *state, int g, int32_t *out);
 
-    /* Optional (v2): chunked prefill. @return the block size in positions (>= 1) in which this instance
+    /* Optional: chunked prefill. @return the block size in positions (>= 1) in which this instance
      * wants each turn's prompt, 0 = the whole prompt at once. Asked once after create(). With blocks, the
      * engine calls prefill() at the end of every block (view->n = block end, view->q = the block's
      * queries, view->block_begin, view->last_block), runs the leak check between blocks, and measures
@@ -324,7 +327,7 @@ struct kvs_policy_ops {
     kvs_status (*alloc_prefill)(void *alloc, int layer, int kv_head, const kvs_policy_view *prefill);
     kvs_status (*alloc_end)(void *alloc, int64_t *budgets);
     void (*alloc_free)(void *alloc);
-    /* Optional (v2, only with the four above): the structure every instance of this (configuration,
+    /* Optional (only with the four above): the structure every instance of this (configuration,
      * budget) receives as init->shared (D2O layer splits, SyncKV head clusters). Called after alloc_end;
      * owned by `alloc`, which the engine frees only after every instance of the run is freed. */
     const void *(*alloc_shared)(void *alloc);

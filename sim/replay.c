@@ -1004,8 +1004,6 @@ static kvs_status prompt_measure(task *t, int ci, int64_t p, int64_t tk) {
         if (n_lists > 1) cost.dedup_kv_bytes = kvs_policy_kv_bytes(&e->src->model, (double)t->sel_n[0]);
         cost.transient_bytes = kvs_policy_kv_bytes(&e->src->model, (double)(be - 1 - p) * n_lists);
         cost.write_bytes = kvs_policy_kv_bytes(&e->src->model, (double)n_lists);
-        cost.storage_bytes = cost.kv_bytes;
-        cost.traffic_bytes = cost.read_kv_bytes;
         const float *qrow = t->qb[h] + (size_t)(p - turn->begin) * Gd;
         for (int g = 0; g < e->G; g++) {
             int li = n_lists == 1 ? 0 : g;

@@ -300,8 +300,6 @@ static kvs_status prompt_step(ref_run *r, int layer, int64_t p, int64_t bb, int6
         if (r->n_lists > 1) cost.dedup_kv_bytes = kvs_policy_kv_bytes(m, (double)r->n[0]);
         cost.transient_bytes = kvs_policy_kv_bytes(m, (double)(be - 1 - p) * r->n_lists);
         cost.write_bytes = kvs_policy_kv_bytes(m, (double)r->n_lists);
-        cost.storage_bytes = cost.kv_bytes;
-        cost.traffic_bytes = cost.read_kv_bytes;
         for (int g = 0; g < r->G; g++) {
             int li = r->n_lists == 1 ? 0 : g;
             const float *q = r->ld.q + (((size_t)h * N + (size_t)p) * G + (size_t)g) * d;

@@ -438,6 +438,7 @@ static void ka_account(void *st, const kvs_policy_view *v, const kvs_policy_sel 
     if (c->kv_bytes != g_expected_kv_bytes) g_account_mismatch++;
 }
 static const struct kvs_policy_ops keepall_ops = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "keepall_window", .summary = "test: stores everything, attends a window",
     .budget_scope = KVS_BUDGET_EVERY_STEP, .create = ka_create, .free = ka_free, .prefill = ka_prefill,
     .select = ka_select, .stored = ka_stored, .account = ka_account,

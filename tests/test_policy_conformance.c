@@ -541,10 +541,29 @@ static int64_t leaky_stored(void *st, int g, int32_t *out) {
     return m;
 }
 static const struct kvs_policy_ops leaky_ops = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "leaky", .summary = "test-only leaky policy", .granularity = KVS_SEL_PER_KV_HEAD,
     .budget_scope = KVS_BUDGET_EVERY_STEP, .create = leaky_create, .free = leaky_free,
     .prefill = leaky_prefill, .select = leaky_select, .stored = leaky_stored,
 };
+
+/* Every registered table states the interface version it was written for; a table of another version is refused
+ * where a configuration is made (parse) and where a run starts (validate), with KVS_ERR_VERSION naming both. */
+static void test_interface_version_is_checked(void **state) {
+    (void)state;
+    for (int i = 0; i < kvs_policy_count(); i++) assert_int_equal(kvs_policy_at(i)->version, KVS_POLICY_INTERFACE_VERSION);
+    struct kvs_policy_ops old = leaky_ops;
+    old.version = KVS_POLICY_INTERFACE_VERSION - 1;
+    kvs_policy_config cfg;
+    assert_int_equal(kvs_policy_parse_ops(&old, NULL, &cfg), KVS_ERR_VERSION);
+    assert_non_null(strstr(kvs_last_error(), "interface version"));
+    assert_int_equal(kvs_policy_parse_ops(&leaky_ops, NULL, &cfg), KVS_OK);
+    cfg.ops = &old;
+    kvs_policy_model m = {.n_layers = 1, .n_heads = 1, .n_kv_heads = 1, .group = 1, .head_dim = 4, .n_positions = 8};
+    assert_int_equal(kvs_policy_validate(&cfg, &m, 4), KVS_ERR_VERSION);
+    cfg.ops = &leaky_ops;
+    assert_int_equal(kvs_policy_validate(&cfg, &m, 4), KVS_OK);
+}
 
 static void test_leak_check_catches_a_leaky_policy(void **state) {
     (void)state;
@@ -580,6 +599,7 @@ int main(void) {
         cmocka_unit_test(test_non_oracles_read_only_what_they_store),
         cmocka_unit_test(test_presets_and_block_modes_keep_the_contract),
         cmocka_unit_test(test_leak_check_catches_a_leaky_policy),
+        cmocka_unit_test(test_interface_version_is_checked),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

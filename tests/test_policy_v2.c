@@ -334,6 +334,7 @@ static int64_t merge_stored(void *st, int g, int32_t *out) {
     return m;
 }
 static const struct kvs_policy_ops merge_ops = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "merge_test", .summary = "test: one merged slot + window", .granularity = KVS_SEL_PER_KV_HEAD,
     .budget_scope = KVS_BUDGET_EVERY_STEP, .create = merge_create, .free = merge_free, .prefill = merge_prefill,
     .select = merge_select, .stored = merge_stored,
@@ -474,6 +475,7 @@ static int64_t chunk_stored(void *st, int g, int32_t *out) {
     return m;
 }
 static const struct kvs_policy_ops chunk_ops = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "chunk_test", .summary = "test: block-wise prefill keeping 3 prompt positions",
     .granularity = KVS_SEL_PER_KV_HEAD, .budget_scope = KVS_BUDGET_PROMPT, .params = chunk_params, .n_params = 1,
     .create = chunk_create, .free = chunk_free, .prefill = chunk_prefill, .select = chunk_select,
@@ -666,6 +668,7 @@ static kvs_status sh_select(void *st, const kvs_policy_view *v, kvs_policy_sel *
     return KVS_OK;
 }
 static const struct kvs_policy_ops shared_ops = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "shared_test", .summary = "test: shared prepass data", .granularity = KVS_SEL_PER_KV_HEAD,
     .budget_scope = KVS_BUDGET_EVERY_STEP, .create = sh_create, .free = sh_free, .prefill = sh_prefill,
     .select = sh_select, .alloc_begin = sh_alloc_begin, .alloc_prefill = sh_alloc_prefill, .alloc_end = sh_alloc_end,
@@ -703,6 +706,7 @@ static const kvs_policy_param text_params[] = {
     {"k", KVS_PARAM_INT, 4, 1, 64, NULL, "an integer", NULL, NULL},
 };
 static const struct kvs_policy_ops text_ops = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "text_test", .summary = "test: text parameters", .granularity = KVS_SEL_PER_KV_HEAD,
     .budget_scope = KVS_BUDGET_EVERY_STEP, .params = text_params, .n_params = 3, .create = sh_create,
     .free = sh_free, .prefill = sh_prefill, .select = sh_select,
@@ -807,6 +811,7 @@ static void host_account(void *st, const kvs_policy_view *v, const kvs_policy_se
     c->aux_bytes = 16; /* a small index */
 }
 static const struct kvs_policy_ops host_ops = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "host_test", .summary = "test: host store + transfers", .granularity = KVS_SEL_PER_KV_HEAD,
     .budget_scope = KVS_BUDGET_EVERY_STEP, .create = host_create, .free = free, .prefill = host_prefill,
     .select = host_select, .stored = host_stored, .readable = host_readable, .account = host_account,

@@ -239,6 +239,7 @@ static kvs_status oracle_select(void *st, const kvs_policy_view *v, kvs_policy_s
 }
 
 static const struct kvs_policy_ops oracle_ops = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "rank_test", .summary = "test: per-query-head lists whose top-k overlap it computes itself",
     .granularity = KVS_SEL_PER_QUERY_HEAD, .budget_scope = KVS_BUDGET_EVERY_STEP, .is_oracle = 1,
     .create = oracle_create, .free = free, .prefill = oracle_prefill, .select = oracle_select,

@@ -114,11 +114,13 @@ static int64_t acct_stored(void *st, int g, int32_t *out) {
 }
 
 static const struct kvs_policy_ops acct_ops = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "acct_test", .summary = "test: per-query-head selections and stored sets of known sizes",
     .granularity = KVS_SEL_PER_QUERY_HEAD, .budget_scope = KVS_BUDGET_EVERY_STEP, .create = acct_create,
     .free = free, .prefill = acct_prefill, .select = acct_select, .stored = acct_stored,
 };
 static const struct kvs_policy_ops rogue_ops = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "rogue_test", .summary = "test: a malformed selection",
     .granularity = KVS_SEL_PER_QUERY_HEAD, .budget_scope = KVS_BUDGET_EVERY_STEP, .create = rogue_create,
     .free = free, .prefill = acct_prefill, .select = acct_select, .stored = acct_stored,
@@ -126,6 +128,7 @@ static const struct kvs_policy_ops rogue_ops = {
 
 /* rogue_test without stored(): the selection check's own duplicate marks (no stored() set to share them with) */
 static const struct kvs_policy_ops rogue_stateless_ops = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "rogue_test", .summary = "test: a malformed selection, every position stored",
     .granularity = KVS_SEL_PER_QUERY_HEAD, .budget_scope = KVS_BUDGET_EVERY_STEP, .create = rogue_create,
     .free = free, .prefill = acct_prefill, .select = acct_select,
@@ -277,6 +280,7 @@ static kvs_status all_select(void *st, const kvs_policy_view *v, kvs_policy_sel 
 }
 
 static const struct kvs_policy_ops prompt_scoped_ops = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "prompt_scoped_test", .summary = "test: every position attended, the budget bounding the prompt only",
     .granularity = KVS_SEL_PER_QUERY_HEAD, .budget_scope = KVS_BUDGET_PROMPT, .create = acct_create,
     .free = free, .prefill = acct_prefill, .select = all_select,
