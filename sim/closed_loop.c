@@ -419,7 +419,8 @@ kvs_status kvs_closed_loop_run(const kvs_closed_loop_opts *o, kvs_closed_loop_re
     {
         char identity[65];
         run_identity(o, mc, identity);
-        c.run_seed = kvs_host_run_seed(identity, &o->policy, o->budget, &c.pm);
+        c.run_seed = kvs_host_run_seed(
+            &(kvs_host_identity){.content_hash = identity, .policy = &o->policy, .budget = o->budget}, &c.pm);
     }
     kvs_model_state *full = NULL, *pol = NULL;
     kvs_closed_loop_result *r = calloc(1, sizeof *r);

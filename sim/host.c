@@ -17,29 +17,39 @@
  * Identity and seeds
  * ---------------------------------------------------------------------------------------------- */
 
-uint64_t kvs_host_run_seed(const char *content_hash, const kvs_policy_config *cfg, int64_t budget,
-                           const kvs_policy_model *m) {
+uint64_t kvs_host_run_seed(const kvs_host_identity *id, const kvs_policy_model *m) {
     kvs_sha256_ctx c;
     uint8_t dig[32];
-    char num[96];
+    char num[160];
+    const kvs_policy_config *cfg = id->policy;
+    const char *hash = id->content_hash ? id->content_hash : "";
     kvs_sha256_init(&c);
     /* fields separated by a byte no field contains (the canonical string has no control characters) */
     static const char sep = '\x1f';
     kvs_sha256_update(&c, "kvsim-run-seed", 14);
     kvs_sha256_update(&c, &sep, 1);
-    kvs_sha256_update(&c, content_hash ? content_hash : "", content_hash ? strlen(content_hash) : 0);
+    kvs_sha256_update(&c, hash, strlen(hash));
     kvs_sha256_update(&c, &sep, 1);
     kvs_sha256_update(&c, cfg->ops->name, strlen(cfg->ops->name));
     kvs_sha256_update(&c, &sep, 1);
     kvs_sha256_update(&c, cfg->canonical, strlen(cfg->canonical));
     kvs_sha256_update(&c, &sep, 1);
-    int len = snprintf(num, sizeof num, "budget=%lld,kv_bytes=%d,aux_bytes=%d", (long long)budget, (int)m->kv_bytes,
-                       (int)m->aux_bytes);
+    int len = snprintf(num, sizeof num, "budget=%lld,kv_bytes=%d,aux_bytes=%d", (long long)id->budget,
+                       (int)m->kv_bytes, (int)m->aux_bytes);
     kvs_sha256_update(&c, num, (size_t)len);
+    if (id->codec && id->codec[0]) {
+        kvs_sha256_update(&c, &sep, 1);
+        kvs_sha256_update(&c, "codec=", 6);
+        kvs_sha256_update(&c, id->codec, strlen(id->codec));
+    }
+    if (id->page_tokens > 0) {
+        len = snprintf(num, sizeof num, "%cpage=%lld", sep, (long long)id->page_tokens);
+        kvs_sha256_update(&c, num, (size_t)len);
+    }
     kvs_sha256_final(&c, dig);
-    uint64_t s = 0;
-    for (int i = 0; i < 8; i++) s = s << 8 | dig[i];
-    return s;
+    uint64_t seed = 0;
+    for (int i = 0; i < 8; i++) seed = seed << 8 | dig[i];
+    return seed;
 }
 
 /* splitmix64's finaliser over a pair: distinct (layer, kv_head) give unrelated streams */

@@ -20,16 +20,35 @@
 
 /* ---- identity and seeds ---------------------------------------------------------------------------- */
 
-/*! kvs_host_run_seed() : the seed of a run, from what identifies it as far as its policy instances can tell:
- *  the content hash of its input (a trace's SHA-256, or for closed-loop decoding the model's and the tokens'; ""
- *  when unknown, as for tests' memory sources), the policy's name and canonical parameters, the budget, and the
- *  cache's element sizes (kv_bytes, aux_bytes of `m`). Never the configuration's place in a sweep, the process or
- *  the shard: the same run draws the same numbers in any invocation. The first 8 bytes of a SHA-256. */
-uint64_t kvs_host_run_seed(const char *content_hash, const kvs_policy_config *cfg, int64_t budget,
-                           const kvs_policy_model *m);
+/* What identifies a run as far as its numbers go (../shared/DESIGN.md "Identity by content"): never a path, the
+ * configuration's place in a sweep, the process or the shard. */
+typedef struct {
+    const char *content_hash;         /* the input's content hash: a trace's SHA-256 (kvs_trace_content_sha256), for
+                                       * closed-loop decoding the model's shape and the tokens'; "" when unknown (tests'
+                                       * memory sources) */
+    const kvs_policy_config *policy;  /* name and canonical parameters */
+    int64_t budget;                   /* the nominal budget, tokens per KV head */
+    const char *codec;                /* the representation stage's canonical spec (see below); NULL or "" = K/V as
+                                       * captured */
+    int64_t page_tokens;              /* page granularity of what is stored (see below); 0 = token granularity */
+} kvs_host_identity;
+
+/*! kvs_host_run_seed() : the seed of a run: the first 8 bytes of a SHA-256 over its identity and the cache's element
+ *  sizes (kv_bytes, aux_bytes of `m`). A codec and a page size enter the hash only when set, so a run without them
+ *  keeps its seed when they arrive. The same run draws the same numbers in any invocation. */
+uint64_t kvs_host_run_seed(const kvs_host_identity *id, const kvs_policy_model *m);
 
 /*! kvs_host_instance_seed() : kvs_policy_init.seed of the instance of (layer, kv_head) of a run. */
 uint64_t kvs_host_instance_seed(uint64_t run_seed, int layer, int kv_head);
+
+/* Where the other axes of compression enter (designed here so that they need no change to the drivers):
+ *  - a REPRESENTATION stage (a codec: quantized K/V, pruned key channels) sits between the selection check and the
+ *    attention: the drivers attend over the rows the codec gives back for the stored positions (what a real cache
+ *    would dequantize), policies observe those probabilities, and the codec says what a stored row costs in bytes;
+ *  - PAGE granularity rounds what is stored to whole pages of page_tokens positions, in the counts
+ *    kvs_host_check_sel hands to kvs_host_cost;
+ *  - both reach the numbers only through the identity above, the rows a driver attends over, and the bytes per
+ *    stored row that kvs_host_cost multiplies the counts by (today kvs_policy_kv_bytes: 2 x d x kv_bytes). */
 
 /* ---- allocation pass and instances --------------------------------------------------------------- */
 

@@ -1495,7 +1495,10 @@ kvs_status kvs_replay_execute(const kvs_replay_source *src, const kvs_replay_opt
     r->n_runs = o->n_configs;
     for (int c = 0; c < o->n_configs; c++) {
         atomic_init(&e.cfg_failed[c], 0);
-        e.run_seed[c] = kvs_host_run_seed(src->content_hash, &o->configs[c].policy, o->configs[c].budget, &src->model);
+        e.run_seed[c] = kvs_host_run_seed(
+            &(kvs_host_identity){.content_hash = src->content_hash, .policy = &o->configs[c].policy,
+                                 .budget = o->configs[c].budget},
+            &src->model);
     }
     for (int64_t i = 0; i < src->n_turns; i++) {
         const kvs_turn *t = &src->turns[i];

@@ -516,7 +516,8 @@ static kvs_status run_config(const kvs_replay_source *src, const kvs_replay_opts
                                                       : ref_run_alloc(&r);
     if (st != KVS_OK) goto done;
     r.budgets = res->budgets;
-    uint64_t run_seed = kvs_host_run_seed(src->content_hash, &r.rc->policy, r.rc->budget, m);
+    uint64_t run_seed = kvs_host_run_seed(
+        &(kvs_host_identity){.content_hash = src->content_hash, .policy = &r.rc->policy, .budget = r.rc->budget}, m);
     alloc_reader ar = {.src = src, .layer = -1};
     kvs_status pst = kvs_host_alloc_pass(&r.rc->policy, m, r.rc->budget, alloc_prompt_view, &ar, res->budgets, &alloc,
                                          &shared);

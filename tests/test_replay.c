@@ -181,15 +181,30 @@ static void test_randomised_policy_seeded_by_run_identity(void **state) {
     assert_int_equal(kvs_policy_parse("keyformer:tau_init=1", &b), KVS_OK); /* the default spelled out */
     kvs_policy_model m = {.n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .group = 2, .head_dim = 16, .kv_bytes = 2,
                           .aux_bytes = 4};
-    uint64_t s0 = kvs_host_run_seed("h", &a, 16, &m);
-    assert_true(s0 == kvs_host_run_seed("h", &b, 16, &m)); /* same canonical spec */
-    assert_true(s0 != kvs_host_run_seed("g", &a, 16, &m));
-    assert_true(s0 != kvs_host_run_seed("h", &a, 17, &m));
+    kvs_host_identity id = {.content_hash = "h", .policy = &a, .budget = 16};
+    uint64_t s0 = kvs_host_run_seed(&id, &m);
+    kvs_host_identity x = id;
+    x.policy = &b;
+    assert_true(s0 == kvs_host_run_seed(&x, &m)); /* same canonical spec */
+    x = id, x.content_hash = "g";
+    assert_true(s0 != kvs_host_run_seed(&x, &m));
+    x = id, x.content_hash = NULL, id.content_hash = "";
+    assert_true(kvs_host_run_seed(&x, &m) == kvs_host_run_seed(&id, &m)); /* NULL is "" */
+    id.content_hash = "h";
+    x = id, x.budget = 17;
+    assert_true(s0 != kvs_host_run_seed(&x, &m));
+    x = id, x.codec = "";
+    assert_true(s0 == kvs_host_run_seed(&x, &m)); /* no codec, no page: the identity of before */
+    x.codec = "int:bits=4";
+    assert_true(s0 != kvs_host_run_seed(&x, &m));
+    x = id, x.page_tokens = 16;
+    assert_true(s0 != kvs_host_run_seed(&x, &m));
     kvs_policy_model m2 = m;
     m2.kv_bytes = 1;
-    assert_true(s0 != kvs_host_run_seed("h", &a, 16, &m2));
+    assert_true(s0 != kvs_host_run_seed(&id, &m2));
     assert_int_equal(kvs_policy_parse("keyformer:noise=none", &b), KVS_OK);
-    assert_true(s0 != kvs_host_run_seed("h", &b, 16, &m));
+    x = id, x.policy = &b;
+    assert_true(s0 != kvs_host_run_seed(&x, &m));
     assert_true(kvs_host_instance_seed(s0, 0, 1) != kvs_host_instance_seed(s0, 1, 0));
     assert_true(kvs_host_instance_seed(s0, 0, 0) != s0);
 }
