@@ -286,7 +286,7 @@ static kvs_status compare_columns(kvs_compare_column *cols) {
     return KVS_OK;
 }
 
-/* A series label with the marks the report uses everywhere: (oracle) comes from sim/compare; prompt-only
+/* A series label with the marks the report uses everywhere: (oracle) comes from results/compare; prompt-only
  * policies get "(prompt-only budget)". */
 static void series_label(char *buf, size_t cap, const kvs_compare_series *s) {
     snprintf(buf, cap, "%s%s", s->label, s->prompt_only ? " (prompt-only budget)" : "");
