@@ -11,7 +11,7 @@
  * head). What it shares with the fast replay is the policy host (sim/host.h: seeds, allocation pass, instances, the
  * accounting of a policy's account() and the metric formulas) and kvs_results_stat_compute for the statistics.
  * Its selection check, the counts of the default accounting, the full attention, the ranking behind the top-k
- * overlap and the sums behind every metric are its own.
+ * overlap (the rank-|S| position by quickselect in that order) and the sums behind every metric are its own.
  * Hooks, progress reports, kv16, the memo and the blocking options of kvs_replay_opts are not used.
  */
 #include "replay.h"
@@ -163,12 +163,30 @@ static kvs_status push_sample(ref_run *r, int layer, int q_head, int64_t pos, in
     return KVS_OK;
 }
 
-static int cmp_desc(const void *a, const void *b, void *ctx) {
-    const float *p = ctx;
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    if (p[x] > p[y]) return -1;
-    if (p[x] < p[y]) return 1;
-    return (x > y) - (x < y); /* ties: the lower position ranks first */
+/* 1 when position a ranks before position b in the full attention's order: higher probability first, the lower
+ * position first among equals (a total order, so the top-k set is unique). */
+static int ranks_before(const float *fp, int32_t a, int32_t b) { return fp[a] > fp[b] || (fp[a] == fp[b] && a < b); }
+
+/* The position of rank k (0-based) among order[0..n) in that order, by quickselect (order is permuted). */
+static int32_t rank_select(const float *fp, int32_t *order, int64_t n, int64_t k) {
+    int64_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        int32_t pivot = order[lo + (hi - lo) / 2];
+        int64_t i = lo, j = hi;
+        while (i <= j) {
+            while (ranks_before(fp, order[i], pivot)) i++;
+            while (ranks_before(fp, pivot, order[j])) j--;
+            if (i <= j) {
+                int32_t t = order[i];
+                order[i] = order[j], order[j] = t;
+                i++, j--;
+            }
+        }
+        if (k <= j) hi = j;
+        else if (k >= i) lo = i;
+        else return order[k];
+    }
+    return order[lo];
 }
 
 /* Measures query head (h, g) at position p over list[0..n) (merged[j] non-NULL: a merged slot), its output out[d],
@@ -179,19 +197,19 @@ static kvs_status measure(ref_run *r, int layer, int h, int g, int64_t p, const 
     size_t N = (size_t)r->N, d = (size_t)r->d, G = (size_t)r->G;
     const float *fp = r->fullp + ((size_t)h * G) * N + (size_t)g * (size_t)(p + 1);
     const float *fo = r->fullo + ((size_t)h * G + (size_t)g) * d;
-    /* top-|S| of the full attention: sort 0..p by probability, descending, ties by position */
-    for (int64_t x = 0; x <= p; x++) r->order[x] = (int32_t)x;
-    qsort_r(r->order, (size_t)p + 1, sizeof *r->order, cmp_desc, (void *)fp);
-    int64_t top = n < p + 1 ? n : p + 1;
-    for (int64_t k = 0; k < top; k++) r->mark[r->order[k]] = 1;
+    /* top-|S| of the full attention: the positions ranking no later than the one of rank |S| - 1 */
+    int32_t last = (int32_t)p;
+    if (n <= p) {
+        for (int64_t x = 0; x <= p; x++) r->order[x] = (int32_t)x;
+        last = rank_select(fp, r->order, p + 1, n - 1);
+    }
     kvs_host_sums s = {0};
     for (int64_t j = 0; j < n; j++) {
         double pj = fp[list[j]];
         s.recall_merged += pj;
         if (!merged || !merged[j]) s.recall += pj;
-        s.hit += r->mark[list[j]];
+        s.hit += n > p || list[j] == last || ranks_before(fp, list[j], last);
     }
-    for (int64_t k = 0; k < top; k++) r->mark[r->order[k]] = 0;
     kvs_host_out_sums(fo, out, (int64_t)d, &s);
     double v[KVS_N_METRICS];
     kvs_host_metrics(&r->src->model, p, n, &s, cost, v);
