@@ -1639,6 +1639,11 @@ kvs_status kvs_replay_parse_budgets(const char *text, int64_t prompt_len, int64_
             /* Of the first turn's prompt: known before decoding starts, unlike the trace's final length,
              * so a percentage means the same budget however long the model then generates. */
             double frac = pct / 100.0;
+            if (!(frac > 0)) { /* a positive percentage below the smallest double's hundredfold divides to 0 */
+                st = kvs_fail(KVS_ERR_INVALID_ARG, "--budgets: '%.*s' is too small a percentage (it rounds to 0)",
+                              (int)len, p);
+                break;
+            }
             int64_t v = (int64_t)ceil(frac * (double)prompt_len - 1e-9);
             if (v < 1) v = 1;
             if (v > n_positions) v = n_positions;

@@ -278,6 +278,15 @@ static void test_parse_budgets(void **state) {
     assert_int_equal(kvs_replay_parse_budgets("12x", 60, 100, &b, &fr, &n), KVS_ERR_INVALID_ARG);
     assert_int_equal(kvs_replay_parse_budgets("8,,9", 60, 100, &b, &fr, &n), KVS_ERR_INVALID_ARG);
     assert_null(b);
+    /* a positive percentage whose fraction underflows to 0 (fuzz_budgets' find, fuzz/corpus/budgets/
+     * regress_fraction_underflow.txt): refused, never a fraction of 0; the smallest that divides is taken */
+    assert_int_equal(kvs_replay_parse_budgets("3e-323%", 60, 100, &b, &fr, &n), KVS_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvs_last_error(), "too small a percentage"));
+    assert_null(b);
+    assert_int_equal(kvs_replay_parse_budgets("1e-300%", 60, 100, &b, &fr, &n), KVS_OK);
+    assert_true(fr[0] > 0 && b[0] == 1);
+    free(b);
+    free(fr);
 }
 
 static void test_validate_rejects_bad_configs(void **state) {
