@@ -106,7 +106,7 @@ void kvs_policy_defaults(const struct kvs_policy_ops *ops, kvs_policy_config *cf
 static kvs_status parse_text(const char *policy, const kvs_policy_param *pp, const char *s, size_t len,
                              kvs_policy_config *cfg, int i) {
     if (len >= KVS_POLICY_STR_MAX)
-        return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: value of parameter '%s' is longer than %d bytes", policy,
+        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: value of parameter '%s' is longer than %d bytes", policy,
                         pp->key, KVS_POLICY_STR_MAX - 1);
     for (size_t j = 0; j < len; j++)
         if ((unsigned char)s[j] < 0x20 || s[j] == 0x7f || s[j] == '=')
@@ -144,7 +144,7 @@ static kvs_status parse_value(const char *policy, const kvs_policy_param *pp, co
     char buf[128];
     if (len == 0) return kvs_fail(KVS_ERR_INVALID_ARG, "%s: parameter '%s' has an empty value", policy, pp->key);
     if (len >= sizeof buf)
-        return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: value of parameter '%s' is too long", policy, pp->key);
+        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: value of parameter '%s' is too long", policy, pp->key);
     memcpy(buf, s, len);
     buf[len] = 0;
     switch (pp->type) {
@@ -194,7 +194,7 @@ static kvs_status parse_value(const char *policy, const kvs_policy_param *pp, co
             char lo[40], hi[40];
             format_value(pp, pp->lo, lo, sizeof lo);
             format_value(pp, pp->hi, hi, sizeof hi);
-            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s': '%s' is out of range [%s, %s]", policy,
+            return kvs_fail(KVS_ERR_INVALID_ARG, "%s: parameter '%s': '%s' is out of range [%s, %s]", policy,
                             pp->key, buf, lo, hi);
         }
         *out = v;
@@ -203,7 +203,7 @@ static kvs_status parse_value(const char *policy, const kvs_policy_param *pp, co
     case KVS_PARAM_STRING:
     case KVS_PARAM_FILE: break; /* parse_text() */
     }
-    return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter '%s' has an unknown type", policy, pp->key);
+    return kvs_fail(KVS_ERR_INVALID_ARG, "%s: parameter '%s' has an unknown type", policy, pp->key);
 }
 
 const kvs_policy_preset *kvs_policy_find_preset(const struct kvs_policy_ops *ops, const char *name) {

@@ -549,6 +549,20 @@ static const struct kvs_policy_ops leaky_ops = {
 
 /* Every registered table states the interface version it was written for; a table of another version is refused
  * where a configuration is made (parse) and where a run starts (validate), with KVS_ERR_VERSION naming both. */
+/* A parameter error names the policy once: "policy h2o: parameter 'recent': ..." for every kind of bad value, a
+ * preset's parameters included. */
+static void test_parameter_errors_name_the_policy_once(void **state) {
+    (void)state;
+    const char *bad[] = {"h2o:recent=2", "h2o:recent=x", "h2o@keydiff:recent=2", "streaming:sinks=-1", "h2o:gqa=zz",
+                         "h2o:recent="};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        kvs_policy_config cfg;
+        assert_int_equal(kvs_policy_parse(bad[i], &cfg), KVS_ERR_INVALID_ARG);
+        const char *e = kvs_last_error();
+        if (strstr(e, "policy policy") || strncmp(e, "policy ", 7) != 0) fail_msg("%s: '%s'", bad[i], e);
+    }
+}
+
 static void test_interface_version_is_checked(void **state) {
     (void)state;
     for (int i = 0; i < kvs_policy_count(); i++) assert_int_equal(kvs_policy_at(i)->version, KVS_POLICY_INTERFACE_VERSION);
@@ -600,6 +614,7 @@ int main(void) {
         cmocka_unit_test(test_presets_and_block_modes_keep_the_contract),
         cmocka_unit_test(test_leak_check_catches_a_leaky_policy),
         cmocka_unit_test(test_interface_version_is_checked),
+        cmocka_unit_test(test_parameter_errors_name_the_policy_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
