@@ -800,6 +800,31 @@ static void test_concurrent_streams_in_threads(void **state) {
     kvs_gen_trace_free(g);
 }
 
+/* A FIFO or other non-regular path is refused at once with a clear error, never waited on (opening a FIFO for
+ * reading blocks until a writer comes); "-" says that standard input is not a trace. Run in a child that an alarm
+ * kills if the open hangs. */
+static void test_fifo_and_dash_refused_without_waiting(void **state) {
+    kvs_test_tmp *c = *state;
+    char fifo[160];
+    kvs_test_tmp_path(c, "pipe.kvt", fifo, sizeof fifo);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        alarm(10);
+        kvs_trace *t = NULL;
+        int ok = kvs_trace_open(fifo, &t) == KVS_ERR_IO && strstr(kvs_last_error(), "not a regular file") &&
+                 kvs_trace_open("-", &t) == KVS_ERR_IO && strstr(kvs_last_error(), "standard input");
+        _exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    if (WIFSIGNALED(status)) fail_msg("kvs_trace_open on a FIFO did not return (signal %d)", WTERMSIG(status));
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_roundtrip_every_dtype_and_shuffle, kvs_test_tmp_setup, kvs_test_tmp_teardown),
@@ -817,6 +842,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_recover_from_every_prefix, kvs_test_tmp_setup, kvs_test_tmp_teardown),
         cmocka_unit_test_setup_teardown(test_recover_after_sigkill, kvs_test_tmp_setup, kvs_test_tmp_teardown),
         cmocka_unit_test_setup_teardown(test_concurrent_streams_in_threads, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_fifo_and_dash_refused_without_waiting, kvs_test_tmp_setup,
+                                        kvs_test_tmp_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

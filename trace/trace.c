@@ -1292,16 +1292,21 @@ kvs_status kvs_trace_open(const char *path, kvs_trace **out) {
         free(t);
         return kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", path);
     }
-    t->fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO for reading would wait for a writer; it is refused below as not a regular file */
+    t->fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (t->fd < 0) {
-        s = kvs_fail(KVS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        if (!strcmp(path, "-") && errno == ENOENT)
+            s = kvs_fail(KVS_ERR_IO, "-: no such file (a trace is read from a file: standard input cannot be read "
+                                     "twice and out of order)");
+        else s = kvs_fail(KVS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
         goto cleanup;
     }
     struct stat st;
     if (fstat(t->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        s = kvs_fail(KVS_ERR_IO, "%s: not a regular file", path);
+        s = kvs_fail(KVS_ERR_IO, "%s: not a regular file (a trace is read with random access)", path);
         goto cleanup;
     }
+    fcntl(t->fd, F_SETFL, fcntl(t->fd, F_GETFL) & ~O_NONBLOCK);
     t->file_size = (uint64_t)st.st_size;
     KVS_TRY(s = read_header(t->fd, t->file_size, path, &t->h));
     const trace_hdr *h = &t->h;
