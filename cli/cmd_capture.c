@@ -395,6 +395,10 @@ int kvs_cmd_capture(int argc, char **argv) {
                 o.truncate == KVS_CAPTURE_TRUNCATE_LEFT ? "left" : "right", (long long)res.n_prompt_given,
                 (long long)(res.n_prompt_given - res.n_prompt_dropped), (long long)res.n_prompt_dropped,
                 o.truncate == KVS_CAPTURE_TRUNCATE_LEFT ? "start" : "end", (long long)o.steps);
+    if (out_path && res.max_new_tokens < o.steps)
+        fprintf(stderr, "kvsim capture: warning: --steps %lld is more than the %lld positions the context leaves after "
+                        "the prompt: the trace records max_new_tokens = %lld\n",
+                (long long)o.steps, (long long)res.max_new_tokens, (long long)res.max_new_tokens);
     if (stage.dir[0] && (s = stage_deliver(&stage, out_path)) != KVS_OK) {
         rc = kvs_cli_fail(cmd, s);
         goto done;

@@ -297,7 +297,10 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
         memset(&cc, 0, sizeof cc);
         cc.dtype = (int32_t)o->dtype;
         cc.block_positions = o->block > 0 ? o->block : KVS_TRACE_DEFAULT_BLOCK;
-        cc.max_new_tokens = o->steps;
+        /* What a policy may plan with (RocketKV's sequence length): never more than the context leaves */
+        int64_t room = (int64_t)max_pos - (int64_t)total_prompt;
+        cc.max_new_tokens = (int32_t)(o->steps < room ? o->steps : room > 0 ? room : 0);
+        r->max_new_tokens = cc.max_new_tokens;
         cc.flags = KVS_TRACE_FLAG_SHUFFLE | (o->record_qkv ? KVS_TRACE_FLAG_QKV : 0u);
         const char *src = o->prompt_source ? o->prompt_source
                           : o->turns       ? "turns"
@@ -309,7 +312,7 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
                  "ignore_eos=%d bos=%d prompt_source=%.900s prompt_tokens=%zu turns=%zu max_positions=%d "
                  "model_format=%s architecture=%.63s weights=%s tokenizer=%.900s record=%s",
                  gpu ? "cuda" : "cpu", gpu ? 0 : kvs_threadpool_size(pool), o->temperature == 0 ? "greedy" : (o->top_p < 1 ? "top-p" : "temperature"),
-                 o->temperature, o->top_p, (unsigned long long)o->seed, o->steps, o->steps, o->ignore_eos, !o->no_bos,
+                 o->temperature, o->top_p, (unsigned long long)o->seed, o->steps, (int)cc.max_new_tokens, o->ignore_eos, !o->no_bos,
                  src, total_prompt, n_turn_prompts, max_pos, info->format == KVS_MODEL_HF ? "hf" : "llama2c",
                  info->architecture, kvs_dtype_name(info->weight_dtype), have_tok ? tok_path : "none",
                  o->record_qkv ? "qkv" : "full");

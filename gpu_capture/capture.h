@@ -72,6 +72,8 @@ typedef struct {
     uint64_t trace_bytes;       /* size of the written trace, 0 without one */
     int stopped_eos;            /* the last turn ended on an end token */
     int stopped_max;            /* max_positions cut generation short */
+    int64_t max_new_tokens;     /* the generation length the trace records (policies plan with it): --steps, at most
+                                   the positions the context (or max_positions) leaves after the prompts */
     int64_t n_prompt_dropped;   /* prompt tokens dropped by opts.truncate (0: none) */
     int64_t n_prompt_given;     /* prompt tokens before truncation, BOS included */
     int64_t n_unk;              /* prompt tokens the tokenizer made its unknown token (set before decoding, so

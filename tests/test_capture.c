@@ -517,6 +517,37 @@ static void test_capture_out_link_stdout_and_write_errors(void **state) {
     rm_dir(dir);
 }
 
+/* --steps beyond what the context leaves after the prompt: decoding stops at the positions allowed and the trace
+ * records that many as its max_new_tokens (what RocketKV, Quest and SparQ plan with), never the --steps given. */
+static void test_steps_beyond_the_context_are_not_recorded(void **state) {
+    (void)state;
+    need_models();
+    char dir[] = "/tmp/kvs_capture_XXXXXX", m[4096], out[4200];
+    assert_non_null(mkdtemp(dir));
+    snprintf(m, sizeof m, "%s/../shared/models/stories260K.bin", kvs_test_root());
+    snprintf(out, sizeof out, "%s/t.kvt", dir);
+    kvs_capture_opts o;
+    memset(&o, 0, sizeof o);
+    o.model_path = m;
+    o.steps = 100000;
+    o.max_positions = 40;
+    o.ignore_eos = 1;
+    o.top_p = 1;
+    o.dtype = KVS_DTYPE_F16;
+    o.threads = 1;
+    o.out_path = out;
+    kvs_capture_result res;
+    assert_int_equal(kvs_capture_run(&o, &res), KVS_OK);
+    assert_int_equal(res.n_positions, 40);
+    assert_int_equal(res.max_new_tokens, 40 - res.n_prompt);
+    kvs_trace *t;
+    assert_int_equal(kvs_trace_open(out, &t), KVS_OK);
+    assert_int_equal(kvs_trace_info_get(t)->capture.max_new_tokens, 40 - res.n_prompt);
+    kvs_trace_close(t);
+    kvs_capture_result_free(&res);
+    assert_int_equal(run("rm -rf '%s'", dir), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_capture_stories260K_trace_matches_reference),
@@ -529,6 +560,7 @@ int main(void) {
         cmocka_unit_test(test_truncate_cuts_a_prompt_that_does_not_fit),
         cmocka_unit_test(test_multi_turn_text_is_printed_turn_by_turn),
         cmocka_unit_test(test_capture_out_link_stdout_and_write_errors),
+        cmocka_unit_test(test_steps_beyond_the_context_are_not_recorded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
