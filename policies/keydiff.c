@@ -11,9 +11,9 @@
  * mu != 0, §4 item 7). The keys most similar to the others (lowest s) are evicted.
  *
  * Eviction event over a candidate list (held positions + new ones, ascending), whenever it exceeds the
- * capacity C = B - 1: W = min(floor(window_frac * B), C) newest candidates are protected (the sliding-window
- * variant, §3.2; 0 by default) and the scored older ones keep TOPK(s, C - W); the anchor is computed over
- * every candidate, the protected ones included.
+ * capacity C = B - 1: W = floor(window_frac * C) newest candidates are protected (the sliding-window variant,
+ * §3.2 and POLICY_SPEC §2.5: W_sw = floor(f_sw N) with the paper's N = C; 0 by default) and the scored older ones
+ * keep TOPK(s, C - W); the anchor is computed over every candidate, the protected ones included.
  *  - Prefill (Eq. 6, block prompt processing): the prompt in blocks of `block` positions (128 by default,
  *    POLICY_SPEC §2.5 [RECON], kvpress BlockPress) through the engine's chunked prefill (prefill_block()):
  *    after every block, candidates = what is held + the block, evicted down to C. A block's queries attend
@@ -34,9 +34,11 @@
  *  - Anchor: Eq. 8 and kvpress normalise the keys, the paper's experiments used the raw mean (§8 5b): the
  *    default follows the equation (normalized), `anchor=raw` and the `paper` presets give the other. Eq. 7
  *    has no anchor, so pairwise=true with anchor=raw is rejected (validate) rather than silently ignored.
- *  - Window: W = floor(window_frac * B) newest positions of the candidates, capped at C (the paper: "a
- *    percentage of the cache budget"); it is carved out of the budget, so the scored part keeps C - W. With
- *    window_frac > 0 but W = 0 (small budgets) the current token is not protected: notes() says so.
+ *  - Window: W = floor(window_frac * C) newest positions of the candidates, C = B - 1 (the paper, §3.2: "a
+ *    percentage of the cache budget", whose budget is N = C, see Budget above; POLICY_SPEC §2.5 "W_sw =
+ *    floor(f_sw N)"); not floor(window_frac * B), which counts the current token kvsim's B includes. It is
+ *    carved out of the budget, so the scored part keeps C - W. With window_frac > 0 but W = 0 (small budgets)
+ *    the current token is not protected: notes() says so.
  *  - Guards (POLICY_SPEC §1.4, PyTorch): k/max(|k|, 1e-12), cos = a.b / max(|a||b|, 1e-8); scores in fp64.
  *  - Ties (§1.4): kvs_topk_f64 keeps the higher score, the OLDER position among equals (candidates are in
  *    position order). Sinks are not forced in (the paper: distinctive keys recover them, §3.1).
@@ -85,7 +87,7 @@ typedef struct {
     kvs_policy_model model;
     int64_t budget;   /* B */
     int64_t cap;      /* C = B - 1: positions held after every eviction */
-    int64_t window;   /* W = min(floor(window_frac * B), C): newest candidates protected */
+    int64_t window;   /* W = floor(window_frac * C): newest candidates protected */
     int64_t block;    /* prefill block size */
     kvs_key_score kind;
     int d;
@@ -115,10 +117,12 @@ static kvs_key_score kd_kind(const kvs_policy_config *cfg) {
     return (int)kvs_policy_param_get(cfg, "anchor") == KD_ANCHOR_RAW ? KVS_KEY_SCORE_ANCHOR_RAW : KVS_KEY_SCORE_ANCHOR;
 }
 
-/* W for budget B: floor(window_frac * B), capped at the capacity B - 1. */
+/* W for budget B: floor(window_frac * N) with the paper's cache size N = C = B - 1 (§3.2, POLICY_SPEC §2.5);
+ * window_frac <= 1, so W <= C. */
 static int64_t kd_window(const kvs_policy_config *cfg, int64_t budget) {
-    int64_t w = (int64_t)floor(kvs_policy_param_get(cfg, "window_frac") * (double)budget);
-    return w > budget - 1 ? budget - 1 : w;
+    int64_t cap = budget > 1 ? budget - 1 : 0;
+    int64_t w = (int64_t)floor(kvs_policy_param_get(cfg, "window_frac") * (double)cap);
+    return w > cap ? cap : w;
 }
 
 static void keydiff_free(void *state) {

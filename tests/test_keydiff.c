@@ -10,6 +10,8 @@
  *    selection by selection — what is attended at every decode step and what is held after every prefill block
  *    and decode step — with both policies on generated traces: anchor normalized/raw, pairwise, the window
  *    variant, several block sizes, GQA groups 1-3, one and two turns;
+ *  - the sliding window's size W = floor(f (B - 1)) (the paper's N = B - 1): a hand-made stream whose
+ *    protected and kept sets are written out, where floor(f B) would protect one position more;
  *  - Eq. 7 and Eq. 8 choose the same keys (§4 item 7 identity);
  *  - norms kept from a key's entry (kvs_key_norms + kvs_key_scores_normed) give kvs_key_scores' bits;
  *  - the leak check between prefill blocks (rows the policy does not hold scrambled after every block and step);
@@ -494,8 +496,8 @@ static double ref_dot(const float *a, const float *b, int d) {
     return s;
 }
 
-/* The held positions (mask) down to B - 1 when they exceed it: the newest W = min(floor(f B), B - 1) stay, the
- * others keep their best B - 1 - W scores, found by a repeated scan (highest score, the older on ties). */
+/* The held positions (mask) down to C = B - 1 when they exceed it: the newest W = floor(f C) stay (the paper's
+ * N = C), the others keep their best C - W scores, found by a repeated scan (highest score, the older on ties). */
 static void ref_evict(const fixture *f, int l, int h, const ref_cfg *rc, char *mask, int64_t upto) {
     int d = f->d;
     int64_t C = rc->B - 1, nc = 0;
@@ -507,8 +509,7 @@ static void ref_evict(const fixture *f, int l, int h, const ref_cfg *rc, char *m
         free(cand);
         return;
     }
-    int64_t W = (int64_t)floor(rc->window_frac * (double)rc->B);
-    if (W > C) W = C;
+    int64_t W = (int64_t)floor(rc->window_frac * (double)C);
     double mu[64] = {0};
     double *score = malloc((size_t)nc * sizeof *score);
     char *keep = calloc((size_t)nc, 1);
@@ -802,6 +803,68 @@ static void test_peak_memory_is_bounded_by_budget_plus_block(void **state) {
 }
 
 /* ================================================================================================
+ * The sliding window's size (§3.2, POLICY_SPEC §2.5): W = floor(f N) with the paper's N = B - 1
+ * ============================================================================================== */
+
+/* B = 6 (N = C = 5), window_frac = 0.5: W = floor(0.5 * 5) = 2, not floor(0.5 * 6) = 3. Eight 2-d prompt keys in
+ * one block, then one generated key; the protected and kept sets written out (cosines to the normalised anchor,
+ * computed by hand):
+ *   prefill, candidates 0..7, cos = 0.198 0.980 0.989 -0.980 0.969 0.982 0.980 0.980: the window protects 6, 7;
+ *     of 0..5 the three least anchor-like stay (3, 0, 4): held {0, 3, 4, 6, 7}. (W = 3 would have protected
+ *     5 and kept only 3, 0: {0, 3, 5, 6, 7}.)
+ *   decode at position 8, candidates {0, 3, 4, 6, 7, 8}, cos = 0.308 -0.952 0.935 0.952 0.952 0.957: the window
+ *     protects 7, 8; of {0, 3, 4, 6} the most anchor-like (6) goes: held {0, 3, 4, 7, 8}. */
+static void test_window_is_a_share_of_the_held_capacity(void **state) {
+    (void)state;
+    static const float keys[9][2] = {{0, 1},  {1, 0},     {1, 0.05f}, {-1, 0}, {1, -0.05f},
+                                     {1, 0.01f}, {1, 0}, {1, 0},      {1, 0.02f}};
+    float q[9][2] = {{0}}, v[9][2] = {{0}};
+    kvs_policy_model model = {.n_layers = 1, .n_heads = 1, .n_kv_heads = 1, .group = 1, .head_dim = 2,
+                              .scale = 0.70710678f, .kv_bytes = 2, .aux_bytes = 4, .n_positions = 9, .prompt_len = 8,
+                              .max_new_tokens = 1};
+    const char *specs[] = {"keydiff:window_frac=0.5", "knorm:window_frac=0.5"};
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        kvs_policy_config cfg;
+        assert_int_equal(kvs_policy_parse(specs[i], &cfg), KVS_OK);
+        kvs_policy_init init = {.model = &model, .cfg = &cfg, .budget = 6, .budget_nominal = 6};
+        void *st = NULL;
+        assert_int_equal(cfg.ops->create(&init, &st), KVS_OK);
+        kvs_policy_view view = {.n = 8, .group = 1, .head_dim = 2, .scale = model.scale, .k = &keys[0][0],
+                                .v = &v[0][0], .q = &q[0][0], .q_first = 0, .n_q = 8, .turn_begin = 0,
+                                .prompt_end = 8, .block_begin = 0, .last_block = 1};
+        assert_int_equal(cfg.ops->prefill(st, &view), KVS_OK);
+        int32_t held[16];
+        int64_t n = cfg.ops->stored(st, 0, held);
+        if (i == 0) {
+            const int32_t want[5] = {0, 3, 4, 6, 7};
+            assert_int_equal(n, 5);
+            assert_memory_equal(held, want, sizeof want);
+        } else {
+            /* KNorm runs the same framework: of 0..5 the three smallest norms (0, 1, 3 at exactly 1; 5 is
+             * 1.00005) stay; W = 3 would have protected 5 and kept 0, 1 only */
+            const int32_t want[5] = {0, 1, 3, 6, 7};
+            assert_int_equal(n, 5);
+            assert_memory_equal(held, want, sizeof want);
+        }
+        if (i == 0) {
+            int32_t idx[16], *lists[1] = {idx};
+            int64_t cnt[1] = {0};
+            kvs_policy_sel sel = {.idx = lists, .n = cnt, .n_lists = 1, .cap = 16};
+            view = (kvs_policy_view){.n = 9, .group = 1, .head_dim = 2, .scale = model.scale, .k = &keys[0][0],
+                                     .v = &v[0][0], .q = &q[8][0], .q_first = 8, .n_q = 1, .turn_begin = 0,
+                                     .prompt_end = 8};
+            assert_int_equal(cfg.ops->select(st, &view, &sel), KVS_OK);
+            assert_int_equal(cnt[0], 6);
+            assert_int_equal(cfg.ops->observe(st, &view, &sel, NULL), KVS_OK);
+            const int32_t want[5] = {0, 3, 4, 7, 8};
+            assert_int_equal(cfg.ops->stored(st, 0, held), 5);
+            assert_memory_equal(held, want, sizeof want);
+        }
+        cfg.ops->free(st);
+    }
+}
+
+/* ================================================================================================
  * validate() and notes()
  * ============================================================================================== */
 
@@ -836,11 +899,11 @@ static void test_validate_and_notes(void **state) {
     assert_int_equal(kvs_policy_notes(&cfg, &m, 10, buf, sizeof buf), 1);
     assert_string_equal(buf, "window_frac=1 reserves every held position for the sliding window: no key is scored "
                              "(a sliding window)");
-    /* 0.9 of 10 = 9 = B - 1 too */
+    /* W = floor(f (B - 1)): 0.9 of C = 9 is 8 < 9, no finding (floor(0.9 B) = 9 = C would have been one) */
     assert_int_equal(kvs_policy_parse("knorm:block=16,window_frac=0.9", &cfg), KVS_OK);
-    assert_int_equal(kvs_policy_notes(&cfg, &m, 10, buf, sizeof buf), 1);
-    assert_int_equal(kvs_policy_notes(&cfg, &m, 11, buf, sizeof buf), 0); /* floor(9.9) = 9 < 10 */
-    /* floor(0.05 * 10) = 0: no window at this budget, one at 40 */
+    assert_int_equal(kvs_policy_notes(&cfg, &m, 10, buf, sizeof buf), 0);
+    assert_int_equal(kvs_policy_notes(&cfg, &m, 11, buf, sizeof buf), 0); /* floor(9) = 9 < 10 */
+    /* floor(0.05 * 9) = 0: no window at this budget, one at 40 (floor(1.95) = 1) */
     assert_int_equal(kvs_policy_parse("keydiff:block=16,window_frac=0.05", &cfg), KVS_OK);
     assert_int_equal(kvs_policy_notes(&cfg, &m, 10, buf, sizeof buf), 1);
     assert_string_equal(buf, "window_frac=0.05 rounds to an empty window at this budget: no sliding window, the "
@@ -867,6 +930,7 @@ int main(void) {
         cmocka_unit_test(test_knorm_keeps_the_smallest_norms),
         cmocka_unit_test(test_reads_only_what_it_holds_between_blocks),
         cmocka_unit_test(test_peak_memory_is_bounded_by_budget_plus_block),
+        cmocka_unit_test(test_window_is_a_share_of_the_held_capacity),
         cmocka_unit_test(test_validate_and_notes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
