@@ -69,9 +69,12 @@
  *  - Multi-turn: a later turn's prompt is appended to the resident cache uncompressed, its last min(R, P)
  *    queries push their rows into the same ring (rows of earlier positions stay: the window is the last R
  *    positions, whichever phase produced them) and the turn's first decode step compresses.
- *  - Ties and precision: profiles are fp32 (paper: the engine's probabilities as computed); group scores and
- *    fused scores fp64 (ref: the candidate softmax through kvs_softmax, fp32); TOP_C ranks fp64 scores, the
- *    older token first among equals.
+ *  - Ties and precision: profiles are fp32 (paper: the engine's probabilities as computed; ref: the logits);
+ *    group scores, the ref candidate softmax (kvs_softmax_f64: the reference's max-subtracted exponent in fp64)
+ *    and the fused scores are fp64; TOP_C ranks fp64 scores, the older token first among equals. The ref
+ *    softmax is fp64, not fp32, because fp32 exp returns 0 below about -87.3: candidates that far below a row's
+ *    best all tied at 0 and the tie rule evicted a newer one that the fp64 reading ranks above an older one
+ *    (fp64 exp underflows only below about -745, out of reach of real logit gaps).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -109,18 +112,21 @@ static const kvs_policy_preset morphkv_presets[] = {
 /* ---- scoring and sizing (morphkv_internal.h) ------------------------------------------------------ */
 
 void kvs_morphkv_fuse(int fidelity, int fusion, const float *vals, int64_t stride, int n_rows, int group,
-                      int64_t n_cand, double *F, float *scratch) {
+                      int64_t n_cand, double *F, double *scratch) {
     for (int64_t j = 0; j < n_cand; j++) F[j] = 0;
     if (n_cand <= 0) return;
     for (int r = 0; r < n_rows; r++) {
         const float *row0 = vals + (size_t)r * (size_t)group * (size_t)stride;
         if (fidelity == KVS_MORPHKV_REF) {
+            /* the reference's softmax (max-subtracted exponent) read in fp64: exp(z - max) underflows only for a
+             * candidate more than ~745 below the row's best, where fp32 (kvs_softmax) gave 0 below ~-87 and
+             * every such candidate tied at 0, leaving the eviction to the tie rule */
             for (int64_t j = 0; j < n_cand; j++) {
                 double z = 0;
                 for (int g = 0; g < group; g++) z += row0[(size_t)g * (size_t)stride + (size_t)j];
-                scratch[j] = (float)z;
+                scratch[j] = z;
             }
-            kvs_softmax(scratch, (size_t)n_cand);
+            kvs_softmax_f64(scratch, (size_t)n_cand);
         }
         for (int64_t j = 0; j < n_cand; j++) {
             double sr;
@@ -178,6 +184,7 @@ typedef struct {
     /* scratch, capacity cap */
     float *tmp;
     float *vals;             /* profile=qz: [R][group][cap] recomputed candidate rows */
+    double *ftmp;            /* [cap] fidelity=ref: one window row's candidate softmax (fp64) */
     char *keep;              /* the residents a compression keeps */
     /* the step just selected, for account() */
     int64_t step_nr, step_nd;
@@ -203,6 +210,7 @@ static void morphkv_free(void *state) {
     free(s->qz_q);
     free(s->qz_z);
     free(s->tmp);
+    free(s->ftmp);
     free(s->vals);
     free(s->keep);
     free(s);
@@ -215,14 +223,16 @@ static kvs_status relayout(morph_state *s, int64_t cap) {
     KVS_ASSERT(cap >= cnt);
     if (kvs_held_resize(s->held, cap) != KVS_OK) return kvs_fail(KVS_ERR_NOMEM, "morphkv: out of memory");
     float *tmp = malloc((size_t)cap * sizeof *tmp);
+    double *ftmp = malloc((size_t)cap * sizeof *ftmp);
     char *keep = malloc((size_t)cap);
     float *prof = NULL, *vals = NULL;
     size_t rows = (size_t)s->R * (size_t)s->group;
-    int ok = tmp && keep;
+    int ok = tmp && ftmp && keep;
     if (ok && s->scoring && s->profile == KVS_MORPHKV_ROWS) ok = (prof = malloc(rows * (size_t)cap * sizeof *prof)) != NULL;
     if (ok && s->scoring && s->profile == KVS_MORPHKV_QZ) ok = (vals = malloc(rows * (size_t)cap * sizeof *vals)) != NULL;
     if (!ok) {
         free(tmp);
+        free(ftmp);
         free(keep);
         free(prof);
         free(vals);
@@ -232,10 +242,12 @@ static kvs_status relayout(morph_state *s, int64_t cap) {
         for (size_t r = 0; r < (size_t)s->ring_n * (size_t)s->group; r++)
             memcpy(prof + r * (size_t)cap, s->prof + r * (size_t)s->cap, (size_t)cnt * sizeof *prof);
     free(s->tmp);
+    free(s->ftmp);
     free(s->keep);
     free(s->prof);
     free(s->vals);
     s->tmp = tmp;
+    s->ftmp = ftmp;
     s->keep = keep;
     s->prof = prof;
     s->vals = vals;
@@ -404,7 +416,7 @@ static kvs_status morphkv_select(void *state, const kvs_policy_view *view, kvs_p
                 stride = nd;
             }
             kvs_morphkv_fuse(s->fidelity, s->fusion, vals, stride, s->ring_n, s->group, nd, kvs_held_score(s->held),
-                             s->tmp);
+                             s->ftmp);
             kvs_held_mark_top(s->held, 0, nd, c - n_prot, s->keep); /* the protected suffix kept */
             s->step_scored = 1;
             s->step_nd = nd;

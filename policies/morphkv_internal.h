@@ -19,11 +19,12 @@ enum { KVS_MORPHKV_ROWS = 0, KVS_MORPHKV_QZ = 1 };     /* profile store (POLICY_
  *  vals: n_rows * group rows, row (r, g) at vals + (r * group + g) * stride, entries 0..n_cand-1 used:
  *    PAPER: probabilities AW_r^g[j] as recorded;  S_r[j] = sum_g AW_r^g[j]  (fp64);
  *    REF:   logits z_r^g[j] = scale q_{r,g}.k_j;   S_r[j] = softmax over the candidates of sum_g z_r^g[j]
- *           (kvs_softmax, fp32).
+ *           (kvs_softmax_f64: fp64 with the max subtracted, so no candidate within ~745 of a row's best
+ *           underflows to a tie at 0, as fp32's exp does below ~-87).
  *  F[j] = sum_r S_r[j] (KVS_MORPHKV_SUM) or max_r S_r[j] (KVS_MORPHKV_MAX), in fp64; F = 0 when n_rows = 0.
- *  scratch: n_cand floats (REF only; may be NULL for PAPER). */
+ *  scratch: n_cand doubles (REF only; may be NULL for PAPER). */
 void kvs_morphkv_fuse(int fidelity, int fusion, const float *vals, int64_t stride, int n_rows, int group,
-                      int64_t n_cand, double *F, float *scratch);
+                      int64_t n_cand, double *F, double *scratch);
 
 /* TOP_C (Eq. 7: the C best of F, larger first, the older token among equals, POLICY_SPEC §1.4) is the held list's
  * keep-the-top rule, kvs_held_top_mask() in policies/held.h. */

@@ -78,7 +78,7 @@ static void test_fig5_fused_scores_golden_g1(void **state) {
     /* REF: logits summed over the group, softmax over the candidates only: ln 0.05 and ln 0.30 renormalise to
      * 1/7 and 6/7 per row. */
     const float lg[2][2] = {{logf(0.05f), logf(0.30f)}, {logf(0.05f), logf(0.30f)}};
-    float tmp[2];
+    double tmp[2];
     kvs_morphkv_fuse(KVS_MORPHKV_REF, KVS_MORPHKV_SUM, &lg[0][0], 2, 2, 1, 2, F, tmp);
     assert_true(fabs(F[0] - 2.0 / 7) < 1e-6 && fabs(F[1] - 12.0 / 7) < 1e-6);
     kvs_morphkv_fuse(KVS_MORPHKV_REF, KVS_MORPHKV_MAX, &lg[0][0], 2, 2, 1, 2, F, tmp);
@@ -91,6 +91,61 @@ static void test_fig5_fused_scores_golden_g1(void **state) {
     assert_true(k4[0] == 1 && k4[1] == 1 && k4[2] == 0 && k4[3] == 0);
     kvs_held_top_mask(tie, 4, 9, k4, r4);
     assert_true(k4[0] && k4[1] && k4[2] && k4[3]);
+}
+
+/* ---- fidelity=ref: no underflow to ties --------------------------------------------------------------- */
+
+/* The window rows' candidate softmax in long double (exp underflows only below about -11355): the fp64 reading
+ * of the reference's S_r[j] = softmax_j(sum_g z_r^g[j]), fused by sum or max. Independent of kvs_math. */
+static void ld_fuse(int fusion, const float *vals, int n_rows, int group, int n, long double *F) {
+    for (int j = 0; j < n; j++) F[j] = 0;
+    for (int r = 0; r < n_rows; r++) {
+        long double z[16], mx = -INFINITY, sum = 0;
+        for (int j = 0; j < n; j++) {
+            z[j] = 0;
+            for (int g = 0; g < group; g++) z[j] += (long double)vals[(r * group + g) * n + j];
+            if (z[j] > mx) mx = z[j];
+        }
+        for (int j = 0; j < n; j++) sum += expl(z[j] - mx);
+        for (int j = 0; j < n; j++) {
+            long double sr = expl(z[j] - mx) / sum;
+            F[j] = fusion == KVS_MORPHKV_SUM ? F[j] + sr : (sr > F[j] ? sr : F[j]);
+        }
+    }
+}
+
+/* Logits 90 to 300 below a row's best: exp in fp32 returns 0 there, so every such candidate would tie at 0 and
+ * the tie rule (the older token) would keep candidate 0; the fp64 ranking keeps candidate 1 (and 2 before 3 by
+ * max). The kept set and the order of every pair of scores must be the long double ones. */
+static void test_ref_scores_do_not_underflow_to_ties(void **state) {
+    (void)state;
+    enum { NR = 2, G = 2, N = 6 };
+    /* [row][head][candidate]; group sums: row 0 {-240, -100, -130, -180, 0, -300},
+     * row 1 {-260, -95, -150, -120, 0, -400} */
+    const float vals[NR][G][N] = {{{-120, -60, -65, -100, 1, -150}, {-120, -40, -65, -80, -1, -150}},
+                                  {{-130, -45, -75, -60, 2, -200}, {-130, -50, -75, -60, -2, -200}}};
+    for (int fusion = 0; fusion < 2; fusion++) {
+        double F[N], scratch[N];
+        long double L[N];
+        kvs_morphkv_fuse(KVS_MORPHKV_REF, fusion, &vals[0][0][0], N, NR, G, N, F, scratch);
+        ld_fuse(fusion, &vals[0][0][0], NR, G, N, L);
+        for (int i = 0; i < N; i++) {
+            assert_true(F[i] > 0); /* no underflow */
+            assert_true(fabsl((long double)F[i] - L[i]) <= 1e-12L * L[i]);
+            for (int j = 0; j < N; j++)
+                if (L[i] != L[j]) assert_true((F[i] > F[j]) == (L[i] > L[j]));
+        }
+        for (int k = 1; k < N; k++) {
+            char keep[N];
+            int32_t rank[N];
+            kvs_held_top_mask(F, N, k, keep, rank);
+            for (int j = 0; j < N; j++) {
+                int better = 0;
+                for (int i = 0; i < N; i++) better += L[i] > L[j] || (L[i] == L[j] && i < j);
+                assert_int_equal(keep[j], better < k);
+            }
+        }
+    }
 }
 
 /* ---- G1 through the policy: a hand-made stream ----------------------------------------------------- */
@@ -716,6 +771,7 @@ static void test_example_script_runs(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_fig5_fused_scores_golden_g1),
+        cmocka_unit_test(test_ref_scores_do_not_underflow_to_ties),
         cmocka_unit_test(test_fig5_walkthrough_through_the_policy),
         cmocka_unit_test(test_resident_size_constant_after_first_eviction),
         cmocka_unit_test(test_evict_after_grows_and_compresses_within_budget),
