@@ -60,12 +60,19 @@ kvs_status kvs_analysis_drift_check(const kvs_trace *t, const kvs_drift_opts *o)
                         "window score; use a smaller --window or --prefill-score last",
                         (long long)P, (int)o->window);
     const int64_t m = kvs_analysis_drift_candidates(info, o->scores, o->window);
-    if (o->k[o->n_k - 1] > m)
+    if (o->k[o->n_k - 1] > m) {
+        /* with the window score, the last query's score (--prefill-score last) chooses among the whole prompt */
+        int64_t m_last = kvs_analysis_drift_candidates(info, KVS_DRIFT_SCORE_LAST, o->window);
+        int last_fits = (o->scores & KVS_DRIFT_SCORE_WINDOW) && o->k[o->n_k - 1] <= m_last;
         return kvs_fail(KVS_ERR_INVALID_ARG,
                         "drift: k = %lld is larger than the context the prefill set is chosen from (%lld prompt "
-                        "positions%s)",
+                        "positions%s); %s",
                         (long long)o->k[o->n_k - 1], (long long)m,
-                        (o->scores & KVS_DRIFT_SCORE_WINDOW) ? " before the observation window" : "");
+                        (o->scores & KVS_DRIFT_SCORE_WINDOW) ? " before the observation window" : "",
+                        last_fits ? "use --prefill-score last (the last prompt query scores every prompt position) "
+                                    "or a smaller --k"
+                                  : "use a smaller --k");
+    }
     return KVS_OK;
 }
 

@@ -321,6 +321,8 @@ static void test_check_rejects_bad_options(void **state) {
     o.n_k = 1;
     assert_int_equal(kvs_analysis_drift_check(f->t, &o), KVS_ERR_INVALID_ARG);
     assert_non_null(strstr(kvs_last_error(), "larger than the context"));
+    /* the advice is the fix: the last query's score chooses among the whole prompt, where this k fits */
+    assert_non_null(strstr(kvs_last_error(), "--prefill-score last"));
     o.scores = KVS_DRIFT_SCORE_LAST; /* the last-query set is chosen among all PROMPT positions: fits */
     assert_int_equal(kvs_analysis_drift_check(f->t, &o), KVS_OK);
     const int64_t unsorted[] = {3, 2};
