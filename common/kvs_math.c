@@ -1060,6 +1060,14 @@ float kvs_cosine(const float *a, const float *b, size_t n) {
     return (float)(dot / (na * nb));
 }
 
+double kvs_cosine_f64(const float *a, const float *b, size_t n) {
+    double na = kvs_l2(a, n), nb = kvs_l2(b, n);
+    if (na == 0 || nb == 0) return 0;
+    double dot = 0;
+    for (size_t i = 0; i < n; i++) dot += (double)a[i] * b[i];
+    return dot / (na * nb);
+}
+
 double kvs_rel_l2(const float *ref, const float *x, size_t n) {
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) {

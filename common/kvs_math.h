@@ -453,6 +453,13 @@ int64_t kvs_page_take(const int32_t *ranked, size_t n_ranked, size_t page, size_
 /*! kvs_cosine() : a.b / (|a||b|); 0 when either norm is 0. */
 float kvs_cosine(const float *a, const float *b, size_t n);
 
+/*! kvs_cosine_f64() : kvs_cosine() without the final rounding to float: a.b / (|a||b|) with the dot product and
+ *  both norms summed in double (ascending index, as kvs_cosine), the quotient returned in double; 0 when either
+ *  norm is 0. For decisions that compare similarities with each other or with a threshold (D2O's matching and
+ *  merge test), where fp32 rounding would tie or flip close values; (float)kvs_cosine_f64(a, b, n) ==
+ *  kvs_cosine(a, b, n). */
+double kvs_cosine_f64(const float *a, const float *b, size_t n);
+
 /*! kvs_l2() : Euclidean norm. */
 double kvs_l2(const float *a, size_t n);
 
