@@ -73,7 +73,7 @@
  *    (the engine's probabilities over S_t: the only feedback), then one slot is evicted when S_l + 1 are held:
  *    the lowest acc among the slots that are neither sinks nor among the last M (ties: the newer position goes,
  *    §1.4). A budget so small that nothing else fits evicts the new token itself.
- *  - Matching: u = kvs_cosine(k_evicted, k_held) over every held slot after the eviction (sinks, recent and the
+ *  - Matching: u = kvs_cosine_f64(k_evicted, k_held) over every held slot after the eviction (sinks, recent and the
  *    current token included; keys as merged so far); j* = argmax, ties to the older position. Keys only, the
  *    weights shared with the values (§4.2.2, Table 7).
  *  - tau (Eq. 10), counted in eviction events: the first event sets tau to the mean of its max similarities, each
@@ -98,8 +98,10 @@
  *  - GQA: gqa=expand (default; the reference's repeat_kv, POLICY_SPEC §2.3 GQA, §8.3f): a cache per query head,
  *    each its own acc, tau and merges, storage G x; the layer budget applies per query head. gqa=sum: one cache
  *    per KV head, acc summed over the group (POLICY_SPEC's SHARED_SUM).
- *  - Precision: acc and merge arithmetic in double, K/V rows float; cosines through kvs_cosine (no 1e-8 guard:
- *    a zero key has similarity 0 to everything).
+ *  - Precision: acc and merge arithmetic in double, K/V rows float; cosines through kvs_cosine_f64 (fp64 dot and
+ *    norms, kept in double: the argmax of Eq. 9, the m >= tau test of Eq. 10, tau itself and the merge weights
+ *    all see the unrounded similarity, so values 1e-8 apart are not tied or flipped by an fp32 rounding; no 1e-8
+ *    guard: a zero key has similarity 0 to everything).
  *  - Presets: @reference = alloc=ref, merge=ref, tau=layer, decide=mean, skip=ref, gqa=expand, beta=0.5 (the
  *    reference CLI's alpha = belta = 0.5, POLICY_SPEC §2.3 beta row, §8.3e), variance=minmax. Not reproducible
  *    here: the compression at the first decode step (above) and the hard-coded "4 sinks over 32 heads"
@@ -168,9 +170,9 @@ static const kvs_policy_preset d2o_presets[] = {
 int64_t kvs_d2o_nearest(const float *key, const float *rows, int64_t n, int32_t d, double *m) {
     KVS_ASSERT(n >= 1);
     int64_t best = 0;
-    double bm = kvs_cosine(key, rows, (size_t)d);
+    double bm = kvs_cosine_f64(key, rows, (size_t)d);
     for (int64_t j = 1; j < n; j++) {
-        double u = kvs_cosine(key, rows + (size_t)j * (size_t)d, (size_t)d);
+        double u = kvs_cosine_f64(key, rows + (size_t)j * (size_t)d, (size_t)d);
         if (u > bm) {
             bm = u;
             best = j;

@@ -21,8 +21,9 @@ enum { KVS_D2O_GQA_EXPAND = 0, KVS_D2O_GQA_SUM = 1 };                      /* gq
 /* ---- token level: nearest neighbour, EMA threshold, weighted merging -------------------------------- */
 
 /*! kvs_d2o_nearest() : Eq. 9 for one evicted key: the index j* of the conserved row (rows[j], j < n, d floats
- *  each, contiguous, n >= 1) with the highest cosine similarity to `key` (kvs_cosine; ties go to the lower
- *  index, i.e. the older position), and that similarity in *m. */
+ *  each, contiguous, n >= 1) with the highest cosine similarity to `key` (kvs_cosine_f64: decided and returned
+ *  in double, never rounded to float; ties go to the lower index, i.e. the older position), and that similarity
+ *  in *m. */
 int64_t kvs_d2o_nearest(const float *key, const float *rows, int64_t n, int32_t d, double *m);
 
 /*! kvs_d2o_tau_next() : Eq. 10 with the event counter: the first event (events == 0) sets tau = m (the mean

@@ -3,6 +3,8 @@
  *    (GAT-style) and REF merged k/v of both slots, tau1 = 0.799950 and its merge; and through the policy's own
  *    calls on a hand-made stream (the prompt compression evicts exactly G4's three tokens, then a decode step
  *    evicts a merged slot with similarity 0.9), with the merged slots handed to the engine and their costs;
+ *  - similarities decided in fp64 (kvs_cosine_f64): Eq. 9's argmax and Eq. 10's merge test on keys whose cosines
+ *    tie in fp32 but differ in long double (computed here independently), through the policy too;
  *  - the allocation arithmetic by hand: rho = (B-1)/P, the largest-remainder split, the reference's clamp and
  *    floors, the split S = T + N + M;
  *  - D4 (sum_l alpha_l = L rho) with alloc=paper on generated traces (both variance modes, against a naive
@@ -219,6 +221,138 @@ static void test_g4_through_the_policy(void **state) {
     (void)state;
     g4_walk(0);
     g4_walk(1);
+}
+
+/* ================================================================================================
+ * Similarities decided in fp64: the matching (argmax) and the merge test (m >= tau)
+ * ============================================================================================== */
+
+/* An independent cosine of float rows in long double. */
+static long double ld_cos(const float *a, const float *b, int d) {
+    long double ab = 0, aa = 0, bb = 0;
+    for (int x = 0; x < d; x++) {
+        ab += (long double)a[x] * b[x];
+        aa += (long double)a[x] * a[x];
+        bb += (long double)b[x] * b[x];
+    }
+    return aa == 0 || bb == 0 ? 0 : ab / sqrtl(aa * bb);
+}
+
+/* The float key at angle t (radians) of length 1, d = 2. */
+static void unit2(double t, float *k) {
+    k[0] = (float)cos(t);
+    k[1] = (float)sin(t);
+}
+
+/* Two held keys whose cosines to the evicted key round to the same float but differ by more than 1e-12 in long
+ * double, the second the more similar: Eq. 9's argmax must pick the second (fp32 cosines would tie and pick the
+ * older), and m must be the long double similarity to fp64 precision. */
+static void test_nearest_decides_in_fp64(void **state) {
+    (void)state;
+    float key[2], rows[4];
+    unit2(0.3, key);
+    unit2(0.3 + 0.2, rows);
+    int found = 0;
+    for (int i = 1; i < 20000 && !found; i++) {
+        unit2(0.3 + 0.2 - 1e-10 * i, rows + 2); /* a little closer to the key than rows[0] */
+        long double c0 = ld_cos(key, rows, 2), c1 = ld_cos(key, rows + 2, 2);
+        found = c1 - c0 > 1e-12L && (float)c0 == (float)c1;
+    }
+    assert_true(found);
+    assert_true(kvs_cosine(key, rows, 2) == kvs_cosine(key, rows + 2, 2)); /* fp32 ties */
+    double m;
+    assert_int_equal(kvs_d2o_nearest(key, rows, 2, 2, &m), 1);
+    assert_near(m, (double)ld_cos(key, rows + 2, 2), 1e-15, "m in fp64");
+    /* kvs_cosine_f64 against long double, and its float rounding is kvs_cosine */
+    for (int j = 0; j < 2; j++) {
+        assert_near(kvs_cosine_f64(key, rows + 2 * j, 2), (double)ld_cos(key, rows + 2 * j, 2), 1e-15, "cosine_f64");
+        assert_true((float)kvs_cosine_f64(key, rows + 2 * j, 2) == kvs_cosine(key, rows + 2 * j, 2));
+    }
+    const float zero[2] = {0, 0};
+    assert_true(kvs_cosine_f64(key, zero, 2) == 0 && kvs_cosine_f64(zero, key, 2) == 0);
+}
+
+/* Through the policy (sinks=1, budget 3: one sink, one recent slot). Prompt 0..2: key 0 = the sink at angle 0,
+ * key 1 at 80 degrees is evicted by the prompt compression and merged into key 2 (90 degrees), its m0 the first
+ * threshold tau0. Decode position 3 evicts the merged slot 2 and matches it to key 3 (slot 0 is at about 85
+ * degrees from it), with m1 = cos(slot 2, key 3) chosen so that (float)m1 == (float)m0 while m1 and m0 differ by
+ * more than 1e-12 in long double, on the side where the fp32 values would decide the other way: it merges
+ * (slot 3 handed as a merged row at position 4) exactly when the long double m1 >= m0 (tau1 = 0.7 m1 + 0.3 tau0
+ * lies between them). */
+static void test_merge_test_decides_in_fp64(void **state) {
+    (void)state;
+    enum { D = 2, N = 5 };
+    const double deg = M_PI / 180;
+    float k[N * D] = {0}, v[N * D] = {1, 0, 0, 1, 1, 1, 2, 0, 0, 2}, q[N * D] = {0};
+    unit2(0, k);
+    unit2(80 * deg, k + D);
+    unit2(90 * deg, k + 2 * D);
+    unit2(175 * deg, k + 3 * D); /* a placeholder until slot 2's merged key is known */
+    unit2(30 * deg, k + 4 * D);
+    kvs_policy_model m = {.n_layers = 1, .n_heads = 1, .n_kv_heads = 1, .group = 1, .head_dim = D, .scale = 1.0f,
+                          .kv_bytes = 2, .aux_bytes = 4, .n_positions = N, .prompt_len = 3};
+    kvs_policy_config cfg = parse("d2o:sinks=1");
+    kvs_policy_init init = {.model = &m, .cfg = &cfg, .budget = 3, .budget_nominal = 3};
+    kvs_policy_view pv = {.n = 3, .group = 1, .head_dim = D, .scale = 1.0f, .k = k, .v = v, .q = q, .q_first = 0,
+                          .n_q = 3, .turn_begin = 0, .prompt_end = 3, .block_begin = 0, .last_block = 1};
+    int32_t buf[N], *idx[1] = {buf};
+    int64_t nsel[1];
+    const float *rk[N] = {0}, *rv[N] = {0}, **rkp[1] = {rk}, **rvp[1] = {rv};
+    kvs_policy_sel sel = {.idx = idx, .n = nsel, .n_lists = 1, .cap = N, .row_k = rkp, .row_v = rvp};
+    const float uni[3] = {1.0f / 3, 1.0f / 3, 1.0f / 3}, *probs[1] = {uni};
+    long double m0 = ld_cos(k + D, k + 2 * D, D); /* key 1's nearest is key 2 (cos 80 degrees to the sink) */
+    float k2m[D];
+    int old_merges = -1;
+    for (int pass = 0; pass < 2; pass++) { /* pass 0 reads slot 2's merged key, pass 1 runs with the chosen key 3 */
+        void *st = NULL;
+        assert_int_equal(kvs_policy_d2o.create(&init, &st), KVS_OK);
+        assert_int_equal(kvs_policy_d2o.prefill(st, &pv), KVS_OK);
+        int64_t events;
+        assert_near(kvs_d2o_tau(st, 0, &events), (double)m0, 1e-15, "tau0 = m0 in fp64");
+        for (int64_t p = 3; p < N; p++) {
+            kvs_policy_view dv = {.n = p + 1, .group = 1, .head_dim = D, .scale = 1.0f, .k = k, .v = v,
+                                  .q = q + p * D, .q_first = p, .n_q = 1, .turn_begin = 0, .prompt_end = 3,
+                                  .block_begin = p, .last_block = 1};
+            nsel[0] = 0;
+            memset(rk, 0, sizeof rk);
+            memset(rv, 0, sizeof rv);
+            assert_int_equal(kvs_policy_d2o.select(st, &dv, &sel), KVS_OK);
+            assert_int_equal(nsel[0], 3);
+            if (p == 3) {
+                assert_true(buf[1] == 2 && rk[1] != NULL); /* slot 2 merged with key 1 */
+                if (pass == 0) {
+                    memcpy(k2m, rk[1], sizeof k2m);
+                    break;
+                }
+                assert_memory_equal(rk[1], k2m, sizeof k2m);
+            } else {
+                assert_true(buf[1] == 3);
+                long double m1 = ld_cos(k2m, k + 3 * D, D);
+                assert_true(ld_cos(k2m, k, D) < m1 - 0.5L); /* the sink is not the match */
+                assert_near(kvs_d2o_tau(st, 0, &events), 0.7 * (double)m1 + 0.3 * (double)m0, 1e-15, "tau1");
+                assert_int_equal(events, 2);
+                int merged = rk[1] != NULL;
+                assert_int_equal(merged, m1 >= m0);
+                assert_int_equal(merged, !old_merges); /* the fp32 similarities would have decided the other way */
+            }
+            assert_int_equal(kvs_policy_d2o.observe(st, &dv, &sel, probs), KVS_OK);
+        }
+        kvs_policy_d2o.free(st);
+        if (pass == 0) {
+            /* key 3 at the angle from slot 2's merged key whose cosine ties m0 in fp32, on the side where the fp32
+             * decision (m1 >= tau1 computed from the rounded values) differs from the long double one */
+            double a2 = atan2(k2m[1], k2m[0]), t0 = a2 + acos((double)m0);
+            float f = (float)m0;
+            old_merges = (double)f >= kvs_d2o_tau_next(1, (double)f, (double)f, 0.7);
+            int found = 0;
+            for (int i = -20000; i <= 20000 && !found; i++) {
+                unit2(t0 + 1e-10 * i, k + 3 * D);
+                long double m1 = ld_cos(k2m, k + 3 * D, D);
+                found = (float)m1 == f && fabsl(m1 - m0) > 1e-12L && (m1 >= m0) != old_merges;
+            }
+            assert_true(found);
+        }
+    }
 }
 
 /* ================================================================================================
@@ -1156,6 +1290,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_g4_merge_math),
         cmocka_unit_test(test_g4_through_the_policy),
+        cmocka_unit_test(test_nearest_decides_in_fp64),
+        cmocka_unit_test(test_merge_test_decides_in_fp64),
         cmocka_unit_test(test_allocation_arithmetic),
         cmocka_unit_test(test_matches_naive_reference),
         cmocka_unit_test(test_d4_on_generated_traces),
