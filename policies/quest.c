@@ -17,11 +17,15 @@
  *    baseline default); page=0 derives RocketKV's even-split page size [RECON, POLICY_SPEC B9]: the estimate
  *    reads 2d ceil(n/P_q) elements = t/2 KV pairs, so P_q = ceil(2c), c = S/t (S = prompt + max_new_tokens, at
  *    most the model's context), which is Table 1's storage 1 + 1/c with the K-normalised convention.
- *  - Pages attended [SIM-CHOICE]: the k tokens of the best pages — pages by score (ties to the lower page) taken
- *    whole, and when k is not a multiple of P_q the oldest tokens of the next page (kvs_page_select, the rule
- *    POLICY_SPEC §2.2 step 8 states for HSA's pages). Quest's reference attends whole pages with a minimum of 3
- *    (K_pg = max(3, B // 16)); kvsim bounds every step's attended set by B, so neither the minimum nor a page
- *    larger than the quota is possible: notes() says when the quota is less than one page.
+ *  - Pages attended: fill=pages (default; Quest's own code and POLICY_SPEC B9 attend whole pages): K_pg =
+ *    floor(k/P_q) pages, the current (last, possibly partial) page always one of them as Quest's kernels keep it,
+ *    and the K_pg - 1 best of the other pages by score (ties to the lower page), taken whole: at most k tokens,
+ *    fewer when k is not a multiple of P_q or the current page is partial. Quest's minimum of 3 pages
+ *    (K_pg = max(3, B // 16)) would exceed kvsim's bound on every step's attended set, so it is not modelled;
+ *    with a quota below one page (K_pg = 0) the current page alone is attended, its newest k tokens when it holds
+ *    more (notes() says so). fill=tokens [SIM-CHOICE]: exactly k tokens — pages by score taken whole, and when k
+ *    is not a multiple of P_q the oldest tokens of the next page (kvs_page_select, the rule POLICY_SPEC §2.2
+ *    step 8 states for HSA's pages); the current page competes like any other.
  *  - Not modelled: the reference's dense first two layers (kvsim's budget binds every layer) and its dense
  *    prefill is kvsim's prefill anyway. The current token competes through its (last, possibly partial) page,
  *    whose bound covers only its real tokens (the reference pads with -inf).
@@ -51,6 +55,7 @@
 
 enum { QUEST_EVEN = 0, QUEST_ATTEND = 1 };
 enum { QUEST_GROUP = 0, QUEST_HEAD = 1 };
+enum { QUEST_FILL_PAGES = 0, QUEST_FILL_TOKENS = 1 };
 
 static const kvs_policy_param quest_params[] = {
     {.key = "page", .type = KVS_PARAM_INT, .def = 16, .lo = 0, .hi = 1 << 20,
@@ -61,6 +66,9 @@ static const kvs_policy_param quest_params[] = {
      .help = "group: pages ranked by the group's summed bounds, one set per KV head (RocketKV); head: per query head"},
     {.key = "max_new", .type = KVS_PARAM_INT, .def = 0, .lo = 0, .hi = 1 << 30,
      .help = "page=0 only: max_new_tokens in S = prompt + max_new; 0 = the trace's capture setting"},
+    {.key = "fill", .type = KVS_PARAM_ENUM, .def = QUEST_FILL_PAGES, .choices = "pages|tokens",
+     .help = "pages: floor(k/P_q) whole pages, the current one always (Quest); tokens: exactly k tokens, the oldest "
+             "of the next page filling the rest"},
 };
 
 static const kvs_policy_preset quest_presets[] = {
@@ -98,17 +106,21 @@ static int quest_notes(const kvs_policy_config *cfg, const kvs_policy_model *m, 
                              (long long)page);
     if (budget == 1 && (int)kvs_policy_param_get(cfg, "split") == QUEST_EVEN)
         n += kvs_policy_note(buf, cap, "budget 1: floor(t/2) = 0 attended tokens raised to 1");
-    if (k < page)
+    if (k < page && (int)kvs_policy_param_get(cfg, "fill") == QUEST_FILL_TOKENS)
         n += kvs_policy_note(buf, cap, "the quota of %lld tokens is less than one %lld-token page: only the oldest "
                                        "tokens of the best page are attended",
                              (long long)k, (long long)page);
+    else if (k < page)
+        n += kvs_policy_note(buf, cap, "the quota of %lld tokens is less than one %lld-token page: only the current "
+                                       "page is attended (its newest %lld tokens when it holds more)",
+                             (long long)k, (long long)page, (long long)k);
     return n;
 }
 
 typedef struct {
     kvs_policy_model model;
     kvs_policy_config cfg;
-    int mode, group, d;
+    int mode, group, d, fill;
     int64_t budget, quota, page;
     float *kmin, *kmax;   /* [pg_cap][d] */
     double *ps, *grp;     /* ps: [group][pg_cap] (page_scores of every head), grp: [pg_cap] */
@@ -157,6 +169,7 @@ static kvs_status quest_create(const kvs_policy_init *init, void **state) {
     s->model = *init->model;
     s->cfg = *init->cfg;
     s->mode = (int)kvs_policy_param_get(init->cfg, "gqa");
+    s->fill = (int)kvs_policy_param_get(init->cfg, "fill");
     s->group = init->model->group;
     s->d = init->model->head_dim;
     s->budget = init->budget;
@@ -186,6 +199,24 @@ static kvs_status quest_prefill(void *state, const kvs_policy_view *view) {
     return KVS_OK;
 }
 
+/* The attended slots for one list from its page scores (score: `pages` doubles), ascending in out; @return the
+ * count. fill=tokens: kvs_page_select's k tokens. fill=pages: the current page (the last, m tokens) and the
+ * K_pg - 1 best of the others, whole, K_pg = max(1, floor(k/P_q)); the newest k of the current page when m > k. */
+static int64_t select_list(quest_state *s, const kvs_policy_view *view, const double *score, int64_t pages, int64_t n,
+                           int32_t *out) {
+    if (s->fill == QUEST_FILL_TOKENS)
+        return kvs_policy_page_select(view, score, (size_t)pages, (size_t)s->page, (size_t)n, (size_t)s->quota, out,
+                                      s->rank);
+    int64_t first = (pages - 1) * s->page, m = n - first, K = s->quota / s->page;
+    if (m > s->quota) first = n - s->quota; /* the quota is below one page */
+    int64_t cnt = 0;
+    if (K > 1 && m <= s->quota) /* the K - 1 best of the full pages before the current one, whole */
+        cnt = kvs_policy_page_select(view, score, (size_t)(pages - 1), (size_t)s->page, (size_t)first,
+                                     (size_t)((K - 1) * s->page), out, s->rank);
+    for (int64_t j = first; j < n; j++) out[cnt++] = (int32_t)j;
+    return cnt;
+}
+
 static kvs_status quest_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {
     quest_state *s = state;
     int64_t n = view->n, p = n - 1;
@@ -210,14 +241,12 @@ static kvs_status quest_select(void *state, const kvs_policy_view *view, kvs_pol
                                s->ps);
         for (int g = 0; g < s->group; g++) /* summed over the heads in head order, as one head at a time did */
             for (int64_t pi = 0; pi < pages; pi++) s->grp[pi] += s->ps[(size_t)g * (size_t)pages + (size_t)pi];
-        sel->n[0] = kvs_policy_page_select(view, s->grp, (size_t)pages, (size_t)s->page, (size_t)n, (size_t)s->quota,
-                                           sel->idx[0], s->rank);
+        sel->n[0] = select_list(s, view, s->grp, pages, n, sel->idx[0]);
     } else {
         kvs_policy_page_scores(view, s->page, view->q, (size_t)s->group, d, s->kmin, s->kmax, d, (size_t)pages,
                                s->ps);
         for (int g = 0; g < s->group; g++) {
-            sel->n[g] = kvs_policy_page_select(view, s->ps + (size_t)g * (size_t)pages, (size_t)pages, (size_t)s->page,
-                                               (size_t)n, (size_t)s->quota, sel->idx[g], s->rank);
+            sel->n[g] = select_list(s, view, s->ps + (size_t)g * (size_t)pages, pages, n, sel->idx[g]);
         }
     }
     return KVS_OK;
@@ -239,7 +268,7 @@ static void quest_account(void *state, const kvs_policy_view *view, const kvs_po
 const struct kvs_policy_ops kvs_policy_quest = {
     .version = KVS_POLICY_INTERFACE_VERSION,
     .name = "quest",
-    .summary = "Quest: page min/max upper bounds pick the pages to attend (pages of 16, per group; B/2 attended)",
+    .summary = "Quest: page min/max upper bounds pick the pages to attend (whole pages of 16, per group; B/2 attended)",
     .is_oracle = 0,
     .granularity = KVS_SEL_PER_KV_HEAD,
     .budget_scope = KVS_BUDGET_EVERY_STEP,

@@ -454,9 +454,11 @@ static void test_quest_decode_hits(void **st) {
     (void)st;
     /* page=4: three budgets in both GQA modes share each position's bounds: 5 hits a position (the budgets keep
      * n > quota: every configuration scores); and the page rankings (kvs_policy_page_select): the group sums' by the
-     * 2 later group configurations, each query head's by the 2 later head configurations: 2 + 2 GROUP more */
-    static const char *const fixed[] = {"quest:page=4", "quest:page=4", "quest:page=4,gqa=head",
-                                        "quest:page=4,gqa=head", "quest:page=4", "quest:page=4,gqa=head"};
+     * 2 later group configurations, each query head's by the 2 later head configurations: 2 + 2 GROUP more
+     * (fill=tokens: every configuration ranks all the pages; fill=pages ranks the others at K_pg > 1 only) */
+    static const char *const fixed[] = {"quest:page=4,fill=tokens", "quest:page=4,fill=tokens",
+                                        "quest:page=4,gqa=head,fill=tokens", "quest:page=4,gqa=head,fill=tokens",
+                                        "quest:page=4,fill=tokens", "quest:page=4,gqa=head,fill=tokens"};
     static const int64_t fixed_b[] = {8, 20, 8, 30, 40, 12};
     quest_run on, off;
     quest_drive(fixed, fixed_b, 6, 1, &on);
@@ -469,8 +471,9 @@ static void test_quest_decode_hits(void **st) {
      * 45 give 2 pages at every decode position: only the page size tells them apart), t = 18 and t = 19 -> 10.
      * The first four must not share (other summaries); the last two do (the same page size, whatever the
      * budget). */
-    static const char *const derived[] = {"quest:page=0", "quest:page=0", "quest:page=0",
-                                          "quest:page=0", "quest:page=0", "quest:page=0"};
+    static const char *const derived[] = {"quest:page=0,fill=tokens", "quest:page=0,fill=tokens",
+                                          "quest:page=0,fill=tokens", "quest:page=0,fill=tokens",
+                                          "quest:page=0,fill=tokens", "quest:page=0,fill=tokens"};
     static const int64_t derived_b[] = {9, 30, 3, 4, 18, 19};
     quest_drive(derived, derived_b, 4, 1, &on);
     quest_drive(derived, derived_b, 4, 0, &off);

@@ -125,7 +125,25 @@ static int64_t take_k(const double *tok, int64_t n, int64_t k, char *taken, int3
 typedef struct {
     int64_t page;   /* > 0 fixed; 0 = ceil(2 S/t) */
     int even, head; /* split=even; gqa=head */
+    int tokens;     /* fill=tokens (0: fill=pages, whole pages with the current one) */
 } quest_cfg;
+
+/* fill=pages: the current page (the last, pages - 1) and the best K - 1 of the others, whole, K = max(1,
+ * floor(quota/P)); the newest `quota` tokens when the current page holds more. U: page scores. */
+static int64_t take_pages(const double *U, int64_t pages, int64_t P, int64_t n, int64_t quota, char *taken,
+                          int32_t *list) {
+    int64_t cur = pages - 1, K = quota / P, m = 0;
+    if (n - cur * P > quota) {
+        for (int64_t j = n - quota; j < n; j++) list[m++] = (int32_t)j;
+        return m;
+    }
+    memset(taken, 0, (size_t)pages);
+    taken[cur] = 1;
+    for (int64_t k = 1; k < K && k < pages; k++) take_best(U, taken, pages);
+    for (int64_t j = 0; j < n; j++)
+        if (taken[j / P]) list[m++] = (int32_t)j;
+    return m;
+}
 
 static void naive_quest(const fixture *f, const quest_cfg *c, int64_t B, recorder *out) {
     int64_t N = f->N, G = f->G, d = f->d, max_new = f->mem.model.max_new_tokens;
@@ -170,12 +188,14 @@ static void naive_quest(const fixture *f, const quest_cfg *c, int64_t B, recorde
                         }
                         if (c->head) {
                             for (int64_t j = 0; j < n; j++) tok[j] = U[j / P];
-                            put(out, l, h, p, (int)g, list, take_k(tok, n, quota, taken, list));
+                            put(out, l, h, p, (int)g, list,
+                                c->tokens ? take_k(tok, n, quota, taken, list) : take_pages(U, pages, P, n, quota, taken, list));
                         }
                     }
                     if (!c->head) {
                         for (int64_t j = 0; j < n; j++) tok[j] = tot[j / P];
-                        put(out, l, h, p, 0, list, take_k(tok, n, quota, taken, list));
+                        put(out, l, h, p, 0, list,
+                            c->tokens ? take_k(tok, n, quota, taken, list) : take_pages(tot, pages, P, n, quota, taken, list));
                     }
                 }
             }
@@ -273,16 +293,27 @@ static void test_quest_matches_naive_reference(void **state) {
         int64_t B;
         quest_cfg c;
     } cases[] = {
-        {1, 2, 96, 64, 16, "quest", 40, {16, 1, 0}},
-        {1, 2, 96, 64, 16, "quest", 16, {16, 1, 0}}, /* quota 8 < one page */
-        {1, 2, 96, 64, 16, "quest:page=4", 16, {4, 1, 0}},
-        {1, 1, 96, 64, 8, "quest:page=3", 11, {3, 1, 0}},
-        {1, 3, 96, 64, 16, "quest:page=4,gqa=head", 14, {4, 1, 1}},
-        {1, 2, 96, 64, 16, "quest@reference", 32, {16, 0, 1}},
-        {1, 2, 96, 64, 16, "quest:page=0", 12, {0, 1, 0}},
-        {2, 2, 128, -1, 16, "quest:page=0,split=attend", 10, {0, 0, 0}},
-        {2, 3, 128, -1, 8, "quest:page=5,gqa=head", 9, {5, 1, 1}},
-        {1, 2, 96, 64, 16, "quest:page=4", 1, {4, 1, 0}}, /* quota raised to 1 */
+        {1, 2, 96, 64, 16, "quest", 40, {16, 1, 0, 0}},
+        {1, 2, 96, 64, 16, "quest", 16, {16, 1, 0, 0}}, /* quota 8 < one page */
+        {1, 2, 96, 64, 16, "quest:page=4", 16, {4, 1, 0, 0}},
+        {1, 1, 96, 64, 8, "quest:page=3", 11, {3, 1, 0, 0}},
+        {1, 3, 96, 64, 16, "quest:page=4,gqa=head", 14, {4, 1, 1, 0}},
+        {1, 2, 96, 64, 16, "quest@reference", 32, {16, 0, 1, 0}},
+        {1, 2, 96, 64, 16, "quest@reference", 50, {16, 0, 1, 0}}, /* 3 pages, 50 not a multiple of 16 */
+        {1, 2, 96, 64, 16, "quest:page=0", 12, {0, 1, 0, 0}},
+        {2, 2, 128, -1, 16, "quest:page=0,split=attend", 10, {0, 0, 0, 0}},
+        {2, 3, 128, -1, 8, "quest:page=5,gqa=head", 9, {5, 1, 1, 0}},
+        {1, 2, 96, 64, 16, "quest:page=4", 1, {4, 1, 0, 0}}, /* quota raised to 1 */
+        {1, 2, 96, 64, 16, "quest:fill=tokens", 40, {16, 1, 0, 1}},
+        {1, 2, 96, 64, 16, "quest:fill=tokens", 16, {16, 1, 0, 1}},
+        {1, 2, 96, 64, 16, "quest:page=4,fill=tokens", 16, {4, 1, 0, 1}},
+        {1, 1, 96, 64, 8, "quest:page=3,fill=tokens", 11, {3, 1, 0, 1}},
+        {1, 3, 96, 64, 16, "quest:page=4,gqa=head,fill=tokens", 14, {4, 1, 1, 1}},
+        {1, 2, 96, 64, 16, "quest@reference:fill=tokens", 32, {16, 0, 1, 1}},
+        {1, 2, 96, 64, 16, "quest:page=0,fill=tokens", 12, {0, 1, 0, 1}},
+        {2, 2, 128, -1, 16, "quest:page=0,split=attend,fill=tokens", 10, {0, 0, 0, 1}},
+        {2, 3, 128, -1, 8, "quest:page=5,gqa=head,fill=tokens", 9, {5, 1, 1, 1}},
+        {1, 2, 96, 64, 16, "quest:page=4,fill=tokens", 1, {4, 1, 0, 1}},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         fixture f;
@@ -356,8 +387,9 @@ static void test_layouts_and_quotas(void **state) {
         const char *spec;
         int lists;
         int64_t per_list;
-    } cases[] = {{"quest", 1, 6}, {"quest@reference", 2, 13}, {"sparq", 2, 6}, {"sparq@reference", 2, 13},
-                 {"sparq:gqa=group,split=attend", 1, 13}, {"quest:page=2", 1, 6}};
+    } cases[] = {{"quest:fill=tokens", 1, 6}, {"quest@reference:fill=tokens", 2, 13}, {"sparq", 2, 6},
+                 {"sparq@reference", 2, 13}, {"sparq:gqa=group,split=attend", 1, 13}, {"quest:page=2,fill=tokens", 1, 6},
+                 {"quest:page=1,split=attend", 1, 13}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         recorder rec;
         rec_init(&rec, &f);
@@ -389,11 +421,12 @@ static void test_step_costs_by_hand(void **state) {
     assert_non_null(s);
     assert_true(s->storage_kv_bytes == 95 * 2 * d * kb);
     assert_true(s->storage_aux_bytes == 24 * 2 * d * kb);
-    assert_true(s->traffic_kv_bytes == 8 * 2 * d * kb);
+    /* fill=pages: floor(8/4) = 2 whole pages, the current one (positions 92-94) and the best other: 7 tokens */
+    assert_true(s->traffic_kv_bytes == 7 * 2 * d * kb);
     assert_true(s->traffic_aux_bytes == (24 * 2 * d + 2 * d) * kb);
     assert_true(s->write_bytes == (2 * d + 2 * d) * kb);
     assert_true(s->storage_peak_bytes == s->storage_bytes + (G + 1) * 24 * 4);
-    assert_true(s->attended_tokens == 8);
+    assert_true(s->attended_tokens == 7);
     kvs_replay_result_free(r);
     /* SparQ per head: r = floor(16 * 16 / (64 + 32)) = 2 dims of 95 keys per head, 8 tokens per head */
     r = run_engine(&f, "sparq", 16, NULL, 1);
@@ -412,8 +445,55 @@ static void test_step_costs_by_hand(void **state) {
     kvs_test_replay_fixture_free(&f);
 }
 
+/* Written out: a budget that is not a multiple of the page size. d = 1, G = 1, q = 1, page 4, split=attend, B = 10,
+ * 14 positions: pages 0 [0-3], 1 [4-7], 2 [8-11], 3 [12-13] (current, partial) with the bounds U = the page's
+ * largest key 5, 1, 3, 0.
+ *   fill=pages:  floor(10/4) = 2 pages, the current one and the best other (page 0): {0-3, 12, 13}, 6 tokens;
+ *   fill=tokens: 10 tokens, pages 0 and 2 whole and the oldest 2 of page 1: {0-3, 4, 5, 8-11}. */
+static void test_quest_fill_at_a_budget_off_the_pages(void **state) {
+    (void)state;
+    enum { N = 14 };
+    float k[N] = {5, 1, 2, 0, 1, -1, 0, 1, 3, 2, 0, 1, 0, -2}, v[N] = {0}, q[N];
+    for (int j = 0; j < N; j++) q[j] = 1;
+    const struct {
+        const char *spec;
+        int64_t n;
+        int32_t want[10];
+    } cases[] = {{"quest:page=4,split=attend", 6, {0, 1, 2, 3, 12, 13}},
+                 {"quest:page=4,split=attend,fill=pages", 6, {0, 1, 2, 3, 12, 13}},
+                 {"quest:page=4,split=attend,fill=tokens", 10, {0, 1, 2, 3, 4, 5, 8, 9, 10, 11}}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        kvs_policy_config cfg = parse(cases[c].spec);
+        kvs_policy_model m = {.n_layers = 1, .n_heads = 1, .n_kv_heads = 1, .group = 1, .head_dim = 1, .scale = 1.0f,
+                              .kv_bytes = 2, .aux_bytes = 4, .n_positions = N, .prompt_len = N - 1};
+        kvs_policy_init init = {.model = &m, .cfg = &cfg, .budget = 10, .budget_nominal = 10};
+        void *st = NULL;
+        assert_int_equal(kvs_policy_quest.create(&init, &st), KVS_OK);
+        kvs_policy_view pv = {.n = N - 1, .group = 1, .head_dim = 1, .scale = 1.0f, .k = k, .v = v, .q = q, .q_first = 0,
+                              .n_q = N - 1, .turn_begin = 0, .prompt_end = N - 1, .block_begin = 0, .last_block = 1};
+        assert_int_equal(kvs_policy_quest.prefill(st, &pv), KVS_OK);
+        int32_t buf[N], *idx[1] = {buf};
+        int64_t nsel[1] = {0};
+        const float *rk[N] = {0}, *rv[N] = {0}, **rkp[1] = {rk}, **rvp[1] = {rv};
+        kvs_policy_sel sel = {.idx = idx, .n = nsel, .n_lists = 1, .cap = N, .row_k = rkp, .row_v = rvp};
+        kvs_policy_view dv = {.n = N, .group = 1, .head_dim = 1, .scale = 1.0f, .k = k, .v = v, .q = q + N - 1,
+                              .q_first = N - 1, .n_q = 1, .turn_begin = 0, .prompt_end = N - 1, .block_begin = N - 1,
+                              .last_block = 1};
+        assert_int_equal(kvs_policy_quest.select(st, &dv, &sel), KVS_OK);
+        if (nsel[0] != cases[c].n) fail_msg("%s: %lld tokens, want %lld", cases[c].spec, (long long)nsel[0], (long long)cases[c].n);
+        assert_memory_equal(buf, cases[c].want, (size_t)cases[c].n * sizeof *buf);
+        kvs_policy_quest.free(st);
+    }
+    /* the canonical string names the setting */
+    kvs_policy_config cfg = parse("quest");
+    assert_string_equal(cfg.canonical, "page=16,split=even,gqa=group,max_new=0,fill=pages");
+    cfg = parse("quest:fill=tokens");
+    assert_string_equal(cfg.canonical, "page=16,split=even,gqa=group,max_new=0,fill=tokens");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_quest_fill_at_a_budget_off_the_pages),
         cmocka_unit_test(test_quest_matches_naive_reference),
         cmocka_unit_test(test_sparq_matches_naive_reference),
         cmocka_unit_test(test_layouts_and_quotas),

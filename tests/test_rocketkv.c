@@ -781,14 +781,16 @@ static void test_table1_reproduced_by_the_accounting(void **state) {
  * Ties, notes, validation
  * ============================================================================================== */
 
-/* Identical keys: every page has the same estimate, so the k2 oldest resident tokens are attended (§1.4). */
+/* Identical keys: every page has the same estimate, so the k2 oldest resident tokens are attended (§1.4; Quest with
+ * fill=tokens, its exact-k fill: its default fill=pages attends whole pages with the current one). */
 static void test_equal_keys_keep_the_oldest(void **state) {
     (void)state;
     fixture f;
     fixture_make(&f, 1, 2, 64, 48, 8, 14);
     size_t d = (size_t)f.d;
     for (size_t r = 0; r < (size_t)f.L * (size_t)f.N * (size_t)f.Hkv; r++) memcpy(f.g->k + r * d, f.g->k, d * sizeof(float));
-    const char *specs[] = {"hsa", "rocketkv:kernel=5,window=4", "quest:page=4", "quest:page=5,gqa=head"};
+    const char *specs[] = {"hsa", "rocketkv:kernel=5,window=4", "quest:page=4,fill=tokens",
+                           "quest:page=5,gqa=head,fill=tokens"};
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         recorder rec;
         rec_init(&rec, &f);
