@@ -161,8 +161,10 @@ for trace in $traces; do
     done
 
     # ---- RocketKV, HSA, Quest, SparQ -------------------------------------------------------------------
+    # Quest with fill=tokens: exactly its t/2 quota, as the paper's Table 1 counts every method (fill=pages, Quest's
+    # own whole pages and kvsim's default, attends fewer when a page does not fit the quota)
     rdb="$dir/rocketkv.db"
-    "$KVSIM_BIN" replay "$trace" --db "$rdb" --policy topk --policy rocketkv --policy hsa --policy quest \
+    "$KVSIM_BIN" replay "$trace" --db "$rdb" --policy topk --policy rocketkv --policy hsa --policy quest:fill=tokens \
         --policy sparq --policy snapkv --policy h2o --policy tova --policy window \
         --budgets 16,32,64,128,256 > "$dir/rocketkv_runs.txt" 2> "$dir/rocketkv_warnings.txt"
     say "R3 out_err_mean by token budget t = 16 / 32 / 64 / 128 / 256 (Exact-TopK attends t; RocketKV, HSA, Quest, SparQ t/2):"

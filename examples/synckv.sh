@@ -84,8 +84,9 @@ for trace in $traces; do
         "$KVSIM_BIN" info "$trace" | sed -n '2,3p;/^positions/p'
     } >> "$report"
 
-    # 1. SyncKV against Quest, SnapKV and Exact-TopK, by budget
-    "$KVSIM_BIN" replay "$trace" --db "$db" --policy synckv --policy quest --policy snapkv --policy topk \
+    # 1. SyncKV against Quest (fill=tokens: its whole token budget, as these tables were measured), SnapKV and
+    #    Exact-TopK, by budget
+    "$KVSIM_BIN" replay "$trace" --db "$db" --policy synckv --policy quest:fill=tokens --policy snapkv --policy topk \
         --policy full --budgets 30%,40%,50%,70% --threads 2 > /dev/null 2> "$out/synckv_$model.log"
     # SnapKV keeps every generated token: smaller prompt budgets reach SyncKV's device memory
     "$KVSIM_BIN" replay "$trace" --db "$db" --policy snapkv --budgets 2%,5%,10%,20% --threads 2 > /dev/null \
