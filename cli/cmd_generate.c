@@ -156,13 +156,9 @@ int kvs_cmd_generate(int argc, char **argv) {
                                        "has no full attention to give it", cfgs[i].ops->name);
     }
     /* parameters naming a results database (SyncKV's clusters) are loaded here: policies never open one */
-    void *inputs[MAX_POLICIES] = {0};
-    for (int i = 0; i < n_specs; i++)
-        if (kvs_results_resolve_policy_inputs(&cfgs[i], &inputs[i]) != KVS_OK) {
-            kvs_status e = kvs_fail(KVS_ERR_INVALID_ARG, "%s", kvs_last_error());
-            for (int k = 0; k < i; k++) kvs_results_policy_inputs_free(inputs[k]);
-            return kvs_cli_fail("generate", e);
-        }
+    void *inputs = NULL;
+    kvs_status rst = kvs_results_resolve_policy_inputs(cfgs, n_specs, &inputs);
+    if (rst != KVS_OK) return kvs_cli_fail("generate", rst);
 
     kvs_model *model = NULL;
     kvs_tokenizer *tok = NULL;
@@ -284,7 +280,7 @@ int kvs_cmd_generate(int argc, char **argv) {
         }
     st = KVS_OK;
 cleanup:
-    for (int i = 0; i < n_specs; i++) kvs_results_policy_inputs_free(inputs[i]);
+    kvs_results_policy_inputs_free(inputs);
     kvs_results_close(db);
     kvs_threadpool_free(pool);
     kvs_trace_close(trace);

@@ -132,13 +132,9 @@ int kvs_cmd_keys(int argc, char **argv) {
     for (int i = 0; i < n_specs; i++)
         if (kvs_policy_parse(specs[i], &cfgs[i]) != KVS_OK) return kvs_cli_fail("keys", KVS_ERR_INVALID_ARG);
     /* parameters naming a results database (SyncKV's clusters) are loaded here: policies never open one */
-    void *inputs[MAX_POLICIES] = {0};
-    for (int i = 0; i < n_specs; i++)
-        if (kvs_results_resolve_policy_inputs(&cfgs[i], &inputs[i]) != KVS_OK) {
-            kvs_status e = kvs_fail(KVS_ERR_INVALID_ARG, "%s", kvs_last_error());
-            for (int k = 0; k < i; k++) kvs_results_policy_inputs_free(inputs[k]);
-            return kvs_cli_fail("keys", e);
-        }
+    void *inputs = NULL;
+    kvs_status rst = kvs_results_resolve_policy_inputs(cfgs, n_specs, &inputs);
+    if (rst != KVS_OK) return kvs_cli_fail("keys", rst);
 
     kvs_trace *t = NULL;
     kvs_key_stats *st = NULL;
@@ -146,7 +142,7 @@ int kvs_cmd_keys(int argc, char **argv) {
     int64_t *cnt = NULL;
     kvs_status s = kvs_trace_open(path, &t);
     if (s != KVS_OK) {
-        for (int i = 0; i < n_specs; i++) kvs_results_policy_inputs_free(inputs[i]);
+        kvs_results_policy_inputs_free(inputs);
         return kvs_cli_fail("keys", s == KVS_ERR_INVALID_ARG ? KVS_ERR_IO : s);
     }
     const kvs_trace_info *info = kvs_trace_info_get(t);
@@ -290,7 +286,7 @@ int kvs_cmd_keys(int argc, char **argv) {
         }
     }
 cleanup:
-    for (int i = 0; i < n_specs; i++) kvs_results_policy_inputs_free(inputs[i]);
+    kvs_results_policy_inputs_free(inputs);
     free(st);
     free(ld);
     free(cnt);

@@ -225,13 +225,9 @@ int kvs_cmd_replay(int argc, char **argv) {
     for (int i = 0; i < n_specs; i++)
         if (kvs_policy_parse(specs[i], &cfgs[i]) != KVS_OK) return kvs_cli_fail("replay", KVS_ERR_INVALID_ARG);
     /* parameters naming a results database (SyncKV's clusters) are loaded here: policies never open one */
-    void *inputs[MAX_POLICIES] = {0};
-    for (int i = 0; i < n_specs; i++)
-        if (kvs_results_resolve_policy_inputs(&cfgs[i], &inputs[i]) != KVS_OK) {
-            kvs_status e = kvs_fail(KVS_ERR_INVALID_ARG, "%s", kvs_last_error());
-            for (int k = 0; k < i; k++) kvs_results_policy_inputs_free(inputs[k]);
-            return kvs_cli_fail("replay", e);
-        }
+    void *inputs = NULL;
+    kvs_status rst = kvs_results_resolve_policy_inputs(cfgs, n_specs, &inputs);
+    if (rst != KVS_OK) return kvs_cli_fail("replay", rst);
 
     int rc = KVS_EXIT_FAIL;
     kvs_trace *tr = NULL;
@@ -438,7 +434,7 @@ int kvs_cmd_replay(int argc, char **argv) {
     rc = n_failed ? KVS_EXIT_FAIL : KVS_EXIT_OK;
     if (kvs_cli_finish_stdout("replay") != KVS_EXIT_OK) rc = KVS_EXIT_FAIL;
 cleanup:
-    for (int i = 0; i < n_specs; i++) kvs_results_policy_inputs_free(inputs[i]);
+    kvs_results_policy_inputs_free(inputs);
     kvs_replay_result_free(res);
     kvs_results_close(db);
     kvs_trace_close(tr);

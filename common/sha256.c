@@ -107,13 +107,17 @@ static void to_hex(const uint8_t d[32], char out[65]) {
     out[64] = 0;
 }
 
+void kvs_sha256_final_hex(kvs_sha256_ctx *c, char out[65]) {
+    uint8_t d[32];
+    kvs_sha256_final(c, d);
+    to_hex(d, out);
+}
+
 void kvs_sha256_hex(const void *data, size_t n, char out[65]) {
     kvs_sha256_ctx c;
-    uint8_t d[32];
     kvs_sha256_init(&c);
     kvs_sha256_update(&c, data, n);
-    kvs_sha256_final(&c, d);
-    to_hex(d, out);
+    kvs_sha256_final_hex(&c, out);
 }
 
 kvs_status kvs_sha256_file_hex(const char *path, char out[65]) {
@@ -124,13 +128,12 @@ kvs_status kvs_sha256_file_hex(const char *path, char out[65]) {
     if (!f) return kvs_fail(KVS_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
     kvs_sha256_ctx c;
     kvs_sha256_init(&c);
-    uint8_t buf[65536], d[32];
+    uint8_t buf[65536];
     size_t n;
     while ((n = fread(buf, 1, sizeof buf, f)) > 0) kvs_sha256_update(&c, buf, n);
     int err = ferror(f);
     fclose(f);
     if (err) return kvs_fail(KVS_ERR_IO, "%s: read error", path);
-    kvs_sha256_final(&c, d);
-    to_hex(d, out);
+    kvs_sha256_final_hex(&c, out);
     return KVS_OK;
 }

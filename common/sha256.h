@@ -22,6 +22,9 @@ void kvs_sha256_update(kvs_sha256_ctx *c, const void *data, size_t n);
 /*! kvs_sha256_final() : the 32-byte digest; the context must be re-initialised before reuse. */
 void kvs_sha256_final(kvs_sha256_ctx *c, uint8_t out[32]);
 
+/*! kvs_sha256_final_hex() : kvs_sha256_final as the 64 lowercase hex digits (+ NUL). */
+void kvs_sha256_final_hex(kvs_sha256_ctx *c, char out[65]);
+
 /*! kvs_sha256_hex() : the 64 lowercase hex digits (+ NUL) of the digest of data[0..n). */
 void kvs_sha256_hex(const void *data, size_t n, char out[65]);
 

@@ -501,41 +501,51 @@ cleanup:
 
 /* ---- policy inputs that live in a results database ---------------------------------------------------- */
 
+/* What kvs_results_resolve_policy_inputs loaded: [n][KVS_POLICY_MAX_PARAMS] clusterings, NULL where none. */
 typedef struct {
-    kvs_head_clusters *clusters[KVS_POLICY_MAX_PARAMS];
+    int n;
+    kvs_head_clusters *clusters[];
 } policy_inputs;
 
 void kvs_results_policy_inputs_free(void *owned) {
     policy_inputs *pi = owned;
     if (!pi) return;
-    for (int i = 0; i < KVS_POLICY_MAX_PARAMS; i++) kvs_head_clusters_free(pi->clusters[i]);
+    for (int i = 0; i < pi->n * KVS_POLICY_MAX_PARAMS; i++) kvs_head_clusters_free(pi->clusters[i]);
     free(pi);
 }
 
-kvs_status kvs_results_resolve_policy_inputs(kvs_policy_config *cfg, void **owned) {
-    *owned = NULL;
+/* Loads what parameter i of cfg stands for into *slot when it names a results database (nothing otherwise). */
+static kvs_status resolve_param(kvs_policy_config *cfg, int i, kvs_head_clusters **slot) {
     const struct kvs_policy_ops *ops = cfg->ops;
-    policy_inputs *pi = NULL;
-    for (int i = 0; i < ops->n_params; i++) {
-        const kvs_policy_param *pp = &ops->params[i];
-        if (pp->type != KVS_PARAM_FILE || !pp->resolves || !kvs_file_is_sqlite(cfg->str[i])) continue;
-        if (strcmp(pp->resolves, "head_clusters") != 0) {
-            kvs_results_policy_inputs_free(pi);
-            return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter %s: unknown database input '%s'", ops->name,
-                            pp->key, pp->resolves);
+    const kvs_policy_param *pp = &ops->params[i];
+    if (pp->type != KVS_PARAM_FILE || !pp->resolves || !kvs_file_is_sqlite(cfg->str[i])) return KVS_OK;
+    if (strcmp(pp->resolves, "head_clusters") != 0)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "policy %s: parameter %s: unknown database input '%s'", ops->name, pp->key,
+                        pp->resolves);
+    kvs_results_db *db = NULL;
+    kvs_status st = kvs_results_open_readonly(cfg->str[i], &db);
+    if (st == KVS_OK) st = kvs_results_heads_read_clusters(db, 0, slot, NULL);
+    kvs_results_close(db);
+    if (st != KVS_OK)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: %s=%s: %s", ops->name, pp->key, cfg->str[i], kvs_last_error());
+    cfg->resolved[i] = *slot;
+    return KVS_OK;
+}
+
+kvs_status kvs_results_resolve_policy_inputs(kvs_policy_config *cfgs, int n, void **owned) {
+    *owned = NULL;
+    if (n <= 0) return KVS_OK;
+    policy_inputs *pi = calloc(1, sizeof *pi + (size_t)n * KVS_POLICY_MAX_PARAMS * sizeof pi->clusters[0]);
+    if (!pi) return kvs_fail(KVS_ERR_NOMEM, "out of memory");
+    pi->n = n;
+    for (int c = 0; c < n; c++)
+        for (int i = 0; i < cfgs[c].ops->n_params; i++) {
+            kvs_status st = resolve_param(&cfgs[c], i, &pi->clusters[(size_t)c * KVS_POLICY_MAX_PARAMS + (size_t)i]);
+            if (st != KVS_OK) {
+                kvs_results_policy_inputs_free(pi);
+                return st;
+            }
         }
-        if (!pi && !(pi = calloc(1, sizeof *pi))) return kvs_fail(KVS_ERR_NOMEM, "out of memory");
-        kvs_results_db *db = NULL;
-        kvs_status st = kvs_results_open_readonly(cfg->str[i], &db);
-        if (st == KVS_OK) st = kvs_results_heads_read_clusters(db, 0, &pi->clusters[i], NULL);
-        kvs_results_close(db);
-        if (st != KVS_OK) {
-            kvs_status e = kvs_fail(KVS_ERR_INVALID_ARG, "%s: %s=%s: %s", ops->name, pp->key, cfg->str[i], kvs_last_error());
-            kvs_results_policy_inputs_free(pi);
-            return e;
-        }
-        cfg->resolved[i] = pi->clusters[i];
-    }
     *owned = pi;
     return KVS_OK;
 }

@@ -78,14 +78,14 @@ kvs_status kvs_results_heads_read(kvs_results_db *db, int64_t heads_run_id, cons
                                   kvs_results_heads_row **out);
 void kvs_results_heads_row_free(kvs_results_heads_row *r);
 
-/*! kvs_results_resolve_policy_inputs() : for every FILE parameter of cfg whose table entry says what a results
- *  database stands for (kvs_policy_param.resolves) and whose path is one: loads that object into cfg->resolved
+/*! kvs_results_resolve_policy_inputs() : for every FILE parameter of cfgs[0..n) whose table entry says what a results
+ *  database stands for (kvs_policy_param.resolves) and whose path is one: loads that object into cfgs[c].resolved
  *  ("head_clusters": the clustering of the database's latest `kvsim heads` run, as kvs_results_heads_read_clusters)
  *  so that the policy never opens a database. *owned (free with kvs_results_policy_inputs_free, which accepts NULL,
- *  after every use of cfg and its copies) holds what was loaded; NULL when nothing was. KVS_ERR_INVALID_ARG naming
- *  the policy and parameter when the database cannot give it (no heads results...), KVS_ERR_INVALID_ARG for a kind
- *  this kvsim does not know. */
-kvs_status kvs_results_resolve_policy_inputs(kvs_policy_config *cfg, void **owned);
+ *  after every use of the configurations and their copies) holds what was loaded. KVS_ERR_INVALID_ARG naming the
+ *  policy and parameter when the database cannot give it (no heads results...) or for a kind this kvsim does not
+ *  know; nothing is left loaded then. */
+kvs_status kvs_results_resolve_policy_inputs(kvs_policy_config *cfgs, int n, void **owned);
 void kvs_results_policy_inputs_free(void *owned);
 
 #endif /* KVS_RESULTS_HEADS_H */

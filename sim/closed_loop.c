@@ -120,7 +120,7 @@ static kvs_status ctx_alloc(cl_ctx *c) {
         !c->row_v || !c->pbuf || !c->gk || !c->gv || !c->fullp || !c->fullo || !c->order || !c->sort_scratch ||
         !c->mark || !c->views || !c->sync)
         return kvs_fail(KVS_ERR_NOMEM, "closed loop: out of memory");
-    kvs_status st = kvs_host_check_create(c->N, &c->turn, 1, c->G, &c->check);
+    kvs_status st = kvs_host_check_create(c->N, &c->turn, 1, &c->check);
     if (st != KVS_OK) return st;
     for (size_t g = 0; g < G; g++) {
         c->sel_idx[g] = malloc(N * sizeof(int32_t));
@@ -283,7 +283,6 @@ static kvs_status start_policy(cl_ctx *c) {
  * shape (not its file name: a path is no identity) and the tokens it reads, the mode and the generation length. */
 static void run_identity(const kvs_closed_loop_opts *o, const kvs_model_config *mc, char out[65]) {
     kvs_sha256_ctx h;
-    uint8_t dig[32];
     char head[512];
     int len = snprintf(head, sizeof head, "closed-loop|%d,%d,%d,%d,%d,%d,%d|%lld|%d|%lld|", mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->head_dim, mc->dim, mc->vocab_size,
                        mc->max_seq_len, (long long)o->prompt_len, o->free_running, (long long)o->max_new);
@@ -294,8 +293,7 @@ static void run_identity(const kvs_closed_loop_opts *o, const kvs_model_config *
                         (uint8_t)(o->tokens[i] >> 24)};
         kvs_sha256_update(&h, b, 4);
     }
-    kvs_sha256_final(&h, dig);
-    for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", dig[i]);
+    kvs_sha256_final_hex(&h, out);
 }
 
 double kvs_closed_loop_kl(const float *a, const float *b, int64_t n) {

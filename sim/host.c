@@ -163,9 +163,7 @@ struct kvs_host_check {
     uint32_t list_stamp, union_stamp;
 };
 
-kvs_status kvs_host_check_create(int64_t n_positions, const kvs_turn *turns, int64_t n_turns, int max_lists,
-                                 kvs_host_check **out) {
-    (void)max_lists;
+kvs_status kvs_host_check_create(int64_t n_positions, const kvs_turn *turns, int64_t n_turns, kvs_host_check **out) {
     *out = NULL;
     if (n_positions < 1 || n_positions > INT32_MAX) return kvs_fail(KVS_ERR_INVALID_ARG, "host: bad position count");
     kvs_host_check *hc = calloc(1, sizeof *hc);

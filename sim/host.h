@@ -91,10 +91,9 @@ void kvs_host_free_layer(const kvs_policy_config *cfg, void **states, int n_kv_h
 typedef struct kvs_host_check kvs_host_check;
 
 /*! kvs_host_check_create() : scratch for checking selections of streams of up to n_positions positions whose
- *  turns are turns[0..n_turns) (prompt positions are those a prompt-only budget bounds) and up to `max_lists`
- *  lists. Caller frees with kvs_host_check_free (accepts NULL). */
-kvs_status kvs_host_check_create(int64_t n_positions, const kvs_turn *turns, int64_t n_turns, int max_lists,
-                                 kvs_host_check **out);
+ *  turns are turns[0..n_turns) (prompt positions are those a prompt-only budget bounds). Caller frees with
+ *  kvs_host_check_free (accepts NULL). */
+kvs_status kvs_host_check_create(int64_t n_positions, const kvs_turn *turns, int64_t n_turns, kvs_host_check **out);
 void kvs_host_check_free(kvs_host_check *hc);
 
 /*! kvs_host_check_sel() : the selection contract of policy.h at decode position p: every list holds 1..p+1

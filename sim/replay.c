@@ -83,7 +83,6 @@ typedef struct {
     int L, Hkv, G, d;
     int64_t N;
     int64_t max_prompt;      /* longest turn prompt */
-    uint8_t *is_prompt;      /* [N] */
     int64_t *budgets;        /* [n_configs][L * Hkv] */
     uint64_t *run_seed;      /* [n_configs] kvs_host_run_seed of each run */
     void **alloc;            /* [n_configs] allocation-pass objects, alive until every instance is freed */
@@ -376,7 +375,7 @@ static kvs_status task_alloc(task *t) {
     t->oviews = calloc(H, sizeof *t->oviews);
     t->has_merged = calloc(G, sizeof *t->has_merged);
     t->plain = calloc(G, sizeof *t->plain);
-    kvs_status cst = kvs_host_check_create(e->N, e->src->turns, e->src->n_turns, e->G, &t->check);
+    kvs_status cst = kvs_host_check_create(e->N, e->src->turns, e->src->n_turns, &t->check);
     if (cst != KVS_OK) return cst;
     t->lists_f = malloc(kvs_attn_lists_scratch_floats(G, N) * sizeof(float));
     t->lists_i = malloc(kvs_attn_lists_scratch_ints(G, N) * sizeof(int32_t));
@@ -1479,7 +1478,6 @@ kvs_status kvs_replay_execute(const kvs_replay_source *src, const kvs_replay_opt
     pthread_mutex_init(&e.mu, NULL);
     kvs_replay_result *r = NULL;
     kvs_threadpool *pool = NULL;
-    e.is_prompt = calloc((size_t)e.N, 1);
     e.budgets = calloc((size_t)o->n_configs * (size_t)e.L * (size_t)e.Hkv, sizeof(int64_t));
     e.acc = calloc((size_t)o->n_configs * (size_t)e.L, sizeof *e.acc);
     e.cfg_failed = calloc((size_t)o->n_configs, sizeof *e.cfg_failed);
@@ -1488,7 +1486,7 @@ kvs_status kvs_replay_execute(const kvs_replay_source *src, const kvs_replay_opt
     e.run_seed = calloc((size_t)o->n_configs, sizeof *e.run_seed);
     r = calloc(1, sizeof *r);
     if (r) r->runs = calloc((size_t)o->n_configs, sizeof *r->runs);
-    if (!e.is_prompt || !e.budgets || !e.acc || !e.cfg_failed || !e.alloc || !e.shared || !e.run_seed || !r || !r->runs) {
+    if (!e.budgets || !e.acc || !e.cfg_failed || !e.alloc || !e.shared || !e.run_seed || !r || !r->runs) {
         st = kvs_fail(KVS_ERR_NOMEM, "replay: out of memory");
         goto cleanup;
     }
@@ -1503,7 +1501,6 @@ kvs_status kvs_replay_execute(const kvs_replay_source *src, const kvs_replay_opt
     for (int64_t i = 0; i < src->n_turns; i++) {
         const kvs_turn *t = &src->turns[i];
         if (t->prompt_end - t->begin > e.max_prompt) e.max_prompt = t->prompt_end - t->begin;
-        for (int64_t p = t->begin; p < t->prompt_end; p++) e.is_prompt[p] = 1;
     }
     KVS_TRY(st = allocation_pass(&e));
 
@@ -1541,7 +1538,6 @@ cleanup:
     if (e.spills)
         for (int i = 0; i < e.n_tasks; i++) kvs_sample_spill_free(e.spills[i]);
     free(e.spills);
-    free(e.is_prompt);
     free(e.budgets);
     free(e.cfg_failed);
     if (e.alloc)

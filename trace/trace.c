@@ -1964,7 +1964,7 @@ cleanup:
  * change the answer). */
 kvs_status kvs_trace_content_sha256(const kvs_trace *t, char out[65]) {
     kvs_sha256_ctx c;
-    uint8_t dig[32], buf[1 << 16];
+    uint8_t buf[1 << 16];
     kvs_sha256_init(&c);
     for (uint64_t off = 0; off < t->file_size;) {
         size_t want = t->file_size - off < sizeof buf ? (size_t)(t->file_size - off) : sizeof buf;
@@ -1976,7 +1976,6 @@ kvs_status kvs_trace_content_sha256(const kvs_trace *t, char out[65]) {
         kvs_sha256_update(&c, buf, (size_t)got);
         off += (uint64_t)got;
     }
-    kvs_sha256_final(&c, dig);
-    for (int i = 0; i < 32; i++) snprintf(out + 2 * i, 3, "%02x", dig[i]);
+    kvs_sha256_final_hex(&c, out);
     return KVS_OK;
 }
