@@ -49,8 +49,11 @@ static void usage(FILE *f) {
             "  --reference       run the reference replay instead (sim/replay_ref.c: plain loops, one thread, the\n"
             "                    executable specification of the metrics; much slower, the same numbers)\n\n"
             "Identical (policy, budget) pairs run once. A pair the policy rejects (e.g. streaming with sinks >=\n"
-            "budget) is recorded as a failed run with its reason while the others run; the exit status is then 1.\n"
-            "SIGINT/SIGTERM stop the replay: every run is recorded as failed (interrupted) and the exit status is 1.\n"
+            "budget) is recorded as a failed run with its reason while the others run, even when it rejects them\n"
+            "all; the exit status is then 1.\n"
+            "SIGINT/SIGTERM stop the replay: during the replay every run is recorded as failed (interrupted); while\n"
+            "the results are being stored, the runs stored so far stay complete and the rest are recorded as failed\n"
+            "(interrupted). Either way the exit status is 1.\n"
             "Every option except --policy may be given once.\n\n"
             "Budgets are nominal: prompt-only policies (SnapKV, PyramidKV, Ada-KV) bound the prompt only and\n"
             "keep every generated token, so compare policies at equal measured memory or traffic too\n"
@@ -331,11 +334,9 @@ int kvs_cmd_replay(int argc, char **argv) {
         fprintf(stderr, "kvsim replay: warning: %s%s%s at budget%s %s: %s\n", runs[i].policy.ops->name,
                 runs[i].policy.canonical[0] ? ":" : "", runs[i].policy.canonical, n_at > 1 ? "s" : "", list, notes[i]);
     }
-    if (n_valid == 0) { /* nothing would run: a usage error, the database untouched */
-        for (int i = 0; i < n_runs; i++) fprintf(stderr, "kvsim replay: %s\n", reasons[i]);
-        rc = KVS_EXIT_USAGE;
-        goto cleanup;
-    }
+    /* One rule for pairs a policy refuses (its budget below a window, say), whether some or all of them: each is
+     * recorded as a failed run with its reason and the exit status is 1. A command-line error (unknown policy,
+     * malformed budget) is a usage error before this point, with nothing recorded. */
     /* The database is created only once there is something to record: a replay that fails on its input
      * leaves no empty database (nor -wal/-shm) behind. An existing file is checked now, read-only, so a
      * foreign or newer database is refused before the (possibly long) replay. */
@@ -391,7 +392,15 @@ int kvs_cmd_replay(int argc, char **argv) {
     char run_options[96];
     snprintf(run_options, sizeof run_options, "kv_bytes=%d,aux_bytes=%d,series_every=%lld", (int)src.model.kv_bytes,
              (int)src.model.aux_bytes, (long long)series_every);
+    /* A signal that arrives once the engine has finished stops the writing: the runs already stored stay
+     * complete (their numbers are whole), every run not yet stored is recorded as failed (interrupted). */
+    int n_stored_before_stop = -1;
     for (int i = 0; i < n_runs; i++) {
+        if (stop_requested && !exec_err[0]) {
+            n_stored_before_stop = i;
+            snprintf(exec_err, sizeof exec_err, "interrupted by signal while storing the results (after %d of %d runs)",
+                     i, n_runs);
+        }
         const kvs_replay_config *c = &runs[i];
         const kvs_replay_run_result *r = valid_of[i] >= 0 && res ? &res->runs[valid_of[i]] : NULL;
         const char *error = valid_of[i] < 0 ? reasons[i] : exec_err[0] ? exec_err : r && r->status != KVS_OK ? r->error : NULL;
@@ -425,13 +434,18 @@ int kvs_cmd_replay(int argc, char **argv) {
         rc = kvs_cli_fail("replay", st);
         goto cleanup;
     }
-    if (exec_err[0])
+    if (n_stored_before_stop >= 0)
+        fprintf(stderr, "kvsim replay: %s: %d runs stored complete, the other %d recorded as failed (interrupted) in %s\n",
+                exec_err, n_stored_before_stop, n_runs - n_stored_before_stop, db_path);
+    else if (exec_err[0])
         fprintf(stderr, "kvsim replay: %s: the %d runs were recorded as failed (interrupted) in %s\n", exec_err,
                 n_valid, db_path);
-    else if (n_failed)
+    else if (stop_requested)
+        fprintf(stderr, "kvsim replay: interrupted by signal after every run was stored (complete) in %s\n", db_path);
+    if (!exec_err[0] && n_failed)
         fprintf(stderr, "kvsim replay: %d of %d runs failed (recorded with their reason in %s)\n", n_failed, n_runs,
                 db_path);
-    rc = n_failed ? KVS_EXIT_FAIL : KVS_EXIT_OK;
+    rc = n_failed || stop_requested ? KVS_EXIT_FAIL : KVS_EXIT_OK;
     if (kvs_cli_finish_stdout("replay") != KVS_EXIT_OK) rc = KVS_EXIT_FAIL;
 cleanup:
     kvs_results_policy_inputs_free(inputs);

@@ -25,6 +25,7 @@
 #include "common/kvs.h"
 #include "sim/policy.h"
 #include "policies/registry.h"
+#include "results/results.h"
 #include "tests/util/cli_run.h"
 #include "tests/util/gen_trace.h"
 #include "tests/util/testenv.h"
@@ -219,10 +220,17 @@ static void test_invalid_pair_is_recorded_failed_while_the_others_run(void **sta
     kvs_json_free(root);
     /* the replay table lists the failed run with its flag */
     assert_contains(c->out, "must exceed sinks=6");
-    /* when every pair is invalid nothing runs: a usage error, no database */
+    /* one rule whether the policy rejects some pairs or all of them: each is recorded failed, exit 1 */
     unlink(c->db);
-    assert_int_equal(run(c, "replay", c->trace, "--db", c->db, "--policy", "streaming:sinks=6", "--budgets", "2,4"), 2);
-    assert_int_equal(count_names(c, "r.db"), 0);
+    assert_int_equal(run(c, "replay", c->trace, "--db", c->db, "--policy", "streaming:sinks=6", "--budgets", "2,4"), 1);
+    assert_contains(c->err, "2 of 2 runs failed");
+    root = runs_json(c);
+    assert_int_equal(kvs_json_len(root), 2);
+    for (size_t i = 0; i < 2; i++) {
+        assert_string_equal(kvs_json_string(kvs_json_get(kvs_json_at(root, i), "status")), "failed");
+        assert_contains(kvs_json_string(kvs_json_get(kvs_json_at(root, i), "error")), "must exceed sinks=6");
+    }
+    kvs_json_free(root);
 }
 
 static void test_nothing_to_measure_is_refused(void **state) {
@@ -305,6 +313,64 @@ static void test_sigterm_records_every_run_as_interrupted(void **state) {
         assert_contains(kvs_json_string(kvs_json_get(r, "error")), "interrupted");
     }
     kvs_json_free(root);
+}
+
+/* A signal once the engine has finished (the progress line at 100%) stops the storing: the runs stored before it
+ * stay complete, the others are recorded as failed (interrupted), and the exit status is 1, never 0. The store is
+ * made long (series of every position of many runs) so that the signal lands while it runs. */
+static void test_sigterm_while_storing_stops_and_says_so(void **state) {
+    ctx *c = *state;
+    if (!kvs_test_kvsim_bin()) skip();
+    char big[160];
+    snprintf(big, sizeof big, "%s/big.kvt", c->dir);
+    assert_int_equal(write_trace(big, 2048, 64, 2), 0);
+    const char *args[] = {"replay", big, "--db", c->db, "--policy", "window", "--policy", "streaming",
+                          "--budgets", "8,12,16,20,24,32,40,48,56,64,80,96,112,128,160,192", "--series-every", "1",
+                          "--progress", NULL};
+    pid_t pid = kvs_test_cli_spawn(c->out_path, c->err_path, args);
+    assert_true(pid > 0);
+    int seen = 0;
+    for (int i = 0; i < 12000 && !seen; i++) { /* up to 120 s for the engine to finish */
+        char *e = kvs_test_slurp(c->err_path, NULL);
+        seen = e && strstr(e, "100.0% (") != NULL;
+        free(e);
+        if (!seen) {
+            struct timespec ts = {0, 10 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    assert_true(seen);
+    assert_int_equal(kill(pid, SIGTERM), 0);
+    int rc = kvs_test_cli_wait(pid);
+    char *err = kvs_test_slurp(c->err_path, NULL);
+    assert_non_null(err);
+    if (rc != 1) fail_msg("exit %d (expected 1 after SIGTERM while storing); stderr:\n%s", rc, err);
+    const char *m = strstr(err, "interrupted by signal while storing the results (after ");
+    if (!m) fail_msg("no interruption message; stderr:\n%s", err);
+    int stored = -1, total = -1;
+    assert_int_equal(sscanf(m, "interrupted by signal while storing the results (after %d of %d runs)", &stored, &total), 2);
+    assert_int_equal(total, 32);
+    assert_true(stored >= 0 && stored < 32);
+    print_message("signal landed after %d of %d runs were stored\n", stored, total);
+    free(err);
+    /* the complete runs are those stored first; every other run is failed (interrupted) */
+    kvs_results_db *db = NULL;
+    assert_int_equal(kvs_results_open_readonly(c->db, &db), KVS_OK);
+    kvs_results_filter f = {.include_failed = 1};
+    kvs_results_run_row *rows = NULL;
+    int64_t n = 0;
+    assert_int_equal(kvs_results_query_runs(db, &f, &rows, &n), KVS_OK);
+    assert_int_equal(n, 32);
+    for (int64_t i = 0; i < n; i++) {
+        if (i < stored) {
+            assert_string_equal(rows[i].status, "complete");
+        } else {
+            assert_string_equal(rows[i].status, "failed");
+            assert_non_null(strstr(rows[i].error, "interrupted"));
+        }
+    }
+    kvs_results_run_rows_free(rows, n);
+    kvs_results_close(db);
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -467,6 +533,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_nothing_to_measure_is_refused, setup, teardown),
         cmocka_unit_test_setup_teardown(test_corrupt_trace_leaves_no_database, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_records_every_run_as_interrupted, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_sigterm_while_storing_stops_and_says_so, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replay_summary_is_the_runs_table, setup, teardown),
         cmocka_unit_test_setup_teardown(test_runs_csv_summary_has_one_run_wide_row_per_run, setup, teardown),
         cmocka_unit_test_setup_teardown(test_randomised_run_same_in_any_shard, setup, teardown),
