@@ -1104,7 +1104,8 @@ char *kvs_results_col_dup(sqlite3_stmt *st, int i, int *oom) {
 
 static void row_free_strings(kvs_results_run_row *w) {
     char *strs[] = {w->trace_path, w->model,   w->dtype,  w->policy, w->params,        w->measure,    w->budget_scope,
-                    w->layout,     w->notes,   w->status, w->error,  w->kvsim_version, w->created_at};
+                    w->layout,     w->notes,   w->status, w->error,  w->kvsim_version, w->created_at,
+                    w->options,    w->trace_sha256};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) free(strs[i]);
     free(w->layer_aggs);
 }
@@ -1158,14 +1159,25 @@ kvs_status kvs_results_query_runs(kvs_results_db *r, const kvs_results_filter *f
     sb_col(&sql, r, T_RUNS, "r", "budget_scope");
     sb_col(&sql, r, T_RUNS, "r", "layout");
     sb_col(&sql, r, T_RUNS, "r", "notes");
-    sb_printf(&sql, ", r.status, r.error, r.wall_seconds, r.kvsim_version, r.created_at, s.run_id IS NOT NULL");
+    sb_printf(&sql, ", r.status, r.error, r.wall_seconds, r.kvsim_version, r.created_at");
+    sb_col(&sql, r, T_RUNS, "r", "options");
+    /* The trace's content hash lives in the sweep family's table, which a database that never saw a replay or
+     * sweep recording it does not have: then the hash reads as not recorded. */
+    int has_sha = kvs_results_table_exists(r, "sweep_traces");
+    if (has_sha < 0) {
+        rc = KVS_ERR_DB;
+        goto cleanup;
+    }
+    sb_printf(&sql, has_sha ? ", h.sha256" : ", NULL");
+    sb_printf(&sql, ", s.run_id IS NOT NULL");
     sb_agg_cols(&sql, r, T_RUN_SUMMARY, "s");
-    sb_printf(&sql, " FROM runs r JOIN traces t ON t.id = r.trace_id LEFT JOIN run_summary s ON s.run_id = r.id "
+    sb_printf(&sql, " FROM runs r JOIN traces t ON t.id = r.trace_id LEFT JOIN run_summary s ON s.run_id = r.id%s "
                     "WHERE (?1 OR r.status = 'complete') AND (?2 IS NULL OR r.policy = ?2) AND (?3 <= 0 OR r.id = ?3) "
                     "AND (?4 <= 0 OR r.budget_tokens = ?4) "
                     "AND (?5 IS NULL OR t.path = ?5 OR substr(t.path, -length(?5) - 1) = '/' || ?5) "
-                    "AND (?6 IS NULL OR t.model = ?6) AND (?7 IS NULL OR r.measure = ?7) ORDER BY r.id");
-    enum { C_HAS_AGG = 26, C_AGG = 27 }; /* columns of the select list above */
+                    "AND (?6 IS NULL OR t.model = ?6) AND (?7 IS NULL OR r.measure = ?7) ORDER BY r.id",
+              has_sha ? " LEFT JOIN sweep_traces h ON h.trace_id = r.trace_id" : "");
+    enum { C_OPTIONS = 26, C_SHA = 27, C_HAS_AGG = 28, C_AGG = 29 }; /* columns of the select list above */
     if (f->with_layers) {
         sb_printf(&lsql, "SELECT l.layer");
         sb_agg_cols(&lsql, r, T_RUN_LAYERS, "l");
@@ -1224,6 +1236,8 @@ kvs_status kvs_results_query_runs(kvs_results_db *r, const kvs_results_filter *f
         w->wall_seconds = col_real(st, 23);
         w->kvsim_version = col_dup(st, 24, &oom);
         w->created_at = col_dup(st, 25, &oom);
+        w->options = col_dup(st, C_OPTIONS, &oom);
+        w->trace_sha256 = col_dup(st, C_SHA, &oom);
         w->has_agg = sqlite3_column_int(st, C_HAS_AGG) ? 1 : 0;
         if (w->has_agg) read_agg(st, C_AGG, -1, &w->agg);
         else agg_nan(&w->agg, -1);
@@ -1248,6 +1262,49 @@ cleanup:
     sb_free(&sql);
     sb_free(&lsql);
     return rc;
+}
+
+void kvs_results_trace_label(const kvs_results_run_row *r, char *buf, size_t cap) {
+    if (!buf || cap == 0) return;
+    if (r && r->trace_sha256 && r->trace_sha256[0]) {
+        snprintf(buf, cap, "%s@%.8s", r->model ? r->model : "?", r->trace_sha256);
+        return;
+    }
+    const char *path = r ? r->trace_path : NULL;
+    if (!path || !path[0]) {
+        snprintf(buf, cap, "?");
+        return;
+    }
+    /* the base name by hand: basename() may modify its argument, and a trailing '/' names no file */
+    const char *base = strrchr(path, '/');
+    base = base && base[1] ? base + 1 : path;
+    snprintf(buf, cap, "%s", base);
+}
+
+/* The decimal integer value of key `key` in a "k=v,k=v" list into *v: 1 when present and a whole int, else 0. */
+static int option_int(const char *opts, const char *key, int *v) {
+    size_t kn = strlen(key);
+    for (const char *p = opts; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
+        if (strncmp(p, key, kn) != 0 || p[kn] != '=') continue;
+        const char *num = p + kn + 1;
+        if (!(num[0] >= '0' && num[0] <= '9')) return 0; /* strtol would take a sign or blanks */
+        char *end = NULL;
+        errno = 0;
+        long x = strtol(num, &end, 10);
+        if (end == num || (*end != ',' && *end != '\0') || errno == ERANGE || x < INT_MIN || x > INT_MAX) return 0;
+        *v = (int)x;
+        return 1;
+    }
+    return 0;
+}
+
+int kvs_results_run_bytes(const kvs_results_run_row *r, int *kv_bytes, int *aux_bytes) {
+    int kv = 0, aux = 0;
+    if (!r || !r->options || !option_int(r->options, "kv_bytes", &kv) || !option_int(r->options, "aux_bytes", &aux))
+        return 0;
+    if (kv_bytes) *kv_bytes = kv;
+    if (aux_bytes) *aux_bytes = aux;
+    return 1;
 }
 
 void kvs_results_series_free(kvs_results_series *s) {

@@ -141,6 +141,11 @@ typedef struct {
     char *error;             /* NULL unless failed */
     double wall_seconds;     /* NaN when not recorded */
     char *kvsim_version, *created_at;
+    char *options;           /* runs.options, "kv_bytes=2,aux_bytes=4,series_every=0" (the replay options that change
+                              * a run's numbers); NULL = not recorded (older databases). kvs_results_run_bytes parses it */
+    char *trace_sha256;      /* the trace file's content hash, 64 lowercase hex digits (table sweep_traces, recorded by
+                              * replay and sweep); NULL = not recorded (older databases, or no sweep_traces table).
+                              * Runs of one trace through two path spellings have two trace_ids and one trace_sha256 */
     int has_agg;             /* 1 when the run has its run-wide aggregate (every complete run does) */
     kvs_results_agg agg;     /* run-wide aggregate (layer -1); all NaN / n 0 when has_agg is 0 */
     int32_t n_layer_aggs;    /* filter.with_layers only: rows of run_layers */
@@ -153,6 +158,18 @@ typedef struct {
 kvs_status kvs_results_query_runs(kvs_results_db *db, const kvs_results_filter *f, kvs_results_run_row **rows,
                                   int64_t *n);
 void kvs_results_run_rows_free(kvs_results_run_row *rows, int64_t n);
+
+/*! kvs_results_trace_label() : a run's trace as people read it, into buf (cap bytes, always NUL-terminated when
+ *  cap > 0, truncated to fit): "<model>@<first 8 hex digits of trace_sha256>" (e.g. "stories260K@3f2a9c01") when
+ *  the hash is recorded, which names the same trace through any path spelling; else the base name of trace_path
+ *  ("story.kvt"), or "?" when the row has neither. */
+void kvs_results_trace_label(const kvs_results_run_row *r, char *buf, size_t cap);
+
+/*! kvs_results_run_bytes() : the bytes per stored K/V element (*kv_bytes) and per auxiliary element (*aux_bytes)
+ *  the run was replayed with, parsed from r->options ("kv_bytes=2,aux_bytes=4,..."). @return 1 when both keys are
+ *  present with decimal integer values (then both outputs are written), 0 when options is NULL (not recorded),
+ *  lacks either key or holds a value that is not an integer (outputs untouched then). */
+int kvs_results_run_bytes(const kvs_results_run_row *r, int *kv_bytes, int *aux_bytes);
 
 /* A per-position series of one metric of one run. */
 typedef struct {

@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <setjmp.h>
 #include <signal.h>
@@ -29,6 +30,7 @@
 
 #include "common/json.h"
 #include "common/kvs.h"
+#include "common/sha256.h"
 #include "results/results.h"
 #include "results/results_internal.h"
 #include "tests/util/testenv.h"
@@ -984,6 +986,8 @@ static void test_v1_database_is_read_without_migration(void **state) {
     assert_null(rows[0].budget_scope); /* not recorded by v1 */
     assert_null(rows[0].layout);
     assert_null(rows[0].notes);
+    assert_null(rows[0].options);      /* v1 has no runs.options */
+    assert_null(rows[0].trace_sha256); /* nor sweep_traces */
     assert_int_equal(rows[0].n_layer_aggs, 2);
     assert_true(rows[0].layer_aggs[1].out_err.mean == v1_value(0.5, 0, 1));
     assert_true(isnan(rows[0].layer_aggs[1].out_cos.mean));
@@ -1878,6 +1882,143 @@ static void test_runs_table_flags_and_json(void **state) {
     free(text);
 }
 
+/* ------------------------------------------------------------------------------------------------
+ * Identity fields of a run as read back: options, trace_sha256, and their helpers
+ * ---------------------------------------------------------------------------------------------- */
+
+/* One trace replayed through two spellings of its path is two traces rows with one content hash; options reads
+ * back as the replay wrote it; the label names model and hash; the bytes parse from options. The hash is
+ * recomputed here from the file's bytes, the label and bytes from the strings by hand. */
+static void test_query_runs_identity_fields(void **state) {
+    tmp_ctx *t = *state;
+    if (!getenv("KVSIM_BIN")) skip();
+    char p1[PATH_MAX], p2[PATH_MAX], out[160], err[160];
+    snprintf(p1, sizeof p1, "%s/examples/stories260K.kvt", kvs_test_root());
+    snprintf(p2, sizeof p2, "%s/examples/../examples/stories260K.kvt", kvs_test_root());
+    snprintf(out, sizeof out, "%s/out.txt", t->dir);
+    snprintf(err, sizeof err, "%s/err.txt", t->dir);
+    char *r1[] = {"kvsim", "replay", p1, "--db", t->db, "--policy", "window", "--budgets", "16", "--threads", "1", NULL};
+    assert_int_equal(run_cli(r1, out, err), 0);
+    char *r2[] = {"kvsim", "replay", p2, "--db", t->db, "--policy", "window", "--budgets", "16", "--threads", "1",
+                  "--kv-bytes", "1", "--aux-bytes", "8", NULL};
+    assert_int_equal(run_cli(r2, out, err), 0);
+
+    char want_sha[65];
+    expect_ok(kvs_sha256_file_hex(p1, want_sha));
+    kvs_results_db *db = NULL;
+    expect_ok(kvs_results_open_readonly(t->db, &db));
+    kvs_results_run_row *rows = NULL;
+    int64_t n = 0;
+    expect_ok(kvs_results_query_runs(db, NULL, &rows, &n));
+    assert_int_equal(n, 2);
+    assert_true(rows[0].trace_id != rows[1].trace_id); /* two path spellings: two traces rows */
+    assert_string_equal(rows[0].trace_path, p1);
+    assert_string_equal(rows[1].trace_path, p2);
+    assert_non_null(rows[0].trace_sha256);
+    assert_non_null(rows[1].trace_sha256);
+    assert_string_equal(rows[0].trace_sha256, want_sha); /* one content: one hash */
+    assert_string_equal(rows[1].trace_sha256, want_sha);
+    assert_string_equal(rows[0].options, "kv_bytes=2,aux_bytes=4,series_every=0");
+    assert_string_equal(rows[1].options, "kv_bytes=1,aux_bytes=8,series_every=0");
+    int kv = -1, aux = -1;
+    assert_int_equal(kvs_results_run_bytes(&rows[0], &kv, &aux), 1);
+    assert_true(kv == 2 && aux == 4);
+    assert_int_equal(kvs_results_run_bytes(&rows[1], &kv, &aux), 1);
+    assert_true(kv == 1 && aux == 8);
+    char label[64], want_label[64];
+    snprintf(want_label, sizeof want_label, "%s@%.8s", rows[0].model, want_sha);
+    assert_string_equal(rows[0].model, "stories260K");
+    kvs_results_trace_label(&rows[0], label, sizeof label);
+    assert_string_equal(label, want_label);
+    kvs_results_trace_label(&rows[1], label, sizeof label); /* the same trace through the other spelling */
+    assert_string_equal(label, want_label);
+    kvs_results_run_rows_free(rows, n);
+    kvs_results_close(db);
+}
+
+/* A database written without hashes or options (the write API alone, as older kvsim did): both read as NULL,
+ * the label falls back to the path's base name, the bytes are "not recorded" with the outputs untouched. */
+static void test_identity_fields_not_recorded(void **state) {
+    tmp_ctx *t = *state;
+    kvs_results_db *db = NULL;
+    expect_ok(kvs_results_open(t->db, &db));
+    expect_ok(write_simple_run(db, "/traces/deep/dir/story.kvt", "h2o", "", 64, 0, NULL));
+    kvs_results_run_row *rows = NULL;
+    int64_t n = 0;
+    expect_ok(kvs_results_query_runs(db, NULL, &rows, &n));
+    assert_int_equal(n, 1);
+    assert_null(rows[0].options);
+    assert_null(rows[0].trace_sha256);
+    char label[64];
+    kvs_results_trace_label(&rows[0], label, sizeof label);
+    assert_string_equal(label, "story.kvt");
+    int kv = -7, aux = -9;
+    assert_int_equal(kvs_results_run_bytes(&rows[0], &kv, &aux), 0);
+    assert_true(kv == -7 && aux == -9);
+    kvs_results_run_rows_free(rows, n);
+    kvs_results_close(db);
+}
+
+static void test_trace_label_and_run_bytes(void **state) {
+    (void)state;
+    char sha[] = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    kvs_results_run_row r = {.trace_path = "/a/b/t.kvt", .model = "llama", .trace_sha256 = sha};
+    char buf[32];
+    kvs_results_trace_label(&r, buf, sizeof buf);
+    assert_string_equal(buf, "llama@01234567");
+    memset(buf, 'x', sizeof buf);
+    kvs_results_trace_label(&r, buf, 5); /* truncated, terminated */
+    assert_string_equal(buf, "llam");
+    assert_int_equal(buf[5], 'x');
+    buf[0] = 'x';
+    kvs_results_trace_label(&r, buf, 0); /* no room: nothing written */
+    assert_int_equal(buf[0], 'x');
+    r.trace_sha256 = NULL;
+    kvs_results_trace_label(&r, buf, sizeof buf);
+    assert_string_equal(buf, "t.kvt");
+    r.trace_path = "plain.kvt";
+    kvs_results_trace_label(&r, buf, sizeof buf);
+    assert_string_equal(buf, "plain.kvt");
+    r.trace_path = NULL;
+    kvs_results_trace_label(&r, buf, sizeof buf);
+    assert_string_equal(buf, "?");
+
+    static const struct {
+        const char *options;
+        int found, kv, aux;
+    } cases[] = {
+        {"kv_bytes=2,aux_bytes=4,series_every=0", 1, 2, 4},
+        {"aux_bytes=4,kv_bytes=8", 1, 8, 4}, /* order does not matter */
+        {"series_every=3,kv_bytes=16,aux_bytes=2", 1, 16, 2},
+        {"kv_bytes=2", 0, 0, 0},              /* aux_bytes missing */
+        {"aux_bytes=4", 0, 0, 0},             /* kv_bytes missing */
+        {"", 0, 0, 0},
+        {"garbage", 0, 0, 0},
+        {"kv_bytes=abc,aux_bytes=4", 0, 0, 0},
+        {"kv_bytes=2x,aux_bytes=4", 0, 0, 0},
+        {"kv_bytes=,aux_bytes=4", 0, 0, 0},
+        {"kv_bytes=-1,aux_bytes=4", 0, 0, 0},
+        {"kv_bytes= 2,aux_bytes=4", 0, 0, 0},
+        {"kv_bytes=99999999999,aux_bytes=4", 0, 0, 0}, /* beyond int */
+        {"xkv_bytes=2,aux_bytes=4", 0, 0, 0},           /* a key ending in kv_bytes is another key */
+        {"kv_bytes=2,aux_bytes=4,", 1, 2, 4},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        r.options = (char *)cases[i].options;
+        int kv = -7, aux = -9;
+        int got = kvs_results_run_bytes(&r, &kv, &aux);
+        if (got != cases[i].found || (got && (kv != cases[i].kv || aux != cases[i].aux)) ||
+            (!got && (kv != -7 || aux != -9))) {
+            fprintf(stderr, "run_bytes('%s') = %d (%d, %d)\n", cases[i].options, got, kv, aux);
+            fail();
+        }
+    }
+    r.options = NULL;
+    int kv = -7, aux = -9;
+    assert_int_equal(kvs_results_run_bytes(&r, &kv, &aux), 0);
+    assert_true(kv == -7 && aux == -9);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_open_creates_schema_and_reopen_is_idempotent, setup_tmp, teardown_tmp),
@@ -1904,6 +2045,9 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_v2_database_gains_appended_metric_columns, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_query_runs_filters, setup_tmp, teardown_tmp),
         cmocka_unit_test(test_column_parse),
+        cmocka_unit_test_setup_teardown(test_query_runs_identity_fields, setup_tmp, teardown_tmp),
+        cmocka_unit_test_setup_teardown(test_identity_fields_not_recorded, setup_tmp, teardown_tmp),
+        cmocka_unit_test(test_trace_label_and_run_bytes),
         cmocka_unit_test(test_stat_compute_nearest_rank_percentiles),
         cmocka_unit_test_setup_teardown(test_runs_csv_header_and_quoting, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_runs_bad_input_exit_codes, setup_tmp, teardown_tmp),
