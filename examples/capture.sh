@@ -9,6 +9,7 @@ bin=${1:-$here/../shared/models/stories260K.bin}
 hf=${2:-$here/../shared/models/tinystories-656K}
 out=${3:-/tmp}
 [ -x "$kvsim" ] || { echo "capture.sh: $kvsim not built (run make)" >&2; exit 1; }
+mkdir -p "$out"
 for m in "$bin" "$hf"; do
     [ -e "$m" ] || { echo "capture.sh: model $m not found" >&2; exit 1; }
     name=$(basename "$m" .bin)

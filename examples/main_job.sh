@@ -37,12 +37,20 @@ fi
 "$KVSIM_BIN" verify "$trace"
 
 # A fresh study each time, so the pictures show exactly this sweep. Budgets up to 384 tokens, so that the
-# every-step policies reach the memory the prompt-only ones need for their generated tokens.
+# every-step policies reach the memory the prompt-only ones need for their generated tokens; the budgets follow
+# the trace: those above its length are left out and its length (the full cache) takes their place.
+n_positions=$("$KVSIM_BIN" info "$trace" | awk '$1 == "positions" { print $2; exit }')
+case $n_positions in '' | *[!0-9]*) echo "main_job: cannot read the trace's length from kvsim info" >&2; exit 1 ;; esac
+budgets=""
+for b in 8 16 32 64 128 256 384; do
+    if [ "$b" -le "$n_positions" ]; then budgets="$budgets${budgets:+,}$b"; else budgets="$budgets${budgets:+,}$n_positions"; break; fi
+done
+echo "== budgets $budgets (the trace has $n_positions positions)"
 rm -f "$out/results.db" "$out/results.db-wal" "$out/results.db-shm"
 "$KVSIM_BIN" replay "$trace" --db "$out/results.db" \
     --policy full --policy window --policy streaming --policy h2o --policy tova \
     --policy scissorhands --policy snapkv --policy pyramidkv --policy adakv --policy topk \
-    --budgets 8,16,32,64,128,256,384 --series-every 1
+    --budgets "$budgets" --series-every 1
 
 # Equal memory and equal traffic: every policy interpolated to the same resident bytes (and bytes read per
 # step) per KV head; the plots mark the Pareto frontier.
