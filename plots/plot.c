@@ -123,22 +123,61 @@ kvs_status kvs_plot_metric_check(kvs_plot_kind kind, const char *metric) {
  * Colours
  * ---------------------------------------------------------------------------------------------- */
 
-/* Distinct colours for policies (the first ten are matplotlib's tab10, without its grey, which is the
- * frontier's; then tab20b/tab20c's darker shades). Never black: that is the oracles'. Longer than the registry,
- * so every registered policy has its own (tests/test_plot.c). */
-static const char *const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-                                      "#bcbd22", "#17becf", "#393b79", "#ad494a", "#637939", "#e7ba52", "#7b4173",
-                                      "#843c39", "#8ca252", "#bd9e39", "#a55194", "#3182bd", "#e6550d", "#31a354",
-                                      "#756bb1", "#fd8d3c", "#6baed6"};
+/* The policy palette: 24 colours, each as far from the others as a greedy farthest-point search could place
+ * it (the method of Glasbey, van der Heijden, Toh and Gray, "Colour displays for categorical images", Color
+ * Research & Application 32(4), 2007), with CIEDE2000 as the distance: starting from matplotlib's tab10 blue,
+ * orange, green and red, each next colour is the sRGB colour of a 16-level grid (steps of 0x11), lightness L*
+ * in [25, 70] (readable as a thin line on white, and not the oracles' black), whose smallest distance to the
+ * colours already chosen and to white, black and the greys of the plot (frontier #b8b8b8, turn shade #e6e6e6,
+ * turn line #555555) is the largest. Registry order takes them in that order, so the first policies get the
+ * most separated colours. Every pair of the first 21 (the registry's size) is at least 18 apart in CIEDE2000,
+ * and at least 20 from white, black and the frontier's grey; tests/test_plot.c recomputes the distances and
+ * holds every registered policy to at least 15 (a difference plainly visible between two thin lines; the
+ * palette this replaces put full and quest at about 3). */
+static const char *const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#dd00ff", "#1100cc",
+                                      "#880055", "#bbaa00", "#005500", "#ff7799", "#00aaaa", "#885500",
+                                      "#9999ff", "#776699", "#888866", "#006666", "#997777", "#772200",
+                                      "#114477", "#666600", "#dd1188", "#33aaff", "#5555ff", "#dd88dd"};
 #define N_PALETTE (sizeof palette / sizeof palette[0])
 
-const char *kvs_plot_policy_color(const char *policy) {
+/* Point and dash types: a policy's colour, point and dash all differ from every other registered policy's,
+ * so a plot read in grey or by a colour-blind reader still tells policies apart. Policy i takes point i mod 7
+ * and dash i mod 4: 7 and 4 are coprime, so the first 28 indexes give 28 different (point, dash) pairs (the
+ * Chinese remainder theorem), more than the registry holds. Points alternate filled and open shapes; the
+ * dashes are solid, dash-dot, dotted and dash-dot-dot: dt 2 (plain dashes) is left to the oracles. */
+static const int style_points[7] = {7, 4, 9, 12, 11, 6, 3}; /* ● □ ▲ ◇ ▼ ○ ✱ in gnuplot's cairo/svg terminals */
+static const int style_dashes[4] = {1, 4, 3, 5};
+#define STYLE_PAIRS 28
+#define ORACLE_DASH 2
+
+/* The registry index of `policy`, or a stable index from a hash of an unregistered name (>= the count). */
+static unsigned policy_index(const char *policy) {
     if (!policy) policy = "";
     for (int i = 0; i < kvs_policy_count(); i++)
-        if (!strcmp(kvs_policy_at(i)->name, policy)) return palette[(size_t)i % N_PALETTE];
-    uint32_t h = 2166136261u; /* FNV-1a: a name the registry does not know still keeps one colour */
+        if (!strcmp(kvs_policy_at(i)->name, policy)) return (unsigned)i;
+    uint32_t h = 2166136261u; /* FNV-1a: a name the registry does not know still keeps one style */
     for (const unsigned char *c = (const unsigned char *)policy; *c; c++) h = (h ^ *c) * 16777619u;
-    return palette[h % N_PALETTE];
+    return (unsigned)kvs_policy_count() + h % (N_PALETTE * STYLE_PAIRS);
+}
+
+const char *kvs_plot_policy_color(const char *policy) { return palette[policy_index(policy) % N_PALETTE]; }
+
+kvs_plot_style kvs_plot_policy_style(const char *policy, int variant, int is_oracle) {
+    unsigned i = policy_index(policy), k = variant > 0 ? (unsigned)variant : 0;
+    kvs_plot_style st;
+    if (is_oracle) {
+        st.color = "#000000";
+        st.point = style_points[(i + k) % 7];
+        st.dash = ORACLE_DASH;
+        return st;
+    }
+    st.color = palette[i % N_PALETTE];
+    /* Variant k: the dash moves on first, then the point, so variants 0..27 of one policy are 28 different
+     * (point, dash) pairs ((k div 4) mod 7 and k mod 4 determine k below 28), and variants 0..3 keep the
+     * policy's point. */
+    st.point = style_points[(i + k / 4) % 7];
+    st.dash = style_dashes[(i + k) % 4];
+    return st;
 }
 
 /* ------------------------------------------------------------------------------------------------
@@ -793,17 +832,16 @@ static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
                 fprintf(gp, ", \\\n     '-' using 1:2 with points pt 7 ps 1.8 lc rgb '#b8b8b8' notitle");
                 continue;
             }
-            /* The colour says the policy, the same on every plot (kvs_plot_policy_color); oracles black, dashed.
-             * Several series of one policy (other parameters, budgets, traces) differ in point and dash type:
-             * the k-th of them in legend order gets point k mod 8 and dash (k + k div 8) mod 4, so the first 8
-             * have 8 different points and the first 32 distinct pairs. Dashed (dt 2) is left to the oracles. */
-            static const int dash[4] = {1, 4, 5, 3}, point[8] = {7, 5, 9, 13, 11, 3, 1, 2};
-            size_t k = 0;
-            for (size_t j = 0; j < i; j++) k += d->s[j].style != STYLE_FRONTIER && !strcmp(d->s[j].policy, s->policy);
-            int oracle = s->style == STYLE_ORACLE;
-            fprintf(gp, "'-' using 1:2 with linespoints lw 2 pt %d ps 0.8 dt %d lc rgb '%s' title ",
-                    point[k % 8], oracle ? 2 : dash[(k + k / 8) % 4],
-                    oracle ? "#000000" : kvs_plot_policy_color(s->policy));
+            /* The policy's style, the same on every plot (kvs_plot_policy_style); the k-th series of one
+             * policy in legend order is its variant k. Oracles black, dashed. A line of many points (a position
+             * series) marks every few points only, so that the marker still reads as a marker. */
+            int k = 0;
+            for (size_t j = 0; j < i; j++)
+                k += d->s[j].style != STYLE_FRONTIER && d->s[j].style == s->style && !strcmp(d->s[j].policy, s->policy);
+            kvs_plot_style st = kvs_plot_policy_style(s->policy, k, s->style == STYLE_ORACLE);
+            size_t every = s->n > 24 ? s->n / 12 : 1;
+            fprintf(gp, "'-' using 1:2 with linespoints lw 2 pt %d ps 1 pi %zu dt %d lc rgb '%s' title ", st.point,
+                    every, st.dash, st.color);
             kvs_plot_gp_string(gp, s->label);
         }
     fprintf(gp, "\n");

@@ -16,8 +16,9 @@
  * measured (the prompts of later turns under measure mode decode), or, without turn info, where the positions
  * jump by more than the series' usual stride. The legend names the trace and the measure
  * mode only when the plotted runs have more than one of them. Oracles are dashed black and labelled
- * "(oracle)"; every other series is drawn in its policy's colour, the same on every plot
- * (kvs_plot_policy_color), several series of one policy told apart by point and dash type.
+ * "(oracle)"; every other series is drawn in its policy's colour, point and dash type, the same on every plot
+ * and different for every registered policy (kvs_plot_policy_style), several series of one policy told apart
+ * by other point and dash types.
  */
 #ifndef KVS_PLOT_H
 #define KVS_PLOT_H
@@ -78,11 +79,25 @@ const char *kvs_plot_kind_name(kvs_plot_kind kind);
 kvs_status kvs_plot_metric_check(kvs_plot_kind kind, const char *metric);
 
 /*! kvs_plot_policy_color() : the colour ("#rrggbb", static) every plot draws policy `policy` in: the
- *  policy's place in the registry (sim/policy.h kvs_policy_at) picks it from a fixed palette larger than the
- *  registry, so each registered policy has its own colour on every plot whatever else is drawn; another
- *  name gets a palette colour from a hash of the name. Never black (oracle series are drawn black, dashed)
- *  nor the frontier's grey. */
+ *  policy's place in the registry (policies/registry.h kvs_policy_at) picks it from a fixed palette of
+ *  colours chosen far apart (plot.c says how), larger than the registry, so each registered policy has its own
+ *  colour on every plot whatever else is drawn; another name gets a palette colour from a hash of the name.
+ *  Never black (oracle series are drawn black, dashed) nor the frontier's grey. */
 const char *kvs_plot_policy_color(const char *policy);
+
+/* How one series is drawn: its colour, gnuplot point type (pt) and dash type (dt). */
+typedef struct {
+    const char *color; /* "#rrggbb", static */
+    int point, dash;
+} kvs_plot_style;
+
+/*! kvs_plot_policy_style() : the style of the `variant`-th series (0-based, in legend order) of policy
+ *  `policy` on a plot. Variant 0 is the policy's own style, the same on every plot: its colour
+ *  (kvs_plot_policy_color) and a point and dash type, the (colour, point, dash) triple different for every
+ *  registered policy and the (point, dash) pair too. Later variants (other params, bytes, traces, budgets) keep
+ *  the colour and take other (point, dash) pairs, variants 0..27 of one policy all different. Oracles
+ *  (is_oracle) are black with dash type 2, which no other series uses, variants told apart by point. */
+kvs_plot_style kvs_plot_policy_style(const char *policy, int variant, int is_oracle);
 
 /*! kvs_plot_pareto() : the Pareto-optimal points among n points (x[i], y[i]) (non-finite ones ignored):
  *  point i is kept when no other point has x <= x[i] and a y at least as good (lower, or higher when

@@ -1015,6 +1015,145 @@ static void test_one_colour_per_policy_on_every_plot(void **state) {
     assert_int_equal(strlen(kvs_plot_policy_color("my-new-policy")), 7);
 }
 
+/* CIELAB (D65) of "#rrggbb": sRGB decoded to linear light, to XYZ, to L*a*b*. */
+static void lab_of(const char *hex, double lab[3]) {
+    unsigned v = (unsigned)strtoul(hex + 1, NULL, 16);
+    double c[3] = {(v >> 16) / 255.0, ((v >> 8) & 255) / 255.0, (v & 255) / 255.0};
+    for (int i = 0; i < 3; i++) c[i] = c[i] <= 0.04045 ? c[i] / 12.92 : pow((c[i] + 0.055) / 1.055, 2.4);
+    double xyz[3] = {(0.4124564 * c[0] + 0.3575761 * c[1] + 0.1804375 * c[2]) / 0.95047,
+                     0.2126729 * c[0] + 0.7151522 * c[1] + 0.0721750 * c[2],
+                     (0.0193339 * c[0] + 0.1191920 * c[1] + 0.9503041 * c[2]) / 1.08883};
+    for (int i = 0; i < 3; i++)
+        xyz[i] = xyz[i] > 216.0 / 24389 ? cbrt(xyz[i]) : (24389.0 / 27 * xyz[i] + 16) / 116;
+    lab[0] = 116 * xyz[1] - 16;
+    lab[1] = 500 * (xyz[0] - xyz[1]);
+    lab[2] = 200 * (xyz[1] - xyz[2]);
+}
+
+/* CIEDE2000 colour difference (Sharma, Wu, Dalal, "The CIEDE2000 color-difference formula", Color Research &
+ * Application 30(1), 2005, Eqs. 1-22), angles in degrees. */
+static double de2000(const double l1[3], const double l2[3]) {
+    const double pi = 3.14159265358979323846, rad = pi / 180;
+    double c1 = hypot(l1[1], l1[2]), c2 = hypot(l2[1], l2[2]), cb = (c1 + c2) / 2;
+    double g = 0.5 * (1 - sqrt(pow(cb, 7) / (pow(cb, 7) + pow(25, 7))));
+    double a1 = (1 + g) * l1[1], a2 = (1 + g) * l2[1];
+    double c1p = hypot(a1, l1[2]), c2p = hypot(a2, l2[2]);
+    double h1 = c1p == 0 ? 0 : fmod(atan2(l1[2], a1) / rad + 360, 360);
+    double h2 = c2p == 0 ? 0 : fmod(atan2(l2[2], a2) / rad + 360, 360);
+    double dl = l2[0] - l1[0], dc = c2p - c1p, dh = 0;
+    if (c1p * c2p != 0) {
+        dh = h2 - h1;
+        if (dh > 180) dh -= 360;
+        else if (dh < -180) dh += 360;
+    }
+    double dhh = 2 * sqrt(c1p * c2p) * sin(dh / 2 * rad);
+    double lb = (l1[0] + l2[0]) / 2, cbp = (c1p + c2p) / 2, hb = h1 + h2;
+    if (c1p * c2p != 0) hb = fabs(h1 - h2) <= 180 ? (h1 + h2) / 2 : h1 + h2 < 360 ? (h1 + h2 + 360) / 2 : (h1 + h2 - 360) / 2;
+    double tt = 1 - 0.17 * cos((hb - 30) * rad) + 0.24 * cos(2 * hb * rad) + 0.32 * cos((3 * hb + 6) * rad) -
+                0.20 * cos((4 * hb - 63) * rad);
+    double dth = 30 * exp(-pow((hb - 275) / 25, 2));
+    double rc = 2 * sqrt(pow(cbp, 7) / (pow(cbp, 7) + pow(25, 7)));
+    double sl = 1 + 0.015 * pow(lb - 50, 2) / sqrt(20 + pow(lb - 50, 2)), sc = 1 + 0.045 * cbp,
+           sh = 1 + 0.015 * cbp * tt, rt = -sin(2 * dth * rad) * rc;
+    return sqrt(pow(dl / sl, 2) + pow(dc / sc, 2) + pow(dhh / sh, 2) + rt * (dc / sc) * (dhh / sh));
+}
+
+static double colour_distance(const char *a, const char *b) {
+    double la[3], lb[3];
+    lab_of(a, la);
+    lab_of(b, lb);
+    return de2000(la, lb);
+}
+
+/* Every registered policy has its own colour, point and dash, on every plot: the (colour, point, dash) triples
+ * and the (point, dash) pairs pairwise different, and the colours at least 15 apart in CIEDE2000 (plainly
+ * different as two thin lines) and as far from the white background, the oracles' black and the frontier's
+ * grey. The distance itself is checked against Sharma et al.'s published test pairs first. */
+static void test_every_policy_has_its_own_style(void **state) {
+    tmp_ctx *t = *state;
+    const double sharma[4][7] = {{50, 2.6772, -79.7751, 50, 0, -82.7485, 2.0425},
+                                 {50, -1.3802, -84.2814, 50, 0, -82.7485, 1.0000},
+                                 {60.2574, -34.0099, 36.2677, 60.4626, -34.1751, 39.4387, 1.2644},
+                                 {2.0776, 0.0795, -1.1350, 0.9033, -0.0636, -0.5514, 0.9082}};
+    for (int i = 0; i < 4; i++) assert_true(fabs(de2000(sharma[i], sharma[i] + 3) - sharma[i][6]) < 1e-4);
+    double black[3];
+    lab_of("#000000", black);
+    assert_true(fabs(black[0]) < 1e-9 && fabs(colour_distance("#ffffff", "#000000") - 100) < 1e-3);
+
+    const double min_de = 15;
+    int n = kvs_policy_count();
+    assert_true(n >= 21);
+    for (int i = 0; i < n; i++) {
+        const char *pi = kvs_policy_at(i)->name;
+        kvs_plot_style a = kvs_plot_policy_style(pi, 0, 0);
+        assert_string_equal(a.color, kvs_plot_policy_color(pi));
+        assert_int_not_equal(a.dash, 2); /* the oracles' */
+        static const char *const reserved[3] = {"#ffffff", "#000000", "#b8b8b8"};
+        for (int r = 0; r < 3; r++)
+            if (colour_distance(a.color, reserved[r]) < min_de) {
+                fprintf(stderr, "%s's colour %s is %.1f from %s\n", pi, a.color, colour_distance(a.color, reserved[r]),
+                        reserved[r]);
+                fail();
+            }
+        for (int j = 0; j < i; j++) {
+            const char *pj = kvs_policy_at(j)->name;
+            kvs_plot_style b = kvs_plot_policy_style(pj, 0, 0);
+            double de = colour_distance(a.color, b.color);
+            if (de < min_de || (a.point == b.point && a.dash == b.dash)) {
+                fprintf(stderr, "%s (%s pt %d dt %d) and %s (%s pt %d dt %d): colours %.1f apart\n", pi, a.color,
+                        a.point, a.dash, pj, b.color, b.point, b.dash, de);
+                fail();
+            }
+        }
+        /* Variants of one policy (other params, bytes, traces): its colour, 28 different (point, dash) pairs;
+         * its oracle runs black and dashed, 7 different points. */
+        for (int k = 0; k < 28; k++) {
+            kvs_plot_style v = kvs_plot_policy_style(pi, k, 0), o = kvs_plot_policy_style(pi, k, 1);
+            assert_string_equal(v.color, a.color);
+            assert_int_not_equal(v.dash, 2);
+            assert_string_equal(o.color, "#000000");
+            assert_int_equal(o.dash, 2);
+            for (int q = 0; q < k; q++) {
+                kvs_plot_style w = kvs_plot_policy_style(pi, q, 0), ow = kvs_plot_policy_style(pi, q, 1);
+                assert_false(v.point == w.point && v.dash == w.dash);
+                if (k < 7) assert_int_not_equal(o.point, ow.point);
+            }
+        }
+    }
+
+    /* On a plot of every registered policy, each line is drawn in its policy's style (read from the script). */
+    char db[160], out[160];
+    snprintf(db, sizeof db, "%s/all_policies.db", t->dir);
+    snprintf(out, sizeof out, "%s/all_policies.png", t->dir);
+    kvs_results_db *r = NULL;
+    expect_ok(kvs_results_open(db, &r));
+    for (int i = 0; i < n; i++)
+        for (int b = 16; b <= 32; b *= 2)
+            put_cost_run(r, "/traces/a.kvt", kvs_policy_at(i)->name, "", 0, b, "decode", 64.0 * b + i, 1.0 / (b + i));
+    kvs_results_close(r);
+    const kvs_plot_kind kinds[2] = {KVS_PLOT_ERROR_VS_BUDGET, KVS_PLOT_ERROR_VS_MEMORY};
+    for (int k = 0; k < 2; k++) {
+        kvs_plot_options o = opts(kinds[k], out);
+        kvs_plot *p = NULL;
+        expect_ok(kvs_plot_prepare(db, &o, &p));
+        char *gp = script_of(p, out);
+        for (int i = 0; i < n; i++) {
+            char label[64], color[8];
+            int dt, pt;
+            snprintf(label, sizeof label, "%s'", kvs_policy_at(i)->name);
+            assert_true(style_of(gp, label, 0, color, &dt, &pt));
+            kvs_plot_style want = kvs_plot_policy_style(kvs_policy_at(i)->name, 0, 0);
+            if (strcmp(color, want.color) || dt != want.dash || pt != want.point) {
+                fprintf(stderr, "%s drawn %s pt %d dt %d, its style is %s pt %d dt %d\n", kvs_policy_at(i)->name, color,
+                        pt, dt, want.color, want.point, want.dash);
+                fail();
+            }
+        }
+        free(gp);
+        kvs_plot_free(p);
+    }
+}
+
 /* ------------------------------------------------------------------------------------------------
  * Multi-turn traces: turn boundaries marked, lines broken where positions were not measured
  * ---------------------------------------------------------------------------------------------- */
@@ -1604,6 +1743,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_legend_has_every_series_and_fits, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_legend_rendered_by_gnuplot, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_one_colour_per_policy_on_every_plot, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_every_policy_has_its_own_style, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_position_plot_marks_turns_and_breaks_at_gaps, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_position_plot_without_turn_info_breaks_at_jumps, setup_db, teardown_db),
     };
