@@ -11,7 +11,8 @@
 #
 # Outputs go to $OUT (default examples/out): trace.kvt (when captured), results.db, runs.csv,
 # compare_mem.txt, compare_traffic.txt, error_vs_memory.png, error_vs_traffic.png, error_vs_budget.png,
-# recall_vs_budget.png, memory_vs_budget.png, error_vs_position.png, and last the study report
+# recall_vs_budget.png, memory_vs_budget.png, error_vs_position.png (on the bundled trace error_vs_memory.png is
+# also the README's picture, examples/main_job.png), and last the study report
 # report/report.html (one self-contained page: every table and plot above) with report/report.md.
 # $KVSIM_BIN names the kvsim binary (default: the one built in this checkout), as in examples/capture.sh.
 #
@@ -62,6 +63,12 @@ echo "== policies at equal traffic (9 KiB read per step per KV head)"
 cat "$out/compare_traffic.txt"
 "$KVSIM_BIN" plot "$out/results.db" --kind error-vs-memory --out "$out/error_vs_memory.png"
 "$KVSIM_BIN" plot "$out/results.db" --kind error-vs-traffic --out "$out/error_vs_traffic.png"
+# The README's picture is this plot of the bundled trace: a run on it refreshes examples/main_job.png
+# (README_PICTURE names another file; empty: none).
+if [ $# -eq 0 ]; then
+    picture=${README_PICTURE-$here/main_job.png}
+    if [ -n "$picture" ]; then cp "$out/error_vs_memory.png" "$picture.tmp" && mv "$picture.tmp" "$picture"; fi
+fi
 
 # The runs themselves, and the views by nominal budget.
 "$KVSIM_BIN" runs "$out/results.db"

@@ -93,7 +93,8 @@ static void test_main_job_runs_end_to_end(void **state) {
     char dir[] = "/tmp/kvs_examples_XXXXXX";
     assert_non_null(mkdtemp(dir));
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "OUT='%s' KVSIM_BIN='%s' sh '%s/examples/main_job.sh' >'%s/log' 2>&1", dir, bin, root, dir);
+    snprintf(cmd, sizeof cmd, "OUT='%s' KVSIM_BIN='%s' README_PICTURE='%s/picture.png' sh '%s/examples/main_job.sh' >'%s/log' 2>&1",
+             dir, bin, dir, root, dir);
     int rc = system(cmd);
     if (rc != 0) {
         snprintf(cmd, sizeof cmd, "cat '%s/log'", dir);
@@ -161,6 +162,9 @@ static void test_main_job_runs_end_to_end(void **state) {
         snprintf(path, sizeof path, "%s/report/%s", dir, plots[i]); /* the report draws the same plots */
         assert_true(file_starts_with(path, png, sizeof png));
     }
+    /* On the bundled trace the error-vs-memory plot is also the README's picture (README_PICTURE here). */
+    snprintf(cmd, sizeof cmd, "cmp -s '%s/picture.png' '%s/error_vs_memory.png'", dir, dir);
+    assert_int_equal(system(cmd), 0);
     /* The job ends with the study report and its path (tests/test_report.c checks the report itself). */
     static const unsigned char html[] = "<!DOCTYPE html>";
     snprintf(path, sizeof path, "%s/report/report.html", dir);
@@ -191,6 +195,93 @@ static void test_main_job_runs_end_to_end(void **state) {
         assert_true(header);
         assert_true(interpolated >= 8); /* the eight realisable compressing policies */
     }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
+/* The whole of a small file, NUL-terminated (NULL when it cannot be read). */
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = malloc(1 << 20);
+    size_t n = buf ? fread(buf, 1, (1 << 20) - 1, f) : 0;
+    fclose(f);
+    if (buf) buf[n] = '\0';
+    return buf;
+}
+
+/* The README leads with what kvsim answers, the main job's picture (committed; the main job refreshes it) and the
+ * two commands, set up + main job and the tests; the long reference lives in docs/REFERENCE.md. */
+static void test_readme_leads_with_the_picture_and_two_commands(void **state) {
+    (void)state;
+    const char *root = env_or_skip("KVSIM_ROOT");
+    char path[512];
+    snprintf(path, sizeof path, "%s/README.md", root);
+    char *readme = slurp(path);
+    assert_non_null(readme);
+    const char *pic = strstr(readme, "](examples/main_job.png)");
+    const char *setup = strstr(readme, "\nsh tools/install-debian-deps.sh && make && sh examples/main_job.sh\n");
+    const char *tests = strstr(readme, "\nmake test && make asan\n");
+    assert_non_null(pic);
+    assert_non_null(setup);
+    assert_non_null(tests);
+    assert_true(pic < setup && setup < tests); /* the picture, then the two commands */
+    assert_non_null(strstr(readme, "](docs/REFERENCE.md)"));
+    /* no wall of text: no paragraph line or table row longer than 200 characters */
+    for (const char *l = readme; *l;) {
+        size_t n = strcspn(l, "\n");
+        if (n > 200) fail_msg("README line of %zu characters: %.60s...", n, l);
+        l += n + (l[n] == '\n');
+    }
+    free(readme);
+    static const unsigned char png[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    snprintf(path, sizeof path, "%s/examples/main_job.png", root);
+    assert_true(file_starts_with(path, png, sizeof png));
+    /* the reference page keeps every command of `kvsim help` */
+    snprintf(path, sizeof path, "%s/docs/REFERENCE.md", root);
+    char *ref = slurp(path);
+    assert_non_null(ref);
+    const char *cmds[] = {"capture", "info", "verify", "export", "trace recover", "policies", "replay", "sweep", "merge",
+                          "runs", "compare", "report", "keys", "attn", "drift", "heads", "plot", "generate",
+                          "calibrate", "plan"};
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        char want[64];
+        snprintf(want, sizeof want, "| `kvsim %s", cmds[i]);
+        if (!strstr(ref, want)) fail_msg("docs/REFERENCE.md has no row for kvsim %s", cmds[i]);
+    }
+    free(ref);
+}
+
+/* The main job's budgets follow the trace: on tinystories-656K's 364-position capture (108 prompt + 256 generated)
+ * the budgets above 364 are left out and 364 takes their place; the job runs to its report. */
+static void test_main_job_budgets_follow_a_shorter_trace(void **state) {
+    (void)state;
+    const char *bin = env_or_skip("KVSIM_BIN");
+    const char *root = env_or_skip("KVSIM_ROOT");
+    char model[512];
+    snprintf(model, sizeof model, "%s/../shared/models/tinystories-656K", root);
+    if (access(model, R_OK) != 0) {
+        print_message("%s not found: skipping\n", model);
+        skip();
+    }
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+        print_message("gnuplot is not installed: skipping the main job (it draws plots)\n");
+        skip();
+    }
+    char dir[] = "/tmp/kvs_examples656_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "OUT='%s' KVSIM_BIN='%s' sh '%s/examples/main_job.sh' '%s' >'%s/log' 2>&1", dir, bin,
+             root, model, dir);
+    int rc = system(cmd);
+    char path[512];
+    snprintf(path, sizeof path, "%s/log", dir);
+    char *log = slurp(path);
+    assert_non_null(log);
+    if (rc != 0) fail_msg("main_job.sh on tinystories-656K failed:\n%s", log);
+    assert_non_null(strstr(log, "== budgets 8,16,32,64,128,256,364 (the trace has 364 positions)\n"));
+    assert_non_null(strstr(log, "the report: "));
+    free(log);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     assert_int_equal(system(cmd), 0);
 }
@@ -265,6 +356,8 @@ static void test_findings_script_regenerates_the_numbers(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_main_job_runs_end_to_end),
+        cmocka_unit_test(test_readme_leads_with_the_picture_and_two_commands),
+        cmocka_unit_test(test_main_job_budgets_follow_a_shorter_trace),
         cmocka_unit_test(test_findings_script_regenerates_the_numbers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
