@@ -16,7 +16,8 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: kvsim plot DB --kind KIND --out FILE.png|FILE.svg|- [--format png|svg] [--metric M] [--layer L]\n"
-            "                     [--x-stat mean|max] [--budget TOKENS] [--policy NAME] [--trace PATH] [--model NAME]\n"
+            "                     [--x-stat mean|max] [--log-y] [--budget TOKENS] [--policy NAME] [--trace PATH]\n"
+            "                     [--model NAME]\n"
             "                     [--measure M] [--k K] [--score window|last] [--unit head|group]\n"
             "Draws complete runs of the results database DB with gnuplot as PNG or SVG.\n"
             "One line per (policy, params, trace, measure): runs of different traces or measure modes are never\n"
@@ -39,7 +40,8 @@ static void usage(FILE *f) {
             "                            a line breaks where positions were not measured (the prompts of later\n"
             "                            turns with --measure decode; without turn info in the database, where\n"
             "                            positions jump by more than the line's usual step)\n"
-            "  --kind memory-vs-budget   x: budget_tokens (log2), y: a bytes metric (default storage_bytes_max)\n"
+            "  --kind memory-vs-budget   x: budget_tokens (log2), y: a bytes metric (default storage_bytes_mean,\n"
+            "                            log2 scale; --metric storage_bytes_max for the peak)\n"
             "  --kind drift-curve        from `kvsim drift` (newest drift run of --trace/--model): overlap of the\n"
             "                            prefill top-K with each decode step's (SyncKV Fig. 2a, S1) against the\n"
             "                            step, per layer band (each layer up to 6 layers, else 4 bands; --layer L\n"
@@ -57,7 +59,10 @@ static void usage(FILE *f) {
             "              out_cos, attn_recall, attn_recall_merged, topk_overlap) for the error kinds, bytes metrics\n"
             "              (storage_bytes, traffic_bytes, ...) for memory-vs-budget, any metric's _mean per position\n"
             "  --layer L   one layer's aggregates (or steps) instead of the run-wide ones\n"
-            "  --x-stat S  error-vs-memory / error-vs-traffic: mean (default) or max over steps of the x metric\n"
+            "  --x-stat S  error-vs-memory / error-vs-traffic: mean (default) or max over steps of the x metric.\n"
+            "              Every bytes axis is per KV head, log2, its statistic and unit named on the axis\n"
+            "  --log-y     error-vs-budget / -memory / -traffic: a log10 y axis (small errors spread out); points\n"
+            "              <= 0 (an exact cache's error 0) cannot be drawn there: their count joins the label\n"
             "  --budget    error-vs-position only: only runs with this budget (tokens per KV head)\n"
             "  --out FILE  a regular file is replaced atomically (written beside it, then renamed); a symbolic link is\n"
             "              written through (its target is replaced, the link stays); a FIFO or device is written\n"
@@ -78,6 +83,9 @@ int kvs_cmd_plot(int argc, char **argv) {
         if (kvs_cli_is_help(argv[i])) {
             usage(stdout);
             return KVS_EXIT_OK;
+        } else if (!strcmp(argv[i], "--log-y")) {
+            if (o.log_y) return kvs_cli_usage_error("plot", "--log-y given twice");
+            o.log_y = 1;
         } else if ((fr = kvs_cli_filter_option("plot", argc, argv, &i, PLOT_FILTERS, &f)) != 0) {
             if (fr < 0) return KVS_EXIT_USAGE;
         } else if ((r = kvs_cli_single_value("plot", "--kind", argc, argv, &i, &missing, &kind_s)) ||
@@ -122,6 +130,12 @@ int kvs_cmd_plot(int argc, char **argv) {
         if ((st = kvs_cli_parse_long("--budget", budget_s, 1, 1L << 40, &b)) != KVS_OK) return kvs_cli_fail("plot", st);
         o.budget_tokens = b;
     }
+    if (o.log_y && o.kind != KVS_PLOT_ERROR_VS_BUDGET && o.kind != KVS_PLOT_ERROR_VS_MEMORY &&
+        o.kind != KVS_PLOT_ERROR_VS_TRAFFIC)
+        return kvs_cli_usage_error("plot", "--log-y applies to --kind error-vs-budget, error-vs-memory and "
+                                           "error-vs-traffic only%s",
+                                   o.kind == KVS_PLOT_MEMORY_VS_BUDGET ? " (memory-vs-budget's bytes axis is log2 already)"
+                                                                       : "");
     if (o.x_stat) {
         if (o.kind != KVS_PLOT_ERROR_VS_MEMORY && o.kind != KVS_PLOT_ERROR_VS_TRAFFIC)
             return kvs_cli_usage_error("plot", "--x-stat applies to --kind error-vs-memory and error-vs-traffic only");

@@ -67,7 +67,7 @@ static int is_cost_kind(kvs_plot_kind k) { return k == KVS_PLOT_ERROR_VS_MEMORY 
 static int is_drift_kind(kvs_plot_kind k) { return k == KVS_PLOT_DRIFT_CURVE || k == KVS_PLOT_DRIFT_LOCALITY; }
 
 static const char *default_metric(kvs_plot_kind k) {
-    return k == KVS_PLOT_MEMORY_VS_BUDGET ? "storage_bytes_max" : "out_err_mean";
+    return k == KVS_PLOT_MEMORY_VS_BUDGET ? "storage_bytes_mean" : "out_err_mean";
 }
 
 /* "a, b, c" of the metric table's names of one kind (for messages). */
@@ -234,7 +234,10 @@ typedef struct {
     size_t n, cap;
     double *x, *y;
     int64_t *pt_budget, *pt_count;
-    unsigned char *brk; /* position kind: [n], 1 = the line breaks before point k (a gap); NULL = never */
+    unsigned char *brk; /* [n], 1 = the line breaks before point k (a gap, or a point left off a log axis); NULL =
+                         * never */
+    size_t n_off;       /* points left out because a log y axis cannot show them (y <= 0) */
+    double off_x;       /* the x of the first of them (where a series with none left keeps its key entry) */
 } plot_series;
 
 /* The turns of one trace of a position plot, as the database has them (n 0: no turn info). */
@@ -569,15 +572,53 @@ cleanup:
     return rc;
 }
 
+/* A log y axis cannot show y <= 0 (a full cache's error of exactly 0, say): such points are taken out of each
+ * series (the line breaks where one was, rather than joining its neighbours across it) and the series' label
+ * says how many, e.g. "full [3 of 3 points <= 0: not on the log axis]", so no series vanishes unexplained.
+ * The frontier was computed before, over every point: its points at 0 are left off the same way. */
+static kvs_status leave_off_log_axis(plot_data *d) {
+    for (size_t i = 0; i < d->n; i++) {
+        plot_series *s = &d->s[i];
+        size_t w = 0, total = s->n;
+        int gap = 0;
+        for (size_t k = 0; k < s->n; k++) {
+            if (!(s->y[k] > 0)) {
+                if (s->n_off++ == 0) s->off_x = s->x[k];
+                gap = w > 0;
+                continue;
+            }
+            if (gap && !s->brk && !(s->brk = calloc(s->n, 1))) return nomem();
+            s->x[w] = s->x[k];
+            s->y[w] = s->y[k];
+            s->pt_budget[w] = s->pt_budget[k];
+            s->pt_count[w] = s->pt_count[k];
+            if (s->brk) s->brk[w] = (unsigned char)(gap || s->brk[k]);
+            gap = 0;
+            w++;
+        }
+        s->n = w;
+        if (s->n_off == 0) continue;
+        char note[96];
+        snprintf(note, sizeof note, " [%zu of %zu points <= 0: not on the log axis]", s->n_off, total);
+        size_t cap = strlen(s->label) + strlen(note) + 1;
+        char *l = realloc(s->label, cap);
+        if (!l) return nomem();
+        s->label = strcat(l, note);
+    }
+    return KVS_OK;
+}
+
 /* ------------------------------------------------------------------------------------------------
  * gnuplot
  * ---------------------------------------------------------------------------------------------- */
 
-typedef enum { AXIS_LINEAR = 0, AXIS_LOG_TOKENS, AXIS_LOG_BYTES } axis_mode;
+/* AXIS_LOG_BYTES: every memory or traffic axis, log2 with tics in B/KiB/MiB (put_byte_tics); AXIS_LOG10: a
+ * quality axis under --log-y. */
+typedef enum { AXIS_LINEAR = 0, AXIS_LOG_TOKENS, AXIS_LOG_BYTES, AXIS_LOG10 } axis_mode;
 
 typedef struct {
     char title[1024], xlabel[512], ylabel[512];
-    axis_mode x;
+    axis_mode x, y;
 } plot_text;
 
 /* Finds `prog` (a path, or a name on PATH) as an executable; writes the resolved path. */
@@ -629,22 +670,24 @@ static void put_one_line(FILE *gp, const char *s) {
     for (const char *c = s; *c; c++) fputc(*c == '\n' || *c == '\r' ? ' ' : *c, gp);
 }
 
-/* A log2 byte axis labelled at every power of two of the data's range as "256B", "1KiB", "16MiB" (gnuplot's
- * own %b/%B format pads the mantissa: "256  B"). */
-static void put_byte_tics(FILE *gp, const plot_data *d) {
+/* A log2 byte axis (`axis` 'x' or 'y') labelled at every power of two of the data's range as "256B", "1KiB",
+ * "16MiB" (gnuplot's own %b/%B format pads the mantissa: "256  B"). */
+static void put_byte_tics(FILE *gp, const plot_data *d, char axis) {
     double lo = INFINITY, hi = -INFINITY;
     for (size_t i = 0; i < d->n; i++)
-        for (size_t k = 0; k < d->s[i].n; k++)
-            if (d->s[i].x[k] > 0) {
-                if (d->s[i].x[k] < lo) lo = d->s[i].x[k];
-                if (d->s[i].x[k] > hi) hi = d->s[i].x[k];
+        for (size_t k = 0; k < d->s[i].n; k++) {
+            double v = axis == 'y' ? d->s[i].y[k] : d->s[i].x[k];
+            if (v > 0) {
+                if (v < lo) lo = v;
+                if (v > hi) hi = v;
             }
-    fprintf(gp, "set logscale x 2\n");
+        }
+    fprintf(gp, "set logscale %c 2\n", axis);
     if (!(lo <= hi)) return;
     static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
     int e0 = (int)floor(log2(lo)), e1 = (int)ceil(log2(hi));
     if (e1 == e0) e1++;
-    fprintf(gp, "set xtics (");
+    fprintf(gp, "set %ctics (", axis);
     for (int e = e0; e <= e1; e++) {
         int u = e >= 0 ? e / 10 : 0;
         if (u > 5) u = 5;
@@ -661,6 +704,9 @@ static void put_data(FILE *gp, const plot_series *s) {
         if (s->brk && s->brk[k]) fputc('\n', gp); /* a blank line: gnuplot does not join the points across it */
         fprintf(gp, "%.17g %.17g\n", s->x[k], s->y[k]);
     }
+    /* Every point left off a log axis: one undefined point keeps the series' key entry (whose label says why
+     * nothing is drawn); an empty block would drop it with a warning. */
+    if (s->n == 0 && s->n_off > 0) fprintf(gp, "%.17g NaN\n", s->off_x);
     fprintf(gp, "e\n");
 }
 
@@ -816,7 +862,9 @@ static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
             1.0 - (double)LAYOUT_TOP_PX / l->height, (double)(l->key_height + LAYOUT_XAXIS_PX) / l->height);
     if (p->kind == KVS_PLOT_ERROR_VS_POSITION) put_turn_marks(gp, d);
     if (t->x == AXIS_LOG_TOKENS) fprintf(gp, "set logscale x 2\nset format x '%%g'\n");
-    else if (t->x == AXIS_LOG_BYTES) put_byte_tics(gp, d);
+    else if (t->x == AXIS_LOG_BYTES) put_byte_tics(gp, d, 'x');
+    if (t->y == AXIS_LOG_BYTES) put_byte_tics(gp, d, 'y');
+    else if (t->y == AXIS_LOG10) fprintf(gp, "set logscale y 10\nset format y '%%g'\n");
     fprintf(gp, "plot ");
     /* The frontier first, so the policies' lines are drawn over it; then the series in legend order. */
     int first = 1;
@@ -904,11 +952,20 @@ static int ends_with(const char *s, const char *suffix) {
     return n >= k && !strcasecmp(s + n - k, suffix);
 }
 
-/* "rel. output error, p95 (out_err_p95)" plus the unit: the axis label of a statistic of a metric. */
+/* The axis label of a statistic of a metric. A quality axis: "rel. output error, p95 (out_err_p95)" plus the
+ * unit and `extra`. A bytes axis, the one convention of every memory and traffic axis (x of error-vs-memory /
+ * -traffic, y of memory-vs-budget): what is counted (the metric's label names the bytes), per what, which
+ * statistic over the run's steps, the column and the log2 scale, e.g. "resident bytes per KV head, mean over
+ * steps (storage_bytes_mean; log2 scale)"; its tics carry the unit, B / KiB / MiB (put_byte_tics). Short
+ * enough to fit along the y axis of memory-vs-budget (550 px of plot area, about 85 characters). */
 static void axis_label(char *buf, size_t cap, kvs_metric m, kvs_stat_kind s, const char *extra) {
     const kvs_metric_info *mi = &kvs_metric_table[m];
-    snprintf(buf, cap, "%s, %s (%s_%s%s%s%s%s)", mi->label, kvs_stat_names[s], mi->name, kvs_stat_names[s],
-             mi->unit[0] ? "; " : "", mi->unit, mi->kind == KVS_METRIC_BYTES ? " per KV head" : "", extra);
+    if (mi->kind == KVS_METRIC_BYTES)
+        snprintf(buf, cap, "%s per KV head, %s over steps (%s_%s; log2 scale)", mi->label, kvs_stat_names[s], mi->name,
+                 kvs_stat_names[s]);
+    else
+        snprintf(buf, cap, "%s, %s (%s_%s%s%s%s)", mi->label, kvs_stat_names[s], mi->name, kvs_stat_names[s],
+                 mi->unit[0] ? "; " : "", mi->unit, extra);
 }
 
 /* PNG or SVG: --format when given (it must agree with a .png/.svg name), else the name's extension, else PNG
@@ -958,6 +1015,10 @@ kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_
     if (rc != KVS_OK) return rc;
     if ((int)o->kind < 0 || (int)o->kind >= KVS_PLOT_N_KINDS)
         return kvs_fail(KVS_ERR_INVALID_ARG, "plot: bad kind %d", (int)o->kind);
+    if (o->log_y && o->kind != KVS_PLOT_ERROR_VS_BUDGET && !is_cost_kind(o->kind))
+        return kvs_fail(KVS_ERR_INVALID_ARG, "--log-y applies to --kind error-vs-budget, error-vs-memory and "
+                                             "error-vs-traffic%s",
+                        o->kind == KVS_PLOT_MEMORY_VS_BUDGET ? " (memory-vs-budget's bytes axis is log2 already)" : "");
     if (is_drift_kind(o->kind)) {
         if (o->metric) return kvs_plot_metric_check(o->kind, o->metric);
         kvs_plot *dp = calloc(1, sizeof *dp);
@@ -1072,11 +1133,13 @@ kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_
             if (o->layer >= 0) snprintf(where + len, sizeof where - len, ", layer %d", o->layer);
             else snprintf(where + len, sizeof where - len, ", run-wide aggregate");
         }
-        axis_label(tt->ylabel, sizeof tt->ylabel, ym, ys, "");
+        axis_label(tt->ylabel, sizeof tt->ylabel, ym, ys, o->log_y ? "; log scale" : "");
+        if (o->kind == KVS_PLOT_MEMORY_VS_BUDGET) tt->y = AXIS_LOG_BYTES;
+        else if (o->log_y) tt->y = AXIS_LOG10;
         if (xm >= 0) {
             snprintf(tt->title, sizeof tt->title, "%s vs measured %s (%s) - %s", metric_name,
                      xm == KVS_M_STORAGE ? "memory" : "traffic", where + 2, base);
-            axis_label(tt->xlabel, sizeof tt->xlabel, (kvs_metric)xm, xs, "; log scale");
+            axis_label(tt->xlabel, sizeof tt->xlabel, (kvs_metric)xm, xs, "");
             tt->x = AXIS_LOG_BYTES;
         } else if (o->kind == KVS_PLOT_MEMORY_VS_BUDGET) {
             snprintf(tt->title, sizeof tt->title, "%s vs budget (%s) - %s", metric_name, where + 2, base);
@@ -1118,6 +1181,7 @@ kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_
     qsort(dd->s, dd->n, sizeof *dd->s, cmp_series);
     KVS_TRY(rc = label_series(dd, o->kind == KVS_PLOT_ERROR_VS_POSITION, !is_cost_kind(o->kind)));
     if (is_cost_kind(o->kind)) KVS_TRY(rc = add_frontier(dd, mi->higher_is_better));
+    if (tt->y != AXIS_LINEAR) KVS_TRY(rc = leave_off_log_axis(dd));
     p->layout = layout_key(dd, is_svg);
     kvs_results_run_rows_free(rows, n_rows);
     rows = NULL;

@@ -8,6 +8,10 @@
  * The data is read through the read API of results/results.h (kvs_results_open_readonly, query_runs,
  * query_steps); this module holds no SQL. Axis labels and units come from the metric table (sim/metrics.h).
  *
+ * Memory and traffic axes follow one convention on every kind: bytes per KV head, the statistic over the
+ * run's steps (mean unless --x-stat max, or memory-vs-budget's --metric, says otherwise) named on the axis with
+ * its column and unit, a log2 scale with tics in B / KiB / MiB. --log-y puts a quality axis on a log scale.
+ *
  * Series. Runs are never averaged across traces or measure modes: a series of the budget and cost kinds
  * is one (policy, params, trace, measure) — runs of the same series at the same budget (a repeated replay)
  * are averaged; error-vs-position draws one series per run. On error-vs-position the turns of a multi-turn
@@ -32,7 +36,7 @@
 typedef enum {
     KVS_PLOT_ERROR_VS_BUDGET = 0,   /* x: budget_tokens (log2), y: a run-wide or per-layer quality metric */
     KVS_PLOT_ERROR_VS_POSITION = 1, /* x: position, y: mean over heads (and layers) of a step metric */
-    KVS_PLOT_MEMORY_VS_BUDGET = 2,  /* x: budget_tokens (log2), y: a bytes metric (default storage_bytes_max) */
+    KVS_PLOT_MEMORY_VS_BUDGET = 2,  /* x: budget_tokens (log2), y: a bytes metric (default storage_bytes_mean, log2) */
     KVS_PLOT_ERROR_VS_MEMORY = 3,   /* x: measured resident bytes (storage_bytes mean|max, log), y: quality */
     KVS_PLOT_ERROR_VS_TRAFFIC = 4,  /* x: measured bytes read per step (traffic_bytes mean|max, log), y: quality */
     KVS_PLOT_DRIFT_CURVE = 5,       /* drift tables: prefill-vs-step top-k overlap per decode step (plot_drift.h) */
@@ -61,6 +65,9 @@ typedef struct {
     int64_t k;             /* drift kinds: the top-k size (0: the run's largest) */
     const char *score;     /* drift-curve: "window" or "last" prefill score (NULL: window when recorded) */
     const char *unit;      /* drift kinds: "head" or "group" (NULL: head) */
+    int log_y;             /* error-vs-budget/-memory/-traffic: 1 = log10 y axis; points with y <= 0 are left out
+                            * and their count is added to their series' label ("[2 of 5 points <= 0: not on the
+                            * log axis]"); other kinds KVS_ERR_INVALID_ARG */
 } kvs_plot_options;
 
 /*! kvs_plot_kind_parse() : "error-vs-budget", "error-vs-position", "memory-vs-budget", "error-vs-memory",

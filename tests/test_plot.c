@@ -541,7 +541,8 @@ static void test_error_vs_memory_frontier_and_series(void **state) {
     /* The oracle is dashed black; log x in bytes; axis labels from the metric table. */
     assert_non_null(strstr(gp, "dt 2 lc rgb '#000000' title 'topk (oracle) [a.kvt, decode]'"));
     assert_non_null(strstr(gp, "set logscale x 2"));
-    assert_non_null(strstr(gp, "set xlabel 'resident bytes, mean (storage_bytes_mean; bytes per KV head; log scale)'"));
+    assert_non_null(strstr(gp, "set xlabel 'resident bytes per KV head, mean over steps (storage_bytes_mean; log2 "
+                               "scale)'"));
     assert_non_null(strstr(gp, "set ylabel 'rel. output error, mean (out_err_mean)'"));
     free(gp);
 
@@ -605,8 +606,8 @@ static void test_budget_series_separated_by_trace_and_measure(void **state) {
     o.measure = "all";
     expect_ok(kvs_plot_make(db, &o));
     expect_ok(kvs_read_file(captured, &gp, &n));
-    const double mem_max[3] = {2048, 4096, 8192}; /* agg_for: max = 2 x mean */
-    expect_block(gp, "h2o (heavy=0.5)", 3, bx, mem_max);
+    const double mem_mean[3] = {1024, 2048, 4096}; /* the mean, as on every memory axis (max = 2 x mean) */
+    expect_block(gp, "h2o (heavy=0.5)", 3, bx, mem_mean);
     assert_int_equal(count_of(gp, "# series: "), 1);
     free(gp);
 }
@@ -668,6 +669,137 @@ static void test_byte_axis_labels(void **state) {
     assert_null(strstr(gp, "%b"));
     free(gp);
     kvs_plot_free(p);
+}
+
+static int block_with_breaks(const char *script, const char *prefix, double *x, int *brk, int cap);
+
+/* --log-y: the quality axis of error-vs-budget / -memory / -traffic on a log10 scale. A point at 0 (an exact
+ * cache's error) cannot be drawn there: it is left out, the line breaks where it was, and the label counts it;
+ * a series with none left keeps its key entry through one undefined point. Other kinds refuse the option. */
+static void test_log_y_axis(void **state) {
+    tmp_ctx *t = *state;
+    char db[160], out[160], prog[160], captured[160];
+    snprintf(db, sizeof db, "%s/logy.db", t->dir);
+    snprintf(out, sizeof out, "%s/logy.png", t->dir);
+    kvs_results_db *r = NULL;
+    expect_ok(kvs_results_open(db, &r));
+    /* h2o: errors 0.1, 0 (budget 32), 0.001; full: 0 everywhere; window: 0.2, 0.02, 0. */
+    const double h2o[3] = {0.1, 0, 0.001}, win[3] = {0.2, 0.02, 0};
+    for (int k = 0; k < 3; k++) {
+        int64_t b = 16 << k;
+        put_cost_run(r, "/traces/a.kvt", "h2o", "", 0, b, "decode", 1000.0 * (k + 1), h2o[k]);
+        put_cost_run(r, "/traces/a.kvt", "full", "", 0, b, "decode", 8000.0 + k, 0);
+        put_cost_run(r, "/traces/a.kvt", "window", "", 0, b, "decode", 500.0 * (k + 1), win[k]);
+    }
+    kvs_results_close(r);
+    make_fake_gnuplot(t->dir, prog, sizeof prog, captured, sizeof captured);
+    const kvs_plot_kind kinds[3] = {KVS_PLOT_ERROR_VS_MEMORY, KVS_PLOT_ERROR_VS_TRAFFIC, KVS_PLOT_ERROR_VS_BUDGET};
+    for (int k = 0; k < 3; k++) {
+        kvs_plot_options o = opts(kinds[k], out);
+        kvs_plot *p = NULL;
+        /* Linear by default: every point drawn, the labels as they were. */
+        expect_ok(kvs_plot_prepare(db, &o, &p));
+        char *gp = script_of(p, out);
+        assert_null(strstr(gp, "set logscale y"));
+        assert_null(strstr(gp, "not on the log axis"));
+        assert_non_null(strstr(gp, "set ylabel 'rel. output error, mean (out_err_mean)'\n"));
+        free(gp);
+        kvs_plot_free(p);
+
+        o.log_y = 1;
+        o.gnuplot = prog;
+        expect_ok(kvs_plot_make(db, &o));
+        size_t n = 0;
+        expect_ok(kvs_read_file(captured, &gp, &n));
+        assert_non_null(strstr(gp, "\nset logscale y 10\n"));
+        assert_non_null(strstr(gp, "set ylabel 'rel. output error, mean (out_err_mean; log scale)'\n"));
+        double x[8], y[8];
+        int brk[8];
+        /* h2o's point at budget 32 is out; the line breaks before the next one rather than joining across. */
+        assert_int_equal(block_with_breaks(gp, "h2o [1 of 3 points <= 0: not on the log axis]", x, brk, 8), 2);
+        assert_true(brk[1] && !brk[0]);
+        const double unit = kinds[k] == KVS_PLOT_ERROR_VS_MEMORY ? 1000 : kinds[k] == KVS_PLOT_ERROR_VS_TRAFFIC ? 500 : 16;
+        assert_true(x[0] == unit && x[1] == (kinds[k] == KVS_PLOT_ERROR_VS_BUDGET ? 64 : 3 * unit));
+        /* window's last point is out: no break needed. */
+        assert_int_equal(data_block(gp, "window [1 of 3 points <= 0: not on the log axis]", x, y, 8), 2);
+        assert_true(y[0] == 0.2 && y[1] == 0.02);
+        /* full: nothing drawable, its key entry kept by one undefined point. */
+        char full[160];
+        snprintf(full, sizeof full, "# series: full [3 of 3 points <= 0: not on the log axis]\n%g NaN\ne\n",
+                 kinds[k] == KVS_PLOT_ERROR_VS_MEMORY ? 8000. : kinds[k] == KVS_PLOT_ERROR_VS_TRAFFIC ? 4000. : 16.);
+        assert_non_null(strstr(gp, full));
+        assert_int_equal(count_of(gp, "title 'full [3 of 3 points <= 0: not on the log axis]'"), 1);
+        if (kinds[k] != KVS_PLOT_ERROR_VS_BUDGET) {
+            /* The frontier (lowest error at no more bytes) reaches full's 0: that point is left off too, counted. */
+            assert_non_null(strstr(gp, "# series: Pareto frontier (non-oracle runs) [1 of "));
+        }
+        free(gp);
+    }
+    /* The kinds without a quality axis to log refuse it. */
+    const kvs_plot_kind refused[2] = {KVS_PLOT_MEMORY_VS_BUDGET, KVS_PLOT_ERROR_VS_POSITION};
+    for (int k = 0; k < 2; k++) {
+        kvs_plot_options o = opts(refused[k], out);
+        o.log_y = 1;
+        kvs_plot *p = NULL;
+        assert_int_equal(kvs_plot_prepare(db, &o, &p), KVS_ERR_INVALID_ARG);
+        expect_msg("--log-y applies to --kind error-vs-budget, error-vs-memory and error-vs-traffic");
+        assert_null(p);
+    }
+}
+
+/* One convention for every memory and traffic axis: the statistic over the run's steps (mean unless asked),
+ * per KV head, named on the axis with its column and unit, log2 with B/KiB tics; memory-vs-budget (once the
+ * peak, storage_bytes_max, unlabelled as such) included. The data drawn is that statistic. */
+static void test_memory_axes_share_one_convention(void **state) {
+    tmp_ctx *t = *state;
+    char db[160], out[160];
+    snprintf(db, sizeof db, "%s/memaxes.db", t->dir);
+    snprintf(out, sizeof out, "%s/memaxes.png", t->dir);
+    make_cost_db(db);
+    struct {
+        kvs_plot_kind kind;
+        const char *metric, *x_stat, *axis, *label;
+    } cases[5] = {
+        {KVS_PLOT_MEMORY_VS_BUDGET, NULL, NULL, "y",
+         "resident bytes per KV head, mean over steps (storage_bytes_mean; log2 scale)"},
+        {KVS_PLOT_MEMORY_VS_BUDGET, "storage_bytes_max", NULL, "y",
+         "resident bytes per KV head, max over steps (storage_bytes_max; log2 scale)"},
+        {KVS_PLOT_ERROR_VS_MEMORY, NULL, NULL, "x",
+         "resident bytes per KV head, mean over steps (storage_bytes_mean; log2 scale)"},
+        {KVS_PLOT_ERROR_VS_MEMORY, NULL, "max", "x",
+         "resident bytes per KV head, max over steps (storage_bytes_max; log2 scale)"},
+        {KVS_PLOT_ERROR_VS_TRAFFIC, NULL, NULL, "x",
+         "traffic bytes/step per KV head, mean over steps (traffic_bytes_mean; log2 scale)"},
+    };
+    for (int c = 0; c < 5; c++) {
+        kvs_plot_options o = opts(cases[c].kind, out);
+        o.metric = cases[c].metric;
+        o.x_stat = cases[c].x_stat;
+        o.trace = "a.kvt";
+        o.measure = "decode";
+        o.policy = "h2o";
+        kvs_plot *p = NULL;
+        expect_ok(kvs_plot_prepare(db, &o, &p));
+        char *gp = script_of(p, out), want[300];
+        snprintf(want, sizeof want, "\nset %slabel '%s'\n", cases[c].axis, cases[c].label);
+        if (!strstr(gp, want)) {
+            fprintf(stderr, "case %d: no '%s' in\n%.1500s\n", c, want + 1, gp);
+            fail();
+        }
+        snprintf(want, sizeof want, "\nset logscale %s 2\n", cases[c].axis);
+        assert_non_null(strstr(gp, want));
+        snprintf(want, sizeof want, "\nset %stics (\"", cases[c].axis);
+        assert_non_null(strstr(gp, want));
+        /* h2o on a.kvt, decode: storage mean 1024, 2048, 4096 (max twice that), traffic mean half of it. */
+        double x[4], y[4];
+        assert_int_equal(data_block(gp, "h2o (heavy=0.5)", x, y, 4), 3);
+        double mem = cases[c].kind == KVS_PLOT_MEMORY_VS_BUDGET ? y[0] : x[0];
+        int is_max = (cases[c].metric && strstr(cases[c].metric, "max")) || cases[c].x_stat;
+        double want_mem = cases[c].kind == KVS_PLOT_ERROR_VS_TRAFFIC ? 512 : is_max ? 2048 : 1024;
+        assert_true(mem == want_mem);
+        free(gp);
+        kvs_plot_free(p);
+    }
 }
 
 /* A prompt-only policy's line on a plot by nominal budget says so in its label (its runs hold every generated
@@ -1687,6 +1819,9 @@ static void test_cli_exit_codes(void **state) {
         {"kvsim", "plot", t->db, "--kind", "error-vs-memory", "--metric", "storage_bytes_mean", "--out", out, NULL},
         {"kvsim", "plot", t->db, "--kind", "error-vs-traffic", "--measure", "sometimes", "--out", out, NULL},
         {"kvsim", "plot", t->db, "--kind", "error-vs-traffic", "--trace", "--out", out, NULL},
+        {"kvsim", "plot", t->db, "--kind", "memory-vs-budget", "--log-y", "--out", out, NULL},
+        {"kvsim", "plot", t->db, "--kind", "error-vs-position", "--log-y", "--out", out, NULL},
+        {"kvsim", "plot", t->db, "--kind", "error-vs-memory", "--log-y", "--log-y", "--out", out, NULL},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         int rc = run_cli(bad[i]);
@@ -1720,6 +1855,9 @@ static void test_cli_exit_codes(void **state) {
     char *traffic[] = {"kvsim", "plot", t->db, "--kind=error-vs-traffic", "--policy=h2o", "--out", svg, NULL};
     assert_int_equal(run_cli(traffic), 0);
     assert_image(svg, 1);
+    char *logy[] = {"kvsim", "plot", t->db, "--kind", "error-vs-memory", "--log-y", "--out", svg, NULL};
+    assert_int_equal(run_cli(logy), 0);
+    assert_image(svg, 1);
 }
 
 int main(void) {
@@ -1738,6 +1876,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_error_vs_memory_and_traffic_png_svg, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_error_vs_memory_without_recorded_bytes, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_byte_axis_labels, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_log_y_axis, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_memory_axes_share_one_convention, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_prompt_only_budget_labelled_on_budget_plots, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_script_written_to_a_stream_is_what_gnuplot_reads, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_legend_has_every_series_and_fits, setup_db, teardown_db),
