@@ -651,6 +651,48 @@ static kvs_status empty_db_fail(const char *path) {
                     "run leaves one; the next replay fills it)", path);
 }
 
+/* How a reader opens the file, tried in this order until one can read it (see kvs_results_open_readonly). */
+enum { OPEN_WRITABLE, OPEN_READONLY, OPEN_IMMUTABLE, N_OPEN_MODES };
+
+/* "file:" + path percent-encoded where a URI would read it otherwise, + "?immutable=1" (caller frees), NULL when out of memory. */
+static char *immutable_uri(const char *path) {
+    sbuf b = {0};
+    sb_printf(&b, "file:");
+    for (const unsigned char *c = (const unsigned char *)path; *c; c++) {
+        if ((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') || strchr("/-_.~", *c))
+            sb_printf(&b, "%c", *c);
+        else sb_printf(&b, "%%%02X", *c);
+    }
+    sb_printf(&b, "?immutable=1");
+    if (b.oom) {
+        sb_free(&b);
+        return NULL;
+    }
+    return b.p;
+}
+
+/* Opens r->path in `mode` and reads its schema list once, which is when SQLite opens the -wal and -shm files of a
+ * WAL database: SQLITE_OK, or the SQLite result code of the failure (the connection is then closed; SQLITE_NOMEM
+ * without one). */
+static int open_mode(kvs_results_db *r, int mode) {
+    int rc;
+    if (mode == OPEN_IMMUTABLE) {
+        char *uri = immutable_uri(r->path);
+        if (!uri) return SQLITE_NOMEM;
+        rc = sqlite3_open_v2(uri, &r->db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI, NULL);
+        free(uri);
+    } else {
+        rc = sqlite3_open_v2(r->path, &r->db, mode == OPEN_WRITABLE ? SQLITE_OPEN_READWRITE : SQLITE_OPEN_READONLY,
+                             NULL);
+    }
+    if (rc == SQLITE_OK) {
+        sqlite3_extended_result_codes(r->db, 1);
+        sqlite3_busy_timeout(r->db, KVS_RESULTS_BUSY_TIMEOUT_MS);
+        rc = sqlite3_exec(r->db, "PRAGMA query_only = 1; SELECT count(*) FROM sqlite_master", NULL, NULL, NULL);
+    }
+    return rc;
+}
+
 kvs_status kvs_results_open_readonly(const char *path, kvs_results_db **out) {
     if (!path || !path[0] || !out) return kvs_fail(KVS_ERR_INVALID_ARG, "results db: empty path");
     *out = NULL;
@@ -666,21 +708,61 @@ kvs_status kvs_results_open_readonly(const char *path, kvs_results_db **out) {
         return kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", path);
     }
     r->readonly = 1;
-    /* A WAL database read through a read-only connection keeps its -wal and -shm files after the last close
-     * (only a connection that may write checkpoints and removes them). So a reader opens the file for
-     * writing when it may, with writes refused (query_only below): the last close then leaves the database
-     * as one file again. Without write access it falls back to a plain read-only connection. */
-    char *dir_of = strdup(path);
-    int rw = dir_of && access(path, R_OK | W_OK) == 0 && access(dirname(dir_of), W_OK | X_OK) == 0;
-    free(dir_of);
-    if (sqlite3_open_v2(path, &r->db, rw ? SQLITE_OPEN_READWRITE : SQLITE_OPEN_READONLY, NULL) != SQLITE_OK) {
-        rc = kvs_fail(KVS_ERR_DB, "%s: cannot open results database: %s", path,
-                      r->db ? sqlite3_errmsg(r->db) : "out of memory");
+    /* A WAL database is read through its -wal file and its -shm index, which SQLite creates beside the database
+     * when they are missing. The modes, in order:
+     *  - writable: when the file and its folder are writable, the file is opened for writing with writes refused
+     *    (query_only): a read-only connection keeps the -wal and -shm files after the last close (only one that
+     *    may write checkpoints and removes them), so this one leaves the database as one file again;
+     *  - read-only (SQLITE_OPEN_READONLY): the database or its folder is not writable. SQLite reads a WAL
+     *    database so when its -wal and -shm already exist (a writer is open, or was killed), or when it can
+     *    create them (https://www.sqlite.org/wal.html, "Read-Only Databases");
+     *  - immutable (URI parameter immutable=1: no locks, no -wal, no -shm): when neither worked because they
+     *    cannot be created (a folder without write permission, a read-only mount), and only when there is NO
+     *    -wal file. SQLite removes the -wal when the last connection closes, after checkpointing every committed
+     *    transaction into the database file; so without one the file holds every committed run and no
+     *    connection is open. The docs' risk of immutable — reading a file that changes underneath, with wrong
+     *    results or "database disk image is malformed" — then needs a writer to start while this command reads,
+     *    and a writer needs the folder's write access that this user lacks: someone else writing the same
+     *    database at that moment. A reader that cannot share the file's locks cannot exclude that; the
+     *    alternative is not reading the database at all. When a -wal file exists it may hold committed runs the
+     *    database file does not (immutable would silently miss them) or belong to a live writer: the reader
+     *    refuses, saying why. */
+    char wal[PATH_MAX + 8];
+    snprintf(wal, sizeof wal, "%s-wal", path);
+    struct stat wsb;
+    int has_wal = lstat(wal, &wsb) == 0 || errno != ENOENT;
+    char *dir_copy = strdup(path);
+    int writable = dir_copy && access(path, R_OK | W_OK) == 0 && access(dirname(dir_copy), W_OK | X_OK) == 0;
+    free(dir_copy);
+    int src = SQLITE_OK, mode = writable ? OPEN_WRITABLE : OPEN_READONLY;
+    for (; mode < N_OPEN_MODES; mode++) {
+        if (mode == OPEN_IMMUTABLE && has_wal) break;
+        if ((src = open_mode(r, mode)) == SQLITE_OK) break;
+        int primary = src & 0xff;
+        /* a file SQLite can read but whose -wal/-shm it can neither use nor create: the next mode may read it */
+        if (primary != SQLITE_CANTOPEN && primary != SQLITE_READONLY && primary != SQLITE_PERM &&
+            primary != SQLITE_IOERR)
+            break;
+        if (mode + 1 < N_OPEN_MODES) {
+            sqlite3_close_v2(r->db);
+            r->db = NULL;
+        }
+    }
+    if (src != SQLITE_OK) {
+        if (mode == OPEN_IMMUTABLE && has_wal)
+            rc = kvs_fail(KVS_ERR_IO,
+                          "%s: cannot read the results database: %s; its write-ahead log %s may hold runs the "
+                          "database file does not, and SQLite cannot open it here (it needs to create or write "
+                          "the -shm index beside the database). Read it where it is writable, or have its owner "
+                          "run `kvsim runs %s` once (which folds the log into the database)",
+                          path, r->db ? sqlite3_errmsg(r->db) : sqlite3_errstr(src), wal, path);
+        else if (src == SQLITE_NOMEM || !r->db) rc = kvs_fail(KVS_ERR_NOMEM, "%s: out of memory", path);
+        else if ((src & 0xff) == SQLITE_NOTADB || (src & 0xff) == SQLITE_CORRUPT)
+            rc = kvs_fail(KVS_ERR_DB, "%s: not a kvsim results database (unreadable: %s); left unchanged", path,
+                          sqlite3_errmsg(r->db));
+        else rc = kvs_fail(KVS_ERR_DB, "%s: cannot open results database: %s", path, sqlite3_errmsg(r->db));
         goto cleanup;
     }
-    sqlite3_extended_result_codes(r->db, 1);
-    sqlite3_busy_timeout(r->db, KVS_RESULTS_BUSY_TIMEOUT_MS);
-    KVS_TRY(rc = exec_sql(r, "PRAGMA query_only = 1", "cannot make the connection read-only"));
     int is_empty = 0;
     int64_t version = 0;
     KVS_TRY(rc = identify(r, &is_empty, &version));
@@ -1275,10 +1357,7 @@ void kvs_results_trace_label(const kvs_results_run_row *r, char *buf, size_t cap
         snprintf(buf, cap, "?");
         return;
     }
-    /* the base name by hand: basename() may modify its argument, and a trailing '/' names no file */
-    const char *base = strrchr(path, '/');
-    base = base && base[1] ? base + 1 : path;
-    snprintf(buf, cap, "%s", base);
+    snprintf(buf, cap, "%s", kvs_path_base(path));
 }
 
 /* The decimal integer value of key `key` in a "k=v,k=v" list into *v: 1 when present and a whole int, else 0. */
@@ -1305,6 +1384,40 @@ int kvs_results_run_bytes(const kvs_results_run_row *r, int *kv_bytes, int *aux_
     if (kv_bytes) *kv_bytes = kv;
     if (aux_bytes) *aux_bytes = aux;
     return 1;
+}
+
+kvs_status kvs_results_check_runs(kvs_results_db *r) {
+    if (!r || !r->db) return kvs_fail(KVS_ERR_INVALID_ARG, "check_runs: NULL results database");
+    /* quick_check(TABLE) walks the b-trees of one table and its indexes: the cost of the rows a listing reads,
+     * not of the whole file (steps, by far the largest table, is read and so checked by its own readers) */
+    static const char *const tables[] = {"traces", "runs", "run_summary", "run_layers", "trace_turns", "sweep_traces"};
+    for (size_t i = 0; i < sizeof tables / sizeof tables[0]; i++) {
+        int has = kvs_results_table_exists(r, tables[i]);
+        if (has < 0) return KVS_ERR_DB;
+        if (!has) continue;
+        char sql[64];
+        snprintf(sql, sizeof sql, "PRAGMA quick_check(%s)", tables[i]);
+        sqlite3_stmt *st = NULL;
+        kvs_status rc = prepare(r, sql, &st, "cannot check the database");
+        if (rc != KVS_OK) return rc;
+        int src = sqlite3_step(st);
+        const char *msg = src == SQLITE_ROW ? (const char *)sqlite3_column_text(st, 0) : NULL;
+        if (src == SQLITE_ROW && msg && !strcmp(msg, "ok")) rc = KVS_OK;
+        else if (src == SQLITE_ROW) {
+            /* SQLite's finding on one line, without its "*** in database main ***" heading */
+            char what[256];
+            const char *m = msg ? msg : "?";
+            if (!strncmp(m, "*** in database main ***\n", 25)) m += 25;
+            snprintf(what, sizeof what, "%s", m);
+            for (char *c = what; *c; c++)
+                if (*c == '\n') *c = ' ';
+            rc = kvs_fail(KVS_ERR_DB, "%s: database disk image is malformed (table %s: %s)", r->path, tables[i], what);
+        }
+        else rc = kvs_fail(KVS_ERR_DB, "%s: cannot check table %s: %s", r->path, tables[i], sqlite3_errmsg(r->db));
+        sqlite3_finalize(st);
+        if (rc != KVS_OK) return rc;
+    }
+    return KVS_OK;
 }
 
 void kvs_results_series_free(kvs_results_series *s) {

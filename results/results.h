@@ -34,7 +34,9 @@ kvs_status kvs_results_open(const char *path, kvs_results_db **out);
 int kvs_results_is_sqlite_file(const char *path);
 
 /*! kvs_results_open_readonly() : opens an EXISTING kvsim results database read-only: never creates,
- *  migrates or modifies it (what `kvsim runs`, `plot` and `compare` use). Versions 1 and 2 are read; in a
+ *  migrates or modifies it (what `kvsim runs`, `plot` and `compare` use). A database whose folder the user cannot
+ *  write is read too (SQLITE_OPEN_READONLY, or SQLite's immutable mode when its -wal/-shm cannot be created and
+ *  no -wal exists: results/SCHEMA.md "Readers"); one with a -wal but no usable -shm there is KVS_ERR_IO saying so. Versions 1 and 2 are read; in a
  *  v1 database the metrics and run columns v1 did not have read as "not recorded" (see the read API
  *  below). Missing or unreadable file: KVS_ERR_IO; an empty database (0 bytes, or SQLite without any schema
  *  object: what a replay killed before its schema committed leaves, and kvs_results_open initialises):
@@ -158,6 +160,13 @@ typedef struct {
 kvs_status kvs_results_query_runs(kvs_results_db *db, const kvs_results_filter *f, kvs_results_run_row **rows,
                                   int64_t *n);
 void kvs_results_run_rows_free(kvs_results_run_row *rows, int64_t n);
+
+/*! kvs_results_check_runs() : SQLite's quick_check of the tables a run listing reads (traces, runs, run_summary,
+ *  run_layers, trace_turns, sweep_traces; not steps, which is read, and so found damaged, by the series readers):
+ *  KVS_OK when they are sound, KVS_ERR_DB "database disk image is malformed" naming the table and SQLite's finding
+ *  when not. Costs a walk of those tables' pages. `kvsim runs` calls it so that a damaged database is an error,
+ *  never a listing of what could still be read. */
+kvs_status kvs_results_check_runs(kvs_results_db *db);
 
 /*! kvs_results_trace_label() : a run's trace as people read it, into buf (cap bytes, always NUL-terminated when
  *  cap > 0, truncated to fit): "<model>@<first 8 hex digits of trace_sha256>" (e.g. "stories260K@3f2a9c01") when

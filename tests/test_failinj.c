@@ -46,6 +46,7 @@
 
 #include "common/head_clusters.h"
 #include "common/kvs.h"
+#include "common/sha256.h"
 #include "results/results.h"
 #include "tests/util/cli_run.h"
 #include "tests/util/gen_trace.h"
@@ -1117,6 +1118,173 @@ static void test_merge_failing_or_killed_leaves_out_unchanged(void **state) {
     free(before);
 }
 
+/* ---------------------------------------------------------------- a folder that may be read, not written */
+
+/* "name size sha256\n" of every file in `folder`, in readdir order sorted by name (caller frees): what a reader
+ * must leave as it found it. */
+static char *folder_snapshot(const char *folder) {
+    struct dirent **names = NULL;
+    int n = scandir(folder, &names, NULL, alphasort);
+    assert_true(n >= 0);
+    size_t cap = 64 + (size_t)n * 400, len = 0;
+    char *out = calloc(1, cap);
+    assert_non_null(out);
+    for (int i = 0; i < n; i++) {
+        if (strcmp(names[i]->d_name, ".") && strcmp(names[i]->d_name, "..")) {
+            char p[600], hex[65] = "-";
+            snprintf(p, sizeof p, "%s/%s", folder, names[i]->d_name);
+            struct stat st;
+            assert_int_equal(lstat(p, &st), 0);
+            if (S_ISREG(st.st_mode)) assert_int_equal(kvs_sha256_file_hex(p, hex), KVS_OK);
+            len += (size_t)snprintf(out + len, cap - len, "%s %lld %s\n", names[i]->d_name, (long long)st.st_size, hex);
+        }
+        free(names[i]);
+    }
+    free(names);
+    return out;
+}
+
+/* Runs kvsim with the shim making `rodir` read-only (failing with `err_name`, "EACCES" or "EROFS"), stdout to
+ * out_path (NULL: /dev/null). *blocked receives how many calls the shim refused. Returns the exit status. */
+static int cli_in_ro_folder(const char *so, const char *rodir, const char *err_name, const char *out_path,
+                            long *blocked, const char *const *args) {
+    char report[256], err[256];
+    path_in("calls.txt", report, sizeof report);
+    path_in("cmd.err", err, sizeof err);
+    unlink(report);
+    setenv("KVS_FAILIO_OP", "open", 1);
+    setenv("KVS_FAILIO_N", "1", 1);
+    setenv("KVS_FAILIO_DIR", rodir, 1);
+    setenv("KVS_FAILIO_ERRNO", err_name, 1);
+    setenv("KVS_FAILIO_REPORT", report, 1);
+    setenv("LD_PRELOAD", so, 1);
+    pid_t pid = kvs_test_cli_spawn(out_path ? out_path : "/dev/null", err, args);
+    unsetenv("LD_PRELOAD");
+    unsetenv("KVS_FAILIO_OP");
+    unsetenv("KVS_FAILIO_N");
+    unsetenv("KVS_FAILIO_DIR");
+    unsetenv("KVS_FAILIO_ERRNO");
+    unsetenv("KVS_FAILIO_REPORT");
+    assert_true(pid > 0);
+    int rc = kvs_test_cli_wait(pid);
+    *blocked = 0;
+    FILE *f = fopen(report, "r");
+    if (f) {
+        char name[16];
+        long c;
+        while (fscanf(f, "%15s %ld", name, &c) == 2) *blocked += c;
+        fclose(f);
+    }
+    return rc;
+}
+
+/* Its child: commits a change to `db` that stays in the write-ahead log (no checkpoint, no close), as a writer
+ * killed after its commit leaves it: the -wal and -shm files remain beside the database. */
+static void commit_into_the_log_only(const char *db, const char *sql) {
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        sqlite3 *raw = NULL;
+        if (sqlite3_open_v2(db, &raw, SQLITE_OPEN_READWRITE, NULL) != SQLITE_OK ||
+            sqlite3_exec(raw, "PRAGMA wal_autocheckpoint = 0", NULL, NULL, NULL) != SQLITE_OK ||
+            sqlite3_exec(raw, sql, NULL, NULL, NULL) != SQLITE_OK)
+            _exit(1);
+        _exit(0);
+    }
+    int st = 0;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+/* A results database in a folder the user may read but not write (no write permission, a read-only mount):
+ * runs, compare, plot and report read it (SQLite cannot create its -wal and -shm there: the reader falls back to
+ * reading the checkpointed file as immutable), and leave the folder as they found it, file for file and byte for
+ * byte. With -wal and -shm left by a writer that committed and never checkpointed, the reader sees the run only
+ * the log holds; with a -wal and no -shm it refuses, saying why. Tests run as root, where chmod does not stop a
+ * write: the shim (tests/failio, op open) refuses every write, creation and removal in the folder instead. */
+static void test_readers_in_a_read_only_folder(void **state) {
+    (void)state;
+    char so[256], trace[256], rodir[256], db[300], out[256], svg[256], rep[256];
+    if (!kvs_test_kvsim_bin() || !build_failio(so, sizeof so)) { skip(); }
+    int have_gnuplot = system("command -v gnuplot >/dev/null 2>&1") == 0;
+    gen_trace("t.kvt", trace, sizeof trace);
+    path_in("ro", rodir, sizeof rodir);
+    assert_int_equal(mkdir(rodir, 0755), 0);
+    snprintf(db, sizeof db, "%s/r.db", rodir);
+    path_in("out.txt", out, sizeof out);
+    path_in("p.svg", svg, sizeof svg);
+    path_in("rep", rep, sizeof rep);
+    assert_int_equal(run_replay(1L << 30, trace, db, "window"), 0);
+    assert_int_equal(run_replay(1L << 30, trace, db, "h2o"), 0);
+    char *before = folder_snapshot(rodir);
+    assert_non_null(strstr(before, "r.db "));
+    assert_null(strstr(before, "r.db-wal")); /* the writers' last close folded the log into the file */
+
+    const char *runs[] = {"runs", db, "--csv", "--all", NULL};
+    const char *compare[] = {"compare", db, "--match", "tokens", "--at", "8", NULL};
+    const char *plot[] = {"plot", db, "--kind", "error-vs-budget", "--out", svg, NULL};
+    const char *report[] = {"report", db, "--out", rep, NULL};
+    const char *const *cmds[] = {runs, compare, plot, report};
+    static const char *const errs[] = {"EACCES", "EROFS"};
+    for (int e = 0; e < 2; e++)
+        for (int c = 0; c < 4; c++) {
+            if (c >= 2 && !have_gnuplot) continue;
+            long blocked = 0;
+            int rc = cli_in_ro_folder(so, rodir, errs[e], out, &blocked, cmds[c]);
+            if (rc != 0) {
+                fprintf(stderr, "kvsim %s in a read-only folder (%s): exit %d\n", cmds[c][0], errs[e], rc);
+                char cmd[400];
+                snprintf(cmd, sizeof cmd, "cat '%s/cmd.err' >&2", dir);
+                (void)system(cmd);
+            }
+            assert_int_equal(rc, 0);
+            assert_true(blocked >= 1); /* the folder really refused something: SQLite's -wal/-shm at least */
+            char *now = folder_snapshot(rodir);
+            assert_string_equal(now, before);
+            free(now);
+            if (c == 0) {
+                char *csv = kvs_test_slurp(out, NULL);
+                assert_non_null(strstr(csv, "\nwindow,"));
+                assert_non_null(strstr(csv, "\nh2o,"));
+                free(csv);
+            }
+        }
+    if (have_gnuplot) {
+        assert_true(file_size(svg) > 0);
+        char idx[300];
+        snprintf(idx, sizeof idx, "%s/report.html", rep);
+        assert_true(file_size(idx) > 0);
+    }
+    free(before);
+
+    /* a writer's committed change only in the log, -wal and -shm beside the database: read, the log included */
+    commit_into_the_log_only(db, "UPDATE runs SET notes = 'only in the log' WHERE policy = 'h2o'");
+    before = folder_snapshot(rodir);
+    assert_non_null(strstr(before, "r.db-wal"));
+    assert_non_null(strstr(before, "r.db-shm"));
+    long blocked = 0;
+    assert_int_equal(cli_in_ro_folder(so, rodir, "EACCES", out, &blocked, runs), 0);
+    char *csv = kvs_test_slurp(out, NULL);
+    assert_non_null(strstr(csv, "only in the log"));
+    free(csv);
+    char *now = folder_snapshot(rodir);
+    assert_string_equal(now, before);
+    free(now);
+    free(before);
+
+    /* a -wal without its -shm: SQLite cannot read it here, and the file alone would miss the log's run: refused */
+    char shm[320];
+    snprintf(shm, sizeof shm, "%s-shm", db);
+    assert_int_equal(unlink(shm), 0);
+    before = folder_snapshot(rodir);
+    assert_int_equal(cli_in_ro_folder(so, rodir, "EACCES", out, &blocked, runs), 1);
+    expect_error_message("write-ahead log");
+    now = folder_snapshot(rodir);
+    assert_string_equal(now, before);
+    free(now);
+    free(before);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_recover_on_a_full_disk_leaves_nothing, setup, teardown),
@@ -1136,6 +1304,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_calibrate_plot_with_failing_io_leaves_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sweep_killed_at_any_time_reruns_cleanly, setup, teardown),
         cmocka_unit_test_setup_teardown(test_merge_failing_or_killed_leaves_out_unchanged, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_readers_in_a_read_only_folder, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
