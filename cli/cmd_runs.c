@@ -7,7 +7,8 @@
  * in LF; a value not recorded is an empty field; reals print in the shortest form that reads back to the
  * same double. Its leading columns are a fixed interface (csv_legacy below); after them come budget_scope,
  * layout, notes and then `<metric>_<stat>` for every metric of the table (sim/metrics.h) and statistic.
- * Exit codes per cli.h: 0 listed, 1 database failure, unknown --run id or failed write, 2 bad usage.
+ * Exit codes per cli.h: 0 listed, 1 database failure (a damaged table among those listed included: checked with
+ * kvs_results_check_runs), unknown --run id or failed write, 2 bad usage.
  */
 #include <inttypes.h>
 #include <math.h>
@@ -307,6 +308,9 @@ int kvs_cmd_runs(int argc, char **argv) {
     kvs_status s = kvs_results_open_readonly(path, &db);
     if (s != KVS_OK) return kvs_cli_fail("runs", s);
     KVS_TRY(s = kvs_results_query_runs(db, &f, &rows, &n));
+    /* a damaged page in a table this listing reads (or, for the table view, in the layers it skips) must be an
+     * error, as it is for plot, not a listing of whatever rows could still be read */
+    KVS_TRY(s = kvs_results_check_runs(db));
     if (f.run_id > 0 && n == 0) {
         s = kvs_fail(KVS_ERR_DB, "%s: no %srun with id %" PRId64 "%s", path, f.include_failed ? "" : "complete ",
                      f.run_id, f.include_failed ? "" : " (add --all to include failed runs)");

@@ -2019,6 +2019,54 @@ static void test_trace_label_and_run_bytes(void **state) {
     assert_true(kv == -7 && aux == -9);
 }
 
+/* A damaged page in a table `kvsim runs` reads (here run_layers, which the table view does not even list) is an
+ * error saying "malformed", exit 1, in every output form, never a listing of the rows that could still be read;
+ * the file is left as it was. */
+static void test_runs_on_a_corrupt_database_fails(void **state) {
+    tmp_ctx *t = *state;
+    if (!getenv("KVSIM_BIN")) skip();
+    kvs_results_db *db = NULL;
+    expect_ok(kvs_results_open(t->db, &db));
+    expect_ok(write_simple_run(db, "/traces/a.kvt", "h2o", "", 64, 4, NULL));
+    expect_ok(write_simple_run(db, "/traces/a.kvt", "tova", "", 64, 4, NULL));
+    kvs_results_close(db);
+    sqlite3 *raw = raw_open(t->db);
+    int64_t page = query_i64(raw, "SELECT rootpage FROM sqlite_master WHERE name = 'run_layers'");
+    int64_t page_size = query_i64(raw, "PRAGMA page_size");
+    sqlite3_close(raw);
+    struct stat sb;
+    assert_int_equal(stat(t->db, &sb), 0);
+    assert_true(page >= 2 && page * page_size <= sb.st_size);
+    char wal[160];
+    snprintf(wal, sizeof wal, "%s-wal", t->db);
+    assert_false(kvs_test_exists(wal)); /* all of it in the file */
+    size_t n = 0;
+    unsigned char *bytes = kvs_test_slurp(t->db, &n);
+    assert_non_null(bytes);
+    memset(bytes + (page - 1) * page_size, 0xA5, (size_t)page_size); /* not a b-tree page any more */
+    write_file(t->db, bytes, n);
+
+    char out[160], err[160];
+    snprintf(out, sizeof out, "%s/out.txt", t->dir);
+    snprintf(err, sizeof err, "%s/err.txt", t->dir);
+    const char *forms[][3] = {{NULL}, {"--csv"}, {"--csv", "--summary"}, {"--json"}, {"--all"}};
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        char *argv[8] = {"kvsim", "runs", t->db};
+        int k = 3;
+        for (int j = 0; j < 3 && forms[i][j]; j++) argv[k++] = (char *)forms[i][j];
+        argv[k] = NULL;
+        int rc = run_cli(argv, out, err);
+        char *e = kvs_test_slurp(err, NULL);
+        if (rc != 1 || !strstr(e, "malformed")) {
+            fprintf(stderr, "runs %s: exit %d, stderr '%s'\n", forms[i][0] ? forms[i][0] : "", rc, e);
+            fail();
+        }
+        free(e);
+        assert_file_bytes(t->db, bytes, n);
+    }
+    free(bytes);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_open_creates_schema_and_reopen_is_idempotent, setup_tmp, teardown_tmp),
@@ -2051,6 +2099,7 @@ int main(void) {
         cmocka_unit_test(test_stat_compute_nearest_rank_percentiles),
         cmocka_unit_test_setup_teardown(test_runs_csv_header_and_quoting, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_runs_bad_input_exit_codes, setup_tmp, teardown_tmp),
+        cmocka_unit_test_setup_teardown(test_runs_on_a_corrupt_database_fails, setup_tmp, teardown_tmp),
         cmocka_unit_test_setup_teardown(test_runs_table_flags_and_json, setup_tmp, teardown_tmp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
