@@ -6,7 +6,10 @@
  * that renders it. A section function reads the database through results/results.h (and results/compare.h, plots/plot.h
  * and, for analyses and plans, their results/results_<family>.h), writes its body to ctx->md and ctx->html, and
  * returns KVS_OK; when the database has nothing for it, it calls absent() with the reason instead, and the
- * report lists it under "Not in this database". Any other error fails the whole report (nothing is written).
+ * report lists it under "Not in this database". Absent means known to be absent: the database passes SQLite's
+ * integrity check (results/results_check.h) before the first section, a family's section counts its rows
+ * before reading them, and a plot that reports no data is believed only while the check still passes. Any
+ * other error fails the whole report (nothing is written).
  * Sections that come with other features (drift, heads, capacity plans) are added the same way when their
  * family headers exist: one function, one table line.
  *
@@ -30,6 +33,7 @@
 #include "../common/kvs_out.h"
 #include "../results/compare.h"
 #include "../results/results.h"
+#include "../results/results_check.h"
 #include "../results/results_drift.h"
 #include "../results/results_heads.h"
 #include "../results/results_plan.h"
@@ -206,9 +210,13 @@ static kvs_status plot(report_ctx *ctx, kvs_plot_options o, const char *file, co
     o.gnuplot = ctx->opt->gnuplot;
     kvs_plot *p = NULL;
     kvs_status st = kvs_plot_prepare(ctx->opt->db_path, &o, &p);
-    if (st == KVS_ERR_DB) { /* nothing to draw: say so where the plot would be */
+    if (st == KVS_ERR_DB) {
+        /* KVS_ERR_DB is both "nothing to draw" and "the database could not be read". The database passed
+         * kvs_results_check before the first section; checked again now, an intact database means the plot
+         * really has no data (said where the plot would be), and a failing one fails the report. */
         char why[1024];
         snprintf(why, sizeof why, "%s: not drawn (%s).", caption, kvs_last_error());
+        if ((st = kvs_results_check(ctx->db)) != KVS_OK) return st;
         para(ctx, "%s", why);
         return KVS_OK;
     }
@@ -252,7 +260,7 @@ static double run_x(const kvs_results_run_row *w, kvs_compare_match match) {
 /* The levels to compare at: the powers of two within [smallest, largest] x of the complete non-oracle runs
  * (every other one, or sparser, when there are more than MAX_LEVELS), or that smallest x alone when no power of
  * two lies in the range. Powers of two because they are the sizes people budget in; within the measured range
- * because compare never extrapolates. Returns how many (0: no run recorded x). */
+ * because compare never extrapolates, and because above the largest run the summary's answer stops changing. Returns how many (0: no run recorded x). */
 static int levels_of(const kvs_results_run_row *rows, int64_t n, kvs_compare_match match, double *out) {
     double lo = INFINITY, hi = -INFINITY;
     for (int64_t i = 0; i < n; i++) {
@@ -284,12 +292,6 @@ static kvs_status compare_columns(kvs_compare_column *cols) {
         if (st != KVS_OK) return st;
     }
     return KVS_OK;
-}
-
-/* A series label with the marks the report uses everywhere: (oracle) comes from results/compare; prompt-only
- * policies get "(prompt-only budget)". */
-static void series_label(char *buf, size_t cap, const kvs_compare_series *s) {
-    snprintf(buf, cap, "%s%s", s->label, s->prompt_only ? " (prompt-only budget)" : "");
 }
 
 /* The equal-cost table at X under `match` (the rows of `kvsim compare DB --match M --at X`). */
@@ -343,9 +345,11 @@ static kvs_status compare_table(report_ctx *ctx, kvs_compare_match match, double
             snprintf(from, sizeof from, "out of range [%s, %s]", a, b);
         } else if (s->status == KVS_COMPARE_EXACT)
             snprintf(from, sizeof from, "#%" PRId64 " (exact)", s->pts[s->lo].run_id);
-        else
+        else if (s->status == KVS_COMPARE_INTERPOLATED)
             snprintf(from, sizeof from, "#%" PRId64 " .. #%" PRId64 " (t=%.3f)", s->pts[s->lo].run_id,
                      s->pts[s->hi].run_id, s->t);
+        else /* a status results/compare.h gives no value for: its name, never a made-up bracket */
+            snprintf(from, sizeof from, "%s: no value", kvs_compare_status_name(s->status));
         const char *cell[5 + N_COMPARE_COLS + 1];
         int k = 0;
         cell[k++] = s->rep->policy;
@@ -387,21 +391,195 @@ static int64_t group_rows(const report_ctx *ctx, int64_t trace_id, const char *m
     return n;
 }
 
+/* The summary's rule, in one place so that the text a reader gets and the code that applies it cannot drift
+ * apart: at each memory level M a series (policy, params) qualifies through its best unflagged run whose
+ * measured memory is at most M. Measured points only: a run at less memory is a configuration that fits in M,
+ * while a value interpolated between runs is one no configuration was measured at. */
+static const char summary_rule[] =
+    "Rule: at each memory level M (the powers of two within the measured range of resident bytes per KV head: "
+    "KV plus auxiliary state, storage_bytes mean over the measured steps), a policy (policy and params) "
+    "qualifies when it has a complete run whose memory is at most M, and is represented by its best such run "
+    "(the lowest mean relative output error ||O - O'|| / ||O||): measured runs only, never interpolated, so a "
+    "policy whose smallest run needs more than M is not at M. The qualifying policy with the lowest error is "
+    "the winner at M. A level where only one policy qualifies is no contest and a level whose lowest error is "
+    "shared is a tie: neither counts as a win. Runs kvsim flags are never crowned: degenerate runs (N: replay "
+    "warned that the configuration degenerates at that budget, e.g. it keeps the whole prompt or only a window) "
+    "and oracle runs (O: they look at full attention; a bound, not a deployable policy). A policy qualifies "
+    "through its unflagged runs only; the last column lists, per policy, its best flagged run at M when that "
+    "run's error is at most the winner's (oracles always, as the bound). This is teacher-forced replay of one "
+    "trace: attention-output error against the full cache, not task accuracy.";
+
+/* One run the summary can use: complete, with its run-wide memory and error recorded. */
+typedef struct {
+    const kvs_results_run_row *w;
+    double mem, err; /* storage_bytes mean, out_err mean */
+    int flagged;     /* O (oracle) or N (a replay note): never crowned */
+    size_t series;   /* its policy in the group's summary_series[] */
+} summary_run;
+
+/* A policy of the summary (policy, params) and, at the level being tabulated, its best runs at most that memory. */
+typedef struct {
+    const char *policy, *params;
+    int prompt_only, oracle; /* some run has budget scope prompt; some run is an oracle */
+    const summary_run *best, *best_flagged;
+    char label[600];
+} summary_series;
+
+static int run_flagged(const kvs_results_run_row *w) { return w->is_oracle || (w->notes && w->notes[0]); }
+
+/* a better than b: lower error, then less memory, then the earlier run (a stable, stated order). */
+static int run_better(const summary_run *a, const summary_run *b) {
+    if (!b) return 1;
+    if (a->err != b->err) return a->err < b->err;
+    if (a->mem != b->mem) return a->mem < b->mem;
+    return a->w->id < b->w->id;
+}
+
+static int cmp_candidates(const void *pa, const void *pb) {
+    const summary_series *a = *(const summary_series *const *)pa, *b = *(const summary_series *const *)pb;
+    if (a->best->err != b->best->err) return a->best->err < b->best->err ? -1 : 1;
+    return strcmp(a->label, b->label);
+}
+
+/* Two errors as the table prints them: 4 significant digits, more when two different values would read the same. */
+static void fmt_err_pair(char *a, char *b, size_t cap, double x, double y) {
+    for (int d = 4; d <= 17; d++) {
+        snprintf(a, cap, "%.*g", d, x);
+        snprintf(b, cap, "%.*g", d, y);
+        if (x == y || strcmp(a, b)) return;
+    }
+}
+
+/* Appends one entry to a cell, after `sep` when the cell is not empty. */
+static void cell_append(char *cell, size_t cap, const char *sep, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void cell_append(char *cell, size_t cap, const char *sep, const char *fmt, ...) {
+    size_t len = strlen(cell);
+    if (len && len < cap) len += (size_t)snprintf(cell + len, cap - len, "%s", sep);
+    if (len >= cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cell + len, cap - len, fmt, ap);
+    va_end(ap);
+}
+
+/* The summary of one (trace, measure) group: runs[0..n_runs) of series ser[0..n_ser). */
+static kvs_status summary_group(report_ctx *ctx, const summary_run *runs, size_t n_runs, summary_series *ser,
+                                size_t n_ser, const double *lv, int n_lv) {
+    summary_series **cand = malloc((n_ser ? n_ser : 1) * sizeof *cand);
+    int *wins = calloc(n_ser ? n_ser : 1, sizeof *wins);
+    if (!cand || !wins) {
+        free(cand);
+        free(wins);
+        return kvs_fail(KVS_ERR_NOMEM, "report: out of memory");
+    }
+    const char *head[] = {"memory per KV head (at most)", "policies qualifying", "lowest error", "its out_err_mean",
+                          "its run (memory)", "runner-up", "runner-up out_err_mean",
+                          "flagged, not crowned (N degenerate, O oracle): out_err_mean"};
+    table_begin(ctx, 8, head);
+    char alone[1024] = "", ties[2048] = "";
+    int n_contested = 0, any_p = 0;
+    for (int l = 0; l < n_lv; l++) {
+        for (size_t s = 0; s < n_ser; s++) ser[s].best = ser[s].best_flagged = NULL;
+        for (size_t r = 0; r < n_runs; r++) {
+            if (runs[r].mem > lv[l]) continue;
+            summary_series *s = &ser[runs[r].series];
+            const summary_run **slot = runs[r].flagged ? &s->best_flagged : &s->best;
+            if (run_better(&runs[r], *slot)) *slot = &runs[r];
+        }
+        size_t nc = 0;
+        for (size_t s = 0; s < n_ser; s++)
+            if (ser[s].best) cand[nc++] = &ser[s];
+        qsort(cand, nc, sizeof *cand, cmp_candidates);
+        size_t n_top = 0, n_second = 0;
+        while (n_top < nc && cand[n_top]->best->err == cand[0]->best->err) n_top++;
+        while (n_top + n_second < nc && cand[n_top + n_second]->best->err == cand[n_top]->best->err) n_second++;
+        char xb[64], nq[32], who[2048] = "", e1[64] = "-", e2[64] = "-", run[1024] = "", who2[2048] = "",
+                                                                             flagged[2048] = "";
+        kvs_format_bytes(xb, sizeof xb, lv[l]);
+        snprintf(nq, sizeof nq, "%zu", nc);
+        if (nc) {
+            fmt_err_pair(e1, e2, sizeof e1, cand[0]->best->err, n_second ? cand[n_top]->best->err : cand[0]->best->err);
+            if (!n_second) snprintf(e2, sizeof e2, "-");
+        }
+        if (n_top > 1) snprintf(who, sizeof who, "tie: ");
+        for (size_t k = 0; k < n_top; k++) {
+            char mb[64];
+            kvs_format_bytes(mb, sizeof mb, cand[k]->best->mem);
+            cell_append(who, sizeof who, k ? "; " : "", "%s", cand[k]->label);
+            cell_append(run, sizeof run, "; ", "#%" PRId64 " (%s)", cand[k]->best->w->id, mb);
+            any_p |= cand[k]->prompt_only;
+        }
+        for (size_t k = n_top; k < n_top + n_second; k++) {
+            cell_append(who2, sizeof who2, "; ", "%s", cand[k]->label);
+            any_p |= cand[k]->prompt_only;
+        }
+        if (nc == 1) {
+            cell_append(who, sizeof who, " ", "(only candidate: not a win)");
+            cell_append(alone, sizeof alone, ", ", "%s (%s)", xb, cand[0]->label);
+        } else if (n_top > 1) {
+            cell_append(ties, sizeof ties, "; ", "%s (%s)", xb, who + strlen("tie: "));
+        } else if (nc > 1) {
+            n_contested++;
+            wins[cand[0] - ser]++;
+        }
+        /* Flagged runs that would have been crowned (or tied), and every oracle's best run as the bound. */
+        for (size_t s = 0; s < n_ser; s++) {
+            const summary_run *f = ser[s].best_flagged;
+            if (!f || !(f->w->is_oracle || !nc || f->err <= cand[0]->best->err)) continue;
+            char fe[64], mb[64];
+            snprintf(fe, sizeof fe, "%.4g", f->err);
+            kvs_format_bytes(mb, sizeof mb, f->mem);
+            cell_append(flagged, sizeof flagged, "; ", "%s #%" PRId64 " (%s%s, %s): %s", ser[s].label, f->w->id,
+                        f->w->is_oracle ? "O" : "", f->w->notes && f->w->notes[0] ? "N" : "", mb, fe);
+        }
+        const char *cell[] = {xb, nq, nc ? who : "-", e1, nc ? run : "-", who2, e2, flagged};
+        table_row(ctx, 8, cell);
+    }
+    table_end(ctx);
+    /* The sentences a reader remembers: who wins the contested levels, and which levels are no contest or ties. */
+    int most = 0;
+    for (size_t s = 0; s < n_ser; s++)
+        if (wins[s] > most) most = wins[s];
+    if (n_contested == 0)
+        para(ctx, "No level is contested (two or more policies qualifying, one lowest): no policy wins here.");
+    else {
+        char names[2048] = "";
+        int n_names = 0;
+        for (size_t s = 0; s < n_ser; s++)
+            if (wins[s] == most) cell_append(names, sizeof names, " and ", "%s", ser[s].label), n_names++;
+        if (most == n_contested)
+            para(ctx, "%s has the lowest mean output error at every contested level (%d of the %d levels).", names,
+                 most, n_lv);
+        else
+            para(ctx, "%s %s the lowest mean output error at %d of the %d contested levels (of %d levels); the "
+                      "winner changes with the memory level (table above).",
+                 names, n_names > 1 ? "each have" : "has", most, n_contested, n_lv);
+    }
+    if (alone[0]) para(ctx, "Only one policy qualifies at %s: no contest, not counted as a win.", alone);
+    if (ties[0]) para(ctx, "Tied for the lowest error at %s: not counted as a win.", ties);
+    if (any_p)
+        para(ctx, "(prompt-only budget): the policy bounds the prompt only and keeps every generated token; "
+                  "it is compared at its measured memory, which grows with the response length.");
+    free(cand);
+    free(wins);
+    return KVS_OK;
+}
+
 static kvs_status sec_summary(report_ctx *ctx) {
     if (ctx->n_complete == 0) return absent(ctx, "no complete run");
-    kvs_compare_column cols[N_COMPARE_COLS];
-    kvs_status st = compare_columns(cols);
-    if (st != KVS_OK) return st;
-    kvs_results_run_row *grp = malloc((size_t)ctx->n_rows * sizeof *grp);
-    if (!grp) return kvs_fail(KVS_ERR_NOMEM, "report: out of memory");
-    int n_groups = 0, any_level = 0;
-    para(ctx, "Which policy loses the least attention fidelity at each memory level: every policy interpolated to the "
-              "same resident bytes per KV head (KV plus auxiliary state, measured by the replay), lowest mean "
-              "relative output error ||O - O'|| / ||O|| wins. Levels are the powers of two within the measured range; "
-              "a policy whose runs do not reach a level is not compared there (never extrapolated). Oracles are "
-              "bounds, never winners. This is teacher-forced replay of one trace: attention-output error against "
-              "the full cache, not task accuracy.");
-    for (int64_t i = 0; i < ctx->n_rows; i++) {
+    size_t cap = (size_t)ctx->n_rows;
+    kvs_results_run_row *grp = malloc(cap * sizeof *grp);
+    summary_run *runs = malloc(cap * sizeof *runs);
+    summary_series *ser = malloc(cap * sizeof *ser);
+    kvs_status st = KVS_OK;
+    int any_level = 0;
+    if (!grp || !runs || !ser) {
+        st = kvs_fail(KVS_ERR_NOMEM, "report: out of memory");
+        goto cleanup;
+    }
+    para(ctx, "Which policy loses the least attention fidelity within each memory level. %s", summary_rule);
+    for (int64_t i = 0; i < ctx->n_rows && st == KVS_OK; i++) {
         const kvs_results_run_row *w = &ctx->rows[i];
         int seen = 0;
         for (int64_t j = 0; j < i && !seen; j++)
@@ -411,105 +589,57 @@ static kvs_status sec_summary(report_ctx *ctx) {
         double lv[MAX_LEVELS];
         int n_lv = levels_of(grp, n, KVS_COMPARE_MEM, lv);
         if (n_lv == 0) continue;
-        n_groups++;
+        /* The usable runs of the group and its series, in the order of their first run. */
+        size_t n_runs = 0, n_ser = 0;
+        for (int64_t r = 0; r < ctx->n_rows; r++) {
+            const kvs_results_run_row *x = &ctx->rows[r];
+            if (x->trace_id != w->trace_id || strcmp(x->measure, w->measure)) continue;
+            if (strcmp(x->status, "complete") || !x->has_agg) continue;
+            double mem = kvs_results_stat_value(&x->agg.storage_bytes, KVS_STAT_MEAN);
+            double err = kvs_results_stat_value(&x->agg.out_err, KVS_STAT_MEAN);
+            if (!isfinite(mem) || !(mem > 0) || !isfinite(err)) continue;
+            const char *params = x->params ? x->params : "";
+            size_t k = 0;
+            while (k < n_ser && (strcmp(ser[k].policy, x->policy) || strcmp(ser[k].params, params))) k++;
+            if (k == n_ser) ser[n_ser++] = (summary_series){.policy = x->policy, .params = params};
+            summary_series *s = &ser[k];
+            runs[n_runs++] = (summary_run){.w = x, .mem = mem, .err = err, .flagged = run_flagged(x), .series = k};
+            s->prompt_only |= is_prompt_only(x);
+            s->oracle |= x->is_oracle;
+        }
+        for (size_t k = 0; k < n_ser; k++)
+            snprintf(ser[k].label, sizeof ser[k].label, "%s%s%s%s%s%s", ser[k].policy, ser[k].params[0] ? " (" : "",
+                     ser[k].params, ser[k].params[0] ? ")" : "", ser[k].prompt_only ? " (prompt-only budget)" : "",
+                     ser[k].oracle ? " (oracle)" : "");
+        any_level = 1;
         char sub[1024];
         snprintf(sub, sizeof sub, "%s (model %s), measure %s", kvs_path_base(w->trace_path),
                  w->model && w->model[0] ? w->model : "unknown", w->measure);
         subheading(ctx, sub);
-        const char *head[] = {"memory per KV head", "series compared", "lowest error", "its out_err_mean",
-                              "runner-up", "runner-up out_err_mean", "oracle bound (out_err_mean)"};
-        table_begin(ctx, 7, head);
-        int wins_count[MAX_LEVELS] = {0};
-        char winner_at[MAX_LEVELS][600];
-        int any_p = 0;
-        for (int l = 0; l < n_lv; l++) {
-            kvs_compare *cmp = NULL;
-            if ((st = kvs_compare_create(grp, n, KVS_COMPARE_MEM, lv[l], cols, N_COMPARE_COLS, &cmp)) != KVS_OK) break;
-            const kvs_compare_series *best = NULL, *second = NULL, *oracle = NULL;
-            int compared = 0;
-            for (size_t k = 0; k < kvs_compare_n_series(cmp); k++) {
-                const kvs_compare_series *s = kvs_compare_series_at(cmp, k);
-                if (s->status > KVS_COMPARE_EXACT || isnan(s->val[0])) continue;
-                compared++;
-                if (s->is_oracle) {
-                    if (!oracle) oracle = s;
-                } else if (!best) best = s;
-                else if (!second) second = s;
-            }
-            char xb[64], cmpd[64], bl[600], be[64], sl[600], se[64], ob[700];
-            kvs_format_bytes(xb, sizeof xb, lv[l]);
-            snprintf(cmpd, sizeof cmpd, "%d of %zu", compared, kvs_compare_n_series(cmp));
-            if (best) series_label(bl, sizeof bl, best);
-            else snprintf(bl, sizeof bl, "-");
-            fmt_metric(be, sizeof be, best ? best->val[0] : NAN, KVS_M_OUT_ERR);
-            if (second) series_label(sl, sizeof sl, second);
-            else snprintf(sl, sizeof sl, "-");
-            fmt_metric(se, sizeof se, second ? second->val[0] : NAN, KVS_M_OUT_ERR);
-            if (oracle) {
-                char oe[64];
-                fmt_metric(oe, sizeof oe, oracle->val[0], KVS_M_OUT_ERR);
-                snprintf(ob, sizeof ob, "%s: %s", oracle->label, oe);
-            } else snprintf(ob, sizeof ob, "-");
-            any_p |= (best && best->prompt_only) || (second && second->prompt_only);
-            const char *cell[] = {xb, cmpd, bl, be, sl, se, ob};
-            table_row(ctx, 7, cell);
-            snprintf(winner_at[l], sizeof winner_at[l], "%s", best ? bl : "");
-            wins_count[l] = best != NULL;
-            kvs_compare_free(cmp);
-        }
-        table_end(ctx);
-        if (st != KVS_OK) break;
-        /* The sentence a reader remembers: who wins most levels, and whether one policy wins them all. */
-        int most = -1, most_n = 0, n_won = 0;
-        for (int l = 0; l < n_lv; l++) {
-            if (!wins_count[l]) continue;
-            n_won++;
-            int c = 0;
-            for (int m = 0; m < n_lv; m++) c += wins_count[m] && !strcmp(winner_at[m], winner_at[l]);
-            if (c > most_n) most_n = c, most = l;
-        }
-        if (most >= 0) {
-            any_level = 1;
-            if (most_n == n_won)
-                para(ctx, "%s has the lowest mean output error at every compared level (%d of %d).", winner_at[most],
-                     most_n, n_lv);
-            else
-                para(ctx, "%s has the lowest mean output error at %d of the %d levels where a policy was compared; "
-                          "the winner changes with the memory level (table above).",
-                     winner_at[most], most_n, n_won);
-        }
-        /* An oracle that stores the whole cache (topk) is at one memory only: say why its column is empty. */
-        for (int64_t r = 0; r < n; r++) {
-            if (!grp[r].is_oracle || !grp[r].has_agg) continue;
-            int first = 1;
-            for (int64_t q = 0; q < r && first; q++) first = !(grp[q].is_oracle && !strcmp(grp[q].policy, grp[r].policy));
-            if (!first) continue;
-            double lo = INFINITY, hi = -INFINITY;
-            for (int64_t q = 0; q < n; q++) {
-                if (!grp[q].is_oracle || strcmp(grp[q].policy, grp[r].policy) || !grp[q].has_agg) continue;
-                double x = kvs_results_stat_value(&grp[q].agg.storage_bytes, KVS_STAT_MEAN);
-                if (x < lo) lo = x;
-                if (x > hi) hi = x;
-            }
-            int in_any = 0;
-            for (int l = 0; l < n_lv; l++) in_any |= lv[l] >= lo && lv[l] <= hi;
-            if (!in_any && lo <= hi) {
-                char a[64], b[64];
+        st = summary_group(ctx, runs, n_runs, ser, n_ser, lv, n_lv);
+        /* An oracle whose smallest run is above every level (topk stores the whole cache) is in no row: say why. */
+        for (size_t k = 0; k < n_ser && st == KVS_OK; k++) {
+            if (!ser[k].oracle) continue;
+            double lo = INFINITY;
+            for (size_t r = 0; r < n_runs; r++)
+                if (runs[r].w->is_oracle && !strcmp(runs[r].w->policy, ser[k].policy) &&
+                    !strcmp(runs[r].w->params ? runs[r].w->params : "", ser[k].params) && runs[r].mem < lo)
+                    lo = runs[r].mem;
+            if (lo > lv[n_lv - 1]) {
+                char a[64];
                 kvs_format_bytes(a, sizeof a, lo);
-                kvs_format_bytes(b, sizeof b, hi);
-                para(ctx, "The oracle %s is at none of these levels: its measured memory is %s to %s per KV head (an "
-                          "oracle that selects from the full cache stores all of it).",
-                     grp[r].policy, a, b);
+                para(ctx, "The oracle %s is at none of these levels: its smallest run holds %s per KV head (an oracle "
+                          "that selects from the full cache stores all of it).",
+                     ser[k].label, a);
             }
         }
-        if (any_p)
-            para(ctx, "(prompt-only budget): the policy bounds the prompt only and keeps every generated token; "
-                      "it is compared at its measured memory, which grows with the response length.");
     }
+cleanup:
     free(grp);
+    free(runs);
+    free(ser);
     if (st != KVS_OK) return st;
-    if (n_groups == 0 || !any_level)
-        return absent(ctx, "no complete non-oracle run recorded its resident memory (storage_bytes)");
+    if (!any_level) return absent(ctx, "no complete non-oracle run recorded its resident memory (storage_bytes)");
     return KVS_OK;
 }
 
@@ -742,12 +872,11 @@ static kvs_status sec_position(report_ctx *ctx) {
 static kvs_status sec_drift(report_ctx *ctx) {
     kvs_results_drift_run *runs = NULL;
     int64_t n = 0;
-    kvs_status st = kvs_results_drift_query_runs(ctx->db, NULL, NULL, &runs, &n);
-    if (st == KVS_ERR_DB || (st == KVS_OK && n == 0)) {
-        kvs_results_drift_runs_free(runs, n);
-        return absent(ctx, "no kvsim drift run in this database");
-    }
+    kvs_status st = kvs_results_table_rows(ctx->db, "drift_runs", &n);
     if (st != KVS_OK) return st;
+    if (n == 0) return absent(ctx, "no kvsim drift run in this database");
+    if ((st = kvs_results_drift_query_runs(ctx->db, NULL, NULL, &runs, &n)) != KVS_OK) return st;
+    if (n == 0) return absent(ctx, "no kvsim drift run in this database");
     para(ctx, "Overlap (SyncKV Eq. 1) of each decode step's top-k attended positions with the prefill top-k (SnapKV "
               "window score of the last prompt queries, or the last prompt query), and of steps t and t+d (temporal "
               "locality): how fast the positions a policy chose at the prompt stop being the ones attended. Plots draw "
@@ -784,9 +913,11 @@ static kvs_status sec_drift(report_ctx *ctx) {
  * silhouettes and stability, with its similarity heatmaps. */
 static kvs_status sec_heads(report_ctx *ctx) {
     kvs_results_heads_row *h = NULL;
-    kvs_status st = kvs_results_heads_read(ctx->db, 0, NULL, NULL, &h);
-    if (st == KVS_ERR_DB) return absent(ctx, "no kvsim heads run in this database");
+    int64_t n_runs = 0;
+    kvs_status st = kvs_results_table_rows(ctx->db, "heads_runs", &n_runs);
     if (st != KVS_OK) return st;
+    if (n_runs == 0) return absent(ctx, "no kvsim heads run in this database");
+    if ((st = kvs_results_heads_read(ctx->db, 0, NULL, NULL, &h)) != KVS_OK) return st;
     int32_t L = h->n_layers;
     double intra = 0, inter = 0;
     int n_intra = 0, n_inter = 0;
@@ -832,30 +963,48 @@ static kvs_status sec_heads(report_ctx *ctx) {
     return plot_section(ctx, ps, 2, -1, "the heads run could not be drawn");
 }
 
-/* A byte count in decimal GB and binary GiB, as kvsim plan prints them ("-" when not recorded). */
-static void gb_gib(char *buf, size_t cap, double bytes) {
-    if (!isfinite(bytes)) snprintf(buf, cap, "-");
-    else snprintf(buf, cap, "%.1f GB = %.1f GiB", bytes / 1e9, bytes / 1073741824.0);
+/* A byte count with a decimal and a binary prefix, each side its own (kilo .. peta), four significant digits:
+ * "343.6 GB = 320.0 GiB", "316.8 KB = 309.4 KiB", as kvsim plan prints them ("-" when not recorded). One fixed
+ * unit would print a small model's plan as "0.0 GB". */
+static void fmt_plan_bytes(char *buf, size_t cap, double bytes) {
+    static const char *const dec[] = {"B", "KB", "MB", "GB", "TB", "PB"};
+    static const char *const bin[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    if (!isfinite(bytes) || bytes < 0) {
+        snprintf(buf, cap, "-");
+        return;
+    }
+    int i = 0, j = 0;
+    double d = bytes, e = bytes;
+    while (d >= 1000 && i < 5) d /= 1000, i++;
+    while (e >= 1024 && j < 5) e /= 1024, j++;
+    if (i == 0) snprintf(buf, cap, "%.0f B", bytes);
+    else snprintf(buf, cap, "%#.4g %s = %#.4g %s", d, dec[i], e, bin[j]);
 }
 
-/* Capacity plans (kvsim plan --db): one row per plan point — KV per sequence, total, and the largest batch and
- * context that fit — with GB (10^9 bytes) and GiB (2^30 bytes) side by side. */
+/* Capacity plans (kvsim plan --db): one row per plan point — the plan's policy, the point's series as stored
+ * (whole: for a measured series it names the policy and budget), KV per sequence, total, and the largest batch
+ * and context that fit — with decimal (10^3n bytes) and binary (2^10n bytes) prefixes side by side. */
 static kvs_status sec_capacity(report_ctx *ctx) {
     kvs_results_plan_row *rows = NULL;
     int64_t n = 0;
-    kvs_status st = kvs_results_query_plans(ctx->db, &rows, &n);
-    if (st == KVS_ERR_DB || (st == KVS_OK && n == 0)) {
+    kvs_status st = kvs_results_table_rows(ctx->db, "plans", &n);
+    if (st != KVS_OK) return st;
+    if (n == 0) return absent(ctx, "no kvsim plan --db result in this database");
+    if ((st = kvs_results_query_plans(ctx->db, &rows, &n)) != KVS_OK) return st;
+    if (n == 0) {
         kvs_results_plan_rows_free(rows, n);
         return absent(ctx, "no kvsim plan --db result in this database");
     }
-    if (st != KVS_OK) return st;
-    para(ctx, "Capacity plans stored by kvsim plan --db: GB are 10^9 bytes, GiB 2^30 bytes. A measured series is a "
+    para(ctx, "Capacity plans stored by kvsim plan --db: KB/MB/GB/TB = 10^3/10^6/10^9/10^12 bytes, KiB/MiB/GiB/TiB "
+              "= 2^10/2^20/2^30/2^40 bytes. The plan's policy is the one kvsim plan was asked for; every plan also "
+              "carries the full cache and the reference series beside it (series column). A measured series is a "
               "policy's storage profile from a replay of this study, scaled to the planned model by its KV bytes per "
               "token (analysis/README.md); max batch / max context: what fits in the GPU memory left beside the "
               "weights (- when not computed, unbounded when nothing limits it).");
-    static const char *const head[] = {"plan", "model", "KV dtype", "series", "budget", "context + response", "batch",
-                                       "KV per sequence", "KV total", "max batch", "max context"};
-    table_begin(ctx, 11, head);
+    static const char *const head[] = {"plan", "model", "KV dtype", "plan's policy", "series", "budget",
+                                       "context + response", "batch", "KV per sequence", "KV total", "max batch",
+                                       "max context"};
+    table_begin(ctx, 12, head);
     for (int64_t i = 0; i < n; i++) {
         const kvs_results_plan_row *r = &rows[i];
         for (int64_t j = 0; j < r->n_points; j++) {
@@ -866,16 +1015,16 @@ static kvs_status sec_capacity(report_ctx *ctx) {
             else snprintf(bud, sizeof bud, "-");
             snprintf(cr, sizeof cr, "%" PRId64 " + %" PRId64, p->context, p->response);
             snprintf(b, sizeof b, "%" PRId64, p->batch);
-            gb_gib(seq, sizeof seq, p->seq_device_bytes);
-            gb_gib(tot, sizeof tot, p->total_bytes);
+            fmt_plan_bytes(seq, sizeof seq, p->seq_device_bytes);
+            fmt_plan_bytes(tot, sizeof tot, p->total_bytes);
             if (p->max_batch == -1) snprintf(mb, sizeof mb, "unbounded");
             else if (p->max_batch < -1) snprintf(mb, sizeof mb, "-");
             else snprintf(mb, sizeof mb, "%" PRId64, p->max_batch);
             if (p->max_context == -1) snprintf(mc, sizeof mc, "unbounded");
             else if (p->max_context < -1) snprintf(mc, sizeof mc, "-");
             else snprintf(mc, sizeof mc, "%" PRId64, p->max_context);
-            const char *cell[] = {id, r->model, r->kv_dtype, p->series, bud, cr, b, seq, tot, mb, mc};
-            table_row(ctx, 11, cell);
+            const char *cell[] = {id, r->model, r->kv_dtype, r->policy, p->series, bud, cr, b, seq, tot, mb, mc};
+            table_row(ctx, 12, cell);
         }
     }
     table_end(ctx);
@@ -1156,6 +1305,9 @@ kvs_status kvs_report_write(const kvs_report_options *opt, kvs_report_result *re
     int exists = 0;
     kvs_status st = kvs_results_open_readonly(opt->db_path, &ctx.db);
     if (st != KVS_OK) return st;
+    /* A damaged database fails the report: its sections could not tell "not in this database" from "not
+     * readable", and a report of what happened to be readable would say things the study did not find. */
+    KVS_TRY(st = kvs_results_check(ctx.db));
     kvs_results_filter f = {.include_failed = 1};
     KVS_TRY(st = kvs_results_query_runs(ctx.db, &f, &ctx.rows, &ctx.n_rows));
     if (ctx.n_rows == 0) {

@@ -6,9 +6,12 @@
  * The report is a list of sections (plots/report.c, table `sections`), each a function that looks at the
  * database through results/results.h, results/compare.h and the family headers (results/results_<family>.h) and either
  * renders its part (Markdown + HTML + PNG plots drawn by plots/plot.h) or says why it is absent (listed at
- * the end of the report: "Not in this database"). Adding a section is one function and one table line.
- * Today's sections: the summary (which policy has the lowest output error at each memory level, oracles and
- * prompt-only policies marked), the traces used, every run with its parameters and flags, the equal-memory
+ * the end of the report: "Not in this database"; only when the data really is absent: a database that fails
+ * SQLite's integrity check, or a read that fails, fails the report). Adding a section is one function and one
+ * table line. Today's sections: the summary (at each power-of-two memory level, every policy at its best
+ * measured run using no more memory, the lowest mean output error crowned; one-candidate levels and ties said
+ * so, degenerate (N) and oracle (O) runs marked and never crowned; the rule is written beside the table), the
+ * traces used, every run with its parameters and flags, the equal-memory
  * and equal-traffic comparisons (results/compare.h, what `kvsim compare` prints), error vs measured memory and
  * traffic with the Pareto frontier, error and memory vs nominal budget, and error vs decode position.
  *
@@ -39,8 +42,9 @@ typedef struct {
 
 /*! kvs_report_write() : writes DIR/report.html, DIR/report.md and DIR/<plot>.png from the database.
  *  Errors, with nothing written (no DIR created or changed, no temporary folder left): a missing or unreadable
- *  database KVS_ERR_IO; not a kvsim database, corrupt, or one without any run KVS_ERR_DB ("no runs in the
- *  database: nothing to report"); a newer schema KVS_ERR_VERSION; gnuplot missing or failing
+ *  database KVS_ERR_IO; not a kvsim database, damaged (kvs_results_check: "database disk image is malformed"), a
+ *  read failing mid-report, or a database without any run KVS_ERR_DB ("no runs in the database: nothing to
+ *  report"); a newer schema KVS_ERR_VERSION; gnuplot missing or failing
  *  KVS_ERR_EXTERNAL; DIR not replaceable (not a previous report, or not writable) KVS_ERR_IO; bad options
  *  KVS_ERR_INVALID_ARG. `res` may be NULL. */
 kvs_status kvs_report_write(const kvs_report_options *opt, kvs_report_result *res);

@@ -1,7 +1,13 @@
 /* test_report.c — tests of `kvsim report DB --out DIR` (plots/report.c; ../shared/DESIGN.md "Results (SQLite) and
  * plots"), run through the binary ($KVSIM_BIN) as a user runs it:
- *  - the summary on a hand-made database whose winner at every memory level is computed by hand (interpolation
- *    in log x between the bracketing runs, POLICY_SPEC.md §1.5; oracle and prompt-only marks);
+ *  - the summary on a hand-made database whose rows are computed by hand (each policy at its best unflagged run
+ *    using no more memory than the level: a policy reaching a level with less memory, a one-candidate level, a
+ *    degenerate run with the lowest error, oracle runs, a tie), and recomputed from `kvsim runs --csv --summary`
+ *    for that database and the real study;
+ *  - the capacity table of a small plan (bytes, KB, MB and GB as kvsim plan prints them; a measured series'
+ *    text whole and the plan's policy), every point recomputed from the stored bytes;
+ *  - a damaged database (pages in the middle overwritten): exit 1, "database disk image is malformed", nothing
+ *    written and a previous report left as it was;
  *  - a real study (the bundled stories260K trace replayed): every section title in report.html and report.md,
  *    every plot embedded as a data:image/png URI, each decoded (base64, then PNG with zlib) and checked to be
  *    non-blank and identical to the PNG file report.md references, no external reference in the page;
@@ -27,6 +33,8 @@
 
 #include "common/kvs.h"
 #include "results/results.h"
+#include "results/results_check.h"
+#include "results/results_plan.h"
 #include "tests/util/cli_run.h"
 #include "tests/util/testenv.h"
 
@@ -226,13 +234,13 @@ static void assert_nonblank_png(const uint8_t *png, size_t n, const char *what) 
 /* ---- the hand-made study ---- */
 
 static void put_run(kvs_results_db *db, const char *policy, int oracle, const char *scope, int64_t budget, double bytes,
-                    double err) {
+                    double err, const char *notes) {
     kvs_results_trace tr = {.path = "/nonexistent/a.kvt", .model_name = "m1", .n_positions = 128, .prompt_len = 64,
                             .n_turns = 1, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .head_dim = 16,
                             .dtype = "fp16", .file_bytes = 4096};
     kvs_results_run run = {.policy = policy, .params = "", .budget_tokens = budget, .budget_fraction = -1,
                            .is_oracle = oracle, .measure = "decode", .budget_scope = scope, .status = "complete",
-                           .wall_seconds = 0.1, .kvsim_version = "0.1.0"};
+                           .wall_seconds = 0.1, .kvsim_version = "0.1.0", .notes = notes};
     kvs_results_agg a = {.layer = -1};
     for (int m = 0; m < KVS_N_METRICS; m++) a.m[m] = (kvs_results_stat){0};
     kvs_results_stat v = {.n = 10, .mean = err, .p50 = err, .p95 = 2 * err, .max = 2 * err, .min = err / 2};
@@ -248,11 +256,254 @@ static void put_run(kvs_results_db *db, const char *policy, int oracle, const ch
     assert_int_equal(kvs_results_write_run(db, &tr, &run, NULL, 0, &a, NULL, 0, NULL), KVS_OK);
 }
 
-/* Levels: the powers of two within the non-oracle x range [1 KiB, 8 KiB]. By hand (interpolation in ln x):
- *   1 KiB: window .5, h2o .3, snapkv out of range [2 KiB, 8 KiB], topk .1           -> h2o .3, window .5
- *   2 KiB: window .5 + (1/2)(.2 - .5) = .35, h2o .3, snapkv .4, topk .1 + (1/3)(.01 - .1) = .07 -> h2o, window
- *   4 KiB: window .2, h2o .3, snapkv .4 + (1/2)(.05 - .4) = .225, topk .1 + (2/3)(-.09) = .04 -> window, snapkv
- *   8 KiB: window and h2o out of range, snapkv .05, topk .01                          -> snapkv alone */
+/* ---- the summary recomputed from `kvsim runs DB --csv --summary` ----
+ * The rule the report states: at each level M (powers of two within the memory range of the complete non-oracle
+ * runs, at most 8), each (policy, params) qualifies through its best unflagged run (no oracle, no note) with
+ * storage_bytes_mean <= M; flagged runs are listed when an oracle's, or when at most the winner's error. Computed
+ * here from the CSV the runs command prints (another reader of the database than the report's), in loops of
+ * its own, and compared with the rows of report.md. */
+
+typedef struct {
+    char *f[16]; /* the fields below, by index */
+} csv_run;
+
+enum { F_POLICY, F_PARAMS, F_ID, F_TRACE, F_ORACLE, F_STATUS, F_MEASURE, F_SCOPE, F_NOTES, F_MEM, F_ERR, N_F };
+static const char *const csv_names[N_F] = {"policy", "params", "run_id", "trace", "is_oracle", "status",
+                                           "measure", "budget_scope", "notes", "storage_bytes_mean", "out_err_mean"};
+
+/* RFC 4180: the next field of *p into a malloc'd string; *eol set when the record ends after it. */
+static char *csv_field(const char **p, int *eol) {
+    const char *s = *p;
+    size_t cap = 64, n = 0;
+    char *out = malloc(cap);
+    int quoted = *s == '"';
+    if (quoted) s++;
+    for (;;) {
+        if (n + 2 >= cap) out = realloc(out, cap *= 2);
+        if (quoted && *s == '"' && s[1] == '"') out[n++] = '"', s += 2;
+        else if (quoted && *s == '"') s++, quoted = 0;
+        else if (!quoted && (*s == ',' || *s == '\n' || !*s)) break;
+        else out[n++] = *s++;
+    }
+    out[n] = '\0';
+    *eol = *s != ',';
+    *p = *s ? s + 1 : s;
+    return out;
+}
+
+/* Parses the runs CSV into runs[]; returns how many. */
+static int parse_runs_csv(const char *text, csv_run *runs, int cap) {
+    const char *p = text;
+    int col[64], n_col = 0, eol = 0, n = 0;
+    while (!eol && n_col < 64) {
+        char *name = csv_field(&p, &eol);
+        col[n_col] = -1;
+        for (int k = 0; k < N_F; k++) {
+            int first = 1;
+            for (int c = 0; c < n_col; c++) first &= col[c] != k;
+            if (first && !strcmp(name, csv_names[k])) col[n_col] = k;
+        }
+        n_col++;
+        free(name);
+    }
+    while (*p && n < cap) {
+        memset(&runs[n], 0, sizeof runs[n]);
+        eol = 0;
+        for (int c = 0; !eol; c++) {
+            char *v = csv_field(&p, &eol);
+            if (c < n_col && col[c] >= 0) runs[n].f[col[c]] = v;
+            else free(v);
+        }
+        for (int k = 0; k < N_F; k++)
+            if (!runs[n].f[k]) fail_msg("runs CSV: column %s missing", csv_names[k]);
+        n++;
+    }
+    return n;
+}
+
+/* Appends to a NUL-terminated buffer (vsnprintf: truncation is what the buffer size already bounds). */
+static void append(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void append(char *buf, size_t cap, const char *fmt, ...) {
+    size_t len = strlen(buf);
+    if (len + 1 >= cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + len, cap - len, fmt, ap);
+    va_end(ap);
+}
+
+static double csv_num(const char *s) { return s[0] ? strtod(s, NULL) : NAN; }
+
+typedef struct {
+    int run;          /* index into the CSV runs */
+    double mem, err;
+} pick;
+
+/* a better than b: lower error, then less memory, then the smaller run id */
+static int pick_better(const csv_run *runs, pick a, pick b) {
+    if (b.run < 0) return 1;
+    if (a.err != b.err) return a.err < b.err;
+    if (a.mem != b.mem) return a.mem < b.mem;
+    return atol(runs[a.run].f[F_ID]) < atol(runs[b.run].f[F_ID]);
+}
+
+/* Checks report.md's summary of DB against the CSV; returns the number of table rows checked. */
+static int check_summary_against_csv(const char *db_path, const char *md) {
+    const char *args[] = {"runs", db_path, "--csv", "--summary", NULL};
+    assert_int_equal(kvsim(args), 0);
+    char o[128];
+    path_in(o, sizeof o, "out.txt");
+    char *csv = kvs_test_slurp(o, NULL);
+    assert_non_null(csv);
+    static csv_run runs[512];
+    int n = parse_runs_csv(csv, runs, 512), checked = 0;
+    free(csv);
+    assert_true(n > 0);
+    /* one (trace, measure) group at a time */
+    for (int g = 0; g < n; g++) {
+        int first = 1;
+        for (int h = 0; h < g; h++)
+            first &= strcmp(runs[h].f[F_TRACE], runs[g].f[F_TRACE]) || strcmp(runs[h].f[F_MEASURE], runs[g].f[F_MEASURE]);
+        if (!first) continue;
+        int in[512], m = 0;
+        for (int i = 0; i < n; i++)
+            if (!strcmp(runs[i].f[F_TRACE], runs[g].f[F_TRACE]) && !strcmp(runs[i].f[F_MEASURE], runs[g].f[F_MEASURE]) &&
+                !strcmp(runs[i].f[F_STATUS], "complete"))
+                in[m++] = i;
+        double lo = INFINITY, hi = -INFINITY;
+        for (int k = 0; k < m; k++) {
+            double x = csv_num(runs[in[k]].f[F_MEM]);
+            if (atoi(runs[in[k]].f[F_ORACLE]) || !(x > 0) || !isfinite(x)) continue;
+            lo = fmin(lo, x);
+            hi = fmax(hi, x);
+        }
+        if (!(lo <= hi)) continue;
+        double lv[8];
+        int n_lv = 0;
+        int p0 = (int)ceil(log2(lo)), p1 = (int)floor(log2(hi));
+        if (p0 > p1) lv[n_lv++] = lo;
+        else {
+            int step = (p1 - p0 + 1 + 7) / 8;
+            for (int q = p0; q <= p1 && n_lv < 8; q += step) lv[n_lv++] = ldexp(1, q);
+        }
+        /* the policies (policy, params) in the order of their first run, with their labels */
+        int pol[512], n_pol = 0;
+        char label[512][400];
+        for (int k = 0; k < m; k++) {
+            const csv_run *w = &runs[in[k]];
+            double x = csv_num(w->f[F_MEM]), e = csv_num(w->f[F_ERR]);
+            if (!(x > 0) || !isfinite(x) || !isfinite(e)) continue;
+            int known = 0;
+            for (int q = 0; q < n_pol && !known; q++)
+                known = !strcmp(runs[pol[q]].f[F_POLICY], w->f[F_POLICY]) && !strcmp(runs[pol[q]].f[F_PARAMS], w->f[F_PARAMS]);
+            if (!known) pol[n_pol++] = in[k];
+        }
+        for (int q = 0; q < n_pol; q++) {
+            int prompt = 0, oracle = 0;
+            for (int k = 0; k < m; k++) {
+                const csv_run *w = &runs[in[k]];
+                double x = csv_num(w->f[F_MEM]), e = csv_num(w->f[F_ERR]);
+                if (!(x > 0) || !isfinite(x) || !isfinite(e) || strcmp(w->f[F_POLICY], runs[pol[q]].f[F_POLICY]) ||
+                    strcmp(w->f[F_PARAMS], runs[pol[q]].f[F_PARAMS]))
+                    continue;
+                prompt |= !strcmp(w->f[F_SCOPE], "prompt");
+                oracle |= atoi(w->f[F_ORACLE]);
+            }
+            const char *pp = runs[pol[q]].f[F_PARAMS];
+            snprintf(label[q], sizeof label[q], "%s%s%s%s%s%s", runs[pol[q]].f[F_POLICY], pp[0] ? " (" : "", pp,
+                     pp[0] ? ")" : "", prompt ? " (prompt-only budget)" : "", oracle ? " (oracle)" : "");
+        }
+        int wins[512] = {0}, contested = 0;
+        for (int l = 0; l < n_lv; l++) {
+            pick clean[512], flag[512];
+            for (int q = 0; q < n_pol; q++) clean[q].run = flag[q].run = -1;
+            for (int k = 0; k < m; k++) {
+                const csv_run *w = &runs[in[k]];
+                pick c = {in[k], csv_num(w->f[F_MEM]), csv_num(w->f[F_ERR])};
+                if (!(c.mem > 0) || !isfinite(c.mem) || !isfinite(c.err) || c.mem > lv[l]) continue;
+                int q = 0;
+                while (strcmp(runs[pol[q]].f[F_POLICY], w->f[F_POLICY]) || strcmp(runs[pol[q]].f[F_PARAMS], w->f[F_PARAMS])) q++;
+                int flagged = atoi(w->f[F_ORACLE]) || w->f[F_NOTES][0];
+                pick *slot = flagged ? &flag[q] : &clean[q];
+                if (pick_better(runs, c, *slot)) *slot = c;
+            }
+            /* candidates by error, then label (selection sort: a few policies) */
+            int order[512], nc = 0;
+            for (int q = 0; q < n_pol; q++)
+                if (clean[q].run >= 0) order[nc++] = q;
+            for (int a = 0; a < nc; a++)
+                for (int b = a + 1; b < nc; b++) {
+                    int qa = order[a], qb = order[b];
+                    if (clean[qb].err < clean[qa].err || (clean[qb].err == clean[qa].err && strcmp(label[qb], label[qa]) < 0))
+                        order[a] = qb, order[b] = qa;
+                }
+            int top = 0, second = 0;
+            while (top < nc && clean[order[top]].err == clean[order[0]].err) top++;
+            while (top + second < nc && clean[order[top + second]].err == clean[order[top]].err) second++;
+            char row[8192], lvl[64], who[2048 + 8] = "", runc[1024] = "", who2[2048] = "", e1[64] = "-", e2[64] = "-",
+                                                                                  fl[2048] = "";
+            kvs_format_bytes(lvl, sizeof lvl, lv[l]);
+            for (int k = 0; k < top; k++) {
+                char mb[64];
+                kvs_format_bytes(mb, sizeof mb, clean[order[k]].mem);
+                append(who, sizeof who, "%s%s", k ? "; " : "", label[order[k]]);
+                append(runc, sizeof runc, "%s#%s (%s)", k ? "; " : "", runs[clean[order[k]].run].f[F_ID], mb);
+            }
+            for (int k = top; k < top + second; k++)
+                append(who2, sizeof who2, "%s%s", k > top ? "; " : "", label[order[k]]);
+            if (nc) {
+                double x = clean[order[0]].err, y = second ? clean[order[top]].err : x;
+                for (int d = 4; d <= 17; d++) {
+                    snprintf(e1, sizeof e1, "%.*g", d, x);
+                    snprintf(e2, sizeof e2, "%.*g", d, y);
+                    if (x == y || strcmp(e1, e2)) break;
+                }
+                if (!second) snprintf(e2, sizeof e2, "-");
+            }
+            if (nc == 1) strcat(who, " (only candidate: not a win)");
+            else if (top > 1) {
+                memmove(who + 5, who, strlen(who) + 1);
+                memcpy(who, "tie: ", 5);
+            } else if (nc > 1)
+                contested++, wins[order[0]]++;
+            for (int q = 0; q < n_pol; q++) {
+                if (flag[q].run < 0) continue;
+                int oracle = atoi(runs[flag[q].run].f[F_ORACLE]);
+                if (!oracle && nc && flag[q].err > clean[order[0]].err) continue;
+                char mb[64];
+                kvs_format_bytes(mb, sizeof mb, flag[q].mem);
+                append(fl, sizeof fl, "%s%s #%s (%s%s, %s): %.4g", fl[0] ? "; " : "", label[q], runs[flag[q].run].f[F_ID],
+                       oracle ? "O" : "", runs[flag[q].run].f[F_NOTES][0] ? "N" : "", mb, flag[q].err);
+            }
+            snprintf(row, sizeof row, "| %s | %d | %s | %s | %s | %s | %s | %s |", lvl, nc, nc ? who : "-", e1,
+                     nc ? runc : "-", who2[0] ? who2 : "-", e2, fl[0] ? fl : "-");
+            if (!strstr(md, row)) fail_msg("summary row not as recomputed from kvsim runs --csv:\n%s\n--- report.md:\n%s", row, md);
+            checked++;
+        }
+        /* the sentence: the most wins over the contested levels */
+        int most = 0;
+        for (int q = 0; q < n_pol; q++) most = wins[q] > most ? wins[q] : most;
+        char want[256];
+        if (!contested) snprintf(want, sizeof want, "No level is contested");
+        else if (most == contested)
+            snprintf(want, sizeof want, "at every contested level (%d of the %d levels)", most, n_lv);
+        else snprintf(want, sizeof want, "the lowest mean output error at %d of the %d contested levels (of %d levels)", most, contested, n_lv);
+        if (!strstr(md, want)) fail_msg("summary sentence missing: %s\n--- report.md:\n%s", want, md);
+    }
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < N_F; k++) free(runs[i].f[k]);
+    return checked;
+}
+
+/* Levels: the powers of two within the non-oracle memory range [512 B, 8 KiB]. By hand, each policy at its best
+ * unflagged run at no more memory than the level:
+ *   512 B: only tova (.6)                                        -> one candidate, not a win
+ *   1 KiB: h2o .3 (#3), window .5, tova .6                       -> h2o; topk oracle .1 (#7) marked
+ *   2 KiB: no run of window or h2o at 2 KiB: their 1 KiB runs qualify (h2o .3, window .5); snapkv's only run
+ *          here (#5, .01) is degenerate (N): never crowned, listed because it is below the winner's .3
+ *   4 KiB: window .2 (#2) and tova .2 (#10) tie; h2o's best is still its 1 KiB run .3 (its 4 KiB run is .35)
+ *   8 KiB: snapkv .05 (#6) over tova and window .2 (tied runners-up); snapkv's N run .01 and topk .01 (#8) marked
+ * Contested levels: 1, 2 and 8 KiB; h2o has two of them. */
 static void test_summary_by_hand(void **state) {
     (void)state;
     if (!kvs_test_kvsim_bin()) skip();
@@ -261,14 +512,17 @@ static void test_summary_by_hand(void **state) {
     path_in(out, sizeof out, "hand_report");
     kvs_results_db *db = NULL;
     assert_int_equal(kvs_results_open(db_path, &db), KVS_OK);
-    put_run(db, "window", 0, "every_step", 32, 1024, .5);
-    put_run(db, "window", 0, "every_step", 128, 4096, .2);
-    put_run(db, "h2o", 0, "every_step", 32, 1024, .3);
-    put_run(db, "h2o", 0, "every_step", 128, 4096, .3);
-    put_run(db, "snapkv", 0, "prompt", 16, 2048, .4);
-    put_run(db, "snapkv", 0, "prompt", 128, 8192, .05);
-    put_run(db, "topk", 1, "every_step", 32, 1024, .1);
-    put_run(db, "topk", 1, "every_step", 256, 8192, .01);
+    const char *note = "the budget is at most window=32: no position is scored (a window)";
+    put_run(db, "window", 0, "every_step", 32, 1024, .5, NULL);    /* #1 */
+    put_run(db, "window", 0, "every_step", 128, 4096, .2, NULL);   /* #2 */
+    put_run(db, "h2o", 0, "every_step", 32, 1024, .3, NULL);       /* #3 */
+    put_run(db, "h2o", 0, "every_step", 128, 4096, .35, NULL);     /* #4 */
+    put_run(db, "snapkv", 0, "prompt", 16, 2048, .01, note);       /* #5 */
+    put_run(db, "snapkv", 0, "prompt", 128, 8192, .05, NULL);      /* #6 */
+    put_run(db, "topk", 1, "every_step", 32, 1024, .1, NULL);      /* #7 */
+    put_run(db, "topk", 1, "every_step", 256, 8192, .01, NULL);    /* #8 */
+    put_run(db, "tova", 0, "every_step", 16, 512, .6, NULL);       /* #9 */
+    put_run(db, "tova", 0, "every_step", 128, 4096, .2, NULL);     /* #10 */
     kvs_results_close(db);
     const char *args[] = {"report", db_path, "--out", out, NULL};
     assert_int_equal(kvsim(args), 0);
@@ -277,17 +531,34 @@ static void test_summary_by_hand(void **state) {
     char *md = kvs_test_slurp(p, NULL);
     assert_non_null(md);
     static const char *const rows[] = {
-        "| 1.00KiB | 3 of 4 | h2o | 0.3 | window | 0.5 | topk (oracle): 0.1 |",
-        "| 2.00KiB | 4 of 4 | h2o | 0.3 | window | 0.35 | topk (oracle): 0.07 |",
-        "| 4.00KiB | 4 of 4 | window | 0.2 | snapkv (prompt-only budget) | 0.225 | topk (oracle): 0.04 |",
-        "| 8.00KiB | 2 of 4 | snapkv (prompt-only budget) | 0.05 | - | - | topk (oracle): 0.01 |",
+        "| 512B | 1 | tova (only candidate: not a win) | 0.6 | #9 (512B) | - | - | - |",
+        "| 1.00KiB | 3 | h2o | 0.3 | #3 (1.00KiB) | window | 0.5 | topk (oracle) #7 (O, 1.00KiB): 0.1 |",
+        "| 2.00KiB | 3 | h2o | 0.3 | #3 (1.00KiB) | window | 0.5 | snapkv (prompt-only budget) #5 (N, 2.00KiB): 0.01; "
+        "topk (oracle) #7 (O, 1.00KiB): 0.1 |",
+        "| 4.00KiB | 3 | tie: tova; window | 0.2 | #10 (4.00KiB); #2 (4.00KiB) | h2o | 0.3 | snapkv (prompt-only "
+        "budget) #5 (N, 2.00KiB): 0.01; topk (oracle) #7 (O, 1.00KiB): 0.1 |",
+        "| 8.00KiB | 4 | snapkv (prompt-only budget) | 0.05 | #6 (8.00KiB) | tova; window | 0.2 | snapkv (prompt-only "
+        "budget) #5 (N, 2.00KiB): 0.01; topk (oracle) #8 (O, 8.00KiB): 0.01 |",
     };
-    for (size_t i = 0; i < 4; i++)
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         if (!strstr(md, rows[i])) fail_msg("summary row missing: %s\n--- report.md:\n%s", rows[i], md);
-    assert_non_null(strstr(md, "h2o has the lowest mean output error at 2 of the 4 levels"));
-    /* The equal-memory table defaults to the middle level, 2 KiB, and says how to reproduce it. */
+    assert_non_null(strstr(md, "h2o has the lowest mean output error at 2 of the 3 contested levels (of 5 levels)"));
+    assert_non_null(strstr(md, "Only one policy qualifies at 512B (tova): no contest, not counted as a win."));
+    assert_non_null(strstr(md, "Tied for the lowest error at 4.00KiB (tova; window): not counted as a win."));
+    /* The rule is written beside the table, in both outputs. */
+    assert_non_null(strstr(md, "qualifies when it has a complete run whose memory is at most M"));
+    assert_int_equal(check_summary_against_csv(db_path, md), 5);
+    snprintf(p, sizeof p, "%s/report.html", out);
+    char *html = kvs_test_slurp(p, NULL);
+    assert_non_null(html);
+    assert_non_null(strstr(html, "qualifies when it has a complete run whose memory is at most M"));
+    assert_non_null(strstr(html, "<td>tie: tova; window</td><td>0.2</td><td>#10 (4.00KiB); #2 (4.00KiB)</td>"));
+    assert_non_null(strstr(html, "<td>tova (only candidate: not a win)</td>"));
+    free(html);
+    /* The equal-memory table defaults to the middle level, 2 KiB, and says how to reproduce it: h2o halfway in
+     * ln x between its 1 KiB (.3, p95 .6) and 4 KiB (.35, p95 .7) runs. */
     assert_non_null(strstr(md, "kvsim compare hand.db --match mem --at 2048"));
-    assert_non_null(strstr(md, "| h2o | - | - | a.kvt | decode | 0.3 | 0.6 |"));
+    assert_non_null(strstr(md, "| h2o | - | - | a.kvt | decode | 0.325 | 0.65 |"));
     assert_non_null(strstr(md, "| window | - | - | a.kvt | decode | 0.35 |"));
     /* No steps: the position section is absent, with its reason; the unreadable trace is said so. */
     assert_non_null(strstr(md, "## Not in this database"));
@@ -298,6 +569,7 @@ static void test_summary_by_hand(void **state) {
     /* --mem-at moves the equal-memory table. */
     const char *args2[] = {"report", db_path, "--out", out, "--mem-at", "4KiB", NULL};
     assert_int_equal(kvsim(args2), 0);
+    snprintf(p, sizeof p, "%s/report.md", out);
     md = kvs_test_slurp(p, NULL);
     assert_non_null(md);
     assert_non_null(strstr(md, "kvsim compare hand.db --match mem --at 4096"));
@@ -391,6 +663,10 @@ static void test_real_study_page(void **state) {
     assert_int_equal(n_img, 10);
     /* The capacity table: rocketkv §1's figure (Llama-3.1-70B, batch 32, 32K context, fp16). */
     assert_non_null(strstr(md, "343.6 GB = 320.0 GiB"));
+    /* The summary, recomputed from kvsim runs --csv: real runs with degenerate (N) and oracle ones. */
+    char db[128];
+    path_in(db, sizeof db, "real.db");
+    assert_true(check_summary_against_csv(db, md) >= 3);
     assert_non_null(strstr(md, "| Llama-3.1-70B |"));
     assert_int_equal(dir_has_tmp(tmp_dir), 0);
     free(html);
@@ -555,6 +831,171 @@ static void test_bad_input(void **state) {
     }
 }
 
+/* ---- the capacity table ---- */
+
+/* A byte count with decimal and binary prefixes, each chosen by its own power (log10 / 3, log2 / 10): what the
+ * table must print whatever the size, never "0.0 GB" for a small model's plan. */
+static void plan_bytes(char *buf, size_t cap, double b) {
+    static const char *const dec[] = {"B", "KB", "MB", "GB", "TB", "PB"}, *const bin[] = {"B", "KiB", "MiB", "GiB",
+                                                                                          "TiB", "PiB"};
+    if (!isfinite(b)) {
+        snprintf(buf, cap, "-");
+        return;
+    }
+    int i = b >= 1000 ? (int)floor(log10(b) / 3) : 0, j = b >= 1024 ? (int)floor(log2(b) / 10) : 0;
+    i = i > 5 ? 5 : i;
+    j = j > 5 ? 5 : j;
+    if (i == 0) snprintf(buf, cap, "%.0f B", b);
+    else snprintf(buf, cap, "%#.4g %s = %#.4g %s", b / pow(1000, i), dec[i], b / pow(1024, j), bin[j]);
+}
+
+static void count_cell(char *buf, size_t cap, int64_t v) {
+    if (v == -1) snprintf(buf, cap, "unbounded");
+    else if (v < -1) snprintf(buf, cap, "-");
+    else snprintf(buf, cap, "%lld", (long long)v);
+}
+
+static void test_capacity_small_plan(void **state) {
+    (void)state;
+    if (!kvs_test_kvsim_bin()) skip();
+    char db_path[128], out[128], trace[512];
+    path_in(db_path, sizeof db_path, "plan.db");
+    path_in(out, sizeof out, "plan_report");
+    snprintf(trace, sizeof trace, "%s/examples/stories260K.kvt", kvs_test_root());
+    kvs_results_db *db = NULL;
+    assert_int_equal(kvs_results_open(db_path, &db), KVS_OK);
+    put_run(db, "window", 0, "every_step", 32, 1024, .5, NULL);
+    /* A plan whose sizes span bytes to gigabytes, and a measured series whose text names the policy, its params
+     * and budget: shown whole. */
+    const char *series = "measured snapkv (window=32,kernel=7,pool=max,gqa=expand,block=0) B=64 (run 12 of study.db)";
+    kvs_results_plan plan = {.model = "tiny", .n_layers = 1, .n_heads = 1, .n_kv_heads = 1, .head_dim = 8,
+                             .params = NAN, .kv_dtype = "fp16", .kv_bytes_per_token = 32, .weight_bytes = 0,
+                             .n_gpus = 1, .gpu_bytes = NAN, .reserve_bytes = 0, .kv_pool_bytes = NAN, .batch = 1,
+                             .context = 16, .response = 0, .policy = "measured", .budget = 64, .kv_a = NAN,
+                             .kv_b = NAN, .aux_a = NAN, .aux_b = NAN, .host_a = NAN, .host_b = NAN,
+                             .transfer_a = NAN, .transfer_b = NAN, .fit_r2 = NAN, .kvsim_version = "0.1.0"};
+    kvs_results_plan_point pts[] = {
+        {.series = "full", .context = 16, .response = 0, .batch = 1, .seq_device_bytes = 512, .total_bytes = 1536,
+         .max_batch = -2, .max_context = -2},
+        {.series = series, .budget = 64, .context = 16, .response = 0, .batch = 1, .seq_device_bytes = 5e7,
+         .total_bytes = 3.2e10, .max_batch = -1, .max_context = 4096},
+    };
+    assert_int_equal(kvs_results_write_plan(db, &plan, NULL, pts, 2, NULL), KVS_OK);
+    kvs_results_close(db);
+    /* and a real one: stories260K (640 bytes per token at fp16: 2 x 5 layers x 4 KV heads x head_dim 8 x 2) */
+    const char *args_plan[] = {"plan", "--trace", trace, "--policy", "constant", "--budget", "64", "--batch", "2",
+                               "--context", "239", "--response", "256", "--db", db_path, NULL};
+    assert_int_equal(kvsim(args_plan), 0);
+    const char *args[] = {"report", db_path, "--out", out, NULL};
+    assert_int_equal(kvsim(args), 0);
+    char p[256];
+    snprintf(p, sizeof p, "%s/report.md", out);
+    char *md = kvs_test_slurp(p, NULL);
+    snprintf(p, sizeof p, "%s/report.html", out);
+    char *html = kvs_test_slurp(p, NULL);
+    assert_non_null(md);
+    assert_non_null(html);
+    /* By hand: 495 tokens x 640 bytes = 316800 per sequence, 633600 for the batch of 2. */
+    assert_non_null(strstr(md, "| 239 + 256 | 2 | 316.8 KB = 309.4 KiB | 633.6 KB = 618.8 KiB |"));
+    assert_non_null(strstr(md, "| 1 | tiny | fp16 | measured | full | - | 16 + 0 | 1 | 512 B | 1.536 KB = 1.500 KiB | - | - |"));
+    char row[1024];
+    snprintf(row, sizeof row, "| 1 | tiny | fp16 | measured | %s | 64 | 16 + 0 | 1 | 50.00 MB = 47.68 MiB | "
+                              "32.00 GB = 29.80 GiB | unbounded | 4096 |", series);
+    if (!strstr(md, row)) fail_msg("capacity row missing: %s\n--- report.md:\n%s", row, md);
+    snprintf(row, sizeof row, "<td>measured</td><td>%s</td><td>64</td>", series);
+    assert_non_null(strstr(html, row));
+    assert_null(strstr(md, "0.0 GB"));
+    assert_null(strstr(html, "0.0 GB"));
+    /* Every point of every plan, recomputed from the stored bytes with the formatter above. */
+    assert_int_equal(kvs_results_open_readonly(db_path, &db), KVS_OK);
+    kvs_results_plan_row *rows = NULL;
+    int64_t n = 0, checked = 0;
+    assert_int_equal(kvs_results_query_plans(db, &rows, &n), KVS_OK);
+    assert_int_equal(n, 2);
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < rows[i].n_points; j++) {
+            const kvs_results_plan_point *q = &rows[i].points[j];
+            char bud[32], seq[64], tot[64], mb[32], mc[32];
+            if (q->budget > 0) snprintf(bud, sizeof bud, "%lld", (long long)q->budget);
+            else snprintf(bud, sizeof bud, "-");
+            plan_bytes(seq, sizeof seq, q->seq_device_bytes);
+            plan_bytes(tot, sizeof tot, q->total_bytes);
+            count_cell(mb, sizeof mb, q->max_batch);
+            count_cell(mc, sizeof mc, q->max_context);
+            snprintf(row, sizeof row, "| %lld | %s | %s | %s | %s | %s | %lld + %lld | %lld | %s | %s | %s | %s |",
+                     (long long)rows[i].id, rows[i].model, rows[i].kv_dtype, rows[i].policy, q->series, bud,
+                     (long long)q->context, (long long)q->response, (long long)q->batch, seq, tot, mb, mc);
+            if (!strstr(md, row)) fail_msg("capacity row not as recomputed: %s\n--- report.md:\n%s", row, md);
+            checked++;
+        }
+    assert_true(checked > 10);
+    kvs_results_plan_rows_free(rows, n);
+    kvs_results_close(db);
+    free(md);
+    free(html);
+}
+
+/* ---- a damaged database ---- */
+
+static void test_corrupt_database(void **state) {
+    (void)state;
+    if (!kvs_test_kvsim_bin()) skip();
+    make_real_report();
+    char good[128], bad[128], out[128], keep[128], p[256];
+    path_in(good, sizeof good, "real.db");
+    path_in(bad, sizeof bad, "bad.db");
+    path_in(out, sizeof out, "bad_db_report");
+    path_in(keep, sizeof keep, "kept_report");
+    size_t n = 0;
+    char *bytes = kvs_test_slurp(good, &n);
+    assert_non_null(bytes);
+    assert_true(n > 64 * 1024);
+    /* Four pages in the middle of the file (SQLite pages are 4 KiB here) overwritten: what a bad disk or a
+     * copy cut short and patched leaves; the replay's per-step series live there. */
+    size_t at = n / 2 / 4096 * 4096;
+    memset(bytes + at, 0xde, 4 * 4096);
+    assert_int_equal(kvs_test_spit(bad, bytes, n), 0);
+    free(bytes);
+
+    /* The library: the intact database passes the check, the damaged one does not; row counts read 0 for a
+     * table that was never created. */
+    kvs_results_db *db = NULL;
+    int64_t rows = -1;
+    assert_int_equal(kvs_results_open_readonly(good, &db), KVS_OK);
+    assert_int_equal(kvs_results_check(db), KVS_OK);
+    assert_int_equal(kvs_results_table_rows(db, "plans", &rows), KVS_OK);
+    assert_int_equal(rows, 1);
+    assert_int_equal(kvs_results_table_rows(db, "no_such_table", &rows), KVS_OK);
+    assert_int_equal(rows, 0);
+    assert_int_equal(kvs_results_table_rows(db, "runs; DROP TABLE runs", &rows), KVS_ERR_INVALID_ARG);
+    kvs_results_close(db);
+    if (kvs_results_open_readonly(bad, &db) == KVS_OK) {
+        assert_int_equal(kvs_results_check(db), KVS_ERR_DB);
+        assert_non_null(strstr(kvs_last_error(), "database disk image is malformed"));
+        kvs_results_close(db);
+    }
+
+    /* The command: exit 1, the reason, nothing written. */
+    const char *a1[] = {"report", bad, "--out", out, NULL};
+    expect_fail(a1, 1, "database disk image is malformed", out);
+    char *e = err_text();
+    assert_non_null(strstr(e, "bad.db"));
+    free(e);
+    /* A previous report in --out stays as it was. */
+    const char *a2[] = {"report", good, "--out", keep, NULL};
+    assert_int_equal(kvsim(a2), 0);
+    snprintf(p, sizeof p, "%s/report.md", keep);
+    char *before = kvs_test_slurp(p, NULL);
+    assert_non_null(before);
+    const char *a3[] = {"report", bad, "--out", keep, NULL};
+    expect_fail(a3, 1, "database disk image is malformed", NULL);
+    char *after = kvs_test_slurp(p, NULL);
+    assert_non_null(after);
+    assert_string_equal(before, after);
+    free(before);
+    free(after);
+}
+
 static int setup(void **state) {
     (void)state;
     snprintf(tmp_dir, sizeof tmp_dir, "/tmp/kvs_report_XXXXXX");
@@ -574,6 +1015,8 @@ int main(void) {
         cmocka_unit_test(test_real_study_page),
         cmocka_unit_test(test_browser_renders_the_page),
         cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_capacity_small_plan),
+        cmocka_unit_test(test_corrupt_database),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
