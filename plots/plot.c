@@ -223,8 +223,12 @@ size_t kvs_plot_pareto(const double *x, const double *y, size_t n, int higher_is
 typedef enum { STYLE_LINE = 0, STYLE_ORACLE, STYLE_FRONTIER } series_style;
 
 typedef struct {
-    /* identity */
+    /* identity: (policy, params, trace content, measure, kv_bytes, aux_bytes), or one run (position kind) */
     char *policy, *params, *measure, *trace_path;
+    char *trace_key;   /* the trace's content hash (one trace through any path spelling), else "#<trace_id>" */
+    char *trace_label; /* kvs_results_trace_label: "<model>@<8 hex>", else the path's base name */
+    int kv_bytes, aux_bytes; /* bytes per K/V and per auxiliary element the runs were replayed with; -1 = not
+                              * recorded (runs written before runs.options) */
     int64_t trace_id, run_id, budget; /* run_id/budget: position kind only (one series per run) */
     int is_oracle;
     int prompt_only; /* budget_scope "prompt": the budget bounds the prompt only (generated tokens all kept) */
@@ -243,7 +247,7 @@ typedef struct {
 /* The turns of one trace of a position plot, as the database has them (n 0: no turn info). */
 typedef struct {
     int64_t trace_id;
-    char *path;
+    char *path;      /* the trace's label (kvs_results_trace_label), for the turn marks */
     kvs_turn *turns; /* [n] */
     int64_t n;
 } trace_turns;
@@ -253,6 +257,8 @@ typedef struct {
     size_t n, cap;
     trace_turns *tr; /* position kind: one per trace of the plotted runs */
     size_t n_tr;
+    double *run_x, *run_y; /* cost kinds: each non-oracle run's own point, what the frontier is made of */
+    size_t n_run, cap_run;
 } plot_data;
 
 static void series_free(plot_series *s) {
@@ -260,6 +266,8 @@ static void series_free(plot_series *s) {
     free(s->params);
     free(s->measure);
     free(s->trace_path);
+    free(s->trace_key);
+    free(s->trace_label);
     free(s->label);
     free(s->x);
     free(s->y);
@@ -277,12 +285,20 @@ static void plot_data_free(plot_data *d) {
         free(d->tr[i].turns);
     }
     free(d->tr);
+    free(d->run_x);
+    free(d->run_y);
     memset(d, 0, sizeof *d);
 }
 
 static kvs_status nomem(void) { return kvs_fail(KVS_ERR_NOMEM, "plot: out of memory"); }
 
 static char *dup_or_empty(const char *s) { return strdup(s ? s : ""); }
+
+/* The identity of run w's trace: its content hash when recorded, else its trace row. */
+static void trace_key_of(const kvs_results_run_row *w, char *buf, size_t cap) {
+    if (w->trace_sha256 && w->trace_sha256[0]) snprintf(buf, cap, "%s", w->trace_sha256);
+    else snprintf(buf, cap, "#%" PRId64, w->trace_id);
+}
 
 static kvs_status series_new(plot_data *d, const kvs_results_run_row *w, int per_run, plot_series **out) {
     if (d->n == d->cap) {
@@ -298,7 +314,16 @@ static kvs_status series_new(plot_data *d, const kvs_results_run_row *w, int per
     s->params = dup_or_empty(w ? w->params : NULL);
     s->measure = dup_or_empty(w ? w->measure : NULL);
     s->trace_path = dup_or_empty(w ? w->trace_path : NULL);
-    if (!s->policy || !s->params || !s->measure || !s->trace_path) return nomem();
+    char key[80] = "", label[600] = "";
+    if (w) {
+        trace_key_of(w, key, sizeof key);
+        kvs_results_trace_label(w, label, sizeof label);
+    }
+    s->trace_key = strdup(key);
+    s->trace_label = strdup(label);
+    if (!s->policy || !s->params || !s->measure || !s->trace_path || !s->trace_key || !s->trace_label) return nomem();
+    s->kv_bytes = s->aux_bytes = -1;
+    if (w) kvs_results_run_bytes(w, &s->kv_bytes, &s->aux_bytes);
     s->trace_id = w ? w->trace_id : -1;
     s->run_id = w && per_run ? w->id : -1;
     s->budget = w && per_run ? w->budget_tokens : -1;
@@ -309,13 +334,20 @@ static kvs_status series_new(plot_data *d, const kvs_results_run_row *w, int per
     return KVS_OK;
 }
 
-/* The series of run w: (policy, params, trace, measure), or the run itself when per_run. */
+/* The series of run w: (policy, params, trace content, measure, kv_bytes, aux_bytes), or the run itself when
+ * per_run. Runs that differ in their element sizes hold different bytes for the same tokens: averaging them
+ * would draw a point no run measured (window at budget 8 with 1 and 4 bytes per element, at 640 B). One trace
+ * replayed through two path spellings has two trace rows but one content: one series. */
 static kvs_status series_of(plot_data *d, const kvs_results_run_row *w, int per_run, plot_series **out) {
+    char key[80];
+    int kv = -1, aux = -1;
+    trace_key_of(w, key, sizeof key);
+    kvs_results_run_bytes(w, &kv, &aux);
     for (size_t i = 0; i < d->n; i++) {
         plot_series *s = &d->s[i];
         if (per_run ? s->run_id == w->id
-                    : (!strcmp(s->policy, w->policy) && !strcmp(s->params, w->params) && s->trace_id == w->trace_id &&
-                       !strcmp(s->measure, w->measure))) {
+                    : (!strcmp(s->policy, w->policy) && !strcmp(s->params, w->params) && !strcmp(s->trace_key, key) &&
+                       !strcmp(s->measure, w->measure) && s->kv_bytes == kv && s->aux_bytes == aux)) {
             if (w->is_oracle) s->is_oracle = 1, s->style = STYLE_ORACLE;
             *out = s;
             return KVS_OK;
@@ -374,42 +406,59 @@ static void series_finish(plot_series *s) {
         }
 }
 
-/* Legend order: policy, params, trace, measure, run. */
+/* Legend order: policy, params, element bytes, trace, measure, run. */
 static int cmp_series(const void *pa, const void *pb) {
     const plot_series *a = pa, *b = pb;
     int c;
     if ((c = strcmp(a->policy, b->policy))) return c;
     if ((c = strcmp(a->params, b->params))) return c;
-    if (a->trace_id != b->trace_id) return a->trace_id < b->trace_id ? -1 : 1;
+    if (a->kv_bytes != b->kv_bytes) return a->kv_bytes < b->kv_bytes ? -1 : 1;
+    if (a->aux_bytes != b->aux_bytes) return a->aux_bytes < b->aux_bytes ? -1 : 1;
+    if ((c = strcmp(a->trace_label, b->trace_label))) return c;
+    if ((c = strcmp(a->trace_key, b->trace_key))) return c;
     if ((c = strcmp(a->measure, b->measure))) return c;
     return (a->run_id > b->run_id) - (a->run_id < b->run_id);
 }
 
-/* Labels: "policy (params)" [" budget=B"] [" (oracle)"] [" (prompt-only budget)"] [" [trace, measure]" where
- * the plot has several traces / measure modes] [" [run N]"]. A trace is named by its file name, or by its path
- * and id when two distinct traces share a file name. `by_budget`: the plot places runs by their nominal budget,
- * which a prompt-only policy exceeds while generating (it keeps every generated token): the label says so, as
- * the runs table's flag P does, so that its line is not read as a policy holding that many tokens. */
+/* Labels: "policy (params)" [" budget=B"] [" (oracle)"] [" (prompt-only budget)"] [" [trace, measure, bytes]"
+ * naming what varies among the plot's series: the trace where it has several, the measure mode, and
+ * "kv_bytes=N" / "aux_bytes=N" where runs were replayed with different element sizes ("?" for a run that did
+ * not record them)] [" [run N]"]. A trace is named by kvs_results_trace_label ("<model>@<8 hex>", or the
+ * file name without a recorded hash); when two different traces would read alike, by more of the hash, or by
+ * path and trace row. `by_budget`: the plot places runs by their nominal budget, which a prompt-only policy
+ * exceeds while generating (it keeps every generated token): the label says so, as the runs table's flag P
+ * does, so that its line is not read as a policy holding that many tokens. */
 static kvs_status label_series(plot_data *d, int per_run, int by_budget) {
-    int many_traces = 0, many_measures = 0;
+    int many_traces = 0, many_measures = 0, many_kv = 0, many_aux = 0;
     for (size_t i = 1; i < d->n; i++) {
-        if (d->s[i].trace_id != d->s[0].trace_id) many_traces = 1;
-        if (strcmp(d->s[i].measure, d->s[0].measure)) many_measures = 1;
+        many_traces |= strcmp(d->s[i].trace_key, d->s[0].trace_key) != 0;
+        many_measures |= strcmp(d->s[i].measure, d->s[0].measure) != 0;
+        many_kv |= d->s[i].kv_bytes != d->s[0].kv_bytes;
+        many_aux |= d->s[i].aux_bytes != d->s[0].aux_bytes;
     }
     for (size_t i = 0; i < d->n; i++) {
         plot_series *s = &d->s[i];
-        char trace[1024] = "", extra[1200] = "", budget[48] = "", run[48] = "";
+        char trace[1100] = "", bytes[64] = "", kv[24] = "?", aux[24] = "?", extra[1400] = "", budget[48] = "",
+             run[48] = "";
         if (many_traces) {
             int clash = 0;
             for (size_t j = 0; j < d->n; j++)
-                if (d->s[j].trace_id != s->trace_id && !strcmp(kvs_path_base(d->s[j].trace_path), kvs_path_base(s->trace_path)))
-                    clash = 1;
-            if (clash) snprintf(trace, sizeof trace, "%s #%" PRId64, s->trace_path, s->trace_id);
-            else snprintf(trace, sizeof trace, "%s", kvs_path_base(s->trace_path));
+                clash |= strcmp(d->s[j].trace_key, s->trace_key) && !strcmp(d->s[j].trace_label, s->trace_label);
+            if (!clash) snprintf(trace, sizeof trace, "%s", s->trace_label);
+            else if (s->trace_key[0] != '#') snprintf(trace, sizeof trace, "%s (sha256 %.16s)", s->trace_label, s->trace_key);
+            else snprintf(trace, sizeof trace, "%s #%" PRId64, s->trace_path, s->trace_id);
         }
-        if (many_traces || many_measures)
-            snprintf(extra, sizeof extra, " [%s%s%s]", trace, many_traces && many_measures ? ", " : "",
-                     many_measures ? s->measure : "");
+        if (s->kv_bytes >= 0) snprintf(kv, sizeof kv, "%d", s->kv_bytes);
+        if (s->aux_bytes >= 0) snprintf(aux, sizeof aux, "%d", s->aux_bytes);
+        if (many_kv || many_aux)
+            snprintf(bytes, sizeof bytes, "%s%s%s%s%s", many_kv ? "kv_bytes=" : "", many_kv ? kv : "",
+                     many_kv && many_aux ? " " : "", many_aux ? "aux_bytes=" : "", many_aux ? aux : "");
+        const char *parts[3] = {trace, many_measures ? s->measure : "", bytes};
+        size_t len = 0;
+        for (int k = 0; k < 3; k++)
+            if (parts[k][0] && len < sizeof extra)
+                len += (size_t)snprintf(extra + len, sizeof extra - len, "%s%s", len ? ", " : " [", parts[k]);
+        if (len && len < sizeof extra) snprintf(extra + len, sizeof extra - len, "]");
         if (per_run) {
             snprintf(budget, sizeof budget, " budget=%" PRId64, s->budget);
             snprintf(run, sizeof run, " [run %" PRId64 "]", s->run_id);
@@ -450,6 +499,19 @@ static kvs_status read_run_points(const kvs_results_run_row *rows, int64_t n_row
         kvs_status rc = series_of(d, w, 0, &s);
         if (rc != KVS_OK) return rc;
         if ((rc = series_add(s, x, y, w->budget_tokens)) != KVS_OK) return rc;
+        if (w->is_oracle) continue;
+        if (d->n_run == d->cap_run) {
+            size_t cap = d->cap_run ? 2 * d->cap_run : 64;
+            double *nx = realloc(d->run_x, cap * sizeof *nx);
+            if (!nx) return nomem();
+            d->run_x = nx;
+            double *ny = realloc(d->run_y, cap * sizeof *ny);
+            if (!ny) return nomem();
+            d->run_y = ny;
+            d->cap_run = cap;
+        }
+        d->run_x[d->n_run] = x;
+        d->run_y[d->n_run++] = y;
     }
     return KVS_OK;
 }
@@ -469,7 +531,9 @@ static kvs_status read_turns(kvs_results_db *db, const kvs_results_run_row *w, p
     trace_turns *t = &d->tr[d->n_tr];
     memset(t, 0, sizeof *t);
     t->trace_id = w->trace_id;
-    if (!(t->path = dup_or_empty(w->trace_path))) return nomem();
+    char label[600];
+    kvs_results_trace_label(w, label, sizeof label);
+    if (!(t->path = strdup(label))) return nomem();
     d->n_tr++;
     return kvs_results_query_turns(db, w->trace_id, &t->turns, &t->n);
 }
@@ -536,38 +600,26 @@ static kvs_status series_breaks(plot_series *s, const trace_turns *t) {
     return KVS_OK;
 }
 
-/* Appends the Pareto frontier of every non-oracle point as a series (nothing when there are none). */
+/* Appends the Pareto frontier of the non-oracle runs as a series (nothing when there are none). It is made of
+ * the runs' own points, not of the series' points: a series point averages the repeated runs of one
+ * configuration at one budget, which agree when the replay is deterministic; where they did not, the average
+ * is a point no run measured, and the frontier must not pass through it. */
 static kvs_status add_frontier(plot_data *d, int higher_is_better) {
-    size_t n = 0;
-    for (size_t i = 0; i < d->n; i++)
-        if (d->s[i].style == STYLE_LINE) n += d->s[i].n;
+    size_t n = d->n_run;
     if (n == 0) return KVS_OK;
-    double *x = malloc(n * sizeof *x), *y = malloc(n * sizeof *y);
     size_t *idx = malloc(n * sizeof *idx);
-    kvs_status rc = KVS_OK;
-    if (!x || !y || !idx) {
-        rc = nomem();
-        goto cleanup;
-    }
-    size_t k = 0;
-    for (size_t i = 0; i < d->n; i++)
-        if (d->s[i].style == STYLE_LINE)
-            for (size_t j = 0; j < d->s[i].n; j++) {
-                x[k] = d->s[i].x[j];
-                y[k++] = d->s[i].y[j];
-            }
-    size_t m = kvs_plot_pareto(x, y, n, higher_is_better, idx);
+    if (!idx) return nomem();
+    size_t m = kvs_plot_pareto(d->run_x, d->run_y, n, higher_is_better, idx);
     plot_series *f = NULL;
+    kvs_status rc = KVS_OK;
     KVS_TRY(rc = series_new(d, NULL, 0, &f));
     f->style = STYLE_FRONTIER;
     if (!(f->label = strdup("Pareto frontier (non-oracle runs)"))) {
         rc = nomem();
         goto cleanup;
     }
-    for (size_t j = 0; j < m; j++) KVS_TRY(rc = series_add(f, x[idx[j]], y[idx[j]], -1));
+    for (size_t j = 0; j < m; j++) KVS_TRY(rc = series_add(f, d->run_x[idx[j]], d->run_y[idx[j]], -1));
 cleanup:
-    free(x);
-    free(y);
     free(idx);
     return rc;
 }
@@ -820,7 +872,7 @@ static void put_turn_marks(FILE *gp, const plot_data *d) {
                         "lc rgb '#555555' front\n",
                     ++n_arrows, u->begin, u->begin);
             char text[600];
-            snprintf(text, sizeof text, "%s%sturn %" PRId64, n_with > 1 ? kvs_path_base(t->path) : "", n_with > 1 ? " " : "",
+            snprintf(text, sizeof text, "%s%sturn %" PRId64, n_with > 1 ? t->path : "", n_with > 1 ? " " : "",
                      k + 1);
             fprintf(gp, "set label %d ", n_arrows);
             kvs_plot_gp_string(gp, text);

@@ -12,14 +12,18 @@
  * run's steps (mean unless --x-stat max, or memory-vs-budget's --metric, says otherwise) named on the axis with
  * its column and unit, a log2 scale with tics in B / KiB / MiB. --log-y puts a quality axis on a log scale.
  *
- * Series. Runs are never averaged across traces or measure modes: a series of the budget and cost kinds
- * is one (policy, params, trace, measure) — runs of the same series at the same budget (a repeated replay)
- * are averaged; error-vs-position draws one series per run. On error-vs-position the turns of a multi-turn
+ * Series. Runs are never averaged across traces, measure modes or element sizes: a series of the budget and
+ * cost kinds is one (policy, params, trace content, measure, kv_bytes, aux_bytes) — the trace by its recorded
+ * SHA-256 (one trace through two path spellings is one series; without a recorded hash, its trace row), the
+ * element sizes from the run's recorded options (kvs_results_run_bytes) — and runs of one series at one budget
+ * (a repeated replay) are averaged; error-vs-position draws one series per run. The Pareto frontier is made of
+ * the runs' own points, never of an average. On error-vs-position the turns of a multi-turn
  * trace are marked (each turn's prompt shaded, a dashed line at each later turn's start; the turns come from
  * the database, kvs_results_query_turns) and a line breaks where positions between two of its points were not
  * measured (the prompts of later turns under measure mode decode), or, without turn info, where the positions
- * jump by more than the series' usual stride. The legend names the trace and the measure
- * mode only when the plotted runs have more than one of them. Oracles are dashed black and labelled
+ * jump by more than the series' usual stride. The legend names the trace ("<model>@<8 hex>",
+ * kvs_results_trace_label), the measure mode and kv_bytes / aux_bytes only when the plotted series differ in
+ * them. Oracles are dashed black and labelled
  * "(oracle)"; every other series is drawn in its policy's colour, point and dash type, the same on every plot
  * and different for every registered policy (kvs_plot_policy_style), several series of one policy told apart
  * by other point and dash types.

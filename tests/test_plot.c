@@ -33,6 +33,7 @@
 #include "sim/policy.h"
 #include "policies/registry.h"
 #include "results/results.h"
+#include "results/results_sweep.h"
 #include "trace/trace.h"
 
 typedef struct {
@@ -672,6 +673,9 @@ static void test_byte_axis_labels(void **state) {
 }
 
 static int block_with_breaks(const char *script, const char *prefix, double *x, int *brk, int cap);
+static int style_of(const char *script, const char *label, int nth, char color[8], int *dt, int *pt);
+static int run_cli_io(char *const argv[], const char *path_dir, const char *out_path, const char *err_path);
+static void make_fake_gnuplot_dir(const char *dir, char *bindir, size_t cap, char *captured, size_t ccap);
 
 /* --log-y: the quality axis of error-vs-budget / -memory / -traffic on a log10 scale. A point at 0 (an exact
  * cache's error) cannot be drawn there: it is left out, the line breaks where it was, and the label counts it;
@@ -800,6 +804,184 @@ static void test_memory_axes_share_one_convention(void **state) {
         free(gp);
         kvs_plot_free(p);
     }
+}
+
+/* One complete run on trace `path` whose content hash `sha` (NULL: none recorded) and replay `options` (NULL:
+ * not recorded, as older databases) are given; storage and traffic `mem`, out_err `err`. */
+static void put_bytes_run(kvs_results_db *db, const char *path, const char *sha, const char *policy, const char *options,
+                          int64_t budget, double mem, double err) {
+    kvs_results_trace tr = {.path = path, .model_name = "generated-gaussian", .n_positions = 64, .prompt_len = 40,
+                            .n_turns = 1, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .head_dim = 16,
+                            .dtype = "fp32", .file_bytes = 1000};
+    int64_t trace_id = 0;
+    if (sha) expect_ok(kvs_results_sweep_trace(db, &tr, sha, &trace_id));
+    kvs_results_run run = {.policy = policy, .params = "", .budget_tokens = budget, .budget_fraction = -1,
+                           .measure = "decode", .status = "complete", .wall_seconds = 0.01, .kvsim_version = "0.1.0",
+                           .options = options};
+    kvs_results_agg a = agg_for(-1, err, mem), l = a;
+    l.layer = 0;
+    expect_ok(kvs_results_write_run(db, &tr, &run, &l, 1, &a, NULL, 0, NULL));
+}
+
+/* 1 when (x, y) is the point of one of the n runs. */
+static int is_run_point(double x, double y, const double (*runs)[2], int n) {
+    for (int i = 0; i < n; i++)
+        if (runs[i][0] == x && runs[i][1] == y) return 1;
+    return 0;
+}
+
+/* A series is one (policy, params, trace content, measure, kv_bytes, aux_bytes): runs replayed with other
+ * element sizes are never averaged into one point (window at budget 8 with 1 and 4 bytes per element was drawn
+ * at 640 B, between its 256 B and 1 KiB, and the frontier went through it); one trace through two path
+ * spellings (two trace rows, one SHA-256) is one series; traces are named "<model>@<8 hex>". The frontier is
+ * made of runs' own points, never of an average. */
+static void test_series_keyed_by_trace_content_and_bytes(void **state) {
+    tmp_ctx *t = *state;
+    char db[160], out[160];
+    snprintf(db, sizeof db, "%s/bytes.db", t->dir);
+    snprintf(out, sizeof out, "%s/bytes.png", t->dir);
+    const char *sha_a = "3f2a9c01aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    const char *sha_b = "77e1b0c2bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+    const char *kv1 = "kv_bytes=1,aux_bytes=4,series_every=0", *kv4 = "kv_bytes=4,aux_bytes=4,series_every=0";
+    kvs_results_db *r = NULL;
+    expect_ok(kvs_results_open(db, &r));
+    /* window, 4 bytes: trace A through two spellings, the same numbers; window, 1 byte: trace A; h2o: trace B. */
+    const double runs[7][2] = {{1024, 0.5}, {2048, 0.3}, {256, 0.5}, {512, 0.3}, {4096, 0.1}, {256, 0.4}, {0, 0}};
+    put_bytes_run(r, "/traces/a.kvt", sha_a, "window", kv4, 8, 1024, 0.5);
+    put_bytes_run(r, "/traces/a.kvt", sha_a, "window", kv4, 16, 2048, 0.3);
+    put_bytes_run(r, "/data/../traces/a.kvt", sha_a, "window", kv4, 8, 1024, 0.5);
+    put_bytes_run(r, "/data/../traces/a.kvt", sha_a, "window", kv4, 16, 2048, 0.3);
+    put_bytes_run(r, "/traces/a.kvt", sha_a, "window", kv1, 8, 256, 0.5);
+    put_bytes_run(r, "/traces/a.kvt", sha_a, "window", kv1, 16, 512, 0.3);
+    put_bytes_run(r, "/traces/b.kvt", sha_b, "h2o", kv4, 16, 4096, 0.1);
+    kvs_results_close(r);
+
+    kvs_plot_options o = opts(KVS_PLOT_ERROR_VS_MEMORY, out);
+    kvs_plot *p = NULL;
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    char *gp = script_of(p, out);
+    const double w4x[2] = {1024, 2048}, w1x[2] = {256, 512}, wy[2] = {0.5, 0.3}, hx[1] = {4096}, hy[1] = {0.1};
+    expect_block(gp, "window [generated-gaussian@3f2a9c01, kv_bytes=4]", 2, w4x, wy);
+    expect_block(gp, "window [generated-gaussian@3f2a9c01, kv_bytes=1]", 2, w1x, wy);
+    expect_block(gp, "h2o [generated-gaussian@77e1b0c2, kv_bytes=4]", 1, hx, hy);
+    const double fx[3] = {256, 512, 4096}, fy[3] = {0.5, 0.3, 0.1};
+    expect_block(gp, "Pareto frontier (non-oracle runs)", 3, fx, fy);
+    assert_int_equal(count_of(gp, "# series: "), 5); /* 3 series + the frontier's line and points */
+    assert_int_equal(kvs_plot_n_series(p), 4);
+    assert_null(strstr(gp, "\n640 ")); /* no averaged point */
+    /* The two window series are told apart by point and dash as well as by label. */
+    char c1[8], c4[8];
+    int dt1, pt1, dt4, pt4;
+    assert_true(style_of(gp, "window [generated-gaussian@3f2a9c01, kv_bytes=1]", 0, c1, &dt1, &pt1));
+    assert_true(style_of(gp, "window [generated-gaussian@3f2a9c01, kv_bytes=4]", 0, c4, &dt4, &pt4));
+    assert_string_equal(c1, c4);
+    assert_false(dt1 == dt4 && pt1 == pt4);
+    free(gp);
+    kvs_plot_free(p);
+
+    /* The same on error-vs-budget: two window series, each point one run's (not the mean 640 B / 0.5). */
+    o = opts(KVS_PLOT_MEMORY_VS_BUDGET, out);
+    o.policy = "window";
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    gp = script_of(p, out);
+    const double bx[2] = {8, 16};
+    expect_block(gp, "window [kv_bytes=1]", 2, bx, w1x);
+    expect_block(gp, "window [kv_bytes=4]", 2, bx, w4x);
+    assert_int_equal(count_of(gp, "# series: "), 2);
+    free(gp);
+    kvs_plot_free(p);
+
+    /* Repeated runs of one configuration that disagree (here window 1 byte at budget 8 again, error 0.4): the
+     * series point is their mean, (256, 0.45), which no run measured; the frontier takes the run (256, 0.4). */
+    expect_ok(kvs_results_open(db, &r));
+    put_bytes_run(r, "/traces/a.kvt", sha_a, "window", kv1, 8, 256, 0.4);
+    kvs_results_close(r);
+    o = opts(KVS_PLOT_ERROR_VS_MEMORY, out);
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    gp = script_of(p, out);
+    const double w1y[2] = {0.45, 0.3};
+    expect_block(gp, "window [generated-gaussian@3f2a9c01, kv_bytes=1]", 2, w1x, w1y);
+    double x[8], y[8];
+    int nf = data_block(gp, "Pareto frontier (non-oracle runs)", x, y, 8);
+    assert_int_equal(nf, 3);
+    for (int i = 0; i < nf; i++) assert_true(is_run_point(x[i], y[i], runs, 6));
+    assert_true(x[0] == 256 && y[0] == 0.4);
+    free(gp);
+    kvs_plot_free(p);
+
+    /* Runs recorded before options and hashes existed: one series per trace row, named by file name. */
+    snprintf(db, sizeof db, "%s/old.db", t->dir);
+    expect_ok(kvs_results_open(db, &r));
+    put_bytes_run(r, "/traces/a.kvt", NULL, "window", NULL, 8, 1024, 0.5);
+    put_bytes_run(r, "/other/a.kvt", NULL, "window", NULL, 8, 1024, 0.5);
+    put_bytes_run(r, "/traces/c.kvt", NULL, "window", NULL, 8, 1024, 0.5);
+    kvs_results_close(r);
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    gp = script_of(p, out);
+    assert_non_null(strstr(gp, "# series: window [c.kvt]\n"));
+    assert_non_null(strstr(gp, "# series: window [/traces/a.kvt #1]\n"));
+    assert_non_null(strstr(gp, "# series: window [/other/a.kvt #2]\n"));
+    assert_null(strstr(gp, "kv_bytes"));
+    free(gp);
+    kvs_plot_free(p);
+}
+
+/* Through the CLI on the bundled trace: window replayed with --kv-bytes 4 through two spellings of the trace's
+ * path and with --kv-bytes 1; error-vs-memory draws two window series (not one averaged over element sizes,
+ * nor one per path spelling), and every frontier point is a run's own (storage, error). */
+static void test_cli_bytes_and_path_spellings(void **state) {
+    tmp_ctx *t = *state;
+    if (!getenv("KVSIM_BIN")) skip();
+    char trace1[400], trace2[400], db[160], out[160], bindir[200], captured[200];
+    snprintf(trace1, sizeof trace1, "%s/examples/stories260K.kvt", kvs_test_root());
+    snprintf(trace2, sizeof trace2, "%s/examples/./../examples/stories260K.kvt", kvs_test_root());
+    if (!kvs_test_exists(trace1)) {
+        fprintf(stderr, "SKIP: %s is missing\n", trace1);
+        skip();
+    }
+    snprintf(db, sizeof db, "%s/cli_bytes.db", t->dir);
+    snprintf(out, sizeof out, "%s/cli_bytes.png", t->dir);
+    char *rep1[] = {"kvsim", "replay", trace1, "--db", db, "--policy", "window", "--budgets", "8,16", "--kv-bytes", "1",
+                    "--no-progress", NULL};
+    char *rep4a[] = {"kvsim", "replay", trace1, "--db", db, "--policy", "window", "--budgets", "8,16", "--kv-bytes", "4",
+                     "--no-progress", NULL};
+    char *rep4b[] = {"kvsim", "replay", trace2, "--db", db, "--policy", "window", "--budgets", "8,16", "--kv-bytes", "4",
+                     "--no-progress", NULL};
+    assert_int_equal(run_cli_io(rep1, NULL, NULL, NULL), 0);
+    assert_int_equal(run_cli_io(rep4a, NULL, NULL, NULL), 0);
+    assert_int_equal(run_cli_io(rep4b, NULL, NULL, NULL), 0);
+    /* The runs as recorded: (storage_bytes mean, out_err mean) of each of the 6. */
+    kvs_results_db *r = NULL;
+    kvs_results_run_row *rows = NULL;
+    int64_t n = 0;
+    expect_ok(kvs_results_open_readonly(db, &r));
+    expect_ok(kvs_results_query_runs(r, NULL, &rows, &n));
+    assert_int_equal(n, 6);
+    double runs[6][2];
+    for (int64_t i = 0; i < n; i++) {
+        runs[i][0] = rows[i].agg.storage_bytes.mean;
+        runs[i][1] = rows[i].agg.out_err.mean;
+    }
+    assert_true(runs[0][0] * 4 == runs[2][0]); /* 1 and 4 bytes per element: a quarter of the bytes */
+    kvs_results_run_rows_free(rows, n);
+    kvs_results_close(r);
+
+    make_fake_gnuplot_dir(t->dir, bindir, sizeof bindir, captured, sizeof captured);
+    char *plot[] = {"kvsim", "plot", db, "--kind", "error-vs-memory", "--out", out, NULL};
+    assert_int_equal(run_cli_io(plot, bindir, NULL, NULL), 0);
+    char *gp = NULL;
+    size_t len = 0;
+    expect_ok(kvs_read_file(captured, &gp, &len));
+    double x[8], y[8];
+    assert_int_equal(data_block(gp, "window [kv_bytes=1]", x, y, 8), 2);
+    for (int i = 0; i < 2; i++) assert_true(x[i] == runs[i][0] && y[i] == runs[i][1]);
+    assert_int_equal(data_block(gp, "window [kv_bytes=4]", x, y, 8), 2);
+    for (int i = 0; i < 2; i++) assert_true(x[i] == runs[2 + i][0] && y[i] == runs[2 + i][1]);
+    assert_int_equal(count_of(gp, "# series: "), 4); /* 2 series + the frontier's line and points */
+    int nf = data_block(gp, "Pareto frontier (non-oracle runs)", x, y, 8);
+    assert_true(nf >= 1);
+    for (int i = 0; i < nf; i++) assert_true(is_run_point(x[i], y[i], (const double(*)[2])runs, 6));
+    free(gp);
 }
 
 /* A prompt-only policy's line on a plot by nominal budget says so in its label (its runs hold every generated
@@ -1877,6 +2059,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_error_vs_memory_without_recorded_bytes, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_byte_axis_labels, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_log_y_axis, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_series_keyed_by_trace_content_and_bytes, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_cli_bytes_and_path_spellings, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_memory_axes_share_one_convention, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_prompt_only_budget_labelled_on_budget_plots, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_script_written_to_a_stream_is_what_gnuplot_reads, setup_db, teardown_db),
