@@ -4,6 +4,7 @@
  */
 #include "compare.h"
 
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,11 +12,13 @@
 
 static const char *const match_names[KVS_COMPARE_N_MATCH] = {"mem", "traffic", "tokens"};
 static const char *const match_x[KVS_COMPARE_N_MATCH] = {"storage_bytes_mean", "traffic_bytes_mean", "budget_tokens"};
-static const char *const status_names[] = {"interpolated", "exact", "out_of_range", "no_x"};
+static const char *const match_x_max[KVS_COMPARE_N_MATCH] = {"storage_bytes_max", "traffic_bytes_max", "budget_tokens"};
+static const char *const status_names[] = {"interpolated", "exact", "out_of_range", "no_x", "gap"};
 
 struct kvs_compare {
     kvs_compare_match match;
-    double at;
+    double at, max_ratio;
+    kvs_stat_kind x_stat;
     kvs_compare_column *cols;
     int n_cols;
     kvs_compare_series *ss;
@@ -38,7 +41,30 @@ kvs_status kvs_compare_match_parse(const char *s, kvs_compare_match *out) {
 }
 
 const char *kvs_compare_status_name(kvs_compare_status s) {
-    return (unsigned)s <= KVS_COMPARE_NO_X ? status_names[s] : "?";
+    return (unsigned)s <= KVS_COMPARE_GAP ? status_names[s] : "?";
+}
+
+int kvs_compare_run_prompt_only(const kvs_results_run_row *w) {
+    return w->budget_scope && !strcmp(w->budget_scope, "prompt");
+}
+
+int kvs_compare_run_noted(const kvs_results_run_row *w) { return w->notes && w->notes[0]; }
+
+void kvs_compare_run_flags(const kvs_results_run_row *w, char out[KVS_COMPARE_FLAGS_CAP]) {
+    int k = 0;
+    if (w->is_oracle) out[k++] = 'O';
+    if (kvs_compare_run_prompt_only(w)) out[k++] = 'P';
+    if (!w->status || strcmp(w->status, "complete")) out[k++] = 'F';
+    if (kvs_compare_run_noted(w)) out[k++] = 'N';
+    out[k] = '\0';
+}
+
+void kvs_compare_series_flags(const kvs_compare_series *s, char out[KVS_COMPARE_FLAGS_CAP]) {
+    int k = 0;
+    if (s->is_oracle) out[k++] = 'O';
+    if (s->prompt_only) out[k++] = 'P';
+    if (s->degenerate) out[k++] = 'N';
+    out[k] = '\0';
 }
 
 kvs_status kvs_compare_column_parse(const char *name, kvs_compare_column *out) {
@@ -55,15 +81,27 @@ kvs_status kvs_compare_column_parse(const char *name, kvs_compare_column *out) {
     return KVS_OK;
 }
 
-static int same_series(const kvs_results_run_row *a, const kvs_results_run_row *b) {
-    return !strcmp(a->policy, b->policy) && !strcmp(a->params, b->params) && a->trace_id == b->trace_id &&
+/* The trace a run measured: its content hash when recorded (one file through any path spelling), else its row. */
+static int same_trace(const kvs_results_run_row *a, const kvs_results_run_row *b) {
+    if (a->trace_sha256 && b->trace_sha256) return !strcmp(a->trace_sha256, b->trace_sha256);
+    if (a->trace_sha256 || b->trace_sha256) return 0;
+    return a->trace_id == b->trace_id;
+}
+
+/* The run's bytes per K/V and auxiliary element, -1 each when runs.options does not record them. */
+static void run_bytes(const kvs_results_run_row *w, int *kv, int *aux) {
+    if (!kvs_results_run_bytes(w, kv, aux)) *kv = *aux = -1;
+}
+
+/* Same configuration on the same positions of the same trace: the series key without the bytes. */
+static int same_but_bytes(const kvs_results_run_row *a, const kvs_results_run_row *b) {
+    return !strcmp(a->policy, b->policy) && !strcmp(a->params, b->params) && same_trace(a, b) &&
            !strcmp(a->measure, b->measure);
 }
 
-static double run_x(const kvs_results_run_row *w, kvs_compare_match mode) {
+static double run_x(const kvs_results_run_row *w, kvs_compare_match mode, kvs_stat_kind x_stat) {
     if (mode == KVS_COMPARE_TOKENS) return (double)w->budget_tokens;
-    return kvs_results_stat_value(mode == KVS_COMPARE_MEM ? &w->agg.storage_bytes : &w->agg.traffic_bytes,
-                                  KVS_STAT_MEAN);
+    return kvs_results_stat_value(mode == KVS_COMPARE_MEM ? &w->agg.storage_bytes : &w->agg.traffic_bytes, x_stat);
 }
 
 /* Adds run w's point to s (summed into an existing point of the same x; evaluate() divides). */
@@ -75,6 +113,7 @@ static kvs_status add_point(kvs_compare_series *s, size_t *cap, const kvs_result
     if (p) {
         for (int c = 0; c < n_cols; c++) p->v[c] += kvs_results_stat_value(&w->agg.m[cols[c].m], cols[c].s);
         p->n_runs++;
+        p->n_noted += kvs_compare_run_noted(w);
         return KVS_OK;
     }
     if (s->n == *cap) {
@@ -90,13 +129,17 @@ static kvs_status add_point(kvs_compare_series *s, size_t *cap, const kvs_result
     p->x = x;
     p->run_id = w->id;
     p->n_runs = 1;
+    p->budget_tokens = w->budget_tokens;
+    p->n_noted = kvs_compare_run_noted(w);
     for (int c = 0; c < n_cols; c++) p->v[c] = kvs_results_stat_value(&w->agg.m[cols[c].m], cols[c].s);
     return KVS_OK;
 }
 
-/* Means of the averaged points, points sorted by x, and the values at X. */
-static void evaluate(kvs_compare_series *s, double X, kvs_compare_match mode, const kvs_compare_column *cols,
-                     int n_cols) {
+/* Means of the averaged points, points sorted by x, and the values at X (the method of compare.h). */
+static void evaluate(kvs_compare_series *s, const kvs_compare *cmp) {
+    const double X = cmp->at;
+    const int n_cols = cmp->n_cols;
+    const kvs_compare_column *cols = cmp->cols;
     for (size_t i = 0; i < s->n; i++)
         for (int c = 0; c < n_cols; c++) s->pts[i].v[c] /= (double)s->pts[i].n_runs;
     for (size_t i = 1; i < s->n; i++)
@@ -106,6 +149,8 @@ static void evaluate(kvs_compare_series *s, double X, kvs_compare_match mode, co
             s->pts[j - 1] = tmp;
         }
     for (int c = 0; c < n_cols; c++) s->val[c] = NAN;
+    s->t = NAN;
+    for (size_t i = 0; i < s->n; i++) s->degenerate |= s->pts[i].n_noted > 0; /* no bracket: any run */
     if (s->n == 0) {
         s->status = KVS_COMPARE_NO_X;
         return;
@@ -121,19 +166,26 @@ static void evaluate(kvs_compare_series *s, double X, kvs_compare_match mode, co
         s->lo = s->hi = i;
         s->t = 0;
         for (int c = 0; c < n_cols; c++) s->val[c] = s->pts[i].v[c];
+        s->degenerate = s->pts[i].n_noted > 0;
     } else {
-        s->status = KVS_COMPARE_INTERPOLATED;
+        const kvs_compare_point *a = &s->pts[i], *b = &s->pts[i + 1];
         s->lo = i;
         s->hi = i + 1;
-        const kvs_compare_point *a = &s->pts[i], *b = &s->pts[i + 1];
+        s->degenerate = a->n_noted > 0 || b->n_noted > 0;
+        /* b->x / a->x rather than a log difference: the ratio is what the rule states */
+        if (b->x / a->x > cmp->max_ratio) {
+            s->status = KVS_COMPARE_GAP;
+            return;
+        }
+        s->status = KVS_COMPARE_INTERPOLATED;
         s->t = (log(X) - log(a->x)) / (log(b->x) - log(a->x));
         for (int c = 0; c < n_cols; c++) s->val[c] = a->v[c] + s->t * (b->v[c] - a->v[c]);
     }
     /* The matched quantity is X by definition of the match. */
-    for (int c = 0; c < n_cols; c++)
-        if (cols[c].s == KVS_STAT_MEAN && ((mode == KVS_COMPARE_MEM && cols[c].m == KVS_M_STORAGE) ||
-                                           (mode == KVS_COMPARE_TRAFFIC && cols[c].m == KVS_M_TRAFFIC)))
-            s->val[c] = X;
+    kvs_metric matched = cmp->match == KVS_COMPARE_MEM ? KVS_M_STORAGE : KVS_M_TRAFFIC;
+    if (cmp->match != KVS_COMPARE_TOKENS)
+        for (int c = 0; c < n_cols; c++)
+            if (cols[c].m == matched && cols[c].s == cmp->x_stat) s->val[c] = X;
 }
 
 /* The sort key of a series: its first column, negated when higher is better (NaN: not available). */
@@ -148,18 +200,27 @@ typedef struct {
     double key;
 } keyed_series;
 
+/* The order of the statuses after the usable ones: a gap (the series reaches X on both sides) before a series
+ * that does not reach X at all. */
+static int status_rank(kvs_compare_status st) {
+    return st <= KVS_COMPARE_EXACT ? 0 : st == KVS_COMPARE_GAP ? 1 : st == KVS_COMPARE_OUT_OF_RANGE ? 2 : 3;
+}
+
 static int cmp_keyed(const void *pa, const void *pb) {
     const keyed_series *ka = pa, *kb = pb;
     const kvs_compare_series *a = &ka->s, *b = &kb->s;
-    int ua = a->status <= KVS_COMPARE_EXACT, ub = b->status <= KVS_COMPARE_EXACT;
-    if (ua != ub) return ua ? -1 : 1;
-    if (ua) {
+    int ra = status_rank(a->status), rb = status_rank(b->status);
+    if (ra != rb) return ra < rb ? -1 : 1;
+    if (ra == 0) {
         int na = isnan(ka->key), nb = isnan(kb->key);
         if (na != nb) return na ? 1 : -1;
         if (!na && ka->key != kb->key) return ka->key < kb->key ? -1 : 1;
     }
-    if (a->status != b->status) return a->status < b->status ? -1 : 1;
-    return strcmp(a->label, b->label);
+    int l = strcmp(a->label, b->label);
+    if (l) return l;
+    l = strcmp(a->trace_label, b->trace_label);
+    if (l) return l;
+    return strcmp(a->rep->measure, b->rep->measure);
 }
 
 void kvs_compare_free(kvs_compare *c) {
@@ -174,11 +235,50 @@ void kvs_compare_free(kvs_compare *c) {
     free(c);
 }
 
-kvs_status kvs_compare_create(const kvs_results_run_row *rows, int64_t n_rows, kvs_compare_match match, double X,
-                              const kvs_compare_column *cols, int n_cols, kvs_compare **out) {
+/* Labels once every series is known: the bytes where two series differ only by them, a trace label made unique. */
+static void label_series(keyed_series *ks, size_t n) {
+    for (size_t j = 0; j < n; j++) {
+        kvs_compare_series *s = &ks[j].s;
+        for (size_t k = 0; k < n && !s->bytes_in_label; k++)
+            s->bytes_in_label = k != j && same_but_bytes(s->rep, ks[k].s.rep);
+        char bytes[64] = "";
+        if (s->bytes_in_label && s->kv_bytes >= 0)
+            snprintf(bytes, sizeof bytes, " [kv_bytes=%d,aux_bytes=%d]", s->kv_bytes, s->aux_bytes);
+        else if (s->bytes_in_label)
+            snprintf(bytes, sizeof bytes, " [bytes not recorded]");
+        snprintf(s->label, sizeof s->label, "%s%s%s%s%s%s", s->rep->policy, s->rep->params[0] ? " (" : "",
+                 s->rep->params, s->rep->params[0] ? ")" : "", bytes, s->is_oracle ? " (oracle)" : "");
+        kvs_results_trace_label(s->rep, s->trace_label, sizeof s->trace_label);
+    }
+    /* two different traces that read the same (base names without a recorded hash): the traces row tells them apart */
+    char(*plain)[160] = malloc((n ? n : 1) * sizeof *plain);
+    if (!plain) return; /* labels stay as read: still correct, only possibly ambiguous */
+    for (size_t j = 0; j < n; j++) memcpy(plain[j], ks[j].s.trace_label, sizeof plain[j]);
+    for (size_t j = 0; j < n; j++) {
+        kvs_compare_series *s = &ks[j].s;
+        int clash = 0;
+        for (size_t k = 0; k < n && !clash; k++)
+            clash = !strcmp(plain[j], plain[k]) && !same_trace(s->rep, ks[k].s.rep);
+        if (clash)
+            snprintf(s->trace_label, sizeof s->trace_label, "%.120s (trace %" PRId64 ")", plain[j], s->rep->trace_id);
+    }
+    free(plain);
+}
+
+kvs_status kvs_compare_create_opts(const kvs_results_run_row *rows, int64_t n_rows, const kvs_compare_opts *o,
+                                   const kvs_compare_column *cols, int n_cols, kvs_compare **out) {
     *out = NULL;
+    if (!o) return kvs_fail(KVS_ERR_INVALID_ARG, "compare: no options");
+    kvs_compare_match match = o->match;
+    double X = o->at, ratio = o->max_ratio == 0 ? KVS_COMPARE_MAX_RATIO : o->max_ratio;
+    kvs_stat_kind xs = o->x_stat == KVS_STAT_N ? KVS_STAT_MEAN : o->x_stat;
     if ((unsigned)match >= KVS_COMPARE_N_MATCH) return kvs_fail(KVS_ERR_INVALID_ARG, "compare: bad match mode");
     if (!(X > 0) || !isfinite(X)) return kvs_fail(KVS_ERR_INVALID_ARG, "compare: X must be finite and positive");
+    if (xs != KVS_STAT_MEAN && xs != KVS_STAT_MAX)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "compare: x statistic must be mean or max");
+    if (xs == KVS_STAT_MAX && match == KVS_COMPARE_TOKENS)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "compare: --match tokens has no x statistic (a budget is one number)");
+    if (!(ratio >= 1)) return kvs_fail(KVS_ERR_INVALID_ARG, "compare: the largest interpolated x ratio must be >= 1");
     if (n_cols < 1 || !cols) return kvs_fail(KVS_ERR_INVALID_ARG, "compare: no column to compare");
     if (n_rows < 0 || (n_rows > 0 && !rows)) return kvs_fail(KVS_ERR_INVALID_ARG, "compare: bad rows");
     for (int c = 0; c < n_cols; c++)
@@ -191,6 +291,8 @@ kvs_status kvs_compare_create(const kvs_results_run_row *rows, int64_t n_rows, k
     if (!c) return kvs_fail(KVS_ERR_NOMEM, "compare: out of memory");
     c->match = match;
     c->at = X;
+    c->x_stat = xs;
+    c->max_ratio = ratio;
     c->n_cols = n_cols;
     if (!(c->cols = malloc((size_t)n_cols * sizeof *c->cols)) ||
         !(ks = calloc(n_rows > 0 ? (size_t)n_rows : 1, sizeof *ks))) {
@@ -201,29 +303,31 @@ kvs_status kvs_compare_create(const kvs_results_run_row *rows, int64_t n_rows, k
     for (int64_t r = 0; r < n_rows; r++) {
         const kvs_results_run_row *w = &rows[r];
         if (!w->status || strcmp(w->status, "complete")) continue;
+        int kv, aux;
+        run_bytes(w, &kv, &aux);
         keyed_series *k = NULL;
         for (size_t j = 0; j < n_ks && !k; j++)
-            if (same_series(ks[j].s.rep, w)) k = &ks[j];
+            if (same_but_bytes(ks[j].s.rep, w) && ks[j].s.kv_bytes == kv && ks[j].s.aux_bytes == aux) k = &ks[j];
         if (!k) {
             k = &ks[n_ks++];
             k->s.rep = w;
+            k->s.kv_bytes = kv;
+            k->s.aux_bytes = aux;
             if (!(k->s.val = malloc((size_t)n_cols * sizeof *k->s.val))) {
                 st = kvs_fail(KVS_ERR_NOMEM, "compare: out of memory");
                 goto cleanup;
             }
         }
         if (w->is_oracle) k->s.is_oracle = 1;
-        if (w->budget_scope && !strcmp(w->budget_scope, "prompt")) k->s.prompt_only = 1;
-        double x = w->has_agg ? run_x(w, match) : NAN;
+        if (kvs_compare_run_prompt_only(w)) k->s.prompt_only = 1;
+        double x = w->has_agg ? run_x(w, match, xs) : NAN;
         if (isfinite(x) && x > 0) KVS_TRY(st = add_point(&k->s, &k->cap, w, x, cols, n_cols));
     }
     for (size_t j = 0; j < n_ks; j++) {
-        kvs_compare_series *s = &ks[j].s;
-        evaluate(s, X, match, cols, n_cols);
-        snprintf(s->label, sizeof s->label, "%s%s%s%s%s", s->rep->policy, s->rep->params[0] ? " (" : "",
-                 s->rep->params, s->rep->params[0] ? ")" : "", s->is_oracle ? " (oracle)" : "");
-        ks[j].key = sort_key(s, &cols[0]);
+        evaluate(&ks[j].s, c);
+        ks[j].key = sort_key(&ks[j].s, &cols[0]);
     }
+    label_series(ks, n_ks);
     if (n_ks) qsort(ks, n_ks, sizeof *ks, cmp_keyed);
     if (!(c->ss = calloc(n_ks ? n_ks : 1, sizeof *c->ss))) {
         st = kvs_fail(KVS_ERR_NOMEM, "compare: out of memory");
@@ -247,9 +351,20 @@ cleanup:
     return KVS_OK;
 }
 
+kvs_status kvs_compare_create(const kvs_results_run_row *rows, int64_t n_rows, kvs_compare_match match, double X,
+                              const kvs_compare_column *cols, int n_cols, kvs_compare **out) {
+    kvs_compare_opts o = {.match = match, .at = X, .x_stat = KVS_STAT_MEAN, .max_ratio = INFINITY};
+    return kvs_compare_create_opts(rows, n_rows, &o, cols, n_cols, out);
+}
+
 size_t kvs_compare_n_series(const kvs_compare *c) { return c->n_ss; }
 const kvs_compare_series *kvs_compare_series_at(const kvs_compare *c, size_t i) { return &c->ss[i]; }
 kvs_compare_match kvs_compare_match_of(const kvs_compare *c) { return c->match; }
 double kvs_compare_at(const kvs_compare *c) { return c->at; }
+kvs_stat_kind kvs_compare_x_stat(const kvs_compare *c) { return c->x_stat; }
+const char *kvs_compare_x_name(const kvs_compare *c) {
+    return c->x_stat == KVS_STAT_MAX ? match_x_max[c->match] : match_x[c->match];
+}
+double kvs_compare_max_ratio(const kvs_compare *c) { return c->max_ratio; }
 int kvs_compare_n_columns(const kvs_compare *c) { return c->n_cols; }
 const kvs_compare_column *kvs_compare_column_at(const kvs_compare *c, int i) { return &c->cols[i]; }

@@ -24,6 +24,7 @@
 #include "common/json.h"
 #include "common/kvs.h"
 #include "results/results.h"
+#include "results/results_sweep.h"
 #include "tests/util/testenv.h"
 
 typedef struct {
@@ -38,7 +39,8 @@ static void expect_ok(kvs_status st) {
 }
 
 /* One complete run with the chosen run-wide aggregate (storage, traffic, errors...; storage < 0: storage and
- * traffic not recorded). Returns its id. */
+ * traffic not recorded). Returns its id. The fields after topk are optional: the trace's content hash (recorded
+ * as replay does, in sweep_traces), runs.options, budget_scope, notes, and a peak storage (0: = the mean). */
 typedef struct {
     const char *trace, *model, *policy, *params, *measure;
     int oracle;
@@ -46,17 +48,22 @@ typedef struct {
     double storage, traffic, err, err_p95, recall, topk;
 } run_spec;
 
+typedef struct {
+    const char *sha, *options, *scope, *notes;
+    double storage_max;
+} run_extra;
+
 static kvs_results_stat val(double v) {
     return (kvs_results_stat){.n = 100, .mean = v, .p50 = v, .p95 = v, .max = v, .min = v};
 }
 
-static int64_t put_run(kvs_results_db *db, run_spec r) {
+static int64_t put_run_ex(kvs_results_db *db, run_spec r, run_extra x) {
     kvs_results_trace tr = {.path = r.trace, .model_name = r.model, .n_positions = 128, .prompt_len = 64,
                             .n_turns = 1, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .head_dim = 16,
                             .dtype = "fp16", .file_bytes = 4096};
     kvs_results_run run = {.policy = r.policy, .params = r.params, .budget_tokens = r.budget, .budget_fraction = -1,
                            .is_oracle = r.oracle, .measure = r.measure, .status = "complete", .wall_seconds = 0.1,
-                           .kvsim_version = "0.1.0"};
+                           .kvsim_version = "0.1.0", .options = x.options, .budget_scope = x.scope, .notes = x.notes};
     kvs_results_agg a = {.layer = -1};
     a.out_err = val(r.err);
     a.out_err.p95 = r.err_p95;
@@ -66,11 +73,18 @@ static int64_t put_run(kvs_results_db *db, run_spec r) {
     if (r.storage >= 0) {
         a.storage_bytes = val(r.storage);
         a.traffic_bytes = val(r.traffic);
+        if (x.storage_max > 0) a.storage_bytes.max = x.storage_max;
     }
     int64_t id = 0;
+    if (x.sha) {
+        int64_t trace_id = 0;
+        expect_ok(kvs_results_sweep_trace(db, &tr, x.sha, &trace_id));
+    }
     expect_ok(kvs_results_write_run(db, &tr, &run, NULL, 0, &a, NULL, 0, &id));
     return id;
 }
+
+static int64_t put_run(kvs_results_db *db, run_spec r) { return put_run_ex(db, r, (run_extra){.sha = NULL}); }
 
 /* Run ids of the study, for the assertions. */
 static int64_t id_h2o16, id_h2o64, id_st16, id_st32, id_st64, id_topk16, id_topk64;
@@ -155,9 +169,9 @@ static void need_bin(void) {
     if (!getenv("KVSIM_BIN")) skip(); /* only meaningful through the test runner, which sets it */
 }
 
-/* `kvsim compare DB ARGS... --csv`, parsed: rows[i][j] = field j of data row i (no quoted fields here). */
-#define MAX_ROWS 16
-#define MAX_FIELDS 32
+/* A CSV output, parsed: f[i][j] = field j of data row i (RFC 4180 quotes undone). */
+#define MAX_ROWS 32
+#define MAX_FIELDS 256
 typedef struct {
     char *text;
     int n_rows, n_cols;
@@ -165,28 +179,35 @@ typedef struct {
     char *f[MAX_ROWS][MAX_FIELDS];
 } csv_table;
 
+/* Splits one record in place (a quoted field loses its quotes, "" inside becomes "). */
 static int split(char *line, char **fields) {
     int n = 0;
-    fields[n++] = line;
-    for (char *c = line; *c; c++)
-        if (*c == ',') {
-            *c = '\0';
-            assert_true(n < MAX_FIELDS);
-            fields[n++] = c + 1;
+    char *r = line, *w = line;
+    for (;;) {
+        assert_true(n < MAX_FIELDS);
+        fields[n++] = w;
+        if (*r == '"') {
+            for (r++; *r && !(r[0] == '"' && r[1] != '"');)
+                if (r[0] == '"') *w++ = '"', r += 2;
+                else *w++ = *r++;
+            if (*r == '"') r++;
+        } else
+            while (*r && *r != ',') *w++ = *r++;
+        if (*r != ',') {
+            *w = '\0';
+            return n;
         }
-    return n;
+        *w++ = '\0';
+        r++;
+    }
 }
 
-static void compare_csv(tmp_ctx *t, const char *const *args, csv_table *out) {
-    char *argv[32] = {"kvsim", "compare", t->db};
-    int n = 3;
-    for (; *args; args++) argv[n++] = (char *)*args;
-    argv[n++] = "--csv";
-    argv[n] = NULL;
+/* `kvsim ARGV...` (argv[0] ignored, NULL-terminated), whose stdout is CSV, parsed into *out; exit 0 required. */
+static void cli_csv(tmp_ctx *t, char *const argv[], csv_table *out) {
     int rc = run_cli(argv, t->out, t->err);
     if (rc != 0) {
         char *e = kvs_test_slurp(t->err, NULL);
-        fprintf(stderr, "kvsim compare exited %d: %s\n", rc, e);
+        fprintf(stderr, "kvsim %s exited %d: %s\n", argv[1], rc, e);
         free(e);
         fail();
     }
@@ -208,6 +229,16 @@ static void compare_csv(tmp_ctx *t, const char *const *args, csv_table *out) {
     }
     assert_int_equal(start, len); /* every record ends in LF */
     assert_true(out->n_cols > 0);
+}
+
+/* `kvsim compare DB ARGS... --csv`, parsed. */
+static void compare_csv(tmp_ctx *t, const char *const *args, csv_table *out) {
+    char *argv[32] = {"kvsim", "compare", t->db};
+    int n = 3;
+    for (; *args; args++) argv[n++] = (char *)*args;
+    argv[n++] = "--csv";
+    argv[n] = NULL;
+    cli_csv(t, argv, out);
 }
 
 static const char *cell(const csv_table *c, int row, const char *col) {
@@ -244,9 +275,10 @@ static void test_mem_interpolates_in_log_x(void **state) {
     csv_table c;
     const char *args[] = {"--match", "mem", "--at", "2KiB", NULL};
     compare_csv(t, args, &c);
-    const char *want_head = "policy,params,is_oracle,trace,model,measure,match,at,status,run_lo,run_hi,x_lo,x_hi,x_min,"
-                            "x_max,out_err_mean,out_err_p95,attn_recall_mean,topk_overlap_mean,attended_tokens_mean,"
-                            "storage_bytes_mean,traffic_bytes_mean";
+    const char *want_head = "policy,params,flags,is_oracle,prompt_only,degenerate,kv_bytes,aux_bytes,trace,trace_label,"
+                            "trace_sha256,model,measure,match,x,at,status,run_lo,run_hi,budget_lo,budget_hi,x_lo,x_hi,"
+                            "x_min,x_max,out_err_mean,out_err_p95,attn_recall_mean,topk_overlap_mean,"
+                            "attended_tokens_mean,storage_bytes_mean,traffic_bytes_mean";
     char head[1024] = "";
     for (int j = 0; j < c.n_cols; j++) snprintf(head + strlen(head), sizeof head - strlen(head), "%s%s", j ? "," : "", c.head[j]);
     assert_string_equal(head, want_head);
@@ -355,9 +387,10 @@ static void test_tokens_and_traffic_modes(void **state) {
     const char *args_t[] = {"--match",  "traffic", "--at", "1KiB", "--metric", "traffic_bytes_mean",
                             "--metric", "out_err_mean,storage_bytes_mean", "--model", "m1", "--measure", "decode", NULL};
     compare_csv(t, args_t, &c);
-    assert_string_equal(c.head[15], "traffic_bytes_mean");
-    assert_string_equal(c.head[16], "out_err_mean");
-    assert_string_equal(c.head[17], "storage_bytes_mean");
+    assert_true(c.n_cols == 28); /* 25 fixed columns, then the three metrics in the order given */
+    assert_string_equal(c.head[25], "traffic_bytes_mean");
+    assert_string_equal(c.head[26], "out_err_mean");
+    assert_string_equal(c.head[27], "storage_bytes_mean");
     /* sorted by traffic_bytes_mean: every series in range shows 1024 (the match), ties by label */
     for (int i = 0; i < c.n_rows; i++) {
         const char *p = cell(&c, i, "policy");
@@ -397,7 +430,7 @@ static void test_at_suffixes(void **state) {
     char *argk[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "2K", "--csv", NULL};
     assert_int_equal(run_cli(argk, t->out, t->err), 0);
     char *text = kvs_test_slurp(t->out, NULL);
-    assert_non_null(strstr(text, ",mem,2000,"));
+    assert_non_null(strstr(text, ",mem,storage_bytes_mean,2000,"));
     free(text);
     char *argm[] = {"kvsim", "compare", t->db, "--match", "tokens", "--at", "1e6", "--json", NULL};
     assert_int_equal(run_cli(argm, t->out, t->err), 0);
@@ -515,6 +548,13 @@ static void test_bad_options_and_databases(void **state) {
         {"kvsim", "compare", db, "--match", "mem", "--at", "2K", "--measure", "sometimes", NULL},
         {"kvsim", "compare", db, "--match", "mem", "--at", "2K", "--frobnicate", NULL},
         {"kvsim", "compare", db, db, "--match", "mem", "--at", "2K", NULL},
+        {"kvsim", "compare", db, "--match", "mem", "--at", "2K", "--x-stat", "p95", NULL},
+        {"kvsim", "compare", db, "--match", "tokens", "--at", "8", "--x-stat", "max", NULL},
+        {"kvsim", "compare", db, "--match", "mem", "--at", "2K", "--x-stat", "max", "--x-stat", "max", NULL},
+        {"kvsim", "compare", db, "--match", "mem", "--at", "2K", "--x-stat", NULL},
+        {"kvsim", "compare", db, "--match", "mem", "--at", "2K", "--max-ratio", "0.5", NULL},
+        {"kvsim", "compare", db, "--match", "mem", "--at", "2K", "--max-ratio", "nan", NULL},
+        {"kvsim", "compare", db, "--match", "mem", "--at", "2K", "--max-ratio", "4x", NULL},
     };
     for (size_t i = 0; i < sizeof usage / sizeof usage[0]; i++) {
         int rc = run_cli(usage[i], t->out, t->err);
@@ -573,6 +613,358 @@ static void test_bad_options_and_databases(void **state) {
     free(h);
 }
 
+/* ------------------------------------------------------------------------------------------------
+ * Series by what they measured: the trace's content, the bytes per element, the flags of kvsim runs
+ * ---------------------------------------------------------------------------------------------- */
+
+static const char SHA_A[] = "a1a2a3a4b5b6c7c8d9d0e1e2f3f4a5a6b7b8c9c0d1d2e3e4f5f6a7a8b9b0c1c2";
+static const char SHA_B[] = "0f0e0d0c0b0a09080706050403020100f0e0d0c0b0a090807060504030201000";
+
+/* Opens a fresh database for a test of its own (the study of setup_db stays as it is). */
+static kvs_results_db *fresh_db(tmp_ctx *t, const char *name) {
+    snprintf(t->db, sizeof t->db, "%s/%s", t->dir, name);
+    kvs_results_db *db = NULL;
+    expect_ok(kvs_results_open(t->db, &db));
+    return db;
+}
+
+/* The row of the CSV whose `col` reads `want` (and col2 reads want2 when col2 is not NULL); fails when none or
+ * several. */
+static int row_where(const csv_table *c, const char *col, const char *want, const char *col2, const char *want2) {
+    int found = -1;
+    for (int i = 0; i < c->n_rows; i++)
+        if (!strcmp(cell(c, i, col), want) && (!col2 || !strcmp(cell(c, i, col2), want2))) {
+            if (found >= 0) {
+                fprintf(stderr, "two rows with %s = %s\n", col, want);
+                fail();
+            }
+            found = i;
+        }
+    if (found < 0) {
+        fprintf(stderr, "no row with %s = %s%s%s\n", col, want, col2 ? " and " : "", col2 ? want2 : "");
+        fail();
+    }
+    return found;
+}
+
+/* One trace file named by two paths (one content hash) is one series; two different files with one base name are
+ * two, labelled by model and hash; without a hash, two files with one base name get their traces row in the label. */
+static void test_series_are_traces_by_content(void **state) {
+    tmp_ctx *t = *state;
+    need_bin();
+    kvs_results_db *db = fresh_db(t, "traces.db");
+    int64_t a16 = put_run_ex(db, (run_spec){"/data/a.kvt", "m1", "h2o", "", "decode", 0, 16, 1024, 512, .5, 1, .5, .5},
+        (run_extra){.sha = SHA_A});
+    int64_t a64 = put_run_ex(db, (run_spec){"/data/./x/../a.kvt", "m1", "h2o", "", "decode", 0, 64, 4096, 2048, .25, .5,
+                                         .75, .5}, (run_extra){.sha = SHA_A});
+    put_run_ex(db, (run_spec){"/other/a.kvt", "m1", "h2o", "", "decode", 0, 16, 1024, 512, .75, 1, .5, .5},
+        (run_extra){.sha = SHA_B});
+    put_run_ex(db, (run_spec){"/other/a.kvt", "m1", "h2o", "", "decode", 0, 64, 4096, 2048, .5, 1, .5, .5},
+        (run_extra){.sha = SHA_B});
+    put_run(db, (run_spec){"/p/b.kvt", "m1", "tova", "", "decode", 0, 16, 2048, 512, .5, 1, .5, .5});
+    put_run(db, (run_spec){"/q/b.kvt", "m1", "tova", "", "decode", 0, 16, 2048, 512, .25, 1, .5, .5});
+    kvs_results_close(db);
+    csv_table c;
+    const char *args[] = {"--match", "mem", "--at", "2KiB", "--metric", "out_err_mean", NULL};
+    compare_csv(t, args, &c);
+    assert_int_equal(c.n_rows, 4); /* h2o on two traces, tova on two */
+    /* the two spellings of SHA_A's file: one series from both runs, t = 1/2 in ln x: (.5 + .25) / 2 */
+    int r = row_where(&c, "trace_sha256", SHA_A, NULL, NULL);
+    expect_str(&c, r, "trace_label", "m1@a1a2a3a4");
+    expect_str(&c, r, "status", "interpolated");
+    expect_num(&c, r, "run_lo", (double)a16);
+    expect_num(&c, r, "run_hi", (double)a64);
+    expect_num(&c, r, "out_err_mean", 0.375);
+    r = row_where(&c, "trace_sha256", SHA_B, NULL, NULL);
+    expect_str(&c, r, "trace_label", "m1@0f0e0d0c");
+    expect_num(&c, r, "out_err_mean", 0.625);
+    /* no hash recorded: the base name, made unique by the traces row */
+    int p = row_where(&c, "trace", "/p/b.kvt", NULL, NULL), q = row_where(&c, "trace", "/q/b.kvt", NULL, NULL);
+    assert_string_not_equal(cell(&c, p, "trace_label"), cell(&c, q, "trace_label"));
+    assert_non_null(strstr(cell(&c, p, "trace_label"), "b.kvt (trace "));
+    expect_str(&c, p, "trace_sha256", "");
+    free(c.text);
+    /* the table names the traces by the same labels */
+    char *argv[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "2KiB", NULL};
+    assert_int_equal(run_cli(argv, t->out, t->err), 0);
+    char *text = kvs_test_slurp(t->out, NULL);
+    assert_non_null(strstr(text, "m1@a1a2a3a4"));
+    assert_non_null(strstr(text, "m1@0f0e0d0c"));
+    assert_non_null(strstr(text, ": 4 series"));
+    free(text);
+}
+
+/* Runs that differ only by --kv-bytes/--aux-bytes are two series (never averaged), labelled by their bytes. */
+static void test_kv_bytes_are_part_of_the_series(void **state) {
+    tmp_ctx *t = *state;
+    need_bin();
+    kvs_results_db *db = fresh_db(t, "bytes.db");
+    const char *kv4 = "kv_bytes=4,aux_bytes=4,series_every=0", *kv1 = "kv_bytes=1,aux_bytes=4,series_every=0";
+    int64_t w8_4 = put_run_ex(db, (run_spec){"/t/a.kvt", "m1", "window", "", "decode", 0, 8, 1024, 1024, .5, 1, .5, .5},
+        (run_extra){.sha = SHA_A, .options = kv4});
+    put_run_ex(db, (run_spec){"/t/a.kvt", "m1", "window", "", "decode", 0, 32, 4096, 4096, .25, 1, .5, .5},
+        (run_extra){.sha = SHA_A,
+                           .options = kv4});
+    int64_t w8_1 = put_run_ex(db, (run_spec){"/t/a.kvt", "m1", "window", "", "decode", 0, 8, 256, 256, .5, 1, .5, .5},
+        (run_extra){.sha = SHA_A, .options = kv1});
+    int64_t w32_1 = put_run_ex(db, (run_spec){"/t/a.kvt", "m1", "window", "", "decode", 0, 32, 1024, 1024, .25, 1, .5,
+                                           .5}, (run_extra){.sha = SHA_A, .options = kv1});
+    kvs_results_close(db);
+    csv_table c;
+    /* at budget 8: 1 KiB with 4-byte elements, 256 B with 1-byte ones (not their mean, 640 B) */
+    const char *tok[] = {"--match", "tokens", "--at", "8", "--metric", "storage_bytes_mean", NULL};
+    compare_csv(t, tok, &c);
+    assert_int_equal(c.n_rows, 2);
+    int r4 = row_where(&c, "kv_bytes", "4", NULL, NULL), r1 = row_where(&c, "kv_bytes", "1", NULL, NULL);
+    expect_num(&c, r4, "storage_bytes_mean", 1024);
+    expect_num(&c, r4, "run_lo", (double)w8_4);
+    expect_num(&c, r1, "storage_bytes_mean", 256);
+    expect_num(&c, r1, "run_lo", (double)w8_1);
+    expect_str(&c, r1, "aux_bytes", "4");
+    free(c.text);
+    /* at 1 KiB: the 4-byte series is exact at budget 8 (err .5), the 1-byte one at budget 32 (err .25) */
+    const char *mem[] = {"--match", "mem", "--at", "1KiB", "--metric", "out_err_mean", "--json", NULL};
+    char *argv[16] = {"kvsim", "compare", t->db};
+    int n = 3;
+    for (const char *const *a = mem; *a; a++) argv[n++] = (char *)*a;
+    argv[n] = NULL;
+    assert_int_equal(run_cli(argv, t->out, t->err), 0);
+    char *text = kvs_test_slurp(t->out, NULL);
+    kvs_json *root = NULL;
+    expect_ok(kvs_json_parse(text, strlen(text), &root));
+    const kvs_json *series = kvs_json_get(root, "series");
+    assert_int_equal(kvs_json_len(series), 2);
+    const kvs_json *s0 = kvs_json_at(series, 0), *s1 = kvs_json_at(series, 1);
+    assert_string_equal(kvs_json_string(kvs_json_get(s0, "label")), "window [kv_bytes=1,aux_bytes=4]");
+    assert_true(kvs_json_number(kvs_json_get(s0, "kv_bytes")) == 1);
+    assert_true(kvs_json_number(kvs_json_at(kvs_json_get(s0, "runs"), 0)) == (double)w32_1);
+    assert_true(kvs_json_number(kvs_json_get(kvs_json_get(s0, "values"), "out_err_mean")) == 0.25);
+    assert_string_equal(kvs_json_string(kvs_json_get(s1, "label")), "window [kv_bytes=4,aux_bytes=4]");
+    assert_true(kvs_json_number(kvs_json_get(kvs_json_get(s1, "values"), "out_err_mean")) == 0.5);
+    kvs_json_free(root);
+    free(text);
+    /* the table says which is which */
+    char *tab[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "1KiB", NULL};
+    assert_int_equal(run_cli(tab, t->out, t->err), 0);
+    text = kvs_test_slurp(t->out, NULL);
+    assert_non_null(strstr(text, "- [kv_bytes=1,aux_bytes=4]\n"));
+    assert_non_null(strstr(text, "- [kv_bytes=4,aux_bytes=4]\n"));
+    free(text);
+}
+
+/* The flags of kvsim runs: P (prompt-only budget) on the series, N when a run the value comes from has a note. */
+static void test_prompt_only_and_note_flags(void **state) {
+    tmp_ctx *t = *state;
+    need_bin();
+    kvs_results_db *db = fresh_db(t, "flags.db");
+    put_run_ex(db, (run_spec){"/t/a.kvt", "m1", "snapkv", "", "decode", 0, 16, 512, 512, .5, 1, .5, .5},
+        (run_extra){.notes =
+                           "window of the last 16 positions"});
+    put_run(db, (run_spec){"/t/a.kvt", "m1", "snapkv", "", "decode", 0, 32, 1024, 1024, .4, 1, .5, .5});
+    put_run(db, (run_spec){"/t/a.kvt", "m1", "snapkv", "", "decode", 0, 64, 2048, 2048, .3, 1, .5, .5});
+    put_run_ex(db, (run_spec){"/t/a.kvt", "m1", "pyramidkv", "", "decode", 0, 16, 700, 700, .45, 1, .5, .5},
+        (run_extra){.scope = "prompt"});
+    put_run_ex(db, (run_spec){"/t/a.kvt", "m1", "pyramidkv", "", "decode", 0, 64, 2200, 2200, .2, 1, .5, .5},
+        (run_extra){.scope = "prompt"});
+    kvs_results_close(db);
+    csv_table c;
+    /* at 768 B snapkv lies between its runs at 16 (noted) and 32: N; pyramidkv is prompt-only: P */
+    const char *lo[] = {"--match", "mem", "--at", "768", "--metric", "out_err_mean", NULL};
+    compare_csv(t, lo, &c);
+    int s = row_where(&c, "policy", "snapkv", NULL, NULL), p = row_where(&c, "policy", "pyramidkv", NULL, NULL);
+    expect_str(&c, s, "flags", "N");
+    expect_str(&c, s, "degenerate", "1");
+    expect_str(&c, s, "prompt_only", "0");
+    expect_str(&c, p, "flags", "P");
+    expect_str(&c, p, "prompt_only", "1");
+    expect_str(&c, p, "degenerate", "0");
+    free(c.text);
+    /* at 1.5 KiB snapkv lies between 32 and 64, neither noted: no N */
+    const char *hi[] = {"--match", "mem", "--at", "1536", "--metric", "out_err_mean", NULL};
+    compare_csv(t, hi, &c);
+    s = row_where(&c, "policy", "snapkv", NULL, NULL);
+    expect_str(&c, s, "flags", "");
+    expect_str(&c, s, "degenerate", "0");
+    free(c.text);
+    char *argv[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "768", NULL};
+    assert_int_equal(run_cli(argv, t->out, t->err), 0);
+    char *text = kvs_test_slurp(t->out, NULL);
+    assert_true(row_flags_are(text, "snapkv", "N"));
+    assert_true(row_flags_are(text, "pyramidkv", "P"));
+    assert_non_null(strstr(text, "\nP  prompt-only budget"));
+    assert_non_null(strstr(text, "\nN  note: a run this row's value comes from"));
+    free(text);
+}
+
+/* --x-stat max: x is the peak resident bytes (storage_bytes_max), as kvsim plot --x-stat max. */
+static void test_x_stat_max(void **state) {
+    tmp_ctx *t = *state;
+    need_bin();
+    kvs_results_db *db = fresh_db(t, "xstat.db");
+    int64_t b16 = put_run_ex(db, (run_spec){"/t/a.kvt", "m1", "h2o", "", "decode", 0, 16, 1000, 500, .5, 1, .5, .5},
+        (run_extra){.storage_max = 2000});
+    int64_t b64 = put_run_ex(db, (run_spec){"/t/a.kvt", "m1", "h2o", "", "decode", 0, 64, 4000, 2000, .25, 1, .5, .5},
+        (run_extra){.storage_max = 8000});
+    kvs_results_close(db);
+    csv_table c;
+    /* peak 2000 .. 8000 brackets 4000 at t = ln 2 / ln 4 = 1/2; the mean column is interpolated, the peak is X */
+    const char *mx[] = {"--match", "mem", "--at", "4000", "--x-stat", "max", "--metric",
+                        "out_err_mean,storage_bytes_mean,storage_bytes_max", NULL};
+    compare_csv(t, mx, &c);
+    expect_str(&c, 0, "x", "storage_bytes_max");
+    expect_str(&c, 0, "status", "interpolated");
+    expect_num(&c, 0, "run_lo", (double)b16);
+    expect_num(&c, 0, "run_hi", (double)b64);
+    expect_num(&c, 0, "x_lo", 2000);
+    expect_num(&c, 0, "x_hi", 8000);
+    expect_num(&c, 0, "out_err_mean", 0.375);
+    expect_num(&c, 0, "storage_bytes_mean", 2500);
+    expect_num(&c, 0, "storage_bytes_max", 4000);
+    free(c.text);
+    /* the mean: 4000 is the run at budget 64 exactly */
+    const char *mean[] = {"--match", "mem", "--at", "4000", "--x-stat", "mean", "--metric", "out_err_mean", NULL};
+    compare_csv(t, mean, &c);
+    expect_str(&c, 0, "x", "storage_bytes_mean");
+    expect_str(&c, 0, "status", "exact");
+    expect_num(&c, 0, "run_lo", (double)b64);
+    expect_num(&c, 0, "out_err_mean", 0.25);
+    free(c.text);
+    char *argv[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "4000", "--x-stat", "max", NULL};
+    assert_int_equal(run_cli(argv, t->out, t->err), 0);
+    char *text = kvs_test_slurp(t->out, NULL);
+    assert_non_null(strstr(text, "compare at storage_bytes_max = 4000"));
+    free(text);
+}
+
+/* A real MorphKV sweep on the bundled trace: its resident bytes jump from 1 KiB (budget 32: its recent window
+ * R = 32 leaves no distant slot, no profile) to 18 KiB (budget 64). Between those two runs compare gives no value
+ * (a gap naming both); between runs at most 4x apart it interpolates, and every number it prints is recomputed
+ * here from `kvsim runs --csv --summary`. */
+typedef struct {
+    int64_t id;
+    double x, err, recall;
+} run_point;
+
+static run_point point_of(const csv_table *runs, const char *policy, const char *budget) {
+    int r = row_where(runs, "policy", policy, "budget_tokens", budget);
+    run_point p = {.id = strtoll(cell(runs, r, "run_id"), NULL, 10),
+                   .x = strtod(cell(runs, r, "storage_bytes_mean"), NULL),
+                   .err = strtod(cell(runs, r, "out_err_mean"), NULL),
+                   .recall = strtod(cell(runs, r, "attn_recall_mean"), NULL)};
+    return p;
+}
+
+/* The value at X between a and b, in ln x, written out as the method states it. */
+static double by_hand(double X, double xa, double va, double xb, double vb) {
+    double t = (log(X) - log(xa)) / (log(xb) - log(xa));
+    return va + t * (vb - va);
+}
+
+static void expect_near(const csv_table *c, int row, const char *col, double want) {
+    const char *s = cell(c, row, col);
+    double v = strtod(s, NULL);
+    if (!s[0] || fabs(v - want) > 1e-12 * fmax(1, fabs(want))) {
+        fprintf(stderr, "row %d %s: '%s', recomputed %.17g\n", row, col, s, want);
+        fail();
+    }
+}
+
+static void test_gap_on_a_morphkv_sweep(void **state) {
+    tmp_ctx *t = *state;
+    need_bin();
+    char trace[4096];
+    snprintf(trace, sizeof trace, "%s/examples/stories260K.kvt", kvs_test_root());
+    snprintf(t->db, sizeof t->db, "%s/morph.db", t->dir);
+    char *rep[] = {"kvsim", "replay", trace, "--db", t->db, "--policy", "morphkv", "--policy", "window", "--budgets",
+                   "16,32,64,128", NULL};
+    assert_int_equal(run_cli(rep, t->out, t->err), 0);
+    csv_table runs;
+    char *rargv[] = {"kvsim", "runs", t->db, "--csv", "--summary", NULL};
+    cli_csv(t, rargv, &runs);
+    run_point m32 = point_of(&runs, "morphkv", "32"), m64 = point_of(&runs, "morphkv", "64"),
+              m128 = point_of(&runs, "morphkv", "128"), w64 = point_of(&runs, "window", "64"),
+              w128 = point_of(&runs, "window", "128");
+    assert_true(m64.x / m32.x > 4); /* the jump this test is about */
+    assert_true(m128.x / m64.x <= 4);
+
+    csv_table c;
+    const char *at3k[] = {"--match", "mem", "--at", "3KiB", "--metric", "out_err_mean,attn_recall_mean", NULL};
+    compare_csv(t, at3k, &c);
+    int m = row_where(&c, "policy", "morphkv", NULL, NULL), w = row_where(&c, "policy", "window", NULL, NULL);
+    expect_str(&c, m, "status", "gap");
+    expect_num(&c, m, "run_lo", (double)m32.id);
+    expect_num(&c, m, "run_hi", (double)m64.id);
+    expect_num(&c, m, "budget_lo", 32);
+    expect_num(&c, m, "budget_hi", 64);
+    expect_near(&c, m, "x_lo", m32.x);
+    expect_near(&c, m, "x_hi", m64.x);
+    expect_str(&c, m, "out_err_mean", "");
+    expect_str(&c, m, "flags", "N"); /* budget 32 is a degenerate MorphKV (a window of the last 32) */
+    expect_str(&c, w, "status", "interpolated");
+    expect_num(&c, w, "run_lo", (double)w64.id);
+    expect_num(&c, w, "run_hi", (double)w128.id);
+    expect_near(&c, w, "out_err_mean", by_hand(3072, w64.x, w64.err, w128.x, w128.err));
+    expect_near(&c, w, "attn_recall_mean", by_hand(3072, w64.x, w64.recall, w128.x, w128.recall));
+    assert_true(m > w); /* a gap after every series with a value */
+    free(c.text);
+
+    /* between MorphKV's runs at 64 and 128 (2x apart) it interpolates */
+    const char *at24k[] = {"--match", "mem", "--at", "24KiB", "--metric", "out_err_mean,attn_recall_mean", NULL};
+    compare_csv(t, at24k, &c);
+    m = row_where(&c, "policy", "morphkv", NULL, NULL);
+    expect_str(&c, m, "status", "interpolated");
+    expect_str(&c, m, "flags", "");
+    expect_near(&c, m, "out_err_mean", by_hand(24576, m64.x, m64.err, m128.x, m128.err));
+    expect_near(&c, m, "attn_recall_mean", by_hand(24576, m64.x, m64.recall, m128.x, m128.recall));
+    free(c.text);
+
+    /* --max-ratio inf lifts the rule: the span is interpolated (a value no MorphKV configuration was measured at) */
+    const char *inf[] = {"--match", "mem", "--at", "3KiB", "--metric", "out_err_mean", "--max-ratio", "inf", NULL};
+    compare_csv(t, inf, &c);
+    m = row_where(&c, "policy", "morphkv", NULL, NULL);
+    expect_str(&c, m, "status", "interpolated");
+    expect_near(&c, m, "out_err_mean", by_hand(3072, m32.x, m32.err, m64.x, m64.err));
+    free(c.text);
+    const char *wide[] = {"--match", "mem", "--at", "3KiB", "--metric", "out_err_mean", "--max-ratio", "20", NULL};
+    compare_csv(t, wide, &c);
+    expect_str(&c, row_where(&c, "policy", "morphkv", NULL, NULL), "status", "interpolated");
+    free(c.text);
+
+    /* the table and JSON name the two configurations */
+    char *tab[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "3KiB", NULL};
+    assert_int_equal(run_cli(tab, t->out, t->err), 0);
+    char *text = kvs_test_slurp(t->out, NULL), want[160], xa[32], xb[32];
+    snprintf(xa, sizeof xa, "%.2fKiB", m32.x / 1024);
+    snprintf(xb, sizeof xb, "%.1fKiB", m64.x / 1024);
+    snprintf(want, sizeof want, "gap: #%lld (budget 32) at %s .. #%lld (budget 64) at %s, x ratio %.3g > 4",
+             (long long)m32.id, xa, (long long)m64.id, xb, m64.x / m32.x);
+    if (!strstr(text, want)) {
+        fprintf(stderr, "no '%s' in:\n%s\n", want, text);
+        fail();
+    }
+    assert_non_null(strstr(text, "\ngap: the two runs around X are more than 4x apart"));
+    free(text);
+    char *js[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "3KiB", "--json", NULL};
+    assert_int_equal(run_cli(js, t->out, t->err), 0);
+    text = kvs_test_slurp(t->out, NULL);
+    kvs_json *root = NULL;
+    expect_ok(kvs_json_parse(text, strlen(text), &root));
+    assert_true(kvs_json_number(kvs_json_get(root, "max_ratio")) == 4);
+    const kvs_json *series = kvs_json_get(root, "series"), *g = NULL;
+    for (size_t i = 0; i < kvs_json_len(series); i++)
+        if (!strcmp(kvs_json_string(kvs_json_get(kvs_json_at(series, i), "policy")), "morphkv"))
+            g = kvs_json_at(series, i);
+    assert_non_null(g);
+    assert_string_equal(kvs_json_string(kvs_json_get(g, "status")), "gap");
+    assert_true(kvs_json_number(kvs_json_at(kvs_json_get(g, "runs"), 0)) == (double)m32.id);
+    assert_true(kvs_json_number(kvs_json_at(kvs_json_get(g, "budgets"), 1)) == 64);
+    assert_int_equal(kvs_json_type_of(kvs_json_get(g, "values")), KVS_JSON_NULL);
+    assert_int_equal(kvs_json_type_of(kvs_json_get(g, "t")), KVS_JSON_NULL);
+    kvs_json_free(root);
+    free(text);
+    free(runs.text);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_mem_interpolates_in_log_x, setup_db, teardown_db),
@@ -580,6 +972,11 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_at_suffixes, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_table_and_json_output, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_bad_options_and_databases, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_series_are_traces_by_content, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_kv_bytes_are_part_of_the_series, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_prompt_only_and_note_flags, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_x_stat_max, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_gap_on_a_morphkv_sweep, setup_db, teardown_db),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
