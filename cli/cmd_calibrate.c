@@ -30,6 +30,12 @@ static void usage(FILE *f) {
             "  --plot F.png    (or F.svg) scatter of out_err mean (offline) against mean KL (closed loop), log-log, per trace\n");
 }
 
+/* One trace: the same content hash when both runs recorded one (any path spelling), else the same traces row. */
+static int same_trace(const char *sha_a, int64_t id_a, const char *sha_b, int64_t id_b) {
+    if (sha_a && sha_b) return !strcmp(sha_a, sha_b);
+    return id_a == id_b;
+}
+
 typedef struct {
     const kvs_results_closed_row *c;
     const kvs_results_run_row *r;
@@ -191,19 +197,25 @@ int kvs_cmd_calibrate(int argc, char **argv) {
         st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
-    /* Pairs grouped by trace, in order of first appearance; the latest replay run of a configuration wins. */
+    /* Pairs grouped by trace, in order of first appearance; the latest replay run of a configuration wins. A
+     * trace is its content hash where recorded, so a replay and a closed-loop run of one file named by two paths
+     * pair (and two files that share a name do not). */
     for (int64_t i = 0; i < n_cl; i++) {
         if (cl[i].trace_id <= 0 || strcmp(cl[i].mode, "teacher") != 0) continue;
         int seen = 0;
         for (int64_t k = 0; k < i && !seen; k++)
-            seen = cl[k].trace_id == cl[i].trace_id && !strcmp(cl[k].mode, "teacher");
+            seen = cl[k].trace_id > 0 && !strcmp(cl[k].mode, "teacher") &&
+                   same_trace(cl[k].trace_sha256, cl[k].trace_id, cl[i].trace_sha256, cl[i].trace_id);
         if (seen) continue;
         for (int64_t j = i; j < n_cl; j++) {
             const kvs_results_closed_row *c = &cl[j];
-            if (c->trace_id != cl[i].trace_id || strcmp(c->mode, "teacher") != 0) continue;
+            if (c->trace_id <= 0 || strcmp(c->mode, "teacher") != 0 ||
+                !same_trace(c->trace_sha256, c->trace_id, cl[i].trace_sha256, cl[i].trace_id))
+                continue;
             const kvs_results_run_row *best = NULL;
             for (int64_t r = 0; r < n_runs; r++)
-                if (runs[r].trace_id == c->trace_id && runs[r].has_agg && runs[r].budget_tokens == c->budget_tokens &&
+                if (same_trace(runs[r].trace_sha256, runs[r].trace_id, c->trace_sha256, c->trace_id) &&
+                    runs[r].has_agg && runs[r].budget_tokens == c->budget_tokens &&
                     !strcmp(runs[r].policy, c->policy) && !strcmp(runs[r].params, c->params))
                     best = &runs[r];
             int dup = 0; /* a configuration generated twice: the latest closed-loop run */
@@ -223,7 +235,9 @@ int kvs_cmd_calibrate(int argc, char **argv) {
         size_t n = group_end[gi] - b;
         if (n == 0) continue;
         const pair *p = pairs + b;
-        printf("trace %s (model %s, prompt %lld tokens): %zu (policy, budget) pairs\n", p[0].r->trace_path,
+        char label[160];
+        kvs_results_trace_label(p[0].r, label, sizeof label);
+        printf("trace %s (%s; model %s, prompt %lld tokens): %zu (policy, budget) pairs\n", label, p[0].r->trace_path,
                p[0].c->model, (long long)p[0].c->prompt_len, n);
         printf("  %-14s %6s %10s %10s %8s %10s %8s %10s %7s %7s\n", "policy", "budget", "err_mean", "err_p95",
                "recall", "kl_mean", "top1", "dppl", "rk_off", "rk_cl");

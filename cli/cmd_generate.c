@@ -12,6 +12,7 @@
 #include "../sim/closed_loop.h"
 #include "../sim/replay.h"
 #include "../results/results_closed.h"
+#include "../results/results_sweep.h"
 #include "../trace/trace.h"
 #include "cli.h"
 #include "policies/registry.h"
@@ -172,6 +173,7 @@ int kvs_cmd_generate(int argc, char **argv) {
     int n_budgets = 0, failed = 0;
     int64_t n_ids = 0, prompt_len = 0;
     kvs_results_trace trow;
+    char trace_sha[65] = "";
     kvs_status st = kvs_model_load(model_path, &model);
     if (st != KVS_OK) goto cleanup;
     const kvs_model_info *info = kvs_model_info_get(model);
@@ -198,6 +200,9 @@ int kvs_cmd_generate(int argc, char **argv) {
         }
         memcpy(ids, kvs_trace_tokens(trace), (size_t)n_ids * sizeof *ids);
         trow = kvs_results_trace_of(trace_path, ti);
+        /* the trace's identity is its content, not the path it was named by: calibrate pairs these runs with replays
+         * of the same file through any spelling (and merge keeps them one trace) */
+        KVS_TRY(st = kvs_trace_content_sha256(trace, trace_sha));
     } else {
         const char *src = text_path ? text_path : prompt_file;
         if (src) {
@@ -221,6 +226,10 @@ int kvs_cmd_generate(int argc, char **argv) {
     if (st != KVS_OK) goto cleanup;
     KVS_TRY(st = kvs_threadpool_create((int)threads, &pool));
     KVS_TRY(st = kvs_results_open(db_path, &db));
+    if (trace_path) {
+        int64_t trace_row = 0; /* the row closed-loop runs reference: kvs_results_closed_write finds it again */
+        KVS_TRY(st = kvs_results_sweep_trace(db, &trow, trace_sha, &trace_row));
+    }
 
     printf("%-14s %6s %9s %9s %8s %10s %10s %9s %8s", "policy", "budget", "kl_mean", "top1", "ppl_full", "ppl_policy",
            "dppl", "out_err", "recall");

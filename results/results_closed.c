@@ -4,6 +4,7 @@
 #include "results_closed.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -174,6 +175,7 @@ void kvs_results_closed_rows_free(kvs_results_closed_row *rows, int64_t n) {
         free(r->policy);
         free(r->params);
         free(r->budget_scope);
+        free(r->trace_sha256);
     }
     free(rows);
 }
@@ -184,14 +186,19 @@ kvs_status kvs_results_closed_query(kvs_results_db *db, kvs_results_closed_row *
     int ex = kvs_results_table_exists(db, "closed_runs");
     if (ex < 0) return KVS_ERR_DB;
     if (ex == 0) return kvs_fail(KVS_ERR_STATE, "no closed-loop results in %s (run kvsim generate first)", kvs_results_path(db));
+    /* the trace's content hash where its writer recorded one (table sweep_traces: generate and replay do) */
+    int has_sha = kvs_results_table_exists(db, "sweep_traces");
+    if (has_sha < 0) return KVS_ERR_DB;
+    char sql[1024];
+    snprintf(sql, sizeof sql,
+             "SELECT c.id, COALESCE(c.trace_id, 0), c.model, c.mode, c.source, c.tokens_sha256, c.policy, c.params, "
+             "c.budget_scope, c.n_tokens, c.prompt_len, c.budget_tokens, c.n_steps, c.kl_mean, c.kl_max, "
+             "c.top1_agree, c.ppl_full, c.ppl_policy, c.out_err_mean, c.out_err_p95, c.attn_recall_mean, "
+             "c.topk_overlap_mean, c.attended_mean, c.token_agreement, COALESCE(c.first_divergence, -1), %s "
+             "FROM closed_runs c%s WHERE c.status = 'complete' ORDER BY c.id",
+             has_sha ? "h.sha256" : "NULL", has_sha ? " LEFT JOIN sweep_traces h ON h.trace_id = c.trace_id" : "");
     sqlite3_stmt *st = NULL;
-    kvs_status s = kvs_results_prepare(
-        db,
-        "SELECT id, COALESCE(trace_id, 0), model, mode, source, tokens_sha256, policy, params, budget_scope, n_tokens, "
-        "prompt_len, budget_tokens, n_steps, kl_mean, kl_max, top1_agree, ppl_full, ppl_policy, out_err_mean, "
-        "out_err_p95, attn_recall_mean, topk_overlap_mean, attended_mean, token_agreement, "
-        "COALESCE(first_divergence, -1) FROM closed_runs WHERE status = 'complete' ORDER BY id",
-        &st, "read closed-loop runs");
+    kvs_status s = kvs_results_prepare(db, sql, &st, "read closed-loop runs");
     if (s != KVS_OK) return s;
     kvs_results_closed_row *out = NULL;
     int64_t cnt = 0, cap = 0;
@@ -226,7 +233,9 @@ kvs_status kvs_results_closed_query(kvs_results_db *db, kvs_results_closed_row *
                          &r->token_agreement};
         for (int k = 0; k < 11; k++) *dst[k] = col_real(st, 13 + k);
         r->first_divergence = sqlite3_column_int64(st, 24);
-        if (!r->model || !r->mode || !r->policy || !r->params) {
+        int oom = 0;
+        r->trace_sha256 = kvs_results_col_dup(st, 25, &oom);
+        if (oom || !r->model || !r->mode || !r->policy || !r->params) {
             s = kvs_fail(KVS_ERR_NOMEM, "out of memory");
             break;
         }

@@ -43,6 +43,8 @@ typedef struct {
     double kl_mean, kl_max, top1_agree, ppl_full, ppl_policy, out_err_mean, out_err_p95, attn_recall_mean,
         topk_overlap_mean, attended_mean, token_agreement; /* NaN when not recorded */
     int64_t first_divergence;   /* free: -1 never; teacher: -1 */
+    char *trace_sha256;         /* the trace file's content hash (table sweep_traces, recorded by generate and
+                                 * replay); NULL when not recorded: no trace, or written before generate recorded it */
 } kvs_results_closed_row;
 
 /*! kvs_results_closed_query() : every complete closed-loop run, ascending id, into *rows (*n entries; caller

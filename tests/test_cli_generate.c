@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -18,6 +19,7 @@
 #include "tests/util/testenv.h"
 
 #include "common/kvs.h"
+#include "common/sha256.h"
 #include "results/results_closed.h"
 
 static char model[4096], trace[4096], story[4096], dir[64], db[128], out[128], err[128];
@@ -126,6 +128,79 @@ static void test_generate_and_calibrate_on_the_bundled_trace(void **state) {
     cleanup_dir();
 }
 
+/* The 64 hex digits of the SHA-256 of the file at `path`, by sha256sum when it is installed (a computation that
+ * shares nothing with kvsim's), else by common/sha256.h over the file's bytes. */
+static void file_sha256(const char *path, char hex[65]) {
+    char cmd[4200];
+    snprintf(cmd, sizeof cmd, "sha256sum '%s' 2>/dev/null", path);
+    FILE *p = popen(cmd, "r");
+    int got = p && fscanf(p, "%64s", hex) == 1 && strlen(hex) == 64;
+    if (p) pclose(p);
+    if (got) return;
+    size_t n = 0;
+    void *data = kvs_test_slurp(path, &n);
+    assert_non_null(data);
+    kvs_sha256_hex(data, n, hex);
+    free(data);
+}
+
+/* A trace is its content: generate through another path to the bundled trace (a symbolic link with another
+ * name) records the file's hash and pairs with the replays made through its usual path; a different file with
+ * the same base name pairs with nothing. */
+static void test_calibrate_pairs_one_trace_through_two_paths(void **state) {
+    (void)state;
+    if (!need()) skip();
+    char link[160], other_dir[160], other[192], sha[65];
+    snprintf(link, sizeof link, "%s/renamed.kvt", dir);
+    assert_int_equal(symlink(trace, link), 0);
+    file_sha256(trace, sha);
+    const char *rep[] = {"replay", trace, "--db", db, "--policy", "window", "--policy", "tova", "--budgets", "8,32",
+                         NULL};
+    assert_int_equal(kvs_test_cli(out, err, rep), 0);
+    const char *gen[] = {"generate", "--model", model, "--trace", link, "--db", db, "--policy", "window", "--policy",
+                         "tova", "--budgets", "8,32", NULL};
+    assert_int_equal(kvs_test_cli(out, err, gen), 0);
+    kvs_results_db *h = NULL;
+    assert_int_equal(kvs_results_open_readonly(db, &h), KVS_OK);
+    kvs_results_closed_row *rows = NULL;
+    int64_t n = 0;
+    assert_int_equal(kvs_results_closed_query(h, &rows, &n), KVS_OK);
+    assert_int_equal(n, 4);
+    for (int64_t i = 0; i < n; i++) {
+        assert_non_null(rows[i].trace_sha256);
+        assert_string_equal(rows[i].trace_sha256, sha);
+        assert_string_equal(rows[i].source, link);
+    }
+    kvs_results_closed_rows_free(rows, n);
+    kvs_results_close(h);
+    const char *cal[] = {"calibrate", db, "--bootstrap", "0", NULL};
+    assert_int_equal(kvs_test_cli(out, err, cal), 0);
+    char *text = kvs_test_slurp(out, NULL), label[64];
+    snprintf(label, sizeof label, "trace stories260K@%.8s (", sha);
+    assert_non_null(strstr(text, label));
+    assert_non_null(strstr(text, ": 4 (policy, budget) pairs"));
+    /* another file named stories260K.kvt (the multi-turn trace) replayed after: its runs pair with nothing, so
+     * calibrate's output does not change */
+    snprintf(other_dir, sizeof other_dir, "%s/other", dir);
+    assert_int_equal(mkdir(other_dir, 0755), 0);
+    snprintf(other, sizeof other, "%s/stories260K.kvt", other_dir);
+    char multi[4200];
+    snprintf(multi, sizeof multi, "%s/examples/stories260K_multiturn.kvt", kvs_test_root());
+    assert_int_equal(symlink(multi, other), 0);
+    const char *rep2[] = {"replay", other, "--db", db, "--policy", "window", "--policy", "tova", "--budgets", "8,32",
+                          NULL};
+    assert_int_equal(kvs_test_cli(out, err, rep2), 0);
+    assert_int_equal(kvs_test_cli(out, err, cal), 0);
+    char *again = kvs_test_slurp(out, NULL);
+    assert_string_equal(again, text);
+    free(again);
+    free(text);
+    unlink(other);
+    rmdir(other_dir);
+    unlink(link);
+    cleanup_dir();
+}
+
 static void test_free_running_and_text_modes(void **state) {
     (void)state;
     if (!need()) skip();
@@ -191,6 +266,7 @@ static void test_bad_usage_and_files(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_and_calibrate_on_the_bundled_trace),
+        cmocka_unit_test(test_calibrate_pairs_one_trace_through_two_paths),
         cmocka_unit_test(test_free_running_and_text_modes),
         cmocka_unit_test(test_bad_usage_and_files),
     };
