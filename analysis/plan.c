@@ -1,5 +1,6 @@
 /* plan.c — capacity planning (see plan.h): presets with their published shapes, config.json shapes, weight
- * counts, policy footprints, the measured storage profile of a replay run, and the capacity of a plan.
+ * counts, policy footprints, the auxiliary-state rule of every policy, the measured storage profile of a replay
+ * run fitted on its steady state, and the capacity of a plan.
  * Follows ../shared/DESIGN.md "Analysis" and POLICY_SPEC §7 G3 (KV sizes), §5 M22, R2, D1, D10.
  */
 #include "plan.h"
@@ -25,39 +26,39 @@ static const kvs_plan_model presets[] = {
     /* meta-llama/Llama-3.1-8B: hidden 4096, intermediate 14336, 32 layers, 32 heads, 8 KV heads, vocab 128256,
      * max_position_embeddings 131072, tie_word_embeddings false */
     {"Llama-3.1-8B", "config.json of meta-llama/Llama-3.1-8B", KVS_PLAN_ARCH_GATED, 32, 32, 8, 128, 4096, 14336,
-     128256, 131072, 0, 0},
+     128256, 131072, 0, 0, 0},
     /* meta-llama/Llama-3.1-70B: hidden 8192, intermediate 28672, 80 layers, 64 heads, 8 KV heads, vocab 128256 */
     {"Llama-3.1-70B", "config.json of meta-llama/Llama-3.1-70B", KVS_PLAN_ARCH_GATED, 80, 64, 8, 128, 8192, 28672,
-     128256, 131072, 0, 0},
+     128256, 131072, 0, 0, 0},
     /* meta-llama/Llama-3.1-405B: hidden 16384, intermediate 53248, 126 layers, 128 heads, 8 KV heads */
     {"Llama-3.1-405B", "config.json of meta-llama/Llama-3.1-405B", KVS_PLAN_ARCH_GATED, 126, 128, 8, 128, 16384,
-     53248, 128256, 131072, 0, 0},
+     53248, 128256, 131072, 0, 0, 0},
     /* meta-llama/Meta-Llama-3-8B (D2O's throughput model, §5.5): Llama-3.1-8B's shape with an 8192 context */
     {"Llama-3-8B", "config.json of meta-llama/Meta-Llama-3-8B", KVS_PLAN_ARCH_GATED, 32, 32, 8, 128, 4096, 14336,
-     128256, 8192, 0, 0},
+     128256, 8192, 0, 0, 0},
     /* meta-llama/Llama-2-7b-hf: hidden 4096, intermediate 11008, 32 layers, 32 heads = 32 KV heads (MHA), vocab
      * 32000, max_position_embeddings 4096 */
     {"Llama-2-7B", "config.json of meta-llama/Llama-2-7b-hf", KVS_PLAN_ARCH_GATED, 32, 32, 32, 128, 4096, 11008,
-     32000, 4096, 0, 0},
+     32000, 4096, 0, 0, 0},
     /* mistralai/Mistral-7B-Instruct-v0.2: hidden 4096, intermediate 14336, 32 layers, 32 heads, 8 KV heads, vocab
      * 32000, max_position_embeddings 32768 (v0.2 dropped the sliding window) */
     {"Mistral-7B-v0.2", "config.json of mistralai/Mistral-7B-Instruct-v0.2", KVS_PLAN_ARCH_GATED, 32, 32, 8, 128,
-     4096, 14336, 32000, 32768, 0, 0},
+     4096, 14336, 32000, 32768, 0, 0, 0},
     /* Qwen/Qwen2.5-7B: hidden 3584, intermediate 18944, 28 layers, 28 heads, 4 KV heads, vocab 152064,
      * max_position_embeddings 131072, tie_word_embeddings false; q/k/v biases (Qwen2) */
     {"Qwen2.5-7B", "config.json of Qwen/Qwen2.5-7B", KVS_PLAN_ARCH_GATED, 28, 28, 4, 128, 3584, 18944, 152064,
-     131072, 0, 1},
+     131072, 0, 1, 0},
     /* Qwen/Qwen2.5-14B: hidden 5120, intermediate 13824, 48 layers, 40 heads, 8 KV heads, vocab 152064 */
     {"Qwen2.5-14B", "config.json of Qwen/Qwen2.5-14B", KVS_PLAN_ARCH_GATED, 48, 40, 8, 128, 5120, 13824, 152064,
-     131072, 0, 1},
+     131072, 0, 1, 0},
     /* microsoft/phi-4 (Phi3ForCausalLM: fused qkv and gate_up projections, no biases): hidden 5120, intermediate
      * 17920, 40 layers, 40 heads, 10 KV heads, vocab 100352, max_position_embeddings 16384 */
     {"Phi-4", "config.json of microsoft/phi-4", KVS_PLAN_ARCH_GATED, 40, 40, 10, 128, 5120, 17920, 100352, 16384, 0,
-     0},
+     0, 0},
     /* facebook/opt-30b: hidden_size 7168, ffn_dim 28672, 48 layers, 56 heads (MHA), vocab 50272,
      * max_position_embeddings 2048, lm_head tied to the token embedding */
     {"OPT-30B", "config.json of facebook/opt-30b", KVS_PLAN_ARCH_OPT, 48, 56, 56, 128, 7168, 28672, 50272, 2048, 1,
-     0},
+     0, 0},
 };
 
 int kvs_plan_preset_count(void) { return (int)(sizeof presets / sizeof presets[0]); }
@@ -149,7 +150,13 @@ kvs_status kvs_plan_model_from_config(const char *path, kvs_plan_model *out) {
     }
     const kvs_json *tie = kvs_json_get(cfg, "tie_word_embeddings");
     m.tied_embeddings = kvs_json_type_of(tie) == KVS_JSON_BOOL ? kvs_json_bool(tie) : is_opt;
-    m.qkv_bias = mt && !strcmp(mt, "qwen2");
+    /* the capture's loader (gpu_capture/model.c) counts the same: Qwen2's q/k/v biases, Llama's attention_bias on
+     * q/k/v and o */
+    const kvs_json *ab = kvs_json_get(cfg, "attention_bias");
+    const int attn_bias = kvs_json_type_of(ab) == KVS_JSON_BOOL && kvs_json_bool(ab);
+    const int is_qwen2 = mt && !strcmp(mt, "qwen2");
+    m.qkv_bias = is_qwen2 || attn_bias;
+    m.o_bias = !is_qwen2 && attn_bias;
     const char *base = kvs_path_base(path);
     snprintf(m.name, sizeof m.name, "%.*s", (int)sizeof m.name - 1, base[0] ? base : path);
     snprintf(m.source, sizeof m.source, "%.*s", (int)sizeof m.source - 1, file);
@@ -159,7 +166,23 @@ cleanup:
     return st;
 }
 
-void kvs_plan_model_from_trace(const kvs_model_config *c, const char *source, kvs_plan_model *out) {
+/* The value of `key` in capture settings "key=value key=value ..." into buf; 0 when absent. */
+static int setting(const char *settings, const char *key, char *buf, size_t cap) {
+    const size_t klen = strlen(key);
+    for (const char *p = settings; p && *p;) {
+        p += strspn(p, " ");
+        size_t len = strcspn(p, " ");
+        if (len > klen && !strncmp(p, key, klen) && p[klen] == '=') {
+            snprintf(buf, cap, "%.*s", (int)(len - klen - 1), p + klen + 1);
+            return 1;
+        }
+        p += len;
+    }
+    return 0;
+}
+
+void kvs_plan_model_from_trace(const kvs_model_config *c, const char *settings, const char *source,
+                               kvs_plan_model *out) {
     kvs_plan_model m = {0};
     snprintf(m.name, sizeof m.name, "%s", c->model_name[0] ? c->model_name : "trace model");
     snprintf(m.source, sizeof m.source, "trace header of %s", source ? source : "?");
@@ -172,6 +195,13 @@ void kvs_plan_model_from_trace(const kvs_model_config *c, const char *source, kv
     m.intermediate = c->hidden_dim;
     m.vocab = c->vocab_size;
     m.max_positions = c->max_seq_len;
+    /* What the weights hold beyond the shape, where the capture recorded it; the tie is otherwise not known (the
+     * header has no field for it) and the caller says so. */
+    char v[64];
+    m.tied_embeddings = setting(settings, "tie_word_embeddings", v, sizeof v) ? !strcmp(v, "1") : -1;
+    m.qkv_bias = setting(settings, "architecture", v, sizeof v) && !strcmp(v, "Qwen2ForCausalLM");
+    if (setting(settings, "qkv_bias", v, sizeof v)) m.qkv_bias = !strcmp(v, "1");
+    if (setting(settings, "o_bias", v, sizeof v)) m.o_bias = !strcmp(v, "1");
     *out = m;
 }
 
@@ -186,11 +216,13 @@ double kvs_plan_params(const kvs_plan_model *m) {
         /* q,k,v,o (h x q each, biased), fc1 h x f + f, fc2 f x h + h, two LayerNorms (weight + bias); the learned
          * positions have max_positions + 2 rows (OPT's offset of 2); the final LayerNorm. */
         double layer = 4 * (h * q + q) + (h * f + f) + (f * h + h) + 4 * h;
-        return m->n_layers * layer + v * h * (m->tied_embeddings ? 1 : 2) + ((double)m->max_positions + 2) * h + 2 * h;
+        return m->n_layers * layer + v * h * (m->tied_embeddings == 1 ? 1 : 2) + ((double)m->max_positions + 2) * h +
+               2 * h;
     }
-    /* q (h x q), k and v (h x kv), o (q x h), gate/up/down (3 h x f), two RMSNorm weights; Qwen2's q/k/v biases. */
-    double layer = h * q + 2 * h * kv + q * h + 3 * h * f + 2 * h + (m->qkv_bias ? q + 2 * kv : 0);
-    return m->n_layers * layer + v * h * (m->tied_embeddings ? 1 : 2) + h;
+    /* q (h x q), k and v (h x kv), o (q x h), gate/up/down (3 h x f), two RMSNorm weights; q/k/v biases (Qwen2,
+     * attention_bias), o's bias (attention_bias). An unknown tie (-1) counts the classifier apart. */
+    double layer = h * q + 2 * h * kv + q * h + 3 * h * f + 2 * h + (m->qkv_bias ? q + 2 * kv : 0) + (m->o_bias ? h : 0);
+    return m->n_layers * layer + v * h * (m->tied_embeddings == 1 ? 1 : 2) + h;
 }
 
 double kvs_plan_kv_bytes_per_token(const kvs_plan_model *m, double elem_bytes) {
@@ -216,6 +248,78 @@ const char *kvs_plan_kind_name(kvs_plan_kind k) {
 }
 
 /* ------------------------------------------------------------------------------------------------
+ * Auxiliary state: what each policy's account() keeps (policies/<name>.c, POLICY_SPEC §3), by the rule of plan.h
+ * ---------------------------------------------------------------------------------------------- */
+
+/* The value of `key` in a canonical parameter string "k=v,k=v" into buf; 0 when absent. */
+static int param_value(const char *params, const char *key, char *buf, size_t cap) {
+    const size_t klen = strlen(key);
+    for (const char *p = params; p && *p;) {
+        size_t len = strcspn(p, ",");
+        if (len > klen && !strncmp(p, key, klen) && p[klen] == '=') {
+            snprintf(buf, cap, "%.*s", (int)(len - klen - 1), p + klen + 1);
+            return 1;
+        }
+        p += len + (p[len] == ',');
+    }
+    return 0;
+}
+
+kvs_status kvs_plan_aux_rule_of(const char *policy, const char *params, kvs_plan_aux_rule *out) {
+    /* Every registered policy (tests/test_plan.c checks the registry against this table). */
+    static const struct {
+        const char *name;
+        kvs_plan_aux_copies copies;
+        int head_dim_offset, kv_elements;
+        const char *what;
+    } rules[] = {
+        /* no auxiliary state (aux_bytes never set): the rule is moot, the copies follow the layout */
+        {"full", KVS_PLAN_AUX_PER_LIST, -1, 0, "none"},
+        {"window", KVS_PLAN_AUX_PER_LIST, -1, 0, "none"},
+        {"streaming", KVS_PLAN_AUX_PER_LIST, -1, 0, "none"},
+        {"tova", KVS_PLAN_AUX_PER_LIST, -1, 0, "none"},
+        {"topk", KVS_PLAN_AUX_PER_LIST, -1, 0, "none"},
+        {"snapkv", KVS_PLAN_AUX_PER_LIST, -1, 0, "none"},
+        {"pyramidkv", KVS_PLAN_AUX_PER_LIST, -1, 0, "none"},
+        {"adakv", KVS_PLAN_AUX_PER_LIST, -1, 0, "none"},
+        {"keydiff", KVS_PLAN_AUX_PER_LIST, -1, 0, "none (scores are transient)"},
+        {"knorm", KVS_PLAN_AUX_PER_LIST, -1, 0, "none (scores are transient)"},
+        /* one scalar per held slot of every list (slots summed over the lists: G x for gqa=expand) */
+        {"h2o", KVS_PLAN_AUX_PER_LIST, -1, 0, "a score per held slot, per list"},
+        {"scissorhands", KVS_PLAN_AUX_PER_LIST, -1, 0, "a counter and history flags per held slot, per list"},
+        {"keyformer", KVS_PLAN_AUX_PER_LIST, -1, 0, "a score per held slot, per list"},
+        {"d2o", KVS_PLAN_AUX_PER_LIST, -1, 0, "a weight per held slot and a threshold, per list"},
+        /* G·R rows of scalars (profile=rows) or G·R queries (+ Z) of head_dim (profile=qz), per query head */
+        {"morphkv", KVS_PLAN_AUX_PER_QUERY_HEAD, -1, 0, "G x R profile rows over the held slots"},
+        /* page or token summaries of the keys in the KV element type, shared by the group */
+        {"rocketkv", KVS_PLAN_AUX_PER_KV_HEAD, 0, 1, "key summaries of head_dim (KV dtype), per KV head"},
+        {"rocketkv_mt", KVS_PLAN_AUX_PER_KV_HEAD, 0, 1, "key summaries of head_dim (KV dtype), per KV head"},
+        {"hsa", KVS_PLAN_AUX_PER_KV_HEAD, 0, 1, "key summaries of head_dim (KV dtype), per KV head"},
+        {"quest", KVS_PLAN_AUX_PER_KV_HEAD, 0, 1, "page min/max keys of head_dim (KV dtype), per KV head"},
+        {"sparq", KVS_PLAN_AUX_PER_KV_HEAD, 0, 1, "a key copy of head_dim (KV dtype), per KV head"},
+        /* int32 index lists of the resident positions, per KV head */
+        {"synckv", KVS_PLAN_AUX_PER_KV_HEAD, -1, 0, "int32 index lists, per KV head"},
+    };
+    for (size_t i = 0; policy && i < sizeof rules / sizeof rules[0]; i++) {
+        if (strcmp(policy, rules[i].name)) continue;
+        kvs_plan_aux_rule r = {.copies = rules[i].copies, .head_dim_offset = rules[i].head_dim_offset,
+                               .kv_elements = rules[i].kv_elements};
+        snprintf(r.what, sizeof r.what, "%s", rules[i].what);
+        char v[32];
+        if (!strcmp(policy, "morphkv") && param_value(params, "profile", v, sizeof v) && !strcmp(v, "qz")) {
+            /* the R window queries of head_dim, plus each row's log-sum-exp Z in paper mode (morphkv.c account()) */
+            int paper = !(param_value(params, "fidelity", v, sizeof v) && !strcmp(v, "ref"));
+            r.head_dim_offset = paper;
+            snprintf(r.what, sizeof r.what, "G x R queries of head_dim%s", paper ? " + Z" : "");
+        }
+        *out = r;
+        return KVS_OK;
+    }
+    return kvs_fail(KVS_ERR_INVALID_ARG, "no auxiliary scaling rule for policy '%s' (--aux-scale kv|none says one)",
+                    policy ? policy : "");
+}
+
+/* ------------------------------------------------------------------------------------------------
  * Footprints
  * ---------------------------------------------------------------------------------------------- */
 
@@ -225,26 +329,76 @@ static double line_at(kvs_plan_line l, double x) {
     return y > 0 ? y : 0;
 }
 
-kvs_plan_footprint kvs_plan_footprint_at(const kvs_plan_policy *pol, int64_t prompt, int64_t n, double tok,
-                                         int32_t group) {
+/* The rule in effect: the policy's, with an --aux-scale override's head_dim and element dependence. */
+static kvs_plan_aux_rule rule_in_effect(const kvs_plan_profile *p) {
+    kvs_plan_aux_rule r = p->aux_rule;
+    if (p->aux_scale == KVS_PLAN_AUX_KV) r.head_dim_offset = 0, r.kv_elements = 1;
+    else if (p->aux_scale == KVS_PLAN_AUX_NONE) r.head_dim_offset = -1, r.kv_elements = 0;
+    return r;
+}
+
+void kvs_plan_aux_describe(const kvs_plan_profile *p, char *buf, size_t cap) {
+    const kvs_plan_aux_rule r = rule_in_effect(p);
+    static const char *const copies[] = {"per KV head", "per list", "per query head"};
+    char d[48];
+    if (r.head_dim_offset < 0) snprintf(d, sizeof d, "independent of head_dim");
+    else if (r.head_dim_offset == 0) snprintf(d, sizeof d, "proportional to head_dim");
+    else snprintf(d, sizeof d, "proportional to head_dim + %d", r.head_dim_offset);
+    snprintf(buf, cap, "%s: %s, %s, %s (%s)",
+             p->aux_scale == KVS_PLAN_AUX_KV ? "kv" : p->aux_scale == KVS_PLAN_AUX_NONE ? "none" : "auto",
+             (unsigned)r.copies < 3 ? copies[r.copies] : "?", d,
+             r.kv_elements ? "in KV elements" : "in auxiliary elements as measured", r.what);
+}
+
+/* The factor a measured run's auxiliary bytes are multiplied by on the planned model (the rule of plan.h). */
+static double aux_factor(const kvs_plan_profile *p, const kvs_plan_setup *s, double copies) {
+    const kvs_plan_aux_rule r = rule_in_effect(p);
+    const double g_ratio = p->trace_group > 0 ? (double)(s->model.n_heads / s->model.n_kv_heads) / p->trace_group : 1;
+    double f = r.copies == KVS_PLAN_AUX_PER_LIST ? copies : r.copies == KVS_PLAN_AUX_PER_QUERY_HEAD ? g_ratio : 1;
+    if (r.head_dim_offset >= 0 && p->trace_head_dim > 0)
+        f *= ((double)s->model.head_dim + r.head_dim_offset) / ((double)p->trace_head_dim + r.head_dim_offset);
+    if (r.kv_elements && p->trace_elem_bytes > 0) f *= s->kv_elem_bytes / p->trace_elem_bytes;
+    return f;
+}
+
+/* The copies of a per-query-head run's sets on the planned model, G_plan / G_trace (1 for other runs). */
+static double run_copies(const kvs_plan_profile *p, const kvs_plan_setup *s) {
+    const int32_t group = s->model.n_kv_heads > 0 ? s->model.n_heads / s->model.n_kv_heads : 1;
+    return p->per_query_head && p->trace_group > 0 ? (double)group / p->trace_group : 1;
+}
+
+double kvs_plan_aux_factor(const kvs_plan_profile *p, const kvs_plan_setup *s) {
+    return aux_factor(p, s, run_copies(p, s));
+}
+
+kvs_plan_footprint kvs_plan_footprint_at(const kvs_plan_policy *pol, const kvs_plan_setup *s, int64_t prompt,
+                                         int64_t n) {
     kvs_plan_footprint f = {0, 0, 0};
     const double N = (double)n, P = (double)prompt, B = (double)pol->budget;
+    const double tok = 2.0 * s->model.head_dim * s->kv_elem_bytes;
+    const int32_t group = s->model.n_kv_heads > 0 ? s->model.n_heads / s->model.n_kv_heads : 1;
+    /* a nominal per-query-head policy keeps a set per query head: the G copies the replay's storage counts */
+    const double sets = pol->per_query_head ? group : 1;
     switch (pol->kind) {
     case KVS_PLAN_FULL: f.device = N * tok; break;
-    case KVS_PLAN_CONSTANT: f.device = min_d(N, B) * tok; break;
-    case KVS_PLAN_PROMPT_ONLY: f.device = (min_d(P, B) + (N - P)) * tok; break;
+    case KVS_PLAN_CONSTANT: f.device = sets * min_d(N, B) * tok; break;
+    case KVS_PLAN_PROMPT_ONLY: f.device = sets * (min_d(P, B) + (N - P)) * tok; break;
     case KVS_PLAN_OFFLOAD:
-        f.device = min_d(N, B) * tok;
+        f.device = sets * min_d(N, B) * tok;
         f.host = N * tok;
-        f.transfer = (min_d(N, B) + 1) * tok;
+        f.transfer = sets * (min_d(N, B) + 1) * tok;
         break;
     case KVS_PLAN_MEASURED: {
         const kvs_plan_profile *p = pol->profile;
         double x = p->x_is_generated ? N - P : N;
-        double aux_tok = p->aux_scale == KVS_PLAN_AUX_NONE ? p->tok_bytes : tok;
         /* a per-query-head set is stored once per query head of the group: the planned group holds its own count */
-        double copies = p->per_query_head && p->trace_group > 0 ? (double)group / p->trace_group : 1;
-        f.device = copies * (line_at(p->kv, x) * tok + line_at(p->aux, x) * aux_tok);
+        const int per_q = p->per_query_head && p->trace_group > 0;
+        const double copies = run_copies(p, s);
+        /* below its steady state a policy holds at most what it has seen (lists_trace sets of n tokens): the
+         * filling phase; its auxiliary state in proportion */
+        double kv = line_at(p->kv, x), kv_seen = min_d(kv, (per_q ? p->trace_group : 1) * N);
+        double fill = kv > 0 ? kv_seen / kv : 1;
+        f.device = copies * kv_seen * tok + fill * line_at(p->aux, x) * p->tok_bytes * aux_factor(p, s, copies);
         f.host = line_at(p->host, x) * tok;
         f.transfer = line_at(p->transfer, x) * tok;
         break;
@@ -288,39 +442,74 @@ static kvs_plan_line fit_line(const double *x, const double *y, int64_t n, doubl
     return l;
 }
 
+int64_t kvs_plan_profile_steady_from(const kvs_plan_profile *p) {
+    const int64_t decode = p->prompt_len + 1; /* the first decode step's length */
+    if (!strcmp(p->budget_scope, "every_step")) return p->budget_tokens + 1 > decode ? p->budget_tokens + 1 : decode;
+    if (!strcmp(p->budget_scope, "prompt") && p->prompt_len < p->budget_tokens) return -1;
+    return decode;
+}
+
 kvs_status kvs_plan_profile_fit(kvs_plan_profile *p, const int64_t *n, const double *kv, const double *aux,
                                 const double *host, const double *transfer, int64_t count) {
     if (!p || !n || !kv || count < 1 || !(p->tok_bytes > 0))
         return kvs_fail(KVS_ERR_INVALID_ARG, "plan: a profile needs at least one measured point and a token size");
+    p->x_is_generated = !strcmp(p->budget_scope, "prompt");
+    p->n_min = INT64_MAX;
+    p->n_max = 0;
+    for (int64_t i = 0; i < count; i++) {
+        if (n[i] < p->n_min) p->n_min = n[i];
+        if (n[i] > p->n_max) p->n_max = n[i];
+    }
+    p->n_points = count;
+    const int64_t from = kvs_plan_profile_steady_from(p);
+    if (from < 0)
+        return kvs_fail(KVS_ERR_INVALID_ARG,
+                        "run %lld (%s, budget %lld) never compressed its prompt: the trace's prompt has %lld tokens, "
+                        "fewer than the budget, so the run shows no steady state to plan with (replay a trace whose "
+                        "prompt has at least the budget, or a budget of at most %lld)",
+                        (long long)p->run_id, p->policy, (long long)p->budget_tokens, (long long)p->prompt_len,
+                        (long long)p->prompt_len);
+    if (p->n_max < from)
+        return kvs_fail(KVS_ERR_INVALID_ARG,
+                        "run %lld (%s, budget %lld) never reached its steady state: the longest sequence measured "
+                        "holds %lld tokens and the cache is full only from %lld (replay a longer trace, or a budget "
+                        "below %lld)",
+                        (long long)p->run_id, p->policy, (long long)p->budget_tokens, (long long)p->n_max,
+                        (long long)from, (long long)p->n_max);
     double *buf = malloc((size_t)count * 3 * sizeof *buf);
     if (!buf) return kvs_fail(KVS_ERR_NOMEM, "plan: out of memory");
     double *x = buf, *y = buf + count, *dev = buf + 2 * count;
     kvs_status st = KVS_OK;
-    p->n_min = INT64_MAX;
-    p->n_max = 0;
+    int64_t m = 0; /* the steady points, in order */
+    p->fit_n_min = INT64_MAX;
+    p->fit_n_max = 0;
     for (int64_t i = 0; i < count; i++) {
+        if (n[i] < from) continue;
         if (!isfinite(kv[i])) {
             st = kvs_fail(KVS_ERR_FORMAT, "plan: the run has no device KV bytes recorded at length %lld",
                           (long long)n[i]);
             goto cleanup;
         }
-        x[i] = p->x_is_generated ? (double)(n[i] - p->prompt_len) : (double)n[i];
-        if (n[i] < p->n_min) p->n_min = n[i];
-        if (n[i] > p->n_max) p->n_max = n[i];
+        x[m++] = p->x_is_generated ? (double)(n[i] - p->prompt_len) : (double)n[i];
+        if (n[i] < p->fit_n_min) p->fit_n_min = n[i];
+        if (n[i] > p->fit_n_max) p->fit_n_max = n[i];
     }
     const double *series[4] = {kv, aux, host, transfer};
     kvs_plan_line *lines[4] = {&p->kv, &p->aux, &p->host, &p->transfer};
     for (int s = 0; s < 4; s++) {
+        int64_t j = 0;
         for (int64_t i = 0; i < count; i++) {
+            if (n[i] < from) continue;
             double v = series[s] && isfinite(series[s][i]) ? series[s][i] : 0;
-            y[i] = v / p->tok_bytes;
-            if (s == 0) dev[i] = y[i];
-            else if (s == 1) dev[i] += y[i];
+            y[j] = v / p->tok_bytes;
+            if (s == 0) dev[j] = y[j];
+            else if (s == 1) dev[j] += y[j];
+            j++;
         }
-        *lines[s] = fit_line(x, y, count, NULL);
+        *lines[s] = fit_line(x, y, m, NULL);
     }
-    fit_line(x, dev, count, &p->kv_r2);
-    p->n_points = count;
+    fit_line(x, dev, m, &p->kv_r2);
+    p->fit_points = m;
 cleanup:
     free(buf);
     return st;
@@ -349,29 +538,26 @@ kvs_status kvs_plan_kv_pool(const kvs_plan_setup *s, double *pool) {
 
 /* Device bytes of one sequence: the peak over its decode, n from context to context + response. Every kind's
  * footprint is monotone or linear in n, so the peak is at one end. */
-static double seq_device(const kvs_plan_setup *s, const kvs_plan_policy *pol, int64_t context, int64_t response,
-                         double tok) {
+static double seq_device(const kvs_plan_setup *s, const kvs_plan_policy *pol, int64_t context, int64_t response) {
     const double heads = (double)s->model.n_layers * s->model.n_kv_heads;
-    const int32_t g = s->model.n_heads / s->model.n_kv_heads;
-    double a = kvs_plan_footprint_at(pol, context, context, tok, g).device;
-    double b = kvs_plan_footprint_at(pol, context, context + response, tok, g).device;
+    double a = kvs_plan_footprint_at(pol, s, context, context).device;
+    double b = kvs_plan_footprint_at(pol, s, context, context + response).device;
     return heads * (a > b ? a : b);
 }
 
 kvs_status kvs_plan_eval(const kvs_plan_setup *s, const kvs_plan_policy *pol, int64_t context, int64_t response,
                          int64_t batch, kvs_plan_point *out) {
-    if (!s || !pol || !out || context < 1 || response < 0 || batch < 1 ||
+    if (!s || !pol || !out || context < 1 || response < 0 || batch < 1 || s->model.n_kv_heads < 1 ||
         (pol->kind == KVS_PLAN_MEASURED && !pol->profile))
         return kvs_fail(KVS_ERR_INVALID_ARG, "plan: bad point (context >= 1, response >= 0, batch >= 1)");
     if (context > KVS_PLAN_MAX_CONTEXT || response > KVS_PLAN_MAX_CONTEXT)
         return kvs_fail(KVS_ERR_INVALID_ARG, "plan: context and response are limited to 2^40 tokens");
-    const double tok = 2.0 * s->model.head_dim * s->kv_elem_bytes;
     const double heads = (double)s->model.n_layers * s->model.n_kv_heads;
-    kvs_plan_point p = {.context = context, .response = response, .batch = batch, .max_batch = -1, .max_context = -1};
-    p.seq_device_bytes = seq_device(s, pol, context, response, tok);
+    kvs_plan_point p = {.context = context, .response = response, .batch = batch, .max_batch = -1, .max_context = -1,
+                        .max_context_memory = -1};
+    p.seq_device_bytes = seq_device(s, pol, context, response);
     p.total_bytes = (double)batch * p.seq_device_bytes;
-    kvs_plan_footprint end =
-        kvs_plan_footprint_at(pol, context, context + response, tok, s->model.n_heads / s->model.n_kv_heads);
+    kvs_plan_footprint end = kvs_plan_footprint_at(pol, s, context, context + response);
     p.host_bytes = (double)batch * heads * end.host;
     p.pcie_bytes_per_step = (double)batch * heads * end.transfer;
     if (s->gpu_bytes > 0) {
@@ -382,18 +568,28 @@ kvs_status kvs_plan_eval(const kvs_plan_setup *s, const kvs_plan_policy *pol, in
         p.max_batch = mb >= 9.2e18 ? INT64_MAX : (int64_t)mb;
         /* The largest context that fits: the footprint grows (or stays) with the context, so bisect. */
         const double per_seq = pool / (double)batch;
-        if (seq_device(s, pol, KVS_PLAN_MAX_CONTEXT, response, tok) <= per_seq) {
+        if (seq_device(s, pol, KVS_PLAN_MAX_CONTEXT, response) <= per_seq) {
             p.max_context = KVS_PLAN_UNBOUNDED;
-        } else if (seq_device(s, pol, 1, response, tok) > per_seq) {
+        } else if (seq_device(s, pol, 1, response) > per_seq) {
             p.max_context = 0;
         } else {
             int64_t lo = 1, hi = KVS_PLAN_MAX_CONTEXT; /* fits at lo, not at hi */
             while (hi - lo > 1) {
                 int64_t mid = lo + (hi - lo) / 2;
-                if (seq_device(s, pol, mid, response, tok) <= per_seq) lo = mid;
+                if (seq_device(s, pol, mid, response) <= per_seq) lo = mid;
                 else hi = mid;
             }
             p.max_context = lo;
+        }
+        p.max_context_memory = p.max_context;
+        /* a prompt longer than the model's context less the response cannot be served, whatever memory allows */
+        if (s->model.max_positions > 0) {
+            int64_t room = (int64_t)s->model.max_positions - response;
+            if (room < 0) room = 0;
+            if (room < p.max_context) {
+                p.max_context = room;
+                p.context_clamped = 1;
+            }
         }
     }
     *out = p;

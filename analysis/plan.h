@@ -18,13 +18,16 @@
  *                fetched host->device, the new token written back): an upper bound for SyncKV-style offloading,
  *                which fetches only the tokens not already resident
  *   measured     the policy's measured footprint from a replay run (kvs_plan_profile below)
- * Auxiliary state (scores, page summaries) is zero in the nominal kinds; the measured profile includes it.
- * Prefill transients (the whole prompt resident before a prompt-only policy compresses it) are not counted:
- * the footprint is the resident state at decode steps.
+ * A nominal policy whose layout is per query head (kvs_plan_policy.per_query_head: H2O, SnapKV, ... with
+ * gqa=expand keep one set per query head) holds G = n_heads / n_kv_heads such sets per KV head: G times the
+ * above, as the replay's storage counts them. Auxiliary state (scores, page summaries) is zero in the nominal
+ * kinds; the measured profile includes it. Prefill transients (the whole prompt resident before a prompt-only
+ * policy compresses it) are not counted: the footprint is the resident state at decode steps.
  */
 #ifndef KVS_ANALYSIS_PLAN_H
 #define KVS_ANALYSIS_PLAN_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "../common/kvs.h"
@@ -48,8 +51,10 @@ typedef struct {
     int32_t intermediate;   /* MLP width (intermediate_size; OPT ffn_dim) */
     int32_t vocab;
     int32_t max_positions;  /* max_position_embeddings (the context the model was trained for) */
-    int tied_embeddings;    /* the classifier is the token embedding (counted once) */
-    int qkv_bias;           /* q/k/v projections carry biases (Qwen2) */
+    int tied_embeddings;    /* 1: the classifier is the token embedding (counted once); 0: untied; -1: not known
+                             * (a trace header that does not record it): counted untied, the larger weights */
+    int qkv_bias;           /* q/k/v projections carry biases (Qwen2, attention_bias) */
+    int o_bias;             /* the output projection carries a bias (Llama attention_bias) */
 } kvs_plan_model;
 
 /*! kvs_plan_preset_count() / kvs_plan_preset_at() : the built-in presets (published shapes), in listing order. */
@@ -63,17 +68,23 @@ kvs_status kvs_plan_preset_find(const char *name, const kvs_plan_model **out);
 /*! kvs_plan_model_from_config() : the shape from a Hugging Face config.json (`path` the file, or a folder holding
  *  one): num_hidden_layers, num_attention_heads, num_key_value_heads (default: num_attention_heads), head_dim
  *  (default hidden_size / num_attention_heads), hidden_size, intermediate_size (OPT: ffn_dim), vocab_size,
- *  max_position_embeddings, tie_word_embeddings (default false; OPT: true), model_type "opt" selecting the OPT
- *  weight count. Any architecture is accepted: only the shape is read (the capture's reader,
+ *  max_position_embeddings, tie_word_embeddings (default false; OPT: true), attention_bias (q/k/v/o biases;
+ *  Qwen2: q/k/v always), model_type "opt" selecting the OPT weight count: the count of the capture's loader
+ *  (gpu_capture/model.c kvs_model_info.n_params) for the models it loads. Any architecture is accepted: only the shape is read (the capture's reader,
  *  gpu_capture/model.c, also checks that the CPU forward pass can run the model, which planning does not need).
  *  KVS_ERR_IO unreadable; KVS_ERR_FORMAT malformed or a field missing or out of range (detail names it). */
 kvs_status kvs_plan_model_from_config(const char *path, kvs_plan_model *out);
 
-/*! kvs_plan_model_from_trace() : the shape recorded in a trace header (gated-MLP Llama family, untied: the
- *  header does not say; the weight count is approximate for tied models). `source` names the trace. */
-void kvs_plan_model_from_trace(const kvs_model_config *c, const char *source, kvs_plan_model *out);
+/*! kvs_plan_model_from_trace() : the shape recorded in a trace header `c` (gated-MLP Llama family) and what its
+ *  capture settings `settings` (kvs_capture_config.settings, may be NULL) say about the weights:
+ *  tie_word_embeddings=0|1, qkv_bias=0|1, o_bias=0|1 when recorded, architecture=Qwen2ForCausalLM (q/k/v biases).
+ *  A header that does not record the tie leaves tied_embeddings -1 (not known; kvs_plan_params counts it untied):
+ *  the caller says so, or sets it from what the user knows. `source` names the trace. */
+void kvs_plan_model_from_trace(const kvs_model_config *c, const char *settings, const char *source,
+                               kvs_plan_model *out);
 
-/*! kvs_plan_params() : parameters counted from the shape (see kvs_plan_arch). */
+/*! kvs_plan_params() : parameters counted from the shape (see kvs_plan_arch); one count whatever the model's source
+ *  (preset, config.json, trace): a tied classifier once, an unknown tie (-1) as untied. */
 double kvs_plan_params(const kvs_plan_model *m);
 
 /*! kvs_plan_kv_bytes_per_token() : 2 · n_layers · n_kv_heads · head_dim · elem_bytes. */
@@ -97,32 +108,69 @@ typedef enum {
 /*! kvs_plan_kind_name() : "full", "constant", "prompt-only", "offload", "measured". */
 const char *kvs_plan_kind_name(kvs_plan_kind k);
 
-/* How measured auxiliary bytes are carried to the planned model (kvs_plan_profile). */
+/* How a measured run's auxiliary bytes carry to the planned model: per component, by what it depends on
+ * (the policies' account() hooks, policies/<name>.c, and POLICY_SPEC §3 say what each class holds):
+ *   copies    how many of it a KV head holds:
+ *               PER_KV_HEAD     one (page summaries shared by the group, SyncKV's index lists)      x 1
+ *               PER_LIST        one per set the run keeps: G for a per_query_head run, else one     x copies of the KV
+ *               PER_QUERY_HEAD  one per query head whatever the layout (MorphKV's G·R profile rows) x G_plan / G_trace
+ *   head_dim  -1: independent of it (scalars: scores, counters, indices); k >= 0: proportional to head_dim + k
+ *             (page min/max: 2·d, SparQ's key copy: d, MorphKV's qz rows: d + 1 with Z, d without)
+ *   kv_elements 1: stored in the KV element type (x planned KV element bytes / the run's); 0: in the auxiliary
+ *             element type, bytes as measured (fp32 scores: the replay's aux_bytes, kept on the planned model). */
 typedef enum {
-    KVS_PLAN_AUX_KV = 0,   /* scaled like the KV, by the per-token KV size of one KV head (state proportional to
-                            * head_dim: page min/max, sketches, merged K/V) */
-    KVS_PLAN_AUX_NONE = 1, /* kept as measured per (layer, KV head) (per-token scalars: scores, counters) */
+    KVS_PLAN_AUX_PER_KV_HEAD = 0,
+    KVS_PLAN_AUX_PER_LIST = 1,
+    KVS_PLAN_AUX_PER_QUERY_HEAD = 2,
+} kvs_plan_aux_copies;
+
+typedef struct {
+    kvs_plan_aux_copies copies;
+    int head_dim_offset;  /* -1: independent of head_dim; k >= 0: proportional to head_dim + k */
+    int kv_elements;      /* 1: KV element type; 0: auxiliary element type (bytes as measured) */
+    char what[96];        /* what the state is, for people ("a score per held slot") */
+} kvs_plan_aux_rule;
+
+/* The override of `kvsim plan --aux-scale` (the rule's head_dim and element dependence; its copies stay the
+ * policy's, a fact of the layout). AUTO = the policy's own rule (kvs_plan_aux_rule_of). */
+typedef enum {
+    KVS_PLAN_AUX_AUTO = 0, /* the policy's rule */
+    KVS_PLAN_AUX_KV = 1,   /* proportional to head_dim, in KV elements (head_dim_offset 0, kv_elements 1) */
+    KVS_PLAN_AUX_NONE = 2, /* bytes as measured per copy (head_dim_offset -1, kv_elements 0) */
 } kvs_plan_aux_scale;
+
+/*! kvs_plan_aux_rule_of() : the auxiliary-state rule of registered policy `policy` with canonical parameters
+ *  `params` (MorphKV's depends on profile= and fidelity=) into *out. KVS_ERR_INVALID_ARG "no auxiliary scaling
+ *  rule for policy 'X' (--aux-scale kv|none says one)" for a name the planner does not know. */
+kvs_status kvs_plan_aux_rule_of(const char *policy, const char *params, kvs_plan_aux_rule *out);
 
 /* A straight line y = a + b·x fitted by least squares. */
 typedef struct {
     double a, b;
 } kvs_plan_line;
 
-/* A policy's measured storage profile: the footprints of one replay run, per (layer, KV head) and mean over
- * layers and KV heads, in units of the trace's token size tok = 2 · head_dim · element bytes of the traced
- * model ("token equivalents"), each fitted as a line in x:
+/* A policy's measured storage profile: the footprints of one replay run per (layer, KV head), mean over layers
+ * and KV heads, in units of the run's token size tok = 2 · head_dim · KV element bytes of the traced model
+ * ("token equivalents"), each fitted as a line in x over the run's STEADY STATE:
  *   x = n - P_trace (tokens generated so far) for a prompt-only run (budget_scope "prompt": its prompt part is
  *       bounded by the budget, so the line carries to a planned prompt of another length), else x = n (the
  *       sequence length at the step: position + 1).
+ *   The steady state is the decode steps (n > P_trace) at which the policy holds what it will hold for the rest
+ *   of a long sequence: for an every-step budget the steps with n > B (the cache is full and the policy has
+ *   evicted; before, it is still filling, and a line through the filling steps is steeper than either part);
+ *   for a prompt-only budget every decode step, provided P_trace >= B (else the prompt was never compressed:
+ *   the run shows no steady state); for no budget (the full cache) every decode step. A run that never reaches
+ *   it is refused (kvs_plan_profile_fit).
  * The planned footprint per (layer, KV head) at length n and planned prompt P is then, with x as above (x = n - P
- * for prompt-only) and tok_plan = 2 · head_dim · element bytes of the planned model:
- *   device = c·(kv(x)·tok_plan + aux(x)·(aux_scale = kv ? tok_plan : tok)),  host = host(x)·tok_plan,
- *   PCIe per step = transfer(x)·tok_plan
+ * for prompt-only), kv'(x) = min(kv(x), lists_trace · n) (below its budget a policy holds at most what was seen:
+ * the filling phase, piecewise) and f = kv'(x) / kv(x):
+ *   device = c · kv'(x) · tok_plan + f · aux(x) · tok · (the aux rule's factor),  host = host(x) · tok_plan,
+ *   PCIe per step = transfer(x) · tok_plan
  * i.e. the measured number of token equivalents per KV head carries over, the bytes per token change with the
  * model (lines clamped at 0). c = 1, except for a run whose layout is per_query_head (a set per query head: its
  * storage counts the G_trace copies of a GQA group): c = G_plan / G_trace, the copies the planned model's groups
- * hold. */
+ * hold. The aux rule's factor: (PER_LIST: c; PER_QUERY_HEAD: G_plan / G_trace; PER_KV_HEAD: 1) x (head_dim_offset
+ * k >= 0: (d_plan + k) / (d_trace + k)) x (kv_elements: planned KV element bytes / the run's). */
 typedef struct {
     int64_t run_id;
     char policy[64];
@@ -132,7 +180,7 @@ typedef struct {
     char trace_model[64];
     int64_t trace_id;
     int32_t trace_head_dim;
-    double trace_elem_bytes;   /* element bytes of the trace's K/V (the replay accounts in them) */
+    double trace_elem_bytes;   /* KV element bytes the run accounted in (its kv_bytes option, else the trace's) */
     double tok_bytes;          /* 2 · trace_head_dim · trace_elem_bytes */
     int64_t prompt_len;        /* the trace's (first) prompt */
     int x_is_generated;        /* 1: x = n - prompt (prompt-only run) */
@@ -140,35 +188,47 @@ typedef struct {
     int32_t trace_group;       /* query heads per KV head of the traced model */
     kvs_plan_line kv, aux, host, transfer; /* token equivalents per (layer, KV head) against x */
     double kv_r2;              /* R² of the device (kv + aux) fit; 1 when the footprint is constant */
-    int64_t n_points;          /* measured positions */
+    int64_t n_points;          /* measured positions given to the fit */
     int64_t n_min, n_max;      /* sequence lengths measured */
-    kvs_plan_aux_scale aux_scale;
+    int64_t fit_points;        /* the steady-state positions the lines are fitted on */
+    int64_t fit_n_min, fit_n_max; /* their sequence lengths */
+    kvs_plan_aux_scale aux_scale; /* input: AUTO (the policy's rule) or an override */
+    kvs_plan_aux_rule aux_rule;   /* the rule in effect (set by kvs_plan_profile_read; kvs_plan_profile_fit keeps it) */
 } kvs_plan_profile;
 
-/*! kvs_plan_profile_fit() : fits the profile's lines from `count` measured points: n[i] the sequence length,
- *  kv/aux/host/transfer[i] BYTES per (layer, KV head) at it (NaN = not measured: treated as 0 for host and
- *  transfer, an error for kv). p->tok_bytes, p->prompt_len and p->x_is_generated must be set. KVS_ERR_INVALID_ARG
- *  for count < 1. */
+/*! kvs_plan_profile_steady_from() : the first sequence length of the steady state of a run (the rule above):
+ *  B + 1 for budget_scope "every_step" (at least P_trace + 1), P_trace + 1 otherwise; -1 for a prompt-only run
+ *  whose prompt is shorter than its budget (no steady state). p->budget_scope, budget_tokens, prompt_len must be
+ *  set. */
+int64_t kvs_plan_profile_steady_from(const kvs_plan_profile *p);
+
+/*! kvs_plan_profile_fit() : fits the profile's lines on the steady-state points among `count` measured ones:
+ *  n[i] the sequence length, kv/aux/host/transfer[i] BYTES per (layer, KV head) at it (NaN = not measured: treated
+ *  as 0 for aux, host and transfer, an error for kv; aux/host/transfer may be NULL). p->tok_bytes, prompt_len,
+ *  budget_scope and budget_tokens must be set; x_is_generated is set from budget_scope. KVS_ERR_INVALID_ARG for
+ *  count < 1, and, naming the policy, budget and lengths, for a run that never reaches its steady state (an
+ *  every-step run whose longest measured sequence is within its budget; a prompt-only run whose prompt is shorter
+ *  than its budget). */
 kvs_status kvs_plan_profile_fit(kvs_plan_profile *p, const int64_t *n, const double *kv, const double *aux,
                                 const double *host, const double *transfer, int64_t count);
+
+/*! kvs_plan_aux_describe() : the auxiliary rule in effect for `p` (its aux_rule under its aux_scale) as people read
+ *  it, e.g. "auto: per list, independent of head_dim, in auxiliary elements as measured (a score per held slot,
+ *  per list)", into buf (cap bytes, always NUL-terminated). */
+void kvs_plan_aux_describe(const kvs_plan_profile *p, char *buf, size_t cap);
 
 /* A policy to plan with. */
 typedef struct {
     kvs_plan_kind kind;
     int64_t budget;                  /* tokens per KV head: constant, prompt-only, offload */
     const kvs_plan_profile *profile; /* measured only (borrowed) */
+    int per_query_head;              /* nominal kinds: one set per query head, G per KV head (the policy's layout) */
 } kvs_plan_policy;
 
 /* Footprint per (layer, KV head), in bytes of the planned model. */
 typedef struct {
     double device, host, transfer; /* resident on the GPU; resident on the host; host<->device per decode step */
 } kvs_plan_footprint;
-
-/*! kvs_plan_footprint_at() : the footprint of `pol` per (layer, KV head) for a sequence with prompt P that holds
- *  n >= P tokens, at `tok_bytes` = 2 · head_dim · element bytes of the planned model whose GQA groups have `group`
- *  query heads per KV head (formulas above). */
-kvs_plan_footprint kvs_plan_footprint_at(const kvs_plan_policy *pol, int64_t prompt, int64_t n, double tok_bytes,
-                                         int32_t group);
 
 /* ---- the plan --------------------------------------------------------------------------------------- */
 
@@ -181,6 +241,15 @@ typedef struct {
     int32_t n_gpus;           /* the weights are sharded over them (tensor parallel): resident once in total */
     double reserve_bytes;     /* per GPU, held back for activations and the runtime */
 } kvs_plan_setup;
+
+/*! kvs_plan_footprint_at() : the footprint of `pol` per (layer, KV head) of s->model at s->kv_elem_bytes for a
+ *  sequence with prompt P that holds n >= P tokens (formulas above). */
+kvs_plan_footprint kvs_plan_footprint_at(const kvs_plan_policy *pol, const kvs_plan_setup *s, int64_t prompt,
+                                         int64_t n);
+
+/*! kvs_plan_aux_factor() : what the measured auxiliary bytes of `p` are multiplied by on the planned setup `s` (the
+ *  rule's copies x head_dim x element factors, plan.h), in the steady state. */
+double kvs_plan_aux_factor(const kvs_plan_profile *p, const kvs_plan_setup *s);
 
 /*! kvs_plan_weight_bytes() : kvs_plan_params · weight element bytes (0 when not resident). */
 double kvs_plan_weight_bytes(const kvs_plan_setup *s);
@@ -203,13 +272,17 @@ typedef struct {
     double host_bytes;         /* batch · host bytes at the end */
     double pcie_bytes_per_step;/* batch · host<->device bytes of the last decode step */
     int64_t max_batch;         /* sequences of (context, response) that fit; -1 without GPU memory */
-    int64_t max_context;       /* the largest context with `response` more tokens at `batch` that fits;
-                                * KVS_PLAN_UNBOUNDED when every context up to KVS_PLAN_MAX_CONTEXT does; 0 when
-                                * none; -1 without GPU memory */
+    int64_t max_context;       /* the largest context with `response` more tokens at `batch` that fits in memory AND
+                                * in the model's context (context + response <= max_positions, when known);
+                                * KVS_PLAN_UNBOUNDED when every context up to KVS_PLAN_MAX_CONTEXT does and the
+                                * model's context is not known; 0 when none; -1 without GPU memory */
+    int64_t max_context_memory;/* the same bound from memory alone (what max_context was before the clamp) */
+    int context_clamped;       /* 1: the model's context, not memory, bounds max_context */
 } kvs_plan_point;
 
 /*! kvs_plan_eval() : the point of `pol` at (context >= 1, response >= 0, batch >= 1); the capacity fields when
- *  s->gpu_bytes > 0, where an impossible memory is the error of kvs_plan_kv_pool. */
+ *  s->gpu_bytes > 0, where an impossible memory is the error of kvs_plan_kv_pool. max_context is clamped to
+ *  s->model.max_positions - response (0 when the response alone fills the context) when max_positions > 0. */
 kvs_status kvs_plan_eval(const kvs_plan_setup *s, const kvs_plan_policy *pol, int64_t context, int64_t response,
                          int64_t batch, kvs_plan_point *out);
 

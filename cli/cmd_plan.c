@@ -37,6 +37,8 @@ static void usage(FILE *f) {
             "  --config PATH        a Hugging Face config.json (or the folder holding it): layers, heads, KV heads,\n"
             "                       head_dim, hidden/intermediate size, vocab (weights counted from them)\n"
             "  --trace TRACE        the model recorded in a kvsim trace header\n"
+            "  --tied-embeddings yes|no  the classifier is (not) the token embedding, for the weight count (a trace\n"
+            "                       header does not record it: counted untied, with a warning, unless given)\n"
             "Memory:\n"
             "  --kv-dtype T         fp16 (default), bf16, fp8, int4 (0.5 byte: codes only, no scales), fp32\n"
             "  --weights T|none     weight dtype resident on the GPUs (default fp16); none = not resident\n"
@@ -54,24 +56,34 @@ static void usage(FILE *f) {
             "Policy (per KV head, the unit of kvsim replay's budgets):\n"
             "  --policy P           full (default), constant (min(n, B) tokens), prompt-only (min(P, B) + generated),\n"
             "                       offload (device min(n, B), host n, PCIe min(n, B) + 1 tokens per step: an upper\n"
-            "                       bound), or a registered policy name (its budget scope decides)\n"
+            "                       bound), or a registered policy NAME[:key=value,...] (its budget scope decides the\n"
+            "                       kind, its layout the sets per KV head); with --profile a NAME choosing the run\n"
             "  --budget B           budget in tokens (default 1024, or the --profile run's); full, constant and\n"
             "                       prompt-only are always shown\n"
             "  --profile DB         the MEASURED profile of one complete replay run in DB (recorded with\n"
             "                       --series-every N); choose it with --run ID, or --policy NAME and --budget B\n"
-            "  --run ID             the run of --profile\n"
-            "  --aux-scale kv|none  how measured auxiliary bytes carry to the planned model (default kv)\n"
+            "  --run ID             the run of --profile (a --policy or --budget beside it must be that run's)\n"
+            "  --aux-scale auto|kv|none  how measured auxiliary bytes carry to the planned model (default auto)\n"
             "How a measured profile is scaled to the planned model: per step, the run's resident device KV, auxiliary,\n"
             "host and transfer bytes per (layer, KV head), mean over layers and heads, are divided by the traced\n"
-            "model's token size tok_t = 2 x head_dim x element bytes of the trace (token equivalents) and fitted by\n"
+            "model's token size tok_t = 2 x head_dim x KV element bytes of the run (token equivalents) and fitted by\n"
             "least squares as a line in the sequence length n (for a prompt-only run: in the tokens generated, n -\n"
-            "prompt, so the line carries to another prompt length). The planned bytes per sequence are the line's\n"
-            "token equivalents x the planned KV bytes per token (2 x layers x KV heads x head_dim x KV dtype bytes):\n"
-            "the same number of tokens per KV head, each as large as the planned model's. Auxiliary bytes scale the\n"
-            "same way (--aux-scale kv: state proportional to head_dim) or stay as measured per (layer, KV head)\n"
-            "(--aux-scale none: per-token scalars such as scores). A per-query-head run (layout per_query_head:\n"
-            "one set per query head, stored G times per KV head) is scaled by G_plan / G_trace, the copies the\n"
-            "planned model's GQA groups hold. Outside the measured lengths the line is extrapolated (a warning).\n"
+            "prompt, so the line carries to another prompt length) over the run's STEADY STATE only: the decode steps\n"
+            "with n > budget for an every-step budget (before, the cache is still filling), every decode step for a\n"
+            "prompt-only budget whose trace prompt is at least the budget, every decode step for the full cache. A run\n"
+            "that never reaches it is refused; the plan names the steps the fit used. The planned KV per KV head is\n"
+            "the line's token equivalents x the planned per-head token size (2 x head_dim x KV dtype bytes), at most\n"
+            "the tokens seen (the filling phase). Auxiliary state scales by what it depends on, per policy (auto):\n"
+            "per list (a score per held slot: x the copies of the KV), per query head (MorphKV's G x R rows: x\n"
+            "G_plan / G_trace), per KV head (page summaries, index lists: x 1); with head_dim (page min/max, key\n"
+            "copies: x (d_plan + k) / (d_trace + k)) or not (scalars); in the KV dtype (x its bytes ratio) or in the\n"
+            "auxiliary element bytes as measured. --aux-scale kv / none override the head_dim and dtype dependence\n"
+            "(proportional to head_dim in the KV dtype / bytes as measured); the copies stay the policy's. A\n"
+            "per-query-head run (layout per_query_head: one set per query head, stored G times per KV head) is\n"
+            "scaled by G_plan / G_trace, the copies the planned model's GQA groups hold; a nominal policy whose\n"
+            "layout is per query head (h2o, snapkv... with gqa=expand) keeps G sets per KV head likewise. Outside\n"
+            "the fitted lengths the line is extrapolated (a warning). Max context never exceeds the model's context\n"
+            "(max_position_embeddings) less the response; where that binds before memory the plan says so.\n"
             "Output:\n"
             "  --csv | --json       machine-readable points (bytes) instead of the tables\n"
             "  --db FILE            also record the plan (tables plans, plan_points; results/SCHEMA.md)\n"
@@ -114,16 +126,27 @@ static int list_presets(void) {
 /* One series of the plan. */
 typedef struct {
     char label[160];
+    char id[128];       /* unique in the plan, naming the policy and budget: the CSV/JSON/database series */
     kvs_plan_policy pol;
 } series;
 
+/* max batch / max context as JSON: null when not computed, "unbounded", or the count */
+static void json_count(int64_t v) {
+    if (v < 0) printf("null");
+    else if (v == KVS_PLAN_UNBOUNDED) printf("\"unbounded\"");
+    else printf("%lld", (long long)v);
+}
+
 static void json_point(const kvs_plan_point *p, const series *s) {
-    printf("{\"series\":");
+    printf("{\"kind\":");
     kvs_cli_json_string(stdout, kvs_plan_kind_name(s->pol.kind));
+    printf(",\"series\":");
+    kvs_cli_json_string(stdout, s->id);
     printf(",\"label\":");
     kvs_cli_json_string(stdout, s->label);
     printf(",\"budget\":");
-    if (s->pol.kind == KVS_PLAN_FULL || s->pol.kind == KVS_PLAN_MEASURED) printf("null");
+    if (s->pol.kind == KVS_PLAN_FULL) printf("null");
+    else if (s->pol.kind == KVS_PLAN_MEASURED) printf("%lld", (long long)s->pol.profile->budget_tokens);
     else printf("%lld", (long long)s->pol.budget);
     printf(",\"context\":%lld,\"response\":%lld,\"batch\":%lld,\"seq_device_bytes\":", (long long)p->context,
            (long long)p->response, (long long)p->batch);
@@ -135,14 +158,17 @@ static void json_point(const kvs_plan_point *p, const series *s) {
     printf(",\"pcie_bytes_per_step\":");
     kvs_cli_json_number(stdout, p->pcie_bytes_per_step);
     printf(",\"max_batch\":");
-    if (p->max_batch < 0) printf("null");
-    else if (p->max_batch == KVS_PLAN_UNBOUNDED) printf("\"unbounded\"");
-    else printf("%lld", (long long)p->max_batch);
+    json_count(p->max_batch);
     printf(",\"max_context\":");
-    if (p->max_context < 0) printf("null");
-    else if (p->max_context == KVS_PLAN_UNBOUNDED) printf("\"unbounded\"");
-    else printf("%lld", (long long)p->max_context);
-    printf("}");
+    json_count(p->max_context);
+    printf(",\"max_context_memory\":");
+    json_count(p->max_context_memory);
+    printf(",\"context_clamped\":%s}", p->context_clamped ? "true" : "false");
+}
+
+static void csv_count(int64_t v) {
+    if (v == KVS_PLAN_UNBOUNDED) printf("unbounded");
+    else if (v >= 0) printf("%lld", (long long)v);
 }
 
 static void csv_point(const kvs_plan_point *p, const series *s) {
@@ -152,17 +178,20 @@ static void csv_point(const kvs_plan_point *p, const series *s) {
     kvs_cli_fmt_real(b[2], sizeof b[2], p->host_bytes);
     kvs_cli_fmt_real(b[3], sizeof b[3], p->pcie_bytes_per_step);
     printf("%s,", kvs_plan_kind_name(s->pol.kind));
+    kvs_cli_csv_field(stdout, s->id);
+    printf(",");
     kvs_cli_csv_field(stdout, s->label);
-    if (s->pol.kind == KVS_PLAN_FULL || s->pol.kind == KVS_PLAN_MEASURED) printf(",");
+    if (s->pol.kind == KVS_PLAN_FULL) printf(",");
+    else if (s->pol.kind == KVS_PLAN_MEASURED) printf(",%lld", (long long)s->pol.profile->budget_tokens);
     else printf(",%lld", (long long)s->pol.budget);
     printf(",%lld,%lld,%lld,%s,%s,%s,%s,", (long long)p->context, (long long)p->response, (long long)p->batch, b[0],
            b[1], b[2], b[3]);
-    if (p->max_batch == KVS_PLAN_UNBOUNDED) printf("unbounded");
-    else if (p->max_batch >= 0) printf("%lld", (long long)p->max_batch);
+    csv_count(p->max_batch);
     printf(",");
-    if (p->max_context == KVS_PLAN_UNBOUNDED) printf("unbounded");
-    else if (p->max_context >= 0) printf("%lld", (long long)p->max_context);
-    printf("\n");
+    csv_count(p->max_context);
+    printf(",");
+    csv_count(p->max_context_memory);
+    printf(",%d\n", p->context_clamped);
 }
 
 int kvs_cmd_plan(int argc, char **argv) {
@@ -170,7 +199,7 @@ int kvs_cmd_plan(int argc, char **argv) {
                *gpu_mem = NULL, *gpus_s = NULL, *reserve_s = NULL, *batch_s = NULL, *context_s = NULL,
                *response_s = NULL, *responses_s = NULL, *settings_s = NULL, *policy_s = NULL, *budget_s = NULL,
                *profile_db = NULL, *run_s = NULL, *aux_s = NULL, *db_path = NULL, *plot_mem = NULL,
-               *plot_batch = NULL, *gnuplot = NULL;
+               *plot_batch = NULL, *gnuplot = NULL, *tied_s = NULL;
     int csv = 0, json = 0, list = 0;
     for (int i = 1; i < argc; i++) {
         int missing = 0, r;
@@ -184,7 +213,7 @@ int kvs_cmd_plan(int argc, char **argv) {
                           {"--settings", &settings_s},  {"--policy", &policy_s},     {"--budget", &budget_s},
                           {"--profile", &profile_db},   {"--run", &run_s},           {"--aux-scale", &aux_s},
                           {"--db", &db_path},           {"--plot-memory", &plot_mem}, {"--plot-batch", &plot_batch},
-                          {"--gnuplot", &gnuplot}};
+                          {"--gnuplot", &gnuplot},      {"--tied-embeddings", &tied_s}};
         if (kvs_cli_is_help(argv[i])) {
             usage(stdout);
             return KVS_EXIT_OK;
@@ -233,10 +262,18 @@ int kvs_cmd_plan(int argc, char **argv) {
         (reserve_s && kvs_cli_parse_size("--reserve", reserve_s, &setup.reserve_bytes) != KVS_OK))
         return kvs_cli_fail("plan", KVS_ERR_INVALID_ARG);
     if (reserve_s && !gpu_mem) return kvs_cli_usage_error("plan", "--reserve needs --gpu-mem");
-    kvs_plan_aux_scale aux_scale = KVS_PLAN_AUX_KV;
+    kvs_plan_aux_scale aux_scale = KVS_PLAN_AUX_AUTO;
     if (aux_s) {
         if (!strcmp(aux_s, "none")) aux_scale = KVS_PLAN_AUX_NONE;
-        else if (strcmp(aux_s, "kv")) return kvs_cli_usage_error("plan", "--aux-scale: '%s' is not kv or none", aux_s);
+        else if (!strcmp(aux_s, "kv")) aux_scale = KVS_PLAN_AUX_KV;
+        else if (strcmp(aux_s, "auto"))
+            return kvs_cli_usage_error("plan", "--aux-scale: '%s' is not auto, kv or none", aux_s);
+    }
+    int tied = -1;
+    if (tied_s) {
+        if (!strcmp(tied_s, "yes")) tied = 1;
+        else if (!strcmp(tied_s, "no")) tied = 0;
+        else return kvs_cli_usage_error("plan", "--tied-embeddings: '%s' is not yes or no", tied_s);
     }
     if (aux_s && !profile_db) return kvs_cli_usage_error("plan", "--aux-scale needs --profile DB");
     setup.kv_elem_bytes = kv_bytes;
@@ -285,53 +322,107 @@ int kvs_cmd_plan(int argc, char **argv) {
     } else {
         if ((st = kvs_trace_open(trace_path, &trace)) != KVS_OK)
             return kvs_cli_fail("plan", st == KVS_ERR_INVALID_ARG ? KVS_ERR_IO : st);
-        kvs_plan_model_from_trace(&kvs_trace_info_get(trace)->model, trace_path, &setup.model);
+        const kvs_trace_info *ti = kvs_trace_info_get(trace);
+        kvs_plan_model_from_trace(&ti->model, ti->capture.settings, trace_path, &setup.model);
     }
+    if (tied >= 0) setup.model.tied_embeddings = tied;
 
-    /* ---- the series: full, constant(B), prompt-only(B), and the planned policy when it is another ---- */
+    /* ---- the series: full, constant(B), prompt-only(B), then what is planned when it is another: offload(B), a
+     * registered policy at its nominal budget (its scope's kind, its layout's sets per KV head) and its measured
+     * profile. Each series has an id unique in the plan that names its policy and budget (CSV, JSON, database). */
     series ser[MAX_SERIES];
     int n_ser = 0, planned = 0;
     kvs_plan_kind kind = KVS_PLAN_FULL;
-    if (policy_s && !profile_db) {
-        if (!strcmp(policy_s, "full")) kind = KVS_PLAN_FULL;
-        else if (!strcmp(policy_s, "constant")) kind = KVS_PLAN_CONSTANT;
-        else if (!strcmp(policy_s, "prompt-only")) kind = KVS_PLAN_PROMPT_ONLY;
-        else if (!strcmp(policy_s, "offload")) kind = KVS_PLAN_OFFLOAD;
-        else {
-            const struct kvs_policy_ops *ops = kvs_policy_find(policy_s);
-            if (!ops) {
-                rc = kvs_cli_usage_error("plan", "--policy: '%s' is neither full, constant, prompt-only, offload nor "
-                                                 "a registered policy (kvsim policies)", policy_s);
-                goto cleanup;
-            }
-            kind = ops->budget_scope == KVS_BUDGET_NONE     ? KVS_PLAN_FULL
-                   : ops->budget_scope == KVS_BUDGET_PROMPT ? KVS_PLAN_PROMPT_ONLY
-                                                            : KVS_PLAN_CONSTANT;
+    const char *named = NULL; /* the registered policy planned, if any */
+    kvs_plan_kind named_kind = KVS_PLAN_FULL;
+    int named_per_q = 0;
+    /* with --profile, --policy names the measured run's policy (the registry's "full" included) */
+    const int nominal_kind = policy_s && !profile_db &&
+                             (!strcmp(policy_s, "full") || !strcmp(policy_s, "constant") ||
+                              !strcmp(policy_s, "prompt-only") || !strcmp(policy_s, "offload"));
+    if (nominal_kind) {
+        kind = !strcmp(policy_s, "full")       ? KVS_PLAN_FULL
+               : !strcmp(policy_s, "constant") ? KVS_PLAN_CONSTANT
+               : !strcmp(policy_s, "offload")  ? KVS_PLAN_OFFLOAD
+                                               : KVS_PLAN_PROMPT_ONLY;
+    } else if (policy_s) {
+        kvs_policy_config cfg;
+        if (kvs_policy_parse(policy_s, &cfg) != KVS_OK) {
+            rc = profile_db ? kvs_cli_usage_error("plan", "--policy: with --profile, the name of the measured run's "
+                                                          "policy: %s", kvs_last_error())
+                            : kvs_cli_usage_error("plan", "--policy: '%s' is neither full, constant, prompt-only, "
+                                                          "offload nor a registered policy (kvsim policies): %s",
+                                                  policy_s, kvs_last_error());
+            goto cleanup;
         }
+        if (profile_db && strcmp(policy_s, cfg.ops->name)) {
+            rc = kvs_cli_usage_error("plan", "--policy: with --profile, name the policy of the run ('%s'): its "
+                                             "parameters are the run's", cfg.ops->name);
+            goto cleanup;
+        }
+        named = cfg.ops->name;
+        kind = named_kind = cfg.ops->budget_scope == KVS_BUDGET_NONE     ? KVS_PLAN_FULL
+                            : cfg.ops->budget_scope == KVS_BUDGET_PROMPT ? KVS_PLAN_PROMPT_ONLY
+                                                                         : KVS_PLAN_CONSTANT;
+        named_per_q = kvs_policy_layout(&cfg) == KVS_SEL_PER_QUERY_HEAD;
     }
     if (profile_db) {
-        if ((st = kvs_plan_profile_read(profile_db, run_id, policy_s, budget_s ? budget : 0, &profile)) != KVS_OK) {
+        if ((st = kvs_plan_profile_read(profile_db, run_id, named ? named : NULL, budget_s ? budget : 0, &profile)) !=
+            KVS_OK) {
             rc = kvs_cli_fail("plan", st);
             goto cleanup;
         }
         kind = KVS_PLAN_MEASURED;
-        if (!budget_s) budget = (long)profile.budget_tokens; /* the nominal series at the measured run's budget */
+        budget = (long)profile.budget_tokens; /* the nominal series at the measured run's budget */
+        /* the nominal series of the measured policy: the run's scope and layout */
+        const struct kvs_policy_ops *ops = kvs_policy_find(profile.policy);
+        named = ops ? ops->name : NULL;
+        named_kind = !strcmp(profile.budget_scope, "none")     ? KVS_PLAN_FULL
+                     : !strcmp(profile.budget_scope, "prompt") ? KVS_PLAN_PROMPT_ONLY
+                                                               : KVS_PLAN_CONSTANT;
+        named_per_q = profile.per_query_head;
     }
     const kvs_plan_kind base[3] = {KVS_PLAN_FULL, KVS_PLAN_CONSTANT, KVS_PLAN_PROMPT_ONLY};
     for (int k = 0; k < 3; k++) {
-        ser[n_ser].pol = (kvs_plan_policy){.kind = base[k], .budget = budget};
-        if (base[k] == KVS_PLAN_FULL) snprintf(ser[n_ser].label, sizeof ser[n_ser].label, "full cache");
-        else snprintf(ser[n_ser].label, sizeof ser[n_ser].label, "%s, budget %ld", kvs_plan_kind_name(base[k]), budget);
+        series *z = &ser[n_ser];
+        z->pol = (kvs_plan_policy){.kind = base[k], .budget = budget};
+        if (base[k] == KVS_PLAN_FULL) {
+            snprintf(z->label, sizeof z->label, "full cache");
+            snprintf(z->id, sizeof z->id, "full");
+        } else {
+            snprintf(z->label, sizeof z->label, "%s, budget %ld", kvs_plan_kind_name(base[k]), budget);
+            snprintf(z->id, sizeof z->id, "%s B=%ld", kvs_plan_kind_name(base[k]), budget);
+        }
         if (base[k] == kind) planned = n_ser;
         n_ser++;
     }
     if (kind == KVS_PLAN_OFFLOAD) {
         ser[n_ser].pol = (kvs_plan_policy){.kind = KVS_PLAN_OFFLOAD, .budget = budget};
         snprintf(ser[n_ser].label, sizeof ser[n_ser].label, "offload, budget %ld", budget);
+        snprintf(ser[n_ser].id, sizeof ser[n_ser].id, "offload B=%ld", budget);
         planned = n_ser++;
-    } else if (kind == KVS_PLAN_MEASURED) {
-        ser[n_ser].pol = (kvs_plan_policy){.kind = KVS_PLAN_MEASURED, .profile = &profile};
-        snprintf(ser[n_ser].label, sizeof ser[n_ser].label, "measured: %s, budget %lld (run %lld)", profile.policy,
+    }
+    if (named && named_kind != KVS_PLAN_FULL) {
+        /* the full cache's own series stands for a policy without a budget */
+        const int g = setup.model.n_heads / setup.model.n_kv_heads;
+        series *z = &ser[n_ser];
+        z->pol = (kvs_plan_policy){.kind = named_kind, .budget = budget, .per_query_head = named_per_q};
+        if (named_per_q)
+            snprintf(z->label, sizeof z->label, "%s, budget %ld, nominal (%s, %d sets per KV head)", named, budget,
+                     kvs_plan_kind_name(named_kind), g);
+        else
+            snprintf(z->label, sizeof z->label, "%s, budget %ld, nominal (%s)", named, budget,
+                     kvs_plan_kind_name(named_kind));
+        snprintf(z->id, sizeof z->id, "%s B=%ld nominal", named, budget);
+        if (kind != KVS_PLAN_MEASURED) planned = n_ser;
+        n_ser++;
+    }
+    if (kind == KVS_PLAN_MEASURED) {
+        series *z = &ser[n_ser];
+        z->pol = (kvs_plan_policy){.kind = KVS_PLAN_MEASURED, .profile = &profile};
+        snprintf(z->label, sizeof z->label, "measured: %s, budget %lld (run %lld)", profile.policy,
+                 (long long)profile.budget_tokens, (long long)profile.run_id);
+        snprintf(z->id, sizeof z->id, "measured %s B=%lld (run %lld)", profile.policy,
                  (long long)profile.budget_tokens, (long long)profile.run_id);
         planned = n_ser++;
     }
@@ -378,9 +469,15 @@ int kvs_cmd_plan(int argc, char **argv) {
     double pool = NAN;
     if (setup.gpu_bytes > 0 && (st = kvs_plan_kv_pool(&setup, &pool)) != KVS_OK) goto fail;
     const kvs_plan_model *m = &setup.model;
+    /* outside the steady-state lengths the fit used, the line is carried further than measured */
     const int extrapolated = kind == KVS_PLAN_MEASURED &&
-                             (context + response > profile.n_max || context < profile.n_min - 1 ||
-                              (profile.x_is_generated && response > profile.n_max - profile.prompt_len));
+                             (context + response > profile.fit_n_max ||
+                              (!profile.x_is_generated && context < profile.fit_n_min - 1) ||
+                              (profile.x_is_generated && response > profile.fit_n_max - profile.prompt_len));
+    char aux_rule[256] = "";
+    if (kind == KVS_PLAN_MEASURED) kvs_plan_aux_describe(&profile, aux_rule, sizeof aux_rule);
+    const double aux_factor = kind == KVS_PLAN_MEASURED ? kvs_plan_aux_factor(&profile, &setup) : NAN;
+    const int64_t steady_from = kind == KVS_PLAN_MEASURED ? kvs_plan_profile_steady_from(&profile) : 0;
 
     /* ---- print ---- */
     if (json) {
@@ -389,9 +486,9 @@ int kvs_cmd_plan(int argc, char **argv) {
         printf(",\"source\":");
         kvs_cli_json_string(stdout, m->source);
         printf(",\"n_layers\":%d,\"n_heads\":%d,\"n_kv_heads\":%d,\"head_dim\":%d,\"hidden\":%d,\"intermediate\":%d,"
-               "\"vocab\":%d,\"max_positions\":%d,\"params\":",
+               "\"vocab\":%d,\"max_positions\":%d,\"tied_embeddings\":%s,\"params\":",
                m->n_layers, m->n_heads, m->n_kv_heads, m->head_dim, m->hidden, m->intermediate, m->vocab,
-               m->max_positions);
+               m->max_positions, m->tied_embeddings < 0 ? "null" : m->tied_embeddings ? "true" : "false");
         kvs_cli_json_number(stdout, kvs_plan_params(m));
         printf("},\"kv_dtype\":");
         kvs_cli_json_string(stdout, kv_dtype ? kv_dtype : "fp16");
@@ -409,6 +506,8 @@ int kvs_cmd_plan(int argc, char **argv) {
         kvs_cli_json_number(stdout, pool);
         printf(",\"batch\":%ld,\"context\":%ld,\"response\":%ld,\"policy\":", batch, context, response);
         kvs_cli_json_string(stdout, kvs_plan_kind_name(kind));
+        printf(",\"planned_series\":");
+        kvs_cli_json_string(stdout, ser[planned].id);
         printf(",\"budget\":%ld,\"profile\":", budget);
         if (kind == KVS_PLAN_MEASURED) {
             printf("{\"db\":");
@@ -417,9 +516,18 @@ int kvs_cmd_plan(int argc, char **argv) {
             kvs_cli_json_string(stdout, profile.policy);
             printf(",\"params\":");
             kvs_cli_json_string(stdout, profile.params);
-            printf(",\"budget_tokens\":%lld,\"x\":\"%s\",\"aux_scale\":\"%s\",\"tok_bytes\":",
-                   (long long)profile.budget_tokens, profile.x_is_generated ? "generated" : "n",
-                   aux_scale == KVS_PLAN_AUX_NONE ? "none" : "kv");
+            printf(",\"budget_tokens\":%lld,\"budget_scope\":", (long long)profile.budget_tokens);
+            kvs_cli_json_string(stdout, profile.budget_scope);
+            printf(",\"x\":\"%s\",\"aux_scale\":\"%s\",\"aux_rule\":", profile.x_is_generated ? "generated" : "n",
+                   aux_scale == KVS_PLAN_AUX_NONE ? "none" : aux_scale == KVS_PLAN_AUX_KV ? "kv" : "auto");
+            kvs_cli_json_string(stdout, aux_rule);
+            printf(",\"aux_factor\":");
+            kvs_cli_json_number(stdout, aux_factor);
+            printf(",\"copies\":");
+            kvs_cli_json_number(stdout, profile.per_query_head && profile.trace_group > 0
+                                            ? (double)(m->n_heads / m->n_kv_heads) / profile.trace_group
+                                            : 1);
+            printf(",\"tok_bytes\":");
             kvs_cli_json_number(stdout, profile.tok_bytes);
             const kvs_plan_line *ls[4] = {&profile.kv, &profile.aux, &profile.host, &profile.transfer};
             const char *names[4] = {"kv", "aux", "host", "transfer"};
@@ -432,8 +540,11 @@ int kvs_cmd_plan(int argc, char **argv) {
             }
             printf(",\"r2\":");
             kvs_cli_json_number(stdout, profile.kv_r2);
-            printf(",\"n_min\":%lld,\"n_max\":%lld,\"extrapolated\":%s}", (long long)profile.n_min,
-                   (long long)profile.n_max, extrapolated ? "true" : "false");
+            printf(",\"n_min\":%lld,\"n_max\":%lld,\"n_points\":%lld,\"steady_from\":%lld,\"fit_n_min\":%lld,"
+                   "\"fit_n_max\":%lld,\"fit_points\":%lld,\"extrapolated\":%s}",
+                   (long long)profile.n_min, (long long)profile.n_max, (long long)profile.n_points,
+                   (long long)steady_from, (long long)profile.fit_n_min, (long long)profile.fit_n_max,
+                   (long long)profile.fit_points, extrapolated ? "true" : "false");
         } else {
             printf("null");
         }
@@ -444,8 +555,8 @@ int kvs_cmd_plan(int argc, char **argv) {
         }
         printf("]}\n");
     } else if (csv) {
-        printf("series,label,budget,context,response,batch,seq_device_bytes,total_bytes,host_bytes,"
-               "pcie_bytes_per_step,max_batch,max_context\n");
+        printf("kind,series,label,budget,context,response,batch,seq_device_bytes,total_bytes,host_bytes,"
+               "pcie_bytes_per_step,max_batch,max_context,max_context_memory,context_clamped\n");
         for (int k = 0; k < n_pts; k++) csv_point(&pts[k], &ser[pts_ser[k]]);
     } else {
         char a[96], b[96], c[96];
@@ -455,10 +566,15 @@ int kvs_cmd_plan(int argc, char **argv) {
         printf("KV / token  %.0f bytes (%s) = 2 x %d layers x %d KV heads x %d head_dim x %g bytes (%s)\n", kvtok, a,
                m->n_layers, m->n_kv_heads, m->head_dim, kv_bytes, kv_dtype ? kv_dtype : "fp16");
         fmt_size(a, sizeof a, wbytes);
+        const char *tie_note = m->tied_embeddings < 0 ? " (classifier counted apart from the token embedding: "
+                                                        "the trace does not say)"
+                                                      : "";
         if (w_bytes > 0)
-            printf("weights     %.4g billion parameters x %g bytes (%s) = %s\n", kvs_plan_params(m) / 1e9, w_bytes,
-                   weights ? weights : "fp16", a);
-        else printf("weights     not resident on the GPUs (%.4g billion parameters)\n", kvs_plan_params(m) / 1e9);
+            printf("weights     %.4g billion parameters x %g bytes (%s) = %s%s\n", kvs_plan_params(m) / 1e9, w_bytes,
+                   weights ? weights : "fp16", a, tie_note);
+        else
+            printf("weights     not resident on the GPUs (%.4g billion parameters%s)\n", kvs_plan_params(m) / 1e9,
+                   tie_note);
         if (setup.gpu_bytes > 0) {
             fmt_size(a, sizeof a, setup.gpu_bytes);
             fmt_size(b, sizeof b, pool);
@@ -466,35 +582,67 @@ int kvs_cmd_plan(int argc, char **argv) {
                    setup.reserve_bytes > 0 ? " less the reserve" : "", b);
         }
         if (kind == KVS_PLAN_MEASURED) {
-            printf("profile     run %lld of %s: %s (%s), budget %lld tokens per KV head, trace model %s (head_dim %d, "
-                   "%g-byte elements)\n",
+            printf("profile     run %lld of %s: %s (%s), budget %lld tokens per KV head (%s), trace model %s (head_dim %d, "
+                   "GQA group %d, %g-byte KV elements)\n",
                    (long long)profile.run_id, profile_db, profile.policy, profile.params, (long long)profile.budget_tokens,
-                   profile.trace_model, profile.trace_head_dim, profile.trace_elem_bytes);
+                   profile.budget_scope, profile.trace_model, profile.trace_head_dim, profile.trace_group,
+                   profile.trace_elem_bytes);
+            char why[128];
+            if (!strcmp(profile.budget_scope, "every_step"))
+                snprintf(why, sizeof why, "decode steps with the cache full, n > budget %lld",
+                         (long long)profile.budget_tokens);
+            else if (!strcmp(profile.budget_scope, "prompt"))
+                snprintf(why, sizeof why, "every decode step: the %lld-token prompt was compressed to the budget",
+                         (long long)profile.prompt_len);
+            else snprintf(why, sizeof why, "every decode step");
+            printf("            steady state from n = %lld (%s): fitted on n = %lld..%lld, %lld of the %lld measured "
+                   "steps\n",
+                   (long long)steady_from, why, (long long)profile.fit_n_min, (long long)profile.fit_n_max,
+                   (long long)profile.fit_points, (long long)profile.n_points);
             printf("            device token equivalents per KV head = %.4g + %.4g x %s (KV) + %.4g + %.4g x %s (aux), "
-                   "R^2 %.4f, fitted on n = %lld..%lld (%lld points); aux scaled: %s\n",
+                   "R^2 %.4f\n",
                    profile.kv.a, profile.kv.b, profile.x_is_generated ? "generated" : "n", profile.aux.a,
-                   profile.aux.b, profile.x_is_generated ? "generated" : "n", profile.kv_r2, (long long)profile.n_min,
-                   (long long)profile.n_max, (long long)profile.n_points, aux_scale == KVS_PLAN_AUX_NONE ? "none" : "kv");
+                   profile.aux.b, profile.x_is_generated ? "generated" : "n", profile.kv_r2);
+            printf("            auxiliary state %s; x %.4g on the planned model\n", aux_rule, aux_factor);
             if (profile.per_query_head)
                 printf("            per-query-head layout: %d copies per KV head measured, %d on the planned model\n",
                        profile.trace_group, m->n_heads / m->n_kv_heads);
         }
         printf("\nbatch %ld, context %ld, response %ld (%ld tokens per sequence):\n", batch, context, response,
                context + response);
-        printf("  %-44s %-28s %-28s %10s %12s\n", "policy (budget in tokens per KV head)", "per sequence",
+        printf("  %-60s %-28s %-28s %10s %20s\n", "policy (budget in tokens per KV head)", "per sequence",
                "batch total", "max batch", "max context");
+        int any_clamped = 0;
         for (int s = 0; s < n_ser; s++) {
-            char mb[32], mc[32];
+            char mb[32], mc[64];
             fmt_size(a, sizeof a, main_pt[s].seq_device_bytes);
             fmt_size(b, sizeof b, main_pt[s].total_bytes);
             fmt_count(mb, sizeof mb, main_pt[s].max_batch);
             fmt_count(mc, sizeof mc, main_pt[s].max_context);
-            printf("%c %-44s %-28s %-28s %10s %12s\n", s == planned ? '*' : ' ', ser[s].label, a, b, mb, mc);
+            if (main_pt[s].context_clamped) {
+                size_t l = strlen(mc);
+                snprintf(mc + l, sizeof mc - l, " (model)");
+                any_clamped = 1;
+            }
+            printf("%c %-60s %-28s %-28s %10s %20s\n", s == planned ? '*' : ' ', ser[s].label, a, b, mb, mc);
             if (main_pt[s].host_bytes > 0 || main_pt[s].pcie_bytes_per_step > 0) {
                 fmt_size(a, sizeof a, main_pt[s].host_bytes);
                 fmt_size(c, sizeof c, main_pt[s].pcie_bytes_per_step);
                 printf("    host memory %s; PCIe per decode step %s\n", a, c);
             }
+        }
+        if (any_clamped) {
+            printf("(model): the model's context of %d positions less the response binds before memory; memory alone "
+                   "allows",
+                   m->max_positions);
+            for (int s = 0, first = 1; s < n_ser; s++) {
+                if (!main_pt[s].context_clamped) continue;
+                char mc[32];
+                fmt_count(mc, sizeof mc, main_pt[s].max_context_memory);
+                printf("%s %s: %s", first ? "" : ";", ser[s].label, mc);
+                first = 0;
+            }
+            printf("\n");
         }
         printf("(* the planned policy; max batch: sequences of this context and response that fit; max context: the "
                "longest prompt with this response at this batch)\n");
@@ -531,8 +679,17 @@ int kvs_cmd_plan(int argc, char **argv) {
         fprintf(stderr, "kvsim plan: warning: context + response (%ld) exceeds the model's max_position_embeddings (%d)\n",
                 context + response, m->max_positions);
     if (extrapolated)
-        fprintf(stderr, "kvsim plan: warning: the measured profile was fitted on sequence lengths %lld..%lld; the plan "
-                        "extrapolates its line beyond them\n", (long long)profile.n_min, (long long)profile.n_max);
+        fprintf(stderr, "kvsim plan: warning: the measured profile's steady state was fitted on sequence lengths "
+                        "%lld..%lld; the plan extrapolates its line beyond them\n",
+                (long long)profile.fit_n_min, (long long)profile.fit_n_max);
+    if (kind == KVS_PLAN_MEASURED && profile.fit_points < 2)
+        fprintf(stderr, "kvsim plan: warning: the measured profile's steady state is a single step (n = %lld): its "
+                        "line is flat, whatever the policy does later\n", (long long)profile.fit_n_min);
+    if (m->tied_embeddings < 0)
+        fprintf(stderr, "kvsim plan: warning: %s does not record whether the classifier is tied to the token "
+                        "embedding: the weights count it apart (%.4g million parameters more than tied); "
+                        "--tied-embeddings yes|no says which\n",
+                m->source, (double)m->vocab * m->hidden / 1e6);
 
     /* ---- plots ---- */
     if (plot_mem || plot_batch) {
@@ -585,7 +742,8 @@ int kvs_cmd_plan(int argc, char **argv) {
             pr.profile_policy = profile.policy;
             pr.profile_params = profile.params;
             pr.profile_x = profile.x_is_generated ? "generated" : "n";
-            pr.aux_scale = aux_scale == KVS_PLAN_AUX_NONE ? "none" : "kv";
+            pr.aux_scale = aux_rule;
+            pr.fit_n_min = profile.fit_n_min, pr.fit_n_max = profile.fit_n_max, pr.fit_points = profile.fit_points;
             pr.kv_a = profile.kv.a, pr.kv_b = profile.kv.b, pr.aux_a = profile.aux.a, pr.aux_b = profile.aux.b;
             pr.host_a = profile.host.a, pr.host_b = profile.host.b;
             pr.transfer_a = profile.transfer.a, pr.transfer_b = profile.transfer.b, pr.fit_r2 = profile.kv_r2;
@@ -593,7 +751,7 @@ int kvs_cmd_plan(int argc, char **argv) {
         for (int k = 0; k < n_pts; k++) {
             const series *s = &ser[pts_ser[k]];
             rows[k] = (kvs_results_plan_point){
-                .series = kvs_plan_kind_name(s->pol.kind),
+                .series = s->id,
                 .budget = s->pol.kind == KVS_PLAN_FULL ? 0
                           : s->pol.kind == KVS_PLAN_MEASURED ? profile.budget_tokens
                                                              : s->pol.budget,

@@ -1,16 +1,22 @@
 #!/bin/sh
 # capacity.sh — a capacity-planning study with `kvsim plan` (analysis/plan.h): the papers' figures on presets,
-# then the bundled model's MEASURED storage profiles carried to a real model.
+# then a trace's MEASURED storage profiles carried to a real model.
 #
 #   sh examples/capacity.sh [TRACE]     default: the bundled examples/stories260K.kvt
 #
 # 1. Presets (POLICY_SPEC §7 G3): Llama-3.1-70B at batch 32 x 32K in fp16 (RocketKV §1: 343.6 GB = 320.0 GiB),
 #    OPT-30B at batch 128 x 1024 (D2O §1: 180.4 GB), Llama-3.1-70B/405B at batch 256 x 128K (MorphKV Fig. 1:
 #    10.0 / 15.75 TiB), and D2O Table 5's max-batch comparison on Llama-3-8B with one A100-80G: full cache
-#    against a constant-size policy (H2O) at budget 256, D2O's budget = prompt of the first setting 256+1024
-#    (5x in theory, 4x observed there; tests/test_plan.c checks every setting at its own budget = prompt).
-# 2. Measured: kvsim replay of TRACE with H2O and SnapKV at budget 64 (per-step series kept), then each run's
-#    profile planned on Llama-3.1-8B on one 80 GB GPU: 8K context + 8K response, batch 16, with the plots.
+#    against H2O with one set per KV head (h2o:gqa=mean: a constant-size policy) at budget 256, D2O's budget =
+#    prompt of the first setting 256+1024 (5x in theory, 4x observed there; tests/test_plan.c checks every setting
+#    at its own budget = prompt). H2O's default layout (gqa=expand, a set per query head) would hold 4 sets per
+#    KV head on Llama-3-8B's groups of 4, as its replay measures.
+# 2. Measured: kvsim replay of TRACE with H2O and SnapKV (per-step series kept), then each run's profile planned
+#    on Llama-3.1-8B on one 80 GB GPU: 8K context + 8K response, batch 16, with the plots. The budget is 64
+#    tokens per KV head, or half the trace's prompt when the prompt is shorter than 64: a prompt-only policy
+#    (SnapKV) compresses only a prompt at least as long as its budget, and the plan fits each run on its steady
+#    state (an every-step policy's steps with the cache full, a prompt-only policy's decode steps), refusing a run
+#    that never reaches it. The plan prints the steps its fit used.
 # Outputs go to $OUT (default examples/out): capacity.db (runs and plans), capacity_*.txt, capacity_*.png.
 # $KVSIM_BIN names the kvsim binary.
 set -eu
@@ -33,16 +39,26 @@ echo "== M22: batch 256 at 128K"
 for m in Llama-3.1-70B Llama-3.1-405B; do
     "$KVSIM_BIN" plan --model "$m" --batch 256 --context 131072 --db "$db" | tee "$out/capacity_m22_$m.txt"
 done
-echo "== D10: max batch, full cache vs H2O at budget 256, Llama-3-8B on one A100-80G"
-"$KVSIM_BIN" plan --model Llama-3-8B --gpu-mem 80GiB --policy h2o --budget 256 --context 256 --response 1024 \
-    --settings 256+1024,512+2048,1024+4096,2048+8192 --db "$db" --plot-batch "$out/capacity_d10_batch.png" \
-    | tee "$out/capacity_d10.txt"
+echo "== D10: max batch, full cache vs H2O (one set per KV head) at budget 256, Llama-3-8B on one A100-80G"
+"$KVSIM_BIN" plan --model Llama-3-8B --gpu-mem 80GiB --policy h2o:gqa=mean --budget 256 --context 256 \
+    --response 1024 --settings 256+1024,512+2048,1024+4096,2048+8192 --db "$db" \
+    --plot-batch "$out/capacity_d10_batch.png" | tee "$out/capacity_d10.txt"
 
-echo "== measured profiles from $trace"
-"$KVSIM_BIN" replay "$trace" --db "$db" --policy h2o --policy snapkv --budgets 64 --series-every 1 --threads 2
+# The first prompt's length, from the trace header (`kvsim info`: "... prompt length before the first generated
+# token P)").
+prompt=$("$KVSIM_BIN" info "$trace" | sed -n 's/.*before the first generated token \([0-9][0-9]*\)).*/\1/p')
+[ -n "$prompt" ] || { echo "capacity.sh: cannot read the prompt length of $trace" >&2; exit 1; }
+budget=64
+if [ "$prompt" -lt "$budget" ]; then
+    budget=$((prompt / 2))
+    [ "$budget" -ge 1 ] || budget=1
+    echo "capacity.sh: the trace's prompt has $prompt tokens (< 64): budget $budget, so that SnapKV compresses it"
+fi
+echo "== measured profiles from $trace at budget $budget"
+"$KVSIM_BIN" replay "$trace" --db "$db" --policy h2o --policy snapkv --budgets "$budget" --series-every 1 --threads 2
 for p in h2o snapkv; do
     echo "== $p's measured profile planned on Llama-3.1-8B, one 80 GB GPU, 8K + 8K, batch 16"
-    "$KVSIM_BIN" plan --model Llama-3.1-8B --gpu-mem 80GB --profile "$db" --policy "$p" --budget 64 \
+    "$KVSIM_BIN" plan --model Llama-3.1-8B --gpu-mem 80GB --profile "$db" --policy "$p" --budget "$budget" \
         --context 8192 --response 8192 --batch 16 --db "$db" \
         --plot-memory "$out/capacity_${p}_memory.png" --plot-batch "$out/capacity_${p}_batch.png" \
         | tee "$out/capacity_$p.txt"

@@ -30,7 +30,7 @@ static const char plan_schema[] =
     " policy TEXT NOT NULL, budget INTEGER,"
     " profile_db TEXT, profile_run_id INTEGER, profile_policy TEXT, profile_params TEXT, profile_x TEXT,"
     " aux_scale TEXT, kv_a REAL, kv_b REAL, aux_a REAL, aux_b REAL, host_a REAL, host_b REAL,"
-    " transfer_a REAL, transfer_b REAL, fit_r2 REAL);"
+    " transfer_a REAL, transfer_b REAL, fit_r2 REAL, fit_n_min INTEGER, fit_n_max INTEGER, fit_points INTEGER);"
     "CREATE TABLE IF NOT EXISTS plan_points ("
     " plan_id INTEGER NOT NULL REFERENCES plans(id) ON DELETE CASCADE,"
     " series TEXT NOT NULL, budget INTEGER,"
@@ -38,6 +38,22 @@ static const char plan_schema[] =
     " seq_device_bytes REAL NOT NULL, total_bytes REAL NOT NULL, host_bytes REAL NOT NULL,"
     " pcie_bytes_per_step REAL NOT NULL, max_batch INTEGER, max_context INTEGER,"
     " PRIMARY KEY (plan_id, series, context, response)) WITHOUT ROWID;";
+
+/* A plans table of an earlier kvsim lacks the steady-state columns: added in the write's transaction. */
+static kvs_status plan_columns(kvs_results_db *db) {
+    sqlite3_stmt *q = NULL;
+    kvs_status st = kvs_results_prepare(db, "SELECT 1 FROM pragma_table_info('plans') WHERE name = 'fit_points'", &q,
+                                        "read the plan columns");
+    if (st != KVS_OK) return st;
+    int rc = sqlite3_step(q);
+    sqlite3_finalize(q);
+    if (rc == SQLITE_ROW) return KVS_OK;
+    if (rc != SQLITE_DONE) return kvs_results_db_error(db, "read the plan columns");
+    return kvs_results_exec(db,
+                            "ALTER TABLE plans ADD COLUMN fit_n_min INTEGER; ALTER TABLE plans ADD COLUMN fit_n_max "
+                            "INTEGER; ALTER TABLE plans ADD COLUMN fit_points INTEGER;",
+                            "add the plan's steady-state columns");
+}
 
 static void bind_text(sqlite3_stmt *st, int i, const char *s) {
     if (s) sqlite3_bind_text(st, i, s, -1, SQLITE_TRANSIENT);
@@ -63,6 +79,7 @@ kvs_status kvs_results_write_plan(kvs_results_db *db, const kvs_results_plan *p,
     sqlite3_stmt *ins = NULL, *pt = NULL;
     int64_t trace_id = 0;
     KVS_TRY(st = kvs_results_exec(db, plan_schema, "create the plan tables"));
+    KVS_TRY(st = plan_columns(db));
     if (trace) KVS_TRY(st = kvs_results_trace_id(db, trace, &trace_id));
     KVS_TRY(st = kvs_results_prepare(
                 db,
@@ -70,8 +87,9 @@ kvs_status kvs_results_write_plan(kvs_results_db *db, const kvs_results_plan *p,
                 "head_dim, params, kv_dtype, kv_bytes_per_token, weight_dtype, weight_bytes, n_gpus, gpu_bytes, "
                 "reserve_bytes, kv_pool_bytes, batch, context, response, policy, budget, profile_db, profile_run_id, "
                 "profile_policy, profile_params, profile_x, aux_scale, kv_a, kv_b, aux_a, aux_b, host_a, host_b, "
-                "transfer_a, transfer_b, fit_r2) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17,"
-                "?18,?19,?20,?21,?22,?23,?24,?25,?26,?27,?28,?29,?30,?31,?32,?33,?34,?35,?36,?37)",
+                "transfer_a, transfer_b, fit_r2, fit_n_min, fit_n_max, fit_points) VALUES (?1,?2,?3,?4,?5,?6,?7,?8,?9,"
+                "?10,?11,?12,?13,?14,?15,?16,?17,?18,?19,?20,?21,?22,?23,?24,?25,?26,?27,?28,?29,?30,?31,?32,?33,?34,"
+                "?35,?36,?37,?38,?39,?40)",
                 &ins, "insert a plan"));
     bind_text(ins, 1, p->kvsim_version);
     bind_pos(ins, 2, trace_id);
@@ -104,6 +122,9 @@ kvs_status kvs_results_write_plan(kvs_results_db *db, const kvs_results_plan *p,
     const double fit[9] = {p->kv_a, p->kv_b, p->aux_a, p->aux_b, p->host_a, p->host_b, p->transfer_a, p->transfer_b,
                            p->fit_r2};
     for (int i = 0; i < 9; i++) bind_real(ins, 29 + i, fit[i]);
+    bind_pos(ins, 38, p->fit_n_min);
+    bind_pos(ins, 39, p->fit_n_max);
+    bind_pos(ins, 40, p->fit_points);
     KVS_TRY(st = kvs_results_step_done(db, ins, "insert a plan"));
     const int64_t id = sqlite3_last_insert_rowid(kvs_results_sqlite(db));
     KVS_TRY(st = kvs_results_prepare(db,
@@ -291,6 +312,18 @@ kvs_status kvs_plan_profile_read(const char *db_path, int64_t run_id, const char
         goto cleanup;
     }
     const kvs_results_run_row *r = &rows[0];
+    /* --run chooses the run; a --policy or --budget beside it must describe that run, not be dropped silently */
+    if (run_id > 0 && ((policy && strcmp(policy, r->policy ? r->policy : "")) ||
+                       (budget > 0 && budget != r->budget_tokens))) {
+        char want[128];
+        if (policy && budget > 0) snprintf(want, sizeof want, "%s at budget %lld", policy, (long long)budget);
+        else if (policy) snprintf(want, sizeof want, "%s", policy);
+        else snprintf(want, sizeof want, "budget %lld", (long long)budget);
+        st = kvs_fail(KVS_ERR_INVALID_ARG, "%s: run %lld is %s at budget %lld, not %s: give --run alone, or --policy "
+                                           "and --budget without --run",
+                      db_path, (long long)r->id, r->policy ? r->policy : "?", (long long)r->budget_tokens, want);
+        goto cleanup;
+    }
     kvs_plan_profile p = {0};
     p.run_id = r->id;
     snprintf(p.policy, sizeof p.policy, "%s", r->policy ? r->policy : "");
@@ -306,12 +339,25 @@ kvs_status kvs_plan_profile_read(const char *db_path, int64_t run_id, const char
                       r->dtype ? r->dtype : "");
         goto cleanup;
     }
-    p.trace_elem_bytes = (double)kvs_dtype_size(dt);
+    /* the replay accounts in its kv_bytes option (--kv-bytes), the trace's element size by default */
+    int kvb = 0, auxb = 0;
+    p.trace_elem_bytes = kvs_results_run_bytes(r, &kvb, &auxb) && kvb > 0 ? (double)kvb : (double)kvs_dtype_size(dt);
     p.tok_bytes = 2.0 * r->head_dim * p.trace_elem_bytes;
     p.prompt_len = r->prompt_len;
     p.x_is_generated = !strcmp(p.budget_scope, "prompt");
     p.per_query_head = r->layout && !strcmp(r->layout, "per_query_head");
     p.trace_group = r->n_kv_heads > 0 ? r->n_heads / r->n_kv_heads : 1;
+    p.aux_scale = out->aux_scale;
+    if (kvs_plan_aux_rule_of(p.policy, p.params, &p.aux_rule) != KVS_OK) {
+        if (p.aux_scale == KVS_PLAN_AUX_AUTO) { /* the message of kvs_plan_aux_rule_of, with the run */
+            st = kvs_fail(KVS_ERR_INVALID_ARG, "%s: run %lld: %s", db_path, (long long)r->id, kvs_last_error());
+            goto cleanup;
+        }
+        /* an override without the policy's rule: the copies follow the run's layout */
+        p.aux_rule = (kvs_plan_aux_rule){.copies = KVS_PLAN_AUX_PER_LIST, .head_dim_offset = -1};
+        snprintf(p.aux_rule.what, sizeof p.aux_rule.what, "unknown to the planner");
+        kvs_clear_error();
+    }
     const kvs_metric metrics[4] = {KVS_M_STORAGE_KV, KVS_M_STORAGE_AUX, KVS_M_STORAGE_HOST,
                                    KVS_M_TRANSFER};
     for (int i = 0; i < 4; i++) KVS_TRY(st = kvs_results_query_steps(db, r->id, -1, metrics[i], &s[i]));
@@ -337,7 +383,6 @@ kvs_status kvs_plan_profile_read(const char *db_path, int64_t run_id, const char
         }
     }
     for (int64_t i = 0; i < n; i++) lens[i] = s[0].position[i] + 1;
-    p.aux_scale = out->aux_scale;
     KVS_TRY(st = kvs_plan_profile_fit(&p, lens, s[0].value, vals, vals + n, vals + 2 * n, n));
     *out = p;
 cleanup:

@@ -35,14 +35,18 @@ typedef struct {
     const char *profile_db;     /* the replay database read */
     int64_t profile_run_id;
     const char *profile_policy, *profile_params, *profile_x; /* x: "n" or "generated" */
-    const char *aux_scale;      /* "kv" or "none" */
+    const char *aux_scale;      /* the auxiliary rule in effect, e.g. "auto: per list, scalars (a score per held slot,
+                                 * per list)" or "kv: ..." / "none: ..." for an override */
     double kv_a, kv_b, aux_a, aux_b, host_a, host_b, transfer_a, transfer_b, fit_r2;
+    int64_t fit_n_min, fit_n_max, fit_points; /* the steady-state steps the lines were fitted on; <= 0: none */
     const char *kvsim_version;
 } kvs_results_plan;
 
 /* One point of a plan (max_batch / max_context: -1 = unbounded; < -1 = not computed, stored NULL). */
 typedef struct {
-    const char *series;         /* full, constant, prompt-only, offload, measured */
+    const char *series;         /* the series, unique in its plan, naming what it plans: "full", "constant B=64",
+                                 * "prompt-only B=64", "offload B=64", a nominal registered policy "h2o B=64
+                                 * nominal" and a measured one "measured h2o B=64 (run 12)" */
     int64_t budget;             /* <= 0: none */
     int64_t context, response, batch;
     double seq_device_bytes, total_bytes, host_bytes, pcie_bytes_per_step;
@@ -72,12 +76,17 @@ kvs_status kvs_results_query_plans(kvs_results_db *db, kvs_results_plan_row **ro
 void kvs_results_plan_rows_free(kvs_results_plan_row *rows, int64_t n);
 
 /*! kvs_plan_profile_read() : reads the profile of one complete run from the results database `db_path`
- *  (read-only): run `run_id` when > 0, else the one complete run of `policy` (NULL = any)
- *  at `budget` (> 0; 0 = any). Its per-step series (kvsim replay --series-every N) of storage_kv_bytes,
- *  storage_aux_bytes, storage_host_bytes and transfer_bytes, mean over layers and query heads per position,
- *  are fitted with kvs_plan_profile_fit; out->aux_scale is an input (set it before the call). Errors (KVS_ERR_DB unless said): not a results database, as
- *  kvs_results_open_readonly; "no complete runs"; several runs match ("N runs match: choose one with --run
- *  ID", listing them; KVS_ERR_INVALID_ARG); the run has no series. */
+ *  (read-only): run `run_id` when > 0 (then `policy` and `budget`, when given, must be that run's), else the one
+ *  complete run of `policy` (NULL = any) at `budget` (> 0; 0 = any). Its per-step series (kvsim replay
+ *  --series-every N) of storage_kv_bytes, storage_aux_bytes, storage_host_bytes and transfer_bytes, mean over
+ *  layers and query heads per position, are fitted on the run's steady state with kvs_plan_profile_fit, in the
+ *  run's KV element bytes (its kv_bytes option, else the trace dtype's); out->aux_scale is an input (set it before
+ *  the call): AUTO takes the policy's rule (kvs_plan_aux_rule_of), an override keeps the policy's copies (the
+ *  run's layout when the planner does not know the policy). Errors (KVS_ERR_DB unless said): not a results
+ *  database, as kvs_results_open_readonly; "no complete runs"; several runs match ("N runs match: choose one with
+ *  --run ID", listing them; KVS_ERR_INVALID_ARG); --run with a --policy or --budget of another run
+ *  (KVS_ERR_INVALID_ARG); a policy without a rule under AUTO (KVS_ERR_INVALID_ARG); the run has no series; the
+ *  run never reaches its steady state (KVS_ERR_INVALID_ARG, kvs_plan_profile_fit). */
 kvs_status kvs_plan_profile_read(const char *db_path, int64_t run_id, const char *policy, int64_t budget,
                                  kvs_plan_profile *out);
 
