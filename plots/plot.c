@@ -438,7 +438,7 @@ static kvs_status label_series(plot_data *d, int per_run, int by_budget) {
     }
     for (size_t i = 0; i < d->n; i++) {
         plot_series *s = &d->s[i];
-        char trace[1100] = "", bytes[64] = "", kv[24] = "?", aux[24] = "?", extra[1400] = "", budget[48] = "",
+        char trace[1100] = "", bytes[80] = "", kv[16] = "?", aux[16] = "?", extra[1400] = "", budget[48] = "",
              run[48] = "";
         if (many_traces) {
             int clash = 0;
