@@ -58,6 +58,8 @@ struct kvs_results_db {
     sqlite3 *db;
     char *path;              /* owned copy, for error messages */
     int readonly;            /* opened by kvs_results_open_readonly */
+    int created;             /* kvs_results_open created the file (it did not exist) */
+    int write_failed;        /* a write through this handle (or its open) failed: see kvs_results_close */
     int version;             /* schema version of the file (after migration for a writer) */
     char *cols[N_TABLES];    /* "\x1f" + each column name + "\x1f", of each table */
     char *notnull[N_TABLES]; /* the same for the NOT NULL columns only */
@@ -584,7 +586,10 @@ kvs_status kvs_results_open(const char *path, kvs_results_db **out) {
             rc = kvs_fail(KVS_ERR_IO, "%s: cannot create results database: %s", path, strerror(errno));
             goto cleanup;
         }
-        if (fd >= 0) close(fd);
+        if (fd >= 0) {
+            close(fd);
+            r->created = 1; /* ours to remove should this open, or every write, fail (kvs_results_close) */
+        }
     }
     if (sqlite3_open_v2(path, &r->db, SQLITE_OPEN_READWRITE, NULL) != SQLITE_OK) {
         rc = kvs_fail(KVS_ERR_DB, "%s: cannot open results database: %s", path,
@@ -640,6 +645,7 @@ kvs_status kvs_results_open(const char *path, kvs_results_db **out) {
 
 cleanup:
     sb_free(&schema);
+    r->write_failed = 1;
     kvs_results_close(r);
     return rc;
 }
@@ -783,9 +789,84 @@ cleanup:
     return rc;
 }
 
+/* SQLite's locks (os_unix.c): a connection holds a read lock on the database file's SHARED range, in the 512
+ * bytes from PENDING_BYTE, for as long as it has the file open in WAL mode; a connection with the -shm open holds
+ * a read lock on it. What SQLite's own last-connection test (an exclusive lock there) relies on. */
+#define KVS_SQLITE_PENDING_BYTE 0x40000000
+
+/* 1 when a process other than this one holds a lock on the file at `path` in [start, start + len) (len 0: to its
+ * end); 0 when none does or the file does not exist. Call it only with no SQLite connection of this process open on
+ * the file: closing our descriptor drops every POSIX lock this process holds on it. */
+static int locked_by_another(const char *path, off_t start, off_t len) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errno == ENOENT ? 0 : 1;
+    struct flock lk = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = start, .l_len = len};
+    int busy = fcntl(fd, F_GETLK, &lk) != 0 || lk.l_type != F_UNLCK;
+    close(fd);
+    return busy;
+}
+
+/* 1 when the database holds results: a row in any table but the schema's and the trace description's (meta,
+ * sqlite_sequence, traces, trace_turns, sweep_traces), which a run, an analysis or a plan always adds to; 0 when it
+ * holds none; -1 when that cannot be read (the failure that brought us here may make every read fail too). */
+static int holds_results(kvs_results_db *r) {
+    sqlite3_stmt *st = NULL;
+    if (sqlite3_prepare_v2(r->db,
+                           "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT IN ('meta', "
+                           "'sqlite_sequence', 'traces', 'trace_turns', 'sweep_traces')",
+                           -1, &st, NULL) != SQLITE_OK)
+        return -1;
+    int found = 0, src;
+    while (!found && (src = sqlite3_step(st)) == SQLITE_ROW) {
+        char sql[256];
+        snprintf(sql, sizeof sql, "SELECT 1 FROM \"%s\" LIMIT 1", (const char *)sqlite3_column_text(st, 0));
+        sqlite3_stmt *q = NULL;
+        if (sqlite3_prepare_v2(r->db, sql, -1, &q, NULL) != SQLITE_OK) found = -1;
+        else {
+            int qrc = sqlite3_step(q);
+            found = qrc == SQLITE_ROW ? 1 : qrc == SQLITE_DONE ? 0 : -1;
+        }
+        sqlite3_finalize(q);
+    }
+    if (!found && src != SQLITE_DONE) found = -1;
+    sqlite3_finalize(st);
+    return found;
+}
+
 void kvs_results_close(kvs_results_db *r) {
     if (!r) return;
-    if (r->db) sqlite3_close_v2(r->db);
+    /* A database this handle created, whose writes failed before any result was stored in it (a full disk during
+     * the first replay into a new file: its schema in a WAL and nothing else), is removed with its -wal and -shm:
+     * it would only read as "empty results database". Only when no other process has it open: another writer
+     * (several may share a database) may be about to store its runs there. The residual race, a process that opens
+     * the file between the lock test and the unlink and writes into the removed file, needs two processes to
+     * create one new database at the same moment as one of them fails. A database that existed is never removed:
+     * its failed write rolled back (one transaction per run) and left it as it was. */
+    int discard = 0;
+    if (r->created && r->write_failed) {
+        /* Unreadable: removed only when the failure came inside kvs_results_open (r->version still 0), which began
+         * by creating the file a few moments ago, so no other process can have stored and gone since; after that,
+         * kept (what cannot be checked is not thrown away). */
+        int holds = r->db ? holds_results(r) : 0;
+        discard = holds == 0 || (holds < 0 && r->version == 0);
+    }
+    if (r->db) {
+        /* sqlite3_close, not _v2: with a statement left open the connection would stay open, locks and all */
+        if (discard && sqlite3_close(r->db) != SQLITE_OK) {
+            discard = 0;
+            sqlite3_close_v2(r->db);
+        } else if (!discard) sqlite3_close_v2(r->db);
+    }
+    if (discard) {
+        char wal[PATH_MAX + 8], shm[PATH_MAX + 8];
+        snprintf(wal, sizeof wal, "%s-wal", r->path);
+        snprintf(shm, sizeof shm, "%s-shm", r->path);
+        if (!locked_by_another(r->path, KVS_SQLITE_PENDING_BYTE, 512) && !locked_by_another(shm, 0, 0)) {
+            unlink(r->path);
+            unlink(wal);
+            unlink(shm);
+        }
+    }
     for (int t = 0; t < N_TABLES; t++) {
         free(r->cols[t]);
         free(r->notnull[t]);
@@ -989,7 +1070,7 @@ kvs_status kvs_results_write_run(kvs_results_db *r, const kvs_results_trace *tra
     if (!r || !r->db) return kvs_fail(KVS_ERR_INVALID_ARG, "write_run: NULL results database");
     if (r->readonly) return kvs_fail(KVS_ERR_STATE, "%s: write_run: the database was opened read-only", r->path);
     kvs_status rc = validate_run(r, trace, run, layer_aggs, n_layers, run_agg, steps, n_steps);
-    if (rc != KVS_OK) return rc;
+    if (rc != KVS_OK) return rc; /* refused input, nothing attempted: not a failed write */
 
     sqlite3_stmt *ins_run = NULL, *ins_layer = NULL, *ins_summary = NULL, *ins_step = NULL;
     int in_txn = 0;
@@ -1098,6 +1179,7 @@ cleanup:
     sqlite3_finalize(ins_step);
     /* Nothing of a failed write may remain: ROLLBACK undoes the trace row too. */
     if (in_txn && sqlite3_get_autocommit(r->db) == 0) sqlite3_exec(r->db, "ROLLBACK", NULL, NULL, NULL);
+    if (rc != KVS_OK) r->write_failed = 1;
     return rc;
 }
 
@@ -1537,13 +1619,22 @@ kvs_status kvs_results_step_done(kvs_results_db *r, sqlite3_stmt *st, const char
 kvs_status kvs_results_txn_begin(kvs_results_db *r, const char *what) {
     if (!r || !r->db) return kvs_fail(KVS_ERR_INVALID_ARG, "%s: NULL results database", what);
     if (r->readonly) return kvs_fail(KVS_ERR_STATE, "%s: %s: the database was opened read-only", r->path, what);
-    return exec_sql(r, "BEGIN IMMEDIATE", what);
+    kvs_status rc = exec_sql(r, "BEGIN IMMEDIATE", what);
+    if (rc != KVS_OK) r->write_failed = 1;
+    return rc;
 }
 
-kvs_status kvs_results_txn_commit(kvs_results_db *r, const char *what) { return exec_sql(r, "COMMIT", what); }
+kvs_status kvs_results_txn_commit(kvs_results_db *r, const char *what) {
+    if (!r || !r->db) return kvs_fail(KVS_ERR_INVALID_ARG, "%s: NULL results database", what);
+    kvs_status rc = exec_sql(r, "COMMIT", what);
+    if (rc != KVS_OK) kvs_results_txn_rollback(r); /* a COMMIT that failed may leave the transaction open */
+    return rc;
+}
 
 void kvs_results_txn_rollback(kvs_results_db *r) {
-    if (r && r->db && !sqlite3_get_autocommit(r->db)) sqlite3_exec(r->db, "ROLLBACK", NULL, NULL, NULL);
+    if (!r) return;
+    r->write_failed = 1; /* called on a family's error paths only */
+    if (r->db && !sqlite3_get_autocommit(r->db)) sqlite3_exec(r->db, "ROLLBACK", NULL, NULL, NULL);
 }
 
 int kvs_results_table_exists(kvs_results_db *r, const char *name) {

@@ -45,6 +45,10 @@ int kvs_results_is_sqlite_file(const char *path);
  *  KVS_ERR_STATE. Caller frees with kvs_results_close. */
 kvs_status kvs_results_open_readonly(const char *path, kvs_results_db **out);
 
+/*! kvs_results_close() : closes the database (accepts NULL). A database that kvs_results_open() CREATED (the file
+ *  did not exist) and whose open or writes failed before any result was stored in it (a full disk during the first
+ *  replay into a new file) is removed with its -wal and -shm files, unless another process has it open; a
+ *  database that existed is never removed (a failed write rolled back: it is as it was). */
 void kvs_results_close(kvs_results_db *db);
 
 /*! kvs_results_schema_version() : the schema version of the open database (1 only for a read-only

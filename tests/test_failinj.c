@@ -23,6 +23,9 @@
  * writes no database), sweep shards killed at
  * several times (no task recorded without its runs; the sweep run again completes), merge failing or killed
  * (OUT byte for byte as it was, or the complete merge).
+ * A replay into a new database failing at every write or fsync leaves no database, -wal or -shm behind; the readers
+ * (runs, compare, plot, report) read a database in a folder they cannot write (the shim's op open) and leave it as
+ * they found it.
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -1118,6 +1121,59 @@ static void test_merge_failing_or_killed_leaves_out_unchanged(void **state) {
     free(before);
 }
 
+/* A replay into a NEW database that fails before its run is stored (a full disk, a failing write or fsync at any
+ * point: creating the file, switching it to WAL, its schema, the trace row, the run) removes what it created:
+ * the database, its -wal and its -shm (before, an empty database and a 372 KB log stayed behind). When the failing
+ * call comes after the run's commit the replay succeeds and the database lists its run. */
+static void test_replay_into_a_new_database_failing_leaves_nothing(void **state) {
+    (void)state;
+    char so[256], trace[256], db[256];
+    if (!kvs_test_kvsim_bin() || !build_failio(so, sizeof so)) { skip(); }
+    gen_trace("t.kvt", trace, sizeof trace);
+    path_in("n.db", db, sizeof db);
+    const char *args[] = {"replay", trace, "--db", db, "--policy", "window", "--budgets", "8", "--threads", "1", NULL};
+    const char *keep[] = {"t.kvt", "cmd.err", "failio.so", NULL};
+    char rm[1024];
+    snprintf(rm, sizeof rm, "rm -f '%s' '%s-wal' '%s-shm'", db, db, db);
+    int failed_late = 0; /* failures after the schema was in the log: what left the debris */
+    static const char *const ops[] = {"write", "fsync"};
+    for (int k = 0; k < 2; k++) {
+        long calls = count_calls(so, ops[k], args);
+        assert_int_equal(system(rm), 0);
+        assert_true(calls >= 2);
+        int failed = 0;
+        for (long nth = 1; nth <= calls; nth++) { /* every call: the debris came from a few of them */
+            int rc = cli_failio(so, ops[k], nth, NULL, args);
+            if (rc == 0) { /* the failing call came after the commit (the checkpoint at close) */
+                const char *rargs[] = {"runs", db, NULL};
+                assert_int_equal(kvs_test_cli(NULL, NULL, rargs), 0);
+                assert_int_equal(system(rm), 0);
+                continue;
+            }
+            assert_int_equal(rc, 1);
+            failed++;
+            failed_late += nth > 1;
+            if (stray_files(keep) != 0) {
+                fprintf(stderr, "replay into a new database, %s failing from call %ld of %ld: debris left\n", ops[k],
+                        nth, calls);
+                fail();
+            }
+        }
+        assert_true(failed >= 1);
+    }
+    assert_true(failed_late >= 1);
+    /* a full disk (every file limited to `limit` bytes): nothing left either, until the limit lets it through */
+    int tried = 0;
+    for (long limit = 0; limit < (1L << 22); limit = limit * 2 + 4096) {
+        int rc = cli_limited(limit, args);
+        if (rc == 0) break;
+        assert_int_equal(rc, 1);
+        assert_int_equal(stray_files(keep), 0);
+        tried++;
+    }
+    assert_true(tried >= 3);
+}
+
 /* ---------------------------------------------------------------- a folder that may be read, not written */
 
 /* "name size sha256\n" of every file in `folder`, in readdir order sorted by name (caller frees): what a reader
@@ -1304,6 +1360,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_calibrate_plot_with_failing_io_leaves_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sweep_killed_at_any_time_reruns_cleanly, setup, teardown),
         cmocka_unit_test_setup_teardown(test_merge_failing_or_killed_leaves_out_unchanged, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_replay_into_a_new_database_failing_leaves_nothing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_readers_in_a_read_only_folder, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
