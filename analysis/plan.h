@@ -276,7 +276,7 @@ typedef struct {
                                 * in the model's context (context + response <= max_positions, when known);
                                 * KVS_PLAN_UNBOUNDED when every context up to KVS_PLAN_MAX_CONTEXT does and the
                                 * model's context is not known; 0 when none; -1 without GPU memory */
-    int64_t max_context_memory;/* the same bound from memory alone (what max_context was before the clamp) */
+    int64_t max_context_memory;/* the same bound from memory alone, the model's context not applied */
     int context_clamped;       /* 1: the model's context, not memory, bounds max_context */
 } kvs_plan_point;
 

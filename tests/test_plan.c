@@ -312,8 +312,8 @@ static void test_profile_fit_and_scaling(void **state) {
 
 /* A short prompt: an H2O run (groups of 2, gqa=expand: 2 lists) at budget 64 on a 16-token prompt fills its cache
  * during the first 48 decode steps, n = 17..64, and holds 2 x 64 slots (and 2 x 64 fp32 scores) from n = 65 on.
- * A line through all the steps is steep (the old planner's 949.8 MB a sequence on Llama-3.1-8B at 8K + 8K); the fit
- * of the steady state gives what the same policy measured on a long prompt gives. */
+ * A line through all the steps is steep; the fit of the steady state gives what the same policy measured on a long
+ * prompt gives. */
 static void test_profile_steady_state(void **state) {
     (void)state;
     enum { N = 181 };
@@ -378,8 +378,8 @@ static void test_aux_rules_by_hand(void **state) {
     assert_true(near(plan_seq(&h, &s, 8192, 8192), 256.0 * (4 * 64 * 512 + 4 * 64 * 4)));
     assert_true(kvs_plan_aux_factor(&h, &s) == 2);
     /* MorphKV (profile=rows, one list per KV head) at C = 128, R = 32: aux = G R C fp32 = 2 x 32 x 128 x 4 = 32768
-     * bytes. Llama-3.1-8B: 128 x 512 + 4 x 32 x 128 x 4 = 131072 per head: 33.55 MB (kv scaling said 151.0 MB,
-     * none 25.17 MB) */
+     * bytes. Llama-3.1-8B: 128 x 512 + 4 x 32 x 128 x 4 = 131072 per head: 33.55 MB (scaled like the KV, x 16,
+     * it would be 151.0 MB; kept as measured, x 1, 25.17 MB: neither counts the G copies alone) */
     for (int i = 0; i < 4; i++) kv[i] = 128 * 32.0, aux[i] = 2.0 * 32 * 128 * 4;
     kvs_plan_profile m = traced("morphkv", "every_step", 128, 239, 0);
     assert_int_equal(kvs_plan_aux_rule_of("morphkv", "recent=32,profile=rows,fidelity=paper", &m.aux_rule), KVS_OK);
