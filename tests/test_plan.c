@@ -637,8 +637,9 @@ static void test_cli_reproduces_the_papers(void **state) {
                           "256", "--context", "256", "--response", "1024", "--csv", NULL};
     assert_int_equal(run(f, mean), 0);
     char line[256];
+    /* max context: memory never binds a constant size; the model's 8192 less the 1024 generated does */
     snprintf(line, sizeof line, "constant,h2o B=256 nominal,\"h2o, budget 256, nominal (constant)\",256,256,1024,1,"
-                                "33554432,33554432,0,0,%lld,",
+                                "33554432,33554432,0,0,%lld,7168,unbounded,1\n",
              (long long)floor((80 * GiB - 2 * 8030261248.0) / 33554432));
     expect_out(f, line);
 }
@@ -658,6 +659,16 @@ static void test_cli_bad_input(void **state) {
     const char *dtype[] = {"plan", "--model", "Phi-4", "--kv-dtype", "fp4", NULL};
     assert_int_equal(run(f, dtype), 2);
     expect_err(f, "unknown dtype 'fp4'");
+    const char *aux[] = {"plan", "--model", "Phi-4", "--aux-scale", "half", NULL};
+    assert_int_equal(run(f, aux), 2);
+    expect_err(f, "--aux-scale: 'half' is not auto, kv or none");
+    const char *tie[] = {"plan", "--model", "Phi-4", "--tied-embeddings", "maybe", NULL};
+    assert_int_equal(run(f, tie), 2);
+    expect_err(f, "--tied-embeddings: 'maybe' is not yes or no");
+    const char *pol[] = {"plan", "--model", "Phi-4", "--policy", "h2o:gqa=sideways", NULL};
+    assert_int_equal(run(f, pol), 2);
+    expect_err(f, "--policy: 'h2o:gqa=sideways' is neither full, constant, prompt-only, offload nor a registered "
+                  "policy (kvsim policies): ");
     /* an empty file is not a results database */
     char db[160];
     snprintf(db, sizeof db, "%s/empty.db", f->dir);
@@ -821,6 +832,25 @@ static void test_cli_steady_state_and_scaling(void **state) {
     expect_out(f, "122880 (model)");
     snprintf(want, sizeof want, "memory alone allows full cache: %lld;", (long long)floor(pool / 131072) - 8192);
     expect_out(f, want);
+    const char *js[] = {"plan", "--model", "Llama-3.1-8B", "--profile", sdb, "--policy", "h2o", "--budget", "64",
+                        "--json", NULL};
+    assert_int_equal(run(f, js), 0);
+    snprintf(want, sizeof want, "\"n_min\":%lld,\"n_max\":%lld,\"n_points\":%lld,\"steady_from\":65,\"fit_n_min\":65,"
+                                "\"fit_n_max\":%lld,\"fit_points\":%lld,",
+             (long long)P + 1, (long long)N, (long long)(N - P), (long long)N, (long long)(N - 64));
+    expect_out(f, want);
+    expect_out(f, "\"aux_factor\":2,\"copies\":2,\"tok_bytes\":32,");
+    /* a budget one below the longest sequence: one steady step, a flat line, said so */
+    char odb[160], bud[32];
+    snprintf(odb, sizeof odb, "%s/one.db", f->dir);
+    snprintf(bud, sizeof bud, "%lld", (long long)N - 1);
+    const char *r1[] = {"replay", shortt, "--db", odb, "--policy", "h2o", "--budgets", bud, "--series-every", "1",
+                        "--threads", "2", NULL};
+    assert_int_equal(run(f, r1), 0);
+    const char *p1[] = {"plan", "--model", "Llama-3.1-8B", "--profile", odb, NULL};
+    assert_int_equal(run(f, p1), 0);
+    snprintf(want, sizeof want, "the measured profile's steady state is a single step (n = %lld)", (long long)N);
+    expect_err(f, want);
     /* SnapKV on the 16-token prompt at 64 never compressed anything: no steady state, refused */
     const char *snap[] = {"plan", "--model", "Llama-3.1-8B", "--profile", sdb, "--policy", "snapkv", "--budget", "64",
                           NULL};
@@ -894,12 +924,16 @@ static void test_cli_steady_state_and_scaling(void **state) {
     /* the weights of a trace: the tie is not recorded (a warning, counted apart); said, the loader's count */
     const char *tw[] = {"plan", "--trace", shortt, "--json", NULL};
     assert_int_equal(run(f, tw), 0);
-    expect_err(f, "does not record whether the classifier is tied to the token embedding");
+    expect_err(f, "does not record whether the classifier is tied to the token embedding: the weights count it apart "
+                  "(0.03277 million parameters more than tied)"); /* vocab 512 x dim 64 */
     expect_out(f, "\"tied_embeddings\":null");
     kvs_model *mdl = NULL;
     assert_int_equal(kvs_model_load(model, &mdl), KVS_OK);
-    snprintf(want, sizeof want, "\"params\":%llu}", (unsigned long long)kvs_model_info_get(mdl)->n_params);
+    const unsigned long long loaded = (unsigned long long)kvs_model_info_get(mdl)->n_params;
     kvs_model_free(mdl);
+    snprintf(want, sizeof want, "\"params\":%llu}", loaded + 512 * 64);
+    expect_out(f, want);
+    snprintf(want, sizeof want, "\"params\":%llu}", loaded);
     const char *tt[] = {"plan", "--trace", shortt, "--tied-embeddings", "yes", "--json", NULL};
     assert_int_equal(run(f, tt), 0);
     expect_out(f, want);
