@@ -408,8 +408,8 @@ int kvs_cmd_plan(int argc, char **argv) {
         series *z = &ser[n_ser];
         z->pol = (kvs_plan_policy){.kind = named_kind, .budget = budget, .per_query_head = named_per_q};
         if (named_per_q)
-            snprintf(z->label, sizeof z->label, "%s, budget %ld, nominal (%s, %d sets per KV head)", named, budget,
-                     kvs_plan_kind_name(named_kind), g);
+            snprintf(z->label, sizeof z->label, "%s, budget %ld, nominal (%s, %d set%s per KV head)", named, budget,
+                     kvs_plan_kind_name(named_kind), g, g == 1 ? "" : "s");
         else
             snprintf(z->label, sizeof z->label, "%s, budget %ld, nominal (%s)", named, budget,
                      kvs_plan_kind_name(named_kind));
