@@ -173,7 +173,6 @@ static void fmt_metric(char *buf, size_t cap, double v, kvs_metric m) {
     else snprintf(buf, cap, "%.4g", v);
 }
 
-static int is_prompt_only(const kvs_results_run_row *w) { return w->budget_scope && !strcmp(w->budget_scope, "prompt"); }
 
 /* ------------------------------------------------------------------------------------------------
  * Plots: drawn into the report folder, embedded as data: URIs
@@ -299,7 +298,10 @@ static kvs_status compare_table(report_ctx *ctx, kvs_compare_match match, double
     kvs_compare_column cols[N_COMPARE_COLS];
     kvs_compare *cmp = NULL;
     kvs_status st = compare_columns(cols);
-    if (st == KVS_OK) st = kvs_compare_create(ctx->rows, ctx->n_rows, match, X, cols, N_COMPARE_COLS, &cmp);
+    /* kvsim compare's defaults: the mean bytes, and no interpolation across a jump wider than
+     * KVS_COMPARE_MAX_RATIO (a gap: no configuration is there) */
+    kvs_compare_opts copts = {.match = match, .at = X};
+    if (st == KVS_OK) st = kvs_compare_create_opts(ctx->rows, ctx->n_rows, &copts, cols, N_COMPARE_COLS, &cmp);
     if (st != KVS_OK) return st;
     size_t n = kvs_compare_n_series(cmp), usable = 0;
     for (size_t i = 0; i < n; i++) usable += kvs_compare_series_at(cmp, i)->status <= KVS_COMPARE_EXACT;
@@ -314,8 +316,10 @@ static kvs_status compare_table(report_ctx *ctx, kvs_compare_match match, double
     para(ctx, "Every series (policy, params, trace, measure) interpolated linearly in log(%s) to %s per KV head "
               "between the two runs that bracket it (kvsim compare %s --match %s --at %.17g); sorted by mean output "
               "error, best first. A series whose runs do not bracket it is listed as out of range, never "
-              "extrapolated.",
-         kvs_compare_match_x(match), xb, kvs_path_base(ctx->opt->db_path), kvs_compare_match_name(match), X);
+              "extrapolated; one whose bracketing runs are more than %gx apart is a gap (no configuration of it is "
+              "near there), never interpolated.",
+         kvs_compare_match_x(match), xb, kvs_path_base(ctx->opt->db_path), kvs_compare_match_name(match), X,
+         kvs_compare_max_ratio(cmp));
     const char *head[5 + N_COMPARE_COLS + 1];
     int nh = 0;
     head[nh++] = "policy";
@@ -326,13 +330,14 @@ static kvs_status compare_table(report_ctx *ctx, kvs_compare_match match, double
     for (int c = 0; c < N_COMPARE_COLS; c++) head[nh++] = compare_cols[c];
     head[nh++] = "from runs";
     table_begin(ctx, nh, head);
-    int any_o = 0, any_p = 0;
+    int any_o = 0, any_p = 0, any_n = 0;
     for (size_t i = 0; i < n; i++) {
         const kvs_compare_series *s = kvs_compare_series_at(cmp, i);
-        char flags[8], vals[N_COMPARE_COLS][64], from[160], a[64], b[64];
-        snprintf(flags, sizeof flags, "%s%s", s->is_oracle ? "O" : "", s->prompt_only ? "P" : "");
+        char flags[KVS_COMPARE_FLAGS_CAP], vals[N_COMPARE_COLS][64], from[160], a[64], b[64];
+        kvs_compare_series_flags(s, flags);
         any_o |= s->is_oracle;
         any_p |= s->prompt_only;
+        any_n |= s->degenerate;
         int ok = s->status <= KVS_COMPARE_EXACT;
         for (int c = 0; c < N_COMPARE_COLS; c++) {
             if (ok) fmt_metric(vals[c], sizeof vals[c], s->val[c], cols[c].m);
@@ -348,6 +353,12 @@ static kvs_status compare_table(report_ctx *ctx, kvs_compare_match match, double
         else if (s->status == KVS_COMPARE_INTERPOLATED)
             snprintf(from, sizeof from, "#%" PRId64 " .. #%" PRId64 " (t=%.3f)", s->pts[s->lo].run_id,
                      s->pts[s->hi].run_id, s->t);
+        else if (s->status == KVS_COMPARE_GAP) {
+            kvs_format_bytes(a, sizeof a, s->pts[s->lo].x);
+            kvs_format_bytes(b, sizeof b, s->pts[s->hi].x);
+            snprintf(from, sizeof from, "gap: #%" PRId64 " at %s .. #%" PRId64 " at %s", s->pts[s->lo].run_id, a,
+                     s->pts[s->hi].run_id, b);
+        }
         else /* a status results/compare.h gives no value for: its name, never a made-up bracket */
             snprintf(from, sizeof from, "%s: no value", kvs_compare_status_name(s->status));
         const char *cell[5 + N_COMPARE_COLS + 1];
@@ -355,7 +366,7 @@ static kvs_status compare_table(report_ctx *ctx, kvs_compare_match match, double
         cell[k++] = s->rep->policy;
         cell[k++] = s->rep->params;
         cell[k++] = flags;
-        cell[k++] = kvs_path_base(s->rep->trace_path);
+        cell[k++] = s->trace_label;
         cell[k++] = s->rep->measure;
         for (int c = 0; c < N_COMPARE_COLS; c++) cell[k++] = vals[c];
         cell[k++] = from;
@@ -366,6 +377,9 @@ static kvs_status compare_table(report_ctx *ctx, kvs_compare_match match, double
     if (any_p)
         para(ctx, "P = prompt-only budget: the budget bounds the prompt only and every generated token is kept, so "
                   "its memory grows with the response; here it is compared at its measured memory.");
+    if (any_n)
+        para(ctx, "N = noted: a run the value comes from carries a replay note (a degenerate configuration, e.g. a "
+                  "budget at most the policy's window); read its value as that configuration's, not the policy's.");
     kvs_compare_free(cmp);
     return KVS_OK;
 }
@@ -384,10 +398,17 @@ static double default_at(report_ctx *ctx, kvs_compare_match match, double given)
 
 /* Runs of one (trace, measure) group: the summary compares policies only on the same positions of the same
  * trace. Shallow copies: the strings stay owned by ctx->rows. */
-static int64_t group_rows(const report_ctx *ctx, int64_t trace_id, const char *measure, kvs_results_run_row *out) {
+/* Runs of one trace: the same content hash where both recorded it (one file through two path spellings is one
+ * trace), else the same traces row. */
+static int same_trace(const kvs_results_run_row *a, const kvs_results_run_row *b) {
+    if (a->trace_sha256 && b->trace_sha256) return !strcmp(a->trace_sha256, b->trace_sha256);
+    return a->trace_id == b->trace_id;
+}
+
+static int64_t group_rows(const report_ctx *ctx, const kvs_results_run_row *w, kvs_results_run_row *out) {
     int64_t n = 0;
     for (int64_t i = 0; i < ctx->n_rows; i++)
-        if (ctx->rows[i].trace_id == trace_id && !strcmp(ctx->rows[i].measure, measure)) out[n++] = ctx->rows[i];
+        if (same_trace(&ctx->rows[i], w) && !strcmp(ctx->rows[i].measure, w->measure)) out[n++] = ctx->rows[i];
     return n;
 }
 
@@ -583,9 +604,9 @@ static kvs_status sec_summary(report_ctx *ctx) {
         const kvs_results_run_row *w = &ctx->rows[i];
         int seen = 0;
         for (int64_t j = 0; j < i && !seen; j++)
-            seen = ctx->rows[j].trace_id == w->trace_id && !strcmp(ctx->rows[j].measure, w->measure);
+            seen = same_trace(&ctx->rows[j], w) && !strcmp(ctx->rows[j].measure, w->measure);
         if (seen) continue;
-        int64_t n = group_rows(ctx, w->trace_id, w->measure, grp);
+        int64_t n = group_rows(ctx, w, grp);
         double lv[MAX_LEVELS];
         int n_lv = levels_of(grp, n, KVS_COMPARE_MEM, lv);
         if (n_lv == 0) continue;
@@ -593,7 +614,7 @@ static kvs_status sec_summary(report_ctx *ctx) {
         size_t n_runs = 0, n_ser = 0;
         for (int64_t r = 0; r < ctx->n_rows; r++) {
             const kvs_results_run_row *x = &ctx->rows[r];
-            if (x->trace_id != w->trace_id || strcmp(x->measure, w->measure)) continue;
+            if (!same_trace(x, w) || strcmp(x->measure, w->measure)) continue;
             if (strcmp(x->status, "complete") || !x->has_agg) continue;
             double mem = kvs_results_stat_value(&x->agg.storage_bytes, KVS_STAT_MEAN);
             double err = kvs_results_stat_value(&x->agg.out_err, KVS_STAT_MEAN);
@@ -604,7 +625,7 @@ static kvs_status sec_summary(report_ctx *ctx) {
             if (k == n_ser) ser[n_ser++] = (summary_series){.policy = x->policy, .params = params};
             summary_series *s = &ser[k];
             runs[n_runs++] = (summary_run){.w = x, .mem = mem, .err = err, .flagged = run_flagged(x), .series = k};
-            s->prompt_only |= is_prompt_only(x);
+            s->prompt_only |= kvs_compare_run_prompt_only(x);
             s->oracle |= x->is_oracle;
         }
         for (size_t k = 0; k < n_ser; k++)
@@ -612,8 +633,9 @@ static kvs_status sec_summary(report_ctx *ctx) {
                      ser[k].params, ser[k].params[0] ? ")" : "", ser[k].prompt_only ? " (prompt-only budget)" : "",
                      ser[k].oracle ? " (oracle)" : "");
         any_level = 1;
-        char sub[1024];
-        snprintf(sub, sizeof sub, "%s (model %s), measure %s", kvs_path_base(w->trace_path),
+        char sub[1024], tl[160];
+        kvs_results_trace_label(w, tl, sizeof tl);
+        snprintf(sub, sizeof sub, "%s (%s, model %s), measure %s", tl, kvs_path_base(w->trace_path),
                  w->model && w->model[0] ? w->model : "unknown", w->measure);
         subheading(ctx, sub);
         st = summary_group(ctx, runs, n_runs, ser, n_ser, lv, n_lv);
@@ -702,8 +724,9 @@ static kvs_status sec_traces(report_ctx *ctx) {
         int seen = 0;
         for (int64_t j = 0; j < i && !seen; j++) seen = ctx->rows[j].trace_id == w->trace_id;
         if (seen) continue;
-        char sub[600];
-        snprintf(sub, sizeof sub, "Trace #%" PRId64 ": %s", w->trace_id, kvs_path_base(w->trace_path));
+        char sub[800], tl[160];
+        kvs_results_trace_label(w, tl, sizeof tl);
+        snprintf(sub, sizeof sub, "Trace #%" PRId64 ": %s (%s)", w->trace_id, kvs_path_base(w->trace_path), tl);
         subheading(ctx, sub);
         kvs_turn *turns = NULL;
         int64_t n_turns = 0;
@@ -735,19 +758,19 @@ static kvs_status sec_runs(report_ctx *ctx) {
     table_begin(ctx, 16, head);
     for (int64_t i = 0; i < ctx->n_rows; i++) {
         const kvs_results_run_row *w = &ctx->rows[i];
-        char id[32], budget[64], flags[8], e[32], e95[32], rec[32], sto[32], tra[32];
+        char id[32], budget[64], flags[KVS_COMPARE_FLAGS_CAP], e[32], e95[32], rec[32], sto[32], tra[32], tl[160];
         snprintf(id, sizeof id, "#%" PRId64, w->id);
         if (w->budget_fraction >= 0)
             snprintf(budget, sizeof budget, "%" PRId64 " (%g%% of the prompt)", w->budget_tokens,
                      100.0 * w->budget_fraction);
         else snprintf(budget, sizeof budget, "%" PRId64, w->budget_tokens);
         int failed = strcmp(w->status, "complete") != 0;
-        snprintf(flags, sizeof flags, "%s%s%s%s", w->is_oracle ? "O" : "", is_prompt_only(w) ? "P" : "",
-                 failed ? "F" : "", w->notes ? "N" : "");
+        kvs_compare_run_flags(w, flags); /* the letters of kvsim runs and compare */
         any_o |= w->is_oracle;
-        any_p |= is_prompt_only(w);
+        any_p |= kvs_compare_run_prompt_only(w);
         any_f |= failed;
-        any_n |= w->notes != NULL;
+        any_n |= kvs_compare_run_noted(w);
+        kvs_results_trace_label(w, tl, sizeof tl);
         fmt_metric(e, sizeof e, kvs_results_stat_value(&w->agg.out_err, KVS_STAT_MEAN), KVS_M_OUT_ERR);
         fmt_metric(e95, sizeof e95, kvs_results_stat_value(&w->agg.out_err, KVS_STAT_P95), KVS_M_OUT_ERR);
         fmt_metric(rec, sizeof rec, kvs_results_stat_value(&w->agg.attn_recall, KVS_STAT_MEAN), KVS_M_ATTN_RECALL);
@@ -757,7 +780,7 @@ static kvs_status sec_runs(report_ctx *ctx) {
         snprintf(notes, sizeof notes, "%s%s%s", w->notes ? w->notes : "", w->notes && w->error ? "; " : "",
                  w->error ? w->error : "");
         const char *cell[] = {id,  w->policy, w->params, budget, w->measure, w->budget_scope, w->layout,
-                              flags, w->status, e, e95, rec, sto, tra, kvs_path_base(w->trace_path), notes};
+                              flags, w->status, e, e95, rec, sto, tra, tl, notes};
         table_row(ctx, 16, cell);
     }
     table_end(ctx);
@@ -822,7 +845,7 @@ static kvs_status sec_budget(report_ctx *ctx) {
         {KVS_PLOT_ERROR_VS_BUDGET, NULL, "error_vs_budget.png", "Mean output error vs nominal budget (tokens per KV head)"},
         {KVS_PLOT_ERROR_VS_BUDGET, "attn_recall_mean", "recall_vs_budget.png",
          "Attention recall vs nominal budget (tokens per KV head)"},
-        {KVS_PLOT_MEMORY_VS_BUDGET, NULL, "memory_vs_budget.png", "Peak resident bytes per KV head vs nominal budget"},
+        {KVS_PLOT_MEMORY_VS_BUDGET, NULL, "memory_vs_budget.png", "Mean resident bytes per KV head vs nominal budget"},
     };
     para(ctx, "By nominal budget, for reference: a budget means different things to different policies (a "
               "prompt-only policy keeps every generated token and is labelled so); the equal-memory comparison is "

@@ -688,6 +688,54 @@ static const char *find_chromium(void) {
     return NULL;
 }
 
+/* The report groups and compares runs as kvsim compare does: one trace through two path spellings is one trace
+ * (one summary group, its content label), and a policy's jump wider than compare's ratio is a gap with the two
+ * runs named, never an interpolated value (MorphKV: 1 KiB at budget 32, 18 KiB at 64 on the bundled trace). */
+static void test_report_identity_and_gaps(void **state) {
+    (void)state;
+    if (!kvs_test_kvsim_bin()) skip();
+    char trace[512], link[128], db[128], out[128], md[160];
+    snprintf(trace, sizeof trace, "%s/examples/stories260K.kvt", kvs_test_root());
+    path_in(link, sizeof link, "other_spelling.kvt");
+    assert_int_equal(symlink(trace, link), 0);
+    path_in(db, sizeof db, "ident.db");
+    path_in(out, sizeof out, "ident_report");
+    const char *a[] = {"replay", trace, "--db", db, "--policy", "morphkv", "--policy", "window", "--budgets",
+                       "16,32,64,128", "--threads", "2", NULL};
+    assert_int_equal(kvsim(a), 0);
+    const char *b[] = {"replay", link, "--db", db, "--policy", "window", "--budgets", "256", "--threads", "2", NULL};
+    assert_int_equal(kvsim(b), 0);
+    const char *r[] = {"report", db, "--out", out, "--mem-at", "4KiB", NULL};
+    assert_int_equal(kvsim(r), 0);
+    snprintf(md, sizeof md, "%s/report.md", out);
+    char *text = kvs_test_slurp(md, NULL);
+    assert_non_null(text);
+    /* one summary group, labelled by model and content hash */
+    int groups = 0;
+    for (const char *p = text; (p = strstr(p, "), measure decode\n")) != NULL; p++) groups++;
+    assert_int_equal(groups, 1);
+    assert_non_null(strstr(text, "### stories260K@"));
+    /* both trace rows carry the same content label */
+    const char *t1 = strstr(text, "### Trace #1: stories260K.kvt (stories260K@");
+    const char *t2 = strstr(text, "### Trace #2: other_spelling.kvt (stories260K@");
+    assert_non_null(t1);
+    assert_non_null(t2);
+    assert_memory_equal(strstr(t1, "@"), strstr(t2, "@"), 9);
+    /* MorphKV at 4 KiB: a gap between its budget-32 and budget-64 runs (#2 and #3), no value */
+    const char *mem = strstr(text, "--match mem --at 4096");
+    assert_non_null(mem);
+    const char *row = strstr(mem, "| morphkv | ");
+    assert_non_null(row);
+    char line[1024];
+    size_t n = strcspn(row, "\n");
+    assert_true(n < sizeof line);
+    memcpy(line, row, n);
+    line[n] = '\0';
+    if (!strstr(line, "| - | - | - | - | - | - | - | gap: #2 at 1.00KiB .. #3 at 18.0KiB |"))
+        fail_msg("morphkv's equal-memory row is not a gap: %s", line);
+    free(text);
+}
+
 static void test_browser_renders_the_page(void **state) {
     (void)state;
     if (!kvs_test_kvsim_bin()) skip();
@@ -1017,6 +1065,7 @@ int main(void) {
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_capacity_small_plan),
         cmocka_unit_test(test_corrupt_database),
+        cmocka_unit_test(test_report_identity_and_gaps),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
