@@ -117,6 +117,7 @@ int kvs_cmd_plot(int argc, char **argv) {
     if (st != KVS_OK) return kvs_cli_fail("plot", st);
     o.policy = f.policy;
     o.trace = f.trace_path;
+    o.trace_sha256 = f.trace_sha256;
     o.model = f.model;
     o.measure = f.measure;
     if (layer_s) {

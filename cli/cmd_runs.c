@@ -18,6 +18,7 @@
 
 #include "../results/results.h"
 #include "cli.h"
+#include "../results/compare.h"
 
 #define RUNS_FILTERS                                                                                                   \
     (KVS_CLI_FILTER_POLICY | KVS_CLI_FILTER_BUDGET | KVS_CLI_FILTER_TRACE | KVS_CLI_FILTER_MODEL |                    \
@@ -167,6 +168,10 @@ static void print_json_run(FILE *o, const kvs_results_run_row *w, int with_layer
     json_key_string(o, "error", w->error);
     fprintf(o, ",\"trace\":{\"id\":%" PRId64, w->trace_id);
     json_key_string(o, "path", w->trace_path);
+    json_key_string(o, "sha256", w->trace_sha256);
+    char tl[160];
+    kvs_results_trace_label(w, tl, sizeof tl);
+    json_key_string(o, "label", tl);
     json_key_string(o, "model", w->model);
     json_key_string(o, "dtype", w->dtype);
     fprintf(o,
@@ -177,6 +182,7 @@ static void print_json_run(FILE *o, const kvs_results_run_row *w, int with_layer
     kvs_cli_json_number(o, w->wall_seconds);
     json_key_string(o, "kvsim_version", w->kvsim_version);
     json_key_string(o, "created_at", w->created_at);
+    json_key_string(o, "options", w->options);
     fprintf(o, ",\"metrics\":");
     if (w->has_agg) json_metrics(o, &w->agg);
     else fputs("null", o);
@@ -209,30 +215,29 @@ static const char *cell(const kvs_results_agg *a, kvs_metric m, kvs_stat_kind s,
     return buf;
 }
 
-static int prompt_only(const kvs_results_run_row *w) { return w->budget_scope && !strcmp(w->budget_scope, "prompt"); }
 
 void kvs_cli_print_runs_table(FILE *o, const kvs_results_run_row *rows, int64_t n, int count_line, int all) {
-    fprintf(o, "%5s %-12s %7s %-7s %8s %7s %9s %9s %10s %9s %9s %7s %-5s %-18s %s\n", "run", "policy", "budget",
+    fprintf(o, "%5s %-12s %7s %-7s %8s %7s %9s %9s %10s %9s %9s %7s %-5s %-20s %s\n", "run", "policy", "budget",
             "measure", "att_mean", "att_max", "res_mean", "res_max", "traffic/st", "err_mean", "err_p95", "recall",
             "flags", "trace", "params");
     int any_o = 0, any_p = 0, any_f = 0, any_n = 0;
     for (int64_t i = 0; i < n; i++) {
         const kvs_results_run_row *w = &rows[i];
         const kvs_results_agg *a = w->has_agg ? &w->agg : NULL;
-        char b[10][48], flags[8];
-        int k = 0, failed = w->status && strcmp(w->status, "complete") != 0;
-        if (w->is_oracle) flags[k++] = 'O', any_o = 1;
-        if (prompt_only(w)) flags[k++] = 'P', any_p = 1;
-        if (failed) flags[k++] = 'F', any_f = 1;
-        if (w->notes && w->notes[0]) flags[k++] = 'N', any_n = 1;
-        if (!k) flags[k++] = '-';
-        flags[k] = '\0';
-        fprintf(o, "%5" PRId64 " %-12s %7" PRId64 " %-7s %8s %7s %9s %9s %10s %9s %9s %7s %-5s %-18s %s", w->id,
+        char b[10][48], flags[KVS_COMPARE_FLAGS_CAP], tl[160];
+        kvs_compare_run_flags(w, flags); /* the one derivation of compare and report */
+        any_o |= strchr(flags, 'O') != NULL;
+        any_p |= strchr(flags, 'P') != NULL;
+        any_f |= strchr(flags, 'F') != NULL;
+        any_n |= strchr(flags, 'N') != NULL;
+        if (!flags[0]) snprintf(flags, sizeof flags, "-");
+        kvs_results_trace_label(w, tl, sizeof tl); /* <model>@<8 hex of the content hash>, else the file name */
+        fprintf(o, "%5" PRId64 " %-12s %7" PRId64 " %-7s %8s %7s %9s %9s %10s %9s %9s %7s %-5s %-20s %s", w->id,
                 w->policy, w->budget_tokens, w->measure, cell(a, KVS_M_ATTENDED, KVS_STAT_MEAN, '1', b[0], 48),
                 cell(a, KVS_M_ATTENDED, KVS_STAT_MAX, '0', b[1], 48), cell(a, KVS_M_STORAGE, KVS_STAT_MEAN, 'b', b[2], 48),
                 cell(a, KVS_M_STORAGE, KVS_STAT_MAX, 'b', b[3], 48), cell(a, KVS_M_TRAFFIC, KVS_STAT_MEAN, 'b', b[4], 48),
                 cell(a, KVS_M_OUT_ERR, KVS_STAT_MEAN, 'g', b[5], 48), cell(a, KVS_M_OUT_ERR, KVS_STAT_P95, 'g', b[6], 48),
-                cell(a, KVS_M_ATTN_RECALL, KVS_STAT_MEAN, 'f', b[7], 48), flags, kvs_path_base(w->trace_path),
+                cell(a, KVS_M_ATTN_RECALL, KVS_STAT_MEAN, 'f', b[7], 48), flags, tl,
                 w->params[0] ? w->params : "-");
         if (w->notes) fprintf(o, "  note: %s", w->notes);
         if (w->error) fprintf(o, "  error: %s", w->error);

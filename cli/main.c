@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "../trace/trace.h"
 
 #define KVSIM_VERSION "0.1.0"
 
@@ -171,6 +172,18 @@ const char *kvs_cli_opt_value(const char *opt, int argc, char **argv, int *i, in
 
 /* ---- run filters ---- */
 
+/* The content hash of the trace file at `path` when it is one (a command's one --trace filter: a static buffer),
+ * so runs of that file through any path spelling match; NULL when it is not a readable trace (a path recorded on
+ * another machine still matches by its spelling). */
+static const char *trace_content_of(const char *path) {
+    static char sha[65];
+    kvs_trace *t = NULL;
+    if (kvs_trace_open(path, &t) != KVS_OK) return NULL;
+    kvs_status st = kvs_trace_content_sha256(t, sha);
+    kvs_trace_close(t);
+    return st == KVS_OK ? sha : NULL;
+}
+
 int kvs_cli_filter_option(const char *cmd, int argc, char **argv, int *i, unsigned accept, kvs_results_filter *f) {
     static const struct {
         unsigned bit;
@@ -206,7 +219,10 @@ int kvs_cli_filter_option(const char *cmd, int argc, char **argv, int *i, unsign
         long num;
         switch (opts[k].bit) {
         case KVS_CLI_FILTER_POLICY: f->policy = v; break;
-        case KVS_CLI_FILTER_TRACE: f->trace_path = v; break;
+        case KVS_CLI_FILTER_TRACE:
+            f->trace_path = v;
+            f->trace_sha256 = trace_content_of(v);
+            break;
         case KVS_CLI_FILTER_MODEL: f->model = v; break;
         case KVS_CLI_FILTER_MEASURE:
             if (strcmp(v, "decode") && strcmp(v, "prefill") && strcmp(v, "all")) {

@@ -1127,7 +1127,7 @@ kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_
     plot_text *tt = &p->t;
 
     KVS_TRY(rc = kvs_results_open_readonly(db_path, &db));
-    kvs_results_filter f = {.policy = o->policy, .trace_path = o->trace, .model = o->model, .measure = o->measure,
+    kvs_results_filter f = {.policy = o->policy, .trace_path = o->trace, .trace_sha256 = o->trace_sha256, .model = o->model, .measure = o->measure,
                             .with_layers = o->layer >= 0};
     if (o->kind == KVS_PLOT_ERROR_VS_POSITION && o->budget_tokens > 0) f.budget_tokens = o->budget_tokens;
     KVS_TRY(rc = kvs_results_query_runs(db, &f, &rows, &n_rows));

@@ -63,6 +63,7 @@ typedef struct {
                             * output, a descriptor, device or FIFO; a file named otherwise needs it */
     const char *gnuplot;   /* program to run (name looked up on PATH, or a path); NULL = "gnuplot" */
     const char *trace;     /* only runs of this trace (path as stored, or its trailing components) */
+    const char *trace_sha256; /* with trace: also runs of the trace with this content hash (any path spelling) */
     const char *model;     /* only runs of traces of this model */
     const char *measure;   /* only runs of this measure mode: decode, prefill, all */
     const char *x_stat;    /* error-vs-memory/-traffic: "mean" (NULL) or "max" of the x metric */

@@ -1338,9 +1338,10 @@ kvs_status kvs_results_query_runs(kvs_results_db *r, const kvs_results_filter *f
     sb_printf(&sql, " FROM runs r JOIN traces t ON t.id = r.trace_id LEFT JOIN run_summary s ON s.run_id = r.id%s "
                     "WHERE (?1 OR r.status = 'complete') AND (?2 IS NULL OR r.policy = ?2) AND (?3 <= 0 OR r.id = ?3) "
                     "AND (?4 <= 0 OR r.budget_tokens = ?4) "
-                    "AND (?5 IS NULL OR t.path = ?5 OR substr(t.path, -length(?5) - 1) = '/' || ?5) "
+                    "AND (?5 IS NULL OR t.path = ?5 OR substr(t.path, -length(?5) - 1) = '/' || ?5 "
+                    "OR (?8 IS NOT NULL AND %s = ?8)) "
                     "AND (?6 IS NULL OR t.model = ?6) AND (?7 IS NULL OR r.measure = ?7) ORDER BY r.id",
-              has_sha ? " LEFT JOIN sweep_traces h ON h.trace_id = r.trace_id" : "");
+              has_sha ? " LEFT JOIN sweep_traces h ON h.trace_id = r.trace_id" : "", has_sha ? "h.sha256" : "NULL");
     enum { C_OPTIONS = 26, C_SHA = 27, C_HAS_AGG = 28, C_AGG = 29 }; /* columns of the select list above */
     if (f->with_layers) {
         sb_printf(&lsql, "SELECT l.layer");
@@ -1360,6 +1361,7 @@ kvs_status kvs_results_query_runs(kvs_results_db *r, const kvs_results_filter *f
     bind_text_or_null(st, 5, f->trace_path);
     bind_text_or_null(st, 6, f->model);
     bind_text_or_null(st, 7, f->measure);
+    bind_text_or_null(st, 8, f->trace_path ? f->trace_sha256 : NULL);
     int src, oom = 0;
     while ((src = sqlite3_step(st)) == SQLITE_ROW) {
         if (count == cap) {

@@ -118,6 +118,8 @@ typedef struct {
     const char *policy;     /* only this registry name; NULL = any */
     int64_t budget_tokens;  /* > 0: only this budget (tokens per KV head) */
     const char *trace_path; /* only traces stored with this path, or whose path ends in "/" + this; NULL = any */
+    const char *trace_sha256; /* with trace_path: also the traces of this content hash (64 hex digits; the file at
+                               * trace_path, so any path spelling of it matches); NULL = by path only */
     const char *model;      /* only traces of this model name; NULL = any */
     const char *measure;    /* "decode", "prefill" or "all"; NULL = any */
     int include_failed;     /* 1: failed runs too (status 'failed', has_agg 0) */

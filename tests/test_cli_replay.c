@@ -373,6 +373,47 @@ static void test_sigterm_while_storing_stops_and_says_so(void **state) {
     kvs_results_close(db);
 }
 
+/* A trace is its content: runs of one file replayed through two path spellings are both selected by `--trace`
+ * given either spelling (the filter takes the file's content hash), and the table labels them <model>@<hash>. */
+static void test_trace_filter_matches_any_spelling(void **state) {
+    ctx *c = *state;
+    char link[160];
+    snprintf(link, sizeof link, "%s/other_name.kvt", c->dir);
+    assert_int_equal(symlink(c->trace, link), 0);
+    assert_int_equal(run(c, "replay", c->trace, "--db", c->db, "--policy", "window", "--budgets", "8"), 0);
+    assert_int_equal(run(c, "replay", link, "--db", c->db, "--policy", "h2o", "--budgets", "8"), 0);
+    const char *spellings[] = {c->trace, link};
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(run(c, "runs", c->db, "--trace", spellings[k], "--json"), 0);
+        kvs_json *root = NULL;
+        assert_int_equal(kvs_json_parse(c->out, strlen(c->out), &root), KVS_OK);
+        assert_int_equal(kvs_json_len(root), 2);
+        /* both rows carry the file's hash and one label */
+        const char *h0 = kvs_json_string(kvs_json_get(kvs_json_get(kvs_json_at(root, 0), "trace"), "sha256"));
+        const char *h1 = kvs_json_string(kvs_json_get(kvs_json_get(kvs_json_at(root, 1), "trace"), "sha256"));
+        assert_non_null(h0);
+        assert_non_null(h1);
+        assert_int_equal(strlen(h0), 64);
+        assert_string_equal(h0, h1);
+        assert_string_equal(kvs_json_string(kvs_json_get(kvs_json_get(kvs_json_at(root, 0), "trace"), "label")),
+                            kvs_json_string(kvs_json_get(kvs_json_get(kvs_json_at(root, 1), "trace"), "label")));
+        kvs_json_free(root);
+    }
+    /* a name that is no readable file still matches by its spelling: the file name of the link's row only */
+    assert_int_equal(run(c, "runs", c->db, "--trace", "other_name.kvt", "--json"), 0);
+    kvs_json *root = NULL;
+    assert_int_equal(kvs_json_parse(c->out, strlen(c->out), &root), KVS_OK);
+    assert_int_equal(kvs_json_len(root), 1);
+    kvs_json_free(root);
+    /* the table names the trace by model and content hash, the same for both rows */
+    assert_int_equal(run(c, "runs", c->db), 0);
+    const char *a = strstr(c->out, "@");
+    assert_non_null(a);
+    const char *b = strstr(a + 1, "@");
+    assert_non_null(b);
+    assert_memory_equal(a, b, 9);
+}
+
 /* ------------------------------------------------------------------------------------------------
  * one table layout; runs --csv --summary; no -wal/-shm, kvsim policies
  * ---------------------------------------------------------------------------------------------- */
@@ -534,6 +575,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_corrupt_trace_leaves_no_database, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_records_every_run_as_interrupted, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sigterm_while_storing_stops_and_says_so, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_trace_filter_matches_any_spelling, setup, teardown),
         cmocka_unit_test_setup_teardown(test_replay_summary_is_the_runs_table, setup, teardown),
         cmocka_unit_test_setup_teardown(test_runs_csv_summary_has_one_run_wide_row_per_run, setup, teardown),
         cmocka_unit_test_setup_teardown(test_randomised_run_same_in_any_shard, setup, teardown),
