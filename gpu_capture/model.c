@@ -187,6 +187,7 @@ static kvs_status finish_config(kvs_model *m, const char *src) {
     if (m->info.o_bias) per_layer += d;
     uint64_t vocab_d = (uint64_t)c->vocab_size * d;
     int shared = m->cls == m->embed;
+    m->info.tied_embeddings = shared;
     m->info.n_params = L * per_layer + d + vocab_d * (shared ? 1 : 2);
     /* per token the embedding row is read, not the table; the classifier is read whole */
     m->info.weight_bytes = 4 * (L * per_layer + d + vocab_d + d);

@@ -42,6 +42,7 @@ typedef struct {
     kvs_dtype weight_dtype;    /* storage dtype shared by the checkpoint's matrices; F32 when they mix */
     int qkv_bias;              /* q/k/v projections have biases (Qwen2, attention_bias) */
     int o_bias;                /* output projection has a bias (Llama attention_bias) */
+    int tied_embeddings;       /* the classifier is the token embedding (one matrix, counted once) */
     int32_t bos_id;            /* -1 when none */
     int32_t eos_ids[KVS_MODEL_MAX_EOS]; /* ids that end generation */
     int n_eos;

@@ -127,6 +127,10 @@ static void check_model(const char *model_rel, const char *ref_name) {
     assert_non_null(strstr(info->capture.settings, "backend=cpu"));
     assert_non_null(strstr(info->capture.settings, "sampling=greedy"));
     assert_non_null(strstr(info->capture.settings, "seed="));
+    /* the weight layout kvsim plan counts parameters with: both shared models tie the classifier to the embedding
+     * (stories260K.bin's header has a positive vocab size; tinystories-656K's config.json says
+     * tie_word_embeddings true) and have no attention biases */
+    assert_non_null(strstr(info->capture.settings, " tie_word_embeddings=1 qkv_bias=0 o_bias=0"));
     const int32_t *tok = kvs_trace_tokens(t);
     for (size_t i = 0; i < n_ref; i++) assert_int_equal(tok[i], res.tokens[i]);
     const kvs_model_config *c = &info->model;
