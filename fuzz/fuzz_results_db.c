@@ -138,7 +138,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         read_heads(db);
         read_plans_closed(db);
         kvs_results_close(db);
-        kvs_plan_profile prof = {.aux_scale = KVS_PLAN_AUX_KV};
+        kvs_plan_profile prof = {.aux_scale = KVS_PLAN_AUX_AUTO};
         (void)kvs_plan_profile_read(path, 0, NULL, 0, &prof);
         kvs_clear_error();
         kvs_report_options o = {.db_path = path, .out_dir = report, .gnuplot = gnuplot};

@@ -1021,8 +1021,10 @@ static kvs_status sec_capacity(report_ctx *ctx) {
     para(ctx, "Capacity plans stored by kvsim plan --db: KB/MB/GB/TB = 10^3/10^6/10^9/10^12 bytes, KiB/MiB/GiB/TiB "
               "= 2^10/2^20/2^30/2^40 bytes. The plan's policy is the one kvsim plan was asked for; every plan also "
               "carries the full cache and the reference series beside it (series column). A measured series is a "
-              "policy's storage profile from a replay of this study, scaled to the planned model by its KV bytes per "
-              "token (analysis/README.md); max batch / max context: what fits in the GPU memory left beside the "
+              "policy's storage profile from a replay of this study, fitted on its steady state (the steps where the "
+              "policy holds what it will keep holding) and scaled to the planned model component by component: KV "
+              "by the KV bytes per token, auxiliary state by what it depends on (its copies per KV head, head_dim "
+              "or not; analysis/README.md); max batch / max context: what fits in the GPU memory left beside the "
               "weights (- when not computed, unbounded when nothing limits it).");
     static const char *const head[] = {"plan", "model", "KV dtype", "plan's policy", "series", "budget",
                                        "context + response", "batch", "KV per sequence", "KV total", "max batch",
