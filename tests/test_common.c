@@ -23,6 +23,7 @@
 #include "common/kvs.h"
 #include "common/kvs_math.h"
 #include "common/kvs_rng.h"
+#include "common/kvs_stats.h"
 #include "common/npy.h"
 
 /* cmocka 1.1 has no assert_double_equal */
@@ -1267,8 +1268,88 @@ static void test_alloc_rows_alignment_and_advice(void **state) {
     free(p);
 }
 
+/* ---- the percentile bootstrap of a mean (common/kvs_stats.h) ---- */
+
+static void test_quantile_type7(void **state) {
+    (void)state;
+    const double x[] = {1, 2, 4, 8};
+    assert_true(kvs_quantile_sorted(x, 4, 0) == 1);
+    assert_true(kvs_quantile_sorted(x, 4, 1) == 8);
+    assert_true(kvs_quantile_sorted(x, 4, 0.5) == 3);            /* position 1.5: halfway between 2 and 4 */
+    assert_true(fabs(kvs_quantile_sorted(x, 4, 0.9) - 6.8) < 1e-12); /* position 2.7: 4 + 0.7 * 4 */
+    assert_true(kvs_quantile_sorted(x, 1, 0.3) == 1);
+}
+
+static void test_bootstrap_mean(void **state) {
+    (void)state;
+    kvs_interval iv;
+    /* one unit: its value, no interval */
+    const double one[] = {0.25};
+    assert_int_equal(kvs_bootstrap_mean(one, 1, 100, 0.95, 1, &iv), KVS_OK);
+    assert_true(iv.mean == 0.25 && iv.lo == 0.25 && iv.hi == 0.25 && iv.n == 1);
+    assert_int_equal(kvs_interval_resolved(&iv), 0);
+    /* two units {0, 1}: resampled means are 0, 1/2, 1 with probabilities 1/4, 1/2, 1/4, so the 2.5 % and 97.5 %
+     * quantiles of 2000 resamples are 0 and 1 */
+    const double two[] = {0, 1};
+    assert_int_equal(kvs_bootstrap_mean(two, 2, 2000, 0.95, 7, &iv), KVS_OK);
+    assert_true(iv.mean == 0.5 && iv.lo == 0 && iv.hi == 1);
+    /* 40 units: the interval is close to the normal-theory one, mean +- 1.96 sd sqrt((n-1)/n) / sqrt(n) */
+    double x[40], sum = 0, ss = 0;
+    for (int i = 0; i < 40; i++) {
+        x[i] = sin(0.7 * i) + 0.01 * i;
+        sum += x[i];
+    }
+    double mean = sum / 40;
+    for (int i = 0; i < 40; i++) ss += (x[i] - mean) * (x[i] - mean);
+    double se = sqrt(ss / 40) / sqrt(40.0);
+    assert_int_equal(kvs_bootstrap_mean(x, 40, 4000, 0.95, 11, &iv), KVS_OK);
+    assert_true(fabs(iv.mean - mean) < 1e-12);
+    assert_true(fabs((iv.hi - iv.lo) / (2 * 1.96 * se) - 1) < 0.1);
+    assert_true(iv.lo < mean && mean < iv.hi);
+    /* a function of its inputs and seed */
+    kvs_interval again, other;
+    assert_int_equal(kvs_bootstrap_mean(x, 40, 4000, 0.95, 11, &again), KVS_OK);
+    assert_true(again.lo == iv.lo && again.hi == iv.hi);
+    assert_int_equal(kvs_bootstrap_mean(x, 40, 4000, 0.95, 12, &other), KVS_OK);
+    assert_true(other.lo != iv.lo || other.hi != iv.hi);
+    /* bad input */
+    const double bad[] = {1, NAN};
+    assert_int_equal(kvs_bootstrap_mean(bad, 2, 10, 0.95, 1, &iv), KVS_ERR_INVALID_ARG);
+    assert_int_equal(kvs_bootstrap_mean(x, 0, 10, 0.95, 1, &iv), KVS_ERR_INVALID_ARG);
+    assert_int_equal(kvs_bootstrap_mean(x, 3, 0, 0.95, 1, &iv), KVS_ERR_INVALID_ARG);
+    assert_int_equal(kvs_bootstrap_mean(x, 3, 10, 1.0, 1, &iv), KVS_ERR_INVALID_ARG);
+}
+
+static void test_bootstrap_paired_difference(void **state) {
+    (void)state;
+    /* b is a plus a unit-specific offset that is always positive: the paired interval is above 0 although the two
+     * unpaired intervals overlap widely (the units differ far more than the policies) */
+    double a[8], b[8];
+    for (int i = 0; i < 8; i++) {
+        a[i] = 10.0 * i;
+        b[i] = a[i] + 1.0 + 0.1 * (i % 3);
+    }
+    kvs_interval d, ia, ib;
+    assert_int_equal(kvs_bootstrap_mean_diff(b, a, 8, 2000, 0.95, 3, &d), KVS_OK);
+    assert_int_equal(kvs_bootstrap_mean(a, 8, 2000, 0.95, 3, &ia), KVS_OK);
+    assert_int_equal(kvs_bootstrap_mean(b, 8, 2000, 0.95, 3, &ib), KVS_OK);
+    assert_true(ia.hi > ib.lo); /* unpaired: overlapping */
+    assert_true(d.lo >= 1.0 && d.hi <= 1.2); /* every difference is in [1, 1.2] */
+    assert_int_equal(kvs_interval_resolved(&d), 1);
+    assert_int_equal(kvs_bootstrap_mean_diff(a, b, 8, 2000, 0.95, 3, &d), KVS_OK);
+    assert_int_equal(kvs_interval_resolved(&d), -1);
+    /* differences of both signs: unresolved */
+    const double p[] = {1, 2, 3, 4}, q[] = {2, 1, 4, 3};
+    assert_int_equal(kvs_bootstrap_mean_diff(p, q, 4, 2000, 0.95, 3, &d), KVS_OK);
+    assert_true(d.mean == 0);
+    assert_int_equal(kvs_interval_resolved(&d), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_quantile_type7),
+        cmocka_unit_test(test_bootstrap_mean),
+        cmocka_unit_test(test_bootstrap_paired_difference),
         cmocka_unit_test(test_f16_exact_values),
         cmocka_unit_test(test_f16_round_to_nearest_even),
         cmocka_unit_test(test_f16_subnormals),
