@@ -1,5 +1,5 @@
 /* cmd_compare.c — `kvsim compare DB --match mem|traffic|tokens --at X [--x-stat mean|max] [--max-ratio R]
- * [--metric M ...] [--csv|--json] [filters]`: compares policies at an equal cost X, the budget-matching modes of
+ * [--metric M ...] [--per-trace|--across-traces [--pairs]] [--csv|--json] [filters]`: compares policies at an equal cost X, the budget-matching modes of
  * POLICY_SPEC.md §1.5:
  *   mem     = equal resident bytes including auxiliary structures (run-wide storage_bytes per KV head, its mean
  *             over steps or with --x-stat max its peak),
@@ -15,6 +15,10 @@
  * bracket X are interpolated linearly in log(x), two farther apart are a "gap" (no value; both named), and a series
  * whose points do not reach X on both sides is "out of range [xmin, xmax]": never extrapolated. A value not
  * recorded in either bracketing run is not available ("-", empty, null). Flags as `kvsim runs` shows them (O P N).
+ * Across traces (results/compare.h; the default when a model has several traces, --per-trace for the series): each
+ * configuration's mean over its model's traces with a percentile bootstrap interval resampling traces, and the
+ * paired difference of the first metric against the best configuration (--pairs: every pair), resolved when its
+ * interval excludes 0.
  * Exit codes per cli.h: 0 compared, 1 database failure or nothing to compare, 2 bad usage.
  */
 #include <inttypes.h>
@@ -37,7 +41,7 @@ static const char default_metrics[] = "out_err_mean,out_err_p95,attn_recall_mean
 static void usage(FILE *f) {
     fprintf(f,
             "usage: kvsim compare DB --match mem|traffic|tokens --at X [--x-stat mean|max] [--max-ratio R]\n"
-            "                        [--metric M ...] [--csv | --json]\n"
+            "                        [--metric M ...] [--per-trace | --across-traces [--pairs]] [--csv | --json]\n"
             "                        [--policy NAME] [--trace PATH] [--model NAME] [--measure M]\n"
             "Compares the policies of the results database DB at an equal cost X (POLICY_SPEC.md 1.5,\n"
             "budget-matching modes). A series is the complete runs of one (policy, params, trace, measure,\n"
@@ -67,8 +71,28 @@ static void usage(FILE *f) {
             "                aux_bytes,trace,trace_label,trace_sha256,model,measure,match,x,at,status,run_lo,\n"
             "                run_hi,budget_lo,budget_hi,x_lo,x_hi,x_min,x_max, then the metrics (status:\n"
             "                interpolated, exact, gap, out_of_range, no_x = the runs have no recorded x)\n"
-            "  --json        one object with the match, x, X, the ratio and one entry per series\n",
-            KVS_COMPARE_MAX_RATIO, default_metrics);
+            "  --json        one object with the match, x, X, the ratio and one entry per series\n"
+            "Across traces (the default as soon as a model has two or more traces in DB, e.g. one per prompt from\n"
+            "examples/capture_prompts.sh): the series are grouped by (policy, params, measure, kv_bytes, aux_bytes,\n"
+            "model); each group's value is its MEAN over the traces of its model where it has a value at X, with\n"
+            "the percentile bootstrap 95%% interval [lo, hi] resampling traces (%d resamples, seeded from what is\n"
+            "compared: the same database gives the same intervals) and n = traces used; the traces it is excluded\n"
+            "on are named (out of range, gap, no x, not run). The first metric's difference between two groups is\n"
+            "PAIRED: the mean of (a - b) over the traces both have a value on, with its interval; it is resolved\n"
+            "when the interval excludes 0. One trace: the value alone (one trace: no interval).\n"
+            "  --per-trace     one row per series (per trace), as with a single trace\n"
+            "  --across-traces the groups even when every model has one trace\n"
+            "  --pairs         every pair of groups of a model (default: each group against the best one, the\n"
+            "                  first non-oracle group by the first metric)\n"
+            "  --csv across:   one row per group: policy,params,label,flags,is_oracle,prompt_only,degenerate,\n"
+            "                  kv_bytes,aux_bytes,model,measure,match,x,at,n_traces,n,n_out_of_range,n_gap,n_no_x,\n"
+            "                  n_not_run,excluded, per metric M: M,M_lo,M_hi,M_n, then vs_best,<M1>_diff,\n"
+            "                  <M1>_diff_lo,<M1>_diff_hi,<M1>_diff_n,resolved (-1 below the best, +1 above, 0 not\n"
+            "                  resolved); with --pairs one row per pair: model,measure,match,x,at,metric,a,b,diff,\n"
+            "                  diff_lo,diff_hi,n,resolved\n"
+            "  --json across:  {\"view\":\"across_traces\", ..., \"sets\":[{model, measure, traces, best, groups\n"
+            "                  (values: {mean, lo, hi, n, seed}, excluded, vs_best)[, pairs]}]}\n",
+            KVS_COMPARE_MAX_RATIO, default_metrics, KVS_BOOTSTRAP_REPS);
     kvs_cli_filter_usage(f, COMPARE_FILTERS);
 }
 
@@ -338,6 +362,357 @@ static void print_json(FILE *o, const kvs_compare *cmp, const kvs_compare_column
     fprintf(o, "\n]}\n");
 }
 
+/* ------------------------------------------------------------------------------------------------
+ * Across traces (results/compare.h): each configuration's mean over the traces of its model, its interval, and
+ * the paired differences
+ * ---------------------------------------------------------------------------------------------- */
+
+/* "mean [lo, hi]" of one interval as the table prints it; the value alone over one trace; "-" over none. */
+static void fmt_interval(char *buf, size_t cap, const kvs_interval *iv, const kvs_compare_column *c) {
+    char m[64], lo[64], hi[64];
+    if (iv->n == 0) {
+        snprintf(buf, cap, "-");
+        return;
+    }
+    fmt_value(m, sizeof m, iv->mean, c);
+    if (iv->n == 1) {
+        snprintf(buf, cap, "%s", m);
+        return;
+    }
+    fmt_value(lo, sizeof lo, iv->lo, c);
+    fmt_value(hi, sizeof hi, iv->hi, c);
+    snprintf(buf, cap, "%s [%s, %s]", m, lo, hi);
+}
+
+/* A difference as the table prints it: signed, 4 significant digits (bytes and tokens too: a difference of a
+ * few bytes reads better as a number than with a prefix). */
+static void fmt_diff(char *buf, size_t cap, const kvs_interval *d) {
+    if (d->n == 0) snprintf(buf, cap, "no trace in common");
+    else if (d->n == 1) snprintf(buf, cap, "%+.4g over one trace: no interval", d->mean);
+    else snprintf(buf, cap, "%+.4g [%+.4g, %+.4g] over %zu traces", d->mean, d->lo, d->hi, d->n);
+}
+
+/* Whether d = a - b orders a and b, in words. */
+static void fmt_resolved(char *buf, size_t cap, const kvs_compare_diff *d, const char *a, const char *b,
+                         const kvs_compare_column *c) {
+    int hb = kvs_metric_table[c->m].higher_is_better != 0;
+    if (d->d.n < 2 || !d->resolved) snprintf(buf, cap, "not resolved");
+    else
+        snprintf(buf, cap, "resolved: %s better (%s %s)", (d->resolved < 0) != hb ? a : b, hb ? "higher" : "lower",
+                 c->name);
+}
+
+/* The table's "excluded" cell: how many traces a group lost, by reason ("-" none). */
+static void excluded_counts(char *buf, size_t cap, const kvs_compare_group *g) {
+    const size_t n[] = {g->n_out_of_range, g->n_gap, g->n_no_x, g->n_not_run};
+    static const char *const why[] = {"out of range", "gap", "no x", "not run"};
+    size_t len = 0;
+    buf[0] = '\0';
+    for (int r = 0; r < 4 && len < cap; r++)
+        if (n[r]) len += (size_t)snprintf(buf + len, cap - len, "%s%zu %s", len ? ", " : "", n[r], why[r]);
+}
+
+static void print_across_table(FILE *o, const kvs_compare *cmp, const kvs_compare_across *ac,
+                               const kvs_compare_column *cols, int n_cols, int pairs, kvs_status *st) {
+    double X = kvs_compare_at(cmp);
+    kvs_compare_match mode = kvs_compare_match_of(cmp);
+    char xb[64];
+    fmt_x(xb, sizeof xb, X, mode);
+    fprintf(o, "compare at %s = %.17g%s%s%s (--match %s) across traces: %zu (model, measure) "
+               "set%s, %zu configurations (--per-trace: each trace's series)\n",
+            kvs_compare_x_name(cmp), X, mode == KVS_COMPARE_TOKENS ? "" : " (", mode == KVS_COMPARE_TOKENS ? "" : xb,
+            mode == KVS_COMPARE_TOKENS ? "" : " per KV head)", kvs_compare_match_name(mode),
+            kvs_compare_across_n_sets(ac), kvs_compare_across_n_sets(ac) == 1 ? "" : "s",
+            kvs_compare_across_n_groups(ac));
+    fprintf(o, "each configuration's value at X on each trace (interpolated in log(%s) between runs at most %gx "
+               "apart), then its mean over the traces of its model where it has one, [lo, hi] = percentile bootstrap "
+               "%g%% interval resampling traces (%d resamples, seeded from what is compared), n = traces used; sorted "
+               "by %s (%s is better)\n",
+            kvs_compare_x_name(cmp), kvs_compare_max_ratio(cmp), 100 * 0.95, KVS_BOOTSTRAP_REPS, cols[0].name,
+            kvs_metric_table[cols[0].m].higher_is_better ? "higher" : "lower");
+    int any_o = 0, any_p = 0, any_n = 0;
+    for (size_t k = 0; k < kvs_compare_across_n_sets(ac) && *st == KVS_OK; k++) {
+        const kvs_compare_set *set = kvs_compare_across_set_at(ac, k);
+        fprintf(o, "\nmodel %s, measure %s: %zu trace%s%s\n", set->model[0] ? set->model : "(unknown)", set->measure,
+                set->n_traces, set->n_traces == 1 ? "" : "s", set->n_traces == 1 ? " (one trace: no interval)" : "");
+        /* widths: each column as wide as its widest cell */
+        size_t ng = set->n;
+        int pw = 6, ew = 8, *cw = calloc((size_t)n_cols, sizeof *cw);
+        char(*cells)[208] = calloc(ng * (size_t)n_cols + 1, sizeof *cells);
+        char(*excl)[512] = calloc(ng + 1, sizeof *excl);
+        if (!cw || !cells || !excl) {
+            free(cw), free(cells), free(excl);
+            *st = kvs_fail(KVS_ERR_NOMEM, "compare: out of memory");
+            return;
+        }
+        for (int c = 0; c < n_cols; c++) cw[c] = col_width(&cols[c]);
+        for (size_t i = 0; i < ng; i++) {
+            const kvs_compare_group *g = kvs_compare_across_group_at(ac, set->first + i);
+            if ((int)strlen(g->rep->rep->policy) > pw) pw = (int)strlen(g->rep->rep->policy);
+            for (int c = 0; c < n_cols; c++) {
+                char *cell = cells[i * (size_t)n_cols + (size_t)c];
+                fmt_interval(cell, sizeof cells[0], &g->col[c], &cols[c]);
+                if ((int)strlen(cell) > cw[c]) cw[c] = (int)strlen(cell);
+            }
+            excluded_counts(excl[i], sizeof excl[i], g);
+            if ((int)strlen(excl[i]) > ew) ew = (int)strlen(excl[i]);
+        }
+        fprintf(o, "%-*s %-5s %7s", pw, "policy", "flags", "n");
+        for (int c = 0; c < n_cols; c++) fprintf(o, "  %*s", cw[c], cols[c].name);
+        fprintf(o, "  %-*s  params\n", ew, "excluded");
+        for (size_t i = 0; i < ng; i++) {
+            const kvs_compare_group *g = kvs_compare_across_group_at(ac, set->first + i);
+            char flags[KVS_COMPARE_FLAGS_CAP], nn[32];
+            kvs_compare_group_flags(g, flags);
+            any_o |= g->is_oracle, any_p |= g->prompt_only, any_n |= g->degenerate;
+            snprintf(nn, sizeof nn, "%zu/%zu", g->n_used, set->n_traces);
+            fprintf(o, "%-*s %-5s %7s", pw, g->rep->rep->policy, flags[0] ? flags : "-", nn);
+            for (int c = 0; c < n_cols; c++) fprintf(o, "  %*s", cw[c], cells[i * (size_t)n_cols + (size_t)c]);
+            fprintf(o, "  %-*s  %s", ew, excl[i][0] ? excl[i] : "-", g->rep->rep->params[0] ? g->rep->rep->params : "-");
+            if (g->rep->bytes_in_label && g->rep->kv_bytes >= 0)
+                fprintf(o, " [kv_bytes=%d,aux_bytes=%d]", g->rep->kv_bytes, g->rep->aux_bytes);
+            fputc('\n', o);
+        }
+        free(cw), free(cells), free(excl);
+        for (size_t i = 0; i < ng; i++) { /* which traces, for the rows that lost some */
+            const kvs_compare_group *g = kvs_compare_across_group_at(ac, set->first + i);
+            char names[4096];
+            kvs_compare_group_excluded(ac, g, names, sizeof names);
+            if (names[0]) fprintf(o, "  %s excluded on %s\n", g->label, names);
+        }
+        if (set->best == SIZE_MAX || ng < 2) continue;
+        /* the paired differences: each configuration against the best, or every pair with --pairs */
+        const kvs_compare_group *best = kvs_compare_across_group_at(ac, set->best);
+        if (pairs) fprintf(o, "paired differences of %s, row - column (mean over the traces both have a value on):\n",
+                           cols[0].name);
+        else
+            fprintf(o, "paired differences of %s against the best, %s: mean of (row - best) over the traces both "
+                       "have a value on (--pairs: every pair)\n",
+                    cols[0].name, best->label);
+        for (size_t i = 0; i < ng && *st == KVS_OK; i++)
+            for (size_t j = pairs ? i + 1 : 0; j < (pairs ? ng : 1) && *st == KVS_OK; j++) {
+                size_t ga = set->first + i, gb = pairs ? set->first + j : set->best;
+                if (ga == gb || kvs_compare_across_group_at(ac, ga)->col[0].n == 0 ||
+                    kvs_compare_across_group_at(ac, gb)->col[0].n == 0)
+                    continue; /* a configuration without a value at X has nothing to difference */
+                kvs_compare_diff d;
+                if ((*st = kvs_compare_across_diff(ac, ga, gb, 0, &d)) != KVS_OK) return;
+                const kvs_compare_group *A = kvs_compare_across_group_at(ac, ga), *B = kvs_compare_across_group_at(ac, gb);
+                char ds[160], rs[1200];
+                fmt_diff(ds, sizeof ds, &d.d);
+                fmt_resolved(rs, sizeof rs, &d, A->label, B->label, &cols[0]);
+                fprintf(o, "  %s - %s: %s: %s\n", A->label, B->label, ds, rs);
+            }
+    }
+    if (any_o) fprintf(o, "O  oracle: looks at full attention (a bound, not a deployable policy)\n");
+    if (any_p)
+        fprintf(o, "P  prompt-only budget: generated tokens are all kept, so its memory grows with the response; "
+                   "compare it at measured memory (--match mem)\n");
+    if (any_n)
+        fprintf(o, "N  note: a run some trace's value comes from degenerates at its budget or on that trace (kvsim "
+                   "runs shows the note)\n");
+}
+
+static void csv_interval(FILE *o, const kvs_interval *iv) {
+    if (iv->n) {
+        csv_real(o, iv->mean);
+        fputc(',', o);
+        csv_real(o, iv->lo);
+        fputc(',', o);
+        csv_real(o, iv->hi);
+    } else fputs(",,", o);
+    fprintf(o, ",%zu", iv->n);
+}
+
+static void print_across_csv(FILE *o, const kvs_compare *cmp, const kvs_compare_across *ac,
+                             const kvs_compare_column *cols, int n_cols, int pairs, kvs_status *st) {
+    double X = kvs_compare_at(cmp);
+    kvs_compare_match mode = kvs_compare_match_of(cmp);
+    if (pairs) {
+        fputs("model,measure,match,x,at,metric,a,b,diff,diff_lo,diff_hi,n,resolved\n", o);
+        for (size_t k = 0; k < kvs_compare_across_n_sets(ac); k++) {
+            const kvs_compare_set *set = kvs_compare_across_set_at(ac, k);
+            for (size_t ga = set->first; ga < set->first + set->n; ga++)
+                for (size_t gb = ga + 1; gb < set->first + set->n; gb++) {
+                    kvs_compare_diff d;
+                    if ((*st = kvs_compare_across_diff(ac, ga, gb, 0, &d)) != KVS_OK) return;
+                    kvs_cli_csv_field(o, set->model);
+                    fputc(',', o);
+                    kvs_cli_csv_field(o, set->measure);
+                    fprintf(o, ",%s,%s,", kvs_compare_match_name(mode), kvs_compare_x_name(cmp));
+                    csv_real(o, X);
+                    fprintf(o, ",%s,", cols[0].name);
+                    kvs_cli_csv_field(o, kvs_compare_across_group_at(ac, ga)->label);
+                    fputc(',', o);
+                    kvs_cli_csv_field(o, kvs_compare_across_group_at(ac, gb)->label);
+                    fputc(',', o);
+                    csv_interval(o, &d.d);
+                    fprintf(o, ",%d\n", d.resolved);
+                }
+        }
+        return;
+    }
+    fputs("policy,params,label,flags,is_oracle,prompt_only,degenerate,kv_bytes,aux_bytes,model,measure,match,x,at,"
+          "n_traces,n,n_out_of_range,n_gap,n_no_x,n_not_run,excluded",
+          o);
+    for (int c = 0; c < n_cols; c++)
+        fprintf(o, ",%s,%s_lo,%s_hi,%s_n", cols[c].name, cols[c].name, cols[c].name, cols[c].name);
+    fprintf(o, ",vs_best,%s_diff,%s_diff_lo,%s_diff_hi,%s_diff_n,resolved\n", cols[0].name, cols[0].name,
+            cols[0].name, cols[0].name);
+    for (size_t k = 0; k < kvs_compare_across_n_sets(ac); k++) {
+        const kvs_compare_set *set = kvs_compare_across_set_at(ac, k);
+        for (size_t gi = set->first; gi < set->first + set->n; gi++) {
+            const kvs_compare_group *g = kvs_compare_across_group_at(ac, gi);
+            char flags[KVS_COMPARE_FLAGS_CAP], excl[2048];
+            kvs_compare_group_flags(g, flags);
+            kvs_compare_group_excluded(ac, g, excl, sizeof excl);
+            kvs_cli_csv_field(o, g->rep->rep->policy);
+            fputc(',', o);
+            kvs_cli_csv_field(o, g->rep->rep->params);
+            fputc(',', o);
+            kvs_cli_csv_field(o, g->label);
+            fprintf(o, ",%s,%d,%d,%d,", flags, g->is_oracle, g->prompt_only, g->degenerate);
+            if (g->rep->kv_bytes >= 0) fprintf(o, "%d,%d,", g->rep->kv_bytes, g->rep->aux_bytes);
+            else fputs(",,", o);
+            kvs_cli_csv_field(o, set->model);
+            fputc(',', o);
+            kvs_cli_csv_field(o, set->measure);
+            fprintf(o, ",%s,%s,", kvs_compare_match_name(mode), kvs_compare_x_name(cmp));
+            csv_real(o, X);
+            fprintf(o, ",%zu,%zu,%zu,%zu,%zu,%zu,", set->n_traces, g->n_used, g->n_out_of_range, g->n_gap, g->n_no_x,
+                    g->n_not_run);
+            kvs_cli_csv_field(o, excl);
+            for (int c = 0; c < n_cols; c++) {
+                fputc(',', o);
+                csv_interval(o, &g->col[c]);
+            }
+            if (set->best != SIZE_MAX && set->best != gi) {
+                kvs_compare_diff d;
+                if ((*st = kvs_compare_across_diff(ac, gi, set->best, 0, &d)) != KVS_OK) return;
+                fputc(',', o);
+                kvs_cli_csv_field(o, kvs_compare_across_group_at(ac, set->best)->label);
+                fputc(',', o);
+                csv_interval(o, &d.d);
+                fprintf(o, ",%d\n", d.resolved);
+            } else fputs(",,,,,,\n", o);
+        }
+    }
+}
+
+static void json_interval(FILE *o, const kvs_interval *iv, uint64_t seed) {
+    fprintf(o, "{\"mean\":");
+    kvs_cli_json_number(o, iv->n ? iv->mean : NAN);
+    fprintf(o, ",\"lo\":");
+    kvs_cli_json_number(o, iv->n ? iv->lo : NAN);
+    fprintf(o, ",\"hi\":");
+    kvs_cli_json_number(o, iv->n ? iv->hi : NAN);
+    fprintf(o, ",\"n\":%zu,\"seed\":\"%016" PRIx64 "\"}", iv->n, seed);
+}
+
+static void json_diff(FILE *o, const kvs_compare_across *ac, const kvs_compare_diff *d) {
+    fprintf(o, "{\"a\":");
+    kvs_cli_json_string(o, kvs_compare_across_group_at(ac, d->a)->label);
+    fprintf(o, ",\"b\":");
+    kvs_cli_json_string(o, kvs_compare_across_group_at(ac, d->b)->label);
+    fprintf(o, ",\"diff\":");
+    json_interval(o, &d->d, d->seed);
+    fprintf(o, ",\"resolved\":%d}", d->resolved);
+}
+
+static void print_across_json(FILE *o, const kvs_compare *cmp, const kvs_compare_across *ac,
+                              const kvs_compare_column *cols, int n_cols, int pairs, kvs_status *st) {
+    kvs_compare_match mode = kvs_compare_match_of(cmp);
+    fprintf(o, "{\"view\":\"across_traces\",\"match\":\"%s\",\"x\":\"%s\",\"at\":", kvs_compare_match_name(mode),
+            kvs_compare_x_name(cmp));
+    kvs_cli_json_number(o, kvs_compare_at(cmp));
+    fprintf(o, ",\"max_ratio\":");
+    kvs_cli_json_number(o, kvs_compare_max_ratio(cmp));
+    fprintf(o, ",\"level\":0.95,\"reps\":%d,\"metrics\":[", KVS_BOOTSTRAP_REPS);
+    for (int c = 0; c < n_cols; c++) fprintf(o, "%s\"%s\"", c ? "," : "", cols[c].name);
+    fprintf(o, "],\"sets\":[");
+    static const char *const reasons[] = {"out_of_range", "gap", "no_x", "not_run"};
+    for (size_t k = 0; k < kvs_compare_across_n_sets(ac); k++) {
+        const kvs_compare_set *set = kvs_compare_across_set_at(ac, k);
+        fprintf(o, "%s\n{\"model\":", k ? "," : "");
+        kvs_cli_json_string(o, set->model);
+        fprintf(o, ",\"measure\":");
+        kvs_cli_json_string(o, set->measure);
+        fprintf(o, ",\"traces\":[");
+        for (size_t t = 0; t < set->n_traces; t++) {
+            fprintf(o, "%s{\"id\":", t ? "," : "");
+            kvs_cli_json_string(o, set->trace_id[t]);
+            fprintf(o, ",\"label\":");
+            kvs_cli_json_string(o, set->trace_label[t]);
+            fputc('}', o);
+        }
+        fprintf(o, "],\"best\":");
+        if (set->best != SIZE_MAX) kvs_cli_json_string(o, kvs_compare_across_group_at(ac, set->best)->label);
+        else fputs("null", o);
+        fprintf(o, ",\"groups\":[");
+        for (size_t gi = set->first; gi < set->first + set->n; gi++) {
+            const kvs_compare_group *g = kvs_compare_across_group_at(ac, gi);
+            char flags[KVS_COMPARE_FLAGS_CAP];
+            kvs_compare_group_flags(g, flags);
+            fprintf(o, "%s\n{\"policy\":", gi > set->first ? "," : "");
+            kvs_cli_json_string(o, g->rep->rep->policy);
+            fprintf(o, ",\"params\":");
+            kvs_cli_json_string(o, g->rep->rep->params);
+            fprintf(o, ",\"label\":");
+            kvs_cli_json_string(o, g->label);
+            fprintf(o, ",\"flags\":\"%s\",\"is_oracle\":%s,\"prompt_only\":%s,\"degenerate\":%s,\"kv_bytes\":", flags,
+                    g->is_oracle ? "true" : "false", g->prompt_only ? "true" : "false",
+                    g->degenerate ? "true" : "false");
+            if (g->rep->kv_bytes >= 0) fprintf(o, "%d,\"aux_bytes\":%d", g->rep->kv_bytes, g->rep->aux_bytes);
+            else fputs("null,\"aux_bytes\":null", o);
+            fprintf(o, ",\"n\":%zu,\"excluded\":{", g->n_used);
+            for (int r = 0; r < 4; r++) {
+                fprintf(o, "%s\"%s\":[", r ? "," : "", reasons[r]);
+                int first = 1;
+                for (size_t t = 0; t < set->n_traces; t++) {
+                    const kvs_compare_series *s = g->by_trace[t];
+                    int hit = r == 3 ? !s
+                                     : s && s->status == (r == 0   ? KVS_COMPARE_OUT_OF_RANGE
+                                                          : r == 1 ? KVS_COMPARE_GAP
+                                                                   : KVS_COMPARE_NO_X);
+                    if (!hit) continue;
+                    if (!first) fputc(',', o);
+                    first = 0;
+                    kvs_cli_json_string(o, set->trace_label[t]);
+                }
+                fputc(']', o);
+            }
+            fprintf(o, "},\"values\":{");
+            for (int c = 0; c < n_cols; c++) {
+                fprintf(o, "%s\"%s\":", c ? "," : "", cols[c].name);
+                json_interval(o, &g->col[c], g->seed[c]);
+            }
+            fprintf(o, "},\"vs_best\":");
+            if (set->best != SIZE_MAX && set->best != gi) {
+                kvs_compare_diff d;
+                if ((*st = kvs_compare_across_diff(ac, gi, set->best, 0, &d)) != KVS_OK) return;
+                json_diff(o, ac, &d);
+            } else fputs("null", o);
+            fputc('}', o);
+        }
+        fputc(']', o);
+        if (pairs) {
+            fprintf(o, ",\"pairs\":[");
+            int first = 1;
+            for (size_t ga = set->first; ga < set->first + set->n; ga++)
+                for (size_t gb = ga + 1; gb < set->first + set->n; gb++) {
+                    kvs_compare_diff d;
+                    if ((*st = kvs_compare_across_diff(ac, ga, gb, 0, &d)) != KVS_OK) return;
+                    if (!first) fputc(',', o);
+                    first = 0;
+                    json_diff(o, ac, &d);
+                }
+            fputc(']', o);
+        }
+        fputc('}', o);
+    }
+    fprintf(o, "\n]}\n");
+}
+
 /* kvs_cli_single_value for compare's single-valued options. */
 static int single(int argc, char **argv, int *i, int *missing, const char *opt, const char **slot) {
     return kvs_cli_single_value("compare", opt, argc, argv, i, missing, slot);
@@ -346,7 +721,7 @@ static int single(int argc, char **argv, int *i, int *missing, const char *opt, 
 int kvs_cmd_compare(int argc, char **argv) {
     const char *path = NULL, *match_s = NULL, *at_s = NULL, *xstat_s = NULL, *ratio_s = NULL;
     kvs_compare_column cols[MAX_COLUMNS];
-    int n_cols = 0, csv = 0, json = 0;
+    int n_cols = 0, csv = 0, json = 0, per_trace = 0, across = 0, pairs = 0;
     kvs_results_filter f = {0};
     for (int i = 1; i < argc; i++) {
         const char *v;
@@ -369,6 +744,12 @@ int kvs_cmd_compare(int argc, char **argv) {
             if (kvs_cli_once("compare", "--csv", &csv)) return KVS_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--json")) {
             if (kvs_cli_once("compare", "--json", &json)) return KVS_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--per-trace")) {
+            if (kvs_cli_once("compare", "--per-trace", &per_trace)) return KVS_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--across-traces")) {
+            if (kvs_cli_once("compare", "--across-traces", &across)) return KVS_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--pairs")) {
+            if (kvs_cli_once("compare", "--pairs", &pairs)) return KVS_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--budget") || !strncmp(argv[i], "--budget=", 9) || !strcmp(argv[i], "--run") ||
                  !strncmp(argv[i], "--run=", 6))
             return kvs_cli_usage_error("compare", "%s does not apply: compare interpolates between the runs of "
@@ -399,6 +780,9 @@ int kvs_cmd_compare(int argc, char **argv) {
             return kvs_cli_fail("compare", KVS_ERR_INVALID_ARG);
     }
     if (csv && json) return kvs_cli_usage_error("compare", "--csv and --json exclude each other");
+    if (per_trace && across) return kvs_cli_usage_error("compare", "--per-trace and --across-traces exclude each other");
+    if (per_trace && pairs)
+        return kvs_cli_usage_error("compare", "--pairs compares configurations across traces: not with --per-trace");
     if (n_cols == 0) {
         int rc = parse_metrics(default_metrics, cols, &n_cols);
         if (rc) return rc;
@@ -408,6 +792,7 @@ int kvs_cmd_compare(int argc, char **argv) {
     kvs_results_run_row *rows = NULL;
     int64_t n_rows = 0;
     kvs_compare *cmp = NULL;
+    kvs_compare_across *ac = NULL;
     kvs_status st = kvs_results_open_readonly(path, &db);
     if (st != KVS_OK) return kvs_cli_fail("compare", st);
     KVS_TRY(st = kvs_results_query_runs(db, &f, &rows, &n_rows));
@@ -417,10 +802,26 @@ int kvs_cmd_compare(int argc, char **argv) {
         goto cleanup;
     }
     KVS_TRY(st = kvs_compare_create_opts(rows, n_rows, &o, cols, n_cols, &cmp));
-    if (csv) print_csv(stdout, cmp, cols, n_cols);
+    KVS_TRY(st = kvs_compare_across_create(cmp, &ac));
+    /* Across traces when asked, or by default as soon as a model has several traces (one per prompt): one trace
+     * is one sample, and the answer a reader needs is over them. */
+    if (across || (!per_trace && kvs_compare_across_max_traces(ac) >= 2)) {
+        if (csv) print_across_csv(stdout, cmp, ac, cols, n_cols, pairs, &st);
+        else if (json) print_across_json(stdout, cmp, ac, cols, n_cols, pairs, &st);
+        else print_across_table(stdout, cmp, ac, cols, n_cols, pairs, &st);
+    } else if (pairs) {
+        st = kvs_fail(KVS_ERR_INVALID_ARG, "--pairs: every model has one trace here: one trace gives no interval "
+                                           "(replay several traces of a model, e.g. examples/capture_prompts.sh)");
+    } else if (csv) print_csv(stdout, cmp, cols, n_cols);
     else if (json) print_json(stdout, cmp, cols, n_cols);
-    else print_table(stdout, cmp, cols, n_cols);
+    else {
+        print_table(stdout, cmp, cols, n_cols);
+        if (!per_trace)
+            printf("one trace per model and measure: no interval (several traces of a model, one per prompt, give "
+                   "each policy's mean over them with its interval: examples/capture_prompts.sh)\n");
+    }
 cleanup:
+    kvs_compare_across_free(ac);
     kvs_compare_free(cmp);
     kvs_results_run_rows_free(rows, n_rows);
     kvs_results_close(db);

@@ -6,6 +6,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -368,3 +369,364 @@ const char *kvs_compare_x_name(const kvs_compare *c) {
 double kvs_compare_max_ratio(const kvs_compare *c) { return c->max_ratio; }
 int kvs_compare_n_columns(const kvs_compare *c) { return c->n_cols; }
 const kvs_compare_column *kvs_compare_column_at(const kvs_compare *c, int i) { return &c->cols[i]; }
+
+/* ------------------------------------------------------------------------------------------------
+ * Across traces (compare.h): groups of series over the traces of a (model, measure) set
+ * ---------------------------------------------------------------------------------------------- */
+
+struct kvs_compare_across {
+    const kvs_compare *c;
+    kvs_compare_set *sets;
+    size_t n_sets;
+    kvs_compare_group *groups;
+    size_t n_groups;
+};
+
+static const char *nz(const char *s) { return s ? s : ""; }
+
+static void trace_identity(const kvs_results_run_row *w, char out[KVS_COMPARE_TRACE_ID_CAP]) {
+    if (w->trace_sha256) snprintf(out, KVS_COMPARE_TRACE_ID_CAP, "%s", w->trace_sha256);
+    else snprintf(out, KVS_COMPARE_TRACE_ID_CAP, "trace#%" PRId64, w->trace_id);
+}
+
+static int same_set(const kvs_compare_series *a, const kvs_compare_series *b) {
+    return !strcmp(nz(a->rep->model), nz(b->rep->model)) && !strcmp(a->rep->measure, b->rep->measure);
+}
+
+/* One configuration: the series key without the trace, the model in its place. */
+static int same_group(const kvs_compare_series *a, const kvs_compare_series *b) {
+    return same_set(a, b) && !strcmp(a->rep->policy, b->rep->policy) && !strcmp(a->rep->params, b->rep->params) &&
+           a->kv_bytes == b->kv_bytes && a->aux_bytes == b->aux_bytes;
+}
+
+/* FNV-1a, 64 bits, streamed over the pieces of an identity string. */
+#define FNV_BASIS KVS_COMPARE_FNV_BASIS
+uint64_t kvs_compare_fnv1a(uint64_t h, const char *s) {
+    for (; *s; s++) {
+        h ^= (unsigned char)*s;
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+#define fnv_str kvs_compare_fnv1a
+
+static uint64_t fnv_fmt(uint64_t h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static uint64_t fnv_fmt(uint64_t h, const char *fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (n >= (int)sizeof buf) { /* a long params string: format it whole */
+        char *big = malloc((size_t)n + 1);
+        if (big) {
+            va_start(ap, fmt);
+            vsnprintf(big, (size_t)n + 1, fmt, ap);
+            va_end(ap);
+            h = fnv_str(h, big);
+            free(big);
+            return h;
+        }
+    }
+    return fnv_str(h, buf);
+}
+
+static uint64_t fnv_group_key(uint64_t h, const kvs_compare_group *g) {
+    const kvs_compare_series *s = g->rep;
+    h = fnv_str(h, s->rep->policy);
+    h = fnv_str(h, "|");
+    h = fnv_str(h, s->rep->params);
+    return fnv_fmt(h, "|%s|%d|%d|%s", s->rep->measure, s->kv_bytes, s->aux_bytes, nz(s->rep->model));
+}
+
+/* The head of every seed string: "<match>|<x name>|<X>|<column>|". */
+static uint64_t fnv_head(const kvs_compare *c, int col) {
+    return fnv_fmt(FNV_BASIS, "%s|%s|%.17g|%s|", kvs_compare_match_name(c->match), kvs_compare_x_name(c), c->at,
+                   c->cols[col].name);
+}
+
+static int cmp_trace_ids(const void *a, const void *b) { return strcmp((const char *)a, (const char *)b); }
+
+static int value_usable(const kvs_compare_series *s, int col) {
+    return s && s->status <= KVS_COMPARE_EXACT && isfinite(s->val[col]);
+}
+
+/* The mean and interval of column col of g over its set's traces (in the set's order), seeded from its identity. */
+static kvs_status group_interval(const kvs_compare_across *a, kvs_compare_group *g, int col, double *scratch) {
+    const kvs_compare_set *set = &a->sets[g->set];
+    uint64_t h = fnv_group_key(fnv_head(a->c, col), g);
+    size_t n = 0;
+    h = fnv_str(h, "|");
+    for (size_t t = 0; t < set->n_traces; t++) {
+        if (!value_usable(g->by_trace[t], col)) continue;
+        if (n) h = fnv_str(h, ",");
+        h = fnv_str(h, set->trace_id[t]);
+        scratch[n++] = g->by_trace[t]->val[col];
+    }
+    g->seed[col] = h;
+    if (n == 0) {
+        g->col[col] = (kvs_interval){.mean = NAN, .lo = NAN, .hi = NAN, .n = 0, .level = 0.95,
+                                     .reps = KVS_BOOTSTRAP_REPS};
+        return KVS_OK;
+    }
+    return kvs_bootstrap_mean(scratch, n, KVS_BOOTSTRAP_REPS, 0.95, h, &g->col[col]);
+}
+
+kvs_status kvs_compare_across_diff(const kvs_compare_across *a, size_t ga, size_t gb, int col, kvs_compare_diff *out) {
+    if (ga >= a->n_groups || gb >= a->n_groups || col < 0 || col >= a->c->n_cols ||
+        a->groups[ga].set != a->groups[gb].set)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "compare: a paired difference needs two groups of one set");
+    const kvs_compare_group *A = &a->groups[ga], *B = &a->groups[gb];
+    const kvs_compare_set *set = &a->sets[A->set];
+    double *x = malloc((set->n_traces ? set->n_traces : 1) * 2 * sizeof *x);
+    if (!x) return kvs_fail(KVS_ERR_NOMEM, "compare: out of memory");
+    double *y = x + (set->n_traces ? set->n_traces : 1);
+    uint64_t h = fnv_group_key(fnv_head(a->c, col), A);
+    h = fnv_str(h, "|-|");
+    h = fnv_group_key(h, B);
+    h = fnv_str(h, "|");
+    size_t n = 0;
+    for (size_t t = 0; t < set->n_traces; t++) {
+        if (!value_usable(A->by_trace[t], col) || !value_usable(B->by_trace[t], col)) continue;
+        if (n) h = fnv_str(h, ",");
+        h = fnv_str(h, set->trace_id[t]);
+        x[n] = A->by_trace[t]->val[col];
+        y[n++] = B->by_trace[t]->val[col];
+    }
+    *out = (kvs_compare_diff){.a = ga, .b = gb, .col = col, .seed = h};
+    kvs_status st = KVS_OK;
+    if (n == 0)
+        out->d = (kvs_interval){.mean = NAN, .lo = NAN, .hi = NAN, .n = 0, .level = 0.95, .reps = KVS_BOOTSTRAP_REPS};
+    else st = kvs_bootstrap_mean_diff(x, y, n, KVS_BOOTSTRAP_REPS, 0.95, h, &out->d);
+    free(x);
+    if (st == KVS_OK) out->resolved = kvs_interval_resolved(&out->d);
+    return st;
+}
+
+void kvs_compare_across_free(kvs_compare_across *a) {
+    if (!a) return;
+    for (size_t i = 0; a->sets && i < a->n_sets; i++) {
+        free(a->sets[i].trace_id);
+        free(a->sets[i].trace_label);
+    }
+    for (size_t i = 0; a->groups && i < a->n_groups; i++) {
+        free(a->groups[i].by_trace);
+        free(a->groups[i].col);
+        free(a->groups[i].seed);
+    }
+    free(a->sets);
+    free(a->groups);
+    free(a);
+}
+
+/* The order of the groups of a set: by the first column's mean, best first; no value last; then by label. qsort
+ * has no context argument: the first column's direction is carried by a key computed before sorting (as for
+ * keyed_series). */
+typedef struct {
+    kvs_compare_group g;
+    double key; /* the first column's mean, negated when higher is better; NaN: no value */
+} keyed_group;
+
+static int cmp_groups(const void *pa, const void *pb) {
+    const keyed_group *ka = pa, *kb = pb;
+    if (ka->g.set != kb->g.set) return ka->g.set < kb->g.set ? -1 : 1;
+    int na = isnan(ka->key), nb = isnan(kb->key);
+    if (na != nb) return na ? 1 : -1;
+    if (!na && ka->key != kb->key) return ka->key < kb->key ? -1 : 1;
+    return strcmp(ka->g.label, kb->g.label);
+}
+
+static int cmp_sets(const void *pa, const void *pb) {
+    const kvs_compare_set *a = pa, *b = pb;
+    int m = strcmp(nz(a->model), nz(b->model));
+    return m ? m : strcmp(a->measure, b->measure);
+}
+
+static size_t find_set(const kvs_compare_across *a, const kvs_compare_series *s) {
+    size_t k = 0;
+    while (k < a->n_sets && (strcmp(a->sets[k].model, nz(s->rep->model)) || strcmp(a->sets[k].measure, s->rep->measure)))
+        k++;
+    return k;
+}
+
+/* Swaps traces i and j of a set (identity and label). */
+static void swap_traces(kvs_compare_set *set, size_t i, size_t j) {
+    char ti[KVS_COMPARE_TRACE_ID_CAP], tl[160];
+    memcpy(ti, set->trace_id[i], sizeof ti);
+    memcpy(set->trace_id[i], set->trace_id[j], sizeof ti);
+    memcpy(set->trace_id[j], ti, sizeof ti);
+    memcpy(tl, set->trace_label[i], sizeof tl);
+    memcpy(set->trace_label[i], set->trace_label[j], sizeof tl);
+    memcpy(set->trace_label[j], tl, sizeof tl);
+}
+
+kvs_status kvs_compare_across_create(const kvs_compare *c, kvs_compare_across **out) {
+    *out = NULL;
+    kvs_status st = KVS_OK;
+    size_t n = c->n_ss, cap = n ? n : 1; /* at most one set, group or trace per series */
+    double *scratch = NULL;
+    kvs_compare_across *a = calloc(1, sizeof *a);
+    if (!a || !(a->sets = calloc(cap, sizeof *a->sets)) || !(a->groups = calloc(cap, sizeof *a->groups)) ||
+        !(scratch = malloc(cap * sizeof *scratch))) {
+        st = kvs_fail(KVS_ERR_NOMEM, "compare: out of memory");
+        goto cleanup;
+    }
+    a->c = c;
+    /* The sets and their traces. */
+    for (size_t i = 0; i < n; i++) {
+        const kvs_compare_series *s = &c->ss[i];
+        size_t k = find_set(a, s);
+        kvs_compare_set *set = &a->sets[k];
+        if (k == a->n_sets) {
+            a->n_sets++;
+            set->model = nz(s->rep->model);
+            set->measure = s->rep->measure;
+            if (!(set->trace_id = calloc(cap, sizeof *set->trace_id)) ||
+                !(set->trace_label = calloc(cap, sizeof *set->trace_label))) {
+                st = kvs_fail(KVS_ERR_NOMEM, "compare: out of memory");
+                goto cleanup;
+            }
+        }
+        char id[KVS_COMPARE_TRACE_ID_CAP];
+        trace_identity(s->rep, id);
+        size_t t = 0;
+        while (t < set->n_traces && strcmp(set->trace_id[t], id)) t++;
+        if (t == set->n_traces) {
+            memcpy(set->trace_id[t], id, sizeof id);
+            memcpy(set->trace_label[t], s->trace_label, sizeof s->trace_label);
+            set->n_traces++;
+        }
+    }
+    /* Sets by (model, measure), the traces of each by identity: the order seeds and outputs follow. */
+    if (a->n_sets) qsort(a->sets, a->n_sets, sizeof *a->sets, cmp_sets);
+    for (size_t k = 0; k < a->n_sets; k++)
+        for (size_t i = 1; i < a->sets[k].n_traces; i++)
+            for (size_t j = i; j > 0 && strcmp(a->sets[k].trace_id[j - 1], a->sets[k].trace_id[j]) > 0; j--)
+                swap_traces(&a->sets[k], j - 1, j);
+    /* The groups: each series joins its configuration's group at its trace's place. */
+    for (size_t i = 0; i < n; i++) {
+        const kvs_compare_series *s = &c->ss[i];
+        size_t k = find_set(a, s), g = 0;
+        const kvs_compare_set *set = &a->sets[k];
+        while (g < a->n_groups && !same_group(a->groups[g].rep, s)) g++;
+        kvs_compare_group *gr = &a->groups[g];
+        if (g == a->n_groups) {
+            a->n_groups++;
+            gr->rep = s;
+            gr->label = s->label;
+            gr->set = k;
+            if (!(gr->by_trace = calloc(set->n_traces, sizeof *gr->by_trace)) ||
+                !(gr->col = calloc((size_t)c->n_cols, sizeof *gr->col)) ||
+                !(gr->seed = calloc((size_t)c->n_cols, sizeof *gr->seed))) {
+                st = kvs_fail(KVS_ERR_NOMEM, "compare: out of memory");
+                goto cleanup;
+            }
+        }
+        char id[KVS_COMPARE_TRACE_ID_CAP];
+        trace_identity(s->rep, id);
+        const char(*hit)[KVS_COMPARE_TRACE_ID_CAP] =
+            bsearch(id, set->trace_id, set->n_traces, sizeof *set->trace_id, cmp_trace_ids);
+        if (hit) gr->by_trace[hit - set->trace_id] = s; /* always found: the set holds every trace of its series */
+    }
+    /* Each group's exclusions, flags and intervals. */
+    for (size_t g = 0; g < a->n_groups; g++) {
+        kvs_compare_group *gr = &a->groups[g];
+        const kvs_compare_set *set = &a->sets[gr->set];
+        for (size_t t = 0; t < set->n_traces; t++) {
+            const kvs_compare_series *s = gr->by_trace[t];
+            if (!s) {
+                gr->n_not_run++;
+                continue;
+            }
+            gr->is_oracle |= s->is_oracle;
+            gr->prompt_only |= s->prompt_only;
+            if (s->status <= KVS_COMPARE_EXACT) gr->n_used++, gr->degenerate |= s->degenerate;
+            else if (s->status == KVS_COMPARE_OUT_OF_RANGE) gr->n_out_of_range++;
+            else if (s->status == KVS_COMPARE_GAP) gr->n_gap++;
+            else gr->n_no_x++;
+        }
+        for (int col = 0; col < c->n_cols; col++)
+            if ((st = group_interval(a, gr, col, scratch)) != KVS_OK) goto cleanup;
+    }
+    /* Groups by set, then best first; each set's range and best group. */
+    keyed_group *kg = malloc(cap * sizeof *kg);
+    if (!kg) {
+        st = kvs_fail(KVS_ERR_NOMEM, "compare: out of memory");
+        goto cleanup;
+    }
+    for (size_t g = 0; g < a->n_groups; g++) {
+        kg[g].g = a->groups[g];
+        double m = a->groups[g].col[0].n ? a->groups[g].col[0].mean : NAN;
+        kg[g].key = kvs_metric_table[c->cols[0].m].higher_is_better ? -m : m;
+    }
+    if (a->n_groups) qsort(kg, a->n_groups, sizeof *kg, cmp_groups);
+    for (size_t g = 0; g < a->n_groups; g++) a->groups[g] = kg[g].g;
+    free(kg);
+    for (size_t k = 0; k < a->n_sets; k++) a->sets[k].best = SIZE_MAX;
+    for (size_t g = a->n_groups; g-- > 0;) {
+        kvs_compare_set *set = &a->sets[a->groups[g].set];
+        set->first = g;
+        set->n++;
+    }
+    for (size_t k = 0; k < a->n_sets; k++) {
+        kvs_compare_set *set = &a->sets[k];
+        size_t any = SIZE_MAX;
+        for (size_t g = set->first; g < set->first + set->n && set->best == SIZE_MAX; g++) {
+            if (a->groups[g].col[0].n == 0) continue;
+            if (any == SIZE_MAX) any = g;
+            if (!a->groups[g].is_oracle) set->best = g;
+        }
+        if (set->best == SIZE_MAX) set->best = any;
+    }
+cleanup:
+    free(scratch);
+    if (st != KVS_OK) {
+        kvs_compare_across_free(a);
+        return st;
+    }
+    *out = a;
+    return KVS_OK;
+}
+
+size_t kvs_compare_across_n_sets(const kvs_compare_across *a) { return a->n_sets; }
+const kvs_compare_set *kvs_compare_across_set_at(const kvs_compare_across *a, size_t i) { return &a->sets[i]; }
+size_t kvs_compare_across_n_groups(const kvs_compare_across *a) { return a->n_groups; }
+const kvs_compare_group *kvs_compare_across_group_at(const kvs_compare_across *a, size_t i) { return &a->groups[i]; }
+
+size_t kvs_compare_across_max_traces(const kvs_compare_across *a) {
+    size_t m = 0;
+    for (size_t k = 0; k < a->n_sets; k++)
+        if (a->sets[k].n_traces > m) m = a->sets[k].n_traces;
+    return m;
+}
+
+void kvs_compare_group_flags(const kvs_compare_group *g, char out[KVS_COMPARE_FLAGS_CAP]) {
+    int k = 0;
+    if (g->is_oracle) out[k++] = 'O';
+    if (g->prompt_only) out[k++] = 'P';
+    if (g->degenerate) out[k++] = 'N';
+    out[k] = '\0';
+}
+
+void kvs_compare_group_excluded(const kvs_compare_across *a, const kvs_compare_group *g, char *buf, size_t cap) {
+    static const char *const why[] = {"out of range", "gap", "no x", "not run"};
+    const kvs_compare_set *set = &a->sets[g->set];
+    size_t len = 0;
+    if (cap) buf[0] = '\0';
+    for (int r = 0; r < 4; r++) {
+        int first = 1;
+        for (size_t t = 0; t < set->n_traces && len < cap; t++) {
+            const kvs_compare_series *s = g->by_trace[t];
+            int hit = r == 3 ? !s
+                             : s && s->status == (r == 0   ? KVS_COMPARE_OUT_OF_RANGE
+                                                  : r == 1 ? KVS_COMPARE_GAP
+                                                           : KVS_COMPARE_NO_X);
+            if (!hit) continue;
+            int w = first ? snprintf(buf + len, cap - len, "%s%s: %s", len ? "; " : "", why[r], set->trace_label[t])
+                          : snprintf(buf + len, cap - len, ", %s", set->trace_label[t]);
+            if (w < 0) return;
+            len += (size_t)w;
+            first = 0;
+        }
+    }
+}

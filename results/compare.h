@@ -37,6 +37,7 @@
 #include <stdint.h>
 
 #include "../common/kvs.h"
+#include "../common/kvs_stats.h"
 #include "results.h"
 
 typedef enum { KVS_COMPARE_MEM = 0, KVS_COMPARE_TRAFFIC = 1, KVS_COMPARE_TOKENS = 2 } kvs_compare_match;
@@ -168,5 +169,105 @@ const kvs_compare_column *kvs_compare_column_at(const kvs_compare *c, int i);
 /*! kvs_compare_column_parse() : one column "<metric>_<stat>" (results/results.h kvs_results_column_parse) that
  *  can be compared (not a sample count); else KVS_ERR_INVALID_ARG with a detail naming it. */
 kvs_status kvs_compare_column_parse(const char *name, kvs_compare_column *out);
+
+/* ------------------------------------------------------------------------------------------------
+ * Across traces: a policy's value at X over the traces of a model (one trace per prompt), with intervals
+ *
+ * One trace is one sample: with several traces of one model in the database (examples/capture_prompts.sh captures
+ * one per prompt) the answer a reader needs is over the traces. The series of a comparison (above) are grouped:
+ *   - a SET is (model, measure): the series compared with each other; its traces are the distinct traces (content
+ *     hash, else traces row) of its series, ordered by their identity string (below);
+ *   - a GROUP is one (policy, params, measure, kv_bytes, aux_bytes, model): the series of one configuration, one
+ *     per trace of its set at most. On each trace it has a value at X (interpolated or exact), or is excluded there:
+ *     out of range, gap, no x, or not run (no complete run on that trace).
+ * Per column, the group's mean over the traces where it has a finite value, and the percentile bootstrap 95%
+ * interval of that mean resampling traces (common/kvs_stats.h kvs_bootstrap_mean, KVS_BOOTSTRAP_REPS resamples);
+ * n is the number of traces used (n = 1: lo = hi = mean, "one trace: no interval"). Groups of a set are sorted by
+ * the first column's mean, best first (then by label; groups without a value last). The set's best group is its
+ * first non-oracle group with a value (the first with a value when every one is an oracle: an oracle is a bound).
+ *
+ * A difference between two groups of a set is PAIRED: mean over the traces where both have a finite value of
+ * (a - b), with its bootstrap interval (kvs_bootstrap_mean_diff). It is resolved when the interval excludes 0
+ * (kvs_interval_resolved: +1 a above b, -1 below, 0 not resolved, always 0 over fewer than 2 traces). Two groups'
+ * own intervals can overlap while their paired difference is resolved: the traces' common difficulty cancels.
+ *
+ * Seeds: an interval is a function of what is compared. Each is seeded with the 64-bit FNV-1a hash (offset basis
+ * 14695981039346656037, prime 1099511628211) of the bytes of the identity string
+ *   mean:        "<match>|<x name>|<X as %.17g>|<column>|<group key>|<trace ids>"
+ *   difference:  "<match>|<x name>|<X as %.17g>|<column>|<group key a>|-|<group key b>|<trace ids>"
+ * where match is kvs_compare_match_name, x name kvs_compare_x_name, the group key
+ * "<policy>|<params>|<measure>|<kv_bytes>|<aux_bytes>|<model>" (bytes -1 when not recorded), and trace ids the
+ * identities of the traces used, ascending in strcmp order, joined by ',': a trace's identity is its content hash
+ * (64 lowercase hex digits), or "trace#<traces row id>" when the hash is not recorded. The values are passed to the
+ * bootstrap in that order of traces. So the same database compared the same way gives the same intervals, and one
+ * trace more or less changes the seed as it changes what is compared.
+ * ---------------------------------------------------------------------------------------------- */
+
+/* The seed hash: h = KVS_COMPARE_FNV_BASIS, then h = kvs_compare_fnv1a(h, piece) for each piece of the identity
+ * string in order (the pieces concatenated hash as the whole string). */
+#define KVS_COMPARE_FNV_BASIS 14695981039346656037ull
+uint64_t kvs_compare_fnv1a(uint64_t h, const char *s);
+
+/* The identity of a trace in a seed: its content hash (64 hex), or "trace#<id>". */
+#define KVS_COMPARE_TRACE_ID_CAP 72
+
+/* One (model, measure) set of an across-traces comparison. Read-only view owned by its kvs_compare_across. */
+typedef struct {
+    const char *model, *measure;  /* borrowed from the rows */
+    size_t n_traces;
+    char (*trace_id)[KVS_COMPARE_TRACE_ID_CAP]; /* [n_traces] ascending (strcmp) */
+    char (*trace_label)[160];                   /* [n_traces] as the series' trace_label reads */
+    size_t first, n;                            /* its groups: kvs_compare_across_group_at(first .. first + n - 1) */
+    size_t best;                                /* the index of its best group; SIZE_MAX when no group has a value */
+} kvs_compare_set;
+
+/* One group: a configuration over the traces of its set. Read-only view owned by its kvs_compare_across. */
+typedef struct {
+    const kvs_compare_series *rep;  /* its first series (policy, params, measure, model, bytes); borrowed */
+    const char *label;              /* rep->label: "policy (params)[ [kv_bytes=K,aux_bytes=A]][ (oracle)]" */
+    size_t set;                     /* kvs_compare_across_set_at(set) */
+    const kvs_compare_series **by_trace; /* [n_traces of the set], in the set's trace order; NULL: not run there */
+    size_t n_used;                  /* traces where it has a value at X (interpolated or exact) */
+    size_t n_out_of_range, n_gap, n_no_x, n_not_run; /* traces excluded, by reason */
+    int is_oracle, prompt_only;     /* some series is an oracle; some has a prompt-only budget */
+    int degenerate;                 /* flag N on some series its value comes from */
+    kvs_interval *col;              /* [n_columns]: mean [lo, hi] over the n traces with a finite value (n = 0 and
+                                     * NaN when none) */
+    uint64_t *seed;                 /* [n_columns] the seed of each interval (the identity above) */
+} kvs_compare_group;
+
+/* A paired difference a - b of one column between two groups of one set. */
+typedef struct {
+    size_t a, b;         /* group indices */
+    int col;             /* column index */
+    kvs_interval d;      /* mean(a - b) [lo, hi] over d.n common traces (d.n = 0, NaN: none in common) */
+    uint64_t seed;       /* the seed of d (the identity above) */
+    int resolved;        /* kvs_interval_resolved(&d) */
+} kvs_compare_diff;
+
+/* The across-traces view of a comparison. Opaque. */
+typedef struct kvs_compare_across kvs_compare_across;
+
+/*! kvs_compare_across_create() : groups the series of c as above and computes every group's means and intervals.
+ *  c is borrowed: keep it until kvs_compare_across_free. @return KVS_OK and *out (caller frees with
+ *  kvs_compare_across_free); KVS_ERR_NOMEM. */
+kvs_status kvs_compare_across_create(const kvs_compare *c, kvs_compare_across **out);
+/*! kvs_compare_across_free() : accepts NULL. */
+void kvs_compare_across_free(kvs_compare_across *a);
+size_t kvs_compare_across_n_sets(const kvs_compare_across *a);
+const kvs_compare_set *kvs_compare_across_set_at(const kvs_compare_across *a, size_t i);
+size_t kvs_compare_across_n_groups(const kvs_compare_across *a);
+const kvs_compare_group *kvs_compare_across_group_at(const kvs_compare_across *a, size_t i);
+/*! kvs_compare_across_max_traces() : the most traces of any set (`kvsim compare` aggregates by default when >= 2). */
+size_t kvs_compare_across_max_traces(const kvs_compare_across *a);
+/*! kvs_compare_across_diff() : the paired difference group ga - group gb of column col (both of one set, else
+ *  KVS_ERR_INVALID_ARG) into *out, seeded as above. KVS_ERR_NOMEM. */
+kvs_status kvs_compare_across_diff(const kvs_compare_across *a, size_t ga, size_t gb, int col, kvs_compare_diff *out);
+/*! kvs_compare_group_flags() : the group's flags among O P N into out (as kvs_compare_series_flags). */
+void kvs_compare_group_flags(const kvs_compare_group *g, char out[KVS_COMPARE_FLAGS_CAP]);
+/*! kvs_compare_group_excluded() : the traces the group is excluded on, by reason, "out of range: m1@0f0e0d0c,
+ *  m1@a1a2a3a4; not run: m1@77aa0b1c" (reasons in the order out of range, gap, no x, not run), into buf ("" when
+ *  none; truncated to cap). */
+void kvs_compare_group_excluded(const kvs_compare_across *a, const kvs_compare_group *g, char *buf, size_t cap);
 
 #endif /* KVS_COMPARE_H */

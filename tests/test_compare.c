@@ -665,7 +665,7 @@ static void test_series_are_traces_by_content(void **state) {
     put_run(db, (run_spec){"/q/b.kvt", "m1", "tova", "", "decode", 0, 16, 2048, 512, .25, 1, .5, .5});
     kvs_results_close(db);
     csv_table c;
-    const char *args[] = {"--match", "mem", "--at", "2KiB", "--metric", "out_err_mean", NULL};
+    const char *args[] = {"--match", "mem", "--at", "2KiB", "--metric", "out_err_mean", "--per-trace", NULL};
     compare_csv(t, args, &c);
     assert_int_equal(c.n_rows, 4); /* h2o on two traces, tova on two */
     /* the two spellings of SHA_A's file: one series from both runs, t = 1/2 in ln x: (.5 + .25) / 2 */
@@ -685,7 +685,7 @@ static void test_series_are_traces_by_content(void **state) {
     expect_str(&c, p, "trace_sha256", "");
     free(c.text);
     /* the table names the traces by the same labels */
-    char *argv[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "2KiB", NULL};
+    char *argv[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "2KiB", "--per-trace", NULL};
     assert_int_equal(run_cli(argv, t->out, t->err), 0);
     char *text = kvs_test_slurp(t->out, NULL);
     assert_non_null(strstr(text, "m1@a1a2a3a4"));
