@@ -15,6 +15,18 @@ const char *kvs_drift_unit_name(kvs_drift_unit u) {
     return u == KVS_DRIFT_HEAD ? "head" : u == KVS_DRIFT_GROUP ? "group" : "?";
 }
 
+double kvs_analysis_drift_chance(int64_t k, int64_t n) {
+    if (k < 1 || n < k) return NAN;
+    return (double)k / (double)n;
+}
+
+double kvs_analysis_drift_locality_chance(int64_t k, int64_t prompt_len, int64_t n_steps, int32_t delta) {
+    if (delta < 1 || n_steps <= delta) return NAN;
+    double sum = 0;
+    for (int64_t t = 0; t + delta < n_steps; t++) sum += kvs_analysis_drift_chance(k, prompt_len + t + delta + 1);
+    return sum / (double)(n_steps - delta);
+}
+
 int64_t kvs_analysis_drift_candidates(const kvs_trace_info *info, unsigned scores, int32_t window) {
     const int64_t P = info->n_turns > 0 ? info->turns[0].prompt_end : 0;
     int64_t m = P;
@@ -167,7 +179,7 @@ static kvs_status step_unit_rows(layer_state *L, int layer, int h, int64_t s, co
             kvs_sort_positions(cur, k);
             kvs_drift_step row = {.layer = layer, .unit = kind, .index = kind == KVS_DRIFT_HEAD ? h * L->G + u : h,
                                   .k = (int64_t)k, .step = s, .pos = p->pos, .overlap_window = NAN,
-                                  .overlap_last = NAN};
+                                  .overlap_last = NAN, .chance = kvs_analysis_drift_chance((int64_t)k, (int64_t)n)};
             if (o->scores & KVS_DRIFT_SCORE_WINDOW) row.overlap_window = kvs_overlap_sorted(pre_set(L, 0, h, u, ki), k, cur, k);
             if (o->scores & KVS_DRIFT_SCORE_LAST) row.overlap_last = kvs_overlap_sorted(pre_set(L, 1, h, u, ki), k, cur, k);
             const int g0 = u < L->G ? u : 0, g1 = u < L->G ? u + 1 : L->G;
@@ -280,7 +292,8 @@ static kvs_status run_layer(const kvs_trace *t, const kvs_drift_opts *o, int lay
                     const double *a = L.agg + ((((size_t)kind * (size_t)o->n_k + (size_t)ki) * DD + (size_t)(dl - 1)) * 4);
                     kvs_drift_locality row = {.layer = layer, .unit = (kvs_drift_unit)kind, .k = o->k[ki],
                                               .step = s - dl, .delta = dl, .n_units = (int32_t)a[3],
-                                              .mean = a[0] / a[3], .min = a[1], .max = a[2]};
+                                              .mean = a[0] / a[3], .min = a[1], .max = a[2],
+                                              .chance = kvs_analysis_drift_chance(o->k[ki], pos + 1)};
                     KVS_TRY(st = sink->locality(sink->ctx, &row));
                 }
     }
@@ -296,7 +309,8 @@ static kvs_status run_layer(const kvs_trace *t, const kvs_drift_opts *o, int lay
                             .k = o->k[ki], .delta = dl, .n_pairs = T - dl,
                             .mean = L.uacc[(((size_t)h * (size_t)L.U + (size_t)u) * (size_t)o->n_k + (size_t)ki) * DD +
                                            (size_t)(dl - 1)] /
-                                    (double)(T - dl)};
+                                    (double)(T - dl),
+                            .chance = kvs_analysis_drift_locality_chance(o->k[ki], L.P, T, dl)};
                         KVS_TRY(st = sink->locality_unit(sink->ctx, &row));
                     }
     }

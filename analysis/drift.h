@@ -16,6 +16,20 @@
  *    matrix (rows t, columns δ), not step x step: Fig. 2b's information is its diagonal band, the band holds
  *    T x Δ cells instead of T², and a step-x-step picture within the band is a re-plot of it.
  *
+ * Chance levels. Beside each measure, what a top-k set of the same size chosen uniformly at random would give,
+ * so that an overlap of 0.3 can be read against the 0.2 that no attention at all would also give. Every measure
+ * here compares a set A of k positions inside the n = pos + 1 positions a step attends to with the step's set B
+ * (or weighs B by the step's attention), and with B a uniformly random k-subset of those n positions:
+ *  - overlap: |A ∩ B| is hypergeometric (n positions, k of them in A, k drawn), mean k·k/n, so the expected
+ *    overlap coefficient |A ∩ B| / k is k/n, for either prefill set (both lie in positions < prompt length < n,
+ *    whatever the score that chose them) and for locality, where A is step t's set (inside step t + δ's context)
+ *    and n the context of step t + δ;
+ *  - mass: each position is in B with probability k/n and the attention sums to 1 over the n positions, so the
+ *    expected mass on B is k/n (a group's mass is a mean over its heads, each k/n).
+ * The context grows by one a step, so the chance level falls along a curve: k/(P + s + 1) at decode step s of a
+ * prompt of P positions. Each row carries its own (kvs_analysis_drift_chance); an average over steps is the
+ * average of the rows' chance levels over the same steps as the measured value.
+ *
  * Steps: step s = 0, 1, ... is the generated position prompt_end + s of turn 0 (its query chose token s + 1);
  * the prompt is turn 0's. A later turn is not analysed (its "prefill" is a different question).
  *
@@ -65,6 +79,8 @@ typedef struct {
     double overlap_window; /* overlap_k(window prefill set, step set); NaN when the window score is not asked */
     double overlap_last;   /* overlap_k(last-query prefill set, step set); NaN when not asked */
     double mass;           /* attention mass on the step's top-k set, in [0, 1] */
+    double chance;         /* k / (pos + 1): the expected overlap_window, overlap_last and mass of a uniformly
+                            * random k-subset of the pos + 1 positions (see "Chance levels") */
 } kvs_drift_step;
 
 /* Temporal locality of one (layer, unit kind, k, step t, δ) over the layer's units of that kind. */
@@ -76,6 +92,7 @@ typedef struct {
     int32_t delta;
     int32_t n_units;
     double mean, min, max; /* of overlap_k(set_t, set_{t+δ}) over the units */
+    double chance;         /* k / (positions step t + δ attends to): the expected overlap with a random set there */
 } kvs_drift_locality;
 
 /* Temporal locality of one unit at one δ, averaged over every pair (t, t + δ) of the turn. */
@@ -87,6 +104,7 @@ typedef struct {
     int32_t delta;
     int64_t n_pairs;
     double mean;
+    double chance; /* the mean of the pairs' chance levels (kvs_analysis_drift_locality_chance) */
 } kvs_drift_locality_unit;
 
 /* Where results go, in this order per layer: the step rows and locality rows of each step as it is read
@@ -123,6 +141,16 @@ kvs_status kvs_analysis_drift_check(const kvs_trace *t, const kvs_drift_opts *o)
 /*! kvs_analysis_drift_run() : the analysis of every layer of `t` (borrowed), rows to `sink`. Errors: those of
  *  kvs_analysis_drift_check, KVS_ERR_NOMEM, the trace reader's (a corrupt chunk), or a sink callback's. */
 kvs_status kvs_analysis_drift_run(const kvs_trace *t, const kvs_drift_opts *o, const kvs_drift_sink *sink);
+
+/*! kvs_analysis_drift_chance() : k / n, the chance level of a top-k measure over n positions (see "Chance
+ *  levels"): the expected overlap coefficient of a fixed k-set inside the n positions with a uniformly random
+ *  k-subset of them, and the expected attention mass on that random subset. NaN unless 1 <= k <= n. */
+double kvs_analysis_drift_chance(int64_t k, int64_t n);
+
+/*! kvs_analysis_drift_locality_chance() : the chance level of a per-unit locality row: the mean over the pairs
+ *  (t, t + delta), t = 0..n_steps - 1 - delta, of kvs_analysis_drift_chance(k, prompt_len + t + delta + 1) (step
+ *  t + delta attends to that many positions). NaN when there is no pair. */
+double kvs_analysis_drift_locality_chance(int64_t k, int64_t prompt_len, int64_t n_steps, int32_t delta);
 
 /*! kvs_drift_unit_name() : "head" or "group" ("?" otherwise). */
 const char *kvs_drift_unit_name(kvs_drift_unit u);

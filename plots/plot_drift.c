@@ -21,6 +21,7 @@ struct kvs_plot_drift {
     int64_t T;
     int32_t D;
     double *mean, *sd;   /* curve: [n_bands][T] (NaN: no sample) */
+    double *chance;      /* curve: [T] the chance level of the drawn rows at each step (NaN: no sample) */
     double *cell;        /* locality: [T][D] (NaN: no pair) */
 };
 
@@ -28,6 +29,7 @@ void kvs_plot_drift_free(kvs_plot_drift *p) {
     if (!p) return;
     free(p->mean);
     free(p->sd);
+    free(p->chance);
     free(p->cell);
     free(p);
 }
@@ -97,7 +99,10 @@ kvs_status kvs_plot_drift_prepare(const char *db_path, const kvs_plot_options *o
         p->mean = malloc((size_t)p->n_bands * (size_t)p->T * sizeof *p->mean);
         p->sd = malloc((size_t)p->n_bands * (size_t)p->T * sizeof *p->sd);
         double *cnt = calloc((size_t)p->n_bands * (size_t)p->T, sizeof *cnt);
-        if (!p->mean || !p->sd || !cnt) {
+        double *ccnt = calloc((size_t)p->T, sizeof *ccnt);
+        p->chance = calloc((size_t)p->T, sizeof *p->chance);
+        if (!p->mean || !p->sd || !cnt || !ccnt || !p->chance) {
+            free(ccnt);
             free(cnt);
             rc = kvs_fail(KVS_ERR_NOMEM, "plot: out of memory");
             goto cleanup;
@@ -121,13 +126,20 @@ kvs_status kvs_plot_drift_prepare(const char *db_path, const kvs_plot_options *o
                 if (pass == 0) {
                     p->mean[at] += v;
                     cnt[at] += 1;
+                    /* the chance level of the same rows (one value per step: k / the step's context) */
+                    if (!isnan(s->chance)) {
+                        p->chance[s->step] += s->chance;
+                        ccnt[s->step] += 1;
+                    }
                 } else p->sd[at] += (v - p->mean[at]) * (v - p->mean[at]);
             }
             if (pass == 0)
                 for (size_t j = 0; j < (size_t)p->n_bands * (size_t)p->T; j++) p->mean[j] = cnt[j] > 0 ? p->mean[j] / cnt[j] : NAN;
         }
         for (size_t j = 0; j < (size_t)p->n_bands * (size_t)p->T; j++) p->sd[j] = cnt[j] > 0 ? sqrt(p->sd[j] / cnt[j]) : NAN;
+        for (int64_t t = 0; t < p->T; t++) p->chance[t] = ccnt[t] > 0 ? p->chance[t] / ccnt[t] : NAN;
         free(cnt);
+        free(ccnt);
         if (rc != KVS_OK) goto cleanup;
         if (n == 0) {
             rc = kvs_fail(KVS_ERR_DB, "%s: drift run %lld has no %s rows at k = %lld", db_path, (long long)run->id,
@@ -139,7 +151,9 @@ kvs_status kvs_plot_drift_prepare(const char *db_path, const kvs_plot_options *o
                  "- %s, drift run %lld",
                  use_last ? "last-query" : "window", (long long)k, layers, kvs_drift_unit_name(unit),
                  kvs_path_base(run->trace_path ? run->trace_path : "?"), (long long)run->id);
-        snprintf(p->xlabel, sizeof p->xlabel, "decode step (dashed: SyncKV S1, overlap 0.3 after 50 steps)");
+        snprintf(p->xlabel, sizeof p->xlabel,
+                 "decode step (grey dashes: SyncKV S1, overlap 0.3 after 50 steps; black dots: a random top-%lld set)",
+                 (long long)k);
         snprintf(p->ylabel, sizeof p->ylabel, "overlap_%lld(prefill set, step set)  (SyncKV Eq. 1)", (long long)k);
     } else {
         if (p->D < 1 || p->T < 2) {
@@ -217,7 +231,7 @@ void kvs_plot_drift_write_script(const kvs_plot_drift *p, int is_svg, const char
                     b ? ", \\\n     " : "", band_colors[b], band_colors[b]);
             kvs_plot_gp_string(f, p->band_label[b]);
         }
-        fprintf(f, "\n");
+        fprintf(f, ", \\\n     '-' using 1:2 with lines lw 2 dt 3 lc rgb '#000000' title 'chance: random top-k (k / context)'\n");
         for (int b = 0; b < p->n_bands; b++) {
             const double *m = p->mean + (size_t)b * (size_t)p->T, *s = p->sd + (size_t)b * (size_t)p->T;
             for (int part = 0; part < 2; part++) {
@@ -230,6 +244,10 @@ void kvs_plot_drift_write_script(const kvs_plot_drift *p, int is_svg, const char
                 fprintf(f, "e\n");
             }
         }
+        fprintf(f, "# series: chance (random top-k)\n");
+        for (int64_t t = 0; t < p->T; t++)
+            if (!isnan(p->chance[t])) fprintf(f, "%lld %.17g\n", (long long)t, p->chance[t]);
+        fprintf(f, "e\n");
     } else {
         fprintf(f, "set palette defined (0 '#ffffff', 0.5 '#6baed6', 1 '#08306b')\nset cbrange [0:1]\n");
         fprintf(f, "set cblabel 'overlap (SyncKV Eq. 1)'\nset xrange [0.5:%d.5]\nset yrange [-0.5:%lld.5]\n",

@@ -8,7 +8,9 @@
  *  - drift-curve: per layer band (every layer when the model has at most 6, else 4 bands of consecutive layers;
  *    one layer with --layer) the mean over the band's units of overlap_k(prefill set, step set) per decode step,
  *    with a shaded band of ± one standard deviation over the units (clipped to [0, 1]); dashed guides at SyncKV's
- *    S1 figure (0.3 after 50 steps);
+ *    S1 figure (0.3 after 50 steps); a dotted black reference line at the chance level of the drawn rows, the
+ *    overlap a uniformly random top-k set would have (k / the step's context, stored with each row:
+ *    analysis/drift.h "Chance levels"), its own "# series: chance (random top-k)" block;
  *  - drift-locality: rows = decode step t, columns = δ, colour = the mean over the units of overlap_k(step t,
  *    step t + δ), averaged over the layers (or --layer's).
  * Options: k (0: the run's largest), score ("window" or "last"; NULL: window when recorded), unit ("head" or
@@ -30,7 +32,7 @@ typedef struct kvs_plot_drift kvs_plot_drift;
 kvs_status kvs_plot_drift_prepare(const char *db_path, const kvs_plot_options *o, kvs_plot_drift **out);
 void kvs_plot_drift_free(kvs_plot_drift *p);
 
-/*! kvs_plot_drift_n_series() : curve: the layer bands; locality: 1. */
+/*! kvs_plot_drift_n_series() : curve: the layer bands (the chance reference line is not counted); locality: 1. */
 size_t kvs_plot_drift_n_series(const kvs_plot_drift *p);
 
 /*! kvs_plot_drift_write_script() : the complete gnuplot script (terminal PNG or SVG by is_svg, `set output`

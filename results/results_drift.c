@@ -1,6 +1,10 @@
 /* results_drift.c — the drift table family: tables drift_runs, drift_steps, drift_locality and
  * drift_locality_units (documented in results/SCHEMA.md "Drift tables"), written in one transaction per run and read
  * back for plots and reports (see results_drift.h; family rules in results_internal.h).
+ *
+ * The old form: tables written before the chance levels lack the `chance` columns. The writer adds them (ALTER
+ * TABLE inside its transaction; the earlier runs' rows hold NULL there); the readers give those rows the chance
+ * level of analysis/drift.h computed from the row and its run (k, pos, prompt_len, n_steps), the one derivation.
  */
 #include "results_drift.h"
 
@@ -39,6 +43,7 @@ static const char drift_schema[] =
     "  overlap_window REAL,\n"
     "  overlap_last REAL,\n"
     "  mass REAL,\n"
+    "  chance REAL,\n"
     "  PRIMARY KEY (run_id, unit, layer, unit_index, k, step)\n"
     ") WITHOUT ROWID;\n"
     "CREATE TABLE IF NOT EXISTS drift_locality (\n"
@@ -50,6 +55,7 @@ static const char drift_schema[] =
     "  delta INTEGER NOT NULL,\n"
     "  n_units INTEGER NOT NULL,\n"
     "  mean REAL, min REAL, max REAL,\n"
+    "  chance REAL,\n"
     "  PRIMARY KEY (run_id, unit, layer, k, step, delta)\n"
     ") WITHOUT ROWID;\n"
     "CREATE TABLE IF NOT EXISTS drift_locality_units (\n"
@@ -61,8 +67,42 @@ static const char drift_schema[] =
     "  delta INTEGER NOT NULL,\n"
     "  n_pairs INTEGER NOT NULL,\n"
     "  mean REAL,\n"
+    "  chance REAL,\n"
     "  PRIMARY KEY (run_id, unit, layer, unit_index, k, delta)\n"
     ") WITHOUT ROWID;\n";
+
+/* The tables that carry a `chance` column (added after the first form of the family). */
+static const char *const chance_tables[] = {"drift_steps", "drift_locality", "drift_locality_units"};
+
+/* 1 when `table` has column `col`, 0 when not, -1 (with kvs_fail) on a database error. */
+static int has_column(kvs_results_db *db, const char *table, const char *col) {
+    sqlite3_stmt *q = NULL;
+    if (kvs_results_prepare(db, "SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2", &q, "read the drift columns") !=
+        KVS_OK)
+        return -1;
+    sqlite3_bind_text(q, 1, table, -1, SQLITE_STATIC);
+    sqlite3_bind_text(q, 2, col, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(q);
+    sqlite3_finalize(q);
+    if (rc == SQLITE_ROW) return 1;
+    if (rc == SQLITE_DONE) return 0;
+    kvs_results_db_error(db, "read the drift columns");
+    return -1;
+}
+
+/* Tables of the old form get their chance column (inside the writer's transaction). */
+static kvs_status add_chance_columns(kvs_results_db *db) {
+    for (size_t i = 0; i < sizeof chance_tables / sizeof chance_tables[0]; i++) {
+        int has = has_column(db, chance_tables[i], "chance");
+        if (has < 0) return KVS_ERR_DB;
+        if (has) continue;
+        char sql[128];
+        snprintf(sql, sizeof sql, "ALTER TABLE %s ADD COLUMN chance REAL", chance_tables[i]);
+        kvs_status st = kvs_results_exec(db, sql, "add the drift chance column");
+        if (st != KVS_OK) return st;
+    }
+    return KVS_OK;
+}
 
 struct kvs_results_drift_writer {
     kvs_results_db *db;
@@ -103,6 +143,7 @@ kvs_status kvs_results_drift_begin(kvs_results_db *db, const kvs_results_trace *
     int64_t trace_id = 0;
     sqlite3_stmt *ins = NULL;
     KVS_TRY(st = kvs_results_exec(db, drift_schema, "create the drift tables"));
+    KVS_TRY(st = add_chance_columns(db));
     KVS_TRY(st = kvs_results_trace_id(db, trace, &trace_id));
     KVS_TRY(st = kvs_results_prepare(db,
                                      "INSERT INTO drift_runs (trace_id, prompt_len, n_steps, obs_window, delta_max, scores, ks) "
@@ -119,15 +160,15 @@ kvs_status kvs_results_drift_begin(kvs_results_db *db, const kvs_results_trace *
     w->run_id = sqlite3_last_insert_rowid(kvs_results_sqlite(db));
     KVS_TRY(st = kvs_results_prepare(db,
                                      "INSERT INTO drift_steps (run_id, layer, unit, unit_index, k, step, pos, "
-                                     "overlap_window, overlap_last, mass) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                     "overlap_window, overlap_last, mass, chance) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                      &w->step, "insert drift steps"));
     KVS_TRY(st = kvs_results_prepare(db,
                                      "INSERT INTO drift_locality (run_id, layer, unit, k, step, delta, n_units, mean, "
-                                     "min, max) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                     "min, max, chance) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                      &w->loc, "insert drift locality"));
     KVS_TRY(st = kvs_results_prepare(db,
                                      "INSERT INTO drift_locality_units (run_id, layer, unit, unit_index, k, delta, "
-                                     "n_pairs, mean) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                                     "n_pairs, mean, chance) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                      &w->loc_unit, "insert drift locality per unit"));
     sqlite3_finalize(ins);
     *out = w;
@@ -165,6 +206,7 @@ kvs_status kvs_results_drift_put_step(kvs_results_drift_writer *w, const kvs_dri
     bind_real(s, 8, r->overlap_window);
     bind_real(s, 9, r->overlap_last);
     bind_real(s, 10, r->mass);
+    bind_real(s, 11, r->chance);
     return put_done(w, s, "insert drift steps");
 }
 
@@ -182,6 +224,7 @@ kvs_status kvs_results_drift_put_locality(kvs_results_drift_writer *w, const kvs
     bind_real(s, 8, r->mean);
     bind_real(s, 9, r->min);
     bind_real(s, 10, r->max);
+    bind_real(s, 11, r->chance);
     return put_done(w, s, "insert drift locality");
 }
 
@@ -197,6 +240,7 @@ kvs_status kvs_results_drift_put_locality_unit(kvs_results_drift_writer *w, cons
     sqlite3_bind_int(s, 6, r->delta);
     sqlite3_bind_int64(s, 7, r->n_pairs);
     bind_real(s, 8, r->mean);
+    bind_real(s, 9, r->chance);
     return put_done(w, s, "insert drift locality per unit");
 }
 
@@ -346,6 +390,32 @@ static kvs_status prepare_filtered(kvs_results_db *db, const char *select, const
     return KVS_OK;
 }
 
+/* "chance" when `table` has the column, else "NULL" (the old form: filled in by fill_chance). */
+static kvs_status chance_column(kvs_results_db *db, const char *table, const char **expr) {
+    int has = has_column(db, table, "chance");
+    if (has < 0) return KVS_ERR_DB;
+    *expr = has ? "chance" : "NULL";
+    return KVS_OK;
+}
+
+/* The prompt length and decode steps of run `run_id`, for the chance levels of rows written without them. */
+static kvs_status run_shape(kvs_results_db *db, int64_t run_id, int64_t *prompt_len, int64_t *n_steps) {
+    sqlite3_stmt *q = NULL;
+    kvs_status rc = kvs_results_prepare(db, "SELECT prompt_len, n_steps FROM drift_runs WHERE id = ?1", &q,
+                                        "read the drift run");
+    if (rc != KVS_OK) return rc;
+    sqlite3_bind_int64(q, 1, run_id);
+    int s = sqlite3_step(q);
+    *prompt_len = *n_steps = 0;
+    if (s == SQLITE_ROW) {
+        *prompt_len = sqlite3_column_int64(q, 0);
+        *n_steps = sqlite3_column_int64(q, 1);
+    } else if (s != SQLITE_DONE) {
+        rc = kvs_results_db_error(db, "read the drift run");
+    }
+    sqlite3_finalize(q);
+    return rc;
+}
 
 kvs_status kvs_results_drift_query_steps(kvs_results_db *db, int64_t run_id, kvs_drift_unit unit, int32_t layer,
                                          int64_t k, kvs_drift_step **rows, int64_t *n) {
@@ -357,10 +427,12 @@ kvs_status kvs_results_drift_query_steps(kvs_results_db *db, int64_t run_id, kvs
     sqlite3_stmt *st = NULL;
     kvs_drift_step *out = NULL;
     int64_t cnt = 0, cap = 0;
-    KVS_TRY(rc = prepare_filtered(db,
-                                  "SELECT layer, unit_index, k, step, pos, overlap_window, overlap_last, mass FROM "
-                                  "drift_steps",
-                                  "layer, unit_index, k, step", run_id, unit, layer, k, &st));
+    const char *chance = NULL;
+    char select[256];
+    KVS_TRY(rc = chance_column(db, "drift_steps", &chance));
+    snprintf(select, sizeof select,
+             "SELECT layer, unit_index, k, step, pos, overlap_window, overlap_last, mass, %s FROM drift_steps", chance);
+    KVS_TRY(rc = prepare_filtered(db, select, "layer, unit_index, k, step", run_id, unit, layer, k, &st));
     int s;
     while ((s = sqlite3_step(st)) == SQLITE_ROW) {
         KVS_TRY(rc = grow((void **)&out, cnt, &cap, sizeof *out));
@@ -368,7 +440,9 @@ kvs_status kvs_results_drift_query_steps(kvs_results_db *db, int64_t run_id, kvs
                                       .index = sqlite3_column_int(st, 1), .k = sqlite3_column_int64(st, 2),
                                       .step = sqlite3_column_int64(st, 3), .pos = sqlite3_column_int64(st, 4),
                                       .overlap_window = col_real(st, 5), .overlap_last = col_real(st, 6),
-                                      .mass = col_real(st, 7)};
+                                      .mass = col_real(st, 7), .chance = col_real(st, 8)};
+        kvs_drift_step *r = &out[cnt - 1];
+        if (isnan(r->chance)) r->chance = kvs_analysis_drift_chance(r->k, r->pos + 1);
     }
     if (s != SQLITE_DONE) {
         rc = kvs_results_db_error(db, "read drift steps");
@@ -392,16 +466,24 @@ kvs_status kvs_results_drift_query_locality(kvs_results_db *db, int64_t run_id, 
     if (rc != KVS_OK) return rc;
     sqlite3_stmt *st = NULL;
     kvs_drift_locality *out = NULL;
-    int64_t cnt = 0, cap = 0;
-    KVS_TRY(rc = prepare_filtered(db, "SELECT layer, k, step, delta, n_units, mean, min, max FROM drift_locality",
-                                  "layer, k, step, delta", run_id, unit, layer, k, &st));
+    int64_t cnt = 0, cap = 0, P = 0, T = 0;
+    const char *chance = NULL;
+    char select[256];
+    KVS_TRY(rc = chance_column(db, "drift_locality", &chance));
+    KVS_TRY(rc = run_shape(db, run_id, &P, &T));
+    snprintf(select, sizeof select, "SELECT layer, k, step, delta, n_units, mean, min, max, %s FROM drift_locality",
+             chance);
+    KVS_TRY(rc = prepare_filtered(db, select, "layer, k, step, delta", run_id, unit, layer, k, &st));
     int s;
     while ((s = sqlite3_step(st)) == SQLITE_ROW) {
         KVS_TRY(rc = grow((void **)&out, cnt, &cap, sizeof *out));
         out[cnt++] = (kvs_drift_locality){.layer = sqlite3_column_int(st, 0), .unit = unit,
                                           .k = sqlite3_column_int64(st, 1), .step = sqlite3_column_int64(st, 2),
                                           .delta = sqlite3_column_int(st, 3), .n_units = sqlite3_column_int(st, 4),
-                                          .mean = col_real(st, 5), .min = col_real(st, 6), .max = col_real(st, 7)};
+                                          .mean = col_real(st, 5), .min = col_real(st, 6), .max = col_real(st, 7),
+                                          .chance = col_real(st, 8)};
+        kvs_drift_locality *r = &out[cnt - 1];
+        if (isnan(r->chance)) r->chance = kvs_analysis_drift_chance(r->k, P + r->step + r->delta + 1);
     }
     if (s != SQLITE_DONE) {
         rc = kvs_results_db_error(db, "read drift locality");
@@ -426,17 +508,24 @@ kvs_status kvs_results_drift_query_locality_units(kvs_results_db *db, int64_t ru
     if (rc != KVS_OK) return rc;
     sqlite3_stmt *st = NULL;
     kvs_drift_locality_unit *out = NULL;
-    int64_t cnt = 0, cap = 0;
-    KVS_TRY(rc = prepare_filtered(db,
-                                  "SELECT layer, unit_index, k, delta, n_pairs, mean FROM drift_locality_units",
-                                  "layer, unit_index, k, delta", run_id, unit, layer, k, &st));
+    int64_t cnt = 0, cap = 0, P = 0, T = 0;
+    const char *chance = NULL;
+    char select[256];
+    KVS_TRY(rc = chance_column(db, "drift_locality_units", &chance));
+    KVS_TRY(rc = run_shape(db, run_id, &P, &T));
+    snprintf(select, sizeof select,
+             "SELECT layer, unit_index, k, delta, n_pairs, mean, %s FROM drift_locality_units", chance);
+    KVS_TRY(rc = prepare_filtered(db, select, "layer, unit_index, k, delta", run_id, unit, layer, k, &st));
     int s;
     while ((s = sqlite3_step(st)) == SQLITE_ROW) {
         KVS_TRY(rc = grow((void **)&out, cnt, &cap, sizeof *out));
         out[cnt++] = (kvs_drift_locality_unit){.layer = sqlite3_column_int(st, 0), .unit = unit,
                                                .index = sqlite3_column_int(st, 1), .k = sqlite3_column_int64(st, 2),
                                                .delta = sqlite3_column_int(st, 3),
-                                               .n_pairs = sqlite3_column_int64(st, 4), .mean = col_real(st, 5)};
+                                               .n_pairs = sqlite3_column_int64(st, 4), .mean = col_real(st, 5),
+                                               .chance = col_real(st, 6)};
+        kvs_drift_locality_unit *r = &out[cnt - 1];
+        if (isnan(r->chance)) r->chance = kvs_analysis_drift_locality_chance(r->k, P, T, r->delta);
     }
     if (s != SQLITE_DONE) {
         rc = kvs_results_db_error(db, "read drift locality per unit");

@@ -70,7 +70,10 @@ kvs_status kvs_results_drift_query_runs(kvs_results_db *db, const char *trace, c
 void kvs_results_drift_runs_free(kvs_results_drift_run *rows, int64_t n);
 
 /*! kvs_results_drift_query_steps() : the per-step curves of run `run_id`: rows of `unit`, of layer `layer` (-1 =
- *  all) and top-k size `k` (0 = all), ordered by layer, index, k, step. Caller frees *rows with free(). */
+ *  all) and top-k size `k` (0 = all), ordered by layer, index, k, step. Caller frees *rows with free().
+ *  The three queries give every row its chance level: the stored one, or for a row written before the family had
+ *  the column, the one analysis/drift.h computes from the row and its run (kvs_analysis_drift_chance,
+ *  kvs_analysis_drift_locality_chance). */
 kvs_status kvs_results_drift_query_steps(kvs_results_db *db, int64_t run_id, kvs_drift_unit unit, int32_t layer,
                                          int64_t k, kvs_drift_step **rows, int64_t *n);
 

@@ -17,8 +17,11 @@
 
 #include <cmocka.h>
 
+#include <sqlite3.h>
+
 #include "analysis/drift.h"
 #include "common/kvs_cluster.h"
+#include "common/kvs_rng.h"
 #include "plots/plot.h"
 #include "results/results_drift.h"
 #include "tests/util/cli_run.h"
@@ -600,6 +603,13 @@ static void test_plots_from_the_drift_tables(void **state) {
     const char *at = strstr(series, "\n5 ");
     assert_non_null(at);
     assert_true(fabs(strtod(at + 3, NULL) - want) < 1e-12);
+    /* the dotted chance line: k over the positions step 5 attends to (prompt 20 + 5 + 1), from the stored rows */
+    assert_non_null(strstr(buf, "title 'chance: random top-k (k / context)'"));
+    const char *chance = strstr(buf, "# series: chance (random top-k)\n");
+    assert_non_null(chance);
+    at = strstr(chance, "\n5 ");
+    assert_non_null(at);
+    assert_true(fabs(strtod(at + 3, NULL) - 3.0 / 26.0) < 1e-15);
     free(buf);
 
     /* heatmap, groups, k 6, all layers: cell (t 2, delta 3) = the mean over the 2 layers of their group means */
@@ -650,6 +660,279 @@ static void test_plots_from_the_drift_tables(void **state) {
     assert_int_equal(kvs_test_cli(f->out, f->err, metric), 2);
 }
 
+
+/* ---- chance levels ---- */
+
+static int popcount32(uint32_t x) {
+    int c = 0;
+    for (; x; x &= x - 1) c++;
+    return c;
+}
+
+/* The chance level of a k-set inside n positions, exactly, by enumerating every k-subset B of the n positions:
+ * the mean of |A ∩ B| / k for fixed sets A (the first k positions, the last k, every other one) and the mean
+ * attention mass on B for an uneven distribution. */
+static void test_chance_levels_by_enumeration(void **state) {
+    (void)state;
+    for (int n = 1; n <= 10; n++)
+        for (int k = 1; k <= n; k++) {
+            uint32_t first = (1u << k) - 1, last = first << (n - k), spread = 0;
+            for (int i = 0, got = 0; i < n && got < k; i++)
+                if (i % 2 == 0 || n - i <= k - got) spread |= 1u << i, got++;
+            assert_int_equal(popcount32(spread), k);
+            double p[10], z = 0;
+            for (int j = 0; j < n; j++) z += (p[j] = 1.0 / (1 + j * j));
+            double ov[3] = {0}, mass = 0;
+            int64_t subsets = 0;
+            for (uint32_t b = 0; b < (1u << n); b++) {
+                if (popcount32(b) != k) continue;
+                subsets++;
+                ov[0] += (double)popcount32(first & b) / k;
+                ov[1] += (double)popcount32(last & b) / k;
+                ov[2] += (double)popcount32(spread & b) / k;
+                for (int j = 0; j < n; j++)
+                    if (b >> j & 1) mass += p[j] / z;
+            }
+            const double want = kvs_analysis_drift_chance(k, n);
+            for (int a = 0; a < 3; a++) assert_true(fabs(ov[a] / (double)subsets - want) < 1e-12);
+            assert_true(fabs(mass / (double)subsets - want) < 1e-12);
+        }
+    assert_true(isnan(kvs_analysis_drift_chance(0, 5)));
+    assert_true(isnan(kvs_analysis_drift_chance(6, 5)));
+
+    /* a per-unit locality level: prompt 2, 4 decode steps (contexts 3, 4, 5, 6), k 2, both sets of a pair (t, t+d)
+     * random, every pair of subsets enumerated, the pairs' means averaged over t */
+    enum { P = 2, T = 4, KK = 2 };
+    for (int d = 1; d < T; d++) {
+        double sum_t = 0;
+        for (int t = 0; t + d < T; t++) {
+            const int na = P + t + 1, nb = P + t + d + 1;
+            double sum = 0;
+            int64_t pairs = 0;
+            for (uint32_t a = 0; a < (1u << na); a++) {
+                if (popcount32(a) != KK) continue;
+                for (uint32_t b = 0; b < (1u << nb); b++) {
+                    if (popcount32(b) != KK) continue;
+                    sum += (double)popcount32(a & b) / KK;
+                    pairs++;
+                }
+            }
+            sum_t += sum / (double)pairs;
+        }
+        assert_true(fabs(kvs_analysis_drift_locality_chance(KK, P, T, d) - sum_t / (T - d)) < 1e-12);
+    }
+    assert_true(isnan(kvs_analysis_drift_locality_chance(KK, P, T, T)));
+}
+
+/* A uniformly random k-subset of 0..n-1 as a membership mask (partial Fisher-Yates). */
+static void random_subset(kvs_rng *r, int n, int k, unsigned char *mask) {
+    int idx[64];
+    for (int i = 0; i < n; i++) idx[i] = i, mask[i] = 0;
+    for (int i = 0; i < k; i++) {
+        int j = i + (int)(kvs_rng_u32(r) % (uint32_t)(n - i));
+        int tmp = idx[i];
+        idx[i] = idx[j];
+        idx[j] = tmp;
+        mask[idx[i]] = 1;
+    }
+}
+
+static double common_over_k(const unsigned char *a, const unsigned char *b, int n, int k) {
+    int c = 0;
+    for (int i = 0; i < n; i++) c += a[i] && b[i];
+    return (double)c / k;
+}
+
+/* One Monte Carlo estimate: mean and standard error over the reps. */
+typedef struct {
+    double sum, sumsq;
+} mc_acc;
+static void mc_add(mc_acc *a, double v) {
+    a->sum += v;
+    a->sumsq += v * v;
+}
+static void mc_check(const mc_acc *a, int reps, double got, const char *what, int64_t k) {
+    const double mean = a->sum / reps, var = a->sumsq / reps - mean * mean, se = sqrt(var > 0 ? var / reps : 0);
+    if (!(fabs(got - mean) <= 5 * se + 1e-9))
+        fail_msg("%s at k %lld: %.6f, a Monte Carlo of random top-k sets gives %.6f +- %.6f", what, (long long)k, got,
+                 mean, se);
+}
+
+/* The chance columns of the summary (CLI CSV and the analysis' rows averaged as the summary averages them) against
+ * a Monte Carlo of the whole measurement with the top-k sets drawn at random: per rep, random prefill sets (window
+ * and last, among their candidates), a random set at every decode step among the positions it attends to, and the
+ * summary's averages taken over the same steps. Fixed seed, 2000 reps, 5 standard errors. */
+static void test_chance_columns_by_monte_carlo(void **state) {
+    fixture *f = *state;
+    reference r = {0};
+    reference_build(f->g, &r);
+    collected c = {0};
+    const kvs_drift_opts o = test_opts();
+    const kvs_drift_sink sink = {.ctx = &c, .step = got_step, .locality = got_loc, .locality_unit = got_lu};
+    assert_int_equal(kvs_analysis_drift_run(f->t, &o, &sink), KVS_OK);
+    const int T = r.T, P = r.P, m = P - WINDOW, at = T - 1, N = r.N; /* a turn shorter than 50 steps: its last */
+    /* every row's level is its own step's: k over the positions the step attends to */
+    for (int64_t i = 0; i < c.n_steps; i++) assert_true(c.steps[i].chance == (double)c.steps[i].k / (double)(c.steps[i].pos + 1));
+
+    double csv[N_K][5]; /* chance_at, chance_avg, chance_d1, chance_dn as the CLI prints them; [4]: mass */
+    int have_csv = 0;
+    if (kvs_test_kvsim_bin()) {
+        const char *args[] = {"drift", f->path, "--db", f->db, "--k", "1,3,6", "--window", "8", "--delta-max", "5",
+                              "--csv", NULL};
+        assert_int_equal(kvs_test_cli(f->out, f->err, args), 0);
+        char *text = NULL;
+        size_t n = 0;
+        assert_int_equal(kvs_read_file(f->out, &text, &n), KVS_OK);
+        assert_non_null(strstr(text, "unit,k,layer,at_step,win_at,last_at,chance_at,win_avg,last_avg,mass,chance_avg,"
+                                     "delta_n,loc_d1,chance_d1,loc_dn,chance_dn\n"));
+        for (int ki = 0; ki < N_K; ki++) {
+            char key[32];
+            snprintf(key, sizeof key, "\nhead,%lld,all,%d,", (long long)KS[ki], at);
+            const char *row = strstr(text, key);
+            assert_non_null(row);
+            double v[12];
+            const char *q = row + strlen(key);
+            for (int i = 0; i < 12; i++) {
+                char *end;
+                v[i] = strtod(q, &end);
+                assert_true(end != q);
+                q = end + 1;
+            }
+            /* win_at last_at chance_at win_avg last_avg mass chance_avg delta_n loc_d1 chance_d1 loc_dn chance_dn */
+            csv[ki][0] = v[2], csv[ki][1] = v[6], csv[ki][2] = v[9], csv[ki][3] = v[11], csv[ki][4] = v[6];
+            assert_true(v[7] == DELTA_MAX);
+        }
+        free(text);
+        have_csv = 1;
+    }
+
+    enum { REPS = 2000 };
+    kvs_rng rng;
+    kvs_rng_seed(&rng, 20240611, 1);
+    unsigned char *sets = malloc((size_t)T * (size_t)N), aw[64], al[64];
+    for (int ki = 0; ki < N_K; ki++) {
+        const int k = (int)KS[ki];
+        mc_acc at_w = {0}, at_l = {0}, avg_w = {0}, avg_l = {0}, mass = {0}, d1 = {0}, dn = {0};
+        for (int rep = 0; rep < REPS; rep++) {
+            random_subset(&rng, m, k, aw);
+            random_subset(&rng, P, k, al);
+            double sw = 0, sl = 0, sm = 0, s1 = 0, sn = 0;
+            for (int s = 0; s < T; s++) {
+                const int n = P + s + 1;
+                unsigned char *b = sets + (size_t)s * (size_t)N;
+                random_subset(&rng, n, k, b);
+                const double ow = common_over_k(aw, b, m, k), ol = common_over_k(al, b, P, k);
+                sw += ow, sl += ol;
+                if (s == at) mc_add(&at_w, ow), mc_add(&at_l, ol);
+                const double *p = ref_p(&r, 0, 0, P + s); /* a real attention row: the level does not depend on it */
+                for (int j = 0; j < n; j++)
+                    if (b[j]) sm += p[j];
+            }
+            for (int t = 0; t + 1 < T; t++) s1 += common_over_k(sets + (size_t)t * N, sets + (size_t)(t + 1) * N, P + t + 1, k);
+            for (int t = 0; t + DELTA_MAX < T; t++)
+                sn += common_over_k(sets + (size_t)t * N, sets + (size_t)(t + DELTA_MAX) * N, P + t + 1, k);
+            mc_add(&avg_w, sw / T), mc_add(&avg_l, sl / T), mc_add(&mass, sm / T);
+            mc_add(&d1, s1 / (T - 1)), mc_add(&dn, sn / (T - DELTA_MAX));
+        }
+        /* the analysis' rows, averaged as the summary averages them (head rows of every layer) */
+        double r_at = 0, r_avg = 0, r_d1 = 0, r_dn = 0, n_at = 0, n_avg = 0, n_d1 = 0, n_dn = 0;
+        for (int64_t i = 0; i < c.n_steps; i++) {
+            const kvs_drift_step *x = &c.steps[i];
+            if (x->unit != KVS_DRIFT_HEAD || x->k != k) continue;
+            r_avg += x->chance, n_avg++;
+            if (x->step == at) r_at += x->chance, n_at++;
+        }
+        for (int64_t i = 0; i < c.n_loc; i++) {
+            const kvs_drift_locality *x = &c.loc[i];
+            if (x->unit != KVS_DRIFT_HEAD || x->k != k) continue;
+            if (x->delta == 1) r_d1 += x->chance, n_d1++;
+            if (x->delta == DELTA_MAX) r_dn += x->chance, n_dn++;
+        }
+        const double rows[5] = {r_at / n_at, r_avg / n_avg, r_d1 / n_d1, r_dn / n_dn, r_avg / n_avg};
+        for (int src = 0; src < 1 + have_csv; src++) {
+            const double *v = src ? csv[ki] : rows;
+            mc_check(&at_w, REPS, v[0], "chance at the summary step (window set)", k);
+            mc_check(&at_l, REPS, v[0], "chance at the summary step (last set)", k);
+            mc_check(&avg_w, REPS, v[1], "chance averaged over the steps (window set)", k);
+            mc_check(&avg_l, REPS, v[1], "chance averaged over the steps (last set)", k);
+            mc_check(&mass, REPS, v[4], "chance of the mass", k);
+            mc_check(&d1, REPS, v[2], "chance of locality at d = 1", k);
+            mc_check(&dn, REPS, v[3], "chance of locality at d = N", k);
+        }
+        /* the per-unit locality rows: the mean of the pairs' levels */
+        for (int64_t i = 0; i < c.n_lu; i++)
+            if (c.lu[i].k == k && c.lu[i].delta == 1) mc_check(&d1, REPS, c.lu[i].chance, "per-unit locality chance", k);
+    }
+    free(sets);
+    collected_free(&c);
+    reference_free(&r);
+}
+
+/* The chance columns survive the database, and a database of the old form (no chance columns) reads the same
+ * levels: the reader computes them; a new run written into it adds the columns, and the old run still reads. */
+static void test_chance_in_the_tables_and_the_old_form(void **state) {
+    fixture *f = *state;
+    collected c = {0};
+    const kvs_drift_opts o = test_opts();
+    const kvs_drift_sink sink = {.ctx = &c, .step = got_step, .locality = got_loc, .locality_unit = got_lu};
+    assert_int_equal(kvs_analysis_drift_run(f->t, &o, &sink), KVS_OK);
+    const kvs_results_trace rt = kvs_results_trace_of(f->path, kvs_trace_info_get(f->t));
+    const kvs_results_drift_params pr = {.prompt_len = PROMPT, .n_steps = 24, .window = WINDOW, .delta_max = DELTA_MAX,
+                                         .scores = o.scores, .k = KS, .n_k = N_K};
+    for (int form = 0; form < 2; form++) {
+        kvs_results_db *db = NULL;
+        assert_int_equal(kvs_results_open(f->db, &db), KVS_OK);
+        kvs_results_drift_writer *w = NULL;
+        assert_int_equal(kvs_results_drift_begin(db, &rt, &pr, &w), KVS_OK);
+        for (int64_t i = 0; i < c.n_steps; i++) assert_int_equal(kvs_results_drift_put_step(w, &c.steps[i]), KVS_OK);
+        for (int64_t i = 0; i < c.n_loc; i++) assert_int_equal(kvs_results_drift_put_locality(w, &c.loc[i]), KVS_OK);
+        for (int64_t i = 0; i < c.n_lu; i++) assert_int_equal(kvs_results_drift_put_locality_unit(w, &c.lu[i]), KVS_OK);
+        assert_int_equal(kvs_results_drift_commit(w, NULL), KVS_OK);
+        kvs_results_close(db);
+        if (form == 0) {
+            /* the old form: the family's tables without their chance columns */
+            sqlite3 *raw = NULL;
+            assert_int_equal(sqlite3_open(f->db, &raw), SQLITE_OK);
+            assert_int_equal(sqlite3_exec(raw, "ALTER TABLE drift_steps DROP COLUMN chance; ALTER TABLE drift_locality "
+                                               "DROP COLUMN chance; ALTER TABLE drift_locality_units DROP COLUMN chance;",
+                                          NULL, NULL, NULL),
+                             SQLITE_OK);
+            sqlite3_close(raw);
+        }
+        assert_int_equal(kvs_results_open_readonly(f->db, &db), KVS_OK);
+        for (int64_t run = 1; run <= form + 1; run++)
+            for (int u = 0; u < KVS_DRIFT_N_UNITS; u++) {
+                kvs_drift_step *rows = NULL;
+                kvs_drift_locality *loc = NULL;
+                kvs_drift_locality_unit *lu = NULL;
+                int64_t n = 0, nl = 0, nu = 0;
+                assert_int_equal(kvs_results_drift_query_steps(db, run, (kvs_drift_unit)u, -1, 0, &rows, &n), KVS_OK);
+                assert_true(n > 0);
+                for (int64_t i = 0; i < n; i++) assert_true(rows[i].chance == kvs_analysis_drift_chance(rows[i].k, rows[i].pos + 1));
+                assert_int_equal(kvs_results_drift_query_locality(db, run, (kvs_drift_unit)u, -1, 0, &loc, &nl), KVS_OK);
+                assert_true(nl > 0);
+                for (int64_t i = 0; i < nl; i++)
+                    assert_true(loc[i].chance == kvs_analysis_drift_chance(loc[i].k, PROMPT + loc[i].step + loc[i].delta + 1));
+                assert_int_equal(kvs_results_drift_query_locality_units(db, run, (kvs_drift_unit)u, -1, 0, &lu, &nu), KVS_OK);
+                assert_true(nu > 0);
+                for (int64_t i = 0; i < nu; i++) {
+                    /* the same as the analysis emitted for that row */
+                    int found = 0;
+                    for (int64_t j = 0; j < c.n_lu && !found; j++)
+                        if (c.lu[j].unit == lu[i].unit && c.lu[j].layer == lu[i].layer && c.lu[j].index == lu[i].index &&
+                            c.lu[j].k == lu[i].k && c.lu[j].delta == lu[i].delta)
+                            found = 1, assert_true(fabs(c.lu[j].chance - lu[i].chance) < 1e-15);
+                    assert_true(found);
+                }
+                free(rows);
+                free(loc);
+                free(lu);
+            }
+        kvs_results_close(db);
+    }
+    collected_free(&c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_g5_overlap_coefficient),
@@ -660,6 +943,9 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_results_round_trip_and_rollback, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_cli_drift, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_plots_from_the_drift_tables, fx_setup, fx_teardown),
+        cmocka_unit_test(test_chance_levels_by_enumeration),
+        cmocka_unit_test_setup_teardown(test_chance_columns_by_monte_carlo, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_chance_in_the_tables_and_the_old_form, fx_setup, fx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
