@@ -166,6 +166,52 @@ void kvs_analysis_heads_layer_sim(const double *sim, int32_t n_layers, int32_t n
         }
 }
 
+void kvs_analysis_heads_layer_sim_kv(const double *sim, int32_t n_layers, int32_t n, int32_t group, double *other,
+                                     double *same) {
+    const size_t w = (size_t)n_layers * (size_t)n;
+    const int32_t g = group > 0 ? group : 1;
+    for (int32_t a = 0; a < n_layers; a++)
+        for (int32_t b = 0; b < n_layers; b++) {
+            double s_other = 0, s_same = 0;
+            int64_t n_other = 0, n_same = 0;
+            for (int32_t i = 0; i < n; i++)
+                for (int32_t j = 0; j < n; j++) {
+                    if (a == b && i == j) continue; /* a head with itself: 1 by definition */
+                    const double v = sim[((size_t)a * (size_t)n + (size_t)i) * w + (size_t)b * (size_t)n + (size_t)j];
+                    if (a == b && i / g == j / g) s_same += v, n_same++; /* the same KV head: identical keys */
+                    else s_other += v, n_other++;
+                }
+            const size_t at = (size_t)a * (size_t)n_layers + (size_t)b;
+            other[at] = n_other ? s_other / (double)n_other : NAN;
+            if (same) same[at] = n_same ? s_same / (double)n_same : NAN;
+        }
+}
+
+/* The mean of the diagonal (diag != 0) or off-diagonal cells of m [L][L], NaN cells skipped; NaN when none. */
+static double cells_mean(const double *m, int32_t L, int diag) {
+    double sum = 0;
+    int64_t n = 0;
+    for (int32_t a = 0; a < L; a++)
+        for (int32_t b = 0; b < L; b++) {
+            const double v = m[(size_t)a * (size_t)L + (size_t)b];
+            if ((a == b) != (diag != 0) || isnan(v)) continue;
+            sum += v;
+            n++;
+        }
+    return n ? sum / (double)n : NAN;
+}
+
+kvs_analysis_heads_split kvs_analysis_heads_split_of(const double *all, const double *other, const double *same,
+                                                     int32_t n_layers, int32_t n, int32_t group) {
+    const int64_t L = n_layers, g = group > 0 ? group : 1, per_kv = g < n ? g : n;
+    kvs_analysis_heads_split s = {
+        .within = cells_mean(all, n_layers, 1), .across = cells_mean(all, n_layers, 0),
+        .within_other_kv = cells_mean(other, n_layers, 1), .across_other_kv = cells_mean(other, n_layers, 0),
+        .within_same_kv = same ? cells_mean(same, n_layers, 1) : NAN,
+        .pairs_within = L * n * (n - 1), .pairs_within_same_kv = L * n * (per_kv - 1), .pairs_across = L * (L - 1) * n * n};
+    return s;
+}
+
 void kvs_analysis_heads_layer_block(const double *sim, int32_t n_layers, int32_t n, int32_t layer, double *out) {
     const size_t w = (size_t)n_layers * (size_t)n, base = (size_t)layer * (size_t)n;
     for (int32_t i = 0; i < n; i++)

@@ -19,6 +19,13 @@
  * the diagonal is the mean similarity of DISTINCT heads of the layer. The coefficient is symmetric, so the
  * matrix is too.
  *
+ * Pairs that share a KV head. Under GQA the G query heads of one group read the same keys: their scores differ
+ * only by their queries, so their top-k sets agree for a reason that is not "heads behave alike". The
+ * within-layer mean therefore also reports it without those pairs (and the mean over them alone): heads i and j
+ * of one layer share a KV head when i / G == j / G (G = query heads per KV head; units never share one, nor do
+ * heads of different layers, so the across-layer mean is the same with and without). Every layer has as many
+ * pairs of each kind, so a mean over the layer cells is the mean over the pairs.
+ *
  * Clustering (§2.4 steps 3-5, §8.4h): per layer, K-means on the rows of D = max(S) − S of that layer's units
  * (common/head_clusters.h), with the number of clusters given, or chosen automatically as the k in
  * 2..units−1 with the highest mean silhouette of the D rows (common/kvs_cluster.h kvs_kmeans_auto; a layer of
@@ -74,6 +81,30 @@ void kvs_analysis_heads_sim_free(kvs_analysis_heads_sim *s);
  *  similarity matrix sim [L*n][L*n] with n heads per layer (the §8.4g reading above; with n = 1 the diagonal has
  *  no pair of distinct heads and is NaN). */
 void kvs_analysis_heads_layer_sim(const double *sim, int32_t n_layers, int32_t n, double *out);
+
+/*! kvs_analysis_heads_layer_sim_kv() : the layer-to-layer similarity split by KV head, for a matrix sim
+ *  [L*n][L*n] with n heads per layer, `group` heads per KV head (G for query heads, 1 for units): other[a][b] (L*L,
+ *  caller memory) the mean over the pairs of layer a x layer b that do not share a KV head (on the diagonal: distinct
+ *  heads of different groups; off it: every pair, as kvs_analysis_heads_layer_sim), same[a][b] the mean over the
+ *  pairs of distinct heads that share one (the diagonal only). NaN where there is no such pair (same off the
+ *  diagonal and whenever group is 1; other on the diagonal when the layer is one group). `same` may be NULL. */
+void kvs_analysis_heads_layer_sim_kv(const double *sim, int32_t n_layers, int32_t n, int32_t group, double *other,
+                                     double *same);
+
+/* Within- and across-layer means of one kind of head (the S4 comparison), with and without the pairs that share a
+ * KV head. */
+typedef struct {
+    double within, across;                   /* the mean of the layer matrix's diagonal / off-diagonal cells */
+    double within_other_kv, across_other_kv; /* the same over the pairs that do not share a KV head */
+    double within_same_kv;                   /* over the pairs of distinct heads that share one; NaN when none */
+    int64_t pairs_within, pairs_within_same_kv, pairs_across; /* ordered pairs of distinct heads, all layers */
+} kvs_analysis_heads_split;
+
+/*! kvs_analysis_heads_split_of() : the split of a layer matrix `all` and its split cells `other`, `same`
+ *  (kvs_analysis_heads_layer_sim, kvs_analysis_heads_layer_sim_kv; [L][L]) of n heads per layer, `group` per KV
+ *  head. A mean without a cell is NaN (one layer: no across pair). */
+kvs_analysis_heads_split kvs_analysis_heads_split_of(const double *all, const double *other, const double *same,
+                                                     int32_t n_layers, int32_t n, int32_t group);
 
 /*! kvs_analysis_heads_layer_block() : the n x n block of layer `layer` of a full matrix sim [L*n][L*n] into out. */
 void kvs_analysis_heads_layer_block(const double *sim, int32_t n_layers, int32_t n, int32_t layer, double *out);

@@ -29,7 +29,7 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: kvsim heads TRACE --db DB [--k K] [--clusters N|auto] [--seed S] [--clusters-out FILE]\n"
-            "                   [--stability halves|TRACE2]\n"
+            "                   [--stability halves|TRACE2] [--csv | --json]\n"
             "Head-to-head similarity of TRACE (SyncKV Eq. 2, Fig. 2c) and the K-means clustering of each layer's\n"
             "units that the SyncKV policy replays with (SyncKV App. B.1; POLICY_SPEC 2.4), into the results database.\n"
             "  similarity  S_ij = mean over the decode steps (every generated position) of the overlap coefficient\n"
@@ -40,6 +40,10 @@ static void usage(FILE *f) {
             "              over the heads of layer a paired with the heads of layer b; on the diagonal (a = b) the\n"
             "              pairs of a head with itself are left out, so it is the mean similarity of distinct heads\n"
             "              of the layer. SyncKV's claim: the diagonal (intralayer) is well above the rest.\n"
+            "  same KV head  under GQA the query heads of one KV group read identical keys, so their top-k sets\n"
+            "              agree for a reason that is not head similarity: the within-layer mean is also given\n"
+            "              without those pairs (and over them alone); no pair across layers, and no two units,\n"
+            "              share a KV head, so those means are the same with and without.\n"
             "  clusters    per layer, K-means on the rows of D = max(S) - S of the layer's units (k-means++, 10\n"
             "              seeded restarts, lowest inertia, canonical labels); the representative of a cluster is\n"
             "              the member nearest its centroid. Deterministic for a seed.\n"
@@ -54,6 +58,13 @@ static void usage(FILE *f) {
             "  --stability TRACE2   the same between TRACE and a second trace of the same model\n"
             "  --clusters-out FILE  also write the clustering in the text form SyncKV's clusters=FILE reads\n"
             "                 (common/head_clusters.h); '-' is standard output\n"
+            "  --csv          instead of the text, the layer-to-layer similarity as CSV: kind,scope,layer_a,layer_b,\n"
+            "                 sim,sim_other_kv,sim_same_kv,pairs,pairs_same_kv; scope 'layer' rows are the matrix\n"
+            "                 cells (sim_other_kv: pairs that share no KV head; sim_same_kv: distinct pairs that\n"
+            "                 do), 'within' and 'across' rows (layers empty) the means of the diagonal and off-\n"
+            "                 diagonal cells\n"
+            "  --json         the same as one object: the run, per kind the within/across means with and without\n"
+            "                 the same-KV-head pairs, the cells, and per layer its clusters\n"
             "Results: tables heads_* of DB (results/SCHEMA.md \"Table family heads\"); `kvsim plot DB --kind\n"
             "head-similarity|layer-similarity` draws them.\n",
             KVS_ANALYSIS_HEADS_DEFAULT_K, HEADS_DEFAULT_CLUSTERS);
@@ -95,38 +106,99 @@ static void print_members(const kvs_head_clusters *c, int32_t l) {
     }
 }
 
-/* The layer-to-layer matrix and S4's comparison: the mean of the diagonal against the mean off it. */
-static void print_layer_matrix(const char *what, const double *m, int32_t L) {
+/* The layer-to-layer matrix and S4's comparison: the mean of the diagonal against the mean off it, with and
+ * without the pairs of heads that share a KV head. */
+static void print_layer_matrix(const char *what, const double *m, const kvs_analysis_heads_split *sp, int32_t L) {
     printf("layer-to-layer similarity of %s (row: source layer, column: target layer)\n      ", what);
     for (int32_t b = 0; b < L; b++) printf("  L%-5d", b);
     printf("\n");
-    double intra = 0, inter = 0;
-    int n_intra = 0, n_inter = 0;
     for (int32_t a = 0; a < L; a++) {
         printf("  L%-3d", a);
         for (int32_t b = 0; b < L; b++) {
             double v = m[(size_t)a * (size_t)L + (size_t)b];
-            if (isnan(v)) {
-                printf(" %7s", "-");
-                continue;
-            }
-            printf(" %7.4f", v);
-            if (a == b) intra += v, n_intra++;
-            else inter += v, n_inter++;
+            if (isnan(v)) printf(" %7s", "-");
+            else printf(" %7.4f", v);
         }
         printf("\n");
     }
-    printf("  intralayer (diagonal) mean ");
-    if (n_intra) printf("%.4f", intra / n_intra);
+    printf("  all pairs: intralayer (diagonal) mean ");
+    if (!isnan(sp->within)) printf("%.4f", sp->within);
     else printf("-");
     printf(", interlayer (off-diagonal) mean ");
-    if (n_inter) printf("%.4f\n", inter / n_inter);
+    if (!isnan(sp->across)) printf("%.4f\n", sp->across);
     else printf("- (one layer)\n");
+    if (sp->pairs_within_same_kv == 0) {
+        printf("  no two of them share a KV head: nothing to leave out\n");
+        return;
+    }
+    printf("  without the %lld of %lld intralayer pairs that share a KV head (identical keys): intralayer ",
+           (long long)sp->pairs_within_same_kv, (long long)sp->pairs_within);
+    if (!isnan(sp->within_other_kv)) printf("%.4f", sp->within_other_kv);
+    else printf("- (one KV head)");
+    printf(", interlayer ");
+    if (!isnan(sp->across_other_kv)) printf("%.4f", sp->across_other_kv);
+    else printf("- (one layer)");
+    printf(" (unchanged: no pair across layers shares one); the pairs that share one: %.4f\n", sp->within_same_kv);
+}
+
+/* One kind's cells and means as CSV rows (see usage). */
+static void csv_kind(const char *kind, const double *all, const double *other, const double *same,
+                     const kvs_analysis_heads_split *sp, int32_t L, int32_t n, int32_t group) {
+    char a[64], o[64], s[64];
+    const int64_t per_kv = group < n ? group : n;
+    for (int32_t la = 0; la < L; la++)
+        for (int32_t lb = 0; lb < L; lb++) {
+            const size_t at = (size_t)la * (size_t)L + (size_t)lb;
+            kvs_cli_fmt_real(a, sizeof a, all[at]);
+            kvs_cli_fmt_real(o, sizeof o, other[at]);
+            kvs_cli_fmt_real(s, sizeof s, same[at]);
+            const int64_t pairs = la == lb ? (int64_t)n * (n - 1) : (int64_t)n * n;
+            printf("%s,layer,%d,%d,%s,%s,%s,%lld,%lld\n", kind, la, lb, a, o, s, (long long)pairs,
+                   (long long)(la == lb ? (int64_t)n * (per_kv - 1) : 0));
+        }
+    kvs_cli_fmt_real(a, sizeof a, sp->within);
+    kvs_cli_fmt_real(o, sizeof o, sp->within_other_kv);
+    kvs_cli_fmt_real(s, sizeof s, sp->within_same_kv);
+    printf("%s,within,,,%s,%s,%s,%lld,%lld\n", kind, a, o, s, (long long)sp->pairs_within,
+           (long long)sp->pairs_within_same_kv);
+    kvs_cli_fmt_real(a, sizeof a, sp->across);
+    kvs_cli_fmt_real(o, sizeof o, sp->across_other_kv);
+    printf("%s,across,,,%s,%s,,%lld,0\n", kind, a, o, (long long)sp->pairs_across);
+}
+
+/* One kind's means and cells as a JSON object (see usage). */
+static void json_kind(const char *kind, const double *all, const double *other, const double *same,
+                      const kvs_analysis_heads_split *sp, int32_t L) {
+    printf("\"%s\":{\"within\":", kind);
+    kvs_cli_json_number(stdout, sp->within);
+    printf(",\"within_other_kv\":");
+    kvs_cli_json_number(stdout, sp->within_other_kv);
+    printf(",\"within_same_kv\":");
+    kvs_cli_json_number(stdout, sp->within_same_kv);
+    printf(",\"across\":");
+    kvs_cli_json_number(stdout, sp->across);
+    printf(",\"across_other_kv\":");
+    kvs_cli_json_number(stdout, sp->across_other_kv);
+    printf(",\"pairs_within\":%lld,\"pairs_within_same_kv\":%lld,\"pairs_across\":%lld,\"cells\":[",
+           (long long)sp->pairs_within, (long long)sp->pairs_within_same_kv, (long long)sp->pairs_across);
+    for (int32_t la = 0; la < L; la++)
+        for (int32_t lb = 0; lb < L; lb++) {
+            const size_t at = (size_t)la * (size_t)L + (size_t)lb;
+            printf("%s{\"layer_a\":%d,\"layer_b\":%d,\"sim\":", at ? "," : "", la, lb);
+            kvs_cli_json_number(stdout, all[at]);
+            printf(",\"sim_other_kv\":");
+            kvs_cli_json_number(stdout, other[at]);
+            printf(",\"sim_same_kv\":");
+            kvs_cli_json_number(stdout, same[at]);
+            printf("}");
+        }
+    printf("]}");
 }
 
 int kvs_cmd_heads(int argc, char **argv) {
     const char *path = NULL, *db_path = NULL, *k_s = NULL, *clusters_s = NULL, *seed_s = NULL, *out_s = NULL,
                *stab_s = NULL;
+    int csv = 0, json = 0;
     for (int i = 1; i < argc; i++) {
         int missing = 0, r;
         if (kvs_cli_is_help(argv[i])) {
@@ -141,6 +213,10 @@ int kvs_cmd_heads(int argc, char **argv) {
             if (r < 0) return KVS_EXIT_USAGE;
         } else if (missing) {
             return kvs_cli_usage_error("heads", "option %s needs a value", argv[i]);
+        } else if (!strcmp(argv[i], "--csv")) {
+            if (kvs_cli_once("heads", "--csv", &csv)) return KVS_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--json")) {
+            if (kvs_cli_once("heads", "--json", &json)) return KVS_EXIT_USAGE;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             return kvs_cli_usage_error("heads", "unknown option '%s'", argv[i]);
         } else if (!path) {
@@ -151,6 +227,9 @@ int kvs_cmd_heads(int argc, char **argv) {
     }
     if (!path) return kvs_cli_usage_error("heads", "missing TRACE");
     if (!db_path || !db_path[0]) return kvs_cli_usage_error("heads", "missing --db DB");
+    if (csv && json) return kvs_cli_usage_error("heads", "--csv and --json exclude each other");
+    if ((csv || json) && out_s && kvs_out_path_is_stdout(out_s))
+        return kvs_cli_usage_error("heads", "--clusters-out - and --%s both want standard output", csv ? "csv" : "json");
     kvs_analysis_heads_opts ao = {0};
     long v;
     kvs_status st;
@@ -180,7 +259,7 @@ int kvs_cmd_heads(int argc, char **argv) {
     kvs_analysis_heads_sim *s = NULL, *s2 = NULL;
     kvs_head_clusters *cl = NULL, *ca = NULL, *cb = NULL;
     kvs_results_db *db = NULL;
-    double *sil = NULL, *sil_a = NULL, *sil_b = NULL, *ari = NULL, *lsq = NULL, *lsu = NULL;
+    double *sil = NULL, *sil_a = NULL, *sil_b = NULL, *ari = NULL, *lsq = NULL, *lsu = NULL, *kv = NULL;
     char notes[512] = "";
     if ((st = kvs_trace_open(path, &t)) != KVS_OK) {
         rc = kvs_cli_fail("heads", st == KVS_ERR_INVALID_ARG ? KVS_ERR_IO : st);
@@ -239,12 +318,18 @@ int kvs_cmd_heads(int argc, char **argv) {
     ari = malloc((size_t)L * sizeof *ari);
     lsq = malloc((size_t)L * (size_t)L * sizeof *lsq);
     lsu = malloc((size_t)L * (size_t)L * sizeof *lsu);
-    if (!sil || !sil_a || !sil_b || !ari || !lsq || !lsu) {
+    kv = malloc((size_t)4 * (size_t)L * (size_t)L * sizeof *kv); /* query other, query same, unit other, unit same */
+    if (!sil || !sil_a || !sil_b || !ari || !lsq || !lsu || !kv) {
         rc = kvs_cli_fail("heads", kvs_fail(KVS_ERR_NOMEM, "out of memory"));
         goto cleanup;
     }
     kvs_analysis_heads_layer_sim(s->qhead_sim, L, H, lsq);
     kvs_analysis_heads_layer_sim(s->unit_sim, L, U, lsu);
+    const size_t LL = (size_t)L * (size_t)L;
+    kvs_analysis_heads_layer_sim_kv(s->qhead_sim, L, H, H / U, kv, kv + LL);
+    kvs_analysis_heads_layer_sim_kv(s->unit_sim, L, U, 1, kv + 2 * LL, kv + 3 * LL);
+    const kvs_analysis_heads_split split_q = kvs_analysis_heads_split_of(lsq, kv, kv + LL, L, H, H / U),
+                                   split_u = kvs_analysis_heads_split_of(lsu, kv + 2 * LL, kv + 3 * LL, L, U, 1);
     st = cluster_all(s, NULL, n_clusters, seed, &cl, sil);
     if (st == KVS_OK && ao.halves) st = cluster_all(s, s->unit_sim_half[0], n_clusters, seed, &ca, sil_a);
     if (st == KVS_OK && ao.halves) st = cluster_all(s, s->unit_sim_half[1], n_clusters, seed, &cb, sil_b);
@@ -297,11 +382,46 @@ int kvs_cmd_heads(int argc, char **argv) {
         rc = kvs_cli_finish_stdout("heads");
         goto cleanup;
     }
+    if (csv) {
+        printf("kind,scope,layer_a,layer_b,sim,sim_other_kv,sim_same_kv,pairs,pairs_same_kv\n");
+        csv_kind("query", lsq, kv, kv + LL, &split_q, L, H, H / U);
+        csv_kind("unit", lsu, kv + 2 * LL, kv + 3 * LL, &split_u, L, U, 1);
+        rc = kvs_cli_finish_stdout("heads");
+        goto cleanup;
+    }
+    if (json) {
+        printf("{\"trace\":");
+        kvs_cli_json_string(stdout, path);
+        printf(",\"model\":");
+        kvs_cli_json_string(stdout, info->model.model_name);
+        printf(",\"db\":");
+        kvs_cli_json_string(stdout, db_path);
+        printf(",\"run_id\":%lld,\"n_layers\":%d,\"n_heads\":%d,\"n_kv_heads\":%d,\"k\":%lld,\"n_steps\":%lld,",
+               (long long)run_id, L, H, U, (long long)s->k, (long long)s->n_steps);
+        json_kind("query", lsq, kv, kv + LL, &split_q, L);
+        printf(",");
+        json_kind("unit", lsu, kv + 2 * LL, kv + 3 * LL, &split_u, L);
+        printf(",\"layers\":[");
+        for (int32_t l = 0; l < L; l++) {
+            printf("%s\n{\"layer\":%d,\"n_clusters\":%d,\"silhouette\":", l ? "," : "", l, cl->n_clusters[l]);
+            kvs_cli_json_number(stdout, sil[l]);
+            printf(",\"ari\":");
+            kvs_cli_json_number(stdout, ca ? ari[l] : NAN);
+            printf(",\"cluster\":[");
+            for (int32_t u = 0; u < U; u++) printf("%s%d", u ? "," : "", cl->cluster[(size_t)l * (size_t)U + (size_t)u]);
+            printf("],\"is_rep\":[");
+            for (int32_t u = 0; u < U; u++) printf("%s%d", u ? "," : "", cl->is_rep[(size_t)l * (size_t)U + (size_t)u] ? 1 : 0);
+            printf("]}");
+        }
+        printf("\n]}\n");
+        rc = kvs_cli_finish_stdout("heads");
+        goto cleanup;
+    }
     printf("%s: %s, %d layers x %d query heads (%d KV heads = units), %lld decode steps, k_c = %lld\n", path,
            info->model.model_name, L, H, U, (long long)s->n_steps, (long long)s->k);
     if (notes[0]) printf("note: %s\n", notes);
-    print_layer_matrix("query heads", lsq, L);
-    print_layer_matrix("units (KV groups, MAX-pooled)", lsu, L);
+    print_layer_matrix("query heads", lsq, &split_q, L);
+    print_layer_matrix("units (KV groups, MAX-pooled)", lsu, &split_u, L);
     printf("clusters of units per layer (K-means on the rows of D = max(S) - S, seed %llu, ", (unsigned long long)seed);
     if (n_clusters) printf("%d clusters", n_clusters);
     else printf("number of clusters by silhouette over 2..%d", U - 1);
@@ -346,6 +466,7 @@ cleanup:
     free(ari);
     free(lsq);
     free(lsu);
+    free(kv);
     kvs_trace_close(t);
     kvs_trace_close(t2);
     return rc;

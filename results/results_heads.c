@@ -2,6 +2,11 @@
  * (SyncKV Eq. 2 similarity, Fig. 2c layer-to-layer similarity, App. B.1 clustering and its stability, POLICY_SPEC
  * §2.4, §5.4 S4/S12), written in one transaction through results/results_internal.h, and their readers.
  * Implements results/results_heads.h.
+ *
+ * The old form: tables written before the split by KV head lack heads_similarity.same_kv and
+ * heads_layer_similarity.sim_other_kv / sim_same_kv. The writer adds the columns (ALTER TABLE in its transaction;
+ * earlier runs' rows hold NULL there) and the reader gives such a run the split computed from its stored pair
+ * matrix by analysis/heads.h (kvs_analysis_heads_layer_sim_kv), the function the writer stores.
  */
 #include "results_heads.h"
 
@@ -9,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../analysis/heads.h"
 #include "results_internal.h"
 
 /* The shared column helpers of results/results_internal.h under their short names. */
@@ -42,6 +48,7 @@ static const char heads_ddl[] =
     "  layer_b INTEGER NOT NULL,\n"
     "  head_b INTEGER NOT NULL,\n"
     "  sim REAL NOT NULL,\n"
+    "  same_kv INTEGER,\n"
     "  PRIMARY KEY (run_id, kind, layer_a, head_a, layer_b, head_b)\n"
     ") WITHOUT ROWID;\n"
     "CREATE TABLE IF NOT EXISTS heads_layer_similarity (\n"
@@ -50,6 +57,8 @@ static const char heads_ddl[] =
     "  layer_a INTEGER NOT NULL,\n"
     "  layer_b INTEGER NOT NULL,\n"
     "  sim REAL,\n"
+    "  sim_other_kv REAL,\n"
+    "  sim_same_kv REAL,\n"
     "  PRIMARY KEY (run_id, kind, layer_a, layer_b)\n"
     ") WITHOUT ROWID;\n"
     "CREATE TABLE IF NOT EXISTS heads_layers (\n"
@@ -78,6 +87,39 @@ static void bind_real_or_null(sqlite3_stmt *st, int i, double v) {
 
 static double column_real_or_nan(sqlite3_stmt *st, int i) {
     return sqlite3_column_type(st, i) == SQLITE_NULL ? NAN : sqlite3_column_double(st, i);
+}
+
+/* 1 when `table` has column `col`, 0 when not, -1 (with kvs_fail) on a database error. */
+static int has_column(kvs_results_db *db, const char *table, const char *col) {
+    sqlite3_stmt *q = NULL;
+    if (kvs_results_prepare(db, "SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2", &q, "cannot read the heads columns") !=
+        KVS_OK)
+        return -1;
+    sqlite3_bind_text(q, 1, table, -1, SQLITE_STATIC);
+    sqlite3_bind_text(q, 2, col, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(q);
+    sqlite3_finalize(q);
+    if (rc == SQLITE_ROW) return 1;
+    if (rc == SQLITE_DONE) return 0;
+    kvs_results_db_error(db, "cannot read the heads columns");
+    return -1;
+}
+
+/* The columns of the split by KV head, added to tables of the old form (inside the writer's transaction). */
+static kvs_status add_kv_columns(kvs_results_db *db) {
+    static const char *const add[][3] = {{"heads_similarity", "same_kv", "INTEGER"},
+                                         {"heads_layer_similarity", "sim_other_kv", "REAL"},
+                                         {"heads_layer_similarity", "sim_same_kv", "REAL"}};
+    for (size_t i = 0; i < sizeof add / sizeof add[0]; i++) {
+        int has = has_column(db, add[i][0], add[i][1]);
+        if (has < 0) return KVS_ERR_DB;
+        if (has) continue;
+        char sql[160];
+        snprintf(sql, sizeof sql, "ALTER TABLE %s ADD COLUMN %s %s", add[i][0], add[i][1], add[i][2]);
+        kvs_status st = kvs_results_exec(db, sql, "cannot add the heads KV-head columns");
+        if (st != KVS_OK) return st;
+    }
+    return KVS_OK;
 }
 
 static kvs_status check_clusters(const kvs_results_db *db, const kvs_head_clusters *c, const kvs_results_heads_data *d,
@@ -109,8 +151,9 @@ static kvs_status put_clusters(kvs_results_db *db, sqlite3_stmt *ins, int64_t ru
     return st;
 }
 
+/* The pair matrix of `kind`, n heads per layer, `group` of them per KV head (same_kv: same layer, same KV head). */
 static kvs_status put_matrix(kvs_results_db *db, sqlite3_stmt *ins, int64_t run_id, const char *kind, int32_t L,
-                             int32_t n, const double *m) {
+                             int32_t n, int32_t group, const double *m) {
     const size_t w = (size_t)L * (size_t)n;
     kvs_status st = KVS_OK;
     for (size_t i = 0; i < w && st == KVS_OK; i++)
@@ -122,13 +165,15 @@ static kvs_status put_matrix(kvs_results_db *db, sqlite3_stmt *ins, int64_t run_
             sqlite3_bind_int(ins, 5, (int)(j / (size_t)n));
             sqlite3_bind_int(ins, 6, (int)(j % (size_t)n));
             sqlite3_bind_double(ins, 7, m[i * w + j]);
+            sqlite3_bind_int(ins, 8, i / (size_t)n == j / (size_t)n && (i % (size_t)n) / (size_t)group == (j % (size_t)n) / (size_t)group);
             st = kvs_results_step_done(db, ins, "cannot insert heads_similarity");
         }
     return st;
 }
 
+/* The layer matrix m of `kind` with its split by KV head (other, same). */
 static kvs_status put_layer_matrix(kvs_results_db *db, sqlite3_stmt *ins, int64_t run_id, const char *kind, int32_t L,
-                                   const double *m) {
+                                   const double *m, const double *other, const double *same) {
     kvs_status st = KVS_OK;
     for (int32_t a = 0; a < L && st == KVS_OK; a++)
         for (int32_t b = 0; b < L && st == KVS_OK; b++) {
@@ -137,6 +182,8 @@ static kvs_status put_layer_matrix(kvs_results_db *db, sqlite3_stmt *ins, int64_
             sqlite3_bind_int(ins, 3, a);
             sqlite3_bind_int(ins, 4, b);
             bind_real_or_null(ins, 5, m[(size_t)a * (size_t)L + (size_t)b]);
+            bind_real_or_null(ins, 6, other[(size_t)a * (size_t)L + (size_t)b]);
+            bind_real_or_null(ins, 7, same[(size_t)a * (size_t)L + (size_t)b]);
             st = kvs_results_step_done(db, ins, "cannot insert heads_layer_similarity");
         }
     return st;
@@ -148,7 +195,7 @@ kvs_status kvs_results_heads_write(kvs_results_db *db, const kvs_results_trace *
         return kvs_fail(KVS_ERR_INVALID_ARG, "heads: write: NULL argument");
     const char *path = kvs_results_path(db);
     const int32_t L = d->n_layers, H = d->n_heads, U = d->n_kv_heads;
-    if (L != trace->n_layers || H != trace->n_heads || U != trace->n_kv_heads || L < 1 || U < 1)
+    if (L != trace->n_layers || H != trace->n_heads || U != trace->n_kv_heads || L < 1 || U < 1 || H < U || H % U)
         return kvs_fail(KVS_ERR_INVALID_ARG, "%s: heads: %d layers x %d heads / %d KV heads do not match the trace "
                                              "(%d x %d / %d)",
                         path, L, H, U, trace->n_layers, trace->n_heads, trace->n_kv_heads);
@@ -167,10 +214,21 @@ kvs_status kvs_results_heads_write(kvs_results_db *db, const kvs_results_trace *
     char sha[65];
     if ((st = kvs_head_clusters_sha256(d->clusters, sha)) != KVS_OK) return st;
 
+    /* The split by KV head of both layer matrices: [4][L][L] query other, query same, unit other, unit same. */
+    const size_t LL = (size_t)L * (size_t)L;
+    double *split = malloc(4 * LL * sizeof *split);
+    if (!split) return kvs_fail(KVS_ERR_NOMEM, "heads: out of memory");
+    kvs_analysis_heads_layer_sim_kv(d->qhead_sim, L, H, H / U, split, split + LL);
+    kvs_analysis_heads_layer_sim_kv(d->unit_sim, L, U, 1, split + 2 * LL, split + 3 * LL);
+
     sqlite3_stmt *ins_run = NULL, *ins_sim = NULL, *ins_lsim = NULL, *ins_layer = NULL, *ins_cl = NULL;
-    if ((st = kvs_results_txn_begin(db, "cannot begin the heads transaction")) != KVS_OK) return st;
+    if ((st = kvs_results_txn_begin(db, "cannot begin the heads transaction")) != KVS_OK) {
+        free(split);
+        return st;
+    }
     int64_t trace_id = 0, trace2_id = 0, id = 0;
     KVS_TRY(st = kvs_results_exec(db, heads_ddl, "cannot create the heads tables"));
+    KVS_TRY(st = add_kv_columns(db));
     KVS_TRY(st = kvs_results_trace_id(db, trace, &trace_id));
     if (stab && !strcmp(run->stability, "trace")) KVS_TRY(st = kvs_results_trace_id(db, run->stability_trace, &trace2_id));
     KVS_TRY(st = kvs_results_prepare(db,
@@ -198,17 +256,17 @@ kvs_status kvs_results_heads_write(kvs_results_db *db, const kvs_results_trace *
     id = sqlite3_last_insert_rowid(kvs_results_sqlite(db));
 
     KVS_TRY(st = kvs_results_prepare(db,
-                                     "INSERT INTO heads_similarity (run_id, kind, layer_a, head_a, layer_b, head_b, sim) "
-                                     "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                                     "INSERT INTO heads_similarity (run_id, kind, layer_a, head_a, layer_b, head_b, sim, "
+                                     "same_kv) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                                      &ins_sim, "cannot prepare the heads_similarity insert"));
-    KVS_TRY(st = put_matrix(db, ins_sim, id, "query", L, H, d->qhead_sim));
-    KVS_TRY(st = put_matrix(db, ins_sim, id, "unit", L, U, d->unit_sim));
+    KVS_TRY(st = put_matrix(db, ins_sim, id, "query", L, H, H / U, d->qhead_sim));
+    KVS_TRY(st = put_matrix(db, ins_sim, id, "unit", L, U, 1, d->unit_sim));
     KVS_TRY(st = kvs_results_prepare(db,
-                                     "INSERT INTO heads_layer_similarity (run_id, kind, layer_a, layer_b, sim) "
-                                     "VALUES (?1, ?2, ?3, ?4, ?5)",
+                                     "INSERT INTO heads_layer_similarity (run_id, kind, layer_a, layer_b, sim, "
+                                     "sim_other_kv, sim_same_kv) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                                      &ins_lsim, "cannot prepare the heads_layer_similarity insert"));
-    KVS_TRY(st = put_layer_matrix(db, ins_lsim, id, "query", L, d->layer_sim_q));
-    KVS_TRY(st = put_layer_matrix(db, ins_lsim, id, "unit", L, d->layer_sim_u));
+    KVS_TRY(st = put_layer_matrix(db, ins_lsim, id, "query", L, d->layer_sim_q, split, split + LL));
+    KVS_TRY(st = put_layer_matrix(db, ins_lsim, id, "unit", L, d->layer_sim_u, split + 2 * LL, split + 3 * LL));
     KVS_TRY(st = kvs_results_prepare(db,
                                      "INSERT INTO heads_layers (run_id, layer, n_clusters, silhouette, ari) "
                                      "VALUES (?1, ?2, ?3, ?4, ?5)",
@@ -238,6 +296,7 @@ cleanup:
     sqlite3_finalize(ins_lsim);
     sqlite3_finalize(ins_layer);
     sqlite3_finalize(ins_cl);
+    free(split);
     if (st != KVS_OK) kvs_results_txn_rollback(db);
     return st;
 }
@@ -306,9 +365,9 @@ cleanup:
     return st;
 }
 
-/* A full square matrix of `kind` from heads_similarity or heads_layer_similarity (`layer_level`). */
-static kvs_status read_matrix(kvs_results_db *db, int64_t id, const char *kind, int layer_level, int32_t L, int32_t n,
-                              double **out) {
+/* A full square matrix of `kind` from heads_similarity or column `col` of heads_layer_similarity (`layer_level`). */
+static kvs_status read_matrix(kvs_results_db *db, int64_t id, const char *kind, int layer_level, const char *col,
+                              int32_t L, int32_t n, double **out) {
     const size_t w = layer_level ? (size_t)L : (size_t)L * (size_t)n;
     sqlite3_stmt *q = NULL;
     double *m = malloc(w * w * sizeof *m);
@@ -318,12 +377,14 @@ static kvs_status read_matrix(kvs_results_db *db, int64_t id, const char *kind, 
         st = kvs_fail(KVS_ERR_NOMEM, "heads: out of memory");
         goto cleanup;
     }
-    KVS_TRY(st = kvs_results_prepare(db,
-                                     layer_level ? "SELECT layer_a, 0, layer_b, 0, sim FROM heads_layer_similarity "
-                                                   "WHERE run_id = ?1 AND kind = ?2"
-                                                 : "SELECT layer_a, head_a, layer_b, head_b, sim FROM heads_similarity "
-                                                   "WHERE run_id = ?1 AND kind = ?2",
-                                     &q, "cannot read the heads similarity"));
+    char sql[192];
+    if (layer_level)
+        snprintf(sql, sizeof sql, "SELECT layer_a, 0, layer_b, 0, %s FROM heads_layer_similarity WHERE run_id = ?1 AND "
+                                  "kind = ?2", col);
+    else
+        snprintf(sql, sizeof sql, "SELECT layer_a, head_a, layer_b, head_b, sim FROM heads_similarity WHERE run_id = ?1 "
+                                  "AND kind = ?2");
+    KVS_TRY(st = kvs_results_prepare(db, sql, &q, "cannot read the heads similarity"));
     sqlite3_bind_int64(q, 1, id);
     sqlite3_bind_text(q, 2, kind, -1, SQLITE_STATIC);
     size_t rows = 0;
@@ -412,6 +473,41 @@ static kvs_status find_run(kvs_results_db *db, int64_t want, const char *trace_p
     return st;
 }
 
+/* The split by KV head of run r (its pair matrices already read): the stored cells, or for a run of the old form
+ * (no column, or a run written before it was added: every cell NULL) the ones its pair matrices give. */
+static kvs_status read_kv_split(kvs_results_db *db, kvs_results_heads_row *r) {
+    const int32_t L = r->n_layers;
+    int stored = has_column(db, "heads_layer_similarity", "sim_other_kv");
+    if (stored < 0) return KVS_ERR_DB;
+    if (stored) {
+        sqlite3_stmt *q = NULL;
+        kvs_status st = kvs_results_prepare(db, "SELECT count(sim_other_kv) FROM heads_layer_similarity WHERE run_id = ?1",
+                                            &q, "cannot read the heads similarity");
+        if (st != KVS_OK) return st;
+        sqlite3_bind_int64(q, 1, r->id);
+        int rc = sqlite3_step(q);
+        stored = rc == SQLITE_ROW && sqlite3_column_int64(q, 0) > 0;
+        sqlite3_finalize(q);
+        if (rc != SQLITE_ROW) return kvs_results_db_error(db, "cannot read the heads similarity");
+    }
+    if (stored) {
+        kvs_status st = read_matrix(db, r->id, "query", 1, "sim_other_kv", L, 1, &r->layer_sim_q_other_kv);
+        if (st == KVS_OK) st = read_matrix(db, r->id, "query", 1, "sim_same_kv", L, 1, &r->layer_sim_q_same_kv);
+        if (st == KVS_OK) st = read_matrix(db, r->id, "unit", 1, "sim_other_kv", L, 1, &r->layer_sim_u_other_kv);
+        return st;
+    }
+    const size_t LL = (size_t)L * (size_t)L;
+    r->layer_sim_q_other_kv = malloc(LL * sizeof(double));
+    r->layer_sim_q_same_kv = malloc(LL * sizeof(double));
+    r->layer_sim_u_other_kv = malloc(LL * sizeof(double));
+    if (!r->layer_sim_q_other_kv || !r->layer_sim_q_same_kv || !r->layer_sim_u_other_kv)
+        return kvs_fail(KVS_ERR_NOMEM, "heads: out of memory");
+    kvs_analysis_heads_layer_sim_kv(r->qhead_sim, L, r->n_heads, r->n_heads / r->n_kv_heads, r->layer_sim_q_other_kv,
+                                    r->layer_sim_q_same_kv);
+    kvs_analysis_heads_layer_sim_kv(r->unit_sim, L, r->n_kv_heads, 1, r->layer_sim_u_other_kv, NULL);
+    return KVS_OK;
+}
+
 void kvs_results_heads_row_free(kvs_results_heads_row *r) {
     if (!r) return;
     free(r->trace_path);
@@ -424,6 +520,9 @@ void kvs_results_heads_row_free(kvs_results_heads_row *r) {
     free(r->unit_sim);
     free(r->layer_sim_q);
     free(r->layer_sim_u);
+    free(r->layer_sim_q_other_kv);
+    free(r->layer_sim_q_same_kv);
+    free(r->layer_sim_u_other_kv);
     kvs_head_clusters_free(r->clusters);
     free(r->silhouette);
     free(r->ari);
@@ -441,10 +540,11 @@ kvs_status kvs_results_heads_read(kvs_results_db *db, int64_t heads_run_id, cons
     if (!r) return kvs_fail(KVS_ERR_NOMEM, "heads: out of memory");
     KVS_TRY(st = find_run(db, heads_run_id, trace_path, model, r));
     const int32_t L = r->n_layers;
-    KVS_TRY(st = read_matrix(db, r->id, "query", 0, L, r->n_heads, &r->qhead_sim));
-    KVS_TRY(st = read_matrix(db, r->id, "unit", 0, L, r->n_kv_heads, &r->unit_sim));
-    KVS_TRY(st = read_matrix(db, r->id, "query", 1, L, 1, &r->layer_sim_q));
-    KVS_TRY(st = read_matrix(db, r->id, "unit", 1, L, 1, &r->layer_sim_u));
+    KVS_TRY(st = read_matrix(db, r->id, "query", 0, NULL, L, r->n_heads, &r->qhead_sim));
+    KVS_TRY(st = read_matrix(db, r->id, "unit", 0, NULL, L, r->n_kv_heads, &r->unit_sim));
+    KVS_TRY(st = read_matrix(db, r->id, "query", 1, "sim", L, 1, &r->layer_sim_q));
+    KVS_TRY(st = read_matrix(db, r->id, "unit", 1, "sim", L, 1, &r->layer_sim_u));
+    KVS_TRY(st = read_kv_split(db, r));
     KVS_TRY(st = read_clusters_part(db, r->id, "all", L, r->n_kv_heads, &r->clusters));
     r->silhouette = malloc((size_t)L * sizeof *r->silhouette);
     r->ari = malloc((size_t)L * sizeof *r->ari);

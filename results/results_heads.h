@@ -42,7 +42,8 @@ typedef struct {
 
 /*! kvs_results_heads_write() : writes the trace row (if new), the heads_runs row and every table of the family
  *  in one transaction (creating the tables when the database has none); *run_id receives the new id (may be
- *  NULL). KVS_ERR_INVALID_ARG (nothing written) when the shapes disagree with the trace or a clustering fails
+ *  NULL). The split of the layer matrices by KV head (which pairs share one, their means) is computed here from
+ *  the pair matrices, by analysis/heads.h kvs_analysis_heads_layer_sim_kv: it cannot disagree with them. KVS_ERR_INVALID_ARG (nothing written) when the shapes disagree with the trace or a clustering fails
  *  kvs_head_clusters_check; KVS_ERR_STATE on a read-only handle; KVS_ERR_DB on a database error (rolled back). */
 kvs_status kvs_results_heads_write(kvs_results_db *db, const kvs_results_trace *trace, const kvs_results_heads_run *run,
                                    const kvs_results_heads_data *d, int64_t *run_id);
@@ -65,6 +66,9 @@ typedef struct {
     uint64_t seed;
     double *qhead_sim, *unit_sim;       /* [L*H][L*H], [L*U][L*U] */
     double *layer_sim_q, *layer_sim_u;  /* [L][L] */
+    /* [L][L] the split by KV head (analysis/heads.h kvs_analysis_heads_layer_sim_kv): of query heads over the pairs
+     * that do not share a KV head and over the distinct pairs that do (NaN where none), of units (none share) */
+    double *layer_sim_q_other_kv, *layer_sim_q_same_kv, *layer_sim_u_other_kv;
     kvs_head_clusters *clusters;        /* the run's clustering */
     double *silhouette;                 /* [L], NaN = undefined */
     double *ari;                        /* [L], NaN = no stability measured */

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <sqlite3.h>
 
 #include "analysis/heads.h"
 #include "common/kvs_cluster.h"
@@ -526,6 +527,234 @@ static void test_heads_plots(void **state) {
     kvs_analysis_heads_sim_free(s);
 }
 
+
+/* The within/across split of the query heads' similarity by brute force over every ordered pair of distinct heads:
+ * classified by (layer, KV head = head / G) straight from the pair matrix, pooled means over the pairs. */
+typedef struct {
+    double within, within_other, within_same, across;
+    int64_t n_within, n_same, n_across;
+} brute_split;
+
+static brute_split brute_split_of(const double *q, int L, int H, int G) {
+    brute_split b = {0};
+    double s_other = 0;
+    for (int la = 0; la < L; la++)
+        for (int i = 0; i < H; i++)
+            for (int lb = 0; lb < L; lb++)
+                for (int j = 0; j < H; j++) {
+                    if (la == lb && i == j) continue;
+                    const double v = q[(la * H + i) * L * H + lb * H + j];
+                    if (la != lb) {
+                        b.across += v, b.n_across++;
+                        continue;
+                    }
+                    b.within += v, b.n_within++;
+                    if (i / G == j / G) b.within_same += v, b.n_same++;
+                    else s_other += v;
+                }
+    b.within_other = s_other / (double)(b.n_within - b.n_same);
+    b.within /= (double)b.n_within;
+    b.within_same /= (double)b.n_same;
+    b.across /= (double)b.n_across;
+    return b;
+}
+
+/* A field of a CSV line after `key` (field index `field` counted from there); NaN for an empty field. */
+static double csv_field(const char *text, const char *key, int field) {
+    const char *p = strstr(text, key);
+    if (!p) fail_msg("no '%s' in the CSV", key);
+    p += strlen(key);
+    for (int i = 0; i < field; i++) p = strchr(p, ',') + 1;
+    if (*p == ',' || *p == '\n') return NAN;
+    return strtod(p, NULL);
+}
+
+/* The number after `"key":` following `after` in a JSON text. */
+static double json_field(const char *text, const char *after, const char *key) {
+    const char *p = strstr(text, after);
+    if (!p) fail_msg("no '%s' in the JSON", after);
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\":", key);
+    p = strstr(p, pat);
+    if (!p) fail_msg("no '%s' after '%s' in the JSON", key, after);
+    p += strlen(pat);
+    return !strncmp(p, "null", 4) ? NAN : strtod(p, NULL);
+}
+
+/* The number printed (4 decimals) after the first `label` of text is v. */
+static void assert_text_number(const char *text, const char *label, double v) {
+    const char *p = text ? strstr(text, label) : NULL;
+    if (!p) fail_msg("no '%s' in '%s'", label, text ? text : "(null)");
+    const double got = strtod(p + strlen(label), NULL);
+    if (!(fabs(got - v) <= 0.5e-4 + 1e-12)) fail_msg("'%s' %.4f, expected %.6f", label, got, v);
+}
+
+static void assert_same_or_nan(double a, double b) {
+    if (isnan(a) && isnan(b)) return;
+    assert_close(a, b);
+}
+
+/* Pairs of query heads that share a KV head (same GQA group: identical keys) are split from the others: the
+ * analysis' cells and means, `kvsim heads` text, CSV and JSON, and the tables (per pair same_kv, per cell
+ * sim_other_kv / sim_same_kv) against a brute force over the pairs of the brute-force similarity. Then the old
+ * form (tables without the new columns) reads back the same split. */
+static void test_same_kv_pairs_split(void **state) {
+    fixture *f = *state;
+    const int L = 3, H = 4, U = 2, G = 2;
+    naive_sim ref = naive_similarity(f->g, K);
+    const brute_split b = brute_split_of(ref.q, L, H, G);
+    assert_int_equal(b.n_within, L * H * (H - 1));
+    assert_int_equal(b.n_same, L * H * (G - 1));
+    assert_true(fabs(b.within_same - b.within_other) > 1e-3); /* the fixture tells the two kinds of pair apart */
+
+    kvs_analysis_heads_opts ao = {.k = K};
+    kvs_analysis_heads_sim *s = NULL;
+    assert_int_equal(kvs_analysis_heads_similarity(f->t, &ao, &s), KVS_OK);
+    double all[9], other[9], same[9], uall[9], uother[9], usame[9];
+    kvs_analysis_heads_layer_sim(s->qhead_sim, L, H, all);
+    kvs_analysis_heads_layer_sim_kv(s->qhead_sim, L, H, G, other, same);
+    kvs_analysis_heads_layer_sim(s->unit_sim, L, U, uall);
+    kvs_analysis_heads_layer_sim_kv(s->unit_sim, L, U, 1, uother, usame);
+    /* per cell, against the pairs of that cell */
+    for (int la = 0; la < L; la++)
+        for (int lb = 0; lb < L; lb++) {
+            double so = 0, ss = 0;
+            int no = 0, ns = 0;
+            for (int i = 0; i < H; i++)
+                for (int j = 0; j < H; j++) {
+                    if (la == lb && i == j) continue;
+                    const double v = ref.q[(la * H + i) * L * H + lb * H + j];
+                    if (la == lb && i / G == j / G) ss += v, ns++;
+                    else so += v, no++;
+                }
+            assert_close(other[la * L + lb], so / no);
+            if (ns) assert_close(same[la * L + lb], ss / ns);
+            else assert_true(isnan(same[la * L + lb]));
+            assert_close(uother[la * L + lb], uall[la * L + lb]); /* units never share a KV head */
+            assert_true(isnan(usame[la * L + lb]));
+        }
+    const kvs_analysis_heads_split sp = kvs_analysis_heads_split_of(all, other, same, L, H, G);
+    assert_close(sp.within, b.within);
+    assert_close(sp.within_other_kv, b.within_other);
+    assert_close(sp.within_same_kv, b.within_same);
+    assert_close(sp.across, b.across);
+    assert_close(sp.across_other_kv, b.across);
+    assert_int_equal(sp.pairs_within, b.n_within);
+    assert_int_equal(sp.pairs_within_same_kv, b.n_same);
+    assert_int_equal(sp.pairs_across, b.n_across);
+    const kvs_analysis_heads_split su = kvs_analysis_heads_split_of(uall, uother, usame, L, U, 1);
+    assert_int_equal(su.pairs_within_same_kv, 0);
+    assert_close(su.within_other_kv, su.within);
+    assert_true(isnan(su.within_same_kv));
+    kvs_analysis_heads_sim_free(s);
+    if (!bin()) {
+        naive_free(&ref);
+        return;
+    }
+
+    char out[160], err[160];
+    snprintf(out, sizeof out, "%s/out.txt", f->dir);
+    snprintf(err, sizeof err, "%s/err.txt", f->dir);
+    /* text: the old line kept (labelled), the split beside it */
+    const char *a_text[] = {"heads", f->path, "--db", f->db, "--k", "4", NULL};
+    assert_int_equal(kvs_test_cli(out, err, a_text), 0);
+    char *t = kvs_test_slurp(out, NULL), want[160];
+    assert_text_number(t, "all pairs: intralayer (diagonal) mean ", b.within);
+    assert_text_number(t, ", interlayer (off-diagonal) mean ", b.across);
+    snprintf(want, sizeof want, "without the %lld of %lld intralayer pairs that share a KV head (identical keys): intralayer ",
+             (long long)b.n_same, (long long)b.n_within);
+    assert_text_number(t, want, b.within_other);
+    assert_text_number(strstr(t, want), ", interlayer ", b.across);
+    assert_text_number(t, "the pairs that share one: ", b.within_same);
+    assert_non_null(strstr(t, "no two of them share a KV head")); /* units */
+    free(t);
+    /* CSV */
+    const char *a_csv[] = {"heads", f->path, "--db", f->db, "--k", "4", "--csv", NULL};
+    assert_int_equal(kvs_test_cli(out, err, a_csv), 0);
+    t = kvs_test_slurp(out, NULL);
+    static const char header[] = "kind,scope,layer_a,layer_b,sim,sim_other_kv,sim_same_kv,pairs,pairs_same_kv\n";
+    assert_true(!strncmp(t, header, strlen(header)));
+    assert_close(csv_field(t, "\nquery,within,,,", 0), b.within);
+    assert_close(csv_field(t, "\nquery,within,,,", 1), b.within_other);
+    assert_close(csv_field(t, "\nquery,within,,,", 2), b.within_same);
+    assert_close(csv_field(t, "\nquery,within,,,", 3), (double)b.n_within);
+    assert_close(csv_field(t, "\nquery,within,,,", 4), (double)b.n_same);
+    assert_close(csv_field(t, "\nquery,across,,,", 0), b.across);
+    assert_close(csv_field(t, "\nquery,across,,,", 1), b.across);
+    assert_true(isnan(csv_field(t, "\nunit,within,,,", 2)));
+    assert_close(csv_field(t, "\nquery,layer,1,1,", 1), other[1 * L + 1]);
+    assert_close(csv_field(t, "\nquery,layer,1,1,", 2), same[1 * L + 1]);
+    assert_true(isnan(csv_field(t, "\nquery,layer,0,2,", 2)));
+    free(t);
+    /* JSON */
+    const char *a_json[] = {"heads", f->path, "--db", f->db, "--k", "4", "--json", NULL};
+    assert_int_equal(kvs_test_cli(out, err, a_json), 0);
+    t = kvs_test_slurp(out, NULL);
+    assert_close(json_field(t, "\"query\":", "within"), b.within);
+    assert_close(json_field(t, "\"query\":", "within_other_kv"), b.within_other);
+    assert_close(json_field(t, "\"query\":", "within_same_kv"), b.within_same);
+    assert_close(json_field(t, "\"query\":", "across_other_kv"), b.across);
+    assert_true(isnan(json_field(t, "\"unit\":", "within_same_kv")));
+    free(t);
+    /* both, or one with the clusters file on standard output: usage errors */
+    const char *a_both[] = {"heads", f->path, "--db", f->db, "--csv", "--json", NULL};
+    assert_int_equal(kvs_test_cli(out, err, a_both), 2);
+    const char *a_stdout[] = {"heads", f->path, "--db", f->db, "--csv", "--clusters-out", "-", NULL};
+    assert_int_equal(kvs_test_cli(out, err, a_stdout), 2);
+
+    /* the tables: every pair's same_kv, every cell's split, and the reader (runs 1-3 are the three above) */
+    for (int form = 0; form < 2; form++) {
+        kvs_results_db *db = NULL;
+        assert_int_equal(kvs_results_open_readonly(f->db, &db), KVS_OK);
+        kvs_results_heads_row *r = NULL;
+        assert_int_equal(kvs_results_heads_read(db, 1, NULL, NULL, &r), KVS_OK);
+        for (int i = 0; i < L * L; i++) {
+            assert_same_or_nan(r->layer_sim_q_other_kv[i], other[i]);
+            assert_same_or_nan(r->layer_sim_q_same_kv[i], same[i]);
+            assert_same_or_nan(r->layer_sim_u_other_kv[i], uother[i]);
+        }
+        kvs_results_heads_row_free(r);
+        kvs_results_close(db);
+        if (form == 1) break;
+        sqlite3 *raw = NULL;
+        sqlite3_stmt *q = NULL;
+        assert_int_equal(sqlite3_open(f->db, &raw), SQLITE_OK);
+        assert_int_equal(sqlite3_prepare_v2(raw, "SELECT layer_a, head_a, layer_b, head_b, same_kv FROM heads_similarity "
+                                                 "WHERE run_id = 1 AND kind = 'query'", -1, &q, NULL),
+                         SQLITE_OK);
+        int rows = 0, shared = 0;
+        while (sqlite3_step(q) == SQLITE_ROW) {
+            const int la = sqlite3_column_int(q, 0), i = sqlite3_column_int(q, 1), lb = sqlite3_column_int(q, 2),
+                      j = sqlite3_column_int(q, 3);
+            assert_int_equal(sqlite3_column_int(q, 4), la == lb && i / G == j / G);
+            shared += sqlite3_column_int(q, 4);
+            rows++;
+        }
+        sqlite3_finalize(q);
+        assert_int_equal(rows, L * H * L * H);
+        assert_int_equal(shared, b.n_same + L * H); /* and every head with itself */
+        /* the old form: without the new columns, the reader computes the split from the stored pairs */
+        assert_int_equal(sqlite3_exec(raw, "ALTER TABLE heads_similarity DROP COLUMN same_kv; ALTER TABLE "
+                                           "heads_layer_similarity DROP COLUMN sim_other_kv; ALTER TABLE "
+                                           "heads_layer_similarity DROP COLUMN sim_same_kv;",
+                                      NULL, NULL, NULL),
+                         SQLITE_OK);
+        sqlite3_close(raw);
+    }
+    /* a new run into the old form adds the columns back; the old runs still read their split */
+    assert_int_equal(kvs_test_cli(out, err, a_text), 0);
+    kvs_results_db *db = NULL;
+    assert_int_equal(kvs_results_open_readonly(f->db, &db), KVS_OK);
+    for (int64_t run = 1; run <= 4; run += 3) {
+        kvs_results_heads_row *r = NULL;
+        assert_int_equal(kvs_results_heads_read(db, run, NULL, NULL, &r), KVS_OK);
+        for (int i = 0; i < L * L; i++) assert_same_or_nan(r->layer_sim_q_other_kv[i], other[i]);
+        kvs_results_heads_row_free(r);
+    }
+    kvs_results_close(db);
+    naive_free(&ref);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_g5_overlap),
@@ -536,6 +765,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_cli_bad_input, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_default_k_clipped_and_noted, fx_setup, fx_teardown),
         cmocka_unit_test_setup_teardown(test_heads_plots, fx_setup, fx_teardown),
+        cmocka_unit_test_setup_teardown(test_same_kv_pairs_split, fx_setup, fx_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
