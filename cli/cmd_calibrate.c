@@ -1,108 +1,384 @@
 /* cmd_calibrate.c — `kvsim calibrate DB`: can offline replay rank policies as closed-loop decoding does?
- * (../shared/DESIGN.md "Closed-loop decoding (calibration of the replay)"). Pairs every teacher-forced
- * closed-loop run on a trace (results/results_closed.h) with the replay run (results/results.h, --measure decode) of the
- * same trace, policy, parameters and budget, and per trace gives the Spearman rank correlation of each offline
- * metric (output error mean / p95, attention recall) with each closed-loop metric (mean KL, top-1 agreement,
- * Δ perplexity), with percentile bootstrap intervals over the pairs (common/kvs_stats.h kvs_spearman).
+ * (../shared/DESIGN.md "Closed-loop decoding (calibration of the replay)"). Prints what results/calibrate.h computes:
+ * the pairs per trace and the duplicates collapsed, then per model the Spearman correlation of each offline metric
+ * with each closed-loop one within each budget, at equal measured memory, and pooled over budgets, each the mean over
+ * traces with a bootstrap interval over policies and traces.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/kvs_rng.h"
 #include "../common/kvs_stats.h"
 #include "../plots/plot.h"
-#include "../results/results_closed.h"
+#include "../results/calibrate.h"
 #include "cli.h"
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: kvsim calibrate DB [--bootstrap N] [--seed S] [--plot F.png]\n"
-            "For each trace with both replay runs (kvsim replay, --measure decode) and teacher-forced closed-loop\n"
-            "runs (kvsim generate --trace) of the same (policy, parameters, budget): the pairs, then the Spearman\n"
-            "rank correlation of every offline metric (out_err mean, out_err p95, attention recall) with every\n"
-            "closed-loop metric (mean KL(full||policy), top-1 agreement, delta perplexity = ppl_policy - ppl_full)\n"
-            "with a 95%% percentile bootstrap interval over the pairs, and the pairs whose offline and closed-loop\n"
-            "ranks (by out_err mean and by mean KL) disagree most. A trace needs at least 3 pairs.\n"
-            "  --bootstrap N   resamples (default 1000; 0 = no intervals)\n"
-            "  --seed S        bootstrap seed (default 1)\n"
-            "  --plot F.png    (or F.svg) scatter of out_err mean (offline) against mean KL (closed loop), log-log, per trace\n");
+            "usage: kvsim calibrate DB [--bootstrap N] [--seed S] [--pairs] [--plot F.png]\n"
+            "Pairs every teacher-forced closed-loop run (kvsim generate --trace T) with the replay of T (kvsim replay,\n"
+            "--measure decode) at the same (policy, parameters, budget); a trace is its content hash. Then, per model,\n"
+            "the Spearman rank correlation of every offline metric (out_err mean, out_err p95, attention recall) with\n"
+            "every closed-loop one (mean KL(full||policy), top-1 agreement, delta perplexity = ppl_policy - ppl_full):\n"
+            "  within each budget    the configurations at that nominal budget, the full cache left out (it is at no\n"
+            "                        budget, and its 0 error and 0 KL agree by construction);\n"
+            "  at equal memory       the configurations whose replay measured a mean resident size (storage_bytes mean\n"
+            "                        over the decode steps, bytes per KV head) in one power-of-two bin 2^k..2^(k+1)-1,\n"
+            "                        whatever their budget, the full cache included;\n"
+            "  pooled over budgets   every configuration but the full cache: mostly the budget axis (a larger budget\n"
+            "                        is better on both sides), kept for comparison.\n"
+            "Duplicates count once: in a trace, a configuration whose offline numbers (every statistic of the quality\n"
+            "and token metrics of the run aggregate, and the out_err series where both runs stored one) equal an\n"
+            "earlier one's is that configuration (MorphKV filled by its window, the SnapKV family within its\n"
+            "observation window, full at every budget); what was collapsed into what is listed. A replay note (N)\n"
+            "collapses exactly when the numbers say the configuration became another; otherwise it counts as itself.\n"
+            "Several texts: rho is computed per trace (ranks compare configurations on one text, so the texts'\n"
+            "different difficulty never enters it, as the budget axis enters the pooled figure) and averaged over the\n"
+            "traces with at least 3 distinct configurations, each text weighing the same; n says how many. The 95%%\n"
+            "interval is a percentile bootstrap over both levels: each resample draws the policies with replacement\n"
+            "(all of a policy's configurations together, on every trace) and the traces with replacement, and\n"
+            "averages the drawn traces' rho over the drawn policies. Seeded by what is compared (the configurations\n"
+            "and trace hashes of the selection): the same database gives the same intervals.\n"
+            "  --bootstrap N   resamples (default %d; 0 = no intervals)\n"
+            "  --seed S        an extra seed mixed into the identity seed (default 0: the identity alone)\n"
+            "  --pairs         also list every pair per trace with its within-budget ranks and what it collapsed into\n"
+            "  --plot F.png    (or F.svg) scatter of out_err mean (offline) against mean KL (closed loop), log-log,\n"
+            "                  one colour per model, distinct configurations only\n",
+            KVS_BOOTSTRAP_REPS);
 }
 
-/* One trace: the same content hash when both runs recorded one (any path spelling), else the same traces row. */
-static int same_trace(const char *sha_a, int64_t id_a, const char *sha_b, int64_t id_b) {
-    if (sha_a && sha_b) return !strcmp(sha_a, sha_b);
-    return id_a == id_b;
-}
+#define CELL_W 28
 
-typedef struct {
-    const kvs_results_closed_row *c;
-    const kvs_results_run_row *r;
-} pair;
+/* ---- per-trace listing (--pairs) ---------------------------------------------------------------------- */
 
-enum { N_X = 3, N_Y = 3 };
-static const char *const x_names[N_X] = {"out_err_mean", "out_err_p95", "attn_recall"};
-static const char *const y_names[N_Y] = {"kl_mean", "top1_agree", "delta_ppl"};
-
-static double x_of(const pair *p, int k) {
-    const kvs_results_agg *a = &p->r->agg;
-    return k == 0 ? a->out_err.mean : k == 1 ? a->out_err.p95 : a->attn_recall.mean;
-}
-
-static double y_of(const pair *p, int k) {
-    return k == 0 ? p->c->kl_mean : k == 1 ? p->c->top1_agree : p->c->ppl_policy - p->c->ppl_full;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Spearman of (x, y) and its percentile bootstrap interval; resamples with a constant side are skipped. */
-static kvs_status spearman_ci(const double *x, const double *y, size_t n, int boot, uint64_t seed, double *rho,
-                              double *lo, double *hi) {
-    kvs_status st = kvs_spearman(x, y, n, rho);
-    if (st != KVS_OK) *rho = NAN;
-    *lo = *hi = NAN;
-    if (boot <= 0) return KVS_OK;
-    double *bx = malloc(n * sizeof *bx), *by = malloc(n * sizeof *by), *r = malloc((size_t)boot * sizeof *r);
-    if (!bx || !by || !r) {
-        free(bx);
-        free(by);
-        free(r);
-        return kvs_fail(KVS_ERR_NOMEM, "out of memory");
-    }
-    kvs_rng g;
-    kvs_rng_seed(&g, seed, 54);
-    int m = 0;
-    for (int b = 0; b < boot; b++) {
-        for (size_t i = 0; i < n; i++) {
-            size_t j = (size_t)(kvs_rng_open01(&g) * (double)n);
-            if (j >= n) j = n - 1;
-            bx[i] = x[j];
-            by[i] = y[j];
+static void print_pairs(const kvs_calibration *c, size_t ti) {
+    const kvs_calibration_trace *t = kvs_calibration_trace_at(c, ti);
+    printf("  %-14s %6s %10s %10s %8s %10s %8s %10s %9s %6s %6s  %s\n", "policy", "budget", "err_mean", "err_p95",
+           "recall", "kl_mean", "top1", "dppl", "bytes", "rk_off", "rk_cl", "counted as");
+    size_t n = t->n;
+    double *x = malloc((n + 1) * sizeof *x), *y = malloc((n + 1) * sizeof *y), *rx = malloc((n + 1) * sizeof *rx),
+           *ry = malloc((n + 1) * sizeof *ry);
+    size_t *idx = malloc((n + 1) * sizeof *idx);
+    for (size_t i = 0; i < n && rx; i++) rx[i] = ry[i] = NAN;
+    /* ranks within (trace, budget) over the distinct configurations at a budget, by out_err mean and by mean KL */
+    for (size_t i = 0; x && y && rx && ry && idx && i < n; i++) {
+        const kvs_calibration_pair *p = kvs_calibration_pair_at(c, t->first + i);
+        size_t m = 0;
+        int done = 0;
+        for (size_t j = 0; j < i && !done; j++) done = kvs_calibration_pair_at(c, t->first + j)->c->budget_tokens ==
+                                                      p->c->budget_tokens;
+        if (done) continue;
+        for (size_t j = i; j < n; j++) {
+            const kvs_calibration_pair *q = kvs_calibration_pair_at(c, t->first + j);
+            if (q->c->budget_tokens != p->c->budget_tokens || q->full_cache || q->rep != t->first + j ||
+                !isfinite(q->x[0]) || !isfinite(q->y[0]))
+                continue;
+            x[m] = q->x[0];
+            y[m] = q->y[0];
+            idx[m++] = j;
         }
-        double v;
-        if (kvs_spearman(bx, by, n, &v) == KVS_OK && isfinite(v)) r[m++] = v;
+        double *ax = malloc((m + 1) * sizeof *ax), *ay = malloc((m + 1) * sizeof *ay);
+        if (ax && ay && kvs_ranks(x, m, ax) == KVS_OK && kvs_ranks(y, m, ay) == KVS_OK)
+            for (size_t k = 0; k < m; k++) {
+                rx[idx[k]] = ax[k];
+                ry[idx[k]] = ay[k];
+            }
+        free(ax);
+        free(ay);
     }
-    if (m > 0) {
-        qsort(r, (size_t)m, sizeof *r, cmp_double);
-        *lo = r[(size_t)floor(0.025 * (m - 1))];
-        *hi = r[(size_t)ceil(0.975 * (m - 1))];
+    for (size_t i = 0; i < n; i++) {
+        const kvs_calibration_pair *p = kvs_calibration_pair_at(c, t->first + i);
+        char as[96] = "itself";
+        if (p->full_cache && p->rep == t->first + i) snprintf(as, sizeof as, "full cache (not ranked at a budget)");
+        else if (p->rep != t->first + i) {
+            const kvs_calibration_pair *r = kvs_calibration_pair_at(c, p->rep);
+            snprintf(as, sizeof as, "= %s@%lld", r->c->policy, (long long)r->c->budget_tokens);
+        }
+        char rk[2][16] = {"-", "-"};
+        if (rx && isfinite(rx[i])) {
+            snprintf(rk[0], sizeof rk[0], "%.1f", rx[i]);
+            snprintf(rk[1], sizeof rk[1], "%.1f", ry[i]);
+        }
+        printf("  %-14s %6lld %10.4g %10.4g %8.4f %10.4g %8.4f %10.4g %9.0f %6s %6s  %s%s\n", p->c->policy,
+               (long long)p->c->budget_tokens, p->x[0], p->x[1], p->x[2], p->y[0], p->y[1], p->y[2],
+               p->r->agg.storage_bytes.mean, rk[0], rk[1], as, p->noted ? " (N)" : "");
     }
-    free(bx);
-    free(by);
-    free(r);
+    /* the largest within-budget rank disagreements */
+    int shown = 0;
+    for (; rx && shown < 5; shown++) {
+        size_t worst = n;
+        double wd = 0.5;
+        for (size_t i = 0; i < n; i++)
+            if (isfinite(rx[i]) && fabs(rx[i] - ry[i]) > wd) {
+                wd = fabs(rx[i] - ry[i]);
+                worst = i;
+            }
+        if (worst == n) break;
+        if (!shown) printf("  largest within-budget rank disagreements (out_err_mean vs kl_mean, 1 = smallest):\n");
+        const kvs_calibration_pair *p = kvs_calibration_pair_at(c, t->first + worst);
+        printf("    %s budget %lld: offline rank %.1f, closed-loop rank %.1f\n", p->c->policy,
+               (long long)p->c->budget_tokens, rx[worst], ry[worst]);
+        rx[worst] = ry[worst]; /* shown */
+    }
+    free(x);
+    free(y);
+    free(rx);
+    free(ry);
+    free(idx);
+}
+
+/* ---- collapsed classes of one model --------------------------------------------------------------------- */
+
+/* One class's description: "snapkv = pyramidkv = adakv at budget 8", "full at budgets 8 = 16 = 32", else
+ * "a@8 = b@16". */
+static void class_text(const kvs_calibration *c, size_t rep, char *buf, size_t cap) {
+    const kvs_calibration_trace *t = kvs_calibration_trace_at(c, kvs_calibration_pair_at(c, rep)->trace);
+    int one_budget = 1, one_policy = 1;
+    const kvs_calibration_pair *r = kvs_calibration_pair_at(c, rep);
+    for (size_t i = t->first; i < t->first + t->n; i++) {
+        const kvs_calibration_pair *p = kvs_calibration_pair_at(c, i);
+        if (p->rep != rep) continue;
+        one_budget &= p->c->budget_tokens == r->c->budget_tokens;
+        one_policy &= !strcmp(p->c->policy, r->c->policy) && !strcmp(p->c->params, r->c->params);
+    }
+    size_t len = 0;
+    buf[0] = 0;
+    if (one_policy) len += (size_t)snprintf(buf, cap, "%s at budgets ", r->c->policy);
+    for (size_t i = t->first; i < t->first + t->n && len < cap; i++) {
+        const kvs_calibration_pair *p = kvs_calibration_pair_at(c, i);
+        if (p->rep != rep) continue;
+        const char *sep = i == rep ? "" : " = ";
+        if (one_policy) len += (size_t)snprintf(buf + len, cap - len, "%s%lld", sep, (long long)p->c->budget_tokens);
+        else if (one_budget) len += (size_t)snprintf(buf + len, cap - len, "%s%s", sep, p->c->policy);
+        else len += (size_t)snprintf(buf + len, cap - len, "%s%s@%lld", sep, p->c->policy, (long long)p->c->budget_tokens);
+    }
+    if (!one_policy && one_budget && len < cap)
+        snprintf(buf + len, cap - len, " at budget %lld", (long long)r->c->budget_tokens);
+}
+
+static void print_collapsed(const kvs_calibration *c, const char *model) {
+    size_t n = kvs_calibration_n_pairs(c), n_collapsed = 0, n_traces = 0, n_pairs = 0;
+    for (size_t ti = 0; ti < kvs_calibration_n_traces(c); ti++) {
+        const kvs_calibration_trace *t = kvs_calibration_trace_at(c, ti);
+        if (strcmp(t->model, model) != 0) continue;
+        n_traces++;
+        n_pairs += t->n;
+        n_collapsed += t->n - t->n_distinct;
+    }
+    char (*texts)[512] = calloc(n + 1, sizeof *texts);
+    int *count = calloc(n + 1, sizeof *count), *noted = calloc(n + 1, sizeof *noted);
+    size_t n_texts = 0, y_differ = 0;
+    if (!texts || !count || !noted) goto cleanup;
+    printf("  duplicates: %zu of the %zu pairs collapsed into the configuration named first (identical offline numbers:\n"
+           "  counted once):\n", n_collapsed, n_pairs);
+    for (size_t i = 0; i < n; i++) {
+        const kvs_calibration_pair *p = kvs_calibration_pair_at(c, i);
+        const kvs_calibration_trace *t = kvs_calibration_trace_at(c, p->trace);
+        if (strcmp(t->model, model) != 0 || p->rep != i) continue;
+        int members = 0, any_noted = 0;
+        for (size_t j = t->first; j < t->first + t->n; j++)
+            if (kvs_calibration_pair_at(c, j)->rep == i) {
+                members++;
+                any_noted |= kvs_calibration_pair_at(c, j)->noted;
+            }
+        if (members < 2) continue;
+        char text[512];
+        class_text(c, i, text, sizeof text);
+        size_t k = 0;
+        while (k < n_texts && strcmp(texts[k], text) != 0) k++;
+        if (k == n_texts) snprintf(texts[n_texts++], sizeof texts[0], "%s", text);
+        count[k]++;
+        noted[k] |= any_noted;
+    }
+    for (size_t k = 0; k < n_texts; k++)
+        printf("    %s (on %d of %zu traces)%s\n", texts[k], count[k], n_traces, noted[k] ? ", N: the replay noted it" : "");
+    if (!n_texts) printf("    (none)\n");
+    /* noted configurations that are not another one: they count as themselves */
+    n_texts = 0;
+    for (size_t i = 0; i < n; i++) {
+        const kvs_calibration_pair *p = kvs_calibration_pair_at(c, i);
+        const kvs_calibration_trace *t = kvs_calibration_trace_at(c, p->trace);
+        if (strcmp(t->model, model) != 0 || p->rep != i || !p->noted) continue;
+        int members = 0;
+        for (size_t j = t->first; j < t->first + t->n; j++) members += kvs_calibration_pair_at(c, j)->rep == i;
+        if (members > 1) continue;
+        char text[512];
+        snprintf(text, sizeof text, "%s@%lld", p->c->policy, (long long)p->c->budget_tokens);
+        size_t k = 0;
+        while (k < n_texts && strcmp(texts[k], text) != 0) k++;
+        if (k == n_texts) {
+            snprintf(texts[n_texts++], sizeof texts[0], "%s", text);
+            count[k] = 0;
+        }
+        count[k]++;
+    }
+    if (n_texts) {
+        printf("  noted (N) but distinct, counted as themselves (on how many traces):");
+        for (size_t k = 0; k < n_texts; k++) printf("%s %s (%d)", k ? "," : "", texts[k], count[k]);
+        printf("\n");
+    }
+    for (size_t ti = 0; ti < kvs_calibration_n_traces(c); ti++) {
+        const kvs_calibration_trace *t = kvs_calibration_trace_at(c, ti);
+        if (!strcmp(t->model, model)) y_differ += t->n_y_differ;
+    }
+    if (y_differ)
+        printf("  %zu collapsed pairs have closed-loop numbers that differ from their first's (the first's are used)\n",
+               y_differ);
+cleanup:
+    free(texts);
+    free(count);
+    free(noted);
+}
+
+/* ---- one selection's table ---------------------------------------------------------------------------------- */
+
+static kvs_status print_sel(const kvs_calibration *c, const kvs_calibration_sel *s, const char *title, long boot,
+                            uint64_t seed, int *undefined_seen) {
+    kvs_calibration_corr r;
+    kvs_status st = kvs_calibration_correlate(c, s, (int)boot, 0.95, seed, &r);
+    if (st != KVS_OK) return st;
+    printf("  %s: %zu pairs, %zu distinct configurations", title, r.n_pairs, r.n_units);
+    if (r.n_traces == 0) {
+        printf("\n    no trace has 3 distinct configurations here: no correlation\n");
+        return KVS_OK;
+    }
+    if (r.units_min == r.units_max) printf("; n = %zu per trace", r.units_min);
+    else printf("; n = %zu..%zu per trace", r.units_min, r.units_max);
+    printf(" on %zu trace%s, %zu polic%s\n", r.n_traces, r.n_traces == 1 ? "" : "s", r.n_policies,
+           r.n_policies == 1 ? "y" : "ies");
+    if (boot > 0)
+        printf("    Spearman rho, mean over traces [95%% interval: %ld resamples of policies x traces]\n", boot);
+    else printf("    Spearman rho, mean over traces (--bootstrap 0: no interval)\n");
+    printf("    %-14s", "");
+    for (int k = 0; k < KVS_CALIB_NY; k++) printf(" %*s", CELL_W, kvs_calibration_y_names[k]);
+    printf("\n");
+    for (int a = 0; a < KVS_CALIB_NX; a++) {
+        printf("    %-14s", kvs_calibration_x_names[a]);
+        for (int b = 0; b < KVS_CALIB_NY; b++) {
+            const kvs_interval *iv = &r.rho[a][b];
+            char cell[64];
+            if (iv->n == 0) {
+                snprintf(cell, sizeof cell, "undefined (constant)");
+                *undefined_seen = 1;
+            } else if (boot <= 0) {
+                snprintf(cell, sizeof cell, "%+.3f", iv->mean);
+            } else if (r.n_policies < 2) {
+                snprintf(cell, sizeof cell, "%+.3f (one policy)", iv->mean);
+            } else if (isnan(iv->lo) || isnan(iv->hi)) {
+                snprintf(cell, sizeof cell, "%+.3f (no interval)", iv->mean);
+            } else {
+                snprintf(cell, sizeof cell, "%+.3f [%+.2f, %+.2f]", iv->mean, iv->lo, iv->hi);
+            }
+            printf(" %*s", CELL_W, cell);
+        }
+        printf("\n");
+    }
+    if (boot > 0 && r.n_policies < 2)
+        printf("    one policy: no interval (the bootstrap resamples policies; one cannot vary)\n");
+    if (r.rho[0][0].n > 1)
+        printf("    per trace, out_err_mean x kl_mean: %+.3f .. %+.3f over %zu traces\n", r.rho_min[0][0],
+               r.rho_max[0][0], r.rho[0][0].n);
     return KVS_OK;
 }
 
-/* The scatter's data: the pairs grouped by trace (group gi ends at group_end[gi]). */
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+static int cmp_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+static void bytes_text(double v, char *buf, size_t cap) {
+    if (v >= 1024 * 1024) snprintf(buf, cap, "%gMiB", v / (1024.0 * 1024.0));
+    else if (v >= 1024) snprintf(buf, cap, "%gKiB", v / 1024.0);
+    else snprintf(buf, cap, "%gB", v);
+}
+
+static kvs_status print_model(const kvs_calibration *c, const char *model, long boot, uint64_t seed, int list_pairs,
+                              int *undefined_seen) {
+    size_t n = kvs_calibration_n_pairs(c), nb = 0, nm = 0, n_traces = 0, n_pairs = 0, n_full = 0;
+    int64_t *budgets = malloc((n + 1) * sizeof *budgets);
+    int *bins = malloc((n + 1) * sizeof *bins);
+    kvs_status st = KVS_OK;
+    if (!budgets || !bins) {
+        st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    for (size_t ti = 0; ti < kvs_calibration_n_traces(c); ti++)
+        n_traces += !strcmp(kvs_calibration_trace_at(c, ti)->model, model);
+    for (size_t i = 0; i < n; i++) {
+        const kvs_calibration_pair *p = kvs_calibration_pair_at(c, i);
+        if (strcmp(kvs_calibration_trace_at(c, p->trace)->model, model) != 0) continue;
+        n_pairs++;
+        if (p->full_cache) n_full++;
+        size_t k = 0;
+        while (!p->full_cache && k < nb && budgets[k] != p->c->budget_tokens) k++;
+        if (!p->full_cache && k == nb) budgets[nb++] = p->c->budget_tokens;
+        k = 0;
+        while (p->mem_log2 != KVS_CALIB_NO_MEM && k < nm && bins[k] != p->mem_log2) k++;
+        if (p->mem_log2 != KVS_CALIB_NO_MEM && k == nm) bins[nm++] = p->mem_log2;
+    }
+    qsort(budgets, nb, sizeof *budgets, cmp_i64);
+    qsort(bins, nm, sizeof *bins, cmp_int);
+    printf("\nmodel %s: %zu (policy, budget) pairs on %zu trace%s\n", model, n_pairs, n_traces, n_traces == 1 ? "" : "s");
+    for (size_t ti = 0; ti < kvs_calibration_n_traces(c); ti++) {
+        const kvs_calibration_trace *t = kvs_calibration_trace_at(c, ti);
+        if (strcmp(t->model, model) != 0) continue;
+        printf("trace %s (%s; model %s, prompt %lld tokens): %zu (policy, budget) pairs, %zu distinct\n", t->label,
+               t->path, t->model, (long long)t->prompt_len, t->n, t->n_distinct);
+        if (list_pairs) print_pairs(c, ti);
+    }
+    print_collapsed(c, model);
+    printf("within each budget (nominal tokens per KV head; the full cache left out):\n");
+    for (size_t k = 0; k < nb; k++) {
+        char title[64];
+        snprintf(title, sizeof title, "budget %lld", (long long)budgets[k]);
+        kvs_calibration_sel s = {.model = model, .kind = KVS_CALIB_BUDGET, .budget = budgets[k]};
+        KVS_TRY(st = print_sel(c, &s, title, boot, seed, undefined_seen));
+    }
+    if (!nb) printf("  (no configuration but the full cache)\n");
+    printf("at equal measured memory (resident bytes per KV head, mean over the decode steps, in power-of-two bins;\n"
+           "the full cache included):\n");
+    for (size_t k = 0; k < nm; k++) {
+        char title[96], lo[32], hi[32];
+        bytes_text(ldexp(1.0, bins[k]), lo, sizeof lo);
+        bytes_text(ldexp(1.0, bins[k] + 1), hi, sizeof hi);
+        snprintf(title, sizeof title, "memory %s to <%s", lo, hi);
+        kvs_calibration_sel s = {.model = model, .kind = KVS_CALIB_MEMORY, .mem_log2 = bins[k]};
+        KVS_TRY(st = print_sel(c, &s, title, boot, seed, undefined_seen));
+    }
+    if (!nm) printf("  (no run recorded its resident bytes)\n");
+    printf("pooled over budgets (mostly the budget axis):\n");
+    if (!nb) {
+        printf("  undefined (constant): the %zu pairs are all the full cache, whose error and KL are 0 by "
+               "construction: no ranking to correlate\n", n_full);
+        *undefined_seen = 1;
+    } else {
+        kvs_calibration_sel s = {.model = model, .kind = KVS_CALIB_POOLED};
+        KVS_TRY(st = print_sel(c, &s, "all budgets", boot, seed, undefined_seen));
+    }
+cleanup:
+    free(budgets);
+    free(bins);
+    return st;
+}
+
+/* ---- the scatter ---------------------------------------------------------------------------------------------- */
+
 typedef struct {
-    const pair *pairs;
-    const size_t *group_end;
-    int n_groups, is_svg;
+    const kvs_calibration *c;
+    const char **models;
+    size_t n_models;
+    int is_svg;
 } scatter;
+
+static int plotted(const kvs_calibration *c, size_t i, const char *model) {
+    const kvs_calibration_pair *p = kvs_calibration_pair_at(c, i);
+    return p->rep == i && !strcmp(kvs_calibration_trace_at(c, p->trace)->model, model) && p->x[0] > 0 && p->y[0] > 0;
+}
 
 static void scatter_script(FILE *f, const void *ctx, const char *image_path) {
     const scatter *sc = ctx;
@@ -112,47 +388,37 @@ static void scatter_script(FILE *f, const void *ctx, const char *image_path) {
     kvs_plot_gp_string(f, image_path);
     fputs("\nset logscale xy\nset key outside bottom center horizontal\n"
           "set xlabel 'offline: replay output error (mean)'\nset ylabel 'closed loop: mean KL(full || policy), nats'\n"
-          "set grid\nset title 'offline replay vs closed-loop decoding'\nplot ",
+          "set grid\nset title 'offline replay vs closed-loop decoding (distinct configurations)'\nplot ",
           f);
-    size_t b = 0;
-    for (int gi = 0; gi < sc->n_groups; gi++) {
-        fprintf(f, "%s'-' using 1:2 with points pt 7 title ", gi ? ", " : "");
-        kvs_plot_gp_string(f, sc->pairs[b].c->model ? sc->pairs[b].c->model : "trace");
-        fputs(", '-' using 1:2:3 with labels offset 0.6,0.6 font ',7' notitle", f);
-        b = sc->group_end[gi];
+    size_t n = kvs_calibration_n_pairs(sc->c);
+    for (size_t m = 0; m < sc->n_models; m++) {
+        fprintf(f, "%s'-' using 1:2 with points pt 7 title ", m ? ", " : "");
+        kvs_plot_gp_string(f, sc->models[m]);
     }
     fprintf(f, "\n");
-    b = 0;
-    for (int gi = 0; gi < sc->n_groups; gi++) {
-        for (int rep = 0; rep < 2; rep++) {
-            for (size_t i = b; i < sc->group_end[gi]; i++) {
-                const pair *q = &sc->pairs[i];
-                double x = x_of(q, 0), y = y_of(q, 0);
-                if (!(x > 0) || !(y > 0)) continue; /* log axes: full-cache points sit at 0 */
-                if (rep == 0) fprintf(f, "%.9g %.9g\n", x, y);
-                else fprintf(f, "%.9g %.9g \"%s:%lld\"\n", x, y, q->c->policy, (long long)q->c->budget_tokens);
+    for (size_t m = 0; m < sc->n_models; m++) {
+        for (size_t i = 0; i < n; i++)
+            if (plotted(sc->c, i, sc->models[m])) {
+                const kvs_calibration_pair *p = kvs_calibration_pair_at(sc->c, i);
+                fprintf(f, "%.9g %.9g\n", p->x[0], p->y[0]);
             }
-            fprintf(f, "e\n");
-        }
-        b = sc->group_end[gi];
+        fprintf(f, "e\n");
     }
     fputs("unset output\n", f);
 }
 
-/* The gnuplot scatter, drawn and delivered like every kvsim plot (plots/plot.h: atomic output, PNG or SVG by the
- * name, nothing left on failure). */
-static kvs_status plot_scatter(const char *path, int is_svg, const pair *pairs, const size_t *group_end, int n_groups) {
-    scatter sc = {.pairs = pairs, .group_end = group_end, .n_groups = n_groups, .is_svg = is_svg};
-    return kvs_plot_gnuplot_render(NULL, path, is_svg, scatter_script, &sc);
-}
-
 int kvs_cmd_calibrate(int argc, char **argv) {
     const char *db_path = NULL, *plot_path = NULL, *boot_s = NULL, *seed_s = NULL;
+    int list_pairs = 0;
     for (int i = 1; i < argc; i++) {
         int m = 0, r;
         if (kvs_cli_is_help(argv[i])) {
             usage(stdout);
             return KVS_EXIT_OK;
+        }
+        if (!strcmp(argv[i], "--pairs")) {
+            list_pairs = 1;
+            continue;
         }
         if ((r = kvs_cli_single_value("calibrate", "--bootstrap", argc, argv, &i, &m, &boot_s)) ||
             (!m && (r = kvs_cli_single_value("calibrate", "--seed", argc, argv, &i, &m, &seed_s))) ||
@@ -166,7 +432,7 @@ int kvs_cmd_calibrate(int argc, char **argv) {
         db_path = argv[i];
     }
     if (!db_path) return kvs_cli_usage_error("calibrate", "missing DB");
-    long boot = 1000, seed = 1;
+    long boot = KVS_BOOTSTRAP_REPS, seed = 0;
     if (boot_s && kvs_cli_parse_long("--bootstrap", boot_s, 0, 1000000, &boot) != KVS_OK)
         return kvs_cli_fail("calibrate", KVS_ERR_INVALID_ARG);
     if (seed_s && kvs_cli_parse_long("--seed", seed_s, 0, 1L << 62, &seed) != KVS_OK)
@@ -177,168 +443,42 @@ int kvs_cmd_calibrate(int argc, char **argv) {
                                    plot_path);
 
     kvs_results_db *db = NULL;
-    kvs_results_closed_row *cl = NULL;
-    kvs_results_run_row *runs = NULL;
-    int64_t n_cl = 0, n_runs = 0;
-    pair *pairs = NULL;
-    size_t *group_end = NULL, n_pairs = 0;
-    double *xs = NULL, *ys = NULL;
-    int n_groups = 0, reported = 0;
+    kvs_calibration *c = NULL;
+    const char **models = NULL;
+    size_t n_models = 0;
+    int undefined_seen = 0;
     kvs_status st = kvs_results_open_readonly(db_path, &db);
     if (st != KVS_OK) goto cleanup;
-    KVS_TRY(st = kvs_results_closed_query(db, &cl, &n_cl));
-    kvs_results_filter f = {.measure = "decode"};
-    KVS_TRY(st = kvs_results_query_runs(db, &f, &runs, &n_runs));
-    pairs = calloc((size_t)n_cl + 1, sizeof *pairs);
-    group_end = calloc((size_t)n_cl + 1, sizeof *group_end);
-    xs = calloc((size_t)n_cl + 1, sizeof *xs);
-    ys = calloc((size_t)n_cl + 1, sizeof *ys);
-    if (!pairs || !group_end || !xs || !ys) {
+    st = kvs_calibration_create(db, &c);
+    if (st == KVS_ERR_STATE) st = kvs_fail(KVS_ERR_STATE, "%s: %s", db_path, kvs_last_error());
+    if (st != KVS_OK) goto cleanup;
+    size_t n_traces = kvs_calibration_n_traces(c);
+    models = calloc(n_traces + 1, sizeof *models);
+    if (!models) {
         st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
         goto cleanup;
     }
-    /* Pairs grouped by trace, in order of first appearance; the latest replay run of a configuration wins. A
-     * trace is its content hash where recorded, so a replay and a closed-loop run of one file named by two paths
-     * pair (and two files that share a name do not). */
-    for (int64_t i = 0; i < n_cl; i++) {
-        if (cl[i].trace_id <= 0 || strcmp(cl[i].mode, "teacher") != 0) continue;
-        int seen = 0;
-        for (int64_t k = 0; k < i && !seen; k++)
-            seen = cl[k].trace_id > 0 && !strcmp(cl[k].mode, "teacher") &&
-                   same_trace(cl[k].trace_sha256, cl[k].trace_id, cl[i].trace_sha256, cl[i].trace_id);
-        if (seen) continue;
-        for (int64_t j = i; j < n_cl; j++) {
-            const kvs_results_closed_row *c = &cl[j];
-            if (c->trace_id <= 0 || strcmp(c->mode, "teacher") != 0 ||
-                !same_trace(c->trace_sha256, c->trace_id, cl[i].trace_sha256, cl[i].trace_id))
-                continue;
-            const kvs_results_run_row *best = NULL;
-            for (int64_t r = 0; r < n_runs; r++)
-                if (same_trace(runs[r].trace_sha256, runs[r].trace_id, c->trace_sha256, c->trace_id) &&
-                    runs[r].has_agg && runs[r].budget_tokens == c->budget_tokens &&
-                    !strcmp(runs[r].policy, c->policy) && !strcmp(runs[r].params, c->params))
-                    best = &runs[r];
-            int dup = 0; /* a configuration generated twice: the latest closed-loop run */
-            for (size_t q = n_groups ? group_end[n_groups - 1] : 0; q < n_pairs; q++)
-                if (pairs[q].c->budget_tokens == c->budget_tokens && !strcmp(pairs[q].c->policy, c->policy) &&
-                    !strcmp(pairs[q].c->params, c->params)) {
-                    pairs[q].c = c;
-                    pairs[q].r = best ? best : pairs[q].r;
-                    dup = 1;
-                }
-            if (!dup && best) pairs[n_pairs++] = (pair){c, best};
-        }
-        group_end[n_groups++] = n_pairs;
+    for (size_t ti = 0; ti < n_traces; ti++) {
+        const kvs_calibration_trace *t = kvs_calibration_trace_at(c, ti);
+        size_t k = 0;
+        while (k < n_models && strcmp(models[k], t->model) != 0) k++;
+        if (k == n_models) models[n_models++] = t->model;
     }
-    size_t b = 0;
-    for (int gi = 0; gi < n_groups; b = group_end[gi], gi++) {
-        size_t n = group_end[gi] - b;
-        if (n == 0) continue;
-        const pair *p = pairs + b;
-        char label[160];
-        kvs_results_trace_label(p[0].r, label, sizeof label);
-        printf("trace %s (%s; model %s, prompt %lld tokens): %zu (policy, budget) pairs\n", label, p[0].r->trace_path,
-               p[0].c->model, (long long)p[0].c->prompt_len, n);
-        printf("  %-14s %6s %10s %10s %8s %10s %8s %10s %7s %7s\n", "policy", "budget", "err_mean", "err_p95",
-               "recall", "kl_mean", "top1", "dppl", "rk_off", "rk_cl");
-        double *rx = malloc(n * sizeof *rx), *ry = malloc(n * sizeof *ry);
-        if (!rx || !ry) {
-            free(rx);
-            free(ry);
-            st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
-            goto cleanup;
-        }
-        for (size_t i = 0; i < n; i++) {
-            xs[i] = x_of(&p[i], 0);
-            ys[i] = y_of(&p[i], 0);
-        }
-        kvs_ranks(xs, n, rx);
-        kvs_ranks(ys, n, ry);
-        for (size_t i = 0; i < n; i++)
-            printf("  %-14s %6lld %10.4g %10.4g %8.4f %10.4g %8.4f %10.4g %7.1f %7.1f\n", p[i].c->policy,
-                   (long long)p[i].c->budget_tokens, x_of(&p[i], 0), x_of(&p[i], 1), x_of(&p[i], 2), y_of(&p[i], 0),
-                   y_of(&p[i], 1), y_of(&p[i], 2), rx[i], ry[i]);
-        if (n < 3) {
-            printf("  (fewer than 3 pairs: no correlation)\n");
-        } else {
-            if (boot > 0) printf("  Spearman rho [95%% bootstrap interval, %ld resamples] (offline x closed loop)\n", boot);
-            else printf("  Spearman rho (offline x closed loop; --bootstrap 0: no interval)\n");
-            int undefined = 0, no_interval = 0;
-            printf("  %-14s", "");
-            for (int k = 0; k < N_Y; k++) printf(" %28s", y_names[k]);
-            printf("\n");
-            for (int xk = 0; xk < N_X; xk++) {
-                printf("  %-14s", x_names[xk]);
-                for (int yk = 0; yk < N_Y; yk++) {
-                    for (size_t i = 0; i < n; i++) {
-                        xs[i] = x_of(&p[i], xk);
-                        ys[i] = y_of(&p[i], yk);
-                    }
-                    double rho, lo, hi;
-                    if ((st = spearman_ci(xs, ys, n, (int)boot, (uint64_t)seed, &rho, &lo, &hi)) != KVS_OK) {
-                        free(rx);
-                        free(ry);
-                        goto cleanup;
-                    }
-                    /* Spearman is undefined when one side is constant over the pairs (e.g. only `full`, whose
-                     * errors are all 0): say so rather than print nan; the same for an interval no resample gave */
-                    char cell[64];
-                    if (isnan(rho)) {
-                        snprintf(cell, sizeof cell, "undefined (constant)");
-                        undefined++;
-                    } else if (boot <= 0) {
-                        snprintf(cell, sizeof cell, "%+.3f", rho);
-                    } else if (isnan(lo) || isnan(hi)) {
-                        snprintf(cell, sizeof cell, "%+.3f [no interval]", rho);
-                        no_interval++;
-                    } else {
-                        snprintf(cell, sizeof cell, "%+.3f [%+.2f, %+.2f]", rho, lo, hi);
-                    }
-                    printf(" %28s", cell);
-                }
-                printf("\n");
-            }
-            if (undefined)
-                printf("  undefined: one side of the pair is the same for every (policy, budget), so it has no "
-                       "ranking to correlate\n");
-            if (no_interval)
-                printf("  no interval: every bootstrap resample had a constant side\n");
-            printf("  largest rank disagreements (out_err_mean rank vs kl_mean rank, 1 = smallest):\n");
-            int shown = 0;
-            for (; shown < 5; shown++) {
-                size_t worst = n;
-                double wd = 0.5;
-                for (size_t i = 0; i < n; i++)
-                    if (fabs(rx[i] - ry[i]) > wd) {
-                        wd = fabs(rx[i] - ry[i]);
-                        worst = i;
-                    }
-                if (worst == n) break;
-                printf("    %s budget %lld: offline rank %.1f, closed-loop rank %.1f (%s)\n", p[worst].c->policy,
-                       (long long)p[worst].c->budget_tokens, rx[worst], ry[worst], p[worst].c->budget_scope ? p[worst].c->budget_scope : "");
-                rx[worst] = ry[worst]; /* shown */
-            }
-            if (!shown) printf("    (none: the two rankings agree)\n");
-        }
-        free(rx);
-        free(ry);
-        reported++;
+    printf("calibrate %s: %zu (policy, budget) pairs on %zu trace%s of %zu model%s\n", db_path,
+           kvs_calibration_n_pairs(c), n_traces, n_traces == 1 ? "" : "s", n_models, n_models == 1 ? "" : "s");
+    for (size_t k = 0; k < n_models; k++)
+        KVS_TRY(st = print_model(c, models[k], boot, (uint64_t)seed, list_pairs, &undefined_seen));
+    if (undefined_seen)
+        printf("\nundefined: one side is the same for every configuration, so it has no ranking to correlate\n");
+    if (plot_path) {
+        scatter sc = {.c = c, .models = models, .n_models = n_models, .is_svg = plot_svg};
+        KVS_TRY(st = kvs_plot_gnuplot_render(NULL, plot_path, plot_svg, scatter_script, &sc));
     }
-    if (!reported) {
-        st = kvs_fail(KVS_ERR_STATE, "%s: no (policy, budget) has both a replay run and a teacher-forced closed-loop "
-                      "run on the same trace (kvsim replay TRACE ... and kvsim generate --trace TRACE ...)", db_path);
-        goto cleanup;
-    }
-    if (plot_path) KVS_TRY(st = plot_scatter(plot_path, plot_svg, pairs, group_end, n_groups));
     st = KVS_OK;
 cleanup:
-    kvs_results_closed_rows_free(cl, n_cl);
-    kvs_results_run_rows_free(runs, n_runs);
+    kvs_calibration_free(c);
     kvs_results_close(db);
-    free(pairs);
-    free(group_end);
-    free(xs);
-    free(ys);
+    free(models);
     if (st != KVS_OK) return kvs_cli_fail("calibrate", st);
     return kvs_cli_finish_stdout("calibrate");
 }
