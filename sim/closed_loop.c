@@ -380,11 +380,15 @@ static kvs_status validate_opts(const kvs_closed_loop_opts *o, const kvs_model_c
             return kvs_fail(KVS_ERR_RANGE, "token %lld (id %d) is outside the vocabulary [0, %d)", (long long)i,
                             o->tokens[i], mc->vocab_size);
     if (o->free_running) {
-        if (o->n_tokens < 1 || o->prompt_len != o->n_tokens)
-            return kvs_fail(KVS_ERR_INVALID_ARG, "free-running: the prompt must be the whole token list (>= 1 token)");
-        if (o->max_new < 2)
+        if (o->n_tokens < 1 || o->prompt_len < 1 || o->prompt_len > o->n_tokens)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "free-running: prompt length %lld must be in [1, %lld] (the tokens "
+                            "given)", (long long)o->prompt_len, (long long)o->n_tokens);
+        if (o->prompt_len == o->n_tokens && o->max_new < 2)
             return kvs_fail(KVS_ERR_INVALID_ARG, "free-running: --steps %lld must be >= 2 (the first generated token "
                             "comes from the uncompressed prompt)", (long long)o->max_new);
+        if (o->max_new < 1)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "free-running: %lld tokens to generate, at least 1 needed",
+                            (long long)o->max_new);
         *positions = o->n_tokens + o->max_new - 1;
     } else {
         if (o->prompt_len < 1 || o->prompt_len > o->n_tokens - 2)
@@ -465,7 +469,10 @@ kvs_status kvs_closed_loop_run(const kvs_closed_loop_opts *o, kvs_closed_loop_re
 
     int32_t tok_full = 0, tok_pol = 0;
     int full_done = 0, pol_done = 0;
-    if (o->free_running) {
+    /* the tokens given are read by both models (teacher-forced: all of them; free-running: those past the prompt are
+     * read through the policy before the first generated token) */
+    const int64_t n_given = o->n_tokens;
+    if (o->free_running && c.P == o->n_tokens) {
         tok_full = argmax(fl, V);
         tok_pol = argmax(pl, V);
         r->full_tokens[0] = tok_full;
@@ -475,8 +482,9 @@ kvs_status kvs_closed_loop_run(const kvs_closed_loop_opts *o, kvs_closed_loop_re
         pol_done = o->stop_at_eos && kvs_model_is_eos(o->model, tok_pol);
     }
     for (int64_t p = c.P; p < N && !(full_done && pol_done); p++) {
-        int32_t in_full = o->free_running ? tok_full : o->tokens[p];
-        int32_t in_pol = o->free_running ? tok_pol : o->tokens[p];
+        int given = p < n_given;
+        int32_t in_full = given ? o->tokens[p] : tok_full;
+        int32_t in_pol = given ? o->tokens[p] : tok_pol;
         KVS_TRY(st = kvs_model_forward(full, in_full, (int)p, &fl));
         memcpy(full_logits, fl, (size_t)V * sizeof(float));
         c.err_sum = c.recall_sum = c.overlap_sum = c.attended_sum = c.storage_sum = c.traffic_sum = 0;
@@ -486,7 +494,7 @@ kvs_status kvs_closed_loop_run(const kvs_closed_loop_opts *o, kvs_closed_loop_re
         s->position = p;
         s->full_top1 = argmax(full_logits, V);
         s->policy_top1 = argmax(pl, V);
-        s->ref_token = o->free_running ? s->full_top1 : o->tokens[p + 1];
+        s->ref_token = p + 1 < n_given ? o->tokens[p + 1] : s->full_top1;
         s->kl = kvs_closed_loop_kl(full_logits, pl, V);
         s->nll_full = kvs_closed_loop_nll(full_logits, V, s->ref_token);
         s->nll_policy = kvs_closed_loop_nll(pl, V, s->ref_token);
@@ -500,7 +508,7 @@ kvs_status kvs_closed_loop_run(const kvs_closed_loop_opts *o, kvs_closed_loop_re
         s->traffic_bytes = c.traffic_sum / nc;
         if (o->on_step) o->on_step(o->on_step_user, r->n_steps, full_logits, pl);
         r->n_steps++;
-        if (o->free_running) {
+        if (o->free_running && p + 1 >= n_given) { /* a generated token: the prediction after the last given one on */
             tok_full = s->full_top1;
             tok_pol = s->policy_top1;
             r->full_tokens[r->n_generated] = tok_full;
@@ -537,4 +545,251 @@ void kvs_closed_loop_result_free(kvs_closed_loop_result *r) {
     free(r->full_tokens);
     free(r->policy_tokens);
     free(r);
+}
+
+/* ---- tasks (closed_loop.h "Tasks") ---- */
+
+#define TASK_MAGIC "# kvsim task v"
+#define TASK_VERSION 1
+
+void kvs_closed_loop_task_free(kvs_closed_loop_task *t) {
+    if (!t) return;
+    for (int64_t i = 0; i < t->n_items; i++) {
+        free(t->items[i].context);
+        free(t->items[i].answer);
+    }
+    free(t->items);
+    free(t);
+}
+
+static int is_space(char ch) {
+    return ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r' || ch == '\f' || ch == '\v';
+}
+
+static char *dup_span(const char *s, size_t n) {
+    char *d = malloc(n + 1);
+    if (d) {
+        memcpy(d, s, n);
+        d[n] = '\0';
+    }
+    return d;
+}
+
+/* One item line (without its end of line) into *it; the detail names the file and line. */
+static kvs_status task_item(const char *name, int64_t line, const char *s, size_t n, kvs_closed_loop_task_item *it) {
+    const char *tab = memchr(s, '\t', n);
+    if (!tab)
+        return kvs_fail(KVS_ERR_FORMAT, "%s:%lld: an item is CONTEXT<TAB>ANSWER: no TAB on this line", name,
+                        (long long)line);
+    size_t nc = (size_t)(tab - s), na = n - nc - 1;
+    const char *a = tab + 1;
+    if (memchr(a, '\t', na))
+        return kvs_fail(KVS_ERR_FORMAT, "%s:%lld: more than one TAB (an item is CONTEXT<TAB>ANSWER)", name,
+                        (long long)line);
+    if (nc == 0 || na == 0)
+        return kvs_fail(KVS_ERR_FORMAT, "%s:%lld: empty %s", name, (long long)line, nc == 0 ? "context" : "answer");
+    /* the one space between context and answer is the format's: white space at an end would double or hide it */
+    if (is_space(s[0]) || is_space(s[nc - 1]) || is_space(a[0]) || is_space(a[na - 1]))
+        return kvs_fail(KVS_ERR_FORMAT, "%s:%lld: white space at an end of the %s (the context and answer are joined "
+                        "by one space)", name, (long long)line,
+                        is_space(s[0]) || is_space(s[nc - 1]) ? "context" : "answer");
+    it->context = dup_span(s, nc);
+    it->answer = dup_span(a, na);
+    it->line = line;
+    if (!it->context || !it->answer) return kvs_fail(KVS_ERR_NOMEM, "out of memory");
+    return KVS_OK;
+}
+
+kvs_status kvs_closed_loop_task_parse(const char *text, size_t len, const char *name, kvs_closed_loop_task **out) {
+    *out = NULL;
+    if (!text || !name) return kvs_fail(KVS_ERR_INVALID_ARG, "task: text and name are required");
+    if (memchr(text, '\0', len)) return kvs_fail(KVS_ERR_FORMAT, "%s: a NUL byte: not a text file", name);
+    kvs_closed_loop_task *t = calloc(1, sizeof *t);
+    if (!t) return kvs_fail(KVS_ERR_NOMEM, "out of memory");
+    kvs_sha256_hex(text, len, t->sha256);
+    kvs_status st = KVS_OK;
+    int64_t cap = 0, line = 0;
+    for (size_t pos = 0; pos < len;) {
+        const char *s = text + pos, *nl = memchr(s, '\n', len - pos);
+        size_t n = nl ? (size_t)(nl - s) : len - pos;
+        pos += n + (nl != NULL);
+        line++;
+        if (n > 0 && s[n - 1] == '\r') n--;
+        if (line == 1) {
+            size_t m = strlen(TASK_MAGIC);
+            if (n < m || memcmp(s, TASK_MAGIC, m) != 0) {
+                st = kvs_fail(KVS_ERR_FORMAT, "%s:1: not a task file: the first line must be '%s%d'", name,
+                              TASK_MAGIC, TASK_VERSION);
+                goto cleanup;
+            }
+            if (n != m + 1 || s[m] != '0' + TASK_VERSION) {
+                st = kvs_fail(KVS_ERR_VERSION, "%s:1: task format '%.*s' is not supported (this kvsim reads '%s%d')",
+                              name, (int)(n < 64 ? n : 64), s, TASK_MAGIC, TASK_VERSION);
+                goto cleanup;
+            }
+            continue;
+        }
+        size_t k = 0;
+        while (k < n && is_space(s[k])) k++;
+        if (k == n || s[0] == '#') continue;
+        if (t->n_items == cap) {
+            cap = cap ? 2 * cap : 32;
+            kvs_closed_loop_task_item *g = realloc(t->items, (size_t)cap * sizeof *g);
+            if (!g) {
+                st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+                goto cleanup;
+            }
+            t->items = g;
+        }
+        kvs_closed_loop_task_item *it = &t->items[t->n_items];
+        memset(it, 0, sizeof *it);
+        t->n_items++; /* counted before filling: a half-filled item is freed with the task */
+        if ((st = task_item(name, line, s, n, it)) != KVS_OK) goto cleanup;
+    }
+    if (line == 0) {
+        st = kvs_fail(KVS_ERR_FORMAT, "%s: empty file: the first line must be '%s%d'", name, TASK_MAGIC, TASK_VERSION);
+        goto cleanup;
+    }
+    if (t->n_items == 0) {
+        st = kvs_fail(KVS_ERR_FORMAT, "%s: no item (an item is a line CONTEXT<TAB>ANSWER)", name);
+        goto cleanup;
+    }
+    *out = t;
+    return KVS_OK;
+cleanup:
+    kvs_closed_loop_task_free(t);
+    return st;
+}
+
+kvs_status kvs_closed_loop_task_load(const char *path, kvs_closed_loop_task **out) {
+    char *text = NULL;
+    size_t len = 0;
+    *out = NULL;
+    kvs_status st = kvs_read_file(path, &text, &len);
+    if (st != KVS_OK) return st;
+    st = kvs_closed_loop_task_parse(text, len, path, out);
+    free(text);
+    return st;
+}
+
+void kvs_closed_loop_task_input_clear(kvs_closed_loop_task_input *in) {
+    free(in->tokens);
+    free(in->expected);
+    memset(in, 0, sizeof *in);
+}
+
+/* The decoding of ids[0..n) into *text (kvs_tokenizer_decode; n = 0 gives ""). */
+static kvs_status decode_ids(const kvs_tokenizer *tok, const int32_t *ids, int64_t n, char **text) {
+    if (n == 0) {
+        *text = calloc(1, 1);
+        return *text ? KVS_OK : kvs_fail(KVS_ERR_NOMEM, "out of memory");
+    }
+    return kvs_tokenizer_decode(tok, ids, (size_t)n, text);
+}
+
+kvs_status kvs_closed_loop_task_tokenize(const kvs_tokenizer *tok, const kvs_closed_loop_task_item *it,
+                                         kvs_closed_loop_task_input *out) {
+    memset(out, 0, sizeof *out);
+    size_t nc = strlen(it->context), na = strlen(it->answer), nt = nc + 1 + na;
+    char *whole = malloc(nt + 1), *dec = NULL;
+    size_t cap = nt + 8, got = 0;
+    int32_t *ids = malloc(cap * sizeof *ids);
+    kvs_status st = KVS_OK;
+    if (!whole || !ids) {
+        st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    snprintf(whole, nt + 1, "%s %s", it->context, it->answer);
+    st = kvs_tokenizer_encode(tok, whole, 1, ids, cap, &got);
+    if (st == KVS_ERR_RANGE && got > cap) { /* more ids than bytes: byte fallback and BOS can do that */
+        int32_t *g = realloc(ids, got * sizeof *g);
+        if (!g) {
+            st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+            goto cleanup;
+        }
+        ids = g;
+        cap = got;
+        st = kvs_tokenizer_encode(tok, whole, 1, ids, cap, &got);
+    }
+    if (st != KVS_OK) goto cleanup;
+    KVS_TRY(st = decode_ids(tok, ids, (int64_t)got, &dec));
+    if (strcmp(dec, whole) != 0) {
+        st = kvs_fail(KVS_ERR_INVALID_ARG, "task item at line %lld: the tokenizer does not give its text back (it "
+                      "decodes to '%.80s'): the answer's place in the text is unknown", (long long)it->line, dec);
+        goto cleanup;
+    }
+    /* the longest run of whole tokens inside CONTEXT + " ": each decoded prefix is a prefix of the text, so the
+     * first prefix that reaches past it ends the run */
+    int64_t k = 0;
+    size_t klen = 0;
+    for (int64_t j = 1; j < (int64_t)got; j++) {
+        free(dec);
+        dec = NULL;
+        KVS_TRY(st = decode_ids(tok, ids, j, &dec));
+        size_t dl = strlen(dec);
+        if (dl > nc + 1 || strncmp(dec, whole, dl) != 0) break;
+        k = j;
+        klen = dl;
+    }
+    /* BOS alone (or nothing) read: no context to ask about */
+    if (k < 2 || klen == 0) {
+        st = kvs_fail(KVS_ERR_INVALID_ARG, "task item at line %lld: the tokenizer joins the whole context to the "
+                      "answer: nothing to read before it", (long long)it->line);
+        goto cleanup;
+    }
+    out->expected = dup_span(whole + klen, nt - klen);
+    if (!out->expected) {
+        st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    out->tokens = ids;
+    out->n_tokens = (int64_t)got;
+    out->n_context = k;
+    ids = NULL;
+cleanup:
+    free(whole);
+    free(dec);
+    free(ids);
+    return st;
+}
+
+kvs_status kvs_closed_loop_task_continuation(const kvs_tokenizer *tok, const kvs_closed_loop_task_input *in,
+                                             const int32_t *gen, int64_t n_gen, char **text) {
+    *text = NULL;
+    int64_t n = in->n_context + n_gen;
+    int32_t *ids = malloc((size_t)(n > 0 ? n : 1) * sizeof *ids);
+    char *ctx = NULL, *all = NULL;
+    kvs_status st = KVS_OK;
+    if (!ids) return kvs_fail(KVS_ERR_NOMEM, "out of memory");
+    memcpy(ids, in->tokens, (size_t)in->n_context * sizeof *ids);
+    if (n_gen > 0) memcpy(ids + in->n_context, gen, (size_t)n_gen * sizeof *ids);
+    KVS_TRY(st = decode_ids(tok, ids, in->n_context, &ctx));
+    KVS_TRY(st = decode_ids(tok, ids, n, &all));
+    size_t cl = strlen(ctx);
+    if (strncmp(all, ctx, cl) == 0) {
+        *text = dup_span(all + cl, strlen(all + cl));
+    } else { /* a piece that joins the context's last bytes (byte fallback): the generated tokens on their own */
+        free(all);
+        all = NULL;
+        KVS_TRY(st = decode_ids(tok, gen, n_gen, &all));
+        *text = dup_span(all, strlen(all));
+    }
+    if (!*text) st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+cleanup:
+    free(ids);
+    free(ctx);
+    free(all);
+    return st;
+}
+
+static int word_byte(unsigned char ch) {
+    return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || ch >= 0x80;
+}
+
+int kvs_closed_loop_task_match(const char *generated, const char *expected) {
+    while (*generated && is_space(*generated)) generated++;
+    while (*expected && is_space(*expected)) expected++;
+    size_t n = strlen(expected);
+    if (n == 0 || strncmp(generated, expected, n) != 0) return 0;
+    return !(word_byte((unsigned char)expected[n - 1]) && word_byte((unsigned char)generated[n]));
 }
