@@ -3,7 +3,8 @@
  * model bit for bit; the per-step KL and NLL against an independent long-double computation from the logits;
  * a naive reference of the window policy's closed loop written directly as a model attention hook; the leak
  * test (perturbing the full model's attention must not move the policy model, for every registered policy);
- * free-running consistency with teacher forcing; bad options.
+ * free-running consistency with teacher forcing; free-running after given tokens read through the policy (the
+ * first generated token then depends on the policy, and is what teacher forcing predicts); bad options.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -360,6 +361,71 @@ static void test_free_running_agrees_with_teacher_forcing_on_its_own_tokens(void
     kvs_closed_loop_result_free(r);
 }
 
+/* Free-running after given tokens: tokens[PROMPT..N_TOK) are read by both models (the policy model through S_t), then
+ * each generates. Those steps' reference is the next given token; the first generated token is the prediction at the
+ * last given position, so a policy moves it; teacher forcing the policy model on the given tokens and its own
+ * generation predicts that generation token for token. */
+static void test_free_running_after_given_tokens_reads_them_through_the_policy(void **state) {
+    fixture *f = *state;
+    NEED_MODEL(f);
+    const int64_t gen = 6, given = N_TOK - PROMPT;
+    /* the full policy reads the given tokens as the plain model does: every step agrees, nothing diverges */
+    kvs_closed_loop_opts o = tf_opts(f, "full", 4);
+    o.free_running = 1;
+    o.max_new = gen;
+    kvs_closed_loop_result *r = NULL;
+    assert_int_equal(kvs_closed_loop_run(&o, &r), KVS_OK);
+    assert_int_equal(r->n_generated, gen);
+    assert_int_equal(r->n_steps, given + gen - 1);
+    assert_int_equal(r->first_divergence, -1);
+    for (int64_t s = 0; s < r->n_steps; s++) {
+        assert_int_equal(r->steps[s].position, PROMPT + s);
+        if (s < given - 1) assert_int_equal(r->steps[s].ref_token, f->tokens[PROMPT + s + 1]);
+        else assert_int_equal(r->steps[s].ref_token, r->full_tokens[s - (given - 1)]);
+        assert_true(r->steps[s].kl == 0.0);
+    }
+    /* the full model's generation is the plain model's greedy continuation of all N_TOK tokens */
+    kvs_model_state *ms = NULL;
+    assert_int_equal(kvs_model_state_create(f->m, N_TOK + (int)gen, NULL, &ms), KVS_OK);
+    const float *lg = NULL;
+    const int V = kvs_model_info_get(f->m)->config.vocab_size;
+    for (int i = 0; i < N_TOK; i++) assert_int_equal(kvs_model_forward(ms, f->tokens[i], i, &lg), KVS_OK);
+    for (int64_t j = 0; j < gen; j++) {
+        int best = 0;
+        for (int k = 1; k < V; k++)
+            if (lg[k] > lg[best]) best = k;
+        assert_int_equal(r->full_tokens[j], best);
+        if (j + 1 < gen) assert_int_equal(kvs_model_forward(ms, best, N_TOK + (int)j, &lg), KVS_OK);
+    }
+    kvs_model_state_free(ms);
+    kvs_closed_loop_result_free(r);
+
+    /* a 2-token window: the policy model's generation, token 0 included, is teacher forcing's prediction */
+    o = tf_opts(f, "window", 2);
+    o.free_running = 1;
+    o.max_new = gen;
+    assert_int_equal(kvs_closed_loop_run(&o, &r), KVS_OK);
+    int32_t text[N_TOK + 6];
+    memcpy(text, f->tokens, N_TOK * sizeof(int32_t));
+    memcpy(text + N_TOK, r->policy_tokens, (size_t)gen * sizeof(int32_t));
+    kvs_closed_loop_opts t = tf_opts(f, "window", 2);
+    t.tokens = text;
+    t.n_tokens = N_TOK + gen;
+    kvs_closed_loop_result *tr = NULL;
+    assert_int_equal(kvs_closed_loop_run(&t, &tr), KVS_OK);
+    assert_int_equal(tr->n_steps, given + gen - 1);
+    for (int64_t s = 0; s < tr->n_steps; s++) {
+        assert_int_equal(tr->steps[s].policy_top1, r->steps[s].policy_top1);
+        if (s >= given - 1) assert_int_equal(tr->steps[s].policy_top1, r->policy_tokens[s - (given - 1)]);
+    }
+    /* the window reaches the first generated token: its distribution there (the step at the last given position)
+     * differs from the full model's, which a prompt of all N_TOK tokens (that token from the uncompressed prompt, the
+     * same in both) can never do */
+    assert_true(r->steps[given - 1].kl > 1e-6);
+    kvs_closed_loop_result_free(tr);
+    kvs_closed_loop_result_free(r);
+}
+
 static void test_bad_options_are_rejected(void **state) {
     fixture *f = *state;
     NEED_MODEL(f);
@@ -381,6 +447,27 @@ static void test_bad_options_are_rejected(void **state) {
     o.n_tokens = 3;
     o.prompt_len = 1;
     assert_int_equal(kvs_closed_loop_run(&o, &r), KVS_ERR_RANGE);
+    /* free-running: the prompt is at most the tokens given; a whole-input prompt needs 2 tokens generated (the first
+     * is the uncompressed prompt's), a shorter one 1 */
+    o = tf_opts(f, "window", 4);
+    o.free_running = 1;
+    o.prompt_len = N_TOK + 1;
+    o.max_new = 4;
+    assert_int_equal(kvs_closed_loop_run(&o, &r), KVS_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvs_last_error(), "free-running: prompt length 41 must be in [1, 40]"));
+    o.prompt_len = N_TOK;
+    o.max_new = 1;
+    assert_int_equal(kvs_closed_loop_run(&o, &r), KVS_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvs_last_error(), "--steps 1 must be >= 2"));
+    o.prompt_len = N_TOK - 1;
+    o.max_new = 0;
+    assert_int_equal(kvs_closed_loop_run(&o, &r), KVS_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvs_last_error(), "0 tokens to generate"));
+    o.max_new = 1;
+    assert_int_equal(kvs_closed_loop_run(&o, &r), KVS_OK);
+    assert_int_equal(r->n_generated, 1);
+    assert_int_equal(r->n_steps, 1);
+    kvs_closed_loop_result_free(r);
 }
 
 /* ---- one host for both drivers ---- */
@@ -507,6 +594,7 @@ int main(void) {
         cmocka_unit_test(test_window_matches_a_naive_reference),
         cmocka_unit_test(test_policy_model_never_sees_the_full_model),
         cmocka_unit_test(test_free_running_agrees_with_teacher_forcing_on_its_own_tokens),
+        cmocka_unit_test(test_free_running_after_given_tokens_reads_them_through_the_policy),
         cmocka_unit_test(test_bad_options_are_rejected),
         cmocka_unit_test(test_closed_loop_accounts_as_the_replay),
         cmocka_unit_test(test_closed_loop_checks_stored_positions),
