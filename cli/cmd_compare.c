@@ -83,7 +83,7 @@ static void usage(FILE *f) {
             "  --per-trace     one row per series (per trace), as with a single trace\n"
             "  --across-traces the groups even when every model has one trace\n"
             "  --pairs         every pair of groups of a model (default: each group against the best one, the\n"
-            "                  first non-oracle group by the first metric)\n"
+            "                  first non-oracle group by the first metric); implies --across-traces\n"
             "  --csv across:   one row per group: policy,params,label,flags,is_oracle,prompt_only,degenerate,\n"
             "                  kv_bytes,aux_bytes,model,measure,match,x,at,n_traces,n,n_out_of_range,n_gap,n_no_x,\n"
             "                  n_not_run,excluded, per metric M: M,M_lo,M_hi,M_n, then vs_best,<M1>_diff,\n"
@@ -805,13 +805,10 @@ int kvs_cmd_compare(int argc, char **argv) {
     KVS_TRY(st = kvs_compare_across_create(cmp, &ac));
     /* Across traces when asked, or by default as soon as a model has several traces (one per prompt): one trace
      * is one sample, and the answer a reader needs is over them. */
-    if (across || (!per_trace && kvs_compare_across_max_traces(ac) >= 2)) {
+    if (across || pairs || (!per_trace && kvs_compare_across_max_traces(ac) >= 2)) {
         if (csv) print_across_csv(stdout, cmp, ac, cols, n_cols, pairs, &st);
         else if (json) print_across_json(stdout, cmp, ac, cols, n_cols, pairs, &st);
         else print_across_table(stdout, cmp, ac, cols, n_cols, pairs, &st);
-    } else if (pairs) {
-        st = kvs_fail(KVS_ERR_INVALID_ARG, "--pairs: every model has one trace here: one trace gives no interval "
-                                           "(replay several traces of a model, e.g. examples/capture_prompts.sh)");
     } else if (csv) print_csv(stdout, cmp, cols, n_cols);
     else if (json) print_json(stdout, cmp, cols, n_cols);
     else {

@@ -384,7 +384,7 @@ struct kvs_compare_across {
 
 static const char *nz(const char *s) { return s ? s : ""; }
 
-static void trace_identity(const kvs_results_run_row *w, char out[KVS_COMPARE_TRACE_ID_CAP]) {
+void kvs_compare_trace_identity(const kvs_results_run_row *w, char out[KVS_COMPARE_TRACE_ID_CAP]) {
     if (w->trace_sha256) snprintf(out, KVS_COMPARE_TRACE_ID_CAP, "%s", w->trace_sha256);
     else snprintf(out, KVS_COMPARE_TRACE_ID_CAP, "trace#%" PRId64, w->trace_id);
 }
@@ -588,7 +588,7 @@ kvs_status kvs_compare_across_create(const kvs_compare *c, kvs_compare_across **
             }
         }
         char id[KVS_COMPARE_TRACE_ID_CAP];
-        trace_identity(s->rep, id);
+        kvs_compare_trace_identity(s->rep, id);
         size_t t = 0;
         while (t < set->n_traces && strcmp(set->trace_id[t], id)) t++;
         if (t == set->n_traces) {
@@ -623,7 +623,7 @@ kvs_status kvs_compare_across_create(const kvs_compare *c, kvs_compare_across **
             }
         }
         char id[KVS_COMPARE_TRACE_ID_CAP];
-        trace_identity(s->rep, id);
+        kvs_compare_trace_identity(s->rep, id);
         const char(*hit)[KVS_COMPARE_TRACE_ID_CAP] =
             bsearch(id, set->trace_id, set->n_traces, sizeof *set->trace_id, cmp_trace_ids);
         if (hit) gr->by_trace[hit - set->trace_id] = s; /* always found: the set holds every trace of its series */

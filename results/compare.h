@@ -29,6 +29,10 @@
  *
  * Flags (kvs_compare_run_flags): one derivation of the letters `kvsim runs`, `kvsim report` and `kvsim compare`
  * show: O oracle, P prompt-only budget, F failed, N a replay note (the configuration degenerates).
+ *
+ * Across traces (the second half of this header): with several traces of one model, each configuration's mean at X
+ * over them with a percentile bootstrap interval resampling traces, and paired differences between configurations
+ * (`kvsim compare` shows it by default when a model has two or more traces; `kvsim report` tabulates it).
  */
 #ifndef KVS_COMPARE_H
 #define KVS_COMPARE_H
@@ -210,6 +214,8 @@ uint64_t kvs_compare_fnv1a(uint64_t h, const char *s);
 
 /* The identity of a trace in a seed: its content hash (64 hex), or "trace#<id>". */
 #define KVS_COMPARE_TRACE_ID_CAP 72
+/*! kvs_compare_trace_identity() : run w's trace identity into out. */
+void kvs_compare_trace_identity(const kvs_results_run_row *w, char out[KVS_COMPARE_TRACE_ID_CAP]);
 
 /* One (model, measure) set of an across-traces comparison. Read-only view owned by its kvs_compare_across. */
 typedef struct {

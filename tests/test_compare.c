@@ -5,6 +5,10 @@
  * series out of range (never extrapolated), series without a recorded x, separation by trace and measure,
  * oracle labels, sorting by the first metric, the suffixes of --at, CSV/JSON/table output, and every bad
  * option (exit 2) or unusable database (exit 1).
+ * Across traces: five traces of one model whose values at X are set by hand; each configuration's mean against
+ * a hand sum, its interval against a bootstrap done here (the seed's identity string hashed here, the resampling
+ * order reproduced), exclusions (gap, out of range, not run), a paired difference resolved where the two own
+ * intervals overlap and one that is not, --pairs, JSON seeds, and a one-trace database saying no interval.
  */
 #include <fcntl.h>
 #include <math.h>
@@ -23,6 +27,7 @@
 
 #include "common/json.h"
 #include "common/kvs.h"
+#include "common/kvs_rng.h"
 #include "results/results.h"
 #include "results/results_sweep.h"
 #include "tests/util/testenv.h"
@@ -965,6 +970,333 @@ static void test_gap_on_a_morphkv_sweep(void **state) {
     free(runs.text);
 }
 
+/* ------------------------------------------------------------------------------------------------
+ * Across traces: a configuration's mean over the traces of its model, its bootstrap interval, paired differences
+ * ---------------------------------------------------------------------------------------------- */
+
+/* Five traces of model "mp" (content hashes H0..H4, in ascending order) and, for a one-trace set beside them, one
+ * trace of model "solo". Per trace i the values at X = 2 KiB (out_err_mean) are set by hand:
+ *   alpha : exact at 2 KiB                  .30 .50 .20 .40 .60            (mean .40)
+ *   beta  : alpha + .02 .03 .01 .025 .015   (mean .42; on H0 interpolated halfway in ln x between 1 KiB (.42) and
+ *           4 KiB (.22): .32): the traces' spread dwarfs the difference, the paired difference is always > 0
+ *   delta : alpha + .05 -.04 .04 -.03 0     (mean .404): a paired difference whose interval holds 0
+ *   gamma : .90 .80 .85 exact on H0..H2; a gap on H3 (1 KiB .. 8 KiB, 8x apart); out of range on H4 (4, 8 KiB)
+ *   zeta  : .70 .75 on H0, H1 only (not run on H2..H4) */
+static const char *const HX[5] = {
+    "1000000000000000000000000000000000000000000000000000000000000000",
+    "2000000000000000000000000000000000000000000000000000000000000000",
+    "3000000000000000000000000000000000000000000000000000000000000000",
+    "4000000000000000000000000000000000000000000000000000000000000000",
+    "5000000000000000000000000000000000000000000000000000000000000000",
+};
+static const char HSOLO[] = "9000000000000000000000000000000000000000000000000000000000000000";
+static const double ALPHA[5] = {.30, .50, .20, .40, .60}, BETA_D[5] = {.02, .03, .01, .025, .015},
+                    DELTA_D[5] = {.05, -.04, .04, -.03, 0}, GAMMA[3] = {.90, .80, .85}, ZETA[2] = {.70, .75};
+
+static void put_at(kvs_results_db *db, int trace, const char *policy, double x, double err) {
+    char path[64];
+    const char *sha = trace < 5 ? HX[trace] : HSOLO;
+    snprintf(path, sizeof path, "/traces/p%d.kvt", trace);
+    put_run_ex(db, (run_spec){path, trace < 5 ? "mp" : "solo", policy, "", "decode", 0, (int64_t)x / 64, x, x, err,
+                              err, .5, .5},
+               (run_extra){.sha = sha});
+}
+
+static void make_across_db(tmp_ctx *t) {
+    kvs_results_db *db = fresh_db(t, "across.db");
+    for (int i = 0; i < 5; i++) {
+        put_at(db, i, "alpha", 2048, ALPHA[i]);
+        put_at(db, i, "alpha", 8192, ALPHA[i] / 2);
+        if (i == 0) {
+            put_at(db, i, "beta", 1024, .42);
+            put_at(db, i, "beta", 4096, .22);
+        } else put_at(db, i, "beta", 2048, ALPHA[i] + BETA_D[i]);
+        put_at(db, i, "delta", 2048, ALPHA[i] + DELTA_D[i]);
+        if (i < 3) put_at(db, i, "gamma", 2048, GAMMA[i]);
+        else if (i == 3) put_at(db, i, "gamma", 1024, .9), put_at(db, i, "gamma", 8192, .5);
+        else put_at(db, i, "gamma", 4096, .9), put_at(db, i, "gamma", 8192, .5);
+        if (i < 2) put_at(db, i, "zeta", 2048, ZETA[i]);
+    }
+    put_at(db, 5, "alpha", 2048, .33);
+    put_at(db, 5, "alpha", 4096, .22);
+    kvs_results_close(db);
+}
+
+/* The seed compare.h states, written out: FNV-1a 64 of the identity string. */
+static uint64_t fnv1a(const char *s) {
+    uint64_t h = 14695981039346656037ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static int cmp_dbl(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double q7(const double *v, size_t n, double q) { /* Hyndman-Fan type 7 */
+    double pos = q * (double)(n - 1);
+    size_t i = (size_t)pos;
+    return i + 1 < n ? v[i] + (pos - (double)i) * (v[i + 1] - v[i]) : v[n - 1];
+}
+
+/* The percentile bootstrap of kvs_stats.h done here by hand: 2000 resamples of n units drawn by PCG32 (seed, stream
+ * "boot"), each unit index = (u32 * n) >> 32, the resampled means' 2.5 % and 97.5 % quantiles. */
+static void boot_by_hand(const double *x, size_t n, uint64_t seed, double *lo, double *hi) {
+    double *m = malloc(2000 * sizeof *m);
+    assert_non_null(m);
+    kvs_rng g;
+    kvs_rng_seed(&g, seed, 0x626f6f74);
+    for (int b = 0; b < 2000; b++) {
+        long double s = 0;
+        for (size_t i = 0; i < n; i++) s += x[((uint64_t)kvs_rng_u32(&g) * n) >> 32];
+        m[b] = (double)(s / (long double)n);
+    }
+    qsort(m, 2000, sizeof *m, cmp_dbl);
+    *lo = q7(m, 2000, 0.025);
+    *hi = q7(m, 2000, 0.975);
+    free(m);
+}
+
+/* The trace ids of the traces listed (indices into HX), joined as the seed string joins them. */
+static void ids_of(char *buf, size_t cap, const int *tr, int n) {
+    buf[0] = '\0';
+    for (int k = 0; k < n; k++) snprintf(buf + strlen(buf), cap - strlen(buf), "%s%s", k ? "," : "", HX[tr[k]]);
+}
+
+static int group_row(const csv_table *c, const char *policy, const char *model) {
+    return row_where(c, "policy", policy, "model", model);
+}
+
+static void test_across_traces_means_and_intervals(void **state) {
+    tmp_ctx *t = *state;
+    need_bin();
+    make_across_db(t);
+    csv_table c;
+    /* a model with 5 traces: the across view by default */
+    const char *args[] = {"--match", "mem", "--at", "2KiB", "--metric", "out_err_mean", NULL};
+    compare_csv(t, args, &c);
+    assert_int_equal(c.n_rows, 6); /* alpha beta delta gamma zeta of mp, alpha of solo */
+    double beta[5], delta[5];
+    for (int i = 0; i < 5; i++) beta[i] = ALPHA[i] + BETA_D[i], delta[i] = ALPHA[i] + DELTA_D[i];
+    beta[0] = by_hand(2048, 1024, .42, 4096, .22); /* halfway in ln x between 1 and 4 KiB */
+    struct {
+        const char *policy;
+        const double *v;
+        int n;
+        int tr[5];
+    } want[] = {{"alpha", ALPHA, 5, {0, 1, 2, 3, 4}}, {"beta", beta, 5, {0, 1, 2, 3, 4}},
+                {"delta", delta, 5, {0, 1, 2, 3, 4}}, {"gamma", GAMMA, 3, {0, 1, 2}}, {"zeta", ZETA, 2, {0, 1}}};
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
+        int r = group_row(&c, want[k].policy, "mp");
+        double sum = 0;
+        for (int i = 0; i < want[k].n; i++) sum += want[k].v[i];
+        expect_near(&c, r, "out_err_mean", sum / want[k].n); /* the mean, summed by hand */
+        expect_num(&c, r, "out_err_mean_n", want[k].n);
+        expect_num(&c, r, "n", want[k].n);
+        expect_num(&c, r, "n_traces", 5);
+        /* the interval: the seed of compare.h's identity string and the bootstrap, both by hand */
+        char ids[512], id[1024], lo_s[64], hi_s[64];
+        ids_of(ids, sizeof ids, want[k].tr, want[k].n);
+        snprintf(id, sizeof id, "mem|storage_bytes_mean|2048|out_err_mean|%s||decode|-1|-1|mp|%s", want[k].policy, ids);
+        double lo, hi;
+        boot_by_hand(want[k].v, (size_t)want[k].n, fnv1a(id), &lo, &hi);
+        expect_near(&c, r, "out_err_mean_lo", lo);
+        expect_near(&c, r, "out_err_mean_hi", hi);
+        double m = strtod(cell(&c, r, "out_err_mean"), NULL);
+        snprintf(lo_s, sizeof lo_s, "%s", cell(&c, r, "out_err_mean_lo"));
+        snprintf(hi_s, sizeof hi_s, "%s", cell(&c, r, "out_err_mean_hi"));
+        assert_true(strtod(lo_s, NULL) <= m && m <= strtod(hi_s, NULL));
+        assert_true(strtod(lo_s, NULL) < strtod(hi_s, NULL)); /* n >= 2 traces that differ: a real interval */
+    }
+    /* sorted by the mean, best first; gamma's exclusions named */
+    expect_str(&c, 0, "policy", "alpha");
+    expect_str(&c, 1, "policy", "delta");
+    expect_str(&c, 2, "policy", "beta");
+    int g = group_row(&c, "gamma", "mp"), z = group_row(&c, "zeta", "mp");
+    expect_num(&c, g, "n_gap", 1);
+    expect_num(&c, g, "n_out_of_range", 1);
+    expect_num(&c, g, "n_not_run", 0);
+    expect_str(&c, g, "excluded", "out of range: mp@50000000; gap: mp@40000000");
+    expect_num(&c, z, "n_not_run", 3);
+    expect_str(&c, z, "excluded", "not run: mp@30000000, mp@40000000, mp@50000000");
+    /* one trace of solo: its value, no interval */
+    int s = group_row(&c, "alpha", "solo");
+    expect_num(&c, s, "n_traces", 1);
+    expect_num(&c, s, "out_err_mean", .33);
+    expect_num(&c, s, "out_err_mean_lo", .33);
+    expect_num(&c, s, "out_err_mean_hi", .33);
+    expect_str(&c, s, "resolved", "");
+    free(c.text);
+
+    /* the same database compared the same way: the same bytes */
+    compare_csv(t, args, &c);
+    char *first = c.text;
+    compare_csv(t, args, &c);
+    assert_string_equal(first, c.text);
+    free(first);
+    free(c.text);
+
+    /* --per-trace: today's series, one per (policy, trace) */
+    const char *per[] = {"--match", "mem", "--at", "2KiB", "--metric", "out_err_mean", "--per-trace", NULL};
+    compare_csv(t, per, &c);
+    assert_int_equal(c.n_rows, 5 + 5 + 5 + 5 + 2 + 1);
+    cell(&c, 0, "trace_sha256"); /* the per-trace schema */
+    free(c.text);
+}
+
+/* beta - alpha: the two configurations' own intervals overlap (the traces differ far more than the configurations),
+ * yet every trace has beta above alpha: the paired interval excludes 0. delta - alpha holds 0. */
+static void test_across_traces_paired_differences(void **state) {
+    tmp_ctx *t = *state;
+    need_bin();
+    make_across_db(t);
+    csv_table c;
+    const char *args[] = {"--match", "mem", "--at", "2KiB", "--metric", "out_err_mean", NULL};
+    compare_csv(t, args, &c);
+    int a = group_row(&c, "alpha", "mp"), b = group_row(&c, "beta", "mp"), d = group_row(&c, "delta", "mp");
+    double a_hi = strtod(cell(&c, a, "out_err_mean_hi"), NULL), b_lo = strtod(cell(&c, b, "out_err_mean_lo"), NULL);
+    assert_true(b_lo < a_hi); /* unpaired intervals overlap */
+    expect_str(&c, b, "vs_best", "alpha");
+    double diff[5], beta0 = by_hand(2048, 1024, .42, 4096, .22);
+    for (int i = 0; i < 5; i++) diff[i] = (i ? ALPHA[i] + BETA_D[i] : beta0) - ALPHA[i];
+    int all[5] = {0, 1, 2, 3, 4};
+    char ids[512], id[1024];
+    ids_of(ids, sizeof ids, all, 5);
+    snprintf(id, sizeof id, "mem|storage_bytes_mean|2048|out_err_mean|beta||decode|-1|-1|mp|-|alpha||decode|-1|-1|mp|%s",
+             ids);
+    double lo, hi;
+    boot_by_hand(diff, 5, fnv1a(id), &lo, &hi);
+    expect_near(&c, b, "out_err_mean_diff", .02);
+    expect_near(&c, b, "out_err_mean_diff_lo", lo);
+    expect_near(&c, b, "out_err_mean_diff_hi", hi);
+    expect_num(&c, b, "out_err_mean_diff_n", 5);
+    assert_true(lo > 0);
+    expect_str(&c, b, "resolved", "1");
+    for (int i = 0; i < 5; i++) diff[i] = DELTA_D[i];
+    snprintf(id, sizeof id, "mem|storage_bytes_mean|2048|out_err_mean|delta||decode|-1|-1|mp|-|alpha||decode|-1|-1|mp|%s",
+             ids);
+    boot_by_hand(diff, 5, fnv1a(id), &lo, &hi);
+    expect_near(&c, d, "out_err_mean_diff", .004);
+    expect_near(&c, d, "out_err_mean_diff_lo", lo);
+    expect_near(&c, d, "out_err_mean_diff_hi", hi);
+    assert_true(lo < 0 && hi > 0);
+    expect_str(&c, d, "resolved", "0");
+    expect_str(&c, a, "vs_best", ""); /* the best itself */
+    /* zeta - alpha over the two traces both have */
+    int z = group_row(&c, "zeta", "mp");
+    expect_num(&c, z, "out_err_mean_diff_n", 2);
+    expect_near(&c, z, "out_err_mean_diff", ((.70 - .30) + (.75 - .50)) / 2);
+    free(c.text);
+
+    /* --pairs: every pair of a set, a - b with a the better-ranked */
+    const char *pairs[] = {"--match", "mem", "--at", "2KiB", "--metric", "out_err_mean", "--pairs", NULL};
+    compare_csv(t, pairs, &c);
+    assert_int_equal(c.n_rows, 10); /* C(5, 2) in mp; solo has one configuration */
+    int r = row_where(&c, "a", "alpha", "b", "beta");
+    expect_near(&c, r, "diff", -.02);
+    expect_num(&c, r, "n", 5);
+    expect_str(&c, r, "resolved", "-1");
+    r = row_where(&c, "a", "alpha", "b", "delta");
+    expect_str(&c, r, "resolved", "0");
+    r = row_where(&c, "a", "zeta", "b", "gamma"); /* zeta (.725) ranks before gamma (.85); H0 and H1 in common */
+    expect_num(&c, r, "n", 2);
+    expect_near(&c, r, "diff", ((.70 - .90) + (.75 - .80)) / 2);
+    free(c.text);
+}
+
+/* The table and JSON say the same; a database with one trace per model says "no interval"; bad combinations. */
+static void test_across_traces_text_json_and_one_trace(void **state) {
+    tmp_ctx *t = *state;
+    need_bin();
+    make_across_db(t);
+    char *tab[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "2KiB", "--metric", "out_err_mean", NULL};
+    assert_int_equal(run_cli(tab, t->out, t->err), 0);
+    char *text = kvs_test_slurp(t->out, NULL);
+    assert_non_null(strstr(text, "across traces"));
+    assert_non_null(strstr(text, "model mp, measure decode: 5 traces\n"));
+    assert_non_null(strstr(text, "model solo, measure decode: 1 trace (one trace: no interval)\n"));
+    assert_non_null(strstr(text, "  beta - alpha: +0.02 ["));
+    assert_non_null(strstr(text, "over 5 traces: resolved: alpha better (lower out_err_mean)\n"));
+    assert_non_null(strstr(text, "  delta - alpha: +0.004 ["));
+    assert_non_null(strstr(text, "over 5 traces: not resolved\n"));
+    assert_non_null(strstr(text, "  gamma excluded on out of range: mp@50000000; gap: mp@40000000\n"));
+    assert_non_null(strstr(text, "1 out of range, 1 gap"));
+    free(text);
+    char *js[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "2KiB", "--metric", "out_err_mean", "--json",
+                  "--pairs", NULL};
+    assert_int_equal(run_cli(js, t->out, t->err), 0);
+    text = kvs_test_slurp(t->out, NULL);
+    kvs_json *root = NULL;
+    expect_ok(kvs_json_parse(text, strlen(text), &root));
+    assert_string_equal(kvs_json_string(kvs_json_get(root, "view")), "across_traces");
+    const kvs_json *sets = kvs_json_get(root, "sets"), *mp = kvs_json_at(sets, 0);
+    assert_int_equal(kvs_json_len(sets), 2);
+    assert_string_equal(kvs_json_string(kvs_json_get(mp, "model")), "mp");
+    assert_string_equal(kvs_json_string(kvs_json_get(mp, "best")), "alpha");
+    assert_int_equal(kvs_json_len(kvs_json_get(mp, "traces")), 5);
+    assert_string_equal(kvs_json_string(kvs_json_get(kvs_json_at(kvs_json_get(mp, "traces"), 0), "id")), HX[0]);
+    const kvs_json *alpha = kvs_json_at(kvs_json_get(mp, "groups"), 0);
+    const kvs_json *v = kvs_json_get(kvs_json_get(alpha, "values"), "out_err_mean");
+    assert_true(fabs(kvs_json_number(kvs_json_get(v, "mean")) - .4) < 1e-12);
+    int all[5] = {0, 1, 2, 3, 4};
+    char ids[512], id[1024], hex[32];
+    ids_of(ids, sizeof ids, all, 5);
+    snprintf(id, sizeof id, "mem|storage_bytes_mean|2048|out_err_mean|alpha||decode|-1|-1|mp|%s", ids);
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)fnv1a(id));
+    assert_string_equal(kvs_json_string(kvs_json_get(v, "seed")), hex);
+    const kvs_json *gamma = kvs_json_at(kvs_json_get(mp, "groups"), 4);
+    assert_string_equal(kvs_json_string(kvs_json_get(gamma, "policy")), "gamma");
+    assert_string_equal(kvs_json_string(kvs_json_at(kvs_json_get(kvs_json_get(gamma, "excluded"), "gap"), 0)),
+                        "mp@40000000");
+    assert_int_equal(kvs_json_len(kvs_json_get(mp, "pairs")), 10);
+    const kvs_json *solo = kvs_json_at(sets, 1);
+    const kvs_json *sv = kvs_json_get(kvs_json_get(kvs_json_at(kvs_json_get(solo, "groups"), 0), "values"),
+                                      "out_err_mean");
+    assert_true(kvs_json_number(kvs_json_get(sv, "n")) == 1);
+    assert_true(kvs_json_number(kvs_json_get(sv, "lo")) == kvs_json_number(kvs_json_get(sv, "hi")));
+    kvs_json_free(root);
+    free(text);
+
+    /* one trace per model: today's table, and it says there is no interval */
+    kvs_results_db *db = fresh_db(t, "one.db");
+    put_at(db, 5, "alpha", 2048, .33);
+    put_at(db, 5, "alpha", 4096, .22);
+    put_at(db, 5, "beta", 2048, .5);
+    kvs_results_close(db);
+    char *one[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "2KiB", NULL};
+    assert_int_equal(run_cli(one, t->out, t->err), 0);
+    text = kvs_test_slurp(t->out, NULL);
+    assert_non_null(strstr(text, ": 2 series\n"));
+    assert_non_null(strstr(text, "one trace per model and measure: no interval"));
+    assert_null(strstr(text, "across traces"));
+    free(text);
+    char *onep[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "2KiB", "--pairs", NULL};
+    assert_int_equal(run_cli(onep, t->out, t->err), 0);
+    text = kvs_test_slurp(t->out, NULL);
+    assert_non_null(strstr(text, "1 trace (one trace: no interval)"));
+    assert_non_null(strstr(text, "alpha - beta: -0.17 over one trace: no interval: not resolved\n"));
+    free(text);
+    csv_table c;
+    const char *acr[] = {"--match", "mem", "--at", "2KiB", "--metric", "out_err_mean", "--across-traces", NULL};
+    compare_csv(t, acr, &c);
+    assert_int_equal(c.n_rows, 2);
+    expect_num(&c, 0, "n", 1);
+    expect_num(&c, 0, "out_err_mean_lo", .33);
+    expect_num(&c, 1, "out_err_mean_diff_n", 1);
+    expect_str(&c, 1, "resolved", "0");
+    free(c.text);
+    /* bad combinations: usage errors */
+    char *both[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "2K", "--per-trace", "--across-traces", NULL};
+    assert_int_equal(run_cli(both, t->out, t->err), 2);
+    char *e = kvs_test_slurp(t->err, NULL);
+    assert_non_null(strstr(e, "--per-trace and --across-traces exclude each other"));
+    free(e);
+    char *pp[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "2K", "--per-trace", "--pairs", NULL};
+    assert_int_equal(run_cli(pp, t->out, t->err), 2);
+    char *twice[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "2K", "--pairs", "--pairs", NULL};
+    assert_int_equal(run_cli(twice, t->out, t->err), 2);
+}
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_mem_interpolates_in_log_x, setup_db, teardown_db),
@@ -977,6 +1309,9 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_prompt_only_and_note_flags, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_x_stat_max, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_gap_on_a_morphkv_sweep, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_across_traces_means_and_intervals, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_across_traces_paired_differences, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_across_traces_text_json_and_one_trace, setup_db, teardown_db),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
