@@ -174,6 +174,19 @@ static void fmt_metric(char *buf, size_t cap, double v, kvs_metric m) {
 }
 
 
+/* Appends one entry to a cell, after `sep` when the cell is not empty. */
+static void cell_append(char *cell, size_t cap, const char *sep, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void cell_append(char *cell, size_t cap, const char *sep, const char *fmt, ...) {
+    size_t len = strlen(cell);
+    if (len && len < cap) len += (size_t)snprintf(cell + len, cap - len, "%s", sep);
+    if (len >= cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cell + len, cap - len, fmt, ap);
+    va_end(ap);
+}
+
 /* ------------------------------------------------------------------------------------------------
  * Plots: drawn into the report folder, embedded as data: URIs
  * ---------------------------------------------------------------------------------------------- */
@@ -293,6 +306,107 @@ static kvs_status compare_columns(kvs_compare_column *cols) {
     return KVS_OK;
 }
 
+/* "mean [lo, hi] (n)" of an interval; the value and "(one trace: no interval)" over one trace; "-" over none. */
+static void fmt_interval(char *buf, size_t cap, const kvs_interval *iv, kvs_metric m) {
+    char a[64], b[64], c[64];
+    if (iv->n == 0) {
+        snprintf(buf, cap, "-");
+        return;
+    }
+    fmt_metric(a, sizeof a, iv->mean, m);
+    if (iv->n == 1) {
+        snprintf(buf, cap, "%s (one trace: no interval)", a);
+        return;
+    }
+    fmt_metric(b, sizeof b, iv->lo, m);
+    fmt_metric(c, sizeof c, iv->hi, m);
+    snprintf(buf, cap, "%s [%s, %s] (%zu)", a, b, c, iv->n);
+}
+
+/* The equal-cost tables over traces (results/compare.h "Across traces"): per (model, measure) with two or more
+ * traces, each configuration's mean [lo, hi] (n) and the resolved orderings of its paired differences against the
+ * best one. */
+static kvs_status across_tables(report_ctx *ctx, const kvs_compare *cmp, const kvs_compare_across *ac,
+                                const kvs_compare_column *cols) {
+    para(ctx, "Over traces: with several traces of a model (one per prompt), each configuration's value at %s "
+              "on each trace where it has one (as in the per-trace table below), their mean, its percentile bootstrap "
+              "%g%% interval resampling traces [lo, hi] (%d resamples, seeded from what is compared: the same "
+              "database gives the same intervals) and (n) the traces used (kvsim compare %s --match %s --at %.17g). "
+              "An ordering of two configurations is resolved when the interval of their paired difference in "
+              "out_err_mean (mean of a - b over the traces both have a value on) excludes 0.",
+         kvs_compare_x_name(cmp), 100 * 0.95, KVS_BOOTSTRAP_REPS, kvs_path_base(ctx->opt->db_path),
+         kvs_compare_match_name(kvs_compare_match_of(cmp)), kvs_compare_at(cmp));
+    char one[2048] = "";
+    for (size_t k = 0; k < kvs_compare_across_n_sets(ac); k++) {
+        const kvs_compare_set *set = kvs_compare_across_set_at(ac, k);
+        if (set->n_traces < 2) {
+            cell_append(one, sizeof one, "; ", "%s (%s)", set->model[0] ? set->model : "unknown", set->measure);
+            continue;
+        }
+        char sub[512];
+        snprintf(sub, sizeof sub, "Model %s, measure %s: %zu traces", set->model[0] ? set->model : "unknown",
+                 set->measure, set->n_traces);
+        subheading(ctx, sub);
+        const char *head[4 + N_COMPARE_COLS + 1];
+        int nh = 0;
+        head[nh++] = "policy";
+        head[nh++] = "params";
+        head[nh++] = "flags";
+        head[nh++] = "traces used";
+        for (int c = 0; c < N_COMPARE_COLS; c++) head[nh++] = compare_cols[c];
+        head[nh++] = "excluded";
+        table_begin(ctx, nh, head);
+        for (size_t gi = set->first; gi < set->first + set->n; gi++) {
+            const kvs_compare_group *g = kvs_compare_across_group_at(ac, gi);
+            char flags[KVS_COMPARE_FLAGS_CAP], used[64], vals[N_COMPARE_COLS][256], excl[2048];
+            kvs_compare_group_flags(g, flags);
+            snprintf(used, sizeof used, "%zu of %zu", g->n_used, set->n_traces);
+            for (int c = 0; c < N_COMPARE_COLS; c++) fmt_interval(vals[c], sizeof vals[c], &g->col[c], cols[c].m);
+            kvs_compare_group_excluded(ac, g, excl, sizeof excl);
+            const char *cell[4 + N_COMPARE_COLS + 1];
+            int n = 0;
+            cell[n++] = g->rep->rep->policy;
+            cell[n++] = g->rep->rep->params;
+            cell[n++] = flags;
+            cell[n++] = used;
+            for (int c = 0; c < N_COMPARE_COLS; c++) cell[n++] = vals[c];
+            cell[n++] = excl;
+            table_row(ctx, n, cell);
+        }
+        table_end(ctx);
+        if (set->best == SIZE_MAX) continue;
+        /* each configuration with a value against the best one */
+        const kvs_compare_group *best = kvs_compare_across_group_at(ac, set->best);
+        char resolved[4096] = "", open_[4096] = "";
+        for (size_t gi = set->first; gi < set->first + set->n; gi++) {
+            const kvs_compare_group *g = kvs_compare_across_group_at(ac, gi);
+            if (gi == set->best || g->col[0].n == 0) continue;
+            kvs_compare_diff d;
+            kvs_status st = kvs_compare_across_diff(ac, gi, set->best, 0, &d);
+            if (st != KVS_OK) return st;
+            if (d.resolved) { /* said as lower - higher, so the difference reads negative whichever comes first */
+                int g_lower = d.resolved < 0;
+                double sg = g_lower ? 1 : -1;
+                double lo = g_lower ? d.d.lo : -d.d.hi, hi = g_lower ? d.d.hi : -d.d.lo;
+                cell_append(resolved, sizeof resolved, "; ", "%s lower than %s (paired difference %+.4g [%+.4g, %+.4g] "
+                                                           "over %zu traces)",
+                            g_lower ? g->label : best->label, g_lower ? best->label : g->label, sg * d.d.mean, lo, hi,
+                            d.d.n);
+            }
+            else if (d.d.n >= 2)
+                cell_append(open_, sizeof open_, "; ", "%s vs %s (%+.4g [%+.4g, %+.4g] over %zu traces)", g->label,
+                            best->label, d.d.mean, d.d.lo, d.d.hi, d.d.n);
+            else
+                cell_append(open_, sizeof open_, "; ", "%s vs %s (%zu trace%s in common: no interval)", g->label,
+                            best->label, d.d.n, d.d.n == 1 ? "" : "s");
+        }
+        para(ctx, "Best by mean out_err_mean: %s. Resolved orderings: %s. Not resolved: %s.", best->label,
+             resolved[0] ? resolved : "none", open_[0] ? open_ : "none");
+    }
+    if (one[0]) para(ctx, "One trace: no interval for %s (their values are in the per-trace table).", one);
+    return KVS_OK;
+}
+
 /* The equal-cost table at X under `match` (the rows of `kvsim compare DB --match M --at X`). */
 static kvs_status compare_table(report_ctx *ctx, kvs_compare_match match, double X) {
     kvs_compare_column cols[N_COMPARE_COLS];
@@ -313,6 +427,19 @@ static kvs_status compare_table(report_ctx *ctx, kvs_compare_match match, double
     }
     char xb[64];
     kvs_format_bytes(xb, sizeof xb, X);
+    /* Several traces of a model (one per prompt): the answer over them first, each trace's series after. */
+    kvs_compare_across *ac = NULL;
+    size_t max_traces = 0;
+    if ((st = kvs_compare_across_create(cmp, &ac)) == KVS_OK && (max_traces = kvs_compare_across_max_traces(ac)) >= 2)
+        st = across_tables(ctx, cmp, ac, cols);
+    kvs_compare_across_free(ac);
+    if (st != KVS_OK) {
+        kvs_compare_free(cmp);
+        return st;
+    }
+    if (max_traces >= 2) subheading(ctx, "Per trace");
+    else para(ctx, "One trace per model: no interval (several traces of a model, one per prompt, give each policy's "
+                   "mean over them with a bootstrap interval: examples/capture_prompts.sh).");
     para(ctx, "Every series (policy, params, trace, measure) interpolated linearly in log(%s) to %s per KV head "
               "between the two runs that bracket it (kvsim compare %s --match %s --at %.17g); sorted by mean output "
               "error, best first. A series whose runs do not bracket it is listed as out of range, never "
@@ -471,19 +598,6 @@ static void fmt_err_pair(char *a, char *b, size_t cap, double x, double y) {
     }
 }
 
-/* Appends one entry to a cell, after `sep` when the cell is not empty. */
-static void cell_append(char *cell, size_t cap, const char *sep, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static void cell_append(char *cell, size_t cap, const char *sep, const char *fmt, ...) {
-    size_t len = strlen(cell);
-    if (len && len < cap) len += (size_t)snprintf(cell + len, cap - len, "%s", sep);
-    if (len >= cap) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cell + len, cap - len, fmt, ap);
-    va_end(ap);
-}
-
 /* The summary of one (trace, measure) group: runs[0..n_runs) of series ser[0..n_ser). */
 static kvs_status summary_group(report_ctx *ctx, const summary_run *runs, size_t n_runs, summary_series *ser,
                                 size_t n_ser, const double *lv, int n_lv) {
@@ -587,6 +701,258 @@ static kvs_status summary_group(report_ctx *ctx, const summary_run *runs, size_t
     return KVS_OK;
 }
 
+/* The summary over the traces of a model: the same rule per trace, then each policy's mean over the traces, and a
+ * win only when its paired difference against the runner-up is resolved. In one place for the same reason as
+ * summary_rule. */
+static const char summary_rule_across[] =
+    "Rule over several traces of a model (one per prompt): on each trace, a policy (policy and params) qualifies at "
+    "memory level M through its best unflagged complete run whose resident bytes per KV head (storage_bytes mean) "
+    "are at most M, as with one trace (measured runs only, never interpolated; degenerate (N) and oracle (O) runs "
+    "never crowned). Its value at M is the mean over the traces where it qualifies of that run's mean relative "
+    "output error, with the percentile bootstrap 95% interval resampling traces [lo, hi] and (n) the traces used. "
+    "The policy with the lowest mean leads; it wins the level only when the paired difference of its error and the "
+    "runner-up's (mean of lowest - runner-up over the traces both qualify on, bootstrap interval) lies below 0. "
+    "Otherwise the level is not resolved over those traces and counts as no one's win; a level with one qualifying "
+    "policy is no contest. Intervals are seeded from what is compared (the level, the policies, the sorted trace "
+    "hashes), so the same database gives the same table. Teacher-forced replay: attention-output error against the "
+    "full cache, not task accuracy.";
+
+typedef struct {
+    const kvs_results_run_row *w;
+    double mem, err;
+    int flagged;
+    size_t series, trace;
+} across_run;
+
+static int cmp_ids(const void *a, const void *b) { return strcmp((const char *)a, (const char *)b); }
+
+/* The summary over the traces of (model, measure) of w. */
+static kvs_status summary_across(report_ctx *ctx, const kvs_results_run_row *w0) {
+    size_t cap = (size_t)ctx->n_rows;
+    kvs_status st = KVS_OK;
+    kvs_results_run_row *grp = malloc(cap * sizeof *grp);
+    across_run *runs = malloc(cap * sizeof *runs);
+    summary_series *ser = malloc(cap * sizeof *ser);
+    char(*ids)[KVS_COMPARE_TRACE_ID_CAP] = malloc(cap * sizeof *ids);
+    const across_run **best = NULL, **bestf = NULL;
+    double *va = malloc(cap * sizeof *va), *vb = malloc(cap * sizeof *vb);
+    typedef struct {
+        size_t s;
+        kvs_interval iv;
+    } cand_t;
+    cand_t *cand = malloc(cap * sizeof *cand);
+    int *wins = calloc(cap, sizeof *wins);
+    if (!grp || !runs || !ser || !ids || !va || !vb || !cand || !wins) {
+        st = kvs_fail(KVS_ERR_NOMEM, "report: out of memory");
+        goto cleanup;
+    }
+    const char *model = w0->model ? w0->model : "";
+    size_t n_ids = 0, n_runs = 0, n_ser = 0;
+    int64_t n_grp = 0;
+    for (int64_t r = 0; r < ctx->n_rows; r++) {
+        const kvs_results_run_row *x = &ctx->rows[r];
+        if (strcmp(x->model ? x->model : "", model) || strcmp(x->measure, w0->measure)) continue;
+        grp[n_grp++] = *x;
+        if (strcmp(x->status, "complete") || !x->has_agg) continue;
+        char id[KVS_COMPARE_TRACE_ID_CAP];
+        kvs_compare_trace_identity(x, id);
+        size_t t = 0;
+        while (t < n_ids && strcmp(ids[t], id)) t++;
+        if (t == n_ids) memcpy(ids[n_ids++], id, sizeof id);
+    }
+    qsort(ids, n_ids, sizeof *ids, cmp_ids);
+    double lv[MAX_LEVELS];
+    int n_lv = levels_of(grp, n_grp, KVS_COMPARE_MEM, lv);
+    if (n_lv == 0) goto cleanup;
+    for (int64_t r = 0; r < ctx->n_rows; r++) {
+        const kvs_results_run_row *x = &ctx->rows[r];
+        if (strcmp(x->model ? x->model : "", model) || strcmp(x->measure, w0->measure)) continue;
+        if (strcmp(x->status, "complete") || !x->has_agg) continue;
+        double mem = kvs_results_stat_value(&x->agg.storage_bytes, KVS_STAT_MEAN);
+        double err = kvs_results_stat_value(&x->agg.out_err, KVS_STAT_MEAN);
+        if (!isfinite(mem) || !(mem > 0) || !isfinite(err)) continue;
+        const char *params = x->params ? x->params : "";
+        size_t k = 0;
+        while (k < n_ser && (strcmp(ser[k].policy, x->policy) || strcmp(ser[k].params, params))) k++;
+        if (k == n_ser) ser[n_ser++] = (summary_series){.policy = x->policy, .params = params};
+        ser[k].prompt_only |= kvs_compare_run_prompt_only(x);
+        ser[k].oracle |= x->is_oracle;
+        char id[KVS_COMPARE_TRACE_ID_CAP];
+        kvs_compare_trace_identity(x, id);
+        const char(*hit)[KVS_COMPARE_TRACE_ID_CAP] = bsearch(id, ids, n_ids, sizeof *ids, cmp_ids);
+        runs[n_runs++] = (across_run){.w = x, .mem = mem, .err = err, .flagged = run_flagged(x), .series = k,
+                                      .trace = (size_t)(hit - ids)};
+    }
+    for (size_t k = 0; k < n_ser; k++)
+        snprintf(ser[k].label, sizeof ser[k].label, "%s%s%s%s%s%s", ser[k].policy, ser[k].params[0] ? " (" : "",
+                 ser[k].params, ser[k].params[0] ? ")" : "", ser[k].prompt_only ? " (prompt-only budget)" : "",
+                 ser[k].oracle ? " (oracle)" : "");
+    if (!(best = calloc(n_ser * n_ids + 1, sizeof *best)) || !(bestf = calloc(n_ser * n_ids + 1, sizeof *bestf))) {
+        st = kvs_fail(KVS_ERR_NOMEM, "report: out of memory");
+        goto cleanup;
+    }
+    char sub[1024];
+    snprintf(sub, sizeof sub, "Model %s, measure %s: %zu traces", model[0] ? model : "unknown", w0->measure, n_ids);
+    subheading(ctx, sub);
+    para(ctx, "%s", summary_rule_across);
+    const char *head[] = {"memory per KV head (at most)", "policies qualifying", "lowest mean error",
+                          "its out_err_mean: mean [lo, hi] (traces)", "runner-up", "runner-up out_err_mean",
+                          "paired difference (lowest - runner-up)", "counted",
+                          "flagged, not crowned (N degenerate, O oracle): mean out_err_mean (traces)"};
+    table_begin(ctx, 9, head);
+    int n_contested = 0, n_resolved = 0;
+    char open_[2048] = "", alone[1024] = "";
+    for (int l = 0; l < n_lv && st == KVS_OK; l++) {
+        for (size_t i = 0; i < n_ser * n_ids; i++) best[i] = bestf[i] = NULL;
+        for (size_t r = 0; r < n_runs; r++) {
+            if (runs[r].mem > lv[l]) continue;
+            const across_run **slot = &(runs[r].flagged ? bestf : best)[runs[r].series * n_ids + runs[r].trace];
+            summary_run a = {.w = runs[r].w, .mem = runs[r].mem, .err = runs[r].err};
+            summary_run b = *slot ? (summary_run){.w = (*slot)->w, .mem = (*slot)->mem, .err = (*slot)->err}
+                                  : (summary_run){0};
+            if (!*slot || run_better(&a, &b)) *slot = &runs[r];
+        }
+        /* each qualifying policy's mean over its traces, seeded by the level, its label and its traces */
+        size_t nc = 0;
+        for (size_t k = 0; k < n_ser && st == KVS_OK; k++) {
+            size_t n = 0;
+            uint64_t h = kvs_compare_fnv1a(KVS_COMPARE_FNV_BASIS, "summary|");
+            char lvs[64];
+            snprintf(lvs, sizeof lvs, "%.17g|", lv[l]);
+            h = kvs_compare_fnv1a(kvs_compare_fnv1a(kvs_compare_fnv1a(h, lvs), ser[k].label), "|");
+            for (size_t t = 0; t < n_ids; t++) {
+                const across_run *b = best[k * n_ids + t];
+                if (!b) continue;
+                if (n) h = kvs_compare_fnv1a(h, ",");
+                h = kvs_compare_fnv1a(h, ids[t]);
+                va[n++] = b->err;
+            }
+            if (!n) continue;
+            cand[nc].s = k;
+            st = kvs_bootstrap_mean(va, n, KVS_BOOTSTRAP_REPS, 0.95, h, &cand[nc].iv);
+            nc++;
+        }
+        if (st != KVS_OK) break;
+        for (size_t i = 1; i < nc; i++) /* by mean, then label (insertion sort: a few policies) */
+            for (size_t j = i; j > 0; j--) {
+                cand_t *a = &cand[j - 1], *b = &cand[j];
+                if (a->iv.mean < b->iv.mean || (a->iv.mean == b->iv.mean && strcmp(ser[a->s].label, ser[b->s].label) <= 0))
+                    break;
+                cand_t tmp = *a;
+                *a = *b;
+                *b = tmp;
+            }
+        char xb[64], nq[32], e1[256] = "-", e2[256] = "-", dd[256] = "-", counted[256] = "-", flagged[2048] = "";
+        kvs_format_bytes(xb, sizeof xb, lv[l]);
+        snprintf(nq, sizeof nq, "%zu", nc);
+        if (nc) fmt_interval(e1, sizeof e1, &cand[0].iv, KVS_M_OUT_ERR);
+        if (nc == 1) {
+            snprintf(counted, sizeof counted, "only candidate: not a win");
+            cell_append(alone, sizeof alone, ", ", "%s (%s)", xb, ser[cand[0].s].label);
+        } else if (nc >= 2) {
+            n_contested++;
+            fmt_interval(e2, sizeof e2, &cand[1].iv, KVS_M_OUT_ERR);
+            /* the paired difference over the traces both qualify on, seeded by the level, both labels, those traces */
+            size_t a = cand[0].s, b = cand[1].s, n = 0;
+            char lvs[64];
+            snprintf(lvs, sizeof lvs, "%.17g|", lv[l]);
+            uint64_t h = kvs_compare_fnv1a(kvs_compare_fnv1a(KVS_COMPARE_FNV_BASIS, "summary|"), lvs);
+            h = kvs_compare_fnv1a(kvs_compare_fnv1a(h, ser[a].label), "|-|");
+            h = kvs_compare_fnv1a(kvs_compare_fnv1a(h, ser[b].label), "|");
+            for (size_t t = 0; t < n_ids; t++) {
+                const across_run *ra = best[a * n_ids + t], *rb = best[b * n_ids + t];
+                if (!ra || !rb) continue;
+                if (n) h = kvs_compare_fnv1a(h, ",");
+                h = kvs_compare_fnv1a(h, ids[t]);
+                va[n] = ra->err;
+                vb[n++] = rb->err;
+            }
+            kvs_interval d = {.n = 0};
+            if (n && (st = kvs_bootstrap_mean_diff(va, vb, n, KVS_BOOTSTRAP_REPS, 0.95, h, &d)) != KVS_OK) break;
+            int res = n ? kvs_interval_resolved(&d) : 0;
+            if (n == 0) snprintf(dd, sizeof dd, "no trace in common");
+            else if (n == 1) snprintf(dd, sizeof dd, "%+.4g (one trace: no interval)", d.mean);
+            else snprintf(dd, sizeof dd, "%+.4g [%+.4g, %+.4g] (%zu)", d.mean, d.lo, d.hi, n);
+            if (res < 0) {
+                snprintf(counted, sizeof counted, "win: resolved over %zu traces", n);
+                wins[a]++;
+                n_resolved++;
+            } else {
+                snprintf(counted, sizeof counted, "not resolved over %zu traces%s", n,
+                         res > 0 ? " (the runner-up is lower on the traces both qualify on)" : "");
+                cell_append(open_, sizeof open_, "; ", "%s (%s vs %s, %zu traces)", xb, ser[a].label, ser[b].label, n);
+            }
+        }
+        /* flagged runs whose mean would have led (oracles always, as the bound) */
+        for (size_t k = 0; k < n_ser; k++) {
+            double sum = 0;
+            size_t n = 0;
+            int o = 0, nn = 0;
+            for (size_t t = 0; t < n_ids; t++) {
+                const across_run *f = bestf[k * n_ids + t];
+                if (!f) continue;
+                sum += f->err, n++;
+                o |= f->w->is_oracle;
+                nn |= f->w->notes && f->w->notes[0];
+            }
+            if (!n || !(o || !nc || sum / (double)n <= cand[0].iv.mean)) continue;
+            cell_append(flagged, sizeof flagged, "; ", "%s (%s%s): %.4g (%zu)", ser[k].label, o ? "O" : "",
+                        nn ? "N" : "", sum / (double)n, n);
+        }
+        const char *cell[] = {xb, nq, nc ? ser[cand[0].s].label : "-", e1, nc >= 2 ? ser[cand[1].s].label : "-", e2,
+                              dd, counted, flagged};
+        table_row(ctx, 9, cell);
+    }
+    if (st != KVS_OK) goto cleanup;
+    table_end(ctx);
+    if (n_contested == 0)
+        para(ctx, "No level is contested (two or more policies qualifying): no policy wins here.");
+    else if (n_resolved == 0)
+        para(ctx, "No level has a resolved winner: at each of the %d contested levels the lowest mean error is not "
+                  "resolved against the runner-up over these %zu traces.",
+             n_contested, n_ids);
+    else {
+        int most = 0;
+        char names[2048] = "";
+        for (size_t k = 0; k < n_ser; k++) most = wins[k] > most ? wins[k] : most;
+        int n_names = 0;
+        for (size_t k = 0; k < n_ser; k++)
+            if (wins[k] == most) cell_append(names, sizeof names, " and ", "%s", ser[k].label), n_names++;
+        para(ctx, "%s %s the lowest mean output error, resolved against the runner-up over the traces, at %d of the "
+                  "%d contested levels (of %d levels).",
+             names, n_names > 1 ? "each have" : "has", most, n_contested, n_lv);
+    }
+    if (open_[0]) para(ctx, "Not resolved (not counted as a win): %s.", open_);
+    if (alone[0]) para(ctx, "Only one policy qualifies at %s: no contest, not counted as a win.", alone);
+cleanup:
+    free(grp);
+    free(runs);
+    free(ser);
+    free(ids);
+    free(best);
+    free(bestf);
+    free(va);
+    free(vb);
+    free(cand);
+    free(wins);
+    return st;
+}
+
+/* The traces of w's (model, measure) with a complete run, counted by identity (at most 2: enough to decide). */
+static int set_has_traces(const report_ctx *ctx, const kvs_results_run_row *w) {
+    char first[KVS_COMPARE_TRACE_ID_CAP] = "", id[KVS_COMPARE_TRACE_ID_CAP];
+    for (int64_t r = 0; r < ctx->n_rows; r++) {
+        const kvs_results_run_row *x = &ctx->rows[r];
+        if (strcmp(x->model ? x->model : "", w->model ? w->model : "") || strcmp(x->measure, w->measure) ||
+            strcmp(x->status, "complete") || !x->has_agg)
+            continue;
+        kvs_compare_trace_identity(x, id);
+        if (!first[0]) memcpy(first, id, sizeof id);
+        else if (strcmp(first, id)) return 2;
+    }
+    return first[0] ? 1 : 0;
+}
+
 static kvs_status sec_summary(report_ctx *ctx) {
     if (ctx->n_complete == 0) return absent(ctx, "no complete run");
     size_t cap = (size_t)ctx->n_rows;
@@ -606,6 +972,17 @@ static kvs_status sec_summary(report_ctx *ctx) {
         for (int64_t j = 0; j < i && !seen; j++)
             seen = same_trace(&ctx->rows[j], w) && !strcmp(ctx->rows[j].measure, w->measure);
         if (seen) continue;
+        if (set_has_traces(ctx, w) >= 2) { /* several traces of its model: the summary over them, once per set */
+            int first = 1;
+            for (int64_t j = 0; j < i && first; j++)
+                first = strcmp(ctx->rows[j].model ? ctx->rows[j].model : "", w->model ? w->model : "") ||
+                        strcmp(ctx->rows[j].measure, w->measure);
+            if (first) {
+                any_level = 1;
+                st = summary_across(ctx, w);
+            }
+            continue;
+        }
         int64_t n = group_rows(ctx, w, grp);
         double lv[MAX_LEVELS];
         int n_lv = levels_of(grp, n, KVS_COMPARE_MEM, lv);
@@ -638,6 +1015,8 @@ static kvs_status sec_summary(report_ctx *ctx) {
         snprintf(sub, sizeof sub, "%s (%s, model %s), measure %s", tl, kvs_path_base(w->trace_path),
                  w->model && w->model[0] ? w->model : "unknown", w->measure);
         subheading(ctx, sub);
+        para(ctx, "One trace of model %s: no interval (the values are this trace's).",
+             w->model && w->model[0] ? w->model : "unknown");
         st = summary_group(ctx, runs, n_runs, ser, n_ser, lv, n_lv);
         /* An oracle whose smallest run is above every level (topk stores the whole cache) is in no row: say why. */
         for (size_t k = 0; k < n_ser && st == KVS_OK; k++) {

@@ -14,6 +14,11 @@
  * traces used, every run with its parameters and flags, the equal-memory
  * and equal-traffic comparisons (results/compare.h, what `kvsim compare` prints), error vs measured memory and
  * traffic with the Pareto frontier, error and memory vs nominal budget, and error vs decode position.
+ * With two or more traces of a model (one per prompt), the summary and the equal-cost sections answer over them
+ * (results/compare.h "Across traces"): per policy the mean over the traces [lo, hi] (a percentile bootstrap interval
+ * resampling traces, seeded from what is compared) and n; the summary counts a level as a win only when the paired
+ * difference against the runner-up is resolved (its interval below 0), "not resolved over n traces" otherwise. One
+ * trace: the tables of that trace, said to have no interval.
  *
  * DIR is never half-written: everything goes to a fresh folder beside it (.DIR.tmp.XXXXXX), which replaces DIR
  * only when complete. An existing DIR is replaced only when it holds a previous report and nothing else

@@ -4,6 +4,9 @@
  *    using no more memory than the level: a policy reaching a level with less memory, a one-candidate level, a
  *    degenerate run with the lowest error, oracle runs, a tie), and recomputed from `kvsim runs --csv --summary`
  *    for that database and the real study;
+ *  - the summary and equal-memory table over four traces of one model: means summed here, intervals by a
+ *    bootstrap done here with the seed the report states, a level won (paired interval below 0) and one not
+ *    resolved; a one-trace database saying it has no interval;
  *  - the capacity table of a small plan (bytes, KB, MB and GB as kvsim plan prints them; a measured series'
  *    text whole and the plan's policy), every point recomputed from the stored bytes;
  *  - a damaged database (pages in the middle overwritten): exit 1, "database disk image is malformed", nothing
@@ -32,7 +35,9 @@
 #include <cmocka.h>
 
 #include "common/kvs.h"
+#include "common/kvs_rng.h"
 #include "results/results.h"
+#include "results/results_sweep.h"
 #include "results/results_check.h"
 #include "results/results_plan.h"
 #include "tests/util/cli_run.h"
@@ -565,6 +570,9 @@ static void test_summary_by_hand(void **state) {
     assert_non_null(strstr(md, "- **Error vs decode position**: "));
     assert_null(strstr(md, "## Error vs decode position"));
     assert_non_null(strstr(md, "Capture settings not shown: the trace file /nonexistent/a.kvt is not readable"));
+    /* One trace: today's tables, and no interval said so. */
+    assert_non_null(strstr(md, "One trace of model m1: no interval (the values are this trace's)."));
+    assert_non_null(strstr(md, "One trace per model: no interval"));
     free(md);
     /* --mem-at moves the equal-memory table. */
     const char *args2[] = {"report", db_path, "--out", out, "--mem-at", "4KiB", NULL};
@@ -574,6 +582,161 @@ static void test_summary_by_hand(void **state) {
     assert_non_null(md);
     assert_non_null(strstr(md, "kvsim compare hand.db --match mem --at 4096"));
     assert_non_null(strstr(md, "| window | - | - | a.kvt | decode | 0.2 |"));
+    free(md);
+    assert_int_equal(dir_has_tmp(tmp_dir), 0);
+}
+
+/* ---- several traces of one model: means, bootstrap intervals, paired differences ---- */
+
+static const char *const TR_SHA[4] = {
+    "1000000000000000000000000000000000000000000000000000000000000000",
+    "2000000000000000000000000000000000000000000000000000000000000000",
+    "3000000000000000000000000000000000000000000000000000000000000000",
+    "4000000000000000000000000000000000000000000000000000000000000000",
+};
+
+/* One complete run of policy on trace i (content hash TR_SHA[i]) at `bytes` resident per KV head with mean error
+ * err (the rest as put_run). */
+static void put_trace_run(kvs_results_db *db, int i, const char *policy, double bytes, double err) {
+    char path[64];
+    snprintf(path, sizeof path, "/nonexistent/p%d.kvt", i);
+    kvs_results_trace tr = {.path = path, .model_name = "m1", .n_positions = 128, .prompt_len = 64, .n_turns = 1,
+                            .n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .head_dim = 16, .dtype = "fp16",
+                            .file_bytes = 4096};
+    int64_t trace_id = 0;
+    assert_int_equal(kvs_results_sweep_trace(db, &tr, TR_SHA[i], &trace_id), KVS_OK);
+    kvs_results_run run = {.policy = policy, .params = "", .budget_tokens = (int64_t)bytes / 32, .budget_fraction = -1,
+                           .measure = "decode", .budget_scope = "every_step", .status = "complete",
+                           .wall_seconds = 0.1, .kvsim_version = "0.1.0"};
+    kvs_results_agg a = {.layer = -1};
+    kvs_results_stat v = {.n = 10, .mean = err, .p50 = err, .p95 = 2 * err, .max = 2 * err, .min = err / 2};
+    kvs_results_stat b = {.n = 10, .mean = bytes, .p50 = bytes, .p95 = bytes, .max = bytes, .min = bytes};
+    kvs_results_stat r = {.n = 10, .mean = 1 - err, .p50 = 1 - err, .p95 = 1 - err, .max = 1, .min = 1 - err};
+    a.out_err = v;
+    a.attn_recall = r;
+    a.topk_overlap = r;
+    a.storage_bytes = b;
+    a.traffic_bytes = b;
+    a.attended_tokens = (kvs_results_stat){.n = 10, .mean = 32, .p50 = 32, .p95 = 32, .max = 32, .min = 32};
+    assert_int_equal(kvs_results_write_run(db, &tr, &run, NULL, 0, &a, NULL, 0, NULL), KVS_OK);
+}
+
+static uint64_t fnv1a(const char *s) { /* the seed hash results/compare.h states */
+    uint64_t h = 14695981039346656037ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static int cmp_dbl(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* kvs_stats.h's percentile bootstrap by hand: 2000 resamples by PCG32 (seed, stream "boot"), unit (u32 * n) >> 32,
+ * the type-7 2.5 % and 97.5 % quantiles of the resampled means. */
+static void boot_by_hand(const double *x, size_t n, uint64_t seed, double *lo, double *hi) {
+    double m[2000];
+    kvs_rng g;
+    kvs_rng_seed(&g, seed, 0x626f6f74);
+    for (int b = 0; b < 2000; b++) {
+        long double s = 0;
+        for (size_t i = 0; i < n; i++) s += x[((uint64_t)kvs_rng_u32(&g) * n) >> 32];
+        m[b] = (double)(s / (long double)n);
+    }
+    qsort(m, 2000, sizeof *m, cmp_dbl);
+    double p = 0.025 * 1999, q = 0.975 * 1999;
+    size_t i = (size_t)p, j = (size_t)q;
+    *lo = m[i] + (p - (double)i) * (m[i + 1] - m[i]);
+    *hi = m[j] + (q - (double)j) * (m[j + 1] - m[j]);
+}
+
+/* "mean [lo, hi] (n)" as the report prints an interval, recomputed: the mean summed here, the interval by hand. */
+static void expect_interval(const char *md, const char *prefix, const double *x, size_t n, const char *seed_id) {
+    long double sum = 0; /* as kvs_stats.h sums: the printed digits then match even at a rounding tie */
+    double lo, hi;
+    for (size_t i = 0; i < n; i++) sum += x[i];
+    boot_by_hand(x, n, fnv1a(seed_id), &lo, &hi);
+    char want[512];
+    snprintf(want, sizeof want, "%s%.4g [%.4g, %.4g] (%zu) |", prefix, (double)(sum / (long double)n), lo, hi, n);
+    if (!strstr(md, want)) fail_msg("not in report.md: %s\n--- report.md:\n%s", want, md);
+}
+
+/* Two policies on four traces of m1 (levels 1, 2 and 4 KiB; per trace i, a and b at 1 KiB and 4 KiB):
+ *   a: 1 KiB .5 .6 .4 .7    4 KiB .2 .3 .1 .26
+ *   b: 1 KiB a + .05        4 KiB a + .02 -.02 .01 -.015
+ * At 1 and 2 KiB (their 1 KiB runs) a leads by .05 on every trace: the paired interval is [-.05, -.05], a win. At
+ * 4 KiB b leads on the mean (.2138 vs .215) but the traces disagree: not resolved, no one's win. Equal memory at
+ * 2 KiB (the middle level): each trace halfway in ln x, a (.35 .45 .25 .48), b (.385 .465 .28 .4975). */
+static void test_summary_over_traces(void **state) {
+    (void)state;
+    if (!kvs_test_kvsim_bin()) skip();
+    char db_path[128], out[128], p[256];
+    path_in(db_path, sizeof db_path, "traces4.db");
+    path_in(out, sizeof out, "traces4_report");
+    kvs_results_db *db = NULL;
+    assert_int_equal(kvs_results_open(db_path, &db), KVS_OK);
+    const double a1[4] = {.5, .6, .4, .7}, a4[4] = {.2, .3, .1, .26}, d4[4] = {.02, -.02, .01, -.015};
+    double b1[4], b4[4], am[4], bm[4], d[4];
+    for (int i = 0; i < 4; i++) {
+        b1[i] = a1[i] + .05;
+        b4[i] = a4[i] + d4[i];
+        put_trace_run(db, i, "a", 1024, a1[i]);
+        put_trace_run(db, i, "a", 4096, a4[i]);
+        put_trace_run(db, i, "b", 1024, b1[i]);
+        put_trace_run(db, i, "b", 4096, b4[i]);
+        /* halfway in ln x, computed as results/compare.h states it (t is 1/2 up to rounding) */
+        double t = (log(2048.0) - log(1024.0)) / (log(4096.0) - log(1024.0));
+        am[i] = a1[i] + t * (a4[i] - a1[i]);
+        bm[i] = b1[i] + t * (b4[i] - b1[i]);
+    }
+    kvs_results_close(db);
+    const char *args[] = {"report", db_path, "--out", out, NULL};
+    assert_int_equal(kvsim(args), 0);
+    snprintf(p, sizeof p, "%s/report.md", out);
+    char *md = kvs_test_slurp(p, NULL);
+    assert_non_null(md);
+    const char *ids = "1000000000000000000000000000000000000000000000000000000000000000,"
+                      "2000000000000000000000000000000000000000000000000000000000000000,"
+                      "3000000000000000000000000000000000000000000000000000000000000000,"
+                      "4000000000000000000000000000000000000000000000000000000000000000";
+    char id[1024];
+    assert_non_null(strstr(md, "### Model m1, measure decode: 4 traces\n"));
+    /* 1 KiB: a leads, b runner-up, the paired difference -.05 on every trace: resolved */
+    snprintf(id, sizeof id, "summary|1024|a|%s", ids);
+    expect_interval(md, "| 1.00KiB | 2 | a | ", a1, 4, id);
+    snprintf(id, sizeof id, "summary|1024|b|%s", ids);
+    expect_interval(md, "| b | ", b1, 4, id);
+    assert_non_null(strstr(md, "| -0.05 [-0.05, -0.05] (4) | win: resolved over 4 traces |"));
+    /* 4 KiB: b leads on the mean, the paired difference b - a holds 0 */
+    snprintf(id, sizeof id, "summary|4096|b|%s", ids);
+    expect_interval(md, "| 4.00KiB | 2 | b | ", b4, 4, id);
+    double lo, hi;
+    for (int i = 0; i < 4; i++) d[i] = b4[i] - a4[i];
+    snprintf(id, sizeof id, "summary|4096|b|-|a|%s", ids);
+    boot_by_hand(d, 4, fnv1a(id), &lo, &hi);
+    assert_true(lo < 0 && hi > 0);
+    char want[256];
+    snprintf(want, sizeof want, "| %+.4g [%+.4g, %+.4g] (4) | not resolved over 4 traces |",
+             (double)(((long double)d[0] + d[1] + d[2] + d[3]) / 4), lo, hi);
+    if (!strstr(md, want)) fail_msg("not in report.md: %s\n%s", want, md);
+    assert_non_null(strstr(md, "a has the lowest mean output error, resolved against the runner-up over the traces, "
+                               "at 2 of the 3 contested levels (of 3 levels)."));
+    assert_non_null(strstr(md, "Not resolved (not counted as a win): 4.00KiB (b vs a, 4 traces)."));
+    /* equal memory at 2 KiB over the traces: each trace's interpolated value, their mean and interval */
+    snprintf(id, sizeof id, "mem|storage_bytes_mean|2048|out_err_mean|a||decode|-1|-1|m1|%s", ids);
+    expect_interval(md, "| a | - | - | 4 of 4 | ", am, 4, id);
+    snprintf(id, sizeof id, "mem|storage_bytes_mean|2048|out_err_mean|b||decode|-1|-1|m1|%s", ids);
+    expect_interval(md, "| b | - | - | 4 of 4 | ", bm, 4, id);
+    for (int i = 0; i < 4; i++) d[i] = bm[i] - am[i];
+    snprintf(id, sizeof id, "mem|storage_bytes_mean|2048|out_err_mean|b||decode|-1|-1|m1|-|a||decode|-1|-1|m1|%s", ids);
+    boot_by_hand(d, 4, fnv1a(id), &lo, &hi);
+    assert_true(lo > 0); /* b above a on every trace at 2 KiB: .035 .015 .03 .0175 */
+    snprintf(want, sizeof want, "Resolved orderings: a lower than b (paired difference %+.4g [%+.4g, %+.4g] over 4 "
+                                "traces)",
+             -(double)(((long double)d[0] + d[1] + d[2] + d[3]) / 4), -hi, -lo);
+    if (!strstr(md, want)) fail_msg("not in report.md: %s\n%s", want, md);
+    assert_non_null(strstr(md, "### Per trace\n"));
+    assert_null(strstr(md, "One trace"));
     free(md);
     assert_int_equal(dir_has_tmp(tmp_dir), 0);
 }
@@ -1066,6 +1229,7 @@ int main(void) {
         cmocka_unit_test(test_capacity_small_plan),
         cmocka_unit_test(test_corrupt_database),
         cmocka_unit_test(test_report_identity_and_gaps),
+        cmocka_unit_test(test_summary_over_traces),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
