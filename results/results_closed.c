@@ -60,19 +60,21 @@ static void bind_text(sqlite3_stmt *st, int i, const char *s) {
     else sqlite3_bind_null(st, i);
 }
 
-kvs_status kvs_results_closed_write(kvs_results_db *db, const kvs_results_closed_run *run, int64_t *run_id) {
-    const char *path = kvs_results_path(db);
+static kvs_status check_run(kvs_results_db *db, const kvs_results_closed_run *run) {
     if (!run->model || !run->mode || !run->source || !run->tokens || run->n_tokens < 1 || !run->policy ||
         !run->params || !run->status || !run->kvsim_version)
         return kvs_fail(KVS_ERR_INVALID_ARG, "%s: closed-loop run: model, mode, source, tokens, policy, params, "
-                        "status and version are required", path);
+                        "status and version are required", kvs_results_path(db));
+    return KVS_OK;
+}
+
+/* One run's closed_runs row and its closed_steps, inside the caller's transaction (tables created, run checked). */
+static kvs_status write_run(kvs_results_db *db, const kvs_results_closed_run *run, int64_t *run_id) {
     char sha[65];
     kvs_sha256_hex(run->tokens, (size_t)run->n_tokens * sizeof(int32_t), sha);
     sqlite3_stmt *ins = NULL, *step = NULL;
-    kvs_status s = kvs_results_txn_begin(db, "closed-loop run");
-    if (s != KVS_OK) return s;
+    kvs_status s = KVS_OK;
     int64_t trace_id = 0;
-    KVS_TRY(s = kvs_results_exec(db, closed_schema, "create closed-loop tables"));
     if (run->trace) KVS_TRY(s = kvs_results_trace_id(db, run->trace, &trace_id));
     KVS_TRY(s = kvs_results_prepare(
                 db,
@@ -149,15 +151,24 @@ kvs_status kvs_results_closed_write(kvs_results_db *db, const kvs_results_closed
             KVS_TRY(s = kvs_results_step_done(db, step, "insert closed-loop steps"));
         }
     }
+    *run_id = id;
+cleanup:
     sqlite3_finalize(ins);
     sqlite3_finalize(step);
-    ins = step = NULL;
+    return s;
+}
+
+kvs_status kvs_results_closed_write(kvs_results_db *db, const kvs_results_closed_run *run, int64_t *run_id) {
+    kvs_status s = check_run(db, run);
+    if (s != KVS_OK) return s;
+    int64_t id = 0;
+    if ((s = kvs_results_txn_begin(db, "closed-loop run")) != KVS_OK) return s;
+    KVS_TRY(s = kvs_results_exec(db, closed_schema, "create closed-loop tables"));
+    KVS_TRY(s = write_run(db, run, &id));
     KVS_TRY(s = kvs_results_txn_commit(db, "closed-loop run"));
     if (run_id) *run_id = id;
     return KVS_OK;
 cleanup:
-    sqlite3_finalize(ins);
-    sqlite3_finalize(step);
     kvs_results_txn_rollback(db);
     return s;
 }
@@ -249,4 +260,277 @@ kvs_status kvs_results_closed_query(kvs_results_db *db, kvs_results_closed_row *
     *rows = out;
     *n = cnt;
     return KVS_OK;
+}
+
+/* ---- task runs (`kvsim generate --task`) ---- */
+
+static const char *const task_schema =
+    "CREATE TABLE IF NOT EXISTS closed_task_runs (\n"
+    "  id INTEGER PRIMARY KEY,\n"
+    "  created_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%SZ','now')),\n"
+    "  kvsim_version TEXT NOT NULL,\n"
+    "  model TEXT NOT NULL,\n"
+    "  task TEXT NOT NULL,\n"
+    "  task_sha256 TEXT NOT NULL,\n"
+    "  prompt_tokens INTEGER NOT NULL,\n"
+    "  policy TEXT NOT NULL,\n"
+    "  params TEXT NOT NULL,\n"
+    "  budget_tokens INTEGER NOT NULL,\n"
+    "  status TEXT NOT NULL CHECK (status IN ('complete','failed')),\n"
+    "  error TEXT,\n"
+    "  n_items INTEGER NOT NULL,\n"
+    "  n_correct INTEGER, accuracy REAL, acc_lo REAL, acc_hi REAL,\n"
+    "  full_correct INTEGER, full_accuracy REAL, full_lo REAL, full_hi REAL,\n"
+    "  diff REAL, diff_lo REAL, diff_hi REAL,\n"
+    "  level REAL, reps INTEGER, seed TEXT,\n"
+    "  wall_seconds REAL\n"
+    ");\n"
+    "CREATE TABLE IF NOT EXISTS closed_task_items (\n"
+    "  task_run_id INTEGER NOT NULL REFERENCES closed_task_runs(id) ON DELETE CASCADE,\n"
+    "  item INTEGER NOT NULL,\n"
+    "  line INTEGER NOT NULL,\n"
+    "  run_id INTEGER NOT NULL REFERENCES closed_runs(id),\n"
+    "  answer TEXT NOT NULL, expected TEXT NOT NULL,\n"
+    "  n_context INTEGER NOT NULL,\n"
+    "  full_text TEXT, policy_text TEXT,\n"
+    "  full_correct INTEGER, policy_correct INTEGER,\n"
+    "  PRIMARY KEY (task_run_id, item)\n"
+    ");\n";
+
+kvs_status kvs_results_closed_task_write(kvs_results_db *db, const kvs_results_closed_task_run *run, int64_t *task_id) {
+    const char *path = kvs_results_path(db);
+    if (!run->model || !run->task || !run->task_sha256 || !run->policy || !run->params || !run->status ||
+        !run->kvsim_version || run->n_items < 0 || (run->n_items > 0 && !run->items))
+        return kvs_fail(KVS_ERR_INVALID_ARG, "%s: task run: model, task, its hash, policy, params, status and version "
+                        "are required", path);
+    for (int64_t k = 0; k < run->n_items; k++) {
+        const kvs_results_closed_task_item *it = &run->items[k];
+        if (!it->run || !it->answer || !it->expected)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "%s: task run: item %lld needs its run, answer and expected text",
+                            path, (long long)k);
+        kvs_status c = check_run(db, it->run);
+        if (c != KVS_OK) return c;
+    }
+    int complete = !strcmp(run->status, "complete");
+    sqlite3_stmt *ins = NULL, *item = NULL;
+    kvs_status s = kvs_results_txn_begin(db, "task run");
+    if (s != KVS_OK) return s;
+    KVS_TRY(s = kvs_results_exec(db, closed_schema, "create closed-loop tables"));
+    KVS_TRY(s = kvs_results_exec(db, task_schema, "create task tables"));
+    KVS_TRY(s = kvs_results_prepare(db,
+                                    "INSERT INTO closed_task_runs (kvsim_version, model, task, task_sha256, "
+                                    "prompt_tokens, policy, params, budget_tokens, status, error, n_items, n_correct, "
+                                    "accuracy, acc_lo, acc_hi, full_correct, full_accuracy, full_lo, full_hi, diff, "
+                                    "diff_lo, diff_hi, level, reps, seed, wall_seconds) VALUES (?,?,?,?,?,?,?,?,?,?,?,"
+                                    "?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                                    &ins, "insert task run"));
+    int i = 1;
+    bind_text(ins, i++, run->kvsim_version);
+    bind_text(ins, i++, run->model);
+    bind_text(ins, i++, run->task);
+    bind_text(ins, i++, run->task_sha256);
+    sqlite3_bind_int64(ins, i++, run->prompt_tokens);
+    bind_text(ins, i++, run->policy);
+    bind_text(ins, i++, run->params);
+    sqlite3_bind_int64(ins, i++, run->budget_tokens);
+    bind_text(ins, i++, run->status);
+    bind_text(ins, i++, run->error);
+    sqlite3_bind_int64(ins, i++, run->n_items);
+    if (complete) {
+        int64_t n_pol = 0, n_full = 0;
+        for (int64_t k = 0; k < run->n_items; k++) {
+            n_pol += run->items[k].policy_correct != 0;
+            n_full += run->items[k].full_correct != 0;
+        }
+        char seed[17];
+        snprintf(seed, sizeof seed, "%016llx", (unsigned long long)run->seed);
+        sqlite3_bind_int64(ins, i++, n_pol);
+        bind_real(ins, i++, run->accuracy.mean);
+        bind_real(ins, i++, run->accuracy.lo);
+        bind_real(ins, i++, run->accuracy.hi);
+        sqlite3_bind_int64(ins, i++, n_full);
+        bind_real(ins, i++, run->full_accuracy.mean);
+        bind_real(ins, i++, run->full_accuracy.lo);
+        bind_real(ins, i++, run->full_accuracy.hi);
+        bind_real(ins, i++, run->diff.mean);
+        bind_real(ins, i++, run->diff.lo);
+        bind_real(ins, i++, run->diff.hi);
+        bind_real(ins, i++, run->accuracy.level);
+        sqlite3_bind_int64(ins, i++, run->accuracy.reps);
+        bind_text(ins, i++, seed);
+    } else {
+        for (int k = 0; k < 14; k++) sqlite3_bind_null(ins, i++);
+    }
+    bind_real(ins, i++, run->wall_seconds);
+    KVS_TRY(s = kvs_results_step_done(db, ins, "insert task run"));
+    int64_t id = sqlite3_last_insert_rowid(kvs_results_sqlite(db));
+    KVS_TRY(s = kvs_results_prepare(db,
+                                    "INSERT INTO closed_task_items (task_run_id, item, line, run_id, answer, expected, "
+                                    "n_context, full_text, policy_text, full_correct, policy_correct) VALUES "
+                                    "(?,?,?,?,?,?,?,?,?,?,?)",
+                                    &item, "insert task items"));
+    for (int64_t k = 0; k < run->n_items; k++) {
+        const kvs_results_closed_task_item *it = &run->items[k];
+        int64_t run_id = 0;
+        KVS_TRY(s = write_run(db, it->run, &run_id));
+        int scored = !strcmp(it->run->status, "complete");
+        sqlite3_bind_int64(item, 1, id);
+        sqlite3_bind_int64(item, 2, k);
+        sqlite3_bind_int64(item, 3, it->line);
+        sqlite3_bind_int64(item, 4, run_id);
+        bind_text(item, 5, it->answer);
+        bind_text(item, 6, it->expected);
+        sqlite3_bind_int64(item, 7, it->n_context);
+        bind_text(item, 8, it->full_text);
+        bind_text(item, 9, it->policy_text);
+        if (scored) {
+            sqlite3_bind_int(item, 10, it->full_correct != 0);
+            sqlite3_bind_int(item, 11, it->policy_correct != 0);
+        } else {
+            sqlite3_bind_null(item, 10);
+            sqlite3_bind_null(item, 11);
+        }
+        KVS_TRY(s = kvs_results_step_done(db, item, "insert task items"));
+    }
+    sqlite3_finalize(ins);
+    sqlite3_finalize(item);
+    ins = item = NULL;
+    KVS_TRY(s = kvs_results_txn_commit(db, "task run"));
+    if (task_id) *task_id = id;
+    return KVS_OK;
+cleanup:
+    sqlite3_finalize(ins);
+    sqlite3_finalize(item);
+    kvs_results_txn_rollback(db);
+    return s;
+}
+
+void kvs_results_closed_task_rows_free(kvs_results_closed_task_row *rows, int64_t n) {
+    if (!rows) return;
+    for (int64_t i = 0; i < n; i++) {
+        kvs_results_closed_task_row *r = &rows[i];
+        free(r->model);
+        free(r->task);
+        free(r->task_sha256);
+        free(r->policy);
+        free(r->params);
+        for (int64_t k = 0; r->items && k < r->n_items; k++) {
+            free(r->items[k].answer);
+            free(r->items[k].expected);
+            free(r->items[k].full_text);
+            free(r->items[k].policy_text);
+        }
+        free(r->items);
+    }
+    free(rows);
+}
+
+/* The items of task run r->id into r->items (r->n_items of them, ascending item). */
+static kvs_status read_task_items(kvs_results_db *db, sqlite3_stmt *st, kvs_results_closed_task_row *r) {
+    if (r->n_items < 0) return kvs_fail(KVS_ERR_FORMAT, "%s: task run %lld: %lld items", kvs_results_path(db),
+                                        (long long)r->id, (long long)r->n_items);
+    r->items = calloc((size_t)(r->n_items > 0 ? r->n_items : 1), sizeof *r->items);
+    if (!r->items) return kvs_fail(KVS_ERR_NOMEM, "out of memory");
+    sqlite3_reset(st);
+    sqlite3_bind_int64(st, 1, r->id);
+    int64_t got = 0;
+    int rc, oom = 0;
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (got == r->n_items) break;
+        kvs_results_closed_task_item_row *it = &r->items[got++];
+        it->item = sqlite3_column_int64(st, 0);
+        it->line = sqlite3_column_int64(st, 1);
+        it->run_id = sqlite3_column_int64(st, 2);
+        it->n_context = sqlite3_column_int64(st, 3);
+        it->answer = kvs_results_col_dup(st, 4, &oom);
+        it->expected = kvs_results_col_dup(st, 5, &oom);
+        it->full_text = kvs_results_col_dup(st, 6, &oom);
+        it->policy_text = kvs_results_col_dup(st, 7, &oom);
+        it->full_correct = sqlite3_column_int(st, 8);
+        it->policy_correct = sqlite3_column_int(st, 9);
+        if (oom) return kvs_fail(KVS_ERR_NOMEM, "out of memory");
+    }
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) return kvs_results_db_error(db, "read task items");
+    /* a complete run holds every item it counts: fewer rows is a damaged database, not a smaller task */
+    if (got != r->n_items || rc == SQLITE_ROW)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: task run %lld counts %lld items but holds %s%lld", kvs_results_path(db),
+                        (long long)r->id, (long long)r->n_items, rc == SQLITE_ROW ? "more than " : "",
+                        (long long)got);
+    return KVS_OK;
+}
+
+kvs_status kvs_results_closed_task_query(kvs_results_db *db, kvs_results_closed_task_row **rows, int64_t *n) {
+    *rows = NULL;
+    *n = 0;
+    int ex = kvs_results_table_exists(db, "closed_task_runs"), ex_items = kvs_results_table_exists(db,
+                                                                                                   "closed_task_items");
+    if (ex < 0 || ex_items < 0) return KVS_ERR_DB;
+    if (ex == 0 || ex_items == 0)
+        return kvs_fail(KVS_ERR_STATE, "no task results in %s (run kvsim generate --task first)", kvs_results_path(db));
+    sqlite3_stmt *st = NULL, *items = NULL;
+    kvs_status s = kvs_results_prepare(db,
+                                       "SELECT id, model, task, task_sha256, policy, params, prompt_tokens, "
+                                       "budget_tokens, n_items, n_correct, full_correct, accuracy, acc_lo, acc_hi, "
+                                       "full_accuracy, full_lo, full_hi, diff, diff_lo, diff_hi, level, reps, seed "
+                                       "FROM closed_task_runs WHERE status = 'complete' ORDER BY id",
+                                       &st, "read task runs");
+    if (s != KVS_OK) return s;
+    kvs_results_closed_task_row *out = NULL;
+    int64_t cnt = 0, cap = 0;
+    int rc;
+    KVS_TRY(s = kvs_results_prepare(db,
+                                    "SELECT item, line, run_id, n_context, answer, expected, full_text, policy_text, "
+                                    "full_correct, policy_correct FROM closed_task_items WHERE task_run_id = ? "
+                                    "ORDER BY item",
+                                    &items, "read task items"));
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        if (cnt == cap) {
+            cap = cap ? 2 * cap : 16;
+            kvs_results_closed_task_row *g = realloc(out, (size_t)cap * sizeof *g);
+            if (!g) {
+                s = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+                goto cleanup;
+            }
+            out = g;
+        }
+        kvs_results_closed_task_row *r = &out[cnt++];
+        memset(r, 0, sizeof *r);
+        int oom = 0;
+        r->id = sqlite3_column_int64(st, 0);
+        r->model = kvs_results_col_dup(st, 1, &oom);
+        r->task = kvs_results_col_dup(st, 2, &oom);
+        r->task_sha256 = kvs_results_col_dup(st, 3, &oom);
+        r->policy = kvs_results_col_dup(st, 4, &oom);
+        r->params = kvs_results_col_dup(st, 5, &oom);
+        r->prompt_tokens = sqlite3_column_int64(st, 6);
+        r->budget_tokens = sqlite3_column_int64(st, 7);
+        r->n_items = sqlite3_column_int64(st, 8);
+        r->n_correct = sqlite3_column_int64(st, 9);
+        r->full_correct = sqlite3_column_int64(st, 10);
+        double *dst[] = {&r->accuracy, &r->acc_lo, &r->acc_hi, &r->full_accuracy, &r->full_lo, &r->full_hi,
+                         &r->diff, &r->diff_lo, &r->diff_hi, &r->level};
+        for (int k = 0; k < 10; k++) *dst[k] = col_real(st, 11 + k);
+        r->reps = sqlite3_column_int64(st, 21);
+        const unsigned char *seed = sqlite3_column_text(st, 22);
+        snprintf(r->seed, sizeof r->seed, "%s", seed ? (const char *)seed : "");
+        if (oom) {
+            s = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+            goto cleanup;
+        }
+        KVS_TRY(s = read_task_items(db, items, r));
+    }
+    if (rc != SQLITE_DONE) {
+        s = kvs_results_db_error(db, "read task runs");
+        goto cleanup;
+    }
+    sqlite3_finalize(st);
+    sqlite3_finalize(items);
+    *rows = out;
+    *n = cnt;
+    return KVS_OK;
+cleanup:
+    sqlite3_finalize(st);
+    sqlite3_finalize(items);
+    kvs_results_closed_task_rows_free(out, cnt);
+    return s;
 }

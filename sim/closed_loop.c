@@ -714,7 +714,7 @@ kvs_status kvs_closed_loop_task_tokenize(const kvs_tokenizer *tok, const kvs_clo
     if (st != KVS_OK) goto cleanup;
     KVS_TRY(st = decode_ids(tok, ids, (int64_t)got, &dec));
     if (strcmp(dec, whole) != 0) {
-        st = kvs_fail(KVS_ERR_INVALID_ARG, "task item at line %lld: the tokenizer does not give its text back (it "
+        st = kvs_fail(KVS_ERR_FORMAT, "task item at line %lld: the tokenizer does not give its text back (it "
                       "decodes to '%.80s'): the answer's place in the text is unknown", (long long)it->line, dec);
         goto cleanup;
     }
@@ -733,7 +733,7 @@ kvs_status kvs_closed_loop_task_tokenize(const kvs_tokenizer *tok, const kvs_clo
     }
     /* BOS alone (or nothing) read: no context to ask about */
     if (k < 2 || klen == 0) {
-        st = kvs_fail(KVS_ERR_INVALID_ARG, "task item at line %lld: the tokenizer joins the whole context to the "
+        st = kvs_fail(KVS_ERR_FORMAT, "task item at line %lld: the tokenizer joins the whole context to the "
                       "answer: nothing to read before it", (long long)it->line);
         goto cleanup;
     }

@@ -169,8 +169,8 @@ typedef struct {
 } kvs_closed_loop_task_input;
 
 /*! kvs_closed_loop_task_tokenize() : *out for item `it` (caller frees with kvs_closed_loop_task_input_clear).
- *  KVS_ERR_INVALID_ARG (detail names the item's line) when the tokenizer does not give the item's text back, or
- *  leaves fewer than one context token after BOS; the tokenizer's errors; KVS_ERR_NOMEM. */
+ *  KVS_ERR_FORMAT (detail names the item's line) when the tokenizer does not give the item's text back, or leaves no
+ *  context token after BOS (the item cannot be asked of this model); the tokenizer's errors; KVS_ERR_NOMEM. */
 kvs_status kvs_closed_loop_task_tokenize(const kvs_tokenizer *tok, const kvs_closed_loop_task_item *it,
                                          kvs_closed_loop_task_input *out);
 

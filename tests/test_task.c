@@ -198,7 +198,7 @@ static void test_tokenize_rejects_a_context_with_no_token_of_its_own(void **stat
     NEED_TOKENIZER(tok, "tinystories-656K/tokenizer.json");
     kvs_closed_loop_task_input in;
     kvs_closed_loop_task_item it = {.context = ",", .answer = "Tim", .line = 12};
-    assert_int_equal(kvs_closed_loop_task_tokenize(tok, &it, &in), KVS_ERR_INVALID_ARG);
+    assert_int_equal(kvs_closed_loop_task_tokenize(tok, &it, &in), KVS_ERR_FORMAT);
     assert_non_null(strstr(kvs_last_error(), "task item at line 12: the tokenizer joins the whole context"));
     assert_null(in.tokens);
     assert_null(in.expected);
