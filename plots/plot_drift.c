@@ -152,7 +152,7 @@ kvs_status kvs_plot_drift_prepare(const char *db_path, const kvs_plot_options *o
                  use_last ? "last-query" : "window", (long long)k, layers, kvs_drift_unit_name(unit),
                  kvs_path_base(run->trace_path ? run->trace_path : "?"), (long long)run->id);
         snprintf(p->xlabel, sizeof p->xlabel,
-                 "decode step (grey dashes: SyncKV S1, overlap 0.3 after 50 steps; black dots: a random top-%lld set)",
+                 "decode step (grey dashes: SyncKV S1, overlap 0.3 after 50 steps; black long dashes: a random top-%lld set)",
                  (long long)k);
         snprintf(p->ylabel, sizeof p->ylabel, "overlap_%lld(prefill set, step set)  (SyncKV Eq. 1)", (long long)k);
     } else {
@@ -231,7 +231,7 @@ void kvs_plot_drift_write_script(const kvs_plot_drift *p, int is_svg, const char
                     b ? ", \\\n     " : "", band_colors[b], band_colors[b]);
             kvs_plot_gp_string(f, p->band_label[b]);
         }
-        fprintf(f, ", \\\n     '-' using 1:2 with lines lw 2 dt 3 lc rgb '#000000' title 'chance: random top-k (k / context)'\n");
+        fprintf(f, ", \\\n     '-' using 1:2 with lines lw 2 dt (12,6) lc rgb '#000000' title 'chance: random top-k (k / context)'\n");
         for (int b = 0; b < p->n_bands; b++) {
             const double *m = p->mean + (size_t)b * (size_t)p->T, *s = p->sd + (size_t)b * (size_t)p->T;
             for (int part = 0; part < 2; part++) {

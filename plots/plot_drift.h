@@ -8,7 +8,7 @@
  *  - drift-curve: per layer band (every layer when the model has at most 6, else 4 bands of consecutive layers;
  *    one layer with --layer) the mean over the band's units of overlap_k(prefill set, step set) per decode step,
  *    with a shaded band of ± one standard deviation over the units (clipped to [0, 1]); dashed guides at SyncKV's
- *    S1 figure (0.3 after 50 steps); a dotted black reference line at the chance level of the drawn rows, the
+ *    S1 figure (0.3 after 50 steps); a long-dashed black reference line at the chance level of the drawn rows, the
  *    overlap a uniformly random top-k set would have (k / the step's context, stored with each row:
  *    analysis/drift.h "Chance levels"), its own "# series: chance (random top-k)" block;
  *  - drift-locality: rows = decode step t, columns = δ, colour = the mean over the units of overlap_k(step t,

@@ -603,7 +603,7 @@ static void test_plots_from_the_drift_tables(void **state) {
     const char *at = strstr(series, "\n5 ");
     assert_non_null(at);
     assert_true(fabs(strtod(at + 3, NULL) - want) < 1e-12);
-    /* the dotted chance line: k over the positions step 5 attends to (prompt 20 + 5 + 1), from the stored rows */
+    /* the dashed chance line: k over the positions step 5 attends to (prompt 20 + 5 + 1), from the stored rows */
     assert_non_null(strstr(buf, "title 'chance: random top-k (k / context)'"));
     const char *chance = strstr(buf, "# series: chance (random top-k)\n");
     assert_non_null(chance);
