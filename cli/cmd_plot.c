@@ -1,7 +1,8 @@
 /* cmd_plot.c — `kvsim plot DB --kind KIND --out FILE.png|FILE.svg|- [...]`: draws a plot from a results
  * database through gnuplot (plots/plot.h; ../shared/DESIGN.md "Results (SQLite) and plots"; the cost
  * kinds follow POLICY_SPEC.md §1.5 "Budget-matching modes"). --out follows common/kvs_out.h like every kvsim
- * output; a warning on stderr when an error-vs-position plot has many lines.
+ * output; a warning on stderr when an error-vs-position plot has many lines. --across-traces draws the mean over
+ * a model's traces with its bootstrap interval (plot.h "Across traces").
  * Exit codes per cli.h: 0 drawn, 1 database/gnuplot/output failure, 2 bad usage.
  */
 #include <stdio.h>
@@ -16,11 +17,12 @@
 static void usage(FILE *f) {
     fprintf(f,
             "usage: kvsim plot DB --kind KIND --out FILE.png|FILE.svg|- [--format png|svg] [--metric M] [--layer L]\n"
-            "                     [--x-stat mean|max] [--log-y] [--budget TOKENS] [--policy NAME] [--trace PATH]\n"
-            "                     [--model NAME] [--measure M] [--k K] [--score window|last] [--unit head|group]\n"
+            "                     [--x-stat mean|max] [--log-y] [--across-traces] [--budget TOKENS] [--policy NAME]\n"
+            "                     [--trace PATH] [--model NAME] [--measure M] [--k K] [--score window|last]\n"
+            "                     [--unit head|group]\n"
             "Draws complete runs of the results database DB with gnuplot as PNG or SVG.\n"
-            "One line per (policy, params, trace, measure, --kv-bytes, --aux-bytes): runs of different traces\n"
-            "(by content: one trace under two path spellings is one), measure modes or element sizes are never\n"
+            "One line per (policy, params, trace, measure, --kv-bytes, --aux-bytes): runs of different traces (by\n"
+            "content: one trace under two path spellings is one), measure modes or element sizes are never\n"
             "averaged together; the legend names trace (<model>@<8 hex of its SHA-256>), measure and bytes when\n"
             "the plot has several. The Pareto frontier goes through runs' own points. Each policy has its own\n"
             "colour, point and dash type on every plot (several series of one policy differ in point and dash\n"
@@ -28,6 +30,9 @@ static void usage(FILE *f) {
             "policy (SnapKV, PyramidKV, Ada-KV: generated tokens all kept) is labelled (prompt-only budget): it\n"
             "holds more than its budget; compare it on error-vs-memory. Every series has a legend entry under the\n"
             "plot: the image grows taller with the number of entries, the plot area keeps its size.\n"
+            "One trace (one prompt) is one sample: with several traces per model (examples/capture_prompts.sh),\n"
+            "--across-traces draws one line per (policy, params, measure, bytes, model) instead: the mean over\n"
+            "the traces with its bootstrap interval (below).\n"
             "  --kind error-vs-budget    x: budget_tokens (log2), y: --metric (default out_err_mean), run-wide\n"
             "                            aggregate or --layer L\n"
             "  --kind error-vs-memory    x: measured resident bytes per KV head (storage_bytes mean, or max with\n"
@@ -64,6 +69,15 @@ static void usage(FILE *f) {
             "              Every bytes axis is per KV head, log2, its statistic and unit named on the axis\n"
             "  --log-y     error-vs-budget / -memory / -traffic: a log10 y axis (small errors spread out); points\n"
             "              <= 0 (an exact cache's error 0) cannot be drawn there: their count joins the label\n"
+            "  --across-traces  error-vs-budget / -memory / -traffic, memory-vs-budget: one line per (policy, params,\n"
+            "              measure, bytes, model) instead of one per trace: at each budget the mean over the traces\n"
+            "              that have a run there, with error bars of its 95%% percentile bootstrap interval resampling\n"
+            "              traces (2000 resamples, seeded from the line, the budget and the traces' hashes: the same\n"
+            "              data draws the same bars). On error-vs-memory / -traffic a point's x is the mean of the\n"
+            "              traces' x at that budget (said on the axis) and the Pareto frontier goes through these\n"
+            "              means. The legend gives n (traces); a budget only some traces reached is drawn from those\n"
+            "              and marked n=K; a line of one trace has no bars. Without it (the default) each trace is\n"
+            "              its own line\n"
             "  --budget    error-vs-position only: only runs with this budget (tokens per KV head)\n"
             "  --out FILE  a regular file is replaced atomically (written beside it, then renamed); a symbolic link is\n"
             "              written through (its target is replaced, the link stays); a FIFO or device is written\n"
@@ -87,6 +101,9 @@ int kvs_cmd_plot(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--log-y")) {
             if (o.log_y) return kvs_cli_usage_error("plot", "--log-y given twice");
             o.log_y = 1;
+        } else if (!strcmp(argv[i], "--across-traces")) {
+            if (o.across_traces) return kvs_cli_usage_error("plot", "--across-traces given twice");
+            o.across_traces = 1;
         } else if ((fr = kvs_cli_filter_option("plot", argc, argv, &i, PLOT_FILTERS, &f)) != 0) {
             if (fr < 0) return KVS_EXIT_USAGE;
         } else if ((r = kvs_cli_single_value("plot", "--kind", argc, argv, &i, &missing, &kind_s)) ||
@@ -138,6 +155,10 @@ int kvs_cmd_plot(int argc, char **argv) {
                                            "error-vs-traffic only%s",
                                    o.kind == KVS_PLOT_MEMORY_VS_BUDGET ? " (memory-vs-budget's bytes axis is log2 already)"
                                                                        : "");
+    if (o.across_traces && o.kind != KVS_PLOT_ERROR_VS_BUDGET && o.kind != KVS_PLOT_MEMORY_VS_BUDGET &&
+        o.kind != KVS_PLOT_ERROR_VS_MEMORY && o.kind != KVS_PLOT_ERROR_VS_TRAFFIC)
+        return kvs_cli_usage_error("plot", "--across-traces applies to --kind error-vs-budget, memory-vs-budget, "
+                                           "error-vs-memory and error-vs-traffic only");
     if (o.x_stat) {
         if (o.kind != KVS_PLOT_ERROR_VS_MEMORY && o.kind != KVS_PLOT_ERROR_VS_TRAFFIC)
             return kvs_cli_usage_error("plot", "--x-stat applies to --kind error-vs-memory and error-vs-traffic only");

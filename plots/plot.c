@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "../common/kvs_out.h"
+#include "../common/kvs_stats.h"
 #include "../sim/policy.h"
 #include "../policies/registry.h"
 #include "../results/results.h"
@@ -227,6 +228,7 @@ typedef struct {
     char *policy, *params, *measure, *trace_path;
     char *trace_key;   /* the trace's content hash (one trace through any path spelling), else "#<trace_id>" */
     char *trace_label; /* kvs_results_trace_label: "<model>@<8 hex>", else the path's base name */
+    char *model;       /* the trace's model name ("" when not recorded) */
     int kv_bytes, aux_bytes; /* bytes per K/V and per auxiliary element the runs were replayed with; -1 = not
                               * recorded (runs written before runs.options) */
     int64_t trace_id, run_id, budget; /* run_id/budget: position kind only (one series per run) */
@@ -234,10 +236,15 @@ typedef struct {
     int prompt_only; /* budget_scope "prompt": the budget bounds the prompt only (generated tokens all kept) */
     char *label;
     series_style style;
-    /* points; per point the budget it stands for and how many runs were averaged into it */
+    /* points; per point the budget it stands for and how many runs were averaged into it (a line across traces:
+     * how many traces) */
     size_t n, cap;
     double *x, *y;
+    double *lo, *hi; /* [n] a line across traces: the bootstrap interval of y; else lo = hi = y */
     int64_t *pt_budget, *pt_count;
+    int across;      /* a line across traces (pt_count: traces per point): drawn with its interval */
+    int64_t n_min, n_max; /* across: fewest and most traces of a point */
+    size_t n_cut;    /* across, log y axis: bars whose lower bound (<= 0) is cut at the axis' floor */
     unsigned char *brk; /* [n], 1 = the line breaks before point k (a gap, or a point left off a log axis); NULL =
                          * never */
     size_t n_off;       /* points left out because a log y axis cannot show them (y <= 0) */
@@ -268,9 +275,12 @@ static void series_free(plot_series *s) {
     free(s->trace_path);
     free(s->trace_key);
     free(s->trace_label);
+    free(s->model);
     free(s->label);
     free(s->x);
     free(s->y);
+    free(s->lo);
+    free(s->hi);
     free(s->pt_budget);
     free(s->pt_count);
     free(s->brk);
@@ -321,7 +331,9 @@ static kvs_status series_new(plot_data *d, const kvs_results_run_row *w, int per
     }
     s->trace_key = strdup(key);
     s->trace_label = strdup(label);
-    if (!s->policy || !s->params || !s->measure || !s->trace_path || !s->trace_key || !s->trace_label) return nomem();
+    s->model = dup_or_empty(w ? w->model : NULL);
+    if (!s->policy || !s->params || !s->measure || !s->trace_path || !s->trace_key || !s->trace_label || !s->model)
+        return nomem();
     s->kv_bytes = s->aux_bytes = -1;
     if (w) kvs_results_run_bytes(w, &s->kv_bytes, &s->aux_bytes);
     s->trace_id = w ? w->trace_id : -1;
@@ -380,30 +392,45 @@ static kvs_status series_add(plot_series *s, double x, double y, int64_t budget)
         int64_t *nc = realloc(s->pt_count, cap * sizeof *nc);
         if (!nc) return nomem();
         s->pt_count = nc;
+        double *nl = realloc(s->lo, cap * sizeof *nl);
+        if (!nl) return nomem();
+        s->lo = nl;
+        double *nh = realloc(s->hi, cap * sizeof *nh);
+        if (!nh) return nomem();
+        s->hi = nh;
         s->cap = cap;
     }
     s->x[s->n] = x;
     s->y[s->n] = y;
+    s->lo[s->n] = s->hi[s->n] = y;
     s->pt_budget[s->n] = budget;
     s->pt_count[s->n] = 1;
     s->n++;
     return KVS_OK;
 }
 
-/* Turns the sums into means and sorts the points by x (insertion sort: a series has few points). */
+/* Sorts the points by x, every per-point array with them (insertion sort: a series has few points). */
+static void series_sort(plot_series *s) {
+    for (size_t i = 1; i < s->n; i++)
+        for (size_t j = i; j > 0 && s->x[j - 1] > s->x[j]; j--) {
+            double tx = s->x[j], ty = s->y[j], tl = s->lo[j], th = s->hi[j];
+            int64_t tb = s->pt_budget[j], tc = s->pt_count[j];
+            s->x[j] = s->x[j - 1], s->y[j] = s->y[j - 1], s->lo[j] = s->lo[j - 1], s->hi[j] = s->hi[j - 1];
+            s->pt_budget[j] = s->pt_budget[j - 1], s->pt_count[j] = s->pt_count[j - 1];
+            s->x[j - 1] = tx, s->y[j - 1] = ty, s->lo[j - 1] = tl, s->hi[j - 1] = th;
+            s->pt_budget[j - 1] = tb, s->pt_count[j - 1] = tc;
+        }
+}
+
+/* Turns the sums into means and sorts the points by x. */
 static void series_finish(plot_series *s) {
     for (size_t i = 0; i < s->n; i++) {
         s->x[i] /= (double)s->pt_count[i];
         s->y[i] /= (double)s->pt_count[i];
+        s->lo[i] = s->hi[i] = s->y[i];
         s->pt_count[i] = 1;
     }
-    for (size_t i = 1; i < s->n; i++)
-        for (size_t j = i; j > 0 && s->x[j - 1] > s->x[j]; j--) {
-            double tx = s->x[j], ty = s->y[j];
-            int64_t tb = s->pt_budget[j];
-            s->x[j] = s->x[j - 1], s->y[j] = s->y[j - 1], s->pt_budget[j] = s->pt_budget[j - 1];
-            s->x[j - 1] = tx, s->y[j - 1] = ty, s->pt_budget[j - 1] = tb;
-        }
+    series_sort(s);
 }
 
 /* Legend order: policy, params, element bytes, trace, measure, run. */
@@ -416,6 +443,7 @@ static int cmp_series(const void *pa, const void *pb) {
     if (a->aux_bytes != b->aux_bytes) return a->aux_bytes < b->aux_bytes ? -1 : 1;
     if ((c = strcmp(a->trace_label, b->trace_label))) return c;
     if ((c = strcmp(a->trace_key, b->trace_key))) return c;
+    if ((c = strcmp(a->model, b->model))) return c; /* lines across traces: their trace fields are empty */
     if ((c = strcmp(a->measure, b->measure))) return c;
     return (a->run_id > b->run_id) - (a->run_id < b->run_id);
 }
@@ -427,10 +455,13 @@ static int cmp_series(const void *pa, const void *pb) {
  * file name without a recorded hash); when two different traces would read alike, by more of the hash, or by
  * path and trace row. `by_budget`: the plot places runs by their nominal budget, which a prompt-only policy
  * exceeds while generating (it keeps every generated token): the label says so, as the runs table's flag P
- * does, so that its line is not read as a policy holding that many tokens. */
+ * does, so that its line is not read as a policy holding that many tokens. A line across traces names its model
+ * where the plot has several, and how many traces its points average: " (n=7 traces)", " (n=5 to 7 traces)" (the
+ * points with fewer are marked on the plot), " (n=1 trace: no interval)". */
 static kvs_status label_series(plot_data *d, int per_run, int by_budget) {
-    int many_traces = 0, many_measures = 0, many_kv = 0, many_aux = 0;
+    int many_traces = 0, many_measures = 0, many_kv = 0, many_aux = 0, many_models = 0;
     for (size_t i = 1; i < d->n; i++) {
+        many_models |= strcmp(d->s[i].model, d->s[0].model) != 0;
         many_traces |= strcmp(d->s[i].trace_key, d->s[0].trace_key) != 0;
         many_measures |= strcmp(d->s[i].measure, d->s[0].measure) != 0;
         many_kv |= d->s[i].kv_bytes != d->s[0].kv_bytes;
@@ -439,7 +470,7 @@ static kvs_status label_series(plot_data *d, int per_run, int by_budget) {
     for (size_t i = 0; i < d->n; i++) {
         plot_series *s = &d->s[i];
         char trace[1100] = "", bytes[80] = "", kv[16] = "?", aux[16] = "?", extra[1400] = "", budget[48] = "",
-             run[48] = "";
+             run[64] = "";
         if (many_traces) {
             int clash = 0;
             for (size_t j = 0; j < d->n; j++)
@@ -448,6 +479,7 @@ static kvs_status label_series(plot_data *d, int per_run, int by_budget) {
             else if (s->trace_key[0] != '#') snprintf(trace, sizeof trace, "%s (sha256 %.16s)", s->trace_label, s->trace_key);
             else snprintf(trace, sizeof trace, "%s #%" PRId64, s->trace_path, s->trace_id);
         }
+        if (s->across && many_models) snprintf(trace, sizeof trace, "%s", s->model[0] ? s->model : "model ?");
         if (s->kv_bytes >= 0) snprintf(kv, sizeof kv, "%d", s->kv_bytes);
         if (s->aux_bytes >= 0) snprintf(aux, sizeof aux, "%d", s->aux_bytes);
         if (many_kv || many_aux)
@@ -462,6 +494,11 @@ static kvs_status label_series(plot_data *d, int per_run, int by_budget) {
         if (per_run) {
             snprintf(budget, sizeof budget, " budget=%" PRId64, s->budget);
             snprintf(run, sizeof run, " [run %" PRId64 "]", s->run_id);
+        }
+        if (s->across) {
+            if (s->n_max < 2) snprintf(run, sizeof run, " (n=1 trace: no interval)");
+            else if (s->n_min == s->n_max) snprintf(run, sizeof run, " (n=%" PRId64 " traces)", s->n_max);
+            else snprintf(run, sizeof run, " (n=%" PRId64 " to %" PRId64 " traces)", s->n_min, s->n_max);
         }
         size_t cap = strlen(s->policy) + strlen(s->params) + strlen(extra) + 160;
         if (!(s->label = malloc(cap))) return nomem();
@@ -600,11 +637,170 @@ static kvs_status series_breaks(plot_series *s, const trace_turns *t) {
     return KVS_OK;
 }
 
+/* ------------------------------------------------------------------------------------------------
+ * Across traces: the per-trace series of one (policy, params, measure, kv_bytes, aux_bytes, model) become one
+ * line of means over traces with bootstrap intervals (plot.h "Across traces").
+ * ---------------------------------------------------------------------------------------------- */
+
+/* 64-bit FNV-1a, continued from h over the NUL-terminated s. */
+static uint64_t fnv1a64(uint64_t h, const char *s) {
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) h = (h ^ *c) * 1099511628211ull;
+    return h;
+}
+
+/* Do per-trace series a and b belong to one line across traces? */
+static int same_line(const plot_series *a, const plot_series *b) {
+    return !strcmp(a->policy, b->policy) && !strcmp(a->params, b->params) && !strcmp(a->measure, b->measure) &&
+           a->kv_bytes == b->kv_bytes && a->aux_bytes == b->aux_bytes && !strcmp(a->model, b->model);
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The line of the per-trace series mem[0..m) (one line's traces, ascending trace key): at each budget any of them
+ * has a point, over the traces that do, x = the mean of their x, y the mean of their y with its interval. */
+static kvs_status line_across(plot_data *out, plot_series *const *mem, size_t m) {
+    const plot_series *p = mem[0];
+    plot_series *s = NULL;
+    kvs_status rc = series_new(out, NULL, 0, &s);
+    if (rc != KVS_OK) return rc;
+    free(s->policy), free(s->params), free(s->measure), free(s->model);
+    s->policy = strdup(p->policy), s->params = strdup(p->params), s->measure = strdup(p->measure);
+    s->model = strdup(p->model);
+    if (!s->policy || !s->params || !s->measure || !s->model) return nomem();
+    s->kv_bytes = p->kv_bytes, s->aux_bytes = p->aux_bytes;
+    s->across = 1;
+    for (size_t j = 0; j < m; j++) {
+        s->is_oracle |= mem[j]->is_oracle;
+        s->prompt_only |= mem[j]->prompt_only;
+    }
+    s->style = s->is_oracle ? STYLE_ORACLE : STYLE_LINE;
+    /* The line's budgets: every budget of any of its traces, once. */
+    size_t nb = 0;
+    for (size_t j = 0; j < m; j++) nb += mem[j]->n;
+    int64_t *budgets = malloc((nb + 1) * sizeof *budgets);
+    double *xs = malloc(m * sizeof *xs), *ys = malloc(m * sizeof *ys);
+    if (!budgets || !xs || !ys) {
+        rc = nomem();
+        goto cleanup;
+    }
+    nb = 0;
+    for (size_t j = 0; j < m; j++)
+        for (size_t k = 0; k < mem[j]->n; k++) budgets[nb++] = mem[j]->pt_budget[k];
+    qsort(budgets, nb, sizeof *budgets, cmp_i64);
+    s->n_min = INT64_MAX;
+    for (size_t b = 0; b < nb; b++) {
+        if (b > 0 && budgets[b] == budgets[b - 1]) continue;
+        char head[64 + 40];
+        uint64_t seed = 14695981039346656037ull;
+        seed = fnv1a64(seed, s->policy), seed = fnv1a64(seed, "\n");
+        seed = fnv1a64(seed, s->params), seed = fnv1a64(seed, "\n");
+        seed = fnv1a64(seed, s->measure), seed = fnv1a64(seed, "\n");
+        snprintf(head, sizeof head, "%d\n%d\n", s->kv_bytes, s->aux_bytes);
+        seed = fnv1a64(seed, head);
+        seed = fnv1a64(seed, s->model), seed = fnv1a64(seed, "\n");
+        snprintf(head, sizeof head, "%" PRId64 "\n", budgets[b]);
+        seed = fnv1a64(seed, head);
+        size_t n = 0;
+        long double xsum = 0;
+        for (size_t j = 0; j < m; j++)
+            for (size_t k = 0; k < mem[j]->n; k++)
+                if (mem[j]->pt_budget[k] == budgets[b]) {
+                    xs[n] = mem[j]->x[k], ys[n] = mem[j]->y[k];
+                    xsum += xs[n++];
+                    seed = fnv1a64(fnv1a64(seed, mem[j]->trace_key), "\n");
+                    break;
+                }
+        kvs_interval iv;
+        if ((rc = kvs_bootstrap_mean(ys, n, KVS_BOOTSTRAP_REPS, 0.95, seed, &iv)) != KVS_OK) goto cleanup;
+        if ((rc = series_add(s, (double)(xsum / (long double)n), iv.mean, -1)) != KVS_OK) goto cleanup;
+        s->lo[s->n - 1] = iv.lo;
+        s->hi[s->n - 1] = iv.hi;
+        s->pt_budget[s->n - 1] = budgets[b];
+        s->pt_count[s->n - 1] = (int64_t)n;
+        if ((int64_t)n < s->n_min) s->n_min = (int64_t)n;
+        if ((int64_t)n > s->n_max) s->n_max = (int64_t)n;
+    }
+    series_sort(s);
+cleanup:
+    free(budgets);
+    free(xs);
+    free(ys);
+    return rc;
+}
+
+static int cmp_series_by_trace_key(const void *a, const void *b) {
+    return strcmp((*(plot_series *const *)a)->trace_key, (*(plot_series *const *)b)->trace_key);
+}
+
+/* Replaces the per-trace series of d (finished: means per budget) by the lines across traces, and the runs'
+ * points the frontier is made of by the lines' points (of the non-oracle lines): the frontier of this view goes
+ * through the means it draws. */
+static kvs_status aggregate_traces(plot_data *d) {
+    plot_data out = {0};
+    plot_series **mem = malloc((d->n ? d->n : 1) * sizeof *mem);
+    unsigned char *done = calloc(d->n ? d->n : 1, 1);
+    kvs_status rc = KVS_OK;
+    if (!mem || !done) {
+        rc = nomem();
+        goto cleanup;
+    }
+    for (size_t i = 0; i < d->n; i++) {
+        if (done[i]) continue;
+        size_t m = 0;
+        for (size_t j = i; j < d->n; j++)
+            if (!done[j] && same_line(&d->s[i], &d->s[j])) {
+                done[j] = 1;
+                mem[m++] = &d->s[j];
+            }
+        /* The traces in ascending key order: the order of the bootstrap's units and of the seed's keys. */
+        qsort(mem, m, sizeof *mem, cmp_series_by_trace_key);
+        if ((rc = line_across(&out, mem, m)) != KVS_OK) goto cleanup;
+    }
+    d->n_run = 0;
+    for (size_t i = 0; i < out.n; i++) {
+        const plot_series *s = &out.s[i];
+        if (s->is_oracle) continue;
+        for (size_t k = 0; k < s->n; k++) {
+            if (d->n_run == d->cap_run) {
+                size_t cap = d->cap_run ? 2 * d->cap_run : 64;
+                double *nx = realloc(d->run_x, cap * sizeof *nx);
+                if (!nx) {
+                    rc = nomem();
+                    goto cleanup;
+                }
+                d->run_x = nx;
+                double *ny = realloc(d->run_y, cap * sizeof *ny);
+                if (!ny) {
+                    rc = nomem();
+                    goto cleanup;
+                }
+                d->run_y = ny;
+                d->cap_run = cap;
+            }
+            d->run_x[d->n_run] = s->x[k];
+            d->run_y[d->n_run++] = s->y[k];
+        }
+    }
+    for (size_t i = 0; i < d->n; i++) series_free(&d->s[i]);
+    free(d->s);
+    d->s = out.s, d->n = out.n, d->cap = out.cap;
+    out.s = NULL, out.n = 0;
+cleanup:
+    plot_data_free(&out);
+    free(mem);
+    free(done);
+    return rc;
+}
+
 /* Appends the Pareto frontier of the non-oracle runs as a series (nothing when there are none). It is made of
  * the runs' own points, not of the series' points: a series point averages the repeated runs of one
  * configuration at one budget, which agree when the replay is deterministic; where they did not, the average
- * is a point no run measured, and the frontier must not pass through it. */
-static kvs_status add_frontier(plot_data *d, int higher_is_better) {
+ * is a point no run measured, and the frontier must not pass through it. Across traces the points are the
+ * lines' means (aggregate_traces put them in run_x / run_y): `label` says which. */
+static kvs_status add_frontier(plot_data *d, int higher_is_better, const char *label) {
     size_t n = d->n_run;
     if (n == 0) return KVS_OK;
     size_t *idx = malloc(n * sizeof *idx);
@@ -614,7 +810,7 @@ static kvs_status add_frontier(plot_data *d, int higher_is_better) {
     kvs_status rc = KVS_OK;
     KVS_TRY(rc = series_new(d, NULL, 0, &f));
     f->style = STYLE_FRONTIER;
-    if (!(f->label = strdup("Pareto frontier (non-oracle runs)"))) {
+    if (!(f->label = strdup(label))) {
         rc = nomem();
         goto cleanup;
     }
@@ -627,7 +823,10 @@ cleanup:
 /* A log y axis cannot show y <= 0 (a full cache's error of exactly 0, say): such points are taken out of each
  * series (the line breaks where one was, rather than joining its neighbours across it) and the series' label
  * says how many, e.g. "full [3 of 3 points <= 0: not on the log axis]", so no series vanishes unexplained.
- * The frontier was computed before, over every point: its points at 0 are left off the same way. */
+ * The frontier was computed before, over every point: its points at 0 are left off the same way. A line across
+ * traces whose mean is > 0 may have an interval reaching 0 (some of its traces measured 0): gnuplot would drop
+ * the whole bar, so its lower end is put at half the smallest positive value of the plot, below every point, and
+ * the label counts such bars ("[1 interval reaches <= 0: cut at the axis]"). */
 static kvs_status leave_off_log_axis(plot_data *d) {
     for (size_t i = 0; i < d->n; i++) {
         plot_series *s = &d->s[i];
@@ -644,6 +843,8 @@ static kvs_status leave_off_log_axis(plot_data *d) {
             s->y[w] = s->y[k];
             s->pt_budget[w] = s->pt_budget[k];
             s->pt_count[w] = s->pt_count[k];
+            s->lo[w] = s->lo[k];
+            s->hi[w] = s->hi[k];
             if (s->brk) s->brk[w] = (unsigned char)(gap || s->brk[k]);
             gap = 0;
             w++;
@@ -652,6 +853,29 @@ static kvs_status leave_off_log_axis(plot_data *d) {
         if (s->n_off == 0) continue;
         char note[96];
         snprintf(note, sizeof note, " [%zu of %zu points <= 0: not on the log axis]", s->n_off, total);
+        size_t cap = strlen(s->label) + strlen(note) + 1;
+        char *l = realloc(s->label, cap);
+        if (!l) return nomem();
+        s->label = strcat(l, note);
+    }
+    double floor_y = INFINITY;
+    for (size_t i = 0; i < d->n; i++)
+        for (size_t k = 0; k < d->s[i].n; k++) {
+            if (d->s[i].y[k] < floor_y) floor_y = d->s[i].y[k];
+            if (d->s[i].lo[k] > 0 && d->s[i].lo[k] < floor_y) floor_y = d->s[i].lo[k];
+        }
+    for (size_t i = 0; i < d->n; i++) {
+        plot_series *s = &d->s[i];
+        if (!s->across) continue;
+        for (size_t k = 0; k < s->n; k++)
+            if (!(s->lo[k] > 0)) {
+                s->lo[k] = floor_y / 2;
+                s->n_cut++;
+            }
+        if (s->n_cut == 0) continue;
+        char note[96];
+        snprintf(note, sizeof note, " [%zu interval%s reach%s <= 0: cut at the axis]", s->n_cut,
+                 s->n_cut == 1 ? "" : "s", s->n_cut == 1 ? "es" : "");
         size_t cap = strlen(s->label) + strlen(note) + 1;
         char *l = realloc(s->label, cap);
         if (!l) return nomem();
@@ -728,11 +952,14 @@ static void put_byte_tics(FILE *gp, const plot_data *d, char axis) {
     double lo = INFINITY, hi = -INFINITY;
     for (size_t i = 0; i < d->n; i++)
         for (size_t k = 0; k < d->s[i].n; k++) {
-            double v = axis == 'y' ? d->s[i].y[k] : d->s[i].x[k];
-            if (v > 0) {
-                if (v < lo) lo = v;
-                if (v > hi) hi = v;
-            }
+            /* y: the point and its interval (a line across traces), which gnuplot's autoscale includes */
+            double v[3] = {axis == 'y' ? d->s[i].y[k] : d->s[i].x[k], axis == 'y' ? d->s[i].lo[k] : 0,
+                           axis == 'y' ? d->s[i].hi[k] : 0};
+            for (int j = 0; j < 3; j++)
+                if (v[j] > 0) {
+                    if (v[j] < lo) lo = v[j];
+                    if (v[j] > hi) hi = v[j];
+                }
         }
     fprintf(gp, "set logscale %c 2\n", axis);
     if (!(lo <= hi)) return;
@@ -754,11 +981,32 @@ static void put_data(FILE *gp, const plot_series *s) {
     fputc('\n', gp);
     for (size_t k = 0; k < s->n; k++) {
         if (s->brk && s->brk[k]) fputc('\n', gp); /* a blank line: gnuplot does not join the points across it */
-        fprintf(gp, "%.17g %.17g\n", s->x[k], s->y[k]);
+        /* across traces: x, mean, interval, traces (the n gnuplot does not draw: the legend and marks say it) */
+        if (s->across)
+            fprintf(gp, "%.17g %.17g %.17g %.17g %" PRId64 "\n", s->x[k], s->y[k], s->lo[k], s->hi[k], s->pt_count[k]);
+        else fprintf(gp, "%.17g %.17g\n", s->x[k], s->y[k]);
     }
     /* Every point left off a log axis: one undefined point keeps the series' key entry (whose label says why
      * nothing is drawn); an empty block would drop it with a warning. */
-    if (s->n == 0 && s->n_off > 0) fprintf(gp, "%.17g NaN\n", s->off_x);
+    if (s->n == 0 && s->n_off > 0) fprintf(gp, "%.17g NaN%s\n", s->off_x, s->across ? " NaN NaN 0" : "");
+    fprintf(gp, "e\n");
+}
+
+/* Does line s (across traces) mark points: those with fewer traces than its most. */
+static int marks_counts(const plot_series *s) { return s->across && s->n_max >= 2 && s->n_min < s->n_max; }
+
+/* The marks of the points of line s with fewer traces than its most: "x y n=K" (a labels element). */
+static void put_count_marks(FILE *gp, const plot_series *s) {
+    fprintf(gp, "# point counts: ");
+    put_one_line(gp, s->label);
+    fputc('\n', gp);
+    int any = 0;
+    for (size_t k = 0; k < s->n; k++)
+        if (s->pt_count[k] < s->n_max) {
+            fprintf(gp, "%.17g %.17g n=%" PRId64 "\n", s->x[k], s->y[k], s->pt_count[k]);
+            any = 1;
+        }
+    if (!any) fprintf(gp, "%.17g NaN n=0\n", s->n ? s->x[0] : 1.0); /* all left off a log axis: nothing drawn */
     fprintf(gp, "e\n");
 }
 
@@ -940,9 +1188,17 @@ static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
                 k += d->s[j].style != STYLE_FRONTIER && d->s[j].style == s->style && !strcmp(d->s[j].policy, s->policy);
             kvs_plot_style st = kvs_plot_policy_style(s->policy, k, s->style == STYLE_ORACLE);
             size_t every = s->n > 24 ? s->n / 12 : 1;
-            fprintf(gp, "'-' using 1:2 with linespoints lw 2 pt %d ps 1 pi %zu dt %d lc rgb '%s' title ", st.point,
-                    every, st.dash, st.color);
+            /* A line across traces: the mean with its interval as error bars (none when one trace is all it has:
+             * there is no interval to draw), and the points with fewer traces than the rest marked "n=K". */
+            if (s->across && s->n_max >= 2)
+                fprintf(gp, "'-' using 1:2:3:4 with yerrorlines lw 2 pt %d ps 1 dt %d lc rgb '%s' title ", st.point,
+                        st.dash, st.color);
+            else
+                fprintf(gp, "'-' using 1:2 with linespoints lw 2 pt %d ps 1 pi %zu dt %d lc rgb '%s' title ", st.point,
+                        every, st.dash, st.color);
             kvs_plot_gp_string(gp, s->label);
+            if (marks_counts(s))
+                fprintf(gp, ", \\\n     '-' using 1:2:3 with labels offset 0,1 tc rgb '%s' notitle", st.color);
         }
     fprintf(gp, "\n");
     for (int pass = 0; pass < 2; pass++)
@@ -951,6 +1207,7 @@ static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
             if ((s->style == STYLE_FRONTIER) != (pass == 0)) continue;
             put_data(gp, s);
             if (s->style == STYLE_FRONTIER) put_data(gp, s); /* the points element reads its own copy */
+            if (marks_counts(s)) put_count_marks(gp, s);
         }
     fprintf(gp, "unset output\nexit\n");
 }
@@ -1009,14 +1266,15 @@ static int ends_with(const char *s, const char *suffix) {
  * -traffic, y of memory-vs-budget): what is counted (the metric's label names the bytes), per what, which
  * statistic over the run's steps, the column and the log2 scale, e.g. "resident bytes per KV head, mean over
  * steps (storage_bytes_mean; log2 scale)"; its tics carry the unit, B / KiB / MiB (put_byte_tics). Short
- * enough to fit along the y axis of memory-vs-budget (550 px of plot area, about 85 characters). */
-static void axis_label(char *buf, size_t cap, kvs_metric m, kvs_stat_kind s, const char *extra) {
+ * enough to fit along the y axis of memory-vs-budget (550 px of plot area, about 85 characters). `traces` follows
+ * the statistic: ", mean over traces" on a line across traces' axes, else "". */
+static void axis_label(char *buf, size_t cap, kvs_metric m, kvs_stat_kind s, const char *extra, const char *traces) {
     const kvs_metric_info *mi = &kvs_metric_table[m];
     if (mi->kind == KVS_METRIC_BYTES)
-        snprintf(buf, cap, "%s per KV head, %s over steps (%s_%s; log2 scale)", mi->label, kvs_stat_names[s], mi->name,
-                 kvs_stat_names[s]);
+        snprintf(buf, cap, "%s per KV head, %s over steps%s (%s_%s; log2 scale)", mi->label, kvs_stat_names[s], traces,
+                 mi->name, kvs_stat_names[s]);
     else
-        snprintf(buf, cap, "%s, %s (%s_%s%s%s%s)", mi->label, kvs_stat_names[s], mi->name, kvs_stat_names[s],
+        snprintf(buf, cap, "%s, %s%s (%s_%s%s%s%s)", mi->label, kvs_stat_names[s], traces, mi->name, kvs_stat_names[s],
                  mi->unit[0] ? "; " : "", mi->unit, extra);
 }
 
@@ -1067,6 +1325,11 @@ kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_
     if (rc != KVS_OK) return rc;
     if ((int)o->kind < 0 || (int)o->kind >= KVS_PLOT_N_KINDS)
         return kvs_fail(KVS_ERR_INVALID_ARG, "plot: bad kind %d", (int)o->kind);
+    if (o->across_traces && o->kind != KVS_PLOT_ERROR_VS_BUDGET && o->kind != KVS_PLOT_MEMORY_VS_BUDGET &&
+        !is_cost_kind(o->kind))
+        return kvs_fail(KVS_ERR_INVALID_ARG, "--across-traces applies to --kind error-vs-budget, memory-vs-budget, "
+                                             "error-vs-memory and error-vs-traffic (not %s)",
+                        kind_names[o->kind]);
     if (o->log_y && o->kind != KVS_PLOT_ERROR_VS_BUDGET && !is_cost_kind(o->kind))
         return kvs_fail(KVS_ERR_INVALID_ARG, "--log-y applies to --kind error-vs-budget, error-vs-memory and "
                                              "error-vs-traffic%s",
@@ -1185,13 +1448,15 @@ kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_
             if (o->layer >= 0) snprintf(where + len, sizeof where - len, ", layer %d", o->layer);
             else snprintf(where + len, sizeof where - len, ", run-wide aggregate");
         }
-        axis_label(tt->ylabel, sizeof tt->ylabel, ym, ys, o->log_y ? "; log scale" : "");
+        const char *over = o->across_traces ? ", mean over traces" : "";
+        axis_label(tt->ylabel, sizeof tt->ylabel, ym, ys, o->log_y ? "; log scale" : "", over);
         if (o->kind == KVS_PLOT_MEMORY_VS_BUDGET) tt->y = AXIS_LOG_BYTES;
         else if (o->log_y) tt->y = AXIS_LOG10;
         if (xm >= 0) {
             snprintf(tt->title, sizeof tt->title, "%s vs measured %s (%s) - %s", metric_name,
                      xm == KVS_M_STORAGE ? "memory" : "traffic", where + 2, base);
-            axis_label(tt->xlabel, sizeof tt->xlabel, (kvs_metric)xm, xs, "");
+            axis_label(tt->xlabel, sizeof tt->xlabel, (kvs_metric)xm, xs, "",
+                       o->across_traces ? ", mean over traces at each budget" : "");
             tt->x = AXIS_LOG_BYTES;
         } else if (o->kind == KVS_PLOT_MEMORY_VS_BUDGET) {
             snprintf(tt->title, sizeof tt->title, "%s vs budget (%s) - %s", metric_name, where + 2, base);
@@ -1230,9 +1495,19 @@ kvs_status kvs_plot_prepare(const char *db_path, const kvs_plot_options *o, kvs_
         if (o->kind == KVS_PLOT_ERROR_VS_POSITION)
             KVS_TRY(rc = series_breaks(&dd->s[i], turns_of(dd, dd->s[i].trace_id)));
     }
+    if (o->across_traces) {
+        KVS_TRY(rc = aggregate_traces(dd));
+        len = strlen(tt->title);
+        if (len < sizeof tt->title)
+            snprintf(tt->title + len, sizeof tt->title - len, " - mean over traces, bars: 95%% bootstrap interval "
+                                                                "(resampling traces)");
+    }
     qsort(dd->s, dd->n, sizeof *dd->s, cmp_series);
     KVS_TRY(rc = label_series(dd, o->kind == KVS_PLOT_ERROR_VS_POSITION, !is_cost_kind(o->kind)));
-    if (is_cost_kind(o->kind)) KVS_TRY(rc = add_frontier(dd, mi->higher_is_better));
+    if (is_cost_kind(o->kind))
+        KVS_TRY(rc = add_frontier(dd, mi->higher_is_better,
+                                  o->across_traces ? "Pareto frontier (means over traces of the non-oracle lines)"
+                                                   : "Pareto frontier (non-oracle runs)"));
     if (tt->y != AXIS_LINEAR) KVS_TRY(rc = leave_off_log_axis(dd));
     p->layout = layout_key(dd, is_svg);
     kvs_results_run_rows_free(rows, n_rows);

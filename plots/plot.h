@@ -12,8 +12,9 @@
  * run's steps (mean unless --x-stat max, or memory-vs-budget's --metric, says otherwise) named on the axis with
  * its column and unit, a log2 scale with tics in B / KiB / MiB. --log-y puts a quality axis on a log scale.
  *
- * Series. Runs are never averaged across traces, measure modes or element sizes: a series of the budget and
- * cost kinds is one (policy, params, trace content, measure, kv_bytes, aux_bytes) — the trace by its recorded
+ * Series. Runs are never averaged across measure modes or element sizes, nor across traces unless asked ("Across
+ * traces" below): a series of the budget and cost kinds is one (policy, params, trace content, measure, kv_bytes,
+ * aux_bytes) — the trace by its recorded
  * SHA-256 (one trace through two path spellings is one series; without a recorded hash, its trace row), the
  * element sizes from the run's recorded options (kvs_results_run_bytes) — and runs of one series at one budget
  * (a repeated replay) are averaged; error-vs-position draws one series per run. The Pareto frontier is made of
@@ -27,6 +28,26 @@
  * "(oracle)"; every other series is drawn in its policy's colour, point and dash type, the same on every plot
  * and different for every registered policy (kvs_plot_policy_style), several series of one policy told apart
  * by other point and dash types.
+ *
+ * Across traces (across_traces; `kvsim plot --across-traces`). One trace (one prompt) is one sample; a database
+ * holding several traces of one model (examples/capture_prompts.sh: one per prompt) can be drawn as one line per
+ * (policy, params, measure, kv_bytes, aux_bytes, model), the traces being the units of a mean. Per trace first the
+ * per-trace point as above (its repeated runs at one budget averaged); then, at each budget, over the traces that
+ * have a run there: y = the mean of their y with its percentile bootstrap 95 % interval resampling traces
+ * (common/kvs_stats.h kvs_bootstrap_mean, KVS_BOOTSTRAP_REPS resamples, the traces' values in ascending order of
+ * their trace key), drawn as error bars, and x = the budget (budget kinds) or the mean of the traces' x at that
+ * budget (cost kinds: the axis says "mean over traces at each budget"). A budget that only some traces have a run
+ * at is drawn from those (dropping it would hide what was measured, and a line that ends early hides it too); the
+ * number of traces of each point is in the data, the legend says "n=7 traces" (or "n=5 to 7 traces": then every
+ * point below the most is marked "n=5" on the plot), and a line whose points all have one trace draws no bars
+ * ("n=1 trace: no interval"). The interval is a function of what it summarises: its seed is the 64-bit FNV-1a
+ * (offset 14695981039346656037, prime 1099511628211) of the text
+ *     "<policy>\n<params>\n<measure>\n<kv_bytes>\n<aux_bytes>\n<model>\n<budget>\n" + "<trace key>\n" per trace
+ * (kv_bytes/aux_bytes -1 when not recorded, model "" when not recorded; the trace key is the recorded SHA-256 in
+ * hex, else "#<trace_id>"; the traces of that point only, ascending), so adding an unrelated series to a plot or
+ * a trace to another line changes no interval. The Pareto frontier of a cost kind then goes through the
+ * aggregated points of the non-oracle lines and is labelled so. On a --log-y axis a lower bound <= 0 is drawn
+ * down to the axis' floor and the label counts such bars.
  */
 #ifndef KVS_PLOT_H
 #define KVS_PLOT_H
@@ -73,6 +94,10 @@ typedef struct {
     int log_y;             /* error-vs-budget/-memory/-traffic: 1 = log10 y axis; points with y <= 0 are left out
                             * and their count is added to their series' label ("[2 of 5 points <= 0: not on the
                             * log axis]"); other kinds KVS_ERR_INVALID_ARG */
+    int across_traces;     /* error-vs-budget/-memory/-traffic, memory-vs-budget: 1 = one line per (policy, params,
+                            * measure, kv_bytes, aux_bytes, model), the mean over its traces with a bootstrap
+                            * interval ("Across traces" above); 0 = one line per trace; other kinds
+                            * KVS_ERR_INVALID_ARG */
 } kvs_plot_options;
 
 /*! kvs_plot_kind_parse() : "error-vs-budget", "error-vs-position", "memory-vs-budget", "error-vs-memory",

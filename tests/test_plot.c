@@ -8,7 +8,10 @@
  * (hand-made turns, a database without turn info, and a real multi-turn capture -> replay -> plot);
  * and every error path — gnuplot missing or failing, empty database, missing data,
  * bad options — giving the right status / exit code and leaving no output file (nor a temporary one) behind;
- * --out through common/kvs_out.h (a symbolic link written through, '-' standard output, --format).
+ * --out through common/kvs_out.h (a symbolic link written through, '-' standard output, --format); the view across
+ * traces (--across-traces): each point's mean, bootstrap interval and n recomputed from the runs with the seed the
+ * header documents, {0, 1} giving [0, 1], x of the cost kinds the traces' mean, the frontier through the means, n in
+ * the legend and on points with fewer traces, no bars for one trace, a real seven-prompt capture -> replay -> plot.
  */
 #include <fcntl.h>
 #include <glob.h>
@@ -29,6 +32,7 @@
 #include "tests/util/testenv.h"
 
 #include "common/kvs.h"
+#include "common/kvs_stats.h"
 #include "plots/plot.h"
 #include "sim/policy.h"
 #include "policies/registry.h"
@@ -2042,6 +2046,461 @@ static void test_cli_exit_codes(void **state) {
     assert_image(svg, 1);
 }
 
+/* ---- Across traces: one line per (policy, params, measure, bytes, model), the mean over its traces with the
+ * percentile bootstrap interval resampling traces (plot.h "Across traces") ---- */
+
+/* One complete run of trace `path` (content hash `sha`, model `model`) with replay options kv_bytes=2,aux_bytes=4:
+ * storage and traffic `mem`, out_err `err`. */
+static void put_model_run(kvs_results_db *db, const char *path, const char *sha, const char *model, const char *policy,
+                          int oracle, int64_t budget, double mem, double err) {
+    kvs_results_trace tr = {.path = path, .model_name = model, .n_positions = 64, .prompt_len = 40, .n_turns = 1,
+                            .n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .head_dim = 16, .dtype = "fp32",
+                            .file_bytes = 1000};
+    int64_t trace_id = 0;
+    expect_ok(kvs_results_sweep_trace(db, &tr, sha, &trace_id));
+    kvs_results_run run = {.policy = policy, .params = "", .budget_tokens = budget, .budget_fraction = -1,
+                           .is_oracle = oracle, .measure = "decode", .status = "complete", .wall_seconds = 0.01,
+                           .kvsim_version = "0.1.0", .options = "kv_bytes=2,aux_bytes=4,series_every=0"};
+    kvs_results_agg a = agg_for(-1, err, mem), l = a;
+    l.layer = 0;
+    expect_ok(kvs_results_write_run(db, &tr, &run, &l, 1, &a, NULL, 0, NULL));
+}
+
+/* The test's own 64-bit FNV-1a (the seed rule of plot.h, written out again here). */
+static uint64_t test_fnv(uint64_t h, const char *s) {
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+/* The seed plot.h documents for one point: the line's identity, the budget, then the keys of the traces of the
+ * point, ascending (the caller passes them sorted). */
+static uint64_t across_seed_of(const char *policy, const char *params, const char *measure, int kv, int aux,
+                               const char *model, int64_t budget, const char *const *keys, int n) {
+    char head[512];
+    snprintf(head, sizeof head, "%s\n%s\n%s\n%d\n%d\n%s\n%lld\n", policy, params, measure, kv, aux, model,
+             (long long)budget);
+    uint64_t h = test_fnv(0xcbf29ce484222325ull, head);
+    for (int i = 0; i < n; i++) h = test_fnv(test_fnv(h, keys[i]), "\n");
+    return h;
+}
+
+/* The seed of a point of the hand-made database below (params "", decode, kv_bytes 2, aux_bytes 4). */
+static uint64_t across_seed(const char *policy, const char *model, int64_t budget, const char *const *keys, int n) {
+    return across_seed_of(policy, "", "decode", 2, 4, model, budget, keys, n);
+}
+
+/* The points (x, mean, lo, hi, n) of the inline data block labelled `label` (a line across traces); -1: none. */
+static int across_block(const char *script, const char *label, double (*pt)[5], int cap) {
+    char head[512];
+    snprintf(head, sizeof head, "# series: %s\n", label);
+    const char *p = strstr(script, head);
+    if (!p) return -1;
+    p += strlen(head);
+    int n = 0;
+    while (strncmp(p, "e\n", 2) != 0) {
+        char *end = (char *)p;
+        assert_true(n < cap);
+        for (int c = 0; c < 5; c++) pt[n][c] = strtod(end, &end);
+        assert_int_equal(*end, '\n');
+        p = end + 1;
+        n++;
+    }
+    return n;
+}
+
+/* The start of the plot element titled `label` up to its line width ("'-' using 1:2 with linespoints"); "" when
+ * none. */
+static const char *element_of(const char *script, const char *label) {
+    static char buf[64];
+    char title[512];
+    snprintf(title, sizeof title, " title '%s'", label);
+    const char *end = strstr(script, title), *p = end;
+    buf[0] = '\0';
+    if (!end) return buf;
+    while (p > script && strncmp(p, "'-' using", 9) != 0) p--;
+    const char *style = strstr(p, " lw ");
+    if (!style || style > end) return buf;
+    snprintf(buf, sizeof buf, "%.*s", (int)(style - p), p);
+    return buf;
+}
+
+/* Expects the point of `label` at x to be (mean, interval, n) of the traces' values v[0..n) (in ascending key
+ * order, keys[]) recomputed here: kvs_bootstrap_mean with the seed built by the test. */
+static void expect_across_point(const char *script, const char *label, double x, const double *v, int n,
+                                const char *policy, const char *model, int64_t budget, const char *const *keys) {
+    double pt[16][5];
+    int m = across_block(script, label, pt, 16);
+    if (m < 0) {
+        fprintf(stderr, "no block '%s'\n--- script ---\n%s\n", label, script);
+        fail();
+    }
+    kvs_interval iv;
+    expect_ok(kvs_bootstrap_mean(v, (size_t)n, KVS_BOOTSTRAP_REPS, 0.95, across_seed(policy, model, budget, keys, n),
+                                 &iv));
+    for (int k = 0; k < m; k++)
+        if (pt[k][0] == x) {
+            if (pt[k][1] != iv.mean || pt[k][2] != iv.lo || pt[k][3] != iv.hi || pt[k][4] != n) {
+                fprintf(stderr, "'%s' at x=%g: (%.17g [%.17g, %.17g] n=%g), recomputed (%.17g [%.17g, %.17g] n=%d)\n",
+                        label, x, pt[k][1], pt[k][2], pt[k][3], pt[k][4], iv.mean, iv.lo, iv.hi, n);
+                fail();
+            }
+            return;
+        }
+    fprintf(stderr, "'%s' has no point at x=%g\n", label, x);
+    fail();
+}
+
+/* Five traces of model m1 (keys A < B < C < D < E, written in another order), one of m2 (F):
+ *   h2o   m1: budgets 8, 16, 32 on every trace; budget 64 on A and B only; trace A at budget 8 twice
+ *             (0.25 and 0.35: its value there is their mean, 0.3). mem = 100 budget + 10 t (t = 0..4 for A..E)
+ *   window m1: budget 8 on A (error 0, 500 B) and B (error 1, 700 B): the mean 0.5, the interval exactly [0, 1]
+ *   topk  m1: oracle, budget 8 on every trace
+ *   h2o   m2: trace F only, budgets 8 and 16 */
+static const char *const tk[6] = {
+    "aaaa000000000000000000000000000000000000000000000000000000000000",
+    "bbbb000000000000000000000000000000000000000000000000000000000000",
+    "cccc000000000000000000000000000000000000000000000000000000000000",
+    "dddd000000000000000000000000000000000000000000000000000000000000",
+    "eeee000000000000000000000000000000000000000000000000000000000000",
+    "ffff000000000000000000000000000000000000000000000000000000000000"};
+static const double h2o_err[5][4] = {{0, 0.21, 0.11, 0.05}, /* A at 8: 0.25 and 0.35 (below) */
+                                     {0.37, 0.19, 0.08, 0.045},
+                                     {0.29, 0.26, 0.13, 0},
+                                     {0.41, 0.17, 0.095, 0},
+                                     {0.33, 0.23, 0.07, 0}};
+static const double topk_err[5] = {0.031, 0.044, 0.027, 0.052, 0.038};
+
+static void make_across_db(const char *path) {
+    kvs_results_db *db = NULL;
+    expect_ok(kvs_results_open(path, &db));
+    const int order[5] = {3, 0, 4, 2, 1}; /* D A E C B: the database order is not the key order */
+    for (int o = 0; o < 5; o++) {
+        int t = order[o];
+        char tp[64];
+        snprintf(tp, sizeof tp, "/traces/%c.kvt", 'a' + t);
+        for (int b = 0; b < 4; b++) {
+            int64_t budget = 8 << b;
+            if (b == 3 && t > 1) continue; /* budget 64: A and B only */
+            double mem = 100.0 * (double)budget + 10.0 * t;
+            if (t == 0 && b == 0) {
+                put_model_run(db, tp, tk[t], "m1", "h2o", 0, budget, mem, 0.25);
+                put_model_run(db, tp, tk[t], "m1", "h2o", 0, budget, mem, 0.35);
+            } else put_model_run(db, tp, tk[t], "m1", "h2o", 0, budget, mem, h2o_err[t][b]);
+        }
+        put_model_run(db, tp, tk[t], "m1", "topk", 1, 8, 2000.0 + 100 * t, topk_err[t]);
+        if (t < 2) put_model_run(db, tp, tk[t], "m1", "window", 0, 8, t ? 700 : 500, t ? 1.0 : 0.0);
+    }
+    put_model_run(db, "/traces/f.kvt", tk[5], "m2", "h2o", 0, 8, 800, 0.5);
+    put_model_run(db, "/traces/f.kvt", tk[5], "m2", "h2o", 0, 16, 1600, 0.4);
+    kvs_results_close(db);
+}
+
+/* error-vs-budget across traces: each point's mean, interval and n recomputed from the runs (the traces' values in
+ * key order, the seed from the line, budget and keys); the exact case {0, 1} -> [0, 1]; a budget only two traces
+ * reached drawn from those two, n in the data, the legend and a mark; n per line in the legend; the model named
+ * when the plot has several; error bars drawn; the per-trace view (the default) still one line per trace. */
+static void test_across_traces_mean_and_interval(void **state) {
+    tmp_ctx *t = *state;
+    char db[160], out[160];
+    snprintf(db, sizeof db, "%s/across.db", t->dir);
+    snprintf(out, sizeof out, "%s/across.png", t->dir);
+    make_across_db(db);
+    kvs_plot_options o = opts(KVS_PLOT_ERROR_VS_BUDGET, out);
+    o.across_traces = 1;
+    kvs_plot *p = NULL;
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    char *gp = script_of(p, out);
+    assert_int_equal(kvs_plot_n_series(p), 4);
+    assert_int_equal(count_of(gp, "# series: "), 4);
+    const char *h2o = "h2o [m1] (n=2 to 5 traces)";
+    /* budget 8: A's two runs averaged first (the same expression as the plot's), then the five traces */
+    double v8[5] = {(0.25 + 0.35) / 2, h2o_err[1][0], h2o_err[2][0], h2o_err[3][0], h2o_err[4][0]};
+    expect_across_point(gp, h2o, 8, v8, 5, "h2o", "m1", 8, tk);
+    for (int b = 1; b < 3; b++) {
+        double v[5];
+        for (int k = 0; k < 5; k++) v[k] = h2o_err[k][b];
+        expect_across_point(gp, h2o, 8 << b, v, 5, "h2o", "m1", 8 << b, tk);
+    }
+    const double v64[2] = {h2o_err[0][3], h2o_err[1][3]};
+    expect_across_point(gp, h2o, 64, v64, 2, "h2o", "m1", 64, tk);
+    expect_across_point(gp, "topk (oracle) [m1] (n=5 traces)", 8, topk_err, 5, "topk", "m1", 8, tk);
+    expect_across_point(gp, "h2o [m2] (n=1 trace: no interval)", 16, (const double[]){0.4}, 1, "h2o", "m2", 16, tk + 5);
+    /* Two traces {0, 1}: the resampled means are 0, 0.5, 1 with probabilities 1/4, 1/2, 1/4, so the 2.5 % and
+     * 97.5 % quantiles of 2000 of them are 0 and 1 (P(fewer than 51 zeros) is nil). */
+    double pt[4][5];
+    assert_int_equal(across_block(gp, "window [m1] (n=2 traces)", pt, 4), 1);
+    assert_true(pt[0][0] == 8 && pt[0][1] == 0.5 && pt[0][2] == 0 && pt[0][3] == 1 && pt[0][4] == 2);
+
+    /* The recomputation is sharp: the values in database order (D A E C B), or a seed without the budget, give
+     * another interval, which the plot does not draw. */
+    kvs_interval want, other;
+    expect_ok(kvs_bootstrap_mean(v8, 5, KVS_BOOTSTRAP_REPS, 0.95, across_seed("h2o", "m1", 8, tk, 5), &want));
+    const double shuffled[5] = {v8[3], v8[0], v8[4], v8[2], v8[1]};
+    expect_ok(kvs_bootstrap_mean(shuffled, 5, KVS_BOOTSTRAP_REPS, 0.95, across_seed("h2o", "m1", 8, tk, 5), &other));
+    assert_false(other.lo == want.lo && other.hi == want.hi);
+    expect_ok(kvs_bootstrap_mean(v8, 5, KVS_BOOTSTRAP_REPS, 0.95, across_seed("h2o", "m1", 16, tk, 5), &other));
+    assert_false(other.lo == want.lo && other.hi == want.hi);
+    assert_true(want.lo < want.mean && want.mean < want.hi);
+
+    /* Error bars for lines of several traces, a plain line for the one-trace line; the budget only A and B
+     * reached is marked n=2 in its own labels block. */
+    assert_int_equal(count_of(gp, "with yerrorlines"), 3);
+    assert_string_equal(element_of(gp, "h2o [m2] (n=1 trace: no interval)"), "'-' using 1:2 with linespoints");
+    assert_string_equal(element_of(gp, "h2o [m1] (n=2 to 5 traces)"), "'-' using 1:2:3:4 with yerrorlines");
+    assert_string_equal(element_of(gp, "window [m1] (n=2 traces)"), "'-' using 1:2:3:4 with yerrorlines");
+    const char *marks = strstr(gp, "# point counts: h2o [m1] (n=2 to 5 traces)\n");
+    assert_non_null(marks);
+    assert_int_equal(strncmp(strchr(marks, '\n') + 1, "64 ", 3), 0);
+    assert_non_null(strstr(marks, " n=2\ne\n"));
+    assert_int_equal(count_of(gp, "# point counts: "), 1);
+    assert_int_equal(count_of(gp, "with labels"), 1);
+    assert_non_null(strstr(gp, "mean over traces, bars: 95% bootstrap interval (resampling traces)"));
+    assert_non_null(strstr(gp, "set ylabel 'rel. output error, mean, mean over traces (out_err_mean)'"));
+    free(gp);
+    kvs_plot_free(p);
+
+    /* The default view: one line per (policy, trace): h2o 5 + 1, topk 5, window 2. */
+    o.across_traces = 0;
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    gp = script_of(p, out);
+    assert_int_equal(kvs_plot_n_series(p), 13);
+    assert_null(strstr(gp, "yerrorlines"));
+    assert_null(strstr(gp, "traces)"));
+    free(gp);
+    kvs_plot_free(p);
+
+    /* A one-trace selection draws no bars. */
+    o.across_traces = 1;
+    o.model = "m2";
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    gp = script_of(p, out);
+    assert_null(strstr(gp, "yerrorlines"));
+    assert_null(strstr(gp, "with labels"));
+    assert_int_equal(across_block(gp, "h2o (n=1 trace: no interval)", pt, 4), 2);
+    assert_true(pt[0][0] == 8 && pt[0][1] == 0.5 && pt[0][2] == 0.5 && pt[0][3] == 0.5 && pt[0][4] == 1);
+    free(gp);
+    kvs_plot_free(p);
+
+    /* The other kinds refuse it. */
+    o = opts(KVS_PLOT_ERROR_VS_POSITION, out);
+    o.across_traces = 1;
+    assert_int_equal(kvs_plot_prepare(db, &o, &p), KVS_ERR_INVALID_ARG);
+    expect_msg("--across-traces applies to");
+    assert_null(p);
+}
+
+/* error-vs-memory across traces: a point's x is the mean of its traces' x at that budget (the axis says so), its
+ * y as on error-vs-budget; the frontier goes through the lines' points and says so; --log-y cuts a lower bound at
+ * 0 and the label counts it. */
+static void test_across_traces_cost_kinds_and_frontier(void **state) {
+    tmp_ctx *t = *state;
+    char db[160], out[160];
+    snprintf(db, sizeof db, "%s/across.db", t->dir);
+    snprintf(out, sizeof out, "%s/across.svg", t->dir);
+    make_across_db(db);
+    kvs_plot_options o = opts(KVS_PLOT_ERROR_VS_MEMORY, out);
+    o.across_traces = 1;
+    o.model = "m1";
+    kvs_plot *p = NULL;
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    char *gp = script_of(p, out);
+    /* x: mean of 100 b + 10 t over the traces (t = 0..4: + 20; A and B at 64: + 5) */
+    const char *h2o = "h2o (n=2 to 5 traces)";
+    double v[5];
+    for (int b = 1; b < 3; b++) {
+        for (int k = 0; k < 5; k++) v[k] = h2o_err[k][b];
+        expect_across_point(gp, h2o, 100.0 * (8 << b) + 20, v, 5, "h2o", "m1", 8 << b, tk);
+    }
+    const double v64[2] = {h2o_err[0][3], h2o_err[1][3]};
+    expect_across_point(gp, h2o, 6405, v64, 2, "h2o", "m1", 64, tk);
+    expect_across_point(gp, "topk (oracle) (n=5 traces)", 2200, topk_err, 5, "topk", "m1", 8, tk);
+    double pt[8][5];
+    assert_int_equal(across_block(gp, "window (n=2 traces)", pt, 8), 1);
+    assert_true(pt[0][0] == 600 && pt[0][1] == 0.5 && pt[0][2] == 0 && pt[0][3] == 1);
+    /* The frontier of the non-oracle lines' points: window (600, .5), then h2o at every budget (each mean below
+     * the last), never a trace's own point nor the oracle. */
+    double hp[8][5];
+    assert_int_equal(across_block(gp, h2o, hp, 8), 4);
+    double fx[5] = {600, hp[0][0], hp[1][0], hp[2][0], hp[3][0]}, fy[5] = {0.5, hp[0][1], hp[1][1], hp[2][1], hp[3][1]};
+    assert_true(fx[1] == 820 && fx[4] == 6405);
+    for (int k = 1; k < 5; k++) assert_true(fy[k] < fy[k - 1]);
+    expect_block(gp, "Pareto frontier (means over traces of the non-oracle lines)", 5, fx, fy);
+    assert_null(strstr(gp, "non-oracle runs"));
+    assert_non_null(strstr(gp, "set xlabel 'resident bytes per KV head, mean over steps, mean over traces at each "
+                               "budget (storage_bytes_mean; log2 scale)'"));
+    free(gp);
+    kvs_plot_free(p);
+
+    /* memory-vs-budget: y = the mean resident bytes over traces with its interval. */
+    o = opts(KVS_PLOT_MEMORY_VS_BUDGET, out);
+    o.across_traces = 1;
+    o.model = "m1";
+    o.policy = "h2o";
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    gp = script_of(p, out);
+    const double m16[5] = {1600, 1610, 1620, 1630, 1640};
+    expect_across_point(gp, "h2o (n=2 to 5 traces)", 16, m16, 5, "h2o", "m1", 16, tk);
+    assert_non_null(strstr(gp, "set ylabel 'resident bytes per KV head, mean over steps, mean over traces "
+                               "(storage_bytes_mean; log2 scale)'"));
+    free(gp);
+    kvs_plot_free(p);
+
+    /* --log-y: window's interval [0, 1] reaches 0; its lower end is drawn at half the plot's smallest positive
+     * value (its own mean 0.5 here: 0.25) and the label says so. */
+    o = opts(KVS_PLOT_ERROR_VS_BUDGET, out);
+    o.across_traces = 1;
+    o.policy = "window";
+    o.log_y = 1;
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    gp = script_of(p, out);
+    assert_int_equal(across_block(gp, "window (n=2 traces) [1 interval reaches <= 0: cut at the axis]", pt, 8), 1);
+    assert_true(pt[0][1] == 0.5 && pt[0][2] == 0.25 && pt[0][3] == 1);
+    free(gp);
+    kvs_plot_free(p);
+}
+
+/* Through the CLI: --across-traces draws error bars and n; it is refused by the kinds it does not apply to and
+ * when given twice; the help documents it; gnuplot draws the script (when installed). */
+static void test_cli_across_traces(void **state) {
+    tmp_ctx *t = *state;
+    if (!getenv("KVSIM_BIN")) skip();
+    char db[160], out[160], so[160], bindir[160], captured[200];
+    snprintf(db, sizeof db, "%s/across.db", t->dir);
+    snprintf(out, sizeof out, "%s/across.png", t->dir);
+    snprintf(so, sizeof so, "%s/stdout.txt", t->dir);
+    make_across_db(db);
+    char *bad[][10] = {
+        {"kvsim", "plot", db, "--kind", "error-vs-position", "--across-traces", "--out", out, NULL},
+        {"kvsim", "plot", db, "--kind", "drift-curve", "--across-traces", "--out", out, NULL},
+        {"kvsim", "plot", db, "--kind", "error-vs-budget", "--across-traces", "--across-traces", "--out", out, NULL},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(run_cli(bad[i]), 2);
+        assert_nothing_written(out);
+    }
+    char *help[] = {"kvsim", "plot", "--help", NULL};
+    assert_int_equal(run_cli_io(help, NULL, so, NULL), 0);
+    char *text = kvs_test_slurp(so, NULL);
+    assert_non_null(text);
+    assert_non_null(strstr(text, "--across-traces"));
+    assert_non_null(strstr(text, "bootstrap interval resampling"));
+    free(text);
+    make_fake_gnuplot_dir(t->dir, bindir, sizeof bindir, captured, sizeof captured);
+    char *good[] = {"kvsim", "plot", db, "--kind", "error-vs-traffic", "--across-traces", "--model", "m1", "--out", out,
+                    NULL};
+    assert_int_equal(run_cli_io(good, bindir, NULL, NULL), 0);
+    char *gp = kvs_test_slurp(captured, NULL);
+    assert_non_null(gp);
+    assert_int_equal(count_of(gp, "with yerrorlines"), 3);
+    assert_non_null(strstr(gp, "# series: h2o (n=2 to 5 traces)\n"));
+    assert_non_null(strstr(gp, "Pareto frontier (means over traces of the non-oracle lines)"));
+    free(gp);
+    if (!have_gnuplot()) return;
+    char *real[] = {"kvsim", "plot", db, "--kind", "error-vs-budget", "--across-traces", "--log-y", "--out", out, NULL};
+    assert_int_equal(run_cli(real), 0);
+    assert_image(out, 0);
+}
+
+static int cmp_key_value(const void *a, const void *b) {
+    return strcmp(((const char *const *)a)[0], ((const char *const *)b)[0]);
+}
+
+/* The real pipeline: seven traces of stories260K (examples/capture_prompts.sh, one per prompt), window replayed on
+ * each at budgets 8 and 16, `kvsim plot --across-traces`: one line of n=7 whose points are the mean and interval
+ * the test recomputes from the runs as the read API returns them (each trace's recorded SHA-256 its key); the
+ * default view draws seven lines. */
+static void test_cli_across_traces_of_captured_prompts(void **state) {
+    tmp_ctx *t = *state;
+    const char *bin = getenv("KVSIM_BIN");
+    char model[600], cmd[2000], db[160], out[160], bindir[160], captured[200];
+    snprintf(model, sizeof model, "%s/../shared/models/stories260K.bin", kvs_test_root());
+    if (!bin || !kvs_test_exists(model)) {
+        fprintf(stderr, "SKIP: needs KVSIM_BIN and ../shared/models/stories260K.bin\n");
+        skip();
+    }
+    snprintf(cmd, sizeof cmd, "KVSIM_BIN='%s' sh '%s/examples/capture_prompts.sh' '%s' '%s/prompts' 32 > /dev/null",
+             bin, kvs_test_root(), model, t->dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(db, sizeof db, "%s/prompts.db", t->dir);
+    snprintf(out, sizeof out, "%s/prompts.png", t->dir);
+    glob_t g;
+    snprintf(cmd, sizeof cmd, "%s/prompts/*.kvt", t->dir);
+    assert_int_equal(glob(cmd, 0, NULL, &g), 0);
+    assert_int_equal(g.gl_pathc, 7);
+    for (size_t i = 0; i < g.gl_pathc; i++) {
+        char *replay[] = {"kvsim", "replay", g.gl_pathv[i], "--db", db, "--policy", "window", "--budgets", "8,16",
+                          "--threads", "1", NULL};
+        assert_int_equal(run_cli_io(replay, NULL, NULL, NULL), 0);
+    }
+    globfree(&g);
+    make_fake_gnuplot_dir(t->dir, bindir, sizeof bindir, captured, sizeof captured);
+    char *plot[] = {"kvsim", "plot", db, "--kind", "error-vs-budget", "--across-traces", "--out", out, NULL};
+    assert_int_equal(run_cli_io(plot, bindir, NULL, NULL), 0);
+    char *gp = kvs_test_slurp(captured, NULL);
+    assert_non_null(gp);
+    assert_int_equal(count_of(gp, "# series: "), 1);
+    char label[400];
+    const char *h = strstr(gp, "# series: ") + strlen("# series: ");
+    snprintf(label, sizeof label, "%.*s", (int)(strchr(h, '\n') - h), h);
+    assert_non_null(strstr(label, "(n=7 traces)"));
+
+    /* The runs, read back: per budget the seven traces' out_err means ordered by their content hash. */
+    kvs_results_db *r = NULL;
+    kvs_results_run_row *rows = NULL;
+    int64_t nr = 0;
+    expect_ok(kvs_results_open_readonly(db, &r));
+    expect_ok(kvs_results_query_runs(r, NULL, &rows, &nr));
+    assert_int_equal(nr, 14);
+    for (int64_t b = 8; b <= 16; b *= 2) {
+        const char *kv[7][2];
+        double v[7];
+        const char *keys[7];
+        int n = 0, kvb = -1, auxb = -1;
+        for (int64_t i = 0; i < nr; i++)
+            if (rows[i].budget_tokens == b) {
+                assert_true(n < 7);
+                assert_non_null(rows[i].trace_sha256);
+                kv[n][0] = rows[i].trace_sha256;
+                kv[n][1] = (const char *)&rows[i];
+                n++;
+            }
+        assert_int_equal(n, 7);
+        qsort(kv, 7, sizeof kv[0], cmp_key_value);
+        for (int k = 0; k < 7; k++) {
+            const kvs_results_run_row *w = (const kvs_results_run_row *)kv[k][1];
+            keys[k] = kv[k][0];
+            v[k] = w->agg.out_err.mean;
+            assert_int_equal(kvs_results_run_bytes(w, &kvb, &auxb), 1);
+            if (k > 0) assert_true(strcmp(keys[k - 1], keys[k]) < 0); /* seven different traces */
+        }
+        const kvs_results_run_row *w0 = (const kvs_results_run_row *)kv[0][1];
+        kvs_interval iv;
+        expect_ok(kvs_bootstrap_mean(v, 7, KVS_BOOTSTRAP_REPS, 0.95,
+                                     across_seed_of(w0->policy, w0->params, w0->measure, kvb, auxb, w0->model, b, keys, 7),
+                                     &iv));
+        double pt[4][5];
+        assert_int_equal(across_block(gp, label, pt, 4), 2);
+        int k = b == 8 ? 0 : 1;
+        if (pt[k][0] != (double)b || pt[k][1] != iv.mean || pt[k][2] != iv.lo || pt[k][3] != iv.hi || pt[k][4] != 7) {
+            fprintf(stderr, "budget %lld: (%.17g [%.17g, %.17g] n=%g), recomputed (%.17g [%.17g, %.17g])\n",
+                    (long long)b, pt[k][1], pt[k][2], pt[k][3], pt[k][4], iv.mean, iv.lo, iv.hi);
+            fail();
+        }
+        assert_true(iv.lo < iv.hi); /* seven different prompts: a real interval */
+    }
+    kvs_results_run_rows_free(rows, nr);
+    kvs_results_close(r);
+    free(gp);
+
+    char *per_trace[] = {"kvsim", "plot", db, "--kind", "error-vs-budget", "--out", out, NULL};
+    assert_int_equal(run_cli_io(per_trace, bindir, NULL, NULL), 0);
+    gp = kvs_test_slurp(captured, NULL);
+    assert_non_null(gp);
+    assert_int_equal(count_of(gp, "# series: "), 7);
+    assert_null(strstr(gp, "yerrorlines"));
+    free(gp);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_error_vs_budget_png_and_svg, setup_db, teardown_db),
@@ -2070,6 +2529,10 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_every_policy_has_its_own_style, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_position_plot_marks_turns_and_breaks_at_gaps, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_position_plot_without_turn_info_breaks_at_jumps, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_across_traces_mean_and_interval, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_across_traces_cost_kinds_and_frontier, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_cli_across_traces, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_cli_across_traces_of_captured_prompts, setup_db, teardown_db),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
