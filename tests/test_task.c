@@ -2,8 +2,9 @@
  * comments, CRLF, every malformed line with its exact status and message), how an item is split into the tokens the
  * models read and the text expected after them, on both shared tokenizers with the token ids written out by hand
  * (SentencePiece-style " Lily"; a tokenizer whose pieces end in the space; one piece across the boundary), the text a
- * generation adds after the context, and whole-word matching. The tokenizer cases skip with a message when
- * ../shared/models is absent.
+ * generation adds after the context, and whole-word matching; and examples/task.sh at one budget and policy on both
+ * models (its tables and per-item listing). The tokenizer cases skip with a message when ../shared/models is absent,
+ * the script when KVSIM_BIN is unset too.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -12,9 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
+#include "tests/util/cli_run.h"
 #include "tests/util/testenv.h"
 
 #include "common/kvs.h"
@@ -226,6 +229,57 @@ static void test_match_whole_words(void **state) {
             fail_msg("match('%s', '%s') != %d", cases[i].gen, cases[i].exp, cases[i].want);
 }
 
+/* ---- the study script ---- */
+
+static void test_task_script_runs_on_both_models(void **state) {
+    (void)state;
+    char model[4200], dir[64] = "/tmp/kvsim_task_XXXXXX", cmd[9000], path[256];
+    snprintf(model, sizeof model, "%s/../shared/models/stories260K.bin", kvs_test_root());
+    if (!kvs_test_kvsim_bin() || !kvs_test_exists(model)) {
+        fprintf(stderr, "SKIP: KVSIM_BIN unset or ../shared/models absent\n");
+        skip();
+    }
+    assert_non_null(mkdtemp(dir));
+    snprintf(cmd, sizeof cmd, "TASK_OUT='%s' KVSIM_BIN='%s' sh '%s/examples/task.sh' 64 window >'%s/log' 2>&1", dir,
+             kvs_test_kvsim_bin(), kvs_test_root(), dir);
+    int rc = system(cmd);
+    snprintf(path, sizeof path, "%s/log", dir);
+    char *log = kvs_test_slurp(path, NULL);
+    assert_non_null(log);
+    if (rc != 0) fail_msg("task.sh failed:\n%s", log);
+    const char *want[] = {"== stories260K", "== tinystories-656K", "model stories260K,", "model tinystories-656K,",
+                          "(full cache)        -  ", "window             64  ", "object_recall, full cache: "};
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(log, want[i])) fail_msg("task.sh output lacks '%s':\n%s", want[i], log);
+    assert_null(strstr(log, "nan"));
+    free(log);
+    const char *names[] = {"stories260K", "tinystories-656K"};
+    for (int m = 0; m < 2; m++) {
+        snprintf(path, sizeof path, "%s/results_%s.db", dir, names[m]);
+        assert_true(kvs_test_exists(path));
+        snprintf(cmd, sizeof cmd, "rm -f '%s' '%s-wal' '%s-shm'", path, path, path);
+        assert_int_equal(system(cmd), 0);
+        const char *files[] = {"name_recall", "object_recall", "items"};
+        for (int f = 0; f < 3; f++) {
+            snprintf(path, sizeof path, "%s/%s_%s.txt", dir, files[f], names[m]);
+            if (f == 2 && !kvs_test_exists(path)) continue; /* sqlite3 not installed */
+            char *text = kvs_test_slurp(path, NULL);
+            assert_non_null(text);
+            if (f == 2) { /* one line per name item: line | answer | 0/1 | continuation */
+                int lines = 0;
+                for (char *c = text; *c; c++) lines += *c == '\n';
+                assert_int_equal(lines, 32);
+                assert_non_null(strstr(text, "7 | Lily | "));
+            }
+            free(text);
+            unlink(path);
+        }
+    }
+    snprintf(path, sizeof path, "%s/log", dir);
+    unlink(path);
+    assert_int_equal(rmdir(dir), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parse_items_comments_and_crlf),
@@ -234,6 +288,7 @@ int main(void) {
         cmocka_unit_test(test_tokenize_hf_items),
         cmocka_unit_test(test_tokenize_rejects_a_context_with_no_token_of_its_own),
         cmocka_unit_test(test_match_whole_words),
+        cmocka_unit_test(test_task_script_runs_on_both_models),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
