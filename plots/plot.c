@@ -1161,6 +1161,11 @@ static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
     fprintf(gp, "set tmargin at screen %.6f\nset bmargin at screen %.6f\n",
             1.0 - (double)LAYOUT_TOP_PX / l->height, (double)(l->key_height + LAYOUT_XAXIS_PX) / l->height);
     if (p->kind == KVS_PLOT_ERROR_VS_POSITION) put_turn_marks(gp, d);
+    /* Lines across traces: a little room left and right, or the bars and "n=K" marks of the first and last budget
+     * sit on the border, where gnuplot drops a label (its point reads as out of range). */
+    int across = 0;
+    for (size_t i = 0; i < d->n; i++) across |= d->s[i].across;
+    if (across) fprintf(gp, "set offsets graph 0.03, graph 0.03, 0, 0\n");
     if (t->x == AXIS_LOG_TOKENS) fprintf(gp, "set logscale x 2\nset format x '%%g'\n");
     else if (t->x == AXIS_LOG_BYTES) put_byte_tics(gp, d, 'x');
     if (t->y == AXIS_LOG_BYTES) put_byte_tics(gp, d, 'y');

@@ -2254,6 +2254,7 @@ static void test_across_traces_mean_and_interval(void **state) {
     assert_non_null(strstr(marks, " n=2\ne\n"));
     assert_int_equal(count_of(gp, "# point counts: "), 1);
     assert_int_equal(count_of(gp, "with labels"), 1);
+    assert_non_null(strstr(gp, "\nset offsets graph 0.03, graph 0.03, 0, 0\n")); /* marks at the ends drawn */
     assert_non_null(strstr(gp, "mean over traces, bars: 95% bootstrap interval (resampling traces)"));
     assert_non_null(strstr(gp, "set ylabel 'rel. output error, mean, mean over traces (out_err_mean)'"));
     free(gp);
@@ -2266,6 +2267,7 @@ static void test_across_traces_mean_and_interval(void **state) {
     assert_int_equal(kvs_plot_n_series(p), 13);
     assert_null(strstr(gp, "yerrorlines"));
     assert_null(strstr(gp, "traces)"));
+    assert_null(strstr(gp, "set offsets"));
     free(gp);
     kvs_plot_free(p);
 
