@@ -2,7 +2,10 @@
 # findings.sh — regenerates every number of examples/FINDINGS.md (MorphKV and KeyDiff against their papers'
 # claims, POLICY_SPEC §5.1 and §5.5) from real decoding of the two real models:
 #
-#   sh examples/findings.sh [MODEL_DIR]
+#   sh examples/findings.sh [--check | --update] [MODEL_DIR]
+#
+# --check regenerates the generated blocks of examples/FINDINGS.md (examples/findings_lib.sh) and fails on any
+# difference (CI runs it); --update writes them into the file.
 #
 # Traces: the bundled examples/stories260K.kvt (captured by kvsim from stories260K.bin with
 # examples/prompt.txt), and a fresh capture of tinystories-656K with the same prompt when MODEL_DIR (default
@@ -14,11 +17,16 @@ set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
 KVSIM_BIN=${KVSIM_BIN:-$root/kvsim}
+mode=run
+case ${1:-} in --check) mode=check; shift ;; --update) mode=update; shift ;; --*) echo "findings.sh: unknown option $1" >&2; exit 2 ;; esac
 models=${1:-$root/../shared/models}
 out=${OUT:-$here/out/findings}
 [ -x "$KVSIM_BIN" ] || { echo "findings.sh: $KVSIM_BIN not found: run 'make' first" >&2; exit 1; }
+. "$here/findings_lib.sh"
 rm -rf "$out"
 mkdir -p "$out"
+blocks="$out/blocks"
+mkdir -p "$blocks"
 summary="$out/summary.txt"
 : > "$summary"
 say() { printf '%s\n' "$*" | tee -a "$summary"; }
@@ -209,4 +217,79 @@ done
 line=$(printf '  %-12s' "mt host B")
 for B in 16 32 64 128; do line="$line $(printf '%9.0f' "$(field_like "$mtdb" rocketkv_mt "" "$B" storage_host_bytes_mean)")"; done
 say "$line"
+# ---- Several prompts per model: one prompt is one sample --------------------------------------------------
+# Each model decodes the seven prompts of examples/capture_prompts.sh (128 generated tokens each); a finding is the
+# mean over the traces with its percentile bootstrap 95% interval resampling traces (kvsim compare across traces),
+# and a difference between two policies the paired one over the same traces.
+study_models=""
+for m in "$models/stories260K.bin" "$models/tinystories-656K"; do
+    [ -e "$m" ] || continue
+    mname=$(basename "$m" .bin)
+    KVSIM_BIN="$KVSIM_BIN" sh "$here/capture_prompts.sh" "$m" "$out/prompts/$mname" > "$out/prompts_$mname.txt"
+    study_models="$study_models $mname"
+done
+
+# fmt_iv MEAN LO HI N: "0.123 [0.120, 0.126]" (3 significant figures; "-" when there is no value)
+# fmt_iv MEAN LO HI N TOTAL: "0.123 [0.120, 0.126]" (3 significant figures), "(n = N of TOTAL)" when some traces
+# have no value there, "-" when none has
+fmt_iv() { awk -v m="$1" -v l="$2" -v h="$3" -v n="$4" -v t="$5" 'BEGIN { if (m == "" || n == 0) { print "-"; exit }
+    if (n < 2) printf "%.3g (n = 1 of %d)\n", m, t; else if (n < t) printf "%.3g [%.3g, %.3g] (n = %d of %d)\n", m, l, h, n, t
+    else printf "%.3g [%.3g, %.3g]\n", m, l, h }'; }
+
+# ---- D-2 at equal resident memory, over the prompts ---------------------------------------------------------
+d2o_specs="--policy d2o --policy d2o:merge=none --policy d2o:alloc=uniform --policy d2o:variance=raw --policy h2o
+    --policy streaming --policy window"
+block_line D-2 "| model (traces) | configuration | out_err_mean at 2 KiB | at 4 KiB |"
+block_line D-2 "|---|---|---|---|"
+for mname in $study_models; do
+    db="$out/d2o_$mname.db"
+    for t in "$out/prompts/$mname"/*.kvt; do
+        # shellcheck disable=SC2086
+        "$KVSIM_BIN" replay "$t" --db "$db" $d2o_specs --budgets 10%,20%,40%,80% > /dev/null 2>> "$out/d2o_warnings.txt"
+    done
+    for X in 2KiB 4KiB; do
+        "$KVSIM_BIN" compare "$db" --match mem --at "$X" --across-traces --csv > "$out/d2o_${mname}_$X.csv"
+        "$KVSIM_BIN" compare "$db" --match mem --at "$X" --across-traces --pairs --csv > "$out/d2o_${mname}_${X}_pairs.csv"
+    done
+    "$KVSIM_BIN" compare "$db" --match mem --at 4KiB --across-traces --pairs > "$out/d2o_${mname}_4KiB.txt"
+    n_traces=$(ls "$out/prompts/$mname"/*.kvt | wc -l)
+    d2o_args="sinks=4,heavy=0.75,beta=0.7,variance=minmax,alloc=paper,merge=paper,tau=head,decide=head,skip=none,gqa=expand"
+    for entry in "D2O (the paper's defaults)|d2o ($d2o_args)" \
+        "D2O without merging (merge=none)|d2o ($(echo "$d2o_args" | sed 's/merge=paper/merge=none/'))" \
+        "D2O with uniform layer budgets (alloc=uniform)|d2o ($(echo "$d2o_args" | sed 's/alloc=paper/alloc=uniform/'))" \
+        "D2O with Eq. 4's raw variance (variance=raw)|d2o ($(echo "$d2o_args" | sed 's/variance=minmax/variance=raw/'))" \
+        "H2O|h2o (recent=0.5,gqa=expand,prefill=all,window=0,block=0)" "StreamingLLM|streaming (sinks=4)" "window|window"; do
+        label=${entry#*|}
+        row="| $mname ($n_traces) | ${entry%%|*}"
+        for X in 2KiB 4KiB; do
+            v=$(csv_to_tsv < "$out/d2o_${mname}_$X.csv" | awk -F'\t' -v want="$label" '
+                NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+                $c["label"] == want && !done { print $c["out_err_mean"] "\t" $c["out_err_mean_lo"] "\t" $c["out_err_mean_hi"] "\t" $c["out_err_mean_n"]; done = 1 }')
+            row="$row | $(fmt_iv "$(echo "$v" | cut -f1)" "$(echo "$v" | cut -f2)" "$(echo "$v" | cut -f3)" "$(echo "$v" | cut -f4)" "$n_traces")"
+        done
+        block_line D-2 "$row |"
+    done
+done
+block_line D-2 ""
+block_line D-2 "Paired differences of out_err_mean over the same traces (D2O at its defaults minus the other; resolved when the"
+block_line D-2 "95% interval excludes 0):"
+block_line D-2 ""
+for mname in $study_models; do
+    for X in 2KiB 4KiB; do
+        csv_to_tsv < "$out/d2o_${mname}_${X}_pairs.csv" | awk -F'\t' -v m="$mname" -v X="$X" '
+            function short(l) { sub(/ \(.*/, "", l); return l }
+            NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+            { d2o = "d2o (sinks=4,heavy=0.75,beta=0.7,variance=minmax,alloc=paper,merge=paper,tau=head,decide=head,skip=none,gqa=expand)"
+              if ($c["a"] == d2o && $c["b"] !~ /^d2o/) { o = $c["b"]; s = 1 } else if ($c["b"] == d2o && $c["a"] !~ /^d2o/) { o = $c["a"]; s = -1 } else next
+              r = $c["r"] != 0 ? "resolved" : "not resolved"
+              lo = s > 0 ? $c["diff_lo"] : -$c["diff_hi"]; hi = s > 0 ? $c["diff_hi"] : -$c["diff_lo"]
+              printf "- %s at %s: D2O − %s = %+.3g [%+.3g, %+.3g] over %d traces: %s\n", m, X, short(o), s * $c["diff"], lo, hi,
+                  $c["n"], r }' >> "$blocks/D-2.md"
+    done
+done
+
+if [ "$mode" != run ]; then
+    findings_blocks "$mode" "$here/FINDINGS.md" "$blocks" "" || exit 1
+    echo "findings.sh: examples/FINDINGS.md's generated blocks $( [ "$mode" = check ] && echo "match what kvsim measures now" || echo "updated")"
+fi
 echo "findings.sh: results in $out (summary.txt and one folder per trace)"

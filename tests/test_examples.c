@@ -286,6 +286,47 @@ static void test_main_job_budgets_follow_a_shorter_trace(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* The check of FINDINGS.md's generated blocks (examples/findings_lib.sh) fails when a block differs from what was
+ * generated, when a generated block is missing from the file and when a block of the file has no generated text;
+ * --update rewrites the blocks and leaves the rest of the file as it was. */
+static void test_findings_blocks_check_catches_drift(void **state) {
+    (void)state;
+    const char *root = env_or_skip("KVSIM_ROOT");
+    char dir[] = "/tmp/kvs_blocks_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char cmd[4096], path[512];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && mkdir b && printf 'intro 1.0\n<!-- begin generated A -->\nold 0.5\n<!-- end generated A "
+             "-->\nverdict\n' > f.md && printf 'new 0.6\n' > b/A.md",
+             dir);
+    assert_int_equal(system(cmd), 0);
+#define LIB_CALL(mode)                                                                                             \
+    snprintf(cmd, sizeof cmd, "cd '%s' && . '%s/examples/findings_lib.sh' && findings_blocks %s f.md b '' 2>/dev/null", \
+             dir, root, mode)
+    LIB_CALL("check");
+    assert_int_not_equal(system(cmd), 0); /* the block differs */
+    LIB_CALL("update");
+    assert_int_equal(system(cmd), 0);
+    snprintf(path, sizeof path, "%s/f.md", dir);
+    char *text = slurp(path);
+    assert_non_null(text);
+    assert_string_equal(text, "intro 1.0\n<!-- begin generated A -->\nnew 0.6\n<!-- end generated A -->\nverdict\n");
+    free(text);
+    LIB_CALL("check");
+    assert_int_equal(system(cmd), 0); /* now it matches */
+    snprintf(cmd, sizeof cmd, "printf 'x\n' > '%s/b/B.md'", dir);
+    assert_int_equal(system(cmd), 0);
+    LIB_CALL("check");
+    assert_int_not_equal(system(cmd), 0); /* a generated block the file does not have */
+    snprintf(cmd, sizeof cmd, "rm '%s/b/B.md' '%s/b/A.md'", dir, dir);
+    assert_int_equal(system(cmd), 0);
+    LIB_CALL("check");
+    assert_int_not_equal(system(cmd), 0); /* a block of the file with no generated text */
+#undef LIB_CALL
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 /* examples/findings.sh regenerates FINDINGS.md's numbers: it runs, and the invariants its tables must show
  * hold on every trace it studied: MorphKV's KV against the per-query-head H2O at equal nominal capacity is
  * exactly 1/G, and the profile store's size is G·R/(2d) x 2 (fp32 profiles beside fp16 K/V). */
@@ -296,7 +337,13 @@ static void test_findings_script_regenerates_the_numbers(void **state) {
     char dir[] = "/tmp/kvs_findings_XXXXXX";
     assert_non_null(mkdtemp(dir));
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "OUT='%s/f' KVSIM_BIN='%s' sh '%s/examples/findings.sh' >'%s/log' 2>&1", dir, bin, root, dir);
+    /* With the shared models beside the repository the script also checks examples/FINDINGS.md: every generated
+     * block must be what kvsim measures now (the file cannot drift from the code) */
+    char models[512];
+    snprintf(models, sizeof models, "%s/../shared/models/tinystories-656K", root);
+    const char *check = access(models, R_OK) == 0 ? "--check" : "";
+    snprintf(cmd, sizeof cmd, "OUT='%s/f' KVSIM_BIN='%s' sh '%s/examples/findings.sh' %s >'%s/log' 2>&1", dir, bin, root,
+             check, dir);
     int rc = system(cmd);
     if (rc != 0) {
         snprintf(cmd, sizeof cmd, "cat '%s/log'", dir);
@@ -358,6 +405,7 @@ int main(void) {
         cmocka_unit_test(test_main_job_runs_end_to_end),
         cmocka_unit_test(test_readme_leads_with_the_picture_and_two_commands),
         cmocka_unit_test(test_main_job_budgets_follow_a_shorter_trace),
+        cmocka_unit_test(test_findings_blocks_check_catches_drift),
         cmocka_unit_test(test_findings_script_regenerates_the_numbers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
