@@ -14,7 +14,8 @@
 #     the duplicate configurations collapsed; and the scatter plot.
 # With CLOSED_LOOP_TEXT=1, also `kvsim generate --text` on examples/heldout_story.txt per model (perplexity with and
 # without each policy on a held-out story: generate_text_<model>.txt; about 10 s more per model).
-# Results in examples/out/closed_loop/: results.db, calibrate.txt, calibrate.png, traces/, logs.
+# Results in examples/out/closed_loop/ ($CLOSED_LOOP_OUT when set): results.db, calibrate.txt, calibrate.png,
+# traces/, and the logs replay_<model>.txt (with the budgets each trace got), generate_trace_<model>.txt.
 # Usage: sh examples/closed_loop.sh [BUDGETS [NPROMPTS [STEPS]]] (default 8,16,32, 4 prompts, 32 generated
 # tokens: about a minute on two cores); KVSIM_BIN names the kvsim binary.
 set -eu
@@ -24,7 +25,7 @@ case $KVSIM in /*) ;; *) KVSIM=$(pwd)/$KVSIM ;; esac
 BUDGETS=${1:-8,16,32}
 NPROMPTS=${2:-4}
 STEPS=${3:-32}
-OUT=examples/out/closed_loop
+OUT=${CLOSED_LOOP_OUT:-examples/out/closed_loop}
 MODELS=../shared/models
 [ -x "$KVSIM" ] || { echo "closed_loop.sh: $KVSIM not found: run 'make' first" >&2; exit 1; }
 mkdir -p "$OUT"
