@@ -52,7 +52,7 @@ static void usage(FILE *f) {
 
 /* ---- per-trace listing (--pairs) ---------------------------------------------------------------------- */
 
-static void print_pairs(const kvs_calibration *c, size_t ti) {
+static kvs_status print_pairs(const kvs_calibration *c, size_t ti) {
     const kvs_calibration_trace *t = kvs_calibration_trace_at(c, ti);
     printf("  %-14s %6s %10s %10s %8s %10s %8s %10s %9s %6s %6s  %s\n", "policy", "budget", "err_mean", "err_p95",
            "recall", "kl_mean", "top1", "dppl", "bytes", "rk_off", "rk_cl", "counted as");
@@ -60,9 +60,15 @@ static void print_pairs(const kvs_calibration *c, size_t ti) {
     double *x = malloc((n + 1) * sizeof *x), *y = malloc((n + 1) * sizeof *y), *rx = malloc((n + 1) * sizeof *rx),
            *ry = malloc((n + 1) * sizeof *ry);
     size_t *idx = malloc((n + 1) * sizeof *idx);
-    for (size_t i = 0; i < n && rx; i++) rx[i] = ry[i] = NAN;
+    double *ax = malloc((n + 1) * sizeof *ax), *ay = malloc((n + 1) * sizeof *ay);
+    kvs_status st = KVS_OK;
+    if (!x || !y || !rx || !ry || !idx || !ax || !ay) {
+        st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    for (size_t i = 0; i < n; i++) rx[i] = ry[i] = NAN;
     /* ranks within (trace, budget) over the distinct configurations at a budget, by out_err mean and by mean KL */
-    for (size_t i = 0; x && y && rx && ry && idx && i < n; i++) {
+    for (size_t i = 0; i < n; i++) {
         const kvs_calibration_pair *p = kvs_calibration_pair_at(c, t->first + i);
         size_t m = 0;
         int done = 0;
@@ -78,14 +84,12 @@ static void print_pairs(const kvs_calibration *c, size_t ti) {
             y[m] = q->y[0];
             idx[m++] = j;
         }
-        double *ax = malloc((m + 1) * sizeof *ax), *ay = malloc((m + 1) * sizeof *ay);
-        if (ax && ay && kvs_ranks(x, m, ax) == KVS_OK && kvs_ranks(y, m, ay) == KVS_OK)
-            for (size_t k = 0; k < m; k++) {
-                rx[idx[k]] = ax[k];
-                ry[idx[k]] = ay[k];
-            }
-        free(ax);
-        free(ay);
+        KVS_TRY(st = kvs_ranks(x, m, ax));
+        KVS_TRY(st = kvs_ranks(y, m, ay));
+        for (size_t k = 0; k < m; k++) {
+            rx[idx[k]] = ax[k];
+            ry[idx[k]] = ay[k];
+        }
     }
     for (size_t i = 0; i < n; i++) {
         const kvs_calibration_pair *p = kvs_calibration_pair_at(c, t->first + i);
@@ -96,7 +100,7 @@ static void print_pairs(const kvs_calibration *c, size_t ti) {
             snprintf(as, sizeof as, "= %s@%lld", r->c->policy, (long long)r->c->budget_tokens);
         }
         char rk[2][16] = {"-", "-"};
-        if (rx && isfinite(rx[i])) {
+        if (isfinite(rx[i])) {
             snprintf(rk[0], sizeof rk[0], "%.1f", rx[i]);
             snprintf(rk[1], sizeof rk[1], "%.1f", ry[i]);
         }
@@ -106,7 +110,7 @@ static void print_pairs(const kvs_calibration *c, size_t ti) {
     }
     /* the largest within-budget rank disagreements */
     int shown = 0;
-    for (; rx && shown < 5; shown++) {
+    for (; shown < 5; shown++) {
         size_t worst = n;
         double wd = 0.5;
         for (size_t i = 0; i < n; i++)
@@ -121,11 +125,15 @@ static void print_pairs(const kvs_calibration *c, size_t ti) {
                (long long)p->c->budget_tokens, rx[worst], ry[worst]);
         rx[worst] = ry[worst]; /* shown */
     }
+cleanup:
     free(x);
     free(y);
     free(rx);
     free(ry);
     free(idx);
+    free(ax);
+    free(ay);
+    return st;
 }
 
 /* ---- collapsed classes of one model --------------------------------------------------------------------- */
@@ -157,7 +165,7 @@ static void class_text(const kvs_calibration *c, size_t rep, char *buf, size_t c
         snprintf(buf + len, cap - len, " at budget %lld", (long long)r->c->budget_tokens);
 }
 
-static void print_collapsed(const kvs_calibration *c, const char *model) {
+static kvs_status print_collapsed(const kvs_calibration *c, const char *model) {
     size_t n = kvs_calibration_n_pairs(c), n_collapsed = 0, n_traces = 0, n_pairs = 0;
     for (size_t ti = 0; ti < kvs_calibration_n_traces(c); ti++) {
         const kvs_calibration_trace *t = kvs_calibration_trace_at(c, ti);
@@ -169,7 +177,11 @@ static void print_collapsed(const kvs_calibration *c, const char *model) {
     char (*texts)[512] = calloc(n + 1, sizeof *texts);
     int *count = calloc(n + 1, sizeof *count), *noted = calloc(n + 1, sizeof *noted);
     size_t n_texts = 0, y_differ = 0;
-    if (!texts || !count || !noted) goto cleanup;
+    kvs_status st = KVS_OK;
+    if (!texts || !count || !noted) {
+        st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
     printf("  duplicates: %zu of the %zu pairs collapsed into the configuration named first (identical offline numbers:\n"
            "  counted once):\n", n_collapsed, n_pairs);
     for (size_t i = 0; i < n; i++) {
@@ -229,6 +241,7 @@ cleanup:
     free(texts);
     free(count);
     free(noted);
+    return st;
 }
 
 /* ---- one selection's table ---------------------------------------------------------------------------------- */
@@ -329,9 +342,9 @@ static kvs_status print_model(const kvs_calibration *c, const char *model, long 
         if (strcmp(t->model, model) != 0) continue;
         printf("trace %s (%s; model %s, prompt %lld tokens): %zu (policy, budget) pairs, %zu distinct\n", t->label,
                t->path, t->model, (long long)t->prompt_len, t->n, t->n_distinct);
-        if (list_pairs) print_pairs(c, ti);
+        if (list_pairs) KVS_TRY(st = print_pairs(c, ti));
     }
-    print_collapsed(c, model);
+    KVS_TRY(st = print_collapsed(c, model));
     printf("within each budget (nominal tokens per KV head; the full cache left out):\n");
     for (size_t k = 0; k < nb; k++) {
         char title[64];
@@ -449,9 +462,7 @@ int kvs_cmd_calibrate(int argc, char **argv) {
     int undefined_seen = 0;
     kvs_status st = kvs_results_open_readonly(db_path, &db);
     if (st != KVS_OK) goto cleanup;
-    st = kvs_calibration_create(db, &c);
-    if (st == KVS_ERR_STATE) st = kvs_fail(KVS_ERR_STATE, "%s: %s", db_path, kvs_last_error());
-    if (st != KVS_OK) goto cleanup;
+    KVS_TRY(st = kvs_calibration_create(db, &c));
     size_t n_traces = kvs_calibration_n_traces(c);
     models = calloc(n_traces + 1, sizeof *models);
     if (!models) {

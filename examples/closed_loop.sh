@@ -36,7 +36,10 @@ POLICIES=$("$KVSIM" policies --json | grep -o '{"name":"[a-z0-9_]*","summary":"[
 
 # The budgets of $BUDGETS at most half the prompt of trace $1 (comma-separated; empty when none fits).
 budgets_for() {
-    plen=$("$KVSIM" info "$1" | sed -n 's/^positions .*(\([0-9]*\) prompt,.*/\1/p')
+    plen=$("$KVSIM" info "$1" | sed -n 's/^positions .*(\([0-9]*\) prompt,.*/\1/p') || plen=
+    case $plen in
+    '' | *[!0-9]*) echo "closed_loop.sh: $1: cannot read its prompt length (kvsim info): skipped" >&2; return 1 ;;
+    esac
     echo "$BUDGETS" | tr ',' '\n' | while read -r b; do
         [ $((2 * b)) -le "$plen" ] && echo "$b"
     done | paste -sd, -
@@ -50,7 +53,7 @@ study() {
     : > "$OUT/replay_$name.txt"
     : > "$OUT/generate_trace_$name.txt"
     while read -r t; do
-        b=$(budgets_for "$t")
+        b=$(budgets_for "$t") || continue
         if [ -z "$b" ]; then
             echo "closed_loop.sh: $t: no budget of $BUDGETS is at most half its prompt: skipped" >&2
             continue

@@ -11,6 +11,7 @@
 
 #include "../common/kvs_rng.h"
 #include "compare.h"
+#include "results_internal.h"
 
 const char *const kvs_calibration_x_names[KVS_CALIB_NX] = {"out_err_mean", "out_err_p95", "attn_recall"};
 const char *const kvs_calibration_y_names[KVS_CALIB_NY] = {"kl_mean", "top1_agree", "delta_ppl"};
@@ -202,8 +203,9 @@ kvs_status kvs_calibration_create(kvs_results_db *db, kvs_calibration **out) {
     }
     KVS_TRY(st = build_pairs(c));
     if (c->n_pairs == 0) {
-        st = kvs_fail(KVS_ERR_STATE, "no (policy, budget) has both a replay run and a teacher-forced closed-loop run "
-                                     "on the same trace (kvsim replay TRACE ... and kvsim generate --trace TRACE ...)");
+        st = kvs_fail(KVS_ERR_STATE, "%s: no (policy, budget) has both a replay run and a teacher-forced closed-loop "
+                      "run on the same trace (kvsim replay TRACE ... and kvsim generate --trace TRACE ...)",
+                      kvs_results_path(db));
         goto cleanup;
     }
     KVS_TRY(st = collapse(c, db));
@@ -336,9 +338,9 @@ static kvs_status trace_rho(const kvs_calibration *c, corr_work *W, size_t t, co
 
 kvs_status kvs_calibration_correlate(const kvs_calibration *c, const kvs_calibration_sel *s, int reps, double level,
                                      uint64_t seed_extra, kvs_calibration_corr *out) {
-    if (reps < 0 || !(level > 0 && level < 1))
-        return kvs_fail(KVS_ERR_INVALID_ARG, "calibrate: reps = %d, level = %g (need reps >= 0, level in (0, 1))",
-                        reps, level);
+    if (reps < 0 || !(level > 0 && level < 1) || !s || !s->model)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "calibrate: reps = %d, level = %g, model %s (need reps >= 0, level in "
+                        "(0, 1), a model)", reps, level, s && s->model ? s->model : "missing");
     memset(out, 0, sizeof *out);
     for (int a = 0; a < KVS_CALIB_NX; a++)
         for (int b = 0; b < KVS_CALIB_NY; b++) {

@@ -143,8 +143,8 @@ typedef struct {
 } kvs_calibration_corr;
 
 /*! kvs_calibration_correlate() : the figures of selection s with `reps` bootstrap resamples (0: none) at `level`
- *  (in (0, 1)), seed_extra mixed into the identity seed when nonzero. KVS_ERR_INVALID_ARG for reps < 0 or a level
- *  outside (0, 1); KVS_ERR_NOMEM. */
+ *  (in (0, 1)), seed_extra mixed into the identity seed when nonzero. KVS_ERR_INVALID_ARG for reps < 0, a level
+ *  outside (0, 1) or no s->model; KVS_ERR_NOMEM. */
 kvs_status kvs_calibration_correlate(const kvs_calibration *c, const kvs_calibration_sel *s, int reps, double level,
                                      uint64_t seed_extra, kvs_calibration_corr *out);
 

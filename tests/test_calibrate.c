@@ -406,6 +406,20 @@ static void test_duplicates_collapsed(void **state) {
     assert_non_null(strstr(text, "= tova@8\n"));
     assert_non_null(strstr(text, "= full@8\n"));
     assert_non_null(strstr(text, "full cache (not ranked at a budget)"));
+    /* within budget 8 the distinct units rank offline snapkv 1, window = h2o 2.5, tova = keyformer 4.5, quest 6 and
+     * in closed loop snapkv 1, window = h2o 2.5, quest 4, tova = keyformer 5.5 */
+    char row[160];
+    snprintf(row, sizeof row, " %6s %6s  %s\n", "6.0", "4.0", "itself (N)");
+    const char *q = strstr(text, "\n  quest ");
+    assert_non_null(q);
+    assert_non_null(strstr(q, row));
+    assert_true(strstr(q, row) < strchr(q + 1, '\n'));
+    snprintf(row, sizeof row, " %6s %6s  %s\n", "4.5", "5.5", "itself");
+    assert_non_null(strstr(strstr(text, "\n  keyformer "), row));
+    snprintf(row, sizeof row, " %6s %6s  %s\n", "-", "-", "= window@8 (N)");
+    assert_non_null(strstr(strstr(text, "\n  morphkv "), row));
+    assert_non_null(strstr(text, "largest within-budget rank disagreements (out_err_mean vs kl_mean, 1 = smallest):\n"
+                                 "    quest budget 8: offline rank 6.0, closed-loop rank 4.0\n"));
     free(text);
 }
 
