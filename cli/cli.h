@@ -135,5 +135,6 @@ int kvs_cmd_generate(int argc, char **argv);
 int kvs_cmd_calibrate(int argc, char **argv);
 int kvs_cmd_sweep(int argc, char **argv);
 int kvs_cmd_merge(int argc, char **argv);
+int kvs_cmd_interval(int argc, char **argv);
 
 #endif /* KVS_CLI_H */

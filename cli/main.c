@@ -52,6 +52,8 @@ static const kvs_cli_command commands[] = {
      "top-1, perplexity, divergence", kvs_cmd_generate},
     {"calibrate", "rank correlation of offline replay metrics with closed-loop effects (bootstrap intervals, plot)",
      kvs_cmd_calibrate},
+    {"interval", "the mean of per-trace numbers on standard input with its bootstrap interval (--paired: a paired "
+                 "difference, resolved or not)", kvs_cmd_interval},
     {"plan", "capacity planning: KV per token, max batch and context beside the weights, with nominal budgets or a "
              "measured profile", kvs_cmd_plan},
     {"help", "list the commands, or `kvsim help CMD` for one command's options", cmd_help},

@@ -243,7 +243,7 @@ static void test_readme_leads_with_the_picture_and_two_commands(void **state) {
     assert_non_null(ref);
     const char *cmds[] = {"capture", "info", "verify", "export", "trace recover", "policies", "replay", "sweep", "merge",
                           "runs", "compare", "report", "keys", "attn", "drift", "heads", "plot", "generate",
-                          "calibrate", "plan"};
+                          "calibrate", "interval", "plan"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         char want[64];
         snprintf(want, sizeof want, "| `kvsim %s", cmds[i]);
