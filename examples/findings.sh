@@ -288,6 +288,58 @@ for mname in $study_models; do
     done
 done
 
+# iv_of LABEL [--paired]: "mean [lo, hi]" of the numbers (pairs) on standard input, over the traces (kvsim interval)
+iv_of() {
+    label=$1
+    shift
+    "$KVSIM_BIN" interval --label "$label" "$@" | awk -F'\t' '{ if ($4 < 2) printf "%.3g (n = %d)", $1, $4
+        else printf "%.3g [%.3g, %.3g]", $1, $2, $3; if (NF >= 5) printf "%s", ($5 != 0 ? ", resolved" : ", not resolved")
+        printf "\n" }'
+}
+
+# ---- S1: drift against chance, over the prompts ----------------------------------------------------------------
+block_line S1 "| model (traces) | k | window score | last-query score | chance (random top-k) | last-query − chance (paired) |"
+block_line S1 "|---|---:|---|---|---|---|"
+for mname in $study_models; do
+    n_traces=$(ls "$out/prompts/$mname"/*.kvt | wc -l)
+    : > "$out/drift_$mname.csv"
+    for t in "$out/prompts/$mname"/*.kvt; do
+        "$KVSIM_BIN" drift "$t" --db "$out/drift_$mname.db" --k 16,32,64 --csv | awk -F, '$1 == "head" && $3 == "all" && $4 == 50' \
+            >> "$out/drift_$mname.csv"
+    done
+    for k in 16 32 64; do
+        rows=$(awk -F, -v k="$k" '$2 == k' "$out/drift_$mname.csv")
+        [ -n "$rows" ] || continue
+        w=$(echo "$rows" | cut -d, -f5 | iv_of "S1 $mname k=$k window")
+        l=$(echo "$rows" | cut -d, -f6 | iv_of "S1 $mname k=$k last")
+        c=$(echo "$rows" | cut -d, -f7 | iv_of "S1 $mname k=$k chance")
+        d=$(echo "$rows" | awk -F, '{ print $6, $7 }' | iv_of "S1 $mname k=$k last-chance" --paired)
+        block_line S1 "| $mname ($n_traces) | $k | $w | $l | $c | $d |"
+    done
+done
+
+# ---- S4: intralayer against interlayer head similarity, without the pairs that share a KV head -----------------
+block_line S4 "| model (traces) | within a layer, all pairs | within, pairs of different KV heads | pairs sharing a KV head | across layers | within (different KV heads) − across (paired) |"
+block_line S4 "|---|---|---|---|---|---|"
+for mname in $study_models; do
+    n_traces=$(ls "$out/prompts/$mname"/*.kvt | wc -l)
+    : > "$out/heads_$mname.csv"
+    for t in "$out/prompts/$mname"/*.kvt; do
+        "$KVSIM_BIN" heads "$t" --db "$out/heads_$mname.db" --csv | awk -F, '$1 == "query" && ($2 == "within" || $2 == "across")' \
+            >> "$out/heads_$mname.csv"
+    done
+    within=$(awk -F, '$2 == "within"' "$out/heads_$mname.csv")
+    across=$(awk -F, '$2 == "across"' "$out/heads_$mname.csv")
+    a=$(echo "$within" | cut -d, -f5 | iv_of "S4 $mname within all")
+    o=$(echo "$within" | cut -d, -f6 | iv_of "S4 $mname within other kv")
+    sk=$(echo "$within" | cut -d, -f7 | iv_of "S4 $mname within same kv")
+    x=$(echo "$across" | cut -d, -f5 | iv_of "S4 $mname across")
+    d=$(awk -F, '$2 == "within" { w[++i] = $6 } $2 == "across" { x[++j] = $5 }
+        END { for (m = 1; m <= i; m++) print w[m], x[m] }' "$out/heads_$mname.csv" |
+        iv_of "S4 $mname within-other-kv minus across" --paired)
+    block_line S4 "| $mname ($n_traces) | $a | $o | $sk | $x | $d |"
+done
+
 if [ "$mode" != run ]; then
     findings_blocks "$mode" "$here/FINDINGS.md" "$blocks" "" || exit 1
     echo "findings.sh: examples/FINDINGS.md's generated blocks $( [ "$mode" = check ] && echo "match what kvsim measures now" || echo "updated")"
