@@ -9,8 +9,8 @@
  *
  * Duplicates collapsed. Within one trace, a pair whose offline numbers are those of an earlier pair (closed-loop run
  * id order) counts as that pair: every statistic (n, mean, p50, p95, max, min) of every quality and token-count
- * metric of the run-wide aggregate equal (NaN equal to NaN), and the two runs' stored out_err series (every layer
- * and query head, per position) equal where both stored one. Such configurations attend the same positions at every
+ * metric of the run-wide aggregate equal (NaN equal to NaN), and the two runs' stored out_err series (per position,
+ * the mean over layers and query heads) equal where both stored one. Such configurations attend the same positions at every
  * step: a policy that degenerates into another (MorphKV whose window fills its budget, the SnapKV family at a budget
  * within its observation window, RocketKV and its multi-turn variant on a one-turn trace, `full` at every budget).
  * Storage is not compared: a window in disguise stores more, and its selection is still the window's. A replay note

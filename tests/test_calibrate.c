@@ -361,7 +361,7 @@ static void test_duplicates_collapsed(void **state) {
     const char *units[] = {"window", "snapkv", "quest", "h2o", "tova", "keyformer"};
     double sum = 0, sum_all = 0;
     for (size_t t = 0; t < 2; t++) {
-        double x[8], y[8], xa[8], ya[8];
+        double x[16], y[16], xa[16], ya[16];
         size_t n = 0, na = 0;
         const kvs_calibration_trace *tr = kvs_calibration_trace_at(c, t);
         for (size_t i = tr->first; i < tr->first + tr->n; i++) {
