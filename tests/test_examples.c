@@ -341,7 +341,10 @@ static void test_findings_script_regenerates_the_numbers(void **state) {
      * block must be what kvsim measures now (the file cannot drift from the code) */
     char models[512];
     snprintf(models, sizeof models, "%s/../shared/models/tinystories-656K", root);
-    const char *check = access(models, R_OK) == 0 ? "--check" : "";
+    /* (under the sanitizers the numbers are regenerated but not checked: the closed-loop study takes minutes there,
+     * and the plain run of the suite checks them) */
+    const char *sanitized = getenv("KVS_TEST_SANITIZED");
+    const char *check = access(models, R_OK) == 0 && !(sanitized && sanitized[0] == '1') ? "--check" : "";
     snprintf(cmd, sizeof cmd, "OUT='%s/f' KVSIM_BIN='%s' sh '%s/examples/findings.sh' %s >'%s/log' 2>&1", dir, bin, root,
              check, dir);
     int rc = system(cmd);
