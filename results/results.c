@@ -1614,6 +1614,19 @@ kvs_status kvs_results_prepare(kvs_results_db *r, const char *sql, sqlite3_stmt 
     return prepare(r, sql, st, what);
 }
 
+int kvs_results_has_column(kvs_results_db *r, const char *table, const char *col, const char *what) {
+    sqlite3_stmt *q = NULL;
+    if (prepare(r, "SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2", &q, what) != KVS_OK) return -1;
+    sqlite3_bind_text(q, 1, table, -1, SQLITE_STATIC);
+    sqlite3_bind_text(q, 2, col, -1, SQLITE_STATIC);
+    int rc = sqlite3_step(q);
+    sqlite3_finalize(q);
+    if (rc == SQLITE_ROW) return 1;
+    if (rc == SQLITE_DONE) return 0;
+    kvs_results_db_error(r, what);
+    return -1;
+}
+
 kvs_status kvs_results_step_done(kvs_results_db *r, sqlite3_stmt *st, const char *what) {
     return step_done(r, st, what);
 }

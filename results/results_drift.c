@@ -76,18 +76,7 @@ static const char *const chance_tables[] = {"drift_steps", "drift_locality", "dr
 
 /* 1 when `table` has column `col`, 0 when not, -1 (with kvs_fail) on a database error. */
 static int has_column(kvs_results_db *db, const char *table, const char *col) {
-    sqlite3_stmt *q = NULL;
-    if (kvs_results_prepare(db, "SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2", &q, "read the drift columns") !=
-        KVS_OK)
-        return -1;
-    sqlite3_bind_text(q, 1, table, -1, SQLITE_STATIC);
-    sqlite3_bind_text(q, 2, col, -1, SQLITE_STATIC);
-    int rc = sqlite3_step(q);
-    sqlite3_finalize(q);
-    if (rc == SQLITE_ROW) return 1;
-    if (rc == SQLITE_DONE) return 0;
-    kvs_results_db_error(db, "read the drift columns");
-    return -1;
+    return kvs_results_has_column(db, table, col, "read the drift columns");
 }
 
 /* Tables of the old form get their chance column (inside the writer's transaction). */

@@ -91,18 +91,7 @@ static double column_real_or_nan(sqlite3_stmt *st, int i) {
 
 /* 1 when `table` has column `col`, 0 when not, -1 (with kvs_fail) on a database error. */
 static int has_column(kvs_results_db *db, const char *table, const char *col) {
-    sqlite3_stmt *q = NULL;
-    if (kvs_results_prepare(db, "SELECT 1 FROM pragma_table_info(?1) WHERE name = ?2", &q, "cannot read the heads columns") !=
-        KVS_OK)
-        return -1;
-    sqlite3_bind_text(q, 1, table, -1, SQLITE_STATIC);
-    sqlite3_bind_text(q, 2, col, -1, SQLITE_STATIC);
-    int rc = sqlite3_step(q);
-    sqlite3_finalize(q);
-    if (rc == SQLITE_ROW) return 1;
-    if (rc == SQLITE_DONE) return 0;
-    kvs_results_db_error(db, "cannot read the heads columns");
-    return -1;
+    return kvs_results_has_column(db, table, col, "cannot read the heads columns");
 }
 
 /* The columns of the split by KV head, added to tables of the old form (inside the writer's transaction). */

@@ -37,6 +37,10 @@ kvs_status kvs_results_exec(kvs_results_db *db, const char *sql, const char *wha
 /* sqlite3_prepare_v2 of `sql` into *st; KVS_ERR_DB naming `what` on failure. */
 kvs_status kvs_results_prepare(kvs_results_db *db, const char *sql, sqlite3_stmt **st, const char *what);
 
+/* 1 when `table` has column `col`, 0 when not (or when the table does not exist), -1 (with kvs_fail naming
+ * `what`) on a database error: how a family upgrades a table written by an earlier kvsim. */
+int kvs_results_has_column(kvs_results_db *db, const char *table, const char *col, const char *what);
+
 /* Steps a fully bound statement that must finish with SQLITE_DONE, then resets it for reuse. */
 kvs_status kvs_results_step_done(kvs_results_db *db, sqlite3_stmt *st, const char *what);
 

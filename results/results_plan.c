@@ -41,14 +41,9 @@ static const char plan_schema[] =
 
 /* A plans table of an earlier kvsim lacks the steady-state columns: added in the write's transaction. */
 static kvs_status plan_columns(kvs_results_db *db) {
-    sqlite3_stmt *q = NULL;
-    kvs_status st = kvs_results_prepare(db, "SELECT 1 FROM pragma_table_info('plans') WHERE name = 'fit_points'", &q,
-                                        "read the plan columns");
-    if (st != KVS_OK) return st;
-    int rc = sqlite3_step(q);
-    sqlite3_finalize(q);
-    if (rc == SQLITE_ROW) return KVS_OK;
-    if (rc != SQLITE_DONE) return kvs_results_db_error(db, "read the plan columns");
+    int has = kvs_results_has_column(db, "plans", "fit_points", "read the plan columns");
+    if (has < 0) return KVS_ERR_DB;
+    if (has) return KVS_OK;
     return kvs_results_exec(db,
                             "ALTER TABLE plans ADD COLUMN fit_n_min INTEGER; ALTER TABLE plans ADD COLUMN fit_n_max "
                             "INTEGER; ALTER TABLE plans ADD COLUMN fit_points INTEGER;",
