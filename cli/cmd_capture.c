@@ -351,7 +351,8 @@ int kvs_cmd_capture(int argc, char **argv) {
             rc = kvs_cli_fail(cmd, s);
             goto done;
         }
-        snprintf(src, sizeof src, "%s:%s", prompt_file ? "file" : "turns", strcmp(f, "-") ? f : "-");
+        /* the file's name, not its path: one prompt captured from any folder is one trace (identity is content) */
+        snprintf(src, sizeof src, "%s:%s", prompt_file ? "file" : "turns", strcmp(f, "-") ? kvs_path_base(f) : "-");
         if (prompt_file) {
             strip_one_newline(file_text);
             o.prompt_text = file_text;

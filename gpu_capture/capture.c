@@ -308,14 +308,14 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
                           : o->prompt_ids  ? "ids"
                                            : "bos";
         snprintf(cc.settings, sizeof cc.settings,
-                 "backend=%s threads=%d sampling=%s temperature=%g top_p=%g seed=%llu steps=%d max_new_tokens=%d "
+                 "backend=%s sampling=%s temperature=%g top_p=%g seed=%llu steps=%d max_new_tokens=%d "
                  "ignore_eos=%d bos=%d prompt_source=%.900s prompt_tokens=%zu turns=%zu max_positions=%d "
                  "model_format=%s architecture=%.63s weights=%s tokenizer=%.900s record=%s "
                  "tie_word_embeddings=%d qkv_bias=%d o_bias=%d",
-                 gpu ? "cuda" : "cpu", gpu ? 0 : kvs_threadpool_size(pool), o->temperature == 0 ? "greedy" : (o->top_p < 1 ? "top-p" : "temperature"),
+                 gpu ? "cuda" : "cpu", o->temperature == 0 ? "greedy" : (o->top_p < 1 ? "top-p" : "temperature"),
                  o->temperature, o->top_p, (unsigned long long)o->seed, o->steps, (int)cc.max_new_tokens, o->ignore_eos, !o->no_bos,
                  src, total_prompt, n_turn_prompts, max_pos, info->format == KVS_MODEL_HF ? "hf" : "llama2c",
-                 info->architecture, kvs_dtype_name(info->weight_dtype), have_tok ? tok_path : "none",
+                 info->architecture, kvs_dtype_name(info->weight_dtype), have_tok ? kvs_path_base(tok_path) : "none",
                  o->record_qkv ? "qkv" : "full", info->tied_embeddings, info->qkv_bias, info->o_bias);
         KVS_TRY(s = kvs_trace_writer_create(o->out_path, cfg, &cc, &w));
         /* Block compression runs on a pool. CPU: the forward pass's own pool, idle while the writer

@@ -552,6 +552,40 @@ static void test_steps_beyond_the_context_are_not_recorded(void **state) {
     assert_int_equal(run("rm -rf '%s'", dir), 0);
 }
 
+/* A trace is its content: one prompt file captured from one model gives the same bytes whichever spelling of the
+ * model's and the prompt's paths the command was given, from any folder, on any number of threads (the settings
+ * record the files' names, not their paths, and not the thread count, which changes no number). */
+static void test_same_capture_from_any_path_is_one_file(void **state) {
+    (void)state;
+    need_models();
+    char dir[] = "/tmp/kvs_capture_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    const char *models[] = {"stories260K.bin", "tinystories-656K"};
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(run("cd '%s' && '%s' capture --model '../shared/models/%s' --prompt-file "
+                             "examples/prompts/story_bird.txt --steps 24 --ignore-eos --quiet --threads 1 --out "
+                             "'%s/a.kvt' > /dev/null",
+                             kvs_test_root(), kvsim_bin(), models[k], dir),
+                         0);
+        assert_int_equal(run("cd '%s' && '%s' capture --model '%s/../shared/models/%s' --prompt-file "
+                             "'%s/examples/prompts/story_bird.txt' --steps 24 --ignore-eos --quiet --threads 2 --out "
+                             "b.kvt > /dev/null",
+                             dir, kvsim_bin(), kvs_test_root(), models[k], kvs_test_root()),
+                         0);
+        assert_int_equal(run("cmp -s '%s/a.kvt' '%s/b.kvt'", dir, dir), 0);
+        kvs_trace *t;
+        char b[4200];
+        snprintf(b, sizeof b, "%s/b.kvt", dir);
+        assert_int_equal(kvs_trace_open(b, &t), KVS_OK);
+        const char *set = kvs_trace_info_get(t)->capture.settings;
+        assert_non_null(strstr(set, "prompt_source=file:story_bird.txt "));
+        assert_null(strstr(set, "threads="));
+        assert_null(strstr(set, "/"));
+        kvs_trace_close(t);
+    }
+    assert_int_equal(run("rm -rf '%s'", dir), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_capture_stories260K_trace_matches_reference),
@@ -565,6 +599,7 @@ int main(void) {
         cmocka_unit_test(test_multi_turn_text_is_printed_turn_by_turn),
         cmocka_unit_test(test_capture_out_link_stdout_and_write_errors),
         cmocka_unit_test(test_steps_beyond_the_context_are_not_recorded),
+        cmocka_unit_test(test_same_capture_from_any_path_is_one_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
