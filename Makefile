@@ -70,8 +70,9 @@ $(BUILD)/bench/%: bench/%.c $(TEST_UTIL_OBJS) $(LIB)
 	$(CC) $(ALL_CFLAGS) $(LDFLAGS) -o $@ $< $(TEST_UTIL_OBJS) $(LIB) $(EXTRA_LDLIBS) $(LDLIBS_BASE)
 
 # Tests find the binary under test and the shared models through the environment (TEST_ENV: more of it; the
-# sanitizer run sets KVS_TEST_SANITIZED=1, under which test_examples regenerates the findings without checking
-# the closed-loop study's numbers: minutes under ASan, checked by the plain run). TEST_JOBS binaries run at
+# sanitizer run sets KVS_TEST_SANITIZED=1, under which the tests that run whole study scripts skip: minutes of real
+# decoding under ASan; they run in the plain suite, and the commands they call have their own tests in both).
+# TEST_JOBS binaries run at
 # once (tests/run_tests.sh; the log is the same whatever the count): the cores by default, TEST_JOBS=1 one by one.
 TEST_JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 test: $(KVSIM) $(TEST_BINS)

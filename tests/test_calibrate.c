@@ -769,6 +769,10 @@ static void test_closed_loop_script_on_two_prompts_of_both_models(void **state) 
     snprintf(m1, sizeof m1, "%s/../shared/models/stories260K.bin", kvs_test_root());
     snprintf(m2, sizeof m2, "%s/../shared/models/tinystories-656K", kvs_test_root());
     if (!bin || !kvs_test_exists(m1) || !kvs_test_exists(m2)) skip();
+    if (kvs_test_sanitized()) {
+        print_message("the closed-loop study script runs in the plain suite (minutes under the sanitizers)\n");
+        skip();
+    }
     snprintf(cmd, sizeof cmd, "CLOSED_LOOP_OUT='%s/cl' KVSIM_BIN='%s' sh '%s/examples/closed_loop.sh' 8,16,4096 2 8 "
              "> '%s/script.txt' 2> '%s/script.err'", tmp->dir, bin, kvs_test_root(), tmp->dir, tmp->dir);
     assert_int_equal(system(cmd), 0);

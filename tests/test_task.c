@@ -239,6 +239,10 @@ static void test_task_script_runs_on_both_models(void **state) {
         fprintf(stderr, "SKIP: KVSIM_BIN unset or ../shared/models absent\n");
         skip();
     }
+    if (kvs_test_sanitized()) {
+        print_message("the task study script runs in the plain suite (minutes under the sanitizers)\n");
+        skip();
+    }
     assert_non_null(mkdtemp(dir));
     snprintf(cmd, sizeof cmd, "TASK_OUT='%s' KVSIM_BIN='%s' sh '%s/examples/task.sh' 64 window >'%s/log' 2>&1", dir,
              kvs_test_kvsim_bin(), kvs_test_root(), dir);

@@ -8,6 +8,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
+int kvs_test_sanitized(void) {
+    const char *v = getenv("KVS_TEST_SANITIZED");
+    return v && v[0] == '1';
+}
+
 const char *kvs_test_root(void) {
     const char *r = getenv("KVSIM_ROOT");
     return r && r[0] ? r : ".";

@@ -8,6 +8,11 @@
 /*! kvs_test_root() : $KVSIM_ROOT, or "." when it is unset or empty. Borrowed. */
 const char *kvs_test_root(void);
 
+/*! kvs_test_sanitized() : 1 under `make asan` (KVS_TEST_SANITIZED=1, set through the Makefile's TEST_ENV). The
+ *  tests that run whole study scripts (the examples/ scripts: minutes of real decoding under the sanitizers) skip there and
+ *  run in the plain suite; the commands those scripts call have their own tests, which do run under the sanitizers. */
+int kvs_test_sanitized(void);
+
 /*! kvs_test_exists() : 1 when `path` exists (any file type). */
 int kvs_test_exists(const char *path);
 
