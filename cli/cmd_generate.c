@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "../common/kvs_rng.h"
 #include "../common/kvs_stats.h"
 #include "../gpu_capture/model.h"
 #include "../gpu_capture/tokenizer.h"
@@ -128,13 +129,6 @@ typedef struct {
     char err[512];
 } task_out;
 
-static uint64_t fnv1a(uint64_t h, const char *s) {
-    for (; *s; s++) {
-        h ^= (unsigned char)*s;
-        h *= 1099511628211ULL;
-    }
-    return h;
-}
 
 /* The seed of an interval: 64-bit FNV-1a of "task|<task sha256>|<model>|<prompt tokens>|<series>", the series "full"
  * (the full model's accuracy: one interval for every row) or "<policy>|<params>|<budget>" (its accuracy and its paired
@@ -143,9 +137,9 @@ static uint64_t fnv1a(uint64_t h, const char *s) {
 static uint64_t task_seed(const char *sha, const char *model, int64_t prompt_tokens, const char *series) {
     char head[160];
     snprintf(head, sizeof head, "|%lld|", (long long)prompt_tokens);
-    uint64_t h = fnv1a(14695981039346656037ULL, "task|");
-    h = fnv1a(fnv1a(fnv1a(fnv1a(h, sha), "|"), model), head);
-    return fnv1a(h, series);
+    uint64_t h = kvs_fnv1a64(KVS_FNV1A64_BASIS, "task|");
+    h = kvs_fnv1a64(kvs_fnv1a64(kvs_fnv1a64(kvs_fnv1a64(h, sha), "|"), model), head);
+    return kvs_fnv1a64(h, series);
 }
 
 static void task_out_clear(task_out *o) {

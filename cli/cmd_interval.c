@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../common/kvs_rng.h"
 #include "../common/kvs_stats.h"
 #include "cli.h"
 
@@ -32,11 +33,6 @@ static void usage(FILE *f) {
                "One line (n = 1) has no interval: lo = hi = the value. Blank lines and lines starting with # are\n"
                "skipped; anything else that is not a number is an error (exit 1).\n",
             KVS_BOOTSTRAP_REPS);
-}
-
-static uint64_t fnv1a(uint64_t h, const char *s) {
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ULL;
-    return h;
 }
 
 /* One finite number at *p (skipping blanks), advancing *p; 0 when there is none. */
@@ -89,7 +85,7 @@ int kvs_cmd_interval(int argc, char **argv) {
     double *a = malloc(cap * sizeof *a), *b = malloc(cap * sizeof *b);
     char line[4096];
     long lineno = 0;
-    uint64_t seed = fnv1a(0xcbf29ce484222325ULL, label);
+    uint64_t seed = kvs_fnv1a64(KVS_FNV1A64_BASIS, label);
     int rc = KVS_EXIT_OK;
     if (!a || !b) {
         rc = kvs_cli_fail("interval", kvs_fail(KVS_ERR_NOMEM, "out of memory"));
@@ -129,7 +125,7 @@ int kvs_cmd_interval(int argc, char **argv) {
         n++;
         char text[64];
         snprintf(text, sizeof text, paired ? "\n%.17g %.17g" : "\n%.17g", x, y);
-        seed = fnv1a(seed, text);
+        seed = kvs_fnv1a64(seed, text);
     }
     if (ferror(stdin)) {
         rc = kvs_cli_fail("interval", kvs_fail(KVS_ERR_IO, "cannot read standard input"));

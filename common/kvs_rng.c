@@ -26,3 +26,8 @@ void kvs_rng_seed(kvs_rng *r, uint64_t seed, uint64_t stream) {
 double kvs_rng_open01(kvs_rng *r) { return ((double)kvs_rng_u32(r) + 0.5) * (1.0 / 4294967296.0); }
 
 double kvs_rng_gumbel(kvs_rng *r) { return -log(-log(kvs_rng_open01(r))); }
+
+uint64_t kvs_fnv1a64(uint64_t h, const char *s) {
+    for (const unsigned char *c = (const unsigned char *)s; *c; c++) h = (h ^ *c) * 1099511628211ull;
+    return h;
+}

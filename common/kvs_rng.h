@@ -32,6 +32,14 @@ uint32_t kvs_rng_u32(kvs_rng *r);
  *  output x, so never 0 or 1 (its extremes are 2^-33 and 1 - 2^-33), exact in double. */
 double kvs_rng_open01(kvs_rng *r);
 
+/* Seeds from identities: the 64-bit FNV-1a hash (offset basis KVS_FNV1A64_BASIS, prime 1099511628211) of an
+ * identity string, streamed piece by piece (the pieces hash as their concatenation), so that randomness is a
+ * function of what is measured or compared, never of the clock. */
+#define KVS_FNV1A64_BASIS 14695981039346656037ull
+
+/*! kvs_fnv1a64() : FNV-1a continued from h over the bytes of the NUL-terminated s. */
+uint64_t kvs_fnv1a64(uint64_t h, const char *s);
+
 /*! kvs_rng_gumbel() : a standard Gumbel(0, 1) sample g = -log(-log(u)) with u = kvs_rng_open01(r); always
  *  finite (|g| < 23.2). */
 double kvs_rng_gumbel(kvs_rng *r);

@@ -13,6 +13,7 @@
  * output and committed. Any failure abandons the output and removes the folder, so a failed plot changes
  * nothing and leaves nothing behind.
  */
+#include "../common/kvs_rng.h"
 #include "plot.h"
 
 #include <errno.h>
@@ -642,11 +643,6 @@ static kvs_status series_breaks(plot_series *s, const trace_turns *t) {
  * line of means over traces with bootstrap intervals (plot.h "Across traces").
  * ---------------------------------------------------------------------------------------------- */
 
-/* 64-bit FNV-1a, continued from h over the NUL-terminated s. */
-static uint64_t fnv1a64(uint64_t h, const char *s) {
-    for (const unsigned char *c = (const unsigned char *)s; *c; c++) h = (h ^ *c) * 1099511628211ull;
-    return h;
-}
 
 /* Do per-trace series a and b belong to one line across traces? */
 static int same_line(const plot_series *a, const plot_series *b) {
@@ -694,15 +690,15 @@ static kvs_status line_across(plot_data *out, plot_series *const *mem, size_t m)
     for (size_t b = 0; b < nb; b++) {
         if (b > 0 && budgets[b] == budgets[b - 1]) continue;
         char head[64 + 40];
-        uint64_t seed = 14695981039346656037ull;
-        seed = fnv1a64(seed, s->policy), seed = fnv1a64(seed, "\n");
-        seed = fnv1a64(seed, s->params), seed = fnv1a64(seed, "\n");
-        seed = fnv1a64(seed, s->measure), seed = fnv1a64(seed, "\n");
+        uint64_t seed = KVS_FNV1A64_BASIS;
+        seed = kvs_fnv1a64(seed, s->policy), seed = kvs_fnv1a64(seed, "\n");
+        seed = kvs_fnv1a64(seed, s->params), seed = kvs_fnv1a64(seed, "\n");
+        seed = kvs_fnv1a64(seed, s->measure), seed = kvs_fnv1a64(seed, "\n");
         snprintf(head, sizeof head, "%d\n%d\n", s->kv_bytes, s->aux_bytes);
-        seed = fnv1a64(seed, head);
-        seed = fnv1a64(seed, s->model), seed = fnv1a64(seed, "\n");
+        seed = kvs_fnv1a64(seed, head);
+        seed = kvs_fnv1a64(seed, s->model), seed = kvs_fnv1a64(seed, "\n");
         snprintf(head, sizeof head, "%" PRId64 "\n", budgets[b]);
-        seed = fnv1a64(seed, head);
+        seed = kvs_fnv1a64(seed, head);
         size_t n = 0;
         long double xsum = 0;
         for (size_t j = 0; j < m; j++)
@@ -710,7 +706,7 @@ static kvs_status line_across(plot_data *out, plot_series *const *mem, size_t m)
                 if (mem[j]->pt_budget[k] == budgets[b]) {
                     xs[n] = mem[j]->x[k], ys[n] = mem[j]->y[k];
                     xsum += xs[n++];
-                    seed = fnv1a64(fnv1a64(seed, mem[j]->trace_key), "\n");
+                    seed = kvs_fnv1a64(kvs_fnv1a64(seed, mem[j]->trace_key), "\n");
                     break;
                 }
         kvs_interval iv;

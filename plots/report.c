@@ -16,6 +16,7 @@
  * Plots are drawn by plots/plot.h into the report's temporary folder as PNG; the HTML embeds each one as a
  * data:image/png;base64 URI (so report.html alone is the whole report) and the Markdown references the file.
  */
+#include "../common/kvs_rng.h"
 #include "report.h"
 
 #include <dirent.h>
@@ -816,15 +817,15 @@ static kvs_status summary_across(report_ctx *ctx, const kvs_results_run_row *w0)
         size_t nc = 0;
         for (size_t k = 0; k < n_ser && st == KVS_OK; k++) {
             size_t n = 0;
-            uint64_t h = kvs_compare_fnv1a(KVS_COMPARE_FNV_BASIS, "summary|");
+            uint64_t h = kvs_fnv1a64(KVS_FNV1A64_BASIS, "summary|");
             char lvs[64];
             snprintf(lvs, sizeof lvs, "%.17g|", lv[l]);
-            h = kvs_compare_fnv1a(kvs_compare_fnv1a(kvs_compare_fnv1a(h, lvs), ser[k].label), "|");
+            h = kvs_fnv1a64(kvs_fnv1a64(kvs_fnv1a64(h, lvs), ser[k].label), "|");
             for (size_t t = 0; t < n_ids; t++) {
                 const across_run *b = best[k * n_ids + t];
                 if (!b) continue;
-                if (n) h = kvs_compare_fnv1a(h, ",");
-                h = kvs_compare_fnv1a(h, ids[t]);
+                if (n) h = kvs_fnv1a64(h, ",");
+                h = kvs_fnv1a64(h, ids[t]);
                 va[n++] = b->err;
             }
             if (!n) continue;
@@ -856,14 +857,14 @@ static kvs_status summary_across(report_ctx *ctx, const kvs_results_run_row *w0)
             size_t a = cand[0].s, b = cand[1].s, n = 0;
             char lvs[64];
             snprintf(lvs, sizeof lvs, "%.17g|", lv[l]);
-            uint64_t h = kvs_compare_fnv1a(kvs_compare_fnv1a(KVS_COMPARE_FNV_BASIS, "summary|"), lvs);
-            h = kvs_compare_fnv1a(kvs_compare_fnv1a(h, ser[a].label), "|-|");
-            h = kvs_compare_fnv1a(kvs_compare_fnv1a(h, ser[b].label), "|");
+            uint64_t h = kvs_fnv1a64(kvs_fnv1a64(KVS_FNV1A64_BASIS, "summary|"), lvs);
+            h = kvs_fnv1a64(kvs_fnv1a64(h, ser[a].label), "|-|");
+            h = kvs_fnv1a64(kvs_fnv1a64(h, ser[b].label), "|");
             for (size_t t = 0; t < n_ids; t++) {
                 const across_run *ra = best[a * n_ids + t], *rb = best[b * n_ids + t];
                 if (!ra || !rb) continue;
-                if (n) h = kvs_compare_fnv1a(h, ",");
-                h = kvs_compare_fnv1a(h, ids[t]);
+                if (n) h = kvs_fnv1a64(h, ",");
+                h = kvs_fnv1a64(h, ids[t]);
                 va[n] = ra->err;
                 vb[n++] = rb->err;
             }

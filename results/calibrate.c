@@ -246,14 +246,8 @@ int kvs_calibration_in_sel(const kvs_calibration *c, const kvs_calibration_sel *
     return 0;
 }
 
-#define FNV_BASIS 14695981039346656037ull
-static uint64_t fnv_str(uint64_t h, const char *s) {
-    for (; *s; s++) {
-        h ^= (unsigned char)*s;
-        h *= 1099511628211ull;
-    }
-    return h;
-}
+#define FNV_BASIS KVS_FNV1A64_BASIS
+#define fnv_str kvs_fnv1a64
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 static int cmp_double(const void *a, const void *b) {

@@ -3,6 +3,7 @@
  * `kvsim compare` (cli/cmd_compare.c) prints it and `kvsim report` (plots/report.c) tabulates it.
  */
 #include "compare.h"
+#include "../common/kvs_rng.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -399,16 +400,9 @@ static int same_group(const kvs_compare_series *a, const kvs_compare_series *b) 
            a->kv_bytes == b->kv_bytes && a->aux_bytes == b->aux_bytes;
 }
 
-/* FNV-1a, 64 bits, streamed over the pieces of an identity string. */
-#define FNV_BASIS KVS_COMPARE_FNV_BASIS
-uint64_t kvs_compare_fnv1a(uint64_t h, const char *s) {
-    for (; *s; s++) {
-        h ^= (unsigned char)*s;
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-#define fnv_str kvs_compare_fnv1a
+/* FNV-1a, 64 bits, streamed over the pieces of an identity string (common/kvs_rng.h). */
+#define FNV_BASIS KVS_FNV1A64_BASIS
+#define fnv_str kvs_fnv1a64
 
 static uint64_t fnv_fmt(uint64_t h, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static uint64_t fnv_fmt(uint64_t h, const char *fmt, ...) {

@@ -207,10 +207,8 @@ kvs_status kvs_compare_column_parse(const char *name, kvs_compare_column *out);
  * trace more or less changes the seed as it changes what is compared.
  * ---------------------------------------------------------------------------------------------- */
 
-/* The seed hash: h = KVS_COMPARE_FNV_BASIS, then h = kvs_compare_fnv1a(h, piece) for each piece of the identity
- * string in order (the pieces concatenated hash as the whole string). */
-#define KVS_COMPARE_FNV_BASIS 14695981039346656037ull
-uint64_t kvs_compare_fnv1a(uint64_t h, const char *s);
+/* The seed hash: h = KVS_FNV1A64_BASIS, then h = kvs_fnv1a64(h, piece) for each piece of the identity string in
+ * order (common/kvs_rng.h). */
 
 /* The identity of a trace in a seed: its content hash (64 hex), or "trace#<id>". */
 #define KVS_COMPARE_TRACE_ID_CAP 72
