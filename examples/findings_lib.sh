@@ -30,11 +30,14 @@ csv_to_tsv() {
 findings_blocks() {
     mode=$1 file=$2 dir=$3 prefix=$4
     tmp="$file.tmp.$$"
-    awk -v dir="$dir" -v prefix="$prefix" -v missing="$dir/.missing" '
+    awk -v dir="$dir" -v prefixes="$prefix" -v missing="$dir/.missing" '
+        function mine_of(name,   n, p, i) { n = split(prefixes, p, " "); if (n == 0) return 1
+            for (i = 1; i <= n; i++) if (name == p[i] || index(name, p[i] "-") == 1) return 1
+            return 0 }
         function flush(name,   f, l) { f = dir "/" name ".md"
             if ((getline l < f) <= 0) { print name >> missing; return }
             print l; while ((getline l < f) > 0) print l; close(f) }
-        /^<!-- begin generated / { print; name = $4; mine = index(name, prefix) == 1
+        /^<!-- begin generated / { print; name = $4; mine = mine_of(name)
             if (mine) { flush(name); skip = 1; seen[name] = 1 }; next }
         /^<!-- end generated / { skip = 0; print; next }
         !skip { print }
@@ -44,9 +47,14 @@ findings_blocks() {
         echo "findings: blocks of $file with no generated text: $(tr '\n' ' ' < "$dir/.missing")" >&2
         bad=1
     fi
-    for f in "$dir"/"$prefix"*.md; do
+    for f in "$dir"/*.md; do
         [ -e "$f" ] || continue
         n=$(basename "$f" .md)
+        if [ -n "$prefix" ]; then
+            in_list=0
+            for p in $prefix; do case $n in "$p" | "$p"-*) in_list=1 ;; esac; done
+            [ $in_list -eq 1 ] || continue
+        fi
         grep -qx "$n" "$dir/.seen" 2> /dev/null || { echo "findings: generated block $n is not in $file" >&2; bad=1; }
     done
     rm -f "$dir/.missing" "$dir/.seen"
