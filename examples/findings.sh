@@ -37,7 +37,7 @@ out=${OUT:-$here/out/findings}
 
 # The sections in the order they run, and the names of the blocks each writes (a block NAME belongs to prefix P when
 # NAME is P or starts with "P-": findings_blocks)
-all_sections="morphkv keydiff d2o rocketkv drift heads task calibration"
+all_sections="morphkv keydiff d2o rocketkv drift heads synckv task calibration"
 section_blocks() {
     case $1 in
         morphkv) echo M ;; keydiff) echo K ;; d2o) echo D ;; rocketkv) echo R ;; drift) echo S1 S2 S3 ;;
