@@ -1,9 +1,11 @@
 #!/bin/sh
-# synckv.sh — the SyncKV findings of examples/FINDINGS.md (section "SyncKV"): SyncKV against Quest, SnapKV and the
-# Exact-TopK oracle at equal device memory and at equal HBM traffic, the period m (Table 3 / S11: m = 1, 5, 10 and
-# "w/o Anticipation") on error and host<->device transfers, and the clustering (own prompt vs fixed
-# representatives) — on the bundled stories260K trace and, when MODEL_DIR (default ../shared/models) holds
-# tinystories-656K, on a fresh capture of it with examples/prompt.txt.
+# synckv.sh — SyncKV's tables for one prompt per model, to read every run of a single trace: SyncKV against Quest,
+# SnapKV and the Exact-TopK oracle at equal device memory and at equal HBM traffic, the period m (Table 3 / S11: m =
+# 1, 5, 10 and "w/o Anticipation") on error and host<->device transfers, and the clustering (own prompt vs fixed
+# representatives, calibration clusters) — on the bundled stories260K trace and, when MODEL_DIR (default
+# ../shared/models) holds tinystories-656K, on a fresh capture of it with examples/prompt.txt. The numbers of
+# examples/FINDINGS.md's SyncKV section come from examples/findings/synckv.sh instead: seven prompts per model with
+# intervals, every baseline at SyncKV's memory and traffic, Quest as the SyncKV paper's (@reference).
 #
 #   sh examples/synckv.sh          outputs in $OUT (default examples/out): synckv_<model>.db, synckv.txt
 #
