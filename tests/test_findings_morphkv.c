@@ -312,7 +312,7 @@ static void test_equal_memory_values_recomputed_from_the_runs(void **state) {
             int nw = 0, nq = 0, nd = 0;
             for (size_t i = 0; i < n; i++) {
                 series sw = runs_of(models[mi], &tr[i], "window", ""), sq = runs_of(models[mi], &tr[i], "morphkv", mk_qz);
-                double a, b;
+                double a = 0, b = 0;
                 int ha = at_level(&sw, X, 0, &a), hb = at_level(&sq, X, 0, &b);
                 if (ha) w += a, nw++;
                 if (hb) q += b, nq++;
@@ -331,8 +331,9 @@ static void test_equal_memory_values_recomputed_from_the_runs(void **state) {
         double ratio = 0;
         for (size_t i = 0; i < n; i++) {
             series sq = runs_of(models[mi], &tr[i], "morphkv", mk_qz), sh = runs_of(models[mi], &tr[i], "h2o", h2o_repo);
-            double a, b;
-            assert_true(at_level(&sq, 4096, 1, &a) && at_level(&sh, 4096, 1, &b));
+            double a = 0, b = 0;
+            assert_true(at_level(&sq, 4096, 1, &a));
+            assert_true(at_level(&sh, 4096, 1, &b));
             ratio += a / b / (double)n;
         }
         assert_sig(cell(m5, row, "", 5), ratio, 3);
