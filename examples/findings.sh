@@ -71,12 +71,14 @@ else
     echo "findings.sh: $models/tinystories-656K not found: only the bundled stories260K trace is studied" >&2
 fi
 
-# trace_facts TRACE: name, dir (its output folder), G, d, P (prompt) and N (positions) of a single trace
+# trace_facts TRACE: name, dir (its output folder), G, d, P (prompt) and N (positions) of a trace (a prompt trace
+# $out/prompts/MODEL/NAME.kvt is named MODEL_NAME: the two models' prompt traces share their file names)
 trace_facts() {
     name=$(basename "$1" .kvt)
+    case $1 in "$out/prompts/"*) name="$(basename "$(dirname "$1")")_$name" ;; esac
     dir="$out/$name"
     mkdir -p "$dir"
-    [ -s "$dir/info.txt" ] || "$KVSIM_BIN" info "$1" > "$dir/info.txt"
+    "$KVSIM_BIN" info "$1" > "$dir/info.txt"
     G=$(awk '/kv heads/ { for (i = 1; i <= NF; i++) if ($i == "(group") { v = $(i+1); gsub(/[^0-9]/, "", v); print v } }' "$dir/info.txt")
     d=$(awk '/head_dim/ { for (i = 1; i <= NF; i++) if ($i == "head_dim") { v = $(i+1); gsub(/[^0-9]/, "", v); print v } }' "$dir/info.txt")
     P=$(awk '/^positions/ { sub(/\(/, "", $3); print $3 }' "$dir/info.txt")
