@@ -11,25 +11,34 @@
 
 # ---- helpers (rk_: this section's own) ---------------------------------------------------------------------------
 
-# rk_cell CSV POLICY METRIC TOTAL: the mean [lo, hi] of METRIC for POLICY's group in an across-traces
-# `kvsim compare --csv` (fmt_iv; "-" when no trace has a value there, "- (out of range on N)" when N traces' runs do
-# not reach that cost); $rk_scale (default 1) divides the three numbers.
-rk_cell() {
-    v=$(csv_to_tsv < "$1" | awk -F'\t' -v want="$2" -v m="$3" -v s="${rk_scale:-1}" '
-        NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
-        $c["policy"] == want && !done { done = 1
-            if ($c[m "_n"] == "" || $c[m "_n"] == 0) print "\t\t\t0\t" $c["n_out_of_range"]
-            else printf "%.17g\t%.17g\t%.17g\t%s\n", $c[m] / s, $c[m "_lo"] / s, $c[m "_hi"] / s, $c[m "_n"] }')
-    [ -n "$v" ] || { echo "-"; return; }
-    oor=$(echo "$v" | cut -f5)
-    if [ -n "$oor" ] && [ "$oor" -gt 0 ]; then echo "- (out of range on $oor)"; return; fi
-    fmt_iv "$(echo "$v" | cut -f1)" "$(echo "$v" | cut -f2)" "$(echo "$v" | cut -f3)" "$(echo "$v" | cut -f4)" "$4"
+# rk_compare NAME DB ARGS...: `kvsim compare DB ARGS --csv` as tab-separated fields in $out/NAME.tsv (converted once:
+# the cells below read it many times)
+rk_compare() {
+    rk_name=$1 rk_db=$2
+    shift 2
+    "$KVSIM_BIN" compare "$rk_db" "$@" --csv | csv_to_tsv > "$out/$rk_name.tsv"
 }
 
-# rk_pair CSV A B: the paired difference A − B of the first metric in a `kvsim compare --pairs --csv`, "d [lo, hi]
-# (n), resolved|not resolved"; A and B are policy names (the first word of the labels), "-" when no trace has both.
+# rk_cell NAME POLICY METRIC TOTAL: the mean [lo, hi] of METRIC for POLICY's group in an across-traces comparison
+# written by rk_compare (fmt_iv; "-" when no trace has a value there, "- (out of range on N)" when N traces' runs do
+# not reach that cost); $rk_scale (default 1) divides the three numbers.
+rk_cell() {
+    rk_total=$4
+    # shellcheck disable=SC2046 # five numeric fields
+    set -- $(awk -F'\t' -v want="$2" -v m="$3" -v s="${rk_scale:-1}" '
+        NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
+        $c["policy"] == want { if ($c[m "_n"] == "" || $c[m "_n"] == 0) print "- - - 0", $c["n_out_of_range"] + 0
+            else printf "%.17g %.17g %.17g %d 0\n", $c[m] / s, $c[m "_lo"] / s, $c[m "_hi"] / s, $c[m "_n"]
+            exit }' "$out/$1.tsv")
+    if [ $# -lt 5 ]; then echo "-"; elif [ "$5" -gt 0 ]; then echo "- (out of range on $5)"
+    else fmt_iv "$1" "$2" "$3" "$4" "$rk_total"; fi
+}
+
+# rk_pair NAME A B: the paired difference A − B of the first metric in a `--pairs` comparison written by rk_compare,
+# "d [lo, hi] (n), resolved|not resolved"; A and B are policy names (the first word of the labels), "-" when no
+# trace has both.
 rk_pair() {
-    csv_to_tsv < "$1" | awk -F'\t' -v A="$2" -v B="$3" '
+    awk -F'\t' -v A="$2" -v B="$3" '
         function pol(l) { sub(/ .*/, "", l); return l }
         NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
         { a = pol($c["a"]); b = pol($c["b"])
@@ -39,7 +48,7 @@ rk_pair() {
           if ($c["n"] == 0 || $c["diff"] == "") { print "-"; exit }
           printf "%+.3g [%+.3g, %+.3g] (n = %d), %s\n", s * $c["diff"], lo, hi, $c["n"], $c["resolved"] != 0 ? "resolved" : "not resolved"
           exit }
-        END { if (!found) print "-" }'
+        END { if (!found) print "-" }' "$out/$1.tsv"
 }
 
 # rk_label POLICY: the name a table row gives a policy
@@ -90,7 +99,7 @@ rk_budgets_csv=16,32,64,128
 # rk_cell_t MODEL POLICY BUDGET METRIC TOTAL: rk_cell at token budget BUDGET (SparQ has no t = 128 run)
 rk_cell_t() {
     if [ "$2" = sparq ] && [ "$3" = 128 ]; then echo "not run"; return; fi
-    rk_cell "$out/rocketkv_$1_t$3.csv" "$2" "$4" "$5"
+    rk_cell "rocketkv_$1_t$3" "$2" "$4" "$5"
 }
 block_line R-1 "| model (traces) | policy | t = 16 | t = 32 | t = 64 | t = 128 |"
 block_line R-1 "|---|---|---|---|---|---|"
@@ -111,12 +120,12 @@ for mname in $study_models; do
     done
     pair_bytes=$(rk_pair_bytes "$(ls "$out/prompts/$mname"/*.kvt | head -n 1)")
     for B in $rk_budgets; do
-        "$KVSIM_BIN" compare "$db" --match tokens --at "$B" --across-traces --csv > "$out/rocketkv_${mname}_t$B.csv"
+        rk_compare "rocketkv_${mname}_t$B" "$db" --match tokens --at "$B" --across-traces --metric out_err_mean,traffic_bytes_mean
     done
     for p in 32 64; do
         X=$((p * pair_bytes))
-        "$KVSIM_BIN" compare "$db" --match traffic --at "$X" --across-traces --csv > "$out/rocketkv_${mname}_x$p.csv"
-        "$KVSIM_BIN" compare "$db" --match traffic --at "$X" --across-traces --pairs --csv > "$out/rocketkv_${mname}_x${p}_pairs.csv"
+        rk_compare "rocketkv_${mname}_x$p" "$db" --match traffic --at "$X" --across-traces --metric out_err_mean
+        rk_compare "rocketkv_${mname}_x${p}_pairs" "$db" --match traffic --at "$X" --across-traces --pairs --metric out_err_mean
         "$KVSIM_BIN" compare "$db" --match traffic --at "$X" --across-traces > "$out/rocketkv_${mname}_x$p.txt"
     done
     for pol in $rk_pols; do
@@ -125,7 +134,7 @@ for mname in $study_models; do
         block_line R-1 "$row |"
         row="| $mname ($n_traces) | $(rk_label "$pol")"
         for p in 32 64; do
-            row="$row | $(rk_cell "$out/rocketkv_${mname}_x$p.csv" "$pol" out_err_mean "$n_traces")"
+            row="$row | $(rk_cell "rocketkv_${mname}_x$p" "$pol" out_err_mean "$n_traces")"
         done
         block_line R-1-traffic "$row |"
     done
@@ -149,11 +158,11 @@ for mname in $study_models; do
     n_traces=$(n_traces_of "$mname")
     for other in topk hsa quest sparq tova window streaming h2o; do
         row="| $mname ($n_traces) | RocketKV − $(rk_label "$other")"
-        for p in 32 64; do row="$row | $(rk_pair "$out/rocketkv_${mname}_x${p}_pairs.csv" rocketkv "$other")"; done
+        for p in 32 64; do row="$row | $(rk_pair "rocketkv_${mname}_x${p}_pairs" rocketkv "$other")"; done
         block_line R-1-pairs "$row |"
     done
     row="| $mname ($n_traces) | $(rk_label topk) − $(rk_label tova)"
-    for p in 32 64; do row="$row | $(rk_pair "$out/rocketkv_${mname}_x${p}_pairs.csv" topk tova)"; done
+    for p in 32 64; do row="$row | $(rk_pair "rocketkv_${mname}_x${p}_pairs" topk tova)"; done
     block_line R-1-pairs "$row |"
 done
 
@@ -216,28 +225,28 @@ for mname in $study_models; do
     done
     pair_bytes=$(rk_pair_bytes "$mtd/turns.kvt")
     for B in $mt_budgets; do
-        "$KVSIM_BIN" compare "$db" --match tokens --at "$B" --across-traces --csv > "$out/rocketkv_mt_${mname}_t$B.csv"
+        rk_compare "rocketkv_mt_${mname}_t$B" "$db" --match tokens --at "$B" --across-traces --metric out_err_mean
     done
     for p in 24 48; do
         X=$((p * pair_bytes))
-        "$KVSIM_BIN" compare "$db" --match traffic --at "$X" --across-traces --metric out_err_mean,storage_host_bytes_mean,h2d_bytes_mean \
-            --csv > "$out/rocketkv_mt_${mname}_x$p.csv"
-        "$KVSIM_BIN" compare "$db" --match traffic --at "$X" --across-traces --pairs --csv > "$out/rocketkv_mt_${mname}_x${p}_pairs.csv"
+        rk_compare "rocketkv_mt_${mname}_x$p" "$db" --match traffic --at "$X" --across-traces \
+            --metric out_err_mean,storage_host_bytes_mean,h2d_bytes_mean
+        rk_compare "rocketkv_mt_${mname}_x${p}_pairs" "$db" --match traffic --at "$X" --across-traces --pairs --metric out_err_mean
     done
     for pol in topk rocketkv rocketkv_mt hsa window; do
         row="| $mname ($n_mt) | $(rk_label "$pol")"
-        for B in $mt_budgets; do row="$row | $(rk_cell "$out/rocketkv_mt_${mname}_t$B.csv" "$pol" out_err_mean "$n_mt")"; done
+        for B in $mt_budgets; do row="$row | $(rk_cell "rocketkv_mt_${mname}_t$B" "$pol" out_err_mean "$n_mt")"; done
         block_line R-4 "$row |"
         row="| $mname ($n_mt) | $(rk_label "$pol")"
-        for p in 24 48; do row="$row | $(rk_cell "$out/rocketkv_mt_${mname}_x$p.csv" "$pol" out_err_mean "$n_mt")"; done
-        row="$row | $(rk_scale=1024 rk_cell "$out/rocketkv_mt_${mname}_x48.csv" "$pol" storage_host_bytes_mean "$n_mt")"
-        row="$row | $(rk_cell "$out/rocketkv_mt_${mname}_x48.csv" "$pol" h2d_bytes_mean "$n_mt")"
+        for p in 24 48; do row="$row | $(rk_cell "rocketkv_mt_${mname}_x$p" "$pol" out_err_mean "$n_mt")"; done
+        row="$row | $(rk_scale=1024 rk_cell "rocketkv_mt_${mname}_x48" "$pol" storage_host_bytes_mean "$n_mt")"
+        row="$row | $(rk_cell "rocketkv_mt_${mname}_x48" "$pol" h2d_bytes_mean "$n_mt")"
         block_line R-4-traffic "$row |"
     done
     for ab in "rocketkv_mt rocketkv" "rocketkv_mt topk" "rocketkv hsa" "rocketkv_mt window"; do
         pa=${ab% *} pb=${ab#* }
         row="| $mname ($n_mt) | $(rk_label "$pa") − $(rk_label "$pb")"
-        for p in 24 48; do row="$row | $(rk_pair "$out/rocketkv_mt_${mname}_x${p}_pairs.csv" "$pa" "$pb")"; done
+        for p in 24 48; do row="$row | $(rk_pair "rocketkv_mt_${mname}_x${p}_pairs" "$pa" "$pb")"; done
         block_line R-4-pairs "$row |"
     done
 done
