@@ -251,9 +251,11 @@ for mname in $study_models; do
     done
 done
 
-block_line R-4 ""
-awk '{ printf "- %s: %d turns per conversation, %d-%d prompt tokens per turn, %d-%d positions per conversation.\n", $1, $2, $3, $4, $5, $6 }' \
-    "$out/rocketkv_mt_facts.txt" >> "$blocks/R-4.md"
+if [ -s "$out/rocketkv_mt_facts.txt" ]; then
+    block_line R-4 ""
+    awk '{ printf "- %s: %d turns per conversation, %d-%d prompt tokens per turn, %d-%d positions per conversation.\n", $1, $2, $3, $4, $5, $6 }' \
+        "$out/rocketkv_mt_facts.txt" >> "$blocks/R-4.md"
+fi
 
 # The bundled multi-turn trace alone (summary.txt's R12 lines)
 mt="$here/stories260K_multiturn.kvt"
