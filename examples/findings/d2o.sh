@@ -79,7 +79,7 @@ for mname in $study_models; do
             NR == 1 { for (i = 1; i <= NF; i++) c[$i] = i; next }
             { d2o = "d2o (sinks=4,heavy=0.75,beta=0.7,variance=minmax,alloc=paper,merge=paper,tau=head,decide=head,skip=none,gqa=expand)"
               if ($c["a"] == d2o && $c["b"] !~ /^d2o/) { o = $c["b"]; s = 1 } else if ($c["b"] == d2o && $c["a"] !~ /^d2o/) { o = $c["a"]; s = -1 } else next
-              r = $c["r"] != 0 ? "resolved" : "not resolved"
+              r = $c["resolved"] != 0 ? "resolved" : "not resolved"
               lo = s > 0 ? $c["diff_lo"] : -$c["diff_hi"]; hi = s > 0 ? $c["diff_hi"] : -$c["diff_lo"]
               printf "- %s at %s: D2O − %s = %+.3g [%+.3g, %+.3g] over %d traces: %s\n", m, X, short(o), s * $c["diff"], lo, hi,
                   $c["n"], r }' >> "$blocks/D-2.md"
