@@ -204,9 +204,9 @@ kvs_status kvs_codec_state_prefill(kvs_codec_state *st, const float *k, const fl
 kvs_status kvs_codec_share_scale(kvs_codec_state *const *states, int n_states);
 
 /*! kvs_codec_state_advance() : moves the stream to decode step n (positions 0..n-1 exist; the query is position n-1):
- *  k, v = the rows [n][d] of positions 0..n-1 (borrowed, read now: the rows the state has not seen yet and those
- *  of groups that become final at n; never a row >= n). Rows seen at earlier steps must not have changed. Each
- *  group is quantized once, when it becomes final (the time rule), so a stream of N steps costs O(N * d) in all.
+ *  k, v = the rows [n][d] of positions 0..n-1 (borrowed, read now; only the rows the state has not seen yet are
+ *  read, never a row >= n: rows of earlier steps come from the state's own copies). Each group is quantized once,
+ *  from those copies, when it becomes final (the time rule), so a stream of N steps costs O(N * d) in all.
  *  n may equal the current step (nothing to do). KVS_ERR_STATE before the prefill or when n goes back, or under
  *  per=tensor before kvs_codec_share_scale; KVS_ERR_INVALID_ARG for n > max_positions; the arithmetic's
  *  KVS_ERR_RANGE. On error the state is unchanged. */
