@@ -6,7 +6,7 @@
 #
 # --check regenerates the generated blocks of examples/FINDINGS.md (examples/findings_lib.sh) and fails on any
 # difference (CI runs it); --update writes them into the file. --only runs the named sections of examples/findings/
-# (morphkv, keydiff, d2o, rocketkv, drift, heads, synckv, task, calibration) and checks or updates their blocks alone.
+# (intro, morphkv, keydiff, d2o, rocketkv, drift, heads, synckv, task, calibration) and checks or updates their blocks alone.
 #
 # Traces: seven prompts per model (examples/capture_prompts.sh: examples/prompt.txt and examples/prompts/, 128
 # generated tokens each) for the multi-prompt blocks; the bundled examples/stories260K.kvt and a fresh 256-step
@@ -37,10 +37,10 @@ out=${OUT:-$here/out/findings}
 
 # The sections in the order they run, and the names of the blocks each writes (a block NAME belongs to prefix P when
 # NAME is P or starts with "P-": findings_blocks)
-all_sections="morphkv keydiff d2o rocketkv drift heads synckv task calibration"
+all_sections="intro morphkv keydiff d2o rocketkv drift heads synckv task calibration"
 section_blocks() {
     case $1 in
-        morphkv) echo M ;; keydiff) echo K ;; d2o) echo D ;; rocketkv) echo R ;; drift) echo S1 S2 S3 ;;
+        intro) echo traces ;; morphkv) echo M ;; keydiff) echo K ;; d2o) echo D ;; rocketkv) echo R ;; drift) echo S1 S2 S3 ;;
         heads) echo S4 S12 ;; synckv) echo SyncKV ;; task) echo T ;; calibration) echo closed_loop ;;
         *) return 1 ;;
     esac
@@ -138,6 +138,7 @@ iv_of() {
 }
 # n_traces_of MODEL: how many prompt traces the model has
 n_traces_of() { ls "$out/prompts/$1"/*.kvt | wc -l; }
+
 
 for s in $sections; do
     . "$here/findings/$s.sh"

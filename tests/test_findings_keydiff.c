@@ -44,27 +44,9 @@ static const int k_head_dim[2] = {8, 16}; /* the models' configs: dim 64 / 8 hea
 static int group_setup(void **state) {
     (void)state;
     g_dir[0] = '\0';
-    const char *bin = kvs_test_kvsim_bin();
-    if (!bin || kvs_test_sanitized()) return 0;
-    char models[512], probe[600];
-    snprintf(models, sizeof models, "%s/../shared/models", kvs_test_root());
-    snprintf(probe, sizeof probe, "%s/tinystories-656K", models);
-    if (!kvs_test_exists(probe)) return 0;
-    snprintf(probe, sizeof probe, "%s/stories260K.bin", models);
-    if (!kvs_test_exists(probe)) return 0;
-    char dir[] = "/tmp/kvs_fkeydiff_XXXXXX";
-    if (!mkdtemp(dir)) return -1;
-    snprintf(g_dir, sizeof g_dir, "%s", dir);
-    snprintf(g_out, sizeof g_out, "%s/f", g_dir);
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "OUT='%s' KVSIM_BIN='%s' sh '%s/examples/findings.sh' --only keydiff '%s' > '%s/log' 2>&1",
-             g_out, bin, kvs_test_root(), models, g_dir);
-    if (system(cmd) != 0) {
-        snprintf(cmd, sizeof cmd, "cat '%s/log'", g_dir);
-        (void)system(cmd);
-        return -1;
-    }
-    return 0;
+    int rc = kvs_test_findings("keydiff", g_out, sizeof g_out);
+    if (rc == 1) snprintf(g_dir, sizeof g_dir, "%.*s", (int)(strlen(g_out) - 2), g_out); /* g_out less "/f" */
+    return rc < 0 ? -1 : 0;
 }
 
 static int group_teardown(void **state) {

@@ -45,26 +45,11 @@ static const char *const h2o_repo = "recent=0.5,gqa=expand,prefill=budget,window
 /* Runs the section once for every test of the file; skips when it cannot run here. */
 static void need_section(void) {
     if (ran == 0) {
-        const char *bin = getenv("KVSIM_BIN");
-        char models_dir[1024];
-        snprintf(models_dir, sizeof models_dir, "%s/../shared/models/tinystories-656K", kvs_test_root());
-        ran = -1;
-        if (!bin || !bin[0]) print_message("KVSIM_BIN is not set (run through `make test`): skipping\n");
-        else if (kvs_test_sanitized()) print_message("a whole study script: it runs in the plain suite\n");
-        else if (access(models_dir, R_OK) != 0) print_message("the shared models are not beside the repository\n");
-        else {
-            assert_non_null(mkdtemp(out_dir));
-            char cmd[4096];
-            snprintf(cmd, sizeof cmd, "OUT='%s/f' KVSIM_BIN='%s' sh '%s/examples/findings.sh' --only morphkv >'%s/log' 2>&1",
-                     out_dir, bin, kvs_test_root(), out_dir);
-            int rc = system(cmd);
-            if (rc != 0) {
-                snprintf(cmd, sizeof cmd, "cat '%s/log'", out_dir);
-                (void)system(cmd);
-            }
-            assert_int_equal(rc, 0);
-            ran = 1;
-        }
+        char out[256];
+        ran = kvs_test_findings("morphkv", out, sizeof out);
+        if (ran != 0) snprintf(out_dir, sizeof out_dir, "%.*s", (int)(strlen(out) - 2), out); /* out less "/f" */
+        else ran = -1;
+        assert_int_equal(ran, 1);
     }
     if (ran < 0) skip();
 }

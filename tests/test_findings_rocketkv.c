@@ -34,37 +34,17 @@ static const char *const models[] = {"stories260K", "tinystories-656K"};
 
 /* The folder the script wrote (its $OUT), "" when the group setup skipped. */
 static char out_dir[256];
-static char tmp_dir[64];
 
 static int group_setup(void **state) {
     (void)state;
-    out_dir[0] = '\0';
-    const char *bin = getenv("KVSIM_BIN");
-    const char *root = kvs_test_root();
-    char models_dir[512];
-    snprintf(models_dir, sizeof models_dir, "%s/../shared/models/tinystories-656K", root);
-    if (!bin || !bin[0] || kvs_test_sanitized() || access(models_dir, R_OK) != 0) return 0;
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/kvs_findings_rk_XXXXXX");
-    if (!mkdtemp(tmp_dir)) return -1;
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "OUT='%s/f' KVSIM_BIN='%s' sh '%s/examples/findings.sh' --only rocketkv >'%s/log' 2>&1",
-             tmp_dir, bin, root, tmp_dir);
-    if (system(cmd) != 0) {
-        snprintf(cmd, sizeof cmd, "cat '%s/log'", tmp_dir);
-        (void)system(cmd);
-        return -1;
-    }
-    snprintf(out_dir, sizeof out_dir, "%s/f", tmp_dir);
-    return 0;
+    int rc = kvs_test_findings("rocketkv", out_dir, sizeof out_dir);
+    if (rc != 1) out_dir[0] = '\0';
+    return rc < 0 ? -1 : 0;
 }
 
 static int group_teardown(void **state) {
     (void)state;
-    if (out_dir[0]) {
-        char cmd[512];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_dir);
-        if (system(cmd) != 0) return -1;
-    }
+    kvs_test_findings_cleanup(out_dir);
     return 0;
 }
 

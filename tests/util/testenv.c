@@ -65,3 +65,41 @@ int kvs_test_tmp_teardown(void **state) {
 void kvs_test_tmp_path(const kvs_test_tmp *c, const char *name, char *out, size_t n) {
     snprintf(out, n, "%s/%s", c->dir, name);
 }
+
+int kvs_test_findings(const char *sections, char *out, size_t cap) {
+    out[0] = '\0';
+    const char *bin = getenv("KVSIM_BIN");
+    char models[1024], probe[1100];
+    snprintf(models, sizeof models, "%s/../shared/models", kvs_test_root());
+    snprintf(probe, sizeof probe, "%s/tinystories-656K", models);
+    const char *why = NULL;
+    if (!bin || !bin[0]) why = "KVSIM_BIN is not set (run through `make test`)";
+    else if (kvs_test_sanitized()) why = "a whole study script: it runs in the plain suite";
+    else if (!kvs_test_exists(probe)) why = "the shared models are not beside the repository";
+    if (why) {
+        printf("findings (%s): %s: skipping\n", sections, why);
+        return 0;
+    }
+    char dir[] = "/tmp/kvs_findings_XXXXXX";
+    if (!mkdtemp(dir)) return -1;
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "OUT='%s/f' KVSIM_BIN='%s' sh '%s/examples/findings.sh' --check --only '%s' '%s' >'%s/log' 2>&1",
+             dir, bin, kvs_test_root(), sections, models, dir);
+    int rc = system(cmd);
+    snprintf(out, cap, "%s/f", dir);
+    if (rc != 0) {
+        snprintf(cmd, sizeof cmd, "cat '%s/log'", dir);
+        (void)system(cmd);
+        return -1;
+    }
+    return 1;
+}
+
+void kvs_test_findings_cleanup(const char *out) {
+    if (!out || !out[0]) return;
+    const char *slash = strrchr(out, '/');
+    if (!slash || strncmp(out, "/tmp/kvs_findings_", 18) != 0) return; /* only what kvs_test_findings made */
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "rm -rf '%.*s'", (int)(slash - out), out);
+    (void)system(cmd);
+}

@@ -42,4 +42,16 @@ int kvs_test_tmp_teardown(void **state);
 /*! kvs_test_tmp_path() : out = "<c->dir>/<name>" (n bytes at most). */
 void kvs_test_tmp_path(const kvs_test_tmp *c, const char *name, char *out, size_t n);
 
+/*! kvs_test_findings() : runs `sh examples/findings.sh --check --only SECTIONS` (comma-separated sections of
+ *  examples/findings/) on the shared models with $KVSIM_BIN, in a fresh folder under /tmp: the sections' generated
+ *  blocks of examples/FINDINGS.md must be what kvsim measures now, and the script's outputs (its $OUT) are left in
+ *  out (cap bytes) for the test to recompute the blocks another way. @return 1 when it ran and matched; 0 when it
+ *  cannot run here (no $KVSIM_BIN, no shared models, or under the sanitizers: a whole study, whose commands have
+ *  their own tests there), the reason printed; -1 when it failed (its log printed). Remove the folder with
+ *  kvs_test_findings_cleanup(out). */
+int kvs_test_findings(const char *sections, char *out, size_t cap);
+
+/*! kvs_test_findings_cleanup() : removes the folder kvs_test_findings made for `out`; nothing when out is "". */
+void kvs_test_findings_cleanup(const char *out);
+
 #endif /* KVS_TESTENV_H */
