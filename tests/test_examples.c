@@ -43,38 +43,6 @@ static int file_starts_with(const char *path, const unsigned char *magic, size_t
     return got == n && memcmp(buf, magic, n) == 0;
 }
 
-/* Splits one CSV line into at most `max` fields (handles RFC 4180 quotes); returns the count. */
-static int csv_fields(char *line, char **fields, int max) {
-    int n = 0;
-    char *p = line;
-    while (*p && n < max) {
-        if (*p == '"') {
-            char *w = ++p;
-            fields[n++] = w;
-            for (;;) {
-                if (*p == '"' && p[1] == '"') {
-                    *w++ = '"';
-                    p += 2;
-                } else if (*p == '"' || !*p) {
-                    if (*p) p++;
-                    break;
-                } else {
-                    *w++ = *p++;
-                }
-            }
-            *w = '\0';
-            if (*p == ',') p++;
-        } else {
-            fields[n++] = p;
-            char *c = strchr(p, ',');
-            if (!c) break;
-            *c = '\0';
-            p = c + 1;
-        }
-    }
-    return n;
-}
-
 /* Policies whose attended set is bounded by the budget at every step, as the oracle's is. The prompt-only
  * compressors (snapkv, pyramidkv, adakv) keep every generated token, so over 320 generated tokens they
  * attend to far more than B positions and are not comparable with a budget-B oracle. */
@@ -125,7 +93,7 @@ static void test_main_job_runs_end_to_end(void **state) {
         for (int l = 0; l < N_LAYERS; l++) oracle_err[b][l] = -1, best_err[b][l] = 1e30;
     while (fgets(line, sizeof line, f)) {
         char *fl[32];
-        int nf = csv_fields(line, fl, 32);
+        int nf = kvs_test_csv_fields(line, fl, 32);
         assert_true(nf >= 11);
         rows++;
         int budget = atoi(fl[2]), layer = atoi(fl[3]);

@@ -68,9 +68,7 @@ static void need_script(void) {
 
 /* The block NAME the script wrote (caller frees). */
 static char *block(const char *name) {
-    char p[256];
-    snprintf(p, sizeof p, "%s/blocks/%s.md", g_out, name);
-    char *s = kvs_test_slurp(p, NULL);
+    char *s = kvs_test_findings_block(g_out, name);
     assert_non_null(s);
     return s;
 }

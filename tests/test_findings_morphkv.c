@@ -66,9 +66,9 @@ static int group_teardown(void **state) {
 
 /* The text of generated block NAME (caller frees). */
 static char *block(const char *name) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/f/blocks/%s.md", out_dir, name);
-    char *text = kvs_test_slurp(path, NULL);
+    char out[300];
+    snprintf(out, sizeof out, "%s/f", out_dir);
+    char *text = kvs_test_findings_block(out, name);
     assert_non_null(text);
     return text;
 }

@@ -120,47 +120,12 @@ static const char *policy_of(const char *label) {
 }
 
 static char *read_block(const char *name) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/blocks/%s.md", out_dir, name);
-    char *text = kvs_test_slurp(path, NULL);
-    if (!text) fail_msg("block %s not written (%s)", name, path);
+    char *text = kvs_test_findings_block(out_dir, name);
+    if (!text) fail_msg("block %s not written (in %s/blocks)", name, out_dir);
     return text;
 }
 
 /* ---- recomputing from kvsim's own tables ------------------------------------------------------------------- */
-
-/* Splits one CSV line into at most `max` fields (RFC 4180 quotes), in place; returns the count. */
-static int csv_fields(char *line, char **fields, int max) {
-    int n = 0;
-    char *p = line;
-    while (*p && *p != '\n' && n < max) {
-        if (*p == '"') {
-            char *w = ++p;
-            fields[n++] = w;
-            for (;;) {
-                if (*p == '"' && p[1] == '"') {
-                    *w++ = '"';
-                    p += 2;
-                } else if (*p == '"' || !*p) {
-                    if (*p) p++;
-                    break;
-                } else {
-                    *w++ = *p++;
-                }
-            }
-            *w = '\0';
-            if (*p == ',') p++;
-        } else {
-            fields[n++] = p;
-            char *c = p + strcspn(p, ",\n");
-            int end = *c != ',';
-            *c = '\0';
-            if (end) break;
-            p = c + 1;
-        }
-    }
-    return n;
-}
 
 /* Runs `kvsim ARGS` with its standard output in FILE (under the output folder); fails the test on an error. */
 static void kvsim_to(const char *file, const char *args) {
@@ -190,7 +155,7 @@ static run_row *read_runs(const char *db, int *n) {
     static char line[65536];
     char *fields[512];
     assert_non_null(fgets(line, sizeof line, f));
-    int nf = csv_fields(line, fields, 512);
+    int nf = kvs_test_csv_fields(line, fields, 512);
     int c_pol = -1, c_b = -1, c_err = -1, c_tr = -1, c_notes = -1;
     for (int i = 0; i < nf; i++) {
         if (!strcmp(fields[i], "policy")) c_pol = i;
@@ -205,7 +170,7 @@ static run_row *read_runs(const char *db, int *n) {
     assert_non_null(rows);
     *n = 0;
     while (fgets(line, sizeof line, f)) {
-        if (csv_fields(line, fields, 512) <= c_notes) continue;
+        if (kvs_test_csv_fields(line, fields, 512) <= c_notes) continue;
         if (*n == cap) {
             cap *= 2;
             rows = realloc(rows, sizeof *rows * (size_t)cap);

@@ -103,3 +103,41 @@ void kvs_test_findings_cleanup(const char *out) {
     snprintf(cmd, sizeof cmd, "rm -rf '%.*s'", (int)(slash - out), out);
     (void)system(cmd);
 }
+
+char *kvs_test_findings_block(const char *out, const char *name) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/blocks/%s.md", out, name);
+    return kvs_test_slurp(path, NULL);
+}
+
+int kvs_test_csv_fields(char *line, char **fields, int max) {
+    int n = 0;
+    char *p = line;
+    while (*p && *p != '\n' && n < max) {
+        if (*p == '"') {
+            char *w = ++p;
+            fields[n++] = w;
+            for (;;) {
+                if (*p == '"' && p[1] == '"') {
+                    *w++ = '"';
+                    p += 2;
+                } else if (*p == '"' || !*p) {
+                    if (*p) p++;
+                    break;
+                } else {
+                    *w++ = *p++;
+                }
+            }
+            *w = '\0';
+            if (*p == ',') p++;
+        } else {
+            fields[n++] = p;
+            char *c = p + strcspn(p, ",\n");
+            int end = *c != ',';
+            *c = '\0';
+            if (end) break;
+            p = c + 1;
+        }
+    }
+    return n;
+}

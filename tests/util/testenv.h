@@ -51,6 +51,14 @@ void kvs_test_tmp_path(const kvs_test_tmp *c, const char *name, char *out, size_
  *  kvs_test_findings_cleanup(out). */
 int kvs_test_findings(const char *sections, char *out, size_t cap);
 
+/*! kvs_test_findings_block() : the generated text of block NAME that kvs_test_findings' run wrote (out/blocks/
+ *  NAME.md) in a malloc'd string (caller frees); NULL when it is missing. */
+char *kvs_test_findings_block(const char *out, const char *name);
+
+/*! kvs_test_csv_fields() : splits one CSV line (RFC 4180 quotes, "" inside quotes; ends at NUL or newline) into at
+ *  most max fields, in place; @return the count. */
+int kvs_test_csv_fields(char *line, char **fields, int max);
+
 /*! kvs_test_findings_cleanup() : removes the folder kvs_test_findings made for `out`; nothing when out is "". */
 void kvs_test_findings_cleanup(const char *out);
 
