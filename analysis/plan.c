@@ -242,6 +242,123 @@ kvs_status kvs_plan_dtype_bytes(const char *name, double *bytes) {
     return kvs_fail(KVS_ERR_INVALID_ARG, "unknown dtype '%s' (fp32, fp16, bf16, fp8, int4)", name ? name : "");
 }
 
+kvs_status kvs_plan_kv_dtype_bytes(const char *name, double *bytes) {
+    if (name && !strcmp(name, "int4"))
+        return kvs_fail(KVS_ERR_INVALID_ARG, "--kv-dtype int4 is not a plain element size: a 4-bit KV cache holds "
+                                             "fp16 scales and zero points beside its codes; say which with --codec "
+                                             "int:bits=4 (or kivi:bits=4, hf:bits=4; kvsim plan --help)");
+    kvs_status st = kvs_plan_dtype_bytes(name, bytes);
+    if (st != KVS_OK)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "unknown dtype '%s' (fp32, fp16, bf16, fp8; a quantized cache: --codec)",
+                        name ? name : "");
+    return KVS_OK;
+}
+
+/* ---- codecs --------------------------------------------------------------------------------------------------- */
+
+/* What planning needs of a codec, read from its canonical spec (every key filled in, codec.h "Specs"). */
+typedef struct {
+    kvs_codec_kind kind;
+    int bits;
+    int64_t group, residual;
+    int token_axis[2]; /* K, V: token-axis groups */
+    int head_scales;   /* fp8 scale=prompt per=head */
+} codec_shape;
+
+static int param_value(const char *params, const char *key, char *buf, size_t cap);
+
+static int64_t spec_int(const char *params, const char *key) {
+    char v[32];
+    return param_value(params, key, v, sizeof v) ? strtoll(v, NULL, 10) : 0;
+}
+
+static codec_shape shape_of(const kvs_codec *c) {
+    codec_shape sh = {.kind = kvs_codec_kind_of(c)};
+    const char *spec = kvs_codec_spec(c), *colon = strchr(spec, ':');
+    const char *params = colon ? colon + 1 : "";
+    char v[32];
+    sh.bits = (int)spec_int(params, "bits");
+    sh.group = spec_int(params, "group");
+    sh.residual = spec_int(params, "residual");
+    switch (sh.kind) {
+    case KVS_CODEC_INT:
+        sh.token_axis[0] = param_value(params, "k_axis", v, sizeof v) && !strcmp(v, "token");
+        sh.token_axis[1] = param_value(params, "v_axis", v, sizeof v) && !strcmp(v, "token");
+        break;
+    case KVS_CODEC_KIVI: sh.token_axis[0] = 1; break; /* keys per channel over tokens, values per token */
+    case KVS_CODEC_HF: break;                         /* quanto's axis 0: channel-axis groups for both */
+    case KVS_CODEC_FP8:
+        sh.head_scales = param_value(params, "per", v, sizeof v) && !strcmp(v, "head");
+        break;
+    }
+    return sh;
+}
+
+static double codec_row_bytes(const codec_shape *sh, int t, int64_t d) {
+    const double D = (double)d;
+    if (sh->kind == KVS_CODEC_FP8) return D;
+    const double codes = D * sh->bits / 8.0;
+    if (sh->token_axis[t]) return codes + 4.0 * D / (double)sh->group;
+    return codes + 4.0 * (double)((d + sh->group - 1) / sh->group);
+}
+
+static int64_t codec_held(const codec_shape *sh, int t, int64_t P, int64_t n) {
+    const int64_t R = sh->residual;
+    switch (sh->kind) {
+    case KVS_CODEC_INT: return sh->token_axis[t] ? n % sh->group : 0;
+    case KVS_CODEC_KIVI:
+        if (t == 0) return n > P ? n - R * ((n - 1) / R) : P % R;
+        return n > P ? (n < R + 1 ? n : R + 1) : (P < R ? P : R);
+    case KVS_CODEC_HF: return n > P ? n - P - R * ((n - 1 - P) / R) : 0;
+    case KVS_CODEC_FP8: return 0;
+    }
+    return 0;
+}
+
+static double codec_bytes(const codec_shape *sh, int64_t d, int64_t P, int64_t n, double m) {
+    double total = 0;
+    for (int t = 0; t < 2; t++) {
+        double h = (double)codec_held(sh, t, P, n);
+        if (h > m) h = m;
+        total += h * 2.0 * (double)d + (m - h) * codec_row_bytes(sh, t, d);
+    }
+    return total;
+}
+
+double kvs_plan_codec_row_bytes(const kvs_codec *c, kvs_codec_tensor t, int64_t d) {
+    codec_shape sh = shape_of(c);
+    return codec_row_bytes(&sh, t == KVS_CODEC_V, d);
+}
+
+int64_t kvs_plan_codec_held(const kvs_codec *c, kvs_codec_tensor t, int64_t prompt, int64_t n) {
+    codec_shape sh = shape_of(c);
+    return codec_held(&sh, t == KVS_CODEC_V, prompt, n);
+}
+
+double kvs_plan_codec_bytes(const kvs_codec *c, int64_t d, int64_t prompt, int64_t n, double resident) {
+    codec_shape sh = shape_of(c);
+    return codec_bytes(&sh, d, prompt, n, resident);
+}
+
+double kvs_plan_codec_head_bytes(const kvs_codec *c) { return shape_of(c).head_scales ? 8.0 : 0.0; }
+
+double kvs_plan_codec_bytes_per_token(const kvs_plan_model *m, const kvs_codec *c) {
+    return (double)m->n_layers * m->n_kv_heads * kvs_codec_position_bytes(c, m->head_dim);
+}
+
+/* The last length in [a, b] just before a codec's 16-bit rows are quantized at once (the top of the residual's or
+ * an int token-axis group's saw-tooth; K and V share it, or only K saws: kivi), into out[0]; 1, or 0 when none. */
+static int codec_tops(const kvs_codec *c, int64_t P, int64_t a, int64_t b, int64_t *out) {
+    const codec_shape sh = shape_of(c);
+    int k = 0;
+    int64_t top = -1;
+    if (sh.kind == KVS_CODEC_INT && (sh.token_axis[0] || sh.token_axis[1])) top = sh.group * ((b + 1) / sh.group) - 1;
+    else if (sh.kind == KVS_CODEC_KIVI) top = sh.residual * (b / sh.residual);
+    else if (sh.kind == KVS_CODEC_HF && b > P) top = P + sh.residual * ((b - P) / sh.residual);
+    if (top >= a && top <= b) out[k++] = top;
+    return k;
+}
+
 const char *kvs_plan_kind_name(kvs_plan_kind k) {
     static const char *const names[] = {"full", "constant", "prompt-only", "offload", "measured"};
     return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
@@ -375,16 +492,22 @@ kvs_plan_footprint kvs_plan_footprint_at(const kvs_plan_policy *pol, const kvs_p
                                          int64_t n) {
     kvs_plan_footprint f = {0, 0, 0};
     const double N = (double)n, P = (double)prompt, B = (double)pol->budget;
-    const double tok = 2.0 * s->model.head_dim * s->kv_elem_bytes;
+    /* host and PCIe tokens: the codec's nominal bytes (its 16-bit residual stays on the device) */
+    const double tok = s->codec ? kvs_codec_position_bytes(s->codec, s->model.head_dim)
+                                : 2.0 * s->model.head_dim * s->kv_elem_bytes;
     const int32_t group = s->model.n_kv_heads > 0 ? s->model.n_heads / s->model.n_kv_heads : 1;
     /* a nominal per-query-head policy keeps a set per query head: the G copies the replay's storage counts */
     const double sets = pol->per_query_head ? group : 1;
+    codec_shape sh = {0};
+    if (s->codec) sh = shape_of(s->codec);
+/* device bytes of m resident positions per set at this length */
+#define ROWS(m) (s->codec ? codec_bytes(&sh, s->model.head_dim, prompt, n, (m)) : (m) * tok)
     switch (pol->kind) {
-    case KVS_PLAN_FULL: f.device = N * tok; break;
-    case KVS_PLAN_CONSTANT: f.device = sets * min_d(N, B) * tok; break;
-    case KVS_PLAN_PROMPT_ONLY: f.device = sets * (min_d(P, B) + (N - P)) * tok; break;
+    case KVS_PLAN_FULL: f.device = ROWS(N); break;
+    case KVS_PLAN_CONSTANT: f.device = sets * ROWS(min_d(N, B)); break;
+    case KVS_PLAN_PROMPT_ONLY: f.device = sets * ROWS(min_d(P, B) + (N - P)); break;
     case KVS_PLAN_OFFLOAD:
-        f.device = sets * min_d(N, B) * tok;
+        f.device = sets * ROWS(min_d(N, B));
         f.host = N * tok;
         f.transfer = sets * (min_d(N, B) + 1) * tok;
         break;
@@ -398,12 +521,14 @@ kvs_plan_footprint kvs_plan_footprint_at(const kvs_plan_policy *pol, const kvs_p
          * filling phase; its auxiliary state in proportion */
         double kv = line_at(p->kv, x), kv_seen = min_d(kv, (per_q ? p->trace_group : 1) * N);
         double fill = kv > 0 ? kv_seen / kv : 1;
-        f.device = copies * kv_seen * tok + fill * line_at(p->aux, x) * p->tok_bytes * aux_factor(p, s, copies);
+        f.device = copies * ROWS(kv_seen) + fill * line_at(p->aux, x) * p->tok_bytes * aux_factor(p, s, copies);
         f.host = line_at(p->host, x) * tok;
         f.transfer = line_at(p->transfer, x) * tok;
         break;
     }
     }
+#undef ROWS
+    if (s->codec && sh.head_scales) f.device += 8.0; /* fp8 per-head K and V scales, once per (layer, KV head) */
     return f;
 }
 
@@ -537,12 +662,23 @@ kvs_status kvs_plan_kv_pool(const kvs_plan_setup *s, double *pool) {
 }
 
 /* Device bytes of one sequence: the peak over its decode, n from context to context + response. Every kind's
- * footprint is monotone or linear in n, so the peak is at one end. */
+ * footprint is monotone or linear in n, so the peak is at one end; a codec's 16-bit rows add a saw-tooth (they
+ * grow by one a step, then are quantized at once) on a non-decreasing footprint, whose peak is at the end or at the
+ * last top of the saw-tooth. The codec's per-layer scales are held once per layer. */
 static double seq_device(const kvs_plan_setup *s, const kvs_plan_policy *pol, int64_t context, int64_t response) {
     const double heads = (double)s->model.n_layers * s->model.n_kv_heads;
     double a = kvs_plan_footprint_at(pol, s, context, context).device;
     double b = kvs_plan_footprint_at(pol, s, context, context + response).device;
-    return heads * (a > b ? a : b);
+    double peak = a > b ? a : b;
+    if (s->codec) {
+        int64_t top;
+        if (codec_tops(s->codec, context, context, context + response, &top)) {
+            double t = kvs_plan_footprint_at(pol, s, context, top).device;
+            if (t > peak) peak = t;
+        }
+        return heads * peak + s->model.n_layers * kvs_codec_layer_bytes(s->codec);
+    }
+    return heads * peak;
 }
 
 kvs_status kvs_plan_eval(const kvs_plan_setup *s, const kvs_plan_policy *pol, int64_t context, int64_t response,

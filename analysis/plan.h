@@ -23,6 +23,22 @@
  * above, as the replay's storage counts them. Auxiliary state (scores, page summaries) is zero in the nominal
  * kinds; the measured profile includes it. Prefill transients (the whole prompt resident before a prompt-only
  * policy compresses it) are not counted: the footprint is the resident state at decode steps.
+ *
+ * A KV codec (sim/codec.h: int, kivi, hf, fp8; `kvsim plan --codec SPEC`) replaces the element size: a resident
+ * position of tensor t (K or V) costs its codec row bytes r_t (kvs_plan_codec_row_bytes: d·bits/8 of codes plus
+ * fp16 scale + zero, 4·ceil(d/group) for channel-axis groups, 4·d/group for token-axis groups amortised over the
+ * group's positions; fp8: d), except the h_t rows the codec holds in 16 bits at that length (kvs_plan_codec_held:
+ * kivi's and hf's residual, an int token-axis group not yet filled), 2·d bytes each, counted exactly at each n.
+ * Per (layer, KV head), with m resident positions at length n:
+ *   bytes(m, n) = sum over t of [ min(h_t(n), m) · 2d + (m - min(h_t(n), m)) · r_t ]  (+ 8 for fp8 per-head scales)
+ * (the 16-bit rows are the most recent positions; a policy is assumed to keep them resident first: an upper bound
+ * when it evicts recent positions), plus 8 bytes per layer for fp8 scale=prompt per=tensor. A length n = P (nothing
+ * generated yet) counts the cache as the codec leaves it after the prefill (kivi: P mod R keys and min(P, R) values
+ * in 16 bits; hf: none; int: the unfilled token-axis group), not the prefill's transient 16-bit prompt. Token-axis
+ * metadata is amortised: exact for a cache that keeps every position (the quantized prefix is whole groups); a
+ * policy that keeps one position of many groups holds more (a group's scale and zero stay while any of its
+ * positions does). The residual saw-tooths (it fills, then is quantized at once), so a sequence's peak over its
+ * decode is taken at both ends and at the last step before each flush.
  */
 #ifndef KVS_ANALYSIS_PLAN_H
 #define KVS_ANALYSIS_PLAN_H
@@ -31,6 +47,7 @@
 #include <stdint.h>
 
 #include "../common/kvs.h"
+#include "../sim/codec.h"
 #include "../trace/trace.h"
 
 /* ---- models ---------------------------------------------------------------------------------------- */
@@ -91,9 +108,38 @@ double kvs_plan_params(const kvs_plan_model *m);
 double kvs_plan_kv_bytes_per_token(const kvs_plan_model *m, double elem_bytes);
 
 /*! kvs_plan_dtype_bytes() : bytes per element of "fp32" (4), "fp16"/"bf16" (2), "fp8" (1), "int4" (0.5: the
- *  4-bit codes only; per-group scales and zero points of a real int4 cache are not counted); else
- *  KVS_ERR_INVALID_ARG naming the accepted types. */
+ *  4-bit codes only, for weights; a KV cache of 4-bit codes carries scales and zero points: a codec, never this
+ *  element size); else KVS_ERR_INVALID_ARG naming the accepted types. */
 kvs_status kvs_plan_dtype_bytes(const char *name, double *bytes);
+
+/*! kvs_plan_kv_dtype_bytes() : the plain KV element sizes fp32, fp16, bf16, fp8 as kvs_plan_dtype_bytes; "int4" is
+ *  KVS_ERR_INVALID_ARG naming the codec that says what a 4-bit cache holds ("--codec int:bits=4"). */
+kvs_status kvs_plan_kv_dtype_bytes(const char *name, double *bytes);
+
+/* ---- KV codecs (sim/codec.h), the byte rule in the header above ------------------------------------- */
+
+/*! kvs_plan_codec_row_bytes() : bytes of one quantized row of tensor t for head dimension d: codes plus its share of
+ *  fp16 scales and zero points (token-axis groups amortised over `group` positions); fp8: d. K + V sums to
+ *  kvs_codec_position_bytes(c, d). */
+double kvs_plan_codec_row_bytes(const kvs_codec *c, kvs_codec_tensor t, int64_t d);
+
+/*! kvs_plan_codec_held() : rows of tensor t held in 16 bits per (layer, KV head) when a sequence with prompt P
+ *  holds n >= P positions: n - q(n) of codec.h's time rule at decode step n > P (kivi K: n - R·floor((n-1)/R),
+ *  kivi V: min(n, R+1), hf: n - P - R·floor((n-1-P)/R), int token axis: n mod group, channel axis and fp8: 0);
+ *  at n = P the state after the prefill (kivi K: P mod R, V: min(P, R); hf 0; int token axis P mod group). */
+int64_t kvs_plan_codec_held(const kvs_codec *c, kvs_codec_tensor t, int64_t prompt, int64_t n);
+
+/*! kvs_plan_codec_bytes() : bytes(m, n) of the header per (layer, KV head) for m = `resident` positions (token
+ *  equivalents, at most n) at length n of a sequence with prompt P, the per-head fp8 scales excluded. */
+double kvs_plan_codec_bytes(const kvs_codec *c, int64_t d, int64_t prompt, int64_t n, double resident);
+
+/*! kvs_plan_codec_head_bytes() : bytes a (layer, KV head) holds once per sequence: 8 for fp8 scale=prompt per=head
+ *  (fp32 K and V scales), 0 otherwise. Per layer: kvs_codec_layer_bytes. */
+double kvs_plan_codec_head_bytes(const kvs_codec *c);
+
+/*! kvs_plan_codec_bytes_per_token() : n_layers · n_kv_heads · kvs_codec_position_bytes(c, head_dim): the bytes of
+ *  one quantized position, residual rows and scales held once per sequence excluded. */
+double kvs_plan_codec_bytes_per_token(const kvs_plan_model *m, const kvs_codec *c);
 
 /* ---- policies --------------------------------------------------------------------------------------- */
 
@@ -235,7 +281,8 @@ typedef struct {
 /* Everything a plan depends on. */
 typedef struct {
     kvs_plan_model model;
-    double kv_elem_bytes;     /* KV element bytes (kvs_plan_dtype_bytes) */
+    double kv_elem_bytes;     /* KV element bytes (kvs_plan_dtype_bytes); with a codec 2, its 16-bit rows' */
+    const kvs_codec *codec;   /* NULL: every element kv_elem_bytes; else the codec's bytes (borrowed) */
     double weight_elem_bytes; /* weight element bytes; 0 = weights not resident on the GPUs */
     double gpu_bytes;         /* memory per GPU; 0 = not given (no max batch / max context) */
     int32_t n_gpus;           /* the weights are sharded over them (tensor parallel): resident once in total */
@@ -243,7 +290,9 @@ typedef struct {
 } kvs_plan_setup;
 
 /*! kvs_plan_footprint_at() : the footprint of `pol` per (layer, KV head) of s->model at s->kv_elem_bytes for a
- *  sequence with prompt P that holds n >= P tokens (formulas above). */
+ *  sequence with prompt P that holds n >= P tokens (formulas above). With s->codec the device's positions cost
+ *  kvs_plan_codec_bytes (sets x of them, + the per-head fp8 scales) and host and PCIe tokens the codec's nominal
+ *  bytes per position (kvs_codec_position_bytes: the 16-bit residual stays on the device). */
 kvs_plan_footprint kvs_plan_footprint_at(const kvs_plan_policy *pol, const kvs_plan_setup *s, int64_t prompt,
                                          int64_t n);
 
@@ -267,7 +316,8 @@ kvs_status kvs_plan_kv_pool(const kvs_plan_setup *s, double *pool);
 /* One planned point: a policy at (context, response, batch). */
 typedef struct {
     int64_t context, response, batch;
-    double seq_device_bytes;   /* per sequence: the device peak over its decode (n from context to context+response) */
+    double seq_device_bytes;   /* per sequence: the device peak over its decode (n from context to context+response;
+                                * with a codec its per-layer scales included) */
     double total_bytes;        /* batch · seq_device_bytes */
     double host_bytes;         /* batch · host bytes at the end */
     double pcie_bytes_per_step;/* batch · host<->device bytes of the last decode step */

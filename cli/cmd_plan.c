@@ -40,7 +40,14 @@ static void usage(FILE *f) {
             "  --tied-embeddings yes|no  the classifier is (not) the token embedding, for the weight count (a trace\n"
             "                       header does not record it: counted untied, with a warning, unless given)\n"
             "Memory:\n"
-            "  --kv-dtype T         fp16 (default), bf16, fp8, int4 (0.5 byte: codes only, no scales), fp32\n"
+            "  --kv-dtype T         plain KV elements: fp16 (default), bf16, fp8, fp32 (int4: use --codec)\n"
+            "  --codec SPEC         a quantized KV cache (kvsim's codecs, sim/codec.h): int:bits=B,group=G,k_axis=,\n"
+            "                       v_axis= | kivi:bits=,group=,residual= | hf:bits=,group=,residual= | fp8:format=,\n"
+            "                       scale=,per=. A position costs its codes + fp16 scale/zero per group (token-axis\n"
+            "                       groups amortised over their positions; fp8: a byte per element); the rows the\n"
+            "                       codec holds in 16 bits (kivi/hf residual, an unfilled int token-axis group) are\n"
+            "                       counted at each length exactly, 2 bytes per element; fp8 scale=prompt scales 8\n"
+            "                       bytes per layer (per=tensor) or per layer and KV head (per=head). Excludes --kv-dtype\n"
             "  --weights T|none     weight dtype resident on the GPUs (default fp16); none = not resident\n"
             "  --gpu-mem SIZE       memory per GPU: 80GB (10^9), 80GiB (2^30), 141e9 ...; without it no max batch\n"
             "  --gpus N             GPUs the weights are sharded over (default 1)\n"
@@ -191,7 +198,7 @@ static void csv_point(const kvs_plan_point *p, const series *s) {
     csv_count(p->max_context);
     printf(",");
     csv_count(p->max_context_memory);
-    printf(",%d\n", p->context_clamped);
+    printf(",%d", p->context_clamped);
 }
 
 int kvs_cmd_plan(int argc, char **argv) {
@@ -199,7 +206,7 @@ int kvs_cmd_plan(int argc, char **argv) {
                *gpu_mem = NULL, *gpus_s = NULL, *reserve_s = NULL, *batch_s = NULL, *context_s = NULL,
                *response_s = NULL, *responses_s = NULL, *settings_s = NULL, *policy_s = NULL, *budget_s = NULL,
                *profile_db = NULL, *run_s = NULL, *aux_s = NULL, *db_path = NULL, *plot_mem = NULL,
-               *plot_batch = NULL, *gnuplot = NULL, *tied_s = NULL;
+               *plot_batch = NULL, *gnuplot = NULL, *tied_s = NULL, *codec_s = NULL;
     int csv = 0, json = 0, list = 0;
     for (int i = 1; i < argc; i++) {
         int missing = 0, r;
@@ -213,7 +220,7 @@ int kvs_cmd_plan(int argc, char **argv) {
                           {"--settings", &settings_s},  {"--policy", &policy_s},     {"--budget", &budget_s},
                           {"--profile", &profile_db},   {"--run", &run_s},           {"--aux-scale", &aux_s},
                           {"--db", &db_path},           {"--plot-memory", &plot_mem}, {"--plot-batch", &plot_batch},
-                          {"--gnuplot", &gnuplot},      {"--tied-embeddings", &tied_s}};
+                          {"--gnuplot", &gnuplot},      {"--tied-embeddings", &tied_s}, {"--codec", &codec_s}};
         if (kvs_cli_is_help(argv[i])) {
             usage(stdout);
             return KVS_EXIT_OK;
@@ -248,7 +255,11 @@ int kvs_cmd_plan(int argc, char **argv) {
     kvs_plan_setup setup = {.n_gpus = 1};
     long batch = 1, context = 4096, response = 0, budget = 1024, gpus = 1, run_id = 0;
     double kv_bytes = 2, w_bytes = 2;
-    if (kv_dtype && kvs_plan_dtype_bytes(kv_dtype, &kv_bytes) != KVS_OK) return kvs_cli_fail("plan", KVS_ERR_INVALID_ARG);
+    if (kv_dtype && kvs_plan_kv_dtype_bytes(kv_dtype, &kv_bytes) != KVS_OK)
+        return kvs_cli_fail("plan", KVS_ERR_INVALID_ARG);
+    if (kv_dtype && codec_s)
+        return kvs_cli_usage_error("plan", "--kv-dtype and --codec exclude each other (the codec's unquantized rows "
+                                           "are 16-bit)");
     if (weights && strcmp(weights, "none") && kvs_plan_dtype_bytes(weights, &w_bytes) != KVS_OK)
         return kvs_cli_fail("plan", KVS_ERR_INVALID_ARG);
     if (weights && !strcmp(weights, "none")) w_bytes = 0;
@@ -326,6 +337,14 @@ int kvs_cmd_plan(int argc, char **argv) {
         kvs_plan_model_from_trace(&ti->model, ti->capture.settings, trace_path, &setup.model);
     }
     if (tied >= 0) setup.model.tied_embeddings = tied;
+    kvs_codec *codec = NULL;
+    if (codec_s) {
+        if (kvs_codec_parse(codec_s, &codec) != KVS_OK) {
+            rc = kvs_cli_usage_error("plan", "--codec: %s", kvs_last_error());
+            goto cleanup;
+        }
+        setup.codec = codec;
+    }
 
     /* ---- the series: full, constant(B), prompt-only(B), then what is planned when it is another: offload(B), a
      * registered policy at its nominal budget (its scope's kind, its layout's sets per KV head) and its measured
@@ -465,7 +484,24 @@ int kvs_cmd_plan(int argc, char **argv) {
             curve[n_ser * n_resp + s * n_set + k] = (double)q.max_batch;
         }
     }
-    const double kvtok = kvs_plan_kv_bytes_per_token(&setup.model, kv_bytes), wbytes = kvs_plan_weight_bytes(&setup);
+    const double kvtok = codec ? kvs_plan_codec_bytes_per_token(&setup.model, codec)
+                               : kvs_plan_kv_bytes_per_token(&setup.model, kv_bytes),
+                 wbytes = kvs_plan_weight_bytes(&setup);
+    /* what the codec holds beside its quantized rows in a full-cache sequence of context + response positions: the
+     * 16-bit rows (their bytes beyond the quantized ones) and the fp8 scales */
+    const char *kv_name = codec ? kvs_codec_spec(codec) : kv_dtype ? kv_dtype : "fp16";
+    const double kv_heads = (double)setup.model.n_layers * setup.model.n_kv_heads;
+    int64_t held[2] = {0, 0};
+    double held_bytes = 0, scale_bytes = 0;
+    if (codec) {
+        for (int t = 0; t < 2; t++) {
+            held[t] = kvs_plan_codec_held(codec, (kvs_codec_tensor)t, context, context + response);
+            held_bytes += kv_heads * (double)held[t] *
+                          (2.0 * setup.model.head_dim -
+                           kvs_plan_codec_row_bytes(codec, (kvs_codec_tensor)t, setup.model.head_dim));
+        }
+        scale_bytes = kv_heads * kvs_plan_codec_head_bytes(codec) + setup.model.n_layers * kvs_codec_layer_bytes(codec);
+    }
     double pool = NAN;
     if (setup.gpu_bytes > 0 && (st = kvs_plan_kv_pool(&setup, &pool)) != KVS_OK) goto fail;
     const kvs_plan_model *m = &setup.model;
@@ -491,9 +527,22 @@ int kvs_cmd_plan(int argc, char **argv) {
                m->max_positions, m->tied_embeddings < 0 ? "null" : m->tied_embeddings ? "true" : "false");
         kvs_cli_json_number(stdout, kvs_plan_params(m));
         printf("},\"kv_dtype\":");
-        kvs_cli_json_string(stdout, kv_dtype ? kv_dtype : "fp16");
+        kvs_cli_json_string(stdout, kv_name);
+        printf(",\"codec\":");
+        kvs_cli_json_string(stdout, codec ? kvs_codec_spec(codec) : NULL);
         printf(",\"kv_bytes_per_token\":");
         kvs_cli_json_number(stdout, kvtok);
+        if (codec) {
+            printf(",\"codec_k_row_bytes\":");
+            kvs_cli_json_number(stdout, kvs_plan_codec_row_bytes(codec, KVS_CODEC_K, m->head_dim));
+            printf(",\"codec_v_row_bytes\":");
+            kvs_cli_json_number(stdout, kvs_plan_codec_row_bytes(codec, KVS_CODEC_V, m->head_dim));
+            printf(",\"codec_held_k\":%lld,\"codec_held_v\":%lld,\"codec_held_bytes\":", (long long)held[0],
+                   (long long)held[1]);
+            kvs_cli_json_number(stdout, held_bytes);
+            printf(",\"codec_scale_bytes\":");
+            kvs_cli_json_number(stdout, scale_bytes);
+        }
         printf(",\"weight_dtype\":");
         kvs_cli_json_string(stdout, w_bytes > 0 ? (weights ? weights : "fp16") : NULL);
         printf(",\"weight_bytes\":");
@@ -556,15 +605,36 @@ int kvs_cmd_plan(int argc, char **argv) {
         printf("]}\n");
     } else if (csv) {
         printf("kind,series,label,budget,context,response,batch,seq_device_bytes,total_bytes,host_bytes,"
-               "pcie_bytes_per_step,max_batch,max_context,max_context_memory,context_clamped\n");
-        for (int k = 0; k < n_pts; k++) csv_point(&pts[k], &ser[pts_ser[k]]);
+               "pcie_bytes_per_step,max_batch,max_context,max_context_memory,context_clamped,kv,kv_bytes_per_token\n");
+        char kb[64];
+        kvs_cli_fmt_real(kb, sizeof kb, kvtok);
+        for (int k = 0; k < n_pts; k++) {
+            csv_point(&pts[k], &ser[pts_ser[k]]);
+            printf(",");
+            kvs_cli_csv_field(stdout, kv_name);
+            printf(",%s\n", kb);
+        }
     } else {
         char a[96], b[96], c[96];
         printf("model       %s: %d layers, %d query heads, %d KV heads (GQA group %d), head_dim %d  [%s]\n", m->name,
                m->n_layers, m->n_heads, m->n_kv_heads, m->n_heads / m->n_kv_heads, m->head_dim, m->source);
         fmt_size(a, sizeof a, kvtok);
-        printf("KV / token  %.0f bytes (%s) = 2 x %d layers x %d KV heads x %d head_dim x %g bytes (%s)\n", kvtok, a,
-               m->n_layers, m->n_kv_heads, m->head_dim, kv_bytes, kv_dtype ? kv_dtype : "fp16");
+        if (codec) {
+            const double rk = kvs_plan_codec_row_bytes(codec, KVS_CODEC_K, m->head_dim),
+                         rv = kvs_plan_codec_row_bytes(codec, KVS_CODEC_V, m->head_dim);
+            printf("KV / token  %.6g bytes (%s) = %d layers x %d KV heads x (K %.6g + V %.6g bytes per row) (codec "
+                   "%s; fp16: %.0f)\n",
+                   kvtok, a, m->n_layers, m->n_kv_heads, rk, rv, kvs_codec_spec(codec),
+                   kvs_plan_kv_bytes_per_token(m, 2));
+            fmt_size(b, sizeof b, held_bytes);
+            fmt_size(c, sizeof c, scale_bytes);
+            printf("            rows held in 16 bits at %ld tokens: K %lld, V %lld per (layer, KV head), %s per "
+                   "sequence beyond their quantized size; scales held once: %s per sequence\n",
+                   context + response, (long long)held[0], (long long)held[1], b, c);
+        } else {
+            printf("KV / token  %.0f bytes (%s) = 2 x %d layers x %d KV heads x %d head_dim x %g bytes (%s)\n", kvtok,
+                   a, m->n_layers, m->n_kv_heads, m->head_dim, kv_bytes, kv_name);
+        }
         fmt_size(a, sizeof a, wbytes);
         const char *tie_note = m->tied_embeddings < 0 ? " (classifier counted apart from the token embedding: "
                                                         "the trace does not say)"
@@ -704,7 +774,7 @@ int kvs_cmd_plan(int argc, char **argv) {
         }
         if (plot_mem) {
             snprintf(title, sizeof title, "%s, %s KV: memory vs response length (batch %ld, context %ld)", m->name,
-                     kv_dtype ? kv_dtype : "fp16", batch, context);
+                     kv_name, batch, context);
             kvs_plot_plan p = {.kind = KVS_PLOT_PLAN_MEMORY, .title = title, .out_path = plot_mem, .gnuplot = gnuplot,
                                .n_series = n_ser, .labels = labels, .n_x = n_resp, .x = xs, .y = curve, .hline = pool};
             if ((st = kvs_plot_plan_render(&p)) != KVS_OK) goto fail;
@@ -714,8 +784,7 @@ int kvs_cmd_plan(int argc, char **argv) {
                 st = kvs_fail(KVS_ERR_INVALID_ARG, "--plot-batch needs --gpu-mem");
                 goto fail;
             }
-            snprintf(title, sizeof title, "%s, %s KV: max batch on %ld GPU(s)", m->name, kv_dtype ? kv_dtype : "fp16",
-                     gpus);
+            snprintf(title, sizeof title, "%s, %s KV: max batch on %ld GPU(s)", m->name, kv_name, gpus);
             kvs_plot_plan p = {.kind = KVS_PLOT_PLAN_MAX_BATCH, .title = title, .out_path = plot_batch,
                                .gnuplot = gnuplot, .n_series = n_ser, .labels = labels, .n_x = n_set, .x_labels = xl,
                                .y = curve + n_ser * n_resp, .hline = NAN};
@@ -728,7 +797,7 @@ int kvs_cmd_plan(int argc, char **argv) {
         kvs_results_plan pr = {
             .model = m->name, .model_source = m->source, .n_layers = m->n_layers, .n_heads = m->n_heads,
             .n_kv_heads = m->n_kv_heads, .head_dim = m->head_dim, .params = kvs_plan_params(m),
-            .kv_dtype = kv_dtype ? kv_dtype : "fp16", .kv_bytes_per_token = kvtok,
+            .kv_dtype = kv_name, .kv_bytes_per_token = kvtok,
             .weight_dtype = w_bytes > 0 ? (weights ? weights : "fp16") : NULL, .weight_bytes = wbytes,
             .n_gpus = (int32_t)gpus, .gpu_bytes = setup.gpu_bytes > 0 ? setup.gpu_bytes : NAN,
             .reserve_bytes = setup.reserve_bytes, .kv_pool_bytes = pool, .batch = batch, .context = context,
@@ -781,6 +850,7 @@ done:
     free(rows);
     free(curve);
 cleanup:
+    kvs_codec_free(codec);
     kvs_results_close(db);
     kvs_trace_close(trace);
     return rc;

@@ -615,8 +615,9 @@ static void test_cli_reproduces_the_papers(void **state) {
     assert_int_equal(run(f, m22), 0);
     /* 516096 * 131072 * 256 = 15.75 TiB, exactly in bytes */
     expect_out(f, "kind,series,label,budget,context,response,batch,seq_device_bytes,total_bytes,host_bytes,"
-                  "pcie_bytes_per_step,max_batch,max_context,max_context_memory,context_clamped\n");
-    expect_out(f, "full,full,full cache,,131072,0,256,67645734912,17317308137472,0,0,,,,0\n");
+                  "pcie_bytes_per_step,max_batch,max_context,max_context_memory,context_clamped,kv,"
+                  "kv_bytes_per_token\n");
+    expect_out(f, "full,full,full cache,,131072,0,256,67645734912,17317308137472,0,0,,,,0,fp16,516096\n");
     const char *list[] = {"plan", "--list-presets", NULL};
     assert_int_equal(run(f, list), 0);
     expect_out(f, "Qwen2.5-14B");
@@ -639,7 +640,7 @@ static void test_cli_reproduces_the_papers(void **state) {
     char line[256];
     /* max context: memory never binds a constant size; the model's 8192 less the 1024 generated does */
     snprintf(line, sizeof line, "constant,h2o B=256 nominal,\"h2o, budget 256, nominal (constant)\",256,256,1024,1,"
-                                "33554432,33554432,0,0,%lld,7168,unbounded,1\n",
+                                "33554432,33554432,0,0,%lld,7168,unbounded,1,fp16,131072\n",
              (long long)floor((80 * GiB - 2 * 8030261248.0) / 33554432));
     expect_out(f, line);
 }
