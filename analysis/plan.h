@@ -323,7 +323,9 @@ typedef struct {
     double pcie_bytes_per_step;/* batch · host<->device bytes of the last decode step */
     int64_t max_batch;         /* sequences of (context, response) that fit; -1 without GPU memory */
     int64_t max_context;       /* the largest context with `response` more tokens at `batch` that fits in memory AND
-                                * in the model's context (context + response <= max_positions, when known);
+                                * in the model's context (context + response <= max_positions, when known), found by
+                                * bisection: with a codec, whose 16-bit rows saw-tooth, a context that fits whose
+                                * next does not (a longer one within one residual or group may fit too);
                                 * KVS_PLAN_UNBOUNDED when every context up to KVS_PLAN_MAX_CONTEXT does and the
                                 * model's context is not known; 0 when none; -1 without GPU memory */
     int64_t max_context_memory;/* the same bound from memory alone, the model's context not applied */

@@ -1,8 +1,10 @@
 /* cmd_plan.c — `kvsim plan`: capacity planning with nominal budgets or a policy's MEASURED storage profile
  * (analysis/plan.h; ../shared/DESIGN.md "Analysis"; POLICY_SPEC §7 G3, M22, R2, D1, D10): KV bytes per token,
  * total KV of a batch, max batch at a context, max context at a batch, memory against the response length for
- * the full cache, constant-size and prompt-only policies (and offloading: host memory, PCIe per step), as text,
- * CSV or JSON, into the results database (results/results_plan.h) and as two plots (plots/plan_plot.h).
+ * the full cache, constant-size and prompt-only policies (and offloading: host memory, PCIe per step), with plain
+ * KV elements or a KV codec's real bytes (--codec, sim/codec.h: scales, zero points and 16-bit residual rows
+ * counted), as text, CSV or JSON, into the results database (results/results_plan.h; a codec's canonical spec in
+ * the plan's kv_dtype column) and as two plots (plots/plan_plot.h).
  */
 #include <math.h>
 #include <stdio.h>
@@ -80,7 +82,8 @@ static void usage(FILE *f) {
             "prompt-only budget whose trace prompt is at least the budget, every decode step for the full cache. A run\n"
             "that never reaches it is refused; the plan names the steps the fit used. The planned KV per KV head is\n"
             "the line's token equivalents x the planned per-head token size (2 x head_dim x KV dtype bytes), at most\n"
-            "the tokens seen (the filling phase). Auxiliary state scales by what it depends on, per policy (auto):\n"
+            "the tokens seen (the filling phase); with --codec, the codec's bytes of that many positions, its 16-bit\n"
+            "rows included. Auxiliary state scales by what it depends on, per policy (auto):\n"
             "per list (a score per held slot: x the copies of the KV), per query head (MorphKV's G x R rows: x\n"
             "G_plan / G_trace), per KV head (page summaries, index lists: x 1); with head_dim (page min/max, key\n"
             "copies: x (d_plan + k) / (d_trace + k)) or not (scalars); in the KV dtype (x its bytes ratio) or in the\n"
