@@ -191,7 +191,7 @@ static void test_memory_ratios_follow_the_trace_headers(void **state) {
         char row[64];
         snprintf(row, sizeof row, "%s (%zu)", models[mi], n);
         for (int64_t ctot = 32; ctot <= 128; ctot *= 2) {
-            char c[16];
+            char c[24];
             snprintf(c, sizeof c, "%lld", (long long)ctot);
             double mf = 0, hf = 0, sf = 0, rows = 0, qz = 0;
             int64_t G = tr[0].G, d = tr[0].d, R = scaled_R(ctot);
