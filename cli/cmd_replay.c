@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../sim/codec.h"
 #include "../sim/policy.h"
 #include "../policies/registry.h"
 #include "../sim/replay.h"
@@ -25,11 +26,12 @@
 #endif
 
 #define MAX_POLICIES 64
+#define MAX_CODECS 16
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: kvsim replay TRACE --db FILE --policy SPEC [--policy SPEC ...] --budgets LIST\n"
-            "                    [--threads N] [--measure decode|prefill|all] [--series-every N]\n"
+            "                    [--codec SPEC ...] [--threads N] [--measure decode|prefill|all] [--series-every N]\n"
             "                    [--kv-bytes N] [--aux-bytes N] [--progress|--no-progress] [--reference]\n\n"
             "Replays TRACE under every (policy, budget) pair in one pass and writes one run per pair to the\n"
             "results database FILE (created if missing).\n\n"
@@ -38,6 +40,13 @@ static void usage(FILE *f) {
             "  --budgets LIST    tokens per KV head, the current token included: 16,32,64; or percentages of\n"
             "                    the first turn's PROMPT length: 10%%,20%% (rounded up, at least 1; never of\n"
             "                    the generated length, which a real system does not know in advance)\n"
+            "  --codec SPEC      how stored K/V rows are represented (quantized): int[:bits=,group=,k_axis=,\n"
+            "                    v_axis=], kivi[:bits=,group=,residual=], hf[:bits=,group=,residual=],\n"
+            "                    fp8[:format=,scale=,per=] (sim/codec.h), or none (K/V as captured); repeatable:\n"
+            "                    every (policy, codec, budget) is one run. The first prompt is scored in full\n"
+            "                    precision; from the first decode step on policies and the metrics see the\n"
+            "                    dequantized rows and storage counts the codec's bytes; the error is against the\n"
+            "                    full-precision full cache. Without --codec: K/V as captured\n"
             "  --threads N       worker threads (default: every CPU kvsim may run on)\n"
             "  --measure M       decode (default): metrics at generated positions; prefill: at prompt\n"
             "                    positions (against what the policy holds, chunk by chunk); all: both\n"
@@ -54,7 +63,7 @@ static void usage(FILE *f) {
             "SIGINT/SIGTERM stop the replay: during the replay every run is recorded as failed (interrupted); while\n"
             "the results are being stored, the runs stored so far stay complete and the rest are recorded as failed\n"
             "(interrupted). Either way the exit status is 1.\n"
-            "Every option except --policy may be given once.\n\n"
+            "Every option except --policy and --codec may be given once.\n\n"
             "Budgets are nominal: prompt-only policies (SnapKV, PyramidKV, Ada-KV) bound the prompt only and\n"
             "keep every generated token, so compare policies at equal measured memory or traffic too\n"
             "(kvsim compare DB --match mem|traffic, kvsim plot --kind error-vs-memory|error-vs-traffic).\n\n"
@@ -158,6 +167,8 @@ int kvs_cmd_replay(int argc, char **argv) {
     const char *trace_path = NULL, *db_path = NULL, *budget_text = NULL;
     const char *specs[MAX_POLICIES];
     int n_specs = 0;
+    const char *codec_specs[MAX_CODECS];
+    int n_codec_specs = 0;
     long threads = 0, series_every = 0, kv_bytes = 0, aux_bytes = 0;
     int progress = -1; /* -1: on a terminal only */
     int reference = 0;
@@ -179,6 +190,10 @@ int kvs_cmd_replay(int argc, char **argv) {
             if (!v) return kvs_cli_usage_error("replay", "--policy needs a SPEC");
             if (n_specs == MAX_POLICIES) return kvs_cli_usage_error("replay", "at most %d --policy options", MAX_POLICIES);
             specs[n_specs++] = v;
+        } else if ((v = kvs_cli_opt_value("--codec", argc, argv, &i, &m)) || m) {
+            if (!v) return kvs_cli_usage_error("replay", "--codec needs a SPEC");
+            if (n_codec_specs == MAX_CODECS) return kvs_cli_usage_error("replay", "at most %d --codec options", MAX_CODECS);
+            codec_specs[n_codec_specs++] = v;
         } else if ((v = kvs_cli_opt_value("--budgets", argc, argv, &i, &m)) || m) {
             if (!v) return kvs_cli_usage_error("replay", "--budgets needs a LIST");
             if (budget_text) return kvs_cli_usage_error("replay", "--budgets given twice");
@@ -227,12 +242,41 @@ int kvs_cmd_replay(int argc, char **argv) {
     kvs_policy_config cfgs[MAX_POLICIES];
     for (int i = 0; i < n_specs; i++)
         if (kvs_policy_parse(specs[i], &cfgs[i]) != KVS_OK) return kvs_cli_fail("replay", KVS_ERR_INVALID_ARG);
+    /* the codecs: none given = one "codec", K/V as captured (NULL); "none" names that one among others */
+    kvs_codec *codecs[MAX_CODECS] = {NULL};
+    int n_codecs = 1;
+    if (n_codec_specs) {
+        n_codecs = 0;
+        for (int i = 0; i < n_codec_specs; i++) {
+            kvs_codec *c = NULL;
+            if (strcmp(codec_specs[i], "none") && kvs_codec_parse(codec_specs[i], &c) != KVS_OK) {
+                for (int j = 0; j < n_codecs; j++) kvs_codec_free(codecs[j]);
+                kvs_cli_fail("replay", KVS_ERR_INVALID_ARG); /* the codec's message; a bad value, exit 1 */
+                return KVS_EXIT_FAIL;
+            }
+            int dup = 0; /* the same codec spelt twice runs once */
+            for (int j = 0; j < n_codecs && !dup; j++)
+                dup = (!c && !codecs[j]) || (c && codecs[j] && !strcmp(kvs_codec_spec(c), kvs_codec_spec(codecs[j])));
+            if (dup) {
+                fprintf(stderr, "kvsim replay: warning: --codec %s given more than once: run once\n",
+                        c ? kvs_codec_spec(c) : "none");
+                kvs_codec_free(c);
+                continue;
+            }
+            codecs[n_codecs++] = c;
+        }
+    }
     /* parameters naming a results database (SyncKV's clusters) are loaded here: policies never open one */
     void *inputs = NULL;
     kvs_status rst = kvs_results_resolve_policy_inputs(cfgs, n_specs, &inputs);
-    if (rst != KVS_OK) return kvs_cli_fail("replay", rst);
+    if (rst != KVS_OK) {
+        for (int k = 0; k < n_codecs; k++) kvs_codec_free(codecs[k]);
+        return kvs_cli_fail("replay", rst);
+    }
 
     int rc = KVS_EXIT_FAIL;
+    const kvs_codec **run_codec = NULL, **valid_codec = NULL; /* [n_runs] / [n_valid] each run's codec */
+    char (*codec_options)[96 + KVS_CODEC_SPEC_MAX] = NULL;
     kvs_trace *tr = NULL;
     kvs_results_db *db = NULL;
     kvs_replay_result *res = NULL;
@@ -255,8 +299,10 @@ int kvs_cmd_replay(int argc, char **argv) {
         rc = kvs_cli_fail("replay", st);
         goto cleanup;
     }
-    runs = calloc((size_t)n_specs * (size_t)n_budgets, sizeof *runs);
-    if (!runs) {
+    runs = calloc((size_t)n_specs * (size_t)n_codecs * (size_t)n_budgets, sizeof *runs);
+    run_codec = calloc((size_t)n_specs * (size_t)n_codecs * (size_t)n_budgets, sizeof *run_codec);
+    valid_codec = calloc((size_t)n_specs * (size_t)n_codecs * (size_t)n_budgets, sizeof *valid_codec);
+    if (!runs || !run_codec || !valid_codec) {
         rc = kvs_cli_fail("replay", kvs_fail(KVS_ERR_NOMEM, "out of memory"));
         goto cleanup;
     }
@@ -267,8 +313,12 @@ int kvs_cmd_replay(int argc, char **argv) {
     n_budgets = dedup_budgets(budget_text, budgets, fractions, n_budgets);
     n_specs = dedup_specs(cfgs, n_specs);
     for (int i = 0; i < n_specs; i++)
-        for (int b = 0; b < n_budgets; b++)
-            runs[n_runs++] = (kvs_replay_config){.policy = cfgs[i], .budget = budgets[b], .budget_fraction = fractions[b]};
+        for (int k = 0; k < n_codecs; k++)
+            for (int b = 0; b < n_budgets; b++) {
+                run_codec[n_runs] = codecs[k];
+                runs[n_runs++] = (kvs_replay_config){.policy = cfgs[i], .budget = budgets[b],
+                                                     .budget_fraction = fractions[b]};
+            }
     kvs_replay_source src;
     if ((st = kvs_replay_source_from_trace(tr, &src)) != KVS_OK) {
         rc = kvs_cli_fail("replay", st);
@@ -291,9 +341,11 @@ int kvs_cmd_replay(int argc, char **argv) {
         kvs_replay_opts one = opts;
         one.configs = &runs[i];
         one.n_configs = 1;
+        one.codecs = &run_codec[i];
         st = kvs_replay_validate(&src, &one);
         if (st == KVS_OK) {
             valid_of[i] = n_valid;
+            valid_codec[n_valid] = run_codec[i];
             valid[n_valid++] = runs[i];
             continue;
         }
@@ -352,6 +404,7 @@ int kvs_cmd_replay(int argc, char **argv) {
     replay_progress prog = {.start = kvs_now_s()};
     opts.configs = valid;
     opts.n_configs = n_valid;
+    opts.codecs = valid_codec;
     opts.progress = (progress == 1 || (progress < 0 && isatty(STDERR_FILENO))) ? show_progress : NULL;
     opts.progress_user = &prog;
     opts.cancel = &stop_requested;
@@ -392,6 +445,16 @@ int kvs_cmd_replay(int argc, char **argv) {
     char run_options[96];
     snprintf(run_options, sizeof run_options, "kv_bytes=%d,aux_bytes=%d,series_every=%lld", (int)src.model.kv_bytes,
              (int)src.model.aux_bytes, (long long)series_every);
+    /* with a codec, its spec ends the options (the last key: its value has commas), so that kvsim merge and sweep
+     * resumption tell its runs apart; a run without one keeps the options of before */
+    codec_options = calloc((size_t)n_codecs, sizeof *codec_options);
+    if (!codec_options) {
+        rc = kvs_cli_fail("replay", kvs_fail(KVS_ERR_NOMEM, "out of memory"));
+        goto cleanup;
+    }
+    for (int k = 0; k < n_codecs; k++)
+        snprintf(codec_options[k], sizeof codec_options[k], "%s%s%s", run_options, codecs[k] ? ",codec=" : "",
+                 codecs[k] ? kvs_codec_spec(codecs[k]) : "");
     /* A signal that arrives once the engine has finished stops the writing: the runs already stored stay
      * complete (their numbers are whole), every run not yet stored is recorded as failed (interrupted). */
     int n_stored_before_stop = -1;
@@ -403,6 +466,9 @@ int kvs_cmd_replay(int argc, char **argv) {
         }
         const kvs_replay_config *c = &runs[i];
         const kvs_replay_run_result *r = valid_of[i] >= 0 && res ? &res->runs[valid_of[i]] : NULL;
+        const kvs_codec *codec = run_codec[i];
+        int ck = 0;
+        while (ck + 1 < n_codecs && codecs[ck] != codec) ck++;
         const char *error = valid_of[i] < 0 ? reasons[i] : exec_err[0] ? exec_err : r && r->status != KVS_OK ? r->error : NULL;
         int ok = error == NULL;
         kvs_results_run run = {
@@ -414,7 +480,8 @@ int kvs_cmd_replay(int argc, char **argv) {
                                                                              : "every_step",
             .layout = kvs_policy_layout(&c->policy) == KVS_SEL_PER_QUERY_HEAD ? "per_query_head" : "per_kv_head",
             .notes = notes[i][0] ? notes[i] : NULL, .status = ok ? "complete" : "failed", .error = error,
-            .wall_seconds = r ? r->wall_seconds : 0, .kvsim_version = KVSIM_VERSION_STRING, .options = run_options,
+            .wall_seconds = r ? r->wall_seconds : 0, .kvsim_version = KVSIM_VERSION_STRING, .options = codec_options[ck],
+            .codec = codec ? kvs_codec_spec(codec) : NULL,
         };
         st = kvs_results_write_run(db, &rt, &run, ok ? r->layer_aggs : NULL, ok ? r->n_layers : 0, ok ? &r->run_agg : NULL,
                                    ok ? r->steps : NULL, ok ? r->n_steps : 0, &run_ids[i]);
@@ -425,8 +492,9 @@ int kvs_cmd_replay(int argc, char **argv) {
         if (!ok) {
             n_failed++;
             if (!exec_err[0] || valid_of[i] < 0)
-                fprintf(stderr, "kvsim replay: run %s%s%s budget %lld failed: %s\n", c->policy.ops->name,
-                        c->policy.canonical[0] ? ":" : "", c->policy.canonical, (long long)c->budget, error);
+                fprintf(stderr, "kvsim replay: run %s%s%s%s%s budget %lld failed: %s\n", c->policy.ops->name,
+                        c->policy.canonical[0] ? ":" : "", c->policy.canonical, codec ? " codec " : "",
+                        codec ? kvs_codec_spec(codec) : "", (long long)c->budget, error);
         }
     }
     /* The summary is what the database now holds, in the one table layout of `kvsim runs`. */
@@ -448,11 +516,15 @@ int kvs_cmd_replay(int argc, char **argv) {
     rc = n_failed || stop_requested ? KVS_EXIT_FAIL : KVS_EXIT_OK;
     if (kvs_cli_finish_stdout("replay") != KVS_EXIT_OK) rc = KVS_EXIT_FAIL;
 cleanup:
+    for (int k = 0; k < n_codecs; k++) kvs_codec_free(codecs[k]);
+    free(codec_options);
     kvs_results_policy_inputs_free(inputs);
     kvs_replay_result_free(res);
     kvs_results_close(db);
     kvs_trace_close(tr);
     free(runs);
+    free((void *)run_codec);
+    free((void *)valid_codec);
     free(valid);
     free(valid_of);
     free(reasons);

@@ -40,7 +40,8 @@ static void usage(FILE *f) {
             "the mean and peak attended tokens, the mean and peak resident bytes per KV head (storage_bytes mean,\n"
             "max), the bytes read per step (traffic_bytes mean), the output error (mean, p95) and the attention\n"
             "recall; flags: O oracle, P prompt-only budget (generated tokens all kept), F failed, N a note about a\n"
-            "degenerate configuration (kvsim replay warned about it; the note follows the params).\n"
+            "degenerate configuration (kvsim replay warned about it; the note follows the params). A run with a codec\n"
+            "(kvsim replay --codec) has its canonical spec in brackets after the params (JSON: \"codec\").\n"
             "  --csv         one row per (run, layer), leading columns:\n"
             "                policy,params,budget_tokens,layer,out_err_mean,out_err_p95,out_err_max,\n"
             "                attn_recall_mean,topk_overlap_mean,storage_bytes_max,traffic_bytes_per_step_mean\n"
@@ -183,6 +184,7 @@ static void print_json_run(FILE *o, const kvs_results_run_row *w, int with_layer
     json_key_string(o, "kvsim_version", w->kvsim_version);
     json_key_string(o, "created_at", w->created_at);
     json_key_string(o, "options", w->options);
+    json_key_string(o, "codec", w->codec);
     fprintf(o, ",\"metrics\":");
     if (w->has_agg) json_metrics(o, &w->agg);
     else fputs("null", o);
@@ -239,6 +241,7 @@ void kvs_cli_print_runs_table(FILE *o, const kvs_results_run_row *rows, int64_t 
                 cell(a, KVS_M_OUT_ERR, KVS_STAT_MEAN, 'g', b[5], 48), cell(a, KVS_M_OUT_ERR, KVS_STAT_P95, 'g', b[6], 48),
                 cell(a, KVS_M_ATTN_RECALL, KVS_STAT_MEAN, 'f', b[7], 48), flags, tl,
                 w->params[0] ? w->params : "-");
+        if (w->codec) fprintf(o, " [%s]", w->codec); /* as kvs_results_run_label names the run */
         if (w->notes) fprintf(o, "  note: %s", w->notes);
         if (w->error) fprintf(o, "  error: %s", w->error);
         fputc('\n', o);

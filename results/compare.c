@@ -83,6 +83,9 @@ kvs_status kvs_compare_column_parse(const char *name, kvs_compare_column *out) {
     return KVS_OK;
 }
 
+/* The run's codec spec, "" for K/V as captured: part of every series' and group's key. */
+static const char *nz_codec(const kvs_results_run_row *w) { return w->codec ? w->codec : ""; }
+
 /* The trace a run measured: its content hash when recorded (one file through any path spelling), else its row. */
 static int same_trace(const kvs_results_run_row *a, const kvs_results_run_row *b) {
     if (a->trace_sha256 && b->trace_sha256) return !strcmp(a->trace_sha256, b->trace_sha256);
@@ -98,7 +101,7 @@ static void run_bytes(const kvs_results_run_row *w, int *kv, int *aux) {
 /* Same configuration on the same positions of the same trace: the series key without the bytes. */
 static int same_but_bytes(const kvs_results_run_row *a, const kvs_results_run_row *b) {
     return !strcmp(a->policy, b->policy) && !strcmp(a->params, b->params) && same_trace(a, b) &&
-           !strcmp(a->measure, b->measure);
+           !strcmp(a->measure, b->measure) && !strcmp(nz_codec(a), nz_codec(b));
 }
 
 static double run_x(const kvs_results_run_row *w, kvs_compare_match mode, kvs_stat_kind x_stat) {
@@ -248,8 +251,9 @@ static void label_series(keyed_series *ks, size_t n) {
             snprintf(bytes, sizeof bytes, " [kv_bytes=%d,aux_bytes=%d]", s->kv_bytes, s->aux_bytes);
         else if (s->bytes_in_label)
             snprintf(bytes, sizeof bytes, " [bytes not recorded]");
-        snprintf(s->label, sizeof s->label, "%s%s%s%s%s%s", s->rep->policy, s->rep->params[0] ? " (" : "",
-                 s->rep->params, s->rep->params[0] ? ")" : "", bytes, s->is_oracle ? " (oracle)" : "");
+        kvs_results_run_label(s->rep, s->label, sizeof s->label);
+        size_t used = strlen(s->label);
+        snprintf(s->label + used, sizeof s->label - used, "%s%s", bytes, s->is_oracle ? " (oracle)" : "");
         kvs_results_trace_label(s->rep, s->trace_label, sizeof s->trace_label);
     }
     /* two different traces that read the same (base names without a recorded hash): the traces row tells them apart */
@@ -397,7 +401,7 @@ static int same_set(const kvs_compare_series *a, const kvs_compare_series *b) {
 /* One configuration: the series key without the trace, the model in its place. */
 static int same_group(const kvs_compare_series *a, const kvs_compare_series *b) {
     return same_set(a, b) && !strcmp(a->rep->policy, b->rep->policy) && !strcmp(a->rep->params, b->rep->params) &&
-           a->kv_bytes == b->kv_bytes && a->aux_bytes == b->aux_bytes;
+           a->kv_bytes == b->kv_bytes && a->aux_bytes == b->aux_bytes && !strcmp(nz_codec(a->rep), nz_codec(b->rep));
 }
 
 /* FNV-1a, 64 bits, streamed over the pieces of an identity string (common/kvs_rng.h). */
@@ -430,7 +434,9 @@ static uint64_t fnv_group_key(uint64_t h, const kvs_compare_group *g) {
     h = fnv_str(h, s->rep->policy);
     h = fnv_str(h, "|");
     h = fnv_str(h, s->rep->params);
-    return fnv_fmt(h, "|%s|%d|%d|%s", s->rep->measure, s->kv_bytes, s->aux_bytes, nz(s->rep->model));
+    h = fnv_fmt(h, "|%s|%d|%d|%s", s->rep->measure, s->kv_bytes, s->aux_bytes, nz(s->rep->model));
+    /* a codec joins the key only when set: the groups of before keep their seeds */
+    return s->rep->codec && s->rep->codec[0] ? fnv_fmt(h, "|codec=%s", s->rep->codec) : h;
 }
 
 /* The head of every seed string: "<match>|<x name>|<X>|<column>|". */

@@ -170,7 +170,8 @@ static void sb_runs_ddl(sbuf *b, const char *name, int if_not_exists) {
               "  budget_scope TEXT CHECK (budget_scope IN ('every_step', 'prompt', 'none')),\n"
               "  layout TEXT CHECK (layout IN ('per_kv_head', 'per_query_head')),\n"
               "  notes TEXT,\n"
-              "  options TEXT\n"
+              "  options TEXT,\n"
+              "  codec TEXT\n"
               ");\n",
               if_not_exists ? "IF NOT EXISTS " : "", name);
 }
@@ -417,6 +418,9 @@ static void sb_missing_columns(sbuf *sql, const kvs_results_db *r) {
      * budget_scope) is rebuilt by the migration with it */
     if (has_col(r, T_RUNS, "budget_scope") && !has_col(r, T_RUNS, "options"))
         sb_printf(sql, "ALTER TABLE runs ADD COLUMN options TEXT;\n");
+    /* runs.codec (the representation stage's canonical spec, NULL = K/V as captured) came later still */
+    if (has_col(r, T_RUNS, "budget_scope") && !has_col(r, T_RUNS, "codec"))
+        sb_printf(sql, "ALTER TABLE runs ADD COLUMN codec TEXT;\n");
     for (int m = 0; m < KVS_N_METRICS; m++)
         if (!has_col(r, T_STEPS, kvs_metric_table[m].name))
             sb_printf(sql, "ALTER TABLE steps ADD COLUMN %s %s;\n", kvs_metric_table[m].name, step_col_type(m));
@@ -1082,8 +1086,8 @@ kvs_status kvs_results_write_run(kvs_results_db *r, const kvs_results_trace *tra
     KVS_TRY(rc = find_or_insert_trace(r, trace, &trace_id));
 
     KVS_TRY(rc = prepare(r, "INSERT INTO runs (trace_id, policy, params, budget_tokens, budget_fraction, is_oracle, "
-                            "measure, status, error, wall_seconds, kvsim_version, budget_scope, layout, notes, options) "
-                            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                            "measure, status, error, wall_seconds, kvsim_version, budget_scope, layout, notes, options, codec) "
+                            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
                          &ins_run, "cannot prepare run insert"));
     sqlite3_bind_int64(ins_run, 1, trace_id);
     sqlite3_bind_text(ins_run, 2, run->policy, -1, SQLITE_STATIC);
@@ -1102,6 +1106,7 @@ kvs_status kvs_results_write_run(kvs_results_db *r, const kvs_results_trace *tra
     sqlite3_bind_text(ins_run, 13, run->layout ? run->layout : "per_kv_head", -1, SQLITE_STATIC);
     bind_text_or_null(ins_run, 14, run->notes);
     bind_text_or_null(ins_run, 15, run->options);
+    bind_text_or_null(ins_run, 16, run->codec && run->codec[0] ? run->codec : NULL);
     KVS_TRY(rc = step_done(r, ins_run, "cannot insert the run row"));
     id = sqlite3_last_insert_rowid(r->db);
 
@@ -1269,7 +1274,7 @@ char *kvs_results_col_dup(sqlite3_stmt *st, int i, int *oom) {
 static void row_free_strings(kvs_results_run_row *w) {
     char *strs[] = {w->trace_path, w->model,   w->dtype,  w->policy, w->params,        w->measure,    w->budget_scope,
                     w->layout,     w->notes,   w->status, w->error,  w->kvsim_version, w->created_at,
-                    w->options,    w->trace_sha256};
+                    w->options,    w->trace_sha256, w->codec};
     for (size_t i = 0; i < sizeof strs / sizeof strs[0]; i++) free(strs[i]);
     free(w->layer_aggs);
 }
@@ -1325,6 +1330,7 @@ kvs_status kvs_results_query_runs(kvs_results_db *r, const kvs_results_filter *f
     sb_col(&sql, r, T_RUNS, "r", "notes");
     sb_printf(&sql, ", r.status, r.error, r.wall_seconds, r.kvsim_version, r.created_at");
     sb_col(&sql, r, T_RUNS, "r", "options");
+    sb_col(&sql, r, T_RUNS, "r", "codec");
     /* The trace's content hash lives in the sweep family's table, which a database that never saw a replay or
      * sweep recording it does not have: then the hash reads as not recorded. */
     int has_sha = kvs_results_table_exists(r, "sweep_traces");
@@ -1342,7 +1348,7 @@ kvs_status kvs_results_query_runs(kvs_results_db *r, const kvs_results_filter *f
                     "OR (?8 IS NOT NULL AND %s = ?8)) "
                     "AND (?6 IS NULL OR t.model = ?6) AND (?7 IS NULL OR r.measure = ?7) ORDER BY r.id",
               has_sha ? " LEFT JOIN sweep_traces h ON h.trace_id = r.trace_id" : "", has_sha ? "h.sha256" : "NULL");
-    enum { C_OPTIONS = 26, C_SHA = 27, C_HAS_AGG = 28, C_AGG = 29 }; /* columns of the select list above */
+    enum { C_OPTIONS = 26, C_CODEC = 27, C_SHA = 28, C_HAS_AGG = 29, C_AGG = 30 }; /* columns of the select list above */
     if (f->with_layers) {
         sb_printf(&lsql, "SELECT l.layer");
         sb_agg_cols(&lsql, r, T_RUN_LAYERS, "l");
@@ -1403,6 +1409,7 @@ kvs_status kvs_results_query_runs(kvs_results_db *r, const kvs_results_filter *f
         w->kvsim_version = col_dup(st, 24, &oom);
         w->created_at = col_dup(st, 25, &oom);
         w->options = col_dup(st, C_OPTIONS, &oom);
+        w->codec = col_dup(st, C_CODEC, &oom);
         w->trace_sha256 = col_dup(st, C_SHA, &oom);
         w->has_agg = sqlite3_column_int(st, C_HAS_AGG) ? 1 : 0;
         if (w->has_agg) read_agg(st, C_AGG, -1, &w->agg);
@@ -1612,6 +1619,13 @@ kvs_status kvs_results_exec(kvs_results_db *r, const char *sql, const char *what
 
 kvs_status kvs_results_prepare(kvs_results_db *r, const char *sql, sqlite3_stmt **st, const char *what) {
     return prepare(r, sql, st, what);
+}
+
+void kvs_results_run_label(const kvs_results_run_row *r, char *buf, size_t cap) {
+    if (!cap) return;
+    const char *params = r->params ? r->params : "", *codec = r->codec ? r->codec : "";
+    snprintf(buf, cap, "%s%s%s%s%s%s%s", r->policy ? r->policy : "?", params[0] ? " (" : "", params,
+             params[0] ? ")" : "", codec[0] ? " [" : "", codec, codec[0] ? "]" : "");
 }
 
 int kvs_results_has_column(kvs_results_db *r, const char *table, const char *col, const char *what) {

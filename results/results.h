@@ -91,6 +91,8 @@ typedef struct {
     const char *options;       /* the replay options besides the budget and measure that change its numbers, as
                                 * "kv_bytes=2,aux_bytes=4,series_every=0" (the effective values); part of the run's
                                 * identity for kvsim merge and sweep resumption; NULL = not recorded */
+    const char *codec;         /* the representation stage's canonical spec (sim/codec.h), NULL or "" = K/V as
+                                * captured (stored as NULL) */
 } kvs_results_run;
 
 /*! kvs_results_write_run() : writes the trace row (if new) and its turns (trace->turns, when given and not
@@ -151,6 +153,7 @@ typedef struct {
     char *kvsim_version, *created_at;
     char *options;           /* runs.options, "kv_bytes=2,aux_bytes=4,series_every=0" (the replay options that change
                               * a run's numbers); NULL = not recorded (older databases). kvs_results_run_bytes parses it */
+    char *codec;             /* runs.codec: the codec's canonical spec; NULL = K/V as captured (or an older database) */
     char *trace_sha256;      /* the trace file's content hash, 64 lowercase hex digits (table sweep_traces, recorded by
                               * replay and sweep); NULL = not recorded (older databases, or no sweep_traces table).
                               * Runs of one trace through two path spellings have two trace_ids and one trace_sha256 */
@@ -173,6 +176,11 @@ void kvs_results_run_rows_free(kvs_results_run_row *rows, int64_t n);
  *  when not. Costs a walk of those tables' pages. `kvsim runs` calls it so that a damaged database is an error,
  *  never a listing of what could still be read. */
 kvs_status kvs_results_check_runs(kvs_results_db *db);
+
+/*! kvs_results_run_label() : the one name of a run's configuration in every output that names runs (compare, plot,
+ *  report, runs): "policy (params) [codec]", e.g. "window [int:bits=4,group=32,k_axis=token,v_axis=channel]" (no
+ *  parentheses without params, no brackets without a codec). Into buf (cap bytes, always NUL-terminated). */
+void kvs_results_run_label(const kvs_results_run_row *r, char *buf, size_t cap);
 
 /*! kvs_results_trace_label() : a run's trace as people read it, into buf (cap bytes, always NUL-terminated when
  *  cap > 0, truncated to fit): "<model>@<first 8 hex digits of trace_sha256>" (e.g. "stories260K@3f2a9c01") when

@@ -407,3 +407,143 @@ void kvs_host_metrics(const kvs_policy_model *m, int64_t p, int64_t n, const kvs
     v[KVS_M_D2H] = cost->d2h_bytes;
     v[KVS_M_COMPRESSION] = storage > 0 ? full_bytes / storage : 0.0;
 }
+
+/* ------------------------------------------------------------------------------------------------
+ * The representation stage
+ * ---------------------------------------------------------------------------------------------- */
+
+struct kvs_host_rep {
+    const kvs_codec *c;
+    int H;
+    int64_t N, P, d;
+    int active;               /* past the first prompt: the states hold the rows */
+    kvs_codec_state **st;     /* [H] */
+    int32_t *stored;          /* [N + 1] a policy's stored() answer */
+    int64_t *pos;             /* [N] a resident set for kvs_codec_state_bytes */
+    uint32_t *mark;           /* [N] == stamp: in the set being built */
+    uint32_t stamp;
+};
+
+kvs_status kvs_host_rep_create(const kvs_codec *c, const kvs_policy_model *m, kvs_host_rep **out) {
+    *out = NULL;
+    if (!c || m->n_kv_heads < 1 || m->n_positions < 1)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "host: bad representation stage");
+    kvs_host_rep *r = calloc(1, sizeof *r);
+    if (!r) return kvs_fail(KVS_ERR_NOMEM, "host: out of memory");
+    r->c = c, r->H = m->n_kv_heads, r->N = m->n_positions, r->d = m->head_dim;
+    r->P = m->prompt_len < 0 ? 0 : m->prompt_len > m->n_positions ? m->n_positions : m->prompt_len;
+    size_t N = (size_t)r->N;
+    r->st = calloc((size_t)r->H, sizeof *r->st);
+    r->stored = malloc((N + 1) * sizeof *r->stored);
+    r->pos = malloc(N * sizeof *r->pos);
+    r->mark = calloc(N, sizeof *r->mark);
+    if (!r->st || !r->stored || !r->pos || !r->mark) {
+        kvs_host_rep_free(r);
+        return kvs_fail(KVS_ERR_NOMEM, "host: out of memory for the codec's scratch");
+    }
+    for (int h = 0; h < r->H; h++) {
+        kvs_status st = kvs_codec_state_create(c, m->head_dim, m->n_positions, &r->st[h]);
+        if (st != KVS_OK) {
+            kvs_host_rep_free(r);
+            return st;
+        }
+    }
+    *out = r;
+    return KVS_OK;
+}
+
+void kvs_host_rep_free(kvs_host_rep *r) {
+    if (!r) return;
+    if (r->st)
+        for (int h = 0; h < r->H; h++) kvs_codec_state_free(r->st[h]);
+    free(r->st);
+    free(r->stored);
+    free(r->pos);
+    free(r->mark);
+    free(r);
+}
+
+kvs_status kvs_host_rep_sync(kvs_host_rep *r, const float *const *k, const float *const *v, int64_t n) {
+    kvs_status st;
+    if (n <= r->P) return KVS_OK;
+    if (!r->active) {
+        for (int h = 0; h < r->H; h++)
+            if ((st = kvs_codec_state_prefill(r->st[h], k[h], v[h], r->P)) != KVS_OK) return st;
+        if ((st = kvs_codec_share_scale(r->st, r->H)) != KVS_OK) return st;
+        r->active = 1;
+    }
+    for (int h = 0; h < r->H; h++)
+        if ((st = kvs_codec_state_advance(r->st[h], k[h], v[h], n)) != KVS_OK) return st;
+    return KVS_OK;
+}
+
+int kvs_host_rep_active(const kvs_host_rep *r) { return r && r->active; }
+
+const float *kvs_host_rep_rows(const kvs_host_rep *r, int h, kvs_codec_tensor t, const float *captured) {
+    return r && r->active ? kvs_codec_state_rows(r->st[h], t) : captured;
+}
+
+/* The bytes of the positions pos[0..m) of head h, plus the head's share of what the codec holds once a layer. */
+static kvs_status rep_bytes(kvs_host_rep *r, int h, int64_t m, double *bytes) {
+    kvs_codec_bytes b;
+    kvs_status st = kvs_codec_state_bytes(r->st[h], r->pos, m, &b);
+    if (st != KVS_OK) return st;
+    *bytes = b.total + kvs_codec_layer_bytes(r->c) / r->H;
+    return KVS_OK;
+}
+
+kvs_status kvs_host_rep_list_bytes(kvs_host_rep *r, int h, const int32_t *idx, int64_t n, double *bytes) {
+    if (!r->active) return kvs_fail(KVS_ERR_STATE, "host: codec bytes before the first decode step");
+    for (int64_t j = 0; j < n; j++) r->pos[j] = idx[j];
+    return rep_bytes(r, h, n, bytes);
+}
+
+kvs_status kvs_host_rep_cost(kvs_host_rep *r, int h, const struct kvs_policy_ops *ops, void *state,
+                             const kvs_policy_model *m, const kvs_policy_view *view, const kvs_policy_sel *sel,
+                             int64_t p, kvs_policy_cost *c) {
+    size_t N = (size_t)r->N;
+    double kv = 0, read = 0, x;
+    int64_t n_union = 0;
+    kvs_status st;
+    if (!r->active) return kvs_fail(KVS_ERR_STATE, "host: codec bytes before the first decode step");
+    memset(c, 0, sizeof *c);
+    uint32_t us = next_stamp(&r->stamp, r->mark, N);
+    /* the union first (one stamp), then each list's own resident set (a stamp each) */
+    for (int li = 0; li < sel->n_lists; li++) {
+        if (!ops->stored) break;
+        int64_t ms = ops->stored(state, li, r->stored);
+        for (int64_t j = 0; j < ms; j++)
+            if (r->mark[r->stored[j]] != us) r->mark[r->stored[j]] = us, r->pos[n_union++] = r->stored[j];
+        for (int64_t j = 0; j < sel->n[li]; j++)
+            if (r->mark[sel->idx[li][j]] != us) r->mark[sel->idx[li][j]] = us, r->pos[n_union++] = sel->idx[li][j];
+    }
+    if (!ops->stored) { /* every position seen, stored once */
+        for (int64_t j = 0; j <= p; j++) r->pos[j] = j;
+        n_union = p + 1;
+    }
+    if ((st = rep_bytes(r, h, n_union, &x)) != KVS_OK) return st;
+    c->dedup_kv_bytes = x;
+    for (int li = 0; li < sel->n_lists; li++) {
+        int64_t m_li = 0;
+        if (ops->stored) {
+            uint32_t ls = next_stamp(&r->stamp, r->mark, N);
+            int64_t ms = ops->stored(state, li, r->stored);
+            for (int64_t j = 0; j < ms; j++)
+                if (r->mark[r->stored[j]] != ls) r->mark[r->stored[j]] = ls, r->pos[m_li++] = r->stored[j];
+            for (int64_t j = 0; j < sel->n[li]; j++)
+                if (r->mark[sel->idx[li][j]] != ls) r->mark[sel->idx[li][j]] = ls, r->pos[m_li++] = sel->idx[li][j];
+            if ((st = rep_bytes(r, h, m_li, &x)) != KVS_OK) return st;
+        } else {
+            x = c->dedup_kv_bytes; /* each list holds every position seen */
+        }
+        kv += x;
+        if ((st = kvs_host_rep_list_bytes(r, h, sel->idx[li], sel->n[li], &x)) != KVS_OK) return st;
+        read += x;
+    }
+    c->kv_bytes = kv;
+    c->read_kv_bytes = read;
+    c->write_bytes = kvs_policy_kv_bytes(m, (double)sel->n_lists);
+    if (ops->account) ops->account(state, view, sel, c);
+    settle_cost(c);
+    return KVS_OK;
+}

@@ -15,6 +15,7 @@
 
 #include "../common/kvs.h"
 #include "../trace/trace.h"
+#include "codec.h"
 #include "metrics.h"
 #include "policy.h"
 
@@ -49,6 +50,58 @@ uint64_t kvs_host_instance_seed(uint64_t run_seed, int layer, int kv_head);
  *    kvs_host_check_sel hands to kvs_host_cost;
  *  - both reach the numbers only through the identity above, the rows a driver attends over, and the bytes per
  *    stored row that kvs_host_cost multiplies the counts by (today kvs_policy_kv_bytes: 2 x d x kv_bytes). */
+
+/* ---- the representation stage (a codec, sim/codec.h) --------------------------------------------------- */
+
+/* The rule every driver follows for a run with a codec (kvs_replay_config.codec; `kvsim replay --codec`):
+ *  - the first turn's prompt (positions < P = its length) is scored in full precision: the policy's prefill calls,
+ *    its allocation pass and any measured prompt position of turn 0 see the rows as captured, as a real system
+ *    computes prefill attention before it quantizes;
+ *  - from the first decode step on (and at every position of a later turn, whose prompt follows the decode rule),
+ *    at step n (the query is position n-1) the rows a policy's view carries, the attention over what it selected,
+ *    the probabilities it observes and therefore every metric use kvs_codec_state_rows() at n: dequantized below
+ *    the codec's q(n), as captured above it. The codec state reads only rows < n at step n (its contract), so the
+ *    codec adds no look-ahead;
+ *  - the reference the error is measured against, and the full attention behind recall and the top-k overlap,
+ *    stay the full-precision full-cache attention (an oracle policy's full_probs too);
+ *  - bytes: storage counts kvs_codec_state_bytes() of each list's resident set (stored() ∪ S_t; every position
+ *    seen for a policy without stored()), its union for the dedup count, the attended entries for the K/V read,
+ *    plus kvs_codec_layer_bytes() shared equally by the layer's KV heads; the new token's write and every
+ *    auxiliary count are the policy's as without a codec (kvs_host_rep_cost).
+ * One kvs_host_rep holds the codec state of every KV head of one layer for one codec; configurations with the same
+ * codec may share one (its rows do not depend on the policy: the codec represents every position as if nothing
+ * were evicted). */
+typedef struct kvs_host_rep kvs_host_rep;
+
+/*! kvs_host_rep_create() : the representation stage of one layer of model `m` (n_kv_heads states of up to
+ *  n_positions rows of head_dim; first prompt length m->prompt_len) under codec `c` (borrowed, must outlive it).
+ *  Caller frees with kvs_host_rep_free (accepts NULL). KVS_ERR_NOMEM, or the codec's KVS_ERR_INVALID_ARG. */
+kvs_status kvs_host_rep_create(const kvs_codec *c, const kvs_policy_model *m, kvs_host_rep **out);
+void kvs_host_rep_free(kvs_host_rep *r);
+
+/*! kvs_host_rep_sync() : brings the stage to step n: nothing while n <= P (the prompt is full precision);
+ *  otherwise, the first time, every KV head's prefill from rows 0..P-1 (and kvs_codec_share_scale), then every
+ *  head advanced to n. k[h], v[h] = KV head h's history rows (at least n of them; only rows < n are read). n never
+ *  goes back. The codec's error (a non-finite row: KVS_ERR_RANGE) otherwise. */
+kvs_status kvs_host_rep_sync(kvs_host_rep *r, const float *const *k, const float *const *v, int64_t n);
+
+/*! kvs_host_rep_active() : 1 once the stage is past the first prompt (its rows are the codec's). */
+int kvs_host_rep_active(const kvs_host_rep *r);
+
+/*! kvs_host_rep_rows() : KV head h's rows [n][d] of K or V at the current step: the codec's when active, else
+ *  `captured` (the driver's own history). Valid until the next sync. */
+const float *kvs_host_rep_rows(const kvs_host_rep *r, int h, kvs_codec_tensor t, const float *captured);
+
+/*! kvs_host_rep_list_bytes() : *bytes = the codec's bytes of the positions idx[0..n) (distinct, < the current
+ *  step) of KV head h, plus its share of kvs_codec_layer_bytes. KVS_ERR_STATE when the stage is not active. */
+kvs_status kvs_host_rep_list_bytes(kvs_host_rep *r, int h, const int32_t *idx, int64_t n, double *bytes);
+
+/*! kvs_host_rep_cost() : kvs_host_cost of a decode step at position p of KV head h with the codec's bytes (the
+ *  rule above) in place of kv_slots x the row size; then the policy's account() and the settlement as there.
+ *  The stage must be active at step p + 1. */
+kvs_status kvs_host_rep_cost(kvs_host_rep *r, int h, const struct kvs_policy_ops *ops, void *state,
+                             const kvs_policy_model *m, const kvs_policy_view *view, const kvs_policy_sel *sel,
+                             int64_t p, kvs_policy_cost *cost);
 
 /* ---- allocation pass and instances --------------------------------------------------------------- */
 

@@ -201,6 +201,10 @@ typedef struct {
     kvs_policy_memo *memo;    /* scores shared by this task's configurations at one position (NULL = none) */
     kvs_policy_view *oviews;  /* [Hkv] the oracles' decode views (full_probs set), filled when the task has one */
     struct cfg_step *steps;   /* [nc] each configuration's decode step at the current KV head (decode_position) */
+    kvs_host_rep **rep;       /* [nc] the configuration's codec states (NULL: none), shared by the configurations of
+                               * one canonical spec: the first of them owns it (rep_owner) */
+    uint8_t *rep_owner;       /* [nc] */
+    kvs_policy_view *cviews;  /* [nc][Hkv] a codec configuration's views over the codec's rows (decode_position) */
     kvs_out_call **call_ptrs; /* [nc * kvs_out_calls_max(G)] the deferred output calls of one KV head */
 } task;
 
@@ -300,6 +304,12 @@ static void task_free(task *t) {
         }
     free(t->steps);
     free((void *)t->call_ptrs);
+    if (t->rep)
+        for (int ci = 0; ci < t->nc; ci++)
+            if (t->rep_owner[ci]) kvs_host_rep_free(t->rep[ci]);
+    free(t->rep);
+    free(t->rep_owner);
+    free(t->cviews);
 }
 
 /* 1 when the policies' attention over S_t takes its scores from the full reference's (kvs_attention_group_scored:
@@ -406,6 +416,22 @@ static kvs_status task_alloc(task *t) {
         t->hv[h] = t->hk[h] + N * d;
         t->qb[h] = malloc(mp * G * d * sizeof(float));
         if (!t->qb[h]) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory for the K/V history of layer %d", t->layer);
+    }
+    t->rep = calloc((size_t)t->nc, sizeof *t->rep);
+    t->rep_owner = calloc((size_t)t->nc, 1);
+    t->cviews = calloc((size_t)t->nc * H, sizeof *t->cviews);
+    if (!t->rep || !t->rep_owner || !t->cviews) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
+    for (int ci = 0; ci < t->nc; ci++) {
+        const kvs_codec *c = kvs_replay_codec_of(e->o, t->c_lo + ci);
+        if (!c) continue;
+        for (int cj = 0; cj < ci && !t->rep[ci]; cj++) {
+            const kvs_codec *o = kvs_replay_codec_of(e->o, t->c_lo + cj);
+            if (o && !strcmp(kvs_codec_spec(o), kvs_codec_spec(c))) t->rep[ci] = t->rep[cj];
+        }
+        if (t->rep[ci]) continue;
+        kvs_status rst = kvs_host_rep_create(c, &e->src->model, &t->rep[ci]);
+        if (rst != KVS_OK) return rst;
+        t->rep_owner[ci] = 1;
     }
     size_t max_calls = kvs_out_calls_max(G);
     t->steps = calloc((size_t)t->nc, sizeof *t->steps);
@@ -655,17 +681,17 @@ static int list_is_prefix(const task *t, const kvs_policy_sel *sel, int li, int 
 
 /* Attention of query q over list li of sel: through the trace rows, or (when the list holds merged slots)
  * over gathered rows, trace rows and policy rows in list order. */
-static void attend_list(task *t, int h, const float *q, const kvs_policy_sel *sel, int li, int has_merged, float *probs,
-                        float *out) {
+static void attend_list(task *t, const float *hk, const float *hv, const float *q, const kvs_policy_sel *sel, int li,
+                        int has_merged, float *probs, float *out) {
     engine *e = t->e;
     size_t d = (size_t)e->d;
     if (!has_merged) {
-        kvs_attention(q, t->hk[h], t->hv[h], d, sel->idx[li], (size_t)sel->n[li], d, e->src->model.scale, probs, out);
+        kvs_attention(q, hk, hv, d, sel->idx[li], (size_t)sel->n[li], d, e->src->model.scale, probs, out);
         return;
     }
     for (int64_t j = 0; j < sel->n[li]; j++) {
-        const float *kr = sel->row_k[li][j] ? sel->row_k[li][j] : t->hk[h] + (size_t)sel->idx[li][j] * d;
-        const float *vr = sel->row_v[li][j] ? sel->row_v[li][j] : t->hv[h] + (size_t)sel->idx[li][j] * d;
+        const float *kr = sel->row_k[li][j] ? sel->row_k[li][j] : hk + (size_t)sel->idx[li][j] * d;
+        const float *vr = sel->row_v[li][j] ? sel->row_v[li][j] : hv + (size_t)sel->idx[li][j] * d;
         memcpy(t->gk + (size_t)j * d, kr, d * sizeof(float));
         memcpy(t->gv + (size_t)j * d, vr, d * sizeof(float));
     }
@@ -713,10 +739,23 @@ static void decode_views(task *t, const kvs_trace_block *const *blk, int i, int6
             t->oviews[h].full_probs = t->cur_p + (size_t)h * (size_t)e->G * (size_t)e->N;
         }
     }
+    for (int ci = 0; ci < t->nc; ci++) {
+        if (!kvs_host_rep_active(t->rep[ci])) continue;
+        const kvs_policy_view *base = e->o->configs[t->c_lo + ci].policy.ops->is_oracle ? t->oviews : t->views;
+        for (int h = 0; h < e->Hkv; h++) {
+            kvs_policy_view *v = t->cviews + (size_t)ci * (size_t)e->Hkv + (size_t)h;
+            *v = base[h];
+            v->k = kvs_host_rep_rows(t->rep[ci], h, KVS_CODEC_K, t->hk[h]);
+            v->v = kvs_host_rep_rows(t->rep[ci], h, KVS_CODEC_V, t->hv[h]);
+            v->memo = NULL; /* the memo's entries are keyed for the captured rows */
+        }
+    }
 }
 
-static const kvs_policy_view *config_views(const task *t, const struct kvs_policy_ops *ops) {
-    return ops->is_oracle ? t->oviews : t->views;
+/* Configuration ci's decode view of KV head h: over the codec's rows when it has one past the first prompt. */
+static const kvs_policy_view *cfg_view(const task *t, int ci, const struct kvs_policy_ops *ops, int h) {
+    if (kvs_host_rep_active(t->rep[ci])) return t->cviews + (size_t)ci * (size_t)t->e->Hkv + (size_t)h;
+    return (ops->is_oracle ? t->oviews : t->views) + h;
 }
 
 /* A configuration's step at KV head h after its attention: the accounting, the metrics (measured steps) and
@@ -727,11 +766,14 @@ static kvs_status head_finish(task *t, int ci, int h, int64_t p, int measured, c
     engine *e = t->e;
     const struct kvs_policy_ops *ops = e->o->configs[t->c_lo + ci].policy.ops;
     void *state = config_states(t, ci)[h];
-    const kvs_policy_view *view = config_views(t, ops) + h;
+    const kvs_policy_view *view = cfg_view(t, ci, ops, h);
     kvs_status st = KVS_OK;
     kvs_policy_cost cost;
-    kvs_host_cost(ops, state, &e->src->model, view, sel, kv_slots, dedup, &cost);
-    if (measured)
+    if (kvs_host_rep_active(t->rep[ci]))
+        st = kvs_host_rep_cost(t->rep[ci], h, ops, state, &e->src->model, view, sel, p, &cost);
+    else
+        kvs_host_cost(ops, state, &e->src->model, view, sel, kv_slots, dedup, &cost);
+    if (st == KVS_OK && measured)
         st = measure_heads(t, ci, h, 0, e->G, p, sel->n_lists, (const int32_t *const *)sel->idx, sel->n, has_merged,
                            (const float *const *const *)sel->row_k, out, &cost, prefix);
     if (st == KVS_OK && ops->observe) st = ops->observe(state, view, sel, (const float *const *)probs);
@@ -814,7 +856,7 @@ static kvs_status head_select(task *t, int ci, int h, int64_t p, int measured) {
     const struct kvs_policy_ops *ops = e->o->configs[c].policy.ops;
     cfg_step *cs = &t->steps[ci];
     void *state = config_states(t, ci)[h];
-    const kvs_policy_view *view = config_views(t, ops) + h;
+    const kvs_policy_view *view = cfg_view(t, ci, ops, h);
     const float *q = view->q;
     kvs_policy_sel sel = {.idx = t->sel_idx, .n = t->sel_n, .cap = e->N, .row_k = t->row_k, .row_v = t->row_v};
     sel.n_lists = config_lists(t, ci);
@@ -837,6 +879,22 @@ static kvs_status head_select(task *t, int ci, int h, int64_t p, int measured) {
      * copies the reference; one list shared by the group is computed for all G heads at once (each key and value
      * row read once). */
     size_t d = (size_t)e->d, N = (size_t)e->N;
+    if (kvs_host_rep_active(t->rep[ci])) {
+        /* over the codec's rows: neither the reference's scores, its output nor the 16-bit history apply */
+        const float *hk = view->k, *hv = view->v;
+        if (sel.n_lists == 1 && !has_merged[0])
+            kvs_attention_group(q, (size_t)e->G, hk, hv, d, sel.idx[0], (size_t)sel.n[0], d, e->src->model.scale,
+                                t->pbuf, t->outp, NULL);
+        else if (sel.n_lists == e->G && !any_merged(has_merged, sel.n_lists))
+            kvs_attention_lists(q, (size_t)e->G, hk, hv, d, (const int32_t *const *)sel.idx, sel.n, N, d,
+                                e->src->model.scale, t->pbuf, t->outp, t->lists_f, t->lists_i);
+        else
+            for (int g = 0; g < e->G; g++) {
+                int li = sel.n_lists == 1 ? 0 : g;
+                attend_list(t, hk, hv, q + (size_t)g * d, &sel, li, has_merged[li], t->pbuf[g], t->outp + (size_t)g * d);
+            }
+        return head_finish(t, ci, h, p, measured, &sel, t->pbuf, t->outp, has_merged, 0, kv_slots, dedup);
+    }
     int prefix = sel.n_lists == 1 && list_is_prefix(t, &sel, 0, has_merged[0], p);
     if (!prefix && t->cur_s && !any_merged(has_merged, sel.n_lists) && (sel.n_lists == 1 || sel.n_lists == e->G)) {
         if ((st = defer_scored(t, cs, h, p, &sel)) != KVS_OK) return st;
@@ -871,7 +929,8 @@ static kvs_status head_select(task *t, int ci, int h, int64_t p, int measured) {
     } else {
         for (int g = 0; g < e->G; g++) {
             int li = sel.n_lists == 1 ? 0 : g;
-            attend_list(t, h, q + (size_t)g * d, &sel, li, has_merged[li], t->pbuf[g], t->outp + (size_t)g * d);
+            attend_list(t, t->hk[h], t->hv[h], q + (size_t)g * d, &sel, li, has_merged[li], t->pbuf[g],
+                        t->outp + (size_t)g * d);
         }
     }
     return head_finish(t, ci, h, p, measured, &sel, t->pbuf, t->outp, has_merged, prefix, kv_slots, dedup);
@@ -1003,10 +1062,23 @@ static kvs_status prompt_measure(task *t, int ci, int64_t p, int64_t tk) {
         if (n_lists > 1) cost.dedup_kv_bytes = kvs_policy_kv_bytes(&e->src->model, (double)t->sel_n[0]);
         cost.transient_bytes = kvs_policy_kv_bytes(&e->src->model, (double)(be - 1 - p) * n_lists);
         cost.write_bytes = kvs_policy_kv_bytes(&e->src->model, (double)n_lists);
+        kvs_host_rep *rp = t->rep[ci];
+        if (kvs_host_rep_active(rp)) { /* a later turn's prompt: the codec's bytes */
+            double b = 0, x;
+            kvs_status st;
+            for (int li = 0; li < n_lists; li++) {
+                if ((st = kvs_host_rep_list_bytes(rp, h, t->sel_idx[li], t->sel_n[li], &x)) != KVS_OK) return st;
+                b += x;
+            }
+            cost.kv_bytes = cost.dedup_kv_bytes = cost.read_kv_bytes = b;
+            if (n_lists > 1) cost.dedup_kv_bytes = b / n_lists;
+        }
+        const float *hk = kvs_host_rep_rows(rp, h, KVS_CODEC_K, t->hk[h]);
+        const float *hv = kvs_host_rep_rows(rp, h, KVS_CODEC_V, t->hv[h]);
         const float *qrow = t->qb[h] + (size_t)(p - turn->begin) * Gd;
         for (int g = 0; g < e->G; g++) {
             int li = n_lists == 1 ? 0 : g;
-            kvs_attention(qrow + (size_t)g * (size_t)e->d, t->hk[h], t->hv[h], (size_t)e->d, t->sel_idx[li],
+            kvs_attention(qrow + (size_t)g * (size_t)e->d, hk, hv, (size_t)e->d, t->sel_idx[li],
                           (size_t)t->sel_n[li], (size_t)e->d, e->src->model.scale, t->pbuf[g], t->outp);
             kvs_status st = measure_heads(t, ci, h, g, 1, p, n_lists, (const int32_t *const *)t->sel_idx, t->sel_n,
                                           NULL, NULL, t->outp, &cost, 0);
@@ -1026,10 +1098,12 @@ static kvs_status prefill_block(task *t, int ci, int64_t tk, int64_t bb, int64_t
     for (int h = 0; h < e->Hkv; h++) {
         kvs_policy_view view = {
             .n = be, .group = e->G, .head_dim = e->d, .scale = e->src->model.scale,
-            .k = t->hk[h], .v = t->hv[h], .q = t->qb[h] + (size_t)(bb - turn->begin) * Gd, .q_first = bb,
+            .k = kvs_host_rep_rows(t->rep[ci], h, KVS_CODEC_K, t->hk[h]),
+            .v = kvs_host_rep_rows(t->rep[ci], h, KVS_CODEC_V, t->hv[h]),
+            .q = t->qb[h] + (size_t)(bb - turn->begin) * Gd, .q_first = bb,
             .n_q = be - bb, .turn_begin = turn->begin, .prompt_end = turn->prompt_end,
             .turn = (int32_t)tk, .full_probs = NULL, .block_begin = bb, .last_block = be == turn->prompt_end,
-            .memo = t->memo,
+            .memo = kvs_host_rep_active(t->rep[ci]) ? NULL : t->memo,
         };
         if ((st = ops->prefill(config_states(t, ci)[h], &view)) != KVS_OK) return st;
     }
@@ -1099,6 +1173,20 @@ static kvs_dtype history16_dtype(const engine *e) {
 #endif
     int want = e->o->kv16 ? e->o->kv16 > 0 : kvs_math_kv16_default();
     return want ? dt : KVS_DTYPE_F32;
+}
+
+/* Brings every codec of the task to step p + 1 (kvs_host_rep_sync: nothing within the first prompt): the rows the
+ * configurations with a codec attend over at position p. A codec's failure (a non-finite row) fails the
+ * configurations that use it. Its time is the configurations' own (charged with the reference's shared time). */
+static void sync_codecs(task *t, int64_t p) {
+    engine *e = t->e;
+    for (int ci = 0; ci < t->nc; ci++) {
+        if (!t->rep_owner[ci] || atomic_load(&e->cfg_failed[t->c_lo + ci])) continue;
+        kvs_status st = kvs_host_rep_sync(t->rep[ci], (const float *const *)t->hk, (const float *const *)t->hv, p + 1);
+        if (st != KVS_OK)
+            for (int cj = ci; cj < t->nc; cj++)
+                if (t->rep[cj] == t->rep[ci]) fail_config(e, t->c_lo + cj, t->layer, st);
+    }
 }
 
 static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c_hi) {
@@ -1191,6 +1279,7 @@ static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c
             }
             double shared = kvs_now_s() - t0;
             kvs_policy_memo_clear(t.memo); /* entries hold only this position's computations */
+            sync_codecs(&t, pos);
             int active = 0;
             for (int ci = 0; ci < t.nc; ci++) active += ran[ci] = !atomic_load(&e->cfg_failed[c_lo + ci]);
             double ranked0 = t.rank_seconds;
@@ -1495,7 +1584,8 @@ kvs_status kvs_replay_execute(const kvs_replay_source *src, const kvs_replay_opt
         atomic_init(&e.cfg_failed[c], 0);
         e.run_seed[c] = kvs_host_run_seed(
             &(kvs_host_identity){.content_hash = src->content_hash, .policy = &o->configs[c].policy,
-                                 .budget = o->configs[c].budget},
+                                 .budget = o->configs[c].budget,
+                                 .codec = kvs_replay_codec_of(o, c) ? kvs_codec_spec(kvs_replay_codec_of(o, c)) : NULL},
             &src->model);
     }
     for (int64_t i = 0; i < src->n_turns; i++) {

@@ -29,6 +29,7 @@
 
 #include "../common/kvs.h"
 #include "../trace/trace.h"
+#include "codec.h"
 #include "policy.h"
 #include "metrics.h"
 
@@ -122,7 +123,17 @@ typedef struct {
      * KiB of rows; > 0 = blocks of that many rows; -1 = no blocks, each configuration's output whole in turn (tests
      * compare). */
     int64_t out_block_rows;
+    /* The representation stage of each configuration (sim/codec.h), borrowed: codecs[c] for configs[c], NULL = K/V
+     * as captured; codecs NULL = none for any. The rule (sim/host.h "the representation stage"): the first prompt
+     * scored in full precision, every later step over the codec's rows, the reference full precision; the
+     * canonical spec enters the run's identity (kvs_host_identity.codec). */
+    const kvs_codec *const *codecs;
 } kvs_replay_opts;
+
+/*! kvs_replay_codec_of() : configuration c's codec, NULL for none. */
+static inline const kvs_codec *kvs_replay_codec_of(const kvs_replay_opts *o, int c) {
+    return o->codecs ? o->codecs[c] : NULL;
+}
 
 /* The outcome of one configuration. */
 typedef struct {

@@ -111,11 +111,14 @@ typedef struct {
     const kvs_replay_source *src;
     const kvs_replay_opts *o;
     const kvs_replay_config *rc;
+    const kvs_codec *codec;      /* the run's codec, NULL for none */
     int L, H, G, d, n_lists;
     int64_t N;
     const int64_t *budgets;      /* [L][H] */
     layer_data ld;
     void **states;               /* [H] this layer's instances */
+    kvs_host_rep *rep;           /* this layer's codec states (NULL without a codec) */
+    const float **hk, **hv;      /* [H] each KV head's history rows, for kvs_host_rep_sync */
     int32_t **idx;               /* [G][N] the selection's lists */
     int64_t *n;                  /* [G] */
     const float ***row_k, ***row_v; /* [G][N] merged-slot rows, all NULL between steps */
@@ -318,11 +321,22 @@ static kvs_status prompt_step(ref_run *r, int layer, int64_t p, int64_t bb, int6
         if (r->n_lists > 1) cost.dedup_kv_bytes = kvs_policy_kv_bytes(m, (double)r->n[0]);
         cost.transient_bytes = kvs_policy_kv_bytes(m, (double)(be - 1 - p) * r->n_lists);
         cost.write_bytes = kvs_policy_kv_bytes(m, (double)r->n_lists);
+        if (kvs_host_rep_active(r->rep)) { /* a later turn's prompt: the codec's bytes */
+            double b = 0, x;
+            kvs_status st;
+            for (int li = 0; li < r->n_lists; li++) {
+                if ((st = kvs_host_rep_list_bytes(r->rep, h, r->idx[li], r->n[li], &x)) != KVS_OK) return st;
+                b += x;
+            }
+            cost.kv_bytes = cost.dedup_kv_bytes = cost.read_kv_bytes = b;
+            if (r->n_lists > 1) cost.dedup_kv_bytes = b / r->n_lists;
+        }
+        const float *keys = kvs_host_rep_rows(r->rep, h, KVS_CODEC_K, r->ld.k + (size_t)h * N * d);
+        const float *vals = kvs_host_rep_rows(r->rep, h, KVS_CODEC_V, r->ld.v + (size_t)h * N * d);
         for (int g = 0; g < r->G; g++) {
             int li = r->n_lists == 1 ? 0 : g;
             const float *q = r->ld.q + (((size_t)h * N + (size_t)p) * G + (size_t)g) * d;
-            kvs_attention(q, r->ld.k + (size_t)h * N * d, r->ld.v + (size_t)h * N * d, d, r->idx[li], (size_t)r->n[li],
-                          d, m->scale, r->probs[g], r->out);
+            kvs_attention(q, keys, vals, d, r->idx[li], (size_t)r->n[li], d, m->scale, r->probs[g], r->out);
             kvs_status st = measure(r, layer, h, g, p, r->idx[li], NULL, r->n[li], r->out, &cost, measured_steps);
             if (st != KVS_OK) return st;
         }
@@ -339,7 +353,8 @@ static kvs_status prefill_call(ref_run *r, int64_t tk, int64_t bb, int64_t be) {
     for (int h = 0; h < r->H; h++) {
         kvs_policy_view view = {
             .n = be, .group = r->G, .head_dim = r->d, .scale = r->src->model.scale,
-            .k = r->ld.k + (size_t)h * N * d, .v = r->ld.v + (size_t)h * N * d,
+            .k = kvs_host_rep_rows(r->rep, h, KVS_CODEC_K, r->ld.k + (size_t)h * N * d),
+            .v = kvs_host_rep_rows(r->rep, h, KVS_CODEC_V, r->ld.v + (size_t)h * N * d),
             .q = r->ld.q + ((size_t)h * N + (size_t)bb) * G * d, .q_first = bb, .n_q = be - bb,
             .turn_begin = turn->begin, .prompt_end = turn->prompt_end, .turn = (int32_t)tk, .block_begin = bb,
             .last_block = be == turn->prompt_end,
@@ -362,7 +377,8 @@ static kvs_status decode_step(ref_run *r, int layer, int64_t p, int64_t tk, int 
         void *state = r->states[h];
         kvs_policy_view view = {
             .n = p + 1, .group = r->G, .head_dim = r->d, .scale = m->scale,
-            .k = r->ld.k + (size_t)h * N * d, .v = r->ld.v + (size_t)h * N * d,
+            .k = kvs_host_rep_rows(r->rep, h, KVS_CODEC_K, r->ld.k + (size_t)h * N * d),
+            .v = kvs_host_rep_rows(r->rep, h, KVS_CODEC_V, r->ld.v + (size_t)h * N * d),
             .q = r->ld.q + ((size_t)h * N + (size_t)p) * G * d, .q_first = p, .n_q = 1, .turn_begin = turn->begin,
             .prompt_end = turn->prompt_end, .turn = (int32_t)tk, .block_begin = p, .last_block = 1,
             .full_probs = ops->is_oracle ? r->fullp + (size_t)h * G * N : NULL,
@@ -392,7 +408,11 @@ static kvs_status decode_step(ref_run *r, int layer, int64_t p, int64_t tk, int 
             kvs_attention(q, keys, vals, d, idx, (size_t)sel.n[li], d, m->scale, r->probs[g], r->out + (size_t)g * d);
         }
         kvs_policy_cost cost;
-        kvs_host_cost(ops, state, m, &view, &sel, kv_slots, dedup, &cost);
+        if (r->rep) {
+            if ((st = kvs_host_rep_cost(r->rep, h, ops, state, m, &view, &sel, p, &cost)) != KVS_OK) return st;
+        } else {
+            kvs_host_cost(ops, state, m, &view, &sel, kv_slots, dedup, &cost);
+        }
         if (measured)
             for (int g = 0; g < r->G; g++) {
                 int li = r->n_lists == 1 ? 0 : g;
@@ -415,6 +435,13 @@ static kvs_status run_layer(ref_run *r, int layer, uint64_t run_seed, const void
     kvs_status st = layer_read(r->src, layer, 0, r->H, &r->ld);
     if (st != KVS_OK) return st;
     int64_t blk = 0;
+    kvs_host_rep_free(r->rep);
+    r->rep = NULL;
+    if (r->codec && (st = kvs_host_rep_create(r->codec, &r->src->model, &r->rep)) != KVS_OK) return st;
+    for (int h = 0; h < r->H; h++) {
+        r->hk[h] = r->ld.k + (size_t)h * (size_t)r->N * (size_t)r->d;
+        r->hv[h] = r->ld.v + (size_t)h * (size_t)r->N * (size_t)r->d;
+    }
     if ((st = kvs_host_create_layer(&rc->policy, &r->src->model, rc->budget, r->budgets + (size_t)layer * (size_t)r->H,
                                     run_seed, layer, shared, r->states, &blk)) != KVS_OK)
         return st;
@@ -426,12 +453,16 @@ static kvs_status run_layer(ref_run *r, int layer, uint64_t run_seed, const void
         kvs_replay_measure ms = r->o->measure;
         int measured = ms == KVS_MEASURE_ALL || (ms == KVS_MEASURE_PREFILL) == is_prompt;
         if (measured || (!is_prompt && rc->policy.ops->is_oracle)) full_attention(r, p);
+        /* the codec at step p + 1 (nothing within the first prompt) */
+        if (r->rep) st = kvs_host_rep_sync(r->rep, r->hk, r->hv, p + 1);
+        if (st != KVS_OK) break;
         if (is_prompt) {
             if (p == turn->begin) bb = p;
             int64_t be = blk > 0 && bb + blk < turn->prompt_end ? bb + blk : turn->prompt_end;
             if (measured) st = prompt_step(r, layer, p, bb, be, measured_steps);
             if (st == KVS_OK && p == be - 1) {
-                st = prefill_call(r, tk, bb, be);
+                if (r->rep) st = kvs_host_rep_sync(r->rep, r->hk, r->hv, be);
+                if (st == KVS_OK) st = prefill_call(r, tk, bb, be);
                 bb = be;
             }
         } else {
@@ -443,6 +474,8 @@ static kvs_status run_layer(ref_run *r, int layer, uint64_t run_seed, const void
                           (long long)p);
     }
     kvs_host_free_layer(&rc->policy, r->states, r->H);
+    kvs_host_rep_free(r->rep);
+    r->rep = NULL;
     return st;
 }
 
@@ -468,6 +501,9 @@ static void ref_run_free(ref_run *r) {
     free(r->mark);
     free(r->umark);
     free(r->states);
+    free((void *)r->hk);
+    free((void *)r->hv);
+    kvs_host_rep_free(r->rep);
     free(r->samples);
     free(r->layer_first);
     free(r->steps);
@@ -491,9 +527,12 @@ static kvs_status ref_run_alloc(ref_run *r) {
     r->mark = calloc(N, 1);
     r->umark = calloc(N, 1);
     r->states = calloc(H, sizeof *r->states);
+    r->hk = calloc(H, sizeof *r->hk);
+    r->hv = calloc(H, sizeof *r->hv);
     r->layer_first = calloc((size_t)r->L + 1, sizeof *r->layer_first);
     if (!r->idx || !r->n || !r->row_k || !r->row_v || !r->probs || !r->out || !r->gk || !r->gv || !r->fullp ||
-        !r->fullo || !r->stored || !r->order || !r->mark || !r->umark || !r->states || !r->layer_first)
+        !r->fullo || !r->stored || !r->order || !r->mark || !r->umark || !r->states || !r->hk || !r->hv ||
+        !r->layer_first)
         return kvs_fail(KVS_ERR_NOMEM, "reference replay: out of memory");
     for (size_t g = 0; g < G; g++) {
         r->idx[g] = malloc(N * sizeof(int32_t));
@@ -520,7 +559,7 @@ static kvs_status stat_of(const ref_run *r, int64_t first, int64_t last, int k, 
 /* Run c of the sweep, replayed alone into *res. A policy's failure is the run's status; other errors return. */
 static kvs_status run_config(const kvs_replay_source *src, const kvs_replay_opts *o, int c, kvs_replay_run_result *res) {
     const kvs_policy_model *m = &src->model;
-    ref_run r = {.src = src, .o = o, .rc = &o->configs[c], .L = m->n_layers, .H = m->n_kv_heads, .G = m->group,
+    ref_run r = {.src = src, .o = o, .rc = &o->configs[c], .codec = kvs_replay_codec_of(o, c), .L = m->n_layers, .H = m->n_kv_heads, .G = m->group,
                  .d = m->head_dim, .N = m->n_positions};
     r.n_lists = kvs_policy_layout(&r.rc->policy) == KVS_SEL_PER_QUERY_HEAD ? r.G : 1;
     size_t per = (size_t)r.L * (size_t)r.H;
@@ -535,7 +574,9 @@ static kvs_status run_config(const kvs_replay_source *src, const kvs_replay_opts
     if (st != KVS_OK) goto done;
     r.budgets = res->budgets;
     uint64_t run_seed = kvs_host_run_seed(
-        &(kvs_host_identity){.content_hash = src->content_hash, .policy = &r.rc->policy, .budget = r.rc->budget}, m);
+        &(kvs_host_identity){.content_hash = src->content_hash, .policy = &r.rc->policy, .budget = r.rc->budget,
+                             .codec = r.codec ? kvs_codec_spec(r.codec) : NULL},
+        m);
     alloc_reader ar = {.src = src, .layer = -1};
     kvs_status pst = kvs_host_alloc_pass(&r.rc->policy, m, r.rc->budget, alloc_prompt_view, &ar, res->budgets, &alloc,
                                          &shared);

@@ -8,7 +8,8 @@
  * Inputs: a GENERATED two-turn trace (tests/util/gen_trace.h: seeded Gaussian q/k/v, not a model) in memory with
  * fp32 K/V, measured at every position (prompt measurement, chunked prefill, turns); the same kind of data written
  * as an fp16 trace file (the fast replay's 16-bit history); and the bundled trace examples/stories260K.kvt, real
- * decoding of the stories260K model captured by kvsim, measured at decode positions.
+ * decoding of the stories260K model captured by kvsim, measured at decode positions. The same comparison runs with
+ * codecs (the representation stage) on the generated two-turn trace and the bundled one.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -21,6 +22,7 @@
 
 #include <cmocka.h>
 
+#include "sim/codec.h"
 #include "sim/policy.h"
 #include "policies/registry.h"
 #include "sim/replay.h"
@@ -68,6 +70,9 @@ static void assert_stats_same(const char *what, const kvs_results_agg *a, const 
     }
 }
 
+static int compare_configs(const kvs_replay_source *src, const kvs_replay_config *cfg, char (*names)[128], int n,
+                           kvs_replay_measure measure, int64_t series_every, const kvs_codec *const *codecs);
+
 /* Replays every (spec, budget) pair that the policy accepts through both engines and compares them; @return the
  * number of runs compared that completed. */
 static int compare_engines(const kvs_replay_source *src, const int64_t *budgets, int n_budgets,
@@ -86,7 +91,14 @@ static int compare_engines(const kvs_replay_source *src, const int64_t *budgets,
             snprintf(names[n], sizeof names[n], "%.96s at budget %lld", specs[s], (long long)c.budget);
             cfg[n++] = c;
         }
-    kvs_replay_opts o = {.configs = cfg, .n_configs = n, .threads = 2, .measure = measure, .series_every = series_every};
+    return compare_configs(src, cfg, names, n, measure, series_every, NULL);
+}
+
+/* Both engines on cfg[0..n) (names[i] in messages), compared bit for bit; @return the runs that completed. */
+static int compare_configs(const kvs_replay_source *src, const kvs_replay_config *cfg, char (*names)[128], int n,
+                           kvs_replay_measure measure, int64_t series_every, const kvs_codec *const *codecs) {
+    kvs_replay_opts o = {.configs = cfg, .n_configs = n, .threads = 2, .measure = measure, .series_every = series_every,
+                         .codecs = codecs};
     kvs_replay_result *fast = NULL, *ref = NULL;
     assert_int_equal(kvs_replay_execute(src, &o, &fast), KVS_OK);
     assert_int_equal(kvs_replay_reference(src, &o, &ref), KVS_OK);
@@ -176,11 +188,75 @@ static void test_bundled_real_trace(void **state) {
     kvs_trace_close(t);
 }
 
+/* With codecs (sim/codec.h, the representation stage): policies taking each of the fast replay's paths (one shared
+ * list, per-query-head lists, merged slots, a chunked prefill, an oracle, the full cache) under every codec kind, on
+ * both engines, bit for bit; @return the runs that completed. */
+static int compare_codecs(const kvs_replay_source *src, const int64_t *budgets, int n_budgets,
+                          kvs_replay_measure measure, int64_t series_every) {
+    static const char *const specs[] = {"full", "window", "h2o", "snapkv", "quest:gqa=head", "d2o", "h2o:block=8",
+                                        "topk", "tova:mode=group,block=8"};
+    static const char *const codec_specs[] = {"int:bits=4", "kivi", "kivi:bits=4,group=4,residual=8",
+                                              "int:bits=2,group=8,k_axis=channel,v_axis=token", "hf:bits=2,residual=5",
+                                              "fp8:scale=prompt,per=tensor"};
+    enum { N_CODECS = sizeof codec_specs / sizeof *codec_specs };
+    kvs_codec *codecs[N_CODECS];
+    for (int k = 0; k < N_CODECS; k++) assert_int_equal(kvs_codec_parse(codec_specs[k], &codecs[k]), KVS_OK);
+    static kvs_replay_config cfg[MAX_CONFIGS];
+    static const kvs_codec *cfg_codec[MAX_CONFIGS];
+    static char names[MAX_CONFIGS][128];
+    int n = 0;
+    for (size_t s = 0; s < sizeof specs / sizeof *specs; s++)
+        for (int k = 0; k < N_CODECS; k++)
+            for (int b = 0; b < n_budgets; b++) {
+                kvs_replay_config c = {.budget = budgets[b], .budget_fraction = -1};
+                assert_int_equal(kvs_policy_parse(specs[s], &c.policy), KVS_OK);
+                if (kvs_policy_validate(&c.policy, &src->model, c.budget) != KVS_OK) continue;
+                assert_true(n < MAX_CONFIGS);
+                snprintf(names[n], sizeof names[n], "%.40s [%.60s] at budget %lld", specs[s], codec_specs[k],
+                         (long long)c.budget);
+                cfg_codec[n] = codecs[k];
+                cfg[n++] = c;
+            }
+    int complete = compare_configs(src, cfg, names, n, measure, series_every, cfg_codec);
+    for (int k = 0; k < N_CODECS; k++) kvs_codec_free(codecs[k]);
+    return complete;
+}
+
+static void test_codecs_two_turns_every_position(void **state) {
+    (void)state;
+    kvs_gen_trace_opts go = kvs_test_grouped_opts(2, 4, 96, -1, 16, 7);
+    kvs_test_replay_fixture f;
+    assert_int_equal(kvs_test_replay_fixture_make(&go, 4, 11, &f), KVS_OK);
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_memory(&f.mem, &src), KVS_OK);
+    snprintf(src.content_hash, sizeof src.content_hash, "generated-two-turns");
+    const int64_t budgets[] = {6, 30};
+    int complete = compare_codecs(&src, budgets, 2, KVS_MEASURE_ALL, 5);
+    assert_true(complete >= 80);
+    kvs_test_replay_fixture_free(&f);
+}
+
+static void test_codecs_bundled_real_trace(void **state) {
+    (void)state;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/examples/stories260K.kvt", kvs_test_root());
+    kvs_trace *t = NULL;
+    assert_int_equal(kvs_trace_open(path, &t), KVS_OK);
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_trace(t, &src), KVS_OK);
+    const int64_t budgets[] = {24};
+    int complete = compare_codecs(&src, budgets, 1, KVS_MEASURE_DECODE, 7);
+    assert_true(complete >= 40);
+    kvs_trace_close(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generated_two_turns_every_position),
         cmocka_unit_test(test_generated_fp16_trace),
         cmocka_unit_test(test_bundled_real_trace),
+        cmocka_unit_test(test_codecs_two_turns_every_position),
+        cmocka_unit_test(test_codecs_bundled_real_trace),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
