@@ -20,7 +20,7 @@ typedef struct {
     const char *model_source;   /* preset citation, config.json path or trace */
     int32_t n_layers, n_heads, n_kv_heads, head_dim;
     double params;              /* weights counted from the shape */
-    const char *kv_dtype;       /* fp16, bf16, fp8, int4, fp32 */
+    const char *kv_dtype;       /* fp16, bf16, fp8, fp32, or a codec's canonical spec (plan --codec) */
     double kv_bytes_per_token;  /* bytes, all layers and KV heads */
     const char *weight_dtype;   /* NULL = weights not resident */
     double weight_bytes;        /* bytes (0 when not resident) */
