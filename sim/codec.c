@@ -24,13 +24,16 @@ struct kvs_codec {
     int scale_prompt;            /* fp8: 1 = scale=prompt */
     int per_head;                /* fp8: 1 = per=head */
     float scale;                 /* fp8: the numeric scale (scale_prompt = 0) */
+    double ratio;                /* think: lambda, the share of key channels pruned */
+    int64_t window;              /* think: observation window (prompt query positions scored) */
+    int64_t recent;              /* think: last prompt positions kept whole */
     char spec[KVS_CODEC_SPEC_MAX];
 };
 
-typedef enum { P_INT = 0, P_ENUM = 1, P_SCALE = 2 } param_type;
+typedef enum { P_INT = 0, P_ENUM = 1, P_SCALE = 2, P_RATIO = 3 } param_type;
 
 /* One parameter of a codec: an integer in [lo, hi] (and, with `allowed`, one of those values), an enumeration
- * ("a|b": stored as the index) or the fp8 scale (a positive number or `prompt`). */
+ * ("a|b": stored as the index), the fp8 scale (a positive number or `prompt`) or a ratio (a number in [0, 1)). */
 typedef struct {
     const char *key;
     param_type type;
@@ -70,6 +73,13 @@ static const codec_def DEFS[] = {
      {{"format", P_ENUM, 0, 0, NULL, "e4m3|e5m2", "e4m3"},
       {"scale", P_SCALE, 0, 0, NULL, NULL, "1"},
       {"per", P_ENUM, 0, 0, NULL, "tensor|head", "tensor"}}},
+    /* ThinK's defaults are the authors' (SalesforceAIResearch/ThinK): pruning_ratio 0.4 and recent_size 32 in
+     * scripts_longBench/eval.sh and init_snapkv/init_H2O, the observation window the 32 last queries that
+     * key_pruner_query_driven reads (q_states[..., -32:, :], SnapKV's window_size 32). */
+    {"think", KVS_CODEC_THINK, 3,
+     {{"ratio", P_RATIO, 0, 0, NULL, NULL, "0.4"},
+      {"window", P_INT, 1, 1 << 24, NULL, NULL, "32"},
+      {"recent", P_INT, 0, 1 << 24, NULL, NULL, "32"}}},
 };
 #define N_DEFS ((int)(sizeof DEFS / sizeof DEFS[0]))
 
@@ -77,6 +87,7 @@ static const codec_def DEFS[] = {
 typedef struct {
     int64_t i;
     float f;
+    double r; /* P_RATIO */
     int is_prompt;
 } param_val;
 
@@ -103,6 +114,15 @@ static void enum_name(const char *choices, int idx, char *buf, size_t cap) {
     if (len >= cap) len = cap - 1;
     memcpy(buf, p, len);
     buf[len] = '\0';
+}
+
+/* The shortest decimal that reads back (strtod) to exactly r: the canonical text of a ratio. */
+static void format_double(char *buf, size_t cap, double r) {
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(buf, cap, "%.*g", prec, r);
+        if (strtod(buf, NULL) == r) return;
+    }
+    snprintf(buf, cap, "%.17g", r);
 }
 
 /* The shortest decimal that reads back (strtof) to exactly f: the canonical text of a float parameter. */
@@ -171,6 +191,16 @@ static kvs_status parse_value(const codec_def *cd, const param_def *pd, const ch
         out->f = f;
         return KVS_OK;
     }
+    case P_RATIO: {
+        char *end = NULL;
+        errno = 0;
+        double v = strtod(text, &end);
+        if (errno != 0 || end == text || *end != '\0' || !isfinite(v) || !(v >= 0.0 && v < 1.0))
+            return kvs_fail(KVS_ERR_INVALID_ARG, "codec %s: %s=%s must be a number in [0, 1)", cd->name, pd->key,
+                            text);
+        out->r = v == 0.0 ? 0.0 : v; /* -0 reads as 0: one canonical text */
+        return KVS_OK;
+    }
     }
     return kvs_fail(KVS_ERR_INVALID_ARG, "codec %s: bad parameter table", cd->name);
 }
@@ -231,7 +261,7 @@ kvs_status kvs_codec_parse(const char *spec, kvs_codec **out) {
     if (!c) return kvs_fail(KVS_ERR_NOMEM, "codec: out of memory");
     c->kind = cd->kind;
     c->scale = 1.0f;
-    switch (cd->kind) {
+    switch ((int)cd->kind) { /* int: KVS_CODEC_THINK lies outside the enumerators (codec.h) */
     case KVS_CODEC_INT:
         c->bits = (int)vals[0].i;
         c->group = vals[1].i;
@@ -270,6 +300,13 @@ kvs_status kvs_codec_parse(const char *spec, kvs_codec **out) {
                                                  "for every head)");
         }
         break;
+    case KVS_CODEC_THINK:
+        c->ratio = vals[0].r;
+        c->window = vals[1].i;
+        c->recent = vals[2].i;
+        /* V is held whole and K per channel: the channel axis, so that no token-axis group is ever assumed */
+        c->axis[KVS_CODEC_K] = c->axis[KVS_CODEC_V] = KVS_CODEC_AXIS_CHANNEL;
+        break;
     }
 
     /* the canonical spec: every key in table order */
@@ -281,6 +318,8 @@ kvs_status kvs_codec_parse(const char *spec, kvs_codec **out) {
             snprintf(val, sizeof val, "%lld", (long long)vals[i].i);
         else if (pd->type == P_ENUM)
             enum_name(pd->choices, (int)vals[i].i, val, sizeof val);
+        else if (pd->type == P_RATIO)
+            format_double(val, sizeof val, vals[i].r);
         else if (vals[i].is_prompt)
             snprintf(val, sizeof val, "prompt");
         else
@@ -303,6 +342,7 @@ static int64_t channel_groups(const kvs_codec *c, int64_t d) { return (d + c->gr
 
 double kvs_codec_position_bytes(const kvs_codec *c, int64_t d) {
     if (c->kind == KVS_CODEC_FP8) return 2.0 * (double)d;
+    if (c->kind == KVS_CODEC_THINK) return 2.0 * (double)kvs_codec_kept_channels(c, d) + 2.0 * (double)d;
     double total = 0;
     for (int t = 0; t < 2; t++) {
         total += (double)d * c->bits / 8.0;
@@ -394,6 +434,69 @@ float kvs_codec_fp8_round(float x, kvs_codec_fp8_format format) {
     return copysignf(a, x);
 }
 
+/* ---- ThinK: query-driven key channel pruning ------------------------------------------------------------ */
+
+/* Prompt positions [0, P - recent) are pruned; the last `recent` and every decode position are kept whole. */
+static int64_t think_pruned_prefix(const kvs_codec *c, int64_t P) { return P > c->recent ? P - c->recent : 0; }
+
+int64_t kvs_codec_kept_channels(const kvs_codec *c, int64_t d) {
+    if (c->kind != KVS_CODEC_THINK) return d;
+    /* the authors' int(head_dim * ratio) pruned channels: the double product truncated, as Python's int() does */
+    return d - (int64_t)((double)d * c->ratio);
+}
+
+int64_t kvs_codec_query_window(const kvs_codec *c) { return c->kind == KVS_CODEC_THINK ? c->window : 0; }
+
+int kvs_codec_needs_queries(const kvs_codec *c) { return kvs_codec_query_window(c) > 0; }
+
+/* acc[c] += sum over `rows` rows of x (row-major, d wide) of x_c^2, in double, rows in order. */
+static void sum_squares(const float *x, int64_t rows, int64_t d, double *acc) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < d; j++) {
+            double v = (double)x[r * d + j];
+            acc[j] += v * v;
+        }
+}
+
+/* keep[c] = 0 for the n_prune channels of lowest score (a tie prunes the lower channel index first), 1 otherwise.
+ * O(d^2) by counting each channel's rank, once per stream: d <= 256 in every model kvsim reads. */
+static void rank_keep(const double *score, int64_t d, int64_t n_prune, uint8_t *keep) {
+    for (int64_t j = 0; j < d; j++) {
+        int64_t rank = 0;
+        for (int64_t i = 0; i < d; i++) rank += score[i] < score[j] || (score[i] == score[j] && i < j);
+        keep[j] = rank >= n_prune;
+    }
+}
+
+static kvs_status check_finite(const char *spec, const char *what, const float *x, int64_t rows, int64_t d) {
+    for (int64_t i = 0; i < rows * d; i++)
+        if (!isfinite(x[i]))
+            return kvs_fail(KVS_ERR_RANGE, "codec %s: non-finite %s at row %lld channel %lld", spec, what,
+                            (long long)(i / d), (long long)(i % d));
+    return KVS_OK;
+}
+
+kvs_status kvs_codec_think_channels(const kvs_codec *c, const float *q, int64_t n_q, int group, const float *k,
+                                    int64_t P, int64_t d, double *score, uint8_t *keep) {
+    if (!c || c->kind != KVS_CODEC_THINK)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "codec: think_channels needs a think codec");
+    if (n_q < 0 || P < 0 || group < 1 || d < 1 || d > KVS_CODEC_MAX_HEAD_DIM || (n_q > 0 && !q) || (P > 0 && !k) ||
+        !score || !keep)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "codec %s: think_channels: bad sizes or NULL arrays", c->spec);
+    kvs_status rc = check_finite(c->spec, "query", q, n_q * group, d);
+    if (rc == KVS_OK) rc = check_finite(c->spec, "K", k, P, d);
+    if (rc != KVS_OK) return rc;
+    for (int64_t j = 0; j < d; j++) score[j] = 0.0;
+    sum_squares(q, n_q * group, d, score);
+    for (int64_t j = 0; j < d; j++) {
+        double ksq = 0.0;
+        for (int64_t p = 0; p < P; p++) ksq += (double)k[p * d + j] * (double)k[p * d + j];
+        score[j] = sqrt(score[j] * ksq); /* one rounding: equal products tie exactly */
+    }
+    rank_keep(score, d, d - kvs_codec_kept_channels(c, d), keep);
+    return KVS_OK;
+}
+
 /* ---- one stream ------------------------------------------------------------------------------------------- */
 
 struct kvs_codec_state {
@@ -409,6 +512,12 @@ struct kvs_codec_state {
     uint32_t *pos_mark; /* [cap]: epoch stamps of kvs_codec_state_bytes (repeats) */
     uint32_t *grp_mark[2]; /* K, V: [cap / group + 1]: epoch stamps of token-axis groups already counted */
     uint32_t epoch;
+    /* think (NULL / -1 for the other codecs) */
+    double *qsq;        /* [d]: sum of q_c^2 over the window's queries of the group (prefill_queries) */
+    double *score;      /* [d]: ||Q_c||_2 * ||K_c||_2 after the prefill */
+    uint8_t *keep;      /* [d]: 1 = channel kept */
+    int64_t q_rows;     /* query positions of the window read; -1 before prefill_queries */
+    int64_t q_given;    /* query positions the driver passed */
 };
 
 /* Entries of a token-axis group stamp array: one per group of up to cap positions (fp8, groupless, gets cap + 1). */
@@ -439,7 +548,15 @@ kvs_status kvs_codec_state_create(const kvs_codec *c, int64_t d, int64_t max_pos
     st->rows[1] = kvs_alloc_rows(nrow * sizeof(float));
     st->pos_mark = calloc((size_t)max_positions, sizeof(uint32_t));
     for (int t = 0; t < 2; t++) st->grp_mark[t] = calloc(n_groups(st), sizeof(uint32_t));
-    if (!st->rows[0] || !st->rows[1] || !st->pos_mark || !st->grp_mark[0] || !st->grp_mark[1]) {
+    st->q_rows = -1;
+    int think_ok = 1;
+    if (c->kind == KVS_CODEC_THINK) {
+        st->qsq = calloc((size_t)d, sizeof(double));
+        st->score = calloc((size_t)d, sizeof(double));
+        st->keep = calloc((size_t)d, 1);
+        think_ok = st->qsq && st->score && st->keep;
+    }
+    if (!st->rows[0] || !st->rows[1] || !st->pos_mark || !st->grp_mark[0] || !st->grp_mark[1] || !think_ok) {
         kvs_codec_state_free(st);
         return kvs_fail(KVS_ERR_NOMEM, "codec %s: out of memory for %lld positions x %lld", c->spec,
                         (long long)max_positions, (long long)d);
@@ -455,6 +572,9 @@ void kvs_codec_state_free(kvs_codec_state *st) {
     free(st->pos_mark);
     free(st->grp_mark[0]);
     free(st->grp_mark[1]);
+    free(st->qsq);
+    free(st->score);
+    free(st->keep);
     free(st);
 }
 
@@ -466,6 +586,57 @@ static float calibrated_scale(float amax, kvs_codec_fp8_format f) {
     return s > 0.0f && isfinite(s) ? s : 1.0f;
 }
 
+kvs_status kvs_codec_state_prefill_queries(kvs_codec_state *st, const float *q, int64_t n_q, int group) {
+    const kvs_codec *c = st->c;
+    if (c->kind != KVS_CODEC_THINK)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "codec %s reads no queries (kvs_codec_needs_queries is 0)", c->spec);
+    if (st->P >= 0) return kvs_fail(KVS_ERR_STATE, "codec %s: queries after the prefill", c->spec);
+    if (st->q_rows >= 0) return kvs_fail(KVS_ERR_STATE, "codec %s: prefill_queries called twice", c->spec);
+    if (n_q < 0 || n_q > st->cap || group < 1 || group > 65536 || (n_q > 0 && !q))
+        return kvs_fail(KVS_ERR_INVALID_ARG, "codec %s: queries of %lld positions x %d heads (state holds %lld)",
+                        c->spec, (long long)n_q, group, (long long)st->cap);
+    const int64_t d = st->d;
+    const int64_t w = n_q < c->window ? n_q : c->window;
+    const float *win = q ? q + (size_t)(n_q - w) * (size_t)group * (size_t)d : NULL;
+    kvs_status rc = check_finite(c->spec, "window query", win, w * group, d);
+    if (rc != KVS_OK) return rc;
+    for (int64_t j = 0; j < d; j++) st->qsq[j] = 0.0;
+    sum_squares(win, w * group, d, st->qsq);
+    st->q_rows = w;
+    st->q_given = n_q;
+    return KVS_OK;
+}
+
+/* ThinK's prefill: the channel scores from the window's queries (summed at prefill_queries) and the prompt's keys,
+ * and the kept set. Writes only score and keep. */
+static kvs_status think_prefill(kvs_codec_state *st, const float *k, int64_t P) {
+    const kvs_codec *c = st->c;
+    const int64_t d = st->d;
+    if (P == 0) { /* nothing to prune: every channel kept */
+        for (int64_t j = 0; j < d; j++) st->score[j] = 0.0, st->keep[j] = 1;
+        return KVS_OK;
+    }
+    if (st->q_rows < 0)
+        return kvs_fail(KVS_ERR_STATE, "codec %s: prefill before kvs_codec_state_prefill_queries (ThinK scores the "
+                        "key channels with the window's queries)", c->spec);
+    const int64_t w = P < c->window ? P : c->window;
+    if (st->q_given > P)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "codec %s: queries of %lld positions for a prompt of %lld (the window "
+                        "ends at the prompt's last position)", c->spec, (long long)st->q_given, (long long)P);
+    if (st->q_rows < w)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "codec %s: queries of %lld positions, the window needs min(window, P) "
+                        "= %lld", c->spec, (long long)st->q_rows, (long long)w);
+    kvs_status rc = check_finite(c->spec, "prompt K", k, P, d);
+    if (rc != KVS_OK) return rc;
+    for (int64_t j = 0; j < d; j++) {
+        double ksq = 0.0;
+        for (int64_t p = 0; p < P; p++) ksq += (double)k[p * d + j] * (double)k[p * d + j];
+        st->score[j] = sqrt(st->qsq[j] * ksq);
+    }
+    rank_keep(st->score, d, d - kvs_codec_kept_channels(c, d), st->keep);
+    return KVS_OK;
+}
+
 kvs_status kvs_codec_state_prefill(kvs_codec_state *st, const float *k, const float *v, int64_t P) {
     if (st->P >= 0) return kvs_fail(KVS_ERR_STATE, "codec %s: prefill called twice", st->c->spec);
     if (P < 0 || P > st->cap)
@@ -473,6 +644,10 @@ kvs_status kvs_codec_state_prefill(kvs_codec_state *st, const float *k, const fl
                         (long long)P, (long long)st->cap);
     if (P > 0 && (!k || !v)) return kvs_fail(KVS_ERR_INVALID_ARG, "codec %s: NULL prompt rows", st->c->spec);
     const kvs_codec *c = st->c;
+    if (c->kind == KVS_CODEC_THINK) {
+        kvs_status rc = think_prefill(st, k, P);
+        if (rc != KVS_OK) return rc;
+    }
     size_t n = (size_t)P * (size_t)st->d;
     float amax[2] = {0.0f, 0.0f};
     if (c->kind == KVS_CODEC_FP8 && c->scale_prompt) {
@@ -535,7 +710,7 @@ kvs_status kvs_codec_share_scale(kvs_codec_state *const *states, int n_states) {
 /* The time rule's quantized prefix of tensor t at step n for a prompt of P positions (codec.h). */
 static int64_t quantized_prefix(const kvs_codec *c, int t, int64_t P, int64_t n) {
     if (n <= P) return 0;
-    switch (c->kind) {
+    switch ((int)c->kind) { /* int: KVS_CODEC_THINK lies outside the enumerators (codec.h) */
     case KVS_CODEC_INT:
         return c->axis[t] == KVS_CODEC_AXIS_CHANNEL ? n : c->group * (n / c->group);
     case KVS_CODEC_KIVI:
@@ -545,6 +720,8 @@ static int64_t quantized_prefix(const kvs_codec *c, int t, int64_t P, int64_t n)
         return P + c->residual * ((n - 1 - P) / c->residual);
     case KVS_CODEC_FP8:
         return n;
+    case KVS_CODEC_THINK:
+        return t == KVS_CODEC_K ? think_pruned_prefix(c, P) : 0;
     }
     return 0;
 }
@@ -556,6 +733,14 @@ static kvs_status quantize_range(kvs_codec_state *st, int t, int64_t a, int64_t 
     const kvs_codec *c = st->c;
     const int64_t d = st->d;
     float *rows = st->rows[t];
+    if (c->kind == KVS_CODEC_THINK) { /* K only (q_V = 0): the pruned channels read as zero */
+        KVS_ASSERT(t == KVS_CODEC_K || a == b);
+        if (pass == 1)
+            for (int64_t p = a; p < b; p++)
+                for (int64_t j = 0; j < d; j++)
+                    if (!st->keep[j]) rows[p * d + j] = 0.0f;
+        return KVS_OK;
+    }
     if (c->kind == KVS_CODEC_FP8) {
         const float scale = st->scale[t];
         for (int64_t p = a; p < b; p++) {
@@ -652,6 +837,10 @@ int64_t kvs_codec_state_quantized(const kvs_codec_state *st, kvs_codec_tensor t)
 
 float kvs_codec_state_scale(const kvs_codec_state *st, kvs_codec_tensor t) { return st->scale[t]; }
 
+const double *kvs_codec_state_channel_scores(const kvs_codec_state *st) { return st->P >= 0 ? st->score : NULL; }
+
+const uint8_t *kvs_codec_state_kept(const kvs_codec_state *st) { return st->P >= 0 ? st->keep : NULL; }
+
 kvs_status kvs_codec_state_bytes(kvs_codec_state *st, const int64_t *pos, int64_t m, kvs_codec_bytes *out) {
     const kvs_codec *c = st->c;
     memset(out, 0, sizeof *out);
@@ -675,7 +864,23 @@ kvs_status kvs_codec_state_bytes(kvs_codec_state *st, const int64_t *pos, int64_
                             (long long)p);
         st->pos_mark[p] = st->epoch;
     }
-    for (int t = 0; t < 2; t++) {
+    if (c->kind == KVS_CODEC_THINK) {
+        const double kept = (double)kvs_codec_kept_channels(c, st->d);
+        int pruned_resident = 0;
+        for (int64_t i = 0; i < m; i++) {
+            if (pos[i] < st->q[KVS_CODEC_K]) {
+                codes[0] += 2.0 * kept;
+                pruned_resident = 1;
+            } else {
+                full[0] += 2.0 * d;
+            }
+            full[1] += 2.0 * d;
+        }
+        /* the channel mask, a torch.bool [d] per head in the authors' cache: one byte per channel, held while a
+         * pruned row is (recover_cache reads it for the pruned rows only) */
+        if (pruned_resident) meta[0] = d;
+    }
+    for (int t = 0; t < 2 && c->kind != KVS_CODEC_THINK; t++) {
         for (int64_t i = 0; i < m; i++) {
             int64_t p = pos[i];
             if (p >= st->q[t]) {

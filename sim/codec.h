@@ -8,7 +8,9 @@
  * Follows ../shared/DESIGN.md ("Selection, representation, granularity are separate stages"; identity by content:
  * the canonical spec below is what enters a run's identity, kvs_host_identity.codec); KIVI (Liu et al., ICML 2024,
  * "KIVI: A Tuning-Free Asymmetric 2bit Quantization for KV Cache", Algorithm 1, and its repository jy-yuan/KIVI);
- * Hugging Face transformers' QuantizedCache (QuantizedCacheConfig / QuantoQuantizedCache); vLLM's fp8 KV cache.
+ * Hugging Face transformers' QuantizedCache (QuantizedCacheConfig / QuantoQuantizedCache); vLLM's fp8 KV cache; ThinK
+ * (Xu et al. 2024, "ThinK: Thinner Key Cache by Query-Driven Pruning", ICLR 2025, §3.2, and its repository
+ * SalesforceAIResearch/ThinK, ThinK_flash/src: kv_pruning_utils.py, llama_model.py, cache_utils.py).
  *
  * ================================================================================================================
  * Specs (one canonical string each, like policies': NAME or NAME:key=value,...; every key filled in, table order)
@@ -64,6 +66,31 @@
  *       come from llm-compressor) or per=tensor (one for the layer's K and one for its V over every KV head:
  *       kvs_codec_share_scale). vLLM's own on-the-fly calibration (calculate_kv_scales) divides the first batch's
  *       amax by K_SCALE_CONSTANT = 200 / V_SCALE_CONSTANT = 100 instead. per=head needs scale=prompt.
+ *   think:ratio=0.4,window=32,recent=32                   ThinK: query-driven pruning of key channels, no
+ *       quantization. ratio = lambda in [0, 1), the share of channels pruned: floor(ratio * d) channels pruned,
+ *       kvs_codec_kept_channels() = d - floor(ratio * d) kept (the authors' int(head_dim * ratio)); window >= 1 the
+ *       observation window; recent >= 0. Defaults are the authors' (pruning_ratio 0.4 and recent_size 32 in
+ *       scripts_longBench/eval.sh; the last 32 queries in key_pruner_query_driven). Per (layer, KV head), from the
+ *       prefill only:
+ *         score_c = ||Q[:, c]||_2 * ||K[:, c]||_2,   c < d
+ *       Q = the queries of the last w = min(window, P) prompt positions of every query head of the KV head's group
+ *       (w x group rows), K = the P prompt keys. This is the paper's ||Q[-S_obs:, c] K[:, c]^T||_F (the Frobenius
+ *       norm of an outer product is the product of the 2-norms); the authors' code ranks by mean(q_c^2) *
+ *       mean(k_c^2), the same order. The floor(ratio * d) channels of lowest score are pruned (a tie prunes the
+ *       lower channel index first; torch.topk leaves ties unspecified), the others kept.
+ *       Where kvsim differs from the authors' code, on purpose: (1) one channel set per KV HEAD, the group's query
+ *       heads stacked into Q: the authors repeat the keys to every query head (repeat_kv) before pruning, so their
+ *       GQA cache holds a copy of K per query head, each with its own mask; kvsim's stream is one K per KV head
+ *       (NVIDIA kvpress's ThinKPress does the same, averaging q_c^2 over the group); with group = 1 the two agree;
+ *       (2) K's norms run over every prompt key: with SnapKV or H2O the authors prune after the selection and take
+ *       the norms over the selected keys only; kvsim's codec represents every position as if nothing were evicted
+ *       (below), so a policy's choice never changes the channel set.
+ *       Which rows are pruned: the prompt's positions 0 .. P - recent - 1 (none when P <= recent). The last
+ *       `recent` prompt positions and every position written during decoding are kept whole, as the authors' cache
+ *       does (update_thinkv splits the prompt's keys into a pruned part and the last recent_size; update() appends
+ *       each new key to the whole part; recover_cache puts zeros in the pruned channels before attention). A
+ *       pruned row holds zeros in the pruned channels: q . k over the kept channels equals q . k with the zeros,
+ *       so the rows attention sees are the authors' attention inputs; V is never pruned.
  *
  * ================================================================================================================
  * Integer arithmetic (int, kivi, hf), exactly; tools/gen_codec_fixtures.py computes the same in NumPy float32
@@ -95,9 +122,14 @@
  * others are held as captured; q(n) = 0 for n <= P (prefill), and for n > P:
  *     int channel axis, fp8: n            int token axis: group*floor(n/group)
  *     kivi K: R*floor((n-1)/R)            kivi V: max(0, n-1-R)            hf: P + R*floor((n-1-P)/R)
+ *     think K: max(0, P - recent)         think V: 0
  * q(n) never decreases, and every quantized group lies within it, so each group is quantized once.
  * Only the first prompt is a prefill: a later turn's prompt positions follow the decode rule (kvsim replays them one
  * position at a time).
+ * think: the channel set is chosen at the prefill from the prompt's queries and keys only, and applied from the
+ * first decode step on (a pruned row is one "quantized" for q(n)); it never changes afterwards, and a decode
+ * position is kept whole, so a representation at step n depends only on positions < n, and on no query outside
+ * the window (the last min(window, P) prompt positions).
  *
  * Evicted positions: the codec represents every position as if nothing were evicted, so that a policy's choice
  * never changes another position's representation: a token-axis group's scale and zero come from all of its
@@ -115,6 +147,10 @@
  *   fp8: d bytes per resident position; scale=prompt per=head: 4 + 4 bytes (fp32 K and V scales) per (layer, KV
  *     head); per=tensor: 8 bytes per layer, reported by kvs_codec_layer_bytes() (add once per layer); a numeric
  *     scale is a constant of the deployment: 0 bytes.
+ *   think: a pruned resident K row 2 * kept bytes (k_codes: the kept channels at 16 bits); an unpruned K row and
+ *     every V row 2 * d (k_full, v_full); the channel mask d bytes once per (layer, KV head) while at least one
+ *     pruned row is resident (k_meta): the authors' cache stores it as a torch.bool [heads][d] tensor, one byte per
+ *     channel (a packed bit mask would be ceil(d/8) bytes, the kept indices 2 * kept bytes at 16 bits each).
  *
  * Threads: a kvs_codec is immutable after parsing and may be shared; a kvs_codec_state is used by one thread at a
  * time. No function allocates after kvs_codec_state_create().
@@ -133,6 +169,10 @@ typedef struct kvs_codec kvs_codec;             /* a parsed spec */
 typedef struct kvs_codec_state kvs_codec_state; /* one (layer, KV head) stream's K and V */
 
 typedef enum { KVS_CODEC_INT = 0, KVS_CODEC_KIVI = 1, KVS_CODEC_HF = 2, KVS_CODEC_FP8 = 3 } kvs_codec_kind;
+/* ThinK's kind, a value of kvs_codec_kind outside the enumerators: a switch over the four quantizing kinds written
+ * before it (analysis/plan.c's codec shape) keeps compiling under -Wswitch -Werror; such a switch must handle it
+ * (or refuse it) before it is given a think codec, and then this value can join the enumerators. */
+#define KVS_CODEC_THINK ((kvs_codec_kind)4)
 typedef enum { KVS_CODEC_K = 0, KVS_CODEC_V = 1 } kvs_codec_tensor;
 typedef enum { KVS_CODEC_AXIS_TOKEN = 0, KVS_CODEC_AXIS_CHANNEL = 1 } kvs_codec_axis;
 typedef enum { KVS_CODEC_E4M3 = 0, KVS_CODEC_E5M2 = 1 } kvs_codec_fp8_format;
@@ -164,7 +204,25 @@ double kvs_codec_position_bytes(const kvs_codec *c, int64_t d);
  *  K and V scales), 0 otherwise. */
 double kvs_codec_layer_bytes(const kvs_codec *c);
 
+/*! kvs_codec_kept_channels() : think: the key channels kept of a head of d, d - floor(ratio * d); d otherwise. */
+int64_t kvs_codec_kept_channels(const kvs_codec *c, int64_t d);
+
+/*! kvs_codec_needs_queries() : 1 when the codec's prefill reads the prompt's queries (think), 0 otherwise. */
+int kvs_codec_needs_queries(const kvs_codec *c);
+
+/*! kvs_codec_query_window() : how many of the prompt's last query positions the prefill reads (think: window),
+ *  0 for a codec that reads none. */
+int64_t kvs_codec_query_window(const kvs_codec *c);
+
 /* ---- the arithmetic, exposed for tests and other modules ---------------------------------------------------- */
+
+/*! kvs_codec_think_channels() : ThinK's channel scores and kept set (the "think" spec above) from exactly the
+ *  queries given, all of them: q = [n_q][group][d] (the window's queries), k = [P][d] (the prompt's keys).
+ *  score[d] = ||Q_c||_2 * ||K_c||_2 = sqrt(sum q_c^2 * sum k_c^2) (in double, the sums in row order, one
+ *  square root), keep[d] = 1 for a kept channel. KVS_ERR_INVALID_ARG for a
+ *  codec other than think or bad sizes; KVS_ERR_RANGE for a non-finite input. */
+kvs_status kvs_codec_think_channels(const kvs_codec *c, const float *q, int64_t n_q, int group, const float *k,
+                                    int64_t P, int64_t d, double *score, uint8_t *keep);
 
 /*! kvs_codec_quant_group() : the integer arithmetic above on m elements x[i * stride] (i < m), written to
  *  out[i * stride] (may alias x). *scale and *zero (may be NULL) receive the stored fp16 values as floats.
@@ -190,9 +248,22 @@ kvs_status kvs_codec_state_create(const kvs_codec *c, int64_t d, int64_t max_pos
 /*! kvs_codec_state_free() : accepts NULL. */
 void kvs_codec_state_free(kvs_codec_state *st);
 
+/*! kvs_codec_state_prefill_queries() : think only (kvs_codec_needs_queries): the prompt's queries of this stream's
+ *  KV head, before kvs_codec_state_prefill. q = [n_q][group][d] (borrowed, read now): the queries of the prompt's
+ *  LAST n_q positions P - n_q .. P - 1 (the last row is position P - 1, whose query ends the prompt), for each of
+ *  the `group` query heads that share this KV head (kvs_policy_view's layout of view->q at the prefill). Only the
+ *  last min(window, n_q) positions are read. How a driver calls it: for each (layer, KV head) state, before its
+ *  prefill, pass the first prompt's queries (all P of them, or at least the last min(window, P)); n_q must not
+ *  exceed P (checked at the prefill). A prompt of P = 0 needs no call. KVS_ERR_INVALID_ARG for another codec or bad
+ *  sizes; KVS_ERR_STATE after the prefill or when called twice; KVS_ERR_RANGE for a non-finite window query. */
+kvs_status kvs_codec_state_prefill_queries(kvs_codec_state *st, const float *q, int64_t n_q, int group);
+
 /*! kvs_codec_state_prefill() : the prompt of P positions (0 <= P <= max_positions): k, v = its rows [P][d] (borrowed,
  *  read now). Calibrates fp8 scale=prompt per=head from them; the state is then at step n = P (every row as
  *  captured: prefill attention is full precision). Called once, before any kvs_codec_state_advance.
+ *  think: scores the channels and fixes the kept set (kvs_codec_state_kept); KVS_ERR_STATE when P > 0 and
+ *  kvs_codec_state_prefill_queries was not called, KVS_ERR_INVALID_ARG when it was given more than P positions or
+ *  fewer than min(window, P), KVS_ERR_RANGE for a non-finite prompt K row.
  *  KVS_ERR_STATE when called twice; KVS_ERR_INVALID_ARG on a bad P; KVS_ERR_RANGE for a non-finite prompt row
  *  under fp8 scale=prompt. */
 kvs_status kvs_codec_state_prefill(kvs_codec_state *st, const float *k, const float *v, int64_t P);
@@ -225,11 +296,20 @@ int64_t kvs_codec_state_quantized(const kvs_codec_state *st, kvs_codec_tensor t)
 /*! kvs_codec_state_scale() : fp8 scale of K or V in use (1 before calibration, or for the integer codecs). */
 float kvs_codec_state_scale(const kvs_codec_state *st, kvs_codec_tensor t);
 
+/*! kvs_codec_state_channel_scores() : think: the d channel scores of the prefill (borrowed from st); NULL before
+ *  the prefill or for another codec. */
+const double *kvs_codec_state_channel_scores(const kvs_codec_state *st);
+
+/*! kvs_codec_state_kept() : think: keep[d], 1 for a kept key channel (borrowed from st); NULL before the prefill
+ *  or for another codec. */
+const uint8_t *kvs_codec_state_kept(const kvs_codec_state *st);
+
 /* Storage of a resident set, in bytes, split as the header's "Bytes" section counts it. */
 typedef struct {
     double k_codes, k_meta, k_full; /* K: quantized codes, fp16 scales/zeros, rows held in 16 bits */
     double v_codes, v_meta, v_full; /* V: the same */
     double scale;                   /* fp8 per-head scales */
+                                    /* think: k_codes = pruned K rows, k_meta = the channel mask */
     double total;                   /* the sum of the above */
 } kvs_codec_bytes;
 
