@@ -2,8 +2,9 @@
  * its tasks, one task at a time, a range, or every task; with the MPI build (`make mpi`, KVS_WITH_MPI) under
  * mpirun, tasks handed out dynamically to the ranks, each writing its own shard, rank 0 merging them
  * (results/results_sweep.h), and a resumed one skipping every task complete in any database of the folder. A task is
- * one `kvsim replay` pass (cli/cmd_replay.c) of one trace under a slice of the study's policies and all its
- * budgets; a completed task is recorded (table sweep_tasks) and skipped when re-run.
+ * one `kvsim replay` pass (cli/cmd_replay.c) of one trace under a slice of the study's policies, all its codecs
+ * (`codec` lines or --codec: one run per (policy, codec, budget)) and all its budgets; a completed task is recorded
+ * (table sweep_tasks) and skipped when re-run.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -34,18 +35,23 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: kvsim sweep STUDY --list-tasks [--estimate]\n"
-            "       kvsim sweep STUDY --db OUT.db [--task I | --tasks I:J]\n"
+            "usage: kvsim sweep STUDY --list-tasks [--estimate] [--codec SPEC ...]\n"
+            "       kvsim sweep STUDY --db OUT.db [--task I | --tasks I:J] [--codec SPEC ...]\n"
             "       kvsim sweep STUDY --db DIR/          (under mpirun with the MPI build: every task, all ranks)\n\n"
-            "Runs a study: traces x policies x budgets (STUDY file format: results/STUDY.md). Its work is cut into a\n"
-            "deterministic list of tasks (one trace x a slice of the policies, every budget), sized so that tasks\n"
-            "take similar time.\n\n"
+            "Runs a study: traces x policies x codecs x budgets (STUDY file format: results/STUDY.md). Its work is\n"
+            "cut into a deterministic list of tasks (one trace x a slice of the policies, every codec, every\n"
+            "budget), sized so that tasks take similar time.\n\n"
             "  --list-tasks    print the task list: index, trace, policies, (policy, budget) pairs\n"
             "  --estimate      with --list-tasks: estimated attention work (GMAC) and peak memory of each task\n"
             "  --db OUT.db     results database the runs go to (created if missing)\n"
             "  --task I        run task I only (0-based)\n"
             "  --tasks I:J     run tasks I..J-1\n"
             "                  (neither: every task)\n"
+            "  --codec SPEC    a KV codec (`kvsim replay --codec`: int, kivi, hf, fp8 specs, or none for K/V as\n"
+            "                  captured), repeatable: replaces the study's `codec` lines; each (policy, codec,\n"
+            "                  budget) is one run. Give the same --codec to every command of one sweep (the task\n"
+            "                  list and the completed-task keys depend on it; a Slurm array passes only STUDY: put\n"
+            "                  the codecs in the study file there)\n"
             "  --db DIR/       a folder (trailing /): each process writes DIR/shard-RANK.db, then rank 0 merges every\n"
             "                  DIR/shard-N.db into DIR/study.db; under mpirun (make mpi) tasks go dynamically to the\n"
             "                  ranks; a task complete in DIR/study.db or any shard there is skipped\n\n"
@@ -54,7 +60,7 @@ static void usage(FILE *f) {
 }
 
 /* The key a completed task is recorded under: the trace's content, the measurement options, the budgets, the
- * task's policies and the kvsim version (a changed trace or option is another task). */
+ * task's policies and codecs (task_configs) and the kvsim version (a changed trace or option is another task). */
 static void task_key(const kvs_study *s, const kvs_study_task *t, const char *trace_sha, const char *configs,
                      char key[65]) {
     char buf[8192];
@@ -64,11 +70,16 @@ static void task_key(const kvs_study *s, const kvs_study_task *t, const char *tr
     (void)t;
 }
 
+/* "POLICY POLICY ..." and, when the study has codecs, " x codecs SPEC SPEC ..." (canonical specs): what the task
+ * runs, printed and recorded with it and part of its key. Without codecs the text (and so the key) is what it was
+ * before codecs existed: a study without codec lines resumes from an older database. */
 static void task_configs(const kvs_study *s, const kvs_study_task *t, char *buf, size_t cap) {
     size_t len = 0;
     buf[0] = '\0';
     for (int32_t p = t->policy_begin; p < t->policy_end && len < cap; p++)
         len += (size_t)snprintf(buf + len, cap - len, "%s%s", p > t->policy_begin ? " " : "", kvs_study_policy_spec(s, p));
+    for (int32_t k = 0; k < kvs_study_n_codecs(s) && len < cap; k++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%s", k ? " " : " x codecs ", kvs_study_codec_spec(s, k));
 }
 
 /* Runs task i into db_path. @return KVS_EXIT_OK (done, or already complete), else KVS_EXIT_FAIL. */
@@ -102,7 +113,7 @@ static int run_task(const kvs_study *s, int32_t i, const char *db_path, int rank
     fprintf(stderr, "kvsim sweep: rank %d: task %d: %s: %s\n", rank, i, trace_path, configs);
     /* One task is one `kvsim replay` of the trace: the same validation, recording and failure semantics. */
     char series[32], kvb[16], auxb[16], thr[16];
-    const char *args[16 + 2 * 64];
+    const char *args[16 + 2 * 64 + 2 * 16]; /* fixed options, --policy x 64 and --codec x 16 at most (study.c) */
     int n = 0;
     args[n++] = "replay";
     args[n++] = trace_path;
@@ -135,6 +146,10 @@ static int run_task(const kvs_study *s, int32_t i, const char *db_path, int rank
         args[n++] = "--policy";
         args[n++] = kvs_study_policy_spec(s, p);
     }
+    for (int32_t k = 0; k < kvs_study_n_codecs(s); k++) {
+        args[n++] = "--codec";
+        args[n++] = kvs_study_codec_spec(s, k);
+    }
     args[n] = NULL;
     int rc = kvs_cmd_replay(n, (char **)args);
     if (rc != KVS_EXIT_OK) {
@@ -151,16 +166,19 @@ static int run_task(const kvs_study *s, int32_t i, const char *db_path, int rank
 
 static int list_tasks(const kvs_study *s, int estimate) {
     int32_t n = kvs_study_n_tasks(s);
-    int64_t pairs = (int64_t)kvs_study_n_traces(s) * kvs_study_n_policies(s) * kvs_study_n_budgets(s);
-    printf("# study %s: %d traces x %d policies x %d budgets = %lld runs in %d tasks\n", kvs_study_name(s),
-           kvs_study_n_traces(s), kvs_study_n_policies(s), kvs_study_n_budgets(s), (long long)pairs, n);
+    int32_t n_codecs = kvs_study_n_codecs(s), per_codec = n_codecs > 0 ? n_codecs : 1;
+    int64_t pairs = (int64_t)kvs_study_n_traces(s) * kvs_study_n_policies(s) * per_codec * kvs_study_n_budgets(s);
+    char codecs[64] = "";
+    if (n_codecs > 0) snprintf(codecs, sizeof codecs, " x %d codecs", n_codecs);
+    printf("# study %s: %d traces x %d policies%s x %d budgets = %lld runs in %d tasks\n", kvs_study_name(s),
+           kvs_study_n_traces(s), kvs_study_n_policies(s), codecs, kvs_study_n_budgets(s), (long long)pairs, n);
     printf(estimate ? "task\ttrace\truns\twork_gmac\tmem_mib\tpolicies\n" : "task\ttrace\truns\tpolicies\n");
     double total = 0, max_mem = 0;
     for (int32_t i = 0; i < n; i++) {
         const kvs_study_task *t = kvs_study_task_get(s, i);
         char configs[4096];
         task_configs(s, t, configs, sizeof configs);
-        int runs = (t->policy_end - t->policy_begin) * kvs_study_n_budgets(s);
+        int runs = (t->policy_end - t->policy_begin) * per_codec * kvs_study_n_budgets(s);
         if (estimate)
             printf("%d\t%s\t%d\t%.3f\t%.1f\t%s\n", i, kvs_study_trace_path(s, t->trace), runs, t->work / 1e9,
                    t->mem_bytes / 1048576.0, configs);
@@ -434,9 +452,11 @@ static int run_sharded(const kvs_study *s, const char *dir) {
 
 int kvs_cmd_sweep(int argc, char **argv) {
     const char *study_path = NULL, *db_path = NULL, *task_text = NULL, *tasks_text = NULL;
-    int list = 0, estimate = 0;
+    const char *codec_specs[16]; /* study.c's limit too */
+    int list = 0, estimate = 0, n_codec_specs = 0, codec_limit = 0;
     for (int i = 1; i < argc; i++) {
         int m = 0, r;
+        const char *v;
         if (kvs_cli_is_help(argv[i])) {
             usage(stdout);
             return KVS_EXIT_OK;
@@ -450,6 +470,10 @@ int kvs_cmd_sweep(int argc, char **argv) {
         } else if ((r = kvs_cli_single_value("sweep", "--tasks", argc, argv, &i, &m, &tasks_text)) || m) {
             if (r < 0) return KVS_EXIT_USAGE;
             if (!r) return kvs_cli_usage_error("sweep", "--tasks needs I:J");
+        } else if ((v = kvs_cli_opt_value("--codec", argc, argv, &i, &m)) || m) {
+            if (!v) return kvs_cli_usage_error("sweep", "--codec needs a SPEC");
+            if (n_codec_specs == (int)(sizeof codec_specs / sizeof codec_specs[0])) codec_limit = 1;
+            else codec_specs[n_codec_specs++] = v;
         } else if (!strcmp(argv[i], "--list-tasks")) {
             if (kvs_cli_once("sweep", "--list-tasks", &list)) return KVS_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--estimate")) {
@@ -471,11 +495,18 @@ int kvs_cmd_sweep(int argc, char **argv) {
     int sharded = dl && db_path[dl - 1] == '/';
     if (sharded && (task_text || tasks_text))
         return kvs_cli_usage_error("sweep", "--db DIR/ runs every task: no --task or --tasks with it");
+    if (codec_limit) return kvs_cli_usage_error("sweep", "at most %d --codec options", n_codec_specs);
 
     kvs_study *s = NULL;
-    kvs_status st = kvs_study_load(study_path, &s);
-    if (st != KVS_OK) return kvs_cli_fail("sweep", st);
     int rc;
+    kvs_status st = kvs_study_load(study_path, &s);
+    int bad_codec = 0;
+    if (st == KVS_OK && n_codec_specs) bad_codec = (st = kvs_study_set_codecs(s, codec_specs, n_codec_specs)) != KVS_OK;
+    if (st != KVS_OK) {
+        kvs_study_free(s);
+        rc = kvs_cli_fail("sweep", st);
+        return bad_codec ? KVS_EXIT_FAIL : rc; /* a codec spec that does not parse is a bad value, as in replay */
+    }
     long lo = 0, hi = kvs_study_n_tasks(s);
     if (list) {
         rc = list_tasks(s, estimate);

@@ -16,9 +16,11 @@
 #include "../sim/policy.h"
 #include "../policies/registry.h"
 #include "../sim/replay.h"
+#include "../sim/codec.h"
 
 #define STUDY_LINE_MAX 4096
 #define STUDY_MAX_POLICIES 64 /* what one `kvsim replay` accepts */
+#define STUDY_MAX_CODECS 16   /* likewise (--codec) */
 
 typedef struct {
     char *path;
@@ -36,6 +38,10 @@ struct kvs_study {
     int32_t n_traces;
     char *policies[STUDY_MAX_POLICIES];
     int32_t n_policies;
+    /* the codecs (`codec` lines or kvs_study_set_codecs) as canonical specs, "none" = K/V as captured; 0 codecs:
+     * none given, every run K/V as captured and no --codec passed to the replay */
+    char *codecs[STUDY_MAX_CODECS];
+    int32_t n_codecs;
     kvs_study_task *tasks;
     int32_t n_tasks;
 };
@@ -122,16 +128,20 @@ static kvs_status add_trace_pattern(kvs_study *s, const char *study_path, int li
 
 /* ---- task sizing (results/STUDY.md "Task sizing") ---- */
 
+/* Each codec is a run of every (policy, budget): the runs of a task, and the attention over their kept tokens,
+ * scale with it (no codec line: one representation, K/V as captured). */
+static double codec_count(const kvs_study *s) { return s->n_codecs > 0 ? (double)s->n_codecs : 1.0; }
+
 /* Estimated multiply-adds of one policy (all budgets) on trace t: the full attention the task computes once,
  * shared by the policies of the task, is counted with each policy so that the per-policy cost orders traces. */
 static double policy_cost(const kvs_study *s, const study_trace *t) {
     double lhd = (double)t->n_layers * t->n_heads * t->head_dim, n = (double)t->n_positions;
-    return lhd * n * (n / (double)(s->n_policies > 0 ? s->n_policies : 1) + 2.0 * t->budget_sum);
+    return lhd * n * (n / (double)(s->n_policies > 0 ? s->n_policies : 1) + 2.0 * t->budget_sum * codec_count(s));
 }
 
-static double task_work(const study_trace *t, int32_t n_pol) {
+static double task_work(const kvs_study *s, const study_trace *t, int32_t n_pol) {
     double lhd = (double)t->n_layers * t->n_heads * t->head_dim, n = (double)t->n_positions;
-    return lhd * n * (n + 2.0 * t->budget_sum * n_pol);
+    return lhd * n * (n + 2.0 * t->budget_sum * n_pol * codec_count(s));
 }
 
 /* Peak replay memory (sim/replay.h "Memory per work unit"): per worker thread one (layer, KV head) stream: K/V
@@ -141,11 +151,14 @@ static double task_mem(const kvs_study *s, const study_trace *t, int32_t n_pol) 
     double threads = s->threads > 0 ? s->threads : 1, group = t->n_kv_heads > 0 ? t->n_heads / t->n_kv_heads : 1;
     double n = (double)t->n_positions, d = t->head_dim;
     double unit = n * 2.0 * d * 4.0 + (double)t->prompt_len * group * d * 4.0;
-    double samples = (double)n_pol * s->n_budgets * t->n_layers * t->n_heads * n * 7.0 * 4.0;
+    double samples = (double)n_pol * codec_count(s) * s->n_budgets * t->n_layers * t->n_heads * n * 7.0 * 4.0;
     return threads * unit + samples;
 }
 
 static kvs_status build_tasks(kvs_study *s) {
+    free(s->tasks); /* rebuilt when the codecs change (kvs_study_set_codecs) */
+    s->tasks = NULL;
+    s->n_tasks = 0;
     double max_cost = 0;
     for (int32_t i = 0; i < s->n_traces; i++) {
         double c = policy_cost(s, &s->traces[i]);
@@ -169,11 +182,32 @@ static kvs_status build_tasks(kvs_study *s) {
         for (int32_t p = 0; p < s->n_policies; p += per[i]) {
             int32_t e = p + per[i] < s->n_policies ? p + per[i] : s->n_policies;
             s->tasks[s->n_tasks++] = (kvs_study_task){.trace = i, .policy_begin = p, .policy_end = e,
-                                                      .work = task_work(&s->traces[i], e - p),
+                                                      .work = task_work(s, &s->traces[i], e - p),
                                                       .mem_bytes = task_mem(s, &s->traces[i], e - p)};
         }
     free(per);
     return KVS_OK;
+}
+
+/* ---- codecs ---- */
+
+/* Adds codec `spec` ("none" or a sim/codec.h spec) as its canonical spec; `where` prefixes the messages ("PATH:LINE"
+ * of the study, or "--codec"). The same codec twice (by its canonical spec) is an error: each codec is one run of
+ * every (policy, budget), so a repeated one would be a typo, not a second set of runs. */
+static kvs_status add_codec(char **codecs, int32_t *n, const char *where, const char *spec) {
+    kvs_codec *c = NULL;
+    if (strcmp(spec, "none") && kvs_codec_parse(spec, &c) != KVS_OK)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: codec %s: %s", where, spec, kvs_last_error());
+    const char *canon = c ? kvs_codec_spec(c) : "none";
+    kvs_status st = KVS_OK;
+    for (int32_t i = 0; i < *n && st == KVS_OK; i++)
+        if (!strcmp(codecs[i], canon)) st = kvs_fail(KVS_ERR_FORMAT, "%s: codec %s given twice (%s)", where, spec, canon);
+    if (st == KVS_OK && *n == STUDY_MAX_CODECS)
+        st = kvs_fail(KVS_ERR_FORMAT, "%s: at most %d codecs", where, STUDY_MAX_CODECS);
+    if (st == KVS_OK && !(codecs[*n] = dup_str(canon))) st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+    if (st == KVS_OK) (*n)++;
+    kvs_codec_free(c);
+    return st;
 }
 
 /* ---- the file ---- */
@@ -200,6 +234,11 @@ static kvs_status parse_line(kvs_study *s, const char *path, int line, char *tex
         if (!(s->policies[s->n_policies] = dup_str(val))) return kvs_fail(KVS_ERR_NOMEM, "out of memory");
         s->n_policies++;
         return KVS_OK;
+    }
+    if (!strcmp(key, "codec")) {
+        char where[STUDY_LINE_MAX + 32];
+        snprintf(where, sizeof where, "%s:%d", path, line);
+        return add_codec(s->codecs, &s->n_codecs, where, val);
     }
     /* every other key is single-valued: given twice is an error, never "the last wins" */
     char **slot = !strcmp(key, "name") ? &s->name : !strcmp(key, "budgets") ? &s->budgets
@@ -229,7 +268,7 @@ static kvs_status parse_line(kvs_study *s, const char *path, int line, char *tex
         return KVS_OK;
     }
     return kvs_fail(KVS_ERR_FORMAT,
-                    "%s:%d: unknown key '%s' (known: name, trace, policy, budgets, measure, series-every, kv-bytes, "
+                    "%s:%d: unknown key '%s' (known: name, trace, policy, codec, budgets, measure, series-every, kv-bytes, "
                     "aux-bytes, threads, policies-per-task)",
                     path, line, key);
 }
@@ -301,6 +340,7 @@ void kvs_study_free(kvs_study *s) {
     if (!s) return;
     for (int32_t i = 0; i < s->n_traces; i++) free(s->traces[i].path);
     for (int32_t i = 0; i < s->n_policies; i++) free(s->policies[i]);
+    for (int32_t i = 0; i < s->n_codecs; i++) free(s->codecs[i]);
     free(s->traces);
     free(s->tasks);
     free(s->name);
@@ -315,6 +355,23 @@ const char *kvs_study_trace_path(const kvs_study *s, int32_t i) { return s->trac
 int32_t kvs_study_n_policies(const kvs_study *s) { return s->n_policies; }
 const char *kvs_study_policy_spec(const kvs_study *s, int32_t i) { return s->policies[i]; }
 const char *kvs_study_budgets(const kvs_study *s) { return s->budgets; }
+int32_t kvs_study_n_codecs(const kvs_study *s) { return s->n_codecs; }
+const char *kvs_study_codec_spec(const kvs_study *s, int32_t i) { return s->codecs[i]; }
+
+kvs_status kvs_study_set_codecs(kvs_study *s, const char *const *specs, int32_t n) {
+    char *codecs[STUDY_MAX_CODECS] = {NULL};
+    int32_t m = 0;
+    kvs_status st = KVS_OK;
+    for (int32_t i = 0; i < n && st == KVS_OK; i++) st = add_codec(codecs, &m, "--codec", specs[i]);
+    if (st != KVS_OK) {
+        for (int32_t i = 0; i < m; i++) free(codecs[i]);
+        return st == KVS_ERR_FORMAT ? kvs_fail(KVS_ERR_INVALID_ARG, "%s", kvs_last_error()) : st;
+    }
+    for (int32_t i = 0; i < s->n_codecs; i++) free(s->codecs[i]);
+    memcpy(s->codecs, codecs, sizeof codecs);
+    s->n_codecs = m;
+    return build_tasks(s);
+}
 int32_t kvs_study_n_budgets(const kvs_study *s) { return s->n_budgets; }
 const char *kvs_study_measure(const kvs_study *s) { return s->measure; }
 int64_t kvs_study_series_every(const kvs_study *s) { return s->series_every; }

@@ -1,7 +1,8 @@
 /* study.h — the declarative STUDY file of `kvsim sweep` and its deterministic task list (format: results/STUDY.md).
  *
- * A study is traces x policy configurations x budgets with one set of measurement options. Its work is cut into
- * TASKS: one trace x a slice of consecutive policies (each with every budget), so one task is one replay pass
+ * A study is traces x policy configurations x KV codecs (optional) x budgets with one set of measurement options.
+ * Its work is cut into TASKS: one trace x a slice of consecutive policies (each with every codec and every budget),
+ * so one task is one replay pass
  * (the full attention of the trace is computed once per task). Cheaper traces get more policies per task so
  * that tasks take similar time (kvs_study_load, "Task sizing" in results/STUDY.md). The list depends only on the
  * study file and the trace headers: every rank and every Slurm array element computes the same list.
@@ -15,7 +16,7 @@
 
 typedef struct kvs_study kvs_study;
 
-/* One task: trace `trace` x policies [policy_begin, policy_end) x every budget. */
+/* One task: trace `trace` x policies [policy_begin, policy_end) x every codec x every budget. */
 typedef struct {
     int32_t trace;                   /* index into the study's traces */
     int32_t policy_begin, policy_end;
@@ -37,6 +38,15 @@ const char *kvs_study_trace_path(const kvs_study *s, int32_t i);
 int32_t kvs_study_n_policies(const kvs_study *s);
 const char *kvs_study_policy_spec(const kvs_study *s, int32_t i); /* the spec as written. Borrowed. */
 const char *kvs_study_budgets(const kvs_study *s);                /* the budget list as written. Borrowed. */
+/* The codecs (`codec` lines, results/STUDY.md): 0 when none is given (every run K/V as captured, the replay gets no
+ * --codec); else each run of a (policy, budget) is repeated per codec. Codec i's canonical spec (sim/codec.h), or
+ * "none" for K/V as captured among others. Borrowed. */
+int32_t kvs_study_n_codecs(const kvs_study *s);
+const char *kvs_study_codec_spec(const kvs_study *s, int32_t i);
+/*! kvs_study_set_codecs() : replaces the study's codecs by specs[0..n) (`kvsim sweep --codec`; n 0: none) and
+ *  rebuilds the task list (their cost scales with the codecs). A spec that does not parse, or one codec twice:
+ *  KVS_ERR_INVALID_ARG naming it ("--codec SPEC: ..."), the study unchanged. */
+kvs_status kvs_study_set_codecs(kvs_study *s, const char *const *specs, int32_t n);
 int32_t kvs_study_n_budgets(const kvs_study *s);
 /* The measurement options as `kvsim replay` options: measure, series-every, kv-bytes, aux-bytes, threads; 0
  * (or NULL) = the replay default. */

@@ -124,7 +124,7 @@ static int run(ctx *c, ...) {
     } while (0)
 
 /* Complete runs of a database as sorted "trace-name|policy|params|budget|measure|out_err_mean|storage_bytes_mean|
- * attended_tokens_mean|n" lines: what two databases must agree on run by run. */
+ * attended_tokens_mean|n|codec" lines: what two databases must agree on run by run. */
 static char *run_lines(const char *db_path, int64_t *n_runs) {
     kvs_results_db *db = NULL;
     if (kvs_results_open_readonly(db_path, &db) != KVS_OK) return NULL;
@@ -140,10 +140,10 @@ static char *run_lines(const char *db_path, int64_t *n_runs) {
     for (int64_t i = 0; i < n; i++) {
         const char *name = strrchr(rows[i].trace_path, '/');
         char buf[2048];
-        snprintf(buf, sizeof buf, "%s|%s|%s|%lld|%s|%.17g|%.17g|%.17g|%lld\n", name ? name + 1 : rows[i].trace_path,
+        snprintf(buf, sizeof buf, "%s|%s|%s|%lld|%s|%.17g|%.17g|%.17g|%lld|%s\n", name ? name + 1 : rows[i].trace_path,
                  rows[i].policy, rows[i].params, (long long)rows[i].budget_tokens, rows[i].measure,
                  rows[i].agg.out_err.mean, rows[i].agg.storage_bytes.mean, rows[i].agg.attended_tokens.mean,
-                 (long long)rows[i].agg.out_err.n);
+                 (long long)rows[i].agg.out_err.n, rows[i].codec ? rows[i].codec : "");
         lines[i] = strdup(buf);
         total += strlen(buf);
     }
@@ -272,6 +272,120 @@ static void test_task_list_is_deterministic_and_sized(void **state) {
     assert_int_equal(run(c, "sweep", c->study, "--estimate", NULL), 2);
     assert_int_equal(run(c, "sweep", c->study, "--db", c->a, "--task", "6", NULL), 2);
     assert_int_equal(run(c, "sweep", c->study, "--db", c->a, "--tasks", "3", NULL), 2);
+}
+
+/* ---- codecs ---- */
+
+static int count_of(const char *hay, const char *needle); /* occurrences of needle in hay (below) */
+
+#define INT4 "int:bits=4,group=32,k_axis=token,v_axis=channel" /* the canonical spec of "int:bits=4" */
+
+/* The `codec` key: repeatable, each spec parsed when the study loads (kept canonical), errors naming file:line, the
+ * same codec twice refused; the task list keeps its slices but each task's cost and runs scale with the codecs;
+ * kvs_study_set_codecs (`sweep --codec`) replaces them. */
+static void test_study_codec_key(void **state) {
+    ctx *c = *state;
+    char want[256];
+    snprintf(want, sizeof want, "%s:3: codec kivi:bits=3: codec kivi: bits=3", c->study);
+    expect_load_error(c, "trace tr_a.kvt\npolicy h2o\ncodec kivi:bits=3\nbudgets 8\n", KVS_ERR_FORMAT, want);
+    snprintf(want, sizeof want, "%s:4: codec int:bits=4,group=32 given twice (" INT4 ")", c->study);
+    expect_load_error(c, "trace tr_a.kvt\npolicy h2o\ncodec int:bits=4\ncodec int:bits=4,group=32\nbudgets 8\n",
+                      KVS_ERR_FORMAT, want);
+    kvs_study *plain = NULL, *s = NULL;
+    assert_int_equal(write_text(c->study, study_text), 0);
+    assert_int_equal(kvs_study_load(c->study, &plain), KVS_OK);
+    assert_int_equal(kvs_study_n_codecs(plain), 0);
+    char text[sizeof study_text + 64];
+    snprintf(text, sizeof text, "%scodec none\ncodec int:bits=4\n", study_text);
+    assert_int_equal(write_text(c->study, text), 0);
+    assert_int_equal(kvs_study_load(c->study, &s), KVS_OK);
+    assert_int_equal(kvs_study_n_codecs(s), 2);
+    assert_string_equal(kvs_study_codec_spec(s, 0), "none");
+    assert_string_equal(kvs_study_codec_spec(s, 1), INT4);
+    /* the same slices (every trace's cost doubles alike); each task's budget part of the work doubles: work =
+     * L H D n (n + 2 sum(b) P C) for P policies and C codecs */
+    assert_int_equal(kvs_study_n_tasks(s), kvs_study_n_tasks(plain));
+    for (int32_t i = 0; i < kvs_study_n_tasks(s); i++) {
+        const kvs_study_task *a = kvs_study_task_get(plain, i), *b = kvs_study_task_get(s, i);
+        assert_int_equal(a->policy_begin, b->policy_begin);
+        assert_int_equal(a->policy_end, b->policy_end);
+        const char *tp = kvs_study_trace_path(s, b->trace);
+        double n = strstr(tp, "tr_a") ? 60 : 30, sum_b = strstr(tp, "tr_a") ? 8 + 15 : 8 + 10;
+        double p = b->policy_end - b->policy_begin, full = n * n; /* per L H D */
+        assert_float_equal(a->work / (full + 2 * sum_b * n * p), b->work / (full + 4 * sum_b * n * p), 1e-9);
+    }
+    const char *specs[] = {"kivi"}, *bad[] = {"fp8:format=e9"}, *twice[] = {"none", "none"};
+    assert_int_equal(kvs_study_set_codecs(s, bad, 1), KVS_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvs_last_error(), "--codec: codec fp8:format=e9"));
+    assert_int_equal(kvs_study_set_codecs(s, twice, 2), KVS_ERR_INVALID_ARG);
+    assert_int_equal(kvs_study_n_codecs(s), 2); /* unchanged */
+    assert_int_equal(kvs_study_set_codecs(s, specs, 1), KVS_OK);
+    assert_int_equal(kvs_study_n_codecs(s), 1);
+    assert_string_equal(kvs_study_codec_spec(s, 0), "kivi:bits=2,group=32,residual=128");
+    for (int32_t i = 0; i < kvs_study_n_tasks(s); i++) /* one codec costs what none does */
+        assert_float_equal(kvs_study_task_get(s, i)->work, kvs_study_task_get(plain, i)->work, 1e-6);
+    kvs_study_free(s);
+    kvs_study_free(plain);
+    SKIP_WITHOUT_BIN();
+    assert_int_equal(run(c, "sweep", c->study, "--list-tasks", NULL), 0);
+    assert_non_null(strstr(c->out, "2 traces x 4 policies x 2 codecs x 2 budgets = 32 runs in 6 tasks"));
+    assert_non_null(strstr(c->out, "0\t"));
+    assert_non_null(strstr(c->out, "\t4\th2o x codecs none " INT4 "\n")); /* task 0: h2o x 2 codecs x 2 budgets */
+    assert_int_equal(run(c, "sweep", c->study, "--list-tasks", "--codec", "fp8", NULL), 0);
+    assert_non_null(strstr(c->out, "2 traces x 4 policies x 1 codecs x 2 budgets = 16 runs in 6 tasks"));
+    assert_non_null(strstr(c->out, "\th2o x codecs fp8:"));
+    assert_int_equal(run(c, "sweep", c->study, "--list-tasks", "--codec", "int:bits=5", NULL), 1);
+    assert_non_null(strstr(c->err, "kvsim sweep: --codec: codec int:bits=5"));
+    assert_int_equal(run(c, "sweep", c->study, "--list-tasks", "--codec", NULL), 2);
+}
+
+/* A study with codecs runs each (trace, policy, codec, budget) once: the same runs, number for number, as one
+ * `kvsim replay` with the same --codec options; a resumed sweep skips its tasks, another codec list (--codec) is
+ * other tasks and other runs; shards merge to the one-process sweep, and the folder (MPI) path expands alike. */
+static void test_codec_sweep_runs_and_resumes(void **state) {
+    ctx *c = *state;
+    SKIP_WITHOUT_BIN();
+    char single[160], replayed[160], merged[160], dir[160], study_db[200], trace[160];
+    snprintf(single, sizeof single, "%s/single.db", c->dir);
+    snprintf(replayed, sizeof replayed, "%s/replay.db", c->dir);
+    snprintf(merged, sizeof merged, "%s/merged.db", c->dir);
+    snprintf(dir, sizeof dir, "%s/shards/", c->dir);
+    snprintf(study_db, sizeof study_db, "%sstudy.db", dir);
+    snprintf(trace, sizeof trace, "%s/tr_a.kvt", c->dir);
+    assert_int_equal(write_text(c->study, "trace tr_a.kvt\npolicy window\npolicy h2o\ncodec none\n"
+                                          "codec int:bits=4\nbudgets 8,16\nthreads 1\n"),
+                     0);
+    assert_int_equal(run(c, "sweep", c->study, "--db", single, NULL), 0);
+    assert_int_equal(count_all_runs(single), 2 * 2 * 2);
+    assert_int_equal(run(c, "replay", trace, "--db", replayed, "--policy", "window", "--policy", "h2o", "--codec",
+                         "none", "--codec", "int:bits=4", "--budgets", "8,16", "--threads", "1", "--no-progress", NULL),
+                     0);
+    assert_same_runs(replayed, single, 8);
+    char *lines = NULL;
+    int64_t n = 0;
+    assert_non_null(lines = run_lines(single, &n));
+    assert_int_equal(count_of(lines, "|" INT4 "\n"), 4);
+    assert_int_equal(count_of(lines, "|\n"), 4);
+    free(lines);
+    /* resumed: both tasks complete */
+    assert_int_equal(run(c, "sweep", c->study, "--db", single, NULL), 0);
+    assert_int_equal(count_of(c->err, "already complete in"), 2);
+    assert_int_equal(count_all_runs(single), 8);
+    /* another codec list is another task: it runs, beside the others */
+    assert_int_equal(run(c, "sweep", c->study, "--db", single, "--task", "0", "--codec", "fp8", NULL), 0);
+    assert_int_equal(count_of(c->err, "already complete in"), 0);
+    assert_int_equal(count_all_runs(single), 8 + 2);
+    assert_int_equal(run(c, "sweep", c->study, "--db", single, "--task", "0", "--codec", "fp8", NULL), 0);
+    assert_int_equal(count_of(c->err, "already complete in"), 1);
+    /* shards: the merge tells the codec runs apart (none of them is a duplicate of another) */
+    assert_int_equal(run(c, "sweep", c->study, "--db", c->a, "--task", "0", NULL), 0);
+    assert_int_equal(run(c, "sweep", c->study, "--db", c->b, "--task", "1", NULL), 0);
+    assert_int_equal(run(c, "merge", merged, c->a, c->b, NULL), 0);
+    assert_non_null(strstr(c->out, "8 runs copied, 0 duplicates dropped"));
+    assert_same_runs(replayed, merged, 8);
+    /* the folder path (what every MPI rank runs) expands the same runs */
+    assert_int_equal(run(c, "sweep", c->study, "--db", dir, NULL), 0);
+    assert_same_runs(replayed, study_db, 8);
 }
 
 /* ---- tasks ---- */
@@ -541,6 +655,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_study_errors_name_file_and_line, setup, teardown),
         cmocka_unit_test_setup_teardown(test_task_list_is_deterministic_and_sized, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_study_codec_key, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_codec_sweep_runs_and_resumes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_task_runs_once_and_resumes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_merged_shards_equal_one_process, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sharded_resume_skips_every_shard, setup, teardown),
