@@ -10,8 +10,8 @@
  * compared with the others at its measured memory, never only at its nominal budget — that is --match mem.
  *
  * Method (results/compare.h, shared with `kvsim report`): complete runs, read through results/results.h, grouped
- * into series (policy, params, trace by content hash, measure, kv_bytes, aux_bytes); runs of one series at the same
- * x are averaged; at X a point at exactly X is used as is, two adjacent points at most --max-ratio apart that
+ * into series (policy, params, codec, trace by content hash, measure, kv_bytes, aux_bytes); runs of one series at
+ * the same x are averaged; at X a point at exactly X is used as is, two adjacent points at most --max-ratio apart that
  * bracket X are interpolated linearly in log(x), two farther apart are a "gap" (no value; both named), and a series
  * whose points do not reach X on both sides is "out of range [xmin, xmax]": never extrapolated. A value not
  * recorded in either bracketing run is not available ("-", empty, null). Flags as `kvsim runs` shows them (O P N).
@@ -44,10 +44,11 @@ static void usage(FILE *f) {
             "                        [--metric M ...] [--per-trace | --across-traces [--pairs]] [--csv | --json]\n"
             "                        [--policy NAME] [--trace PATH] [--model NAME] [--measure M]\n"
             "Compares the policies of the results database DB at an equal cost X (POLICY_SPEC.md 1.5,\n"
-            "budget-matching modes). A series is the complete runs of one (policy, params, trace, measure,\n"
+            "budget-matching modes). A series is the complete runs of one (policy, params, codec, trace, measure,\n"
             "kv_bytes, aux_bytes): a trace is its content hash, so one file through two paths is one trace, two\n"
             "files with one name two (labelled <model>@<8 hex>); runs with other --kv-bytes/--aux-bytes are\n"
-            "other series (labelled [kv_bytes=K,aux_bytes=A] when that is all that differs). Each run's x is\n"
+            "other series (labelled [kv_bytes=K,aux_bytes=A] when that is all that differs); a run of\n"
+            "kvsim replay --codec has its canonical spec in brackets after the params. Each run's x is\n"
             "  --match mem      its resident bytes per KV head (storage_bytes_mean: KV + auxiliary)\n"
             "  --match traffic  its bytes read per step per KV head (traffic_bytes_mean)\n"
             "  --match tokens   its nominal budget (budget_tokens per KV head)\n"
@@ -67,24 +68,27 @@ static void usage(FILE *f) {
             "  --metric M    <metric>_<stat> of the metric table (stat: mean p50 p95 max min), repeatable or\n"
             "                comma-separated; default:\n"
             "                %s\n"
-            "  --csv         one row per series: policy,params,flags,is_oracle,prompt_only,degenerate,kv_bytes,\n"
-            "                aux_bytes,trace,trace_label,trace_sha256,model,measure,match,x,at,status,run_lo,\n"
-            "                run_hi,budget_lo,budget_hi,x_lo,x_hi,x_min,x_max, then the metrics (status:\n"
-            "                interpolated, exact, gap, out_of_range, no_x = the runs have no recorded x)\n"
-            "  --json        one object with the match, x, X, the ratio and one entry per series\n"
+            "  --csv         one row per series: policy,params,codec,flags,is_oracle,prompt_only,degenerate,\n"
+            "                kv_bytes,aux_bytes,trace,trace_label,trace_sha256,model,measure,match,x,at,status,\n"
+            "                run_lo,run_hi,budget_lo,budget_hi,x_lo,x_hi,x_min,x_max, then the metrics (codec:\n"
+            "                empty = K/V as captured; status: interpolated, exact, gap, out_of_range, no_x = the\n"
+            "                runs have no recorded x)\n"
+            "  --json        one object with the match, x, X, the ratio and one entry per series (codec: null =\n"
+            "                K/V as captured)\n"
             "Across traces (the default as soon as a model has two or more traces in DB, e.g. one per prompt from\n"
-            "examples/capture_prompts.sh): the series are grouped by (policy, params, measure, kv_bytes, aux_bytes,\n"
-            "model); each group's value is its MEAN over the traces of its model where it has a value at X, with\n"
-            "the percentile bootstrap 95%% interval [lo, hi] resampling traces (%d resamples, seeded from what is\n"
-            "compared: the same database gives the same intervals) and n = traces used; the traces it is excluded\n"
-            "on are named (out of range, gap, no x, not run). The first metric's difference between two groups is\n"
-            "PAIRED: the mean of (a - b) over the traces both have a value on, with its interval; it is resolved\n"
-            "when the interval excludes 0. One trace: the value alone (one trace: no interval).\n"
+            "examples/capture_prompts.sh): the series are grouped by (policy, params, codec, measure, kv_bytes,\n"
+            "aux_bytes, model); each group's value is its MEAN over the traces of its model where it has a value\n"
+            "at X, with the percentile bootstrap 95%% interval [lo, hi] resampling traces (%d resamples, seeded\n"
+            "from what is compared: the same database gives the same intervals) and n = traces used; the traces\n"
+            "it is excluded on are named (out of range, gap, no x, not run). The first metric's difference\n"
+            "between two groups is PAIRED: the mean of (a - b) over the traces both have a value on, with its\n"
+            "interval; it is resolved when the interval excludes 0. One trace: the value alone (one trace: no\n"
+            "interval).\n"
             "  --per-trace     one row per series (per trace), as with a single trace\n"
             "  --across-traces the groups even when every model has one trace\n"
             "  --pairs         every pair of groups of a model (default: each group against the best one, the\n"
             "                  first non-oracle group by the first metric); implies --across-traces\n"
-            "  --csv across:   one row per group: policy,params,label,flags,is_oracle,prompt_only,degenerate,\n"
+            "  --csv across:   one row per group: policy,params,codec,label,flags,is_oracle,prompt_only,degenerate,\n"
             "                  kv_bytes,aux_bytes,model,measure,match,x,at,n_traces,n,n_out_of_range,n_gap,n_no_x,\n"
             "                  n_not_run,excluded, per metric M: M,M_lo,M_hi,M_n, then vs_best,<M1>_diff,\n"
             "                  <M1>_diff_lo,<M1>_diff_hi,<M1>_diff_n,resolved (-1 below the best, +1 above, 0 not\n"
@@ -208,7 +212,9 @@ static void print_table(FILE *o, const kvs_compare *cmp, const kvs_compare_colum
                 fmt_value(v, sizeof v, s->val[c], &cols[c]);
                 fprintf(o, " %*s", col_width(&cols[c]), v);
             }
-        fprintf(o, "  %-*s  %s", fw, from[i], s->rep->params[0] ? s->rep->params : "-");
+        char pl[512];
+        kvs_results_run_params_label(s->rep, pl, sizeof pl); /* the codec after the params, as labels name it */
+        fprintf(o, "  %-*s  %s", fw, from[i], pl);
         if (s->bytes_in_label && s->kv_bytes >= 0) fprintf(o, " [kv_bytes=%d,aux_bytes=%d]", s->kv_bytes, s->aux_bytes);
         else if (s->bytes_in_label) fputs(" [bytes not recorded]", o);
         fputc('\n', o);
@@ -237,8 +243,8 @@ static void print_csv(FILE *o, const kvs_compare *cmp, const kvs_compare_column 
     size_t n = kvs_compare_n_series(cmp);
     double X = kvs_compare_at(cmp);
     kvs_compare_match mode = kvs_compare_match_of(cmp);
-    fputs("policy,params,flags,is_oracle,prompt_only,degenerate,kv_bytes,aux_bytes,trace,trace_label,trace_sha256,"
-          "model,measure,match,x,at,status,run_lo,run_hi,budget_lo,budget_hi,x_lo,x_hi,x_min,x_max",
+    fputs("policy,params,codec,flags,is_oracle,prompt_only,degenerate,kv_bytes,aux_bytes,trace,trace_label,"
+          "trace_sha256,model,measure,match,x,at,status,run_lo,run_hi,budget_lo,budget_hi,x_lo,x_hi,x_min,x_max",
           o);
     for (int c = 0; c < n_cols; c++) fprintf(o, ",%s", cols[c].name);
     fputc('\n', o);
@@ -250,6 +256,8 @@ static void print_csv(FILE *o, const kvs_compare *cmp, const kvs_compare_column 
         kvs_cli_csv_field(o, s->rep->policy);
         fputc(',', o);
         kvs_cli_csv_field(o, s->rep->params);
+        fputc(',', o);
+        kvs_cli_csv_field(o, s->rep->codec); /* empty: K/V as captured */
         fprintf(o, ",%s,%d,%d,%d,", flags, s->is_oracle, s->prompt_only, s->degenerate);
         if (s->kv_bytes >= 0) fprintf(o, "%d,%d,", s->kv_bytes, s->aux_bytes);
         else fputs(",,", o);
@@ -316,6 +324,8 @@ static void print_json(FILE *o, const kvs_compare *cmp, const kvs_compare_column
         kvs_cli_json_string(o, s->rep->policy);
         fprintf(o, ",\"params\":");
         kvs_cli_json_string(o, s->rep->params);
+        fprintf(o, ",\"codec\":");
+        kvs_cli_json_string(o, s->rep->codec); /* null: K/V as captured */
         fprintf(o, ",\"flags\":\"%s\",\"is_oracle\":%s,\"prompt_only\":%s,\"degenerate\":%s,\"kv_bytes\":", flags,
                 s->is_oracle ? "true" : "false", s->prompt_only ? "true" : "false", s->degenerate ? "true" : "false");
         if (s->kv_bytes >= 0) fprintf(o, "%d,\"aux_bytes\":%d", s->kv_bytes, s->aux_bytes);
@@ -468,7 +478,9 @@ static void print_across_table(FILE *o, const kvs_compare *cmp, const kvs_compar
             snprintf(nn, sizeof nn, "%zu/%zu", g->n_used, set->n_traces);
             fprintf(o, "%-*s %-5s %7s", pw, g->rep->rep->policy, flags[0] ? flags : "-", nn);
             for (int c = 0; c < n_cols; c++) fprintf(o, "  %*s", cw[c], cells[i * (size_t)n_cols + (size_t)c]);
-            fprintf(o, "  %-*s  %s", ew, excl[i][0] ? excl[i] : "-", g->rep->rep->params[0] ? g->rep->rep->params : "-");
+            char pl[512];
+            kvs_results_run_params_label(g->rep->rep, pl, sizeof pl);
+            fprintf(o, "  %-*s  %s", ew, excl[i][0] ? excl[i] : "-", pl);
             if (g->rep->bytes_in_label && g->rep->kv_bytes >= 0)
                 fprintf(o, " [kv_bytes=%d,aux_bytes=%d]", g->rep->kv_bytes, g->rep->aux_bytes);
             fputc('\n', o);
@@ -552,8 +564,8 @@ static void print_across_csv(FILE *o, const kvs_compare *cmp, const kvs_compare_
         }
         return;
     }
-    fputs("policy,params,label,flags,is_oracle,prompt_only,degenerate,kv_bytes,aux_bytes,model,measure,match,x,at,"
-          "n_traces,n,n_out_of_range,n_gap,n_no_x,n_not_run,excluded",
+    fputs("policy,params,codec,label,flags,is_oracle,prompt_only,degenerate,kv_bytes,aux_bytes,model,measure,match,x,"
+          "at,n_traces,n,n_out_of_range,n_gap,n_no_x,n_not_run,excluded",
           o);
     for (int c = 0; c < n_cols; c++)
         fprintf(o, ",%s,%s_lo,%s_hi,%s_n", cols[c].name, cols[c].name, cols[c].name, cols[c].name);
@@ -569,6 +581,8 @@ static void print_across_csv(FILE *o, const kvs_compare *cmp, const kvs_compare_
             kvs_cli_csv_field(o, g->rep->rep->policy);
             fputc(',', o);
             kvs_cli_csv_field(o, g->rep->rep->params);
+            fputc(',', o);
+            kvs_cli_csv_field(o, g->rep->rep->codec);
             fputc(',', o);
             kvs_cli_csv_field(o, g->label);
             fprintf(o, ",%s,%d,%d,%d,", flags, g->is_oracle, g->prompt_only, g->degenerate);
@@ -657,6 +671,8 @@ static void print_across_json(FILE *o, const kvs_compare *cmp, const kvs_compare
             kvs_cli_json_string(o, g->rep->rep->policy);
             fprintf(o, ",\"params\":");
             kvs_cli_json_string(o, g->rep->rep->params);
+            fprintf(o, ",\"codec\":");
+            kvs_cli_json_string(o, g->rep->rep->codec);
             fprintf(o, ",\"label\":");
             kvs_cli_json_string(o, g->label);
             fprintf(o, ",\"flags\":\"%s\",\"is_oracle\":%s,\"prompt_only\":%s,\"degenerate\":%s,\"kv_bytes\":", flags,

@@ -5,8 +5,9 @@
  * CSV follows RFC 4180 quoting: a field containing a comma, a double quote, CR or LF is enclosed in
  * double quotes with inner quotes doubled (params such as "window=64,sinks=4" are quoted); records end
  * in LF; a value not recorded is an empty field; reals print in the shortest form that reads back to the
- * same double. Its leading columns are a fixed interface (csv_legacy below); after them come budget_scope,
- * layout, notes and then `<metric>_<stat>` for every metric of the table (sim/metrics.h) and statistic.
+ * same double. Its leading columns are a fixed interface (csv_legacy below); after them come the later run columns
+ * (budget_scope, layout, notes, codec) and then `<metric>_<stat>` for every metric of the table (sim/metrics.h)
+ * and statistic, last because that block grows with the metric table: a new run column goes before it.
  * Exit codes per cli.h: 0 listed, 1 database failure (a damaged table among those listed included: checked with
  * kvs_results_check_runs), unknown --run id or failed write, 2 bad usage.
  */
@@ -46,7 +47,8 @@ static void usage(FILE *f) {
             "                policy,params,budget_tokens,layer,out_err_mean,out_err_p95,out_err_max,\n"
             "                attn_recall_mean,topk_overlap_mean,storage_bytes_max,traffic_bytes_per_step_mean\n"
             "                then run_id,trace,model,is_oracle,status,...,error (RFC 4180 quoting), then\n"
-            "                budget_scope,layout,notes and <metric>_<stat> for every metric and statistic\n"
+            "                budget_scope,layout,notes,codec (empty: K/V as captured) and <metric>_<stat> for\n"
+            "                every metric and statistic\n"
             "  --summary     with --csv: one row per run instead, its run-wide aggregate (table run_summary,\n"
             "                over every layer); same columns, the layer field empty\n"
             "  --json        a JSON array, one object per run: configuration, trace, budget_scope, layout,\n"
@@ -74,7 +76,7 @@ static void csv_stat(FILE *o, const kvs_results_agg *a, kvs_metric m, kvs_stat_k
 
 static void print_csv_header(FILE *o) {
     fputs(csv_legacy_header, o);
-    fputs(",budget_scope,layout,notes", o);
+    fputs(",budget_scope,layout,notes,codec", o);
     for (int m = 0; m < KVS_N_METRICS; m++)
         for (int s = 0; s < KVS_N_STATS; s++) fprintf(o, ",%s_%s", kvs_metric_table[m].name, kvs_stat_names[s]);
     fputc('\n', o);
@@ -127,6 +129,8 @@ static void print_csv_row(FILE *o, const kvs_results_run_row *w, const kvs_resul
     kvs_cli_csv_field(o, w->layout);
     fputc(',', o);
     kvs_cli_csv_field(o, w->notes);
+    fputc(',', o);
+    kvs_cli_csv_field(o, w->codec); /* empty: K/V as captured */
     for (int m = 0; m < KVS_N_METRICS; m++)
         for (int s = 0; s < KVS_N_STATS; s++) csv_stat(o, a, (kvs_metric)m, (kvs_stat_kind)s);
     fputc('\n', o);
@@ -226,7 +230,7 @@ void kvs_cli_print_runs_table(FILE *o, const kvs_results_run_row *rows, int64_t 
     for (int64_t i = 0; i < n; i++) {
         const kvs_results_run_row *w = &rows[i];
         const kvs_results_agg *a = w->has_agg ? &w->agg : NULL;
-        char b[10][48], flags[KVS_COMPARE_FLAGS_CAP], tl[160];
+        char b[10][48], flags[KVS_COMPARE_FLAGS_CAP], tl[160], pl[512];
         kvs_compare_run_flags(w, flags); /* the one derivation of compare and report */
         any_o |= strchr(flags, 'O') != NULL;
         any_p |= strchr(flags, 'P') != NULL;
@@ -234,14 +238,14 @@ void kvs_cli_print_runs_table(FILE *o, const kvs_results_run_row *rows, int64_t 
         any_n |= strchr(flags, 'N') != NULL;
         if (!flags[0]) snprintf(flags, sizeof flags, "-");
         kvs_results_trace_label(w, tl, sizeof tl); /* <model>@<8 hex of the content hash>, else the file name */
+        kvs_results_run_params_label(w, pl, sizeof pl); /* "params [codec]": the codec as every run label names it */
         fprintf(o, "%5" PRId64 " %-12s %7" PRId64 " %-7s %8s %7s %9s %9s %10s %9s %9s %7s %-5s %-20s %s", w->id,
                 w->policy, w->budget_tokens, w->measure, cell(a, KVS_M_ATTENDED, KVS_STAT_MEAN, '1', b[0], 48),
                 cell(a, KVS_M_ATTENDED, KVS_STAT_MAX, '0', b[1], 48), cell(a, KVS_M_STORAGE, KVS_STAT_MEAN, 'b', b[2], 48),
                 cell(a, KVS_M_STORAGE, KVS_STAT_MAX, 'b', b[3], 48), cell(a, KVS_M_TRAFFIC, KVS_STAT_MEAN, 'b', b[4], 48),
                 cell(a, KVS_M_OUT_ERR, KVS_STAT_MEAN, 'g', b[5], 48), cell(a, KVS_M_OUT_ERR, KVS_STAT_P95, 'g', b[6], 48),
                 cell(a, KVS_M_ATTN_RECALL, KVS_STAT_MEAN, 'f', b[7], 48), flags, tl,
-                w->params[0] ? w->params : "-");
-        if (w->codec) fprintf(o, " [%s]", w->codec); /* as kvs_results_run_label names the run */
+                pl);
         if (w->notes) fprintf(o, "  note: %s", w->notes);
         if (w->error) fprintf(o, "  error: %s", w->error);
         fputc('\n', o);

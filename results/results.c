@@ -1621,11 +1621,22 @@ kvs_status kvs_results_prepare(kvs_results_db *r, const char *sql, sqlite3_stmt 
     return prepare(r, sql, st, what);
 }
 
+/* The one spelling of a run's codec in its names: " [SPEC]", "" without a codec. */
+static const char *codec_open(const kvs_results_run_row *r) { return r->codec && r->codec[0] ? " [" : ""; }
+static const char *codec_spec(const kvs_results_run_row *r) { return r->codec ? r->codec : ""; }
+static const char *codec_close(const kvs_results_run_row *r) { return r->codec && r->codec[0] ? "]" : ""; }
+
 void kvs_results_run_label(const kvs_results_run_row *r, char *buf, size_t cap) {
     if (!cap) return;
-    const char *params = r->params ? r->params : "", *codec = r->codec ? r->codec : "";
+    const char *params = r->params ? r->params : "";
     snprintf(buf, cap, "%s%s%s%s%s%s%s", r->policy ? r->policy : "?", params[0] ? " (" : "", params,
-             params[0] ? ")" : "", codec[0] ? " [" : "", codec, codec[0] ? "]" : "");
+             params[0] ? ")" : "", codec_open(r), codec_spec(r), codec_close(r));
+}
+
+void kvs_results_run_params_label(const kvs_results_run_row *r, char *buf, size_t cap) {
+    if (!cap) return;
+    snprintf(buf, cap, "%s%s%s%s", r->params && r->params[0] ? r->params : "-", codec_open(r), codec_spec(r),
+             codec_close(r));
 }
 
 int kvs_results_has_column(kvs_results_db *r, const char *table, const char *col, const char *what) {

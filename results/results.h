@@ -181,6 +181,10 @@ kvs_status kvs_results_check_runs(kvs_results_db *db);
  *  report, runs): "policy (params) [codec]", e.g. "window [int:bits=4,group=32,k_axis=token,v_axis=channel]" (no
  *  parentheses without params, no brackets without a codec). Into buf (cap bytes, always NUL-terminated). */
 void kvs_results_run_label(const kvs_results_run_row *r, char *buf, size_t cap);
+/*! kvs_results_run_params_label() : the same name less its policy, for the tables that print the policy in a
+ *  column of its own (compare, runs): "params [codec]", "-" standing for no params ("- [fp8]", "-"). Into buf (cap
+ *  bytes, always NUL-terminated). */
+void kvs_results_run_params_label(const kvs_results_run_row *r, char *buf, size_t cap);
 
 /*! kvs_results_trace_label() : a run's trace as people read it, into buf (cap bytes, always NUL-terminated when
  *  cap > 0, truncated to fit): "<model>@<first 8 hex digits of trace_sha256>" (e.g. "stories260K@3f2a9c01") when

@@ -45,7 +45,8 @@ static void expect_ok(kvs_status st) {
 
 /* One complete run with the chosen run-wide aggregate (storage, traffic, errors...; storage < 0: storage and
  * traffic not recorded). Returns its id. The fields after topk are optional: the trace's content hash (recorded
- * as replay does, in sweep_traces), runs.options, budget_scope, notes, and a peak storage (0: = the mean). */
+ * as replay does, in sweep_traces), runs.options, budget_scope, notes, a peak storage (0: = the mean) and the
+ * codec. */
 typedef struct {
     const char *trace, *model, *policy, *params, *measure;
     int oracle;
@@ -56,6 +57,7 @@ typedef struct {
 typedef struct {
     const char *sha, *options, *scope, *notes;
     double storage_max;
+    const char *codec; /* runs.codec, the canonical spec of kvsim replay --codec; NULL = K/V as captured */
 } run_extra;
 
 static kvs_results_stat val(double v) {
@@ -68,7 +70,8 @@ static int64_t put_run_ex(kvs_results_db *db, run_spec r, run_extra x) {
                             .dtype = "fp16", .file_bytes = 4096};
     kvs_results_run run = {.policy = r.policy, .params = r.params, .budget_tokens = r.budget, .budget_fraction = -1,
                            .is_oracle = r.oracle, .measure = r.measure, .status = "complete", .wall_seconds = 0.1,
-                           .kvsim_version = "0.1.0", .options = x.options, .budget_scope = x.scope, .notes = x.notes};
+                           .kvsim_version = "0.1.0", .options = x.options, .budget_scope = x.scope, .notes = x.notes,
+                           .codec = x.codec};
     kvs_results_agg a = {.layer = -1};
     a.out_err = val(r.err);
     a.out_err.p95 = r.err_p95;
@@ -280,7 +283,7 @@ static void test_mem_interpolates_in_log_x(void **state) {
     csv_table c;
     const char *args[] = {"--match", "mem", "--at", "2KiB", NULL};
     compare_csv(t, args, &c);
-    const char *want_head = "policy,params,flags,is_oracle,prompt_only,degenerate,kv_bytes,aux_bytes,trace,trace_label,"
+    const char *want_head = "policy,params,codec,flags,is_oracle,prompt_only,degenerate,kv_bytes,aux_bytes,trace,trace_label,"
                             "trace_sha256,model,measure,match,x,at,status,run_lo,run_hi,budget_lo,budget_hi,x_lo,x_hi,"
                             "x_min,x_max,out_err_mean,out_err_p95,attn_recall_mean,topk_overlap_mean,"
                             "attended_tokens_mean,storage_bytes_mean,traffic_bytes_mean";
@@ -392,10 +395,10 @@ static void test_tokens_and_traffic_modes(void **state) {
     const char *args_t[] = {"--match",  "traffic", "--at", "1KiB", "--metric", "traffic_bytes_mean",
                             "--metric", "out_err_mean,storage_bytes_mean", "--model", "m1", "--measure", "decode", NULL};
     compare_csv(t, args_t, &c);
-    assert_true(c.n_cols == 28); /* 25 fixed columns, then the three metrics in the order given */
-    assert_string_equal(c.head[25], "traffic_bytes_mean");
-    assert_string_equal(c.head[26], "out_err_mean");
-    assert_string_equal(c.head[27], "storage_bytes_mean");
+    assert_true(c.n_cols == 29); /* 26 fixed columns, then the three metrics in the order given */
+    assert_string_equal(c.head[26], "traffic_bytes_mean");
+    assert_string_equal(c.head[27], "out_err_mean");
+    assert_string_equal(c.head[28], "storage_bytes_mean");
     /* sorted by traffic_bytes_mean: every series in range shows 1024 (the match), ties by label */
     for (int i = 0; i < c.n_rows; i++) {
         const char *p = cell(&c, i, "policy");
@@ -754,6 +757,92 @@ static void test_kv_bytes_are_part_of_the_series(void **state) {
     text = kvs_test_slurp(t->out, NULL);
     assert_non_null(strstr(text, "- [kv_bytes=1,aux_bytes=4]\n"));
     assert_non_null(strstr(text, "- [kv_bytes=4,aux_bytes=4]\n"));
+    free(text);
+}
+
+/* Runs that differ only by their codec are two series, and every view names each row's codec: the table after the
+ * params (as kvs_results_run_label names runs), the CSV's codec column, the JSON's "codec"; across traces too. */
+static const char INT4[] = "int:bits=4,group=32,k_axis=token,v_axis=channel";
+static const char KIVI2[] = "kivi:bits=2,group=32,residual=32";
+
+static void put_codec_pair(kvs_results_db *db, const char *trace, const char *sha, const char *codec, double err) {
+    put_run_ex(db, (run_spec){trace, "m1", "window", "", "decode", 0, 16, 1024, 512, err, err, .5, .5},
+               (run_extra){.sha = sha, .codec = codec});
+    put_run_ex(db, (run_spec){trace, "m1", "window", "", "decode", 0, 64, 4096, 2048, err / 2, err / 2, .75, .5},
+               (run_extra){.sha = sha, .codec = codec});
+}
+
+static void test_codec_runs_are_rows_naming_their_codec(void **state) {
+    tmp_ctx *t = *state;
+    need_bin();
+    kvs_results_db *db = fresh_db(t, "codec.db");
+    put_codec_pair(db, "/t/a.kvt", SHA_A, INT4, .5);
+    put_codec_pair(db, "/t/a.kvt", SHA_A, KIVI2, .75);
+    put_codec_pair(db, "/t/a.kvt", SHA_A, NULL, .25);
+    kvs_results_close(db);
+
+    /* CSV: three series at 2 KiB (t = 1/2 in ln x between 1 KiB and 4 KiB: 3/4 of each budget-16 error) */
+    csv_table c;
+    const char *args[] = {"--match", "mem", "--at", "2KiB", "--metric", "out_err_mean", "--per-trace", NULL};
+    compare_csv(t, args, &c);
+    assert_string_equal(c.head[2], "codec"); /* beside the params, before the flags */
+    assert_int_equal(c.n_rows, 3);
+    int ri = row_where(&c, "codec", INT4, NULL, NULL), rk = row_where(&c, "codec", KIVI2, NULL, NULL),
+        rn = row_where(&c, "codec", "", NULL, NULL);
+    expect_str(&c, ri, "policy", "window");
+    expect_str(&c, rk, "policy", "window");
+    expect_num(&c, rn, "out_err_mean", .25 * .75);
+    expect_num(&c, ri, "out_err_mean", .5 * .75);
+    expect_num(&c, rk, "out_err_mean", .75 * .75);
+    free(c.text);
+
+    /* the text table: each row's params cell ends in its codec ("-" = no params) */
+    char *tab[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "2KiB", "--per-trace", NULL};
+    assert_int_equal(run_cli(tab, t->out, t->err), 0);
+    char *text = kvs_test_slurp(t->out, NULL), want[256];
+    snprintf(want, sizeof want, "  - [%s]\n", INT4);
+    assert_non_null(strstr(text, want));
+    snprintf(want, sizeof want, "  - [%s]\n", KIVI2);
+    assert_non_null(strstr(text, want));
+    assert_non_null(strstr(text, "  -\n")); /* the run without a codec: no brackets */
+    assert_true(params_column_aligned(text));
+    free(text);
+
+    /* JSON: "codec" beside the params, null without one; the label as kvs_results_run_label names the run */
+    char *js[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "2KiB", "--per-trace", "--json", NULL};
+    assert_int_equal(run_cli(js, t->out, t->err), 0);
+    text = kvs_test_slurp(t->out, NULL);
+    kvs_json *root = NULL;
+    expect_ok(kvs_json_parse(text, strlen(text), &root));
+    const kvs_json *series = kvs_json_get(root, "series");
+    assert_int_equal(kvs_json_len(series), 3);
+    /* sorted by out_err_mean: no codec, int4, kivi2 */
+    const kvs_json *c0 = kvs_json_get(kvs_json_at(series, 0), "codec");
+    assert_non_null(c0); /* present, and null */
+    assert_int_equal(kvs_json_type_of(c0), KVS_JSON_NULL);
+    assert_string_equal(kvs_json_string(kvs_json_get(kvs_json_at(series, 1), "codec")), INT4);
+    assert_string_equal(kvs_json_string(kvs_json_get(kvs_json_at(series, 2), "codec")), KIVI2);
+    snprintf(want, sizeof want, "window [%s]", INT4);
+    assert_string_equal(kvs_json_string(kvs_json_get(kvs_json_at(series, 1), "label")), want);
+    kvs_json_free(root);
+    free(text);
+
+    /* across traces: three groups, the CSV's codec column and the table's params cell name them */
+    const char *across[] = {"--match", "mem", "--at", "2KiB", "--metric", "out_err_mean", "--across-traces", NULL};
+    compare_csv(t, across, &c);
+    assert_string_equal(c.head[2], "codec");
+    assert_int_equal(c.n_rows, 3);
+    ri = row_where(&c, "codec", INT4, NULL, NULL);
+    snprintf(want, sizeof want, "window [%s]", INT4);
+    expect_str(&c, ri, "label", want);
+    expect_num(&c, ri, "out_err_mean", .5 * .75);
+    expect_num(&c, row_where(&c, "codec", "", NULL, NULL), "out_err_mean", .25 * .75);
+    free(c.text);
+    char *acr[] = {"kvsim", "compare", t->db, "--match", "mem", "--at", "2KiB", "--across-traces", NULL};
+    assert_int_equal(run_cli(acr, t->out, t->err), 0);
+    text = kvs_test_slurp(t->out, NULL);
+    snprintf(want, sizeof want, "  - [%s]\n", KIVI2);
+    assert_non_null(strstr(text, want));
     free(text);
 }
 
@@ -1312,6 +1401,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_across_traces_means_and_intervals, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_across_traces_paired_differences, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_across_traces_text_json_and_one_trace, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_codec_runs_are_rows_naming_their_codec, setup_db, teardown_db),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
