@@ -225,8 +225,9 @@ size_t kvs_plot_pareto(const double *x, const double *y, size_t n, int higher_is
 typedef enum { STYLE_LINE = 0, STYLE_ORACLE, STYLE_FRONTIER } series_style;
 
 typedef struct {
-    /* identity: (policy, params, trace content, measure, kv_bytes, aux_bytes), or one run (position kind) */
+    /* identity: (policy, params, codec, trace content, measure, kv_bytes, aux_bytes), or one run (position kind) */
     char *policy, *params, *measure, *trace_path;
+    char *codec;       /* runs.codec: the KV codec's canonical spec, "" = K/V as captured */
     char *trace_key;   /* the trace's content hash (one trace through any path spelling), else "#<trace_id>" */
     char *trace_label; /* kvs_results_trace_label: "<model>@<8 hex>", else the path's base name */
     char *model;       /* the trace's model name ("" when not recorded) */
@@ -272,6 +273,7 @@ typedef struct {
 static void series_free(plot_series *s) {
     free(s->policy);
     free(s->params);
+    free(s->codec);
     free(s->measure);
     free(s->trace_path);
     free(s->trace_key);
@@ -323,6 +325,7 @@ static kvs_status series_new(plot_data *d, const kvs_results_run_row *w, int per
     memset(s, 0, sizeof *s);
     s->policy = dup_or_empty(w ? w->policy : NULL);
     s->params = dup_or_empty(w ? w->params : NULL);
+    s->codec = dup_or_empty(w ? w->codec : NULL);
     s->measure = dup_or_empty(w ? w->measure : NULL);
     s->trace_path = dup_or_empty(w ? w->trace_path : NULL);
     char key[80] = "", label[600] = "";
@@ -333,7 +336,8 @@ static kvs_status series_new(plot_data *d, const kvs_results_run_row *w, int per
     s->trace_key = strdup(key);
     s->trace_label = strdup(label);
     s->model = dup_or_empty(w ? w->model : NULL);
-    if (!s->policy || !s->params || !s->measure || !s->trace_path || !s->trace_key || !s->trace_label || !s->model)
+    if (!s->policy || !s->params || !s->codec || !s->measure || !s->trace_path || !s->trace_key || !s->trace_label ||
+        !s->model)
         return nomem();
     s->kv_bytes = s->aux_bytes = -1;
     if (w) kvs_results_run_bytes(w, &s->kv_bytes, &s->aux_bytes);
@@ -347,8 +351,9 @@ static kvs_status series_new(plot_data *d, const kvs_results_run_row *w, int per
     return KVS_OK;
 }
 
-/* The series of run w: (policy, params, trace content, measure, kv_bytes, aux_bytes), or the run itself when
- * per_run. Runs that differ in their element sizes hold different bytes for the same tokens: averaging them
+/* The series of run w: (policy, params, codec, trace content, measure, kv_bytes, aux_bytes), or the run itself
+ * when per_run. A codec's runs hold other bytes and errors than the same policy's runs on K/V as captured: their
+ * own series (averaging them would draw a point no run measured). Runs that differ in their element sizes hold different bytes for the same tokens: averaging them
  * would draw a point no run measured (window at budget 8 with 1 and 4 bytes per element, at 640 B). One trace
  * replayed through two path spellings has two trace rows but one content: one series. */
 static kvs_status series_of(plot_data *d, const kvs_results_run_row *w, int per_run, plot_series **out) {
@@ -359,7 +364,8 @@ static kvs_status series_of(plot_data *d, const kvs_results_run_row *w, int per_
     for (size_t i = 0; i < d->n; i++) {
         plot_series *s = &d->s[i];
         if (per_run ? s->run_id == w->id
-                    : (!strcmp(s->policy, w->policy) && !strcmp(s->params, w->params) && !strcmp(s->trace_key, key) &&
+                    : (!strcmp(s->policy, w->policy) && !strcmp(s->params, w->params) &&
+                       !strcmp(s->codec, w->codec ? w->codec : "") && !strcmp(s->trace_key, key) &&
                        !strcmp(s->measure, w->measure) && s->kv_bytes == kv && s->aux_bytes == aux)) {
             if (w->is_oracle) s->is_oracle = 1, s->style = STYLE_ORACLE;
             *out = s;
@@ -434,12 +440,13 @@ static void series_finish(plot_series *s) {
     series_sort(s);
 }
 
-/* Legend order: policy, params, element bytes, trace, measure, run. */
+/* Legend order: policy, params, codec (K/V as captured first), element bytes, trace, measure, run. */
 static int cmp_series(const void *pa, const void *pb) {
     const plot_series *a = pa, *b = pb;
     int c;
     if ((c = strcmp(a->policy, b->policy))) return c;
     if ((c = strcmp(a->params, b->params))) return c;
+    if ((c = strcmp(a->codec, b->codec))) return c;
     if (a->kv_bytes != b->kv_bytes) return a->kv_bytes < b->kv_bytes ? -1 : 1;
     if (a->aux_bytes != b->aux_bytes) return a->aux_bytes < b->aux_bytes ? -1 : 1;
     if ((c = strcmp(a->trace_label, b->trace_label))) return c;
@@ -449,7 +456,7 @@ static int cmp_series(const void *pa, const void *pb) {
     return (a->run_id > b->run_id) - (a->run_id < b->run_id);
 }
 
-/* Labels: "policy (params)" [" budget=B"] [" (oracle)"] [" (prompt-only budget)"] [" [trace, measure, bytes]"
+/* Labels: "policy (params)" [" [codec]"] [" budget=B"] [" (oracle)"] [" (prompt-only budget)"] [" [trace, measure, bytes]"
  * naming what varies among the plot's series: the trace where it has several, the measure mode, and
  * "kv_bytes=N" / "aux_bytes=N" where runs were replayed with different element sizes ("?" for a run that did
  * not record them)] [" [run N]"]. A trace is named by kvs_results_trace_label ("<model>@<8 hex>", or the
@@ -501,10 +508,12 @@ static kvs_status label_series(plot_data *d, int per_run, int by_budget) {
             else if (s->n_min == s->n_max) snprintf(run, sizeof run, " (n=%" PRId64 " traces)", s->n_max);
             else snprintf(run, sizeof run, " (n=%" PRId64 " to %" PRId64 " traces)", s->n_min, s->n_max);
         }
-        size_t cap = strlen(s->policy) + strlen(s->params) + strlen(extra) + 160;
+        /* "policy (params) [codec]" as kvs_results_run_label names a run everywhere else */
+        size_t cap = strlen(s->policy) + strlen(s->params) + strlen(s->codec) + strlen(extra) + 160;
         if (!(s->label = malloc(cap))) return nomem();
-        snprintf(s->label, cap, "%s%s%s%s%s%s%s%s%s", s->policy, s->params[0] ? " (" : "", s->params,
-                 s->params[0] ? ")" : "", budget, s->is_oracle ? " (oracle)" : "",
+        snprintf(s->label, cap, "%s%s%s%s%s%s%s%s%s%s%s%s", s->policy, s->params[0] ? " (" : "", s->params,
+                 s->params[0] ? ")" : "", s->codec[0] ? " [" : "", s->codec, s->codec[0] ? "]" : "", budget,
+                 s->is_oracle ? " (oracle)" : "",
                  by_budget && s->prompt_only ? " (prompt-only budget)" : "", extra, run);
     }
     return KVS_OK;
@@ -646,7 +655,8 @@ static kvs_status series_breaks(plot_series *s, const trace_turns *t) {
 
 /* Do per-trace series a and b belong to one line across traces? */
 static int same_line(const plot_series *a, const plot_series *b) {
-    return !strcmp(a->policy, b->policy) && !strcmp(a->params, b->params) && !strcmp(a->measure, b->measure) &&
+    return !strcmp(a->policy, b->policy) && !strcmp(a->params, b->params) && !strcmp(a->codec, b->codec) &&
+           !strcmp(a->measure, b->measure) &&
            a->kv_bytes == b->kv_bytes && a->aux_bytes == b->aux_bytes && !strcmp(a->model, b->model);
 }
 
@@ -662,10 +672,10 @@ static kvs_status line_across(plot_data *out, plot_series *const *mem, size_t m)
     plot_series *s = NULL;
     kvs_status rc = series_new(out, NULL, 0, &s);
     if (rc != KVS_OK) return rc;
-    free(s->policy), free(s->params), free(s->measure), free(s->model);
+    free(s->policy), free(s->params), free(s->codec), free(s->measure), free(s->model);
     s->policy = strdup(p->policy), s->params = strdup(p->params), s->measure = strdup(p->measure);
-    s->model = strdup(p->model);
-    if (!s->policy || !s->params || !s->measure || !s->model) return nomem();
+    s->codec = strdup(p->codec), s->model = strdup(p->model);
+    if (!s->policy || !s->params || !s->codec || !s->measure || !s->model) return nomem();
     s->kv_bytes = p->kv_bytes, s->aux_bytes = p->aux_bytes;
     s->across = 1;
     for (size_t j = 0; j < m; j++) {
@@ -699,6 +709,8 @@ static kvs_status line_across(plot_data *out, plot_series *const *mem, size_t m)
         seed = kvs_fnv1a64(seed, s->model), seed = kvs_fnv1a64(seed, "\n");
         snprintf(head, sizeof head, "%" PRId64 "\n", budgets[b]);
         seed = kvs_fnv1a64(seed, head);
+        /* a codec joins the seed only when set: the lines on K/V as captured keep the intervals they had */
+        if (s->codec[0]) seed = kvs_fnv1a64(kvs_fnv1a64(kvs_fnv1a64(seed, "codec="), s->codec), "\n");
         size_t n = 0;
         long double xsum = 0;
         for (size_t j = 0; j < m; j++)
@@ -1183,20 +1195,23 @@ static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
             }
             /* The policy's style, the same on every plot (kvs_plot_policy_style); the k-th series of one
              * policy in legend order is its variant k. Oracles black, dashed. A line of many points (a position
-             * series) marks every few points only, so that the marker still reads as a marker. */
+             * series) marks every few points only, so that the marker still reads as a marker. A codec's series
+             * (K/V quantized) is its policy's colour drawn thin (lw 1; K/V as captured lw 2), after the policy's
+             * own series in legend order, so it reads as the same policy on cheaper bytes. */
             int k = 0;
             for (size_t j = 0; j < i; j++)
                 k += d->s[j].style != STYLE_FRONTIER && d->s[j].style == s->style && !strcmp(d->s[j].policy, s->policy);
             kvs_plot_style st = kvs_plot_policy_style(s->policy, k, s->style == STYLE_ORACLE);
             size_t every = s->n > 24 ? s->n / 12 : 1;
+            int lw = s->codec[0] ? 1 : 2;
             /* A line across traces: the mean with its interval as error bars (none when one trace is all it has:
              * there is no interval to draw), and the points with fewer traces than the rest marked "n=K". */
             if (s->across && s->n_max >= 2)
-                fprintf(gp, "'-' using 1:2:3:4 with yerrorlines lw 2 pt %d ps 1 dt %d lc rgb '%s' title ", st.point,
-                        st.dash, st.color);
+                fprintf(gp, "'-' using 1:2:3:4 with yerrorlines lw %d pt %d ps 1 dt %d lc rgb '%s' title ", lw,
+                        st.point, st.dash, st.color);
             else
-                fprintf(gp, "'-' using 1:2 with linespoints lw 2 pt %d ps 1 pi %zu dt %d lc rgb '%s' title ", st.point,
-                        every, st.dash, st.color);
+                fprintf(gp, "'-' using 1:2 with linespoints lw %d pt %d ps 1 pi %zu dt %d lc rgb '%s' title ", lw,
+                        st.point, every, st.dash, st.color);
             kvs_plot_gp_string(gp, s->label);
             if (marks_counts(s))
                 fprintf(gp, ", \\\n     '-' using 1:2:3 with labels offset 0,1 tc rgb '%s' notitle", st.color);

@@ -13,8 +13,9 @@
  * its column and unit, a log2 scale with tics in B / KiB / MiB. --log-y puts a quality axis on a log scale.
  *
  * Series. Runs are never averaged across measure modes or element sizes, nor across traces unless asked ("Across
- * traces" below): a series of the budget and cost kinds is one (policy, params, trace content, measure, kv_bytes,
- * aux_bytes) — the trace by its recorded
+ * traces" below): a series of the budget and cost kinds is one (policy, params, codec, trace content, measure,
+ * kv_bytes, aux_bytes) — the codec by runs.codec (`kvsim replay --codec`; K/V as captured is its own series), the
+ * trace by its recorded
  * SHA-256 (one trace through two path spellings is one series; without a recorded hash, its trace row), the
  * element sizes from the run's recorded options (kvs_results_run_bytes) — and runs of one series at one budget
  * (a repeated replay) are averaged; error-vs-position draws one series per run. The Pareto frontier is made of
@@ -27,11 +28,15 @@
  * them. Oracles are dashed black and labelled
  * "(oracle)"; every other series is drawn in its policy's colour, point and dash type, the same on every plot
  * and different for every registered policy (kvs_plot_policy_style), several series of one policy told apart
- * by other point and dash types.
+ * by other point and dash types. Codecs: a series of a codec's runs is labelled like every run,
+ * "policy (params) [codec]" (kvs_results_run_label), comes after its policy's K/V-as-captured series in the
+ * legend, keeps the policy's colour (its point and dash those of its variant number) and is drawn as a thin line
+ * (width 1, K/V as captured 2): one colour per policy, thin = quantized. The Pareto frontier is made of every
+ * non-oracle run's point, so it spans policies x codecs.
  *
  * Across traces (across_traces; `kvsim plot --across-traces`). One trace (one prompt) is one sample; a database
  * holding several traces of one model (examples/capture_prompts.sh: one per prompt) can be drawn as one line per
- * (policy, params, measure, kv_bytes, aux_bytes, model), the traces being the units of a mean. Per trace first the
+ * (policy, params, codec, measure, kv_bytes, aux_bytes, model), the traces being the units of a mean. Per trace first the
  * per-trace point as above (its repeated runs at one budget averaged); then, at each budget, over the traces that
  * have a run there: y = the mean of their y with its percentile bootstrap 95 % interval resampling traces
  * (common/kvs_stats.h kvs_bootstrap_mean, KVS_BOOTSTRAP_REPS resamples, the traces' values in ascending order of
@@ -42,7 +47,8 @@
  * point below the most is marked "n=5" on the plot), and a line whose points all have one trace draws no bars
  * ("n=1 trace: no interval"). The interval is a function of what it summarises: its seed is the 64-bit FNV-1a
  * (offset 14695981039346656037, prime 1099511628211) of the text
- *     "<policy>\n<params>\n<measure>\n<kv_bytes>\n<aux_bytes>\n<model>\n<budget>\n" + "<trace key>\n" per trace
+ *     "<policy>\n<params>\n<measure>\n<kv_bytes>\n<aux_bytes>\n<model>\n<budget>\n" [+ "codec=<spec>\n" for a
+ *     codec's line] + "<trace key>\n" per trace
  * (kv_bytes/aux_bytes -1 when not recorded, model "" when not recorded; the trace key is the recorded SHA-256 in
  * hex, else "#<trace_id>"; the traces of that point only, ascending), so adding an unrelated series to a plot or
  * a trace to another line changes no interval. The Pareto frontier of a cost kind then goes through the

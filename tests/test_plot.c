@@ -930,6 +930,125 @@ static void test_series_keyed_by_trace_content_and_bytes(void **state) {
     kvs_plot_free(p);
 }
 
+/* One complete run of `policy` on trace `path` (content hash `sha`) with KV codec `codec` (NULL: K/V as captured):
+ * storage and traffic `mem`, out_err `err`; options end with ",codec=SPEC" as `kvsim replay --codec` writes them. */
+static void put_codec_run(kvs_results_db *db, const char *path, const char *sha, const char *policy, const char *codec,
+                          int64_t budget, double mem, double err) {
+    kvs_results_trace tr = {.path = path, .model_name = "generated-gaussian", .n_positions = 64, .prompt_len = 40,
+                            .n_turns = 1, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .head_dim = 16,
+                            .dtype = "fp32", .file_bytes = 1000};
+    int64_t trace_id = 0;
+    expect_ok(kvs_results_sweep_trace(db, &tr, sha, &trace_id));
+    char options[256];
+    snprintf(options, sizeof options, "kv_bytes=2,aux_bytes=4,series_every=0%s%s", codec ? ",codec=" : "",
+             codec ? codec : "");
+    kvs_results_run run = {.policy = policy, .params = "", .budget_tokens = budget, .budget_fraction = -1,
+                           .measure = "decode", .status = "complete", .wall_seconds = 0.01, .kvsim_version = "0.1.0",
+                           .options = options, .codec = codec};
+    kvs_results_agg a = agg_for(-1, err, mem), l = a;
+    l.layer = 0;
+    expect_ok(kvs_results_write_run(db, &tr, &run, &l, 1, &a, NULL, 0, NULL));
+}
+
+#define INT4 "int:bits=4,group=32,k_axis=token,v_axis=channel"
+
+/* A KV codec's runs are their own series (they were averaged with the same policy's runs on K/V as captured: window
+ * and window+int4 at budget 8 drew one point at the mean of 1024 B and 320 B), labelled "policy [codec]" after the
+ * policy's own line, in the policy's colour drawn thin (lw 1, K/V as captured lw 2); the frontier runs over
+ * policies x codecs; across traces a codec is its own line too. */
+static void test_codec_runs_are_their_own_series(void **state) {
+    tmp_ctx *t = *state;
+    char db[160], out[160];
+    snprintf(db, sizeof db, "%s/codec.db", t->dir);
+    snprintf(out, sizeof out, "%s/codec.png", t->dir);
+    const char *sha_a = "3f2a9c01aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    const char *sha_b = "77e1b0c2bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+    kvs_results_db *r = NULL;
+    expect_ok(kvs_results_open(db, &r));
+    /* trace A: window on K/V as captured, window with int4 (a quarter of the bytes plus scales), h2o with int4 */
+    put_codec_run(r, "/traces/a.kvt", sha_a, "window", NULL, 8, 1024, 0.5);
+    put_codec_run(r, "/traces/a.kvt", sha_a, "window", NULL, 16, 2048, 0.3);
+    put_codec_run(r, "/traces/a.kvt", sha_a, "window", INT4, 8, 320, 0.55);
+    put_codec_run(r, "/traces/a.kvt", sha_a, "window", INT4, 16, 640, 0.35);
+    put_codec_run(r, "/traces/a.kvt", sha_a, "h2o", INT4, 16, 1280, 0.2);
+    kvs_results_close(r);
+
+    kvs_plot_options o = opts(KVS_PLOT_ERROR_VS_MEMORY, out);
+    kvs_plot *p = NULL;
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    char *gp = script_of(p, out);
+    const double wx[2] = {1024, 2048}, wy[2] = {0.5, 0.3}, qx[2] = {320, 640}, qy[2] = {0.55, 0.35};
+    const double hx[1] = {1280}, hy[1] = {0.2};
+    expect_block(gp, "window", 2, wx, wy);
+    expect_block(gp, "window [" INT4 "]", 2, qx, qy);
+    expect_block(gp, "h2o [" INT4 "]", 1, hx, hy);
+    assert_int_equal(kvs_plot_n_series(p), 4);
+    /* the frontier (lowest error at no more memory) over every run, codec or not: (320, .55) (640, .35) (1280, .2) */
+    const double fx[3] = {320, 640, 1280}, fy[3] = {0.55, 0.35, 0.2};
+    expect_block(gp, "Pareto frontier (non-oracle runs)", 3, fx, fy);
+    /* legend order: window's own line, then its codec's */
+    const char *w0 = strstr(gp, "# series: window\n"), *w1 = strstr(gp, "# series: window [");
+    assert_true(w0 && w1 && w0 < w1);
+    /* the style rule: the policy's colour; the codec's line thin, another (point, dash) */
+    char c0[8], c1[8], ch[8];
+    int dt0, pt0, dt1, pt1, dth, pth;
+    assert_true(style_of(gp, "window'", 0, c0, &dt0, &pt0));
+    assert_true(style_of(gp, "window [", 0, c1, &dt1, &pt1));
+    assert_true(style_of(gp, "h2o [", 0, ch, &dth, &pth));
+    assert_string_equal(c0, c1);
+    assert_string_equal(c0, kvs_plot_policy_color("window"));
+    assert_string_equal(ch, kvs_plot_policy_color("h2o"));
+    assert_false(dt0 == dt1 && pt0 == pt1);
+    kvs_plot_style h0 = kvs_plot_policy_style("h2o", 0, 0), wv1 = kvs_plot_policy_style("window", 1, 0);
+    assert_true(dth == h0.dash && pth == h0.point); /* h2o's only series: its own style, thin */
+    assert_true(dt1 == wv1.dash && pt1 == wv1.point);
+    const char *line0 = strstr(gp, "title 'window'"), *line1 = strstr(gp, "title 'window [");
+    assert_true(line0 && line1);
+    while (line0 > gp && line0[-1] != '\n') line0--;
+    while (line1 > gp && line1[-1] != '\n') line1--;
+    assert_true(strstr(line0, "with linespoints lw 2 ") && strstr(line0, "with linespoints lw 2 ") < strstr(line0, "title"));
+    assert_true(strstr(line1, "with linespoints lw 1 ") && strstr(line1, "with linespoints lw 1 ") < strstr(line1, "title"));
+    free(gp);
+    kvs_plot_free(p);
+
+    /* error-vs-budget: each series' points are its own runs' (no mean of 1024 B and 320 B at budget 8) */
+    o = opts(KVS_PLOT_MEMORY_VS_BUDGET, out);
+    o.policy = "window";
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    gp = script_of(p, out);
+    const double bx[2] = {8, 16};
+    expect_block(gp, "window", 2, bx, wx);
+    expect_block(gp, "window [" INT4 "]", 2, bx, qx);
+    assert_null(strstr(gp, "\n8 672\n"));
+    free(gp);
+    kvs_plot_free(p);
+
+    /* across traces: a second trace; window's line and window+int4's line, each over its two traces */
+    expect_ok(kvs_results_open(db, &r));
+    put_codec_run(r, "/traces/b.kvt", sha_b, "window", NULL, 8, 1024, 0.7);
+    put_codec_run(r, "/traces/b.kvt", sha_b, "window", INT4, 8, 320, 0.75);
+    kvs_results_close(r);
+    o = opts(KVS_PLOT_ERROR_VS_MEMORY, out);
+    o.policy = "window";
+    o.across_traces = 1;
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    gp = script_of(p, out);
+    assert_non_null(strstr(gp, "# series: window (n=1 to 2 traces)\n"));
+    assert_non_null(strstr(gp, "# series: window [" INT4 "] (n=1 to 2 traces)\n"));
+    /* budget 8's point of each line: the mean of its two traces' runs, x and y */
+    const char *q8 = strstr(gp, "# series: window [" INT4 "] (n=1 to 2 traces)\n");
+    double x = 0, y = 0;
+    assert_int_equal(sscanf(strchr(q8, '\n') + 1, "%lf %lf", &x, &y), 2);
+    assert_float_equal(x, 320, 1e-9);
+    assert_float_equal(y, (0.55 + 0.75) / 2, 1e-12);
+    const char *w8 = strstr(gp, "# series: window (n=1 to 2 traces)\n");
+    assert_int_equal(sscanf(strchr(w8, '\n') + 1, "%lf %lf", &x, &y), 2);
+    assert_float_equal(x, 1024, 1e-9);
+    assert_float_equal(y, (0.5 + 0.7) / 2, 1e-12);
+    free(gp);
+    kvs_plot_free(p);
+}
+
 /* Through the CLI on the bundled trace: window replayed with --kv-bytes 4 through two spellings of the trace's
  * path and with --kv-bytes 1; error-vs-memory draws two window series (not one averaged over element sizes,
  * nor one per path spelling), and every frontier point is a run's own (storage, error). */
@@ -2520,6 +2639,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_error_vs_memory_without_recorded_bytes, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_byte_axis_labels, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_log_y_axis, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_codec_runs_are_their_own_series, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_series_keyed_by_trace_content_and_bytes, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_cli_bytes_and_path_spellings, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_memory_axes_share_one_convention, setup_db, teardown_db),
