@@ -299,6 +299,9 @@ static const char *const compare_cols[] = {"out_err_mean",      "out_err_p95",  
                                            "traffic_bytes_mean"};
 #define N_COMPARE_COLS ((int)(sizeof compare_cols / sizeof compare_cols[0]))
 
+/* A run's codec cell: its canonical spec, "-" for K/V as captured (the tables' "no value"). */
+static const char *codec_cell(const kvs_results_run_row *w) { return w->codec && w->codec[0] ? w->codec : "-"; }
+
 static kvs_status compare_columns(kvs_compare_column *cols) {
     for (int c = 0; c < N_COMPARE_COLS; c++) {
         kvs_status st = kvs_compare_column_parse(compare_cols[c], &cols[c]);
@@ -348,10 +351,11 @@ static kvs_status across_tables(report_ctx *ctx, const kvs_compare *cmp, const k
         snprintf(sub, sizeof sub, "Model %s, measure %s: %zu traces", set->model[0] ? set->model : "unknown",
                  set->measure, set->n_traces);
         subheading(ctx, sub);
-        const char *head[4 + N_COMPARE_COLS + 1];
+        const char *head[5 + N_COMPARE_COLS + 1];
         int nh = 0;
         head[nh++] = "policy";
         head[nh++] = "params";
+        head[nh++] = "codec";
         head[nh++] = "flags";
         head[nh++] = "traces used";
         for (int c = 0; c < N_COMPARE_COLS; c++) head[nh++] = compare_cols[c];
@@ -364,10 +368,11 @@ static kvs_status across_tables(report_ctx *ctx, const kvs_compare *cmp, const k
             snprintf(used, sizeof used, "%zu of %zu", g->n_used, set->n_traces);
             for (int c = 0; c < N_COMPARE_COLS; c++) fmt_interval(vals[c], sizeof vals[c], &g->col[c], cols[c].m);
             kvs_compare_group_excluded(ac, g, excl, sizeof excl);
-            const char *cell[4 + N_COMPARE_COLS + 1];
+            const char *cell[5 + N_COMPARE_COLS + 1];
             int n = 0;
             cell[n++] = g->rep->rep->policy;
             cell[n++] = g->rep->rep->params;
+            cell[n++] = codec_cell(g->rep->rep);
             cell[n++] = flags;
             cell[n++] = used;
             for (int c = 0; c < N_COMPARE_COLS; c++) cell[n++] = vals[c];
@@ -441,17 +446,18 @@ static kvs_status compare_table(report_ctx *ctx, kvs_compare_match match, double
     if (max_traces >= 2) subheading(ctx, "Per trace");
     else para(ctx, "One trace per model: no interval (several traces of a model, one per prompt, give each policy's "
                    "mean over them with a bootstrap interval: examples/capture_prompts.sh).");
-    para(ctx, "Every series (policy, params, trace, measure) interpolated linearly in log(%s) to %s per KV head "
+    para(ctx, "Every series (policy, params, KV codec, trace, measure) interpolated linearly in log(%s) to %s per KV head "
               "between the two runs that bracket it (kvsim compare %s --match %s --at %.17g); sorted by mean output "
               "error, best first. A series whose runs do not bracket it is listed as out of range, never "
               "extrapolated; one whose bracketing runs are more than %gx apart is a gap (no configuration of it is "
               "near there), never interpolated.",
          kvs_compare_match_x(match), xb, kvs_path_base(ctx->opt->db_path), kvs_compare_match_name(match), X,
          kvs_compare_max_ratio(cmp));
-    const char *head[5 + N_COMPARE_COLS + 1];
+    const char *head[6 + N_COMPARE_COLS + 1];
     int nh = 0;
     head[nh++] = "policy";
     head[nh++] = "params";
+    head[nh++] = "codec";
     head[nh++] = "flags";
     head[nh++] = "trace";
     head[nh++] = "measure";
@@ -489,10 +495,11 @@ static kvs_status compare_table(report_ctx *ctx, kvs_compare_match match, double
         }
         else /* a status results/compare.h gives no value for: its name, never a made-up bracket */
             snprintf(from, sizeof from, "%s: no value", kvs_compare_status_name(s->status));
-        const char *cell[5 + N_COMPARE_COLS + 1];
+        const char *cell[6 + N_COMPARE_COLS + 1];
         int k = 0;
         cell[k++] = s->rep->policy;
         cell[k++] = s->rep->params;
+        cell[k++] = codec_cell(s->rep);
         cell[k++] = flags;
         cell[k++] = s->trace_label;
         cell[k++] = s->rep->measure;
@@ -541,13 +548,14 @@ static int64_t group_rows(const report_ctx *ctx, const kvs_results_run_row *w, k
 }
 
 /* The summary's rule, in one place so that the text a reader gets and the code that applies it cannot drift
- * apart: at each memory level M a series (policy, params) qualifies through its best unflagged run whose
+ * apart: at each memory level M a series (policy, params, codec) qualifies through its best unflagged run whose
  * measured memory is at most M. Measured points only: a run at less memory is a configuration that fits in M,
  * while a value interpolated between runs is one no configuration was measured at. */
 static const char summary_rule[] =
     "Rule: at each memory level M (the powers of two within the measured range of resident bytes per KV head: "
-    "KV plus auxiliary state, storage_bytes mean over the measured steps), a policy (policy and params) "
-    "qualifies when it has a complete run whose memory is at most M, and is represented by its best such run "
+    "KV plus auxiliary state, storage_bytes mean over the measured steps), a policy (policy, params and KV codec: "
+    "a codec's runs, named \"policy (params) [codec]\", are a candidate of their own beside the policy on K/V as "
+    "captured) qualifies when it has a complete run whose memory is at most M, and is represented by its best such run "
     "(the lowest mean relative output error ||O - O'|| / ||O||): measured runs only, never interpolated, so a "
     "policy whose smallest run needs more than M is not at M. The qualifying policy with the lowest error is "
     "the winner at M. A level where only one policy qualifies is no contest and a level whose lowest error is "
@@ -566,15 +574,27 @@ typedef struct {
     size_t series;   /* its policy in the group's summary_series[] */
 } summary_run;
 
-/* A policy of the summary (policy, params) and, at the level being tabulated, its best runs at most that memory. */
+/* A policy of the summary (policy, params, codec: a codec's runs are a candidate of their own) and, at the level
+ * being tabulated, its best runs at most that memory. */
 typedef struct {
-    const char *policy, *params;
+    const char *policy, *params, *codec; /* codec "" = K/V as captured */
     int prompt_only, oracle; /* some run has budget scope prompt; some run is an oracle */
     const summary_run *best, *best_flagged;
     char label[600];
 } summary_series;
 
 static int run_flagged(const kvs_results_run_row *w) { return w->is_oracle || (w->notes && w->notes[0]); }
+
+static int same_series(const summary_series *s, const char *policy, const char *params, const char *codec) {
+    return !strcmp(s->policy, policy) && !strcmp(s->params, params) && !strcmp(s->codec, codec);
+}
+
+/* "policy (params) [codec]" (kvs_results_run_label's spelling) and the series' marks. */
+static void series_label(summary_series *s) {
+    snprintf(s->label, sizeof s->label, "%s%s%s%s%s%s%s%s%s", s->policy, s->params[0] ? " (" : "", s->params,
+             s->params[0] ? ")" : "", s->codec[0] ? " [" : "", s->codec, s->codec[0] ? "]" : "",
+             s->prompt_only ? " (prompt-only budget)" : "", s->oracle ? " (oracle)" : "");
+}
 
 /* a better than b: lower error, then less memory, then the earlier run (a stable, stated order). */
 static int run_better(const summary_run *a, const summary_run *b) {
@@ -706,7 +726,8 @@ static kvs_status summary_group(report_ctx *ctx, const summary_run *runs, size_t
  * win only when its paired difference against the runner-up is resolved. In one place for the same reason as
  * summary_rule. */
 static const char summary_rule_across[] =
-    "Rule over several traces of a model (one per prompt): on each trace, a policy (policy and params) qualifies at "
+    "Rule over several traces of a model (one per prompt): on each trace, a policy (policy, params and KV codec, "
+    "\"policy (params) [codec]\") qualifies at "
     "memory level M through its best unflagged complete run whose resident bytes per KV head (storage_bytes mean) "
     "are at most M, as with one trace (measured runs only, never interpolated; degenerate (N) and oracle (O) runs "
     "never crowned). Its value at M is the mean over the traces where it qualifies of that run's mean relative "
@@ -772,10 +793,10 @@ static kvs_status summary_across(report_ctx *ctx, const kvs_results_run_row *w0)
         double mem = kvs_results_stat_value(&x->agg.storage_bytes, KVS_STAT_MEAN);
         double err = kvs_results_stat_value(&x->agg.out_err, KVS_STAT_MEAN);
         if (!isfinite(mem) || !(mem > 0) || !isfinite(err)) continue;
-        const char *params = x->params ? x->params : "";
+        const char *params = x->params ? x->params : "", *codec = x->codec ? x->codec : "";
         size_t k = 0;
-        while (k < n_ser && (strcmp(ser[k].policy, x->policy) || strcmp(ser[k].params, params))) k++;
-        if (k == n_ser) ser[n_ser++] = (summary_series){.policy = x->policy, .params = params};
+        while (k < n_ser && !same_series(&ser[k], x->policy, params, codec)) k++;
+        if (k == n_ser) ser[n_ser++] = (summary_series){.policy = x->policy, .params = params, .codec = codec};
         ser[k].prompt_only |= kvs_compare_run_prompt_only(x);
         ser[k].oracle |= x->is_oracle;
         char id[KVS_COMPARE_TRACE_ID_CAP];
@@ -784,10 +805,7 @@ static kvs_status summary_across(report_ctx *ctx, const kvs_results_run_row *w0)
         runs[n_runs++] = (across_run){.w = x, .mem = mem, .err = err, .flagged = run_flagged(x), .series = k,
                                       .trace = (size_t)(hit - ids)};
     }
-    for (size_t k = 0; k < n_ser; k++)
-        snprintf(ser[k].label, sizeof ser[k].label, "%s%s%s%s%s%s", ser[k].policy, ser[k].params[0] ? " (" : "",
-                 ser[k].params, ser[k].params[0] ? ")" : "", ser[k].prompt_only ? " (prompt-only budget)" : "",
-                 ser[k].oracle ? " (oracle)" : "");
+    for (size_t k = 0; k < n_ser; k++) series_label(&ser[k]);
     if (!(best = calloc(n_ser * n_ids + 1, sizeof *best)) || !(bestf = calloc(n_ser * n_ids + 1, sizeof *bestf))) {
         st = kvs_fail(KVS_ERR_NOMEM, "report: out of memory");
         goto cleanup;
@@ -997,19 +1015,16 @@ static kvs_status sec_summary(report_ctx *ctx) {
             double mem = kvs_results_stat_value(&x->agg.storage_bytes, KVS_STAT_MEAN);
             double err = kvs_results_stat_value(&x->agg.out_err, KVS_STAT_MEAN);
             if (!isfinite(mem) || !(mem > 0) || !isfinite(err)) continue;
-            const char *params = x->params ? x->params : "";
+            const char *params = x->params ? x->params : "", *codec = x->codec ? x->codec : "";
             size_t k = 0;
-            while (k < n_ser && (strcmp(ser[k].policy, x->policy) || strcmp(ser[k].params, params))) k++;
-            if (k == n_ser) ser[n_ser++] = (summary_series){.policy = x->policy, .params = params};
+            while (k < n_ser && !same_series(&ser[k], x->policy, params, codec)) k++;
+            if (k == n_ser) ser[n_ser++] = (summary_series){.policy = x->policy, .params = params, .codec = codec};
             summary_series *s = &ser[k];
             runs[n_runs++] = (summary_run){.w = x, .mem = mem, .err = err, .flagged = run_flagged(x), .series = k};
             s->prompt_only |= kvs_compare_run_prompt_only(x);
             s->oracle |= x->is_oracle;
         }
-        for (size_t k = 0; k < n_ser; k++)
-            snprintf(ser[k].label, sizeof ser[k].label, "%s%s%s%s%s%s", ser[k].policy, ser[k].params[0] ? " (" : "",
-                     ser[k].params, ser[k].params[0] ? ")" : "", ser[k].prompt_only ? " (prompt-only budget)" : "",
-                     ser[k].oracle ? " (oracle)" : "");
+        for (size_t k = 0; k < n_ser; k++) series_label(&ser[k]);
         any_level = 1;
         char sub[1024], tl[160];
         kvs_results_trace_label(w, tl, sizeof tl);
@@ -1024,8 +1039,7 @@ static kvs_status sec_summary(report_ctx *ctx) {
             if (!ser[k].oracle) continue;
             double lo = INFINITY;
             for (size_t r = 0; r < n_runs; r++)
-                if (runs[r].w->is_oracle && !strcmp(runs[r].w->policy, ser[k].policy) &&
-                    !strcmp(runs[r].w->params ? runs[r].w->params : "", ser[k].params) && runs[r].mem < lo)
+                if (runs[r].w->is_oracle && runs[r].series == k && runs[r].mem < lo)
                     lo = runs[r].mem;
             if (lo > lv[n_lv - 1]) {
                 char a[64];
@@ -1131,11 +1145,11 @@ static kvs_status sec_traces(report_ctx *ctx) {
 }
 
 static kvs_status sec_runs(report_ctx *ctx) {
-    const char *head[] = {"run", "policy", "params", "budget", "measure", "budget scope", "layout", "flags",
+    const char *head[] = {"run", "policy", "params", "codec", "budget", "measure", "budget scope", "layout", "flags",
                           "status", "out_err_mean", "out_err_p95", "attn_recall_mean", "storage_bytes_mean",
                           "traffic_bytes_mean", "trace", "notes"};
-    int any_o = 0, any_p = 0, any_f = 0, any_n = 0;
-    table_begin(ctx, 16, head);
+    int any_o = 0, any_p = 0, any_f = 0, any_n = 0, any_codec = 0;
+    table_begin(ctx, 17, head);
     for (int64_t i = 0; i < ctx->n_rows; i++) {
         const kvs_results_run_row *w = &ctx->rows[i];
         char id[32], budget[64], flags[KVS_COMPARE_FLAGS_CAP], e[32], e95[32], rec[32], sto[32], tra[32], tl[160];
@@ -1159,11 +1173,16 @@ static kvs_status sec_runs(report_ctx *ctx) {
         char notes[1024];
         snprintf(notes, sizeof notes, "%s%s%s", w->notes ? w->notes : "", w->notes && w->error ? "; " : "",
                  w->error ? w->error : "");
-        const char *cell[] = {id,  w->policy, w->params, budget, w->measure, w->budget_scope, w->layout,
+        any_codec |= w->codec && w->codec[0];
+        const char *cell[] = {id,    w->policy, w->params, codec_cell(w), budget, w->measure, w->budget_scope, w->layout,
                               flags, w->status, e, e95, rec, sto, tra, tl, notes};
-        table_row(ctx, 16, cell);
+        table_row(ctx, 17, cell);
     }
     table_end(ctx);
+    if (any_codec)
+        para(ctx, "codec: the KV codec the run stored K/V with (kvsim replay --codec; its canonical spec, sim/codec.h), "
+                  "- for K/V as captured. A codec's bytes are its codes, scales, zero points and full-precision "
+                  "rows; its error is against the full-precision full cache.");
     para(ctx, "%" PRId64 " runs, %" PRId64 " complete. Budgets are tokens per KV head (the current token included); "
               "bytes are means over measured steps per (layer, KV head).",
          ctx->n_rows, ctx->n_complete);

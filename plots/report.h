@@ -11,9 +11,13 @@
  * table line. Today's sections: the summary (at each power-of-two memory level, every policy at its best
  * measured run using no more memory, the lowest mean output error crowned; one-candidate levels and ties said
  * so, degenerate (N) and oracle (O) runs marked and never crowned; the rule is written beside the table), the
- * traces used, every run with its parameters and flags, the equal-memory
+ * traces used, every run with its parameters, KV codec and flags, the equal-memory
  * and equal-traffic comparisons (results/compare.h, what `kvsim compare` prints), error vs measured memory and
  * traffic with the Pareto frontier, error and memory vs nominal budget, and error vs decode position.
+ * KV codecs (`kvsim replay --codec`, runs.codec): a codec's runs are a candidate of their own in the summary and a
+ * row of their own in the comparisons, named "policy (params) [codec]" (the summary) or in a codec column (the tables,
+ * "-" for K/V as captured); the plots draw them as their own series (plots/plot.h), the frontier over policies x
+ * codecs.
  * With two or more traces of a model (one per prompt), the summary and the equal-cost sections answer over them
  * (results/compare.h "Across traces"): per policy the mean over the traces [lo, hi] (a percentile bootstrap interval
  * resampling traces, seeded from what is compared) and n; the summary counts a level as a win only when the paired

@@ -263,7 +263,7 @@ static void put_run(kvs_results_db *db, const char *policy, int oracle, const ch
 
 /* ---- the summary recomputed from `kvsim runs DB --csv --summary` ----
  * The rule the report states: at each level M (powers of two within the memory range of the complete non-oracle
- * runs, at most 8), each (policy, params) qualifies through its best unflagged run (no oracle, no note) with
+ * runs, at most 8), each (policy, params, codec) qualifies through its best unflagged run (no oracle, no note) with
  * storage_bytes_mean <= M; flagged runs are listed when an oracle's, or when at most the winner's error. Computed
  * here from the CSV the runs command prints (another reader of the database than the report's), in loops of
  * its own, and compared with the rows of report.md. */
@@ -272,9 +272,15 @@ typedef struct {
     char *f[16]; /* the fields below, by index */
 } csv_run;
 
-enum { F_POLICY, F_PARAMS, F_ID, F_TRACE, F_ORACLE, F_STATUS, F_MEASURE, F_SCOPE, F_NOTES, F_MEM, F_ERR, N_F };
-static const char *const csv_names[N_F] = {"policy", "params", "run_id", "trace", "is_oracle", "status",
-                                           "measure", "budget_scope", "notes", "storage_bytes_mean", "out_err_mean"};
+enum { F_POLICY, F_PARAMS, F_ID, F_TRACE, F_ORACLE, F_STATUS, F_MEASURE, F_SCOPE, F_NOTES, F_MEM, F_ERR, F_CODEC, N_F };
+static const char *const csv_names[N_F] = {"policy", "params", "run_id", "trace", "is_oracle", "status", "measure",
+                                           "budget_scope", "notes", "storage_bytes_mean", "out_err_mean", "codec"};
+
+/* Do CSV runs a and b belong to one candidate of the summary: (policy, params, codec)? */
+static int same_candidate(const csv_run *a, const csv_run *b) {
+    return !strcmp(a->f[F_POLICY], b->f[F_POLICY]) && !strcmp(a->f[F_PARAMS], b->f[F_PARAMS]) &&
+           !strcmp(a->f[F_CODEC], b->f[F_CODEC]);
+}
 
 /* RFC 4180: the next field of *p into a malloc'd string; *eol set when the record ends after it. */
 static char *csv_field(const char **p, int *eol) {
@@ -299,8 +305,10 @@ static char *csv_field(const char **p, int *eol) {
 /* Parses the runs CSV into runs[]; returns how many. */
 static int parse_runs_csv(const char *text, csv_run *runs, int cap) {
     const char *p = text;
-    int col[64], n_col = 0, eol = 0, n = 0;
-    while (!eol && n_col < 64) {
+    int col[512], n_col = 0, eol = 0, n = 0; /* the summary CSV has 160-odd columns: a header cut short would be
+                                              * read as a first record */
+    while (!eol) {
+        assert_true(n_col < 512);
         char *name = csv_field(&p, &eol);
         col[n_col] = -1;
         for (int k = 0; k < N_F; k++) {
@@ -391,7 +399,7 @@ static int check_summary_against_csv(const char *db_path, const char *md) {
             int step = (p1 - p0 + 1 + 7) / 8;
             for (int q = p0; q <= p1 && n_lv < 8; q += step) lv[n_lv++] = ldexp(1, q);
         }
-        /* the policies (policy, params) in the order of their first run, with their labels */
+        /* the policies (policy, params, codec) in the order of their first run, with their labels */
         int pol[512], n_pol = 0;
         char label[512][400];
         for (int k = 0; k < m; k++) {
@@ -400,7 +408,7 @@ static int check_summary_against_csv(const char *db_path, const char *md) {
             if (!(x > 0) || !isfinite(x) || !isfinite(e)) continue;
             int known = 0;
             for (int q = 0; q < n_pol && !known; q++)
-                known = !strcmp(runs[pol[q]].f[F_POLICY], w->f[F_POLICY]) && !strcmp(runs[pol[q]].f[F_PARAMS], w->f[F_PARAMS]);
+                known = same_candidate(&runs[pol[q]], w);
             if (!known) pol[n_pol++] = in[k];
         }
         for (int q = 0; q < n_pol; q++) {
@@ -408,15 +416,14 @@ static int check_summary_against_csv(const char *db_path, const char *md) {
             for (int k = 0; k < m; k++) {
                 const csv_run *w = &runs[in[k]];
                 double x = csv_num(w->f[F_MEM]), e = csv_num(w->f[F_ERR]);
-                if (!(x > 0) || !isfinite(x) || !isfinite(e) || strcmp(w->f[F_POLICY], runs[pol[q]].f[F_POLICY]) ||
-                    strcmp(w->f[F_PARAMS], runs[pol[q]].f[F_PARAMS]))
-                    continue;
+                if (!(x > 0) || !isfinite(x) || !isfinite(e) || !same_candidate(w, &runs[pol[q]])) continue;
                 prompt |= !strcmp(w->f[F_SCOPE], "prompt");
                 oracle |= atoi(w->f[F_ORACLE]);
             }
-            const char *pp = runs[pol[q]].f[F_PARAMS];
-            snprintf(label[q], sizeof label[q], "%s%s%s%s%s%s", runs[pol[q]].f[F_POLICY], pp[0] ? " (" : "", pp,
-                     pp[0] ? ")" : "", prompt ? " (prompt-only budget)" : "", oracle ? " (oracle)" : "");
+            const char *pp = runs[pol[q]].f[F_PARAMS], *cc = runs[pol[q]].f[F_CODEC];
+            snprintf(label[q], sizeof label[q], "%s%s%s%s%s%s%s%s%s", runs[pol[q]].f[F_POLICY], pp[0] ? " (" : "", pp,
+                     pp[0] ? ")" : "", cc[0] ? " [" : "", cc, cc[0] ? "]" : "", prompt ? " (prompt-only budget)" : "",
+                     oracle ? " (oracle)" : "");
         }
         int wins[512] = {0}, contested = 0;
         for (int l = 0; l < n_lv; l++) {
@@ -427,7 +434,7 @@ static int check_summary_against_csv(const char *db_path, const char *md) {
                 pick c = {in[k], csv_num(w->f[F_MEM]), csv_num(w->f[F_ERR])};
                 if (!(c.mem > 0) || !isfinite(c.mem) || !isfinite(c.err) || c.mem > lv[l]) continue;
                 int q = 0;
-                while (strcmp(runs[pol[q]].f[F_POLICY], w->f[F_POLICY]) || strcmp(runs[pol[q]].f[F_PARAMS], w->f[F_PARAMS])) q++;
+                while (!same_candidate(&runs[pol[q]], w)) q++;
                 int flagged = atoi(w->f[F_ORACLE]) || w->f[F_NOTES][0];
                 pick *slot = flagged ? &flag[q] : &clean[q];
                 if (pick_better(runs, c, *slot)) *slot = c;
@@ -563,8 +570,8 @@ static void test_summary_by_hand(void **state) {
     /* The equal-memory table defaults to the middle level, 2 KiB, and says how to reproduce it: h2o halfway in
      * ln x between its 1 KiB (.3, p95 .6) and 4 KiB (.35, p95 .7) runs. */
     assert_non_null(strstr(md, "kvsim compare hand.db --match mem --at 2048"));
-    assert_non_null(strstr(md, "| h2o | - | - | a.kvt | decode | 0.325 | 0.65 |"));
-    assert_non_null(strstr(md, "| window | - | - | a.kvt | decode | 0.35 |"));
+    assert_non_null(strstr(md, "| h2o | - | - | - | a.kvt | decode | 0.325 | 0.65 |"));
+    assert_non_null(strstr(md, "| window | - | - | - | a.kvt | decode | 0.35 |"));
     /* No steps: the position section is absent, with its reason; the unreadable trace is said so. */
     assert_non_null(strstr(md, "## Not in this database"));
     assert_non_null(strstr(md, "- **Error vs decode position**: "));
@@ -581,9 +588,79 @@ static void test_summary_by_hand(void **state) {
     md = kvs_test_slurp(p, NULL);
     assert_non_null(md);
     assert_non_null(strstr(md, "kvsim compare hand.db --match mem --at 4096"));
-    assert_non_null(strstr(md, "| window | - | - | a.kvt | decode | 0.2 |"));
+    assert_non_null(strstr(md, "| window | - | - | - | a.kvt | decode | 0.2 |"));
     free(md);
     assert_int_equal(dir_has_tmp(tmp_dir), 0);
+}
+
+/* ---- KV codecs ---- */
+
+#define INT4 "int:bits=4,group=32,k_axis=token,v_axis=channel"
+
+/* A study with a KV codec beside the eviction policies (the bundled trace, window and h2o with and without int4):
+ * each (policy, codec) is a candidate of its own in the summary, recomputed here from `kvsim runs --csv` keyed by
+ * (policy, params, codec) and labelled "policy (params) [codec]"; the runs table names each run's codec (from the CSV);
+ * the equal-memory table has a row per (policy, codec), window+int4's value interpolated here in log bytes between
+ * its two CSV runs bracketing the level. Before, a codec's runs were the same candidate as the policy's own (the
+ * best of both represented "window") and no table said which codec a row used. */
+static void test_codec_runs_in_the_report(void **state) {
+    (void)state;
+    if (!kvs_test_kvsim_bin()) skip();
+    char trace[512], db[128], out[128], p[256];
+    snprintf(trace, sizeof trace, "%s/examples/stories260K.kvt", kvs_test_root());
+    path_in(db, sizeof db, "codec.db");
+    path_in(out, sizeof out, "codec_report");
+    const char *replay[] = {"replay", trace, "--db", db, "--policy", "window", "--policy", "h2o", "--codec", "none",
+                            "--codec", "int:bits=4", "--budgets", "32,64,128", "--threads", "2", NULL};
+    assert_int_equal(kvsim(replay), 0);
+    const char *report[] = {"report", db, "--out", out, "--mem-at", "1KiB", NULL};
+    assert_int_equal(kvsim(report), 0);
+    snprintf(p, sizeof p, "%s/report.md", out);
+    char *md = kvs_test_slurp(p, NULL);
+    assert_non_null(md);
+    assert_true(check_summary_against_csv(db, md) >= 3);
+    /* int4 holds window's 64 tokens in less than window's 32 on K/V as captured: at 1 KiB it is a candidate, with
+     * its own label, and the rule says codecs are candidates of their own */
+    assert_non_null(strstr(md, "window [" INT4 "]"));
+    assert_non_null(strstr(md, "a codec's runs, named \"policy (params) [codec]\", are a candidate of their own"));
+    /* the runs table and the equal-memory table from the CSV */
+    const char *args[] = {"runs", db, "--csv", "--summary", NULL};
+    assert_int_equal(kvsim(args), 0);
+    char o[128];
+    path_in(o, sizeof o, "out.txt");
+    char *csv = kvs_test_slurp(o, NULL);
+    assert_non_null(csv);
+    static csv_run runs[64];
+    int n = parse_runs_csv(csv, runs, 64), n_codec = 0;
+    free(csv);
+    assert_int_equal(n, 12);
+    double bx[2] = {0, INFINITY}, be[2] = {NAN, NAN}; /* window+int4: the runs just below and above 1 KiB */
+    for (int i = 0; i < n; i++) {
+        char row[512];
+        snprintf(row, sizeof row, "| #%s | %s | %s | %s | ", runs[i].f[F_ID], runs[i].f[F_POLICY],
+                 runs[i].f[F_PARAMS][0] ? runs[i].f[F_PARAMS] : "-", runs[i].f[F_CODEC][0] ? runs[i].f[F_CODEC] : "-");
+        if (!strstr(md, row)) fail_msg("runs table row missing: %s\n--- report.md:\n%s", row, md);
+        n_codec += !strcmp(runs[i].f[F_CODEC], INT4);
+        if (strcmp(runs[i].f[F_POLICY], "window") || strcmp(runs[i].f[F_CODEC], INT4)) continue;
+        double x = csv_num(runs[i].f[F_MEM]), e = csv_num(runs[i].f[F_ERR]);
+        if (x <= 1024 && x > bx[0]) bx[0] = x, be[0] = e;
+        if (x >= 1024 && x < bx[1]) bx[1] = x, be[1] = e;
+    }
+    assert_int_equal(n_codec, 6);
+    assert_true(bx[0] > 0 && isfinite(bx[1]));
+    double t = bx[1] > bx[0] ? (log(1024) - log(bx[0])) / (log(bx[1]) - log(bx[0])) : 0;
+    char want[256];
+    snprintf(want, sizeof want, "| window | - | " INT4 " | - | stories260K@");
+    const char *row = strstr(md, "kvsim compare codec.db --match mem --at 1024");
+    assert_non_null(row);
+    row = strstr(row, want);
+    assert_non_null(row);
+    snprintf(want, sizeof want, "| decode | %.4g |", be[0] + t * (be[1] - be[0]));
+    const char *eol = strchr(row, '\n');
+    if (!strstr(row, want) || strstr(row, want) > eol) fail_msg("equal-memory row lacks %s: %.*s", want, (int)(eol - row), row);
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < N_F; k++) free(runs[i].f[k]);
+    free(md);
 }
 
 /* ---- several traces of one model: means, bootstrap intervals, paired differences ---- */
@@ -724,9 +801,9 @@ static void test_summary_over_traces(void **state) {
     assert_non_null(strstr(md, "Not resolved (not counted as a win): 4.00KiB (b vs a, 4 traces)."));
     /* equal memory at 2 KiB over the traces: each trace's interpolated value, their mean and interval */
     snprintf(id, sizeof id, "mem|storage_bytes_mean|2048|out_err_mean|a||decode|-1|-1|m1|%s", ids);
-    expect_interval(md, "| a | - | - | 4 of 4 | ", am, 4, id);
+    expect_interval(md, "| a | - | - | - | 4 of 4 | ", am, 4, id);
     snprintf(id, sizeof id, "mem|storage_bytes_mean|2048|out_err_mean|b||decode|-1|-1|m1|%s", ids);
-    expect_interval(md, "| b | - | - | 4 of 4 | ", bm, 4, id);
+    expect_interval(md, "| b | - | - | - | 4 of 4 | ", bm, 4, id);
     for (int i = 0; i < 4; i++) d[i] = bm[i] - am[i];
     snprintf(id, sizeof id, "mem|storage_bytes_mean|2048|out_err_mean|b||decode|-1|-1|m1|-|a||decode|-1|-1|m1|%s", ids);
     boot_by_hand(d, 4, fnv1a(id), &lo, &hi);
@@ -1230,6 +1307,7 @@ int main(void) {
         cmocka_unit_test(test_corrupt_database),
         cmocka_unit_test(test_report_identity_and_gaps),
         cmocka_unit_test(test_summary_over_traces),
+        cmocka_unit_test(test_codec_runs_in_the_report),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
