@@ -259,6 +259,7 @@ kvs_status kvs_plan_kv_dtype_bytes(const char *name, double *bytes) {
 /* What planning needs of a codec, read from its canonical spec (every key filled in, codec.h "Specs"). */
 typedef struct {
     kvs_codec_kind kind;
+    const kvs_codec *codec; /* think: its kept channels */
     int bits;
     int64_t group, residual;
     int token_axis[2]; /* K, V: token-axis groups */
@@ -273,7 +274,7 @@ static int64_t spec_int(const char *params, const char *key) {
 }
 
 static codec_shape shape_of(const kvs_codec *c) {
-    codec_shape sh = {.kind = kvs_codec_kind_of(c)};
+    codec_shape sh = {.kind = kvs_codec_kind_of(c), .codec = c};
     const char *spec = kvs_codec_spec(c), *colon = strchr(spec, ':');
     const char *params = colon ? colon + 1 : "";
     char v[32];
@@ -290,6 +291,7 @@ static codec_shape shape_of(const kvs_codec *c) {
     case KVS_CODEC_FP8:
         sh.head_scales = param_value(params, "per", v, sizeof v) && !strcmp(v, "head");
         break;
+    case KVS_CODEC_THINK: sh.residual = spec_int(params, "recent"); break; /* K rows below P - recent pruned */
     }
     return sh;
 }
@@ -297,6 +299,7 @@ static codec_shape shape_of(const kvs_codec *c) {
 static double codec_row_bytes(const codec_shape *sh, int t, int64_t d) {
     const double D = (double)d;
     if (sh->kind == KVS_CODEC_FP8) return D;
+    if (sh->kind == KVS_CODEC_THINK) return t == 0 ? 2.0 * (double)kvs_codec_kept_channels(sh->codec, d) : 2.0 * D;
     const double codes = D * sh->bits / 8.0;
     if (sh->token_axis[t]) return codes + 4.0 * D / (double)sh->group;
     return codes + 4.0 * (double)((d + sh->group - 1) / sh->group);
@@ -311,6 +314,9 @@ static int64_t codec_held(const codec_shape *sh, int t, int64_t P, int64_t n) {
         return n > P ? (n < R + 1 ? n : R + 1) : (P < R ? P : R);
     case KVS_CODEC_HF: return n > P ? n - P - R * ((n - 1 - P) / R) : 0;
     case KVS_CODEC_FP8: return 0;
+    case KVS_CODEC_THINK: /* K: the last `recent` prompt rows and every decode row stay whole; V is never pruned */
+        if (t == 1) return 0;
+        return n - (P > R ? P - R : 0);
     }
     return 0;
 }
@@ -340,7 +346,11 @@ double kvs_plan_codec_bytes(const kvs_codec *c, int64_t d, int64_t prompt, int64
     return codec_bytes(&sh, d, prompt, n, resident);
 }
 
-double kvs_plan_codec_head_bytes(const kvs_codec *c) { return shape_of(c).head_scales ? 8.0 : 0.0; }
+double kvs_plan_codec_head_bytes(const kvs_codec *c, int64_t d) {
+    const codec_shape sh = shape_of(c);
+    if (sh.kind == KVS_CODEC_THINK) return (double)d; /* the kept-channel mask, one byte per channel */
+    return sh.head_scales ? 8.0 : 0.0;
+}
 
 double kvs_plan_codec_bytes_per_token(const kvs_plan_model *m, const kvs_codec *c) {
     return (double)m->n_layers * m->n_kv_heads * kvs_codec_position_bytes(c, m->head_dim);

@@ -133,9 +133,11 @@ int64_t kvs_plan_codec_held(const kvs_codec *c, kvs_codec_tensor t, int64_t prom
  *  equivalents, at most n) at length n of a sequence with prompt P, the per-head fp8 scales excluded. */
 double kvs_plan_codec_bytes(const kvs_codec *c, int64_t d, int64_t prompt, int64_t n, double resident);
 
-/*! kvs_plan_codec_head_bytes() : bytes a (layer, KV head) holds once per sequence: 8 for fp8 scale=prompt per=head
- *  (fp32 K and V scales), 0 otherwise. Per layer: kvs_codec_layer_bytes. */
-double kvs_plan_codec_head_bytes(const kvs_codec *c);
+/*! kvs_plan_codec_head_bytes() : bytes a (layer, KV head) of head dimension d holds once per sequence: 8 for fp8
+ *  scale=prompt per=head (fp32 K and V scales), d for think (its kept-channel mask, one byte per channel, counted
+ *  whenever the codec is think: a prompt no longer than `recent` prunes nothing and a replay would not count it),
+ *  0 otherwise. Per layer: kvs_codec_layer_bytes. */
+double kvs_plan_codec_head_bytes(const kvs_codec *c, int64_t d);
 
 /*! kvs_plan_codec_bytes_per_token() : n_layers · n_kv_heads · kvs_codec_position_bytes(c, head_dim): the bytes of
  *  one quantized position, residual rows and scales held once per sequence excluded. */

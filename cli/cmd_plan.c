@@ -503,7 +503,7 @@ int kvs_cmd_plan(int argc, char **argv) {
                           (2.0 * setup.model.head_dim -
                            kvs_plan_codec_row_bytes(codec, (kvs_codec_tensor)t, setup.model.head_dim));
         }
-        scale_bytes = kv_heads * kvs_plan_codec_head_bytes(codec) + setup.model.n_layers * kvs_codec_layer_bytes(codec);
+        scale_bytes = kv_heads * kvs_plan_codec_head_bytes(codec, setup.model.head_dim) + setup.model.n_layers * kvs_codec_layer_bytes(codec);
     }
     double pool = NAN;
     if (setup.gpu_bytes > 0 && (st = kvs_plan_kv_pool(&setup, &pool)) != KVS_OK) goto fail;
@@ -631,9 +631,15 @@ int kvs_cmd_plan(int argc, char **argv) {
                    kvs_plan_kv_bytes_per_token(m, 2));
             fmt_size(b, sizeof b, held_bytes);
             fmt_size(c, sizeof c, scale_bytes);
-            printf("            rows held in 16 bits at %ld tokens: K %lld, V %lld per (layer, KV head), %s per "
-                   "sequence beyond their quantized size; scales held once: %s per sequence\n",
-                   context + response, (long long)held[0], (long long)held[1], b, c);
+            if (kvs_codec_kind_of(codec) == KVS_CODEC_THINK) /* V is never pruned: its rows are its size */
+                printf("            K rows kept whole at %ld tokens: %lld per (layer, KV head) (the last `recent` of the "
+                       "prompt and every generated one), %s per sequence beyond their pruned size; channel masks held "
+                       "once: %s per sequence\n",
+                       context + response, (long long)held[0], b, c);
+            else
+                printf("            rows held in 16 bits at %ld tokens: K %lld, V %lld per (layer, KV head), %s per "
+                       "sequence beyond their quantized size; scales held once: %s per sequence\n",
+                       context + response, (long long)held[0], (long long)held[1], b, c);
         } else {
             printf("KV / token  %.0f bytes (%s) = 2 x %d layers x %d KV heads x %d head_dim x %g bytes (%s)\n", kvtok,
                    a, m->n_layers, m->n_kv_heads, m->head_dim, kv_bytes, kv_name);

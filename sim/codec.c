@@ -209,14 +209,14 @@ kvs_status kvs_codec_parse(const char *spec, kvs_codec **out) {
     if (!out) return kvs_fail(KVS_ERR_INVALID_ARG, "codec: NULL output");
     *out = NULL;
     if (!spec || !spec[0])
-        return kvs_fail(KVS_ERR_INVALID_ARG, "codec: empty spec (one of int, kivi, hf, fp8 [:key=value,...])");
+        return kvs_fail(KVS_ERR_INVALID_ARG, "codec: empty spec (one of int, kivi, hf, fp8, think [:key=value,...])");
     const char *colon = strchr(spec, ':');
     size_t name_len = colon ? (size_t)(colon - spec) : strlen(spec);
     const codec_def *cd = NULL;
     for (int i = 0; i < N_DEFS; i++)
         if (strlen(DEFS[i].name) == name_len && memcmp(DEFS[i].name, spec, name_len) == 0) cd = &DEFS[i];
     if (!cd)
-        return kvs_fail(KVS_ERR_INVALID_ARG, "codec: unknown codec '%.*s' (one of int, kivi, hf, fp8)",
+        return kvs_fail(KVS_ERR_INVALID_ARG, "codec: unknown codec '%.*s' (one of int, kivi, hf, fp8, think)",
                         (int)(name_len > 64 ? 64 : name_len), spec);
 
     param_val vals[MAX_PARAMS];
@@ -261,7 +261,7 @@ kvs_status kvs_codec_parse(const char *spec, kvs_codec **out) {
     if (!c) return kvs_fail(KVS_ERR_NOMEM, "codec: out of memory");
     c->kind = cd->kind;
     c->scale = 1.0f;
-    switch ((int)cd->kind) { /* int: KVS_CODEC_THINK lies outside the enumerators (codec.h) */
+    switch (cd->kind) {
     case KVS_CODEC_INT:
         c->bits = (int)vals[0].i;
         c->group = vals[1].i;

@@ -168,11 +168,13 @@
 typedef struct kvs_codec kvs_codec;             /* a parsed spec */
 typedef struct kvs_codec_state kvs_codec_state; /* one (layer, KV head) stream's K and V */
 
-typedef enum { KVS_CODEC_INT = 0, KVS_CODEC_KIVI = 1, KVS_CODEC_HF = 2, KVS_CODEC_FP8 = 3 } kvs_codec_kind;
-/* ThinK's kind, a value of kvs_codec_kind outside the enumerators: a switch over the four quantizing kinds written
- * before it (analysis/plan.c's codec shape) keeps compiling under -Wswitch -Werror; such a switch must handle it
- * (or refuse it) before it is given a think codec, and then this value can join the enumerators. */
-#define KVS_CODEC_THINK ((kvs_codec_kind)4)
+typedef enum {
+    KVS_CODEC_INT = 0,
+    KVS_CODEC_KIVI = 1,
+    KVS_CODEC_HF = 2,
+    KVS_CODEC_FP8 = 3,
+    KVS_CODEC_THINK = 4 /* key channel pruning, no quantization */
+} kvs_codec_kind;
 typedef enum { KVS_CODEC_K = 0, KVS_CODEC_V = 1 } kvs_codec_tensor;
 typedef enum { KVS_CODEC_AXIS_TOKEN = 0, KVS_CODEC_AXIS_CHANNEL = 1 } kvs_codec_axis;
 typedef enum { KVS_CODEC_E4M3 = 0, KVS_CODEC_E5M2 = 1 } kvs_codec_fp8_format;

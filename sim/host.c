@@ -422,6 +422,7 @@ struct kvs_host_rep {
     int64_t *pos;             /* [N] a resident set for kvs_codec_state_bytes */
     uint32_t *mark;           /* [N] == stamp: in the set being built */
     uint32_t stamp;
+    uint8_t *has_queries;     /* [H] think: the head's prompt queries were given */
 };
 
 kvs_status kvs_host_rep_create(const kvs_codec *c, const kvs_policy_model *m, kvs_host_rep **out) {
@@ -437,7 +438,8 @@ kvs_status kvs_host_rep_create(const kvs_codec *c, const kvs_policy_model *m, kv
     r->stored = malloc((N + 1) * sizeof *r->stored);
     r->pos = malloc(N * sizeof *r->pos);
     r->mark = calloc(N, sizeof *r->mark);
-    if (!r->st || !r->stored || !r->pos || !r->mark) {
+    r->has_queries = calloc((size_t)r->H, 1);
+    if (!r->st || !r->stored || !r->pos || !r->mark || !r->has_queries) {
         kvs_host_rep_free(r);
         return kvs_fail(KVS_ERR_NOMEM, "host: out of memory for the codec's scratch");
     }
@@ -460,7 +462,15 @@ void kvs_host_rep_free(kvs_host_rep *r) {
     free(r->stored);
     free(r->pos);
     free(r->mark);
+    free(r->has_queries);
     free(r);
+}
+
+kvs_status kvs_host_rep_prompt_queries(kvs_host_rep *r, int h, const float *q, int64_t n_q, int group) {
+    if (!r || !kvs_codec_needs_queries(r->c) || r->active || r->has_queries[h]) return KVS_OK;
+    kvs_status st = kvs_codec_state_prefill_queries(r->st[h], q, n_q, group);
+    if (st == KVS_OK) r->has_queries[h] = 1;
+    return st;
 }
 
 kvs_status kvs_host_rep_sync(kvs_host_rep *r, const float *const *k, const float *const *v, int64_t n) {

@@ -79,6 +79,13 @@ typedef struct kvs_host_rep kvs_host_rep;
 kvs_status kvs_host_rep_create(const kvs_codec *c, const kvs_policy_model *m, kvs_host_rep **out);
 void kvs_host_rep_free(kvs_host_rep *r);
 
+/*! kvs_host_rep_prompt_queries() : a codec that scores with the prompt's queries (kvs_codec_needs_queries: think)
+ *  takes KV head h's queries of the first prompt here, q = [n_q][group][head_dim] for positions 0..n_q-1 (the
+ *  view->q layout of the prefill; n_q = P), before the first kvs_host_rep_sync past the prompt: the drivers call it
+ *  from the first prompt's last prefill block. A no-op for any other codec, once the stage is active, or when head h
+ *  already has them (configurations sharing the stage call it alike). The codec's errors otherwise. */
+kvs_status kvs_host_rep_prompt_queries(kvs_host_rep *r, int h, const float *q, int64_t n_q, int group);
+
 /*! kvs_host_rep_sync() : brings the stage to step n: nothing while n <= P (the prompt is full precision);
  *  otherwise, the first time, every KV head's prefill from rows 0..P-1 (and kvs_codec_share_scale), then every
  *  head advanced to n. k[h], v[h] = KV head h's history rows (at least n of them; only rows < n are read). n never

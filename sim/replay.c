@@ -1106,6 +1106,10 @@ static kvs_status prefill_block(task *t, int ci, int64_t tk, int64_t bb, int64_t
             .memo = kvs_host_rep_active(t->rep[ci]) ? NULL : t->memo,
         };
         if ((st = ops->prefill(config_states(t, ci)[h], &view)) != KVS_OK) return st;
+        /* a codec scoring with the prompt's queries (think) takes them from the first prompt's last block */
+        if (tk == 0 && be == turn->prompt_end &&
+            (st = kvs_host_rep_prompt_queries(t->rep[ci], h, t->qb[h], be - turn->begin, e->G)) != KVS_OK)
+            return st;
     }
     if (ops->layer_sync) {
         if ((st = ops->layer_sync(config_states(t, ci), e->Hkv, KVS_SYNC_PREFILL)) != KVS_OK) return st;

@@ -360,6 +360,10 @@ static kvs_status prefill_call(ref_run *r, int64_t tk, int64_t bb, int64_t be) {
             .last_block = be == turn->prompt_end,
         };
         if ((st = ops->prefill(r->states[h], &view)) != KVS_OK) return st;
+        /* a codec scoring with the prompt's queries (think) takes them from the first prompt's last block */
+        if (tk == 0 && be == turn->prompt_end &&
+            (st = kvs_host_rep_prompt_queries(r->rep, h, r->ld.q + (size_t)h * N * G * d, be, r->G)) != KVS_OK)
+            return st;
     }
     if (ops->layer_sync && (st = ops->layer_sync(r->states, r->H, KVS_SYNC_PREFILL)) != KVS_OK) return st;
     return KVS_OK;

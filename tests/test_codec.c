@@ -334,9 +334,9 @@ static void test_specs_canonical(void **state) {
 
 static void test_bad_specs_rejected(void **state) {
     (void)state;
-    expect_bad("", "codec: empty spec (one of int, kivi, hf, fp8 [:key=value,...])");
-    expect_bad(NULL, "codec: empty spec (one of int, kivi, hf, fp8 [:key=value,...])");
-    expect_bad("int4", "codec: unknown codec 'int4' (one of int, kivi, hf, fp8)");
+    expect_bad("", "codec: empty spec (one of int, kivi, hf, fp8, think [:key=value,...])");
+    expect_bad(NULL, "codec: empty spec (one of int, kivi, hf, fp8, think [:key=value,...])");
+    expect_bad("int4", "codec: unknown codec 'int4' (one of int, kivi, hf, fp8, think)");
     expect_bad("int:", "codec int: empty parameter list after ':'");
     expect_bad("int:bits=4,", "codec int: empty parameter in 'int:bits=4,'");
     expect_bad("int:bits", "codec int: 'bits' is not key=value");

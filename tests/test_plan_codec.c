@@ -180,7 +180,7 @@ static void test_against_codec_state(void **state) {
             for (int64_t j = 0; j < n; j++) pos[j] = j;
             kvs_codec_bytes b;
             assert_int_equal(kvs_codec_state_bytes(st, pos, n, &b), KVS_OK);
-            double plan = kvs_plan_codec_bytes(c, d, P, n, (double)n) + kvs_plan_codec_head_bytes(c);
+            double plan = kvs_plan_codec_bytes(c, d, P, n, (double)n) + kvs_plan_codec_head_bytes(c, d);
             if (plan != b.total) fail_msg("%s at n = %lld: plan %.17g, codec state %.17g", specs[i], (long long)n, plan,
                                           b.total);
             for (int t = 0; t < 2; t++)
@@ -188,7 +188,7 @@ static void test_against_codec_state(void **state) {
                                  n - kvs_codec_state_quantized(st, (kvs_codec_tensor)t));
             if (!per_row) continue;
             assert_int_equal(kvs_codec_state_bytes(st, pos + (n - m), m, &b), KVS_OK);
-            plan = kvs_plan_codec_bytes(c, d, P, n, (double)m) + kvs_plan_codec_head_bytes(c);
+            plan = kvs_plan_codec_bytes(c, d, P, n, (double)m) + kvs_plan_codec_head_bytes(c, d);
             if (plan != b.total) fail_msg("%s window at n = %lld: plan %.17g, codec state %.17g", specs[i],
                                           (long long)n, plan, b.total);
         }
@@ -197,6 +197,61 @@ static void test_against_codec_state(void **state) {
     }
     free(k);
     free(v);
+}
+
+/* think (key channel pruning) against the same second count: the full cache and a window of the most recent m at
+ * every decode step, K rows below P - recent pruned to the kept channels, every other row whole, the mask once. */
+static void test_think_against_codec_state(void **state) {
+    (void)state;
+    const char *specs[] = {"think:ratio=0.5,window=4,recent=8", "think", "think:ratio=0.3,window=2,recent=40"};
+    const int64_t d = 16, P = 21, N = 60, m = 12;
+    const int group = 2;
+    float *k = malloc(sizeof(float) * (size_t)(N * d)), *v = malloc(sizeof(float) * (size_t)(N * d));
+    float *q = malloc(sizeof(float) * (size_t)(P * group * d));
+    uint64_t x = 88172645463325252ull;
+    for (int64_t i = 0; i < N * d; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        k[i] = (float)((double)(x % 20001) / 10000.0 - 1.0);
+        v[i] = (float)((double)((x >> 20) % 20001) / 10000.0 - 1.0);
+        if (i < P * group * d) q[i] = (float)((double)((x >> 40) % 20001) / 10000.0 - 1.0);
+    }
+    int64_t pos[60];
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        kvs_codec *c = codec_of(specs[i]);
+        kvs_codec_state *st = NULL;
+        assert_int_equal(kvs_codec_state_create(c, d, N, &st), KVS_OK);
+        assert_int_equal(kvs_codec_state_prefill_queries(st, q, P, group), KVS_OK);
+        assert_int_equal(kvs_codec_state_prefill(st, k, v, P), KVS_OK);
+        for (int64_t n = P + 1; n <= N; n++) {
+            assert_int_equal(kvs_codec_state_advance(st, k, v, n), KVS_OK);
+            for (int64_t j = 0; j < n; j++) pos[j] = j;
+            kvs_codec_bytes b;
+            assert_int_equal(kvs_codec_state_bytes(st, pos, n, &b), KVS_OK);
+            const int prunes = kvs_plan_codec_held(c, KVS_CODEC_K, P, n) < n; /* the mask is held with a pruned row */
+            double plan = kvs_plan_codec_bytes(c, d, P, n, (double)n) + (prunes ? kvs_plan_codec_head_bytes(c, d) : 0);
+            if (plan != b.total) fail_msg("%s at n = %lld: plan %.17g, codec state %.17g", specs[i], (long long)n, plan,
+                                          b.total);
+            assert_int_equal(kvs_plan_codec_held(c, KVS_CODEC_K, P, n), n - kvs_codec_state_quantized(st, KVS_CODEC_K));
+            /* a window of the newest m rows: every row whole (m <= recent) or the oldest pruned ones beyond it */
+            assert_int_equal(kvs_codec_state_bytes(st, pos + (n - m), m, &b), KVS_OK);
+            const int window_prunes = n - m < P - kvs_plan_codec_held(c, KVS_CODEC_K, P, P);
+            plan = kvs_plan_codec_bytes(c, d, P, n, (double)m) + (window_prunes ? kvs_plan_codec_head_bytes(c, d) : 0);
+            if (plan != b.total) fail_msg("%s window at n = %lld: plan %.17g, codec state %.17g", specs[i],
+                                          (long long)n, plan, b.total);
+        }
+        kvs_codec_state_free(st);
+        kvs_codec_free(c);
+    }
+    /* by hand: Llama-3.1-8B's d = 128 at the default ratio 0.4 keeps 128 - 51 = 77 channels: a pruned K row 154 B */
+    kvs_codec *c = codec_of("think");
+    assert_true(kvs_plan_codec_row_bytes(c, KVS_CODEC_K, 128) == 154.0);
+    assert_true(kvs_plan_codec_row_bytes(c, KVS_CODEC_V, 128) == 256.0);
+    assert_true(kvs_plan_codec_head_bytes(c, 128) == 128.0);
+    assert_int_equal(kvs_plan_codec_held(c, KVS_CODEC_K, 1000, 1100), 1100 - 968);
+    kvs_codec_free(c);
+    free(k);
+    free(v);
+    free(q);
 }
 
 /* A measured profile carries the codec like the nominal kinds: its positions (token equivalents) x the codec's
@@ -323,7 +378,7 @@ static void test_cli_bad_input(void **state) {
     expect_in(f->err, "--kv-dtype and --codec exclude each other");
     const struct {
         const char *spec, *msg;
-    } bad[] = {{"int4", "--codec: codec: unknown codec 'int4' (one of int, kivi, hf, fp8)"},
+    } bad[] = {{"int4", "--codec: codec: unknown codec 'int4' (one of int, kivi, hf, fp8, think)"},
                {"int:bits=5", "--codec: codec int: bits=5 not one of {2,3,4,8}"},
                {"kivi:residual=33", "--codec: codec kivi: residual=33 must be a multiple of group=32"},
                {"fp8:per=head", "--codec: codec fp8: per=head needs scale=prompt"},
@@ -345,6 +400,7 @@ int main(void) {
         cmocka_unit_test(test_hf_residual),
         cmocka_unit_test(test_fp8_scales),
         cmocka_unit_test(test_against_codec_state),
+        cmocka_unit_test(test_think_against_codec_state),
         cmocka_unit_test(test_measured_profile),
         cmocka_unit_test_setup_teardown(test_cli_outputs, cli_setup, cli_teardown),
         cmocka_unit_test_setup_teardown(test_cli_bad_input, cli_setup, cli_teardown),

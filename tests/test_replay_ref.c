@@ -189,15 +189,16 @@ static void test_bundled_real_trace(void **state) {
 }
 
 /* With codecs (sim/codec.h, the representation stage): policies taking each of the fast replay's paths (one shared
- * list, per-query-head lists, merged slots, a chunked prefill, an oracle, the full cache) under every codec kind, on
- * both engines, bit for bit; @return the runs that completed. */
+ * list, per-query-head lists, merged slots, a chunked prefill, an oracle, the full cache) under every codec kind
+ * (think's channels scored with the first prompt's queries from its last prefill block, in each engine), on both
+ * engines, bit for bit; @return the runs that completed. */
 static int compare_codecs(const kvs_replay_source *src, const int64_t *budgets, int n_budgets,
                           kvs_replay_measure measure, int64_t series_every) {
     static const char *const specs[] = {"full", "window", "h2o", "snapkv", "quest:gqa=head", "d2o", "h2o:block=8",
                                         "topk", "tova:mode=group,block=8"};
     static const char *const codec_specs[] = {"int:bits=4", "kivi", "kivi:bits=4,group=4,residual=8",
                                               "int:bits=2,group=8,k_axis=channel,v_axis=token", "hf:bits=2,residual=5",
-                                              "fp8:scale=prompt,per=tensor"};
+                                              "fp8:scale=prompt,per=tensor", "think:ratio=0.5,window=8,recent=4"};
     enum { N_CODECS = sizeof codec_specs / sizeof *codec_specs };
     kvs_codec *codecs[N_CODECS];
     for (int k = 0; k < N_CODECS; k++) assert_int_equal(kvs_codec_parse(codec_specs[k], &codecs[k]), KVS_OK);
@@ -218,6 +219,7 @@ static int compare_codecs(const kvs_replay_source *src, const int64_t *budgets, 
                 cfg[n++] = c;
             }
     int complete = compare_configs(src, cfg, names, n, measure, series_every, cfg_codec);
+    print_message("%d of %d configurations with a codec completed on both engines\n", complete, n);
     for (int k = 0; k < N_CODECS; k++) kvs_codec_free(codecs[k]);
     return complete;
 }
@@ -232,7 +234,7 @@ static void test_codecs_two_turns_every_position(void **state) {
     snprintf(src.content_hash, sizeof src.content_hash, "generated-two-turns");
     const int64_t budgets[] = {6, 30};
     int complete = compare_codecs(&src, budgets, 2, KVS_MEASURE_ALL, 5);
-    assert_true(complete >= 80);
+    assert_int_equal(complete, 126); /* every configuration of every codec kind completes */
     kvs_test_replay_fixture_free(&f);
 }
 
@@ -246,7 +248,7 @@ static void test_codecs_bundled_real_trace(void **state) {
     assert_int_equal(kvs_replay_source_from_trace(t, &src), KVS_OK);
     const int64_t budgets[] = {24};
     int complete = compare_codecs(&src, budgets, 1, KVS_MEASURE_DECODE, 7);
-    assert_true(complete >= 40);
+    assert_int_equal(complete, 63); /* every configuration of every codec kind completes */
     kvs_trace_close(t);
 }
 
