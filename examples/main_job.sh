@@ -10,7 +10,7 @@
 #                                            (llama2.c .bin or Hugging Face folder), then the same
 #
 # Outputs go to $OUT (default examples/out): trace.kvt (when captured), results.db, runs.csv,
-# compare_mem.txt, compare_traffic.txt, error_vs_memory.png, error_vs_traffic.png, error_vs_budget.png,
+# compare_mem.txt, compare_mem_low.txt, compare_traffic.txt, error_vs_memory.png, error_vs_traffic.png, error_vs_budget.png,
 # recall_vs_budget.png, memory_vs_budget.png, error_vs_position.png (on the bundled trace error_vs_memory.png is
 # also the README's picture, examples/main_job.png), and last the study report
 # report/report.html (one self-contained page: every table and plot above) with report/report.md.
@@ -20,6 +20,11 @@
 # policies (SnapKV, PyramidKV and Ada-KV bound only the prompt and keep every generated token, so at "B = 8"
 # they hold 17x more than a window of 8). `kvsim compare --match mem` and the error-vs-memory plot put every
 # policy at the same resident bytes; the budget plots come after, for reference.
+#
+# Beside the eviction policies, one KV codec: the window with 4-bit K/V (`--codec int:bits=4`, sim/codec.h), the
+# other way to spend fewer bytes: keep more tokens, each quantized. Its runs are a series of their own
+# ("window [int:bits=4,...]", thin, in window's colour) on the plots and in the report, and it joins the Pareto
+# frontier; compare_mem_low.txt puts it against the policies at 1 KiB per KV head, where 4-bit K/V is within reach.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
@@ -52,12 +57,18 @@ rm -f "$out/results.db" "$out/results.db-wal" "$out/results.db-shm"
     --policy full --policy window --policy streaming --policy h2o --policy tova \
     --policy scissorhands --policy snapkv --policy pyramidkv --policy adakv --policy topk \
     --budgets "$budgets" --series-every 1
+# the codec: one more pass of the trace, its runs in the same study (each (policy, codec, budget) is one run)
+"$KVSIM_BIN" replay "$trace" --db "$out/results.db" --policy window --codec int:bits=4 \
+    --budgets "$budgets" --series-every 1
 
 # Equal memory and equal traffic: every policy interpolated to the same resident bytes (and bytes read per
 # step) per KV head; the plots mark the Pareto frontier.
 echo "== policies at equal resident memory (9 KiB per KV head)"
 "$KVSIM_BIN" compare "$out/results.db" --match mem --at 9KiB > "$out/compare_mem.txt"
 cat "$out/compare_mem.txt"
+echo "== policies and window with 4-bit K/V at equal resident memory (1 KiB per KV head)"
+"$KVSIM_BIN" compare "$out/results.db" --match mem --at 1KiB > "$out/compare_mem_low.txt"
+cat "$out/compare_mem_low.txt"
 echo "== policies at equal traffic (9 KiB read per step per KV head)"
 "$KVSIM_BIN" compare "$out/results.db" --match traffic --at 9KiB > "$out/compare_traffic.txt"
 cat "$out/compare_traffic.txt"

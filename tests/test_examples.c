@@ -22,6 +22,7 @@
 #include "tests/util/testenv.h"
 
 #define N_POLICIES 10
+#define N_CODEC_CONFIGS 1 /* window with the int:bits=4 codec, beside the policies */
 #define N_BUDGETS 7
 #define N_LAYERS 5 /* stories260K */
 
@@ -114,7 +115,7 @@ static void test_main_job_runs_end_to_end(void **state) {
         }
     }
     fclose(f);
-    assert_int_equal(rows, N_POLICIES * N_BUDGETS * N_LAYERS);
+    assert_int_equal(rows, (N_POLICIES + N_CODEC_CONFIGS) * N_BUDGETS * N_LAYERS);
     /* Exact top-k by the group's summed attention is not guaranteed to minimise the output error of every
      * query head, but on average over a layer's heads and steps it must not lose to every realisable policy
      * of the same attended size by a wide margin; a wiring bug (oracle given stale or wrong attention) breaks this at once. */
@@ -166,6 +167,12 @@ static void test_main_job_runs_end_to_end(void **state) {
         assert_true(header);
         assert_true(interpolated >= 8); /* the eight realisable compressing policies */
     }
+    /* the codec beside the policies: its own row in the low equal-memory comparison */
+    snprintf(path, sizeof path, "%s/compare_mem_low.txt", dir);
+    char *low = kvs_test_slurp(path, NULL);
+    assert_non_null(low);
+    assert_non_null(strstr(low, "[int:bits=4,group=32,k_axis=token,v_axis=channel]"));
+    free(low);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     assert_int_equal(system(cmd), 0);
 }
