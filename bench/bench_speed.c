@@ -15,6 +15,8 @@
  * output errors there for bench/torch_replay.py's side-by-side run.
  * KVSIM_BENCH_KV16_ONLY (optional): stop after the 16-bit K/V part (kernels over fp16 against fp32 in and out of
  * cache, the replay with a 16-bit history against the fp32 one), before the sweep.
+ * `codec [POLICY]` (and the end of a full run): a KV codec's cost, POLICY's (default h2o) 8 budgets at the
+ * 8192-position shape without a codec, with int:bits=4 and with kivi (sim/BENCH.md "A codec's cost").
  */
 #include <math.h>
 #include <stdio.h>
@@ -28,6 +30,7 @@
 #include "../common/kvs_math_simd_f64.h"
 #include "../common/kvs_peak.h"
 #include "../common/npy.h"
+#include "../sim/codec.h"
 #include "../sim/policy.h"
 #include "../policies/registry.h"
 #include "../sim/replay.h"
@@ -614,6 +617,91 @@ static void sweep(int threads, const char *only, int want32, int want16, int64_t
     kvs_test_replay_fixture_free(&fx);
 }
 
+/* ---- a KV codec's cost (sim/BENCH.md "A codec's cost") ----
+ * One policy's 8 budgets at the 8192-position shape of the per-policy figures (KVSIM_BENCH_SWEEP_SCALE, default 4
+ * here: prompt 7680, KVSIM_BENCH_SWEEP_DECODE = 512 decode steps measured, budgets 128..2048; fp32 K/V), as one
+ * kvs_replay_execute without a codec, with int:bits=4 and with kivi (KIVI-2's defaults), every configuration under
+ * the same codec (one codec state per layer, shared). The three alternate within each of KVSIM_BENCH_SWEEP_REPS
+ * rounds, so the machine's drift falls on all of them; the medians of each one's CPU and wall times are compared
+ * with the run without a codec. */
+static void codec_part(int threads, const char *policy) {
+    const char *scale_env = getenv("KVSIM_BENCH_SWEEP_SCALE");
+    int64_t scale = scale_env && scale_env[0] ? sweep_scale_env() : 4;
+    int decode = sweep_decode_env(scale);
+    const char *reps_env = getenv("KVSIM_BENCH_SWEEP_REPS");
+    int reps = reps_env && reps_env[0] ? atoi(reps_env) : 3;
+    if (reps < 1 || reps > 9) {
+        fprintf(stderr, "bench_speed: KVSIM_BENCH_SWEEP_REPS must be 1..9\n");
+        exit(2);
+    }
+    kvs_gen_trace_opts o = kvs_gen_trace_defaults();
+    o.n_layers = 2;
+    o.n_heads = 8;
+    o.n_kv_heads = 2;
+    o.head_dim = 128;
+    o.n_positions = (int)(2048 * scale);
+    o.prompt_len = o.n_positions - decode;
+    kvs_test_replay_fixture fx; /* as the sweep's: 2-byte K/V, blocks of 64 */
+    CHECK(kvs_test_replay_fixture_make(&o, 2, 64, &fx));
+    kvs_replay_source src;
+    CHECK(kvs_replay_source_from_memory(&fx.mem, &src));
+    kvs_replay_config cfgs[N_SWEEP_BUDGETS];
+    for (int b = 0; b < N_SWEEP_BUDGETS; b++) {
+        cfgs[b] = (kvs_replay_config){.budget = sweep_budgets[b] * scale, .budget_fraction = -1};
+        CHECK(kvs_policy_parse(policy, &cfgs[b].policy));
+    }
+    enum { NM = 3 };
+    static const char *const specs[NM] = {NULL, "int:bits=4", "kivi"};
+    kvs_codec *codec[NM] = {NULL};
+    const kvs_codec *per_cfg[NM][N_SWEEP_BUDGETS];
+    for (int m = 0; m < NM; m++) {
+        if (specs[m]) CHECK(kvs_codec_parse(specs[m], &codec[m]));
+        for (int b = 0; b < N_SWEEP_BUDGETS; b++) per_cfg[m][b] = codec[m];
+    }
+    print_load("a codec's cost");
+    printf("GENERATED trace (not a model): %d layers, %d query heads, %d KV heads, d %d, %d positions (prompt %d, %d "
+           "decode steps measured); %s x %d budgets (%lld..%lld), fp32 K/V, %d threads; each codec applies to every "
+           "budget; %d rounds, the three alternating\n",
+           o.n_layers, o.n_heads, o.n_kv_heads, o.head_dim, o.n_positions, o.prompt_len, decode, policy,
+           N_SWEEP_BUDGETS, (long long)(sweep_budgets[0] * scale), (long long)(sweep_budgets[N_SWEEP_BUDGETS - 1] * scale),
+           threads, reps);
+    double els[NM][9], cpus[NM][9], err[NM] = {0}, mem[NM] = {0};
+    for (int k = 0; k < reps; k++)
+        for (int m = 0; m < NM; m++) {
+            kvs_replay_opts ro = {.configs = cfgs, .n_configs = N_SWEEP_BUDGETS, .threads = threads,
+                                  .measure = KVS_MEASURE_DECODE, .codecs = specs[m] ? per_cfg[m] : NULL};
+            kvs_replay_result *r = NULL;
+            double t0 = kvs_now_s(), c0 = cpu_s(0);
+            CHECK(kvs_replay_execute(&src, &ro, &r));
+            els[m][k] = kvs_now_s() - t0;
+            cpus[m][k] = cpu_s(0) - c0;
+            for (int b = 0; b < N_SWEEP_BUDGETS; b++) {
+                if (r->runs[b].status != KVS_OK)
+                    printf("run %s:%lld with %s failed: %s\n", policy, (long long)cfgs[b].budget,
+                           specs[m] ? specs[m] : "no codec", r->runs[b].error);
+                if (k == 0) { /* what each codec does to the numbers: a reading, the same in every round */
+                    err[m] += r->runs[b].run_agg.out_err.mean / N_SWEEP_BUDGETS;
+                    mem[m] += r->runs[b].run_agg.storage_bytes.mean / N_SWEEP_BUDGETS;
+                }
+            }
+            kvs_replay_result_free(r);
+        }
+    double cpu0 = cpus[0][median_run(cpus[0], reps)], el0 = els[0][median_run(els[0], reps)];
+    printf("  %-48s %8s %8s %9s %9s %11s %12s  (CPU s of every round)\n", "codec", "CPU s", "wall s", "CPU x", "wall x",
+           "mean err", "mean res B");
+    for (int m = 0; m < NM; m++) {
+        double cpu = cpus[m][median_run(cpus[m], reps)], el = els[m][median_run(els[m], reps)];
+        printf("  %-48s %8.2f %8.2f %8.2fx %8.2fx %11.4g %12.4g ", codec[m] ? kvs_codec_spec(codec[m]) : "(none)",
+               cpu, el, cpu / cpu0, el / el0, err[m], mem[m]);
+        for (int k = 0; k < reps; k++) printf(" %.2f", cpus[m][k]);
+        printf("\n");
+    }
+    printf("  (x: the median against the run without a codec; mean err and res B: out_err and resident bytes per KV "
+           "head, each run's mean averaged over the %d budgets)\n", N_SWEEP_BUDGETS);
+    for (int m = 0; m < NM; m++) kvs_codec_free(codec[m]);
+    kvs_test_replay_fixture_free(&fx);
+}
+
 /* ---- the replay with its K/V history in 16 bits against fp32 ----
  * A GENERATED trace of Llama shape (d 128, G 4) whose K/V are rounded to fp16, as a trace's are, replayed with
  * the fp32 history alone (kv16 = -1) and with the 16-bit history beside it (kv16 = 1), alternately, twice each;
@@ -698,12 +786,17 @@ static int kv16_part(int threads) {
 int main(int argc, char **argv) {
     int threads = kvs_n_cpus();
     const char *only = argc > 1 ? argv[1] : "";
-    int is_sweep = !strcmp(only, "sweep") || !strcmp(only, "sweep16");
-    if ((only[0] && strcmp(only, "kernels") && !is_sweep) || (argc > 2 && !is_sweep) || argc > 3) {
-        fprintf(stderr, "usage: bench_speed [kernels | sweep [POLICY] | sweep16 [POLICY]]\n");
+    int is_sweep = !strcmp(only, "sweep") || !strcmp(only, "sweep16"), is_codec = !strcmp(only, "codec");
+    if ((only[0] && strcmp(only, "kernels") && !is_sweep && !is_codec) || (argc > 2 && !is_sweep && !is_codec) ||
+        argc > 3) {
+        fprintf(stderr, "usage: bench_speed [kernels | sweep [POLICY] | sweep16 [POLICY] | codec [POLICY]]\n");
         return 2;
     }
     machine(threads);
+    if (is_codec) {
+        codec_part(threads, argc > 2 ? argv[2] : "h2o");
+        return 0;
+    }
     if (!is_sweep) {
         print_load("kernels (1 core)");
         kernels(64);
@@ -726,5 +819,6 @@ int main(int argc, char **argv) {
         sweep(threads, NULL, 1, 0, 4, 512, 0);
         sweep(threads, NULL, 1, 0, 4, 1536, 0);
     }
+    if (!only[0]) codec_part(threads, "h2o"); /* a KV codec's cost at the 8192-position shape */
     return 0;
 }
