@@ -44,13 +44,14 @@ static void fixture_make(fixture *f, uint64_t seed) {
     assert_int_equal(kvs_test_replay_fixture_make(&o, 2, 16, f), KVS_OK);
 }
 
-/* One spec per quantizing kind, sized to d = 8 and 72 positions so that groups become final during the run (K
+/* One spec per codec kind, sized to d = 8 and 72 positions so that groups become final during the run (K
  * token-axis groups of 4 positions, KIVI's residual flushing every 8, HF's every 6, fp8 scaled from the prompt). */
 static const char *const SPECS[] = {
     "int:bits=4,group=4,k_axis=token,v_axis=channel",
     "kivi:bits=2,group=4,residual=8",
     "hf:bits=4,group=8,residual=6",
     "fp8:format=e4m3,scale=prompt,per=head",
+    "think:ratio=0.5,window=6,recent=4", /* channels from the first prompt's window queries */
 };
 #define N_SPECS (sizeof SPECS / sizeof SPECS[0])
 
