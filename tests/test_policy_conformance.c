@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../sim/codec.h"
 #include "../sim/policy.h"
 #include "../policies/registry.h"
 #include "../sim/replay.h"
@@ -139,13 +140,17 @@ static void on_step_end(void *user, int config, int layer, int kv_head, int64_t 
  * what it holds before its first block, when it holds nothing yet). */
 static kvs_replay_measure run_measure = KVS_MEASURE_DECODE;
 
+/* The codec every run() uses (sim/codec.h; NULL: K/V as captured): the contract tests run again under each codec
+ * kind (test_every_policy_under_every_codec). */
+static const kvs_codec *run_codec;
+
 static kvs_replay_result *run(const fixture *f, const kvs_policy_config *cfg, int64_t budget, int threads, recorder *rec) {
     kvs_replay_config rc = {.policy = *cfg, .budget = budget, .budget_fraction = -1};
     kvs_replay_source src;
     assert_int_equal(kvs_replay_source_from_memory(&f->mem, &src), KVS_OK);
     kvs_replay_hooks hooks = {.user = rec, .on_select = on_select, .on_step_end = on_step_end};
     kvs_replay_opts o = {.configs = &rc, .n_configs = 1, .threads = threads, .measure = run_measure,
-                         .series_every = 3, .hooks = rec ? &hooks : NULL};
+                         .series_every = 3, .hooks = rec ? &hooks : NULL, .codecs = run_codec ? &run_codec : NULL};
     if (rec) {
         rec->budget = budget;
         rec->layout_lists = kvs_policy_layout(cfg) == KVS_SEL_PER_QUERY_HEAD ? f->G : 1;
@@ -551,6 +556,26 @@ static const struct kvs_policy_ops leaky_ops = {
  * where a configuration is made (parse) and where a run starts (validate), with KVS_ERR_VERSION naming both. */
 /* A parameter error names the policy once: "policy h2o: parameter 'recent': ..." for every kind of bad value, a
  * preset's parameters included. */
+/* Every policy under every codec kind (the representation stage composes with every selection policy): the budget
+ * at every step, determinism across thread counts and no look-ahead hold as they do without one. Not run under a
+ * codec: "reads only what it stores", since a token-axis group's scale and zero point come from every position of
+ * the group, evicted or not (sim/codec.h: a policy's choice never changes another position's representation). */
+static void test_every_policy_under_every_codec(void **state) {
+    static const char *const specs[] = {"int:bits=4,group=4,k_axis=token,v_axis=channel",
+                                        "kivi:bits=2,group=4,residual=8", "hf:bits=2,group=8,residual=6",
+                                        "fp8:scale=prompt,per=tensor", "think:ratio=0.5,window=4,recent=4"};
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        kvs_codec *c = NULL;
+        assert_int_equal(kvs_codec_parse(specs[i], &c), KVS_OK);
+        run_codec = c;
+        test_every_policy_respects_budget_every_step(state);
+        test_every_policy_is_deterministic(state);
+        test_no_policy_sees_the_future(state);
+        run_codec = NULL;
+        kvs_codec_free(c);
+    }
+}
+
 static void test_parameter_errors_name_the_policy_once(void **state) {
     (void)state;
     const char *bad[] = {"h2o:recent=2", "h2o:recent=x", "h2o@keydiff:recent=2", "streaming:sinks=-1", "h2o:gqa=zz",
@@ -613,6 +638,7 @@ int main(void) {
         cmocka_unit_test(test_non_oracles_read_only_what_they_store),
         cmocka_unit_test(test_presets_and_block_modes_keep_the_contract),
         cmocka_unit_test(test_leak_check_catches_a_leaky_policy),
+        cmocka_unit_test(test_every_policy_under_every_codec),
         cmocka_unit_test(test_interface_version_is_checked),
         cmocka_unit_test(test_parameter_errors_name_the_policy_once),
     };
