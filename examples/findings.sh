@@ -37,11 +37,11 @@ out=${OUT:-$here/out/findings}
 
 # The sections in the order they run, and the names of the blocks each writes (a block NAME belongs to prefix P when
 # NAME is P or starts with "P-": findings_blocks)
-all_sections="intro morphkv keydiff d2o rocketkv drift heads synckv task calibration"
+all_sections="intro morphkv keydiff d2o rocketkv drift heads synckv codecs task calibration"
 section_blocks() {
     case $1 in
         intro) echo traces ;; morphkv) echo M ;; keydiff) echo K ;; d2o) echo D ;; rocketkv) echo R ;; drift) echo S1 S2 S3 ;;
-        heads) echo S4 S12 ;; synckv) echo SyncKV ;; task) echo T ;; calibration) echo closed_loop ;;
+        heads) echo S4 S12 ;; synckv) echo SyncKV ;; codecs) echo Q ;; task) echo T ;; calibration) echo closed_loop ;;
         *) return 1 ;;
     esac
 }
