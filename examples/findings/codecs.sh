@@ -205,8 +205,10 @@ q3_pair() {
         is(a, pa, ca) && is(b, pb, cb) { s = 1 } is(a, pb, cb) && is(b, pa, ca) { s = -1 }
         ((is(a, pa, ca) && is(b, pb, cb)) || (is(a, pb, cb) && is(b, pa, ca))) && $k["n"] > 0 {
             lo = s > 0 ? $k["diff_lo"] : -$k["diff_hi"]; hi = s > 0 ? $k["diff_hi"] : -$k["diff_lo"]
-            printf "- %s at %s: %s = %+.3g [%+.3g, %+.3g] over %d trace%s: %s\n", m, X, name, s * $k["diff"], lo, hi, $k["n"], ($k["n"] == 1 ? "" : "s"),
-                ($k["resolved"] != 0 ? "resolved" : "not resolved"); found = 1; exit }
+            r = ($k["resolved"] != 0 ? "resolved" : "not resolved"); found = 1
+            if ($k["n"] < 2) { printf "- %s at %s: %s = %+.3g on 1 trace (no interval): %s\n", m, X, name, s * $k["diff"], r; exit }
+            printf "- %s at %s: %s = %+.3g [%+.3g, %+.3g] over %d traces: %s\n", m, X, name, s * $k["diff"], lo, hi, $k["n"], r
+            exit }
         END { if (!found) printf "- %s at %s: %s: no trace where both have a value\n", m, X, name }' "$out/codecs_${1}_${2}_pairs.tsv"
 }
 for mname in $study_models; do
