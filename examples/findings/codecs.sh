@@ -54,13 +54,14 @@ q_iv() {
           else printf "%.3g [%.3g, %.3g]\n", $1, $2, $3 }'
 }
 # q_piv LABEL TOTAL: the paired difference of the pairs "a b" on standard input: "+d [+lo, +hi], resolved" (or
-# "not resolved"; resolved when the interval excludes 0), "(n = N of TOTAL)" when some traces have no pair
+# "not resolved"; resolved when the interval excludes 0), "(n = N of TOTAL)" when some traces have no pair; a single
+# pair has no interval and no judgement (a table row's "resolved" is read against the nearest interval before it)
 q_piv() {
     v=$(cat)
     if [ -z "$v" ]; then echo "none"; return; fi
     echo "$v" | "$KVSIM_BIN" interval --paired --label "$1" | awk -F'\t' -v t="$2" '
         { r = ($5 != 0 ? "resolved" : "not resolved")
-          if ($4 < 2) printf "%+.3g (n = 1 of %d), %s\n", $1, t, r
+          if ($4 < 2) printf "%+.3g (n = 1 of %d, no interval)\n", $1, t
           else printf "%+.3g [%+.3g, %+.3g]%s, %s\n", $1, $2, $3, ($4 < t ? sprintf(" (n = %d of %d)", $4, t) : ""), r }'
 }
 
