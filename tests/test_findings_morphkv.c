@@ -46,10 +46,10 @@ static const char *const h2o_repo = "recent=0.5,gqa=expand,prefill=budget,window
 static void need_section(void) {
     if (ran == 0) {
         char out[256];
-        ran = kvs_test_findings("morphkv", out, sizeof out);
-        if (ran != 0) snprintf(out_dir, sizeof out_dir, "%.*s", (int)(strlen(out) - 2), out); /* out less "/f" */
-        else ran = -1;
-        assert_int_equal(ran, 1);
+        int rc = kvs_test_findings("morphkv", out, sizeof out);
+        if (rc < 0) fail_msg("findings.sh --check --only morphkv failed");
+        ran = rc == 1 ? 1 : -1; /* -1: it cannot run here (skip) */
+        if (ran == 1) snprintf(out_dir, sizeof out_dir, "%.*s", (int)(strlen(out) - 2), out); /* out less "/f" */
     }
     if (ran < 0) skip();
 }
