@@ -6,7 +6,8 @@
 #
 # --check regenerates the generated blocks of examples/FINDINGS.md (examples/findings_lib.sh) and fails on any
 # difference (CI runs it); --update writes them into the file. --only runs the named sections of examples/findings/
-# (intro, morphkv, keydiff, d2o, rocketkv, drift, heads, synckv, task, calibration) and checks or updates their blocks alone.
+# (intro, morphkv, keydiff, d2o, rocketkv, drift, heads, synckv, codecs, task, calibration) and checks or updates
+# their blocks alone.
 #
 # Traces: seven prompts per model (examples/capture_prompts.sh: examples/prompt.txt and examples/prompts/, 128
 # generated tokens each) for the multi-prompt blocks; the bundled examples/stories260K.kvt and a fresh 256-step
@@ -14,7 +15,7 @@
 # (default ../shared/models) holds the models; without them only the bundled trace is studied. Outputs go to $OUT
 # (default examples/out/findings): one folder per trace with the databases and the text of every table,
 # summary.txt, and blocks/ (the generated text of each block). $KVSIM_BIN names the kvsim binary.
-# About 90 s on a 2-core machine.
+# About two minutes on a 2-core machine.
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
