@@ -39,23 +39,11 @@ File format (one case after another; '#' lines are comments):
 fp8_round.txt: lines "X E4M3 E5M2" (hex) for special and random values.
 """
 import os
-import struct
 import sys
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-OUT = os.path.join(HERE, "..", "tests", "fixtures", "codec")
-
-f32 = np.float32
-
-
-def hexw(x):
-    return "%08x" % struct.unpack("<I", struct.pack("<f", float(f32(x))))[0]
-
-
-def hexs(a):
-    return " ".join(hexw(v) for v in np.asarray(a, dtype=f32).ravel())
+from codec_ref import OUT, f32, hexs, hexw
 
 
 # ---- the integer arithmetic ------------------------------------------------------------------------------------
