@@ -557,3 +557,154 @@ kvs_status kvs_host_rep_cost(kvs_host_rep *r, int h, const struct kvs_policy_ops
     settle_cost(c);
     return KVS_OK;
 }
+
+/* ------------------------------------------------------------------------------------------------
+ * Page granularity
+ * ---------------------------------------------------------------------------------------------- */
+
+struct kvs_host_page {
+    int64_t n_positions, page, n_pages;
+    uint8_t *is_prompt;   /* [n_positions] */
+    int64_t *count;       /* [n_pages] S_t's positions on the page, valid where cmark == count_stamp */
+    uint32_t *cmark, *chosen, *umark; /* [n_pages] stamps: counted / chosen / in the union across lists */
+    uint32_t *xmark;      /* [n_positions] stamp: an entry of S_t on a chosen page */
+    uint32_t count_stamp, chosen_stamp, union_stamp, x_stamp;
+    int64_t *cand;        /* [n_pages] candidate pages, as sort keys */
+    int32_t *stored;      /* [n_positions + 1] a policy's stored() answer */
+};
+
+kvs_status kvs_host_page_create(int64_t n_positions, int64_t page_tokens, const kvs_turn *turns, int64_t n_turns,
+                                kvs_host_page **out) {
+    *out = NULL;
+    if (n_positions < 1 || n_positions > INT32_MAX || page_tokens < 1)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "host: bad page size %lld", (long long)page_tokens);
+    kvs_host_page *pg = calloc(1, sizeof *pg);
+    if (!pg) return kvs_fail(KVS_ERR_NOMEM, "host: out of memory");
+    size_t N = (size_t)n_positions;
+    pg->n_positions = n_positions;
+    pg->page = page_tokens;
+    pg->n_pages = (n_positions + page_tokens - 1) / page_tokens;
+    size_t NP = (size_t)pg->n_pages;
+    pg->is_prompt = calloc(N, 1);
+    pg->count = calloc(NP, sizeof *pg->count);
+    pg->cmark = calloc(NP, sizeof *pg->cmark);
+    pg->chosen = calloc(NP, sizeof *pg->chosen);
+    pg->umark = calloc(NP, sizeof *pg->umark);
+    pg->xmark = calloc(N, sizeof *pg->xmark);
+    pg->cand = malloc(NP * sizeof *pg->cand);
+    pg->stored = malloc((N + 1) * sizeof *pg->stored);
+    if (!pg->is_prompt || !pg->count || !pg->cmark || !pg->chosen || !pg->umark || !pg->xmark || !pg->cand ||
+        !pg->stored) {
+        kvs_host_page_free(pg);
+        return kvs_fail(KVS_ERR_NOMEM, "host: out of memory for the page map");
+    }
+    for (int64_t tk = 0; tk < n_turns; tk++)
+        for (int64_t p = turns[tk].begin; p < turns[tk].prompt_end && p < n_positions; p++)
+            if (p >= 0) pg->is_prompt[p] = 1;
+    *out = pg;
+    return KVS_OK;
+}
+
+void kvs_host_page_free(kvs_host_page *pg) {
+    if (!pg) return;
+    free(pg->is_prompt);
+    free(pg->count);
+    free(pg->cmark);
+    free(pg->chosen);
+    free(pg->umark);
+    free(pg->xmark);
+    free(pg->cand);
+    free(pg->stored);
+    free(pg);
+}
+
+int64_t kvs_host_page_cap(const kvs_host_page *pg, kvs_policy_budget_scope scope, int64_t budget, const int32_t *idx,
+                          int64_t n, int64_t p) {
+    if (scope == KVS_BUDGET_NONE) return p / pg->page + 1; /* every page: nothing bounds it */
+    int64_t allow = budget;
+    if (scope == KVS_BUDGET_PROMPT)
+        for (int64_t j = 0; j < n; j++) allow += !pg->is_prompt[idx[j]];
+    int64_t c = allow / pg->page;
+    return c < 1 ? 1 : c;
+}
+
+static int cmp_desc_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+int64_t kvs_host_page_map(kvs_host_page *pg, const int32_t *idx, const float *const *row_k, const float *const *row_v,
+                          int64_t n, int64_t p, int64_t cap, int32_t *att, const float **att_k, const float **att_v,
+                          int32_t *place) {
+    int64_t P = pg->page, NP = pg->n_pages, newest = p / P, n_cand = 0, m = 0;
+    size_t nps = (size_t)NP;
+    uint32_t cs = next_stamp(&pg->count_stamp, pg->cmark, nps);
+    for (int64_t j = 0; j < n; j++) {
+        int64_t q = idx[j] / P;
+        if (pg->cmark[q] != cs) {
+            pg->cmark[q] = cs;
+            pg->count[q] = 0;
+            if (q != newest) pg->cand[n_cand++] = q;
+        }
+        pg->count[q]++;
+    }
+    /* the most positions first, the newer page among equals: one key, count major, page minor */
+    for (int64_t k = 0; k < n_cand; k++) pg->cand[k] = pg->count[pg->cand[k]] * (NP + 1) + pg->cand[k];
+    qsort(pg->cand, (size_t)n_cand, sizeof *pg->cand, cmp_desc_i64);
+    int64_t take = cap - 1 < n_cand ? cap - 1 : n_cand;
+    if (take < 0) take = 0;
+    uint32_t ch = next_stamp(&pg->chosen_stamp, pg->chosen, nps);
+    for (int64_t k = 0; k < take; k++) pg->cand[k] %= NP + 1, pg->chosen[pg->cand[k]] = ch;
+    pg->chosen[newest] = ch;
+    pg->cand[take] = newest;
+    /* S_t's entries on chosen pages, in S_t's order, then the chosen pages' other positions <= p, ascending */
+    uint32_t xs = next_stamp(&pg->x_stamp, pg->xmark, (size_t)pg->n_positions);
+    for (int64_t j = 0; j < n; j++) {
+        if (pg->chosen[idx[j] / P] != ch) {
+            place[j] = -1;
+            continue;
+        }
+        att[m] = idx[j];
+        att_k[m] = row_k ? row_k[j] : NULL;
+        att_v[m] = row_v ? row_v[j] : NULL;
+        pg->xmark[idx[j]] = xs;
+        place[j] = (int32_t)m++;
+    }
+    qsort(pg->cand, (size_t)take + 1, sizeof *pg->cand, cmp_desc_i64);
+    for (int64_t k = take; k >= 0; k--) { /* ascending pages */
+        int64_t lo = pg->cand[k] * P, hi = lo + P <= p + 1 ? lo + P : p + 1;
+        for (int64_t x = lo; x < hi; x++)
+            if (pg->xmark[x] != xs) att[m] = (int32_t)x, att_k[m] = att_v[m] = NULL, m++;
+    }
+    return m;
+}
+
+void kvs_host_page_cost(kvs_host_page *pg, const struct kvs_policy_ops *ops, void *state, const kvs_policy_model *m,
+                        const kvs_policy_view *view, const kvs_policy_sel *sel, const int64_t *att_n, int64_t p,
+                        kvs_policy_cost *c) {
+    int64_t P = pg->page;
+    size_t nps = (size_t)pg->n_pages;
+    double pages = 0, uni = 0, read = 0;
+    if (!ops->stored) { /* every position seen, stored once: every page so far */
+        pages = uni = (double)(p / P + 1);
+    } else {
+        uint32_t us = next_stamp(&pg->union_stamp, pg->umark, nps);
+        for (int li = 0; li < sel->n_lists; li++) {
+            uint32_t ls = next_stamp(&pg->count_stamp, pg->cmark, nps);
+            int64_t ms = ops->stored(state, li, pg->stored);
+            for (int64_t k = 0; k < ms + sel->n[li]; k++) {
+                int64_t q = (k < ms ? pg->stored[k] : sel->idx[li][k - ms]) / P;
+                if (pg->cmark[q] == ls) continue;
+                pg->cmark[q] = ls;
+                pages++;
+                if (pg->umark[q] != us) pg->umark[q] = us, uni++;
+            }
+        }
+    }
+    for (int li = 0; li < sel->n_lists; li++) read += (double)att_n[li];
+    kvs_host_cost(ops, state, m, view, sel, pages * (double)P, uni * (double)P, c);
+    c->kv_bytes = kvs_policy_kv_bytes(m, pages * (double)P);
+    c->dedup_kv_bytes = kvs_policy_kv_bytes(m, uni * (double)P);
+    c->read_kv_bytes = kvs_policy_kv_bytes(m, read);
+    settle_cost(c);
+}

@@ -46,10 +46,75 @@ uint64_t kvs_host_instance_seed(uint64_t run_seed, int layer, int kv_head);
  *  - a REPRESENTATION stage (a codec: quantized K/V, pruned key channels) sits between the selection check and the
  *    attention: the drivers attend over the rows the codec gives back for the stored positions (what a real cache
  *    would dequantize), policies observe those probabilities, and the codec says what a stored row costs in bytes;
- *  - PAGE granularity rounds what is stored to whole pages of page_tokens positions, in the counts
- *    kvs_host_check_sel hands to kvs_host_cost;
+ *  - PAGE granularity (a paged cache, below) maps each step's selection to whole pages of page_tokens positions:
+ *    the attended set, and the counts the cost takes, become whole pages;
  *  - both reach the numbers only through the identity above, the rows a driver attends over, and the bytes per
  *    stored row that kvs_host_cost multiplies the counts by (today kvs_policy_kv_bytes: 2 x d x kv_bytes). */
+
+/* ---- page granularity (a paged cache) ------------------------------------------------------------ */
+
+/* Serving systems (vLLM's blocks of 16, SGLang, TensorRT-LLM) hold the KV cache in pages of N consecutive positions
+ * and can only drop whole pages. The rule every driver follows for a run with page size N >= 1
+ * (kvs_replay_opts.pages; `kvsim replay --page N`):
+ *  - page j holds positions [jN, (j+1)N). At decode position p (step n = p + 1) a list may attend at most C pages:
+ *    C = max(1, floor(B / N)) for a budget B bounding S_t every step (the list's budget after the allocation pass);
+ *    for a prompt-only budget B the step's allowance is B plus the list's generated (non-prompt) entries of S_t,
+ *    C = max(1, floor((B + generated) / N)); a policy without a budget (full) attends every page that holds a
+ *    position it selected;
+ *  - the policy runs unchanged at token level (its select() gives S_t); the host maps S_t to pages
+ *    (kvs_host_page_map): the newest page (holding p, partial or not) is always attended; the other C - 1 slots go
+ *    to the pages holding the most positions of S_t, ties to the newer page; a page holding no position of S_t is
+ *    never taken. Only positions <= p count, so the choice at step n depends on nothing later (no look-ahead);
+ *  - the attended set is every position <= p of the chosen pages, whole pages: positions the policy did not select
+ *    but that share a page with ones it did are attended, as a paged cache holds them. Its order: the entries of
+ *    S_t on chosen pages in S_t's order (a merged slot keeps its policy-owned rows), then the chosen pages' other
+ *    positions in ascending order (trace rows). Every metric is computed on that set (recall: its full-attention
+ *    mass; top-k overlap: against its size);
+ *  - observe() gets the probabilities of the policy's own S_t entries under that attention (the softmax's
+ *    normaliser runs over the attended set; an entry on a page not attended gets 0), so its state stays token-level
+ *    and sees only what a real system computed;
+ *  - bytes (kvs_host_page_cost): a page stays resident while it holds any position the policy keeps, stored() ∪ S_t
+ *    (every position seen for a policy without stored()): the KV resident is that many whole pages x N rows per
+ *    list (the union of the lists' pages for the dedup count) — a partial newest page counts its N allocated slots,
+ *    its padding is real memory — and the KV read is the attended positions (a paged kernel stops at the context
+ *    length in the newest page). The policy's account() runs as without pages; the three KV classes (resident,
+ *    dedup, read) are then the host's page counts whatever it wrote, every other class (auxiliary state, host
+ *    store, transfers, writes) stays the policy's. Memory beyond C x N is what page granularity costs an evicting
+ *    policy: a page is freed only when the policy keeps none of its positions;
+ *  - the first turn's prompt is prefilled as without pages (full precision, full prompt) and measured prompt
+ *    positions (--measure all|prefill, later turns' prompts too) attend as without pages: paging applies from the
+ *    first decode step on, like a codec;
+ *  - with page size 1 every number is the token-level one: the chosen pages are S_t, attended in its order;
+ *  - the page size enters the run's identity (kvs_host_identity.page_tokens) only when set, so a run without pages
+ *    keeps its seed. A codec and pages together are not supported yet (kvs_replay_validate refuses them). */
+typedef struct kvs_host_page kvs_host_page;
+
+/*! kvs_host_page_create() : scratch for mapping selections of streams of up to n_positions positions (turns as
+ *  kvs_host_check_create) to pages of page_tokens >= 1 positions. Caller frees with kvs_host_page_free (accepts
+ *  NULL). KVS_ERR_INVALID_ARG for a bad size, KVS_ERR_NOMEM. */
+kvs_status kvs_host_page_create(int64_t n_positions, int64_t page_tokens, const kvs_turn *turns, int64_t n_turns,
+                                kvs_host_page **out);
+void kvs_host_page_free(kvs_host_page *pg);
+
+/*! kvs_host_page_cap() : C, the pages one list of S_t (idx[0..n), positions <= p) may attend at position p under
+ *  a policy of budget scope `scope` with that list's budget `budget` (the rule above). */
+int64_t kvs_host_page_cap(const kvs_host_page *pg, kvs_policy_budget_scope scope, int64_t budget, const int32_t *idx,
+                          int64_t n, int64_t p);
+
+/*! kvs_host_page_map() : the attended set of one list at position p with at most `cap` pages (the rule above):
+ *  att[0..m) its positions, att_k/att_v[0..m) their rows (the merged slot's rows of row_k/row_v, NULL = the
+ *  trace's row; row_k/row_v may be NULL for a list without merged slots), place[j] (j < n) the index in att of
+ *  S_t's entry j, -1 when its page is not attended. @return m. Arrays of capacity >= p + 1 (place: n). */
+int64_t kvs_host_page_map(kvs_host_page *pg, const int32_t *idx, const float *const *row_k, const float *const *row_v,
+                          int64_t n, int64_t p, int64_t cap, int32_t *att, const float **att_k, const float **att_v,
+                          int32_t *place);
+
+/*! kvs_host_page_cost() : the cost of a decode step at position p under pages: the policy's account() after the
+ *  default classes, then the KV classes from whole pages (the rule above): resident pages of stored() ∪ S_t of
+ *  each list of sel, attended entries att_n[li] of each list. */
+void kvs_host_page_cost(kvs_host_page *pg, const struct kvs_policy_ops *ops, void *state, const kvs_policy_model *m,
+                        const kvs_policy_view *view, const kvs_policy_sel *sel, const int64_t *att_n, int64_t p,
+                        kvs_policy_cost *cost);
 
 /* ---- the representation stage (a codec, sim/codec.h) --------------------------------------------------- */
 

@@ -206,6 +206,15 @@ typedef struct {
     uint8_t *rep_owner;       /* [nc] */
     kvs_policy_view *cviews;  /* [nc][Hkv] a codec configuration's views over the codec's rows (decode_position) */
     kvs_out_call **call_ptrs; /* [nc * kvs_out_calls_max(G)] the deferred output calls of one KV head */
+    /* page granularity (sim/host.h): each paged configuration's page map (NULL: token granularity), and, when the
+     * task has one, a list's attended set (positions, rows: NULL = the trace's), the place of S_t's entries in it,
+     * each query head's probabilities over it */
+    kvs_host_page **pages;    /* [nc] */
+    int32_t **att_idx, **att_place; /* [G] -> [N] */
+    const float ***att_k, ***att_v; /* [G] -> [N] */
+    int64_t *att_n;           /* [G] */
+    int *att_merged;          /* [G] */
+    float **att_p;            /* [G] -> [N] */
 } task;
 
 /* A configuration's decode step at one KV head, kept from its selection to its metrics while the task's other
@@ -310,6 +319,23 @@ static void task_free(task *t) {
     free(t->rep);
     free(t->rep_owner);
     free(t->cviews);
+    if (t->pages)
+        for (int ci = 0; ci < t->nc; ci++) kvs_host_page_free(t->pages[ci]);
+    free(t->pages);
+    for (int g = 0; g < e->G; g++) {
+        if (t->att_idx) free(t->att_idx[g]);
+        if (t->att_place) free(t->att_place[g]);
+        if (t->att_k) free((void *)t->att_k[g]);
+        if (t->att_v) free((void *)t->att_v[g]);
+        if (t->att_p) free(t->att_p[g]);
+    }
+    free(t->att_idx);
+    free(t->att_place);
+    free((void *)t->att_k);
+    free((void *)t->att_v);
+    free(t->att_n);
+    free(t->att_merged);
+    free(t->att_p);
 }
 
 /* 1 when the policies' attention over S_t takes its scores from the full reference's (kvs_attention_group_scored:
@@ -432,6 +458,36 @@ static kvs_status task_alloc(task *t) {
         kvs_status rst = kvs_host_rep_create(c, &e->src->model, &t->rep[ci]);
         if (rst != KVS_OK) return rst;
         t->rep_owner[ci] = 1;
+    }
+    t->pages = calloc((size_t)t->nc, sizeof *t->pages);
+    if (!t->pages) return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
+    int any_page = 0;
+    for (int ci = 0; ci < t->nc; ci++) {
+        int64_t page = kvs_replay_page_of(e->o, t->c_lo + ci);
+        if (page <= 0) continue;
+        any_page = 1;
+        kvs_status pst = kvs_host_page_create(e->N, page, e->src->turns, e->src->n_turns, &t->pages[ci]);
+        if (pst != KVS_OK) return pst;
+    }
+    if (any_page) {
+        t->att_idx = calloc(G, sizeof *t->att_idx);
+        t->att_place = calloc(G, sizeof *t->att_place);
+        t->att_k = calloc(G, sizeof *t->att_k);
+        t->att_v = calloc(G, sizeof *t->att_v);
+        t->att_n = calloc(G, sizeof *t->att_n);
+        t->att_merged = calloc(G, sizeof *t->att_merged);
+        t->att_p = calloc(G, sizeof *t->att_p);
+        if (!t->att_idx || !t->att_place || !t->att_k || !t->att_v || !t->att_n || !t->att_merged || !t->att_p)
+            return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
+        for (size_t g = 0; g < G; g++) {
+            t->att_idx[g] = malloc(N * sizeof(int32_t));
+            t->att_place[g] = malloc(N * sizeof(int32_t));
+            t->att_k[g] = malloc(N * sizeof **t->att_k);
+            t->att_v[g] = malloc(N * sizeof **t->att_v);
+            t->att_p[g] = malloc(N * sizeof(float));
+            if (!t->att_idx[g] || !t->att_place[g] || !t->att_k[g] || !t->att_v[g] || !t->att_p[g])
+                return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
+        }
     }
     size_t max_calls = kvs_out_calls_max(G);
     t->steps = calloc((size_t)t->nc, sizeof *t->steps);
@@ -847,6 +903,65 @@ static kvs_status defer_scored(task *t, cfg_step *cs, int h, int64_t p, const kv
     return KVS_OK;
 }
 
+/* A paged configuration's step at KV head h after its checked selection (sim/host.h "page granularity"): each list
+ * mapped to its attended set of whole pages, the attention of every query head over it (the kernels of the codec
+ * path: no reference scores, no 16-bit history, no shared pass), the policy's probabilities read back from it
+ * (0 off the attended pages), the page cost, the metrics on the attended set, observe(). */
+static kvs_status head_page(task *t, int ci, int h, int64_t p, int measured, const kvs_policy_sel *sel,
+                            const int *has_merged) {
+    engine *e = t->e;
+    int c = t->c_lo + ci;
+    const struct kvs_policy_ops *ops = e->o->configs[c].policy.ops;
+    void *state = config_states(t, ci)[h];
+    const kvs_policy_view *view = cfg_view(t, ci, ops, h);
+    kvs_host_page *pg = t->pages[ci];
+    int64_t budget = e->budgets[((size_t)c * (size_t)e->L + (size_t)t->layer) * (size_t)e->Hkv + (size_t)h];
+    size_t d = (size_t)e->d, N = (size_t)e->N;
+    kvs_policy_sel att = {.idx = t->att_idx, .n = t->att_n, .n_lists = sel->n_lists, .cap = e->N, .row_k = t->att_k,
+                          .row_v = t->att_v};
+    kvs_status st = KVS_OK;
+    for (int li = 0; li < sel->n_lists; li++) {
+        int64_t cap = kvs_host_page_cap(pg, ops->budget_scope, budget, sel->idx[li], sel->n[li], p);
+        att.n[li] = kvs_host_page_map(pg, sel->idx[li], has_merged[li] ? sel->row_k[li] : NULL,
+                                      has_merged[li] ? sel->row_v[li] : NULL, sel->n[li], p, cap, att.idx[li],
+                                      att.row_k[li], att.row_v[li], t->att_place[li]);
+        t->att_merged[li] = 0;
+        for (int64_t j = 0; has_merged[li] && j < att.n[li]; j++) t->att_merged[li] |= att.row_k[li][j] != NULL;
+    }
+    const float *q = view->q;
+    if (att.n_lists == 1 && !t->att_merged[0])
+        kvs_attention_group(q, (size_t)e->G, view->k, view->v, d, att.idx[0], (size_t)att.n[0], d,
+                            e->src->model.scale, t->att_p, t->outp, NULL);
+    else if (att.n_lists == e->G && !any_merged(t->att_merged, att.n_lists))
+        kvs_attention_lists(q, (size_t)e->G, view->k, view->v, d, (const int32_t *const *)att.idx, att.n, N, d,
+                            e->src->model.scale, t->att_p, t->outp, t->lists_f, t->lists_i);
+    else
+        for (int g = 0; g < e->G; g++) {
+            int li = att.n_lists == 1 ? 0 : g;
+            attend_list(t, view->k, view->v, q + (size_t)g * d, &att, li, t->att_merged[li], t->att_p[g],
+                        t->outp + (size_t)g * d);
+        }
+    for (int g = 0; g < e->G; g++) {
+        int li = sel->n_lists == 1 ? 0 : g;
+        for (int64_t j = 0; j < sel->n[li]; j++) {
+            int32_t at = t->att_place[li][j];
+            t->pbuf[g][j] = at >= 0 ? t->att_p[g][at] : 0.0f;
+        }
+    }
+    kvs_policy_cost cost;
+    kvs_host_page_cost(pg, ops, state, &e->src->model, view, sel, att.n, p, &cost);
+    if (measured)
+        st = measure_heads(t, ci, h, 0, e->G, p, att.n_lists, (const int32_t *const *)att.idx, att.n, t->att_merged,
+                           (const float *const *const *)att.row_k, t->outp, &cost, 0);
+    if (st == KVS_OK && ops->observe) st = ops->observe(state, view, sel, (const float *const *)t->pbuf);
+    for (int li = 0; li < sel->n_lists; li++) /* keep the row arrays all NULL for the next select() */
+        if (has_merged[li]) {
+            memset((void *)sel->row_k[li], 0, (size_t)sel->n[li] * sizeof *sel->row_k[li]);
+            memset((void *)sel->row_v[li], 0, (size_t)sel->n[li] * sizeof *sel->row_v[li]);
+        }
+    return st;
+}
+
 /* A configuration's step at KV head h up to its output: select() and its check, then its attention, deferred
  * (defer_scored: cs->deferred) when the scores are the reference's and no list holds merged slots; otherwise
  * computed now and the step at this head finished here (head_finish). */
@@ -878,6 +993,7 @@ static kvs_status head_select(task *t, int ci, int h, int64_t p, int measured) {
     /* Attention first (observe needs it); accounting needs only the selection. A list that is the whole prefix
      * copies the reference; one list shared by the group is computed for all G heads at once (each key and value
      * row read once). */
+    if (t->pages[ci]) return head_page(t, ci, h, p, measured, &sel, has_merged);
     size_t d = (size_t)e->d, N = (size_t)e->N;
     if (kvs_host_rep_active(t->rep[ci])) {
         /* over the codec's rows: neither the reference's scores, its output nor the 16-bit history apply */
@@ -1451,6 +1567,13 @@ kvs_status kvs_replay_validate(const kvs_replay_source *src, const kvs_replay_op
         if (rc->budget < 1 || rc->budget > m->n_positions)
             return kvs_fail(KVS_ERR_INVALID_ARG, "replay: budget %lld for policy %s is outside [1, %lld] (trace positions)",
                             (long long)rc->budget, rc->policy.ops->name, (long long)m->n_positions);
+        int64_t page = kvs_replay_page_of(o, c);
+        if (page < 0 || page > m->n_positions)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "replay: page size %lld is outside [0, %lld] (trace positions)",
+                            (long long)page, (long long)m->n_positions);
+        if (page > 0 && kvs_replay_codec_of(o, c))
+            return kvs_fail(KVS_ERR_INVALID_ARG, "replay: page granularity with a codec (%s) is not supported",
+                            kvs_codec_spec(kvs_replay_codec_of(o, c)));
         kvs_status st = kvs_policy_validate(&rc->policy, m, rc->budget);
         if (st != KVS_OK) return st;
     }
@@ -1589,7 +1712,8 @@ kvs_status kvs_replay_execute(const kvs_replay_source *src, const kvs_replay_opt
         e.run_seed[c] = kvs_host_run_seed(
             &(kvs_host_identity){.content_hash = src->content_hash, .policy = &o->configs[c].policy,
                                  .budget = o->configs[c].budget,
-                                 .codec = kvs_replay_codec_of(o, c) ? kvs_codec_spec(kvs_replay_codec_of(o, c)) : NULL},
+                                 .codec = kvs_replay_codec_of(o, c) ? kvs_codec_spec(kvs_replay_codec_of(o, c)) : NULL,
+                                 .page_tokens = kvs_replay_page_of(o, c)},
             &src->model);
     }
     for (int64_t i = 0; i < src->n_turns; i++) {

@@ -128,7 +128,15 @@ typedef struct {
      * scored in full precision, every later step over the codec's rows, the reference full precision; the
      * canonical spec enters the run's identity (kvs_host_identity.codec). */
     const kvs_codec *const *codecs;
+    /* Page granularity of each configuration (sim/host.h "page granularity"), borrowed: pages[c] >= 1 positions a
+     * page for configs[c], 0 = token granularity; pages NULL = none for any. From the first decode step on, the
+     * policy's selection is mapped to whole pages (the attended set, the bytes); the page size enters the run's
+     * identity (kvs_host_identity.page_tokens). Not with a codec (kvs_replay_validate refuses the pair). */
+    const int64_t *pages;
 } kvs_replay_opts;
+
+/*! kvs_replay_page_of() : configuration c's page size, 0 for token granularity. */
+static inline int64_t kvs_replay_page_of(const kvs_replay_opts *o, int c) { return o->pages ? o->pages[c] : 0; }
 
 /*! kvs_replay_codec_of() : configuration c's codec, NULL for none. */
 static inline const kvs_codec *kvs_replay_codec_of(const kvs_replay_opts *o, int c) {

@@ -112,6 +112,7 @@ typedef struct {
     const kvs_replay_opts *o;
     const kvs_replay_config *rc;
     const kvs_codec *codec;      /* the run's codec, NULL for none */
+    int64_t page;                /* the run's page size, 0 = token granularity */
     int L, H, G, d, n_lists;
     int64_t N;
     const int64_t *budgets;      /* [L][H] */
@@ -134,6 +135,15 @@ typedef struct {
     kvs_results_step *steps;
     int64_t n_steps, cap_steps;
     int64_t max_attended;
+    /* page granularity: each list's attended set (positions, rows: NULL = the trace's), its size, the place of
+     * S_t's entries in it (-1: not attended), each query head's probabilities over it; per page of the prefix, S_t's
+     * positions on it and whether it is attended */
+    int32_t **aidx, **place;     /* [G][N] */
+    const float ***ark, ***arv;  /* [G][N] */
+    int64_t *an;                 /* [G] */
+    float **pa;                  /* [G][N] */
+    int64_t *pcount;             /* [N] */
+    uint8_t *ptake;              /* [N] */
 } ref_run;
 
 static kvs_status push_sample(ref_run *r, int layer, int q_head, int64_t pos, int64_t measured_steps,
@@ -369,6 +379,137 @@ static kvs_status prefill_call(ref_run *r, int64_t tk, int64_t bb, int64_t be) {
     return KVS_OK;
 }
 
+/* ---- page granularity (sim/host.h "page granularity"), in plain loops ---- */
+
+/* C: the pages list li of S_t may attend at position p with the list's budget. */
+static int64_t page_cap(const ref_run *r, int64_t budget, const kvs_policy_sel *sel, int li, int64_t p) {
+    const struct kvs_policy_ops *ops = r->rc->policy.ops;
+    if (ops->budget_scope == KVS_BUDGET_NONE) return p / r->page + 1;
+    int64_t allow = budget;
+    if (ops->budget_scope == KVS_BUDGET_PROMPT)
+        for (int64_t j = 0; j < sel->n[li]; j++) {
+            int prompt = 0;
+            for (int64_t t = 0; t < r->src->n_turns; t++)
+                prompt |= sel->idx[li][j] >= r->src->turns[t].begin && sel->idx[li][j] < r->src->turns[t].prompt_end;
+            allow += !prompt;
+        }
+    return allow / r->page < 1 ? 1 : allow / r->page;
+}
+
+/* List li's attended set at position p with at most `cap` pages: the newest page, then one page at a time the one
+ * holding the most positions of S_t (the newest among equals), none holding no position of S_t. The set: S_t's
+ * entries on those pages in S_t's order, then their other positions <= p in ascending order. */
+static void page_map(ref_run *r, const kvs_policy_sel *sel, int li, int64_t p, int64_t cap) {
+    int64_t P = r->page, n_pages = p / P + 1, m = 0;
+    for (int64_t q = 0; q < n_pages; q++) r->pcount[q] = 0, r->ptake[q] = 0;
+    for (int64_t j = 0; j < sel->n[li]; j++) r->pcount[sel->idx[li][j] / P]++;
+    r->ptake[n_pages - 1] = 1;
+    for (int64_t k = 1; k < cap; k++) {
+        int64_t best = -1;
+        for (int64_t q = n_pages - 1; q >= 0; q--)
+            if (!r->ptake[q] && r->pcount[q] > 0 && (best < 0 || r->pcount[q] > r->pcount[best])) best = q;
+        if (best < 0) break;
+        r->ptake[best] = 1;
+    }
+    memset(r->mark, 0, (size_t)p + 1);
+    for (int64_t j = 0; j < sel->n[li]; j++) {
+        int32_t x = sel->idx[li][j];
+        r->place[li][j] = -1;
+        if (!r->ptake[x / P]) continue;
+        r->aidx[li][m] = x;
+        r->ark[li][m] = sel->row_k[li][j];
+        r->arv[li][m] = sel->row_v[li][j];
+        r->mark[x] = 1;
+        r->place[li][j] = (int32_t)m++;
+    }
+    for (int64_t x = 0; x <= p; x++)
+        if (r->ptake[x / P] && !r->mark[x]) r->aidx[li][m] = (int32_t)x, r->ark[li][m] = r->arv[li][m] = NULL, m++;
+    memset(r->mark, 0, (size_t)p + 1);
+    r->an[li] = m;
+}
+
+/* The cost under pages: the default classes and the policy's account(), then the KV classes from whole pages: a
+ * page resident while it holds a position of stored() ∪ S_t (every page so far without stored()), N rows each,
+ * summed over lists and their union; the attended entries read. */
+static void page_cost(ref_run *r, void *state, const kvs_policy_view *view, const kvs_policy_sel *sel, int64_t p,
+                      kvs_policy_cost *cost) {
+    const struct kvs_policy_ops *ops = r->rc->policy.ops;
+    const kvs_policy_model *m = &r->src->model;
+    int64_t P = r->page, n_pages = p / P + 1, pages = 0, uni = 0, read = 0;
+    if (!ops->stored) {
+        pages = uni = n_pages;
+    } else {
+        memset(r->umark, 0, (size_t)n_pages);
+        for (int li = 0; li < sel->n_lists; li++) {
+            memset(r->ptake, 0, (size_t)n_pages);
+            int64_t ms = ops->stored(state, li, r->stored);
+            for (int64_t k = 0; k < ms; k++) r->ptake[r->stored[k] / P] = 1;
+            for (int64_t j = 0; j < sel->n[li]; j++) r->ptake[sel->idx[li][j] / P] = 1;
+            for (int64_t q = 0; q < n_pages; q++) {
+                pages += r->ptake[q];
+                uni += r->ptake[q] && !r->umark[q];
+                r->umark[q] |= r->ptake[q];
+            }
+        }
+        memset(r->umark, 0, (size_t)n_pages);
+    }
+    for (int li = 0; li < sel->n_lists; li++) read += r->an[li];
+    kvs_host_cost(ops, state, m, view, sel, (double)(pages * P), (double)(uni * P), cost);
+    cost->kv_bytes = kvs_policy_kv_bytes(m, (double)(pages * P));
+    cost->dedup_kv_bytes = kvs_policy_kv_bytes(m, (double)(uni * P));
+    cost->read_kv_bytes = kvs_policy_kv_bytes(m, (double)read);
+    if (cost->dedup_kv_bytes > cost->kv_bytes) cost->dedup_kv_bytes = cost->kv_bytes;
+}
+
+/* A paged decode step of KV head h after its selection (sel checked): each list mapped to pages, every query head's
+ * attention over its list's attended set, the policy's probabilities read back from it, the cost, the metrics on
+ * the attended set, observe(). */
+static kvs_status page_step(ref_run *r, int layer, int h, int64_t p, int measured, int64_t measured_steps,
+                            const kvs_policy_view *view, kvs_policy_sel *sel) {
+    const struct kvs_policy_ops *ops = r->rc->policy.ops;
+    const kvs_policy_model *m = &r->src->model;
+    size_t d = (size_t)r->d;
+    void *state = r->states[h];
+    int64_t budget = r->budgets[(size_t)layer * (size_t)r->H + (size_t)h];
+    kvs_status st;
+    int merged[64];
+    for (int li = 0; li < sel->n_lists; li++) {
+        page_map(r, sel, li, p, page_cap(r, budget, sel, li, p));
+        merged[li] = 0;
+        for (int64_t j = 0; j < r->an[li]; j++) merged[li] |= r->ark[li][j] != NULL;
+    }
+    for (int g = 0; g < r->G; g++) {
+        int li = r->n_lists == 1 ? 0 : g;
+        const float *q = view->q + (size_t)g * d, *keys = view->k, *vals = view->v;
+        const int32_t *idx = r->aidx[li];
+        if (merged[li]) {
+            for (int64_t j = 0; j < r->an[li]; j++) {
+                memcpy(r->gk + (size_t)j * d, r->ark[li][j] ? r->ark[li][j] : view->k + (size_t)idx[j] * d, d * sizeof(float));
+                memcpy(r->gv + (size_t)j * d, r->arv[li][j] ? r->arv[li][j] : view->v + (size_t)idx[j] * d, d * sizeof(float));
+            }
+            keys = r->gk, vals = r->gv, idx = NULL;
+        }
+        kvs_attention(q, keys, vals, d, idx, (size_t)r->an[li], d, m->scale, r->pa[g], r->out + (size_t)g * d);
+        for (int64_t j = 0; j < sel->n[li]; j++) {
+            int32_t at = r->place[li][j];
+            r->probs[g][j] = at >= 0 ? r->pa[g][at] : 0.0f;
+        }
+    }
+    kvs_policy_cost cost;
+    page_cost(r, state, view, sel, p, &cost);
+    if (measured)
+        for (int g = 0; g < r->G; g++) {
+            int li = r->n_lists == 1 ? 0 : g;
+            if ((st = measure(r, layer, h, g, p, r->aidx[li], merged[li] ? r->ark[li] : NULL, r->an[li],
+                              r->out + (size_t)g * d, &cost, measured_steps)) != KVS_OK)
+                return st;
+        }
+    if (ops->observe && (st = ops->observe(state, view, sel, (const float *const *)r->probs)) != KVS_OK) return st;
+    for (int li = 0; li < sel->n_lists; li++)
+        for (int64_t j = 0; j < sel->n[li]; j++) sel->row_k[li][j] = sel->row_v[li][j] = NULL;
+    return KVS_OK;
+}
+
 /* Decode position p of turn tk: every KV head selects, attends over S_t, is accounted and measured, observes; then
  * the layer's decode sync. */
 static kvs_status decode_step(ref_run *r, int layer, int64_t p, int64_t tk, int measured, int64_t measured_steps) {
@@ -396,6 +537,10 @@ static kvs_status decode_step(ref_run *r, int layer, int64_t p, int64_t tk, int 
         if ((st = check(r, state, p, r->budgets[(size_t)layer * (size_t)r->H + (size_t)h], &sel, has_merged, &kv_slots,
                         &dedup)) != KVS_OK)
             return st;
+        if (r->page > 0) {
+            if ((st = page_step(r, layer, h, p, measured, measured_steps, &view, &sel)) != KVS_OK) return st;
+            continue;
+        }
         for (int g = 0; g < r->G; g++) {
             int li = r->n_lists == 1 ? 0 : g;
             const float *q = view.q + (size_t)g * d, *keys = view.k, *vals = view.v;
@@ -487,6 +632,11 @@ static void ref_run_free(ref_run *r) {
     for (int g = 0; g < r->G; g++) {
         if (r->idx) free(r->idx[g]);
         if (r->probs) free(r->probs[g]);
+        if (r->aidx) free(r->aidx[g]);
+        if (r->place) free(r->place[g]);
+        if (r->ark) free((void *)r->ark[g]);
+        if (r->arv) free((void *)r->arv[g]);
+        if (r->pa) free(r->pa[g]);
         if (r->row_k) free((void *)r->row_k[g]);
         if (r->row_v) free((void *)r->row_v[g]);
     }
@@ -495,6 +645,14 @@ static void ref_run_free(ref_run *r) {
     free((void *)r->row_k);
     free((void *)r->row_v);
     free(r->probs);
+    free(r->aidx);
+    free(r->place);
+    free((void *)r->ark);
+    free((void *)r->arv);
+    free(r->an);
+    free(r->pa);
+    free(r->pcount);
+    free(r->ptake);
     free(r->out);
     free(r->gk);
     free(r->gv);
@@ -538,6 +696,27 @@ static kvs_status ref_run_alloc(ref_run *r) {
         !r->fullo || !r->stored || !r->order || !r->mark || !r->umark || !r->states || !r->hk || !r->hv ||
         !r->layer_first)
         return kvs_fail(KVS_ERR_NOMEM, "reference replay: out of memory");
+    if (r->page > 0) {
+        r->aidx = calloc(G, sizeof *r->aidx);
+        r->place = calloc(G, sizeof *r->place);
+        r->ark = calloc(G, sizeof *r->ark);
+        r->arv = calloc(G, sizeof *r->arv);
+        r->an = calloc(G, sizeof *r->an);
+        r->pa = calloc(G, sizeof *r->pa);
+        r->pcount = malloc(N * sizeof *r->pcount);
+        r->ptake = malloc(N);
+        if (!r->aidx || !r->place || !r->ark || !r->arv || !r->an || !r->pa || !r->pcount || !r->ptake)
+            return kvs_fail(KVS_ERR_NOMEM, "reference replay: out of memory");
+        for (size_t g = 0; g < G; g++) {
+            r->aidx[g] = malloc(N * sizeof(int32_t));
+            r->place[g] = malloc(N * sizeof(int32_t));
+            r->ark[g] = malloc(N * sizeof **r->ark);
+            r->arv[g] = malloc(N * sizeof **r->arv);
+            r->pa[g] = malloc(N * sizeof(float));
+            if (!r->aidx[g] || !r->place[g] || !r->ark[g] || !r->arv[g] || !r->pa[g])
+                return kvs_fail(KVS_ERR_NOMEM, "reference replay: out of memory");
+        }
+    }
     for (size_t g = 0; g < G; g++) {
         r->idx[g] = malloc(N * sizeof(int32_t));
         r->probs[g] = malloc(N * sizeof(float));
@@ -563,7 +742,8 @@ static kvs_status stat_of(const ref_run *r, int64_t first, int64_t last, int k, 
 /* Run c of the sweep, replayed alone into *res. A policy's failure is the run's status; other errors return. */
 static kvs_status run_config(const kvs_replay_source *src, const kvs_replay_opts *o, int c, kvs_replay_run_result *res) {
     const kvs_policy_model *m = &src->model;
-    ref_run r = {.src = src, .o = o, .rc = &o->configs[c], .codec = kvs_replay_codec_of(o, c), .L = m->n_layers, .H = m->n_kv_heads, .G = m->group,
+    ref_run r = {.src = src, .o = o, .rc = &o->configs[c], .codec = kvs_replay_codec_of(o, c),
+                 .page = kvs_replay_page_of(o, c), .L = m->n_layers, .H = m->n_kv_heads, .G = m->group,
                  .d = m->head_dim, .N = m->n_positions};
     r.n_lists = kvs_policy_layout(&r.rc->policy) == KVS_SEL_PER_QUERY_HEAD ? r.G : 1;
     size_t per = (size_t)r.L * (size_t)r.H;
@@ -579,7 +759,7 @@ static kvs_status run_config(const kvs_replay_source *src, const kvs_replay_opts
     r.budgets = res->budgets;
     uint64_t run_seed = kvs_host_run_seed(
         &(kvs_host_identity){.content_hash = src->content_hash, .policy = &r.rc->policy, .budget = r.rc->budget,
-                             .codec = r.codec ? kvs_codec_spec(r.codec) : NULL},
+                             .codec = r.codec ? kvs_codec_spec(r.codec) : NULL, .page_tokens = r.page},
         m);
     alloc_reader ar = {.src = src, .layer = -1};
     kvs_status pst = kvs_host_alloc_pass(&r.rc->policy, m, r.rc->budget, alloc_prompt_view, &ar, res->budgets, &alloc,

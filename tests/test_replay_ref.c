@@ -9,7 +9,8 @@
  * fp32 K/V, measured at every position (prompt measurement, chunked prefill, turns); the same kind of data written
  * as an fp16 trace file (the fast replay's 16-bit history); and the bundled trace examples/stories260K.kvt, real
  * decoding of the stories260K model captured by kvsim, measured at decode positions. The same comparison runs with
- * codecs (the representation stage) on the generated two-turn trace and the bundled one.
+ * codecs (the representation stage) on the generated two-turn trace and the bundled one, and again with page
+ * granularity (a paged cache).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -71,7 +72,8 @@ static void assert_stats_same(const char *what, const kvs_results_agg *a, const 
 }
 
 static int compare_configs(const kvs_replay_source *src, const kvs_replay_config *cfg, char (*names)[128], int n,
-                           kvs_replay_measure measure, int64_t series_every, const kvs_codec *const *codecs);
+                           kvs_replay_measure measure, int64_t series_every, const kvs_codec *const *codecs,
+                           const int64_t *pages);
 
 /* Replays every (spec, budget) pair that the policy accepts through both engines and compares them; @return the
  * number of runs compared that completed. */
@@ -91,14 +93,15 @@ static int compare_engines(const kvs_replay_source *src, const int64_t *budgets,
             snprintf(names[n], sizeof names[n], "%.96s at budget %lld", specs[s], (long long)c.budget);
             cfg[n++] = c;
         }
-    return compare_configs(src, cfg, names, n, measure, series_every, NULL);
+    return compare_configs(src, cfg, names, n, measure, series_every, NULL, NULL);
 }
 
 /* Both engines on cfg[0..n) (names[i] in messages), compared bit for bit; @return the runs that completed. */
 static int compare_configs(const kvs_replay_source *src, const kvs_replay_config *cfg, char (*names)[128], int n,
-                           kvs_replay_measure measure, int64_t series_every, const kvs_codec *const *codecs) {
+                           kvs_replay_measure measure, int64_t series_every, const kvs_codec *const *codecs,
+                           const int64_t *pages) {
     kvs_replay_opts o = {.configs = cfg, .n_configs = n, .threads = 2, .measure = measure, .series_every = series_every,
-                         .codecs = codecs};
+                         .codecs = codecs, .pages = pages};
     kvs_replay_result *fast = NULL, *ref = NULL;
     assert_int_equal(kvs_replay_execute(src, &o, &fast), KVS_OK);
     assert_int_equal(kvs_replay_reference(src, &o, &ref), KVS_OK);
@@ -218,7 +221,7 @@ static int compare_codecs(const kvs_replay_source *src, const int64_t *budgets, 
                 cfg_codec[n] = codecs[k];
                 cfg[n++] = c;
             }
-    int complete = compare_configs(src, cfg, names, n, measure, series_every, cfg_codec);
+    int complete = compare_configs(src, cfg, names, n, measure, series_every, cfg_codec, NULL);
     print_message("%d of %d configurations with a codec completed on both engines\n", complete, n);
     for (int k = 0; k < N_CODECS; k++) kvs_codec_free(codecs[k]);
     return complete;
@@ -252,6 +255,63 @@ static void test_codecs_bundled_real_trace(void **state) {
     kvs_trace_close(t);
 }
 
+/* With page granularity (sim/host.h "page granularity"): policies taking each path of the paged step (one shared list,
+ * per-query-head lists, merged slots, a prompt-only budget, an oracle, the full cache, a layer-wide policy) at pages
+ * of 1, 4 and 16 positions, on both engines, bit for bit; @return the runs that completed. */
+static int compare_pages(const kvs_replay_source *src, const int64_t *budgets, int n_budgets,
+                         kvs_replay_measure measure, int64_t series_every) {
+    static const char *const specs[] = {"full", "window", "h2o", "h2o:gqa=mean", "snapkv", "quest:gqa=head", "d2o",
+                                        "topk", "topk:gqa=head", "tova:mode=group,block=8", "streaming"};
+    static const int64_t page_sizes[] = {1, 4, 16};
+    static kvs_replay_config cfg[MAX_CONFIGS];
+    static int64_t cfg_page[MAX_CONFIGS];
+    static char names[MAX_CONFIGS][128];
+    int n = 0;
+    for (size_t s = 0; s < sizeof specs / sizeof *specs; s++)
+        for (size_t k = 0; k < sizeof page_sizes / sizeof *page_sizes; k++)
+            for (int b = 0; b < n_budgets; b++) {
+                kvs_replay_config c = {.budget = budgets[b], .budget_fraction = -1};
+                assert_int_equal(kvs_policy_parse(specs[s], &c.policy), KVS_OK);
+                if (kvs_policy_validate(&c.policy, &src->model, c.budget) != KVS_OK) continue;
+                assert_true(n < MAX_CONFIGS);
+                snprintf(names[n], sizeof names[n], "%.40s [page %lld] at budget %lld", specs[s],
+                         (long long)page_sizes[k], (long long)c.budget);
+                cfg_page[n] = page_sizes[k];
+                cfg[n++] = c;
+            }
+    int complete = compare_configs(src, cfg, names, n, measure, series_every, NULL, cfg_page);
+    print_message("%d of %d paged configurations completed on both engines\n", complete, n);
+    return complete;
+}
+
+static void test_pages_two_turns_every_position(void **state) {
+    (void)state;
+    kvs_gen_trace_opts go = kvs_test_grouped_opts(2, 4, 96, -1, 16, 7);
+    kvs_test_replay_fixture f;
+    assert_int_equal(kvs_test_replay_fixture_make(&go, 4, 11, &f), KVS_OK);
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_memory(&f.mem, &src), KVS_OK);
+    snprintf(src.content_hash, sizeof src.content_hash, "generated-two-turns");
+    const int64_t budgets[] = {6, 30};
+    int complete = compare_pages(&src, budgets, 2, KVS_MEASURE_ALL, 5);
+    assert_int_equal(complete, 66); /* every configuration at every page size completes */
+    kvs_test_replay_fixture_free(&f);
+}
+
+static void test_pages_bundled_real_trace(void **state) {
+    (void)state;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/examples/stories260K.kvt", kvs_test_root());
+    kvs_trace *t = NULL;
+    assert_int_equal(kvs_trace_open(path, &t), KVS_OK);
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_trace(t, &src), KVS_OK);
+    const int64_t budgets[] = {40};
+    int complete = compare_pages(&src, budgets, 1, KVS_MEASURE_DECODE, 7);
+    assert_int_equal(complete, 33);
+    kvs_trace_close(t);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generated_two_turns_every_position),
@@ -259,6 +319,8 @@ int main(void) {
         cmocka_unit_test(test_bundled_real_trace),
         cmocka_unit_test(test_codecs_two_turns_every_position),
         cmocka_unit_test(test_codecs_bundled_real_trace),
+        cmocka_unit_test(test_pages_two_turns_every_position),
+        cmocka_unit_test(test_pages_bundled_real_trace),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
