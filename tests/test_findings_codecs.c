@@ -15,7 +15,6 @@
  *  - every "resolved" of Q-2-pairs, Q-3 and Q-4 holds exactly when the interval printed beside it excludes 0.
  * Skips without the shared models, outside `make test` and under the sanitizers (a whole study script).
  */
-#include <dirent.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,9 +26,8 @@
 
 #include <cmocka.h>
 
-#include "common/kvs.h"
+#include "tests/util/findings_blocks.h"
 #include "tests/util/testenv.h"
-#include "trace/trace.h"
 
 #define MAX_TRACES 16
 #define MAX_RUNS 512
@@ -55,78 +53,34 @@ static const char *const k_name[N_CODECS] = {"16-bit (as captured)",
                                              "fp8 e4m3 (scale 1)",
                                              "ThinK (40 % of key channels pruned)"};
 
-static char g_dir[64];  /* the temporary folder; "" when the script did not run (the tests skip) */
-static char g_out[128]; /* g_dir/f: the script's OUT */
-
-static int group_setup(void **state) {
-    (void)state;
-    g_dir[0] = '\0';
-    int rc = kvs_test_findings("codecs", g_out, sizeof g_out);
-    if (rc == 1) snprintf(g_dir, sizeof g_dir, "%.*s", (int)(strlen(g_out) - 2), g_out); /* g_out less "/f" */
-    return rc < 0 ? -1 : 0;
-}
-
-static int group_teardown(void **state) {
-    (void)state;
-    if (g_dir[0]) kvs_test_findings_cleanup(g_out);
-    return 0;
-}
-
-static void need_script(void) {
-    if (!g_dir[0]) {
-        print_message("no KVSIM_BIN, no shared models or a sanitizer run: skipping\n");
-        skip();
-    }
+/* The section's $OUT, the script run once for the whole file; skips when it cannot run here. */
+static const char *section(void) {
+    const char *out = NULL;
+    if (kvs_test_findings_once("codecs", &out) == 0) skip();
+    if (!out) fail_msg("findings.sh --check --only codecs failed");
+    return out;
 }
 
 static char *block(const char *name) {
-    char *s = kvs_test_findings_block(g_out, name);
+    char *s = kvs_test_findings_block(section(), name);
     assert_non_null(s);
     return s;
 }
 
 /* ---- traces and runs ------------------------------------------------------------------------------------------ */
 
-typedef struct {
-    char path[256];
-    int64_t P, N, d;
-} trace_dims;
-
-static int cmp_path(const void *a, const void *b) {
-    return strcmp(((const trace_dims *)a)->path, ((const trace_dims *)b)->path);
-}
+typedef kvs_test_trace_shape trace_dims;
 
 /* The prompt traces of a model (sorted by path) with their shapes; returns the count. */
 static int prompt_traces(const char *model, trace_dims *t) {
-    char d[256];
-    snprintf(d, sizeof d, "%s/prompts/%s", g_out, model);
-    DIR *dp = opendir(d);
-    assert_non_null(dp);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(dp)) != NULL) {
-        size_t l = strlen(e->d_name);
-        if (l < 5 || strcmp(e->d_name + l - 4, ".kvt") != 0) continue;
-        assert_true(n < MAX_TRACES);
-        assert_true(snprintf(t[n].path, sizeof t[n].path, "%s/%s", d, e->d_name) < (int)sizeof t[n].path);
-        kvs_trace *tr = NULL;
-        assert_int_equal(kvs_trace_open(t[n].path, &tr), KVS_OK);
-        const kvs_trace_info *in = kvs_trace_info_get(tr);
-        t[n].P = in->prompt_len;
-        t[n].N = in->n_positions;
-        t[n].d = in->model.head_dim;
-        assert_int_equal(kvs_dtype_size((kvs_dtype)in->capture.dtype), 2); /* the 16-bit rows: 2 bytes */
-        kvs_trace_close(tr);
-        n++;
-    }
-    closedir(dp);
-    qsort(t, (size_t)n, sizeof *t, cmp_path);
+    int n = kvs_test_findings_prompts(section(), model, t, MAX_TRACES);
     assert_true(n >= 2);
+    for (int i = 0; i < n; i++) assert_int_equal(t[i].kv_bytes, 2); /* the 16-bit rows: 2 bytes */
     return n;
 }
 
 typedef struct {
-    char trace[256], policy[32], codec[80];
+    char trace[512], policy[32], codec[80];
     int64_t budget;
     double bytes, err;
 } run_row;
@@ -134,7 +88,7 @@ typedef struct {
 /* Every complete run of the section's database of a model (kvsim runs --csv --summary). */
 static int read_runs(const char *model, run_row *r) {
     char cmd[1024];
-    snprintf(cmd, sizeof cmd, "'%s' runs '%s/codecs_%s.db' --csv --summary", getenv("KVSIM_BIN"), g_out, model);
+    snprintf(cmd, sizeof cmd, "'%s' runs '%s/codecs_%s.db' --csv --summary", getenv("KVSIM_BIN"), section(), model);
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
     static char line[1 << 16];
@@ -143,14 +97,9 @@ static int read_runs(const char *model, run_row *r) {
     for (int row = 0; fgets(line, sizeof line, p); row++) {
         int nf = kvs_test_csv_fields(line, f, 400);
         if (row == 0) {
-            for (int i = 0; i < nf; i++) {
-                if (!strcmp(f[i], "trace")) c_tr = i;
-                if (!strcmp(f[i], "policy")) c_pol = i;
-                if (!strcmp(f[i], "codec")) c_codec = i;
-                if (!strcmp(f[i], "budget_tokens")) c_bud = i;
-                if (!strcmp(f[i], "storage_bytes_mean")) c_sto = i;
-                if (!strcmp(f[i], "out_err_mean") && c_err < 0) c_err = i;
-            }
+            c_tr = kvs_test_csv_col(f, nf, "trace"), c_pol = kvs_test_csv_col(f, nf, "policy");
+            c_codec = kvs_test_csv_col(f, nf, "codec"), c_bud = kvs_test_csv_col(f, nf, "budget_tokens");
+            c_sto = kvs_test_csv_col(f, nf, "storage_bytes_mean"), c_err = kvs_test_csv_col(f, nf, "out_err_mean");
             assert_true(c_tr >= 0 && c_pol >= 0 && c_codec >= 0 && c_bud >= 0 && c_sto >= 0 && c_err >= 0);
             continue;
         }
@@ -175,6 +124,26 @@ static const run_row *find_run(const run_row *r, int n, const char *trace, const
             (budget < 0 || r[i].budget == budget))
             return &r[i];
     return NULL;
+}
+
+/* A model's prompt traces and runs, read once for every test of the file. */
+typedef struct {
+    trace_dims t[MAX_TRACES];
+    run_row r[MAX_RUNS];
+    int nt, nr;
+    char c1[64]; /* the tables' first cell: "MODEL (traces)" */
+} model_data;
+
+static const model_data *model_data_of(int m) {
+    static model_data md[2];
+    static int loaded[2];
+    if (!loaded[m]) {
+        md[m].nt = prompt_traces(k_models[m], md[m].t);
+        md[m].nr = read_runs(k_models[m], md[m].r);
+        snprintf(md[m].c1, sizeof md[m].c1, "%s (%d)", k_models[m], md[m].nt);
+        loaded[m] = 1;
+    }
+    return &md[m];
 }
 
 /* ---- the byte rules (sim/codec.h), per (layer, KV head), at decode step n (positions 0..n-1 resident) ------- */
@@ -248,27 +217,11 @@ static double window_err_at(const run_row *r, int n, const trace_dims *t, codec_
 
 /* ---- the blocks' text ---------------------------------------------------------------------------------------- */
 
-/* The row of `text` whose first cells are `c1` and `c2`: its cell `col` (0 = the first) copied into out. */
-static int row_cell(const char *text, const char *c1, const char *c2, int col, char *out, size_t cap) {
-    char want[512];
-    snprintf(want, sizeof want, "| %s | %s |", c1, c2);
-    const char *line = strstr(text, want);
-    while (line && line != text && line[-1] != '\n') line = strstr(line + 1, want);
-    if (!line) return 0;
-    const char *c = line;
-    for (int i = 0; i < col; i++) {
-        c = strchr(c + 1, '|');
-        assert_non_null(c);
-    }
-    const char *e = strchr(c + 1, '|');
-    assert_non_null(e);
-    snprintf(out, cap, "%.*s", (int)(e - c - 2), c + 2);
-    return 1;
-}
-
+/* The leading number of cell `col` (0 = the first) of the row of `text` whose first cells are `c1` and `c2`. */
 static double row_num(const char *text, const char *c1, const char *c2, int col) {
     char cell[256];
-    if (!row_cell(text, c1, c2, col, cell, sizeof cell)) fail_msg("no row '%s' / '%s'", c1, c2);
+    if (kvs_test_block_cell(text, c1, c2, KVS_TEST_CELL_EXACT, col, cell, sizeof cell) != 1)
+        fail_msg("no row '%s' / '%s' with a cell %d", c1, c2, col);
     char *end;
     double v = strtod(cell, &end);
     if (end == cell) fail_msg("cell '%s' of '%s' / '%s' is not a number", cell, c1, c2);
@@ -277,24 +230,21 @@ static double row_num(const char *text, const char *c1, const char *c2, int col)
 
 /* `printed` is `value` with 3 significant figures (%.3g). */
 static void assert_printed(double printed, double value) {
-    double a = fabs(value);
-    double half = a > 0 ? 0.5 * pow(10.0, floor(log10(a)) - 2) : 0;
-    if (fabs(printed - value) > half * (1 + 1e-9) + 1e-15)
-        fail_msg("printed %.6g, recomputed %.6g", printed, value);
+    if (!kvs_test_sig_equal(printed, value, 3)) fail_msg("printed %.6g, recomputed %.6g", printed, value);
 }
 
 /* ---- Q-1 ------------------------------------------------------------------------------------------------------ */
 
 static void test_full_cache_bytes_follow_the_byte_rules(void **state) {
     (void)state;
-    need_script();
+    (void)section();
     char *q1 = block("Q-1");
-    static trace_dims t[MAX_TRACES];
-    static run_row r[MAX_RUNS];
     for (int m = 0; m < 2; m++) {
-        int nt = prompt_traces(k_models[m], t), nr = read_runs(k_models[m], r);
-        char c1[64];
-        snprintf(c1, sizeof c1, "%s (%d)", k_models[m], nt);
+        const model_data *md = model_data_of(m);
+        const trace_dims *t = md->t;
+        const run_row *r = md->r;
+        const int nt = md->nt, nr = md->nr;
+        const char *c1 = md->c1;
         for (int c = 0; c < N_CODECS; c++) {
             double kib = 0, ratio = 0;
             for (int i = 0; i < nt; i++) {
@@ -322,7 +272,7 @@ static double tova_at(const char *model, const char *path, double X) {
     snprintf(cmd, sizeof cmd,
              "'%s' compare '%s/codecs_%s.db' --match mem --at %.17g --trace '%s' --per-trace --csv --policy tova "
              "--metric out_err_mean",
-             getenv("KVSIM_BIN"), g_out, model, X, path);
+             getenv("KVSIM_BIN"), section(), model, X, path);
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
     static char line[1 << 14];
@@ -332,10 +282,7 @@ static double tova_at(const char *model, const char *path, double X) {
     for (int row = 0; fgets(line, sizeof line, p); row++) {
         int nf = kvs_test_csv_fields(line, f, 64);
         if (row == 0) {
-            for (int i = 0; i < nf; i++) {
-                if (!strcmp(f[i], "out_err_mean")) c_err = i;
-                if (!strcmp(f[i], "codec")) c_codec = i;
-            }
+            c_err = kvs_test_csv_col(f, nf, "out_err_mean"), c_codec = kvs_test_csv_col(f, nf, "codec");
             assert_true(c_err >= 0 && c_codec >= 0);
         } else if (nf > c_err && !f[c_codec][0] && f[c_err][0]) v = atof(f[c_err]);
     }
@@ -345,14 +292,14 @@ static double tova_at(const char *model, const char *path, double X) {
 
 static void test_eviction_at_each_codec_bytes_recomputed(void **state) {
     (void)state;
-    need_script();
+    (void)section();
     char *q2 = block("Q-2"), *q2p = block("Q-2-pairs");
-    static trace_dims t[MAX_TRACES];
-    static run_row r[MAX_RUNS];
     for (int m = 0; m < 2; m++) {
-        int nt = prompt_traces(k_models[m], t), nr = read_runs(k_models[m], r);
-        char c1[64];
-        snprintf(c1, sizeof c1, "%s (%d)", k_models[m], nt);
+        const model_data *md = model_data_of(m);
+        const trace_dims *t = md->t;
+        const run_row *r = md->r;
+        const int nt = md->nt, nr = md->nr;
+        const char *c1 = md->c1;
         for (int c = C_I4; c < N_CODECS; c++) {
             double own = 0, win = 0, dwin = 0, tova = 0, dtova = 0;
             int n_win = 0, n_tova = 0;
@@ -385,26 +332,21 @@ static void test_eviction_at_each_codec_bytes_recomputed(void **state) {
 
 /* The number after `key` on the line of `text` that starts with `start`. */
 static double after(const char *text, const char *start, const char *key) {
-    for (const char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
-        const char *eol = strchr(line, '\n');
-        const char *k = strstr(line, key);
-        if (strncmp(line, start, strlen(start)) != 0 || !k || (eol && k > eol)) continue;
-        return strtod(k + strlen(key), NULL);
-    }
-    fail_msg("no line '%s' ... '%s'", start, key);
-    return 0;
+    double v = 0;
+    if (!kvs_test_block_after(text, start, key, &v)) fail_msg("no line '%s' ... '%s'", start, key);
+    return v;
 }
 
 static void test_windows_at_fixed_bytes_and_nominal_size_recomputed(void **state) {
     (void)state;
-    need_script();
+    (void)section();
     char *q3 = block("Q-3"), *q4 = block("Q-4");
-    static trace_dims t[MAX_TRACES];
-    static run_row r[MAX_RUNS];
     for (int m = 0; m < 2; m++) {
-        int nt = prompt_traces(k_models[m], t), nr = read_runs(k_models[m], r);
-        char c1[64];
-        snprintf(c1, sizeof c1, "%s (%d)", k_models[m], nt);
+        const model_data *md = model_data_of(m);
+        const trace_dims *t = md->t;
+        const run_row *r = md->r;
+        const int nt = md->nt, nr = md->nr;
+        const char *c1 = md->c1;
         /* Q-3 at 2 and 4 KiB: columns 0 model, 1 policy, 2 at 2 KiB, 3 at 4 KiB */
         for (int k = 0; k < 2; k++) {
             double X = 2048.0 * (k + 1), w16 = 0, w4 = 0, d = 0;
@@ -480,7 +422,7 @@ static int check_resolved(const char *text) {
 
 static void test_resolved_exactly_when_the_interval_excludes_zero(void **state) {
     (void)state;
-    need_script();
+    (void)section();
     const char *names[] = {"Q-2-pairs", "Q-3", "Q-4"};
     int n = 0;
     for (int i = 0; i < 3; i++) {
@@ -498,5 +440,5 @@ int main(void) {
         cmocka_unit_test(test_windows_at_fixed_bytes_and_nominal_size_recomputed),
         cmocka_unit_test(test_resolved_exactly_when_the_interval_excludes_zero),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }

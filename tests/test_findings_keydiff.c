@@ -13,7 +13,6 @@
  *    temporaries).
  * The script runs once (group setup, about 10 s); without the shared models or under the sanitizers the tests skip.
  */
-#include <dirent.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -27,6 +26,7 @@
 #include <cmocka.h>
 
 #include "tests/util/cli_run.h"
+#include "tests/util/findings_blocks.h"
 #include "tests/util/testenv.h"
 
 #define MAX_TRACES 16
@@ -35,70 +35,37 @@
  * warnings on paths) */
 #define FMT(buf, ...) assert_true(snprintf((buf), sizeof(buf), __VA_ARGS__) < (int)sizeof(buf))
 
-static char g_dir[64];  /* the temporary folder; "" when the script did not run (the tests skip) */
-static char g_out[128]; /* g_dir/f: the script's OUT */
-
 static const char *const k_models[2] = {"stories260K", "tinystories-656K"};
 static const int k_head_dim[2] = {8, 16}; /* the models' configs: dim 64 / 8 heads, dim 128 / 8 heads */
 
-static int group_setup(void **state) {
-    (void)state;
-    g_dir[0] = '\0';
-    int rc = kvs_test_findings("keydiff", g_out, sizeof g_out);
-    if (rc == 1) snprintf(g_dir, sizeof g_dir, "%.*s", (int)(strlen(g_out) - 2), g_out); /* g_out less "/f" */
-    return rc < 0 ? -1 : 0;
-}
-
-static int group_teardown(void **state) {
-    (void)state;
-    if (g_dir[0]) {
-        char cmd[256];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-        (void)system(cmd);
-    }
-    return 0;
-}
-
-static void need_script(void) {
-    if (!g_dir[0]) {
-        print_message("no KVSIM_BIN, no shared models or a sanitizer run: skipping\n");
-        skip();
-    }
+/* The section's $OUT, the script run once for the whole file (about 10 s); skips when it cannot run here. */
+static const char *section(void) {
+    const char *out = NULL;
+    if (kvs_test_findings_once("keydiff", &out) == 0) skip();
+    if (!out) fail_msg("findings.sh --check --only keydiff failed");
+    return out;
 }
 
 /* The block NAME the script wrote (caller frees). */
 static char *block(const char *name) {
-    char *s = kvs_test_findings_block(g_out, name);
+    char *s = kvs_test_findings_block(section(), name);
     assert_non_null(s);
     return s;
 }
 
-static int cmp_path(const void *a, const void *b) { return strcmp((const char *)a, (const char *)b); }
-
 /* The sorted paths of a model's prompt traces; returns the count. */
 static int prompt_traces(const char *model, char paths[][256]) {
-    char d[256];
-    snprintf(d, sizeof d, "%s/prompts/%s", g_out, model);
-    DIR *dp = opendir(d);
-    assert_non_null(dp);
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(dp)) != NULL) {
-        size_t l = strlen(e->d_name);
-        if (l < 5 || strcmp(e->d_name + l - 4, ".kvt") != 0) continue;
-        assert_true(n < MAX_TRACES);
-        assert_true(snprintf(paths[n++], 256, "%s/%s", d, e->d_name) < 256);
-    }
-    closedir(dp);
-    qsort(paths, (size_t)n, 256, cmp_path);
+    static kvs_test_trace_shape t[MAX_TRACES];
+    int n = kvs_test_findings_prompts(section(), model, t, MAX_TRACES);
     assert_true(n >= 2);
+    for (int i = 0; i < n; i++) assert_true(snprintf(paths[i], 256, "%s", t[i].path) < 256);
     return n;
 }
 
 /* Runs `kvsim ARGS` (a shell command line after the binary) and returns its standard output (caller frees). */
 static char *kvsim_out(const char *args) {
-    char o[256], cmd[4096];
-    snprintf(o, sizeof o, "%s/cmd.out", g_dir);
+    char o[1100], cmd[4096];
+    snprintf(o, sizeof o, "%s/cmd.out", section());
     snprintf(cmd, sizeof cmd, "'%s' %s > '%s' 2>/dev/null", kvs_test_kvsim_bin(), args, o);
     assert_int_equal(system(cmd), 0);
     char *s = kvs_test_slurp(o, NULL);
@@ -114,41 +81,27 @@ static const char *line_starting(const char *text, const char *prefix) {
     return NULL;
 }
 
-/* Cell `col` (0 = the first after the leading '|') of the table row starting with `prefix`, copied to out. */
-static void cell(const char *text, const char *prefix, int col, char *out, size_t n) {
-    const char *row = line_starting(text, prefix);
-    if (!row) fail_msg("no row '%s'", prefix);
-    const char *p = row + 1;
-    for (int c = 0; c < col; c++) {
-        p = strchr(p, '|');
-        assert_non_null(p);
-        p++;
-    }
-    const char *e = strchr(p, '|');
-    assert_non_null(e);
-    while (*p == ' ') p++;
-    size_t l = (size_t)(e - p);
-    while (l > 0 && p[l - 1] == ' ') l--;
-    assert_true(l < n);
-    memcpy(out, p, l);
-    out[l] = '\0';
+/* Cell `col` (0 = the first) of the table row whose first two cells are `c1` and `c2`, copied to out. */
+static void cell(const char *text, const char *c1, const char *c2, int col, char *out, size_t n) {
+    int rc = kvs_test_block_cell(text, c1, c2, KVS_TEST_CELL_EXACT, col, out, n);
+    if (rc != 1) fail_msg("no row '%s' / '%s' with a cell %d (of fewer than %zu bytes)", c1, c2, col, n);
 }
 
 /* "mean [lo, hi]..." (or "mean (n = 1)"): asserts the mean is `want` to the 3 significant figures (plus `abs_tol`
  * for inputs that were themselves rounded) and, with an interval, lo <= mean <= hi. */
 static void assert_mean(const char *c, double want, double abs_tol, const char *what) {
-    double m, lo, hi;
-    int k = sscanf(c, "%lf [%lf, %lf]", &m, &lo, &hi);
+    kvs_test_iv v;
+    int k = kvs_test_parse_iv(c, &v);
     if (k < 1) fail_msg("%s: '%s' is not a number", what, c);
-    if (fabs(m - want) > 0.006 * fabs(want) + abs_tol + 1e-12)
+    if (fabs(v.mean - want) > 0.006 * fabs(want) + abs_tol + 1e-12)
         fail_msg("%s: the block says %s, recomputed %.6g", what, c, want);
-    if (k == 3 && !(lo <= m && m <= hi)) fail_msg("%s: the mean is outside its interval: %s", what, c);
+    if (k == 3 && !(v.lo <= v.mean && v.mean <= v.hi)) fail_msg("%s: the mean is outside its interval: %s", what, c);
 }
 
 /* ---- K-1, K-2: `kvsim keys` summary medians and head counts ------------------------------------------------- */
 static void test_key_geometry_blocks_are_the_mean_of_keys_medians(void **state) {
     (void)state;
-    need_script();
+    (void)section();
     char *k1 = block("K-1"), *k2 = block("K-2");
     for (int m = 0; m < 2; m++) {
         char traces[MAX_TRACES][256];
@@ -179,24 +132,25 @@ static void test_key_geometry_blocks_are_the_mean_of_keys_medians(void **state) 
                 }
                 free(o);
             }
-            char prefix[128], c[256], want[128];
-            snprintf(prefix, sizeof prefix, "| %s (%d) | %s |", k_models[m], n, s ? "every position" : "first prompt");
+            char c1[128], c[256], want[128];
+            const char *c2 = s ? "every position" : "first prompt";
+            snprintf(c1, sizeof c1, "%s (%d)", k_models[m], n);
             /* the medians printed with 4 decimals: their mean is within 5e-5 of the script's */
-            cell(k1, prefix, 2, c, sizeof c);
+            cell(k1, c1, c2, 2, c, sizeof c);
             assert_mean(c, med[0], 1e-4, "K-1 rho_sum");
-            cell(k1, prefix, 3, c, sizeof c);
+            cell(k1, c1, c2, 3, c, sizeof c);
             assert_mean(c, med[1], 1e-4, "K-1 rho_perq");
-            cell(k1, prefix, 4, c, sizeof c);
+            cell(k1, c1, c2, 4, c, sizeof c);
             snprintf(want, sizeof want, "%d of %d, %d of %d", neg_sum, heads, neg_perq, heads);
             assert_string_equal(c, want);
-            cell(k2, prefix, 2, c, sizeof c);
+            cell(k2, c1, c2, 2, c, sizeof c);
             assert_mean(c, med[2], 1e-4, "K-2 cos_kq");
-            cell(k2, prefix, 3, c, sizeof c);
+            cell(k2, c1, c2, 3, c, sizeof c);
             snprintf(want, sizeof want, "%d of %d", neg_kq, heads);
             assert_string_equal(c, want);
-            cell(k2, prefix, 4, c, sizeof c);
+            cell(k2, c1, c2, 4, c, sizeof c);
             assert_mean(c, med[3], 1e-4, "K-2 cos_k_mk");
-            cell(k2, prefix, 5, c, sizeof c);
+            cell(k2, c1, c2, 5, c, sizeof c);
             assert_mean(c, med[4], 1e-4, "K-2 norm_cv");
         }
     }
@@ -207,7 +161,7 @@ static void test_key_geometry_blocks_are_the_mean_of_keys_medians(void **state) 
 /* ---- K-3: `kvsim keys --policy` per-policy means ---------------------------------------------------------------- */
 static void test_diversity_block_is_the_mean_of_keys_logdets(void **state) {
     (void)state;
-    need_script();
+    (void)section();
     static const char *const pol[6] = {"keydiff:block=128,anchor=normalized,", "keydiff:block=128,anchor=raw,pairwise=false,window_frac=0 ",
                                        "keydiff:block=128,anchor=raw,pairwise=false,window_frac=0.2", "tova:",
                                        "streaming:", "snapkv:"};
@@ -233,20 +187,20 @@ static void test_diversity_block_is_the_mean_of_keys_logdets(void **state) {
             }
             free(o);
         }
-        char prefix[128], c[256];
-        snprintf(prefix, sizeof prefix, "| %s (%d) | 33 |", k_models[m], n);
+        char c1[128], c[256];
+        snprintf(c1, sizeof c1, "%s (%d)", k_models[m], n);
         for (int p = 0; p < 6; p++) {
-            cell(k3, prefix, 2 + p, c, sizeof c);
+            cell(k3, c1, "33", 2 + p, c, sizeof c);
             assert_mean(c, mean[p], 1e-4, "K-3 logdet");
         }
-        /* the paired table follows the first: the second row with this prefix */
-        const char *first = line_starting(k3, prefix);
+        /* the paired table follows the first: the second row with these cells */
+        const char *first = kvs_test_block_row(k3, c1, "33", KVS_TEST_CELL_EXACT);
         assert_non_null(first);
-        const char *second = line_starting(strchr(first, '\n') + 1, prefix);
+        const char *second = kvs_test_block_row(strchr(first, '\n') + 1, c1, "33", KVS_TEST_CELL_EXACT);
         assert_non_null(second);
         const int a[4] = {0, 0, 0, 2}, b[4] = {3, 4, 5, 1};
         for (int q = 0; q < 4; q++) {
-            cell(second, prefix, 2 + q, c, sizeof c);
+            cell(second, c1, "33", 2 + q, c, sizeof c);
             assert_mean(c, mean[a[q]] - mean[b[q]], 2e-4, "K-3 paired difference");
             assert_non_null(strstr(c, "resolved"));
         }
@@ -274,53 +228,22 @@ static const k4_config k4[] = {
 };
 #define N_K4 (sizeof k4 / sizeof k4[0])
 
-/* Splits a CSV line (RFC 4180 quotes) in place; returns the field count. */
-static int csv_split(char *line, char **f, int max) {
-    int n = 0;
-    char *p = line;
-    while (n < max) {
-        if (*p == '"') {
-            char *w = ++p;
-            f[n++] = w;
-            while (*p && !(*p == '"' && p[1] != '"')) {
-                if (*p == '"') p++;
-                *w++ = *p++;
-            }
-            if (*p) p++;
-            *w = '\0';
-        } else {
-            f[n++] = p;
-            p += strcspn(p, ",\n");
-        }
-        if (*p != ',') {
-            *p = '\0';
-            break;
-        }
-        *p++ = '\0';
-    }
-    return n;
-}
-
 /* per[c][t]: configuration c's out_err_mean on trace t at X (NAN where it has none) */
 static void per_trace_values(const char *model, long x, int n_traces, char traces[][256], double per[][MAX_TRACES]) {
     char args[512];
     snprintf(args, sizeof args, "compare '%s/keydiff_%s.db' --match mem --at %ld --per-trace --metric out_err_mean --csv",
-             g_out, model, x);
+             section(), model, x);
     char *o = kvsim_out(args);
     for (size_t c = 0; c < N_K4; c++)
         for (int t = 0; t < n_traces; t++) per[c][t] = NAN;
     char *save = NULL, *col[64];
     int ic_pol = -1, ic_par = -1, ic_trace = -1, ic_val = -1, ic_status = -1;
     for (char *line = strtok_r(o, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-        int nf = csv_split(line, col, 64);
+        int nf = kvs_test_csv_fields(line, col, 64);
         if (ic_pol < 0) {
-            for (int i = 0; i < nf; i++) {
-                if (!strcmp(col[i], "policy")) ic_pol = i;
-                if (!strcmp(col[i], "params")) ic_par = i;
-                if (!strcmp(col[i], "trace")) ic_trace = i;
-                if (!strcmp(col[i], "out_err_mean")) ic_val = i;
-                if (!strcmp(col[i], "status")) ic_status = i;
-            }
+            ic_pol = kvs_test_csv_col(col, nf, "policy"), ic_par = kvs_test_csv_col(col, nf, "params");
+            ic_trace = kvs_test_csv_col(col, nf, "trace"), ic_val = kvs_test_csv_col(col, nf, "out_err_mean");
+            ic_status = kvs_test_csv_col(col, nf, "status");
             assert_true(ic_pol >= 0 && ic_par >= 0 && ic_trace >= 0 && ic_val >= 0 && ic_status >= 0);
             continue;
         }
@@ -339,7 +262,7 @@ static void per_trace_values(const char *model, long x, int n_traces, char trace
 
 static void test_equal_memory_block_is_the_mean_of_per_trace_values(void **state) {
     (void)state;
-    need_script();
+    (void)section();
     char *k4b = block("K-4");
     /* the pairs of the block's second table, as indices of k4[] (a - b) */
     static const struct {
@@ -359,15 +282,14 @@ static void test_equal_memory_block_is_the_mean_of_per_trace_values(void **state
             long x = (lvl ? 512L : 256L) * d; /* 64 or 128 tokens x (K + V) x d x 2 bytes */
             double per[N_K4][MAX_TRACES];
             per_trace_values(k_models[m], x, n, traces, per);
-            char prefix[256], c[256];
+            char c1[256], c[256];
             for (size_t k = 0; k < N_K4; k++) {
                 double s = 0;
                 int have = 0;
                 for (int t = 0; t < n; t++)
                     if (!isnan(per[k][t])) s += per[k][t], have++;
-                snprintf(prefix, sizeof prefix, "| %s (%d; %d / %d KiB) | %s |", k_models[m], n, 256 * d / 1024,
-                         512 * d / 1024, k4[k].label);
-                cell(k4b, prefix, 2 + lvl, c, sizeof c);
+                snprintf(c1, sizeof c1, "%s (%d; %d / %d KiB)", k_models[m], n, 256 * d / 1024, 512 * d / 1024);
+                cell(k4b, c1, k4[k].label, 2 + lvl, c, sizeof c);
                 if (have == 0) {
                     assert_string_equal(c, "-");
                     continue;
@@ -386,8 +308,8 @@ static void test_equal_memory_block_is_the_mean_of_per_trace_values(void **state
                 for (int t = 0; t < n; t++)
                     if (!isnan(per[pairs[q].a][t]) && !isnan(per[pairs[q].b][t]))
                         s += per[pairs[q].a][t] - per[pairs[q].b][t], have++;
-                snprintf(prefix, sizeof prefix, "| %s (%d) | %s |", k_models[m], n, pairs[q].label);
-                cell(k4b, prefix, 2 + lvl, c, sizeof c);
+                snprintf(c1, sizeof c1, "%s (%d)", k_models[m], n);
+                cell(k4b, c1, pairs[q].label, 2 + lvl, c, sizeof c);
                 if (have == 0) {
                     assert_string_equal(c, "-");
                     continue;
@@ -435,7 +357,7 @@ static const struct {
 
 static void test_longbench_block_recomputed_from_table_8(void **state) {
     (void)state;
-    need_script();
+    (void)section();
     char *k5 = block("K-5");
     int total = 0, over8 = 0, under2 = 0, total_en = 0, over8_en = 0;
     for (size_t i = 0; i < N_TABLE8; i++) {
@@ -511,7 +433,7 @@ static void test_longbench_block_recomputed_from_table_8(void **state) {
 /* ---- K-6: the count's closed form and the replay's charges ------------------------------------------------ */
 static void test_flop_block_follows_the_closed_form(void **state) {
     (void)state;
-    need_script();
+    (void)section();
     char *k6 = block("K-6");
     int rows = 0;
     for (const char *p = k6; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL) {
@@ -553,5 +475,5 @@ int main(void) {
         cmocka_unit_test(test_longbench_block_recomputed_from_table_8),
         cmocka_unit_test(test_flop_block_follows_the_closed_form),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,75 +27,39 @@
 
 #include "common/kvs.h"
 #include "results/results.h"
+#include "tests/util/findings_blocks.h"
 #include "tests/util/testenv.h"
-#include "trace/trace.h"
 
 static const char *const models[] = {"stories260K", "tinystories-656K"};
 #define N_MODELS 2
 #define MAX_TRACES 16
-
-static char out_dir[] = "/tmp/kvs_findings_morphkv_XXXXXX";
-static int ran; /* 0: not yet, 1: the script ran, -1: it cannot run here (skip) */
 
 static const char *const mk_qz = "recent=30,fusion=sum,fidelity=paper,profile=qz,evict_after=1,paper_ctot=600";
 static const char *const mk_rows = "recent=30,fusion=sum,fidelity=paper,profile=rows,evict_after=1,paper_ctot=600";
 static const char *const mk_max = "recent=30,fusion=max,fidelity=paper,profile=rows,evict_after=1,paper_ctot=600";
 static const char *const h2o_repo = "recent=0.5,gqa=expand,prefill=budget,window=30,block=0";
 
-/* Runs the section once for every test of the file; skips when it cannot run here. */
-static void need_section(void) {
-    if (ran == 0) {
-        char out[256];
-        int rc = kvs_test_findings("morphkv", out, sizeof out);
-        if (rc < 0) fail_msg("findings.sh --check --only morphkv failed");
-        ran = rc == 1 ? 1 : -1; /* -1: it cannot run here (skip) */
-        if (ran == 1) snprintf(out_dir, sizeof out_dir, "%.*s", (int)(strlen(out) - 2), out); /* out less "/f" */
-    }
-    if (ran < 0) skip();
-}
-
-static int group_teardown(void **state) {
-    (void)state;
-    if (ran == 1) {
-        char cmd[256];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", out_dir);
-        return system(cmd) == 0 ? 0 : -1;
-    }
-    return 0;
+/* The section's $OUT, the script run once for the whole file; skips when it cannot run here. */
+static const char *section(void) {
+    const char *out = NULL;
+    if (kvs_test_findings_once("morphkv", &out) == 0) skip();
+    if (!out) fail_msg("findings.sh --check --only morphkv failed");
+    return out;
 }
 
 /* The text of generated block NAME (caller frees). */
 static char *block(const char *name) {
-    char out[300];
-    snprintf(out, sizeof out, "%s/f", out_dir);
-    char *text = kvs_test_findings_block(out, name);
+    char *text = kvs_test_findings_block(section(), name);
     assert_non_null(text);
     return text;
 }
 
 /* Cell `col` (0 = the first) of the table row of `text` whose first cell is `first` and whose second cell starts
- * with `second` ("" for any), as text up to the next '|' (into buf). */
+ * with `second` ("" for any), trimmed (into buf). */
 static const char *cell_text(const char *text, const char *first, const char *second, int col, char *buf, size_t cap) {
-    char want[256];
-    snprintf(want, sizeof want, "| %s |", first);
-    for (const char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
-        if (strncmp(line, want, strlen(want)) != 0) continue;
-        const char *c2 = strchr(line + 1, '|');
-        if (strncmp(c2 + 2, second, strlen(second)) != 0) continue;
-        const char *c = line;
-        for (int i = 0; i < col; i++) {
-            c = strchr(c + 1, '|');
-            assert_non_null(c);
-        }
-        const char *e = strchr(c + 1, '|');
-        assert_non_null(e);
-        size_t n = (size_t)(e - c - 1) < cap - 1 ? (size_t)(e - c - 1) : cap - 1;
-        memcpy(buf, c + 1, n);
-        buf[n] = '\0';
-        return buf;
-    }
-    fail_msg("no row '%s' / '%s'", first, second);
-    return NULL;
+    if (kvs_test_block_cell(text, first, second, KVS_TEST_CELL_PREFIX, col, buf, cap) != 1)
+        fail_msg("no row '%s' / '%s' with a cell %d", first, second, col);
+    return buf;
 }
 
 /* The leading number of a cell (fails on "-"). */
@@ -110,26 +74,19 @@ static double cell(const char *text, const char *first, const char *second, int 
 
 static int cell_is_dash(const char *text, const char *first, const char *second, int col) {
     char buf[512];
-    return !strcmp(cell_text(text, first, second, col, buf, sizeof buf), " - ");
+    return !strcmp(cell_text(text, first, second, col, buf, sizeof buf), "-");
 }
 
 /* The number after `key` on the line of `text` that starts with `start` and holds `key`. */
 static double after(const char *text, const char *start, const char *key) {
-    for (const char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
-        const char *eol = strchr(line, '\n');
-        const char *k = strstr(line, key);
-        if (strncmp(line, start, strlen(start)) != 0 || !k || (eol && k > eol)) continue;
-        return strtod(k + strlen(key), NULL);
-    }
-    fail_msg("no line '%s' ... '%s'", start, key);
-    return 0;
+    double v = 0;
+    if (!kvs_test_block_after(text, start, key, &v)) fail_msg("no line '%s' ... '%s'", start, key);
+    return v;
 }
 
 /* `printed` is `value` printed to `sig` significant figures. */
 static void assert_sig(double printed, double value, int sig) {
-    double a = fabs(value);
-    double half = a > 0 ? 0.5 * pow(10.0, floor(log10(a)) - (sig - 1)) : 0;
-    if (fabs(printed - value) > half * (1 + 1e-9) + 1e-15) fail_msg("printed %.6g, recomputed %.6g", printed, value);
+    if (!kvs_test_sig_equal(printed, value, sig)) fail_msg("printed %.6g, recomputed %.6g", printed, value);
 }
 /* `printed` is `value` printed with `dec` decimals. */
 static void assert_dec(double printed, double value, int dec) {
@@ -138,35 +95,13 @@ static void assert_dec(double printed, double value, int dec) {
 
 /* ---- the prompt traces ---------------------------------------------------------------------------------------- */
 
-typedef struct {
-    char path[512];
-    int64_t P, T, G, d;
-} trace_dims;
+typedef kvs_test_trace_shape trace_dims;
 
 /* The prompt traces of a model, sorted by path (as the script reads them). */
 static size_t traces_of(const char *model, trace_dims *t) {
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "ls '%s/f/prompts/%s'/*.kvt | sort", out_dir, model);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    size_t n = 0;
-    char line[512];
-    while (n < MAX_TRACES && fgets(line, sizeof line, p)) {
-        line[strcspn(line, "\n")] = '\0';
-        kvs_trace *tr = NULL;
-        assert_int_equal(kvs_trace_open(line, &tr), KVS_OK);
-        const kvs_trace_info *in = kvs_trace_info_get(tr);
-        snprintf(t[n].path, sizeof t[n].path, "%s", line);
-        t[n].P = in->prompt_len;
-        t[n].T = in->n_positions - in->prompt_len;
-        t[n].G = in->model.n_heads / in->model.n_kv_heads;
-        t[n].d = in->model.head_dim;
-        kvs_trace_close(tr);
-        n++;
-    }
-    assert_int_equal(pclose(p), 0);
+    int n = kvs_test_findings_prompts(section(), model, t, MAX_TRACES);
     assert_true(n >= 2);
-    return n;
+    return (size_t)n;
 }
 
 /* Mean over the T decode steps of the positions a cache of `cap` positions (0: unbounded) holds, P + i at step i. */
@@ -183,7 +118,7 @@ static int64_t scaled_R(int64_t ctot) { return (int64_t)llround(30.0 * (double)c
 /* M-1 and M-2: every ratio from the headers. */
 static void test_memory_ratios_follow_the_trace_headers(void **state) {
     (void)state;
-    need_section();
+    (void)section();
     char *m1 = block("M-1"), *m2 = block("M-2");
     static trace_dims tr[MAX_TRACES];
     for (int mi = 0; mi < N_MODELS; mi++) {
@@ -211,7 +146,7 @@ static void test_memory_ratios_follow_the_trace_headers(void **state) {
             assert_sig(cell(m1, row, c, 3), hf, 3);
             assert_sig(cell(m1, row, c, 4), sf, 3);
             char buf[128];
-            snprintf(buf, sizeof buf, " %.3g [%.3g, %.3g] ", 1.0 / (double)G, 1.0 / (double)G, 1.0 / (double)G);
+            snprintf(buf, sizeof buf, "%.3g [%.3g, %.3g]", 1.0 / (double)G, 1.0 / (double)G, 1.0 / (double)G);
             char got[512];
             assert_string_equal(cell_text(m1, row, c, 5, got, sizeof got), buf); /* exactly 1/G on every prompt */
             assert_dec(cell(m1, row, c, 6), 1.0 / (double)G, 3);
@@ -236,8 +171,8 @@ typedef struct {
 
 /* The runs of (policy, params) on one trace of the model's database, ascending budget. */
 static series runs_of(const char *model, const trace_dims *t, const char *policy, const char *params) {
-    char path[600];
-    snprintf(path, sizeof path, "%s/f/morphkv_%s.db", out_dir, model);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/morphkv_%s.db", section(), model);
     kvs_results_db *db = NULL;
     assert_int_equal(kvs_results_open_readonly(path, &db), KVS_OK);
     kvs_results_filter f = {.policy = policy, .trace_path = t->path, .measure = "decode"};
@@ -281,7 +216,7 @@ static int at_level(const series *s, double X, int tokens, double *v) {
 /* M-3 (window and MorphKV qz at each level, their paired difference), SnapKV's floor, M-5's token ratio. */
 static void test_equal_memory_values_recomputed_from_the_runs(void **state) {
     (void)state;
-    need_section();
+    (void)section();
     char *m3 = block("M-3"), *pairs = block("M-3-pairs"), *snap = block("M-3-snapkv"), *m5 = block("M-5");
     static trace_dims tr[MAX_TRACES];
     const char *levels[] = {"2KiB", "4KiB", "6KiB"};
@@ -333,7 +268,7 @@ static void test_equal_memory_values_recomputed_from_the_runs(void **state) {
 /* M-4: each fusion's mean and the paired difference, from the runs at C_tot 32, 64, 128. */
 static void test_fusion_means_and_paired_difference(void **state) {
     (void)state;
-    need_section();
+    (void)section();
     char *m4 = block("M-4");
     static trace_dims tr[MAX_TRACES];
     for (int mi = 0; mi < N_MODELS; mi++) {
@@ -376,7 +311,7 @@ static const struct {
 
 static void test_paper_arithmetic_from_the_published_configs(void **state) {
     (void)state;
-    need_section();
+    (void)section();
     char *p1 = block("M-1-paper"), *p2 = block("M-2-paper"), *p5 = block("M-5-paper"), *m6 = block("M-6"),
          *m7 = block("M-7"), *r30 = block("M-2-r30");
     for (size_t i = 0; i < sizeof paper / sizeof paper[0]; i++) {
@@ -445,5 +380,5 @@ int main(void) {
         cmocka_unit_test(test_fusion_means_and_paired_difference),
         cmocka_unit_test(test_paper_arithmetic_from_the_published_configs),
     };
-    return cmocka_run_group_tests(tests, NULL, group_teardown);
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }

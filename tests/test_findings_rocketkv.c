@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "../policies/rocketkv_internal.h"
+#include "tests/util/findings_blocks.h"
 #include "tests/util/testenv.h"
 
 #define MAX_CELLS 16
@@ -32,67 +33,21 @@
 
 static const char *const models[] = {"stories260K", "tinystories-656K"};
 
-/* The folder the script wrote (its $OUT), "" when the group setup skipped. */
-static char out_dir[256];
-
-static int group_setup(void **state) {
-    (void)state;
-    int rc = kvs_test_findings("rocketkv", out_dir, sizeof out_dir);
-    if (rc != 1) out_dir[0] = '\0';
-    return rc < 0 ? -1 : 0;
-}
-
-static int group_teardown(void **state) {
-    (void)state;
-    kvs_test_findings_cleanup(out_dir);
-    return 0;
-}
-
-static void need_output(void) {
-    if (!out_dir[0]) {
-        print_message("needs $KVSIM_BIN, the shared models and a plain (unsanitized) build: skipping\n");
-        skip();
-    }
+/* The section's $OUT, the script run once for the whole file; skips when it cannot run here. */
+static const char *section(void) {
+    const char *out = NULL;
+    if (kvs_test_findings_once("rocketkv", &out) == 0) skip();
+    if (!out) fail_msg("findings.sh --check --only rocketkv failed");
+    return out;
 }
 
 /* ---- reading the blocks ---------------------------------------------------------------------------------- */
 
-static char *trim(char *s) {
-    while (*s == ' ') s++;
-    size_t n = strlen(s);
-    while (n > 0 && (s[n - 1] == ' ' || s[n - 1] == '\n')) s[--n] = '\0';
-    return s;
-}
+typedef kvs_test_iv iv;
 
-/* Splits a table row "| a | b | c |" into its cells (in place); returns the count, 0 for the header rule. */
-static int row_cells(char *line, char **cells) {
-    if (line[0] != '|' || !strncmp(line, "|---", 4)) return 0;
-    int n = 0;
-    char *p = line + 1;
-    while (n < MAX_CELLS) {
-        char *bar = strchr(p, '|');
-        if (!bar) break;
-        *bar = '\0';
-        cells[n++] = trim(p);
-        p = bar + 1;
-    }
-    return n;
-}
-
-/* A cell "m [lo, hi]" with an optional " (n = K of N)": 1 and the numbers (*n_of = K, 0 when every trace has a
+/* A cell "m [lo, hi]" with an optional " (n = K of N)": 1 and the numbers (n_of = K, 0 when every trace has a
  * value), or 0 for "-", "- (out of range on N)" and "not run". */
-typedef struct {
-    double mean, lo, hi;
-    int n_of;
-} iv;
-
-static int parse_iv(const char *cell, iv *v) {
-    v->n_of = 0;
-    if (sscanf(cell, "%lf [%lf, %lf]", &v->mean, &v->lo, &v->hi) != 3) return 0;
-    const char *n = strstr(cell, "(n = ");
-    if (n) v->n_of = atoi(n + 5);
-    return 1;
-}
+static int parse_iv(const char *cell, iv *v) { return kvs_test_parse_iv(cell, v) == 3; }
 
 /* Agreement to the 3 significant figures the blocks print (%.3g) of a value recomputed to full precision. */
 static int close3(double printed, double exact) {
@@ -120,8 +75,8 @@ static const char *policy_of(const char *label) {
 }
 
 static char *read_block(const char *name) {
-    char *text = kvs_test_findings_block(out_dir, name);
-    if (!text) fail_msg("block %s not written (in %s/blocks)", name, out_dir);
+    char *text = kvs_test_findings_block(section(), name);
+    if (!text) fail_msg("block %s not written (in %s/blocks)", name, section());
     return text;
 }
 
@@ -130,7 +85,7 @@ static char *read_block(const char *name) {
 /* Runs `kvsim ARGS` with its standard output in FILE (under the output folder); fails the test on an error. */
 static void kvsim_to(const char *file, const char *args) {
     char cmd[4096];
-    snprintf(cmd, sizeof cmd, "'%s' %s > '%s/%s'", getenv("KVSIM_BIN"), args, out_dir, file);
+    snprintf(cmd, sizeof cmd, "'%s' %s > '%s/%s'", getenv("KVSIM_BIN"), args, section(), file);
     if (system(cmd) != 0) fail_msg("%s failed", cmd);
 }
 
@@ -145,25 +100,20 @@ typedef struct {
 /* Every complete run of DB (under the output folder); *n their count. Caller frees. */
 static run_row *read_runs(const char *db, int *n) {
     char args[512], file[128];
-    snprintf(args, sizeof args, "runs '%s/%s' --csv --summary", out_dir, db);
+    snprintf(args, sizeof args, "runs '%s/%s' --csv --summary", section(), db);
     snprintf(file, sizeof file, "%s.runs.csv", db);
     kvsim_to(file, args);
     char path[512];
-    snprintf(path, sizeof path, "%s/%s", out_dir, file);
+    snprintf(path, sizeof path, "%s/%s", section(), file);
     FILE *f = fopen(path, "r");
     assert_non_null(f);
     static char line[65536];
     char *fields[512];
     assert_non_null(fgets(line, sizeof line, f));
     int nf = kvs_test_csv_fields(line, fields, 512);
-    int c_pol = -1, c_b = -1, c_err = -1, c_tr = -1, c_notes = -1;
-    for (int i = 0; i < nf; i++) {
-        if (!strcmp(fields[i], "policy")) c_pol = i;
-        if (!strcmp(fields[i], "budget_tokens")) c_b = i;
-        if (!strcmp(fields[i], "out_err_mean") && c_err < 0) c_err = i;
-        if (!strcmp(fields[i], "traffic_bytes_mean")) c_tr = i;
-        if (!strcmp(fields[i], "notes")) c_notes = i;
-    }
+    int c_pol = kvs_test_csv_col(fields, nf, "policy"), c_b = kvs_test_csv_col(fields, nf, "budget_tokens");
+    int c_err = kvs_test_csv_col(fields, nf, "out_err_mean"), c_tr = kvs_test_csv_col(fields, nf, "traffic_bytes_mean");
+    int c_notes = kvs_test_csv_col(fields, nf, "notes");
     assert_true(c_pol >= 0 && c_b >= 0 && c_err >= 0 && c_tr >= 0 && c_notes >= 0);
     int cap = 64;
     run_row *rows = malloc(sizeof *rows * (size_t)cap);
@@ -190,7 +140,7 @@ static run_row *read_runs(const char *db, int *n) {
 /* The head_dim of the model of the first trace under DIR (`kvsim info`). */
 static int head_dim_of(const char *dir) {
     char path[512];
-    snprintf(path, sizeof path, "%s/%s", out_dir, dir);
+    snprintf(path, sizeof path, "%s/%s", section(), dir);
     DIR *d = opendir(path);
     assert_non_null(d);
     struct dirent *e;
@@ -205,7 +155,7 @@ static int head_dim_of(const char *dir) {
     char args[1200];
     snprintf(args, sizeof args, "info '%s'", trace);
     kvsim_to("info.txt", args);
-    snprintf(path, sizeof path, "%s/info.txt", out_dir);
+    snprintf(path, sizeof path, "%s/info.txt", section());
     char *text = kvs_test_slurp(path, NULL);
     assert_non_null(text);
     const char *h = strstr(text, "head_dim ");
@@ -225,7 +175,7 @@ static int check_budget_table(const char *block, const char *db_prefix, int pair
     int n_runs[2] = {0, 0}, d[2] = {0, 0};
     for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         char *cells[MAX_CELLS];
-        int nc = row_cells(line, cells);
+        int nc = kvs_test_row_cells(line, cells, MAX_CELLS);
         if (nc < 3) continue;
         if (!strcmp(cells[0], "model (traces)")) {
             nb = 0;
@@ -281,7 +231,7 @@ static int check_budget_table(const char *block, const char *db_prefix, int pair
 
 static void test_budget_tables_are_the_mean_of_the_runs(void **state) {
     (void)state;
-    need_output();
+    (void)section();
     /* 9 policies x 4 budgets x 2 models, SparQ's t = 128 left out */
     assert_int_equal(check_budget_table("R-1", "rocketkv", 0), 9 * 4 * 2 - 2);
     assert_int_equal(check_budget_table("R-3", "rocketkv", 1), 5 * 4 * 2 - 2);
@@ -291,7 +241,7 @@ static void test_budget_tables_are_the_mean_of_the_runs(void **state) {
 /* R-1's "stage 1 keeps the whole prompt on K of N prompts at t = 16" against the runs' notes. */
 static void test_stage1_count_is_the_runs_notes(void **state) {
     (void)state;
-    need_output();
+    (void)section();
     char *text = read_block("R-1");
     for (int m = 0; m < 2; m++) {
         char db[128], want[256];
@@ -319,7 +269,7 @@ static int check_pairs(const char *pairs_block, const char *table_block) {
     char *save = NULL;
     for (char *line = strtok_r(table, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         char *cells[MAX_CELLS];
-        int nc = row_cells(line, cells);
+        int nc = kvs_test_row_cells(line, cells, MAX_CELLS);
         if (nc < 4 || !strcmp(cells[0], "model (traces)")) continue;
         int m = strncmp(cells[0], "stories260K ", 12) == 0 ? 0 : 1;
         total[m] = atoi(strchr(cells[0], '(') + 1);
@@ -333,7 +283,7 @@ static int check_pairs(const char *pairs_block, const char *table_block) {
     save = NULL;
     for (char *line = strtok_r(pairs, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         char *cells[MAX_CELLS];
-        int nc = row_cells(line, cells);
+        int nc = kvs_test_row_cells(line, cells, MAX_CELLS);
         if (nc < 4 || !strcmp(cells[0], "model (traces)")) continue;
         int m = strncmp(cells[0], "stories260K ", 12) == 0 ? 0 : 1;
         char *minus = strstr(cells[1], " " MINUS " ");
@@ -378,7 +328,7 @@ static int check_pairs(const char *pairs_block, const char *table_block) {
 
 static void test_pairs_match_the_tables_and_their_intervals(void **state) {
     (void)state;
-    need_output();
+    (void)section();
     assert_true(check_pairs("R-1-pairs", "R-1-traffic") >= 20);
     assert_true(check_pairs("R-4-pairs", "R-4-traffic") >= 12);
 }
@@ -386,11 +336,11 @@ static void test_pairs_match_the_tables_and_their_intervals(void **state) {
 /* R-2 from `kvsim attn --csv` of every prompt trace. */
 static void test_union_is_recomputed_from_attn(void **state) {
     (void)state;
-    need_output();
+    (void)section();
     char *text = read_block("R-2");
     for (int m = 0; m < 2; m++) {
         char dir[512];
-        snprintf(dir, sizeof dir, "%s/prompts/%s", out_dir, models[m]);
+        snprintf(dir, sizeof dir, "%s/prompts/%s", section(), models[m]);
         DIR *dp = opendir(dir);
         assert_non_null(dp);
         struct dirent *e;
@@ -402,7 +352,7 @@ static void test_union_is_recomputed_from_attn(void **state) {
             snprintf(args, sizeof args, "attn '%s/%s' --k 16 --csv", dir, e->d_name);
             kvsim_to("attn.csv", args);
             char path[512];
-            snprintf(path, sizeof path, "%s/attn.csv", out_dir);
+            snprintf(path, sizeof path, "%s/attn.csv", section());
             FILE *f = fopen(path, "r");
             assert_non_null(f);
             char line[512];
@@ -439,7 +389,7 @@ static void test_union_is_recomputed_from_attn(void **state) {
         char copy[1024];
         snprintf(copy, sizeof copy, "%.*s", (int)strcspn(row, "\n"), row);
         char *cells[MAX_CELLS];
-        assert_int_equal(row_cells(copy, cells), 6);
+        assert_int_equal(kvs_test_row_cells(copy, cells, MAX_CELLS), 6);
         iv v;
         assert_true(parse_iv(cells[2], &v) && close3(v.mean, s_uk / n_traces));
         assert_true(parse_iv(cells[3], &v) && close3(v.mean, s_us / n_traces));
@@ -452,7 +402,7 @@ static void test_union_is_recomputed_from_attn(void **state) {
 /* R1, R2, R6 and R7 through kvsim's own derivation and the configuration's product. */
 static void test_arithmetic_is_the_policy_derivation(void **state) {
     (void)state;
-    need_output();
+    (void)section();
     char *text = read_block("R-arith");
     char want[256];
     kvs_rocketkv_params p;
@@ -490,5 +440,5 @@ int main(void) {
         cmocka_unit_test(test_union_is_recomputed_from_attn),
         cmocka_unit_test(test_arithmetic_is_the_policy_derivation),
     };
-    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }

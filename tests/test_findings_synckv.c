@@ -10,7 +10,6 @@
  * Runs `sh examples/findings.sh --only synckv` once (seconds) with the shared models beside the repository;
  * skips without them, outside `make test` and under the sanitizers (a whole study script).
  */
-#include <glob.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -23,44 +22,24 @@
 
 #include <cmocka.h>
 
-#include "common/kvs.h"
+#include "tests/util/findings_blocks.h"
 #include "tests/util/testenv.h"
-#include "trace/trace.h"
 
 static const char *const models[] = {"stories260K", "tinystories-656K"};
 #define N_MODELS 2
 #define MAX_TRACES 16
 
-static char out_dir[] = "/tmp/kvs_findings_synckv_XXXXXX";
-static int ran; /* 0: not yet, 1: the script ran, -1: it cannot run here (skip) */
-
-/* Runs the section once for every test of the file; skips when it cannot run here. */
-static void need_section(void) {
-    if (ran == 0) {
-        char out[256];
-        int rc = kvs_test_findings("synckv", out, sizeof out);
-        if (rc < 0) fail_msg("findings.sh --check --only synckv failed");
-        ran = rc == 1 ? 1 : -1; /* -1: it cannot run here (skip) */
-        if (ran == 1) snprintf(out_dir, sizeof out_dir, "%.*s", (int)(strlen(out) - 2), out); /* out less "/f" */
-    }
-    if (ran < 0) skip();
-}
-
-static int group_teardown(void **state) {
-    (void)state;
-    if (ran == 1) {
-        char cmd[256];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", out_dir);
-        return system(cmd) == 0 ? 0 : -1;
-    }
-    return 0;
+/* The section's $OUT, the script run once for the whole file; skips when it cannot run here. */
+static const char *section(void) {
+    const char *out = NULL;
+    if (kvs_test_findings_once("synckv", &out) == 0) skip();
+    if (!out) fail_msg("findings.sh --check --only synckv failed");
+    return out;
 }
 
 /* The text of generated block NAME (caller frees). */
 static char *block(const char *name) {
-    char out[300];
-    snprintf(out, sizeof out, "%s/f", out_dir);
-    char *text = kvs_test_findings_block(out, name);
+    char *text = kvs_test_findings_block(section(), name);
     assert_non_null(text);
     return text;
 }
@@ -68,39 +47,22 @@ static char *block(const char *name) {
 /* Cell `col` (0 = the model) of the table row of `text` whose model is `model` and whose second cell starts with
  * `label` ("" for any): its leading number. */
 static double cell(const char *text, const char *model, const char *label, int col) {
-    char want[256];
-    snprintf(want, sizeof want, "| %s ", model);
-    for (const char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
-        if (strncmp(line, want, strlen(want)) != 0) continue;
-        const char *c2 = strchr(line + 1, '|');
-        assert_non_null(c2);
-        if (strncmp(c2 + 2, label, strlen(label)) != 0) continue;
-        const char *c = line;
-        for (int i = 0; i < col; i++) {
-            c = strchr(c + 1, '|');
-            assert_non_null(c);
-        }
-        char *end;
-        double v = strtod(c + 1, &end);
-        assert_true(end != c + 1);
-        return v;
-    }
-    fail_msg("no row '%s' / '%s'", model, label);
-    return 0;
+    char buf[512];
+    if (kvs_test_block_cell(text, model, label, KVS_TEST_CELL_PREFIX, col, buf, sizeof buf) != 1)
+        fail_msg("no row '%s' / '%s' with a cell %d", model, label, col);
+    char *end;
+    double v = strtod(buf, &end);
+    assert_true(end != buf);
+    return v;
 }
 
 /* The number after `key` on the line of `text` that starts with "- MODEL, " and holds `key`. */
 static double after(const char *text, const char *model, const char *key) {
     char want[256];
     snprintf(want, sizeof want, "- %s, ", model);
-    for (const char *line = text; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
-        const char *eol = strchr(line, '\n');
-        const char *k = strstr(line, key);
-        if (strncmp(line, want, strlen(want)) != 0 || !k || (eol && k > eol)) continue;
-        return strtod(k + strlen(key), NULL);
-    }
-    fail_msg("no line '%s' ... '%s'", model, key);
-    return 0;
+    double v = 0;
+    if (!kvs_test_block_after(text, want, key, &v)) fail_msg("no line '%s' ... '%s'", model, key);
+    return v;
 }
 
 /* The script prints 3 significant figures, whole numbers from 100 up: `printed` is `value` so rounded. */
@@ -110,30 +72,18 @@ static void assert_printed(double printed, double value) {
     if (fabs(printed - value) > half * (1 + 1e-9)) fail_msg("printed %.6g, recomputed %.6g", printed, value);
 }
 
-/* The prompt traces of a model, sorted (glob). */
-static size_t traces_of(const char *model, char paths[][512]) {
-    char pat[512];
-    snprintf(pat, sizeof pat, "%s/f/prompts/%s/*.kvt", out_dir, model);
-    glob_t g;
-    assert_int_equal(glob(pat, 0, NULL, &g), 0);
-    size_t n = g.gl_pathc < MAX_TRACES ? g.gl_pathc : MAX_TRACES;
-    for (size_t i = 0; i < n; i++) snprintf(paths[i], 512, "%s", g.gl_pathv[i]);
-    globfree(&g);
+typedef kvs_test_trace_shape trace_dims;
+
+/* The prompt traces of a model with their shapes, sorted by path. */
+static size_t traces_of(const char *model, trace_dims *t) {
+    int n = kvs_test_findings_prompts(section(), model, t, MAX_TRACES);
     assert_true(n >= 2);
-    return n;
+    return (size_t)n;
 }
 
-typedef struct {
-    int64_t P, T, H, d, kv_bytes;
-} trace_dims;
-
 static trace_dims dims_of(const char *path) {
-    kvs_trace *t = NULL;
-    assert_int_equal(kvs_trace_open(path, &t), KVS_OK);
-    const kvs_trace_info *in = kvs_trace_info_get(t);
-    trace_dims x = {.P = in->prompt_len, .T = in->n_positions - in->prompt_len, .H = in->model.n_kv_heads,
-                    .d = in->model.head_dim, .kv_bytes = (int64_t)kvs_dtype_size((kvs_dtype)in->capture.dtype)};
-    kvs_trace_close(t);
+    trace_dims x;
+    assert_int_equal(kvs_test_trace_shape_of(path, &x), 0);
     return x;
 }
 
@@ -157,14 +107,14 @@ static double d2h_formula(trace_dims x) {
 /* SyncKV-3: h2d for m = 1, 5, 10 and w/o Anticipation, d2h of every row, the h2d ratios. */
 static void test_period_transfers_follow_the_traffic_formulas(void **state) {
     (void)state;
-    need_section();
+    (void)section();
     char *t3 = block("SyncKV-3"), *p3 = block("SyncKV-3-pairs");
-    static char paths[MAX_TRACES][512];
+    static trace_dims tr[MAX_TRACES];
     for (int mi = 0; mi < N_MODELS; mi++) {
-        size_t n = traces_of(models[mi], paths);
+        size_t n = traces_of(models[mi], tr);
         double h1 = 0, h5 = 0, h10 = 0, d2h = 0, r15 = 0, r510 = 0;
         for (size_t i = 0; i < n; i++) {
-            trace_dims x = dims_of(paths[i]);
+            trace_dims x = tr[i];
             assert_int_equal(x.H, 4); /* both models: N_r = 1 of 4 */
             h1 += h2d_formula(x, 1) / (double)n;
             h5 += h2d_formula(x, 5) / (double)n;
@@ -194,33 +144,6 @@ static void test_period_transfers_follow_the_traffic_formulas(void **state) {
 
 /* ---- SyncKV-2: the window at SyncKV's memory ---------------------------------------------------------------- */
 
-/* Splits one CSV line in place (RFC 4180 quotes) into at most cap fields; @return the count. */
-static int csv_split(char *s, char **f, int cap) {
-    int n = 0;
-    char *w = s;
-    while (n < cap) {
-        f[n++] = w;
-        if (*s == '"') {
-            for (s++;;) {
-                if (*s == '"' && s[1] == '"') *w++ = '"', s += 2;
-                else if (*s == '"') {
-                    s++;
-                    break;
-                } else if (!*s) break;
-                else *w++ = *s++;
-            }
-        }
-        while (*s && *s != ',' && *s != '\n') *w++ = *s++;
-        if (*s != ',') {
-            *w = 0;
-            break;
-        }
-        *w++ = 0;
-        s++;
-    }
-    return n;
-}
-
 #define MAX_RUNS 64
 typedef struct {
     char trace[512];
@@ -245,7 +168,7 @@ static double window_bytes(trace_dims x, int64_t B) {
 /* Reads the SyncKV (paper defaults) and window runs of the section's database of a model, per trace. */
 static size_t read_runs(const char *model, trace_runs *tr, size_t cap) {
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "'%s' runs '%s/f/synckv/%s/synckv.db' --csv --summary", getenv("KVSIM_BIN"), out_dir,
+    snprintf(cmd, sizeof cmd, "'%s' runs '%s/synckv/%s/synckv.db' --csv --summary", getenv("KVSIM_BIN"), section(),
              model);
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
@@ -254,17 +177,12 @@ static size_t read_runs(const char *model, trace_runs *tr, size_t cap) {
     int c_pol = -1, c_par = -1, c_bud = -1, c_tr = -1, c_frac = -1, c_err = -1, c_sto = -1;
     size_t n = 0;
     for (int row = 0; fgets(line, sizeof line, p); row++) {
-        int nf = csv_split(line, f, 256);
+        int nf = kvs_test_csv_fields(line, f, 256);
         if (row == 0) {
-            for (int i = 0; i < nf; i++) {
-                if (!strcmp(f[i], "policy")) c_pol = i;
-                if (!strcmp(f[i], "params")) c_par = i;
-                if (!strcmp(f[i], "budget_tokens")) c_bud = i;
-                if (!strcmp(f[i], "trace")) c_tr = i;
-                if (!strcmp(f[i], "budget_fraction")) c_frac = i;
-                if (!strcmp(f[i], "out_err_mean") && c_err < 0) c_err = i;
-                if (!strcmp(f[i], "storage_bytes_mean")) c_sto = i;
-            }
+            c_pol = kvs_test_csv_col(f, nf, "policy"), c_par = kvs_test_csv_col(f, nf, "params");
+            c_bud = kvs_test_csv_col(f, nf, "budget_tokens"), c_tr = kvs_test_csv_col(f, nf, "trace");
+            c_frac = kvs_test_csv_col(f, nf, "budget_fraction"), c_err = kvs_test_csv_col(f, nf, "out_err_mean");
+            c_sto = kvs_test_csv_col(f, nf, "storage_bytes_mean");
             assert_true(c_pol >= 0 && c_par >= 0 && c_bud >= 0 && c_tr >= 0 && c_frac >= 0 && c_err >= 0 && c_sto >= 0);
             continue;
         }
@@ -315,7 +233,7 @@ static double window_at(const trace_runs *r, double x) {
 
 static void test_window_at_synckv_memory_recomputed(void **state) {
     (void)state;
-    need_section();
+    (void)section();
     char *t2 = block("SyncKV-2"), *p2 = block("SyncKV-2-pairs");
     static trace_runs tr[MAX_TRACES];
     for (int mi = 0; mi < N_MODELS; mi++) {
@@ -346,5 +264,5 @@ int main(void) {
         cmocka_unit_test(test_period_transfers_follow_the_traffic_formulas),
         cmocka_unit_test(test_window_at_synckv_memory_recomputed),
     };
-    return cmocka_run_group_tests(tests, NULL, group_teardown);
+    return cmocka_run_group_tests(tests, NULL, NULL);
 }

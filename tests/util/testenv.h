@@ -51,6 +51,13 @@ void kvs_test_tmp_path(const kvs_test_tmp *c, const char *name, char *out, size_
  *  kvs_test_findings_cleanup(out). */
 int kvs_test_findings(const char *sections, char *out, size_t cap);
 
+/*! kvs_test_findings_once() : kvs_test_findings(sections) run once per process: the first call runs the script,
+ *  later calls with the same sections answer from that run (another sections string runs again, the previous
+ *  folder removed). *out receives the script's $OUT (borrowed, valid until exit) when it ran and matched, NULL
+ *  otherwise. The folder is removed at exit. @return 1, 0 or -1 as kvs_test_findings (0: skip; -1: fail, the log
+ *  printed once). */
+int kvs_test_findings_once(const char *sections, const char **out);
+
 /*! kvs_test_findings_block() : the generated text of block NAME that kvs_test_findings' run wrote (out/blocks/
  *  NAME.md) in a malloc'd string (caller frees); NULL when it is missing. */
 char *kvs_test_findings_block(const char *out, const char *name);
