@@ -18,25 +18,18 @@
 #include "../common/kvs.h"
 #include "../common/kvs_rng.h"
 #include "../sim/codec.h"
-#include "util/testenv.h"
+#include "util/codec_fixture.h"
 
 /* ---- helpers ---------------------------------------------------------------------------------------------- */
 
 static kvs_codec *parse_ok(const char *spec) {
-    kvs_codec *c = NULL;
-    kvs_status st = kvs_codec_parse(spec, &c);
-    if (st != KVS_OK) fail_msg("parse %s: %s", spec, kvs_last_error());
+    kvs_codec *c = kvs_test_codec_parse(spec);
+    assert_non_null(c);
     return c;
 }
 
-static void expect_bad(const char *spec, const char *msg) {
-    kvs_codec *c = (kvs_codec *)1;
-    kvs_clear_error();
-    kvs_status st = kvs_codec_parse(spec, &c);
-    assert_int_equal(st, KVS_ERR_INVALID_ARG);
-    assert_null(c);
-    if (msg) assert_string_equal(kvs_last_error(), msg);
-}
+/* spec is rejected with KVS_ERR_INVALID_ARG and exactly msg (any message when msg is NULL) */
+static void expect_bad(const char *spec, const char *msg) { assert_true(kvs_test_codec_rejects(spec, msg)); }
 
 static uint32_t bits_of(float f) { return kvs_f32_bits(f); }
 
@@ -71,30 +64,15 @@ static void case_free(fixture_case *fc) {
 
 /* Reads n hex words from *p into a new array. */
 static float *read_hex(char **p, int64_t n) {
-    float *a = malloc((size_t)n * sizeof(float));
+    float *a = kvs_test_hex_floats(p, n);
     assert_non_null(a);
-    for (int64_t i = 0; i < n; i++) {
-        char *end;
-        unsigned long w = strtoul(*p, &end, 16);
-        assert_true(end != *p);
-        a[i] = kvs_bits_f32((uint32_t)w);
-        *p = end;
-    }
     return a;
 }
 
 /* Parses the next case of a fixture file from *cursor (NUL-terminated text); 0 at the end. */
 static int next_case(char **cursor, fixture_case *fc) {
     memset(fc, 0, sizeof *fc);
-    char *p = *cursor;
-    for (;;) {
-        if (!*p) return 0;
-        char *eol = strchr(p, '\n');
-        if (!eol) return 0;
-        *eol = '\0';
-        char *line = p;
-        p = eol + 1;
-        if (line[0] == '#' || line[0] == '\0') continue;
+    for (char *line; (line = kvs_test_fixture_line(cursor)) != NULL;) {
         if (strncmp(line, "case ", 5) == 0) {
             long long N, d, P, H;
             assert_int_equal(sscanf(line + 5, "%63s %127s %lld %lld %lld %lld", fc->name, fc->spec, &N, &d, &P, &H), 6);
@@ -126,19 +104,17 @@ static int next_case(char **cursor, fixture_case *fc) {
             assert_non_null(fc->steps);
             for (int64_t i = 0; i < 2 * fc->N; i++) fc->steps[i] = strtoll(q, &q, 10);
         } else if (strcmp(line, "end") == 0) {
-            *cursor = p;
             return 1;
         } else {
             fail_msg("fixture: unexpected line '%.40s'", line);
         }
     }
+    return 0;
 }
 
 static char *slurp_fixture(const char *file) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/tests/fixtures/codec/%s", kvs_test_root(), file);
-    char *text = kvs_test_slurp(path, NULL);
-    if (!text) fail_msg("cannot read %s", path);
+    char *text = kvs_test_codec_fixture(file);
+    assert_non_null(text);
     return text;
 }
 
@@ -330,6 +306,19 @@ static void test_specs_canonical(void **state) {
     kvs_codec_free(c);
     kvs_codec_free(NULL);
     kvs_codec_state_free(NULL);
+}
+
+/* The spec checks the tests above rely on (tests/util/codec_fixture.h) tell a wrong answer: a spec that parses, a
+ * different message, a spec that does not parse. */
+static void test_spec_checks_report_failures(void **state) {
+    (void)state;
+    assert_false(kvs_test_codec_rejects("int", NULL));
+    assert_false(kvs_test_codec_rejects("int4", "codec: some other message"));
+    assert_true(kvs_test_codec_rejects("int4", NULL));
+    assert_null(kvs_test_codec_parse("int4"));
+    kvs_codec *c = kvs_test_codec_parse("kivi");
+    assert_non_null(c);
+    kvs_codec_free(c);
 }
 
 static void test_bad_specs_rejected(void **state) {
@@ -784,6 +773,7 @@ int main(void) {
         cmocka_unit_test(test_fp8_golden),
         cmocka_unit_test(test_specs_canonical),
         cmocka_unit_test(test_bad_specs_rejected),
+        cmocka_unit_test(test_spec_checks_report_failures),
         cmocka_unit_test(test_time_rule_no_future_reads),
         cmocka_unit_test(test_incremental_equals_one_jump),
         cmocka_unit_test(test_default_schedules),

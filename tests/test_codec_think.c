@@ -17,23 +17,20 @@
 #include "../common/kvs.h"
 #include "../common/kvs_rng.h"
 #include "../sim/codec.h"
-#include "util/testenv.h"
+#include "util/codec_fixture.h"
 
 /* ---- helpers ---------------------------------------------------------------------------------------------- */
 
 static kvs_codec *parse_ok(const char *spec) {
-    kvs_codec *c = NULL;
-    kvs_status st = kvs_codec_parse(spec, &c);
-    if (st != KVS_OK) fail_msg("parse %s: %s", spec, kvs_last_error());
+    kvs_codec *c = kvs_test_codec_parse(spec);
+    assert_non_null(c);
     return c;
 }
 
+/* spec is rejected with KVS_ERR_INVALID_ARG and exactly msg */
 static void expect_bad(const char *spec, const char *msg) {
-    kvs_codec *c = (kvs_codec *)1;
-    kvs_clear_error();
-    assert_int_equal(kvs_codec_parse(spec, &c), KVS_ERR_INVALID_ARG);
-    assert_null(c);
-    assert_string_equal(kvs_last_error(), msg);
+    assert_non_null(msg);
+    assert_true(kvs_test_codec_rejects(spec, msg));
 }
 
 static kvs_codec_state *state_ok(const kvs_codec *c, int64_t d, int64_t cap) {
@@ -70,28 +67,14 @@ static void case_free(think_case *tc) {
 }
 
 static float *read_hex(char *p, int64_t n) {
-    float *a = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    float *a = kvs_test_hex_floats(&p, n);
     assert_non_null(a);
-    for (int64_t i = 0; i < n; i++) {
-        char *end;
-        unsigned long w = strtoul(p, &end, 16);
-        assert_true(end != p);
-        a[i] = kvs_bits_f32((uint32_t)w);
-        p = end;
-    }
     return a;
 }
 
 static int next_case(char **cursor, think_case *tc) {
-    char *p = *cursor;
     memset(tc, 0, sizeof *tc);
-    while (*p) {
-        char *eol = strchr(p, '\n');
-        if (!eol) break;
-        *eol = '\0';
-        char *line = p;
-        p = eol + 1;
-        if (line[0] == '#' || line[0] == '\0') continue;
+    for (char *line; (line = kvs_test_fixture_line(cursor)) != NULL;) {
         if (strncmp(line, "case ", 5) == 0) {
             long long N, d, P, G, NQ;
             assert_int_equal(sscanf(line + 5, "%63s %127s %lld %lld %lld %lld %lld", tc->name, tc->spec, &N, &d, &P,
@@ -121,7 +104,6 @@ static int next_case(char **cursor, think_case *tc) {
             tc->steps = malloc((size_t)tc->N * 2 * sizeof(int64_t));
             for (int64_t i = 0; i < 2 * tc->N; i++) tc->steps[i] = strtoll(s, &s, 10);
         } else if (strcmp(line, "end") == 0) {
-            *cursor = p;
             return 1;
         } else {
             fail_msg("fixture: unexpected line '%.40s'", line);
@@ -183,9 +165,7 @@ static void run_case(const think_case *tc) {
 
 static void test_fixtures_match_numpy(void **unused) {
     (void)unused;
-    char path[512];
-    snprintf(path, sizeof path, "%s/tests/fixtures/codec/think.txt", kvs_test_root());
-    char *text = kvs_test_slurp(path, NULL);
+    char *text = kvs_test_codec_fixture("think.txt");
     assert_non_null(text);
     char *cur = text;
     think_case tc;
