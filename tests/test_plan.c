@@ -522,71 +522,13 @@ static void test_params_one_count(void **state) {
 }
 
 /* ---- the CLI ---- */
-typedef struct {
-    char dir[64], out[128], err[128];
-} cli_fx;
-
-static int cli_setup(void **state) {
-    cli_fx *f = calloc(1, sizeof *f);
-    snprintf(f->dir, sizeof f->dir, "/tmp/kvs_plan_XXXXXX");
-    if (!mkdtemp(f->dir)) return -1;
-    snprintf(f->out, sizeof f->out, "%s/out", f->dir);
-    snprintf(f->err, sizeof f->err, "%s/err", f->dir);
-    *state = f;
-    return 0;
-}
-
-static int cli_teardown(void **state) {
-    cli_fx *f = *state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", f->dir);
-    int rc = system(cmd);
-    free(f);
-    return rc == 0 ? 0 : -1;
-}
-
+typedef kvs_test_cli_fx cli_fx;
 
 /* Runs kvsim with args; returns its exit status, output in f->out / f->err. */
-static int run(cli_fx *f, const char *const *args) { return kvs_test_cli(f->out, f->err, args); }
+static int run(cli_fx *f, const char *const *args) { return kvs_test_cli_run(f, args); }
 
-static void expect_out(cli_fx *f, const char *needle) {
-    char *t = kvs_test_slurp(f->out, NULL);
-    if (!strstr(t, needle)) fail_msg("'%s' not in the output:\n%s", needle, t);
-    free(t);
-}
-static void expect_err(cli_fx *f, const char *needle) {
-    char *t = kvs_test_slurp(f->err, NULL);
-    if (!strstr(t, needle)) fail_msg("'%s' not in stderr:\n%s", needle, t);
-    free(t);
-}
-
-/* The fields of one CSV line (RFC 4180 quotes) into fld[0..max), each NUL-terminated in the line's own buffer;
- * returns how many. */
-static int csv_split(char *line, char **fld, int max) {
-    int n = 0;
-    char *p = line;
-    while (n < max) {
-        char *w = p;
-        fld[n++] = w;
-        if (*p == '"') {
-            p++;
-            for (; *p; p++) {
-                if (*p == '"' && p[1] == '"') *w++ = '"', p++;
-                else if (*p == '"') {
-                    p++;
-                    break;
-                } else *w++ = *p;
-            }
-        } else {
-            while (*p && *p != ',') *w++ = *p++;
-        }
-        int more = *p == ',';
-        *w = '\0';
-        if (!more) break;
-        p++;
-    }
-    return n;
-}
+static void expect_out(cli_fx *f, const char *needle) { assert_true(kvs_test_file_has(f->out, needle)); }
+static void expect_err(cli_fx *f, const char *needle) { assert_true(kvs_test_file_has(f->err, needle)); }
 
 /* seq_device_bytes of series `id` at (context, response) in the CSV output of the last run; -1 when absent. */
 static double csv_seq(cli_fx *f, const char *id, long long context, long long response) {
@@ -594,7 +536,7 @@ static double csv_seq(cli_fx *f, const char *id, long long context, long long re
     double v = -1;
     for (char *line = strtok_r(t, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
         char *fld[16];
-        if (csv_split(line, fld, 16) < 15 || strcmp(fld[1], id)) continue;
+        if (kvs_test_csv_fields(line, fld, 16) < 15 || strcmp(fld[1], id)) continue;
         if (atoll(fld[4]) == context && atoll(fld[5]) == response) v = atof(fld[7]);
     }
     free(t);
@@ -1046,10 +988,10 @@ int main(void) {
         cmocka_unit_test(test_max_context_clamped),
         cmocka_unit_test(test_params_one_count),
         cmocka_unit_test(test_plot_script_names_every_series),
-        cmocka_unit_test_setup_teardown(test_cli_reproduces_the_papers, cli_setup, cli_teardown),
-        cmocka_unit_test_setup_teardown(test_cli_bad_input, cli_setup, cli_teardown),
-        cmocka_unit_test_setup_teardown(test_cli_measured_profile_from_replay, cli_setup, cli_teardown),
-        cmocka_unit_test_setup_teardown(test_cli_steady_state_and_scaling, cli_setup, cli_teardown),
+        cmocka_unit_test_setup_teardown(test_cli_reproduces_the_papers, kvs_test_cli_setup, kvs_test_cli_teardown),
+        cmocka_unit_test_setup_teardown(test_cli_bad_input, kvs_test_cli_setup, kvs_test_cli_teardown),
+        cmocka_unit_test_setup_teardown(test_cli_measured_profile_from_replay, kvs_test_cli_setup, kvs_test_cli_teardown),
+        cmocka_unit_test_setup_teardown(test_cli_steady_state_and_scaling, kvs_test_cli_setup, kvs_test_cli_teardown),
         cmocka_unit_test(test_option_lists),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

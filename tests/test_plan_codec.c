@@ -286,36 +286,11 @@ static void test_measured_profile(void **state) {
 }
 
 /* ---- the CLI ---- */
-typedef struct {
-    char dir[64], out[128], err[128];
-} cli_fx;
+typedef kvs_test_cli_fx cli_fx;
 
-static int cli_setup(void **state) {
-    cli_fx *f = calloc(1, sizeof *f);
-    snprintf(f->dir, sizeof f->dir, "/tmp/kvs_plancodec_XXXXXX");
-    if (!mkdtemp(f->dir)) return -1;
-    snprintf(f->out, sizeof f->out, "%s/out", f->dir);
-    snprintf(f->err, sizeof f->err, "%s/err", f->dir);
-    *state = f;
-    return 0;
-}
+static int run(cli_fx *f, const char *const *args) { return kvs_test_cli_run(f, args); }
 
-static int cli_teardown(void **state) {
-    cli_fx *f = *state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", f->dir);
-    int rc = system(cmd);
-    free(f);
-    return rc == 0 ? 0 : -1;
-}
-
-static int run(cli_fx *f, const char *const *args) { return kvs_test_cli(f->out, f->err, args); }
-
-static void expect_in(const char *path, const char *needle) {
-    char *t = kvs_test_slurp(path, NULL);
-    if (!strstr(t, needle)) fail_msg("'%s' not in %s:\n%s", needle, path, t);
-    free(t);
-}
+static void expect_in(const char *path, const char *needle) { assert_true(kvs_test_file_has(path, needle)); }
 
 static void test_cli_outputs(void **state) {
     cli_fx *f = *state;
@@ -327,6 +302,9 @@ static void test_cli_outputs(void **state) {
     expect_in(f->out, "KV / token  40960 bytes (40.96 KB = 40.00 KiB) = 32 layers x 8 KV heads x (K 80 + V 80 bytes "
                       "per row) (codec int:bits=4,group=32,k_axis=channel,v_axis=channel; fp16: 131072)");
     expect_in(f->out, "* full cache                                                   167.8 MB = 160.0 MiB");
+    /* the check above can fail: text that is not there, a file that is not there */
+    assert_false(kvs_test_file_has(f->out, "* full cache 167.8 MB"));
+    assert_false(kvs_test_file_has("/nonexistent/out", "KV"));
     const char *json[] = {"plan", "--model", "Llama-3.1-8B", "--codec", "kivi", "--context", "4096", "--json", NULL};
     assert_int_equal(run(f, json), 0);
     expect_in(f->out, "\"kv_dtype\":\"kivi:bits=2,group=32,residual=128\",\"codec\":\"kivi:bits=2,group=32,"
@@ -402,8 +380,8 @@ int main(void) {
         cmocka_unit_test(test_against_codec_state),
         cmocka_unit_test(test_think_against_codec_state),
         cmocka_unit_test(test_measured_profile),
-        cmocka_unit_test_setup_teardown(test_cli_outputs, cli_setup, cli_teardown),
-        cmocka_unit_test_setup_teardown(test_cli_bad_input, cli_setup, cli_teardown),
+        cmocka_unit_test_setup_teardown(test_cli_outputs, kvs_test_cli_setup, kvs_test_cli_teardown),
+        cmocka_unit_test_setup_teardown(test_cli_bad_input, kvs_test_cli_setup, kvs_test_cli_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

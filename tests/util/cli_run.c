@@ -1,8 +1,12 @@
 /* cli_run.c — TEST HELPER: the kvsim binary as a child process with redirected output; see cli_run.h. */
 #include "cli_run.h"
 
+#include "testenv.h"
+
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -38,4 +42,37 @@ int kvs_test_cli_wait(pid_t pid) {
 
 int kvs_test_cli(const char *out_path, const char *err_path, const char *const *args) {
     return kvs_test_cli_wait(kvs_test_cli_spawn(out_path, err_path, args));
+}
+
+int kvs_test_cli_setup(void **state) {
+    kvs_test_cli_fx *f = calloc(1, sizeof *f);
+    if (!f) return -1;
+    snprintf(f->dir, sizeof f->dir, "/tmp/kvs_cli_XXXXXX");
+    if (!mkdtemp(f->dir)) {
+        free(f);
+        return -1;
+    }
+    snprintf(f->out, sizeof f->out, "%s/out", f->dir);
+    snprintf(f->err, sizeof f->err, "%s/err", f->dir);
+    *state = f;
+    return 0;
+}
+
+int kvs_test_cli_teardown(void **state) {
+    kvs_test_cli_fx *f = *state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", f->dir);
+    int rc = system(cmd);
+    free(f);
+    return rc == 0 ? 0 : -1;
+}
+
+int kvs_test_cli_run(const kvs_test_cli_fx *f, const char *const *args) { return kvs_test_cli(f->out, f->err, args); }
+
+int kvs_test_file_has(const char *path, const char *needle) {
+    char *t = kvs_test_slurp(path, NULL);
+    int ok = t && strstr(t, needle) != NULL;
+    if (!ok) printf("'%s' not in %s:\n%s\n", needle, path, t ? t : "(cannot be read)");
+    free(t);
+    return ok;
 }
