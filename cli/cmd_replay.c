@@ -27,6 +27,7 @@
 
 #define MAX_POLICIES 64
 #define MAX_CODECS 16
+#define MAX_PAGES 16
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -47,6 +48,12 @@ static void usage(FILE *f) {
             "                    precision; from the first decode step on policies and the metrics see the\n"
             "                    dequantized rows and storage counts the codec's bytes; the error is against the\n"
             "                    full-precision full cache. Without --codec: K/V as captured\n"
+            "  --page LIST       a paged cache: pages of N positions, e.g. 16 (vLLM's default block) or 16,32\n"
+            "                    (every (policy, page, budget) one run); 0 or none = token granularity. From the\n"
+            "                    first decode step the policy's selection is mapped to at most floor(B/N) whole\n"
+            "                    pages (the newest, then those holding most of its selection), attention and the\n"
+            "                    metrics cover every position of them, storage counts whole pages of what the\n"
+            "                    policy keeps, padding included (sim/host.h). Not with --codec\n"
             "  --threads N       worker threads (default: every CPU kvsim may run on)\n"
             "  --measure M       decode (default): metrics at generated positions; prefill: at prompt\n"
             "                    positions (against what the policy holds, chunk by chunk); all: both\n"
@@ -163,6 +170,12 @@ static int dedup_specs(kvs_policy_config *cfgs, int n) {
     return w;
 }
 
+/* A bad --page value: its message, exit 1 (a bad value, as a bad --codec spec). */
+static int page_error(kvs_status st) {
+    kvs_cli_fail("replay", st);
+    return KVS_EXIT_FAIL;
+}
+
 int kvs_cmd_replay(int argc, char **argv) {
     const char *trace_path = NULL, *db_path = NULL, *budget_text = NULL;
     const char *specs[MAX_POLICIES];
@@ -171,6 +184,7 @@ int kvs_cmd_replay(int argc, char **argv) {
     int n_codec_specs = 0;
     long threads = 0, series_every = 0, kv_bytes = 0, aux_bytes = 0;
     int progress = -1; /* -1: on a terminal only */
+    const char *page_text = NULL;
     int reference = 0;
     /* One rule for every single-valued option: given twice is a usage error (never "the last wins"). */
     int seen_threads = 0, seen_series = 0, seen_kvb = 0, seen_auxb = 0, seen_measure = 0;
@@ -194,6 +208,10 @@ int kvs_cmd_replay(int argc, char **argv) {
             if (!v) return kvs_cli_usage_error("replay", "--codec needs a SPEC");
             if (n_codec_specs == MAX_CODECS) return kvs_cli_usage_error("replay", "at most %d --codec options", MAX_CODECS);
             codec_specs[n_codec_specs++] = v;
+        } else if ((v = kvs_cli_opt_value("--page", argc, argv, &i, &m)) || m) {
+            if (!v) return kvs_cli_usage_error("replay", "--page needs a LIST");
+            if (page_text) return kvs_cli_usage_error("replay", "--page given twice");
+            page_text = v;
         } else if ((v = kvs_cli_opt_value("--budgets", argc, argv, &i, &m)) || m) {
             if (!v) return kvs_cli_usage_error("replay", "--budgets needs a LIST");
             if (budget_text) return kvs_cli_usage_error("replay", "--budgets given twice");
@@ -239,6 +257,38 @@ int kvs_cmd_replay(int argc, char **argv) {
     if (!n_specs) return kvs_cli_usage_error("replay", "missing --policy SPEC");
     if (!budget_text) return kvs_cli_usage_error("replay", "missing --budgets LIST");
 
+    /* the page sizes: none given = one, token granularity (0); a repeated size runs once */
+    int64_t page_sizes[MAX_PAGES] = {0};
+    int n_pages = 1;
+    if (page_text) {
+        n_pages = 0;
+        const char *q = page_text;
+        for (;;) {
+            const char *end = strchr(q, ',');
+            size_t len = end ? (size_t)(end - q) : strlen(q);
+            char item[32];
+            long val = 0;
+            if (len == 0 || len >= sizeof item)
+                return page_error(kvs_fail(KVS_ERR_INVALID_ARG, "--page: '%s' is not a list of page sizes (0 or none, or 1..%d "
+                                                                  "positions)", page_text, INT32_MAX));
+            memcpy(item, q, len);
+            item[len] = '\0';
+            if (strcmp(item, "none") && kvs_cli_parse_long("--page", item, 0, INT32_MAX, &val) != KVS_OK)
+                return page_error(KVS_ERR_INVALID_ARG);
+            int dup = 0;
+            for (int k = 0; k < n_pages; k++) dup |= page_sizes[k] == val;
+            if (dup) fprintf(stderr, "kvsim replay: warning: --page %ld given more than once: run once\n", val);
+            else if (n_pages == MAX_PAGES) return kvs_cli_usage_error("replay", "at most %d page sizes", MAX_PAGES);
+            else page_sizes[n_pages++] = val;
+            if (!end) break;
+            q = end + 1;
+        }
+        int any = 0;
+        for (int k = 0; k < n_pages; k++) any |= page_sizes[k] > 0;
+        if (any && n_codec_specs)
+            return page_error(kvs_fail(KVS_ERR_INVALID_ARG, "--page with --codec is not supported"));
+    }
+
     kvs_policy_config cfgs[MAX_POLICIES];
     for (int i = 0; i < n_specs; i++)
         if (kvs_policy_parse(specs[i], &cfgs[i]) != KVS_OK) return kvs_cli_fail("replay", KVS_ERR_INVALID_ARG);
@@ -276,6 +326,7 @@ int kvs_cmd_replay(int argc, char **argv) {
 
     int rc = KVS_EXIT_FAIL;
     const kvs_codec **run_codec = NULL, **valid_codec = NULL; /* [n_runs] / [n_valid] each run's codec */
+    int64_t *run_page = NULL, *valid_page = NULL;              /* [n_runs] / [n_valid] each run's page size */
     char (*codec_options)[96 + KVS_CODEC_SPEC_MAX] = NULL;
     kvs_trace *tr = NULL;
     kvs_results_db *db = NULL;
@@ -299,10 +350,13 @@ int kvs_cmd_replay(int argc, char **argv) {
         rc = kvs_cli_fail("replay", st);
         goto cleanup;
     }
-    runs = calloc((size_t)n_specs * (size_t)n_codecs * (size_t)n_budgets, sizeof *runs);
-    run_codec = calloc((size_t)n_specs * (size_t)n_codecs * (size_t)n_budgets, sizeof *run_codec);
-    valid_codec = calloc((size_t)n_specs * (size_t)n_codecs * (size_t)n_budgets, sizeof *valid_codec);
-    if (!runs || !run_codec || !valid_codec) {
+    size_t max_runs = (size_t)n_specs * (size_t)n_codecs * (size_t)n_pages * (size_t)n_budgets;
+    runs = calloc(max_runs, sizeof *runs);
+    run_codec = calloc(max_runs, sizeof *run_codec);
+    valid_codec = calloc(max_runs, sizeof *valid_codec);
+    run_page = calloc(max_runs, sizeof *run_page);
+    valid_page = calloc(max_runs, sizeof *valid_page);
+    if (!runs || !run_codec || !valid_codec || !run_page || !valid_page) {
         rc = kvs_cli_fail("replay", kvs_fail(KVS_ERR_NOMEM, "out of memory"));
         goto cleanup;
     }
@@ -314,11 +368,13 @@ int kvs_cmd_replay(int argc, char **argv) {
     n_specs = dedup_specs(cfgs, n_specs);
     for (int i = 0; i < n_specs; i++)
         for (int k = 0; k < n_codecs; k++)
-            for (int b = 0; b < n_budgets; b++) {
-                run_codec[n_runs] = codecs[k];
-                runs[n_runs++] = (kvs_replay_config){.policy = cfgs[i], .budget = budgets[b],
-                                                     .budget_fraction = fractions[b]};
-            }
+            for (int pk = 0; pk < n_pages; pk++)
+                for (int b = 0; b < n_budgets; b++) {
+                    run_codec[n_runs] = codecs[k];
+                    run_page[n_runs] = page_sizes[pk];
+                    runs[n_runs++] = (kvs_replay_config){.policy = cfgs[i], .budget = budgets[b],
+                                                         .budget_fraction = fractions[b]};
+                }
     kvs_replay_source src;
     if ((st = kvs_replay_source_from_trace(tr, &src)) != KVS_OK) {
         rc = kvs_cli_fail("replay", st);
@@ -342,10 +398,17 @@ int kvs_cmd_replay(int argc, char **argv) {
         one.configs = &runs[i];
         one.n_configs = 1;
         one.codecs = &run_codec[i];
+        one.pages = &run_page[i];
+        if (run_page[i] > info->n_positions) {
+            rc = page_error(kvs_fail(KVS_ERR_INVALID_ARG, "--page %lld: more than the trace's %lld positions",
+                                     (long long)run_page[i], (long long)info->n_positions));
+            goto cleanup;
+        }
         st = kvs_replay_validate(&src, &one);
         if (st == KVS_OK) {
             valid_of[i] = n_valid;
             valid_codec[n_valid] = run_codec[i];
+            valid_page[n_valid] = run_page[i];
             valid[n_valid++] = runs[i];
             continue;
         }
@@ -405,6 +468,7 @@ int kvs_cmd_replay(int argc, char **argv) {
     opts.configs = valid;
     opts.n_configs = n_valid;
     opts.codecs = valid_codec;
+    opts.pages = valid_page;
     opts.progress = (progress == 1 || (progress < 0 && isatty(STDERR_FILENO))) ? show_progress : NULL;
     opts.progress_user = &prog;
     opts.cancel = &stop_requested;
@@ -469,6 +533,14 @@ int kvs_cmd_replay(int argc, char **argv) {
         const kvs_codec *codec = run_codec[i];
         int ck = 0;
         while (ck + 1 < n_codecs && codecs[ck] != codec) ck++;
+        /* a paged run's options end with its page size and the mapping rule (before a codec's spec, which has
+         * commas; the two are not combined today) */
+        char run_opts[sizeof codec_options[0] + 64];
+        if (run_page[i] > 0)
+            snprintf(run_opts, sizeof run_opts, "%s,page=%lld,page_score=count", codec_options[ck],
+                     (long long)run_page[i]);
+        else
+            snprintf(run_opts, sizeof run_opts, "%s", codec_options[ck]);
         const char *error = valid_of[i] < 0 ? reasons[i] : exec_err[0] ? exec_err : r && r->status != KVS_OK ? r->error : NULL;
         int ok = error == NULL;
         kvs_results_run run = {
@@ -480,8 +552,8 @@ int kvs_cmd_replay(int argc, char **argv) {
                                                                              : "every_step",
             .layout = kvs_policy_layout(&c->policy) == KVS_SEL_PER_QUERY_HEAD ? "per_query_head" : "per_kv_head",
             .notes = notes[i][0] ? notes[i] : NULL, .status = ok ? "complete" : "failed", .error = error,
-            .wall_seconds = r ? r->wall_seconds : 0, .kvsim_version = KVSIM_VERSION_STRING, .options = codec_options[ck],
-            .codec = codec ? kvs_codec_spec(codec) : NULL,
+            .wall_seconds = r ? r->wall_seconds : 0, .kvsim_version = KVSIM_VERSION_STRING, .options = run_opts,
+            .codec = codec ? kvs_codec_spec(codec) : NULL, .page = run_page[i],
         };
         st = kvs_results_write_run(db, &rt, &run, ok ? r->layer_aggs : NULL, ok ? r->n_layers : 0, ok ? &r->run_agg : NULL,
                                    ok ? r->steps : NULL, ok ? r->n_steps : 0, &run_ids[i]);
@@ -525,6 +597,8 @@ cleanup:
     free(runs);
     free((void *)run_codec);
     free((void *)valid_codec);
+    free(run_page);
+    free(valid_page);
     free(valid);
     free(valid_of);
     free(reasons);

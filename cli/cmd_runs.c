@@ -42,7 +42,8 @@ static void usage(FILE *f) {
             "max), the bytes read per step (traffic_bytes mean), the output error (mean, p95) and the attention\n"
             "recall; flags: O oracle, P prompt-only budget (generated tokens all kept), F failed, N a note about a\n"
             "degenerate configuration (kvsim replay warned about it; the note follows the params). A run with a codec\n"
-            "(kvsim replay --codec) has its canonical spec in brackets after the params (JSON: \"codec\").\n"
+            "(kvsim replay --codec) has its canonical spec in brackets after the params (JSON: \"codec\"), a paged run\n"
+            "(kvsim replay --page N) \"[page N]\" (JSON: \"page\", null at token granularity).\n"
             "  --csv         one row per (run, layer), leading columns:\n"
             "                policy,params,budget_tokens,layer,out_err_mean,out_err_p95,out_err_max,\n"
             "                attn_recall_mean,topk_overlap_mean,storage_bytes_max,traffic_bytes_per_step_mean\n"
@@ -189,6 +190,8 @@ static void print_json_run(FILE *o, const kvs_results_run_row *w, int with_layer
     json_key_string(o, "created_at", w->created_at);
     json_key_string(o, "options", w->options);
     json_key_string(o, "codec", w->codec);
+    if (w->page > 0) fprintf(o, ",\"page\":%lld", (long long)w->page);
+    else fputs(",\"page\":null", o);
     fprintf(o, ",\"metrics\":");
     if (w->has_agg) json_metrics(o, &w->agg);
     else fputs("null", o);

@@ -171,7 +171,8 @@ static void sb_runs_ddl(sbuf *b, const char *name, int if_not_exists) {
               "  layout TEXT CHECK (layout IN ('per_kv_head', 'per_query_head')),\n"
               "  notes TEXT,\n"
               "  options TEXT,\n"
-              "  codec TEXT\n"
+              "  codec TEXT,\n"
+              "  page INTEGER\n"
               ");\n",
               if_not_exists ? "IF NOT EXISTS " : "", name);
 }
@@ -421,6 +422,9 @@ static void sb_missing_columns(sbuf *sql, const kvs_results_db *r) {
     /* runs.codec (the representation stage's canonical spec, NULL = K/V as captured) came later still */
     if (has_col(r, T_RUNS, "budget_scope") && !has_col(r, T_RUNS, "codec"))
         sb_printf(sql, "ALTER TABLE runs ADD COLUMN codec TEXT;\n");
+    /* runs.page (page granularity, positions a page; NULL = token granularity) after it */
+    if (has_col(r, T_RUNS, "budget_scope") && !has_col(r, T_RUNS, "page"))
+        sb_printf(sql, "ALTER TABLE runs ADD COLUMN page INTEGER;\n");
     for (int m = 0; m < KVS_N_METRICS; m++)
         if (!has_col(r, T_STEPS, kvs_metric_table[m].name))
             sb_printf(sql, "ALTER TABLE steps ADD COLUMN %s %s;\n", kvs_metric_table[m].name, step_col_type(m));
@@ -1086,8 +1090,8 @@ kvs_status kvs_results_write_run(kvs_results_db *r, const kvs_results_trace *tra
     KVS_TRY(rc = find_or_insert_trace(r, trace, &trace_id));
 
     KVS_TRY(rc = prepare(r, "INSERT INTO runs (trace_id, policy, params, budget_tokens, budget_fraction, is_oracle, "
-                            "measure, status, error, wall_seconds, kvsim_version, budget_scope, layout, notes, options, codec) "
-                            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
+                            "measure, status, error, wall_seconds, kvsim_version, budget_scope, layout, notes, options, codec, page) "
+                            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
                          &ins_run, "cannot prepare run insert"));
     sqlite3_bind_int64(ins_run, 1, trace_id);
     sqlite3_bind_text(ins_run, 2, run->policy, -1, SQLITE_STATIC);
@@ -1107,6 +1111,8 @@ kvs_status kvs_results_write_run(kvs_results_db *r, const kvs_results_trace *tra
     bind_text_or_null(ins_run, 14, run->notes);
     bind_text_or_null(ins_run, 15, run->options);
     bind_text_or_null(ins_run, 16, run->codec && run->codec[0] ? run->codec : NULL);
+    if (run->page > 0) sqlite3_bind_int64(ins_run, 17, run->page);
+    else sqlite3_bind_null(ins_run, 17);
     KVS_TRY(rc = step_done(r, ins_run, "cannot insert the run row"));
     id = sqlite3_last_insert_rowid(r->db);
 
@@ -1331,6 +1337,7 @@ kvs_status kvs_results_query_runs(kvs_results_db *r, const kvs_results_filter *f
     sb_printf(&sql, ", r.status, r.error, r.wall_seconds, r.kvsim_version, r.created_at");
     sb_col(&sql, r, T_RUNS, "r", "options");
     sb_col(&sql, r, T_RUNS, "r", "codec");
+    sb_col(&sql, r, T_RUNS, "r", "page");
     /* The trace's content hash lives in the sweep family's table, which a database that never saw a replay or
      * sweep recording it does not have: then the hash reads as not recorded. */
     int has_sha = kvs_results_table_exists(r, "sweep_traces");
@@ -1348,7 +1355,7 @@ kvs_status kvs_results_query_runs(kvs_results_db *r, const kvs_results_filter *f
                     "OR (?8 IS NOT NULL AND %s = ?8)) "
                     "AND (?6 IS NULL OR t.model = ?6) AND (?7 IS NULL OR r.measure = ?7) ORDER BY r.id",
               has_sha ? " LEFT JOIN sweep_traces h ON h.trace_id = r.trace_id" : "", has_sha ? "h.sha256" : "NULL");
-    enum { C_OPTIONS = 26, C_CODEC = 27, C_SHA = 28, C_HAS_AGG = 29, C_AGG = 30 }; /* columns of the select list above */
+    enum { C_OPTIONS = 26, C_CODEC = 27, C_PAGE = 28, C_SHA = 29, C_HAS_AGG = 30, C_AGG = 31 }; /* columns of the select list above */
     if (f->with_layers) {
         sb_printf(&lsql, "SELECT l.layer");
         sb_agg_cols(&lsql, r, T_RUN_LAYERS, "l");
@@ -1410,6 +1417,7 @@ kvs_status kvs_results_query_runs(kvs_results_db *r, const kvs_results_filter *f
         w->created_at = col_dup(st, 25, &oom);
         w->options = col_dup(st, C_OPTIONS, &oom);
         w->codec = col_dup(st, C_CODEC, &oom);
+        w->page = sqlite3_column_type(st, C_PAGE) == SQLITE_NULL ? 0 : sqlite3_column_int64(st, C_PAGE);
         w->trace_sha256 = col_dup(st, C_SHA, &oom);
         w->has_agg = sqlite3_column_int(st, C_HAS_AGG) ? 1 : 0;
         if (w->has_agg) read_agg(st, C_AGG, -1, &w->agg);
@@ -1626,17 +1634,26 @@ static const char *codec_open(const kvs_results_run_row *r) { return r->codec &&
 static const char *codec_spec(const kvs_results_run_row *r) { return r->codec ? r->codec : ""; }
 static const char *codec_close(const kvs_results_run_row *r) { return r->codec && r->codec[0] ? "]" : ""; }
 
+/* ... and of its page size: " [page N]", "" at token granularity. */
+static const char *page_text(const kvs_results_run_row *r, char *buf, size_t cap) {
+    if (r->page <= 0) return "";
+    snprintf(buf, cap, " [page %lld]", (long long)r->page);
+    return buf;
+}
+
 void kvs_results_run_label(const kvs_results_run_row *r, char *buf, size_t cap) {
     if (!cap) return;
     const char *params = r->params ? r->params : "";
-    snprintf(buf, cap, "%s%s%s%s%s%s%s", r->policy ? r->policy : "?", params[0] ? " (" : "", params,
-             params[0] ? ")" : "", codec_open(r), codec_spec(r), codec_close(r));
+    char pg[40];
+    snprintf(buf, cap, "%s%s%s%s%s%s%s%s", r->policy ? r->policy : "?", params[0] ? " (" : "", params,
+             params[0] ? ")" : "", codec_open(r), codec_spec(r), codec_close(r), page_text(r, pg, sizeof pg));
 }
 
 void kvs_results_run_params_label(const kvs_results_run_row *r, char *buf, size_t cap) {
     if (!cap) return;
-    snprintf(buf, cap, "%s%s%s%s", r->params && r->params[0] ? r->params : "-", codec_open(r), codec_spec(r),
-             codec_close(r));
+    char pg[40];
+    snprintf(buf, cap, "%s%s%s%s%s", r->params && r->params[0] ? r->params : "-", codec_open(r), codec_spec(r),
+             codec_close(r), page_text(r, pg, sizeof pg));
 }
 
 int kvs_results_has_column(kvs_results_db *r, const char *table, const char *col, const char *what) {

@@ -93,6 +93,8 @@ typedef struct {
                                 * identity for kvsim merge and sweep resumption; NULL = not recorded */
     const char *codec;         /* the representation stage's canonical spec (sim/codec.h), NULL or "" = K/V as
                                 * captured (stored as NULL) */
+    int64_t page;              /* page granularity (kvsim replay --page, sim/host.h): positions a page, 0 = token
+                                * granularity (stored as NULL) */
 } kvs_results_run;
 
 /*! kvs_results_write_run() : writes the trace row (if new) and its turns (trace->turns, when given and not
@@ -154,6 +156,7 @@ typedef struct {
     char *options;           /* runs.options, "kv_bytes=2,aux_bytes=4,series_every=0" (the replay options that change
                               * a run's numbers); NULL = not recorded (older databases). kvs_results_run_bytes parses it */
     char *codec;             /* runs.codec: the codec's canonical spec; NULL = K/V as captured (or an older database) */
+    int64_t page;            /* runs.page: positions a page; 0 = token granularity (NULL, or an older database) */
     char *trace_sha256;      /* the trace file's content hash, 64 lowercase hex digits (table sweep_traces, recorded by
                               * replay and sweep); NULL = not recorded (older databases, or no sweep_traces table).
                               * Runs of one trace through two path spellings have two trace_ids and one trace_sha256 */
@@ -178,11 +181,11 @@ void kvs_results_run_rows_free(kvs_results_run_row *rows, int64_t n);
 kvs_status kvs_results_check_runs(kvs_results_db *db);
 
 /*! kvs_results_run_label() : the one name of a run's configuration in every output that names runs (compare, plot,
- *  report, runs): "policy (params) [codec]", e.g. "window [int:bits=4,group=32,k_axis=token,v_axis=channel]" (no
- *  parentheses without params, no brackets without a codec). Into buf (cap bytes, always NUL-terminated). */
+ *  report, runs): "policy (params) [codec] [page N]", e.g. "window [int:bits=4,group=32,k_axis=token,v_axis=channel]" or
+ *  "h2o [page 16]" (no parentheses without params, no brackets without a codec or a page size). Into buf (cap bytes, always NUL-terminated). */
 void kvs_results_run_label(const kvs_results_run_row *r, char *buf, size_t cap);
 /*! kvs_results_run_params_label() : the same name less its policy, for the tables that print the policy in a
- *  column of its own (compare, runs): "params [codec]", "-" standing for no params ("- [fp8]", "-"). Into buf (cap
+ *  column of its own (compare, runs): "params [codec] [page N]", "-" standing for no params ("- [fp8]", "- [page 16]", "-"). Into buf (cap
  *  bytes, always NUL-terminated). */
 void kvs_results_run_params_label(const kvs_results_run_row *r, char *buf, size_t cap);
 
