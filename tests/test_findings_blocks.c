@@ -19,12 +19,17 @@
 #include "tests/util/findings_blocks.h"
 #include "tests/util/testenv.h"
 
-static const char k_table[] = "intro | not a row\n"
-                              "| model (traces) | policy | at 2 KiB | at 4 KiB |\n"
-                              "|---|---|---|---|\n"
-                              "| stories260K (7) | window, int4 per-token | 0.5 [0.4, 0.6] | 0.25 [0.2, 0.3] (n = 3 of 7) |\n"
-                              "| stories260K (7) | window | 0.125 [0.1, 0.15] | - |\n"
-                              "| stories260K | window | +0.01 [-0.02, +0.04], not resolved | x |\n";
+static const char k_table[] =
+    "intro | not a row\n"
+    "| model (traces) | policy | at 2 KiB | at 4 KiB |\n"
+    "|---|---|---|---|\n"
+    "| stories260K (7) | window, int4 per-token | 0.5 [0.4, 0.6] | 0.25 [0.2, 0.3] (n = 3 of 7) |\n"
+    "| stories260K (7) | window | 0.125 [0.1, 0.15] | - |\n"
+    "| stories260K | window | +0.01 [-0.02, +0.04], not resolved | x |\n";
+
+#define S7 "stories260K (7)"
+#define EXACT KVS_TEST_CELL_EXACT
+#define PREFIX KVS_TEST_CELL_PREFIX
 
 static void test_row_cells_are_split_and_trimmed(void **state) {
     (void)state;
@@ -44,28 +49,28 @@ static void test_rows_match_the_first_cell_exactly_and_the_second_as_asked(void 
     (void)state;
     char out[64];
     /* exact: the "window" row, not the "window, int4 per-token" row above it */
-    assert_int_equal(kvs_test_block_cell(k_table, "stories260K (7)", "window", KVS_TEST_CELL_EXACT, 2, out, sizeof out), 1);
+    assert_int_equal(kvs_test_block_cell(k_table, S7, "window", EXACT, 2, out, sizeof out), 1);
     assert_string_equal(out, "0.125 [0.1, 0.15]");
     /* prefix: the first row whose second cell starts so */
-    assert_int_equal(kvs_test_block_cell(k_table, "stories260K (7)", "window", KVS_TEST_CELL_PREFIX, 2, out, sizeof out), 1);
+    assert_int_equal(kvs_test_block_cell(k_table, S7, "window", PREFIX, 2, out, sizeof out), 1);
     assert_string_equal(out, "0.5 [0.4, 0.6]");
-    assert_int_equal(kvs_test_block_cell(k_table, "stories260K (7)", "", KVS_TEST_CELL_PREFIX, 1, out, sizeof out), 1);
+    assert_int_equal(kvs_test_block_cell(k_table, S7, "", PREFIX, 1, out, sizeof out), 1);
     assert_string_equal(out, "window, int4 per-token");
     /* the first cell is never a prefix: "stories260K" is the pairs row, not the "(7)" rows */
-    assert_int_equal(kvs_test_block_cell(k_table, "stories260K", "window", KVS_TEST_CELL_EXACT, 2, out, sizeof out), 1);
+    assert_int_equal(kvs_test_block_cell(k_table, "stories260K", "window", EXACT, 2, out, sizeof out), 1);
     assert_string_equal(out, "+0.01 [-0.02, +0.04], not resolved");
-    assert_int_equal(kvs_test_block_cell(k_table, "stories260K (7)", "window", KVS_TEST_CELL_EXACT, 3, out, sizeof out), 1);
+    assert_int_equal(kvs_test_block_cell(k_table, S7, "window", EXACT, 3, out, sizeof out), 1);
     assert_string_equal(out, "-");
-    assert_int_equal(kvs_test_block_cell(k_table, "stories260K (7)", "wind", KVS_TEST_CELL_EXACT, 2, out, sizeof out), 0);
-    assert_int_equal(kvs_test_block_cell(k_table, "tinystories-656K (7)", "", KVS_TEST_CELL_PREFIX, 2, out, sizeof out), 0);
+    assert_int_equal(kvs_test_block_cell(k_table, S7, "wind", EXACT, 2, out, sizeof out), 0);
+    assert_int_equal(kvs_test_block_cell(k_table, "tinystories-656K (7)", "", PREFIX, 2, out, sizeof out), 0);
     /* no cell 5 on the row (the next row's cells do not count), and a cell longer than the buffer */
-    assert_int_equal(kvs_test_block_cell(k_table, "stories260K (7)", "window", KVS_TEST_CELL_EXACT, 5, out, sizeof out), -1);
-    assert_int_equal(kvs_test_block_cell(k_table, "stories260K (7)", "window", KVS_TEST_CELL_EXACT, 2, out, 8), -1);
+    assert_int_equal(kvs_test_block_cell(k_table, S7, "window", EXACT, 5, out, sizeof out), -1);
+    assert_int_equal(kvs_test_block_cell(k_table, S7, "window", EXACT, 2, out, 8), -1);
     /* the row itself, and the next one from after it */
-    const char *row = kvs_test_block_row(k_table, "stories260K (7)", "window", KVS_TEST_CELL_PREFIX);
+    const char *row = kvs_test_block_row(k_table, S7, "window", PREFIX);
     assert_non_null(row);
     assert_true(strncmp(row, "| stories260K (7) | window, int4", 32) == 0);
-    const char *next = kvs_test_block_row(strchr(row, '\n') + 1, "stories260K (7)", "window", KVS_TEST_CELL_PREFIX);
+    const char *next = kvs_test_block_row(strchr(row, '\n') + 1, S7, "window", PREFIX);
     assert_non_null(next);
     assert_true(strncmp(next, "| stories260K (7) | window |", 28) == 0);
 }
@@ -130,8 +135,8 @@ static void test_trace_shapes_and_prompt_folders(void **state) {
     char dir[] = "/tmp/kvs_fblocks_XXXXXX", path[256], cmd[4096];
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/prompts/m", dir);
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s' '%s/b.kvt' && cp '%s' '%s/a.kvt' && echo x > '%s/notes.txt'", path,
-             trace, path, trace, path, path);
+    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && cp '%s' '%s/b.kvt' && cp '%s' '%s/a.kvt' && echo x > '%s/notes.txt'",
+             path, trace, path, trace, path, path);
     assert_int_equal(system(cmd), 0);
     assert_int_equal(kvs_test_findings_prompts(dir, "m", t, 3), 2);
     char want[300];

@@ -237,28 +237,23 @@ static void assert_printed(double printed, double value) {
 
 static void test_full_cache_bytes_follow_the_byte_rules(void **state) {
     (void)state;
-    (void)section();
     char *q1 = block("Q-1");
     for (int m = 0; m < 2; m++) {
         const model_data *md = model_data_of(m);
-        const trace_dims *t = md->t;
-        const run_row *r = md->r;
-        const int nt = md->nt, nr = md->nr;
-        const char *c1 = md->c1;
         for (int c = 0; c < N_CODECS; c++) {
             double kib = 0, ratio = 0;
-            for (int i = 0; i < nt; i++) {
-                const run_row *run = find_run(r, nr, t[i].path, "full", k_spec[c], -1);
+            for (int i = 0; i < md->nt; i++) {
+                const run_row *run = find_run(md->r, md->nr, md->t[i].path, "full", k_spec[c], -1);
                 assert_non_null(run);
-                double want = full_bytes((codec_id)c, &t[i]);
+                double want = full_bytes((codec_id)c, &md->t[i]);
                 if (fabs(run->bytes - want) > 1e-9 * want)
-                    fail_msg("%s %s: storage %.10g, the rule %.10g", t[i].path, k_spec[c], run->bytes, want);
-                kib += want / 1024.0 / nt;
-                ratio += want / full_bytes(C_NONE, &t[i]) / nt;
+                    fail_msg("%s %s: storage %.10g, the rule %.10g", md->t[i].path, k_spec[c], run->bytes, want);
+                kib += want / 1024.0 / md->nt;
+                ratio += want / full_bytes(C_NONE, &md->t[i]) / md->nt;
             }
             /* columns: 0 model, 1 representation, 2 KiB, 3 ratio, 4 err */
-            assert_printed(row_num(q1, c1, k_name[c], 2), kib);
-            assert_printed(row_num(q1, c1, k_name[c], 3), ratio);
+            assert_printed(row_num(q1, md->c1, k_name[c], 2), kib);
+            assert_printed(row_num(q1, md->c1, k_name[c], 3), ratio);
         }
     }
     free(q1);
@@ -292,33 +287,28 @@ static double tova_at(const char *model, const char *path, double X) {
 
 static void test_eviction_at_each_codec_bytes_recomputed(void **state) {
     (void)state;
-    (void)section();
     char *q2 = block("Q-2"), *q2p = block("Q-2-pairs");
     for (int m = 0; m < 2; m++) {
         const model_data *md = model_data_of(m);
-        const trace_dims *t = md->t;
-        const run_row *r = md->r;
-        const int nt = md->nt, nr = md->nr;
-        const char *c1 = md->c1;
         for (int c = C_I4; c < N_CODECS; c++) {
             double own = 0, win = 0, dwin = 0, tova = 0, dtova = 0;
             int n_win = 0, n_tova = 0;
-            for (int i = 0; i < nt; i++) {
-                const run_row *run = find_run(r, nr, t[i].path, "full", k_spec[c], -1);
+            for (int i = 0; i < md->nt; i++) {
+                const run_row *run = find_run(md->r, md->nr, md->t[i].path, "full", k_spec[c], -1);
                 assert_non_null(run);
-                double X = full_bytes((codec_id)c, &t[i]);
-                own += run->err / nt;
-                double w = window_err_at(r, nr, &t[i], C_NONE, X);
+                double X = full_bytes((codec_id)c, &md->t[i]);
+                own += run->err / md->nt;
+                double w = window_err_at(md->r, md->nr, &md->t[i], C_NONE, X);
                 assert_false(isnan(w)); /* a window series spans 32 tokens to the full cache */
                 win += w, dwin += run->err - w, n_win++;
-                double v = tova_at(k_models[m], t[i].path, run->bytes);
+                double v = tova_at(k_models[m], md->t[i].path, run->bytes);
                 if (!isnan(v)) tova += v, dtova += run->err - v, n_tova++;
             }
             /* Q-2 columns: 0 model, 1 level, 2 its err, 3 window, 4 StreamingLLM, 5 H2O, 6 TOVA, 7 SnapKV */
-            assert_printed(row_num(q2, c1, k_name[c], 2), own);
-            assert_printed(row_num(q2, c1, k_name[c], 3), win / n_win);
+            assert_printed(row_num(q2, md->c1, k_name[c], 2), own);
+            assert_printed(row_num(q2, md->c1, k_name[c], 3), win / n_win);
             assert_true(n_tova > 0);
-            assert_printed(row_num(q2, c1, k_name[c], 6), tova / n_tova);
+            assert_printed(row_num(q2, md->c1, k_name[c], 6), tova / n_tova);
             /* Q-2-pairs: 0 model (no count), 1 level, 2 − window, ..., 5 − TOVA: the mean of the differences */
             assert_printed(row_num(q2p, k_models[m], k_name[c], 2), dwin / n_win);
             assert_printed(row_num(q2p, k_models[m], k_name[c], 5), dtova / n_tova);
@@ -339,48 +329,44 @@ static double after(const char *text, const char *start, const char *key) {
 
 static void test_windows_at_fixed_bytes_and_nominal_size_recomputed(void **state) {
     (void)state;
-    (void)section();
     char *q3 = block("Q-3"), *q4 = block("Q-4");
     for (int m = 0; m < 2; m++) {
         const model_data *md = model_data_of(m);
-        const trace_dims *t = md->t;
-        const run_row *r = md->r;
-        const int nt = md->nt, nr = md->nr;
-        const char *c1 = md->c1;
         /* Q-3 at 2 and 4 KiB: columns 0 model, 1 policy, 2 at 2 KiB, 3 at 4 KiB */
         for (int k = 0; k < 2; k++) {
             double X = 2048.0 * (k + 1), w16 = 0, w4 = 0, d = 0;
             int n16 = 0, n4 = 0, nd = 0;
-            for (int i = 0; i < nt; i++) {
-                double a = window_err_at(r, nr, &t[i], C_NONE, X), b = window_err_at(r, nr, &t[i], C_I4, X);
+            for (int i = 0; i < md->nt; i++) {
+                double a = window_err_at(md->r, md->nr, &md->t[i], C_NONE, X);
+                double b = window_err_at(md->r, md->nr, &md->t[i], C_I4, X);
                 if (!isnan(a)) w16 += a, n16++;
                 if (!isnan(b)) w4 += b, n4++;
                 if (!isnan(a) && !isnan(b)) d += b - a, nd++;
             }
-            assert_true(n16 == nt && n4 == nt); /* both in range on every trace at 2 and 4 KiB */
-            assert_printed(row_num(q3, c1, "window", 2 + k), w16 / n16);
-            assert_printed(row_num(q3, c1, "window, int4 per-token", 2 + k), w4 / n4);
+            assert_true(n16 == md->nt && n4 == md->nt); /* both in range on every trace at 2 and 4 KiB */
+            assert_printed(row_num(q3, md->c1, "window", 2 + k), w16 / n16);
+            assert_printed(row_num(q3, md->c1, "window, int4 per-token", 2 + k), w4 / n4);
             char start[64];
             snprintf(start, sizeof start, "- %s at %dKiB: ", k_models[m], 2 * (k + 1));
             assert_printed(after(q3, start, "window, int4 − window = "), d / nd);
         }
         /* a 4-bit window of 4B against a 16-bit window of B, B = 32 (4B = 128 < N on every trace) */
         double ratio = 0, ea = 0, eb = 0;
-        for (int i = 0; i < nt; i++) {
-            const run_row *a = find_run(r, nr, t[i].path, "window", k_spec[C_I4], 128);
-            const run_row *b = find_run(r, nr, t[i].path, "window", "", 32);
+        for (int i = 0; i < md->nt; i++) {
+            const run_row *a = find_run(md->r, md->nr, md->t[i].path, "window", k_spec[C_I4], 128);
+            const run_row *b = find_run(md->r, md->nr, md->t[i].path, "window", "", 32);
             assert_true(a && b);
-            ratio += window_bytes(C_I4, &t[i], 128) / window_bytes(C_NONE, &t[i], 32) / nt;
-            ea += a->err / nt, eb += b->err / nt;
+            ratio += window_bytes(C_I4, &md->t[i], 128) / window_bytes(C_NONE, &md->t[i], 32) / md->nt;
+            ea += a->err / md->nt, eb += b->err / md->nt;
         }
         const char *row = "window of 128 in int4 per-token − 16-bit window of 32";
         /* columns: 0 model, 1 comparison, 2 ratio, 3 first, 4 second, 5 first − second */
-        assert_printed(row_num(q4, c1, row, 2), ratio);
-        assert_printed(row_num(q4, c1, row, 3), ea);
-        assert_printed(row_num(q4, c1, row, 4), eb);
-        assert_printed(row_num(q4, c1, row, 5), ea - eb);
+        assert_printed(row_num(q4, md->c1, row, 2), ratio);
+        assert_printed(row_num(q4, md->c1, row, 3), ea);
+        assert_printed(row_num(q4, md->c1, row, 4), eb);
+        assert_printed(row_num(q4, md->c1, row, 5), ea - eb);
         /* nominal bits equal, bytes not: (d/2 + 4) x 2 bytes a row against 4d, times four rows */
-        double d = (double)t[0].d;
+        double d = (double)md->t[0].d;
         assert_true(fabs(ratio - 4.0 * 2.0 * (d / 2.0 + 4.0) / (4.0 * d)) < 0.02);
     }
     free(q3);

@@ -46,9 +46,7 @@ int kvs_test_cli(const char *out_path, const char *err_path, const char *const *
 
 int kvs_test_cli_setup(void **state) {
     kvs_test_cli_fx *f = calloc(1, sizeof *f);
-    if (!f) return -1;
-    snprintf(f->dir, sizeof f->dir, "/tmp/kvs_cli_XXXXXX");
-    if (!mkdtemp(f->dir)) {
+    if (!f || kvs_test_make_tmp(f->dir, sizeof f->dir) != 0) {
         free(f);
         return -1;
     }
@@ -60,11 +58,9 @@ int kvs_test_cli_setup(void **state) {
 
 int kvs_test_cli_teardown(void **state) {
     kvs_test_cli_fx *f = *state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", f->dir);
-    int rc = system(cmd);
+    int rc = kvs_test_rm_rf(f->dir);
     free(f);
-    return rc == 0 ? 0 : -1;
+    return rc;
 }
 
 int kvs_test_cli_run(const kvs_test_cli_fx *f, const char *const *args) { return kvs_test_cli(f->out, f->err, args); }

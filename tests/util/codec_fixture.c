@@ -60,8 +60,9 @@ int kvs_test_codec_rejects(const char *spec, const char *msg) {
     kvs_status st = kvs_codec_parse(spec, &c);
     int ok = st == KVS_ERR_INVALID_ARG && c == NULL && (!msg || strcmp(kvs_last_error(), msg) == 0);
     if (!ok) {
-        printf("parse '%s': status %d (want %d), codec %s, message '%s'%s%s%s\n", spec ? spec : "(NULL)", (int)st, (int)KVS_ERR_INVALID_ARG,
-               c ? "set" : "NULL", kvs_last_error(), msg ? " (want '" : "", msg ? msg : "", msg ? "')" : "");
+        printf("parse '%s': status %d (want %d), codec %s, message '%s'%s%s%s\n", spec ? spec : "(NULL)", (int)st,
+               (int)KVS_ERR_INVALID_ARG, c ? "set" : "NULL", kvs_last_error(), msg ? " (want '" : "", msg ? msg : "",
+               msg ? "')" : "");
         if (st == KVS_OK && c != (kvs_codec *)1) kvs_codec_free(c);
     }
     return ok;

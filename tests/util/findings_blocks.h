@@ -61,9 +61,9 @@ typedef struct {
 /*! kvs_test_trace_shape_of() : opens the trace at `path` and fills *t. @return 0, or -1 when it cannot be read. */
 int kvs_test_trace_shape_of(const char *path, kvs_test_trace_shape *t);
 
-/*! kvs_test_findings_prompts() : the prompt traces the findings script wrote for `model` (the .kvt files of out/prompts/MODEL,
- *  out being the script's $OUT) with their shapes, sorted by path, into t[0..max). @return the count, or -1 when
- *  the folder or a trace cannot be read or there are more than max. */
+/*! kvs_test_findings_prompts() : the prompt traces the findings script wrote for `model` (the .kvt files of
+ *  out/prompts/MODEL, out being the script's $OUT) with their shapes, sorted by path, into t[0..max). @return the
+ *  count, or -1 when the folder or a trace cannot be read or there are more than max. */
 int kvs_test_findings_prompts(const char *out, const char *model, kvs_test_trace_shape *t, int max);
 
 /*! kvs_test_csv_col() : the index of the first of fields[0..nf) (a CSV header split by kvs_test_csv_fields) equal to

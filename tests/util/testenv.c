@@ -40,11 +40,20 @@ int kvs_test_spit(const char *path, const void *data, size_t len) {
 
 int kvs_test_spit_text(const char *path, const char *text) { return kvs_test_spit(path, text, strlen(text)); }
 
+int kvs_test_make_tmp(char *dir, size_t cap) {
+    if (snprintf(dir, cap, "/tmp/kvs_test_XXXXXX") >= (int)cap) return -1;
+    return mkdtemp(dir) ? 0 : -1;
+}
+
+int kvs_test_rm_rf(const char *dir) {
+    char cmd[1100];
+    if (snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir) >= (int)sizeof cmd) return -1;
+    return system(cmd) == 0 ? 0 : -1;
+}
+
 int kvs_test_tmp_setup(void **state) {
     kvs_test_tmp *c = calloc(1, sizeof *c);
-    if (!c) return -1;
-    snprintf(c->dir, sizeof c->dir, "/tmp/kvs_test_XXXXXX");
-    if (!mkdtemp(c->dir)) {
+    if (!c || kvs_test_make_tmp(c->dir, sizeof c->dir) != 0) {
         free(c);
         return -1;
     }
@@ -55,11 +64,9 @@ int kvs_test_tmp_setup(void **state) {
 
 int kvs_test_tmp_teardown(void **state) {
     kvs_test_tmp *c = *state;
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", c->dir);
-    int rc = system(cmd);
+    int rc = kvs_test_rm_rf(c->dir);
     free(c);
-    return rc == 0 ? 0 : -1;
+    return rc;
 }
 
 void kvs_test_tmp_path(const kvs_test_tmp *c, const char *name, char *out, size_t n) {

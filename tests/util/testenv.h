@@ -28,6 +28,12 @@ int kvs_test_spit(const char *path, const void *data, size_t len);
 /*! kvs_test_spit_text() : kvs_test_spit of a NUL-terminated text. */
 int kvs_test_spit_text(const char *path, const char *text);
 
+/*! kvs_test_make_tmp() : a fresh folder /tmp/kvs_test_XXXXXX, its path in dir (cap bytes). @return 0, or -1. */
+int kvs_test_make_tmp(char *dir, size_t cap);
+
+/*! kvs_test_rm_rf() : removes `dir` and everything in it. @return 0, or -1 when that failed. */
+int kvs_test_rm_rf(const char *dir);
+
 /* A cmocka fixture: a fresh folder under /tmp per test and a trace path in it, removed with everything in it
  * afterwards. Give kvs_test_tmp_setup / kvs_test_tmp_teardown to cmocka_unit_test_setup_teardown; the test's
  * state is then a kvs_test_tmp *. */
