@@ -48,7 +48,8 @@ static void usage(FILE *f) {
             "                policy,params,budget_tokens,layer,out_err_mean,out_err_p95,out_err_max,\n"
             "                attn_recall_mean,topk_overlap_mean,storage_bytes_max,traffic_bytes_per_step_mean\n"
             "                then run_id,trace,model,is_oracle,status,...,error (RFC 4180 quoting), then\n"
-            "                budget_scope,layout,notes,codec (empty: K/V as captured) and <metric>_<stat> for\n"
+            "                budget_scope,layout,notes,codec (empty: K/V as captured),page (positions a page, 0:\n"
+            "                token granularity) and <metric>_<stat> for\n"
             "                every metric and statistic\n"
             "  --summary     with --csv: one row per run instead, its run-wide aggregate (table run_summary,\n"
             "                over every layer); same columns, the layer field empty\n"
@@ -77,7 +78,7 @@ static void csv_stat(FILE *o, const kvs_results_agg *a, kvs_metric m, kvs_stat_k
 
 static void print_csv_header(FILE *o) {
     fputs(csv_legacy_header, o);
-    fputs(",budget_scope,layout,notes,codec", o);
+    fputs(",budget_scope,layout,notes,codec,page", o);
     for (int m = 0; m < KVS_N_METRICS; m++)
         for (int s = 0; s < KVS_N_STATS; s++) fprintf(o, ",%s_%s", kvs_metric_table[m].name, kvs_stat_names[s]);
     fputc('\n', o);
@@ -132,6 +133,7 @@ static void print_csv_row(FILE *o, const kvs_results_run_row *w, const kvs_resul
     kvs_cli_csv_field(o, w->notes);
     fputc(',', o);
     kvs_cli_csv_field(o, w->codec); /* empty: K/V as captured */
+    fprintf(o, ",%" PRId64, w->page); /* 0: token granularity */
     for (int m = 0; m < KVS_N_METRICS; m++)
         for (int s = 0; s < KVS_N_STATS; s++) csv_stat(o, a, (kvs_metric)m, (kvs_stat_kind)s);
     fputc('\n', o);

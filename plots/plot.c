@@ -228,6 +228,7 @@ typedef struct {
     /* identity: (policy, params, codec, trace content, measure, kv_bytes, aux_bytes), or one run (position kind) */
     char *policy, *params, *measure, *trace_path;
     char *codec;       /* runs.codec: the KV codec's canonical spec, "" = K/V as captured */
+    int64_t page;      /* runs.page: positions a page, 0 = token granularity */
     char *trace_key;   /* the trace's content hash (one trace through any path spelling), else "#<trace_id>" */
     char *trace_label; /* kvs_results_trace_label: "<model>@<8 hex>", else the path's base name */
     char *model;       /* the trace's model name ("" when not recorded) */
@@ -326,6 +327,7 @@ static kvs_status series_new(plot_data *d, const kvs_results_run_row *w, int per
     s->policy = dup_or_empty(w ? w->policy : NULL);
     s->params = dup_or_empty(w ? w->params : NULL);
     s->codec = dup_or_empty(w ? w->codec : NULL);
+    s->page = w ? w->page : 0;
     s->measure = dup_or_empty(w ? w->measure : NULL);
     s->trace_path = dup_or_empty(w ? w->trace_path : NULL);
     char key[80] = "", label[600] = "";
@@ -351,9 +353,9 @@ static kvs_status series_new(plot_data *d, const kvs_results_run_row *w, int per
     return KVS_OK;
 }
 
-/* The series of run w: (policy, params, codec, trace content, measure, kv_bytes, aux_bytes), or the run itself
- * when per_run. A codec's runs hold other bytes and errors than the same policy's runs on K/V as captured: their
- * own series (averaging them would draw a point no run measured). Runs that differ in their element sizes hold different bytes for the same tokens: averaging them
+/* The series of run w: (policy, params, codec, page, trace content, measure, kv_bytes, aux_bytes), or the run itself
+ * when per_run. A codec's (or a page size's) runs hold other bytes and errors than the same policy's runs on K/V as
+ * captured at token granularity: their own series (averaging them would draw a point no run measured). Runs that differ in their element sizes hold different bytes for the same tokens: averaging them
  * would draw a point no run measured (window at budget 8 with 1 and 4 bytes per element, at 640 B). One trace
  * replayed through two path spellings has two trace rows but one content: one series. */
 static kvs_status series_of(plot_data *d, const kvs_results_run_row *w, int per_run, plot_series **out) {
@@ -365,7 +367,8 @@ static kvs_status series_of(plot_data *d, const kvs_results_run_row *w, int per_
         plot_series *s = &d->s[i];
         if (per_run ? s->run_id == w->id
                     : (!strcmp(s->policy, w->policy) && !strcmp(s->params, w->params) &&
-                       !strcmp(s->codec, w->codec ? w->codec : "") && !strcmp(s->trace_key, key) &&
+                       !strcmp(s->codec, w->codec ? w->codec : "") && s->page == w->page &&
+                       !strcmp(s->trace_key, key) &&
                        !strcmp(s->measure, w->measure) && s->kv_bytes == kv && s->aux_bytes == aux)) {
             if (w->is_oracle) s->is_oracle = 1, s->style = STYLE_ORACLE;
             *out = s;
@@ -440,13 +443,15 @@ static void series_finish(plot_series *s) {
     series_sort(s);
 }
 
-/* Legend order: policy, params, codec (K/V as captured first), element bytes, trace, measure, run. */
+/* Legend order: policy, params, codec (K/V as captured first), page size (token level first), element bytes, trace,
+ * measure, run. */
 static int cmp_series(const void *pa, const void *pb) {
     const plot_series *a = pa, *b = pb;
     int c;
     if ((c = strcmp(a->policy, b->policy))) return c;
     if ((c = strcmp(a->params, b->params))) return c;
     if ((c = strcmp(a->codec, b->codec))) return c;
+    if (a->page != b->page) return a->page < b->page ? -1 : 1;
     if (a->kv_bytes != b->kv_bytes) return a->kv_bytes < b->kv_bytes ? -1 : 1;
     if (a->aux_bytes != b->aux_bytes) return a->aux_bytes < b->aux_bytes ? -1 : 1;
     if ((c = strcmp(a->trace_label, b->trace_label))) return c;
@@ -508,11 +513,13 @@ static kvs_status label_series(plot_data *d, int per_run, int by_budget) {
             else if (s->n_min == s->n_max) snprintf(run, sizeof run, " (n=%" PRId64 " traces)", s->n_max);
             else snprintf(run, sizeof run, " (n=%" PRId64 " to %" PRId64 " traces)", s->n_min, s->n_max);
         }
-        /* "policy (params) [codec]" as kvs_results_run_label names a run everywhere else */
-        size_t cap = strlen(s->policy) + strlen(s->params) + strlen(s->codec) + strlen(extra) + 160;
+        /* "policy (params) [codec] [page N]" as kvs_results_run_label names a run everywhere else */
+        char page[40] = "";
+        if (s->page > 0) snprintf(page, sizeof page, " [page %" PRId64 "]", s->page);
+        size_t cap = strlen(s->policy) + strlen(s->params) + strlen(s->codec) + strlen(extra) + 200;
         if (!(s->label = malloc(cap))) return nomem();
-        snprintf(s->label, cap, "%s%s%s%s%s%s%s%s%s%s%s%s", s->policy, s->params[0] ? " (" : "", s->params,
-                 s->params[0] ? ")" : "", s->codec[0] ? " [" : "", s->codec, s->codec[0] ? "]" : "", budget,
+        snprintf(s->label, cap, "%s%s%s%s%s%s%s%s%s%s%s%s%s", s->policy, s->params[0] ? " (" : "", s->params,
+                 s->params[0] ? ")" : "", s->codec[0] ? " [" : "", s->codec, s->codec[0] ? "]" : "", page, budget,
                  s->is_oracle ? " (oracle)" : "",
                  by_budget && s->prompt_only ? " (prompt-only budget)" : "", extra, run);
     }
@@ -656,7 +663,7 @@ static kvs_status series_breaks(plot_series *s, const trace_turns *t) {
 /* Do per-trace series a and b belong to one line across traces? */
 static int same_line(const plot_series *a, const plot_series *b) {
     return !strcmp(a->policy, b->policy) && !strcmp(a->params, b->params) && !strcmp(a->codec, b->codec) &&
-           !strcmp(a->measure, b->measure) &&
+           a->page == b->page && !strcmp(a->measure, b->measure) &&
            a->kv_bytes == b->kv_bytes && a->aux_bytes == b->aux_bytes && !strcmp(a->model, b->model);
 }
 
@@ -675,6 +682,7 @@ static kvs_status line_across(plot_data *out, plot_series *const *mem, size_t m)
     free(s->policy), free(s->params), free(s->codec), free(s->measure), free(s->model);
     s->policy = strdup(p->policy), s->params = strdup(p->params), s->measure = strdup(p->measure);
     s->codec = strdup(p->codec), s->model = strdup(p->model);
+    s->page = p->page;
     if (!s->policy || !s->params || !s->codec || !s->measure || !s->model) return nomem();
     s->kv_bytes = p->kv_bytes, s->aux_bytes = p->aux_bytes;
     s->across = 1;
@@ -711,6 +719,10 @@ static kvs_status line_across(plot_data *out, plot_series *const *mem, size_t m)
         seed = kvs_fnv1a64(seed, head);
         /* a codec joins the seed only when set: the lines on K/V as captured keep the intervals they had */
         if (s->codec[0]) seed = kvs_fnv1a64(kvs_fnv1a64(kvs_fnv1a64(seed, "codec="), s->codec), "\n");
+        if (s->page > 0) { /* a page size likewise */
+            snprintf(head, sizeof head, "page=%" PRId64 "\n", s->page);
+            seed = kvs_fnv1a64(seed, head);
+        }
         size_t n = 0;
         long double xsum = 0;
         for (size_t j = 0; j < m; j++)
@@ -1203,7 +1215,7 @@ static void write_script(FILE *gp, const kvs_plot *p, const char *image_path) {
                 k += d->s[j].style != STYLE_FRONTIER && d->s[j].style == s->style && !strcmp(d->s[j].policy, s->policy);
             kvs_plot_style st = kvs_plot_policy_style(s->policy, k, s->style == STYLE_ORACLE);
             size_t every = s->n > 24 ? s->n / 12 : 1;
-            int lw = s->codec[0] ? 1 : 2;
+            int lw = s->codec[0] || s->page > 0 ? 1 : 2; /* a page size's series likewise */
             /* A line across traces: the mean with its interval as error bars (none when one trace is all it has:
              * there is no interval to draw), and the points with fewer traces than the rest marked "n=K". */
             if (s->across && s->n_max >= 2)

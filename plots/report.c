@@ -299,8 +299,16 @@ static const char *const compare_cols[] = {"out_err_mean",      "out_err_p95",  
                                            "traffic_bytes_mean"};
 #define N_COMPARE_COLS ((int)(sizeof compare_cols / sizeof compare_cols[0]))
 
-/* A run's codec cell: its canonical spec, "-" for K/V as captured (the tables' "no value"). */
-static const char *codec_cell(const kvs_results_run_row *w) { return w->codec && w->codec[0] ? w->codec : "-"; }
+#define KVS_CODEC_CELL_CAP 200 /* a canonical codec spec (KVS_CODEC_SPEC_MAX) and " page N" */
+
+/* A run's codec cell: its canonical spec, "-" for K/V as captured (the tables' "no value"), and its page size when
+ * it has one ("page 16", "- page 16"). Into buf. */
+static const char *codec_cell_page(const kvs_results_run_row *w, char *buf, size_t cap) {
+    const char *c = w->codec && w->codec[0] ? w->codec : "-";
+    if (w->page > 0) snprintf(buf, cap, "%s page %" PRId64, c, w->page);
+    else snprintf(buf, cap, "%s", c);
+    return buf;
+}
 
 static kvs_status compare_columns(kvs_compare_column *cols) {
     for (int c = 0; c < N_COMPARE_COLS; c++) {
@@ -372,7 +380,8 @@ static kvs_status across_tables(report_ctx *ctx, const kvs_compare *cmp, const k
             int n = 0;
             cell[n++] = g->rep->rep->policy;
             cell[n++] = g->rep->rep->params;
-            cell[n++] = codec_cell(g->rep->rep);
+            char codec[KVS_CODEC_CELL_CAP];
+            cell[n++] = codec_cell_page(g->rep->rep, codec, sizeof codec);
             cell[n++] = flags;
             cell[n++] = used;
             for (int c = 0; c < N_COMPARE_COLS; c++) cell[n++] = vals[c];
@@ -499,7 +508,8 @@ static kvs_status compare_table(report_ctx *ctx, kvs_compare_match match, double
         int k = 0;
         cell[k++] = s->rep->policy;
         cell[k++] = s->rep->params;
-        cell[k++] = codec_cell(s->rep);
+        char codec[KVS_CODEC_CELL_CAP];
+        cell[k++] = codec_cell_page(s->rep, codec, sizeof codec);
         cell[k++] = flags;
         cell[k++] = s->trace_label;
         cell[k++] = s->rep->measure;
@@ -574,10 +584,11 @@ typedef struct {
     size_t series;   /* its policy in the group's summary_series[] */
 } summary_run;
 
-/* A policy of the summary (policy, params, codec: a codec's runs are a candidate of their own) and, at the level
- * being tabulated, its best runs at most that memory. */
+/* A policy of the summary (policy, params, codec, page size: a codec's or a page size's runs are a candidate of
+ * their own) and, at the level being tabulated, its best runs at most that memory. */
 typedef struct {
     const char *policy, *params, *codec; /* codec "" = K/V as captured */
+    int64_t page;                        /* positions a page, 0 = token granularity */
     int prompt_only, oracle; /* some run has budget scope prompt; some run is an oracle */
     const summary_run *best, *best_flagged;
     char label[600];
@@ -585,14 +596,17 @@ typedef struct {
 
 static int run_flagged(const kvs_results_run_row *w) { return w->is_oracle || (w->notes && w->notes[0]); }
 
-static int same_series(const summary_series *s, const char *policy, const char *params, const char *codec) {
-    return !strcmp(s->policy, policy) && !strcmp(s->params, params) && !strcmp(s->codec, codec);
+static int same_series(const summary_series *s, const char *policy, const char *params, const char *codec,
+                       int64_t page) {
+    return !strcmp(s->policy, policy) && !strcmp(s->params, params) && !strcmp(s->codec, codec) && s->page == page;
 }
 
-/* "policy (params) [codec]" (kvs_results_run_label's spelling) and the series' marks. */
+/* "policy (params) [codec] [page N]" (kvs_results_run_label's spelling) and the series' marks. */
 static void series_label(summary_series *s) {
-    snprintf(s->label, sizeof s->label, "%s%s%s%s%s%s%s%s%s", s->policy, s->params[0] ? " (" : "", s->params,
-             s->params[0] ? ")" : "", s->codec[0] ? " [" : "", s->codec, s->codec[0] ? "]" : "",
+    char page[40] = "";
+    if (s->page > 0) snprintf(page, sizeof page, " [page %" PRId64 "]", s->page);
+    snprintf(s->label, sizeof s->label, "%s%s%s%s%s%s%s%s%s%s", s->policy, s->params[0] ? " (" : "", s->params,
+             s->params[0] ? ")" : "", s->codec[0] ? " [" : "", s->codec, s->codec[0] ? "]" : "", page,
              s->prompt_only ? " (prompt-only budget)" : "", s->oracle ? " (oracle)" : "");
 }
 
@@ -795,8 +809,9 @@ static kvs_status summary_across(report_ctx *ctx, const kvs_results_run_row *w0)
         if (!isfinite(mem) || !(mem > 0) || !isfinite(err)) continue;
         const char *params = x->params ? x->params : "", *codec = x->codec ? x->codec : "";
         size_t k = 0;
-        while (k < n_ser && !same_series(&ser[k], x->policy, params, codec)) k++;
-        if (k == n_ser) ser[n_ser++] = (summary_series){.policy = x->policy, .params = params, .codec = codec};
+        while (k < n_ser && !same_series(&ser[k], x->policy, params, codec, x->page)) k++;
+        if (k == n_ser)
+            ser[n_ser++] = (summary_series){.policy = x->policy, .params = params, .codec = codec, .page = x->page};
         ser[k].prompt_only |= kvs_compare_run_prompt_only(x);
         ser[k].oracle |= x->is_oracle;
         char id[KVS_COMPARE_TRACE_ID_CAP];
@@ -1017,8 +1032,9 @@ static kvs_status sec_summary(report_ctx *ctx) {
             if (!isfinite(mem) || !(mem > 0) || !isfinite(err)) continue;
             const char *params = x->params ? x->params : "", *codec = x->codec ? x->codec : "";
             size_t k = 0;
-            while (k < n_ser && !same_series(&ser[k], x->policy, params, codec)) k++;
-            if (k == n_ser) ser[n_ser++] = (summary_series){.policy = x->policy, .params = params, .codec = codec};
+            while (k < n_ser && !same_series(&ser[k], x->policy, params, codec, x->page)) k++;
+            if (k == n_ser)
+                ser[n_ser++] = (summary_series){.policy = x->policy, .params = params, .codec = codec, .page = x->page};
             summary_series *s = &ser[k];
             runs[n_runs++] = (summary_run){.w = x, .mem = mem, .err = err, .flagged = run_flagged(x), .series = k};
             s->prompt_only |= kvs_compare_run_prompt_only(x);
@@ -1173,8 +1189,9 @@ static kvs_status sec_runs(report_ctx *ctx) {
         char notes[1024];
         snprintf(notes, sizeof notes, "%s%s%s", w->notes ? w->notes : "", w->notes && w->error ? "; " : "",
                  w->error ? w->error : "");
-        any_codec |= w->codec && w->codec[0];
-        const char *cell[] = {id,    w->policy, w->params, codec_cell(w), budget, w->measure, w->budget_scope, w->layout,
+        any_codec |= (w->codec && w->codec[0]) || w->page > 0;
+        char codec[KVS_CODEC_CELL_CAP];
+        const char *cell[] = {id,    w->policy, w->params, codec_cell_page(w, codec, sizeof codec), budget, w->measure, w->budget_scope, w->layout,
                               flags, w->status, e, e95, rec, sto, tra, tl, notes};
         table_row(ctx, 17, cell);
     }
@@ -1182,7 +1199,8 @@ static kvs_status sec_runs(report_ctx *ctx) {
     if (any_codec)
         para(ctx, "codec: the KV codec the run stored K/V with (kvsim replay --codec; its canonical spec, sim/codec.h), "
                   "- for K/V as captured. A codec's bytes are its codes, scales, zero points and full-precision "
-                  "rows; its error is against the full-precision full cache.");
+                  "rows; its error is against the full-precision full cache. \"page N\": the run held whole pages of N "
+                  "positions (kvsim replay --page; sim/host.h), its bytes whole pages with their padding.");
     para(ctx, "%" PRId64 " runs, %" PRId64 " complete. Budgets are tokens per KV head (the current token included); "
               "bytes are means over measured steps per (layer, KV head).",
          ctx->n_rows, ctx->n_complete);

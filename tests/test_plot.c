@@ -952,6 +952,53 @@ static void put_codec_run(kvs_results_db *db, const char *path, const char *sha,
 
 #define INT4 "int:bits=4,group=32,k_axis=token,v_axis=channel"
 
+/* A paged run (kvsim replay --page N) is its own series beside the same policy at token granularity (they were
+ * averaged into one point no run measured), labelled "policy [page N]" after the policy's own line and drawn thin. */
+static void test_paged_runs_are_their_own_series(void **state) {
+    tmp_ctx *t = *state;
+    char db[160], out[160];
+    snprintf(db, sizeof db, "%s/page.db", t->dir);
+    snprintf(out, sizeof out, "%s/page.png", t->dir);
+    const char *sha = "3f2a9c01aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+    kvs_results_db *r = NULL;
+    expect_ok(kvs_results_open(db, &r));
+    kvs_results_trace tr = {.path = "/traces/a.kvt", .model_name = "generated-gaussian", .n_positions = 64,
+                            .prompt_len = 40, .n_turns = 1, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1,
+                            .head_dim = 16, .dtype = "fp32", .file_bytes = 1000};
+    int64_t trace_id = 0;
+    expect_ok(kvs_results_sweep_trace(r, &tr, sha, &trace_id));
+    const struct { int64_t page, budget; double mem, err; } runs[] = {
+        {0, 8, 1024, 0.5}, {0, 16, 2048, 0.3}, {4, 8, 1536, 0.6}, {4, 16, 2560, 0.4}};
+    for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
+        char options[128];
+        snprintf(options, sizeof options, "kv_bytes=2,aux_bytes=4,series_every=0%s",
+                 runs[i].page ? ",page=4,page_score=count" : "");
+        kvs_results_run run = {.policy = "window", .params = "", .budget_tokens = runs[i].budget,
+                               .budget_fraction = -1, .measure = "decode", .status = "complete", .wall_seconds = 0.01,
+                               .kvsim_version = "0.1.0", .options = options, .page = runs[i].page};
+        kvs_results_agg a = agg_for(-1, runs[i].err, runs[i].mem), l = a;
+        l.layer = 0;
+        expect_ok(kvs_results_write_run(r, &tr, &run, &l, 1, &a, NULL, 0, NULL));
+    }
+    kvs_results_close(r);
+    kvs_plot_options o = opts(KVS_PLOT_ERROR_VS_MEMORY, out);
+    kvs_plot *p = NULL;
+    expect_ok(kvs_plot_prepare(db, &o, &p));
+    char *gp = script_of(p, out);
+    const double wx[2] = {1024, 2048}, wy[2] = {0.5, 0.3}, px[2] = {1536, 2560}, py[2] = {0.6, 0.4};
+    expect_block(gp, "window", 2, wx, wy);
+    expect_block(gp, "window [page 4]", 2, px, py);
+    assert_int_equal(kvs_plot_n_series(p), 3); /* and the frontier */
+    const char *w0 = strstr(gp, "# series: window\n"), *w1 = strstr(gp, "# series: window [page 4]");
+    assert_true(w0 && w1 && w0 < w1);
+    const char *line1 = strstr(gp, "title 'window [page 4]");
+    assert_non_null(line1);
+    while (line1 > gp && line1[-1] != '\n') line1--;
+    assert_true(strstr(line1, "with linespoints lw 1 ") && strstr(line1, "with linespoints lw 1 ") < strstr(line1, "title"));
+    free(gp);
+    kvs_plot_free(p);
+}
+
 /* A KV codec's runs are their own series (they were averaged with the same policy's runs on K/V as captured: window
  * and window+int4 at budget 8 drew one point at the mean of 1024 B and 320 B), labelled "policy [codec]" after the
  * policy's own line, in the policy's colour drawn thin (lw 1, K/V as captured lw 2); the frontier runs over
@@ -2640,6 +2687,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_byte_axis_labels, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_log_y_axis, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_codec_runs_are_their_own_series, setup_db, teardown_db),
+        cmocka_unit_test_setup_teardown(test_paged_runs_are_their_own_series, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_series_keyed_by_trace_content_and_bytes, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_cli_bytes_and_path_spellings, setup_db, teardown_db),
         cmocka_unit_test_setup_teardown(test_memory_axes_share_one_convention, setup_db, teardown_db),

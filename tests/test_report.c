@@ -272,14 +272,16 @@ typedef struct {
     char *f[16]; /* the fields below, by index */
 } csv_run;
 
-enum { F_POLICY, F_PARAMS, F_ID, F_TRACE, F_ORACLE, F_STATUS, F_MEASURE, F_SCOPE, F_NOTES, F_MEM, F_ERR, F_CODEC, N_F };
-static const char *const csv_names[N_F] = {"policy", "params", "run_id", "trace", "is_oracle", "status", "measure",
-                                           "budget_scope", "notes", "storage_bytes_mean", "out_err_mean", "codec"};
+enum { F_POLICY, F_PARAMS, F_ID, F_TRACE, F_ORACLE, F_STATUS, F_MEASURE, F_SCOPE, F_NOTES, F_MEM, F_ERR, F_CODEC, F_PAGE,
+       N_F };
+static const char *const csv_names[N_F] = {"policy", "params",  "run_id",       "trace", "is_oracle", "status",
+                                           "measure", "budget_scope", "notes", "storage_bytes_mean", "out_err_mean",
+                                           "codec", "page"};
 
-/* Do CSV runs a and b belong to one candidate of the summary: (policy, params, codec)? */
+/* Do CSV runs a and b belong to one candidate of the summary: (policy, params, codec, page)? */
 static int same_candidate(const csv_run *a, const csv_run *b) {
     return !strcmp(a->f[F_POLICY], b->f[F_POLICY]) && !strcmp(a->f[F_PARAMS], b->f[F_PARAMS]) &&
-           !strcmp(a->f[F_CODEC], b->f[F_CODEC]);
+           !strcmp(a->f[F_CODEC], b->f[F_CODEC]) && !strcmp(a->f[F_PAGE], b->f[F_PAGE]);
 }
 
 /* RFC 4180: the next field of *p into a malloc'd string; *eol set when the record ends after it. */
@@ -420,10 +422,12 @@ static int check_summary_against_csv(const char *db_path, const char *md) {
                 prompt |= !strcmp(w->f[F_SCOPE], "prompt");
                 oracle |= atoi(w->f[F_ORACLE]);
             }
-            const char *pp = runs[pol[q]].f[F_PARAMS], *cc = runs[pol[q]].f[F_CODEC];
-            snprintf(label[q], sizeof label[q], "%s%s%s%s%s%s%s%s%s", runs[pol[q]].f[F_POLICY], pp[0] ? " (" : "", pp,
-                     pp[0] ? ")" : "", cc[0] ? " [" : "", cc, cc[0] ? "]" : "", prompt ? " (prompt-only budget)" : "",
-                     oracle ? " (oracle)" : "");
+            const char *pp = runs[pol[q]].f[F_PARAMS], *cc = runs[pol[q]].f[F_CODEC], *pg = runs[pol[q]].f[F_PAGE];
+            char page[40] = "";
+            if (atoll(pg) > 0) snprintf(page, sizeof page, " [page %s]", pg);
+            snprintf(label[q], sizeof label[q], "%s%s%s%s%s%s%s%s%s%s", runs[pol[q]].f[F_POLICY], pp[0] ? " (" : "",
+                     pp, pp[0] ? ")" : "", cc[0] ? " [" : "", cc, cc[0] ? "]" : "", page,
+                     prompt ? " (prompt-only budget)" : "", oracle ? " (oracle)" : "");
         }
         int wins[512] = {0}, contested = 0;
         for (int l = 0; l < n_lv; l++) {
@@ -596,6 +600,29 @@ static void test_summary_by_hand(void **state) {
 /* ---- KV codecs ---- */
 
 #define INT4 "int:bits=4,group=32,k_axis=token,v_axis=channel"
+
+/* Paged runs (kvsim replay --page N) are candidates of their own in the summary, recomputed from `runs --csv` (its
+ * page column), and their runs-table rows say "page N". */
+static void test_paged_runs_in_the_report(void **state) {
+    (void)state;
+    if (!kvs_test_kvsim_bin()) skip();
+    char trace[512], db[128], out[128], p[256];
+    snprintf(trace, sizeof trace, "%s/examples/stories260K.kvt", kvs_test_root());
+    path_in(db, sizeof db, "page.db");
+    path_in(out, sizeof out, "page_report");
+    const char *replay[] = {"replay", trace, "--db", db, "--policy", "window", "--policy", "h2o", "--page", "0,16",
+                            "--budgets", "32,64,128", "--threads", "2", NULL};
+    assert_int_equal(kvsim(replay), 0);
+    const char *report[] = {"report", db, "--out", out, "--mem-at", "2KiB", NULL};
+    assert_int_equal(kvsim(report), 0);
+    snprintf(p, sizeof p, "%s/report.md", out);
+    char *md = kvs_test_slurp(p, NULL);
+    assert_non_null(md);
+    assert_true(check_summary_against_csv(db, md) >= 3);
+    assert_non_null(strstr(md, "window [page 16]"));
+    assert_non_null(strstr(md, "| window | - | - page 16 | "));
+    free(md);
+}
 
 /* A study with a KV codec beside the eviction policies (the bundled trace, window and h2o with and without int4):
  * each (policy, codec) is a candidate of its own in the summary, recomputed here from `kvsim runs --csv` keyed by
@@ -1308,6 +1335,7 @@ int main(void) {
         cmocka_unit_test(test_report_identity_and_gaps),
         cmocka_unit_test(test_summary_over_traces),
         cmocka_unit_test(test_codec_runs_in_the_report),
+        cmocka_unit_test(test_paged_runs_in_the_report),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
