@@ -129,8 +129,10 @@ static void test_p1_window_pair_from_the_per_trace_values(void **state) {
                 break;
             }
         }
-        assert_non_null(r);
-        snprintf(first, sizeof first, "%.*s", (int)(strchr(r + 2, '|') - (r + 2) - 1), r + 2);
+        if (!r) fail_msg("P-1 has no window row at 4KiB for %s", k_models[m]);
+        const char *bar = strchr(r + 2, '|');
+        if (!bar) fail_msg("P-1's window row at 4KiB for %s has one cell", k_models[m]);
+        snprintf(first, sizeof first, "%.*s", (int)(bar - (r + 2) - 1), r + 2);
         snprintf(rowkey, sizeof rowkey, "window");
         /* the second cell is the policy; the pair is cell 5 of the first window row at 4KiB: find it by the level */
         char *copy = strdup(r);
