@@ -513,15 +513,19 @@ static kvs_status label_series(plot_data *d, int per_run, int by_budget) {
             else if (s->n_min == s->n_max) snprintf(run, sizeof run, " (n=%" PRId64 " traces)", s->n_max);
             else snprintf(run, sizeof run, " (n=%" PRId64 " to %" PRId64 " traces)", s->n_min, s->n_max);
         }
-        /* "policy (params) [codec] [page N]" as kvs_results_run_label names a run everywhere else */
-        char page[40] = "";
-        if (s->page > 0) snprintf(page, sizeof page, " [page %" PRId64 "]", s->page);
-        size_t cap = strlen(s->policy) + strlen(s->params) + strlen(s->codec) + strlen(extra) + 200;
-        if (!(s->label = malloc(cap))) return nomem();
-        snprintf(s->label, cap, "%s%s%s%s%s%s%s%s%s%s%s%s%s", s->policy, s->params[0] ? " (" : "", s->params,
-                 s->params[0] ? ")" : "", s->codec[0] ? " [" : "", s->codec, s->codec[0] ? "]" : "", page, budget,
-                 s->is_oracle ? " (oracle)" : "",
+        /* the configuration named as everywhere else (kvs_results_config_label), then the series' marks */
+        size_t name_cap = strlen(s->policy) + strlen(s->params) + strlen(s->codec) + 64;
+        char *name = malloc(name_cap);
+        if (!name) return nomem();
+        kvs_results_config_label(s->policy, s->params, s->codec, s->page, name, name_cap);
+        size_t cap = strlen(name) + strlen(extra) + 200;
+        if (!(s->label = malloc(cap))) {
+            free(name);
+            return nomem();
+        }
+        snprintf(s->label, cap, "%s%s%s%s%s%s", name, budget, s->is_oracle ? " (oracle)" : "",
                  by_budget && s->prompt_only ? " (prompt-only budget)" : "", extra, run);
+        free(name);
     }
     return KVS_OK;
 }

@@ -601,13 +601,12 @@ static int same_series(const summary_series *s, const char *policy, const char *
     return !strcmp(s->policy, policy) && !strcmp(s->params, params) && !strcmp(s->codec, codec) && s->page == page;
 }
 
-/* "policy (params) [codec] [page N]" (kvs_results_run_label's spelling) and the series' marks. */
+/* The series named as every run is (kvs_results_config_label), then its marks. */
 static void series_label(summary_series *s) {
-    char page[40] = "";
-    if (s->page > 0) snprintf(page, sizeof page, " [page %" PRId64 "]", s->page);
-    snprintf(s->label, sizeof s->label, "%s%s%s%s%s%s%s%s%s%s", s->policy, s->params[0] ? " (" : "", s->params,
-             s->params[0] ? ")" : "", s->codec[0] ? " [" : "", s->codec, s->codec[0] ? "]" : "", page,
-             s->prompt_only ? " (prompt-only budget)" : "", s->oracle ? " (oracle)" : "");
+    kvs_results_config_label(s->policy, s->params, s->codec, s->page, s->label, sizeof s->label);
+    size_t n = strlen(s->label);
+    snprintf(s->label + n, sizeof s->label - n, "%s%s", s->prompt_only ? " (prompt-only budget)" : "",
+             s->oracle ? " (oracle)" : "");
 }
 
 /* a better than b: lower error, then less memory, then the earlier run (a stable, stated order). */

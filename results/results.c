@@ -1635,25 +1635,31 @@ static const char *codec_spec(const kvs_results_run_row *r) { return r->codec ? 
 static const char *codec_close(const kvs_results_run_row *r) { return r->codec && r->codec[0] ? "]" : ""; }
 
 /* ... and of its page size: " [page N]", "" at token granularity. */
-static const char *page_text(const kvs_results_run_row *r, char *buf, size_t cap) {
-    if (r->page <= 0) return "";
-    snprintf(buf, cap, " [page %lld]", (long long)r->page);
+static const char *page_text(int64_t page, char *buf, size_t cap) {
+    if (page <= 0) return "";
+    snprintf(buf, cap, " [page %lld]", (long long)page);
     return buf;
 }
 
-void kvs_results_run_label(const kvs_results_run_row *r, char *buf, size_t cap) {
+void kvs_results_config_label(const char *policy, const char *params, const char *codec, int64_t page, char *buf,
+                              size_t cap) {
     if (!cap) return;
-    const char *params = r->params ? r->params : "";
+    params = params ? params : "";
+    codec = codec ? codec : "";
     char pg[40];
-    snprintf(buf, cap, "%s%s%s%s%s%s%s%s", r->policy ? r->policy : "?", params[0] ? " (" : "", params,
-             params[0] ? ")" : "", codec_open(r), codec_spec(r), codec_close(r), page_text(r, pg, sizeof pg));
+    snprintf(buf, cap, "%s%s%s%s%s%s%s%s", policy ? policy : "?", params[0] ? " (" : "", params, params[0] ? ")" : "",
+             codec[0] ? " [" : "", codec, codec[0] ? "]" : "", page_text(page, pg, sizeof pg));
+}
+
+void kvs_results_run_label(const kvs_results_run_row *r, char *buf, size_t cap) {
+    kvs_results_config_label(r->policy, r->params, r->codec, r->page, buf, cap);
 }
 
 void kvs_results_run_params_label(const kvs_results_run_row *r, char *buf, size_t cap) {
     if (!cap) return;
     char pg[40];
     snprintf(buf, cap, "%s%s%s%s%s", r->params && r->params[0] ? r->params : "-", codec_open(r), codec_spec(r),
-             codec_close(r), page_text(r, pg, sizeof pg));
+             codec_close(r), page_text(r->page, pg, sizeof pg));
 }
 
 int kvs_results_has_column(kvs_results_db *r, const char *table, const char *col, const char *what) {

@@ -184,6 +184,10 @@ kvs_status kvs_results_check_runs(kvs_results_db *db);
  *  report, runs): "policy (params) [codec] [page N]", e.g. "window [int:bits=4,group=32,k_axis=token,v_axis=channel]" or
  *  "h2o [page 16]" (no parentheses without params, no brackets without a codec or a page size). Into buf (cap bytes, always NUL-terminated). */
 void kvs_results_run_label(const kvs_results_run_row *r, char *buf, size_t cap);
+/*! kvs_results_config_label() : the same name from its parts (policy, params, codec, page; NULL params or codec =
+ *  none, page 0 = token granularity), for a series that holds them apart from any run row (plot, report). */
+void kvs_results_config_label(const char *policy, const char *params, const char *codec, int64_t page, char *buf,
+                              size_t cap);
 /*! kvs_results_run_params_label() : the same name less its policy, for the tables that print the policy in a
  *  column of its own (compare, runs): "params [codec] [page N]", "-" standing for no params ("- [fp8]", "- [page 16]", "-"). Into buf (cap
  *  bytes, always NUL-terminated). */

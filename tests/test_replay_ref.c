@@ -137,14 +137,29 @@ static int compare_configs(const kvs_replay_source *src, const kvs_replay_config
 }
 
 /* Two turns, four query heads a KV head, fp32 K/V in memory, every position measured. */
+/* The generated two-turn trace every position of which is measured (f freed by the caller). */
+static void two_turns_source(kvs_test_replay_fixture *f, kvs_replay_source *src) {
+    kvs_gen_trace_opts go = kvs_test_grouped_opts(2, 4, 96, -1, 16, 7);
+    assert_int_equal(kvs_test_replay_fixture_make(&go, 4, 11, f), KVS_OK);
+    assert_int_equal(kvs_replay_source_from_memory(&f->mem, src), KVS_OK);
+    snprintf(src->content_hash, sizeof src->content_hash, "generated-two-turns");
+}
+
+/* Real decoding: the bundled trace of the stories260K model (closed by the caller). */
+static kvs_trace *bundled_source(kvs_replay_source *src) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/examples/stories260K.kvt", kvs_test_root());
+    kvs_trace *t = NULL;
+    assert_int_equal(kvs_trace_open(path, &t), KVS_OK);
+    assert_int_equal(kvs_replay_source_from_trace(t, src), KVS_OK);
+    return t;
+}
+
 static void test_generated_two_turns_every_position(void **state) {
     (void)state;
-    kvs_gen_trace_opts go = kvs_test_grouped_opts(2, 4, 96, -1, 16, 7);
     kvs_test_replay_fixture f;
-    assert_int_equal(kvs_test_replay_fixture_make(&go, 4, 11, &f), KVS_OK);
     kvs_replay_source src;
-    assert_int_equal(kvs_replay_source_from_memory(&f.mem, &src), KVS_OK);
-    snprintf(src.content_hash, sizeof src.content_hash, "generated-two-turns");
+    two_turns_source(&f, &src);
     const int64_t budgets[] = {6, 13, 30};
     int complete = compare_engines(&src, budgets, 3, KVS_MEASURE_ALL, 5);
     assert_true(complete >= 50);
@@ -179,12 +194,8 @@ static void test_generated_fp16_trace(void **state) {
 /* Real decoding: the bundled trace of the stories260K model. */
 static void test_bundled_real_trace(void **state) {
     (void)state;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/examples/stories260K.kvt", kvs_test_root());
-    kvs_trace *t = NULL;
-    assert_int_equal(kvs_trace_open(path, &t), KVS_OK);
     kvs_replay_source src;
-    assert_int_equal(kvs_replay_source_from_trace(t, &src), KVS_OK);
+    kvs_trace *t = bundled_source(&src);
     const int64_t budgets[] = {24};
     int complete = compare_engines(&src, budgets, 1, KVS_MEASURE_DECODE, 7);
     assert_true(complete >= 20);
@@ -229,12 +240,9 @@ static int compare_codecs(const kvs_replay_source *src, const int64_t *budgets, 
 
 static void test_codecs_two_turns_every_position(void **state) {
     (void)state;
-    kvs_gen_trace_opts go = kvs_test_grouped_opts(2, 4, 96, -1, 16, 7);
     kvs_test_replay_fixture f;
-    assert_int_equal(kvs_test_replay_fixture_make(&go, 4, 11, &f), KVS_OK);
     kvs_replay_source src;
-    assert_int_equal(kvs_replay_source_from_memory(&f.mem, &src), KVS_OK);
-    snprintf(src.content_hash, sizeof src.content_hash, "generated-two-turns");
+    two_turns_source(&f, &src);
     const int64_t budgets[] = {6, 30};
     int complete = compare_codecs(&src, budgets, 2, KVS_MEASURE_ALL, 5);
     assert_int_equal(complete, 126); /* every configuration of every codec kind completes */
@@ -243,12 +251,8 @@ static void test_codecs_two_turns_every_position(void **state) {
 
 static void test_codecs_bundled_real_trace(void **state) {
     (void)state;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/examples/stories260K.kvt", kvs_test_root());
-    kvs_trace *t = NULL;
-    assert_int_equal(kvs_trace_open(path, &t), KVS_OK);
     kvs_replay_source src;
-    assert_int_equal(kvs_replay_source_from_trace(t, &src), KVS_OK);
+    kvs_trace *t = bundled_source(&src);
     const int64_t budgets[] = {24};
     int complete = compare_codecs(&src, budgets, 1, KVS_MEASURE_DECODE, 7);
     assert_int_equal(complete, 63); /* every configuration of every codec kind completes */
@@ -286,12 +290,9 @@ static int compare_pages(const kvs_replay_source *src, const int64_t *budgets, i
 
 static void test_pages_two_turns_every_position(void **state) {
     (void)state;
-    kvs_gen_trace_opts go = kvs_test_grouped_opts(2, 4, 96, -1, 16, 7);
     kvs_test_replay_fixture f;
-    assert_int_equal(kvs_test_replay_fixture_make(&go, 4, 11, &f), KVS_OK);
     kvs_replay_source src;
-    assert_int_equal(kvs_replay_source_from_memory(&f.mem, &src), KVS_OK);
-    snprintf(src.content_hash, sizeof src.content_hash, "generated-two-turns");
+    two_turns_source(&f, &src);
     const int64_t budgets[] = {6, 30};
     int complete = compare_pages(&src, budgets, 2, KVS_MEASURE_ALL, 5);
     assert_int_equal(complete, 66); /* every configuration at every page size completes */
@@ -300,12 +301,8 @@ static void test_pages_two_turns_every_position(void **state) {
 
 static void test_pages_bundled_real_trace(void **state) {
     (void)state;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/examples/stories260K.kvt", kvs_test_root());
-    kvs_trace *t = NULL;
-    assert_int_equal(kvs_trace_open(path, &t), KVS_OK);
     kvs_replay_source src;
-    assert_int_equal(kvs_replay_source_from_trace(t, &src), KVS_OK);
+    kvs_trace *t = bundled_source(&src);
     const int64_t budgets[] = {40};
     int complete = compare_pages(&src, budgets, 1, KVS_MEASURE_DECODE, 7);
     assert_int_equal(complete, 33);
