@@ -125,31 +125,34 @@ kvs_status kvs_plot_metric_check(kvs_plot_kind kind, const char *metric) {
  * Colours
  * ---------------------------------------------------------------------------------------------- */
 
-/* The policy palette: 24 colours, each as far from the others as a greedy farthest-point search could place
+/* The policy palette: 36 colours, each as far from the others as a greedy farthest-point search could place
  * it (the method of Glasbey, van der Heijden, Toh and Gray, "Colour displays for categorical images", Color
  * Research & Application 32(4), 2007), with CIEDE2000 as the distance: starting from matplotlib's tab10 blue,
  * orange, green and red, each next colour is the sRGB colour of a 16-level grid (steps of 0x11), lightness L*
  * in [25, 70] (readable as a thin line on white, and not the oracles' black), whose smallest distance to the
  * colours already chosen and to white, black and the greys of the plot (frontier #b8b8b8, turn shade #e6e6e6,
- * turn line #555555) is the largest. Registry order takes them in that order, so the first policies get the
- * most separated colours. Every pair of the first 21 (the registry's size) is at least 18 apart in CIEDE2000,
- * and at least 20 from white, black and the frontier's grey; tests/test_plot.c recomputes the distances and
- * holds every registered policy to at least 15 (a difference plainly visible between two thin lines; the
- * palette this replaces put full and quest at about 3). */
-static const char *const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#dd00ff", "#1100cc",
-                                      "#880055", "#bbaa00", "#005500", "#ff7799", "#00aaaa", "#885500",
-                                      "#9999ff", "#776699", "#888866", "#006666", "#997777", "#772200",
-                                      "#114477", "#666600", "#dd1188", "#33aaff", "#5555ff", "#dd88dd"};
+ * turn line #555555) is the largest. tools/gen_palette.py computes it (`/usr/bin/python3 tools/gen_palette.py
+ * 36`). Registry order takes them in that order, so the first policies get the most separated colours: every
+ * pair of the first 21 is at least 18 apart in CIEDE2000, of the first 32 at least 15.4, of all 36 at least
+ * 14.6; tests/test_plot.c recomputes the distances and holds every registered policy to at least 15 (a
+ * difference plainly visible between two thin lines). */
+static const char *const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#dd00ff", "#1100cc", "#880055",
+                                      "#bbaa00", "#005500", "#ff7799", "#00aaaa", "#885500", "#9999ff", "#776699",
+                                      "#888866", "#006666", "#997777", "#772200", "#114477", "#666600", "#dd1188",
+                                      "#33aaff", "#5555ff", "#dd88dd", "#118866", "#dd9988", "#553333", "#9900bb",
+                                      "#bb8833", "#444422", "#00bb88", "#bb6633", "#443366", "#888899", "#992233",
+                                      "#668888"};
 #define N_PALETTE (sizeof palette / sizeof palette[0])
 
 /* Point and dash types: a policy's colour, point and dash all differ from every other registered policy's,
- * so a plot read in grey or by a colour-blind reader still tells policies apart. Policy i takes point i mod 7
- * and dash i mod 4: 7 and 4 are coprime, so the first 28 indexes give 28 different (point, dash) pairs (the
+ * so a plot read in grey or by a colour-blind reader still tells policies apart. Policy i takes point i mod 9
+ * and dash i mod 4: 9 and 4 are coprime, so the first 36 indexes give 36 different (point, dash) pairs (the
  * Chinese remainder theorem), more than the registry holds. Points alternate filled and open shapes; the
  * dashes are solid, dash-dot, dotted and dash-dot-dot: dt 2 (plain dashes) is left to the oracles. */
-static const int style_points[7] = {7, 4, 9, 12, 11, 6, 3}; /* ● □ ▲ ◇ ▼ ○ ✱ in gnuplot's cairo/svg terminals */
+static const int style_points[9] = {7, 4, 9, 12, 11, 6, 3, 5, 8}; /* ● □ ▲ ◇ ▼ ○ ✱ ■ △ (cairo/svg terminals) */
 static const int style_dashes[4] = {1, 4, 3, 5};
-#define STYLE_PAIRS 28
+#define N_POINTS 9
+#define STYLE_PAIRS 36
 #define ORACLE_DASH 2
 
 /* The registry index of `policy`, or a stable index from a hash of an unregistered name (>= the count). */
@@ -169,15 +172,15 @@ kvs_plot_style kvs_plot_policy_style(const char *policy, int variant, int is_ora
     kvs_plot_style st;
     if (is_oracle) {
         st.color = "#000000";
-        st.point = style_points[(i + k) % 7];
+        st.point = style_points[(i + k) % N_POINTS];
         st.dash = ORACLE_DASH;
         return st;
     }
     st.color = palette[i % N_PALETTE];
-    /* Variant k: the dash moves on first, then the point, so variants 0..27 of one policy are 28 different
-     * (point, dash) pairs ((k div 4) mod 7 and k mod 4 determine k below 28), and variants 0..3 keep the
+    /* Variant k: the dash moves on first, then the point, so variants 0..35 of one policy are 36 different
+     * (point, dash) pairs ((k div 4) mod 9 and k mod 4 determine k below 36), and variants 0..3 keep the
      * policy's point. */
-    st.point = style_points[(i + k / 4) % 7];
+    st.point = style_points[(i + k / 4) % N_POINTS];
     st.dash = style_dashes[(i + k) % 4];
     return st;
 }

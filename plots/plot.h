@@ -138,7 +138,7 @@ typedef struct {
  *  `policy` on a plot. Variant 0 is the policy's own style, the same on every plot: its colour
  *  (kvs_plot_policy_color) and a point and dash type, the (colour, point, dash) triple different for every
  *  registered policy and the (point, dash) pair too. Later variants (other params, bytes, traces, budgets) keep
- *  the colour and take other (point, dash) pairs, variants 0..27 of one policy all different. Oracles
+ *  the colour and take other (point, dash) pairs, variants 0..35 of one policy all different. Oracles
  *  (is_oracle) are black with dash type 2, which no other series uses, variants told apart by point. */
 kvs_plot_style kvs_plot_policy_style(const char *policy, int variant, int is_oracle);
 

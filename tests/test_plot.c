@@ -1589,9 +1589,9 @@ static void test_every_policy_has_its_own_style(void **state) {
                 fail();
             }
         }
-        /* Variants of one policy (other params, bytes, traces): its colour, 28 different (point, dash) pairs;
-         * its oracle runs black and dashed, 7 different points. */
-        for (int k = 0; k < 28; k++) {
+        /* Variants of one policy (other params, bytes, traces): its colour, 36 different (point, dash) pairs;
+         * its oracle runs black and dashed, 9 different points. */
+        for (int k = 0; k < 36; k++) {
             kvs_plot_style v = kvs_plot_policy_style(pi, k, 0), o = kvs_plot_policy_style(pi, k, 1);
             assert_string_equal(v.color, a.color);
             assert_int_not_equal(v.dash, 2);
@@ -1600,7 +1600,7 @@ static void test_every_policy_has_its_own_style(void **state) {
             for (int q = 0; q < k; q++) {
                 kvs_plot_style w = kvs_plot_policy_style(pi, q, 0), ow = kvs_plot_policy_style(pi, q, 1);
                 assert_false(v.point == w.point && v.dash == w.dash);
-                if (k < 7) assert_int_not_equal(o.point, ow.point);
+                if (k < 9) assert_int_not_equal(o.point, ow.point);
             }
         }
     }
