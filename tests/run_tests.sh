@@ -26,7 +26,8 @@ done
 # xargs hands out the indices 1..n; the child finds its binary on that line of the list (a path is never split
 # or unquoted by xargs), writes the output, then the exit status: the .rc file says it ran to its end, crash or not
 [ "$i" -gt 0 ] && seq 1 "$i" | xargs -P "$jobs" -n 1 sh -c \
-    'bin=$(sed -n "$1p" "$0/list"); { "$bin"; echo $? >"$0/$1.rc"; } >"$0/$1.out" 2>&1' "$tmp"
+    'bin=$(sed -n "$1p" "$0/list"); t0=$(date +%s.%N); { "$bin"; echo $? >"$0/$1.rc"; } >"$0/$1.out" 2>&1
+     echo "$(date +%s.%N) $t0" | awk "{printf \"%.1f\n\", \$1 - \$2}" >"$0/$1.sec"' "$tmp"
 
 passed=0; failed=0; skipped=0; bad_bins=""
 i=0
@@ -43,5 +44,11 @@ for bin in "$@"; do
     if [ "$rc" -ne 0 ] && [ "$f" -eq 0 ]; then failed=$((failed + 1)); bad_bins="$bad_bins $bin(rc=$rc)"; fi
 done
 [ -n "$bad_bins" ] && echo "binaries that exited abnormally:$bad_bins"
+# where the suite's time goes: the ten slowest binaries, wall seconds each (they ran TEST_JOBS at a time)
+i=0
+for bin in "$@"; do
+    i=$((i + 1))
+    printf '%s %s\n' "$(cat "$tmp/$i.sec" 2>/dev/null || echo 0)" "${bin##*/}"
+done | sort -rn | head -10 | awk 'BEGIN { printf "slowest:" } { printf " %s %s s;", $2, $1 } END { print "" }'
 echo "tests: $passed passed, $failed failed, $skipped skipped"
 [ "$failed" -eq 0 ]
