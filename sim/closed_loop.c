@@ -48,6 +48,9 @@ typedef struct {
     uint8_t plain[KVS_CLOSED_LOOP_MAX_LISTS];
     kvs_policy_view *views; /* [Hkv] */
     void **sync;            /* [Hkv] */
+    /* the representation stage (opts.codec; sim/host.h): one per layer, NULL without a codec */
+    kvs_host_rep **reps;    /* [L] */
+    const float **rep_k, **rep_v; /* [Hkv] the policy model's history rows a layer's stage reads */
     /* attention metrics of the position being forwarded, summed over (layer, query head) */
     double err_sum, recall_sum, overlap_sum, attended_sum, storage_sum, traffic_sum;
     int64_t n_costed;       /* (layer, KV head) costs summed */
@@ -92,6 +95,11 @@ static void ctx_free(cl_ctx *c) {
     free(c->mark);
     free(c->views);
     free(c->sync);
+    if (c->reps)
+        for (int l = 0; l < c->L; l++) kvs_host_rep_free(c->reps[l]);
+    free(c->reps);
+    free((void *)c->rep_k);
+    free((void *)c->rep_v);
 }
 
 static kvs_status ctx_alloc(cl_ctx *c) {
@@ -122,6 +130,14 @@ static kvs_status ctx_alloc(cl_ctx *c) {
         return kvs_fail(KVS_ERR_NOMEM, "closed loop: out of memory");
     kvs_status st = kvs_host_check_create(c->N, &c->turn, 1, &c->check);
     if (st != KVS_OK) return st;
+    if (c->o->codec) {
+        c->reps = calloc((size_t)c->L, sizeof *c->reps);
+        c->rep_k = calloc((size_t)c->Hkv, sizeof *c->rep_k);
+        c->rep_v = calloc((size_t)c->Hkv, sizeof *c->rep_v);
+        if (!c->reps || !c->rep_k || !c->rep_v) return kvs_fail(KVS_ERR_NOMEM, "closed loop: out of memory");
+        for (int l = 0; l < c->L; l++)
+            if ((st = kvs_host_rep_create(c->o->codec, &c->pm, &c->reps[l])) != KVS_OK) return st;
+    }
     for (size_t g = 0; g < G; g++) {
         c->sel_idx[g] = malloc(N * sizeof(int32_t));
         c->pbuf[g] = malloc(N * sizeof(float));
@@ -178,10 +194,24 @@ static kvs_status policy_attention(void *user, int l, int pos, const float *q, c
     kvs_status st;
     if (p < c->P || p >= c->N) return kvs_fail(KVS_ERR_STATE, "closed loop: position %lld out of order", (long long)p);
     take_kv(c, l, p, kcache + (size_t)p * kv_stride, vcache + (size_t)p * kv_stride);
+    kvs_host_rep *rep = c->reps ? c->reps[l] : NULL;
+    if (rep) { /* the stage at step p + 1 over the policy model's own history (full precision within the prompt) */
+        for (int h = 0; h < c->Hkv; h++) {
+            c->rep_k[h] = hist(c, c->hk, l, h);
+            c->rep_v[h] = hist(c, c->hv, l, h);
+        }
+        if ((st = kvs_host_rep_sync(rep, c->rep_k, c->rep_v, p + 1)) != KVS_OK) return st;
+    }
     for (int h = 0; h < c->Hkv; h++) {
+        /* what the policy model's cache holds: the codec's rows (dequantized) with a codec, else its K/V as computed */
+        const float *vk = hist(c, c->hk, l, h), *vv = hist(c, c->hv, l, h);
+        if (rep) {
+            vk = kvs_host_rep_rows(rep, h, KVS_CODEC_K, vk);
+            vv = kvs_host_rep_rows(rep, h, KVS_CODEC_V, vv);
+        }
         c->views[h] = (kvs_policy_view){
             .n = p + 1, .group = c->G, .head_dim = c->d, .scale = c->pm.scale,
-            .k = hist(c, c->hk, l, h), .v = hist(c, c->hv, l, h), .q = q + (size_t)h * Gd, .q_first = p, .n_q = 1,
+            .k = vk, .v = vv, .q = q + (size_t)h * Gd, .q_first = p, .n_q = 1,
             .turn_begin = 0, .prompt_end = c->P, .turn = 0, .full_probs = NULL, .block_begin = p, .last_block = 1,
         };
         c->sync[h] = c->states[(size_t)l * (size_t)c->Hkv + (size_t)h];
@@ -200,7 +230,11 @@ static kvs_status policy_attention(void *user, int l, int pos, const float *q, c
             return st;
         /* the step's cost as the replay counts it (stored() ∪ S_t, the policy's account()), before the metrics */
         kvs_policy_cost cost;
-        kvs_host_cost(ops, state, &c->pm, view, &sel, kv_slots, dedup, &cost);
+        if (rep) { /* the codec's bytes of the resident and attended sets (sim/host.h, the representation stage) */
+            if ((st = kvs_host_rep_cost(rep, h, ops, state, &c->pm, view, &sel, p, &cost)) != KVS_OK) return st;
+        } else {
+            kvs_host_cost(ops, state, &c->pm, view, &sel, kv_slots, dedup, &cost);
+        }
         c->storage_sum += kvs_host_storage_bytes(&cost);
         c->traffic_sum += kvs_host_traffic_bytes(&cost);
         c->n_costed++;
@@ -223,8 +257,10 @@ static kvs_status policy_attention(void *user, int l, int pos, const float *q, c
             float *out = o + ((size_t)h * (size_t)c->G + (size_t)g) * d;
             lse[h * c->G + g] = (float)kvs_attention(view->q + (size_t)g * d, keys, vals, d, idx, (size_t)sel.n[li], d,
                                                      c->pm.scale, c->pbuf[g], out);
-            measure_head(c, view->q + (size_t)g * d, view->k, view->v, sel.idx[li], merged ? sel.row_k[li] : NULL,
-                         sel.n[li], p, out, &cost);
+            /* against exact attention over the policy model's own history in full precision (with a codec too:
+             * the reference is the uncompressed cache, as in the replay) */
+            measure_head(c, view->q + (size_t)g * d, hist(c, c->hk, l, h), hist(c, c->hv, l, h), sel.idx[li],
+                         merged ? sel.row_k[li] : NULL, sel.n[li], p, out, &cost);
         }
         if (ops->observe && (st = ops->observe(state, view, &sel, (const float *const *)c->pbuf)) != KVS_OK) return st;
         for (int li = 0; li < sel.n_lists; li++) {
@@ -275,6 +311,9 @@ static kvs_status start_policy(cl_ctx *c) {
             if (ops->layer_sync && (st = ops->layer_sync(c->sync, c->Hkv, KVS_SYNC_PREFILL)) != KVS_OK) return st;
             bb = be;
         }
+        /* a codec scoring with the prompt's queries (think) takes the policy model's, all P of them */
+        for (int h = 0; c->reps && h < c->Hkv; h++)
+            if ((st = kvs_host_rep_prompt_queries(c->reps[l], h, prompt_q(c, l, h), c->P, c->G)) != KVS_OK) return st;
     }
     return KVS_OK;
 }
@@ -421,8 +460,10 @@ kvs_status kvs_closed_loop_run(const kvs_closed_loop_opts *o, kvs_closed_loop_re
     {
         char identity[65];
         run_identity(o, mc, identity);
-        c.run_seed = kvs_host_run_seed(
-            &(kvs_host_identity){.content_hash = identity, .policy = &o->policy, .budget = o->budget}, &c.pm);
+        c.run_seed = kvs_host_run_seed(&(kvs_host_identity){.content_hash = identity, .policy = &o->policy,
+                                                            .budget = o->budget,
+                                                            .codec = o->codec ? kvs_codec_spec(o->codec) : NULL},
+                                       &c.pm);
     }
     kvs_model_state *full = NULL, *pol = NULL;
     kvs_closed_loop_result *r = calloc(1, sizeof *r);

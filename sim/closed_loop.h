@@ -45,6 +45,7 @@
 #include "../common/threadpool.h"
 #include "../gpu_capture/model.h"
 #include "../gpu_capture/tokenizer.h"
+#include "codec.h"
 #include "policy.h"
 
 /* The most lists a policy selects at once (one per query head of a KV group). */
@@ -63,6 +64,13 @@ typedef struct {
     int free_running;            /* 0 teacher-forced, 1 free-running */
     int64_t max_new;             /* free-running: tokens to generate (>= 2 when prompt_len == n_tokens, else >= 1) */
     int stop_at_eos;             /* free-running: stop when both models emitted an EOS (kvs_model_is_eos) */
+    const kvs_codec *codec;      /* borrowed; NULL = none. The policy model's cache under a codec (sim/codec.h; the
+                                  * replay's representation rule, sim/host.h): the prompt is read in full precision,
+                                  * from the first decode position on every layer attends over the codec's rows of its
+                                  * own history (dequantized below the codec's q(n)), the policy observes those
+                                  * probabilities and the bytes are the codec's; the attention metrics' reference
+                                  * stays the policy model's own history in full precision. Part of the run's
+                                  * identity (its seed) when set. */
     /* TEST HOOKS (NULL in normal use). full_attn replaces the FULL model's attention (the leak test perturbs
      * the full model through it); on_step sees both next-token logits [vocab] of every step. */
     kvs_model_attn_fn full_attn;

@@ -22,6 +22,7 @@
 #include "common/kvs_math.h"
 #include "gpu_capture/model.h"
 #include "sim/closed_loop.h"
+#include "sim/codec.h"
 #include "sim/policy.h"
 #include "policies/registry.h"
 
@@ -263,6 +264,113 @@ static void test_window_matches_a_naive_reference(void **state) {
     log_free(&lg);
 }
 
+/* The window's closed loop under a codec, naively: every layer's attention at a decode position hands the layer's
+ * cache rows 0..pos of each KV head to a codec stream of its own (kvs_codec_state directly, not the host's stage),
+ * prefilled with the prompt's rows at the first decode position, then attends over the stream's rows (dequantized
+ * below its q(n)) of the last B positions, in fp64. */
+typedef struct {
+    naive_window w;
+    const kvs_codec *codec;
+    kvs_codec_state *st[8][8]; /* [layer][KV head] */
+    float k[N_TOK * 64], v[N_TOK * 64];
+} naive_codec_window;
+
+static kvs_status naive_codec_window_attn(void *user, int layer, int pos, const float *q, const float *kc,
+                                          const float *vc, size_t stride, float *o, float *lse) {
+    naive_codec_window *nc = user;
+    naive_window *w = &nc->w;
+    if (!w->active) return naive_window_attn(w, layer, pos, q, kc, vc, stride, o, lse);
+    int lo = pos + 1 > w->B ? pos + 1 - w->B : 0;
+    double sc[N_TOK];
+    for (int kvh = 0; kvh < w->Hkv; kvh++) {
+        for (int j = 0; j <= pos; j++)
+            for (int i = 0; i < w->d; i++) {
+                nc->k[j * w->d + i] = kc[(size_t)j * stride + (size_t)kvh * w->d + i];
+                nc->v[j * w->d + i] = vc[(size_t)j * stride + (size_t)kvh * w->d + i];
+            }
+        kvs_codec_state **st = &nc->st[layer][kvh];
+        if (!*st) {
+            assert_int_equal(kvs_codec_state_create(nc->codec, w->d, N_TOK, st), KVS_OK);
+            assert_int_equal(kvs_codec_state_prefill(*st, nc->k, nc->v, PROMPT), KVS_OK);
+        }
+        assert_int_equal(kvs_codec_state_advance(*st, nc->k, nc->v, pos + 1), KVS_OK);
+        const float *rk = kvs_codec_state_rows(*st, KVS_CODEC_K), *rv = kvs_codec_state_rows(*st, KVS_CODEC_V);
+        for (int g = 0; g < w->H / w->Hkv; g++) {
+            int h = kvh * (w->H / w->Hkv) + g;
+            const float *qh = q + (size_t)h * (size_t)w->d;
+            double mx = -INFINITY, z = 0;
+            for (int j = lo; j <= pos; j++) {
+                double s = 0;
+                for (int i = 0; i < w->d; i++) s += (double)qh[i] * rk[j * w->d + i];
+                sc[j] = s / sqrt((double)w->d);
+                if (sc[j] > mx) mx = sc[j];
+            }
+            for (int j = lo; j <= pos; j++) z += exp(sc[j] - mx);
+            for (int i = 0; i < w->d; i++) {
+                double acc = 0;
+                for (int j = lo; j <= pos; j++) acc += exp(sc[j] - mx) / z * rv[j * w->d + i];
+                o[(size_t)h * (size_t)w->d + i] = (float)acc;
+            }
+            lse[h] = (float)(mx + log(z));
+        }
+    }
+    return KVS_OK;
+}
+
+/* A codec in the closed loop: the policy model attends over the codec's rows of its own history, checked against the
+ * naive codec window above (logits within rounding); 2-bit codes really move the model (KL against the same run
+ * without a codec), the run's bytes are the codec's (below the 16-bit run's), its seed depends on the codec, and the
+ * full model is untouched by it. */
+static void test_window_with_codec_matches_a_naive_reference(void **state) {
+    fixture *f = *state;
+    NEED_MODEL(f);
+    const kvs_model_config *c = &kvs_model_info_get(f->m)->config;
+    assert_true(c->n_layers <= 8 && c->n_kv_heads <= 8 && c->head_dim <= 64);
+    const int B = 12;
+    kvs_codec *codec = NULL;
+    assert_int_equal(kvs_codec_parse("int:bits=2,group=8", &codec), KVS_OK);
+    kvs_closed_loop_opts o = tf_opts(f, "window", B), plain = o;
+    o.codec = codec;
+    logit_log lg;
+    log_init(&lg, f);
+    o.on_step = log_step;
+    o.on_step_user = &lg;
+    kvs_closed_loop_result *r = NULL, *r0 = NULL;
+    assert_int_equal(kvs_closed_loop_run(&o, &r), KVS_OK);
+    assert_int_equal(kvs_closed_loop_run(&plain, &r0), KVS_OK);
+    naive_codec_window *nc = calloc(1, sizeof *nc);
+    assert_non_null(nc);
+    nc->w = (naive_window){.B = B, .H = c->n_heads, .Hkv = c->n_kv_heads, .d = c->head_dim, .active = 0};
+    nc->codec = codec;
+    kvs_model_state *s = NULL;
+    assert_int_equal(kvs_model_state_create(f->m, N_TOK, NULL, &s), KVS_OK);
+    kvs_model_state_set_attn(s, naive_codec_window_attn, nc);
+    double max_diff = 0, moved = 0;
+    for (int p = 0; p + 1 < N_TOK; p++) {
+        nc->w.active = p >= PROMPT;
+        const float *lgt;
+        assert_int_equal(kvs_model_forward(s, f->tokens[p], p, &lgt), KVS_OK);
+        if (p < PROMPT) continue;
+        const float *mine = lg.pol + (size_t)(p - PROMPT) * (size_t)lg.V;
+        for (int i = 0; i < lg.V; i++) max_diff = fmax(max_diff, fabs((double)lgt[i] - (double)mine[i]));
+        assert_true(r->steps[p - PROMPT].nll_full == r0->steps[p - PROMPT].nll_full); /* the full model as before */
+        moved = fmax(moved, fabs(r->steps[p - PROMPT].nll_policy - r0->steps[p - PROMPT].nll_policy));
+    }
+    assert_true(max_diff < 1e-3);
+    assert_true(moved > 1e-4); /* 2-bit codes change what the policy model predicts */
+    assert_true(r->kl_mean != r0->kl_mean);
+    assert_true(r->storage_bytes_mean < r0->storage_bytes_mean); /* codes and scales, not 16-bit rows */
+    assert_true(r->traffic_bytes_mean < r0->traffic_bytes_mean);
+    for (int l = 0; l < 8; l++)
+        for (int h = 0; h < 8; h++) kvs_codec_state_free(nc->st[l][h]);
+    free(nc);
+    kvs_model_state_free(s);
+    kvs_closed_loop_result_free(r);
+    kvs_closed_loop_result_free(r0);
+    log_free(&lg);
+    kvs_codec_free(codec);
+}
+
 /* ---- leak test ---- */
 
 /* The full model's attention, then a large perturbation of its output: the full model's hidden states (and so
@@ -316,6 +424,40 @@ static void test_policy_model_never_sees_the_full_model(void **state) {
         kvs_closed_loop_result_free(b);
     }
     assert_true(checked >= 10);
+}
+
+/* The same with a codec in the policy model's cache: the codec's stage reads the policy model's own rows (and, for
+ * think, its own prompt queries), never the full model's. */
+static void test_policy_model_with_codec_never_sees_the_full_model(void **state) {
+    fixture *f = *state;
+    NEED_MODEL(f);
+    const kvs_model_config *c = &kvs_model_info_get(f->m)->config;
+    const char *const codecs[] = {"int:bits=2,group=8", "think:ratio=0.5,window=8", "fp8"};
+    const char *const policies[] = {"h2o", "snapkv", "tova", "window"};
+    for (size_t k = 0; k < sizeof codecs / sizeof *codecs; k++) {
+        kvs_codec *codec = NULL;
+        assert_int_equal(kvs_codec_parse(codecs[k], &codec), KVS_OK);
+        for (size_t i = 0; i < sizeof policies / sizeof *policies; i++) {
+            kvs_closed_loop_opts o = tf_opts(f, policies[i], 8);
+            o.codec = codec;
+            kvs_closed_loop_result *a = NULL, *b = NULL;
+            assert_int_equal(kvs_closed_loop_run(&o, &a), KVS_OK);
+            o.full_attn = perturbed_full_attn;
+            o.full_attn_user = (void *)c;
+            assert_int_equal(kvs_closed_loop_run(&o, &b), KVS_OK);
+            int full_moved = 0;
+            for (int64_t s = 0; s < a->n_steps; s++) {
+                assert_true(a->steps[s].nll_policy == b->steps[s].nll_policy);
+                assert_true(a->steps[s].out_err == b->steps[s].out_err);
+                assert_true(a->steps[s].storage_bytes == b->steps[s].storage_bytes);
+                full_moved |= a->steps[s].nll_full != b->steps[s].nll_full;
+            }
+            assert_true(full_moved);
+            kvs_closed_loop_result_free(a);
+            kvs_closed_loop_result_free(b);
+        }
+        kvs_codec_free(codec);
+    }
 }
 
 /* ---- free-running ---- */
@@ -592,7 +734,9 @@ int main(void) {
         cmocka_unit_test(test_full_policy_is_bit_identical),
         cmocka_unit_test(test_kl_and_nll_match_an_independent_computation),
         cmocka_unit_test(test_window_matches_a_naive_reference),
+        cmocka_unit_test(test_window_with_codec_matches_a_naive_reference),
         cmocka_unit_test(test_policy_model_never_sees_the_full_model),
+        cmocka_unit_test(test_policy_model_with_codec_never_sees_the_full_model),
         cmocka_unit_test(test_free_running_agrees_with_teacher_forcing_on_its_own_tokens),
         cmocka_unit_test(test_free_running_after_given_tokens_reads_them_through_the_policy),
         cmocka_unit_test(test_bad_options_are_rejected),
