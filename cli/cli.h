@@ -57,6 +57,15 @@ int kvs_cli_once(const char *cmd, const char *opt, int *seen);
  *  is set to 1). */
 const char *kvs_cli_opt_value(const char *opt, int argc, char **argv, int *i, int *missing);
 
+/*! kvs_cli_parse_codecs() : the codecs of a command's repeatable --codec SPEC (`kvsim replay --codec`): none given
+ *  = one entry NULL (K/V as captured), "none" names that entry among others; the same canonical codec given twice runs
+ *  once (a warning "kvsim CMD: warning: --codec SPEC given more than once: run once" on stderr). codecs[] (capacity
+ *  >= max(n_specs, 1)) receives the parsed codecs, *n_codecs their count; the caller frees each with
+ *  kvs_codec_free. KVS_ERR_INVALID_ARG (the codec's message in kvs_last_error; nothing to free) for a bad spec. */
+struct kvs_codec;
+kvs_status kvs_cli_parse_codecs(const char *cmd, const char *const *specs, int n_specs, struct kvs_codec **codecs,
+                                int *n_codecs);
+
 /*! kvs_cli_single_value() : kvs_cli_opt_value() for a single-valued option stored in *slot: 1 when argv[*i] is
  *  `opt` (its value now in *slot), 0 when it is not (*missing set when it is but its value is missing), -1 after
  *  printing the usage error "kvsim CMD: OPT given twice" when *slot already holds a value (the one rule:

@@ -14,6 +14,7 @@
 #include "../gpu_capture/model.h"
 #include "../gpu_capture/tokenizer.h"
 #include "../sim/closed_loop.h"
+#include "../sim/codec.h"
 #include "../sim/replay.h"
 #include "../results/results_closed.h"
 #include "../results/results_sweep.h"
@@ -24,6 +25,7 @@
 
 #define GEN_VERSION "0.1.0"
 #define MAX_POLICIES 64
+#define MAX_CODECS 16
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -45,6 +47,12 @@ static void usage(FILE *f) {
             "(tables closed_task_runs, closed_task_items; each item's run in closed_runs).\n"
             "  --model PATH        llama2.c .bin or Hugging Face folder\n"
             "  --policy SPEC       NAME, NAME:key=value,... or NAME@PRESET (repeatable; oracles are refused)\n"
+            "  --codec SPEC        the policy model's cache under a KV codec (`kvsim replay --codec`: int, kivi, hf,\n"
+            "                      fp8, think specs; none = K/V as computed), repeatable: each (policy, codec,\n"
+            "                      budget) is one run. The prompt is read in full precision; from the first decode\n"
+            "                      position every layer of the policy model attends over the codec's rows of its own\n"
+            "                      history (the replay's rule), so KL, perplexity and the tokens show what the codec\n"
+            "                      and the policy together do to decoding\n"
             "  --budgets LIST      16,32,64 or 10%%,20%% (of the prompt), tokens per KV head\n"
             "  --db FILE           results database (created when absent)\n"
             "  --trace TRACE       the trace's tokens; its first prompt is the prompt (pairs with replays of TRACE\n"
@@ -118,7 +126,15 @@ typedef struct {
     long threads;
     const kvs_policy_config *cfgs;
     int n_specs;
+    kvs_codec *const *codecs; /* [n_codecs]; an entry NULL = none */
+    int n_codecs;
 } task_args;
+
+/* A configuration's name in the tables: "policy" or "policy [codec spec]". */
+static void run_name(const kvs_policy_config *cfg, const kvs_codec *codec, char *buf, size_t cap) {
+    if (codec) snprintf(buf, cap, "%s [%s]", cfg->ops->name, kvs_codec_spec(codec));
+    else snprintf(buf, cap, "%s", cfg->ops->name);
+}
 
 /* One item's outcome in one (policy, budget). */
 typedef struct {
@@ -151,13 +167,13 @@ static void task_out_clear(task_out *o) {
 
 /* The item's closed loop and how each model's continuation scores. A failed run leaves o->r NULL and o->err set. */
 static kvs_status task_item_run(const kvs_model *model, const kvs_tokenizer *tok, kvs_threadpool *pool,
-                                const kvs_policy_config *cfg, int64_t budget, const kvs_closed_loop_task_input *in,
-                                int64_t prompt_len, task_out *o) {
+                                const kvs_policy_config *cfg, const kvs_codec *codec, int64_t budget,
+                                const kvs_closed_loop_task_input *in, int64_t prompt_len, task_out *o) {
     /* the answer's own tokens and two more: the byte after the answer (its word boundary) is then generated even
      * when the model spells the answer in one more piece than the text's tokenization */
     kvs_closed_loop_opts opts = {.model = model, .policy = *cfg, .budget = budget, .pool = pool, .tokens = in->tokens,
                                  .n_tokens = in->n_context, .prompt_len = prompt_len, .free_running = 1,
-                                 .max_new = in->n_tokens - in->n_context + 2, .stop_at_eos = 1};
+                                 .max_new = in->n_tokens - in->n_context + 2, .stop_at_eos = 1, .codec = codec};
     double t0 = kvs_now_s();
     kvs_status rs = kvs_closed_loop_run(&opts, &o->r);
     o->wall_seconds = kvs_now_s() - t0;
@@ -237,17 +253,22 @@ static int run_task(const task_args *a) {
     printf("%-14s %6s %7s  %-22s  %-28s\n", "policy", "budget", "correct", "accuracy [95% interval]",
            "policy - full [95% interval]");
     for (int pi = 0; pi < a->n_specs; pi++)
+        for (int ci = 0; ci < a->n_codecs; ci++)
         for (int bi = 0; bi < n_budgets; bi++) {
             const kvs_policy_config *cfg = &a->cfgs[pi];
+            const kvs_codec *codec = a->codecs[ci];
+            const char *codec_spec = codec ? kvs_codec_spec(codec) : NULL;
+            char name[KVS_POLICY_NAME_MAX + KVS_CODEC_SPEC_MAX + 4];
+            run_name(cfg, codec, name, sizeof name);
             double t0 = kvs_now_s();
             size_t n_run = 0;
             const char *err = NULL;
             for (size_t k = 0; k < n && !err; k++) {
-                KVS_TRY(st = task_item_run(model, tok, pool, cfg, budgets[bi], &in[k], prompt_len[k], &outs[k]));
+                KVS_TRY(st = task_item_run(model, tok, pool, cfg, codec, budgets[bi], &in[k], prompt_len[k], &outs[k]));
                 n_run = k + 1;
                 if (!outs[k].r) {
                     err = outs[k].err;
-                    fprintf(stderr, "kvsim generate: %s budget %lld failed on %s:%lld: %s\n", cfg->ops->name,
+                    fprintf(stderr, "kvsim generate: %s budget %lld failed on %s:%lld: %s\n", name,
                             (long long)budgets[bi], a->task_path, (long long)task->items[k].line, err);
                     failed = 1;
                 }
@@ -258,8 +279,8 @@ static int run_task(const task_args *a) {
                 runs[k] = (kvs_results_closed_run){
                     .model = mc->model_name, .mode = "free", .source = a->task_path, .trace = NULL,
                     .tokens = in[k].tokens, .n_tokens = in[k].n_context, .prompt_len = prompt_len[k],
-                    .policy = cfg->ops->name, .params = cfg->canonical, .budget_tokens = budgets[bi],
-                    .layout = lay == KVS_SEL_PER_QUERY_HEAD ? "per_query_head" : "per_kv_head",
+                    .policy = cfg->ops->name, .params = cfg->canonical, .codec = codec_spec,
+                    .budget_tokens = budgets[bi], .layout = lay == KVS_SEL_PER_QUERY_HEAD ? "per_query_head" : "per_kv_head",
                     .budget_scope = scopes[cfg->ops->budget_scope], .status = outs[k].r ? "complete" : "failed",
                     .error = outs[k].r ? NULL : outs[k].err, .result = outs[k].r, .full_text = outs[k].full_text,
                     .policy_text = outs[k].policy_text, .wall_seconds = outs[k].wall_seconds,
@@ -275,11 +296,14 @@ static int run_task(const task_args *a) {
                 full[k] = outs[k].full_correct;
             }
             char series[1200];
-            snprintf(series, sizeof series, "%s|%s|%lld", cfg->ops->name, cfg->canonical, (long long)budgets[bi]);
+            /* a codec names the series only when set: the intervals of runs without one keep their seeds */
+            snprintf(series, sizeof series, "%s|%s|%lld%s%s", cfg->ops->name, cfg->canonical, (long long)budgets[bi],
+                     codec_spec ? "|codec=" : "", codec_spec ? codec_spec : "");
             kvs_results_closed_task_run tr = {
                 .model = mc->model_name, .task = a->task_path, .task_sha256 = task->sha256,
                 .prompt_tokens = a->prompt_tokens, .policy = cfg->ops->name, .params = cfg->canonical,
-                .budget_tokens = budgets[bi], .status = err ? "failed" : "complete", .error = err, .items = items,
+                .codec = codec_spec, .budget_tokens = budgets[bi], .status = err ? "failed" : "complete", .error = err,
+                .items = items,
                 .n_items = (int64_t)n_run, .seed = task_seed(task->sha256, mc->model_name, a->prompt_tokens, series),
                 .kvsim_version = GEN_VERSION,
             };
@@ -299,7 +323,7 @@ static int run_task(const task_args *a) {
                 printf("\n");
                 full_printed = 1;
             }
-            printf("%-14s %6lld %3.0f/%-3zu  ", cfg->ops->name, (long long)budgets[bi], tr.accuracy.mean * (double)n, n);
+            printf("%-14s %6lld %3.0f/%-3zu  ", name, (long long)budgets[bi], tr.accuracy.mean * (double)n, n);
             print_interval(&tr.accuracy, 0);
             printf("  ");
             print_interval(&tr.diff, 1);
@@ -331,8 +355,8 @@ cleanup:
 
 int kvs_cmd_generate(int argc, char **argv) {
     const char *val[N_VALUE_OPTS] = {0};
-    const char *specs[MAX_POLICIES];
-    int n_specs = 0, ignore_eos = 0;
+    const char *specs[MAX_POLICIES], *codec_specs[MAX_CODECS];
+    int n_specs = 0, n_codec_specs = 0, ignore_eos = 0;
     for (int i = 1; i < argc; i++) {
         int m = 0, hit = 0;
         const char *v;
@@ -344,6 +368,12 @@ int kvs_cmd_generate(int argc, char **argv) {
             if (!v) return kvs_cli_usage_error("generate", "--policy needs a SPEC");
             if (n_specs == MAX_POLICIES) return kvs_cli_usage_error("generate", "at most %d --policy options", MAX_POLICIES);
             specs[n_specs++] = v;
+            continue;
+        }
+        if ((v = kvs_cli_opt_value("--codec", argc, argv, &i, &m)) || m) {
+            if (!v) return kvs_cli_usage_error("generate", "--codec needs a SPEC");
+            if (n_codec_specs == MAX_CODECS) return kvs_cli_usage_error("generate", "at most %d --codec options", MAX_CODECS);
+            codec_specs[n_codec_specs++] = v;
             continue;
         }
         for (int k = 0; k < N_VALUE_OPTS && !hit; k++) {
@@ -391,21 +421,30 @@ int kvs_cmd_generate(int argc, char **argv) {
             return kvs_cli_usage_error("generate", "policy %s is an oracle: a model decoding with a compressed cache "
                                        "has no full attention to give it", cfgs[i].ops->name);
     }
+    if (task_path && strchr(budget_text, '%'))
+        return kvs_cli_usage_error("generate", "--task takes budgets in tokens: items differ in length, so a "
+                                   "percentage names no one budget");
+    /* the codecs: none given = one entry NULL, the policy model's K/V as computed */
+    kvs_codec *codecs[MAX_CODECS];
+    int n_codecs = 0;
+    if (kvs_cli_parse_codecs("generate", codec_specs, n_codec_specs, codecs, &n_codecs) != KVS_OK) {
+        kvs_cli_fail("generate", KVS_ERR_INVALID_ARG); /* the codec's message; a bad value, exit 1 (as replay) */
+        return KVS_EXIT_FAIL;
+    }
     /* parameters naming a results database (SyncKV's clusters) are loaded here: policies never open one */
     void *inputs = NULL;
     kvs_status rst = kvs_results_resolve_policy_inputs(cfgs, n_specs, &inputs);
-    if (rst != KVS_OK) return kvs_cli_fail("generate", rst);
+    if (rst != KVS_OK) {
+        for (int k = 0; k < n_codecs; k++) kvs_codec_free(codecs[k]);
+        return kvs_cli_fail("generate", rst);
+    }
     if (task_path) {
-        if (strchr(budget_text, '%')) {
-            kvs_results_policy_inputs_free(inputs);
-            return kvs_cli_usage_error("generate", "--task takes budgets in tokens: items differ in length, so a "
-                                       "percentage names no one budget");
-        }
         task_args ta = {.model_path = model_path, .tok_path = tok_path, .task_path = task_path,
                         .prompt_tokens = val[5] ? prompt_tokens : 0, .budget_text = budget_text, .db_path = db_path,
-                        .threads = threads, .cfgs = cfgs, .n_specs = n_specs};
+                        .threads = threads, .cfgs = cfgs, .n_specs = n_specs, .codecs = codecs, .n_codecs = n_codecs};
         int rc = run_task(&ta);
         kvs_results_policy_inputs_free(inputs);
+        for (int k = 0; k < n_codecs; k++) kvs_codec_free(codecs[k]);
         return rc;
     }
 
@@ -484,18 +523,22 @@ int kvs_cmd_generate(int argc, char **argv) {
     if (free_running) printf(" %8s %7s", "diverge", "agree");
     printf("\n");
     for (int pi = 0; pi < n_specs; pi++)
+        for (int ci = 0; ci < n_codecs; ci++)
         for (int bi = 0; bi < n_budgets; bi++) {
+            const kvs_codec *codec = codecs[ci];
+            char name[KVS_POLICY_NAME_MAX + KVS_CODEC_SPEC_MAX + 4];
+            run_name(&cfgs[pi], codec, name, sizeof name);
             kvs_closed_loop_opts o = {.model = model, .policy = cfgs[pi], .budget = budgets[bi], .pool = pool,
                                       .tokens = ids, .n_tokens = n_ids, .prompt_len = prompt_len,
-                                      .free_running = free_running, .max_new = steps, .stop_at_eos = !ignore_eos};
+                                      .free_running = free_running, .max_new = steps, .stop_at_eos = !ignore_eos,
+                                      .codec = codec};
             kvs_closed_loop_result *r = NULL;
             double t0 = kvs_now_s();
             kvs_status rs = kvs_closed_loop_run(&o, &r);
             char err[512] = "";
             if (rs != KVS_OK) {
                 snprintf(err, sizeof err, "%s", kvs_last_error()[0] ? kvs_last_error() : kvs_strerror(rs));
-                fprintf(stderr, "kvsim generate: %s budget %lld failed: %s\n", cfgs[pi].ops->name,
-                        (long long)budgets[bi], err);
+                fprintf(stderr, "kvsim generate: %s budget %lld failed: %s\n", name, (long long)budgets[bi], err);
                 failed = 1;
             }
             char *full_text = NULL, *pol_text = NULL;
@@ -513,7 +556,8 @@ int kvs_cmd_generate(int argc, char **argv) {
                 .model = mc->model_name, .mode = free_running ? "free" : "teacher",
                 .source = trace_path ? trace_path : text_path ? text_path : prompt_file ? prompt_file : "prompt",
                 .trace = trace_path ? &trow : NULL, .tokens = ids, .n_tokens = n_ids, .prompt_len = prompt_len,
-                .policy = cfgs[pi].ops->name, .params = cfgs[pi].canonical, .budget_tokens = budgets[bi],
+                .policy = cfgs[pi].ops->name, .params = cfgs[pi].canonical,
+                .codec = codec ? kvs_codec_spec(codec) : NULL, .budget_tokens = budgets[bi],
                 .layout = lay == KVS_SEL_PER_QUERY_HEAD ? "per_query_head" : "per_kv_head",
                 .budget_scope = scopes[cfgs[pi].ops->budget_scope], .status = r ? "complete" : "failed",
                 .error = r ? NULL : err, .result = r, .full_text = full_text, .policy_text = pol_text,
@@ -527,7 +571,7 @@ int kvs_cmd_generate(int argc, char **argv) {
                 goto cleanup;
             }
             if (r) {
-                printf("%-14s %6lld %9.4g %9.4f %8.3f %10.3f %10.4g %9.4g %8.4f", cfgs[pi].ops->name,
+                printf("%-14s %6lld %9.4g %9.4f %8.3f %10.3f %10.4g %9.4g %8.4f", name,
                        (long long)budgets[bi], r->kl_mean, r->top1_agree, r->ppl_full, r->ppl_policy,
                        r->ppl_policy - r->ppl_full, r->out_err_mean, r->attn_recall_mean);
                 if (free_running) printf(" %8lld %7.3f", (long long)r->first_divergence, r->token_agreement);
@@ -537,6 +581,7 @@ int kvs_cmd_generate(int argc, char **argv) {
         }
     st = KVS_OK;
 cleanup:
+    for (int k = 0; k < n_codecs; k++) kvs_codec_free(codecs[k]);
     kvs_results_policy_inputs_free(inputs);
     kvs_results_close(db);
     kvs_threadpool_free(pool);

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "../sim/codec.h"
 #include "../trace/trace.h"
 
 #define KVSIM_VERSION "0.1.0"
@@ -146,6 +147,34 @@ int kvs_cli_once(const char *cmd, const char *opt, int *seen) {
     if (*seen) return kvs_cli_usage_error(cmd, "%s given twice", opt);
     *seen = 1;
     return 0;
+}
+
+kvs_status kvs_cli_parse_codecs(const char *cmd, const char *const *specs, int n_specs, kvs_codec **codecs,
+                                int *n_codecs) {
+    codecs[0] = NULL;
+    *n_codecs = 1;
+    if (n_specs < 1) return KVS_OK;
+    int n = 0;
+    for (int i = 0; i < n_specs; i++) {
+        kvs_codec *c = NULL;
+        if (strcmp(specs[i], "none") && kvs_codec_parse(specs[i], &c) != KVS_OK) {
+            for (int j = 0; j < n; j++) kvs_codec_free(codecs[j]);
+            *n_codecs = 0;
+            return KVS_ERR_INVALID_ARG;
+        }
+        int dup = 0; /* the same codec spelt twice runs once */
+        for (int j = 0; j < n && !dup; j++)
+            dup = (!c && !codecs[j]) || (c && codecs[j] && !strcmp(kvs_codec_spec(c), kvs_codec_spec(codecs[j])));
+        if (dup) {
+            fprintf(stderr, "kvsim %s: warning: --codec %s given more than once: run once\n", cmd,
+                    c ? kvs_codec_spec(c) : "none");
+            kvs_codec_free(c);
+            continue;
+        }
+        codecs[n++] = c;
+    }
+    *n_codecs = n;
+    return KVS_OK;
 }
 
 int kvs_cli_single_value(const char *cmd, const char *opt, int argc, char **argv, int *i, int *missing,

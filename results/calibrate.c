@@ -82,6 +82,19 @@ static size_t policy_index(kvs_calibration *c, const char *name) {
     return c->n_policies++;
 }
 
+/* One codec spelling for "none": NULL and "" alike. */
+static int same_codec(const char *a, const char *b) {
+    return !strcmp(a && a[0] ? a : "", b && b[0] ? b : "");
+}
+
+/* A replay run that the closed-loop run q is the open-loop counterpart of: the same trace, configuration, budget and
+ * codec, at token granularity (the closed loop has no paged cache). */
+static int counterpart(const kvs_results_run_row *w, const kvs_results_closed_row *q) {
+    return same_trace(w->trace_sha256, w->trace_id, q->trace_sha256, q->trace_id) && w->has_agg &&
+           w->budget_tokens == q->budget_tokens && !strcmp(w->policy, q->policy) && !strcmp(w->params, q->params) &&
+           same_codec(w->codec, q->codec) && w->page == 0;
+}
+
 /* The pairs, grouped by trace in order of first appearance; in a trace, configurations in order of first closed-loop
  * run, each with its latest closed-loop run and its latest replay run. */
 static kvs_status build_pairs(kvs_calibration *c) {
@@ -100,14 +113,12 @@ static kvs_status build_pairs(kvs_calibration *c) {
             const kvs_results_run_row *best = NULL;
             for (int64_t r = 0; r < c->n_runs; r++) {
                 const kvs_results_run_row *w = &c->runs[r];
-                if (same_trace(w->trace_sha256, w->trace_id, q->trace_sha256, q->trace_id) && w->has_agg &&
-                    w->budget_tokens == q->budget_tokens && !strcmp(w->policy, q->policy) && !strcmp(w->params, q->params))
-                    best = w;
+                if (counterpart(w, q)) best = w;
             }
             int dup = 0; /* a configuration generated twice: the latest closed-loop run */
             for (size_t p = first; p < c->n_pairs; p++)
                 if (c->pairs[p].c->budget_tokens == q->budget_tokens && !strcmp(c->pairs[p].c->policy, q->policy) &&
-                    !strcmp(c->pairs[p].c->params, q->params)) {
+                    !strcmp(c->pairs[p].c->params, q->params) && same_codec(c->pairs[p].c->codec, q->codec)) {
                     c->pairs[p].c = q;
                     if (best) c->pairs[p].r = best;
                     dup = 1;
@@ -263,15 +274,17 @@ static kvs_status sel_seed(const kvs_calibration *c, const kvs_calibration_sel *
     kvs_status st = KVS_OK;
     for (size_t i = 0; i < n_units; i++) {
         const kvs_calibration_pair *p = &c->pairs[units[i]];
-        int len = snprintf(NULL, 0, "%s|%s|%s|%lld", c->traces[p->trace].id, p->c->policy, p->c->params,
-                           (long long)p->c->budget_tokens);
+        /* a codec enters the unit's identity only when set: the seeds of runs without one stay as they were */
+        const char *codec = p->c->codec && p->c->codec[0] ? p->c->codec : NULL;
+        int len = snprintf(NULL, 0, "%s|%s|%s|%lld%s%s", c->traces[p->trace].id, p->c->policy, p->c->params,
+                           (long long)p->c->budget_tokens, codec ? "|codec=" : "", codec ? codec : "");
         ids[i] = malloc((size_t)len + 1);
         if (!ids[i]) {
             st = kvs_fail(KVS_ERR_NOMEM, "calibrate: out of memory");
             goto cleanup;
         }
-        snprintf(ids[i], (size_t)len + 1, "%s|%s|%s|%lld", c->traces[p->trace].id, p->c->policy, p->c->params,
-                 (long long)p->c->budget_tokens);
+        snprintf(ids[i], (size_t)len + 1, "%s|%s|%s|%lld%s%s", c->traces[p->trace].id, p->c->policy, p->c->params,
+                 (long long)p->c->budget_tokens, codec ? "|codec=" : "", codec ? codec : "");
     }
     qsort(ids, n_units, sizeof *ids, cmp_str);
     char head[256];

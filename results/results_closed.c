@@ -42,7 +42,8 @@ static const char *const closed_schema =
     "  out_err_mean REAL, out_err_p95 REAL, attn_recall_mean REAL, topk_overlap_mean REAL, attended_mean REAL,\n"
     "  n_generated INTEGER, first_divergence INTEGER, token_agreement REAL,\n"
     "  full_text TEXT, policy_text TEXT,\n"
-    "  wall_seconds REAL\n"
+    "  wall_seconds REAL,\n"
+    "  codec TEXT\n"
     ");\n"
     "CREATE TABLE IF NOT EXISTS closed_steps (\n"
     "  run_id INTEGER NOT NULL REFERENCES closed_runs(id) ON DELETE CASCADE,\n"
@@ -59,6 +60,19 @@ static void bind_text(sqlite3_stmt *st, int i, const char *s) {
     if (s) sqlite3_bind_text(st, i, s, -1, SQLITE_TRANSIENT);
     else sqlite3_bind_null(st, i);
 }
+
+/* `codec` (the policy model's codec, canonical spec; NULL = none) came after the tables: a database written before
+ * gets the column, NULL in its rows (none), so a reader and a writer see one shape. */
+static kvs_status add_codec_column(kvs_results_db *db, const char *table) {
+    int has = kvs_results_has_column(db, table, "codec", "read the closed-loop tables");
+    if (has < 0) return KVS_ERR_DB;
+    if (has) return KVS_OK;
+    char sql[96];
+    snprintf(sql, sizeof sql, "ALTER TABLE %s ADD COLUMN codec TEXT", table);
+    return kvs_results_exec(db, sql, "add the codec column");
+}
+
+static const char *codec_or_null(const char *codec) { return codec && codec[0] ? codec : NULL; }
 
 static kvs_status check_run(kvs_results_db *db, const kvs_results_closed_run *run) {
     if (!run->model || !run->mode || !run->source || !run->tokens || run->n_tokens < 1 || !run->policy ||
@@ -82,8 +96,8 @@ static kvs_status write_run(kvs_results_db *db, const kvs_results_closed_run *ru
                 "prompt_len, policy, params, budget_tokens, budget_max, layout, budget_scope, status, error, n_steps, "
                 "kl_mean, kl_max, top1_agree, nll_full_mean, nll_policy_mean, ppl_full, ppl_policy, out_err_mean, "
                 "out_err_p95, attn_recall_mean, topk_overlap_mean, attended_mean, n_generated, first_divergence, "
-                "token_agreement, full_text, policy_text, wall_seconds) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,"
-                "?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "token_agreement, full_text, policy_text, wall_seconds, codec) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,"
+                "?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 &ins, "insert closed-loop run"));
     const kvs_closed_loop_result *r = run->result;
     int free_mode = !strcmp(run->mode, "free");
@@ -125,6 +139,7 @@ static kvs_status write_run(kvs_results_db *db, const kvs_results_closed_run *ru
     bind_text(ins, i++, run->full_text);
     bind_text(ins, i++, run->policy_text);
     bind_real(ins, i++, run->wall_seconds);
+    bind_text(ins, i++, codec_or_null(run->codec));
     KVS_TRY(s = kvs_results_step_done(db, ins, "insert closed-loop run"));
     int64_t id = sqlite3_last_insert_rowid(kvs_results_sqlite(db));
     if (r && r->n_steps > 0) {
@@ -164,6 +179,7 @@ kvs_status kvs_results_closed_write(kvs_results_db *db, const kvs_results_closed
     int64_t id = 0;
     if ((s = kvs_results_txn_begin(db, "closed-loop run")) != KVS_OK) return s;
     KVS_TRY(s = kvs_results_exec(db, closed_schema, "create closed-loop tables"));
+    KVS_TRY(s = add_codec_column(db, "closed_runs"));
     KVS_TRY(s = write_run(db, run, &id));
     KVS_TRY(s = kvs_results_txn_commit(db, "closed-loop run"));
     if (run_id) *run_id = id;
@@ -187,6 +203,7 @@ void kvs_results_closed_rows_free(kvs_results_closed_row *rows, int64_t n) {
         free(r->params);
         free(r->budget_scope);
         free(r->trace_sha256);
+        free(r->codec);
     }
     free(rows);
 }
@@ -200,14 +217,17 @@ kvs_status kvs_results_closed_query(kvs_results_db *db, kvs_results_closed_row *
     /* the trace's content hash where its writer recorded one (table sweep_traces: generate and replay do) */
     int has_sha = kvs_results_table_exists(db, "sweep_traces");
     if (has_sha < 0) return KVS_ERR_DB;
+    int has_codec = kvs_results_has_column(db, "closed_runs", "codec", "read closed-loop runs");
+    if (has_codec < 0) return KVS_ERR_DB;
     char sql[1024];
     snprintf(sql, sizeof sql,
              "SELECT c.id, COALESCE(c.trace_id, 0), c.model, c.mode, c.source, c.tokens_sha256, c.policy, c.params, "
              "c.budget_scope, c.n_tokens, c.prompt_len, c.budget_tokens, c.n_steps, c.kl_mean, c.kl_max, "
              "c.top1_agree, c.ppl_full, c.ppl_policy, c.out_err_mean, c.out_err_p95, c.attn_recall_mean, "
-             "c.topk_overlap_mean, c.attended_mean, c.token_agreement, COALESCE(c.first_divergence, -1), %s "
+             "c.topk_overlap_mean, c.attended_mean, c.token_agreement, COALESCE(c.first_divergence, -1), %s, %s "
              "FROM closed_runs c%s WHERE c.status = 'complete' ORDER BY c.id",
-             has_sha ? "h.sha256" : "NULL", has_sha ? " LEFT JOIN sweep_traces h ON h.trace_id = c.trace_id" : "");
+             has_sha ? "h.sha256" : "NULL", has_codec ? "c.codec" : "NULL",
+             has_sha ? " LEFT JOIN sweep_traces h ON h.trace_id = c.trace_id" : "");
     sqlite3_stmt *st = NULL;
     kvs_status s = kvs_results_prepare(db, sql, &st, "read closed-loop runs");
     if (s != KVS_OK) return s;
@@ -246,6 +266,7 @@ kvs_status kvs_results_closed_query(kvs_results_db *db, kvs_results_closed_row *
         r->first_divergence = sqlite3_column_int64(st, 24);
         int oom = 0;
         r->trace_sha256 = kvs_results_col_dup(st, 25, &oom);
+        r->codec = kvs_results_col_dup(st, 26, &oom);
         if (oom || !r->model || !r->mode || !r->policy || !r->params) {
             s = kvs_fail(KVS_ERR_NOMEM, "out of memory");
             break;
@@ -283,7 +304,8 @@ static const char *const task_schema =
     "  full_correct INTEGER, full_accuracy REAL, full_lo REAL, full_hi REAL,\n"
     "  diff REAL, diff_lo REAL, diff_hi REAL,\n"
     "  level REAL, reps INTEGER, seed TEXT,\n"
-    "  wall_seconds REAL\n"
+    "  wall_seconds REAL,\n"
+    "  codec TEXT\n"
     ");\n"
     "CREATE TABLE IF NOT EXISTS closed_task_items (\n"
     "  task_run_id INTEGER NOT NULL REFERENCES closed_task_runs(id) ON DELETE CASCADE,\n"
@@ -317,12 +339,14 @@ kvs_status kvs_results_closed_task_write(kvs_results_db *db, const kvs_results_c
     if (s != KVS_OK) return s;
     KVS_TRY(s = kvs_results_exec(db, closed_schema, "create closed-loop tables"));
     KVS_TRY(s = kvs_results_exec(db, task_schema, "create task tables"));
+    KVS_TRY(s = add_codec_column(db, "closed_runs"));
+    KVS_TRY(s = add_codec_column(db, "closed_task_runs"));
     KVS_TRY(s = kvs_results_prepare(db,
                                     "INSERT INTO closed_task_runs (kvsim_version, model, task, task_sha256, "
                                     "prompt_tokens, policy, params, budget_tokens, status, error, n_items, n_correct, "
                                     "accuracy, acc_lo, acc_hi, full_correct, full_accuracy, full_lo, full_hi, diff, "
-                                    "diff_lo, diff_hi, level, reps, seed, wall_seconds) VALUES (?,?,?,?,?,?,?,?,?,?,?,"
-                                    "?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                                    "diff_lo, diff_hi, level, reps, seed, wall_seconds, codec) VALUES (?,?,?,?,?,?,?,?,"
+                                    "?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                                     &ins, "insert task run"));
     int i = 1;
     bind_text(ins, i++, run->kvsim_version);
@@ -362,6 +386,7 @@ kvs_status kvs_results_closed_task_write(kvs_results_db *db, const kvs_results_c
         for (int k = 0; k < 14; k++) sqlite3_bind_null(ins, i++);
     }
     bind_real(ins, i++, run->wall_seconds);
+    bind_text(ins, i++, codec_or_null(run->codec));
     KVS_TRY(s = kvs_results_step_done(db, ins, "insert task run"));
     int64_t id = sqlite3_last_insert_rowid(kvs_results_sqlite(db));
     KVS_TRY(s = kvs_results_prepare(db,
@@ -414,6 +439,7 @@ void kvs_results_closed_task_rows_free(kvs_results_closed_task_row *rows, int64_
         free(r->task_sha256);
         free(r->policy);
         free(r->params);
+        free(r->codec);
         for (int64_t k = 0; r->items && k < r->n_items; k++) {
             free(r->items[k].answer);
             free(r->items[k].expected);
@@ -467,12 +493,20 @@ kvs_status kvs_results_closed_task_query(kvs_results_db *db, kvs_results_closed_
     if (ex < 0 || ex_items < 0) return KVS_ERR_DB;
     if (ex == 0 || ex_items == 0)
         return kvs_fail(KVS_ERR_STATE, "no task results in %s (run kvsim generate --task first)", kvs_results_path(db));
+    int has_codec = kvs_results_has_column(db, "closed_task_runs", "codec", "read task runs");
+    if (has_codec < 0) return KVS_ERR_DB;
     sqlite3_stmt *st = NULL, *items = NULL;
     kvs_status s = kvs_results_prepare(db,
-                                       "SELECT id, model, task, task_sha256, policy, params, prompt_tokens, "
-                                       "budget_tokens, n_items, n_correct, full_correct, accuracy, acc_lo, acc_hi, "
-                                       "full_accuracy, full_lo, full_hi, diff, diff_lo, diff_hi, level, reps, seed "
-                                       "FROM closed_task_runs WHERE status = 'complete' ORDER BY id",
+                                       has_codec ? "SELECT id, model, task, task_sha256, policy, params, prompt_tokens, "
+                                                   "budget_tokens, n_items, n_correct, full_correct, accuracy, acc_lo, "
+                                                   "acc_hi, full_accuracy, full_lo, full_hi, diff, diff_lo, diff_hi, "
+                                                   "level, reps, seed, codec FROM closed_task_runs WHERE status = "
+                                                   "'complete' ORDER BY id"
+                                                 : "SELECT id, model, task, task_sha256, policy, params, prompt_tokens, "
+                                                   "budget_tokens, n_items, n_correct, full_correct, accuracy, acc_lo, "
+                                                   "acc_hi, full_accuracy, full_lo, full_hi, diff, diff_lo, diff_hi, "
+                                                   "level, reps, seed, NULL FROM closed_task_runs WHERE status = "
+                                                   "'complete' ORDER BY id",
                                        &st, "read task runs");
     if (s != KVS_OK) return s;
     kvs_results_closed_task_row *out = NULL;
@@ -513,6 +547,7 @@ kvs_status kvs_results_closed_task_query(kvs_results_db *db, kvs_results_closed_
         r->reps = sqlite3_column_int64(st, 21);
         const unsigned char *seed = sqlite3_column_text(st, 22);
         snprintf(r->seed, sizeof r->seed, "%s", seed ? (const char *)seed : "");
+        r->codec = kvs_results_col_dup(st, 23, &oom);
         if (oom) {
             s = kvs_fail(KVS_ERR_NOMEM, "out of memory");
             goto cleanup;

@@ -23,6 +23,7 @@ typedef struct {
     const int32_t *tokens;      /* [n_tokens] the input token ids (teacher: whole text; free: prompt) */
     int64_t n_tokens, prompt_len;
     const char *policy, *params;/* registry name, canonical parameters */
+    const char *codec;          /* the policy model's codec, canonical spec (kvs_codec_spec); NULL or "" = none */
     int64_t budget_tokens;
     const char *layout, *budget_scope; /* "per_kv_head"/"per_query_head"; "every_step"/"prompt"/"none" */
     const char *status;         /* "complete" or "failed" */
@@ -48,6 +49,7 @@ typedef struct {
     int64_t first_divergence;   /* free: -1 never; teacher: -1 */
     char *trace_sha256;         /* the trace file's content hash (table sweep_traces, recorded by generate and
                                  * replay); NULL when not recorded: no trace, or written before generate recorded it */
+    char *codec;                /* the policy model's codec (canonical spec); NULL = none */
 } kvs_results_closed_row;
 
 /*! kvs_results_closed_query() : every complete closed-loop run, ascending id, into *rows (*n entries; caller
@@ -72,6 +74,7 @@ typedef struct {
     const char *model, *task, *task_sha256; /* model name; the task file as given; its content hash (its identity) */
     int64_t prompt_tokens;       /* the prompt rule: 0 = each context but its last token, K > 0 = its first K tokens */
     const char *policy, *params;
+    const char *codec;           /* the policy model's codec (canonical spec); NULL or "" = none */
     int64_t budget_tokens;
     const char *status, *error;  /* "complete" (every item scored) or "failed" (then the intervals are ignored) */
     const kvs_results_closed_task_item *items;
@@ -98,6 +101,7 @@ typedef struct {
 typedef struct {
     int64_t id;
     char *model, *task, *task_sha256, *policy, *params;
+    char *codec;                 /* the policy model's codec (canonical spec); NULL = none */
     int64_t prompt_tokens, budget_tokens, n_items, n_correct, full_correct;
     double accuracy, acc_lo, acc_hi, full_accuracy, full_lo, full_hi, diff, diff_lo, diff_hi, level;
     int64_t reps;

@@ -22,6 +22,8 @@
 #include "tests/util/cli_run.h"
 #include "tests/util/testenv.h"
 
+#include <sqlite3.h>
+
 #include "common/kvs.h"
 #include "results/calibrate.h"
 #include "results/results.h"
@@ -699,6 +701,48 @@ static void test_equal_memory_bins(void **state) {
     free(text);
 }
 
+/* closed_runs.codec came after the table: a database written before it (the column dropped here) reads back with
+ * every codec NULL, and the next write adds the column and records its codec. */
+static void test_closed_runs_without_codec_column(void **state) {
+    const kvs_test_tmp *tmp = *state;
+    char db_file[192];
+    db_path(tmp, db_file, sizeof db_file);
+    kvs_results_db *db = NULL;
+    assert_int_equal(kvs_results_open(db_file, &db), KVS_OK);
+    trace_w t;
+    trace_open(&t, db, tmp->dir, "m", 0);
+    cfg a = simple("a", 8, 1, 1);
+    add(&t, &a);
+    kvs_results_close(db);
+    sqlite3 *raw = NULL;
+    assert_int_equal(sqlite3_open(db_file, &raw), SQLITE_OK);
+    assert_int_equal(sqlite3_exec(raw, "ALTER TABLE closed_runs DROP COLUMN codec", NULL, NULL, NULL), SQLITE_OK);
+    sqlite3_close(raw);
+    assert_int_equal(kvs_results_open_readonly(db_file, &db), KVS_OK);
+    kvs_results_closed_row *rows = NULL;
+    int64_t n = 0;
+    assert_int_equal(kvs_results_closed_query(db, &rows, &n), KVS_OK);
+    assert_int_equal(n, 1);
+    assert_null(rows[0].codec);
+    kvs_results_closed_rows_free(rows, n);
+    kvs_results_close(db);
+    assert_int_equal(kvs_results_open(db_file, &db), KVS_OK);
+    int32_t tokens[4] = {1, 2, 3, 4};
+    kvs_closed_loop_step step = {.position = 2, .ref_token = 4};
+    kvs_closed_loop_result res = {.n_steps = 1, .steps = &step, .first_divergence = -1};
+    kvs_results_closed_run cr = {.model = "m", .mode = "teacher", .source = t.path, .trace = &t.tr, .tokens = tokens,
+                                 .n_tokens = 4, .prompt_len = 2, .policy = "a", .params = "p=1", .codec = "fp8:x",
+                                 .budget_tokens = 8, .layout = "per_kv_head", .budget_scope = "every_step",
+                                 .status = "complete", .result = &res, .kvsim_version = "test"};
+    assert_int_equal(kvs_results_closed_write(db, &cr, NULL), KVS_OK);
+    assert_int_equal(kvs_results_closed_query(db, &rows, &n), KVS_OK);
+    assert_int_equal(n, 2);
+    assert_null(rows[0].codec);
+    assert_string_equal(rows[1].codec, "fp8:x");
+    kvs_results_closed_rows_free(rows, n);
+    kvs_results_close(db);
+}
+
 /* ---- words, not nan; bad input -------------------------------------------------------------------------------- */
 
 static void test_one_policy_and_constant_sides(void **state) {
@@ -814,6 +858,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_duplicates_collapsed, kvs_test_tmp_setup, kvs_test_tmp_teardown),
         cmocka_unit_test_setup_teardown(test_bootstrap_over_policies_and_traces_brute_force, kvs_test_tmp_setup,
                                         kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_closed_runs_without_codec_column, kvs_test_tmp_setup, kvs_test_tmp_teardown),
         cmocka_unit_test_setup_teardown(test_equal_memory_bins, kvs_test_tmp_setup, kvs_test_tmp_teardown),
         cmocka_unit_test_setup_teardown(test_one_policy_and_constant_sides, kvs_test_tmp_setup, kvs_test_tmp_teardown),
         cmocka_unit_test_setup_teardown(test_closed_loop_script_on_two_prompts_of_both_models, kvs_test_tmp_setup,

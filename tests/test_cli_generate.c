@@ -137,6 +137,61 @@ static void test_generate_and_calibrate_on_the_bundled_trace(void **state) {
     cleanup_dir();
 }
 
+/* --codec: each (policy, codec, budget) one closed-loop run with its codec recorded (NULL for none), the codec's run
+ * differs from the 16-bit one; calibrate pairs each closed-loop run with the replay of the same codec at token
+ * granularity: the 2-bit window with the 2-bit replay (its memory bin, 256 B to 512 B per KV head: 32 positions at
+ * 2 bits plus scales), the 16-bit window with the 16-bit replay (1 KiB), never with the paged replay (1.5 KiB) made
+ * after them. A bad codec spec: exit 1, nothing written. */
+static void test_generate_with_codecs_pairs_by_codec(void **state) {
+    (void)state;
+    if (!need()) skip();
+    const char *rep[] = {"replay", trace, "--db", db, "--policy", "window", "--codec", "none", "--codec",
+                         "int:bits=2,group=8", "--budgets", "32", NULL};
+    assert_int_equal(kvs_test_cli(out, err, rep), 0);
+    const char *rep_page[] = {"replay", trace, "--db", db, "--policy", "window", "--page", "16", "--budgets", "32", NULL};
+    assert_int_equal(kvs_test_cli(out, err, rep_page), 0);
+    const char *gen[] = {"generate", "--model", model, "--trace", trace, "--db", db, "--policy", "window", "--codec",
+                         "none", "--codec", "int:bits=2,group=8", "--codec", "none", "--budgets", "32", NULL};
+    assert_int_equal(kvs_test_cli(out, err, gen), 0);
+    char *text = kvs_test_slurp(err, NULL);
+    assert_non_null(strstr(text, "--codec none given more than once: run once"));
+    free(text);
+    text = kvs_test_slurp(out, NULL);
+    assert_non_null(strstr(text, "window [int:bits=2,group=8,k_axis=token,v_axis=channel]"));
+    free(text);
+    kvs_results_db *h = NULL;
+    assert_int_equal(kvs_results_open_readonly(db, &h), KVS_OK);
+    kvs_results_closed_row *rows = NULL;
+    int64_t n = 0;
+    assert_int_equal(kvs_results_closed_query(h, &rows, &n), KVS_OK);
+    assert_int_equal(n, 2);
+    assert_null(rows[0].codec);
+    assert_non_null(rows[1].codec);
+    assert_string_equal(rows[1].codec, "int:bits=2,group=8,k_axis=token,v_axis=channel");
+    assert_true(rows[1].kl_mean != rows[0].kl_mean && rows[1].out_err_mean > rows[0].out_err_mean);
+    kvs_results_closed_rows_free(rows, n);
+    kvs_results_close(h);
+    const char *cal[] = {"calibrate", db, "--bootstrap", "0", NULL};
+    assert_int_equal(kvs_test_cli(out, err, cal), 0);
+    text = kvs_test_slurp(out, NULL);
+    assert_non_null(strstr(text, "2 (policy, budget) pairs, 2 distinct"));
+    assert_non_null(strstr(text, "memory 256B to <512B: 1 pairs"));
+    assert_non_null(strstr(text, "memory 1KiB to <2KiB: 1 pairs"));
+    free(text);
+    const char *bad[] = {"generate", "--model", model, "--trace", trace, "--db", db, "--policy", "window", "--codec",
+                         "int:bits=5", "--budgets", "32", NULL};
+    assert_int_equal(kvs_test_cli(out, err, bad), 1);
+    text = kvs_test_slurp(err, NULL);
+    assert_non_null(strstr(text, "bits=5"));
+    free(text);
+    assert_int_equal(kvs_results_open_readonly(db, &h), KVS_OK);
+    assert_int_equal(kvs_results_closed_query(h, &rows, &n), KVS_OK);
+    assert_int_equal(n, 2);
+    kvs_results_closed_rows_free(rows, n);
+    kvs_results_close(h);
+    cleanup_dir();
+}
+
 /* The 64 hex digits of the SHA-256 of the file at `path`, by sha256sum when it is installed (a computation that
  * shares nothing with kvsim's), else by common/sha256.h over the file's bytes. */
 static void file_sha256(const char *path, char hex[65]) {
@@ -584,6 +639,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generate_and_calibrate_on_the_bundled_trace),
         cmocka_unit_test(test_calibrate_pairs_one_trace_through_two_paths),
+        cmocka_unit_test(test_generate_with_codecs_pairs_by_codec),
         cmocka_unit_test(test_free_running_and_text_modes),
         cmocka_unit_test(test_bad_usage_and_files),
         cmocka_unit_test(test_task_accuracy_per_policy_and_budget),
