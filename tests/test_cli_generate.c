@@ -404,6 +404,21 @@ static void test_task_accuracy_per_policy_and_budget(void **state) {
     if (!need()) skip();
     char task[4200], sha[65];
     snprintf(task, sizeof task, "%s/examples/tasks/name_recall.txt", kvs_test_root());
+    /* under the sanitizers (each closed loop some fifty times slower) the task's first 8 items, a file of their own:
+     * the same checks on fewer items */
+    const int64_t N = kvs_test_sanitized() ? 8 : 32;
+    char part[160] = "";
+    if (N < 32) {
+        snprintf(part, sizeof part, "%s/name_recall_8.txt", dir);
+        FILE *in = fopen(task, "r"), *o = fopen(part, "w");
+        assert_non_null(in);
+        assert_non_null(o);
+        char line[4096];
+        for (int k = 0; k < 6 + 8 && fgets(line, sizeof line, in); k++) fputs(line, o);
+        fclose(in);
+        assert_int_equal(fclose(o), 0);
+        snprintf(task, sizeof task, "%s", part);
+    }
     file_sha256(task, sha);
     /* budget 512: more than any item's positions, so the window attends to everything */
     const char *gen[] = {"generate", "--model", model, "--task", task, "--db", db, "--policy", "window", "--budgets",
@@ -416,7 +431,6 @@ static void test_task_accuracy_per_policy_and_budget(void **state) {
     int64_t n = 0;
     assert_int_equal(kvs_results_closed_task_query(h, &rows, &n), KVS_OK);
     assert_int_equal(n, 2);
-    const int64_t N = 32;
     int plain[32];
     plain_model_scores(task, plain, N);
     int64_t n_plain = 0;
@@ -523,6 +537,7 @@ static void test_task_accuracy_per_policy_and_budget(void **state) {
     kvs_results_closed_task_rows_free(again, n2);
     kvs_results_closed_task_rows_free(rows, n);
     kvs_results_close(h);
+    if (part[0]) unlink(part);
     cleanup_dir();
 }
 
