@@ -277,7 +277,7 @@ kvs_status kvs_plan_profile_read(const char *db_path, int64_t run_id, const char
     kvs_results_db *db = NULL;
     kvs_results_run_row *rows = NULL;
     int64_t n_rows = 0;
-    kvs_results_series s[4] = {{0}};
+    kvs_results_series s[6] = {{0}};
     int64_t *lens = NULL;
     double *vals = NULL;
     kvs_status st = kvs_results_open_readonly(db_path, &db);
@@ -379,9 +379,25 @@ kvs_status kvs_plan_profile_read(const char *db_path, int64_t run_id, const char
     }
     for (int64_t i = 0; i < n; i++) lens[i] = s[0].position[i] + 1;
     KVS_TRY(st = kvs_plan_profile_fit(&p, lens, s[0].value, vals, vals + n, vals + 2 * n, n));
+    /* What a decode step reads (the roofline's memory time, analysis/plan_time.h): the KV and auxiliary traffic
+     * series at the storage series' positions. A run without them (recorded before they existed) keeps reads =
+     * its resident footprint (has_reads 0). */
+    KVS_TRY(st = kvs_results_query_steps(db, r->id, -1, KVS_M_TRAFFIC_KV, &s[4]));
+    KVS_TRY(st = kvs_results_query_steps(db, r->id, -1, KVS_M_TRAFFIC_AUX, &s[5]));
+    if (s[4].n > 0) {
+        for (int k = 4; k < 6; k++) {
+            int64_t j = 0;
+            for (int64_t i = 0; i < n; i++) {
+                while (j < s[k].n && s[k].position[j] < s[0].position[i]) j++;
+                vals[(size_t)(k - 4) * (size_t)n + (size_t)i] =
+                    j < s[k].n && s[k].position[j] == s[0].position[i] ? s[k].value[j] : 0;
+            }
+        }
+        KVS_TRY(st = kvs_plan_profile_fit_reads(&p, lens, vals, vals + n, n));
+    }
     *out = p;
 cleanup:
-    for (int i = 0; i < 4; i++) kvs_results_series_free(&s[i]);
+    for (int i = 0; i < 6; i++) kvs_results_series_free(&s[i]);
     free(lens);
     free(vals);
     kvs_results_run_rows_free(rows, n_rows);
