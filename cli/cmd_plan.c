@@ -982,6 +982,43 @@ int kvs_cmd_plan(int argc, char **argv) {
                 m->source, (double)m->vocab * m->hidden / 1e6);
 
     /* ---- plots ---- */
+    if (plot_tput) {
+        /* the union of the series' batches, ascending; NaN where a series was not timed */
+        double xb[MAX_SERIES * (MAX_LIST + 1)];
+        int nx = 0;
+        for (int k = n_base; k < n_pts; k++) {
+            int dup = 0;
+            for (int j = 0; j < nx && !dup; j++) dup = xb[j] == (double)pts[k].batch;
+            if (!dup) xb[nx++] = (double)pts[k].batch;
+        }
+        for (int i = 1; i < nx; i++) /* insertion sort: a few dozen values */
+            for (int j = i; j > 0 && xb[j - 1] > xb[j]; j--) {
+                double t = xb[j];
+                xb[j] = xb[j - 1];
+                xb[j - 1] = t;
+            }
+        double *yb = malloc((size_t)(n_ser * (nx > 0 ? nx : 1)) * sizeof *yb);
+        if (!yb) {
+            st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        for (int i = 0; i < n_ser * nx; i++) yb[i] = NAN;
+        for (int k = n_base; k < n_pts; k++)
+            for (int j = 0; j < nx; j++)
+                if (xb[j] == (double)pts[k].batch) yb[pts_ser[k] * nx + j] = ptime[k].tokens_per_s;
+        const char *labels[MAX_SERIES];
+        for (int z = 0; z < n_ser; z++) labels[z] = ser[z].label;
+        char title[320];
+        snprintf(title, sizeof title, "%s on %ld x %s: decode tokens/s vs batch (context %ld, response %ld; mbu %g, "
+                                      "mfu %g)", m->name, gpus, tsetup.hw.name, context, response, tsetup.mbu,
+                 tsetup.mfu);
+        kvs_plot_plan pp = {.kind = KVS_PLOT_PLAN_THROUGHPUT, .title = title, .out_path = plot_tput,
+                            .gnuplot = gnuplot, .n_series = n_ser, .labels = labels, .n_x = nx, .x = xb, .y = yb,
+                            .hline = NAN};
+        st = nx > 0 ? kvs_plot_plan_render(&pp) : kvs_fail(KVS_ERR_INVALID_ARG, "--plot-throughput: no batch fits");
+        free(yb);
+        if (st != KVS_OK) goto fail;
+    }
     if (plot_mem || plot_batch) {
         const char *labels[MAX_SERIES], *xl[MAX_LIST];
         double xs[MAX_LIST];
