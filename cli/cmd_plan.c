@@ -1095,6 +1095,29 @@ int kvs_cmd_plan(int argc, char **argv) {
         if ((st = kvs_results_open(db_path, &db)) != KVS_OK ||
             (st = kvs_results_write_plan(db, &pr, trace ? &tr : NULL, rows, n_base, &id)) != KVS_OK)
             goto fail;
+        if (hw_s) { /* the timed points: the plan's and the sweeps' (a sweep row of --batch is a plan point) */
+            kvs_results_plan_time *tr_rows = calloc((size_t)n_pts, sizeof *tr_rows);
+            if (!tr_rows) {
+                st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+                goto fail;
+            }
+            int nt = 0;
+            for (int k = 0; k < n_pts; k++) {
+                if (k >= n_base && pts[k].batch == batch) continue;
+                const int z = pts_ser[k];
+                tr_rows[nt++] = (kvs_results_plan_time){
+                    .series = ser[z].id, .context = pts[k].context, .response = pts[k].response,
+                    .batch = pts[k].batch, .hw = tsetup.hw.name, .n_gpus = (int32_t)gpus, .mbu = tsetup.mbu,
+                    .mfu = tsetup.mfu, .ttft_s = ptime[k].ttft, .tpot_s = ptime[k].tpot,
+                    .tokens_per_s = ptime[k].tokens_per_s, .decode_bound = bound_name(ptime[k].decode_compute_bound),
+                    .fits = pts[k].max_batch >= pts[k].batch,
+                    .best = best[z] >= 0 && pts[k].context == context && pts[k].response == response &&
+                            pts[k].batch == pts[best[z]].batch};
+            }
+            st = kvs_results_write_plan_times(db, id, tr_rows, nt);
+            free(tr_rows);
+            if (st != KVS_OK) goto fail;
+        }
         fprintf(stderr, "kvsim plan: plan %lld (%d points) recorded in %s\n", (long long)id, n_base, db_path);
     }
     rc = kvs_cli_finish_stdout("plan");
