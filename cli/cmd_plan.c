@@ -701,9 +701,11 @@ int kvs_cmd_plan(int argc, char **argv) {
                                             : 1);
             printf(",\"tok_bytes\":");
             kvs_cli_json_number(stdout, profile.tok_bytes);
-            const kvs_plan_line *ls[4] = {&profile.kv, &profile.aux, &profile.host, &profile.transfer};
-            const char *names[4] = {"kv", "aux", "host", "transfer"};
-            for (int k = 0; k < 4; k++) {
+            const kvs_plan_line *ls[6] = {&profile.kv,       &profile.aux,     &profile.host,
+                                          &profile.transfer, &profile.read_kv, &profile.read_aux};
+            const char *names[6] = {"kv", "aux", "host", "transfer", "read_kv", "read_aux"};
+            printf(",\"has_reads\":%s", profile.has_reads ? "true" : "false");
+            for (int k = 0; k < 6; k++) {
                 printf(",\"%s\":{\"a\":", names[k]);
                 kvs_cli_json_number(stdout, ls[k]->a);
                 printf(",\"b\":");
