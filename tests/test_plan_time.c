@@ -2,7 +2,8 @@
  * figures, hand-computed rooflines (batch-1 decode of Llama-3.1-8B in bf16 on an H100 SXM = 3.35e12 / weight bytes
  * tokens/s; the prefill's FLOPs; the compute-bound plateau; tensor parallelism's all-reduces; an offloading
  * policy's PCIe time), a measured profile's reads against its storage (Quest stores every position and reads a
- * budget), the CLI's text, CSV, JSON, database rows and plot against the library, and bad input.
+ * budget), the CLI's text, CSV, JSON, database rows and plot against the library, examples/capacity.sh's latency
+ * table recomputed from its database, and bad input.
  */
 #include <math.h>
 #include <setjmp.h>
@@ -370,6 +371,61 @@ static void test_cli_measured_reads(void **state) {
     assert_true(fabs(csv_at(f, id, 400, 95, 64, 18) - a.tpot) <= 1e-9 * a.tpot);
 }
 
+/* examples/capacity.sh's latency/throughput table: the stories260K H2O row recomputed from the run's profile in the
+ * script's database with the library (TPOT at batch 16 and the tokens/s of the best batch). */
+static void test_capacity_script(void **state) {
+    cli_fx *f = *state;
+    if (!kvs_test_kvsim_bin()) skip();
+    if (system("command -v gnuplot >/dev/null 2>&1") != 0) {
+        print_message("gnuplot is not installed: skipping capacity.sh (it draws plots)\n");
+        skip();
+    }
+    char cmd[2048], path[256];
+    snprintf(cmd, sizeof cmd, "OUT='%s/cap' KVSIM_BIN='%s' sh '%s/examples/capacity.sh' >'%s/cap.log' 2>&1", f->dir,
+             kvs_test_kvsim_bin(), kvs_test_root(), f->dir);
+    int rc = system(cmd);
+    if (rc != 0) {
+        snprintf(cmd, sizeof cmd, "cat '%s/cap.log'", f->dir);
+        (void)system(cmd);
+    }
+    assert_int_equal(rc, 0);
+    snprintf(path, sizeof path, "%s/cap/capacity_time.txt", f->dir);
+    char *t = kvs_test_slurp(path, NULL), *save = NULL;
+    assert_non_null(t);
+    double ttft = NAN, tpot = NAN, tps = NAN, tps_best = NAN;
+    long long best = -1;
+    int rows = 0;
+    for (char *line = strtok_r(t, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        char model[64], policy[64], budget[16];
+        if (sscanf(line, "%63s %63s %15s", model, policy, budget) != 3) continue;
+        if (!strcmp(model, "stories260K") || !strcmp(model, "tinystories-656K")) rows++;
+        if (!strcmp(model, "stories260K") && !strcmp(policy, "h2o"))
+            assert_int_equal(sscanf(line, "%*s %*s %*s %lf %lf %lf %lld %lf", &ttft, &tpot, &tps, &best, &tps_best), 5);
+    }
+    free(t);
+    assert_int_equal(rows, 8); /* 4 policies x the 2 shared models */
+    /* H2O was the first run replayed */
+    snprintf(path, sizeof path, "%s/cap/capacity_time.db", f->dir);
+    kvs_plan_profile p = {0};
+    assert_int_equal(kvs_plan_profile_read(path, 1, NULL, 0, &p), KVS_OK);
+    assert_string_equal(p.policy, "h2o");
+    kvs_plan_setup s = llama8b();
+    s.gpu_bytes = 80e9;
+    kvs_plan_time_setup hw = on("H100-SXM");
+    kvs_plan_policy m = {.kind = KVS_PLAN_MEASURED, .profile = &p};
+    kvs_plan_timing r;
+    assert_int_equal(kvs_plan_time(&s, &hw, &m, 8192, 8192, 16, &r), KVS_OK);
+    /* printed to 4 significant digits */
+    assert_true(fabs(tpot - r.tpot * 1e3) <= 1e-3 * tpot);
+    assert_true(fabs(ttft - r.ttft * 1e3) <= 1e-3 * ttft);
+    assert_true(fabs(tps - r.tokens_per_s) <= 1e-3 * tps);
+    assert_int_equal(kvs_plan_time(&s, &hw, &m, 8192, 8192, best, &r), KVS_OK);
+    assert_true(fabs(tps_best - r.tokens_per_s) <= 1e-3 * tps_best);
+    kvs_plan_point pt;
+    assert_int_equal(kvs_plan_eval(&s, &m, 8192, 8192, 1, &pt), KVS_OK);
+    assert_true(best <= pt.max_batch);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_presets_datasheet_figures),
@@ -381,6 +437,7 @@ int main(void) {
         cmocka_unit_test(test_hw_file),
         cmocka_unit_test_setup_teardown(test_cli_time, kvs_test_cli_setup, kvs_test_cli_teardown),
         cmocka_unit_test_setup_teardown(test_cli_measured_reads, kvs_test_cli_setup, kvs_test_cli_teardown),
+        cmocka_unit_test_setup_teardown(test_capacity_script, kvs_test_cli_setup, kvs_test_cli_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
