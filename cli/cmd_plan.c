@@ -4,7 +4,9 @@
  * the full cache, constant-size and prompt-only policies (and offloading: host memory, PCIe per step), with plain
  * KV elements or a KV codec's real bytes (--codec, sim/codec.h: scales, zero points and 16-bit residual rows
  * counted), as text, CSV or JSON, into the results database (results/results_plan.h; a codec's canonical spec in
- * the plan's kv_dtype column) and as two plots (plots/plan_plot.h).
+ * the plan's kv_dtype column) and as two plots (plots/plan_plot.h); with --hw GPU, time: a roofline per phase
+ * (analysis/plan_time.h) giving time to first token, time per output token and tokens/s per series at the plan's
+ * batch and against the batch up to the memory limit (a third plot, --plot-throughput; table plan_times).
  */
 #include <math.h>
 #include <stdio.h>
@@ -111,7 +113,7 @@ static void usage(FILE *f) {
             "                       batch that maximises tokens/s. Each phase is max(compute, memory) time: prefill\n"
             "                       matmul + causal attention FLOPs vs the weights and activations; a decode step the\n"
             "                       weights once + every sequence's K/V and auxiliary reads (a measured profile: its\n"
-            "                       replayed traffic) ; plus host transfers over PCIe (offloading) and, with --gpus N,\n"
+            "                       replayed traffic), plus host transfers over PCIe (offloading) and, with --gpus N,\n"
             "                       two ring all-reduces per layer over the GPU link\n"
             "  --mbu X              memory-bandwidth utilisation in (0, 1] (default 1: the roofline bound)\n"
             "  --mfu X              FLOP utilisation in (0, 1] (default 1: the roofline bound)\n"
