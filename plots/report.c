@@ -1469,17 +1469,23 @@ static kvs_status sec_capacity(report_ctx *ctx) {
         }
     }
     table_end(ctx);
-    /* the measured policies, by name: each distinct measured series (its policy, budget and run) */
-    char measured[2048] = "";
-    size_t used = 0;
+    /* the measured policies, by name: each distinct measured series (its policy, budget and run), listed as
+     * "; name;" entries so that one name is never taken for the start of another ("run 1" of "run 12") */
+    char measured[2048] = ";", needle[160];
+    size_t used = 1;
     for (int64_t i = 0; i < n; i++)
         for (int64_t j = 0; j < rows[i].n_points; j++) {
             const char *sr = rows[i].points[j].series;
-            if (strncmp(sr, "measured ", 9) || strstr(measured, sr + 9)) continue;
-            int w = snprintf(measured + used, sizeof measured - used, "%s%s", used ? "; " : "", sr + 9);
+            if (strncmp(sr, "measured ", 9)) continue;
+            snprintf(needle, sizeof needle, " %s;", sr + 9);
+            if (strstr(measured, needle)) continue;
+            int w = snprintf(measured + used, sizeof measured - used, "%s", needle);
             if (w > 0 && (size_t)w < sizeof measured - used) used += (size_t)w;
         }
-    if (used) para(ctx, "Measured policies planned here (policy, budget, replay run): %s.", measured);
+    if (used > 1) {
+        measured[used - 1] = '\0'; /* the last ';' */
+        para(ctx, "Measured policies planned here (policy, budget, replay run):%s.", measured + 1);
+    }
     /* time (kvsim plan --hw): each series at the plan's batch and at its throughput-maximising batch */
     kvs_results_plan_time *tm = NULL;
     int64_t nt = 0;

@@ -424,6 +424,19 @@ static void test_capacity_script(void **state) {
     kvs_plan_point pt;
     assert_int_equal(kvs_plan_eval(&s, &m, 8192, 8192, 1, &pt), KVS_OK);
     assert_true(best <= pt.max_batch);
+    /* the report's capacity section names every measured policy and carries the time of each at batch 16 */
+    snprintf(cmd, sizeof cmd, "'%s' report '%s' --out '%s/rep' >'%s/rep.log' 2>&1", kvs_test_kvsim_bin(), path, f->dir,
+             f->dir);
+    assert_int_equal(system(cmd), 0);
+    snprintf(path, sizeof path, "%s/rep/report.md", f->dir);
+    assert_true(kvs_test_file_has(path, "Measured policies planned here (policy, budget, replay run): h2o B=64 (run 1); "
+                                        "snapkv B=64 (run 2); quest B=64 (run 3); synckv B=64 (run 4); h2o B=64 (run "
+                                        "5);"));
+    assert_int_equal(kvs_plan_time(&s, &hw, &m, 8192, 8192, 16, &r), KVS_OK);
+    char row[256];
+    snprintf(row, sizeof row, "| measured h2o B=64 (run 1) | 1 x H100-SXM | 1 / 1 | 8192 + 8192 | 16 | %.4g ms | %.4g ms |",
+             r.ttft * 1e3, r.tpot * 1e3);
+    assert_true(kvs_test_file_has(path, row));
 }
 
 int main(void) {
