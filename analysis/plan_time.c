@@ -145,6 +145,14 @@ double kvs_plan_matmul_params(const kvs_plan_model *m) {
     return p;
 }
 
+double kvs_plan_layer_params(const kvs_plan_model *m) {
+    const double h = m->hidden, v = m->vocab;
+    double rest = v * h * (m->tied_embeddings == 1 ? 1 : 2) + h; /* embedding, classifier, the final norm */
+    if (m->arch == KVS_PLAN_ARCH_OPT) /* and the learned positions, the final LayerNorm's weight and bias */
+        rest = v * h * (m->tied_embeddings == 1 ? 1 : 2) + ((double)m->max_positions + 2) * h + 2 * h;
+    return m->n_layers > 0 ? (kvs_plan_params(m) - rest) / m->n_layers : 0;
+}
+
 static double gpus_of(const kvs_plan_setup *s) { return s->n_gpus > 0 ? s->n_gpus : 1; }
 
 /* The fraction of the KV heads one GPU holds: ceil(n_kv / N) of n_kv (a KV head is not split). */
@@ -167,11 +175,13 @@ static double comm_time(const kvs_plan_setup *s, const kvs_plan_hw *h, double to
 }
 
 static void finish(kvs_plan_phase *ph, const kvs_plan_setup *s, const kvs_plan_time_setup *t) {
-    const double N = gpus_of(s);
-    ph->t_compute = ph->flops / (N * flops_rate(s, &t->hw) * t->mfu);
-    ph->t_memory = ph->bytes / (N * t->hw.hbm_bw * t->mbu);
+    const double N = gpus_of(s), F = N * flops_rate(s, &t->hw) * t->mfu, BW = N * t->hw.hbm_bw * t->mbu;
+    ph->t_compute = ph->flops / F;
+    ph->t_memory = ph->bytes / BW;
     ph->compute_bound = ph->t_compute > ph->t_memory;
     ph->seconds = (ph->compute_bound ? ph->t_compute : ph->t_memory) + ph->t_pcie + ph->t_comm;
+    const double lc = ph->layer_flops / F, lm = ph->layer_bytes / BW, L = s->model.n_layers;
+    ph->layer_seconds = (lc > lm ? lc : lm) + (L > 0 ? (ph->t_pcie + ph->t_comm) / L : 0);
 }
 
 kvs_plan_phase kvs_plan_prefill(const kvs_plan_setup *s, const kvs_plan_time_setup *t, int64_t prompt,
@@ -182,6 +192,9 @@ kvs_plan_phase kvs_plan_prefill(const kvs_plan_setup *s, const kvs_plan_time_set
     kvs_plan_phase ph = {0};
     ph.flops = b * (2.0 * kvs_plan_matmul_params(m) * P + L * m->n_heads * 2.0 * d * P * (P + 1));
     ph.bytes = kvs_plan_weight_bytes(s) + b * P * L * (4 * h + 2 * q + 2 * kv + 3 * f) * ACT_BYTES;
+    ph.layer_flops = b * (2.0 * kvs_plan_layer_params(m) * P + m->n_heads * 2.0 * d * P * (P + 1));
+    ph.layer_bytes = kvs_plan_layer_params(m) * s->weight_elem_bytes +
+                     b * P * (4 * h + 2 * q + 2 * kv + 3 * f) * ACT_BYTES;
     ph.t_comm = comm_time(s, &t->hw, b * P);
     finish(&ph, s, t);
     return ph;
@@ -198,6 +211,8 @@ kvs_plan_phase kvs_plan_decode_step(const kvs_plan_setup *s, const kvs_plan_time
     /* the KV heads spread over the GPUs: the busiest GPU holds kv_share of them, N · kv_share in total */
     const double N = gpus_of(s), share = kv_share(s) * N;
     ph.bytes = kvs_plan_weight_bytes(s) + b * L * m->n_kv_heads * share * (r.kv + r.aux);
+    ph.layer_flops = b * (2.0 * kvs_plan_layer_params(m) + m->n_heads * 4.0 * m->head_dim * r.attended);
+    ph.layer_bytes = kvs_plan_layer_params(m) * s->weight_elem_bytes + b * m->n_kv_heads * share * (r.kv + r.aux);
     ph.t_pcie = t->hw.host_bw > 0 ? b * L * m->n_kv_heads * kv_share(s) * fp.transfer / t->hw.host_bw : 0;
     ph.t_comm = comm_time(s, &t->hw, b);
     finish(&ph, s, t);
@@ -217,6 +232,7 @@ kvs_status kvs_plan_time(const kvs_plan_setup *s, const kvs_plan_time_setup *t, 
     kvs_plan_timing r = {.batch = batch};
     const kvs_plan_phase pre = kvs_plan_prefill(s, t, context, batch);
     r.ttft = pre.seconds;
+    r.prefill = pre;
     r.prefill_compute_bound = pre.compute_bound;
     /* step i (1..R) attends n = P + i positions (the new token's K/V included); sampled at the middle of up to
      * 256 equal slices of the response, every step when the response is shorter */

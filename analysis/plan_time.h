@@ -21,6 +21,8 @@
  *                                                                     tokens: on the critical path, not overlapped)
  *   comm(t tokens) = 2 · L all-reduces of t · h · act_bytes bytes, each 2 (N-1)/N · S / link BW (a ring; Megatron
  *     has one after attention and one after the MLP of every layer); 0 for N = 1. Latency per message not counted.
+ *   Per layer: the same with one layer's weights (kvs_plan_layer_params), its attention and its share of the reads,
+ *   transfers and all-reduces; the rest of the total is the classifier (and, read once per step, the embedding).
  *   TPOT = the mean step time over the response (n = P+1 .. P+R, sampled at up to 256 evenly spaced steps);
  *   tokens/s = b / TPOT (decode throughput). The KV heads split N ways assumes N divides n_kv (else each GPU holds
  *   ceil(n_kv / N), which the time counts).
@@ -70,6 +72,9 @@ kvs_status kvs_plan_hw_resolve(const char *name_or_path, kvs_plan_hw *out);
 /* The time of one phase. */
 typedef struct {
     double flops, bytes;        /* in total over the GPUs */
+    double layer_flops, layer_bytes; /* one transformer layer's share, in total over the GPUs (its weights
+                                 * kvs_plan_layer_params x weight bytes; its K/V and auxiliary reads; its activations) */
+    double layer_seconds;       /* one layer: max(its compute, its memory) + its share of transfers and all-reduces */
     double t_compute, t_memory; /* seconds, per GPU at the efficiency factors */
     double t_pcie, t_comm;      /* seconds: host transfers (decode), all-reduces */
     double seconds;             /* max(t_compute, t_memory) + t_pcie + t_comm */
@@ -86,6 +91,11 @@ typedef struct {
  *  embedding, vocab · hidden, and OPT's learned positions). */
 double kvs_plan_matmul_params(const kvs_plan_model *m);
 
+/*! kvs_plan_layer_params() : the parameters of one transformer layer (kvs_plan_params less the token embedding,
+ *  the classifier when untied, the final norm and OPT's learned positions and final LayerNorm, over n_layers). The
+ *  rest of a phase's time is the classifier's and the embedding's. */
+double kvs_plan_layer_params(const kvs_plan_model *m);
+
 /*! kvs_plan_prefill() : the prefill of `batch` prompts of `prompt` tokens (header formulas). */
 kvs_plan_phase kvs_plan_prefill(const kvs_plan_setup *s, const kvs_plan_time_setup *t, int64_t prompt, int64_t batch);
 
@@ -100,6 +110,7 @@ typedef struct {
     double tpot;              /* seconds: mean decode step over the response */
     double tokens_per_s;      /* batch / tpot */
     int prefill_compute_bound, decode_compute_bound; /* decode: at the response's last step */
+    kvs_plan_phase prefill;   /* the prefill (ttft = prefill.seconds) */
     kvs_plan_phase last_step; /* the decode step at the response's end (n = P + max(R, 1)) */
 } kvs_plan_timing;
 

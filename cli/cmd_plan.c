@@ -759,6 +759,10 @@ int kvs_cmd_plan(int argc, char **argv) {
                 kvs_cli_json_number(stdout, main_t[z].tpot);
                 printf(",\"tokens_per_s\":");
                 kvs_cli_json_number(stdout, main_t[z].tokens_per_s);
+                printf(",\"layer_prefill_s\":");
+                kvs_cli_json_number(stdout, main_t[z].prefill.layer_seconds);
+                printf(",\"layer_decode_s\":");
+                kvs_cli_json_number(stdout, main_t[z].last_step.layer_seconds);
                 printf(",\"best_batch\":");
                 if (best[z] >= 0) printf("%lld", (long long)pts[best[z]].batch);
                 else printf("null");
@@ -950,6 +954,18 @@ int kvs_cmd_plan(int argc, char **argv) {
                 printf("%c %-60s %10.4g ms %10.4g ms %12.4g %8s %10s %14s\n", z == planned ? '*' : ' ', ser[z].label,
                        main_t[z].ttft * 1e3, main_t[z].tpot * 1e3, main_t[z].tokens_per_s,
                        bound_name(main_t[z].decode_compute_bound), bb, bt);
+            }
+            {
+                /* one layer of the planned series (the last decode step's): its compute and memory time */
+                const kvs_plan_timing *pt = &main_t[planned];
+                const double L = m->n_layers, lc = pt->last_step.layer_flops / (gpus * F * tsetup.mfu),
+                             lm = pt->last_step.layer_bytes / (gpus * tsetup.hw.hbm_bw * tsetup.mbu);
+                printf("  per layer (%s): prefill %.4g ms x %d layers + %.4g ms (classifier, embedding); last decode "
+                       "step %.4g us x %d + %.4g us (a layer: compute %.4g us, memory %.4g us)\n",
+                       ser[planned].label, pt->prefill.layer_seconds * 1e3, m->n_layers,
+                       (pt->prefill.seconds - L * pt->prefill.layer_seconds) * 1e3, pt->last_step.layer_seconds * 1e6,
+                       m->n_layers, (pt->last_step.seconds - L * pt->last_step.layer_seconds) * 1e6, lc * 1e6,
+                       lm * 1e6);
             }
             printf("(TTFT: the prefill of the batch's prompts; TPOT: the mean decode step over the response; tokens/s: "
                    "batch / TPOT; decode: what bounds the last step; best batch: the batch of the table below with the "

@@ -102,6 +102,22 @@ static void test_h100_batch1_decode_by_hand(void **state) {
     assert_true(near(r.tpot, want));
 }
 
+/* ---- per layer: one layer's weights and reads; the rest is the classifier and the embedding ---- */
+static void test_per_layer(void **state) {
+    (void)state;
+    kvs_plan_setup s = llama8b();
+    kvs_plan_time_setup t = on("H100-SXM");
+    const double layer = 2 * 4096.0 * 4096 + 2 * 4096.0 * 1024 + 3 * 4096.0 * 14336 + 2 * 4096;
+    assert_true(kvs_plan_layer_params(&s.model) == layer);
+    kvs_plan_policy full = {.kind = KVS_PLAN_FULL};
+    /* batch 2 at n = 1000: a layer's weights + 2 sequences x 8 KV heads x 1000 positions x 512 bytes */
+    kvs_plan_phase ph = kvs_plan_decode_step(&s, &t, &full, 500, 1000, 2);
+    assert_true(near(ph.layer_bytes, 2 * layer + 2 * 8 * 1000 * 512.0));
+    assert_true(near(ph.layer_seconds, ph.layer_bytes / 3.35e12));
+    /* the rest: embedding and classifier (2 x 128256 x 4096 x 2 bytes) and the final norm, read once */
+    assert_true(near(ph.seconds - 32 * ph.layer_seconds, (2 * 128256.0 * 4096 + 4096) * 2 / 3.35e12));
+}
+
 /* ---- prefill: matmul + causal attention FLOPs against the tensor rate ---- */
 static void test_prefill_by_hand(void **state) {
     (void)state;
@@ -443,6 +459,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_presets_datasheet_figures),
         cmocka_unit_test(test_h100_batch1_decode_by_hand),
+        cmocka_unit_test(test_per_layer),
         cmocka_unit_test(test_prefill_by_hand),
         cmocka_unit_test(test_decode_plateau),
         cmocka_unit_test(test_tensor_parallel),
