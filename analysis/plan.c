@@ -542,6 +542,38 @@ kvs_plan_footprint kvs_plan_footprint_at(const kvs_plan_policy *pol, const kvs_p
     return f;
 }
 
+kvs_plan_reads kvs_plan_reads_at(const kvs_plan_policy *pol, const kvs_plan_setup *s, int64_t prompt, int64_t n) {
+    kvs_plan_reads r = {0, 0, 0};
+    const double N = (double)n, P = (double)prompt, B = (double)pol->budget;
+    const kvs_plan_footprint f = kvs_plan_footprint_at(pol, s, prompt, n);
+    switch (pol->kind) {
+    /* a nominal policy reads every position it holds once a step; each query head attends its own set */
+    case KVS_PLAN_FULL: r.attended = N; break;
+    case KVS_PLAN_CONSTANT:
+    case KVS_PLAN_OFFLOAD: r.attended = min_d(N, B); break;
+    case KVS_PLAN_PROMPT_ONLY: r.attended = min_d(P, B) + (N - P); break;
+    case KVS_PLAN_MEASURED: {
+        const kvs_plan_profile *p = pol->profile;
+        const double x = p->x_is_generated ? N - P : N;
+        const int per_q = p->per_query_head && p->trace_group > 0;
+        const double lists = per_q ? p->trace_group : 1, copies = run_copies(p, s);
+        double kv = line_at(p->kv, x), kv_seen = min_d(kv, lists * N);
+        r.attended = kv_seen / lists;
+        if (!p->has_reads) break; /* reads = the device footprint, below */
+        double rk = min_d(line_at(p->read_kv, x), lists * N);
+        double fill = kv > 0 ? kv_seen / kv : 1;
+        codec_shape sh = {0};
+        if (s->codec) sh = shape_of(s->codec);
+        r.kv = copies * (s->codec ? codec_bytes(&sh, s->model.head_dim, prompt, n, rk)
+                                  : rk * 2.0 * s->model.head_dim * s->kv_elem_bytes);
+        r.aux = fill * line_at(p->read_aux, x) * p->tok_bytes * aux_factor(p, s, copies);
+        return r;
+    }
+    }
+    r.kv = f.device;
+    return r;
+}
+
 /* ------------------------------------------------------------------------------------------------
  * The measured profile
  * ---------------------------------------------------------------------------------------------- */
@@ -650,6 +682,30 @@ cleanup:
     return st;
 }
 
+
+kvs_status kvs_plan_profile_fit_reads(kvs_plan_profile *p, const int64_t *n, const double *rkv, const double *raux,
+                                      int64_t count) {
+    if (!p || !n || count < 1 || !(p->tok_bytes > 0))
+        return kvs_fail(KVS_ERR_INVALID_ARG, "plan: reads need at least one measured point and a token size");
+    const int64_t from = kvs_plan_profile_steady_from(p);
+    double *buf = malloc((size_t)count * 2 * sizeof *buf);
+    if (!buf) return kvs_fail(KVS_ERR_NOMEM, "plan: out of memory");
+    double *x = buf, *y = buf + count;
+    const double *series[2] = {rkv, raux};
+    kvs_plan_line *lines[2] = {&p->read_kv, &p->read_aux};
+    for (int s = 0; s < 2; s++) {
+        int64_t m = 0;
+        for (int64_t i = 0; i < count; i++) {
+            if (from < 0 || n[i] < from) continue;
+            x[m] = p->x_is_generated ? (double)(n[i] - p->prompt_len) : (double)n[i];
+            y[m++] = (series[s] && isfinite(series[s][i]) ? series[s][i] : 0) / p->tok_bytes;
+        }
+        *lines[s] = m > 0 ? fit_line(x, y, m, NULL) : (kvs_plan_line){0, 0};
+    }
+    free(buf);
+    p->has_reads = 1;
+    return KVS_OK;
+}
 
 /* ------------------------------------------------------------------------------------------------
  * Capacity

@@ -240,6 +240,10 @@ typedef struct {
     int64_t n_min, n_max;      /* sequence lengths measured */
     int64_t fit_points;        /* the steady-state positions the lines are fitted on */
     int64_t fit_n_min, fit_n_max; /* their sequence lengths */
+    kvs_plan_line read_kv, read_aux; /* device bytes READ per decode step per (layer, KV head), token equivalents
+                               * against x (the replay's traffic_kv / traffic_aux series, fitted on the same steady
+                               * state by kvs_plan_profile_fit_reads); used by the roofline (plan_time.h) */
+    int has_reads;             /* 1: read_kv / read_aux were fitted; 0: reads taken as the resident footprint */
     kvs_plan_aux_scale aux_scale; /* input: AUTO (the policy's rule) or an override */
     kvs_plan_aux_rule aux_rule;   /* the rule in effect (set by kvs_plan_profile_read; kvs_plan_profile_fit keeps it) */
 } kvs_plan_profile;
@@ -259,6 +263,12 @@ int64_t kvs_plan_profile_steady_from(const kvs_plan_profile *p);
  *  than its budget). */
 kvs_status kvs_plan_profile_fit(kvs_plan_profile *p, const int64_t *n, const double *kv, const double *aux,
                                 const double *host, const double *transfer, int64_t count);
+
+/*! kvs_plan_profile_fit_reads() : fits p->read_kv and p->read_aux on the steady-state points (the same rule and x
+ *  as kvs_plan_profile_fit, which must have succeeded on `p`) from rkv/raux[i], BYTES read per decode step per
+ *  (layer, KV head) at sequence length n[i] (NaN or NULL = 0); sets has_reads. KVS_ERR_INVALID_ARG for count < 1. */
+kvs_status kvs_plan_profile_fit_reads(kvs_plan_profile *p, const int64_t *n, const double *rkv, const double *raux,
+                                      int64_t count);
 
 /*! kvs_plan_aux_describe() : the auxiliary rule in effect for `p` (its aux_rule under its aux_scale) as people read
  *  it, e.g. "auto: per list, independent of head_dim, in auxiliary elements as measured (a score per held slot,
@@ -297,6 +307,20 @@ typedef struct {
  *  bytes per position (kvs_codec_position_bytes: the 16-bit residual stays on the device). */
 kvs_plan_footprint kvs_plan_footprint_at(const kvs_plan_policy *pol, const kvs_plan_setup *s, int64_t prompt,
                                          int64_t n);
+
+/* What one decode step reads per (layer, KV head), in bytes of the planned model, and how many positions each query
+ * head attends (the attention FLOPs). */
+typedef struct {
+    double kv, aux;      /* K/V bytes read for attention; auxiliary bytes read (scores, page summaries, key copies) */
+    double attended;     /* positions one query head attends */
+} kvs_plan_reads;
+
+/*! kvs_plan_reads_at() : the reads of one decode step of `pol` at length n >= P (prompt P) per (layer, KV head):
+ *  nominal kinds read what they hold on the device (kv = footprint device, aux 0; a per-query-head layout's G sets,
+ *  each query head attending one); a measured profile its fitted read lines when it has them (has_reads), scaled
+ *  as its storage (KV: copies x the planned token size, or the codec's bytes of that many positions; aux: the aux
+ *  rule's factor), at most the tokens seen, else its device footprint. */
+kvs_plan_reads kvs_plan_reads_at(const kvs_plan_policy *pol, const kvs_plan_setup *s, int64_t prompt, int64_t n);
 
 /*! kvs_plan_aux_factor() : what the measured auxiliary bytes of `p` are multiplied by on the planned setup `s` (the
  *  rule's copies x head_dim x element factors, plan.h), in the steady state. */

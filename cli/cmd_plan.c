@@ -4,7 +4,9 @@
  * the full cache, constant-size and prompt-only policies (and offloading: host memory, PCIe per step), with plain
  * KV elements or a KV codec's real bytes (--codec, sim/codec.h: scales, zero points and 16-bit residual rows
  * counted), as text, CSV or JSON, into the results database (results/results_plan.h; a codec's canonical spec in
- * the plan's kv_dtype column) and as two plots (plots/plan_plot.h).
+ * the plan's kv_dtype column) and as two plots (plots/plan_plot.h); with --hw GPU, time: a roofline per phase
+ * (analysis/plan_time.h) giving time to first token, time per output token and tokens/s per series at the plan's
+ * batch and against the batch up to the memory limit (a third plot, --plot-throughput; table plan_times).
  */
 #include <math.h>
 #include <stdio.h>
@@ -12,6 +14,7 @@
 #include <string.h>
 
 #include "../analysis/plan.h"
+#include "../analysis/plan_time.h"
 #include "../plots/plan_plot.h"
 #include "../sim/policy.h"
 #include "../policies/registry.h"
@@ -99,7 +102,24 @@ static void usage(FILE *f) {
             "  --db FILE            also record the plan (tables plans, plan_points; results/SCHEMA.md)\n"
             "  --plot-memory F      memory of the batch vs response length (.png or .svg)\n"
             "  --plot-batch F       max batch per context+response setting (.png or .svg)\n"
-            "  --gnuplot PROG       the gnuplot to run (default gnuplot on PATH)\n");
+            "  --gnuplot PROG       the gnuplot to run (default gnuplot on PATH)\n"
+            "Time (a roofline per phase, analysis/plan_time.h):\n"
+            "  --hw GPU|FILE.json   a GPU preset (--list-hw: A100-40GB-SXM, A100-80GB-SXM, H100-SXM, H100-PCIe, H200,\n"
+            "                       L40S, RTX-4090, MI300X) or a JSON file {\"name\", \"memory_gb\", \"hbm_tb_s\",\n"
+            "                       \"bf16_tflops\", \"fp8_tflops\", \"host_gb_s\", \"link_gb_s\"} (per direction); its memory\n"
+            "                       is the --gpu-mem unless given. Prints time to first token (the prefill of the batch's\n"
+            "                       prompts), time per output token (mean decode step over the response) and decode\n"
+            "                       tokens/s = batch / TPOT per policy, at each batch up to the memory limit, and the\n"
+            "                       batch that maximises tokens/s. Each phase is max(compute, memory) time: prefill\n"
+            "                       matmul + causal attention FLOPs vs the weights and activations; a decode step the\n"
+            "                       weights once + every sequence's K/V and auxiliary reads (a measured profile: its\n"
+            "                       replayed traffic), plus host transfers over PCIe (offloading) and, with --gpus N,\n"
+            "                       two ring all-reduces per layer over the GPU link\n"
+            "  --mbu X              memory-bandwidth utilisation in (0, 1] (default 1: the roofline bound)\n"
+            "  --mfu X              FLOP utilisation in (0, 1] (default 1: the roofline bound)\n"
+            "  --batches LIST       batches of the throughput table (default 1, 2, 4, ... up to the max batch, and it)\n"
+            "  --plot-throughput F  decode tokens/s vs batch per policy (.png or .svg)\n"
+            "  --list-hw            the GPU presets and their sources\n");
 }
 
 /* "343.6 GB = 320.0 GiB": each side in its own prefix (kilo .. peta), four significant digits kept. */
@@ -133,6 +153,17 @@ static int list_presets(void) {
     return kvs_cli_finish_stdout("plan");
 }
 
+static int list_hw(void) {
+    printf("%-14s %9s %9s %11s %10s %10s %10s\n", "gpu", "memory", "HBM", "bf16 dense", "fp8 dense", "host", "link");
+    for (int i = 0; i < kvs_plan_hw_count(); i++) {
+        const kvs_plan_hw *h = kvs_plan_hw_at(i);
+        printf("%-14s %7.0fGB %5.4gTB/s %6.1fTFLOPS %6.1fTFLOPS %5.0fGB/s %5.0fGB/s   %s\n", h->name, h->mem_bytes / 1e9,
+               h->hbm_bw / 1e12, h->flops16 / 1e12, h->flops8 / 1e12, h->host_bw / 1e9, h->link_bw / 1e9, h->source);
+    }
+    printf("dense tensor throughput (no sparsity); host and link bandwidths per direction; GB = 10^9 bytes\n");
+    return kvs_cli_finish_stdout("plan");
+}
+
 /* One series of the plan. */
 typedef struct {
     char label[160];
@@ -147,7 +178,10 @@ static void json_count(int64_t v) {
     else printf("%lld", (long long)v);
 }
 
-static void json_point(const kvs_plan_point *p, const series *s) {
+/* decode bound of a timing: "compute" or "memory" */
+static const char *bound_name(int compute_bound) { return compute_bound ? "compute" : "memory"; }
+
+static void json_point(const kvs_plan_point *p, const series *s, const kvs_plan_timing *t) {
     printf("{\"kind\":");
     kvs_cli_json_string(stdout, kvs_plan_kind_name(s->pol.kind));
     printf(",\"series\":");
@@ -173,7 +207,18 @@ static void json_point(const kvs_plan_point *p, const series *s) {
     json_count(p->max_context);
     printf(",\"max_context_memory\":");
     json_count(p->max_context_memory);
-    printf(",\"context_clamped\":%s}", p->context_clamped ? "true" : "false");
+    printf(",\"context_clamped\":%s", p->context_clamped ? "true" : "false");
+    if (t) {
+        printf(",\"ttft_s\":");
+        kvs_cli_json_number(stdout, t->ttft);
+        printf(",\"tpot_s\":");
+        kvs_cli_json_number(stdout, t->tpot);
+        printf(",\"tokens_per_s\":");
+        kvs_cli_json_number(stdout, t->tokens_per_s);
+        printf(",\"prefill_bound\":\"%s\",\"decode_bound\":\"%s\"", bound_name(t->prefill_compute_bound),
+               bound_name(t->decode_compute_bound));
+    }
+    printf("}");
 }
 
 static void csv_count(int64_t v) {
@@ -204,13 +249,27 @@ static void csv_point(const kvs_plan_point *p, const series *s) {
     printf(",%d", p->context_clamped);
 }
 
+/* the time columns of a CSV row (--hw): after the plan's columns, so theirs keep their places */
+static void csv_time(const kvs_plan_timing *t, int64_t best_batch) {
+    {
+        char b3[3][64];
+        kvs_cli_fmt_real(b3[0], sizeof b3[0], t->ttft);
+        kvs_cli_fmt_real(b3[1], sizeof b3[1], t->tpot);
+        kvs_cli_fmt_real(b3[2], sizeof b3[2], t->tokens_per_s);
+        printf(",%s,%s,%s,%s,%s,", b3[0], b3[1], b3[2], bound_name(t->prefill_compute_bound),
+               bound_name(t->decode_compute_bound));
+        if (best_batch > 0) printf("%lld", (long long)best_batch);
+    }
+}
+
 int kvs_cmd_plan(int argc, char **argv) {
     const char *preset = NULL, *config = NULL, *trace_path = NULL, *kv_dtype = NULL, *weights = NULL,
                *gpu_mem = NULL, *gpus_s = NULL, *reserve_s = NULL, *batch_s = NULL, *context_s = NULL,
                *response_s = NULL, *responses_s = NULL, *settings_s = NULL, *policy_s = NULL, *budget_s = NULL,
                *profile_db = NULL, *run_s = NULL, *aux_s = NULL, *db_path = NULL, *plot_mem = NULL,
-               *plot_batch = NULL, *gnuplot = NULL, *tied_s = NULL, *codec_s = NULL;
-    int csv = 0, json = 0, list = 0;
+               *plot_batch = NULL, *gnuplot = NULL, *tied_s = NULL, *codec_s = NULL, *hw_s = NULL, *mbu_s = NULL,
+               *mfu_s = NULL, *batches_s = NULL, *plot_tput = NULL;
+    int csv = 0, json = 0, list = 0, list_gpus = 0;
     for (int i = 1; i < argc; i++) {
         int missing = 0, r;
         struct {
@@ -223,7 +282,9 @@ int kvs_cmd_plan(int argc, char **argv) {
                           {"--settings", &settings_s},  {"--policy", &policy_s},     {"--budget", &budget_s},
                           {"--profile", &profile_db},   {"--run", &run_s},           {"--aux-scale", &aux_s},
                           {"--db", &db_path},           {"--plot-memory", &plot_mem}, {"--plot-batch", &plot_batch},
-                          {"--gnuplot", &gnuplot},      {"--tied-embeddings", &tied_s}, {"--codec", &codec_s}};
+                          {"--gnuplot", &gnuplot},      {"--tied-embeddings", &tied_s}, {"--codec", &codec_s},
+                          {"--hw", &hw_s},              {"--mbu", &mbu_s},           {"--mfu", &mfu_s},
+                          {"--batches", &batches_s},    {"--plot-throughput", &plot_tput}};
         if (kvs_cli_is_help(argv[i])) {
             usage(stdout);
             return KVS_EXIT_OK;
@@ -242,6 +303,8 @@ int kvs_cmd_plan(int argc, char **argv) {
             if (kvs_cli_once("plan", "--json", &json)) return KVS_EXIT_USAGE;
         } else if (!strcmp(argv[i], "--list-presets")) {
             if (kvs_cli_once("plan", "--list-presets", &list)) return KVS_EXIT_USAGE;
+        } else if (!strcmp(argv[i], "--list-hw")) {
+            if (kvs_cli_once("plan", "--list-hw", &list_gpus)) return KVS_EXIT_USAGE;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             return kvs_cli_usage_error("plan", "unknown option '%s'", argv[i]);
         } else {
@@ -249,6 +312,7 @@ int kvs_cmd_plan(int argc, char **argv) {
         }
     }
     if (list) return list_presets();
+    if (list_gpus) return list_hw();
     if (!!preset + !!config + !!trace_path != 1)
         return kvs_cli_usage_error("plan", "give exactly one of --model PRESET, --config CONFIG.json, --trace TRACE");
     if (csv && json) return kvs_cli_usage_error("plan", "--csv and --json exclude each other");
@@ -275,7 +339,22 @@ int kvs_cmd_plan(int argc, char **argv) {
         (gpu_mem && kvs_cli_parse_size("--gpu-mem", gpu_mem, &setup.gpu_bytes) != KVS_OK) ||
         (reserve_s && kvs_cli_parse_size("--reserve", reserve_s, &setup.reserve_bytes) != KVS_OK))
         return kvs_cli_fail("plan", KVS_ERR_INVALID_ARG);
-    if (reserve_s && !gpu_mem) return kvs_cli_usage_error("plan", "--reserve needs --gpu-mem");
+    kvs_plan_time_setup tsetup = {.mbu = 1, .mfu = 1};
+    if ((mbu_s && kvs_cli_parse_double("--mbu", mbu_s, 1e-6, 1, &tsetup.mbu) != KVS_OK) ||
+        (mfu_s && kvs_cli_parse_double("--mfu", mfu_s, 1e-6, 1, &tsetup.mfu) != KVS_OK))
+        return kvs_cli_fail("plan", KVS_ERR_INVALID_ARG);
+    if ((mbu_s || mfu_s || batches_s || plot_tput) && !hw_s)
+        return kvs_cli_usage_error("plan", "--mbu, --mfu, --batches and --plot-throughput need --hw GPU");
+    if (hw_s) {
+        kvs_status hst = kvs_plan_hw_resolve(hw_s, &tsetup.hw);
+        if (hst != KVS_OK) return kvs_cli_fail("plan", hst);
+        if (!gpu_mem) setup.gpu_bytes = tsetup.hw.mem_bytes;
+    }
+    int64_t batches[MAX_LIST];
+    int n_batches = 0;
+    if (batches_s && kvs_plan_parse_list("--batches", batches_s, 1, batches, &n_batches) != KVS_OK)
+        return kvs_cli_usage_error("plan", "%s", kvs_last_error());
+    if (reserve_s && !gpu_mem && !hw_s) return kvs_cli_usage_error("plan", "--reserve needs --gpu-mem or --hw");
     kvs_plan_aux_scale aux_scale = KVS_PLAN_AUX_AUTO;
     if (aux_s) {
         if (!strcmp(aux_s, "none")) aux_scale = KVS_PLAN_AUX_NONE;
@@ -450,12 +529,14 @@ int kvs_cmd_plan(int argc, char **argv) {
     }
 
     /* ---- evaluate: the main point of every series, the memory curve, the max-batch settings ---- */
-    const int n_pts_max = n_ser * (1 + n_resp + n_set);
+    /* with --hw, each series' throughput sweep (batches other than --batch) follows its points */
+    const int n_pts_max = n_ser * (1 + n_resp + n_set) + (hw_s ? n_ser * (MAX_LIST + 1) : 0);
     kvs_plan_point *pts = calloc((size_t)n_pts_max, sizeof *pts);
+    kvs_plan_timing *ptime = calloc((size_t)n_pts_max, sizeof *ptime);
     int *pts_ser = calloc((size_t)n_pts_max, sizeof *pts_ser);
     kvs_results_plan_point *rows = calloc((size_t)n_pts_max, sizeof *rows);
     double *curve = calloc((size_t)(n_ser * (n_resp + n_set) + n_resp), sizeof *curve);
-    if (!pts || !pts_ser || !rows || !curve) {
+    if (!pts || !ptime || !pts_ser || !rows || !curve) {
         st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -517,6 +598,47 @@ int kvs_cmd_plan(int argc, char **argv) {
     if (kind == KVS_PLAN_MEASURED) kvs_plan_aux_describe(&profile, aux_rule, sizeof aux_rule);
     const double aux_factor = kind == KVS_PLAN_MEASURED ? kvs_plan_aux_factor(&profile, &setup) : NAN;
     const int64_t steady_from = kind == KVS_PLAN_MEASURED ? kvs_plan_profile_steady_from(&profile) : 0;
+
+    /* ---- time (--hw): every point's timing; per series the throughput against the batch, from 1 to the largest
+     * batch that fits at (context, response) (or --batches), and the batch that maximises it ---- */
+    const int n_base = n_pts;        /* the plan's points; then the sweep rows */
+    int sweep_from[MAX_SERIES], sweep_n[MAX_SERIES], best[MAX_SERIES];
+    kvs_plan_timing main_t[MAX_SERIES];
+    if (hw_s) {
+        for (int k = 0; k < n_base; k++)
+            if ((st = kvs_plan_time(&setup, &tsetup, &ser[pts_ser[k]].pol, pts[k].context, pts[k].response,
+                                    pts[k].batch, &ptime[k])) != KVS_OK)
+                goto fail;
+        for (int s = 0; s < n_ser; s++) {
+            if ((st = kvs_plan_time(&setup, &tsetup, &ser[s].pol, context, response, batch, &main_t[s])) != KVS_OK)
+                goto fail;
+            int64_t bs[MAX_LIST + 1];
+            int nb = 0;
+            const int64_t mb = main_pt[s].max_batch == KVS_PLAN_UNBOUNDED ? INT64_C(1) << 20 : main_pt[s].max_batch;
+            if (n_batches) {
+                for (int k = 0; k < n_batches; k++) bs[nb++] = batches[k];
+            } else {
+                for (int64_t b = 1; b <= mb && nb < MAX_LIST; b *= 2) bs[nb++] = b;
+                if (mb >= 1 && bs[nb - 1] != mb) bs[nb++] = mb;
+            }
+            sweep_from[s] = n_pts;
+            best[s] = -1;
+            for (int k = 0; k < nb; k++) {
+                if ((st = kvs_plan_eval(&setup, &ser[s].pol, context, response, bs[k], &pts[n_pts])) != KVS_OK ||
+                    (st = kvs_plan_time(&setup, &tsetup, &ser[s].pol, context, response, bs[k], &ptime[n_pts])) !=
+                        KVS_OK)
+                    goto fail;
+                pts_ser[n_pts] = s;
+                /* the best batch among those that fit in memory; of equal throughputs (a compute-bound plateau)
+                 * the smallest, less a rounding's worth */
+                if (bs[k] <= mb &&
+                    (best[s] < 0 || ptime[n_pts].tokens_per_s > ptime[best[s]].tokens_per_s * (1 + 1e-9)))
+                    best[s] = n_pts;
+                n_pts++;
+            }
+            sweep_n[s] = n_pts - sweep_from[s];
+        }
+    }
 
     /* ---- print ---- */
     if (json) {
@@ -581,9 +703,11 @@ int kvs_cmd_plan(int argc, char **argv) {
                                             : 1);
             printf(",\"tok_bytes\":");
             kvs_cli_json_number(stdout, profile.tok_bytes);
-            const kvs_plan_line *ls[4] = {&profile.kv, &profile.aux, &profile.host, &profile.transfer};
-            const char *names[4] = {"kv", "aux", "host", "transfer"};
-            for (int k = 0; k < 4; k++) {
+            const kvs_plan_line *ls[6] = {&profile.kv,       &profile.aux,     &profile.host,
+                                          &profile.transfer, &profile.read_kv, &profile.read_aux};
+            const char *names[6] = {"kv", "aux", "host", "transfer", "read_kv", "read_aux"};
+            printf(",\"has_reads\":%s", profile.has_reads ? "true" : "false");
+            for (int k = 0; k < 6; k++) {
                 printf(",\"%s\":{\"a\":", names[k]);
                 kvs_cli_json_number(stdout, ls[k]->a);
                 printf(",\"b\":");
@@ -601,21 +725,79 @@ int kvs_cmd_plan(int argc, char **argv) {
             printf("null");
         }
         printf(",\"points\":[");
-        for (int k = 0; k < n_pts; k++) {
-            if (k) printf(",");
-            json_point(&pts[k], &ser[pts_ser[k]]);
+        for (int k = 0, first = 1; k < n_pts; k++) {
+            if (k >= n_base && pts[k].batch == batch) continue; /* the sweep's row of --batch: a plan point */
+            if (!first) printf(",");
+            first = 0;
+            json_point(&pts[k], &ser[pts_ser[k]], hw_s ? &ptime[k] : NULL);
         }
-        printf("]}\n");
+        printf("]");
+        if (hw_s) {
+            printf(",\"time\":{\"hw\":");
+            kvs_cli_json_string(stdout, tsetup.hw.name);
+            printf(",\"hw_source\":");
+            kvs_cli_json_string(stdout, tsetup.hw.source);
+            printf(",\"hbm_bytes_per_s\":");
+            kvs_cli_json_number(stdout, tsetup.hw.hbm_bw);
+            printf(",\"flops_per_s\":");
+            kvs_cli_json_number(stdout, w_bytes == 1 && tsetup.hw.flops8 > 0 ? tsetup.hw.flops8 : tsetup.hw.flops16);
+            printf(",\"host_bytes_per_s\":");
+            kvs_cli_json_number(stdout, tsetup.hw.host_bw);
+            printf(",\"link_bytes_per_s\":");
+            kvs_cli_json_number(stdout, tsetup.hw.link_bw);
+            printf(",\"gpus\":%ld,\"mbu\":", gpus);
+            kvs_cli_json_number(stdout, tsetup.mbu);
+            printf(",\"mfu\":");
+            kvs_cli_json_number(stdout, tsetup.mfu);
+            printf(",\"series\":[");
+            for (int z = 0; z < n_ser; z++) {
+                printf("%s{\"series\":", z ? "," : "");
+                kvs_cli_json_string(stdout, ser[z].id);
+                printf(",\"ttft_s\":");
+                kvs_cli_json_number(stdout, main_t[z].ttft);
+                printf(",\"tpot_s\":");
+                kvs_cli_json_number(stdout, main_t[z].tpot);
+                printf(",\"tokens_per_s\":");
+                kvs_cli_json_number(stdout, main_t[z].tokens_per_s);
+                printf(",\"layer_prefill_s\":");
+                kvs_cli_json_number(stdout, main_t[z].prefill.layer_seconds);
+                printf(",\"layer_decode_s\":");
+                kvs_cli_json_number(stdout, main_t[z].last_step.layer_seconds);
+                printf(",\"best_batch\":");
+                if (best[z] >= 0) printf("%lld", (long long)pts[best[z]].batch);
+                else printf("null");
+                printf(",\"best_tokens_per_s\":");
+                kvs_cli_json_number(stdout, best[z] >= 0 ? ptime[best[z]].tokens_per_s : NAN);
+                printf(",\"throughput\":[");
+                for (int k = 0; k < sweep_n[z]; k++) {
+                    const kvs_plan_timing *q = &ptime[sweep_from[z] + k];
+                    printf("%s{\"batch\":%lld,\"ttft_s\":", k ? "," : "", (long long)q->batch);
+                    kvs_cli_json_number(stdout, q->ttft);
+                    printf(",\"tpot_s\":");
+                    kvs_cli_json_number(stdout, q->tpot);
+                    printf(",\"tokens_per_s\":");
+                    kvs_cli_json_number(stdout, q->tokens_per_s);
+                    printf(",\"fits\":%s}", pts[sweep_from[z] + k].max_batch >= q->batch ? "true" : "false");
+                }
+                printf("]}");
+            }
+            printf("]}");
+        }
+        printf("}\n");
     } else if (csv) {
         printf("kind,series,label,budget,context,response,batch,seq_device_bytes,total_bytes,host_bytes,"
-               "pcie_bytes_per_step,max_batch,max_context,max_context_memory,context_clamped,kv,kv_bytes_per_token\n");
+               "pcie_bytes_per_step,max_batch,max_context,max_context_memory,context_clamped,kv,kv_bytes_per_token%s\n",
+               hw_s ? ",ttft_s,tpot_s,tokens_per_s,prefill_bound,decode_bound,best_batch" : "");
         char kb[64];
         kvs_cli_fmt_real(kb, sizeof kb, kvtok);
         for (int k = 0; k < n_pts; k++) {
+            if (k >= n_base && pts[k].batch == batch) continue; /* the sweep's row of --batch: a plan point */
             csv_point(&pts[k], &ser[pts_ser[k]]);
             printf(",");
             kvs_cli_csv_field(stdout, kv_name);
-            printf(",%s\n", kb);
+            printf(",%s", kb);
+            if (hw_s) csv_time(&ptime[k], best[pts_ser[k]] >= 0 ? pts[best[pts_ser[k]]].batch : -1);
+            printf("\n");
         }
     } else {
         char a[96], b[96], c[96];
@@ -752,6 +934,55 @@ int kvs_cmd_plan(int argc, char **argv) {
                 printf("\n");
             }
         }
+        if (hw_s) {
+            const double F = w_bytes == 1 && tsetup.hw.flops8 > 0 ? tsetup.hw.flops8 : tsetup.hw.flops16;
+            fmt_size(c, sizeof c, wbytes);
+            printf("\ntime on %ld x %s: HBM %.4g TB/s x mbu %g, %s tensor %.4g TFLOP/s x mfu %g, host %.4g GB/s, link "
+                   "%.4g GB/s per direction  [%s]\n",
+                   gpus, tsetup.hw.name, tsetup.hw.hbm_bw / 1e12, tsetup.mbu, F == tsetup.hw.flops8 ? "fp8" : "bf16",
+                   F / 1e12, tsetup.mfu, tsetup.hw.host_bw / 1e9, tsetup.hw.link_bw / 1e9, tsetup.hw.source);
+            printf("  roofline per phase: max(compute, memory) + host transfers + all-reduces (analysis/plan_time.h); "
+                   "weights %s read once per decode step\n", c);
+            printf("\nlatency at batch %ld, context %ld, response %ld:\n  %-60s %12s %12s %12s %8s %10s %14s\n", batch,
+                   context, response, "policy", "TTFT", "TPOT", "tokens/s", "decode", "best batch", "tokens/s there");
+            for (int z = 0; z < n_ser; z++) {
+                char bb[32] = "-", bt[32] = "-";
+                if (best[z] >= 0) {
+                    snprintf(bb, sizeof bb, "%lld", (long long)pts[best[z]].batch);
+                    snprintf(bt, sizeof bt, "%.4g", ptime[best[z]].tokens_per_s);
+                }
+                printf("%c %-60s %10.4g ms %10.4g ms %12.4g %8s %10s %14s\n", z == planned ? '*' : ' ', ser[z].label,
+                       main_t[z].ttft * 1e3, main_t[z].tpot * 1e3, main_t[z].tokens_per_s,
+                       bound_name(main_t[z].decode_compute_bound), bb, bt);
+            }
+            {
+                /* one layer of the planned series (the last decode step's): its compute and memory time */
+                const kvs_plan_timing *pt = &main_t[planned];
+                const double L = m->n_layers, lc = pt->last_step.layer_flops / (gpus * F * tsetup.mfu),
+                             lm = pt->last_step.layer_bytes / (gpus * tsetup.hw.hbm_bw * tsetup.mbu);
+                printf("  per layer (%s): prefill %.4g ms x %d layers + %.4g ms (classifier, embedding); last decode "
+                       "step %.4g us x %d + %.4g us (a layer: compute %.4g us, memory %.4g us)\n",
+                       ser[planned].label, pt->prefill.layer_seconds * 1e3, m->n_layers,
+                       (pt->prefill.seconds - L * pt->prefill.layer_seconds) * 1e3, pt->last_step.layer_seconds * 1e6,
+                       m->n_layers, (pt->last_step.seconds - L * pt->last_step.layer_seconds) * 1e6, lc * 1e6,
+                       lm * 1e6);
+            }
+            printf("(TTFT: the prefill of the batch's prompts; TPOT: the mean decode step over the response; tokens/s: "
+                   "batch / TPOT; decode: what bounds the last step; best batch: the batch of the table below with the "
+                   "most tokens/s that fits in memory)\n");
+            printf("\ndecode tokens/s against the batch (context %ld, response %ld; x: over the memory limit):\n",
+                   context, response);
+            for (int z = 0; z < n_ser; z++) {
+                printf("  %s:", ser[z].label);
+                if (!sweep_n[z]) printf(" no batch fits");
+                for (int k = 0; k < sweep_n[z]; k++) {
+                    const int i = sweep_from[z] + k;
+                    printf(" %lld:%.4g%s", (long long)pts[i].batch, ptime[i].tokens_per_s,
+                           pts[i].batch > pts[i].max_batch ? "x" : "");
+                }
+                printf("\n");
+            }
+        }
         printf("GB/TB/MB/KB = 10^9/10^12/10^6/10^3 bytes; GiB/TiB/MiB/KiB = 2^30/2^40/2^20/2^10 bytes\n");
     }
     if (m->max_positions > 0 && context + response > m->max_positions)
@@ -771,6 +1002,43 @@ int kvs_cmd_plan(int argc, char **argv) {
                 m->source, (double)m->vocab * m->hidden / 1e6);
 
     /* ---- plots ---- */
+    if (plot_tput) {
+        /* the union of the series' batches, ascending; NaN where a series was not timed */
+        double xb[MAX_SERIES * (MAX_LIST + 1)];
+        int nx = 0;
+        for (int k = n_base; k < n_pts; k++) {
+            int dup = 0;
+            for (int j = 0; j < nx && !dup; j++) dup = xb[j] == (double)pts[k].batch;
+            if (!dup) xb[nx++] = (double)pts[k].batch;
+        }
+        for (int i = 1; i < nx; i++) /* insertion sort: a few dozen values */
+            for (int j = i; j > 0 && xb[j - 1] > xb[j]; j--) {
+                double t = xb[j];
+                xb[j] = xb[j - 1];
+                xb[j - 1] = t;
+            }
+        double *yb = malloc((size_t)(n_ser * (nx > 0 ? nx : 1)) * sizeof *yb);
+        if (!yb) {
+            st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        for (int i = 0; i < n_ser * nx; i++) yb[i] = NAN;
+        for (int k = n_base; k < n_pts; k++)
+            for (int j = 0; j < nx; j++)
+                if (xb[j] == (double)pts[k].batch) yb[pts_ser[k] * nx + j] = ptime[k].tokens_per_s;
+        const char *labels[MAX_SERIES];
+        for (int z = 0; z < n_ser; z++) labels[z] = ser[z].label;
+        char title[320];
+        snprintf(title, sizeof title, "%s on %ld x %s: decode tokens/s vs batch (context %ld, response %ld; mbu %g, "
+                                      "mfu %g)", m->name, gpus, tsetup.hw.name, context, response, tsetup.mbu,
+                 tsetup.mfu);
+        kvs_plot_plan pp = {.kind = KVS_PLOT_PLAN_THROUGHPUT, .title = title, .out_path = plot_tput,
+                            .gnuplot = gnuplot, .n_series = n_ser, .labels = labels, .n_x = nx, .x = xb, .y = yb,
+                            .hline = NAN};
+        st = nx > 0 ? kvs_plot_plan_render(&pp) : kvs_fail(KVS_ERR_INVALID_ARG, "--plot-throughput: no batch fits");
+        free(yb);
+        if (st != KVS_OK) goto fail;
+    }
     if (plot_mem || plot_batch) {
         const char *labels[MAX_SERIES], *xl[MAX_LIST];
         double xs[MAX_LIST];
@@ -826,7 +1094,7 @@ int kvs_cmd_plan(int argc, char **argv) {
             pr.host_a = profile.host.a, pr.host_b = profile.host.b;
             pr.transfer_a = profile.transfer.a, pr.transfer_b = profile.transfer.b, pr.fit_r2 = profile.kv_r2;
         }
-        for (int k = 0; k < n_pts; k++) {
+        for (int k = 0; k < n_base; k++) {
             const series *s = &ser[pts_ser[k]];
             rows[k] = (kvs_results_plan_point){
                 .series = s->id,
@@ -845,9 +1113,32 @@ int kvs_cmd_plan(int argc, char **argv) {
         if (trace) tr = kvs_results_trace_of(trace_path, kvs_trace_info_get(trace));
         int64_t id = 0;
         if ((st = kvs_results_open(db_path, &db)) != KVS_OK ||
-            (st = kvs_results_write_plan(db, &pr, trace ? &tr : NULL, rows, n_pts, &id)) != KVS_OK)
+            (st = kvs_results_write_plan(db, &pr, trace ? &tr : NULL, rows, n_base, &id)) != KVS_OK)
             goto fail;
-        fprintf(stderr, "kvsim plan: plan %lld (%d points) recorded in %s\n", (long long)id, n_pts, db_path);
+        if (hw_s) { /* the timed points: the plan's and the sweeps' (a sweep row of --batch is a plan point) */
+            kvs_results_plan_time *tr_rows = calloc((size_t)n_pts, sizeof *tr_rows);
+            if (!tr_rows) {
+                st = kvs_fail(KVS_ERR_NOMEM, "out of memory");
+                goto fail;
+            }
+            int nt = 0;
+            for (int k = 0; k < n_pts; k++) {
+                if (k >= n_base && pts[k].batch == batch) continue;
+                const int z = pts_ser[k];
+                tr_rows[nt++] = (kvs_results_plan_time){
+                    .series = ser[z].id, .context = pts[k].context, .response = pts[k].response,
+                    .batch = pts[k].batch, .hw = tsetup.hw.name, .n_gpus = (int32_t)gpus, .mbu = tsetup.mbu,
+                    .mfu = tsetup.mfu, .ttft_s = ptime[k].ttft, .tpot_s = ptime[k].tpot,
+                    .tokens_per_s = ptime[k].tokens_per_s, .decode_bound = bound_name(ptime[k].decode_compute_bound),
+                    .fits = pts[k].max_batch >= pts[k].batch,
+                    .best = best[z] >= 0 && pts[k].context == context && pts[k].response == response &&
+                            pts[k].batch == pts[best[z]].batch};
+            }
+            st = kvs_results_write_plan_times(db, id, tr_rows, nt);
+            free(tr_rows);
+            if (st != KVS_OK) goto fail;
+        }
+        fprintf(stderr, "kvsim plan: plan %lld (%d points) recorded in %s\n", (long long)id, n_base, db_path);
     }
     rc = kvs_cli_finish_stdout("plan");
     goto done;
@@ -855,6 +1146,7 @@ fail:
     rc = kvs_cli_fail("plan", st);
 done:
     free(pts);
+    free(ptime);
     free(pts_ser);
     free(rows);
     free(curve);

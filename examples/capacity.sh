@@ -17,8 +17,15 @@
 #    (SnapKV) compresses only a prompt at least as long as its budget, and the plan fits each run on its steady
 #    state (an every-step policy's steps with the cache full, a prompt-only policy's decode steps), refusing a run
 #    that never reaches it. The plan prints the steps its fit used.
+# 3. Time (`kvsim plan --hw`, analysis/plan_time.h): the shared models' measured policies (TRACE, and a trace of
+#    ../shared/models/tinystories-656K captured here when that model is present: 128 generated tokens, a second
+#    or so) replayed with H2O, SnapKV, Quest and SyncKV at budget 64, each run's profile (storage, reads, host
+#    transfers) scaled to Llama-3.1-8B in bf16 on one H100 SXM at 8K + 8K: a latency/throughput table (TTFT, TPOT,
+#    decode tokens/s at batch 16, the throughput-maximising batch that fits and its tokens/s) at the roofline bound
+#    (mbu = mfu = 1; docs/REFERENCE.md "Time in plans" has the factors published servers reach), and the
+#    tokens/s-vs-batch plot of one of them. Skipped with CAPACITY_TIME=0.
 # Outputs go to $OUT (default examples/out): capacity.db (runs and plans), capacity_*.txt, capacity_*.png.
-# $KVSIM_BIN names the kvsim binary.
+# $KVSIM_BIN names the kvsim binary; $KVSIM_MODELS the shared models (default ../shared/models).
 set -eu
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(dirname "$here")
@@ -63,4 +70,50 @@ for p in h2o snapkv; do
         --plot-memory "$out/capacity_${p}_memory.png" --plot-batch "$out/capacity_${p}_batch.png" \
         | tee "$out/capacity_$p.txt"
 done
+# ---- 3. time: the measured policies of the shared models on Llama-3.1-8B, one H100 SXM ----
+if [ "${CAPACITY_TIME:-1}" != 0 ]; then
+    models=${KVSIM_MODELS:-$(dirname "$root")/shared/models}
+    tdb=$out/capacity_time.db
+    rm -f "$tdb" "$tdb-wal" "$tdb-shm"
+    traces=$trace
+    if [ -d "$models/tinystories-656K" ]; then
+        "$KVSIM_BIN" capture --model "$models/tinystories-656K" --prompt "$(head -c 600 "$here/prompt.txt")" \
+            --steps 128 --ignore-eos --threads 2 --out "$out/capacity_tinystories.kvt" >/dev/null 2>&1 &&
+            traces="$traces $out/capacity_tinystories.kvt"
+    fi
+    for t in $traces; do
+        tp=$("$KVSIM_BIN" info "$t" | sed -n 's/.*before the first generated token \([0-9][0-9]*\)).*/\1/p')
+        tb=64
+        [ "$tp" -ge 64 ] || tb=$((tp / 2))
+        "$KVSIM_BIN" replay "$t" --db "$tdb" --policy h2o --policy snapkv --policy quest --policy synckv \
+            --budgets "$tb" --series-every 1 --threads 2 >/dev/null
+    done
+    echo "== time: measured policies scaled to Llama-3.1-8B (bf16 weights and KV) on 1 x H100-SXM, 8192 + 8192 tokens"
+    echo "   (roofline bound: mbu = mfu = 1; TTFT of the batch's prompts, TPOT the mean decode step, tokens/s = batch / TPOT)"
+    # one row per run: the plan's latency table (text) gives the planned series' row, marked '*', and the full cache's
+    "$KVSIM_BIN" runs "$tdb" | awk '$1 ~ /^[0-9]+$/ && /@/ {t = $0; sub(/@.*/, "", t); n = split(t, w, " "); print $1, w[n]}' \
+        > "$out/capacity_time_runs.txt"
+    {
+        printf '%-18s %-10s %6s %10s %10s %12s %10s %14s\n' "trace model" policy budget "TTFT ms" "TPOT ms" \
+            "tokens/s@16" "best batch" "tokens/s@best"
+        first=1
+        while read -r r model; do
+            "$KVSIM_BIN" plan --model Llama-3.1-8B --kv-dtype bf16 --weights bf16 --hw H100-SXM --profile "$tdb" \
+                --run "$r" --context 8192 --response 8192 --batch 16 --db "$tdb" 2>/dev/null |
+                sed -n '/^latency at batch/,/^(TTFT/p' |
+                awk -v model="$model" -v first="$first" '
+                    /^\* measured: / || (first == 1 && /^  full cache /) {
+                        name = "full cache"; m = "-"; bud = "-"
+                        if ($1 == "*") { name = $3; sub(/,$/, "", name); m = model; bud = $5 }
+                        printf "%-18s %-10s %6s %10s %10s %12s %10s %14s\n", m, name, bud, $(NF - 7), $(NF - 5),
+                            $(NF - 3), $(NF - 1), $NF
+                    }'
+            first=0
+        done < "$out/capacity_time_runs.txt"
+    } | tee "$out/capacity_time.txt"
+    last=$(awk 'END {print $1}' "$out/capacity_time_runs.txt")
+    [ -n "$last" ] && "$KVSIM_BIN" plan --model Llama-3.1-8B --kv-dtype bf16 --weights bf16 --hw H100-SXM \
+        --profile "$tdb" --run "$last" --context 8192 --response 8192 --batch 16 \
+        --plot-throughput "$out/capacity_time_throughput.png" >/dev/null 2>&1 || true
+fi
 echo "capacity.sh: plans and runs in $db; tables and plots in $out"

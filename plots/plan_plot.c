@@ -1,4 +1,5 @@
-/* plan_plot.c — the memory-vs-response plot and the max-batch chart of a capacity plan (see plan_plot.h). */
+/* plan_plot.c — the memory-vs-response plot, the max-batch chart and the throughput-vs-batch plot of a capacity plan
+ * (see plan_plot.h). */
 #include "plan_plot.h"
 
 #include <errno.h>
@@ -39,6 +40,28 @@ static void write_memory(FILE *f, const kvs_plot_plan *p) {
         for (int i = 0; i < p->n_x; i++) {
             double y = p->y[(size_t)s * (size_t)p->n_x + (size_t)i];
             if (isfinite(y)) fprintf(f, "%.17g %.17g\n", p->x[i], y / 1073741824.0);
+        }
+        fputs("e\n", f);
+    }
+}
+
+/* Tokens/s against the batch: a line per series over the batches it was timed at (a series without a value at a
+ * batch of another's is left out there). */
+static void write_throughput(FILE *f, const kvs_plot_plan *p) {
+    fprintf(f, "set xlabel 'batch (sequences decoded together)'\nset ylabel 'decode tokens/s (batch / time per output "
+               "token)'\nset logscale x 2\nset logscale y\nset key top left\nset grid\n");
+    fputs("plot ", f);
+    for (int s = 0; s < p->n_series; s++) {
+        fprintf(f, "%s'-' using 1:2 with linespoints lw 2 pt %d lc rgb '%s' title ", s ? ", " : "", 5 + s,
+                colors[(size_t)s % N_COLORS]);
+        kvs_plot_gp_string(f, p->labels[s]);
+    }
+    fputc('\n', f);
+    for (int s = 0; s < p->n_series; s++) {
+        put_comment(f, p->labels[s]);
+        for (int i = 0; i < p->n_x; i++) {
+            double y = p->y[(size_t)s * (size_t)p->n_x + (size_t)i];
+            if (isfinite(y) && y > 0 && p->x[i] > 0) fprintf(f, "%.17g %.17g\n", p->x[i], y);
         }
         fputs("e\n", f);
     }
@@ -85,13 +108,14 @@ static void write_script(FILE *f, const void *ctx, const char *image_path) {
     fputc('\n', f);
     fputs("set datafile missing '?'\n", f);
     if (p->kind == KVS_PLOT_PLAN_MEMORY) write_memory(f, p);
+    else if (p->kind == KVS_PLOT_PLAN_THROUGHPUT) write_throughput(f, p);
     else write_max_batch(f, p);
     fputs("unset output\nexit\n", f);
 }
 
 static kvs_status check(const kvs_plot_plan *p) {
     if (!p || p->n_series < 1 || p->n_x < 1 || !p->labels || !p->y ||
-        (p->kind == KVS_PLOT_PLAN_MEMORY ? !p->x : !p->x_labels))
+        (p->kind == KVS_PLOT_PLAN_MAX_BATCH ? !p->x_labels : !p->x))
         return kvs_fail(KVS_ERR_INVALID_ARG, "plan plot: nothing to draw (no series or no points)");
     for (int s = 0; s < p->n_series; s++)
         if (!p->labels[s]) return kvs_fail(KVS_ERR_INVALID_ARG, "plan plot: series %d has no label", s);

@@ -2,7 +2,7 @@
  * resident KV memory of the whole batch against the response length, one line per policy kind, with the GPU
  * memory left for the KV cache as a dashed line; and the max-batch chart, a clustered bar chart of the largest
  * batch that fits at each (context + response) setting per policy kind (D2O Table 5's comparison, POLICY_SPEC
- * D10). Drawn by gnuplot through a pipe with plots/plot.c's runner (kvs_plot_gnuplot_render: the output rules
+ * D10); and decode tokens/s against the batch per policy (the roofline of analysis/plan_time.h). Drawn by gnuplot through a pipe with plots/plot.c's runner (kvs_plot_gnuplot_render: the output rules
  * of common/kvs_out.h, nothing written on failure). The data is the caller's: no database is read here.
  */
 #ifndef KVS_PLAN_PLOT_H
@@ -16,6 +16,8 @@
 typedef enum {
     KVS_PLOT_PLAN_MEMORY = 0,    /* x: response tokens (n_x values in x), y: bytes (drawn in GiB) */
     KVS_PLOT_PLAN_MAX_BATCH = 1, /* x: categories (x_labels), y: max batch (log scale), bars per series */
+    KVS_PLOT_PLAN_THROUGHPUT = 2, /* x: batch (n_x values in x, log scale), y: decode tokens/s, a line per series
+                                   * (`kvsim plan --plot-throughput`, analysis/plan_time.h) */
 } kvs_plot_plan_kind;
 
 /* What to draw. Everything borrowed. */
@@ -28,7 +30,7 @@ typedef struct {
     int n_series;
     const char *const *labels;     /* [n_series] */
     int n_x;
-    const double *x;               /* [n_x] memory kind */
+    const double *x;               /* [n_x] memory and throughput kinds */
     const char *const *x_labels;   /* [n_x] max-batch kind */
     const double *y;               /* [n_series * n_x], row-major by series; non-finite = no point */
     double hline;                  /* memory kind: bytes for the KV-pool line; non-finite = none */

@@ -1469,6 +1469,60 @@ static kvs_status sec_capacity(report_ctx *ctx) {
         }
     }
     table_end(ctx);
+    /* the measured policies, by name: each distinct measured series (its policy, budget and run), listed as
+     * "; name;" entries so that one name is never taken for the start of another ("run 1" of "run 12") */
+    char measured[2048] = ";", needle[160];
+    size_t used = 1;
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < rows[i].n_points; j++) {
+            const char *sr = rows[i].points[j].series;
+            if (strncmp(sr, "measured ", 9)) continue;
+            snprintf(needle, sizeof needle, " %s;", sr + 9);
+            if (strstr(measured, needle)) continue;
+            int w = snprintf(measured + used, sizeof measured - used, "%s", needle);
+            if (w > 0 && (size_t)w < sizeof measured - used) used += (size_t)w;
+        }
+    if (used > 1) {
+        measured[used - 1] = '\0'; /* the last ';' */
+        para(ctx, "Measured policies planned here (policy, budget, replay run):%s.", measured + 1);
+    }
+    /* time (kvsim plan --hw): each series at the plan's batch and at its throughput-maximising batch */
+    kvs_results_plan_time *tm = NULL;
+    int64_t nt = 0;
+    if ((st = kvs_results_query_plan_times(ctx->db, &tm, &nt)) != KVS_OK) {
+        kvs_results_plan_rows_free(rows, n);
+        return st;
+    }
+    if (nt > 0) {
+        para(ctx, "Time on a GPU (kvsim plan --hw; the roofline of analysis/plan_time.h: each phase the larger of its "
+                  "compute and memory time at the efficiency factors mbu/mfu, plus host transfers and all-reduces). "
+                  "TTFT: the prefill of the batch's prompts; TPOT: the mean decode step over the response; tokens/s = "
+                  "batch / TPOT. Rows: the plan's batch, and each series' batch with the most tokens/s that fits.");
+        static const char *const th[] = {"plan", "series", "GPU", "mbu / mfu", "context + response", "batch", "TTFT",
+                                         "TPOT", "tokens/s", "decode bound", "best"};
+        table_begin(ctx, 11, th);
+        for (int64_t k = 0; k < nt; k++) {
+            const kvs_results_plan_time *t = &tm[k];
+            const kvs_results_plan_row *r = NULL;
+            for (int64_t i = 0; i < n && !r; i++)
+                if (rows[i].id == t->plan_id) r = &rows[i];
+            if (!r || t->context != r->context || t->response != r->response || (t->batch != r->batch && !t->best))
+                continue;
+            char id[32], hw[96], eff[48], cr[64], b[32], ttft[32], tpot[32], tps[32];
+            snprintf(id, sizeof id, "%" PRId64, t->plan_id);
+            snprintf(hw, sizeof hw, "%d x %s", t->n_gpus, t->hw);
+            snprintf(eff, sizeof eff, "%g / %g", t->mbu, t->mfu);
+            snprintf(cr, sizeof cr, "%" PRId64 " + %" PRId64, t->context, t->response);
+            snprintf(b, sizeof b, "%" PRId64, t->batch);
+            snprintf(ttft, sizeof ttft, "%.4g ms", t->ttft_s * 1e3);
+            snprintf(tpot, sizeof tpot, "%.4g ms", t->tpot_s * 1e3);
+            snprintf(tps, sizeof tps, "%.4g", t->tokens_per_s);
+            const char *cell[] = {id, t->series, hw, eff, cr, b, ttft, tpot, tps, t->decode_bound, t->best ? "yes" : ""};
+            table_row(ctx, 11, cell);
+        }
+        table_end(ctx);
+    }
+    kvs_results_plan_times_free(tm, nt);
     kvs_results_plan_rows_free(rows, n);
     return KVS_OK;
 }

@@ -269,6 +269,128 @@ cleanup:
     return st;
 }
 
+/* ---- timed points (kvsim plan --hw --db) ---- */
+
+static const char plan_times_schema[] =
+    "CREATE TABLE IF NOT EXISTS plan_times ("
+    " plan_id INTEGER NOT NULL REFERENCES plans(id) ON DELETE CASCADE,"
+    " series TEXT NOT NULL, context INTEGER NOT NULL, response INTEGER NOT NULL, batch INTEGER NOT NULL,"
+    " hw TEXT NOT NULL, n_gpus INTEGER NOT NULL, mbu REAL NOT NULL, mfu REAL NOT NULL,"
+    " ttft_s REAL NOT NULL, tpot_s REAL NOT NULL, tokens_per_s REAL NOT NULL, decode_bound TEXT NOT NULL,"
+    " fits INTEGER NOT NULL, best INTEGER NOT NULL,"
+    " PRIMARY KEY (plan_id, series, context, response, batch)) WITHOUT ROWID;";
+
+kvs_status kvs_results_write_plan_times(kvs_results_db *db, int64_t plan_id, const kvs_results_plan_time *rows,
+                                        int64_t n) {
+    if (!db || (n > 0 && !rows) || n < 0 || plan_id < 1)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "write plan times: NULL database or rows, or no plan");
+    for (int64_t i = 0; i < n; i++)
+        if (!rows[i].series || !rows[i].hw || !rows[i].decode_bound)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "write plan times: row %lld lacks its series, GPU or bound",
+                            (long long)i);
+    kvs_status st = kvs_results_txn_begin(db, "write plan times");
+    if (st != KVS_OK) return st;
+    sqlite3_stmt *ins = NULL;
+    KVS_TRY(st = kvs_results_exec(db, plan_times_schema, "create the plan_times table"));
+    KVS_TRY(st = kvs_results_prepare(db,
+                                     "INSERT INTO plan_times (plan_id, series, context, response, batch, hw, n_gpus, "
+                                     "mbu, mfu, ttft_s, tpot_s, tokens_per_s, decode_bound, fits, best) VALUES (?1,?2,"
+                                     "?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15)",
+                                     &ins, "insert a plan time"));
+    for (int64_t i = 0; i < n; i++) {
+        const kvs_results_plan_time *r = &rows[i];
+        sqlite3_bind_int64(ins, 1, plan_id);
+        bind_text(ins, 2, r->series);
+        sqlite3_bind_int64(ins, 3, r->context);
+        sqlite3_bind_int64(ins, 4, r->response);
+        sqlite3_bind_int64(ins, 5, r->batch);
+        bind_text(ins, 6, r->hw);
+        sqlite3_bind_int(ins, 7, r->n_gpus);
+        const double v[5] = {r->mbu, r->mfu, r->ttft_s, r->tpot_s, r->tokens_per_s};
+        for (int k = 0; k < 5; k++) sqlite3_bind_double(ins, 8 + k, v[k]);
+        bind_text(ins, 13, r->decode_bound);
+        sqlite3_bind_int(ins, 14, r->fits != 0);
+        sqlite3_bind_int(ins, 15, r->best != 0);
+        KVS_TRY(st = kvs_results_step_done(db, ins, "insert a plan time"));
+    }
+    sqlite3_finalize(ins);
+    ins = NULL;
+    KVS_TRY(st = kvs_results_txn_commit(db, "write plan times"));
+    return KVS_OK;
+cleanup:
+    sqlite3_finalize(ins);
+    kvs_results_txn_rollback(db);
+    return st;
+}
+
+void kvs_results_plan_times_free(kvs_results_plan_time *rows, int64_t n) {
+    for (int64_t i = 0; rows && i < n; i++) {
+        free((char *)rows[i].series);
+        free((char *)rows[i].hw);
+        free((char *)rows[i].decode_bound);
+    }
+    free(rows);
+}
+
+kvs_status kvs_results_query_plan_times(kvs_results_db *db, kvs_results_plan_time **out, int64_t *n_out) {
+    if (!db || !out || !n_out) return kvs_fail(KVS_ERR_INVALID_ARG, "query plan times: NULL argument");
+    *out = NULL;
+    *n_out = 0;
+    int have = kvs_results_table_exists(db, "plan_times");
+    if (have < 0) return KVS_ERR_DB;
+    if (!have) return KVS_OK;
+    sqlite3_stmt *q = NULL;
+    kvs_results_plan_time *rows = NULL;
+    int64_t n = 0, cap = 0;
+    int rc;
+    kvs_status st = kvs_results_prepare(db,
+                                        "SELECT plan_id, series, context, response, batch, hw, n_gpus, mbu, mfu, "
+                                        "ttft_s, tpot_s, tokens_per_s, decode_bound, fits, best FROM plan_times "
+                                        "ORDER BY plan_id, series, context, response, batch",
+                                        &q, "read plan times");
+    KVS_TRY(st);
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            kvs_results_plan_time *g = realloc(rows, (size_t)cap * sizeof *g);
+            if (!g) {
+                st = kvs_fail(KVS_ERR_NOMEM, "query plan times: out of memory");
+                goto cleanup;
+            }
+            rows = g;
+        }
+        kvs_results_plan_time *r = &rows[n++];
+        memset(r, 0, sizeof *r);
+        r->plan_id = sqlite3_column_int64(q, 0);
+        r->series = col_text(q, 1);
+        r->context = sqlite3_column_int64(q, 2);
+        r->response = sqlite3_column_int64(q, 3);
+        r->batch = sqlite3_column_int64(q, 4);
+        r->hw = col_text(q, 5);
+        r->n_gpus = sqlite3_column_int(q, 6);
+        r->mbu = col_real(q, 7);
+        r->mfu = col_real(q, 8);
+        r->ttft_s = col_real(q, 9);
+        r->tpot_s = col_real(q, 10);
+        r->tokens_per_s = col_real(q, 11);
+        r->decode_bound = col_text(q, 12);
+        r->fits = sqlite3_column_int(q, 13);
+        r->best = sqlite3_column_int(q, 14);
+    }
+    if (rc != SQLITE_DONE) {
+        st = kvs_results_db_error(db, "read plan times");
+        goto cleanup;
+    }
+    *out = rows;
+    *n_out = n;
+    rows = NULL;
+    n = 0;
+cleanup:
+    sqlite3_finalize(q);
+    kvs_results_plan_times_free(rows, n);
+    return st;
+}
+
 /* ---- the measured profile of a run (kvsim plan --profile) ---- */
 
 kvs_status kvs_plan_profile_read(const char *db_path, int64_t run_id, const char *policy, int64_t budget,
@@ -277,7 +399,7 @@ kvs_status kvs_plan_profile_read(const char *db_path, int64_t run_id, const char
     kvs_results_db *db = NULL;
     kvs_results_run_row *rows = NULL;
     int64_t n_rows = 0;
-    kvs_results_series s[4] = {{0}};
+    kvs_results_series s[6] = {{0}};
     int64_t *lens = NULL;
     double *vals = NULL;
     kvs_status st = kvs_results_open_readonly(db_path, &db);
@@ -379,9 +501,25 @@ kvs_status kvs_plan_profile_read(const char *db_path, int64_t run_id, const char
     }
     for (int64_t i = 0; i < n; i++) lens[i] = s[0].position[i] + 1;
     KVS_TRY(st = kvs_plan_profile_fit(&p, lens, s[0].value, vals, vals + n, vals + 2 * n, n));
+    /* What a decode step reads (the roofline's memory time, analysis/plan_time.h): the KV and auxiliary traffic
+     * series at the storage series' positions. A run without them (recorded before they existed) keeps reads =
+     * its resident footprint (has_reads 0). */
+    KVS_TRY(st = kvs_results_query_steps(db, r->id, -1, KVS_M_TRAFFIC_KV, &s[4]));
+    KVS_TRY(st = kvs_results_query_steps(db, r->id, -1, KVS_M_TRAFFIC_AUX, &s[5]));
+    if (s[4].n > 0) {
+        for (int k = 4; k < 6; k++) {
+            int64_t j = 0;
+            for (int64_t i = 0; i < n; i++) {
+                while (j < s[k].n && s[k].position[j] < s[0].position[i]) j++;
+                vals[(size_t)(k - 4) * (size_t)n + (size_t)i] =
+                    j < s[k].n && s[k].position[j] == s[0].position[i] ? s[k].value[j] : 0;
+            }
+        }
+        KVS_TRY(st = kvs_plan_profile_fit_reads(&p, lens, vals, vals + n, n));
+    }
     *out = p;
 cleanup:
-    for (int i = 0; i < 4; i++) kvs_results_series_free(&s[i]);
+    for (int i = 0; i < 6; i++) kvs_results_series_free(&s[i]);
     free(lens);
     free(vals);
     kvs_results_run_rows_free(rows, n_rows);

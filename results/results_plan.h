@@ -75,6 +75,31 @@ typedef struct {
 kvs_status kvs_results_query_plans(kvs_results_db *db, kvs_results_plan_row **rows, int64_t *n);
 void kvs_results_plan_rows_free(kvs_results_plan_row *rows, int64_t n);
 
+/* One timed point of a plan (`kvsim plan --hw --db`, analysis/plan_time.h): table plan_times, one row per
+ * (plan, series, context, response, batch): the plan's points and each series' throughput sweep over the batch. */
+typedef struct {
+    int64_t plan_id;            /* reading only (writing: the plan_id argument) */
+    const char *series;         /* as plan_points.series */
+    int64_t context, response, batch;
+    const char *hw;             /* the GPU (preset name or the file's "name") */
+    int32_t n_gpus;
+    double mbu, mfu;
+    double ttft_s, tpot_s, tokens_per_s;
+    const char *decode_bound;   /* "memory" or "compute" (the response's last step) */
+    int fits;                   /* 1: the batch fits in the GPU memory at (context, response) */
+    int best;                   /* 1: the series' throughput-maximising batch at the plan's (context, response) */
+} kvs_results_plan_time;
+
+/*! kvs_results_write_plan_times() : writes `n` timed points of plan `plan_id` (written by kvs_results_write_plan)
+ *  in one transaction, creating plan_times when absent. On failure nothing is written. */
+kvs_status kvs_results_write_plan_times(kvs_results_db *db, int64_t plan_id, const kvs_results_plan_time *rows,
+                                        int64_t n);
+
+/*! kvs_results_query_plan_times() : every timed point, by plan, series, context, response, batch; *n = 0 (and
+ *  KVS_OK) when the database has no plan_times table. Caller frees with kvs_results_plan_times_free. */
+kvs_status kvs_results_query_plan_times(kvs_results_db *db, kvs_results_plan_time **rows, int64_t *n);
+void kvs_results_plan_times_free(kvs_results_plan_time *rows, int64_t n);
+
 /*! kvs_plan_profile_read() : reads the profile of one complete run from the results database `db_path`
  *  (read-only): run `run_id` when > 0 (then `policy` and `budget`, when given, must be that run's), else the one
  *  complete run of `policy` (NULL = any) at `budget` (> 0; 0 = any). Its per-step series (kvsim replay
