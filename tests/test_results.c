@@ -1636,14 +1636,14 @@ static void test_runs_csv_header_and_quoting(void **state) {
     assert_int_equal(run_cli(argv, out, err), 0);
     char *csv = kvs_test_slurp(out, NULL);
     /* Header: the fixed leading columns exactly, then run_id,trace,...,error, then the later run columns
-     * budget_scope,layout,notes,codec,page, and every <metric>_<stat> of the metric table last: that block grows with
+     * budget_scope,layout,notes,codec,page,page_score, and every <metric>_<stat> of the metric table last: that block grows with
      * the metric table, so a run column added later goes before it, never after (a reader that takes the metrics
      * as the tail keeps working). */
     assert_memory_equal(csv, csv_header, strlen(csv_header));
     assert_true(!strncmp(csv + strlen(csv_header), ",run_id,trace,model,is_oracle,status,", 37));
     char want_tail[8192];
     size_t len = (size_t)snprintf(want_tail, sizeof want_tail, ",wall_seconds,kvsim_version,created_at,error,"
-                                                               "budget_scope,layout,notes,codec,page");
+                                                               "budget_scope,layout,notes,codec,page,page_score");
     for (int m = 0; m < KVS_N_METRICS; m++)
         for (int k = 0; k < KVS_N_STATS; k++)
             len += (size_t)snprintf(want_tail + len, sizeof want_tail - len, ",%s_%s", kvs_metric_table[m].name,
