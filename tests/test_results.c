@@ -1676,10 +1676,11 @@ static void test_runs_csv_header_and_quoting(void **state) {
     assert_string_equal(line, ""); /* the failed run is not listed without --all */
     /* Row 1 ends in every statistic of layer 0 (base 0.25) in table order. */
     char *row1_end = strchr(nl + 1, '\n');
-    char *p = strstr(nl + 1, ",every_step,per_kv_head,,,0,"); /* notes and codec empty, page 0 (token level) */
+    /* notes and codec empty, page 0 (token level), page_score empty (no pages) */
+    char *p = strstr(nl + 1, ",every_step,per_kv_head,,,0,,");
     assert_non_null(p);
     assert_true(p < row1_end);
-    p += strlen(",every_step,per_kv_head,,,0");
+    p += strlen(",every_step,per_kv_head,,,0,");
     for (int m = 0; m < KVS_N_METRICS; m++)
         for (int k = 0; k < KVS_N_STATS; k++) {
             assert_int_equal(*p, ',');
@@ -1707,11 +1708,12 @@ static void test_runs_csv_header_and_quoting(void **state) {
     char *f = strstr(csv, "\nquest,");
     assert_non_null(f);
     assert_true(!strncmp(f + 1, failed_row, strlen(failed_row)));
-    /* error is the last legacy column; budget_scope, layout, notes, codec, page follow, then the (empty) metrics */
-    char *e = strstr(f, ",\"budget, too small\",every_step,per_kv_head,,,0,");
+    /* error is the last legacy column; budget_scope, layout, notes, codec, page, page_score follow, then the (empty)
+     * metrics */
+    char *e = strstr(f, ",\"budget, too small\",every_step,per_kv_head,,,0,,");
     assert_non_null(e);
     int n_fields = 0;
-    for (char *c = e + strlen(",\"budget, too small\",every_step,per_kv_head,,,0"); *c != '\n'; c++) n_fields += *c == ',';
+    for (char *c = e + strlen(",\"budget, too small\",every_step,per_kv_head,,,0,"); *c != '\n'; c++) n_fields += *c == ',';
     assert_int_equal(n_fields, KVS_N_METRICS * KVS_N_STATS);
     free(csv);
 
