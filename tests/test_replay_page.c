@@ -412,7 +412,7 @@ static void test_score_rules_fast_vs_reference(void **state) {
     kvs_codec *c4 = NULL;
     assert_int_equal(kvs_codec_parse("int:bits=4,group=8", &c4), KVS_OK);
     static const char *const specs[] = {"h2o", "h2o:gqa=mean", "tova", "tova:mode=layer", "snapkv:window=4",
-                                        "pyramidkv:window=4", "adakv:window=4", "scissorhands", "keyformer", "window"};
+                                        "pyramidkv:window=4", "adakv:window=4", "scissorhands", "keyformer", "knorm", "window"};
     enum { NS = sizeof specs / sizeof *specs, NR = 4 };
     static const int rules[NR] = {KVS_PAGE_SCORE_MAX, KVS_PAGE_SCORE_SUM, KVS_PAGE_SCORE_COUNT, KVS_PAGE_SCORE_MAX};
     kvs_replay_config cfg[NS * NR];
