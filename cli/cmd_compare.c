@@ -68,10 +68,11 @@ static void usage(FILE *f) {
             "  --metric M    <metric>_<stat> of the metric table (stat: mean p50 p95 max min), repeatable or\n"
             "                comma-separated; default:\n"
             "                %s\n"
-            "  --csv         one row per series: policy,params,codec,page,flags,is_oracle,prompt_only,degenerate,\n"
-            "                kv_bytes,aux_bytes,trace,trace_label,trace_sha256,model,measure,match,x,at,status,\n"
+            "  --csv         one row per series: policy,params,codec,page,page_score,flags,is_oracle,prompt_only,\n"
+            "                degenerate,kv_bytes,aux_bytes,trace,trace_label,trace_sha256,model,measure,match,x,\n"
+            "                at,status,\n"
             "                run_lo,run_hi,budget_lo,budget_hi,x_lo,x_hi,x_min,x_max, then the metrics (page: 0 =\n"
-            "                token granularity; codec:\n"
+            "                token granularity; page_score: max or sum, empty for the count rule; codec:\n"
             "                empty = K/V as captured; status: interpolated, exact, gap, out_of_range, no_x = the\n"
             "                runs have no recorded x)\n"
             "  --json        one object with the match, x, X, the ratio and one entry per series (codec: null =\n"
@@ -89,8 +90,9 @@ static void usage(FILE *f) {
             "  --across-traces the groups even when every model has one trace\n"
             "  --pairs         every pair of groups of a model (default: each group against the best one, the\n"
             "                  first non-oracle group by the first metric); implies --across-traces\n"
-            "  --csv across:   one row per group: policy,params,codec,page,label,flags,is_oracle,prompt_only,degenerate,\n"
-            "                  kv_bytes,aux_bytes,model,measure,match,x,at,n_traces,n,n_out_of_range,n_gap,n_no_x,\n"
+            "  --csv across:   one row per group: policy,params,codec,page,page_score,label,flags,is_oracle,\n"
+            "                  prompt_only,degenerate,kv_bytes,aux_bytes,model,measure,match,x,at,n_traces,n,\n"
+            "                  n_out_of_range,n_gap,n_no_x,\n"
             "                  n_not_run,excluded, per metric M: M,M_lo,M_hi,M_n, then vs_best,<M1>_diff,\n"
             "                  <M1>_diff_lo,<M1>_diff_hi,<M1>_diff_n,resolved (-1 below the best, +1 above, 0 not\n"
             "                  resolved); with --pairs one row per pair: model,measure,match,x,at,metric,a,b,diff,\n"
@@ -102,6 +104,12 @@ static void usage(FILE *f) {
 }
 
 /* Appends the comma-separated metric columns of `list` to cols; returns 0, or the usage exit code. */
+/* A run's page score rule in JSON: "page_score":"max" or "sum", null for the count rule or no pages. */
+static void json_page_score(FILE *o, const char *rule) {
+    if (rule && rule[0]) fprintf(o, ",\"page_score\":\"%s\"", rule);
+    else fputs(",\"page_score\":null", o);
+}
+
 static int parse_metrics(const char *list, kvs_compare_column *cols, int *n) {
     const char *p = list;
     for (;;) {
@@ -244,7 +252,8 @@ static void print_csv(FILE *o, const kvs_compare *cmp, const kvs_compare_column 
     size_t n = kvs_compare_n_series(cmp);
     double X = kvs_compare_at(cmp);
     kvs_compare_match mode = kvs_compare_match_of(cmp);
-    fputs("policy,params,codec,page,flags,is_oracle,prompt_only,degenerate,kv_bytes,aux_bytes,trace,trace_label,"
+    fputs("policy,params,codec,page,page_score,flags,is_oracle,prompt_only,degenerate,kv_bytes,aux_bytes,trace,"
+          "trace_label,"
           "trace_sha256,model,measure,match,x,at,status,run_lo,run_hi,budget_lo,budget_hi,x_lo,x_hi,x_min,x_max",
           o);
     for (int c = 0; c < n_cols; c++) fprintf(o, ",%s", cols[c].name);
@@ -259,7 +268,8 @@ static void print_csv(FILE *o, const kvs_compare *cmp, const kvs_compare_column 
         kvs_cli_csv_field(o, s->rep->params);
         fputc(',', o);
         kvs_cli_csv_field(o, s->rep->codec); /* empty: K/V as captured */
-        fprintf(o, ",%" PRId64 ",%s,%d,%d,%d,", s->rep->page, flags, s->is_oracle, s->prompt_only, s->degenerate);
+        fprintf(o, ",%" PRId64 ",%s,%s,%d,%d,%d,", s->rep->page, s->rep->page_score, flags, s->is_oracle,
+                s->prompt_only, s->degenerate);
         if (s->kv_bytes >= 0) fprintf(o, "%d,%d,", s->kv_bytes, s->aux_bytes);
         else fputs(",,", o);
         kvs_cli_csv_field(o, s->rep->trace_path);
@@ -328,6 +338,7 @@ static void print_json(FILE *o, const kvs_compare *cmp, const kvs_compare_column
         fprintf(o, ",\"codec\":");
         kvs_cli_json_string(o, s->rep->codec); /* null: K/V as captured */
         fprintf(o, ",\"page\":%" PRId64, s->rep->page); /* 0: token granularity */
+        json_page_score(o, s->rep->page_score);
         fprintf(o, ",\"flags\":\"%s\",\"is_oracle\":%s,\"prompt_only\":%s,\"degenerate\":%s,\"kv_bytes\":", flags,
                 s->is_oracle ? "true" : "false", s->prompt_only ? "true" : "false", s->degenerate ? "true" : "false");
         if (s->kv_bytes >= 0) fprintf(o, "%d,\"aux_bytes\":%d", s->kv_bytes, s->aux_bytes);
@@ -566,7 +577,8 @@ static void print_across_csv(FILE *o, const kvs_compare *cmp, const kvs_compare_
         }
         return;
     }
-    fputs("policy,params,codec,page,label,flags,is_oracle,prompt_only,degenerate,kv_bytes,aux_bytes,model,measure,match,x,"
+    fputs("policy,params,codec,page,page_score,label,flags,is_oracle,prompt_only,degenerate,kv_bytes,aux_bytes,model,"
+          "measure,match,x,"
           "at,n_traces,n,n_out_of_range,n_gap,n_no_x,n_not_run,excluded",
           o);
     for (int c = 0; c < n_cols; c++)
@@ -585,7 +597,7 @@ static void print_across_csv(FILE *o, const kvs_compare *cmp, const kvs_compare_
             kvs_cli_csv_field(o, g->rep->rep->params);
             fputc(',', o);
             kvs_cli_csv_field(o, g->rep->rep->codec);
-            fprintf(o, ",%" PRId64 ",", g->rep->rep->page);
+            fprintf(o, ",%" PRId64 ",%s,", g->rep->rep->page, g->rep->rep->page_score);
             kvs_cli_csv_field(o, g->label);
             fprintf(o, ",%s,%d,%d,%d,", flags, g->is_oracle, g->prompt_only, g->degenerate);
             if (g->rep->kv_bytes >= 0) fprintf(o, "%d,%d,", g->rep->kv_bytes, g->rep->aux_bytes);
@@ -676,6 +688,7 @@ static void print_across_json(FILE *o, const kvs_compare *cmp, const kvs_compare
             fprintf(o, ",\"codec\":");
             kvs_cli_json_string(o, g->rep->rep->codec);
             fprintf(o, ",\"page\":%" PRId64, g->rep->rep->page);
+            json_page_score(o, g->rep->rep->page_score);
             fprintf(o, ",\"label\":");
             kvs_cli_json_string(o, g->label);
             fprintf(o, ",\"flags\":\"%s\",\"is_oracle\":%s,\"prompt_only\":%s,\"degenerate\":%s,\"kv_bytes\":", flags,

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "../sim/codec.h"
+#include "../sim/host.h"
 #include "../sim/policy.h"
 #include "../policies/registry.h"
 #include "../sim/replay.h"
@@ -51,9 +52,18 @@ static void usage(FILE *f) {
             "  --page LIST       a paged cache: pages of N positions, e.g. 16 (vLLM's default block) or 16,32\n"
             "                    (every (policy, page, budget) one run); 0 or none = token granularity. From the\n"
             "                    first decode step the policy's selection is mapped to at most floor(B/N) whole\n"
-            "                    pages (the newest, then those holding most of its selection), attention and the\n"
-            "                    metrics cover every position of them, storage counts whole pages of what the\n"
-            "                    policy keeps, padding included (sim/host.h). Not with --codec\n"
+            "                    pages (the newest, then the best by --page-score), attention and the metrics\n"
+            "                    cover every position of them, storage counts whole pages of what the policy\n"
+            "                    keeps, padding included (sim/host.h); with --codec, whole pages of the codec's\n"
+            "                    rows and bytes\n"
+            "  --page-score R    how a paged run ranks pages of its selection: max (a page's score is the max of\n"
+            "                    its selected positions' retention scores, the policy's own: H2O's accumulated\n"
+            "                    attention, TOVA's last attention, SnapKV/PyramidKV/Ada-KV's pooled window\n"
+            "                    scores, Scissorhands' counters, Keyformer's scores, KNorm's -|k|), sum (their\n"
+            "                    sum), or count (how many selected positions it holds). Default: max for a\n"
+            "                    policy with scores, count otherwise; a policy without scores always counts.\n"
+            "                    Recorded in the run's options (page=N,page_score=R) and its label\n"
+            "                    (\"[page 16 max]\"; the count rule \"[page 16]\")\n"
             "  --threads N       worker threads (default: every CPU kvsim may run on)\n"
             "  --measure M       decode (default): metrics at generated positions; prefill: at prompt\n"
             "                    positions (against what the policy holds, chunk by chunk); all: both\n"
@@ -185,6 +195,7 @@ int kvs_cmd_replay(int argc, char **argv) {
     long threads = 0, series_every = 0, kv_bytes = 0, aux_bytes = 0;
     int progress = -1; /* -1: on a terminal only */
     const char *page_text = NULL;
+    int page_score = KVS_PAGE_SCORE_AUTO, seen_page_score = 0;
     int reference = 0;
     /* One rule for every single-valued option: given twice is a usage error (never "the last wins"). */
     int seen_threads = 0, seen_series = 0, seen_kvb = 0, seen_auxb = 0, seen_measure = 0;
@@ -212,6 +223,13 @@ int kvs_cmd_replay(int argc, char **argv) {
             if (!v) return kvs_cli_usage_error("replay", "--page needs a LIST");
             if (page_text) return kvs_cli_usage_error("replay", "--page given twice");
             page_text = v;
+        } else if ((v = kvs_cli_opt_value("--page-score", argc, argv, &i, &m)) || m) {
+            if (!v) return kvs_cli_usage_error("replay", "--page-score needs max, sum or count");
+            if (seen_page_score++) return kvs_cli_usage_error("replay", "--page-score given twice");
+            if (!strcmp(v, "max")) page_score = KVS_PAGE_SCORE_MAX;
+            else if (!strcmp(v, "sum")) page_score = KVS_PAGE_SCORE_SUM;
+            else if (!strcmp(v, "count")) page_score = KVS_PAGE_SCORE_COUNT;
+            else return kvs_cli_usage_error("replay", "--page-score: '%s' is not max, sum or count", v);
         } else if ((v = kvs_cli_opt_value("--budgets", argc, argv, &i, &m)) || m) {
             if (!v) return kvs_cli_usage_error("replay", "--budgets needs a LIST");
             if (budget_text) return kvs_cli_usage_error("replay", "--budgets given twice");
@@ -283,10 +301,6 @@ int kvs_cmd_replay(int argc, char **argv) {
             if (!end) break;
             q = end + 1;
         }
-        int any = 0;
-        for (int k = 0; k < n_pages; k++) any |= page_sizes[k] > 0;
-        if (any && n_codec_specs)
-            return page_error(kvs_fail(KVS_ERR_INVALID_ARG, "--page with --codec is not supported"));
     }
 
     kvs_policy_config cfgs[MAX_POLICIES];
@@ -327,6 +341,7 @@ int kvs_cmd_replay(int argc, char **argv) {
     int rc = KVS_EXIT_FAIL;
     const kvs_codec **run_codec = NULL, **valid_codec = NULL; /* [n_runs] / [n_valid] each run's codec */
     int64_t *run_page = NULL, *valid_page = NULL;              /* [n_runs] / [n_valid] each run's page size */
+    int *valid_page_score = NULL;                              /* [n_valid] the asked page score rule (one for all) */
     char (*codec_options)[96 + KVS_CODEC_SPEC_MAX] = NULL;
     kvs_trace *tr = NULL;
     kvs_results_db *db = NULL;
@@ -356,7 +371,8 @@ int kvs_cmd_replay(int argc, char **argv) {
     valid_codec = calloc(max_runs, sizeof *valid_codec);
     run_page = calloc(max_runs, sizeof *run_page);
     valid_page = calloc(max_runs, sizeof *valid_page);
-    if (!runs || !run_codec || !valid_codec || !run_page || !valid_page) {
+    valid_page_score = calloc(max_runs, sizeof *valid_page_score);
+    if (!runs || !run_codec || !valid_codec || !run_page || !valid_page || !valid_page_score) {
         rc = kvs_cli_fail("replay", kvs_fail(KVS_ERR_NOMEM, "out of memory"));
         goto cleanup;
     }
@@ -409,6 +425,7 @@ int kvs_cmd_replay(int argc, char **argv) {
             valid_of[i] = n_valid;
             valid_codec[n_valid] = run_codec[i];
             valid_page[n_valid] = run_page[i];
+            valid_page_score[n_valid] = page_score;
             valid[n_valid++] = runs[i];
             continue;
         }
@@ -469,6 +486,7 @@ int kvs_cmd_replay(int argc, char **argv) {
     opts.n_configs = n_valid;
     opts.codecs = valid_codec;
     opts.pages = valid_page;
+    opts.page_scores = valid_page_score;
     opts.progress = (progress == 1 || (progress < 0 && isatty(STDERR_FILENO))) ? show_progress : NULL;
     opts.progress_user = &prog;
     opts.cancel = &stop_requested;
@@ -533,12 +551,13 @@ int kvs_cmd_replay(int argc, char **argv) {
         const kvs_codec *codec = run_codec[i];
         int ck = 0;
         while (ck + 1 < n_codecs && codecs[ck] != codec) ck++;
-        /* a paged run's options end with its page size and the mapping rule (before a codec's spec, which has
-         * commas; the two are not combined today) */
+        /* a paged run's options end with its page size and the page score rule it followed (after a codec's spec,
+         * whose commas separate none of its words from these keys) */
         char run_opts[sizeof codec_options[0] + 64];
         if (run_page[i] > 0)
-            snprintf(run_opts, sizeof run_opts, "%s,page=%lld,page_score=count", codec_options[ck],
-                     (long long)run_page[i]);
+            snprintf(run_opts, sizeof run_opts, "%s,page=%lld,page_score=%s", codec_options[ck],
+                     (long long)run_page[i],
+                     kvs_host_page_score_name(kvs_host_page_rule(c->policy.ops, (kvs_page_score)page_score)));
         else
             snprintf(run_opts, sizeof run_opts, "%s", codec_options[ck]);
         const char *error = valid_of[i] < 0 ? reasons[i] : exec_err[0] ? exec_err : r && r->status != KVS_OK ? r->error : NULL;
@@ -599,6 +618,7 @@ cleanup:
     free((void *)valid_codec);
     free(run_page);
     free(valid_page);
+    free(valid_page_score);
     free(valid);
     free(valid_of);
     free(reasons);

@@ -43,13 +43,15 @@ static void usage(FILE *f) {
             "recall; flags: O oracle, P prompt-only budget (generated tokens all kept), F failed, N a note about a\n"
             "degenerate configuration (kvsim replay warned about it; the note follows the params). A run with a codec\n"
             "(kvsim replay --codec) has its canonical spec in brackets after the params (JSON: \"codec\"), a paged run\n"
-            "(kvsim replay --page N) \"[page N]\" (JSON: \"page\", null at token granularity).\n"
+            "(kvsim replay --page N) \"[page N]\", \"[page N max]\" when its pages were ranked by a score rule (JSON:\n"
+            "\"page\", null at token granularity, and \"page_score\": \"max\", \"sum\" or null for the count rule).\n"
             "  --csv         one row per (run, layer), leading columns:\n"
             "                policy,params,budget_tokens,layer,out_err_mean,out_err_p95,out_err_max,\n"
             "                attn_recall_mean,topk_overlap_mean,storage_bytes_max,traffic_bytes_per_step_mean\n"
             "                then run_id,trace,model,is_oracle,status,...,error (RFC 4180 quoting), then\n"
             "                budget_scope,layout,notes,codec (empty: K/V as captured),page (positions a page, 0:\n"
-            "                token granularity) and <metric>_<stat> for\n"
+            "                token granularity),page_score (max or sum; empty: the count rule or no pages) and\n"
+            "                <metric>_<stat> for\n"
             "                every metric and statistic\n"
             "  --summary     with --csv: one row per run instead, its run-wide aggregate (table run_summary,\n"
             "                over every layer); same columns, the layer field empty\n"
@@ -78,7 +80,7 @@ static void csv_stat(FILE *o, const kvs_results_agg *a, kvs_metric m, kvs_stat_k
 
 static void print_csv_header(FILE *o) {
     fputs(csv_legacy_header, o);
-    fputs(",budget_scope,layout,notes,codec,page", o);
+    fputs(",budget_scope,layout,notes,codec,page,page_score", o);
     for (int m = 0; m < KVS_N_METRICS; m++)
         for (int s = 0; s < KVS_N_STATS; s++) fprintf(o, ",%s_%s", kvs_metric_table[m].name, kvs_stat_names[s]);
     fputc('\n', o);
@@ -133,7 +135,7 @@ static void print_csv_row(FILE *o, const kvs_results_run_row *w, const kvs_resul
     kvs_cli_csv_field(o, w->notes);
     fputc(',', o);
     kvs_cli_csv_field(o, w->codec); /* empty: K/V as captured */
-    fprintf(o, ",%" PRId64, w->page); /* 0: token granularity */
+    fprintf(o, ",%" PRId64 ",%s", w->page, w->page_score); /* 0: token granularity; "": the count rule */
     for (int m = 0; m < KVS_N_METRICS; m++)
         for (int s = 0; s < KVS_N_STATS; s++) csv_stat(o, a, (kvs_metric)m, (kvs_stat_kind)s);
     fputc('\n', o);
@@ -194,6 +196,8 @@ static void print_json_run(FILE *o, const kvs_results_run_row *w, int with_layer
     json_key_string(o, "codec", w->codec);
     if (w->page > 0) fprintf(o, ",\"page\":%lld", (long long)w->page);
     else fputs(",\"page\":null", o);
+    if (w->page_score[0]) fprintf(o, ",\"page_score\":\"%s\"", w->page_score);
+    else fputs(",\"page_score\":null", o);
     fprintf(o, ",\"metrics\":");
     if (w->has_agg) json_metrics(o, &w->agg);
     else fputs("null", o);

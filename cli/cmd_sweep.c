@@ -35,8 +35,8 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: kvsim sweep STUDY --list-tasks [--estimate] [--codec SPEC ...]\n"
-            "       kvsim sweep STUDY --db OUT.db [--task I | --tasks I:J] [--codec SPEC ...]\n"
+            "usage: kvsim sweep STUDY --list-tasks [--estimate] [--codec SPEC ...] [--page LIST]\n"
+            "       kvsim sweep STUDY --db OUT.db [--task I | --tasks I:J] [--codec SPEC ...] [--page LIST]\n"
             "       kvsim sweep STUDY --db DIR/          (under mpirun with the MPI build: every task, all ranks)\n\n"
             "Runs a study: traces x policies x codecs x budgets (STUDY file format: results/STUDY.md). Its work is\n"
             "cut into a deterministic list of tasks (one trace x a slice of the policies, every codec, every\n"
@@ -52,6 +52,9 @@ static void usage(FILE *f) {
             "                  budget) is one run. Give the same --codec to every command of one sweep (the task\n"
             "                  list and the completed-task keys depend on it; a Slurm array passes only STUDY: put\n"
             "                  the codecs in the study file there)\n"
+            "  --page LIST     page sizes (`kvsim replay --page`: 16, or 0,16,32; 0 or none = token granularity):\n"
+            "                  replaces the study's `page` line; each (policy, codec, page, budget) is one run.\n"
+            "                  Like --codec, give it to every command of one sweep\n"
             "  --db DIR/       a folder (trailing /): each process writes DIR/shard-RANK.db, then rank 0 merges every\n"
             "                  DIR/shard-N.db into DIR/study.db; under mpirun (make mpi) tasks go dynamically to the\n"
             "                  ranks; a task complete in DIR/study.db or any shard there is skipped\n\n"
@@ -70,9 +73,10 @@ static void task_key(const kvs_study *s, const kvs_study_task *t, const char *tr
     (void)t;
 }
 
-/* "POLICY POLICY ..." and, when the study has codecs, " x codecs SPEC SPEC ..." (canonical specs): what the task
- * runs, printed and recorded with it and part of its key. Without codecs the text (and so the key) is what it was
- * before codecs existed: a study without codec lines resumes from an older database. */
+/* "POLICY POLICY ..." and, when the study has codecs, " x codecs SPEC SPEC ..." (canonical specs), and when it has
+ * page sizes, " x pages 0,16" (canonical list): what the task runs, printed and recorded with it and part of its
+ * key. Without codecs or pages the text (and so the key) is what it was before they existed: a study without codec
+ * or page lines resumes from an older database. */
 static void task_configs(const kvs_study *s, const kvs_study_task *t, char *buf, size_t cap) {
     size_t len = 0;
     buf[0] = '\0';
@@ -80,6 +84,7 @@ static void task_configs(const kvs_study *s, const kvs_study_task *t, char *buf,
         len += (size_t)snprintf(buf + len, cap - len, "%s%s", p > t->policy_begin ? " " : "", kvs_study_policy_spec(s, p));
     for (int32_t k = 0; k < kvs_study_n_codecs(s) && len < cap; k++)
         len += (size_t)snprintf(buf + len, cap - len, "%s%s", k ? " " : " x codecs ", kvs_study_codec_spec(s, k));
+    if (kvs_study_pages(s) && len < cap) snprintf(buf + len, cap - len, " x pages %s", kvs_study_pages(s));
 }
 
 /* Runs task i into db_path. @return KVS_EXIT_OK (done, or already complete), else KVS_EXIT_FAIL. */
@@ -113,7 +118,7 @@ static int run_task(const kvs_study *s, int32_t i, const char *db_path, int rank
     fprintf(stderr, "kvsim sweep: rank %d: task %d: %s: %s\n", rank, i, trace_path, configs);
     /* One task is one `kvsim replay` of the trace: the same validation, recording and failure semantics. */
     char series[32], kvb[16], auxb[16], thr[16];
-    const char *args[16 + 2 * 64 + 2 * 16]; /* fixed options, --policy x 64 and --codec x 16 at most (study.c) */
+    const char *args[18 + 2 * 64 + 2 * 16]; /* fixed options, --page, --policy x 64 and --codec x 16 at most (study.c) */
     int n = 0;
     args[n++] = "replay";
     args[n++] = trace_path;
@@ -150,6 +155,10 @@ static int run_task(const kvs_study *s, int32_t i, const char *db_path, int rank
         args[n++] = "--codec";
         args[n++] = kvs_study_codec_spec(s, k);
     }
+    if (kvs_study_pages(s)) {
+        args[n++] = "--page";
+        args[n++] = kvs_study_pages(s);
+    }
     args[n] = NULL;
     int rc = kvs_cmd_replay(n, (char **)args);
     if (rc != KVS_EXIT_OK) {
@@ -166,10 +175,12 @@ static int run_task(const kvs_study *s, int32_t i, const char *db_path, int rank
 
 static int list_tasks(const kvs_study *s, int estimate) {
     int32_t n = kvs_study_n_tasks(s);
-    int32_t n_codecs = kvs_study_n_codecs(s), per_codec = n_codecs > 0 ? n_codecs : 1;
+    int32_t n_codecs = kvs_study_n_codecs(s), n_pages = kvs_study_n_pages(s);
+    int32_t per_codec = (n_codecs > 0 ? n_codecs : 1) * (n_pages > 0 ? n_pages : 1); /* runs per (policy, budget) */
     int64_t pairs = (int64_t)kvs_study_n_traces(s) * kvs_study_n_policies(s) * per_codec * kvs_study_n_budgets(s);
-    char codecs[64] = "";
-    if (n_codecs > 0) snprintf(codecs, sizeof codecs, " x %d codecs", n_codecs);
+    char codecs[96] = "";
+    int cl = n_codecs > 0 ? snprintf(codecs, sizeof codecs, " x %d codecs", n_codecs) : 0;
+    if (n_pages > 0) snprintf(codecs + cl, sizeof codecs - (size_t)cl, " x %d page sizes", n_pages);
     printf("# study %s: %d traces x %d policies%s x %d budgets = %lld runs in %d tasks\n", kvs_study_name(s),
            kvs_study_n_traces(s), kvs_study_n_policies(s), codecs, kvs_study_n_budgets(s), (long long)pairs, n);
     printf(estimate ? "task\ttrace\truns\twork_gmac\tmem_mib\tpolicies\n" : "task\ttrace\truns\tpolicies\n");
@@ -453,6 +464,7 @@ static int run_sharded(const kvs_study *s, const char *dir) {
 int kvs_cmd_sweep(int argc, char **argv) {
     const char *study_path = NULL, *db_path = NULL, *task_text = NULL, *tasks_text = NULL;
     const char *codec_specs[16]; /* study.c's limit too */
+    const char *page_text = NULL;
     int list = 0, estimate = 0, n_codec_specs = 0, codec_limit = 0;
     for (int i = 1; i < argc; i++) {
         int m = 0, r;
@@ -470,6 +482,9 @@ int kvs_cmd_sweep(int argc, char **argv) {
         } else if ((r = kvs_cli_single_value("sweep", "--tasks", argc, argv, &i, &m, &tasks_text)) || m) {
             if (r < 0) return KVS_EXIT_USAGE;
             if (!r) return kvs_cli_usage_error("sweep", "--tasks needs I:J");
+        } else if ((r = kvs_cli_single_value("sweep", "--page", argc, argv, &i, &m, &page_text)) || m) {
+            if (r < 0) return KVS_EXIT_USAGE;
+            if (!r) return kvs_cli_usage_error("sweep", "--page needs a LIST");
         } else if ((v = kvs_cli_opt_value("--codec", argc, argv, &i, &m)) || m) {
             if (!v) return kvs_cli_usage_error("sweep", "--codec needs a SPEC");
             if (n_codec_specs == (int)(sizeof codec_specs / sizeof codec_specs[0])) codec_limit = 1;
@@ -502,10 +517,12 @@ int kvs_cmd_sweep(int argc, char **argv) {
     kvs_status st = kvs_study_load(study_path, &s);
     int bad_codec = 0;
     if (st == KVS_OK && n_codec_specs) bad_codec = (st = kvs_study_set_codecs(s, codec_specs, n_codec_specs)) != KVS_OK;
+    if (st == KVS_OK && page_text) bad_codec = (st = kvs_study_set_pages(s, page_text)) != KVS_OK;
     if (st != KVS_OK) {
         kvs_study_free(s);
         rc = kvs_cli_fail("sweep", st);
-        return bad_codec ? KVS_EXIT_FAIL : rc; /* a codec spec that does not parse is a bad value, as in replay */
+        return bad_codec ? KVS_EXIT_FAIL : rc; /* a codec spec or page list that does not parse is a bad value, as in
+                                                * replay */
     }
     long lo = 0, hi = kvs_study_n_tasks(s);
     if (list) {

@@ -299,13 +299,14 @@ static const char *const compare_cols[] = {"out_err_mean",      "out_err_p95",  
                                            "traffic_bytes_mean"};
 #define N_COMPARE_COLS ((int)(sizeof compare_cols / sizeof compare_cols[0]))
 
-#define KVS_CODEC_CELL_CAP 200 /* a canonical codec spec (KVS_CODEC_SPEC_MAX) and " page N" */
+#define KVS_CODEC_CELL_CAP 200 /* a canonical codec spec (KVS_CODEC_SPEC_MAX) and " page N max" */
 
 /* A run's codec cell: its canonical spec, "-" for K/V as captured (the tables' "no value"), and its page size when
- * it has one ("page 16", "- page 16"). Into buf. */
+ * it has one ("page 16", "- page 16", with a score rule "- page 16 max"). Into buf. */
 static const char *codec_cell_page(const kvs_results_run_row *w, char *buf, size_t cap) {
     const char *c = w->codec && w->codec[0] ? w->codec : "-";
-    if (w->page > 0) snprintf(buf, cap, "%s page %" PRId64, c, w->page);
+    if (w->page > 0)
+        snprintf(buf, cap, "%s page %" PRId64 "%s%s", c, w->page, w->page_score[0] ? " " : "", w->page_score);
     else snprintf(buf, cap, "%s", c);
     return buf;
 }
@@ -589,6 +590,7 @@ typedef struct {
 typedef struct {
     const char *policy, *params, *codec; /* codec "" = K/V as captured */
     int64_t page;                        /* positions a page, 0 = token granularity */
+    const char *page_score;              /* the page score rule ("" = count, kvs_results_run_row.page_score) */
     int prompt_only, oracle; /* some run has budget scope prompt; some run is an oracle */
     const summary_run *best, *best_flagged;
     char label[600];
@@ -597,13 +599,14 @@ typedef struct {
 static int run_flagged(const kvs_results_run_row *w) { return w->is_oracle || (w->notes && w->notes[0]); }
 
 static int same_series(const summary_series *s, const char *policy, const char *params, const char *codec,
-                       int64_t page) {
-    return !strcmp(s->policy, policy) && !strcmp(s->params, params) && !strcmp(s->codec, codec) && s->page == page;
+                       const kvs_results_run_row *x) {
+    return !strcmp(s->policy, policy) && !strcmp(s->params, params) && !strcmp(s->codec, codec) &&
+           s->page == x->page && !strcmp(s->page_score, x->page_score);
 }
 
 /* The series named as every run is (kvs_results_config_label), then its marks. */
 static void series_label(summary_series *s) {
-    kvs_results_config_label(s->policy, s->params, s->codec, s->page, s->label, sizeof s->label);
+    kvs_results_config_label_rule(s->policy, s->params, s->codec, s->page, s->page_score, s->label, sizeof s->label);
     size_t n = strlen(s->label);
     snprintf(s->label + n, sizeof s->label - n, "%s%s", s->prompt_only ? " (prompt-only budget)" : "",
              s->oracle ? " (oracle)" : "");
@@ -808,9 +811,10 @@ static kvs_status summary_across(report_ctx *ctx, const kvs_results_run_row *w0)
         if (!isfinite(mem) || !(mem > 0) || !isfinite(err)) continue;
         const char *params = x->params ? x->params : "", *codec = x->codec ? x->codec : "";
         size_t k = 0;
-        while (k < n_ser && !same_series(&ser[k], x->policy, params, codec, x->page)) k++;
+        while (k < n_ser && !same_series(&ser[k], x->policy, params, codec, x)) k++;
         if (k == n_ser)
-            ser[n_ser++] = (summary_series){.policy = x->policy, .params = params, .codec = codec, .page = x->page};
+            ser[n_ser++] = (summary_series){.policy = x->policy, .params = params, .codec = codec, .page = x->page,
+                                               .page_score = x->page_score};
         ser[k].prompt_only |= kvs_compare_run_prompt_only(x);
         ser[k].oracle |= x->is_oracle;
         char id[KVS_COMPARE_TRACE_ID_CAP];
@@ -1031,9 +1035,10 @@ static kvs_status sec_summary(report_ctx *ctx) {
             if (!isfinite(mem) || !(mem > 0) || !isfinite(err)) continue;
             const char *params = x->params ? x->params : "", *codec = x->codec ? x->codec : "";
             size_t k = 0;
-            while (k < n_ser && !same_series(&ser[k], x->policy, params, codec, x->page)) k++;
+            while (k < n_ser && !same_series(&ser[k], x->policy, params, codec, x)) k++;
             if (k == n_ser)
-                ser[n_ser++] = (summary_series){.policy = x->policy, .params = params, .codec = codec, .page = x->page};
+                ser[n_ser++] = (summary_series){.policy = x->policy, .params = params, .codec = codec, .page = x->page,
+                                               .page_score = x->page_score};
             summary_series *s = &ser[k];
             runs[n_runs++] = (summary_run){.w = x, .mem = mem, .err = err, .flagged = run_flagged(x), .series = k};
             s->prompt_only |= kvs_compare_run_prompt_only(x);

@@ -223,6 +223,7 @@ const struct kvs_policy_ops kvs_policy_adakv = {
     .prefill = ada_prefill,
     .select = ada_select,
     .stored = ada_stored,
+    .scores = kvs_snapkv_retention,
     .alloc_begin = ada_alloc_begin,
     .alloc_prefill = ada_alloc_prefill,
     .alloc_end = ada_alloc_end,

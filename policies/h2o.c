@@ -235,6 +235,15 @@ static int64_t h2o_stored(void *state, int g, int32_t *out) {
     return kvs_held_copy(s->lists[s->mode == H2O_EXPAND ? g : 0], out);
 }
 
+/* Retention scores (policy.h scores()): the accumulated attention of the entries eviction ranks; the recent window
+ * (the last `recent` entries, the current token among them) is kept whatever its score. */
+static int h2o_scores(void *state, int g, const int32_t *idx, int64_t n, double *out) {
+    h2o_state *s = state;
+    const kvs_held *L = s->lists[s->mode == H2O_EXPAND ? g : 0];
+    kvs_held_scores_of(L, 0, kvs_held_count(L) - s->recent, idx, n, out);
+    return 1;
+}
+
 /* Cost model v2 (policy.h kvs_policy_cost): KV resident and read stay the engine's default (every list holds
  * exactly its attended set); one score per attended slot is auxiliary storage and is read with its K/V (the
  * read-modify-write counted once; an unfused scorer reads nothing more). The new token's K/V is the default
@@ -271,4 +280,5 @@ const struct kvs_policy_ops kvs_policy_h2o = {
     .stored = h2o_stored,
     .prefill_block = h2o_prefill_block,
     .account = h2o_account,
+    .scores = h2o_scores,
 };

@@ -3,6 +3,7 @@
  * kvs_topk_f64's (common/kvs_math.h), the one top-k of the code base (STYLE.md rule 6).
  */
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #include "../common/kvs_math.h"
@@ -107,6 +108,22 @@ int64_t kvs_held_lowest(const kvs_held *h, int64_t lo, int64_t hi) {
     for (int64_t j = lo + 1; j < hi; j++)
         if (h->score[j] <= h->score[v]) v = j; /* `<=`: the later of equal scores is the victim */
     return v;
+}
+
+void kvs_held_scores_of(const kvs_held *h, int64_t lo, int64_t hi, const int32_t *idx, int64_t n, double *out) {
+    if (lo < 0) lo = 0;
+    if (hi > h->n) hi = h->n;
+    for (int64_t j = 0; j < n; j++) {
+        /* binary search: the entries are in ascending position order */
+        int64_t a = 0, b = h->n;
+        while (a < b) {
+            int64_t mid = a + (b - a) / 2;
+            if (h->pos[mid] < idx[j]) a = mid + 1;
+            else b = mid;
+        }
+        int held = a < h->n && h->pos[a] == idx[j];
+        out[j] = held && a >= lo && a < hi ? h->score[a] : INFINITY;
+    }
 }
 
 void kvs_held_remove(kvs_held *h, int64_t j) {

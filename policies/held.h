@@ -84,6 +84,12 @@ void kvs_held_add_heads(kvs_held *h, const float *const *probs, int n_heads, int
  *  victim, a NaN elsewhere is never chosen. */
 int64_t kvs_held_lowest(const kvs_held *h, int64_t lo, int64_t hi);
 
+/*! kvs_held_scores_of() : the policy.h scores() answer of a held list whose entries [lo, hi) are ranked by score and
+ *  every other entry is kept whatever its score (sinks before lo, a recent window from hi): out[j] = the score of
+ *  position idx[j] when its entry lies in [lo, hi), INFINITY otherwise (also for a position not held). lo, hi are
+ *  clamped to [0, count]. */
+void kvs_held_scores_of(const kvs_held *h, int64_t lo, int64_t hi, const int32_t *idx, int64_t n, double *out);
+
 /*! kvs_held_remove() : drops entry j (0 <= j < count); the later entries move down one place. */
 void kvs_held_remove(kvs_held *h, int64_t j);
 

@@ -271,6 +271,19 @@ static kvs_status keydiff_observe(void *state, const kvs_policy_view *view, cons
     return KVS_OK;
 }
 
+int kvs_keydiff_norm_scores(void *state, int g, const int32_t *idx, int64_t n, double *out) {
+    kd_state *s = state;
+    (void)g;
+    KVS_ASSERT(s->kind == KVS_KEY_SCORE_L2NORM);
+    int64_t ranked = s->cnt - s->window; /* the next event ranks candidates [0, cnt - W) */
+    for (int64_t j = 0, k = 0; j < n; j++) {
+        while (k < s->cnt && s->pos[k] < idx[j]) k++; /* both ascending: one merge */
+        int held = k < s->cnt && s->pos[k] == idx[j];
+        out[j] = held && k < ranked && k < s->n_normed ? -s->norm[k] : INFINITY;
+    }
+    return 1;
+}
+
 static int64_t keydiff_stored(void *state, int g, int32_t *out) {
     kd_state *s = state;
     (void)g;

@@ -16,4 +16,10 @@
  *  Released with kvs_policy_keydiff.free. */
 kvs_status kvs_keydiff_create(const kvs_policy_init *init, kvs_key_score kind, void **state);
 
+/*! kvs_keydiff_norm_scores() : KNorm's retention scores (kvs_policy_ops.scores): -|k| of a held key eviction ranks
+ *  (its norm is computed at the first eviction event that sees the key), INFINITY for the protected window, the
+ *  current token and a key no event has scored yet. For a KNorm instance only (KeyDiff's scores need every held key,
+ *  which scores() does not get). */
+int kvs_keydiff_norm_scores(void *state, int g, const int32_t *idx, int64_t n, double *out);
+
 #endif /* KVS_POLICIES_KEYDIFF_INTERNAL_H */

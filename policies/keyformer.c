@@ -282,6 +282,15 @@ static int64_t kf_stored(void *state, int g, int32_t *out) {
     return kvs_held_copy(s->lists[s->mode == KF_EXPAND ? g : 0], out);
 }
 
+/* Retention scores (policy.h scores()): the accumulated Gumbel-softmax score of the key-token entries eviction ranks;
+ * the recent window (the last R_k entries) is kept whatever its score. */
+static int kf_scores(void *state, int g, const int32_t *idx, int64_t n, double *out) {
+    kf_state *s = state;
+    const kvs_held *L = s->lists[s->mode == KF_EXPAND ? g : 0];
+    kvs_held_scores_of(L, 0, kvs_held_count(L) - s->recent, idx, n, out);
+    return 1;
+}
+
 /* KV as the default counts it (S_t per cache) plus one score per attended entry (aux), read and written
  * once per step; unfused scoring reads the K of S_t again. */
 static void kf_account(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel, kvs_policy_cost *out) {
@@ -316,5 +325,6 @@ const struct kvs_policy_ops kvs_policy_keyformer = {
     .select = kf_select,
     .observe = kf_observe,
     .stored = kf_stored,
+    .scores = kf_scores,
     .account = kf_account,
 };

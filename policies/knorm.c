@@ -68,4 +68,5 @@ const struct kvs_policy_ops kvs_policy_knorm = {
     .stored = knorm_stored,
     .prefill_block = knorm_prefill_block,
     .account = knorm_account,
+    .scores = kvs_keydiff_norm_scores,
 };

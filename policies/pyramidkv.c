@@ -180,6 +180,7 @@ const struct kvs_policy_ops kvs_policy_pyramidkv = {
     .prefill = pyr_prefill,
     .select = pyr_select,
     .stored = pyr_stored,
+    .scores = kvs_snapkv_retention,
     .alloc_begin = pyr_alloc_begin,
     .alloc_prefill = pyr_alloc_prefill,
     .alloc_end = pyr_alloc_end,

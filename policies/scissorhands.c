@@ -276,6 +276,15 @@ static int64_t sh_stored(void *state, int g, int32_t *out) {
     return kvs_held_copy(s->lists[s->mode == SH_EXPAND ? g : 0].held, out);
 }
 
+/* Retention scores (policy.h scores()): minus the unimportance count of the entries compression ranks; the recent
+ * window (the last `recent` entries) is kept whatever its count. */
+static int sh_scores(void *state, int g, const int32_t *idx, int64_t n, double *out) {
+    sh_state *s = state;
+    const kvs_held *L = s->lists[s->mode == SH_EXPAND ? g : 0].held;
+    kvs_held_scores_of(L, 0, kvs_held_count(L) - s->recent, idx, n, out);
+    return 1;
+}
+
 /* Cost model v2 (policy.h kvs_policy_cost): KV resident and read stay the engine's default (every list holds
  * exactly its attended set); per slot one counter (aux_bytes) and history/8 bytes of flags are auxiliary
  * storage, and the counters are read with the attended K/V (read-modify-write counted once; the flags are
@@ -309,5 +318,6 @@ const struct kvs_policy_ops kvs_policy_scissorhands = {
     .select = sh_select,
     .observe = sh_observe,
     .stored = sh_stored,
+    .scores = sh_scores,
     .account = sh_account,
 };

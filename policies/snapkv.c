@@ -46,6 +46,7 @@
  * lists (B_p + t per list, G lists for expand); no auxiliary state survives the prefill.
  */
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #include "../common/kvs_math.h"
@@ -84,6 +85,9 @@ static const kvs_policy_preset snapkv_presets[] = {
 
 typedef struct {
     int32_t *pos;  /* [cap] ascending positions retained (after prefill: kept context; then + generated) */
+    float *score;  /* [cap] aligned with pos: the pooled observation score of a scored position the last
+                    * compression kept, INFINITY for one kept whatever its score (the window, generated tokens,
+                    * positions no compression has ranked): what scores() reports */
     int64_t cnt, cap;
 } snap_list;
 
@@ -135,7 +139,7 @@ static void snapkv_free(void *state) {
     snap_state *s = state;
     if (!s) return;
     if (s->lists)
-        for (int i = 0; i < s->n_lists; i++) free(s->lists[i].pos);
+        for (int i = 0; i < s->n_lists; i++) free(s->lists[i].pos), free(s->lists[i].score);
     free(s->lists);
     free(s->cidx);
     free(s->top);
@@ -174,6 +178,9 @@ static kvs_status list_reserve(snap_list *L, int64_t need) {
     int32_t *p = realloc(L->pos, (size_t)cap * sizeof *p);
     if (!p) return kvs_fail(KVS_ERR_NOMEM, "snapkv: out of memory");
     L->pos = p;
+    float *f = realloc(L->score, (size_t)cap * sizeof *f);
+    if (!f) return kvs_fail(KVS_ERR_NOMEM, "snapkv: out of memory");
+    L->score = f;
     L->cap = cap;
     return KVS_OK;
 }
@@ -204,7 +211,7 @@ static kvs_status snap_prefill_list(snap_state *s, int li, const kvs_policy_view
     kvs_status st = list_reserve(L, nc);
     if (st == KVS_OK) st = scratch_reserve(s, nc);
     if (st != KVS_OK) return st;
-    for (int64_t j = 0; j < n_new; j++) L->pos[L->cnt + j] = (int32_t)(first + j);
+    for (int64_t j = 0; j < n_new; j++) L->pos[L->cnt + j] = (int32_t)(first + j), L->score[L->cnt + j] = INFINITY;
     if (nc <= s->budget) { /* nothing to compress */
         L->cnt = nc;
         return KVS_OK;
@@ -212,6 +219,7 @@ static kvs_status snap_prefill_list(snap_state *s, int li, const kvs_policy_view
     int64_t w = s->window < n_new ? s->window : n_new; /* observation window (new prompt queries) */
     if (s->budget <= w) { /* the window alone fills the budget: keep its last B positions */
         memmove(L->pos, L->pos + nc - s->budget, (size_t)s->budget * sizeof(int32_t));
+        for (int64_t j = 0; j < s->budget; j++) L->score[j] = INFINITY;
         L->cnt = s->budget;
         return KVS_OK;
     }
@@ -235,8 +243,8 @@ static kvs_status snap_prefill_list(snap_state *s, int li, const kvs_policy_view
     for (int64_t j = 0; j < k; j++) s->mark[s->top[j]] = 1;
     int64_t out = 0;
     for (int64_t j = 0; j < m; j++)
-        if (s->mark[j]) L->pos[out++] = s->cidx[j];
-    for (int64_t j = m; j < nc; j++) L->pos[out++] = s->cidx[j];
+        if (s->mark[j]) L->score[out] = s->pooled[j], L->pos[out++] = s->cidx[j];
+    for (int64_t j = m; j < nc; j++) L->score[out] = INFINITY, L->pos[out++] = s->cidx[j];
     L->cnt = out;
     return KVS_OK;
 }
@@ -257,11 +265,29 @@ static kvs_status snapkv_select(void *state, const kvs_policy_view *view, kvs_po
         kvs_status st = list_reserve(L, L->cnt + 1);
         if (st != KVS_OK) return st;
         KVS_ASSERT(L->cnt == 0 || L->pos[L->cnt - 1] < view->n - 1);
+        L->score[L->cnt] = INFINITY;
         L->pos[L->cnt++] = (int32_t)(view->n - 1); /* generated tokens are never evicted */
         memcpy(sel->idx[li], L->pos, (size_t)L->cnt * sizeof(int32_t));
         sel->n[li] = L->cnt;
     }
     return KVS_OK;
+}
+
+/* Retention scores (policy.h scores()): a kept prompt position's pooled observation score; the observation window
+ * and every generated token are kept whatever their scores (INFINITY). S_t is the list, in its order. */
+static int snapkv_scores(void *state, int g, const int32_t *idx, int64_t n, double *out) {
+    snap_state *s = state;
+    const snap_list *L = &s->lists[s->mode == KVS_SNAPKV_EXPAND ? g : 0];
+    for (int64_t j = 0, k = 0; j < n; j++) {
+        while (k < L->cnt && L->pos[k] < idx[j]) k++; /* both ascending: one merge */
+        out[j] = k < L->cnt && L->pos[k] == idx[j] ? (double)L->score[k] : INFINITY;
+    }
+    return 1;
+}
+
+/* The scores() of PyramidKV and Ada-KV, which run this instance. */
+int kvs_snapkv_retention(void *state, int g, const int32_t *idx, int64_t n, double *out) {
+    return snapkv_scores(state, g, idx, n, out);
 }
 
 static int64_t snapkv_prefill_block(void *state) { return ((snap_state *)state)->block; }
@@ -297,5 +323,6 @@ const struct kvs_policy_ops kvs_policy_snapkv = {
     .prefill = snapkv_prefill,
     .select = snapkv_select,
     .stored = snapkv_stored,
+    .scores = snapkv_scores,
     .prefill_block = snapkv_prefill_block,
 };

@@ -22,4 +22,8 @@ enum { KVS_SNAPKV_EXPAND = 0, KVS_SNAPKV_MEAN = 1, KVS_SNAPKV_MAX = 2 };
  *  them, with snapkv's meaning and choice order. Released with kvs_policy_snapkv.free. */
 kvs_status kvs_snapkv_create(const kvs_policy_init *init, int gqa, int64_t block, void **state);
 
+/*! kvs_snapkv_retention() : the instance's retention scores (kvs_policy_ops.scores): a kept prompt position's pooled
+ *  observation score, INFINITY for the window and generated tokens. */
+int kvs_snapkv_retention(void *state, int g, const int32_t *idx, int64_t n, double *out);
+
 #endif /* KVS_POLICIES_SNAPKV_INTERNAL_H */

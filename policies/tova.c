@@ -159,8 +159,9 @@ static kvs_status tova_observe(void *state, const kvs_policy_view *view, const k
 }
 
 /* Layer mode: average the KV heads' group means (equal group sizes, so this is the mean over all query
- * heads of the layer) and apply the same decision to every KV head: the mean replaces the first head's scores
- * (they serve this step only), the victim is chosen there and evicted everywhere. */
+ * heads of the layer) and apply the same decision to every KV head: at a decode step the mean replaces every
+ * head's scores (they serve this step's eviction and the next step's scores() only), the victim is chosen on the
+ * first head and evicted everywhere. */
 static kvs_status tova_layer_sync(void *const *states, int n_kv_heads, kvs_policy_sync_phase phase) {
     tova_state *s0 = states[0];
     if (s0->mode != TOVA_LAYER) return KVS_OK;
@@ -178,13 +179,27 @@ static kvs_status tova_layer_sync(void *const *states, int n_kv_heads, kvs_polic
     kvs_div_by(avg, (size_t)n, n_kv_heads);
     if (phase == KVS_SYNC_PREFILL) {
         for (int h = 0; h < n_kv_heads; h++) keep_top(states[h], avg);
-    } else if (n >= s0->budget) {
-        memcpy(kvs_held_score(s0->held), avg, (size_t)n * sizeof *avg);
+    } else {
+        /* every head ranks by the layer mean (the eviction below, and the scores() of the next step) */
+        for (int h = 0; h < n_kv_heads; h++)
+            memcpy(kvs_held_score(((tova_state *)states[h])->held), avg, (size_t)n * sizeof *avg);
+    }
+    if (phase == KVS_SYNC_DECODE && n >= s0->budget) {
         int64_t v = victim_of(s0);
         for (int h = 0; h < n_kv_heads; h++) kvs_held_remove(((tova_state *)states[h])->held, v);
     }
     free(avg);
     return KVS_OK;
+}
+
+/* Retention scores (policy.h scores()): the attention of the last step the held entries are ranked by (the group
+ * mean, or the layer mean in layer mode); the current token is kept whatever its score when protected. */
+static int tova_scores(void *state, int g, const int32_t *idx, int64_t n, double *out) {
+    tova_state *s = state;
+    (void)g;
+    int64_t cnt = kvs_held_count(s->held);
+    kvs_held_scores_of(s->held, 0, s->protect ? cnt - 1 : cnt, idx, n, out);
+    return 1;
 }
 
 static int64_t tova_prefill_block(void *state) { return ((tova_state *)state)->block; }
@@ -221,5 +236,6 @@ const struct kvs_policy_ops kvs_policy_tova = {
     .observe = tova_observe,
     .layer_sync = tova_layer_sync,
     .stored = tova_stored,
+    .scores = tova_scores,
     .prefill_block = tova_prefill_block,
 };

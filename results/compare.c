@@ -101,7 +101,8 @@ static void run_bytes(const kvs_results_run_row *w, int *kv, int *aux) {
 /* Same configuration on the same positions of the same trace: the series key without the bytes. */
 static int same_but_bytes(const kvs_results_run_row *a, const kvs_results_run_row *b) {
     return !strcmp(a->policy, b->policy) && !strcmp(a->params, b->params) && same_trace(a, b) &&
-           !strcmp(a->measure, b->measure) && !strcmp(nz_codec(a), nz_codec(b)) && a->page == b->page;
+           !strcmp(a->measure, b->measure) && !strcmp(nz_codec(a), nz_codec(b)) && a->page == b->page &&
+           !strcmp(a->page_score, b->page_score);
 }
 
 static double run_x(const kvs_results_run_row *w, kvs_compare_match mode, kvs_stat_kind x_stat) {
@@ -402,7 +403,7 @@ static int same_set(const kvs_compare_series *a, const kvs_compare_series *b) {
 static int same_group(const kvs_compare_series *a, const kvs_compare_series *b) {
     return same_set(a, b) && !strcmp(a->rep->policy, b->rep->policy) && !strcmp(a->rep->params, b->rep->params) &&
            a->kv_bytes == b->kv_bytes && a->aux_bytes == b->aux_bytes && !strcmp(nz_codec(a->rep), nz_codec(b->rep)) &&
-           a->rep->page == b->rep->page;
+           a->rep->page == b->rep->page && !strcmp(a->rep->page_score, b->rep->page_score);
 }
 
 /* FNV-1a, 64 bits, streamed over the pieces of an identity string (common/kvs_rng.h). */
@@ -439,7 +440,9 @@ static uint64_t fnv_group_key(uint64_t h, const kvs_compare_group *g) {
     /* a codec joins the key only when set: the groups of before keep their seeds */
     if (s->rep->codec && s->rep->codec[0]) h = fnv_fmt(h, "|codec=%s", s->rep->codec);
     /* so does a page size */
-    return s->rep->page > 0 ? fnv_fmt(h, "|page=%lld", (long long)s->rep->page) : h;
+    if (s->rep->page > 0) h = fnv_fmt(h, "|page=%lld", (long long)s->rep->page);
+    /* and a page score rule other than the count rule */
+    return s->rep->page_score[0] ? fnv_fmt(h, "|page_score=%s", s->rep->page_score) : h;
 }
 
 /* The head of every seed string: "<match>|<x name>|<X>|<column>|". */

@@ -1249,6 +1249,19 @@ double kvs_results_col_real(sqlite3_stmt *st, int i) {
 
 /* Reads the aggregate columns starting at `first` into *a: NULL n -> 0, NULL statistic -> NaN, and every
  * statistic of a metric with no samples NaN. */
+/* A paged run's page score rule from its options ("...,page=16,page_score=max"): "max" or "sum" into buf, "" for
+ * the count rule, an unknown word or none recorded (the count rule was the only one before the score rules). */
+static void option_page_score(const char *opts, char *buf, size_t cap) {
+    buf[0] = '\0';
+    for (const char *p = opts; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL) {
+        if (strncmp(p, "page_score=", 11) != 0) continue;
+        const char *v = p + 11;
+        size_t n = strcspn(v, ",");
+        if ((n == 3 && !strncmp(v, "max", 3)) || (n == 3 && !strncmp(v, "sum", 3))) snprintf(buf, cap, "%.3s", v);
+        return;
+    }
+}
+
 static void read_agg(sqlite3_stmt *st, int first, int32_t layer, kvs_results_agg *a) {
     a->layer = layer;
     int c = first;
@@ -1418,6 +1431,7 @@ kvs_status kvs_results_query_runs(kvs_results_db *r, const kvs_results_filter *f
         w->options = col_dup(st, C_OPTIONS, &oom);
         w->codec = col_dup(st, C_CODEC, &oom);
         w->page = sqlite3_column_type(st, C_PAGE) == SQLITE_NULL ? 0 : sqlite3_column_int64(st, C_PAGE);
+        option_page_score(w->page > 0 ? w->options : NULL, w->page_score, sizeof w->page_score);
         w->trace_sha256 = col_dup(st, C_SHA, &oom);
         w->has_agg = sqlite3_column_int(st, C_HAS_AGG) ? 1 : 0;
         if (w->has_agg) read_agg(st, C_AGG, -1, &w->agg);
@@ -1634,32 +1648,38 @@ static const char *codec_open(const kvs_results_run_row *r) { return r->codec &&
 static const char *codec_spec(const kvs_results_run_row *r) { return r->codec ? r->codec : ""; }
 static const char *codec_close(const kvs_results_run_row *r) { return r->codec && r->codec[0] ? "]" : ""; }
 
-/* ... and of its page size: " [page N]", "" at token granularity. */
-static const char *page_text(int64_t page, char *buf, size_t cap) {
+/* ... and of its page size: " [page N]" (" [page N max]" under a score rule), "" at token granularity. */
+static const char *page_text(int64_t page, const char *rule, char *buf, size_t cap) {
     if (page <= 0) return "";
-    snprintf(buf, cap, " [page %lld]", (long long)page);
+    rule = rule ? rule : "";
+    snprintf(buf, cap, " [page %lld%s%s]", (long long)page, rule[0] ? " " : "", rule);
     return buf;
+}
+
+void kvs_results_config_label_rule(const char *policy, const char *params, const char *codec, int64_t page,
+                                   const char *page_score, char *buf, size_t cap) {
+    if (!cap) return;
+    params = params ? params : "";
+    codec = codec ? codec : "";
+    char pg[48];
+    snprintf(buf, cap, "%s%s%s%s%s%s%s%s", policy ? policy : "?", params[0] ? " (" : "", params, params[0] ? ")" : "",
+             codec[0] ? " [" : "", codec, codec[0] ? "]" : "", page_text(page, page_score, pg, sizeof pg));
 }
 
 void kvs_results_config_label(const char *policy, const char *params, const char *codec, int64_t page, char *buf,
                               size_t cap) {
-    if (!cap) return;
-    params = params ? params : "";
-    codec = codec ? codec : "";
-    char pg[40];
-    snprintf(buf, cap, "%s%s%s%s%s%s%s%s", policy ? policy : "?", params[0] ? " (" : "", params, params[0] ? ")" : "",
-             codec[0] ? " [" : "", codec, codec[0] ? "]" : "", page_text(page, pg, sizeof pg));
+    kvs_results_config_label_rule(policy, params, codec, page, NULL, buf, cap);
 }
 
 void kvs_results_run_label(const kvs_results_run_row *r, char *buf, size_t cap) {
-    kvs_results_config_label(r->policy, r->params, r->codec, r->page, buf, cap);
+    kvs_results_config_label_rule(r->policy, r->params, r->codec, r->page, r->page_score, buf, cap);
 }
 
 void kvs_results_run_params_label(const kvs_results_run_row *r, char *buf, size_t cap) {
     if (!cap) return;
-    char pg[40];
+    char pg[48];
     snprintf(buf, cap, "%s%s%s%s%s", r->params && r->params[0] ? r->params : "-", codec_open(r), codec_spec(r),
-             codec_close(r), page_text(r->page, pg, sizeof pg));
+             codec_close(r), page_text(r->page, r->page_score, pg, sizeof pg));
 }
 
 int kvs_results_has_column(kvs_results_db *r, const char *table, const char *col, const char *what) {

@@ -157,6 +157,8 @@ typedef struct {
                               * a run's numbers); NULL = not recorded (older databases). kvs_results_run_bytes parses it */
     char *codec;             /* runs.codec: the codec's canonical spec; NULL = K/V as captured (or an older database) */
     int64_t page;            /* runs.page: positions a page; 0 = token granularity (NULL, or an older database) */
+    char page_score[8];      /* a paged run's page score rule from runs.options' page_score (sim/host.h): "max" or
+                              * "sum"; "" for the count rule, token granularity or a run that recorded none */
     char *trace_sha256;      /* the trace file's content hash, 64 lowercase hex digits (table sweep_traces, recorded by
                               * replay and sweep); NULL = not recorded (older databases, or no sweep_traces table).
                               * Runs of one trace through two path spellings have two trace_ids and one trace_sha256 */
@@ -182,12 +184,18 @@ kvs_status kvs_results_check_runs(kvs_results_db *db);
 
 /*! kvs_results_run_label() : the one name of a run's configuration in every output that names runs (compare, plot,
  *  report, runs): "policy (params) [codec] [page N]", e.g. "window [int:bits=4,group=32,k_axis=token,v_axis=channel]" or
- *  "h2o [page 16]" (no parentheses without params, no brackets without a codec or a page size). Into buf (cap bytes, always NUL-terminated). */
+ *  "window [page 16]" (no parentheses without params, no brackets without a codec or a page size); a page mapped by
+ *  a score rule names it after the size, "h2o [page 16 max]" (the count rule is the plain "[page N]"). Into buf (cap
+ *  bytes, always NUL-terminated). */
 void kvs_results_run_label(const kvs_results_run_row *r, char *buf, size_t cap);
 /*! kvs_results_config_label() : the same name from its parts (policy, params, codec, page; NULL params or codec =
  *  none, page 0 = token granularity), for a series that holds them apart from any run row (plot, report). */
 void kvs_results_config_label(const char *policy, const char *params, const char *codec, int64_t page, char *buf,
                               size_t cap);
+/*! kvs_results_config_label_rule() : the same with the page score rule (NULL or "" = the count rule); the one
+ *  function behind every label above. */
+void kvs_results_config_label_rule(const char *policy, const char *params, const char *codec, int64_t page,
+                                   const char *page_score, char *buf, size_t cap);
 /*! kvs_results_run_params_label() : the same name less its policy, for the tables that print the policy in a
  *  column of its own (compare, runs): "params [codec] [page N]", "-" standing for no params ("- [fp8]", "- [page 16]", "-"). Into buf (cap
  *  bytes, always NUL-terminated). */

@@ -21,6 +21,7 @@
 #define STUDY_LINE_MAX 4096
 #define STUDY_MAX_POLICIES 64 /* what one `kvsim replay` accepts */
 #define STUDY_MAX_CODECS 16   /* likewise (--codec) */
+#define STUDY_MAX_PAGES 8     /* likewise (--page) */
 
 typedef struct {
     char *path;
@@ -42,6 +43,11 @@ struct kvs_study {
      * none given, every run K/V as captured and no --codec passed to the replay */
     char *codecs[STUDY_MAX_CODECS];
     int32_t n_codecs;
+    /* the page sizes (a `page` line or kvs_study_set_pages), 0 = token granularity; 0 sizes: none given, every run
+     * at token granularity and no --page passed to the replay. pages_text: the canonical list "0,16" */
+    int64_t pages[STUDY_MAX_PAGES];
+    int32_t n_pages;
+    char pages_text[STUDY_MAX_PAGES * 12];
     kvs_study_task *tasks;
     int32_t n_tasks;
 };
@@ -130,7 +136,10 @@ static kvs_status add_trace_pattern(kvs_study *s, const char *study_path, int li
 
 /* Each codec is a run of every (policy, budget): the runs of a task, and the attention over their kept tokens,
  * scale with it (no codec line: one representation, K/V as captured). */
-static double codec_count(const kvs_study *s) { return s->n_codecs > 0 ? (double)s->n_codecs : 1.0; }
+static double codec_count(const kvs_study *s) {
+    /* each page size is a run too (sim/host.h page granularity: the same attention work per run) */
+    return (s->n_codecs > 0 ? (double)s->n_codecs : 1.0) * (s->n_pages > 0 ? (double)s->n_pages : 1.0);
+}
 
 /* Estimated multiply-adds of one policy (all budgets) on trace t: the full attention the task computes once,
  * shared by the policies of the task, is counted with each policy so that the per-policy cost orders traces. */
@@ -189,6 +198,46 @@ static kvs_status build_tasks(kvs_study *s) {
     return KVS_OK;
 }
 
+/* ---- page sizes ---- */
+
+/* Parses a page size list "16", "0,16,32" (0 or none = token granularity, each 0..2^31-1 positions) into pages[]
+ * (*n sizes) and its canonical text (decimal, ","-separated, "none" written 0); `where` prefixes the messages. A
+ * size twice is an error (each is one run of every (policy, codec, budget)). */
+static kvs_status parse_pages(const char *where, const char *text, int64_t *pages, int32_t *n, char *canon,
+                              size_t cap) {
+    *n = 0;
+    size_t len = 0;
+    canon[0] = '\0';
+    for (const char *q = text;;) {
+        const char *end = strchr(q, ',');
+        size_t k = end ? (size_t)(end - q) : strlen(q);
+        char item[32];
+        if (k == 0 || k >= sizeof item)
+            return kvs_fail(KVS_ERR_FORMAT, "%s: '%s' is not a list of page sizes (0 or none, or 1..%d positions)",
+                            where, text, INT32_MAX);
+        memcpy(item, q, k);
+        item[k] = '\0';
+        int64_t v = 0;
+        if (strcmp(item, "none")) {
+            char *e = NULL;
+            errno = 0;
+            long long x = item[0] >= '0' && item[0] <= '9' ? strtoll(item, &e, 10) : -1;
+            if (x < 0 || !e || *e || errno == ERANGE || x > INT32_MAX)
+                return kvs_fail(KVS_ERR_FORMAT, "%s: '%s' is not a page size (0 or none, or 1..%d positions)", where,
+                                item, INT32_MAX);
+            v = x;
+        }
+        for (int32_t i = 0; i < *n; i++)
+            if (pages[i] == v) return kvs_fail(KVS_ERR_FORMAT, "%s: page size %lld given twice", where, (long long)v);
+        if (*n == STUDY_MAX_PAGES) return kvs_fail(KVS_ERR_FORMAT, "%s: at most %d page sizes", where, STUDY_MAX_PAGES);
+        pages[(*n)++] = v;
+        len += (size_t)snprintf(canon + len, len < cap ? cap - len : 0, "%s%lld", *n > 1 ? "," : "", (long long)v);
+        if (!end) break;
+        q = end + 1;
+    }
+    return KVS_OK;
+}
+
 /* ---- codecs ---- */
 
 /* Adds codec `spec` ("none" or a sim/codec.h spec) as its canonical spec; `where` prefixes the messages ("PATH:LINE"
@@ -241,6 +290,12 @@ static kvs_status parse_line(kvs_study *s, const char *path, int line, char *tex
         return add_codec(s->codecs, &s->n_codecs, where, val);
     }
     /* every other key is single-valued: given twice is an error, never "the last wins" */
+    if (!strcmp(key, "page")) {
+        char where[STUDY_LINE_MAX + 32];
+        snprintf(where, sizeof where, "%s:%d: page", path, line);
+        if (s->n_pages) return kvs_fail(KVS_ERR_FORMAT, "%s:%d: 'page' given twice", path, line);
+        return parse_pages(where, val, s->pages, &s->n_pages, s->pages_text, sizeof s->pages_text);
+    }
     char **slot = !strcmp(key, "name") ? &s->name : !strcmp(key, "budgets") ? &s->budgets
                                                   : !strcmp(key, "measure") ? &s->measure : NULL;
     if (slot) {
@@ -268,8 +323,8 @@ static kvs_status parse_line(kvs_study *s, const char *path, int line, char *tex
         return KVS_OK;
     }
     return kvs_fail(KVS_ERR_FORMAT,
-                    "%s:%d: unknown key '%s' (known: name, trace, policy, codec, budgets, measure, series-every, kv-bytes, "
-                    "aux-bytes, threads, policies-per-task)",
+                    "%s:%d: unknown key '%s' (known: name, trace, policy, codec, page, budgets, measure, series-every, "
+                    "kv-bytes, aux-bytes, threads, policies-per-task)",
                     path, line, key);
 }
 
@@ -370,6 +425,20 @@ kvs_status kvs_study_set_codecs(kvs_study *s, const char *const *specs, int32_t 
     for (int32_t i = 0; i < s->n_codecs; i++) free(s->codecs[i]);
     memcpy(s->codecs, codecs, sizeof codecs);
     s->n_codecs = m;
+    return build_tasks(s);
+}
+int32_t kvs_study_n_pages(const kvs_study *s) { return s->n_pages; }
+const char *kvs_study_pages(const kvs_study *s) { return s->n_pages ? s->pages_text : NULL; }
+
+kvs_status kvs_study_set_pages(kvs_study *s, const char *text) {
+    int64_t pages[STUDY_MAX_PAGES];
+    int32_t n = 0;
+    char canon[sizeof s->pages_text];
+    kvs_status st = parse_pages("--page", text, pages, &n, canon, sizeof canon);
+    if (st != KVS_OK) return st == KVS_ERR_FORMAT ? kvs_fail(KVS_ERR_INVALID_ARG, "%s", kvs_last_error()) : st;
+    memcpy(s->pages, pages, sizeof pages);
+    s->n_pages = n;
+    memcpy(s->pages_text, canon, sizeof canon);
     return build_tasks(s);
 }
 int32_t kvs_study_n_budgets(const kvs_study *s) { return s->n_budgets; }

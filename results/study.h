@@ -47,6 +47,15 @@ const char *kvs_study_codec_spec(const kvs_study *s, int32_t i);
  *  rebuilds the task list (their cost scales with the codecs). A spec that does not parse, or one codec twice:
  *  KVS_ERR_INVALID_ARG naming it ("--codec SPEC: ..."), the study unchanged. */
 kvs_status kvs_study_set_codecs(kvs_study *s, const char *const *specs, int32_t n);
+/* The page sizes (a `page` line, results/STUDY.md): 0 when none is given (every run at token granularity, the
+ * replay gets no --page); else each run of a (policy, codec, budget) is repeated per page size (0 = token
+ * granularity among them). kvs_study_pages: the canonical list ("0,16"), NULL without a page line. Borrowed. */
+int32_t kvs_study_n_pages(const kvs_study *s);
+const char *kvs_study_pages(const kvs_study *s);
+/*! kvs_study_set_pages() : replaces the study's page sizes by the list `text` ("16", "0,16,32"; `kvsim sweep --page`)
+ *  and rebuilds the task list. A list that does not parse, or a size twice: KVS_ERR_INVALID_ARG naming it ("--page:
+ *  ..."), the study unchanged. */
+kvs_status kvs_study_set_pages(kvs_study *s, const char *text);
 int32_t kvs_study_n_budgets(const kvs_study *s);
 /* The measurement options as `kvsim replay` options: measure, series-every, kv-bytes, aux-bytes, threads; 0
  * (or NULL) = the replay default. */

@@ -45,6 +45,11 @@ uint64_t kvs_host_run_seed(const kvs_host_identity *id, const kvs_policy_model *
     if (id->page_tokens > 0) {
         len = snprintf(num, sizeof num, "%cpage=%lld", sep, (long long)id->page_tokens);
         kvs_sha256_update(&c, num, (size_t)len);
+        /* a score rule only when it is not the count rule (paged runs of the count rule keep their seeds) */
+        if (id->page_score == KVS_PAGE_SCORE_MAX || id->page_score == KVS_PAGE_SCORE_SUM) {
+            len = snprintf(num, sizeof num, ",page_score=%s", kvs_host_page_score_name(id->page_score));
+            kvs_sha256_update(&c, num, (size_t)len);
+        }
     }
     kvs_sha256_final(&c, dig);
     uint64_t seed = 0;
@@ -562,6 +567,12 @@ kvs_status kvs_host_rep_cost(kvs_host_rep *r, int h, const struct kvs_policy_ops
  * Page granularity
  * ---------------------------------------------------------------------------------------------- */
 
+/* A candidate page under a score rule: ranked by score, then count, then the newer page. */
+struct page_key {
+    double score;
+    int64_t count, page;
+};
+
 struct kvs_host_page {
     int64_t n_positions, page, n_pages;
     uint8_t *is_prompt;   /* [n_positions] */
@@ -570,6 +581,9 @@ struct kvs_host_page {
     uint32_t *xmark;      /* [n_positions] stamp: an entry of S_t on a chosen page */
     uint32_t count_stamp, chosen_stamp, union_stamp, x_stamp;
     int64_t *cand;        /* [n_pages] candidate pages, as sort keys */
+    double *pscore;       /* [n_pages] a candidate page's score (max or sum of its entries'), valid where counted */
+    struct page_key *keys;/* [n_pages] candidates ranked by score (the score rules) */
+    int64_t *plist, *ulist; /* [n_pages] one list's resident pages, the union's (kvs_host_page_cost) */
     int32_t *stored;      /* [n_positions + 1] a policy's stored() answer */
 };
 
@@ -593,8 +607,12 @@ kvs_status kvs_host_page_create(int64_t n_positions, int64_t page_tokens, const 
     pg->xmark = calloc(N, sizeof *pg->xmark);
     pg->cand = malloc(NP * sizeof *pg->cand);
     pg->stored = malloc((N + 1) * sizeof *pg->stored);
+    pg->pscore = malloc(NP * sizeof *pg->pscore);
+    pg->keys = malloc(NP * sizeof *pg->keys);
+    pg->plist = malloc(NP * sizeof *pg->plist);
+    pg->ulist = malloc(NP * sizeof *pg->ulist);
     if (!pg->is_prompt || !pg->count || !pg->cmark || !pg->chosen || !pg->umark || !pg->xmark || !pg->cand ||
-        !pg->stored) {
+        !pg->stored || !pg->pscore || !pg->keys || !pg->plist || !pg->ulist) {
         kvs_host_page_free(pg);
         return kvs_fail(KVS_ERR_NOMEM, "host: out of memory for the page map");
     }
@@ -615,6 +633,10 @@ void kvs_host_page_free(kvs_host_page *pg) {
     free(pg->xmark);
     free(pg->cand);
     free(pg->stored);
+    free(pg->pscore);
+    free(pg->keys);
+    free(pg->plist);
+    free(pg->ulist);
     free(pg);
 }
 
@@ -633,28 +655,57 @@ static int cmp_desc_i64(const void *a, const void *b) {
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
+/* Descending score (a NaN below every number), then count, then the newer page. */
+static int cmp_page_key(const void *a, const void *b) {
+    const struct page_key *x = a, *y = b;
+    int xn = isnan(x->score), yn = isnan(y->score);
+    if (xn != yn) return xn ? 1 : -1;
+    if (!xn && x->score != y->score) return x->score < y->score ? 1 : -1;
+    if (x->count != y->count) return x->count < y->count ? 1 : -1;
+    return x->page < y->page ? 1 : x->page > y->page ? -1 : 0;
+}
+
+const char *kvs_host_page_score_name(kvs_page_score rule) {
+    return rule == KVS_PAGE_SCORE_MAX ? "max" : rule == KVS_PAGE_SCORE_SUM ? "sum" : "count";
+}
+
 int64_t kvs_host_page_map(kvs_host_page *pg, const int32_t *idx, const float *const *row_k, const float *const *row_v,
-                          int64_t n, int64_t p, int64_t cap, int32_t *att, const float **att_k, const float **att_v,
-                          int32_t *place) {
+                          int64_t n, int64_t p, int64_t cap, const double *score, kvs_page_score rule, int32_t *att,
+                          const float **att_k, const float **att_v, int32_t *place) {
     int64_t P = pg->page, NP = pg->n_pages, newest = p / P, n_cand = 0, m = 0;
     size_t nps = (size_t)NP;
+    int by_score = score && rule != KVS_PAGE_SCORE_COUNT;
     uint32_t cs = next_stamp(&pg->count_stamp, pg->cmark, nps);
     for (int64_t j = 0; j < n; j++) {
         int64_t q = idx[j] / P;
         if (pg->cmark[q] != cs) {
             pg->cmark[q] = cs;
             pg->count[q] = 0;
+            if (by_score) pg->pscore[q] = score[j];
             if (q != newest) pg->cand[n_cand++] = q;
+        } else if (by_score) { /* S_t's order: the sum's order is the selection's */
+            if (rule == KVS_PAGE_SCORE_SUM) pg->pscore[q] += score[j];
+            else if (score[j] > pg->pscore[q] || isnan(pg->pscore[q])) pg->pscore[q] = score[j];
         }
         pg->count[q]++;
     }
-    /* the most positions first, the newer page among equals: one key, count major, page minor */
-    for (int64_t k = 0; k < n_cand; k++) pg->cand[k] = pg->count[pg->cand[k]] * (NP + 1) + pg->cand[k];
-    qsort(pg->cand, (size_t)n_cand, sizeof *pg->cand, cmp_desc_i64);
     int64_t take = cap - 1 < n_cand ? cap - 1 : n_cand;
     if (take < 0) take = 0;
+    if (by_score) {
+        /* the highest page score first, then the most positions, then the newer page */
+        for (int64_t k = 0; k < n_cand; k++)
+            pg->keys[k] = (struct page_key){.score = pg->pscore[pg->cand[k]], .count = pg->count[pg->cand[k]],
+                                            .page = pg->cand[k]};
+        qsort(pg->keys, (size_t)n_cand, sizeof *pg->keys, cmp_page_key);
+        for (int64_t k = 0; k < take; k++) pg->cand[k] = pg->keys[k].page;
+    } else {
+        /* the most positions first, the newer page among equals: one key, count major, page minor */
+        for (int64_t k = 0; k < n_cand; k++) pg->cand[k] = pg->count[pg->cand[k]] * (NP + 1) + pg->cand[k];
+        qsort(pg->cand, (size_t)n_cand, sizeof *pg->cand, cmp_desc_i64);
+        for (int64_t k = 0; k < take; k++) pg->cand[k] %= NP + 1;
+    }
     uint32_t ch = next_stamp(&pg->chosen_stamp, pg->chosen, nps);
-    for (int64_t k = 0; k < take; k++) pg->cand[k] %= NP + 1, pg->chosen[pg->cand[k]] = ch;
+    for (int64_t k = 0; k < take; k++) pg->chosen[pg->cand[k]] = ch;
     pg->chosen[newest] = ch;
     pg->cand[take] = newest;
     /* S_t's entries on chosen pages, in S_t's order, then the chosen pages' other positions <= p, ascending */
@@ -679,32 +730,68 @@ int64_t kvs_host_page_map(kvs_host_page *pg, const int32_t *idx, const float *co
     return m;
 }
 
-void kvs_host_page_cost(kvs_host_page *pg, const struct kvs_policy_ops *ops, void *state, const kvs_policy_model *m,
-                        const kvs_policy_view *view, const kvs_policy_sel *sel, const int64_t *att_n, int64_t p,
-                        kvs_policy_cost *c) {
+/* The codec's bytes of the whole pages pl[0..np) at position p: the rows of their positions <= p as the codec holds
+ * them (kvs_codec_state_bytes, with the layer's share), plus each allocated slot past p (the newest page's padding)
+ * at the codec's nominal bytes of one position (kvs_codec_position_bytes: a page is allocated in the codec's
+ * format). */
+static kvs_status rep_page_bytes(kvs_host_rep *r, int h, const int64_t *pl, int64_t np, int64_t P, int64_t p,
+                                 double *bytes) {
+    int64_t m = 0, pad = 0;
+    for (int64_t k = 0; k < np; k++) {
+        int64_t lo = pl[k] * P, hi = lo + P;
+        for (int64_t x = lo; x < hi && x <= p; x++) r->pos[m++] = x;
+        if (hi > p + 1) pad += hi - (p + 1);
+    }
+    kvs_status st = rep_bytes(r, h, m, bytes);
+    if (st == KVS_OK) *bytes += (double)pad * kvs_codec_position_bytes(r->c, r->d);
+    return st;
+}
+
+kvs_status kvs_host_page_cost(kvs_host_page *pg, kvs_host_rep *rep, int h, const struct kvs_policy_ops *ops,
+                              void *state, const kvs_policy_model *m, const kvs_policy_view *view,
+                              const kvs_policy_sel *sel, const kvs_policy_sel *att, int64_t p, kvs_policy_cost *c) {
     int64_t P = pg->page;
     size_t nps = (size_t)pg->n_pages;
-    double pages = 0, uni = 0, read = 0;
+    int coded = kvs_host_rep_active(rep);
+    double pages = 0, uni = 0, read = 0, kv_codec = 0, uni_codec = 0, x;
+    int64_t n_uni = 0;
+    kvs_status st;
     if (!ops->stored) { /* every position seen, stored once: every page so far */
         pages = uni = (double)(p / P + 1);
+        for (int64_t q = 0; q <= p / P; q++) pg->ulist[n_uni++] = q;
     } else {
         uint32_t us = next_stamp(&pg->union_stamp, pg->umark, nps);
         for (int li = 0; li < sel->n_lists; li++) {
             uint32_t ls = next_stamp(&pg->count_stamp, pg->cmark, nps);
-            int64_t ms = ops->stored(state, li, pg->stored);
+            int64_t ms = ops->stored(state, li, pg->stored), n_list = 0;
             for (int64_t k = 0; k < ms + sel->n[li]; k++) {
                 int64_t q = (k < ms ? pg->stored[k] : sel->idx[li][k - ms]) / P;
                 if (pg->cmark[q] == ls) continue;
                 pg->cmark[q] = ls;
+                pg->plist[n_list++] = q;
                 pages++;
-                if (pg->umark[q] != us) pg->umark[q] = us, uni++;
+                if (pg->umark[q] != us) pg->umark[q] = us, uni++, pg->ulist[n_uni++] = q;
+            }
+            if (coded) {
+                if ((st = rep_page_bytes(rep, h, pg->plist, n_list, P, p, &x)) != KVS_OK) return st;
+                kv_codec += x;
             }
         }
     }
-    for (int li = 0; li < sel->n_lists; li++) read += (double)att_n[li];
+    if (coded && (st = rep_page_bytes(rep, h, pg->ulist, n_uni, P, p, &uni_codec)) != KVS_OK) return st;
+    if (!ops->stored) kv_codec = uni_codec;
+    double read_codec = 0;
+    for (int li = 0; li < sel->n_lists; li++) {
+        read += (double)att->n[li];
+        if (coded) { /* the attended rows as the codec holds them (a merged slot's position stands for its row) */
+            if ((st = kvs_host_rep_list_bytes(rep, h, att->idx[li], att->n[li], &x)) != KVS_OK) return st;
+            read_codec += x;
+        }
+    }
     kvs_host_cost(ops, state, m, view, sel, pages * (double)P, uni * (double)P, c);
-    c->kv_bytes = kvs_policy_kv_bytes(m, pages * (double)P);
-    c->dedup_kv_bytes = kvs_policy_kv_bytes(m, uni * (double)P);
-    c->read_kv_bytes = kvs_policy_kv_bytes(m, read);
+    c->kv_bytes = coded ? kv_codec : kvs_policy_kv_bytes(m, pages * (double)P);
+    c->dedup_kv_bytes = coded ? uni_codec : kvs_policy_kv_bytes(m, uni * (double)P);
+    c->read_kv_bytes = coded ? read_codec : kvs_policy_kv_bytes(m, read);
     settle_cost(c);
+    return KVS_OK;
 }

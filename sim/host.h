@@ -32,6 +32,8 @@ typedef struct {
     const char *codec;                /* the representation stage's canonical spec (see below); NULL or "" = K/V as
                                        * captured */
     int64_t page_tokens;              /* page granularity of what is stored (see below); 0 = token granularity */
+    int page_score;                   /* the resolved kvs_page_score of a paged run (kvs_host_page_rule); enters the
+                                       * hash only for max and sum */
 } kvs_host_identity;
 
 /*! kvs_host_run_seed() : the seed of a run: the first 8 bytes of a SHA-256 over its identity and the cache's element
@@ -63,8 +65,14 @@ uint64_t kvs_host_instance_seed(uint64_t run_seed, int layer, int kv_head);
  *    position it selected;
  *  - the policy runs unchanged at token level (its select() gives S_t); the host maps S_t to pages
  *    (kvs_host_page_map): the newest page (holding p, partial or not) is always attended; the other C - 1 slots go
- *    to the pages holding the most positions of S_t, ties to the newer page; a page holding no position of S_t is
- *    never taken. Only positions <= p count, so the choice at step n depends on nothing later (no look-ahead);
+ *    to the pages of S_t ranked by the run's page score (kvs_page_score, `kvsim replay --page-score`): by the
+ *    policy's own retention scores where it has them (policy.h scores(), asked after select() and before
+ *    observe()): a page's score is the max (or the sum, in S_t's order) of its S_t entries' scores, a position the
+ *    policy keeps whatever its score counting INFINITY; ties by the count below, then the newer page; the COUNT
+ *    rule (a policy without scores(), or one that has none at this step, or --page-score count) ranks pages by how
+ *    many positions of S_t they hold, ties to the newer page. A page holding no position of S_t is never taken.
+ *    Only positions <= p count, so the choice at step n depends on nothing later (no look-ahead); the default is
+ *    max for a policy with scores(), count otherwise (kvs_host_page_rule);
  *  - the attended set is every position <= p of the chosen pages, whole pages: positions the policy did not select
  *    but that share a page with ones it did are attended, as a paged cache holds them. Its order: the entries of
  *    S_t on chosen pages in S_t's order (a merged slot keeps its policy-owned rows), then the chosen pages' other
@@ -85,9 +93,30 @@ uint64_t kvs_host_instance_seed(uint64_t run_seed, int layer, int kv_head);
  *    positions (--measure all|prefill, later turns' prompts too) attend as without pages: paging applies from the
  *    first decode step on, like a codec;
  *  - with page size 1 every number is the token-level one: the chosen pages are S_t, attended in its order;
+ *  - with a codec (the representation stage below) the attended set's rows are the codec's, as without pages, and
+ *    the KV classes count whole pages of the codec's bytes (kvs_host_page_cost);
  *  - the page size enters the run's identity (kvs_host_identity.page_tokens) only when set, so a run without pages
- *    keeps its seed. A codec and pages together are not supported yet (kvs_replay_validate refuses them). */
+ *    keeps its seed; a score rule (max, sum) enters it beside the page size. */
 typedef struct kvs_host_page kvs_host_page;
+typedef struct kvs_host_rep kvs_host_rep; /* the representation stage (below) */
+
+/* How S_t is ranked into pages (the rule above). KVS_PAGE_SCORE_AUTO asks for the default. */
+typedef enum {
+    KVS_PAGE_SCORE_AUTO = 0,  /* max where the policy has scores(), count otherwise */
+    KVS_PAGE_SCORE_COUNT = 1, /* positions of S_t on the page */
+    KVS_PAGE_SCORE_MAX = 2,   /* the max of its S_t entries' retention scores */
+    KVS_PAGE_SCORE_SUM = 3,   /* their sum */
+} kvs_page_score;
+
+/*! kvs_host_page_rule() : the rule a run of policy `ops` follows when `asked` is asked: count for a policy without
+ *  scores() whatever is asked, max for AUTO with scores(), else `asked`. Never AUTO. */
+static inline kvs_page_score kvs_host_page_rule(const struct kvs_policy_ops *ops, kvs_page_score asked) {
+    if (!ops->scores) return KVS_PAGE_SCORE_COUNT;
+    return asked == KVS_PAGE_SCORE_AUTO ? KVS_PAGE_SCORE_MAX : asked;
+}
+
+/*! kvs_host_page_score_name() : "max", "sum" or "count" (AUTO reads "count": resolve it first). */
+const char *kvs_host_page_score_name(kvs_page_score rule);
 
 /*! kvs_host_page_create() : scratch for mapping selections of streams of up to n_positions positions (turns as
  *  kvs_host_check_create) to pages of page_tokens >= 1 positions. Caller frees with kvs_host_page_free (accepts
@@ -101,20 +130,25 @@ void kvs_host_page_free(kvs_host_page *pg);
 int64_t kvs_host_page_cap(const kvs_host_page *pg, kvs_policy_budget_scope scope, int64_t budget, const int32_t *idx,
                           int64_t n, int64_t p);
 
-/*! kvs_host_page_map() : the attended set of one list at position p with at most `cap` pages (the rule above):
- *  att[0..m) its positions, att_k/att_v[0..m) their rows (the merged slot's rows of row_k/row_v, NULL = the
+/*! kvs_host_page_map() : the attended set of one list at position p with at most `cap` pages (the rule above),
+ *  ranked by rule `rule` over score[0..n) (the policy's scores of S_t's entries; NULL, or rule COUNT, = the count
+ *  rule): att[0..m) its positions, att_k/att_v[0..m) their rows (the merged slot's rows of row_k/row_v, NULL = the
  *  trace's row; row_k/row_v may be NULL for a list without merged slots), place[j] (j < n) the index in att of
  *  S_t's entry j, -1 when its page is not attended. @return m. Arrays of capacity >= p + 1 (place: n). */
 int64_t kvs_host_page_map(kvs_host_page *pg, const int32_t *idx, const float *const *row_k, const float *const *row_v,
-                          int64_t n, int64_t p, int64_t cap, int32_t *att, const float **att_k, const float **att_v,
-                          int32_t *place);
+                          int64_t n, int64_t p, int64_t cap, const double *score, kvs_page_score rule, int32_t *att,
+                          const float **att_k, const float **att_v, int32_t *place);
 
-/*! kvs_host_page_cost() : the cost of a decode step at position p under pages: the policy's account() after the
- *  default classes, then the KV classes from whole pages (the rule above): resident pages of stored() ∪ S_t of
- *  each list of sel, attended entries att_n[li] of each list. */
-void kvs_host_page_cost(kvs_host_page *pg, const struct kvs_policy_ops *ops, void *state, const kvs_policy_model *m,
-                        const kvs_policy_view *view, const kvs_policy_sel *sel, const int64_t *att_n, int64_t p,
-                        kvs_policy_cost *cost);
+/*! kvs_host_page_cost() : the cost of a decode step at position p of KV head h under pages: the policy's account()
+ *  after the default classes, then the KV classes from whole pages (the rule above): resident pages of stored() ∪
+ *  S_t of each list of sel, the attended entries att->idx[li][0..att->n[li]) of each list. With an active codec
+ *  stage `rep` (NULL or inactive: none) the KV classes are the codec's bytes: a resident page's rows <= p as the
+ *  codec holds them (kvs_codec_state_bytes with the layer's share, as kvs_host_rep_cost), each padding slot of a
+ *  partial page at kvs_codec_position_bytes (the page is allocated in the codec's format), the attended rows as the
+ *  codec holds them. The codec's error otherwise. */
+kvs_status kvs_host_page_cost(kvs_host_page *pg, kvs_host_rep *rep, int h, const struct kvs_policy_ops *ops,
+                              void *state, const kvs_policy_model *m, const kvs_policy_view *view,
+                              const kvs_policy_sel *sel, const kvs_policy_sel *att, int64_t p, kvs_policy_cost *cost);
 
 /* ---- the representation stage (a codec, sim/codec.h) --------------------------------------------------- */
 
@@ -136,7 +170,6 @@ void kvs_host_page_cost(kvs_host_page *pg, const struct kvs_policy_ops *ops, voi
  * One kvs_host_rep holds the codec state of every KV head of one layer for one codec; configurations with the same
  * codec may share one (its rows do not depend on the policy: the codec represents every position as if nothing
  * were evicted). */
-typedef struct kvs_host_rep kvs_host_rep;
 
 /*! kvs_host_rep_create() : the representation stage of one layer of model `m` (n_kv_heads states of up to
  *  n_positions rows of head_dim; first prompt length m->prompt_len) under codec `c` (borrowed, must outlive it).

@@ -37,7 +37,9 @@
  *    - string and file parameters (KVS_PARAM_STRING, KVS_PARAM_FILE: the file's SHA-256 goes into the
  *      canonical string);
  *    - the cost model (kvs_policy_cost: device KV / aux / host / transient storage, KV and aux reads, writes,
- *      host<->device transfers) and readable() for what a policy may read beyond what is device-resident.
+ *      host<->device transfers) and readable() for what a policy may read beyond what is device-resident;
+ *    - retention scores (scores()): what the policy ranks by, so that a paged cache maps its choice to pages by
+ *      them (sim/host.h "page granularity").
  *
  * Rules the engine enforces or tests (DESIGN.md "Replay" 3 — leaking oracle information is the worst bug):
  *  - A view shows positions 0..n-1 only (n-1 = the current position). Decode views carry only the current
@@ -331,6 +333,16 @@ struct kvs_policy_ops {
      * budget) receives as init->shared (D2O layer splits, SyncKV head clusters). Called after alloc_end;
      * owned by `alloc`, which the engine frees only after every instance of the run is freed. */
     const void *(*alloc_shared)(void *alloc);
+
+    /* Optional: the policy's current retention scores, what it ranks by (H2O's accumulated attention, TOVA's last
+     * attention, SnapKV's pooled observation scores ...), of the positions idx[0..n) of list g (per-KV-head
+     * policies: g = 0), which are S_t's list g just selected, into out[0..n): larger = the policy would rather
+     * keep it; INFINITY for a position it keeps whatever its score (a recent window, sinks, the current token, a
+     * prompt-only policy's generated tokens). Called after select() and before observe(), from the state the
+     * policy already has (no oracle information). @return 1 when written, 0 when the policy has no scores now
+     * (the caller then uses a count rule). Used by page granularity (sim/host.h kvs_host_page_map); NULL = no
+     * scores. */
+    int (*scores)(void *state, int g, const int32_t *idx, int64_t n, double *out);
 };
 
 /* ---- framework functions (sim/policy.c) ---------------------------------------------------------- */

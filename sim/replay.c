@@ -215,6 +215,7 @@ typedef struct {
     int64_t *att_n;           /* [G] */
     int *att_merged;          /* [G] */
     float **att_p;            /* [G] -> [N] */
+    double *att_score;        /* [N] the policy's retention scores of one list of S_t (the page score rules) */
 } task;
 
 /* A configuration's decode step at one KV head, kept from its selection to its metrics while the task's other
@@ -336,6 +337,7 @@ static void task_free(task *t) {
     free(t->att_n);
     free(t->att_merged);
     free(t->att_p);
+    free(t->att_score);
 }
 
 /* 1 when the policies' attention over S_t takes its scores from the full reference's (kvs_attention_group_scored:
@@ -477,7 +479,9 @@ static kvs_status task_alloc(task *t) {
         t->att_n = calloc(G, sizeof *t->att_n);
         t->att_merged = calloc(G, sizeof *t->att_merged);
         t->att_p = calloc(G, sizeof *t->att_p);
-        if (!t->att_idx || !t->att_place || !t->att_k || !t->att_v || !t->att_n || !t->att_merged || !t->att_p)
+        t->att_score = malloc(N * sizeof *t->att_score);
+        if (!t->att_idx || !t->att_place || !t->att_k || !t->att_v || !t->att_n || !t->att_merged || !t->att_p ||
+            !t->att_score)
             return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
         for (size_t g = 0; g < G; g++) {
             t->att_idx[g] = malloc(N * sizeof(int32_t));
@@ -920,11 +924,17 @@ static kvs_status head_page(task *t, int ci, int h, int64_t p, int measured, con
     kvs_policy_sel att = {.idx = t->att_idx, .n = t->att_n, .n_lists = sel->n_lists, .cap = e->N, .row_k = t->att_k,
                           .row_v = t->att_v};
     kvs_status st = KVS_OK;
+    kvs_page_score rule = kvs_host_page_rule(ops, (kvs_page_score)kvs_replay_page_score_of(e->o, c));
     for (int li = 0; li < sel->n_lists; li++) {
         int64_t cap = kvs_host_page_cap(pg, ops->budget_scope, budget, sel->idx[li], sel->n[li], p);
+        /* the policy's retention scores of S_t's entries (the score rules; none: the count rule) */
+        const double *score = rule != KVS_PAGE_SCORE_COUNT &&
+                                      ops->scores(state, li, sel->idx[li], sel->n[li], t->att_score)
+                                  ? t->att_score
+                                  : NULL;
         att.n[li] = kvs_host_page_map(pg, sel->idx[li], has_merged[li] ? sel->row_k[li] : NULL,
-                                      has_merged[li] ? sel->row_v[li] : NULL, sel->n[li], p, cap, att.idx[li],
-                                      att.row_k[li], att.row_v[li], t->att_place[li]);
+                                      has_merged[li] ? sel->row_v[li] : NULL, sel->n[li], p, cap, score, rule,
+                                      att.idx[li], att.row_k[li], att.row_v[li], t->att_place[li]);
         t->att_merged[li] = 0;
         for (int64_t j = 0; has_merged[li] && j < att.n[li]; j++) t->att_merged[li] |= att.row_k[li][j] != NULL;
     }
@@ -949,7 +959,8 @@ static kvs_status head_page(task *t, int ci, int h, int64_t p, int measured, con
         }
     }
     kvs_policy_cost cost;
-    kvs_host_page_cost(pg, ops, state, &e->src->model, view, sel, att.n, p, &cost);
+    if ((st = kvs_host_page_cost(pg, t->rep[ci], h, ops, state, &e->src->model, view, sel, &att, p, &cost)) != KVS_OK)
+        return st;
     if (measured)
         st = measure_heads(t, ci, h, 0, e->G, p, att.n_lists, (const int32_t *const *)att.idx, att.n, t->att_merged,
                            (const float *const *const *)att.row_k, t->outp, &cost, 0);
@@ -1571,9 +1582,9 @@ kvs_status kvs_replay_validate(const kvs_replay_source *src, const kvs_replay_op
         if (page < 0 || page > m->n_positions)
             return kvs_fail(KVS_ERR_INVALID_ARG, "replay: page size %lld is outside [0, %lld] (trace positions)",
                             (long long)page, (long long)m->n_positions);
-        if (page > 0 && kvs_replay_codec_of(o, c))
-            return kvs_fail(KVS_ERR_INVALID_ARG, "replay: page granularity with a codec (%s) is not supported",
-                            kvs_codec_spec(kvs_replay_codec_of(o, c)));
+        int ps = kvs_replay_page_score_of(o, c);
+        if (ps < KVS_PAGE_SCORE_AUTO || ps > KVS_PAGE_SCORE_SUM)
+            return kvs_fail(KVS_ERR_INVALID_ARG, "replay: unknown page score rule %d", ps);
         kvs_status st = kvs_policy_validate(&rc->policy, m, rc->budget);
         if (st != KVS_OK) return st;
     }
@@ -1713,7 +1724,9 @@ kvs_status kvs_replay_execute(const kvs_replay_source *src, const kvs_replay_opt
             &(kvs_host_identity){.content_hash = src->content_hash, .policy = &o->configs[c].policy,
                                  .budget = o->configs[c].budget,
                                  .codec = kvs_replay_codec_of(o, c) ? kvs_codec_spec(kvs_replay_codec_of(o, c)) : NULL,
-                                 .page_tokens = kvs_replay_page_of(o, c)},
+                                 .page_tokens = kvs_replay_page_of(o, c),
+                                 .page_score = kvs_host_page_rule(o->configs[c].policy.ops,
+                                                                  (kvs_page_score)kvs_replay_page_score_of(o, c))},
             &src->model);
     }
     for (int64_t i = 0; i < src->n_turns; i++) {

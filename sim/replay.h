@@ -131,12 +131,22 @@ typedef struct {
     /* Page granularity of each configuration (sim/host.h "page granularity"), borrowed: pages[c] >= 1 positions a
      * page for configs[c], 0 = token granularity; pages NULL = none for any. From the first decode step on, the
      * policy's selection is mapped to whole pages (the attended set, the bytes); the page size enters the run's
-     * identity (kvs_host_identity.page_tokens). Not with a codec (kvs_replay_validate refuses the pair). */
+     * identity (kvs_host_identity.page_tokens). With a codec the pages hold the codec's rows and bytes. */
     const int64_t *pages;
+    /* How each paged configuration ranks its selection into pages, borrowed: page_scores[c] a kvs_page_score
+     * (sim/host.h: 0 = AUTO, max where the policy has scores(), count otherwise; 1 count, 2 max, 3 sum); NULL = AUTO
+     * for every one. Resolved by kvs_host_page_rule (a policy without scores() always counts); the resolved rule
+     * enters the run's identity (kvs_host_identity.page_score). */
+    const int *page_scores;
 } kvs_replay_opts;
 
 /*! kvs_replay_page_of() : configuration c's page size, 0 for token granularity. */
 static inline int64_t kvs_replay_page_of(const kvs_replay_opts *o, int c) { return o->pages ? o->pages[c] : 0; }
+
+/*! kvs_replay_page_score_of() : configuration c's page score rule as asked (a kvs_page_score; 0 = AUTO). */
+static inline int kvs_replay_page_score_of(const kvs_replay_opts *o, int c) {
+    return o->page_scores ? o->page_scores[c] : 0;
+}
 
 /*! kvs_replay_codec_of() : configuration c's codec, NULL for none. */
 static inline const kvs_codec *kvs_replay_codec_of(const kvs_replay_opts *o, int c) {

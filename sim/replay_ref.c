@@ -113,6 +113,7 @@ typedef struct {
     const kvs_replay_config *rc;
     const kvs_codec *codec;      /* the run's codec, NULL for none */
     int64_t page;                /* the run's page size, 0 = token granularity */
+    kvs_page_score rule;         /* the run's page score rule, resolved (kvs_host_page_rule) */
     int L, H, G, d, n_lists;
     int64_t N;
     const int64_t *budgets;      /* [L][H] */
@@ -144,6 +145,8 @@ typedef struct {
     float **pa;                  /* [G][N] */
     int64_t *pcount;             /* [N] */
     uint8_t *ptake;              /* [N] */
+    double *pscore, *escore;     /* [N] per page: its score (the score rules); per entry of S_t: the policy's score */
+    uint8_t *pscored;            /* [N] per page: its score is set */
 } ref_run;
 
 static kvs_status push_sample(ref_run *r, int layer, int q_head, int64_t pos, int64_t measured_steps,
@@ -396,18 +399,41 @@ static int64_t page_cap(const ref_run *r, int64_t budget, const kvs_policy_sel *
     return allow / r->page < 1 ? 1 : allow / r->page;
 }
 
-/* List li's attended set at position p with at most `cap` pages: the newest page, then one page at a time the one
- * holding the most positions of S_t (the newest among equals), none holding no position of S_t. The set: S_t's
- * entries on those pages in S_t's order, then their other positions <= p in ascending order. */
-static void page_map(ref_run *r, const kvs_policy_sel *sel, int li, int64_t p, int64_t cap) {
+/* Page a ranks before page b (both holding positions of S_t): by score under a score rule (a NaN below every number),
+ * then by count, then the newer page. */
+static int page_before(const ref_run *r, int scored, int64_t a, int64_t b) {
+    if (scored) {
+        double x = r->pscore[a], y = r->pscore[b];
+        if (isnan(x) != isnan(y)) return !isnan(x);
+        if (!isnan(x) && x != y) return x > y;
+    }
+    if (r->pcount[a] != r->pcount[b]) return r->pcount[a] > r->pcount[b];
+    return a > b;
+}
+
+/* List li's attended set at position p with at most `cap` pages: the newest page, then one page at a time the best
+ * by page_before (a page's score the max, or the sum in S_t's order, of its entries' scores from the policy's
+ * scores()), none holding no position of S_t. The set: S_t's entries on those pages in S_t's order, then their
+ * other positions <= p in ascending order. */
+static void page_map(ref_run *r, void *state, const kvs_policy_sel *sel, int li, int64_t p, int64_t cap) {
     int64_t P = r->page, n_pages = p / P + 1, m = 0;
-    for (int64_t q = 0; q < n_pages; q++) r->pcount[q] = 0, r->ptake[q] = 0;
-    for (int64_t j = 0; j < sel->n[li]; j++) r->pcount[sel->idx[li][j] / P]++;
+    for (int64_t q = 0; q < n_pages; q++) r->pcount[q] = 0, r->ptake[q] = 0, r->pscored[q] = 0, r->pscore[q] = 0;
+    int scored = r->rule != KVS_PAGE_SCORE_COUNT &&
+                 r->rc->policy.ops->scores(state, li, sel->idx[li], sel->n[li], r->escore);
+    for (int64_t j = 0; j < sel->n[li]; j++) {
+        int64_t q = sel->idx[li][j] / P;
+        r->pcount[q]++;
+        if (!scored) continue;
+        double e = r->escore[j];
+        if (!r->pscored[q]) r->pscore[q] = e, r->pscored[q] = 1;
+        else if (r->rule == KVS_PAGE_SCORE_SUM) r->pscore[q] += e;
+        else if (e > r->pscore[q] || isnan(r->pscore[q])) r->pscore[q] = e;
+    }
     r->ptake[n_pages - 1] = 1;
     for (int64_t k = 1; k < cap; k++) {
         int64_t best = -1;
-        for (int64_t q = n_pages - 1; q >= 0; q--)
-            if (!r->ptake[q] && r->pcount[q] > 0 && (best < 0 || r->pcount[q] > r->pcount[best])) best = q;
+        for (int64_t q = 0; q < n_pages; q++)
+            if (!r->ptake[q] && r->pcount[q] > 0 && (best < 0 || page_before(r, scored, q, best))) best = q;
         if (best < 0) break;
         r->ptake[best] = 1;
     }
@@ -428,37 +454,70 @@ static void page_map(ref_run *r, const kvs_policy_sel *sel, int li, int64_t p, i
     r->an[li] = m;
 }
 
+/* The codec's bytes of the pages marked in take[0..n_pages) at position p: their rows <= p as the codec holds them,
+ * plus each slot past p of a marked page at the codec's nominal bytes of one position. */
+static kvs_status page_codec_bytes(ref_run *r, int h, const uint8_t *take, int64_t n_pages, int64_t p, double *bytes) {
+    int64_t P = r->page, m = 0, pad = 0;
+    for (int64_t q = 0; q < n_pages; q++) {
+        if (!take[q]) continue;
+        for (int64_t x = q * P; x < (q + 1) * P; x++) {
+            if (x <= p) r->order[m++] = (int32_t)x;
+            else pad++;
+        }
+    }
+    kvs_status st = kvs_host_rep_list_bytes(r->rep, h, r->order, m, bytes);
+    if (st == KVS_OK) *bytes += (double)pad * kvs_codec_position_bytes(r->codec, r->d);
+    return st;
+}
+
 /* The cost under pages: the default classes and the policy's account(), then the KV classes from whole pages: a
- * page resident while it holds a position of stored() ∪ S_t (every page so far without stored()), N rows each,
- * summed over lists and their union; the attended entries read. */
-static void page_cost(ref_run *r, void *state, const kvs_policy_view *view, const kvs_policy_sel *sel, int64_t p,
-                      kvs_policy_cost *cost) {
+ * page resident while it holds a position of stored() ∪ S_t (every page so far without stored()), N rows each (with
+ * a codec: the codec's bytes of its rows, padding at the nominal bytes of a position), summed over lists and their
+ * union; the attended entries read (with a codec: their rows' bytes). */
+static kvs_status page_cost(ref_run *r, int h, void *state, const kvs_policy_view *view, const kvs_policy_sel *sel,
+                            int64_t p, kvs_policy_cost *cost) {
     const struct kvs_policy_ops *ops = r->rc->policy.ops;
     const kvs_policy_model *m = &r->src->model;
     int64_t P = r->page, n_pages = p / P + 1, pages = 0, uni = 0, read = 0;
-    if (!ops->stored) {
-        pages = uni = n_pages;
-    } else {
-        memset(r->umark, 0, (size_t)n_pages);
-        for (int li = 0; li < sel->n_lists; li++) {
-            memset(r->ptake, 0, (size_t)n_pages);
+    int coded = r->rep && kvs_host_rep_active(r->rep);
+    double kv_codec = 0, uni_codec = 0, read_codec = 0, x;
+    kvs_status st;
+    memset(r->umark, 0, (size_t)n_pages);
+    for (int li = 0; li < sel->n_lists; li++) {
+        memset(r->ptake, 0, (size_t)n_pages);
+        if (!ops->stored) {
+            memset(r->ptake, 1, (size_t)n_pages);
+        } else {
             int64_t ms = ops->stored(state, li, r->stored);
             for (int64_t k = 0; k < ms; k++) r->ptake[r->stored[k] / P] = 1;
             for (int64_t j = 0; j < sel->n[li]; j++) r->ptake[sel->idx[li][j] / P] = 1;
-            for (int64_t q = 0; q < n_pages; q++) {
-                pages += r->ptake[q];
-                uni += r->ptake[q] && !r->umark[q];
-                r->umark[q] |= r->ptake[q];
-            }
         }
-        memset(r->umark, 0, (size_t)n_pages);
+        for (int64_t q = 0; q < n_pages; q++) {
+            pages += r->ptake[q];
+            uni += r->ptake[q] && !r->umark[q];
+            r->umark[q] |= r->ptake[q];
+        }
+        if (coded) {
+            if ((st = page_codec_bytes(r, h, r->ptake, n_pages, p, &x)) != KVS_OK) return st;
+            kv_codec += x;
+        }
     }
-    for (int li = 0; li < sel->n_lists; li++) read += r->an[li];
+    if (coded && (st = page_codec_bytes(r, h, r->umark, n_pages, p, &uni_codec)) != KVS_OK) return st;
+    if (!ops->stored) pages = uni = n_pages, kv_codec = uni_codec; /* every position seen, stored once */
+    memset(r->umark, 0, (size_t)n_pages);
+    for (int li = 0; li < sel->n_lists; li++) {
+        read += r->an[li];
+        if (coded) {
+            if ((st = kvs_host_rep_list_bytes(r->rep, h, r->aidx[li], r->an[li], &x)) != KVS_OK) return st;
+            read_codec += x;
+        }
+    }
     kvs_host_cost(ops, state, m, view, sel, (double)(pages * P), (double)(uni * P), cost);
-    cost->kv_bytes = kvs_policy_kv_bytes(m, (double)(pages * P));
-    cost->dedup_kv_bytes = kvs_policy_kv_bytes(m, (double)(uni * P));
-    cost->read_kv_bytes = kvs_policy_kv_bytes(m, (double)read);
+    cost->kv_bytes = coded ? kv_codec : kvs_policy_kv_bytes(m, (double)(pages * P));
+    cost->dedup_kv_bytes = coded ? uni_codec : kvs_policy_kv_bytes(m, (double)(uni * P));
+    cost->read_kv_bytes = coded ? read_codec : kvs_policy_kv_bytes(m, (double)read);
     if (cost->dedup_kv_bytes > cost->kv_bytes) cost->dedup_kv_bytes = cost->kv_bytes;
+    return KVS_OK;
 }
 
 /* A paged decode step of KV head h after its selection (sel checked): each list mapped to pages, every query head's
@@ -474,7 +533,7 @@ static kvs_status page_step(ref_run *r, int layer, int h, int64_t p, int measure
     kvs_status st;
     int merged[64];
     for (int li = 0; li < sel->n_lists; li++) {
-        page_map(r, sel, li, p, page_cap(r, budget, sel, li, p));
+        page_map(r, state, sel, li, p, page_cap(r, budget, sel, li, p));
         merged[li] = 0;
         for (int64_t j = 0; j < r->an[li]; j++) merged[li] |= r->ark[li][j] != NULL;
     }
@@ -496,7 +555,7 @@ static kvs_status page_step(ref_run *r, int layer, int h, int64_t p, int measure
         }
     }
     kvs_policy_cost cost;
-    page_cost(r, state, view, sel, p, &cost);
+    if ((st = page_cost(r, h, state, view, sel, p, &cost)) != KVS_OK) return st;
     if (measured)
         for (int g = 0; g < r->G; g++) {
             int li = r->n_lists == 1 ? 0 : g;
@@ -653,6 +712,9 @@ static void ref_run_free(ref_run *r) {
     free(r->pa);
     free(r->pcount);
     free(r->ptake);
+    free(r->pscore);
+    free(r->escore);
+    free(r->pscored);
     free(r->out);
     free(r->gk);
     free(r->gv);
@@ -705,7 +767,11 @@ static kvs_status ref_run_alloc(ref_run *r) {
         r->pa = calloc(G, sizeof *r->pa);
         r->pcount = malloc(N * sizeof *r->pcount);
         r->ptake = malloc(N);
-        if (!r->aidx || !r->place || !r->ark || !r->arv || !r->an || !r->pa || !r->pcount || !r->ptake)
+        r->pscore = malloc(N * sizeof *r->pscore);
+        r->escore = malloc(N * sizeof *r->escore);
+        r->pscored = malloc(N);
+        if (!r->aidx || !r->place || !r->ark || !r->arv || !r->an || !r->pa || !r->pcount || !r->ptake || !r->pscore ||
+            !r->escore || !r->pscored)
             return kvs_fail(KVS_ERR_NOMEM, "reference replay: out of memory");
         for (size_t g = 0; g < G; g++) {
             r->aidx[g] = malloc(N * sizeof(int32_t));
@@ -743,7 +809,9 @@ static kvs_status stat_of(const ref_run *r, int64_t first, int64_t last, int k, 
 static kvs_status run_config(const kvs_replay_source *src, const kvs_replay_opts *o, int c, kvs_replay_run_result *res) {
     const kvs_policy_model *m = &src->model;
     ref_run r = {.src = src, .o = o, .rc = &o->configs[c], .codec = kvs_replay_codec_of(o, c),
-                 .page = kvs_replay_page_of(o, c), .L = m->n_layers, .H = m->n_kv_heads, .G = m->group,
+                 .page = kvs_replay_page_of(o, c),
+                 .rule = kvs_host_page_rule(o->configs[c].policy.ops, (kvs_page_score)kvs_replay_page_score_of(o, c)),
+                 .L = m->n_layers, .H = m->n_kv_heads, .G = m->group,
                  .d = m->head_dim, .N = m->n_positions};
     r.n_lists = kvs_policy_layout(&r.rc->policy) == KVS_SEL_PER_QUERY_HEAD ? r.G : 1;
     size_t per = (size_t)r.L * (size_t)r.H;
@@ -759,7 +827,8 @@ static kvs_status run_config(const kvs_replay_source *src, const kvs_replay_opts
     r.budgets = res->budgets;
     uint64_t run_seed = kvs_host_run_seed(
         &(kvs_host_identity){.content_hash = src->content_hash, .policy = &r.rc->policy, .budget = r.rc->budget,
-                             .codec = r.codec ? kvs_codec_spec(r.codec) : NULL, .page_tokens = r.page},
+                             .codec = r.codec ? kvs_codec_spec(r.codec) : NULL, .page_tokens = r.page,
+                             .page_score = r.rule},
         m);
     alloc_reader ar = {.src = src, .layer = -1};
     kvs_status pst = kvs_host_alloc_pass(&r.rc->policy, m, r.rc->budget, alloc_prompt_view, &ar, res->budgets, &alloc,

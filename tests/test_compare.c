@@ -283,7 +283,7 @@ static void test_mem_interpolates_in_log_x(void **state) {
     csv_table c;
     const char *args[] = {"--match", "mem", "--at", "2KiB", NULL};
     compare_csv(t, args, &c);
-    const char *want_head = "policy,params,codec,page,flags,is_oracle,prompt_only,degenerate,kv_bytes,aux_bytes,trace,trace_label,"
+    const char *want_head = "policy,params,codec,page,page_score,flags,is_oracle,prompt_only,degenerate,kv_bytes,aux_bytes,trace,trace_label,"
                             "trace_sha256,model,measure,match,x,at,status,run_lo,run_hi,budget_lo,budget_hi,x_lo,x_hi,"
                             "x_min,x_max,out_err_mean,out_err_p95,attn_recall_mean,topk_overlap_mean,"
                             "attended_tokens_mean,storage_bytes_mean,traffic_bytes_mean";
@@ -395,10 +395,10 @@ static void test_tokens_and_traffic_modes(void **state) {
     const char *args_t[] = {"--match",  "traffic", "--at", "1KiB", "--metric", "traffic_bytes_mean",
                             "--metric", "out_err_mean,storage_bytes_mean", "--model", "m1", "--measure", "decode", NULL};
     compare_csv(t, args_t, &c);
-    assert_true(c.n_cols == 30); /* 27 fixed columns, then the three metrics in the order given */
-    assert_string_equal(c.head[27], "traffic_bytes_mean");
-    assert_string_equal(c.head[28], "out_err_mean");
-    assert_string_equal(c.head[29], "storage_bytes_mean");
+    assert_true(c.n_cols == 31); /* 28 fixed columns, then the three metrics in the order given */
+    assert_string_equal(c.head[28], "traffic_bytes_mean");
+    assert_string_equal(c.head[29], "out_err_mean");
+    assert_string_equal(c.head[30], "storage_bytes_mean");
     /* sorted by traffic_bytes_mean: every series in range shows 1024 (the match), ties by label */
     for (int i = 0; i < c.n_rows; i++) {
         const char *p = cell(&c, i, "policy");

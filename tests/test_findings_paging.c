@@ -4,7 +4,9 @@
  *  - P-1: the window's paired difference (pages of 16 − token level) at 4 KiB resident on each model, as the mean of
  *    the per-trace differences of `kvsim compare --per-trace --csv` (each row's page read from its run in
  *    `kvsim runs --csv`, since the per-trace CSV names no page);
- *  - every "resolved" of P-1 and P-2 holds exactly when the interval printed beside it excludes 0.
+ *  - P-4: H2O's paired difference (pages ranked by max score − by count) at 12 KiB resident on stories260K, the same
+ *    way (each run's rule read from `kvsim runs --csv`'s page_score);
+ *  - every "resolved" of P-1, P-2 and P-4 holds exactly when the interval printed beside it excludes 0.
  * Skips without the shared models, outside `make test` and under the sanitizers (a whole study script).
  */
 #include <math.h>
@@ -40,41 +42,45 @@ static char *block(const char *name) {
     return s;
 }
 
-/* The page size of every run of a model's database, indexed by run id (-1: no such run). */
-static void run_pages(const char *model, int *page) {
-    for (int i = 0; i < MAX_RUNS; i++) page[i] = -1;
+/* The page size of every run of a model's database, indexed by run id (-1: no such run), and its page score rule
+ * (1: max, 0: the count rule). */
+static void run_pages(const char *model, int *page, int *by_max) {
+    for (int i = 0; i < MAX_RUNS; i++) page[i] = -1, by_max[i] = 0;
     char cmd[1024];
     snprintf(cmd, sizeof cmd, "'%s' runs '%s/paging_%s.db' --csv --summary", getenv("KVSIM_BIN"), section(), model);
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
     static char line[1 << 16];
     char *f[400];
-    int c_id = -1, c_page = -1;
+    int c_id = -1, c_page = -1, c_rule = -1;
     for (int row = 0; fgets(line, sizeof line, p); row++) {
         int nf = kvs_test_csv_fields(line, f, 400);
         if (row == 0) {
             c_id = kvs_test_csv_col(f, nf, "run_id"), c_page = kvs_test_csv_col(f, nf, "page");
-            assert_true(c_id >= 0 && c_page >= 0);
+            c_rule = kvs_test_csv_col(f, nf, "page_score");
+            assert_true(c_id >= 0 && c_page >= 0 && c_rule >= 0);
             continue;
         }
-        assert_true(nf > c_id && nf > c_page);
+        assert_true(nf > c_id && nf > c_page && nf > c_rule);
         int id = atoi(f[c_id]);
         assert_true(id > 0 && id < MAX_RUNS);
         page[id] = atoi(f[c_page]);
+        by_max[id] = !strcmp(f[c_rule], "max");
     }
     assert_int_equal(pclose(p), 0);
 }
 
-/* The window's paired difference (pages of 16 − token level) of err at X resident bytes, from the per-trace
- * values; *n receives the traces where both have a value. */
-static double window_pair_by_hand(const char *model, double X, int *n) {
-    static int page[MAX_RUNS];
-    run_pages(model, page);
+/* A policy's paired difference of err at X resident bytes from the per-trace values: rules 0 = pages of 16 − token
+ * level, 1 = pages of 16 by max score − by count (token-level runs left out); *n receives the traces where both
+ * have a value. */
+static double pair_by_hand(const char *model, const char *policy, int rules, double X, int *n) {
+    static int page[MAX_RUNS], by_max[MAX_RUNS];
+    run_pages(model, page, by_max);
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
-             "'%s' compare '%s/paging_%s.db' --match mem --at %.17g --per-trace --csv --policy window "
+             "'%s' compare '%s/paging_%s.db' --match mem --at %.17g --per-trace --csv --policy %s "
              "--metric out_err_mean",
-             getenv("KVSIM_BIN"), section(), model, X);
+             getenv("KVSIM_BIN"), section(), model, X, policy);
     FILE *p = popen(cmd, "r");
     assert_non_null(p);
     static char line[1 << 16];
@@ -94,14 +100,15 @@ static double window_pair_by_hand(const char *model, double X, int *n) {
         if (strcmp(f[c_st], "exact") != 0 && strcmp(f[c_st], "interpolated") != 0) continue;
         int id = atoi(f[c_run]);
         assert_true(id > 0 && id < MAX_RUNS && (page[id] == 0 || page[id] == 16));
-        int k = page[id] == 16;
+        if (rules && page[id] == 0) continue;
+        int k = rules ? by_max[id] : page[id] == 16;
         int t = 0;
         while (t < nt && strcmp(sha[t], f[c_sha]) != 0) t++;
         if (t == nt) {
             assert_true(nt < MAX_TRACES);
             snprintf(sha[nt++], sizeof sha[0], "%s", f[c_sha]);
         }
-        assert_false(has[k][t]); /* one series per (trace, page) */
+        assert_false(has[k][t]); /* one series per (trace, page, rule) */
         v[k][t] = atof(f[c_err]);
         has[k][t] = 1;
     }
@@ -148,7 +155,7 @@ static void test_p1_window_pair_from_the_per_trace_values(void **state) {
         kvs_test_iv iv;
         assert_int_equal(kvs_test_parse_iv(cell, &iv), 3);
         int n = 0;
-        double d = window_pair_by_hand(k_models[m], 4096, &n);
+        double d = pair_by_hand(k_models[m], "window", 0, 4096, &n);
         if (!kvs_test_sig_equal(iv.mean, d, 3))
             fail_msg("%s: printed %g, by hand %.6g over %d traces (%s)", first, iv.mean, d, n, cell);
         assert_int_equal(iv.n_of, n == 7 ? 0 : n);
@@ -156,6 +163,30 @@ static void test_p1_window_pair_from_the_per_trace_values(void **state) {
         assert_true(d > 0); /* pages cost the window resident memory: more error at equal bytes */
     }
     free(p1);
+}
+
+/* P-4: H2O on stories260K at 12 KiB, max − count, recomputed from the per-trace values. */
+static void test_p4_h2o_rule_pair_from_the_per_trace_values(void **state) {
+    (void)state;
+    char *p4 = block("P-4");
+    const char *r = strstr(p4, "| stories260K (7) | H2O | 12KiB |");
+    if (!r) fail_msg("P-4 has no H2O row at 12KiB for stories260K");
+    char *copy = strdup(r);
+    assert_non_null(copy);
+    char *nl = strchr(copy, '\n');
+    if (nl) *nl = 0;
+    char *cells[8];
+    assert_int_equal(kvs_test_row_cells(copy, cells, 8), 6);
+    kvs_test_iv iv;
+    assert_int_equal(kvs_test_parse_iv(cells[5], &iv), 3);
+    int n = 0;
+    double d = pair_by_hand("stories260K", "h2o", 1, 12288, &n);
+    if (!kvs_test_sig_equal(iv.mean, d, 3)) fail_msg("printed %g, by hand %.6g over %d traces (%s)", iv.mean, d, n, cells[5]);
+    assert_int_equal(iv.n_of, n == 7 ? 0 : n);
+    assert_true(iv.lo <= d && d <= iv.hi);
+    assert_true(d != 0); /* the two rules attend different pages somewhere */
+    free(copy);
+    free(p4);
 }
 
 /* Every "resolved" / "not resolved" of a table block against the interval of the same cell; returns the count. */
@@ -183,13 +214,14 @@ static int check_resolved(const char *name) {
 
 static void test_resolved_exactly_when_the_interval_excludes_zero(void **state) {
     (void)state;
-    int n = check_resolved("P-1") + check_resolved("P-2");
-    assert_true(n >= 20);
+    int n = check_resolved("P-1") + check_resolved("P-2") + check_resolved("P-4");
+    assert_true(n >= 25);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_p1_window_pair_from_the_per_trace_values),
+        cmocka_unit_test(test_p4_h2o_rule_pair_from_the_per_trace_values),
         cmocka_unit_test(test_resolved_exactly_when_the_interval_excludes_zero),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

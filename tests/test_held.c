@@ -2,7 +2,7 @@
  * TOVA, D2O, MorphKV), against a naive written-out reference: the eviction scan (lowest score, the newer entry
  * among equals), the top-N mask (larger first, NaN last, -0 equal to +0, the older entry among equals), and whole
  * streams of prefill compressions and decode evictions at budgets 1..N with random scores full of ties, compared
- * bit for bit after every step (POLICY_SPEC §1.4's tie rule).
+ * bit for bit after every step (POLICY_SPEC §1.4's tie rule); the scores() answer of a held list (kvs_held_scores_of).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -304,6 +304,29 @@ static void test_reserve_and_resize_keep_the_entries(void **state) {
     kvs_held_free(h);
 }
 
+/* kvs_held_scores_of: a held position's score inside the ranked range, INFINITY outside it (protected) and for a
+ * position not held; lo/hi clamped; positions asked in any order. */
+static void test_scores_of_ranked_protected_and_absent(void **state) {
+    (void)state;
+    kvs_held *h = kvs_held_create(8);
+    assert_non_null(h);
+    const int32_t pos[6] = {2, 5, 7, 11, 12, 20};
+    for (int j = 0; j < 6; j++) kvs_held_push(h, pos[j]);
+    double *sc = kvs_held_score(h);
+    for (int j = 0; j < 6; j++) sc[j] = 0.5 * j - 1;
+    const int32_t ask[7] = {20, 2, 7, 3, 12, 5, 11};
+    double out[7];
+    kvs_held_scores_of(h, 1, 4, ask, 7, out); /* ranked: entries 1..3 = positions 5, 7, 11 */
+    const double want[7] = {INFINITY, INFINITY, 0.0, INFINITY, INFINITY, -0.5, 0.5};
+    for (int j = 0; j < 7; j++) assert_true(out[j] == want[j]);
+    kvs_held_scores_of(h, -3, 99, ask, 7, out); /* clamped: every held entry ranked */
+    const double all[7] = {1.5, -1.0, 0.0, INFINITY, 1.0, -0.5, 0.5};
+    for (int j = 0; j < 7; j++) assert_true(out[j] == all[j]);
+    kvs_held_scores_of(h, 0, -2, ask, 7, out); /* an empty range: everything protected */
+    for (int j = 0; j < 7; j++) assert_true(isinf(out[j]) && out[j] > 0);
+    kvs_held_free(h);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lowest_takes_the_newer_of_equal_scores),
@@ -312,6 +335,7 @@ int main(void) {
         cmocka_unit_test(test_mark_top_then_compact),
         cmocka_unit_test(test_add_heads_sum_and_mean),
         cmocka_unit_test(test_reserve_and_resize_keep_the_entries),
+        cmocka_unit_test(test_scores_of_ranked_protected_and_absent),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,8 +4,10 @@
  * pages, the attended set, its output error, the resident and read bytes); pages of one position give the
  * token-level numbers bit for bit; no look-ahead (positions after a step, its own page's included, replaced: nothing
  * up to that step changes); the run's identity by page size; the command line (--page lists, bad values exit 1, the
- * runs.page column and the run label). The fast and the reference replay with pages are compared bit for bit in
- * tests/test_replay_ref.c.
+ * runs.page column and the run label). The page score rules (max, sum, count) by hand with a test policy of known
+ * scores; every policy with scores() under each rule, and pages with a codec, fast against reference bit for bit;
+ * a window's bytes under pages with a codec (int4, token-axis K groups of 32, pages of 16) by hand. The fast and the
+ * reference replay with pages are also compared bit for bit in tests/test_replay_ref.c.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,6 +22,7 @@
 #include <cmocka.h>
 
 #include "common/kvs_math.h"
+#include "sim/codec.h"
 #include "sim/host.h"
 #include "policies/registry.h"
 #include "sim/policy.h"
@@ -91,11 +94,12 @@ static void test_window_and_h2o_by_hand(void **state) {
     assert_int_equal(kvs_policy_parse("h2o", &cfg[0].policy), KVS_OK);
     assert_int_equal(kvs_policy_parse("window", &cfg[1].policy), KVS_OK);
     const int64_t pages[2] = {4, 4};
+    const int rules[2] = {KVS_PAGE_SCORE_COUNT, KVS_PAGE_SCORE_AUTO}; /* H2O by the count rule; the window counts */
     static sel_log lg;
     memset(&lg, 0, sizeof lg);
     kvs_replay_hooks hooks = {.user = &lg, .on_select = log_select};
     kvs_replay_opts o = {.configs = cfg, .n_configs = 2, .threads = 1, .measure = KVS_MEASURE_DECODE,
-                         .series_every = 1, .hooks = &hooks, .pages = pages};
+                         .series_every = 1, .hooks = &hooks, .pages = pages, .page_scores = rules};
     kvs_replay_result *r = NULL;
     assert_int_equal(kvs_replay_execute(&src, &o, &r), KVS_OK);
     assert_int_equal(r->runs[0].status, KVS_OK);
@@ -161,7 +165,7 @@ static void assert_runs_same(const char *what, const kvs_replay_run_result *x, c
         const double xs[6] = {(double)a->n, a->mean, a->p50, a->p95, a->min, a->max};
         const double ys[6] = {(double)b->n, b->mean, b->p50, b->p95, b->min, b->max};
         if (memcmp(xs, ys, sizeof xs))
-            fail_msg("%s, %s: token level mean %.17g, pages of 1 mean %.17g", what, kvs_metric_table[k].name, xs[1],
+            fail_msg("%s, %s: mean %.17g against %.17g", what, kvs_metric_table[k].name, xs[1],
                      ys[1]);
     }
     assert_int_equal(x->n_steps, y->n_steps);
@@ -284,7 +288,234 @@ static void test_page_no_look_ahead(void **state) {
     kvs_test_replay_fixture_free(&f);
 }
 
-/* A run's identity: the page size changes the seed, 0 keeps the token-level one; a codec with pages is refused. */
+
+/* ---- the page score rules -------------------------------------------------------------------------------------- */
+
+/* A test policy of known retention scores: S_t = p and every third position before it, p-3, p-6, ... (budget B
+ * bounds it); score(x) = (37 x) mod 11, the current position kept whatever (INFINITY). */
+static double scored_of(int32_t x) { return (double)((37 * x) % 11); }
+
+typedef struct {
+    int64_t budget;
+} scored_state;
+
+static kvs_status scored_create(const kvs_policy_init *init, void **state) {
+    scored_state *s = calloc(1, sizeof *s);
+    if (!s) return KVS_ERR_NOMEM;
+    s->budget = init->budget;
+    *state = s;
+    return KVS_OK;
+}
+static void scored_free(void *state) { free(state); }
+static kvs_status scored_prefill(void *state, const kvs_policy_view *view) {
+    (void)state, (void)view;
+    return KVS_OK;
+}
+static kvs_status scored_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {
+    scored_state *s = state;
+    int64_t n = 0;
+    for (int64_t x = view->n - 1; x >= 0 && n < s->budget; x -= 3) sel->idx[0][n++] = (int32_t)x;
+    sel->n[0] = n;
+    return KVS_OK;
+}
+static int scored_scores(void *state, int g, const int32_t *idx, int64_t n, double *out) {
+    (void)state, (void)g;
+    int32_t newest = 0;
+    for (int64_t j = 0; j < n; j++) newest = idx[j] > newest ? idx[j] : newest;
+    for (int64_t j = 0; j < n; j++) out[j] = idx[j] == newest ? INFINITY : scored_of(idx[j]);
+    return 1;
+}
+static const struct kvs_policy_ops scored_ops = {
+    .version = KVS_POLICY_INTERFACE_VERSION,
+    .name = "scored_test", .summary = "test: every third position, known scores", .granularity = KVS_SEL_PER_KV_HEAD,
+    .budget_scope = KVS_BUDGET_EVERY_STEP, .create = scored_create, .free = scored_free, .prefill = scored_prefill,
+    .select = scored_select, .scores = scored_scores,
+};
+
+/* The rules by hand: budget 10, pages of 4 (C = 2: the newest and one more). S_t = p, p-3, ..., p-27; a page's score
+ * under max / sum is the max / sum of its S_t positions' scores (the newest page aside), ties by count then the newer
+ * page; count: the most positions, the newer page among equals. The attended set is the two pages' positions <= p:
+ * its size and its error recomputed here for every query head and step, for each rule; and the three rules choose
+ * different pages at some step (each comparison can fail). */
+static void test_score_rules_by_hand(void **state) {
+    (void)state;
+    kvs_gen_trace_opts go = kvs_test_grouped_opts(1, 2, 56, 16, 8, 5);
+    kvs_test_replay_fixture f;
+    assert_int_equal(kvs_test_replay_fixture_make(&go, 2, 11, &f), KVS_OK);
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_memory(&f.mem, &src), KVS_OK);
+    kvs_replay_config cfg[3];
+    const int64_t pages[3] = {4, 4, 4};
+    const int rules[3] = {KVS_PAGE_SCORE_MAX, KVS_PAGE_SCORE_SUM, KVS_PAGE_SCORE_COUNT};
+    for (int i = 0; i < 3; i++) {
+        cfg[i] = (kvs_replay_config){.budget = 10, .budget_fraction = -1};
+        assert_int_equal(kvs_policy_parse_ops(&scored_ops, NULL, &cfg[i].policy), KVS_OK);
+    }
+    for (int reference = 0; reference < 2; reference++) {
+        kvs_replay_opts o = {.configs = cfg, .n_configs = 3, .threads = 1, .measure = KVS_MEASURE_DECODE,
+                             .series_every = 1, .pages = pages, .page_scores = rules};
+        kvs_replay_result *r = NULL;
+        assert_int_equal((reference ? kvs_replay_reference : kvs_replay_execute)(&src, &o, &r), KVS_OK);
+        const int64_t P = f.turns[0].prompt_end;
+        int differs_max_count = 0, differs_sum_count = 0, differs_max_sum = 0;
+        for (int64_t p = P; p < f.N; p++) {
+            int64_t a = p / 4, best[3];
+            for (int rule = 0; rule < 3; rule++) {
+                double score[MAXN / 4 + 1];
+                int64_t cnt[MAXN / 4 + 1] = {0};
+                for (int64_t q = 0; q <= a; q++) score[q] = rule == 1 ? 0 : -INFINITY;
+                for (int64_t x = p, k = 0; x >= 0 && k < 10; x -= 3, k++) {
+                    double e = x == p ? INFINITY : scored_of((int32_t)x);
+                    cnt[x / 4]++;
+                    score[x / 4] = rule == 1 ? score[x / 4] + e : fmax(score[x / 4], e);
+                }
+                best[rule] = -1;
+                for (int64_t q = a - 1; q >= 0; q--) { /* newer first: a full tie goes to the newer page */
+                    if (cnt[q] == 0) continue;
+                    if (best[rule] < 0) { best[rule] = q; continue; }
+                    int64_t b = best[rule];
+                    int better = rule == 2 ? cnt[q] > cnt[b]
+                                           : score[q] > score[b] || (score[q] == score[b] && cnt[q] > cnt[b]);
+                    if (better) best[rule] = q;
+                }
+                int32_t att[MAXN];
+                int64_t m = 0;
+                for (int64_t x = 0; x <= p; x++)
+                    if (x / 4 == a || x / 4 == best[rule]) att[m++] = (int32_t)x;
+                for (int qh = 0; qh < f.G; qh++) {
+                    const kvs_results_step *s = step_at(&r->runs[rule], qh, p);
+                    assert_int_equal((int64_t)s->v[KVS_M_ATTENDED], m);
+                    assert_float_equal(s->v[KVS_M_OUT_ERR], err_over(&f, qh, p, att, m), 1e-6);
+                }
+            }
+            differs_max_count |= best[0] != best[2];
+            differs_sum_count |= best[1] != best[2];
+            differs_max_sum |= best[0] != best[1];
+        }
+        assert_true(differs_max_count && differs_sum_count && differs_max_sum);
+        kvs_replay_result_free(r);
+    }
+    kvs_test_replay_fixture_free(&f);
+}
+
+/* Every policy with scores() under each rule with pages of 4, and pages of 8 with a codec, fast against reference,
+ * every statistic and step bit for bit; max and count differ for H2O (the rule reaches the numbers), and a policy
+ * without scores() gives the same numbers whatever the rule (it always counts). */
+static void test_score_rules_fast_vs_reference(void **state) {
+    (void)state;
+    kvs_gen_trace_opts go = kvs_test_grouped_opts(2, 4, 96, -1, 16, 7);
+    kvs_test_replay_fixture f;
+    assert_int_equal(kvs_test_replay_fixture_make(&go, 2, 11, &f), KVS_OK);
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_memory(&f.mem, &src), KVS_OK);
+    snprintf(src.content_hash, sizeof src.content_hash, "rules");
+    kvs_codec *c4 = NULL;
+    assert_int_equal(kvs_codec_parse("int:bits=4,group=8", &c4), KVS_OK);
+    static const char *const specs[] = {"h2o", "h2o:gqa=mean", "tova", "tova:mode=layer", "snapkv:window=4",
+                                        "pyramidkv:window=4", "adakv:window=4", "scissorhands", "keyformer", "knorm", "window"};
+    enum { NS = sizeof specs / sizeof *specs, NR = 4 };
+    static const int rules[NR] = {KVS_PAGE_SCORE_MAX, KVS_PAGE_SCORE_SUM, KVS_PAGE_SCORE_COUNT, KVS_PAGE_SCORE_MAX};
+    kvs_replay_config cfg[NS * NR];
+    int64_t pages[NS * NR];
+    int ps[NS * NR];
+    const kvs_codec *codecs[NS * NR];
+    for (int i = 0; i < NS; i++)
+        for (int k = 0; k < NR; k++) {
+            int c = i * NR + k;
+            cfg[c] = (kvs_replay_config){.budget = 12, .budget_fraction = -1};
+            assert_int_equal(kvs_policy_parse(specs[i], &cfg[c].policy), KVS_OK);
+            pages[c] = k == 3 ? 8 : 4;
+            ps[c] = rules[k];
+            codecs[c] = k == 3 ? c4 : NULL; /* the last: pages of 8 over int4 rows */
+        }
+    kvs_replay_result *r[2] = {NULL, NULL};
+    for (int reference = 0; reference < 2; reference++) {
+        kvs_replay_opts o = {.configs = cfg, .n_configs = NS * NR, .threads = 2, .measure = KVS_MEASURE_ALL,
+                             .series_every = 2, .pages = pages, .page_scores = ps, .codecs = codecs};
+        assert_int_equal((reference ? kvs_replay_reference : kvs_replay_execute)(&src, &o, &r[reference]), KVS_OK);
+    }
+    for (int c = 0; c < NS * NR; c++) {
+        char what[96];
+        snprintf(what, sizeof what, "%s rule %d page %lld%s (fast, reference)", specs[c / NR], ps[c],
+                 (long long)pages[c], codecs[c] ? " int4" : "");
+        assert_runs_same(what, &r[0]->runs[c], &r[1]->runs[c]);
+    }
+    /* H2O: max against count */
+    assert_true(r[0]->runs[0].run_agg.m[KVS_M_OUT_ERR].mean != r[0]->runs[2].run_agg.m[KVS_M_OUT_ERR].mean);
+    /* the window has no scores(): every rule counts */
+    assert_runs_same("window max = count", &r[0]->runs[(NS - 1) * NR], &r[0]->runs[(NS - 1) * NR + 2]);
+    kvs_replay_result_free(r[0]);
+    kvs_replay_result_free(r[1]);
+    kvs_codec_free(c4);
+    kvs_test_replay_fixture_free(&f);
+}
+
+/* ---- pages with a codec ---------------------------------------------------------------------------------------- */
+
+/* A window at budget 32 over int4 rows (K in token-axis groups of 32, V in channel-axis groups of 32: one group per
+ * row of d = 16), pages of 16, one KV head's bytes by hand at every decode step p (n = p + 1):
+ *   K of a position x: quantized (x < 32 floor(n/32)): d/2 bytes of codes, its token group's fp16 scale and zero per
+ *   channel (4d bytes) once per group with a resident quantized position; else 16 bits, 2d;
+ *   V of a position: d/2 codes + 4 (one group's scale and zero);
+ *   a padding slot of the newest page (16 (p/16 + 1) - n of them): the codec's nominal position, d/2 + 4d/32 + d/2 + 4.
+ * Resident: the pages of positions p-31..p, whole; read: the two attended pages (the newest, and page p/16 - 1,
+ * which holds 16 of S_t), their positions <= p, no padding. */
+static double int4_rows_bytes(int64_t lo, int64_t hi, int64_t n, int d) {
+    int64_t qk = 32 * (n / 32), last_group = -1;
+    double b = 0;
+    for (int64_t x = lo; x <= hi; x++) {
+        if (x < qk) {
+            b += d / 2.0;
+            if (x / 32 != last_group) b += 4.0 * d, last_group = x / 32;
+        } else {
+            b += 2.0 * d;
+        }
+        b += d / 2.0 + 4;
+    }
+    return b;
+}
+
+static void test_codec_pages_bytes_by_hand(void **state) {
+    (void)state;
+    kvs_gen_trace_opts go = kvs_test_grouped_opts(1, 2, 120, 40, 16, 3);
+    kvs_test_replay_fixture f;
+    assert_int_equal(kvs_test_replay_fixture_make(&go, 2, 11, &f), KVS_OK);
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_memory(&f.mem, &src), KVS_OK);
+    kvs_codec *c4 = NULL;
+    assert_int_equal(kvs_codec_parse("int:bits=4,group=32", &c4), KVS_OK);
+    assert_string_equal(kvs_codec_spec(c4), "int:bits=4,group=32,k_axis=token,v_axis=channel");
+    kvs_replay_config cfg = {.budget = 32, .budget_fraction = -1};
+    assert_int_equal(kvs_policy_parse("window", &cfg.policy), KVS_OK);
+    const int64_t pages = 16;
+    const kvs_codec *codecs[1] = {c4};
+    const int d = f.d;
+    assert_int_equal(d, 16);
+    for (int reference = 0; reference < 2; reference++) {
+        kvs_replay_opts o = {.configs = &cfg, .n_configs = 1, .threads = 1, .measure = KVS_MEASURE_DECODE,
+                             .series_every = 1, .pages = &pages, .codecs = codecs};
+        kvs_replay_result *r = NULL;
+        assert_int_equal((reference ? kvs_replay_reference : kvs_replay_execute)(&src, &o, &r), KVS_OK);
+        assert_int_equal(r->runs[0].status, KVS_OK);
+        const int64_t P = f.turns[0].prompt_end;
+        for (int64_t p = P; p < f.N; p++) {
+            int64_t n = p + 1, a = p / 16, lo = 16 * ((p - 31 < 0 ? 0 : p - 31) / 16);
+            double pad = (double)(16 * (a + 1) - n) * (d / 2.0 + 4.0 * d / 32 + d / 2.0 + 4);
+            double resident = int4_rows_bytes(lo, p, n, d) + pad;
+            double read = int4_rows_bytes(16 * (a - 1), p, n, d);
+            const kvs_results_step *s = step_at(&r->runs[0], 0, p);
+            assert_int_equal((int64_t)s->v[KVS_M_ATTENDED], p - 16 * (a - 1) + 1);
+            assert_float_equal(s->v[KVS_M_STORAGE_KV], resident, 0);
+            assert_float_equal(s->v[KVS_M_TRAFFIC_KV], read, 0);
+        }
+        kvs_replay_result_free(r);
+    }
+    kvs_codec_free(c4);
+    kvs_test_replay_fixture_free(&f);
+}
+
+/* A run's identity: the page size changes the seed, 0 keeps the token-level one; a score rule changes it beside a
+ * page size (max and sum apart), the count rule keeps the seed of a paged run of before. */
 static void test_identity_by_page(void **state) {
     (void)state;
     kvs_policy_config pc;
@@ -302,6 +533,16 @@ static void test_identity_by_page(void **state) {
     id.page_tokens = 1;
     uint64_t s1 = kvs_host_run_seed(&id, &m);
     assert_true(s16 != none && s32 != none && s1 != none && s16 != s32 && s1 != s16);
+    id.page_tokens = 16;
+    id.page_score = KVS_PAGE_SCORE_COUNT;
+    assert_true(kvs_host_run_seed(&id, &m) == s16);
+    id.page_score = KVS_PAGE_SCORE_MAX;
+    uint64_t smax = kvs_host_run_seed(&id, &m);
+    id.page_score = KVS_PAGE_SCORE_SUM;
+    uint64_t ssum = kvs_host_run_seed(&id, &m);
+    assert_true(smax != s16 && ssum != s16 && smax != ssum);
+    id.page_tokens = 0; /* a rule without pages is nothing */
+    assert_true(kvs_host_run_seed(&id, &m) == none);
 }
 
 /* The command line: --page 0,16,32 is three runs per (policy, budget), labelled, in runs.page and the options; bad
@@ -324,15 +565,24 @@ static void test_cli_page(void **state) {
         free(e);
         assert_true(access(db, F_OK) != 0);
     }
-    { /* a codec with pages: refused */
-        char *argv[] = {"replay", trace, "--db", db, "--policy", "window", "--budgets", "32", "--page", "16",
-                        "--codec", "int:bits=4", NULL};
-        assert_int_equal(kvs_test_cli(out, err, (const char *const *)argv), 1);
-        assert_true(access(db, F_OK) != 0);
-    }
     { /* given twice */
         char *argv[] = {"replay", trace, "--db", db, "--policy", "window", "--budgets", "32", "--page", "16",
                         "--page", "32", NULL};
+        assert_int_equal(kvs_test_cli(out, err, (const char *const *)argv), 2);
+    }
+    static const char *const bad_rule[] = {"avg", "", "MAX"};
+    for (size_t i = 0; i < sizeof bad_rule / sizeof *bad_rule; i++) { /* a bad rule: a usage error */
+        char *argv[] = {"replay", trace, "--db", db, "--policy", "window", "--budgets", "32", "--page", "16",
+                        "--page-score", (char *)bad_rule[i], NULL};
+        assert_int_equal(kvs_test_cli(out, err, (const char *const *)argv), 2);
+        char *e = kvs_test_slurp(err, NULL);
+        assert_non_null(strstr(e, "--page-score"));
+        free(e);
+        assert_true(access(db, F_OK) != 0);
+    }
+    { /* the rule given twice */
+        char *argv[] = {"replay", trace, "--db", db, "--policy", "window", "--budgets", "32", "--page", "16",
+                        "--page-score", "max", "--page-score", "sum", NULL};
         assert_int_equal(kvs_test_cli(out, err, (const char *const *)argv), 2);
     }
     char *argv[] = {"replay", trace, "--db", db, "--policy", "window", "--budgets", "32", "--page", "none,16,32",
@@ -358,6 +608,30 @@ static void test_cli_page(void **state) {
     assert_non_null(strstr(o, "- [page 16]"));
     assert_non_null(strstr(o, "- [page 32]"));
     free(o);
+    /* the rules: H2O by default max, by --page-score count the count rule, the window always counts; a codec with
+     * pages runs; each labelled and recorded as it ran, compare keeping H2O's two rules apart */
+    unlink(db);
+    char *a1[] = {"replay", trace, "--db", db, "--policy", "window", "--policy", "h2o", "--budgets", "32", "--page",
+                  "16", "--no-progress", NULL};
+    assert_int_equal(kvs_test_cli(out, err, (const char *const *)a1), 0);
+    char *a2[] = {"replay", trace, "--db", db, "--policy", "h2o", "--budgets", "32", "--page", "16", "--page-score",
+                  "count", "--codec", "none", "--codec", "int:bits=4", "--no-progress", NULL};
+    assert_int_equal(kvs_test_cli(out, err, (const char *const *)a2), 0);
+    assert_int_equal(kvs_test_cli(out, err, (const char *const *)runs), 0);
+    o = kvs_test_slurp(out, NULL);
+    assert_non_null(strstr(o, "series_every=0,page=16,page_score=max\""));
+    assert_non_null(strstr(o, "series_every=0,page=16,page_score=count\""));
+    assert_non_null(strstr(o, "v_axis=channel,page=16,page_score=count\""));
+    free(o);
+    char *cmp2[] = {"compare", db, "--match", "mem", "--at", "100000", NULL};
+    assert_int_equal(kvs_test_cli(out, err, (const char *const *)cmp2), 0);
+    o = kvs_test_slurp(out, NULL);
+    assert_non_null(strstr(o, ": 4 series"));
+    assert_non_null(strstr(o, "block=0 [page 16 max]"));
+    assert_non_null(strstr(o, "block=0 [page 16]"));
+    assert_non_null(strstr(o, "v_axis=channel] [page 16]"));
+    assert_null(strstr(o, "- [page 16 max]")); /* the window counts */
+    free(o);
     unlink(db), unlink(out), unlink(err);
     rmdir(dir);
 }
@@ -367,6 +641,9 @@ int main(void) {
         cmocka_unit_test(test_window_and_h2o_by_hand),
         cmocka_unit_test(test_page_one_is_token_level),
         cmocka_unit_test(test_page_no_look_ahead),
+        cmocka_unit_test(test_score_rules_by_hand),
+        cmocka_unit_test(test_score_rules_fast_vs_reference),
+        cmocka_unit_test(test_codec_pages_bytes_by_hand),
         cmocka_unit_test(test_identity_by_page),
         cmocka_unit_test(test_cli_page),
     };

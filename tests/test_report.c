@@ -273,15 +273,16 @@ typedef struct {
 } csv_run;
 
 enum { F_POLICY, F_PARAMS, F_ID, F_TRACE, F_ORACLE, F_STATUS, F_MEASURE, F_SCOPE, F_NOTES, F_MEM, F_ERR, F_CODEC, F_PAGE,
-       N_F };
+       F_PAGE_SCORE, N_F };
 static const char *const csv_names[N_F] = {"policy", "params",  "run_id",       "trace", "is_oracle", "status",
                                            "measure", "budget_scope", "notes", "storage_bytes_mean", "out_err_mean",
-                                           "codec", "page"};
+                                           "codec", "page", "page_score"};
 
-/* Do CSV runs a and b belong to one candidate of the summary: (policy, params, codec, page)? */
+/* Do CSV runs a and b belong to one candidate of the summary: (policy, params, codec, page, page score rule)? */
 static int same_candidate(const csv_run *a, const csv_run *b) {
     return !strcmp(a->f[F_POLICY], b->f[F_POLICY]) && !strcmp(a->f[F_PARAMS], b->f[F_PARAMS]) &&
-           !strcmp(a->f[F_CODEC], b->f[F_CODEC]) && !strcmp(a->f[F_PAGE], b->f[F_PAGE]);
+           !strcmp(a->f[F_CODEC], b->f[F_CODEC]) && !strcmp(a->f[F_PAGE], b->f[F_PAGE]) &&
+           !strcmp(a->f[F_PAGE_SCORE], b->f[F_PAGE_SCORE]);
 }
 
 /* RFC 4180: the next field of *p into a malloc'd string; *eol set when the record ends after it. */
@@ -423,8 +424,9 @@ static int check_summary_against_csv(const char *db_path, const char *md) {
                 oracle |= atoi(w->f[F_ORACLE]);
             }
             const char *pp = runs[pol[q]].f[F_PARAMS], *cc = runs[pol[q]].f[F_CODEC], *pg = runs[pol[q]].f[F_PAGE];
-            char page[40] = "";
-            if (atoll(pg) > 0) snprintf(page, sizeof page, " [page %s]", pg);
+            const char *ps = runs[pol[q]].f[F_PAGE_SCORE];
+            char page[48] = "";
+            if (atoll(pg) > 0) snprintf(page, sizeof page, " [page %s%s%s]", pg, ps[0] ? " " : "", ps);
             snprintf(label[q], sizeof label[q], "%s%s%s%s%s%s%s%s%s%s", runs[pol[q]].f[F_POLICY], pp[0] ? " (" : "",
                      pp, pp[0] ? ")" : "", cc[0] ? " [" : "", cc, cc[0] ? "]" : "", page,
                      prompt ? " (prompt-only budget)" : "", oracle ? " (oracle)" : "");
@@ -621,6 +623,7 @@ static void test_paged_runs_in_the_report(void **state) {
     assert_true(check_summary_against_csv(db, md) >= 3);
     assert_non_null(strstr(md, "window [page 16]"));
     assert_non_null(strstr(md, "| window | - | - page 16 | "));
+    assert_non_null(strstr(md, "block=0 | - page 16 max | ")); /* H2O's pages by its own scores */
     free(md);
 }
 

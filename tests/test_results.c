@@ -1636,14 +1636,14 @@ static void test_runs_csv_header_and_quoting(void **state) {
     assert_int_equal(run_cli(argv, out, err), 0);
     char *csv = kvs_test_slurp(out, NULL);
     /* Header: the fixed leading columns exactly, then run_id,trace,...,error, then the later run columns
-     * budget_scope,layout,notes,codec,page, and every <metric>_<stat> of the metric table last: that block grows with
+     * budget_scope,layout,notes,codec,page,page_score, and every <metric>_<stat> of the metric table last: that block grows with
      * the metric table, so a run column added later goes before it, never after (a reader that takes the metrics
      * as the tail keeps working). */
     assert_memory_equal(csv, csv_header, strlen(csv_header));
     assert_true(!strncmp(csv + strlen(csv_header), ",run_id,trace,model,is_oracle,status,", 37));
     char want_tail[8192];
     size_t len = (size_t)snprintf(want_tail, sizeof want_tail, ",wall_seconds,kvsim_version,created_at,error,"
-                                                               "budget_scope,layout,notes,codec,page");
+                                                               "budget_scope,layout,notes,codec,page,page_score");
     for (int m = 0; m < KVS_N_METRICS; m++)
         for (int k = 0; k < KVS_N_STATS; k++)
             len += (size_t)snprintf(want_tail + len, sizeof want_tail - len, ",%s_%s", kvs_metric_table[m].name,
@@ -1676,10 +1676,11 @@ static void test_runs_csv_header_and_quoting(void **state) {
     assert_string_equal(line, ""); /* the failed run is not listed without --all */
     /* Row 1 ends in every statistic of layer 0 (base 0.25) in table order. */
     char *row1_end = strchr(nl + 1, '\n');
-    char *p = strstr(nl + 1, ",every_step,per_kv_head,,,0,"); /* notes and codec empty, page 0 (token level) */
+    /* notes and codec empty, page 0 (token level), page_score empty (no pages) */
+    char *p = strstr(nl + 1, ",every_step,per_kv_head,,,0,,");
     assert_non_null(p);
     assert_true(p < row1_end);
-    p += strlen(",every_step,per_kv_head,,,0");
+    p += strlen(",every_step,per_kv_head,,,0,");
     for (int m = 0; m < KVS_N_METRICS; m++)
         for (int k = 0; k < KVS_N_STATS; k++) {
             assert_int_equal(*p, ',');
@@ -1707,11 +1708,12 @@ static void test_runs_csv_header_and_quoting(void **state) {
     char *f = strstr(csv, "\nquest,");
     assert_non_null(f);
     assert_true(!strncmp(f + 1, failed_row, strlen(failed_row)));
-    /* error is the last legacy column; budget_scope, layout, notes, codec, page follow, then the (empty) metrics */
-    char *e = strstr(f, ",\"budget, too small\",every_step,per_kv_head,,,0,");
+    /* error is the last legacy column; budget_scope, layout, notes, codec, page, page_score follow, then the (empty)
+     * metrics */
+    char *e = strstr(f, ",\"budget, too small\",every_step,per_kv_head,,,0,,");
     assert_non_null(e);
     int n_fields = 0;
-    for (char *c = e + strlen(",\"budget, too small\",every_step,per_kv_head,,,0"); *c != '\n'; c++) n_fields += *c == ',';
+    for (char *c = e + strlen(",\"budget, too small\",every_step,per_kv_head,,,0,"); *c != '\n'; c++) n_fields += *c == ',';
     assert_int_equal(n_fields, KVS_N_METRICS * KVS_N_STATS);
     free(csv);
 

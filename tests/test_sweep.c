@@ -124,7 +124,7 @@ static int run(ctx *c, ...) {
     } while (0)
 
 /* Complete runs of a database as sorted "trace-name|policy|params|budget|measure|out_err_mean|storage_bytes_mean|
- * attended_tokens_mean|n|codec" lines: what two databases must agree on run by run. */
+ * attended_tokens_mean|n|codec|page page_score" lines: what two databases must agree on run by run. */
 static char *run_lines(const char *db_path, int64_t *n_runs) {
     kvs_results_db *db = NULL;
     if (kvs_results_open_readonly(db_path, &db) != KVS_OK) return NULL;
@@ -140,10 +140,11 @@ static char *run_lines(const char *db_path, int64_t *n_runs) {
     for (int64_t i = 0; i < n; i++) {
         const char *name = strrchr(rows[i].trace_path, '/');
         char buf[2048];
-        snprintf(buf, sizeof buf, "%s|%s|%s|%lld|%s|%.17g|%.17g|%.17g|%lld|%s\n", name ? name + 1 : rows[i].trace_path,
-                 rows[i].policy, rows[i].params, (long long)rows[i].budget_tokens, rows[i].measure,
-                 rows[i].agg.out_err.mean, rows[i].agg.storage_bytes.mean, rows[i].agg.attended_tokens.mean,
-                 (long long)rows[i].agg.out_err.n, rows[i].codec ? rows[i].codec : "");
+        snprintf(buf, sizeof buf, "%s|%s|%s|%lld|%s|%.17g|%.17g|%.17g|%lld|%s|%lld%s\n",
+                 name ? name + 1 : rows[i].trace_path, rows[i].policy, rows[i].params, (long long)rows[i].budget_tokens,
+                 rows[i].measure, rows[i].agg.out_err.mean, rows[i].agg.storage_bytes.mean,
+                 rows[i].agg.attended_tokens.mean, (long long)rows[i].agg.out_err.n, rows[i].codec ? rows[i].codec : "",
+                 (long long)rows[i].page, rows[i].page_score);
         lines[i] = strdup(buf);
         total += strlen(buf);
     }
@@ -364,8 +365,8 @@ static void test_codec_sweep_runs_and_resumes(void **state) {
     char *lines = NULL;
     int64_t n = 0;
     assert_non_null(lines = run_lines(single, &n));
-    assert_int_equal(count_of(lines, "|" INT4 "\n"), 4);
-    assert_int_equal(count_of(lines, "|\n"), 4);
+    assert_int_equal(count_of(lines, "|" INT4 "|0\n"), 4);
+    assert_int_equal(count_of(lines, "||0\n"), 4);
     free(lines);
     /* resumed: both tasks complete */
     assert_int_equal(run(c, "sweep", c->study, "--db", single, NULL), 0);
@@ -386,6 +387,94 @@ static void test_codec_sweep_runs_and_resumes(void **state) {
     /* the folder path (what every MPI rank runs) expands the same runs */
     assert_int_equal(run(c, "sweep", c->study, "--db", dir, NULL), 0);
     assert_same_runs(replayed, study_db, 8);
+}
+
+/* ---- page sizes ---- */
+
+/* The `page` key: one list ("0,16"; none = 0), parsed when the study loads, errors naming file:line (a bad size, a
+ * size twice, the key twice); each task's runs and cost scale with the sizes, its configs text names them; the
+ * `--page` option replaces the line (a bad list: exit 1 naming --page). */
+static void test_study_page_key(void **state) {
+    ctx *c = *state;
+    char want[256];
+    snprintf(want, sizeof want, "%s:3: page: 'x' is not a page size", c->study);
+    expect_load_error(c, "trace tr_a.kvt\npolicy h2o\npage 16,x\nbudgets 8\n", KVS_ERR_FORMAT, want);
+    snprintf(want, sizeof want, "%s:3: page: page size 16 given twice", c->study);
+    expect_load_error(c, "trace tr_a.kvt\npolicy h2o\npage 16,16\nbudgets 8\n", KVS_ERR_FORMAT, want);
+    snprintf(want, sizeof want, "%s:4: 'page' given twice", c->study);
+    expect_load_error(c, "trace tr_a.kvt\npolicy h2o\npage 16\npage 32\nbudgets 8\n", KVS_ERR_FORMAT, want);
+    kvs_study *plain = NULL, *s = NULL;
+    assert_int_equal(write_text(c->study, study_text), 0);
+    assert_int_equal(kvs_study_load(c->study, &plain), KVS_OK);
+    assert_int_equal(kvs_study_n_pages(plain), 0);
+    assert_null(kvs_study_pages(plain));
+    char text[sizeof study_text + 64];
+    snprintf(text, sizeof text, "%spage none,16\n", study_text);
+    assert_int_equal(write_text(c->study, text), 0);
+    assert_int_equal(kvs_study_load(c->study, &s), KVS_OK);
+    assert_int_equal(kvs_study_n_pages(s), 2);
+    assert_string_equal(kvs_study_pages(s), "0,16");
+    /* work = L H D n (n + 2 sum(b) P S) for P policies and S page sizes: the budget part doubles */
+    assert_int_equal(kvs_study_n_tasks(s), kvs_study_n_tasks(plain));
+    for (int32_t i = 0; i < kvs_study_n_tasks(s); i++) {
+        const kvs_study_task *a = kvs_study_task_get(plain, i), *b = kvs_study_task_get(s, i);
+        const char *tp = kvs_study_trace_path(s, b->trace);
+        double n = strstr(tp, "tr_a") ? 60 : 30, sum_b = strstr(tp, "tr_a") ? 8 + 15 : 8 + 10;
+        double p = b->policy_end - b->policy_begin, full = n * n;
+        assert_float_equal(a->work / (full + 2 * sum_b * n * p), b->work / (full + 4 * sum_b * n * p), 1e-9);
+    }
+    assert_int_equal(kvs_study_set_pages(s, "16,x"), KVS_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvs_last_error(), "--page: 'x' is not a page size"));
+    assert_int_equal(kvs_study_n_pages(s), 2); /* unchanged */
+    assert_int_equal(kvs_study_set_pages(s, "32"), KVS_OK);
+    assert_string_equal(kvs_study_pages(s), "32");
+    kvs_study_free(s);
+    kvs_study_free(plain);
+    SKIP_WITHOUT_BIN();
+    assert_int_equal(run(c, "sweep", c->study, "--list-tasks", NULL), 0);
+    assert_non_null(strstr(c->out, "2 traces x 4 policies x 2 page sizes x 2 budgets = 32 runs in 6 tasks"));
+    assert_non_null(strstr(c->out, "\t4\th2o x pages 0,16\n"));
+    assert_int_equal(run(c, "sweep", c->study, "--list-tasks", "--page", "8", NULL), 0);
+    assert_non_null(strstr(c->out, "2 traces x 4 policies x 1 page sizes x 2 budgets = 16 runs in 6 tasks"));
+    assert_non_null(strstr(c->out, "\t2\th2o x pages 8\n"));
+    assert_int_equal(run(c, "sweep", c->study, "--list-tasks", "--page", "8,y", NULL), 1);
+    assert_non_null(strstr(c->err, "kvsim sweep: --page: 'y' is not a page size"));
+    assert_int_equal(run(c, "sweep", c->study, "--list-tasks", "--page", NULL), 2);
+    assert_int_equal(run(c, "sweep", c->study, "--list-tasks", "--page", "8", "--page", "16", NULL), 2);
+}
+
+/* A study with page sizes runs each (trace, policy, page, budget) once: the same runs, number for number (rule
+ * included), as one `kvsim replay --page` with the same list; resumed, its tasks are skipped; another list
+ * (--page) is other tasks and other runs. */
+static void test_page_sweep_runs_and_resumes(void **state) {
+    ctx *c = *state;
+    SKIP_WITHOUT_BIN();
+    char single[160], replayed[160], trace[160];
+    snprintf(single, sizeof single, "%s/single.db", c->dir);
+    snprintf(replayed, sizeof replayed, "%s/replay.db", c->dir);
+    snprintf(trace, sizeof trace, "%s/tr_a.kvt", c->dir);
+    assert_int_equal(write_text(c->study, "trace tr_a.kvt\npolicy window\npolicy h2o\npage 0,4\n"
+                                          "budgets 8,16\nthreads 1\n"),
+                     0);
+    assert_int_equal(run(c, "sweep", c->study, "--db", single, NULL), 0);
+    assert_int_equal(count_all_runs(single), 2 * 2 * 2);
+    assert_int_equal(run(c, "replay", trace, "--db", replayed, "--policy", "window", "--policy", "h2o", "--page", "0,4",
+                         "--budgets", "8,16", "--threads", "1", "--no-progress", NULL),
+                     0);
+    assert_same_runs(replayed, single, 8);
+    char *lines = NULL;
+    int64_t n = 0;
+    assert_non_null(lines = run_lines(single, &n));
+    assert_int_equal(count_of(lines, "|4max\n"), 2); /* h2o by its scores, the window by the count rule */
+    assert_int_equal(count_of(lines, "|4\n"), 2);
+    assert_int_equal(count_of(lines, "|0\n"), 4);
+    free(lines);
+    assert_int_equal(run(c, "sweep", c->study, "--db", single, NULL), 0);
+    assert_int_equal(count_of(c->err, "already complete in"), 2);
+    assert_int_equal(count_all_runs(single), 8);
+    assert_int_equal(run(c, "sweep", c->study, "--db", single, "--task", "0", "--page", "8", NULL), 0);
+    assert_int_equal(count_of(c->err, "already complete in"), 0);
+    assert_int_equal(count_all_runs(single), 8 + 2);
 }
 
 /* ---- tasks ---- */
@@ -657,6 +746,8 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_task_list_is_deterministic_and_sized, setup, teardown),
         cmocka_unit_test_setup_teardown(test_study_codec_key, setup, teardown),
         cmocka_unit_test_setup_teardown(test_codec_sweep_runs_and_resumes, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_study_page_key, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_page_sweep_runs_and_resumes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_task_runs_once_and_resumes, setup, teardown),
         cmocka_unit_test_setup_teardown(test_merged_shards_equal_one_process, setup, teardown),
         cmocka_unit_test_setup_teardown(test_sharded_resume_skips_every_shard, setup, teardown),

@@ -9,10 +9,19 @@
 # holds a page while it holds any position the policy keeps, counted whole with its padding: its resident bytes can
 # exceed its budget's (a policy that keeps scattered positions pins many partly used pages), while what it reads per
 # step is C pages at most. So P-1 (equal resident bytes) and P-2 (equal traffic) can disagree, and P-3 says by how
-# much each policy's bytes move at one budget.
+# much each policy's bytes move at one budget. Which pages: a policy with retention scores (H2O, TOVA, SnapKV) ranks
+# its pages by the max of its own scores over each page's selected positions (the default, --page-score max), the
+# others (window, StreamingLLM) by how many selected positions a page holds; P-4 sets the two rules side by side for
+# the three scored policies at equal resident bytes.
 
 p_policies="window streaming h2o tova snapkv"
+p_scored="h2o tova snapkv"
 p_levels="2KiB 4KiB 12KiB"
+
+# p_rule POLICY: the page score rule a policy's paged runs follow by default ("max" with scores, "" = count)
+p_rule() {
+    case " $p_scored " in *" $1 "*) echo max ;; *) echo "" ;; esac
+}
 
 # p_name POLICY: how the tables name a policy
 p_name() {
@@ -31,6 +40,9 @@ p_run_model() {
     for t in "$out/prompts/$1"/*.kvt; do
         "$KVSIM_BIN" replay "$t" --db "$db" --policy window --policy streaming --policy h2o --policy tova \
             --policy snapkv --budgets 16,32,64,128,192 --page 0,16 > /dev/null 2>> "$out/paging_warnings_$1.txt"
+        # the scored policies' pages by the count rule too (P-4; labelled "[page 16]", the default "[page 16 max]")
+        "$KVSIM_BIN" replay "$t" --db "$db" --policy h2o --policy tova --policy snapkv --budgets 16,32,64,128,192 \
+            --page 16 --page-score count > /dev/null 2>> "$out/paging_warnings_$1.txt"
     done
 }
 p_pids=""
@@ -48,10 +60,15 @@ p_compare() {
         --metric out_err_mean | csv_to_tsv > "$out/paging_$1_$2_$3_pairs.tsv"
 }
 
-# p_cell MODEL MATCH X POLICY PAGE: the policy's err at X ("mean [lo, hi]"), PAGE 0 = token level, 16 = pages of 16
+# p_cell MODEL MATCH X POLICY PAGE [RULE]: the policy's err at X ("mean [lo, hi]"), PAGE 0 = token level, 16 = pages
+# of 16 by RULE (default: the policy's, p_rule; "count" = the count rule)
 p_cell() {
-    v=$(awk -F'\t' -v p="$4" -v pg="$5" 'NR == 1 { for (i = 1; i <= NF; i++) k[$i] = i; next }
-        $k["policy"] == p && $k["codec"] == "" && (index($k["label"], "[page 16]") > 0) == (pg == 16) {
+    rule=${6-$(p_rule "$4")}
+    [ "$rule" = count ] && rule=""
+    suffix=$([ "$5" = 16 ] && echo " [page 16${rule:+ $rule}]" || echo "")
+    v=$(awk -F'\t' -v p="$4" -v sfx="$suffix" 'NR == 1 { for (i = 1; i <= NF; i++) k[$i] = i; next }
+        function suf(l) { i = index(l, " [page "); return i ? substr(l, i) : "" }
+        $k["policy"] == p && $k["codec"] == "" && suf($k["label"]) == sfx {
             print $k["out_err_mean"] "\t" $k["out_err_mean_lo"] "\t" $k["out_err_mean_hi"] "\t" $k["out_err_mean_n"]; exit }' \
         "$out/paging_$1_$2_$3.tsv")
     c=$(fmt_iv "$(echo "$v" | cut -f1)" "$(echo "$v" | cut -f2)" "$(echo "$v" | cut -f3)" "$(echo "$v" | cut -f4)" \
@@ -60,15 +77,20 @@ p_cell() {
     echo "$c"
 }
 
-# p_pair MODEL MATCH X POLICY: the paired difference (pages of 16 − token level) of the policy's err at X over the
-# traces where both have a value, "resolved" when its interval excludes 0
+# p_pair MODEL MATCH X POLICY [FROM TO]: the paired difference (TO − FROM) of the policy's err at X over the traces
+# where both have a value, "resolved" when its interval excludes 0; FROM and TO are label suffixes, by default ""
+# (token level) and the policy's pages of 16 (" [page 16]" or " [page 16 max]")
 p_pair() {
-    awk -F'\t' -v p="$4" -v t="$(n_traces_of "$1")" 'NR == 1 { for (i = 1; i <= NF; i++) k[$i] = i; next }
-        function base(l) { sub(/ \[page 16\]$/, "", l); return l }
+    rule=$(p_rule "$4")
+    from=${5-}
+    to=${6-" [page 16${rule:+ $rule}]"}
+    awk -F'\t' -v p="$4" -v sa="$from" -v sb="$to" -v t="$(n_traces_of "$1")" 'NR == 1 { for (i = 1; i <= NF; i++) k[$i] = i; next }
+        function suf(l) { i = index(l, " [page "); return i ? substr(l, i) : "" }
+        function base(l) { i = index(l, " [page "); return i ? substr(l, 1, i - 1) : l }
         function ispol(l) { return l == p || index(l, p " (") == 1 }
-        { a = $k["a"]; b = $k["b"]; pa = index(a, "[page 16]") > 0; pb = index(b, "[page 16]") > 0 }
-        ispol(base(a)) && base(a) == base(b) && pa != pb && $k["n"] > 0 {
-            s = pa ? 1 : -1
+        { a = $k["a"]; b = $k["b"] }
+        ispol(base(a)) && base(a) == base(b) && ((suf(a) == sa && suf(b) == sb) || (suf(a) == sb && suf(b) == sa)) && $k["n"] > 0 {
+            s = suf(a) == sb ? 1 : -1
             lo = s > 0 ? $k["diff_lo"] : -$k["diff_hi"]; hi = s > 0 ? $k["diff_hi"] : -$k["diff_lo"]
             if ($k["n"] < 2) { printf "%+.3g (n = 1 of %d, no interval)\n", s * $k["diff"], t; found = 1; exit }
             printf "%+.3g [%+.3g, %+.3g]%s, %s\n", s * $k["diff"], lo, hi,
@@ -107,16 +129,33 @@ for mname in $study_models; do
     n_traces=$(n_traces_of "$mname")
     "$KVSIM_BIN" runs "$out/paging_$mname.db" --csv --summary --budget 64 | csv_to_tsv | awk -F'\t' '
         NR == 1 { for (i = 1; i <= NF; i++) if (!(($i) in c)) c[$i] = i; next }
-        { printf "%s\t%s\t%s\t%s\t%s\n", $c["trace"], $c["policy"], $c["page"], $c["storage_bytes_mean"],
-              $c["traffic_bytes_per_step_mean"] }' > "$out/paging_${mname}_64.tsv"
+        { printf "%s\t%s\t%s\t%s\t%s\t%s\n", $c["trace"], $c["policy"], $c["page"], $c["storage_bytes_mean"],
+              $c["traffic_bytes_per_step_mean"], $c["page_score"] }' > "$out/paging_${mname}_64.tsv"
     for p in $p_policies; do
         row="| $mname ($n_traces) | $(p_name "$p")"
         for col in 4 5; do
-            v=$(awk -F'\t' -v p="$p" -v col="$col" '$2 == p && $3 == 0 { b[$1] = $col } $2 == p && $3 == 16 { x[++n] = $1; v[n] = $col }
+            # the paged runs of the policy's own rule (its count-rule runs are P-4's)
+            v=$(awk -F'\t' -v p="$p" -v col="$col" -v r="$(p_rule "$p")" '$2 == p && $3 == 0 { b[$1] = $col }
+                $2 == p && $3 == 16 && $6 == r { x[++n] = $1; v[n] = $col }
                 END { for (i = 1; i <= n; i++) if (x[i] in b) printf "%.17g\n", v[i] / b[x[i]] }' "$out/paging_${mname}_64.tsv" |
                 iv_of "P-3 $mname $p $col")
             row="$row | $v"
         done
         block_line P-3 "$row |"
+    done
+done
+
+# ---- P-4: the scored policies' pages by their own scores (max) against the count rule, at equal resident bytes ----
+block_line P-4 "| model (traces) | policy | at (resident bytes per KV head) | err, pages of 16 by count | err, pages of 16 by max score | max − count (paired) |"
+block_line P-4 "|---|---|---|---|---|---|"
+for mname in $study_models; do
+    n_traces=$(n_traces_of "$mname")
+    for p in $p_scored; do
+        for X in $p_levels; do
+            cc=$(p_cell "$mname" mem "$X" "$p" 16 count)
+            cm=$(p_cell "$mname" mem "$X" "$p" 16 max)
+            case "$cc$cm" in "none: out of range on every tracenone: out of range on every trace") continue ;; esac
+            block_line P-4 "| $mname ($n_traces) | $(p_name "$p") | $X | $cc | $cm | $(p_pair "$mname" mem "$X" "$p" " [page 16]" " [page 16 max]") |"
+        done
     done
 done
