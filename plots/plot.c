@@ -232,6 +232,7 @@ typedef struct {
     char *policy, *params, *measure, *trace_path;
     char *codec;       /* runs.codec: the KV codec's canonical spec, "" = K/V as captured */
     int64_t page;      /* runs.page: positions a page, 0 = token granularity */
+    char page_score[8]; /* a paged run's page score rule ("max", "sum"; "" = the count rule) */
     char *trace_key;   /* the trace's content hash (one trace through any path spelling), else "#<trace_id>" */
     char *trace_label; /* kvs_results_trace_label: "<model>@<8 hex>", else the path's base name */
     char *model;       /* the trace's model name ("" when not recorded) */
@@ -331,6 +332,7 @@ static kvs_status series_new(plot_data *d, const kvs_results_run_row *w, int per
     s->params = dup_or_empty(w ? w->params : NULL);
     s->codec = dup_or_empty(w ? w->codec : NULL);
     s->page = w ? w->page : 0;
+    snprintf(s->page_score, sizeof s->page_score, "%s", w ? w->page_score : "");
     s->measure = dup_or_empty(w ? w->measure : NULL);
     s->trace_path = dup_or_empty(w ? w->trace_path : NULL);
     char key[80] = "", label[600] = "";
@@ -371,7 +373,7 @@ static kvs_status series_of(plot_data *d, const kvs_results_run_row *w, int per_
         if (per_run ? s->run_id == w->id
                     : (!strcmp(s->policy, w->policy) && !strcmp(s->params, w->params) &&
                        !strcmp(s->codec, w->codec ? w->codec : "") && s->page == w->page &&
-                       !strcmp(s->trace_key, key) &&
+                       !strcmp(s->page_score, w->page_score) && !strcmp(s->trace_key, key) &&
                        !strcmp(s->measure, w->measure) && s->kv_bytes == kv && s->aux_bytes == aux)) {
             if (w->is_oracle) s->is_oracle = 1, s->style = STYLE_ORACLE;
             *out = s;
@@ -455,6 +457,7 @@ static int cmp_series(const void *pa, const void *pb) {
     if ((c = strcmp(a->params, b->params))) return c;
     if ((c = strcmp(a->codec, b->codec))) return c;
     if (a->page != b->page) return a->page < b->page ? -1 : 1;
+    if ((c = strcmp(a->page_score, b->page_score))) return c; /* the count rule ("") first */
     if (a->kv_bytes != b->kv_bytes) return a->kv_bytes < b->kv_bytes ? -1 : 1;
     if (a->aux_bytes != b->aux_bytes) return a->aux_bytes < b->aux_bytes ? -1 : 1;
     if ((c = strcmp(a->trace_label, b->trace_label))) return c;
@@ -520,7 +523,7 @@ static kvs_status label_series(plot_data *d, int per_run, int by_budget) {
         size_t name_cap = strlen(s->policy) + strlen(s->params) + strlen(s->codec) + 64;
         char *name = malloc(name_cap);
         if (!name) return nomem();
-        kvs_results_config_label(s->policy, s->params, s->codec, s->page, name, name_cap);
+        kvs_results_config_label_rule(s->policy, s->params, s->codec, s->page, s->page_score, name, name_cap);
         size_t cap = strlen(name) + strlen(extra) + 200;
         if (!(s->label = malloc(cap))) {
             free(name);
@@ -670,7 +673,7 @@ static kvs_status series_breaks(plot_series *s, const trace_turns *t) {
 /* Do per-trace series a and b belong to one line across traces? */
 static int same_line(const plot_series *a, const plot_series *b) {
     return !strcmp(a->policy, b->policy) && !strcmp(a->params, b->params) && !strcmp(a->codec, b->codec) &&
-           a->page == b->page && !strcmp(a->measure, b->measure) &&
+           a->page == b->page && !strcmp(a->page_score, b->page_score) && !strcmp(a->measure, b->measure) &&
            a->kv_bytes == b->kv_bytes && a->aux_bytes == b->aux_bytes && !strcmp(a->model, b->model);
 }
 
@@ -690,6 +693,7 @@ static kvs_status line_across(plot_data *out, plot_series *const *mem, size_t m)
     s->policy = strdup(p->policy), s->params = strdup(p->params), s->measure = strdup(p->measure);
     s->codec = strdup(p->codec), s->model = strdup(p->model);
     s->page = p->page;
+    memcpy(s->page_score, p->page_score, sizeof s->page_score);
     if (!s->policy || !s->params || !s->codec || !s->measure || !s->model) return nomem();
     s->kv_bytes = p->kv_bytes, s->aux_bytes = p->aux_bytes;
     s->across = 1;
@@ -726,9 +730,10 @@ static kvs_status line_across(plot_data *out, plot_series *const *mem, size_t m)
         seed = kvs_fnv1a64(seed, head);
         /* a codec joins the seed only when set: the lines on K/V as captured keep the intervals they had */
         if (s->codec[0]) seed = kvs_fnv1a64(kvs_fnv1a64(kvs_fnv1a64(seed, "codec="), s->codec), "\n");
-        if (s->page > 0) { /* a page size likewise */
+        if (s->page > 0) { /* a page size likewise, and a score rule other than count */
             snprintf(head, sizeof head, "page=%" PRId64 "\n", s->page);
             seed = kvs_fnv1a64(seed, head);
+            if (s->page_score[0]) seed = kvs_fnv1a64(kvs_fnv1a64(kvs_fnv1a64(seed, "page_score="), s->page_score), "\n");
         }
         size_t n = 0;
         long double xsum = 0;

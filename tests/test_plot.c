@@ -953,7 +953,9 @@ static void put_codec_run(kvs_results_db *db, const char *path, const char *sha,
 #define INT4 "int:bits=4,group=32,k_axis=token,v_axis=channel"
 
 /* A paged run (kvsim replay --page N) is its own series beside the same policy at token granularity (they were
- * averaged into one point no run measured), labelled "policy [page N]" after the policy's own line and drawn thin. */
+ * averaged into one point no run measured), labelled "policy [page N]" after the policy's own line and drawn thin;
+ * pages mapped by the policy's scores (page_score=max) are another series again, "policy [page N max]", after the
+ * count rule's. */
 static void test_paged_runs_are_their_own_series(void **state) {
     tmp_ctx *t = *state;
     char db[160], out[160];
@@ -967,12 +969,13 @@ static void test_paged_runs_are_their_own_series(void **state) {
                             .head_dim = 16, .dtype = "fp32", .file_bytes = 1000};
     int64_t trace_id = 0;
     expect_ok(kvs_results_sweep_trace(r, &tr, sha, &trace_id));
-    const struct { int64_t page, budget; double mem, err; } runs[] = {
-        {0, 8, 1024, 0.5}, {0, 16, 2048, 0.3}, {4, 8, 1536, 0.6}, {4, 16, 2560, 0.4}};
+    const struct { int64_t page, budget; double mem, err; const char *rule; } runs[] = {
+        {0, 8, 1024, 0.5, NULL},      {0, 16, 2048, 0.3, NULL},     {4, 8, 1536, 0.6, "count"},
+        {4, 16, 2560, 0.4, "count"},  {4, 8, 1500, 0.55, "max"},    {4, 16, 2500, 0.35, "max"}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         char options[128];
-        snprintf(options, sizeof options, "kv_bytes=2,aux_bytes=4,series_every=0%s",
-                 runs[i].page ? ",page=4,page_score=count" : "");
+        snprintf(options, sizeof options, "kv_bytes=2,aux_bytes=4,series_every=0%s%s",
+                 runs[i].page ? ",page=4,page_score=" : "", runs[i].rule ? runs[i].rule : "");
         kvs_results_run run = {.policy = "window", .params = "", .budget_tokens = runs[i].budget,
                                .budget_fraction = -1, .measure = "decode", .status = "complete", .wall_seconds = 0.01,
                                .kvsim_version = "0.1.0", .options = options, .page = runs[i].page};
@@ -985,12 +988,15 @@ static void test_paged_runs_are_their_own_series(void **state) {
     kvs_plot *p = NULL;
     expect_ok(kvs_plot_prepare(db, &o, &p));
     char *gp = script_of(p, out);
-    const double wx[2] = {1024, 2048}, wy[2] = {0.5, 0.3}, px[2] = {1536, 2560}, py[2] = {0.6, 0.4};
+    const double wx[2] = {1024, 2048}, wy[2] = {0.5, 0.3}, px[2] = {1536, 2560}, py[2] = {0.6, 0.4},
+                 mx[2] = {1500, 2500}, my[2] = {0.55, 0.35};
     expect_block(gp, "window", 2, wx, wy);
     expect_block(gp, "window [page 4]", 2, px, py);
-    assert_int_equal(kvs_plot_n_series(p), 3); /* and the frontier */
-    const char *w0 = strstr(gp, "# series: window\n"), *w1 = strstr(gp, "# series: window [page 4]");
-    assert_true(w0 && w1 && w0 < w1);
+    expect_block(gp, "window [page 4 max]", 2, mx, my);
+    assert_int_equal(kvs_plot_n_series(p), 4); /* and the frontier */
+    const char *w0 = strstr(gp, "# series: window\n"), *w1 = strstr(gp, "# series: window [page 4]\n"),
+               *w2 = strstr(gp, "# series: window [page 4 max]\n");
+    assert_true(w0 && w1 && w2 && w0 < w1 && w1 < w2);
     const char *line1 = strstr(gp, "title 'window [page 4]");
     assert_non_null(line1);
     while (line1 > gp && line1[-1] != '\n') line1--;
