@@ -308,27 +308,10 @@ int kvs_cmd_replay(int argc, char **argv) {
         if (kvs_policy_parse(specs[i], &cfgs[i]) != KVS_OK) return kvs_cli_fail("replay", KVS_ERR_INVALID_ARG);
     /* the codecs: none given = one "codec", K/V as captured (NULL); "none" names that one among others */
     kvs_codec *codecs[MAX_CODECS] = {NULL};
-    int n_codecs = 1;
-    if (n_codec_specs) {
-        n_codecs = 0;
-        for (int i = 0; i < n_codec_specs; i++) {
-            kvs_codec *c = NULL;
-            if (strcmp(codec_specs[i], "none") && kvs_codec_parse(codec_specs[i], &c) != KVS_OK) {
-                for (int j = 0; j < n_codecs; j++) kvs_codec_free(codecs[j]);
-                kvs_cli_fail("replay", KVS_ERR_INVALID_ARG); /* the codec's message; a bad value, exit 1 */
-                return KVS_EXIT_FAIL;
-            }
-            int dup = 0; /* the same codec spelt twice runs once */
-            for (int j = 0; j < n_codecs && !dup; j++)
-                dup = (!c && !codecs[j]) || (c && codecs[j] && !strcmp(kvs_codec_spec(c), kvs_codec_spec(codecs[j])));
-            if (dup) {
-                fprintf(stderr, "kvsim replay: warning: --codec %s given more than once: run once\n",
-                        c ? kvs_codec_spec(c) : "none");
-                kvs_codec_free(c);
-                continue;
-            }
-            codecs[n_codecs++] = c;
-        }
+    int n_codecs = 0;
+    if (kvs_cli_parse_codecs("replay", (const char *const *)codec_specs, n_codec_specs, codecs, &n_codecs) != KVS_OK) {
+        kvs_cli_fail("replay", KVS_ERR_INVALID_ARG); /* the codec's message; a bad value, exit 1 */
+        return KVS_EXIT_FAIL;
     }
     /* parameters naming a results database (SyncKV's clusters) are loaded here: policies never open one */
     void *inputs = NULL;
