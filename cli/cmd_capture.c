@@ -147,10 +147,11 @@ static kvs_status read_text(const char *path, char **out) {
 }
 
 /* Removes ONE trailing newline ("\n" or "\r\n"): the one every editor ends a file with, which would
- * otherwise be encoded as a token of the prompt. */
+ * otherwise be encoded as a token of the prompt. A lone trailing "\r" is no newline: it stays, as the help says. */
 static void strip_one_newline(char *text) {
     size_t n = strlen(text);
-    if (n && text[n - 1] == '\n') text[--n] = '\0';
+    if (!n || text[n - 1] != '\n') return;
+    text[--n] = '\0';
     if (n && text[n - 1] == '\r') text[--n] = '\0';
 }
 

@@ -363,8 +363,9 @@ static void test_prompt_file_drops_one_trailing_newline_and_reads_stdin(void **s
     write_text(dir, "p1.txt", "Once upon\n");   /* what an editor saves */
     write_text(dir, "p2.txt", "Once upon\n\n"); /* a blank line the user typed: one newline stays */
     write_text(dir, "p3.txt", "Once upon\r\n");
+    write_text(dir, "p5.txt", "Once upon\r"); /* a lone carriage return is no newline: it stays a token */
     assert_int_equal(run("'%s' capture --model '%s' --prompt 'Once upon' --steps 0 --no-trace > '%s/ref'", b, m, dir), 0);
-    for (int i = 1; i <= 3; i++)
+    for (int i = 1; i <= 5; i += i == 3 ? 2 : 1)
         assert_int_equal(run("'%s' capture --model '%s' --prompt-file '%s/p%d.txt' --steps 0 --no-trace > '%s/o%d'", b, m,
                              dir, i, dir, i), 0);
     assert_int_equal(run("'%s' capture --model '%s' --prompt-file - --steps 0 --no-trace < '%s/p1.txt' > '%s/o4'", b, m,
@@ -376,6 +377,9 @@ static void test_prompt_file_drops_one_trailing_newline_and_reads_stdin(void **s
     assert_string_equal(o3, ref);
     assert_string_equal(o4, ref); /* standard input */
     assert_string_equal(o2, "ids: 1,403,407,13"); /* "\n" is token 13 */
+    char *o5 = first_line(dir, "o5");
+    assert_string_equal(o5, "ids: 1,403,407,16"); /* "\r" (byte 0x0d) is token 16 */
+    free(o5);
     free(ref);
     free(o1);
     free(o2);
