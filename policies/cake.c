@@ -19,7 +19,9 @@
  * Decisions where the spec leaves room (POLICY_SPEC_2 appendix 1 and 8):
  *  - B <= w: the window is truncated to B (w_eff = min(w, B)); every layer gets B and the run is a sliding window of
  *    B (a note says so). With w = 1 the variance terms are 0 (one row has no unbiased variance).
- *  - ADJUST with no layer below its cap (stage 0 of G-CAKE): the excess is dropped (the layer holds cap).
+ *  - ADJUST with no layer below its cap (stage 0 of G-CAKE): the excess is dropped (the layer holds cap). Its single
+ *    pass (the reference's) may push a layer that received excess above cap: that layer keeps the whole prompt and
+ *    grows during decode up to its B_l.
  *  - Later turns: the prefill rule re-runs on the held set plus the new prompt (window = the new prompt's last
  *    min(w_eff, its length) positions) whenever that exceeds B_l; the budgets stay the first turn's.
  *  - decode_score = CURRENT (REF) only and pooling in position order (§1.6); the spec's WINDOW score and the
