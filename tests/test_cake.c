@@ -7,7 +7,8 @@
  *  - CK4 invariants on many preference vectors: Σ b_l = L·(B − w) whenever L·cap allows it, and the cascade's
  *    final budget of a layer is the minimum of its stage budgets (nested sets);
  *  - decode: FIXED at B_l with the current token and the last w kept, checked on a generated trace through the
- *    engine (every attended set has exactly min(n, B_l) entries, the newest w of them included);
+ *    engine (every attended set has exactly min(n, B_l) entries, the newest w of them included); lossless (every
+ *    position attended, zero output error) when the budget covers the trace;
  *  - notes for the degenerate budgets.
  * Data: the spec's hand-set logits, or GENERATED Gaussian streams (tests/util/gen_trace.h), never a model's.
  */
@@ -233,6 +234,18 @@ static void test_decode_keeps_budget_and_window(void **state) {
     kvs_replay_result_free(r);
     assert_true(rec.checked > 0);
     assert_int_equal(rec.bad, 0);
+    /* lossless when the budget covers the trace: no prefill compression, every position attended at every step */
+    dec_rec all = {.Hkv = f.Hkv, .w = 4};
+    for (int c = 0; c < 64; c++) all.budgets[c] = 1 << 30;
+    hooks.user = &all;
+    rc.budget = f.N;
+    assert_int_equal(kvs_replay_execute(&src, &ro, &r), KVS_OK);
+    assert_int_equal(r->runs[0].status, KVS_OK);
+    for (int c = 0; c < o.n_layers * f.Hkv; c++) assert_true(r->runs[0].budgets[c] == f.N);
+    assert_true(r->runs[0].run_agg.out_err.mean == 0);
+    kvs_replay_result_free(r);
+    assert_true(all.checked > 0);
+    assert_int_equal(all.bad, 0);
     kvs_test_replay_fixture_free(&f);
 }
 
