@@ -426,6 +426,11 @@ kvs_status kvs_plan_aux_rule_of(const char *policy, const char *params, kvs_plan
         {"sparq", KVS_PLAN_AUX_PER_KV_HEAD, 0, 1, "a key copy of head_dim (KV dtype), per KV head"},
         /* int32 index lists of the resident positions, per KV head */
         {"synckv", KVS_PLAN_AUX_PER_KV_HEAD, -1, 0, "int32 index lists, per KV head"},
+        /* a layer's scalar (CAKE's preference, SimLayerKV's lazy score) or the head map's bit, shared out per KV head */
+        {"cake", KVS_PLAN_AUX_PER_KV_HEAD, -1, 0, "the layer's preference score, shared by its KV heads"},
+        {"simlayerkv", KVS_PLAN_AUX_PER_KV_HEAD, -1, 0, "the layer's lazy score, shared by its KV heads"},
+        {"duo", KVS_PLAN_AUX_PER_KV_HEAD, -1, 0, "the head map, one bit per KV head"},
+        {"duo_heuristic", KVS_PLAN_AUX_PER_KV_HEAD, -1, 0, "the head map, one bit per KV head"},
     };
     for (size_t i = 0; policy && i < sizeof rules / sizeof rules[0]; i++) {
         if (strcmp(policy, rules[i].name)) continue;

@@ -184,6 +184,48 @@ static void assert_same_until(const recorder *a, const recorder *b, int64_t upto
     assert_true(compared > 0);
 }
 
+/* The configuration the contract runs for a policy: its defaults, except for a policy whose defaults need an external
+ * input (a file the trace cannot give: DuoAttention's trained gates, written here for the fixture's shape) or
+ * degenerate on the fixture's 72 positions (windows of 32 to 1024 tokens that cover the trace or every budget below,
+ * so nothing would be scored or evicted): those run with the parameters of contract_inputs, one line per policy. */
+static void write_duo_pattern(const fixture *f, const char *path) {
+    FILE *fp = fopen(path, "w");
+    assert_non_null(fp);
+    for (int l = 0; l < f->L; l++)
+        for (int h = 0; h < f->Hkv; h++) fprintf(fp, "%g%c", (double)((l * f->Hkv + h) % 3) / 2.0, h + 1 < f->Hkv ? '\t' : '\n');
+    fclose(fp);
+}
+
+static const struct {
+    const char *policy, *params;                     /* params: "%s" stands for the written file's path */
+    void (*write)(const fixture *f, const char *path); /* NULL: no input file */
+} contract_inputs[] = {
+    {"cake", "window=4", NULL},
+    {"simlayerkv", "n_init=2,n_recent=8,delta=0.3", NULL},
+    {"duo", "pattern=%s,n_s=2,n_r=8", write_duo_pattern},
+    {"duo_heuristic", "n_s=2,n_r=8,probe=16", NULL},
+};
+
+static void contract_defaults(const fixture *f, const struct kvs_policy_ops *ops, kvs_policy_config *cfg) {
+    kvs_policy_defaults(ops, cfg);
+    for (size_t i = 0; i < sizeof contract_inputs / sizeof contract_inputs[0]; i++) {
+        if (strcmp(ops->name, contract_inputs[i].policy)) continue;
+        char path[128] = "", params[256], spec[512];
+        if (contract_inputs[i].write) {
+            snprintf(path, sizeof path, "/tmp/kvs_conformance_%s_%d_%d.in", ops->name, f->L, f->Hkv);
+            contract_inputs[i].write(f, path);
+        }
+        const char *at = strstr(contract_inputs[i].params, "%s"); /* the file's path goes there */
+        if (at)
+            snprintf(params, sizeof params, "%.*s%s%s", (int)(at - contract_inputs[i].params), contract_inputs[i].params,
+                     path, at + 2);
+        else
+            snprintf(params, sizeof params, "%s", contract_inputs[i].params);
+        snprintf(spec, sizeof spec, "%s:%s", ops->name, params);
+        if (kvs_policy_parse(spec, cfg) != KVS_OK) fail_msg("%s: %s", spec, kvs_last_error());
+    }
+}
+
 /* Largest budget-checkable budget list per policy: validate() may reject small ones (streaming sinks). */
 static const int64_t budgets[] = {1, 3, 6, 11, 24};
 
@@ -315,7 +357,7 @@ static void test_every_policy_respects_budget_every_step(void **state) {
     for (int i = 0; i < kvs_policy_count(); i++) {
         const struct kvs_policy_ops *ops = kvs_policy_at(i);
         kvs_policy_config cfg;
-        kvs_policy_defaults(ops, &cfg);
+        contract_defaults(&f, ops, &cfg);
         for (size_t b = 0; b < sizeof budgets / sizeof budgets[0]; b++) {
             if (!budget_ok(&f, &cfg, budgets[b])) continue;
             recorder rec;
@@ -355,7 +397,7 @@ static void test_every_policy_is_deterministic(void **state) {
     fixture_make(&f, 2, 6);
     for (int i = 0; i < kvs_policy_count(); i++) {
         kvs_policy_config cfg;
-        kvs_policy_defaults(kvs_policy_at(i), &cfg);
+        contract_defaults(&f, kvs_policy_at(i), &cfg);
         int64_t B = 11;
         recorder a, b;
         rec_init(&a, &f);
@@ -386,7 +428,7 @@ static void test_no_policy_sees_the_future(void **state) {
     const int64_t cuts[] = {40, 57};
     for (int i = 0; i < kvs_policy_count(); i++) {
         kvs_policy_config cfg;
-        kvs_policy_defaults(kvs_policy_at(i), &cfg);
+        contract_defaults(&f, kvs_policy_at(i), &cfg);
         for (size_t ci = 0; ci < 2; ci++) {
             int64_t cut = cuts[ci];
             /* Perturb every q/k/v of positions > cut in every layer and head. */
@@ -425,7 +467,7 @@ static void test_non_oracles_read_only_what_they_store(void **state) {
         const struct kvs_policy_ops *ops = kvs_policy_at(i);
         if (ops->is_oracle) continue; /* labelled oracles may read everything, by definition */
         kvs_policy_config cfg;
-        kvs_policy_defaults(ops, &cfg);
+        contract_defaults(&f, ops, &cfg);
         for (size_t bi = 2; bi < sizeof budgets / sizeof budgets[0]; bi++) {
             if (!budget_ok(&f, &cfg, budgets[bi])) continue;
             recorder a, b;
