@@ -32,7 +32,8 @@
     X(hsa)                                                                                                        \
     X(quest)                                                                                                      \
     X(sparq)                                                                                                      \
-    X(synckv)
+    X(synckv)                                                                                                     \
+    X(qfilters)
 
 #define KVS_POLICY_EXTERN_(name) extern const struct kvs_policy_ops kvs_policy_##name;
 KVS_POLICY_REGISTRY(KVS_POLICY_EXTERN_)
