@@ -33,7 +33,8 @@
     X(quest)                                                                                                      \
     X(sparq)                                                                                                      \
     X(synckv)                                                                                                     \
-    X(qfilters)
+    X(qfilters)                                                                                                   \
+    X(ea)
 
 #define KVS_POLICY_EXTERN_(name) extern const struct kvs_policy_ops kvs_policy_##name;
 KVS_POLICY_REGISTRY(KVS_POLICY_EXTERN_)
