@@ -17,8 +17,8 @@
  *  - eps defaults to 0.01, the leaderboard entry that goes with adakv; preset `kvpress-class` is the class default
  *    (uniform, eps 0).
  *  - RoPE: theta and layout from the trace header; the Llama-3 scaling, which the header does not record, from
- *    rope_scaling (F:low:high:orig, e.g. 8:1:4:8192, or none); `auto` refuses a model whose name says Llama-3
- *    (§1.1 "Trace-format gap"), and a trace without theta is refused.
+ *    rope_scaling (none, llama31, llama32: the Llama-3.1/3.2 config.json values); `auto` refuses a model whose name
+ *    says Llama-3 (§1.1 "Trace-format gap"), and a trace without theta is refused.
  *  - Later turns (multi-turn, §0.3 [SIM-CHOICE]): the same rule over the resident set plus the new prompt, the
  *    statistics from that turn's prompt queries, each head keeping its budget (adakv: the first turn's count).
  *  - Accounting: the resident positions (the default); the reference only masks what Ada-KV prunes and keeps all P
@@ -55,9 +55,9 @@ static const kvs_policy_param ea_params[] = {
                  .help = "uniform: B per KV head; adakv: the layer's Hkv*B pooled across heads (alpha floor)"},
     [P_ALPHA] = {.key = "alpha_safe", .type = KVS_PARAM_DOUBLE, .def = 0.2, .lo = 0, .hi = 1,
                  .help = "Ada-KV safeguard: each head keeps at least floor(alpha B) of its best"},
-    [P_SCALING] = {.key = "rope_scaling", .type = KVS_PARAM_STRING, .def_str = "auto",
-                   .help = "Llama-3 RoPE scaling F:low:high:orig (e.g. 8:1:4:8192), none, or auto (none; refuses "
-                           "a Llama-3 model name)"},
+    [P_SCALING] = {.key = "rope_scaling", .type = KVS_PARAM_ENUM, .def = 0, .choices = "auto|none|llama31|llama32",
+                   .help = "RoPE frequency scaling the trace does not record: none; llama31 (factor 8, low 1, high 4, "
+                           "orig 8192); llama32 (factor 32); auto = none, refused for a Llama-3 model name"},
 };
 
 static const kvs_policy_preset ea_presets[] = {
@@ -215,23 +215,15 @@ static int name_says_llama3(const char *name) {
     return strstr(low, "llama-3") || strstr(low, "llama3") || strstr(low, "llama_3");
 }
 
-/* rope_scaling text -> scaling (factor 0 = none) */
-static kvs_status parse_scaling(const char *txt, const kvs_policy_model *m, kvs_rope_scaling *sc) {
+/* rope_scaling -> scaling (factor 0 = none); the Llama-3.x values are their config.json rope_scaling blocks */
+static kvs_status parse_scaling(int which, const kvs_policy_model *m, kvs_rope_scaling *sc) {
     memset(sc, 0, sizeof *sc);
-    if (!strcmp(txt, "none")) return KVS_OK;
-    if (!strcmp(txt, "auto") || !txt[0]) {
-        if (name_says_llama3(m->model_name))
-            return kvs_fail(KVS_ERR_INVALID_ARG,
-                            "ea: model %s looks like Llama-3, whose RoPE scaling the trace does not record: give "
-                            "rope_scaling=F:low:high:orig (Llama-3.1: 8:1:4:8192) or rope_scaling=none",
-                            m->model_name);
-        return KVS_OK;
-    }
-    char tail;
-    if (sscanf(txt, "%lf:%lf:%lf:%lf%c", &sc->factor, &sc->low, &sc->high, &sc->orig, &tail) != 4 ||
-        !(sc->factor > 0) || !(sc->low > 0) || !(sc->high > sc->low) || !(sc->orig > 0))
-        return kvs_fail(KVS_ERR_INVALID_ARG, "ea: rope_scaling '%s' is not F:low:high:orig with F, low, orig > 0 and "
-                                             "high > low (or none, auto)", txt);
+    if (which == 2) *sc = (kvs_rope_scaling){.factor = 8, .low = 1, .high = 4, .orig = 8192};
+    if (which == 3) *sc = (kvs_rope_scaling){.factor = 32, .low = 1, .high = 4, .orig = 8192};
+    if (which == 0 && name_says_llama3(m->model_name))
+        return kvs_fail(KVS_ERR_INVALID_ARG,
+                        "ea: model %s looks like Llama-3, whose RoPE scaling the trace does not record: give "
+                        "rope_scaling=llama31, llama32 or none", m->model_name);
     return KVS_OK;
 }
 
@@ -243,7 +235,7 @@ static kvs_status ea_validate(const kvs_policy_config *cfg, const kvs_policy_mod
         return kvs_fail(KVS_ERR_INVALID_ARG, "ea: head_dim %d is not an even size up to %d", (int)m->head_dim,
                         KVS_TRACE_MAX_HEAD_DIM);
     kvs_rope_scaling sc;
-    return parse_scaling(cfg->str[P_SCALING], m, &sc);
+    return parse_scaling((int)cfg->v[P_SCALING], m, &sc);
 }
 
 static kvs_ea_params params_of(const kvs_policy_config *cfg) {
@@ -253,7 +245,7 @@ static kvs_ea_params params_of(const kvs_policy_config *cfg) {
 
 static kvs_status freqs_of(const kvs_policy_config *cfg, const kvs_policy_model *m, double *freq) {
     kvs_rope_scaling sc;
-    kvs_status st = parse_scaling(cfg->str[P_SCALING], m, &sc);
+    kvs_status st = parse_scaling((int)cfg->v[P_SCALING], m, &sc);
     if (st == KVS_OK) kvs_rope_freqs(m->rope_theta, m->head_dim, &sc, freq);
     return st;
 }
