@@ -34,7 +34,8 @@
     X(sparq)                                                                                                      \
     X(synckv)                                                                                                     \
     X(qfilters)                                                                                                   \
-    X(ea)
+    X(ea)                                                                                                         \
+    X(shadowkv)
 
 #define KVS_POLICY_EXTERN_(name) extern const struct kvs_policy_ops kvs_policy_##name;
 KVS_POLICY_REGISTRY(KVS_POLICY_EXTERN_)
