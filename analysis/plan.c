@@ -426,6 +426,10 @@ kvs_status kvs_plan_aux_rule_of(const char *policy, const char *params, kvs_plan
         {"sparq", KVS_PLAN_AUX_PER_KV_HEAD, 0, 1, "a key copy of head_dim (KV dtype), per KV head"},
         /* int32 index lists of the resident positions, per KV head */
         {"synckv", KVS_PLAN_AUX_PER_KV_HEAD, -1, 0, "int32 index lists, per KV head"},
+        {"qfilters", KVS_PLAN_AUX_PER_KV_HEAD, -1, 0, "a cached score per held slot (and the filter), per KV head"},
+        {"ea", KVS_PLAN_AUX_PER_LIST, -1, 0, "none"},
+        /* landmarks, the low-rank factors U_r / SV in the KV element type, and chunk indices, per KV head */
+        {"shadowkv", KVS_PLAN_AUX_PER_KV_HEAD, 0, 1, "landmarks and low-rank key factors (KV dtype), per KV head"},
     };
     for (size_t i = 0; policy && i < sizeof rules / sizeof rules[0]; i++) {
         if (strcmp(policy, rules[i].name)) continue;
