@@ -111,10 +111,18 @@ kvs_status kvs_sym_eig(double *A, int n, double *w, double *V) {
                 if (r != c) off += x;
             }
         if (off <= 1e-30 * tot || off == 0) break;
+        /* an element below 1e-17 of |A| moves no eigenvalue by more than rounding: zero it instead of rotating, so that
+         * the sweeps end (the relative test above alone can stall at rounding level for large n) */
+        double tiny = 1e-17 * sqrt(tot);
+        int rotated = 0;
         for (int p = 0; p < n - 1; p++)
             for (int q = p + 1; q < n; q++) {
                 double apq = A[(size_t)p * n + q];
-                if (apq == 0) continue;
+                if (fabs(apq) <= tiny) {
+                    A[(size_t)p * n + q] = A[(size_t)q * n + p] = 0;
+                    continue;
+                }
+                rotated = 1;
                 double app = A[(size_t)p * n + p], aqq = A[(size_t)q * n + q];
                 double tau = (aqq - app) / (2.0 * apq);
                 double t = (tau >= 0 ? 1.0 : -1.0) / (fabs(tau) + sqrt(1.0 + tau * tau));
@@ -135,6 +143,7 @@ kvs_status kvs_sym_eig(double *A, int n, double *w, double *V) {
                     V[(size_t)k * n + q] = s * vkp + c * vkq;
                 }
             }
+        if (!rotated) break;
     }
     int *ord = malloc((size_t)n * sizeof *ord);
     double *tmp = malloc((size_t)n * (size_t)n * sizeof *tmp);

@@ -215,6 +215,38 @@ static void test_sym_eig(void **state) {
     }
 }
 
+/* A larger rank-deficient Gram matrix (the shape ShadowKV factors: more columns than the rank) converges and
+ * reconstructs: A V = V diag(w) to 1e-9 of |A|, and the eigenvalues beyond the rank vanish. */
+static void test_sym_eig_rank_deficient(void **state) {
+    (void)state;
+    enum { N = 48, R = 20 };
+    kvs_rng r;
+    kvs_rng_seed(&r, 8, 1);
+    double *B = malloc(sizeof(double) * R * N), *A = malloc(sizeof(double) * N * N), *A0 = malloc(sizeof(double) * N * N),
+           *V = malloc(sizeof(double) * N * N), w[N];
+    assert_true(B && A && A0 && V);
+    for (int i = 0; i < R * N; i++) B[i] = kvs_rng_open01(&r) - 0.5;
+    double fro = 0;
+    for (int i = 0; i < N; i++)
+        for (int j = 0; j < N; j++) {
+            double x = 0;
+            for (int k = 0; k < R; k++) x += B[k * N + i] * B[k * N + j];
+            A[i * N + j] = A0[i * N + j] = x;
+            fro += x * x;
+        }
+    fro = sqrt(fro);
+    assert_int_equal(kvs_sym_eig(A, N, w, V), KVS_OK);
+    for (int c = 0; c < N; c++) {
+        if (c >= R) assert_true(fabs(w[c]) < 1e-12 * fro);
+        for (int i = 0; i < N; i++) {
+            double av = 0;
+            for (int k = 0; k < N; k++) av += A0[i * N + k] * V[k * N + c];
+            assert_true(fabs(av - w[c] * V[i * N + c]) < 1e-9 * fro);
+        }
+    }
+    free(B), free(A), free(A0), free(V);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_r0_forward_and_inverse),
@@ -224,6 +256,7 @@ int main(void) {
         cmocka_unit_test(test_capture_round_trip_halves_hf),
         cmocka_unit_test(test_capture_round_trip_llama3_scaling),
         cmocka_unit_test(test_sym_eig),
+        cmocka_unit_test(test_sym_eig_rank_deficient),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
