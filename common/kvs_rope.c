@@ -1,9 +1,31 @@
 /* kvs_rope.c — RoPE, its inverse, R̄ and a Jacobi eigen-solver (see kvs_rope.h; POLICY_SPEC_2 §1.1-§1.2). */
 #include "kvs_rope.h"
 
+#include <ctype.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+static int name_says_llama3(const char *name) {
+    char low[64];
+    size_t i = 0;
+    for (; name && name[i] && i + 1 < sizeof low; i++) low[i] = (char)tolower((unsigned char)name[i]);
+    low[i] = 0;
+    return strstr(low, "llama-3") || strstr(low, "llama3") || strstr(low, "llama_3");
+}
+
+kvs_status kvs_rope_scaling_of(kvs_rope_scaling_choice choice, const char *model_name, const char *who,
+                               kvs_rope_scaling *sc) {
+    memset(sc, 0, sizeof *sc);
+    /* the Llama-3.x config.json rope_scaling blocks */
+    if (choice == KVS_ROPE_SCALING_LLAMA31) *sc = (kvs_rope_scaling){.factor = 8, .low = 1, .high = 4, .orig = 8192};
+    if (choice == KVS_ROPE_SCALING_LLAMA32) *sc = (kvs_rope_scaling){.factor = 32, .low = 1, .high = 4, .orig = 8192};
+    if (choice == KVS_ROPE_SCALING_AUTO && name_says_llama3(model_name))
+        return kvs_fail(KVS_ERR_INVALID_ARG,
+                        "%s: model %s looks like Llama-3, whose RoPE scaling the trace does not record: give "
+                        "rope_scaling=llama31, llama32 or none", who, model_name);
+    return KVS_OK;
+}
 
 void kvs_rope_freqs(double theta_b, int d, const kvs_rope_scaling *sc, double *freq) {
     for (int i = 0; i < d / 2; i++) {

@@ -23,6 +23,17 @@ typedef struct {
     double orig;     /* L_orig, the pre-scaling context (8192 for Llama-3.1) */
 } kvs_rope_scaling;
 
+/* The RoPE scalings a trace cannot record (POLICY_SPEC_2 §1.1 "Trace-format gap"), as a policy's enum parameter
+ * "auto|none|llama31|llama32" (KVS_ROPE_SCALING_CHOICES) takes them. */
+typedef enum { KVS_ROPE_SCALING_AUTO = 0, KVS_ROPE_SCALING_NONE, KVS_ROPE_SCALING_LLAMA31, KVS_ROPE_SCALING_LLAMA32 } kvs_rope_scaling_choice;
+#define KVS_ROPE_SCALING_CHOICES "auto|none|llama31|llama32"
+
+/*! kvs_rope_scaling_of() : the scaling of `choice` (llama31: factor 8, low 1, high 4, orig 8192; llama32: factor 32;
+ *  none and auto: none). AUTO on a model whose name says Llama-3 is KVS_ERR_INVALID_ARG (its scaling is not in the
+ *  trace), the detail starting with `who`. */
+kvs_status kvs_rope_scaling_of(kvs_rope_scaling_choice choice, const char *model_name, const char *who,
+                               kvs_rope_scaling *sc);
+
 /*! kvs_rope_freqs() : freq[i] (i < d/2) = theta_i as capture computes it (fp64 formula, Llama-3 rescaling when
  *  sc != NULL and sc->factor > 0, rounded to fp32), for an even d >= 2 and theta_b > 0. */
 void kvs_rope_freqs(double theta_b, int d, const kvs_rope_scaling *sc, double *freq);

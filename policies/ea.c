@@ -28,7 +28,6 @@
  */
 #include "ea_internal.h"
 
-#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -55,7 +54,7 @@ static const kvs_policy_param ea_params[] = {
                  .help = "uniform: B per KV head; adakv: the layer's Hkv*B pooled across heads (alpha floor)"},
     [P_ALPHA] = {.key = "alpha_safe", .type = KVS_PARAM_DOUBLE, .def = 0.2, .lo = 0, .hi = 1,
                  .help = "Ada-KV safeguard: each head keeps at least floor(alpha B) of its best"},
-    [P_SCALING] = {.key = "rope_scaling", .type = KVS_PARAM_ENUM, .def = 0, .choices = "auto|none|llama31|llama32",
+    [P_SCALING] = {.key = "rope_scaling", .type = KVS_PARAM_ENUM, .def = 0, .choices = KVS_ROPE_SCALING_CHOICES,
                    .help = "RoPE frequency scaling the trace does not record: none; llama31 (factor 8, low 1, high 4, "
                            "orig 8192); llama32 (factor 32); auto = none, refused for a Llama-3 model name"},
 };
@@ -207,26 +206,6 @@ void kvs_ea_keep_top(const double *score, int64_t n, int64_t count, int32_t *out
 
 /* ---- configuration ------------------------------------------------------------------------------------------- */
 
-static int name_says_llama3(const char *name) {
-    char low[64];
-    size_t i = 0;
-    for (; name[i] && i + 1 < sizeof low; i++) low[i] = (char)tolower((unsigned char)name[i]);
-    low[i] = 0;
-    return strstr(low, "llama-3") || strstr(low, "llama3") || strstr(low, "llama_3");
-}
-
-/* rope_scaling -> scaling (factor 0 = none); the Llama-3.x values are their config.json rope_scaling blocks */
-static kvs_status parse_scaling(int which, const kvs_policy_model *m, kvs_rope_scaling *sc) {
-    memset(sc, 0, sizeof *sc);
-    if (which == 2) *sc = (kvs_rope_scaling){.factor = 8, .low = 1, .high = 4, .orig = 8192};
-    if (which == 3) *sc = (kvs_rope_scaling){.factor = 32, .low = 1, .high = 4, .orig = 8192};
-    if (which == 0 && name_says_llama3(m->model_name))
-        return kvs_fail(KVS_ERR_INVALID_ARG,
-                        "ea: model %s looks like Llama-3, whose RoPE scaling the trace does not record: give "
-                        "rope_scaling=llama31, llama32 or none", m->model_name);
-    return KVS_OK;
-}
-
 static kvs_status ea_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget) {
     (void)budget;
     if (!(m->rope_theta > 0))
@@ -235,7 +214,7 @@ static kvs_status ea_validate(const kvs_policy_config *cfg, const kvs_policy_mod
         return kvs_fail(KVS_ERR_INVALID_ARG, "ea: head_dim %d is not an even size up to %d", (int)m->head_dim,
                         KVS_TRACE_MAX_HEAD_DIM);
     kvs_rope_scaling sc;
-    return parse_scaling((int)cfg->v[P_SCALING], m, &sc);
+    return kvs_rope_scaling_of((kvs_rope_scaling_choice)cfg->v[P_SCALING], m->model_name, "ea", &sc);
 }
 
 static kvs_ea_params params_of(const kvs_policy_config *cfg) {
@@ -245,7 +224,7 @@ static kvs_ea_params params_of(const kvs_policy_config *cfg) {
 
 static kvs_status freqs_of(const kvs_policy_config *cfg, const kvs_policy_model *m, double *freq) {
     kvs_rope_scaling sc;
-    kvs_status st = parse_scaling((int)cfg->v[P_SCALING], m, &sc);
+    kvs_status st = kvs_rope_scaling_of((kvs_rope_scaling_choice)cfg->v[P_SCALING], m->model_name, "ea", &sc);
     if (st == KVS_OK) kvs_rope_freqs(m->rope_theta, m->head_dim, &sc, freq);
     return st;
 }

@@ -25,6 +25,8 @@
  *  - outliers = -1 (AUTO) is ShadowKVCache_CPU's floor(sparse / 1024) 24 with sparse taken as B - local.
  *  - Multi-turn: at a later prompt's end everything seen is re-compressed as one prompt; positions whose exact keys
  *    the device no longer holds enter the new factorisation with their reconstructed keys (what a system has).
+ *  - RoPE: theta and layout from the trace header, the Llama-3 scaling (not in the header) from rope_scaling; `auto`
+ *    refuses a Llama-3 model name (§1.1), as policies/ea.c does.
  *  - Δ-REF 1-6 as the spec: landmarks/outliers/local from post-RoPE keys, SVD on pre-RoPE keys of all KV heads of a
  *    layer (the layer-shared U_r is divided by Hkv per KV head), no minimum prompt length, landmark scale = attn_scale.
  * Accounting per KV head and step (bytes = elements x kv_bytes): device KV = exact (local, outliers, generated) plus
@@ -46,7 +48,7 @@
 #include "../trace/trace.h"
 #include "registry.h"
 
-enum { P_C, P_LOCAL, P_OUTLIERS, P_RANK, P_RANKF };
+enum { P_C, P_LOCAL, P_OUTLIERS, P_RANK, P_RANKF, P_SCALING };
 #define SKV_MAX_SIGMA 64
 #define INDEX_BYTES 4.0
 
@@ -60,6 +62,9 @@ static const kvs_policy_param skv_params[] = {
                 .help = "rank r of the layer's pre-RoPE key factorisation; 0 = min(160, Hkv*d, n)"},
     [P_RANKF] = {.key = "rank_frac", .type = KVS_PARAM_DOUBLE, .def = 0, .lo = 0, .hi = 1,
                  .help = "when > 0: r = round(rank_frac * Hkv*d) (0.15625 = 160/1024 for small models)"},
+    [P_SCALING] = {.key = "rope_scaling", .type = KVS_PARAM_ENUM, .def = 0, .choices = KVS_ROPE_SCALING_CHOICES,
+                   .help = "RoPE frequency scaling the trace does not record: none; llama31 (factor 8, low 1, high 4, "
+                           "orig 8192); llama32 (factor 32); auto = none, refused for a Llama-3 model name"},
 };
 
 static const kvs_policy_preset skv_presets[] = {
@@ -102,7 +107,6 @@ kvs_shadowkv_debug kvs_shadowkv_inspect(const void *state) {
 }
 
 static kvs_status skv_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget) {
-    (void)cfg;
     (void)budget;
     if (!(m->rope_theta > 0))
         return kvs_fail(KVS_ERR_INVALID_ARG,
@@ -110,7 +114,8 @@ static kvs_status skv_validate(const kvs_policy_config *cfg, const kvs_policy_mo
     if (m->head_dim % 2 || m->head_dim > KVS_TRACE_MAX_HEAD_DIM)
         return kvs_fail(KVS_ERR_INVALID_ARG, "shadowkv: head_dim %d is not an even size up to %d", (int)m->head_dim,
                         KVS_TRACE_MAX_HEAD_DIM);
-    return KVS_OK;
+    kvs_rope_scaling sc;
+    return kvs_rope_scaling_of((kvs_rope_scaling_choice)cfg->v[P_SCALING], m->model_name, "shadowkv", &sc);
 }
 
 static void skv_free(void *state) {
@@ -129,8 +134,14 @@ static kvs_status skv_create(const kvs_policy_init *init, void **state) {
     s->B = init->budget;
     s->c = (int64_t)cfg->v[P_C], s->local_chunks = (int64_t)cfg->v[P_LOCAL], s->outl_param = (int64_t)cfg->v[P_OUTLIERS];
     s->rank_param = (int64_t)cfg->v[P_RANK], s->rank_frac = cfg->v[P_RANKF];
-    /* the Llama-3 scaling is not recorded (§1.1): a Llama-3 trace would need it, as policies/ea.c's rope_scaling */
-    kvs_rope_freqs(init->model->rope_theta, s->d, NULL, s->freq);
+    kvs_rope_scaling sc;
+    kvs_status st = kvs_rope_scaling_of((kvs_rope_scaling_choice)cfg->v[P_SCALING], init->model->model_name,
+                                        "shadowkv", &sc);
+    if (st != KVS_OK) {
+        free(s);
+        return st;
+    }
+    kvs_rope_freqs(init->model->rope_theta, s->d, &sc, s->freq);
     s->cap = init->model->n_positions + 1;
     size_t rows = (size_t)s->cap * (size_t)s->d;
     s->kpre = malloc(rows * sizeof *s->kpre);

@@ -197,11 +197,28 @@ static void test_lossless_at_full_rank(void **state) {
     g.ops->free(g.st);
 }
 
+/* The trace does not record Llama-3's RoPE scaling: auto refuses such a model, an explicit choice is accepted. */
+static void test_llama3_scaling_must_be_given(void **state) {
+    (void)state;
+    kvs_policy_config cfg;
+    kvs_policy_model m = {.n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .group = 2, .head_dim = 4, .scale = 0.5f,
+                          .n_positions = 6, .prompt_len = 6, .rope_theta = 500000.0f, .rope_layout = 1};
+    snprintf(m.model_name, sizeof m.model_name, "Meta-Llama-3.1-8B");
+    assert_int_equal(kvs_policy_parse("shadowkv", &cfg), KVS_OK);
+    assert_int_equal(kvs_policy_validate(&cfg, &m, 8), KVS_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvs_last_error(), "rope_scaling"));
+    assert_int_equal(kvs_policy_parse("shadowkv:rope_scaling=llama31", &cfg), KVS_OK);
+    assert_int_equal(kvs_policy_validate(&cfg, &m, 8), KVS_OK);
+    m.rope_theta = 0;
+    assert_int_equal(kvs_policy_validate(&cfg, &m, 8), KVS_ERR_INVALID_ARG);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_gskv),
         cmocka_unit_test(test_accounting),
         cmocka_unit_test(test_lossless_at_full_rank),
+        cmocka_unit_test(test_llama3_scaling_must_be_given),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
