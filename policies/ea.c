@@ -94,12 +94,16 @@ kvs_status kvs_ea_scores(const kvs_ea_params *p, const double *freq, int layout,
             kvs_rope_invert_f64(x, pre + (size_t)i * d, d, layout, q_first + i, freq);
             for (int a = 0; a < d; a++) mu[a] += pre[(size_t)i * d + a] / (double)m;
         }
-        if (p->use_cov)
+        if (p->use_cov) { /* the population covariance, its upper triangle accumulated and mirrored */
             for (int64_t i = first_stat; i < nq; i++) {
                 const double *r = pre + (size_t)i * d;
+                for (int a = 0; a < d; a++) x[a] = r[a] - mu[a];
                 for (int a = 0; a < d; a++)
-                    for (int b = 0; b < d; b++) S[a * d + b] += (r[a] - mu[a]) * (r[b] - mu[b]) / (double)m;
+                    for (int b = a; b < d; b++) S[a * d + b] += x[a] * x[b];
             }
+            for (int a = 0; a < d; a++)
+                for (int b = a; b < d; b++) S[b * d + a] = S[a * d + b] = S[a * d + b] / (double)m;
+        }
         kvs_rope_avg_apply(mu, mu, d, layout, cb, sb);
         if (p->use_cov) { /* Sigma' = R̄ Sigma R̄^T: R̄ on every column, then on every row */
             for (int c = 0; c < d; c++) {
@@ -116,11 +120,11 @@ kvs_status kvs_ea_scores(const kvs_ea_params *p, const double *freq, int layout,
             const float *kj = k + (size_t)cand[c] * (size_t)d;
             double lin = 0, quad = 0;
             for (int a = 0; a < d; a++) lin += mu[a] * kj[a];
-            if (p->use_cov)
+            if (p->use_cov) /* k^T Sigma' k over the upper triangle: the diagonal once, the rest twice */
                 for (int a = 0; a < d; a++) {
-                    double row = 0;
-                    for (int b = 0; b < d; b++) row += S[a * d + b] * kj[b];
-                    quad += kj[a] * row;
+                    double row = 0.5 * S[a * d + a] * kj[a];
+                    for (int b = a + 1; b < d; b++) row += S[a * d + b] * kj[b];
+                    quad += 2.0 * kj[a] * row;
                 }
             z[c] = scale * lin + 0.5 * scale * scale * quad;
             if (z[c] > zmax) zmax = z[c];
@@ -287,6 +291,8 @@ static kvs_status ea_alloc_end(void *alloc, int64_t *budgets) {
     return st;
 }
 
+static const void *ea_alloc_shared(void *alloc) { return alloc; }
+
 static void ea_alloc_free(void *alloc) {
     ea_alloc *a = alloc;
     if (a) free(a->scores);
@@ -304,6 +310,9 @@ typedef struct {
     int32_t *res, *cand, *keep;
     double *score;
     int64_t n_res, cap;
+    const double *first_scores; /* adakv: the allocation pass's scores of the first prompt for this head (the same
+                                 * view, so the same numbers), or NULL */
+    int64_t first_n;
 } ea_state;
 
 static kvs_status ea_create(const kvs_policy_init *init, void **state) {
@@ -314,6 +323,11 @@ static kvs_status ea_create(const kvs_policy_init *init, void **state) {
     s->adakv = (int)init->cfg->v[P_ALLOC] == ALLOC_ADAKV;
     s->budget = init->budget;
     s->cap = init->model->n_positions + 1;
+    const ea_alloc *a = init->shared;
+    if (a && a->scores) {
+        s->first_scores = a->scores + ((size_t)init->layer * a->m.n_kv_heads + init->kv_head) * (size_t)a->P;
+        s->first_n = a->P;
+    }
     kvs_status st = freqs_of(init->cfg, init->model, s->freq);
     s->res = malloc((size_t)s->cap * sizeof *s->res);
     s->cand = malloc((size_t)s->cap * sizeof *s->cand);
@@ -344,9 +358,13 @@ static kvs_status ea_prefill(void *state, const kvs_policy_view *v) {
         s->n_res = nc;
         return KVS_OK;
     }
-    kvs_status st = kvs_ea_scores(&s->p, s->freq, s->m.rope_layout, v->scale, v->group, v->head_dim, v->q, v->q_first,
-                                  v->n_q, v->n, v->k, v->v, s->cand, nc, s->score);
-    if (st != KVS_OK) return st;
+    if (s->first_scores && v->turn_begin == 0 && nc == s->first_n) {
+        memcpy(s->score, s->first_scores, (size_t)nc * sizeof *s->score); /* scored once, in the allocation pass */
+    } else {
+        kvs_status st = kvs_ea_scores(&s->p, s->freq, s->m.rope_layout, v->scale, v->group, v->head_dim, v->q,
+                                      v->q_first, v->n_q, v->n, v->k, v->v, s->cand, nc, s->score);
+        if (st != KVS_OK) return st;
+    }
     if (s->adakv) {
         kvs_ea_keep_top(s->score, nc, s->budget, s->keep);
     } else {
@@ -407,4 +425,5 @@ const struct kvs_policy_ops kvs_policy_ea = {
     .alloc_prefill = ea_alloc_prefill,
     .alloc_end = ea_alloc_end,
     .alloc_free = ea_alloc_free,
+    .alloc_shared = ea_alloc_shared,
 };

@@ -283,9 +283,11 @@ static kvs_status skv_layer_sync(void *const *states, int n_kv_heads, kvs_policy
         }
         for (int x = 0; x < N; x++) {
             if (row[x] == 0) continue;
-            for (int y = 0; y < N; y++) A[(size_t)x * N + y] += row[x] * row[y];
+            for (int y = x; y < N; y++) A[(size_t)x * N + y] += row[x] * row[y];
         }
     }
+    for (int x = 0; x < N; x++) /* the upper triangle mirrored */
+        for (int y = x + 1; y < N; y++) A[(size_t)y * N + x] = A[(size_t)x * N + y];
     if ((st = kvs_sym_eig(A, N, w, V)) != KVS_OK) goto done;
     int full = N < n ? N : (int)n;
     int r = s0->rank_frac > 0 ? (int)lround(s0->rank_frac * N) : s0->rank_param > 0 ? (int)s0->rank_param : 160;
