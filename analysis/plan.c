@@ -428,6 +428,7 @@ kvs_status kvs_plan_aux_rule_of(const char *policy, const char *params, kvs_plan
         {"synckv", KVS_PLAN_AUX_PER_KV_HEAD, -1, 0, "int32 index lists, per KV head"},
         {"qfilters", KVS_PLAN_AUX_PER_KV_HEAD, -1, 0, "a cached score per held slot (and the filter), per KV head"},
         {"ea", KVS_PLAN_AUX_PER_LIST, -1, 0, "none"},
+        {"ea_decode", KVS_PLAN_AUX_PER_KV_HEAD, 0, 1, "the last qbuf queries of the group, head_dim (KV dtype), per KV head"},
         /* landmarks, the low-rank factors U_r / SV in the KV element type, and chunk indices, per KV head */
         {"shadowkv", KVS_PLAN_AUX_PER_KV_HEAD, 0, 1, "landmarks and low-rank key factors (KV dtype), per KV head"},
     };

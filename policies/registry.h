@@ -35,6 +35,7 @@
     X(synckv)                                                                                                     \
     X(qfilters)                                                                                                   \
     X(ea)                                                                                                         \
+    X(ea_decode)                                                                                                  \
     X(shadowkv)
 
 #define KVS_POLICY_EXTERN_(name) extern const struct kvs_policy_ops kvs_policy_##name;

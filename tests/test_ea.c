@@ -199,6 +199,68 @@ static void test_lossless_when_budget_covers_prompt(void **state) {
     ops->free(st);
 }
 
+/* ea_decode on G-EA's six positions plus a seventh: budget 6, so the seventh step holds 7 and cuts one. The evicted
+ * one is the lowest of the expected-attention scores computed here directly (statistics of the buffered queries,
+ * sinks 0 and 1 excluded, future from a0 = 6, candidates 0..5, without |v|, which would always evict position 2).
+ * The seventh query was chosen so that the evicted position changes with a0 (7 evicts 2), without the current query
+ * in the statistics (4), and with a buffer of 5 queries instead of 4 (3): the assertions below pin each. */
+static void ea_decode_step(const char *spec, int64_t first, int want_evicted) {
+    const struct kvs_policy_ops *ops = kvs_policy_find("ea_decode");
+    assert_non_null(ops);
+    kvs_policy_config cfg;
+    if (kvs_policy_parse(spec, &cfg) != KVS_OK) fail_msg("%s: %s", spec, kvs_last_error());
+    float q[7][2][4], k[7][4], v[7][4];
+    memcpy(q, gq, sizeof gq);
+    memcpy(k, gk, sizeof gk);
+    memcpy(v, gv, sizeof gv);
+    const float q6[2][4] = {{0, 1.4f, 1.5f, -1.5f}, {-0.9f, -1.8f, 0.1f, 1.5f}};
+    const float k6[4] = {0.3f, 0.9f, -0.4f, 0.2f}, v6[4] = {0.1f, 0.2f, -0.3f, 0.4f};
+    memcpy(q[6], q6, sizeof q6);
+    memcpy(k[6], k6, sizeof k6);
+    memcpy(v[6], v6, sizeof v6);
+    kvs_policy_model m = {.n_layers = 1, .n_heads = 2, .n_kv_heads = 1, .group = 2, .head_dim = 4, .scale = 0.5f,
+                          .kv_bytes = 2, .aux_bytes = 4, .n_positions = 7, .prompt_len = 6, .rope_theta = 10000.0f,
+                          .rope_layout = 1};
+    kvs_policy_view pv = {.n = 6, .group = 2, .head_dim = 4, .scale = 0.5f, .k = &k[0][0], .v = &v[0][0],
+                          .q = &q[0][0][0], .q_first = 0, .n_q = 6, .turn_begin = 0, .prompt_end = 6,
+                          .block_begin = 0, .last_block = 1};
+    kvs_policy_init init = {.model = &m, .cfg = &cfg, .budget = 6, .budget_nominal = 6};
+    void *st = NULL;
+    assert_int_equal(ops->create(&init, &st), KVS_OK);
+    assert_int_equal(ops->prefill(st, &pv), KVS_OK);
+    int32_t idx[8];
+    int64_t n = 0;
+    int32_t *lists[1] = {idx};
+    kvs_policy_sel sel = {.idx = lists, .n = &n, .n_lists = 1, .cap = 8};
+    kvs_policy_view dv = {.n = 7, .group = 2, .head_dim = 4, .scale = 0.5f, .k = &k[0][0], .v = &v[0][0],
+                          .q = &q[6][0][0], .q_first = 6, .n_q = 1, .turn_begin = 0, .prompt_end = 6,
+                          .block_begin = 6, .last_block = 1};
+    assert_int_equal(ops->select(st, &dv, &sel), KVS_OK);
+    assert_int_equal(n, 6);
+    kvs_ea_params p = {.n_future = 4, .n_sink = 2, .use_cov = 1, .use_vnorm = 0, .eps = 0};
+    double freq[2], sc[6];
+    kvs_rope_freqs(10000.0, 4, NULL, freq);
+    int32_t cand[6] = {0, 1, 2, 3, 4, 5};
+    assert_int_equal(kvs_ea_scores(&p, freq, 1, 0.5, 2, 4, &q[first][0][0], first, 7 - first, 6, &k[0][0], &v[0][0],
+                                   cand, 6, sc),
+                     KVS_OK);
+    int worst = 2; /* sinks 0, 1 score max + 1 */
+    for (int j = 3; j < 6; j++)
+        if (sc[j] < sc[worst]) worst = j;
+    assert_int_equal(worst, want_evicted);
+    int32_t want[6], w = 0;
+    for (int j = 0; j < 7; j++)
+        if (j != worst) want[w++] = j;
+    for (int i = 0; i < 6; i++) assert_int_equal(idx[i], want[i]);
+    ops->free(st);
+}
+
+static void test_ea_decode_step(void **state) {
+    (void)state;
+    ea_decode_step("ea_decode:n_future=4,n_sink=2,use_vnorm=0", 0, 3);
+    ea_decode_step("ea_decode:n_future=4,n_sink=2,use_vnorm=0,qbuf=4", 3, 4);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_golden_gea_scores),
@@ -207,6 +269,7 @@ int main(void) {
         cmocka_unit_test(test_ea2_gaussian_expectation),
         cmocka_unit_test(test_validation),
         cmocka_unit_test(test_lossless_when_budget_covers_prompt),
+        cmocka_unit_test(test_ea_decode_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
