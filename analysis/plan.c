@@ -431,6 +431,11 @@ kvs_status kvs_plan_aux_rule_of(const char *policy, const char *params, kvs_plan
         {"simlayerkv", KVS_PLAN_AUX_PER_KV_HEAD, -1, 0, "the layer's lazy score, shared by its KV heads"},
         {"duo", KVS_PLAN_AUX_PER_KV_HEAD, -1, 0, "the head map, one bit per KV head"},
         {"duo_heuristic", KVS_PLAN_AUX_PER_KV_HEAD, -1, 0, "the head map, one bit per KV head"},
+        {"qfilters", KVS_PLAN_AUX_PER_KV_HEAD, -1, 0, "a cached score per held slot (and the filter), per KV head"},
+        {"ea", KVS_PLAN_AUX_PER_LIST, -1, 0, "none"},
+        {"ea_decode", KVS_PLAN_AUX_PER_KV_HEAD, 0, 1, "the last qbuf queries of the group, head_dim (KV dtype), per KV head"},
+        /* landmarks, the low-rank factors U_r / SV in the KV element type, and chunk indices, per KV head */
+        {"shadowkv", KVS_PLAN_AUX_PER_KV_HEAD, 0, 1, "landmarks and low-rank key factors (KV dtype), per KV head"},
     };
     for (size_t i = 0; policy && i < sizeof rules / sizeof rules[0]; i++) {
         if (strcmp(policy, rules[i].name)) continue;

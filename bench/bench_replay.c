@@ -212,7 +212,8 @@ int main(void) {
                                        .group = mc.n_heads / mc.n_kv_heads, .head_dim = mc.head_dim,
                                        .scale = mc.attn_scale, .kv_bytes = 2, .aux_bytes = 4,
                                        .n_positions = o.n_positions, .prompt_len = turns[0].prompt_end,
-                                       .max_new_tokens = o.n_positions - turns[0].prompt_end};
+                                       .max_new_tokens = o.n_positions - turns[0].prompt_end,
+                                       .rope_theta = mc.rope_theta, .rope_layout = mc.rope_layout};
         mem.turns = turns;
         mem.n_turns = n_turns;
         mem.q = g->q;

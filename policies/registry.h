@@ -36,7 +36,11 @@
     X(cake)                                                                                                       \
     X(simlayerkv)                                                                                                 \
     X(duo)                                                                                                        \
-    X(duo_heuristic)
+    X(duo_heuristic)                                                                                              \
+    X(qfilters)                                                                                                   \
+    X(ea)                                                                                                         \
+    X(ea_decode)                                                                                                  \
+    X(shadowkv)
 
 #define KVS_POLICY_EXTERN_(name) extern const struct kvs_policy_ops kvs_policy_##name;
 KVS_POLICY_REGISTRY(KVS_POLICY_EXTERN_)

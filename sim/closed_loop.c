@@ -454,7 +454,9 @@ kvs_status kvs_closed_loop_run(const kvs_closed_loop_opts *o, kvs_closed_loop_re
         .n_layers = c.L, .n_heads = c.H, .n_kv_heads = c.Hkv, .group = c.G, .head_dim = c.d, .scale = mc->attn_scale,
         .kv_bytes = 2, .aux_bytes = 4, .n_positions = N, .prompt_len = c.P,
         .max_new_tokens = o->free_running ? o->max_new : o->n_tokens - c.P, .max_seq_len = mc->max_seq_len,
+        .rope_theta = mc->rope_theta, .rope_layout = mc->rope_layout,
     };
+    snprintf(c.pm.model_name, sizeof c.pm.model_name, "%s", mc->model_name);
     c.n_lists = kvs_policy_layout(&o->policy) == KVS_SEL_PER_QUERY_HEAD ? c.G : 1;
     c.turn = (kvs_turn){.begin = 0, .prompt_end = c.P, .end = N};
     {

@@ -147,6 +147,9 @@ typedef struct {
     int64_t prompt_len;     /* first turn's prompt length */
     int64_t max_new_tokens; /* capture setting, 0 if unknown */
     int64_t max_seq_len;    /* the model's context length (trace header), 0 if unknown */
+    float rope_theta;       /* RoPE base theta_b (trace header), 0 if unknown: policies that invert RoPE refuse then */
+    int32_t rope_layout;    /* trace/trace.h kvs_rope_layout: 0 adjacent pairs (llama2.c), 1 halves (HF) */
+    char model_name[64];    /* trace header model_name ("" if unknown): Llama-3 RoPE scaling and calibration checks */
 } kvs_policy_model;
 
 /* Arguments of create(): borrowed for the duration of the call only (copy what you keep). */

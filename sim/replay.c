@@ -1814,6 +1814,9 @@ kvs_status kvs_replay_source_from_trace(const kvs_trace *t, kvs_replay_source *o
     m->prompt_len = info->prompt_len;
     m->max_new_tokens = info->capture.max_new_tokens;
     m->max_seq_len = info->model.max_seq_len;
+    m->rope_theta = info->model.rope_theta;
+    m->rope_layout = info->model.rope_layout;
+    snprintf(m->model_name, sizeof m->model_name, "%s", info->model.model_name);
     out->n_turns = info->n_turns;
     out->turns = info->turns;
     out->user = (void *)t; /* the callbacks only read through the const reader API */

@@ -1,6 +1,7 @@
 /* replay_fixture.c — see replay_fixture.h (test helper over GENERATED data). */
 #include "replay_fixture.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,6 +37,9 @@ kvs_status kvs_test_replay_fixture_make(const kvs_gen_trace_opts *o, int kv_byte
     m->n_positions = f->N;
     m->prompt_len = f->turns[0].prompt_end;
     m->max_new_tokens = f->N - f->turns[0].prompt_end;
+    m->rope_theta = mc.rope_theta;
+    m->rope_layout = mc.rope_layout;
+    snprintf(m->model_name, sizeof m->model_name, "%s", mc.model_name);
     f->mem.turns = f->turns;
     f->mem.n_turns = f->n_turns;
     f->mem.q = f->g->q;
