@@ -585,5 +585,7 @@ void kvs_tokenizer_free(kvs_tokenizer *t) {
     free(t->dec);
     for (size_t i = 0; i < t->n_added; i++) free(t->added[i].content);
     free(t->added);
+    free(t->added_trie[0].nodes);
+    free(t->added_trie[1].nodes);
     free(t);
 }

@@ -41,6 +41,38 @@ static char *dup_bytes(const char *s, size_t n) {
     return p;
 }
 
+/* Adds added token k (its content) to trie tr; the first token of a content keeps the node. */
+static kvs_status trie_add(kvs_tok_trie *tr, const kvs_tok_added *ad, int32_t k) {
+    if (tr->n == 0) {
+        tr->cap = 64;
+        tr->nodes = malloc(tr->cap * sizeof *tr->nodes);
+        if (!tr->nodes) return kvs_fail(KVS_ERR_NOMEM, "tokenizer: out of memory");
+        tr->nodes[0] = (kvs_tok_trie_node){.child = -1, .sibling = -1, .token = -1};
+        tr->n = 1;
+    }
+    int32_t node = 0;
+    for (size_t i = 0; i < ad->len; i++) {
+        uint8_t b = (uint8_t)ad->content[i];
+        int32_t c = tr->nodes[node].child;
+        while (c >= 0 && tr->nodes[c].byte != b) c = tr->nodes[c].sibling;
+        if (c < 0) {
+            if (tr->n == tr->cap) {
+                kvs_tok_trie_node *g = realloc(tr->nodes, 2 * tr->cap * sizeof *g);
+                if (!g) return kvs_fail(KVS_ERR_NOMEM, "tokenizer: out of memory");
+                tr->nodes = g;
+                tr->cap *= 2;
+            }
+            if (tr->n > INT32_MAX - 1) return kvs_fail(KVS_ERR_UNSUPPORTED, "tokenizer: added tokens too long");
+            c = (int32_t)tr->n++;
+            tr->nodes[c] = (kvs_tok_trie_node){.child = -1, .sibling = tr->nodes[node].child, .token = -1, .byte = b};
+            tr->nodes[node].child = c;
+        }
+        node = c;
+    }
+    if (tr->nodes[node].token < 0) tr->nodes[node].token = k;
+    return KVS_OK;
+}
+
 static const char *type_of_step(const kvs_json *v) {
     const char *s = kvs_json_string(kvs_json_get(v, "type"));
     return s ? s : "";
@@ -456,6 +488,10 @@ static kvs_status load_model(const char *path, kvs_tokenizer *t, const kvs_json 
             t->piece_len[ad->id] = (uint32_t)ad->len;
         }
         if (ad->special) t->skip[ad->id] = 1;
+        if ((st = trie_add(&t->added_trie[ad->normalized ? 1 : 0], ad, (int32_t)i)) != KVS_OK) {
+            free(in_model);
+            return st;
+        }
     }
     st = kvs_tok_build_map(t, in_model);
     free(in_model);
@@ -775,15 +811,24 @@ cleanup:
 }
 
 /* Leftmost-longest match of an added token with the given `normalized` flag in s[from..n): start/end of
- * the match (whitespace absorbed for lstrip/rstrip) and its index; 0 when there is none. */
+ * the match (whitespace absorbed for lstrip/rstrip) and its index; 0 when there is none. Walks the added tokens'
+ * trie from each position (the longest token ending on the path; among equal contents the first in the file). */
 static int find_added(const kvs_tokenizer *t, int normalized, const char *s, size_t n, size_t from,
                       size_t *m_start, size_t *m_end, size_t *which) {
+    const kvs_tok_trie *tr = &t->added_trie[normalized ? 1 : 0];
+    if (tr->n < 2) return 0;
     for (size_t pos = from; pos < n; pos++) {
         size_t best_len = 0, best = 0;
-        for (size_t k = 0; k < t->n_added; k++) {
-            const kvs_tok_added *ad = &t->added[k];
-            if (ad->normalized != normalized || ad->len > n - pos || ad->len <= best_len) continue;
-            if (memcmp(s + pos, ad->content, ad->len) == 0) { best_len = ad->len; best = k; }
+        int32_t node = 0;
+        for (size_t j = pos; j < n; j++) {
+            int32_t c = tr->nodes[node].child;
+            while (c >= 0 && tr->nodes[c].byte != (uint8_t)s[j]) c = tr->nodes[c].sibling;
+            if (c < 0) break;
+            node = c;
+            if (tr->nodes[node].token >= 0) {
+                best_len = j - pos + 1;
+                best = (size_t)tr->nodes[node].token;
+            }
         }
         if (best_len == 0) continue;
         size_t st = pos, en = pos + best_len;

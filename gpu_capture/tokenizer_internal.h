@@ -88,6 +88,20 @@ typedef struct {
     int special, normalized, lstrip, rstrip;
 } kvs_tok_added;
 
+/* A byte trie of the added tokens' contents, so that finding the leftmost-longest added token costs the length of
+ * the match at each position, not a comparison with every added token (Llama-3 has 256 of them). Node 0 is the root;
+ * children are a singly linked list of siblings; token = the added token ending at the node (the first of equal
+ * contents, as a scan in file order finds), -1 for none. */
+typedef struct {
+    int32_t child, sibling, token;
+    uint8_t byte;
+} kvs_tok_trie_node;
+
+typedef struct {
+    kvs_tok_trie_node *nodes;
+    size_t n, cap;
+} kvs_tok_trie;
+
 enum { KVS_TOK_LLAMA2C = 1, KVS_TOK_HF = 2 };
 
 struct kvs_tokenizer {
@@ -113,6 +127,7 @@ struct kvs_tokenizer {
     size_t n_dec;
     kvs_tok_added *added;
     size_t n_added;
+    kvs_tok_trie added_trie[2]; /* the added tokens with normalized 0 / 1 */
 };
 
 /* Allocates the per-id arrays of t for n ids (pieces NULL, byte_of -1, skip 0). */

@@ -394,6 +394,106 @@ static kvs_status load_json_text(const char *json) {
 
 #define VOCAB "\"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2}"
 
+/* Added tokens are found leftmost-longest (the `tokenizers` rule) through a trie: the llama3 fixture with Llama-3's
+ * 256 reserved special tokens and tokens that are prefixes of one another ("<|x|>", "<|x|>y", a repeated content
+ * whose first entry wins), on random texts of whole tokens, their prefixes and plain words, against a naive
+ * leftmost-longest split over the tokens in file order with every plain segment encoded on its own. */
+static void test_added_tokens_leftmost_longest(void **state) {
+    (void)state;
+    char src[4096], dir[] = "/tmp/kvs_tok_added_XXXXXX", dst[256];
+    path_of(src, sizeof src, "tests/fixtures/tokenizer/bytelevel_llama3/tokenizer.json");
+    assert_non_null(mkdtemp(dir));
+    snprintf(dst, sizeof dst, "%s/tokenizer.json", dir);
+    size_t n_json = 0;
+    char *json = kvs_test_slurp(src, &n_json);
+    assert_non_null(json);
+    const char *key = "\"added_tokens\"";
+    char *at = strstr(json, key);
+    assert_non_null(at);
+    char *open = strchr(at, '[');
+    assert_non_null(open);
+    FILE *f = fopen(dst, "w");
+    assert_non_null(f);
+    fwrite(json, 1, (size_t)(open + 1 - json), f);
+    enum { N_EXTRA = 256 + 4 };
+    static char contents[N_EXTRA][48];
+    for (int i = 0; i < 256; i++) snprintf(contents[i], sizeof contents[i], "<|reserved_special_token_%d|>", i);
+    snprintf(contents[256], sizeof contents[256], "<|x|>");
+    snprintf(contents[257], sizeof contents[257], "<|x|>y");
+    snprintf(contents[258], sizeof contents[258], "<|x|>");  /* a repeated content: the first (id 815) wins */
+    snprintf(contents[259], sizeof contents[259], "|>z");
+    for (int i = 0; i < N_EXTRA; i++)
+        fprintf(f, "{\"id\": %d, \"content\": \"%s\", \"single_word\": false, \"lstrip\": false, \"rstrip\": false, "
+                   "\"normalized\": false, \"special\": true},",
+                559 + i, contents[i]);
+    fputs(open + 1, f);
+    assert_int_equal(fclose(f), 0);
+    free(json);
+    kvs_tokenizer *t = NULL;
+    kvs_status st = kvs_tokenizer_load_hf(dst, &t);
+    if (st != KVS_OK) fprintf(stderr, "load %s: %s\n", dst, kvs_last_error());
+    assert_int_equal(st, KVS_OK);
+    assert_int_equal(t->n_added, 3 + N_EXTRA);
+    static const char *const words[] = {"Once", " upon", " a time", "<|", "|>", "x", "y", "z", " ", "\n", "<", "|"};
+    uint64_t rng = 88172645463325252ULL;
+    char text[2048];
+    int32_t want[4096];
+    for (int trial = 0; trial < 300; trial++) {
+        size_t len = 0;
+        int parts = 1 + trial % 12;
+        for (int k = 0; k < parts; k++) {
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            const char *piece;
+            size_t cut = 0;
+            switch (rng % 4) {
+            case 0: piece = t->added[(rng >> 8) % t->n_added].content; break;
+            case 1: /* a proper prefix of an added token */
+                piece = t->added[(rng >> 8) % t->n_added].content;
+                cut = 1 + (rng >> 20) % (strlen(piece) - 1);
+                break;
+            default: piece = words[(rng >> 8) % (sizeof words / sizeof *words)]; break;
+            }
+            size_t pl = cut ? cut : strlen(piece);
+            assert_true(len + pl < sizeof text);
+            memcpy(text + len, piece, pl);
+            len += pl;
+        }
+        text[len] = 0;
+        /* the naive split: at the first position where some added token matches, the longest (first among equal) */
+        size_t n_want = 0, from = 0;
+        for (;;) {
+            size_t pos = from, best_len = 0, best = 0;
+            for (; pos < len && !best_len; pos++)
+                for (size_t k = 0; k < t->n_added; k++) {
+                    size_t al = t->added[k].len;
+                    if (al <= len - pos && al > best_len && !memcmp(text + pos, t->added[k].content, al))
+                        best_len = al, best = k;
+                }
+            size_t seg_end = best_len ? pos - 1 : len;
+            if (seg_end > from) {
+                char seg[2048];
+                memcpy(seg, text + from, seg_end - from);
+                seg[seg_end - from] = 0;
+                size_t n;
+                int32_t *ids = encode(t, seg, 0, &n);
+                memcpy(want + n_want, ids, n * sizeof *ids);
+                n_want += n;
+                free(ids);
+            }
+            if (!best_len) break;
+            want[n_want++] = t->added[best].id;
+            from = seg_end + best_len;
+        }
+        size_t n;
+        int32_t *ids = encode(t, text, 0, &n);
+        if (n != n_want || memcmp(ids, want, n * sizeof *ids)) fail_msg("trial %d: \"%s\": ids differ", trial, text);
+        free(ids);
+    }
+    kvs_tokenizer_free(t);
+    unlink(dst);
+    rmdir(dir);
+}
+
 static void test_malformed_files_are_clear_errors(void **state) {
     (void)state;
     strcpy(tmpdir, "/tmp/kvs_tok_XXXXXX");
@@ -491,6 +591,7 @@ int main(void) {
         cmocka_unit_test(test_split_regex_edge_cases),
         cmocka_unit_test(test_fuzz_bytelevel_round_trip),
         cmocka_unit_test(test_fuzz_byte_fallback_round_trip),
+        cmocka_unit_test(test_added_tokens_leftmost_longest),
         cmocka_unit_test(test_malformed_files_are_clear_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
