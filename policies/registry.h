@@ -32,7 +32,11 @@
     X(hsa)                                                                                                        \
     X(quest)                                                                                                      \
     X(sparq)                                                                                                      \
-    X(synckv)
+    X(synckv)                                                                                                     \
+    X(chunkkv)                                                                                                    \
+    X(lagkv)                                                                                                      \
+    X(cur)                                                                                                        \
+    X(rkv)
 
 #define KVS_POLICY_EXTERN_(name) extern const struct kvs_policy_ops kvs_policy_##name;
 KVS_POLICY_REGISTRY(KVS_POLICY_EXTERN_)
