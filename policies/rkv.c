@@ -2,8 +2,8 @@
  * in ../shared/POLICY_SPEC_2.md §2.9 [RKV]: the authors' Zefan-Cai/R-KV (R1KV.update_kv, compute_attention_scores,
  * cal_similarity, the step-level trigger of the CausalLM forward) and the README's default table.
  *
- * Per KV head, the cache is compressed while decoding: whenever a buffer of Δ new tokens has filled (positions p
- * with p mod Δ = 0, the reference's step_length trigger), after that step's attention, every resident token but
+ * Per KV head, the cache is compressed while decoding: whenever a buffer of Δ new tokens has filled, after that
+ * step's attention, every resident token but
  * the α most recent (the window, always kept) is scored
  *   F_j = λ·I_j − (1 − λ)·R_j
  *  - importance I: the α cached queries (the last α positions' queries of every query head of the group) give
@@ -16,7 +16,11 @@
  * compressed the same way at prefill when it exceeds the target (its last α queries seed the query cache).
  *
  * Budget (§0.3 PERIODIC, budget_mode PEAK, the kvsim default): each compression cuts to T = B − Δ, so the attended
- * size never exceeds B (the current token included) and the policy is EVERY_STEP-scoped. The reference's TARGET
+ * size never exceeds B (the current token included) and the policy is EVERY_STEP-scoped. The trigger is the
+ * cache's fill [SIM-CHOICE]: a step (or a prefill) that leaves B resident compresses after its attention, so the
+ * compressions come every Δ steps as the reference's, but phased on the fill instead of on positions p with
+ * p mod Δ = 0 (the reference's step_length flag, which in PEAK would compress caches far below B); a budget
+ * covering the trace therefore evicts nothing (lossless), as TARGET's B >= n does in the reference. The reference's TARGET
  * mode (compress to B every Δ steps; attended B+1 … B+Δ) is this policy at the budget B + Δ: replay it as
  * `--budgets (B+Δ)`. With Δ = 1 (preset `fixed`) the cache is a FIXED B every step.
  * Small budgets [SIM-CHOICE; the reference requires B > Δ + α]: the window is α' = min(α, B − 1); when the room
@@ -258,21 +262,20 @@ static kvs_status rkv_prefill(void *state, const kvs_policy_view *view) {
     for (int64_t p = first; p < view->n; p++) kvs_held_push(s->held, (int32_t)p);
     /* the turn's last alpha prompt queries (rows q_first .. n-1 of the view) */
     cache_queries(s, view->q, view->n_q);
-    return compress(s, view);
+    return kvs_held_count(s->held) >= s->budget ? compress(s, view) : KVS_OK;
 }
 
 static kvs_status rkv_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {
     rkv_state *s = state;
     kvs_status st = reserve(s, kvs_held_count(s->held) + 1);
     if (st != KVS_OK) return st;
-    int64_t p = view->n - 1;
-    kvs_held_push(s->held, (int32_t)p);
+    kvs_held_push(s->held, (int32_t)(view->n - 1));
     cache_queries(s, view->q, 1);
     KVS_ASSERT(kvs_held_count(s->held) <= s->budget);
     sel->n[0] = kvs_held_copy(s->held, sel->idx[0]);
     s->event_m = 0;
-    /* attend-then-compress: the step that ends a buffer of Δ' positions cuts the cache to T after its attention */
-    return p % s->delta == 0 ? compress(s, view) : KVS_OK;
+    /* attend-then-compress: the step that fills the cache to B cuts it to T after its attention */
+    return kvs_held_count(s->held) >= s->budget ? compress(s, view) : KVS_OK;
 }
 
 static void rkv_account(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel, kvs_policy_cost *out) {
