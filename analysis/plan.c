@@ -426,6 +426,11 @@ kvs_status kvs_plan_aux_rule_of(const char *policy, const char *params, kvs_plan
         {"sparq", KVS_PLAN_AUX_PER_KV_HEAD, 0, 1, "a key copy of head_dim (KV dtype), per KV head"},
         /* int32 index lists of the resident positions, per KV head */
         {"synckv", KVS_PLAN_AUX_PER_KV_HEAD, -1, 0, "int32 index lists, per KV head"},
+        {"chunkkv", KVS_PLAN_AUX_PER_LIST, -1, 0, "none (scores are transient)"},
+        {"lagkv", KVS_PLAN_AUX_PER_LIST, -1, 0, "none"},
+        {"cur", KVS_PLAN_AUX_PER_LIST, -1, 0, "none (scores are transient)"},
+        /* the last alpha queries of every query head (rkv.c account()) */
+        {"rkv", KVS_PLAN_AUX_PER_QUERY_HEAD, 0, 1, "alpha cached queries of head_dim (KV dtype), per query head"},
     };
     for (size_t i = 0; policy && i < sizeof rules / sizeof rules[0]; i++) {
         if (strcmp(policy, rules[i].name)) continue;
