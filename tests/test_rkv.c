@@ -150,6 +150,17 @@ static void test_peak_budget_and_period(void **state) {
     }
     assert_true(cuts >= (NPOS - B) / (B - T) - 1);
     cfg.ops->free(st);
+    /* a prompt of B - 1 positions is kept whole (the next step attends B), one of B is cut to T */
+    for (int64_t b = PROMPT; b <= PROMPT + 1; b++) {
+        init.budget = init.budget_nominal = b;
+        assert_int_equal(cfg.ops->create(&init, &st), KVS_OK);
+        v = (kvs_policy_view){.n = PROMPT, .group = 2, .head_dim = 8, .scale = f.scale, .k = f.g->k, .v = f.g->v,
+                              .q = f.g->q, .q_first = 0, .n_q = PROMPT, .turn_begin = 0, .prompt_end = PROMPT,
+                              .last_block = 1};
+        assert_int_equal(cfg.ops->prefill(st, &v), KVS_OK);
+        assert_int_equal(cfg.ops->stored(st, 0, held), b == PROMPT ? PROMPT - 16 : PROMPT);
+        cfg.ops->free(st);
+    }
     kvs_test_replay_fixture_free(&f);
 }
 
