@@ -137,17 +137,19 @@ static kvs_status rkv_create(const kvs_policy_init *init, void **state) {
 
 /* ---- scoring ---------------------------------------------------------------------------------------- */
 
-/* scratch: doubles u[m], norm[m], row[m], col[m]; floats logit[m], tmp[m], uf[m], pooled[m]. */
+/* scratch: doubles u[m], norm[m], row[m], col[m], lastv[m]; int64 last[m]; floats logit[m], tmp[m], uf[m],
+ * pooled[m]. */
 size_t kvs_rkv_scratch_bytes(int64_t m) {
     size_t n = (size_t)(m > 0 ? m : 1);
-    return 4 * n * sizeof(double) + 4 * n * sizeof(float);
+    return 5 * n * sizeof(double) + n * sizeof(int64_t) + 4 * n * sizeof(float);
 }
 
 void kvs_rkv_scores(const float *keys, const int32_t *idx, int64_t m, int64_t n_cand, const float *q, int64_t n_q,
                     int group, int d, float scale, const kvs_rkv_opts *o, double *F, double *I, double *R,
                     void *scratch) {
-    double *u = scratch, *norm = u + m, *row = norm + m, *col = row + m;
-    float *logit = (float *)(col + m), *tmp = logit + m, *uf = tmp + m, *pooled = uf + m;
+    double *u = scratch, *norm = u + m, *row = norm + m, *col = row + m, *lastv = col + m;
+    int64_t *last = (int64_t *)(lastv + m);
+    float *logit = (float *)(last + m), *tmp = logit + m, *uf = tmp + m, *pooled = uf + m;
     /* importance: group-max logits of each cached query row over the candidates, softmax, mean over the rows */
     for (int64_t j = 0; j < n_cand; j++) u[j] = 0;
     for (int64_t i = 0; i < n_q; i++) {
@@ -163,26 +165,31 @@ void kvs_rkv_scores(const float *keys, const int32_t *idx, int64_t m, int64_t n_
     }
     for (int64_t j = 0; j < n_cand; j++) uf[j] = n_q > 0 ? (float)(u[j] / (double)n_q) : 0.0f;
     kvs_maxpool1d(uf, (size_t)n_cand, (size_t)o->kernel, pooled);
-    /* redundancy: cosine rows over all m keys, the row's most recent near-duplicate exempted, column means */
+    /* redundancy: cosines of all m keys (diagonal 0), each row's most recent near-duplicate exempted, column means.
+     * The matrix is symmetric (the same products and norms in either order give the same double), so each pair is
+     * computed once: its value is added to both columns, and each row's latest key above the threshold (and that
+     * cosine) is tracked as the pairs go by; the exemptions are taken off the column sums at the end. */
     kvs_key_norms(keys, (size_t)d, idx, (size_t)m, (size_t)d, norm);
-    for (int64_t b = 0; b < m; b++) col[b] = 0;
+    for (int64_t b = 0; b < m; b++) col[b] = 0, last[b] = -1, row[b] = 0;
     for (int64_t a = 0; a < m; a++) {
         const float *ka = keys + (size_t)idx[a] * (size_t)d;
-        int64_t last = -1;
-        for (int64_t b = 0; b < m; b++) {
-            if (b == a) {
-                row[b] = 0;
-                continue;
-            }
+        for (int64_t b = a + 1; b < m; b++) {
             double den = norm[a] * norm[b];
-            row[b] = (double)kvs_dot(ka, keys + (size_t)idx[b] * (size_t)d, (size_t)d) / (den > 1e-8 ? den : 1e-8);
-            if (row[b] > o->sim_thr) last = b;
+            double c = (double)kvs_dot(ka, keys + (size_t)idx[b] * (size_t)d, (size_t)d) / (den > 1e-8 ? den : 1e-8);
+            col[a] += c;
+            col[b] += c;
+            if (a == 0) row[b] = c; /* C[b, 0], for the reference's quirk */
+            if (c > o->sim_thr) {
+                last[a] = b, lastv[a] = c; /* b grows: the latest so far */
+                if (a > last[b]) last[b] = a, lastv[b] = c;
+            }
         }
-        if (last >= 0)
-            row[last] = 0;
+    }
+    for (int64_t a = 0; a < m; a++) {
+        if (last[a] >= 0)
+            col[last[a]] -= lastv[a];
         else if (o->ref_quirks)
-            row[0] = 0;
-        for (int64_t b = 0; b < m; b++) col[b] += row[b];
+            col[0] -= row[a];
     }
     double mx = -INFINITY, sum = 0;
     for (int64_t b = 0; b < m; b++) {
