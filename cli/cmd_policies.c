@@ -28,7 +28,7 @@ static const char *scope_name(kvs_policy_budget_scope s) {
 
 static const char *scope_text(kvs_policy_budget_scope s) {
     return s == KVS_BUDGET_PROMPT  ? "the budget bounds the retained prompt; generated tokens are all kept"
-           : s == KVS_BUDGET_NONE ? "no budget: every position is kept"
+           : s == KVS_BUDGET_NONE ? "no token budget: a given budget is ignored (the parameters set what is kept)"
                                   : "the budget bounds the attended tokens at every step";
 }
 

@@ -100,8 +100,8 @@ done
 # kept per partition; a step at position p attends |Res(p)| + 1, the triggering one before it compresses), and the
 # formula's |Res(n)|/n at the trace's end (LG1: it tends to floor(r L)/L); then each baseline's error at LagKV's mean
 # resident bytes on that trace (kvsim compare --per-trace --at), paired with LagKV's own error over the traces.
-block_line N-C-3 "| model (traces) | LagKV | mean attended, measured ÷ §2.4 formula | \\|Res(n)\\|/n at the end (formula) | its error | baseline at its bytes: error − LagKV's (paired) |"
-block_line N-C-3 "|---|---|---|---|---|---|"
+block_line N-C-3 "| model (traces) | LagKV | mean attended, measured ÷ §2.4 formula | \\|Res(n)\\|/n at the end (formula) | its error | SnapKV (gqa=mean) at its bytes: error − LagKV's (paired) | H2O, same | StreamingLLM, same |"
+block_line N-C-3 "|---|---|---|---|---|---|---|---|"
 for mname in $study_models; do
     n_traces=$(n_traces_of "$mname")
     db="$out/newer_chunk_$mname.db"
@@ -137,12 +137,20 @@ for mname in $study_models; do
         err=$(cut -f4 "$out/newer_chunk_${mname}_$lg.tsv" | iv_of "N-C-3 $mname $lg err")
         cmp=""
         for b in snapkv h2o streaming; do
-            pv=$(awk -F'\t' -v b="$b" '$1 == b && $3 != "-" { print $3 "\t" $2 }' "$out/newer_chunk_${mname}_${lg}_pairs.tsv" |
-                iv_of "N-C-3 $mname $lg $b" --paired 2> /dev/null)
-            [ -n "$pv" ] || pv="none in range"
-            cmp="$cmp${cmp:+; }$(nc_name "$([ "$b" = snapkv ] && echo snapkv:gqa=mean || echo "$b")") $pv"
+            # a baseline within reach of LagKV's bytes on fewer than two traces has no interval: the values alone
+            nb=$(awk -F'\t' -v b="$b" '$1 == b && $3 != "-"' "$out/newer_chunk_${mname}_${lg}_pairs.tsv" | wc -l)
+            if [ "$nb" -ge 2 ]; then
+                pv=$(awk -F'\t' -v b="$b" '$1 == b && $3 != "-" { print $3 "\t" $2 }' "$out/newer_chunk_${mname}_${lg}_pairs.tsv" |
+                    iv_of "N-C-3 $mname $lg $b" --paired)
+            elif [ "$nb" -eq 1 ]; then
+                pv=$(awk -F'\t' -v b="$b" -v t="$n_traces" '$1 == b && $3 != "-" { printf "%+.3g (n = 1 of %d, no interval)", $3 - $2, t }' \
+                    "$out/newer_chunk_${mname}_${lg}_pairs.tsv")
+            else
+                pv="none: its budgets never reach LagKV's bytes"
+            fi
+            cmp="$cmp | $pv"
         done
-        block_line N-C-3 "| $mname ($n_traces) | $(nc_name "$lg") | $meas | $form | $err | $cmp |"
+        block_line N-C-3 "| $mname ($n_traces) | $(nc_name "$lg") | $meas | $form | $err$cmp |"
     done
 done
 rm -f "$out/nc_row.tsv" "$out/nc_at.tsv"
