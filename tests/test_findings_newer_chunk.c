@@ -99,7 +99,7 @@ static void test_lagkv_attended_by_simulation(void **state) {
         char *nl = strchr(line, '\n');
         if (nl) *nl = 0;
         char *cells[8];
-        if (kvs_test_row_cells(line, cells, 8) == 8 && strncmp(cells[1], "LagKV", 5) == 0) {
+        if (kvs_test_row_cells(line, cells, 8) == 8 && strncmp(cells[1], "LagKV (", 7) == 0) {
             kvs_test_iv iv;
             assert_true(kvs_test_parse_iv(cells[2], &iv) >= 1);
             assert_true(iv.mean == 1.0);
