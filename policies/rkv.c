@@ -45,7 +45,9 @@
  * budget), 1.2e11 for the 8 budgets, against decode events of B²·d/2 every Δ steps. That is the method's own cost
  * (the reference builds the same m x m matrix): measured at that shape on one thread, 26.6 CPU s against H2O's 4.2
  * (6.3x; ChunkKV 1.6, CurDKV 2.0, LagKV 3.5). Sharing the prompt's cosines between the budgets of one replay (they
- * see the same keys) would need a new memo entry in sim/policy_memo.h; not done.
+ * see the same keys) would need a new memo entry in sim/policy_memo.h; not done. The `fixed` preset (Δ = 1) scores
+ * at every step, B²·d/2 a step: 175 CPU s there (41x H2O); keeping the cosine column sums across steps (one key in,
+ * one out: O(B·d) a step) would remove that, at the price of tracking every row's exempted entry; not done.
  * Accounting: KV as the default (the attended set); AUX the query cache G·α·d elements per KV head (kv_bytes,
  * as the model keeps queries); at a compression TRANSIENT the cosine matrix m² and the logits α·m (aux_bytes, as
  * the reference materialises them) and an unfused re-read of the m keys and the query cache.
