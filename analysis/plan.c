@@ -436,6 +436,11 @@ kvs_status kvs_plan_aux_rule_of(const char *policy, const char *params, kvs_plan
         {"ea_decode", KVS_PLAN_AUX_PER_KV_HEAD, 0, 1, "the last qbuf queries of the group, head_dim (KV dtype), per KV head"},
         /* landmarks, the low-rank factors U_r / SV in the KV element type, and chunk indices, per KV head */
         {"shadowkv", KVS_PLAN_AUX_PER_KV_HEAD, 0, 1, "landmarks and low-rank key factors (KV dtype), per KV head"},
+        {"chunkkv", KVS_PLAN_AUX_PER_LIST, -1, 0, "none (scores are transient)"},
+        {"lagkv", KVS_PLAN_AUX_PER_LIST, -1, 0, "none"},
+        {"cur", KVS_PLAN_AUX_PER_LIST, -1, 0, "none (scores are transient)"},
+        /* the last alpha queries of every query head (rkv.c account()) */
+        {"rkv", KVS_PLAN_AUX_PER_QUERY_HEAD, 0, 1, "alpha cached queries of head_dim (KV dtype), per query head"},
     };
     for (size_t i = 0; policy && i < sizeof rules / sizeof rules[0]; i++) {
         if (strcmp(policy, rules[i].name)) continue;

@@ -28,8 +28,9 @@ static const char *scope_name(kvs_policy_budget_scope s) {
 
 static const char *scope_text(kvs_policy_budget_scope s) {
     return s == KVS_BUDGET_PROMPT  ? "the budget bounds the retained prompt; generated tokens are all kept"
-           : s == KVS_BUDGET_NONE ? "no budget bounds the attended set: the full cache, or a rule of the policy's own "
-                                    "(SimLayerKV's lazy layers, DuoAttention's streaming heads)"
+           : s == KVS_BUDGET_NONE ? "no token budget: a given budget is ignored (the full cache, or a rule of the "
+                                    "policy's own: SimLayerKV's lazy layers, DuoAttention's streaming heads, LagKV's "
+                                    "ratio)"
                                   : "the budget bounds the attended tokens at every step";
 }
 

@@ -7,7 +7,7 @@
 # --check regenerates the generated blocks of examples/FINDINGS.md (examples/findings_lib.sh) and fails on any
 # difference (CI runs it); --update writes them into the file. --only runs the named sections of examples/findings/
 # (intro, morphkv, keydiff, d2o, rocketkv, drift, heads, synckv, codecs, paging, task, calibration, newer_layer,
-# newer_ea) and checks or updates
+# newer_ea, newer_chunk) and checks or updates
 # their blocks alone.
 #
 # Traces: seven prompts per model (examples/capture_prompts.sh: examples/prompt.txt and examples/prompts/, 128
@@ -39,13 +39,14 @@ out=${OUT:-$here/out/findings}
 
 # The sections in the order they run, and the names of the blocks each writes (a block NAME belongs to prefix P when
 # NAME is P or starts with "P-": findings_blocks)
-all_sections="intro morphkv keydiff d2o rocketkv drift heads synckv codecs paging task calibration newer_layer newer_ea"
+all_sections="intro morphkv keydiff d2o rocketkv drift heads synckv codecs paging task calibration newer_layer newer_ea newer_chunk"
 section_blocks() {
     case $1 in
         intro) echo traces ;; morphkv) echo M ;; keydiff) echo K ;; d2o) echo D ;; rocketkv) echo R ;; drift) echo S1 S2 S3 ;;
         heads) echo S4 S12 ;; synckv) echo SyncKV ;; codecs) echo Q ;; paging) echo P ;; task) echo T ;; calibration) echo closed_loop ;;
         newer_layer) echo N-L ;;
         newer_ea) echo N-EA ;;
+        newer_chunk) echo N-C ;;
         *) return 1 ;;
     esac
 }

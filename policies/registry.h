@@ -40,7 +40,11 @@
     X(qfilters)                                                                                                   \
     X(ea)                                                                                                         \
     X(ea_decode)                                                                                                  \
-    X(shadowkv)
+    X(shadowkv)                                                                                                   \
+    X(chunkkv)                                                                                                    \
+    X(lagkv)                                                                                                      \
+    X(cur)                                                                                                        \
+    X(rkv)
 
 #define KVS_POLICY_EXTERN_(name) extern const struct kvs_policy_ops kvs_policy_##name;
 KVS_POLICY_REGISTRY(KVS_POLICY_EXTERN_)

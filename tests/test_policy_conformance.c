@@ -497,7 +497,10 @@ static void test_presets_and_block_modes_keep_the_contract(void **state) {
     fixture_make(&f, 2, 10);
     const char *extra[] = {"h2o:block=5", "h2o:gqa=mean,block=3,prefill=budget,window=2", "tova:block=5",
                            "tova:mode=group,block=4,protect_current=1", "snapkv:window=4,block=6",
-                           "snapkv:window=3,gqa=mean,pool=avg,block=5"};
+                           "snapkv:window=3,gqa=mean,pool=avg,block=5", "chunkkv:window=4,chunk=3",
+                           "chunkkv:window=3,chunk=2,select=ref,scope=head", "lagkv:sink=2,lag=4",
+                           "lagkv:sink=1,lag=3,ratio=0.34,use_then_compress=0", "cur:local_w=4,sinks=1,proj_r=3",
+                           "rkv:window=2,buffer=3", "rkv:window=3,buffer=1,ref_quirks=1"};
     char specs[64][96];
     int n = 0;
     for (size_t i = 0; i < sizeof extra / sizeof extra[0]; i++) snprintf(specs[n++], sizeof specs[0], "%s", extra[i]);
