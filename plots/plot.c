@@ -133,8 +133,8 @@ kvs_status kvs_plot_metric_check(kvs_plot_kind kind, const char *metric) {
  * colours already chosen and to white, black and the greys of the plot (frontier #b8b8b8, turn shade #e6e6e6,
  * turn line #555555) is the largest. tools/gen_palette.py computes it (`/usr/bin/python3 tools/gen_palette.py
  * 36`). Registry order takes them in that order, so the first policies get the most separated colours: every
- * pair of the first 21 is at least 18 apart in CIEDE2000, of the first 32 at least 15.4, of all 36 at least
- * 14.6; tests/test_plot.c recomputes the distances and holds every registered policy to at least 15 (a
+ * pair of the first 21 is at least 18 apart in CIEDE2000, of the first 33 (the registry's size) at least 15.2, of all
+ * 36 at least 14.6; tests/test_plot.c recomputes the distances and holds every registered policy to at least 15 (a
  * difference plainly visible between two thin lines). */
 static const char *const palette[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#dd00ff", "#1100cc", "#880055",
                                       "#bbaa00", "#005500", "#ff7799", "#00aaaa", "#885500", "#9999ff", "#776699",
