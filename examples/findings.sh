@@ -144,6 +144,25 @@ iv_of() {
 # n_traces_of MODEL: how many prompt traces the model has
 n_traces_of() { ls "$out/prompts/$1"/*.kvt | wc -l; }
 
+# err_tables_at DB X PREFIX: each configuration's out_err_mean over the traces at X resident bytes per KV head
+# (kvsim compare --match mem --across-traces) into PREFIX.tsv, and the paired differences into PREFIX_pairs.tsv
+err_tables_at() {
+    "$KVSIM_BIN" compare "$1" --match mem --at "$2" --across-traces --csv --metric out_err_mean | csv_to_tsv > "$3.tsv"
+    "$KVSIM_BIN" compare "$1" --match mem --at "$2" --across-traces --pairs --csv --metric out_err_mean |
+        csv_to_tsv > "$3_pairs.tsv"
+}
+
+# err_cell TSV TOTAL POLICY [COLUMN TEXT]: fmt_iv of the first row of an err_tables_at table whose policy is POLICY
+# (and whose COLUMN contains TEXT, e.g. params gqa=mean; an empty TEXT matches an empty COLUMN only, e.g. codec ""
+# for K/V as captured), over TOTAL traces; "-" when no trace has a value there
+err_cell() {
+    v=$(awk -F'\t' -v p="$3" -v col="${4-}" -v txt="${5-}" 'NR == 1 { for (i = 1; i <= NF; i++) k[$i] = i; next }
+        $k["policy"] == p && (col == "" || (txt == "" ? $k[col] == "" : index($k[col], txt) > 0)) {
+            print $k["out_err_mean"] "\t" $k["out_err_mean_lo"] "\t" $k["out_err_mean_hi"] "\t" $k["out_err_mean_n"]; exit }' \
+        "$1")
+    fmt_iv "$(echo "$v" | cut -f1)" "$(echo "$v" | cut -f2)" "$(echo "$v" | cut -f3)" "$(echo "$v" | cut -f4)" "$2"
+}
+
 
 for s in $sections; do
     . "$here/findings/$s.sh"

@@ -175,18 +175,12 @@ for mname in $study_models; do
     db="$out/codecs_$mname.db"
     n_traces=$(n_traces_of "$mname")
     for X in 2KiB 4KiB 6KiB; do
-        "$KVSIM_BIN" compare "$db" --match mem --at "$X" --across-traces --csv --metric out_err_mean | csv_to_tsv \
-            > "$out/codecs_${mname}_$X.tsv"
-        "$KVSIM_BIN" compare "$db" --match mem --at "$X" --across-traces --pairs --csv --metric out_err_mean |
-            csv_to_tsv > "$out/codecs_${mname}_${X}_pairs.tsv"
+        err_tables_at "$db" "$X" "$out/codecs_${mname}_$X"
     done
     echo "$q3_rows" | while IFS='|' read -r p c name; do
         row="| $mname ($n_traces) | $name"
         for X in 2KiB 4KiB 6KiB; do
-            v=$(awk -F'\t' -v p="$p" -v c="$c" 'NR == 1 { for (i = 1; i <= NF; i++) k[$i] = i; next }
-                $k["policy"] == p && $k["codec"] == c { print $k["out_err_mean"] "\t" $k["out_err_mean_lo"] "\t" $k["out_err_mean_hi"] "\t" $k["out_err_mean_n"]; exit }' \
-                "$out/codecs_${mname}_$X.tsv")
-            cell=$(fmt_iv "$(echo "$v" | cut -f1)" "$(echo "$v" | cut -f2)" "$(echo "$v" | cut -f3)" "$(echo "$v" | cut -f4)" "$n_traces")
+            cell=$(err_cell "$out/codecs_${mname}_$X.tsv" "$n_traces" "$p" codec "$c")
             [ "$cell" = "-" ] && cell="none: out of range on every trace"
             row="$row | $cell"
         done

@@ -56,19 +56,12 @@ for mname in $study_models; do
     n_traces=$(n_traces_of "$mname")
     db="$out/newer_chunk_$mname.db"
     for X in $(nc_levels "$mname"); do
-        "$KVSIM_BIN" compare "$db" --match mem --at "$X" --across-traces --csv --metric out_err_mean |
-            csv_to_tsv > "$out/newer_chunk_${mname}_$X.tsv"
-        "$KVSIM_BIN" compare "$db" --match mem --at "$X" --across-traces --pairs --csv --metric out_err_mean |
-            csv_to_tsv > "$out/newer_chunk_${mname}_${X}_pairs.tsv"
+        err_tables_at "$db" "$X" "$out/newer_chunk_${mname}_$X"
         row="| $mname ($n_traces) | $X"
         for s in $nc_new $nc_base; do
             p=$(nc_pol "$s")
-            v=$(awk -F'\t' -v p="$p" -v gm="$([ "$s" = "snapkv:gqa=mean" ] && echo 1 || echo 0)" '
-                NR == 1 { for (i = 1; i <= NF; i++) k[$i] = i; next }
-                $k["policy"] == p && (p != "snapkv" || index($k["params"], "gqa=mean") > 0) {
-                    print $k["out_err_mean"] "\t" $k["out_err_mean_lo"] "\t" $k["out_err_mean_hi"] "\t" $k["out_err_mean_n"]; exit }' \
-                "$out/newer_chunk_${mname}_$X.tsv")
-            c=$(fmt_iv "$(echo "$v" | cut -f1)" "$(echo "$v" | cut -f2)" "$(echo "$v" | cut -f3)" "$(echo "$v" | cut -f4)" "$n_traces")
+            if [ "$p" = snapkv ]; then c=$(err_cell "$out/newer_chunk_${mname}_$X.tsv" "$n_traces" snapkv params gqa=mean)
+            else c=$(err_cell "$out/newer_chunk_${mname}_$X.tsv" "$n_traces" "$p"); fi
             [ "$c" = "-" ] && c="out of range"
             row="$row | $c"
         done

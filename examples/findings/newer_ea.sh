@@ -57,21 +57,11 @@ nea_slot() {
 }
 
 # nea_compare MODEL TOKENS: the across-traces table and its pairs at TOKENS tokens' worth of KV
-nea_compare() {
-    x=$(( $2 * $(nea_slot "$1") ))
-    "$KVSIM_BIN" compare "$out/newer_ea_$1.db" --match mem --at "$x" --across-traces --csv --metric out_err_mean |
-        csv_to_tsv > "$out/newer_ea_$1_$2.tsv"
-    "$KVSIM_BIN" compare "$out/newer_ea_$1.db" --match mem --at "$x" --across-traces --pairs --csv \
-        --metric out_err_mean | csv_to_tsv > "$out/newer_ea_$1_$2_pairs.tsv"
-}
+nea_compare() { err_tables_at "$out/newer_ea_$1.db" $(( $2 * $(nea_slot "$1") )) "$out/newer_ea_$1_$2"; }
 
 # nea_cell MODEL TOKENS POLICY: "mean [lo, hi]" of the policy's err at the level
 nea_cell() {
-    v=$(awk -F'\t' -v p="$3" 'NR == 1 { for (i = 1; i <= NF; i++) k[$i] = i; next }
-        $k["policy"] == p { print $k["out_err_mean"] "\t" $k["out_err_mean_lo"] "\t" $k["out_err_mean_hi"] "\t" $k["out_err_mean_n"]; exit }' \
-        "$out/newer_ea_$1_$2.tsv")
-    c=$(fmt_iv "$(echo "$v" | cut -f1)" "$(echo "$v" | cut -f2)" "$(echo "$v" | cut -f3)" "$(echo "$v" | cut -f4)" \
-        "$(n_traces_of "$1")")
+    c=$(err_cell "$out/newer_ea_$1_$2.tsv" "$(n_traces_of "$1")" "$3")
     [ "$c" = "-" ] && c="out of range"
     echo "$c"
 }

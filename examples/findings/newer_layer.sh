@@ -44,20 +44,11 @@ done
 for nl_pid in $nl_pids; do wait "$nl_pid"; done
 
 # nl_compare MODEL X: the across-traces table and the pairs table at X resident bytes
-nl_compare() {
-    "$KVSIM_BIN" compare "$out/newer_layer_$1.db" --match mem --at "$2" --across-traces --csv --metric out_err_mean |
-        csv_to_tsv > "$out/newer_layer_$1_$2.tsv"
-    "$KVSIM_BIN" compare "$out/newer_layer_$1.db" --match mem --at "$2" --across-traces --pairs --csv \
-        --metric out_err_mean | csv_to_tsv > "$out/newer_layer_$1_$2_pairs.tsv"
-}
+nl_compare() { err_tables_at "$out/newer_layer_$1.db" "$2" "$out/newer_layer_$1_$2"; }
 
 # nl_cell MODEL X POLICY: the policy's err at X ("mean [lo, hi]"), or "out of range" when no trace reaches X
 nl_cell() {
-    v=$(awk -F'\t' -v p="$3" 'NR == 1 { for (i = 1; i <= NF; i++) k[$i] = i; next }
-        $k["policy"] == p { print $k["out_err_mean"] "\t" $k["out_err_mean_lo"] "\t" $k["out_err_mean_hi"] "\t" $k["out_err_mean_n"]; exit }' \
-        "$out/newer_layer_$1_$2.tsv")
-    c=$(fmt_iv "$(echo "$v" | cut -f1)" "$(echo "$v" | cut -f2)" "$(echo "$v" | cut -f3)" "$(echo "$v" | cut -f4)" \
-        "$(n_traces_of "$1")")
+    c=$(err_cell "$out/newer_layer_$1_$2.tsv" "$(n_traces_of "$1")" "$3")
     [ "$c" = "-" ] && c="out of range"
     echo "$c"
 }
