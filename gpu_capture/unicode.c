@@ -127,12 +127,14 @@ kvs_status kvs_uni_nfc(const uint32_t *in, size_t n, uint32_t **out, size_t *out
     /* canonical composition: each character composes with the last starter unless blocked (an intervening
      * character of class >= its own, or a starter) */
     if (len > 0) {
+        /* d[0] serves as the starter even when it is a non-starter: harmless, since no primary composite begins
+         * with a non-starter (those have Full_Composition_Exclusion) */
         size_t starter = 0, w = 1;
-        int last_cc = kvs_uni_ccc(d[0]) ? 256 : 0; /* a leading non-starter: nothing composes with it */
+        int last_cc = 0;
         for (size_t i = 1; i < len; i++) {
             uint32_t ch = d[i];
             int cc = kvs_uni_ccc(ch);
-            uint32_t comp = last_cc < 256 ? compose(d[starter], ch) : 0;
+            uint32_t comp = compose(d[starter], ch);
             if (comp && (last_cc < cc || last_cc == 0)) {
                 d[starter] = comp;
                 continue;
@@ -140,7 +142,7 @@ kvs_status kvs_uni_nfc(const uint32_t *in, size_t n, uint32_t **out, size_t *out
             if (cc == 0) {
                 starter = w;
                 last_cc = 0;
-            } else if (last_cc != 256) {
+            } else {
                 last_cc = cc;
             }
             d[w++] = ch;

@@ -101,6 +101,9 @@ def generate(ucd):
     decomp = sorted((cp, d[0], d[1] if len(d) > 1 else 0) for cp, d in dec.items())
     assert all(len(d) <= 2 for d in dec.values()), "canonical mappings have at most two code points"
     comp = sorted((d[0], d[1], cp) for cp, d in dec.items() if len(d) == 2 and cp not in fce)
+    # gpu_capture/unicode.c relies on these two facts of the data (both hold since Unicode 3.1)
+    assert all(len(d) < 2 or d[1] not in dec for d in dec.values()), "only a first element decomposes further"
+    assert all(a not in ccc for a, _, _ in comp), "no primary composite begins with a non-starter"
 
     hex_ = lambda v: "0x%04X" % v
     out = []
