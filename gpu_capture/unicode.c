@@ -4,6 +4,7 @@
  */
 #include "unicode.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "unicode_tables.h"
@@ -103,7 +104,7 @@ kvs_status kvs_uni_nfc(const uint32_t *in, size_t n, uint32_t **out, size_t *out
     *out = NULL;
     *out_n = 0;
     /* 4 per input code point: the longest full canonical decomposition; +1 so that n == 0 allocates */
-    uint32_t *d = malloc((4 * n + 1) * sizeof *d);
+    uint32_t *d = n < (SIZE_MAX / sizeof *d - 1) / 4 ? malloc((4 * n + 1) * sizeof *d) : NULL;
     if (!d) return kvs_fail(KVS_ERR_NOMEM, "unicode: out of memory for NFC of %zu code points", n);
     size_t len = 0;
     for (size_t i = 0; i < n; i++) len += decompose(in[i], d + len);

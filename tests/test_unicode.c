@@ -156,7 +156,10 @@ static size_t parse_field(const char *f, uint32_t *cp, size_t cap) {
 
 static void test_normalization_conformance(void **state) {
     (void)state;
-    if (access(UCD "/NormalizationTest.txt.bz2", R_OK) != 0) skip();
+    if (access(UCD "/NormalizationTest.txt.bz2", R_OK) != 0) {
+        print_message("no " UCD "/NormalizationTest.txt.bz2 (Debian package unicode-data): skipped\n");
+        skip();
+    }
     FILE *f = popen("bzcat " UCD "/NormalizationTest.txt.bz2", "r");
     assert_non_null(f);
     char line[1024];
@@ -208,13 +211,19 @@ static void test_normalization_conformance(void **state) {
 
 static void test_tables_match_generator(void **state) {
     (void)state;
-    if (access(UCD "/UnicodeData.txt", R_OK) != 0 || access("/usr/bin/python3", X_OK) != 0) skip();
+    if (access(UCD "/UnicodeData.txt", R_OK) != 0 || access("/usr/bin/python3", X_OK) != 0) {
+        print_message("no " UCD "/UnicodeData.txt (Debian package unicode-data) or no python3: skipped\n");
+        skip();
+    }
     char *dnp = kvs_test_slurp(UCD "/DerivedNormalizationProps.txt", NULL);
     char want_head[64];
     snprintf(want_head, sizeof want_head, "# DerivedNormalizationProps-%s.txt", kvs_uni_ucd_version());
     int same_version = dnp && strncmp(dnp, want_head, strlen(want_head)) == 0;
     free(dnp);
-    if (!same_version) skip(); /* a newer UCD: regenerating is a deliberate update, not a test failure */
+    if (!same_version) { /* a newer UCD: regenerating is a deliberate update, not a test failure */
+        print_message("the installed UCD is not version %s: skipped\n", kvs_uni_ucd_version());
+        skip();
+    }
     char dir[256], out[320], cmd[1024], committed[512];
     assert_int_equal(kvs_test_make_tmp(dir, sizeof dir), 0);
     snprintf(out, sizeof out, "%s/unicode_tables.c", dir);
@@ -234,10 +243,14 @@ static void test_tables_match_generator(void **state) {
 }
 
 /* Python's unicodedata (its own UCD build, 14.0 in python3.11) as an independent reference for the categories of
- * every code point it knows: no general category changed between 14.0 and 15.0. */
+ * every code point it knows (no general category changed between 14.0 and 15.0); a newer Python's characters
+ * that the tables do not have yet are left out. */
 static void test_categories_match_python(void **state) {
     (void)state;
-    if (access("/usr/bin/python3", X_OK) != 0) skip();
+    if (access("/usr/bin/python3", X_OK) != 0) {
+        print_message("no /usr/bin/python3: skipped\n");
+        skip();
+    }
     FILE *f = popen("/usr/bin/python3 -c 'import unicodedata as u, sys\n"
                     "print(u.unidata_version)\n"
                     "for c in range(0x110000):\n"
@@ -247,6 +260,11 @@ static void test_categories_match_python(void **state) {
     assert_non_null(f);
     char line[64], version[32] = "";
     if (fgets(version, sizeof version, f)) version[strcspn(version, "\n")] = 0;
+    /* a Python newer than the tables knows characters they do not (versions compare as "major.minor.patch") */
+    unsigned pv[3] = {0}, tv[3] = {0};
+    sscanf(version, "%u.%u.%u", &pv[0], &pv[1], &pv[2]);
+    sscanf(kvs_uni_ucd_version(), "%u.%u.%u", &tv[0], &tv[1], &tv[2]);
+    int newer = pv[0] != tv[0] ? pv[0] > tv[0] : pv[1] != tv[1] ? pv[1] > tv[1] : pv[2] > tv[2];
     size_t n = 0, bad = 0;
     static const char names[][3] = {"Cn", "Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No",
                                     "Pc", "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "Sm", "Sc", "Sk", "So", "Zs",
@@ -255,6 +273,7 @@ static void test_categories_match_python(void **state) {
         char *sp;
         uint32_t cp = (uint32_t)strtoul(line, &sp, 16);
         const char *mine = names[kvs_uni_category(cp)];
+        if (kvs_uni_category(cp) == KVS_UNI_CN && newer) continue; /* assigned after the tables' version */
         if (strncmp(sp + 1, mine, 2) != 0 && bad++ < 5) print_message("U+%04X: python %s, kvsim %s\n", cp, sp + 1, mine);
         n++;
     }
