@@ -37,7 +37,15 @@ static long triple_find(const kvs_uni_triple *t, size_t n, uint32_t a, uint32_t 
 }
 
 kvs_uni_category_t kvs_uni_category(uint32_t cp) {
-    return (kvs_uni_category_t)range_value(kvs_unitab_gc, kvs_unitab_n_gc, cp);
+    if (cp > 0x10FFFF) return KVS_UNI_CN;
+    /* the last run whose start (entry >> 5) is <= cp; the first run starts at U+0000 */
+    size_t lo = 0, hi = kvs_unitab_n_gc;
+    while (hi - lo > 1) {
+        size_t mid = lo + (hi - lo) / 2;
+        if ((kvs_unitab_gc[mid] >> 5) <= cp) lo = mid;
+        else hi = mid;
+    }
+    return (kvs_uni_category_t)(kvs_unitab_gc[lo] & 31);
 }
 
 int kvs_uni_is_letter(uint32_t cp) {

@@ -2,15 +2,16 @@
  * into gpu_capture/unicode_tables.c (generated, committed). Only gpu_capture/unicode.c reads them; everyone
  * else asks through gpu_capture/unicode.h.
  *
- * Every array is sorted by its first field(s) for binary search:
- *   kvs_unitab_gc           inclusive ranges of equal general category (value: enum kvs_unitab_gc in unicode.h);
- *                        unassigned code points (Cn) are absent
- *   kvs_unitab_white_space  ranges with the White_Space property (value 1)
- *   kvs_unitab_ccc          ranges of equal non-zero canonical combining class
+ * Every array is sorted for binary search:
+ *   kvs_unitab_gc           one entry per run of equal general category over U+0000..U+10FFFF, unassigned (Cn)
+ *                           runs included: (first code point << 5) | category (kvs_uni_category_t in unicode.h);
+ *                           a code point's category is that of the last run starting at or before it
+ *   kvs_unitab_white_space  inclusive ranges with the White_Space property (value 1)
+ *   kvs_unitab_ccc          inclusive ranges of equal non-zero canonical combining class
  *   kvs_unitab_decomp       {cp, first, second}: the canonical decomposition mapping of cp (second 0 for a
- *                        singleton), one level; full decomposition applies it recursively (UAX #15 1.3)
- *   kvs_unitab_comp         {first, second, composite}: the primary composites (two-code-point canonical mappings
- *                        without Full_Composition_Exclusion), sorted by (first, second)
+ *                           singleton), one level; full decomposition applies it recursively (UAX #15 1.3)
+ *   kvs_unitab_comp         {first, second, composite}: the primary composites (two-code-point canonical
+ *                           mappings without Full_Composition_Exclusion), sorted by (first, second)
  * Hangul syllables are algorithmic (Unicode chapter 3.12) and are in neither decomposition table.
  */
 #ifndef KVS_UNICODE_TABLES_H
@@ -29,7 +30,7 @@ typedef struct {
 } kvs_uni_triple;
 
 extern const char kvs_unitab_version[];
-extern const kvs_uni_range kvs_unitab_gc[];
+extern const uint32_t kvs_unitab_gc[];
 extern const size_t kvs_unitab_n_gc;
 extern const kvs_uni_range kvs_unitab_white_space[];
 extern const size_t kvs_unitab_n_white_space;

@@ -9,7 +9,7 @@ Inputs (Debian package unicode-data, Unicode 15.0, under /usr/share/unicode by d
     PropList.txt                     White_Space (what the regex crate's and Oniguruma's Unicode \\s match)
     DerivedNormalizationProps.txt    Full_Composition_Exclusion (the composition exclusions, singletons and
                                      non-starter decompositions together)
-Every table is a sorted array of inclusive code point ranges or of keys for binary search, never one entry per
+Every table is a sorted array of code point runs or ranges, or of keys, for binary search, never one entry per
 code point of a block, so the object stays small. Standard library only:
 
     /usr/bin/python3 tools/gen_unicode_tables.py [--ucd DIR] [--out FILE]
@@ -95,7 +95,13 @@ def generate(ucd):
         head = f.readline().strip()  # "# DerivedNormalizationProps-15.0.0.txt"
         if "-" in head and head.endswith(".txt"):
             version = head.rsplit("-", 1)[1][:-4]
-    gc = ranges({cp: CATEGORIES.index(c) for cp, c in cat.items()})
+    # general categories as run starts packed (start << 5 | category), unassigned runs included: 4 bytes a run
+    gc, prev = [], None
+    for cp in range(0x110000):
+        v = CATEGORIES.index(cat.get(cp, "Cn"))
+        if v != prev:
+            gc.append(cp << 5 | v)
+            prev = v
     cc = ranges(ccc)
     wsr = ranges({cp: 1 for cp in ws})
     decomp = sorted((cp, d[0], d[1] if len(d) > 1 else 0) for cp, d in dec.items())
@@ -112,8 +118,8 @@ def generate(ucd):
                "script.\n * Layout and meaning: gpu_capture/unicode_tables.h. */" % version)
     out.append('#include "unicode_tables.h"\n')
     out.append('const char kvs_unitab_version[] = "%s";\n' % version)
-    out.append("const kvs_uni_range kvs_unitab_gc[] = {")
-    out.append(emit_rows(gc, lambda r: "{%s, %s, %d}," % (hex_(r[0]), hex_(r[1]), r[2]), 5))
+    out.append("const uint32_t kvs_unitab_gc[] = {")
+    out.append(emit_rows(gc, lambda r: "0x%07X," % r, 10))
     out.append("};\nconst size_t kvs_unitab_n_gc = sizeof kvs_unitab_gc / sizeof kvs_unitab_gc[0];\n")
     out.append("const kvs_uni_range kvs_unitab_white_space[] = {")
     out.append(emit_rows(wsr, lambda r: "{%s, %s, 1}," % (hex_(r[0]), hex_(r[1])), 5))
