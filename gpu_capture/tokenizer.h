@@ -19,12 +19,11 @@
  *
  * Limitations (checked, never silent): anything outside the list above is KVS_ERR_UNSUPPORTED naming the
  * JSON field (model.type "Unigram", an unknown regex, a Regex Replace, ...). The Split regexes are run by a
- * hand-written scanner for those exact patterns, whose Unicode letter/number/space classes are range tables
- * covering Latin, Greek, Cyrillic, Armenian, Hebrew, Arabic, Indic scripts, Thai, Georgian, Hangul, kana,
- * CJK (with extensions), fullwidth forms and common number symbols; characters of scripts outside the
- * tables count as "neither letter nor number" (so they group like punctuation). The NFC normalizer is
- * applied as identity and encode returns KVS_ERR_UNSUPPORTED for text containing characters that NFC
- * could change (combining marks, Hangul jamo, compatibility singletons) rather than guess.
+ * hand-written scanner for those exact patterns; its \p{L}, \p{N} and \s are the general categories and the
+ * White_Space property of the Unicode Character Database (gpu_capture/unicode.h, every script). The NFC
+ * normalizer is Normalization Form C of the same database version (kvs_uni_ucd_version(); the `tokenizers`
+ * library follows its unicode-normalization crate's version, so characters assigned after the older of the two
+ * may normalize differently).
  *
  * Special tokens: decode skips BOS, EOS and (HF) every added token marked "special", as the `tokenizers`
  * decode(skip_special_tokens=True) does, so decode(encode(x, add_bos=1)) == x for text the vocabulary

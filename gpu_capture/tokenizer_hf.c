@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "../common/json.h"
+#include "unicode.h"
 
 /* The exact Split regex strings the scanner in tokenizer_pretok.c implements. */
 static const char *const RE_GPT2 = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
@@ -644,6 +645,30 @@ static kvs_status replace_all(const char *s, size_t n, const char *pat, size_t p
     return kvs_tok_buf_add(out, s + from, n - from);
 }
 
+/* The tokenizer.json "NFC" normalizer: Normalization Form C of the UTF-8 text s[0..n) (validated by the
+ * caller) appended to out. Text below U+0300 is already NFC (no combining class or composition involves it),
+ * so ASCII and Latin-1 pass through with one scan. */
+static kvs_status nfc_utf8(const char *s, size_t n, kvs_tok_buf *out) {
+    size_t i = 0;
+    while (i < n && (uint8_t)s[i] < 0xCC) i++; /* lead bytes below 0xCC encode code points below U+0300 */
+    if (i == n) return kvs_tok_buf_add(out, s, n);
+    uint32_t *cps = malloc((n + 1) * sizeof *cps), *norm = NULL;
+    if (!cps) return kvs_fail(KVS_ERR_NOMEM, "tokenizer: out of memory");
+    size_t m = 0, nn = 0;
+    for (i = 0; i < n;) {
+        size_t cl = kvs_tok_utf8_next(s + i, n - i, &cps[m]);
+        if (cl == 0) { cps[m] = (uint8_t)s[i]; cl = 1; } /* cannot happen: text was validated */
+        m++;
+        i += cl;
+    }
+    kvs_status st = kvs_uni_nfc(cps, m, &norm, &nn);
+    free(cps);
+    char u[4];
+    for (size_t k = 0; st == KVS_OK && k < nn; k++) st = kvs_tok_buf_add(out, u, kvs_tok_utf8_put(norm[k], u));
+    free(norm);
+    return st;
+}
+
 static kvs_status normalize(const kvs_tokenizer *t, const char *s, size_t n, kvs_tok_buf *out) {
     kvs_tok_buf cur = {0}, nxt = {0};
     kvs_status st;
@@ -658,7 +683,7 @@ static kvs_status normalize(const kvs_tokenizer *t, const char *s, size_t n, kvs
         } else if (ns->kind == KVS_TOK_NORM_REPLACE) {
             KVS_TRY(st = replace_all(cur.p, cur.len, ns->a, ns->a_len, ns->b, ns->b_len, &nxt));
         } else {
-            continue; /* NFC: identity, inputs NFC could change were rejected up front */
+            KVS_TRY(st = nfc_utf8(cur.p, cur.len, &nxt));
         }
         kvs_tok_buf tmp = cur;
         cur = nxt;
@@ -866,17 +891,12 @@ cleanup:
 }
 
 kvs_status kvs_tok_hf_encode(const kvs_tokenizer *t, const char *text, size_t len, kvs_tok_out *o) {
-    int nfc = 0;
-    for (size_t k = 0; k < t->n_norm; k++) nfc |= t->norm[k].kind == KVS_TOK_NORM_NFC;
     for (size_t i = 0; i < len;) {
         uint32_t cp;
         size_t cl = kvs_tok_utf8_next(text + i, len - i, &cp);
         if (cl == 0)
             return kvs_fail(KVS_ERR_INVALID_ARG, "tokenizer: text is not valid UTF-8 at byte %zu (0x%02X)", i,
                             (unsigned)(uint8_t)text[i]);
-        if (nfc && kvs_tok_nfc_unsafe(cp))
-            return kvs_fail(KVS_ERR_UNSUPPORTED, "tokenizer: NFC normalizer: U+%04X at byte %zu may change under "
-                            "NFC, which this build does not implement", (unsigned)cp, i);
         i += cl;
     }
     size_t from = 0, ms, me, which;

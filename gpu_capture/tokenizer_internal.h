@@ -165,12 +165,10 @@ size_t kvs_tok_utf8_put(uint32_t cp, char *out);
 /* Value of a piece of the exact form "<0xNN>", else -1. */
 int kvs_tok_byte_piece_value(const char *p, size_t len);
 
-/* Unicode classes used by the Split regexes (range tables, see tokenizer.h for coverage). */
+/* Unicode classes used by the Split regexes: \p{L}, \p{N}, \s (gpu_capture/unicode.h). */
 int kvs_tok_is_letter(uint32_t cp);
 int kvs_tok_is_number(uint32_t cp);
 int kvs_tok_is_space(uint32_t cp);
-/* Non-zero when NFC could change a text containing cp (combining marks, jamo, singletons). */
-int kvs_tok_nfc_unsafe(uint32_t cp);
 
 /* Length of the regex match starting at s[pos] (valid UTF-8 in s[0..len)); always >= 1 when pos < len.
  * The scanner is the leftmost-first match of the pattern `regex` (KVS_TOK_RE_*) at pos. */

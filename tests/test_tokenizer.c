@@ -18,6 +18,7 @@
 
 #include "../gpu_capture/tokenizer.h"
 #include "../gpu_capture/tokenizer_internal.h"
+#include "../gpu_capture/unicode.h"
 
 /* ---------------------------------------------------------------- paths */
 
@@ -79,10 +80,31 @@ static char *decode(const kvs_tokenizer *t, const int32_t *ids, size_t n) {
 
 static int hexval(char c) { return c <= '9' ? c - '0' : c - 'a' + 10; }
 
+/* NFC of a UTF-8 text (malloc'd): what decode returns for a tokenizer with the NFC normalizer. */
+static char *nfc_text(const char *text) {
+    size_t len = strlen(text), m = 0, nn = 0;
+    uint32_t *cps = malloc((len + 1) * sizeof *cps), *norm = NULL;
+    assert_non_null(cps);
+    for (size_t i = 0; i < len;) {
+        size_t cl = kvs_tok_utf8_next(text + i, len - i, &cps[m++]);
+        assert_true(cl > 0);
+        i += cl;
+    }
+    assert_int_equal(kvs_uni_nfc(cps, m, &norm, &nn), KVS_OK);
+    char *out = malloc(4 * nn + 1);
+    assert_non_null(out);
+    size_t w = 0;
+    for (size_t k = 0; k < nn; k++) w += kvs_tok_utf8_put(norm[k], out + w);
+    out[w] = 0;
+    free(cps);
+    free(norm);
+    return out;
+}
+
 /* Checks every row of a fixture TSV (hex text, add_bos, ids): exact ids, and the round trip
- * decode(encode(text)) == text for rows with BOS whose text the vocabulary represents (no special-token
- * strings "<|", no <unk> id `unk`). Returns the number of rows checked. */
-static int check_tsv(const kvs_tokenizer *t, const char *rel, int32_t unk, int bos_adds_space) {
+ * decode(encode(text)) == text (its NFC when nfc: the tokenizer normalizes) for rows with BOS whose text the
+ * vocabulary represents (no special-token strings "<|", no <unk> id `unk`). Returns the number of rows checked. */
+static int check_tsv(const kvs_tokenizer *t, const char *rel, int32_t unk, int bos_adds_space, int nfc) {
     char p[4096];
     path_of(p, sizeof p, rel);
     FILE *f = fopen(p, "r");
@@ -125,7 +147,11 @@ static int check_tsv(const kvs_tokenizer *t, const char *rel, int32_t unk, int b
         for (size_t i = 0; i < n; i++) has_unk |= ids[i] == unk;
         if (!strstr(text, "<|") && !has_unk) {
             char *back = decode(t, ids, n);
-            if (bos || !bos_adds_space || text[0] == '\0') {
+            if (nfc) {
+                char *want_text = nfc_text(text);
+                assert_string_equal(back, want_text);
+                free(want_text);
+            } else if (bos || !bos_adds_space || text[0] == '\0') {
                 assert_string_equal(back, text);
             } else { /* llama2.c keeps the dummy-prefix space when there is no BOS before it */
                 assert_int_equal(back[0], ' ');
@@ -148,7 +174,7 @@ static void test_tok512_matches_reference_ids(void **state) {
     (void)state;
     kvs_tokenizer *t = load_real("tok512");
     if (!t) { skip(); return; }
-    assert_int_equal(check_tsv(t, "tests/fixtures/tokenizer/expected_tok512.tsv", -1, 1), 40);
+    assert_int_equal(check_tsv(t, "tests/fixtures/tokenizer/expected_tok512.tsv", -1, 1, 0), 40);
     kvs_tokenizer_free(t);
 }
 
@@ -206,7 +232,7 @@ static void test_tinystories_matches_reference_ids(void **state) {
     (void)state;
     kvs_tokenizer *t = load_real("hf");
     if (!t) { skip(); return; }
-    assert_int_equal(check_tsv(t, "tests/fixtures/tokenizer/expected_tinystories.tsv", 0, 0), 40);
+    assert_int_equal(check_tsv(t, "tests/fixtures/tokenizer/expected_tinystories.tsv", 0, 0, 0), 40);
     kvs_tokenizer_free(t);
 }
 
@@ -258,7 +284,7 @@ static void test_bytelevel_llama3_matches_reference_ids(void **state) {
     kvs_tokenizer *t = load_fixture("llama3");
     assert_int_equal(kvs_tokenizer_bos(t), kvs_tokenizer_vocab_size(t) - 3); /* from the template */
     assert_int_equal(kvs_tokenizer_eos(t), kvs_tokenizer_vocab_size(t) - 2);
-    assert_int_equal(check_tsv(t, "tests/fixtures/tokenizer/expected_bytelevel_llama3.tsv", -1, 0), 64);
+    assert_int_equal(check_tsv(t, "tests/fixtures/tokenizer/expected_bytelevel_llama3.tsv", -1, 0, 0), 72);
     kvs_tokenizer_free(t);
 }
 
@@ -266,12 +292,24 @@ static void test_bytelevel_qwen2_matches_reference_ids(void **state) {
     (void)state;
     kvs_tokenizer *t = load_fixture("qwen2");
     assert_int_equal(kvs_tokenizer_bos(t), -1);
-    assert_int_equal(check_tsv(t, "tests/fixtures/tokenizer/expected_bytelevel_qwen2.tsv", -1, 0), 64);
-    /* NFC is identity here; text NFC could change is refused rather than mis-tokenized */
-    int32_t ids[64];
-    size_t n;
-    assert_int_equal(kvs_tokenizer_encode(t, "cafe\xcc\x81", 0, ids, 64, &n), KVS_ERR_UNSUPPORTED);
-    assert_non_null(strstr(kvs_last_error(), "NFC"));
+    assert_int_equal(check_tsv(t, "tests/fixtures/tokenizer/expected_bytelevel_qwen2.tsv", -1, 0, 1), 72);
+    /* NFC composes e + U+0301 into U+00E9 before the pre-tokenizer: the same ids as the precomposed text */
+    int32_t ids[64], ids2[64];
+    size_t n, n2;
+    assert_int_equal(kvs_tokenizer_encode(t, "cafe\xcc\x81 \xe1\x84\x80\xe1\x85\xa1", 0, ids, 64, &n), KVS_OK);
+    assert_int_equal(kvs_tokenizer_encode(t, "caf\xc3\xa9 \xea\xb0\x80", 0, ids2, 64, &n2), KVS_OK);
+    assert_int_equal(n, n2);
+    assert_memory_equal(ids, ids2, n * sizeof ids[0]);
+    /* U+0301 alone after ASCII (its lead byte 0xCC is the smallest that starts a code point NFC can change) */
+    assert_int_equal(kvs_tokenizer_encode(t, "cafe\xcc\x81", 0, ids, 64, &n), KVS_OK);
+    assert_int_equal(kvs_tokenizer_encode(t, "caf\xc3\xa9", 0, ids2, 64, &n2), KVS_OK);
+    assert_int_equal(n, n2);
+    assert_memory_equal(ids, ids2, n * sizeof ids[0]);
+    assert_int_equal(kvs_tokenizer_encode(t, "cafe\xcc\x81 \xe1\x84\x80\xe1\x85\xa1", 0, ids, 64, &n), KVS_OK);
+    char *back = NULL;
+    assert_int_equal(kvs_tokenizer_decode(t, ids, n, &back), KVS_OK);
+    assert_string_equal(back, "caf\xc3\xa9 \xea\xb0\x80");
+    free(back);
     kvs_tokenizer_free(t);
 }
 

@@ -10,18 +10,24 @@
 #               kvsim's MPI launcher of `kvsim sweep` and run it on 2 ranks
 #   --with-slurm  also install slurm-wlm and munge (about 30 MB): tests/slurm_sweep.sh (make slurm-test) starts a
 #                 private single-node Slurm with them to run examples/slurm/; .ci/run asks for it.
+#   --with-unicode-data  also install unicode-data (the Unicode Character Database 15.0, 8 MB download): kvsim uses
+#                 the tables committed in gpu_capture/unicode_tables.c; tests/test_unicode.c checks NFC against its
+#                 NormalizationTest.txt and regenerates the tables to compare (it skips both without it); .ci/run
+#                 asks for it.
 set -eu
 with_clang=0
 with_chromium=0
 with_mpi=0
 with_slurm=0
+with_unicode_data=0
 for arg in "$@"; do
     case "$arg" in
     --with-clang) with_clang=1 ;;
     --with-chromium) with_chromium=1 ;;
     --with-slurm) with_slurm=1 ;;
     --with-mpi) with_mpi=1 ;;
-    *) echo "install-debian-deps: unknown option '$arg' (known: --with-clang, --with-chromium, --with-mpi, --with-slurm)" >&2; exit 2 ;;
+    --with-unicode-data) with_unicode_data=1 ;;
+    *) echo "install-debian-deps: unknown option '$arg' (known: --with-clang, --with-chromium, --with-mpi, --with-slurm, --with-unicode-data)" >&2; exit 2 ;;
     esac
 done
 SUDO=""
@@ -33,6 +39,7 @@ if [ "$with_clang" -eq 1 ]; then pkgs="$pkgs clang"; fi
 if [ "$with_chromium" -eq 1 ]; then pkgs="$pkgs chromium"; fi
 if [ "$with_mpi" -eq 1 ]; then pkgs="$pkgs libopenmpi-dev openmpi-bin"; fi
 if [ "$with_slurm" -eq 1 ]; then pkgs="$pkgs slurm-wlm munge"; fi
+if [ "$with_unicode_data" -eq 1 ]; then pkgs="$pkgs unicode-data"; fi
 $SUDO apt-get update -qq
 # shellcheck disable=SC2086 # $pkgs is a list of package names
 $SUDO apt-get install -y -qq --no-install-recommends $pkgs >/dev/null
