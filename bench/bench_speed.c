@@ -783,13 +783,90 @@ static int kv16_part(int threads) {
  * machine's ceilings), e.g. under perf; "sweep POLICY" the sweep of that one policy (its CPU time is the
  * per-policy figure of sim/BENCH.md). A full run runs both sweeps, then the fp32 sweep at 4x the positions in two
  * shapes (below). */
+/* ---- policies against each other (sim/BENCH.md "Policies against H2O") ----
+ * Each spec's 8 budgets at the 8192-position shape of codec_part (KVSIM_BENCH_SWEEP_SCALE, default 4: prompt 7680,
+ * 512 decode steps measured, budgets 128..2048; fp32 K/V), one kvs_replay_execute per spec, no codec; the specs
+ * alternate within each of KVSIM_BENCH_SWEEP_REPS rounds (default 1 here) so the machine's drift falls on all; the
+ * median CPU and wall times of each against the first spec's (give h2o first). */
+static void policies_part(int threads, char **specs, int n_specs) {
+    const char *scale_env = getenv("KVSIM_BENCH_SWEEP_SCALE");
+    int64_t scale = scale_env && scale_env[0] ? sweep_scale_env() : 4;
+    int decode = sweep_decode_env(scale);
+    const char *reps_env = getenv("KVSIM_BENCH_SWEEP_REPS");
+    int reps = reps_env && reps_env[0] ? atoi(reps_env) : 1;
+    if (reps < 1 || reps > 9 || n_specs > 32) {
+        fprintf(stderr, "bench_speed: KVSIM_BENCH_SWEEP_REPS must be 1..9, at most 32 specs\n");
+        exit(2);
+    }
+    kvs_gen_trace_opts o = kvs_gen_trace_defaults();
+    o.n_layers = 2;
+    o.n_heads = 8;
+    o.n_kv_heads = 2;
+    o.head_dim = 128;
+    o.n_positions = (int)(2048 * scale);
+    o.prompt_len = o.n_positions - decode;
+    kvs_test_replay_fixture fx; /* as the sweep's: 2-byte K/V, blocks of 64 */
+    CHECK(kvs_test_replay_fixture_make(&o, 2, 64, &fx));
+    kvs_replay_source src;
+    CHECK(kvs_replay_source_from_memory(&fx.mem, &src));
+    static kvs_replay_config cfgs[32][N_SWEEP_BUDGETS];
+    for (int i = 0; i < n_specs; i++)
+        for (int b = 0; b < N_SWEEP_BUDGETS; b++) {
+            cfgs[i][b] = (kvs_replay_config){.budget = sweep_budgets[b] * scale, .budget_fraction = -1};
+            CHECK(kvs_policy_parse(specs[i], &cfgs[i][b].policy));
+        }
+    print_load("policies against the first");
+    printf("GENERATED trace (not a model): %d layers, %d query heads, %d KV heads, d %d, %d positions (prompt %d, %d "
+           "decode steps measured); each spec x %d budgets (%lld..%lld), fp32 K/V, %d threads; %d rounds, the specs "
+           "alternating\n",
+           o.n_layers, o.n_heads, o.n_kv_heads, o.head_dim, o.n_positions, o.prompt_len, decode, N_SWEEP_BUDGETS,
+           (long long)(sweep_budgets[0] * scale), (long long)(sweep_budgets[N_SWEEP_BUDGETS - 1] * scale), threads,
+           reps);
+    static double els[32][9], cpus[32][9];
+    for (int k = 0; k < reps; k++)
+        for (int i = 0; i < n_specs; i++) {
+            kvs_replay_opts ro = {.configs = cfgs[i], .n_configs = N_SWEEP_BUDGETS, .threads = threads,
+                                  .measure = KVS_MEASURE_DECODE};
+            kvs_replay_result *r = NULL;
+            double t0 = kvs_now_s(), c0 = cpu_s(0);
+            CHECK(kvs_replay_execute(&src, &ro, &r));
+            els[i][k] = kvs_now_s() - t0;
+            cpus[i][k] = cpu_s(0) - c0;
+            for (int b = 0; b < N_SWEEP_BUDGETS; b++)
+                if (r->runs[b].status != KVS_OK)
+                    printf("run %s:%lld failed: %s\n", specs[i], (long long)cfgs[i][b].budget, r->runs[b].error);
+            kvs_replay_result_free(r);
+            printf("  round %d: %-40s %8.2f CPU s %8.2f wall s\n", k + 1, specs[i], cpus[i][k], els[i][k]);
+            fflush(stdout);
+        }
+    double cpu0 = cpus[0][median_run(cpus[0], reps)], el0 = els[0][median_run(els[0], reps)];
+    printf("  %-40s %8s %8s %9s %9s\n", "policy", "CPU s", "wall s", "CPU x", "wall x");
+    for (int i = 0; i < n_specs; i++) {
+        double cpu = cpus[i][median_run(cpus[i], reps)], el = els[i][median_run(els[i], reps)];
+        printf("  %-40s %8.2f %8.2f %8.2fx %8.2fx\n", specs[i], cpu, el, cpu / cpu0, el / el0);
+    }
+    printf("  (x: the median against %s's; the replay's reference, shared by every policy, is in each time)\n",
+           specs[0]);
+    kvs_test_replay_fixture_free(&fx);
+}
+
 int main(int argc, char **argv) {
     int threads = kvs_n_cpus();
     const char *only = argc > 1 ? argv[1] : "";
     int is_sweep = !strcmp(only, "sweep") || !strcmp(only, "sweep16"), is_codec = !strcmp(only, "codec");
+    if (!strcmp(only, "policies")) {
+        if (argc < 3) {
+            fprintf(stderr, "usage: bench_speed policies SPEC [SPEC ...] (the first is the yardstick, e.g. h2o)\n");
+            return 2;
+        }
+        machine(threads);
+        policies_part(threads, argv + 2, argc - 2);
+        return 0;
+    }
     if ((only[0] && strcmp(only, "kernels") && !is_sweep && !is_codec) || (argc > 2 && !is_sweep && !is_codec) ||
         argc > 3) {
-        fprintf(stderr, "usage: bench_speed [kernels | sweep [POLICY] | sweep16 [POLICY] | codec [POLICY]]\n");
+        fprintf(stderr, "usage: bench_speed [kernels | sweep [POLICY] | sweep16 [POLICY] | codec [POLICY] | "
+                        "policies SPEC [SPEC ...]]\n");
         return 2;
     }
     machine(threads);
