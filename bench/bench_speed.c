@@ -617,6 +617,39 @@ static void sweep(int threads, const char *only, int want32, int want16, int64_t
     kvs_test_replay_fixture_free(&fx);
 }
 
+/* The GENERATED data of the per-policy figures (codec_part, policies_part): 2 layers, 8 query heads, 2 KV heads, d 128,
+ * 2048 x KVSIM_BENCH_SWEEP_SCALE positions (default 4: 8192) of which KVSIM_BENCH_SWEEP_DECODE are decode steps,
+ * as the sweep's fixture (2-byte K/V, blocks of 64), and the rounds KVSIM_BENCH_SWEEP_REPS (1..9, default
+ * default_reps). Made in place: src reads fx's memory. */
+typedef struct {
+    int64_t scale;
+    int decode, reps;
+    kvs_gen_trace_opts o;
+    kvs_test_replay_fixture fx;
+    kvs_replay_source src;
+} policy_shape;
+
+static void policy_shape_make(int default_reps, policy_shape *ps) {
+    const char *scale_env = getenv("KVSIM_BENCH_SWEEP_SCALE");
+    ps->scale = scale_env && scale_env[0] ? sweep_scale_env() : 4;
+    ps->decode = sweep_decode_env(ps->scale);
+    const char *reps_env = getenv("KVSIM_BENCH_SWEEP_REPS");
+    ps->reps = reps_env && reps_env[0] ? atoi(reps_env) : default_reps;
+    if (ps->reps < 1 || ps->reps > 9) {
+        fprintf(stderr, "bench_speed: KVSIM_BENCH_SWEEP_REPS must be 1..9\n");
+        exit(2);
+    }
+    ps->o = kvs_gen_trace_defaults();
+    ps->o.n_layers = 2;
+    ps->o.n_heads = 8;
+    ps->o.n_kv_heads = 2;
+    ps->o.head_dim = 128;
+    ps->o.n_positions = (int)(2048 * ps->scale);
+    ps->o.prompt_len = ps->o.n_positions - ps->decode;
+    CHECK(kvs_test_replay_fixture_make(&ps->o, 2, 64, &ps->fx));
+    CHECK(kvs_replay_source_from_memory(&ps->fx.mem, &ps->src));
+}
+
 /* ---- a KV codec's cost (sim/BENCH.md "A codec's cost") ----
  * One policy's 8 budgets at the 8192-position shape of the per-policy figures (KVSIM_BENCH_SWEEP_SCALE, default 4
  * here: prompt 7680, KVSIM_BENCH_SWEEP_DECODE = 512 decode steps measured, budgets 128..2048; fp32 K/V), as one
@@ -625,26 +658,12 @@ static void sweep(int threads, const char *only, int want32, int want16, int64_t
  * rounds, so the machine's drift falls on all of them; the medians of each one's CPU and wall times are compared
  * with the run without a codec. */
 static void codec_part(int threads, const char *policy) {
-    const char *scale_env = getenv("KVSIM_BENCH_SWEEP_SCALE");
-    int64_t scale = scale_env && scale_env[0] ? sweep_scale_env() : 4;
-    int decode = sweep_decode_env(scale);
-    const char *reps_env = getenv("KVSIM_BENCH_SWEEP_REPS");
-    int reps = reps_env && reps_env[0] ? atoi(reps_env) : 3;
-    if (reps < 1 || reps > 9) {
-        fprintf(stderr, "bench_speed: KVSIM_BENCH_SWEEP_REPS must be 1..9\n");
-        exit(2);
-    }
-    kvs_gen_trace_opts o = kvs_gen_trace_defaults();
-    o.n_layers = 2;
-    o.n_heads = 8;
-    o.n_kv_heads = 2;
-    o.head_dim = 128;
-    o.n_positions = (int)(2048 * scale);
-    o.prompt_len = o.n_positions - decode;
-    kvs_test_replay_fixture fx; /* as the sweep's: 2-byte K/V, blocks of 64 */
-    CHECK(kvs_test_replay_fixture_make(&o, 2, 64, &fx));
-    kvs_replay_source src;
-    CHECK(kvs_replay_source_from_memory(&fx.mem, &src));
+    static policy_shape ps;
+    policy_shape_make(3, &ps);
+    const int64_t scale = ps.scale;
+    const int decode = ps.decode, reps = ps.reps;
+    const kvs_gen_trace_opts o = ps.o;
+    kvs_replay_source src = ps.src;
     kvs_replay_config cfgs[N_SWEEP_BUDGETS];
     for (int b = 0; b < N_SWEEP_BUDGETS; b++) {
         cfgs[b] = (kvs_replay_config){.budget = sweep_budgets[b] * scale, .budget_fraction = -1};
@@ -699,7 +718,7 @@ static void codec_part(int threads, const char *policy) {
     printf("  (x: the median against the run without a codec; mean err and res B: out_err and resident bytes per KV "
            "head, each run's mean averaged over the %d budgets)\n", N_SWEEP_BUDGETS);
     for (int m = 0; m < NM; m++) kvs_codec_free(codec[m]);
-    kvs_test_replay_fixture_free(&fx);
+    kvs_test_replay_fixture_free(&ps.fx);
 }
 
 /* ---- the replay with its K/V history in 16 bits against fp32 ----
@@ -789,26 +808,16 @@ static int kv16_part(int threads) {
  * alternate within each of KVSIM_BENCH_SWEEP_REPS rounds (default 1 here) so the machine's drift falls on all; the
  * median CPU and wall times of each against the first spec's (give h2o first). */
 static void policies_part(int threads, char **specs, int n_specs) {
-    const char *scale_env = getenv("KVSIM_BENCH_SWEEP_SCALE");
-    int64_t scale = scale_env && scale_env[0] ? sweep_scale_env() : 4;
-    int decode = sweep_decode_env(scale);
-    const char *reps_env = getenv("KVSIM_BENCH_SWEEP_REPS");
-    int reps = reps_env && reps_env[0] ? atoi(reps_env) : 1;
-    if (reps < 1 || reps > 9 || n_specs > 32) {
-        fprintf(stderr, "bench_speed: KVSIM_BENCH_SWEEP_REPS must be 1..9, at most 32 specs\n");
+    if (n_specs > 32) {
+        fprintf(stderr, "bench_speed: at most 32 specs\n");
         exit(2);
     }
-    kvs_gen_trace_opts o = kvs_gen_trace_defaults();
-    o.n_layers = 2;
-    o.n_heads = 8;
-    o.n_kv_heads = 2;
-    o.head_dim = 128;
-    o.n_positions = (int)(2048 * scale);
-    o.prompt_len = o.n_positions - decode;
-    kvs_test_replay_fixture fx; /* as the sweep's: 2-byte K/V, blocks of 64 */
-    CHECK(kvs_test_replay_fixture_make(&o, 2, 64, &fx));
-    kvs_replay_source src;
-    CHECK(kvs_replay_source_from_memory(&fx.mem, &src));
+    static policy_shape ps;
+    policy_shape_make(1, &ps);
+    const int64_t scale = ps.scale;
+    const int decode = ps.decode, reps = ps.reps;
+    const kvs_gen_trace_opts o = ps.o;
+    kvs_replay_source src = ps.src;
     static kvs_replay_config cfgs[32][N_SWEEP_BUDGETS];
     for (int i = 0; i < n_specs; i++)
         for (int b = 0; b < N_SWEEP_BUDGETS; b++) {
@@ -847,7 +856,7 @@ static void policies_part(int threads, char **specs, int n_specs) {
     }
     printf("  (x: the median against %s's; the replay's reference, shared by every policy, is in each time)\n",
            specs[0]);
-    kvs_test_replay_fixture_free(&fx);
+    kvs_test_replay_fixture_free(&ps.fx);
 }
 
 int main(int argc, char **argv) {
