@@ -130,10 +130,10 @@ typedef struct {
     int n_codecs;
 } task_args;
 
-/* A configuration's name in the tables: "policy" or "policy [codec spec]". */
+/* A configuration's name in the tables: "policy" or "policy [codec spec]", through the one label function of runs
+ * (its params left out: the tables print the policy's name alone, as before codecs). */
 static void run_name(const kvs_policy_config *cfg, const kvs_codec *codec, char *buf, size_t cap) {
-    if (codec) snprintf(buf, cap, "%s [%s]", cfg->ops->name, kvs_codec_spec(codec));
-    else snprintf(buf, cap, "%s", cfg->ops->name);
+    kvs_results_config_label(cfg->ops->name, NULL, codec ? kvs_codec_spec(codec) : NULL, 0, buf, cap);
 }
 
 /* One item's outcome in one (policy, budget). */
