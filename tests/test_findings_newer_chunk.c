@@ -120,9 +120,9 @@ static double ch3_by_hand(const char *model, double X, int *n) {
     assert_non_null(p);
     static char line[1 << 16];
     static char *f[400];
-    char sha[MAX_TRACES][80];
-    double v[2][MAX_TRACES];
-    int has[2][MAX_TRACES] = {{0}}, nt = 0, c_sha = -1, c_pol = -1, c_par = -1, c_err = -1, c_st = -1;
+    static kvs_test_trace_pairs tp;
+    memset(&tp, 0, sizeof tp);
+    int c_sha = -1, c_pol = -1, c_par = -1, c_err = -1, c_st = -1;
     for (int row = 0; fgets(line, sizeof line, p); row++) {
         int nf = kvs_test_csv_fields(line, f, 400);
         if (row == 0) {
@@ -135,25 +135,15 @@ static double ch3_by_hand(const char *model, double X, int *n) {
         assert_true(nf > c_st);
         if (strcmp(f[c_st], "exact") != 0 && strcmp(f[c_st], "interpolated") != 0) continue;
         assert_true(nf > c_err);
-        int k = !strcmp(f[c_pol], "chunkkv") ? 0 : !strcmp(f[c_pol], "snapkv") && strstr(f[c_par], "gqa=mean") ? 1 : -1;
+        /* side 1 ChunkKV, side 0 SnapKV (gqa=mean): the pairs' mean is ChunkKV − SnapKV */
+        int k = !strcmp(f[c_pol], "chunkkv") ? 1 : !strcmp(f[c_pol], "snapkv") && strstr(f[c_par], "gqa=mean") ? 0 : -1;
         if (k < 0) continue;
-        int t = 0;
-        while (t < nt && strcmp(sha[t], f[c_sha]) != 0) t++;
-        if (t == nt) {
-            assert_true(nt < MAX_TRACES);
-            snprintf(sha[nt++], sizeof sha[0], "%s", f[c_sha]);
-        }
-        assert_false(has[k][t]);
-        v[k][t] = atof(f[c_err]);
-        has[k][t] = 1;
+        assert_int_equal(kvs_test_trace_pairs_add(&tp, f[c_sha], k, atof(f[c_err])), 1); /* one value a trace */
     }
     assert_int_equal(pclose(p), 0);
-    double s = 0;
-    *n = 0;
-    for (int t = 0; t < nt; t++)
-        if (has[0][t] && has[1][t]) s += v[0][t] - v[1][t], (*n)++;
+    double mean = kvs_test_trace_pairs_mean(&tp, n);
     assert_true(*n > 0);
-    return s / *n;
+    return mean;
 }
 
 static void test_ch3_pair_from_the_per_trace_values(void **state) {

@@ -24,7 +24,6 @@
 #include "tests/util/testenv.h"
 
 #define MAX_RUNS 1024
-#define MAX_TRACES 16
 
 static const char *const k_models[2] = {"stories260K", "tinystories-656K"};
 
@@ -85,9 +84,9 @@ static double pair_by_hand(const char *model, const char *policy, int rules, dou
     assert_non_null(p);
     static char line[1 << 16];
     char *f[64];
-    char sha[MAX_TRACES][80];
-    double v[2][MAX_TRACES];
-    int has[2][MAX_TRACES] = {{0}}, nt = 0, c_sha = -1, c_run = -1, c_err = -1, c_st = -1;
+    static kvs_test_trace_pairs tp;
+    memset(&tp, 0, sizeof tp);
+    int c_sha = -1, c_run = -1, c_err = -1, c_st = -1;
     for (int row = 0; fgets(line, sizeof line, p); row++) {
         int nf = kvs_test_csv_fields(line, f, 64);
         if (row == 0) {
@@ -102,23 +101,13 @@ static double pair_by_hand(const char *model, const char *policy, int rules, dou
         assert_true(id > 0 && id < MAX_RUNS && (page[id] == 0 || page[id] == 16));
         if (rules && page[id] == 0) continue;
         int k = rules ? by_max[id] : page[id] == 16;
-        int t = 0;
-        while (t < nt && strcmp(sha[t], f[c_sha]) != 0) t++;
-        if (t == nt) {
-            assert_true(nt < MAX_TRACES);
-            snprintf(sha[nt++], sizeof sha[0], "%s", f[c_sha]);
-        }
-        assert_false(has[k][t]); /* one series per (trace, page, rule) */
-        v[k][t] = atof(f[c_err]);
-        has[k][t] = 1;
+        /* one series per (trace, page, rule) */
+        assert_int_equal(kvs_test_trace_pairs_add(&tp, f[c_sha], k, atof(f[c_err])), 1);
     }
     assert_int_equal(pclose(p), 0);
-    double s = 0;
-    *n = 0;
-    for (int t = 0; t < nt; t++)
-        if (has[0][t] && has[1][t]) s += v[1][t] - v[0][t], (*n)++;
+    double mean = kvs_test_trace_pairs_mean(&tp, n);
     assert_true(*n > 0);
-    return s / *n;
+    return mean;
 }
 
 static void test_p1_window_pair_from_the_per_trace_values(void **state) {

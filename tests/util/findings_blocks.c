@@ -141,3 +141,25 @@ int kvs_test_csv_col(char *const *fields, int nf, const char *name) {
         if (!strcmp(fields[i], name)) return i;
     return -1;
 }
+
+int kvs_test_trace_pairs_add(kvs_test_trace_pairs *tp, const char *sha, int k, double v) {
+    int t = 0;
+    while (t < tp->n_traces && strcmp(tp->sha[t], sha) != 0) t++;
+    if (t == tp->n_traces) {
+        if (t == KVS_TEST_PAIR_TRACES) return -1;
+        snprintf(tp->sha[t], sizeof tp->sha[t], "%s", sha);
+        tp->n_traces++;
+    }
+    if (tp->has[k][t]) return 0;
+    tp->v[k][t] = v;
+    tp->has[k][t] = 1;
+    return 1;
+}
+
+double kvs_test_trace_pairs_mean(const kvs_test_trace_pairs *tp, int *n) {
+    double s = 0;
+    *n = 0;
+    for (int t = 0; t < tp->n_traces; t++)
+        if (tp->has[0][t] && tp->has[1][t]) s += tp->v[1][t] - tp->v[0][t], (*n)++;
+    return *n ? s / *n : NAN;
+}

@@ -70,4 +70,22 @@ int kvs_test_findings_prompts(const char *out, const char *model, kvs_test_trace
  *  `name`, or -1. */
 int kvs_test_csv_col(char *const *fields, int nf, const char *name);
 
+/* Per-trace values of two sides (0 and 1) of a paired difference, keyed by the trace's content hash: what a test
+ * reads from `kvsim compare --per-trace` to recompute a block's paired mean another way. */
+#define KVS_TEST_PAIR_TRACES 16
+typedef struct {
+    char sha[KVS_TEST_PAIR_TRACES][80];
+    double v[2][KVS_TEST_PAIR_TRACES];
+    int has[2][KVS_TEST_PAIR_TRACES];
+    int n_traces;
+} kvs_test_trace_pairs;
+
+/*! kvs_test_trace_pairs_add() : side k's value v on the trace `sha` (a new trace takes the next slot). @return 1, 0
+ *  when side k already had a value on that trace (the old one kept), -1 when there is no slot left. */
+int kvs_test_trace_pairs_add(kvs_test_trace_pairs *tp, const char *sha, int k, double v);
+
+/*! kvs_test_trace_pairs_mean() : the mean of v[1] - v[0] over the traces where both sides have a value; *n receives
+ *  their count (NAN when 0). */
+double kvs_test_trace_pairs_mean(const kvs_test_trace_pairs *tp, int *n);
+
 #endif /* KVS_TEST_FINDINGS_BLOCKS_H */
