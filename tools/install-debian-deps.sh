@@ -14,12 +14,17 @@
 #                 the tables committed in gpu_capture/unicode_tables.c; tests/test_unicode.c checks NFC against its
 #                 NormalizationTest.txt and regenerates the tables to compare (it skips both without it); .ci/run
 #                 asks for it.
+#   --with-torch  also install python3-numpy and python3-torch (Debian's PyTorch 1.13, CPU; about 140 MB to download,
+#                 580 MB installed with its 160 dependencies, 43 s to install here): tests/test_python_trace.c runs
+#                 the Python trace module (python/) with them, recording the reference model through PyTorch
+#                 forward hooks (it skips, saying so, without them); .ci/run asks for it.
 set -eu
 with_clang=0
 with_chromium=0
 with_mpi=0
 with_slurm=0
 with_unicode_data=0
+with_torch=0
 for arg in "$@"; do
     case "$arg" in
     --with-clang) with_clang=1 ;;
@@ -27,7 +32,8 @@ for arg in "$@"; do
     --with-slurm) with_slurm=1 ;;
     --with-mpi) with_mpi=1 ;;
     --with-unicode-data) with_unicode_data=1 ;;
-    *) echo "install-debian-deps: unknown option '$arg' (known: --with-clang, --with-chromium, --with-mpi, --with-slurm, --with-unicode-data)" >&2; exit 2 ;;
+    --with-torch) with_torch=1 ;;
+    *) echo "install-debian-deps: unknown option '$arg' (known: --with-clang, --with-chromium, --with-mpi, --with-slurm, --with-unicode-data, --with-torch)" >&2; exit 2 ;;
     esac
 done
 SUDO=""
@@ -40,6 +46,7 @@ if [ "$with_chromium" -eq 1 ]; then pkgs="$pkgs chromium"; fi
 if [ "$with_mpi" -eq 1 ]; then pkgs="$pkgs libopenmpi-dev openmpi-bin"; fi
 if [ "$with_slurm" -eq 1 ]; then pkgs="$pkgs slurm-wlm munge"; fi
 if [ "$with_unicode_data" -eq 1 ]; then pkgs="$pkgs unicode-data"; fi
+if [ "$with_torch" -eq 1 ]; then pkgs="$pkgs python3-numpy python3-torch"; fi
 $SUDO apt-get update -qq
 # shellcheck disable=SC2086 # $pkgs is a list of package names
 $SUDO apt-get install -y -qq --no-install-recommends $pkgs >/dev/null
