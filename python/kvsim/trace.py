@@ -29,7 +29,9 @@ FOOTER_FIXED = 40
 ENTRY = 48
 TRAILER = 32
 KIND_GROUP, KIND_TOKENS = 1, 2
-FLAG_SHUFFLE, FLAG_QKV = 1, 2
+# header flags: byte shuffle, lean record, per-layer attention windows after the settings (FORMAT.md "Layer windows":
+# written only when some layer has a window; a trace without it reads as all layers full)
+FLAG_SHUFFLE, FLAG_QKV, FLAG_WINDOWS = 1, 2, 4
 MAX_LAYERS = MAX_HEADS = MAX_HEAD_DIM = 1024
 MAX_BLOCK = 65536
 SETTINGS_MAX = 4095
@@ -108,15 +110,19 @@ def _to_f32(stored, code):
 
 
 # ---------------------------------------------------------------------------------------------- attention
-def _attend(q, k, v, first, scale):
+def _attend(q, k, v, first, scale, window=0):
     """Causal attention in float64 of queries at positions [first, first + n) (q [n, H, d]) over keys and values
-    [0, first + n) (k, v [first + n, Hkv, d]): (o [n, H, d], lse [n, H])."""
+    [0, first + n) (k, v [first + n, Hkv, d]): (o [n, H, d], lse [n, H]). window > 0: position p attends to keys
+    p - window < j <= p only (FORMAT.md "Layer windows")."""
     n, H, _ = q.shape
     G = H // k.shape[1]
     kq = np.repeat(np.asarray(k, np.float64), G, axis=1)
     vq = np.repeat(np.asarray(v, np.float64), G, axis=1)
     s = np.einsum("phd,jhd->phj", np.asarray(q, np.float64), kq) * float(scale)      # [n, H, first + n]
-    mask = np.arange(first + n)[None, :] > np.arange(first, first + n)[:, None]       # key after the query
+    j, p = np.arange(first + n)[None, :], np.arange(first, first + n)[:, None]
+    mask = j > p                                                                        # key after the query
+    if window > 0:
+        mask |= j <= p - window                                                         # key left of the window
     s[np.broadcast_to(mask[:, None, :], s.shape)] = -np.inf
     m = s.max(axis=2, keepdims=True)
     e = np.exp(s - m)
@@ -124,18 +130,18 @@ def _attend(q, k, v, first, scale):
     return np.einsum("phj,jhd->phd", e / z, vq), (m + np.log(z))[:, :, 0]
 
 
-def attention_outputs(q, k, v, attn_scale, block=256):
+def attention_outputs(q, k, v, attn_scale, block=256, window=0):
     """Exact causal attention of one layer in float64: q [P, H, d], k and v [P, Hkv, d] (query head h reads KV head
     h // (H / Hkv)) -> (o [P, H, d], lse [P, H]) as FORMAT.md "LSE and output definitions" defines them (natural-log
-    LSE of the scaled scores). For stacks that expose q/k/v but not the output; `block` query positions at a time
-    bound the memory to block * P * H doubles."""
+    LSE of the scaled scores); window > 0: a sliding-window layer's (keys p - window < j <= p). For stacks that
+    expose q/k/v but not the output; `block` query positions at a time bound the memory to block * P * H doubles."""
     q = np.asarray(q, np.float64)
     P, H, d = q.shape
     o = np.empty((P, H, d))
     lse = np.empty((P, H))
     for a in range(0, P, block):
         b = min(P, a + block)
-        o[a:b], lse[a:b] = _attend(q[a:b], k[:b], v[:b], a, attn_scale)
+        o[a:b], lse[a:b] = _attend(q[a:b], k[:b], v[:b], a, attn_scale, window)
     return o, lse
 
 
@@ -202,9 +208,9 @@ def _check_header(h, err):
     rng("dtype", 0, 2)
     rng("block_positions", 1, MAX_BLOCK)
     rng("max_new_tokens", 0, I32_MAX)
-    if h["flags"] & ~(FLAG_SHUFFLE | FLAG_QKV):
-        err("flags = 0x%x has unknown bits (only bit 0, shuffle, and bit 1, lean q/k/v record, are defined)"
-            % h["flags"])
+    if h["flags"] & ~(FLAG_SHUFFLE | FLAG_QKV | FLAG_WINDOWS):
+        err("flags = 0x%x has unknown bits (only bit 0, shuffle, bit 1, lean q/k/v record, and bit 2, layer windows, "
+            "are defined)" % h["flags"])
 
 
 def parse_settings(text):
@@ -220,7 +226,8 @@ def parse_settings(text):
 class Trace:
     """An open, validated trace. Attributes: path, header (dict of every header field, dtype as its name, plus
     'settings' text, 'lean' and 'shuffle'), n_positions, n_layers, n_heads, n_kv_heads, head_dim, group (query
-    heads per KV head), block_positions, n_blocks, dtype ('fp32'|'fp16'|'bf16'), lean (bool), tokens (int32
+    heads per KV head), block_positions, n_blocks, dtype ('fp32'|'fp16'|'bf16'), lean (bool), layer_window (list: each
+    layer's attention window in positions, 0 = full causal attention; all 0 in a trace without the table), tokens (int32
     [N]), roles (uint8 [N]: 0 prompt, 1 generated), turn_of (int32 [N]), turns ([(begin, prompt_end, end)]),
     prompt_len, file_bytes, raw_bytes, compressed_bytes.
 
@@ -289,9 +296,14 @@ class Trace:
         slen = h["settings_len"]
         if slen > SETTINGS_MAX:
             self._err("header: settings_len = %d exceeds %d" % (slen, SETTINGS_MAX))
-        if h["header_size"] != HDR_FIXED + slen:
-            self._err("header: header_size = %d, expected 152 + settings_len = %d" % (h["header_size"],
-                                                                                        HDR_FIXED + slen))
+        windows = bool(h["flags"] & FLAG_WINDOWS)
+        # the window table's length comes from n_layers: range-checked before it sizes anything
+        if windows and not 1 <= h["n_layers"] <= MAX_LAYERS:
+            self._err("header: n_layers = %d is out of range [1, %d]" % (h["n_layers"], MAX_LAYERS))
+        wlen = 4 * h["n_layers"] if windows else 0
+        if h["header_size"] != HDR_FIXED + slen + wlen:
+            self._err("header: header_size = %d, expected 152 + settings_len%s = %d" % (
+                h["header_size"], " + 4 x n_layers (layer windows)" if windows else "", HDR_FIXED + slen + wlen))
         if h["header_size"] > size:
             self._err("file ends inside the header (%d bytes announced, file has %d)" % (h["header_size"], size),
                       TruncatedError)
@@ -305,6 +317,14 @@ class Trace:
         if b"\0" in settings:
             self._err("header: settings text contains a NUL byte")
         _check_header(h, lambda m: self._err("header: " + m))
+        win = [0] * h["n_layers"]
+        if windows:
+            win = list(struct.unpack_from("<%di" % h["n_layers"], hb, 148 + slen))
+            for l, w in enumerate(win):
+                if w < 0:
+                    self._err("header: layer_window[%d] = %d is out of range [0, %d]" % (l, w & 0xFFFFFFFF, I32_MAX))
+        h["layer_window"] = win
+        h["flags"] &= ~FLAG_WINDOWS  # a layout bit, re-derived by every writer from layer_window (as kvsim does)
         h["model_name"] = name.split(b"\0", 1)[0].decode("utf-8", "replace")
         h["settings"] = settings.decode("utf-8", "replace")
         h["lean"] = bool(h["flags"] & FLAG_QKV)
@@ -317,6 +337,7 @@ class Trace:
         self.head_dim, self.block_positions = h["head_dim"], h["block_positions"]
         self.group = self.n_heads // self.n_kv_heads
         self.dtype, self.lean = h["dtype"], h["lean"]
+        self.layer_window = h["layer_window"]
         self._es = _ES[self._dcode]
 
         # trailer
@@ -531,12 +552,13 @@ class Trace:
             else:
                 kh = a["k"] if kh is None else np.concatenate([kh, a["k"]])
                 vh = a["v"] if vh is None else np.concatenate([vh, a["v"]])
-                a["o"], a["lse"] = self._recompute(a["q"], kh, vh, b * self.block_positions)
+                a["o"], a["lse"] = self._recompute(a["q"], kh, vh, b * self.block_positions, self.layer_window[layer])
             yield b * self.block_positions, a
 
-    def _recompute(self, q, kh, vh, first):
-        """o and lse of query positions [first, first + n) over keys [0, first + n): a lean trace's outputs."""
-        o, lse = _attend(q, kh, vh, first, self.header["attn_scale"])
+    def _recompute(self, q, kh, vh, first, window):
+        """o and lse of query positions [first, first + n) over keys [0, first + n) (within the layer's window): a
+        lean trace's outputs."""
+        o, lse = _attend(q, kh, vh, first, self.header["attn_scale"], window)
         return o.astype(np.float32), lse.astype(np.float32)
 
     def layer(self, layer, raw=False):
@@ -557,7 +579,7 @@ class Trace:
         h = self.header
         keys = ("n_layers", "n_heads", "n_kv_heads", "head_dim", "dim", "hidden_dim", "vocab_size", "max_seq_len",
                 "rope_theta", "norm_eps", "attn_scale", "rope_layout", "model_name", "dtype", "block_positions",
-                "max_new_tokens", "settings")
+                "max_new_tokens", "settings", "layer_window")
         c = {k: h[k] for k in keys}
         c["record"] = "qkv" if self.lean else "full"
         c["shuffle"] = h["shuffle"]
@@ -579,7 +601,9 @@ class TraceWriter:
     (1e-5), attn_scale (1 / sqrt(head_dim)), rope_layout (0 or 'adjacent': llama2.c pairs; 1 or 'halves': HF
     rotate_half), model_name, dtype ('fp16' default, 'bf16', 'fp32': storage of q/k/v/o; lse is always fp32),
     block_positions (64), max_new_tokens (0 = unknown), record ('full' default, or 'qkv': lean, no o/lse), shuffle
-    (True), settings (text "key=value ..." or a dict).
+    (True), settings (text "key=value ..." or a dict), layer_window (None, or one window per layer in positions, 0 =
+    full causal attention: a sliding-window layer's o and lse are its window's; the table and its flag bit are
+    written only when some window is > 0, as kvsim writes them).
 
     append(tokens, roles, turns, q, k, v, o, lse) adds n positions: tokens [n] ids in [0, vocab_size), roles [n]
     (0 prompt, 1 generated; a scalar is broadcast), turns [n] turn indices (scalar broadcast), q [L, n, H, d], k and
@@ -591,7 +615,8 @@ class TraceWriter:
 
     def __init__(self, path, *, n_layers, n_heads, n_kv_heads, head_dim, vocab_size, dim=None, hidden_dim=None,
                  max_seq_len=2048, rope_theta=10000.0, norm_eps=1e-5, attn_scale=None, rope_layout=0, model_name="",
-                 dtype="fp16", block_positions=64, max_new_tokens=0, record="full", shuffle=True, settings=""):
+                 dtype="fp16", block_positions=64, max_new_tokens=0, record="full", shuffle=True, settings="",
+                 layer_window=None):
         self.path = os.fspath(path)
         self.partial = self.path + ".partial"
         self._f = None
@@ -625,16 +650,25 @@ class TraceWriter:
                  dtype=dcode, flags=(FLAG_SHUFFLE if shuffle else 0) | (FLAG_QKV if record == "qkv" else 0))
         h = {k_: (int(v_) if isinstance(v_, (int, np.integer)) else v_) for k_, v_ in h.items()}
         _check_header(h, lambda m: (_ for _ in ()).throw(TraceError("header: " + m)))
+        if layer_window is None:
+            layer_window = [0] * h["n_layers"]
+        layer_window = [int(x) for x in layer_window]
+        if len(layer_window) != h["n_layers"] or any(not 0 <= x <= I32_MAX for x in layer_window):
+            raise TraceError("layer_window: %d windows, expected %d (one a layer), each in [0, %d]"
+                             % (len(layer_window), h["n_layers"], I32_MAX))
+        wtab = b"" if not any(layer_window) else struct.pack("<%di" % len(layer_window), *layer_window)
+        if wtab:
+            h["flags"] |= FLAG_WINDOWS
         self.h = h
         self.L, self.H, self.Hkv, self.d = h["n_layers"], h["n_heads"], h["n_kv_heads"], h["head_dim"]
         self.G, self.B = self.H // self.Hkv, h["block_positions"]
         self.lean = record == "qkv"
         self.shuffle = bool(shuffle)
         self._dcode, self._es = dcode, _ES[dcode]
-        hdr = _HEADER_STRUCT.pack(MAGIC_FILE, 1, HDR_FIXED + len(sb), h["n_layers"], h["n_heads"], h["n_kv_heads"],
+        hdr = _HEADER_STRUCT.pack(MAGIC_FILE, 1, HDR_FIXED + len(sb) + len(wtab), h["n_layers"], h["n_heads"], h["n_kv_heads"],
                                   h["head_dim"], h["dim"], h["hidden_dim"], h["vocab_size"], h["max_seq_len"],
                                   h["rope_theta"], h["norm_eps"], h["attn_scale"], h["rope_layout"], dcode,
-                                  h["block_positions"], h["max_new_tokens"], h["flags"], nb, len(sb)) + sb
+                                  h["block_positions"], h["max_new_tokens"], h["flags"], nb, len(sb)) + sb + wtab
         hdr += struct.pack("<I", _crc(hdr))
         self._header_size = len(hdr)
         self._n = 0                  # positions appended
@@ -651,8 +685,7 @@ class TraceWriter:
         """a as the storage type's numpy array of `shape`, after the shape and value checks."""
         if hasattr(a, "detach"):  # a torch tensor: its float32 view through numpy (bf16 tensors have no numpy type)
             a = a.detach().cpu()
-            a = a.float().numpy() if str(a.dtype) in ("torch.bfloat16", "torch.float16") and self._dcode != 1 \
-                else a.numpy()
+            a = (a.float() if str(a.dtype) == "torch.bfloat16" else a).numpy()  # bf16 -> float32 is exact
         a = np.asarray(a)
         if a.shape != shape:
             raise TraceError("%s: shape %s, expected %s" % (name, a.shape, shape))
