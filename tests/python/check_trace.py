@@ -82,6 +82,31 @@ def arrays_equal(p1, p2, names=("q", "k", "v", "o", "lse")):
     assert a.turns == b.turns
 
 
+def exported(path):
+    """Python's float32 arrays of the first and last layer against `kvsim export` of the same trace: the stored
+    values equal; a lean trace's recomputed o/lse (float64 here, fp32 in kvsim) within 1e-4. Returns the largest
+    difference."""
+    t = kvsim.Trace(path)
+    worst = 0.0
+    for l in (0, t.n_layers - 1):
+        a = t.layer(l)
+        for n in ("q", "k", "v", "o", "lse"):
+            f = os.path.join(TMP, "export.npy")
+            run("export", path, "--what", n, "--layer", l, "--out", f)
+            e = np.load(f)
+            assert e.dtype == np.float32 and e.shape == a[n].shape, (path, n, e.shape, a[n].shape)
+            if t.lean and n in ("o", "lse"):
+                d = float(np.abs(e - a[n]).max())
+                assert d < 1e-4, (path, l, n, d)
+                worst = max(worst, d)
+            else:
+                assert e.tobytes() == a[n].tobytes(), (path, l, n)
+    f = os.path.join(TMP, "export.npy")
+    run("export", path, "--what", "tokens", "--out", f)
+    assert np.array_equal(np.load(f), t.tokens)
+    return worst
+
+
 def verify(path):
     p = run("verify", path)
     assert "verify: OK" in p.stdout, p.stdout
@@ -124,6 +149,9 @@ def case_roundtrip():
         print("%s: arrays bit-equal, verify OK%s" % (dt, "" if dt == "fp32" else
                                                      "; kvsim's fp32 capture rounded by the writer = its %s capture"
                                                      % dt))
+    # the float32 decode against kvsim's own (`kvsim export`, every array of the first and last layer): equal
+    for dt in ("fp32", "bf16", "fp16"):
+        exported(os.path.join(TMP, "cap_%s.kvt" % dt))
     lean = os.path.join(TMP, "cap_lean.kvt")
     capture(os.path.join(MODELS, "stories260K.bin"), lean, 100, "--record", "qkv")
     p = os.path.join(TMP, "py_lean.kvt")
@@ -132,6 +160,8 @@ def case_roundtrip():
     assert run("verify", p, ok=False).returncode == run("verify", lean, ok=False).returncode == 0
     # a lean trace's recomputed outputs against the full record of the same capture (FORMAT.md "Lean record":
     # the full record stores fp32 outputs rounded to fp16, the lean reader recomputes from rounded q/k/v)
+    worst = exported(lean)
+    print("lean: recomputed o/lse (float64) vs kvsim export's (fp32): max |diff| %.2g" % worst)
     full, ln = kvsim.Trace(cap).arrays(), kvsim.Trace(lean).arrays()
     rel = np.linalg.norm(full["o"] - ln["o"], axis=-1) / np.linalg.norm(full["o"], axis=-1)
     dl = np.abs(full["lse"] - ln["lse"]).max()
@@ -161,9 +191,15 @@ def windows_case():
     q, k, v = (rng.standard_normal((L, P, n, d)) for n in (H, Hkv, Hkv))
     ol = [kvsim.attention_outputs(q[l], k[l], v[l], d ** -0.5, window=win[l]) for l in range(L)]
     o, lse = np.stack([x[0] for x in ol]), np.stack([x[1] for x in ol])
-    # the window is the window: layer 1's output at p differs from full attention once p >= 7, not before
-    full1 = kvsim.attention_outputs(q[1], k[1], v[1], d ** -0.5)[0]
-    assert np.allclose(full1[:7], o[1, :7]) and not np.allclose(full1[7:], o[1, 7:])
+    # the window, written out row by row: position p of layer 1 attends to keys max(0, p - 6) .. p
+    for p in range(P):
+        for h in range(H):
+            j = np.arange(max(0, p - win[1] + 1), p + 1)
+            sc = k[1, j, h // (H // Hkv)] @ q[1, p, h] * d ** -0.5
+            m = sc.max()
+            w = np.exp(sc - m)
+            assert abs(m + np.log(w.sum()) - lse[1, p, h]) < 1e-12
+            assert np.abs(w @ v[1, j, h // (H // Hkv)] / w.sum() - o[1, p, h]).max() < 1e-12
     cfg = dict(tokens=np.arange(P) % 5, prompt_len=30, vocab_size=5, block_positions=16, dtype="fp32")
     paths = {}
     for rec in ("full", "qkv"):
