@@ -359,10 +359,33 @@ def case_results():
             v = s[met][~np.isnan(s[met])]
             assert len(v) == x["metrics"][met]["n"]
             assert abs(v.mean() - x["metrics"][met]["mean"]) <= 1e-9 * max(1.0, abs(v.mean())), (x["id"], met)
+    # kvsim compare: at a budget replayed, the run's own values; at equal memory, the interpolation in ln x between
+    # the two runs that bracket X (results/SCHEMA.md), recomputed here from the values Python read
+    byid = {x["id"]: x for x in runs}
+    cmp_n = 0
+    for match, at in (("tokens", "24"), ("mem", "2000")):
+        rows = list(csv.DictReader(io.StringIO(run("compare", db, "--match", match, "--at", at, "--csv").stdout)))
+        assert len(rows) == 3
+        for row in rows:
+            if row["status"] == "out_of_range":
+                continue
+            lo, hi = byid[int(row["run_lo"])], byid[int(row["run_hi"])]
+            xl, xh = float(row["x_lo"]), float(row["x_hi"])
+            xkey = "storage_bytes" if match == "mem" else None
+            if xkey:
+                assert xl == lo["metrics"][xkey]["mean"] and xh == hi["metrics"][xkey]["mean"]
+            for col in ("out_err_mean", "out_err_p95", "attn_recall_mean", "topk_overlap_mean"):
+                met, st = col.rsplit("_", 1)
+                yl, yh = lo["metrics"][met][st], hi["metrics"][met][st]
+                want = yl if xl == xh else yl + (yh - yl) * (math.log(float(at)) - math.log(xl)) / (math.log(xh) -
+                                                                                                    math.log(xl))
+                assert abs(float(row[col]) - want) <= 1e-12 * max(1.0, abs(want)), (match, row["policy"], col,
+                                                                                   row[col], want)
+                cmp_n += 1
     assert r.turns(runs[0]["trace_id"]) == [(0, 0, 239, 495)]
-    print("results: %d run-wide statistics equal to `kvsim runs --json`, %d per-layer values to `--csv`; run "
-          "means recomputed from %d step rows" % (n, m_, sum(len(r.steps(x["id"], ["out_err"])["out_err"])
-                                                           for x in runs)))
+    print("results: %d run-wide statistics equal to `kvsim runs --json`, %d per-layer values to `--csv`, %d values "
+          "of `kvsim compare` (exact and interpolated at equal memory) recomputed; run means recomputed from %d step "
+          "rows" % (n, m_, cmp_n, sum(len(r.steps(x["id"], ["out_err"])["out_err"]) for x in runs)))
     ids, vals = r.summary("out_err")
     assert list(ids) == [x["id"] for x in runs] and np.all(vals > 0)
     print("PASS results")
