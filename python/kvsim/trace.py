@@ -116,10 +116,11 @@ def _attend(q, k, v, first, scale, window=0):
     p - window < j <= p only (FORMAT.md "Layer windows")."""
     n, H, _ = q.shape
     G = H // k.shape[1]
-    kq = np.repeat(np.asarray(k, np.float64), G, axis=1)
-    vq = np.repeat(np.asarray(v, np.float64), G, axis=1)
-    s = np.einsum("phd,jhd->phj", np.asarray(q, np.float64), kq) * float(scale)      # [n, H, first + n]
-    j, p = np.arange(first + n)[None, :], np.arange(first, first + n)[:, None]
+    lo = max(0, first - window + 1) if window > 0 else 0  # keys left of every row's window are never read
+    kq = np.repeat(np.asarray(k[lo:first + n], np.float64), G, axis=1)
+    vq = np.repeat(np.asarray(v[lo:first + n], np.float64), G, axis=1)
+    s = np.einsum("phd,jhd->phj", np.asarray(q, np.float64), kq) * float(scale)      # [n, H, first + n - lo]
+    j, p = np.arange(lo, first + n)[None, :], np.arange(first, first + n)[:, None]
     mask = j > p                                                                        # key after the query
     if window > 0:
         mask |= j <= p - window                                                         # key left of the window
@@ -558,8 +559,16 @@ class Trace:
     def _recompute(self, q, kh, vh, first, window):
         """o and lse of query positions [first, first + n) over keys [0, first + n) (within the layer's window): a
         lean trace's outputs."""
-        o, lse = _attend(q, kh, vh, first, self.header["attn_scale"], window)
-        return o.astype(np.float32), lse.astype(np.float32)
+        # rows a pass: the scores of one pass are rows x H x keys doubles, kept to about 64 MB for long traces
+        n, H = q.shape[0], q.shape[1]
+        rows = max(1, (1 << 23) // (H * (first + n)))
+        o = np.empty(q.shape, np.float32)
+        lse = np.empty((n, H), np.float32)
+        for a in range(0, n, rows):
+            b = min(n, a + rows)
+            o[a:b], lse[a:b] = _attend(q[a:b], kh[:first + b], vh[:first + b], first + a, self.header["attn_scale"],
+                                       window)
+        return o, lse
 
     def layer(self, layer, raw=False):
         """All positions of one layer: dict q [P, H, d], k [P, Hkv, d], v [P, Hkv, d], o [P, H, d], lse [P, H]."""
