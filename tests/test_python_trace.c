@@ -123,9 +123,9 @@ static void test_roundtrip(void **state) {
     char dir[64], a[128], b[128];
     assert_int_equal(kvs_test_make_tmp(dir, sizeof dir), 0);
     run_case(dir, "roundtrip");
-    static const char *const pairs[][2] = {{"cap", "py"}, {"cap_bf16", "py_bf16"}, {"cap_fp32", "py_fp32"}, {"cap_fp16", "rounded_fp16"},
-                                           {"cap_bf16", "rounded_bf16"},
-                                           {"cap_lean", "py_lean"}};
+    static const char *const pairs[][2] = {{"cap", "py"},           {"cap_bf16", "py_bf16"},
+                                           {"cap_fp32", "py_fp32"},   {"cap_fp16", "rounded_fp16"},
+                                           {"cap_bf16", "rounded_bf16"}, {"cap_lean", "py_lean"}};
     for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
         snprintf(a, sizeof a, "%s/%s.kvt", dir, pairs[i][0]);
         snprintf(b, sizeof b, "%s/%s.kvt", dir, pairs[i][1]);

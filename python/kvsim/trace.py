@@ -674,7 +674,8 @@ class TraceWriter:
         self.lean = record == "qkv"
         self.shuffle = bool(shuffle)
         self._dcode, self._es = dcode, _ES[dcode]
-        hdr = _HEADER_STRUCT.pack(MAGIC_FILE, 1, HDR_FIXED + len(sb) + len(wtab), h["n_layers"], h["n_heads"], h["n_kv_heads"],
+        hdr = _HEADER_STRUCT.pack(MAGIC_FILE, 1, HDR_FIXED + len(sb) + len(wtab), h["n_layers"], h["n_heads"],
+                                  h["n_kv_heads"],
                                   h["head_dim"], h["dim"], h["hidden_dim"], h["vocab_size"], h["max_seq_len"],
                                   h["rope_theta"], h["norm_eps"], h["attn_scale"], h["rope_layout"], dcode,
                                   h["block_positions"], h["max_new_tokens"], h["flags"], nb, len(sb)) + sb + wtab
@@ -807,7 +808,7 @@ class TraceWriter:
         r = self._take(n)
         self._chunk(KIND_TOKENS, 0, 0, blk, n, [(r["tokens"].tobytes(), 4), (r["roles"].tobytes(), 1),
                                                 (r["turns"].tobytes(), 4)])
-        G, d, es = self.G, self.d, self._es
+        G, es = self.G, self._es
         for l in range(self.L):
             for h in range(self.Hkv):
                 arrs = [(np.ascontiguousarray(r["q"][l, :, h * G:(h + 1) * G]).tobytes(), es),

@@ -21,7 +21,6 @@ import io
 import json
 import math
 import os
-import shutil
 import subprocess
 import sys
 
@@ -395,7 +394,7 @@ def case_results():
 def small_trace(path, dtype="fp16", record="full"):
     rng = np.random.default_rng(5)
     L, P, H, Hkv, d = 2, 21, 4, 2, 4
-    q, k, v = rng.standard_normal((L, P, H, d)), rng.standard_normal((L, P, Hkv, d)), rng.standard_normal((L, P, Hkv, d))
+    q, k, v = (rng.standard_normal((L, P, n, d)) for n in (H, Hkv, Hkv))
     o = lse = None
     if record == "full":
         ol = [kvsim.attention_outputs(q[l], k[l], v[l], 0.5) for l in range(L)]
