@@ -134,6 +134,38 @@ static void test_turn_ended_early_replans_the_rest(void **state) {
     assert_float_equal(e.eta_total, 7.0 / 5.0 + 20.0 / 2.0, 1e-12);
 }
 
+/* A cost per position growing with the position (attention over the context): the ETAs extrapolate the line
+ * fitted to the timings, not the mean rate. */
+static void test_eta_follows_a_cost_growing_with_the_position(void **state) {
+    (void)state;
+    int64_t prompt[1] = {1};
+    kvs_capture_progress p;
+    kvs_capture_eta e;
+    kvs_capture_progress_start(&p, 0.0, prompt, 1, 9, 100);
+    kvs_capture_progress_turn(&p, 0, 1);
+    double now = 0.05;
+    kvs_capture_progress_add(&p, KVS_CAPTURE_PREFILL, 1, now);
+    for (int i = 1; i <= 4; i++) { /* position i costs 0.1 + 0.01 i */
+        now += 0.1 + 0.01 * i;
+        kvs_capture_progress_add(&p, KVS_CAPTURE_DECODE, 1, now);
+    }
+    kvs_capture_progress_estimate(&p, now, &e);
+    assert_float_equal(e.rate, 4.0 / 0.5, 1e-9);       /* the mean, shown as tok/s */
+    assert_float_equal(e.eta_phase, 0.5 + 0.01 * 35, 1e-9); /* positions 5..9: 5 x 0.1 + 0.01 (5+6+7+8+9) */
+    assert_float_equal(e.eta_total, 0.85, 1e-9);
+    /* costs falling with the position (a slow start) are not extrapolated down: the mean, 5 x 0.5 / 4 */
+    kvs_capture_progress_start(&p, 0.0, prompt, 1, 9, 100);
+    kvs_capture_progress_turn(&p, 0, 1);
+    now = 0.05;
+    kvs_capture_progress_add(&p, KVS_CAPTURE_PREFILL, 1, now);
+    for (int i = 1; i <= 4; i++) {
+        now += 0.2 - 0.01 * i;
+        kvs_capture_progress_add(&p, KVS_CAPTURE_DECODE, 1, now);
+    }
+    kvs_capture_progress_estimate(&p, now, &e);
+    assert_float_equal(e.eta_phase, 5.0 * (0.8 - 0.1) / 4.0, 1e-9);
+}
+
 static void test_duration_text(void **state) {
     (void)state;
     struct {
@@ -287,6 +319,7 @@ int main(void) {
         cmocka_unit_test(test_no_steps_has_a_total_during_prefill),
         cmocka_unit_test(test_turns_plan_cut_at_max_positions),
         cmocka_unit_test(test_turn_ended_early_replans_the_rest),
+        cmocka_unit_test(test_eta_follows_a_cost_growing_with_the_position),
         cmocka_unit_test(test_duration_text),
         cmocka_unit_test_setup_teardown(test_sigint_leaves_a_recoverable_trace, kvs_test_cli_setup,
                                         kvs_test_cli_teardown),
