@@ -248,9 +248,11 @@ static void put_shell_word(FILE *f, const char *s) {
 
 /* Says what an interrupted capture left and how to recover it. partial: the .partial file; target: where the
  * recovered trace goes (the trace's own path, or --out as given for a FIFO, a device or standard output).
- * The command names this very program (/proc/self/exe), so it runs as printed whatever PATH holds.
+ * The command names this very program (/proc/self/exe), so it runs as printed whatever PATH holds. A staged
+ * trace's temporary folder (stage_dir, else NULL) is left for the recovery and named, for removal after it.
  * @return the exit status, 128 + the signal. */
-static int report_interrupted(const kvs_capture_result *r, int sig, const char *partial, const char *target) {
+static int report_interrupted(const kvs_capture_result *r, int sig, const char *partial, const char *target,
+                              const char *stage_dir) {
     const char *name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
     if (!r->partial_kept) {
         fprintf(stderr, "kvsim capture: interrupted by %s after %lld positions: %s\n", name, (long long)r->n_positions,
@@ -269,6 +271,7 @@ static int report_interrupted(const kvs_capture_result *r, int sig, const char *
     fputc(' ', stderr);
     put_shell_word(stderr, target);
     fputc('\n', stderr);
+    if (stage_dir) fprintf(stderr, "kvsim capture: then remove the temporary folder %s\n", stage_dir);
     return 128 + sig;
 }
 
@@ -464,7 +467,8 @@ int kvs_cmd_capture(int argc, char **argv) {
     if (s == KVS_ERR_INTERRUPTED && res.interrupted) {
         char partial[4300] = "";
         if (o.out_path) snprintf(partial, sizeof partial, "%s.partial", o.out_path);
-        rc = report_interrupted(&res, (int)stop_signal, o.out_path ? partial : NULL, stage.dir[0] ? out_path : o.out_path);
+        rc = report_interrupted(&res, (int)stop_signal, o.out_path ? partial : NULL, stage.dir[0] ? out_path : o.out_path,
+                                stage.dir[0] ? stage.dir : NULL);
         if (res.partial_kept) stage.dir[0] = '\0'; /* a staged .partial stays for the recovery */
         goto done;
     }
