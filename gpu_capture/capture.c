@@ -384,6 +384,7 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
                 stop_all = 1;
             }
             if (stop_requested(o)) {
+                progress_line(o, &prog, KVS_CAPTURE_PREFILL, 0, w, &last, 1);
                 s = stop_on_request(gb, w, pos, r);
                 goto cleanup;
             }
