@@ -63,11 +63,21 @@ static const char *const capture_help =
     "                       link is written through to its target, which is replaced; a FIFO or device, or -\n"
     "                       for standard output, gets the finished trace and the text goes to stderr)\n"
     "  --no-trace           decode without recording; prints the token ids and the text\n"
-    "  --progress / --quiet progress lines on stderr (default: only when stderr is a terminal)\n"
+    "  --progress / --quiet progress lines on stderr (default: only when stderr is a terminal): phase (prefill\n"
+    "                       = prompt, decode = generated; turn t/T), its positions done/planned, all positions\n"
+    "                       done/planned, the phase's tok/s, ETA of the phase and of the whole capture (from each\n"
+    "                       phase's own cost per position, fitted as growing with the position; -- until every\n"
+    "                       phase left has been timed), trace MB written, time elapsed; rewritten in place every\n"
+    "                       0.5 s on a terminal, one line every 2 s otherwise\n"
+    "\n"
+    "SIGINT (Ctrl-C) or SIGTERM stops the capture at the next position: the positions done stay in\n"
+    "TRACE.partial (written out and synced), the message prints the exact `kvsim trace recover` command that\n"
+    "turns them into a valid trace, and the exit status is 130 (SIGINT) or 143 (SIGTERM). A second signal\n"
+    "ends the process at once (TRACE.partial then holds the blocks written before it, still recoverable).\n"
     "\n"
     "Options take --opt VALUE or --opt=VALUE; each may be given once (a second one is a usage error).\n"
     "Text that the tokenizer maps to its unknown token gets a warning on stderr with the count.\n"
-    "Exit status: 0 success, 1 failure (bad model/tokenizer/prompt, I/O), 2 bad usage.\n";
+    "Exit status: 0 success, 1 failure (bad model/tokenizer/prompt, I/O), 2 bad usage, 130/143 interrupted.\n";
 
 /* Parses "1,2, 3" into a malloc'd array. */
 static kvs_status parse_ids(const char *s, int32_t **out, size_t *n) {
@@ -201,6 +211,69 @@ static kvs_status stage_deliver(const staged_trace *st, const char *out_path) {
     else s = kvs_out_commit(o);
     sigaction(SIGPIPE, &old_pipe, NULL);
     return s;
+}
+
+/* SIGINT/SIGTERM during the capture: the handler only records the signal, which kvs_capture_run polls at each
+ * position (opts.stop); SA_RESETHAND gives the second signal its default action, so it ends the process at
+ * once. */
+static volatile sig_atomic_t stop_signal;
+
+static void on_stop_signal(int sig) { stop_signal = sig; }
+
+static void stop_handlers_install(struct sigaction old[2]) {
+    struct sigaction sa = {.sa_handler = on_stop_signal, .sa_flags = SA_RESETHAND | SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old[0]);
+    sigaction(SIGTERM, &sa, &old[1]);
+}
+
+static void stop_handlers_restore(const struct sigaction old[2]) {
+    sigaction(SIGINT, &old[0], NULL);
+    sigaction(SIGTERM, &old[1], NULL);
+}
+
+/* Writes `s` as one shell word: bare when it holds only characters no shell treats specially, else in single
+ * quotes (a ' inside as '\''), so that the printed command can be pasted as it is. */
+static void put_shell_word(FILE *f, const char *s) {
+    if (s[0] && strspn(s, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_./-+,:=@%") == strlen(s)) {
+        fputs(s, f);
+        return;
+    }
+    fputc('\'', f);
+    for (; *s; s++) {
+        if (*s == '\'') fputs("'\\''", f);
+        else fputc(*s, f);
+    }
+    fputc('\'', f);
+}
+
+/* Says what an interrupted capture left and how to recover it. partial: the .partial file; target: where the
+ * recovered trace goes (the trace's own path, or --out as given for a FIFO, a device or standard output).
+ * The command names this very program (/proc/self/exe), so it runs as printed whatever PATH holds. A staged
+ * trace's temporary folder (stage_dir, else NULL) is left for the recovery and named, for removal after it.
+ * @return the exit status, 128 + the signal. */
+static int report_interrupted(const kvs_capture_result *r, int sig, const char *partial, const char *target,
+                              const char *stage_dir) {
+    const char *name = sig == SIGTERM ? "SIGTERM" : "SIGINT";
+    if (!r->partial_kept) {
+        fprintf(stderr, "kvsim capture: interrupted by %s after %lld positions: %s\n", name, (long long)r->n_positions,
+                partial ? "no position was recorded, no trace was written" : "no trace was recorded (--no-trace)");
+        return 128 + sig;
+    }
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) self[n] = '\0';
+    else snprintf(self, sizeof self, "kvsim");
+    fprintf(stderr, "kvsim capture: interrupted by %s after %lld positions; %s holds them. Recover a valid trace of "
+                    "those positions with:\n  ", name, (long long)r->n_positions, partial);
+    put_shell_word(stderr, self);
+    fputs(" trace recover ", stderr);
+    put_shell_word(stderr, partial);
+    fputc(' ', stderr);
+    put_shell_word(stderr, target);
+    fputc('\n', stderr);
+    if (stage_dir) fprintf(stderr, "kvsim capture: then remove the temporary folder %s\n", stage_dir);
+    return 128 + sig;
 }
 
 /* The options: each at most once (cli.h kvs_cli_once); --progress and --quiet share one slot. */
@@ -382,11 +455,24 @@ int kvs_cmd_capture(int argc, char **argv) {
     }
     o.prompt_source = src;
 
+    struct sigaction old_handlers[2];
+    stop_signal = 0;
+    o.stop = &stop_signal;
+    stop_handlers_install(old_handlers);
     s = kvs_capture_run(&o, &res);
+    stop_handlers_restore(old_handlers);
     if (res.n_unk > 0)
         fprintf(stderr, "kvsim capture: warning: the tokenizer has no token for %lld piece%s of the prompt text and "
                         "made %s its unknown token (id %d): the model sees <unk> there\n", (long long)res.n_unk,
                 res.n_unk == 1 ? "" : "s", res.n_unk == 1 ? "it" : "them", res.unk_id);
+    if (s == KVS_ERR_INTERRUPTED && res.interrupted) {
+        char partial[4300] = "";
+        if (o.out_path) snprintf(partial, sizeof partial, "%s.partial", o.out_path);
+        rc = report_interrupted(&res, (int)stop_signal, o.out_path ? partial : NULL, stage.dir[0] ? out_path : o.out_path,
+                                stage.dir[0] ? stage.dir : NULL);
+        if (res.partial_kept) stage.dir[0] = '\0'; /* a staged .partial stays for the recovery */
+        goto done;
+    }
     if (s != KVS_OK) {
         rc = kvs_cli_fail(cmd, s);
         goto done;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "../trace/trace.h"
+#include "capture_progress.h"
 #include "cuda_backend.h"
 #include "model.h"
 #include "sampler.h"
@@ -156,18 +157,41 @@ static int wants_bos(const kvs_model_info *info, const kvs_tokenizer *tok) {
     return n >= 1 && ids[0] == info->bos_id;
 }
 
-static void progress_line(const kvs_capture_opts *o, int64_t pos, int64_t total, double t0, const kvs_trace_writer *w,
-                          double *last, int final) {
+/* Books n positions of `phase` just done and, with opts.progress, prints the line (capture_progress.h) at most
+ * every 0.5 s on a terminal (rewritten in place) and every 2 s elsewhere (one line each, for logs); `final`
+ * prints the last state, ending the line, when an earlier line was printed (short captures print none). */
+static void progress_line(const kvs_capture_opts *o, kvs_capture_progress *p, kvs_capture_phase phase, int64_t n,
+                          const kvs_trace_writer *w, double *last, int final) {
+    double now = kvs_now_s();
+    if (n > 0) kvs_capture_progress_add(p, phase, n, now);
     if (!o->progress) return;
     int tty = isatty(STDERR_FILENO);
-    double now = kvs_now_s();
-    if (!final && now - *last < (tty ? 0.5 : 5.0)) return;
-    if (final && *last == t0) return; /* short captures print no progress at all */
+    if (!final && now - *last < (tty ? 0.5 : 2.0)) return;
+    if (final && *last == p->t0) return;
     *last = now;
-    double rate = now > t0 ? (double)pos / (now - t0) : 0;
-    fprintf(stderr, "%scapture: %lld/%lld positions, %.1f tok/s, trace %.2f MB%s", tty ? "\r" : "", (long long)pos,
-            (long long)total, rate, (double)kvs_trace_writer_bytes(w) / 1e6, tty && !final ? "" : "\n");
+    char line[320];
+    kvs_capture_progress_format(p, now, kvs_trace_writer_bytes(w), line, sizeof line);
+    fprintf(stderr, "%s%s%s", tty ? "\r" : "", line, tty && !final ? "\033[K" : "\n");
     fflush(stderr);
+}
+
+/* Whether opts.stop asks the capture to stop (a signal handler sets it). */
+static int stop_requested(const kvs_capture_opts *o) { return o->stop && *o->stop; }
+
+/* A capture stopped on request at a position boundary: every position done is handed to the writer, which
+ * keeps them in OUT.partial for `kvsim trace recover` (kvs_trace_writer_keep_partial); with none done, the
+ * writer's free removes the file as after any failure. @return KVS_ERR_INTERRUPTED, or the error that
+ * stopped the keeping. */
+static kvs_status stop_on_request(kvs_cuda_backend *gb, kvs_trace_writer *w, int64_t pos, kvs_capture_result *r) {
+    kvs_status s = KVS_OK;
+    if (gb && (s = kvs_cuda_backend_finish(gb)) != KVS_OK) return s;
+    r->interrupted = 1;
+    r->n_positions = pos;
+    if (w && pos > 0) {
+        if ((s = kvs_trace_writer_keep_partial(w)) != KVS_OK) return s;
+        r->partial_kept = 1;
+    }
+    return kvs_fail(KVS_ERR_INTERRUPTED, "capture: interrupted after %lld positions", (long long)pos);
 }
 
 kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
@@ -184,6 +208,7 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
     size_t n_turn_prompts = o->turns ? o->n_turns : 1;
     id_vec *turn_ids = NULL;
     int64_t *turn_begin = NULL; /* [n_turn_prompts + 1]: first position of each turn, then the end */
+    int64_t *prompt_len = NULL; /* [n_turn_prompts]: each turn's prompt positions, for the progress plan */
     memset(r, 0, sizeof *r);
     r->unk_id = -1;
 
@@ -331,16 +356,22 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
     if (gpu) KVS_TRY(s = kvs_cuda_backend_create(model, max_pos, w, &gb));
 
     /* decode */
+    kvs_capture_progress prog;
+    if (!(prompt_len = malloc(n_turn_prompts * sizeof *prompt_len))) {
+        s = kvs_fail(KVS_ERR_NOMEM, "capture: out of memory");
+        goto cleanup;
+    }
+    for (size_t t = 0; t < n_turn_prompts; t++) prompt_len[t] = (int64_t)turn_ids[t].n;
     double t0 = kvs_now_s(), last = t0;
+    kvs_capture_progress_start(&prog, t0, prompt_len, (int)n_turn_prompts, o->steps, max_pos);
     int64_t pos = 0;
-    int64_t planned = (int64_t)total_prompt + (int64_t)o->steps * (int64_t)n_turn_prompts;
-    if (planned > max_pos) planned = max_pos;
     const float *logits = NULL;
     int stop_all = 0;
     size_t n_started = 0;
     for (size_t t = 0; t < n_turn_prompts && !stop_all; t++) {
         turn_begin[t] = pos;
         n_started = t + 1;
+        kvs_capture_progress_turn(&prog, (int)t, prompt_len[t]);
         int64_t n_items = (int64_t)turn_ids[t].n + o->steps;
         int32_t next = -1;
         int64_t i = 0;
@@ -352,6 +383,11 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
                 r->stopped_max = 1;
                 stop_all = 1;
             }
+            if (stop_requested(o)) {
+                progress_line(o, &prog, KVS_CAPTURE_PREFILL, 0, w, &last, 1);
+                s = stop_on_request(gb, w, pos, r);
+                goto cleanup;
+            }
             if (np > 0)
                 KVS_TRY(s = kvs_cuda_backend_prefill(gb, turn_ids[t].ids, (int)np, (int)pos, KVS_ROLE_PROMPT,
                                                      (int32_t)t, &logits));
@@ -360,10 +396,15 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
             pos += np;
             i = np;
             r->stopped_eos = 0;
-            progress_line(o, pos, planned, t0, w, &last, 0);
+            progress_line(o, &prog, KVS_CAPTURE_PREFILL, np, w, &last, 0);
             if (stop_all) break;
         }
         for (; i < n_items; i++) {
+            if (stop_requested(o)) {
+                progress_line(o, &prog, KVS_CAPTURE_PREFILL, 0, w, &last, 1);
+                s = stop_on_request(gb, w, pos, r);
+                goto cleanup;
+            }
             int prompt = i < (int64_t)turn_ids[t].n;
             int32_t token;
             if (prompt) {
@@ -402,13 +443,13 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
             if (prompt) r->n_prompt++;
             else r->n_generated++;
             pos++;
-            progress_line(o, pos, planned, t0, w, &last, 0);
+            progress_line(o, &prog, prompt ? KVS_CAPTURE_PREFILL : KVS_CAPTURE_DECODE, 1, w, &last, 0);
         }
     }
     for (size_t t = n_started; t <= n_turn_prompts; t++) turn_begin[t] = pos; /* the end; turns never started
                                                                                  (max positions) are empty */
     if (gb) KVS_TRY(s = kvs_cuda_backend_finish(gb)); /* every position handed to the writer */
-    progress_line(o, pos, planned, t0, w, &last, 1);
+    progress_line(o, &prog, KVS_CAPTURE_PREFILL, 0, w, &last, 1);
     r->seconds = kvs_now_s() - t0;
     if (w) {
         KVS_TRY(s = kvs_trace_writer_close(w));
@@ -429,6 +470,7 @@ cleanup:
         for (size_t t = 0; t < n_turn_prompts; t++) free(turn_ids[t].ids);
     free(turn_ids);
     free(turn_begin);
+    free(prompt_len);
     kvs_sampler_free(smp);
     kvs_model_state_free(st);
     kvs_threadpool_free(pool);

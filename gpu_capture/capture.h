@@ -18,11 +18,13 @@
  *  - Prompt text the tokenizer maps to its unknown token is counted (r->n_unk) for the caller to warn.
  *  - Turns: turn t's prompt tokens are recorded with role PROMPT and turn index t, then its generated
  *    tokens with role GENERATED. Only turn 0 gets BOS.
- *  - On any failure the trace writer is freed unclosed, which removes OUT.partial: no file is left.
+ *  - On any failure the trace writer is freed unclosed, which removes OUT.partial: no file is left. An
+ *    interruption through opts.stop is the exception: OUT.partial keeps the positions done, recoverable.
  */
 #ifndef KVS_CAPTURE_H
 #define KVS_CAPTURE_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -59,7 +61,12 @@ typedef struct {
     int threads;                /* 0 = every CPU the process may run on (CPU backend) */
     kvs_capture_device device;  /* KVS_CAPTURE_CPU (reference) or KVS_CAPTURE_CUDA (gpu_capture/cuda_backend.h) */
     const char *out_path;       /* trace destination, NULL = decode without recording */
-    int progress;               /* print progress lines to stderr (tty: every 0.5 s, else every 5 s) */
+    int progress;               /* print progress lines to stderr (tty: every 0.5 s, else every 2 s;
+                                   capture_progress.h) */
+    const volatile sig_atomic_t *stop; /* NULL, or a flag a signal handler sets: once *stop != 0 the capture
+                                   stops at the next position boundary and returns KVS_ERR_INTERRUPTED with
+                                   r->interrupted set; the positions done stay in OUT.partial
+                                   (r->partial_kept) for `kvsim trace recover`, unless there are none */
 } kvs_capture_opts;
 
 typedef struct {
@@ -82,6 +89,8 @@ typedef struct {
     char *turns_text;           /* multi-turn captures with a tokenizer: the text of each turn that was fed,
                                    each after a line "--- turn T (positions A..B) ---" (T the trace's turn
                                    index, as `kvsim info` numbers turns; malloc'd); NULL otherwise */
+    int interrupted;            /* opts.stop ended the capture (KVS_ERR_INTERRUPTED); n_positions = positions done */
+    int partial_kept;           /* interrupted: OUT.partial holds those positions (none done: no file is left) */
     char model_name[64];
 } kvs_capture_result;
 

@@ -380,6 +380,7 @@ struct kvs_trace_writer {
     char *path, *partial;
     int fd;
     int created, closed, failed; /* created: the .partial exists and is ours to remove */
+    int kept;             /* kvs_trace_writer_keep_partial: the .partial is the user's now, the writer done */
     trace_hdr h;
     int shuffle;
     int lean;             /* KVS_TRACE_FLAG_QKV: o and lse are not stored */
@@ -547,6 +548,7 @@ static kvs_status writer_usable(const kvs_trace_writer *w, const char *fn) {
     if (!w) return kvs_fail(KVS_ERR_INVALID_ARG, "%s: NULL writer", fn);
     if (w->closed) return kvs_fail(KVS_ERR_STATE, "%s: %s: writer already closed", w->path, fn);
     if (w->failed) return kvs_fail(KVS_ERR_STATE, "%s: %s: writer failed earlier (I/O or compression)", w->path, fn);
+    if (w->kept) return kvs_fail(KVS_ERR_STATE, "%s: %s: writer stopped, its .partial kept", w->path, fn);
     return KVS_OK;
 }
 
@@ -887,7 +889,7 @@ kvs_status kvs_trace_writer_close(kvs_trace_writer *w) {
 void kvs_trace_writer_free(kvs_trace_writer *w) {
     if (!w) return;
     if (w->fd >= 0) close(w->fd);
-    if (w->created && !w->closed) unlink(w->partial); /* abandoned or failed capture leaves nothing */
+    if (w->created && !w->closed && !w->kept) unlink(w->partial); /* abandoned or failed capture leaves nothing */
     free(w->path);
     free(w->partial);
     free(w->layer_done);
@@ -902,6 +904,32 @@ void kvs_trace_writer_free(kvs_trace_writer *w) {
     free_coders(w);
     free(w->entries);
     free(w);
+}
+
+/* A capture stopped on request keeps what it recorded as the .partial a killed writer would leave, but with
+ * the unfinished block written too (as the shorter last block recovery accepts) and synced, so that
+ * `kvsim trace recover` restores every position recorded, not only the full blocks. No footer: a trace
+ * under its final name always holds the whole capture that was asked for. */
+kvs_status kvs_trace_writer_keep_partial(kvs_trace_writer *w) {
+    kvs_status s = writer_usable(w, "keep_partial");
+    if (s != KVS_OK) return s;
+    if (w->in_position)
+        return kvs_fail(KVS_ERR_STATE, "%s: keep_partial: position %lld was begun and not ended", w->path,
+                        (long long)w->n_positions);
+    if (w->n_positions == 0) return kvs_fail(KVS_ERR_STATE, "%s: keep_partial: no positions were recorded", w->path);
+    if (w->blk_n > 0 && (s = flush_block(w)) != KVS_OK) return s;
+    if (fsync(w->fd) != 0) {
+        w->failed = 1;
+        return kvs_fail(KVS_ERR_IO, "%s: fsync failed: %s", w->partial, strerror(errno));
+    }
+    int rc = close(w->fd);
+    w->fd = -1;
+    if (rc != 0) {
+        w->failed = 1;
+        return kvs_fail(KVS_ERR_IO, "%s: close failed: %s", w->partial, strerror(errno));
+    }
+    w->kept = 1;
+    return KVS_OK;
 }
 
 int64_t kvs_trace_writer_positions(const kvs_trace_writer *w) { return w ? w->n_positions : 0; }

@@ -140,6 +140,13 @@ kvs_status kvs_trace_writer_close(kvs_trace_writer *w);
  *  removed (an abandoned capture leaves nothing behind). Accepts NULL. */
 void kvs_trace_writer_free(kvs_trace_writer *w);
 
+/*! kvs_trace_writer_keep_partial() : for a capture stopped early on request: writes the positions recorded
+ *  so far (an unfinished block as a shorter last block), fsyncs and closes `path`.partial WITHOUT a footer or
+ *  the rename; kvs_trace_writer_free then leaves the file, which `kvsim trace recover` turns into a complete
+ *  trace of every recorded position. The writer takes nothing more. KVS_ERR_STATE when no position was
+ *  recorded or one is begun and not ended (free then removes the file as usual). */
+kvs_status kvs_trace_writer_keep_partial(kvs_trace_writer *w);
+
 /*! kvs_trace_writer_positions() : positions completed so far. */
 int64_t kvs_trace_writer_positions(const kvs_trace_writer *w);
 /*! kvs_trace_writer_bytes() : bytes written to the file so far; safe to call from another thread than the
