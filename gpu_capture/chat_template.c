@@ -999,8 +999,12 @@ static void parse_body(ct_parser *P, const char *const *stops, ct_ptrs *out) {
     for (;;) {
         ct_tok *k = cur(P);
         if (k->kind == TK_EOF) {
-            if (stops) ct_jump(P->jb, KVS_ERR_FORMAT, "line %d: missing {%% %s %%} (template ends)", start_line,
-                               stops[0][0] == 'e' && stops[0][1] == 'n' ? stops[0] : stops[1] ? stops[1] : stops[0]);
+            if (stops) {
+                const char *end = stops[0];
+                for (int j = 0; stops[j]; j++)
+                    if (!strncmp(stops[j], "end", 3)) end = stops[j];
+                ct_jump(P->jb, KVS_ERR_FORMAT, "line %d: missing {%% %s %%} (template ends)", start_line, end);
+            }
             break;
         }
         if (k->kind == TK_TEXT) {
