@@ -2501,6 +2501,8 @@ static kvs_status render(const kvs_chat_template *t, const kvs_chat_message *m, 
     ct_scope top = {0};
     out_put(R, NULL, "", 0);
     exec_body(R, &top, t->body, t->n_body);
+    if (memchr(R->out, '\0', R->n)) /* from a "\0" escape: the text would end there for every C-string user */
+        rfail(R, NULL, KVS_ERR_UNSUPPORTED, "a NUL character in the rendered text");
     *out = R->out;
     if (out_len) *out_len = R->n;
     ar_free(&R->ar);

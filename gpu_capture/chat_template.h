@@ -89,7 +89,7 @@ const char *kvs_chat_template_hash(const kvs_chat_template *t);
  *  enable_thinking is undefined, as transformers.js's apply_chat_template leaves them without options.
  *  @return KVS_OK; KVS_ERR_UNSUPPORTED (construct outside the subset, reached while rendering);
  *  KVS_ERR_FORMAT "template raised: ..." for raise_exception and for type errors (e.g. an attribute of an
- *  undefined value); KVS_ERR_RANGE for a limit; KVS_ERR_NOMEM. */
+ *  undefined value); KVS_ERR_RANGE for a limit; KVS_ERR_NOMEM. The text never holds a NUL byte (refused). */
 kvs_status kvs_chat_render(const kvs_chat_template *t, const kvs_chat_message *m, size_t n,
                            const kvs_chat_render_opts *o, char **out, size_t *out_len);
 

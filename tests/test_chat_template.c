@@ -167,6 +167,7 @@ static void test_errors(void **state) {
     expect_error("{{ 1 // 0 }}", KVS_ERR_FORMAT, "division by zero");
     expect_error("{% for x in none %}{% endfor %}", KVS_ERR_FORMAT, "for loop over a none");
     expect_error("{{ 'É'|lower }}", KVS_ERR_UNSUPPORTED, "non-ASCII");
+    expect_error("{{ 'a\\0b' }}", KVS_ERR_UNSUPPORTED, "NUL character");
     /* with a fixed date strftime_now formats it (Llama-3.1's "Today Date" line) */
     char *out = NULL;
     assert_int_equal(render_n("{{ strftime_now('%d %b %Y') }}", conv, 4, "2024-07-26", &out), KVS_OK);
