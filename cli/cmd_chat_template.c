@@ -47,6 +47,35 @@ static kvs_status encode_all(const kvs_tokenizer *tok, const char *text, int32_t
     return s;
 }
 
+/* All of standard input (a pipe too) in a malloc'd NUL-terminated buffer. */
+static kvs_status read_stdin(char **out, size_t *len) {
+    size_t cap = 4096, n = 0;
+    char *b = malloc(cap);
+    if (!b) return kvs_fail(KVS_ERR_NOMEM, "out of memory");
+    for (;;) {
+        if (n + 1 >= cap) {
+            char *nb = cap > ((size_t)1 << 30) ? NULL : realloc(b, cap * 2);
+            if (!nb) {
+                free(b);
+                return kvs_fail(KVS_ERR_NOMEM, "standard input: out of memory");
+            }
+            b = nb;
+            cap *= 2;
+        }
+        size_t got = fread(b + n, 1, cap - n - 1, stdin);
+        n += got;
+        if (got == 0) break;
+    }
+    if (ferror(stdin)) {
+        free(b);
+        return kvs_fail(KVS_ERR_IO, "reading standard input failed");
+    }
+    b[n] = '\0';
+    *out = b;
+    *len = n;
+    return KVS_OK;
+}
+
 int kvs_cmd_chat_template(int argc, char **argv) {
     static const char *cmd = "chat-template";
     static const struct option opts[] = {{"model", required_argument, NULL, 'm'},
@@ -91,7 +120,7 @@ int kvs_cmd_chat_template(int argc, char **argv) {
     kvs_tokenizer *tok = NULL;
     int32_t *ids = NULL;
     int rc = 1;
-    KVS_TRY(s = kvs_read_file(strcmp(messages, "-") ? messages : "/dev/stdin", &text, &len));
+    KVS_TRY(s = strcmp(messages, "-") ? kvs_read_file(messages, &text, &len) : read_stdin(&text, &len));
     if ((s = kvs_json_parse(text, len, &msgs)) != KVS_OK) {
         s = kvs_fail(s, "%s: %s", messages, kvs_last_error());
         goto cleanup;
