@@ -210,12 +210,13 @@ static void lx_string(ct_lexer *L) {
             i += 2 + (size_t)hex;
             continue;
         }
-        const char *map = "n\nt\tr\rb\bf\fv\va\a0\0\\\\''\"\"";
-        const char *m = NULL;
-        for (const char *p = map; *p || p[1]; p += 2)
-            if (*p == e) { m = p; break; }
-        if (m) {
-            o[n++] = m[1];
+        static const char esc_in[] = {'n', 't', 'r', 'b', 'f', 'v', 'a', '0', '\\', '\'', '"'};
+        static const char esc_out[] = {'\n', '\t', '\r', '\b', '\f', '\v', '\a', '\0', '\\', '\'', '"'};
+        int m = -1;
+        for (int k = 0; k < (int)sizeof esc_in; k++)
+            if (esc_in[k] == e) m = k;
+        if (m >= 0) {
+            o[n++] = esc_out[m];
         } else if (e == 'N') {
             ct_jump(L->jb, KVS_ERR_UNSUPPORTED, "line %d: \\N{...} escapes", L->line);
         } else {
