@@ -129,6 +129,7 @@ int kvs_cmd_verify(int argc, char **argv);
 int kvs_cmd_export(int argc, char **argv);
 int kvs_cmd_trace(int argc, char **argv);
 int kvs_cmd_capture(int argc, char **argv);
+int kvs_cmd_chat_template(int argc, char **argv);
 int kvs_cmd_runs(int argc, char **argv);
 int kvs_cmd_plot(int argc, char **argv);
 int kvs_cmd_compare(int argc, char **argv);

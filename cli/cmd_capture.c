@@ -38,6 +38,13 @@ static const char *const capture_help =
     "                       generated; the text is printed turn by turn after \"--- turn T (positions A..B) ---\"\n"
     "                       lines (T numbered from 0, as `kvsim info` does)\n"
     "                       (no prompt option at all: start from BOS alone)\n"
+    "  --chat               apply the model folder's own chat template (tokenizer_config.json): the prompt, or\n"
+    "                       each turn with the conversation so far (the model's replies included), is rendered\n"
+    "                       as a user message with the assistant header after it; only the tokens beyond those\n"
+    "                       in the cache are fed, and a template that rewrites earlier turns is refused with\n"
+    "                       the reason. `kvsim chat-template` prints a rendering without capturing\n"
+    "  --system TEXT        --chat: a system message before the first user message\n"
+    "  --chat-date DATE     --chat: the date (YYYY-MM-DD) a template's strftime_now() formats (otherwise refused)\n"
     "  --truncate left|right\n"
     "                       when the prompt and the --steps generated tokens do not fit in the positions\n"
     "                       allowed (model context or --max-positions), drop prompt tokens from the left (the\n"
@@ -277,6 +284,32 @@ static int report_interrupted(const kvs_capture_result *r, int sig, const char *
 }
 
 /* The options: each at most once (cli.h kvs_cli_once); --progress and --quiet share one slot. */
+/* --chat, --system TEXT, --chat-date DATE (also --opt=VALUE) at argv[*i]: 0 consumed, -1 not one of them, else an
+ * exit status. */
+static int chat_option(const char *cmd, int argc, char **argv, int *i, kvs_capture_opts *o, int *seen) {
+    const char *a = argv[*i];
+    if (!strcmp(a, "--chat")) {
+        if (kvs_cli_once(cmd, a, &seen[0])) return KVS_EXIT_USAGE;
+        o->chat = 1;
+        return 0;
+    }
+    static const char *const names[] = {"--system", "--chat-date"};
+    for (int k = 0; k < 2; k++) {
+        size_t nl = strlen(names[k]);
+        if (strncmp(a, names[k], nl) || (a[nl] && a[nl] != '=')) continue;
+        const char *v = a[nl] ? a + nl + 1 : NULL;
+        if (!v) {
+            if (*i + 1 >= argc) return kvs_cli_usage_error(cmd, "option %s needs a value", names[k]);
+            v = argv[++*i];
+        }
+        if (kvs_cli_once(cmd, names[k], &seen[1 + k])) return KVS_EXIT_USAGE;
+        if (k == 0) o->chat_system = v;
+        else o->chat_date = v;
+        return 0;
+    }
+    return -1;
+}
+
 static const char *const value_opts[] = {"--model",  "--tokenizer",     "--prompt", "--prompt-file", "--prompt-ids",
                                          "--turns",  "--out",           "--device", "--steps",       "--max-positions",
                                          "--block",  "--threads",       "--temperature", "--top-p",  "--seed",
@@ -293,7 +326,7 @@ int kvs_cmd_capture(int argc, char **argv) {
     o.seed = 42;
     o.dtype = KVS_DTYPE_F16;
     const char *prompt_file = NULL, *prompt_ids = NULL, *turns_file = NULL, *device = "cpu", *out_path = NULL;
-    int no_trace = 0, progress = -1, rc = KVS_EXIT_OK, seen[N_SEEN] = {0};
+    int no_trace = 0, progress = -1, rc = KVS_EXIT_OK, seen[N_SEEN] = {0}, seen_chat[3] = {0};
     int32_t *ids = NULL;
     char *file_text = NULL, **turns = NULL, src[4200], *target = NULL;
     staged_trace stage = {.dir = ""};
@@ -306,6 +339,11 @@ int kvs_cmd_capture(int argc, char **argv) {
         if (kvs_cli_is_help(a)) {
             fputs(capture_help, stdout);
             return kvs_cli_finish_stdout(cmd);
+        }
+        int co = chat_option(cmd, argc, argv, &i, &o, seen_chat);
+        if (co >= 0) {
+            if (co > 0) return co;
+            continue;
         }
         static const char *const flags[] = {"--no-bos", "--ignore-eos", "--no-trace", "--progress", "--quiet"};
         int fi = -1;
@@ -391,6 +429,12 @@ int kvs_cmd_capture(int argc, char **argv) {
         return kvs_cli_usage_error(cmd, "give only one of --prompt, --prompt-file, --prompt-ids, --turns");
     if (!!out_path + no_trace != 1) return kvs_cli_usage_error(cmd, "give exactly one of --out TRACE and --no-trace");
     if (turns_file && o.truncate) return kvs_cli_usage_error(cmd, "--truncate cuts a single prompt, not --turns");
+    if ((o.chat_system || o.chat_date) && !o.chat) return kvs_cli_usage_error(cmd, "--system and --chat-date need --chat");
+    if (o.chat && (prompt_ids || o.truncate || o.no_bos))
+        return kvs_cli_usage_error(cmd, "--chat renders text with the model's template: not with %s",
+                                   prompt_ids ? "--prompt-ids" : o.truncate ? "--truncate" : "--no-bos");
+    if (o.chat && !o.prompt_text && !prompt_file && !turns_file)
+        return kvs_cli_usage_error(cmd, "--chat needs --prompt, --prompt-file or --turns");
     if (strcmp(device, "cpu") && strcmp(device, "cuda"))
         return kvs_cli_usage_error(cmd, "--device: '%s' is not cpu or cuda", device);
     o.device = !strcmp(device, "cuda") ? KVS_CAPTURE_CUDA : KVS_CAPTURE_CPU;
@@ -477,6 +521,10 @@ int kvs_cmd_capture(int argc, char **argv) {
         rc = kvs_cli_fail(cmd, s);
         goto done;
     }
+    if (res.n_chat_retok > 0)
+        fprintf(stderr, "kvsim capture: --chat: in %lld turn%s the model's earlier reply re-tokenizes differently from the "
+                "tokens it generated; the cache keeps the generated tokens and the turn feeds the rendered text beyond "
+                "them\n", (long long)res.n_chat_retok, res.n_chat_retok == 1 ? "" : "s");
     if (res.n_prompt_dropped > 0)
         fprintf(stderr, "kvsim capture: --truncate %s: the prompt was cut from %lld to %lld tokens (%lld dropped from "
                         "the %s) to fit %lld generated tokens in the positions allowed\n",

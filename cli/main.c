@@ -22,6 +22,8 @@ static int cmd_version(int argc, char **argv);
 /* The subcommands, in the order `kvsim help` lists them. */
 static const kvs_cli_command commands[] = {
     {"capture", "decode a real model on the CPU and record its attention as a trace", kvs_cmd_capture},
+    {"chat-template", "render messages with a model's own chat template (tokenizer_config.json): text or token ids",
+     kvs_cmd_chat_template},
     {"info", "print a trace's model config, positions, turns and compression ratio", kvs_cmd_info},
     {"verify", "check every checksum and recompute attention against the stored outputs", kvs_cmd_verify},
     {"export", "write one layer's q/k/v/o/lse or the token ids of a trace as a NumPy .npy file", kvs_cmd_export},

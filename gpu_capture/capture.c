@@ -14,6 +14,7 @@
 
 #include "../trace/trace.h"
 #include "capture_progress.h"
+#include "chat_template.h"
 #include "cuda_backend.h"
 #include "model.h"
 #include "sampler.h"
@@ -147,6 +148,83 @@ static kvs_status encode_text(const kvs_tokenizer *tok, const char *text, int ad
     return s;
 }
 
+/* --chat: the text of the conversation through user turn `upto` ([system], user 0, assistant 0 = replies[0], ...,
+ * user upto) rendered by the model's template with the generation prompt (*text malloc'd). */
+static kvs_status chat_render(const kvs_capture_opts *o, const kvs_chat_template *ct, size_t upto, char *const *replies,
+                              char **text) {
+    kvs_chat_message *m = malloc((2 * upto + 2) * sizeof *m);
+    if (!m) return kvs_fail(KVS_ERR_NOMEM, "capture: out of memory");
+    size_t nm = 0;
+    if (o->chat_system) m[nm++] = (kvs_chat_message){"system", o->chat_system};
+    for (size_t j = 0; j <= upto; j++) {
+        m[nm++] = (kvs_chat_message){"user", o->turns ? o->turns[j] : o->prompt_text};
+        if (j < upto) m[nm++] = (kvs_chat_message){"assistant", replies && replies[j] ? replies[j] : ""};
+    }
+    kvs_chat_render_opts ro = {.add_generation_prompt = 1, .date = o->chat_date};
+    kvs_status s = kvs_chat_render(ct, m, nm, &ro, text, NULL);
+    free(m);
+    if (s != KVS_OK) return kvs_fail(s, "--chat: %s", kvs_last_error());
+    return KVS_OK;
+}
+
+/* --chat: the ids of chat_render's text, encoded without the tokenizer's BOS (the template writes bos_token). */
+static kvs_status chat_encode(const kvs_capture_opts *o, const kvs_chat_template *ct, const kvs_tokenizer *tok,
+                              size_t upto, char *const *replies, id_vec *out, char **text_out) {
+    char *text = NULL;
+    kvs_status s = chat_render(o, ct, upto, replies, &text);
+    if (s != KVS_OK) return s;
+    out->n = 0;
+    s = encode_text(tok, text, 0, out);
+    if (s == KVS_OK && text_out) *text_out = text;
+    else free(text);
+    return s;
+}
+
+/* --chat, turn t > 0: the ids the turn feeds. `cached` is the text behind the cache seq[0..n_seq): the previous
+ * turn's rendering and the reply. The new rendering's ids beyond the cache when they start with every cached id;
+ * else, when only the text extends (the reply re-tokenizes differently from the tokens the model generated), the
+ * ids of the text beyond `cached` (*retok = 1): the cache keeps the model's own tokens, as a serving stack that
+ * carries token ids from turn to turn does; else (the template rewrote earlier turns) the refusal. On success
+ * *cached becomes the new rendering. */
+static kvs_status chat_turn(const kvs_capture_opts *o, const kvs_chat_template *ct, const kvs_tokenizer *tok, size_t t,
+                            char *const *replies, const int32_t *seq, size_t n_seq, char **cached, id_vec *turn,
+                            int *retok) {
+    id_vec full = {0};
+    char *text = NULL;
+    kvs_status s = chat_encode(o, ct, tok, t, replies, &full, &text);
+    size_t k = 0;
+    *retok = 0;
+    while (s == KVS_OK && k < n_seq && k < full.n && full.ids[k] == seq[k]) k++;
+    turn->n = 0;
+    if (s == KVS_OK && k == n_seq) {
+        for (size_t i = n_seq; s == KVS_OK && i < full.n; i++) s = vec_push(turn, full.ids[i]);
+    } else if (s == KVS_OK) {
+        size_t cl = strlen(*cached);
+        if (!strncmp(text, *cached, cl)) {
+            *retok = 1;
+            s = encode_text(tok, text + cl, 0, turn);
+        } else {
+            size_t d = 0;
+            while ((*cached)[d] && (*cached)[d] == text[d]) d++;
+            s = kvs_fail(KVS_ERR_UNSUPPORTED,
+                         "--chat: turn %zu: the chat template's rendering of the conversation does not extend the "
+                         "text already in the cache (first difference at byte %zu of %zu: \"%.24s\" rendered where "
+                         "the cache has \"%.24s\"): the template rewrites earlier turns (Qwen3 drops earlier "
+                         "<think> blocks; a template may trim or reformat replies); a serving stack would recompute "
+                         "from there, which an append-only trace cannot record",
+                         t, d, cl, text + d, *cached + d);
+        }
+    }
+    free(full.ids);
+    if (s == KVS_OK) {
+        free(*cached);
+        *cached = text;
+    } else {
+        free(text);
+    }
+    return s;
+}
+
 /* Does this model/tokenizer pair want BOS at the start? */
 static int wants_bos(const kvs_model_info *info, const kvs_tokenizer *tok) {
     if (info->bos_id < 0) return 0;
@@ -203,6 +281,9 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
     kvs_sampler *smp = NULL;
     kvs_trace_writer *w = NULL;
     kvs_cuda_backend *gb = NULL;
+    kvs_chat_template *chat = NULL;
+    char **replies = NULL; /* --chat with turns: the decoded reply of each turn */
+    char *chat_text = NULL; /* --chat: the text behind the cache (renderings and replies so far) */
     int gpu = o->device == KVS_CAPTURE_CUDA;
     id_vec seq = {0};
     size_t n_turn_prompts = o->turns ? o->n_turns : 1;
@@ -251,6 +332,26 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
         goto cleanup;
     }
 
+    if (o->chat) {
+        if (!o->prompt_text && !o->turns) {
+            s = kvs_fail(KVS_ERR_INVALID_ARG, "--chat renders text messages: give --prompt, --prompt-file or --turns");
+            goto cleanup;
+        }
+        if (o->truncate != KVS_CAPTURE_TRUNCATE_NONE || o->no_bos) {
+            s = kvs_fail(KVS_ERR_INVALID_ARG, "--chat: the chat template decides the tokens; %s would change its "
+                         "rendering", o->no_bos ? "--no-bos" : "--truncate");
+            goto cleanup;
+        }
+        if (info->format != KVS_MODEL_HF || !tok) {
+            s = kvs_fail(KVS_ERR_UNSUPPORTED, "--chat: %s is not a Hugging Face model folder; the chat template comes "
+                         "from its tokenizer_config.json", o->model_path);
+            goto cleanup;
+        }
+        KVS_TRY(s = kvs_chat_template_load(o->model_path, &chat));
+        replies = calloc(n_turn_prompts, sizeof *replies);
+        if (!replies) { s = kvs_fail(KVS_ERR_NOMEM, "capture: out of memory"); goto cleanup; }
+    }
+
     /* prompt tokens per turn */
     turn_ids = calloc(n_turn_prompts, sizeof *turn_ids);
     turn_begin = calloc(n_turn_prompts + 1, sizeof *turn_begin);
@@ -260,6 +361,22 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
     size_t total_prompt = 0;
     for (size_t t = 0; t < n_turn_prompts; t++) {
         const char *text = o->turns ? o->turns[t] : o->prompt_text;
+        if (chat) {
+            /* turn 0 as it is fed; later turns only counted here (see capture.h "Chat"): the rendering with empty
+               replies, beyond the previous turns' */
+            if (t == 0 || t + 1 == n_turn_prompts) {
+                KVS_TRY(s = chat_encode(o, chat, tok, t, NULL, &turn_ids[t], t == 0 ? &chat_text : NULL));
+                for (size_t i = 0; t == 0 && r->unk_id >= 0 && i < turn_ids[t].n; i++)
+                    r->n_unk += turn_ids[t].ids[i] == r->unk_id; /* later turns count when fed */
+            }
+            if (t + 1 == n_turn_prompts && t > 0) {
+                total_prompt = turn_ids[t].n; /* the whole conversation */
+                turn_ids[t].n = 0;
+            } else {
+                total_prompt += turn_ids[t].n;
+            }
+            continue;
+        }
         if (text) {
             KVS_TRY(s = encode_text(tok, text, add_bos && t == 0, &turn_ids[t]));
             for (size_t i = 0; r->unk_id >= 0 && i < turn_ids[t].n; i++) r->n_unk += turn_ids[t].ids[i] == r->unk_id;
@@ -332,7 +449,7 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
                           : o->prompt_text ? "text"
                           : o->prompt_ids  ? "ids"
                                            : "bos";
-        snprintf(cc.settings, sizeof cc.settings,
+        int sl = snprintf(cc.settings, sizeof cc.settings,
                  "backend=%s sampling=%s temperature=%g top_p=%g seed=%llu steps=%d max_new_tokens=%d "
                  "ignore_eos=%d bos=%d prompt_source=%.900s prompt_tokens=%zu turns=%zu max_positions=%d "
                  "model_format=%s architecture=%.63s weights=%s tokenizer=%.900s record=%s "
@@ -342,6 +459,9 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
                  src, total_prompt, n_turn_prompts, max_pos, info->format == KVS_MODEL_HF ? "hf" : "llama2c",
                  info->architecture, kvs_dtype_name(info->weight_dtype), have_tok ? kvs_path_base(tok_path) : "none",
                  o->record_qkv ? "qkv" : "full", info->tied_embeddings, info->qkv_bias, info->o_bias);
+        if (chat && sl > 0 && (size_t)sl < sizeof cc.settings)
+            snprintf(cc.settings + sl, sizeof cc.settings - (size_t)sl, " chat=1 chat_template=sha256:%s chat_system=%d",
+                     kvs_chat_template_hash(chat), o->chat_system != NULL);
         KVS_TRY(s = kvs_trace_writer_create(o->out_path, cfg, &cc, &w));
         /* Block compression runs on a pool. CPU: the forward pass's own pool, idle while the writer
          * flushes. CUDA: a pool of its own, driven by the backend's writer thread while the GPU decodes;
@@ -371,7 +491,29 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
     for (size_t t = 0; t < n_turn_prompts && !stop_all; t++) {
         turn_begin[t] = pos;
         n_started = t + 1;
-        kvs_capture_progress_turn(&prog, (int)t, prompt_len[t]);
+        if (chat && t > 0) {
+            /* the reply of the previous turn, as text, then this turn's rendering beyond the cache */
+            size_t g0 = (size_t)turn_begin[t - 1] + turn_ids[t - 1].n;
+            KVS_TRY(s = kvs_tokenizer_decode(tok, seq.ids + (g0 < seq.n ? g0 : seq.n), g0 < seq.n ? seq.n - g0 : 0,
+                                             &replies[t - 1]));
+            size_t cl = strlen(chat_text), rl = strlen(replies[t - 1]);
+            char *c2 = realloc(chat_text, cl + rl + 1);
+            if (!c2) { s = kvs_fail(KVS_ERR_NOMEM, "capture: out of memory"); goto cleanup; }
+            memcpy(c2 + cl, replies[t - 1], rl + 1);
+            chat_text = c2;
+            int retok = 0;
+            KVS_TRY(s = chat_turn(o, chat, tok, t, replies, seq.ids, seq.n, &chat_text, &turn_ids[t], &retok));
+            r->n_chat_retok += retok;
+            for (size_t i = 0; i < turn_ids[t].n; i++) {
+                if (turn_ids[t].ids[i] < 0 || turn_ids[t].ids[i] >= cfg->vocab_size) {
+                    s = kvs_fail(KVS_ERR_RANGE, "tokenizer produced id %d outside the model vocabulary [0, %d)",
+                                 turn_ids[t].ids[i], cfg->vocab_size);
+                    goto cleanup;
+                }
+                r->n_unk += r->unk_id >= 0 && turn_ids[t].ids[i] == r->unk_id;
+            }
+        }
+        kvs_capture_progress_turn(&prog, (int)t, (int64_t)turn_ids[t].n);
         int64_t n_items = (int64_t)turn_ids[t].n + o->steps;
         int32_t next = -1;
         int64_t i = 0;
@@ -471,6 +613,10 @@ cleanup:
     free(turn_ids);
     free(turn_begin);
     free(prompt_len);
+    for (size_t t = 0; replies && t < n_turn_prompts; t++) free(replies[t]);
+    free(replies);
+    free(chat_text);
+    kvs_chat_template_free(chat);
     kvs_sampler_free(smp);
     kvs_model_state_free(st);
     kvs_threadpool_free(pool);

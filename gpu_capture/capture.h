@@ -20,6 +20,21 @@
  *    tokens with role GENERATED. Only turn 0 gets BOS.
  *  - On any failure the trace writer is freed unclosed, which removes OUT.partial: no file is left. An
  *    interruption through opts.stop is the exception: OUT.partial keeps the positions done, recoverable.
+ *  - Chat (opts.chat): the model folder's own chat template (gpu_capture/chat_template.h) renders the
+ *    conversation: the prompt becomes [system?, user: prompt] with add_generation_prompt, and turn t of
+ *    --turns renders [system?, user 0, assistant 0, ..., user t], assistant j being the text the model generated
+ *    in turn j (decoded without special tokens, as a serving stack hands a reply back). The text is encoded
+ *    without the tokenizer's own BOS (the template writes bos_token; Hugging Face's apply_chat_template encodes
+ *    with add_special_tokens=False). Turn t feeds only the ids beyond those already in the cache: the new
+ *    rendering's ids past the cached ones when they start with every cached id; else, when the new rendering's
+ *    TEXT starts with the text behind the cache (previous rendering + reply) but the reply re-tokenizes
+ *    differently from the tokens the model generated, the ids of the text beyond it (the cache keeps the model's
+ *    own tokens, as a serving stack that carries token ids from turn to turn does; counted in
+ *    r->n_chat_retok); else — a template that rewrites history, such as Qwen3 dropping earlier <think> blocks or
+ *    a template trimming a reply — the capture is refused with KVS_ERR_UNSUPPORTED naming the first differing
+ *    byte: a serving stack would recompute from there, which an append-only trace cannot record. With --chat and
+ *    turns, the prompt count behind max_new_tokens is the conversation rendered with empty replies (later turns
+ *    are not known before decoding). A model without a chat template, prompt ids, --truncate and --no-bos are refused with --chat.
  */
 #ifndef KVS_CAPTURE_H
 #define KVS_CAPTURE_H
@@ -67,6 +82,9 @@ typedef struct {
                                    stops at the next position boundary and returns KVS_ERR_INTERRUPTED with
                                    r->interrupted set; the positions done stay in OUT.partial
                                    (r->partial_kept) for `kvsim trace recover`, unless there are none */
+    int chat;                   /* 1: render prompt / turns with the model's chat template (see "Chat" above) */
+    const char *chat_system;    /* --chat: a system message first, or NULL */
+    const char *chat_date;      /* --chat: "YYYY-MM-DD" for a template's strftime_now(), or NULL (then refused) */
 } kvs_capture_opts;
 
 typedef struct {
@@ -91,6 +109,7 @@ typedef struct {
                                    index, as `kvsim info` numbers turns; malloc'd); NULL otherwise */
     int interrupted;            /* opts.stop ended the capture (KVS_ERR_INTERRUPTED); n_positions = positions done */
     int partial_kept;           /* interrupted: OUT.partial holds those positions (none done: no file is left) */
+    int64_t n_chat_retok;       /* --chat turns whose earlier reply re-tokenized differently (see "Chat") */
     char model_name[64];
 } kvs_capture_result;
 

@@ -219,8 +219,8 @@ static void test_readme_leads_with_the_picture_and_two_commands(void **state) {
     snprintf(path, sizeof path, "%s/docs/REFERENCE.md", root);
     char *ref = slurp(path);
     assert_non_null(ref);
-    const char *cmds[] = {"capture", "info", "verify", "export", "trace recover", "policies", "replay", "sweep", "merge",
-                          "runs", "compare", "report", "keys", "attn", "drift", "heads", "plot", "generate",
+    const char *cmds[] = {"capture", "chat-template", "info", "verify", "export", "trace recover", "policies", "replay",
+                          "sweep", "merge", "runs", "compare", "report", "keys", "attn", "drift", "heads", "plot", "generate",
                           "calibrate", "interval", "plan"};
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         char want[64];
