@@ -1205,8 +1205,9 @@ kvs_status kvs_model_forward(kvs_model_state *s, int32_t token, int pos, const f
         for (int h = 0; h < H; h++) rope(q + (size_t)h * hd, hd, c->rope_layout, cosv[t], sinv[t]);
         for (int h = 0; h < Hkv; h++) rope(k + (size_t)h * hd, hd, c->rope_layout, cosv[t], sinv[t]);
 
-        if (s->attn_fn && kvs_model_config_window(c, l) > 0) {
-            /* the hook's contract is causal attention over positions 0..pos */
+        if (s->attn_fn && window_first(c, l, pos) > 0) {
+            /* the hook's contract is causal attention over positions 0..pos: equal to the window's until the
+             * sequence outgrows it */
             return kvs_fail(KVS_ERR_UNSUPPORTED, "layer %d has a %d-position sliding window: an attention override "
                             "(closed-loop decoding) supports full-attention layers only", l,
                             kvs_model_config_window(c, l));
