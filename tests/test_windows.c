@@ -6,7 +6,9 @@
  * - a capture of the tiny Gemma-3 fixture (tests/fixtures/gemma3_tiny, windows 6,0,6,6): `kvsim info` prints the
  *   windows, `kvsim verify` recomputes each sliding layer over its window and passes, the kv_stream's full attention
  *   and the lean reader's recomputation equal a naive windowed attention written here from the stored q/k/v
- *   (probability 0 outside the window), and the replay refuses the trace (it models full causal attention).
+ *   (probability 0 outside the window), and the replay refuses the trace (it models full causal attention);
+ * - capacity plans (analysis/plan.h) of hybrid shapes: windows from a config's layer_types / Gemma-3 pattern, from a
+ *   trace header and from `--window`, each layer's cache capped at its window, against numbers computed by hand.
  * Data is GENERATED (tests/util/gen_trace.h) except the gemma3_tiny captures.
  */
 #include <math.h>
@@ -20,6 +22,7 @@
 
 #include <cmocka.h>
 
+#include "analysis/plan.h"
 #include "common/kvs.h"
 #include "tests/util/cli_run.h"
 #include "tests/util/gen_trace.h"
@@ -183,8 +186,9 @@ static double naive_attention(const float *q, const float *k, const float *v, si
     return m + log(z);
 }
 
-/* Every position of every stream of `path`: the stored (or lean-recomputed) o/lse and the kv_stream's full
- * attention equal the naive window attention; probabilities outside the window are 0. */
+/* Every position of every stream of `path`: the stored (or lean-recomputed) o/lse, read by a plain stream, and the
+ * full attention of a kv_stream computing it (which on a lean trace replaces the reader's own) equal the naive window
+ * attention; probabilities outside the window are 0. */
 static void check_windowed_outputs(const char *path, double tol) {
     kvs_trace *t = NULL;
     assert_int_equal(kvs_trace_open(path, &t), KVS_OK);
@@ -194,10 +198,14 @@ static void check_windowed_outputs(const char *path, double tol) {
     int cut = 0; /* rows where the window actually cut something */
     for (int l = 0; l < in->model.n_layers; l++)
         for (int h = 0; h < in->model.n_kv_heads; h++) {
-            kvs_kv_stream *s = NULL;
+            kvs_kv_stream *s = NULL, *s0 = NULL;
             assert_int_equal(kvs_kv_stream_open(t, l, h, KVS_KV_STREAM_SCORES, &s), KVS_OK);
-            kvs_kv_pos x;
+            assert_int_equal(kvs_kv_stream_open(t, l, h, 0, &s0), KVS_OK);
+            kvs_kv_pos x, x0;
             while (kvs_kv_stream_next(s, &x) == KVS_OK) {
+                assert_int_equal(kvs_kv_stream_next(s0, &x0), KVS_OK);
+                x.o = x0.o; /* the reader's: stored, or recomputed by the lean reader */
+                x.lse = x0.lse;
                 size_t n = (size_t)x.n_ctx, w = (size_t)gemma_windows[l];
                 size_t first = w > 0 && n > w ? n - w : 0;
                 cut += first > 0;
@@ -224,6 +232,7 @@ static void check_windowed_outputs(const char *path, double tol) {
                 }
             }
             kvs_kv_stream_free(s);
+            kvs_kv_stream_free(s0);
         }
     assert_true(cut > 0);
     kvs_trace_close(t);
@@ -253,6 +262,91 @@ static void test_gemma3_capture_info_verify_readers(void **state) {
     int rc = kvs_test_cli_run(f, replay);
     assert_true(rc != 0 && rc < 128);
     assert_true(kvs_test_file_has(f->err, "sliding window of 6 positions"));
+    /* plan from the trace header and from the fixture's config.json: 4 layers, 2 KV heads, head_dim 16 (64 bytes per
+     * token per (layer, KV head) in fp16); at 10 positions: 1 full layer x 10 + 3 windowed x 6 = 28 tokens x 2 x 64
+     * = 3584 bytes; --window 0: 4 x 10 x 128 = 5120 */
+    char fixture[4096];
+    snprintf(fixture, sizeof fixture, "%s/tests/fixtures/gemma3_tiny", kvs_test_root());
+    const char *plan_t[] = {"plan", "--trace", full, "--context", "10", "--csv", NULL};
+    assert_int_equal(kvs_test_cli_run(f, plan_t), 0);
+    assert_true(kvs_test_file_has(f->out, "full,full,full cache,,10,0,1,3584,"));
+    const char *plan_c[] = {"plan", "--config", fixture, "--context", "10", NULL};
+    assert_int_equal(kvs_test_cli_run(f, plan_c), 0);
+    assert_true(kvs_test_file_has(f->out, "windows     3 of 4 layers attend to the last 6 positions"));
+    const char *plan_c0[] = {"plan", "--config", fixture, "--context", "10", "--window", "0", "--csv", NULL};
+    assert_int_equal(kvs_test_cli_run(f, plan_c0), 0);
+    assert_true(kvs_test_file_has(f->out, "full,full,full cache,,10,0,1,5120,"));
+    const char *plan_bad[] = {"plan", "--config", fixture, "--window", "6/0", NULL};
+    assert_int_equal(kvs_test_cli_run(f, plan_bad), 2);
+    assert_true(kvs_test_file_has(f->err, "--window: '6/0' is not W"));
+}
+
+/* ---- capacity plans of hybrid shapes ---- */
+
+static void test_plan_windows_by_hand(void **state) {
+    kvs_test_tmp *c = *state;
+    char cfg[160];
+    kvs_test_tmp_path(c, "config.json", cfg, sizeof cfg);
+    /* 6 layers, 2 of them full (layer_types), window 4; 2 KV heads of head_dim 4: 2 x 4 x 2 = 16 bytes per token per
+     * (layer, KV head) in fp16 */
+    assert_int_equal(kvs_test_spit_text(cfg, "{\"model_type\":\"gemma3_text\",\"num_hidden_layers\":6,"
+        "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":4,\"hidden_size\":16,"
+        "\"intermediate_size\":32,\"vocab_size\":10,\"max_position_embeddings\":64,\"sliding_window\":4,"
+        "\"layer_types\":[\"sliding_attention\",\"sliding_attention\",\"full_attention\",\"sliding_attention\","
+        "\"sliding_attention\",\"full_attention\"]}"), 0);
+    kvs_plan_model m;
+    assert_int_equal(kvs_plan_model_from_config(cfg, &m), KVS_OK);
+    assert_int_equal(m.window, 4);
+    assert_int_equal(m.window_layers, 4);
+    kvs_plan_setup s = {.model = m, .kv_elem_bytes = 2, .weight_elem_bytes = 2, .n_gpus = 1};
+    /* prompt 10, 2 generated (n = 12; the peak is at the end): per KV head and token 16 bytes, x 2 KV heads
+     *   full:              2 full layers x 12 + 4 windowed x min(12, 4) = 24 + 16 = 40 tokens  -> 40 x 32 = 1280
+     *   constant B = 8:    2 x min(12, 8) + 4 x min(8, 4)             = 16 + 16 = 32 tokens  -> 1024
+     *   prompt-only B = 3: 2 x (min(10, 3) + 2) + 4 x min(5, 4)       = 10 + 16 = 26 tokens  -> 832 */
+    const struct {
+        kvs_plan_kind kind;
+        int64_t budget;
+        double bytes;
+    } want[3] = {{KVS_PLAN_FULL, 0, 1280}, {KVS_PLAN_CONSTANT, 8, 1024}, {KVS_PLAN_PROMPT_ONLY, 3, 832}};
+    for (int i = 0; i < 3; i++) {
+        kvs_plan_policy pol = {.kind = want[i].kind, .budget = want[i].budget};
+        kvs_plan_point p;
+        assert_int_equal(kvs_plan_eval(&s, &pol, 10, 2, 1, &p), KVS_OK);
+        if (p.seq_device_bytes != want[i].bytes) {
+            fprintf(stderr, "kind %d: %g bytes, by hand %g\n", (int)want[i].kind, p.seq_device_bytes, want[i].bytes);
+            fail();
+        }
+    }
+    /* max context with a pool of 1000 bytes at batch 1, no response: 2 x 2 x 16 x C + 4 x 2 x 16 x min(C, 4)
+     * <= 1000 -> 64 C + 512 <= 1000 -> C = 7 (without windows 6 x 32 x C <= 1000: C = 5) */
+    s.gpu_bytes = 1000 + kvs_plan_weight_bytes(&s);
+    kvs_plan_policy full = {.kind = KVS_PLAN_FULL};
+    kvs_plan_point p;
+    assert_int_equal(kvs_plan_eval(&s, &full, 4, 0, 1, &p), KVS_OK);
+    assert_int_equal(p.max_context_memory, 7);
+    /* --window: W/K on 6 layers (every 3rd full: 4 windowed), W alone (all), 0 (none); bad forms refused */
+    assert_int_equal(kvs_plan_window_parse("4/3", &m), KVS_OK);
+    assert_true(m.window == 4 && m.window_layers == 4);
+    assert_int_equal(kvs_plan_window_parse("1024/6", &m), KVS_OK);
+    assert_true(m.window == 1024 && m.window_layers == 5);
+    assert_int_equal(kvs_plan_window_parse("7", &m), KVS_OK);
+    assert_true(m.window == 7 && m.window_layers == 6);
+    assert_int_equal(kvs_plan_window_parse("0", &m), KVS_OK);
+    assert_true(m.window == 0 && m.window_layers == 0);
+    static const char *const bad[] = {"", "x", "-1", "4/", "4/0", "4/x", "4/3/2", "99999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(kvs_plan_window_parse(bad[i], &m), KVS_ERR_INVALID_ARG);
+        assert_non_null(strstr(kvs_last_error(), "--window"));
+    }
+    /* a trace header's windows */
+    kvs_model_config mc;
+    memset(&mc, 0, sizeof mc);
+    mc.n_layers = 4;
+    mc.n_heads = mc.n_kv_heads = 1;
+    mc.head_dim = 8;
+    memcpy(mc.layer_window, gemma_windows, sizeof gemma_windows);
+    kvs_plan_model_from_trace(&mc, NULL, "t", &m);
+    assert_true(m.window == 6 && m.window_layers == 3);
 }
 
 int main(void) {
@@ -261,6 +355,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_corrupt_windows_refused, kvs_test_tmp_setup, kvs_test_tmp_teardown),
         cmocka_unit_test_setup_teardown(test_gemma3_capture_info_verify_readers, kvs_test_cli_setup,
                                         kvs_test_cli_teardown),
+        cmocka_unit_test_setup_teardown(test_plan_windows_by_hand, kvs_test_tmp_setup, kvs_test_tmp_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
