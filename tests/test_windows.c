@@ -29,6 +29,7 @@
 #include "tests/util/testenv.h"
 #include "trace/kv_stream.h"
 #include "trace/trace.h"
+#include "trace/verify.h"
 
 /* Writes the generated trace `g` to `path` with the given per-layer windows. */
 static void write_with_windows(kvs_gen_trace *g, const char *path, const int32_t *win) {
@@ -281,6 +282,45 @@ static void test_gemma3_capture_info_verify_readers(void **state) {
     assert_true(kvs_test_file_has(f->err, "--window: '6/0' is not W"));
 }
 
+/* A window row's bound uses the window's keys: the row (first = 5, 7 keys) over a scratch holding keys 0..11 is judged
+ * exactly as the same row over a scratch holding only keys 5..11 (first = 0). */
+static void test_verify_window_row_bound(void **state) {
+    (void)state;
+    enum { N = 12, D = 8, F = 5 };
+    float k[N * D], v[N * D], q[D], scores[N], probs[N], out[D], o[D];
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < N * D; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        k[i] = (float)((double)(x >> 11) / 9007199254740992.0 * 4 - 2) * (i < F * D ? 8.0f : 1.0f); /* big old keys */
+        v[i] = (float)((double)(x >> 20) / 8796093022208.0 * 2 - 1) * (i < F * D ? 8.0f : 1.0f);
+    }
+    for (int i = 0; i < D; i++) q[i] = k[(N - 1) * D + i];
+    kvs_verify_cfg cfg;
+    assert_int_equal(kvs_verify_cfg_init(KVS_DTYPE_F16, -1, -1, &cfg), KVS_OK);
+    kvs_verify_ctx *all = NULL, *win = NULL;
+    assert_int_equal(kvs_verify_ctx_create(&cfg, N, D, &all), KVS_OK);
+    assert_int_equal(kvs_verify_ctx_create(&cfg, N, D, &win), KVS_OK);
+    for (int j = 0; j < N; j++) assert_int_equal(kvs_verify_ctx_add_key(all, (size_t)j, k + j * D, v + j * D), KVS_OK);
+    for (int j = F; j < N; j++)
+        assert_int_equal(kvs_verify_ctx_add_key(win, (size_t)(j - F), k + j * D, v + j * D), KVS_OK);
+    double lse = kvs_verify_attention(q, k + F * D, v + F * D, N - F, D, 0.35f, scores, probs, out);
+    for (int i = 0; i < D; i++) o[i] = out[i] * 1.001f; /* a stored output a little off */
+    kvs_verify_row row = {.n = N - F, .d = D, .first = F, .scale = 0.35f, .q = q, .v = v + F * D, .o = o,
+                          .lse = (float)lse + 1e-4f, .scores = scores, .probs = probs, .out = out, .attn_lse = lse};
+    kvs_verify_row_result ra, rw;
+    assert_int_equal(kvs_verify_row_check(all, &row, &ra), KVS_OK);
+    row.first = 0;
+    assert_int_equal(kvs_verify_row_check(win, &row, &rw), KVS_OK);
+    assert_true(ra.bound_o == rw.bound_o && ra.bound_lse == rw.bound_lse && ra.pass == rw.pass);
+    assert_true(rw.bound_o > 0 && rw.bound_lse > 0);
+    /* keys beyond what was added are refused, naming the range */
+    row.first = 8;
+    assert_int_equal(kvs_verify_row_check(all, &row, &ra), KVS_ERR_RANGE);
+    assert_non_null(strstr(kvs_last_error(), "keys 8..14, 12 added"));
+    kvs_verify_ctx_free(all);
+    kvs_verify_ctx_free(win);
+}
+
 /* ---- capacity plans of hybrid shapes ---- */
 
 static void test_plan_windows_by_hand(void **state) {
@@ -355,6 +395,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_corrupt_windows_refused, kvs_test_tmp_setup, kvs_test_tmp_teardown),
         cmocka_unit_test_setup_teardown(test_gemma3_capture_info_verify_readers, kvs_test_cli_setup,
                                         kvs_test_cli_teardown),
+        cmocka_unit_test(test_verify_window_row_bound),
         cmocka_unit_test_setup_teardown(test_plan_windows_by_hand, kvs_test_tmp_setup, kvs_test_tmp_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -170,9 +170,10 @@ static kvs_status check_configs(const kvs_model_config *m, const kvs_capture_con
     RANGE_CHECK("dtype", c->dtype, 0, 2);
     RANGE_CHECK("block_positions", c->block_positions, 1, KVS_TRACE_MAX_BLOCK);
     RANGE_CHECK("max_new_tokens", c->max_new_tokens, 0, INT32_MAX);
-    if (c->flags & ~(KVS_TRACE_FLAG_SHUFFLE | KVS_TRACE_FLAG_QKV | KVS_TRACE_FLAG_WINDOWS))
-        return kvs_fail(st, "%s: flags = 0x%x has unknown bits (only bit 0, shuffle, bit 1, lean q/k/v record, and bit "
-                        "2, layer windows, are defined)", who, c->flags);
+    /* bit 2 (layer windows) is the writer's, derived from layer_window; the reader strips it before this check */
+    if (c->flags & ~(KVS_TRACE_FLAG_SHUFFLE | KVS_TRACE_FLAG_QKV))
+        return kvs_fail(st, "%s: flags = 0x%x has unknown bits (only bit 0, shuffle, and bit 1, lean q/k/v record, are "
+                        "defined)", who, c->flags);
     for (int l = 0; l < m->n_layers; l++)
         if (m->layer_window[l] < 0)
             return kvs_fail(st, "%s: layer_window[%d] = %d is negative (0 = full attention)", who, l, m->layer_window[l]);

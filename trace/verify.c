@@ -261,9 +261,11 @@ kvs_status kvs_verify_row_check(kvs_verify_ctx *w, const kvs_verify_row *row, kv
     if (row->n < 1 || row->d != w->d)
         return kvs_fail(KVS_ERR_INVALID_ARG, "verify: row of %zu keys x %zu (the scratch's head_dim: %zu)", row->n,
                         row->d, w->d);
-    if (!fixed && (row->first > w->n_keys || row->n > w->n_keys - row->first))
+    if (!fixed && (row->first > w->n_keys || row->n > w->n_keys - row->first)) {
+        if (row->first == 0) return kvs_fail(KVS_ERR_RANGE, "verify: row over %zu keys, %zu added", row->n, w->n_keys);
         return kvs_fail(KVS_ERR_RANGE, "verify: row over keys %zu..%zu, %zu added", row->first, row->first + row->n - 1,
                         w->n_keys);
+    }
     res->rel = kvs_rel_l2(row->o, row->out, row->d);
     res->err_lse = fabs(row->attn_lse - (double)row->lse);
     if (isnan(res->rel)) res->rel = INFINITY;
