@@ -424,11 +424,11 @@ int kvs_cmd_plan(int argc, char **argv) {
         kvs_plan_model_from_trace(&ti->model, ti->capture.settings, trace_path, &setup.model);
     }
     if (tied >= 0) setup.model.tied_embeddings = tied;
+    kvs_codec *codec = NULL;
     if (window_s && kvs_plan_window_parse(window_s, &setup.model) != KVS_OK) {
         rc = kvs_cli_usage_error("plan", "%s", kvs_last_error());
         goto cleanup;
     }
-    kvs_codec *codec = NULL;
     if (codec_s) {
         if (kvs_codec_parse(codec_s, &codec) != KVS_OK) {
             rc = kvs_cli_usage_error("plan", "--codec: %s", kvs_last_error());
