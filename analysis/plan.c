@@ -26,39 +26,39 @@ static const kvs_plan_model presets[] = {
     /* meta-llama/Llama-3.1-8B: hidden 4096, intermediate 14336, 32 layers, 32 heads, 8 KV heads, vocab 128256,
      * max_position_embeddings 131072, tie_word_embeddings false */
     {"Llama-3.1-8B", "config.json of meta-llama/Llama-3.1-8B", KVS_PLAN_ARCH_GATED, 32, 32, 8, 128, 4096, 14336,
-     128256, 131072, 0, 0, 0},
+     128256, 131072, 0, 0, 0, 0, 0},
     /* meta-llama/Llama-3.1-70B: hidden 8192, intermediate 28672, 80 layers, 64 heads, 8 KV heads, vocab 128256 */
     {"Llama-3.1-70B", "config.json of meta-llama/Llama-3.1-70B", KVS_PLAN_ARCH_GATED, 80, 64, 8, 128, 8192, 28672,
-     128256, 131072, 0, 0, 0},
+     128256, 131072, 0, 0, 0, 0, 0},
     /* meta-llama/Llama-3.1-405B: hidden 16384, intermediate 53248, 126 layers, 128 heads, 8 KV heads */
     {"Llama-3.1-405B", "config.json of meta-llama/Llama-3.1-405B", KVS_PLAN_ARCH_GATED, 126, 128, 8, 128, 16384,
-     53248, 128256, 131072, 0, 0, 0},
+     53248, 128256, 131072, 0, 0, 0, 0, 0},
     /* meta-llama/Meta-Llama-3-8B (D2O's throughput model, §5.5): Llama-3.1-8B's shape with an 8192 context */
     {"Llama-3-8B", "config.json of meta-llama/Meta-Llama-3-8B", KVS_PLAN_ARCH_GATED, 32, 32, 8, 128, 4096, 14336,
-     128256, 8192, 0, 0, 0},
+     128256, 8192, 0, 0, 0, 0, 0},
     /* meta-llama/Llama-2-7b-hf: hidden 4096, intermediate 11008, 32 layers, 32 heads = 32 KV heads (MHA), vocab
      * 32000, max_position_embeddings 4096 */
     {"Llama-2-7B", "config.json of meta-llama/Llama-2-7b-hf", KVS_PLAN_ARCH_GATED, 32, 32, 32, 128, 4096, 11008,
-     32000, 4096, 0, 0, 0},
+     32000, 4096, 0, 0, 0, 0, 0},
     /* mistralai/Mistral-7B-Instruct-v0.2: hidden 4096, intermediate 14336, 32 layers, 32 heads, 8 KV heads, vocab
      * 32000, max_position_embeddings 32768 (v0.2 dropped the sliding window) */
     {"Mistral-7B-v0.2", "config.json of mistralai/Mistral-7B-Instruct-v0.2", KVS_PLAN_ARCH_GATED, 32, 32, 8, 128,
-     4096, 14336, 32000, 32768, 0, 0, 0},
+     4096, 14336, 32000, 32768, 0, 0, 0, 0, 0},
     /* Qwen/Qwen2.5-7B: hidden 3584, intermediate 18944, 28 layers, 28 heads, 4 KV heads, vocab 152064,
      * max_position_embeddings 131072, tie_word_embeddings false; q/k/v biases (Qwen2) */
     {"Qwen2.5-7B", "config.json of Qwen/Qwen2.5-7B", KVS_PLAN_ARCH_GATED, 28, 28, 4, 128, 3584, 18944, 152064,
-     131072, 0, 1, 0},
+     131072, 0, 1, 0, 0, 0},
     /* Qwen/Qwen2.5-14B: hidden 5120, intermediate 13824, 48 layers, 40 heads, 8 KV heads, vocab 152064 */
     {"Qwen2.5-14B", "config.json of Qwen/Qwen2.5-14B", KVS_PLAN_ARCH_GATED, 48, 40, 8, 128, 5120, 13824, 152064,
-     131072, 0, 1, 0},
+     131072, 0, 1, 0, 0, 0},
     /* microsoft/phi-4 (Phi3ForCausalLM: fused qkv and gate_up projections, no biases): hidden 5120, intermediate
      * 17920, 40 layers, 40 heads, 10 KV heads, vocab 100352, max_position_embeddings 16384 */
     {"Phi-4", "config.json of microsoft/phi-4", KVS_PLAN_ARCH_GATED, 40, 40, 10, 128, 5120, 17920, 100352, 16384, 0,
-     0, 0},
+     0, 0, 0, 0},
     /* facebook/opt-30b: hidden_size 7168, ffn_dim 28672, 48 layers, 56 heads (MHA), vocab 50272,
      * max_position_embeddings 2048, lm_head tied to the token embedding */
     {"OPT-30B", "config.json of facebook/opt-30b", KVS_PLAN_ARCH_OPT, 48, 56, 56, 128, 7168, 28672, 50272, 2048, 1,
-     0, 0},
+     0, 0, 0, 0},
 };
 
 int kvs_plan_preset_count(void) { return (int)(sizeof presets / sizeof presets[0]); }
@@ -96,6 +96,56 @@ static kvs_status cfg_int(const kvs_json *cfg, const char *path, const char *key
     if (d < (double)lo || d > (double)hi)
         return kvs_fail(KVS_ERR_FORMAT, "%s: %s (%.0f) is out of range [%ld, %ld]", path, key, d, lo, hi);
     *out = (int32_t)d;
+    return KVS_OK;
+}
+
+/* The sliding-window layers a config.json announces: layer_types ("sliding_attention" / "full_attention") with
+ * sliding_window; else Gemma-3 (model_type gemma3 / gemma3_text) every layer but each sliding_window_pattern-th
+ * (default 6); else Mistral's sliding_window on every layer. */
+static kvs_status config_windows(const kvs_json *cfg, const char *file, const char *mt, kvs_plan_model *m) {
+    const kvs_json *sw = kvs_json_get(cfg, "sliding_window");
+    if (!sw || kvs_json_type_of(sw) == KVS_JSON_NULL) return KVS_OK;
+    int32_t w, pattern;
+    kvs_status st = cfg_int(cfg, file, "sliding_window", -1, 0, INT32_MAX, &w);
+    if (st != KVS_OK || w == 0) return st;
+    const kvs_json *types = kvs_json_get(cfg, "layer_types");
+    const int gemma = mt && (!strcmp(mt, "gemma3") || !strcmp(mt, "gemma3_text"));
+    if (kvs_json_type_of(types) == KVS_JSON_ARRAY) {
+        if (kvs_json_len(types) != (size_t)m->n_layers)
+            return kvs_fail(KVS_ERR_FORMAT, "%s: layer_types has %zu entries for %d layers", file, kvs_json_len(types),
+                            m->n_layers);
+        for (size_t l = 0; l < kvs_json_len(types); l++) {
+            const char *t = kvs_json_string(kvs_json_at(types, l));
+            m->window_layers += t && !strcmp(t, "sliding_attention");
+        }
+    } else if (gemma) {
+        if ((st = cfg_int(cfg, file, "sliding_window_pattern", 6, 1, KVS_TRACE_MAX_LAYERS, &pattern)) != KVS_OK)
+            return st;
+        m->window_layers = m->n_layers - m->n_layers / pattern;
+    } else if (mt && !strcmp(mt, "mistral")) {
+        m->window_layers = m->n_layers;
+    }
+    m->window = m->window_layers > 0 ? w : 0;
+    return KVS_OK;
+}
+
+kvs_status kvs_plan_window_parse(const char *spec, kvs_plan_model *m) {
+    char *end = NULL;
+    errno = 0;
+    long w = spec ? strtol(spec, &end, 10) : -1, k = 0;
+    if (spec && end != spec && *end == '/') {
+        const char *ks = end + 1;
+        k = strtol(ks, &end, 10);
+        if (end == ks) k = -1;
+    }
+    if (!spec || end == spec || *end || errno || w < 0 || w > INT32_MAX || k < 0 || k > KVS_TRACE_MAX_LAYERS ||
+        (w > 0 && spec[strcspn(spec, "/")] == '/' && k < 1))
+        return kvs_fail(KVS_ERR_INVALID_ARG, "--window: '%s' is not W (every layer attends to the last W positions), "
+                        "W/K (every K-th layer full, the others W; Gemma-3: 1024/6) or 0 (no window)",
+                        spec ? spec : "");
+    m->window = (int32_t)w;
+    m->window_layers = w == 0 ? 0 : k > 0 ? m->n_layers - m->n_layers / (int32_t)k : m->n_layers;
+    if (m->window_layers == 0) m->window = 0;
     return KVS_OK;
 }
 
@@ -157,6 +207,7 @@ kvs_status kvs_plan_model_from_config(const char *path, kvs_plan_model *out) {
     const int is_qwen2 = mt && !strcmp(mt, "qwen2");
     m.qkv_bias = is_qwen2 || attn_bias;
     m.o_bias = !is_qwen2 && attn_bias;
+    KVS_TRY(st = config_windows(cfg, file, mt, &m));
     const char *base = kvs_path_base(path);
     snprintf(m.name, sizeof m.name, "%.*s", (int)sizeof m.name - 1, base[0] ? base : path);
     snprintf(m.source, sizeof m.source, "%.*s", (int)sizeof m.source - 1, file);
@@ -202,6 +253,13 @@ void kvs_plan_model_from_trace(const kvs_model_config *c, const char *settings, 
     m.qkv_bias = setting(settings, "architecture", v, sizeof v) && !strcmp(v, "Qwen2ForCausalLM");
     if (setting(settings, "qkv_bias", v, sizeof v)) m.qkv_bias = !strcmp(v, "1");
     if (setting(settings, "o_bias", v, sizeof v)) m.o_bias = !strcmp(v, "1");
+    /* sliding-window layers: one window in every known model (Gemma-3); should they differ, the largest (an upper
+     * bound on the cache) */
+    for (int l = 0; l < c->n_layers && l < KVS_TRACE_MAX_LAYERS; l++)
+        if (c->layer_window[l] > 0) {
+            m.window_layers++;
+            if (c->layer_window[l] > m.window) m.window = c->layer_window[l];
+        }
     *out = m;
 }
 
@@ -742,24 +800,42 @@ kvs_status kvs_plan_kv_pool(const kvs_plan_setup *s, double *pool) {
     return KVS_OK;
 }
 
+kvs_plan_footprint kvs_plan_footprint_windowed(const kvs_plan_policy *pol, const kvs_plan_setup *s, int64_t prompt,
+                                               int64_t n) {
+    kvs_plan_footprint f = kvs_plan_footprint_at(pol, s, prompt, n);
+    const int64_t w = s->model.window;
+    if (w <= 0 || n <= w) return f;
+    const kvs_plan_policy full = {.kind = KVS_PLAN_FULL};
+    double cap = kvs_plan_footprint_at(&full, s, prompt < w ? prompt : w, w).device;
+    if (f.device > cap) f.device = cap;
+    return f;
+}
+
+/* Device bytes per (layer, KV head), summed over the model's layers: full layers, then sliding-window ones. */
+static double layers_device(const kvs_plan_setup *s, const kvs_plan_policy *pol, int64_t prompt, int64_t n) {
+    const int32_t lw = s->model.window > 0 ? s->model.window_layers : 0;
+    double full = lw < s->model.n_layers ? (s->model.n_layers - lw) * kvs_plan_footprint_at(pol, s, prompt, n).device : 0;
+    return full + (lw > 0 ? lw * kvs_plan_footprint_windowed(pol, s, prompt, n).device : 0);
+}
+
 /* Device bytes of one sequence: the peak over its decode, n from context to context + response. Every kind's
  * footprint is monotone or linear in n, so the peak is at one end; a codec's 16-bit rows add a saw-tooth (they
  * grow by one a step, then are quantized at once) on a non-decreasing footprint, whose peak is at the end or at the
  * last top of the saw-tooth. The codec's per-layer scales are held once per layer. */
 static double seq_device(const kvs_plan_setup *s, const kvs_plan_policy *pol, int64_t context, int64_t response) {
-    const double heads = (double)s->model.n_layers * s->model.n_kv_heads;
-    double a = kvs_plan_footprint_at(pol, s, context, context).device;
-    double b = kvs_plan_footprint_at(pol, s, context, context + response).device;
+    const double kvh = (double)s->model.n_kv_heads;
+    double a = layers_device(s, pol, context, context);
+    double b = layers_device(s, pol, context, context + response);
     double peak = a > b ? a : b;
     if (s->codec) {
         int64_t top;
         if (codec_tops(s->codec, context, context, context + response, &top)) {
-            double t = kvs_plan_footprint_at(pol, s, context, top).device;
+            double t = layers_device(s, pol, context, top);
             if (t > peak) peak = t;
         }
-        return heads * peak + s->model.n_layers * kvs_codec_layer_bytes(s->codec);
+        return kvh * peak + s->model.n_layers * kvs_codec_layer_bytes(s->codec);
     }
-    return heads * peak;
+    return kvh * peak;
 }
 
 kvs_status kvs_plan_eval(const kvs_plan_setup *s, const kvs_plan_policy *pol, int64_t context, int64_t response,

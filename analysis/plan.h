@@ -72,6 +72,10 @@ typedef struct {
                              * (a trace header that does not record it): counted untied, the larger weights */
     int qkv_bias;           /* q/k/v projections carry biases (Qwen2, attention_bias) */
     int o_bias;             /* the output projection carries a bias (Llama attention_bias) */
+    /* Sliding-window layers (hybrid KV shapes, Gemma-3's local layers): window_layers of the n_layers attend to the
+     * last `window` positions only, so their full cache IS min(n, window) positions and every policy's resident
+     * there is at most that (kvs_plan_footprint_windowed). 0 / 0: every layer full. */
+    int32_t window, window_layers;
 } kvs_plan_model;
 
 /*! kvs_plan_preset_count() / kvs_plan_preset_at() : the built-in presets (published shapes), in listing order. */
@@ -99,6 +103,11 @@ kvs_status kvs_plan_model_from_config(const char *path, kvs_plan_model *out);
  *  the caller says so, or sets it from what the user knows. `source` names the trace. */
 void kvs_plan_model_from_trace(const kvs_model_config *c, const char *settings, const char *source,
                                kvs_plan_model *out);
+
+/*! kvs_plan_window_parse() : `kvsim plan --window SPEC` into m: "W" every layer attends to the last W positions,
+ *  "W/K" every K-th layer is full and the others have window W (Gemma-3: 1024/6 = layers 6, 12, ... full, i.e.
+ *  n_layers - floor(n_layers / K) windowed), "0" no window. KVS_ERR_INVALID_ARG naming the form otherwise. */
+kvs_status kvs_plan_window_parse(const char *spec, kvs_plan_model *m);
 
 /*! kvs_plan_params() : parameters counted from the shape (see kvs_plan_arch); one count whatever the model's source
  *  (preset, config.json, trace): a tied classifier once, an unknown tie (-1) as untied. */
@@ -307,6 +316,13 @@ typedef struct {
  *  bytes per position (kvs_codec_position_bytes: the 16-bit residual stays on the device). */
 kvs_plan_footprint kvs_plan_footprint_at(const kvs_plan_policy *pol, const kvs_plan_setup *s, int64_t prompt,
                                          int64_t n);
+
+/*! kvs_plan_footprint_windowed() : the footprint per (layer, KV head) of a sliding-window layer of s->model: the
+ *  policy's own (kvs_plan_footprint_at) with its device bytes capped by the full cache of min(n, window) positions
+ *  (a position that left the window is dropped by every policy: an upper bound for a policy whose kept positions
+ *  straddle the window's edge); host and transfer as the policy's. */
+kvs_plan_footprint kvs_plan_footprint_windowed(const kvs_plan_policy *pol, const kvs_plan_setup *s, int64_t prompt,
+                                               int64_t n);
 
 /* What one decode step reads per (layer, KV head), in bytes of the planned model, and how many positions each query
  * head attends (the attention FLOPs). */

@@ -44,6 +44,10 @@ static void usage(FILE *f) {
             "  --trace TRACE        the model recorded in a kvsim trace header\n"
             "  --tied-embeddings yes|no  the classifier is (not) the token embedding, for the weight count (a trace\n"
             "                       header does not record it: counted untied, with a warning, unless given)\n"
+            "  --window W|W/K|0     sliding-window layers (hybrid KV): every layer attends to the last W positions,\n"
+            "                       or every K-th layer is full and the others W (Gemma-3: 1024/6); 0 none. Default:\n"
+            "                       the config's (layer_types, Gemma-3's pattern, Mistral's sliding_window) or the\n"
+            "                       trace header's. A windowed layer's cache, every policy's included, stops at W\n"
             "Memory:\n"
             "  --kv-dtype T         plain KV elements: fp16 (default), bf16, fp8, fp32 (int4: use --codec)\n"
             "  --codec SPEC         a quantized KV cache (kvsim's codecs, sim/codec.h): int:bits=B,group=G,k_axis=,\n"
@@ -268,7 +272,7 @@ int kvs_cmd_plan(int argc, char **argv) {
                *response_s = NULL, *responses_s = NULL, *settings_s = NULL, *policy_s = NULL, *budget_s = NULL,
                *profile_db = NULL, *run_s = NULL, *aux_s = NULL, *db_path = NULL, *plot_mem = NULL,
                *plot_batch = NULL, *gnuplot = NULL, *tied_s = NULL, *codec_s = NULL, *hw_s = NULL, *mbu_s = NULL,
-               *mfu_s = NULL, *batches_s = NULL, *plot_tput = NULL;
+               *mfu_s = NULL, *batches_s = NULL, *plot_tput = NULL, *window_s = NULL;
     int csv = 0, json = 0, list = 0, list_gpus = 0;
     for (int i = 1; i < argc; i++) {
         int missing = 0, r;
@@ -284,7 +288,8 @@ int kvs_cmd_plan(int argc, char **argv) {
                           {"--db", &db_path},           {"--plot-memory", &plot_mem}, {"--plot-batch", &plot_batch},
                           {"--gnuplot", &gnuplot},      {"--tied-embeddings", &tied_s}, {"--codec", &codec_s},
                           {"--hw", &hw_s},              {"--mbu", &mbu_s},           {"--mfu", &mfu_s},
-                          {"--batches", &batches_s},    {"--plot-throughput", &plot_tput}};
+                          {"--batches", &batches_s},    {"--plot-throughput", &plot_tput},
+                          {"--window", &window_s}};
         if (kvs_cli_is_help(argv[i])) {
             usage(stdout);
             return KVS_EXIT_OK;
@@ -420,6 +425,10 @@ int kvs_cmd_plan(int argc, char **argv) {
     }
     if (tied >= 0) setup.model.tied_embeddings = tied;
     kvs_codec *codec = NULL;
+    if (window_s && kvs_plan_window_parse(window_s, &setup.model) != KVS_OK) {
+        rc = kvs_cli_usage_error("plan", "%s", kvs_last_error());
+        goto cleanup;
+    }
     if (codec_s) {
         if (kvs_codec_parse(codec_s, &codec) != KVS_OK) {
             rc = kvs_cli_usage_error("plan", "--codec: %s", kvs_last_error());
@@ -826,6 +835,10 @@ int kvs_cmd_plan(int argc, char **argv) {
             printf("KV / token  %.0f bytes (%s) = 2 x %d layers x %d KV heads x %d head_dim x %g bytes (%s)\n", kvtok,
                    a, m->n_layers, m->n_kv_heads, m->head_dim, kv_bytes, kv_name);
         }
+        if (m->window > 0)
+            printf("windows     %d of %d layers attend to the last %d positions: their cache (every policy's there too) "
+                   "stops growing at %d positions; the KV / token above holds below the window\n", m->window_layers,
+                   m->n_layers, m->window, m->window);
         fmt_size(a, sizeof a, wbytes);
         const char *tie_note = m->tied_embeddings < 0 ? " (classifier counted apart from the token embedding: "
                                                         "the trace does not say)"

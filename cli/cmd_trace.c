@@ -84,6 +84,11 @@ int kvs_cmd_info(int argc, char **argv) {
            m->max_seq_len);
     printf("  rope_theta %g (%s pairs), norm_eps %g, attn_scale %g\n", (double)m->rope_theta,
            m->rope_layout == KVS_ROPE_HALVES ? "rotate_half" : "adjacent", (double)m->norm_eps, (double)m->attn_scale);
+    if (kvs_model_config_has_windows(m)) { /* sliding-window layers: the window of every layer, 0 = full */
+        printf("  layer windows");
+        for (int l = 0; l < m->n_layers; l++) printf("%s%d", l ? "," : " ", m->layer_window[l]);
+        printf(" (positions attended, the current one included; 0 = full causal attention)\n");
+    }
     if (cp->flags & KVS_TRACE_FLAG_QKV)
         printf("storage      %s q/k/v (lean record: o and lse not stored, readers recompute them), %d positions per "
                "block, byte shuffle %s\n", kvs_dtype_name((kvs_dtype)cp->dtype), cp->block_positions,

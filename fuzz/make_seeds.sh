@@ -41,6 +41,9 @@ python3 fuzz/make_tiny_models.py $C/model_llama2c/tiny.bin fuzz/fixed
     --out $C/trace/tiny_fp32_block1.kvt >/dev/null
 "$K" capture --model $C/model_llama2c/tiny.bin --prompt-ids 1,2,3 --steps 5 --block 3 --dtype fp16 --record qkv \
     --threads 1 --out $C/trace/tiny_lean_fp16_block3.kvt >/dev/null
+# sliding-window layers: the header's layer-window table (trace/FORMAT.md "Layer windows"), tiny Gemma-3 fixture
+"$K" capture --model tests/fixtures/gemma3_tiny --prompt-ids 17,42,5 --steps 5 --ignore-eos --block 4 --dtype fp16 \
+    --threads 1 --out $C/trace/tiny_gemma3_windows.kvt >/dev/null
 cp fuzz/fixed/model.safetensors $C/safetensors/tiny.safetensors
 cp fuzz/fixed/config.json $C/config_json/tiny.json
 cp tests/fixtures/llama3_tiny/config.json $C/config_json/llama3_rope_scaling.json

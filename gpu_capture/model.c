@@ -34,6 +34,9 @@ typedef struct {
     const float *w1;                /* gate: [hidden][dim] */
     const float *w2;                /* down: [dim][hidden] */
     const float *w3;                /* up:   [hidden][dim] */
+    const float *q_norm, *k_norm;   /* [head_dim] per-head q/k RMSNorm (Qwen3, Gemma-3) or NULL */
+    const float *rms_post_att;      /* [dim] norm of the attention branch output (Gemma-3) or NULL */
+    const float *rms_post_ffn;      /* [dim] norm of the FFN branch output (Gemma-3) or NULL */
 } layer_weights;
 
 typedef struct {
@@ -48,6 +51,7 @@ struct kvs_model {
     const float *cls;       /* [vocab][dim] */
     layer_weights *layers;  /* [n_layers] */
     float *inv_freq;        /* [head_dim/2] RoPE frequencies (after any scaling) */
+    float *inv_freq_local;  /* [head_dim/2] of sliding-window layers when their base differs (Gemma-3), else NULL */
     mapping *maps;
     int n_maps, cap_maps;
     void **owned; /* heap fp32 copies of converted tensors */
@@ -138,6 +142,7 @@ void kvs_model_free(kvs_model *m) {
     free(m->owned);
     free(m->layers);
     free(m->inv_freq);
+    free(m->inv_freq_local);
     free(m);
 }
 
@@ -147,6 +152,19 @@ int kvs_model_is_eos(const kvs_model *m, int32_t token) {
     for (int i = 0; i < m->info.n_eos; i++)
         if (m->info.eos_ids[i] == token) return 1;
     return 0;
+}
+
+/* The RoPE table of Gemma-3's sliding-window layers: base rope_local_base_freq, never rope_scaling (HF builds
+ * their rotary embedding from a copy of the config with the default rope type). */
+static kvs_status local_rope_table(kvs_model *m) {
+    const kvs_model_config *c = &m->info.config;
+    if (!(m->info.rope_local_theta > 0)) return KVS_OK;
+    int half = c->head_dim / 2;
+    m->inv_freq_local = malloc((size_t)half * sizeof *m->inv_freq_local);
+    if (!m->inv_freq_local) return kvs_fail(KVS_ERR_NOMEM, "model: out of memory");
+    for (int i = 0; i < half; i++)
+        m->inv_freq_local[i] = (float)pow((double)m->info.rope_local_theta, -2.0 * i / (double)c->head_dim);
+    return KVS_OK;
 }
 
 /* Validates the dimensions common to both formats and derives the RoPE table and byte counts. */
@@ -159,6 +177,7 @@ static kvs_status finish_config(kvs_model *m, const char *src) {
                         src, c->n_layers, c->n_heads, c->head_dim, KVS_TRACE_MAX_LAYERS, KVS_TRACE_MAX_HEADS,
                         KVS_TRACE_MAX_HEAD_DIM);
     c->attn_scale = (float)(1.0 / sqrt((double)c->head_dim));
+    if (m->info.query_pre_attn_scalar > 0) c->attn_scale = (float)(1.0 / sqrt((double)m->info.query_pre_attn_scalar));
     int half = c->head_dim / 2;
     m->inv_freq = malloc((size_t)half * sizeof *m->inv_freq);
     if (!m->inv_freq) return kvs_fail(KVS_ERR_NOMEM, "model: out of memory");
@@ -178,13 +197,18 @@ static kvs_status finish_config(kvs_model *m, const char *src) {
                 f = (1.0 - smooth) * f / m->info.rope_factor + smooth * f;
             }
         }
+        if (m->info.rope_linear_factor > 1) f /= m->info.rope_linear_factor;
         m->inv_freq[i] = (float)f;
     }
+    kvs_status ls = local_rope_table(m);
+    if (ls != KVS_OK) return ls;
     uint64_t d = (uint64_t)c->dim, hd = (uint64_t)c->head_dim, L = (uint64_t)c->n_layers;
     uint64_t qd = (uint64_t)c->n_heads * hd, kvd = (uint64_t)c->n_kv_heads * hd, hid = (uint64_t)c->hidden_dim;
     uint64_t per_layer = 2 * d + qd * d + 2 * kvd * d + d * qd + 3 * hid * d;
     if (m->info.qkv_bias) per_layer += qd + 2 * kvd;
     if (m->info.o_bias) per_layer += d;
+    if (m->info.qk_norm) per_layer += 2 * hd;
+    if (m->info.sandwich_norm) per_layer += 2 * d;
     uint64_t vocab_d = (uint64_t)c->vocab_size * d;
     int shared = m->cls == m->embed;
     m->info.tied_embeddings = shared;
@@ -491,6 +515,81 @@ static int cfg_bool(const kvs_json *cfg, const char *key, int dflt) {
     return kvs_json_type_of(v) == KVS_JSON_BOOL ? kvs_json_bool(v) : dflt;
 }
 
+/* The text model's config: Gemma-3's multimodal configs nest it as text_config. */
+static const kvs_json *hf_text_config(const kvs_json *cfg) {
+    const kvs_json *tc = kvs_json_get(cfg, "text_config");
+    return kvs_json_type_of(tc) == KVS_JSON_OBJECT ? tc : cfg;
+}
+
+static int is_gemma3_arch(const char *arch) {
+    return !strcmp(arch, "Gemma3ForCausalLM") || !strcmp(arch, "Gemma3ForConditionalGeneration");
+}
+
+/* ---- Qwen3 and Gemma-3 ----
+ * Facts of the Hugging Face modeling code (transformers qwen3 / gemma3) this follows:
+ *  - Qwen3: q_norm / k_norm are RMSNorms over head_dim applied to every head of q and k after the projection
+ *    and before RoPE; no q/k/v bias unless attention_bias; otherwise Llama.
+ *  - Gemma-3: every RMSNorm multiplies by (1 + w) (computed in fp32); a layer is input_layernorm -> attention ->
+ *    post_attention_layernorm -> residual add, then pre_feedforward_layernorm -> MLP -> post_feedforward_layernorm
+ *    -> residual add; q_norm / k_norm as Qwen3's but (1 + w); the MLP is down(gelu_tanh(gate(x)) * up(x)); the
+ *    embedding is multiplied by sqrt(hidden_size) cast to the weights' dtype first (bf16: sqrt(640) = 25.30
+ *    becomes 25.25, a 0.2% scale every real bf16 checkpoint computes with, so it is reproduced here); the softmax
+ *    scale is query_pre_attn_scalar^-1/2; sliding layers (config layer_types "sliding_attention", else every
+ *    layer but each sliding_window_pattern-th) attend to keys j with p - sliding_window < j <= p (the window
+ *    counts the current token) and use RoPE base rope_local_base_freq without rope_scaling, full layers use
+ *    rope_theta and rope_scaling; logits are soft-capped when final_logit_softcapping is set.
+ * What the CPU path does not reproduce: the bf16 rounding of every intermediate (all compute here is fp32, as
+ * for every other architecture). attn_logit_softcapping (Gemma-2) is refused: the recorded LSE and every
+ * replay recompute plain scaled dot products. */
+static kvs_status parse_qwen3_gemma3(kvs_model *m, const kvs_json *cfg, int gemma) {
+    kvs_status s;
+    kvs_model_info *info = &m->info;
+    kvs_model_config *c = &info->config;
+    info->qk_norm = 1;
+    if (!gemma) {
+        if (cfg_bool(cfg, "use_sliding_window", 0))
+            return kvs_fail(KVS_ERR_UNSUPPORTED, "config.json: use_sliding_window true is not supported for Qwen3");
+        return KVS_OK;
+    }
+    info->norm_plus_one = 1;
+    info->sandwich_norm = 1;
+    info->gelu_tanh = 1;
+    const kvs_json *alc = kvs_json_get(cfg, "attn_logit_softcapping");
+    if (alc && kvs_json_type_of(alc) != KVS_JSON_NULL)
+        return kvs_fail(KVS_ERR_UNSUPPORTED, "config.json: attn_logit_softcapping is not supported (attention "
+                        "records and replay assume plain scaled dot products)");
+    double cap, qpas, local;
+    if ((s = cfg_num(cfg, "final_logit_softcapping", 0, 0, 1e6, &cap)) != KVS_OK) return s;
+    if ((s = cfg_num(cfg, "query_pre_attn_scalar", 256, 1e-6, 1e9, &qpas)) != KVS_OK) return s;
+    if ((s = cfg_num(cfg, "rope_local_base_freq", 10000.0, 1, 1e12, &local)) != KVS_OK) return s;
+    info->final_softcap = (float)cap;
+    info->query_pre_attn_scalar = (float)qpas;
+    info->rope_local_theta = (float)local;
+    int32_t win, pattern;
+    if ((s = cfg_int(cfg, "sliding_window", 0, 4096, 0, INT32_MAX, &win)) != KVS_OK) return s;
+    if ((s = cfg_int(cfg, "sliding_window_pattern", 0, 6, 1, KVS_TRACE_MAX_LAYERS, &pattern)) != KVS_OK) return s;
+    const kvs_json *types = kvs_json_get(cfg, "layer_types");
+    if (types && kvs_json_type_of(types) != KVS_JSON_NULL &&
+        (kvs_json_type_of(types) != KVS_JSON_ARRAY || kvs_json_len(types) != (size_t)c->n_layers))
+        return kvs_fail(KVS_ERR_FORMAT, "config.json: layer_types is not an array of num_hidden_layers (%d) strings",
+                        c->n_layers);
+    for (int l = 0; l < c->n_layers; l++) {
+        int sliding;
+        if (kvs_json_type_of(types) == KVS_JSON_ARRAY) {
+            const char *t = kvs_json_string(kvs_json_at(types, (size_t)l));
+            if (t && !strcmp(t, "sliding_attention")) sliding = 1;
+            else if (t && !strcmp(t, "full_attention")) sliding = 0;
+            else return kvs_fail(KVS_ERR_UNSUPPORTED, "config.json: layer_types[%d] is \"%s\" (supported: "
+                                 "sliding_attention, full_attention)", l, t ? t : "(not a string)");
+        } else {
+            sliding = (l + 1) % pattern != 0;
+        }
+        c->layer_window[l] = sliding ? win : 0;
+    }
+    info->sliding_window = win;
+    return KVS_OK;
+}
+
 static kvs_status parse_hf_config(kvs_model *m, const kvs_json *cfg) {
     kvs_status s;
     kvs_model_info *info = &m->info;
@@ -503,16 +602,26 @@ static kvs_status parse_hf_config(kvs_model *m, const kvs_json *cfg) {
         if (!strcmp(mt, "llama")) arch = "LlamaForCausalLM";
         else if (!strcmp(mt, "mistral")) arch = "MistralForCausalLM";
         else if (!strcmp(mt, "qwen2")) arch = "Qwen2ForCausalLM";
-        else return kvs_fail(KVS_ERR_UNSUPPORTED, "config.json: model_type \"%s\" is not supported (llama, mistral, qwen2)", mt);
+        else if (!strcmp(mt, "qwen3")) arch = "Qwen3ForCausalLM";
+        else if (!strcmp(mt, "gemma3_text")) arch = "Gemma3ForCausalLM";
+        else if (!strcmp(mt, "gemma3")) arch = "Gemma3ForConditionalGeneration";
+        else return kvs_fail(KVS_ERR_UNSUPPORTED, "config.json: model_type \"%s\" is not supported (llama, mistral, "
+                             "qwen2, qwen3, gemma3_text, gemma3)", mt);
     }
     int is_qwen2 = !strcmp(arch, "Qwen2ForCausalLM"), is_mistral = !strcmp(arch, "MistralForCausalLM");
-    if (!is_qwen2 && !is_mistral && strcmp(arch, "LlamaForCausalLM"))
+    int is_qwen3 = !strcmp(arch, "Qwen3ForCausalLM"), is_gemma3 = is_gemma3_arch(arch);
+    if (!is_qwen2 && !is_mistral && !is_qwen3 && !is_gemma3 && strcmp(arch, "LlamaForCausalLM"))
         return kvs_fail(KVS_ERR_UNSUPPORTED, "config.json: architectures[0] \"%s\" is not supported "
-                        "(LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)", arch);
+                        "(LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM, "
+                        "Gemma3ForConditionalGeneration)", arch);
     snprintf(info->architecture, sizeof info->architecture, "%s", arch);
-    const char *act = kvs_json_string(kvs_json_get(cfg, "hidden_act"));
-    if (act && strcmp(act, "silu"))
-        return kvs_fail(KVS_ERR_UNSUPPORTED, "config.json: hidden_act \"%s\" is not supported (silu)", act);
+    cfg = hf_text_config(cfg);
+    const char *act = kvs_json_string(kvs_json_get(cfg, is_gemma3 ? "hidden_activation" : "hidden_act"));
+    if (is_gemma3 && !act) act = kvs_json_string(kvs_json_get(cfg, "hidden_act"));
+    const char *want_act = is_gemma3 ? "gelu_pytorch_tanh" : "silu";
+    if (act && strcmp(act, want_act))
+        return kvs_fail(KVS_ERR_UNSUPPORTED, "config.json: hidden activation \"%s\" is not supported for %s (%s)", act,
+                        arch, want_act);
     if (cfg_bool(cfg, "mlp_bias", 0)) return kvs_fail(KVS_ERR_UNSUPPORTED, "config.json: mlp_bias true is not supported");
     if (is_qwen2 && cfg_bool(cfg, "use_sliding_window", 0))
         return kvs_fail(KVS_ERR_UNSUPPORTED, "config.json: use_sliding_window true is not supported");
@@ -537,7 +646,7 @@ static kvs_status parse_hf_config(kvs_model *m, const kvs_json *cfg) {
     }
     double eps, theta;
     if ((s = cfg_num(cfg, "rms_norm_eps", 1e-6, 0, 1, &eps)) != KVS_OK) return s;
-    if ((s = cfg_num(cfg, "rope_theta", 10000.0, 1, 1e12, &theta)) != KVS_OK) return s;
+    if ((s = cfg_num(cfg, "rope_theta", is_gemma3 ? 1e6 : 10000.0, 1, 1e12, &theta)) != KVS_OK) return s;
     c->norm_eps = (float)eps;
     c->rope_theta = (float)theta;
     c->rope_layout = KVS_ROPE_HALVES;
@@ -570,10 +679,18 @@ static kvs_status parse_hf_config(kvs_model *m, const kvs_json *cfg) {
             info->rope_low_freq_factor = (float)lo;
             info->rope_high_freq_factor = (float)hi;
             info->rope_original_max_pos = orig;
+        } else if (!strcmp(rt, "linear")) {
+            /* positions divided by factor = every frequency divided by it (Gemma-3 4B+: full layers only) */
+            double f;
+            if ((s = cfg_num(rs, "factor", NAN, 1, 1e6, &f)) != KVS_OK) return s;
+            if (isnan(f)) return kvs_fail(KVS_ERR_FORMAT, "config.json: rope_scaling.factor is missing");
+            info->rope_linear_factor = (float)f;
         } else if (strcmp(rt, "default")) {
-            return kvs_fail(KVS_ERR_UNSUPPORTED, "config.json: rope_scaling type \"%s\" is not supported (llama3, default)", rt);
+            return kvs_fail(KVS_ERR_UNSUPPORTED, "config.json: rope_scaling type \"%s\" is not supported (llama3, "
+                            "linear, default)", rt);
         }
     }
+    if ((is_qwen3 || is_gemma3) && (s = parse_qwen3_gemma3(m, cfg, is_gemma3)) != KVS_OK) return s;
     info->qkv_bias = is_qwen2 || cfg_bool(cfg, "attention_bias", 0);
     info->o_bias = !is_qwen2 && cfg_bool(cfg, "attention_bias", 0);
     int32_t bos;
@@ -594,6 +711,78 @@ static kvs_status parse_hf_config(kvs_model *m, const kvs_json *cfg) {
     }
     info->format = KVS_MODEL_HF;
     return KVS_OK;
+}
+
+/* Where the text model's tensors live: "model." (every *ForCausalLM); a multimodal Gemma-3 checkpoint nests them
+ * under "language_model.model." (transformers < 4.52) or "model.language_model." (later). */
+static const char *hf_weight_prefix(st_set *set, const char *arch) {
+    if (strcmp(arch, "Gemma3ForConditionalGeneration")) return "model.";
+    static const char *const cands[] = {"language_model.model.", "model.language_model.", "model."};
+    for (size_t i = 0; i < sizeof cands / sizeof cands[0]; i++) {
+        char name[96];
+        st_file *f;
+        const kvs_json *e;
+        snprintf(name, sizeof name, "%sembed_tokens.weight", cands[i]);
+        st_find(set, name, &f, &e);
+        if (f) return cands[i];
+    }
+    return "model.";
+}
+
+/* A heap copy of norm vector *w (n floats) holding 1 + w: Gemma's RMSNorm scales by (1 + w) in fp32, so after
+ * this every norm is the plain w * x / rms(x) of rmsnorm(). */
+static kvs_status plus_one(kvs_model *m, const float **w, size_t n) {
+    float *o = malloc(n * sizeof *o);
+    if (!o) return kvs_fail(KVS_ERR_NOMEM, "model: out of memory");
+    for (size_t i = 0; i < n; i++) o[i] = 1.0f + (*w)[i];
+    kvs_status s = add_owned(m, o);
+    if (s != KVS_OK) return s;
+    *w = o;
+    return KVS_OK;
+}
+
+/* The norms only Qwen3 (q/k) and Gemma-3 (q/k, pre/post FFN) have, then Gemma's (1 + w) on every norm. */
+static kvs_status load_arch_layer_norms(kvs_model *m, st_set *set, const char *pfx, int l, layer_weights *w) {
+    const kvs_model_config *c = &m->info.config;
+    uint64_t vhd[1] = {(uint64_t)c->head_dim}, vd[1] = {(uint64_t)c->dim};
+    char name[256];
+    kvs_status s;
+    if (m->info.qk_norm) {
+        snprintf(name, sizeof name, "%slayers.%d.self_attn.q_norm.weight", pfx, l);
+        if ((s = st_tensor(m, set, name, 1, vhd, 1, &w->q_norm)) != KVS_OK) return s;
+        snprintf(name, sizeof name, "%slayers.%d.self_attn.k_norm.weight", pfx, l);
+        if ((s = st_tensor(m, set, name, 1, vhd, 1, &w->k_norm)) != KVS_OK) return s;
+    }
+    if (!m->info.sandwich_norm) return KVS_OK;
+    snprintf(name, sizeof name, "%slayers.%d.pre_feedforward_layernorm.weight", pfx, l);
+    if ((s = st_tensor(m, set, name, 1, vd, 1, &w->rms_ffn)) != KVS_OK) return s;
+    snprintf(name, sizeof name, "%slayers.%d.post_feedforward_layernorm.weight", pfx, l);
+    if ((s = st_tensor(m, set, name, 1, vd, 1, &w->rms_post_ffn)) != KVS_OK) return s;
+    if (!m->info.norm_plus_one) return KVS_OK;
+    const float **dn[] = {&w->rms_att, &w->rms_post_att, &w->rms_ffn, &w->rms_post_ffn};
+    for (size_t i = 0; i < sizeof dn / sizeof dn[0]; i++)
+        if ((s = plus_one(m, dn[i], (size_t)c->dim)) != KVS_OK) return s;
+    if ((s = plus_one(m, &w->q_norm, (size_t)c->head_dim)) != KVS_OK) return s;
+    return plus_one(m, &w->k_norm, (size_t)c->head_dim);
+}
+
+/* Gemma's final norm (1 + w) and embedding scale: sqrt(hidden_size) cast to the embedding's dtype, as HF casts
+ * embed_scale to the weight dtype before multiplying. */
+static kvs_status gemma_finish(kvs_model *m) {
+    m->info.embed_scale = 1.0f;
+    if (!m->info.norm_plus_one) return KVS_OK;
+    double sc = sqrt((double)m->info.config.dim);
+    kvs_dtype dt = m->info.weight_dtype;
+    if (dt == KVS_DTYPE_BF16 || dt == KVS_DTYPE_F16) {
+        float f = (float)sc, back;
+        uint8_t b[4];
+        kvs_encode(dt, &f, 1, b);
+        kvs_decode(dt, b, 1, &back);
+        m->info.embed_scale = back;
+    } else {
+        m->info.embed_scale = (float)sc;
+    }
+    return plus_one(m, &m->rms_final, (size_t)m->info.config.dim);
 }
 
 static kvs_status load_hf(kvs_model *m, const char *dir) {
@@ -665,23 +854,31 @@ static kvs_status load_hf(kvs_model *m, const char *dir) {
     kvs_model_config *c = &m->info.config;
     uint64_t d = (uint64_t)c->dim, hd = (uint64_t)c->head_dim, qd = (uint64_t)c->n_heads * hd;
     uint64_t kvd = (uint64_t)c->n_kv_heads * hd, hid = (uint64_t)c->hidden_dim, V = (uint64_t)c->vocab_size;
-    int tie = cfg_bool(cfg, "tie_word_embeddings", 0);
+    int gemma = m->info.sandwich_norm;
+    int tie = cfg_bool(hf_text_config(cfg), "tie_word_embeddings", cfg_bool(cfg, "tie_word_embeddings", gemma));
     uint64_t emb_shape[2] = {V, d};
-    if ((s = st_tensor(m, &set, "model.embed_tokens.weight", 2, emb_shape, !tie, &m->embed)) != KVS_OK) goto cleanup;
+    const char *pfx = hf_weight_prefix(&set, m->info.architecture); /* "model." but for multimodal Gemma-3 */
+    char lm_head[96];
+    snprintf(lm_head, sizeof lm_head, "%s", strcmp(pfx, "language_model.model.") ? "lm_head.weight"
+                                                                                : "language_model.lm_head.weight");
+    char tname[256];
+    snprintf(tname, sizeof tname, "%sembed_tokens.weight", pfx);
+    if ((s = st_tensor(m, &set, tname, 2, emb_shape, !tie, &m->embed)) != KVS_OK) goto cleanup;
     if (tie) {
         if (!m->embed &&
-            (s = st_tensor(m, &set, "lm_head.weight", 2, emb_shape, 0, &m->embed)) != KVS_OK) goto cleanup;
+            (s = st_tensor(m, &set, lm_head, 2, emb_shape, 0, &m->embed)) != KVS_OK) goto cleanup;
         if (!m->embed) {
             s = kvs_fail(KVS_ERR_FORMAT, "%s: tensor model.embed_tokens.weight is missing (tie_word_embeddings: "
                          "lm_head.weight absent too)", dir);
             goto cleanup;
         }
         m->cls = m->embed;
-    } else if ((s = st_tensor(m, &set, "lm_head.weight", 2, emb_shape, 1, &m->cls)) != KVS_OK) {
+    } else if ((s = st_tensor(m, &set, lm_head, 2, emb_shape, 1, &m->cls)) != KVS_OK) {
         goto cleanup;
     }
     uint64_t vec_d[1] = {d};
-    if ((s = st_tensor(m, &set, "model.norm.weight", 1, vec_d, 1, &m->rms_final)) != KVS_OK) goto cleanup;
+    snprintf(tname, sizeof tname, "%snorm.weight", pfx);
+    if ((s = st_tensor(m, &set, tname, 1, vec_d, 1, &m->rms_final)) != KVS_OK) goto cleanup;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) { s = kvs_fail(KVS_ERR_NOMEM, "model: out of memory"); goto cleanup; }
     for (int l = 0; l < c->n_layers; l++) {
@@ -697,7 +894,9 @@ static kvs_status load_hf(kvs_model *m, const char *dir) {
             int required;
         } tensors[] = {
             {"input_layernorm.weight", 1, vec_d, &w->rms_att, 1},
-            {"post_attention_layernorm.weight", 1, vec_d, &w->rms_ffn, 1},
+            /* Gemma-3's post_attention_layernorm normalises the attention output; its FFN input norm is
+             * pre_feedforward_layernorm (load_arch_layer_norms) */
+            {"post_attention_layernorm.weight", 1, vec_d, gemma ? &w->rms_post_att : &w->rms_ffn, 1},
             {"self_attn.q_proj.weight", 2, sq, &w->wq, 1},
             {"self_attn.k_proj.weight", 2, skv, &w->wk, 1},
             {"self_attn.v_proj.weight", 2, skv, &w->wv, 1},
@@ -712,11 +911,13 @@ static kvs_status load_hf(kvs_model *m, const char *dir) {
         };
         for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++) {
             if (i >= 9 && !tensors[i].required) continue; /* biases the config does not announce are ignored */
-            snprintf(name, sizeof name, "model.layers.%d.%s", l, tensors[i].suffix);
+            snprintf(name, sizeof name, "%slayers.%d.%s", pfx, l, tensors[i].suffix);
             if ((s = st_tensor(m, &set, name, tensors[i].nd, tensors[i].dims, tensors[i].required, tensors[i].dst)) != KVS_OK)
                 goto cleanup;
         }
+        if ((s = load_arch_layer_norms(m, &set, pfx, l, w)) != KVS_OK) goto cleanup;
     }
+    if ((s = gemma_finish(m)) != KVS_OK) goto cleanup;
     s = finish_config(m, dir);
 cleanup:
     st_set_free(&set);
@@ -733,6 +934,7 @@ kvs_status kvs_model_load(const char *path, kvs_model **out) {
     kvs_model *m = calloc(1, sizeof *m);
     if (!m) return kvs_fail(KVS_ERR_NOMEM, "model: out of memory");
     m->info.bos_id = -1;
+    m->info.embed_scale = 1.0f;
     kvs_status s = S_ISDIR(st.st_mode) ? load_hf(m, path) : load_llama2c(m, path);
     if (s != KVS_OK) {
         kvs_model_free(m);
@@ -910,6 +1112,36 @@ typedef struct {
     int layer, pos;
 } attn_job;
 
+/* First position a layer attends to from position `pos`: pos + 1 - window for a sliding layer past its window
+ * (HF: key j is visible iff pos - window < j <= pos), else 0. */
+static int64_t window_first(const kvs_model_config *c, int layer, int pos) {
+    int32_t w = kvs_model_config_window(c, layer);
+    return w > 0 && pos + 1 > w ? (int64_t)pos + 1 - w : 0;
+}
+
+/* Per-head RMSNorm of n vectors of head_dim (Qwen3 / Gemma-3 q_norm, k_norm), in place. */
+static void head_norms(float *v, int n, int hd, const float *w, float eps) {
+    for (int h = 0; h < n; h++) rmsnorm(v + (size_t)h * hd, v + (size_t)h * hd, w, hd, eps);
+}
+
+/* The FFN gate activation times up: SiLU (Llama family) or gelu_pytorch_tanh (Gemma's GeGLU). */
+static void gate_act(float *g, const float *up, int n, int gelu_tanh) {
+    if (!gelu_tanh) {
+        for (int i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * up[i]; /* SiLU(gate) * up */
+        return;
+    }
+    const double k = 0.7978845608028654; /* sqrt(2 / pi) */
+    for (int i = 0; i < n; i++) {
+        double x = g[i];
+        g[i] = (float)(0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)))) * up[i];
+    }
+}
+
+/* Gemma-3's norm of a branch output before the residual add (post_attention / post_feedforward), in place. */
+static void branch_norm(float *x, const float *w, int d, float eps) {
+    if (w) rmsnorm(x, x, w, d, eps);
+}
+
 static void attn_worker(void *ctx, int worker, int n_workers) {
     const attn_job *job = ctx;
     kvs_model_state *s = job->s;
@@ -918,10 +1150,13 @@ static void attn_worker(void *ctx, int worker, int n_workers) {
     size_t lq = (size_t)job->layer * (size_t)H * (size_t)hd;
     const float *kc = s->kcache + (size_t)job->layer * (size_t)s->max_pos * (size_t)kvd;
     const float *vc = s->vcache + (size_t)job->layer * (size_t)s->max_pos * (size_t)kvd;
+    int64_t first = window_first(c, job->layer, job->pos);
+    kc += (size_t)first * (size_t)kvd;
+    vc += (size_t)first * (size_t)kvd;
     for (int h = H * worker / n_workers; h < H * (worker + 1) / n_workers; h++) {
         int kvh = h / G;
         double lse = kvs_attention(s->q_rec + lq + (size_t)h * hd, kc + (size_t)kvh * hd, vc + (size_t)kvh * hd,
-                                   (size_t)kvd, NULL, (size_t)job->pos + 1, (size_t)hd, c->attn_scale,
+                                   (size_t)kvd, NULL, (size_t)(job->pos + 1 - first), (size_t)hd, c->attn_scale,
                                    s->att + (size_t)h * (size_t)s->max_pos, s->o_rec + lq + (size_t)h * hd);
         s->lse_rec[(size_t)job->layer * H + h] = (float)lse;
     }
@@ -939,12 +1174,18 @@ kvs_status kvs_model_forward(kvs_model_state *s, int32_t token, int pos, const f
     int d = c->dim, hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads, hid = c->hidden_dim;
     int qd = H * hd, kvd = Hkv * hd;
     memcpy(s->x, m->embed + (size_t)token * (size_t)d, (size_t)d * sizeof(float));
+    if (m->info.embed_scale != 1.0f)
+        for (int i = 0; i < d; i++) s->x[i] *= m->info.embed_scale;
 
-    float cosv[KVS_TRACE_MAX_HEAD_DIM / 2], sinv[KVS_TRACE_MAX_HEAD_DIM / 2];
-    for (int i = 0; i < hd / 2; i++) {
-        double ang = (double)pos * (double)m->inv_freq[i];
-        cosv[i] = (float)cos(ang);
-        sinv[i] = (float)sin(ang);
+    /* [0] full-attention layers' table, [1] sliding layers' when they have their own base (Gemma-3) */
+    float cosv[2][KVS_TRACE_MAX_HEAD_DIM / 2], sinv[2][KVS_TRACE_MAX_HEAD_DIM / 2];
+    for (int t = 0; t < (m->inv_freq_local ? 2 : 1); t++) {
+        const float *f = t ? m->inv_freq_local : m->inv_freq;
+        for (int i = 0; i < hd / 2; i++) {
+            double ang = (double)pos * (double)f[i];
+            cosv[t][i] = (float)cos(ang);
+            sinv[t][i] = (float)sin(ang);
+        }
     }
 
     for (int l = 0; l < c->n_layers; l++) {
@@ -958,10 +1199,19 @@ kvs_status kvs_model_forward(kvs_model_state *s, int32_t token, int pos, const f
                           .mv = {{w->wq, s->xb, w->bq, q, qd, d}, {w->wk, s->xb, w->bk, k, kvd, d},
                                  {w->wv, s->xb, w->bv, v, kvd, d}}};
         run_matvecs(s->pool, &qkv);
-        for (int h = 0; h < H; h++) rope(q + (size_t)h * hd, hd, c->rope_layout, cosv, sinv);
-        for (int h = 0; h < Hkv; h++) rope(k + (size_t)h * hd, hd, c->rope_layout, cosv, sinv);
+        if (w->q_norm) head_norms(q, H, hd, w->q_norm, c->norm_eps);
+        if (w->k_norm) head_norms(k, Hkv, hd, w->k_norm, c->norm_eps);
+        int t = m->inv_freq_local && kvs_model_config_window(c, l) > 0;
+        for (int h = 0; h < H; h++) rope(q + (size_t)h * hd, hd, c->rope_layout, cosv[t], sinv[t]);
+        for (int h = 0; h < Hkv; h++) rope(k + (size_t)h * hd, hd, c->rope_layout, cosv[t], sinv[t]);
 
-        if (s->attn_fn) {
+        if (s->attn_fn && window_first(c, l, pos) > 0) {
+            /* the hook's contract is causal attention over positions 0..pos: equal to the window's until the
+             * sequence outgrows it */
+            return kvs_fail(KVS_ERR_UNSUPPORTED, "layer %d has a %d-position sliding window: an attention override "
+                            "(closed-loop decoding) supports full-attention layers only", l,
+                            kvs_model_config_window(c, l));
+        } else if (s->attn_fn) {
             size_t lc = (size_t)l * (size_t)s->max_pos * (size_t)kvd;
             kvs_status st = s->attn_fn(s->attn_user, l, pos, q, s->kcache + lc, s->vcache + lc, (size_t)kvd,
                                        s->o_rec + (size_t)l * (size_t)qd, s->lse_rec + (size_t)l * (size_t)H);
@@ -973,20 +1223,22 @@ kvs_status kvs_model_forward(kvs_model_state *s, int32_t token, int pos, const f
         }
 
         matmul1(s->pool, s->xb2, s->o_rec + (size_t)l * (size_t)qd, w->wo, w->bo, d, qd);
+        branch_norm(s->xb2, w->rms_post_att, d, c->norm_eps);
         for (int i = 0; i < d; i++) s->x[i] += s->xb2[i];
 
         rmsnorm(s->xb, s->x, w->rms_ffn, d, c->norm_eps);
         matvec_job ffn = {.n = 2, .mv = {{w->w1, s->xb, NULL, s->hb, hid, d}, {w->w3, s->xb, NULL, s->hb2, hid, d}}};
         run_matvecs(s->pool, &ffn);
-        for (int i = 0; i < hid; i++) {
-            float g = s->hb[i];
-            s->hb[i] = g / (1.0f + expf(-g)) * s->hb2[i]; /* SiLU(gate) * up */
-        }
+        gate_act(s->hb, s->hb2, hid, m->info.gelu_tanh);
         matmul1(s->pool, s->xb2, s->hb, w->w2, NULL, d, hid);
+        branch_norm(s->xb2, w->rms_post_ffn, d, c->norm_eps);
         for (int i = 0; i < d; i++) s->x[i] += s->xb2[i];
     }
     rmsnorm(s->x, s->x, m->rms_final, d, c->norm_eps);
     matmul1(s->pool, s->logits, s->x, m->cls, NULL, c->vocab_size, d);
+    if (m->info.final_softcap > 0)
+        for (int i = 0; i < c->vocab_size; i++)
+            s->logits[i] = m->info.final_softcap * tanhf(s->logits[i] / m->info.final_softcap);
     s->last_pos = pos;
     *logits = s->logits;
     return KVS_OK;

@@ -10,6 +10,11 @@
  *    Architectures LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM (q/k/v bias); GQA; head_dim;
  *    rope_theta; rms_norm_eps; tie_word_embeddings (also an embedding stored only as lm_head.weight with a
  *    __metadata__ alias, as tinystories-656K does); Llama-3 rope_scaling. RoPE in the rotate_half layout.
+ *    Qwen3ForCausalLM (per-head q/k RMSNorm before RoPE) and Gemma3ForCausalLM (also a nested
+ *    text_config): interleaved sliding-window and full layers with their own RoPE bases, q/k norms,
+ *    (1 + w) RMSNorm, four norms per layer, scaled embedding, GeGLU, query_pre_attn_scalar,
+ *    final_logit_softcapping. A sliding layer attends to the last `sliding_window` positions, the
+ *    current one included (config.layer_window).
  *
  * Weights are memory-mapped. fp32 tensors whose file offset is 4-byte aligned are used in place; fp16 and
  * bf16 tensors (and misaligned fp32 ones) are converted once, at load, to fp32 heap copies: compute is
@@ -51,6 +56,17 @@ typedef struct {
     int32_t rope_original_max_pos;
     uint64_t n_params;         /* parameters, counting a tied classifier once */
     uint64_t weight_bytes;     /* fp32 bytes read per decoded token (all matrices, classifier once) */
+    /* Qwen3 / Gemma-3 steps (all off for the Llama family; see model.c "Qwen3 and Gemma-3") */
+    int qk_norm;               /* per-head RMSNorm of q and k before RoPE (self_attn.q_norm / k_norm) */
+    int norm_plus_one;         /* RMSNorm scales by (1 + w) (Gemma): the loaded norm vectors already hold 1 + w */
+    int sandwich_norm;         /* post-attention and post-FFN norms on the branch outputs (Gemma-3) */
+    int gelu_tanh;             /* FFN gate activation gelu_pytorch_tanh (GeGLU) instead of SiLU */
+    float embed_scale;         /* token-embedding multiplier: 1, or Gemma's sqrt(hidden) rounded to the weight dtype */
+    float final_softcap;       /* logits = cap * tanh(logits / cap) when > 0 (final_logit_softcapping) */
+    float query_pre_attn_scalar; /* > 0: attention scale is its -1/2 power instead of head_dim's */
+    float rope_linear_factor;  /* linear rope_scaling of full-attention layers (frequencies / factor); 1 = none */
+    float rope_local_theta;    /* RoPE base of sliding-window layers (Gemma-3 rope_local_base_freq); 0 = rope_theta */
+    int32_t sliding_window;    /* the window of the sliding layers (config.layer_window), 0 when none */
 } kvs_model_info;
 
 typedef struct kvs_model kvs_model;

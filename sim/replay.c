@@ -1556,6 +1556,12 @@ kvs_status kvs_replay_validate(const kvs_replay_source *src, const kvs_replay_op
     if (prev != m->n_positions)
         return kvs_fail(KVS_ERR_FORMAT, "turns cover %lld of %lld positions", (long long)prev,
                         (long long)m->n_positions);
+    for (int l = 0; src->layer_window && l < m->n_layers; l++)
+        if (src->layer_window[l] > 0 && src->layer_window[l] < m->n_positions)
+            return kvs_fail(KVS_ERR_UNSUPPORTED, "layer %d attends to a sliding window of %d positions and the trace has "
+                            "%lld: replaying a sliding-window layer past its window is not supported (the reference "
+                            "and every policy model full causal attention)", l, (int)src->layer_window[l],
+                            (long long)m->n_positions);
     if (o->measure != KVS_MEASURE_DECODE && o->measure != KVS_MEASURE_ALL && o->measure != KVS_MEASURE_PREFILL)
         return kvs_fail(KVS_ERR_INVALID_ARG, "unknown measurement mode %d", (int)o->measure);
     if (m->kv_bytes < 1 || m->aux_bytes < 1)
@@ -1824,6 +1830,7 @@ kvs_status kvs_replay_source_from_trace(const kvs_trace *t, kvs_replay_source *o
     out->stream_next = trace_next_cb;
     out->stream_free = trace_free_cb;
     out->kv_dtype = info->capture.dtype;
+    out->layer_window = info->model.layer_window;
     return kvs_trace_content_sha256(t, out->content_hash);
 }
 

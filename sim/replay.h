@@ -64,6 +64,11 @@ typedef struct {
     /* The input's content hash (kvs_trace_content_sha256 for a trace), "" when unknown: part of every run's
      * identity, from which randomised policies are seeded (kvs_host_run_seed). */
     char content_hash[65];
+    /* [model.n_layers] attention window of each layer (0 = full causal attention), borrowed; NULL = all full. The
+     * replay (both engines, every policy, the reference) models full causal attention, so kvs_replay_validate
+     * refuses a layer whose window is shorter than the trace: there its recorded outputs are the window's. A
+     * window at least as long as the trace is full attention and replays as such. */
+    const int32_t *layer_window;
 } kvs_replay_source;
 
 /* Hooks for tests and analyses (NULL in a plain replay; analysis/keys.c reads the keys a policy retains

@@ -230,6 +230,29 @@ static void test_create_rejects_bad_max_positions(void **state) {
 #endif
 }
 
+/* Qwen3 and Gemma-3 run on the CPU only: the backend refuses them by name before looking for a device. */
+static void test_create_refuses_qwen3_and_gemma3(void **state) {
+    (void)state;
+#ifndef KVS_WITH_CUDA
+    print_message("SKIP: built without CUDA (the no-CUDA fallback reports no device before looking at the model)\n");
+    skip();
+#else
+    static const char *const fixtures[2] = {"tests/fixtures/qwen3_tiny", "tests/fixtures/gemma3_tiny"};
+    for (int i = 0; i < 2; i++) {
+        char p[4096];
+        model_path(p, sizeof p, fixtures[i]);
+        kvs_model *m = NULL;
+        assert_int_equal(kvs_model_load(p, &m), KVS_OK);
+        kvs_cuda_backend *b = NULL;
+        assert_int_equal(kvs_cuda_backend_create(m, 16, NULL, &b), KVS_ERR_UNSUPPORTED);
+        assert_non_null(strstr(kvs_last_error(), "Llama-family forward pass only"));
+        assert_non_null(strstr(kvs_last_error(), i ? "Gemma3ForCausalLM" : "Qwen3ForCausalLM"));
+        assert_null(b);
+        kvs_model_free(m);
+    }
+#endif
+}
+
 /* ================================================================================================
  * Kernels vs CPU references
  * ============================================================================================== */
@@ -938,6 +961,7 @@ int main(void) {
         cmocka_unit_test(test_probe_reports_device_or_no_device),
         cmocka_unit_test(test_create_without_device_fails_cleanly),
         cmocka_unit_test(test_create_rejects_bad_max_positions),
+        cmocka_unit_test(test_create_refuses_qwen3_and_gemma3),
         cmocka_unit_test(test_cli_capture_device_cuda),
         cmocka_unit_test(test_embed_kernel_matches_cpu),
         cmocka_unit_test(test_rmsnorm_kernel_matches_cpu),

@@ -79,8 +79,12 @@ static void free_reference(reference *ref) {
     free(ref->data);
 }
 
+static double worst_abs, worst_rel; /* over one run_golden, printed at its end */
+
 static void expect_close(const char *what, int layer, int pos, const float *ref, const float *got, size_t n) {
     double e = kvs_rel_l2(ref, got, n);
+    for (size_t i = 0; i < n; i++) worst_abs = fmax(worst_abs, fabs((double)ref[i] - (double)got[i]));
+    worst_rel = fmax(worst_rel, e);
     if (!(e <= TOL)) {
         fprintf(stderr, "%s layer %d position %d: relative error %.3e > %.0e\n", what, layer, pos, e, TOL);
         fail();
@@ -101,10 +105,13 @@ static void run_golden(kvs_model *m, const reference *ref, int threads) {
     assert_int_equal(ref->n_floats, (size_t)ref->n_positions * c->n_layers * per_layer);
     int32_t tok = ref->tokens[0];
     int pi = 0;
+    const float *last = NULL;
+    worst_abs = worst_rel = 0;
     for (int pos = 0; pos < ref->n_tokens; pos++) {
         assert_int_equal(tok, ref->tokens[pos]);
         const float *logits;
         assert_int_equal(kvs_model_forward(st, tok, pos, &logits), KVS_OK);
+        last = logits;
         if (pi < ref->n_positions && ref->positions[pi] == pos) {
             const float *r = ref->data + (size_t)pi * c->n_layers * per_layer;
             for (int l = 0; l < c->n_layers; l++, r += per_layer) {
@@ -121,6 +128,17 @@ static void run_golden(kvs_model *m, const reference *ref, int threads) {
         tok = pos + 1 < ref->n_prompt ? ref->prompt[pos + 1] : kvs_sampler_sample(smp, logits);
     }
     assert_int_equal(pi, ref->n_positions);
+    const kvs_json *ll = kvs_json_get(ref->meta, "last_logits");
+    if (ll) { /* the classifier, final norm and soft-capping, which greedy tokens alone cannot pin down */
+        assert_int_equal(kvs_json_len(ll), (size_t)c->vocab_size);
+        float *want = malloc((size_t)c->vocab_size * sizeof *want);
+        assert_non_null(want);
+        for (int i = 0; i < c->vocab_size; i++) want[i] = (float)kvs_json_number(kvs_json_at(ll, (size_t)i));
+        expect_close("logits", -1, ref->n_tokens - 1, want, last, (size_t)c->vocab_size);
+        free(want);
+    }
+    fprintf(stderr, "%s, %d thread(s): max |diff| %.3g, max relative L2 error %.3g over the recorded arrays\n",
+            c->model_name, threads, worst_abs, worst_rel);
     kvs_sampler_free(smp);
     kvs_model_state_free(st);
     kvs_threadpool_free(pool);
@@ -222,6 +240,59 @@ static void test_mistral_wide_heads_fp32_fixture_matches_reference(void **state)
     reference ref;
     load_reference("mistral_tiny", &ref);
     run_golden(m, &ref, 2);
+    free_reference(&ref);
+    kvs_model_free(m);
+}
+
+/* Qwen3: per-head q/k RMSNorm before RoPE, head_dim 16 given apart from hidden 32 / 4 heads, bf16, tied */
+static void test_qwen3_qk_norm_fixture_matches_reference(void **state) {
+    (void)state;
+    char p[4096];
+    path_of(p, sizeof p, "tests/fixtures/qwen3_tiny");
+    kvs_model *m;
+    assert_int_equal(kvs_model_load(p, &m), KVS_OK);
+    const kvs_model_info *info = kvs_model_info_get(m);
+    assert_string_equal(info->architecture, "Qwen3ForCausalLM");
+    assert_int_equal(info->qk_norm, 1);
+    assert_int_equal(info->qkv_bias, 0);
+    assert_int_equal(info->norm_plus_one, 0);
+    assert_int_equal(kvs_model_config_has_windows(&info->config), 0);
+    /* 2 layers x (2*32 norms + 64*32 q + 2*32*32 k/v + 32*64 o + 3*64*32 FFN + 2*16 q/k norms) + 32 + 64*32 */
+    assert_int_equal(info->n_params, 2 * (64 + 2048 + 2048 + 2048 + 6144 + 32) + 32 + 2048);
+    reference ref;
+    load_reference("qwen3_tiny", &ref);
+    run_golden(m, &ref, 1);
+    run_golden(m, &ref, 2);
+    free_reference(&ref);
+    kvs_model_free(m);
+}
+
+/* Gemma-3: sliding/full/sliding/sliding layers (layer_types; the pattern would differ) with a 6-position window
+ * that positions 7 and 20 exceed, per-kind RoPE bases (linear scaling on the full layer only), (1 + w) norms, four
+ * per layer, q/k norms, scaled embedding, GeGLU, query_pre_attn_scalar, final soft-capping. */
+static void test_gemma3_sliding_fixture_matches_reference(void **state) {
+    (void)state;
+    char p[4096];
+    path_of(p, sizeof p, "tests/fixtures/gemma3_tiny");
+    kvs_model *m;
+    assert_int_equal(kvs_model_load(p, &m), KVS_OK);
+    const kvs_model_info *info = kvs_model_info_get(m);
+    assert_string_equal(info->architecture, "Gemma3ForCausalLM");
+    assert_int_equal(info->norm_plus_one, 1);
+    assert_int_equal(info->sandwich_norm, 1);
+    assert_int_equal(info->gelu_tanh, 1);
+    assert_int_equal(info->sliding_window, 6);
+    static const int32_t win[4] = {6, 0, 6, 6};
+    for (int l = 0; l < 4; l++) assert_int_equal(kvs_model_config_window(&info->config, l), win[l]);
+    assert_true(info->embed_scale == 6.9375f); /* sqrt(48) = 6.9282 in bf16 */
+    assert_true(fabsf(info->config.attn_scale - 0.20412415f) < 1e-7f); /* 24^-1/2, not 16^-1/2 */
+    assert_true(info->final_softcap == 5.0f);
+    assert_true(info->rope_linear_factor == 4.0f && info->rope_local_theta == 10000.0f);
+    assert_true(kvs_model_is_eos(m, 1) && kvs_model_is_eos(m, 63));
+    reference ref;
+    load_reference("gemma3_tiny", &ref);
+    run_golden(m, &ref, 1);
+    run_golden(m, &ref, 3);
     free_reference(&ref);
     kvs_model_free(m);
 }
@@ -780,6 +851,8 @@ int main(void) {
         cmocka_unit_test(test_qwen2_bias_bf16_fixture_matches_reference),
         cmocka_unit_test(test_llama3_rope_scaling_sharded_fp16_matches_reference),
         cmocka_unit_test(test_mistral_wide_heads_fp32_fixture_matches_reference),
+        cmocka_unit_test(test_qwen3_qk_norm_fixture_matches_reference),
+        cmocka_unit_test(test_gemma3_sliding_fixture_matches_reference),
         cmocka_unit_test(test_llama2c_and_converted_hf_agree),
         cmocka_unit_test(test_weight_dtype_is_the_matrices_common_dtype),
         cmocka_unit_test(test_bad_llama2c_checkpoints_fail_clearly),

@@ -4,6 +4,7 @@
  */
 #include "kv_stream.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +26,7 @@ struct kvs_kv_stream {
     int64_t N;                  /* n_positions */
     int64_t pos;                /* next position to hand out */
     float scale;
+    size_t window;              /* the layer's attention window (0 = full causal attention) */
     stream_state state;
     const int32_t *tokens, *turn_of; /* [N], borrowed from the trace */
     const uint8_t *roles;            /* [N] */
@@ -76,6 +78,7 @@ kvs_status kvs_kv_stream_open(const kvs_trace *t, int layer, int kv_head, unsign
     s->d = d;
     s->N = in->n_positions;
     s->scale = m->attn_scale;
+    s->window = (size_t)kvs_model_config_window(m, layer);
     s->tokens = kvs_trace_tokens(t);
     s->turn_of = kvs_trace_turn_of(t);
     s->roles = kvs_trace_roles(t);
@@ -152,27 +155,37 @@ static kvs_status next_block(kvs_kv_stream *s) {
 }
 
 /* Full attention of every query head of the group at position p over 0..p, into s->probs / out / attn_lse
- * (and s->scores). Rows of probs are n apart, the replay engine's [group][n] layout. */
+ * (and s->scores). Rows of probs are n apart, the replay engine's [group][n] layout. A sliding-window layer's
+ * full attention is its window's: keys first..p, with probability 0 (and score -inf) before `first`. */
 static void full_attention(kvs_kv_stream *s, const float *q, size_t n) {
-    size_t d = s->d;
+    size_t d = s->d, f = s->window > 0 && n > s->window ? n - s->window : 0, w = n - f;
     if (s->kv16 != KVS_DTYPE_F32) {
-        for (size_t g = 0; g < s->G; g++) s->prow[g] = s->probs + g * n;
-        kvs_attention_group16(q, s->G, s->k16, s->v16, s->kv16, d, NULL, n, d, s->scale, s->prow, s->out, s->attn_lse);
+        for (size_t g = 0; g < s->G; g++) {
+            s->prow[g] = s->probs + g * n + f;
+            for (size_t j = 0; j < f; j++) s->probs[g * n + j] = 0;
+        }
+        kvs_attention_group16(q, s->G, s->k16 + f * d, s->v16 + f * d, s->kv16, d, NULL, w, d, s->scale, s->prow,
+                              s->out, s->attn_lse);
         return;
     }
+    const float *k = s->k + f * d, *v = s->v + f * d;
     for (size_t g = 0; g < s->G; g++) {
         const float *qg = q + g * d;
         float *probs = s->probs + g * n, *out = s->out + g * d;
+        for (size_t j = 0; j < f; j++) probs[j] = 0;
+        probs += f;
         if (s->scores) {
             /* kvs_attention()'s own three steps (kvs_math.c), so that the scores can be kept on the way:
              * the same results bit for bit (tests/test_kv_stream.c compares the two) */
             float *scores = s->scores + g * n;
-            kvs_attn_scores(qg, s->k, d, NULL, n, d, s->scale, scores);
-            memcpy(probs, scores, n * sizeof(float));
-            s->attn_lse[g] = kvs_softmax(probs, n);
-            kvs_attn_output(probs, s->v, d, NULL, n, d, out);
+            for (size_t j = 0; j < f; j++) scores[j] = -INFINITY;
+            scores += f;
+            kvs_attn_scores(qg, k, d, NULL, w, d, s->scale, scores);
+            memcpy(probs, scores, w * sizeof(float));
+            s->attn_lse[g] = kvs_softmax(probs, w);
+            kvs_attn_output(probs, v, d, NULL, w, d, out);
         } else {
-            s->attn_lse[g] = kvs_attention(qg, s->k, s->v, d, NULL, n, d, s->scale, probs, out);
+            s->attn_lse[g] = kvs_attention(qg, k, v, d, NULL, w, d, s->scale, probs, out);
         }
     }
 }

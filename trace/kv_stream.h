@@ -64,7 +64,9 @@ typedef struct {
                                FULL_ATTN `out` itself (the same numbers, computed once) */
     const float *lse;       /* [G]: stored log-sum-exp (lean trace: recomputed likewise) */
     /* KVS_KV_STREAM_FULL_ATTN (or SCORES) only, NULL otherwise: the recomputation from q, k, v */
-    const float *probs;     /* [G][n_ctx]: softmax over positions 0..pos; row g at probs + g * n_ctx */
+    const float *probs;     /* [G][n_ctx]: softmax over positions 0..pos; row g at probs + g * n_ctx. A sliding-window
+                               layer (kvs_model_config.layer_window) attends to its window only: probs 0 (scores
+                               -inf) before pos + 1 - window */
     const float *out;       /* [G][d]: sum_j probs[g][j] v[j] */
     const double *attn_lse; /* [G]: log-sum-exp of the scaled scores (kvs_attention's return value) */
     /* KVS_KV_STREAM_SCORES only, NULL otherwise */

@@ -30,6 +30,7 @@
 
 #define HDR_FIXED 152u        /* header bytes besides the settings text */
 #define HDR_SETTINGS_OFF 148u
+#define HDR_MAX (HDR_FIXED + KVS_TRACE_SETTINGS_MAX + 4u * KVS_TRACE_MAX_LAYERS) /* with the layer-window table */
 #define CHUNK_HDR 56u
 #define FOOTER_FIXED 40u
 #define INDEX_ENTRY 48u
@@ -169,9 +170,13 @@ static kvs_status check_configs(const kvs_model_config *m, const kvs_capture_con
     RANGE_CHECK("dtype", c->dtype, 0, 2);
     RANGE_CHECK("block_positions", c->block_positions, 1, KVS_TRACE_MAX_BLOCK);
     RANGE_CHECK("max_new_tokens", c->max_new_tokens, 0, INT32_MAX);
+    /* bit 2 (layer windows) is the writer's, derived from layer_window; the reader strips it before this check */
     if (c->flags & ~(KVS_TRACE_FLAG_SHUFFLE | KVS_TRACE_FLAG_QKV))
         return kvs_fail(st, "%s: flags = 0x%x has unknown bits (only bit 0, shuffle, and bit 1, lean q/k/v record, are "
                         "defined)", who, c->flags);
+    for (int l = 0; l < m->n_layers; l++)
+        if (m->layer_window[l] < 0)
+            return kvs_fail(st, "%s: layer_window[%d] = %d is negative (0 = full attention)", who, l, m->layer_window[l]);
     if (!memchr(c->settings, 0, KVS_TRACE_SETTINGS_MAX))
         return kvs_fail(st, "%s: settings text is longer than %d bytes", who, KVS_TRACE_SETTINGS_MAX - 1);
 #undef RANGE_CHECK
@@ -187,10 +192,13 @@ static void derive_sizes(trace_hdr *h) {
     h->es = kvs_dtype_size((kvs_dtype)h->cap.dtype);
 }
 
-/* Serialises the header into buf (at least HDR_FIXED + 4095 bytes); returns its size. */
+/* Serialises the header into buf (at least HDR_MAX bytes); returns its size. The layer-window table and its flag
+ * bit are written only when some layer has a window, so a full-attention model's trace is what it always was. */
 static uint32_t encode_header(const kvs_model_config *m, const kvs_capture_config *c, uint8_t *buf) {
     uint32_t slen = (uint32_t)strlen(c->settings);
-    uint32_t size = HDR_FIXED + slen;
+    int windows = kvs_model_config_has_windows(m);
+    uint32_t wlen = windows ? 4u * (uint32_t)m->n_layers : 0;
+    uint32_t size = HDR_FIXED + slen + wlen;
     memset(buf, 0, size);
     memcpy(buf, MAGIC_FILE, 8);
     kvs_put_u32(buf + 8, 1);
@@ -210,18 +218,19 @@ static uint32_t encode_header(const kvs_model_config *m, const kvs_capture_confi
     kvs_put_u32(buf + 64, (uint32_t)c->dtype);
     kvs_put_u32(buf + 68, (uint32_t)c->block_positions);
     kvs_put_u32(buf + 72, (uint32_t)c->max_new_tokens);
-    kvs_put_u32(buf + 76, c->flags);
+    kvs_put_u32(buf + 76, (c->flags & ~KVS_TRACE_FLAG_WINDOWS) | (windows ? KVS_TRACE_FLAG_WINDOWS : 0));
     size_t nlen = strnlen(m->model_name, KVS_TRACE_NAME_MAX - 1);
     memcpy(buf + 80, m->model_name, nlen); /* rest stays NUL padding */
     kvs_put_u32(buf + 144, slen);
     memcpy(buf + HDR_SETTINGS_OFF, c->settings, slen);
+    for (uint32_t l = 0; l < wlen / 4; l++) kvs_put_u32(buf + HDR_SETTINGS_OFF + slen + 4 * l, (uint32_t)m->layer_window[l]);
     kvs_put_u32(buf + size - 4, kvs_crc32(0, buf, size - 4));
     return size;
 }
 
 /* Reads and validates the header of an open file. */
 static kvs_status read_header(int fd, uint64_t file_size, const char *path, trace_hdr *h) {
-    uint8_t buf[HDR_FIXED + KVS_TRACE_SETTINGS_MAX];
+    uint8_t buf[HDR_MAX];
     memset(h, 0, sizeof *h);
     if (file_size < HDR_FIXED)
         return kvs_fail(KVS_ERR_TRUNCATED, "%s: file is %llu bytes, shorter than a trace header (%u bytes)", path,
@@ -238,13 +247,19 @@ static kvs_status read_header(int fd, uint64_t file_size, const char *path, trac
     if (slen > KVS_TRACE_SETTINGS_MAX - 1)
         return kvs_fail(KVS_ERR_FORMAT, "%s: header: settings_len = %u exceeds %d", path, slen,
                         KVS_TRACE_SETTINGS_MAX - 1);
-    if (h->header_size != HDR_FIXED + slen)
-        return kvs_fail(KVS_ERR_FORMAT, "%s: header: header_size = %u, expected 152 + settings_len = %u", path,
-                        h->header_size, HDR_FIXED + slen);
+    /* the window table's length comes from n_layers, range-checked here before it sizes anything */
+    uint32_t wl = kvs_get_u32(buf + 16);
+    int windows = (kvs_get_u32(buf + 76) & KVS_TRACE_FLAG_WINDOWS) != 0;
+    if (windows && (wl < 1 || wl > KVS_TRACE_MAX_LAYERS))
+        return kvs_fail(KVS_ERR_FORMAT, "%s: header: n_layers = %u is out of range [1, %d]", path, wl, KVS_TRACE_MAX_LAYERS);
+    uint32_t wlen = windows ? 4u * wl : 0;
+    if (h->header_size != HDR_FIXED + slen + wlen)
+        return kvs_fail(KVS_ERR_FORMAT, "%s: header: header_size = %u, expected 152 + settings_len%s = %u", path,
+                        h->header_size, windows ? " + 4 x n_layers (layer windows)" : "", HDR_FIXED + slen + wlen);
     if (h->header_size > file_size)
         return kvs_fail(KVS_ERR_TRUNCATED, "%s: file ends inside the header (%u bytes announced, file has %llu)",
                         path, h->header_size, (unsigned long long)file_size);
-    if (slen > 0 && (s = kvs_pread_all(fd, buf + HDR_FIXED, slen, HDR_FIXED, path)) != KVS_OK) return s;
+    if (slen + wlen > 0 && (s = kvs_pread_all(fd, buf + HDR_FIXED, slen + wlen, HDR_FIXED, path)) != KVS_OK) return s;
     if (kvs_crc32(0, buf, h->header_size - 4) != kvs_get_u32(buf + h->header_size - 4))
         return kvs_fail(KVS_ERR_CHECKSUM, "%s: header checksum mismatch", path);
     kvs_model_config *m = &h->model;
@@ -264,7 +279,14 @@ static kvs_status read_header(int fd, uint64_t file_size, const char *path, trac
     c->dtype = (int32_t)kvs_get_u32(buf + 64);
     c->block_positions = (int32_t)kvs_get_u32(buf + 68);
     c->max_new_tokens = (int32_t)kvs_get_u32(buf + 72);
-    c->flags = kvs_get_u32(buf + 76);
+    c->flags = kvs_get_u32(buf + 76) & ~KVS_TRACE_FLAG_WINDOWS; /* a layout bit, re-derived by every writer */
+    for (uint32_t l = 0; l < wlen / 4; l++) {
+        uint32_t v = kvs_get_u32(buf + HDR_SETTINGS_OFF + slen + 4 * l);
+        if (v > INT32_MAX)
+            return kvs_fail(KVS_ERR_FORMAT, "%s: header: layer_window[%u] = %u is out of range [0, %d]", path, l, v,
+                            INT32_MAX);
+        m->layer_window[l] = (int32_t)v;
+    }
     memcpy(m->model_name, buf + 80, KVS_TRACE_NAME_MAX);
     if (memchr(buf + HDR_SETTINGS_OFF, 0, slen))
         return kvs_fail(KVS_ERR_FORMAT, "%s: header: settings text contains a NUL byte", path);
@@ -531,7 +553,7 @@ kvs_status kvs_trace_writer_create(const char *path, const kvs_model_config *mod
         return s;
     }
     w->created = 1;
-    uint8_t hbuf[HDR_FIXED + KVS_TRACE_SETTINGS_MAX];
+    uint8_t hbuf[HDR_MAX];
     uint32_t hsize = encode_header(&w->h.model, &w->h.cap, hbuf);
     w->h.header_size = hsize;
     w->h.version = 1;
@@ -1115,16 +1137,18 @@ static kvs_status read_group_chunk(const kvs_trace *t, int layer, int kv_head, i
 
 /* Lean trace: o and lse of the block in `out` (q, k, v decoded, its k/v rows already in the history, which holds
  * every earlier position) recomputed as FORMAT.md defines them, exact causal attention in fp32 over positions
- * 0..p (kvs_attention_group: one pass over the keys for the G query heads). */
+ * 0..p, or the layer's window p - window < j <= p (kvs_attention_group: one pass over the keys for the G query
+ * heads). */
 static void recompute_outputs(block_impl *bi, kvs_trace_block *out) {
     const trace_hdr *h = &bi->owner->h;
-    size_t G = h->G, d = h->d;
+    size_t G = h->G, d = h->d, win = (size_t)kvs_model_config_window(&h->model, out->layer);
     float *rows[KVS_TRACE_MAX_HEADS];
     double lse[KVS_TRACE_MAX_HEADS];
     for (int32_t i = 0; i < out->n_pos; i++) {
-        size_t n = (size_t)out->first_pos + (size_t)i + 1;
+        size_t n = (size_t)out->first_pos + (size_t)i + 1, f = win > 0 && n > win ? n - win : 0;
+        n -= f;
         for (size_t g = 0; g < G; g++) rows[g] = bi->probs + g * n;
-        kvs_attention_group(out->q + (size_t)i * G * d, G, bi->hist_k, bi->hist_v, d, NULL, n, d,
+        kvs_attention_group(out->q + (size_t)i * G * d, G, bi->hist_k + f * d, bi->hist_v + f * d, d, NULL, n, d,
                             bi->owner->h.model.attn_scale, rows, out->o + (size_t)i * G * d, lse);
         for (size_t g = 0; g < G; g++) out->lse[(size_t)i * G + g] = (float)lse[g];
     }

@@ -48,6 +48,10 @@ typedef struct {
     float attn_scale;       /* softmax scale; 1/sqrt(head_dim) for Llama-family models */
     int32_t rope_layout;    /* kvs_rope_layout */
     char model_name[KVS_TRACE_NAME_MAX]; /* e.g. "stories260K", NUL-terminated */
+    /* Attention window of each layer in positions, the current one included (0 = full causal attention):
+     * a sliding-window layer's full cache IS its window (Gemma-3's local layers). Stored in the header only
+     * when some layer has one (KVS_TRACE_FLAG_WINDOWS, FORMAT.md); older traces read as all full. */
+    int32_t layer_window[KVS_TRACE_MAX_LAYERS];
 } kvs_model_config;
 
 /* Capture settings recorded in the header. */
@@ -62,6 +66,22 @@ typedef struct {
 #define KVS_TRACE_FLAG_SHUFFLE 1u   /* byte-shuffle arrays before zstd (default on; see FORMAT.md) */
 #define KVS_TRACE_FLAG_QKV 2u       /* lean record (`kvsim capture --record qkv`): group chunks hold q, k, v only;
                                        readers recompute o and lse from them (FORMAT.md "Lean record") */
+#define KVS_TRACE_FLAG_WINDOWS 4u   /* the header carries a per-layer attention window table (FORMAT.md "Layer
+                                       windows"); set by the writer from kvs_model_config.layer_window, never by
+                                       callers, and not reported in kvs_capture_config.flags by readers */
+
+/*! kvs_model_config_window() : the attention window of `layer` in positions (0 = full); the number of
+ *  cached positions that layer attends to at position p is min(p + 1, window) (all p + 1 when 0). */
+static inline int32_t kvs_model_config_window(const kvs_model_config *m, int layer) {
+    return layer >= 0 && layer < KVS_TRACE_MAX_LAYERS ? m->layer_window[layer] : 0;
+}
+
+/*! kvs_model_config_has_windows() : 1 when some layer of `m` has a sliding window. */
+static inline int kvs_model_config_has_windows(const kvs_model_config *m) {
+    for (int l = 0; l < m->n_layers && l < KVS_TRACE_MAX_LAYERS; l++)
+        if (m->layer_window[l] > 0) return 1;
+    return 0;
+}
 
 /* Role of a position in the sequence. */
 typedef enum { KVS_ROLE_PROMPT = 0, KVS_ROLE_GENERATED = 1 } kvs_role;

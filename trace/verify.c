@@ -199,7 +199,7 @@ static double usage(double err, double bound) {
 
 /* The bound of one row (the comment above, steps 1-5) and its verdict; the arguments are checked. */
 static void row_bound(kvs_verify_ctx *w, const kvs_verify_row *row, kvs_verify_row_result *res) {
-    size_t n = row->n, d = row->d;
+    size_t n = row->n, d = row->d, k0 = row->first;
     double scale = row->scale;
     const float *q = row->q, *o_st = row->o, *scores = row->scores, *probs = row->probs, *out = row->out;
     float m = -INFINITY;
@@ -209,15 +209,15 @@ static void row_bound(kvs_verify_ctx *w, const kvs_verify_row *row, kvs_verify_r
     for (size_t i = 0; i < d; i++) w->absq[i] = fabsf(q[i]), q1 += w->absq[i];
     double a_rel = 1 + 2 * gamma32((double)d); /* fp32 sum of d non-negative products */
     for (size_t j = 0; j < n; j++) {
-        double a = (double)kvs_dot(w->absq, w->absk + j * d, d) * a_rel;
-        double e = scale * ((2 * u + u * u) * a + eta * (1 + u) * (q1 + w->k1[j]) + (double)d * eta * eta);
+        double a = (double)kvs_dot(w->absq, w->absk + (k0 + j) * d, d) * a_rel;
+        double e = scale * ((2 * u + u * u) * a + eta * (1 + u) * (q1 + w->k1[k0 + j]) + (double)d * eta * eta);
         e += 2 * (1 + u) * (1 + u) *
              (gamma32((double)d + 2) * scale * a + (fabs((double)scores[j] - m) + 4) * VERIFY_U32);
         w->ehat[j] = (float)(e * (1 + VERIFY_U32)); /* rounded up into float */
         if (e > ehat_max) ehat_max = e;
     }
     double pe = 0, pv = 0;
-    for (size_t j = 0; j < n; j++) pe += (double)probs[j] * w->ehat[j], pv += (double)probs[j] * w->vn[j];
+    for (size_t j = 0; j < n; j++) pe += (double)probs[j] * w->ehat[j], pv += (double)probs[j] * w->vn[k0 + j];
     double e_lse = fmin(ehat_max, exp(2 * ehat_max) * pe);
     double o_norm = kvs_l2(o_st, d), out_norm = kvs_l2(out, d), err_o = 0, sqrt_d = sqrt((double)d);
     for (size_t i = 0; i < d; i++) {
@@ -236,7 +236,7 @@ static void row_bound(kvs_verify_ctx *w, const kvs_verify_row *row, kvs_verify_r
             dist += x * x;
         }
         double t = (double)w->ehat[j] + e_lse;
-        bo += p * (expm1(t) * sqrt(dist) + exp(t) * (u * w->vn[j] + eta * sqrt_d));
+        bo += p * (expm1(t) * sqrt(dist) + exp(t) * (u * w->vn[k0 + j] + eta * sqrt_d));
     }
     double arith = 2 * ((double)n + 8) * VERIFY_U32; /* step 5 */
     bo += arith * (1 + u) * exp(ehat_max + e_lse) * pv + 4 * VERIFY_U32 * out_norm;
@@ -261,8 +261,11 @@ kvs_status kvs_verify_row_check(kvs_verify_ctx *w, const kvs_verify_row *row, kv
     if (row->n < 1 || row->d != w->d)
         return kvs_fail(KVS_ERR_INVALID_ARG, "verify: row of %zu keys x %zu (the scratch's head_dim: %zu)", row->n,
                         row->d, w->d);
-    if (!fixed && row->n > w->n_keys)
-        return kvs_fail(KVS_ERR_RANGE, "verify: row over %zu keys, %zu added", row->n, w->n_keys);
+    if (!fixed && (row->first > w->n_keys || row->n > w->n_keys - row->first)) {
+        if (row->first == 0) return kvs_fail(KVS_ERR_RANGE, "verify: row over %zu keys, %zu added", row->n, w->n_keys);
+        return kvs_fail(KVS_ERR_RANGE, "verify: row over keys %zu..%zu, %zu added", row->first, row->first + row->n - 1,
+                        w->n_keys);
+    }
     res->rel = kvs_rel_l2(row->o, row->out, row->d);
     res->err_lse = fabs(row->attn_lse - (double)row->lse);
     if (isnan(res->rel)) res->rel = INFINITY;
@@ -332,6 +335,7 @@ static kvs_status verify_stream(const kvs_trace *t, int layer, int kv_head, work
     size_t N = (size_t)in->n_positions, d = (size_t)in->model.head_dim;
     size_t G = (size_t)(in->model.n_heads / in->model.n_kv_heads);
     float scale = in->model.attn_scale;
+    size_t win = (size_t)kvs_model_config_window(&in->model, layer); /* 0: full attention */
     kvs_kv_stream *st = NULL;
     kvs_status s = kvs_kv_stream_open(t, layer, kv_head, 0, &st);
     m->ctx->n_keys = 0;
@@ -345,11 +349,14 @@ static kvs_status verify_stream(const kvs_trace *t, int layer, int kv_head, work
         if (s != KVS_OK) break;
         const float *kp = x.k + p * d, *vp = x.v + p * d;
         if ((s = kvs_verify_ctx_add_key(m->ctx, p, kp, vp)) != KVS_OK) break;
+        size_t first = win > 0 && p + 1 > win ? p + 1 - win : 0; /* a sliding layer attends to its window only */
         for (size_t g = 0; g < G && s == KVS_OK; g++) {
             const float *q = x.q + g * d;
-            kvs_verify_row row = {.n = p + 1, .d = d, .scale = scale, .q = q, .v = x.v, .o = x.o + g * d,
-                                  .lse = x.lse[g], .scores = m->scores, .probs = m->probs, .out = m->out};
-            row.attn_lse = kvs_verify_attention(q, x.k, x.v, p + 1, d, scale, m->scores, m->probs, m->out);
+            const float *kw = x.k + first * d, *vw = x.v + first * d;
+            kvs_verify_row row = {.n = p + 1 - first, .d = d, .first = first, .scale = scale, .q = q, .v = vw,
+                                  .o = x.o + g * d, .lse = x.lse[g], .scores = m->scores, .probs = m->probs,
+                                  .out = m->out};
+            row.attn_lse = kvs_verify_attention(q, kw, vw, p + 1 - first, d, scale, m->scores, m->probs, m->out);
             kvs_verify_row_result res;
             if ((s = kvs_verify_row_check(m->ctx, &row, &res)) == KVS_OK)
                 stream_add_row(r, &res, (int64_t)p, kv_head * (int)G + (int)g);

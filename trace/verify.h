@@ -49,12 +49,14 @@ kvs_status kvs_verify_cfg_init(kvs_dtype dt, double tolerance, double lse_tolera
  * One row
  * ---------------------------------------------------------------------------------------------- */
 
-/* A row to check: query head g at position p, over keys 0..n-1 (n = p + 1). Every pointer is borrowed. */
+/* A row to check: query head g at position p, over keys first..first+n-1 (first 0 and n = p + 1 for a full-attention
+ * layer; a sliding-window layer's window otherwise). Every pointer is borrowed. */
 typedef struct {
     size_t n, d;            /* keys, head_dim (both >= 1) */
+    size_t first;           /* position of the first key: the ctx's keys first.. are the row's (0 = all from 0) */
     float scale;            /* softmax scale */
     const float *q;         /* [d]: stored query q~ */
-    const float *v;         /* [n][d]: stored values v~ */
+    const float *v;         /* [n][d]: stored values v~ of keys first.. */
     const float *o;         /* [d]: stored output o~ */
     float lse;              /* stored lse~ */
     /* the recomputation from q~, k~, v~ (kvs_verify_attention) */

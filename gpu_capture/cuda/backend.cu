@@ -293,6 +293,13 @@ extern "C" kvs_status kvs_cuda_backend_create(const kvs_model *m, int max_positi
         return kvs_fail(KVS_ERR_UNSUPPORTED, "%s: head_dim %d / n_heads %d / n_kv_heads %d: the CUDA backend needs an "
                         "even head_dim <= %d and at most 1024 heads", c->model_name, c->head_dim, c->n_heads,
                         c->n_kv_heads, KVS_CUDA_MAX_HEAD_DIM);
+    /* The kernels implement the Llama-family layer only: the Qwen3 / Gemma-3 steps (model.h) run on the CPU. */
+    if (info->qk_norm || info->sandwich_norm || info->gelu_tanh || info->embed_scale != 1.0f || info->final_softcap > 0 ||
+        info->query_pre_attn_scalar > 0 || info->rope_linear_factor > 1 || info->rope_local_theta > 0 ||
+        kvs_model_config_has_windows(c))
+        return kvs_fail(KVS_ERR_UNSUPPORTED, "%s (%s): the CUDA backend runs the Llama-family forward pass only (no q/k "
+                        "norms, Gemma norms, GeGLU, scaled embedding, soft-capping, linear RoPE scaling or sliding "
+                        "windows); capture it with --device cpu", c->model_name, info->architecture);
     cudaDeviceProp props;
     if ((st = probe_device(&props)) != KVS_OK) return st;
     kvs_model_weights mw;

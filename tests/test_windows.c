@@ -1,0 +1,402 @@
+/* test_windows.c — per-layer attention windows (sliding-window layers, Gemma-3's local layers) through the trace
+ * header and its readers (trace/FORMAT.md "Layer windows"):
+ * - the header's window table round-trips through the writer and the reader; a trace without windows is byte for
+ *   byte what it was (no flag bit, no table), and reads as all full;
+ * - corrupt windows (negative, an n_layers that would size the table past the limit) are refused, never crash;
+ * - a capture of the tiny Gemma-3 fixture (tests/fixtures/gemma3_tiny, windows 6,0,6,6): `kvsim info` prints the
+ *   windows, `kvsim verify` recomputes each sliding layer over its window and passes, the kv_stream's full attention
+ *   and the lean reader's recomputation equal a naive windowed attention written here from the stored q/k/v
+ *   (probability 0 outside the window), and the replay refuses the trace (it models full causal attention);
+ * - capacity plans (analysis/plan.h) of hybrid shapes: windows from a config's layer_types / Gemma-3 pattern, from a
+ *   trace header and from `--window`, each layer's cache capped at its window, against numbers computed by hand.
+ * Data is GENERATED (tests/util/gen_trace.h) except the gemma3_tiny captures.
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "analysis/plan.h"
+#include "common/kvs.h"
+#include "tests/util/cli_run.h"
+#include "tests/util/gen_trace.h"
+#include "tests/util/testenv.h"
+#include "trace/kv_stream.h"
+#include "trace/trace.h"
+#include "trace/verify.h"
+
+/* Writes the generated trace `g` to `path` with the given per-layer windows. */
+static void write_with_windows(kvs_gen_trace *g, const char *path, const int32_t *win) {
+    kvs_model_config m;
+    kvs_capture_config cp;
+    kvs_gen_trace_configs(g, &m, &cp);
+    for (int l = 0; l < m.n_layers; l++) m.layer_window[l] = win ? win[l] : 0;
+    kvs_trace_writer *w = NULL;
+    assert_int_equal(kvs_trace_writer_create(path, &m, &cp, &w), KVS_OK);
+    assert_int_equal(kvs_gen_trace_put(g, w, 0, g->opt.n_positions), KVS_OK);
+    assert_int_equal(kvs_trace_writer_close(w), KVS_OK);
+    kvs_trace_writer_free(w);
+}
+
+static kvs_gen_trace *make_gen(int n_layers) {
+    kvs_gen_trace_opts o = kvs_gen_trace_defaults();
+    o.n_layers = n_layers;
+    kvs_gen_trace *g = NULL;
+    assert_int_equal(kvs_gen_trace_create(&o, &g), KVS_OK);
+    return g;
+}
+
+/* Rewrites the header CRC of the file image `b` after an edit (header_size at offset 12). */
+static void fix_header_crc(uint8_t *b) {
+    uint32_t hs = kvs_get_u32(b + 12);
+    kvs_put_u32(b + hs - 4, kvs_crc32(0, b, hs - 4));
+}
+
+static void test_header_round_trip_and_old_layout(void **state) {
+    kvs_test_tmp *c = *state;
+    kvs_gen_trace *g = make_gen(3);
+    char plain[160], windowed[160];
+    kvs_test_tmp_path(c, "plain.kvt", plain, sizeof plain);
+    kvs_test_tmp_path(c, "win.kvt", windowed, sizeof windowed);
+    write_with_windows(g, plain, NULL);
+    static const int32_t win[3] = {5, 0, 17};
+    write_with_windows(g, windowed, win);
+    size_t n0 = 0, n1 = 0;
+    uint8_t *b0 = kvs_test_slurp(plain, &n0), *b1 = kvs_test_slurp(windowed, &n1);
+    assert_non_null(b0);
+    assert_non_null(b1);
+    uint32_t slen = kvs_get_u32(b0 + 144);
+    /* no window: the version-1 layout of before (flags bits 0-1 only, header 152 + settings) */
+    assert_int_equal(kvs_get_u32(b0 + 12), 152 + slen);
+    assert_int_equal(kvs_get_u32(b0 + 76) & KVS_TRACE_FLAG_WINDOWS, 0);
+    /* windows: flag bit 2 and the table of n_layers i32 after the settings */
+    assert_int_equal(kvs_get_u32(b1 + 12), 152 + slen + 4 * 3);
+    assert_int_equal(kvs_get_u32(b1 + 76) & KVS_TRACE_FLAG_WINDOWS, KVS_TRACE_FLAG_WINDOWS);
+    for (int l = 0; l < 3; l++) assert_int_equal(kvs_get_u32(b1 + 148 + slen + 4 * l), (uint32_t)win[l]);
+    assert_int_equal(n1, n0 + 12);
+
+    kvs_trace *t = NULL;
+    assert_int_equal(kvs_trace_open(plain, &t), KVS_OK);
+    const kvs_trace_info *in = kvs_trace_info_get(t);
+    assert_int_equal(kvs_model_config_has_windows(&in->model), 0);
+    for (int l = 0; l < 3; l++) assert_int_equal(kvs_model_config_window(&in->model, l), 0);
+    kvs_trace_close(t);
+    assert_int_equal(kvs_trace_open(windowed, &t), KVS_OK);
+    in = kvs_trace_info_get(t);
+    for (int l = 0; l < 3; l++) assert_int_equal(kvs_model_config_window(&in->model, l), win[l]);
+    assert_int_equal(in->capture.flags & KVS_TRACE_FLAG_WINDOWS, 0); /* a layout bit, not a capture setting */
+    assert_int_equal(in->capture.flags, kvs_get_u32(b0 + 76));
+    kvs_trace_close(t);
+
+    /* a negative window given to the writer is refused naming the field */
+    kvs_model_config m;
+    kvs_capture_config cp;
+    kvs_gen_trace_configs(g, &m, &cp);
+    m.layer_window[1] = -3;
+    kvs_trace_writer *w = NULL;
+    assert_int_equal(kvs_trace_writer_create(windowed, &m, &cp, &w), KVS_ERR_INVALID_ARG);
+    assert_non_null(strstr(kvs_last_error(), "layer_window[1]"));
+    free(b0);
+    free(b1);
+    kvs_gen_trace_free(g);
+}
+
+static void test_corrupt_windows_refused(void **state) {
+    kvs_test_tmp *c = *state;
+    kvs_gen_trace *g = make_gen(2);
+    char path[160], bad[160];
+    kvs_test_tmp_path(c, "win.kvt", path, sizeof path);
+    kvs_test_tmp_path(c, "bad.kvt", bad, sizeof bad);
+    static const int32_t win[2] = {4, 0};
+    write_with_windows(g, path, win);
+    size_t n = 0;
+    uint8_t *b = kvs_test_slurp(path, &n);
+    uint32_t slen = kvs_get_u32(b + 144);
+    kvs_trace *t = NULL;
+    /* a window above INT32_MAX (negative as i32), with a valid CRC */
+    uint8_t *x = malloc(n);
+    memcpy(x, b, n);
+    kvs_put_u32(x + 148 + slen, 0x80000000u);
+    fix_header_crc(x);
+    assert_int_equal(kvs_test_spit(bad, x, n), 0);
+    assert_int_equal(kvs_trace_open(bad, &t), KVS_ERR_FORMAT);
+    assert_non_null(strstr(kvs_last_error(), "layer_window[0]"));
+    /* n_layers too large to size the table from: refused before anything is read with it */
+    memcpy(x, b, n);
+    kvs_put_u32(x + 16, 5000);
+    fix_header_crc(x);
+    assert_int_equal(kvs_test_spit(bad, x, n), 0);
+    assert_int_equal(kvs_trace_open(bad, &t), KVS_ERR_FORMAT);
+    assert_non_null(strstr(kvs_last_error(), "n_layers"));
+    /* the flag cleared on a file that has the table: header_size no longer matches */
+    memcpy(x, b, n);
+    kvs_put_u32(x + 76, kvs_get_u32(x + 76) & ~KVS_TRACE_FLAG_WINDOWS);
+    fix_header_crc(x);
+    assert_int_equal(kvs_test_spit(bad, x, n), 0);
+    assert_int_equal(kvs_trace_open(bad, &t), KVS_ERR_FORMAT);
+    assert_non_null(strstr(kvs_last_error(), "header_size"));
+    /* every single flipped byte of the header: refused (CRC), never a crash */
+    for (uint32_t i = 0; i < kvs_get_u32(b + 12); i++) {
+        memcpy(x, b, n);
+        x[i] ^= 0x5a;
+        assert_int_equal(kvs_test_spit(bad, x, n), 0);
+        kvs_status s = kvs_trace_open(bad, &t);
+        assert_int_not_equal(s, KVS_OK);
+    }
+    free(x);
+    free(b);
+    kvs_gen_trace_free(g);
+}
+
+/* ---- the Gemma-3 fixture captured by the CLI ---- */
+
+static const int32_t gemma_windows[4] = {6, 0, 6, 6};
+
+static int capture_gemma(kvs_test_cli_fx *f, const char *out, const char *record) {
+    char fixture[4096];
+    snprintf(fixture, sizeof fixture, "%s/tests/fixtures/gemma3_tiny", kvs_test_root());
+    const char *args[] = {"capture", "--model", fixture, "--prompt-ids", "17,42,5,9,11,30,31,32", "--steps", "24",
+                          "--ignore-eos", "--record", record, "--out", out, NULL};
+    return kvs_test_cli_run(f, args);
+}
+
+/* Naive windowed attention in double of query q over keys/values rows [first, n) of k, v. */
+static double naive_attention(const float *q, const float *k, const float *v, size_t first, size_t n, size_t d,
+                              double scale, double *o) {
+    double m = -INFINITY, z = 0;
+    for (size_t j = first; j < n; j++) {
+        double s = 0;
+        for (size_t e = 0; e < d; e++) s += (double)q[e] * k[j * d + e];
+        m = fmax(m, s * scale);
+    }
+    for (size_t e = 0; e < d; e++) o[e] = 0;
+    for (size_t j = first; j < n; j++) {
+        double s = 0;
+        for (size_t e = 0; e < d; e++) s += (double)q[e] * k[j * d + e];
+        double p = exp(s * scale - m);
+        z += p;
+        for (size_t e = 0; e < d; e++) o[e] += p * v[j * d + e];
+    }
+    for (size_t e = 0; e < d; e++) o[e] /= z;
+    return m + log(z);
+}
+
+/* Every position of every stream of `path`: the stored (or lean-recomputed) o/lse, read by a plain stream, and the
+ * full attention of a kv_stream computing it (which on a lean trace replaces the reader's own) equal the naive window
+ * attention; probabilities outside the window are 0. */
+static void check_windowed_outputs(const char *path, double tol) {
+    kvs_trace *t = NULL;
+    assert_int_equal(kvs_trace_open(path, &t), KVS_OK);
+    const kvs_trace_info *in = kvs_trace_info_get(t);
+    for (int l = 0; l < 4; l++) assert_int_equal(kvs_model_config_window(&in->model, l), gemma_windows[l]);
+    size_t d = (size_t)in->model.head_dim;
+    int cut = 0; /* rows where the window actually cut something */
+    for (int l = 0; l < in->model.n_layers; l++)
+        for (int h = 0; h < in->model.n_kv_heads; h++) {
+            kvs_kv_stream *s = NULL, *s0 = NULL;
+            assert_int_equal(kvs_kv_stream_open(t, l, h, KVS_KV_STREAM_SCORES, &s), KVS_OK);
+            assert_int_equal(kvs_kv_stream_open(t, l, h, 0, &s0), KVS_OK);
+            kvs_kv_pos x, x0;
+            while (kvs_kv_stream_next(s, &x) == KVS_OK) {
+                assert_int_equal(kvs_kv_stream_next(s0, &x0), KVS_OK);
+                x.o = x0.o; /* the reader's: stored, or recomputed by the lean reader */
+                x.lse = x0.lse;
+                size_t n = (size_t)x.n_ctx, w = (size_t)gemma_windows[l];
+                size_t first = w > 0 && n > w ? n - w : 0;
+                cut += first > 0;
+                for (int g = 0; g < x.group; g++) {
+                    double o[64];
+                    double lse = naive_attention(x.q + (size_t)g * d, x.k, x.v, first, n, d, x.scale, o);
+                    double err = 0, nrm = 0, err2 = 0;
+                    for (size_t e = 0; e < d; e++) {
+                        err += (o[e] - x.o[(size_t)g * d + e]) * (o[e] - x.o[(size_t)g * d + e]);
+                        err2 += (o[e] - x.out[(size_t)g * d + e]) * (o[e] - x.out[(size_t)g * d + e]);
+                        nrm += o[e] * o[e];
+                    }
+                    if (!(sqrt(err / nrm) < tol) || !(fabs(lse - x.lse[g]) < tol) || !(sqrt(err2 / nrm) < 1e-5) ||
+                        !(fabs(lse - x.attn_lse[g]) < 1e-5)) {
+                        fprintf(stderr, "layer %d kv %d pos %lld head %d: stored rel %.3g lse %.3g, stream rel %.3g "
+                                "lse %.3g\n", l, h, (long long)x.pos, g, sqrt(err / nrm), fabs(lse - x.lse[g]),
+                                sqrt(err2 / nrm), fabs(lse - x.attn_lse[g]));
+                        fail();
+                    }
+                    for (size_t j = 0; j < first; j++) {
+                        assert_true(x.probs[(size_t)g * n + j] == 0);
+                        assert_true(isinf(x.scores[(size_t)g * n + j]) && x.scores[(size_t)g * n + j] < 0);
+                    }
+                }
+            }
+            kvs_kv_stream_free(s);
+            kvs_kv_stream_free(s0);
+        }
+    assert_true(cut > 0);
+    kvs_trace_close(t);
+}
+
+static void test_gemma3_capture_info_verify_readers(void **state) {
+    kvs_test_cli_fx *f = *state;
+    if (!kvs_test_kvsim_bin()) skip();
+    char full[256], lean[256];
+    snprintf(full, sizeof full, "%s/g.kvt", f->dir);
+    snprintf(lean, sizeof lean, "%s/gl.kvt", f->dir);
+    assert_int_equal(capture_gemma(f, full, "full"), 0);
+    assert_int_equal(capture_gemma(f, lean, "qkv"), 0);
+    const char *info[] = {"info", full, NULL};
+    assert_int_equal(kvs_test_cli_run(f, info), 0);
+    assert_true(kvs_test_file_has(f->out, "layer windows 6,0,6,6 (positions attended"));
+    const char *verify[] = {"verify", full, NULL};
+    assert_int_equal(kvs_test_cli_run(f, verify), 0);
+    assert_true(kvs_test_file_has(f->out, "verify: OK"));
+    /* fp16 storage: the stored o/lse against fp64 over the stored q/k/v; the lean reader's fp32 recomputation */
+    check_windowed_outputs(full, 5e-3);
+    check_windowed_outputs(lean, 1e-5);
+    /* the replay models full causal attention: a layer windowed inside the trace is refused, clearly */
+    char db[256];
+    snprintf(db, sizeof db, "%s/r.db", f->dir);
+    const char *replay[] = {"replay", full, "--db", db, "--policy", "window", "--budgets", "8", NULL};
+    int rc = kvs_test_cli_run(f, replay);
+    assert_true(rc != 0 && rc < 128);
+    assert_true(kvs_test_file_has(f->err, "sliding window of 6 positions"));
+    /* plan from the trace header and from the fixture's config.json: 4 layers, 2 KV heads, head_dim 16 (64 bytes per
+     * token per (layer, KV head) in fp16); at 10 positions: 1 full layer x 10 + 3 windowed x 6 = 28 tokens x 2 x 64
+     * = 3584 bytes; --window 0: 4 x 10 x 128 = 5120 */
+    char fixture[4096];
+    snprintf(fixture, sizeof fixture, "%s/tests/fixtures/gemma3_tiny", kvs_test_root());
+    const char *plan_t[] = {"plan", "--trace", full, "--context", "10", "--csv", NULL};
+    assert_int_equal(kvs_test_cli_run(f, plan_t), 0);
+    assert_true(kvs_test_file_has(f->out, "full,full,full cache,,10,0,1,3584,"));
+    const char *plan_c[] = {"plan", "--config", fixture, "--context", "10", NULL};
+    assert_int_equal(kvs_test_cli_run(f, plan_c), 0);
+    assert_true(kvs_test_file_has(f->out, "windows     3 of 4 layers attend to the last 6 positions"));
+    const char *plan_c0[] = {"plan", "--config", fixture, "--context", "10", "--window", "0", "--csv", NULL};
+    assert_int_equal(kvs_test_cli_run(f, plan_c0), 0);
+    assert_true(kvs_test_file_has(f->out, "full,full,full cache,,10,0,1,5120,"));
+    const char *plan_bad[] = {"plan", "--config", fixture, "--window", "6/0", NULL};
+    assert_int_equal(kvs_test_cli_run(f, plan_bad), 2);
+    assert_true(kvs_test_file_has(f->err, "--window: '6/0' is not W"));
+}
+
+/* A window row's bound uses the window's keys: the row (first = 5, 7 keys) over a scratch holding keys 0..11 is judged
+ * exactly as the same row over a scratch holding only keys 5..11 (first = 0). */
+static void test_verify_window_row_bound(void **state) {
+    (void)state;
+    enum { N = 12, D = 8, F = 5 };
+    float k[N * D], v[N * D], q[D], scores[N], probs[N], out[D], o[D];
+    uint64_t x = 88172645463325252ull;
+    for (int i = 0; i < N * D; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        k[i] = (float)((double)(x >> 11) / 9007199254740992.0 * 4 - 2) * (i < F * D ? 8.0f : 1.0f); /* big old keys */
+        v[i] = (float)((double)(x >> 20) / 8796093022208.0 * 2 - 1) * (i < F * D ? 8.0f : 1.0f);
+    }
+    for (int i = 0; i < D; i++) q[i] = k[(N - 1) * D + i];
+    kvs_verify_cfg cfg;
+    assert_int_equal(kvs_verify_cfg_init(KVS_DTYPE_F16, -1, -1, &cfg), KVS_OK);
+    kvs_verify_ctx *all = NULL, *win = NULL;
+    assert_int_equal(kvs_verify_ctx_create(&cfg, N, D, &all), KVS_OK);
+    assert_int_equal(kvs_verify_ctx_create(&cfg, N, D, &win), KVS_OK);
+    for (int j = 0; j < N; j++) assert_int_equal(kvs_verify_ctx_add_key(all, (size_t)j, k + j * D, v + j * D), KVS_OK);
+    for (int j = F; j < N; j++)
+        assert_int_equal(kvs_verify_ctx_add_key(win, (size_t)(j - F), k + j * D, v + j * D), KVS_OK);
+    double lse = kvs_verify_attention(q, k + F * D, v + F * D, N - F, D, 0.35f, scores, probs, out);
+    for (int i = 0; i < D; i++) o[i] = out[i] * 1.001f; /* a stored output a little off */
+    kvs_verify_row row = {.n = N - F, .d = D, .first = F, .scale = 0.35f, .q = q, .v = v + F * D, .o = o,
+                          .lse = (float)lse + 1e-4f, .scores = scores, .probs = probs, .out = out, .attn_lse = lse};
+    kvs_verify_row_result ra, rw;
+    assert_int_equal(kvs_verify_row_check(all, &row, &ra), KVS_OK);
+    row.first = 0;
+    assert_int_equal(kvs_verify_row_check(win, &row, &rw), KVS_OK);
+    assert_true(ra.bound_o == rw.bound_o && ra.bound_lse == rw.bound_lse && ra.pass == rw.pass);
+    assert_true(rw.bound_o > 0 && rw.bound_lse > 0);
+    /* keys beyond what was added are refused, naming the range */
+    row.first = 8;
+    assert_int_equal(kvs_verify_row_check(all, &row, &ra), KVS_ERR_RANGE);
+    assert_non_null(strstr(kvs_last_error(), "keys 8..14, 12 added"));
+    kvs_verify_ctx_free(all);
+    kvs_verify_ctx_free(win);
+}
+
+/* ---- capacity plans of hybrid shapes ---- */
+
+static void test_plan_windows_by_hand(void **state) {
+    kvs_test_tmp *c = *state;
+    char cfg[160];
+    kvs_test_tmp_path(c, "config.json", cfg, sizeof cfg);
+    /* 6 layers, 2 of them full (layer_types), window 4; 2 KV heads of head_dim 4: 2 x 4 x 2 = 16 bytes per token per
+     * (layer, KV head) in fp16 */
+    assert_int_equal(kvs_test_spit_text(cfg, "{\"model_type\":\"gemma3_text\",\"num_hidden_layers\":6,"
+        "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":4,\"hidden_size\":16,"
+        "\"intermediate_size\":32,\"vocab_size\":10,\"max_position_embeddings\":64,\"sliding_window\":4,"
+        "\"layer_types\":[\"sliding_attention\",\"sliding_attention\",\"full_attention\",\"sliding_attention\","
+        "\"sliding_attention\",\"full_attention\"]}"), 0);
+    kvs_plan_model m;
+    assert_int_equal(kvs_plan_model_from_config(cfg, &m), KVS_OK);
+    assert_int_equal(m.window, 4);
+    assert_int_equal(m.window_layers, 4);
+    kvs_plan_setup s = {.model = m, .kv_elem_bytes = 2, .weight_elem_bytes = 2, .n_gpus = 1};
+    /* prompt 10, 2 generated (n = 12; the peak is at the end): per KV head and token 16 bytes, x 2 KV heads
+     *   full:              2 full layers x 12 + 4 windowed x min(12, 4) = 24 + 16 = 40 tokens  -> 40 x 32 = 1280
+     *   constant B = 8:    2 x min(12, 8) + 4 x min(8, 4)             = 16 + 16 = 32 tokens  -> 1024
+     *   prompt-only B = 3: 2 x (min(10, 3) + 2) + 4 x min(5, 4)       = 10 + 16 = 26 tokens  -> 832 */
+    const struct {
+        kvs_plan_kind kind;
+        int64_t budget;
+        double bytes;
+    } want[3] = {{KVS_PLAN_FULL, 0, 1280}, {KVS_PLAN_CONSTANT, 8, 1024}, {KVS_PLAN_PROMPT_ONLY, 3, 832}};
+    for (int i = 0; i < 3; i++) {
+        kvs_plan_policy pol = {.kind = want[i].kind, .budget = want[i].budget};
+        kvs_plan_point p;
+        assert_int_equal(kvs_plan_eval(&s, &pol, 10, 2, 1, &p), KVS_OK);
+        if (p.seq_device_bytes != want[i].bytes) {
+            fprintf(stderr, "kind %d: %g bytes, by hand %g\n", (int)want[i].kind, p.seq_device_bytes, want[i].bytes);
+            fail();
+        }
+    }
+    /* max context with a pool of 1000 bytes at batch 1, no response: 2 x 2 x 16 x C + 4 x 2 x 16 x min(C, 4)
+     * <= 1000 -> 64 C + 512 <= 1000 -> C = 7 (without windows 6 x 32 x C <= 1000: C = 5) */
+    s.gpu_bytes = 1000 + kvs_plan_weight_bytes(&s);
+    kvs_plan_policy full = {.kind = KVS_PLAN_FULL};
+    kvs_plan_point p;
+    assert_int_equal(kvs_plan_eval(&s, &full, 4, 0, 1, &p), KVS_OK);
+    assert_int_equal(p.max_context_memory, 7);
+    /* --window: W/K on 6 layers (every 3rd full: 4 windowed), W alone (all), 0 (none); bad forms refused */
+    assert_int_equal(kvs_plan_window_parse("4/3", &m), KVS_OK);
+    assert_true(m.window == 4 && m.window_layers == 4);
+    assert_int_equal(kvs_plan_window_parse("1024/6", &m), KVS_OK);
+    assert_true(m.window == 1024 && m.window_layers == 5);
+    assert_int_equal(kvs_plan_window_parse("7", &m), KVS_OK);
+    assert_true(m.window == 7 && m.window_layers == 6);
+    assert_int_equal(kvs_plan_window_parse("0", &m), KVS_OK);
+    assert_true(m.window == 0 && m.window_layers == 0);
+    static const char *const bad[] = {"", "x", "-1", "4/", "4/0", "4/x", "4/3/2", "99999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        assert_int_equal(kvs_plan_window_parse(bad[i], &m), KVS_ERR_INVALID_ARG);
+        assert_non_null(strstr(kvs_last_error(), "--window"));
+    }
+    /* a trace header's windows */
+    kvs_model_config mc;
+    memset(&mc, 0, sizeof mc);
+    mc.n_layers = 4;
+    mc.n_heads = mc.n_kv_heads = 1;
+    mc.head_dim = 8;
+    memcpy(mc.layer_window, gemma_windows, sizeof gemma_windows);
+    kvs_plan_model_from_trace(&mc, NULL, "t", &m);
+    assert_true(m.window == 6 && m.window_layers == 3);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_header_round_trip_and_old_layout, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_corrupt_windows_refused, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test_setup_teardown(test_gemma3_capture_info_verify_readers, kvs_test_cli_setup,
+                                        kvs_test_cli_teardown),
+        cmocka_unit_test(test_verify_window_row_bound),
+        cmocka_unit_test_setup_teardown(test_plan_windows_by_hand, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
