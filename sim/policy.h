@@ -336,6 +336,10 @@ struct kvs_policy_ops {
      * budget) receives as init->shared (D2O layer splits, SyncKV head clusters). Called after alloc_end;
      * owned by `alloc`, which the engine frees only after every instance of the run is freed. */
     const void *(*alloc_shared)(void *alloc);
+    /* Optional (only with the four above): 1 when alloc_prefill of different (layer, KV head) pairs may run at
+     * once on different threads, in any order (each writes only what belongs to its pair); the engine then reads
+     * the heads in parallel. 0 (the default): called in (layer, KV head) order on one thread. */
+    int alloc_concurrent;
 
     /* Optional: the policy's current retention scores, what it ranks by (H2O's accumulated attention, TOVA's last
      * attention, SnapKV's pooled observation scores ...), of the positions idx[0..n) of list g (per-KV-head
