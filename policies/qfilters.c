@@ -14,7 +14,8 @@
  * rope_theta, layout, attn_scale), every position of it (Δ-REF 4: all rows, not a 3000-row subsample), loaded once
  * in the allocation pass; or the keyword `self`: the replayed trace's own FIRST-TURN PROMPT queries — a labelled
  * deviation from the paper, which calibrates offline and input-agnostically; its decode queries are never used
- * (that would leak the future), and every run says so in its notes. `self` is the default only so that a run
+ * (that would leak the future), and every run says so in its notes. A self filter depends on the prompt's queries
+ * only: computed once per (layer, KV head) and shared by every configuration of a replay (kvs_policy_shared). `self` is the default only so that a run
  * without a calibration trace is possible; the paper's setting is a calibration trace.
  *
  * Decisions: ties in TOPK keep the older position (POLICY_SPEC §1.4); scores are cached per resident key (d MACs

@@ -41,11 +41,12 @@
  *    not see: not offered; GQA pooling is the code's default `max` only.
  * Speed: a compression of m resident keys costs m(m − 1)/2 · d multiply-adds for the cosines (each pair once) plus
  * G·α·(m − α)·d for the logits; the prompt's compression scores every prompt key, so at the bench's shape (2 layers,
- * 2 KV heads, d 128, a 7680-position prompt, budgets 128..2048) it is 7680·7679/2·128 = 3.8e9 per (layer, KV head,
- * budget), 1.2e11 for the 8 budgets, against decode events of B²·d/2 every Δ steps. That is the method's own cost
- * (the reference builds the same m x m matrix): measured at that shape on one thread, 26.6 CPU s against H2O's 4.2
- * (6.3x; ChunkKV 1.6, CurDKV 2.0, LagKV 3.5). Sharing the prompt's cosines between the budgets of one replay (they
- * see the same keys) would need a new memo entry in sim/policy_memo.h; not done. The `fixed` preset (Δ = 1) scores
+ * 2 KV heads, d 128, a 7680-position prompt, budgets 128..2048) it is 7680·7679/2·128 = 3.8e9 per (layer, KV head),
+ * against decode events of B²·d/2 every Δ steps. That is the method's own cost (the reference builds the same
+ * m x m matrix), but it does not depend on the budget: the redundancy of a compression is shared by the
+ * configurations of a replay task that hold the same keys at the same position (kvs_policy_shared, keyed by the held
+ * positions, m, d, sim_thr and ref_quirks), so the prompt's is computed once for every budget below the prompt
+ * (sim/BENCH.md "Policies against H2O" has the time). The `fixed` preset (Δ = 1) scores
  * at every step, B²·d/2 a step: 175 CPU s there (41x H2O); keeping the cosine column sums across steps (one key in,
  * one out: O(B·d) a step) would remove that, at the price of tracking every row's exempted entry; not done.
  * Accounting: KV as the default (the attended set); AUX the query cache G·α·d elements per KV head (kv_bytes,

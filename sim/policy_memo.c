@@ -3,7 +3,8 @@
  * of one kvs_attn_colsum / kvs_snapkv_scores call (row pointers, candidates copied, every option), of one
  * kvs_page_scores_rows call (query rows copied, the layout, and what the summaries are a function of), of the
  * values one top-k selection ranks (the rows copied) and its output, or of the page scores one page selection
- * ranks (copied) and its ranking; a lookup compares all of it, so a hit is the same computation and its bits are
+ * ranks (copied) and its ranking, or of a policy's own result (kvs_policy_shared: a tag, the view's rows and the
+ * caller's key bytes, copied); a lookup compares all of it, so a hit is the same computation and its bits are
  * the ones computing would give (for the top-k and the pages: the ranking's first entries, which the order makes
  * the select's set).
  */
