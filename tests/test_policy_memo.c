@@ -531,6 +531,7 @@ static void test_shared_keyed_by_everything(void **st) {
     assert_int_equal(f.calls, 2);
     assert_int_equal(kvs_policy_memo_hits(m), 2);
     kvs_policy_memo_free(m);
+    free(x.scratch);
 }
 
 /* A caller that leaves a parameter out of its key (the same key bytes, another answer) aborts in checked mode on
