@@ -27,7 +27,9 @@
  *    account() is called at every decode step after select() and before observe(), so it sees the
  *    attention-time state. Per-(layer, KV head) budgets and any shared prepass structure come from the
  *    optional allocation pass (alloc_*), run once per (configuration, budget) over the first turn's
- *    prompt of every layer and KV head before any instance is created (PyramidKV, Ada-KV, D2O, SyncKV).
+ *    prompt of every layer and KV head before any instance is created (PyramidKV, Ada-KV, D2O, SyncKV); a
+ *    prompt scoring there that does not depend on the budget goes through kvs_policy_shared (sim/policy_memo.h),
+ *    so the budgets of a sweep compute it once.
  * 5. Optional capabilities, each NULL / unset by default, each exercised by a test policy in
  *    tests/test_policy_v2.c:
  *    - merged slots: select() may point an entry at policy-owned K/V rows (sel->row_k/row_v) instead of
