@@ -105,36 +105,42 @@ kvs_status kvs_duo_read_pattern(const char *path, int L, int Hkv, double *gates)
     return st;
 }
 
-void kvs_duo_probe(const float *q, const float *k, const float *v, int64_t i, int d, double scale, int64_t n_s,
-                   int64_t n_r, double *mass, double *err, double *scratch) {
-    double mx = -INFINITY, z = 0, zs = 0;
-    double *o = scratch, *os = scratch + d, *lg = scratch + 2 * d;
-    for (int t = 0; t < 2 * d; t++) o[t] = 0;
-    for (int64_t j = 0; j <= i; j++) {
-        double s = 0;
-        for (int t = 0; t < d; t++) s += (double)q[t] * (double)k[(size_t)j * (size_t)d + (size_t)t];
-        lg[j] = s * scale;
-        if (lg[j] > mx) mx = lg[j];
-    }
-    for (int64_t j = 0; j <= i; j++) {
-        double e = exp(lg[j] - mx);
-        int in_str = j < n_s || j > i - n_r;
-        z += e;
-        if (in_str) zs += e;
-        for (int t = 0; t < d; t++) {
-            double x = e * (double)v[(size_t)j * (size_t)d + (size_t)t];
-            o[t] += x;
-            if (in_str) os[t] += x;
+void kvs_duo_probe(const float *q, int nq, const float *k, const float *v, int64_t i, int d, float scale, int64_t n_s,
+                   int64_t n_r, double *mass, double *err, float *scratch) {
+    size_t n = (size_t)i + 1, D = (size_t)d;
+    /* the streaming set: sinks [0, ns) and the recent window [lo, n), disjoint */
+    int64_t ns = n_s < (int64_t)n ? n_s : (int64_t)n, lo = i - n_r + 1 > ns ? i - n_r + 1 : ns;
+    enum { ROWS = 16 }; /* query rows per attention call (their probability rows' pointers live on the stack) */
+    float *o = scratch, *os = o + (size_t)nq * D, *tmp = os + D, *probs = tmp + D;
+    for (int r0 = 0; r0 < nq; r0 += ROWS) {
+        int nr = nq - r0 < ROWS ? nq - r0 : ROWS;
+        float *rows[ROWS];
+        for (int r = 0; r < nr; r++) rows[r] = probs + (size_t)r * n;
+        /* full attention of the rows over 0..i, each key and value row read once for all of them */
+        kvs_attention_group(q + (size_t)r0 * D, (size_t)nr, k, v, D, NULL, n, D, scale, rows, o, NULL);
+        for (int r = 0; r < nr; r++) {
+            const float *p = rows[r], *of = o + (size_t)r * D;
+            double z = 0, zs = 0;
+            for (size_t j = 0; j < n; j++) z += p[j];
+            for (int64_t j = 0; j < ns; j++) zs += p[j];
+            for (size_t j = (size_t)lo; j < n; j++) zs += p[j];
+            kvs_attn_output(p, v, D, NULL, (size_t)ns, D, os);
+            kvs_attn_output(p + lo, v + (size_t)lo * D, D, NULL, n - (size_t)lo, D, tmp);
+            double num = 0, den = 0;
+            for (int t = 0; t < d; t++) { /* O_str renormalised over the set's own mass */
+                double a = (double)of[t] / z, b = ((double)os[t] + (double)tmp[t]) / zs;
+                num += (a - b) * (a - b);
+                den += a * a;
+            }
+            *mass += 1.0 - zs / z;
+            *err += den > 0 ? sqrt(num / den) : 0.0;
         }
     }
-    double num = 0, den = 0;
-    for (int t = 0; t < d; t++) {
-        double a = o[t] / z, b = os[t] / zs;
-        num += (a - b) * (a - b);
-        den += a * a;
-    }
-    *mass += 1.0 - zs / z;
-    *err += den > 0 ? sqrt(num / den) : 0.0;
+}
+
+size_t kvs_duo_probe_scratch(int nq, int d, int64_t i) {
+    int rows = nq < 16 ? nq : 16;
+    return (size_t)(nq + 2) * (size_t)d + (size_t)rows * (size_t)(i + 1);
 }
 
 double kvs_duo_sparsity(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget) {
@@ -324,4 +330,5 @@ const struct kvs_policy_ops kvs_policy_duo = {
     .alloc_end = duo_alloc_end,
     .alloc_free = kvs_duo_alloc_free,
     .alloc_shared = kvs_duo_alloc_shared,
+    .alloc_concurrent = 1,
 };

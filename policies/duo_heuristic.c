@@ -6,7 +6,9 @@
  * index) and runs duo.c's instance (retrieval heads keep everything, streaming heads n_s sinks + n_r recent).
  *
  * Scores, over the probe positions = the last min(probe, P − n_s − n_r) prompt positions and the G query heads of the
- * KV head (fp64, from the prompt's q/k/v of that head):
+ * KV head (from the prompt's q/k/v of that head; the attention in fp32 on the shared SIMD routines, the sums in fp64;
+ * computed once per (layer, KV head, n_s, n_r, probe count) and shared by every configuration of a replay through
+ * the allocation pass's memo, sim/policy_memo.h kvs_policy_shared):
  *  - outerr (default; closest to the training objective): mean relative output error ‖O − O_str‖/‖O‖ of attending only
  *    {0..n_s−1} ∪ {i−n_r+1..i} instead of 0..i;
  *  - mass: mean attention mass that streaming set loses.
@@ -15,7 +17,9 @@
  * (a note says so). Never report this as "DuoAttention" without its name.
  */
 #include <stdlib.h>
+#include <string.h>
 
+#include "../sim/policy_memo.h"
 #include "duo_internal.h"
 #include "registry.h"
 
@@ -80,6 +84,31 @@ static kvs_status duoh_alloc_begin(const kvs_policy_config *cfg, const kvs_polic
     return KVS_OK;
 }
 
+/* The probes of one (layer, KV head): the sums of the lost mass and of the output error over the last n_probe prompt
+ * positions and the group's query rows. Budget-independent: every configuration with the same n_s, n_r and probe
+ * count shares them (kvs_policy_shared), whatever its sparsity or score. */
+typedef struct {
+    const kvs_policy_view *v;
+    int64_t n_s, n_r, n_probe;
+    float scale;
+} duoh_probes;
+
+static kvs_status duoh_probe_sums(void *ctx, void *out) {
+    const duoh_probes *c = ctx;
+    const kvs_policy_view *v = c->v;
+    int64_t P = v->n;
+    float *scratch = malloc(kvs_duo_probe_scratch(v->group, v->head_dim, P - 1) * sizeof *scratch);
+    if (!scratch) return kvs_fail(KVS_ERR_NOMEM, "duo_heuristic: out of memory");
+    double sums[2] = {0, 0}; /* mass, err */
+    for (int64_t i = P - c->n_probe; i < P; i++) {
+        const float *q = v->q + (size_t)(i - v->q_first) * (size_t)v->group * (size_t)v->head_dim;
+        kvs_duo_probe(q, v->group, v->k, v->v, i, v->head_dim, c->scale, c->n_s, c->n_r, &sums[0], &sums[1], scratch);
+    }
+    free(scratch);
+    memcpy(out, sums, sizeof sums);
+    return KVS_OK;
+}
+
 static kvs_status duoh_alloc_prefill(void *alloc, int layer, int kv_head, const kvs_policy_view *v) {
     duoh_alloc *a = alloc;
     if (layer < 0 || layer >= a->map.L || kv_head < 0 || kv_head >= a->map.Hkv)
@@ -90,16 +119,14 @@ static kvs_status duoh_alloc_prefill(void *alloc, int layer, int kv_head, const 
     int64_t P = v->n, n_probe = P - a->n_s - a->n_r;
     if (n_probe > a->probe) n_probe = a->probe;
     if (n_probe <= 0) return KVS_OK; /* no probe: ρ = 0 */
-    double *scratch = malloc((size_t)(2 * a->d + P) * sizeof *scratch);
-    if (!scratch) return kvs_fail(KVS_ERR_NOMEM, "duo_heuristic: out of memory");
-    double mass = 0, err = 0;
-    for (int64_t i = P - n_probe; i < P; i++)
-        for (int g = 0; g < a->G; g++) {
-            const float *q = v->q + ((size_t)(i - v->q_first) * (size_t)v->group + (size_t)g) * (size_t)a->d;
-            kvs_duo_probe(q, v->k, v->v, i, a->d, a->scale, a->n_s, a->n_r, &mass, &err, scratch);
-        }
-    free(scratch);
-    a->rho[c] = (a->score == DUOH_MASS ? mass : err) / (double)(n_probe * a->G);
+    duoh_probes ctx = {.v = v, .n_s = a->n_s, .n_r = a->n_r, .n_probe = n_probe, .scale = (float)a->scale};
+    int64_t key[4] = {a->n_s, a->n_r, n_probe, 0};
+    memcpy(&key[3], &ctx.scale, sizeof ctx.scale); /* the upper bytes stay 0 */
+    double sums[2];
+    kvs_status st = kvs_policy_shared(v, "duo_heuristic.probes", key, sizeof key, sums, sizeof sums, duoh_probe_sums,
+                                      &ctx);
+    if (st != KVS_OK) return st;
+    a->rho[c] = (a->score == DUOH_MASS ? sums[0] : sums[1]) / (double)(n_probe * a->G);
     return KVS_OK;
 }
 
@@ -150,4 +177,5 @@ const struct kvs_policy_ops kvs_policy_duo_heuristic = {
     .alloc_end = duoh_alloc_end,
     .alloc_free = duoh_alloc_free,
     .alloc_shared = kvs_duo_alloc_shared,
+    .alloc_concurrent = 1,
 };

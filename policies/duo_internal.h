@@ -7,6 +7,7 @@
 #ifndef KVS_POLICIES_DUO_INTERNAL_H
 #define KVS_POLICIES_DUO_INTERNAL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "../sim/policy.h"
@@ -22,11 +23,16 @@ int kvs_duo_type(const double *score, int n, double sparsity, double threshold, 
  *  names the file, line and what was found) when the shape is not (L, Hkv) or a value is not a number. */
 kvs_status kvs_duo_read_pattern(const char *path, int L, int Hkv, double *gates);
 
-/*! kvs_duo_probe() : one probe position i of one query head (q [d]; keys and values rows 0..i of the head, [i+1][d]):
- *  adds to *mass the attention mass the streaming set {0..n_s−1} ∪ {i−n_r+1..i} loses (1 − its share), and to *err
- *  the relative output error ‖O − O_str‖/‖O‖ of attending only that set (fp64). scratch: [2d + i + 1] doubles. */
-void kvs_duo_probe(const float *q, const float *k, const float *v, int64_t i, int d, double scale, int64_t n_s,
-                   int64_t n_r, double *mass, double *err, double *scratch);
+/*! kvs_duo_probe() : one probe position i of nq query rows of one KV head (q [nq][d]; keys and values rows 0..i of
+ *  the head, [i+1][d]): adds to *mass, for each row, the attention mass the streaming set {0..n_s−1} ∪ {i−n_r+1..i}
+ *  loses (1 − its share), and to *err the relative output error ‖O − O_str‖/‖O‖ of attending only that set. The
+ *  attention is fp32 on the shared SIMD routines (common/kvs_math.h kvs_attention_group, kvs_attn_output), as every
+ *  other policy's; the shares and the error are summed in fp64. scratch: kvs_duo_probe_scratch(nq, d, i) floats. */
+void kvs_duo_probe(const float *q, int nq, const float *k, const float *v, int64_t i, int d, float scale, int64_t n_s,
+                   int64_t n_r, double *mass, double *err, float *scratch);
+
+/*! kvs_duo_probe_scratch() : floats of kvs_duo_probe's scratch for nq rows at probe position i. */
+size_t kvs_duo_probe_scratch(int nq, int d, int64_t i);
 
 /* The map both tables' allocation passes hand to every instance (alloc_shared): streaming[layer·Hkv + kv_head]. */
 typedef struct {

@@ -24,7 +24,9 @@
  *  - Accounting: the resident positions (the default); the reference only masks what Ada-KV prunes and keeps all P
  *    (mem_ref_masked = 2dP), which kvsim does not count: the flattened Ada-KV layout is what the budget means.
  *  - DECODE mode (periodic compression while generating) is not in this file: a policy has one budget scope.
- * Cost: per compression G (|I| d^2 + |cand| (d + d^2)) MACs, once per prompt.
+ * Cost: per compression G (|I| d^2 + |cand| (d + d^2)) MACs, once per prompt and (layer, KV head): the budgets of a
+ * replay share it (kvs_policy_shared, keyed by the parameters that enter the score; the allocation pass reads the
+ * heads in parallel).
  */
 #include "ea_internal.h"
 
@@ -35,6 +37,7 @@
 
 #include "../common/kvs_math.h"
 #include "../common/kvs_rope.h"
+#include "../sim/policy_memo.h"
 #include "../trace/trace.h"
 #include "registry.h"
 
@@ -156,6 +159,46 @@ done:
     return st;
 }
 
+/* kvs_ea_scores of the candidates over a view, shared by the configurations of a replay that ask for the same
+ * computation (kvs_policy_shared: the budgets of a sweep score the first prompt alike). The key is everything the
+ * score depends on besides the view's rows: the parameters that enter it (T_f, n_sink, use_cov, use_vnorm, eps),
+ * the RoPE frequencies (theta, head_dim and the scaling), the layout, the softmax scale and the candidates. */
+typedef struct {
+    const kvs_ea_params *p;
+    const double *freq;
+    int layout;
+    double scale;
+    const kvs_policy_view *v;
+    const int32_t *cand;
+    int64_t nc;
+} ea_job;
+
+static kvs_status ea_job_run(void *ctx, void *out) {
+    const ea_job *j = ctx;
+    const kvs_policy_view *v = j->v;
+    return kvs_ea_scores(j->p, j->freq, j->layout, j->scale, v->group, v->head_dim, v->q, v->q_first, v->n_q, v->n,
+                         v->k, v->v, j->cand, j->nc, out);
+}
+
+static kvs_status ea_scores_shared(const kvs_policy_view *v, const kvs_ea_params *p, const double *freq, int layout,
+                                   double scale, const int32_t *cand, int64_t nc, double *score) {
+    ea_job job = {.p = p, .freq = freq, .layout = layout, .scale = scale, .v = v, .cand = cand, .nc = nc};
+    if (!v->memo) return ea_job_run(&job, score);
+    enum { HEAD = 8 };
+    size_t nf = (size_t)v->head_dim / 2, head = (HEAD + nf) * sizeof(double);
+    unsigned char *key = malloc(head + (size_t)nc * sizeof(int32_t));
+    if (!key) return ea_job_run(&job, score); /* no memory for the key: computed, not shared */
+    double h[HEAD] = {(double)p->n_future, (double)p->n_sink, p->use_cov, p->use_vnorm, p->eps, layout, scale,
+                      (double)nc};
+    memcpy(key, h, sizeof h);
+    memcpy(key + sizeof h, freq, nf * sizeof(double));
+    memcpy(key + head, cand, (size_t)nc * sizeof(int32_t));
+    kvs_status st = kvs_policy_shared(v, "ea.scores", key, head + (size_t)nc * sizeof(int32_t), score,
+                                      (size_t)nc * sizeof(double), ea_job_run, &job);
+    free(key);
+    return st;
+}
+
 /* ---- Ada-KV allocation --------------------------------------------------------------------------------------- */
 
 typedef struct {
@@ -269,9 +312,8 @@ static kvs_status ea_alloc_prefill(void *alloc, int layer, int kv_head, const kv
     if (!cand) return kvs_fail(KVS_ERR_NOMEM, "ea: out of memory");
     for (int64_t j = 0; j < a->P; j++) cand[j] = (int32_t)j;
     kvs_ea_params p = params_of(&a->cfg);
-    kvs_status st = kvs_ea_scores(&p, a->freq, a->m.rope_layout, a->m.scale, v->group, v->head_dim, v->q, v->q_first,
-                                  v->n_q, v->n, v->k, v->v, cand, a->P,
-                                  a->scores + ((size_t)layer * a->m.n_kv_heads + kv_head) * (size_t)a->P);
+    kvs_status st = ea_scores_shared(v, &p, a->freq, a->m.rope_layout, a->m.scale, cand, a->P,
+                                     a->scores + ((size_t)layer * a->m.n_kv_heads + kv_head) * (size_t)a->P);
     free(cand);
     return st;
 }
@@ -361,8 +403,7 @@ static kvs_status ea_prefill(void *state, const kvs_policy_view *v) {
     if (s->first_scores && v->turn_begin == 0 && nc == s->first_n) {
         memcpy(s->score, s->first_scores, (size_t)nc * sizeof *s->score); /* scored once, in the allocation pass */
     } else {
-        kvs_status st = kvs_ea_scores(&s->p, s->freq, s->m.rope_layout, v->scale, v->group, v->head_dim, v->q,
-                                      v->q_first, v->n_q, v->n, v->k, v->v, s->cand, nc, s->score);
+        kvs_status st = ea_scores_shared(v, &s->p, s->freq, s->m.rope_layout, v->scale, s->cand, nc, s->score);
         if (st != KVS_OK) return st;
     }
     if (s->adakv) {
@@ -426,4 +467,5 @@ const struct kvs_policy_ops kvs_policy_ea = {
     .alloc_end = ea_alloc_end,
     .alloc_free = ea_alloc_free,
     .alloc_shared = ea_alloc_shared,
+    .alloc_concurrent = 1,
 };

@@ -14,7 +14,8 @@
  * rope_theta, layout, attn_scale), every position of it (Δ-REF 4: all rows, not a 3000-row subsample), loaded once
  * in the allocation pass; or the keyword `self`: the replayed trace's own FIRST-TURN PROMPT queries — a labelled
  * deviation from the paper, which calibrates offline and input-agnostically; its decode queries are never used
- * (that would leak the future), and every run says so in its notes. `self` is the default only so that a run
+ * (that would leak the future), and every run says so in its notes. A self filter depends on the prompt's queries
+ * only: computed once per (layer, KV head) and shared by every configuration of a replay (kvs_policy_shared). `self` is the default only so that a run
  * without a calibration trace is possible; the paper's setting is a calibration trace.
  *
  * Decisions: ties in TOPK keep the older position (POLICY_SPEC §1.4); scores are cached per resident key (d MACs
@@ -30,6 +31,7 @@
 
 #include "../common/kvs_math.h"
 #include "../common/kvs_rope.h"
+#include "../sim/policy_memo.h"
 #include "../trace/trace.h"
 #include "registry.h"
 
@@ -179,12 +181,28 @@ static kvs_status qf_alloc_begin(const kvs_policy_config *cfg, const kvs_policy_
     return KVS_OK;
 }
 
-/* calib=self: the first turn's prompt queries of this (layer, KV head), never a decode query */
+/* calib=self: the first turn's prompt queries of this (layer, KV head), never a decode query. The filter depends
+ * on those rows only (no parameter enters it): every configuration of a replay shares it (kvs_policy_shared). */
+typedef struct {
+    const kvs_policy_view *v;
+} qf_self;
+
+static kvs_status qf_self_filter(void *ctx, void *out) {
+    const kvs_policy_view *v = ((const qf_self *)ctx)->v;
+    return group_filter(v->q, v->n_q, (int64_t)v->group * v->head_dim, v->group, v->head_dim, out);
+}
+
 static kvs_status qf_alloc_prefill(void *alloc, int layer, int kv_head, const kvs_policy_view *v) {
     qf_alloc *a = alloc;
     if (!a->self) return KVS_OK;
-    return group_filter(v->q, v->n_q, (int64_t)a->G * a->d, a->G, a->d,
-                        a->filters + ((size_t)layer * a->Hkv + kv_head) * a->d);
+    if (v->group != a->G || v->head_dim != a->d)
+        return kvs_fail(KVS_ERR_STATE, "qfilters: allocation view of %d x %d, the model has %d x %d", v->group,
+                        v->head_dim, a->G, a->d);
+    qf_self ctx = {.v = v};
+    int32_t key = 1; /* the filter's recipe: group_filter of the view's queries, nothing else */
+    return kvs_policy_shared(v, "qfilters.self_filter", &key, sizeof key,
+                             a->filters + ((size_t)layer * a->Hkv + kv_head) * a->d, (size_t)a->d * sizeof(float),
+                             qf_self_filter, &ctx);
 }
 
 static kvs_status qf_alloc_end(void *alloc, int64_t *budgets) {
@@ -344,4 +362,5 @@ const struct kvs_policy_ops kvs_policy_qfilters = {
     .alloc_end = qf_alloc_end,
     .alloc_free = qf_alloc_free,
     .alloc_shared = qf_alloc_shared,
+    .alloc_concurrent = 1,
 };

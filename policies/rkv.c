@@ -41,11 +41,12 @@
  *    not see: not offered; GQA pooling is the code's default `max` only.
  * Speed: a compression of m resident keys costs m(m − 1)/2 · d multiply-adds for the cosines (each pair once) plus
  * G·α·(m − α)·d for the logits; the prompt's compression scores every prompt key, so at the bench's shape (2 layers,
- * 2 KV heads, d 128, a 7680-position prompt, budgets 128..2048) it is 7680·7679/2·128 = 3.8e9 per (layer, KV head,
- * budget), 1.2e11 for the 8 budgets, against decode events of B²·d/2 every Δ steps. That is the method's own cost
- * (the reference builds the same m x m matrix): measured at that shape on one thread, 26.6 CPU s against H2O's 4.2
- * (6.3x; ChunkKV 1.6, CurDKV 2.0, LagKV 3.5). Sharing the prompt's cosines between the budgets of one replay (they
- * see the same keys) would need a new memo entry in sim/policy_memo.h; not done. The `fixed` preset (Δ = 1) scores
+ * 2 KV heads, d 128, a 7680-position prompt, budgets 128..2048) it is 7680·7679/2·128 = 3.8e9 per (layer, KV head),
+ * against decode events of B²·d/2 every Δ steps. That is the method's own cost (the reference builds the same
+ * m x m matrix), but it does not depend on the budget: the redundancy of a compression is shared by the
+ * configurations of a replay task that hold the same keys at the same position (kvs_policy_shared, keyed by the held
+ * positions, m, d, sim_thr and ref_quirks), so the prompt's is computed once for every budget below the prompt
+ * (sim/BENCH.md "Policies against H2O" has the time). The `fixed` preset (Δ = 1) scores
  * at every step, B²·d/2 a step: 175 CPU s there (41x H2O); keeping the cosine column sums across steps (one key in,
  * one out: O(B·d) a step) would remove that, at the price of tracking every row's exempted entry; not done.
  * Accounting: KV as the default (the attended set); AUX the query cache G·α·d elements per KV head (kv_bytes,
@@ -57,6 +58,7 @@
 #include <string.h>
 
 #include "../common/kvs_math.h"
+#include "../sim/policy_memo.h"
 #include "held.h"
 #include "registry.h"
 #include "rkv_internal.h"
@@ -94,6 +96,7 @@ typedef struct {
     int64_t n_qc;
     int64_t event_m;    /* keys scored at this step's compression (0: none), for account() */
     double *F;          /* [cap] */
+    double *red;        /* [cap] the redundancy of a compression's keys */
     char *mark;         /* [cap] */
     int32_t *top;       /* [cap] */
     void *work;         /* kvs_rkv_scratch_bytes(cap) */
@@ -106,6 +109,7 @@ static void rkv_free(void *state) {
     kvs_held_free(s->held);
     free(s->qc);
     free(s->F);
+    free(s->red);
     free(s->mark);
     free(s->top);
     free(s->work);
@@ -153,29 +157,15 @@ size_t kvs_rkv_scratch_bytes(int64_t m) {
     return 5 * n * sizeof(double) + n * sizeof(int64_t) + 4 * n * sizeof(float);
 }
 
-void kvs_rkv_scores(const float *keys, const int32_t *idx, int64_t m, int64_t n_cand, const float *q, int64_t n_q,
-                    int group, int d, float scale, const kvs_rkv_opts *o, double *F, double *I, double *R,
-                    void *scratch) {
-    double *u = scratch, *norm = u + m, *row = norm + m, *col = row + m, *lastv = col + m;
+/* R: the redundancy of the m keys (§2.9 step 3) into col[m]: cosines (diagonal 0), each row's most recent
+ * near-duplicate exempted, column means, softmax over the m keys. Uses the scratch's norm, row, lastv and last
+ * (kvs_rkv_scores' layout), never its importance part. A function of the keys' rows, idx, m, d, sim_thr and
+ * ref_quirks only: the budgets of a replay that hold the same keys share it (rkv_redundancy_shared). */
+static void rkv_redundancy(const float *keys, const int32_t *idx, int64_t m, int d, const kvs_rkv_opts *o, double *col,
+                           void *scratch) {
+    double *u = scratch, *norm = u + m, *row = norm + m, *lastv = row + 2 * m;
     int64_t *last = (int64_t *)(lastv + m);
-    float *logit = (float *)(last + m), *tmp = logit + m, *uf = tmp + m, *pooled = uf + m;
-    /* importance: group-max logits of each cached query row over the candidates, softmax, mean over the rows */
-    for (int64_t j = 0; j < n_cand; j++) u[j] = 0;
-    for (int64_t i = 0; i < n_q; i++) {
-        for (int g = 0; g < group; g++) {
-            const float *qi = q + ((size_t)i * (size_t)group + (size_t)g) * (size_t)d;
-            kvs_attn_scores(qi, keys, (size_t)d, idx, (size_t)n_cand, (size_t)d, scale, g == 0 ? logit : tmp);
-            if (g > 0)
-                for (int64_t j = 0; j < n_cand; j++)
-                    if (tmp[j] > logit[j]) logit[j] = tmp[j];
-        }
-        kvs_softmax(logit, (size_t)n_cand);
-        for (int64_t j = 0; j < n_cand; j++) u[j] += logit[j];
-    }
-    for (int64_t j = 0; j < n_cand; j++) uf[j] = n_q > 0 ? (float)(u[j] / (double)n_q) : 0.0f;
-    kvs_maxpool1d(uf, (size_t)n_cand, (size_t)o->kernel, pooled);
-    /* redundancy: cosines of all m keys (diagonal 0), each row's most recent near-duplicate exempted, column means.
-     * The matrix is symmetric (the same products and norms in either order give the same double), so each pair is
+    /* The matrix is symmetric (the same products and norms in either order give the same double), so each pair is
      * computed once: its value is added to both columns, and each row's latest key above the threshold (and that
      * cosine) is tracked as the pairs go by; the exemptions are taken off the column sums at the end. */
     kvs_key_norms(keys, (size_t)d, idx, (size_t)m, (size_t)d, norm);
@@ -207,11 +197,45 @@ void kvs_rkv_scores(const float *keys, const int32_t *idx, int64_t m, int64_t n_
     }
     for (int64_t b = 0; b < m; b++) sum += (col[b] = exp(col[b] - mx));
     for (int64_t b = 0; b < m; b++) col[b] /= sum;
+}
+
+/* kvs_rkv_scores with the redundancy `red` (m doubles) given, or computed when NULL. */
+static void rkv_scores(const float *keys, const int32_t *idx, int64_t m, int64_t n_cand, const float *q, int64_t n_q,
+                       int group, int d, float scale, const kvs_rkv_opts *o, const double *red, double *F, double *I,
+                       double *R, void *scratch) {
+    double *u = scratch, *norm = u + m, *row = norm + m, *col = row + m, *lastv = col + m;
+    int64_t *last = (int64_t *)(lastv + m);
+    float *logit = (float *)(last + m), *tmp = logit + m, *uf = tmp + m, *pooled = uf + m;
+    /* importance: group-max logits of each cached query row over the candidates, softmax, mean over the rows */
+    for (int64_t j = 0; j < n_cand; j++) u[j] = 0;
+    for (int64_t i = 0; i < n_q; i++) {
+        for (int g = 0; g < group; g++) {
+            const float *qi = q + ((size_t)i * (size_t)group + (size_t)g) * (size_t)d;
+            kvs_attn_scores(qi, keys, (size_t)d, idx, (size_t)n_cand, (size_t)d, scale, g == 0 ? logit : tmp);
+            if (g > 0)
+                for (int64_t j = 0; j < n_cand; j++)
+                    if (tmp[j] > logit[j]) logit[j] = tmp[j];
+        }
+        kvs_softmax(logit, (size_t)n_cand);
+        for (int64_t j = 0; j < n_cand; j++) u[j] += logit[j];
+    }
+    for (int64_t j = 0; j < n_cand; j++) uf[j] = n_q > 0 ? (float)(u[j] / (double)n_q) : 0.0f;
+    kvs_maxpool1d(uf, (size_t)n_cand, (size_t)o->kernel, pooled);
+    if (!red) {
+        rkv_redundancy(keys, idx, m, d, o, col, scratch);
+        red = col;
+    }
     for (int64_t j = 0; j < n_cand; j++) {
         if (I) I[j] = (double)pooled[j];
-        F[j] = o->lambda * (double)pooled[j] - (1.0 - o->lambda) * col[j];
+        F[j] = o->lambda * (double)pooled[j] - (1.0 - o->lambda) * red[j];
     }
-    if (R) memcpy(R, col, (size_t)m * sizeof(double));
+    if (R) memcpy(R, red, (size_t)m * sizeof(double));
+}
+
+void kvs_rkv_scores(const float *keys, const int32_t *idx, int64_t m, int64_t n_cand, const float *q, int64_t n_q,
+                    int group, int d, float scale, const kvs_rkv_opts *o, double *F, double *I, double *R,
+                    void *scratch) {
+    rkv_scores(keys, idx, m, n_cand, q, n_q, group, d, scale, o, NULL, F, I, R, scratch);
 }
 
 /* ---- the policy --------------------------------------------------------------------------------------- */
@@ -220,14 +244,16 @@ static kvs_status reserve(rkv_state *s, int64_t n) {
     if (kvs_held_reserve(s->held, n) != KVS_OK) return kvs_fail(KVS_ERR_NOMEM, "rkv: out of memory");
     if (n <= s->cap) return KVS_OK;
     free(s->F);
+    free(s->red);
     free(s->mark);
     free(s->top);
     free(s->work);
     s->F = malloc((size_t)n * sizeof(double));
+    s->red = malloc((size_t)n * sizeof(double));
     s->mark = malloc((size_t)n);
     s->top = malloc((size_t)n * sizeof(int32_t));
     s->work = malloc(kvs_rkv_scratch_bytes(n));
-    s->cap = s->F && s->mark && s->top && s->work ? n : 0;
+    s->cap = s->F && s->red && s->mark && s->top && s->work ? n : 0;
     return s->cap ? KVS_OK : kvs_fail(KVS_ERR_NOMEM, "rkv: out of memory");
 }
 
@@ -248,6 +274,37 @@ static void cache_queries(rkv_state *s, const float *q, int64_t n) {
     s->n_qc += n;
 }
 
+/* The redundancy of the m held keys into s->red, shared by the configurations of a task that hold the same keys at
+ * the same position (kvs_policy_shared: at the first prompt's compression every budget below the prompt holds all
+ * of it). The key: m, d, sim_thr, ref_quirks and the held positions; the view's rows are the memo's part. */
+typedef struct {
+    rkv_state *s;
+    const float *keys;
+    const int32_t *idx;
+    int64_t m;
+} rkv_red_job;
+
+static kvs_status rkv_red_run(void *ctx, void *out) {
+    const rkv_red_job *j = ctx;
+    rkv_redundancy(j->keys, j->idx, j->m, j->s->d, &j->s->o, out, j->s->work);
+    return KVS_OK;
+}
+
+static kvs_status redundancy_shared(rkv_state *s, const kvs_policy_view *view, const int32_t *idx, int64_t m) {
+    rkv_red_job job = {.s = s, .keys = view->k, .idx = idx, .m = m};
+    if (!view->memo) return rkv_red_run(&job, s->red);
+    double h[4] = {(double)m, (double)s->d, s->o.sim_thr, (double)s->o.ref_quirks};
+    size_t bytes = sizeof h + (size_t)m * sizeof(int32_t);
+    unsigned char *key = malloc(bytes);
+    if (!key) return rkv_red_run(&job, s->red); /* no memory for the key: computed, not shared */
+    memcpy(key, h, sizeof h);
+    memcpy(key + sizeof h, idx, (size_t)m * sizeof(int32_t));
+    kvs_status st = kvs_policy_shared(view, "rkv.redundancy", key, bytes, s->red, (size_t)m * sizeof(double),
+                                      rkv_red_run, &job);
+    free(key);
+    return st;
+}
+
 /* Cuts the resident set to the target: the window (last alpha) and the TOPK(F, T − alpha) candidates. */
 static kvs_status compress(rkv_state *s, const kvs_policy_view *view) {
     int64_t m = kvs_held_count(s->held);
@@ -260,8 +317,10 @@ static kvs_status compress(rkv_state *s, const kvs_policy_view *view) {
     }
     kvs_status st = reserve(s, m);
     if (st != KVS_OK) return st;
-    kvs_rkv_scores(view->k, kvs_held_pos(s->held), m, n_cand, s->qc, s->n_qc, s->group, s->d, s->scale, &s->o, s->F,
-                   NULL, NULL, s->work);
+    const int32_t *idx = kvs_held_pos(s->held);
+    if ((st = redundancy_shared(s, view, idx, m)) != KVS_OK) return st;
+    rkv_scores(view->k, idx, m, n_cand, s->qc, s->n_qc, s->group, s->d, s->scale, &s->o, s->red, s->F, NULL, NULL,
+               s->work);
     kvs_held_top_mask(s->F, n_cand, k, s->mark, s->top);
     memset(s->mark + n_cand, 1, (size_t)s->alpha);
     kvs_held_compact(s->held, s->mark);

@@ -27,7 +27,9 @@
  *    account() is called at every decode step after select() and before observe(), so it sees the
  *    attention-time state. Per-(layer, KV head) budgets and any shared prepass structure come from the
  *    optional allocation pass (alloc_*), run once per (configuration, budget) over the first turn's
- *    prompt of every layer and KV head before any instance is created (PyramidKV, Ada-KV, D2O, SyncKV).
+ *    prompt of every layer and KV head before any instance is created (PyramidKV, Ada-KV, D2O, SyncKV); a
+ *    prompt scoring there that does not depend on the budget goes through kvs_policy_shared (sim/policy_memo.h),
+ *    so the budgets of a sweep compute it once.
  * 5. Optional capabilities, each NULL / unset by default, each exercised by a test policy in
  *    tests/test_policy_v2.c:
  *    - merged slots: select() may point an entry at policy-owned K/V rows (sel->row_k/row_v) instead of
@@ -336,6 +338,10 @@ struct kvs_policy_ops {
      * budget) receives as init->shared (D2O layer splits, SyncKV head clusters). Called after alloc_end;
      * owned by `alloc`, which the engine frees only after every instance of the run is freed. */
     const void *(*alloc_shared)(void *alloc);
+    /* Optional (only with the four above): 1 when alloc_prefill of different (layer, KV head) pairs may run at
+     * once on different threads, in any order (each writes only what belongs to its pair); the engine then reads
+     * the heads in parallel. 0 (the default): called in (layer, KV head) order on one thread. */
+    int alloc_concurrent;
 
     /* Optional: the policy's current retention scores, what it ranks by (H2O's accumulated attention, TOVA's last
      * attention, SnapKV's pooled observation scores ...), of the positions idx[0..n) of list g (per-KV-head

@@ -3,7 +3,8 @@
  * of one kvs_attn_colsum / kvs_snapkv_scores call (row pointers, candidates copied, every option), of one
  * kvs_page_scores_rows call (query rows copied, the layout, and what the summaries are a function of), of the
  * values one top-k selection ranks (the rows copied) and its output, or of the page scores one page selection
- * ranks (copied) and its ranking; a lookup compares all of it, so a hit is the same computation and its bits are
+ * ranks (copied) and its ranking, or of a policy's own result (kvs_policy_shared: a tag, the view's rows and the
+ * caller's key bytes, copied); a lookup compares all of it, so a hit is the same computation and its bits are
  * the ones computing would give (for the top-k and the pages: the ranking's first entries, which the order makes
  * the select's set).
  */
@@ -24,7 +25,7 @@ enum { MEMO_ENTRIES = 256 };
 
 typedef enum {
     MEMO_COLSUM_F32 = 1, MEMO_COLSUM_F64 = 2, MEMO_SNAPKV = 3, MEMO_PAGE_SCORES = 4, MEMO_TOPK = 5,
-    MEMO_PAGE_RANK = 6
+    MEMO_PAGE_RANK = 6, MEMO_SHARED = 7
 } memo_kind;
 
 /* What a kvs_policy_page_scores output depends on: the query rows (their address and, copied in the entry,
@@ -46,8 +47,20 @@ typedef struct {
     size_t n_rows, n;
 } topk_key;
 
+/* What a kvs_policy_shared output depends on besides the caller's key bytes (copied at the start of the entry's
+ * res): the computation's name and the rows under the view. */
+typedef struct {
+    const char *tag;
+    const float *k, *v, *q;
+    int64_t n, q_first, n_q, turn_begin;
+    int32_t group, head_dim;
+    float scale;
+    size_t key_bytes, out_bytes;
+} shared_key;
+
 typedef struct {
     memo_kind kind;
+    shared_key sk;
     kvs_attn_src src; /* src.idx points at `idx` below (or is NULL) */
     kvs_colsum_opts co;
     kvs_snapkv_opts so;
@@ -58,7 +71,7 @@ typedef struct {
     int32_t *idx;     /* [n_cand] the candidates, copied */
     size_t idx_cap;   /* entries */
     void *res;        /* the output span, rows packed: [rows][cols] floats or doubles; MEMO_TOPK: [n] the group
-                       * sum (n_rows > 1) then [n] int32 ranks */
+                       * sum (n_rows > 1) then [n] int32 ranks; MEMO_SHARED: the key bytes, then the output */
     size_t res_cap;   /* bytes */
     size_t res_bytes;
     int64_t ret;      /* kvs_snapkv_scores' m; MEMO_TOPK: how many leading positions the ranks order (0: none);
@@ -431,4 +444,45 @@ void kvs_policy_topk_sorted(const kvs_policy_view *view, const float *rows, size
         x->ret = (int64_t)ranked;
     }
     topk_take(rank, k, out);
+}
+
+/* ---- a policy's own shared result ------------------------------------------------------------------------------ */
+
+static int same_shared_key(const memo_entry *x, const shared_key *k, const void *key) {
+    const shared_key *a = &x->sk;
+    return a->k == k->k && a->v == k->v && a->q == k->q && a->n == k->n && a->q_first == k->q_first &&
+           a->n_q == k->n_q && a->turn_begin == k->turn_begin && a->group == k->group && a->head_dim == k->head_dim &&
+           !memcmp(&a->scale, &k->scale, sizeof a->scale) && a->key_bytes == k->key_bytes &&
+           a->out_bytes == k->out_bytes && !strcmp(a->tag, k->tag) && !memcmp(x->res, key, k->key_bytes);
+}
+
+kvs_status kvs_policy_shared(const kvs_policy_view *view, const char *tag, const void *key, size_t key_bytes,
+                             void *out, size_t out_bytes, kvs_policy_shared_fn compute, void *ctx) {
+    kvs_policy_memo *m = view ? view->memo : NULL;
+    if (!m) return compute(ctx, out);
+    shared_key sk = {.tag = tag, .k = view->k, .v = view->v, .q = view->q, .n = view->n, .q_first = view->q_first,
+                     .n_q = view->n_q, .turn_begin = view->turn_begin, .group = view->group,
+                     .head_dim = view->head_dim, .scale = view->scale, .key_bytes = key_bytes, .out_bytes = out_bytes};
+    for (int i = 0; i < m->n; i++) {
+        memo_entry *x = &m->e[i];
+        if (x->kind != MEMO_SHARED || !same_shared_key(x, &sk, key)) continue;
+        if (out_bytes) memcpy(out, (unsigned char *)x->res + key_bytes, out_bytes);
+        m->hits++;
+        if (memo_checked()) {
+            unsigned char *fresh = malloc(out_bytes ? out_bytes : 1);
+            if (!fresh) return KVS_OK;
+            kvs_status st = compute(ctx, fresh);
+            if (st != KVS_OK || memcmp(fresh, out, out_bytes)) memo_broken(tag);
+            free(fresh);
+        }
+        return KVS_OK;
+    }
+    kvs_status st = compute(ctx, out);
+    if (st != KVS_OK) return st;
+    memo_entry *x = slot(m, MEMO_SHARED, 0, 0, key_bytes + out_bytes);
+    if (!x) return KVS_OK; /* full: simply not kept */
+    x->sk = sk;
+    if (key_bytes) memcpy(x->res, key, key_bytes);
+    if (out_bytes) memcpy((unsigned char *)x->res + key_bytes, out, out_bytes);
+    return KVS_OK;
 }

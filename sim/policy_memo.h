@@ -14,7 +14,9 @@
  * the same computation produced. Nothing is shared that the policy could not compute from its own view (the prompt's
  * queries and keys every policy sees at prefill; the full attention only an oracle's view carries), and the memo
  * lives in one task (one thread): no global state. The engine clears it whenever the rows under the view may change
- * (each position, prompt and decode; never used when an on_step_end hook may rewrite rows).
+ * (each position, prompt and decode; never used when an on_step_end hook may rewrite rows). The allocation pass
+ * gives its views a memo too, one per (layer, KV head) being read, shared by every configuration's alloc_prefill
+ * over that view: a policy's budget-independent prompt scoring (kvs_policy_shared) runs once for all its budgets.
  */
 #ifndef KVS_POLICY_MEMO_H
 #define KVS_POLICY_MEMO_H
@@ -87,5 +89,22 @@ int64_t kvs_policy_page_select(const kvs_policy_view *view, const double *score,
  *  largest are exactly the ranking's first k. */
 void kvs_policy_topk_sorted(const kvs_policy_view *view, const float *rows, size_t n_rows, size_t n, size_t k,
                             float *sum, int32_t *out);
+
+/* A policy's own budget-independent result (kvs_policy_shared): computed into out (out_bytes) from the view's rows
+ * and whatever the key bytes describe; returns its status. */
+typedef kvs_status (*kvs_policy_shared_fn)(void *ctx, void *out);
+
+/*! kvs_policy_shared() : compute(ctx, out), memoised when view->memo is set, for a result the memo has no kind of its
+ *  own for (DuoAttention-heuristic's prompt probes, Q-Filters' calib=self filters, Expected Attention's prompt
+ *  scores, R-KV's key redundancy: sim/BENCH.md "Policies against H2O"). CONTRACT: the out_bytes compute writes are a
+ *  function of the rows under the view (view->k, view->v, view->q with n, q_first, n_q, turn_begin, group,
+ *  head_dim, scale, which are part of the key) and of the `key_bytes` at `key` only — the caller puts in them
+ *  EVERYTHING else the result depends on (the parameters that enter it, candidate lists, derived constants such
+ *  as RoPE frequencies), never a pointer to its configuration. `tag` names the computation (a string literal,
+ *  "policy.what"), so two computations with equal keys never meet. A hit copies the stored bytes (checked mode:
+ *  computes again and compares them, aborting on a difference); a miss computes and stores. A failed compute
+ *  stores nothing. */
+kvs_status kvs_policy_shared(const kvs_policy_view *view, const char *tag, const void *key, size_t key_bytes,
+                             void *out, size_t out_bytes, kvs_policy_shared_fn compute, void *ctx);
 
 #endif /* KVS_POLICY_MEMO_H */

@@ -1464,73 +1464,154 @@ static void replay_worker(void *arg, int worker_index, int n_workers) {
  * Allocation pass (PyramidKV, Ada-KV, D2O): over the first turn's prompt of every (layer, KV head)
  * ---------------------------------------------------------------------------------------------- */
 
+/* One reader of the allocation pass: a first prompt's rows and the memo its configurations share. */
+typedef struct {
+    float *k, *v, *q;
+    kvs_policy_memo *memo; /* NULL: none (prefill_memo = -1, a hook, or no memory) */
+} alloc_reader;
+
+static void alloc_reader_free(alloc_reader *w) {
+    free(w->k);
+    free(w->v);
+    free(w->q);
+    kvs_policy_memo_free(w->memo);
+}
+
+static kvs_status alloc_reader_init(engine *e, int64_t P, alloc_reader *w) {
+    size_t d = (size_t)e->d, Gd = (size_t)e->G * d;
+    memset(w, 0, sizeof *w);
+    w->k = malloc((size_t)P * d * sizeof(float));
+    w->v = malloc((size_t)P * d * sizeof(float));
+    w->q = malloc((size_t)P * Gd * sizeof(float));
+    if (e->o->prefill_memo >= 0 && !(e->o->hooks && e->o->hooks->on_step_end)) w->memo = kvs_policy_memo_create();
+    if (!w->k || !w->v || !w->q) {
+        alloc_reader_free(w);
+        return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory for the allocation pass");
+    }
+    return KVS_OK;
+}
+
+/* Whether configuration c takes part in the allocation pass's phase `concurrent` (policies whose alloc_prefill of
+ * different (layer, KV head) may run at once, kvs_policy_ops.alloc_concurrent; the others in a serial phase). */
+static int alloc_in_phase(const engine *e, int c, int concurrent) {
+    return e->alloc[c] && !atomic_load(&e->cfg_failed[c]) &&
+           (e->o->configs[c].policy.ops->alloc_concurrent != 0) == concurrent;
+}
+
+/* The first prompt (P positions) of (layer l, KV head h) read into w, then alloc_prefill of every configuration of
+ * the phase over that one view. The memo is cleared first (its entries are keyed by w's buffers, which held
+ * another head's rows) and then shared: a policy's budget-independent prompt scoring (kvs_policy_shared) is
+ * computed by its first configuration and copied by the others. `mu`: the lock around fail_config when
+ * several readers run at once, NULL when serial. */
+static kvs_status alloc_head(engine *e, alloc_reader *w, int l, int h, int64_t P, int concurrent,
+                             pthread_mutex_t *mu) {
+    size_t d = (size_t)e->d, Gd = (size_t)e->G * d;
+    void *stream = NULL;
+    kvs_status st = e->src->stream_open(e->src->user, l, h, &stream);
+    if (st != KVS_OK) return st;
+    int64_t pos = 0;
+    while (pos < P) {
+        const kvs_trace_block *b;
+        st = e->src->stream_next(stream, &b);
+        if (st == KVS_ERR_END) st = kvs_fail(KVS_ERR_TRUNCATED, "replay: stream (layer %d, kv head %d) ended early", l, h);
+        if (st == KVS_OK) st = check_block(e, b, l, h, pos);
+        if (st != KVS_OK) {
+            e->src->stream_free(stream);
+            return st;
+        }
+        for (int i = 0; i < b->n_pos && pos < P; i++, pos++) {
+            memcpy(w->k + (size_t)pos * d, b->k + (size_t)i * d, d * sizeof(float));
+            memcpy(w->v + (size_t)pos * d, b->v + (size_t)i * d, d * sizeof(float));
+            memcpy(w->q + (size_t)pos * Gd, b->q + (size_t)i * Gd, Gd * sizeof(float));
+        }
+    }
+    e->src->stream_free(stream);
+    kvs_policy_memo_clear(w->memo);
+    kvs_policy_view view = {
+        .n = P, .group = e->G, .head_dim = e->d, .scale = e->src->model.scale, .k = w->k, .v = w->v, .q = w->q,
+        .q_first = 0, .n_q = P, .turn_begin = 0, .prompt_end = P, .turn = 0, .full_probs = NULL,
+        .block_begin = 0, .last_block = 1, .memo = w->memo,
+    };
+    for (int c = 0; c < e->o->n_configs; c++) {
+        if (!alloc_in_phase(e, c, concurrent)) continue;
+        kvs_status cs = e->o->configs[c].policy.ops->alloc_prefill(e->alloc[c], l, h, &view);
+        if (cs != KVS_OK) {
+            if (mu) pthread_mutex_lock(mu);
+            fail_config(e, c, l, cs);
+            if (mu) pthread_mutex_unlock(mu);
+        }
+    }
+    return KVS_OK;
+}
+
+typedef struct {
+    engine *e;
+    int64_t P;
+    alloc_reader *readers; /* [workers] */
+    atomic_int next;
+    pthread_mutex_t mu;
+} alloc_job;
+
+/* A worker of the concurrent phase: (layer, KV head) pairs one at a time, on its own reader. */
+static void alloc_worker(void *arg, int worker, int n_workers) {
+    (void)n_workers;
+    alloc_job *j = arg;
+    engine *e = j->e;
+    for (int k; (k = claim_next(e, &j->next, e->L * e->Hkv)) >= 0;) {
+        kvs_status st = alloc_head(e, &j->readers[worker], k / e->Hkv, k % e->Hkv, j->P, 1, &j->mu);
+        if (st != KVS_OK) set_fatal(e, st);
+    }
+}
+
 static kvs_status allocation_pass(engine *e) {
     const kvs_replay_opts *o = e->o;
     size_t per = (size_t)e->L * (size_t)e->Hkv;
     void **alloc = e->alloc; /* freed by kvs_replay_execute after every instance */
-    float *k = NULL, *v = NULL, *q = NULL;
-    void *stream = NULL;
     kvs_status st = KVS_OK;
-    int any = 0;
+    int any[2] = {0, 0};
     for (int c = 0; c < o->n_configs; c++) {
         kvs_status cs = kvs_host_alloc_begin(&o->configs[c].policy, &e->src->model, o->configs[c].budget,
                                              e->budgets + (size_t)c * per, &alloc[c]);
         if (cs != KVS_OK) fail_config(e, c, 0, cs);
-        any |= alloc[c] != NULL;
+        if (alloc[c]) any[o->configs[c].policy.ops->alloc_concurrent != 0] = 1;
     }
     int64_t P = e->src->n_turns > 0 ? e->src->turns[0].prompt_end : 0;
-    if (!any || P <= 0) goto finish;
-    size_t d = (size_t)e->d, Gd = (size_t)e->G * d;
-    k = malloc((size_t)P * d * sizeof(float));
-    v = malloc((size_t)P * d * sizeof(float));
-    q = malloc((size_t)P * Gd * sizeof(float));
-    if (!k || !v || !q) {
-        st = kvs_fail(KVS_ERR_NOMEM, "replay: out of memory for the allocation pass");
-        goto cleanup;
-    }
-    for (int l = 0; l < e->L; l++)
-        for (int h = 0; h < e->Hkv; h++) {
-            KVS_TRY(st = e->src->stream_open(e->src->user, l, h, &stream));
-            int64_t pos = 0;
-            while (pos < P) {
-                const kvs_trace_block *b;
-                st = e->src->stream_next(stream, &b);
-                if (st == KVS_ERR_END) st = kvs_fail(KVS_ERR_TRUNCATED, "replay: stream (layer %d, kv head %d) ended early", l, h);
-                if (st != KVS_OK) goto cleanup;
-                KVS_TRY(st = check_block(e, b, l, h, pos));
-                for (int i = 0; i < b->n_pos && pos < P; i++, pos++) {
-                    memcpy(k + (size_t)pos * d, b->k + (size_t)i * d, d * sizeof(float));
-                    memcpy(v + (size_t)pos * d, b->v + (size_t)i * d, d * sizeof(float));
-                    memcpy(q + (size_t)pos * Gd, b->q + (size_t)i * Gd, Gd * sizeof(float));
-                }
-            }
-            e->src->stream_free(stream);
-            stream = NULL;
-            kvs_policy_view view = {
-                .n = P, .group = e->G, .head_dim = e->d, .scale = e->src->model.scale, .k = k, .v = v, .q = q,
-                .q_first = 0, .n_q = P, .turn_begin = 0, .prompt_end = P, .turn = 0, .full_probs = NULL,
-                .block_begin = 0, .last_block = 1,
-            };
-            for (int c = 0; c < o->n_configs; c++) {
-                if (!alloc[c] || atomic_load(&e->cfg_failed[c])) continue;
-                kvs_status cs = o->configs[c].policy.ops->alloc_prefill(alloc[c], l, h, &view);
-                if (cs != KVS_OK) fail_config(e, c, l, cs);
-            }
+    if (P > 0 && any[1]) { /* the heads at once, one reader (buffers, memo) a worker */
+        int threads = o->threads > 0 ? o->threads : kvs_n_cpus();
+        if (threads > (int)per) threads = (int)per;
+        kvs_threadpool *pool = NULL;
+        if (threads > 1 && kvs_threadpool_create(threads, &pool) != KVS_OK) pool = NULL;
+        int nw = kvs_threadpool_size(pool);
+        alloc_job job = {.e = e, .P = P, .readers = calloc((size_t)nw, sizeof(alloc_reader))};
+        if (!job.readers) st = kvs_fail(KVS_ERR_NOMEM, "replay: out of memory for the allocation pass");
+        for (int i = 0; i < nw && st == KVS_OK; i++) st = alloc_reader_init(e, P, &job.readers[i]);
+        if (st == KVS_OK) {
+            atomic_init(&job.next, 0);
+            pthread_mutex_init(&job.mu, NULL);
+            kvs_threadpool_run(pool, alloc_worker, &job);
+            pthread_mutex_destroy(&job.mu);
+            if (e->fatal != KVS_OK) st = kvs_fail(e->fatal, "%s", e->fatal_msg);
         }
-finish:
+        for (int i = 0; job.readers && i < nw; i++) alloc_reader_free(&job.readers[i]);
+        free(job.readers);
+        kvs_threadpool_free(pool);
+        if (st != KVS_OK) return st;
+    }
+    if (P > 0 && any[0]) { /* the others in (layer, KV head) order, as they may accumulate across heads */
+        alloc_reader w;
+        if ((st = alloc_reader_init(e, P, &w)) != KVS_OK) return st;
+        for (int l = 0; l < e->L && st == KVS_OK; l++)
+            for (int h = 0; h < e->Hkv && st == KVS_OK; h++) st = alloc_head(e, &w, l, h, P, 0, NULL);
+        alloc_reader_free(&w);
+        if (st != KVS_OK) return st;
+    }
     for (int c = 0; c < o->n_configs; c++) {
         if (!alloc[c] || atomic_load(&e->cfg_failed[c])) continue;
         kvs_status cs = kvs_host_alloc_end(&o->configs[c].policy, &e->src->model, alloc[c],
                                            e->budgets + (size_t)c * per, &e->shared[c]);
         if (cs != KVS_OK) fail_config(e, c, 0, cs);
     }
-    st = KVS_OK;
-cleanup:
-    if (stream) e->src->stream_free(stream);
-    free(k);
-    free(v);
-    free(q);
-    return st;
+    return KVS_OK;
 }
 
 /* ------------------------------------------------------------------------------------------------

@@ -71,16 +71,27 @@ static void test_gduo_b_probes(void **state) {
     const float q[2][2][2] = {{{0.0f, -0.3f}, {-1.0f, -0.4f}}, {{-1.1f, -1.4f}, {0.2f, -1.1f}}};
     const double mass_w[4] = {0.533395, 0.432034, 0.385688, 0.496607};
     const double err_w[4] = {0.730053, 0.361776, 0.138667, 0.142494};
-    double scratch[16], msum = 0, esum = 0;
-    for (int pi = 0; pi < 2; pi++)
+    float scratch[64];
+    double msum = 0, esum = 0;
+    const float scale = (float)(1.0 / sqrt(2.0));
+    for (int pi = 0; pi < 2; pi++) {
+        assert_true(kvs_duo_probe_scratch(2, 2, 6 + pi) <= 64);
+        double mg = 0, eg = 0; /* the group's two rows in one call: the sums of the one-row calls */
         for (int g = 0; g < 2; g++) {
             double m = 0, e = 0;
-            kvs_duo_probe(q[pi][g], &k[0][0], &v[0][0], 6 + pi, 2, 1.0 / sqrt(2.0), 1, 2, &m, &e, scratch);
+            kvs_duo_probe(q[pi][g], 1, &k[0][0], &v[0][0], 6 + pi, 2, scale, 1, 2, &m, &e, scratch);
+            /* fp32 attention (the shared SIMD routines): the fp64 worked values to 1e-5, the rounding of 8 terms */
             close_rel(m, mass_w[pi * 2 + g], 1e-5);
             close_rel(e, err_w[pi * 2 + g], 1e-5);
             msum += m;
             esum += e;
+            mg += m;
+            eg += e;
         }
+        double m2 = 0, e2 = 0;
+        kvs_duo_probe(q[pi][0], 2, &k[0][0], &v[0][0], 6 + pi, 2, scale, 1, 2, &m2, &e2, scratch);
+        assert_true(m2 == mg && e2 == eg);
+    }
     close_rel(esum / 4.0, 0.3432476, 1e-5);
     close_rel(msum / 4.0, 0.4619312, 1e-5);
 }

@@ -15,8 +15,12 @@
  *    full of ties, NaN, infinities and both zeros, the budgets in three orders, 1 to 3 rows summed; rows of 3000
  *    at a sweep's budgets; what must not hit (other values at the same address, another row count or length,
  *    another address, a cleared memo, no memo); the top-k oracle driven in both GQA modes: hits and selections;
+ *  - kvs_policy_shared(): hits only for the same tag, key bytes and view rows; a failed computation is not kept;
+ *    checked mode aborts on a caller whose key leaves out a parameter;
  *  - the replay: every policy that calls them (H2O in both layouts, TOVA, Scissorhands, SnapKV, PyramidKV,
- *    RocketKV, D2O, Quest with page=16 in both GQA modes and page=0, the top-k oracle in both GQA modes),
+ *    RocketKV, D2O, Quest with page=16 in both GQA modes and page=0, the top-k oracle in both GQA modes;
+ *    duo_heuristic, Q-Filters, Expected Attention and R-KV in configurations whose parameters enter their shared
+ *    prompt scoring and ones whose do not, the allocation pass on one thread and on two),
  *    several budgets of each in one task, single- and multi-turn, with the memo (the default) and without
  *    (prefill_memo = -1): every step sample and every aggregate the same bits;
  *  - the replay with S_t's scores taken from the full reference's (the default) and computed (ref_scores = -1,
@@ -450,6 +454,112 @@ static void test_checked_mode_catches_a_broken_page_contract(void **st) {
     assert_int_equal(WTERMSIG(status), SIGABRT);
 }
 
+/* ---- kvs_policy_shared: a policy's own result, keyed by the view's rows, a tag and the caller's key bytes ---- */
+
+typedef struct {
+    const kvs_policy_view *v;
+    double p;  /* a "parameter" of the computation: it must be in the key */
+    int calls, fail;
+} shared_job;
+
+static kvs_status shared_sum(void *ctx, void *out) {
+    shared_job *j = ctx;
+    j->calls++;
+    if (j->fail) return kvs_fail(KVS_ERR_NOMEM, "test: refused");
+    double s[2] = {j->p, 0};
+    for (int64_t i = 0; i < j->v->n * j->v->head_dim; i++) s[1] += j->v->k[i];
+    memcpy(out, s, sizeof s);
+    return KVS_OK;
+}
+
+static double shared_get(const kvs_policy_view *v, const char *tag, shared_job *j, double key) {
+    double out[2] = {-1, -1};
+    assert_int_equal(kvs_policy_shared(v, tag, &key, sizeof key, out, sizeof out, shared_sum, j), KVS_OK);
+    assert_true(out[0] == j->p); /* the answer is the one this caller's computation gives */
+    return out[1];
+}
+
+/* Hits only for the same tag, key bytes and rows under the view; misses for another parameter, another tag, other
+ * rows (another address, another count), after a clear, without a memo; a failed computation is not kept. */
+static void test_shared_keyed_by_everything(void **st) {
+    (void)st;
+    data x;
+    data_init(&x);
+    kvs_policy_memo *m = kvs_policy_memo_create();
+    assert_non_null(m);
+    kvs_policy_view v = {.n = 10, .group = GROUP, .head_dim = D, .scale = 0.5f, .k = x.keys, .v = x.keys, .q = x.q,
+                         .q_first = 0, .n_q = 10, .memo = m};
+    shared_job a = {.v = &v, .p = 1}, b = {.v = &v, .p = 2};
+    double s10 = shared_get(&v, "t.a", &a, a.p);
+    assert_int_equal(kvs_policy_memo_hits(m), 0);
+    assert_true(shared_get(&v, "t.a", &a, a.p) == s10);
+    assert_int_equal(kvs_policy_memo_hits(m), 1);
+    shared_get(&v, "t.a", &b, b.p); /* another parameter, in the key: computed, not the first's */
+    assert_int_equal(kvs_policy_memo_hits(m), 1);
+    shared_get(&v, "t.b", &a, a.p); /* another computation with the same key bytes */
+    assert_int_equal(kvs_policy_memo_hits(m), 1);
+    kvs_policy_view w = v;
+    w.n = 11; /* more rows */
+    shared_job c = {.v = &w, .p = 1};
+    assert_true(shared_get(&w, "t.a", &c, c.p) != s10);
+    assert_int_equal(kvs_policy_memo_hits(m), 1);
+    w.n = 10;
+    w.k = x.keys + D; /* other rows */
+    shared_get(&w, "t.a", &c, c.p);
+    w.k = x.keys;
+    w.n_q = 9; /* other queries */
+    shared_get(&w, "t.a", &c, c.p);
+    assert_int_equal(kvs_policy_memo_hits(m), 1);
+    shared_get(&v, "t.a", &b, b.p); /* the second parameter's own entry hits (its p comes back) */
+    assert_int_equal(kvs_policy_memo_hits(m), 2);
+    kvs_policy_memo_clear(m);
+    int calls = a.calls;
+    shared_get(&v, "t.a", &a, a.p);
+    assert_int_equal(a.calls, calls + 1);
+    assert_int_equal(kvs_policy_memo_hits(m), 2);
+    kvs_policy_view none = v;
+    none.memo = NULL;
+    calls = a.calls;
+    shared_get(&none, "t.a", &a, a.p);
+    shared_get(&none, "t.a", &a, a.p);
+    assert_int_equal(a.calls, calls + 2);
+    shared_job f = {.v = &v, .p = 3, .fail = 1};
+    double key = 3, out[2];
+    assert_int_equal(kvs_policy_shared(&v, "t.a", &key, sizeof key, out, sizeof out, shared_sum, &f), KVS_ERR_NOMEM);
+    f.fail = 0;
+    shared_get(&v, "t.a", &f, f.p); /* the failure stored nothing: computed */
+    assert_int_equal(f.calls, 2);
+    assert_int_equal(kvs_policy_memo_hits(m), 2);
+    kvs_policy_memo_free(m);
+    free(x.scratch);
+}
+
+/* A caller that leaves a parameter out of its key (the same key bytes, another answer) aborts in checked mode on
+ * the hit instead of receiving the first caller's result. Run in a child process, which must die of SIGABRT. */
+static void test_shared_checked_mode_catches_a_missing_parameter(void **st) {
+    (void)st;
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        data x;
+        data_init(&x);
+        kvs_policy_memo_set_checked(1);
+        kvs_policy_memo *m = kvs_policy_memo_create();
+        kvs_policy_view v = {.n = 10, .head_dim = D, .k = x.keys, .memo = m};
+        shared_job a = {.v = &v, .p = 1}, b = {.v = &v, .p = 2};
+        double key = 0, out[2];
+        kvs_policy_shared(&v, "t.a", &key, sizeof key, out, sizeof out, shared_sum, &a);
+        kvs_policy_shared(&v, "t.a", &key, sizeof key, out, sizeof out, shared_sum, &a); /* a good hit */
+        kvs_policy_shared(&v, "t.a", &key, sizeof key, out, sizeof out, shared_sum, &b); /* p not in the key */
+        _exit(0); /* reached only when the broken contract went unnoticed */
+    }
+    int status = 0;
+    assert_int_equal(waitpid(pid, &status, 0), pid);
+    assert_true(WIFSIGNALED(status));
+    assert_int_equal(WTERMSIG(status), SIGABRT);
+}
+
 static void test_quest_decode_hits(void **st) {
     (void)st;
     /* page=4: three budgets in both GQA modes share each position's bounds: 5 hits a position (the budgets keep
@@ -682,9 +792,21 @@ static void test_topk_what_must_not_hit(void **st) {
 
 /* ---- the replay with and without the memo ---- */
 
+/* The policies sharing their own prompt scoring (kvs_policy_shared) come each in configurations whose parameters
+ * enter that scoring (n_r, probe; eps, n_future, head_alloc; sim_thr, ref_quirks) and ones whose parameters do not
+ * (duo's sparsity and score, qfilters' window): in one replay a result shared across the first would be wrong and
+ * differ from the replay without the memo (and abort in checked mode); across the second it is the same. */
 static const char *const memo_specs[] = {"h2o",      "h2o:gqa=mean", "tova",  "scissorhands",   "snapkv",
                                          "snapkv:gqa=mean", "pyramidkv", "rocketkv", "d2o", "window", "quest",
-                                         "quest:gqa=head", "quest:page=0", "topk", "topk:gqa=head"};
+                                         "quest:gqa=head", "quest:page=0", "topk", "topk:gqa=head",
+                                         "duo_heuristic:n_s=2,n_r=8,probe=16",
+                                         "duo_heuristic:n_s=2,n_r=3,probe=16,score=mass",
+                                         "duo_heuristic:n_s=2,n_r=8,probe=5,sparsity=0.25",
+                                         "duo_heuristic:n_s=2,n_r=8,probe=16,sparsity=-1",
+                                         "qfilters", "qfilters:window=2",
+                                         "ea", "ea:eps=0.5", "ea:n_future=4", "ea:head_alloc=uniform",
+                                         "ea:head_alloc=uniform,use_cov=0",
+                                         "rkv", "rkv:sim_thr=0.05", "rkv:ref_quirks=1", "rkv:window=3"};
 #define N_MEMO_SPECS (int)(sizeof memo_specs / sizeof memo_specs[0])
 static const int64_t memo_budgets[] = {6, 12, 20, 33};
 #define N_MEMO_BUDGETS (int)(sizeof memo_budgets / sizeof memo_budgets[0])
@@ -791,6 +913,8 @@ int main(void) {
         cmocka_unit_test(test_snapkv_scores_hit_and_miss_same_bits),
         cmocka_unit_test(test_page_scores_hit_and_miss),
         cmocka_unit_test(test_checked_mode_catches_a_broken_page_contract),
+        cmocka_unit_test(test_shared_keyed_by_everything),
+        cmocka_unit_test(test_shared_checked_mode_catches_a_missing_parameter),
         cmocka_unit_test(test_quest_decode_hits),
         cmocka_unit_test(test_topk_decode_hits),
         cmocka_unit_test(test_topk_every_k_matches_select),
