@@ -578,8 +578,9 @@ void kvs_tokenizer_free(kvs_tokenizer *t) {
     free(t->skip);
     free(t->map.slot);
     kvs_tok_pairmap_free(&t->merges);
-    for (size_t i = 0; i < t->n_norm; i++) { free(t->norm[i].a); free(t->norm[i].b); }
+    for (size_t i = 0; i < t->n_norm; i++) { free(t->norm[i].a); free(t->norm[i].b); kvs_tok_rx_free(t->norm[i].rx); }
     free(t->norm);
+    for (size_t i = 0; i < t->n_pre; i++) kvs_tok_rx_free(t->pre[i].rx);
     free(t->pre);
     for (size_t i = 0; i < t->n_dec; i++) { free(t->dec[i].a); free(t->dec[i].b); }
     free(t->dec);
