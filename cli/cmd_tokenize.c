@@ -17,7 +17,8 @@
 #include "cli.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: kvsim tokenize --tokenizer FILE (--text TEXT | --corpus FILE) [--bos] [--repeat N] [--time]\n\n"
+    fprintf(f, "usage: kvsim tokenize --tokenizer FILE (--text TEXT | --corpus FILE) [--bos] [--pieces] [--engine]\n"
+               "                      [--repeat N] [--time]\n\n"
                "Prints the token ids of TEXT, or of every record of a corpus file (one line of space-separated ids per\n"
                "record). The tokenizer is a Hugging Face tokenizer.json (tokenizer_config.json beside it is read when\n"
                "present).\n"
@@ -25,6 +26,10 @@ static void usage(FILE *f) {
                "  --text TEXT       one text (UTF-8)\n"
                "  --corpus FILE     one JSON string literal a line (\"a\\tb\\r\\n\"); blank and '#' lines skipped\n"
                "  --bos             prepend BOS when the tokenizer's configuration asks for it (default: raw ids)\n"
+               "  --pieces          print each record's pre-tokenized pieces instead of ids, as one JSON array a line\n"
+               "                    (after the normalizer and pre-tokenizer, before BPE; JSON.stringify's escaping)\n"
+               "  --engine          run the GPT-2 / Llama 3 / Qwen2 Split regexes on the regex engine, not on their\n"
+               "                    hand-written scanner (the two must agree; for tests)\n"
                "  --repeat N        with --time: encode the corpus N more times, timed (default 1)\n"
                "  --time            on stderr: load seconds, and encode MB/s over the corpus bytes (timed passes)\n"
                "Exit status: 0 success, 1 failure (bad tokenizer or corpus, text the vocabulary cannot represent),\n"
@@ -86,6 +91,26 @@ static kvs_status corpus_load(const char *path, corpus *c) {
     return st;
 }
 
+/* One piece as a JSON string the way JavaScript's JSON.stringify writes it (only '"', '\\' and control characters
+ * escaped, short forms where JSON has them), so that a line compares byte for byte with the Rust library's. */
+static void print_piece(const char *p, size_t n, void *ctx) {
+    int *first = ctx;
+    fputs(*first ? "\"" : ",\"", stdout);
+    *first = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)p[i];
+        if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c == '\b') fputs("\\b", stdout);
+        else if (c == '\f') fputs("\\f", stdout);
+        else if (c == '\n') fputs("\\n", stdout);
+        else if (c == '\r') fputs("\\r", stdout);
+        else if (c == '\t') fputs("\\t", stdout);
+        else if (c < 0x20) printf("\\u%04x", c);
+        else putchar(c);
+    }
+    putchar('"');
+}
+
 /* The ids of text into *ids (grown as needed). */
 static kvs_status encode(const kvs_tokenizer *t, const char *text, int bos, int32_t **ids, size_t *cap,
                          size_t *n) {
@@ -102,7 +127,7 @@ static kvs_status encode(const kvs_tokenizer *t, const char *text, int bos, int3
 
 int kvs_cmd_tokenize(int argc, char **argv) {
     const char *cmd = "tokenize", *tok_path = NULL, *text = NULL, *corpus_path = NULL;
-    int bos = 0, timing = 0;
+    int bos = 0, timing = 0, pieces = 0, engine = 0;
     long repeat = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -112,6 +137,8 @@ int kvs_cmd_tokenize(int argc, char **argv) {
         }
         if (!strcmp(a, "--bos")) bos = 1;
         else if (!strcmp(a, "--time")) timing = 1;
+        else if (!strcmp(a, "--pieces")) pieces = 1;
+        else if (!strcmp(a, "--engine")) engine = 1;
         else if (!strcmp(a, "--tokenizer") || !strcmp(a, "--text") || !strcmp(a, "--corpus") ||
                  !strcmp(a, "--repeat")) {
             if (i + 1 >= argc) return kvs_cli_usage_error(cmd, "%s needs a value", a);
@@ -134,7 +161,17 @@ int kvs_cmd_tokenize(int argc, char **argv) {
     double t0 = kvs_now_s(), t_load = 0, t_enc = 0;
     if (st == KVS_OK) st = kvs_tokenizer_load_hf(tok_path, &t);
     t_load = kvs_now_s() - t0;
-    for (size_t k = 0; st == KVS_OK && k < c.n; k++) {
+    if (st == KVS_OK && engine) kvs_tokenizer_use_scanner(t, 0);
+    for (size_t k = 0; st == KVS_OK && pieces && k < c.n; k++) {
+        int first = 1;
+        putchar('[');
+        if ((st = kvs_tokenizer_pretokenize(t, c.text[k], print_piece, &first)) != KVS_OK) {
+            st = kvs_fail(st, "record %zu: %s", k + 1, kvs_last_error());
+            break;
+        }
+        printf("]\n");
+    }
+    for (size_t k = 0; st == KVS_OK && !pieces && k < c.n; k++) {
         if ((st = encode(t, c.text[k], bos, &ids, &cap, &n)) != KVS_OK) {
             st = kvs_fail(st, "record %zu: %s", k + 1, kvs_last_error());
             break;

@@ -69,6 +69,20 @@ kvs_status kvs_tokenizer_load_hf(const char *tokenizer_json_path, kvs_tokenizer 
 kvs_status kvs_tokenizer_encode(const kvs_tokenizer *t, const char *text, int add_bos, int32_t *ids,
                                 size_t max_ids, size_t *n_ids);
 
+/*! kvs_tokenizer_pretokenize() : the pieces a tokenizer.json tokenizer cuts `text` into before BPE (after the
+ *  normalizer and every pre-tokenizer step, so in the pre-tokenizer's alphabet: "Ġthe" after ByteLevel), an added
+ *  token as its content; fn(piece, length, ctx) once per piece in order. For comparing the pre-tokenizer with
+ *  another implementation's (tests/npm/split_corpus.js).
+ *  @return KVS_OK; KVS_ERR_INVALID_ARG for NULL arguments, a llama2.c tokenizer or text that is not UTF-8; the
+ *  encode errors of a Split pattern (KVS_ERR_RANGE: it backtracks past its step budget). */
+kvs_status kvs_tokenizer_pretokenize(const kvs_tokenizer *t, const char *text,
+                                     void (*fn)(const char *piece, size_t len, void *ctx), void *ctx);
+
+/*! kvs_tokenizer_use_scanner() : on (the default) runs the GPT-2, Llama 3 and Qwen2 Split regexes with the
+ *  hand-written scanner of tokenizer_pretok.c, off runs them on the regex engine like every other pattern; the
+ *  two must agree (tests), the engine being the scanner's independent reference. No-op for llama2.c. */
+void kvs_tokenizer_use_scanner(kvs_tokenizer *t, int on);
+
 /*! kvs_tokenizer_decode() : the text of ids[0..n) as one malloc'd NUL-terminated string (*text_out,
  *  caller frees with free()). Handles "<0xNN>" byte pieces, GPT-2 byte-level characters, "▁" spaces and
  *  each family's leading-space rule (llama2.c: drop the space after BOS; HF: the decoder's Strip /

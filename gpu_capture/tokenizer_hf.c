@@ -802,7 +802,8 @@ static kvs_status bpe_word(const kvs_tokenizer *t, const char *w, size_t n, kvs_
 }
 
 /* Applies one pre-tokenizer step to every word of `in`, producing `out`. */
-static kvs_status pre_step(const kvs_tok_pre_step *ps, const kvs_tok_words *in, int is_first, kvs_tok_words *out) {
+static kvs_status pre_step(const kvs_tok_pre_step *ps, const kvs_tok_words *in, int is_first, int use_scanner,
+                           kvs_tok_words *out) {
     kvs_status st = KVS_OK;
     kvs_tok_buf tmp = {0};
     uint32_t cp_of[256];
@@ -832,7 +833,7 @@ static kvs_status pre_step(const kvs_tok_pre_step *ps, const kvs_tok_words *in, 
         } else if (ps->kind == KVS_TOK_PRE_SPLIT) {
             kvs_tok_piece *pc = NULL;
             size_t np = 0;
-            KVS_TRY(st = kvs_tok_split_pieces(ps, w, n, 1, &pc, &np));
+            KVS_TRY(st = kvs_tok_split_pieces(ps, w, n, use_scanner, &pc, &np));
             for (size_t i = 0; st == KVS_OK && i < np; i++)
                 st = kvs_tok_words_add(out, w + pc[i].start, pc[i].end - pc[i].start);
             free(pc);
@@ -879,12 +880,14 @@ static kvs_status encode_segment(const kvs_tokenizer *t, const char *s, size_t n
     KVS_TRY(st = kvs_tok_words_add(&a, s, n));
     for (size_t k = 0; k < t->n_pre; k++) {
         kvs_tok_words_free(&b);
-        KVS_TRY(st = pre_step(&t->pre[k], &a, is_first, &b));
+        KVS_TRY(st = pre_step(&t->pre[k], &a, is_first, !t->no_scanner, &b));
         kvs_tok_words tmp = a;
         a = b;
         b = tmp;
     }
-    for (size_t i = 0; i < a.n; i++) KVS_TRY(st = bpe_word(t, a.text.p + a.off[i], a.len[i], o));
+    for (size_t i = 0; i < a.n; i++)
+        KVS_TRY(st = o->pieces ? kvs_tok_words_add(o->pieces, a.text.p + a.off[i], a.len[i])
+                               : bpe_word(t, a.text.p + a.off[i], a.len[i], o));
 cleanup:
     kvs_tok_words_free(&a);
     kvs_tok_words_free(&b);
@@ -928,6 +931,13 @@ static int find_added(const kvs_tokenizer *t, int normalized, const char *s, siz
     return 0;
 }
 
+/* An added token: its id, or its content when collecting pieces. */
+static kvs_status push_added(const kvs_tokenizer *t, size_t which, kvs_tok_out *o) {
+    if (o->pieces) return kvs_tok_words_add(o->pieces, t->added[which].content, t->added[which].len);
+    kvs_tok_out_push(o, t->added[which].id);
+    return KVS_OK;
+}
+
 /* Normalizes a raw segment, splits out the normalized added tokens, and encodes the rest. */
 static kvs_status encode_raw_segment(const kvs_tokenizer *t, const char *s, size_t n, int is_first, kvs_tok_out *o) {
     kvs_tok_buf norm = {0};
@@ -937,7 +947,7 @@ static kvs_status encode_raw_segment(const kvs_tokenizer *t, const char *s, size
     size_t from = 0, ms, me, which;
     while (find_added(t, 1, norm.p, norm.len, from, &ms, &me, &which)) {
         KVS_TRY(st = encode_segment(t, norm.p + from, ms - from, is_first && from == 0, o));
-        kvs_tok_out_push(o, t->added[which].id);
+        KVS_TRY(st = push_added(t, which, o));
         from = me;
     }
     KVS_TRY(st = encode_segment(t, norm.p + from, norm.len - from, is_first && from == 0, o));
@@ -959,7 +969,7 @@ kvs_status kvs_tok_hf_encode(const kvs_tokenizer *t, const char *text, size_t le
     kvs_status st;
     while (find_added(t, 0, text, len, from, &ms, &me, &which)) {
         if ((st = encode_raw_segment(t, text + from, ms - from, from == 0, o)) != KVS_OK) return st;
-        kvs_tok_out_push(o, t->added[which].id);
+        if ((st = push_added(t, which, o)) != KVS_OK) return st;
         from = me;
     }
     return encode_raw_segment(t, text + from, len - from, from == 0, o);

@@ -139,6 +139,7 @@ struct kvs_tokenizer {
     kvs_tok_added *added;
     size_t n_added;
     kvs_tok_trie added_trie[2]; /* the added tokens with normalized 0 / 1 */
+    int no_scanner;      /* kvs_tokenizer_use_scanner(t, 0): every Split pattern runs on the regex engine */
 };
 
 /* Allocates the per-id arrays of t for n ids (pieces NULL, byte_of -1, skip 0). */
@@ -164,6 +165,7 @@ kvs_status kvs_tok_bpe(const kvs_tokenizer *t, int32_t *ids, size_t *n, kvs_tok_
 typedef struct {
     int32_t *ids;
     size_t max, n;
+    kvs_tok_words *pieces; /* non-NULL: collect the pre-tokenized pieces instead of ids (kvs_tokenizer_pretokenize) */
 } kvs_tok_out;
 void kvs_tok_out_push(kvs_tok_out *o, int32_t id);
 

@@ -53,6 +53,9 @@ static size_t contraction(const char *s, size_t len, size_t pos, int ignore_case
         if (c1 >= 'A' && c1 <= 'Z') c1 = (char)(c1 + 32);
         if (c2 >= 'A' && c2 <= 'Z') c2 = (char)(c2 + 32);
     }
+    /* (?i:'s) also matches U+017F LATIN SMALL LETTER LONG S, whose simple case folding is 's' (CaseFolding.txt);
+     * no other code point folds to one of s t r e v m l d */
+    if (ignore_case && (uint8_t)c1 == 0xC5 && (uint8_t)c2 == 0xBF) return 3;
     /* alternatives in pattern order: 's 't 're 've 'm 'll 'd */
     if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return 2;
     if ((c1 == 'r' || c1 == 'v') && c2 == 'e') return 3;
