@@ -106,6 +106,7 @@ static void test_unicode_classes_and_case_folding(void **state) {
     FIND("(?i:'s)x", "'Kx", 0, "none");
     FIND("(?i:k)", "\xe2\x84\xaa", 0, "0,3");
     FIND("(?i:[a-c]+)", "xBCa", 0, "1,4");
+    FIND("(?i:[A-C]+)", "xbcA", 0, "1,4");  /* lower case against an upper-case class: through the fold sources */
     FIND("(?i:[^a])", "Ab", 0, "1,2");                  /* the class is folded before its negation */
     FIND("(?i)ab|cd", "xCD", 0, "1,3");                 /* (?i) holds for the rest of the group, '|' included */
     FIND("a(?i)b", "AB", 0, "none");
