@@ -164,12 +164,13 @@ static kvs_status find_matches(const kvs_tok_pre_step *ps, const char *w, size_t
         return st;
     }
     size_t prev = 0, search = 0;
+    uint64_t steps = 0; /* one budget for all the searches through this word */
     int have_last = 0;
     size_t last_end = 0;
     while (search <= n) {
         int found;
         size_t ms, me;
-        if ((st = kvs_tok_rx_find(ps->rx, w, n, search, &found, &ms, &me)) != KVS_OK) return st;
+        if ((st = kvs_tok_rx_find(ps->rx, w, n, search, &steps, &found, &ms, &me)) != KVS_OK) return st;
         if (!found) break;
         if (ms == me && have_last && me == last_end) {
             if (ms >= n) break;

@@ -908,12 +908,11 @@ static int run(rx_ctx *c, int32_t pc0, size_t pos0, size_t *end) {
     return 0;
 }
 
-kvs_status kvs_tok_rx_find(const kvs_tok_rx *rx, const char *s, size_t len, size_t from, int *found, size_t *ms,
-                           size_t *me) {
+kvs_status kvs_tok_rx_find(const kvs_tok_rx *rx, const char *s, size_t len, size_t from, uint64_t *steps, int *found,
+                           size_t *ms, size_t *me) {
     *found = 0;
-    rx_ctx c = {.rx = rx, .s = s, .len = len};
-    uint64_t span = len > from ? len - from : 0;
-    c.budget = rx->budget ? rx->budget : (span * 4096 > (1u << 24) ? span * 4096 : (1u << 24));
+    rx_ctx c = {.rx = rx, .s = s, .len = len, .steps = *steps};
+    c.budget = rx->budget ? rx->budget : ((uint64_t)len * 4096 > (1u << 24) ? (uint64_t)len * 4096 : (1u << 24));
     kvs_status st = KVS_OK;
     for (size_t start = from; start <= len;) {
         size_t end;
@@ -938,5 +937,6 @@ kvs_status kvs_tok_rx_find(const kvs_tok_rx *rx, const char *s, size_t len, size
         start += cp_at(&c, start, &cp);
     }
     free(c.stack);
+    *steps = c.steps;
     return st;
 }

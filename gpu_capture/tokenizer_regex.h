@@ -40,10 +40,12 @@ kvs_status kvs_tok_rx_compile(const char *pat, size_t len, int literal, kvs_tok_
 
 /*! kvs_tok_rx_find() : the leftmost-first match in s[0..len) (valid UTF-8) that starts at or after `from` (a
  *  character boundary). *found 1 and [*ms, *me) the match (possibly empty), or *found 0.
- *  @return KVS_OK; KVS_ERR_RANGE when the search ran more than its step budget (max(2^24, 4096 * bytes
- *  searched) instructions): the pattern backtracks too much on this text. */
-kvs_status kvs_tok_rx_find(const kvs_tok_rx *rx, const char *s, size_t len, size_t from, int *found, size_t *ms,
-                           size_t *me);
+ *  *steps accumulates the instructions executed: a caller that searches one text repeatedly (a Split walking
+ *  through it) passes the same counter, so the budget — max(2^24, 4096 * len) instructions, or the one set by
+ *  kvs_tok_rx_set_step_budget — bounds all the searches of the text together and the work stays linear in its size.
+ *  @return KVS_OK; KVS_ERR_RANGE when the budget is exhausted: the pattern backtracks too much on this text. */
+kvs_status kvs_tok_rx_find(const kvs_tok_rx *rx, const char *s, size_t len, size_t from, uint64_t *steps, int *found,
+                           size_t *ms, size_t *me);
 
 /*! kvs_tok_rx_set_step_budget() : overrides the step budget of every later search with rx (0: the default);
  *  the fuzz harness lowers it so that a hostile pattern is refused fast. */

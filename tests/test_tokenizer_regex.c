@@ -34,7 +34,8 @@ static const char *find(const char *pat, const char *text, size_t from, char *ou
     }
     int found;
     size_t ms, me;
-    st = kvs_tok_rx_find(rx, text, strlen(text), from, &found, &ms, &me);
+    uint64_t steps = 0;
+    st = kvs_tok_rx_find(rx, text, strlen(text), from, &steps, &found, &ms, &me);
     if (st != KVS_OK) snprintf(out, cap, "error");
     else if (!found) snprintf(out, cap, "none");
     else snprintf(out, cap, "%zu,%zu", ms, me);
@@ -166,17 +167,43 @@ static void test_step_budget_stops_catastrophic_backtracking(void **state) {
     text[40] = 0;
     int found;
     size_t ms, me;
+    uint64_t steps = 0;
     double t0 = kvs_now_s();
     /* 2^40 paths: refused after the default budget, in well under a second's worth of steps */
-    assert_int_equal(kvs_tok_rx_find(rx, text, 40, 0, &found, &ms, &me), KVS_ERR_RANGE);
+    assert_int_equal(kvs_tok_rx_find(rx, text, 40, 0, &steps, &found, &ms, &me), KVS_ERR_RANGE);
     assert_non_null(strstr(kvs_last_error(), "backtracks"));
+    assert_true(steps > (1u << 24) && steps <= (1u << 24) + 1);
     assert_true(kvs_now_s() - t0 < 10.0);
     kvs_tok_rx_set_step_budget(rx, 1000);
-    assert_int_equal(kvs_tok_rx_find(rx, text, 40, 0, &found, &ms, &me), KVS_ERR_RANGE);
+    steps = 0;
+    assert_int_equal(kvs_tok_rx_find(rx, text, 40, 0, &steps, &found, &ms, &me), KVS_ERR_RANGE);
     /* a short text fits the budget and finds no match */
-    assert_int_equal(kvs_tok_rx_find(rx, text, 4, 0, &found, &ms, &me), KVS_OK);
+    steps = 0;
+    assert_int_equal(kvs_tok_rx_find(rx, text, 4, 0, &steps, &found, &ms, &me), KVS_OK);
     assert_int_equal(found, 0);
+    /* the counter is shared: searches that each fit, together past the budget, are refused */
+    steps = 990;
+    assert_int_equal(kvs_tok_rx_find(rx, text, 4, 0, &steps, &found, &ms, &me), KVS_ERR_RANGE);
     kvs_tok_rx_free(rx);
+    /* the same through a Split: "(a|a)*b|." matches one character after an exponential failure at each start. The
+     * budget is the word's, not each search's: with room for 1.5 times the first search's steps the split is refused
+     * (the later searches add up to about as much again), with room for 3 times it goes through. */
+    kvs_tok_pre_step ps = {.kind = KVS_TOK_PRE_SPLIT, .regex = KVS_TOK_RE_NONE, .behavior = KVS_TOK_SPLIT_ISOLATED};
+    assert_int_equal(kvs_tok_rx_compile("(a|a)*b|.", 9, 0, &ps.rx), KVS_OK);
+    steps = 0;
+    assert_int_equal(kvs_tok_rx_find(ps.rx, text, 12, 0, &steps, &found, &ms, &me), KVS_OK);
+    assert_int_equal(me, 1);
+    uint64_t first = steps;
+    kvs_tok_piece *pc = NULL;
+    size_t np = 0;
+    kvs_tok_rx_set_step_budget(ps.rx, first * 3 / 2);
+    assert_int_equal(kvs_tok_split_pieces(&ps, text, 12, 0, &pc, &np), KVS_ERR_RANGE);
+    assert_null(pc);
+    kvs_tok_rx_set_step_budget(ps.rx, first * 3);
+    assert_int_equal(kvs_tok_split_pieces(&ps, text, 12, 0, &pc, &np), KVS_OK);
+    assert_int_equal(np, 12);
+    free(pc);
+    kvs_tok_rx_free(ps.rx);
 }
 
 /* The pieces of text under a Split step (pattern literal or regex), joined with '|'. */
