@@ -65,7 +65,8 @@ kvs_status kvs_tokenizer_load_hf(const char *tokenizer_json_path, kvs_tokenizer 
  *  ids is caller-owned with room for max_ids entries.
  *  @return KVS_OK; KVS_ERR_RANGE when more than max_ids ids would be produced (*n_ids then holds the
  *  number needed); KVS_ERR_INVALID_ARG for NULL arguments or a character the vocabulary cannot
- *  represent at all (no byte fallback and no unk token); KVS_ERR_UNSUPPORTED (see NFC above). */
+ *  represent at all (no byte fallback and no unk token); KVS_ERR_UNSUPPORTED (see NFC above, or a Split /
+ *  Replace regex that backtracks past its step budget on this text, gpu_capture/tokenizer_regex.h). */
 kvs_status kvs_tokenizer_encode(const kvs_tokenizer *t, const char *text, int add_bos, int32_t *ids,
                                 size_t max_ids, size_t *n_ids);
 
@@ -74,7 +75,7 @@ kvs_status kvs_tokenizer_encode(const kvs_tokenizer *t, const char *text, int ad
  *  token as its content; fn(piece, length, ctx) once per piece in order. For comparing the pre-tokenizer with
  *  another implementation's (tests/npm/split_corpus.js).
  *  @return KVS_OK; KVS_ERR_INVALID_ARG for NULL arguments, a llama2.c tokenizer or text that is not UTF-8; the
- *  encode errors of a Split pattern (KVS_ERR_RANGE: it backtracks past its step budget). */
+ *  encode errors of a Split pattern (KVS_ERR_UNSUPPORTED: it backtracks past its step budget). */
 kvs_status kvs_tokenizer_pretokenize(const kvs_tokenizer *t, const char *text,
                                      void (*fn)(const char *piece, size_t len, void *ctx), void *ctx);
 

@@ -924,7 +924,7 @@ kvs_status kvs_tok_rx_find(const kvs_tok_rx *rx, const char *s, size_t len, size
             break;
         }
         if (r == -1) {
-            st = kvs_fail(KVS_ERR_RANGE, "regex: the pattern backtracks more than %llu steps on a %zu-byte text: "
+            st = kvs_fail(KVS_ERR_UNSUPPORTED, "regex: the pattern backtracks more than %llu steps on a %zu-byte text: "
                           "refused", (unsigned long long)c.budget, len);
             break;
         }

@@ -43,7 +43,8 @@ kvs_status kvs_tok_rx_compile(const char *pat, size_t len, int literal, kvs_tok_
  *  *steps accumulates the instructions executed: a caller that searches one text repeatedly (a Split walking
  *  through it) passes the same counter, so the budget — max(2^24, 4096 * len) instructions, or the one set by
  *  kvs_tok_rx_set_step_budget — bounds all the searches of the text together and the work stays linear in its size.
- *  @return KVS_OK; KVS_ERR_RANGE when the budget is exhausted: the pattern backtracks too much on this text. */
+ *  @return KVS_OK; KVS_ERR_UNSUPPORTED when the budget is exhausted: the pattern backtracks too much on this text
+ *  (not KVS_ERR_RANGE, which kvs_tokenizer_encode reserves for "the id buffer is too small"). */
 kvs_status kvs_tok_rx_find(const kvs_tok_rx *rx, const char *s, size_t len, size_t from, uint64_t *steps, int *found,
                            size_t *ms, size_t *me);
 
