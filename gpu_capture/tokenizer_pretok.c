@@ -10,6 +10,10 @@
  * \s+(?!\S). Every character is matched by some alternative of these patterns, so splitting is a
  * sequence of matches with no gaps ("Isolated" behaviour).
  *
+ * The regex engine (tokenizer_regex.c) runs every other pattern and is this scanner's reference: both give the Rust
+ * library's pieces on the comparison corpus (tests/test_tokenizer_npm.c, kvsim tokenize --engine). Below the
+ * scanner: the Split step itself (matches and gaps, then the behaviour), for both.
+ *
  * Unicode classes: \p{L} (Lu Ll Lt Lm Lo) and \p{N} (Nd Nl No) are general categories and \s is the
  * White_Space property, all from the Unicode Character Database tables of gpu_capture/unicode.c (every
  * script, generated from the UCD by tools/gen_unicode_tables.py).
