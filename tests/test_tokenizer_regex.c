@@ -21,6 +21,7 @@
 #include "../gpu_capture/tokenizer.h"
 #include "../gpu_capture/tokenizer_internal.h"
 #include "../gpu_capture/tokenizer_regex.h"
+#include "tests/util/cli_run.h"
 #include "tests/util/testenv.h"
 
 /* "ms,me" of the first match at or after `from`, "none", or "error" into out. */
@@ -378,6 +379,54 @@ static void test_loader_regex_replace_and_refusals(void **state) {
     kvs_test_rm_rf(dir);
 }
 
+/* kvsim tokenize: the ids are the library's, the pieces its pre-tokenizer's, the --time byte count the corpus's;
+ * bad usage exits 2, a bad corpus line 1 naming the line. */
+static void test_cli_tokenize(void **state) {
+    kvs_test_cli_fx *f = *state;
+    if (!kvs_test_kvsim_bin()) skip();
+    char tok[4096], corpus[256], err_line[512];
+    snprintf(tok, sizeof tok, "%s/tests/fixtures/tokenizer/bytelevel_llama3/tokenizer.json", kvs_test_root());
+    snprintf(corpus, sizeof corpus, "%s/c.jsonl", f->dir);
+    assert_int_equal(kvs_test_spit_text(corpus, "# comment\n\"Hello world\"\n\n  \"a\\tb\\r\\n\"\n"), 0);
+    const char *pieces[] = {"tokenize", "--tokenizer", tok, "--corpus", corpus, "--pieces", NULL};
+    assert_int_equal(kvs_test_cli_run(f, pieces), 0);
+    char *out = kvs_test_slurp(f->out, NULL);
+    assert_non_null(out);
+    assert_string_equal(out, "[\"Hello\",\"\xc4\xa0world\"]\n[\"a\",\"\xc4\x89" "b\",\"\xc4\x8d\xc4\x8a\"]\n");
+    free(out);
+    /* ids: the library's own encode of the two records, printed the same way */
+    kvs_tokenizer *t = NULL;
+    assert_int_equal(kvs_tokenizer_load_hf(tok, &t), KVS_OK);
+    char want[512] = {0};
+    const char *recs[] = {"Hello world", "a\tb\r\n"};
+    for (int r = 0; r < 2; r++) {
+        int32_t ids[64];
+        size_t n;
+        assert_int_equal(kvs_tokenizer_encode(t, recs[r], 0, ids, 64, &n), KVS_OK);
+        for (size_t i = 0; i < n; i++) snprintf(want + strlen(want), sizeof want - strlen(want), i ? " %d" : "%d", ids[i]);
+        strcat(want, "\n");
+    }
+    kvs_tokenizer_free(t);
+    const char *ids[] = {"tokenize", "--tokenizer", tok, "--corpus", corpus, "--time", "--repeat", "2", NULL};
+    assert_int_equal(kvs_test_cli_run(f, ids), 0);
+    out = kvs_test_slurp(f->out, NULL);
+    assert_string_equal(out, want);
+    free(out);
+    /* 11 + 5 bytes, encoded twice in the timed passes */
+    assert_true(kvs_test_file_has(f->err, "bytes 16 repeat 2 mb_per_s"));
+    const char *usage1[] = {"tokenize", "--text", "x", NULL};
+    assert_int_equal(kvs_test_cli_run(f, usage1), 2);
+    const char *usage2[] = {"tokenize", "--tokenizer", tok, "--text", "x", "--corpus", corpus, NULL};
+    assert_int_equal(kvs_test_cli_run(f, usage2), 2);
+    const char *usage3[] = {"tokenize", "--tokenizer", tok, "--text", "x", "--time", "--repeat", "0", NULL};
+    assert_int_equal(kvs_test_cli_run(f, usage3), 2);
+    assert_int_equal(kvs_test_spit_text(corpus, "\"ok\"\n123\n"), 0);
+    const char *bad[] = {"tokenize", "--tokenizer", tok, "--corpus", corpus, NULL};
+    assert_int_equal(kvs_test_cli_run(f, bad), 1);
+    snprintf(err_line, sizeof err_line, "%s:2: a record must be one JSON string", corpus);
+    assert_true(kvs_test_file_has(f->err, err_line));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_leftmost_first_semantics),
@@ -387,6 +436,7 @@ int main(void) {
         cmocka_unit_test(test_split_behaviours),
         cmocka_unit_test(test_rust_library_sample_pieces),
         cmocka_unit_test(test_loader_regex_replace_and_refusals),
+        cmocka_unit_test_setup_teardown(test_cli_tokenize, kvs_test_cli_setup, kvs_test_cli_teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
