@@ -19,9 +19,9 @@
 static void usage(FILE *f) {
     fprintf(f, "usage: kvsim tokenize --tokenizer FILE (--text TEXT | --corpus FILE) [--bos] [--pieces] [--engine]\n"
                "                      [--repeat N] [--time]\n\n"
-               "Prints the token ids of TEXT, or of every record of a corpus file (one line of space-separated ids per\n"
-               "record). The tokenizer is a Hugging Face tokenizer.json (tokenizer_config.json beside it is read when\n"
-               "present).\n"
+               "Prints the token ids of TEXT, or of every record of a corpus file (one line of space-separated ids\n"
+               "per record). The tokenizer is a Hugging Face tokenizer.json (tokenizer_config.json beside it is read\n"
+               "when present).\n"
                "  --tokenizer FILE  tokenizer.json\n"
                "  --text TEXT       one text (UTF-8)\n"
                "  --corpus FILE     one JSON string literal a line (\"a\\tb\\r\\n\"); blank and '#' lines skipped\n"
@@ -146,7 +146,8 @@ int kvs_cmd_tokenize(int argc, char **argv) {
             if (!strcmp(a, "--tokenizer")) tok_path = v;
             else if (!strcmp(a, "--text")) text = v;
             else if (!strcmp(a, "--corpus")) corpus_path = v;
-            else if (kvs_cli_parse_long(a, v, 1, 1000000, &repeat) != KVS_OK) return kvs_cli_fail(cmd, KVS_ERR_INVALID_ARG);
+            else if (kvs_cli_parse_long(a, v, 1, 1000000, &repeat) != KVS_OK)
+                return kvs_cli_fail(cmd, KVS_ERR_INVALID_ARG);
         } else {
             return kvs_cli_usage_error(cmd, "unknown argument '%s'", a);
         }

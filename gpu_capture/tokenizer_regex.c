@@ -358,7 +358,8 @@ static kvs_status parse_class(rx_parser *ps, int icase, int *out) {
         }
         first = 0;
         if (ch == '[') return unsupported(ps, "a nested class or POSIX bracket [[...]] inside a class");
-        if (ch == '&' && ps->i + 1 < ps->len && ps->p[ps->i + 1] == '&') return unsupported(ps, "class intersection &&");
+        if (ch == '&' && ps->i + 1 < ps->len && ps->p[ps->i + 1] == '&')
+            return unsupported(ps, "class intersection &&");
         uint32_t lo;
         int kind = ESC_CHAR;
         if (ch == '\\') {

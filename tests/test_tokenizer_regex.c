@@ -327,7 +327,8 @@ static void test_loader_regex_replace_and_refusals(void **state) {
     char dir[256], p[512];
     assert_int_equal(kvs_test_make_tmp(dir, sizeof dir), 0);
     snprintf(p, sizeof p, "%s/tokenizer.json", dir);
-    const char *ok = "{\"normalizer\": {\"type\": \"Replace\", \"pattern\": {\"Regex\": \" {2,}\"}, \"content\": \"_\"},"
+    const char *ok = "{\"normalizer\": {\"type\": \"Replace\", \"pattern\": {\"Regex\": \" {2,}\"}, "
+                     "\"content\": \"_\"},"
                      " \"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": {\"String\": \"_\"}, \"behavior\": "
                      "\"MergedWithNext\", \"invert\": false}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0},"
                      " \"merges\": []}}";
@@ -403,7 +404,8 @@ static void test_cli_tokenize(void **state) {
         int32_t ids[64];
         size_t n;
         assert_int_equal(kvs_tokenizer_encode(t, recs[r], 0, ids, 64, &n), KVS_OK);
-        for (size_t i = 0; i < n; i++) snprintf(want + strlen(want), sizeof want - strlen(want), i ? " %d" : "%d", ids[i]);
+        for (size_t i = 0; i < n; i++)
+            snprintf(want + strlen(want), sizeof want - strlen(want), i ? " %d" : "%d", ids[i]);
         strcat(want, "\n");
     }
     kvs_tokenizer_free(t);
