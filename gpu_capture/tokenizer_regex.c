@@ -799,16 +799,21 @@ typedef struct {
     size_t len;
     rx_thread *stack;
     size_t sp, cap;
+    int on_heap; /* stack was malloc'd (else it is the caller's local array) */
     uint64_t steps, budget;
 } rx_ctx;
 
+#define RX_LOCAL_STACK 128 /* alternatives a search keeps on the C stack before it allocates (most need a few) */
+
 static int push(rx_ctx *c, int32_t pc, size_t pos) {
     if (c->sp == c->cap) {
-        size_t cap = c->cap ? 2 * c->cap : 256;
-        rx_thread *t = realloc(c->stack, cap * sizeof *t);
+        size_t cap = 2 * c->cap;
+        rx_thread *t = c->on_heap ? realloc(c->stack, cap * sizeof *t) : malloc(cap * sizeof *t);
         if (!t) return 0;
+        if (!c->on_heap) memcpy(t, c->stack, c->sp * sizeof *t);
         c->stack = t;
         c->cap = cap;
+        c->on_heap = 1;
     }
     c->stack[c->sp++] = (rx_thread){pc, pos};
     return 1;
@@ -912,7 +917,8 @@ static int run(rx_ctx *c, int32_t pc0, size_t pos0, size_t *end) {
 kvs_status kvs_tok_rx_find(const kvs_tok_rx *rx, const char *s, size_t len, size_t from, uint64_t *steps, int *found,
                            size_t *ms, size_t *me) {
     *found = 0;
-    rx_ctx c = {.rx = rx, .s = s, .len = len, .steps = *steps};
+    rx_thread local[RX_LOCAL_STACK];
+    rx_ctx c = {.rx = rx, .s = s, .len = len, .stack = local, .cap = RX_LOCAL_STACK, .steps = *steps};
     c.budget = rx->budget ? rx->budget : ((uint64_t)len * 4096 > (1u << 24) ? (uint64_t)len * 4096 : (1u << 24));
     kvs_status st = KVS_OK;
     for (size_t start = from; start <= len;) {
@@ -937,7 +943,7 @@ kvs_status kvs_tok_rx_find(const kvs_tok_rx *rx, const char *s, size_t len, size
         uint32_t cp;
         start += cp_at(&c, start, &cp);
     }
-    free(c.stack);
+    if (c.on_heap) free(c.stack);
     *steps = c.steps;
     return st;
 }

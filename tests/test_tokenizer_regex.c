@@ -86,6 +86,12 @@ static void test_leftmost_first_semantics(void **state) {
     FIND("\\x41\\u0042\\x{43}", "ABC", 0, "0,3");
     FIND("\\.\\*", "a.*", 0, "1,3");
     FIND("none", "abc", 0, "none");
+    /* a long run keeps thousands of alternatives pending: past the search's local stack, onto the heap */
+    static char run[1200];
+    memset(run, 'a', 1000);
+    strcpy(run + 1000, "b");
+    FIND("(?:a|x)+b", run, 0, "0,1001");
+    FIND("(?:a|x)+c", run, 0, "none");
 }
 
 static void test_unicode_classes_and_case_folding(void **state) {
