@@ -25,7 +25,7 @@
  * Oniguruma's semantics (gpu_capture/tokenizer_regex.h: \p{..} general categories, simple case folding, counted
  * repeats, lookahead; backreferences, lookbehind, scripts and other constructs are refused at load naming the
  * construct, and a pattern that backtracks past its step budget on a text is refused at encode). The GPT-2,
- * Llama 3 and Qwen2 Split regexes run by default on a hand-written scanner for those exact patterns, about twice as
+ * Llama 3 and Qwen2 Split regexes run by default on a hand-written scanner for those exact patterns, 1.5-2 times as
  * fast, that the engine checks (kvs_tokenizer_use_scanner). \p{L}, \p{N} ... and \s are the general categories and
  * the White_Space property of the Unicode Character Database (gpu_capture/unicode.h, every script). The NFC
  * normalizer is Normalization Form C of the same database version (kvs_uni_ucd_version(); the `tokenizers`
