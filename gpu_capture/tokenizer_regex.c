@@ -285,9 +285,11 @@ static kvs_status parse_escape(rx_parser *ps, int in_class, rx_class *c, int *ki
     }
     *kind = ESC_CLASS;
     const uint32_t nd = 1u << KVS_UNI_ND;
+    /* Oniguruma's Unicode Word: letters, marks, every number (U+00BD VULGAR FRACTION ONE HALF, No, is \w there) and
+     * connector punctuation */
     const uint32_t word = (1u << KVS_UNI_LU) | (1u << KVS_UNI_LL) | (1u << KVS_UNI_LT) | (1u << KVS_UNI_LM) |
                           (1u << KVS_UNI_LO) | (1u << KVS_UNI_MN) | (1u << KVS_UNI_MC) | (1u << KVS_UNI_ME) | nd |
-                          (1u << KVS_UNI_PC);
+                          (1u << KVS_UNI_NL) | (1u << KVS_UNI_NO) | (1u << KVS_UNI_PC);
     switch (e) {
     case 's': c->space = 1; return KVS_OK;
     case 'S': c->notspace = 1; return KVS_OK;

@@ -6,15 +6,16 @@
  * Supported syntax (anything else is refused at compile time, the message naming the construct):
  *   literals; escapes \t \n \r \f \v \a \e \0 \xHH \x{H..} \uHHHH and escaped punctuation; . (any character but
  *   \n); classes [...] with ranges, negation [^...], escapes and \s \S \d \D \w \W \p{..} \P{..} inside;
- *   \s (White_Space) \S \d (Nd) \D \w (L, M, Nd, Pc) \W; \p{X} \P{X} \p{^X} \pX for the general categories and
+ *   \s (White_Space) \S \d (Nd) \D \w (L, M, N, Pc) \W; \p{X} \P{X} \p{^X} \pX for the general categories and
  *   their groups (L Lu Ll Lt Lm Lo LC M Mn Mc Me N Nd Nl No P Pc Pd Ps Pe Pi Pf Po S Sm Sc Sk So Z Zs Zl Zp C Cc
  *   Cf Cs Co Cn, plus the long group names Letter Mark Number Punctuation Symbol Separator Other); alternation;
  *   groups ( ) (?: ) (?i: ) (?-i: ) and (?i) for the rest of the group; quantifiers * + ? {n} {n,} {n,m} greedy
  *   or lazy (a trailing ?); possessive quantifiers and atomic groups are refused; anchors ^ $ (line) \A \z;
  *   lookahead (?= ) (?! ). Refused: backreferences, lookbehind, \b \B, scripts such as \p{Han}, class
  *   intersection, an unbounded repeat of an expression that can match the empty string (it would loop).
- * \w is L, M, Nd and Pc (Oniguruma's Word also holds Nl and a few Other_Alphabetic symbols; no real tokenizer
- * pattern uses \w).
+ * \w is L, M, N and Pc (Oniguruma's Word also holds the Other_Alphabetic symbols such as U+24B6 CIRCLED LATIN
+ * CAPITAL LETTER A, So; no real tokenizer pattern uses \w). Oniguruma refuses a repeat of an anchor-only group such as
+ * (?:$|^){0,2} ("target of repeat operator is invalid"); this engine runs it (it matches empty).
  *
  * Work is bounded: a pattern compiles to at most KVS_TOK_RX_MAX_PROG instructions (counted repeats are expanded,
  * at most 1000 each), and one search executes at most a step budget of instructions (see kvs_tok_rx_find); a
