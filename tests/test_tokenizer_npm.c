@@ -12,6 +12,10 @@
  *     design: kvsim follows tokenizer_config.json's add_bos_token (as Python transformers' LlamaTokenizerFast does,
  *     rebuilding the post-processor from it), the library the tokenizer.json post_processor alone; for DeepSeek-V3
  *     (add_bos_token true, a post_processor without a template) kvsim's ids are the library's with BOS 0 in front.
+ *   - random patterns: 300 seeded random Split pre_tokenizers (random_patterns.json, gen_random_patterns.py) on short
+ *     texts: wherever both the library and kvsim accept a pattern, the pieces must be equal; kvsim may refuse a
+ *     pattern the library runs (with a message: an unbounded repeat of what can match empty, ...) and run one the
+ *     library refuses (a repeated anchor), both counted and printed, not failed.
  * A mismatch prints the record and both id lists. transformers.js (@lenml/tokenizers) is a second opinion: where it
  * deviates from the Rust library the test says so and does not fail.
  *
@@ -236,10 +240,68 @@ static void test_pieces_match_rust_library(void **state) {
     assert_true(all_equal);
 }
 
+static void test_random_patterns_match_rust_library(void **state) {
+    (void)state;
+    const char *bin = kvs_test_kvsim_bin();
+    if (!bin || !node_ready()) skip();
+    char dir[256], cmd[8192], path[4096], texts[4096];
+    assert_int_equal(kvs_test_make_tmp(dir, sizeof dir), 0);
+    snprintf(texts, sizeof texts, "%s/tests/fixtures/tokenizer/corpus/random_texts.jsonl", kvs_test_root());
+    snprintf(cmd, sizeof cmd, "node tests/npm/split_corpus.js tests/fixtures/tokenizer/corpus/random_patterns.json "
+             "tests/fixtures/tokenizer/corpus/random_texts.jsonl %s", dir);
+    run_sh(cmd);
+    snprintf(path, sizeof path, "%s/tests/fixtures/tokenizer/corpus/random_patterns.json", kvs_test_root());
+    size_t len;
+    char *text = kvs_test_slurp(path, &len);
+    assert_non_null(text);
+    kvs_json *pats = NULL;
+    assert_int_equal(kvs_json_parse(text, len, &pats), KVS_OK);
+    int equal = 0, differ = 0, kvsim_refused = 0, library_refused = 0, both_refused = 0;
+    for (size_t k = 0; k < kvs_json_len(pats); k++) {
+        const char *name = kvs_json_string(kvs_json_get(kvs_json_at(pats, k), "name"));
+        char tok[512], want[512], got[512], err[512];
+        snprintf(tok, sizeof tok, "%s/%s.tokenizer.json", dir, name);
+        snprintf(want, sizeof want, "%s/%s.rust.pieces", dir, name);
+        snprintf(got, sizeof got, "%s/%s.kvsim.pieces", dir, name);
+        snprintf(err, sizeof err, "%s/%s.kvsim.err", dir, name);
+        const char *args[] = {"tokenize", "--tokenizer", tok, "--corpus", texts, "--pieces", NULL};
+        int rc = kvs_test_cli(got, err, args);
+        char *w = kvs_test_slurp(want, NULL), *g = kvs_test_slurp(got, NULL);
+        assert_non_null(w);
+        assert_non_null(g);
+        int lib_ok = strncmp(w, "ERROR", 5) != 0;
+        if (!lib_ok && rc != 0) both_refused++;
+        else if (!lib_ok) library_refused++;
+        else if (rc != 0) {
+            kvsim_refused++;
+            /* a refusal says what it refuses */
+            assert_true(kvs_test_file_has(err, "is not supported") || kvs_test_file_has(err, "regex:"));
+        } else if (strcmp(w, g) == 0) {
+            equal++;
+        } else {
+            differ++;
+            fprintf(stderr, "random pattern %s differs: %.300s\n", name,
+                    kvs_json_string(kvs_json_get(kvs_json_get(kvs_json_get(kvs_json_at(pats, k), "pre_tokenizer"),
+                                                              "pattern"), "Regex")));
+            fprintf(stderr, "    rust library: %.300s\n    kvsim: %.300s\n", w, g);
+        }
+        free(w);
+        free(g);
+    }
+    fprintf(stderr, "random patterns: %d equal, %d differ, %d refused by kvsim only, %d by the library only, %d by "
+            "both\n", equal, differ, kvsim_refused, library_refused, both_refused);
+    kvs_json_free(pats);
+    free(text);
+    kvs_test_rm_rf(dir);
+    assert_int_equal(differ, 0);
+    assert_true(equal >= 100);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ids_match_rust_library),
         cmocka_unit_test(test_pieces_match_rust_library),
+        cmocka_unit_test(test_random_patterns_match_rust_library),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -5,7 +5,8 @@
 // reference that tests/test_tokenizer_regex.c holds kvsim's regex engine to. A tokenizer.json with an empty BPE
 // model (a one-token vocabulary) and that pre_tokenizer is written to OUTDIR/<name>.tokenizer.json and loaded with
 // Tokenizer.fromFile; getPreTokenizer().preTokenizeString gives the pieces. Writes OUTDIR/<name>.rust.pieces: one
-// JSON array of the pieces (JSON.stringify) per record, the format of `kvsim tokenize --pieces` on the same file.
+// JSON array of the pieces (JSON.stringify) per record, the format of `kvsim tokenize --pieces` on the same file,
+// or one line "ERROR <message>" when the library refuses the pattern.
 //
 //   node tests/npm/split_corpus.js PATTERNS.json CORPUS OUTDIR
 'use strict';
@@ -27,7 +28,12 @@ for (const p of JSON.parse(fs.readFileSync(patFile, 'utf8'))) {
   };
   const file = path.join(outDir, p.name + '.tokenizer.json');
   fs.writeFileSync(file, JSON.stringify(tj));
-  const pre = Tokenizer.fromFile(file).getPreTokenizer();
-  const lines = corpus.map((s) => JSON.stringify(pre.preTokenizeString(s).map((x) => x[0])));
+  let lines;
+  try {
+    const pre = Tokenizer.fromFile(file).getPreTokenizer();
+    lines = corpus.map((s) => JSON.stringify(pre.preTokenizeString(s).map((x) => x[0])));
+  } catch (e) {
+    lines = ['ERROR ' + String(e.message || e).replace(/\s+/g, ' ')]; // the library (Oniguruma) refused the pattern
+  }
   fs.writeFileSync(path.join(outDir, p.name + '.rust.pieces'), lines.join('\n') + '\n');
 }
