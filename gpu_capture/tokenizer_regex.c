@@ -94,13 +94,21 @@ typedef struct {
     int neg;      /* N_LOOK: (?!...) */
 } rx_node;
 
-enum { I_CHAR, I_CHARI, I_CLASS, I_ANY, I_SPLIT, I_JMP, I_LOOK, I_NLOOK, I_BOL, I_EOL, I_BOT, I_EOT, I_MATCH };
+enum {
+    I_CHAR, I_CHARI, I_CLASS, I_ANY, I_SPLIT, I_JMP, I_LOOK, I_NLOOK, I_BOL, I_EOL, I_BOT, I_EOT, I_MATCH, I_SETREG,
+    I_EMPTYCHK
+};
 typedef struct {
     uint8_t op;
     uint32_t arg;   /* I_CHAR / I_CHARI code point; I_CLASS class index */
     int32_t x, y;   /* I_SPLIT preferred / other branch; I_JMP x; I_LOOK sub-program x, continuation y;
-                     * I_CLASS y = icase */
+                     * I_CLASS y = icase; I_SETREG / I_EMPTYCHK arg = register, I_EMPTYCHK x = the loop's exit */
 } rx_inst;
+
+/* Registers: one per unbounded repeat of an expression that can match empty, holding where its current iteration
+ * started; an iteration that ends where it started leaves the loop (Oniguruma's empty check), so X* with a nullable X
+ * terminates. */
+#define RX_MAX_REGS 32
 
 struct kvs_tok_rx {
     rx_inst *prog;
@@ -108,6 +116,7 @@ struct kvs_tok_rx {
     rx_class *classes;
     size_t n_classes;
     uint64_t budget; /* 0: the default */
+    int n_regs;
 };
 
 #define RX_MAX_DEPTH 200  /* group nesting the recursive-descent parser accepts */
@@ -121,6 +130,7 @@ typedef struct {
     rx_class *classes;
     size_t n_classes, cap_classes;
     int depth;
+    int n_regs; /* registers the empty checks of nullable unbounded repeats use */
 } rx_parser;
 
 static kvs_status unsupported(const rx_parser *ps, const char *what) {
@@ -515,14 +525,19 @@ static kvs_status parse_repeat(rx_parser *ps, int *icase, int *out) {
         int t = ps->nodes[node].type;
         if (t == N_BOL || t == N_EOL || t == N_BOT || t == N_EOT || t == N_LOOK)
             return malformed(ps, "a quantifier on an anchor or a lookahead");
-        if (mx < 0 && nullable(ps, node))
-            return unsupported(ps, "an unbounded repeat of an expression that can match the empty string");
+        int reg = -1;
+        if (mx < 0 && nullable(ps, node)) {
+            if (ps->n_regs == RX_MAX_REGS)
+                return unsupported(ps, "more than 32 unbounded repeats of expressions that can match empty");
+            reg = ps->n_regs++;
+        }
         int r;
         if ((st = new_node(ps, N_REP, &r)) != KVS_OK) return st;
         ps->nodes[r].a = node;
         ps->nodes[r].min = mn;
         ps->nodes[r].max = mx;
         ps->nodes[r].greedy = greedy;
+        ps->nodes[r].cls = reg; /* N_REP: the empty-check register, -1 for none */
         node = r;
     }
     *out = node;
@@ -687,12 +702,15 @@ static kvs_status gen(const rx_parser *ps, int k, rx_code *c) {
         for (int i = 0; i < n->min; i++)
             if ((st = gen(ps, n->a, c)) != KVS_OK) return st;
         if (n->max < 0) {
-            /* L: SPLIT body, out; body; JMP L; out: */
+            /* L: SPLIT body, out; body [SETREG r]; X; [EMPTYCHK r -> out]; JMP L; out: */
             if ((st = emit(c, I_SPLIT, 0, 0, 0, &at)) != KVS_OK) return st;
             int32_t body = (int32_t)c->n;
+            if (n->cls >= 0 && (st = emit(c, I_SETREG, (uint32_t)n->cls, 0, 0, NULL)) != KVS_OK) return st;
             if ((st = gen(ps, n->a, c)) != KVS_OK) return st;
+            if (n->cls >= 0 && (st = emit(c, I_EMPTYCHK, (uint32_t)n->cls, 0, 0, &at2)) != KVS_OK) return st;
             if ((st = emit(c, I_JMP, 0, at, 0, NULL)) != KVS_OK) return st;
             int32_t out = (int32_t)c->n;
+            if (n->cls >= 0) c->prog[at2].x = out;
             c->prog[at].x = n->greedy ? body : out;
             c->prog[at].y = n->greedy ? out : body;
             return KVS_OK;
@@ -769,6 +787,7 @@ kvs_status kvs_tok_rx_compile(const char *pat, size_t len, int literal, kvs_tok_
     rx->n_prog = code.n;
     rx->classes = ps.classes;
     rx->n_classes = ps.n_classes;
+    rx->n_regs = ps.n_regs;
     *out = rx;
     return KVS_OK;
 }
@@ -802,6 +821,7 @@ typedef struct {
     rx_thread *stack;
     size_t sp, cap;
     int on_heap; /* stack was malloc'd (else it is the caller's local array) */
+    size_t reg[RX_MAX_REGS]; /* iteration starts of the nullable loops (restored on backtracking) */
     uint64_t steps, budget;
 } rx_ctx;
 
@@ -836,6 +856,10 @@ static int run(rx_ctx *c, int32_t pc0, size_t pos0, size_t *end) {
     const rx_inst *prog = c->rx->prog;
     while (c->sp > base) {
         rx_thread th = c->stack[--c->sp];
+        if (th.pc < 0) { /* an undo entry: a register's value before an I_SETREG on the path being abandoned */
+            c->reg[-1 - th.pc] = th.pos;
+            continue;
+        }
         int32_t pc = th.pc;
         size_t pos = th.pos;
         for (;;) {
@@ -908,6 +932,14 @@ static int run(rx_ctx *c, int32_t pc0, size_t pos0, size_t *end) {
                 *end = pos;
                 c->sp = base;
                 return 1;
+            case I_SETREG:
+                if (!push(c, -1 - (int32_t)in->arg, c->reg[in->arg])) { c->sp = base; return -2; }
+                c->reg[in->arg] = pos;
+                pc++;
+                continue;
+            case I_EMPTYCHK:
+                pc = pos == c->reg[in->arg] ? in->x : pc + 1;
+                continue;
             default: goto fail;
             }
         }

@@ -12,7 +12,8 @@
  *   groups ( ) (?: ) (?i: ) (?-i: ) and (?i) for the rest of the group; quantifiers * + ? {n} {n,} {n,m} greedy
  *   or lazy (a trailing ?); possessive quantifiers and atomic groups are refused; anchors ^ $ (line) \A \z;
  *   lookahead (?= ) (?! ). Refused: backreferences, lookbehind, \b \B, scripts such as \p{Han}, class
- *   intersection, an unbounded repeat of an expression that can match the empty string (it would loop).
+ *   intersection, more than 32 unbounded repeats of expressions that can match empty in one pattern (each needs a
+ *   register for Oniguruma's empty check: an iteration that matches empty ends the loop).
  * \w is L, M, N and Pc (Oniguruma's Word also holds the Other_Alphabetic symbols such as U+24B6 CIRCLED LATIN
  * CAPITAL LETTER A, So; no real tokenizer pattern uses \w). Oniguruma refuses a repeat of an anchor-only group such as
  * (?:$|^){0,2} ("target of repeat operator is invalid"); this engine runs it (it matches empty).

@@ -14,8 +14,8 @@
  *     (add_bos_token true, a post_processor without a template) kvsim's ids are the library's with BOS 0 in front.
  *   - random patterns: 300 seeded random Split pre_tokenizers (random_patterns.json, gen_random_patterns.py) on short
  *     texts: wherever both the library and kvsim accept a pattern, the pieces must be equal; kvsim may refuse a
- *     pattern the library runs (with a message: an unbounded repeat of what can match empty, ...) and run one the
- *     library refuses (a repeated anchor), both counted and printed, not failed.
+ *     pattern the library runs (with a message: a quantified lookahead, ...) and run one the library refuses (a
+ *     repeated group of anchors), both counted and printed, not failed.
  * A mismatch prints the record and both id lists. transformers.js (@lenml/tokenizers) is a second opinion: where it
  * deviates from the Rust library the test says so and does not fail.
  *
