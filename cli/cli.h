@@ -142,6 +142,7 @@ int kvs_cmd_plan(int argc, char **argv);
 int kvs_cmd_replay(int argc, char **argv);
 int kvs_cmd_report(int argc, char **argv);
 int kvs_cmd_generate(int argc, char **argv);
+int kvs_cmd_tokenize(int argc, char **argv);
 int kvs_cmd_calibrate(int argc, char **argv);
 int kvs_cmd_sweep(int argc, char **argv);
 int kvs_cmd_merge(int argc, char **argv);

@@ -59,6 +59,8 @@ static const kvs_cli_command commands[] = {
                  "difference, resolved or not)", kvs_cmd_interval},
     {"plan", "capacity planning: KV per token, max batch and context beside the weights, with nominal budgets or a "
              "measured profile", kvs_cmd_plan},
+    {"tokenize", "the token ids of a text or a corpus under a tokenizer.json, with load time and encode speed",
+     kvs_cmd_tokenize},
     {"help", "list the commands, or `kvsim help CMD` for one command's options", cmd_help},
     {"version", "print the kvsim version", cmd_version},
 };

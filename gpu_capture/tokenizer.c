@@ -498,7 +498,7 @@ kvs_status kvs_tokenizer_encode(const kvs_tokenizer *t, const char *text, int ad
     if (!t || !text || !n_ids || (!ids && max_ids > 0))
         return kvs_fail(KVS_ERR_INVALID_ARG, "kvs_tokenizer_encode: NULL argument");
     *n_ids = 0;
-    kvs_tok_out o = {ids, max_ids, 0};
+    kvs_tok_out o = {ids, max_ids, 0, NULL};
     size_t len = strlen(text);
     kvs_status st;
     if (t->family == KVS_TOK_LLAMA2C) {
@@ -512,6 +512,23 @@ kvs_status kvs_tokenizer_encode(const kvs_tokenizer *t, const char *text, int ad
     if (o.n > max_ids)
         return kvs_fail(KVS_ERR_RANGE, "tokenizer: text needs %zu tokens, buffer holds %zu", o.n, max_ids);
     return KVS_OK;
+}
+
+kvs_status kvs_tokenizer_pretokenize(const kvs_tokenizer *t, const char *text,
+                                     void (*fn)(const char *piece, size_t len, void *ctx), void *ctx) {
+    if (!t || !text || !fn) return kvs_fail(KVS_ERR_INVALID_ARG, "kvs_tokenizer_pretokenize: NULL argument");
+    if (t->family != KVS_TOK_HF)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "kvs_tokenizer_pretokenize: a llama2.c tokenizer has no pre-tokenizer");
+    kvs_tok_words w = {0};
+    kvs_tok_out o = {NULL, 0, 0, &w};
+    kvs_status st = kvs_tok_hf_encode(t, text, strlen(text), &o);
+    for (size_t i = 0; st == KVS_OK && i < w.n; i++) fn(w.text.p + w.off[i], w.len[i], ctx);
+    kvs_tok_words_free(&w);
+    return st;
+}
+
+void kvs_tokenizer_use_scanner(kvs_tokenizer *t, int on) {
+    if (t) t->no_scanner = !on;
 }
 
 static kvs_status check_ids(const kvs_tokenizer *t, const int32_t *ids, size_t n) {
@@ -578,8 +595,9 @@ void kvs_tokenizer_free(kvs_tokenizer *t) {
     free(t->skip);
     free(t->map.slot);
     kvs_tok_pairmap_free(&t->merges);
-    for (size_t i = 0; i < t->n_norm; i++) { free(t->norm[i].a); free(t->norm[i].b); }
+    for (size_t i = 0; i < t->n_norm; i++) { free(t->norm[i].a); free(t->norm[i].b); kvs_tok_rx_free(t->norm[i].rx); }
     free(t->norm);
+    for (size_t i = 0; i < t->n_pre; i++) kvs_tok_rx_free(t->pre[i].rx);
     free(t->pre);
     for (size_t i = 0; i < t->n_dec; i++) { free(t->dec[i].a); free(t->dec[i].b); }
     free(t->dec);

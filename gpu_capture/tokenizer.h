@@ -11,16 +11,23 @@
  *      piece right after BOS is dropped.
  *   2. Hugging Face tokenizer.json with model.type "BPE" (semantics of the `tokenizers` library):
  *      added tokens split out first (non-normalized ones on the raw text, normalized ones after the
- *      normalizer), normalizer (Sequence / Prepend / Replace with a String pattern / NFC), pre-tokenizer
- *      (Metaspace, ByteLevel, Split with the GPT-2 / Llama 3 / Qwen2 regexes, Sequence), BPE by merge rank
- *      with byte_fallback / unk / fuse_unk / ignore_merges, and the decoder chain (Replace, ByteFallback,
- *      Fuse, Strip, Metaspace, ByteLevel). tokenizer_config.json beside the file, when present, gives
- *      add_bos_token and the bos/eos token strings.
+ *      normalizer), normalizer (Sequence / Prepend / Replace with a String or Regex pattern / NFC), pre-tokenizer
+ *      (Metaspace, ByteLevel, Split with a String or Regex pattern, every behaviour — Isolated, Removed,
+ *      MergedWithPrevious, MergedWithNext, Contiguous — and invert, Sequence), BPE by merge rank with
+ *      byte_fallback / unk / fuse_unk / ignore_merges, and the decoder chain (Replace, ByteFallback, Fuse, Strip,
+ *      Metaspace, ByteLevel). tokenizer_config.json beside the file, when present, gives add_bos_token and the
+ *      bos/eos token strings. The real tokenizer.json files of Llama-3.1, Qwen3, Gemma-3, Llama-2 and DeepSeek-V3
+ *      give the Rust library's ids on the corpus of tests/test_tokenizer_npm.c, and gpt-oss's o200k pattern its
+ *      pre-tokenizer pieces.
  *
  * Limitations (checked, never silent): anything outside the list above is KVS_ERR_UNSUPPORTED naming the
- * JSON field (model.type "Unigram", an unknown regex, a Regex Replace, ...). The Split regexes are run by a
- * hand-written scanner for those exact patterns; its \p{L}, \p{N} and \s are the general categories and the
- * White_Space property of the Unicode Character Database (gpu_capture/unicode.h, every script). The NFC
+ * JSON field (model.type "Unigram", a decoder Regex Replace, ...). Regex patterns run on a backtracking engine with
+ * Oniguruma's semantics (gpu_capture/tokenizer_regex.h: \p{..} general categories, simple case folding, counted
+ * repeats, lookahead; backreferences, lookbehind, scripts and other constructs are refused at load naming the
+ * construct, and a pattern that backtracks past its step budget on a text is refused at encode). The GPT-2,
+ * Llama 3 and Qwen2 Split regexes run by default on a hand-written scanner for those exact patterns, 1.5-2 times as
+ * fast, that the engine checks (kvs_tokenizer_use_scanner). \p{L}, \p{N} ... and \s are the general categories and
+ * the White_Space property of the Unicode Character Database (gpu_capture/unicode.h, every script). The NFC
  * normalizer is Normalization Form C of the same database version (kvs_uni_ucd_version(); the `tokenizers`
  * library follows its unicode-normalization crate's version, so characters assigned after the older of the two
  * may normalize differently).
@@ -65,9 +72,25 @@ kvs_status kvs_tokenizer_load_hf(const char *tokenizer_json_path, kvs_tokenizer 
  *  ids is caller-owned with room for max_ids entries.
  *  @return KVS_OK; KVS_ERR_RANGE when more than max_ids ids would be produced (*n_ids then holds the
  *  number needed); KVS_ERR_INVALID_ARG for NULL arguments or a character the vocabulary cannot
- *  represent at all (no byte fallback and no unk token); KVS_ERR_UNSUPPORTED (see NFC above). */
+ *  represent at all (no byte fallback and no unk token); KVS_ERR_UNSUPPORTED (see NFC above, or a Split /
+ *  Replace regex that backtracks past its step budget on this text, gpu_capture/tokenizer_regex.h). */
 kvs_status kvs_tokenizer_encode(const kvs_tokenizer *t, const char *text, int add_bos, int32_t *ids,
                                 size_t max_ids, size_t *n_ids);
+
+/*! kvs_tokenizer_pretokenize() : the pieces a tokenizer.json tokenizer cuts `text` into before BPE (after the
+ *  normalizer and every pre-tokenizer step, so in the pre-tokenizer's alphabet: "Ġthe" after ByteLevel), an added
+ *  token as its content; fn(piece, length, ctx) once per piece in order. For comparing the pre-tokenizer with
+ *  another implementation's (tests/npm/split_corpus.js).
+ *  @return KVS_OK; KVS_ERR_INVALID_ARG for NULL arguments, a llama2.c tokenizer or text that is not UTF-8; the
+ *  encode errors of a Split pattern (KVS_ERR_UNSUPPORTED: it backtracks past its step budget). */
+kvs_status kvs_tokenizer_pretokenize(const kvs_tokenizer *t, const char *text,
+                                     void (*fn)(const char *piece, size_t len, void *ctx), void *ctx);
+
+/*! kvs_tokenizer_use_scanner() : on (the default) runs the GPT-2, Llama 3 and Qwen2 Split regexes with the
+ *  hand-written scanner of tokenizer_pretok.c, off runs them on the regex engine like every other pattern; the
+ *  two must agree (tests), the engine being the scanner's independent reference. Split steps only: ByteLevel's
+ *  own use_regex split keeps the scanner. No-op for llama2.c. */
+void kvs_tokenizer_use_scanner(kvs_tokenizer *t, int on);
 
 /*! kvs_tokenizer_decode() : the text of ids[0..n) as one malloc'd NUL-terminated string (*text_out,
  *  caller frees with free()). Handles "<0xNN>" byte pieces, GPT-2 byte-level characters, "▁" spaces and

@@ -99,16 +99,36 @@ static kvs_status get_string(const char *path, const char *where, const kvs_json
     return KVS_OK;
 }
 
-/* Replace patterns: only {"String": "..."} is supported ({"Regex": ...} would need a regex engine). */
-static kvs_status get_string_pattern(const char *path, const char *where, const kvs_json *step, const char **s,
-                                     size_t *n) {
+/* A Replace step's pattern: {"String": "..."} (*is_regex 0) or {"Regex": "..."} (*is_regex 1, only where
+ * allow_regex; the decoders' Replace steps take String patterns only). */
+static kvs_status get_pattern(const char *path, const char *where, const kvs_json *step, int allow_regex,
+                              const char **s, size_t *n, int *is_regex) {
     const kvs_json *pat = kvs_json_get(step, "pattern");
     if (kvs_json_type_of(pat) != KVS_JSON_OBJECT)
         return kvs_fail(KVS_ERR_FORMAT, "%s: %s.pattern is missing or not an object", path, where);
-    if (kvs_json_get(pat, "Regex"))
-        return kvs_fail(KVS_ERR_UNSUPPORTED, "%s: %s.pattern.Regex is not supported (only String patterns)", path,
-                        where);
+    *is_regex = 0;
+    if (kvs_json_get(pat, "Regex")) {
+        if (!allow_regex)
+            return kvs_fail(KVS_ERR_UNSUPPORTED, "%s: %s.pattern.Regex is not supported (only String patterns)", path,
+                            where);
+        *is_regex = 1;
+        return get_string(path, where, pat, "Regex", s, n);
+    }
     return get_string(path, where, pat, "String", s, n);
+}
+
+static kvs_status get_string_pattern(const char *path, const char *where, const kvs_json *step, const char **s,
+                                     size_t *n) {
+    int is_regex;
+    return get_pattern(path, where, step, 0, s, n, &is_regex);
+}
+
+/* Compiles a tokenizer.json pattern, the engine's message prefixed with the file and the field. */
+static kvs_status compile_pattern(const char *path, const char *where, const char *pat, size_t n, int is_regex,
+                                  kvs_tok_rx **rx) {
+    kvs_status st = kvs_tok_rx_compile(pat, n, !is_regex, rx);
+    if (st != KVS_OK) return kvs_fail(st, "%s: %s \"%.80s\": %s", path, where, pat, kvs_last_error());
+    return KVS_OK;
 }
 
 static kvs_status add_norm(const char *path, kvs_tokenizer *t, const kvs_json *n) {
@@ -132,9 +152,13 @@ static kvs_status add_norm(const char *path, kvs_tokenizer *t, const kvs_json *n
         if ((st = get_string(path, "normalizer Prepend", n, "prepend", &a, &a_len)) != KVS_OK) return st;
     } else if (strcmp(type, "Replace") == 0) {
         step.kind = KVS_TOK_NORM_REPLACE;
-        if ((st = get_string_pattern(path, "normalizer Replace", n, &a, &a_len)) != KVS_OK) return st;
+        int is_regex;
+        if ((st = get_pattern(path, "normalizer Replace", n, 1, &a, &a_len, &is_regex)) != KVS_OK) return st;
         if ((st = get_string(path, "normalizer Replace", n, "content", &b, &b_len)) != KVS_OK) return st;
         if (a_len == 0) return kvs_fail(KVS_ERR_FORMAT, "%s: normalizer Replace has an empty pattern", path);
+        if (is_regex &&
+            (st = compile_pattern(path, "normalizer Replace.pattern.Regex", a, a_len, 1, &step.rx)) != KVS_OK)
+            return st;
     } else if (strcmp(type, "NFC") == 0) {
         step.kind = KVS_TOK_NORM_NFC;
     } else {
@@ -142,7 +166,10 @@ static kvs_status add_norm(const char *path, kvs_tokenizer *t, const kvs_json *n
                         "(Sequence, Prepend, Replace, NFC are)", path, type);
     }
     kvs_tok_norm_step *p = realloc(t->norm, (t->n_norm + 1) * sizeof *p);
-    if (!p) return kvs_fail(KVS_ERR_NOMEM, "tokenizer: out of memory");
+    if (!p) {
+        kvs_tok_rx_free(step.rx);
+        return kvs_fail(KVS_ERR_NOMEM, "tokenizer: out of memory");
+    }
     t->norm = p;
     step.a = a ? dup_bytes(a, a_len) : NULL;
     step.b = b ? dup_bytes(b, b_len) : NULL;
@@ -212,29 +239,37 @@ static kvs_status add_pre(const char *path, kvs_tokenizer *t, const kvs_json *v)
         if ((st = get_bool(path, "pre_tokenizer ByteLevel", v, "use_regex", &step.use_regex)) != KVS_OK) return st;
     } else if (strcmp(type, "Split") == 0) {
         step.kind = KVS_TOK_PRE_SPLIT;
-        const kvs_json *pat = kvs_json_get(v, "pattern");
-        const char *re = kvs_json_string(kvs_json_get(pat, "Regex"));
-        if (!re)
-            return kvs_fail(KVS_ERR_UNSUPPORTED, "%s: pre_tokenizer Split.pattern must be a Regex", path);
-        if (strcmp(re, RE_GPT2) == 0) step.regex = KVS_TOK_RE_GPT2;
-        else if (strcmp(re, RE_LLAMA3) == 0) step.regex = KVS_TOK_RE_LLAMA3;
-        else if (strcmp(re, RE_QWEN2) == 0) step.regex = KVS_TOK_RE_QWEN2;
-        else
-            return kvs_fail(KVS_ERR_UNSUPPORTED, "%s: pre_tokenizer Split.pattern.Regex \"%.80s\" is not one of the "
-                            "GPT-2 / Llama 3 / Qwen2 patterns this build implements", path, re);
+        static const char *const behaviors[] = {"Isolated", "Removed", "MergedWithPrevious", "MergedWithNext",
+                                                "Contiguous"};
         const char *beh = kvs_json_string(kvs_json_get(v, "behavior"));
-        if (!beh || strcmp(beh, "Isolated") != 0)
+        step.behavior = -1;
+        for (int k = 0; beh && k < 5; k++)
+            if (strcmp(beh, behaviors[k]) == 0) step.behavior = k;
+        if (step.behavior < 0)
             return kvs_fail(KVS_ERR_UNSUPPORTED, "%s: pre_tokenizer Split.behavior \"%s\" is not supported "
-                            "(Isolated is)", path, beh ? beh : "(missing)");
-        int invert = 0;
-        if ((st = get_bool(path, "pre_tokenizer Split", v, "invert", &invert)) != KVS_OK) return st;
-        if (invert) return kvs_fail(KVS_ERR_UNSUPPORTED, "%s: pre_tokenizer Split.invert true is not supported", path);
+                            "(Isolated, Removed, MergedWithPrevious, MergedWithNext, Contiguous are)", path,
+                            beh ? beh : "(missing)");
+        if ((st = get_bool(path, "pre_tokenizer Split", v, "invert", &step.invert)) != KVS_OK) return st;
+        const char *re;
+        size_t re_len;
+        int is_regex;
+        if ((st = get_pattern(path, "pre_tokenizer Split", v, 1, &re, &re_len, &is_regex)) != KVS_OK) return st;
+        step.regex = KVS_TOK_RE_NONE;
+        if (is_regex && strcmp(re, RE_GPT2) == 0) step.regex = KVS_TOK_RE_GPT2;
+        else if (is_regex && strcmp(re, RE_LLAMA3) == 0) step.regex = KVS_TOK_RE_LLAMA3;
+        else if (is_regex && strcmp(re, RE_QWEN2) == 0) step.regex = KVS_TOK_RE_QWEN2;
+        if ((st = compile_pattern(path, is_regex ? "pre_tokenizer Split.pattern.Regex" :
+                                  "pre_tokenizer Split.pattern.String", re, re_len, is_regex, &step.rx)) != KVS_OK)
+            return st;
     } else {
         return kvs_fail(KVS_ERR_UNSUPPORTED, "%s: pre_tokenizer.type \"%s\" is not supported "
                         "(Sequence, Metaspace, ByteLevel, Split are)", path, type);
     }
     kvs_tok_pre_step *p = realloc(t->pre, (t->n_pre + 1) * sizeof *p);
-    if (!p) return kvs_fail(KVS_ERR_NOMEM, "tokenizer: out of memory");
+    if (!p) {
+        kvs_tok_rx_free(step.rx);
+        return kvs_fail(KVS_ERR_NOMEM, "tokenizer: out of memory");
+    }
     t->pre = p;
     t->pre[t->n_pre++] = step;
     return KVS_OK;
@@ -573,7 +608,9 @@ static kvs_status check_replace_growth(const char *path, const kvs_tokenizer *t)
         goto cleanup;
     }
     for (size_t i = 0; i < t->n_norm; i++)
-        if (t->norm[i].kind == KVS_TOK_NORM_REPLACE) a[i] = t->norm[i].a_len, b[i] = t->norm[i].b_len;
+        if (t->norm[i].kind == KVS_TOK_NORM_REPLACE && t->norm[i].rx) a[i] = 1, b[i] = t->norm[i].b_len + 1;
+        /* a regex may match one character or even the empty string before each one: content per byte, plus it */
+        else if (t->norm[i].kind == KVS_TOK_NORM_REPLACE) a[i] = t->norm[i].a_len, b[i] = t->norm[i].b_len;
         else a[i] = b[i] = 0;
     KVS_TRY(st = check_growth(path, "normalizer", t->n_norm, a, b));
     for (size_t i = 0; i < t->n_dec; i++)
@@ -669,6 +706,22 @@ static kvs_status nfc_utf8(const char *s, size_t n, kvs_tok_buf *out) {
     return st;
 }
 
+/* Every match of rx (the library's find_iter: an empty match right after a match is skipped) replaced by rep. */
+static kvs_status replace_regex(const kvs_tok_rx *rx, const char *s, size_t n, const char *rep, size_t rep_len,
+                                kvs_tok_buf *out) {
+    kvs_tok_pre_step ps = {.kind = KVS_TOK_PRE_SPLIT, .regex = KVS_TOK_RE_NONE, .rx = (kvs_tok_rx *)rx,
+                           .behavior = KVS_TOK_SPLIT_ISOLATED};
+    kvs_tok_piece *pc = NULL;
+    size_t np = 0;
+    kvs_status st = kvs_tok_split_pieces(&ps, s, n, 0, &pc, &np);
+    if (st == KVS_OK) st = kvs_tok_buf_add(out, "", 0);
+    for (size_t i = 0; st == KVS_OK && i < np; i++)
+        st = pc[i].match ? kvs_tok_buf_add(out, rep, rep_len) : kvs_tok_buf_add(out, s + pc[i].start,
+                                                                                pc[i].end - pc[i].start);
+    free(pc);
+    return st;
+}
+
 static kvs_status normalize(const kvs_tokenizer *t, const char *s, size_t n, kvs_tok_buf *out) {
     kvs_tok_buf cur = {0}, nxt = {0};
     kvs_status st;
@@ -680,6 +733,8 @@ static kvs_status normalize(const kvs_tokenizer *t, const char *s, size_t n, kvs
             if (cur.len == 0) continue; /* Prepend leaves empty strings alone */
             KVS_TRY(st = kvs_tok_buf_add(&nxt, ns->a, ns->a_len));
             KVS_TRY(st = kvs_tok_buf_add(&nxt, cur.p, cur.len));
+        } else if (ns->kind == KVS_TOK_NORM_REPLACE && ns->rx) {
+            KVS_TRY(st = replace_regex(ns->rx, cur.p, cur.len, ns->b, ns->b_len, &nxt));
         } else if (ns->kind == KVS_TOK_NORM_REPLACE) {
             KVS_TRY(st = replace_all(cur.p, cur.len, ns->a, ns->a_len, ns->b, ns->b_len, &nxt));
         } else {
@@ -747,7 +802,8 @@ static kvs_status bpe_word(const kvs_tokenizer *t, const char *w, size_t n, kvs_
 }
 
 /* Applies one pre-tokenizer step to every word of `in`, producing `out`. */
-static kvs_status pre_step(const kvs_tok_pre_step *ps, const kvs_tok_words *in, int is_first, kvs_tok_words *out) {
+static kvs_status pre_step(const kvs_tok_pre_step *ps, const kvs_tok_words *in, int is_first, int use_scanner,
+                           kvs_tok_words *out) {
     kvs_status st = KVS_OK;
     kvs_tok_buf tmp = {0};
     uint32_t cp_of[256];
@@ -775,12 +831,13 @@ static kvs_status pre_step(const kvs_tok_pre_step *ps, const kvs_tok_words *in, 
                 }
             KVS_TRY(st = kvs_tok_words_add(out, tmp.p + from, tmp.len - from));
         } else if (ps->kind == KVS_TOK_PRE_SPLIT) {
-            for (size_t pos = 0; pos < n;) {
-                size_t m = kvs_tok_pretok_match(ps->regex, w, n, pos);
-                if (m == 0) m = 1;
-                KVS_TRY(st = kvs_tok_words_add(out, w + pos, m));
-                pos += m;
-            }
+            kvs_tok_piece *pc = NULL;
+            size_t np = 0;
+            KVS_TRY(st = kvs_tok_split_pieces(ps, w, n, use_scanner, &pc, &np));
+            for (size_t i = 0; st == KVS_OK && i < np; i++)
+                st = kvs_tok_words_add(out, w + pc[i].start, pc[i].end - pc[i].start);
+            free(pc);
+            KVS_TRY(st);
         } else { /* BYTELEVEL */
             if (ps->add_prefix_space && !(n > 0 && w[0] == ' ')) KVS_TRY(st = kvs_tok_buf_add(&tmp, " ", 1));
             KVS_TRY(st = kvs_tok_buf_add(&tmp, w, n));
@@ -823,12 +880,14 @@ static kvs_status encode_segment(const kvs_tokenizer *t, const char *s, size_t n
     KVS_TRY(st = kvs_tok_words_add(&a, s, n));
     for (size_t k = 0; k < t->n_pre; k++) {
         kvs_tok_words_free(&b);
-        KVS_TRY(st = pre_step(&t->pre[k], &a, is_first, &b));
+        KVS_TRY(st = pre_step(&t->pre[k], &a, is_first, !t->no_scanner, &b));
         kvs_tok_words tmp = a;
         a = b;
         b = tmp;
     }
-    for (size_t i = 0; i < a.n; i++) KVS_TRY(st = bpe_word(t, a.text.p + a.off[i], a.len[i], o));
+    for (size_t i = 0; i < a.n; i++)
+        KVS_TRY(st = o->pieces ? kvs_tok_words_add(o->pieces, a.text.p + a.off[i], a.len[i])
+                               : bpe_word(t, a.text.p + a.off[i], a.len[i], o));
 cleanup:
     kvs_tok_words_free(&a);
     kvs_tok_words_free(&b);
@@ -872,6 +931,13 @@ static int find_added(const kvs_tokenizer *t, int normalized, const char *s, siz
     return 0;
 }
 
+/* An added token: its id, or its content when collecting pieces. */
+static kvs_status push_added(const kvs_tokenizer *t, size_t which, kvs_tok_out *o) {
+    if (o->pieces) return kvs_tok_words_add(o->pieces, t->added[which].content, t->added[which].len);
+    kvs_tok_out_push(o, t->added[which].id);
+    return KVS_OK;
+}
+
 /* Normalizes a raw segment, splits out the normalized added tokens, and encodes the rest. */
 static kvs_status encode_raw_segment(const kvs_tokenizer *t, const char *s, size_t n, int is_first, kvs_tok_out *o) {
     kvs_tok_buf norm = {0};
@@ -881,7 +947,7 @@ static kvs_status encode_raw_segment(const kvs_tokenizer *t, const char *s, size
     size_t from = 0, ms, me, which;
     while (find_added(t, 1, norm.p, norm.len, from, &ms, &me, &which)) {
         KVS_TRY(st = encode_segment(t, norm.p + from, ms - from, is_first && from == 0, o));
-        kvs_tok_out_push(o, t->added[which].id);
+        KVS_TRY(st = push_added(t, which, o));
         from = me;
     }
     KVS_TRY(st = encode_segment(t, norm.p + from, norm.len - from, is_first && from == 0, o));
@@ -903,7 +969,7 @@ kvs_status kvs_tok_hf_encode(const kvs_tokenizer *t, const char *text, size_t le
     kvs_status st;
     while (find_added(t, 0, text, len, from, &ms, &me, &which)) {
         if ((st = encode_raw_segment(t, text + from, ms - from, from == 0, o)) != KVS_OK) return st;
-        kvs_tok_out_push(o, t->added[which].id);
+        if ((st = push_added(t, which, o)) != KVS_OK) return st;
         from = me;
     }
     return encode_raw_segment(t, text + from, len - from, from == 0, o);

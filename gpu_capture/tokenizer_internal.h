@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "tokenizer.h"
+#include "tokenizer_regex.h"
 
 /* ---- growable byte buffer (always NUL-terminated after a successful append) ---- */
 typedef struct {
@@ -51,10 +52,17 @@ typedef struct {
     int kind;
     char *a, *b; /* PREPEND: a = text; REPLACE: a = pattern, b = content */
     size_t a_len, b_len;
+    kvs_tok_rx *rx; /* REPLACE with a {"Regex": ...} pattern (a is then the pattern text), else NULL */
 } kvs_tok_norm_step;
 
-/* Split regexes the scanner implements (exact pattern strings in tokenizer_pretok.c). */
-enum { KVS_TOK_RE_GPT2 = 0, KVS_TOK_RE_LLAMA3 = 1, KVS_TOK_RE_QWEN2 = 2 };
+/* Split regexes the scanner implements (exact pattern strings in tokenizer_pretok.c); KVS_TOK_RE_NONE: the pattern
+ * runs on the regex engine (tokenizer_regex.h). */
+enum { KVS_TOK_RE_NONE = -1, KVS_TOK_RE_GPT2 = 0, KVS_TOK_RE_LLAMA3 = 1, KVS_TOK_RE_QWEN2 = 2 };
+/* Split behaviours (pre_tokenizers/split.rs SplitDelimiterBehavior). */
+enum {
+    KVS_TOK_SPLIT_ISOLATED, KVS_TOK_SPLIT_REMOVED, KVS_TOK_SPLIT_MERGED_PREV, KVS_TOK_SPLIT_MERGED_NEXT,
+    KVS_TOK_SPLIT_CONTIGUOUS
+};
 enum { KVS_TOK_PRE_METASPACE, KVS_TOK_PRE_BYTELEVEL, KVS_TOK_PRE_SPLIT };
 enum { KVS_TOK_PREPEND_NEVER = 0, KVS_TOK_PREPEND_ALWAYS = 1, KVS_TOK_PREPEND_FIRST = 2 };
 typedef struct {
@@ -64,7 +72,10 @@ typedef struct {
     int prepend;      /* METASPACE: KVS_TOK_PREPEND_* */
     int split;        /* METASPACE: split into words at the replacement character */
     int add_prefix_space, use_regex; /* BYTELEVEL */
-    int regex;        /* SPLIT: KVS_TOK_RE_* */
+    int regex;        /* SPLIT: KVS_TOK_RE_* (the scanner runs it), or KVS_TOK_RE_NONE */
+    kvs_tok_rx *rx;   /* SPLIT: the compiled pattern (always; the scanner's reference) */
+    int behavior;     /* SPLIT: KVS_TOK_SPLIT_* */
+    int invert;       /* SPLIT: the pattern marks the pieces to keep, not the delimiters */
 } kvs_tok_pre_step;
 
 enum {
@@ -128,6 +139,7 @@ struct kvs_tokenizer {
     kvs_tok_added *added;
     size_t n_added;
     kvs_tok_trie added_trie[2]; /* the added tokens with normalized 0 / 1 */
+    int no_scanner;      /* kvs_tokenizer_use_scanner(t, 0): every Split pattern runs on the regex engine */
 };
 
 /* Allocates the per-id arrays of t for n ids (pieces NULL, byte_of -1, skip 0). */
@@ -153,6 +165,7 @@ kvs_status kvs_tok_bpe(const kvs_tokenizer *t, int32_t *ids, size_t *n, kvs_tok_
 typedef struct {
     int32_t *ids;
     size_t max, n;
+    kvs_tok_words *pieces; /* non-NULL: collect the pre-tokenized pieces instead of ids (kvs_tokenizer_pretokenize) */
 } kvs_tok_out;
 void kvs_tok_out_push(kvs_tok_out *o, int32_t id);
 
@@ -173,6 +186,18 @@ int kvs_tok_is_space(uint32_t cp);
 /* Length of the regex match starting at s[pos] (valid UTF-8 in s[0..len)); always >= 1 when pos < len.
  * The scanner is the leftmost-first match of the pattern `regex` (KVS_TOK_RE_*) at pos. */
 size_t kvs_tok_pretok_match(int regex, const char *s, size_t len, size_t pos);
+
+/* One piece of a Split: [start, end) of the word and whether the pattern matched it. */
+typedef struct {
+    size_t start, end;
+    int match;
+} kvs_tok_piece;
+
+/* The pieces of w[0..n) under a Split step: the pattern's matches and the gaps between them (the library's
+ * find_matches), using the scanner when use_scanner and the step has one, else the regex engine; then the
+ * behaviour and invert. *out (malloc'd, caller frees) holds *n_out pieces, empty ones included. */
+kvs_status kvs_tok_split_pieces(const kvs_tok_pre_step *ps, const char *w, size_t n, int use_scanner,
+                                kvs_tok_piece **out, size_t *n_out);
 
 /* tokenizer_hf.c: encode/decode of the tokenizer.json family (text already checked for NULL). */
 kvs_status kvs_tok_hf_encode(const kvs_tokenizer *t, const char *text, size_t len, kvs_tok_out *o);

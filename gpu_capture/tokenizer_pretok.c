@@ -10,11 +10,17 @@
  * \s+(?!\S). Every character is matched by some alternative of these patterns, so splitting is a
  * sequence of matches with no gaps ("Isolated" behaviour).
  *
+ * The regex engine (tokenizer_regex.c) runs every other pattern and is this scanner's reference: both give the Rust
+ * library's pieces on the comparison corpus (tests/test_tokenizer_npm.c, kvsim tokenize --engine). Below the
+ * scanner: the Split step itself (matches and gaps, then the behaviour), for both.
+ *
  * Unicode classes: \p{L} (Lu Ll Lt Lm Lo) and \p{N} (Nd Nl No) are general categories and \s is the
  * White_Space property, all from the Unicode Character Database tables of gpu_capture/unicode.c (every
  * script, generated from the UCD by tools/gen_unicode_tables.py).
  */
 #include "tokenizer_internal.h"
+
+#include <stdlib.h>
 
 #include "unicode.h"
 
@@ -51,6 +57,9 @@ static size_t contraction(const char *s, size_t len, size_t pos, int ignore_case
         if (c1 >= 'A' && c1 <= 'Z') c1 = (char)(c1 + 32);
         if (c2 >= 'A' && c2 <= 'Z') c2 = (char)(c2 + 32);
     }
+    /* (?i:'s) also matches U+017F LATIN SMALL LETTER LONG S, whose simple case folding is 's' (CaseFolding.txt);
+     * no other code point folds to one of s t r e v m l d */
+    if (ignore_case && (uint8_t)c1 == 0xC5 && (uint8_t)c2 == 0xBF) return 3;
     /* alternatives in pattern order: 's 't 're 've 'm 'll 'd */
     if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return 2;
     if ((c1 == 'r' || c1 == 'v') && c2 == 'e') return 3;
@@ -121,4 +130,122 @@ size_t kvs_tok_pretok_match(int regex, const char *s, size_t len, size_t pos) {
         return e - pos;
     }
     return space_tail(s, len, pos, 1);
+}
+
+/* ---- Split steps: pattern matches and gaps, then the behaviour (pre_tokenizers/split.rs with
+ * tokenizer/normalizer.rs NormalizedString::split and utils/pattern.rs find_matches / Invert) ---- */
+
+typedef struct {
+    kvs_tok_piece *p;
+    size_t n, cap;
+} piece_list;
+
+static kvs_status piece_push(piece_list *l, size_t start, size_t end, int match) {
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? 2 * l->cap : 16;
+        kvs_tok_piece *p = realloc(l->p, cap * sizeof *p);
+        if (!p) return kvs_fail(KVS_ERR_NOMEM, "tokenizer: out of memory");
+        l->p = p;
+        l->cap = cap;
+    }
+    l->p[l->n++] = (kvs_tok_piece){start, end, match};
+    return KVS_OK;
+}
+
+/* find_matches: the matches in order with the gaps between them as non-matches. Like Oniguruma's find_iter, an
+ * empty match right after the previous match is skipped (the search moves on one character). */
+static kvs_status find_matches(const kvs_tok_pre_step *ps, const char *w, size_t n, int use_scanner, piece_list *l) {
+    kvs_status st = KVS_OK;
+    if (n == 0) return piece_push(l, 0, 0, 0);
+    if (use_scanner && ps->regex != KVS_TOK_RE_NONE) {
+        /* every character is covered by some alternative of the scanner's patterns: matches only, no gaps */
+        for (size_t pos = 0; pos < n && st == KVS_OK;) {
+            size_t m = kvs_tok_pretok_match(ps->regex, w, n, pos);
+            if (m == 0) m = 1;
+            st = piece_push(l, pos, pos + m, 1);
+            pos += m;
+        }
+        return st;
+    }
+    size_t prev = 0, search = 0;
+    uint64_t steps = 0; /* one budget for all the searches through this word */
+    int have_last = 0;
+    size_t last_end = 0;
+    while (search <= n) {
+        int found;
+        size_t ms, me;
+        if ((st = kvs_tok_rx_find(ps->rx, w, n, search, &steps, &found, &ms, &me)) != KVS_OK) return st;
+        if (!found) break;
+        if (ms == me && have_last && me == last_end) {
+            if (ms >= n) break;
+            uint32_t cp;
+            search = ms + cp_at(w, n, ms, &cp);
+            continue;
+        }
+        if (prev != ms && (st = piece_push(l, prev, ms, 0)) != KVS_OK) return st;
+        if ((st = piece_push(l, ms, me, 1)) != KVS_OK) return st;
+        prev = me;
+        have_last = 1;
+        last_end = me;
+        search = me;
+    }
+    if (prev != n) st = piece_push(l, prev, n, 0);
+    return st;
+}
+
+kvs_status kvs_tok_split_pieces(const kvs_tok_pre_step *ps, const char *w, size_t n, int use_scanner,
+                                kvs_tok_piece **out, size_t *n_out) {
+    piece_list m = {0}, r = {0};
+    kvs_status st = find_matches(ps, w, n, use_scanner, &m);
+    if (st != KVS_OK) goto done;
+    if (ps->invert)
+        for (size_t i = 0; i < m.n; i++) m.p[i].match = !m.p[i].match;
+    int prev_match = 0;
+    switch (ps->behavior) {
+    case KVS_TOK_SPLIT_ISOLATED:
+        r = m;
+        m = (piece_list){0};
+        break;
+    case KVS_TOK_SPLIT_REMOVED:
+        for (size_t i = 0; i < m.n && st == KVS_OK; i++)
+            if (!m.p[i].match) st = piece_push(&r, m.p[i].start, m.p[i].end, 0);
+        break;
+    case KVS_TOK_SPLIT_MERGED_PREV:
+        /* a match joins the piece before it, unless that piece was itself a match */
+        for (size_t i = 0; i < m.n && st == KVS_OK; i++) {
+            if (m.p[i].match && !prev_match && r.n) r.p[r.n - 1].end = m.p[i].end;
+            else st = piece_push(&r, m.p[i].start, m.p[i].end, m.p[i].match && !prev_match);
+            prev_match = m.p[i].match;
+        }
+        break;
+    case KVS_TOK_SPLIT_MERGED_NEXT:
+        /* the same walking backwards: a match joins the piece after it */
+        for (size_t i = m.n; i-- > 0 && st == KVS_OK;) {
+            if (m.p[i].match && !prev_match && r.n) r.p[r.n - 1].start = m.p[i].start;
+            else st = piece_push(&r, m.p[i].start, m.p[i].end, m.p[i].match && !prev_match);
+            prev_match = m.p[i].match;
+        }
+        for (size_t i = 0; i < r.n / 2; i++) {
+            kvs_tok_piece tmp = r.p[i];
+            r.p[i] = r.p[r.n - 1 - i];
+            r.p[r.n - 1 - i] = tmp;
+        }
+        break;
+    default: /* KVS_TOK_SPLIT_CONTIGUOUS: runs of matches, and runs of non-matches, become one piece each */
+        for (size_t i = 0; i < m.n && st == KVS_OK; i++) {
+            if (m.p[i].match == prev_match && r.n) r.p[r.n - 1].end = m.p[i].end;
+            else st = piece_push(&r, m.p[i].start, m.p[i].end, m.p[i].match);
+            prev_match = m.p[i].match;
+        }
+        break;
+    }
+done:
+    free(m.p);
+    if (st != KVS_OK) {
+        free(r.p);
+        r = (piece_list){0};
+    }
+    *out = r.p;
+    *n_out = r.n;
+    return st;
 }

@@ -64,6 +64,22 @@ int kvs_uni_is_white_space(uint32_t cp) {
     return range_value(kvs_unitab_white_space, kvs_unitab_n_white_space, cp);
 }
 
+uint32_t kvs_uni_simple_fold(uint32_t cp) {
+    long i = triple_find(kvs_unitab_fold, kvs_unitab_n_fold, cp, 0, 0);
+    return i >= 0 ? kvs_unitab_fold[i].b : cp;
+}
+
+/* A linear scan: only (?i:...) character classes ask, once per character they test. */
+size_t kvs_uni_fold_sources(uint32_t f, uint32_t *out, size_t max) {
+    size_t k = 0;
+    for (size_t i = 0; i < kvs_unitab_n_fold; i++)
+        if (kvs_unitab_fold[i].b == f && kvs_unitab_fold[i].a != f) {
+            if (k < max) out[k] = kvs_unitab_fold[i].a;
+            k++;
+        }
+    return k;
+}
+
 int kvs_uni_ccc(uint32_t cp) {
     if (cp < 0x300) return 0; /* the first non-zero class is U+0300 */
     return range_value(kvs_unitab_ccc, kvs_unitab_n_ccc, cp);

@@ -34,6 +34,12 @@ int kvs_uni_is_letter(uint32_t cp);
 int kvs_uni_is_number(uint32_t cp);
 /* White_Space property (PropList.txt), the regex crate's Unicode \s. */
 int kvs_uni_is_white_space(uint32_t cp);
+/* Simple case folding (CaseFolding.txt statuses C and S): the code point a (?i:...) regex group compares;
+ * cp itself when it has no mapping. */
+uint32_t kvs_uni_simple_fold(uint32_t cp);
+/* The code points whose simple case folding is f, other than f itself, into out[0..max); returns how many there
+ * are (at most 3 in Unicode 15: 'k' has 'K' and U+212A KELVIN SIGN). */
+size_t kvs_uni_fold_sources(uint32_t f, uint32_t *out, size_t max);
 /* Canonical_Combining_Class (0 for starters and unassigned code points). */
 int kvs_uni_ccc(uint32_t cp);
 

@@ -12,6 +12,8 @@
  *                           singleton), one level; full decomposition applies it recursively (UAX #15 1.3)
  *   kvs_unitab_comp         {first, second, composite}: the primary composites (two-code-point canonical
  *                           mappings without Full_Composition_Exclusion), sorted by (first, second)
+ *   kvs_unitab_fold         {cp, folded, 0}: simple case folding (CaseFolding.txt statuses C and S), sorted by cp;
+ *                           a code point not listed folds to itself
  * Hangul syllables are algorithmic (Unicode chapter 3.12) and are in neither decomposition table.
  */
 #ifndef KVS_UNICODE_TABLES_H
@@ -40,5 +42,7 @@ extern const kvs_uni_triple kvs_unitab_decomp[];
 extern const size_t kvs_unitab_n_decomp;
 extern const kvs_uni_triple kvs_unitab_comp[];
 extern const size_t kvs_unitab_n_comp;
+extern const kvs_uni_triple kvs_unitab_fold[];
+extern const size_t kvs_unitab_n_fold;
 
 #endif /* KVS_UNICODE_TABLES_H */

