@@ -50,7 +50,7 @@ typedef struct {
     float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int32_t rope_original_max_pos;
     uint64_t n_params;         /* parameters, counting a tied classifier once */
-    uint64_t weight_bytes;     /* fp32 bytes read per decoded token (all matrices, classifier once) */
+    uint64_t weight_bytes;     /* bytes read per decoded token: matrices in weight_dtype (classifier once), vectors fp32 */
 } kvs_model_info;
 
 typedef struct kvs_model kvs_model;
