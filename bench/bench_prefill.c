@@ -51,6 +51,15 @@ static void cpu_name(char *buf, size_t cap) {
     fclose(f);
 }
 
+/* CPU seconds (user + system) this process has used: beside the wall time, how much of the cores it had on a
+ * shared machine. */
+static double cpu_seconds(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
+           1e-6 * (double)ru.ru_stime.tv_usec;
+}
+
 static void loadavg(char *buf, size_t cap) {
     snprintf(buf, cap, "?");
     FILE *f = fopen("/proc/loadavg", "r");
@@ -104,11 +113,12 @@ int main(int argc, char **argv) {
     const float *lg = NULL;
     int n_blocks = 0;
     t0 = kvs_now_s();
+    double c0 = cpu_seconds();
     for (int p = 0; p < n_prompt; p += KVS_MODEL_BLOCK, n_blocks++) {
         int nb = n_prompt - p < KVS_MODEL_BLOCK ? n_prompt - p : KVS_MODEL_BLOCK;
         CHECK(kvs_model_forward_block(s, tok + p, nb, p, &lg));
     }
-    double t_pre = kvs_now_s() - t0;
+    double t_pre = kvs_now_s() - t0, cpu_pre = cpu_seconds() - c0;
     /* matrix-product FLOPs: every projection of every prompt position, the classifier once per block */
     double per_pos = L * (qd * d + 2 * kvd * d + d * qd + 3 * hid * d);
     double mat_flops = 2.0 * (per_pos * n_prompt + V * d * n_blocks);
@@ -117,8 +127,9 @@ int main(int argc, char **argv) {
 
     /* decode: token by token after the prompt */
     t0 = kvs_now_s();
+    c0 = cpu_seconds();
     for (int p = n_prompt; p < max_pos; p++) CHECK(kvs_model_forward(s, tok[p], p, &lg));
-    double t_dec = kvs_now_s() - t0;
+    double t_dec = kvs_now_s() - t0, cpu_dec = cpu_seconds() - c0;
     double dec_tps = n_dec / t_dec;
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -158,9 +169,13 @@ int main(int argc, char **argv) {
            kvs_peak_isa_name(best), nt, 100.0 * mat_flops / t_pre / peak_flops);
     printf("| (attention in the prefill, apart) | %.3g FLOP | %.1f%% of the matrix FLOPs | |\n", attn_flops,
            100.0 * attn_flops / mat_flops);
+    printf("| (CPU time the prefill had) | %.1f CPU-s in %.1f s | %d threads | %.0f%% of the cores' time |\n", cpu_pre,
+           t_pre, nt, 100.0 * cpu_pre / (t_pre * nt));
     printf("| decode %d tokens after the prompt | %.2f tok/s (%.1f ms/token) | 16-bit weight-bandwidth floor %.2f "
            "tok/s = read bandwidth %.1f GB/s / %.2f GB of weights per token | **%.0f%%** of floor |\n",
            n_dec, dec_tps, 1e3 / dec_tps, floor_tps, bw / 1e9, wbytes / 1e9, 100.0 * dec_tps / floor_tps);
+    printf("| (CPU time the decode had) | %.1f CPU-s in %.1f s | %d threads | %.0f%% of the cores' time |\n", cpu_dec,
+           t_dec, nt, 100.0 * cpu_dec / (t_dec * nt));
     printf("| peak RSS | %.2f GB | checkpoint %.2f GB + KV cache %.2f GB (fp32, %d positions) = %.2f GB | **%.2fx** |\n",
            rss / 1e9, ckpt_bytes / 1e9, kv_bytes / 1e9, max_pos, (ckpt_bytes + kv_bytes) / 1e9,
            rss / (ckpt_bytes + kv_bytes));

@@ -795,16 +795,19 @@ struct kvs_model_state {
     struct block_ws *blk; /* kvs_model_forward_block's workspace, allocated on its first call */
 };
 
-/* Workspace of a block of up to KVS_MODEL_BLOCK positions: row i is position pos0 + i. */
+/* Workspace of a block of up to KVS_MODEL_BLOCK positions: row i is position pos0 + i. The rows a matrix product
+ * reads (xb, hb, o_rec) are a cache line longer than their data: rows a multiple of 4 KB apart would all fall into
+ * the same L1 sets (0.75x the product's speed at dim 2048). */
 struct block_ws {
     int pos0, n;     /* the last block's positions (n = 0: the last forward was kvs_model_forward) */
     int n_workers;
+    size_t ldd, ldh, ldrec; /* row strides of xb, hb/hb2, q_rec/o_rec */
     float *x;        /* [B][dim] residual streams */
-    float *xb;       /* [B][dim] normalised inputs */
+    float *xb;       /* [B][ldd] normalised inputs */
     float *xb2;      /* [B][dim] projection outputs */
-    float *hb, *hb2; /* [B][hidden] */
-    float *q_rec;    /* [B][n_layers][q_dim] post-RoPE queries */
-    float *o_rec;    /* [B][n_layers][q_dim] attention outputs */
+    float *hb, *hb2; /* [B][ldh] */
+    float *q_rec;    /* [B][ldrec]: [n_layers][q_dim] post-RoPE queries a position */
+    float *o_rec;    /* [B][ldrec]: [n_layers][q_dim] attention outputs a position */
     float *lse_rec;  /* [B][n_layers][n_heads] */
     float *att;      /* [n_workers][max_pos] probabilities scratch */
 };
@@ -1020,13 +1023,16 @@ static kvs_status block_ws_create(kvs_model_state *s) {
     struct block_ws *b = calloc(1, sizeof *b);
     if (!b) return kvs_fail(KVS_ERR_NOMEM, "model state: out of memory");
     b->n_workers = kvs_threadpool_size(s->pool);
+    b->ldd = d + 16;
+    b->ldh = hid + 16;
+    b->ldrec = L * qd + 16;
     b->x = malloc(B * d * sizeof(float));
-    b->xb = malloc(B * d * sizeof(float));
+    b->xb = malloc(B * b->ldd * sizeof(float));
     b->xb2 = malloc(B * d * sizeof(float));
-    b->hb = malloc(B * hid * sizeof(float));
-    b->hb2 = malloc(B * hid * sizeof(float));
-    b->q_rec = malloc(B * L * qd * sizeof(float));
-    b->o_rec = malloc(B * L * qd * sizeof(float));
+    b->hb = malloc(B * b->ldh * sizeof(float));
+    b->hb2 = malloc(B * b->ldh * sizeof(float));
+    b->q_rec = malloc(B * b->ldrec * sizeof(float));
+    b->o_rec = malloc(B * b->ldrec * sizeof(float));
     b->lse_rec = malloc(B * L * (size_t)c->n_heads * sizeof(float));
     b->att = malloc((size_t)b->n_workers * (size_t)s->max_pos * sizeof(float));
     if (!b->x || !b->xb || !b->xb2 || !b->hb || !b->hb2 || !b->q_rec || !b->o_rec || !b->lse_rec || !b->att) {
@@ -1056,10 +1062,10 @@ static void block_attn_worker(void *ctx, int worker, int n_workers) {
     float *att = b->att + (size_t)worker * (size_t)s->max_pos;
     for (long t = worker; t < (long)b->n * H; t += n_workers) {
         int i = (int)(t / H), h = (int)(t % H), kvh = h / G;
-        size_t row = (size_t)i * L + (size_t)job->layer;
-        double lse = kvs_attention(b->q_rec + row * qd + (size_t)h * hd, kc + (size_t)kvh * hd, vc + (size_t)kvh * hd,
+        size_t row = (size_t)i * L + (size_t)job->layer, off = (size_t)i * b->ldrec + (size_t)job->layer * qd;
+        double lse = kvs_attention(b->q_rec + off + (size_t)h * hd, kc + (size_t)kvh * hd, vc + (size_t)kvh * hd,
                                    (size_t)kvd, NULL, (size_t)(b->pos0 + i) + 1, (size_t)hd, c->attn_scale, att,
-                                   b->o_rec + row * qd + (size_t)h * hd);
+                                   b->o_rec + off + (size_t)h * hd);
         b->lse_rec[row * (size_t)H + (size_t)h] = (float)lse;
     }
 }
@@ -1086,7 +1092,7 @@ kvs_status kvs_model_forward_block(kvs_model_state *s, const int32_t *tokens, in
     b->n = n;
     int d = c->dim, hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads, hid = c->hidden_dim;
     int qd = H * hd, kvd = Hkv * hd, L = c->n_layers;
-    size_t ldrec = (size_t)L * (size_t)qd;
+    size_t ldrec = b->ldrec, ldd = b->ldd, ldh = b->ldh;
     for (int i = 0; i < n; i++) kvs_wmat_row_f32(m->embed, (size_t)d, (size_t)tokens[i], b->x + (size_t)i * d);
 
     for (int l = 0; l < L; l++) {
@@ -1094,11 +1100,10 @@ kvs_status kvs_model_forward_block(kvs_model_state *s, const int32_t *tokens, in
         float *q = b->q_rec + (size_t)l * (size_t)qd; /* row i at q + i * ldrec */
         float *k = s->kcache + ((size_t)l * (size_t)s->max_pos + (size_t)pos0) * (size_t)kvd;
         float *v = s->vcache + ((size_t)l * (size_t)s->max_pos + (size_t)pos0) * (size_t)kvd;
-        for (int i = 0; i < n; i++)
-            rmsnorm(b->xb + (size_t)i * d, b->x + (size_t)i * d, w->rms_att, d, c->norm_eps);
+        for (int i = 0; i < n; i++) rmsnorm(b->xb + (size_t)i * ldd, b->x + (size_t)i * d, w->rms_att, d, c->norm_eps);
         kvs_gemm_out qkv[3] = {{w->wq, w->bq, q, ldrec, qd}, {w->wk, w->bk, k, (size_t)kvd, kvd},
                                {w->wv, w->bv, v, (size_t)kvd, kvd}};
-        kvs_gemm_multi(s->pool, b->xb, (size_t)d, n, d, qkv, 3);
+        kvs_gemm_multi(s->pool, b->xb, ldd, n, d, qkv, 3);
         for (int i = 0; i < n; i++) {
             float cosv[KVS_TRACE_MAX_HEAD_DIM / 2], sinv[KVS_TRACE_MAX_HEAD_DIM / 2];
             for (int j = 0; j < hd / 2; j++) {
@@ -1116,15 +1121,15 @@ kvs_status kvs_model_forward_block(kvs_model_state *s, const int32_t *tokens, in
         kvs_gemm(s->pool, b->o_rec + (size_t)l * (size_t)qd, ldrec, n, qd, w->wo, w->bo, d, b->xb2, (size_t)d);
         for (size_t i = 0; i < (size_t)n * d; i++) b->x[i] += b->xb2[i];
 
+        for (int i = 0; i < n; i++) rmsnorm(b->xb + (size_t)i * ldd, b->x + (size_t)i * d, w->rms_ffn, d, c->norm_eps);
+        kvs_gemm_out ffn[2] = {{w->w1, NULL, b->hb, ldh, hid}, {w->w3, NULL, b->hb2, ldh, hid}};
+        kvs_gemm_multi(s->pool, b->xb, ldd, n, d, ffn, 2);
         for (int i = 0; i < n; i++)
-            rmsnorm(b->xb + (size_t)i * d, b->x + (size_t)i * d, w->rms_ffn, d, c->norm_eps);
-        kvs_gemm_out ffn[2] = {{w->w1, NULL, b->hb, (size_t)hid, hid}, {w->w3, NULL, b->hb2, (size_t)hid, hid}};
-        kvs_gemm_multi(s->pool, b->xb, (size_t)d, n, d, ffn, 2);
-        for (size_t i = 0; i < (size_t)n * hid; i++) {
-            float g = b->hb[i];
-            b->hb[i] = g / (1.0f + expf(-g)) * b->hb2[i]; /* SiLU(gate) * up, as kvs_model_forward */
-        }
-        kvs_gemm(s->pool, b->hb, (size_t)hid, n, hid, w->w2, NULL, d, b->xb2, (size_t)d);
+            for (size_t j = (size_t)i * ldh; j < (size_t)i * ldh + (size_t)hid; j++) {
+                float g = b->hb[j];
+                b->hb[j] = g / (1.0f + expf(-g)) * b->hb2[j]; /* SiLU(gate) * up, as kvs_model_forward */
+            }
+        kvs_gemm(s->pool, b->hb, ldh, n, hid, w->w2, NULL, d, b->xb2, (size_t)d);
         for (size_t i = 0; i < (size_t)n * d; i++) b->x[i] += b->xb2[i];
     }
     /* logits of the last position only: the next token is sampled from it */
@@ -1150,11 +1155,12 @@ kvs_status kvs_model_state_layer_at(const kvs_model_state *s, int layer, int pos
         return kvs_fail(KVS_ERR_RANGE, "position %d is outside the last block [%d, %d)", pos, b->pos0, b->pos0 + b->n);
     size_t qd = (size_t)c->n_heads * (size_t)c->head_dim, kvd = (size_t)c->n_kv_heads * (size_t)c->head_dim;
     size_t row = (size_t)(pos - b->pos0) * (size_t)c->n_layers + (size_t)layer;
+    size_t off = (size_t)(pos - b->pos0) * b->ldrec + (size_t)layer * qd;
     size_t kv_off = ((size_t)layer * (size_t)s->max_pos + (size_t)pos) * kvd;
-    rec->q = b->q_rec + row * qd;
+    rec->q = b->q_rec + off;
     rec->k = s->kcache + kv_off;
     rec->v = s->vcache + kv_off;
-    rec->o = b->o_rec + row * qd;
+    rec->o = b->o_rec + off;
     rec->lse = b->lse_rec + row * (size_t)c->n_heads;
     return KVS_OK;
 }
