@@ -809,8 +809,17 @@ struct block_ws {
     float *q_rec;    /* [B][ldrec]: [n_layers][q_dim] post-RoPE queries a position */
     float *o_rec;    /* [B][ldrec]: [n_layers][q_dim] attention outputs a position */
     float *lse_rec;  /* [B][n_layers][n_heads] */
-    float *att;      /* [n_workers][max_pos] probabilities scratch */
+    /* attention scratch, per worker: a KV head's key and value rows made contiguous ([max_pos][head_dim] each),
+     * the queries of an attention tile ([ATT_TILE][group][head_dim]), its probability rows
+     * ([ATT_TILE * group][max_pos]), row pointers and LSEs */
+    float *kh, *vh, *qt, *probs;
+    float **prow, **orow;
+    double *lse;
+    int tile_rows;   /* ATT_TILE * group */
 };
+
+/* Positions per attention tile: (KV head, tile) pairs are the parallel tasks. */
+#define ATT_TILE 32
 
 static void block_ws_free(struct block_ws *b) {
     if (!b) return;
@@ -822,7 +831,13 @@ static void block_ws_free(struct block_ws *b) {
     free(b->q_rec);
     free(b->o_rec);
     free(b->lse_rec);
-    free(b->att);
+    free(b->kh);
+    free(b->vh);
+    free(b->qt);
+    free(b->probs);
+    free(b->prow);
+    free(b->orow);
+    free(b->lse);
     free(b);
 }
 
@@ -1034,8 +1049,18 @@ static kvs_status block_ws_create(kvs_model_state *s) {
     b->q_rec = malloc(B * b->ldrec * sizeof(float));
     b->o_rec = malloc(B * b->ldrec * sizeof(float));
     b->lse_rec = malloc(B * L * (size_t)c->n_heads * sizeof(float));
-    b->att = malloc((size_t)b->n_workers * (size_t)s->max_pos * sizeof(float));
-    if (!b->x || !b->xb || !b->xb2 || !b->hb || !b->hb2 || !b->q_rec || !b->o_rec || !b->lse_rec || !b->att) {
+    size_t W = (size_t)b->n_workers, P = (size_t)s->max_pos, hd = (size_t)c->head_dim;
+    b->tile_rows = ATT_TILE * (c->n_heads / c->n_kv_heads);
+    size_t R = (size_t)b->tile_rows;
+    b->kh = malloc(W * P * hd * sizeof(float));
+    b->vh = malloc(W * P * hd * sizeof(float));
+    b->qt = malloc(W * R * hd * sizeof(float));
+    b->probs = malloc(W * R * P * sizeof(float));
+    b->prow = malloc(W * R * sizeof *b->prow);
+    b->orow = malloc(W * R * sizeof *b->orow);
+    b->lse = malloc(W * R * sizeof *b->lse);
+    if (!b->x || !b->xb || !b->xb2 || !b->hb || !b->hb2 || !b->q_rec || !b->o_rec || !b->lse_rec || !b->kh || !b->vh ||
+        !b->qt || !b->probs || !b->prow || !b->orow || !b->lse) {
         block_ws_free(b);
         return kvs_fail(KVS_ERR_NOMEM, "model state: out of memory for a %d-position block", KVS_MODEL_BLOCK);
     }
@@ -1048,25 +1073,49 @@ typedef struct {
     int layer;
 } block_attn_job;
 
-/* (position, head) pairs dealt round-robin: later positions attend more rows, so contiguous shares would not
- * balance. */
+/* Causal attention of the block's positions at one layer: tasks are (KV head, tile of ATT_TILE positions), dealt
+ * round-robin (later tiles attend more rows). A task copies its KV head's cache rows into contiguous buffers
+ * (incrementally while the head stays the same) and runs kvs_attention_causal_block: each key and value row read
+ * once for the tile's G x ATT_TILE query rows, every row's numbers those of kvs_attention() over the rows 0..its
+ * position, bit for bit (common/kvs_math.h), i.e. what kvs_model_forward computes for that position. */
 static void block_attn_worker(void *ctx, int worker, int n_workers) {
     const block_attn_job *job = ctx;
     kvs_model_state *s = job->s;
     struct block_ws *b = s->blk;
     const kvs_model_config *c = &s->m->info.config;
     int H = c->n_heads, hd = c->head_dim, G = c->n_heads / c->n_kv_heads, kvd = c->n_kv_heads * c->head_dim;
-    size_t L = (size_t)c->n_layers, qd = (size_t)H * (size_t)hd;
-    const float *kc = s->kcache + (size_t)job->layer * (size_t)s->max_pos * (size_t)kvd;
-    const float *vc = s->vcache + (size_t)job->layer * (size_t)s->max_pos * (size_t)kvd;
-    float *att = b->att + (size_t)worker * (size_t)s->max_pos;
-    for (long t = worker; t < (long)b->n * H; t += n_workers) {
-        int i = (int)(t / H), h = (int)(t % H), kvh = h / G;
-        size_t row = (size_t)i * L + (size_t)job->layer, off = (size_t)i * b->ldrec + (size_t)job->layer * qd;
-        double lse = kvs_attention(b->q_rec + off + (size_t)h * hd, kc + (size_t)kvh * hd, vc + (size_t)kvh * hd,
-                                   (size_t)kvd, NULL, (size_t)(b->pos0 + i) + 1, (size_t)hd, c->attn_scale, att,
-                                   b->o_rec + off + (size_t)h * hd);
-        b->lse_rec[row * (size_t)H + (size_t)h] = (float)lse;
+    size_t L = (size_t)c->n_layers, qd = (size_t)H * (size_t)hd, P = (size_t)s->max_pos, R = (size_t)b->tile_rows;
+    const float *kc = s->kcache + (size_t)job->layer * P * (size_t)kvd;
+    const float *vc = s->vcache + (size_t)job->layer * P * (size_t)kvd;
+    float *kh = b->kh + (size_t)worker * P * (size_t)hd, *vh = b->vh + (size_t)worker * P * (size_t)hd;
+    float *qt = b->qt + (size_t)worker * R * (size_t)hd;
+    float **prow = b->prow + (size_t)worker * R, **orow = b->orow + (size_t)worker * R;
+    double *lse = b->lse + (size_t)worker * R;
+    int n_tiles = (b->n + ATT_TILE - 1) / ATT_TILE, have_kvh = -1, have_rows = 0;
+    for (long t = worker; t < (long)c->n_kv_heads * n_tiles; t += n_workers) {
+        int kvh = (int)(t / n_tiles), i0 = (int)(t % n_tiles) * ATT_TILE;
+        int nb = b->n - i0 < ATT_TILE ? b->n - i0 : ATT_TILE, p0 = b->pos0 + i0, rows = p0 + nb;
+        if (kvh != have_kvh) have_rows = 0;
+        for (int j = have_rows; j < rows; j++) {
+            memcpy(kh + (size_t)j * hd, kc + (size_t)j * kvd + (size_t)kvh * hd, (size_t)hd * sizeof(float));
+            memcpy(vh + (size_t)j * hd, vc + (size_t)j * kvd + (size_t)kvh * hd, (size_t)hd * sizeof(float));
+        }
+        if (rows > have_rows) have_rows = rows;
+        have_kvh = kvh;
+        for (int i = 0; i < nb; i++) {
+            size_t off = (size_t)(i0 + i) * b->ldrec + (size_t)job->layer * qd + (size_t)kvh * G * hd;
+            memcpy(qt + (size_t)i * G * hd, b->q_rec + off, (size_t)G * hd * sizeof(float));
+            for (int g = 0; g < G; g++) {
+                prow[i * G + g] = b->probs + ((size_t)worker * R + (size_t)(i * G + g)) * P;
+                orow[i * G + g] = b->o_rec + off + (size_t)g * hd;
+            }
+        }
+        kvs_attention_causal_block(qt, (size_t)nb, (size_t)G, kh, vh, (size_t)hd, (size_t)p0, c->attn_scale, prow, orow,
+                                   lse, NULL);
+        for (int i = 0; i < nb; i++)
+            for (int g = 0; g < G; g++)
+                b->lse_rec[((size_t)(i0 + i) * L + (size_t)job->layer) * (size_t)H + (size_t)(kvh * G + g)] =
+                    (float)lse[i * G + g];
     }
 }
 
