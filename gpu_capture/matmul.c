@@ -4,7 +4,8 @@
  *
  * Loop nest, per worker (the workers split the output rows in groups of MR weight rows):
  *   for each chunk of KVS_GEMM_KC columns (the block's X chunk, n x KC floats, stays in L2 for all groups: with
- *   the group loop outside, a 4 MB X of the down projection was streamed from L3 once per group, 0.6x the speed),
+ *   the group loop outside, a 4 MB X of the down projection was streamed from L3 once per group, 0.6x the speed;
+ *   a small X, as in decode, takes the group loop outside instead: run_passes),
  *     for each group of MR weight rows:
  *       widen the group's chunk to fp32 into a MR x KC buffer on the stack (L1-resident; fp32 weights are read in
  *       place instead), then for each tile of NR positions: NR x MR accumulators over the chunk, one vector FMA
@@ -110,25 +111,44 @@ static float dot8(const float *a, const float *b, int n) {
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
-static void worker_scalar(void *ctx, int worker, int n_workers) {
-    const gemm_job *job = ctx;
-    float buf[MR_SCALAR * BUF_LD];
+/* The order of a worker's (chunk, group) passes: chunks outside groups when the block's X is large (its chunk then
+ * stays in L2 for all groups), groups outside chunks when it is small, as in decode (each weight row is then read
+ * from memory in one sequential run). Either way every element's chunk sums are added in ascending chunk order, so
+ * the order changes the speed only. */
+#define X_SMALL_BYTES ((size_t)512 << 10)
+
+typedef void (*pass_fn)(const gemm_job *job, long g, int k0, void *scratch);
+
+static void run_passes(const gemm_job *job, int worker, int n_workers, pass_fn pass, void *scratch) {
+    long g0 = job->groups * worker / n_workers, g1 = job->groups * (worker + 1) / n_workers;
+    if ((size_t)job->n * (size_t)job->cols * sizeof(float) <= X_SMALL_BYTES) {
+        for (long g = g0; g < g1; g++)
+            for (int k0 = 0; k0 < job->cols; k0 += KVS_GEMM_KC) pass(job, g, k0, scratch);
+    } else {
+        for (int k0 = 0; k0 < job->cols; k0 += KVS_GEMM_KC)
+            for (long g = g0; g < g1; g++) pass(job, g, k0, scratch);
+    }
+}
+
+static void pass_scalar(const gemm_job *job, long g, int k0, void *scratch) {
+    float *buf = scratch;
     const float *rows[MR_SCALAR];
     float s[MR_SCALAR];
-    for (int k0 = 0; k0 < job->cols; k0 += KVS_GEMM_KC) {
-        int kl = job->cols - k0 < KVS_GEMM_KC ? job->cols - k0 : KVS_GEMM_KC;
-        for (long g = job->groups * worker / n_workers; g < job->groups * (worker + 1) / n_workers; g++) {
-            int r0 = 0, mr = 0;
-            const kvs_gemm_out *o = group_at(job, g, &r0, &mr);
-            chunk_rows(&o->w, job->cols, r0, mr, MR_SCALAR, k0, kl, buf, rows, widen_scalar);
-            for (int i = 0; i < job->n; i++) {
-                const float *x = job->x + (size_t)i * job->ldx + (size_t)k0;
-                for (int j = 0; j < mr; j++) s[j] = dot8(x, rows[j], kl);
-                store_tile(o, i, 1, r0, mr, s, MR_SCALAR, k0 == 0);
-            }
-            if (k0 + kl == job->cols) add_bias(o, job->n, r0, mr);
-        }
+    int kl = job->cols - k0 < KVS_GEMM_KC ? job->cols - k0 : KVS_GEMM_KC;
+    int r0 = 0, mr = 0;
+    const kvs_gemm_out *o = group_at(job, g, &r0, &mr);
+    chunk_rows(&o->w, job->cols, r0, mr, MR_SCALAR, k0, kl, buf, rows, widen_scalar);
+    for (int i = 0; i < job->n; i++) {
+        const float *x = job->x + (size_t)i * job->ldx + (size_t)k0;
+        for (int j = 0; j < mr; j++) s[j] = dot8(x, rows[j], kl);
+        store_tile(o, i, 1, r0, mr, s, MR_SCALAR, k0 == 0);
     }
+    if (k0 + kl == job->cols) add_bias(o, job->n, r0, mr);
+}
+
+static void worker_scalar(void *ctx, int worker, int n_workers) {
+    float buf[MR_SCALAR * BUF_LD];
+    run_passes(ctx, worker, n_workers, pass_scalar, buf);
 }
 
 /* ---- x86-64 vector kernels ---- */
@@ -285,36 +305,42 @@ T_512 static void micro_512_4(const float *x, size_t ldx, const float *const *w,
 
 typedef void (*micro_fn)(const float *x, size_t ldx, const float *const *w, int kl, float *s);
 
-/* The vector workers: the same loop nest with the ISA's tile and widening. `micro[nr - 1]` computes nr rows. */
-static void worker_vec(const gemm_job *job, int worker, int n_workers, int NR, int MR, const micro_fn *micro,
-                       void (*widen)(kvs_dtype, const void *, size_t, float *)) {
-    float buf[MR_512 * BUF_LD];
+/* A vector ISA's tile: `micro[nr - 1]` computes nr positions against MR weight rows. */
+typedef struct {
+    int NR, MR;
+    const micro_fn *micro;
+    void (*widen)(kvs_dtype, const void *, size_t, float *);
+    float *buf;
+} vec_scratch;
+
+static void pass_vec(const gemm_job *job, long g, int k0, void *scratch) {
+    const vec_scratch *v = scratch;
     const float *rows[MR_512];
     float s[NR_512 * MR_512];
-    for (int k0 = 0; k0 < job->cols; k0 += KVS_GEMM_KC) {
-        int kl = job->cols - k0 < KVS_GEMM_KC ? job->cols - k0 : KVS_GEMM_KC;
-        for (long g = job->groups * worker / n_workers; g < job->groups * (worker + 1) / n_workers; g++) {
-            int r0 = 0, mr = 0;
-            const kvs_gemm_out *o = group_at(job, g, &r0, &mr);
-            chunk_rows(&o->w, job->cols, r0, mr, MR, k0, kl, buf, rows, widen);
-            for (int i0 = 0; i0 < job->n; i0 += NR) {
-                int nr = job->n - i0 < NR ? job->n - i0 : NR;
-                micro[nr - 1](job->x + (size_t)i0 * job->ldx + (size_t)k0, job->ldx, rows, kl, s);
-                store_tile(o, i0, nr, r0, mr, s, MR, k0 == 0);
-            }
-            if (k0 + kl == job->cols) add_bias(o, job->n, r0, mr);
-        }
+    int kl = job->cols - k0 < KVS_GEMM_KC ? job->cols - k0 : KVS_GEMM_KC;
+    int r0 = 0, mr = 0;
+    const kvs_gemm_out *o = group_at(job, g, &r0, &mr);
+    chunk_rows(&o->w, job->cols, r0, mr, v->MR, k0, kl, v->buf, rows, v->widen);
+    for (int i0 = 0; i0 < job->n; i0 += v->NR) {
+        int nr = job->n - i0 < v->NR ? job->n - i0 : v->NR;
+        v->micro[nr - 1](job->x + (size_t)i0 * job->ldx + (size_t)k0, job->ldx, rows, kl, s);
+        store_tile(o, i0, nr, r0, mr, s, v->MR, k0 == 0);
     }
+    if (k0 + kl == job->cols) add_bias(o, job->n, r0, mr);
 }
 
 static void worker_avx2(void *ctx, int worker, int n_workers) {
     static const micro_fn m[NR_AVX2] = {micro_avx2_1, micro_avx2_2, micro_avx2_3};
-    worker_vec(ctx, worker, n_workers, NR_AVX2, MR_AVX2, m, widen_avx2);
+    float buf[MR_AVX2 * BUF_LD];
+    vec_scratch v = {NR_AVX2, MR_AVX2, m, widen_avx2, buf};
+    run_passes(ctx, worker, n_workers, pass_vec, &v);
 }
 
 static void worker_512(void *ctx, int worker, int n_workers) {
     static const micro_fn m[NR_512] = {micro_512_1, micro_512_2, micro_512_3, micro_512_4};
-    worker_vec(ctx, worker, n_workers, NR_512, MR_512, m, widen_512);
+    float buf[MR_512 * BUF_LD];
+    vec_scratch v = {NR_512, MR_512, m, widen_512, buf};
+    run_passes(ctx, worker, n_workers, pass_vec, &v);
 }
 
 static int cpu_avx2(void) {

@@ -114,8 +114,10 @@ static void test_gemm_against_double_reference(void **state) {
             for (size_t b = 0; b < sizeof rows / sizeof *rows; b++)
                 for (size_t c = 0; c < sizeof cols / sizeof *cols; c++)
                     for (size_t t = 0; t < 3; t++) check_gemm(pool, dts[t], ns[a], rows[b], cols[c], (int)((a + b + c) & 1));
-        /* a block as large as the prefill's, wide enough to be split among the workers */
-        check_gemm(pool, KVS_DTYPE_BF16, 130, 67, 300, 1);
+        /* blocks as large as the prefill's, split among the workers, their X past matmul.c's X_SMALL_BYTES (the
+         * chunk-outer order; the single rows compared with them take the group-outer one) */
+        check_gemm(pool, KVS_DTYPE_BF16, 130, 67, 1100, 1);
+        check_gemm(pool, KVS_DTYPE_F16, 129, 13, 2100, 0);
     }
     fprintf(stderr, "gemm: %d instruction set(s) checked\n", levels);
     assert_int_equal(kvs_gemm_isa_set(keep), KVS_OK);
