@@ -86,6 +86,10 @@ asan:
 bench: $(KVSIM) $(BENCH_BINS)
 	@KVSIM_BIN=$(abspath $(KVSIM)) KVSIM_ROOT=$(abspath .) sh bench/run_bench.sh $(BENCH_BINS)
 
+# `make bench-prefill`: the CPU blocked prefill / 16-bit decode / peak RSS rows of gpu_capture/BENCH.md alone.
+bench-prefill: $(BUILD)/bench/bench_prefill
+	@$(BUILD)/bench/bench_prefill
+
 # Every benchmark and bench tool built, none run: CI builds them (.ci/run) so that none rots unseen.
 BENCH_TOOLS = $(BUILD)/bench/gen_cmp_trace $(BUILD)/bench/neighbor
 bench-build: $(BENCH_BINS) $(BENCH_TOOLS)

@@ -541,6 +541,38 @@ kvs_status kvs_capture_run(const kvs_capture_opts *o, kvs_capture_result *r) {
             progress_line(o, &prog, KVS_CAPTURE_PREFILL, np, w, &last, 0);
             if (stop_all) break;
         }
+        /* The CPU path runs the turn's prompt in blocks (kvs_model_forward_block: each weight read once per block,
+         * every position's record what kvs_model_forward would give); the loop below takes over at the first
+         * generated token, or stops at max positions where the prompt does not fit. */
+        while (!gb && i < (int64_t)turn_ids[t].n && pos < max_pos) {
+            if (stop_requested(o)) { /* at a block boundary: every position before it is in the trace */
+                progress_line(o, &prog, KVS_CAPTURE_PREFILL, 0, w, &last, 1);
+                s = stop_on_request(gb, w, pos, r);
+                goto cleanup;
+            }
+            int64_t nb = (int64_t)turn_ids[t].n - i;
+            if (nb > KVS_MODEL_BLOCK) nb = KVS_MODEL_BLOCK;
+            if (nb > max_pos - pos) nb = max_pos - pos;
+            KVS_TRY(s = kvs_model_forward_block(st, turn_ids[t].ids + i, (int)nb, (int)pos, &logits));
+            for (int64_t k = 0; k < nb; k++) {
+                int32_t token = turn_ids[t].ids[i + k];
+                if (w) {
+                    KVS_TRY(s = kvs_trace_writer_begin_position(w, token, KVS_ROLE_PROMPT, (int32_t)t));
+                    for (int l = 0; l < cfg->n_layers; l++) {
+                        kvs_layer_record rec;
+                        KVS_TRY(s = kvs_model_state_layer_at(st, l, (int)(pos + k), &rec));
+                        KVS_TRY(s = kvs_trace_writer_put_layer(w, l, rec.q, rec.k, rec.v, rec.o, rec.lse));
+                    }
+                    KVS_TRY(s = kvs_trace_writer_end_position(w));
+                }
+                KVS_TRY(s = vec_push(&seq, token));
+                r->n_prompt++;
+            }
+            r->stopped_eos = 0;
+            pos += nb;
+            i += nb;
+            progress_line(o, &prog, KVS_CAPTURE_PREFILL, nb, w, &last, 0);
+        }
         for (; i < n_items; i++) {
             if (stop_requested(o)) {
                 progress_line(o, &prog, KVS_CAPTURE_PREFILL, 0, w, &last, 1);

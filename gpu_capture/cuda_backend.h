@@ -8,8 +8,10 @@
  * Precision (what the parity tests hold it to):
  *  - Weights live on the device in the checkpoint's own storage dtype (kvs_model_info.weight_dtype):
  *    fp32 checkpoints (llama2.c, fp32 safetensors) stay fp32, fp16 stay fp16, bf16 stay bf16. The model
- *    hands us fp32 copies of 16-bit tensors, which re-encode to their original bits exactly, so nothing is
- *    rounded twice. Memory: 4 bytes/parameter for fp32 checkpoints (they are small in practice), 2 otherwise.
+ *    hands us its matrices as stored (model_weights.h); one in the device dtype is copied bit for bit, one in
+ *    another dtype (mixed checkpoints: the device dtype is then fp32) is widened exactly a row at a time, so
+ *    nothing is rounded twice. Memory: 4 bytes/parameter for fp32 checkpoints (they are small in practice), 2
+ *    otherwise.
  *  - Every projection and the classifier is a cuBLAS GEMM (cublasGemmEx, CUBLAS_COMPUTE_32F, default math
  *    mode, i.e. no TF32): fp32 accumulation always. With 16-bit weights, cuBLAS needs both operands in the
  *    same type, so the activation fed to a GEMM (normed x, attention output, SwiGLU output) is rounded to

@@ -20,20 +20,22 @@
 
 #include "../common/json.h"
 #include "../common/kvs_math.h"
+#include "matmul.h"
 
 /* ================================================================================================
  * Model structure
  * ============================================================================================== */
 
+/* Matrices stay in their checkpoint dtype (kvs_wmat, read in place from the mapping); vectors are fp32. */
 typedef struct {
     const float *rms_att, *rms_ffn; /* [dim] */
-    const float *wq;                /* [n_heads*head_dim][dim] */
-    const float *wk, *wv;           /* [n_kv_heads*head_dim][dim] */
-    const float *wo;                /* [dim][n_heads*head_dim] */
+    kvs_wmat wq;                    /* [n_heads*head_dim][dim] */
+    kvs_wmat wk, wv;                /* [n_kv_heads*head_dim][dim] */
+    kvs_wmat wo;                    /* [dim][n_heads*head_dim] */
     const float *bq, *bk, *bv, *bo; /* biases or NULL */
-    const float *w1;                /* gate: [hidden][dim] */
-    const float *w2;                /* down: [dim][hidden] */
-    const float *w3;                /* up:   [hidden][dim] */
+    kvs_wmat w1;                    /* gate: [hidden][dim] */
+    kvs_wmat w2;                    /* down: [dim][hidden] */
+    kvs_wmat w3;                    /* up:   [hidden][dim] */
     const float *q_norm, *k_norm;   /* [head_dim] per-head q/k RMSNorm (Qwen3, Gemma-3) or NULL */
     const float *rms_post_att;      /* [dim] norm of the attention branch output (Gemma-3) or NULL */
     const float *rms_post_ffn;      /* [dim] norm of the FFN branch output (Gemma-3) or NULL */
@@ -46,15 +48,15 @@ typedef struct {
 
 struct kvs_model {
     kvs_model_info info;
-    const float *embed;     /* [vocab][dim] */
+    kvs_wmat embed;         /* [vocab][dim] */
     const float *rms_final; /* [dim] */
-    const float *cls;       /* [vocab][dim] */
+    kvs_wmat cls;           /* [vocab][dim] */
     layer_weights *layers;  /* [n_layers] */
     float *inv_freq;        /* [head_dim/2] RoPE frequencies (after any scaling) */
     float *inv_freq_local;  /* [head_dim/2] of sliding-window layers when their base differs (Gemma-3), else NULL */
     mapping *maps;
     int n_maps, cap_maps;
-    void **owned; /* heap fp32 copies of converted tensors */
+    void **owned; /* heap fp32 copies of converted tensors (16-bit vectors, misaligned fp32 tensors) */
     int n_owned, cap_owned;
 };
 
@@ -210,11 +212,14 @@ static kvs_status finish_config(kvs_model *m, const char *src) {
     if (m->info.qk_norm) per_layer += 2 * hd;
     if (m->info.sandwich_norm) per_layer += 2 * d;
     uint64_t vocab_d = (uint64_t)c->vocab_size * d;
-    int shared = m->cls == m->embed;
+    int shared = m->cls.data == m->embed.data;
     m->info.tied_embeddings = shared;
     m->info.n_params = L * per_layer + d + vocab_d * (shared ? 1 : 2);
-    /* per token the embedding row is read, not the table; the classifier is read whole */
-    m->info.weight_bytes = 4 * (L * per_layer + d + vocab_d + d);
+    /* per token the embedding row is read, not the table; the classifier is read whole; matrices in their
+     * storage dtype (fp32 when they mix), vectors in fp32 */
+    uint64_t vec_per_layer = 2 * d + (m->info.qkv_bias ? qd + 2 * kvd : 0) + (m->info.o_bias ? d : 0);
+    uint64_t wsz = kvs_dtype_size(m->info.weight_dtype);
+    m->info.weight_bytes = wsz * (L * (per_layer - vec_per_layer) + vocab_d + d) + 4 * (L * vec_per_layer + d);
     return KVS_OK;
 }
 
@@ -293,22 +298,22 @@ static kvs_status load_llama2c(kvs_model *m, const char *path) {
         t[i] = p;
         p += counts[i];
     }
-    m->embed = t[0];
+    m->embed = (kvs_wmat){t[0], KVS_DTYPE_F32};
     m->rms_final = t[10];
-    m->cls = shared ? t[0] : t[13];
+    m->cls = (kvs_wmat){shared ? t[0] : t[13], KVS_DTYPE_F32};
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) return kvs_fail(KVS_ERR_NOMEM, "model: out of memory");
     for (uint64_t l = 0; l < L; l++) {
         layer_weights *w = &m->layers[l];
         w->rms_att = t[1] + l * d;
-        w->wq = t[2] + l * d * d;
-        w->wk = t[3] + l * kvd * d;
-        w->wv = t[4] + l * kvd * d;
-        w->wo = t[5] + l * d * d;
+        w->wq = (kvs_wmat){t[2] + l * d * d, KVS_DTYPE_F32};
+        w->wk = (kvs_wmat){t[3] + l * kvd * d, KVS_DTYPE_F32};
+        w->wv = (kvs_wmat){t[4] + l * kvd * d, KVS_DTYPE_F32};
+        w->wo = (kvs_wmat){t[5] + l * d * d, KVS_DTYPE_F32};
         w->rms_ffn = t[6] + l * d;
-        w->w1 = t[7] + l * hid * d;
-        w->w2 = t[8] + l * d * hid;
-        w->w3 = t[9] + l * hid * d;
+        w->w1 = (kvs_wmat){t[7] + l * hid * d, KVS_DTYPE_F32};
+        w->w2 = (kvs_wmat){t[8] + l * d * hid, KVS_DTYPE_F32};
+        w->w3 = (kvs_wmat){t[9] + l * hid * d, KVS_DTYPE_F32};
     }
     return finish_config(m, path);
 }
@@ -408,10 +413,13 @@ static void fmt_shape(char *buf, size_t cap, const uint64_t *dims, int nd) {
     if (o < cap) snprintf(buf + o, cap - o, "]");
 }
 
-/* Loads tensor `name` of shape dims[nd] as fp32. *out = NULL when absent and !required. */
-static kvs_status st_tensor(kvs_model *m, st_set *set, const char *name, int nd, const uint64_t *dims, int required,
-                            const float **out) {
-    *out = NULL;
+/* Loads tensor `name` of shape dims[nd]: into *mat (when mat != NULL) as stored, in place — 16-bit matrices are
+ * never widened to an fp32 copy (matmul.h reads them) — else into *out as fp32. Either is NULL / {NULL} when
+ * absent and !required. */
+static kvs_status st_tensor_as(kvs_model *m, st_set *set, const char *name, int nd, const uint64_t *dims,
+                               int required, const float **out, kvs_wmat *mat) {
+    if (out) *out = NULL;
+    if (mat) *mat = (kvs_wmat){NULL, KVS_DTYPE_F32};
     st_file *f;
     const kvs_json *e;
     st_find(set, name, &f, &e);
@@ -466,7 +474,11 @@ static kvs_status st_tensor(kvs_model *m, st_set *set, const char *name, int nd,
         return kvs_fail(KVS_ERR_TRUNCATED, "%s: tensor %s: data_offsets end %llu lies past the end of the data (%llu bytes)",
                         f->path, name, (unsigned long long)end, (unsigned long long)f->data_len);
     const uint8_t *src = f->data + begin;
-    if (dtype == KVS_DTYPE_F32 && ((uintptr_t)src % sizeof(float)) == 0) {
+    if (mat && (dtype != KVS_DTYPE_F32 || ((uintptr_t)src % sizeof(float)) == 0)) {
+        *mat = (kvs_wmat){src, dtype};
+        return KVS_OK;
+    }
+    if (!mat && dtype == KVS_DTYPE_F32 && ((uintptr_t)src % sizeof(float)) == 0) {
         *out = (const float *)src;
         return KVS_OK;
     }
@@ -475,8 +487,15 @@ static kvs_status st_tensor(kvs_model *m, st_set *set, const char *name, int nd,
     kvs_decode(dtype, src, (size_t)numel, dst);
     kvs_status s = add_owned(m, dst);
     if (s != KVS_OK) return s;
-    *out = dst;
+    if (mat) *mat = (kvs_wmat){dst, KVS_DTYPE_F32};
+    else *out = dst;
     return KVS_OK;
+}
+
+/* Loads a vector (norm weights, biases) or other tensor as fp32. */
+static kvs_status st_tensor(kvs_model *m, st_set *set, const char *name, int nd, const uint64_t *dims, int required,
+                            const float **out) {
+    return st_tensor_as(m, set, name, nd, dims, required, out, NULL);
 }
 
 /* ---- config.json ---- */
@@ -863,17 +882,17 @@ static kvs_status load_hf(kvs_model *m, const char *dir) {
                                                                                 : "language_model.lm_head.weight");
     char tname[256];
     snprintf(tname, sizeof tname, "%sembed_tokens.weight", pfx);
-    if ((s = st_tensor(m, &set, tname, 2, emb_shape, !tie, &m->embed)) != KVS_OK) goto cleanup;
+    if ((s = st_tensor_as(m, &set, tname, 2, emb_shape, !tie, NULL, &m->embed)) != KVS_OK) goto cleanup;
     if (tie) {
-        if (!m->embed &&
-            (s = st_tensor(m, &set, lm_head, 2, emb_shape, 0, &m->embed)) != KVS_OK) goto cleanup;
-        if (!m->embed) {
+        if (!m->embed.data &&
+            (s = st_tensor_as(m, &set, lm_head, 2, emb_shape, 0, NULL, &m->embed)) != KVS_OK) goto cleanup;
+        if (!m->embed.data) {
             s = kvs_fail(KVS_ERR_FORMAT, "%s: tensor model.embed_tokens.weight is missing (tie_word_embeddings: "
                          "lm_head.weight absent too)", dir);
             goto cleanup;
         }
         m->cls = m->embed;
-    } else if ((s = st_tensor(m, &set, lm_head, 2, emb_shape, 1, &m->cls)) != KVS_OK) {
+    } else if ((s = st_tensor_as(m, &set, lm_head, 2, emb_shape, 1, NULL, &m->cls)) != KVS_OK) {
         goto cleanup;
     }
     uint64_t vec_d[1] = {d};
@@ -892,27 +911,29 @@ static kvs_status load_hf(kvs_model *m, const char *dir) {
             const uint64_t *dims;
             const float **dst;
             int required;
+            kvs_wmat *mat; /* matrices: kept as stored (dst NULL) */
         } tensors[] = {
-            {"input_layernorm.weight", 1, vec_d, &w->rms_att, 1},
+            {"input_layernorm.weight", 1, vec_d, &w->rms_att, 1, NULL},
             /* Gemma-3's post_attention_layernorm normalises the attention output; its FFN input norm is
              * pre_feedforward_layernorm (load_arch_layer_norms) */
-            {"post_attention_layernorm.weight", 1, vec_d, gemma ? &w->rms_post_att : &w->rms_ffn, 1},
-            {"self_attn.q_proj.weight", 2, sq, &w->wq, 1},
-            {"self_attn.k_proj.weight", 2, skv, &w->wk, 1},
-            {"self_attn.v_proj.weight", 2, skv, &w->wv, 1},
-            {"self_attn.o_proj.weight", 2, so, &w->wo, 1},
-            {"mlp.gate_proj.weight", 2, sup, &w->w1, 1},
-            {"mlp.down_proj.weight", 2, sdown, &w->w2, 1},
-            {"mlp.up_proj.weight", 2, sup, &w->w3, 1},
-            {"self_attn.q_proj.bias", 1, bq, &w->bq, m->info.qkv_bias},
-            {"self_attn.k_proj.bias", 1, bkv, &w->bk, m->info.qkv_bias},
-            {"self_attn.v_proj.bias", 1, bkv, &w->bv, m->info.qkv_bias},
-            {"self_attn.o_proj.bias", 1, vec_d, &w->bo, m->info.o_bias},
+            {"post_attention_layernorm.weight", 1, vec_d, gemma ? &w->rms_post_att : &w->rms_ffn, 1, NULL},
+            {"self_attn.q_proj.weight", 2, sq, NULL, 1, &w->wq},
+            {"self_attn.k_proj.weight", 2, skv, NULL, 1, &w->wk},
+            {"self_attn.v_proj.weight", 2, skv, NULL, 1, &w->wv},
+            {"self_attn.o_proj.weight", 2, so, NULL, 1, &w->wo},
+            {"mlp.gate_proj.weight", 2, sup, NULL, 1, &w->w1},
+            {"mlp.down_proj.weight", 2, sdown, NULL, 1, &w->w2},
+            {"mlp.up_proj.weight", 2, sup, NULL, 1, &w->w3},
+            {"self_attn.q_proj.bias", 1, bq, &w->bq, m->info.qkv_bias, NULL},
+            {"self_attn.k_proj.bias", 1, bkv, &w->bk, m->info.qkv_bias, NULL},
+            {"self_attn.v_proj.bias", 1, bkv, &w->bv, m->info.qkv_bias, NULL},
+            {"self_attn.o_proj.bias", 1, vec_d, &w->bo, m->info.o_bias, NULL},
         };
         for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++) {
             if (i >= 9 && !tensors[i].required) continue; /* biases the config does not announce are ignored */
             snprintf(name, sizeof name, "%slayers.%d.%s", pfx, l, tensors[i].suffix);
-            if ((s = st_tensor(m, &set, name, tensors[i].nd, tensors[i].dims, tensors[i].required, tensors[i].dst)) != KVS_OK)
+            if ((s = st_tensor_as(m, &set, name, tensors[i].nd, tensors[i].dims, tensors[i].required, tensors[i].dst,
+                                  tensors[i].mat)) != KVS_OK)
                 goto cleanup;
         }
         if ((s = load_arch_layer_norms(m, &set, pfx, l, w)) != KVS_OK) goto cleanup;
@@ -972,7 +993,54 @@ struct kvs_model_state {
     float *att;    /* [n_heads][max_pos] attention probabilities scratch */
     kvs_model_attn_fn attn_fn; /* attention override (closed-loop decoding), NULL = full causal attention */
     void *attn_user;
+    struct block_ws *blk; /* kvs_model_forward_block's workspace, allocated on its first call */
 };
+
+/* Workspace of a block of up to KVS_MODEL_BLOCK positions: row i is position pos0 + i. The rows a matrix product
+ * reads (xb, hb, o_rec) are a cache line longer than their data: rows a multiple of 4 KB apart would all fall into
+ * the same L1 sets (0.75x the product's speed at dim 2048). */
+struct block_ws {
+    int pos0, n;     /* the last block's positions (n = 0: the last forward was kvs_model_forward) */
+    int n_workers;
+    size_t ldd, ldh, ldrec; /* row strides of xb, hb/hb2, q_rec/o_rec */
+    float *x;        /* [B][dim] residual streams */
+    float *xb;       /* [B][ldd] normalised inputs */
+    float *xb2;      /* [B][dim] projection outputs */
+    float *hb, *hb2; /* [B][ldh] */
+    float *q_rec;    /* [B][ldrec]: [n_layers][q_dim] post-RoPE queries a position */
+    float *o_rec;    /* [B][ldrec]: [n_layers][q_dim] attention outputs a position */
+    float *lse_rec;  /* [B][n_layers][n_heads] */
+    /* attention scratch, per worker: a KV head's key and value rows made contiguous ([max_pos][head_dim] each),
+     * the queries of an attention tile ([ATT_TILE][group][head_dim]), its probability rows
+     * ([ATT_TILE * group][max_pos]), row pointers and LSEs */
+    float *kh, *vh, *qt, *probs;
+    float **prow, **orow;
+    double *lse;
+    int tile_rows;   /* ATT_TILE * group */
+};
+
+/* Positions per attention tile: (KV head, tile) pairs are the parallel tasks. */
+#define ATT_TILE 32
+
+static void block_ws_free(struct block_ws *b) {
+    if (!b) return;
+    free(b->x);
+    free(b->xb);
+    free(b->xb2);
+    free(b->hb);
+    free(b->hb2);
+    free(b->q_rec);
+    free(b->o_rec);
+    free(b->lse_rec);
+    free(b->kh);
+    free(b->vh);
+    free(b->qt);
+    free(b->probs);
+    free(b->prow);
+    free(b->orow);
+    free(b->lse);
+    free(b);
+}
 
 void kvs_model_state_set_attn(kvs_model_state *s, kvs_model_attn_fn fn, void *user) {
     s->attn_fn = fn;
@@ -993,6 +1061,7 @@ void kvs_model_state_free(kvs_model_state *s) {
     free(s->kcache);
     free(s->vcache);
     free(s->att);
+    block_ws_free(s->blk);
     free(s);
 }
 
@@ -1040,60 +1109,6 @@ static void rmsnorm(float *o, const float *x, const float *w, int n, float eps) 
     for (int i = 0; i < n; i++) o[i] = w[i] * (x[i] * inv);
 }
 
-/* out[r] = W[r] . x (+ b[r]): eight partial sums so the loop vectorises without -ffast-math. */
-static float row_dot(const float *w, const float *x, int n) {
-    float s[8] = {0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) s[k] += w[i + k] * x[i + k];
-    for (; i < n; i++) s[0] += w[i] * x[i];
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-}
-
-typedef struct {
-    const float *w, *x, *b;
-    float *out;
-    int rows, cols;
-} matvec;
-
-typedef struct {
-    matvec mv[3];
-    int n;
-    long total_rows;
-} matvec_job;
-
-static void matvec_worker(void *ctx, int worker, int n_workers) {
-    const matvec_job *job = ctx;
-    long lo = job->total_rows * worker / n_workers, hi = job->total_rows * (worker + 1) / n_workers;
-    long base = 0;
-    for (int j = 0; j < job->n; j++) {
-        const matvec *mv = &job->mv[j];
-        long a = lo > base ? lo - base : 0, e = hi - base < mv->rows ? hi - base : mv->rows;
-        for (long r = a; r < e; r++) {
-            float v = row_dot(mv->w + (size_t)r * (size_t)mv->cols, mv->x, mv->cols);
-            mv->out[r] = mv->b ? v + mv->b[r] : v;
-        }
-        base += mv->rows;
-    }
-}
-
-/* Runs up to three independent matrix-vector products as one parallel section (q/k/v, gate/up). */
-static void run_matvecs(kvs_threadpool *pool, matvec_job *job) {
-    long macs = 0;
-    job->total_rows = 0;
-    for (int j = 0; j < job->n; j++) {
-        job->total_rows += job->mv[j].rows;
-        macs += (long)job->mv[j].rows * job->mv[j].cols;
-    }
-    /* below ~64K multiply-adds a thread wake-up costs more than it saves */
-    if (macs < 65536) matvec_worker(job, 0, 1);
-    else kvs_threadpool_run(pool, matvec_worker, job);
-}
-
-static void matmul1(kvs_threadpool *pool, float *out, const float *x, const float *w, const float *b, int rows, int cols) {
-    matvec_job job = {.n = 1, .mv = {{w, x, b, out, rows, cols}}};
-    run_matvecs(pool, &job);
-}
 
 /* RoPE on one head vector. Adjacent layout (llama2.c): pairs (2i, 2i+1); halves (HF rotate_half):
  * pairs (i, i + d/2); pair i turns by pos * inv_freq[i] in both. */
@@ -1171,9 +1186,10 @@ kvs_status kvs_model_forward(kvs_model_state *s, int32_t token, int pos, const f
         return kvs_fail(KVS_ERR_RANGE, "position %d is outside [0, %d)", pos, s->max_pos);
     if (pos > s->last_pos + 1)
         return kvs_fail(KVS_ERR_STATE, "position %d fed before position %d", pos, s->last_pos + 1);
+    if (s->blk) s->blk->n = 0; /* the records are this position's again */
     int d = c->dim, hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads, hid = c->hidden_dim;
     int qd = H * hd, kvd = Hkv * hd;
-    memcpy(s->x, m->embed + (size_t)token * (size_t)d, (size_t)d * sizeof(float));
+    kvs_wmat_row_f32(m->embed, (size_t)d, (size_t)token, s->x);
     if (m->info.embed_scale != 1.0f)
         for (int i = 0; i < d; i++) s->x[i] *= m->info.embed_scale;
 
@@ -1195,10 +1211,8 @@ kvs_status kvs_model_forward(kvs_model_state *s, int32_t token, int pos, const f
         float *v = s->vcache + ((size_t)l * (size_t)s->max_pos + (size_t)pos) * (size_t)kvd;
 
         rmsnorm(s->xb, s->x, w->rms_att, d, c->norm_eps);
-        matvec_job qkv = {.n = 3,
-                          .mv = {{w->wq, s->xb, w->bq, q, qd, d}, {w->wk, s->xb, w->bk, k, kvd, d},
-                                 {w->wv, s->xb, w->bv, v, kvd, d}}};
-        run_matvecs(s->pool, &qkv);
+        kvs_gemm_out qkv[3] = {{w->wq, w->bq, q, 0, qd}, {w->wk, w->bk, k, 0, kvd}, {w->wv, w->bv, v, 0, kvd}};
+        kvs_gemm_multi(s->pool, s->xb, 0, 1, d, qkv, 3);
         if (w->q_norm) head_norms(q, H, hd, w->q_norm, c->norm_eps);
         if (w->k_norm) head_norms(k, Hkv, hd, w->k_norm, c->norm_eps);
         int t = m->inv_freq_local && kvs_model_config_window(c, l) > 0;
@@ -1222,20 +1236,20 @@ kvs_status kvs_model_forward(kvs_model_state *s, int32_t token, int pos, const f
             else kvs_threadpool_run(s->pool, attn_worker, &aj);
         }
 
-        matmul1(s->pool, s->xb2, s->o_rec + (size_t)l * (size_t)qd, w->wo, w->bo, d, qd);
+        kvs_gemm(s->pool, s->o_rec + (size_t)l * (size_t)qd, 0, 1, qd, w->wo, w->bo, d, s->xb2, 0);
         branch_norm(s->xb2, w->rms_post_att, d, c->norm_eps);
         for (int i = 0; i < d; i++) s->x[i] += s->xb2[i];
 
         rmsnorm(s->xb, s->x, w->rms_ffn, d, c->norm_eps);
-        matvec_job ffn = {.n = 2, .mv = {{w->w1, s->xb, NULL, s->hb, hid, d}, {w->w3, s->xb, NULL, s->hb2, hid, d}}};
-        run_matvecs(s->pool, &ffn);
+        kvs_gemm_out ffn[2] = {{w->w1, NULL, s->hb, 0, hid}, {w->w3, NULL, s->hb2, 0, hid}};
+        kvs_gemm_multi(s->pool, s->xb, 0, 1, d, ffn, 2);
         gate_act(s->hb, s->hb2, hid, m->info.gelu_tanh);
-        matmul1(s->pool, s->xb2, s->hb, w->w2, NULL, d, hid);
+        kvs_gemm(s->pool, s->hb, 0, 1, hid, w->w2, NULL, d, s->xb2, 0);
         branch_norm(s->xb2, w->rms_post_ffn, d, c->norm_eps);
         for (int i = 0; i < d; i++) s->x[i] += s->xb2[i];
     }
     rmsnorm(s->x, s->x, m->rms_final, d, c->norm_eps);
-    matmul1(s->pool, s->logits, s->x, m->cls, NULL, c->vocab_size, d);
+    kvs_gemm(s->pool, s->x, 0, 1, d, m->cls, NULL, c->vocab_size, s->logits, 0);
     if (m->info.final_softcap > 0)
         for (int i = 0; i < c->vocab_size; i++)
             s->logits[i] = m->info.final_softcap * tanhf(s->logits[i] / m->info.final_softcap);
@@ -1249,6 +1263,7 @@ kvs_status kvs_model_state_layer(const kvs_model_state *s, int layer, kvs_layer_
     if (layer < 0 || layer >= c->n_layers)
         return kvs_fail(KVS_ERR_RANGE, "layer %d is outside [0, %d)", layer, c->n_layers);
     if (s->last_pos < 0) return kvs_fail(KVS_ERR_STATE, "no position has been forwarded yet");
+    if (s->blk && s->blk->n > 0) return kvs_model_state_layer_at(s, layer, s->last_pos, rec);
     size_t qd = (size_t)c->n_heads * (size_t)c->head_dim, kvd = (size_t)c->n_kv_heads * (size_t)c->head_dim;
     size_t kv_off = ((size_t)layer * (size_t)s->max_pos + (size_t)s->last_pos) * kvd;
     rec->q = s->q_rec + (size_t)layer * qd;
@@ -1256,6 +1271,231 @@ kvs_status kvs_model_state_layer(const kvs_model_state *s, int layer, kvs_layer_
     rec->v = s->vcache + kv_off;
     rec->o = s->o_rec + (size_t)layer * qd;
     rec->lse = s->lse_rec + (size_t)layer * (size_t)c->n_heads;
+    return KVS_OK;
+}
+
+/* ------------------------------------------------------------------------------------------------
+ * Blocked forward (prefill): every layer runs on a block of positions at once, its projections as matrix products
+ * (matmul.h) that read each weight once per block. Each position's numbers are the ones kvs_model_forward gives it:
+ * the same rmsnorm, the same per-element GEMM arithmetic (matmul.h: independent of the block size), RoPE, and
+ * kvs_attention() over the cache rows 0..pos of that position, so the trace of a prompt does not depend on how it
+ * was fed (tests/test_prefill.c compares the two position by position).
+ * ---------------------------------------------------------------------------------------------- */
+
+static kvs_status block_ws_create(kvs_model_state *s) {
+    const kvs_model_config *c = &s->m->info.config;
+    size_t B = KVS_MODEL_BLOCK, d = (size_t)c->dim, hid = (size_t)c->hidden_dim, L = (size_t)c->n_layers;
+    size_t qd = (size_t)c->n_heads * (size_t)c->head_dim;
+    struct block_ws *b = calloc(1, sizeof *b);
+    if (!b) return kvs_fail(KVS_ERR_NOMEM, "model state: out of memory");
+    b->n_workers = kvs_threadpool_size(s->pool);
+    b->ldd = d + 16;
+    b->ldh = hid + 16;
+    b->ldrec = L * qd + 16;
+    b->x = malloc(B * d * sizeof(float));
+    b->xb = malloc(B * b->ldd * sizeof(float));
+    b->xb2 = malloc(B * d * sizeof(float));
+    b->hb = malloc(B * b->ldh * sizeof(float));
+    b->hb2 = malloc(B * b->ldh * sizeof(float));
+    b->q_rec = malloc(B * b->ldrec * sizeof(float));
+    b->o_rec = malloc(B * b->ldrec * sizeof(float));
+    b->lse_rec = malloc(B * L * (size_t)c->n_heads * sizeof(float));
+    size_t W = (size_t)b->n_workers, P = (size_t)s->max_pos, hd = (size_t)c->head_dim;
+    b->tile_rows = ATT_TILE * (c->n_heads / c->n_kv_heads);
+    size_t R = (size_t)b->tile_rows;
+    b->kh = malloc(W * P * hd * sizeof(float));
+    b->vh = malloc(W * P * hd * sizeof(float));
+    b->qt = malloc(W * R * hd * sizeof(float));
+    b->probs = malloc(W * R * P * sizeof(float));
+    b->prow = malloc(W * R * sizeof *b->prow);
+    b->orow = malloc(W * R * sizeof *b->orow);
+    b->lse = malloc(W * R * sizeof *b->lse);
+    if (!b->x || !b->xb || !b->xb2 || !b->hb || !b->hb2 || !b->q_rec || !b->o_rec || !b->lse_rec || !b->kh || !b->vh ||
+        !b->qt || !b->probs || !b->prow || !b->orow || !b->lse) {
+        block_ws_free(b);
+        return kvs_fail(KVS_ERR_NOMEM, "model state: out of memory for a %d-position block", KVS_MODEL_BLOCK);
+    }
+    s->blk = b;
+    return KVS_OK;
+}
+
+typedef struct {
+    kvs_model_state *s;
+    int layer;
+} block_attn_job;
+
+/* Causal attention of the block's positions at one layer: tasks are (KV head, tile of ATT_TILE positions), dealt
+ * round-robin (later tiles attend more rows). A task copies its KV head's cache rows into contiguous buffers
+ * (incrementally while the head stays the same) and runs kvs_attention_causal_block: each key and value row read
+ * once for the tile's G x ATT_TILE query rows, every row's numbers those of kvs_attention() over the rows 0..its
+ * position, bit for bit (common/kvs_math.h), i.e. what kvs_model_forward computes for that position. */
+static void block_attn_worker(void *ctx, int worker, int n_workers) {
+    const block_attn_job *job = ctx;
+    kvs_model_state *s = job->s;
+    struct block_ws *b = s->blk;
+    const kvs_model_config *c = &s->m->info.config;
+    int H = c->n_heads, hd = c->head_dim, G = c->n_heads / c->n_kv_heads, kvd = c->n_kv_heads * c->head_dim;
+    size_t L = (size_t)c->n_layers, qd = (size_t)H * (size_t)hd, P = (size_t)s->max_pos, R = (size_t)b->tile_rows;
+    const float *kc = s->kcache + (size_t)job->layer * P * (size_t)kvd;
+    const float *vc = s->vcache + (size_t)job->layer * P * (size_t)kvd;
+    float *kh = b->kh + (size_t)worker * P * (size_t)hd, *vh = b->vh + (size_t)worker * P * (size_t)hd;
+    float *qt = b->qt + (size_t)worker * R * (size_t)hd;
+    float **prow = b->prow + (size_t)worker * R, **orow = b->orow + (size_t)worker * R;
+    double *lse = b->lse + (size_t)worker * R;
+    int n_tiles = (b->n + ATT_TILE - 1) / ATT_TILE, have_kvh = -1, have_rows = 0;
+    for (long t = worker; t < (long)c->n_kv_heads * n_tiles; t += n_workers) {
+        int kvh = (int)(t / n_tiles), i0 = (int)(t % n_tiles) * ATT_TILE;
+        int nb = b->n - i0 < ATT_TILE ? b->n - i0 : ATT_TILE, p0 = b->pos0 + i0, rows = p0 + nb;
+        if (kvh != have_kvh) have_rows = 0;
+        for (int j = have_rows; j < rows; j++) {
+            memcpy(kh + (size_t)j * hd, kc + (size_t)j * kvd + (size_t)kvh * hd, (size_t)hd * sizeof(float));
+            memcpy(vh + (size_t)j * hd, vc + (size_t)j * kvd + (size_t)kvh * hd, (size_t)hd * sizeof(float));
+        }
+        if (rows > have_rows) have_rows = rows;
+        have_kvh = kvh;
+        for (int i = 0; i < nb; i++) {
+            size_t off = (size_t)(i0 + i) * b->ldrec + (size_t)job->layer * qd + (size_t)kvh * G * hd;
+            memcpy(qt + (size_t)i * G * hd, b->q_rec + off, (size_t)G * hd * sizeof(float));
+            for (int g = 0; g < G; g++) {
+                prow[i * G + g] = b->probs + ((size_t)worker * R + (size_t)(i * G + g)) * P;
+                orow[i * G + g] = b->o_rec + off + (size_t)g * hd;
+            }
+        }
+        kvs_attention_causal_block(qt, (size_t)nb, (size_t)G, kh, vh, (size_t)hd, (size_t)p0, c->attn_scale, prow, orow,
+                                   lse, NULL);
+        for (int i = 0; i < nb; i++)
+            for (int g = 0; g < G; g++)
+                b->lse_rec[((size_t)(i0 + i) * L + (size_t)job->layer) * (size_t)H + (size_t)(kvh * G + g)] =
+                    (float)lse[i * G + g];
+    }
+}
+
+/* A sliding layer whose window cuts into the block: tasks are (position, query head), each kvs_attention() over
+ * that position's window rows exactly as attn_worker computes it for kvs_model_forward (same rows, same routine),
+ * with this worker's slice of the probability scratch. */
+static void block_attn_window_worker(void *ctx, int worker, int n_workers) {
+    const block_attn_job *job = ctx;
+    kvs_model_state *s = job->s;
+    struct block_ws *b = s->blk;
+    const kvs_model_config *c = &s->m->info.config;
+    int H = c->n_heads, hd = c->head_dim, G = c->n_heads / c->n_kv_heads, kvd = c->n_kv_heads * c->head_dim;
+    size_t L = (size_t)c->n_layers, qd = (size_t)H * (size_t)hd, P = (size_t)s->max_pos, R = (size_t)b->tile_rows;
+    const float *kc = s->kcache + (size_t)job->layer * P * (size_t)kvd;
+    const float *vc = s->vcache + (size_t)job->layer * P * (size_t)kvd;
+    float *att = b->probs + (size_t)worker * R * P;
+    for (long t = worker; t < (long)b->n * H; t += n_workers) {
+        int i = (int)(t / H), h = (int)(t % H), kvh = h / G, pos = b->pos0 + i;
+        int64_t first = window_first(c, job->layer, pos);
+        size_t off = (size_t)i * b->ldrec + (size_t)job->layer * qd + (size_t)h * hd;
+        double lse = kvs_attention(b->q_rec + off, kc + (size_t)first * kvd + (size_t)kvh * hd,
+                                   vc + (size_t)first * kvd + (size_t)kvh * hd, (size_t)kvd, NULL,
+                                   (size_t)(pos + 1 - first), (size_t)hd, c->attn_scale, att, b->o_rec + off);
+        b->lse_rec[((size_t)i * L + (size_t)job->layer) * (size_t)H + (size_t)h] = (float)lse;
+    }
+}
+
+kvs_status kvs_model_forward_block(kvs_model_state *s, const int32_t *tokens, int n, int pos0, const float **logits) {
+    const kvs_model *m = s->m;
+    const kvs_model_config *c = &m->info.config;
+    if (n < 1 || n > KVS_MODEL_BLOCK)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "block of %d positions is outside [1, %d]", n, KVS_MODEL_BLOCK);
+    if (pos0 < 0 || pos0 > s->max_pos - n)
+        return kvs_fail(KVS_ERR_RANGE, "positions %d..%d are outside [0, %d)", pos0, pos0 + n - 1, s->max_pos);
+    if (pos0 > s->last_pos + 1)
+        return kvs_fail(KVS_ERR_STATE, "position %d fed before position %d", pos0, s->last_pos + 1);
+    if (s->attn_fn)
+        return kvs_fail(KVS_ERR_STATE, "a blocked forward cannot run under an attention override (use "
+                        "kvs_model_forward position by position)");
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->vocab_size)
+            return kvs_fail(KVS_ERR_RANGE, "token id %d is outside the vocabulary [0, %d)", tokens[i], c->vocab_size);
+    kvs_status st;
+    if (!s->blk && (st = block_ws_create(s)) != KVS_OK) return st;
+    struct block_ws *b = s->blk;
+    b->pos0 = pos0;
+    b->n = n;
+    int d = c->dim, hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads, hid = c->hidden_dim;
+    int qd = H * hd, kvd = Hkv * hd, L = c->n_layers;
+    size_t ldrec = b->ldrec, ldd = b->ldd, ldh = b->ldh;
+    for (int i = 0; i < n; i++) kvs_wmat_row_f32(m->embed, (size_t)d, (size_t)tokens[i], b->x + (size_t)i * d);
+    if (m->info.embed_scale != 1.0f)
+        for (size_t i = 0; i < (size_t)n * d; i++) b->x[i] *= m->info.embed_scale;
+
+    for (int l = 0; l < L; l++) {
+        const layer_weights *w = &m->layers[l];
+        float *q = b->q_rec + (size_t)l * (size_t)qd; /* row i at q + i * ldrec */
+        float *k = s->kcache + ((size_t)l * (size_t)s->max_pos + (size_t)pos0) * (size_t)kvd;
+        float *v = s->vcache + ((size_t)l * (size_t)s->max_pos + (size_t)pos0) * (size_t)kvd;
+        for (int i = 0; i < n; i++) rmsnorm(b->xb + (size_t)i * ldd, b->x + (size_t)i * d, w->rms_att, d, c->norm_eps);
+        kvs_gemm_out qkv[3] = {{w->wq, w->bq, q, ldrec, qd}, {w->wk, w->bk, k, (size_t)kvd, kvd},
+                               {w->wv, w->bv, v, (size_t)kvd, kvd}};
+        kvs_gemm_multi(s->pool, b->xb, ldd, n, d, qkv, 3);
+        /* the sliding layers' own RoPE base (Gemma-3), as kvs_model_forward */
+        const float *freq = m->inv_freq_local && kvs_model_config_window(c, l) > 0 ? m->inv_freq_local : m->inv_freq;
+        for (int i = 0; i < n; i++) {
+            float cosv[KVS_TRACE_MAX_HEAD_DIM / 2], sinv[KVS_TRACE_MAX_HEAD_DIM / 2];
+            for (int j = 0; j < hd / 2; j++) {
+                double ang = (double)(pos0 + i) * (double)freq[j];
+                cosv[j] = (float)cos(ang);
+                sinv[j] = (float)sin(ang);
+            }
+            if (w->q_norm) head_norms(q + (size_t)i * ldrec, H, hd, w->q_norm, c->norm_eps);
+            if (w->k_norm) head_norms(k + (size_t)i * kvd, Hkv, hd, w->k_norm, c->norm_eps);
+            for (int h = 0; h < H; h++) rope(q + (size_t)i * ldrec + (size_t)h * hd, hd, c->rope_layout, cosv, sinv);
+            for (int h = 0; h < Hkv; h++) rope(k + (size_t)i * kvd + (size_t)h * hd, hd, c->rope_layout, cosv, sinv);
+        }
+        block_attn_job aj = {s, l};
+        /* a sliding layer whose window cuts into the block's keys: position by position over its window */
+        kvs_threadpool_fn attn_fn = window_first(c, l, pos0 + n - 1) > 0 ? block_attn_window_worker : block_attn_worker;
+        if ((long)(pos0 + n) * n * qd < 32768) attn_fn(&aj, 0, 1);
+        else kvs_threadpool_run(s->pool, attn_fn, &aj);
+
+        kvs_gemm(s->pool, b->o_rec + (size_t)l * (size_t)qd, ldrec, n, qd, w->wo, w->bo, d, b->xb2, (size_t)d);
+        for (int i = 0; i < n; i++) branch_norm(b->xb2 + (size_t)i * d, w->rms_post_att, d, c->norm_eps);
+        for (size_t i = 0; i < (size_t)n * d; i++) b->x[i] += b->xb2[i];
+
+        for (int i = 0; i < n; i++) rmsnorm(b->xb + (size_t)i * ldd, b->x + (size_t)i * d, w->rms_ffn, d, c->norm_eps);
+        kvs_gemm_out ffn[2] = {{w->w1, NULL, b->hb, ldh, hid}, {w->w3, NULL, b->hb2, ldh, hid}};
+        kvs_gemm_multi(s->pool, b->xb, ldd, n, d, ffn, 2);
+        for (int i = 0; i < n; i++)
+            gate_act(b->hb + (size_t)i * ldh, b->hb2 + (size_t)i * ldh, hid, m->info.gelu_tanh); /* as kvs_model_forward */
+        kvs_gemm(s->pool, b->hb, ldh, n, hid, w->w2, NULL, d, b->xb2, (size_t)d);
+        for (int i = 0; i < n; i++) branch_norm(b->xb2 + (size_t)i * d, w->rms_post_ffn, d, c->norm_eps);
+        for (size_t i = 0; i < (size_t)n * d; i++) b->x[i] += b->xb2[i];
+    }
+    /* logits of the last position only: the next token is sampled from it */
+    float *xl = b->x + (size_t)(n - 1) * d;
+    rmsnorm(s->x, xl, m->rms_final, d, c->norm_eps);
+    kvs_gemm(s->pool, s->x, 0, 1, d, m->cls, NULL, c->vocab_size, s->logits, 0);
+    if (m->info.final_softcap > 0)
+        for (int i = 0; i < c->vocab_size; i++)
+            s->logits[i] = m->info.final_softcap * tanhf(s->logits[i] / m->info.final_softcap);
+    s->last_pos = pos0 + n - 1;
+    if (logits) *logits = s->logits;
+    return KVS_OK;
+}
+
+kvs_status kvs_model_state_layer_at(const kvs_model_state *s, int layer, int pos, kvs_layer_record *rec) {
+    const kvs_model_config *c = &s->m->info.config;
+    if (layer < 0 || layer >= c->n_layers)
+        return kvs_fail(KVS_ERR_RANGE, "layer %d is outside [0, %d)", layer, c->n_layers);
+    const struct block_ws *b = s->blk;
+    if (!b || b->n == 0) {
+        if (pos == s->last_pos && s->last_pos >= 0) return kvs_model_state_layer(s, layer, rec);
+        return kvs_fail(KVS_ERR_STATE, "position %d: only the last forwarded position (%d) has records", pos,
+                        s->last_pos);
+    }
+    if (pos < b->pos0 || pos >= b->pos0 + b->n)
+        return kvs_fail(KVS_ERR_RANGE, "position %d is outside the last block [%d, %d)", pos, b->pos0, b->pos0 + b->n);
+    size_t qd = (size_t)c->n_heads * (size_t)c->head_dim, kvd = (size_t)c->n_kv_heads * (size_t)c->head_dim;
+    size_t row = (size_t)(pos - b->pos0) * (size_t)c->n_layers + (size_t)layer;
+    size_t off = (size_t)(pos - b->pos0) * b->ldrec + (size_t)layer * qd;
+    size_t kv_off = ((size_t)layer * (size_t)s->max_pos + (size_t)pos) * kvd;
+    rec->q = b->q_rec + off;
+    rec->k = s->kcache + kv_off;
+    rec->v = s->vcache + kv_off;
+    rec->o = b->o_rec + off;
+    rec->lse = b->lse_rec + row * (size_t)c->n_heads;
     return KVS_OK;
 }
 

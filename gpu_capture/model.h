@@ -16,10 +16,10 @@
  *    final_logit_softcapping. A sliding layer attends to the last `sliding_window` positions, the
  *    current one included (config.layer_window).
  *
- * Weights are memory-mapped. fp32 tensors whose file offset is 4-byte aligned are used in place; fp16 and
- * bf16 tensors (and misaligned fp32 ones) are converted once, at load, to fp32 heap copies: compute is
- * always fp32, so the CPU reference is the same code for every storage dtype (costs 2x the memory of a
- * 16-bit checkpoint, which is irrelevant at the sizes the CPU path is for).
+ * Weights are memory-mapped. Matrices are used in place in their stored dtype (fp32, fp16, bf16: the matrix
+ * products of matmul.h widen 16-bit weights in registers / L1 tiles and accumulate in fp32), so a 16-bit
+ * checkpoint costs its file size, not twice it; misaligned fp32 matrices and the small vectors (norms, biases) of
+ * a 16-bit checkpoint are converted once, at load, to fp32 heap copies.
  *
  * Every tensor's presence, dtype, shape and byte range is validated; errors name the file and the
  * config field or tensor (KVS_ERR_FORMAT malformed, KVS_ERR_TRUNCATED short file, KVS_ERR_UNSUPPORTED
@@ -55,7 +55,7 @@ typedef struct {
     float rope_factor, rope_low_freq_factor, rope_high_freq_factor;
     int32_t rope_original_max_pos;
     uint64_t n_params;         /* parameters, counting a tied classifier once */
-    uint64_t weight_bytes;     /* fp32 bytes read per decoded token (all matrices, classifier once) */
+    uint64_t weight_bytes;     /* bytes read per decoded token: matrices in weight_dtype (classifier once), vectors fp32 */
     /* Qwen3 / Gemma-3 steps (all off for the Llama family; see model.c "Qwen3 and Gemma-3") */
     int qk_norm;               /* per-head RMSNorm of q and k before RoPE (self_attn.q_norm / k_norm) */
     int norm_plus_one;         /* RMSNorm scales by (1 + w) (Gemma): the loaded norm vectors already hold 1 + w */
@@ -129,5 +129,21 @@ typedef struct {
 
 /*! kvs_model_state_layer() : the record of `layer` for the last forwarded position. */
 kvs_status kvs_model_state_layer(const kvs_model_state *s, int layer, kvs_layer_record *rec);
+
+/* Blocked prefill: positions per kvs_model_forward_block call (the block's activations and records are
+ * KVS_MODEL_BLOCK x n_layers x q_dim floats twice; each weight is read once per block). */
+#define KVS_MODEL_BLOCK 128
+
+/*! kvs_model_forward_block() : runs tokens[0..n) at positions pos0..pos0+n-1 (1 <= n <= KVS_MODEL_BLOCK; pos0 at
+ *  most the next position, as kvs_model_forward) through every layer at once: the projections as matrix products
+ *  over the block, attention of each position over the cache rows 0..its position. Every position's numbers are
+ *  the ones kvs_model_forward would give it, bit for bit on the same machine. *logits (may be NULL) receives the
+ *  last position's [vocab_size] logits, borrowed as kvs_model_forward's. KVS_ERR_STATE under an attention override
+ *  (kvs_model_state_set_attn: it is called position by position). */
+kvs_status kvs_model_forward_block(kvs_model_state *s, const int32_t *tokens, int n, int pos0, const float **logits);
+
+/*! kvs_model_state_layer_at() : the record of `layer` at position `pos` of the last block (any of its
+ *  positions; after kvs_model_forward only its position). Valid until the next forward. */
+kvs_status kvs_model_state_layer_at(const kvs_model_state *s, int layer, int pos, kvs_layer_record *rec);
 
 #endif /* KVS_MODEL_H */

@@ -494,16 +494,23 @@ kvs_status kvs_closed_loop_run(const kvs_closed_loop_opts *o, kvs_closed_loop_re
     /* Prompt: full attention in both; the policy model's q/k/v become the policy's prefill. */
     const float *fl = NULL, *pl = NULL;
     size_t Gd = (size_t)c.G * (size_t)c.d;
-    for (int64_t p = 0; p < c.P; p++) {
-        KVS_TRY(st = kvs_model_forward(full, o->tokens[p], (int)p, &fl));
-        KVS_TRY(st = kvs_model_forward(pol, o->tokens[p], (int)p, &pl));
-        for (int l = 0; l < c.L; l++) {
-            kvs_layer_record rec;
-            KVS_TRY(st = kvs_model_state_layer(pol, l, &rec));
-            take_kv(&c, l, p, rec.k, rec.v);
-            for (int h = 0; h < c.Hkv; h++)
-                memcpy(prompt_q(&c, l, h) + (size_t)p * Gd, rec.q + (size_t)h * Gd, Gd * sizeof(float));
-        }
+    /* in blocks (kvs_model_forward_block: the numbers of the position-by-position forward, each weight read once
+     * per block); a full-attention override is called position by position */
+    for (int64_t p0 = 0; p0 < c.P; p0 += KVS_MODEL_BLOCK) {
+        int nb = c.P - p0 < KVS_MODEL_BLOCK ? (int)(c.P - p0) : KVS_MODEL_BLOCK;
+        if (o->full_attn)
+            for (int64_t p = p0; p < p0 + nb; p++) KVS_TRY(st = kvs_model_forward(full, o->tokens[p], (int)p, &fl));
+        else
+            KVS_TRY(st = kvs_model_forward_block(full, o->tokens + p0, nb, (int)p0, &fl));
+        KVS_TRY(st = kvs_model_forward_block(pol, o->tokens + p0, nb, (int)p0, &pl));
+        for (int64_t p = p0; p < p0 + nb; p++)
+            for (int l = 0; l < c.L; l++) {
+                kvs_layer_record rec;
+                KVS_TRY(st = kvs_model_state_layer_at(pol, l, (int)p, &rec));
+                take_kv(&c, l, p, rec.k, rec.v);
+                for (int h = 0; h < c.Hkv; h++)
+                    memcpy(prompt_q(&c, l, h) + (size_t)p * Gd, rec.q + (size_t)h * Gd, Gd * sizeof(float));
+            }
     }
     KVS_TRY(st = start_policy(&c));
     for (size_t i = 0; i < (size_t)c.L * (size_t)c.Hkv; i++)

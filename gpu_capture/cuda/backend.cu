@@ -257,8 +257,10 @@ cleanup:
 }
 
 /* Uploads up to three row-major matrices stacked vertically ([rows_i][cols] each) as one [sum rows][cols]
- * matrix in the weight dtype, through the host staging buffer. */
-static kvs_status upload_stack(kvs_cuda_backend *b, const float *const *src, const size_t *rows, int n_src, size_t cols,
+ * matrix in the weight dtype, through the host staging buffer. A matrix stored in the weight dtype is copied as
+ * is; one in another dtype (an fp32 lm_head beside bf16 layers: the weight dtype is then fp32) is widened to fp32
+ * a row at a time and encoded, so no fp32 copy of a whole matrix is ever made. */
+static kvs_status upload_stack(kvs_cuda_backend *b, const kvs_wmat *src, const size_t *rows, int n_src, size_t cols,
                                void *staging, void **dst) {
     kvs_status st = KVS_OK;
     size_t total = 0;
@@ -267,10 +269,23 @@ static kvs_status upload_stack(kvs_cuda_backend *b, const float *const *src, con
     CU_TRY(cudaMalloc(dst, total * b->wsz));
     {
         size_t off = 0;
+        float *row = NULL;
         for (int i = 0; i < n_src; i++) {
-            kvs_encode(b->wdt, src[i], rows[i] * cols, (uint8_t *)staging + off * b->wsz);
+            if (src[i].dtype == b->wdt) {
+                memcpy((uint8_t *)staging + off * b->wsz, src[i].data, rows[i] * cols * b->wsz);
+            } else {
+                if (!row && !(row = (float *)malloc(cols * sizeof(float)))) {
+                    st = kvs_fail(KVS_ERR_NOMEM, "cuda backend: out of host memory");
+                    goto cleanup;
+                }
+                for (size_t r = 0; r < rows[i]; r++) {
+                    kvs_wmat_row_f32(src[i], cols, r, row);
+                    kvs_encode(b->wdt, row, cols, (uint8_t *)staging + (off + r * cols) * b->wsz);
+                }
+            }
             off += rows[i] * cols;
         }
+        free(row);
     }
     CU_TRY(cudaMemcpy(*dst, staging, total * b->wsz, cudaMemcpyHostToDevice));
 cleanup:
@@ -342,7 +357,7 @@ extern "C" kvs_status kvs_cuda_backend_create(const kvs_model *m, int max_positi
         /* weights */
         size_t vrows[1] = {V};
         KVS_TRY(st = upload_stack(b, &mw.embed, vrows, 1, d, staging, &b->embed));
-        if (mw.cls == mw.embed) b->cls = b->embed;
+        if (mw.cls.data == mw.embed.data) b->cls = b->embed;
         else KVS_TRY(st = upload_stack(b, &mw.cls, vrows, 1, d, staging, &b->cls));
         KVS_TRY(st = upload_f32(mw.rms_final, d, &b->rms_final));
         KVS_TRY(st = upload_f32(mw.inv_freq, (size_t)c->head_dim / 2, &b->inv_freq));
@@ -357,12 +372,12 @@ extern "C" kvs_status kvs_cuda_backend_create(const kvs_model *m, int max_positi
             KVS_TRY(st = kvs_model_layer_weights_get(m, l, &lw));
             KVS_TRY(st = upload_f32(lw.rms_att, d, &dl->rms_att));
             KVS_TRY(st = upload_f32(lw.rms_ffn, d, &dl->rms_ffn));
-            const float *qkv_src[3] = {lw.wq, lw.wk, lw.wv};
+            const kvs_wmat qkv_src[3] = {lw.wq, lw.wk, lw.wv};
             size_t qkv_rows[3] = {qd, kvd, kvd};
             KVS_TRY(st = upload_stack(b, qkv_src, qkv_rows, 3, d, staging, &dl->wqkv));
             size_t drows[1] = {d};
             KVS_TRY(st = upload_stack(b, &lw.wo, drows, 1, qd, staging, &dl->wo));
-            const float *gu_src[2] = {lw.w1, lw.w3};
+            const kvs_wmat gu_src[2] = {lw.w1, lw.w3};
             size_t gu_rows[2] = {hid, hid};
             KVS_TRY(st = upload_stack(b, gu_src, gu_rows, 2, d, staging, &dl->w13));
             KVS_TRY(st = upload_stack(b, &lw.w2, drows, 1, hid, staging, &dl->w2));

@@ -1,0 +1,70 @@
+/* matmul.h — the CPU forward pass's matrix products (../shared/DESIGN.md "Capture"): Y = X W^T (+ b) for a block of
+ * positions X [n][cols] (fp32 activations) against a weight matrix W [rows][cols] kept in its checkpoint dtype
+ * (fp32, fp16 or bf16, read in place from the mmap'd file: no fp32 copy of a 16-bit checkpoint). Accumulation is
+ * fp32; 16-bit weights are widened exactly (bf16 by a 16-bit shift, fp16 by F16C / AVX-512 vcvtph2ps) a small
+ * tile at a time into an L1-resident buffer that every position of the block then reuses, so a prompt of n
+ * positions reads each weight once per block instead of once per position.
+ *
+ * Arithmetic (what makes the blocked prefill equal the token-by-token decode): an output element's value depends
+ * only on its x row, its w row and the instruction set — never on n, on which rows share a tile, or on the thread
+ * that computes it. The reduction dimension is cut into chunks of KVS_GEMM_KC; within a chunk each element is one
+ * vector-lane FMA chain (16 lanes on AVX-512, 8 on AVX2, 8 partial sums in the scalar code) reduced by a fixed tree,
+ * and the chunk sums are added to the output in ascending order. Different instruction sets differ by fp32
+ * summation order only (tests/test_matmul.c bounds each against a double-precision reference).
+ *
+ * Selection, once per process: KVS_SIMD=scalar|avx2|avx512 (the variable common/kvs_math_simd.h reads; avx2x32
+ * counts as avx2; a level the CPU lacks falls back to the best below it), else the widest the CPU has. Never
+ * -march=native: the vector kernels are __attribute__((target)) variants behind a CPUID check.
+ */
+#ifndef KVS_MATMUL_H
+#define KVS_MATMUL_H
+
+#include <stddef.h>
+
+#include "../common/kvs.h"
+#include "../common/threadpool.h"
+
+/* Reduction chunk: within it an element is one lane-parallel FMA chain; chunk sums are added in order. */
+#define KVS_GEMM_KC 1024
+
+/* A weight matrix as stored: row-major [rows][cols] elements of `dtype` (F32, F16 or BF16, little-endian). */
+typedef struct {
+    const void *data;
+    kvs_dtype dtype;
+} kvs_wmat;
+
+/* One product of a multi-GEMM: y[i * ldy + r] = x_i . w[r] (+ bias[r]) for r < rows. */
+typedef struct {
+    kvs_wmat w;
+    const float *bias; /* [rows] or NULL */
+    float *y;
+    size_t ldy;
+    int rows;
+} kvs_gemm_out;
+
+typedef enum { KVS_GEMM_SCALAR = 0, KVS_GEMM_AVX2 = 1, KVS_GEMM_AVX512 = 2, KVS_GEMM_COUNT } kvs_gemm_isa;
+
+/*! kvs_gemm_multi() : every product of outs[0..n_outs) over the same input rows x [n][cols] (rows ldx floats
+ *  apart), as one parallel section of `pool` (NULL = the calling thread): q/k/v, or gate/up. Rows of the
+ *  outputs are split among the workers; small products run on the caller. */
+void kvs_gemm_multi(kvs_threadpool *pool, const float *x, size_t ldx, int n, int cols, const kvs_gemm_out *outs,
+                    int n_outs);
+
+/*! kvs_gemm() : one product, kvs_gemm_multi with one output. */
+void kvs_gemm(kvs_threadpool *pool, const float *x, size_t ldx, int n, int cols, kvs_wmat w, const float *bias,
+              int rows, float *y, size_t ldy);
+
+/*! kvs_wmat_row_f32() : row `r` of w [rows][cols] widened to fp32 into dst[cols] (the embedding lookup). */
+void kvs_wmat_row_f32(kvs_wmat w, size_t cols, size_t r, float *dst);
+
+/*! kvs_gemm_isa_available() : 1 when this CPU (and build) runs `isa`'s kernels. */
+int kvs_gemm_isa_available(kvs_gemm_isa isa);
+/*! kvs_gemm_isa_get() : the level in use (selected on first use, see above). */
+kvs_gemm_isa kvs_gemm_isa_get(void);
+/*! kvs_gemm_isa_set() : forces `isa` (tests, bench); KVS_ERR_UNSUPPORTED when unavailable. Not thread-safe
+ *  against running products. */
+kvs_status kvs_gemm_isa_set(kvs_gemm_isa isa);
+/*! kvs_gemm_isa_name() : "scalar", "avx2", "avx512". */
+const char *kvs_gemm_isa_name(kvs_gemm_isa isa);
+
+#endif /* KVS_MATMUL_H */
