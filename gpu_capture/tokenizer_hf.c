@@ -43,7 +43,7 @@ static char *dup_bytes(const char *s, size_t n) {
 }
 
 /* Adds added token k (its content) to trie tr; the first token of a content keeps the node. */
-static kvs_status trie_add(kvs_tok_trie *tr, const kvs_tok_added *ad, int32_t k) {
+static kvs_status trie_add(kvs_tok_trie *tr, const char *key, size_t key_len, int32_t k) {
     if (tr->n == 0) {
         tr->cap = 64;
         tr->nodes = malloc(tr->cap * sizeof *tr->nodes);
@@ -52,8 +52,8 @@ static kvs_status trie_add(kvs_tok_trie *tr, const kvs_tok_added *ad, int32_t k)
         tr->n = 1;
     }
     int32_t node = 0;
-    for (size_t i = 0; i < ad->len; i++) {
-        uint8_t b = (uint8_t)ad->content[i];
+    for (size_t i = 0; i < key_len; i++) {
+        uint8_t b = (uint8_t)key[i];
         int32_t c = tr->nodes[node].child;
         while (c >= 0 && tr->nodes[c].byte != b) c = tr->nodes[c].sibling;
         if (c < 0) {
@@ -524,7 +524,8 @@ static kvs_status load_model(const char *path, kvs_tokenizer *t, const kvs_json 
             t->piece_len[ad->id] = (uint32_t)ad->len;
         }
         if (ad->special) t->skip[ad->id] = 1;
-        if ((st = trie_add(&t->added_trie[ad->normalized ? 1 : 0], ad, (int32_t)i)) != KVS_OK) {
+        /* normalized tokens go into their trie once the normalizer is known (add_normalized_tokens) */
+        if (!ad->normalized && (st = trie_add(&t->added_trie[0], ad->content, ad->len, (int32_t)i)) != KVS_OK) {
             free(in_model);
             return st;
         }
@@ -623,6 +624,27 @@ cleanup:
     return st;
 }
 
+static kvs_status normalize(const kvs_tokenizer *t, const char *s, size_t n, kvs_tok_buf *out);
+
+/* The added tokens marked "normalized": true are found in the NORMALIZED text, by their normalized content, as the
+ * Rust library's AddedVocabulary does (it runs the normalizer over each such token's content when it builds its
+ * matcher): with a Prepend("▁") normalizer "<|x|>" is matched as "▁<|x|>", so a text starting with it gives the
+ * token alone and the same string after a word is not a match. */
+static kvs_status add_normalized_tokens(kvs_tokenizer *t) {
+    kvs_status st = KVS_OK;
+    kvs_tok_buf norm = {0};
+    for (size_t i = 0; i < t->n_added; i++) {
+        const kvs_tok_added *ad = &t->added[i];
+        if (!ad->normalized || ad->len == 0) continue;
+        norm.len = 0;
+        KVS_TRY(st = normalize(t, ad->content, ad->len, &norm));
+        if (norm.len > 0) KVS_TRY(st = trie_add(&t->added_trie[1], norm.p, norm.len, (int32_t)i));
+    }
+cleanup:
+    kvs_tok_buf_free(&norm);
+    return st;
+}
+
 kvs_status kvs_tokenizer_load_hf(const char *path, kvs_tokenizer **out) {
     if (!path || !out) return kvs_fail(KVS_ERR_INVALID_ARG, "tokenizer: NULL path or out");
     *out = NULL;
@@ -653,6 +675,7 @@ kvs_status kvs_tokenizer_load_hf(const char *path, kvs_tokenizer **out) {
     if ((v = kvs_json_get(root, "decoder")) && kvs_json_type_of(v) != KVS_JSON_NULL)
         KVS_TRY(st = add_dec(path, t, v));
     KVS_TRY(st = check_replace_growth(path, t));
+    KVS_TRY(st = add_normalized_tokens(t));
     KVS_TRY(st = load_config(path, t, root));
     *out = t;
     t = NULL;

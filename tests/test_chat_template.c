@@ -377,14 +377,16 @@ static int make_chat_model(const kvs_test_cli_fx *f, const char *tmpl, char *dir
     return 1;
 }
 
-/* A template that wraps each message in the model's story tokens (so a reply re-renders after a special token,
- * where the tokenizer's Prepend normalizer starts a fresh segment) and emits bos_token itself. */
+/* A template that wraps each message in the model's story tokens and emits bos_token itself. This tokenizer's
+ * added tokens are "normalized": matched in the normalized text as "▁<|start_story|>" (its Prepend / Replace
+ * normalizers), as the Rust library does: a space before every special token after the first makes each one a
+ * single token. */
 static const char tiny_template[] =
     "{%- for m in messages -%}\n"
-    "{{ bos_token }}{% if m.role == 'user' %}User: {% elif m.role == 'system' %}System: {% endif %}"
-    "{{ m.content }}{{ eos_token }}\n"
+    "{% if not loop.first %} {% endif %}{{ bos_token }}{% if m.role == 'user' %}User: {% elif m.role == 'system' %}"
+    "System: {% endif %}{{ m.content }} {{ eos_token }}\n"
     "{%- endfor -%}\n"
-    "{%- if add_generation_prompt %}{{ bos_token }}{% endif -%}\n";
+    "{%- if add_generation_prompt %} {{ bos_token }}{% endif -%}\n";
 
 /* The ids line "ids: a,b,c" of `capture --no-trace` output into ids[], their count returned. */
 static int parse_ids(const char *path, const char *prefix, int32_t *ids, int max) {
@@ -427,7 +429,7 @@ static void test_capture_chat_prompt(void **state) {
     /* the text: "User: " came from the template */
     const char *targs[] = {"chat-template", "--model", dir, "--messages", msgs, NULL};
     assert_int_equal(kvs_test_cli_run(f, targs), 0);
-    assert_true(kvs_test_file_has(f->out, "<|start_story|>User: Tell me a story.<|end_story|><|start_story|>"));
+    assert_true(kvs_test_file_has(f->out, "<|start_story|>User: Tell me a story. <|end_story|> <|start_story|>"));
 }
 
 static void test_capture_chat_turns(void **state) {

