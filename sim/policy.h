@@ -346,6 +346,13 @@ struct kvs_policy_ops {
      * (the caller then uses a count rule). Used by page granularity (sim/host.h kvs_host_page_map); NULL = no
      * scores. */
     int (*scores)(void *state, int g, const int32_t *idx, int64_t n, double *out);
+    /* Optional: sliding-window layers (sim/replay.h "Sliding-window layers"). The host evicted every position
+     * before `first` (the layer's window moved past them): the instance forgets them, so that stored() and every
+     * later select() hold none of them, and keeps its own bookkeeping consistent (a budget that covers the window
+     * then holds exactly the window). Called before prefill() and select() whenever the window's first position
+     * is above 0, with a non-decreasing `first`. NULL = the policy cannot replay a layer whose window is shorter
+     * than the trace; the replay refuses that combination (kvs_replay_validate). */
+    kvs_status (*window_evict)(void *state, int64_t first);
 };
 
 /* ---- framework functions (sim/policy.c) ---------------------------------------------------------- */
