@@ -259,8 +259,9 @@ void kvs_host_check_free(kvs_host_check *hc);
  * attention): kvs_host_check_sel then also refuses a list entry or a stored() position older than the window, and
  * counts a policy without stored() as holding the window's min(W, p + 1) positions. kvs_host_window_first() is the
  * window's first position at p (0 without a window). kvs_host_window_evict() tells an instance that the positions
- * before first are gone (ops->window_evict), before its prefill or select at a position whose window starts at
- * first > 0. */
+ * before first are gone (ops->window_evict; nothing when first <= 0; KVS_ERR_UNSUPPORTED for a policy without
+ * it), before its prefill of a block ending at be (first = the window's at be) and before its observe() at p
+ * (first = the window's at p + 1). */
 void kvs_host_check_window(kvs_host_check *hc, int64_t window);
 int64_t kvs_host_window_first(int64_t window, int64_t p);
 kvs_status kvs_host_window_evict(const struct kvs_policy_ops *ops, void *state, int64_t first);

@@ -349,8 +349,12 @@ struct kvs_policy_ops {
     /* Optional: sliding-window layers (sim/replay.h "Sliding-window layers"). The host evicted every position
      * before `first` (the layer's window moved past them): the instance forgets them, so that stored() and every
      * later select() hold none of them, and keeps its own bookkeeping consistent (a budget that covers the window
-     * then holds exactly the window). Called before prefill() and select() whenever the window's first position
-     * is above 0, with a non-decreasing `first`. NULL = the policy cannot replay a layer whose window is shorter
+     * then holds exactly the window). Called when the policy is about to decide what to keep, with the window
+     * of the next position: before prefill() of a block ending at be with first = be-W+1 (a prefill keeps no
+     * candidate before first), and at decode position p after the step's attention and accounting, before
+     * observe(), with first = p+2-W (observe() still gets this step's selection and probabilities, aligned with
+     * the entries the policy held at select(); it drops the evicted ones, then decides its own evictions).
+     * Only when first > 0; `first` never decreases. NULL = the policy cannot replay a layer whose window is shorter
      * than the trace; the replay refuses that combination (kvs_replay_validate). */
     kvs_status (*window_evict)(void *state, int64_t first);
 };

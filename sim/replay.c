@@ -850,6 +850,8 @@ static kvs_status head_finish(task *t, int ci, int h, int64_t p, int measured, c
     if (st == KVS_OK && measured)
         st = measure_heads(t, ci, h, 0, e->G, p, sel->n_lists, (const int32_t *const *)sel->idx, sel->n, has_merged,
                            (const float *const *const *)sel->row_k, out, &cost, prefix);
+    /* what the next position cannot attend is gone before the policy decides what to keep */
+    if (st == KVS_OK) st = kvs_host_window_evict(ops, state, kvs_host_window_first(t->window, p + 1));
     if (st == KVS_OK && ops->observe) st = ops->observe(state, view, sel, (const float *const *)probs);
     if (has_merged)
         for (int li = 0; li < sel->n_lists; li++) /* keep the row arrays all NULL for the next select() */
@@ -1005,8 +1007,7 @@ static kvs_status head_select(task *t, int ci, int h, int64_t p, int measured) {
     double kv_slots, dedup;
     kvs_status st;
     cs->deferred = 0;
-    if ((st = kvs_host_window_evict(ops, state, kvs_host_window_first(t->window, p))) != KVS_OK ||
-        (st = ops->select(state, view, &sel)) != KVS_OK ||
+    if ((st = ops->select(state, view, &sel)) != KVS_OK ||
         (st = check_sel(t, ci, h, ops, state, &sel, p, has_merged, &kv_slots, &dedup)) != KVS_OK) {
         /* the run ends here; the task's other configurations still need the row arrays all NULL */
         for (int li = 0; li < sel.n_lists; li++) {
@@ -1247,8 +1248,8 @@ static kvs_status prefill_block(task *t, int ci, int64_t tk, int64_t bb, int64_t
             .turn = (int32_t)tk, .full_probs = NULL, .block_begin = bb, .last_block = be == turn->prompt_end,
             .memo = kvs_host_rep_active(t->rep[ci]) ? NULL : t->memo,
         };
-        /* the window at the block's last position: what left it is gone before the policy sees the block */
-        if ((st = kvs_host_window_evict(ops, config_states(t, ci)[h], kvs_host_window_first(t->window, be - 1))) !=
+        /* what the next position (be) cannot attend is gone before the policy decides what to keep */
+        if ((st = kvs_host_window_evict(ops, config_states(t, ci)[h], kvs_host_window_first(t->window, be))) !=
                 KVS_OK ||
             (st = ops->prefill(config_states(t, ci)[h], &view)) != KVS_OK)
             return st;

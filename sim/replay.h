@@ -25,10 +25,12 @@
  *    older position is exactly 0, so recall is the windowed attention's mass on S and the top-k overlap ranks the
  *    windowed attention (an in-window probability that underflows to 0 ties with the out-of-window zeros, which
  *    rank first by the lower position). A policy's cache on that layer never holds a position older than p-W+1:
- *    before each prefill call (at its block's last position) and each select at p the host evicts them through
- *    the policy's window_evict (policy.h), so every policy respects the window without knowing the layer's W, and
- *    the selection check fails a run that still selects or stores one. A budget >= W then attends exactly the
- *    window (zero error for window and full). Resident bytes and traffic of such a layer count at most min(W, p+1)
+ *    whenever the policy is about to decide what to keep — before each prefill call of a block [bb, be) and
+ *    before observe() at each decode position p — the host evicts what the next position (be, p+1) cannot attend
+ *    through the policy's window_evict (policy.h), so every policy respects the window without knowing the
+ *    layer's W (and an attend-then-evict policy never spends its own eviction on a position the window drops
+ *    anyway), and the selection check fails a run that still selects or stores an older position at p. A budget
+ *    >= W then attends exactly the window (zero error: tests/test_windows.c). Resident bytes and traffic of such a layer count at most min(W, p+1)
  *    positions (a policy without stored() holds the window's). Refused (kvs_replay_validate, with the layer
  *    named) rather than measured against the wrong reference: a policy without window_evict, --measure all /
  *    prefill, page granularity and codecs on a trace with a layer whose window is shorter than the trace. A window

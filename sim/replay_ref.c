@@ -14,8 +14,8 @@
  * overlap (the rank-|S| position by quickselect in that order) and the sums behind every metric are its own.
  * Hooks, progress reports, kv16, the memo and the blocking options of kvs_replay_opts are not used.
  * Sliding-window layers (replay.h "Sliding-window layers"): the full attention at p is over the window's positions
- * only (probabilities of older positions exactly 0), the host evicts what left the window before each prefill and
- * select, and the check refuses a selection or a stored position older than the window.
+ * only (probabilities of older positions exactly 0), the host evicts what the next position cannot attend before
+ * each prefill and observe, and the check refuses a selection or a stored position older than the window.
  */
 #include "replay.h"
 
@@ -387,8 +387,8 @@ static kvs_status prefill_call(ref_run *r, int64_t tk, int64_t bb, int64_t be) {
             .turn_begin = turn->begin, .prompt_end = turn->prompt_end, .turn = (int32_t)tk, .block_begin = bb,
             .last_block = be == turn->prompt_end,
         };
-        /* the window at the block's last position: what left it is gone before the policy sees the block */
-        if ((st = kvs_host_window_evict(ops, r->states[h], kvs_host_window_first(r->window, be - 1))) != KVS_OK)
+        /* what the next position (be) cannot attend is gone before the policy decides what to keep */
+        if ((st = kvs_host_window_evict(ops, r->states[h], kvs_host_window_first(r->window, be))) != KVS_OK)
             return st;
         if ((st = ops->prefill(r->states[h], &view)) != KVS_OK) return st;
         /* a codec scoring with the prompt's queries (think) takes them from the first prompt's last block */
@@ -610,7 +610,6 @@ static kvs_status decode_step(ref_run *r, int layer, int64_t p, int64_t tk, int 
         for (int li = 0; li < r->n_lists; li++) r->n[li] = 0;
         int has_merged[64];
         double kv_slots, dedup;
-        if ((st = kvs_host_window_evict(ops, state, kvs_host_window_first(r->window, p))) != KVS_OK) return st;
         if ((st = ops->select(state, &view, &sel)) != KVS_OK) return st;
         if ((st = check(r, state, p, r->budgets[(size_t)layer * (size_t)r->H + (size_t)h], &sel, has_merged, &kv_slots,
                         &dedup)) != KVS_OK)
@@ -648,6 +647,8 @@ static kvs_status decode_step(ref_run *r, int layer, int64_t p, int64_t tk, int 
                                   measured_steps)) != KVS_OK)
                     return st;
             }
+        /* what the next position cannot attend is gone before the policy decides what to keep */
+        if ((st = kvs_host_window_evict(ops, state, kvs_host_window_first(r->window, p + 1))) != KVS_OK) return st;
         if (ops->observe && (st = ops->observe(state, &view, &sel, (const float *const *)r->probs)) != KVS_OK) return st;
         for (int li = 0; li < r->n_lists; li++)
             for (int64_t j = 0; j < sel.n[li]; j++) r->row_k[li][j] = r->row_v[li][j] = NULL;

@@ -266,11 +266,11 @@ static void test_gemma3_capture_info_verify_readers(void **state) {
     snprintf(db, sizeof db, "%s/r.db", f->dir);
     const char *replay[] = {"replay", full, "--db", db, "--policy", "window", "--budgets", "8", NULL};
     assert_int_equal(kvs_test_cli_run(f, replay), 0);
-    const char *replay_h2o[] = {"replay", full, "--db", db, "--policy", "h2o", "--budgets", "8", NULL};
-    int rc = kvs_test_cli_run(f, replay_h2o);
+    const char *replay_quest[] = {"replay", full, "--db", db, "--policy", "quest", "--budgets", "8", NULL};
+    int rc = kvs_test_cli_run(f, replay_quest);
     assert_true(rc != 0 && rc < 128);
     assert_true(kvs_test_file_has(f->err, "layer 0 attends to a sliding window of 6 positions"));
-    assert_true(kvs_test_file_has(f->err, "policy h2o cannot replay a sliding-window layer"));
+    assert_true(kvs_test_file_has(f->err, "policy quest cannot replay a sliding-window layer"));
     const char *replay_all[] = {"replay", full, "--db", db, "--policy", "window", "--budgets", "8", "--measure", "all",
                                 NULL};
     rc = kvs_test_cli_run(f, replay_all);
@@ -508,7 +508,8 @@ static void assert_aggs_same(const char *what, const kvs_results_agg *a, const k
 /* A capture of the Gemma-3 fixture (3 of 4 layers windowed to 6 of 33 positions) through both engines, every
  * registered policy and preset at budgets 3, 6 and 12: a policy with window_evict gives the same numbers bit for bit
  * in both (every statistic of every layer and the run, the series, the largest attended set), the full cache has
- * zero error and recall 1 to float rounding (its reference is the window), and its resident KV bytes on a windowed layer never exceed
+ * zero error and recall 1 to float rounding (its reference is the window), every policy bounded every step has
+ * zero error on a windowed layer at budgets 6 and 12 (>= the window), and its resident KV bytes on a windowed layer never exceed
  * the window; a policy without window_evict is refused by both, naming it. */
 static void test_replay_gemma3_engines(void **state) {
     kvs_test_cli_fx *f = *state;
@@ -579,6 +580,11 @@ static void test_replay_gemma3_engines(void **state) {
                 fail_msg("%s: series sample %lld differs", names[i], (long long)k);
             int32_t w = gemma_windows[a->layer];
             if (w > 0) assert_true(a->v[KVS_M_STORAGE_KV] <= (double)w * pos_bytes * src.model.group);
+            /* a budget covering the window holds exactly the window (policies bounded every step, and the full cache) */
+            if (w > 0 && cfg[i].budget >= w && cfg[i].policy.ops->budget_scope != KVS_BUDGET_PROMPT &&
+                a->v[KVS_M_OUT_ERR] != 0)
+                fail_msg("%s: layer %d pos %lld error %.9g with the budget covering the window", names[i],
+                         (int)a->layer, (long long)a->position, a->v[KVS_M_OUT_ERR]);
             if (w > 0 && !strcmp(cfg[i].policy.ops->name, "full")) {
                 if (!(a->v[KVS_M_OUT_ERR] == 0 && fabs(a->v[KVS_M_ATTN_RECALL] - 1) < 1e-6))
                     fail_msg("%s: layer %d pos %lld err %.9g recall %.17g", names[i], (int)a->layer,
@@ -592,6 +598,90 @@ static void test_replay_gemma3_engines(void **state) {
     kvs_trace_close(t);
 }
 
+/* A window policy that ignores the host's evictions: it keeps selecting its last B positions. */
+static kvs_status deaf_evict(void *state, int64_t first) {
+    (void)state;
+    (void)first;
+    return KVS_OK;
+}
+
+/* A generated two-turn trace (layer 0 windowed to 5 positions, layer 1 full) through both engines: every policy with
+ * window_evict, its presets and the variants taking other paths (per-KV-head lists, chunked prefill), at budgets 3,
+ * 5 and 9, bit for bit (the later turn's prefill after evictions, a prefill block by block); and the selection
+ * check: a policy that ignores window_evict fails its run in both engines, saying the window. */
+static void test_replay_windows_generated_two_turns(void **state) {
+    (void)state;
+    kvs_test_replay_fixture f;
+    kvs_gen_trace_opts go = kvs_test_grouped_opts(2, 2, 60, -1, 8, 3);
+    assert_int_equal(kvs_test_replay_fixture_make(&go, 2, 7, &f), KVS_OK);
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_memory(&f.mem, &src), KVS_OK);
+    const int32_t windows[2] = {5, 0};
+    src.layer_window = windows;
+    static const char *const extra[] = {"h2o:gqa=mean", "h2o:block=4", "h2o:prefill=budget", "streaming:sinks=2"};
+    enum { MAX_CONFIGS = 256 };
+    static kvs_replay_config cfg[MAX_CONFIGS];
+    static char names[MAX_CONFIGS][128];
+    const int64_t budgets[] = {3, 5, 9};
+    int n = 0;
+    for (int i = 0; i < kvs_policy_count() + 4; i++) {
+        const struct kvs_policy_ops *ops = i < kvs_policy_count() ? kvs_policy_at(i) : NULL;
+        if (ops && !ops->window_evict) continue;
+        for (int k = -1; k < (ops ? ops->n_presets : 0); k++) {
+            char spec[96];
+            if (!ops) snprintf(spec, sizeof spec, "%s", extra[i - kvs_policy_count()]);
+            else if (k < 0) snprintf(spec, sizeof spec, "%s", ops->name);
+            else snprintf(spec, sizeof spec, "%s@%s", ops->name, ops->presets[k].name);
+            for (int b = 0; b < 3; b++) {
+                kvs_replay_config c = {.budget = budgets[b], .budget_fraction = -1};
+                assert_int_equal(kvs_policy_parse(spec, &c.policy), KVS_OK);
+                if (kvs_policy_validate(&c.policy, &src.model, c.budget) != KVS_OK) continue;
+                assert_true(n < MAX_CONFIGS);
+                snprintf(names[n], sizeof names[n], "%.96s at budget %lld", spec, (long long)c.budget);
+                cfg[n++] = c;
+            }
+        }
+    }
+    assert_true(n >= 12);
+    kvs_replay_opts o = {.configs = cfg, .n_configs = n, .threads = 2, .measure = KVS_MEASURE_DECODE, .series_every = 3};
+    kvs_replay_result *fast = NULL, *ref = NULL;
+    assert_int_equal(kvs_replay_execute(&src, &o, &fast), KVS_OK);
+    assert_int_equal(kvs_replay_reference(&src, &o, &ref), KVS_OK);
+    for (int i = 0; i < n; i++) {
+        const kvs_replay_run_result *x = &fast->runs[i], *y = &ref->runs[i];
+        if (x->status != KVS_OK || y->status != KVS_OK)
+            fail_msg("%s: fast %s (%s), reference %s (%s)", names[i], kvs_strerror(x->status), x->error,
+                     kvs_strerror(y->status), y->error);
+        assert_int_equal(x->max_attended, y->max_attended);
+        char what[256];
+        for (int l = 0; l < x->n_layers; l++) {
+            snprintf(what, sizeof what, "%.96s, layer %d", names[i], l);
+            assert_aggs_same(what, &x->layer_aggs[l], &y->layer_aggs[l]);
+        }
+        assert_int_equal(x->n_steps, y->n_steps);
+        for (int64_t k = 0; k < x->n_steps; k++)
+            if (memcmp(x->steps[k].v, y->steps[k].v, sizeof x->steps[k].v))
+                fail_msg("%s: series sample %lld differs", names[i], (long long)k);
+    }
+    kvs_replay_result_free(fast);
+    kvs_replay_result_free(ref);
+    /* the check: a window policy deaf to the evictions selects positions the window dropped */
+    struct kvs_policy_ops deaf = kvs_policy_window;
+    deaf.window_evict = deaf_evict;
+    kvs_replay_config dc = {.budget = 9, .budget_fraction = -1};
+    assert_int_equal(kvs_policy_parse("window", &dc.policy), KVS_OK);
+    dc.policy.ops = &deaf;
+    kvs_replay_opts od = {.configs = &dc, .n_configs = 1, .threads = 1, .measure = KVS_MEASURE_DECODE};
+    for (int engine = 0; engine < 2; engine++) {
+        kvs_replay_result *r = NULL;
+        assert_int_equal(engine ? kvs_replay_reference(&src, &od, &r) : kvs_replay_execute(&src, &od, &r), KVS_OK);
+        assert_int_equal(r->runs[0].status, KVS_ERR_STATE);
+        if (!strstr(r->runs[0].error, "outside the layer's sliding window")) fail_msg("%s", r->runs[0].error);
+        kvs_replay_result_free(r);
+    }
+    kvs_test_replay_fixture_free(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_header_round_trip_and_old_layout, kvs_test_tmp_setup, kvs_test_tmp_teardown),
@@ -602,6 +692,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_plan_windows_by_hand, kvs_test_tmp_setup, kvs_test_tmp_teardown),
         cmocka_unit_test(test_replay_window_by_hand),
         cmocka_unit_test_setup_teardown(test_replay_gemma3_engines, kvs_test_cli_setup, kvs_test_cli_teardown),
+        cmocka_unit_test(test_replay_windows_generated_two_turns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
