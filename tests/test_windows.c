@@ -665,19 +665,25 @@ static void test_replay_windows_generated_two_turns(void **state) {
     }
     kvs_replay_result_free(fast);
     kvs_replay_result_free(ref);
-    /* the check: a window policy deaf to the evictions selects positions the window dropped */
-    struct kvs_policy_ops deaf = kvs_policy_window;
-    deaf.window_evict = deaf_evict;
-    kvs_replay_config dc = {.budget = 9, .budget_fraction = -1};
-    assert_int_equal(kvs_policy_parse("window", &dc.policy), KVS_OK);
-    dc.policy.ops = &deaf;
-    kvs_replay_opts od = {.configs = &dc, .n_configs = 1, .threads = 1, .measure = KVS_MEASURE_DECODE};
-    for (int engine = 0; engine < 2; engine++) {
-        kvs_replay_result *r = NULL;
-        assert_int_equal(engine ? kvs_replay_reference(&src, &od, &r) : kvs_replay_execute(&src, &od, &r), KVS_OK);
-        assert_int_equal(r->runs[0].status, KVS_ERR_STATE);
-        if (!strstr(r->runs[0].error, "outside the layer's sliding window")) fail_msg("%s", r->runs[0].error);
-        kvs_replay_result_free(r);
+    /* the check: policies deaf to the evictions select (full: no stored(), so only the selection tells) or store
+     * (window) positions the window dropped */
+    static const char *const deaf_names[2] = {"full", "window"};
+    static const char *const deaf_says[2] = {"selected position", "outside the layer's sliding window"};
+    for (int k = 0; k < 2; k++) {
+        struct kvs_policy_ops deaf = k ? kvs_policy_window : kvs_policy_full;
+        deaf.window_evict = deaf_evict;
+        kvs_replay_config dc = {.budget = 9, .budget_fraction = -1};
+        assert_int_equal(kvs_policy_parse(deaf_names[k], &dc.policy), KVS_OK);
+        dc.policy.ops = &deaf;
+        kvs_replay_opts od = {.configs = &dc, .n_configs = 1, .threads = 1, .measure = KVS_MEASURE_DECODE};
+        for (int engine = 0; engine < 2; engine++) {
+            kvs_replay_result *r = NULL;
+            assert_int_equal(engine ? kvs_replay_reference(&src, &od, &r) : kvs_replay_execute(&src, &od, &r), KVS_OK);
+            assert_int_equal(r->runs[0].status, KVS_ERR_STATE);
+            if (!strstr(r->runs[0].error, "outside the layer's sliding window") || !strstr(r->runs[0].error, deaf_says[k]))
+                fail_msg("%s, engine %d: %s", deaf_names[k], engine, r->runs[0].error);
+            kvs_replay_result_free(r);
+        }
     }
     kvs_test_replay_fixture_free(&f);
 }
