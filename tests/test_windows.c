@@ -6,9 +6,15 @@
  * - a capture of the tiny Gemma-3 fixture (tests/fixtures/gemma3_tiny, windows 6,0,6,6): `kvsim info` prints the
  *   windows, `kvsim verify` recomputes each sliding layer over its window and passes, the kv_stream's full attention
  *   and the lean reader's recomputation equal a naive windowed attention written here from the stored q/k/v
- *   (probability 0 outside the window), and the replay refuses the trace (it models full causal attention);
+ *   (probability 0 outside the window); the replay accepts it for policies with window_evict and refuses, by name,
+ *   a policy without and --measure all;
  * - capacity plans (analysis/plan.h) of hybrid shapes: windows from a config's layer_types / Gemma-3 pattern, from a
  *   trace header and from `--window`, each layer's cache capped at its window, against numbers computed by hand.
+ * - the replay of sliding-window layers (sim/replay.h "Sliding-window layers"): a 3-layer trace with a window of 4
+ *   on its middle layer against attention computed here by hand (window B = 2: the last two positions; B >= 4 and the
+ *   full cache: error 0; bytes at most the window); a Gemma-3 capture and a generated two-turn trace through both
+ *   engines, every policy with window_evict bit for bit, zero error at budgets covering the window, the others
+ *   refused by both; the selection check failing a policy deaf to the evictions.
  * Data is GENERATED (tests/util/gen_trace.h) except the gemma3_tiny captures.
  */
 #include <math.h>
