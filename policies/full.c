@@ -8,7 +8,7 @@
 #include "registry.h"
 
 typedef struct {
-    int unused; /* the full cache needs no state; kept so create returns a distinct non-NULL handle */
+    int64_t first; /* positions before it were evicted by the host (a sliding-window layer's window); 0 otherwise */
 } full_state;
 
 static kvs_status full_create(const kvs_policy_init *init, void **state) {
@@ -28,9 +28,17 @@ static kvs_status full_prefill(void *state, const kvs_policy_view *view) {
 }
 
 static kvs_status full_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {
-    (void)state;
-    for (int64_t j = 0; j < view->n; j++) sel->idx[0][j] = (int32_t)j;
-    sel->n[0] = view->n;
+    const full_state *s = state;
+    int64_t m = 0;
+    for (int64_t j = s->first; j < view->n; j++) sel->idx[0][m++] = (int32_t)j;
+    sel->n[0] = m;
+    return KVS_OK;
+}
+
+/* On a sliding-window layer the full cache is the window: what the host evicted is gone. */
+static kvs_status full_window_evict(void *state, int64_t first) {
+    full_state *s = state;
+    if (first > s->first) s->first = first;
     return KVS_OK;
 }
 
@@ -47,5 +55,6 @@ const struct kvs_policy_ops kvs_policy_full = {
     .free = full_free,
     .prefill = full_prefill,
     .select = full_select,
-    .stored = NULL, /* stores everything */
+    .stored = NULL, /* stores everything (of the window, on a sliding-window layer) */
+    .window_evict = full_window_evict,
 };

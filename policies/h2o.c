@@ -31,6 +31,11 @@
  *    the previous block plus the block, add their attention to acc, and the candidates are compressed to B-1
  *    before the next block (a hard cap through the whole prompt). With prefill=budget, only the queries among
  *    the turn's last B prompt positions add attention, whichever block they fall in.
+ * Sliding-window layers (sim/replay.h): the host's window_evict (before a prefill, and before observe) names the
+ * first position the next step can attend; the positions before it leave every list (their scores with them) at
+ * the start of the prefill, or in observe after this step's attention is added and before the eviction, and a
+ * prefill takes no candidate before it. So the heavy hitters are chosen among the window's positions, the policy
+ * never spends its eviction on a position the window drops anyway, and B >= the window W holds exactly the window.
  * Storage per cache: B slots (2d·B·kv_bytes) + B fp32 scores; traffic per step: the attended K/V plus the
  * attended tokens' scores (read-modify-write counted once as a read).
  */
@@ -81,6 +86,7 @@ typedef struct {
      * attention; a prefill's candidates are appended to them and compressed in place */
     kvs_held **lists;
     void *work;           /* kvs_attn_colsum_scratch_bytes(work_cap): the prefill column sums' scratch */
+    int64_t win_first;    /* positions before it are evicted by the host (sliding-window layer); 0 otherwise */
     int64_t work_cap;
 } h2o_state;
 
@@ -158,10 +164,13 @@ static kvs_status ensure_work(h2o_state *s, int64_t n) {
  * attention over the candidates to acc; then keep heavy TOPK + the last recent-1. */
 static kvs_status h2o_prefill_list(h2o_state *s, int li, const kvs_policy_view *view) {
     kvs_held *L = s->lists[li];
+    kvs_held_drop_before(L, (int32_t)s->win_first);
     /* views built without chunked prefill in mind leave block_begin 0: the new positions start at the turn */
     int64_t first = view->block_begin > view->turn_begin ? view->block_begin : view->turn_begin;
-    int64_t n_new = view->n - first;
+    if (first < s->win_first) first = s->win_first; /* evicted by the host before the prefill */
+    int64_t n_new = view->n > first ? view->n - first : 0;
     int64_t nc = kvs_held_count(L) + n_new;
+    if (nc == 0) return KVS_OK;
     if (kvs_held_reserve(L, nc) != KVS_OK) return kvs_fail(KVS_ERR_NOMEM, "h2o: out of memory");
     kvs_status st = ensure_work(s, nc);
     if (st != KVS_OK) return st;
@@ -220,11 +229,19 @@ static kvs_status h2o_observe(void *state, const kvs_policy_view *view, const kv
         KVS_ASSERT(sel->n[li] == cnt);
         if (s->mode == H2O_EXPAND) kvs_held_add(L, probs[li]);
         else kvs_held_add_heads(L, probs, s->group, 1); /* acc += the group mean */
+        cnt -= kvs_held_drop_before(L, (int32_t)s->win_first); /* the window's evictions first */
         if (cnt < s->budget) continue;
         /* Evict the lowest acc among the non-recent entries (the newer one on ties); with none (H_h = 0) the
          * oldest, a window. */
         kvs_held_remove(L, kvs_held_lowest(L, 0, cnt - s->recent));
     }
+    return KVS_OK;
+}
+
+/* Takes effect in the next prefill or observe (the lists stay aligned with this step's selection until then). */
+static kvs_status h2o_window_evict(void *state, int64_t first) {
+    h2o_state *s = state;
+    if (first > s->win_first) s->win_first = first;
     return KVS_OK;
 }
 
@@ -281,4 +298,5 @@ const struct kvs_policy_ops kvs_policy_h2o = {
     .prefill_block = h2o_prefill_block,
     .account = h2o_account,
     .scores = h2o_scores,
+    .window_evict = h2o_window_evict,
 };

@@ -133,6 +133,16 @@ void kvs_held_remove(kvs_held *h, int64_t j) {
     h->n--;
 }
 
+int64_t kvs_held_drop_before(kvs_held *h, int32_t first) {
+    int64_t j = 0;
+    while (j < h->n && h->pos[j] < first) j++;
+    if (j == 0) return 0;
+    memmove(h->pos, h->pos + j, (size_t)(h->n - j) * sizeof *h->pos);
+    memmove(h->score, h->score + j, (size_t)(h->n - j) * sizeof *h->score);
+    h->n -= j;
+    return j;
+}
+
 void kvs_held_top_mask(const double *score, int64_t n, int64_t k, char *keep, int32_t *scratch) {
     if (n <= 0) return;
     if (k >= n) {

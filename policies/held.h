@@ -93,6 +93,10 @@ void kvs_held_scores_of(const kvs_held *h, int64_t lo, int64_t hi, const int32_t
 /*! kvs_held_remove() : drops entry j (0 <= j < count); the later entries move down one place. */
 void kvs_held_remove(kvs_held *h, int64_t j);
 
+/*! kvs_held_drop_before() : drops every entry whose position is below `first` (the oldest ones: a sliding-window
+ *  layer's host eviction, sim/policy.h window_evict); the others keep their order and scores. @return how many. */
+int64_t kvs_held_drop_before(kvs_held *h, int32_t first);
+
 /*! kvs_held_top_mask() : keep[j] = 1 for the k best of score[0..n) and 0 for the others: larger score first, NaN
  *  after every number, -0 equal to +0, the lower index (older position) first among equals — kvs_topk_f64's
  *  order, so the kept set is the set of its first k. k >= n keeps all, k <= 0 none. scratch: min(k, n) int32

@@ -95,6 +95,7 @@ typedef struct {
     /* scratch, capacity scratch_cap candidates */
     double *f, *t;
     int64_t scratch_cap;
+    int64_t win_first; /* positions before it are evicted by the host (sliding-window layer); 0 otherwise */
 } kf_state;
 
 static int64_t recent_of(double recent, int64_t budget) {
@@ -212,8 +213,11 @@ static void row_scores(kf_state *s, int li, const float *qrow, int64_t qpos, con
  * the rest (ties: the older position). */
 static kvs_status kf_prefill_list(kf_state *s, int li, const kvs_policy_view *view) {
     kvs_held *L = s->lists[li];
+    kvs_held_drop_before(L, (int32_t)s->win_first);
     int64_t first = view->block_begin > view->turn_begin ? view->block_begin : view->turn_begin;
-    int64_t held = kvs_held_count(L), n_new = view->n - first, nc = held + n_new;
+    if (first < s->win_first) first = s->win_first; /* evicted by the host before the prefill */
+    int64_t held = kvs_held_count(L), n_new = view->n > first ? view->n - first : 0, nc = held + n_new;
+    if (nc == 0) return KVS_OK;
     if (kvs_held_reserve(L, nc) != KVS_OK) return kvs_fail(KVS_ERR_NOMEM, "keyformer: out of memory");
     kvs_status st = ensure_scratch(s, nc);
     if (st != KVS_OK) return st;
@@ -270,10 +274,20 @@ static kvs_status kf_observe(void *state, const kvs_policy_view *view, const kvs
         KVS_ASSERT(sel->n[li] == cnt);
         row_scores(s, li, view->q, p, view->k, kvs_held_pos(L), cnt, tau, s->t);
         kvs_held_add_f64(L, s->t, cnt);
+        cnt -= kvs_held_drop_before(L, (int32_t)s->win_first); /* the window's evictions first */
         if (cnt < s->budget) continue;
         /* the lowest acc older than the recent window, the newer on ties; no key-token slot: the oldest (a window) */
         kvs_held_remove(L, kvs_held_lowest(L, 0, cnt - s->recent));
     }
+    return KVS_OK;
+}
+
+/* Sliding-window layers (sim/replay.h): takes effect in the next prefill (no entry or candidate before `first`; a
+ * prompt query before it would score only such candidates, so it scores nothing) or observe (after this step's
+ * score is added, before the eviction), as in H2O. */
+static kvs_status kf_window_evict(void *state, int64_t first) {
+    kf_state *s = state;
+    if (first > s->win_first) s->win_first = first;
     return KVS_OK;
 }
 
@@ -327,4 +341,5 @@ const struct kvs_policy_ops kvs_policy_keyformer = {
     .stored = kf_stored,
     .scores = kf_scores,
     .account = kf_account,
+    .window_evict = kf_window_evict,
 };

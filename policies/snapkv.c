@@ -102,7 +102,19 @@ typedef struct {
     void *work; /* kvs_attn_colsum_scratch_bytes(scratch_cap) */
     char *mark;
     int64_t scratch_cap;
+    int64_t win_first; /* positions before it were evicted by the host (sliding-window layer); 0 otherwise */
 } snap_state;
+
+/* Sliding-window layers (sim/replay.h): the positions before `first` leave the list (kept prompt positions and
+ * generated tokens alike), their scores with them. */
+static void snap_drop_before(snap_list *L, int64_t first) {
+    int64_t j = 0;
+    while (j < L->cnt && L->pos[j] < first) j++;
+    if (j == 0) return;
+    memmove(L->pos, L->pos + j, (size_t)(L->cnt - j) * sizeof *L->pos);
+    memmove(L->score, L->score + j, (size_t)(L->cnt - j) * sizeof *L->score);
+    L->cnt -= j;
+}
 
 static kvs_policy_granularity snapkv_layout(const kvs_policy_config *cfg) {
     return (int)kvs_policy_param_get(cfg, "gqa") == KVS_SNAPKV_EXPAND ? KVS_SEL_PER_QUERY_HEAD : KVS_SEL_PER_KV_HEAD;
@@ -206,8 +218,10 @@ static kvs_status scratch_reserve(snap_state *s, int64_t n) {
  * the block's; views built without blocks leave block_begin 0). */
 static kvs_status snap_prefill_list(snap_state *s, int li, const kvs_policy_view *view) {
     snap_list *L = &s->lists[li];
+    snap_drop_before(L, s->win_first);
     int64_t first = view->block_begin > view->turn_begin ? view->block_begin : view->turn_begin;
-    int64_t n_new = view->n - first, nc = L->cnt + n_new;
+    if (first < s->win_first) first = s->win_first; /* evicted by the host before the prefill: no candidate */
+    int64_t n_new = view->n > first ? view->n - first : 0, nc = L->cnt + n_new;
     kvs_status st = list_reserve(L, nc);
     if (st == KVS_OK) st = scratch_reserve(s, nc);
     if (st != KVS_OK) return st;
@@ -290,6 +304,17 @@ int kvs_snapkv_retention(void *state, int g, const int32_t *idx, int64_t n, doub
     return snapkv_scores(state, g, idx, n, out);
 }
 
+/* The host's eviction (sim/replay.h "Sliding-window layers"): at once (no observe() needs the list aligned), and
+ * for the candidates of a later prefill. With B >= the window the prefill keeps every candidate, so the policy
+ * holds exactly the window. */
+static kvs_status snapkv_window_evict(void *state, int64_t first) {
+    snap_state *s = state;
+    if (first <= s->win_first) return KVS_OK;
+    s->win_first = first;
+    for (int li = 0; li < s->n_lists; li++) snap_drop_before(&s->lists[li], first);
+    return KVS_OK;
+}
+
 static int64_t snapkv_prefill_block(void *state) { return ((snap_state *)state)->block; }
 
 static int64_t snapkv_stored(void *state, int g, int32_t *out) {
@@ -325,4 +350,5 @@ const struct kvs_policy_ops kvs_policy_snapkv = {
     .stored = snapkv_stored,
     .scores = snapkv_scores,
     .prefill_block = snapkv_prefill_block,
+    .window_evict = snapkv_window_evict,
 };

@@ -7,6 +7,8 @@
  * StreamingLLM re-indexes positions inside the cache; captured post-RoPE keys cannot be re-rotated, so this
  * is NOT modelled (POLICY_SPEC §0.4, B3): results are for the retention rule only.
  * Storage and traffic 2d·B, no auxiliary state.
+ * On a sliding-window layer (sim/replay.h) the host's evictions raise `first`: sinks before it are gone and their
+ * slots go to the recent window, so a budget B >= the layer's window W attends exactly the window.
  */
 #include <stdlib.h>
 
@@ -27,6 +29,7 @@ static const kvs_policy_preset streaming_presets[] = {
 typedef struct {
     int64_t budget, sinks;
     int64_t seen;
+    int64_t first; /* positions before it were evicted by the host (sliding-window layer); 0 otherwise */
 } streaming_state;
 
 static kvs_status streaming_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget) {
@@ -65,12 +68,17 @@ static kvs_status streaming_create(const kvs_policy_init *init, void **state) {
 
 static void streaming_free(void *state) { free(state); }
 
-/* Sinks [0, min(sinks, n)) plus the last `recent` positions not among them. */
-static int64_t streaming_set(const streaming_state *s, int64_t n, int64_t recent, int32_t *out) {
+/* Sinks [0, min(sinks, n)) plus the last `recent` = B - sinks - held positions not among them (held = 0 at attention
+ * time, 1 between steps). Once the host evicted positions (first > 0), the sinks before first are gone and the
+ * recent window takes their slots. */
+static int64_t streaming_set(const streaming_state *s, int64_t n, int64_t held, int32_t *out) {
     int64_t m = 0, ns = s->sinks < n ? s->sinks : n;
-    for (int64_t j = 0; j < ns; j++) out[m++] = (int32_t)j;
+    int64_t kept = s->first > 0 ? (ns > s->first ? ns - s->first : 0) : s->sinks;
+    int64_t recent = s->budget - kept - held;
+    for (int64_t j = s->first; j < ns; j++) out[m++] = (int32_t)j;
     int64_t lo = n - recent;
     if (lo < ns) lo = ns;
+    if (lo < s->first) lo = s->first;
     for (int64_t j = lo; j < n; j++) out[m++] = (int32_t)j;
     return m;
 }
@@ -83,7 +91,7 @@ static kvs_status streaming_prefill(void *state, const kvs_policy_view *view) {
 
 static kvs_status streaming_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {
     streaming_state *s = state;
-    sel->n[0] = streaming_set(s, view->n, s->budget - s->sinks, sel->idx[0]);
+    sel->n[0] = streaming_set(s, view->n, 0, sel->idx[0]);
     s->seen = view->n;
     return KVS_OK;
 }
@@ -91,7 +99,13 @@ static kvs_status streaming_select(void *state, const kvs_policy_view *view, kvs
 static int64_t streaming_stored(void *state, int g, int32_t *out) {
     streaming_state *s = state;
     (void)g;
-    return streaming_set(s, s->seen, s->budget - s->sinks - 1, out);
+    return streaming_set(s, s->seen, 1, out);
+}
+
+static kvs_status streaming_window_evict(void *state, int64_t first) {
+    streaming_state *s = state;
+    if (first > s->first) s->first = first;
+    return KVS_OK;
 }
 
 const struct kvs_policy_ops kvs_policy_streaming = {
@@ -112,4 +126,5 @@ const struct kvs_policy_ops kvs_policy_streaming = {
     .prefill = streaming_prefill,
     .select = streaming_select,
     .stored = streaming_stored,
+    .window_evict = streaming_window_evict,
 };

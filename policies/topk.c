@@ -11,6 +11,10 @@
  * Accounting (§3): storage = the full cache (n slots, stored once, also in head mode: a selection policy's
  * lists index one shared store); traffic = the attended K/V (the paper's "estimation is free"); in head mode
  * the union of the G sets is what is physically read.
+ * Sliding-window layers (sim/replay.h): the full attention of a position before the window is exactly 0, so the
+ * top B of the whole row never reaches behind the window once B is capped at the window's positions (after the
+ * host's window_evict: B' = min(B, n - first)). An in-window probability that underflows to exactly 0 would tie
+ * with those zeros and lose to the older position: the selection check then fails the run (never a silent error).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +37,7 @@ typedef struct {
     float *sum;      /* [cap] */
     char *mark;      /* [cap] union scratch */
     int64_t cap;
+    int64_t first;   /* positions before it were evicted by the host (sliding-window layer); 0 otherwise */
 } topk_state;
 
 static kvs_policy_granularity topk_layout(const kvs_policy_config *cfg) {
@@ -75,7 +80,7 @@ static kvs_status topk_select(void *state, const kvs_policy_view *view, kvs_poli
     topk_state *s = state;
     if (!view->full_probs) return kvs_fail(KVS_ERR_STATE, "topk: the oracle was not given full attention");
     if (view->n > s->cap) return kvs_fail(KVS_ERR_RANGE, "topk: position %lld beyond the trace", (long long)view->n);
-    int64_t k = s->budget < view->n ? s->budget : view->n;
+    int64_t k = s->budget < view->n - s->first ? s->budget : view->n - s->first;
     /* kvs_policy_topk_sorted: kvs_topk_sorted's set, shared through the view's memo with the task's other
      * budgets (sim/BENCH.md "Work shared between a task's configurations"); it reads only full_probs, which this
      * oracle already sees */
@@ -91,6 +96,12 @@ static kvs_status topk_select(void *state, const kvs_policy_view *view, kvs_poli
             sel->n[g] = k;
         }
     }
+    return KVS_OK;
+}
+
+static kvs_status topk_window_evict(void *state, int64_t first) {
+    topk_state *s = state;
+    if (first > s->first) s->first = first;
     return KVS_OK;
 }
 
@@ -129,4 +140,5 @@ const struct kvs_policy_ops kvs_policy_topk = {
     .select = topk_select,
     .stored = NULL, /* keeps the whole cache */
     .account = topk_account,
+    .window_evict = topk_window_evict,
 };

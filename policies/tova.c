@@ -18,6 +18,11 @@
  * (kvpress pads it with the max score). Ties: the lowest average is evicted, the NEWER position among equals
  * (§1.4: the older token wins); prefill TOPK ties go to the older position. No auxiliary storage; traffic =
  * the attended K/V.
+ * Sliding-window layers (sim/replay.h): the host's window_evict (before a prefill, and before observe) names the
+ * first position the next step can attend; the positions before it leave the held list at the start of the
+ * prefill, or in observe after this step's attention is taken and before any eviction (in layer mode on every KV
+ * head alike, so the sets stay identical), and a prefill takes no candidate before it; a budget B >= the window W
+ * then holds exactly the window.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +59,7 @@ typedef struct {
     char *mark;       /* [cap] the cut's keep mask */
     void *work;       /* [kvs_attn_colsum_scratch_bytes(cap)] prefill scratch */
     int64_t cap;      /* candidates mark and work have room for */
+    int64_t win_first; /* positions before it are evicted by the host (sliding-window layer); 0 otherwise */
 } tova_state;
 
 static void tova_free(void *state) {
@@ -104,10 +110,13 @@ static void keep_top(tova_state *s, const double *score) {
 
 static kvs_status tova_prefill(void *state, const kvs_policy_view *view) {
     tova_state *s = state;
+    kvs_held_drop_before(s->held, (int32_t)s->win_first);
     /* new positions: the turn's prompt, or the block's (views built without blocks leave block_begin 0) */
     int64_t first = view->block_begin > view->turn_begin ? view->block_begin : view->turn_begin;
-    int64_t n_new = view->n - first;
+    if (first < s->win_first) first = s->win_first; /* evicted by the host before the prefill */
+    int64_t n_new = view->n > first ? view->n - first : 0;
     int64_t nc = kvs_held_count(s->held) + n_new;
+    if (nc == 0) return KVS_OK;
     if (nc > s->cap || !s->work) {
         int64_t cap = nc > s->budget ? nc : s->budget; /* at least B: an empty first prompt still gets scratch */
         char *m = realloc(s->mark, (size_t)cap);
@@ -154,6 +163,7 @@ static kvs_status tova_observe(void *state, const kvs_policy_view *view, const k
     /* score[j] = (0 + p_0[j] + ... + p_{G-1}[j]) / G, the adds of each j in head order */
     kvs_held_reset_scores(s->held);
     kvs_held_add_heads(s->held, probs, s->group, 1);
+    kvs_held_drop_before(s->held, (int32_t)s->win_first); /* the window's evictions first */
     if (s->mode == TOVA_GROUP && kvs_held_count(s->held) >= s->budget) kvs_held_remove(s->held, victim_of(s));
     return KVS_OK;
 }
@@ -202,6 +212,13 @@ static int tova_scores(void *state, int g, const int32_t *idx, int64_t n, double
     return 1;
 }
 
+/* Takes effect in the next prefill or observe (the list stays aligned with this step's selection until then). */
+static kvs_status tova_window_evict(void *state, int64_t first) {
+    tova_state *s = state;
+    if (first > s->win_first) s->win_first = first;
+    return KVS_OK;
+}
+
 static int64_t tova_prefill_block(void *state) { return ((tova_state *)state)->block; }
 
 static int64_t tova_stored(void *state, int g, int32_t *out) {
@@ -238,4 +255,5 @@ const struct kvs_policy_ops kvs_policy_tova = {
     .stored = tova_stored,
     .scores = tova_scores,
     .prefill_block = tova_prefill_block,
+    .window_evict = tova_window_evict,
 };

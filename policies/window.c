@@ -3,6 +3,8 @@
  * the cache holds the last B-1 positions between steps. Storage and traffic 2d·B (no auxiliary state).
  * Prefill keeps the last B-1 prompt positions; a later turn's prefill likewise keeps the last B-1 of
  * everything seen (a window has no other choice to make).
+ * On a sliding-window layer (sim/replay.h) the host's evictions raise `first`: S_t = [max(first, p-B+1), p], so a
+ * budget B >= the layer's window W attends exactly the layer's window.
  */
 #include <stdlib.h>
 
@@ -11,6 +13,7 @@
 typedef struct {
     int64_t budget;
     int64_t seen; /* positions seen so far (0..seen-1) */
+    int64_t first; /* positions before it were evicted by the host (sliding-window layer); 0 otherwise */
 } window_state;
 
 static kvs_status window_create(const kvs_policy_init *init, void **state) {
@@ -32,6 +35,7 @@ static kvs_status window_prefill(void *state, const kvs_policy_view *view) {
 static kvs_status window_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {
     window_state *s = state;
     int64_t lo = view->n > s->budget ? view->n - s->budget : 0;
+    if (lo < s->first) lo = s->first;
     int64_t m = 0;
     for (int64_t j = lo; j < view->n; j++) sel->idx[0][m++] = (int32_t)j;
     sel->n[0] = m;
@@ -45,8 +49,15 @@ static int64_t window_stored(void *state, int g, int32_t *out) {
     (void)g;
     int64_t keep = s->budget - 1;
     int64_t lo = s->seen > keep ? s->seen - keep : 0, m = 0;
+    if (lo < s->first) lo = s->first;
     for (int64_t j = lo; j < s->seen; j++) out[m++] = (int32_t)j;
     return m;
+}
+
+static kvs_status window_window_evict(void *state, int64_t first) {
+    window_state *s = state;
+    if (first > s->first) s->first = first;
+    return KVS_OK;
 }
 
 const struct kvs_policy_ops kvs_policy_window = {
@@ -63,4 +74,5 @@ const struct kvs_policy_ops kvs_policy_window = {
     .prefill = window_prefill,
     .select = window_select,
     .stored = window_stored,
+    .window_evict = window_window_evict,
 };

@@ -166,6 +166,7 @@ struct kvs_host_check {
     uint32_t *in_list;       /* [n_positions] == list_stamp: in the current list's resident set */
     uint32_t *in_union;      /* [n_positions] == union_stamp: counted in the union across lists */
     uint32_t list_stamp, union_stamp;
+    int64_t window;          /* the layer's attention window (kvs_host_check_window), 0 = full causal attention */
 };
 
 kvs_status kvs_host_check_create(int64_t n_positions, const kvs_turn *turns, int64_t n_turns, kvs_host_check **out) {
@@ -199,6 +200,41 @@ void kvs_host_check_free(kvs_host_check *hc) {
     free(hc->in_list);
     free(hc->in_union);
     free(hc);
+}
+
+void kvs_host_check_window(kvs_host_check *hc, int64_t window) { hc->window = window > 0 ? window : 0; }
+
+/* The first position of the window at p: 0 on a full-attention layer or before the window has filled. */
+int64_t kvs_host_window_first(int64_t window, int64_t p) { return window > 0 && p - window + 1 > 0 ? p - window + 1 : 0; }
+
+/* The window part of the check: no list entry and no stored() position older than the window's first position
+ * `lo` (the host evicted them before select(), kvs_host_window_evict, so a policy that still holds one broke its
+ * window_evict contract). A plain list is ascending, so its first entry decides. */
+static kvs_status check_window(kvs_host_check *hc, const struct kvs_policy_ops *ops, void *state,
+                               const kvs_policy_sel *sel, int64_t p, int64_t lo, const uint8_t *plain) {
+    for (int li = 0; li < sel->n_lists; li++) {
+        int64_t n = sel->n[li];
+        for (int64_t j = 0; j < n && (j == 0 || !plain[li]); j++)
+            if (sel->idx[li][j] < lo)
+                return kvs_fail(KVS_ERR_STATE, "policy %s selected position %d at position %lld, outside the layer's "
+                                "sliding window (first position %lld)", ops->name, (int)sel->idx[li][j], (long long)p,
+                                (long long)lo);
+        if (!ops->stored) continue;
+        int64_t ms = ops->stored(state, li, hc->stored);
+        for (int64_t k = 0; k < ms; k++)
+            if (hc->stored[k] < lo)
+                return kvs_fail(KVS_ERR_STATE, "policy %s still stores position %d at position %lld, outside the "
+                                "layer's sliding window (first position %lld)", ops->name, (int)hc->stored[k],
+                                (long long)p, (long long)lo);
+    }
+    return KVS_OK;
+}
+
+kvs_status kvs_host_window_evict(const struct kvs_policy_ops *ops, void *state, int64_t first) {
+    if (first <= 0) return KVS_OK;
+    if (!ops->window_evict)
+        return kvs_fail(KVS_ERR_UNSUPPORTED, "policy %s cannot replay a sliding-window layer (no window_evict)", ops->name);
+    return ops->window_evict(state, first);
 }
 
 /* The next stamp of a mark array: after 2^32 - 1 stamps the array is cleared and they start again. */
@@ -334,8 +370,10 @@ kvs_status kvs_host_check_sel(kvs_host_check *hc, const struct kvs_policy_ops *o
             st = kvs_fail(KVS_ERR_STATE, "policy %s kept %lld prompt positions over its budget %lld", ops->name,
                           (long long)n_prompt, (long long)budget);
     }
+    int64_t lo = kvs_host_window_first(hc->window, p);
+    if (st == KVS_OK && lo > 0) st = check_window(hc, ops, state, sel, p, lo, plain);
     if (!ops->stored) {
-        *kv_slots = *dedup = (double)(p + 1); /* every position seen, stored once */
+        *kv_slots = *dedup = (double)(p + 1 - lo); /* every position of the window seen, stored once */
     } else {
         *kv_slots = slots;
         *dedup = need_union ? (double)n_union : slots; /* one list: its union is its own count */

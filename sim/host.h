@@ -254,6 +254,18 @@ typedef struct kvs_host_check kvs_host_check;
 kvs_status kvs_host_check_create(int64_t n_positions, const kvs_turn *turns, int64_t n_turns, kvs_host_check **out);
 void kvs_host_check_free(kvs_host_check *hc);
 
+/* Sliding-window layers (replay.h "Sliding-window layers"): on a layer with window W only positions p-W+1..p exist
+ * at position p. kvs_host_check_window() sets the window the following checks hold selections to (0 = full causal
+ * attention): kvs_host_check_sel then also refuses a list entry or a stored() position older than the window, and
+ * counts a policy without stored() as holding the window's min(W, p + 1) positions. kvs_host_window_first() is the
+ * window's first position at p (0 without a window). kvs_host_window_evict() tells an instance that the positions
+ * before first are gone (ops->window_evict; nothing when first <= 0; KVS_ERR_UNSUPPORTED for a policy without
+ * it), before its prefill of a block ending at be (first = the window's at be) and before its observe() at p
+ * (first = the window's at p + 1). */
+void kvs_host_check_window(kvs_host_check *hc, int64_t window);
+int64_t kvs_host_window_first(int64_t window, int64_t p);
+kvs_status kvs_host_window_evict(const struct kvs_policy_ops *ops, void *state, int64_t first);
+
 /*! kvs_host_check_sel() : the selection contract of policy.h at decode position p: every list holds 1..p+1
  *  distinct positions in [0, p], a merged slot gives both its K and V rows, stored() lies in [0, p], and the budget
  *  holds (|S_t| <= budget every step, or the prompt positions of S_t <= budget for prompt-only policies). Fills

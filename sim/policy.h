@@ -352,6 +352,17 @@ struct kvs_policy_ops {
      * (the caller then uses a count rule). Used by page granularity (sim/host.h kvs_host_page_map); NULL = no
      * scores. */
     int (*scores)(void *state, int g, const int32_t *idx, int64_t n, double *out);
+    /* Optional: sliding-window layers (sim/replay.h "Sliding-window layers"). The host evicted every position
+     * before `first` (the layer's window moved past them): the instance forgets them, so that stored() and every
+     * later select() hold none of them, and keeps its own bookkeeping consistent (a budget that covers the window
+     * then holds exactly the window). Called when the policy is about to decide what to keep, with the window
+     * of the next position: before prefill() of a block ending at be with first = be-W+1 (a prefill keeps no
+     * candidate before first), and at decode position p after the step's attention and accounting, before
+     * observe(), with first = p+2-W (observe() still gets this step's selection and probabilities, aligned with
+     * the entries the policy held at select(); it drops the evicted ones, then decides its own evictions).
+     * Only when first > 0; `first` never decreases. NULL = the policy cannot replay a layer whose window is shorter
+     * than the trace; the replay refuses that combination (kvs_replay_validate). */
+    kvs_status (*window_evict)(void *state, int64_t first);
 };
 
 /* ---- framework functions (sim/policy.c) ---------------------------------------------------------- */

@@ -149,6 +149,7 @@ static kvs_status check_block(const engine *e, const kvs_trace_block *b, int lay
 typedef struct {
     engine *e;
     int layer, c_lo, c_hi, nc;
+    int64_t window;           /* the layer's attention window (replay.h "Sliding-window layers"), 0 = full causal */
     void **streams;           /* [Hkv] */
     float **hk, **hv;         /* [Hkv] -> [N][d], slices of kv_rows */
     float *kv_rows;           /* every KV head's K then V history, one kvs_alloc_rows block (gathered rows) */
@@ -388,7 +389,8 @@ static kvs_status task_alloc(task *t) {
     t->srow = calloc(G, sizeof *t->srow);
     if (!t->ref_prow || !t->ref_orow || !t->ref_srow || !t->srow)
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
-    if (reuse_ref_scores(e) && !(t->fulls = malloc(RC * H * G * N * sizeof(float))))
+    /* a sliding-window layer's reference is not blocked and keeps no scores (reference_block) */
+    if (reuse_ref_scores(e) && !t->window && !(t->fulls = malloc(RC * H * G * N * sizeof(float))))
         return kvs_fail(KVS_ERR_NOMEM, "replay: out of memory (layer %d)", t->layer);
     t->order = malloc(N * sizeof(int32_t));
     t->sort_scratch = malloc(3 * N * sizeof(uint32_t));
@@ -547,7 +549,19 @@ static void reference_block(task *t, const kvs_trace_block *const *blk, int i0, 
                 if (t->fulls) t->ref_srow[b * G + g] = t->fulls + (b * H + h) * G * N + g * ((size_t)p0 + b + 1);
             }
         float *const *srow = t->fulls ? t->ref_srow : NULL;
-        if (t->kv16 != KVS_DTYPE_F32)
+        if (t->window) {
+            /* A sliding-window layer: row by row over the window lo..p (kvs_attention on the fp32 rows, the reference
+             * replay's call), the positions before it probability 0; the blocked kernel assumes keys 0..p. */
+            for (size_t b = 0; b < (size_t)nb; b++) {
+                size_t p = (size_t)p0 + b, lo = (size_t)kvs_host_window_first(t->window, (int64_t)p);
+                for (size_t g = 0; g < G; g++) {
+                    float *fp = t->ref_prow[b * G + g];
+                    for (size_t x = 0; x < lo; x++) fp[x] = 0.0f;
+                    kvs_attention(blk[h]->q + ((size_t)i0 + b) * G * d + g * d, t->hk[h] + lo * d, t->hv[h] + lo * d,
+                                  d, NULL, p + 1 - lo, d, e->src->model.scale, fp + lo, t->ref_orow[b * G + g]);
+                }
+            }
+        } else if (t->kv16 != KVS_DTYPE_F32)
             kvs_attention_causal_block16(blk[h]->q + (size_t)i0 * G * d, (size_t)nb, G, t->hk16[h], t->hv16[h],
                                          t->kv16, d, (size_t)p0, e->src->model.scale, t->ref_prow, t->ref_orow, NULL,
                                          srow);
@@ -836,6 +850,8 @@ static kvs_status head_finish(task *t, int ci, int h, int64_t p, int measured, c
     if (st == KVS_OK && measured)
         st = measure_heads(t, ci, h, 0, e->G, p, sel->n_lists, (const int32_t *const *)sel->idx, sel->n, has_merged,
                            (const float *const *const *)sel->row_k, out, &cost, prefix);
+    /* what the next position cannot attend is gone before the policy decides what to keep */
+    if (st == KVS_OK) st = kvs_host_window_evict(ops, state, kvs_host_window_first(t->window, p + 1));
     if (st == KVS_OK && ops->observe) st = ops->observe(state, view, sel, (const float *const *)probs);
     if (has_merged)
         for (int li = 0; li < sel->n_lists; li++) /* keep the row arrays all NULL for the next select() */
@@ -1232,7 +1248,11 @@ static kvs_status prefill_block(task *t, int ci, int64_t tk, int64_t bb, int64_t
             .turn = (int32_t)tk, .full_probs = NULL, .block_begin = bb, .last_block = be == turn->prompt_end,
             .memo = kvs_host_rep_active(t->rep[ci]) ? NULL : t->memo,
         };
-        if ((st = ops->prefill(config_states(t, ci)[h], &view)) != KVS_OK) return st;
+        /* what the next position (be) cannot attend is gone before the policy decides what to keep */
+        if ((st = kvs_host_window_evict(ops, config_states(t, ci)[h], kvs_host_window_first(t->window, be))) !=
+                KVS_OK ||
+            (st = ops->prefill(config_states(t, ci)[h], &view)) != KVS_OK)
+            return st;
         /* a codec scoring with the prompt's queries (think) takes them from the first prompt's last block */
         if (tk == 0 && be == turn->prompt_end &&
             (st = kvs_host_rep_prompt_queries(t->rep[ci], h, t->qb[h], be - turn->begin, e->G)) != KVS_OK)
@@ -1321,9 +1341,11 @@ static void sync_codecs(task *t, int64_t p) {
 }
 
 static kvs_status run_task(engine *e, int task_index, int layer, int c_lo, int c_hi) {
+    const int32_t *lw = e->src->layer_window;
     task t = {.e = e, .layer = layer, .c_lo = c_lo, .c_hi = c_hi, .nc = c_hi - c_lo,
-              .kv16 = history16_dtype(e)};
+              .window = lw && lw[layer] > 0 && lw[layer] < e->N ? lw[layer] : 0, .kv16 = history16_dtype(e)};
     kvs_status st = task_alloc(&t);
+    if (st == KVS_OK) kvs_host_check_window(t.check, t.window);
     const kvs_trace_block **blk = NULL;
     int any_oracle = 0;
     double *cfg_time = NULL;
@@ -1618,6 +1640,38 @@ static kvs_status allocation_pass(engine *e) {
  * Public entry points
  * ---------------------------------------------------------------------------------------------- */
 
+/* What the replay of a sliding-window layer (replay.h "Sliding-window layers") does not support yet is refused here,
+ * naming the layer and what to change, rather than measured against the wrong reference: prompt positions
+ * (--measure all / prefill: their chunked-prefill attended set is not windowed), page granularity (whole pages may
+ * reach behind the window), a representation codec (untested with windows) and a policy without window_evict (it
+ * cannot be told what the window dropped). */
+static kvs_status validate_windows(const kvs_replay_source *src, const kvs_replay_opts *o) {
+    const kvs_policy_model *m = &src->model;
+    for (int l = 0; src->layer_window && l < m->n_layers; l++) {
+        int32_t w = src->layer_window[l];
+        if (w <= 0 || w >= m->n_positions) continue; /* full attention over this trace */
+        if (o->measure != KVS_MEASURE_DECODE)
+            return kvs_fail(KVS_ERR_UNSUPPORTED, "layer %d attends to a sliding window of %d positions: measuring "
+                            "prompt positions (--measure all / prefill) of a sliding-window layer is not supported; "
+                            "use --measure decode", l, (int)w);
+        for (int c = 0; c < o->n_configs; c++) {
+            const struct kvs_policy_ops *ops = o->configs[c].policy.ops;
+            if (!ops->window_evict)
+                return kvs_fail(KVS_ERR_UNSUPPORTED, "layer %d attends to a sliding window of %d positions and the trace "
+                                "has %lld: policy %s cannot replay a sliding-window layer (it has no window_evict, so it "
+                                "cannot be told what the window dropped)", l, (int)w, (long long)m->n_positions,
+                                ops->name);
+            if (kvs_replay_page_of(o, c) > 0)
+                return kvs_fail(KVS_ERR_UNSUPPORTED, "layer %d attends to a sliding window of %d positions: page "
+                                "granularity (--page) is not supported on sliding-window layers", l, (int)w);
+            if (kvs_replay_codec_of(o, c))
+                return kvs_fail(KVS_ERR_UNSUPPORTED, "layer %d attends to a sliding window of %d positions: a "
+                                "representation codec (--codec) is not supported on sliding-window layers", l, (int)w);
+        }
+    }
+    return KVS_OK;
+}
+
 kvs_status kvs_replay_validate(const kvs_replay_source *src, const kvs_replay_opts *o) {
     const kvs_policy_model *m = &src->model;
     if (o->n_configs < 1) return kvs_fail(KVS_ERR_INVALID_ARG, "no policy configuration to run");
@@ -1637,12 +1691,6 @@ kvs_status kvs_replay_validate(const kvs_replay_source *src, const kvs_replay_op
     if (prev != m->n_positions)
         return kvs_fail(KVS_ERR_FORMAT, "turns cover %lld of %lld positions", (long long)prev,
                         (long long)m->n_positions);
-    for (int l = 0; src->layer_window && l < m->n_layers; l++)
-        if (src->layer_window[l] > 0 && src->layer_window[l] < m->n_positions)
-            return kvs_fail(KVS_ERR_UNSUPPORTED, "layer %d attends to a sliding window of %d positions and the trace has "
-                            "%lld: replaying a sliding-window layer past its window is not supported (the reference "
-                            "and every policy model full causal attention)", l, (int)src->layer_window[l],
-                            (long long)m->n_positions);
     if (o->measure != KVS_MEASURE_DECODE && o->measure != KVS_MEASURE_ALL && o->measure != KVS_MEASURE_PREFILL)
         return kvs_fail(KVS_ERR_INVALID_ARG, "unknown measurement mode %d", (int)o->measure);
     if (m->kv_bytes < 1 || m->aux_bytes < 1)
@@ -1675,7 +1723,7 @@ kvs_status kvs_replay_validate(const kvs_replay_source *src, const kvs_replay_op
         kvs_status st = kvs_policy_validate(&rc->policy, m, rc->budget);
         if (st != KVS_OK) return st;
     }
-    return KVS_OK;
+    return validate_windows(src, o);
 }
 
 void kvs_replay_result_free(kvs_replay_result *r) {

@@ -19,6 +19,24 @@
  *    traffic bytes of the step for the query head's KV head (a per-query-head policy's G copies summed),
  *    transfer bytes, compression ratio = full-cache bytes (n x 2 x d x kv_bytes) / storage bytes.
  *  - Budget percentages (kvs_replay_parse_budgets) are of the first turn's prompt length, rounded up, min 1.
+ *  - Sliding-window layers (layer_window below; Gemma-3's local layers): a layer's full cache IS its window. On a
+ *    layer with window W, at position p only positions p-W+1..p exist in the model. The reference ("full cache")
+ *    is attention over those min(W, p+1) positions (what the trace's own o/lse record); the probability of every
+ *    older position is exactly 0, so recall is the windowed attention's mass on S and the top-k overlap ranks the
+ *    windowed attention (an in-window probability that underflows to 0 ties with the out-of-window zeros, which
+ *    rank first by the lower position). A policy's cache on that layer never holds a position older than p-W+1:
+ *    whenever the policy is about to decide what to keep — before each prefill call of a block [bb, be) and
+ *    before observe() at each decode position p — the host evicts what the next position (be, p+1) cannot attend
+ *    through the policy's window_evict (policy.h), so every policy respects the window without knowing the
+ *    layer's W (and an attend-then-evict policy never spends its own eviction on a position the window drops
+ *    anyway), and the selection check fails a run that still selects or stores an older position at p. A budget
+ *    >= W then attends exactly the window (zero error: tests/test_windows.c). Resident bytes and traffic of such a layer count at most min(W, p+1)
+ *    positions (a policy without stored() holds the window's). Refused (kvs_replay_validate, with the layer
+ *    named) rather than measured against the wrong reference: a policy without window_evict, --measure all /
+ *    prefill, page granularity and codecs on a trace with a layer whose window is shorter than the trace. A window
+ *    at least as long as the trace is full attention and replays as such. Both engines follow these rules; the
+ *    fast one computes a sliding-window layer's reference row by row (kvs_attention over the window), without the
+ *    blocked kernel or the reuse of its scores.
  * Memory per work unit: the layer's K/V history (n_positions x 2 x head_dim floats per KV head), the
  * longest turn prompt's queries, the policies' state, and the measured samples (7 floats per sample).
  */
@@ -64,10 +82,8 @@ typedef struct {
     /* The input's content hash (kvs_trace_content_sha256 for a trace), "" when unknown: part of every run's
      * identity, from which randomised policies are seeded (kvs_host_run_seed). */
     char content_hash[65];
-    /* [model.n_layers] attention window of each layer (0 = full causal attention), borrowed; NULL = all full. The
-     * replay (both engines, every policy, the reference) models full causal attention, so kvs_replay_validate
-     * refuses a layer whose window is shorter than the trace: there its recorded outputs are the window's. A
-     * window at least as long as the trace is full attention and replays as such. */
+    /* [model.n_layers] attention window of each layer (0 = full causal attention), borrowed; NULL = all full.
+     * Replayed as "Sliding-window layers" above says. */
     const int32_t *layer_window;
 } kvs_replay_source;
 

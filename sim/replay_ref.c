@@ -13,6 +13,9 @@
  * Its selection check, the counts of the default accounting, the full attention, the ranking behind the top-k
  * overlap (the rank-|S| position by quickselect in that order) and the sums behind every metric are its own.
  * Hooks, progress reports, kv16, the memo and the blocking options of kvs_replay_opts are not used.
+ * Sliding-window layers (replay.h "Sliding-window layers"): the full attention at p is over the window's positions
+ * only (probabilities of older positions exactly 0), the host evicts what the next position cannot attend before
+ * each prefill and observe, and the check refuses a selection or a stored position older than the window.
  */
 #include "replay.h"
 
@@ -116,6 +119,7 @@ typedef struct {
     kvs_page_score rule;         /* the run's page score rule, resolved (kvs_host_page_rule) */
     int L, H, G, d, n_lists;
     int64_t N;
+    int64_t window;              /* this layer's attention window, 0 = full causal attention (or one >= N) */
     const int64_t *budgets;      /* [L][H] */
     layer_data ld;
     void **states;               /* [H] this layer's instances */
@@ -233,14 +237,18 @@ static kvs_status measure(ref_run *r, int layer, int h, int g, int64_t p, const 
     return push_sample(r, layer, h * r->G + g, p, measured_steps, v);
 }
 
-/* Full attention of every query head of layer data at position p. */
+/* Full attention of every query head of layer data at position p: over 0..p, or on a sliding-window layer over the
+ * window lo..p, the probabilities of the positions before lo exactly 0 (they do not exist in the model). */
 static void full_attention(ref_run *r, int64_t p) {
     size_t N = (size_t)r->N, d = (size_t)r->d, G = (size_t)r->G;
+    size_t lo = (size_t)kvs_host_window_first(r->window, p);
     for (size_t h = 0; h < (size_t)r->H; h++)
         for (size_t g = 0; g < G; g++) {
             const float *q = r->ld.q + ((h * N + (size_t)p) * G + g) * d;
-            kvs_attention(q, r->ld.k + h * N * d, r->ld.v + h * N * d, d, NULL, (size_t)p + 1, d, r->src->model.scale,
-                          r->fullp + h * G * N + g * (size_t)(p + 1), r->fullo + (h * G + g) * d);
+            float *fp = r->fullp + h * G * N + g * (size_t)(p + 1);
+            for (size_t x = 0; x < lo; x++) fp[x] = 0.0f;
+            kvs_attention(q, r->ld.k + (h * N + lo) * d, r->ld.v + (h * N + lo) * d, d, NULL, (size_t)p + 1 - lo, d,
+                          r->src->model.scale, fp + lo, r->fullo + (h * G + g) * d);
         }
 }
 
@@ -250,7 +258,7 @@ static void full_attention(ref_run *r, int64_t p) {
 static kvs_status check(ref_run *r, void *state, int64_t p, int64_t budget, const kvs_policy_sel *sel, int *has_merged,
                         double *kv_slots, double *dedup) {
     const struct kvs_policy_ops *ops = r->rc->policy.ops;
-    int64_t slots = 0, uni = 0;
+    int64_t slots = 0, uni = 0, lo = kvs_host_window_first(r->window, p);
     kvs_status st = KVS_OK;
     memset(r->umark, 0, (size_t)p + 1);
     for (int li = 0; li < sel->n_lists && st == KVS_OK; li++) {
@@ -265,6 +273,9 @@ static kvs_status check(ref_run *r, void *state, int64_t p, int64_t budget, cons
             if (x < 0 || x > p)
                 st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d at position %lld (future or invalid)",
                               ops->name, (int)x, (long long)p);
+            else if (x < lo)
+                st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d at position %lld, outside the layer's "
+                              "sliding window (first position %lld)", ops->name, (int)x, (long long)p, (long long)lo);
             else if (r->mark[x])
                 st = kvs_fail(KVS_ERR_STATE, "policy %s selected position %d twice", ops->name, (int)x);
             else if ((sel->row_k[li][j] != NULL) != (sel->row_v[li][j] != NULL))
@@ -284,6 +295,10 @@ static kvs_status check(ref_run *r, void *state, int64_t p, int64_t budget, cons
                 if (x < 0 || x > p)
                     st = kvs_fail(KVS_ERR_STATE, "policy %s stored position %d at position %lld (future or invalid)",
                                   ops->name, (int)x, (long long)p);
+                else if (x < lo)
+                    st = kvs_fail(KVS_ERR_STATE, "policy %s still stores position %d at position %lld, outside the "
+                                  "layer's sliding window (first position %lld)", ops->name, (int)x, (long long)p,
+                                  (long long)lo);
                 else r->mark[x] = 1;
             }
         }
@@ -302,8 +317,8 @@ static kvs_status check(ref_run *r, void *state, int64_t p, int64_t budget, cons
                           (long long)prompt, (long long)budget);
     }
     memset(r->mark, 0, (size_t)p + 1); /* measure() counts top-k hits with it */
-    *kv_slots = ops->stored ? (double)slots : (double)(p + 1);
-    *dedup = ops->stored ? (double)uni : (double)(p + 1);
+    *kv_slots = ops->stored ? (double)slots : (double)(p + 1 - lo); /* without stored(): the window, all of it */
+    *dedup = ops->stored ? (double)uni : (double)(p + 1 - lo);
     return st;
 }
 
@@ -372,6 +387,9 @@ static kvs_status prefill_call(ref_run *r, int64_t tk, int64_t bb, int64_t be) {
             .turn_begin = turn->begin, .prompt_end = turn->prompt_end, .turn = (int32_t)tk, .block_begin = bb,
             .last_block = be == turn->prompt_end,
         };
+        /* what the next position (be) cannot attend is gone before the policy decides what to keep */
+        if ((st = kvs_host_window_evict(ops, r->states[h], kvs_host_window_first(r->window, be))) != KVS_OK)
+            return st;
         if ((st = ops->prefill(r->states[h], &view)) != KVS_OK) return st;
         /* a codec scoring with the prompt's queries (think) takes them from the first prompt's last block */
         if (tk == 0 && be == turn->prompt_end &&
@@ -629,6 +647,8 @@ static kvs_status decode_step(ref_run *r, int layer, int64_t p, int64_t tk, int 
                                   measured_steps)) != KVS_OK)
                     return st;
             }
+        /* what the next position cannot attend is gone before the policy decides what to keep */
+        if ((st = kvs_host_window_evict(ops, state, kvs_host_window_first(r->window, p + 1))) != KVS_OK) return st;
         if (ops->observe && (st = ops->observe(state, &view, &sel, (const float *const *)r->probs)) != KVS_OK) return st;
         for (int li = 0; li < r->n_lists; li++)
             for (int64_t j = 0; j < sel.n[li]; j++) r->row_k[li][j] = r->row_v[li][j] = NULL;
@@ -642,6 +662,9 @@ static kvs_status run_layer(ref_run *r, int layer, uint64_t run_seed, const void
     const kvs_replay_config *rc = r->rc;
     kvs_status st = layer_read(r->src, layer, 0, r->H, &r->ld);
     if (st != KVS_OK) return st;
+    r->window = r->src->layer_window && r->src->layer_window[layer] > 0 && r->src->layer_window[layer] < r->N
+                    ? r->src->layer_window[layer]
+                    : 0;
     int64_t blk = 0;
     kvs_host_rep_free(r->rep);
     r->rep = NULL;

@@ -6,9 +6,15 @@
  * - a capture of the tiny Gemma-3 fixture (tests/fixtures/gemma3_tiny, windows 6,0,6,6): `kvsim info` prints the
  *   windows, `kvsim verify` recomputes each sliding layer over its window and passes, the kv_stream's full attention
  *   and the lean reader's recomputation equal a naive windowed attention written here from the stored q/k/v
- *   (probability 0 outside the window), and the replay refuses the trace (it models full causal attention);
+ *   (probability 0 outside the window); the replay accepts it for policies with window_evict and refuses, by name,
+ *   a policy without and --measure all;
  * - capacity plans (analysis/plan.h) of hybrid shapes: windows from a config's layer_types / Gemma-3 pattern, from a
  *   trace header and from `--window`, each layer's cache capped at its window, against numbers computed by hand.
+ * - the replay of sliding-window layers (sim/replay.h "Sliding-window layers"): a 3-layer trace with a window of 4
+ *   on its middle layer against attention computed here by hand (window B = 2: the last two positions; B >= 4 and the
+ *   full cache: error 0; bytes at most the window); a Gemma-3 capture and a generated two-turn trace through both
+ *   engines, every policy with window_evict bit for bit, zero error at budgets covering the window, the others
+ *   refused by both; the selection check failing a policy deaf to the evictions.
  * Data is GENERATED (tests/util/gen_trace.h) except the gemma3_tiny captures.
  */
 #include <math.h>
@@ -24,8 +30,12 @@
 
 #include "analysis/plan.h"
 #include "common/kvs.h"
+#include "policies/registry.h"
+#include "sim/replay.h"
+#include "sim/replay_mem.h"
 #include "tests/util/cli_run.h"
 #include "tests/util/gen_trace.h"
+#include "tests/util/replay_fixture.h"
 #include "tests/util/testenv.h"
 #include "trace/kv_stream.h"
 #include "trace/trace.h"
@@ -256,13 +266,22 @@ static void test_gemma3_capture_info_verify_readers(void **state) {
     /* fp16 storage: the stored o/lse against fp64 over the stored q/k/v; the lean reader's fp32 recomputation */
     check_windowed_outputs(full, 5e-3);
     check_windowed_outputs(lean, 1e-5);
-    /* the replay models full causal attention: a layer windowed inside the trace is refused, clearly */
+    /* the replay holds the sliding layers to their windows (test_replay_gemma3_engines); what it cannot replay there
+     * yet is refused, clearly, naming the layer: a policy without window_evict, prompt measurement */
     char db[256];
     snprintf(db, sizeof db, "%s/r.db", f->dir);
     const char *replay[] = {"replay", full, "--db", db, "--policy", "window", "--budgets", "8", NULL};
-    int rc = kvs_test_cli_run(f, replay);
+    assert_int_equal(kvs_test_cli_run(f, replay), 0);
+    const char *replay_quest[] = {"replay", full, "--db", db, "--policy", "quest", "--budgets", "8", NULL};
+    int rc = kvs_test_cli_run(f, replay_quest);
     assert_true(rc != 0 && rc < 128);
-    assert_true(kvs_test_file_has(f->err, "sliding window of 6 positions"));
+    assert_true(kvs_test_file_has(f->err, "layer 0 attends to a sliding window of 6 positions"));
+    assert_true(kvs_test_file_has(f->err, "policy quest cannot replay a sliding-window layer"));
+    const char *replay_all[] = {"replay", full, "--db", db, "--policy", "window", "--budgets", "8", "--measure", "all",
+                                NULL};
+    rc = kvs_test_cli_run(f, replay_all);
+    assert_true(rc != 0 && rc < 128);
+    assert_true(kvs_test_file_has(f->err, "use --measure decode"));
     /* plan from the trace header and from the fixture's config.json: 4 layers, 2 KV heads, head_dim 16 (64 bytes per
      * token per (layer, KV head) in fp16); at 10 positions: 1 full layer x 10 + 3 windowed x 6 = 28 tokens x 2 x 64
      * = 3584 bytes; --window 0: 4 x 10 x 128 = 5120 */
@@ -389,6 +408,292 @@ static void test_plan_windows_by_hand(void **state) {
     assert_true(m.window == 6 && m.window_layers == 3);
 }
 
+/* ---- the replay of a sliding-window layer (sim/replay.h "Sliding-window layers") ---- */
+
+/* Attention in double of query q over rows [first, last] of k/v ([n][d]); the probabilities into pr[first..last]. */
+static void attend_rows(const float *q, const float *k, const float *v, size_t stride, int64_t first, int64_t last,
+                        size_t d, double scale, double *o, double *pr) {
+    double m = -INFINITY, z = 0;
+    for (int64_t j = first; j <= last; j++) {
+        double s = 0;
+        for (size_t e = 0; e < d; e++) s += (double)q[e] * k[(size_t)j * stride + e];
+        pr[j] = s * scale;
+        m = fmax(m, pr[j]);
+    }
+    for (int64_t j = first; j <= last; j++) z += pr[j] = exp(pr[j] - m);
+    for (size_t e = 0; e < d; e++) o[e] = 0;
+    for (int64_t j = first; j <= last; j++) {
+        pr[j] /= z;
+        for (size_t e = 0; e < d; e++) o[e] += pr[j] * v[(size_t)j * stride + e];
+    }
+}
+
+/* A generated 3-layer trace whose middle layer attends to a window of 4, replayed by hand: at every decode position
+ * p and query head, window B = 2 attends p-1, p, and its output error and recall are those of attention over p-1..p
+ * against attention over the window p-3..p (computed here in double from the generated q/k/v); window B = 4 and
+ * B = 6 and the full cache attend exactly the window (error 0, recall 1, min(W, p+1) positions resident and read);
+ * the full layers around it keep every position. Both engines give these numbers. */
+static void test_replay_window_by_hand(void **state) {
+    (void)state;
+    enum { W = 4, WL = 1 };
+    kvs_test_replay_fixture f;
+    kvs_gen_trace_opts go = kvs_test_grouped_opts(1, 2, 24, 10, 8, 5);
+    go.n_layers = 3;
+    assert_int_equal(kvs_test_replay_fixture_make(&go, 2, 7, &f), KVS_OK);
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_memory(&f.mem, &src), KVS_OK);
+    const int32_t windows[3] = {0, W, 0};
+    src.layer_window = windows;
+    static const char *const specs[] = {"window", "window", "window", "full"};
+    const int64_t budgets[] = {2, W, 6, 3};
+    kvs_replay_config cfg[4];
+    for (int c = 0; c < 4; c++) {
+        cfg[c] = (kvs_replay_config){.budget = budgets[c], .budget_fraction = -1};
+        assert_int_equal(kvs_policy_parse(specs[c], &cfg[c].policy), KVS_OK);
+    }
+    kvs_replay_opts o = {.configs = cfg, .n_configs = 4, .threads = 2, .measure = KVS_MEASURE_DECODE, .series_every = 1};
+    size_t d = (size_t)f.d, row = (size_t)f.H * d, krow = (size_t)f.Hkv * d, N = (size_t)f.N;
+    double pos_bytes = 2.0 * (double)d * 2; /* K and V of one position, 2 bytes an element */
+    double ref[64], out[64], pr[64], pw[64];
+    for (int engine = 0; engine < 2; engine++) {
+        kvs_replay_result *r = NULL;
+        assert_int_equal(engine ? kvs_replay_reference(&src, &o, &r) : kvs_replay_execute(&src, &o, &r), KVS_OK);
+        int checked = 0;
+        for (int c = 0; c < 4; c++) {
+            const kvs_replay_run_result *run = &r->runs[c];
+            assert_int_equal(run->status, KVS_OK);
+            for (int64_t s = 0; s < run->n_steps; s++) {
+                const kvs_results_step *st = &run->steps[s];
+                int64_t p = st->position, lo = st->layer == WL && p - W + 1 > 0 ? p - W + 1 : 0;
+                int hq = st->q_head, h = hq / f.G;
+                const float *q = f.g->q + ((size_t)st->layer * N + (size_t)p) * row + (size_t)hq * d;
+                const float *k = f.g->k + (size_t)st->layer * N * krow + (size_t)h * d;
+                const float *v = f.g->v + (size_t)st->layer * N * krow + (size_t)h * d;
+                attend_rows(q, k, v, krow, lo, p, d, f.scale, ref, pr);
+                /* what the configuration attends: window B from max(lo, p-B+1); the full cache the whole window */
+                int64_t first = c == 3 ? lo : p - budgets[c] + 1 > lo ? p - budgets[c] + 1 : lo;
+                attend_rows(q, k, v, krow, first, p, d, f.scale, out, pw);
+                double e2 = 0, r2 = 0, recall = 0;
+                for (size_t e = 0; e < d; e++) e2 += (ref[e] - out[e]) * (ref[e] - out[e]), r2 += ref[e] * ref[e];
+                for (int64_t j = first; j <= p; j++) recall += pr[j];
+                double err = sqrt(e2 / r2), n_att = (double)(p - first + 1);
+                if (fabs(st->v[KVS_M_OUT_ERR] - err) > 1e-4 * err + 1e-6 || fabs(st->v[KVS_M_ATTN_RECALL] - recall) > 1e-5 ||
+                    st->v[KVS_M_ATTENDED] != n_att) {
+                    fprintf(stderr, "engine %d config %d layer %d pos %lld head %d: err %.9g (by hand %.9g) recall %.9g "
+                            "(%.9g) attended %g (%g)\n", engine, c, (int)st->layer, (long long)p, hq,
+                            st->v[KVS_M_OUT_ERR], err, st->v[KVS_M_ATTN_RECALL], recall, st->v[KVS_M_ATTENDED], n_att);
+                    fail();
+                }
+                if (st->layer == WL && budgets[c] >= W) assert_true(st->v[KVS_M_OUT_ERR] == 0);
+                /* resident and read bytes: what is attended (the window policy holds B - 1 between steps, the new
+                 * token written), never more than the window on the windowed layer */
+                assert_true(st->v[KVS_M_STORAGE_KV] == n_att * pos_bytes);
+                assert_true(st->v[KVS_M_TRAFFIC_KV] == n_att * pos_bytes);
+                if (st->layer == WL) assert_true(st->v[KVS_M_STORAGE] <= (double)W * pos_bytes);
+                checked += st->layer == WL && p - W + 1 > 0;
+            }
+        }
+        assert_true(checked >= 4 * 14 * 4); /* 4 configurations x 14 decode positions x 4 query heads */
+        kvs_replay_result_free(r);
+    }
+    kvs_test_replay_fixture_free(&f);
+}
+
+/* Both engines' statistics of one run, every metric, bit for bit. */
+static void assert_aggs_same(const char *what, const kvs_results_agg *a, const kvs_results_agg *b) {
+    for (int k = 0; k < KVS_N_METRICS; k++) {
+        const kvs_results_stat *x = &a->m[k], *y = &b->m[k];
+        const double xs[6] = {(double)x->n, x->mean, x->p50, x->p95, x->min, x->max};
+        const double ys[6] = {(double)y->n, y->mean, y->p50, y->p95, y->min, y->max};
+        if (memcmp(xs, ys, sizeof xs))
+            fail_msg("%s, %s: fast mean %.17g max %.17g, reference mean %.17g max %.17g", what,
+                     kvs_metric_table[k].name, xs[1], xs[5], ys[1], ys[5]);
+    }
+}
+
+/* A capture of the Gemma-3 fixture (3 of 4 layers windowed to 6 of 33 positions) through both engines, every
+ * registered policy and preset at budgets 3, 6 and 12: a policy with window_evict gives the same numbers bit for bit
+ * in both (every statistic of every layer and the run, the series, the largest attended set), the full cache has
+ * zero error and recall 1 to float rounding (its reference is the window), every policy replayed has zero error
+ * on a windowed layer at budgets 6 and 12 (>= the window), and its resident KV bytes on a windowed layer never exceed
+ * the window; a policy without window_evict is refused by both, naming it. */
+static void test_replay_gemma3_engines(void **state) {
+    kvs_test_cli_fx *f = *state;
+    if (!kvs_test_kvsim_bin()) skip();
+    char path[256];
+    snprintf(path, sizeof path, "%s/g.kvt", f->dir);
+    assert_int_equal(capture_gemma(f, path, "full"), 0);
+    kvs_trace *t = NULL;
+    assert_int_equal(kvs_trace_open(path, &t), KVS_OK);
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_trace(t, &src), KVS_OK);
+    assert_non_null(src.layer_window);
+    enum { MAX_CONFIGS = 512 };
+    static kvs_replay_config cfg[MAX_CONFIGS];
+    static char names[MAX_CONFIGS][128];
+    const int64_t budgets[] = {3, 6, 12};
+    int n = 0, refused = 0;
+    for (int i = 0; i < kvs_policy_count(); i++) {
+        const struct kvs_policy_ops *ops = kvs_policy_at(i);
+        for (int k = -1; k < ops->n_presets; k++) {
+            char spec[96];
+            if (k < 0) snprintf(spec, sizeof spec, "%s", ops->name);
+            else snprintf(spec, sizeof spec, "%s@%s", ops->name, ops->presets[k].name);
+            for (int b = 0; b < 3; b++) {
+                kvs_replay_config c = {.budget = budgets[b], .budget_fraction = -1};
+                assert_int_equal(kvs_policy_parse(spec, &c.policy), KVS_OK);
+                if (kvs_policy_validate(&c.policy, &src.model, c.budget) != KVS_OK) continue;
+                if (!ops->window_evict) { /* refused by both engines, by name */
+                    kvs_replay_opts o1 = {.configs = &c, .n_configs = 1, .threads = 1};
+                    kvs_replay_result *r = NULL;
+                    assert_int_equal(kvs_replay_execute(&src, &o1, &r), KVS_ERR_UNSUPPORTED);
+                    assert_null(r);
+                    assert_non_null(strstr(kvs_last_error(), "cannot replay a sliding-window layer"));
+                    assert_int_equal(kvs_replay_reference(&src, &o1, &r), KVS_ERR_UNSUPPORTED);
+                    assert_null(r);
+                    refused++;
+                    continue;
+                }
+                assert_true(n < MAX_CONFIGS);
+                snprintf(names[n], sizeof names[n], "%.96s at budget %lld", spec, (long long)c.budget);
+                cfg[n++] = c;
+            }
+        }
+    }
+    assert_true(n >= 6 && refused > 0);
+    kvs_replay_opts o = {.configs = cfg, .n_configs = n, .threads = 2, .measure = KVS_MEASURE_DECODE, .series_every = 1};
+    kvs_replay_result *fast = NULL, *ref = NULL;
+    assert_int_equal(kvs_replay_execute(&src, &o, &fast), KVS_OK);
+    assert_int_equal(kvs_replay_reference(&src, &o, &ref), KVS_OK);
+    double pos_bytes = 2.0 * src.model.head_dim * src.model.kv_bytes;
+    for (int i = 0; i < n; i++) {
+        const kvs_replay_run_result *x = &fast->runs[i], *y = &ref->runs[i];
+        if (x->status != KVS_OK || y->status != KVS_OK)
+            fail_msg("%s: fast %s (%s), reference %s (%s)", names[i], kvs_strerror(x->status), x->error,
+                     kvs_strerror(y->status), y->error);
+        assert_int_equal(x->max_attended, y->max_attended);
+        char what[256];
+        for (int l = 0; l < x->n_layers; l++) {
+            snprintf(what, sizeof what, "%.96s, layer %d", names[i], l);
+            assert_aggs_same(what, &x->layer_aggs[l], &y->layer_aggs[l]);
+        }
+        snprintf(what, sizeof what, "%.96s, whole run", names[i]);
+        assert_aggs_same(what, &x->run_agg, &y->run_agg);
+        assert_int_equal(x->n_steps, y->n_steps);
+        for (int64_t k = 0; k < x->n_steps; k++) {
+            const kvs_results_step *a = &x->steps[k];
+            if (a->position != y->steps[k].position || memcmp(a->v, y->steps[k].v, sizeof a->v))
+                fail_msg("%s: series sample %lld differs", names[i], (long long)k);
+            int32_t w = gemma_windows[a->layer];
+            if (w > 0) assert_true(a->v[KVS_M_STORAGE_KV] <= (double)w * pos_bytes * src.model.group);
+            /* a budget covering the window holds exactly the window (every policy replayed: bounded every step, over
+             * the prompt only, or the full cache) */
+            if (w > 0 && cfg[i].budget >= w && a->v[KVS_M_OUT_ERR] != 0)
+                fail_msg("%s: layer %d pos %lld error %.9g with the budget covering the window", names[i],
+                         (int)a->layer, (long long)a->position, a->v[KVS_M_OUT_ERR]);
+            if (w > 0 && !strcmp(cfg[i].policy.ops->name, "full")) {
+                if (!(a->v[KVS_M_OUT_ERR] == 0 && fabs(a->v[KVS_M_ATTN_RECALL] - 1) < 1e-6))
+                    fail_msg("%s: layer %d pos %lld err %.9g recall %.17g", names[i], (int)a->layer,
+                             (long long)a->position, a->v[KVS_M_OUT_ERR], a->v[KVS_M_ATTN_RECALL]);
+                assert_true(a->v[KVS_M_STORAGE_KV] == (double)w * pos_bytes); /* every decode position is past 6 */
+            }
+        }
+    }
+    kvs_replay_result_free(fast);
+    kvs_replay_result_free(ref);
+    kvs_trace_close(t);
+}
+
+/* A window policy that ignores the host's evictions: it keeps selecting its last B positions. */
+static kvs_status deaf_evict(void *state, int64_t first) {
+    (void)state;
+    (void)first;
+    return KVS_OK;
+}
+
+/* A generated two-turn trace (layer 0 windowed to 5 positions, layer 1 full) through both engines: every policy with
+ * window_evict, its presets and the variants taking other paths (per-KV-head lists, chunked prefill), at budgets 3,
+ * 5 and 9, bit for bit (the later turn's prefill after evictions, a prefill block by block); and the selection
+ * check: a policy that ignores window_evict fails its run in both engines, saying the window. */
+static void test_replay_windows_generated_two_turns(void **state) {
+    (void)state;
+    kvs_test_replay_fixture f;
+    kvs_gen_trace_opts go = kvs_test_grouped_opts(2, 2, 60, -1, 8, 3);
+    assert_int_equal(kvs_test_replay_fixture_make(&go, 2, 7, &f), KVS_OK);
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_memory(&f.mem, &src), KVS_OK);
+    const int32_t windows[2] = {5, 0};
+    src.layer_window = windows;
+    static const char *const extra[] = {"h2o:gqa=mean", "h2o:block=4", "h2o:prefill=budget", "streaming:sinks=2"};
+    enum { MAX_CONFIGS = 256 };
+    static kvs_replay_config cfg[MAX_CONFIGS];
+    static char names[MAX_CONFIGS][128];
+    const int64_t budgets[] = {3, 5, 9};
+    int n = 0;
+    for (int i = 0; i < kvs_policy_count() + 4; i++) {
+        const struct kvs_policy_ops *ops = i < kvs_policy_count() ? kvs_policy_at(i) : NULL;
+        if (ops && !ops->window_evict) continue;
+        for (int k = -1; k < (ops ? ops->n_presets : 0); k++) {
+            char spec[96];
+            if (!ops) snprintf(spec, sizeof spec, "%s", extra[i - kvs_policy_count()]);
+            else if (k < 0) snprintf(spec, sizeof spec, "%s", ops->name);
+            else snprintf(spec, sizeof spec, "%s@%s", ops->name, ops->presets[k].name);
+            for (int b = 0; b < 3; b++) {
+                kvs_replay_config c = {.budget = budgets[b], .budget_fraction = -1};
+                assert_int_equal(kvs_policy_parse(spec, &c.policy), KVS_OK);
+                if (kvs_policy_validate(&c.policy, &src.model, c.budget) != KVS_OK) continue;
+                assert_true(n < MAX_CONFIGS);
+                snprintf(names[n], sizeof names[n], "%.96s at budget %lld", spec, (long long)c.budget);
+                cfg[n++] = c;
+            }
+        }
+    }
+    assert_true(n >= 12);
+    kvs_replay_opts o = {.configs = cfg, .n_configs = n, .threads = 2, .measure = KVS_MEASURE_DECODE, .series_every = 3};
+    kvs_replay_result *fast = NULL, *ref = NULL;
+    assert_int_equal(kvs_replay_execute(&src, &o, &fast), KVS_OK);
+    assert_int_equal(kvs_replay_reference(&src, &o, &ref), KVS_OK);
+    for (int i = 0; i < n; i++) {
+        const kvs_replay_run_result *x = &fast->runs[i], *y = &ref->runs[i];
+        if (x->status != KVS_OK || y->status != KVS_OK)
+            fail_msg("%s: fast %s (%s), reference %s (%s)", names[i], kvs_strerror(x->status), x->error,
+                     kvs_strerror(y->status), y->error);
+        assert_int_equal(x->max_attended, y->max_attended);
+        char what[256];
+        for (int l = 0; l < x->n_layers; l++) {
+            snprintf(what, sizeof what, "%.96s, layer %d", names[i], l);
+            assert_aggs_same(what, &x->layer_aggs[l], &y->layer_aggs[l]);
+        }
+        assert_int_equal(x->n_steps, y->n_steps);
+        for (int64_t k = 0; k < x->n_steps; k++)
+            if (memcmp(x->steps[k].v, y->steps[k].v, sizeof x->steps[k].v))
+                fail_msg("%s: series sample %lld differs", names[i], (long long)k);
+    }
+    kvs_replay_result_free(fast);
+    kvs_replay_result_free(ref);
+    /* the check: policies deaf to the evictions select (full: no stored(), so only the selection tells) or store
+     * (window) positions the window dropped */
+    static const char *const deaf_names[2] = {"full", "window"};
+    static const char *const deaf_says[2] = {"selected position", "outside the layer's sliding window"};
+    for (int k = 0; k < 2; k++) {
+        struct kvs_policy_ops deaf = k ? kvs_policy_window : kvs_policy_full;
+        deaf.window_evict = deaf_evict;
+        kvs_replay_config dc = {.budget = 9, .budget_fraction = -1};
+        assert_int_equal(kvs_policy_parse(deaf_names[k], &dc.policy), KVS_OK);
+        dc.policy.ops = &deaf;
+        kvs_replay_opts od = {.configs = &dc, .n_configs = 1, .threads = 1, .measure = KVS_MEASURE_DECODE};
+        for (int engine = 0; engine < 2; engine++) {
+            kvs_replay_result *r = NULL;
+            assert_int_equal(engine ? kvs_replay_reference(&src, &od, &r) : kvs_replay_execute(&src, &od, &r), KVS_OK);
+            assert_int_equal(r->runs[0].status, KVS_ERR_STATE);
+            if (!strstr(r->runs[0].error, "outside the layer's sliding window") || !strstr(r->runs[0].error, deaf_says[k]))
+                fail_msg("%s, engine %d: %s", deaf_names[k], engine, r->runs[0].error);
+            kvs_replay_result_free(r);
+        }
+    }
+    kvs_test_replay_fixture_free(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_header_round_trip_and_old_layout, kvs_test_tmp_setup, kvs_test_tmp_teardown),
@@ -397,6 +702,9 @@ int main(void) {
                                         kvs_test_cli_teardown),
         cmocka_unit_test(test_verify_window_row_bound),
         cmocka_unit_test_setup_teardown(test_plan_windows_by_hand, kvs_test_tmp_setup, kvs_test_tmp_teardown),
+        cmocka_unit_test(test_replay_window_by_hand),
+        cmocka_unit_test_setup_teardown(test_replay_gemma3_engines, kvs_test_cli_setup, kvs_test_cli_teardown),
+        cmocka_unit_test(test_replay_windows_generated_two_turns),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
