@@ -631,18 +631,16 @@ static kvs_status normalize(const kvs_tokenizer *t, const char *s, size_t n, kvs
  * matcher): with a Prepend("▁") normalizer "<|x|>" is matched as "▁<|x|>", so a text starting with it gives the
  * token alone and the same string after a word is not a match. */
 static kvs_status add_normalized_tokens(kvs_tokenizer *t) {
-    kvs_status st = KVS_OK;
-    kvs_tok_buf norm = {0};
     for (size_t i = 0; i < t->n_added; i++) {
         const kvs_tok_added *ad = &t->added[i];
         if (!ad->normalized || ad->len == 0) continue;
-        norm.len = 0;
-        KVS_TRY(st = normalize(t, ad->content, ad->len, &norm));
-        if (norm.len > 0) KVS_TRY(st = trie_add(&t->added_trie[1], norm.p, norm.len, (int32_t)i));
+        kvs_tok_buf norm = {0}; /* normalize() hands back a buffer of its own */
+        kvs_status st = normalize(t, ad->content, ad->len, &norm);
+        if (st == KVS_OK && norm.len > 0) st = trie_add(&t->added_trie[1], norm.p, norm.len, (int32_t)i);
+        kvs_tok_buf_free(&norm);
+        if (st != KVS_OK) return st;
     }
-cleanup:
-    kvs_tok_buf_free(&norm);
-    return st;
+    return KVS_OK;
 }
 
 kvs_status kvs_tokenizer_load_hf(const char *path, kvs_tokenizer **out) {
