@@ -45,6 +45,9 @@
  *  - Multi-turn: a later turn's prompt is processed in blocks from its first position against what the
  *    earlier turns left (the same Eq. 6 recursion); generated tokens are candidates like prompt tokens.
  *  - GQA: keys only, so one set per KV head shared by its query heads; no query aggregation (POLICY_SPEC §2.5).
+ *  - Sliding-window layers (sim/replay.h): the host's window_evict names the first position still in the window;
+ *    the held positions before it leave at the start of the next eviction event (prefill block or observe), before
+ *    the scores rank what remains, so a budget covering the window keeps all of it.
  * Accounting (POLICY_SPEC §2.5 "Storage", §3): KV resident = S_t (the engine's default, <= B); at a decode
  * step that evicts, the scoring temporaries are transient device memory (anchor: mu (d) + scores (n_c);
  * pairwise: scores + key norms (2 n_c), C(K) accumulated row by row, never materialised; knorm: scores (n_c))
@@ -109,6 +112,7 @@ typedef struct {
     int32_t *top;
     char *mark;
     int64_t alloc;
+    int64_t win_first; /* positions before it are evicted by the host (sliding-window layer, window_evict); 0 otherwise */
 } kd_state;
 
 /* KeyDiff's score from its anchor/pairwise parameters (KNorm passes its own to kvs_keydiff_create). */
@@ -199,6 +203,16 @@ static int64_t kd_last_ranked(const double *score, const char *mark, int64_t n) 
 
 /* One eviction event: the held list pos[0..cnt) (ascending candidates) down to the capacity C. */
 static void kd_evict(kd_state *s, const float *keys) {
+    int64_t out = 0; /* a sliding-window layer's evictions first: the oldest held positions */
+    while (out < s->cnt && s->pos[out] < s->win_first) out++;
+    if (out > 0) {
+        int64_t normed_out = out < s->n_normed ? out : s->n_normed;
+        memmove(s->pos, s->pos + out, (size_t)(s->cnt - out) * sizeof *s->pos);
+        memmove(s->norm, s->norm + normed_out, (size_t)(s->n_normed - normed_out) * sizeof *s->norm);
+        s->cnt -= out;
+        s->n_normed -= normed_out;
+        s->ck_valid = 0; /* the anchor's chunk sums start at the first held key */
+    }
     int64_t nc = s->cnt;
     if (nc <= s->cap) return;
     int64_t scored = nc - s->window, keep = s->cap - s->window;
@@ -268,6 +282,15 @@ static kvs_status keydiff_observe(void *state, const kvs_policy_view *view, cons
     (void)sel;
     (void)probs;
     kd_evict(s, view->k);
+    return KVS_OK;
+}
+
+/* Sliding-window layers (sim/replay.h): takes effect in the next prefill or observe, before the policy's own
+ * eviction, so that a budget covering the window keeps all of it (the host's window check fails a run that holds
+ * an older position). */
+static kvs_status keydiff_window_evict(void *state, int64_t first) {
+    kd_state *s = state;
+    if (first > s->win_first) s->win_first = first;
     return KVS_OK;
 }
 
@@ -363,4 +386,5 @@ const struct kvs_policy_ops kvs_policy_keydiff = {
     .stored = keydiff_stored,
     .prefill_block = keydiff_prefill_block,
     .account = keydiff_account,
+    .window_evict = keydiff_window_evict,
 };

@@ -45,6 +45,8 @@ static kvs_status knorm_observe(void *state, const kvs_policy_view *view, const 
                                 const float *const *probs) {
     return kvs_policy_keydiff.observe(state, view, sel, probs);
 }
+/* the framework's: the oldest held positions leave first, before the next eviction */
+static kvs_status knorm_window_evict(void *state, int64_t first) { return kvs_policy_keydiff.window_evict(state, first); }
 static int64_t knorm_stored(void *state, int g, int32_t *out) { return kvs_policy_keydiff.stored(state, g, out); }
 static void knorm_account(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel, kvs_policy_cost *out) {
     kvs_policy_keydiff.account(state, view, sel, out);
@@ -69,4 +71,5 @@ const struct kvs_policy_ops kvs_policy_knorm = {
     .prefill_block = knorm_prefill_block,
     .account = knorm_account,
     .scores = kvs_keydiff_norm_scores,
+    .window_evict = knorm_window_evict,
 };
