@@ -811,6 +811,17 @@ kvs_plan_footprint kvs_plan_footprint_windowed(const kvs_plan_policy *pol, const
     return f;
 }
 
+kvs_plan_reads kvs_plan_reads_windowed(const kvs_plan_policy *pol, const kvs_plan_setup *s, int64_t prompt, int64_t n) {
+    kvs_plan_reads r = kvs_plan_reads_at(pol, s, prompt, n);
+    const int64_t w = s->model.window;
+    if (w <= 0 || n <= w) return r;
+    const kvs_plan_policy full = {.kind = KVS_PLAN_FULL};
+    const kvs_plan_reads cap = kvs_plan_reads_at(&full, s, prompt < w ? prompt : w, w);
+    if (r.kv > cap.kv) r.kv = cap.kv;
+    if (r.attended > (double)w) r.attended = (double)w;
+    return r;
+}
+
 /* Device bytes per (layer, KV head), summed over the model's layers: full layers, then sliding-window ones. */
 static double layers_device(const kvs_plan_setup *s, const kvs_plan_policy *pol, int64_t prompt, int64_t n) {
     const int32_t lw = s->model.window > 0 ? s->model.window_layers : 0;

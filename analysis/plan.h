@@ -338,6 +338,12 @@ typedef struct {
  *  rule's factor), at most the tokens seen, else its device footprint. */
 kvs_plan_reads kvs_plan_reads_at(const kvs_plan_policy *pol, const kvs_plan_setup *s, int64_t prompt, int64_t n);
 
+/*! kvs_plan_reads_windowed() : the reads of one decode step of a sliding-window layer of s->model per (layer, KV
+ *  head): the policy's own (kvs_plan_reads_at) with the K/V read capped by the full cache's read of min(n, window)
+ *  positions and the positions attended capped at min(n, window) (a position that left the window is neither held
+ *  nor attended); the auxiliary reads as the policy's. kvs_plan_reads_at when the model has no window or n <= it. */
+kvs_plan_reads kvs_plan_reads_windowed(const kvs_plan_policy *pol, const kvs_plan_setup *s, int64_t prompt, int64_t n);
+
 /*! kvs_plan_aux_factor() : what the measured auxiliary bytes of `p` are multiplied by on the planned setup `s` (the
  *  rule's copies x head_dim x element factors, plan.h), in the steady state. */
 double kvs_plan_aux_factor(const kvs_plan_profile *p, const kvs_plan_setup *s);

@@ -184,15 +184,33 @@ static void finish(kvs_plan_phase *ph, const kvs_plan_setup *s, const kvs_plan_t
     ph->layer_seconds = (lc > lm ? lc : lm) + (L > 0 ? (ph->t_pcie + ph->t_comm) / L : 0);
 }
 
+/* The layers of the model with a sliding window (analysis/plan.h kvs_plan_model.window_layers), 0 without. */
+static double window_layers(const kvs_plan_model *m) { return m->window > 0 ? m->window_layers : 0; }
+
+/* The (query, key) pairs one head attends over a causal prompt of P positions: P (P + 1) / 2 on a full layer; on a
+ * sliding-window layer of window W each position p attends min(p + 1, W): W (W + 1) / 2 + (P - W) W past W. */
+static double prompt_pairs(double P, double W) {
+    if (W <= 0 || P <= W) return P * (P + 1) / 2;
+    return W * (W + 1) / 2 + (P - W) * W;
+}
+
 kvs_plan_phase kvs_plan_prefill(const kvs_plan_setup *s, const kvs_plan_time_setup *t, int64_t prompt,
                                 int64_t batch) {
     const kvs_plan_model *m = &s->model;
     const double P = (double)prompt, b = (double)batch, L = m->n_layers, d = m->head_dim;
     const double h = m->hidden, q = (double)m->n_heads * d, kv = (double)m->n_kv_heads * d, f = m->intermediate;
+    /* 4 d FLOPs per attended pair (QK^T and PV), summed over the layers: full ones, then sliding-window ones */
+    const double Lw = window_layers(m);
+    const double pairs = (L - Lw) * prompt_pairs(P, 0) + Lw * prompt_pairs(P, m->window);
     kvs_plan_phase ph = {0};
-    ph.flops = b * (2.0 * kvs_plan_matmul_params(m) * P + L * m->n_heads * 2.0 * d * P * (P + 1));
+    if (Lw > 0) {
+        ph.flops = b * (2.0 * kvs_plan_matmul_params(m) * P + m->n_heads * 4.0 * d * pairs);
+        ph.layer_flops = b * (2.0 * kvs_plan_layer_params(m) * P + m->n_heads * 4.0 * d * pairs / L);
+    } else { /* every layer full: L (P (P + 1) / 2) pairs, written as before windows existed (the same bits) */
+        ph.flops = b * (2.0 * kvs_plan_matmul_params(m) * P + L * m->n_heads * 2.0 * d * P * (P + 1));
+        ph.layer_flops = b * (2.0 * kvs_plan_layer_params(m) * P + m->n_heads * 2.0 * d * P * (P + 1));
+    }
     ph.bytes = kvs_plan_weight_bytes(s) + b * P * L * (4 * h + 2 * q + 2 * kv + 3 * f) * ACT_BYTES;
-    ph.layer_flops = b * (2.0 * kvs_plan_layer_params(m) * P + m->n_heads * 2.0 * d * P * (P + 1));
     ph.layer_bytes = kvs_plan_layer_params(m) * s->weight_elem_bytes +
                      b * P * (4 * h + 2 * q + 2 * kv + 3 * f) * ACT_BYTES;
     ph.t_comm = comm_time(s, &t->hw, b * P);
@@ -204,15 +222,27 @@ kvs_plan_phase kvs_plan_decode_step(const kvs_plan_setup *s, const kvs_plan_time
                                     int64_t prompt, int64_t n, int64_t batch) {
     const kvs_plan_model *m = &s->model;
     const double b = (double)batch, L = m->n_layers;
+    /* the reads summed over the layers: full ones, then sliding-window ones (capped at their window) */
+    const double Lw = window_layers(m), Lf = L - Lw;
     const kvs_plan_reads r = kvs_plan_reads_at(pol, s, prompt, n);
     const kvs_plan_footprint fp = kvs_plan_footprint_at(pol, s, prompt, n);
     kvs_plan_phase ph = {0};
-    ph.flops = b * (2.0 * kvs_plan_matmul_params(m) + L * m->n_heads * 4.0 * m->head_dim * r.attended);
     /* the KV heads spread over the GPUs: the busiest GPU holds kv_share of them, N · kv_share in total */
     const double N = gpus_of(s), share = kv_share(s) * N;
-    ph.bytes = kvs_plan_weight_bytes(s) + b * L * m->n_kv_heads * share * (r.kv + r.aux);
-    ph.layer_flops = b * (2.0 * kvs_plan_layer_params(m) + m->n_heads * 4.0 * m->head_dim * r.attended);
-    ph.layer_bytes = kvs_plan_layer_params(m) * s->weight_elem_bytes + b * m->n_kv_heads * share * (r.kv + r.aux);
+    if (Lw > 0) {
+        const kvs_plan_reads rw = kvs_plan_reads_windowed(pol, s, prompt, n);
+        const double att = Lf * r.attended + Lw * rw.attended, reads = Lf * (r.kv + r.aux) + Lw * (rw.kv + rw.aux);
+        ph.flops = b * (2.0 * kvs_plan_matmul_params(m) + m->n_heads * 4.0 * m->head_dim * att);
+        ph.bytes = kvs_plan_weight_bytes(s) + b * m->n_kv_heads * share * reads;
+        /* one layer: the mean layer's attention and reads (a hybrid model's full and windowed layers differ) */
+        ph.layer_flops = b * (2.0 * kvs_plan_layer_params(m) + m->n_heads * 4.0 * m->head_dim * att / L);
+        ph.layer_bytes = kvs_plan_layer_params(m) * s->weight_elem_bytes + b * m->n_kv_heads * share * reads / L;
+    } else {
+        ph.flops = b * (2.0 * kvs_plan_matmul_params(m) + L * m->n_heads * 4.0 * m->head_dim * r.attended);
+        ph.bytes = kvs_plan_weight_bytes(s) + b * L * m->n_kv_heads * share * (r.kv + r.aux);
+        ph.layer_flops = b * (2.0 * kvs_plan_layer_params(m) + m->n_heads * 4.0 * m->head_dim * r.attended);
+        ph.layer_bytes = kvs_plan_layer_params(m) * s->weight_elem_bytes + b * m->n_kv_heads * share * (r.kv + r.aux);
+    }
     ph.t_pcie = t->hw.host_bw > 0 ? b * L * m->n_kv_heads * kv_share(s) * fp.transfer / t->hw.host_bw : 0;
     ph.t_comm = comm_time(s, &t->hw, b);
     finish(&ph, s, t);

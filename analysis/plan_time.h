@@ -21,6 +21,11 @@
  *                                                                     tokens: on the critical path, not overlapped)
  *   comm(t tokens) = 2 · L all-reduces of t · h · act_bytes bytes, each 2 (N-1)/N · S / link BW (a ring; Megatron
  *     has one after attention and one after the MLP of every layer); 0 for N = 1. Latency per message not counted.
+ *   Sliding-window layers (kvs_plan_model.window / window_layers; Gemma-3's local layers, `kvsim plan --window`):
+ *     such a layer attends min(p + 1, W) positions at position p, so its prefill pairs are W (W + 1)/2 + (P - W) W
+ *     past W (P (P + 1)/2 up to it), and a decode step's K/V read and attended positions are capped at the full
+ *     cache's of min(n, W) positions (kvs_plan_reads_windowed); the sums above run over the layers, full and
+ *     windowed, and a phase's per-layer figures are the mean layer's.
  *   Per layer: the same with one layer's weights (kvs_plan_layer_params), its attention and its share of the reads,
  *   transfers and all-reduces; the rest of the total is the classifier (and, read once per step, the embedding).
  *   TPOT = the mean step time over the response (n = P+1 .. P+R, sampled at up to 256 evenly spaced steps);

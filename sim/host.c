@@ -466,6 +466,7 @@ struct kvs_host_rep {
     uint32_t *mark;           /* [N] == stamp: in the set being built */
     uint32_t stamp;
     uint8_t *has_queries;     /* [H] think: the head's prompt queries were given */
+    int64_t window;           /* the layer's attention window (kvs_host_rep_window), 0 = full causal attention */
 };
 
 kvs_status kvs_host_rep_create(const kvs_codec *c, const kvs_policy_model *m, kvs_host_rep **out) {
@@ -532,6 +533,8 @@ kvs_status kvs_host_rep_sync(kvs_host_rep *r, const float *const *k, const float
 
 int kvs_host_rep_active(const kvs_host_rep *r) { return r && r->active; }
 
+void kvs_host_rep_window(kvs_host_rep *r, int64_t window) { r->window = window > 0 ? window : 0; }
+
 const float *kvs_host_rep_rows(const kvs_host_rep *r, int h, kvs_codec_tensor t, const float *captured) {
     return r && r->active ? kvs_codec_state_rows(r->st[h], t) : captured;
 }
@@ -570,9 +573,8 @@ kvs_status kvs_host_rep_cost(kvs_host_rep *r, int h, const struct kvs_policy_ops
         for (int64_t j = 0; j < sel->n[li]; j++)
             if (r->mark[sel->idx[li][j]] != us) r->mark[sel->idx[li][j]] = us, r->pos[n_union++] = sel->idx[li][j];
     }
-    if (!ops->stored) { /* every position seen, stored once */
-        for (int64_t j = 0; j <= p; j++) r->pos[j] = j;
-        n_union = p + 1;
+    if (!ops->stored) { /* every position seen, stored once: on a sliding-window layer the window's */
+        for (int64_t j = kvs_host_window_first(r->window, p); j <= p; j++) r->pos[n_union++] = j;
     }
     if ((st = rep_bytes(r, h, n_union, &x)) != KVS_OK) return st;
     c->dedup_kv_bytes = x;
@@ -623,6 +625,7 @@ struct kvs_host_page {
     struct page_key *keys;/* [n_pages] candidates ranked by score (the score rules) */
     int64_t *plist, *ulist; /* [n_pages] one list's resident pages, the union's (kvs_host_page_cost) */
     int32_t *stored;      /* [n_positions + 1] a policy's stored() answer */
+    int64_t window;       /* the layer's attention window (kvs_host_page_window), 0 = full causal attention */
 };
 
 kvs_status kvs_host_page_create(int64_t n_positions, int64_t page_tokens, const kvs_turn *turns, int64_t n_turns,
@@ -677,6 +680,8 @@ void kvs_host_page_free(kvs_host_page *pg) {
     free(pg->ulist);
     free(pg);
 }
+
+void kvs_host_page_window(kvs_host_page *pg, int64_t window) { pg->window = window > 0 ? window : 0; }
 
 int64_t kvs_host_page_cap(const kvs_host_page *pg, kvs_policy_budget_scope scope, int64_t budget, const int32_t *idx,
                           int64_t n, int64_t p) {
@@ -746,7 +751,10 @@ int64_t kvs_host_page_map(kvs_host_page *pg, const int32_t *idx, const float *co
     for (int64_t k = 0; k < take; k++) pg->chosen[pg->cand[k]] = ch;
     pg->chosen[newest] = ch;
     pg->cand[take] = newest;
-    /* S_t's entries on chosen pages, in S_t's order, then the chosen pages' other positions <= p, ascending */
+    /* S_t's entries on chosen pages, in S_t's order, then the chosen pages' other positions <= p, ascending; on a
+     * sliding-window layer only those inside the window (a page straddling its edge is masked there, as a
+     * sliding-window kernel does) */
+    int64_t first = kvs_host_window_first(pg->window, p);
     uint32_t xs = next_stamp(&pg->x_stamp, pg->xmark, (size_t)pg->n_positions);
     for (int64_t j = 0; j < n; j++) {
         if (pg->chosen[idx[j] / P] != ch) {
@@ -762,6 +770,7 @@ int64_t kvs_host_page_map(kvs_host_page *pg, const int32_t *idx, const float *co
     qsort(pg->cand, (size_t)take + 1, sizeof *pg->cand, cmp_desc_i64);
     for (int64_t k = take; k >= 0; k--) { /* ascending pages */
         int64_t lo = pg->cand[k] * P, hi = lo + P <= p + 1 ? lo + P : p + 1;
+        if (lo < first) lo = first;
         for (int64_t x = lo; x < hi; x++)
             if (pg->xmark[x] != xs) att[m] = (int32_t)x, att_k[m] = att_v[m] = NULL, m++;
     }
@@ -794,9 +803,9 @@ kvs_status kvs_host_page_cost(kvs_host_page *pg, kvs_host_rep *rep, int h, const
     double pages = 0, uni = 0, read = 0, kv_codec = 0, uni_codec = 0, x;
     int64_t n_uni = 0;
     kvs_status st;
-    if (!ops->stored) { /* every position seen, stored once: every page so far */
-        pages = uni = (double)(p / P + 1);
-        for (int64_t q = 0; q <= p / P; q++) pg->ulist[n_uni++] = q;
+    if (!ops->stored) { /* every position seen, stored once: every page so far holding one of the window's */
+        for (int64_t q = kvs_host_window_first(pg->window, p) / P; q <= p / P; q++) pg->ulist[n_uni++] = q;
+        pages = uni = (double)n_uni;
     } else {
         uint32_t us = next_stamp(&pg->union_stamp, pg->umark, nps);
         for (int li = 0; li < sel->n_lists; li++) {

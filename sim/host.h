@@ -96,7 +96,17 @@ uint64_t kvs_host_instance_seed(uint64_t run_seed, int layer, int kv_head);
  *  - with a codec (the representation stage below) the attended set's rows are the codec's, as without pages, and
  *    the KV classes count whole pages of the codec's bytes (kvs_host_page_cost);
  *  - the page size enters the run's identity (kvs_host_identity.page_tokens) only when set, so a run without pages
- *    keeps its seed; a score rule (max, sum) enters it beside the page size. */
+ *    keeps its seed; a score rule (max, sum) enters it beside the page size;
+ *  - on a sliding-window layer (window W, kvs_host_page_window; sim/replay.h "Sliding-window layers") pages stay
+ *    aligned blocks of absolute positions, and what a paged serving system with a sliding window does is what is
+ *    counted: vLLM (the sliding-window KV manager) frees a block only once every position of it has left the
+ *    window, and the attention kernel masks the positions of a straddling block that lie before the window. So at
+ *    position p (window's first position lo = p - W + 1) the attended set is the chosen pages' positions in
+ *    [lo, p] only (never one outside the window), while a resident page counts all its N slots, those behind the
+ *    window included, as long as it holds a position the policy keeps (stored() ∪ S_t, in the window after the
+ *    host's evictions); a policy without stored() holds every page from lo's to p's. The KV read is the attended
+ *    positions, as above. So a full cache of page size N on such a layer holds floor(p/N) - floor(lo/N) + 1 pages:
+ *    up to ceil((W - 1)/N) + 1 of them, at most 2 (N - 1) slots more than the window. */
 typedef struct kvs_host_page kvs_host_page;
 typedef struct kvs_host_rep kvs_host_rep; /* the representation stage (below) */
 
@@ -127,6 +137,10 @@ void kvs_host_page_free(kvs_host_page *pg);
 
 /*! kvs_host_page_cap() : C, the pages one list of S_t (idx[0..n), positions <= p) may attend at position p under
  *  a policy of budget scope `scope` with that list's budget `budget` (the rule above). */
+/*! kvs_host_page_window() : the attention window of the layer the following maps and costs are of (0 = full causal
+ *  attention; the rule above). */
+void kvs_host_page_window(kvs_host_page *pg, int64_t window);
+
 int64_t kvs_host_page_cap(const kvs_host_page *pg, kvs_policy_budget_scope scope, int64_t budget, const int32_t *idx,
                           int64_t n, int64_t p);
 
@@ -167,6 +181,11 @@ kvs_status kvs_host_page_cost(kvs_host_page *pg, kvs_host_rep *rep, int h, const
  *    seen for a policy without stored()), its union for the dedup count, the attended entries for the K/V read,
  *    plus kvs_codec_layer_bytes() shared equally by the layer's KV heads; the new token's write and every
  *    auxiliary count are the policy's as without a codec (kvs_host_rep_cost).
+ *  - on a sliding-window layer (kvs_host_rep_window) nothing changes but what exists: the codec still represents every
+ *    position (its state does not depend on the window, as it does not on the policy), a policy attends over the
+ *    codec's rows of positions inside the window only (the host's evictions and the selection check see to it), the
+ *    reference is the full-precision windowed attention, and a policy without stored() holds the codec's bytes of the
+ *    window's positions rather than of every position seen.
  * One kvs_host_rep holds the codec state of every KV head of one layer for one codec; configurations with the same
  * codec may share one (its rows do not depend on the policy: the codec represents every position as if nothing
  * were evicted). */
@@ -189,6 +208,9 @@ kvs_status kvs_host_rep_prompt_queries(kvs_host_rep *r, int h, const float *q, i
  *  head advanced to n. k[h], v[h] = KV head h's history rows (at least n of them; only rows < n are read). n never
  *  goes back. The codec's error (a non-finite row: KVS_ERR_RANGE) otherwise. */
 kvs_status kvs_host_rep_sync(kvs_host_rep *r, const float *const *k, const float *const *v, int64_t n);
+
+/*! kvs_host_rep_window() : the attention window of the stage's layer (0 = full causal attention; the rule above). */
+void kvs_host_rep_window(kvs_host_rep *r, int64_t window);
 
 /*! kvs_host_rep_active() : 1 once the stage is past the first prompt (its rows are the codec's). */
 int kvs_host_rep_active(const kvs_host_rep *r);

@@ -461,6 +461,7 @@ static kvs_status task_alloc(task *t) {
         if (t->rep[ci]) continue;
         kvs_status rst = kvs_host_rep_create(c, &e->src->model, &t->rep[ci]);
         if (rst != KVS_OK) return rst;
+        kvs_host_rep_window(t->rep[ci], t->window);
         t->rep_owner[ci] = 1;
     }
     t->pages = calloc((size_t)t->nc, sizeof *t->pages);
@@ -472,6 +473,7 @@ static kvs_status task_alloc(task *t) {
         any_page = 1;
         kvs_status pst = kvs_host_page_create(e->N, page, e->src->turns, e->src->n_turns, &t->pages[ci]);
         if (pst != KVS_OK) return pst;
+        kvs_host_page_window(t->pages[ci], t->window);
     }
     if (any_page) {
         t->att_idx = calloc(G, sizeof *t->att_idx);
@@ -980,6 +982,8 @@ static kvs_status head_page(task *t, int ci, int h, int64_t p, int measured, con
     if (measured)
         st = measure_heads(t, ci, h, 0, e->G, p, att.n_lists, (const int32_t *const *)att.idx, att.n, t->att_merged,
                            (const float *const *const *)att.row_k, t->outp, &cost, 0);
+    /* what the next position cannot attend is gone before the policy decides what to keep (head_finish) */
+    if (st == KVS_OK) st = kvs_host_window_evict(ops, state, kvs_host_window_first(t->window, p + 1));
     if (st == KVS_OK && ops->observe) st = ops->observe(state, view, sel, (const float *const *)t->pbuf);
     for (int li = 0; li < sel->n_lists; li++) /* keep the row arrays all NULL for the next select() */
         if (has_merged[li]) {
@@ -1170,8 +1174,11 @@ static void decode_position(task *t, const kvs_trace_block *const *blk, int i, i
 /* A measured prompt position (--measure all|prefill): S = what the policy held after the previous prefill
  * call (earlier turns, or the previous block of a chunked prefill), positions before the current block,
  * plus the block's positions up to p: chunked-prefill attention against the compressed cache (full causal
- * attention for turn 0 without blocks). Storage: S resident; the rest of the block is transient (its K/V
- * are computed with the block), so the peak is the held positions + the whole block. */
+ * attention for turn 0 without blocks). On a sliding-window layer S keeps only the positions inside p's window
+ * (a prefill kernel with a sliding window masks the older ones, which the cache may still hold until the next
+ * prefill call evicts them): windowed attention for turn 0 without blocks. Storage: S resident; the rest of the
+ * block is transient (its K/V are computed with the block), so the peak is the held positions + the whole
+ * block. */
 static kvs_status prompt_measure(task *t, int ci, int64_t p, int64_t tk) {
     engine *e = t->e;
     const struct kvs_policy_ops *ops = e->o->configs[t->c_lo + ci].policy.ops;
@@ -1181,20 +1188,21 @@ static kvs_status prompt_measure(task *t, int ci, int64_t p, int64_t tk) {
     int64_t bb = t->blk_begin[ci];
     int64_t be = t->blk_size[ci] > 0 ? bb + t->blk_size[ci] : turn->prompt_end;
     if (be > turn->prompt_end) be = turn->prompt_end;
+    int64_t lo = kvs_host_window_first(t->window, p); /* 0 on a full-attention layer */
     for (int h = 0; h < e->Hkv; h++) {
         void *state = config_states(t, ci)[h];
         for (int li = 0; li < n_lists; li++) {
             int64_t m = 0;
             if (ops->stored) {
                 m = ops->stored(state, li, t->stored);
-                int64_t w = 0; /* keep only positions before the block (the block is added below) */
+                int64_t w = 0; /* keep only positions in the window before the block (the block is added below) */
                 for (int64_t j = 0; j < m; j++)
-                    if (t->stored[j] < bb) t->stored[w++] = t->stored[j];
+                    if (t->stored[j] < bb && t->stored[j] >= lo) t->stored[w++] = t->stored[j];
                 m = w;
             } else {
-                for (int64_t j = 0; j < bb; j++) t->stored[m++] = (int32_t)j;
+                for (int64_t j = lo; j < bb; j++) t->stored[m++] = (int32_t)j;
             }
-            for (int64_t j = bb; j <= p; j++) t->stored[m++] = (int32_t)j;
+            for (int64_t j = bb > lo ? bb : lo; j <= p; j++) t->stored[m++] = (int32_t)j;
             memcpy(t->sel_idx[li], t->stored, (size_t)m * sizeof(int32_t));
             t->sel_n[li] = m;
         }
@@ -1640,20 +1648,14 @@ static kvs_status allocation_pass(engine *e) {
  * Public entry points
  * ---------------------------------------------------------------------------------------------- */
 
-/* What the replay of a sliding-window layer (replay.h "Sliding-window layers") does not support yet is refused here,
- * naming the layer and what to change, rather than measured against the wrong reference: prompt positions
- * (--measure all / prefill: their chunked-prefill attended set is not windowed), page granularity (whole pages may
- * reach behind the window), a representation codec (untested with windows) and a policy without window_evict (it
- * cannot be told what the window dropped). */
+/* What the replay of a sliding-window layer (replay.h "Sliding-window layers") does not support is refused here,
+ * naming the layer and the policy, rather than measured against the wrong reference: a policy without window_evict
+ * (it cannot be told what the window dropped). */
 static kvs_status validate_windows(const kvs_replay_source *src, const kvs_replay_opts *o) {
     const kvs_policy_model *m = &src->model;
     for (int l = 0; src->layer_window && l < m->n_layers; l++) {
         int32_t w = src->layer_window[l];
         if (w <= 0 || w >= m->n_positions) continue; /* full attention over this trace */
-        if (o->measure != KVS_MEASURE_DECODE)
-            return kvs_fail(KVS_ERR_UNSUPPORTED, "layer %d attends to a sliding window of %d positions: measuring "
-                            "prompt positions (--measure all / prefill) of a sliding-window layer is not supported; "
-                            "use --measure decode", l, (int)w);
         for (int c = 0; c < o->n_configs; c++) {
             const struct kvs_policy_ops *ops = o->configs[c].policy.ops;
             if (!ops->window_evict)
@@ -1661,12 +1663,6 @@ static kvs_status validate_windows(const kvs_replay_source *src, const kvs_repla
                                 "has %lld: policy %s cannot replay a sliding-window layer (it has no window_evict, so it "
                                 "cannot be told what the window dropped)", l, (int)w, (long long)m->n_positions,
                                 ops->name);
-            if (kvs_replay_page_of(o, c) > 0)
-                return kvs_fail(KVS_ERR_UNSUPPORTED, "layer %d attends to a sliding window of %d positions: page "
-                                "granularity (--page) is not supported on sliding-window layers", l, (int)w);
-            if (kvs_replay_codec_of(o, c))
-                return kvs_fail(KVS_ERR_UNSUPPORTED, "layer %d attends to a sliding window of %d positions: a "
-                                "representation codec (--codec) is not supported on sliding-window layers", l, (int)w);
         }
     }
     return KVS_OK;

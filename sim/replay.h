@@ -31,9 +31,15 @@
  *    layer's W (and an attend-then-evict policy never spends its own eviction on a position the window drops
  *    anyway), and the selection check fails a run that still selects or stores an older position at p. A budget
  *    >= W then attends exactly the window (zero error: tests/test_windows.c). Resident bytes and traffic of such a layer count at most min(W, p+1)
- *    positions (a policy without stored() holds the window's). Refused (kvs_replay_validate, with the layer
- *    named) rather than measured against the wrong reference: a policy without window_evict, --measure all /
- *    prefill, page granularity and codecs on a trace with a layer whose window is shorter than the trace. A window
+ *    positions (a policy without stored() holds the window's). A measured prompt position p (--measure all /
+ *    prefill) attends what of the held positions and of its prefill block up to p lies in p..p-W+1 (the chunked
+ *    prefill's kernel masks the rest), against the windowed reference: windowed causal attention for turn 0
+ *    without blocks, error 0. Page granularity keeps pages as aligned blocks of absolute positions: the attended
+ *    set never holds a position outside the window, a resident page counts whole while it holds a kept position
+ *    (sim/host.h "page granularity": what vLLM's sliding-window manager holds). A codec attends its rows of the
+ *    window's positions (sim/host.h "the representation stage"). Refused (kvs_replay_validate, with the layer and
+ *    the policy named) rather than measured against the wrong reference: a policy without window_evict on a trace
+ *    with a layer whose window is shorter than the trace (tests/test_windows_measure.c covers the rest). A window
  *    at least as long as the trace is full attention and replays as such. Both engines follow these rules; the
  *    fast one computes a sliding-window layer's reference row by row (kvs_attention over the window), without the
  *    blocked kernel or the reuse of its scores.

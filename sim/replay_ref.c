@@ -15,7 +15,10 @@
  * Hooks, progress reports, kv16, the memo and the blocking options of kvs_replay_opts are not used.
  * Sliding-window layers (replay.h "Sliding-window layers"): the full attention at p is over the window's positions
  * only (probabilities of older positions exactly 0), the host evicts what the next position cannot attend before
- * each prefill and observe, and the check refuses a selection or a stored position older than the window.
+ * each prefill and observe, and the check refuses a selection or a stored position older than the window. A
+ * measured prompt position attends only what of the held positions and the block lies in its window; under pages
+ * the attended set keeps the chosen pages' positions inside the window while a resident page counts whole (sim/host.h
+ * "page granularity"); a codec's bytes without stored() are the window's positions'.
  */
 #include "replay.h"
 
@@ -329,6 +332,7 @@ static kvs_status prompt_step(ref_run *r, int layer, int64_t p, int64_t bb, int6
     const struct kvs_policy_ops *ops = r->rc->policy.ops;
     const kvs_policy_model *m = &r->src->model;
     size_t N = (size_t)r->N, d = (size_t)r->d, G = (size_t)r->G;
+    int64_t lo = kvs_host_window_first(r->window, p); /* a sliding-window layer attends lo..p only */
     for (int h = 0; h < r->H; h++) {
         double slots = 0;
         for (int li = 0; li < r->n_lists; li++) {
@@ -336,11 +340,13 @@ static kvs_status prompt_step(ref_run *r, int layer, int64_t p, int64_t bb, int6
             if (ops->stored) {
                 int64_t ms = ops->stored(r->states[h], li, r->stored);
                 for (int64_t j = 0; j < ms; j++)
-                    if (r->stored[j] < bb) r->idx[li][k++] = r->stored[j];
+                    if (r->stored[j] < bb && r->stored[j] >= lo) r->idx[li][k++] = r->stored[j];
             } else {
-                for (int64_t j = 0; j < bb; j++) r->idx[li][k++] = (int32_t)j;
+                for (int64_t j = 0; j < bb; j++)
+                    if (j >= lo) r->idx[li][k++] = (int32_t)j;
             }
-            for (int64_t j = bb; j <= p; j++) r->idx[li][k++] = (int32_t)j;
+            for (int64_t j = bb; j <= p; j++)
+                if (j >= lo) r->idx[li][k++] = (int32_t)j;
             r->n[li] = k;
             slots += (double)k;
         }
@@ -466,7 +472,7 @@ static void page_map(ref_run *r, void *state, const kvs_policy_sel *sel, int li,
         r->mark[x] = 1;
         r->place[li][j] = (int32_t)m++;
     }
-    for (int64_t x = 0; x <= p; x++)
+    for (int64_t x = kvs_host_window_first(r->window, p); x <= p; x++) /* never a position outside the window */
         if (r->ptake[x / P] && !r->mark[x]) r->aidx[li][m] = (int32_t)x, r->ark[li][m] = r->arv[li][m] = NULL, m++;
     memset(r->mark, 0, (size_t)p + 1);
     r->an[li] = m;
@@ -501,10 +507,11 @@ static kvs_status page_cost(ref_run *r, int h, void *state, const kvs_policy_vie
     double kv_codec = 0, uni_codec = 0, read_codec = 0, x;
     kvs_status st;
     memset(r->umark, 0, (size_t)n_pages);
+    int64_t first_page = kvs_host_window_first(r->window, p) / P; /* the oldest page holding a window position */
     for (int li = 0; li < sel->n_lists; li++) {
         memset(r->ptake, 0, (size_t)n_pages);
         if (!ops->stored) {
-            memset(r->ptake, 1, (size_t)n_pages);
+            memset(r->ptake + first_page, 1, (size_t)(n_pages - first_page));
         } else {
             int64_t ms = ops->stored(state, li, r->stored);
             for (int64_t k = 0; k < ms; k++) r->ptake[r->stored[k] / P] = 1;
@@ -521,7 +528,8 @@ static kvs_status page_cost(ref_run *r, int h, void *state, const kvs_policy_vie
         }
     }
     if (coded && (st = page_codec_bytes(r, h, r->umark, n_pages, p, &uni_codec)) != KVS_OK) return st;
-    if (!ops->stored) pages = uni = n_pages, kv_codec = uni_codec; /* every position seen, stored once */
+    if (!ops->stored) /* every position seen (of the window), stored once */
+        pages = uni = n_pages - first_page, kv_codec = uni_codec;
     memset(r->umark, 0, (size_t)n_pages);
     for (int li = 0; li < sel->n_lists; li++) {
         read += r->an[li];
@@ -581,6 +589,8 @@ static kvs_status page_step(ref_run *r, int layer, int h, int64_t p, int measure
                               r->out + (size_t)g * d, &cost, measured_steps)) != KVS_OK)
                 return st;
         }
+    /* what the next position cannot attend is gone before the policy decides what to keep */
+    if ((st = kvs_host_window_evict(ops, state, kvs_host_window_first(r->window, p + 1))) != KVS_OK) return st;
     if (ops->observe && (st = ops->observe(state, view, sel, (const float *const *)r->probs)) != KVS_OK) return st;
     for (int li = 0; li < sel->n_lists; li++)
         for (int64_t j = 0; j < sel->n[li]; j++) sel->row_k[li][j] = sel->row_v[li][j] = NULL;
@@ -669,6 +679,7 @@ static kvs_status run_layer(ref_run *r, int layer, uint64_t run_seed, const void
     kvs_host_rep_free(r->rep);
     r->rep = NULL;
     if (r->codec && (st = kvs_host_rep_create(r->codec, &r->src->model, &r->rep)) != KVS_OK) return st;
+    if (r->rep) kvs_host_rep_window(r->rep, r->window);
     for (int h = 0; h < r->H; h++) {
         r->hk[h] = r->ld.k + (size_t)h * (size_t)r->N * (size_t)r->d;
         r->hv[h] = r->ld.v + (size_t)h * (size_t)r->N * (size_t)r->d;
