@@ -13,7 +13,8 @@
  *   window's positions (d bytes of K and d of V each), the first prompt in full precision (error 0);
  * - both engines bit for bit (kvs_replay_execute against kvs_replay_reference) for every policy listed with
  *   window_evict, chunked prefill and per-query-head lists, under --measure all and prefill, pages of 2 and 4 (both
- *   score rules), four codecs and a codec with pages; nothing attended outside the window;
+ *   score rules), four codecs and a codec with pages; nothing attended outside the window; and a capture of the tiny
+ *   Gemma-3 fixture (fp16 K/V: the fast engine's 16-bit history) the same way;
  * - the roofline of a hybrid model (--window 8/2 on a 4-layer shape): the decode step's K/V reads and attention
  *   FLOPs of a windowed layer capped at min(W, n) positions, the prefill's attention pairs at sum min(p + 1, W), each
  *   against numbers computed here by hand.
@@ -39,8 +40,11 @@
 #include "sim/host.h"
 #include "sim/replay.h"
 #include "sim/replay_mem.h"
+#include "tests/util/cli_run.h"
 #include "tests/util/gen_trace.h"
 #include "tests/util/replay_fixture.h"
+#include "tests/util/testenv.h"
+#include "trace/trace.h"
 
 /* Attention in double of query q over rows [first, last] of k/v (row j at j * stride); the probabilities into
  * pr[first..last]. */
@@ -403,6 +407,74 @@ static void test_engines_bit_for_bit(void **state) {
     kvs_test_replay_fixture_free(&f);
 }
 
+/* A capture of the tiny Gemma-3 fixture (tests/fixtures/gemma3_tiny: windows 6,0,6,6 over 33 positions, fp16) through
+ * both engines, --measure all, a codec and pages of 4 in turn, and the full cache with both: bit for bit, the full
+ * cache's error 0 without a codec (its pages attend exactly the window), at most the window attended on the windowed
+ * layers. */
+static void test_gemma3_engines_all_pages_codec(void **state) {
+    kvs_test_cli_fx *f = *state;
+    if (!kvs_test_kvsim_bin()) skip();
+    char path[256], fixture[4096];
+    snprintf(path, sizeof path, "%s/g.kvt", f->dir);
+    snprintf(fixture, sizeof fixture, "%s/tests/fixtures/gemma3_tiny", kvs_test_root());
+    const char *args[] = {"capture", "--model", fixture, "--prompt-ids", "17,42,5,9,11,30,31,32", "--steps", "24",
+                          "--ignore-eos", "--out", path, NULL};
+    assert_int_equal(kvs_test_cli_run(f, args), 0);
+    kvs_trace *t = NULL;
+    assert_int_equal(kvs_trace_open(path, &t), KVS_OK);
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_trace(t, &src), KVS_OK);
+    assert_non_null(src.layer_window);
+    static const char *const specs[] = {"window", "h2o", "snapkv", "tova", "keydiff", "full"};
+    enum { NS = 6, NB = 2 };
+    const int64_t budgets[NB] = {3, 8};
+    kvs_replay_config cfg[NS * NB];
+    int n = 0;
+    for (int i = 0; i < NS; i++)
+        for (int b = 0; b < NB; b++) {
+            kvs_replay_config c = config_of(specs[i], budgets[b]);
+            if (kvs_policy_validate(&c.policy, &src.model, c.budget) == KVS_OK) cfg[n++] = c;
+        }
+    assert_true(n >= 10);
+    kvs_codec *codec = NULL;
+    assert_int_equal(kvs_codec_parse("kivi:bits=2,group=4,residual=4", &codec), KVS_OK);
+    int64_t pages[NS * NB];
+    const kvs_codec *cc[NS * NB];
+    for (int i = 0; i < n; i++) pages[i] = 4, cc[i] = codec;
+    for (int variant = 0; variant < 3; variant++) {
+        kvs_replay_opts o = {.configs = cfg, .n_configs = n, .threads = 2, .series_every = 1,
+                             .measure = KVS_MEASURE_ALL};
+        if (variant != 1) o.pages = pages;
+        if (variant != 0) o.codecs = cc;
+        kvs_replay_result *fast = NULL, *ref = NULL;
+        assert_int_equal(kvs_replay_execute(&src, &o, &fast), KVS_OK);
+        assert_int_equal(kvs_replay_reference(&src, &o, &ref), KVS_OK);
+        for (int i = 0; i < n; i++) {
+            const kvs_replay_run_result *x = &fast->runs[i], *y = &ref->runs[i];
+            if (x->status != KVS_OK || y->status != KVS_OK)
+                fail_msg("variant %d, config %d: fast %s, reference %s", variant, i, x->error, y->error);
+            char what[96];
+            snprintf(what, sizeof what, "variant %d, %s at budget %lld", variant, cfg[i].policy.ops->name,
+                     (long long)cfg[i].budget);
+            assert_aggs_same(what, &x->run_agg, &y->run_agg);
+            assert_int_equal(x->n_steps, y->n_steps);
+            for (int64_t k = 0; k < x->n_steps; k++) {
+                const kvs_results_step *a = &x->steps[k];
+                if (memcmp(a->v, y->steps[k].v, sizeof a->v)) fail_msg("%s: series sample %lld differs", what, (long long)k);
+                int32_t w = src.layer_window[a->layer];
+                if (w > 0 && a->v[KVS_M_ATTENDED] > w) fail_msg("%s: %g attended", what, a->v[KVS_M_ATTENDED]);
+                if (variant == 0 && !strcmp(cfg[i].policy.ops->name, "full") && a->v[KVS_M_OUT_ERR] != 0)
+                    fail_msg("%s: layer %d pos %lld error %g", what, (int)a->layer, (long long)a->position,
+                             a->v[KVS_M_OUT_ERR]);
+            }
+        }
+        kvs_replay_result_free(fast);
+        kvs_replay_result_free(ref);
+    }
+    kvs_codec_free(codec);
+    kvs_trace_close(t);
+}
+
 /* ---- the roofline of sliding-window layers ---- */
 
 static int near(double a, double b) { return fabs(a - b) <= 1e-12 * fabs(b) + 1e-300; }
@@ -469,6 +541,7 @@ int main(void) {
         cmocka_unit_test(test_pages_by_hand),
         cmocka_unit_test(test_codec_by_hand),
         cmocka_unit_test(test_engines_bit_for_bit),
+        cmocka_unit_test_setup_teardown(test_gemma3_engines_all_pages_codec, kvs_test_cli_setup, kvs_test_cli_teardown),
         cmocka_unit_test(test_plan_time_windows_by_hand),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
