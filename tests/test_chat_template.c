@@ -299,6 +299,9 @@ static void test_reference_corpus(void **state) {
             n_text++;
             snprintf(want, sizeof want, "%s.ids", base);
             if (!kvs_test_exists(want) || ids_unsupported) continue; /* the Rust or kvsim's tokenizer cannot load it */
+            /* Under the sanitizers each --ids run loads a real tokenizer.json (2-3 CPU-s at -O1 with ASan): two
+             * conversations a family there exercise that path; the plain suite compares every one. */
+            if (kvs_test_sanitized() && n_ids >= 2) continue;
             const char *iargs[] = {"chat-template", "--ids", "--model", model, "--messages", msgs, NULL};
             rc = kvs_test_cli_run(f, iargs);
             if (rc != 0 && (has_text(f->err, "this build implements") || has_text(f->err, "must be a Regex"))) {
@@ -325,7 +328,7 @@ static void test_reference_corpus(void **state) {
        user turns in a row (its raise_exception); every other rendering is compared */
     assert_int_equal(total_text, 12 + 12 + 11 + 12);
     assert_int_equal(total_refused, 12 + 1);
-    assert_true(total_ids >= 24); /* Llama-3.1 and Qwen3 at least */
+    assert_true(total_ids >= (kvs_test_sanitized() ? 4 : 24)); /* Llama-3.1 and Qwen3 at least */
 }
 
 /* ---- capture --chat on tinystories-656K with a small template in a copy of its folder ---- */
