@@ -34,7 +34,12 @@ BENCH_SRCS = $(sort $(wildcard bench/bench_*.c))
 LIB_OBJS = $(LIB_SRCS:%.c=$(BUILD)/%.o) $(EXTRA_LIB_OBJS)
 CLI_OBJS = $(CLI_SRCS:%.c=$(BUILD)/%.o)
 TEST_UTIL_OBJS = $(TEST_UTIL_SRCS:%.c=$(BUILD)/%.o)
-TEST_BINS = $(TEST_SRCS:tests/%.c=$(BUILD)/tests/%)
+# The suite's longest binaries start first (tests/run_tests.sh hands them out in this order, TEST_JOBS at a time), so
+# no core sits idle at the end waiting on one that started late; the log reads in this order too.
+TEST_LONGEST = test_examples test_failinj test_chat_template test_replay_ref test_tokenizer_npm test_policy_memo \
+               test_simd test_report test_python_trace test_samples test_cli_generate test_sweep test_policy_conformance
+TEST_FIRST = $(foreach t,$(TEST_LONGEST),$(filter tests/$(t).c,$(TEST_SRCS))) $(filter tests/test_findings_%.c,$(TEST_SRCS))
+TEST_BINS = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_FIRST) $(filter-out $(TEST_FIRST),$(TEST_SRCS)))
 BENCH_BINS = $(BENCH_SRCS:bench/%.c=$(BUILD)/bench/%)
 LIB = $(BUILD)/libkvs.a
 KVSIM ?= kvsim
