@@ -31,8 +31,7 @@
  * head_alloc=uniform, so the policy holds exactly the window. head_alloc=adakv: the allocation pass pools the layer's
  * heads over the whole first prompt (it is not told the window: the pool's inputs are computed as on a full layer),
  * and the host holds each head to its pooled count, so a head whose count is below the window's prompt positions
- * still drops some of them at B >= W (what the pool asked for; tests/test_windows_retrieval.c checks the window is
- * kept whole only where the count covers it).
+ * still drops some of them at B >= W (what the pool asked for); a head whose count covers the window keeps it whole.
  * Cost: per compression G (|I| d^2 + |cand| (d + d^2)) MACs, once per prompt and (layer, KV head): the budgets of a
  * replay share it (kvs_policy_shared, keyed by the parameters that enter the score; the allocation pass reads the
  * heads in parallel).
