@@ -24,6 +24,8 @@
  * - coverage: every policy of the list really replayed (validated, run OK) at two budgets or more;
  * - mutations, per policy: window_evict made a no-op, and a drop off by one (first - 1), each fail the run in both
  *   engines with the selection check's "outside the layer's sliding window";
+ * - SparQ with every dimension (r = d: the estimate is the exact logit) selects, at every step of the 40-window layer,
+ *   the top k of q.k over the window's positions computed here (nothing before the window, everything in it competes);
  * - the page helpers for a window's partial oldest page (kvs_page_select_span, kvs_page_softmax_add_span) against
  *   their rule written out here, and against kvs_page_select / kvs_page_softmax_add when nothing was dropped.
  */
@@ -317,6 +319,83 @@ static void test_retrieval_windows_engines(void **state) {
     kvs_test_replay_fixture_free(&f);
 }
 
+/* ---- SparQ with r = d by hand: the window's keys, and only they, compete ---- */
+
+typedef struct {
+    const kvs_test_replay_fixture *f;
+    int64_t k;          /* the quota */
+    int64_t checked;
+    int failures;
+    char first_failure[256];
+} sparq_hand;
+
+/* At every decode step of the 40-window layer: each query head's list is the k positions of [p - 39, p] with the
+ * largest logit q.k (fp64, dimensions in ascending order: SparQ's estimate with every dimension kept), ties to the
+ * older position. */
+static void sparq_on_select(void *user, int config, int layer, int kv_head, int64_t pos, const kvs_policy_sel *sel) {
+    (void)config;
+    sparq_hand *sh = user;
+    const kvs_test_replay_fixture *f = sh->f;
+    if (layer != 0 || pos + 1 <= windows[0]) return;
+    size_t d = (size_t)f->d, N = (size_t)f->N, row = (size_t)f->H * d, krow = (size_t)f->Hkv * d;
+    int64_t lo = pos - windows[0] + 1, m = pos - lo + 1;
+    double sc[64];
+    int32_t want[64];
+    for (int g = 0; g < f->G; g++) {
+        const float *q = f->g->q + ((size_t)layer * N + (size_t)pos) * row + (size_t)(kv_head * f->G + g) * d;
+        for (int64_t j = 0; j < m; j++) {
+            const float *kj = f->g->k + (size_t)layer * N * krow + (size_t)(lo + j) * krow + (size_t)kv_head * d;
+            double x = 0;
+            for (size_t i = 0; i < d; i++) x += (double)q[i] * (double)kj[i];
+            sc[j] = x;
+        }
+        char taken[64] = {0};
+        for (int64_t t = 0; t < sh->k; t++) { /* the best not yet taken, the older among equals */
+            int64_t b = -1;
+            for (int64_t j = 0; j < m; j++)
+                if (!taken[j] && (b < 0 || sc[j] > sc[b])) b = j;
+            taken[b] = 1;
+        }
+        int64_t nw = 0;
+        for (int64_t j = 0; j < m; j++)
+            if (taken[j]) want[nw++] = (int32_t)(lo + j);
+        sh->checked++;
+        if (sel->n[g] != nw || memcmp(sel->idx[g], want, (size_t)nw * sizeof *want)) {
+            if (!sh->failures++)
+                snprintf(sh->first_failure, sizeof sh->first_failure, "pos %lld kv head %d list %d: %lld entries, "
+                         "first %d (by hand %lld, first %d)", (long long)pos, kv_head, g, (long long)sel->n[g],
+                         sel->n[g] ? (int)sel->idx[g][0] : -1, (long long)nw, (int)want[0]);
+        }
+    }
+}
+
+static void test_sparq_window_by_hand(void **state) {
+    (void)state;
+    kvs_test_replay_fixture f;
+    make_fixture(&f);
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_memory(&f.mem, &src), KVS_OK);
+    src.layer_window = windows;
+    kvs_replay_config c = {.budget = 16, .budget_fraction = -1};
+    assert_int_equal(kvs_policy_parse("sparq:r=8,split=attend,gqa=head", &c.policy), KVS_OK);
+    /* the fast engine calls on_select; the reference gives the same statistics (so the same selections' metrics) */
+    sparq_hand sh = {.f = &f, .k = 16};
+    kvs_replay_hooks hooks = {.user = &sh, .on_select = sparq_on_select};
+    kvs_replay_opts o = {.configs = &c, .n_configs = 1, .threads = 1, .measure = KVS_MEASURE_DECODE, .hooks = &hooks};
+    kvs_replay_result *r = NULL, *ref = NULL;
+    assert_int_equal(kvs_replay_execute(&src, &o, &r), KVS_OK);
+    assert_int_equal(r->runs[0].status, KVS_OK);
+    if (sh.failures) fail_msg("%d lists differ, the first: %s", sh.failures, sh.first_failure);
+    assert_int_equal(sh.checked, 120 * f.Hkv * f.G); /* every decode position is past the window of 40 */
+    o.hooks = NULL;
+    assert_int_equal(kvs_replay_reference(&src, &o, &ref), KVS_OK);
+    assert_int_equal(ref->runs[0].status, KVS_OK);
+    assert_aggs_same("sparq r = d, layer 0", &r->runs[0].layer_aggs[0], &ref->runs[0].layer_aggs[0]);
+    kvs_replay_result_free(r);
+    kvs_replay_result_free(ref);
+    kvs_test_replay_fixture_free(&f);
+}
+
 /* ---- mutations: window_evict a no-op, or one position short ---- */
 
 static const struct kvs_policy_ops *mut_orig; /* the policy under mutation (the runs below use one thread) */
@@ -457,6 +536,7 @@ static void test_page_span_helpers(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_page_span_helpers),
+        cmocka_unit_test(test_sparq_window_by_hand),
         cmocka_unit_test_setup_teardown(test_retrieval_windows_engines, kvs_test_tmp_setup, kvs_test_tmp_teardown),
         cmocka_unit_test_setup_teardown(test_retrieval_windows_mutations, kvs_test_tmp_setup, kvs_test_tmp_teardown),
     };
