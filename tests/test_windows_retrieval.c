@@ -26,6 +26,9 @@
  *   engines with the selection check's "outside the layer's sliding window";
  * - SparQ with every dimension (r = d: the estimate is the exact logit) selects, at every step of the 40-window layer,
  *   the top k of q.k over the window's positions computed here (nothing before the window, everything in it competes);
+ * - Quest (pages of 4, tokens, per head) selects, at every step of the 40-window layer, what its rule gives over the
+ *   live pages computed here: the page across the edge ranked by min/max that still cover its dropped keys (those
+ *   folded since the turn's prefill) and contributing its live tokens only;
  * - the page helpers for a window's partial oldest page (kvs_page_select_span, kvs_page_softmax_add_span) against
  *   their rule written out here, and against kvs_page_select / kvs_page_softmax_add when nothing was dropped.
  */
@@ -340,7 +343,7 @@ static void sparq_on_select(void *user, int config, int layer, int kv_head, int6
     size_t d = (size_t)f->d, N = (size_t)f->N, row = (size_t)f->H * d, krow = (size_t)f->Hkv * d;
     int64_t lo = pos - windows[0] + 1, m = pos - lo + 1;
     double sc[64];
-    int32_t want[64];
+    int32_t want[64] = {0};
     for (int g = 0; g < f->G; g++) {
         const float *q = f->g->q + ((size_t)layer * N + (size_t)pos) * row + (size_t)(kv_head * f->G + g) * d;
         for (int64_t j = 0; j < m; j++) {
@@ -393,6 +396,87 @@ static void test_sparq_window_by_hand(void **state) {
     assert_aggs_same("sparq r = d, layer 0", &r->runs[0].layer_aggs[0], &ref->runs[0].layer_aggs[0]);
     kvs_replay_result_free(r);
     kvs_replay_result_free(ref);
+    kvs_test_replay_fixture_free(&f);
+}
+
+/* ---- Quest by hand: the page across the window's edge ---- */
+
+/* At every decode step of the 40-window layer, quest:page=4,fill=tokens,gqa=head at B = 16 (k = 8 tokens): the live
+ * pages are those holding a position of [p - 39, p]; page pi's min/max cover the keys of [max(4 pi, F), min(4 pi + 4,
+ * p + 1)), F = the window's first position at the turn's prefill (the summaries are rebuilt there and then only
+ * grow; a page across the edge keeps its dropped keys); each head ranks the live pages by Quest's bound (larger
+ * first, the lower page among equals) and takes them whole while they fit, the first that does not fit giving its
+ * oldest live tokens. */
+static void quest_on_select(void *user, int config, int layer, int kv_head, int64_t pos, const kvs_policy_sel *sel) {
+    (void)config;
+    sparq_hand *sh = user;
+    const kvs_test_replay_fixture *f = sh->f;
+    enum { P = 4 };
+    if (layer != 0) return;
+    size_t d = (size_t)f->d, N = (size_t)f->N, row = (size_t)f->H * d, krow = (size_t)f->Hkv * d;
+    int64_t lo = pos - windows[0] + 1, F = pos < 180 ? 60 - windows[0] + 1 : 180 - windows[0] + 1;
+    int64_t fp = lo / P, np = pos / P - fp + 1;
+    float kmin[16][8], kmax[16][8];
+    assert_true(np <= 16 && d == 8);
+    for (int64_t i = 0; i < np; i++) {
+        int64_t a = (fp + i) * P > F ? (fp + i) * P : F, b = (fp + i) * P + P < pos + 1 ? (fp + i) * P + P : pos + 1;
+        for (int64_t j = a; j < b; j++) {
+            const float *kj = f->g->k + (size_t)layer * N * krow + (size_t)j * krow + (size_t)kv_head * d;
+            for (size_t e = 0; e < d; e++) {
+                kmin[i][e] = j == a || kj[e] < kmin[i][e] ? kj[e] : kmin[i][e];
+                kmax[i][e] = j == a || kj[e] > kmax[i][e] ? kj[e] : kmax[i][e];
+            }
+        }
+    }
+    for (int g = 0; g < f->G; g++) {
+        const float *q = f->g->q + ((size_t)layer * N + (size_t)pos) * row + (size_t)(kv_head * f->G + g) * d;
+        double sc[16];
+        kvs_page_scores(q, NULL, d, NULL, &kmin[0][0], &kmax[0][0], d, (size_t)np, sc);
+        char used[16] = {0};
+        int64_t take[16] = {0}, got = 0;
+        while (got < sh->k) {
+            int64_t b = -1;
+            for (int64_t i = 0; i < np; i++)
+                if (!used[i] && (b < 0 || sc[i] > sc[b])) b = i;
+            used[b] = 1;
+            int64_t x = (fp + b) * P > lo ? (fp + b) * P : lo, y = (fp + b) * P + P < pos + 1 ? (fp + b) * P + P : pos + 1;
+            take[b] = y - x < sh->k - got ? y - x : sh->k - got;
+            got += take[b];
+        }
+        int32_t want[64] = {0};
+        int64_t nw = 0;
+        for (int64_t i = 0; i < np; i++) {
+            int64_t x = (fp + i) * P > lo ? (fp + i) * P : lo;
+            for (int64_t j = 0; j < take[i]; j++) want[nw++] = (int32_t)(x + j);
+        }
+        sh->checked++;
+        if (sel->n[g] != nw || memcmp(sel->idx[g], want, (size_t)nw * sizeof *want)) {
+            if (!sh->failures++)
+                snprintf(sh->first_failure, sizeof sh->first_failure, "pos %lld kv head %d list %d: %lld entries, "
+                         "first %d (by hand %lld, first %d)", (long long)pos, kv_head, g, (long long)sel->n[g],
+                         sel->n[g] ? (int)sel->idx[g][0] : -1, (long long)nw, (int)want[0]);
+        }
+    }
+}
+
+static void test_quest_window_by_hand(void **state) {
+    (void)state;
+    kvs_test_replay_fixture f;
+    make_fixture(&f);
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_memory(&f.mem, &src), KVS_OK);
+    src.layer_window = windows;
+    kvs_replay_config c = {.budget = 16, .budget_fraction = -1};
+    assert_int_equal(kvs_policy_parse("quest:page=4,fill=tokens,gqa=head", &c.policy), KVS_OK);
+    sparq_hand sh = {.f = &f, .k = 8};
+    kvs_replay_hooks hooks = {.user = &sh, .on_select = quest_on_select};
+    kvs_replay_opts o = {.configs = &c, .n_configs = 1, .threads = 1, .measure = KVS_MEASURE_DECODE, .hooks = &hooks};
+    kvs_replay_result *r = NULL;
+    assert_int_equal(kvs_replay_execute(&src, &o, &r), KVS_OK);
+    assert_int_equal(r->runs[0].status, KVS_OK);
+    if (sh.failures) fail_msg("%d lists differ, the first: %s", sh.failures, sh.first_failure);
+    assert_int_equal(sh.checked, 120 * f.Hkv * f.G);
+    kvs_replay_result_free(r);
     kvs_test_replay_fixture_free(&f);
 }
 
@@ -537,6 +621,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_page_span_helpers),
         cmocka_unit_test(test_sparq_window_by_hand),
+        cmocka_unit_test(test_quest_window_by_hand),
         cmocka_unit_test_setup_teardown(test_retrieval_windows_engines, kvs_test_tmp_setup, kvs_test_tmp_teardown),
         cmocka_unit_test_setup_teardown(test_retrieval_windows_mutations, kvs_test_tmp_setup, kvs_test_tmp_teardown),
     };
