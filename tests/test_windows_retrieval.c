@@ -330,14 +330,14 @@ typedef struct {
     int64_t checked;
     int failures;
     char first_failure[256];
-} sparq_hand;
+} hand_check;
 
 /* At every decode step of the 40-window layer: each query head's list is the k positions of [p - 39, p] with the
  * largest logit q.k (fp64, dimensions in ascending order: SparQ's estimate with every dimension kept), ties to the
  * older position. */
 static void sparq_on_select(void *user, int config, int layer, int kv_head, int64_t pos, const kvs_policy_sel *sel) {
     (void)config;
-    sparq_hand *sh = user;
+    hand_check *sh = user;
     const kvs_test_replay_fixture *f = sh->f;
     if (layer != 0 || pos + 1 <= windows[0]) return;
     size_t d = (size_t)f->d, N = (size_t)f->N, row = (size_t)f->H * d, krow = (size_t)f->Hkv * d;
@@ -382,7 +382,7 @@ static void test_sparq_window_by_hand(void **state) {
     kvs_replay_config c = {.budget = 16, .budget_fraction = -1};
     assert_int_equal(kvs_policy_parse("sparq:r=8,split=attend,gqa=head", &c.policy), KVS_OK);
     /* the fast engine calls on_select; the reference gives the same statistics (so the same selections' metrics) */
-    sparq_hand sh = {.f = &f, .k = 16};
+    hand_check sh = {.f = &f, .k = 16};
     kvs_replay_hooks hooks = {.user = &sh, .on_select = sparq_on_select};
     kvs_replay_opts o = {.configs = &c, .n_configs = 1, .threads = 1, .measure = KVS_MEASURE_DECODE, .hooks = &hooks};
     kvs_replay_result *r = NULL, *ref = NULL;
@@ -409,7 +409,7 @@ static void test_sparq_window_by_hand(void **state) {
  * oldest live tokens. */
 static void quest_on_select(void *user, int config, int layer, int kv_head, int64_t pos, const kvs_policy_sel *sel) {
     (void)config;
-    sparq_hand *sh = user;
+    hand_check *sh = user;
     const kvs_test_replay_fixture *f = sh->f;
     enum { P = 4 };
     if (layer != 0) return;
@@ -468,7 +468,7 @@ static void test_quest_window_by_hand(void **state) {
     src.layer_window = windows;
     kvs_replay_config c = {.budget = 16, .budget_fraction = -1};
     assert_int_equal(kvs_policy_parse("quest:page=4,fill=tokens,gqa=head", &c.policy), KVS_OK);
-    sparq_hand sh = {.f = &f, .k = 8};
+    hand_check sh = {.f = &f, .k = 8};
     kvs_replay_hooks hooks = {.user = &sh, .on_select = quest_on_select};
     kvs_replay_opts o = {.configs = &c, .n_configs = 1, .threads = 1, .measure = KVS_MEASURE_DECODE, .hooks = &hooks};
     kvs_replay_result *r = NULL;
