@@ -57,7 +57,8 @@
  * holds exactly the window. The redundancy and importance are computed over the held (in-window) keys only; the query
  * cache holds queries, not cache contents, and is unaffected. The compression's costs are charged to the step that
  * compresses: account() predicts it from the held set (exact on a full layer); once the window slides, account()
- * charges the compression the previous step's observe() did instead (one step late, exact in size) [SIM-CHOICE].
+ * charges the compression the previous step's observe() did instead (one step late, exact in size) [SIM-CHOICE]; the
+ * one step on which the window first slides is charged the prediction made before that eviction.
  * Accounting: KV as the default (the attended set); AUX the query cache G·α·d elements per KV head (kv_bytes,
  * as the model keeps queries); at a compression TRANSIENT the cosine matrix m² and the logits α·m (aux_bytes, as
  * the reference materialises them) and an unfused re-read of the m keys and the query cache.
