@@ -1373,6 +1373,55 @@ void kvs_page_softmax_add(const double *score, size_t n_pages, size_t page, size
     for (size_t pi = 0; pi < n_pages; pi++) out[pi] += exp(score[pi] / temp - m) / z;
 }
 
+/* The live slots of page pi within [lo, hi) (pages of `page` aligned at slot 0). */
+static size_t span_count(size_t pi, size_t page, size_t lo, size_t hi) {
+    size_t a = pi * page > lo ? pi * page : lo, b = (pi + 1) * page < hi ? (pi + 1) * page : hi;
+    return b > a ? b - a : 0;
+}
+
+void kvs_page_softmax_add_span(const double *score, size_t page, size_t lo, size_t hi, double temp, double *out) {
+    KVS_ASSERT(lo < hi && temp > 0);
+    size_t fp = lo / page, n_pages = (hi - 1) / page - fp + 1;
+    double m = -INFINITY;
+    for (size_t i = 0; i < n_pages; i++)
+        if (score[i] / temp > m) m = score[i] / temp;
+    double z = 0;
+    for (size_t i = 0; i < n_pages; i++) z += (double)span_count(fp + i, page, lo, hi) * exp(score[i] / temp - m);
+    for (size_t i = 0; i < n_pages; i++) out[i] += exp(score[i] / temp - m) / z;
+}
+
+int64_t kvs_page_select_span(const double *score, size_t page, size_t lo, size_t hi, size_t k, int whole, int32_t *out,
+                             int32_t *scratch) {
+    if (hi <= lo) return 0;
+    if (k > hi - lo) k = hi - lo;
+    if (k == 0) return 0;
+    size_t fp = lo / page, n_pages = (hi - 1) / page - fp + 1;
+    /* every page but the first and the last is full: k/page + 3 ranked pages cover k slots */
+    size_t need = k / page + 3 < n_pages ? k / page + 3 : n_pages;
+    kvs_topk_f64(score, n_pages, need, scratch);
+    /* the pages in rank order while they fit, the one that does not cut to its first live slots (or dropped) */
+    size_t got = 0, np = 0, cut = SIZE_MAX, cut_cnt = 0;
+    for (size_t r = 0; r < need && got < k; r++) {
+        size_t pi = fp + (size_t)scratch[r], cnt = span_count(pi, page, lo, hi);
+        if (cnt > k - got) {
+            if (whole) break;
+            cut = pi;
+            cnt = cut_cnt = k - got;
+        }
+        got += cnt;
+        scratch[np++] = (int32_t)pi;
+    }
+    kvs_sort_positions(scratch, np);
+    size_t w = 0;
+    for (size_t i = 0; i < np; i++) {
+        size_t pi = (size_t)scratch[i], first = pi * page > lo ? pi * page : lo;
+        size_t cnt = pi == cut ? cut_cnt : span_count(pi, page, lo, hi);
+        for (size_t j = 0; j < cnt; j++) out[w++] = (int32_t)(first + j);
+    }
+    KVS_ASSERT(w == got);
+    return (int64_t)got;
+}
+
 size_t kvs_page_select_depth(size_t n_pages, size_t page, size_t k) {
     /* enough ranked pages to cover k tokens: every page but the last is full */
     size_t need = k / page + 2;

@@ -450,6 +450,22 @@ size_t kvs_page_select_depth(size_t n_pages, size_t page, size_t k);
  *  deeper ranking's prefix is the same). Writes min(k, n_tokens) ascending slots to out and returns the count. */
 int64_t kvs_page_take(const int32_t *ranked, size_t n_ranked, size_t page, size_t n_tokens, size_t k, int32_t *out);
 
+/*! kvs_page_softmax_add_span() : kvs_page_softmax_add() over the tokens in slots [lo, hi) of pages of `page` slots
+ *  aligned at slot 0, for a sliding-window layer whose oldest live page lost its slots before lo (and holds only
+ *  those from lo): score[i] and out[i] belong to page lo/page + i, i < (hi-1)/page - lo/page + 1, and each page
+ *  counts its slots inside [lo, hi). lo = 0 is kvs_page_softmax_add(score, n_pages, page, hi, temp, out), bit for
+ *  bit. lo < hi, temp > 0. */
+void kvs_page_softmax_add_span(const double *score, size_t page, size_t lo, size_t hi, double temp, double *out);
+
+/*! kvs_page_select_span() : kvs_page_select() over slots [lo, hi) (pages aligned at slot 0, the oldest live one
+ *  holding only its slots from lo; score[i] = page lo/page + i's score): pages ranked by score (descending, ties to
+ *  the lower page, NaN last) and taken whole (their live slots) while they fit k; the first page that does not fit
+ *  gives its first live slots for the rest when whole == 0, nothing when whole != 0 (then fewer than k). Writes the
+ *  absolute slots ascending to out and returns their count (<= min(k, hi - lo)). lo = 0, whole = 0 gives
+ *  kvs_page_select's slots. `scratch`: n_pages int32. */
+int64_t kvs_page_select_span(const double *score, size_t page, size_t lo, size_t hi, size_t k, int whole, int32_t *out,
+                             int32_t *scratch);
+
 /*! kvs_cosine() : a.b / (|a||b|); 0 when either norm is 0. */
 float kvs_cosine(const float *a, const float *b, size_t n);
 

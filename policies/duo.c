@@ -26,6 +26,12 @@
  *    first turn's. The streaming heads' Λ-masked prefill attention is not modelled (decode metrics only).
  * Storage (honest): retrieval heads 2d·n, streaming heads 2d·min(n, n_s + n_r); AUX the head map, one bit per KV
  * head. Traffic = the attended K/V, no score reads.
+ * Sliding-window layers (sim/replay.h): the positions before the host's `first` (window_evict) are gone from both
+ * kinds of head at once (both are position rules: nothing to re-score). A retrieval head holds the window; a
+ * streaming head's sinks before first are gone and their slots go to its recent window (as policies/streaming.c),
+ * so it holds min(window, n_s + n_r) positions and n_s + n_r >= W holds exactly the window. The head typing is
+ * unaffected: duo's gates come from the file, duo_heuristic's scores from its allocation pass over the first prompt
+ * (a calibration input, computed as on a full-attention layer).
  */
 #include <ctype.h>
 #include <math.h>
@@ -159,6 +165,7 @@ typedef struct {
     int streaming, d;
     int64_t n_s, n_r, extra; /* extra = 1 with ref_plus_one: the new token attended on top of n_s + n_r */
     int64_t seen;            /* positions 0..seen−1 arrived */
+    int64_t first;           /* positions before it were evicted by the host (sliding-window layer); 0 otherwise */
     double aux_bytes;
 } duo_state;
 
@@ -179,12 +186,15 @@ kvs_status kvs_duo_create(const kvs_policy_init *init, void **state) {
 
 void kvs_duo_free(void *state) { free(state); }
 
-/* The streaming set of [0, n): sinks plus the last `recent` positions not among them; retrieval: everything. */
+/* The streaming set of [0, n): sinks plus the last `recent` positions not among them; retrieval: everything. On a
+ * sliding-window layer nothing before `first`: the sinks that left give their slots to the recent window. */
 static int64_t duo_set(const duo_state *s, int64_t n, int64_t recent, int32_t *out) {
     int64_t m = 0, ns = s->streaming ? (s->n_s < n ? s->n_s : n) : n;
-    for (int64_t j = 0; j < ns; j++) out[m++] = (int32_t)j;
+    for (int64_t j = s->first; j < ns; j++) out[m++] = (int32_t)j;
     if (!s->streaming) return m;
+    if (s->first > 0) recent += s->n_s - (ns > s->first ? ns - s->first : 0);
     int64_t lo = n - recent < ns ? ns : n - recent;
+    if (lo < s->first) lo = s->first;
     for (int64_t j = lo; j < n; j++) out[m++] = (int32_t)j;
     return m;
 }
@@ -207,6 +217,12 @@ int64_t kvs_duo_stored(void *state, int g, int32_t *out) {
     duo_state *s = state;
     (void)g;
     return duo_set(s, s->seen, s->n_r, out);
+}
+
+kvs_status kvs_duo_window_evict(void *state, int64_t first) {
+    duo_state *s = state;
+    if (first > s->first) s->first = first;
+    return KVS_OK;
 }
 
 void kvs_duo_account(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel, kvs_policy_cost *out) {
@@ -325,6 +341,7 @@ const struct kvs_policy_ops kvs_policy_duo = {
     .select = kvs_duo_select,
     .stored = kvs_duo_stored,
     .account = kvs_duo_account,
+    .window_evict = kvs_duo_window_evict,
     .alloc_begin = duo_alloc_begin,
     .alloc_prefill = duo_alloc_prefill,
     .alloc_end = duo_alloc_end,

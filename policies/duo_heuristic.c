@@ -15,6 +15,9 @@
  * kvpress's ONTHEFLY score (pre-RoPE mean query/key, positional decay only) and a separate calibration trace are not
  * offered. A prompt of at most n_s + n_r positions has no probe: every ρ is 0 and the typing falls to flat-index order
  * (a note says so). Never report this as "DuoAttention" without its name.
+ * Sliding-window layers: duo.c's "Sliding-window layers" (the instance is duo.c's). The probe scores are calibration
+ * inputs and are unaffected: the allocation pass reads the first prompt of every layer as a full-attention one (it
+ * is not told the window), so on a windowed layer ρ compares sinks + recent with attention over the whole prefix.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -172,6 +175,7 @@ const struct kvs_policy_ops kvs_policy_duo_heuristic = {
     .select = kvs_duo_select,
     .stored = kvs_duo_stored,
     .account = kvs_duo_account,
+    .window_evict = kvs_duo_window_evict,
     .alloc_begin = duoh_alloc_begin,
     .alloc_prefill = duoh_alloc_prefill,
     .alloc_end = duoh_alloc_end,

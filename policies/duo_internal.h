@@ -50,6 +50,8 @@ void kvs_duo_free(void *state);
 kvs_status kvs_duo_prefill(void *state, const kvs_policy_view *view);
 kvs_status kvs_duo_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel);
 int64_t kvs_duo_stored(void *state, int g, int32_t *out);
+/* window_evict of both tables: duo.c "Sliding-window layers". */
+kvs_status kvs_duo_window_evict(void *state, int64_t first);
 void kvs_duo_account(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel, kvs_policy_cost *out);
 /* alloc_shared of both tables (their allocation states start with a kvs_duo_map); alloc_free of duo's (a bare map). */
 const void *kvs_duo_alloc_shared(void *alloc);

@@ -24,6 +24,14 @@
  *  - Accounting: the resident positions (the default); the reference only masks what Ada-KV prunes and keeps all P
  *    (mem_ref_masked = 2dP), which kvsim does not count: the flattened Ada-KV layout is what the budget means.
  *  - DECODE mode (periodic compression while generating) is not in this file: a policy has one budget scope.
+ * Sliding-window layers (sim/replay.h): the positions before the host's `first` (window_evict) leave the resident set
+ * at once (kept prompt positions and generated tokens alike), and a prompt's compression takes no candidate before
+ * it; sinks are the first n_sink positions that still exist. The query statistics are not cache contents and are
+ * unaffected (every prompt query from n_sink on, as on a full layer). A budget B >= W keeps every candidate with
+ * head_alloc=uniform, so the policy holds exactly the window. head_alloc=adakv: the allocation pass pools the layer's
+ * heads over the whole first prompt (it is not told the window: the pool's inputs are computed as on a full layer),
+ * and the host holds each head to its pooled count, so a head whose count is below the window's prompt positions
+ * still drops some of them at B >= W (what the pool asked for); a head whose count covers the window keeps it whole.
  * Cost: per compression G (|I| d^2 + |cand| (d + d^2)) MACs, once per prompt and (layer, KV head): the budgets of a
  * replay share it (kvs_policy_shared, keyed by the parameters that enter the score; the allocation pass reads the
  * heads in parallel).
@@ -355,6 +363,7 @@ typedef struct {
     const double *first_scores; /* adakv: the allocation pass's scores of the first prompt for this head (the same
                                  * view, so the same numbers), or NULL */
     int64_t first_n;
+    int64_t first;          /* positions before it were evicted by the host (sliding-window layer); 0 otherwise */
 } ea_state;
 
 static kvs_status ea_create(const kvs_policy_init *init, void **state) {
@@ -392,10 +401,10 @@ static void ea_free(void *state) {
 
 static kvs_status ea_prefill(void *state, const kvs_policy_view *v) {
     ea_state *s = state;
-    int64_t nc = 0;
+    int64_t nc = 0, budget = s->budget;
     for (int64_t i = 0; i < s->n_res; i++) s->cand[nc++] = s->res[i];
-    for (int64_t j = v->turn_begin; j < v->n; j++) s->cand[nc++] = (int32_t)j;
-    if (nc <= s->budget) { /* no compression when everything fits */
+    for (int64_t j = v->turn_begin > s->first ? v->turn_begin : s->first; j < v->n; j++) s->cand[nc++] = (int32_t)j;
+    if (nc <= budget) { /* no compression when everything fits */
         memcpy(s->res, s->cand, (size_t)nc * sizeof *s->res);
         s->n_res = nc;
         return KVS_OK;
@@ -407,13 +416,25 @@ static kvs_status ea_prefill(void *state, const kvs_policy_view *v) {
         if (st != KVS_OK) return st;
     }
     if (s->adakv) {
-        kvs_ea_keep_top(s->score, nc, s->budget, s->keep);
+        kvs_ea_keep_top(s->score, nc, budget, s->keep);
     } else {
-        kvs_topk_f64(s->score, (size_t)nc, (size_t)s->budget, s->keep);
-        kvs_sort_positions(s->keep, (size_t)s->budget);
+        kvs_topk_f64(s->score, (size_t)nc, (size_t)budget, s->keep);
+        kvs_sort_positions(s->keep, (size_t)budget);
     }
-    for (int64_t i = 0; i < s->budget; i++) s->res[i] = s->cand[s->keep[i]];
-    s->n_res = s->budget;
+    for (int64_t i = 0; i < budget; i++) s->res[i] = s->cand[s->keep[i]];
+    s->n_res = budget;
+    return KVS_OK;
+}
+
+/* The host's eviction: the resident set is ascending, so the positions that left are its first entries. */
+static kvs_status ea_window_evict(void *state, int64_t first) {
+    ea_state *s = state;
+    if (first <= s->first) return KVS_OK;
+    s->first = first;
+    int64_t j = 0;
+    while (j < s->n_res && s->res[j] < first) j++;
+    memmove(s->res, s->res + j, (size_t)(s->n_res - j) * sizeof *s->res);
+    s->n_res -= j;
     return KVS_OK;
 }
 
@@ -462,6 +483,7 @@ const struct kvs_policy_ops kvs_policy_ea = {
     .prefill = ea_prefill,
     .select = ea_select,
     .stored = ea_stored,
+    .window_evict = ea_window_evict,
     .alloc_begin = ea_alloc_begin,
     .alloc_prefill = ea_alloc_prefill,
     .alloc_end = ea_alloc_end,

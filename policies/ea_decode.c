@@ -11,6 +11,11 @@
  * (the group's softmaxes averaged); no Ada-KV pool while decoding (kvpress's DecodingPress scores per head), so eps
  * defaults to 0 (the class default).
  *
+ * Sliding-window layers (sim/replay.h): the positions before the host's `first` (window_evict) leave the resident set
+ * at once (it is ascending: its first entries), before the next cut, so a cut never spends an eviction on a position
+ * the window drops anyway and a budget B >= W holds exactly the window (the resident set never exceeds B); a
+ * prompt's cut takes no candidate before first, and sinks are the first n_sink positions that still exist. The query
+ * buffer (the statistics' input) holds queries, not cache contents: unaffected.
  * Cost per step and KV head: the statistics G qbuf d^2 MACs, the scores G (B + 1)(d + d^2) (§2.1 "Traffic"); the
  * query buffer is AUX, G qbuf d elements at kv_bytes (§3). Not within 2x of H2O at d = 128: the method's own
  * cost, paid every step in this regime (kvpress pays it every `interval` steps, 512 by default).
@@ -52,6 +57,7 @@ typedef struct {
     int32_t *res, *tmp, *keep;
     double *score;
     int64_t n_res;
+    int64_t first;  /* positions before it were evicted by the host (sliding-window layer); 0 otherwise */
 } ead_state;
 
 static kvs_status ead_validate(const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget) {
@@ -127,7 +133,7 @@ static kvs_status ead_prefill(void *state, const kvs_policy_view *v) {
     ead_state *s = state;
     size_t row = (size_t)s->G * (size_t)s->d;
     memcpy(s->qhist + (size_t)v->q_first * row, v->q, (size_t)v->n_q * row * sizeof *s->qhist);
-    for (int64_t j = v->turn_begin; j < v->n; j++) s->res[s->n_res++] = (int32_t)j;
+    for (int64_t j = v->turn_begin > s->first ? v->turn_begin : s->first; j < v->n; j++) s->res[s->n_res++] = (int32_t)j;
     return cut(s, v, v->q_first + v->n_q - 1, v->n, 0);
 }
 
@@ -141,6 +147,17 @@ static kvs_status ead_select(void *state, const kvs_policy_view *v, kvs_policy_s
     if (st != KVS_OK) return st;
     memcpy(sel->idx[0], s->res, (size_t)s->n_res * sizeof *s->res);
     sel->n[0] = s->n_res;
+    return KVS_OK;
+}
+
+static kvs_status ead_window_evict(void *state, int64_t first) {
+    ead_state *s = state;
+    if (first <= s->first) return KVS_OK;
+    s->first = first;
+    int64_t j = 0;
+    while (j < s->n_res && s->res[j] < first) j++;
+    memmove(s->res, s->res + j, (size_t)(s->n_res - j) * sizeof *s->res);
+    s->n_res -= j;
     return KVS_OK;
 }
 
@@ -180,4 +197,5 @@ const struct kvs_policy_ops kvs_policy_ea_decode = {
     .select = ead_select,
     .stored = ead_stored,
     .account = ead_account,
+    .window_evict = ead_window_evict,
 };

@@ -12,6 +12,9 @@
  * k1 = floor(d Ppg / c) (pipeline rounding; rounding=gptfast as in rocketkv). S = prompt + max_new_tokens (at
  * most the model's context), re-derived at every turn's prompt, whose pages are rebuilt then.
  * Reads: decode reads no key but the current one (the page summaries hold the rest); stored() = every position.
+ * Sliding-window layers: rocketkv.c's "Sliding-window layers" (the resident set is the window; the oldest live page
+ * keeps its summary over the keys folded into it; a live set of at most t positions is attended whole once the
+ * window slides, so a budget covering the window attends exactly the window).
  */
 #include "registry.h"
 #include "rocketkv_internal.h"
@@ -57,4 +60,5 @@ const struct kvs_policy_ops kvs_policy_hsa = {
     .select = hsa_select,
     .stored = hsa_stored,
     .account = hsa_account,
+    .window_evict = kvs_rocketkv_window_evict,
 };

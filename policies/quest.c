@@ -39,6 +39,20 @@
  * the page update (2d); no estimate when every token fits the quota. Transient: (G+1) ceil(n/P_q) page scores.
  * Decode reads no key but the current one (tests/test_rocketkv.c checks it); stored() = every position.
  *
+ * Sliding-window layers (sim/replay.h): positions before the host's `first` (window_evict) leave the pages. A page
+ * wholly before it is gone (no summary read, no bound ranked, no aux byte); the page straddling the edge stays a
+ * candidate for its in-window tokens only, and its min/max keep covering the keys folded into it while they were
+ * in the window [SIM-CHOICE]: a looser bound that is still an upper bound of every key it holds (Quest's kernels only
+ * fold keys into the last page; re-reading the page's remaining keys each time the edge moves is not what they do).
+ * A turn's prefill, which rebuilds every summary, folds only the window's keys (the straddling page then covers its
+ * in-window keys alone), and so does a key that opens the window's first live page. Selection runs over the live
+ * pages, the straddling one counting its live tokens (kvs_page_select_span; fill=pages takes whole pages only, so it
+ * may attend fewer than k). Once the window slides, a live set of at most t = B positions is attended whole with no
+ * estimate [SIM-CHOICE]: its reads fit the token budget that the even split spends on estimate plus quota, and a
+ * budget covering the window then attends exactly the window; a full-attention layer keeps the quota rule above
+ * (its results unchanged). The memo of page scores is not used on such a layer (its summaries depend on when the
+ * edge passed, not on the keys and the page size alone).
+ *
  * Work shared between budgets (sim/BENCH.md "Work shared between a task's configurations"): the summaries are the
  * page min/max of every key so far at the page size, folded in position order whatever the budget, so the page
  * bounds go through kvs_policy_page_scores (sim/policy_memo.h): the configurations of one replay task with the same
@@ -126,6 +140,7 @@ typedef struct {
     double *ps, *grp;     /* ps: [group][pg_cap] (page_scores of every head), grp: [pg_cap] */
     int32_t *rank;        /* [pg_cap] */
     int64_t pg_cap;
+    int64_t first;        /* positions before it were evicted by the host (sliding-window layer); 0 otherwise */
     /* the step just selected, for account() */
     int64_t st_pages;
     int st_est, st_rmw;
@@ -184,10 +199,11 @@ static kvs_status quest_create(const kvs_policy_init *init, void **state) {
     return KVS_OK;
 }
 
-/* Folds the key of position p (slot p: every position is resident) into its page. */
+/* Folds the key of position p (slot p: every position is resident) into its page; the window's first position opens
+ * its page (the keys before it are gone). */
 static void add_key(quest_state *s, const float *k, int64_t p) {
     size_t d = (size_t)s->d, pg = (size_t)(p / s->page);
-    kvs_page_minmax_add(s->kmin + pg * d, s->kmax + pg * d, k + (size_t)p * d, d, p % s->page == 0);
+    kvs_page_minmax_add(s->kmin + pg * d, s->kmax + pg * d, k + (size_t)p * d, d, p % s->page == 0 || p == s->first);
 }
 
 static kvs_status quest_prefill(void *state, const kvs_policy_view *view) {
@@ -195,7 +211,7 @@ static kvs_status quest_prefill(void *state, const kvs_policy_view *view) {
     s->page = quest_page(&s->cfg, &s->model, s->budget, view->n);
     kvs_status st = pages_reserve(s, view->n + 1);
     if (st != KVS_OK) return st;
-    for (int64_t p = 0; p < view->n; p++) add_key(s, view->k, p); /* every page, at this turn's page size */
+    for (int64_t p = s->first; p < view->n; p++) add_key(s, view->k, p); /* every live page, at this turn's size */
     return KVS_OK;
 }
 
@@ -217,6 +233,38 @@ static int64_t select_list(quest_state *s, const kvs_policy_view *view, const do
     return cnt;
 }
 
+/* A sliding-window layer's step (header "Sliding-window layers"): the live pages fp..pages-1 over [first, n). */
+static void select_window(quest_state *s, const kvs_policy_view *view, kvs_policy_sel *sel, int64_t pages) {
+    int64_t n = view->n, first = s->first, fp = first / s->page, live = pages - fp;
+    size_t d = (size_t)s->d;
+    kvs_policy_page_scores(view, 0, view->q, (size_t)s->group, d, s->kmin + (size_t)fp * d, s->kmax + (size_t)fp * d, d,
+                           (size_t)live, s->ps);
+    if (s->mode == QUEST_GROUP) {
+        memset(s->grp, 0, (size_t)live * sizeof *s->grp);
+        for (int g = 0; g < s->group; g++)
+            for (int64_t i = 0; i < live; i++) s->grp[i] += s->ps[(size_t)g * (size_t)live + (size_t)i];
+    }
+    for (int li = 0; li < sel->n_lists; li++) {
+        const double *score = s->mode == QUEST_GROUP ? s->grp : s->ps + (size_t)li * (size_t)live;
+        int32_t *out = sel->idx[li];
+        if (s->fill == QUEST_FILL_TOKENS) {
+            sel->n[li] = kvs_page_select_span(score, (size_t)s->page, (size_t)first, (size_t)n, (size_t)s->quota, 0,
+                                              out, s->rank);
+            continue;
+        }
+        /* fill=pages: the current page's live tokens (its newest quota when it holds more) and the K - 1 best of
+         * the live pages before it, whole */
+        int64_t cur = (pages - 1) * s->page > first ? (pages - 1) * s->page : first, m = n - cur,
+                K = s->quota / s->page, cnt = 0;
+        if (m > s->quota) cur = n - s->quota;
+        if (K > 1 && m <= s->quota && cur > first)
+            cnt = kvs_page_select_span(score, (size_t)s->page, (size_t)first, (size_t)cur, (size_t)((K - 1) * s->page),
+                                       1, out, s->rank);
+        for (int64_t j = cur; j < n; j++) out[cnt++] = (int32_t)j;
+        sel->n[li] = cnt;
+    }
+}
+
 static kvs_status quest_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {
     quest_state *s = state;
     int64_t n = view->n, p = n - 1;
@@ -225,14 +273,18 @@ static kvs_status quest_select(void *state, const kvs_policy_view *view, kvs_pol
     add_key(s, view->k, p);
     int64_t pages = (n + s->page - 1) / s->page;
     size_t d = (size_t)s->d;
-    s->st_pages = pages;
-    s->st_rmw = p % s->page != 0;
-    s->st_est = n > s->quota;
+    s->st_pages = pages - s->first / s->page;
+    s->st_rmw = p % s->page != 0 && p != s->first;
+    s->st_est = s->first > 0 ? n - s->first > s->budget : n > s->quota;
     if (!s->st_est) {
         for (int li = 0; li < sel->n_lists; li++) {
-            for (int64_t j = 0; j < n; j++) sel->idx[li][j] = (int32_t)j;
-            sel->n[li] = n;
+            for (int64_t j = s->first; j < n; j++) sel->idx[li][j - s->first] = (int32_t)j;
+            sel->n[li] = n - s->first;
         }
+        return KVS_OK;
+    }
+    if (s->first > 0) {
+        select_window(s, view, sel, pages);
         return KVS_OK;
     }
     if (s->mode == QUEST_GROUP) {
@@ -249,6 +301,12 @@ static kvs_status quest_select(void *state, const kvs_policy_view *view, kvs_pol
             sel->n[g] = select_list(s, view, s->ps + (size_t)g * (size_t)pages, pages, n, sel->idx[g]);
         }
     }
+    return KVS_OK;
+}
+
+static kvs_status quest_window_evict(void *state, int64_t first) {
+    quest_state *s = state;
+    if (first > s->first) s->first = first;
     return KVS_OK;
 }
 
@@ -283,4 +341,5 @@ const struct kvs_policy_ops kvs_policy_quest = {
     .prefill = quest_prefill,
     .select = quest_select,
     .account = quest_account,
+    .window_evict = quest_window_evict,
 };

@@ -49,6 +49,16 @@
  * (sim/BENCH.md "Policies against H2O" has the time). The `fixed` preset (Δ = 1) scores
  * at every step, B²·d/2 a step: 175 CPU s there (41x H2O); keeping the cosine column sums across steps (one key in,
  * one out: O(B·d) a step) would remove that, at the price of tracking every row's exempted entry; not done.
+ * Sliding-window layers (sim/replay.h): the positions before the host's `first` (window_evict) leave the held list at
+ * once, and a prefill pushes none of them. The decode step's compression runs in observe(), after the host's eviction
+ * (select() only appends and attends; a full-attention layer compresses the same cache at the same step, since
+ * nothing changes it in between), so the trigger sees what the step leaves resident in the window and a compression
+ * never spends a slot on a position the window drops anyway: a budget B >= W never fills (at most W resident) and
+ * holds exactly the window. The redundancy and importance are computed over the held (in-window) keys only; the query
+ * cache holds queries, not cache contents, and is unaffected. The compression's costs are charged to the step that
+ * compresses: account() predicts it from the held set (exact on a full layer); once the window slides, account()
+ * charges the compression the previous step's observe() did instead (one step late, exact in size) [SIM-CHOICE]; the
+ * one step on which the window first slides is charged the prediction made before that eviction.
  * Accounting: KV as the default (the attended set); AUX the query cache G·α·d elements per KV head (kv_bytes,
  * as the model keeps queries); at a compression TRANSIENT the cosine matrix m² and the logits α·m (aux_bytes, as
  * the reference materialises them) and an unfused re-read of the m keys and the query cache.
@@ -95,6 +105,10 @@ typedef struct {
     float *qc;          /* [alpha][group][d] the last n_qc queries, oldest first */
     int64_t n_qc;
     int64_t event_m;    /* keys scored at this step's compression (0: none), for account() */
+    int64_t late_m;     /* sliding-window layer: keys scored by the last observe()'s compression, not yet charged */
+    int pending;        /* select() appended and the step's compression is observe()'s */
+    int charged;        /* account() charged this step's predicted compression (event_m) */
+    int64_t win_first;  /* positions before it were evicted by the host (sliding-window layer); 0 otherwise */
     double *F;          /* [cap] */
     double *red;        /* [cap] the redundancy of a compression's keys */
     char *mark;         /* [cap] */
@@ -305,6 +319,13 @@ static kvs_status redundancy_shared(rkv_state *s, const kvs_policy_view *view, c
     return st;
 }
 
+/* The keys compress() would score now (0 when it scores none: nothing above the target, or only the window kept). */
+static int64_t compress_m(const rkv_state *s) {
+    int64_t m = kvs_held_count(s->held);
+    if (m <= s->target || s->target - s->alpha <= 0 || s->n_qc == 0) return 0;
+    return m;
+}
+
 /* Cuts the resident set to the target: the window (last alpha) and the TOPK(F, T − alpha) candidates. */
 static kvs_status compress(rkv_state *s, const kvs_policy_view *view) {
     int64_t m = kvs_held_count(s->held);
@@ -331,7 +352,8 @@ static kvs_status compress(rkv_state *s, const kvs_policy_view *view) {
 static kvs_status rkv_prefill(void *state, const kvs_policy_view *view) {
     rkv_state *s = state;
     int64_t first = view->block_begin > view->turn_begin ? view->block_begin : view->turn_begin;
-    int64_t n_new = view->n - first;
+    if (first < s->win_first) first = s->win_first; /* evicted by the host before the prefill */
+    int64_t n_new = view->n > first ? view->n - first : 0;
     kvs_status st = reserve(s, kvs_held_count(s->held) + n_new + 1);
     if (st != KVS_OK) return st;
     for (int64_t p = first; p < view->n; p++) kvs_held_push(s->held, (int32_t)p);
@@ -348,9 +370,33 @@ static kvs_status rkv_select(void *state, const kvs_policy_view *view, kvs_polic
     cache_queries(s, view->q, 1);
     KVS_ASSERT(kvs_held_count(s->held) <= s->budget);
     sel->n[0] = kvs_held_copy(s->held, sel->idx[0]);
+    /* attend-then-compress: the step that fills the cache to B cuts it to T after its attention, in observe() (after
+     * the host's eviction on a sliding-window layer) */
+    s->pending = 1;
+    s->event_m = kvs_held_count(s->held) >= s->budget ? compress_m(s) : 0;
+    return KVS_OK;
+}
+
+static kvs_status rkv_observe(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel,
+                              const float *const *probs) {
+    rkv_state *s = state;
+    (void)sel;
+    (void)probs;
+    if (!s->pending) return KVS_OK;
+    s->pending = 0;
     s->event_m = 0;
-    /* attend-then-compress: the step that fills the cache to B cuts it to T after its attention */
-    return kvs_held_count(s->held) >= s->budget ? compress(s, view) : KVS_OK;
+    kvs_status st = kvs_held_count(s->held) >= s->budget ? compress(s, view) : KVS_OK;
+    if (!s->charged) s->late_m += s->event_m; /* charged by the next account() */
+    s->event_m = 0;
+    return st;
+}
+
+static kvs_status rkv_window_evict(void *state, int64_t first) {
+    rkv_state *s = state;
+    if (first <= s->win_first) return KVS_OK;
+    s->win_first = first;
+    kvs_held_drop_before(s->held, (int32_t)first);
+    return KVS_OK;
 }
 
 static void rkv_account(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel, kvs_policy_cost *out) {
@@ -359,8 +405,13 @@ static void rkv_account(void *state, const kvs_policy_view *view, const kvs_poli
     (void)sel;
     double qc = (double)s->alpha * (double)s->group * (double)s->d * (double)s->kv_bytes;
     out->aux_bytes += qc;
-    if (s->event_m > 0) {
-        double m = (double)s->event_m;
+    /* the compression select() predicts (exact: nothing changes the cache before observe()), or once the window
+     * slides the one the last observe() did (header "Sliding-window layers") */
+    s->charged = s->win_first == 0;
+    int64_t event = s->charged ? s->event_m : s->late_m;
+    if (!s->charged) s->late_m = 0;
+    if (event > 0) {
+        double m = (double)event;
         out->transient_bytes += (m * m + (double)s->alpha * m) * (double)s->aux_bytes;
         out->read_aux_bytes += qc;
         out->read_aux_unfused_bytes += qc + m * (double)s->d * (double)s->kv_bytes;
@@ -415,6 +466,8 @@ const struct kvs_policy_ops kvs_policy_rkv = {
     .free = rkv_free,
     .prefill = rkv_prefill,
     .select = rkv_select,
+    .observe = rkv_observe,
     .stored = rkv_stored,
     .account = rkv_account,
+    .window_evict = rkv_window_evict,
 };

@@ -72,6 +72,21 @@
  * (a later turn's prefill legitimately reads every stored key: dense prefill, stage-1 scores, page rebuild), the
  * whole history for rocketkv_mt. That decode reads no key but the current one (everything else goes through the
  * page summaries) is checked by tests/test_rocketkv.c, which scrambles every other row between decode steps.
+ *
+ * Sliding-window layers (sim/replay.h): positions before the host's `first` (window_evict) leave every stage at once:
+ * the device set drops them (its oldest slots: the live slots start at `base`), rocketkv_mt's host store forgets them
+ * (readable() and the host bytes start at first; a turn's prefill moves none of them), and a prefill takes no
+ * candidate before first (stage 1 runs over the window's part of the retained set and the new prompt, its
+ * observation window the last w of the prompt's in-window positions). Between prefills the pages keep their slots:
+ * the oldest live page loses its slots before base and keeps its min/max over every key folded into it [SIM-CHOICE,
+ * as quest.c: still an upper bound of its live keys; a re-fold would re-read them each time the edge moves], and the
+ * estimate runs over the live pages, the oldest one counting its live tokens in the softmax and the selection
+ * (kvs_page_softmax_add_span, kvs_page_select_span); a prefill rebuilds the pages over the live set. Once the window
+ * slides [SIM-CHOICE]: a live set of at most t = B positions is attended whole with no estimate, and stage 1 keeps
+ * every candidate when they are at most t (a windowed cache never grows past the window, so the generation that the
+ * prompt budget B_p plans room for never materialises beyond it); a budget covering the window then holds and
+ * attends exactly the window. A full-attention layer keeps both rules above (results unchanged). The derivation
+ * (S, c, r, cap, page, k1) is a full layer's: the policy does not know W.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -253,6 +268,8 @@ typedef struct {
     /* device-resident set, ascending positions; pages are its consecutive runs of prm.page slots */
     int32_t *pos;
     int64_t cnt, pos_cap;
+    int64_t base;                /* sliding-window layer: the first live slot of pos (the older ones left) */
+    int64_t first;               /* positions before it were evicted by the host (sliding-window layer); 0 otherwise */
     float *kmin, *kmax;          /* [pg_cap][d] page minima and maxima (kmax unused when prm.page == 1) */
     int64_t pg_cap;
     int64_t pend_h2d, pend_d2h;  /* rocketkv_mt: slots moved by the last prefill, charged at the next step */
@@ -400,7 +417,7 @@ static void rebuild_pages(rk_state *s, const float *k) {
  * w candidates): writes the kept positions, ascending, to s->pos and sets s->cnt. */
 static void stage1(rk_state *s, const kvs_policy_view *view, int64_t nc, int64_t n_new) {
     int64_t bp = s->prm.prompt_budget;
-    if (nc <= bp) { /* nothing to evict */
+    if (nc <= bp || (s->first > 0 && nc <= s->budget)) { /* nothing to evict (header "Sliding-window layers") */
         memcpy(s->pos, s->cidx, (size_t)nc * sizeof(int32_t));
         s->cnt = nc;
         return;
@@ -430,8 +447,19 @@ static void stage1(rk_state *s, const kvs_policy_view *view, int64_t nc, int64_t
 
 static kvs_status rocketkv_prefill(void *state, const kvs_policy_view *view) {
     rk_state *s = state;
-    int64_t n = view->n, first = view->turn_begin, n_new = n - first;
-    if (n_new <= 0) return KVS_OK;
+    /* the turn's new prompt positions inside the window (all of them on a full-attention layer) */
+    int64_t n = view->n, first = view->turn_begin > s->first ? view->turn_begin : s->first, n_new = n - first;
+    if (view->n - view->turn_begin <= 0) return KVS_OK;
+    if (n_new < 0) { /* the whole turn's prompt before the window (never: the window holds the prompt's end) */
+        n_new = 0;
+        first = n;
+    }
+    /* the live device set moves down to slot 0 (the pages are rebuilt below) */
+    if (s->base > 0) {
+        memmove(s->pos, s->pos + s->base, (size_t)(s->cnt - s->base) * sizeof(int32_t));
+        s->cnt -= s->base;
+        s->base = 0;
+    }
     kvs_rocketkv_params raw;
     rk_params(s->mode, &s->cfg, &s->model, s->budget, n, &raw, &s->prm);
     kvs_status st = scratch_reserve(s, n);
@@ -444,7 +472,7 @@ static kvs_status rocketkv_prefill(void *state, const kvs_policy_view *view) {
         nc = s->cnt;
         for (int64_t p = first; p < n; p++) s->cidx[nc++] = (int32_t)p;
     } else {
-        for (int64_t p = 0; p < n; p++) s->cidx[nc++] = (int32_t)p;
+        for (int64_t p = s->first; p < n; p++) s->cidx[nc++] = (int32_t)p;
     }
     if (s->mode == KVS_ROCKETKV_HSA) {
         memcpy(s->pos, s->cidx, (size_t)nc * sizeof(int32_t));
@@ -452,6 +480,7 @@ static kvs_status rocketkv_prefill(void *state, const kvs_policy_view *view) {
     } else if (s->mode == KVS_ROCKETKV_MT) {
         /* where each position was before: 1 = device, 2 = host, 3 = the new prompt (computed on the device) */
         memset(s->loc, 2, (size_t)n);
+        memset(s->loc, 0, (size_t)(s->first < n ? s->first : n)); /* gone with the window: nowhere */
         for (int64_t j = 0; j < s->cnt; j++) s->loc[s->pos[j]] = 1;
         for (int64_t p = first; p < n; p++) s->loc[p] = 3;
         stage1(s, view, nc, n_new);
@@ -477,21 +506,39 @@ static kvs_status rocketkv_select(void *state, const kvs_policy_view *view, kvs_
     int32_t p = (int32_t)(view->n - 1);
     kvs_status st = pos_reserve(s, s->cnt + 1);
     if (st != KVS_OK) return st;
-    KVS_ASSERT(s->cnt == 0 || s->pos[s->cnt - 1] < p);
+    KVS_ASSERT(s->cnt == s->base || s->pos[s->cnt - 1] < p);
     size_t d = (size_t)s->d;
     int64_t P = s->prm.page, slot = s->cnt;
     s->pos[s->cnt++] = p;
     s->seen = view->n;
+    /* a key opens its page, or the window's oldest live page when every older slot of it left */
     kvs_page_minmax_add(s->kmin + (size_t)(slot / P) * d, kmax_rows(s) + (size_t)(slot / P) * d, view->k + (size_t)p * d, d,
-                        slot % P == 0);
-    int64_t np = s->cnt, pages = (np + P - 1) / P;
+                        slot % P == 0 || slot == s->base);
+    int64_t np = s->cnt - s->base, pages = (s->cnt + P - 1) / P, fp = s->base / P;
     s->st_np = np;
-    s->st_pages = pages;
-    s->st_rmw = P >= 2 && slot % P != 0;
-    s->st_est = np > s->prm.k2;
+    s->st_pages = pages - fp;
+    s->st_rmw = P >= 2 && slot % P != 0 && slot != s->base;
+    s->st_est = s->first > 0 ? np > s->budget : np > s->prm.k2;
     if (!s->st_est) { /* every resident token fits the attention quota: nothing to estimate */
-        memcpy(sel->idx[0], s->pos, (size_t)np * sizeof(int32_t));
+        memcpy(sel->idx[0], s->pos + s->base, (size_t)np * sizeof(int32_t));
         sel->n[0] = np;
+        return KVS_OK;
+    }
+    if (s->first > 0) { /* the live pages fp.., the oldest holding its slots from base */
+        size_t k1 = (size_t)s->prm.k1, live = (size_t)(pages - fp);
+        kvs_qdims_topk(view->q, (size_t)s->group, d, k1, s->dims, s->use_max, s->dscr);
+        memset(s->grp, 0, live * sizeof *s->grp);
+        for (int g = 0; g < s->group; g++) {
+            const float *q = view->q + (size_t)g * d;
+            kvs_page_scores(q, s->dims, k1, s->use_max, s->kmin + (size_t)fp * d, kmax_rows(s) + (size_t)fp * d, d, live,
+                            s->ps);
+            kvs_page_softmax_add_span(s->ps, (size_t)P, (size_t)s->base, (size_t)s->cnt,
+                                      kvs_sparq_temperature(q, s->dims, k1, d), s->grp);
+        }
+        int64_t k = kvs_page_select_span(s->grp, (size_t)P, (size_t)s->base, (size_t)s->cnt, (size_t)s->prm.k2, 0,
+                                         s->slots, s->rank);
+        for (int64_t j = 0; j < k; j++) sel->idx[0][j] = s->pos[s->slots[j]];
+        sel->n[0] = k;
         return KVS_OK;
     }
     size_t k1 = (size_t)s->prm.k1;
@@ -512,8 +559,8 @@ static kvs_status rocketkv_select(void *state, const kvs_policy_view *view, kvs_
 static int64_t rocketkv_stored(void *state, int g, int32_t *out) {
     rk_state *s = state;
     (void)g;
-    memcpy(out, s->pos, (size_t)s->cnt * sizeof(int32_t));
-    return s->cnt;
+    memcpy(out, s->pos + s->base, (size_t)(s->cnt - s->base) * sizeof(int32_t));
+    return s->cnt - s->base;
 }
 
 /* rocketkv_mt: the device set and the host store, i.e. every position seen. */
@@ -521,8 +568,19 @@ static int64_t rocketkv_readable(void *state, int g, int32_t *out) {
     rk_state *s = state;
     (void)g;
     if (s->mode != KVS_ROCKETKV_MT) return rocketkv_stored(state, g, out);
-    for (int64_t p = 0; p < s->seen; p++) out[p] = (int32_t)p;
-    return s->seen;
+    int64_t m = 0;
+    for (int64_t p = s->first; p < s->seen; p++) out[m++] = (int32_t)p;
+    return m;
+}
+
+/* The host's eviction (header "Sliding-window layers"): the device set's oldest slots and the host store's oldest
+ * positions leave at once. */
+kvs_status kvs_rocketkv_window_evict(void *state, int64_t first) {
+    rk_state *s = state;
+    if (first <= s->first) return KVS_OK;
+    s->first = first;
+    while (s->base < s->cnt && s->pos[s->base] < first) s->base++;
+    return KVS_OK;
 }
 
 /* Cost model v2 (header "Storage and traffic"); KV storage and the attended reads stay the engine's default. */
@@ -539,7 +597,8 @@ static void rocketkv_account(void *state, const kvs_policy_view *view, const kvs
     out->write_bytes += (paged ? 2.0 * d : d) * kb;
     out->transient_bytes = s->st_est ? (double)(s->group + 1) * pages * s->model.aux_bytes : 0;
     if (s->mode == KVS_ROCKETKV_MT) {
-        out->host_bytes = kvs_policy_kv_bytes(&s->model, (double)(s->seen - s->cnt));
+        int64_t live_seen = s->seen - (s->first < s->seen ? s->first : s->seen);
+        out->host_bytes = kvs_policy_kv_bytes(&s->model, (double)(live_seen - (s->cnt - s->base)));
         out->h2d_bytes = kvs_policy_kv_bytes(&s->model, (double)s->pend_h2d);
         out->d2h_bytes = kvs_policy_kv_bytes(&s->model, (double)s->pend_d2h);
         s->pend_h2d = s->pend_d2h = 0;
@@ -577,4 +636,5 @@ const struct kvs_policy_ops kvs_policy_rocketkv = {
     .stored = rocketkv_stored,
     .readable = rocketkv_readable,
     .account = rocketkv_account,
+    .window_evict = kvs_rocketkv_window_evict,
 };

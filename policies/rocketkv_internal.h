@@ -67,6 +67,10 @@ kvs_status kvs_rocketkv_validate(kvs_rocketkv_variant v, const kvs_policy_config
 int kvs_rocketkv_notes(kvs_rocketkv_variant v, const kvs_policy_config *cfg, const kvs_policy_model *m, int64_t budget,
                        char *buf, size_t cap);
 
+/*! kvs_rocketkv_window_evict() : the host's eviction on a sliding-window layer (kvs_policy_ops.window_evict) of any
+ *  variant's instance: rocketkv.c "Sliding-window layers". */
+kvs_status kvs_rocketkv_window_evict(void *state, int64_t first);
+
 /*! kvs_rocketkv_create() : an instance of variant v (kvs_policy_ops.create); released with kvs_policy_rocketkv.free. */
 kvs_status kvs_rocketkv_create(kvs_rocketkv_variant v, const kvs_policy_init *init, void **state);
 

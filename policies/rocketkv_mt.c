@@ -13,6 +13,9 @@
  * position (Table 1's 1 + 2/c^((1+r)/2) counts both); a turn's prefill moves the positions its stage 1 selects
  * from the host to the device (h2d) and those it leaves from the device to the host (d2h), charged to the
  * turn's first decode step.
+ * Sliding-window layers: rocketkv.c's "Sliding-window layers"; what the window drops leaves the host store too (it
+ * does not exist in the model any more), so a later turn's stage 1 selects among the window's positions only and
+ * moves none of the dropped ones.
  */
 #include "registry.h"
 #include "rocketkv_internal.h"
@@ -77,4 +80,5 @@ const struct kvs_policy_ops kvs_policy_rocketkv_mt = {
     .stored = mt_stored,
     .readable = mt_readable,
     .account = mt_account,
+    .window_evict = kvs_rocketkv_window_evict,
 };

@@ -34,6 +34,18 @@
  * prompt values d n; reads: attention (default) + landmarks + U_r rows r x selected + SV; H2D = fetched values d x
  * tokens of chunks missed by the reuse cache (the previous step's chunks); D2H = the prompt values once, at the
  * first decode step after a prompt.
+ * Sliding-window layers (sim/replay.h): positions before the host's `first` (window_evict) no longer exist. A prompt's
+ * compression covers the window's positions only, [first, n) at its end (`cbase` = that first): the factorisation's
+ * input, the chunks (tiling [cbase, local_lo)), landmarks, outliers and local part are all built from them, and a
+ * budget B >= W (the compressed positions are at most W - 1) keeps every one of them (lossless at full rank). While
+ * decoding the window moves on: a chunk wholly before first is gone (no landmark scored or counted, no value on the
+ * host, no U_r row); a chunk straddling the edge keeps its landmark (the mean over all of its keys, as computed at
+ * the compression) and the factorisation is not redone [SIM-CHOICE: the paper's factors are per prompt]; it stays a
+ * candidate for its in-window positions only, which is what it costs against the sparse budget and what is rebuilt
+ * and attended. Exact local and outlier positions, the sparse buffer and the generated tokens before first leave
+ * the device (stored()), and readable() starts at first (the host values of the dropped positions are gone). The
+ * selection is emitted in ascending position order there (a full layer keeps its order: exact, chunks by score,
+ * generated), so a budget covering the window attends it exactly as the full window's reference sums it.
  * Cost: the factorisation is P (Hkv d)^2 MACs for the Gram matrix plus ~10 (Hkv d)^3 for the Jacobi sweeps, and
  * P (Hkv d) r x 2 for the reconstruction, once per prompt and layer; a decode step costs G C d for the landmarks.
  */
@@ -82,8 +94,11 @@ typedef struct {
     int64_t B, c, local_chunks, outl_param, rank_param;
     double rank_frac;
     int64_t cap;
-    /* compressed prompt: positions [0, ncomp) */
-    int64_t ncomp, local_lo, C, n_pending, n_seen;
+    /* compressed prompt: positions [cbase, ncomp) (cbase > 0 on a sliding-window layer only) */
+    int64_t ncomp, local_lo, C, n_pending, n_seen, cbase, pend_lo;
+    int64_t first;    /* positions before it were evicted by the host (sliding-window layer); 0 otherwise */
+    int64_t st_exact; /* the step just selected: exact positions attended (local, outliers, generated) */
+    int64_t st_live;  /* the step just selected: live non-outlier chunks (landmarks scored) */
     float *kpre, *kpost; /* [cap][d] the factorisation's input (pending, filled by prefill) */
     float *krpre, *krec; /* [cap][d] reconstructed pre-RoPE / post-RoPE keys */
     int lowrank, rank;
@@ -165,10 +180,16 @@ static kvs_status skv_create(const kvs_policy_init *init, void **state) {
     return KVS_OK;
 }
 
-/* Is position j of the compressed prompt held exactly on the device (local or an outlier chunk)? */
+/* Is position j (>= cbase) of the compressed prompt held exactly on the device (local or an outlier chunk)? */
 static int exact_held(const skv_state *s, int64_t j) {
     if (j >= s->local_lo) return 1;
-    return s->is_out[j / s->c];
+    return s->is_out[(j - s->cbase) / s->c];
+}
+
+/* Chunk m's positions [lo, hi) of the compressed prompt. */
+static void chunk_span(const skv_state *s, int64_t m, int64_t *lo, int64_t *hi) {
+    *lo = s->cbase + m * s->c;
+    *hi = *lo + s->c < s->local_lo ? *lo + s->c : s->local_lo;
 }
 
 /* The factorisation's input: every position seen; exact keys where the device holds them (and for the new prompt),
@@ -176,7 +197,7 @@ static int exact_held(const skv_state *s, int64_t j) {
 static kvs_status skv_prefill(void *state, const kvs_policy_view *v) {
     skv_state *s = state;
     int d = s->d;
-    for (int64_t j = 0; j < v->n; j++) {
+    for (int64_t j = s->first; j < v->n; j++) { /* the window's positions (every position on a full layer) */
         float *pre = s->kpre + (size_t)j * d, *post = s->kpost + (size_t)j * d;
         if (j < s->ncomp && !exact_held(s, j)) {
             memcpy(pre, s->krpre + (size_t)j * d, (size_t)d * sizeof *pre);
@@ -187,6 +208,7 @@ static kvs_status skv_prefill(void *state, const kvs_policy_view *v) {
         }
     }
     s->n_pending = v->n;
+    s->pend_lo = s->first;
     s->n_seen = v->n;
     return KVS_OK;
 }
@@ -205,19 +227,21 @@ static int cmp_pi(const void *a, const void *b, void *ctx) {
     return x < y ? -1 : x > y;
 }
 
-/* Chunks, landmarks, outliers and the budget split of one KV head over the compressed prompt [0, n). */
-static void build_chunks(skv_state *s, int64_t n) {
+/* Chunks, landmarks, outliers and the budget split of one KV head over the compressed prompt [lo0, n). */
+static void build_chunks(skv_state *s, int64_t lo0, int64_t n) {
     int d = s->d;
-    int64_t c = s->c;
+    int64_t c = s->c, len = n - lo0;
     s->ncomp = n;
-    int64_t local_n = s->local_chunks * c + n % c;
+    s->cbase = lo0;
+    int64_t local_n = s->local_chunks * c + len % c;
     if (local_n > s->B) local_n = s->B;
-    if (local_n > n) local_n = n;
+    if (local_n > len) local_n = len;
     s->local_lo = n - local_n;
-    s->C = (s->local_lo + c - 1) / c;
+    s->C = (s->local_lo - lo0 + c - 1) / c;
     int64_t R = s->B - local_n;
     for (int64_t m = 0; m < s->C; m++) {
-        int64_t lo = m * c, hi = lo + c < s->local_lo ? lo + c : s->local_lo;
+        int64_t lo, hi;
+        chunk_span(s, m, &lo, &hi);
         double acc[KVS_TRACE_MAX_HEAD_DIM] = {0};
         for (int64_t j = lo; j < hi; j++)
             for (int a = 0; a < d; a++) acc[a] += s->kpost[(size_t)j * d + a];
@@ -252,7 +276,9 @@ static void build_chunks(skv_state *s, int64_t n) {
     for (int64_t i = 0; i < want; i++) {
         int64_t m = s->order[i];
         s->is_out[m] = 1;
-        s->out_tokens += (m + 1) * c < s->local_lo ? c : s->local_lo - m * c;
+        int64_t lo, hi;
+        chunk_span(s, m, &lo, &hi);
+        s->out_tokens += hi - lo;
     }
     s->n_out = want;
     s->sparse_tokens = R - s->out_tokens;
@@ -267,8 +293,11 @@ static kvs_status skv_layer_sync(void *const *states, int n_kv_heads, kvs_policy
     if (phase != KVS_SYNC_PREFILL) return KVS_OK;
     skv_state *s0 = states[0];
     int d = s0->d, H = n_kv_heads, N = H * d;
-    int64_t n = s0->n_pending;
+    int64_t n = s0->n_pending, lo = s0->pend_lo; /* the compressed positions [lo, n): the window's on such a layer */
     if (n <= 0) return KVS_OK;
+    for (int h = 1; h < H; h++)
+        if (((const skv_state *)states[h])->pend_lo != lo)
+            return kvs_fail(KVS_ERR_STATE, "shadowkv: the KV heads of a layer disagree on the window's first position");
     double *A = calloc((size_t)N * (size_t)N, sizeof *A), *V = malloc((size_t)N * (size_t)N * sizeof *V),
            *w = malloc((size_t)N * sizeof *w), *row = malloc((size_t)N * sizeof *row), *coef = NULL;
     kvs_status st = KVS_OK;
@@ -276,7 +305,7 @@ static kvs_status skv_layer_sync(void *const *states, int n_kv_heads, kvs_policy
         st = kvs_fail(KVS_ERR_NOMEM, "shadowkv: out of memory (Gram matrix %d x %d)", N, N);
         goto done;
     }
-    for (int64_t j = 0; j < n; j++) { /* K̂^T K̂ over the concatenated heads */
+    for (int64_t j = lo; j < n; j++) { /* K̂^T K̂ over the concatenated heads */
         for (int h = 0; h < H; h++) {
             const skv_state *sh = states[h];
             for (int a = 0; a < d; a++) row[h * d + a] = sh->kpre[(size_t)j * d + a];
@@ -289,7 +318,7 @@ static kvs_status skv_layer_sync(void *const *states, int n_kv_heads, kvs_policy
     for (int x = 0; x < N; x++) /* the upper triangle mirrored */
         for (int y = x + 1; y < N; y++) A[(size_t)y * N + x] = A[(size_t)x * N + y];
     if ((st = kvs_sym_eig(A, N, w, V)) != KVS_OK) goto done;
-    int full = N < n ? N : (int)n;
+    int full = N < n - lo ? N : (int)(n - lo);
     int r = s0->rank_frac > 0 ? (int)lround(s0->rank_frac * N) : s0->rank_param > 0 ? (int)s0->rank_param : 160;
     if (r < 1) r = 1;
     if (r > full) r = full;
@@ -299,7 +328,7 @@ static kvs_status skv_layer_sync(void *const *states, int n_kv_heads, kvs_policy
         st = kvs_fail(KVS_ERR_NOMEM, "shadowkv: out of memory");
         goto done;
     }
-    for (int64_t j = 0; j < n; j++) {
+    for (int64_t j = lo; j < n; j++) {
         for (int h = 0; h < H; h++) {
             const skv_state *sh = states[h];
             for (int a = 0; a < d; a++) row[h * d + a] = sh->kpre[(size_t)j * d + a];
@@ -331,7 +360,7 @@ static kvs_status skv_layer_sync(void *const *states, int n_kv_heads, kvs_policy
         sh->lowrank = lowrank;
         sh->n_sigma = N < SKV_MAX_SIGMA ? N : SKV_MAX_SIGMA;
         for (int i = 0; i < sh->n_sigma; i++) sh->sigma[i] = sqrt(w[i] > 0 ? w[i] : 0);
-        build_chunks(sh, n);
+        build_chunks(sh, lo, n);
     }
 done:
     free(A), free(V), free(w), free(row), free(coef);
@@ -347,10 +376,13 @@ static kvs_status skv_select(void *state, const kvs_policy_view *v, kvs_policy_s
     /* chunk probabilities: softmax per query head over the non-outlier landmarks, max over the group */
     int64_t nc = 0;
     for (int64_t m = 0; m < s->C; m++) {
+        int64_t lo, hi;
+        chunk_span(s, m, &lo, &hi);
         s->pi[m] = 0;
         s->sel_now[m] = 0;
-        if (!s->is_out[m]) s->order[nc++] = m;
+        if (!s->is_out[m] && hi > s->first) s->order[nc++] = m; /* chunks the window dropped are no candidates */
     }
+    s->st_live = nc;
     if (nc > 0 && s->sparse_tokens > 0) {
         for (int g = 0; g < v->group; g++) {
             const float *q = v->q + (size_t)g * d;
@@ -371,14 +403,17 @@ static kvs_status skv_select(void *state, const kvs_policy_view *v, kvs_policy_s
         }
         qsort_r(s->order, (size_t)nc, sizeof *s->order, cmp_pi, s->pi);
     }
-    /* local and outlier tokens: exact */
-    for (int64_t j = 0; j < s->ncomp; j++)
+    /* local and outlier tokens: exact (those still in the window) */
+    int64_t live_lo = s->cbase > s->first ? s->cbase : s->first;
+    for (int64_t j = live_lo; j < s->ncomp; j++)
         if (exact_held(s, j)) idx[m_++] = (int32_t)j;
     /* selected chunks, in score order while their tokens fit the sparse budget */
     int64_t used = 0, chunks = 0, misses = 0, miss_tokens = 0;
     if (s->sparse_tokens > 0)
         for (int64_t i = 0; i < nc; i++) {
-            int64_t m = s->order[i], lo = m * s->c, hi = lo + s->c < s->local_lo ? lo + s->c : s->local_lo;
+            int64_t m = s->order[i], lo, hi;
+            chunk_span(s, m, &lo, &hi);
+            if (lo < s->first) lo = s->first; /* a chunk across the window's edge: its in-window positions */
             if (used + (hi - lo) > s->sparse_tokens) continue;
             s->sel_now[m] = 1;
             chunks++;
@@ -395,8 +430,20 @@ static kvs_status skv_select(void *state, const kvs_policy_view *v, kvs_policy_s
                 used++;
             }
         }
-    for (int64_t j = s->ncomp; j < v->n; j++) idx[m_++] = (int32_t)j; /* generated (and later prompts): exact */
+    for (int64_t j = s->ncomp > s->first ? s->ncomp : s->first; j < v->n; j++)
+        idx[m_++] = (int32_t)j; /* generated (and later prompts): exact */
     sel->n[0] = m_;
+    s->st_exact = m_ - used;
+    if (s->first > 0) /* ascending on a sliding-window layer (header): a budget covering the window then attends it in
+                       * the reference's order, bit for bit; the merged rows move with their entries */
+        for (int64_t i = 1; i < m_; i++)
+            for (int64_t j = i; j > 0 && idx[j - 1] > idx[j]; j--) {
+                int32_t t = idx[j];
+                idx[j] = idx[j - 1], idx[j - 1] = t;
+                const float *rk = sel->row_k[0][j], *rv = sel->row_v[0][j];
+                sel->row_k[0][j] = sel->row_k[0][j - 1], sel->row_v[0][j] = sel->row_v[0][j - 1];
+                sel->row_k[0][j - 1] = rk, sel->row_v[0][j - 1] = rv;
+            }
     memcpy(s->sel_prev, s->sel_now, (size_t)s->C);
     s->sel_tokens = used, s->sel_chunks = chunks, s->misses = misses, s->miss_tokens = miss_tokens;
     return KVS_OK;
@@ -406,10 +453,10 @@ static kvs_status skv_select(void *state, const kvs_policy_view *v, kvs_policy_s
 static int64_t skv_stored(void *state, int g, int32_t *out) {
     skv_state *s = state;
     (void)g;
-    int64_t m = 0;
-    for (int64_t j = 0; j < s->ncomp; j++)
-        if (exact_held(s, j) || s->sel_prev[j / s->c]) out[m++] = (int32_t)j;
-    for (int64_t j = s->ncomp; j < s->n_seen; j++) out[m++] = (int32_t)j;
+    int64_t m = 0, live_lo = s->cbase > s->first ? s->cbase : s->first;
+    for (int64_t j = live_lo; j < s->ncomp; j++)
+        if (exact_held(s, j) || s->sel_prev[(j - s->cbase) / s->c]) out[m++] = (int32_t)j;
+    for (int64_t j = s->ncomp > s->first ? s->ncomp : s->first; j < s->n_seen; j++) out[m++] = (int32_t)j;
     return m;
 }
 
@@ -418,8 +465,16 @@ static int64_t skv_stored(void *state, int g, int32_t *out) {
 static int64_t skv_readable(void *state, int g, int32_t *out) {
     skv_state *s = state;
     (void)g;
-    for (int64_t j = 0; j < s->n_seen; j++) out[j] = (int32_t)j;
-    return s->n_seen;
+    int64_t m = 0;
+    for (int64_t j = s->first; j < s->n_seen; j++) out[m++] = (int32_t)j;
+    return m;
+}
+
+/* The host's eviction (header "Sliding-window layers"): every part of the state reads `first`. */
+static kvs_status skv_window_evict(void *state, int64_t first) {
+    skv_state *s = state;
+    if (first > s->first) s->first = first;
+    return KVS_OK;
 }
 
 static void skv_account(void *state, const kvs_policy_view *v, const kvs_policy_sel *sel, kvs_policy_cost *out) {
@@ -427,16 +482,19 @@ static void skv_account(void *state, const kvs_policy_view *v, const kvs_policy_
     (void)sel;
     const kvs_policy_model *m = &s->m;
     double d = s->d, eb = m->kv_bytes, r = s->lowrank ? s->rank : 0;
-    double exact = (double)(s->ncomp - s->local_lo) + (double)s->out_tokens + (double)(v->n - s->ncomp);
+    int64_t live_lo = s->cbase > s->first ? s->cbase : s->first;
+    double exact = s->first > 0 ? (double)s->st_exact
+                                : (double)(s->ncomp - s->local_lo) + (double)s->out_tokens + (double)(v->n - s->ncomp);
     out->kv_bytes = out->dedup_kv_bytes = kvs_policy_kv_bytes(m, exact + (double)s->sel_tokens);
-    double landmarks = d * (double)(s->C - s->n_out);
-    double U = (double)s->ncomp * r / (double)s->Hkv, SV = r * d;
+    double landmarks = d * (double)(s->first > 0 ? s->st_live : s->C - s->n_out);
+    double live = (double)(s->ncomp > live_lo ? s->ncomp - live_lo : 0); /* compressed positions still existing */
+    double U = live * r / (double)s->Hkv, SV = r * d;
     out->aux_bytes = eb * (landmarks + U + SV) + INDEX_BYTES * (double)s->sel_chunks;
-    out->host_bytes = eb * d * (double)s->ncomp;
+    out->host_bytes = eb * d * live;
     out->read_aux_bytes = out->read_aux_unfused_bytes = eb * (landmarks + r * (double)s->sel_tokens + SV);
     double miss_tokens = (double)s->miss_tokens;
     out->h2d_bytes = eb * d * miss_tokens;
-    out->d2h_bytes = s->first_decode ? eb * d * (double)s->ncomp : 0;
+    out->d2h_bytes = s->first_decode ? eb * d * (double)(s->ncomp - s->cbase) : 0;
     out->write_bytes += eb * d * ((s->lowrank ? (double)s->sel_tokens : 0) + miss_tokens);
     out->transient_bytes = INDEX_BYTES * (double)s->C; /* the chunk scores */
     s->first_decode = 0;
@@ -481,4 +539,5 @@ const struct kvs_policy_ops kvs_policy_shadowkv = {
     .stored = skv_stored,
     .readable = skv_readable,
     .account = skv_account,
+    .window_evict = skv_window_evict,
 };

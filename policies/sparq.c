@@ -28,6 +28,13 @@
  * the copy per estimating head (G of them in head mode, one in group mode); writes = the new K/V plus its copy
  * (d); no estimate when every token fits the quota. Transient: the scores, (G+1) n aux elements. The estimate
  * reads every key's r columns, so stored() = readable() = every position (the engine's default).
+ *
+ * Sliding-window layers (sim/replay.h): positions before the host's `first` (window_evict) leave the key copy and the
+ * candidates: the estimate reads, softmaxes (group mode) and ranks only [first, n), so no selection reaches behind
+ * the window, and the aux copy counts the window's keys. r is still derived from S (the policy does not know W), so
+ * on a window the estimate reads fewer than t/2 KV pairs. Once the window slides, a live set of at most t = B
+ * positions is attended whole with no estimate [SIM-CHOICE, as quest.c]: its reads fit the token budget, and a budget
+ * covering the window attends exactly the window; a full-attention layer keeps the quota rule (results unchanged).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -107,6 +114,7 @@ typedef struct {
     int32_t *rank;         /* [cap] */
     int64_t cap;
     int st_est;            /* the step just selected estimated (for account()) */
+    int64_t first;         /* positions before it were evicted by the host (sliding-window layer); 0 otherwise */
 } sparq_state;
 
 static void sparq_free(void *state) {
@@ -165,14 +173,16 @@ static kvs_status sparq_prefill(void *state, const kvs_policy_view *view) {
 
 static kvs_status sparq_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {
     sparq_state *s = state;
-    int64_t n = view->n;
+    /* the live keys [first, n): every position on a full-attention layer */
+    int64_t n = view->n - s->first;
+    const float *keys = view->k + (size_t)s->first * (size_t)s->d;
     kvs_status st = sparq_reserve(s, n);
     if (st != KVS_OK) return st;
     size_t d = (size_t)s->d, r = (size_t)s->r;
-    s->st_est = n > s->quota;
+    s->st_est = s->first > 0 ? n > s->budget : n > s->quota;
     if (!s->st_est) {
         for (int li = 0; li < sel->n_lists; li++) {
-            for (int64_t j = 0; j < n; j++) sel->idx[li][j] = (int32_t)j;
+            for (int64_t j = 0; j < n; j++) sel->idx[li][j] = (int32_t)(s->first + j);
             sel->n[li] = n;
         }
         return KVS_OK;
@@ -182,7 +192,7 @@ static kvs_status sparq_select(void *state, const kvs_policy_view *view, kvs_pol
         for (int g = 0; g < s->group; g++) {
             const float *q = view->q + (size_t)g * d;
             kvs_qdims_topk(q, 1, d, r, s->dims, NULL, s->dscr);
-            kvs_page_scores(q, s->dims, r, NULL, view->k, view->k, d, (size_t)n, s->ps);
+            kvs_page_scores(q, s->dims, r, NULL, keys, keys, d, (size_t)n, s->ps);
             sel->n[g] = kvs_page_select(s->ps, (size_t)n, 1, (size_t)n, (size_t)s->quota, sel->idx[g], s->rank);
         }
     } else {
@@ -190,11 +200,20 @@ static kvs_status sparq_select(void *state, const kvs_policy_view *view, kvs_pol
         memset(s->grp, 0, (size_t)n * sizeof *s->grp);
         for (int g = 0; g < s->group; g++) {
             const float *q = view->q + (size_t)g * d;
-            kvs_page_scores(q, s->dims, r, NULL, view->k, view->k, d, (size_t)n, s->ps);
+            kvs_page_scores(q, s->dims, r, NULL, keys, keys, d, (size_t)n, s->ps);
             kvs_page_softmax_add(s->ps, (size_t)n, 1, (size_t)n, kvs_sparq_temperature(q, s->dims, r, d), s->grp);
         }
         sel->n[0] = kvs_page_select(s->grp, (size_t)n, 1, (size_t)n, (size_t)s->quota, sel->idx[0], s->rank);
     }
+    if (s->first > 0) /* slots of the live keys -> positions */
+        for (int li = 0; li < sel->n_lists; li++)
+            for (int64_t j = 0; j < sel->n[li]; j++) sel->idx[li][j] += (int32_t)s->first;
+    return KVS_OK;
+}
+
+static kvs_status sparq_window_evict(void *state, int64_t first) {
+    sparq_state *s = state;
+    if (first > s->first) s->first = first;
     return KVS_OK;
 }
 
@@ -202,7 +221,7 @@ static kvs_status sparq_select(void *state, const kvs_policy_view *view, kvs_pol
 static void sparq_account(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel, kvs_policy_cost *out) {
     sparq_state *s = state;
     (void)sel;
-    double kb = s->model.kv_bytes, d = s->d, n = (double)view->n;
+    double kb = s->model.kv_bytes, d = s->d, n = (double)(view->n - s->first); /* the live keys */
     double estimators = s->mode == SPARQ_HEAD ? (double)s->group : 1.0;
     out->aux_bytes = d * n * kb;
     out->read_aux_bytes = out->read_aux_unfused_bytes = s->st_est ? estimators * (double)s->r * n * kb : 0;
@@ -229,4 +248,5 @@ const struct kvs_policy_ops kvs_policy_sparq = {
     .prefill = sparq_prefill,
     .select = sparq_select,
     .account = sparq_account,
+    .window_evict = sparq_window_evict,
 };

@@ -133,6 +133,8 @@ static void test_peak_budget_and_period(void **state) {
                               .q = f.g->q + (size_t)p * 16, .q_first = p, .n_q = 1, .turn_begin = 0,
                               .prompt_end = PROMPT, .block_begin = p, .last_block = 1};
         assert_int_equal(cfg.ops->select(st, &v, &sel), KVS_OK);
+        /* the step's cut comes after its attention, in observe() (rkv ignores the probabilities) */
+        assert_int_equal(cfg.ops->observe(st, &v, &sel, NULL), KVS_OK);
         int64_t n = cfg.ops->stored(st, 0, held);
         assert_true(cnt[0] <= B);
         assert_int_equal(cnt[0], prev + 1);
