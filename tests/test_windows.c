@@ -511,12 +511,22 @@ static void assert_aggs_same(const char *what, const kvs_results_agg *a, const k
     }
 }
 
-/* Whether a run's zero-error promise at a budget covering the window applies: not to a policy without a token budget
- * (LagKV, SimLayerKV: their own parameters set the memory), nor to SyncKV, whose non-representative units miss the
- * tokens generated since their last anticipation whatever k is (its suspension, not the window: the same run on a
- * full-attention trace has an error at any budget). */
-static int exact_when_covered(const struct kvs_policy_ops *ops) {
-    return ops->budget_scope != KVS_BUDGET_NONE && strcmp(ops->name, "synckv") != 0;
+/* What must cover a windowed layer's window for a run to hold exactly the window (zero error): the budget the
+ * policy's allocation gave the head (hb); for the policies without a token budget, what their parameters keep
+ * (LagKV never compresses fewer than 2 lag held positions, sinks gone with the window; SimLayerKV's lazy layers keep
+ * n_init + n_recent, n_recent = 0 meaning the budget minus n_init); -1 when no setting promises it: SyncKV, whose
+ * non-representative units miss the tokens generated since their last anticipation whatever k is (its suspension,
+ * not the window: the same run on a full-attention trace has an error at any budget; engines_agree checks that its
+ * representatives attend the whole window instead), and any other policy without a budget. */
+static int64_t exact_cover(const kvs_replay_config *c, int64_t hb) {
+    const struct kvs_policy_ops *ops = c->policy.ops;
+    if (!strcmp(ops->name, "lagkv")) return 2 * (int64_t)kvs_policy_param_get(&c->policy, "lag") - 1;
+    if (!strcmp(ops->name, "simlayerkv")) {
+        int64_t r = (int64_t)kvs_policy_param_get(&c->policy, "n_recent");
+        return r > 0 ? (int64_t)kvs_policy_param_get(&c->policy, "n_init") + r : c->budget;
+    }
+    if (!strcmp(ops->name, "synckv") || ops->budget_scope == KVS_BUDGET_NONE) return -1;
+    return hb;
 }
 
 /* Asserts that every registered policy with window_evict has at least one configuration among cfg[0..n): the engine
@@ -633,7 +643,7 @@ static void test_replay_gemma3_engines(void **state) {
             /* a budget covering the window holds exactly the window (every policy replayed: bounded every step, over
              * the prompt only, or the full cache; the budget the policy's allocation gave this head) */
             int64_t hb = x->budgets[(size_t)a->layer * (size_t)src.model.n_kv_heads + (size_t)(a->q_head / src.model.group)];
-            if (w > 0 && hb >= w && exact_when_covered(cfg[i].policy.ops) && a->v[KVS_M_OUT_ERR] != 0)
+            if (w > 0 && exact_cover(&cfg[i], hb) >= w && a->v[KVS_M_OUT_ERR] != 0)
                 fail_msg("%s: layer %d pos %lld error %.9g with the budget %lld covering the window", names[i],
                          (int)a->layer, (long long)a->position, a->v[KVS_M_OUT_ERR], (long long)hb);
             if (w > 0 && !strcmp(cfg[i].policy.ops->name, "full")) {
@@ -692,6 +702,8 @@ static void engines_agree(const kvs_replay_source *src, int32_t W, const int64_t
     assert_int_equal(kvs_replay_execute(src, &o, &fast), KVS_OK);
     assert_int_equal(kvs_replay_reference(src, &o, &ref), KVS_OK);
     double pos_bytes = 2.0 * src->model.head_dim * src->model.kv_bytes;
+    double *most = calloc((size_t)src->model.n_positions, sizeof *most); /* [position] largest |S_t| on layer 0 */
+    assert_non_null(most);
     for (int i = 0; i < n; i++) {
         const kvs_replay_run_result *x = &fast->runs[i], *y = &ref->runs[i];
         if (x->status != KVS_OK || y->status != KVS_OK)
@@ -713,11 +725,22 @@ static void engines_agree(const kvs_replay_source *src, int32_t W, const int64_t
                 fail_msg("%s: pos %lld stores %g bytes, above the window", names[i], (long long)a->position,
                          a->v[KVS_M_STORAGE_KV]);
             int64_t hb = x->budgets[(size_t)(a->q_head / src->model.group)]; /* layer 0 */
-            if (hb >= W && exact_when_covered(cfg[i].policy.ops) && a->v[KVS_M_OUT_ERR] != 0)
+            if (exact_cover(&cfg[i], hb) >= W && a->v[KVS_M_OUT_ERR] != 0)
                 fail_msg("%s: pos %lld error %.9g with the budget %lld covering the window", names[i],
-                         (long long)a->position, a->v[KVS_M_OUT_ERR], (long long)hb);
+                         (long long)a->position, a->v[KVS_M_OUT_ERR], (long long)exact_cover(&cfg[i], hb));
+            if (a->position < src->model.n_positions && a->v[KVS_M_ATTENDED] > most[a->position])
+                most[a->position] = a->v[KVS_M_ATTENDED];
         }
+        /* SyncKV's representatives attend exactly the window at every step */
+        if (check_exact && !strcmp(cfg[i].policy.ops->name, "synckv"))
+            for (int64_t p = 0; p < src->model.n_positions; p++) {
+                if (most[p] == 0) continue; /* not measured (a prompt position) */
+                double want = (double)(p + 1 < W ? p + 1 : W);
+                if (most[p] != want) fail_msg("%s: pos %lld attends at most %g, the window is %g", names[i], (long long)p, most[p], want);
+            }
+        memset(most, 0, (size_t)src->model.n_positions * sizeof *most);
     }
+    free(most);
     kvs_replay_result_free(fast);
     kvs_replay_result_free(ref);
 }
