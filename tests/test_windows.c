@@ -644,8 +644,8 @@ static void test_replay_gemma3_engines(void **state) {
              * the prompt only, or the full cache; the budget the policy's allocation gave this head) */
             int64_t hb = x->budgets[(size_t)a->layer * (size_t)src.model.n_kv_heads + (size_t)(a->q_head / src.model.group)];
             if (w > 0 && exact_cover(&cfg[i], hb) >= w && a->v[KVS_M_OUT_ERR] != 0)
-                fail_msg("%s: layer %d pos %lld error %.9g with the budget %lld covering the window", names[i],
-                         (int)a->layer, (long long)a->position, a->v[KVS_M_OUT_ERR], (long long)hb);
+                fail_msg("%s: layer %d pos %lld error %.9g with %lld covering the window", names[i],
+                         (int)a->layer, (long long)a->position, a->v[KVS_M_OUT_ERR], (long long)exact_cover(&cfg[i], hb));
             if (w > 0 && !strcmp(cfg[i].policy.ops->name, "full")) {
                 if (!(a->v[KVS_M_OUT_ERR] == 0 && fabs(a->v[KVS_M_ATTN_RECALL] - 1) < 1e-6))
                     fail_msg("%s: layer %d pos %lld err %.9g recall %.17g", names[i], (int)a->layer,
@@ -726,7 +726,7 @@ static void engines_agree(const kvs_replay_source *src, int32_t W, const int64_t
                          a->v[KVS_M_STORAGE_KV]);
             int64_t hb = x->budgets[(size_t)(a->q_head / src->model.group)]; /* layer 0 */
             if (exact_cover(&cfg[i], hb) >= W && a->v[KVS_M_OUT_ERR] != 0)
-                fail_msg("%s: pos %lld error %.9g with the budget %lld covering the window", names[i],
+                fail_msg("%s: pos %lld error %.9g with %lld covering the window", names[i],
                          (long long)a->position, a->v[KVS_M_OUT_ERR], (long long)exact_cover(&cfg[i], hb));
             if (a->position < src->model.n_positions && a->v[KVS_M_ATTENDED] > most[a->position])
                 most[a->position] = a->v[KVS_M_ATTENDED];
