@@ -802,8 +802,11 @@ static void window_drop(d2o_state *s, d2o_list *L) {
     if (s->win_first <= 0) return;
     size_t d = (size_t)s->d;
     int64_t cnt = kvs_held_count(L->held), w = 0;
+    for (int64_t j = 0; j < cnt; j++) w += s->keep[j] = L->mo[j] >= s->win_first;
+    if (w == cnt) return;
+    w = 0;
     for (int64_t j = 0; j < cnt; j++) {
-        if (L->mo[j] < s->win_first) continue;
+        if (!s->keep[j]) continue;
         if (w != j) {
             L->nm[w] = L->nm[j];
             L->mo[w] = L->mo[j];
@@ -812,8 +815,6 @@ static void window_drop(d2o_state *s, d2o_list *L) {
         }
         w++;
     }
-    if (w == cnt) return;
-    for (int64_t j = 0; j < cnt; j++) s->keep[j] = L->mo[j] >= s->win_first;
     kvs_held_compact(L->held, s->keep);
 }
 
