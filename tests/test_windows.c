@@ -790,7 +790,7 @@ static void test_replay_windows_generated_two_turns(void **state) {
  * (both modes and scopes), MorphKV with a recent window of 4 (profile rows and qz), Scissorhands' rings, D2O's
  * merged slots (every merge mode, layer decisions, uniform allocation), SyncKV's sets (since_anticipation,
  * exclude_static, the layer union), lazy SimLayerKV layers (delta 0: every layer lazy; both detectors and both
- * evictions), short observation windows for SnapKV's family and CAKE, Q-Filters' and CurDKV's small windows: both
+ * evictions; n_init + n_recent = 41 covers the window only once the initial tokens' slots went to the recent part), short observation windows for SnapKV's family and CAKE, Q-Filters' and CurDKV's small windows: both
  * engines bit for bit, storage at most the window, and zero error where the budget covers the window (96). */
 static void test_replay_windows_generated_long(void **state) {
     (void)state;
@@ -809,7 +809,8 @@ static void test_replay_windows_generated_long(void **state) {
         "d2o:alloc=uniform", "d2o:alloc=uniform,merge=ref,tau=layer,decide=mean", "d2o:alloc=uniform,gqa=sum,sinks=2",
         "d2o:merge=none", "synckv:nr_recent=since_anticipation,m=2", "synckv:exclude_static=1,nr_union=layer,m=3",
         "simlayerkv:delta=0,n_recent=0", "simlayerkv:delta=0,n_recent=0,detect=prefill_last,lazy_evict=once",
-        "simlayerkv:delta=0,n_init=2,n_recent=12", "snapkv:window=4", "pyramidkv:window=4", "adakv:window=4",
+        "simlayerkv:delta=0,n_init=2,n_recent=12", "simlayerkv:delta=0,n_init=4,n_recent=37",
+        "simlayerkv:delta=0,n_init=4,n_recent=37,lazy_evict=once", "snapkv:window=4", "pyramidkv:window=4", "adakv:window=4",
         "cake:window=4", "qfilters:window=4", "cur:local_w=8,sinks=2"};
     const int64_t budgets[] = {16, 48, 96};
     engines_agree(&src, 40, budgets, 3, extra, (int)(sizeof extra / sizeof extra[0]), 1, "long");
