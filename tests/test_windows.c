@@ -830,6 +830,60 @@ static void test_replay_windows_generated_long(void **state) {
     kvs_test_replay_fixture_free(&f);
 }
 
+/* What the hook below checks: a score-count policy's retention scores after every step. */
+typedef struct {
+    int64_t history; /* Scissorhands: a count is at most the observations its ring holds */
+    int64_t checked, bad;
+} count_rec;
+
+static void check_counts(void *user, int config, int layer, int kv_head, int64_t pos, void *state,
+                         const struct kvs_policy_ops *ops, float *k, float *v, int64_t n) {
+    count_rec *r = user;
+    (void)config, (void)layer, (void)kv_head, (void)pos, (void)k, (void)v;
+    int32_t *idx = malloc((size_t)(n + 1) * sizeof *idx);
+    double *sc = malloc((size_t)(n + 1) * sizeof *sc);
+    assert_true(idx && sc);
+    for (int g = 0; g < 2; g++) { /* gqa=expand, group 2: a list per query head */
+        int64_t m = ops->stored(state, g, idx);
+        if (m > 0 && ops->scores(state, g, idx, m, sc))
+            for (int64_t j = 0; j < m; j++) {
+                if (isinf(sc[j])) continue; /* the protected recent entries */
+                r->checked++;
+                r->bad += !(sc[j] == floor(sc[j]) && sc[j] <= 0 && -sc[j] <= (double)r->history);
+            }
+    }
+    free(idx);
+    free(sc);
+}
+
+/* Scissorhands' counts stay the counts of the flags its rings hold while the window drops entries: after every
+ * step of the long windowed trace each scored entry's retention score is minus a whole number of unimportant
+ * observations, at most the ring's length (a ring left misaligned by a drop hands another entry's flags to the
+ * count's updates, which then leave that range). The fast engine (the reference takes no hooks; both agree bit for
+ * bit, test_replay_windows_generated_long). */
+static void test_window_keeps_scissorhands_counts(void **state) {
+    (void)state;
+    kvs_test_replay_fixture f;
+    kvs_gen_trace_opts go = kvs_test_grouped_opts(2, 2, 200, -1, 8, 11);
+    assert_int_equal(kvs_test_replay_fixture_make(&go, 2, 13, &f), KVS_OK);
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_memory(&f.mem, &src), KVS_OK);
+    const int32_t windows[2] = {40, 0};
+    src.layer_window = windows;
+    count_rec rec = {.history = 8};
+    kvs_replay_hooks hooks = {.user = &rec, .on_step_end = check_counts};
+    kvs_replay_config c = {.budget = 16, .budget_fraction = -1};
+    assert_int_equal(kvs_policy_parse("scissorhands:history=8,recent=2", &c.policy), KVS_OK);
+    kvs_replay_opts o = {.configs = &c, .n_configs = 1, .threads = 1, .measure = KVS_MEASURE_DECODE, .hooks = &hooks};
+    kvs_replay_result *r = NULL;
+    assert_int_equal(kvs_replay_execute(&src, &o, &r), KVS_OK);
+    assert_int_equal(r->runs[0].status, KVS_OK);
+    if (rec.bad || rec.checked < 1000)
+        fail_msg("%lld of %lld counts out of [0, 8] or fractional", (long long)rec.bad, (long long)rec.checked);
+    kvs_replay_result_free(r);
+    kvs_test_replay_fixture_free(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_header_round_trip_and_old_layout, kvs_test_tmp_setup, kvs_test_tmp_teardown),
@@ -842,6 +896,7 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_replay_gemma3_engines, kvs_test_cli_setup, kvs_test_cli_teardown),
         cmocka_unit_test(test_replay_windows_generated_two_turns),
         cmocka_unit_test(test_replay_windows_generated_long),
+        cmocka_unit_test(test_window_keeps_scissorhands_counts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
