@@ -35,7 +35,8 @@
  * at once, whichever part of the cache holds them: the sinks (the stream's first S tokens: gone with the window,
  * nothing replaces them), then the compressed prefix, then the tail; `base` shrinks by the entries dropped before it
  * (never below 0), so the next partitions start at the oldest uncompressed position the window leaves. A prefill
- * appends no position before it. With use_then_compress on a layer whose window already moves (first > 0), the
+ * appends no position before it (and the sinks among those never arrive: a first prompt longer than the window keeps
+ * no sink). With use_then_compress on a layer whose window already moves (first > 0), the
  * step's compression waits for the window's eviction of that step (window_evict runs it, over the same keys), so
  * no partition is scored with a position the window drops at once; before the window moves, and on every full
  * layer, it runs in select() as always. LagKV has no budget: a windowed layer holds at most its window.
@@ -225,7 +226,9 @@ static kvs_status lagkv_window_evict(void *state, int64_t first) {
     lag_state *s = state;
     if (first > s->win_first) {
         s->win_first = first;
-        int64_t k = kvs_held_drop_before(s->held, (int32_t)first);
+        /* before anything arrived (a first prompt longer than the window), the sinks before `first` never will */
+        int64_t k = kvs_held_count(s->held) == 0 ? (first < s->base ? first : s->base)
+                                                 : kvs_held_drop_before(s->held, (int32_t)first);
         s->base = s->base > k ? s->base - k : 0;
     }
     return flush_pending(s);
