@@ -578,8 +578,8 @@ static void assert_refused(const kvs_replay_source *src, kvs_replay_config c) {
  * registered policy and preset at budgets 3, 6, 12 and 24: a policy with window_evict gives the same numbers bit for
  * bit in both (every statistic of every layer and the run, the series, the largest attended set), the full cache has
  * zero error and recall 1 to float rounding (its reference is the window), every policy replayed has zero error
- * on a windowed layer whose budget (after the policy's own allocation) is >= the window (exact_when_covered), and its
- * resident KV bytes on a windowed layer never exceed the window; every registered policy with window_evict is
+ * on a windowed layer whose budget (after the policy's own allocation) is >= the window (exact_cover), and its
+ * resident KV bytes (device and host) on a windowed layer never exceed the window; every registered policy with window_evict is
  * replayed; a policy without window_evict (a test-only copy of a table) is refused by both, naming it. */
 static void test_replay_gemma3_engines(void **state) {
     kvs_test_cli_fx *f = *state;
@@ -653,6 +653,7 @@ static void test_replay_gemma3_engines(void **state) {
                 fail_msg("%s: series sample %lld differs", names[i], (long long)k);
             int32_t w = gemma_windows[a->layer];
             if (w > 0) assert_true(a->v[KVS_M_STORAGE_KV] <= (double)w * pos_bytes * src.model.group);
+            if (w > 0) assert_true(a->v[KVS_M_STORAGE_HOST] <= (double)w * pos_bytes * src.model.group); /* offloaded */
             /* a budget covering the window holds exactly the window (every policy replayed: bounded every step, over
              * the prompt only, or the full cache; the budget the policy's allocation gave this head) */
             int64_t hb = x->budgets[(size_t)a->layer * (size_t)src.model.n_kv_heads + (size_t)(a->q_head / src.model.group)];
@@ -682,8 +683,8 @@ static kvs_status deaf_evict(void *state, int64_t first) {
 /* Replays every policy with window_evict (its presets, and the `extra` variants taking other paths) at `budgets` on
  * src in both engines and asserts the same numbers bit for bit (every layer's statistics and the series); every
  * registered policy with window_evict has a configuration. With check_exact, on the windowed layer (window W at layer
- * 0): resident KV bytes never above the window, and zero error wherever the head's budget (after the policy's
- * allocation) covers the window (exact_when_covered). */
+ * 0): resident KV bytes, on the device and offloaded to the host, never above the window, and zero error wherever
+ * what the policy keeps covers the window (exact_cover). */
 static void engines_agree(const kvs_replay_source *src, int32_t W, const int64_t *budgets, int nb,
                           const char *const *extra, int n_extra, int check_exact, const char *test) {
     enum { MAX_CONFIGS = 512 };
@@ -734,9 +735,10 @@ static void engines_agree(const kvs_replay_source *src, int32_t W, const int64_t
             if (memcmp(a->v, y->steps[k].v, sizeof a->v))
                 fail_msg("%s: series sample %lld differs", names[i], (long long)k);
             if (!check_exact || a->layer != 0) continue;
-            if (!(a->v[KVS_M_STORAGE_KV] <= (double)W * pos_bytes * src->model.group))
-                fail_msg("%s: pos %lld stores %g bytes, above the window", names[i], (long long)a->position,
-                         a->v[KVS_M_STORAGE_KV]);
+            if (!(a->v[KVS_M_STORAGE_KV] <= (double)W * pos_bytes * src->model.group) ||
+                !(a->v[KVS_M_STORAGE_HOST] <= (double)W * pos_bytes * src->model.group))
+                fail_msg("%s: pos %lld stores %g bytes (host %g), above the window", names[i], (long long)a->position,
+                         a->v[KVS_M_STORAGE_KV], a->v[KVS_M_STORAGE_HOST]);
             int64_t hb = x->budgets[(size_t)(a->q_head / src->model.group)]; /* layer 0 */
             if (exact_cover(&cfg[i], hb) >= W && a->v[KVS_M_OUT_ERR] != 0)
                 fail_msg("%s: pos %lld error %.9g with %lld covering the window", names[i],
