@@ -32,6 +32,12 @@
  *  - Later turns reuse the first turn's per-head budgets (the allocation pass sees only the first prompt).
  * Budget convention: per (layer, KV head) budget bounds the retained prompt positions, window included;
  * generated tokens are all kept (prompt-only scope, as SnapKV).
+ * Sliding-window layers (sim/replay.h): the instance is SnapKV's, so its window_evict (snapkv.c) applies: the
+ * positions before the window's first leave the list at once and a prefill takes no candidate before it. The
+ * allocation keeps its rule, over the whole first prompt (the pass sees the prompt as the model's full layers do,
+ * and the layer total Hkv·B is what the paper shares out): a head of a windowed layer whose budget_h covers what the
+ * window leaves holds all of it and the rest of its share stays unused (it is not handed to the other heads, which
+ * all see the same window), so the layer never holds more than Hkv·B.
  */
 #include <stdlib.h>
 
@@ -206,6 +212,7 @@ static kvs_status ada_select(void *state, const kvs_policy_view *view, kvs_polic
     return kvs_policy_snapkv.select(state, view, sel);
 }
 static int64_t ada_stored(void *state, int g, int32_t *out) { return kvs_policy_snapkv.stored(state, g, out); }
+static kvs_status ada_window_evict(void *state, int64_t first) { return kvs_policy_snapkv.window_evict(state, first); }
 
 const struct kvs_policy_ops kvs_policy_adakv = {
     .version = KVS_POLICY_INTERFACE_VERSION,
@@ -228,4 +235,5 @@ const struct kvs_policy_ops kvs_policy_adakv = {
     .alloc_prefill = ada_alloc_prefill,
     .alloc_end = ada_alloc_end,
     .alloc_free = ada_alloc_free,
+    .window_evict = ada_window_evict,
 };

@@ -28,6 +28,13 @@
  *    reference's cache-order pooling are not offered.
  *  - τ defaults 1.0/1.0 (the code's fallback); the presets carry model2tau.json's values, keyed by model and the
  *    nearest tabulated budget (1024 or 128): pick the one matching the traced model.
+ * Sliding-window layers (sim/replay.h): the host's window_evict drops the held positions before the window's first
+ * at once (CAKE has no observe(): nothing needs the list aligned with a past selection), and a prefill takes no
+ * candidate before it; the reference's trigger P > B + w and the window w then apply to the candidates the window
+ * leaves. Decode is evict-then-attend, so the window's evictions always come before CAKE's own: with B_l at least
+ * the window the layer never scores and holds exactly the window. The allocation keeps its rule (preferences from
+ * the whole first prompt, the total L·(B − w)); a windowed layer whose B_l exceeds its window leaves the rest unused
+ * (its shift and dispersion are measured over the full causal rows the pass sees, not over the window).
  * Storage: KV of the held set (2d·B_l); AUX the layer preference (one scalar per layer, /Hkv per KV head). Traffic:
  * the attended K/V plus, on an evicting step, the scoring read of the one key attention does not read (fused), or of
  * all held keys (unfused). The prefill peak of the cascade is not reported by the replay (it counts decode steps).
@@ -300,6 +307,7 @@ typedef struct {
     int32_t *cand, *top;      /* [cap] */
     float *score, *pooled, *acc; /* [cap] */
     int64_t scored;           /* candidates scored at the last select (0: no eviction) */
+    int64_t win_first;        /* positions before it were evicted by the host (sliding-window layer); 0 otherwise */
 } cake_state;
 
 static void cake_free(void *state) {
@@ -374,11 +382,12 @@ static void cake_keep(cake_state *s, int64_t m, int64_t w, int64_t b) {
 
 static kvs_status cake_prefill(void *state, const kvs_policy_view *view) {
     cake_state *s = state;
-    int64_t fresh = view->n - view->turn_begin, m = s->n + fresh;
+    int64_t begin = view->turn_begin > s->win_first ? view->turn_begin : s->win_first; /* no candidate before it */
+    int64_t fresh = view->n > begin ? view->n - begin : 0, m = s->n + fresh;
     kvs_status rs = cake_reserve(s, m + 2);
     if (rs != KVS_OK) return rs;
     memcpy(s->cand, s->pos, (size_t)s->n * sizeof *s->cand);
-    for (int64_t j = 0; j < fresh; j++) s->cand[s->n + j] = (int32_t)(view->turn_begin + j);
+    for (int64_t j = 0; j < fresh; j++) s->cand[s->n + j] = (int32_t)(begin + j);
     int64_t w = s->w < fresh ? s->w : fresh;
     int compress = view->turn == 0 ? cake_compresses(m, s->nominal, s->wcfg) : m > s->budget;
     if (!compress || m <= w) {
@@ -444,6 +453,18 @@ static kvs_status cake_select(void *state, const kvs_policy_view *view, kvs_poli
     return KVS_OK;
 }
 
+/* The host's eviction (sim/replay.h "Sliding-window layers"): the held positions before `first` leave at once. */
+static kvs_status cake_window_evict(void *state, int64_t first) {
+    cake_state *s = state;
+    if (first <= s->win_first) return KVS_OK;
+    s->win_first = first;
+    int64_t j = 0;
+    while (j < s->n && s->pos[j] < first) j++;
+    memmove(s->pos, s->pos + j, (size_t)(s->n - j) * sizeof *s->pos);
+    s->n -= j;
+    return KVS_OK;
+}
+
 static int64_t cake_stored(void *state, int g, int32_t *out) {
     cake_state *s = state;
     (void)g;
@@ -503,6 +524,7 @@ const struct kvs_policy_ops kvs_policy_cake = {
     .prefill = cake_prefill,
     .select = cake_select,
     .stored = cake_stored,
+    .window_evict = cake_window_evict,
     .account = cake_account,
     .alloc_begin = cake_alloc_begin,
     .alloc_prefill = cake_alloc_prefill,

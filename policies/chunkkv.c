@@ -33,6 +33,12 @@
  *  - B <= w (PAPER): the window's last B positions are kept (SnapKV's rule; nothing is scored);
  *  - multi-turn (§0.3 [SIM-CHOICE]): a later turn compresses the retained context plus its prompt with its own
  *    window, the chunk grid over cache order.
+ * Sliding-window layers (sim/replay.h): the host's window_evict drops the held positions before the window's first
+ * at once (prompt-only: no observe() needs the list aligned), on every KV head of the layer alike (scope=layer's
+ * invariant holds); a prefill takes no candidate before it. A chunk is a decision, not an entity that outlives it:
+ * a kept chunk straddling the window's edge loses its older part and keeps the rest, and a later turn's grid tiles
+ * the candidates the window leaves, starting at its oldest. ChunkKV evicts only in prefill, after the window's
+ * evictions, so it never spends a chunk on a position the window drops, and B >= the window keeps all of it.
  * Accounting: the default (the attended K/V = B_p + t slots per KV head); the window attention and the token
  * scores are prefill temporaries.
  */
@@ -83,6 +89,7 @@ typedef struct {
     int32_t *top;     /* [cap] */
     char *mark;       /* [cap] */
     void *work;       /* kvs_attn_colsum_scratch_bytes(cap) */
+    int64_t win_first; /* positions before it were evicted by the host (sliding-window layer); 0 otherwise */
 } ck_state;
 
 static void chunkkv_free(void *state) {
@@ -198,7 +205,8 @@ static void decide(ck_state *s, const double *sigma, int64_t m, double window_sc
 static kvs_status chunkkv_prefill(void *state, const kvs_policy_view *view) {
     ck_state *s = state;
     int64_t first = view->block_begin > view->turn_begin ? view->block_begin : view->turn_begin;
-    int64_t n_new = view->n - first, nc = kvs_held_count(s->held) + n_new;
+    if (first < s->win_first) first = s->win_first; /* evicted by the host before the prefill: no candidate */
+    int64_t n_new = view->n > first ? view->n - first : 0, nc = kvs_held_count(s->held) + n_new;
     s->pend_m = -1;
     if (kvs_held_reserve(s->held, nc + 1) != KVS_OK) return kvs_fail(KVS_ERR_NOMEM, "chunkkv: out of memory");
     for (int64_t j = 0; j < n_new; j++) kvs_held_push(s->held, (int32_t)(first + j));
@@ -249,6 +257,15 @@ static kvs_status chunkkv_select(void *state, const kvs_policy_view *view, kvs_p
         return kvs_fail(KVS_ERR_NOMEM, "chunkkv: out of memory");
     kvs_held_push(s->held, (int32_t)(view->n - 1)); /* generated tokens are never evicted */
     sel->n[0] = kvs_held_copy(s->held, sel->idx[0]);
+    return KVS_OK;
+}
+
+/* The host's eviction (sim/replay.h "Sliding-window layers"): at once, and for the candidates of a later prefill. */
+static kvs_status chunkkv_window_evict(void *state, int64_t first) {
+    ck_state *s = state;
+    if (first <= s->win_first) return KVS_OK;
+    s->win_first = first;
+    kvs_held_drop_before(s->held, (int32_t)first);
     return KVS_OK;
 }
 
@@ -308,6 +325,7 @@ const struct kvs_policy_ops kvs_policy_chunkkv = {
     .free = chunkkv_free,
     .prefill = chunkkv_prefill,
     .layer_sync = chunkkv_layer_sync,
+    .window_evict = chunkkv_window_evict,
     .select = chunkkv_select,
     .stored = chunkkv_stored,
 };

@@ -29,6 +29,12 @@
  *    cache order with the same B, the first `sinks` cache entries forced.
  * GQA: per KV head, from its own keys and values; no queries are read (the method is attention-free).
  * Accounting: the default (the attended K/V = B_p + t slots); the scores are prefill temporaries only.
+ * Sliding-window layers (sim/replay.h): the host's window_evict drops the held positions before the window's first
+ * at once (prompt-only: no observe() needs the list aligned) and a prefill takes no candidate before it, so the
+ * leverage scores, their local windows and their normalisation are over the candidates the window leaves, and
+ * the forced `sinks` are the first cache entries as for a later turn (the window's oldest: the stream's first
+ * tokens are gone with the window). CurDKV evicts only in prefill, after the window's evictions, so B >= the
+ * window keeps all of it.
  */
 #include <math.h>
 #include <stdio.h>
@@ -68,6 +74,7 @@ typedef struct {
     int32_t *top;     /* [cap] */
     float *gamma;     /* [d][proj_r] sketch, NULL when proj_r = 0 */
     int64_t cap;
+    int64_t win_first; /* positions before it were evicted by the host (sliding-window layer); 0 otherwise */
 } cur_state;
 
 static void cur_free(void *state) {
@@ -170,7 +177,8 @@ void kvs_cur_scores(const float *keys, const float *values, const int32_t *idx, 
 static kvs_status cur_prefill(void *state, const kvs_policy_view *view) {
     cur_state *s = state;
     int64_t first = view->block_begin > view->turn_begin ? view->block_begin : view->turn_begin;
-    int64_t n_new = view->n - first, nc = kvs_held_count(s->held) + n_new;
+    if (first < s->win_first) first = s->win_first; /* evicted by the host before the prefill: no candidate */
+    int64_t n_new = view->n > first ? view->n - first : 0, nc = kvs_held_count(s->held) + n_new;
     if (kvs_held_reserve(s->held, nc + 1) != KVS_OK) return kvs_fail(KVS_ERR_NOMEM, "cur: out of memory");
     for (int64_t j = 0; j < n_new; j++) kvs_held_push(s->held, (int32_t)(first + j));
     if (nc <= s->budget) return KVS_OK;
@@ -200,6 +208,15 @@ static kvs_status cur_select(void *state, const kvs_policy_view *view, kvs_polic
         return kvs_fail(KVS_ERR_NOMEM, "cur: out of memory");
     kvs_held_push(s->held, (int32_t)(view->n - 1)); /* generated tokens are never evicted */
     sel->n[0] = kvs_held_copy(s->held, sel->idx[0]);
+    return KVS_OK;
+}
+
+/* The host's eviction (sim/replay.h "Sliding-window layers"): at once, and for the candidates of a later prefill. */
+static kvs_status cur_window_evict(void *state, int64_t first) {
+    cur_state *s = state;
+    if (first <= s->win_first) return KVS_OK;
+    s->win_first = first;
+    kvs_held_drop_before(s->held, (int32_t)first);
     return KVS_OK;
 }
 
@@ -237,4 +254,5 @@ const struct kvs_policy_ops kvs_policy_cur = {
     .prefill = cur_prefill,
     .select = cur_select,
     .stored = cur_stored,
+    .window_evict = cur_window_evict,
 };

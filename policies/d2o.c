@@ -108,6 +108,19 @@
  *    quirk (d), taken as T = 4. @paper = the paper's equations literally (variance=raw, the degenerate
  *    collapse of §8.3a), otherwise the defaults.
  *
+ * Sliding-window layers (sim/replay.h): the host's window_evict names the first position the next step can attend.
+ * At the start of a prefill, and in observe after this step's attention is added to acc and before D2O's own
+ * eviction (the lists stay aligned with the step's selection until then), every slot whose position is before it
+ * leaves with its acc, K/V and merge count; the window's evictions are not D2O's: they are neither matched nor
+ * merged (that would carry a dropped token on) and do not move tau. A merged slot is as old as the oldest token
+ * merged into it (each slot records that position): it leaves when that token leaves the window, its conserved
+ * token with it, because the merge cannot be undone (a real cache overwrote the slot's own K/V) and the window's
+ * model never sees the older token. The sinks are the stream's first T' positions: once they leave the window the
+ * eviction ranks every slot older than the last M (their places go to the heavy hitters; full layers keep the
+ * ranges by count as before). A prefill takes no candidate before the window. So D2O never spends an eviction (nor
+ * a merge) on a position the window drops, and B_l >= the window W never evicts: the layer holds exactly the
+ * window. The allocation keeps its rule (densities of the whole first prompt, sum_l B_l = L B); a windowed layer
+ * with B_l above its window leaves the rest unused, and skip=ref's uncompressed layers hold their window.
  * Costs per decode step (account(); POLICY_SPEC §2.3 Storage/Traffic, §3 row): KV = the held slots (the
  * engine's default: merged slots are slots, their rows replace the original's in place, nothing extra);
  * aux = one score per slot plus tau (one per cache; tau=layer: one per layer, a 1/Hkv share per KV head);
@@ -447,12 +460,14 @@ typedef struct {
     kvs_held *held;
     float *k, *v;     /* [cap][d] the slots' K/V: the trace rows copied on arrival, merged in place */
     int32_t *nm;      /* [cap] tokens merged into the slot so far (0: its own trace K/V) */
+    int32_t *mo;      /* [cap] the oldest position in the slot: its own, or of a token merged into it */
     int64_t cap;      /* slots k, v and nm have room for */
     double tau;       /* EMA threshold (Eq. 10), defined once events > 0 */
     int64_t events;   /* eviction events so far */
     /* the pending eviction event (evicted, matched, not yet merged or discarded) */
     float *ek, *ev;   /* [ecap][d] copies of the evicted K/V, ascending positions */
     int64_t *ej;      /* [ecap] j*: index of the nearest held slot */
+    int32_t *emo;     /* [ecap] the oldest position in each evicted slot (its mo) */
     double *em;       /* [ecap] its similarity */
     int64_t n_ev, ecap;
     int ev_decode;    /* the pending event is a decode step's (its merge writes are a step's cost) */
@@ -468,6 +483,7 @@ typedef struct {
     int full;                            /* layer not compressed: attend to everything */
     int64_t cache, n_sink, n_heavy, n_recent; /* S = T' + N + M */
     int64_t seen;                        /* positions seen (full layers' stored set) */
+    int64_t win_first;                   /* positions before it were evicted by the host (sliding-window layer) */
     d2o_list *lists;                     /* [n_lists] */
     /* scratch */
     char *keep;                          /* [kcap] keep masks of the held slots */
@@ -484,6 +500,8 @@ static void list_free(d2o_list *L) {
     free(L->k);
     free(L->v);
     free(L->nm);
+    free(L->mo);
+    free(L->emo);
     free(L->ek);
     free(L->ev);
     free(L->ej);
@@ -518,7 +536,9 @@ static kvs_status list_reserve(d2o_state *s, d2o_list *L, int64_t need) {
         if (v) L->v = v;
         int32_t *nm = realloc(L->nm, (size_t)cap * sizeof *nm);
         if (nm) L->nm = nm;
-        if (!k || !v || !nm) return nomem();
+        int32_t *mo = realloc(L->mo, (size_t)cap * sizeof *mo);
+        if (mo) L->mo = mo;
+        if (!k || !v || !nm || !mo) return nomem();
         L->cap = cap;
     }
     if (need > s->kcap) {
@@ -541,7 +561,9 @@ static kvs_status pending_reserve(d2o_state *s, d2o_list *L, int64_t need) {
     if (ej) L->ej = ej;
     double *em = realloc(L->em, (size_t)need * sizeof *em);
     if (em) L->em = em;
-    if (!ek || !ev || !ej || !em) return nomem();
+    int32_t *emo = realloc(L->emo, (size_t)need * sizeof *emo);
+    if (emo) L->emo = emo;
+    if (!ek || !ev || !ej || !em || !emo) return nomem();
     L->ecap = need;
     return KVS_OK;
 }
@@ -553,6 +575,7 @@ static void list_append(d2o_state *s, d2o_list *L, int32_t p, const kvs_policy_v
     KVS_ASSERT(j < L->cap);
     kvs_held_push(L->held, p);
     L->nm[j] = 0;
+    L->mo[j] = p;
     memcpy(L->k + (size_t)j * d, view->k + (size_t)p * d, d * sizeof(float));
     memcpy(L->v + (size_t)j * d, view->v + (size_t)p * d, d * sizeof(float));
 }
@@ -620,11 +643,13 @@ static kvs_status evict(d2o_state *s, d2o_list *L, const char *keep, int decode)
         if (!keep[j]) {
             memcpy(L->ek + (size_t)e * d, L->k + (size_t)j * d, d * sizeof(float));
             memcpy(L->ev + (size_t)e * d, L->v + (size_t)j * d, d * sizeof(float));
+            L->emo[e] = L->mo[j];
             e++;
             continue;
         }
         if (w != j) {
             L->nm[w] = L->nm[j];
+            L->mo[w] = L->mo[j];
             memcpy(L->k + (size_t)w * d, L->k + (size_t)j * d, d * sizeof(float));
             memcpy(L->v + (size_t)w * d, L->v + (size_t)j * d, d * sizeof(float));
         }
@@ -661,6 +686,7 @@ static kvs_status merge_list(const d2o_state *s, d2o_list *L, const char *merge)
         int64_t j = L->ej[i];
         kvs_d2o_merge(s->merge, L->k + (size_t)j * d, L->v + (size_t)j * d, s->d, 1, &ke, &ve, &L->em[i]);
         L->nm[j]++;
+        if (L->emo[i] < L->mo[j]) L->mo[j] = L->emo[i];
         if (L->ev_decode) L->merged_writes += 1;
         return KVS_OK;
     }
@@ -684,6 +710,7 @@ static kvs_status merge_list(const d2o_state *s, d2o_list *L, const char *merge)
             ke[b - a] = L->ek + (size_t)pr[b].i * d;
             ve[b - a] = L->ev + (size_t)pr[b].i * d;
             u[b - a] = L->em[pr[b].i];
+            if (L->emo[pr[b].i] < L->mo[j]) L->mo[j] = L->emo[pr[b].i];
         }
         kvs_d2o_merge(s->merge, L->k + (size_t)j * d, L->v + (size_t)j * d, s->d, b - a, ke, ve, u);
         L->nm[j] += (int32_t)(b - a);
@@ -767,6 +794,40 @@ static kvs_status settle(const d2o_state *s, d2o_list *L) {
     return finalize(s, &L, 1);
 }
 
+/* ---- sliding-window layers --------------------------------------------------------------------------- */
+
+/* The host's window evictions (header "Sliding-window layers"): the slots holding a position before s->win_first
+ * (their own, or a merged token's) leave, neither matched nor merged. */
+static void window_drop(d2o_state *s, d2o_list *L) {
+    if (s->win_first <= 0) return;
+    size_t d = (size_t)s->d;
+    int64_t cnt = kvs_held_count(L->held), w = 0;
+    for (int64_t j = 0; j < cnt; j++) w += s->keep[j] = L->mo[j] >= s->win_first;
+    if (w == cnt) return;
+    w = 0;
+    for (int64_t j = 0; j < cnt; j++) {
+        if (!s->keep[j]) continue;
+        if (w != j) {
+            L->nm[w] = L->nm[j];
+            L->mo[w] = L->mo[j];
+            memcpy(L->k + (size_t)w * d, L->k + (size_t)j * d, d * sizeof(float));
+            memcpy(L->v + (size_t)w * d, L->v + (size_t)j * d, d * sizeof(float));
+        }
+        w++;
+    }
+    kvs_held_compact(L->held, s->keep);
+}
+
+/* The first eviction index: the sinks (held slots 0..T'-1) are kept; on a windowed layer they are the stream's
+ * first T' positions, so only those still held. */
+static int64_t sink_end(const d2o_state *s, const d2o_list *L) {
+    if (s->win_first <= 0) return s->n_sink;
+    const int32_t *pos = kvs_held_pos(L->held);
+    int64_t cnt = kvs_held_count(L->held), j = 0;
+    while (j < cnt && j < s->n_sink && pos[j] < s->n_sink) j++;
+    return j;
+}
+
 /* ---- prefill ----------------------------------------------------------------------------------------- */
 
 /* The turn's prompt into cache li: candidates = the held slots + the prompt; acc += the column sums of every
@@ -774,7 +835,9 @@ static kvs_status settle(const d2o_state *s, d2o_list *L) {
  * of the others are kept (Eqs. 7-8), the rest evicted (one event). */
 static kvs_status prefill_list(d2o_state *s, int li, const kvs_policy_view *view) {
     d2o_list *L = &s->lists[li];
-    int64_t first = view->turn_begin, n_new = view->n - first, old = kvs_held_count(L->held);
+    window_drop(s, L);
+    int64_t first = view->turn_begin > s->win_first ? view->turn_begin : s->win_first; /* no candidate before it */
+    int64_t n_new = view->n - first, old = kvs_held_count(L->held);
     if (n_new <= 0) return KVS_OK;
     int64_t nc = old + n_new;
     kvs_status st = list_reserve(s, L, nc + 1);
@@ -810,7 +873,7 @@ static kvs_status prefill_list(d2o_state *s, int li, const kvs_policy_view *view
     kvs_policy_colsum(view, &src, &co, NULL, kvs_held_score(L->held), s->work);
     if (nc <= s->cache) return KVS_OK;
     /* keep the sinks (the oldest T' slots), the last M, and the N best acc in between (ties: the older) */
-    int64_t lo = s->n_sink, hi = nc - s->n_recent;
+    int64_t lo = sink_end(s, L), hi = nc - s->n_recent;
     KVS_ASSERT(hi - lo > s->n_heavy);
     kvs_held_mark_top(L->held, lo, hi, s->n_heavy, s->keep);
     if ((st = evict(s, L, s->keep, 0)) != KVS_OK) return st;
@@ -835,8 +898,8 @@ static kvs_status d2o_select(void *state, const kvs_policy_view *view, kvs_polic
     s->seen = view->n;
     if (s->full) {
         for (int li = 0; li < sel->n_lists; li++) {
-            for (int64_t j = 0; j < view->n; j++) sel->idx[li][j] = (int32_t)j;
-            sel->n[li] = view->n;
+            for (int64_t j = s->win_first; j < view->n; j++) sel->idx[li][j - s->win_first] = (int32_t)j;
+            sel->n[li] = view->n - s->win_first;
         }
         return KVS_OK;
     }
@@ -870,9 +933,11 @@ static kvs_status d2o_observe(void *state, const kvs_policy_view *view, const kv
         KVS_ASSERT(sel->n[li] == cnt);
         if (s->gqa == KVS_D2O_GQA_EXPAND) kvs_held_add(L->held, probs[li]);
         else kvs_held_add_heads(L->held, probs, s->group, 0); /* acc += the group sum */
+        window_drop(s, L); /* the window's evictions first */
+        cnt = kvs_held_count(L->held);
         if (cnt <= s->cache) continue;
         /* one victim: the lowest acc between the sinks and the last M (the newer on ties) */
-        int64_t lo = s->n_sink, hi = cnt - s->n_recent;
+        int64_t lo = sink_end(s, L), hi = cnt - s->n_recent;
         KVS_ASSERT(hi > lo);
         memset(s->keep, 1, (size_t)cnt);
         s->keep[kvs_held_lowest(L->held, lo, hi)] = 0;
@@ -901,10 +966,18 @@ static kvs_status d2o_layer_sync(void *const *states, int n_kv_heads, kvs_policy
 static int64_t d2o_stored(void *state, int g, int32_t *out) {
     d2o_state *s = state;
     if (s->full) {
-        for (int64_t j = 0; j < s->seen; j++) out[j] = (int32_t)j;
-        return s->seen;
+        for (int64_t j = s->win_first; j < s->seen; j++) out[j - s->win_first] = (int32_t)j;
+        return s->seen - s->win_first;
     }
     return kvs_held_copy(s->lists[s->gqa == KVS_D2O_GQA_EXPAND ? g : 0].held, out);
+}
+
+/* Takes effect in the next prefill or observe (the lists stay aligned with this step's selection until then); a
+ * full layer's set starts there at once. */
+static kvs_status d2o_window_evict(void *state, int64_t first) {
+    d2o_state *s = state;
+    if (first > s->win_first) s->win_first = first;
+    return KVS_OK;
 }
 
 /* Cost model v2 (header "Costs per decode step"); KV storage and reads stay the engine's default. */
@@ -1000,6 +1073,7 @@ const struct kvs_policy_ops kvs_policy_d2o = {
     .observe = d2o_observe,
     .layer_sync = d2o_layer_sync,
     .stored = d2o_stored,
+    .window_evict = d2o_window_evict,
     .account = d2o_account,
     .alloc_begin = d2o_alloc_begin,
     .alloc_prefill = d2o_alloc_prefill,

@@ -31,6 +31,15 @@
  *    implementation with a budget, not the authors' method, and would need a prompt-scoped budget this table
  *    cannot declare beside the recursive mode's none;
  *  - multi-turn: the recursive rule simply continues over a later turn's prompt (one append of its positions).
+ * Sliding-window layers (sim/replay.h): the host's window_evict drops the held positions before the window's first
+ * at once, whichever part of the cache holds them: the sinks (the stream's first S tokens: gone with the window,
+ * nothing replaces them), then the compressed prefix, then the tail; `base` shrinks by the entries dropped before it
+ * (never below 0), so the next partitions start at the oldest uncompressed position the window leaves. A prefill
+ * appends no position before it (and the sinks among those never arrive: a first prompt longer than the window keeps
+ * no sink). With use_then_compress on a layer whose window already moves (first > 0), the
+ * step's compression waits for the window's eviction of that step (window_evict runs it, over the same keys), so
+ * no partition is scored with a position the window drops at once; before the window moves, and on every full
+ * layer, it runs in select() as always. LagKV has no budget: a windowed layer holds at most its window.
  * Accounting: the default (KV of the resident set at attention time); the integer `base` is the only state; the
  * per-trigger min/max vectors and scores are temporaries.
  */
@@ -76,6 +85,9 @@ typedef struct {
     char *mark;               /* [cap] */
     int32_t *scratch;         /* [lag] */
     int64_t mark_cap;
+    int64_t win_first;        /* positions before it were evicted by the host (sliding-window layer); 0 otherwise */
+    const float *pend_k, *pend_v; /* the history rows of a compression waiting for this step's window_evict */
+    int pending;
 } lag_state;
 
 static void lagkv_free(void *state) {
@@ -142,7 +154,7 @@ void kvs_lagkv_partition_scores(const float *x, const int32_t *part, int64_t len
 }
 
 /* The recursive rule after an append (header steps 1-5), over the keys and values of the view. */
-static kvs_status compress(lag_state *s, const kvs_policy_view *view) {
+static kvs_status compress(lag_state *s, const float *keys, const float *values) {
     int64_t n = kvs_held_count(s->held);
     if (n < s->base + 2 * s->lag) return KVS_OK;
     int64_t M = (n - s->base) / s->lag;
@@ -156,8 +168,8 @@ static kvs_status compress(lag_state *s, const kvs_policy_view *view) {
     const int32_t *pos = kvs_held_pos(s->held);
     for (int64_t p = 0; p + 1 < M; p++) {
         const int32_t *part = pos + s->base + p * s->lag, *ref = part + s->lag;
-        kvs_lagkv_partition_scores(view->k, part, s->lag, ref, s->lag, s->d, s->sk);
-        kvs_lagkv_partition_scores(view->v, part, s->lag, ref, s->lag, s->d, s->sv);
+        kvs_lagkv_partition_scores(keys, part, s->lag, ref, s->lag, s->d, s->sk);
+        kvs_lagkv_partition_scores(values, part, s->lag, ref, s->lag, s->d, s->sv);
         for (int64_t i = 0; i < s->lag; i++) s->sk[i] += s->v_weight * s->sv[i];
         kvs_held_top_mask(s->sk, s->lag, s->keep, s->mark + s->base + p * s->lag, s->scratch);
     }
@@ -173,20 +185,53 @@ static kvs_status append(lag_state *s, int64_t first, int64_t end) {
     return KVS_OK;
 }
 
+/* A compression still waiting for a window_evict (defensive: the host calls it every step once the window moves)
+ * runs before anything else changes the held set, over the same history rows. */
+static kvs_status flush_pending(lag_state *s) {
+    if (!s->pending) return KVS_OK;
+    s->pending = 0;
+    return compress(s, s->pend_k, s->pend_v);
+}
+
 static kvs_status lagkv_prefill(void *state, const kvs_policy_view *view) {
     lag_state *s = state;
+    kvs_status st = flush_pending(s);
+    if (st != KVS_OK) return st;
     int64_t first = view->block_begin > view->turn_begin ? view->block_begin : view->turn_begin;
-    kvs_status st = append(s, first, view->n);
-    return st != KVS_OK ? st : compress(s, view);
+    if (first < s->win_first) first = s->win_first; /* evicted by the host before the prefill */
+    st = append(s, first, view->n);
+    return st != KVS_OK ? st : compress(s, view->k, view->v);
 }
 
 static kvs_status lagkv_select(void *state, const kvs_policy_view *view, kvs_policy_sel *sel) {
     lag_state *s = state;
-    kvs_status st = append(s, view->n - 1, view->n);
-    if (st == KVS_OK && !s->use_then) st = compress(s, view);
+    kvs_status st = flush_pending(s);
+    if (st == KVS_OK) st = append(s, view->n - 1, view->n);
+    if (st == KVS_OK && !s->use_then) st = compress(s, view->k, view->v);
     if (st != KVS_OK) return st;
     sel->n[0] = kvs_held_copy(s->held, sel->idx[0]);
-    return s->use_then ? compress(s, view) : KVS_OK; /* after the selection: this step attends the full tail */
+    if (!s->use_then) return KVS_OK;
+    if (s->win_first > 0) { /* the window moves: its eviction of this step comes first (window_evict) */
+        s->pend_k = view->k;
+        s->pend_v = view->v;
+        s->pending = 1;
+        return KVS_OK;
+    }
+    return compress(s, view->k, view->v); /* after the selection: this step attends the full tail */
+}
+
+/* The host's eviction (sim/replay.h "Sliding-window layers"): the held positions before `first` leave at once; the
+ * compressed prefix shrinks with them; then the step's waiting compression. */
+static kvs_status lagkv_window_evict(void *state, int64_t first) {
+    lag_state *s = state;
+    if (first > s->win_first) {
+        s->win_first = first;
+        /* before anything arrived (a first prompt longer than the window), the sinks before `first` never will */
+        int64_t k = kvs_held_count(s->held) == 0 ? (first < s->base ? first : s->base)
+                                                 : kvs_held_drop_before(s->held, (int32_t)first);
+        s->base = s->base > k ? s->base - k : 0;
+    }
+    return flush_pending(s);
 }
 
 static int64_t lagkv_stored(void *state, int g, int32_t *out) {
@@ -239,4 +284,5 @@ const struct kvs_policy_ops kvs_policy_lagkv = {
     .prefill = lagkv_prefill,
     .select = lagkv_select,
     .stored = lagkv_stored,
+    .window_evict = lagkv_window_evict,
 };

@@ -75,6 +75,15 @@
  *    softmax is fp64, not fp32, because fp32 exp returns 0 below about -87.3: candidates that far below a row's
  *    best all tied at 0 and the tie rule evicted a newer one that the fp64 reading ranks above an older one
  *    (fp64 exp underflows only below about -745, out of reach of real logit gaps).
+ * Sliding-window layers (sim/replay.h): the host's window_evict names the first position the next step can attend;
+ * the residents before it leave the resident set and their columns leave every profile row, at the start of a
+ * prefill, or in observe after this step's row is recorded (the row is aligned with the step's selection). The
+ * profile rows themselves stay: a row is a recent QUERY's attention, still one of the last R queries whatever the
+ * window, and only its columns of positions the window keeps remain (profile=qz recomputes those from the resident
+ * keys; its Z is the row's attention as it was computed). A prefill appends no position before the window and its
+ * window rows' visible counts start there. The next compression (select, evict-then-attend) ranks only the window's
+ * positions, so MorphKV never spends an eviction on a position the window drops, and B >= the window W never
+ * compresses: it holds exactly the window.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -189,6 +198,7 @@ typedef struct {
     /* the step just selected, for account() */
     int64_t step_nr, step_nd;
     int step_scored, step_rows;
+    int64_t win_first;       /* positions before it were evicted by the host (sliding-window layer); 0 otherwise */
 } morph_state;
 
 static int64_t cfg_ctot(const kvs_policy_config *cfg, int64_t budget) {
@@ -344,19 +354,34 @@ static void record_row(morph_state *s, const float *q_row, const float *k, int64
     }
 }
 
+static void compact(morph_state *s);
+
+/* Drops the residents before s->win_first (the host's window evictions) and their profile columns. */
+static void drop_before(morph_state *s) {
+    int64_t cnt = kvs_held_count(s->held), k = 0;
+    const int32_t *pos = kvs_held_pos(s->held);
+    while (k < cnt && pos[k] < s->win_first) k++;
+    if (k == 0) return;
+    memset(s->keep, 0, (size_t)k);
+    memset(s->keep + k, 1, (size_t)(cnt - k));
+    compact(s);
+}
+
 static kvs_status morphkv_prefill(void *state, const kvs_policy_view *view) {
     morph_state *s = state;
-    int64_t n_new = view->n - view->turn_begin, old = kvs_held_count(s->held);
+    drop_before(s);
+    int64_t begin = view->turn_begin > s->win_first ? view->turn_begin : s->win_first; /* no position before it */
+    int64_t n_new = view->n - begin, old = kvs_held_count(s->held);
     if (n_new <= 0) return KVS_OK;
     kvs_status st = reserve(s, old + n_new + 1);
     if (st != KVS_OK) return st;
-    for (int64_t p = view->turn_begin; p < view->n; p++) append(s, (int32_t)p);
+    for (int64_t p = begin; p < view->n; p++) append(s, (int32_t)p);
     if (!s->scoring) return KVS_OK;
     /* the last min(R, P) prompt queries initialise (or continue) the window rows, oldest first */
     int64_t w = n_new < s->R ? n_new : s->R;
     size_t Gd = (size_t)s->group * (size_t)s->d;
     for (int64_t qp = view->n - w; qp < view->n; qp++)
-        record_row(s, view->q + (size_t)(qp - view->q_first) * Gd, view->k, old + (qp - view->turn_begin) + 1, NULL);
+        record_row(s, view->q + (size_t)(qp - view->q_first) * Gd, view->k, old + (qp - begin) + 1, NULL);
     return KVS_OK;
 }
 
@@ -434,6 +459,14 @@ static kvs_status morphkv_observe(void *state, const kvs_policy_view *view, cons
     morph_state *s = state;
     KVS_ASSERT(sel->n[0] == kvs_held_count(s->held));
     if (s->scoring) record_row(s, view->q, view->k, kvs_held_count(s->held), probs);
+    drop_before(s); /* the window's evictions, after the row aligned with this step's selection */
+    return KVS_OK;
+}
+
+/* Takes effect in the next prefill or observe (the resident set stays aligned with this step's selection). */
+static kvs_status morphkv_window_evict(void *state, int64_t first) {
+    morph_state *s = state;
+    if (first > s->win_first) s->win_first = first;
     return KVS_OK;
 }
 
@@ -522,5 +555,6 @@ const struct kvs_policy_ops kvs_policy_morphkv = {
     .select = morphkv_select,
     .observe = morphkv_observe,
     .stored = morphkv_stored,
+    .window_evict = morphkv_window_evict,
     .account = morphkv_account,
 };

@@ -30,6 +30,12 @@
  *  - Later turns reuse the first turn's per-layer budgets (the allocation pass sees only the first prompt).
  * Budget convention: each layer's budget bounds its retained prompt positions, window included (prompt-only
  * scope like SnapKV); generated tokens are all kept.
+ * Sliding-window layers (sim/replay.h): the instance is SnapKV's, so its window_evict (snapkv.c) applies: the
+ * positions before the window's first leave the list at once and a prefill takes no candidate before it. The
+ * pyramid keeps its rule (it depends on the first prompt's length only, the same for every layer): a windowed
+ * layer whose s_l + W is at least its attention window holds the whole window and leaves the rest of its share
+ * unused, as a layer given more than its prompt does; the other layers are not handed that excess, so the run's
+ * total stays at most L·B.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -162,6 +168,7 @@ static kvs_status pyr_select(void *state, const kvs_policy_view *view, kvs_polic
     return kvs_policy_snapkv.select(state, view, sel);
 }
 static int64_t pyr_stored(void *state, int g, int32_t *out) { return kvs_policy_snapkv.stored(state, g, out); }
+static kvs_status pyr_window_evict(void *state, int64_t first) { return kvs_policy_snapkv.window_evict(state, first); }
 
 const struct kvs_policy_ops kvs_policy_pyramidkv = {
     .version = KVS_POLICY_INTERFACE_VERSION,
@@ -185,4 +192,5 @@ const struct kvs_policy_ops kvs_policy_pyramidkv = {
     .alloc_prefill = pyr_alloc_prefill,
     .alloc_end = pyr_alloc_end,
     .alloc_free = pyr_alloc_free,
+    .window_evict = pyr_window_evict,
 };

@@ -22,6 +22,11 @@
  * per new key, spec's "Storage"), the filter is AUX (d x aux_bytes per KV head) and the cached scores B x aux_bytes;
  * the window is min(window, B); a later turn's prefill runs the same rule over the resident set plus the new
  * prompt. A filter whose group members cancel (|f| small) is reported by nothing here beyond the score itself.
+ * Sliding-window layers (sim/replay.h): the host's window_evict drops the resident positions before the window's
+ * first at once, with their cached scores (evict-then-attend: no observe() needs them aligned), and a prefill
+ * appends none before it. The next append's cut then ranks only the window's positions, so Q-Filters never spends
+ * its own eviction on a position the window drops, and B >= the window holds all of it. The filters are the
+ * model's (or the calibration's), not the window's: they are unchanged.
  */
 #include "qfilters_internal.h"
 
@@ -231,6 +236,7 @@ typedef struct {
     int64_t n_res, cap;
     int32_t *tmp_i;
     float *tmp_f;
+    int64_t win_first; /* positions before it were evicted by the host (sliding-window layer); 0 otherwise */
 } qf_state;
 
 static kvs_status qf_create(const kvs_policy_init *init, void **state) {
@@ -293,7 +299,7 @@ static void cut(qf_state *s, int64_t keep, int64_t win) {
 
 static kvs_status qf_prefill(void *state, const kvs_policy_view *v) {
     qf_state *s = state;
-    for (int64_t p = v->turn_begin; p < v->n; p++) append(s, v, p);
+    for (int64_t p = v->turn_begin > s->win_first ? v->turn_begin : s->win_first; p < v->n; p++) append(s, v, p);
     cut(s, s->budget, s->window);
     return KVS_OK;
 }
@@ -304,6 +310,20 @@ static kvs_status qf_select(void *state, const kvs_policy_view *v, kvs_policy_se
     cut(s, s->budget, s->window > 0 ? s->window : 1); /* the current key always stays */
     memcpy(sel->idx[0], s->res, (size_t)s->n_res * sizeof *s->res);
     sel->n[0] = s->n_res;
+    return KVS_OK;
+}
+
+/* The host's eviction (sim/replay.h "Sliding-window layers"): the resident positions before `first` and their
+ * cached scores leave at once (both ascending by position: a prefix). */
+static kvs_status qf_window_evict(void *state, int64_t first) {
+    qf_state *s = state;
+    if (first <= s->win_first) return KVS_OK;
+    s->win_first = first;
+    int64_t j = 0;
+    while (j < s->n_res && s->res[j] < first) j++;
+    memmove(s->res, s->res + j, (size_t)(s->n_res - j) * sizeof *s->res);
+    memmove(s->score, s->score + j, (size_t)(s->n_res - j) * sizeof *s->score);
+    s->n_res -= j;
     return KVS_OK;
 }
 
@@ -356,6 +376,7 @@ const struct kvs_policy_ops kvs_policy_qfilters = {
     .prefill = qf_prefill,
     .select = qf_select,
     .stored = qf_stored,
+    .window_evict = qf_window_evict,
     .account = qf_account,
     .alloc_begin = qf_alloc_begin,
     .alloc_prefill = qf_alloc_prefill,

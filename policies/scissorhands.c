@@ -26,6 +26,13 @@
  *  - recent is capped at the target size B − drop; drop is capped at B (B = 1 keeps only the current token).
  *  - GQA: gqa=expand (default: the original is per attention head, like H2O here) keeps a cache per query head
  *    (storage G x); gqa=mean shares one cache per KV head, flags from the group-mean attention.
+ * Sliding-window layers (sim/replay.h): the host's window_evict names the first position the next step can attend;
+ * the entries before it leave the list with their flag rings and counts at the start of a prefill, or in observe
+ * after this step's flags are recorded and before the compression (the list stays aligned with the step's
+ * selection until then), and a prefill takes no candidate before it. The compression then ranks only the window's
+ * positions, so Scissorhands never spends a drop on a position the window drops anyway, and B >= the window W holds
+ * exactly the window (W − 1 entries between steps never reach B). The observation counter is the stream's: the
+ * rings' slots do not move.
  * Storage: K/V of the attended slots + per slot one fp32-sized counter (aux_bytes) and history/8 bytes of
  * flags; traffic: the attended K/V + the counters (read-modify-write counted once).
  */
@@ -69,6 +76,7 @@ typedef struct {
     int32_t aux_bytes;
     kvs_policy_model model;
     int64_t obs;      /* observations so far (same for every list) */
+    int64_t win_first; /* positions before it were evicted by the host (sliding-window layer); 0 otherwise */
     sh_list *lists;   /* [n_lists] */
     /* scratch */
     void *work;       /* kvs_attn_colsum_scratch_bytes(scratch_cap) */
@@ -167,6 +175,16 @@ static void list_push(sh_state *s, sh_list *L, int32_t p) {
     kvs_held_push(L->held, p);
 }
 
+/* Drops the entries before s->win_first (the host's window evictions), their flag rings with them. */
+static void drop_before(sh_state *s, sh_list *L) {
+    int64_t n = kvs_held_count(L->held), k = 0;
+    const int32_t *pos = kvs_held_pos(L->held);
+    while (k < n && pos[k] < s->win_first) k++;
+    if (k == 0) return;
+    memmove(L->ring, L->ring + (size_t)k * (size_t)s->history, (size_t)(n - k) * (size_t)s->history);
+    kvs_held_drop_before(L->held, (int32_t)s->win_first);
+}
+
 /* Records observation s->obs for list L: entries [0, visible) saw attention a[0..visible); the others were
  * not visible (flag 0). The caller advances s->obs once every list has recorded it. The flag leaving the ring
  * slot and the one entering it change the count (whole numbers, exact in the fp64 score). */
@@ -201,18 +219,20 @@ static void compress(sh_state *s, sh_list *L) {
 
 static kvs_status sh_prefill(void *state, const kvs_policy_view *view) {
     sh_state *s = state;
-    int64_t n_new = view->n - view->turn_begin;
+    int64_t begin = view->turn_begin > s->win_first ? view->turn_begin : s->win_first; /* no candidate before it */
+    int64_t n_new = view->n > begin ? view->n - begin : 0;
     for (int li = 0; li < s->n_lists; li++) {
+        drop_before(s, &s->lists[li]);
         int64_t need = kvs_held_count(s->lists[li].held) + n_new;
         kvs_status st = list_reserve(s, &s->lists[li], need);
         if (st == KVS_OK) st = scratch_reserve(s, need);
         if (st != KVS_OK) return st;
-        for (int64_t j = 0; j < n_new; j++) list_push(s, &s->lists[li], (int32_t)(view->turn_begin + j));
+        for (int64_t j = 0; j < n_new; j++) list_push(s, &s->lists[li], (int32_t)(begin + j));
     }
     /* Observations: the last min(history, n_new) prompt queries (earlier rows would leave the ring anyway). */
     int64_t rows = n_new < s->history ? n_new : s->history;
     for (int64_t i = n_new - rows; i < n_new; i++) {
-        int64_t p = view->turn_begin + i;
+        int64_t p = begin + i;
         for (int li = 0; li < s->n_lists; li++) {
             sh_list *L = &s->lists[li];
             int64_t n = kvs_held_count(L->held), visible = n - n_new + i + 1; /* the retained cache + prompt <= p */
@@ -265,9 +285,17 @@ static kvs_status sh_observe(void *state, const kvs_policy_view *view, const kvs
             kvs_heads_add(probs, (size_t)s->group, (size_t)n, 1, s->avg);
         }
         record(s, L, s->avg, n);
-        if (n >= s->budget) compress(s, L);
+        drop_before(s, L); /* the window's evictions first */
+        if (kvs_held_count(L->held) >= s->budget) compress(s, L);
     }
     s->obs++;
+    return KVS_OK;
+}
+
+/* Takes effect in the next prefill or observe (the lists stay aligned with this step's selection until then). */
+static kvs_status sh_window_evict(void *state, int64_t first) {
+    sh_state *s = state;
+    if (first > s->win_first) s->win_first = first;
     return KVS_OK;
 }
 
@@ -320,4 +348,5 @@ const struct kvs_policy_ops kvs_policy_scissorhands = {
     .stored = sh_stored,
     .scores = sh_scores,
     .account = sh_account,
+    .window_evict = sh_window_evict,
 };

@@ -22,6 +22,15 @@
  * n_recent=0 is a budgeted mode offered here, not the paper's: lazy layers keep the run's budget B (n_init sinks +
  * B − n_init recent), non-lazy layers everything. detect=prefill_w (the authors' commented-out prefill detector) is
  * not offered. Later turns: a lazy sliding layer is cut to n_init + n_recent − 1 at the end of each prompt.
+ * Sliding-window layers (sim/replay.h): the host's window_evict names the first position the next step can attend;
+ * the held set is then [first, seen) minus the gap, at once (the set is a rule over positions, like StreamingLLM's).
+ * The lazy score is the attention the layer really computes, placed by position: decode1 reads the first decode
+ * step's probabilities over its windowed set, prefill_last the last prompt query's softmax over its own window
+ * (first − 1 .. P − 1, the window before the host's eviction for the next token); the initial tokens' term is the
+ * attention on positions < n_init, 0 once they left the window (a windowed layer then looks lazy only by its recent
+ * mass). A lazy layer's initial tokens that left the window hand their slots to the recent part (as streaming.c's
+ * sinks), so n_init + n_recent >= the window W (budgeted mode: B >= W) holds exactly the window; lazy or not, no
+ * layer holds a position before the window.
  * Storage: KV of the held set; AUX one score per layer (/Hkv per KV head). Traffic = the attended K/V.
  */
 #include <stdlib.h>
@@ -71,7 +80,8 @@ typedef struct {
     int detect, evict, G, Hq, d, aux_bytes, Hkv;
     float scale;
     int64_t seen;          /* positions 0..seen−1 arrived */
-    int64_t gap_lo, gap_hi; /* held = [0, seen) minus [gap_lo, gap_hi) */
+    int64_t gap_lo, gap_hi; /* held = [win_first, seen) minus [gap_lo, gap_hi) */
+    int64_t win_first;     /* positions before it were evicted by the host (sliding-window layer); 0 otherwise */
     int decided, lazy, pending;
     double part;           /* this KV head's Σ over its query heads of the lazy mass (awaiting layer_sync) */
 } slk_state;
@@ -122,9 +132,11 @@ static kvs_status slk_create(const kvs_policy_init *init, void **state) {
 
 static void slk_free(void *state) { free(state); }
 
-/* Trim to the first n_init plus the last `recent` of [0, seen). */
+/* Trim to the first n_init plus the last `recent` of [0, seen); the initial tokens the window dropped give their
+ * slots to the recent part. */
 static void slk_trim(slk_state *s, int64_t recent) {
-    int64_t lo = s->seen - recent;
+    int64_t gone = s->win_first < s->n_init ? s->win_first : s->n_init;
+    int64_t lo = s->seen - recent - gone;
     if (lo <= s->n_init) return; /* nothing to drop beyond what is already gone */
     if (s->gap_hi <= s->gap_lo) s->gap_lo = s->n_init;
     if (lo > s->gap_hi) s->gap_hi = lo;
@@ -135,8 +147,9 @@ static kvs_status slk_prefill(void *state, const kvs_policy_view *view) {
     s->seen = view->n;
     if (s->lazy && s->evict == SLK_SLIDING) slk_trim(s, s->n_recent - 1);
     if (s->decided || s->detect != SLK_PREFILL_LAST || view->turn != 0) return KVS_OK;
-    /* the last prompt query of each head of the group over the P prompt keys */
-    int64_t n = view->n;
+    /* the last prompt query of each head of the group over the P prompt keys (a windowed layer: over its window,
+     * [first − 1, P) for the host's first = P − W + 1; the row by position, 0 before it) */
+    int64_t n = view->n, lo = s->win_first > 0 ? s->win_first - 1 : 0, m = n - lo;
     double *row = calloc((size_t)n, sizeof *row);
     float *sc = malloc((size_t)n * sizeof *sc);
     int32_t *idx = malloc((size_t)n * sizeof *idx);
@@ -146,12 +159,12 @@ static kvs_status slk_prefill(void *state, const kvs_policy_view *view) {
         free(idx);
         return kvs_fail(KVS_ERR_NOMEM, "simlayerkv: out of memory");
     }
-    for (int64_t j = 0; j < n; j++) idx[j] = (int32_t)j;
+    for (int64_t j = 0; j < m; j++) idx[j] = (int32_t)(lo + j);
     for (int g = 0; g < s->G; g++) {
         const float *q = view->q + ((size_t)(n - 1 - view->q_first) * (size_t)view->group + (size_t)g) * (size_t)s->d;
-        kvs_attn_scores(q, view->k, (size_t)s->d, idx, (size_t)n, (size_t)s->d, s->scale, sc);
-        kvs_softmax(sc, (size_t)n);
-        for (int64_t j = 0; j < n; j++) row[j] += sc[j];
+        kvs_attn_scores(q, view->k, (size_t)s->d, idx, (size_t)m, (size_t)s->d, s->scale, sc);
+        kvs_softmax(sc, (size_t)m);
+        for (int64_t j = 0; j < m; j++) row[lo + j] += sc[j];
     }
     s->part = kvs_slk_lazy_score(row, n, s->n_init, s->n_recent, 1);
     s->pending = 1;
@@ -163,7 +176,7 @@ static kvs_status slk_prefill(void *state, const kvs_policy_view *view) {
 
 static int64_t slk_list(const slk_state *s, int64_t n, int32_t *out) {
     int64_t m = 0;
-    for (int64_t j = 0; j < n; j++)
+    for (int64_t j = s->win_first; j < n; j++)
         if (j < s->gap_lo || j >= s->gap_hi) out[m++] = (int32_t)j;
     return m;
 }
@@ -179,14 +192,15 @@ static kvs_status slk_select(void *state, const kvs_policy_view *view, kvs_polic
 static kvs_status slk_observe(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel,
                               const float *const *probs) {
     slk_state *s = state;
-    (void)view;
     if (s->decided || s->detect != SLK_DECODE1) return KVS_OK;
-    /* first decode step: the set is every position 0..n−1, in ascending order (slk_list without a gap) */
-    int64_t n = sel->n[0];
+    /* first decode step: the set is every position of the window (0..n−1 on a full layer), in ascending order
+     * (slk_list without a gap); the row by position */
+    int64_t n = view->n, ns = sel->n[0];
+    const int32_t *idx = sel->idx[0];
     double *row = calloc((size_t)n, sizeof *row);
     if (!row) return kvs_fail(KVS_ERR_NOMEM, "simlayerkv: out of memory");
     for (int g = 0; g < s->G; g++)
-        for (int64_t j = 0; j < n; j++) row[j] += probs[g][j];
+        for (int64_t j = 0; j < ns; j++) row[idx[j]] += probs[g][j];
     s->part = kvs_slk_lazy_score(row, n, s->n_init, s->n_recent, 0);
     s->pending = 1;
     free(row);
@@ -207,6 +221,13 @@ static kvs_status slk_layer_sync(void *const *states, int n_kv_heads, kvs_policy
         s->lazy = lambda > s->delta;
         if (s->lazy) slk_trim(s, phase == KVS_SYNC_PREFILL ? s->n_recent - 1 : s->n_recent);
     }
+    return KVS_OK;
+}
+
+/* The host's eviction (sim/replay.h "Sliding-window layers"): the held set starts at `first` from now on. */
+static kvs_status slk_window_evict(void *state, int64_t first) {
+    slk_state *s = state;
+    if (first > s->win_first) s->win_first = first;
     return KVS_OK;
 }
 
@@ -244,4 +265,5 @@ const struct kvs_policy_ops kvs_policy_simlayerkv = {
     .layer_sync = slk_layer_sync,
     .stored = slk_stored,
     .account = slk_account,
+    .window_evict = slk_window_evict,
 };

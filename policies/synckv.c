@@ -42,6 +42,16 @@
  * over the whole history (the host holds it), positions of earlier turns fetched to the device; the step count t
  * restarts with each turn.
  *
+ * Sliding-window layers (sim/replay.h): the host's window_evict names the first position the next step can attend,
+ * and from then on a position before it exists nowhere (device or host): R units attend and store [first, n); the
+ * static, dynamic and pending sets (R's and NR's) lose their positions before it at once (the NR units' sets are
+ * lists of positions, no observe() needs them aligned); nr_recent's tokens start there too. The R unit's prompt
+ * selection ranks its last prompt query's attention over the positions the window leaves, and an anticipation ranks
+ * the step's attention (over the step's windowed set) among the positions still in the window after this step's
+ * eviction, so no set is ever spent on a position the window drops. The host store holds the window (host bytes
+ * and readable()). k keeps its rule (the first prompt's P and the budget, as every layer's): an NR unit of a
+ * windowed layer whose k covers the window still misses the tokens generated since its last anticipation (the
+ * method's suspension, not the window's), so unlike a plain budget a large k does not give zero error.
  * Storage and transfers (POLICY_SPEC §2.4 "Storage", "Traffic", §3): R units: device KV n, reads n. NR units:
  * device KV = the attended set (at most k + 1), aux = their index lists (int32), host = the full KV (n), d2h =
  * the new token every step plus the turn's prompt at its first decode step (the offload after prefill), h2d =
@@ -469,6 +479,8 @@ typedef struct {
     int anticipation, recent, layer_union, exclude_static, delta;
     /* turn and step */
     int64_t turn_begin, prompt_end, n_seen, t; /* t: the last decode step of the turn (0 after its prompt) */
+    int64_t win_first, sel_lo; /* the host evicted every position before win_first (sliding-window layer; 0
+                                * otherwise); sel_lo: the first position of an R unit's last selection */
     /* R unit: its latest sets, ascending; r_new: a dynamic set computed at this step for layer_sync */
     int32_t *r_stat, *r_dyn;
     int64_t nr_stat, nr_dyn;
@@ -575,9 +587,11 @@ static kvs_status synckv_prefill(void *state, const kvs_policy_view *view) {
     if (st != KVS_OK || !s->is_rep || s->k <= 0) return st;
     size_t Gd = (size_t)s->group * (size_t)s->d;
     const float *q = view->q + (size_t)(view->n_q - 1) * Gd;
-    pooled_attention(q, s->group, s->d, view->k, view->n, view->scale, s->pool, s->sc);
-    int64_t k = s->k < view->n ? s->k : view->n, kd = s->k_dyn < k ? s->k_dyn : k;
-    kvs_topk(s->pool, (size_t)view->n, (size_t)k, s->top); /* descending score */
+    int64_t lo = s->win_first < view->n ? s->win_first : view->n, n = view->n - lo; /* the window's positions */
+    pooled_attention(q, s->group, s->d, view->k + (size_t)lo * (size_t)s->d, n, view->scale, s->pool, s->sc);
+    int64_t k = s->k < n ? s->k : n, kd = s->k_dyn < k ? s->k_dyn : k;
+    kvs_topk(s->pool, (size_t)n, (size_t)k, s->top); /* descending score */
+    for (int64_t i = 0; i < k; i++) s->top[i] += (int32_t)lo;
     s->nr_stat = k - kd;
     s->nr_dyn = kd;
     memcpy(s->r_stat, s->top, (size_t)s->nr_stat * sizeof *s->top);
@@ -596,7 +610,7 @@ static int64_t nr_device_set(synckv_state *s, int64_t t, int64_t upto, int32_t *
     int64_t w = set_union(s->stat, s->n_stat, dyn, n_dyn, s->tmp);
     memcpy(out, s->tmp, (size_t)w * sizeof *out);
     if (s->recent == RECENT_SINCE)
-        for (int64_t j = anchor + 1; j < upto; j++)
+        for (int64_t j = anchor + 1 > s->win_first ? anchor + 1 : s->win_first; j < upto; j++)
             if (w == 0 || out[w - 1] < j) out[w++] = (int32_t)j; /* after every selected position: stays ascending */
     return w;
 }
@@ -610,8 +624,9 @@ static kvs_status synckv_select(void *state, const kvs_policy_view *view, kvs_po
     s->n_seen = n;
     s->st_fetched = 0;
     if (s->is_rep || s->k <= 0) {
-        for (int64_t j = 0; j < n; j++) sel->idx[0][j] = (int32_t)j;
-        sel->n[0] = n;
+        s->sel_lo = s->win_first;
+        for (int64_t j = s->sel_lo; j < n; j++) sel->idx[0][j - s->sel_lo] = (int32_t)j;
+        sel->n[0] = n - s->sel_lo;
         return KVS_OK;
     }
     if (s->has_pend && s->t >= s->pend_step) { /* the fetched dynamic set arrives */
@@ -635,20 +650,23 @@ static kvs_status synckv_observe(void *state, const kvs_policy_view *view, const
     synckv_state *s = state;
     if (!s->is_rep || s->k <= 0 || !s->anticipation || s->t % s->m != 0) return KVS_OK;
     int64_t n = sel->n[0];
-    if (n != view->n) return kvs_fail(KVS_ERR_STATE, "synckv: a representative attended %lld of %lld positions",
-                                      (long long)n, (long long)view->n);
-    for (int64_t j = 0; j < n; j++) {
+    if (n != view->n - s->sel_lo)
+        return kvs_fail(KVS_ERR_STATE, "synckv: a representative attended %lld of %lld positions", (long long)n,
+                        (long long)(view->n - s->sel_lo));
+    for (int64_t j = 0; j < n; j++) { /* pool[j]: position sel_lo + j */
         float x = probs[0][j];
         for (int g = 1; g < s->group; g++) x = probs[g][j] > x ? probs[g][j] : x;
         s->pool[j] = x;
     }
-    int64_t avail = n;
+    /* candidates: the positions still in the window after this step's eviction (window_evict ran before observe) */
+    int64_t off = s->win_first - s->sel_lo, avail = n - off;
     if (s->exclude_static) {
-        for (int64_t i = 0; i < s->nr_stat; i++) s->pool[s->r_stat[i]] = -INFINITY;
+        for (int64_t i = 0; i < s->nr_stat; i++) s->pool[s->r_stat[i] - s->sel_lo] = -INFINITY;
         avail -= s->nr_stat;
     }
     int64_t kd = s->k_dyn < avail ? s->k_dyn : avail;
-    kvs_topk_sorted(s->pool, (size_t)n, (size_t)kd, s->r_dyn);
+    kvs_topk_sorted(s->pool + off, (size_t)(n - off), (size_t)kd, s->r_dyn);
+    for (int64_t i = 0; i < kd; i++) s->r_dyn[i] += (int32_t)s->win_first;
     s->nr_dyn = kd;
     s->r_new = 1;
     return KVS_OK;
@@ -710,8 +728,8 @@ static int64_t synckv_stored(void *state, int g, int32_t *out) {
     synckv_state *s = state;
     (void)g;
     if (s->is_rep || s->k <= 0) {
-        for (int64_t j = 0; j < s->n_seen; j++) out[j] = (int32_t)j;
-        return s->n_seen;
+        for (int64_t j = s->win_first; j < s->n_seen; j++) out[j - s->win_first] = (int32_t)j;
+        return s->n_seen - s->win_first;
     }
     if (s->n_seen == 0) return 0;
     return nr_device_set(s, s->t + 1, s->n_seen, out);
@@ -721,8 +739,29 @@ static int64_t synckv_stored(void *state, int g, int32_t *out) {
 static int64_t synckv_readable(void *state, int g, int32_t *out) {
     synckv_state *s = state;
     (void)g;
-    for (int64_t j = 0; j < s->n_seen; j++) out[j] = (int32_t)j;
-    return s->n_seen;
+    for (int64_t j = s->win_first; j < s->n_seen; j++) out[j - s->win_first] = (int32_t)j;
+    return s->n_seen - s->win_first;
+}
+
+/* Drops the entries before `first` of the ascending set a[0..*n). */
+static void set_drop_before(int32_t *a, int64_t *n, int64_t first) {
+    int64_t j = 0;
+    while (j < *n && a[j] < first) j++;
+    memmove(a, a + j, (size_t)(*n - j) * sizeof *a);
+    *n -= j;
+}
+
+/* The host's eviction (sim/replay.h "Sliding-window layers"): every set loses its positions before `first` at once. */
+static kvs_status synckv_window_evict(void *state, int64_t first) {
+    synckv_state *s = state;
+    if (first <= s->win_first) return KVS_OK;
+    s->win_first = first;
+    set_drop_before(s->r_stat, &s->nr_stat, first);
+    set_drop_before(s->r_dyn, &s->nr_dyn, first);
+    set_drop_before(s->stat, &s->n_stat, first);
+    set_drop_before(s->dyn, &s->n_dyn, first);
+    set_drop_before(s->pend, &s->n_pend, first);
+    return KVS_OK;
 }
 
 static void synckv_account(void *state, const kvs_policy_view *view, const kvs_policy_sel *sel, kvs_policy_cost *out) {
@@ -734,7 +773,7 @@ static void synckv_account(void *state, const kvs_policy_view *view, const kvs_p
     double slots = (double)sel->n[0];
     out->kv_bytes = out->dedup_kv_bytes = kvs_policy_kv_bytes(m, slots);
     out->aux_bytes = INDEX_BYTES * (double)(s->n_stat + s->n_dyn + (s->has_pend ? s->n_pend : 0));
-    out->host_bytes = kvs_policy_kv_bytes(m, (double)view->n);
+    out->host_bytes = kvs_policy_kv_bytes(m, (double)(view->n - s->win_first)); /* a windowed layer: its window */
     double fetched = (double)(s->st_fetched + (first ? s->st_turn_fetch : 0));
     if (first) s->st_turn_fetch = 0;
     out->h2d_bytes = kvs_policy_kv_bytes(m, fetched);
@@ -766,6 +805,7 @@ const struct kvs_policy_ops kvs_policy_synckv = {
     .layer_sync = synckv_layer_sync,
     .stored = synckv_stored,
     .readable = synckv_readable,
+    .window_evict = synckv_window_evict,
     .account = synckv_account,
     .alloc_begin = synckv_alloc_begin,
     .alloc_prefill = synckv_alloc_prefill,

@@ -223,6 +223,57 @@ static void test_g4_through_the_policy(void **state) {
     g4_walk(1);
 }
 
+/* Sliding-window layers: G4's stream with the host's window evictions. The prompt compression keeps the sink 0 (token 1
+ * merged into it) and slot 4 (tokens 2 and 3 merged into it: the nearest keys). At decode position 5 the window moves
+ * to first = 2: slot 0 leaves (its position), slot 4 stays although it carries tokens 2 and 3 (both in the window), and
+ * the window's eviction is not D2O's (no merge: the held set {4, 5} fits the cache of 2 without an eviction). At
+ * position 6, first = 3: slot 4's own position is in the window, but token 2 merged into it is not, so the slot leaves
+ * (the merge cannot be undone): {5, 6} remain, again without an eviction of D2O's own. At position 7 (first = 4) the
+ * sink is gone, so D2O's own eviction ranks every slot but the recent one: 5 (acc 2/3) goes, not 6 (acc 1/3 + 0.9),
+ * which a sink range kept by count would have protected position 5 from. */
+static void test_window_drops_merged_slots(void **state) {
+    (void)state;
+    enum { D = 2, N = 8 };
+    kvs_policy_config cfg = parse("d2o:sinks=1");
+    float k[N * D] = {1, 0, 0.8f, 0.6f, 0.6f, 0.8f, -1, 0.1f, 0, 1, 0.6f, 0.8f, 1, 1, -1, 1};
+    float v[N * D] = {1, 1, 0, 2, 4, 4, 9, 9, 2, 0, 3, -1, 0, 0, 1, 2};
+    float q[N * D] = {0};
+    kvs_policy_model m = {.n_layers = 1, .n_heads = 1, .n_kv_heads = 1, .group = 1, .head_dim = D, .scale = 1.0f,
+                          .kv_bytes = 2, .aux_bytes = 4, .n_positions = N, .prompt_len = 5};
+    kvs_policy_init init = {.model = &m, .cfg = &cfg, .budget = 3, .budget_nominal = 3};
+    void *st = NULL;
+    assert_int_equal(kvs_policy_d2o.create(&init, &st), KVS_OK);
+    kvs_policy_view pv = {.n = 5, .group = 1, .head_dim = D, .scale = 1.0f, .k = k, .v = v, .q = q, .q_first = 0,
+                          .n_q = 5, .turn_begin = 0, .prompt_end = 5, .block_begin = 0, .last_block = 1};
+    assert_int_equal(kvs_policy_d2o.prefill(st, &pv), KVS_OK);
+    int32_t stored[N], buf[N], *idx[1] = {buf};
+    int64_t nsel[1], events;
+    const float *rk[N] = {0}, *rv[N] = {0}, **rkp[1] = {rk}, **rvp[1] = {rv};
+    kvs_policy_sel sel = {.idx = idx, .n = nsel, .n_lists = 1, .cap = N, .row_k = rkp, .row_v = rvp};
+    static const int32_t want_sel[3][3] = {{0, 4, 5}, {4, 5, 6}, {5, 6, 7}}, want_kept[3][2] = {{4, 5}, {5, 6}, {6, 7}};
+    for (int64_t p = 5; p < N; p++) {
+        kvs_policy_view dv = {.n = p + 1, .group = 1, .head_dim = D, .scale = 1.0f, .k = k, .v = v, .q = q + p * D,
+                              .q_first = p, .n_q = 1, .turn_begin = 0, .prompt_end = 5, .block_begin = p, .last_block = 1};
+        memset(rk, 0, sizeof rk);
+        memset(rv, 0, sizeof rv);
+        assert_int_equal(kvs_policy_d2o.select(st, &dv, &sel), KVS_OK);
+        assert_int_equal(nsel[0], 3);
+        assert_memory_equal(buf, want_sel[p - 5], sizeof want_sel[0]);
+        /* the merged slots: 0 and 4 at position 5; 4 (still merged) at position 6 */
+        if (p == 5) assert_true(rk[0] && rk[1] && !rk[2]);
+        else if (p == 6) assert_true(rk[0] && !rk[1] && !rk[2]);
+        assert_int_equal(kvs_policy_d2o.window_evict(st, p - 3), KVS_OK); /* a window of 5: first = p + 2 - 5 */
+        const float uni[3] = {1.0f / 3, 1.0f / 3, 1.0f / 3}, late[3] = {0, 0.9f, 0.1f};
+        const float *probs[1] = {p < 7 ? uni : late};
+        assert_int_equal(kvs_policy_d2o.observe(st, &dv, &sel, probs), KVS_OK);
+        assert_int_equal(kvs_policy_d2o.stored(st, 0, stored), 2);
+        assert_memory_equal(stored, want_kept[p - 5], sizeof want_kept[0]);
+        kvs_d2o_tau(st, 0, &events);
+        assert_int_equal(events, p < 7 ? 1 : 2); /* the window's evictions are not D2O's; at 7 its own one is */
+    }
+    kvs_policy_d2o.free(st);
+}
+
 /* ================================================================================================
  * Similarities decided in fp64: the matching (argmax) and the merge test (m >= tau)
  * ============================================================================================== */
@@ -1290,6 +1341,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_g4_merge_math),
         cmocka_unit_test(test_g4_through_the_policy),
+        cmocka_unit_test(test_window_drops_merged_slots),
         cmocka_unit_test(test_nearest_decides_in_fp64),
         cmocka_unit_test(test_merge_test_decides_in_fp64),
         cmocka_unit_test(test_allocation_arithmetic),

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../policies/held.h"
 #include "../policies/lagkv_internal.h"
 #include "../policies/registry.h"
 #include "../sim/policy.h"
@@ -186,6 +187,104 @@ static void test_resident_size_follows_the_formula(void **state) {
     stream_free(&s);
 }
 
+/* Sliding-window layers: the policy against a plain model of the recursive rule written with a flag per held entry
+ * (sink or compressed: never scored again) instead of the policy's `base` index. The host's window (W) drops the
+ * entries before p - W + 1: before the prefill (a prompt longer than the window: its sinks never arrive), and at
+ * every decode step, where use_then_compress's compression runs after that drop once the window moves (before it,
+ * in select(), as on a full layer). The scored partitions are the runs of L unflagged entries, oldest first, the
+ * last full one their reference. Windows 40, 23 (longer than the prompt's window), 64 (it moves during decode), 12
+ * and 13 (so short that the edge eats the uncompressed tail, where compressing before or after the drop differ).
+ * Every step's selection and stored set must match. */
+typedef struct {
+    int32_t pos[400];
+    char done[400];
+    int64_t n;
+} lag_model;
+
+static void model_drop(lag_model *m, int64_t first) {
+    int64_t w = 0;
+    for (int64_t j = 0; j < m->n; j++)
+        if (m->pos[j] >= first) m->pos[w] = m->pos[j], m->done[w++] = m->done[j];
+    m->n = w;
+}
+
+static void model_compress(lag_model *m, const float *k, const float *v, int d, int64_t L, int64_t keep) {
+    int64_t u = 0; /* the first unflagged entry: flagged ones precede it */
+    while (u < m->n && m->done[u]) u++;
+    for (int64_t j = u; j < m->n; j++) assert_false(m->done[j]);
+    int64_t M = (m->n - u) / L;
+    if (M < 2) return;
+    char keepm[400];
+    memset(keepm, 1, sizeof keepm);
+    double sk[64], sv[64];
+    int32_t scratch[64];
+    for (int64_t p = 0; p + 1 < M; p++) {
+        const int32_t *part = m->pos + u + p * L;
+        kvs_lagkv_partition_scores(k, part, L, part + L, L, d, sk);
+        kvs_lagkv_partition_scores(v, part, L, part + L, L, d, sv);
+        for (int64_t i = 0; i < L; i++) sk[i] += sv[i]; /* v_weight 1 */
+        kvs_held_top_mask(sk, L, keep, keepm + u + p * L, scratch);
+        for (int64_t i = 0; i < L; i++) m->done[u + p * L + i] = 1;
+    }
+    int64_t w = 0;
+    for (int64_t j = 0; j < m->n; j++)
+        if (keepm[j]) m->pos[w] = m->pos[j], m->done[w++] = m->done[j];
+    m->n = w;
+}
+
+static void test_window_against_a_flagged_model(void **state) {
+    (void)state;
+    enum { N = 300, P = 50 };
+    static const int64_t windows[5] = {40, 23, 64, 12, 13}; /* 12, 13: the edge reaches the uncompressed tail */
+    static const char *const specs[2] = {"lagkv:sink=4,lag=6,ratio=0.5", "lagkv:sink=4,lag=6,ratio=0.5,use_then_compress=0"};
+    const int64_t S = 4, L = 6, keep = 3;
+    stream s;
+    stream_make(&s, 23, N, P);
+    const float *k = s.f.g->k, *v = s.f.g->v;
+    int d = s.f.d;
+    int64_t checked = 0;
+    for (int wi = 0; wi < 5; wi++)
+        for (int si = 0; si < 2; si++) {
+            int64_t W = windows[wi];
+            int use_then = si == 0;
+            kvs_policy_config cfg;
+            assert_int_equal(kvs_policy_parse(specs[si], &cfg), KVS_OK);
+            kvs_policy_init init = {.model = &s.f.mem.model, .cfg = &cfg, .budget = 8, .budget_nominal = 8};
+            void *st = NULL;
+            assert_int_equal(cfg.ops->create(&init, &st), KVS_OK);
+            lag_model m = {.n = 0};
+            int64_t first = P - W + 1 > 0 ? P - W + 1 : 0;
+            if (first > 0) assert_int_equal(cfg.ops->window_evict(st, first), KVS_OK);
+            kvs_policy_view pv = view_at(&s, s.f.g->q, P, P);
+            assert_int_equal(cfg.ops->prefill(st, &pv), KVS_OK);
+            for (int64_t p = first; p < P; p++) m.pos[m.n] = (int32_t)p, m.done[m.n++] = p < S;
+            model_compress(&m, k, v, d, L, keep);
+            for (int64_t p = P; p < N; p++) {
+                kvs_policy_view dv = view_at(&s, s.f.g->q, p + 1, P);
+                assert_int_equal(cfg.ops->select(st, &dv, &s.sel), KVS_OK);
+                m.pos[m.n] = (int32_t)p, m.done[m.n++] = p < S;
+                if (!use_then) model_compress(&m, k, v, d, L, keep);
+                assert_int_equal(s.cnt[0], m.n);
+                assert_memory_equal(s.buf, m.pos, (size_t)m.n * sizeof(int32_t));
+                int moved = p + 1 - W > 0; /* the window of p already started after 0 */
+                int64_t next = p + 2 - W;  /* the first position p + 1 attends */
+                if (use_then && !moved) model_compress(&m, k, v, d, L, keep);
+                if (next > 0) {
+                    assert_int_equal(cfg.ops->window_evict(st, next), KVS_OK);
+                    model_drop(&m, next);
+                }
+                if (use_then && moved) model_compress(&m, k, v, d, L, keep);
+                int64_t ns = cfg.ops->stored(st, 0, s.held);
+                assert_int_equal(ns, m.n);
+                assert_memory_equal(s.held, m.pos, (size_t)m.n * sizeof(int32_t));
+                checked++;
+            }
+            cfg.ops->free(st);
+        }
+    assert_true(checked == 5 * 2 * (N - P));
+    stream_free(&s);
+}
+
 static void test_attention_free(void **state) {
     (void)state;
     stream s;
@@ -210,6 +309,7 @@ int main(void) {
         cmocka_unit_test(test_glag_scores),
         cmocka_unit_test(test_glag_through_the_policy),
         cmocka_unit_test(test_resident_size_follows_the_formula),
+        cmocka_unit_test(test_window_against_a_flagged_model),
         cmocka_unit_test(test_attention_free),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -308,6 +308,52 @@ static int is_decode(const fixture *f, int64_t p) {
 
 /* ---- M4: constant resident size ---------------------------------------------------------------------- */
 
+/* Sliding-window layers: a stream of 8 positions (prompt 0..3), R = 2, budget 4 (one distant slot), the host's window
+ * 6 (first = p - 4 from position 5). At 4 the first compression keeps 0 (the prompt rows tie 0 and 1: the older)
+ * with 2, 3, 4; at 5 the row of 4 (0.4 on position 0) keeps 0 again: {0, 3, 4, 5}. The window then drops 0, but only
+ * after the step's row, recorded over {0, 3, 4, 5}, has its column 0 removed: 3 keeps 0.1, 4 keeps 0.15. At 7 the
+ * candidates 3 and 4 are ranked by the rows of 5 and 6 (uniform 0.25): 0.35 against 0.40, so 4 stays. A row recorded
+ * after the drop would give 3 the 0.7 of position 0 and keep 3. */
+static void test_window_drops_profile_columns(void **state) {
+    (void)state;
+    kvs_policy_config cfg = parse("morphkv:recent=2");
+    enum { D = 2, N = 8, W = 6 };
+    float k[N * D] = {0}, v[N * D] = {0}, q[N * D] = {0}; /* paper rows: the probabilities given decide */
+    kvs_policy_model m = {.n_layers = 1, .n_heads = 1, .n_kv_heads = 1, .group = 1, .head_dim = D, .scale = 1.0f,
+                          .kv_bytes = 2, .aux_bytes = 4, .n_positions = N, .prompt_len = 4};
+    kvs_policy_init init = {.model = &m, .cfg = &cfg, .budget = 4, .budget_nominal = 4};
+    void *st = NULL;
+    assert_int_equal(kvs_policy_morphkv.create(&init, &st), KVS_OK);
+    kvs_policy_view pv = {.n = 4, .group = 1, .head_dim = D, .scale = 1.0f, .k = k, .v = v, .q = q, .q_first = 0,
+                          .n_q = 4, .turn_begin = 0, .prompt_end = 4, .block_begin = 0, .last_block = 1};
+    assert_int_equal(kvs_policy_morphkv.prefill(st, &pv), KVS_OK);
+    int32_t buf[N], stored[N], *idx[1] = {buf};
+    int64_t nsel[1];
+    const float *rk[N] = {0}, *rv[N] = {0}, **rkp[1] = {rk}, **rvp[1] = {rv};
+    kvs_policy_sel sel = {.idx = idx, .n = nsel, .n_lists = 1, .cap = N, .row_k = rkp, .row_v = rvp};
+    static const float rows[4][5] = {{0.4f, 0.1f, 0.25f, 0.25f}, {0.7f, 0.1f, 0.15f, 0.05f},
+                                     {0.25f, 0.25f, 0.25f, 0.25f}, {0.25f, 0.25f, 0.25f, 0.25f}};
+    static const int32_t want[4][4] = {{0, 2, 3, 4}, {0, 3, 4, 5}, {3, 4, 5, 6}, {4, 5, 6, 7}};
+    for (int64_t p = 4; p < N; p++) {
+        kvs_policy_view dv = {.n = p + 1, .group = 1, .head_dim = D, .scale = 1.0f, .k = k, .v = v, .q = q + p * D,
+                              .q_first = p, .n_q = 1, .turn_begin = 0, .prompt_end = 4, .block_begin = p, .last_block = 1};
+        assert_int_equal(kvs_policy_morphkv.select(st, &dv, &sel), KVS_OK);
+        assert_int_equal(nsel[0], 4);
+        assert_memory_equal(buf, want[p - 4], sizeof want[0]);
+        if (p + 2 - W > 0) assert_int_equal(kvs_policy_morphkv.window_evict(st, p + 2 - W), KVS_OK);
+        const float *probs[1] = {rows[p - 4]};
+        assert_int_equal(kvs_policy_morphkv.observe(st, &dv, &sel, probs), KVS_OK);
+        int64_t ns = kvs_policy_morphkv.stored(st, 0, stored);
+        for (int64_t j = 0; j < ns; j++) assert_true(stored[j] >= p + 2 - W); /* the window's first, or earlier */
+        if (p == 5) {
+            static const int32_t kept[3] = {3, 4, 5};
+            assert_int_equal(ns, 3);
+            assert_memory_equal(stored, kept, sizeof kept);
+        }
+    }
+    kvs_policy_morphkv.free(st);
+}
+
 static void test_resident_size_constant_after_first_eviction(void **state) {
     (void)state;
     const struct {
@@ -773,6 +819,7 @@ int main(void) {
         cmocka_unit_test(test_fig5_fused_scores_golden_g1),
         cmocka_unit_test(test_ref_scores_do_not_underflow_to_ties),
         cmocka_unit_test(test_fig5_walkthrough_through_the_policy),
+        cmocka_unit_test(test_window_drops_profile_columns),
         cmocka_unit_test(test_resident_size_constant_after_first_eviction),
         cmocka_unit_test(test_evict_after_grows_and_compresses_within_budget),
         cmocka_unit_test(test_profile_overhead_golden_g7),

@@ -171,9 +171,69 @@ static void test_validate_and_notes(void **state) {
     assert_int_equal(kvs_policy_validate(&cfg, &m, 5), KVS_OK);
 }
 
+/* Sliding-window layers: the lazy score is the attention the windowed layer computes, by position. A 10-position
+ * prompt, window 6 (the host's first = 5 before the prefill; the last prompt query attends 4..9), n_init 2, n_recent 2,
+ * delta 0.3. Key 0 would take almost all of a full layer's attention (lazy: sink mass > 0.99) but lies outside the
+ * window; inside it key 4 (the host already evicted it for the next token, but the last prompt query attends it)
+ * dominates, so the recent mass is ~0.01 and the layer is not lazy (without key 4 the row would be uniform over 5..9,
+ * recent mass 0.4: lazy): it keeps its window 5..9 (a lazy one would keep 7..9: n_recent - 1 + the 2 initial slots
+ * the window took). decode1: the first decode
+ * step's probabilities over 5..10 put 0.94 on position 5 and 0.012 elsewhere: not lazy (0.024 on 9 and 10), window
+ * 6..10 kept (a row read by selection index would give position 0 the 0.94 and call the layer lazy: 7..10). */
+static void test_window_lazy_score_by_position(void **state) {
+    (void)state;
+    enum { D = 2, P = 10, W = 6 };
+    float k[(P + 1) * D] = {0}, v[(P + 1) * D] = {0}, q[(P + 1) * D] = {0};
+    k[0] = 10.0f; /* key 0: (10, 0) */
+    k[4 * D] = 5.0f; /* key 4: (5, 0) */
+    for (int p = 0; p <= P; p++) q[p * D] = 1.0f;
+    kvs_policy_model m = {.n_layers = 1, .n_heads = 1, .n_kv_heads = 1, .group = 1, .head_dim = D, .scale = 1.0f,
+                          .kv_bytes = 2, .aux_bytes = 4, .n_positions = P + 1, .prompt_len = P};
+    static const char *const specs[2] = {"simlayerkv:detect=prefill_last,n_init=2,n_recent=2,delta=0.3",
+                                         "simlayerkv:detect=decode1,n_init=2,n_recent=2,delta=0.3"};
+    for (int t = 0; t < 2; t++) {
+        kvs_policy_config cfg;
+        assert_int_equal(kvs_policy_parse(specs[t], &cfg), KVS_OK);
+        kvs_policy_init init = {.model = &m, .cfg = &cfg, .budget = 8, .budget_nominal = 8};
+        void *st = NULL;
+        assert_int_equal(cfg.ops->create(&init, &st), KVS_OK);
+        void *states[1] = {st};
+        assert_int_equal(cfg.ops->window_evict(st, P - W + 1), KVS_OK);
+        kvs_policy_view pv = {.n = P, .group = 1, .head_dim = D, .scale = 1.0f, .k = k, .v = v, .q = q, .q_first = 0,
+                              .n_q = P, .turn_begin = 0, .prompt_end = P, .block_begin = 0, .last_block = 1};
+        assert_int_equal(cfg.ops->prefill(st, &pv), KVS_OK);
+        assert_int_equal(cfg.ops->layer_sync(states, 1, KVS_SYNC_PREFILL), KVS_OK);
+        int32_t out[P + 1];
+        if (t == 0) {
+            static const int32_t want[5] = {5, 6, 7, 8, 9};
+            assert_int_equal(cfg.ops->stored(st, 0, out), 5);
+            assert_memory_equal(out, want, sizeof want);
+            cfg.ops->free(st);
+            continue;
+        }
+        int32_t buf[P + 1], *idx[1] = {buf};
+        int64_t nsel[1];
+        kvs_policy_sel sel = {.idx = idx, .n = nsel, .n_lists = 1, .cap = P + 1};
+        kvs_policy_view dv = {.n = P + 1, .group = 1, .head_dim = D, .scale = 1.0f, .k = k, .v = v, .q = q + P * D,
+                              .q_first = P, .n_q = 1, .turn_begin = 0, .prompt_end = P, .block_begin = P, .last_block = 1};
+        assert_int_equal(cfg.ops->select(st, &dv, &sel), KVS_OK);
+        assert_int_equal(nsel[0], 6); /* 5..10 */
+        assert_int_equal(buf[0], 5);
+        assert_int_equal(cfg.ops->window_evict(st, P + 2 - W), KVS_OK);
+        const float row[6] = {0.94f, 0.012f, 0.012f, 0.012f, 0.012f, 0.012f}, *probs[1] = {row};
+        assert_int_equal(cfg.ops->observe(st, &dv, &sel, probs), KVS_OK);
+        assert_int_equal(cfg.ops->layer_sync(states, 1, KVS_SYNC_DECODE), KVS_OK);
+        static const int32_t want[5] = {6, 7, 8, 9, 10};
+        assert_int_equal(cfg.ops->stored(st, 0, out), 5);
+        assert_memory_equal(out, want, sizeof want);
+        cfg.ops->free(st);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gslk),
+        cmocka_unit_test(test_window_lazy_score_by_position),
         cmocka_unit_test(test_decode1_sliding_matches_naive_lambda),
         cmocka_unit_test(test_decode1_once_matches_naive_lambda),
         cmocka_unit_test(test_prefill_last_sliding_matches_naive_lambda),

@@ -6,15 +6,18 @@
  * - a capture of the tiny Gemma-3 fixture (tests/fixtures/gemma3_tiny, windows 6,0,6,6): `kvsim info` prints the
  *   windows, `kvsim verify` recomputes each sliding layer over its window and passes, the kv_stream's full attention
  *   and the lean reader's recomputation equal a naive windowed attention written here from the stored q/k/v
- *   (probability 0 outside the window); the replay accepts it for policies with window_evict (--measure all too)
- *   and refuses, by name, a policy without;
+ *   (probability 0 outside the window); the replay accepts it for every registered policy (--measure all too); a
+ *   policy without window_evict is refused by name (a test-only table: every registered policy has the hook);
  * - capacity plans (analysis/plan.h) of hybrid shapes: windows from a config's layer_types / Gemma-3 pattern, from a
  *   trace header and from `--window`, each layer's cache capped at its window, against numbers computed by hand.
  * - the replay of sliding-window layers (sim/replay.h "Sliding-window layers"): a 3-layer trace with a window of 4
  *   on its middle layer against attention computed here by hand (window B = 2: the last two positions; B >= 4 and the
- *   full cache: error 0; bytes at most the window); a Gemma-3 capture and a generated two-turn trace through both
- *   engines, every policy with window_evict bit for bit, zero error at budgets covering the window, the others
- *   refused by both; the selection check failing a policy deaf to the evictions.
+ *   full cache: error 0; bytes at most the window); a Gemma-3 capture and two generated two-turn traces (60
+ *   positions, window 5; 200 positions, window 40, with variants sized so that chunks, partitions, merged slots,
+ *   profiles and lazy layers meet the window's edge) through both engines: every registered policy with
+ *   window_evict replayed, bit for bit, zero error wherever what the policy keeps covers the window, storage at most
+ *   the window; a table without window_evict refused by both; the selection check failing a policy deaf to the
+ *   evictions.
  * Data is GENERATED (tests/util/gen_trace.h) except the gemma3_tiny captures.
  */
 #include <math.h>
@@ -266,17 +269,13 @@ static void test_gemma3_capture_info_verify_readers(void **state) {
     /* fp16 storage: the stored o/lse against fp64 over the stored q/k/v; the lean reader's fp32 recomputation */
     check_windowed_outputs(full, 5e-3);
     check_windowed_outputs(lean, 1e-5);
-    /* the replay holds the sliding layers to their windows (test_replay_gemma3_engines); what it cannot replay there
-     * is refused, clearly, naming the layer: a policy without window_evict */
+    /* the replay holds the sliding layers to their windows (test_replay_gemma3_engines) */
     char db[256];
     snprintf(db, sizeof db, "%s/r.db", f->dir);
     const char *replay[] = {"replay", full, "--db", db, "--policy", "window", "--budgets", "8", NULL};
     assert_int_equal(kvs_test_cli_run(f, replay), 0);
-    const char *replay_quest[] = {"replay", full, "--db", db, "--policy", "quest", "--budgets", "8", NULL};
-    int rc = kvs_test_cli_run(f, replay_quest);
-    assert_true(rc != 0 && rc < 128);
-    assert_true(kvs_test_file_has(f->err, "layer 0 attends to a sliding window of 6 positions"));
-    assert_true(kvs_test_file_has(f->err, "policy quest cannot replay a sliding-window layer"));
+    /* every registered policy has window_evict: the refusal of one without is the library's, tested with a test-only
+     * table in test_replay_gemma3_engines */
     const char *replay_all[] = {"replay", full, "--db", db, "--policy", "window", "--budgets", "8", "--measure", "all",
                                 NULL};
     assert_int_equal(kvs_test_cli_run(f, replay_all), 0); /* prompt positions too (tests/test_windows_measure.c) */
@@ -509,12 +508,65 @@ static void assert_aggs_same(const char *what, const kvs_results_agg *a, const k
     }
 }
 
+/* What must cover a windowed layer's window for a run to hold exactly the window (zero error): the budget the
+ * policy's allocation gave the head (hb); for the policies without a token budget, what their parameters keep
+ * (LagKV never compresses fewer than 2 lag held positions, sinks gone with the window; SimLayerKV's lazy layers keep
+ * n_init + n_recent, n_recent = 0 meaning the budget minus n_init); -1 when no setting promises it: SyncKV, whose
+ * non-representative units miss the tokens generated since their last anticipation whatever k is (its suspension,
+ * not the window: the same run on a full-attention trace has an error at any budget; engines_agree checks that its
+ * representatives attend the whole window instead), and any other policy without a budget. */
+static int64_t exact_cover(const kvs_replay_config *c, int64_t hb) {
+    const struct kvs_policy_ops *ops = c->policy.ops;
+    if (!strcmp(ops->name, "lagkv")) return 2 * (int64_t)kvs_policy_param_get(&c->policy, "lag") - 1;
+    if (!strcmp(ops->name, "simlayerkv")) {
+        int64_t r = (int64_t)kvs_policy_param_get(&c->policy, "n_recent");
+        return r > 0 ? (int64_t)kvs_policy_param_get(&c->policy, "n_init") + r : c->budget;
+    }
+    if (!strcmp(ops->name, "synckv") || ops->budget_scope == KVS_BUDGET_NONE) return -1;
+    return hb;
+}
+
+/* Asserts that every registered policy with window_evict has at least one configuration among cfg[0..n): the engine
+ * tests replay them all (none skipped because validate() refused every budget tried). */
+static void assert_every_windowed_policy_replayed(const kvs_replay_config *cfg, int n, const char *test) {
+    for (int i = 0; i < kvs_policy_count(); i++) {
+        const struct kvs_policy_ops *ops = kvs_policy_at(i);
+        if (!ops->window_evict) continue;
+        /* duo validates only with its gate file (pattern=FILE): tests/test_windows_retrieval.c replays it with one */
+        if (!strcmp(ops->name, "duo")) continue;
+        int runs = 0;
+        for (int c = 0; c < n; c++) runs += cfg[c].policy.ops == ops;
+        if (runs == 0) fail_msg("%s: policy %s has window_evict but no configuration was replayed", test, ops->name);
+    }
+}
+
+/* A copy of H2O's table without window_evict: what a policy without the hook meets on a windowed trace (every
+ * registered policy has it; the refusal stays tested with this one). */
+static struct kvs_policy_ops h2o_without_hook(void) {
+    struct kvs_policy_ops o = kvs_policy_h2o;
+    o.window_evict = NULL;
+    return o;
+}
+
+/* Both engines refuse configuration c (a policy without window_evict) on src, naming the window. */
+static void assert_refused(const kvs_replay_source *src, kvs_replay_config c) {
+    kvs_replay_opts o1 = {.configs = &c, .n_configs = 1, .threads = 1};
+    kvs_replay_result *r = NULL;
+    assert_int_equal(kvs_replay_execute(src, &o1, &r), KVS_ERR_UNSUPPORTED);
+    assert_null(r);
+    assert_non_null(strstr(kvs_last_error(), "cannot replay a sliding-window layer"));
+    assert_int_equal(kvs_replay_reference(src, &o1, &r), KVS_ERR_UNSUPPORTED);
+    assert_null(r);
+    assert_non_null(strstr(kvs_last_error(), "cannot replay a sliding-window layer"));
+}
+
 /* A capture of the Gemma-3 fixture (3 of 4 layers windowed to 6 of 33 positions) through both engines, every
- * registered policy and preset at budgets 3, 6 and 12: a policy with window_evict gives the same numbers bit for bit
- * in both (every statistic of every layer and the run, the series, the largest attended set), the full cache has
+ * registered policy and preset at budgets 3, 6, 12 and 24: a policy with window_evict gives the same numbers bit for
+ * bit in both (every statistic of every layer and the run, the series, the largest attended set), the full cache has
  * zero error and recall 1 to float rounding (its reference is the window), every policy replayed has zero error
- * on a windowed layer at budgets 6 and 12 (>= the window), and its resident KV bytes on a windowed layer never exceed
- * the window; a policy without window_evict is refused by both, naming it. */
+ * on a windowed layer whose budget (after the policy's own allocation) is >= the window (exact_cover), and its
+ * resident KV bytes (device and host) on a windowed layer never exceed the window; every registered policy with window_evict is
+ * replayed; a policy without window_evict (a test-only copy of a table) is refused by both, naming it. */
 static void test_replay_gemma3_engines(void **state) {
     kvs_test_cli_fx *f = *state;
     if (!kvs_test_kvsim_bin()) skip();
@@ -529,36 +581,34 @@ static void test_replay_gemma3_engines(void **state) {
     enum { MAX_CONFIGS = 512 };
     static kvs_replay_config cfg[MAX_CONFIGS];
     static char names[MAX_CONFIGS][128];
-    const int64_t budgets[] = {3, 6, 12};
-    int n = 0, refused = 0;
+    const int64_t budgets[] = {3, 6, 12, 24};
+    int n = 0;
     for (int i = 0; i < kvs_policy_count(); i++) {
         const struct kvs_policy_ops *ops = kvs_policy_at(i);
         for (int k = -1; k < ops->n_presets; k++) {
             char spec[96];
             if (k < 0) snprintf(spec, sizeof spec, "%s", ops->name);
             else snprintf(spec, sizeof spec, "%s@%s", ops->name, ops->presets[k].name);
-            for (int b = 0; b < 3; b++) {
+            for (int b = 0; b < 4; b++) {
                 kvs_replay_config c = {.budget = budgets[b], .budget_fraction = -1};
                 assert_int_equal(kvs_policy_parse(spec, &c.policy), KVS_OK);
                 if (kvs_policy_validate(&c.policy, &src.model, c.budget) != KVS_OK) continue;
-                if (!ops->window_evict) { /* refused by both engines, by name */
-                    kvs_replay_opts o1 = {.configs = &c, .n_configs = 1, .threads = 1};
-                    kvs_replay_result *r = NULL;
-                    assert_int_equal(kvs_replay_execute(&src, &o1, &r), KVS_ERR_UNSUPPORTED);
-                    assert_null(r);
-                    assert_non_null(strstr(kvs_last_error(), "cannot replay a sliding-window layer"));
-                    assert_int_equal(kvs_replay_reference(&src, &o1, &r), KVS_ERR_UNSUPPORTED);
-                    assert_null(r);
-                    refused++;
-                    continue;
-                }
+                if (!ops->window_evict) fail_msg("policy %s has no window_evict: it cannot replay a windowed layer", ops->name);
                 assert_true(n < MAX_CONFIGS);
                 snprintf(names[n], sizeof names[n], "%.96s at budget %lld", spec, (long long)c.budget);
                 cfg[n++] = c;
             }
         }
     }
-    assert_true(n >= 6 && refused > 0);
+    assert_true(n >= 6);
+    assert_every_windowed_policy_replayed(cfg, n, "gemma3");
+    { /* the refusal, whatever the registry holds */
+        struct kvs_policy_ops bare = h2o_without_hook();
+        kvs_replay_config c = {.budget = 6, .budget_fraction = -1};
+        assert_int_equal(kvs_policy_parse("h2o", &c.policy), KVS_OK);
+        c.policy.ops = &bare;
+        assert_refused(&src, c);
+    }
     kvs_replay_opts o = {.configs = cfg, .n_configs = n, .threads = 2, .measure = KVS_MEASURE_DECODE, .series_every = 1};
     kvs_replay_result *fast = NULL, *ref = NULL;
     assert_int_equal(kvs_replay_execute(&src, &o, &fast), KVS_OK);
@@ -584,11 +634,13 @@ static void test_replay_gemma3_engines(void **state) {
                 fail_msg("%s: series sample %lld differs", names[i], (long long)k);
             int32_t w = gemma_windows[a->layer];
             if (w > 0) assert_true(a->v[KVS_M_STORAGE_KV] <= (double)w * pos_bytes * src.model.group);
+            if (w > 0) assert_true(a->v[KVS_M_STORAGE_HOST] <= (double)w * pos_bytes * src.model.group); /* offloaded */
             /* a budget covering the window holds exactly the window (every policy replayed: bounded every step, over
-             * the prompt only, or the full cache) */
-            if (w > 0 && cfg[i].budget >= w && a->v[KVS_M_OUT_ERR] != 0)
-                fail_msg("%s: layer %d pos %lld error %.9g with the budget covering the window", names[i],
-                         (int)a->layer, (long long)a->position, a->v[KVS_M_OUT_ERR]);
+             * the prompt only, or the full cache; the budget the policy's allocation gave this head) */
+            int64_t hb = x->budgets[(size_t)a->layer * (size_t)src.model.n_kv_heads + (size_t)(a->q_head / src.model.group)];
+            if (w > 0 && exact_cover(&cfg[i], hb) >= w && a->v[KVS_M_OUT_ERR] != 0)
+                fail_msg("%s: layer %d pos %lld error %.9g with %lld covering the window", names[i],
+                         (int)a->layer, (long long)a->position, a->v[KVS_M_OUT_ERR], (long long)exact_cover(&cfg[i], hb));
             if (w > 0 && !strcmp(cfg[i].policy.ops->name, "full")) {
                 if (!(a->v[KVS_M_OUT_ERR] == 0 && fabs(a->v[KVS_M_ATTN_RECALL] - 1) < 1e-6))
                     fail_msg("%s: layer %d pos %lld err %.9g recall %.17g", names[i], (int)a->layer,
@@ -609,6 +661,86 @@ static kvs_status deaf_evict(void *state, int64_t first) {
     return KVS_OK;
 }
 
+/* Replays every policy with window_evict (its presets, and the `extra` variants taking other paths) at `budgets` on
+ * src in both engines and asserts the same numbers bit for bit (every layer's statistics and the series); every
+ * registered policy with window_evict has a configuration. With check_exact, on the windowed layer (window W at layer
+ * 0): resident KV bytes, on the device and offloaded to the host, never above the window, and zero error wherever
+ * what the policy keeps covers the window (exact_cover). */
+static void engines_agree(const kvs_replay_source *src, int32_t W, const int64_t *budgets, int nb,
+                          const char *const *extra, int n_extra, int check_exact, const char *test) {
+    enum { MAX_CONFIGS = 512 };
+    static kvs_replay_config cfg[MAX_CONFIGS];
+    static char names[MAX_CONFIGS][128];
+    int n = 0;
+    for (int i = 0; i < kvs_policy_count() + n_extra; i++) {
+        const struct kvs_policy_ops *ops = i < kvs_policy_count() ? kvs_policy_at(i) : NULL;
+        if (ops && !ops->window_evict) continue;
+        for (int k = -1; k < (ops ? ops->n_presets : 0); k++) {
+            char spec[96];
+            if (!ops) snprintf(spec, sizeof spec, "%s", extra[i - kvs_policy_count()]);
+            else if (k < 0) snprintf(spec, sizeof spec, "%s", ops->name);
+            else snprintf(spec, sizeof spec, "%s@%s", ops->name, ops->presets[k].name);
+            for (int b = 0; b < nb; b++) {
+                kvs_replay_config c = {.budget = budgets[b], .budget_fraction = -1};
+                assert_int_equal(kvs_policy_parse(spec, &c.policy), KVS_OK);
+                if (kvs_policy_validate(&c.policy, &src->model, c.budget) != KVS_OK) continue;
+                assert_true(n < MAX_CONFIGS);
+                snprintf(names[n], sizeof names[n], "%s: %.96s at budget %lld", test, spec, (long long)c.budget);
+                cfg[n++] = c;
+            }
+        }
+    }
+    assert_true(n >= 12);
+    assert_every_windowed_policy_replayed(cfg, n, test);
+    kvs_replay_opts o = {.configs = cfg, .n_configs = n, .threads = 2, .measure = KVS_MEASURE_DECODE, .series_every = 1};
+    kvs_replay_result *fast = NULL, *ref = NULL;
+    assert_int_equal(kvs_replay_execute(src, &o, &fast), KVS_OK);
+    assert_int_equal(kvs_replay_reference(src, &o, &ref), KVS_OK);
+    double pos_bytes = 2.0 * src->model.head_dim * src->model.kv_bytes;
+    double *most = calloc((size_t)src->model.n_positions, sizeof *most); /* [position] largest |S_t| on layer 0 */
+    assert_non_null(most);
+    for (int i = 0; i < n; i++) {
+        const kvs_replay_run_result *x = &fast->runs[i], *y = &ref->runs[i];
+        if (x->status != KVS_OK || y->status != KVS_OK)
+            fail_msg("%s: fast %s (%s), reference %s (%s)", names[i], kvs_strerror(x->status), x->error,
+                     kvs_strerror(y->status), y->error);
+        assert_int_equal(x->max_attended, y->max_attended);
+        char what[256];
+        for (int l = 0; l < x->n_layers; l++) {
+            snprintf(what, sizeof what, "%.120s, layer %d", names[i], l);
+            assert_aggs_same(what, &x->layer_aggs[l], &y->layer_aggs[l]);
+        }
+        assert_int_equal(x->n_steps, y->n_steps);
+        for (int64_t k = 0; k < x->n_steps; k++) {
+            const kvs_results_step *a = &x->steps[k];
+            if (memcmp(a->v, y->steps[k].v, sizeof a->v))
+                fail_msg("%s: series sample %lld differs", names[i], (long long)k);
+            if (!check_exact || a->layer != 0) continue;
+            if (!(a->v[KVS_M_STORAGE_KV] <= (double)W * pos_bytes * src->model.group) ||
+                !(a->v[KVS_M_STORAGE_HOST] <= (double)W * pos_bytes * src->model.group))
+                fail_msg("%s: pos %lld stores %g bytes (host %g), above the window", names[i], (long long)a->position,
+                         a->v[KVS_M_STORAGE_KV], a->v[KVS_M_STORAGE_HOST]);
+            int64_t hb = x->budgets[(size_t)(a->q_head / src->model.group)]; /* layer 0 */
+            if (exact_cover(&cfg[i], hb) >= W && a->v[KVS_M_OUT_ERR] != 0)
+                fail_msg("%s: pos %lld error %.9g with %lld covering the window", names[i],
+                         (long long)a->position, a->v[KVS_M_OUT_ERR], (long long)exact_cover(&cfg[i], hb));
+            if (a->position < src->model.n_positions && a->v[KVS_M_ATTENDED] > most[a->position])
+                most[a->position] = a->v[KVS_M_ATTENDED];
+        }
+        /* SyncKV's representatives attend exactly the window at every step */
+        if (check_exact && !strcmp(cfg[i].policy.ops->name, "synckv"))
+            for (int64_t p = 0; p < src->model.n_positions; p++) {
+                if (most[p] == 0) continue; /* not measured (a prompt position) */
+                double want = (double)(p + 1 < W ? p + 1 : W);
+                if (most[p] != want) fail_msg("%s: pos %lld attends at most %g, the window is %g", names[i], (long long)p, most[p], want);
+            }
+        memset(most, 0, (size_t)src->model.n_positions * sizeof *most);
+    }
+    free(most);
+    kvs_replay_result_free(fast);
+    kvs_replay_result_free(ref);
+}
+
 /* A generated two-turn trace (layer 0 windowed to 5 positions, layer 1 full) through both engines: every policy with
  * window_evict, its presets and the variants taking other paths (per-KV-head lists, chunked prefill), at budgets 3,
  * 5 and 9, bit for bit (the later turn's prefill after evictions, a prefill block by block); and the selection
@@ -623,52 +755,8 @@ static void test_replay_windows_generated_two_turns(void **state) {
     const int32_t windows[2] = {5, 0};
     src.layer_window = windows;
     static const char *const extra[] = {"h2o:gqa=mean", "h2o:block=4", "h2o:prefill=budget", "streaming:sinks=2"};
-    enum { MAX_CONFIGS = 256 };
-    static kvs_replay_config cfg[MAX_CONFIGS];
-    static char names[MAX_CONFIGS][128];
     const int64_t budgets[] = {3, 5, 9};
-    int n = 0;
-    for (int i = 0; i < kvs_policy_count() + 4; i++) {
-        const struct kvs_policy_ops *ops = i < kvs_policy_count() ? kvs_policy_at(i) : NULL;
-        if (ops && !ops->window_evict) continue;
-        for (int k = -1; k < (ops ? ops->n_presets : 0); k++) {
-            char spec[96];
-            if (!ops) snprintf(spec, sizeof spec, "%s", extra[i - kvs_policy_count()]);
-            else if (k < 0) snprintf(spec, sizeof spec, "%s", ops->name);
-            else snprintf(spec, sizeof spec, "%s@%s", ops->name, ops->presets[k].name);
-            for (int b = 0; b < 3; b++) {
-                kvs_replay_config c = {.budget = budgets[b], .budget_fraction = -1};
-                assert_int_equal(kvs_policy_parse(spec, &c.policy), KVS_OK);
-                if (kvs_policy_validate(&c.policy, &src.model, c.budget) != KVS_OK) continue;
-                assert_true(n < MAX_CONFIGS);
-                snprintf(names[n], sizeof names[n], "%.96s at budget %lld", spec, (long long)c.budget);
-                cfg[n++] = c;
-            }
-        }
-    }
-    assert_true(n >= 12);
-    kvs_replay_opts o = {.configs = cfg, .n_configs = n, .threads = 2, .measure = KVS_MEASURE_DECODE, .series_every = 3};
-    kvs_replay_result *fast = NULL, *ref = NULL;
-    assert_int_equal(kvs_replay_execute(&src, &o, &fast), KVS_OK);
-    assert_int_equal(kvs_replay_reference(&src, &o, &ref), KVS_OK);
-    for (int i = 0; i < n; i++) {
-        const kvs_replay_run_result *x = &fast->runs[i], *y = &ref->runs[i];
-        if (x->status != KVS_OK || y->status != KVS_OK)
-            fail_msg("%s: fast %s (%s), reference %s (%s)", names[i], kvs_strerror(x->status), x->error,
-                     kvs_strerror(y->status), y->error);
-        assert_int_equal(x->max_attended, y->max_attended);
-        char what[256];
-        for (int l = 0; l < x->n_layers; l++) {
-            snprintf(what, sizeof what, "%.96s, layer %d", names[i], l);
-            assert_aggs_same(what, &x->layer_aggs[l], &y->layer_aggs[l]);
-        }
-        assert_int_equal(x->n_steps, y->n_steps);
-        for (int64_t k = 0; k < x->n_steps; k++)
-            if (memcmp(x->steps[k].v, y->steps[k].v, sizeof x->steps[k].v))
-                fail_msg("%s: series sample %lld differs", names[i], (long long)k);
-    }
-    kvs_replay_result_free(fast);
-    kvs_replay_result_free(ref);
+    engines_agree(&src, 5, budgets, 3, extra, 4, 0, "two turns");
     /* the check: policies deaf to the evictions select (full: no stored(), so only the selection tells) or store
      * (window) positions the window dropped */
     static const char *const deaf_names[2] = {"full", "window"};
@@ -692,6 +780,93 @@ static void test_replay_windows_generated_two_turns(void **state) {
     kvs_test_replay_fixture_free(&f);
 }
 
+/* A longer generated two-turn trace (200 positions: 50 prompt + 50 generated per turn; layer 0 windowed to 40, layer
+ * 1 full) at budgets 16, 48 and 96, with variants sized so that every structure is non-trivial while positions leave
+ * the window: LagKV partitions of 8 after 2 sinks (compressed prefix and tail cut by the edge), ChunkKV chunks of 4
+ * (both modes and scopes), MorphKV with a recent window of 4 (profile rows and qz), Scissorhands' rings, D2O's
+ * merged slots (every merge mode, layer decisions, uniform allocation), SyncKV's sets (since_anticipation,
+ * exclude_static, the layer union), lazy SimLayerKV layers (delta 0: every layer lazy; both detectors and both
+ * evictions; n_init + n_recent = 41 covers the window only once the initial tokens' slots went to the recent part), short observation windows for SnapKV's family and CAKE, Q-Filters' and CurDKV's small windows: both
+ * engines bit for bit, storage at most the window, and zero error where the budget covers the window (96). */
+static void test_replay_windows_generated_long(void **state) {
+    (void)state;
+    kvs_test_replay_fixture f;
+    kvs_gen_trace_opts go = kvs_test_grouped_opts(2, 2, 200, -1, 8, 11);
+    assert_int_equal(kvs_test_replay_fixture_make(&go, 2, 13, &f), KVS_OK);
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_memory(&f.mem, &src), KVS_OK);
+    const int32_t windows[2] = {40, 0};
+    src.layer_window = windows;
+    static const char *const extra[] = {
+        "lagkv:sink=2,lag=8", "lagkv:sink=2,lag=8,use_then_compress=0", "lagkv:sink=0,lag=5,ratio=0.4",
+        "chunkkv:chunk=4,window=8", "chunkkv:chunk=4,window=8,scope=head", "chunkkv:chunk=4,window=8,select=ref",
+        "morphkv:recent=4", "morphkv:recent=4,profile=qz", "morphkv:recent=4,fidelity=ref,fusion=max",
+        "morphkv:recent=4,evict_after=1.5", "scissorhands:history=8,recent=2", "scissorhands:history=8,recent=2,drop=3,gqa=mean",
+        "d2o:alloc=uniform", "d2o:alloc=uniform,merge=ref,tau=layer,decide=mean", "d2o:alloc=uniform,gqa=sum,sinks=2",
+        "d2o:merge=none", "synckv:nr_recent=since_anticipation,m=2", "synckv:exclude_static=1,nr_union=layer,m=3",
+        "simlayerkv:delta=0,n_recent=0", "simlayerkv:delta=0,n_recent=0,detect=prefill_last,lazy_evict=once",
+        "simlayerkv:delta=0,n_init=2,n_recent=12", "simlayerkv:delta=0,n_init=4,n_recent=37",
+        "simlayerkv:delta=0,n_init=4,n_recent=37,lazy_evict=once", "snapkv:window=4", "pyramidkv:window=4", "adakv:window=4",
+        "cake:window=4", "qfilters:window=4", "cur:local_w=8,sinks=2"};
+    const int64_t budgets[] = {16, 48, 96};
+    engines_agree(&src, 40, budgets, 3, extra, (int)(sizeof extra / sizeof extra[0]), 1, "long");
+    kvs_test_replay_fixture_free(&f);
+}
+
+/* What the hook below checks: a score-count policy's retention scores after every step. */
+typedef struct {
+    int64_t history; /* Scissorhands: a count is at most the observations its ring holds */
+    int64_t checked, bad;
+} count_rec;
+
+static void check_counts(void *user, int config, int layer, int kv_head, int64_t pos, void *state,
+                         const struct kvs_policy_ops *ops, float *k, float *v, int64_t n) {
+    count_rec *r = user;
+    (void)config, (void)layer, (void)kv_head, (void)pos, (void)k, (void)v;
+    int32_t *idx = malloc((size_t)(n + 1) * sizeof *idx);
+    double *sc = malloc((size_t)(n + 1) * sizeof *sc);
+    assert_true(idx && sc);
+    for (int g = 0; g < 2; g++) { /* gqa=expand, group 2: a list per query head */
+        int64_t m = ops->stored(state, g, idx);
+        if (m > 0 && ops->scores(state, g, idx, m, sc))
+            for (int64_t j = 0; j < m; j++) {
+                if (isinf(sc[j])) continue; /* the protected recent entries */
+                r->checked++;
+                r->bad += !(sc[j] == floor(sc[j]) && sc[j] <= 0 && -sc[j] <= (double)r->history);
+            }
+    }
+    free(idx);
+    free(sc);
+}
+
+/* Scissorhands' counts stay the counts of the flags its rings hold while the window drops entries: after every
+ * step of the long windowed trace each scored entry's retention score is minus a whole number of unimportant
+ * observations, at most the ring's length (a ring left misaligned by a drop hands another entry's flags to the
+ * count's updates, which then leave that range). The fast engine (the reference takes no hooks; both agree bit for
+ * bit, test_replay_windows_generated_long). */
+static void test_window_keeps_scissorhands_counts(void **state) {
+    (void)state;
+    kvs_test_replay_fixture f;
+    kvs_gen_trace_opts go = kvs_test_grouped_opts(2, 2, 200, -1, 8, 11);
+    assert_int_equal(kvs_test_replay_fixture_make(&go, 2, 13, &f), KVS_OK);
+    kvs_replay_source src;
+    assert_int_equal(kvs_replay_source_from_memory(&f.mem, &src), KVS_OK);
+    const int32_t windows[2] = {40, 0};
+    src.layer_window = windows;
+    count_rec rec = {.history = 8};
+    kvs_replay_hooks hooks = {.user = &rec, .on_step_end = check_counts};
+    kvs_replay_config c = {.budget = 16, .budget_fraction = -1};
+    assert_int_equal(kvs_policy_parse("scissorhands:history=8,recent=2", &c.policy), KVS_OK);
+    kvs_replay_opts o = {.configs = &c, .n_configs = 1, .threads = 1, .measure = KVS_MEASURE_DECODE, .hooks = &hooks};
+    kvs_replay_result *r = NULL;
+    assert_int_equal(kvs_replay_execute(&src, &o, &r), KVS_OK);
+    assert_int_equal(r->runs[0].status, KVS_OK);
+    if (rec.bad || rec.checked < 1000)
+        fail_msg("%lld of %lld counts out of [0, 8] or fractional", (long long)rec.bad, (long long)rec.checked);
+    kvs_replay_result_free(r);
+    kvs_test_replay_fixture_free(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_header_round_trip_and_old_layout, kvs_test_tmp_setup, kvs_test_tmp_teardown),
@@ -703,6 +878,8 @@ int main(void) {
         cmocka_unit_test(test_replay_window_by_hand),
         cmocka_unit_test_setup_teardown(test_replay_gemma3_engines, kvs_test_cli_setup, kvs_test_cli_teardown),
         cmocka_unit_test(test_replay_windows_generated_two_turns),
+        cmocka_unit_test(test_replay_windows_generated_long),
+        cmocka_unit_test(test_window_keeps_scissorhands_counts),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
