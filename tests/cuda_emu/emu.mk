@@ -52,10 +52,11 @@ $(EMU_RT_OBJ): $(EMU_DIR)/emu_runtime.cpp
 $(EMU_SELFTEST): $(EMU_SELFTEST).cu.o $(LIB)
 	$(EMU_CXX) $(EMU_CXXFLAGS) -o $@ $< $(LIB) -lcmocka $(LDLIBS_BASE)
 
-# KVSIM_REQUIRE_GPU is dropped: it asks for a real GPU, which the emulation refuses to impersonate
+# KVSIM_REQUIRE_GPU is dropped: it asks for a real GPU, which the emulation refuses to impersonate;
+# KVS_TEST_CUDA_EMU=1 tells test_cuda the device is emulated (it leaves out its largest attention shapes there)
 cuda-emu-test:
 	+@$(EMU_MAKE) $(EMU_KVSIM) $(EMU_BUILD)/tests/test_cuda $(EMU_SELFTEST)
 	@echo "== CUDA backend tests under a CPU EMULATION of CUDA (tests/cuda_emu): NOT a GPU run"
-	@env -u KVSIM_REQUIRE_GPU KVSIM_BIN=$(abspath $(EMU_KVSIM)) KVSIM_ROOT=$(abspath .) \
+	@env -u KVSIM_REQUIRE_GPU KVS_TEST_CUDA_EMU=1 KVSIM_BIN=$(abspath $(EMU_KVSIM)) KVSIM_ROOT=$(abspath .) \
 	  sh tests/run_tests.sh $(EMU_SELFTEST) $(EMU_BUILD)/tests/test_cuda
 	@echo "== (the above ran on the CPU emulation of CUDA; a GPU run is tools/gpu_session.sh)"
