@@ -39,7 +39,8 @@
  *    (sim/host.h "page granularity": what vLLM's sliding-window manager holds). A codec attends its rows of the
  *    window's positions (sim/host.h "the representation stage"). Refused (kvs_replay_validate, with the layer and
  *    the policy named) rather than measured against the wrong reference: a policy without window_evict on a trace
- *    with a layer whose window is shorter than the trace (tests/test_windows_measure.c covers the rest). A window
+ *    with a layer whose window is shorter than the trace (every registered policy has it: tests/test_windows.c,
+ *    test_windows_retrieval.c and test_windows_measure.c replay each through both engines). A window
  *    at least as long as the trace is full attention and replays as such. Both engines follow these rules; the
  *    fast one computes a sliding-window layer's reference row by row (kvs_attention over the window), without the
  *    blocked kernel or the reuse of its scores.
