@@ -298,22 +298,22 @@ static kvs_status load_llama2c(kvs_model *m, const char *path) {
         t[i] = p;
         p += counts[i];
     }
-    m->embed = (kvs_wmat){t[0], KVS_DTYPE_F32};
+    m->embed = (kvs_wmat){t[0], KVS_DTYPE_F32, NULL};
     m->rms_final = t[10];
-    m->cls = (kvs_wmat){shared ? t[0] : t[13], KVS_DTYPE_F32};
+    m->cls = (kvs_wmat){shared ? t[0] : t[13], KVS_DTYPE_F32, NULL};
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) return kvs_fail(KVS_ERR_NOMEM, "model: out of memory");
     for (uint64_t l = 0; l < L; l++) {
         layer_weights *w = &m->layers[l];
         w->rms_att = t[1] + l * d;
-        w->wq = (kvs_wmat){t[2] + l * d * d, KVS_DTYPE_F32};
-        w->wk = (kvs_wmat){t[3] + l * kvd * d, KVS_DTYPE_F32};
-        w->wv = (kvs_wmat){t[4] + l * kvd * d, KVS_DTYPE_F32};
-        w->wo = (kvs_wmat){t[5] + l * d * d, KVS_DTYPE_F32};
+        w->wq = (kvs_wmat){t[2] + l * d * d, KVS_DTYPE_F32, NULL};
+        w->wk = (kvs_wmat){t[3] + l * kvd * d, KVS_DTYPE_F32, NULL};
+        w->wv = (kvs_wmat){t[4] + l * kvd * d, KVS_DTYPE_F32, NULL};
+        w->wo = (kvs_wmat){t[5] + l * d * d, KVS_DTYPE_F32, NULL};
         w->rms_ffn = t[6] + l * d;
-        w->w1 = (kvs_wmat){t[7] + l * hid * d, KVS_DTYPE_F32};
-        w->w2 = (kvs_wmat){t[8] + l * d * hid, KVS_DTYPE_F32};
-        w->w3 = (kvs_wmat){t[9] + l * hid * d, KVS_DTYPE_F32};
+        w->w1 = (kvs_wmat){t[7] + l * hid * d, KVS_DTYPE_F32, NULL};
+        w->w2 = (kvs_wmat){t[8] + l * d * hid, KVS_DTYPE_F32, NULL};
+        w->w3 = (kvs_wmat){t[9] + l * hid * d, KVS_DTYPE_F32, NULL};
     }
     return finish_config(m, path);
 }
@@ -419,7 +419,7 @@ static void fmt_shape(char *buf, size_t cap, const uint64_t *dims, int nd) {
 static kvs_status st_tensor_as(kvs_model *m, st_set *set, const char *name, int nd, const uint64_t *dims,
                                int required, const float **out, kvs_wmat *mat) {
     if (out) *out = NULL;
-    if (mat) *mat = (kvs_wmat){NULL, KVS_DTYPE_F32};
+    if (mat) *mat = (kvs_wmat){NULL, KVS_DTYPE_F32, NULL};
     st_file *f;
     const kvs_json *e;
     st_find(set, name, &f, &e);
@@ -475,7 +475,7 @@ static kvs_status st_tensor_as(kvs_model *m, st_set *set, const char *name, int 
                         f->path, name, (unsigned long long)end, (unsigned long long)f->data_len);
     const uint8_t *src = f->data + begin;
     if (mat && (dtype != KVS_DTYPE_F32 || ((uintptr_t)src % sizeof(float)) == 0)) {
-        *mat = (kvs_wmat){src, dtype};
+        *mat = (kvs_wmat){src, dtype, NULL};
         return KVS_OK;
     }
     if (!mat && dtype == KVS_DTYPE_F32 && ((uintptr_t)src % sizeof(float)) == 0) {
@@ -487,7 +487,7 @@ static kvs_status st_tensor_as(kvs_model *m, st_set *set, const char *name, int 
     kvs_decode(dtype, src, (size_t)numel, dst);
     kvs_status s = add_owned(m, dst);
     if (s != KVS_OK) return s;
-    if (mat) *mat = (kvs_wmat){dst, KVS_DTYPE_F32};
+    if (mat) *mat = (kvs_wmat){dst, KVS_DTYPE_F32, NULL};
     else *out = dst;
     return KVS_OK;
 }
@@ -947,6 +947,43 @@ cleanup:
     return s;
 }
 
+/* Packs one 16-bit matrix into panels (matmul.h: the products read only those), then drops the mapped source pages
+ * it spans: they were faulted in by the copy and would otherwise double the resident size. The mapping stays valid
+ * (a later read of kvs_model_weights_get's row-major matrix, or an embedding row of a tied classifier, faults the
+ * page back from the file). */
+static kvs_status pack_matrix(kvs_model *m, kvs_wmat *w, int rows, int cols) {
+    if (w->packed || (w->dtype != KVS_DTYPE_BF16 && w->dtype != KVS_DTYPE_F16)) return KVS_OK;
+    kvs_status s = kvs_wmat_pack(w, rows, cols);
+    if (s != KVS_OK) return s;
+    if ((s = add_owned(m, (void *)(uintptr_t)w->packed)) != KVS_OK) {
+        w->packed = NULL; /* add_owned freed it */
+        return s;
+    }
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)w->data;
+    uintptr_t lo = (a + page - 1) & ~(page - 1), hi = (a + (uintptr_t)rows * (uintptr_t)cols * 2u) & ~(page - 1);
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* only pages wholly inside this tensor */
+    return KVS_OK;
+}
+
+/* Packs every 16-bit matrix of the forward pass (not the embedding: it is read a row per token). */
+static kvs_status pack_matrices(kvs_model *m) {
+    const kvs_model_config *c = &m->info.config;
+    int d = c->dim, hid = c->hidden_dim, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+    kvs_status s = pack_matrix(m, &m->cls, c->vocab_size, d);
+    /* a tied embedding reads its rows from the classifier's panels (kvs_wmat_row_f32): the pages just dropped
+     * would otherwise be faulted back, 64 KB of read-around a token, up to the whole table again */
+    if (s == KVS_OK && m->embed.data == m->cls.data) m->embed.packed = m->cls.packed;
+    for (int l = 0; s == KVS_OK && l < c->n_layers; l++) {
+        layer_weights *w = &m->layers[l];
+        if ((s = pack_matrix(m, &w->wq, qd, d)) != KVS_OK || (s = pack_matrix(m, &w->wk, kvd, d)) != KVS_OK ||
+            (s = pack_matrix(m, &w->wv, kvd, d)) != KVS_OK || (s = pack_matrix(m, &w->wo, d, qd)) != KVS_OK ||
+            (s = pack_matrix(m, &w->w1, hid, d)) != KVS_OK || (s = pack_matrix(m, &w->w2, d, hid)) != KVS_OK)
+            break;
+        s = pack_matrix(m, &w->w3, hid, d);
+    }
+    return s;
+}
+
 kvs_status kvs_model_load(const char *path, kvs_model **out) {
     *out = NULL;
     struct stat st;
@@ -957,6 +994,7 @@ kvs_status kvs_model_load(const char *path, kvs_model **out) {
     m->info.bos_id = -1;
     m->info.embed_scale = 1.0f;
     kvs_status s = S_ISDIR(st.st_mode) ? load_hf(m, path) : load_llama2c(m, path);
+    if (s == KVS_OK) s = pack_matrices(m);
     if (s != KVS_OK) {
         kvs_model_free(m);
         return s;

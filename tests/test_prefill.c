@@ -64,7 +64,7 @@ static void check_gemm(kvs_threadpool *pool, kvs_dtype dt, int n, int rows, int 
     for (size_t i = 0; i < (size_t)n * ldx; i++) x[i] = frand();
     for (int r = 0; r < rows; r++) bias[r] = frand();
     for (size_t i = 0; i < (size_t)n * ldy; i++) y[i] = 12345.0f;
-    kvs_wmat wm = {w, dt};
+    kvs_wmat wm = {w, dt, NULL};
     kvs_gemm(pool, x, ldx, n, cols, wm, with_bias ? bias : NULL, rows, y, ldy);
     for (int i = 0; i < n; i++) {
         /* one row alone, on the calling thread: the same bits */
@@ -136,11 +136,11 @@ static void test_gemm_multi_and_isa_control(void **state) {
         w[j] = make_weights(KVS_DTYPE_BF16, (size_t)r[j] * cols, &wf[j]);
         y[j] = calloc((size_t)n * r[j], sizeof(float));
         z[j] = calloc((size_t)n * r[j], sizeof(float));
-        outs[j] = (kvs_gemm_out){{w[j], KVS_DTYPE_BF16}, NULL, y[j], (size_t)r[j], r[j]};
+        outs[j] = (kvs_gemm_out){{w[j], KVS_DTYPE_BF16, NULL}, NULL, y[j], (size_t)r[j], r[j]};
     }
     kvs_gemm_multi(NULL, x, (size_t)cols, n, cols, outs, 3);
     for (int j = 0; j < 3; j++) {
-        kvs_gemm(NULL, x, (size_t)cols, n, cols, (kvs_wmat){w[j], KVS_DTYPE_BF16}, NULL, r[j], z[j], (size_t)r[j]);
+        kvs_gemm(NULL, x, (size_t)cols, n, cols, (kvs_wmat){w[j], KVS_DTYPE_BF16, NULL}, NULL, r[j], z[j], (size_t)r[j]);
         assert_memory_equal(y[j], z[j], (size_t)n * r[j] * sizeof(float));
         free(w[j]);
         free(wf[j]);
