@@ -2,7 +2,9 @@
  * matmul.h for the arithmetic contract (an element's value depends only on its x row, its w row and the instruction
  * set) and the dispatch.
  *
- * Loop nest, per worker (the workers split the output rows in groups of MR weight rows):
+ * Two kernels: packed 16-bit panels take the outer-product kernel of the "packed" section below; unpacked matrices
+ * (fp32) the dot-product tiles described here. Unpacked loop nest, per worker (the workers split the output rows
+ * in groups of MR weight rows):
  *   for each chunk of KVS_GEMM_KC columns (the block's X chunk, n x KC floats, stays in L2 for all groups: with
  *   the group loop outside, a 4 MB X of the down projection was streamed from L3 once per group, 0.6x the speed;
  *   a small X, as in decode, takes the group loop outside instead: run_passes),

@@ -1,16 +1,21 @@
 /* matmul.h — the CPU forward pass's matrix products (../shared/DESIGN.md "Capture"): Y = X W^T (+ b) for a block of
  * positions X [n][cols] (fp32 activations) against a weight matrix W [rows][cols] kept in its checkpoint dtype
  * (fp32, fp16 or bf16, read in place from the mmap'd file: no fp32 copy of a 16-bit checkpoint). Accumulation is
- * fp32; 16-bit weights are widened exactly (bf16 by a 16-bit shift, fp16 by F16C / AVX-512 vcvtph2ps) a small
- * tile at a time into an L1-resident buffer that every position of the block then reuses, so a prompt of n
- * positions reads each weight once per block instead of once per position.
+ * fp32; 16-bit weights are widened exactly (bf16 by a 16-bit shift, fp16 by F16C / AVX-512 vcvtph2ps), in
+ * registers from 32-row panels packed once at load (kvs_wmat_pack) or, unpacked, a small tile at a time into an
+ * L1-resident buffer; every position of a block reuses what was read, so a prompt of n positions reads each
+ * weight once per block instead of once per position.
  *
  * Arithmetic (what makes the blocked prefill equal the token-by-token decode): an output element's value depends
  * only on its x row, its w row and the instruction set — never on n, on which rows share a tile, or on the thread
- * that computes it. The reduction dimension is cut into chunks of KVS_GEMM_KC; within a chunk each element is one
- * vector-lane FMA chain (16 lanes on AVX-512, 8 on AVX2, 8 partial sums in the scalar code) reduced by a fixed tree,
- * and the chunk sums are added to the output in ascending order. Different instruction sets differ by fp32
- * summation order only (tests/test_matmul.c bounds each against a double-precision reference).
+ * that computes it.
+ *  - Packed 16-bit matrices (kvs_wmat_pack; every 16-bit matrix of a loaded model): one fmaf chain over k in
+ *    ascending order, the same bits at every instruction set too (an outer-product kernel over the panels).
+ *  - Unpacked matrices (fp32 checkpoints, as the shared models): the reduction dimension is cut into chunks of
+ *    KVS_GEMM_KC; within a chunk each element is one vector-lane FMA chain (16 lanes on AVX-512, 8 on AVX2, 8
+ *    partial sums in the scalar code) reduced by a fixed tree, and the chunk sums are added to the output in
+ *    ascending order. Different instruction sets differ by fp32 summation order only.
+ * tests/test_prefill.c bounds both against a double-precision reference.
  *
  * Selection, once per process: KVS_SIMD=scalar|avx2|avx512 (the variable common/kvs_math_simd.h reads; avx2x32
  * counts as avx2; a level the CPU lacks falls back to the best below it), else the widest the CPU has. Never
