@@ -162,13 +162,15 @@ static void worker_scalar(void *ctx, int worker, int n_workers) {
  *
  * Per worker (the workers split the panels of all outputs evenly):
  *   for each k-block of PK_KC columns (the whole reduction for a single position: decode streams each panel once),
+ *     copy the block's k-block of X tile by tile into [k][nr] (contiguous broadcasts; 256 KB, stays in L2),
  *     for each group of PK_GROUP panels of an output (their k-block, 256 KB, stays in L2 for every tile),
- *       for each tile of NR positions: copy its k-block of X into xt [k][nr] (contiguous broadcasts), then for each
- *       panel: NR x 32 accumulators in registers over the k-block, loaded from / stored to Y between k-blocks.
+ *       for each tile of NR positions, for each panel: NR x 32 accumulators in registers over the k-block,
+ *       loaded from / stored to Y between k-blocks.
  * An element's accumulator is carried through Y in fp32 between k-blocks, so its value is one fmaf chain over k
  * in ascending order whatever the k-block, tile or panel grouping. */
 
 #define PK_KC 512
+#define PK_XBUF (128 * PK_KC) /* floats: a worker's copy of a block's k-block of X (256 KB of its stack) */
 #define PK_GROUP 8
 #define PK_NR_MAX 12
 #define PK_NP_MAX 4
@@ -183,13 +185,21 @@ kvs_status kvs_wmat_pack(kvs_wmat *w, int rows, int cols) {
     uint16_t *d = aligned_alloc(64, bytes);
     if (!d) return kvs_fail(KVS_ERR_NOMEM, "matmul: out of memory packing a %d x %d matrix", rows, cols);
     const uint8_t *src = w->data;
+    int slot[KVS_PANEL];
+    for (int r = 0; r < KVS_PANEL; r++) slot[r] = kvs_wmat_slot(w->dtype, r);
     for (size_t p = 0; p < np; p++) {
         uint16_t *pd = d + p * pel;
-        if ((p + 1) * KVS_PANEL > (size_t)rows) memset(pd, 0, pel * sizeof *pd);
-        for (int r = 0; r < KVS_PANEL && p * KVS_PANEL + (size_t)r < (size_t)rows; r++) {
-            const uint8_t *s = src + (p * KVS_PANEL + (size_t)r) * (size_t)cols * 2;
-            uint16_t *o = pd + kvs_wmat_slot(w->dtype, r);
-            for (int k = 0; k < cols; k++) o[(size_t)k * KVS_PANEL] = (uint16_t)(s[2 * k] | (s[2 * k + 1] << 8));
+        int nr = (p + 1) * KVS_PANEL > (size_t)rows ? (int)((size_t)rows - p * KVS_PANEL) : KVS_PANEL;
+        if (nr < KVS_PANEL) memset(pd, 0, pel * sizeof *pd);
+        /* 16 columns at a time: 32 short row reads, 1 KB of panel written (in L1) instead of 2-byte stores
+         * scattered over the whole panel once per row */
+        for (int k0 = 0; k0 < cols; k0 += 16) {
+            int kn = cols - k0 < 16 ? cols - k0 : 16;
+            for (int r = 0; r < nr; r++) {
+                const uint8_t *s = src + ((p * KVS_PANEL + (size_t)r) * (size_t)cols + (size_t)k0) * 2;
+                uint16_t *o = pd + (size_t)k0 * KVS_PANEL + (size_t)slot[r];
+                for (int k = 0; k < kn; k++) o[(size_t)k * KVS_PANEL] = (uint16_t)(s[2 * k] | (s[2 * k + 1] << 8));
+            }
         }
     }
     w->packed = d;
@@ -223,12 +233,23 @@ typedef struct {
 
 static void pk_worker(void *ctx, int worker, int n_workers) {
     const pk_job *job = ctx;
-    float xbuf[PK_NR_MAX * PK_KC];
+    float xbuf[PK_XBUF];
     long p0 = job->panels * worker / n_workers, p1 = job->panels * (worker + 1) / n_workers;
-    int cols = job->cols, kc = job->n == 1 ? cols : PK_KC;
+    int cols = job->cols, n = job->n, kc = n == 1 ? cols : PK_XBUF / n < PK_KC ? PK_XBUF / n : PK_KC;
     size_t wps = (size_t)cols * KVS_PANEL;
+    if (p0 >= p1) return;
     for (int k0 = 0; k0 < cols; k0 += kc) {
         int kl = cols - k0 < kc ? cols - k0 : kc, first = k0 == 0, last = k0 + kl == cols;
+        /* the block's k-block of X, tile by tile: tile i0 at xbuf + i0 * kl as [kl][nr] (a lone position reads X) */
+        if (n > 1)
+            for (int i0 = 0; i0 < n; i0 += job->NR) {
+                int nr = n - i0 < job->NR ? n - i0 : job->NR;
+                float *xt = xbuf + (size_t)i0 * (size_t)kl;
+                for (int i = 0; i < nr; i++) {
+                    const float *xr = job->x + (size_t)(i0 + i) * job->ldx + (size_t)k0;
+                    for (int k = 0; k < kl; k++) xt[(size_t)k * (size_t)nr + (size_t)i] = xr[k];
+                }
+            }
         long base = 0;
         for (int j = 0; j < job->n_outs; j++) {
             const kvs_gemm_out *o = &job->outs[j];
@@ -237,14 +258,9 @@ static void pk_worker(void *ctx, int worker, int n_workers) {
             base += np;
             for (long qg = q0; qg < q1; qg += PK_GROUP) {
                 long qe = qg + PK_GROUP < q1 ? qg + PK_GROUP : q1;
-                for (int i0 = 0; i0 < job->n; i0 += job->NR) {
-                    int nr = job->n - i0 < job->NR ? job->n - i0 : job->NR;
-                    const float *xr = job->x + (size_t)i0 * job->ldx + (size_t)k0, *xt = xr;
-                    if (nr > 1) {
-                        for (int i = 0; i < nr; i++)
-                            for (int k = 0; k < kl; k++) xbuf[(size_t)k * (size_t)nr + (size_t)i] = xr[(size_t)i * job->ldx + (size_t)k];
-                        xt = xbuf;
-                    }
+                for (int i0 = 0; i0 < n; i0 += job->NR) {
+                    int nr = n - i0 < job->NR ? n - i0 : job->NR;
+                    const float *xt = n > 1 ? xbuf + (size_t)i0 * (size_t)kl : job->x + (size_t)k0;
                     float *yt = o->y + (size_t)i0 * o->ldy;
                     for (long q = qg; q < qe;) {
                         const uint16_t *wp = o->w.packed + (size_t)q * wps + (size_t)k0 * KVS_PANEL;

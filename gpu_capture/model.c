@@ -953,14 +953,18 @@ cleanup:
  * page back from the file). */
 static kvs_status pack_matrix(kvs_model *m, kvs_wmat *w, int rows, int cols) {
     if (w->packed || (w->dtype != KVS_DTYPE_BF16 && w->dtype != KVS_DTYPE_F16)) return KVS_OK;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)w->data;
+    uintptr_t lo = (a + page - 1) & ~(page - 1), hi = (a + (uintptr_t)rows * (uintptr_t)cols * 2u) & ~(page - 1);
+#ifdef MADV_POPULATE_READ
+    /* map the tensor's pages in one call rather than one fault per 64 KB (best effort: older kernels refuse) */
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_POPULATE_READ);
+#endif
     kvs_status s = kvs_wmat_pack(w, rows, cols);
     if (s != KVS_OK) return s;
     if ((s = add_owned(m, (void *)(uintptr_t)w->packed)) != KVS_OK) {
         w->packed = NULL; /* add_owned freed it */
         return s;
     }
-    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)w->data;
-    uintptr_t lo = (a + page - 1) & ~(page - 1), hi = (a + (uintptr_t)rows * (uintptr_t)cols * 2u) & ~(page - 1);
     if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* only pages wholly inside this tensor */
     return KVS_OK;
 }
