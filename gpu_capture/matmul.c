@@ -37,7 +37,9 @@ static void widen_scalar(kvs_dtype dt, const void *src, size_t n, float *dst) {
 
 void kvs_wmat_row_f32(kvs_wmat w, size_t cols, size_t r, float *dst) {
     if (w.packed) { /* the panel copy: the mapped source pages may have been dropped */
-        for (size_t k = 0; k < cols; k++) dst[k] = kvs_wmat_packed_at(&w, (int)cols, (int)r, (int)k);
+        const uint16_t *s = w.packed + (r / KVS_PANEL) * cols * KVS_PANEL + (size_t)kvs_wmat_slot(w.dtype, (int)(r % KVS_PANEL));
+        for (size_t k = 0; k < cols; k++)
+            dst[k] = w.dtype == KVS_DTYPE_BF16 ? kvs_bf16_to_f32(s[k * KVS_PANEL]) : kvs_f16_to_f32(s[k * KVS_PANEL]);
         return;
     }
     widen_scalar(w.dtype, (const uint8_t *)w.data + r * cols * kvs_dtype_size(w.dtype), cols, dst);
