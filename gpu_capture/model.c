@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -56,8 +57,12 @@ struct kvs_model {
     float *inv_freq_local;  /* [head_dim/2] of sliding-window layers when their base differs (Gemma-3), else NULL */
     mapping *maps;
     int n_maps, cap_maps;
-    void **owned; /* heap fp32 copies of converted tensors (16-bit vectors, misaligned fp32 tensors) */
+    void **owned; /* heap fp32 copies of converted tensors (16-bit vectors, misaligned fp32 tensors), panels */
     int n_owned, cap_owned;
+    /* 16-bit matrices are packed into panels (matmul.h) by the first kvs_model_state_create, not at load: a model
+     * that only feeds the CUDA backend (kvs_model_weights_get, row-major) never pays for the copy */
+    pthread_mutex_t pack_mu;
+    int packed; /* under pack_mu: pack_matrices done */
 };
 
 static const char *base_name(const char *path, char *buf, size_t cap) {
@@ -145,6 +150,7 @@ void kvs_model_free(kvs_model *m) {
     free(m->layers);
     free(m->inv_freq);
     free(m->inv_freq_local);
+    pthread_mutex_destroy(&m->pack_mu);
     free(m);
 }
 
@@ -995,10 +1001,10 @@ kvs_status kvs_model_load(const char *path, kvs_model **out) {
     if (stat(path, &st) != 0) return kvs_fail(KVS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     kvs_model *m = calloc(1, sizeof *m);
     if (!m) return kvs_fail(KVS_ERR_NOMEM, "model: out of memory");
+    pthread_mutex_init(&m->pack_mu, NULL);
     m->info.bos_id = -1;
     m->info.embed_scale = 1.0f;
     kvs_status s = S_ISDIR(st.st_mode) ? load_hf(m, path) : load_llama2c(m, path);
-    if (s == KVS_OK) s = pack_matrices(m);
     if (s != KVS_OK) {
         kvs_model_free(m);
         return s;
@@ -1113,6 +1119,14 @@ kvs_status kvs_model_state_create(const kvs_model *m, int max_positions, kvs_thr
     if (max_positions < 1 || max_positions > c->max_seq_len)
         return kvs_fail(KVS_ERR_INVALID_ARG, "max positions %d is outside [1, %d] (the model context)", max_positions,
                         c->max_seq_len);
+    /* The panels: once per model (a state's forward pass reads only them). Changing the const model here is safe:
+     * the packed copy holds the same values, and no forward pass can run before its state exists. */
+    kvs_model *mm = (kvs_model *)(uintptr_t)m;
+    pthread_mutex_lock(&mm->pack_mu);
+    kvs_status ps = mm->packed ? KVS_OK : pack_matrices(mm);
+    if (ps == KVS_OK) mm->packed = 1;
+    pthread_mutex_unlock(&mm->pack_mu);
+    if (ps != KVS_OK) return ps;
     kvs_model_state *s = calloc(1, sizeof *s);
     if (!s) return kvs_fail(KVS_ERR_NOMEM, "model state: out of memory");
     s->m = m;

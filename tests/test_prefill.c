@@ -567,6 +567,18 @@ static void test_16bit_matrices_kept_as_stored(void **state) {
         assert_int_equal(mw.embed.dtype, cases[i].dt);
         assert_int_equal(lw.wq.dtype, cases[i].dt);
         assert_int_equal(lw.w2.dtype, cases[i].dt);
+        /* packed by the first state, not at load (a CUDA-only run never pays for the panels) */
+        assert_null(lw.wq.packed);
+        assert_null(mw.cls.packed);
+        kvs_model_state *st;
+        assert_int_equal(kvs_model_state_create(m, 4, NULL, &st), KVS_OK);
+        assert_int_equal(kvs_model_layer_weights_get(m, 0, &lw), KVS_OK);
+        assert_int_equal(kvs_model_weights_get(m, &mw), KVS_OK);
+        assert_non_null(lw.wq.packed);
+        assert_non_null(lw.w2.packed);
+        assert_non_null(mw.cls.packed);
+        assert_int_equal(lw.wq.dtype, cases[i].dt); /* still 16-bit */
+        kvs_model_state_free(st);
         /* bytes per token: matrices at 2 bytes, so under 60% of the fp32 count */
         const kvs_model_info *info = kvs_model_info_get(m);
         assert_true((double)info->weight_bytes < 0.6 * 4.0 * (double)info->n_params);
