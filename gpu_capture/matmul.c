@@ -37,7 +37,8 @@ static void widen_scalar(kvs_dtype dt, const void *src, size_t n, float *dst) {
 
 void kvs_wmat_row_f32(kvs_wmat w, size_t cols, size_t r, float *dst) {
     if (w.packed) { /* the panel copy: the mapped source pages may have been dropped */
-        const uint16_t *s = w.packed + (r / KVS_PANEL) * cols * KVS_PANEL + (size_t)kvs_wmat_slot(w.dtype, (int)(r % KVS_PANEL));
+        const uint16_t *s =
+            w.packed + (r / KVS_PANEL) * cols * KVS_PANEL + (size_t)kvs_wmat_slot(w.dtype, (int)(r % KVS_PANEL));
         for (size_t k = 0; k < cols; k++)
             dst[k] = w.dtype == KVS_DTYPE_BF16 ? kvs_bf16_to_f32(s[k * KVS_PANEL]) : kvs_f16_to_f32(s[k * KVS_PANEL]);
         return;
@@ -164,7 +165,7 @@ static void worker_scalar(void *ctx, int worker, int n_workers) {
  *
  * Per worker (the workers split the panels of all outputs evenly):
  *   for each k-block of PK_KC columns (the whole reduction for a single position: decode streams each panel once),
- *     copy the block's k-block of X tile by tile into [k][nr] (contiguous broadcasts; 256 KB, stays in L2),
+ *     copy the block's k-block of X tile by tile into [k][nr] (contiguous broadcasts; 256 KB on the heap, in L2),
  *     for each group of PK_GROUP panels of an output (their k-block, 256 KB, stays in L2 for every tile),
  *       for each tile of NR positions, for each panel: NR x 32 accumulators in registers over the k-block,
  *       loaded from / stored to Y between k-blocks.
@@ -172,7 +173,6 @@ static void worker_scalar(void *ctx, int worker, int n_workers) {
  * in ascending order whatever the k-block, tile or panel grouping. */
 
 #define PK_KC 512
-#define PK_XBUF (128 * PK_KC) /* floats: a worker's copy of a block's k-block of X (256 KB of its stack) */
 #define PK_GROUP 8
 #define PK_NR_MAX 12
 #define PK_NP_MAX 4
@@ -231,13 +231,16 @@ typedef struct {
     int NP;                 /* panels of `wide` */
     const pk_fn *tile;      /* [nr - 1]: nr positions x 1 panel */
     pk_fn wide;             /* 1 position x NP panels (decode: NP weight streams at once), or NULL */
+    int kc;                 /* k-block */
+    float *xbuf;            /* [workers][n * kc]: each worker's copy of X's k-block, or NULL when n <= NR */
 } pk_job;
 
 static void pk_worker(void *ctx, int worker, int n_workers) {
     const pk_job *job = ctx;
-    float xbuf[PK_XBUF];
+    float small[PK_NR_MAX * PK_KC]; /* a block of at most one tile (24 KB) */
     long p0 = job->panels * worker / n_workers, p1 = job->panels * (worker + 1) / n_workers;
-    int cols = job->cols, n = job->n, kc = n == 1 ? cols : PK_XBUF / n < PK_KC ? PK_XBUF / n : PK_KC;
+    int cols = job->cols, n = job->n, kc = job->kc;
+    float *xbuf = job->xbuf ? job->xbuf + (size_t)worker * (size_t)n * (size_t)kc : small;
     size_t wps = (size_t)cols * KVS_PANEL;
     if (p0 >= p1) return;
     for (int k0 = 0; k0 < cols; k0 += kc) {
@@ -741,8 +744,25 @@ static void gemm_packed(kvs_threadpool *pool, kvs_gemm_isa isa, const float *x, 
         macs += (double)n * outs[j].rows * cols;
     }
     if (n <= 0 || job.panels == 0) return;
-    if (macs < 65536 || !pool) pk_worker(&job, 0, 1);
-    else kvs_threadpool_run(pool, pk_worker, &job);
+    if (macs < 65536) pool = NULL; /* below ~64K multiply-adds a thread wake-up costs more than it saves */
+    job.kc = n == 1 ? cols : PK_KC;
+    if (n > job.NR) {
+        /* a worker's X copy, n x kc floats (256 KB for a 128-position block): on the heap, not a worker's stack */
+        size_t workers = (size_t)kvs_threadpool_size(pool);
+        job.xbuf = malloc(workers * (size_t)n * (size_t)job.kc * sizeof(float));
+        if (!job.xbuf) {
+            /* out of memory: tile by tile, the same bits (an element's value does not depend on its block) */
+            for (int i0 = 0; i0 < n; i0 += job.NR)
+                for (int j = 0; j < n_outs; j++) {
+                    kvs_gemm_out o = outs[j];
+                    o.y += (size_t)i0 * o.ldy;
+                    gemm_packed(pool, isa, x + (size_t)i0 * ldx, ldx, n - i0 < job.NR ? n - i0 : job.NR, cols, &o, 1);
+                }
+            return;
+        }
+    }
+    kvs_threadpool_run(pool, pk_worker, &job);
+    free(job.xbuf);
 }
 
 void kvs_gemm_multi(kvs_threadpool *pool, const float *x, size_t ldx, int n, int cols, const kvs_gemm_out *outs,
