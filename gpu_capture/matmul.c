@@ -298,7 +298,8 @@ static inline void pk_scalar(kvs_dtype dt, int nr, const float *xt, const uint16
             float acc = first ? 0.0f : y[(size_t)i * ldy + (size_t)r];
             for (int k = 0; k < kl; k++) {
                 uint16_t h = w[(size_t)k * KVS_PANEL];
-                acc = fmaf(xt[(size_t)k * (size_t)nr + (size_t)i], dt == KVS_DTYPE_BF16 ? kvs_bf16_to_f32(h) : kvs_f16_to_f32(h), acc);
+                float wv = dt == KVS_DTYPE_BF16 ? kvs_bf16_to_f32(h) : kvs_f16_to_f32(h);
+                acc = fmaf(xt[(size_t)k * (size_t)nr + (size_t)i], wv, acc);
             }
             if (bias) acc += bias[r];
             y[(size_t)i * ldy + (size_t)r] = acc;
@@ -513,8 +514,8 @@ static void worker_512(void *ctx, int worker, int n_workers) {
 #define PK_NR_512 12
 #define PK_NP_512 4
 
-T_512 static INLINE void pk512(const int NR, const int NP, const int F16, const float *xt, const uint16_t *wp, size_t wps,
-                               int kl, float *y, size_t ldy, int valid, const float *bias, int first) {
+T_512 static INLINE void pk512(const int NR, const int NP, const int F16, const float *xt, const uint16_t *wp,
+                               size_t wps, int kl, float *y, size_t ldy, int valid, const float *bias, int first) {
     __m512 acc[PK_NR_512][PK_NP_512][2];
     __mmask16 m[PK_NP_512][2];
 #pragma GCC unroll 4
