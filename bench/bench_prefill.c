@@ -3,7 +3,8 @@
  * prompt (kvs_model_forward_block, gpu_capture/matmul.h) against the machine's measured all-core fp32 FMA peak
  * over its matrix-product FLOPs, the token-by-token decode that follows against the 16-bit weight-bandwidth floor
  * (weight bytes read per token / measured all-core read bandwidth, both measured in this run), and the peak RSS
- * against the checkpoint's bytes plus the KV cache (16-bit weights are read in place from the mapping).
+ * against the checkpoint's bytes plus the KV cache (16-bit matrices are packed into panels at load and their mapped
+ * pages dropped), and the load time.
  * Prints Markdown rows for gpu_capture/BENCH.md "CPU"; nothing is asserted.
  * Usage: bench_prefill [prompt_tokens [decode_tokens [threads]]]   (defaults 2048, 32, all CPUs)
  * The peaks are probed after the model runs, so their buffers do not count in the peak RSS.
@@ -22,6 +23,7 @@
 #include "common/threadpool.h"
 #include "gpu_capture/matmul.h"
 #include "gpu_capture/model.h"
+#include "gpu_capture/model_weights.h"
 
 #define CHECK(x)                                                                                             \
     do {                                                                                                     \
@@ -95,12 +97,14 @@ int main(int argc, char **argv) {
     CHECK(kvs_threadpool_create(threads, &pool));
     int nt = kvs_threadpool_size(pool);
     kvs_model *m;
+    double t_load = kvs_now_s();
     CHECK(kvs_model_load(BENCH_DIR, &m));
     const kvs_model_info *info = kvs_model_info_get(m);
     const kvs_model_config *c = &info->config;
     int max_pos = n_prompt + n_dec;
     kvs_model_state *s;
-    CHECK(kvs_model_state_create(m, max_pos, pool, &s));
+    CHECK(kvs_model_state_create(m, max_pos, pool, &s)); /* the first state packs the 16-bit panels */
+    t_load = kvs_now_s() - t_load;
     double d = c->dim, hid = c->hidden_dim, L = c->n_layers, qd = (double)c->n_heads * c->head_dim;
     double kvd = (double)c->n_kv_heads * c->head_dim, V = c->vocab_size;
     double kv_bytes = 2.0 * L * max_pos * kvd * sizeof(float);
@@ -135,6 +139,52 @@ int main(int argc, char **argv) {
     getrusage(RUSAGE_SELF, &ru);
     double rss = (double)ru.ru_maxrss * 1024.0;
     loadavg(load1, sizeof load1);
+
+    /* each product of a decode step alone, over all layers (so that its weights come from memory), best of 3:
+     * its weight bytes / time, against the read bandwidth below */
+    static const char *const prod_name[5] = {"q/k/v", "o", "gate/up", "down", "classifier"};
+    double prod_bps[5] = {0};
+    {
+        size_t big = (size_t)(hid > V ? hid : V);
+        float *xv = calloc(big, sizeof *xv), *yv[3] = {calloc(big, sizeof(float)), calloc(big, sizeof(float)),
+                                                      calloc(big, sizeof(float))};
+        if (!xv || !yv[0] || !yv[1] || !yv[2]) return 1;
+        for (size_t i = 0; i < big; i++) xv[i] = 1e-3f * (float)(i % 97);
+        kvs_model_weights mw;
+        CHECK(kvs_model_weights_get(m, &mw));
+        for (int rep = 0; rep < 3; rep++)
+            for (int k = 0; k < 5; k++) {
+                double bytes = 0, t = kvs_now_s();
+                for (int l = 0; l < (k == 4 ? 1 : c->n_layers); l++) {
+                    kvs_model_layer_weights lw;
+                    CHECK(kvs_model_layer_weights_get(m, l, &lw));
+                    int id = (int)d, iq = (int)qd, ik = (int)kvd, ih = (int)hid;
+                    if (k == 0) {
+                        kvs_gemm_out o[3] = {{lw.wq, NULL, yv[0], 0, iq}, {lw.wk, NULL, yv[1], 0, ik},
+                                             {lw.wv, NULL, yv[2], 0, ik}};
+                        kvs_gemm_multi(pool, xv, 0, 1, id, o, 3);
+                        bytes += 2.0 * (qd + 2 * kvd) * d;
+                    } else if (k == 1) {
+                        kvs_gemm(pool, xv, 0, 1, iq, lw.wo, NULL, id, yv[0], 0);
+                        bytes += 2.0 * d * qd;
+                    } else if (k == 2) {
+                        kvs_gemm_out o[2] = {{lw.w1, NULL, yv[0], 0, ih}, {lw.w3, NULL, yv[1], 0, ih}};
+                        kvs_gemm_multi(pool, xv, 0, 1, id, o, 2);
+                        bytes += 2.0 * 2 * hid * d;
+                    } else if (k == 3) {
+                        kvs_gemm(pool, xv, 0, 1, ih, lw.w2, NULL, id, yv[0], 0);
+                        bytes += 2.0 * d * hid;
+                    } else {
+                        kvs_gemm(pool, xv, 0, 1, id, mw.cls, NULL, (int)V, yv[0], 0);
+                        bytes += 2.0 * V * d;
+                    }
+                }
+                double bps = bytes / (kvs_now_s() - t);
+                if (bps > prod_bps[k]) prod_bps[k] = bps;
+            }
+        free(xv);
+        for (int i = 0; i < 3; i++) free(yv[i]);
+    }
     kvs_model_state_free(s);
     kvs_model_free(m);
     free(tok);
@@ -150,6 +200,11 @@ int main(int argc, char **argv) {
             fma = f;
             best = (kvs_peak_isa)i;
         }
+    }
+    double fma1 = 0; /* one core, best of 5 short probes: the yardstick of the FLOP per CPU-second */
+    for (int i = 0; i < 5; i++) {
+        double f = kvs_peak_fma(best, 1, 0.2);
+        if (f > fma1) fma1 = f;
     }
     double bw = kvs_peak_read_bandwidth((size_t)1 << 30, nt, 3);
     double peak_flops = 2.0 * fma;
@@ -171,13 +226,22 @@ int main(int argc, char **argv) {
            100.0 * attn_flops / mat_flops);
     printf("| (CPU time the prefill had) | %.1f CPU-s in %.1f s | %d threads | %.0f%% of the cores' time |\n", cpu_pre,
            t_pre, nt, 100.0 * cpu_pre / (t_pre * nt));
+    printf("| (prefill per CPU-second) | %.1f GFLOP per CPU-s | one core's fp32 FMA rate %.1f GFLOP/s | %.0f%% |\n",
+           mat_flops / cpu_pre / 1e9, 2.0 * fma1 / 1e9, 100.0 * mat_flops / cpu_pre / (2.0 * fma1));
     printf("| decode %d tokens after the prompt | %.2f tok/s (%.1f ms/token) | 16-bit weight-bandwidth floor %.2f "
            "tok/s = read bandwidth %.1f GB/s / %.2f GB of weights per token | **%.0f%%** of floor |\n",
            n_dec, dec_tps, 1e3 / dec_tps, floor_tps, bw / 1e9, wbytes / 1e9, 100.0 * dec_tps / floor_tps);
     printf("| (CPU time the decode had) | %.1f CPU-s in %.1f s | %d threads | %.0f%% of the cores' time |\n", cpu_dec,
            t_dec, nt, 100.0 * cpu_dec / (t_dec * nt));
+    printf("| (decode products alone, weight bytes / time) |");
+    for (int k = 0; k < 5; k++) printf("%s %s %.1f GB/s", k ? "," : "", prod_name[k], prod_bps[k] / 1e9);
+    printf(" | read bandwidth %.1f GB/s |", bw / 1e9);
+    for (int k = 0; k < 5; k++) printf("%s %.0f%%", k ? "," : "", 100.0 * prod_bps[k] / bw);
+    printf(" |\n");
     printf("| peak RSS | %.2f GB | checkpoint %.2f GB + KV cache %.2f GB (fp32, %d positions) = %.2f GB | **%.2fx** |\n",
            rss / 1e9, ckpt_bytes / 1e9, kv_bytes / 1e9, max_pos, (ckpt_bytes + kv_bytes) / 1e9,
            rss / (ckpt_bytes + kv_bytes));
+    printf("| model load + first state | %.2f s | 16-bit matrices packed into panels (%.2f GB), their mapped pages dropped | |\n",
+           t_load, wbytes / 1e9);
     return 0;
 }

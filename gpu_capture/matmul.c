@@ -2,7 +2,9 @@
  * matmul.h for the arithmetic contract (an element's value depends only on its x row, its w row and the instruction
  * set) and the dispatch.
  *
- * Loop nest, per worker (the workers split the output rows in groups of MR weight rows):
+ * Two kernels: packed 16-bit panels take the outer-product kernel of the "packed" section below; unpacked matrices
+ * (fp32) the dot-product tiles described here. Unpacked loop nest, per worker (the workers split the output rows
+ * in groups of MR weight rows):
  *   for each chunk of KVS_GEMM_KC columns (the block's X chunk, n x KC floats, stays in L2 for all groups: with
  *   the group loop outside, a 4 MB X of the down projection was streamed from L3 once per group, 0.6x the speed;
  *   a small X, as in decode, takes the group loop outside instead: run_passes),
@@ -14,6 +16,7 @@
  */
 #include "matmul.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +36,13 @@ static void widen_scalar(kvs_dtype dt, const void *src, size_t n, float *dst) {
 }
 
 void kvs_wmat_row_f32(kvs_wmat w, size_t cols, size_t r, float *dst) {
+    if (w.packed) { /* the panel copy: the mapped source pages may have been dropped */
+        const uint16_t *s =
+            w.packed + (r / KVS_PANEL) * cols * KVS_PANEL + (size_t)kvs_wmat_slot(w.dtype, (int)(r % KVS_PANEL));
+        for (size_t k = 0; k < cols; k++)
+            dst[k] = w.dtype == KVS_DTYPE_BF16 ? kvs_bf16_to_f32(s[k * KVS_PANEL]) : kvs_f16_to_f32(s[k * KVS_PANEL]);
+        return;
+    }
     widen_scalar(w.dtype, (const uint8_t *)w.data + r * cols * kvs_dtype_size(w.dtype), cols, dst);
 }
 
@@ -149,6 +159,162 @@ static void pass_scalar(const gemm_job *job, long g, int k0, void *scratch) {
 static void worker_scalar(void *ctx, int worker, int n_workers) {
     float buf[MR_SCALAR * BUF_LD];
     run_passes(ctx, worker, n_workers, pass_scalar, buf);
+}
+
+/* ---- packed 16-bit panels: the outer-product kernel (matmul.h, KVS_PANEL) ----
+ *
+ * Per worker (the workers split the panels of all outputs evenly):
+ *   for each k-block of PK_KC columns (the whole reduction for a single position: decode streams each panel once),
+ *     copy the block's k-block of X tile by tile into [k][nr] (contiguous broadcasts; 256 KB on the heap, in L2),
+ *     for each group of PK_GROUP panels of an output (their k-block, 256 KB, stays in L2 for every tile),
+ *       for each tile of NR positions, for each panel: NR x 32 accumulators in registers over the k-block,
+ *       loaded from / stored to Y between k-blocks.
+ * An element's accumulator is carried through Y in fp32 between k-blocks, so its value is one fmaf chain over k
+ * in ascending order whatever the k-block, tile or panel grouping. */
+
+#define PK_KC 512
+#define PK_GROUP 8
+#define PK_NR_MAX 12
+#define PK_NP_MAX 4
+
+kvs_status kvs_wmat_pack(kvs_wmat *w, int rows, int cols) {
+    if (w->dtype != KVS_DTYPE_BF16 && w->dtype != KVS_DTYPE_F16)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "matmul: only 16-bit matrices are packed (dtype %d)", (int)w->dtype);
+    if (rows <= 0 || cols <= 0 || !w->data)
+        return kvs_fail(KVS_ERR_INVALID_ARG, "matmul: cannot pack a %d x %d matrix", rows, cols);
+    size_t np = ((size_t)rows + KVS_PANEL - 1) / KVS_PANEL, pel = (size_t)cols * KVS_PANEL;
+    size_t bytes = (np * pel * sizeof(uint16_t) + 63) & ~(size_t)63;
+    uint16_t *d = aligned_alloc(64, bytes);
+    if (!d) return kvs_fail(KVS_ERR_NOMEM, "matmul: out of memory packing a %d x %d matrix", rows, cols);
+    const uint8_t *src = w->data;
+    int slot[KVS_PANEL];
+    for (int r = 0; r < KVS_PANEL; r++) slot[r] = kvs_wmat_slot(w->dtype, r);
+    for (size_t p = 0; p < np; p++) {
+        uint16_t *pd = d + p * pel;
+        int nr = (p + 1) * KVS_PANEL > (size_t)rows ? (int)((size_t)rows - p * KVS_PANEL) : KVS_PANEL;
+        if (nr < KVS_PANEL) memset(pd, 0, pel * sizeof *pd);
+        /* 16 columns at a time: 32 short row reads, 1 KB of panel written (in L1) instead of 2-byte stores
+         * scattered over the whole panel once per row */
+        for (int k0 = 0; k0 < cols; k0 += 16) {
+            int kn = cols - k0 < 16 ? cols - k0 : 16;
+            for (int r = 0; r < nr; r++) {
+                const uint8_t *s = src + ((p * KVS_PANEL + (size_t)r) * (size_t)cols + (size_t)k0) * 2;
+                uint16_t *o = pd + (size_t)k0 * KVS_PANEL + (size_t)slot[r];
+                for (int k = 0; k < kn; k++) o[(size_t)k * KVS_PANEL] = (uint16_t)(s[2 * k] | (s[2 * k + 1] << 8));
+            }
+        }
+    }
+    w->packed = d;
+    return KVS_OK;
+}
+
+float kvs_wmat_packed_at(const kvs_wmat *w, int cols, int r, int k) {
+    uint16_t h = w->packed[((size_t)(r / KVS_PANEL) * (size_t)cols + (size_t)k) * KVS_PANEL +
+                           (size_t)kvs_wmat_slot(w->dtype, r % KVS_PANEL)];
+    return w->dtype == KVS_DTYPE_BF16 ? kvs_bf16_to_f32(h) : kvs_f16_to_f32(h);
+}
+
+/* A tile kernel: y[i][r] (i < nr, r < min(valid, np * 32)) = (first ? +0 : y[i][r]) + sum over k < kl of
+ * xt[k * nr + i] * w(r, k) as an fmaf chain, then + bias[r] when bias != NULL (the last k-block). wp: the first
+ * panel's k-block, panels wps elements apart. The vector variants bake nr and np in. */
+typedef void (*pk_fn)(int nr, const float *xt, const uint16_t *wp, size_t wps, int kl, float *y, size_t ldy, int valid,
+                      const float *bias, int first);
+
+typedef struct {
+    const float *x;
+    size_t ldx;
+    int n, cols;
+    const kvs_gemm_out *outs;
+    int n_outs;
+    long panels;            /* over all outputs */
+    int NR;                 /* positions per tile */
+    int NP;                 /* panels of `wide` */
+    const pk_fn *tile;      /* [nr - 1]: nr positions x 1 panel */
+    pk_fn wide;             /* 1 position x NP panels (decode: NP weight streams at once), or NULL */
+    int kc;                 /* k-block */
+    float *xbuf;            /* [workers][n * kc]: each worker's copy of X's k-block, or NULL when n <= NR */
+} pk_job;
+
+static void pk_worker(void *ctx, int worker, int n_workers) {
+    const pk_job *job = ctx;
+    float small[PK_NR_MAX * PK_KC]; /* a block of at most one tile (24 KB) */
+    long p0 = job->panels * worker / n_workers, p1 = job->panels * (worker + 1) / n_workers;
+    int cols = job->cols, n = job->n, kc = job->kc;
+    float *xbuf = job->xbuf ? job->xbuf + (size_t)worker * (size_t)n * (size_t)kc : small;
+    size_t wps = (size_t)cols * KVS_PANEL;
+    if (p0 >= p1) return;
+    for (int k0 = 0; k0 < cols; k0 += kc) {
+        int kl = cols - k0 < kc ? cols - k0 : kc, first = k0 == 0, last = k0 + kl == cols;
+        /* the block's k-block of X, tile by tile: tile i0 at xbuf + i0 * kl as [kl][nr] (a lone position reads X) */
+        if (n > 1)
+            for (int i0 = 0; i0 < n; i0 += job->NR) {
+                int nr = n - i0 < job->NR ? n - i0 : job->NR;
+                float *xt = xbuf + (size_t)i0 * (size_t)kl;
+                for (int i = 0; i < nr; i++) {
+                    const float *xr = job->x + (size_t)(i0 + i) * job->ldx + (size_t)k0;
+                    for (int k = 0; k < kl; k++) xt[(size_t)k * (size_t)nr + (size_t)i] = xr[k];
+                }
+            }
+        long base = 0;
+        for (int j = 0; j < job->n_outs; j++) {
+            const kvs_gemm_out *o = &job->outs[j];
+            long np = (o->rows + KVS_PANEL - 1) / KVS_PANEL;
+            long q0 = p0 - base > 0 ? p0 - base : 0, q1 = p1 - base < np ? p1 - base : np;
+            base += np;
+            for (long qg = q0; qg < q1; qg += PK_GROUP) {
+                long qe = qg + PK_GROUP < q1 ? qg + PK_GROUP : q1;
+                for (int i0 = 0; i0 < n; i0 += job->NR) {
+                    int nr = n - i0 < job->NR ? n - i0 : job->NR;
+                    const float *xt = n > 1 ? xbuf + (size_t)i0 * (size_t)kl : job->x + (size_t)k0;
+                    float *yt = o->y + (size_t)i0 * o->ldy;
+                    for (long q = qg; q < qe;) {
+                        const uint16_t *wp = o->w.packed + (size_t)q * wps + (size_t)k0 * KVS_PANEL;
+                        int valid = o->rows - (int)q * KVS_PANEL;
+                        const float *b = last && o->bias ? o->bias + q * KVS_PANEL : NULL;
+                        float *y = yt + (size_t)q * KVS_PANEL;
+                        if (nr == 1 && job->wide && qe - q >= job->NP) {
+                            job->wide(1, xt, wp, wps, kl, y, o->ldy, valid, b, first);
+                            q += job->NP;
+                        } else {
+                            job->tile[nr - 1](nr, xt, wp, wps, kl, y, o->ldy, valid, b, first);
+                            q++;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Scalar: the reference order itself (one fmaf chain per element). */
+#define PK_NR_SCALAR 4
+
+static inline void pk_scalar(kvs_dtype dt, int nr, const float *xt, const uint16_t *wp, int kl, float *y, size_t ldy,
+                             int valid, const float *bias, int first) {
+    int nv = valid < KVS_PANEL ? valid : KVS_PANEL;
+    for (int i = 0; i < nr; i++)
+        for (int r = 0; r < nv; r++) {
+            const uint16_t *w = wp + kvs_wmat_slot(dt, r);
+            float acc = first ? 0.0f : y[(size_t)i * ldy + (size_t)r];
+            for (int k = 0; k < kl; k++) {
+                uint16_t h = w[(size_t)k * KVS_PANEL];
+                float wv = dt == KVS_DTYPE_BF16 ? kvs_bf16_to_f32(h) : kvs_f16_to_f32(h);
+                acc = fmaf(xt[(size_t)k * (size_t)nr + (size_t)i], wv, acc);
+            }
+            if (bias) acc += bias[r];
+            y[(size_t)i * ldy + (size_t)r] = acc;
+        }
+}
+
+static void pk_scalar_bf16(int nr, const float *xt, const uint16_t *wp, size_t wps, int kl, float *y, size_t ldy,
+                           int valid, const float *bias, int first) {
+    (void)wps;
+    pk_scalar(KVS_DTYPE_BF16, nr, xt, wp, kl, y, ldy, valid, bias, first);
+}
+static void pk_scalar_f16(int nr, const float *xt, const uint16_t *wp, size_t wps, int kl, float *y, size_t ldy,
+                          int valid, const float *bias, int first) {
+    (void)wps;
+    pk_scalar(KVS_DTYPE_F16, nr, xt, wp, kl, y, ldy, valid, bias, first);
 }
 
 /* ---- x86-64 vector kernels ---- */
@@ -343,6 +509,159 @@ static void worker_512(void *ctx, int worker, int n_workers) {
     run_passes(ctx, worker, n_workers, pass_vec, &v);
 }
 
+/* ---- packed panels, AVX-512: NR positions x NP panels x 2 vectors of 16 rows ---- */
+
+#define PK_NR_512 12
+#define PK_NP_512 4
+
+T_512 static INLINE void pk512(const int NR, const int NP, const int F16, const float *xt, const uint16_t *wp,
+                               size_t wps, int kl, float *y, size_t ldy, int valid, const float *bias, int first) {
+    __m512 acc[PK_NR_512][PK_NP_512][2];
+    __mmask16 m[PK_NP_512][2];
+#pragma GCC unroll 4
+    for (int p = 0; p < NP; p++)
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            int c = valid - p * 32 - h * 16;
+            c = c < 0 ? 0 : c > 16 ? 16 : c;
+            m[p][h] = (__mmask16)((1u << c) - 1u);
+        }
+#pragma GCC unroll 12
+    for (int i = 0; i < NR; i++)
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++)
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++)
+                acc[i][p][h] = first ? _mm512_setzero_ps()
+                                     : _mm512_maskz_loadu_ps(m[p][h], y + (size_t)i * ldy + (size_t)(p * 32 + h * 16));
+    const __m512i hi = _mm512_set1_epi32((int)0xffff0000u);
+    for (int k = 0; k < kl; k++) {
+        __m512 w[PK_NP_512][2];
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++) {
+            const uint16_t *s = wp + (size_t)p * wps + (size_t)k * KVS_PANEL;
+            if (F16) {
+                w[p][0] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)s));
+                w[p][1] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(s + 16)));
+            } else {
+                __m512i raw = _mm512_loadu_si512((const void *)s);
+                w[p][0] = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+                w[p][1] = _mm512_castsi512_ps(_mm512_and_si512(raw, hi));
+            }
+        }
+#pragma GCC unroll 12
+        for (int i = 0; i < NR; i++) {
+            __m512 b = _mm512_set1_ps(xt[(size_t)k * (size_t)NR + (size_t)i]);
+#pragma GCC unroll 4
+            for (int p = 0; p < NP; p++)
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) acc[i][p][h] = _mm512_fmadd_ps(b, w[p][h], acc[i][p][h]);
+        }
+    }
+#pragma GCC unroll 12
+    for (int i = 0; i < NR; i++)
+#pragma GCC unroll 4
+        for (int p = 0; p < NP; p++)
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m512 v = acc[i][p][h];
+                if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m[p][h], bias + p * 32 + h * 16));
+                _mm512_mask_storeu_ps(y + (size_t)i * ldy + (size_t)(p * 32 + h * 16), m[p][h], v);
+            }
+}
+
+#define PK512_FN(NAME, NR, NP, F16)                                                                                  \
+    T_512 static void NAME(int nr, const float *xt, const uint16_t *wp, size_t wps, int kl, float *y, size_t ldy,    \
+                           int valid, const float *bias, int first) {                                              \
+        (void)nr;                                                                                                   \
+        pk512(NR, NP, F16, xt, wp, wps, kl, y, ldy, valid, bias, first);                                            \
+    }
+#define PK512_BOTH(NR) PK512_FN(pk512_b##NR, NR, 1, 0) PK512_FN(pk512_h##NR, NR, 1, 1)
+PK512_BOTH(1) PK512_BOTH(2) PK512_BOTH(3) PK512_BOTH(4) PK512_BOTH(5) PK512_BOTH(6)
+PK512_BOTH(7) PK512_BOTH(8) PK512_BOTH(9) PK512_BOTH(10) PK512_BOTH(11) PK512_BOTH(12)
+PK512_FN(pk512_bw, 1, PK_NP_512, 0)
+PK512_FN(pk512_hw, 1, PK_NP_512, 1)
+
+static const pk_fn pk512_tile[2][PK_NR_512] = {
+    {pk512_b1, pk512_b2, pk512_b3, pk512_b4, pk512_b5, pk512_b6, pk512_b7, pk512_b8, pk512_b9, pk512_b10, pk512_b11,
+     pk512_b12},
+    {pk512_h1, pk512_h2, pk512_h3, pk512_h4, pk512_h5, pk512_h6, pk512_h7, pk512_h8, pk512_h9, pk512_h10, pk512_h11,
+     pk512_h12}};
+
+/* ---- packed panels, AVX2: NR positions x NP panels x 4 vectors of 8 rows ---- */
+
+#define PK_NR_AVX2 3
+#define PK_NP_AVX2 2
+
+T_AVX2 static INLINE void pk_avx2(const int NR, const int NP, const int F16, const float *xt, const uint16_t *wp,
+                                  size_t wps, int kl, float *y, size_t ldy, int valid, const float *bias, int first) {
+    static const int32_t ones[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+    __m256 acc[PK_NR_AVX2][PK_NP_AVX2][4];
+    __m256i m[PK_NP_AVX2][4];
+#pragma GCC unroll 2
+    for (int p = 0; p < NP; p++)
+#pragma GCC unroll 4
+        for (int h = 0; h < 4; h++) {
+            int c = valid - p * 32 - h * 8;
+            c = c < 0 ? 0 : c > 8 ? 8 : c;
+            m[p][h] = _mm256_loadu_si256((const __m256i *)(const void *)(ones + 8 - c));
+        }
+#pragma GCC unroll 3
+    for (int i = 0; i < NR; i++)
+#pragma GCC unroll 2
+        for (int p = 0; p < NP; p++)
+#pragma GCC unroll 4
+            for (int h = 0; h < 4; h++)
+                acc[i][p][h] = first ? _mm256_setzero_ps()
+                                     : _mm256_maskload_ps(y + (size_t)i * ldy + (size_t)(p * 32 + h * 8), m[p][h]);
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+    for (int k = 0; k < kl; k++) {
+        __m256 b[PK_NR_AVX2];
+#pragma GCC unroll 3
+        for (int i = 0; i < NR; i++) b[i] = _mm256_broadcast_ss(xt + (size_t)k * (size_t)NR + (size_t)i);
+#pragma GCC unroll 2
+        for (int p = 0; p < NP; p++) {
+            const uint16_t *s = wp + (size_t)p * wps + (size_t)k * KVS_PANEL;
+#pragma GCC unroll 4
+            for (int h = 0; h < 4; h++) {
+                __m256 w;
+                if (F16) {
+                    w = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(s + 8 * h)));
+                } else {
+                    /* words 0-7 hold rows 0-7 (low) and 16-23 (high), words 8-15 rows 8-15 and 24-31 */
+                    __m256i raw = _mm256_loadu_si256((const __m256i *)(const void *)(s + 16 * (h & 1)));
+                    w = _mm256_castsi256_ps(h < 2 ? _mm256_slli_epi32(raw, 16) : _mm256_and_si256(raw, hi));
+                }
+#pragma GCC unroll 3
+                for (int i = 0; i < NR; i++) acc[i][p][h] = _mm256_fmadd_ps(b[i], w, acc[i][p][h]);
+            }
+        }
+    }
+#pragma GCC unroll 3
+    for (int i = 0; i < NR; i++)
+#pragma GCC unroll 2
+        for (int p = 0; p < NP; p++)
+#pragma GCC unroll 4
+            for (int h = 0; h < 4; h++) {
+                __m256 v = acc[i][p][h];
+                if (bias) v = _mm256_add_ps(v, _mm256_maskload_ps(bias + p * 32 + h * 8, m[p][h]));
+                _mm256_maskstore_ps(y + (size_t)i * ldy + (size_t)(p * 32 + h * 8), m[p][h], v);
+            }
+}
+
+#define PKAVX2_FN(NAME, NR, NP, F16)                                                                                 \
+    T_AVX2 static void NAME(int nr, const float *xt, const uint16_t *wp, size_t wps, int kl, float *y, size_t ldy,   \
+                            int valid, const float *bias, int first) {                                             \
+        (void)nr;                                                                                                   \
+        pk_avx2(NR, NP, F16, xt, wp, wps, kl, y, ldy, valid, bias, first);                                          \
+    }
+PKAVX2_FN(pkavx2_b1, 1, 1, 0) PKAVX2_FN(pkavx2_b2, 2, 1, 0) PKAVX2_FN(pkavx2_b3, 3, 1, 0)
+PKAVX2_FN(pkavx2_h1, 1, 1, 1) PKAVX2_FN(pkavx2_h2, 2, 1, 1) PKAVX2_FN(pkavx2_h3, 3, 1, 1)
+PKAVX2_FN(pkavx2_bw, 1, PK_NP_AVX2, 0)
+PKAVX2_FN(pkavx2_hw, 1, PK_NP_AVX2, 1)
+
+static const pk_fn pkavx2_tile[2][PK_NR_AVX2] = {{pkavx2_b1, pkavx2_b2, pkavx2_b3}, {pkavx2_h1, pkavx2_h2, pkavx2_h3}};
+
 static int cpu_avx2(void) {
     __builtin_cpu_init();
     unsigned a = 0, b = 0, c = 0, d = 0;
@@ -397,9 +716,72 @@ kvs_status kvs_gemm_isa_set(kvs_gemm_isa isa) {
     return KVS_OK;
 }
 
+/* The products of packed matrices (all of one dtype). */
+static void gemm_packed(kvs_threadpool *pool, kvs_gemm_isa isa, const float *x, size_t ldx, int n, int cols,
+                        const kvs_gemm_out *outs, int n_outs) {
+    static const pk_fn scalar_tile[2][PK_NR_SCALAR] = {{pk_scalar_bf16, pk_scalar_bf16, pk_scalar_bf16, pk_scalar_bf16},
+                                                       {pk_scalar_f16, pk_scalar_f16, pk_scalar_f16, pk_scalar_f16}};
+    int f16 = outs[0].w.dtype == KVS_DTYPE_F16;
+    pk_job job = {.x = x, .ldx = ldx, .n = n, .cols = cols, .outs = outs, .n_outs = n_outs, .NR = PK_NR_SCALAR,
+                  .NP = 1, .tile = scalar_tile[f16], .wide = NULL};
+#ifdef KVS_HAVE_GEMM_X86
+    if (isa == KVS_GEMM_AVX512) {
+        job.NR = PK_NR_512;
+        job.NP = PK_NP_512;
+        job.tile = pk512_tile[f16];
+        job.wide = f16 ? pk512_hw : pk512_bw;
+    } else if (isa == KVS_GEMM_AVX2) {
+        job.NR = PK_NR_AVX2;
+        job.NP = PK_NP_AVX2;
+        job.tile = pkavx2_tile[f16];
+        job.wide = f16 ? pkavx2_hw : pkavx2_bw;
+    }
+#else
+    (void)isa;
+#endif
+    double macs = 0;
+    for (int j = 0; j < n_outs; j++) {
+        job.panels += (outs[j].rows + KVS_PANEL - 1) / KVS_PANEL;
+        macs += (double)n * outs[j].rows * cols;
+    }
+    if (n <= 0 || job.panels == 0) return;
+    if (macs < 65536) pool = NULL; /* below ~64K multiply-adds a thread wake-up costs more than it saves */
+    job.kc = n == 1 ? cols : PK_KC;
+    if (n > job.NR) {
+        /* a worker's X copy, n x kc floats (256 KB for a 128-position block): on the heap, not a worker's stack */
+        size_t workers = (size_t)kvs_threadpool_size(pool);
+        job.xbuf = malloc(workers * (size_t)n * (size_t)job.kc * sizeof(float));
+        if (!job.xbuf) {
+            /* out of memory: tile by tile, the same bits (an element's value does not depend on its block) */
+            for (int i0 = 0; i0 < n; i0 += job.NR)
+                for (int j = 0; j < n_outs; j++) {
+                    kvs_gemm_out o = outs[j];
+                    o.y += (size_t)i0 * o.ldy;
+                    gemm_packed(pool, isa, x + (size_t)i0 * ldx, ldx, n - i0 < job.NR ? n - i0 : job.NR, cols, &o, 1);
+                }
+            return;
+        }
+    }
+    kvs_threadpool_run(pool, pk_worker, &job);
+    free(job.xbuf);
+}
+
 void kvs_gemm_multi(kvs_threadpool *pool, const float *x, size_t ldx, int n, int cols, const kvs_gemm_out *outs,
                     int n_outs) {
     kvs_gemm_isa isa = kvs_gemm_isa_get();
+    int n_packed = 0, any_packed = 0;
+    for (int j = 0; j < n_outs; j++) {
+        n_packed += outs[j].w.packed != NULL && outs[j].w.dtype == outs[0].w.dtype;
+        any_packed |= outs[j].w.packed != NULL;
+    }
+    if (n_packed == n_outs && n_outs > 0) {
+        gemm_packed(pool, isa, x, ldx, n, cols, outs, n_outs);
+        return;
+    }
+    if (any_packed) { /* packed beside unpacked (or of two dtypes): each product on its own */
+        for (int j = 0; j < n_outs; j++) kvs_gemm_multi(pool, x, ldx, n, cols, &outs[j], 1);
+        return;
+    }
     kvs_threadpool_fn fn = worker_scalar;
     int mr = MR_SCALAR;
 #ifdef KVS_HAVE_GEMM_X86

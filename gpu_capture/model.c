@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,8 +57,12 @@ struct kvs_model {
     float *inv_freq_local;  /* [head_dim/2] of sliding-window layers when their base differs (Gemma-3), else NULL */
     mapping *maps;
     int n_maps, cap_maps;
-    void **owned; /* heap fp32 copies of converted tensors (16-bit vectors, misaligned fp32 tensors) */
+    void **owned; /* heap fp32 copies of converted tensors (16-bit vectors, misaligned fp32 tensors), panels */
     int n_owned, cap_owned;
+    /* 16-bit matrices are packed into panels (matmul.h) by the first kvs_model_state_create, not at load: a model
+     * that only feeds the CUDA backend (kvs_model_weights_get, row-major) never pays for the copy */
+    pthread_mutex_t pack_mu;
+    int packed; /* under pack_mu: pack_matrices done */
 };
 
 static const char *base_name(const char *path, char *buf, size_t cap) {
@@ -145,6 +150,7 @@ void kvs_model_free(kvs_model *m) {
     free(m->layers);
     free(m->inv_freq);
     free(m->inv_freq_local);
+    pthread_mutex_destroy(&m->pack_mu);
     free(m);
 }
 
@@ -298,22 +304,22 @@ static kvs_status load_llama2c(kvs_model *m, const char *path) {
         t[i] = p;
         p += counts[i];
     }
-    m->embed = (kvs_wmat){t[0], KVS_DTYPE_F32};
+    m->embed = (kvs_wmat){t[0], KVS_DTYPE_F32, NULL};
     m->rms_final = t[10];
-    m->cls = (kvs_wmat){shared ? t[0] : t[13], KVS_DTYPE_F32};
+    m->cls = (kvs_wmat){shared ? t[0] : t[13], KVS_DTYPE_F32, NULL};
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
     if (!m->layers) return kvs_fail(KVS_ERR_NOMEM, "model: out of memory");
     for (uint64_t l = 0; l < L; l++) {
         layer_weights *w = &m->layers[l];
         w->rms_att = t[1] + l * d;
-        w->wq = (kvs_wmat){t[2] + l * d * d, KVS_DTYPE_F32};
-        w->wk = (kvs_wmat){t[3] + l * kvd * d, KVS_DTYPE_F32};
-        w->wv = (kvs_wmat){t[4] + l * kvd * d, KVS_DTYPE_F32};
-        w->wo = (kvs_wmat){t[5] + l * d * d, KVS_DTYPE_F32};
+        w->wq = (kvs_wmat){t[2] + l * d * d, KVS_DTYPE_F32, NULL};
+        w->wk = (kvs_wmat){t[3] + l * kvd * d, KVS_DTYPE_F32, NULL};
+        w->wv = (kvs_wmat){t[4] + l * kvd * d, KVS_DTYPE_F32, NULL};
+        w->wo = (kvs_wmat){t[5] + l * d * d, KVS_DTYPE_F32, NULL};
         w->rms_ffn = t[6] + l * d;
-        w->w1 = (kvs_wmat){t[7] + l * hid * d, KVS_DTYPE_F32};
-        w->w2 = (kvs_wmat){t[8] + l * d * hid, KVS_DTYPE_F32};
-        w->w3 = (kvs_wmat){t[9] + l * hid * d, KVS_DTYPE_F32};
+        w->w1 = (kvs_wmat){t[7] + l * hid * d, KVS_DTYPE_F32, NULL};
+        w->w2 = (kvs_wmat){t[8] + l * d * hid, KVS_DTYPE_F32, NULL};
+        w->w3 = (kvs_wmat){t[9] + l * hid * d, KVS_DTYPE_F32, NULL};
     }
     return finish_config(m, path);
 }
@@ -419,7 +425,7 @@ static void fmt_shape(char *buf, size_t cap, const uint64_t *dims, int nd) {
 static kvs_status st_tensor_as(kvs_model *m, st_set *set, const char *name, int nd, const uint64_t *dims,
                                int required, const float **out, kvs_wmat *mat) {
     if (out) *out = NULL;
-    if (mat) *mat = (kvs_wmat){NULL, KVS_DTYPE_F32};
+    if (mat) *mat = (kvs_wmat){NULL, KVS_DTYPE_F32, NULL};
     st_file *f;
     const kvs_json *e;
     st_find(set, name, &f, &e);
@@ -475,7 +481,7 @@ static kvs_status st_tensor_as(kvs_model *m, st_set *set, const char *name, int 
                         f->path, name, (unsigned long long)end, (unsigned long long)f->data_len);
     const uint8_t *src = f->data + begin;
     if (mat && (dtype != KVS_DTYPE_F32 || ((uintptr_t)src % sizeof(float)) == 0)) {
-        *mat = (kvs_wmat){src, dtype};
+        *mat = (kvs_wmat){src, dtype, NULL};
         return KVS_OK;
     }
     if (!mat && dtype == KVS_DTYPE_F32 && ((uintptr_t)src % sizeof(float)) == 0) {
@@ -487,7 +493,7 @@ static kvs_status st_tensor_as(kvs_model *m, st_set *set, const char *name, int 
     kvs_decode(dtype, src, (size_t)numel, dst);
     kvs_status s = add_owned(m, dst);
     if (s != KVS_OK) return s;
-    if (mat) *mat = (kvs_wmat){dst, KVS_DTYPE_F32};
+    if (mat) *mat = (kvs_wmat){dst, KVS_DTYPE_F32, NULL};
     else *out = dst;
     return KVS_OK;
 }
@@ -947,6 +953,47 @@ cleanup:
     return s;
 }
 
+/* Packs one 16-bit matrix into panels (matmul.h: the products read only those), then drops the mapped source pages
+ * it spans: they were faulted in by the copy and would otherwise double the resident size. The mapping stays valid
+ * (a later read of kvs_model_weights_get's row-major matrix, or an embedding row of a tied classifier, faults the
+ * page back from the file). */
+static kvs_status pack_matrix(kvs_model *m, kvs_wmat *w, int rows, int cols) {
+    if (w->packed || (w->dtype != KVS_DTYPE_BF16 && w->dtype != KVS_DTYPE_F16)) return KVS_OK;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)w->data;
+    uintptr_t lo = (a + page - 1) & ~(page - 1), hi = (a + (uintptr_t)rows * (uintptr_t)cols * 2u) & ~(page - 1);
+#ifdef MADV_POPULATE_READ
+    /* map the tensor's pages in one call rather than one fault per 64 KB (best effort: older kernels refuse) */
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_POPULATE_READ);
+#endif
+    kvs_status s = kvs_wmat_pack(w, rows, cols);
+    if (s != KVS_OK) return s;
+    if ((s = add_owned(m, (void *)(uintptr_t)w->packed)) != KVS_OK) {
+        w->packed = NULL; /* add_owned freed it */
+        return s;
+    }
+    if (hi > lo) madvise((void *)lo, hi - lo, MADV_DONTNEED); /* only pages wholly inside this tensor */
+    return KVS_OK;
+}
+
+/* Packs every 16-bit matrix of the forward pass (not the embedding: it is read a row per token). */
+static kvs_status pack_matrices(kvs_model *m) {
+    const kvs_model_config *c = &m->info.config;
+    int d = c->dim, hid = c->hidden_dim, qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+    kvs_status s = pack_matrix(m, &m->cls, c->vocab_size, d);
+    /* a tied embedding reads its rows from the classifier's panels (kvs_wmat_row_f32): the pages just dropped
+     * would otherwise be faulted back, 64 KB of read-around a token, up to the whole table again */
+    if (s == KVS_OK && m->embed.data == m->cls.data) m->embed.packed = m->cls.packed;
+    for (int l = 0; s == KVS_OK && l < c->n_layers; l++) {
+        layer_weights *w = &m->layers[l];
+        if ((s = pack_matrix(m, &w->wq, qd, d)) != KVS_OK || (s = pack_matrix(m, &w->wk, kvd, d)) != KVS_OK ||
+            (s = pack_matrix(m, &w->wv, kvd, d)) != KVS_OK || (s = pack_matrix(m, &w->wo, d, qd)) != KVS_OK ||
+            (s = pack_matrix(m, &w->w1, hid, d)) != KVS_OK || (s = pack_matrix(m, &w->w2, d, hid)) != KVS_OK)
+            break;
+        s = pack_matrix(m, &w->w3, hid, d);
+    }
+    return s;
+}
+
 kvs_status kvs_model_load(const char *path, kvs_model **out) {
     *out = NULL;
     struct stat st;
@@ -954,6 +1001,7 @@ kvs_status kvs_model_load(const char *path, kvs_model **out) {
     if (stat(path, &st) != 0) return kvs_fail(KVS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     kvs_model *m = calloc(1, sizeof *m);
     if (!m) return kvs_fail(KVS_ERR_NOMEM, "model: out of memory");
+    pthread_mutex_init(&m->pack_mu, NULL);
     m->info.bos_id = -1;
     m->info.embed_scale = 1.0f;
     kvs_status s = S_ISDIR(st.st_mode) ? load_hf(m, path) : load_llama2c(m, path);
@@ -1071,6 +1119,14 @@ kvs_status kvs_model_state_create(const kvs_model *m, int max_positions, kvs_thr
     if (max_positions < 1 || max_positions > c->max_seq_len)
         return kvs_fail(KVS_ERR_INVALID_ARG, "max positions %d is outside [1, %d] (the model context)", max_positions,
                         c->max_seq_len);
+    /* The panels: once per model (a state's forward pass reads only them). Changing the const model here is safe:
+     * the packed copy holds the same values, and no forward pass can run before its state exists. */
+    kvs_model *mm = (kvs_model *)(uintptr_t)m;
+    pthread_mutex_lock(&mm->pack_mu);
+    kvs_status ps = mm->packed ? KVS_OK : pack_matrices(mm);
+    if (ps == KVS_OK) mm->packed = 1;
+    pthread_mutex_unlock(&mm->pack_mu);
+    if (ps != KVS_OK) return ps;
     kvs_model_state *s = calloc(1, sizeof *s);
     if (!s) return kvs_fail(KVS_ERR_NOMEM, "model state: out of memory");
     s->m = m;
@@ -1150,6 +1206,21 @@ static void gate_act(float *g, const float *up, int n, int gelu_tanh) {
         double x = g[i];
         g[i] = (float)(0.5 * x * (1.0 + tanh(k * (x + 0.044715 * x * x * x)))) * up[i];
     }
+}
+
+/* gate_act over the rows of a block, split among the pool's workers (an element's value does not depend on the
+ * split: the same bits as kvs_model_forward's call). Serial, it was a few % of the prefill's wall time on 2 cores. */
+typedef struct {
+    float *g;
+    const float *up;
+    size_t ld;
+    int n, hid, gelu_tanh;
+} gate_job;
+
+static void gate_worker(void *ctx, int worker, int n_workers) {
+    const gate_job *j = ctx;
+    for (int i = j->n * worker / n_workers; i < j->n * (worker + 1) / n_workers; i++)
+        gate_act(j->g + (size_t)i * j->ld, j->up + (size_t)i * j->ld, j->hid, j->gelu_tanh);
 }
 
 /* Gemma-3's norm of a branch output before the residual add (post_attention / post_feedforward), in place. */
@@ -1457,8 +1528,9 @@ kvs_status kvs_model_forward_block(kvs_model_state *s, const int32_t *tokens, in
         for (int i = 0; i < n; i++) rmsnorm(b->xb + (size_t)i * ldd, b->x + (size_t)i * d, w->rms_ffn, d, c->norm_eps);
         kvs_gemm_out ffn[2] = {{w->w1, NULL, b->hb, ldh, hid}, {w->w3, NULL, b->hb2, ldh, hid}};
         kvs_gemm_multi(s->pool, b->xb, ldd, n, d, ffn, 2);
-        for (int i = 0; i < n; i++)
-            gate_act(b->hb + (size_t)i * ldh, b->hb2 + (size_t)i * ldh, hid, m->info.gelu_tanh); /* as kvs_model_forward */
+        gate_job gj = {b->hb, b->hb2, ldh, n, hid, m->info.gelu_tanh}; /* gate_act as kvs_model_forward */
+        if ((long)n * hid < 65536) gate_worker(&gj, 0, 1);
+        else kvs_threadpool_run(s->pool, gate_worker, &gj);
         kvs_gemm(s->pool, b->hb, ldh, n, hid, w->w2, NULL, d, b->xb2, (size_t)d);
         for (int i = 0; i < n; i++) branch_norm(b->xb2 + (size_t)i * d, w->rms_post_ffn, d, c->norm_eps);
         for (size_t i = 0; i < (size_t)n * d; i++) b->x[i] += b->xb2[i];

@@ -2,7 +2,9 @@
  * pass (the CUDA backend uploads them once). They are what gpu_capture/model.c computes with, borrowed from the
  * model (valid until kvs_model_free), row-major PyTorch layout [out][in]: matrices as stored in the checkpoint
  * (kvs_wmat: fp32, fp16 or bf16, in place in the mapping; a backend that wants another dtype converts a tensor at
- * a time, kvs_wmat_row_f32 / kvs_decode), vectors in fp32.
+ * a time, kvs_wmat_row_f32 / kvs_decode), vectors in fp32. Once a CPU state exists (kvs_model_state_create), a
+ * 16-bit matrix's .packed also holds the CPU path's panel copy and its mapped pages have been dropped (reading
+ * .data faults them back from the file).
  *
  * Implemented in gpu_capture/model.c (it reads the private struct kvs_model).
  */

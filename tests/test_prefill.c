@@ -4,11 +4,16 @@
  *    of any tile or of the reduction chunk), fp32 / fp16 / bf16 weights, biases and row strides, on every
  *    instruction set this CPU has: within the fp32 summation bound, and each output row bit for bit the same
  *    whether computed alone, in a block, or on several threads (the property the prefill relies on).
+ *  - packed 16-bit panels (the products of every 16-bit model): each element bit for bit the fmaf chain of
+ *    matmul.h computed here, at every instruction set, over odd shapes (panel tails, tiles of positions, k-blocks),
+ *    and within the double-precision bound; the panel layout read back from its definition equals the checkpoint;
+ *    packed and unpacked products mixed in one multi-GEMM.
  *  - kvs_model_forward_block against kvs_model_forward position by position on both shared models and the 16-bit
  *    fixtures (qwen2_tiny bf16 with q/k/v biases, llama3_tiny fp16 sharded, mistral_tiny): q, k, v, o, lse of every
  *    layer and the logits at the end of each block, with tolerance 0 (bit for bit: the two paths run the same
- *    per-element arithmetic), over irregular block sizes.
- *  - 16-bit matrices are kept as stored (no fp32 copy), and bad block arguments are refused.
+ *    per-element arithmetic), over irregular block sizes, at every instruction set; a 16-bit model's logits are
+ *    the same bits at every instruction set.
+ *  - 16-bit matrices are kept 16-bit (no fp32 copy), and bad block arguments are refused.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -64,7 +69,7 @@ static void check_gemm(kvs_threadpool *pool, kvs_dtype dt, int n, int rows, int 
     for (size_t i = 0; i < (size_t)n * ldx; i++) x[i] = frand();
     for (int r = 0; r < rows; r++) bias[r] = frand();
     for (size_t i = 0; i < (size_t)n * ldy; i++) y[i] = 12345.0f;
-    kvs_wmat wm = {w, dt};
+    kvs_wmat wm = {w, dt, NULL};
     kvs_gemm(pool, x, ldx, n, cols, wm, with_bias ? bias : NULL, rows, y, ldy);
     for (int i = 0; i < n; i++) {
         /* one row alone, on the calling thread: the same bits */
@@ -124,6 +129,189 @@ static void test_gemm_against_double_reference(void **state) {
     kvs_threadpool_free(pool);
 }
 
+/* ---- packed 16-bit panels ---- */
+
+/* check_gemm over a packed matrix: every element must be, bit for bit, the one fmaf chain of matmul.h (x[k] * w[k]
+ * + acc over k in ascending order from +0, then + bias) computed here — at every instruction set, block size and
+ * thread count — within the double-precision bound, and each row alone equal to it in the block. */
+static void check_gemm_packed(kvs_threadpool *pool, kvs_dtype dt, int n, int rows, int cols, int with_bias) {
+    kvs_gemm_isa keep = kvs_gemm_isa_get();
+    size_t ldx = (size_t)cols + 3, ldy = (size_t)rows + 2;
+    float *wf;
+    void *w = make_weights(dt, (size_t)rows * (size_t)cols, &wf);
+    float *x = malloc((size_t)n * ldx * sizeof *x), *bias = malloc((size_t)rows * sizeof *bias);
+    float *y = malloc((size_t)n * ldy * sizeof *y), *y1 = malloc(ldy * sizeof *y1);
+    assert_true(x && bias && y && y1);
+    for (size_t i = 0; i < (size_t)n * ldx; i++) x[i] = frand();
+    for (int r = 0; r < rows; r++) bias[r] = frand();
+    for (size_t i = 0; i < (size_t)n * ldy; i++) y[i] = 12345.0f;
+    kvs_wmat wm = {w, dt, NULL};
+    assert_int_equal(kvs_wmat_pack(&wm, rows, cols), KVS_OK);
+    assert_non_null(wm.packed);
+    /* the fmaf chains and the double references once; then every instruction set against them */
+    float *chains = malloc((size_t)n * (size_t)rows * sizeof *chains);
+    double *refs = malloc((size_t)n * (size_t)rows * sizeof *refs), *bounds = malloc((size_t)n * (size_t)rows * sizeof *bounds);
+    assert_true(chains && refs && bounds);
+    for (int i = 0; i < n; i++)
+        for (int r = 0; r < rows; r++) {
+            float chain = 0.0f;
+            double ref = with_bias ? bias[r] : 0, mag = with_bias ? fabs(bias[r]) : 0;
+            for (int k = 0; k < cols; k++) {
+                chain = fmaf(x[(size_t)i * ldx + k], wf[(size_t)r * cols + k], chain);
+                double p = (double)x[(size_t)i * ldx + k] * wf[(size_t)r * cols + k];
+                ref += p;
+                mag += fabs(p);
+            }
+            if (with_bias) chain += bias[r];
+            chains[(size_t)i * rows + r] = chain;
+            refs[(size_t)i * rows + r] = ref;
+            bounds[(size_t)i * rows + r] = (cols + 2) * 0x1p-24 * mag + 1e-30;
+        }
+    for (int isa = 0; isa < KVS_GEMM_COUNT; isa++) {
+        if (!kvs_gemm_isa_available((kvs_gemm_isa)isa)) continue;
+        assert_int_equal(kvs_gemm_isa_set((kvs_gemm_isa)isa), KVS_OK);
+        for (size_t i = 0; i < (size_t)n * ldy; i++) y[i] = 12345.0f;
+        kvs_gemm(pool, x, ldx, n, cols, wm, with_bias ? bias : NULL, rows, y, ldy);
+    for (int i = 0; i < n; i++) {
+        kvs_gemm(NULL, x + (size_t)i * ldx, 0, 1, cols, wm, with_bias ? bias : NULL, rows, y1, 0);
+        for (int r = 0; r < rows; r++) {
+            float got = y[(size_t)i * ldy + r], chain = chains[(size_t)i * rows + r];
+            double ref = refs[(size_t)i * rows + r], bound = bounds[(size_t)i * rows + r];
+            if (!(fabs(got - ref) <= bound))
+                fail_msg("packed %s dtype %d n %d rows %d cols %d: y[%d][%d] = %.9g, reference %.9g (bound %.3g)",
+                         kvs_gemm_isa_name(kvs_gemm_isa_get()), (int)dt, n, rows, cols, i, r, got, ref, bound);
+            if (memcmp(&got, &chain, sizeof got))
+                fail_msg("packed %s dtype %d n %d rows %d cols %d: y[%d][%d] = %.9g, the fmaf chain %.9g",
+                         kvs_gemm_isa_name(kvs_gemm_isa_get()), (int)dt, n, rows, cols, i, r, got, chain);
+            if (memcmp(&got, &y1[r], sizeof got))
+                fail_msg("packed %s n %d rows %d cols %d: row %d alone gives %.9g, in the block %.9g",
+                         kvs_gemm_isa_name(kvs_gemm_isa_get()), n, rows, cols, i, y1[r], got);
+        }
+        for (size_t r = (size_t)rows; r < ldy; r++) assert_true(y[(size_t)i * ldy + r] == 12345.0f);
+    }
+    }
+    assert_int_equal(kvs_gemm_isa_set(keep), KVS_OK);
+    free(chains);
+    free(refs);
+    free(bounds);
+    free((void *)(uintptr_t)wm.packed);
+    free(w);
+    free(wf);
+    free(x);
+    free(bias);
+    free(y);
+    free(y1);
+}
+
+static void test_gemm_packed_against_fmaf_chain(void **state) {
+    (void)state;
+    kvs_threadpool *pool;
+    assert_int_equal(kvs_threadpool_create(3, &pool), KVS_OK);
+    /* positions: 1 (decode: several panels streamed at once), within / past a tile of 3 and of 12; rows: a panel
+     * tail, exactly one panel, one past it, 5 panels + 1 row (the decode kernel's groups of 4 and its tail);
+     * columns: within a vector, past and across the 512-column k-blocks whose sums are carried through y */
+    static const int ns[] = {1, 3, 13, 26};
+    static const int rows[] = {7, 32, 33, 161};
+    static const int cols[] = {1, 17, 530};
+    static const kvs_dtype dts[] = {KVS_DTYPE_F16, KVS_DTYPE_BF16};
+    for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
+        for (size_t b = 0; b < sizeof rows / sizeof *rows; b++)
+            for (size_t c = 0; c < sizeof cols / sizeof *cols; c++)
+                for (size_t t = 0; t < 2; t++)
+                    check_gemm_packed(pool, dts[t], ns[a], rows[b], cols[c], (int)((a + b + c + t) & 1));
+    /* prefill-sized blocks split among the workers, three k-blocks (the middle one neither first nor last) */
+    check_gemm_packed(pool, KVS_DTYPE_BF16, 130, 100, 1041, 1);
+    check_gemm_packed(pool, KVS_DTYPE_F16, 129, 70, 1100, 0);
+    check_gemm_packed(pool, KVS_DTYPE_BF16, 1, 300, 1100, 1);
+    int levels = 0;
+    for (int isa = 0; isa < KVS_GEMM_COUNT; isa++) levels += kvs_gemm_isa_available((kvs_gemm_isa)isa);
+    fprintf(stderr, "packed gemm: %d instruction set(s) checked\n", levels);
+    kvs_threadpool_free(pool);
+}
+
+/* The panel layout of matmul.h, read here from its definition (not through kvs_wmat_packed_at): element (r, k) of
+ * a bf16 panel is the low (r < 16) or high half of 32-bit word r % 16 of column k's 64 bytes, of an fp16 panel the
+ * r-th 16-bit word; rows past the matrix are 0. kvs_wmat_packed_at and kvs_wmat_row_f32 read the same values. */
+static void test_packed_layout_round_trip(void **state) {
+    (void)state;
+    static const kvs_dtype dts[] = {KVS_DTYPE_F16, KVS_DTYPE_BF16};
+    static const int rows[] = {1, 16, 17, 31, 32, 33, 70};
+    static const int cols[] = {1, 5, 19};
+    for (size_t t = 0; t < 2; t++)
+        for (size_t a = 0; a < sizeof rows / sizeof *rows; a++)
+            for (size_t b = 0; b < sizeof cols / sizeof *cols; b++) {
+                int R = rows[a], C = cols[b];
+                float *wf;
+                uint16_t *w = make_weights(dts[t], (size_t)R * (size_t)C, &wf);
+                kvs_wmat wm = {w, dts[t], NULL};
+                assert_int_equal(kvs_wmat_pack(&wm, R, C), KVS_OK);
+                int panels = (R + KVS_PANEL - 1) / KVS_PANEL;
+                for (int p = 0; p < panels; p++)
+                    for (int k = 0; k < C; k++) {
+                        const uint16_t *col = wm.packed + ((size_t)p * C + (size_t)k) * KVS_PANEL;
+                        for (int rr = 0; rr < KVS_PANEL; rr++) {
+                            int r = p * KVS_PANEL + rr;
+                            uint16_t h;
+                            if (dts[t] == KVS_DTYPE_BF16) {
+                                uint32_t word;
+                                memcpy(&word, col + 2 * (rr & 15), sizeof word);
+                                h = (uint16_t)(rr < 16 ? word & 0xffffu : word >> 16);
+                            } else {
+                                h = col[rr];
+                            }
+                            uint16_t want = r < R ? w[(size_t)r * C + (size_t)k] : 0;
+                            if (h != want)
+                                fail_msg("dtype %d %d x %d: packed (%d, %d) = 0x%04x, checkpoint 0x%04x", (int)dts[t],
+                                         R, C, r, k, h, want);
+                            if (r < R) assert_true(kvs_wmat_packed_at(&wm, C, r, k) == wf[(size_t)r * C + (size_t)k]);
+                        }
+                    }
+                float *row = malloc((size_t)C * sizeof *row);
+                assert_non_null(row);
+                for (int r = 0; r < R; r++) {
+                    kvs_wmat_row_f32(wm, (size_t)C, (size_t)r, row);
+                    assert_memory_equal(row, wf + (size_t)r * C, (size_t)C * sizeof *row);
+                }
+                free(row);
+                free((void *)(uintptr_t)wm.packed);
+                free(w);
+                free(wf);
+            }
+    kvs_wmat f32 = {"abcd", KVS_DTYPE_F32, NULL};
+    assert_int_equal(kvs_wmat_pack(&f32, 1, 1), KVS_ERR_INVALID_ARG);
+    assert_null(f32.packed);
+}
+
+/* Packed products beside unpacked ones in one kvs_gemm_multi: each still equals its own kvs_gemm. */
+static void test_gemm_multi_packed_mixed(void **state) {
+    (void)state;
+    int n = 5, cols = 70, r[3] = {40, 9, 33};
+    kvs_dtype dt[3] = {KVS_DTYPE_BF16, KVS_DTYPE_BF16, KVS_DTYPE_F16};
+    int pack[3] = {1, 0, 1};
+    float *x = malloc((size_t)n * cols * sizeof *x), *wf[3], *y[3], *z[3];
+    void *w[3];
+    for (int i = 0; i < n * cols; i++) x[i] = frand();
+    kvs_gemm_out outs[3];
+    for (int j = 0; j < 3; j++) {
+        w[j] = make_weights(dt[j], (size_t)r[j] * cols, &wf[j]);
+        y[j] = calloc((size_t)n * r[j], sizeof(float));
+        z[j] = calloc((size_t)n * r[j], sizeof(float));
+        outs[j] = (kvs_gemm_out){{w[j], dt[j], NULL}, NULL, y[j], (size_t)r[j], r[j]};
+        if (pack[j]) assert_int_equal(kvs_wmat_pack(&outs[j].w, r[j], cols), KVS_OK);
+    }
+    kvs_gemm_multi(NULL, x, (size_t)cols, n, cols, outs, 3);
+    for (int j = 0; j < 3; j++) {
+        kvs_gemm(NULL, x, (size_t)cols, n, cols, outs[j].w, NULL, r[j], z[j], (size_t)r[j]);
+        assert_memory_equal(y[j], z[j], (size_t)n * r[j] * sizeof(float));
+        free((void *)(uintptr_t)outs[j].w.packed);
+        free(w[j]);
+        free(wf[j]);
+        free(y[j]);
+        free(z[j]);
+    }
+    free(x);
+}
+
 static void test_gemm_multi_and_isa_control(void **state) {
     (void)state;
     /* three products over one input, as q/k/v: each equals its own kvs_gemm */
@@ -136,11 +324,11 @@ static void test_gemm_multi_and_isa_control(void **state) {
         w[j] = make_weights(KVS_DTYPE_BF16, (size_t)r[j] * cols, &wf[j]);
         y[j] = calloc((size_t)n * r[j], sizeof(float));
         z[j] = calloc((size_t)n * r[j], sizeof(float));
-        outs[j] = (kvs_gemm_out){{w[j], KVS_DTYPE_BF16}, NULL, y[j], (size_t)r[j], r[j]};
+        outs[j] = (kvs_gemm_out){{w[j], KVS_DTYPE_BF16, NULL}, NULL, y[j], (size_t)r[j], r[j]};
     }
     kvs_gemm_multi(NULL, x, (size_t)cols, n, cols, outs, 3);
     for (int j = 0; j < 3; j++) {
-        kvs_gemm(NULL, x, (size_t)cols, n, cols, (kvs_wmat){w[j], KVS_DTYPE_BF16}, NULL, r[j], z[j], (size_t)r[j]);
+        kvs_gemm(NULL, x, (size_t)cols, n, cols, (kvs_wmat){w[j], KVS_DTYPE_BF16, NULL}, NULL, r[j], z[j], (size_t)r[j]);
         assert_memory_equal(y[j], z[j], (size_t)n * r[j] * sizeof(float));
         free(w[j]);
         free(wf[j]);
@@ -308,11 +496,56 @@ static void test_block_equals_token_path_qwen3_gemma3(void **state) {
     compare_model("tests/fixtures/gemma3_tiny", 200);
 }
 
-static void test_block_equals_token_path_scalar(void **state) {
+/* Every instruction set below the default one: blocked = token by token on the 16-bit fixtures (their packed
+ * products) and on stories260K (fp32 weights, the dot-product kernel). */
+static void test_block_equals_token_path_every_isa(void **state) {
     (void)state;
     kvs_gemm_isa keep = kvs_gemm_isa_get();
-    assert_int_equal(kvs_gemm_isa_set(KVS_GEMM_SCALAR), KVS_OK);
-    compare_model("tests/fixtures/qwen2_tiny", 300);
+    for (int isa = 0; isa < (int)keep; isa++) {
+        if (!kvs_gemm_isa_available((kvs_gemm_isa)isa)) continue;
+        assert_int_equal(kvs_gemm_isa_set((kvs_gemm_isa)isa), KVS_OK);
+        compare_model("tests/fixtures/qwen2_tiny", 300);
+        compare_model("tests/fixtures/llama3_tiny", 100);
+        compare_model("tests/fixtures/mistral_tiny", 100);
+        compare_model("../shared/models/stories260K.bin", 100);
+    }
+    assert_int_equal(kvs_gemm_isa_set(keep), KVS_OK);
+}
+
+/* A packed (16-bit) model's products are one fmaf chain per element at every instruction set (matmul.h), so its
+ * logits are the same bits whichever level runs them. */
+static void test_16bit_logits_same_at_every_isa(void **state) {
+    (void)state;
+    static const char *const rels[] = {"tests/fixtures/qwen2_tiny", "tests/fixtures/llama3_tiny"};
+    kvs_gemm_isa keep = kvs_gemm_isa_get();
+    for (size_t f = 0; f < 2; f++) {
+        char p[4096];
+        path_of(p, sizeof p, rels[f]);
+        kvs_model *m;
+        assert_int_equal(kvs_model_load(p, &m), KVS_OK);
+        const kvs_model_config *c = &kvs_model_info_get(m)->config;
+        int n = 20, V = c->vocab_size, levels = 0;
+        float *first = malloc((size_t)n * (size_t)V * sizeof *first);
+        assert_non_null(first);
+        for (int isa = 0; isa < KVS_GEMM_COUNT; isa++) {
+            if (!kvs_gemm_isa_available((kvs_gemm_isa)isa)) continue;
+            assert_int_equal(kvs_gemm_isa_set((kvs_gemm_isa)isa), KVS_OK);
+            kvs_model_state *st;
+            assert_int_equal(kvs_model_state_create(m, n, NULL, &st), KVS_OK);
+            for (int pos = 0; pos < n; pos++) {
+                const float *lg;
+                assert_int_equal(kvs_model_forward(st, (int32_t)((pos * 37 + 5) % V), pos, &lg), KVS_OK);
+                if (!levels) memcpy(first + (size_t)pos * V, lg, (size_t)V * sizeof *lg);
+                else if (memcmp(first + (size_t)pos * V, lg, (size_t)V * sizeof *lg))
+                    fail_msg("%s: logits at position %d differ between %s and the first level", rels[f], pos,
+                             kvs_gemm_isa_name((kvs_gemm_isa)isa));
+            }
+            kvs_model_state_free(st);
+            levels++;
+        }
+        free(first);
+        kvs_model_free(m);
+    }
     assert_int_equal(kvs_gemm_isa_set(keep), KVS_OK);
 }
 
@@ -334,6 +567,18 @@ static void test_16bit_matrices_kept_as_stored(void **state) {
         assert_int_equal(mw.embed.dtype, cases[i].dt);
         assert_int_equal(lw.wq.dtype, cases[i].dt);
         assert_int_equal(lw.w2.dtype, cases[i].dt);
+        /* packed by the first state, not at load (a CUDA-only run never pays for the panels) */
+        assert_null(lw.wq.packed);
+        assert_null(mw.cls.packed);
+        kvs_model_state *st;
+        assert_int_equal(kvs_model_state_create(m, 4, NULL, &st), KVS_OK);
+        assert_int_equal(kvs_model_layer_weights_get(m, 0, &lw), KVS_OK);
+        assert_int_equal(kvs_model_weights_get(m, &mw), KVS_OK);
+        assert_non_null(lw.wq.packed);
+        assert_non_null(lw.w2.packed);
+        assert_non_null(mw.cls.packed);
+        assert_int_equal(lw.wq.dtype, cases[i].dt); /* still 16-bit */
+        kvs_model_state_free(st);
         /* bytes per token: matrices at 2 bytes, so under 60% of the fp32 count */
         const kvs_model_info *info = kvs_model_info_get(m);
         assert_true((double)info->weight_bytes < 0.6 * 4.0 * (double)info->n_params);
@@ -372,11 +617,15 @@ static void test_block_bad_arguments(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gemm_against_double_reference),
+        cmocka_unit_test(test_gemm_packed_against_fmaf_chain),
+        cmocka_unit_test(test_packed_layout_round_trip),
+        cmocka_unit_test(test_gemm_multi_packed_mixed),
         cmocka_unit_test(test_gemm_multi_and_isa_control),
         cmocka_unit_test(test_block_equals_token_path_real_models),
         cmocka_unit_test(test_block_equals_token_path_16bit_fixtures),
         cmocka_unit_test(test_block_equals_token_path_qwen3_gemma3),
-        cmocka_unit_test(test_block_equals_token_path_scalar),
+        cmocka_unit_test(test_block_equals_token_path_every_isa),
+        cmocka_unit_test(test_16bit_logits_same_at_every_isa),
         cmocka_unit_test(test_16bit_matrices_kept_as_stored),
         cmocka_unit_test(test_block_bad_arguments),
     };
