@@ -496,18 +496,6 @@ static void test_replay_window_by_hand(void **state) {
     kvs_test_replay_fixture_free(&f);
 }
 
-/* Both engines' statistics of one run, every metric, bit for bit. */
-static void assert_aggs_same(const char *what, const kvs_results_agg *a, const kvs_results_agg *b) {
-    for (int k = 0; k < KVS_N_METRICS; k++) {
-        const kvs_results_stat *x = &a->m[k], *y = &b->m[k];
-        const double xs[6] = {(double)x->n, x->mean, x->p50, x->p95, x->min, x->max};
-        const double ys[6] = {(double)y->n, y->mean, y->p50, y->p95, y->min, y->max};
-        if (memcmp(xs, ys, sizeof xs))
-            fail_msg("%s, %s: fast mean %.17g max %.17g, reference mean %.17g max %.17g", what,
-                     kvs_metric_table[k].name, xs[1], xs[5], ys[1], ys[5]);
-    }
-}
-
 /* What must cover a windowed layer's window for a run to hold exactly the window (zero error): the budget the
  * policy's allocation gave the head (hb); for the policies without a token budget, what their parameters keep
  * (LagKV never compresses fewer than 2 lag held positions, sinks gone with the window; SimLayerKV's lazy layers keep
@@ -616,22 +604,10 @@ static void test_replay_gemma3_engines(void **state) {
     double pos_bytes = 2.0 * src.model.head_dim * src.model.kv_bytes;
     for (int i = 0; i < n; i++) {
         const kvs_replay_run_result *x = &fast->runs[i], *y = &ref->runs[i];
-        if (x->status != KVS_OK || y->status != KVS_OK)
-            fail_msg("%s: fast %s (%s), reference %s (%s)", names[i], kvs_strerror(x->status), x->error,
-                     kvs_strerror(y->status), y->error);
-        assert_int_equal(x->max_attended, y->max_attended);
-        char what[256];
-        for (int l = 0; l < x->n_layers; l++) {
-            snprintf(what, sizeof what, "%.96s, layer %d", names[i], l);
-            assert_aggs_same(what, &x->layer_aggs[l], &y->layer_aggs[l]);
-        }
-        snprintf(what, sizeof what, "%.96s, whole run", names[i]);
-        assert_aggs_same(what, &x->run_agg, &y->run_agg);
-        assert_int_equal(x->n_steps, y->n_steps);
+        char why[512];
+        if (kvs_test_runs_differ(x, y, why, sizeof why)) fail_msg("%s: %s", names[i], why);
         for (int64_t k = 0; k < x->n_steps; k++) {
             const kvs_results_step *a = &x->steps[k];
-            if (a->position != y->steps[k].position || memcmp(a->v, y->steps[k].v, sizeof a->v))
-                fail_msg("%s: series sample %lld differs", names[i], (long long)k);
             int32_t w = gemma_windows[a->layer];
             if (w > 0) assert_true(a->v[KVS_M_STORAGE_KV] <= (double)w * pos_bytes * src.model.group);
             if (w > 0) assert_true(a->v[KVS_M_STORAGE_HOST] <= (double)w * pos_bytes * src.model.group); /* offloaded */
@@ -701,20 +677,10 @@ static void engines_agree(const kvs_replay_source *src, int32_t W, const int64_t
     assert_non_null(most);
     for (int i = 0; i < n; i++) {
         const kvs_replay_run_result *x = &fast->runs[i], *y = &ref->runs[i];
-        if (x->status != KVS_OK || y->status != KVS_OK)
-            fail_msg("%s: fast %s (%s), reference %s (%s)", names[i], kvs_strerror(x->status), x->error,
-                     kvs_strerror(y->status), y->error);
-        assert_int_equal(x->max_attended, y->max_attended);
-        char what[256];
-        for (int l = 0; l < x->n_layers; l++) {
-            snprintf(what, sizeof what, "%.120s, layer %d", names[i], l);
-            assert_aggs_same(what, &x->layer_aggs[l], &y->layer_aggs[l]);
-        }
-        assert_int_equal(x->n_steps, y->n_steps);
+        char why[512];
+        if (kvs_test_runs_differ(x, y, why, sizeof why)) fail_msg("%s: %s", names[i], why);
         for (int64_t k = 0; k < x->n_steps; k++) {
             const kvs_results_step *a = &x->steps[k];
-            if (memcmp(a->v, y->steps[k].v, sizeof a->v))
-                fail_msg("%s: series sample %lld differs", names[i], (long long)k);
             if (!check_exact || a->layer != 0) continue;
             if (!(a->v[KVS_M_STORAGE_KV] <= (double)W * pos_bytes * src->model.group) ||
                 !(a->v[KVS_M_STORAGE_HOST] <= (double)W * pos_bytes * src->model.group))

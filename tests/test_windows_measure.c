@@ -309,18 +309,6 @@ static void test_codec_by_hand(void **state) {
 
 /* ---- both engines, bit for bit ---- */
 
-/* Both engines' statistics of one run, every metric, bit for bit. */
-static void assert_aggs_same(const char *what, const kvs_results_agg *a, const kvs_results_agg *b) {
-    for (int k = 0; k < KVS_N_METRICS; k++) {
-        const kvs_results_stat *x = &a->m[k], *y = &b->m[k];
-        const double xs[6] = {(double)x->n, x->mean, x->p50, x->p95, x->min, x->max};
-        const double ys[6] = {(double)y->n, y->mean, y->p50, y->p95, y->min, y->max};
-        if (memcmp(xs, ys, sizeof xs))
-            fail_msg("%s, %s: fast mean %.17g max %.17g, reference mean %.17g max %.17g", what,
-                     kvs_metric_table[k].name, xs[1], xs[5], ys[1], ys[5]);
-    }
-}
-
 /* Besides every registered policy (each has window_evict), variants taking other paths (chunked prefill, one list per
  * query head). */
 static const char *const engine_variants[] = {"h2o:block=4", "h2o:gqa=mean", "streaming:sinks=2"};
@@ -385,20 +373,10 @@ static void test_engines_bit_for_bit(void **state) {
         assert_int_equal(kvs_replay_reference(&src, &o, &ref), KVS_OK);
         for (int i = 0; i < n; i++) {
             const kvs_replay_run_result *x = &fast->runs[i], *y = &ref->runs[i];
-            if (x->status != KVS_OK || y->status != KVS_OK)
-                fail_msg("variant %d, %s: fast %s (%s), reference %s (%s)", variant, names[i], kvs_strerror(x->status),
-                         x->error, kvs_strerror(y->status), y->error);
-            assert_int_equal(x->max_attended, y->max_attended);
-            char what[256];
-            for (int l = 0; l < x->n_layers; l++) {
-                snprintf(what, sizeof what, "variant %d, %.96s, layer %d", variant, names[i], l);
-                assert_aggs_same(what, &x->layer_aggs[l], &y->layer_aggs[l]);
-            }
-            assert_int_equal(x->n_steps, y->n_steps);
+            char why[512];
+            if (kvs_test_runs_differ(x, y, why, sizeof why)) fail_msg("variant %d, %s: %s", variant, names[i], why);
             for (int64_t k = 0; k < x->n_steps; k++) {
                 const kvs_results_step *a = &x->steps[k];
-                if (a->position != y->steps[k].position || memcmp(a->v, y->steps[k].v, sizeof a->v))
-                    fail_msg("variant %d, %s: series sample %lld differs", variant, names[i], (long long)k);
                 if (a->layer == 0 && a->v[KVS_M_ATTENDED] > W)
                     fail_msg("variant %d, %s: %g attended at position %lld of the windowed layer", variant, names[i],
                              a->v[KVS_M_ATTENDED], (long long)a->position);
@@ -455,16 +433,12 @@ static void test_gemma3_engines_all_pages_codec(void **state) {
         assert_int_equal(kvs_replay_reference(&src, &o, &ref), KVS_OK);
         for (int i = 0; i < n; i++) {
             const kvs_replay_run_result *x = &fast->runs[i], *y = &ref->runs[i];
-            if (x->status != KVS_OK || y->status != KVS_OK)
-                fail_msg("variant %d, config %d: fast %s, reference %s", variant, i, x->error, y->error);
-            char what[96];
+            char what[96], why[512];
             snprintf(what, sizeof what, "variant %d, %s at budget %lld", variant, cfg[i].policy.ops->name,
                      (long long)cfg[i].budget);
-            assert_aggs_same(what, &x->run_agg, &y->run_agg);
-            assert_int_equal(x->n_steps, y->n_steps);
+            if (kvs_test_runs_differ(x, y, why, sizeof why)) fail_msg("%s: %s", what, why);
             for (int64_t k = 0; k < x->n_steps; k++) {
                 const kvs_results_step *a = &x->steps[k];
-                if (memcmp(a->v, y->steps[k].v, sizeof a->v)) fail_msg("%s: series sample %lld differs", what, (long long)k);
                 int32_t w = src.layer_window[a->layer];
                 if (w > 0 && a->v[KVS_M_ATTENDED] > w) fail_msg("%s: %g attended", what, a->v[KVS_M_ATTENDED]);
                 if (variant == 0 && !strcmp(cfg[i].policy.ops->name, "full") && a->v[KVS_M_OUT_ERR] != 0)

@@ -122,18 +122,6 @@ static void make_fixture(kvs_test_replay_fixture *f) {
     assert_int_equal(kvs_test_replay_fixture_make(&go, 2, 7, f), KVS_OK);
 }
 
-/* Both engines' statistics of one run, every metric, bit for bit. */
-static void assert_aggs_same(const char *what, const kvs_results_agg *a, const kvs_results_agg *b) {
-    for (int k = 0; k < KVS_N_METRICS; k++) {
-        const kvs_results_stat *x = &a->m[k], *y = &b->m[k];
-        const double xs[6] = {(double)x->n, x->mean, x->p50, x->p95, x->min, x->max};
-        const double ys[6] = {(double)y->n, y->mean, y->p50, y->p95, y->min, y->max};
-        if (memcmp(xs, ys, sizeof xs))
-            fail_msg("%s, %s: first mean %.17g max %.17g, second mean %.17g max %.17g", what,
-                     kvs_metric_table[k].name, xs[1], xs[5], ys[1], ys[5]);
-    }
-}
-
 enum { MAX_CONFIGS = 512 };
 static kvs_replay_config cfg[MAX_CONFIGS];
 static char names[MAX_CONFIGS][160];
@@ -244,23 +232,11 @@ static void test_retrieval_windows_engines(void **state) {
     int64_t zero_checked = 0;
     for (int i = 0; i < n; i++) {
         const kvs_replay_run_result *x = &fast->runs[i], *y = &ref->runs[i];
-        if (x->status != KVS_OK || y->status != KVS_OK)
-            fail_msg("%s: fast %s (%s), reference %s (%s)", names[i], kvs_strerror(x->status), x->error,
-                     kvs_strerror(y->status), y->error);
-        assert_int_equal(x->max_attended, y->max_attended);
-        char what[256];
-        for (int l = 0; l < x->n_layers; l++) {
-            snprintf(what, sizeof what, "%.160s, layer %d", names[i], l);
-            assert_aggs_same(what, &x->layer_aggs[l], &y->layer_aggs[l]);
-        }
-        snprintf(what, sizeof what, "%.160s, whole run", names[i]);
-        assert_aggs_same(what, &x->run_agg, &y->run_agg);
-        assert_int_equal(x->n_steps, y->n_steps);
+        char why[512];
+        if (kvs_test_runs_differ(x, y, why, sizeof why)) fail_msg("%s: %s", names[i], why);
         int per_q = kvs_policy_layout(&cfg[i].policy) == KVS_SEL_PER_QUERY_HEAD;
         for (int64_t k = 0; k < x->n_steps; k++) {
             const kvs_results_step *a = &x->steps[k];
-            if (a->position != y->steps[k].position || memcmp(a->v, y->steps[k].v, sizeof a->v))
-                fail_msg("%s: series sample %lld differs", names[i], (long long)k);
             int32_t w = windows[a->layer];
             if (w <= 0) continue;
             int64_t in_window = a->position + 1 < w ? a->position + 1 : w;
@@ -315,7 +291,9 @@ static void test_retrieval_windows_engines(void **state) {
         assert_int_equal(full->runs[i].status, KVS_OK);
         char what[256];
         snprintf(what, sizeof what, "%.160s, full layer with and without the other layers' windows", names[i]);
-        assert_aggs_same(what, &fast->runs[i].layer_aggs[2], &full->runs[i].layer_aggs[2]);
+        char why[512];
+        if (kvs_test_aggs_differ(what, &fast->runs[i].layer_aggs[2], &full->runs[i].layer_aggs[2], why, sizeof why))
+            fail_msg("%s", why);
     }
     kvs_replay_result_free(full);
     kvs_replay_result_free(fast);
@@ -393,7 +371,10 @@ static void test_sparq_window_by_hand(void **state) {
     o.hooks = NULL;
     assert_int_equal(kvs_replay_reference(&src, &o, &ref), KVS_OK);
     assert_int_equal(ref->runs[0].status, KVS_OK);
-    assert_aggs_same("sparq r = d, layer 0", &r->runs[0].layer_aggs[0], &ref->runs[0].layer_aggs[0]);
+    char why[512];
+    if (kvs_test_aggs_differ("sparq r = d, layer 0", &r->runs[0].layer_aggs[0], &ref->runs[0].layer_aggs[0], why,
+                             sizeof why))
+        fail_msg("%s", why);
     kvs_replay_result_free(r);
     kvs_replay_result_free(ref);
     kvs_test_replay_fixture_free(&f);

@@ -80,3 +80,52 @@ void kvs_test_scramble_rows(float *k, float *v, int64_t n, int d, const char *ke
                 v[(size_t)j * (size_t)d + (size_t)i] = -x;
             }
 }
+
+int kvs_test_aggs_differ(const char *where, const kvs_results_agg *a, const kvs_results_agg *b, char *why, size_t cap) {
+    for (int k = 0; k < KVS_N_METRICS; k++) {
+        const kvs_results_stat *x = &a->m[k], *y = &b->m[k];
+        const double xs[6] = {(double)x->n, x->mean, x->p50, x->p95, x->min, x->max};
+        const double ys[6] = {(double)y->n, y->mean, y->p50, y->p95, y->min, y->max};
+        if (memcmp(xs, ys, sizeof xs)) {
+            snprintf(why, cap, "%s, %s: fast mean %.17g max %.17g, reference mean %.17g max %.17g", where,
+                     kvs_metric_table[k].name, xs[1], xs[5], ys[1], ys[5]);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int kvs_test_runs_differ(const kvs_replay_run_result *x, const kvs_replay_run_result *y, char *why, size_t cap) {
+    if (x->status != KVS_OK || y->status != KVS_OK) {
+        snprintf(why, cap, "fast %s (%s), reference %s (%s)", kvs_strerror(x->status), x->error,
+                 kvs_strerror(y->status), y->error);
+        return 1;
+    }
+    if (x->max_attended != y->max_attended) {
+        snprintf(why, cap, "largest attended set: fast %lld, reference %lld", (long long)x->max_attended,
+                 (long long)y->max_attended);
+        return 1;
+    }
+    if (x->n_layers != y->n_layers) {
+        snprintf(why, cap, "layers: fast %d, reference %d", (int)x->n_layers, (int)y->n_layers);
+        return 1;
+    }
+    char where[32];
+    for (int l = 0; l < x->n_layers; l++) {
+        snprintf(where, sizeof where, "layer %d", l);
+        if (kvs_test_aggs_differ(where, &x->layer_aggs[l], &y->layer_aggs[l], why, cap)) return 1;
+    }
+    if (kvs_test_aggs_differ("whole run", &x->run_agg, &y->run_agg, why, cap)) return 1;
+    if (x->n_steps != y->n_steps) {
+        snprintf(why, cap, "series samples: fast %lld, reference %lld", (long long)x->n_steps, (long long)y->n_steps);
+        return 1;
+    }
+    for (int64_t k = 0; k < x->n_steps; k++)
+        if (x->steps[k].position != y->steps[k].position || x->steps[k].layer != y->steps[k].layer ||
+            memcmp(x->steps[k].v, y->steps[k].v, sizeof x->steps[k].v)) {
+            snprintf(why, cap, "series sample %lld (position %lld, layer %d) differs", (long long)k,
+                     (long long)x->steps[k].position, (int)x->steps[k].layer);
+            return 1;
+        }
+    return 0;
+}

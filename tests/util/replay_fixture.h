@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 
+#include "../../sim/replay.h"
 #include "../../sim/replay_mem.h"
 #include "gen_trace.h"
 
@@ -36,5 +37,15 @@ kvs_gen_trace_opts kvs_test_grouped_opts(int n_turns, int group, int n_pos, int 
  *  keep[j] == 0 becomes noise from the LCG state *rng (k = x, v = -x, |x| <= 500), so a policy that reads a row it
  *  does not hold makes different choices. k and v are [n][d]. */
 void kvs_test_scramble_rows(float *k, float *v, int64_t n, int d, const char *keep, uint64_t *rng);
+
+/*! kvs_test_aggs_differ() : 0 when two statistic sets (every metric's n, mean, p50, p95, min, max) are the same bit
+ *  for bit; else 1 with `where` and the first metric that differs written to why (cap bytes). */
+int kvs_test_aggs_differ(const char *where, const kvs_results_agg *a, const kvs_results_agg *b, char *why, size_t cap);
+
+/*! kvs_test_runs_differ() : 0 when the fast engine's run x and the reference engine's run y (sim/replay_ref.h) are
+ *  the same bit for bit — both KVS_OK, the largest attended set, every statistic (n, mean, p50, p95, min, max) of
+ *  every metric of every layer and of the whole run, every series sample (position and values); else 1 with the
+ *  first difference written to why (cap bytes). */
+int kvs_test_runs_differ(const kvs_replay_run_result *x, const kvs_replay_run_result *y, char *why, size_t cap);
 
 #endif /* KVS_TEST_REPLAY_FIXTURE_H */
