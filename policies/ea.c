@@ -47,6 +47,7 @@
 #include "../common/kvs_rope.h"
 #include "../sim/policy_memo.h"
 #include "../trace/trace.h"
+#include "held.h"
 #include "registry.h"
 
 enum { P_NFUT, P_NSINK, P_COV, P_VNORM, P_EPS, P_ALLOC, P_ALPHA, P_SCALING };
@@ -431,10 +432,7 @@ static kvs_status ea_window_evict(void *state, int64_t first) {
     ea_state *s = state;
     if (first <= s->first) return KVS_OK;
     s->first = first;
-    int64_t j = 0;
-    while (j < s->n_res && s->res[j] < first) j++;
-    memmove(s->res, s->res + j, (size_t)(s->n_res - j) * sizeof *s->res);
-    s->n_res -= j;
+    s->n_res = kvs_positions_drop_before(s->res, s->n_res, first);
     return KVS_OK;
 }
 

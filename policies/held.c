@@ -143,6 +143,13 @@ int64_t kvs_held_drop_before(kvs_held *h, int32_t first) {
     return j;
 }
 
+int64_t kvs_positions_drop_before(int32_t *pos, int64_t n, int64_t first) {
+    int64_t j = 0;
+    while (j < n && pos[j] < first) j++;
+    if (j > 0) memmove(pos, pos + j, (size_t)(n - j) * sizeof *pos);
+    return n - j;
+}
+
 void kvs_held_top_mask(const double *score, int64_t n, int64_t k, char *keep, int32_t *scratch) {
     if (n <= 0) return;
     if (k >= n) {

@@ -97,6 +97,11 @@ void kvs_held_remove(kvs_held *h, int64_t j);
  *  layer's host eviction, sim/policy.h window_evict); the others keep their order and scores. @return how many. */
 int64_t kvs_held_drop_before(kvs_held *h, int32_t first);
 
+/*! kvs_positions_drop_before() : removes the entries below `first` from the ascending positions pos[0..n) (the
+ *  oldest ones: a sliding-window layer's host eviction of a policy keeping a bare position list), moving the rest
+ *  down in their order. @return how many remain. */
+int64_t kvs_positions_drop_before(int32_t *pos, int64_t n, int64_t first);
+
 /*! kvs_held_top_mask() : keep[j] = 1 for the k best of score[0..n) and 0 for the others: larger score first, NaN
  *  after every number, -0 equal to +0, the lower index (older position) first among equals — kvs_topk_f64's
  *  order, so the kept set is the set of its first k. k >= n keeps all, k <= 0 none. scratch: min(k, n) int32
