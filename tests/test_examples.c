@@ -188,6 +188,107 @@ static char *slurp(const char *path) {
     return buf;
 }
 
+
+/* The number written just before `phrase` in text (searched from `from`): "about 17.3 GB of RAM" -> 17.3 for
+ * phrase " GB of RAM"; a range "83-86" gives its low end in *lo and high end in the result. Fails the test when
+ * the phrase or the number is missing. */
+static double number_before(const char *text, const char *phrase, double *lo) {
+    const char *at = strstr(text, phrase);
+    if (!at) fail_msg("README's CPU capture paragraph no longer says \"%s\"", phrase);
+    const char *b = at;
+    while (b > text && (isdigit((unsigned char)b[-1]) || b[-1] == '.' || b[-1] == 'e' || b[-1] == '-' || b[-1] == ','))
+        b--;
+    char num[64];
+    size_t n = 0;
+    for (const char *c = b; c < at && n + 1 < sizeof num; c++)
+        if (*c != ',') num[n++] = *c; /* 4,096 */
+    num[n] = '\0';
+    char *dash = strchr(num + 1, '-'), *end = NULL;
+    if (dash && dash[-1] != 'e') {
+        *dash = '\0';
+        if (lo) *lo = strtod(num, NULL);
+        double hi = strtod(dash + 1, &end);
+        if (end == dash + 1) fail_msg("no number before \"%s\"", phrase);
+        return hi;
+    }
+    double v = strtod(num, &end);
+    if (end == num) fail_msg("no number before \"%s\"", phrase);
+    if (lo) *lo = v;
+    return v;
+}
+
+static void assert_about(const char *what, double written, double computed, double rel) {
+    if (!(fabs(written - computed) <= rel * fabs(computed)))
+        fail_msg("README's %s: %g written, %g recomputed", what, written, computed);
+}
+
+/* README's "Llama-3.1-8B-Instruct on a CPU server" estimate, recomputed from the model's published shape (32 layers,
+ * hidden 4096, 32 query and 8 KV heads of 128, FFN 14336, vocabulary 128256, untied embeddings, bf16) and the rates
+ * gpu_capture/BENCH.md records (the prefill's GFLOP per CPU-second of its two runs, the decode step's GB/s and its
+ * share of the read bandwidth): weights, KV cache a position, RAM, prefill FLOP and time on 2 and 32 cores, decode
+ * rate, trace bytes a position. */
+static void test_readme_cpu_capture_estimate(void **state) {
+    (void)state;
+    const char *root = env_or_skip("KVSIM_ROOT");
+    char path[512];
+    snprintf(path, sizeof path, "%s/README.md", root);
+    char *readme = slurp(path);
+    assert_non_null(readme);
+    for (char *c = readme; *c; c++)
+        if (*c == '\n') *c = ' '; /* phrases may wrap */
+    const char *para = strstr(readme, "What to expect, from the rates `make bench-prefill` measures");
+    assert_non_null(para);
+    snprintf(path, sizeof path, "%s/gpu_capture/BENCH.md", root);
+    char *bench = slurp(path);
+    assert_non_null(bench);
+    /* the measured rates */
+    const char *row = strstr(bench, "| (prefill per CPU-second) | ");
+    assert_non_null(row);
+    double r1 = 0, r2 = 0;
+    assert_int_equal(sscanf(row, "| (prefill per CPU-second) | %lf GFLOP per CPU-s [%lf]", &r1, &r2), 2);
+    const char *dec = strstr(bench, "whole step reads 2.08 GB in ");
+    assert_non_null(dec);
+    double dec_ms = 0, dec_gbs = 0, dec_share = 0, probe = 0;
+    assert_int_equal(sscanf(dec, "whole step reads 2.08 GB in %lf ms = %lf GB/s, %lf%% of the %lf GB/s", &dec_ms,
+                            &dec_gbs, &dec_share, &probe), 4);
+    assert_about("decode GB/s in BENCH.md", dec_gbs, 2.08 / (dec_ms * 1e-3), 0.01);
+    /* the model */
+    const double L = 32, dim = 4096, Hq = 32, Hkv = 8, hd = 128, ffn = 14336, vocab = 128256;
+    const double layer_matrices = dim * Hq * hd * 2 + dim * Hkv * hd * 2 + 3 * dim * ffn;
+    const double params = L * (layer_matrices + 2 * dim) + 2 * vocab * dim + dim;
+    const double weight_bytes = 2 * params;
+    const double kv_pos = L * Hkv * hd * 2 * 4;            /* fp32 K and V */
+    const double block_bufs = 128 * L * dim * 2 * 4;        /* the block's activations and records */
+    const double prompt = 4096, gen = 128;
+    const double prefill_flop = 2 * L * layer_matrices * prompt;
+    const double rate_lo = r1 < r2 ? r1 : r2, rate_hi = r1 < r2 ? r2 : r1, rate = (r1 + r2) / 2 * 1e9;
+    double lo = 0, hi = number_before(para, " GFLOP per core-second", &lo);
+    assert_about("GFLOP per core-second (low)", lo, floor(rate_lo), 0);
+    assert_about("GFLOP per core-second (high)", hi, ceil(rate_hi - 0.5), 0);
+    assert_about("weights", number_before(para, " GB of weights once", NULL), weight_bytes / 1e9, 0.005);
+    assert_about("KV a position", number_before(para, " KB a position,", NULL), kv_pos / 1e3, 0.005);
+    assert_about("RAM", number_before(para, " GB of RAM", NULL), (weight_bytes + (prompt + gen) * kv_pos + block_bufs) / 1e9,
+                 0.005);
+    assert_about("prefill FLOP", number_before(para, " FLOP: about", NULL), prefill_flop, 0.01);
+    assert_about("prefill minutes on 2 cores", number_before(para, " minutes on 2 such cores", NULL),
+                 prefill_flop / (2 * rate) / 60, 0.1);
+    assert_about("prefill seconds on 32 cores", number_before(para, " s on 32", NULL), prefill_flop / (32 * rate), 0.1);
+    const double kv_4k = prompt * kv_pos;
+    assert_about("cache read a token", number_before(para, " GB of fp32 cache a token", NULL), kv_4k / 1e9, 0.05);
+    assert_about("the VM's decode GB/s", number_before(para, " GB/s (2 minutes", NULL), dec_gbs, 0);
+    const double tok_s = dec_gbs * 1e9 / (weight_bytes + kv_4k);
+    assert_about("tokens/s on the VM", number_before(para, " tokens/s at that VM", NULL), tok_s, 0.05);
+    assert_about("minutes for 128 tokens", number_before(para, " minutes for 128 tokens", NULL), gen / tok_s / 60, 0.1);
+    assert_about("tokens/s at 200 GB/s", number_before(para, " tokens/s on a server", NULL),
+                 dec_share / 100 * 200e9 / (weight_bytes + kv_4k), 0.05);
+    assert_about("share of the read bandwidth", number_before(para, "% of the machine's measured read bandwidth", NULL),
+                 dec_share, 0);
+    const double trace_pos = L * ((Hq * hd * 2 + Hkv * hd * 2) * 2 + Hq * 4); /* fp16 q, k, v, o; fp32 lse */
+    assert_about("trace bytes a position", number_before(para, " KB a position before", NULL), trace_pos / 1e3, 0.01);
+    free(bench);
+    free(readme);
+}
+
 /* The README leads with what kvsim answers, the main job's picture (committed; the main job refreshes it) and the
  * two commands, set up + main job and the tests; the long reference lives in docs/REFERENCE.md. */
 static void test_readme_leads_with_the_picture_and_two_commands(void **state) {
@@ -430,6 +531,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_main_job_runs_end_to_end),
         cmocka_unit_test(test_readme_leads_with_the_picture_and_two_commands),
+        cmocka_unit_test(test_readme_cpu_capture_estimate),
         cmocka_unit_test(test_main_job_budgets_follow_a_shorter_trace),
         cmocka_unit_test(test_findings_blocks_check_catches_drift),
         cmocka_unit_test(test_findings_script_regenerates_the_numbers),
