@@ -716,6 +716,9 @@ kvs_status kvs_gemm_isa_set(kvs_gemm_isa isa) {
     return KVS_OK;
 }
 
+/* kvs_gemm_test_scratch_fail(): 1 = every blocked product takes the out-of-memory path */
+static int scratch_fail;
+
 /* The products of packed matrices (all of one dtype). */
 static void gemm_packed(kvs_threadpool *pool, kvs_gemm_isa isa, const float *x, size_t ldx, int n, int cols,
                         const kvs_gemm_out *outs, int n_outs) {
@@ -750,7 +753,7 @@ static void gemm_packed(kvs_threadpool *pool, kvs_gemm_isa isa, const float *x, 
     if (n > job.NR) {
         /* a worker's X copy, n x kc floats (256 KB for a 128-position block): on the heap, not a worker's stack */
         size_t workers = (size_t)kvs_threadpool_size(pool);
-        job.xbuf = malloc(workers * (size_t)n * (size_t)job.kc * sizeof(float));
+        job.xbuf = scratch_fail ? NULL : malloc(workers * (size_t)n * (size_t)job.kc * sizeof(float));
         if (!job.xbuf) {
             /* out of memory: tile by tile, the same bits (an element's value does not depend on its block) */
             for (int i0 = 0; i0 < n; i0 += job.NR)
@@ -765,6 +768,8 @@ static void gemm_packed(kvs_threadpool *pool, kvs_gemm_isa isa, const float *x, 
     kvs_threadpool_run(pool, pk_worker, &job);
     free(job.xbuf);
 }
+
+void kvs_gemm_test_scratch_fail(int on) { scratch_fail = on != 0; }
 
 void kvs_gemm_multi(kvs_threadpool *pool, const float *x, size_t ldx, int n, int cols, const kvs_gemm_out *outs,
                     int n_outs) {

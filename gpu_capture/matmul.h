@@ -80,6 +80,11 @@ void kvs_gemm_multi(kvs_threadpool *pool, const float *x, size_t ldx, int n, int
 void kvs_gemm(kvs_threadpool *pool, const float *x, size_t ldx, int n, int cols, kvs_wmat w, const float *bias,
               int rows, float *y, size_t ldy);
 
+/*! kvs_gemm_test_scratch_fail() : test hook: on != 0 makes every blocked product of packed matrices take the path of
+ *  a failed scratch allocation (X copied tile by tile, the same bits); 0 restores. Not thread-safe against running
+ *  products. */
+void kvs_gemm_test_scratch_fail(int on);
+
 /*! kvs_wmat_row_f32() : row `r` of w [rows][cols] widened to fp32 into dst[cols] (the embedding lookup). */
 void kvs_wmat_row_f32(kvs_wmat w, size_t cols, size_t r, float *dst);
 

@@ -223,6 +223,11 @@ static void test_gemm_packed_against_fmaf_chain(void **state) {
     check_gemm_packed(pool, KVS_DTYPE_BF16, 130, 100, 1041, 1);
     check_gemm_packed(pool, KVS_DTYPE_F16, 129, 70, 1100, 0);
     check_gemm_packed(pool, KVS_DTYPE_BF16, 1, 300, 1100, 1);
+    /* the same blocks when the workers' copy of X cannot be allocated: tile by tile, the same bits */
+    kvs_gemm_test_scratch_fail(1);
+    check_gemm_packed(pool, KVS_DTYPE_BF16, 130, 100, 1041, 1);
+    check_gemm_packed(pool, KVS_DTYPE_F16, 29, 70, 600, 0);
+    kvs_gemm_test_scratch_fail(0);
     int levels = 0;
     for (int isa = 0; isa < KVS_GEMM_COUNT; isa++) levels += kvs_gemm_isa_available((kvs_gemm_isa)isa);
     fprintf(stderr, "packed gemm: %d instruction set(s) checked\n", levels);
