@@ -407,23 +407,6 @@ static void test_plan_windows_by_hand(void **state) {
 
 /* ---- the replay of a sliding-window layer (sim/replay.h "Sliding-window layers") ---- */
 
-/* Attention in double of query q over rows [first, last] of k/v ([n][d]); the probabilities into pr[first..last]. */
-static void attend_rows(const float *q, const float *k, const float *v, size_t stride, int64_t first, int64_t last,
-                        size_t d, double scale, double *o, double *pr) {
-    double m = -INFINITY, z = 0;
-    for (int64_t j = first; j <= last; j++) {
-        double s = 0;
-        for (size_t e = 0; e < d; e++) s += (double)q[e] * k[(size_t)j * stride + e];
-        pr[j] = s * scale;
-        m = fmax(m, pr[j]);
-    }
-    for (int64_t j = first; j <= last; j++) z += pr[j] = exp(pr[j] - m);
-    for (size_t e = 0; e < d; e++) o[e] = 0;
-    for (int64_t j = first; j <= last; j++) {
-        pr[j] /= z;
-        for (size_t e = 0; e < d; e++) o[e] += pr[j] * v[(size_t)j * stride + e];
-    }
-}
 
 /* A generated 3-layer trace whose middle layer attends to a window of 4, replayed by hand: at every decode position
  * p and query head, window B = 2 attends p-1, p, and its output error and recall are those of attention over p-1..p
@@ -466,10 +449,10 @@ static void test_replay_window_by_hand(void **state) {
                 const float *q = f.g->q + ((size_t)st->layer * N + (size_t)p) * row + (size_t)hq * d;
                 const float *k = f.g->k + (size_t)st->layer * N * krow + (size_t)h * d;
                 const float *v = f.g->v + (size_t)st->layer * N * krow + (size_t)h * d;
-                attend_rows(q, k, v, krow, lo, p, d, f.scale, ref, pr);
+                kvs_test_attend_rows(q, k, v, krow, lo, p, d, f.scale, ref, pr);
                 /* what the configuration attends: window B from max(lo, p-B+1); the full cache the whole window */
                 int64_t first = c == 3 ? lo : p - budgets[c] + 1 > lo ? p - budgets[c] + 1 : lo;
-                attend_rows(q, k, v, krow, first, p, d, f.scale, out, pw);
+                kvs_test_attend_rows(q, k, v, krow, first, p, d, f.scale, out, pw);
                 double e2 = 0, r2 = 0, recall = 0;
                 for (size_t e = 0; e < d; e++) e2 += (ref[e] - out[e]) * (ref[e] - out[e]), r2 += ref[e] * ref[e];
                 for (int64_t j = first; j <= p; j++) recall += pr[j];

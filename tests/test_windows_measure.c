@@ -46,24 +46,6 @@
 #include "tests/util/testenv.h"
 #include "trace/trace.h"
 
-/* Attention in double of query q over rows [first, last] of k/v (row j at j * stride); the probabilities into
- * pr[first..last]. */
-static void attend_rows(const float *q, const float *k, const float *v, size_t stride, int64_t first, int64_t last,
-                        size_t d, double scale, double *o, double *pr) {
-    double m = -INFINITY, z = 0;
-    for (int64_t j = first; j <= last; j++) {
-        double s = 0;
-        for (size_t e = 0; e < d; e++) s += (double)q[e] * k[(size_t)j * stride + e];
-        pr[j] = s * scale;
-        m = fmax(m, pr[j]);
-    }
-    for (int64_t j = first; j <= last; j++) z += pr[j] = exp(pr[j] - m);
-    for (size_t e = 0; e < d; e++) o[e] = 0;
-    for (int64_t j = first; j <= last; j++) {
-        pr[j] /= z;
-        for (size_t e = 0; e < d; e++) o[e] += pr[j] * v[(size_t)j * stride + e];
-    }
-}
 
 /* The relative L2 error of out against ref, and the reference mass on [first, last]. */
 static double rel_err(const double *ref, const double *out, size_t d) {
@@ -139,8 +121,8 @@ static void test_measure_prompt_by_hand(void **state) {
                     const float *q = f.g->q + ((size_t)st->layer * N + (size_t)p) * row + (size_t)hq * d;
                     const float *k = f.g->k + (size_t)st->layer * N * krow + (size_t)h * d;
                     const float *v = f.g->v + (size_t)st->layer * N * krow + (size_t)h * d;
-                    attend_rows(q, k, v, krow, lo, p, d, f.scale, ref, pr);
-                    attend_rows(q, k, v, krow, first, p, d, f.scale, out, pw);
+                    kvs_test_attend_rows(q, k, v, krow, lo, p, d, f.scale, ref, pr);
+                    kvs_test_attend_rows(q, k, v, krow, first, p, d, f.scale, out, pw);
                     double recall = 0, n_att = (double)(p - first + 1);
                     for (int64_t j = first; j <= p; j++) recall += pr[j];
                     char what[96];
@@ -206,8 +188,8 @@ static void test_pages_by_hand(void **state) {
                 const float *q = f.g->q + ((size_t)st->layer * N + (size_t)p) * row + (size_t)hq * d;
                 const float *k = f.g->k + (size_t)st->layer * N * krow + (size_t)h * d;
                 const float *v = f.g->v + (size_t)st->layer * N * krow + (size_t)h * d;
-                attend_rows(q, k, v, krow, lo, p, d, f.scale, ref, pr);
-                attend_rows(q, k, v, krow, first, p, d, f.scale, out, pw);
+                kvs_test_attend_rows(q, k, v, krow, lo, p, d, f.scale, ref, pr);
+                kvs_test_attend_rows(q, k, v, krow, first, p, d, f.scale, out, pw);
                 double recall = 0, n_att = (double)(p - first + 1);
                 for (int64_t j = first; j <= p; j++) recall += pr[j];
                 char what[64];
@@ -286,9 +268,9 @@ static void test_codec_by_hand(void **state) {
                 int hq = st->q_head, h = hq / f.G;
                 size_t koff = (size_t)st->layer * N * krow + (size_t)h * d;
                 const float *q = f.g->q + ((size_t)st->layer * N + (size_t)p) * row + (size_t)hq * d;
-                attend_rows(q, f.g->k + koff, f.g->v + koff, krow, lo, p, d, f.scale, ref, pr);
-                if (is_prompt) attend_rows(q, f.g->k + koff, f.g->v + koff, krow, first, p, d, f.scale, out, pw);
-                else attend_rows(q, k8 + koff, v8 + koff, krow, first, p, d, f.scale, out, pw);
+                kvs_test_attend_rows(q, f.g->k + koff, f.g->v + koff, krow, lo, p, d, f.scale, ref, pr);
+                if (is_prompt) kvs_test_attend_rows(q, f.g->k + koff, f.g->v + koff, krow, first, p, d, f.scale, out, pw);
+                else kvs_test_attend_rows(q, k8 + koff, v8 + koff, krow, first, p, d, f.scale, out, pw);
                 double recall = 0, n_att = (double)(p - first + 1), per_pos = is_prompt ? 4.0 * (double)d : 2.0 * (double)d;
                 for (int64_t j = first; j <= p; j++) recall += pr[j];
                 char what[64];

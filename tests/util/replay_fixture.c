@@ -1,6 +1,7 @@
 /* replay_fixture.c — see replay_fixture.h (test helper over GENERATED data). */
 #include "replay_fixture.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,4 +129,21 @@ int kvs_test_runs_differ(const kvs_replay_run_result *x, const kvs_replay_run_re
             return 1;
         }
     return 0;
+}
+
+void kvs_test_attend_rows(const float *q, const float *k, const float *v, size_t stride, int64_t first, int64_t last,
+                          size_t d, double scale, double *o, double *pr) {
+    double m = -INFINITY, z = 0;
+    for (int64_t j = first; j <= last; j++) {
+        double s = 0;
+        for (size_t e = 0; e < d; e++) s += (double)q[e] * k[(size_t)j * stride + e];
+        pr[j] = s * scale;
+        m = fmax(m, pr[j]);
+    }
+    for (int64_t j = first; j <= last; j++) z += pr[j] = exp(pr[j] - m);
+    for (size_t e = 0; e < d; e++) o[e] = 0;
+    for (int64_t j = first; j <= last; j++) {
+        pr[j] /= z;
+        for (size_t e = 0; e < d; e++) o[e] += pr[j] * v[(size_t)j * stride + e];
+    }
 }

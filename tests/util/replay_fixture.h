@@ -38,6 +38,12 @@ kvs_gen_trace_opts kvs_test_grouped_opts(int n_turns, int group, int n_pos, int 
  *  does not hold makes different choices. k and v are [n][d]. */
 void kvs_test_scramble_rows(float *k, float *v, int64_t n, int d, const char *keep, uint64_t *rng);
 
+/*! kvs_test_attend_rows() : attention in double of query q [d] over rows first..last of k and v (row j at
+ *  j * stride floats), scaled by `scale`: the output into o [d], the probabilities into pr[first..last] (a window's
+ *  reference, written plainly). */
+void kvs_test_attend_rows(const float *q, const float *k, const float *v, size_t stride, int64_t first, int64_t last,
+                          size_t d, double scale, double *o, double *pr);
+
 /*! kvs_test_aggs_differ() : 0 when two statistic sets (every metric's n, mean, p50, p95, min, max) are the same bit
  *  for bit; else 1 with `where` and the first metric that differs written to why (cap bytes). */
 int kvs_test_aggs_differ(const char *where, const kvs_results_agg *a, const kvs_results_agg *b, char *why, size_t cap);
