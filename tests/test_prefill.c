@@ -59,40 +59,74 @@ static void *make_weights(kvs_dtype dt, size_t count, float **wide) {
     return w;
 }
 
-static void check_gemm(kvs_threadpool *pool, kvs_dtype dt, int n, int rows, int cols, int with_bias) {
+/* y = x w^T (+ bias) for n rows of x against a double reference: fp32 summation in any order is within
+ * gamma_(cols+1) sum |x w| (Higham 3.1); each row alone, on the calling thread, gives the same bits as in the block;
+ * the row padding past `rows` is left alone. packed: the matrix packed into panels (kvs_wmat_pack), every element
+ * also, bit for bit, the one fmaf chain of matmul.h (x[k] * w[k] + acc over k in ascending order from +0, then
+ * + bias) computed here — at every instruction set (the references computed once for all), block size and thread
+ * count; unpacked: at the instruction set in use. */
+static void check_gemm(kvs_threadpool *pool, kvs_dtype dt, int n, int rows, int cols, int with_bias, int packed) {
+    kvs_gemm_isa keep = kvs_gemm_isa_get();
     size_t ldx = (size_t)cols + 3, ldy = (size_t)rows + 2; /* strides past the row ends */
     float *wf;
     void *w = make_weights(dt, (size_t)rows * (size_t)cols, &wf);
     float *x = malloc((size_t)n * ldx * sizeof *x), *bias = malloc((size_t)rows * sizeof *bias);
     float *y = malloc((size_t)n * ldy * sizeof *y), *y1 = malloc(ldy * sizeof *y1);
-    assert_true(x && bias && y && y1);
+    float *chains = malloc((size_t)n * (size_t)rows * sizeof *chains);
+    double *refs = malloc((size_t)n * (size_t)rows * sizeof *refs);
+    double *bounds = malloc((size_t)n * (size_t)rows * sizeof *bounds);
+    assert_true(x && bias && y && y1 && chains && refs && bounds);
     for (size_t i = 0; i < (size_t)n * ldx; i++) x[i] = frand();
     for (int r = 0; r < rows; r++) bias[r] = frand();
-    for (size_t i = 0; i < (size_t)n * ldy; i++) y[i] = 12345.0f;
     kvs_wmat wm = {w, dt, NULL};
-    kvs_gemm(pool, x, ldx, n, cols, wm, with_bias ? bias : NULL, rows, y, ldy);
-    for (int i = 0; i < n; i++) {
-        /* one row alone, on the calling thread: the same bits */
-        kvs_gemm(NULL, x + (size_t)i * ldx, 0, 1, cols, wm, with_bias ? bias : NULL, rows, y1, 0);
+    if (packed) {
+        assert_int_equal(kvs_wmat_pack(&wm, rows, cols), KVS_OK);
+        assert_non_null(wm.packed);
+    }
+    for (int i = 0; i < n; i++)
         for (int r = 0; r < rows; r++) {
+            float chain = 0.0f;
             double ref = with_bias ? bias[r] : 0, mag = with_bias ? fabs(bias[r]) : 0;
             for (int k = 0; k < cols; k++) {
+                chain = fmaf(x[(size_t)i * ldx + k], wf[(size_t)r * cols + k], chain);
                 double p = (double)x[(size_t)i * ldx + k] * wf[(size_t)r * cols + k];
                 ref += p;
                 mag += fabs(p);
             }
-            float got = y[(size_t)i * ldy + r];
-            /* fp32 summation in any order: |error| <= gamma_(cols+1) sum |x w| (Higham 3.1) */
-            double bound = (cols + 2) * 0x1p-24 * mag + 1e-30;
-            if (!(fabs(got - ref) <= bound))
-                fail_msg("%s dtype %d n %d rows %d cols %d: y[%d][%d] = %.9g, reference %.9g (bound %.3g)",
-                         kvs_gemm_isa_name(kvs_gemm_isa_get()), (int)dt, n, rows, cols, i, r, got, ref, bound);
-            if (memcmp(&got, &y1[r], sizeof got))
-                fail_msg("%s n %d rows %d cols %d: row %d alone gives %.9g, in the block %.9g",
-                         kvs_gemm_isa_name(kvs_gemm_isa_get()), n, rows, cols, i, y1[r], got);
+            if (with_bias) chain += bias[r];
+            chains[(size_t)i * rows + r] = chain;
+            refs[(size_t)i * rows + r] = ref;
+            bounds[(size_t)i * rows + r] = (cols + 2) * 0x1p-24 * mag + 1e-30;
         }
-        for (size_t r = (size_t)rows; r < ldy; r++) assert_true(y[(size_t)i * ldy + r] == 12345.0f);
+    for (int isa = packed ? 0 : (int)keep; isa < (packed ? KVS_GEMM_COUNT : (int)keep + 1); isa++) {
+        if (!kvs_gemm_isa_available((kvs_gemm_isa)isa)) continue;
+        assert_int_equal(kvs_gemm_isa_set((kvs_gemm_isa)isa), KVS_OK);
+        const char *level = kvs_gemm_isa_name((kvs_gemm_isa)isa), *form = packed ? "packed " : "";
+        for (size_t i = 0; i < (size_t)n * ldy; i++) y[i] = 12345.0f;
+        kvs_gemm(pool, x, ldx, n, cols, wm, with_bias ? bias : NULL, rows, y, ldy);
+        for (int i = 0; i < n; i++) {
+            kvs_gemm(NULL, x + (size_t)i * ldx, 0, 1, cols, wm, with_bias ? bias : NULL, rows, y1, 0);
+            for (int r = 0; r < rows; r++) {
+                float got = y[(size_t)i * ldy + r], chain = chains[(size_t)i * rows + r];
+                double ref = refs[(size_t)i * rows + r], bound = bounds[(size_t)i * rows + r];
+                if (!(fabs(got - ref) <= bound))
+                    fail_msg("%s%s dtype %d n %d rows %d cols %d: y[%d][%d] = %.9g, reference %.9g (bound %.3g)", form,
+                             level, (int)dt, n, rows, cols, i, r, got, ref, bound);
+                if (packed && memcmp(&got, &chain, sizeof got))
+                    fail_msg("%s%s dtype %d n %d rows %d cols %d: y[%d][%d] = %.9g, the fmaf chain %.9g", form, level,
+                             (int)dt, n, rows, cols, i, r, got, chain);
+                if (memcmp(&got, &y1[r], sizeof got))
+                    fail_msg("%s%s n %d rows %d cols %d: row %d alone gives %.9g, in the block %.9g", form, level, n,
+                             rows, cols, i, y1[r], got);
+            }
+            for (size_t r = (size_t)rows; r < ldy; r++) assert_true(y[(size_t)i * ldy + r] == 12345.0f);
+        }
     }
+    assert_int_equal(kvs_gemm_isa_set(keep), KVS_OK);
+    free(chains);
+    free(refs);
+    free(bounds);
+    free((void *)(uintptr_t)wm.packed);
     free(w);
     free(wf);
     free(x);
@@ -118,11 +152,12 @@ static void test_gemm_against_double_reference(void **state) {
         for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
             for (size_t b = 0; b < sizeof rows / sizeof *rows; b++)
                 for (size_t c = 0; c < sizeof cols / sizeof *cols; c++)
-                    for (size_t t = 0; t < 3; t++) check_gemm(pool, dts[t], ns[a], rows[b], cols[c], (int)((a + b + c) & 1));
+                    for (size_t t = 0; t < 3; t++)
+                        check_gemm(pool, dts[t], ns[a], rows[b], cols[c], (int)((a + b + c) & 1), 0);
         /* blocks as large as the prefill's, split among the workers, their X past matmul.c's X_SMALL_BYTES (the
          * chunk-outer order; the single rows compared with them take the group-outer one) */
-        check_gemm(pool, KVS_DTYPE_BF16, 130, 67, 1100, 1);
-        check_gemm(pool, KVS_DTYPE_F16, 129, 13, 2100, 0);
+        check_gemm(pool, KVS_DTYPE_BF16, 130, 67, 1100, 1, 0);
+        check_gemm(pool, KVS_DTYPE_F16, 129, 13, 2100, 0, 0);
     }
     fprintf(stderr, "gemm: %d instruction set(s) checked\n", levels);
     assert_int_equal(kvs_gemm_isa_set(keep), KVS_OK);
@@ -130,78 +165,6 @@ static void test_gemm_against_double_reference(void **state) {
 }
 
 /* ---- packed 16-bit panels ---- */
-
-/* check_gemm over a packed matrix: every element must be, bit for bit, the one fmaf chain of matmul.h (x[k] * w[k]
- * + acc over k in ascending order from +0, then + bias) computed here — at every instruction set, block size and
- * thread count — within the double-precision bound, and each row alone equal to it in the block. */
-static void check_gemm_packed(kvs_threadpool *pool, kvs_dtype dt, int n, int rows, int cols, int with_bias) {
-    kvs_gemm_isa keep = kvs_gemm_isa_get();
-    size_t ldx = (size_t)cols + 3, ldy = (size_t)rows + 2;
-    float *wf;
-    void *w = make_weights(dt, (size_t)rows * (size_t)cols, &wf);
-    float *x = malloc((size_t)n * ldx * sizeof *x), *bias = malloc((size_t)rows * sizeof *bias);
-    float *y = malloc((size_t)n * ldy * sizeof *y), *y1 = malloc(ldy * sizeof *y1);
-    assert_true(x && bias && y && y1);
-    for (size_t i = 0; i < (size_t)n * ldx; i++) x[i] = frand();
-    for (int r = 0; r < rows; r++) bias[r] = frand();
-    for (size_t i = 0; i < (size_t)n * ldy; i++) y[i] = 12345.0f;
-    kvs_wmat wm = {w, dt, NULL};
-    assert_int_equal(kvs_wmat_pack(&wm, rows, cols), KVS_OK);
-    assert_non_null(wm.packed);
-    /* the fmaf chains and the double references once; then every instruction set against them */
-    float *chains = malloc((size_t)n * (size_t)rows * sizeof *chains);
-    double *refs = malloc((size_t)n * (size_t)rows * sizeof *refs), *bounds = malloc((size_t)n * (size_t)rows * sizeof *bounds);
-    assert_true(chains && refs && bounds);
-    for (int i = 0; i < n; i++)
-        for (int r = 0; r < rows; r++) {
-            float chain = 0.0f;
-            double ref = with_bias ? bias[r] : 0, mag = with_bias ? fabs(bias[r]) : 0;
-            for (int k = 0; k < cols; k++) {
-                chain = fmaf(x[(size_t)i * ldx + k], wf[(size_t)r * cols + k], chain);
-                double p = (double)x[(size_t)i * ldx + k] * wf[(size_t)r * cols + k];
-                ref += p;
-                mag += fabs(p);
-            }
-            if (with_bias) chain += bias[r];
-            chains[(size_t)i * rows + r] = chain;
-            refs[(size_t)i * rows + r] = ref;
-            bounds[(size_t)i * rows + r] = (cols + 2) * 0x1p-24 * mag + 1e-30;
-        }
-    for (int isa = 0; isa < KVS_GEMM_COUNT; isa++) {
-        if (!kvs_gemm_isa_available((kvs_gemm_isa)isa)) continue;
-        assert_int_equal(kvs_gemm_isa_set((kvs_gemm_isa)isa), KVS_OK);
-        for (size_t i = 0; i < (size_t)n * ldy; i++) y[i] = 12345.0f;
-        kvs_gemm(pool, x, ldx, n, cols, wm, with_bias ? bias : NULL, rows, y, ldy);
-    for (int i = 0; i < n; i++) {
-        kvs_gemm(NULL, x + (size_t)i * ldx, 0, 1, cols, wm, with_bias ? bias : NULL, rows, y1, 0);
-        for (int r = 0; r < rows; r++) {
-            float got = y[(size_t)i * ldy + r], chain = chains[(size_t)i * rows + r];
-            double ref = refs[(size_t)i * rows + r], bound = bounds[(size_t)i * rows + r];
-            if (!(fabs(got - ref) <= bound))
-                fail_msg("packed %s dtype %d n %d rows %d cols %d: y[%d][%d] = %.9g, reference %.9g (bound %.3g)",
-                         kvs_gemm_isa_name(kvs_gemm_isa_get()), (int)dt, n, rows, cols, i, r, got, ref, bound);
-            if (memcmp(&got, &chain, sizeof got))
-                fail_msg("packed %s dtype %d n %d rows %d cols %d: y[%d][%d] = %.9g, the fmaf chain %.9g",
-                         kvs_gemm_isa_name(kvs_gemm_isa_get()), (int)dt, n, rows, cols, i, r, got, chain);
-            if (memcmp(&got, &y1[r], sizeof got))
-                fail_msg("packed %s n %d rows %d cols %d: row %d alone gives %.9g, in the block %.9g",
-                         kvs_gemm_isa_name(kvs_gemm_isa_get()), n, rows, cols, i, y1[r], got);
-        }
-        for (size_t r = (size_t)rows; r < ldy; r++) assert_true(y[(size_t)i * ldy + r] == 12345.0f);
-    }
-    }
-    assert_int_equal(kvs_gemm_isa_set(keep), KVS_OK);
-    free(chains);
-    free(refs);
-    free(bounds);
-    free((void *)(uintptr_t)wm.packed);
-    free(w);
-    free(wf);
-    free(x);
-    free(bias);
-    free(y);
-    free(y1);
-}
 
 static void test_gemm_packed_against_fmaf_chain(void **state) {
     (void)state;
@@ -218,15 +181,15 @@ static void test_gemm_packed_against_fmaf_chain(void **state) {
         for (size_t b = 0; b < sizeof rows / sizeof *rows; b++)
             for (size_t c = 0; c < sizeof cols / sizeof *cols; c++)
                 for (size_t t = 0; t < 2; t++)
-                    check_gemm_packed(pool, dts[t], ns[a], rows[b], cols[c], (int)((a + b + c + t) & 1));
+                    check_gemm(pool, dts[t], ns[a], rows[b], cols[c], (int)((a + b + c + t) & 1), 1);
     /* prefill-sized blocks split among the workers, three k-blocks (the middle one neither first nor last) */
-    check_gemm_packed(pool, KVS_DTYPE_BF16, 130, 100, 1041, 1);
-    check_gemm_packed(pool, KVS_DTYPE_F16, 129, 70, 1100, 0);
-    check_gemm_packed(pool, KVS_DTYPE_BF16, 1, 300, 1100, 1);
+    check_gemm(pool, KVS_DTYPE_BF16, 130, 100, 1041, 1, 1);
+    check_gemm(pool, KVS_DTYPE_F16, 129, 70, 1100, 0, 1);
+    check_gemm(pool, KVS_DTYPE_BF16, 1, 300, 1100, 1, 1);
     /* the same blocks when the workers' copy of X cannot be allocated: tile by tile, the same bits */
     kvs_gemm_test_scratch_fail(1);
-    check_gemm_packed(pool, KVS_DTYPE_BF16, 130, 100, 1041, 1);
-    check_gemm_packed(pool, KVS_DTYPE_F16, 29, 70, 600, 0);
+    check_gemm(pool, KVS_DTYPE_BF16, 130, 100, 1041, 1, 1);
+    check_gemm(pool, KVS_DTYPE_F16, 29, 70, 600, 0, 1);
     kvs_gemm_test_scratch_fail(0);
     int levels = 0;
     for (int isa = 0; isa < KVS_GEMM_COUNT; isa++) levels += kvs_gemm_isa_available((kvs_gemm_isa)isa);
