@@ -310,6 +310,40 @@ typedef struct {
     char first_failure[256];
 } hand_check;
 
+/* Counts list g of sel against the positions want[0..nw) computed by hand; keeps the first difference. */
+static void hand_compare(hand_check *sh, const kvs_policy_sel *sel, int g, int64_t pos, int kv_head,
+                         const int32_t *want, int64_t nw) {
+    sh->checked++;
+    if (sel->n[g] != nw || memcmp(sel->idx[g], want, (size_t)nw * sizeof *want)) {
+        if (!sh->failures++)
+            snprintf(sh->first_failure, sizeof sh->first_failure, "pos %lld kv head %d list %d: %lld entries, "
+                     "first %d (by hand %lld, first %d)", (long long)pos, kv_head, g, (long long)sel->n[g],
+                     sel->n[g] ? (int)sel->idx[g][0] : -1, (long long)nw, (int)want[0]);
+    }
+}
+
+/* Replays `spec` at B = 16 on the windowed fixture in the fast engine with on_select checking each list by hand
+ * (quota k): every decode list checked (each decode position is past the window of 40), none differing. The run's
+ * result is returned for the caller to compare (free it). */
+typedef void (*select_hook)(void *user, int config, int layer, int kv_head, int64_t pos, const kvs_policy_sel *sel);
+static kvs_replay_result *run_by_hand(const char *spec, int64_t k, select_hook on_select, kvs_test_replay_fixture *f,
+                                      kvs_replay_source *src, kvs_replay_config *c) {
+    make_fixture(f);
+    assert_int_equal(kvs_replay_source_from_memory(&f->mem, src), KVS_OK);
+    src->layer_window = windows;
+    *c = (kvs_replay_config){.budget = 16, .budget_fraction = -1};
+    assert_int_equal(kvs_policy_parse(spec, &c->policy), KVS_OK);
+    hand_check sh = {.f = f, .k = k};
+    kvs_replay_hooks hooks = {.user = &sh, .on_select = on_select};
+    kvs_replay_opts o = {.configs = c, .n_configs = 1, .threads = 1, .measure = KVS_MEASURE_DECODE, .hooks = &hooks};
+    kvs_replay_result *r = NULL;
+    assert_int_equal(kvs_replay_execute(src, &o, &r), KVS_OK);
+    assert_int_equal(r->runs[0].status, KVS_OK);
+    if (sh.failures) fail_msg("%s: %d lists differ, the first: %s", spec, sh.failures, sh.first_failure);
+    assert_int_equal(sh.checked, 120 * f->Hkv * f->G);
+    return r;
+}
+
 /* At every decode step of the 40-window layer: each query head's list is the k positions of [p - 39, p] with the
  * largest logit q.k (fp64, dimensions in ascending order: SparQ's estimate with every dimension kept), ties to the
  * older position. */
@@ -340,35 +374,18 @@ static void sparq_on_select(void *user, int config, int layer, int kv_head, int6
         int64_t nw = 0;
         for (int64_t j = 0; j < m; j++)
             if (taken[j]) want[nw++] = (int32_t)(lo + j);
-        sh->checked++;
-        if (sel->n[g] != nw || memcmp(sel->idx[g], want, (size_t)nw * sizeof *want)) {
-            if (!sh->failures++)
-                snprintf(sh->first_failure, sizeof sh->first_failure, "pos %lld kv head %d list %d: %lld entries, "
-                         "first %d (by hand %lld, first %d)", (long long)pos, kv_head, g, (long long)sel->n[g],
-                         sel->n[g] ? (int)sel->idx[g][0] : -1, (long long)nw, (int)want[0]);
-        }
+        hand_compare(sh, sel, g, pos, kv_head, want, nw);
     }
 }
 
 static void test_sparq_window_by_hand(void **state) {
     (void)state;
     kvs_test_replay_fixture f;
-    make_fixture(&f);
     kvs_replay_source src;
-    assert_int_equal(kvs_replay_source_from_memory(&f.mem, &src), KVS_OK);
-    src.layer_window = windows;
-    kvs_replay_config c = {.budget = 16, .budget_fraction = -1};
-    assert_int_equal(kvs_policy_parse("sparq:r=8,split=attend,gqa=head", &c.policy), KVS_OK);
+    kvs_replay_config c;
+    kvs_replay_result *r = run_by_hand("sparq:r=8,split=attend,gqa=head", 16, sparq_on_select, &f, &src, &c), *ref = NULL;
     /* the fast engine calls on_select; the reference gives the same statistics (so the same selections' metrics) */
-    hand_check sh = {.f = &f, .k = 16};
-    kvs_replay_hooks hooks = {.user = &sh, .on_select = sparq_on_select};
-    kvs_replay_opts o = {.configs = &c, .n_configs = 1, .threads = 1, .measure = KVS_MEASURE_DECODE, .hooks = &hooks};
-    kvs_replay_result *r = NULL, *ref = NULL;
-    assert_int_equal(kvs_replay_execute(&src, &o, &r), KVS_OK);
-    assert_int_equal(r->runs[0].status, KVS_OK);
-    if (sh.failures) fail_msg("%d lists differ, the first: %s", sh.failures, sh.first_failure);
-    assert_int_equal(sh.checked, 120 * f.Hkv * f.G); /* every decode position is past the window of 40 */
-    o.hooks = NULL;
+    kvs_replay_opts o = {.configs = &c, .n_configs = 1, .threads = 1, .measure = KVS_MEASURE_DECODE};
     assert_int_equal(kvs_replay_reference(&src, &o, &ref), KVS_OK);
     assert_int_equal(ref->runs[0].status, KVS_OK);
     char why[512];
@@ -430,34 +447,16 @@ static void quest_on_select(void *user, int config, int layer, int kv_head, int6
             int64_t x = (fp + i) * P > lo ? (fp + i) * P : lo;
             for (int64_t j = 0; j < take[i]; j++) want[nw++] = (int32_t)(x + j);
         }
-        sh->checked++;
-        if (sel->n[g] != nw || memcmp(sel->idx[g], want, (size_t)nw * sizeof *want)) {
-            if (!sh->failures++)
-                snprintf(sh->first_failure, sizeof sh->first_failure, "pos %lld kv head %d list %d: %lld entries, "
-                         "first %d (by hand %lld, first %d)", (long long)pos, kv_head, g, (long long)sel->n[g],
-                         sel->n[g] ? (int)sel->idx[g][0] : -1, (long long)nw, (int)want[0]);
-        }
+        hand_compare(sh, sel, g, pos, kv_head, want, nw);
     }
 }
 
 static void test_quest_window_by_hand(void **state) {
     (void)state;
     kvs_test_replay_fixture f;
-    make_fixture(&f);
     kvs_replay_source src;
-    assert_int_equal(kvs_replay_source_from_memory(&f.mem, &src), KVS_OK);
-    src.layer_window = windows;
-    kvs_replay_config c = {.budget = 16, .budget_fraction = -1};
-    assert_int_equal(kvs_policy_parse("quest:page=4,fill=tokens,gqa=head", &c.policy), KVS_OK);
-    hand_check sh = {.f = &f, .k = 8};
-    kvs_replay_hooks hooks = {.user = &sh, .on_select = quest_on_select};
-    kvs_replay_opts o = {.configs = &c, .n_configs = 1, .threads = 1, .measure = KVS_MEASURE_DECODE, .hooks = &hooks};
-    kvs_replay_result *r = NULL;
-    assert_int_equal(kvs_replay_execute(&src, &o, &r), KVS_OK);
-    assert_int_equal(r->runs[0].status, KVS_OK);
-    if (sh.failures) fail_msg("%d lists differ, the first: %s", sh.failures, sh.first_failure);
-    assert_int_equal(sh.checked, 120 * f.Hkv * f.G);
-    kvs_replay_result_free(r);
+    kvs_replay_config c;
+    kvs_replay_result_free(run_by_hand("quest:page=4,fill=tokens,gqa=head", 8, quest_on_select, &f, &src, &c));
     kvs_test_replay_fixture_free(&f);
 }
 
