@@ -474,6 +474,14 @@ typedef struct {
     double merged_writes; /* slots rewritten by decode merges, not yet reported by account() */
 } d2o_list;
 
+/* Slot j's K/V, merge count and oldest position into slot w (w < j): compaction in the order of the held list. */
+static void slot_move(d2o_list *L, int64_t w, int64_t j, size_t d) {
+    L->nm[w] = L->nm[j];
+    L->mo[w] = L->mo[j];
+    memcpy(L->k + (size_t)w * d, L->k + (size_t)j * d, d * sizeof(float));
+    memcpy(L->v + (size_t)w * d, L->v + (size_t)j * d, d * sizeof(float));
+}
+
 typedef struct {
     kvs_policy_model model;
     int n_lists, group, d, n_kv_heads;
@@ -647,12 +655,7 @@ static kvs_status evict(d2o_state *s, d2o_list *L, const char *keep, int decode)
             e++;
             continue;
         }
-        if (w != j) {
-            L->nm[w] = L->nm[j];
-            L->mo[w] = L->mo[j];
-            memcpy(L->k + (size_t)w * d, L->k + (size_t)j * d, d * sizeof(float));
-            memcpy(L->v + (size_t)w * d, L->v + (size_t)j * d, d * sizeof(float));
-        }
+        if (w != j) slot_move(L, w, j, d);
         w++;
     }
     kvs_held_compact(L->held, keep);
@@ -807,12 +810,7 @@ static void window_drop(d2o_state *s, d2o_list *L) {
     w = 0;
     for (int64_t j = 0; j < cnt; j++) {
         if (!s->keep[j]) continue;
-        if (w != j) {
-            L->nm[w] = L->nm[j];
-            L->mo[w] = L->mo[j];
-            memcpy(L->k + (size_t)w * d, L->k + (size_t)j * d, d * sizeof(float));
-            memcpy(L->v + (size_t)w * d, L->v + (size_t)j * d, d * sizeof(float));
-        }
+        if (w != j) slot_move(L, w, j, d);
         w++;
     }
     kvs_held_compact(L->held, s->keep);
