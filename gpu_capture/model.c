@@ -1209,7 +1209,8 @@ static void gate_act(float *g, const float *up, int n, int gelu_tanh) {
 }
 
 /* gate_act over the rows of a block, split among the pool's workers (an element's value does not depend on the
- * split: the same bits as kvs_model_forward's call). Serial, it was a few % of the prefill's wall time on 2 cores. */
+ * split: the same bits as kvs_model_forward's call). Run serially it would cost a few % of the prefill's wall time
+ * on 2 cores. */
 typedef struct {
     float *g;
     const float *up;
